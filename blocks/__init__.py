@@ -1,0 +1,5 @@
+"""forgeflow's Prefect blocks."""
+
+from blocks.core import ModelStore, RegistryEndpoint, SandboxBackend, ServingBackend, StoreURL
+
+__all__ = ["ModelStore", "RegistryEndpoint", "SandboxBackend", "ServingBackend", "StoreURL"]

@@ -1,0 +1,62 @@
+"""Deployments in code, mirroring ``prefect.yaml`` (same names, entrypoints, parameters, schedules).
+
+``python -m deployments.register`` registers them with the Prefect API in PREFECT_API_URL and serves
+them from this process (``prefect.serve``), so runs started from the UI or the API execute here.
+``prefect deploy --all`` with ``prefect.yaml`` targets the ``local`` process work pool instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect.deployments.runner import RunnerDeployment
+from prefect.schedules import Schedule
+
+from flows.lifecycle import lifecycle
+from flows.stages import compare, freeze, migrate, package, serve
+
+WORK_POOL = "local"
+
+SPECS: list[dict[str, Any]] = [
+    {"flow": lifecycle, "entrypoint": "flows/lifecycle.py:lifecycle", "name": "lifecycle",
+     "parameters": {}, "cron": "0 2 * * *"},
+    {"flow": migrate, "entrypoint": "flows/stages.py:migrate", "name": "migrate",
+     "parameters": {"images": [], "source_address": "127.0.0.1:5701", "target_address": "127.0.0.1:5702",
+                    "max_size_bytes": 2_000_000_000}},
+    {"flow": freeze, "entrypoint": "flows/stages.py:freeze", "name": "freeze",
+     "parameters": {"name": "demo-v1", "train_min": 2, "validation_min": 1, "test_min": 2, "max_per_repo": 4,
+                    "min_repos": 2, "seed": 0}},
+    {"flow": compare, "entrypoint": "flows/stages.py:compare", "name": "compare",
+     "parameters": {"job_a": "", "job_b": ""}},
+    {"flow": package, "entrypoint": "flows/stages.py:package", "name": "package",
+     "parameters": {"hf_dir": ".forgeflow/demo/models/base", "out_dir": ".forgeflow/package",
+                    "quantizations": ["Q8_0", "Q4_K_M"]}},
+    {"flow": serve, "entrypoint": "flows/stages.py:serve", "name": "serve",
+     "parameters": {"gguf_path": ".forgeflow/demo/models/candidate-gguf/model-Q8_0.gguf"}},
+]
+"""One entry per deployment of prefect.yaml; schedules are created paused."""
+
+
+def build_deployments(work_pool_name: str | None = None) -> list[RunnerDeployment]:
+    """The deployments as Prefect objects (nightly lifecycle schedule paused).
+
+    Args:
+        work_pool_name: None for ``prefect.serve``; ``"local"`` to target the process pool.
+    """
+    out = []
+    for spec in SPECS:
+        schedules = [Schedule(cron=spec["cron"], timezone="UTC", active=False)] if "cron" in spec else None
+        out.append(spec["flow"].to_deployment(name=spec["name"], parameters=spec["parameters"],
+                                              work_pool_name=work_pool_name, schedules=schedules))
+    return out
+
+
+def main() -> None:
+    """Register every deployment with the Prefect API and serve them until interrupted."""
+    from prefect import serve
+
+    serve(*build_deployments())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,116 @@
+"""The ``forgeflow`` command line (typer).
+
+``forgeflow demo`` runs the lifecycle flow on the embedded default and prints its summary;
+``forgeflow ui`` starts the Prefect UI on the same Prefect database; ``forgeflow freeze verify``
+recomputes a freeze's digests. Prefect's environment (PREFECT_HOME under FORGEFLOW_HOME, analytics
+off, a startup timeout that suits a 2-core machine) is set before Prefect is imported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(help="forgeflow: the post-training lifecycle of an LLM coding agent as Prefect flows.",
+                  no_args_is_help=True)
+freeze_app = typer.Typer(help="Frozen datasets.")
+app.add_typer(freeze_app, name="freeze")
+console = Console()
+
+
+def prefect_env(home: Path) -> dict[str, str]:
+    """Prefect settings for a forgeflow home: its own PREFECT_HOME (the UI reads the same
+    database), analytics off, a generous ephemeral-server startup timeout (FACTS.md: 27-39 s on
+    two busy cores). Values the user already set win."""
+    defaults = {
+        "PREFECT_HOME": str(home / "prefect"),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "240",
+        "PREFECT_UI_ENABLED": "true",
+    }
+    return {k: os.environ.get(k, v) for k, v in defaults.items()}
+
+
+def _prepare_env() -> Path:
+    home = Path(os.environ.get("FORGEFLOW_HOME", ".forgeflow")).resolve()
+    os.environ["FORGEFLOW_HOME"] = str(home)
+    os.environ.update(prefect_env(home))
+    return home
+
+
+@app.command()
+def demo(
+    output_dir: Optional[Path] = typer.Option(None, help="results folder (default $FORGEFLOW_HOME/demo)"),
+    projects: Optional[str] = typer.Option(None, help="comma-separated project names (default: all six)"),
+    candidates: int = typer.Option(4, min=1, help="candidate bugs per project"),
+    keep_serving: bool = typer.Option(False, help="leave the candidate model server running"),
+) -> None:
+    """Run the whole lifecycle on the embedded default and print its summary."""
+    home = _prepare_env()
+    from forgeflow.config import DEMO_PROJECTS, LifecycleConfig  # noqa: PLC0415 - after the env is set
+    from flows.lifecycle import lifecycle  # noqa: PLC0415
+
+    names = tuple(p.strip() for p in projects.split(",")) if projects else DEMO_PROJECTS
+    config = LifecycleConfig(projects=names, candidates_per_project=candidates,
+                             output_dir=output_dir or home / "demo", keep_serving=keep_serving)
+    lifecycle(config=config)
+    _print_summary(config.output_dir.resolve() / "summary.json")
+
+
+def _print_summary(path: Path) -> None:
+    summary = json.loads(path.read_text())
+    table = Table(title=f"forgeflow lifecycle — {path}")
+    for col in ("stage", "status", "wall s", "counts"):
+        table.add_column(col)
+    for name, st in summary["stages"].items():
+        counts = ", ".join(f"{k}={v}" for k, v in st.get("counts", {}).items())
+        table.add_row(name, st["status"], f"{st.get('wall_s', 0):.1f}", counts)
+    console.print(table)
+    if "freeze" in summary:
+        console.print(f"freeze {summary['freeze']['name']}: semantic sha256 {summary['freeze']['semantic_sha256']}")
+    if "comparison" in summary:
+        c = summary["comparison"]
+        console.print(f"compare: wins {c['wins']} ties {c['ties']} losses {c['losses']}, "
+                      f"exact McNemar p = {c['mcnemar_p']:.3g}")
+    for name, art in summary.get("artifacts", {}).items():
+        console.print(f"  {name}: {art['path']}  sha256 {art['sha256']}")
+    console.print(f"total wall time {summary['total_wall_s']:.1f} s")
+
+
+@app.command()
+def ui(port: int = typer.Option(4200, help="UI/API port on 127.0.0.1")) -> None:
+    """Start the Prefect server and UI on forgeflow's Prefect database (Ctrl-C stops it)."""
+    _prepare_env()
+    console.print(f"Prefect UI on http://127.0.0.1:{port} (PREFECT_HOME={os.environ['PREFECT_HOME']})")
+    raise SystemExit(subprocess.call([sys.executable, "-m", "prefect", "server", "start",
+                                      "--host", "127.0.0.1", "--port", str(port)]))
+
+
+@freeze_app.command("verify")
+def freeze_verify(name: str, freezes_dir: Optional[Path] = typer.Option(None, help="default $FORGEFLOW_HOME/demo/freezes")) -> None:
+    """Recompute a freeze's semantic and file digests and compare them with the recorded ones."""
+    home = _prepare_env()
+    from forgeflow.freeze import manifest_path, verify_freeze  # noqa: PLC0415
+
+    manifest = verify_freeze(manifest_path(name, freezes_dir or home / "demo" / "freezes"))
+    console.print(f"freeze {manifest.name}: OK semantic sha256 {manifest.semantic_sha256} file sha256 {manifest.file_sha256}")
+
+
+@app.command()
+def version() -> None:
+    """Print forgeflow's version."""
+    import forgeflow  # noqa: PLC0415
+
+    console.print(forgeflow.__version__)
+
+
+if __name__ == "__main__":
+    app()

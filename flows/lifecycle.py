@@ -1,0 +1,351 @@
+"""The ``lifecycle`` flow: every stage of DESIGN.md, end to end, on the embedded default.
+
+environments -> migrate -> generate -> prewarm (+ task images) -> validate (NOP/Oracle) -> freeze
+-> base model (+ GGUF) -> serve -> canary (baseline) -> burst -> package -> serve swap
+-> canary (candidate) -> compare.
+
+Every stage is a group of Prefect tasks with the resumable cache policy, so a second run of the
+same inputs is answered from Prefect's cache; the store (SQL) records the domain facts with
+natural keys (upserts), and ``summary.json`` records each stage's status, counts, digests and
+wall seconds.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
+from prefect.events import emit_event
+from prefect.runtime import flow_run
+
+from flows.stagekit import StageLog
+from forgeflow import agent, compare, images, projects, samples, serving
+from forgeflow.burst import BurstConfig
+from forgeflow.config import LifecycleConfig
+from forgeflow.errors import PreflightError
+from forgeflow.freeze import AcceptedTask, SplitQuotas
+from forgeflow.fsutil import atomic_write_text, sha256_file
+from forgeflow.layout import ShardLayout
+from forgeflow.registry import RegistryServer
+from forgeflow.settings import apply_container_env
+from forgeflow import store as ledger
+from forgeflow.fsutil import sha256_bytes
+from forgeflow.store import Store
+from tasks import curation, model as model_tasks, registry as registry_tasks, report as report_tasks
+from tasks import serving as serving_tasks
+from tasks.common import markdown_artifact, table_artifact
+
+MODEL_ALIAS = "forgeflow"
+
+
+def _registries(config: LifecycleConfig, out_dir: Path) -> tuple[RegistryServer, RegistryServer]:
+    root = out_dir / "registry"
+    return (RegistryServer("source", config.source_port, root / "source"),
+            RegistryServer("target", config.target_port, root / "target"))
+
+
+@flow(name="lifecycle", log_prints=True)
+def lifecycle(config: LifecycleConfig = LifecycleConfig()) -> dict[str, Any]:
+    """Run the whole post-training lifecycle once; returns the summary written to summary.json.
+
+    Raises:
+        PreflightError: a stage's prerequisites are missing (e.g. no accepted task to freeze).
+        InfraError: the infrastructure failed (registry, podman, model server) after retries.
+    """
+    logger = get_run_logger()
+    apply_container_env()
+    out_dir = config.output_dir.resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    run_id = str(flow_run.get_id() or "")
+    log = StageLog(out_dir / "summary.json", run_id)
+    store = Store()
+    store.upgrade()
+    source, target = _registries(config, out_dir)
+    state_path = out_dir / "serving" / "state.json"
+    result: dict[str, Any] = {}
+    try:
+        for server in (source, target):
+            registry_tasks.start_registry(server.name, server.port, server.storage_dir)
+        result = _run_stages(config, out_dir, run_id, log, store, state_path)
+        logger.info("lifecycle finished in %.1f s; summary at %s", log.stages and sum(
+            s["wall_s"] for s in log.stages.values()), log.summary_path)
+        return result
+    finally:
+        if not config.keep_serving:
+            serving.stop_active(state_path)
+        for server in (source, target):
+            server.stop()
+        log.write(result)
+
+
+def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageLog, store: Store,
+                state_path: Path) -> dict[str, Any]:
+    logger = get_run_logger()
+    src, dst = config.source_address, config.target_address
+
+    # 1. environments: base image (debootstrap), one environment image per project -> source registry
+    with log.stage("environments") as st:
+        base = log.call(registry_tasks.base_image)
+        envs: dict[str, dict[str, Any]] = {}
+        for name in config.projects:
+            project = projects.get_project(name)
+            local_name, checkout = log.call(registry_tasks.environment_image, name, base.image_id, out_dir)
+            local_id = images.image_id(local_name)
+            source_ref = f"{src}/env/{project.name}:{project.version}"
+            digest = log.call(registry_tasks.push_local_image, local_name, local_id, source_ref)
+            envs[name] = {"project": project, "local": local_name, "checkout": Path(checkout),
+                          "source_ref": source_ref, "source_digest": digest}
+            store.record_image(ledger.ImageRecord(ref=source_ref, digest=digest, role="source", project=name, run_id=run_id))
+        st["counts"] = {"projects": len(envs)}
+        st["digests"] = {"base_image_id": base.image_id, **{n: e["source_digest"] for n, e in envs.items()}}
+
+    # 2. migrate: source -> target registry, digests preserved and verified
+    with log.stage("migrate") as st:
+        rows = []
+        for name, env in envs.items():
+            target_ref = f"{dst}/env/{env['project'].name}:{env['project'].version}"
+            rec = log.call(registry_tasks.migrate_image, f"docker://{env['source_ref']}", f"docker://{target_ref}",
+                           env["source_digest"], config.max_image_size_bytes)
+            rows.append({"image": target_ref, "status": rec.status, "reason": rec.reason,
+                         "source_digest": rec.source_digest, "target_digest": rec.target_digest})
+            if rec.status == "completed":
+                env["target_ref"], env["target_digest"] = target_ref, rec.target_digest
+                store.record_image(ledger.ImageRecord(ref=target_ref, digest=rec.target_digest, role="target",
+                                                      project=name, size_bytes=rec.size_bytes, run_id=run_id))
+        table_artifact("migrate", rows, "Environment images migrated source -> target registry")
+        envs = {n: e for n, e in envs.items() if "target_ref" in e}
+        st["counts"] = {"completed": len(envs), "skipped_or_failed": len(rows) - len(envs)}
+
+    # 3. generate: SWE-smith procedural candidates per project, statically checked
+    with log.stage("generate") as st:
+        candidates = []
+        for name, env in envs.items():
+            project = env["project"]
+            found = log.call(curation.generate_candidates, name, env["checkout"], project.source_path,
+                             config.candidates_per_project, config.seed)
+            candidates.extend((c, name) for c in found)
+            for c in found:
+                store.record_task(ledger.TaskRecord(instance_id=c.instance_id, repo=name, patch_sha256=sha256_bytes(c.patch.encode()), status="candidate", run_id=run_id))
+        st["counts"] = {"candidates": len(candidates)}
+
+    # 4. prewarm: shard layout plan (tag cap), basecache tags, then task images into their shards
+    with log.stage("prewarm") as st:
+        layout = ShardLayout(shards=config.shards, lanes=config.lanes, tag_cap=config.tag_cap)
+        plan = layout.plan([(c.instance_id, envs[repo]["target_digest"]) for c, repo in candidates])
+        base_refs = {e["target_digest"]: f"docker://{e['target_ref']}" for e in envs.values()}
+        basecache = log.call(registry_tasks.prewarm, plan, dst, base_refs)
+        placements = {p.task_id: p for p in plan.placements}
+        tasks_info: dict[str, dict[str, Any]] = {}
+        for c, repo in candidates:
+            env = envs[repo]
+            image = log.call(registry_tasks.task_image, env["local"], images.image_id(env["local"]),
+                             c.instance_id, c.patch)
+            place = placements[c.instance_id]
+            ref = f"{dst}/{place.repository}:{place.tag}"
+            digest = log.call(registry_tasks.push_local_image, image.name, image.image_id, ref)
+            tasks_info[c.instance_id] = {"candidate": c, "repo": repo, "image_ref": ref, "digest": digest}
+            store.record_image(ledger.ImageRecord(ref=ref, digest=digest, role="task", project=repo, run_id=run_id))
+        table_artifact("prewarm-plan", [
+            {"repository": r, "projected_tags": n, "cap": config.tag_cap} for r, n in sorted(plan.projected_tag_counts.items())
+        ], "Projected tags per shard repository (task tags + basecache tags)")
+        st["counts"] = {"repositories": len(plan.projected_tag_counts), "basecache_tags": len(basecache),
+                        "task_images": len(tasks_info)}
+
+    # 5. validate: NOP and Oracle runs in no-network containers, `validate_concurrency` at a time
+    with log.stage("validate") as st:
+        items = list(tasks_info.values())
+        progress_id = create_progress_artifact(progress=0.0, description="NOP/Oracle validation")
+        outcomes = []
+        batch = config.validate_concurrency
+        for start in range(0, len(items), batch):
+            wave = items[start:start + batch]
+            futures = [curation.validate_candidate.submit(
+                t["candidate"], t["image_ref"], t["digest"], envs[t["repo"]]["project"].test_command,
+                config.verifier_timeout_s, config.sandbox_memory_mb)
+                for t in wave]
+            for t, state in zip(wave, log.gather(futures)):
+                outcomes.append((t, state.result()))
+            update_progress_artifact(progress_id, progress=100.0 * len(outcomes) / max(1, len(items)))
+        accepted, rows, trials_n = [], [], 0
+        for t, out in outcomes:
+            c = t["candidate"]
+            for tr in (out.nop, out.oracle):
+                if tr is not None:
+                    trials_n += 1
+                    store.record_trial(_trial_row(tr, f"validate-{config.seed}", None, run_id))
+            report = out.report
+            status = "accepted" if report is not None and report.accepted else (
+                "error" if report is None else "rejected")
+            reason = report.reason if report is not None else (out.nop.exception_type or "")
+            store.record_task(ledger.TaskRecord(
+                instance_id=c.instance_id, repo=t["repo"], patch_sha256=sha256_bytes(c.patch.encode()),
+                image_ref=t["image_ref"], status=status, reason=reason,
+                fail_to_pass=report.FAIL_TO_PASS if report else [],
+                pass_to_pass=report.PASS_TO_PASS if report else [], run_id=run_id))
+            t["report"] = report
+            rows.append({"instance_id": c.instance_id, "status": status, "reason": reason,
+                         "FAIL_TO_PASS": len(report.FAIL_TO_PASS) if report else 0,
+                         "nop_reward": out.nop.reward, "oracle_reward": out.oracle.reward if out.oracle else None})
+            if status == "accepted":
+                accepted.append(t)
+        table_artifact("validate", rows, "NOP/Oracle validation of every candidate")
+        st["counts"] = {"candidates": len(outcomes), "trials": trials_n, "accepted": len(accepted),
+                        "rejected": sum(r["status"] == "rejected" for r in rows),
+                        "errors": sum(r["status"] == "error" for r in rows)}
+        if not accepted:
+            raise PreflightError("validation accepted no task: nothing to freeze")
+
+    # 6. freeze: repository-disjoint splits with per-repo caps, manifest written atomically
+    with log.stage("freeze") as st:
+        quotas = SplitQuotas(train=config.train_min, validation=config.validation_min, test=config.test_min,
+                             max_per_repo=config.max_tasks_per_repo, min_repos=config.min_repos)
+        accepted_refs = [AcceptedTask(instance_id=t["candidate"].instance_id, repo=t["repo"]) for t in accepted]
+        image_digests = {t["candidate"].instance_id: t["digest"] for t in accepted}
+        manifest = log.call(curation.freeze_dataset, config.freeze_name, accepted_refs, quotas, config.seed,
+                            out_dir / "freezes", {"image_digests": image_digests})
+        store.record_freeze(ledger.FreezeRecord(
+            name=manifest.name, semantic_sha256=manifest.semantic_sha256, file_sha256=manifest.file_sha256,
+            manifest_path=str(manifest.path), counts=manifest.counts, run_id=run_id))
+        splits = manifest.splits
+        st["counts"] = {k: len(v) for k, v in splits.items()}
+        st["digests"] = {"semantic_sha256": manifest.semantic_sha256, "file_sha256": manifest.file_sha256}
+        st["paths"] = {"manifest": str(manifest.path)}
+    by_id = {t["candidate"].instance_id: t for t in accepted}
+
+    # 7. base model: tiny Qwen2 with the real Qwen2 tokenizer, packaged as GGUF
+    with log.stage("base_model") as st:
+        base_model = log.call(model_tasks.base_model, out_dir / "models" / "base", config.seed)
+        base_gguf = log.call(model_tasks.package, base_model.path, base_model.sha256, out_dir / "models" / "base-gguf",
+                             (config.serve_quantization,))
+        served_base = base_gguf[config.serve_quantization]
+        store.record_model_artifact(ledger.ModelArtifactRecord(sha256=base_model.sha256, kind="base", path=str(base_model.path), run_id=run_id))
+        for qtype, art in base_gguf.items():
+            store.record_model_artifact(ledger.ModelArtifactRecord(sha256=art.sha256, kind="gguf", path=str(art.path), quantization=qtype,
+                                        parent_sha256=base_model.sha256, run_id=run_id))
+        st["counts"] = {"parameters": base_model.num_parameters}
+        st["digests"] = {"hf": base_model.sha256, **{q: a.sha256 for q, a in base_gguf.items()}}
+
+    # 8. serve the baseline, 9. canary it on the frozen test split
+    agent_config = agent.AgentConfig(step_limit=config.agent_step_limit, max_tokens=config.agent_max_tokens,
+                                     agent_timeout_s=config.agent_timeout_s, seed=config.seed)
+    with log.stage("serve_baseline") as st:
+        swap = log.call(serving_tasks.serve_swap, state_path, served_base.path, served_base.sha256, config.serve_ports)
+        store.record_serving_generation(_generation_row(swap.current, "active", run_id))
+        st["counts"] = {"generation": swap.current.generation, "port": swap.current.active_port}
+    baseline_trials = _canary(log, "canary_baseline", config, splits["test"], by_id, envs, swap.current,
+                              served_base.sha256, agent_config, out_dir, store, run_id)
+
+    # 10. burst: SFT samples from the Oracle solutions of the train split, one LoRA burst
+    with log.stage("burst") as st:
+        sft_samples = samples.oracle_samples(
+            [(by_id[i]["candidate"], envs[by_id[i]["repo"]]["checkout"], by_id[i]["report"].FAIL_TO_PASS)
+             for i in splits["train"]])
+        burst_config = BurstConfig(max_steps=config.burst_max_steps, learning_rate=config.burst_learning_rate,
+                                   lora_r=config.lora_r, seed=config.seed)
+        adapter = log.call(model_tasks.sft_burst, base_model.path, base_model.sha256, sft_samples,
+                           out_dir / "models" / "adapter", burst_config, None, run_id)
+        store.record_model_artifact(ledger.ModelArtifactRecord(sha256=adapter.sha256, kind="adapter", path=str(adapter.path),
+                                    parent_sha256=base_model.sha256, lineage=adapter.lineage.model_dump(mode="json"),
+                                    run_id=run_id))
+        st["counts"] = {"samples": len(sft_samples), "steps": adapter.steps}
+        st["digests"] = {"adapter": adapter.sha256, "dataset": adapter.lineage.dataset_sha256}
+        st["paths"] = {"adapter": str(adapter.path)}
+
+    # 11. package: merge -> GGUF f16 -> quantize -> check -> load
+    with log.stage("package") as st:
+        ggufs = log.call(model_tasks.package, base_model.path, base_model.sha256, out_dir / "models" / "candidate-gguf",
+                         config.quantizations, adapter.path, adapter.sha256)
+        for qtype, art in ggufs.items():
+            store.record_model_artifact(ledger.ModelArtifactRecord(sha256=art.sha256, kind="gguf", path=str(art.path), quantization=qtype,
+                                        parent_sha256=adapter.sha256, run_id=run_id))
+        table_artifact("package", [{"type": q, "path": str(a.path), "size_bytes": a.size_bytes, "sha256": a.sha256}
+                                   for q, a in ggufs.items()], "GGUF artifacts of the candidate model")
+        st["digests"] = {q: a.sha256 for q, a in ggufs.items()}
+        st["paths"] = {q: str(a.path) for q, a in ggufs.items()}
+    served_new = ggufs[config.serve_quantization]
+
+    # 12. serve swap: blue/green to the candidate GGUF (health + smoke gate, rollback on failure)
+    with log.stage("serve_swap") as st:
+        swap = log.call(serving_tasks.serve_swap, state_path, served_new.path, served_new.sha256, config.serve_ports)
+        if swap.previous is not None:
+            store.record_serving_generation(_generation_row(swap.previous, "retired", run_id))
+        store.record_serving_generation(_generation_row(swap.current, "active", run_id))
+        st["counts"] = {"generation": swap.current.generation, "port": swap.current.active_port,
+                        "rolled_back": int(swap.rolled_back)}
+    candidate_trials = _canary(log, "canary_candidate", config, splits["test"], by_id, envs, swap.current,
+                               served_new.sha256, agent_config, out_dir, store, run_id)
+
+    # 13. compare: paired wins/ties/losses, exact McNemar p, markdown report
+    with log.stage("compare") as st:
+        report_a, report_b, paired, md = log.call(report_tasks.compare_jobs, baseline_trials, candidate_trials,
+                                                  "baseline", "candidate")
+        report_path = out_dir / "compare.md"
+        atomic_write_text(report_path, md)
+        markdown_artifact("compare", md, "Paired comparison baseline vs candidate on the frozen test split")
+        st["counts"] = {"pairs": paired.n_pairs, "wins": paired.wins, "ties": paired.ties, "losses": paired.losses}
+        st["digests"] = {"report": sha256_file(report_path)}
+        st["paths"] = {"report": str(report_path)}
+
+    emit_event("forgeflow.lifecycle.completed", resource={"prefect.resource.id": f"forgeflow.freeze.{config.freeze_name}"},
+               payload={"mcnemar_p": paired.mcnemar_p})
+    return {
+        "images": {"environments": len(envs), "task_images": len(tasks_info)},
+        "tasks": {"generated": len(candidates), "validated": len(outcomes), "accepted": len(accepted)},
+        "freeze": {"name": config.freeze_name, "semantic_sha256": manifest.semantic_sha256,
+                   "splits": {k: len(v) for k, v in splits.items()}},
+        "canary": {"baseline": report_a.model_dump(mode="json"), "candidate": report_b.model_dump(mode="json")},
+        "comparison": paired.model_dump(mode="json"),
+        "artifacts": {name: {"path": str(a.path), "sha256": a.sha256} for name, a in
+                      {**{f"base-{q}": a for q, a in base_gguf.items()}, **{f"candidate-{q}": a for q, a in ggufs.items()}}.items()}
+        | {"adapter": {"path": str(adapter.path), "sha256": adapter.sha256},
+           "freeze_manifest": {"path": str(manifest.path), "sha256": manifest.file_sha256},
+           "compare_report": {"path": str(report_path), "sha256": sha256_file(report_path)}},
+    }
+
+
+def _canary(log: StageLog, stage: str, config: LifecycleConfig, test_ids: list[str], by_id: dict[str, dict[str, Any]],
+            envs: dict[str, dict[str, Any]], serving_state: serving.ServingState, model_sha256: str,
+            agent_config: agent.AgentConfig, out_dir: Path, store: Store, run_id: str) -> list:
+    """Agent trials on the frozen test split against the active endpoint (one job)."""
+    if config.canary_concurrency > 4:
+        raise PreflightError(f"canary concurrency {config.canary_concurrency} is above the limit of 4")
+    job_id = f"{stage}-{model_sha256[:12]}"
+    base_url = f"http://127.0.0.1:{serving_state.active_port}/v1"
+    with log.stage(stage) as st:
+        trials = []
+        for instance_id in test_ids:
+            t = by_id[instance_id]
+            report = t["report"]
+            problem = agent.problem_statement_for(t["candidate"].patch, report.FAIL_TO_PASS)
+            tr = log.call(serving_tasks.agent_trial, instance_id, t["image_ref"], t["digest"], problem,
+                          envs[t["repo"]]["project"].test_command, report.FAIL_TO_PASS, report.PASS_TO_PASS,
+                          base_url, MODEL_ALIAS, model_sha256, agent_config, out_dir / "trajectories" / job_id,
+                          config.verifier_timeout_s)
+            store.record_trial(_trial_row(tr, job_id, model_sha256, run_id))
+            trials.append(tr)
+        report = compare.JobReport.from_trials(trials)
+        table_artifact(stage.replace("_", "-"), [
+            {"instance_id": tr.instance_id, "reward": tr.reward, "exception": tr.exception_type,
+             "agent_s": tr.agent_s, "verifier_s": tr.verifier_s} for tr in trials], f"{stage}: agent trials ({job_id})")
+        st["counts"] = {"requested": report.requested, "scored": report.scored, "reward_1": report.reward_1,
+                        "exceptions": sum(report.exceptions_by_type.values())}
+        st["digests"] = {"model": model_sha256}
+    return trials
+
+
+def _trial_row(tr: Any, job_id: str, model_sha256: str | None, run_id: str) -> ledger.TrialRecord:
+    """The store row of a trial (timings flattened to seconds per phase)."""
+    timings = {k: v for k, v in {"env_setup_s": tr.env_setup_s, "verifier_s": tr.verifier_s,
+                                 "agent_s": tr.agent_s}.items() if v is not None}
+    return ledger.TrialRecord(trial_id=tr.trial_id, instance_id=tr.instance_id, kind=tr.kind, job_id=job_id,
+                              reward=tr.reward, exception_type=tr.exception_type,
+                              exception_message=tr.exception_message, timings=timings,
+                              model_sha256=model_sha256, created_at=tr.started_at, run_id=run_id)
+
+
+def _generation_row(state: serving.ServingState, status: str, run_id: str) -> ledger.ServingGenerationRecord:
+    return ledger.ServingGenerationRecord(generation=state.generation, port=state.active_port,
+                                          gguf_sha256=state.gguf_sha256, status=status, run_id=run_id)

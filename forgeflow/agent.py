@@ -1,0 +1,571 @@
+"""Agent trials: mini-swe-agent against an OpenAI-compatible endpoint, then the verifier.
+
+One agent trial (Harbor's and SWE-bench's shape):
+
+1. **agent** — mini-swe-agent 2.4.6's ``DefaultAgent`` with its text-based LiteLLM model
+   (``openai/<alias>`` at the given ``api_base``) and its ``docker`` environment driven by podman:
+   the loop and the model calls stay on the host, every command runs in a container of the task
+   image with ``--network none`` and ``cwd /testbed`` (FACTS.md). Prompts come from mini-swe-agent's
+   own ``swebench_backticks.yaml``. The trajectory JSON is written atomically after every step.
+2. **submission** — ``git diff`` of ``/testbed`` against the image's commit, taken from the agent's
+   container before it is removed (tracked files only: reproduction scripts are not submitted).
+3. **verifier** — a fresh container of the task image: the submission is applied with
+   ``git apply``, the test files named by FAIL_TO_PASS/PASS_TO_PASS are reset to the image's
+   (pristine) version, the tests run, and SWE-bench's resolution rule gives reward 1.0 or 0.0.
+
+Outcomes versus breakage (DESIGN.md):
+
+* format errors, the step limit, a context overflow or an empty or non-applying patch are the
+  model's outcomes: the verifier runs and the reward is 0 or 1;
+* the endpoint refusing, resetting, answering 5xx or returning no choice is a
+  :class:`~forgeflow.errors.ModelEndpointError`: recorded as the trial's exception with reward None
+  and no verifier run;
+* the agent overrunning ``agent_timeout_s`` is an :class:`~forgeflow.errors.AgentTimeoutError`
+  recorded with the exception *and* the verifier's reward (Harbor's convention);
+* sandbox failures (image missing, OOM, verifier timeout, unparseable test output) are recorded as
+  the exception with reward None.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from forgeflow import errors
+from forgeflow.fsutil import atomic_write_json, sha256_json
+from forgeflow.grading import grade_resolved
+from forgeflow.sandbox import PodmanSandbox, SandboxSpec
+from forgeflow.settings import apply_container_env, tool_env
+from forgeflow.trial import LOG_TAIL_CHARS, TESTBED, TrialRecord, VerifierResult, container_name, make_trial_id, verify
+
+MSWEA_CONFIG_NAME = "swebench_backticks"
+"""mini-swe-agent's built-in SWE-bench config with the text (``mswea_bash_command`` fence) format;
+tiny local models do not produce tool calls, so the text-based model class is used."""
+
+SUBMISSION_PATH_IN_CONTAINER = "/tmp/forgeflow_submission.patch"
+_PODMAN_TIMEOUT_S = 120
+
+
+class AgentConfig(BaseModel):
+    """Sampling and budget of one agent trial.
+
+    Attributes:
+        step_limit: maximum model calls (mini-swe-agent's ``step_limit``).
+        agent_timeout_s: wall-clock budget of the agent loop in seconds; overrunning it records an
+            AgentTimeoutError (the verifier still runs).
+        temperature: sampling temperature.
+        max_tokens: completion-token cap per model call.
+        seed: sampling seed sent to the endpoint.
+        command_timeout_s: timeout of one agent command in the container, seconds.
+        memory_mb: memory limit of the agent's and the verifier's containers, MiB.
+        cpus: CPU quota of those containers, cores.
+        config_name: the mini-swe-agent built-in config whose prompts are used.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    step_limit: int = Field(default=4, ge=1, le=1000)
+    agent_timeout_s: float = Field(default=600.0, gt=0)
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+    max_tokens: int = Field(default=256, ge=1, le=32768)
+    seed: int = Field(default=0, ge=0)
+    command_timeout_s: int = Field(default=60, ge=1)
+    memory_mb: int = Field(default=2048, ge=64)
+    cpus: float = Field(default=1.0, gt=0)
+    config_name: str = MSWEA_CONFIG_NAME
+
+
+# --- mini-swe-agent wiring -------------------------------------------------------------------
+_MSWEA_DIR: Path | None = None
+
+
+def _prepare_mswea_env() -> None:
+    """Environment mini-swe-agent and LiteLLM read at import time (set before importing them).
+
+    ``MSWEA_CONFIGURED`` skips the interactive setup, ``MSWEA_GLOBAL_CONFIG_DIR`` keeps its ``.env``
+    out of the home directory, ``LITELLM_LOCAL_MODEL_COST_MAP`` stops LiteLLM fetching its price
+    list from GitHub (the machine is offline), and the container variables make the podman that
+    mini-swe-agent spawns use runc and the lowered ulimits.
+    """
+    global _MSWEA_DIR
+    if _MSWEA_DIR is None and "MSWEA_GLOBAL_CONFIG_DIR" not in os.environ:
+        _MSWEA_DIR = Path(tempfile.mkdtemp(prefix="forgeflow-mswea-"))
+        os.environ["MSWEA_GLOBAL_CONFIG_DIR"] = str(_MSWEA_DIR)
+    os.environ.setdefault("MSWEA_CONFIGURED", "true")
+    os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
+    os.environ.setdefault("MSWEA_COST_TRACKING", "ignore_errors")
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    apply_container_env()
+
+
+def mswea_config(
+    image_ref: str, base_url: str, model_alias: str, config: AgentConfig
+) -> dict[str, Any]:
+    """The mini-swe-agent config dict (agent / environment / model sections) for one trial.
+
+    Starts from mini-swe-agent's built-in ``config.config_name`` yaml and overrides the budget, the
+    podman environment (FACTS.md: ``executable: podman``, ``cwd: /testbed``,
+    ``run_args: ["--rm", "--network", "none"]``, plus ``--init`` so stopping is immediate and the
+    memory/CPU limits) and the model (``openai/<alias>`` with ``api_base``/``api_key``; the key
+    comes from ``$FORGEFLOW_MODEL_API_KEY``, a placeholder for keyless local servers).
+    """
+    _prepare_mswea_env()
+    from minisweagent.config import get_config_from_spec
+    from minisweagent.utils.serialize import recursive_merge
+
+    base = get_config_from_spec(config.config_name)
+    overrides = {
+        "agent": {
+            "step_limit": config.step_limit,
+            "cost_limit": 0.0,
+            "wall_time_limit_seconds": max(1, int(config.agent_timeout_s)),
+        },
+        "environment": {
+            "environment_class": "docker",
+            "executable": shutil.which("podman") or "podman",
+            "image": image_ref,
+            "cwd": TESTBED,
+            "timeout": config.command_timeout_s,
+            "pull_timeout": _PODMAN_TIMEOUT_S,
+            "run_args": [
+                "--rm", "--network", "none", "--init",
+                "--memory", f"{config.memory_mb}m", "--memory-swap", f"{config.memory_mb}m",
+                "--cpus", str(config.cpus),
+            ],
+        },
+        "model": {
+            "model_name": f"openai/{model_alias}",
+            "cost_tracking": "ignore_errors",
+            "model_kwargs": {
+                "api_base": base_url.rstrip("/"),
+                "api_key": os.environ.get("FORGEFLOW_MODEL_API_KEY", "sk-no-key"),
+                "temperature": config.temperature,
+                "max_tokens": config.max_tokens,
+                "seed": config.seed,
+                "max_retries": 0,  # retries belong to the Prefect task (transient kinds only)
+                "drop_params": True,
+            },
+        },
+    }
+    merged = recursive_merge(base, overrides)
+    merged["agent"].pop("mode", None)  # interactive-agent key, unknown to DefaultAgent
+    return merged
+
+
+def _endpoint_model_class() -> type:
+    """A text-based LiteLLM model whose endpoint failures are ModelEndpointError (not retried here:
+    the Prefect task retries transient kinds) and whose calls never outlive the agent's deadline."""
+    import litellm
+    from minisweagent.models.litellm_model import LitellmModel
+    from minisweagent.models.litellm_textbased_model import LitellmTextbasedModel
+
+    class EndpointModel(LitellmTextbasedModel):
+        abort_exceptions = [
+            *LitellmModel.abort_exceptions,
+            litellm.exceptions.BadRequestError,
+            errors.ModelEndpointError,
+            errors.AgentTimeoutError,
+        ]
+
+        def __init__(self, *, deadline_monotonic: float, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.deadline_monotonic = deadline_monotonic
+
+        def _query(self, messages: list[dict[str, str]], **kwargs: Any) -> Any:
+            remaining_s = self.deadline_monotonic - time.monotonic()
+            if remaining_s <= 0:
+                raise errors.AgentTimeoutError("agent budget spent before the model call")
+            api_base = self.config.model_kwargs.get("api_base", "")
+            try:
+                response = super()._query(messages, timeout=remaining_s, **kwargs)
+            except litellm.exceptions.Timeout as exc:
+                if time.monotonic() >= self.deadline_monotonic:
+                    raise errors.AgentTimeoutError(f"model call outlived the agent budget: {exc}") from exc
+                raise errors.ModelEndpointError(f"model endpoint {api_base} timed out: {exc}") from exc
+            except (
+                litellm.exceptions.APIConnectionError,
+                litellm.exceptions.InternalServerError,
+                litellm.exceptions.ServiceUnavailableError,
+                litellm.exceptions.BadGatewayError,
+            ) as exc:
+                raise errors.ModelEndpointError(
+                    f"model endpoint {api_base} failed: {type(exc).__name__}: {exc}"
+                ) from exc
+            except litellm.exceptions.APIError as exc:
+                if int(getattr(exc, "status_code", 0) or 0) >= 500:
+                    raise errors.ModelEndpointError(f"model endpoint {api_base} answered 5xx: {exc}") from exc
+                raise
+            choices = getattr(response, "choices", None) or []
+            if not choices or getattr(choices[0], "message", None) is None:
+                raise errors.ModelEndpointError(f"model endpoint {api_base} returned no choice (truncated response)")
+            return response
+
+    return EndpointModel
+
+
+def _atomic_agent_class() -> type:
+    """mini-swe-agent's DefaultAgent with its per-step trajectory save made atomic."""
+    from minisweagent.agents.default import DefaultAgent
+
+    class AtomicSaveAgent(DefaultAgent):
+        def save(self, path: Path | None, *extra_dicts: dict) -> dict:
+            data = self.serialize(*extra_dicts)
+            if path:
+                atomic_write_json(path, data)
+            return data
+
+    return AtomicSaveAgent
+
+
+def _start_environment(env_config: dict[str, Any]) -> Any:
+    """Start mini-swe-agent's container environment; podman failures become sandbox errors."""
+    from minisweagent.environments import get_environment
+
+    try:
+        return get_environment(env_config)
+    except subprocess.CalledProcessError as exc:
+        msg = (exc.stderr or exc.stdout or "").strip() if isinstance(exc.stderr, str) else str(exc)
+        image = env_config.get("image")
+        if any(s in msg for s in ("manifest unknown", "not found", "name unknown", "no such image")):
+            raise errors.ImageNotFoundError(f"agent image {image!r} not found: {msg}") from exc
+        raise errors.SandboxError(f"podman could not start the agent container for {image!r}: {msg}") from exc
+    except subprocess.TimeoutExpired as exc:
+        raise errors.SandboxError(f"starting the agent container timed out: {exc}") from exc
+
+
+def _podman(*args: str, timeout_s: float = _PODMAN_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    exe = shutil.which("podman")
+    if exe is None:
+        raise errors.ToolMissingError("podman is not installed (apt-get install podman)")
+    return subprocess.run([exe, *args], capture_output=True, text=True, env=tool_env(), timeout=timeout_s)
+
+
+def _container_git(container_id: str, *git_args: str) -> str:
+    proc = _podman("exec", "-w", TESTBED, container_id, "git", "-c", "core.fileMode=false", *git_args)
+    if proc.returncode != 0:
+        raise errors.SandboxError(f"git {' '.join(git_args)} failed in the agent container: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def _remove_container(env: Any) -> None:
+    container_id = getattr(env, "container_id", None)
+    if container_id:
+        _podman("rm", "-f", "-t", "0", container_id)
+        env.container_id = None  # mini-swe-agent's __del__ would otherwise spawn its own stop
+
+
+def _usage_totals(messages: list[dict[str, Any]]) -> tuple[int, int]:
+    """Sum prompt/completion tokens over the model responses stored in a trajectory."""
+    n_in = n_out = 0
+    for message in messages:
+        usage = ((message.get("extra") or {}).get("response") or {}).get("usage") or {}
+        n_in += int(usage.get("prompt_tokens") or 0)
+        n_out += int(usage.get("completion_tokens") or 0)
+    return n_in, n_out
+
+
+# --- problem statements ----------------------------------------------------------------------
+def problem_statement_for(candidate_patch: str, failing_tests: list[str]) -> str:
+    """An issue-like task text naming the failing tests, with nothing of the patch in it.
+
+    Uses SWE-smith's static "failing tests" issue template (``swesmith.issue_gen.get_static``:
+    ``PROMPT_TESTS_F2P`` filled with ``print_list`` of FAIL_TO_PASS). The patch is only validated
+    (it must be a non-empty unified diff) and checked not to leak: no changed code line of the
+    patch may appear in the text.
+
+    Args:
+        candidate_patch: the bug's unified diff (never shown to the agent).
+        failing_tests: the FAIL_TO_PASS test ids (pytest node ids), at least one.
+
+    Returns:
+        The problem statement (plain text, one test per ``- `` line, sorted).
+
+    Raises:
+        InputError: ``failing_tests`` is empty or ``candidate_patch`` is not a unified diff.
+    """
+    from swesmith.issue_gen.get_static import PROMPT_TESTS_F2P, print_list
+    from unidiff import PatchSet
+    from unidiff.errors import UnidiffParseError
+
+    tests = sorted({t.strip() for t in failing_tests if t and t.strip()})
+    if not tests:
+        raise errors.InputError("failing_tests is empty: a problem statement needs at least one FAIL_TO_PASS test")
+    try:
+        patch = PatchSet(candidate_patch)
+    except UnidiffParseError as exc:
+        raise errors.InputError(f"candidate_patch is not a unified diff: {exc}") from exc
+    if len(patch) == 0:
+        raise errors.InputError("candidate_patch is empty (no file changed)")
+    text = PROMPT_TESTS_F2P.format(f2p_list=print_list(tests))
+    changed = {
+        line.value.strip()
+        for pfile in patch for hunk in pfile for line in hunk
+        if (line.is_added or line.is_removed) and len(line.value.strip()) >= 8
+    }
+    leaked = [c for c in changed if c in text]
+    if leaked:  # a test id that quotes code: drop the test names rather than leak the patch
+        text = PROMPT_TESTS_F2P.format(f2p_list=f"- {len(tests)} test(s) in the test suite")
+    return text
+
+
+# --- the trial -------------------------------------------------------------------------------
+@dataclass
+class _AgentPhase:
+    """What the agent phase left behind (internal)."""
+
+    exit_status: str = ""
+    submission: str = ""
+    error: BaseException | None = None
+    env_setup_s: float = 0.0
+    agent_s: float = 0.0
+    n_steps: int = 0
+    n_input_tokens: int = 0
+    n_output_tokens: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+def _test_files(test_ids: list[str]) -> list[str]:
+    """Test file paths of pytest node ids (``tests/test_x.py::test_a`` -> ``tests/test_x.py``)."""
+    return sorted({t.split("::", 1)[0] for t in test_ids if "::" in t and t.split("::", 1)[0].endswith(".py")})
+
+
+def _run_agent_phase(
+    trial_id: str, instance_id: str, image_ref: str, problem_statement: str, base_url: str,
+    model_alias: str, config: AgentConfig, traj_path: Path,
+) -> _AgentPhase:
+    """Run mini-swe-agent in a container of ``image_ref``; take the submission; remove the container.
+
+    Endpoint failures, agent overruns and sandbox failures are caught into ``_AgentPhase.error``.
+    """
+    import litellm
+
+    phase = _AgentPhase()
+    t0 = time.monotonic()
+    deadline = t0 + config.agent_timeout_s
+    cfg = mswea_config(image_ref, base_url, model_alias, config)
+    model = _endpoint_model_class()(deadline_monotonic=deadline, **cfg["model"])
+    agent = None
+    env = None
+    try:
+        env = _start_environment(cfg["environment"])
+        base_commit = _container_git(env.container_id, "rev-parse", "HEAD").strip()
+        phase.env_setup_s = time.monotonic() - t0
+        agent = _atomic_agent_class()(model, env, output_path=traj_path, **cfg["agent"])
+        try:
+            phase.exit_status = str(agent.run(problem_statement).get("exit_status", ""))
+        except litellm.exceptions.ContextWindowExceededError as exc:  # the model's outcome
+            phase.exit_status = "ContextWindowExceeded"
+            phase.notes.append(f"context window exceeded: {exc}")
+        except (errors.ModelEndpointError, errors.AgentTimeoutError) as exc:
+            phase.error = exc
+            phase.exit_status = type(exc).__name__
+        phase.agent_s = time.monotonic() - t0
+        if phase.error is None and (phase.exit_status == "TimeExceeded" or time.monotonic() > deadline):
+            phase.error = errors.AgentTimeoutError(
+                f"agent exceeded its {config.agent_timeout_s:.0f} s budget ({phase.agent_s:.1f} s)"
+            )
+        if not isinstance(phase.error, errors.ModelEndpointError):
+            try:
+                phase.submission = _container_git(env.container_id, "diff", "--no-color", "--binary", base_commit)
+            except errors.SandboxError as exc:  # the agent broke the repository: its outcome
+                phase.notes.append(f"could not take the submission: {exc}")
+    except errors.InfraError as exc:  # sandbox broke (image missing, podman failure)
+        phase.error = exc
+    finally:
+        if env is not None:
+            _remove_container(env)
+        phase.agent_s = phase.agent_s or time.monotonic() - t0
+        if agent is not None:
+            phase.n_steps = int(agent.n_calls)
+            phase.n_input_tokens, phase.n_output_tokens = _usage_totals(agent.messages)
+            agent.save(traj_path, {
+                "info": {
+                    "exit_status": phase.exit_status,
+                    "submission": phase.submission,
+                    "forgeflow": {
+                        "trial_id": trial_id, "instance_id": instance_id, "image_ref": image_ref,
+                        "n_steps": phase.n_steps, "n_input_tokens": phase.n_input_tokens,
+                        "n_output_tokens": phase.n_output_tokens, "agent_s": phase.agent_s,
+                        "error": f"{type(phase.error).__name__}: {phase.error}" if phase.error else None,
+                    },
+                },
+                "instance_id": instance_id,
+            })
+    return phase
+
+
+def _run_verifier_phase(
+    image_ref: str, submission: str, test_command: str, fail_to_pass: list[str],
+    pass_to_pass: list[str], config: AgentConfig, name: str, verifier_timeout_s: float,
+) -> tuple[float, VerifierResult | None, str]:
+    """Apply the submission in a fresh container, reset the test files, run the tests, grade.
+
+    Returns:
+        (reward, verifier result or None if the patch did not apply, note). A patch that does not
+        apply gives reward 0.0 (the model's fault) and a note.
+
+    Raises:
+        SandboxError and subclasses, VerifierTimeoutError, VerifierOutputError: the verifier broke.
+    """
+    spec = SandboxSpec(memory_mb=config.memory_mb, cpus=config.cpus, network=False)
+    sandbox = PodmanSandbox(image_ref, spec, name=name)
+    try:
+        sandbox.start()
+    except errors.SandboxError as exc:
+        if "already in use" not in str(exc):
+            raise
+        _podman("rm", "-f", "-t", "0", name)  # left by a crashed run of the same trial
+        sandbox.start()
+    try:
+        note = ""
+        if submission.strip():
+            sandbox.write_file(SUBMISSION_PATH_IN_CONTAINER, submission if submission.endswith("\n") else submission + "\n")
+            applied = sandbox.exec(
+                ["git", "apply", "--verbose", "--whitespace=nowarn", SUBMISSION_PATH_IN_CONTAINER],
+                timeout_s=60, workdir=TESTBED,
+            )
+            if applied.exit_code != 0:
+                detail = (applied.stderr or applied.stdout).strip()[-1000:]
+                return 0.0, None, f"submission patch did not apply (the model's fault): {detail}"
+        else:
+            note = "empty submission (no change to /testbed)"
+        files = _test_files([*fail_to_pass, *pass_to_pass])
+        if files:  # pristine test files: the agent's edits to the tests do not count
+            tracked = sandbox.exec(["git", "ls-files", "--", *files], timeout_s=60, workdir=TESTBED).stdout.split()
+            if tracked:
+                sandbox.exec(["git", "checkout", "HEAD", "--", *tracked], timeout_s=60, workdir=TESTBED)
+        result = verify(sandbox, test_command, verifier_timeout_s)
+        return grade_resolved(result.tests, list(fail_to_pass), list(pass_to_pass)), result, note
+    finally:
+        sandbox.stop()
+
+
+def _record(
+    *, trial_id: str, instance_id: str, started_at: datetime, phase: _AgentPhase,
+    reward: float | None, error: BaseException | None, verifier: VerifierResult | None, notes: list[str],
+) -> TrialRecord:
+    """Build the agent's TrialRecord.
+
+    An AgentTimeoutError is recorded together with the verifier's reward (Harbor's convention).
+    If this TrialRecord's schema still demands "reward xor exception", the reward moves into the
+    exception message instead (never silently dropped, never turned into 0).
+    """
+    message = "\n".join([str(error) or repr(error), *notes]) if error is not None else None
+    fields: dict[str, Any] = {
+        "trial_id": trial_id, "instance_id": instance_id, "kind": "agent",
+        "reward": reward, "exception_type": type(error).__name__ if error is not None else None,
+        "exception_message": message, "started_at": started_at, "env_setup_s": phase.env_setup_s,
+        "agent_s": phase.agent_s, "verifier_s": verifier.duration_s if verifier else None,
+        "tests": verifier.tests if verifier else {},
+        "log_tail": (verifier.log_tail if verifier else "") or "\n".join(notes)[-LOG_TAIL_CHARS:],
+    }
+    if error is not None and reward is not None:
+        try:
+            return TrialRecord(**fields)
+        except ValueError:
+            fields["reward"] = None
+            fields["exception_message"] = f"{message}\nverifier reward despite the timeout: {reward}"
+    return TrialRecord(**fields)
+
+
+def default_run_key(problem_statement: str, model_alias: str, base_url: str, config: AgentConfig) -> str:
+    """The run key of an agent trial: sha256 of everything that changes its result but the image."""
+    return sha256_json({
+        "problem_statement": problem_statement, "model_alias": model_alias, "base_url": base_url,
+        "config": config.model_dump(mode="json"),
+    })
+
+
+def run_agent_trial(
+    instance_id: str,
+    image_ref: str,
+    problem_statement: str,
+    test_command: str,
+    fail_to_pass: list[str],
+    pass_to_pass: list[str],
+    base_url: str,
+    model_alias: str,
+    config: AgentConfig,
+    out_dir: Path,
+    verifier_timeout_s: float = 180,
+    run_key: str | None = None,
+) -> TrialRecord:
+    """Run one agent trial: mini-swe-agent in the task image, then the verifier in a fresh one.
+
+    Args:
+        instance_id: the task's id.
+        image_ref: the task image (bug applied at /testbed, a git repo with one commit).
+        problem_statement: the issue text given to the agent.
+        test_command: the verifier's test command (``pytest -rA`` output), run in /testbed.
+        fail_to_pass: the task's FAIL_TO_PASS test ids.
+        pass_to_pass: the task's PASS_TO_PASS test ids.
+        base_url: OpenAI-compatible endpoint, e.g. ``http://127.0.0.1:8801/v1``.
+        model_alias: the model name to request.
+        config: sampling and budget.
+        out_dir: where ``<trial_id>.traj.json`` is written (atomically, after every step); its
+            ``info.forgeflow`` holds ``n_steps``, ``n_input_tokens``, ``n_output_tokens``.
+        verifier_timeout_s: timeout of the test run in seconds.
+        run_key: distinguishes repeated trials of the same inputs (e.g. a sample index, the model
+            digest); default :func:`default_run_key`. The trial id is
+            :func:`forgeflow.trial.make_trial_id` of (instance, "agent", image, run key).
+
+    Returns:
+        TrialRecord with kind ``"agent"``: reward 1.0/0.0 when the verifier ran (format errors, step
+        limit, context overflow, empty or non-applying patches included); reward None with
+        ``exception_type`` ``ModelEndpointError`` (no verifier run) or a sandbox/verifier error;
+        ``exception_type`` ``AgentTimeoutError`` together with the verifier's reward on an overrun.
+
+    Raises:
+        InputError: an argument is empty or malformed (nothing was run).
+    """
+    for arg_name, value in (("instance_id", instance_id), ("image_ref", image_ref),
+                            ("problem_statement", problem_statement), ("test_command", test_command),
+                            ("base_url", base_url), ("model_alias", model_alias)):
+        if not isinstance(value, str) or not value.strip():
+            raise errors.InputError(f"{arg_name} must be a non-empty string, got {value!r}")
+    if not base_url.startswith(("http://", "https://")):
+        raise errors.InputError(f"base_url must be an http(s) URL, got {base_url!r}")
+    if not fail_to_pass and not pass_to_pass:
+        raise errors.InputError("fail_to_pass and pass_to_pass are both empty: nothing to grade")
+    if verifier_timeout_s <= 0:
+        raise errors.InputError(f"verifier_timeout_s must be > 0, got {verifier_timeout_s}")
+
+    _prepare_mswea_env()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    key = run_key or default_run_key(problem_statement, model_alias, base_url, config)
+    trial_id = make_trial_id(instance_id, "agent", image_ref, key)
+    started_at = datetime.now(timezone.utc)
+    traj_path = out_dir / f"{trial_id}.traj.json"
+
+    phase = _run_agent_phase(trial_id, instance_id, image_ref, problem_statement, base_url,
+                             model_alias, config, traj_path)
+    notes = list(phase.notes)
+    error = phase.error
+    reward: float | None = None
+    verifier: VerifierResult | None = None
+    if error is None or isinstance(error, errors.AgentTimeoutError):
+        try:
+            reward, verifier, note = _run_verifier_phase(
+                image_ref, phase.submission, test_command, fail_to_pass, pass_to_pass, config,
+                container_name(instance_id, "agent", trial_id), verifier_timeout_s,
+            )
+            if note:
+                notes.append(note)
+        except errors.InfraError as exc:  # the verifier broke: no reward, never 0
+            reward = None
+            notes.append(f"verifier failed: {type(exc).__name__}: {exc}")
+            error = error or exc
+    notes.append(f"agent exit status: {phase.exit_status or 'none'}; steps {phase.n_steps}; "
+                 f"input tokens {phase.n_input_tokens}")
+    return _record(trial_id=trial_id, instance_id=instance_id, started_at=started_at, phase=phase,
+                   reward=reward, error=error, verifier=verifier, notes=notes)

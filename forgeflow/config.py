@@ -1,0 +1,60 @@
+"""Typed parameters of the lifecycle (the demo's embedded defaults).
+
+Every field carries its unit and a description; the Prefect flows take these models as
+parameters, so the UI renders them as a form.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+DEMO_PROJECTS = ("boltons", "cachetools", "inflection", "six", "tabulate", "toolz")
+
+
+class LifecycleConfig(BaseModel):
+    """Parameters of one lifecycle run (defaults = the demo on this machine)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    projects: tuple[str, ...] = Field(DEMO_PROJECTS, description="pinned projects (forgeflow/data/projects.json)")
+    candidates_per_project: int = Field(4, ge=1, le=200, description="SWE-smith candidates kept per project")
+    seed: int = Field(0, description="seed for candidate choice, splits and training")
+    output_dir: Path = Field(Path(".forgeflow/demo"), description="where results and summary.json go")
+    source_port: int = Field(5701, ge=1024, le=65535, description="loopback port of the source registry")
+    target_port: int = Field(5702, ge=1024, le=65535, description="loopback port of the target registry")
+    max_image_size_bytes: int = Field(2_000_000_000, ge=1, description="migration skips images above this size")
+    shards: int = Field(8, ge=1, description="shard repositories (task-00..)")
+    lanes: int = Field(2, ge=1, description="base lanes: repositories a base image's tasks spread over")
+    tag_cap: int = Field(100, ge=1, description="maximum tags per shard repository")
+    validate_concurrency: int = Field(2, ge=1, le=16, description="NOP/Oracle trials run at once")
+    verifier_timeout_s: float = Field(180.0, gt=0, description="absolute timeout of one test run")
+    sandbox_memory_mb: int = Field(2048, ge=64, description="memory limit of a trial container")
+    freeze_name: str = Field("demo-v1", description="name of the frozen dataset (immutable)")
+    train_min: int = Field(2, ge=1, description="freeze quota: minimum train tasks")
+    validation_min: int = Field(1, ge=0, description="freeze quota: minimum validation tasks (0: no validation split)")
+    test_min: int = Field(2, ge=1, description="freeze quota: minimum test tasks")
+    max_tasks_per_repo: int = Field(4, ge=1, description="freeze quota: per-repository cap")
+    min_repos: int = Field(2, ge=1, description="freeze quota: repositories overall (split shares in proportion)")
+    agent_step_limit: int = Field(3, ge=1, description="mini-swe-agent steps per canary trial")
+    agent_max_tokens: int = Field(96, ge=1, description="completion tokens per model call")
+    agent_timeout_s: float = Field(300.0, gt=0, description="wall-clock budget of one agent run")
+    canary_concurrency: int = Field(1, ge=1, description="agent trials at once (refused above 4)")
+    burst_max_steps: int = Field(4, ge=1, description="optimizer steps of the SFT burst")
+    burst_learning_rate: float = Field(1e-3, gt=0, description="LoRA learning rate")
+    lora_r: int = Field(8, ge=1, description="LoRA rank")
+    serve_ports: tuple[int, int] = Field((8801, 8802), description="blue/green ports of the model server")
+    quantizations: tuple[str, ...] = Field(("Q8_0", "Q4_K_M"), description="GGUF quantization types")
+    serve_quantization: str = Field("Q8_0", description="which quantization is served")
+    keep_serving: bool = Field(False, description="leave the model server running after the run")
+
+    @property
+    def source_address(self) -> str:
+        """``127.0.0.1:PORT`` of the source registry."""
+        return f"127.0.0.1:{self.source_port}"
+
+    @property
+    def target_address(self) -> str:
+        """``127.0.0.1:PORT`` of the target registry."""
+        return f"127.0.0.1:{self.target_port}"

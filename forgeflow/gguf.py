@@ -1,0 +1,360 @@
+"""Packaging: merge a LoRA adapter, convert to GGUF, quantize, check the metadata, load it.
+
+Tools (all real, none re-implemented):
+
+* merge: peft ``PeftModel.merge_and_unload``;
+* convert: llama.cpp's ``convert_hf_to_gguf.py`` from the pinned llama-cpp-python sdist
+  (:mod:`forgeflow.llama_sdist`), run in a subprocess; it imports its own ``gguf-py`` and
+  recognises the Qwen2 pre-tokenizer (about 9.5 s and 87 MB f16 for the tiny model);
+* quantize: ``llama_cpp.llama_model_quantize`` (ftype numbers from llama.cpp's
+  ``enum llama_ftype`` in ``include/llama.h``);
+* check: gguf-py's ``GGUFReader``;
+* load: ``llama_cpp.Llama``.
+
+``llama_cpp`` is imported inside the functions that use it, so importing this module never needs
+the compiled library.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from forgeflow.errors import GGUFError, InfraError, InputError
+from forgeflow.fsutil import sha256_file
+from forgeflow.llama_sdist import convert_script_path
+
+QUANT_PRESETS: dict[str, int] = {"Q8_0": 7, "Q4_K_M": 15}
+"""Named quantization presets -> ``llama_ftype`` (LLAMA_FTYPE_MOSTLY_Q8_0 = 7,
+LLAMA_FTYPE_MOSTLY_Q4_K_M = 15 in llama.cpp ``include/llama.h``)."""
+
+CONVERT_OUTTYPES: dict[str, str] = {"f32": "F32", "f16": "F16", "bf16": "BF16", "q8_0": "Q8_0"}
+"""``convert_hf_to_gguf.py --outtype`` values forgeflow accepts -> the artifact's type name."""
+
+_FILE_TYPE_NAMES: dict[int, str] = {0: "F32", 1: "F16", 7: "Q8_0", 15: "Q4_K_M", 32: "BF16"}
+_CONVERT_TIMEOUT_S = 900
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+class GGUFArtifact(BaseModel):
+    """A GGUF file forgeflow wrote.
+
+    Attributes:
+        path: the file.
+        sha256: hex digest of its bytes.
+        size_bytes: its size.
+        type: tensor type of the bulk of the weights (``F16``, ``Q8_0``, ``Q4_K_M``, ...).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    path: Path
+    sha256: str = Field(min_length=64, max_length=64)
+    size_bytes: int = Field(ge=1)
+    type: str
+
+
+class GGUFCheck(BaseModel):
+    """Metadata of a GGUF file that :func:`check_gguf` found consistent with its HF config."""
+
+    model_config = ConfigDict(frozen=True)
+
+    path: Path
+    architecture: str
+    block_count: int = Field(ge=1)
+    context_length: int = Field(ge=1)
+    embedding_length: int = Field(ge=1)
+    head_count: int = Field(ge=1)
+    head_count_kv: int = Field(ge=1)
+    vocab_size: int = Field(ge=1)
+    file_type: str
+    chat_template_sha256: str
+
+
+def _artifact(path: Path, type_name: str) -> GGUFArtifact:
+    return GGUFArtifact(
+        path=path, sha256=sha256_file(path), size_bytes=path.stat().st_size, type=type_name
+    )
+
+
+# --- merge -----------------------------------------------------------------------------------
+def merge_adapter(base_model_dir: Path, adapter_dir: Path, out_dir: Path) -> Path:
+    """Merge a LoRA adapter into its base model and save the result with the base's tokenizer.
+
+    Uses peft ``PeftModel.from_pretrained(base, adapter).merge_and_unload()`` in float32 and
+    ``save_pretrained`` (safetensors). The folder is written to a temporary sibling and renamed
+    over ``out_dir``, so a crash never leaves a half-written checkpoint.
+
+    Returns:
+        ``out_dir`` (an HF checkpoint folder ready for :func:`convert_to_gguf`).
+
+    Raises:
+        InputError: a folder is missing or the adapter has no ``adapter_config.json``.
+    """
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    base_model_dir, adapter_dir, out_dir = Path(base_model_dir), Path(adapter_dir), Path(out_dir)
+    if not (base_model_dir / "config.json").is_file():
+        raise InputError(f"base_model_dir {base_model_dir} holds no config.json")
+    if not (adapter_dir / "adapter_config.json").is_file():
+        raise InputError(f"adapter_dir {adapter_dir} holds no adapter_config.json")
+    base = AutoModelForCausalLM.from_pretrained(str(base_model_dir), dtype=torch.float32)
+    merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
+    tokenizer = AutoTokenizer.from_pretrained(str(base_model_dir))
+    out_dir = out_dir.resolve()
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
+    os.chmod(tmp, 0o755)
+    try:
+        merged.save_pretrained(str(tmp))
+        tokenizer.save_pretrained(str(tmp))
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.rename(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+# --- convert ---------------------------------------------------------------------------------
+def convert_to_gguf(hf_dir: Path, out_path: Path, outtype: str = "f16") -> GGUFArtifact:
+    """Convert an HF checkpoint folder to one GGUF file with llama.cpp's converter.
+
+    Runs ``python convert_hf_to_gguf.py <hf_dir> --outfile <tmp> --outtype <outtype>`` from the
+    pinned sdist (the converter puts its own ``gguf-py`` first on ``sys.path``), then renames the
+    temporary file onto ``out_path``.
+
+    Args:
+        hf_dir: folder with ``config.json``, safetensors weights and tokenizer files.
+        out_path: the ``.gguf`` file to write (replaced if present).
+        outtype: one of :data:`CONVERT_OUTTYPES` (``f16`` by default).
+
+    Raises:
+        InputError: ``outtype`` is unknown or ``hf_dir`` holds no ``config.json``.
+        GGUFError: the converter failed (its exit code and the tail of its log are in the
+            message).
+    """
+    hf_dir, out_path = Path(hf_dir), Path(out_path).resolve()
+    if outtype not in CONVERT_OUTTYPES:
+        raise InputError(f"outtype {outtype!r} is not one of {sorted(CONVERT_OUTTYPES)}")
+    if not (hf_dir / "config.json").is_file():
+        raise InputError(f"hf_dir {hf_dir} holds no config.json")
+    script = convert_script_path()
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=out_path.parent, prefix=f".{out_path.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(tmp_name)
+    env = dict(os.environ)
+    env.pop("NO_LOCAL_GGUF", None)
+    cmd = [
+        sys.executable, str(script), str(hf_dir), "--outfile", str(tmp), "--outtype", outtype,
+    ]
+    try:
+        try:
+            proc = subprocess.run(
+                cmd, capture_output=True, text=True, env=env, timeout=_CONVERT_TIMEOUT_S,
+                check=False, cwd=str(script.parent),
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise InfraError(
+                f"convert_hf_to_gguf.py on {hf_dir} exceeded {_CONVERT_TIMEOUT_S} s"
+            ) from exc
+        if proc.returncode != 0 or tmp.stat().st_size == 0:
+            raise GGUFError(
+                f"convert_hf_to_gguf.py failed on {hf_dir} (exit {proc.returncode}): "
+                f"{(proc.stdout + proc.stderr).strip()[-3000:]}"
+            )
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, out_path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return _artifact(out_path, CONVERT_OUTTYPES[outtype])
+
+
+# --- quantize --------------------------------------------------------------------------------
+def quantize(src: Path, dst: Path, qtype: str) -> GGUFArtifact:
+    """Quantize a GGUF file with ``llama_cpp.llama_model_quantize``.
+
+    Args:
+        src: an f16/f32/bf16 GGUF (e.g. from :func:`convert_to_gguf`).
+        dst: the file to write (written to a temporary sibling, then renamed).
+        qtype: a preset name from :data:`QUANT_PRESETS` (``Q8_0``, ``Q4_K_M``).
+
+    Raises:
+        InputError: ``qtype`` is not a known preset (the message lists the valid ones) or
+            ``src`` does not exist.
+        GGUFError: llama.cpp refused to quantize ``src`` (non-zero return code).
+    """
+    if qtype not in QUANT_PRESETS:
+        raise InputError(f"qtype {qtype!r} is not a known preset; valid: {sorted(QUANT_PRESETS)}")
+    src, dst = Path(src), Path(dst).resolve()
+    if not src.is_file():
+        raise InputError(f"src {src} does not exist")
+    import ctypes
+
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = QUANT_PRESETS[qtype]
+    params.nthread = max(1, min(4, os.cpu_count() or 1))
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        rc = llama_cpp.llama_model_quantize(
+            str(src).encode(), str(tmp).encode(), ctypes.byref(params)
+        )
+        if rc != 0 or tmp.stat().st_size == 0:
+            raise GGUFError(f"llama_model_quantize({src} -> {qtype}) returned {rc}")
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, dst)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return _artifact(dst, qtype)
+
+
+# --- check -----------------------------------------------------------------------------------
+def _field_value(reader: Any, key: str) -> Any:
+    field = reader.get_field(key)
+    if field is None:
+        return None
+    return field.contents()
+
+
+def _hf_chat_template(hf_dir: Path) -> str | None:
+    jinja = hf_dir / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    config = hf_dir / "tokenizer_config.json"
+    if config.is_file():
+        template = json.loads(config.read_text(encoding="utf-8")).get("chat_template")
+        if isinstance(template, str):
+            return template
+    return None
+
+
+def check_gguf(gguf_path: Path, hf_dir: Path) -> GGUFCheck:
+    """Check a GGUF file's metadata against the HF checkpoint it was made from.
+
+    Compared (GGUF key <- HF ``config.json``): ``general.architecture`` <- ``model_type``;
+    ``<arch>.block_count`` <- ``num_hidden_layers``; ``<arch>.context_length`` <-
+    ``max_position_embeddings``; ``<arch>.embedding_length`` <- ``hidden_size``;
+    ``<arch>.attention.head_count`` <- ``num_attention_heads``; ``<arch>.attention.head_count_kv``
+    <- ``num_key_value_heads``; the number of ``tokenizer.ggml.tokens`` and the rows of
+    ``token_embd.weight`` <- ``vocab_size``; ``tokenizer.chat_template`` must be present and, when
+    ``hf_dir`` has a chat template, equal to it.
+
+    Returns:
+        The metadata found.
+
+    Raises:
+        GGUFError: the file cannot be read, or a key differs (the message names the key, the
+            expected and the found value).
+        InputError: ``hf_dir`` holds no ``config.json``.
+    """
+    from gguf import GGUFReader
+
+    gguf_path, hf_dir = Path(gguf_path), Path(hf_dir)
+    config_path = hf_dir / "config.json"
+    if not config_path.is_file():
+        raise InputError(f"hf_dir {hf_dir} holds no config.json")
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    try:
+        reader = GGUFReader(str(gguf_path))
+    except Exception as exc:  # gguf-py raises ValueError/OSError/struct errors on bad files
+        raise GGUFError(f"{gguf_path} is not a readable GGUF file: {exc!r}") from exc
+
+    def expect(key: str, expected: Any, found: Any) -> None:
+        if expected != found:
+            raise GGUFError(
+                f"{gguf_path}: key {key!r} expected {expected!r} (from {config_path}), "
+                f"found {found!r}"
+            )
+
+    arch = _field_value(reader, "general.architecture")
+    expect("general.architecture", config.get("model_type"), arch)
+    values: dict[str, int] = {}
+    for suffix, hf_key in (
+        ("block_count", "num_hidden_layers"),
+        ("context_length", "max_position_embeddings"),
+        ("embedding_length", "hidden_size"),
+        ("attention.head_count", "num_attention_heads"),
+        ("attention.head_count_kv", "num_key_value_heads"),
+    ):
+        key = f"{arch}.{suffix}"
+        found = _field_value(reader, key)
+        expect(key, config.get(hf_key), found)
+        values[suffix] = int(found)
+    vocab_size = config.get("vocab_size")
+    tokens = reader.get_field("tokenizer.ggml.tokens")
+    n_tokens = len(tokens.data) if tokens is not None else None
+    expect("tokenizer.ggml.tokens (count)", vocab_size, n_tokens)
+    embd = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    # ggml order: ne[0] is the embedding width, ne[1] the number of rows (tokens).
+    rows = int(embd.shape[1]) if embd is not None and len(embd.shape) > 1 else None
+    expect("token_embd.weight (rows)", vocab_size, rows)
+    template = _field_value(reader, "tokenizer.chat_template")
+    if not template:
+        raise GGUFError(f"{gguf_path}: key 'tokenizer.chat_template' expected present, found none")
+    hf_template = _hf_chat_template(hf_dir)
+    if hf_template is not None:
+        expect("tokenizer.chat_template", hf_template, template)
+    file_type = _field_value(reader, "general.file_type")
+    from forgeflow.fsutil import sha256_bytes
+
+    return GGUFCheck(
+        path=gguf_path,
+        architecture=arch,
+        block_count=values["block_count"],
+        context_length=values["context_length"],
+        embedding_length=values["embedding_length"],
+        head_count=values["attention.head_count"],
+        head_count_kv=values["attention.head_count_kv"],
+        vocab_size=n_tokens,
+        file_type=_FILE_TYPE_NAMES.get(file_type, str(file_type)),
+        chat_template_sha256=sha256_bytes(template.encode("utf-8")),
+    )
+
+
+# --- load ------------------------------------------------------------------------------------
+def load_gguf(path: Path, n_ctx: int = 128) -> None:
+    """Load a GGUF with ``llama_cpp.Llama``, generate one token, and close it.
+
+    A smoke test before publishing: a file that llama.cpp cannot load or run is rejected here,
+    not by the server at swap time. ``close()`` is called explicitly (with torch in the same
+    process ``Llama.__del__`` can raise at exit; FACTS.md).
+
+    Raises:
+        GGUFError: the file does not exist, does not load, or the completion fails (the message
+            names the path).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise GGUFError(f"GGUF {path} does not exist")
+    import llama_cpp
+
+    try:
+        llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, verbose=False)
+    except Exception as exc:  # llama_cpp raises ValueError("Failed to load model from file")
+        raise GGUFError(f"GGUF {path} does not load in llama.cpp: {exc}") from exc
+    try:
+        out = llm.create_completion("Hello", max_tokens=1, temperature=0.0)
+        if not out.get("choices"):
+            raise GGUFError(f"GGUF {path} loaded but produced no completion: {out!r}")
+    except GGUFError:
+        raise
+    except Exception as exc:
+        raise GGUFError(f"GGUF {path} loaded but a 1-token completion failed: {exc}") from exc
+    finally:
+        llm.close()

@@ -1,0 +1,185 @@
+"""Sandboxes: one container per trial, no network, memory/CPU limits.
+
+A backend implements :class:`Sandbox`: ``start`` a container from an image, ``exec`` commands in it,
+``stop`` it. A *failing command is a result* (:class:`ExecResult` with its exit code); a *broken
+sandbox is an exception* (:class:`~forgeflow.errors.SandboxError` and subclasses).
+
+Backends are chosen by a string kind (:func:`get_backend`); the embedded default is ``podman``
+(daemonless, runc runtime, lowered ulimits via ``infra/containers.conf``).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+import uuid
+from typing import Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from forgeflow import errors
+from forgeflow.settings import tool_env
+
+OOM_EXIT_CODE = 137
+"""Exit status of a process killed by SIGKILL (the kernel OOM killer under a memory limit)."""
+
+
+class SandboxSpec(BaseModel):
+    """Resource limits of one sandbox.
+
+    Attributes:
+        memory_mb: memory limit in MiB (``--memory``).
+        cpus: CPU quota in cores (``--cpus``).
+        network: False gives ``--network none``.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    memory_mb: int = Field(default=2048, ge=16)
+    cpus: float = Field(default=1.0, gt=0)
+    network: bool = False
+
+
+class ExecResult(BaseModel):
+    """The outcome of one command in a sandbox (a failing command is a result, not an error)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    exit_code: int
+    stdout: str
+    stderr: str
+    duration_s: float = Field(ge=0)
+
+
+class Sandbox(Protocol):
+    """A running sandbox. Lifecycle: ``start`` -> ``exec``* -> ``stop`` (also a context manager)."""
+
+    def start(self) -> None: ...
+
+    def exec(self, command: list[str] | str, timeout_s: float, workdir: str | None = None) -> ExecResult: ...
+
+    def write_file(self, path: str, content: str) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+class PodmanSandbox:
+    """A podman container kept alive (``sleep infinity`` under ``--init``) while commands run in it.
+
+    Args:
+        image: image reference (local name or ``127.0.0.1:PORT/repo:tag``; pulled if missing).
+        spec: resource limits.
+        name: container name (sanitized by the caller to the backend's alphabet, <= 63 chars).
+
+    Raises (from :meth:`start`/:meth:`exec`):
+        ToolMissingError: podman is not installed.
+        ImageNotFoundError: the image cannot be pulled.
+        SandboxError: the container did not start.
+        SandboxOOMError: a command was killed for memory (exit 137).
+        VerifierTimeoutError: a command exceeded ``timeout_s``.
+    """
+
+    def __init__(self, image: str, spec: SandboxSpec | None = None, name: str | None = None) -> None:
+        self.image = image
+        self.spec = spec or SandboxSpec()
+        self.name = name or f"ff-{uuid.uuid4().hex[:12]}"
+        self._started = False
+
+    def __enter__(self) -> "PodmanSandbox":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @staticmethod
+    def _podman() -> str:
+        exe = shutil.which("podman")
+        if exe is None:
+            raise errors.ToolMissingError("podman is not installed (apt-get install podman)")
+        return exe
+
+    def start(self) -> None:
+        """Create and start the container; pull the image if it is not local."""
+        args = [
+            self._podman(), "run", "-d", "--init", "--name", self.name,
+            "--memory", f"{self.spec.memory_mb}m", "--memory-swap", f"{self.spec.memory_mb}m",
+            "--cpus", str(self.spec.cpus),
+        ]
+        if not self.spec.network:
+            args += ["--network", "none"]
+        args += [self.image, "sleep", "infinity"]
+        proc = subprocess.run(args, capture_output=True, text=True, env=tool_env(), timeout=600)
+        if proc.returncode != 0:
+            msg = proc.stderr.strip()
+            if "manifest unknown" in msg or "not found" in msg or "name unknown" in msg:
+                raise errors.ImageNotFoundError(f"image {self.image!r} not found: {msg}")
+            raise errors.SandboxError(f"podman could not start {self.image!r}: {msg}")
+        self._started = True
+
+    def exec(self, command: list[str] | str, timeout_s: float, workdir: str | None = None) -> ExecResult:
+        """Run ``command`` (argv list, or a string for ``bash -lc``) in the container.
+
+        Args:
+            command: argv, or one shell string.
+            timeout_s: wall-clock limit in seconds; exceeding it raises VerifierTimeoutError.
+            workdir: working directory inside the container.
+        """
+        if not self._started:
+            raise errors.SandboxError(f"sandbox {self.name} is not started")
+        argv = ["bash", "-c", command] if isinstance(command, str) else list(command)
+        args = [self._podman(), "exec"]
+        if workdir:
+            args += ["--workdir", workdir]
+        args += [self.name, *argv]
+        t0 = time.monotonic()
+        try:
+            proc = subprocess.run(args, capture_output=True, text=True, env=tool_env(), timeout=timeout_s)
+        except subprocess.TimeoutExpired as exc:
+            # kill the runaway process tree by restarting nothing: the container is torn down by stop()
+            raise errors.VerifierTimeoutError(
+                f"command {argv!r} in {self.image!r} exceeded {timeout_s:.0f} s"
+            ) from exc
+        duration = time.monotonic() - t0
+        if proc.returncode == OOM_EXIT_CODE:
+            raise errors.SandboxOOMError(
+                f"command {argv!r} in {self.image!r} was killed (exit 137, memory limit {self.spec.memory_mb} MiB)"
+            )
+        return ExecResult(exit_code=proc.returncode, stdout=proc.stdout, stderr=proc.stderr, duration_s=duration)
+
+    def write_file(self, path: str, content: str) -> None:
+        """Write a text file inside the container (through ``podman exec -i ... tee``)."""
+        proc = subprocess.run(
+            [self._podman(), "exec", "-i", self.name, "bash", "-c", f"cat > {path!s}"],
+            input=content, capture_output=True, text=True, env=tool_env(), timeout=60,
+        )
+        if proc.returncode != 0:
+            raise errors.SandboxError(f"could not write {path} in {self.name}: {proc.stderr.strip()}")
+
+    def stop(self) -> None:
+        """Remove the container (idempotent)."""
+        if not self._started:
+            return
+        subprocess.run(
+            [self._podman(), "rm", "-f", "-t", "0", self.name],
+            capture_output=True, text=True, env=tool_env(), timeout=120,
+        )
+        self._started = False
+
+
+BACKENDS = {"podman": PodmanSandbox}
+
+
+def get_backend(kind: str) -> type[PodmanSandbox]:
+    """Return the sandbox class for ``kind``.
+
+    Raises:
+        InputError: ``kind`` is unknown; the message lists the valid kinds.
+    """
+    try:
+        return BACKENDS[kind]
+    except KeyError:
+        raise errors.InputError(
+            f"unknown sandbox backend {kind!r}; valid kinds: {', '.join(sorted(BACKENDS))}"
+        ) from None

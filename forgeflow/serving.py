@@ -1,0 +1,544 @@
+"""Model serving: a llama-cpp-python OpenAI server per GGUF, a readiness gate, blue/green swaps.
+
+* :class:`ModelServer` runs ``python -m llama_cpp.server`` for one GGUF on one loopback port, waits
+  until ``/v1/models`` answers (the server has no ``/health``; it answers ~1.8 s after launch on this
+  kind of machine, see FACTS.md) and stops it by PID.
+* :func:`gate` checks a running endpoint the way a client would: the models endpoint lists the
+  alias and a smoke chat completion (``max_tokens`` 8) returns at least one token.
+* :func:`swap` is a blue/green deployment over two ports: the new GGUF starts on the idle port, is
+  gated, and only then becomes the active generation in the state file (written atomically); the
+  old server is stopped by its recorded PID. A failed start or gate stops the new server, leaves
+  the state file and the old server untouched and raises :class:`~forgeflow.errors.SwapRolledBackError`
+  carrying the gate evidence.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field
+
+from forgeflow import errors
+from forgeflow.fsutil import atomic_write_json, sha256_file
+
+LOOPBACK_HOST = "127.0.0.1"
+SERVER_MODULE = "llama_cpp.server"
+DEFAULT_PORTS: tuple[int, int] = (8801, 8802)
+DEFAULT_ALIAS = "forgeflow"
+SMOKE_MAX_TOKENS = 8
+_LOG_TAIL_CHARS = 4000
+_POLL_INTERVAL_S = 0.2
+
+# Popen handles of servers started by this process, by PID, so stop() can reap its own children
+# (a PID read back from a state file written by another process is signalled and polled instead).
+_CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
+
+
+def _port_is_open(port: int, host: str = LOOPBACK_HOST) -> bool:
+    """True if something accepts TCP connections on ``host:port``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host, port)) == 0
+
+
+def _tail(path: Path | None, n_chars: int = _LOG_TAIL_CHARS) -> str:
+    if path is None or not path.exists():
+        return ""
+    data = path.read_bytes()[-n_chars:]
+    return data.decode("utf-8", errors="replace")
+
+
+def _cmdline(pid: int) -> list[str]:
+    """The argv of a live process from /proc (empty if it is gone or unreadable)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [part.decode("utf-8", errors="replace") for part in raw.split(b"\0") if part]
+
+
+def _is_our_server(pid: int, port: int | None = None) -> bool:
+    """True if ``pid`` is a live ``llama_cpp.server`` (listening on ``port`` if given).
+
+    Guards against PID reuse: a PID from a state file is only signalled if its command line is
+    still a llama-cpp-python server for the recorded port.
+    """
+    argv = _cmdline(pid)
+    if SERVER_MODULE not in argv:
+        return False
+    if port is None:
+        return True
+    return "--port" in argv and argv[argv.index("--port") + 1 : argv.index("--port") + 2] == [str(port)]
+
+
+def _pid_alive(pid: int) -> bool:
+    child = _CHILDREN.get(pid)
+    if child is not None:
+        return child.poll() is None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie is not alive for our purposes
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][:1]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def stop_pid(pid: int, port: int | None = None, timeout_s: float = 15.0) -> bool:
+    """Stop a llama-cpp-python server by PID: SIGTERM, then SIGKILL after ``timeout_s``.
+
+    Args:
+        pid: process id of the server (its own session leader, see :class:`ModelServer`).
+        port: if given, the PID is only signalled when its command line names this port.
+        timeout_s: seconds to wait after SIGTERM before SIGKILL.
+
+    Returns:
+        True if a live server process was stopped, False if there was none (already gone, or the PID
+        now belongs to an unrelated process, which is left alone).
+    """
+    child = _CHILDREN.get(pid)
+    if child is not None and child.poll() is not None:
+        _CHILDREN.pop(pid, None)
+        return False
+    if not _pid_alive(pid) or not _is_our_server(pid, port):
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and _pid_alive(pid):
+        time.sleep(0.1)
+    if _pid_alive(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    child = _CHILDREN.pop(pid, None)
+    if child is not None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            child.wait(timeout=timeout_s)
+    else:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and _pid_alive(pid):
+            time.sleep(0.1)
+    return True
+
+
+class ModelServer:
+    """One ``python -m llama_cpp.server`` process serving one GGUF on a loopback port.
+
+    Args:
+        gguf_path: the GGUF file to serve.
+        port: TCP port on 127.0.0.1 (1024-65535); it must be free.
+        model_alias: the model name clients send (and ``/v1/models`` lists).
+        n_ctx: context length in tokens.
+        log_path: file receiving the server's stdout and stderr (default: ``<gguf>.<port>.log``
+            beside the GGUF).
+        startup_timeout_s: seconds :meth:`start` waits for ``/v1/models``.
+        n_threads: CPU threads for generation (None: llama.cpp's default).
+
+    Raises:
+        InputError: the GGUF does not exist, or the port/alias/n_ctx is out of range.
+
+    Usage::
+
+        with ModelServer(Path("m.gguf"), 8801, "forgeflow") as server:
+            gate(server.base_url, "forgeflow")
+    """
+
+    def __init__(
+        self,
+        gguf_path: Path,
+        port: int,
+        model_alias: str,
+        n_ctx: int = 4096,
+        log_path: Path | None = None,
+        startup_timeout_s: float = 120.0,
+        n_threads: int | None = None,
+    ) -> None:
+        self.gguf_path = Path(gguf_path).resolve()
+        if not self.gguf_path.is_file():
+            raise errors.InputError(f"gguf_path {str(gguf_path)!r} is not a file")
+        if not 1024 <= port <= 65535:
+            raise errors.InputError(f"port must be in 1024..65535, got {port}")
+        if not model_alias or any(c.isspace() for c in model_alias):
+            raise errors.InputError(f"model_alias must be a non-empty word, got {model_alias!r}")
+        if n_ctx < 16:
+            raise errors.InputError(f"n_ctx must be >= 16 tokens, got {n_ctx}")
+        self.port = port
+        self.model_alias = model_alias
+        self.n_ctx = n_ctx
+        self.log_path = Path(log_path) if log_path else self.gguf_path.with_name(f"{self.gguf_path.name}.{port}.log")
+        self.startup_timeout_s = startup_timeout_s
+        self.n_threads = n_threads
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI base URL, ``http://127.0.0.1:PORT/v1``."""
+        return f"http://{LOOPBACK_HOST}:{self.port}/v1"
+
+    @property
+    def pid(self) -> int | None:
+        """PID of the server process (None before :meth:`start`)."""
+        return self._proc.pid if self._proc is not None else None
+
+    def argv(self) -> list[str]:
+        """The server's command line."""
+        argv = [
+            sys.executable, "-m", SERVER_MODULE,
+            "--model", str(self.gguf_path),
+            "--host", LOOPBACK_HOST,
+            "--port", str(self.port),
+            "--model_alias", self.model_alias,
+            "--n_ctx", str(self.n_ctx),
+        ]
+        if self.n_threads is not None:
+            argv += ["--n_threads", str(self.n_threads)]
+        return argv
+
+    def start(self) -> "ModelServer":
+        """Launch the server and wait until ``/v1/models`` answers 200.
+
+        Returns:
+            self.
+
+        Raises:
+            ServerStartError: the port is taken, the process exited (e.g. a GGUF that does not load),
+                or ``/v1/models`` did not answer within ``startup_timeout_s``; the message carries the
+                tail of the server log. The process is stopped before raising.
+        """
+        if self._proc is not None and self._proc.poll() is None:
+            return self
+        if _port_is_open(self.port):
+            raise errors.ServerStartError(f"port {self.port} on {LOOPBACK_HOST} is already in use")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self._proc = subprocess.Popen(  # noqa: S603 - fixed argv, no shell
+                self.argv(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        _CHILDREN[self._proc.pid] = self._proc
+        deadline = time.monotonic() + self.startup_timeout_s
+        url = f"{self.base_url}/models"
+        with httpx.Client(timeout=2.0) as client:
+            while True:
+                if self._proc.poll() is not None:
+                    code = self._proc.returncode
+                    _CHILDREN.pop(self._proc.pid, None)
+                    raise errors.ServerStartError(
+                        f"model server for {self.gguf_path.name} exited with {code} before answering; "
+                        f"log {self.log_path}:\n{_tail(self.log_path)}"
+                    )
+                with contextlib.suppress(httpx.HTTPError):
+                    if client.get(url).status_code == 200:
+                        return self
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise errors.ServerStartError(
+                        f"model server for {self.gguf_path.name} did not answer {url} within "
+                        f"{self.startup_timeout_s:.0f} s; log {self.log_path}:\n{_tail(self.log_path)}"
+                    )
+                time.sleep(_POLL_INTERVAL_S)
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """Stop the server by PID (SIGTERM, SIGKILL after ``timeout_s``); idempotent."""
+        if self._proc is None:
+            return
+        stop_pid(self._proc.pid, self.port, timeout_s=timeout_s)
+        if self._proc.poll() is None:  # not recognisable as ours any more: kill our own child anyway
+            self._proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._proc.wait(timeout=timeout_s)
+        _CHILDREN.pop(self._proc.pid, None)
+
+    def log_tail(self) -> str:
+        """The last characters of the server log."""
+        return _tail(self.log_path)
+
+    def __enter__(self) -> "ModelServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# --- gate ------------------------------------------------------------------------------------
+class GateResult(BaseModel):
+    """Evidence that an endpoint serves the model.
+
+    Attributes:
+        models_ok: ``GET /models`` answered 200 and listed the alias.
+        model_ids: the ids ``/models`` listed.
+        smoke_tokens: completion tokens of the smoke chat completion (0 if it failed).
+        latency_s: wall time of the smoke completion in seconds.
+        passed: ``models_ok`` and ``smoke_tokens >= 1``.
+        error: what failed, empty when passed.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    models_ok: bool
+    model_ids: list[str] = Field(default_factory=list)
+    smoke_tokens: int = Field(ge=0)
+    latency_s: float = Field(ge=0)
+    passed: bool
+    error: str = ""
+
+
+def gate(base_url: str, model_alias: str, timeout_s: float = 60.0) -> GateResult:
+    """Check an OpenAI-compatible endpoint: the alias is listed and a smoke completion answers.
+
+    A failed check is a result (``passed`` False with ``error``), not an exception, so a swap can
+    record it as evidence.
+
+    Args:
+        base_url: e.g. ``http://127.0.0.1:8801/v1``.
+        model_alias: the model name that must be listed and is sent in the smoke request.
+        timeout_s: per-request timeout in seconds.
+    """
+    base = base_url.rstrip("/")
+    model_ids: list[str] = []
+    models_ok = False
+    smoke_tokens = 0
+    latency_s = 0.0
+    problems: list[str] = []
+    with httpx.Client(timeout=timeout_s) as client:
+        try:
+            resp = client.get(f"{base}/models")
+            if resp.status_code == 200:
+                model_ids = [str(m.get("id")) for m in resp.json().get("data", [])]
+                models_ok = model_alias in model_ids
+                if not models_ok:
+                    problems.append(f"/models lists {model_ids}, not {model_alias!r}")
+            else:
+                problems.append(f"/models answered {resp.status_code}")
+        except (httpx.HTTPError, ValueError) as exc:
+            problems.append(f"/models failed: {type(exc).__name__}: {exc}")
+        t0 = time.monotonic()
+        try:
+            resp = client.post(
+                f"{base}/chat/completions",
+                json={
+                    "model": model_alias,
+                    "messages": [{"role": "user", "content": "Say hello."}],
+                    "max_tokens": SMOKE_MAX_TOKENS,
+                    "temperature": 0.0,
+                },
+            )
+            latency_s = time.monotonic() - t0
+            if resp.status_code == 200:
+                smoke_tokens = int((resp.json().get("usage") or {}).get("completion_tokens") or 0)
+                if smoke_tokens < 1:
+                    problems.append("smoke completion returned no tokens")
+            else:
+                problems.append(f"smoke completion answered {resp.status_code}: {resp.text[:300]}")
+        except (httpx.HTTPError, ValueError) as exc:
+            latency_s = time.monotonic() - t0
+            problems.append(f"smoke completion failed: {type(exc).__name__}: {exc}")
+    return GateResult(
+        models_ok=models_ok,
+        model_ids=model_ids,
+        smoke_tokens=smoke_tokens,
+        latency_s=latency_s,
+        passed=models_ok and smoke_tokens >= 1,
+        error="; ".join(problems),
+    )
+
+
+# --- blue/green ------------------------------------------------------------------------------
+STATE_SCHEMA_VERSION = 1
+
+
+class ServingState(BaseModel):
+    """The active serving generation, persisted as JSON (see :func:`read_state`).
+
+    Attributes:
+        generation: 1 for the first swap, +1 per successful swap.
+        active_port: the port the active server listens on.
+        gguf_path: the GGUF it serves.
+        gguf_sha256: that file's sha256.
+        pid: the server's PID (None after :func:`stop_active`).
+        model_alias: the model name clients send.
+        base_url: ``http://127.0.0.1:PORT/v1``.
+        started_at: UTC time the generation went live (ISO 8601).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    schema_version: int = STATE_SCHEMA_VERSION
+    generation: int = Field(ge=1)
+    active_port: int = Field(ge=1024, le=65535)
+    gguf_path: str
+    gguf_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    pid: int | None = Field(default=None, ge=1)
+    model_alias: str = DEFAULT_ALIAS
+    base_url: str = ""
+    started_at: str = ""
+
+
+class SwapResult(BaseModel):
+    """Outcome of :func:`swap`.
+
+    Attributes:
+        previous: the state before the swap (None on the first deployment).
+        current: the state after it (equal to ``previous`` when rolled back).
+        rolled_back: True when the new server failed its start or gate.
+        gate: the gate evidence of the new server (None if it never started).
+        error: why it was rolled back, empty otherwise.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    previous: ServingState | None
+    current: ServingState | None
+    rolled_back: bool
+    gate: GateResult | None
+    error: str = ""
+
+
+def read_state(state_path: Path) -> ServingState | None:
+    """Read the serving state file; None if it does not exist.
+
+    Raises:
+        InputError: the file exists but is not a valid state.
+    """
+    path = Path(state_path)
+    if not path.exists():
+        return None
+    try:
+        return ServingState.model_validate(json.loads(path.read_text()))
+    except (ValueError, TypeError) as exc:
+        raise errors.InputError(f"serving state file {path} is not valid: {exc}") from exc
+
+
+def _write_state(state_path: Path, state: ServingState) -> None:
+    atomic_write_json(state_path, state.model_dump(mode="json"))
+
+
+@contextlib.contextmanager
+def _state_lock(state_path: Path) -> Iterator[None]:
+    """An exclusive advisory lock (``<state>.lock``) so two swaps never interleave."""
+    lock_path = Path(state_path).with_name(Path(state_path).name + ".lock")
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def swap(
+    state_path: Path,
+    new_gguf: Path,
+    gguf_sha256: str,
+    ports: tuple[int, int] = DEFAULT_PORTS,
+    model_alias: str = DEFAULT_ALIAS,
+    n_ctx: int = 4096,
+    startup_timeout_s: float = 120.0,
+    n_threads: int | None = None,
+) -> SwapResult:
+    """Blue/green swap: serve ``new_gguf`` on the idle port, gate it, then retire the old server.
+
+    Steps: verify the GGUF's sha256; start it on the port of ``ports`` the active generation does
+    not use; :func:`gate` it; on pass write the new state (generation + 1) atomically and stop the
+    old server by its recorded PID; on failure stop the new server and keep the old state.
+
+    Args:
+        state_path: JSON state file (created on the first swap).
+        new_gguf: the GGUF to serve.
+        gguf_sha256: its expected sha256 (hex).
+        ports: the two loopback ports that alternate.
+        model_alias: model name clients send.
+        n_ctx: context length in tokens.
+        startup_timeout_s: seconds to wait for the new server.
+        n_threads: CPU threads of the new server (None: llama.cpp's default).
+
+    Returns:
+        SwapResult with ``rolled_back`` False.
+
+    Raises:
+        InputError: the GGUF is missing, its sha256 differs from ``gguf_sha256``, or ``ports`` is not
+            two distinct ports.
+        SwapRolledBackError: the new server did not start or failed its gate; ``.result`` holds the
+            :class:`SwapResult` (``rolled_back`` True, gate evidence) and the old server still serves.
+    """
+    new_gguf = Path(new_gguf).resolve()
+    if len(ports) != 2 or ports[0] == ports[1]:
+        raise errors.InputError(f"ports must be two distinct ports, got {ports!r}")
+    if not new_gguf.is_file():
+        raise errors.InputError(f"new_gguf {str(new_gguf)!r} is not a file")
+    actual = sha256_file(new_gguf)
+    if actual != gguf_sha256:
+        raise errors.InputError(f"gguf_sha256 {gguf_sha256!r} does not match {new_gguf} (sha256 {actual})")
+    with _state_lock(state_path):
+        previous = read_state(state_path)
+        if previous is not None and previous.active_port == ports[0]:
+            new_port = ports[1]
+        else:
+            new_port = ports[0]
+        server = ModelServer(
+            new_gguf, new_port, model_alias, n_ctx=n_ctx,
+            log_path=Path(state_path).with_name(f"server-{new_port}.log"),
+            startup_timeout_s=startup_timeout_s, n_threads=n_threads,
+        )
+        gate_result: GateResult | None = None
+        try:
+            server.start()
+            gate_result = gate(server.base_url, model_alias)
+            failure = "" if gate_result.passed else f"gate failed: {gate_result.error}"
+        except errors.ServerStartError as exc:
+            failure = f"new server did not start: {exc}"
+        if failure:
+            server.stop()
+            result = SwapResult(previous=previous, current=previous, rolled_back=True, gate=gate_result, error=failure)
+            raise errors.SwapRolledBackError(
+                f"swap to {new_gguf.name} on port {new_port} rolled back "
+                f"(generation {previous.generation if previous else 0} keeps serving): {failure}",
+                result=result,
+            )
+        current = ServingState(
+            generation=(previous.generation if previous else 0) + 1,
+            active_port=new_port,
+            gguf_path=str(new_gguf),
+            gguf_sha256=gguf_sha256,
+            pid=server.pid,
+            model_alias=model_alias,
+            base_url=server.base_url,
+            started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        )
+        _write_state(state_path, current)
+        if previous is not None and previous.pid is not None:
+            stop_pid(previous.pid, previous.active_port)
+        return SwapResult(previous=previous, current=current, rolled_back=False, gate=gate_result)
+
+
+def stop_active(state_path: Path) -> ServingState | None:
+    """Stop the active server by its recorded PID and record it as stopped (``pid`` None).
+
+    Returns:
+        The state before stopping, or None if there is no state file.
+    """
+    with _state_lock(state_path):
+        state = read_state(state_path)
+        if state is None:
+            return None
+        if state.pid is not None:
+            stop_pid(state.pid, state.active_port)
+            _write_state(state_path, state.model_copy(update={"pid": None}))
+        return state

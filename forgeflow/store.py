@@ -1,0 +1,584 @@
+"""The ledger of domain facts: SQLAlchemy 2 tables with natural keys, migrated by Alembic.
+
+Every table's primary key is its *natural key* (an image reference, an instance id, a trial id,
+a freeze name, a file's sha256, a serving generation), so a resumed run that records the same fact
+again *upserts* (``INSERT .. ON CONFLICT (key) DO UPDATE``) and never duplicates a row. Each row
+carries the Prefect run id that made it (``run_id``) and ``created_at``/``updated_at`` timestamps
+(UTC). No foreign keys: stages record facts in whatever order a resumed run reaches them.
+
+SQLite is the embedded default (``settings.store_url()``); PostgreSQL works by URL
+(``FORGEFLOW_STORE_URL=postgresql+psycopg://...``). Both dialects support ON CONFLICT.
+
+The schema is owned by the Alembic migrations in ``forgeflow/migrations``; :meth:`Store.upgrade`
+runs them programmatically (no ``alembic.ini``, any working directory). The migration creates
+exactly what the models below declare (``tests/core/test_store.py`` checks this with
+``alembic.autogenerate.compare_metadata``).
+
+Reads return frozen pydantic records (:class:`ImageRecord`, :class:`TaskRecord`, ...); the same
+records are what the ``record_*`` helpers take.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, ClassVar, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    CheckConstraint,
+    Connection,
+    DateTime,
+    Engine,
+    Float,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    create_engine,
+    event,
+    func,
+    select,
+)
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+from forgeflow import settings
+from forgeflow.errors import InputError
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+"""Alembic's ``script_location``: ``env.py``, ``script.py.mako`` and ``versions/``."""
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+"""Constraint names are deterministic so migrations can refer to them on every dialect."""
+
+ImageRole = Literal["source", "target", "basecache", "task", "env"]
+TaskStatus = Literal["candidate", "accepted", "rejected", "error"]
+TrialKind = Literal["nop", "oracle", "agent"]
+ArtifactKind = Literal["base", "adapter", "merged", "gguf"]
+ServingStatus = Literal["active", "retired", "rolled_back"]
+
+_ID = 512
+"""Longest natural key (image references and instance ids can be long)."""
+_SHA = 64
+"""A hex sha256."""
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _check_in(column: str, values: tuple[str, ...]) -> str:
+    quoted = ", ".join(f"'{value}'" for value in values)
+    return f"{column} IN ({quoted})"
+
+
+class Base(DeclarativeBase):
+    """Declarative base: naming convention plus JSON for dict/list annotations."""
+
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map: ClassVar[dict[Any, Any]] = {
+        dict[str, Any]: JSON,
+        list[str]: JSON,
+        datetime: DateTime(timezone=True),
+    }
+
+
+class _Stamped:
+    """``run_id`` (the Prefect flow/task run that made the row) and UTC timestamps."""
+
+    run_id: Mapped[str | None] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(default=_utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=_utcnow)
+
+
+class Image(_Stamped, Base):
+    """A container image by reference (``registry/repo:tag``) and its manifest digest."""
+
+    __tablename__ = "images"
+    __table_args__ = (CheckConstraint(_check_in("role", ImageRole.__args__), name="role"),)
+
+    ref: Mapped[str] = mapped_column(String(_ID), primary_key=True)
+    digest: Mapped[str | None] = mapped_column(String(80))
+    role: Mapped[str] = mapped_column(String(16))
+    size_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    project: Mapped[str | None] = mapped_column(String(256))
+
+
+class TaskInstance(_Stamped, Base):
+    """A candidate task and its validation outcome (NOP and Oracle runs)."""
+
+    __tablename__ = "task_instances"
+    __table_args__ = (CheckConstraint(_check_in("status", TaskStatus.__args__), name="status"),)
+
+    instance_id: Mapped[str] = mapped_column(String(_ID), primary_key=True)
+    repo: Mapped[str] = mapped_column(String(256), index=True)
+    patch_sha256: Mapped[str | None] = mapped_column(String(_SHA))
+    image_ref: Mapped[str | None] = mapped_column(String(_ID))
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    reason: Mapped[str | None] = mapped_column(Text)
+    fail_to_pass: Mapped[list[str]] = mapped_column(default=list)
+    pass_to_pass: Mapped[list[str]] = mapped_column(default=list)
+
+
+class Batch(_Stamped, Base):
+    """A batch of instances validated together."""
+
+    __tablename__ = "batches"
+
+    batch_id: Mapped[str] = mapped_column(String(_ID), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    instance_ids: Mapped[list[str]] = mapped_column(default=list)
+    concurrency: Mapped[int] = mapped_column(Integer)
+
+
+class Trial(_Stamped, Base):
+    """One trial: an agent (nop, oracle or a model) on one instance, with reward or exception."""
+
+    __tablename__ = "trials"
+    __table_args__ = (CheckConstraint(_check_in("kind", TrialKind.__args__), name="kind"),)
+
+    trial_id: Mapped[str] = mapped_column(String(_ID), primary_key=True)
+    instance_id: Mapped[str] = mapped_column(String(_ID), index=True)
+    batch_id: Mapped[str | None] = mapped_column(String(_ID))
+    kind: Mapped[str] = mapped_column(String(16))
+    job_id: Mapped[str | None] = mapped_column(String(_ID), index=True)
+    reward: Mapped[float | None] = mapped_column(Float)
+    exception_type: Mapped[str | None] = mapped_column(String(128))
+    exception_message: Mapped[str | None] = mapped_column(Text)
+    timings: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    model_sha256: Mapped[str | None] = mapped_column(String(_SHA))
+
+
+class Freeze(_Stamped, Base):
+    """A frozen dataset manifest (never overwritten; see :mod:`forgeflow.freeze`)."""
+
+    __tablename__ = "freezes"
+
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    semantic_sha256: Mapped[str] = mapped_column(String(_SHA))
+    file_sha256: Mapped[str] = mapped_column(String(_SHA))
+    manifest_path: Mapped[str] = mapped_column(Text)
+    counts: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+
+class ModelArtifact(_Stamped, Base):
+    """A model file or folder by content digest, with its parent and lineage."""
+
+    __tablename__ = "model_artifacts"
+    __table_args__ = (CheckConstraint(_check_in("kind", ArtifactKind.__args__), name="kind"),)
+
+    sha256: Mapped[str] = mapped_column(String(_SHA), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    path: Mapped[str] = mapped_column(Text)
+    quantization: Mapped[str | None] = mapped_column(String(32))
+    parent_sha256: Mapped[str | None] = mapped_column(String(_SHA), index=True)
+    lineage: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+
+class ServingGeneration(_Stamped, Base):
+    """A blue/green serving generation: which GGUF served on which port."""
+
+    __tablename__ = "serving_generations"
+    __table_args__ = (CheckConstraint(_check_in("status", ServingStatus.__args__), name="status"),)
+
+    generation: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    port: Mapped[int] = mapped_column(Integer)
+    gguf_sha256: Mapped[str] = mapped_column(String(_SHA))
+    status: Mapped[str] = mapped_column(String(16))
+
+
+# --- records (what the helpers take and return) ------------------------------------------------
+_Sha256 = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(frozen=True, from_attributes=True, extra="forbid")
+
+    run_id: str | None = Field(default=None, max_length=64)
+
+
+class ImageRecord(_Record):
+    """A row of ``images``; ``digest`` is ``sha256:<64 hex>`` once known."""
+
+    ref: str = Field(min_length=1, max_length=_ID)
+    digest: str | None = Field(default=None, pattern=r"^sha256:[0-9a-f]{64}$")
+    role: ImageRole
+    size_bytes: int | None = Field(default=None, ge=0)
+    project: str | None = None
+
+
+class TaskRecord(_Record):
+    """A row of ``task_instances``; ``reason`` says why a task was rejected or errored."""
+
+    instance_id: str = Field(min_length=1, max_length=_ID)
+    repo: str = Field(min_length=1, max_length=256)
+    patch_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    image_ref: str | None = None
+    status: TaskStatus
+    reason: str | None = None
+    fail_to_pass: list[str] = Field(default_factory=list)
+    pass_to_pass: list[str] = Field(default_factory=list)
+
+
+class BatchRecord(_Record):
+    """A row of ``batches``."""
+
+    batch_id: str = Field(min_length=1, max_length=_ID)
+    kind: str = Field(min_length=1, max_length=32)
+    instance_ids: list[str]
+    concurrency: int = Field(ge=1)
+
+
+class TrialRecord(_Record):
+    """A row of ``trials``: ``reward`` is None when the trial ended in an exception.
+
+    ``timings`` maps a phase name to seconds (e.g. ``{"agent_s": 12.5, "verifier_s": 3.1}``).
+    """
+
+    trial_id: str = Field(min_length=1, max_length=_ID)
+    instance_id: str = Field(min_length=1, max_length=_ID)
+    batch_id: str | None = None
+    kind: TrialKind
+    job_id: str | None = None
+    reward: float | None = None
+    exception_type: str | None = Field(default=None, max_length=128)
+    exception_message: str | None = None
+    timings: dict[str, float] = Field(default_factory=dict)
+    model_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    created_at: datetime | None = None
+
+
+class FreezeRecord(_Record):
+    """A row of ``freezes``; ``counts`` maps split name to task count."""
+
+    name: str = Field(min_length=1, max_length=128)
+    semantic_sha256: str = _Sha256
+    file_sha256: str = _Sha256
+    manifest_path: str
+    counts: dict[str, int] = Field(default_factory=dict)
+
+
+class ModelArtifactRecord(_Record):
+    """A row of ``model_artifacts``; ``lineage`` holds e.g. the adapter chain and burst ids."""
+
+    sha256: str = _Sha256
+    kind: ArtifactKind
+    path: str
+    quantization: str | None = None
+    parent_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    lineage: dict[str, Any] = Field(default_factory=dict)
+
+
+class ServingGenerationRecord(_Record):
+    """A row of ``serving_generations``."""
+
+    generation: int = Field(ge=0)
+    port: int = Field(ge=1, le=65535)
+    gguf_sha256: str = _Sha256
+    status: ServingStatus
+
+
+_M = TypeVar("_M", bound=Base)
+_R = TypeVar("_R", bound=_Record)
+
+
+class Store:
+    """The ledger: one SQLAlchemy engine plus upsert and read helpers.
+
+    Args:
+        url: Any SQLAlchemy URL; default :func:`forgeflow.settings.store_url`
+            (``$FORGEFLOW_STORE_URL`` or ``sqlite:///$FORGEFLOW_HOME/store.db``). The parent
+            folder of a SQLite file is created.
+
+    Raises:
+        InputError: the URL does not parse or names a dialect other than sqlite/postgresql.
+    """
+
+    SUPPORTED_DIALECTS = ("sqlite", "postgresql")
+
+    def __init__(self, url: str | None = None) -> None:
+        self.url = url if url is not None else settings.store_url()
+        try:
+            parsed = make_url(self.url)
+        except Exception as exc:  # sqlalchemy raises ArgumentError with a terse message
+            raise InputError(
+                f"store URL {self.url!r} is not a valid SQLAlchemy URL: {exc}"
+            ) from exc
+        if parsed.get_backend_name() not in self.SUPPORTED_DIALECTS:
+            raise InputError(
+                f"store URL {self.url!r} uses dialect {parsed.get_backend_name()!r}; "
+                f"supported: {', '.join(self.SUPPORTED_DIALECTS)}"
+            )
+        if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+            Path(parsed.database).expanduser().resolve().parent.mkdir(parents=True, exist_ok=True)
+        self.engine: Engine = create_engine(self.url)
+        if self.engine.dialect.name == "sqlite":
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+
+    # --- schema ----------------------------------------------------------------------------
+    def alembic_config(self, connection: Connection | None = None) -> Any:
+        """An ``alembic.config.Config`` for this store (no ini file; works from any cwd)."""
+        from alembic.config import Config
+
+        config = Config()
+        config.set_main_option("script_location", str(MIGRATIONS_DIR))
+        # ConfigParser interpolates '%': escape it so URL-encoded passwords survive.
+        config.set_main_option("sqlalchemy.url", self.url.replace("%", "%%"))
+        if connection is not None:
+            config.attributes["connection"] = connection
+        return config
+
+    def upgrade(self, revision: str = "head") -> None:
+        """Run the Alembic migrations up to ``revision`` (idempotent)."""
+        from alembic import command
+
+        with self.engine.begin() as connection:
+            command.upgrade(self.alembic_config(connection), revision)
+
+    def current_revision(self) -> str | None:
+        """The Alembic revision the database is at (None before :meth:`upgrade`)."""
+        from alembic.runtime.migration import MigrationContext
+
+        with self.engine.connect() as connection:
+            return MigrationContext.configure(connection).get_current_revision()
+
+    def dispose(self) -> None:
+        """Close the engine's pooled connections."""
+        self.engine.dispose()
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """A session that commits on success and rolls back on error."""
+        with Session(self.engine, expire_on_commit=False) as session, session.begin():
+            yield session
+
+    # --- writes ----------------------------------------------------------------------------
+    def upsert(self, model_cls: type[_M], key: dict[str, Any], values: dict[str, Any]) -> None:
+        """Insert a row, or update ``values`` of the row whose natural key is ``key``.
+
+        Uses the dialect's ``INSERT .. ON CONFLICT (key columns) DO UPDATE``, so it is atomic and
+        a resumed run never duplicates a row. ``updated_at`` is set on every call;
+        ``created_at`` keeps the first insert's value.
+
+        Args:
+            model_cls: One of the mapped classes (``Image``, ``Trial``, ...).
+            key: Exactly the primary-key columns and their values.
+            values: Other columns to set (insert and update).
+
+        Raises:
+            InputError: ``key`` is not the table's primary key or a column name is unknown.
+        """
+        table = model_cls.__table__
+        pk = {column.name for column in table.primary_key.columns}
+        if set(key) != pk:
+            raise InputError(
+                f"upsert key for {table.name} must be exactly {sorted(pk)}, got {sorted(key)}"
+            )
+        unknown = set(values) - set(table.columns.keys())
+        if unknown:
+            raise InputError(
+                f"upsert values for {table.name} name unknown columns {sorted(unknown)}"
+            )
+        overlap = set(values) & pk
+        if overlap:
+            raise InputError(f"upsert values for {table.name} repeat key columns {sorted(overlap)}")
+        statement = upsert_statement(self.engine.dialect.name, model_cls, key, values)
+        with self.engine.begin() as connection:
+            connection.execute(statement)
+
+    def _record(self, model_cls: type[Base], key_fields: Sequence[str], record: _Record) -> None:
+        data = record.model_dump(mode="json", exclude={"created_at"})
+        if getattr(record, "created_at", None) is not None:
+            data["created_at"] = record.created_at  # type: ignore[attr-defined]
+        key = {name: data.pop(name) for name in key_fields}
+        self.upsert(model_cls, key, data)
+
+    def record_image(self, record: ImageRecord) -> None:
+        """Upsert an image by ``ref``."""
+        self._record(Image, ["ref"], record)
+
+    def record_task(self, record: TaskRecord) -> None:
+        """Upsert a task by ``instance_id`` (status, reason and test lists are replaced)."""
+        self._record(TaskInstance, ["instance_id"], record)
+
+    def record_batch(self, record: BatchRecord) -> None:
+        """Upsert a batch by ``batch_id``."""
+        self._record(Batch, ["batch_id"], record)
+
+    def record_trial(self, record: TrialRecord) -> None:
+        """Upsert a trial by ``trial_id``.
+
+        Raises:
+            InputError: the trial has both a reward and an exception, or neither.
+        """
+        if (record.reward is None) == (record.exception_type is None):
+            raise InputError(
+                f"trial {record.trial_id!r} must have exactly one of reward "
+                f"({record.reward!r}) and exception_type ({record.exception_type!r})"
+            )
+        self._record(Trial, ["trial_id"], record)
+
+    def record_freeze(self, record: FreezeRecord) -> None:
+        """Upsert a freeze by ``name`` (the manifest file itself is never overwritten)."""
+        self._record(Freeze, ["name"], record)
+
+    def record_model_artifact(self, record: ModelArtifactRecord) -> None:
+        """Upsert a model artifact by ``sha256``."""
+        self._record(ModelArtifact, ["sha256"], record)
+
+    def record_serving_generation(self, record: ServingGenerationRecord) -> None:
+        """Upsert a serving generation by ``generation``."""
+        self._record(ServingGeneration, ["generation"], record)
+
+    # --- reads -----------------------------------------------------------------------------
+    def _all(self, record_cls: type[_R], statement: Any) -> list[_R]:
+        with Session(self.engine) as session:
+            return [record_cls.model_validate(row) for row in session.scalars(statement)]
+
+    def get_image(self, ref: str) -> ImageRecord | None:
+        """The image row for ``ref``, or None."""
+        rows = self._all(ImageRecord, select(Image).where(Image.ref == ref))
+        return rows[0] if rows else None
+
+    def get_task(self, instance_id: str) -> TaskRecord | None:
+        """The task row for ``instance_id``, or None."""
+        rows = self._all(
+            TaskRecord, select(TaskInstance).where(TaskInstance.instance_id == instance_id)
+        )
+        return rows[0] if rows else None
+
+    def get_freeze(self, name: str) -> FreezeRecord | None:
+        """The freeze row called ``name``, or None."""
+        rows = self._all(FreezeRecord, select(Freeze).where(Freeze.name == name))
+        return rows[0] if rows else None
+
+    def images(self, role: ImageRole | None = None) -> list[ImageRecord]:
+        """Images ordered by ref, optionally only one ``role``."""
+        statement = select(Image).order_by(Image.ref)
+        if role is not None:
+            statement = statement.where(Image.role == role)
+        return self._all(ImageRecord, statement)
+
+    def tasks(self, status: TaskStatus | None = None) -> list[TaskRecord]:
+        """Tasks ordered by instance id, optionally only one ``status``."""
+        statement = select(TaskInstance).order_by(TaskInstance.instance_id)
+        if status is not None:
+            statement = statement.where(TaskInstance.status == status)
+        return self._all(TaskRecord, statement)
+
+    def accepted_tasks(self) -> list[TaskRecord]:
+        """Tasks with status ``accepted``, ordered by instance id."""
+        return self.tasks("accepted")
+
+    def processed_instance_ids(self) -> set[str]:
+        """Instance ids whose validation finished (status other than ``candidate``).
+
+        A task to validate again (e.g. after an infrastructure fix) is recorded back as
+        ``candidate``.
+        """
+        with Session(self.engine) as session:
+            ids = session.scalars(
+                select(TaskInstance.instance_id).where(TaskInstance.status != "candidate")
+            )
+            return set(ids)
+
+    def accepted_per_repo(self) -> dict[str, int]:
+        """Number of accepted tasks per repo (repos with none are absent)."""
+        statement = (
+            select(TaskInstance.repo, func.count())
+            .where(TaskInstance.status == "accepted")
+            .group_by(TaskInstance.repo)
+        )
+        with Session(self.engine) as session:
+            return {repo: count for repo, count in session.execute(statement)}
+
+    def task_status_counts(self) -> dict[str, int]:
+        """Number of tasks per status (statuses with none are absent)."""
+        statement = select(TaskInstance.status, func.count()).group_by(TaskInstance.status)
+        with Session(self.engine) as session:
+            return {status: count for status, count in session.execute(statement)}
+
+    def trials_for(
+        self,
+        *,
+        kind: TrialKind | None = None,
+        job_id: str | None = None,
+        instance_id: str | None = None,
+    ) -> list[TrialRecord]:
+        """Trials matching every given filter, ordered by ``created_at`` then ``trial_id``."""
+        statement = select(Trial).order_by(Trial.created_at, Trial.trial_id)
+        if kind is not None:
+            statement = statement.where(Trial.kind == kind)
+        if job_id is not None:
+            statement = statement.where(Trial.job_id == job_id)
+        if instance_id is not None:
+            statement = statement.where(Trial.instance_id == instance_id)
+        return self._all(TrialRecord, statement)
+
+    def model_artifacts(self, kind: ArtifactKind | None = None) -> list[ModelArtifactRecord]:
+        """Model artifacts ordered by creation, optionally only one ``kind``."""
+        statement = select(ModelArtifact).order_by(ModelArtifact.created_at, ModelArtifact.sha256)
+        if kind is not None:
+            statement = statement.where(ModelArtifact.kind == kind)
+        return self._all(ModelArtifactRecord, statement)
+
+    def serving_generations(self) -> list[ServingGenerationRecord]:
+        """Serving generations ordered by generation number."""
+        return self._all(
+            ServingGenerationRecord,
+            select(ServingGeneration).order_by(ServingGeneration.generation),
+        )
+
+    def counts(self) -> dict[str, int]:
+        """Row count per table name (every table, zero included)."""
+        with Session(self.engine) as session:
+            return {
+                table.name: session.scalar(select(func.count()).select_from(table)) or 0
+                for table in Base.metadata.sorted_tables
+            }
+
+
+def upsert_statement(
+    dialect: str, model_cls: type[Base], key: dict[str, Any], values: dict[str, Any]
+) -> Any:
+    """The ``INSERT .. ON CONFLICT (key) DO UPDATE SET values`` statement for ``dialect``.
+
+    ``updated_at`` is added to the update (SQLAlchemy does not apply ``onupdate`` inside
+    ON CONFLICT). Arguments are not validated here; :meth:`Store.upsert` does that.
+
+    Raises:
+        InputError: ``dialect`` is neither ``sqlite`` nor ``postgresql``.
+    """
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    elif dialect == "sqlite":
+        from sqlalchemy.dialects.sqlite import insert
+    else:
+        raise InputError(f"upsert needs sqlite or postgresql, not dialect {dialect!r}")
+    table = model_cls.__table__
+    row = dict(values)
+    if "updated_at" in table.columns:
+        row["updated_at"] = _utcnow()
+    statement = insert(table).values(**key, **row)
+    return statement.on_conflict_do_update(
+        index_elements=sorted(key), set_={name: statement.excluded[name] for name in row}
+    )
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    """WAL journal and a busy timeout so parallel Prefect tasks can share one SQLite file."""
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.close()

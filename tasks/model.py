@@ -1,0 +1,51 @@
+"""Prefect tasks of the model chain: tiny base model, SFT burst, package (merge/convert/quantize)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import task
+
+from forgeflow import burst, gguf, model
+from forgeflow.errors import PreflightError
+from tasks.common import RESUMABLE
+
+
+@task(cache_policy=RESUMABLE)
+def base_model(out_dir: Path, seed: int) -> model.ModelRecord:
+    """Build the tiny Qwen2-shaped model with the real Qwen2 tokenizer (verified on llama.cpp's
+    test vectors first)."""
+    check = model.verify_tokenizer(model.ensure_tokenizer())
+    if check.matched != check.total:
+        raise PreflightError(f"tokenizer matches {check.matched}/{check.total} llama.cpp vectors: {check.failures[:3]}")
+    return model.build_tiny_model(out_dir, seed=seed)
+
+
+@task(cache_policy=RESUMABLE)
+def sft_burst(base_model_dir: Path, base_sha256: str, samples: list[dict], out_dir: Path,
+              config: burst.BurstConfig, parent_adapter_dir: Path | None, run_id: str | None) -> burst.AdapterRecord:
+    """One LoRA SFT burst (TRL SFTTrainer + peft). ``base_sha256`` keys the cache."""
+    data = burst.build_sft_dataset(samples)
+    return burst.run_sft_burst(base_model_dir, data, out_dir, config, parent_adapter_dir=parent_adapter_dir, run_id=run_id)
+
+
+@task(cache_policy=RESUMABLE)
+def package(hf_dir: Path, hf_sha256: str, out_dir: Path, quantizations: tuple[str, ...],
+            adapter_dir: Path | None = None, adapter_sha256: str | None = None) -> dict[str, gguf.GGUFArtifact]:
+    """Merge (if an adapter is given) -> convert to GGUF f16 -> quantize -> check -> load.
+
+    Returns:
+        {"f16": artifact, "<QTYPE>": artifact, ...}; every artifact checked against the HF config
+        and loaded with llama-cpp-python.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    source = hf_dir
+    if adapter_dir is not None:
+        source = gguf.merge_adapter(hf_dir, adapter_dir, out_dir / "merged")
+    artifacts = {"f16": gguf.convert_to_gguf(source, out_dir / "model-f16.gguf", outtype="f16")}
+    for qtype in quantizations:
+        artifacts[qtype] = gguf.quantize(artifacts["f16"].path, out_dir / f"model-{qtype}.gguf", qtype)
+    for artifact in artifacts.values():
+        gguf.check_gguf(artifact.path, source)
+        gguf.load_gguf(artifact.path)
+    return artifacts

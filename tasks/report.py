@@ -1,0 +1,24 @@
+"""Prefect task of the compare stage: paired statistics and the markdown report."""
+
+from __future__ import annotations
+
+from prefect import task
+
+from forgeflow import compare
+from forgeflow.trial import TrialRecord
+from tasks.common import RESUMABLE
+
+
+@task(cache_policy=RESUMABLE)
+def compare_jobs(baseline: list[TrialRecord], candidate: list[TrialRecord], label_a: str,
+                 label_b: str) -> tuple[compare.JobReport, compare.JobReport, compare.PairedComparison, str]:
+    """Job reports of both canaries, their paired comparison (exact McNemar) and the markdown.
+
+    An exception trial enters the pairs as None (excluded and counted), never as reward 0.
+    """
+    report_a = compare.JobReport.from_trials(baseline)
+    report_b = compare.JobReport.from_trials(candidate)
+    paired = compare.paired_compare(
+        {t.instance_id: t.reward if t.exception_type is None else None for t in baseline},
+        {t.instance_id: t.reward if t.exception_type is None else None for t in candidate})
+    return report_a, report_b, paired, compare.render_markdown(report_a, report_b, paired, label_a, label_b)

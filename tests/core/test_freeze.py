@@ -1,0 +1,159 @@
+"""Freeze: repository-disjoint, capped, deterministic splits; manifests never overwritten."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from forgeflow.errors import FreezeConflictError, InputError, PreflightError
+from forgeflow.freeze import (
+    AcceptedTask,
+    SplitQuotas,
+    freeze_ready,
+    select_splits,
+    verify_freeze,
+    write_freeze,
+)
+from forgeflow.fsutil import sha256_file
+
+
+def tasks(repos: dict[str, int]) -> list[AcceptedTask]:
+    return [
+        AcceptedTask(instance_id=f"{repo}.{i}", repo=repo)
+        for repo, count in repos.items()
+        for i in range(count)
+    ]
+
+
+TWELVE_REPOS = tasks({f"org/r{n:02d}": 3 + n % 4 for n in range(12)})
+QUOTAS = SplitQuotas(train=16, validation=4, test=8, max_per_repo=4, min_repos=8)
+
+
+def test_splits_are_repository_disjoint_capped_and_meet_quotas() -> None:
+    selection = select_splits(TWELVE_REPOS, QUOTAS, seed=7)
+    assert selection.ready and selection.unmet == []
+    repo_sets = [set(selection.repos_per_split[s]) for s in ("train", "validation", "test")]
+    assert not (
+        repo_sets[0] & repo_sets[1] or repo_sets[0] & repo_sets[2] or repo_sets[1] & repo_sets[2]
+    )
+    for split, ids in selection.splits.items():
+        assert {i.rsplit(".", 1)[0] for i in ids} == set(selection.repos_per_split[split])
+        for repo in selection.repos_per_split[split]:
+            assert sum(i.startswith(repo + ".") for i in ids) <= 4
+    counts = selection.counts
+    assert counts["train"] >= 16 and counts["validation"] >= 4 and counts["test"] >= 8
+    # 12 repos of sizes 3,4,5,6 (x3) capped at 4: 3*(3+4+4+4) = 45 kept, 3*(1+2) = 9 capped.
+    assert sum(counts.values()) == 45 and len(selection.capped) == 9
+    # Repos required per split: ceil(8 * target / 28) -> train 5, validation 2, test 3.
+    assert len(selection.repos_per_split["train"]) >= 5
+    assert len(selection.repos_per_split["validation"]) >= 2
+    assert len(selection.repos_per_split["test"]) >= 3
+
+
+def test_min_repos_are_proportional_to_the_split_target() -> None:
+    assert [QUOTAS.min_repos_for(s) for s in ("train", "validation", "test")] == [5, 2, 3]
+    assert (
+        SplitQuotas(train=10, validation=0, test=1, max_per_repo=1, min_repos=4).min_repos_for(
+            "validation"
+        )
+        == 0
+    )
+
+
+def test_same_seed_same_selection_and_input_order_does_not_matter() -> None:
+    first = select_splits(TWELVE_REPOS, QUOTAS, seed=3)
+    again = select_splits(list(reversed(TWELVE_REPOS)), QUOTAS, seed=3)
+    assert first == again
+    other_seeds = {json.dumps(select_splits(TWELVE_REPOS, QUOTAS, seed=s).splits) for s in range(6)}
+    assert len(other_seeds) > 1
+
+
+def test_unmet_quotas_are_named_with_what_is_missing() -> None:
+    few = tasks({"a/x": 10, "b/y": 2})
+    selection = select_splits(
+        few, SplitQuotas(train=8, validation=2, test=4, max_per_repo=5, min_repos=3), seed=0
+    )
+    assert not selection.ready
+    unmet = {q.name: q for q in selection.unmet}
+    assert (
+        unmet["repos"].required == 3 and unmet["repos"].found == 2 and unmet["repos"].missing == 1
+    )
+    # a/x (5 after the cap) goes to train; b/y to test (same relative gap as validation, but
+    # test misses more tasks); validation gets nothing.
+    assert unmet["validation.tasks"].found == 0 and unmet["validation.tasks"].missing == 2
+    assert unmet["train.tasks"].found == 5 and unmet["test.tasks"].found == 2
+    assert selection.repos_per_split == {"train": ["a/x"], "validation": [], "test": ["b/y"]}
+
+
+def test_freeze_ready_equals_select_splits_and_writes_nothing(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert freeze_ready(TWELVE_REPOS, QUOTAS, seed=1) == select_splits(TWELVE_REPOS, QUOTAS, seed=1)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_duplicate_instance_ids_are_rejected() -> None:
+    with pytest.raises(InputError, match="appears twice"):
+        select_splits(tasks({"a/x": 1}) * 2, QUOTAS)
+
+
+def test_write_then_verify_and_identical_rewrite_is_a_no_op(tmp_path: Path) -> None:
+    selection = select_splits(TWELVE_REPOS, QUOTAS, seed=7)
+    manifest = write_freeze("v1", selection, QUOTAS, 7, tmp_path, {"accepted_sha256": "x"})
+    assert manifest.path == tmp_path / "v1.json"
+    assert manifest.counts == selection.counts and manifest.splits == selection.splits
+    assert manifest.file_sha256 == sha256_file(manifest.path)
+    document = json.loads(manifest.path.read_text())
+    assert document["schema_version"] == 1 and document["seed"] == 7
+    assert document["semantic_sha256"] == manifest.semantic_sha256
+    mtime = manifest.path.stat().st_mtime_ns
+    again = write_freeze("v1", selection, QUOTAS, 7, tmp_path, {"accepted_sha256": "x"})
+    assert again == manifest and manifest.path.stat().st_mtime_ns == mtime
+    assert verify_freeze(manifest.path, expected_file_sha256=manifest.file_sha256) == manifest
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v1.json"]
+
+
+def test_same_name_different_content_conflicts_and_names_both_digests(tmp_path: Path) -> None:
+    selection = select_splits(TWELVE_REPOS, QUOTAS, seed=7)
+    manifest = write_freeze("v1", selection, QUOTAS, 7, tmp_path, {})
+    before = manifest.path.read_bytes()
+    with pytest.raises(FreezeConflictError) as info:
+        write_freeze("v1", selection, QUOTAS, 8, tmp_path, {})
+    message = str(info.value)
+    assert "'v1'" in message and manifest.semantic_sha256 in message
+    assert manifest.path.read_bytes() == before
+
+
+def test_a_tampered_manifest_fails_verification(tmp_path: Path) -> None:
+    manifest = write_freeze(
+        "v1", select_splits(TWELVE_REPOS, QUOTAS, seed=7), QUOTAS, 7, tmp_path, {}
+    )
+    document = json.loads(manifest.path.read_text())
+    document["splits"]["test"].append("org/r99.0")
+    document["counts"]["test"] += 1
+    manifest.path.write_text(json.dumps(document))
+    with pytest.raises(InputError, match="altered"):
+        verify_freeze(manifest.path)
+
+
+def test_a_manifest_reformatted_keeps_its_semantic_digest(tmp_path: Path) -> None:
+    manifest = write_freeze(
+        "v1", select_splits(TWELVE_REPOS, QUOTAS, seed=7), QUOTAS, 7, tmp_path, {}
+    )
+    manifest.path.write_text(json.dumps(json.loads(manifest.path.read_text())))
+    reread = verify_freeze(manifest.path)
+    assert reread.semantic_sha256 == manifest.semantic_sha256
+    with pytest.raises(InputError, match="file sha256"):
+        verify_freeze(manifest.path, expected_file_sha256=manifest.file_sha256)
+
+
+def test_unready_selection_and_bad_names_are_refused(tmp_path: Path) -> None:
+    unready = select_splits(tasks({"a/x": 1}), QUOTAS)
+    with pytest.raises(PreflightError, match=r"train\.tasks needs 16"):
+        write_freeze("v1", unready, QUOTAS, 0, tmp_path, {})
+    ready = select_splits(TWELVE_REPOS, QUOTAS, seed=7)
+    for bad in ("V1", "-v1", "a/b", "", "x" * 200):
+        with pytest.raises(InputError, match="freeze name"):
+            write_freeze(bad, ready, QUOTAS, 7, tmp_path, {})
+    assert list(tmp_path.iterdir()) == []

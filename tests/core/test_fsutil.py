@@ -1,0 +1,39 @@
+"""Atomic writes and digests (forgeflow.fsutil)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from forgeflow import fsutil
+
+
+def test_atomic_write_replaces_whole_file_and_leaves_no_temp(tmp_path):
+    target = tmp_path / "sub" / "manifest.json"
+    fsutil.atomic_write_json(target, {"b": 1, "a": [1, 2]})
+    fsutil.atomic_write_json(target, {"a": 2})
+    assert json.loads(target.read_text()) == {"a": 2}
+    assert [p.name for p in target.parent.iterdir()] == ["manifest.json"]
+
+
+def test_semantic_digest_ignores_key_order_but_not_values():
+    assert fsutil.sha256_json({"a": 1, "b": [1, 2]}) == fsutil.sha256_json({"b": [1, 2], "a": 1})
+    assert fsutil.sha256_json({"a": 1}) != fsutil.sha256_json({"a": 2})
+
+
+def test_sha256_file_matches_hashlib(tmp_path):
+    data = b"x" * (3 * (1 << 20) + 17)  # spans several read chunks
+    path = tmp_path / "blob"
+    path.write_bytes(data)
+    assert fsutil.sha256_file(path) == hashlib.sha256(data).hexdigest()
+
+
+def test_sha256_tree_changes_with_content_and_names(tmp_path):
+    (tmp_path / "a").write_text("1")
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "b").write_text("2")
+    first = fsutil.sha256_tree(tmp_path)
+    (tmp_path / "d" / "b").write_text("3")
+    second = fsutil.sha256_tree(tmp_path)
+    (tmp_path / "d" / "b").rename(tmp_path / "d" / "c")
+    assert len({first, second, fsutil.sha256_tree(tmp_path)}) == 3

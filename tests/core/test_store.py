@@ -1,0 +1,307 @@
+"""The ledger: migrations match the models, upserts never duplicate, URL from the environment."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy.dialects import postgresql
+
+from forgeflow.errors import InputError
+from forgeflow.store import (
+    Base,
+    Image,
+    ImageRecord,
+    ModelArtifactRecord,
+    ServingGeneration,
+    ServingGenerationRecord,
+    Store,
+    TaskRecord,
+    TrialRecord,
+    upsert_statement,
+)
+
+DIGEST = "sha256:" + "a" * 64
+SHA = "b" * 64
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    ledger = Store(f"sqlite:///{tmp_path / 'store.db'}")
+    ledger.upgrade()
+    yield ledger
+    ledger.dispose()
+
+
+def test_migration_creates_exactly_what_the_models_declare(store: Store) -> None:
+    with store.engine.connect() as connection:
+        context = MigrationContext.configure(connection, opts={"compare_type": True})
+        diff = compare_metadata(context, Base.metadata)
+    assert diff == []
+    assert store.current_revision() == "0001"
+
+
+def test_upgrade_twice_is_a_no_op(store: Store) -> None:
+    store.record_image(ImageRecord(ref="r/x:1", role="task"))
+    store.upgrade()
+    assert store.counts()["images"] == 1
+
+
+def test_upsert_twice_leaves_one_row_with_the_new_values(store: Store) -> None:
+    store.upsert(Image, {"ref": "127.0.0.1:5701/a:1"}, {"role": "source", "digest": None})
+    first = store.get_image("127.0.0.1:5701/a:1")
+    store.upsert(Image, {"ref": "127.0.0.1:5701/a:1"}, {"role": "target", "digest": DIGEST})
+    rows = store.images()
+    assert len(rows) == 1
+    assert rows[0].role == "target" and rows[0].digest == DIGEST
+    assert first is not None and first.digest is None
+
+
+def test_upsert_rejects_a_key_that_is_not_the_natural_key(store: Store) -> None:
+    with pytest.raises(InputError, match="must be exactly"):
+        store.upsert(Image, {"digest": DIGEST}, {"role": "task"})
+    with pytest.raises(InputError, match="unknown columns"):
+        store.upsert(Image, {"ref": "x"}, {"colour": "red"})
+
+
+def test_resumed_task_validation_updates_status_without_duplicating(store: Store) -> None:
+    store.record_task(TaskRecord(instance_id="o__r.1", repo="o/r", status="candidate"))
+    store.record_task(
+        TaskRecord(
+            instance_id="o__r.1",
+            repo="o/r",
+            status="accepted",
+            fail_to_pass=["t::a"],
+            run_id="run-2",
+        )
+    )
+    store.record_task(
+        TaskRecord(instance_id="o__r.2", repo="o/r", status="rejected", reason="nop passed")
+    )
+    store.record_task(TaskRecord(instance_id="o__s.1", repo="o/s", status="candidate"))
+    accepted = store.accepted_tasks()
+    assert [t.instance_id for t in accepted] == ["o__r.1"]
+    assert accepted[0].fail_to_pass == ["t::a"] and accepted[0].run_id == "run-2"
+    assert store.processed_instance_ids() == {"o__r.1", "o__r.2"}
+    assert store.accepted_per_repo() == {"o/r": 1}
+    assert store.task_status_counts() == {"accepted": 1, "rejected": 1, "candidate": 1}
+    assert store.counts()["task_instances"] == 3
+
+
+def test_trials_filter_by_kind_and_job_and_keep_exceptions_apart(store: Store) -> None:
+    store.record_trial(TrialRecord(trial_id="t1", instance_id="i1", kind="nop", reward=0.0))
+    store.record_trial(
+        TrialRecord(
+            trial_id="t2",
+            instance_id="i1",
+            kind="agent",
+            job_id="canary-1",
+            reward=1.0,
+            timings={"agent_s": 3.5},
+            model_sha256=SHA,
+        )
+    )
+    store.record_trial(
+        TrialRecord(
+            trial_id="t3",
+            instance_id="i2",
+            kind="agent",
+            job_id="canary-1",
+            exception_type="SandboxOOMError",
+            exception_message="exit 137",
+        )
+    )
+    store.record_trial(
+        TrialRecord(
+            trial_id="t3",
+            instance_id="i2",
+            kind="agent",
+            job_id="canary-1",
+            exception_type="SandboxOOMError",
+            exception_message="exit 137",
+        )
+    )
+    agent = store.trials_for(kind="agent", job_id="canary-1")
+    assert [t.trial_id for t in agent] == ["t2", "t3"]
+    assert agent[0].timings == {"agent_s": 3.5} and agent[0].created_at is not None
+    assert agent[1].reward is None and agent[1].exception_type == "SandboxOOMError"
+    assert [t.trial_id for t in store.trials_for(kind="nop")] == ["t1"]
+
+
+def test_a_trial_needs_exactly_one_of_reward_and_exception(store: Store) -> None:
+    with pytest.raises(InputError, match="exactly one of reward"):
+        store.record_trial(TrialRecord(trial_id="t", instance_id="i", kind="agent"))
+    with pytest.raises(InputError, match="exactly one of reward"):
+        store.record_trial(
+            TrialRecord(trial_id="t", instance_id="i", kind="agent", reward=0.0, exception_type="X")
+        )
+
+
+def test_created_at_survives_an_upsert_and_updated_at_moves(store: Store) -> None:
+    store.record_serving_generation(
+        ServingGenerationRecord(generation=1, port=8101, gguf_sha256=SHA, status="active")
+    )
+    with store.session() as session:
+        before = session.get(ServingGeneration, 1)
+        created, updated = before.created_at, before.updated_at
+    store.record_serving_generation(
+        ServingGenerationRecord(generation=1, port=8101, gguf_sha256=SHA, status="retired")
+    )
+    with store.session() as session:
+        after = session.get(ServingGeneration, 1)
+        assert after.created_at == created and after.updated_at >= updated
+    assert [g.status for g in store.serving_generations()] == ["retired"]
+
+
+def test_model_artifact_lineage_round_trips(store: Store) -> None:
+    store.record_model_artifact(
+        ModelArtifactRecord(
+            sha256=SHA,
+            kind="adapter",
+            path="/m/a",
+            parent_sha256="c" * 64,
+            lineage={"bursts": ["b1", "b2"]},
+        )
+    )
+    (artifact,) = store.model_artifacts(kind="adapter")
+    assert artifact.lineage == {"bursts": ["b1", "b2"]} and artifact.parent_sha256 == "c" * 64
+
+
+def test_upgrade_works_from_another_working_directory(tmp_path: Path, monkeypatch) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    ledger = Store(f"sqlite:///{tmp_path / 'nested' / 'deeper' / 'store.db'}")
+    ledger.upgrade()
+    ledger.record_image(ImageRecord(ref="r/x:1", role="env"))
+    assert ledger.counts()["images"] == 1
+    ledger.dispose()
+    assert (tmp_path / "nested" / "deeper" / "store.db").is_file()
+
+
+def test_url_comes_from_forgeflow_store_url(tmp_path: Path, monkeypatch) -> None:
+    db = tmp_path / "from_env.db"
+    monkeypatch.setenv("FORGEFLOW_STORE_URL", f"sqlite:///{db}")
+    ledger = Store()
+    ledger.upgrade()
+    assert ledger.url == f"sqlite:///{db}"
+    assert db.is_file() and ledger.current_revision() == "0001"
+    ledger.dispose()
+
+
+def test_unsupported_dialect_is_named(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="mysql"):
+        Store("mysql://u@h/db")
+
+
+def test_the_postgresql_upsert_updates_on_conflict_with_the_natural_key() -> None:
+    statement = upsert_statement("postgresql", Image, {"ref": "x"}, {"role": "task"})
+    sql = str(statement.compile(dialect=postgresql.dialect()))
+    assert "ON CONFLICT (ref) DO UPDATE SET role = excluded.role" in sql.replace("\n", " ")
+    assert "updated_at = " in sql
+
+
+# --- PostgreSQL (the scale-out store): a throwaway cluster on a Unix socket ----------------------
+def _postgres_user() -> tuple[str, int] | None:
+    import pwd
+    import shutil
+
+    if not (shutil.which("initdb") and shutil.which("postgres")):
+        return None
+    try:
+        entry = pwd.getpwnam("postgres")
+    except KeyError:
+        return None
+    return entry.pw_name, entry.pw_uid
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """Start PostgreSQL (initdb + postgres as user ``postgres``), yield a URL, stop it by PID.
+
+    Unix socket only, in a private folder, so the port number cannot collide with anything.
+    """
+    import os
+    import shutil
+    import signal
+    import subprocess
+    import tempfile
+    import time
+
+    pytest.importorskip("psycopg", reason="the PostgreSQL driver (psycopg) is not installed")
+    user = _postgres_user()
+    if user is None:
+        pytest.skip("PostgreSQL server binaries or the postgres user are missing")
+    name, uid = user
+    root = Path(tempfile.mkdtemp(prefix="forgeflow-pg-"))
+    os.chmod(root, 0o755)
+    os.chown(root, uid, -1)
+    data, sockets = root / "data", root / "run"
+    sockets.mkdir()
+    os.chown(sockets, uid, -1)
+    subprocess.run(
+        ["initdb", "-D", str(data), "-A", "trust", "-U", "forgeflow", "--no-sync"],
+        user=name,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    server = subprocess.Popen(
+        [
+            "postgres",
+            "-D",
+            str(data),
+            "-k",
+            str(sockets),
+            "-c",
+            "listen_addresses=",
+            "-p",
+            "5499",
+            "-c",
+            "fsync=off",
+        ],
+        user=name,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not (sockets / ".s.PGSQL.5499").exists():
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("PostgreSQL did not start")
+            time.sleep(0.2)
+        time.sleep(0.5)
+        yield f"postgresql+psycopg://forgeflow@/postgres?host={sockets}&port=5499"
+    finally:
+        server.send_signal(signal.SIGINT)  # fast shutdown
+        server.wait(timeout=60)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.integration
+def test_postgresql_store_migrates_exactly_and_upserts(postgres_url: str) -> None:
+    ledger = Store(postgres_url)
+    ledger.upgrade()
+    with ledger.engine.connect() as connection:
+        context = MigrationContext.configure(connection, opts={"compare_type": True})
+        assert compare_metadata(context, Base.metadata) == []
+    ledger.record_task(TaskRecord(instance_id="o__r.1", repo="o/r", status="candidate"))
+    ledger.record_task(
+        TaskRecord(instance_id="o__r.1", repo="o/r", status="accepted", fail_to_pass=["t::a"])
+    )
+    ledger.record_trial(
+        TrialRecord(
+            trial_id="t1",
+            instance_id="o__r.1",
+            kind="oracle",
+            reward=1.0,
+            timings={"verifier_s": 1.5},
+        )
+    )
+    assert [t.fail_to_pass for t in ledger.accepted_tasks()] == [["t::a"]]
+    assert ledger.trials_for(kind="oracle")[0].timings == {"verifier_s": 1.5}
+    assert ledger.counts()["task_instances"] == 1
+    ledger.dispose()

@@ -1,0 +1,40 @@
+"""prefect.yaml and deployments/register.py declare the same deployments."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from deployments.register import SPECS, build_deployments
+from forgeflow.settings import REPO_ROOT
+
+
+def _yaml_deployments():
+    return {d["name"]: d for d in yaml.safe_load((REPO_ROOT / "prefect.yaml").read_text())["deployments"]}
+
+
+def test_every_flow_has_a_deployment_in_both_places():
+    declared = _yaml_deployments()
+    assert set(declared) == {s["name"] for s in SPECS}
+    for spec in SPECS:
+        entry = declared[spec["name"]]
+        assert entry["entrypoint"] == spec["entrypoint"]
+        assert entry["parameters"] == spec["parameters"]
+        assert entry["work_pool"]["name"] == "local"
+        path, func = entry["entrypoint"].split(":")
+        assert (REPO_ROOT / path).is_file() and spec["flow"].fn.__name__ == func
+
+
+def test_nightly_lifecycle_schedule_is_paused():
+    sched = _yaml_deployments()["lifecycle"]["schedules"]
+    assert sched == [{"cron": "0 2 * * *", "timezone": "UTC", "active": False}]
+    lifecycle = next(d for d in build_deployments() if d.name == "lifecycle")
+    assert [s.active for s in lifecycle.schedules] == [False]
+
+
+def test_deployment_parameters_validate_against_the_flows():
+    for deployment in build_deployments():
+        assert deployment.parameter_openapi_schema is not None
+        required = set(deployment.parameter_openapi_schema.get("required", []))
+        assert required <= set(deployment.parameters), deployment.name

@@ -1,0 +1,87 @@
+"""The lifecycle flow end to end on a 2-project mini demo, under the session's Prefect harness.
+
+Real components throughout: two docker-registry instances, skopeo, podman containers, swesmith,
+TRL, llama.cpp's converter and quantizer, llama-cpp-python's server, mini-swe-agent. Ports are
+distinct from the demo's so a running demo does not interfere.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from forgeflow.config import LifecycleConfig
+from forgeflow.freeze import verify_freeze
+from forgeflow.fsutil import sha256_file
+from forgeflow.store import Store
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def mini_config(tmp_path_factory):
+    return LifecycleConfig(
+        projects=("six", "inflection"), candidates_per_project=3, seed=0,
+        output_dir=tmp_path_factory.mktemp("lifecycle"), source_port=5721, target_port=5722,
+        shards=4, lanes=2, validate_concurrency=2, train_min=1, validation_min=0, test_min=1,
+        max_tasks_per_repo=2, min_repos=2, agent_step_limit=2, agent_max_tokens=48, burst_max_steps=2,
+        serve_ports=(8811, 8812), quantizations=("Q8_0",), freeze_name="mini-v1",
+    )
+
+
+@pytest.fixture(scope="module")
+def first_run(prefect_harness, mini_config):
+    from flows.lifecycle import lifecycle
+
+    lifecycle(config=mini_config)
+    return json.loads((mini_config.output_dir / "summary.json").read_text())
+
+
+def test_every_stage_completes_with_real_counts(first_run, mini_config):
+    stages = first_run["stages"]
+    assert list(stages) == ["environments", "migrate", "generate", "prewarm", "validate", "freeze", "base_model",
+                            "serve_baseline", "canary_baseline", "burst", "package", "serve_swap",
+                            "canary_candidate", "compare"]
+    assert all(s["status"] in ("completed", "cached") for s in stages.values())
+    assert stages["migrate"]["counts"]["completed"] == 2
+    assert stages["validate"]["counts"]["accepted"] >= 2
+    assert first_run["tasks"]["generated"] == 6
+    # the canary scored every test task or recorded an exception: never silently dropped
+    for stage in ("canary_baseline", "canary_candidate"):
+        counts = stages[stage]["counts"]
+        assert counts["scored"] + counts["exceptions"] == counts["requested"] >= 1
+
+
+def test_artifacts_on_disk_match_their_recorded_sha256(first_run):
+    from forgeflow.fsutil import sha256_tree
+
+    for name, art in first_run["artifacts"].items():
+        digest = sha256_tree if name == "adapter" else sha256_file  # an adapter is a folder
+        assert digest(art["path"]) == art["sha256"], name
+    manifest = verify_freeze(first_run["artifacts"]["freeze_manifest"]["path"])
+    assert manifest.semantic_sha256 == first_run["freeze"]["semantic_sha256"]
+
+
+def test_store_holds_one_row_per_natural_key(first_run):
+    store = Store()
+    counts = store.counts()
+    assert counts["freezes"] == 1
+    accepted = store.accepted_tasks()
+    assert len(accepted) == first_run["tasks"]["accepted"]
+    assert all(t.fail_to_pass for t in accepted)
+    assert [g.status for g in store.serving_generations()][-1] == "active"
+
+
+def test_second_run_is_answered_from_cache(first_run, mini_config):
+    from flows.lifecycle import lifecycle
+
+    lifecycle(config=mini_config)
+    second = json.loads((mini_config.output_dir / "summary.json").read_text())
+    live = {"serve_baseline", "serve_swap"}  # servers are processes, started anew each run
+    for name, stage in second["stages"].items():
+        if name not in live:
+            assert stage["status"] == "cached", (name, stage)
+    assert second["freeze"]["semantic_sha256"] == first_run["freeze"]["semantic_sha256"]
+    assert second["total_wall_s"] < 0.5 * first_run["total_wall_s"]
+    assert Store().counts()["freezes"] == 1
