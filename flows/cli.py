@@ -50,7 +50,7 @@ def _prepare_env() -> Path:
 def demo(
     output_dir: Optional[Path] = typer.Option(None, help="results folder (default $FORGEFLOW_HOME/demo)"),
     projects: Optional[str] = typer.Option(None, help="comma-separated project names (default: all six)"),
-    candidates: int = typer.Option(4, min=1, help="candidate bugs per project"),
+    candidates: int = typer.Option(5, min=1, help="candidate bugs per project"),
     keep_serving: bool = typer.Option(False, help="leave the candidate model server running"),
 ) -> None:
     """Run the whole lifecycle on the embedded default and print its summary."""

@@ -244,7 +244,7 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
             [(by_id[i]["candidate"], envs[by_id[i]["repo"]]["checkout"], by_id[i]["report"].FAIL_TO_PASS)
              for i in splits["train"]])
         burst_config = BurstConfig(max_steps=config.burst_max_steps, learning_rate=config.burst_learning_rate,
-                                   lora_r=config.lora_r, seed=config.seed)
+                                   lora_r=config.lora_r, max_length=config.burst_max_length, seed=config.seed)
         adapter = log.call(model_tasks.sft_burst, base_model.path, base_model.sha256, sft_samples,
                            out_dir / "models" / "adapter", burst_config, None, run_id)
         store.record_model_artifact(ledger.ModelArtifactRecord(sha256=adapter.sha256, kind="adapter", path=str(adapter.path),

@@ -7,6 +7,7 @@ an interrupted run still leaves what it did.
 
 from __future__ import annotations
 
+import json
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,7 +17,7 @@ from prefect.futures import PrefectFuture
 from prefect.states import State
 
 import forgeflow
-from forgeflow.fsutil import atomic_write_json
+from forgeflow.fsutil import atomic_write_text
 
 T = TypeVar("T")
 
@@ -86,4 +87,5 @@ class StageLog:
         }
         if extra:
             body.update(extra)
-        atomic_write_json(self.summary_path, body)
+        # stages keep their run order (no key sorting)
+        atomic_write_text(self.summary_path, json.dumps(body, indent=2, default=str) + "\n")

@@ -107,6 +107,23 @@ def _prepare_mswea_env() -> None:
     apply_container_env()
 
 
+def mswea_templates(config_name: str) -> dict[str, str]:
+    """The ``system``, ``instance`` and ``observation`` templates of a built-in mini-swe-agent config.
+
+    Raises:
+        InputError: ``config_name`` is not a mini-swe-agent config.
+    """
+    _prepare_mswea_env()
+    from minisweagent.config import get_config_from_spec
+
+    try:
+        base = get_config_from_spec(config_name)
+    except Exception as exc:  # mini-swe-agent raises FileNotFoundError/ValueError for unknown specs
+        raise errors.InputError(f"mini-swe-agent config {config_name!r} not found: {exc}") from exc
+    return {"system": base["agent"]["system_template"], "instance": base["agent"]["instance_template"],
+            "observation": base["model"]["observation_template"]}
+
+
 def mswea_config(
     image_ref: str, base_url: str, model_alias: str, config: AgentConfig
 ) -> dict[str, Any]:
@@ -468,12 +485,6 @@ def _record(
         "tests": verifier.tests if verifier else {},
         "log_tail": (verifier.log_tail if verifier else "") or "\n".join(notes)[-LOG_TAIL_CHARS:],
     }
-    if error is not None and reward is not None:
-        try:
-            return TrialRecord(**fields)
-        except ValueError:
-            fields["reward"] = None
-            fields["exception_message"] = f"{message}\nverifier reward despite the timeout: {reward}"
     return TrialRecord(**fields)
 
 
@@ -526,6 +537,8 @@ def run_agent_trial(
 
     Raises:
         InputError: an argument is empty or malformed (nothing was run).
+        litellm.exceptions.BadRequestError: the endpoint rejected the request as malformed (other
+            than a context overflow): a configuration bug, not an outcome.
     """
     for arg_name, value in (("instance_id", instance_id), ("image_ref", image_ref),
                             ("problem_statement", problem_statement), ("test_command", test_command),

@@ -34,7 +34,9 @@ _ROLES = frozenset({"system", "user", "assistant", "tool"})
 
 
 class BurstDivergedError(InputError):
-    """Training produced a NaN or infinite loss (the message lists the logged losses)."""
+    """Training produced a NaN or infinite loss or gradient norm (the message lists the logged
+    values). Caused by the inputs (hyperparameters, data, a broken base checkpoint), so never
+    retried; no adapter is written."""
 
 
 class SFTData(BaseModel):
@@ -292,8 +294,8 @@ def run_sft_burst(
 
     Raises:
         InputError: a folder is missing, or the parent does not fit (rank, base model).
-        BurstDivergedError: a logged loss is NaN or infinite (the message lists every logged
-            step and loss).
+        BurstDivergedError: a logged loss or gradient norm is NaN or infinite (the message lists
+            every logged step with its loss and gradient norm).
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -19,7 +19,7 @@ class LifecycleConfig(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     projects: tuple[str, ...] = Field(DEMO_PROJECTS, description="pinned projects (forgeflow/data/projects.json)")
-    candidates_per_project: int = Field(4, ge=1, le=200, description="SWE-smith candidates kept per project")
+    candidates_per_project: int = Field(5, ge=1, le=200, description="SWE-smith candidates kept per project")
     seed: int = Field(0, description="seed for candidate choice, splits and training")
     output_dir: Path = Field(Path(".forgeflow/demo"), description="where results and summary.json go")
     source_port: int = Field(5701, ge=1024, le=65535, description="loopback port of the source registry")
@@ -44,6 +44,7 @@ class LifecycleConfig(BaseModel):
     burst_max_steps: int = Field(4, ge=1, description="optimizer steps of the SFT burst")
     burst_learning_rate: float = Field(1e-3, gt=0, description="LoRA learning rate")
     lora_r: int = Field(8, ge=1, description="LoRA rank")
+    burst_max_length: int = Field(2048, ge=64, description="tokens per SFT sample (mini-swe-agent prompts are long)")
     serve_ports: tuple[int, int] = Field((8801, 8802), description="blue/green ports of the model server")
     quantizations: tuple[str, ...] = Field(("Q8_0", "Q4_K_M"), description="GGUF quantization types")
     serve_quantization: str = Field("Q8_0", description="which quantization is served")

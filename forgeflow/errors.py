@@ -109,6 +109,11 @@ class ServerStartError(InfraError):
     """A server (registry, model server) did not become ready in time."""
 
 
+SCORED_DESPITE_EXCEPTION = frozenset({"AgentTimeoutError"})
+"""Exception types after which the verifier still runs and its reward is kept beside the exception
+(Harbor's convention for agent timeouts); every other exception means "no reward"."""
+
+
 def is_transient(exc: BaseException) -> bool:
     """Return True if ``exc`` is an infrastructure failure that a retry may cure."""
     return isinstance(exc, InfraError) and exc.transient

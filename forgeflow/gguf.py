@@ -17,6 +17,7 @@ the compiled library.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -28,7 +29,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from forgeflow.errors import GGUFError, InfraError, InputError
+from forgeflow.errors import GGUFError, InfraError, InputError, ToolMissingError
 from forgeflow.fsutil import sha256_file
 from forgeflow.llama_sdist import convert_script_path
 
@@ -41,6 +42,10 @@ CONVERT_OUTTYPES: dict[str, str] = {"f32": "F32", "f16": "F16", "bf16": "BF16", 
 
 _FILE_TYPE_NAMES: dict[int, str] = {0: "F32", 1: "F16", 7: "Q8_0", 15: "Q4_K_M", 32: "BF16"}
 _CONVERT_TIMEOUT_S = 900
+_CONVERTER_MODULES = ("sentencepiece", "torch", "numpy")
+"""Modules ``convert_hf_to_gguf.py`` imports besides its own gguf-py (llama.cpp
+``requirements/requirements-convert_legacy_llama.txt``); the Qwen2 converter tries the
+sentencepiece vocabulary first and fails on a missing module instead of falling back."""
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 
@@ -141,6 +146,7 @@ def convert_to_gguf(hf_dir: Path, out_path: Path, outtype: str = "f16") -> GGUFA
 
     Raises:
         InputError: ``outtype`` is unknown or ``hf_dir`` holds no ``config.json``.
+        ToolMissingError: a Python module the converter needs (sentencepiece) is not installed.
         GGUFError: the converter failed (its exit code and the tail of its log are in the
             message).
     """
@@ -149,6 +155,12 @@ def convert_to_gguf(hf_dir: Path, out_path: Path, outtype: str = "f16") -> GGUFA
         raise InputError(f"outtype {outtype!r} is not one of {sorted(CONVERT_OUTTYPES)}")
     if not (hf_dir / "config.json").is_file():
         raise InputError(f"hf_dir {hf_dir} holds no config.json")
+    missing = [m for m in _CONVERTER_MODULES if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ToolMissingError(
+            f"convert_hf_to_gguf.py needs the Python modules {missing}; pip install them "
+            "(llama.cpp requirements/requirements-convert_legacy_llama.txt)"
+        )
     script = convert_script_path()
     out_path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(dir=out_path.parent, prefix=f".{out_path.name}.", suffix=".tmp")

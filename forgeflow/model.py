@@ -13,6 +13,7 @@ counts such texts in :attr:`TokenizerCheck.nfc_failures` rather than hiding them
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -329,8 +330,6 @@ def _sidecar(out_dir: Path) -> Path:
 
 def read_model_record(out_dir: Path) -> ModelRecord | None:
     """Return the record stored beside ``out_dir`` if the folder still has the recorded digest."""
-    import json
-
     sidecar = _sidecar(Path(out_dir))
     if not sidecar.is_file() or not Path(out_dir).is_dir():
         return None
@@ -363,7 +362,12 @@ def build_tiny_model(
             than the tokenizer).
     """
     import torch
-    from transformers import AutoTokenizer, GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (
+        AutoTokenizer,
+        GenerationConfig,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
     out_dir = Path(out_dir).resolve()
     cfg = config or TinyModelConfig()

@@ -1,9 +1,10 @@
 """Training samples from Oracle solutions, in mini-swe-agent's own conversation format.
 
 An Oracle trajectory for a validated task is the conversation the agent *should* have had: the
-system and instance prompts of mini-swe-agent's text-based config (read from the installed
-package, so training and canary prompts cannot drift apart), then one assistant turn that applies
-the fix (the reverse of the bug patch) in a ``mswea_bash_command`` fence, then the submit turn.
+system and instance prompts of the mini-swe-agent config the canary runs (read from the installed
+package, so training and canary prompts cannot drift apart), then the assistant turns that apply
+the fix (the reverse of the bug patch), write ``patch.txt`` and submit, each in a
+``mswea_bash_command`` fence and followed by the config's observation text.
 """
 
 from __future__ import annotations
@@ -12,28 +13,24 @@ import shutil
 import subprocess
 import tempfile
 from functools import lru_cache
-import importlib.util
 from pathlib import Path
 from typing import Any
 
 import jinja2
-import yaml
 
-from forgeflow.errors import PatchApplyError, ToolMissingError
+from forgeflow.agent import AgentConfig, mswea_templates, problem_statement_for
+from forgeflow.errors import PatchApplyError
 
-SUBMIT_COMMAND = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
-"""mini-swe-agent 2.x's submit command (config/mini_textbased.yaml)."""
+SUBMIT_COMMAND = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && cat patch.txt"
+"""The submit command of mini-swe-agent 2.x's ``swebench_backticks`` config (its instance template)."""
 
 
-@lru_cache(maxsize=1)
-def agent_templates() -> dict[str, str]:
-    """The ``system_template`` and ``instance_template`` of mini-swe-agent's text-based config."""
-    spec = importlib.util.find_spec("minisweagent")  # locate without importing (its import prints a banner)
-    if spec is None or spec.origin is None:
-        raise ToolMissingError("mini-swe-agent is not installed (pip install mini-swe-agent==2.4.6)")
-    text = (Path(spec.origin).parent / "config" / "mini_textbased.yaml").read_text()
-    agent_cfg = yaml.safe_load(text)["agent"]
-    return {"system": agent_cfg["system_template"], "instance": agent_cfg["instance_template"]}
+@lru_cache(maxsize=4)
+def agent_templates(config_name: str = AgentConfig().config_name) -> dict[str, str]:
+    """The system, instance and observation templates of the mini-swe-agent config the canary uses
+    (loaded through :func:`forgeflow.agent.mswea_templates`, so training and canary prompts are
+    the same text)."""
+    return mswea_templates(config_name)
 
 
 def fix_patch(checkout_dir: Path, bug_patch: str, instance_id: str) -> str:
@@ -57,20 +54,31 @@ def fix_patch(checkout_dir: Path, bug_patch: str, instance_id: str) -> str:
         return diff.stdout
 
 
+def _observation(template: str, returncode: int, output: str) -> str:
+    return jinja2.Template(template).render(output={"returncode": returncode, "output": output, "exception_info": ""})
+
+
 def oracle_messages(problem_statement: str, fix: str) -> list[dict[str, str]]:
-    """One Oracle conversation: system, instance, the fix action, its observation, the submit."""
+    """One Oracle conversation in the canary's format: apply the fix, write the patch, submit.
+
+    Returns:
+        chat messages ``[{"role", "content"}, ...]``: system, instance, then three
+        assistant/observation rounds (the last assistant turn is the submit command).
+    """
     templates = agent_templates()
     instance = jinja2.Template(templates["instance"]).render(task=problem_statement)
-    action = (
-        "THOUGHT: The failing tests point at this code; I restore the correct behaviour.\n\n"
-        f"```mswea_bash_command\ncd /testbed && git apply <<'FORGEFLOW_EOF'\n{fix}FORGEFLOW_EOF\n```"
-    )
+    fence = "```mswea_bash_command\n{}\n```"
+    apply = f"cd /testbed && git apply <<'FORGEFLOW_EOF'\n{fix}FORGEFLOW_EOF"
     return [
         {"role": "system", "content": templates["system"]},
         {"role": "user", "content": instance},
-        {"role": "assistant", "content": action},
-        {"role": "user", "content": "<returncode>0</returncode>\n<output>\n</output>"},
-        {"role": "assistant", "content": f"THOUGHT: The fix is applied.\n\n```mswea_bash_command\n{SUBMIT_COMMAND}\n```"},
+        {"role": "assistant", "content": "THOUGHT: The failing tests point at this code; I restore the "
+                                         "correct behaviour.\n\n" + fence.format(apply)},
+        {"role": "user", "content": _observation(templates["observation"], 0, "")},
+        {"role": "assistant", "content": "THOUGHT: I write the patch file.\n\n"
+                                         + fence.format("cd /testbed && git diff -- . ':!patch.txt' > patch.txt")},
+        {"role": "user", "content": _observation(templates["observation"], 0, "")},
+        {"role": "assistant", "content": "THOUGHT: The fix is in patch.txt; I submit.\n\n" + fence.format(SUBMIT_COMMAND)},
     ]
 
 
@@ -83,8 +91,6 @@ def oracle_samples(tasks: list[tuple[Any, Path, list[str]]]) -> list[dict[str, A
     Returns:
         rows ``{"messages": [...], "instance_id": str, "repo": str, "source": "oracle"}``, in input order.
     """
-    from forgeflow.agent import problem_statement_for
-
     rows = []
     for candidate, checkout, fail_to_pass in tasks:
         fix = fix_patch(checkout, candidate.patch, candidate.instance_id)

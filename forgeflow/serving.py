@@ -383,7 +383,7 @@ class ServingState(BaseModel):
     schema_version: int = STATE_SCHEMA_VERSION
     generation: int = Field(ge=1)
     active_port: int = Field(ge=1024, le=65535)
-    gguf_path: str
+    gguf_path: Path
     gguf_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     pid: int | None = Field(default=None, ge=1)
     model_alias: str = DEFAULT_ALIAS
@@ -515,7 +515,7 @@ def swap(
         current = ServingState(
             generation=(previous.generation if previous else 0) + 1,
             active_port=new_port,
-            gguf_path=str(new_gguf),
+            gguf_path=new_gguf,
             gguf_sha256=gguf_sha256,
             pid=server.pid,
             model_alias=model_alias,

@@ -48,7 +48,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from forgeflow import settings
-from forgeflow.errors import InputError
+from forgeflow.errors import SCORED_DESPITE_EXCEPTION, InputError
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 """Alembic's ``script_location``: ``env.py``, ``script.py.mako`` and ``versions/``."""
@@ -420,9 +420,13 @@ class Store:
         """Upsert a trial by ``trial_id``.
 
         Raises:
-            InputError: the trial has both a reward and an exception, or neither.
+            InputError: the trial has neither a reward nor an exception, or both (allowed only
+                for an agent timeout, whose verifier reward is kept: Harbor's convention).
         """
-        if (record.reward is None) == (record.exception_type is None):
+        both_ok = record.kind == "agent" and record.exception_type in SCORED_DESPITE_EXCEPTION
+        if (record.reward is None and record.exception_type is None) or (
+            record.reward is not None and record.exception_type is not None and not both_ok
+        ):
             raise InputError(
                 f"trial {record.trial_id!r} must have exactly one of reward "
                 f"({record.reward!r}) and exception_type ({record.exception_type!r})"

@@ -113,7 +113,10 @@ class TrialRecord(BaseModel):
 
     @model_validator(mode="after")
     def _one_outcome(self) -> "TrialRecord":
-        if (self.reward is None) == (self.exception_type is None):
+        scored_despite = self.kind == "agent" and self.exception_type in errors.SCORED_DESPITE_EXCEPTION
+        if self.reward is None and self.exception_type is None or (
+            self.reward is not None and self.exception_type is not None and not scored_despite
+        ):
             raise ValueError(
                 f"trial {self.trial_id}: exactly one of reward ({self.reward!r}) and "
                 f"exception_type ({self.exception_type!r}) must be set"

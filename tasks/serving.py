@@ -29,4 +29,4 @@ def agent_trial(instance_id: str, image_ref: str, image_digest: str, problem_sta
     An infrastructure failure is recorded as the trial's exception, never as reward 0."""
     return agent.run_agent_trial(instance_id, image_ref, problem_statement, test_command, fail_to_pass,
                                  pass_to_pass, base_url, model_alias, config, out_dir,
-                                 verifier_timeout_s=verifier_timeout_s)
+                                 verifier_timeout_s=verifier_timeout_s, run_key=model_sha256)

@@ -81,7 +81,10 @@ def test_sft_dataset_digest_is_stable_and_order_sensitive() -> None:
     ("mutate", "message"),
     [
         (lambda s: s.pop("instance_id"), r"samples\[1\]\.instance_id"),
-        (lambda s: s["messages"].append({"role": "robot", "content": "x"}), r"samples\[1\]\.messages\[2\]\.role"),
+        (
+            lambda s: s["messages"].append({"role": "robot", "content": "x"}),
+            r"samples\[1\]\.messages\[2\]\.role",
+        ),
         (lambda s: s.update(messages=[{"role": "user", "content": "hi"}]), "no assistant turn"),
     ],
 )
@@ -145,3 +148,45 @@ def test_burst_on_a_nan_weight_raises_with_the_losses(tmp_path: Path) -> None:
         run_sft_burst(broken, build_sft_dataset(_samples()), tmp_path / "adapter", BurstConfig())
     assert not (tmp_path / "adapter").exists()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".adapter")] == []
+
+
+@pytest.mark.slow
+def test_sdist_holds_the_vocab_and_converter_once_extracted() -> None:
+    from forgeflow import settings
+    from forgeflow.fsutil import sha256_file
+    from forgeflow.llama_sdist import convert_script_path, ensure_llama_sdist, vocab_gguf_path
+
+    root = ensure_llama_sdist()
+    assert root.name == f"llama-cpp-python-{settings.LLAMA_CPP_PYTHON_VERSION}"
+    assert vocab_gguf_path().read_bytes()[:4] == b"GGUF"
+    assert (convert_script_path().parent / "gguf-py" / "gguf" / "__init__.py").is_file()
+    assert (convert_script_path().parent / "conversion" / "qwen.py").is_file()
+    marker = json.loads((root / "forgeflow-sdist.json").read_text())
+    tarball = settings.cache_dir() / "sdist" / marker["sdist"]
+    assert marker["sdist_sha256"] == sha256_file(tarball)
+    assert ensure_llama_sdist() == root  # second call: no download, same folder
+
+
+@pytest.mark.slow
+def test_saved_tokenizer_agrees_with_llama_cpp_except_nfc() -> None:
+    import llama_cpp
+    from transformers import AutoTokenizer
+
+    from forgeflow.llama_sdist import vocab_gguf_path
+
+    hf = AutoTokenizer.from_pretrained(str(ensure_tokenizer()))
+    llm = llama_cpp.Llama(model_path=str(vocab_gguf_path()), vocab_only=True, verbose=False)
+    try:
+        def ll(text: str) -> list[int]:
+            return llm.tokenize(text.encode("utf-8"), add_bos=False, special=False)
+
+        for text in ["def f(x):\n    return x + 1\n", "diff --git a/b.py b/b.py\n@@ -1 +1 @@", "  ÄÖ 123 🦙"]:
+            assert hf.encode(text, add_special_tokens=False) == ll(text), text
+        # Known, documented difference: transformers' reloaded Qwen2 tokenizer applies NFC.
+        decomposed, composed = "cafe\u0301", "caf\u00e9"
+        assert hf.encode(decomposed, add_special_tokens=False) == hf.encode(
+            composed, add_special_tokens=False
+        )
+        assert ll(decomposed) != ll(composed)
+    finally:
+        llm.close()

@@ -43,8 +43,10 @@ def test_fix_patch_names_instance_when_bug_does_not_apply(checkout):
 def test_oracle_messages_use_mini_swe_agent_prompts_and_fence(checkout):
     fix = samples.fix_patch(checkout, BUG, "proj.add__1")
     msgs = samples.oracle_messages("test_add fails", fix)
-    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant"]
+    assert [m["role"] for m in msgs] == ["system", "user", "assistant", "user", "assistant", "user", "assistant"]
     assert msgs[0]["content"] == samples.agent_templates()["system"]
+    assert samples.SUBMIT_COMMAND in samples.agent_templates()["instance"]  # the config's own submit
     assert "test_add fails" in msgs[1]["content"]
     assert "```mswea_bash_command" in msgs[2]["content"] and fix in msgs[2]["content"]
-    assert samples.SUBMIT_COMMAND in msgs[4]["content"]
+    assert "<returncode>0</returncode>" in msgs[3]["content"]
+    assert msgs[-1]["content"].endswith(f"```mswea_bash_command\n{samples.SUBMIT_COMMAND}\n```")

@@ -34,7 +34,8 @@ def test_nightly_lifecycle_schedule_is_paused():
 
 
 def test_deployment_parameters_validate_against_the_flows():
-    for deployment in build_deployments():
-        assert deployment.parameter_openapi_schema is not None
-        required = set(deployment.parameter_openapi_schema.get("required", []))
-        assert required <= set(deployment.parameters), deployment.name
+    for spec in SPECS:
+        flow = spec["flow"]
+        flow.validate_parameters(spec["parameters"])  # raises ParameterTypeError on a mismatch
+        required = {name for name, p in flow.parameters.properties.items()} & set(flow.parameters.required or [])
+        assert required <= set(spec["parameters"]), spec["name"]

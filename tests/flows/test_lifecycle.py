@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def mini_config(tmp_path_factory):
     return LifecycleConfig(
-        projects=("six", "inflection"), candidates_per_project=3, seed=0,
+        projects=("inflection", "cachetools"), candidates_per_project=3, seed=0,
         output_dir=tmp_path_factory.mktemp("lifecycle"), source_port=5721, target_port=5722,
         shards=4, lanes=2, validate_concurrency=2, train_min=1, validation_min=0, test_min=1,
         max_tasks_per_repo=2, min_repos=2, agent_step_limit=2, agent_max_tokens=48, burst_max_steps=2,

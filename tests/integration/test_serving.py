@@ -121,7 +121,7 @@ def test_blue_green_swap_moves_generation_stops_old_pid_and_rolls_back(
         first = swap(state_path, q8, sha256_file(q8), ports=ports, model_alias="tiny", n_ctx=N_CTX)
         assert first.previous is None and not first.rolled_back
         gen1 = first.current
-        assert gen1.generation == 1 and gen1.active_port == ports[0] and gen1.gguf_path == str(q8.resolve())
+        assert gen1.generation == 1 and gen1.active_port == ports[0] and gen1.gguf_path == q8.resolve()
         assert read_state(state_path) == gen1
         assert gate(gen1.base_url, "tiny").passed
 
