@@ -70,8 +70,7 @@ def lifecycle(config: LifecycleConfig = LifecycleConfig()) -> dict[str, Any]:
         for server in (source, target):
             registry_tasks.start_registry(server.name, server.port, server.storage_dir)
         result = _run_stages(config, out_dir, run_id, log, store, state_path)
-        logger.info("lifecycle finished in %.1f s; summary at %s", log.stages and sum(
-            s["wall_s"] for s in log.stages.values()), log.summary_path)
+        logger.info("lifecycle finished: %d stages, summary at %s", len(log.stages), log.summary_path)
         return result
     finally:
         if not config.keep_serving:
@@ -217,7 +216,7 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
 
     # 7. base model: tiny Qwen2 with the real Qwen2 tokenizer, packaged as GGUF
     with log.stage("base_model") as st:
-        base_model = log.call(model_tasks.base_model, out_dir / "models" / "base", config.seed)
+        base_model, tokenizer_check = log.call(model_tasks.base_model, out_dir / "models" / "base", config.seed)
         base_gguf = log.call(model_tasks.package, base_model.path, base_model.sha256, out_dir / "models" / "base-gguf",
                              (config.serve_quantization,))
         served_base = base_gguf[config.serve_quantization]
@@ -225,7 +224,9 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
         for qtype, art in base_gguf.items():
             store.record_model_artifact(ledger.ModelArtifactRecord(sha256=art.sha256, kind="gguf", path=str(art.path), quantization=qtype,
                                         parent_sha256=base_model.sha256, run_id=run_id))
-        st["counts"] = {"parameters": base_model.num_parameters}
+        st["counts"] = {"parameters": base_model.num_parameters,
+                        "tokenizer_vectors_matched": tokenizer_check.matched,
+                        "tokenizer_vectors_total": tokenizer_check.total}
         st["digests"] = {"hf": base_model.sha256, **{q: a.sha256 for q, a in base_gguf.items()}}
 
     # 8. serve the baseline, 9. canary it on the frozen test split

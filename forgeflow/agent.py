@@ -291,6 +291,10 @@ def _usage_totals(messages: list[dict[str, Any]]) -> tuple[int, int]:
 
 
 # --- problem statements ----------------------------------------------------------------------
+MAX_TESTS_LISTED = 10
+"""Failing tests named in a problem statement; the rest are counted (keeps prompts short)."""
+
+
 def problem_statement_for(candidate_patch: str, failing_tests: list[str]) -> str:
     """An issue-like task text naming the failing tests, with nothing of the patch in it.
 
@@ -304,7 +308,8 @@ def problem_statement_for(candidate_patch: str, failing_tests: list[str]) -> str
         failing_tests: the FAIL_TO_PASS test ids (pytest node ids), at least one.
 
     Returns:
-        The problem statement (plain text, one test per ``- `` line, sorted).
+        The problem statement (plain text, one test per ``- `` line, sorted; at most
+        :data:`MAX_TESTS_LISTED` named, then a line counting the others).
 
     Raises:
         InputError: ``failing_tests`` is empty or ``candidate_patch`` is not a unified diff.
@@ -322,7 +327,9 @@ def problem_statement_for(candidate_patch: str, failing_tests: list[str]) -> str
         raise errors.InputError(f"candidate_patch is not a unified diff: {exc}") from exc
     if len(patch) == 0:
         raise errors.InputError("candidate_patch is empty (no file changed)")
-    text = PROMPT_TESTS_F2P.format(f2p_list=print_list(tests))
+    listed = tests[:MAX_TESTS_LISTED]
+    more = f"\n- ... and {len(tests) - len(listed)} more" if len(tests) > len(listed) else ""
+    text = PROMPT_TESTS_F2P.format(f2p_list=print_list(listed) + more)
     changed = {
         line.value.strip()
         for pfile in patch for hunk in pfile for line in hunk

@@ -262,6 +262,28 @@ def _reusable(out_dir: Path, expected: dict[str, Any]) -> AdapterRecord | None:
     return record if found == expected else None
 
 
+def _check_lengths(tokenizer: Any, data: SFTData, max_length: int) -> None:
+    """Preflight: every sample fits ``max_length`` tokens once the chat template is applied.
+
+    TRL truncates from the right, so an over-long conversation loses its last assistant turns
+    (the training target) and, when every sample does, trains on nothing. Fail before training.
+
+    Raises:
+        InputError: names each sample (instance_id, token count) that does not fit.
+    """
+    too_long = []
+    for row in data.dataset:
+        text = tokenizer.apply_chat_template(row["messages"], tokenize=False)
+        n_tokens = len(tokenizer(text)["input_ids"])
+        if n_tokens > max_length:
+            too_long.append(f"{row['instance_id']} ({n_tokens} tokens)")
+    if too_long:
+        raise InputError(
+            f"{len(too_long)} of {len(data.dataset)} SFT samples exceed max_length={max_length} "
+            f"tokens and would lose their assistant turns to truncation: {', '.join(too_long[:5])}"
+        )
+
+
 def run_sft_burst(
     base_model_dir: Path,
     data: SFTData,
@@ -332,6 +354,7 @@ def run_sft_burst(
         return existing
 
     tokenizer = AutoTokenizer.from_pretrained(str(base_model_dir))
+    _check_lengths(tokenizer, data, config.max_length)
     model = AutoModelForCausalLM.from_pretrained(str(base_model_dir), dtype=torch.float32)
     if parent_adapter_dir is not None:
         from peft import PeftModel

@@ -44,7 +44,7 @@ class LifecycleConfig(BaseModel):
     burst_max_steps: int = Field(4, ge=1, description="optimizer steps of the SFT burst")
     burst_learning_rate: float = Field(1e-3, gt=0, description="LoRA learning rate")
     lora_r: int = Field(8, ge=1, description="LoRA rank")
-    burst_max_length: int = Field(2048, ge=64, description="tokens per SFT sample (mini-swe-agent prompts are long)")
+    burst_max_length: int = Field(4096, ge=64, description="tokens per SFT sample (mini-swe-agent prompts are long)")
     serve_ports: tuple[int, int] = Field((8801, 8802), description="blue/green ports of the model server")
     quantizations: tuple[str, ...] = Field(("Q8_0", "Q4_K_M"), description="GGUF quantization types")
     serve_quantization: str = Field("Q8_0", description="which quantization is served")

@@ -12,13 +12,16 @@ from tasks.common import RESUMABLE
 
 
 @task(cache_policy=RESUMABLE)
-def base_model(out_dir: Path, seed: int) -> model.ModelRecord:
-    """Build the tiny Qwen2-shaped model with the real Qwen2 tokenizer (verified on llama.cpp's
-    test vectors first)."""
+def base_model(out_dir: Path, seed: int) -> tuple[model.ModelRecord, model.TokenizerCheck]:
+    """Build the tiny Qwen2-shaped model with the real Qwen2 tokenizer.
+
+    The saved tokenizer (the one the model ships with) is checked against llama.cpp's tokenizer
+    test vectors first; any mismatch stops the stage before a model is built.
+    """
     check = model.verify_tokenizer(model.ensure_tokenizer())
     if check.matched != check.total:
         raise PreflightError(f"tokenizer matches {check.matched}/{check.total} llama.cpp vectors: {check.failures[:3]}")
-    return model.build_tiny_model(out_dir, seed=seed)
+    return model.build_tiny_model(out_dir, seed=seed), check
 
 
 @task(cache_policy=RESUMABLE)

@@ -190,3 +190,12 @@ def test_saved_tokenizer_agrees_with_llama_cpp_except_nfc() -> None:
         assert ll(decomposed) != ll(composed)
     finally:
         llm.close()
+
+
+@pytest.mark.slow
+def test_burst_refuses_samples_that_truncation_would_strip_of_their_target(tmp_path: Path) -> None:
+    base = build_tiny_model(tmp_path / "base", seed=0)
+    data = build_sft_dataset(_samples(2))
+    with pytest.raises(InputError, match=r"2 of 2 SFT samples exceed max_length=16 tokens.*proj__0 \(\d+ tokens\)"):
+        run_sft_burst(base.path, data, tmp_path / "adapter", BurstConfig(max_length=16))
+    assert not (tmp_path / "adapter").exists()

@@ -50,3 +50,13 @@ def test_oracle_messages_use_mini_swe_agent_prompts_and_fence(checkout):
     assert "```mswea_bash_command" in msgs[2]["content"] and fix in msgs[2]["content"]
     assert "<returncode>0</returncode>" in msgs[3]["content"]
     assert msgs[-1]["content"].endswith(f"```mswea_bash_command\n{samples.SUBMIT_COMMAND}\n```")
+
+
+def test_problem_statement_names_at_most_ten_failing_tests_and_counts_the_rest():
+    from forgeflow.agent import MAX_TESTS_LISTED, problem_statement_for
+
+    tests = [f"tests/test_calc.py::test_case_{i:02d}" for i in range(25)]
+    text = problem_statement_for(BUG, tests)
+    assert sum(f"test_case_{i:02d}" in text for i in range(25)) == MAX_TESTS_LISTED
+    assert f"and {25 - MAX_TESTS_LISTED} more" in text
+    assert "a - b" not in text  # nothing of the bug leaks
