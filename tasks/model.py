@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from prefect import task
+from prefect.cache_policies import INPUTS, TASK_SOURCE
 
 from forgeflow import burst, gguf, model
 from forgeflow.errors import PreflightError
@@ -24,10 +25,11 @@ def base_model(out_dir: Path, seed: int) -> tuple[model.ModelRecord, model.Token
     return model.build_tiny_model(out_dir, seed=seed), check
 
 
-@task(cache_policy=RESUMABLE)
+@task(cache_policy=(INPUTS - "run_id") + TASK_SOURCE)
 def sft_burst(base_model_dir: Path, base_sha256: str, samples: list[dict], out_dir: Path,
               config: burst.BurstConfig, parent_adapter_dir: Path | None, run_id: str | None) -> burst.AdapterRecord:
-    """One LoRA SFT burst (TRL SFTTrainer + peft). ``base_sha256`` keys the cache."""
+    """One LoRA SFT burst (TRL SFTTrainer + peft). ``base_sha256`` keys the cache; ``run_id`` (the
+    Prefect run recorded in the lineage) does not, so a later run reuses the adapter."""
     data = burst.build_sft_dataset(samples)
     return burst.run_sft_burst(base_model_dir, data, out_dir, config, parent_adapter_dir=parent_adapter_dir, run_id=run_id)
 

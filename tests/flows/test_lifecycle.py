@@ -54,10 +54,10 @@ def test_every_stage_completes_with_real_counts(first_run, mini_config):
 
 
 def test_artifacts_on_disk_match_their_recorded_sha256(first_run):
-    from forgeflow.fsutil import sha256_tree
+    from forgeflow.burst import adapter_sha256
 
     for name, art in first_run["artifacts"].items():
-        digest = sha256_tree if name == "adapter" else sha256_file  # an adapter is a folder
+        digest = adapter_sha256 if name == "adapter" else sha256_file  # an adapter is a folder
         assert digest(art["path"]) == art["sha256"], name
     manifest = verify_freeze(first_run["artifacts"]["freeze_manifest"]["path"])
     assert manifest.semantic_sha256 == first_run["freeze"]["semantic_sha256"]
