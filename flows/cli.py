@@ -43,6 +43,7 @@ def _prepare_env() -> Path:
     home = Path(os.environ.get("FORGEFLOW_HOME", ".forgeflow")).resolve()
     os.environ["FORGEFLOW_HOME"] = str(home)
     os.environ.update(prefect_env(home))
+    Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)  # Prefect makes only the leaf
     return home
 
 

@@ -28,6 +28,7 @@ Outcomes versus breakage (DESIGN.md):
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -183,6 +184,9 @@ def _endpoint_model_class() -> type:
     the Prefect task retries transient kinds) and whose calls never outlive the agent's deadline."""
     import litellm
     from minisweagent.models.litellm_model import LitellmModel
+
+    litellm.suppress_debug_info = True  # else it prints its provider list for every unpriced call
+    logging.getLogger("minisweagent").setLevel(logging.WARNING)  # its DEBUG lines drown the flow log
     from minisweagent.models.litellm_textbased_model import LitellmTextbasedModel
 
     class EndpointModel(LitellmTextbasedModel):

@@ -21,11 +21,7 @@ fi
 PY=${PYTHON:-python3}
 # torch==2.13.0 is pinned first so pip takes the CPU build (an unpinned torch pulls CUDA wheels).
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
-if ! "$PY" -c "import forgeflow, llama_cpp, prefect, trl" >/dev/null 2>&1 || [ "${FORGEFLOW_REINSTALL:-0}" = 1 ]; then
-  echo "setup: installing forgeflow and its Python dependencies (llama-cpp-python compiles once per machine)"
-  "$PY" -m pip install -q 'torch==2.13.0'
-  "$PY" -m pip install -q -e '.[test]'
-else
-  "$PY" -m pip install -q --no-deps -e . >/dev/null
-fi
+echo "setup: installing forgeflow and its pinned Python dependencies (llama-cpp-python compiles once per machine)"
+"$PY" -m pip install -q --root-user-action=ignore 'torch==2.13.0'
+"$PY" -m pip install -q --root-user-action=ignore -e '.[test]'
 echo "setup: done ($("$PY" -c 'import forgeflow; print("forgeflow", forgeflow.__version__)'))"

@@ -9,4 +9,4 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 export PREFECT_HOME="$tmp/prefect" PREFECT_SERVER_ANALYTICS_ENABLED=false FORGEFLOW_HOME="$tmp/forgeflow"
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=240
-python3 -m pytest -ra "$@"
+"${PYTHON:-python3}" -m pytest -ra "$@"
