@@ -59,10 +59,23 @@ def demo(
     from forgeflow.config import DEMO_PROJECTS, LifecycleConfig  # noqa: PLC0415 - after the env is set
     from flows.lifecycle import lifecycle  # noqa: PLC0415
 
+    from pydantic import ValidationError  # noqa: PLC0415
+
+    from forgeflow.errors import ForgeflowError  # noqa: PLC0415
+
     names = tuple(p.strip() for p in projects.split(",")) if projects else DEMO_PROJECTS
-    config = LifecycleConfig(projects=names, candidates_per_project=candidates,
-                             output_dir=output_dir or home / "demo", keep_serving=keep_serving)
-    lifecycle(config=config)
+    try:
+        config = LifecycleConfig(projects=names, candidates_per_project=candidates,
+                                 output_dir=output_dir or home / "demo", keep_serving=keep_serving)
+    except ValidationError as exc:
+        messages = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise typer.BadParameter(messages) from None
+    try:
+        lifecycle(config=config)
+    except ForgeflowError as exc:
+        console.print(f"[red]lifecycle failed: {type(exc).__name__}: {exc}[/red]")
+        console.print(f"what was done so far: {config.output_dir.resolve() / 'summary.json'}")
+        raise typer.Exit(1) from None
     _print_summary(config.output_dir.resolve() / "summary.json")
 
 

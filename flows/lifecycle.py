@@ -311,22 +311,24 @@ def _canary(log: StageLog, stage: str, config: LifecycleConfig, test_ids: list[s
             envs: dict[str, dict[str, Any]], serving_state: serving.ServingState, model_sha256: str,
             agent_config: agent.AgentConfig, out_dir: Path, store: Store, run_id: str) -> list:
     """Agent trials on the frozen test split against the active endpoint (one job)."""
-    if config.canary_concurrency > 4:
-        raise PreflightError(f"canary concurrency {config.canary_concurrency} is above the limit of 4")
     job_id = f"{stage}-{model_sha256[:12]}"
     base_url = f"http://127.0.0.1:{serving_state.active_port}/v1"
     with log.stage(stage) as st:
         trials = []
-        for instance_id in test_ids:
-            t = by_id[instance_id]
-            report = t["report"]
-            problem = agent.problem_statement_for(t["candidate"].patch, report.FAIL_TO_PASS)
-            tr = log.call(serving_tasks.agent_trial, instance_id, t["image_ref"], t["digest"], problem,
-                          envs[t["repo"]]["project"].test_command, report.FAIL_TO_PASS, report.PASS_TO_PASS,
-                          base_url, MODEL_ALIAS, model_sha256, agent_config, out_dir / "trajectories" / job_id,
-                          config.verifier_timeout_s)
-            store.record_trial(_trial_row(tr, job_id, model_sha256, run_id))
-            trials.append(tr)
+        for start in range(0, len(test_ids), config.canary_concurrency):
+            futures = []
+            for instance_id in test_ids[start:start + config.canary_concurrency]:
+                t = by_id[instance_id]
+                report = t["report"]
+                problem = agent.problem_statement_for(t["candidate"].patch, report.FAIL_TO_PASS)
+                futures.append(serving_tasks.agent_trial.submit(
+                    instance_id, t["image_ref"], t["digest"], problem, envs[t["repo"]]["project"].test_command,
+                    report.FAIL_TO_PASS, report.PASS_TO_PASS, base_url, MODEL_ALIAS, model_sha256, agent_config,
+                    out_dir / "trajectories" / job_id, config.verifier_timeout_s))
+            for state in log.gather(futures):
+                tr = state.result()
+                store.record_trial(_trial_row(tr, job_id, model_sha256, run_id))
+                trials.append(tr)
         report = compare.JobReport.from_trials(trials)
         table_artifact(stage.replace("_", "-"), [
             {"instance_id": tr.instance_id, "reward": tr.reward, "exception": tr.exception_type,

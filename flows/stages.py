@@ -15,6 +15,7 @@ from forgeflow.freeze import AcceptedTask, FreezeManifest, SplitQuotas
 from forgeflow.fsutil import atomic_write_text
 from forgeflow.migrate import MigrationRecord
 from forgeflow.settings import apply_container_env, home_dir
+from forgeflow.skopeo import Skopeo
 from tasks import curation, model as model_tasks, registry as registry_tasks, serving as serving_tasks
 from tasks.common import markdown_artifact, table_artifact
 
@@ -35,8 +36,8 @@ def migrate(images: list[str], source_address: str, target_address: str,
     records = []
     for name in images:
         src, dst = f"docker://{source_address}/{name}", f"docker://{target_address}/{name}"
-        digest_key = name  # the migrate task re-inspects the source digest itself
-        rec = registry_tasks.migrate_image(src, dst, digest_key, max_size_bytes)
+        # the source digest keys the task's cache: a re-pushed tag is copied again
+        rec = registry_tasks.migrate_image(src, dst, Skopeo().inspect_digest(src), max_size_bytes)
         if rec.status == "completed":
             store.record_image(ledger.ImageRecord(ref=f"{target_address}/{name}", digest=rec.target_digest,
                                                   role="target", size_bytes=rec.size_bytes))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 DEMO_PROJECTS = ("boltons", "cachetools", "inflection", "six", "tabulate", "toolz")
 
@@ -40,7 +40,7 @@ class LifecycleConfig(BaseModel):
     agent_step_limit: int = Field(3, ge=1, description="mini-swe-agent steps per canary trial")
     agent_max_tokens: int = Field(96, ge=1, description="completion tokens per model call")
     agent_timeout_s: float = Field(300.0, gt=0, description="wall-clock budget of one agent run")
-    canary_concurrency: int = Field(1, ge=1, description="agent trials at once (refused above 4)")
+    canary_concurrency: int = Field(1, ge=1, le=4, description="agent trials at once (at most 4)")
     burst_max_steps: int = Field(4, ge=1, description="optimizer steps of the SFT burst")
     burst_learning_rate: float = Field(1e-3, gt=0, description="LoRA learning rate")
     lora_r: int = Field(8, ge=1, description="LoRA rank")
@@ -49,6 +49,21 @@ class LifecycleConfig(BaseModel):
     quantizations: tuple[str, ...] = Field(("Q8_0", "Q4_K_M"), description="GGUF quantization types")
     serve_quantization: str = Field("Q8_0", description="which quantization is served")
     keep_serving: bool = Field(False, description="leave the model server running after the run")
+
+    @field_validator("projects")
+    @classmethod
+    def _known_projects(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        from forgeflow.projects import load_projects
+
+        known = {p.name for p in load_projects()}
+        unknown = [name for name in value if name not in known]
+        if unknown:
+            raise ValueError(f"unknown project(s) {unknown}; pinned projects: {', '.join(sorted(known))}")
+        if not value:
+            raise ValueError("at least one project is needed")
+        if len(set(value)) != len(value):
+            raise ValueError(f"projects repeat a name: {list(value)}")
+        return value
 
     @property
     def source_address(self) -> str:

@@ -37,3 +37,4 @@ def test_sha256_tree_changes_with_content_and_names(tmp_path):
     second = fsutil.sha256_tree(tmp_path)
     (tmp_path / "d" / "b").rename(tmp_path / "d" / "c")
     assert len({first, second, fsutil.sha256_tree(tmp_path)}) == 3
+
