@@ -6,13 +6,17 @@ moving to a cluster or another registry is a change of block, not of code.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from prefect.blocks.core import Block
 from pydantic import Field, SecretStr
 
-from forgeflow import sandbox
+from forgeflow import registry_auth, sandbox
+from forgeflow.errors import InputError
 from forgeflow.sandbox import SandboxSpec
+from forgeflow.skopeo import Skopeo
 from forgeflow.store import Store
 
 
@@ -30,6 +34,35 @@ class RegistryEndpoint(Block):
         """``docker://`` transport reference of ``repository:tag`` in this registry."""
         prefix = f"{self.namespace.strip('/')}/" if self.namespace else ""
         return f"docker://{self.address}/{prefix}{repository}:{tag}"
+
+    @contextmanager
+    def skopeo(self, retry_times: int = 3, command_timeout_s: float = 600.0) -> Iterator[Skopeo]:
+        """A :class:`~forgeflow.skopeo.Skopeo` that can reach this registry.
+
+        With credentials, they go into a temporary containers-auth.json (mode 600, deleted when
+        the ``with`` block ends, also on error; :func:`forgeflow.registry_auth.authfile`): never
+        onto a command line or into a log. Without credentials, a plain Skopeo.
+
+        Args:
+            retry_times: skopeo's ``--retry-times`` for transient registry errors (0-10).
+            command_timeout_s: Wall-clock limit of one skopeo command.
+
+        Yields:
+            The configured Skopeo (valid only inside the ``with`` block).
+
+        Raises:
+            InputError: only one of ``username`` / ``password`` is set, or bad arguments.
+        """
+        has_password = self.password is not None and bool(self.password.get_secret_value())
+        if bool(self.username) != has_password:
+            raise InputError(
+                f"registry {self.address}: set both username and password, or neither"
+            )
+        if not self.username:
+            yield Skopeo(retry_times=retry_times, command_timeout_s=command_timeout_s)
+            return
+        with registry_auth.authfile({self.address: (self.username, self.password)}) as path:
+            yield Skopeo(authfile=path, retry_times=retry_times, command_timeout_s=command_timeout_s)
 
 
 class SandboxBackend(Block):

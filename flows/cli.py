@@ -119,6 +119,69 @@ def freeze_verify(name: str, freezes_dir: Optional[Path] = typer.Option(None, he
 
 
 @app.command()
+def trials(job: Optional[str] = typer.Option(None, help="job id (omit to list the jobs in the store)"),
+           as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table")) -> None:
+    """Each trial's outcome (reward or exception type) of a job recorded in the store."""
+    _prepare_env()
+    from forgeflow.store import Store  # noqa: PLC0415
+
+    store = Store()
+    store.upgrade()
+    rows = store.trials_for(job_id=job) if job else store.trials_for()
+    if job and not rows:
+        jobs = sorted({t.job_id for t in store.trials_for() if t.job_id})
+        raise typer.BadParameter(f"job {job!r} has no trials in {store.url}; jobs: {', '.join(jobs) or 'none'}")
+    if not job:
+        counts: dict[str, int] = {}
+        for t in rows:
+            counts[t.job_id or "-"] = counts.get(t.job_id or "-", 0) + 1
+        if as_json:
+            console.print_json(json.dumps(counts))
+        else:
+            for name, n in sorted(counts.items()):
+                console.print(f"{name}\t{n} trials")
+        return
+    out = [{"trial_id": t.trial_id, "instance_id": t.instance_id, "kind": t.kind, "reward": t.reward,
+            "exception_type": t.exception_type, "exception_message": t.exception_message, "timings": t.timings}
+           for t in rows]
+    if as_json:
+        print(json.dumps(out, indent=2))
+        return
+    table = Table(title=f"trials of {job}")
+    for col in ("instance_id", "kind", "reward", "exception"):
+        table.add_column(col)
+    for t in out:
+        table.add_row(t["instance_id"], t["kind"], "" if t["reward"] is None else f"{t['reward']:g}",
+                      t["exception_type"] or "")
+    console.print(table)
+
+
+@app.command()
+def compare(job_a: str, job_b: str,
+            as_json: bool = typer.Option(False, "--json", help="print JSON instead of markdown")) -> None:
+    """Paired comparison of two jobs in the store: wins/ties/losses, exact McNemar p, excluded tasks."""
+    _prepare_env()
+    from forgeflow import compare as comparison  # noqa: PLC0415
+    from forgeflow.store import Store  # noqa: PLC0415
+
+    store = Store()
+    store.upgrade()
+    runs = {}
+    for job in (job_a, job_b):
+        rows = store.trials_for(job_id=job)
+        if not rows:
+            raise typer.BadParameter(f"job {job!r} has no trials in {store.url} (see `forgeflow trials`)")
+        runs[job] = rows
+    paired = comparison.paired_compare(
+        *({t.instance_id: t.reward if t.exception_type is None else None for t in runs[j]} for j in (job_a, job_b)))
+    if as_json:
+        print(json.dumps({"job_a": job_a, "job_b": job_b, **paired.model_dump(mode="json")}, indent=2))
+        return
+    print(comparison.render_markdown(comparison.JobReport.from_trials(runs[job_a]),
+                                     comparison.JobReport.from_trials(runs[job_b]), paired, job_a, job_b))
+
+
+@app.command()
 def version() -> None:
     """Print forgeflow's version."""
     import forgeflow  # noqa: PLC0415

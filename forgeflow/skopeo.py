@@ -36,6 +36,7 @@ from forgeflow.errors import (
     RegistryUnavailableError,
     ToolMissingError,
 )
+from forgeflow.registry_auth import scrub, secrets_of
 from forgeflow.settings import tool_env
 
 SKOPEO_BINARY = "skopeo"
@@ -129,7 +130,10 @@ class Skopeo:
     """skopeo with forgeflow's environment (insecure loopback registries) and error mapping.
 
     Args:
-        authfile: A containers auth.json for registries that need credentials.
+        authfile: A containers auth.json for registries that need credentials (see
+            :func:`forgeflow.registry_auth.authfile`); passed as ``--authfile`` /
+            ``--src-authfile`` / ``--dest-authfile``, and its secrets are scrubbed from skopeo's
+            stderr before any error is raised.
         retry_times: skopeo's own ``--retry-times`` for transient registry errors (0-10).
         command_timeout_s: Wall-clock limit of one skopeo command (``--command-timeout``).
 
@@ -170,7 +174,10 @@ class Skopeo:
                 _timeout=self.command_timeout_s + 30,
             )
         except sh.ErrorReturnCode as err:
-            raise classify_error(ref, err.stderr.decode("utf-8", errors="replace")) from None
+            stderr = err.stderr.decode("utf-8", errors="replace")
+            if self.authfile is not None:  # never let a credential reach an exception or a log
+                stderr = scrub(stderr, secrets_of(self.authfile))
+            raise classify_error(ref, stderr) from None
         except sh.TimeoutException as err:
             raise RegistryUnavailableError(
                 f"skopeo timed out after {self.command_timeout_s:.0f} s on {ref}"
