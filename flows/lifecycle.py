@@ -168,13 +168,12 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
             for t, state in zip(wave, log.gather(futures)):
                 outcomes.append((t, state.result()))
             update_progress_artifact(progress_id, progress=100.0 * len(outcomes) / max(1, len(items)))
-        accepted, rows, trials_n = [], [], 0
+        store.record_trials([_trial_row(tr, f"validate-{config.seed}", None, run_id)
+                             for _, out in outcomes for tr in (out.nop, out.oracle) if tr is not None])
+        accepted, rows = [], []
+        trials_n = sum(1 + (out.oracle is not None) for _, out in outcomes)
         for t, out in outcomes:
             c = t["candidate"]
-            for tr in (out.nop, out.oracle):
-                if tr is not None:
-                    trials_n += 1
-                    store.record_trial(_trial_row(tr, f"validate-{config.seed}", None, run_id))
             report = out.report
             status = "accepted" if report is not None and report.accepted else (
                 "error" if report is None else "rejected")

@@ -85,9 +85,7 @@ class CandidateTask(BaseModel):
             except json.JSONDecodeError:
                 decoded = None
             if not isinstance(decoded, list):
-                raise ValueError(
-                    f"expected a list of test names, got a string ({_preview(value)})"
-                )
+                raise ValueError(f"expected a list of test names, got a string ({_preview(value)})")
             return decoded
         if value is not None and not isinstance(value, list | tuple):
             raise ValueError(f"expected a list of test names, got {type(value).__name__}")

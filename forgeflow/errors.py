@@ -129,3 +129,14 @@ class SwapRolledBackError(ServerStartError):
     def __init__(self, message: str, result: object = None) -> None:
         super().__init__(message)
         self.result = result
+
+
+# --- model client (added by the evaluation engineer, issue 5) ------------------------------------
+class CircuitOpenError(ModelEndpointError):
+    """The model endpoint's circuit breaker is open (or half-open with its one probe in flight):
+    the call was refused without being sent. Transient: the breaker closes after a good probe."""
+
+
+class ModelRequestError(InfraError):
+    """The model endpoint rejected the request with a 4xx other than 429 (bad key, unknown model,
+    malformed request). Not transient: the same request fails the same way."""

@@ -6,20 +6,34 @@ A pre-warm copies each base image under its ``basecache-<12 hex>`` tag into ever
 repository that a :class:`~forgeflow.layout.PrewarmPlan` puts tasks built on it in.
 
 Both are idempotent: an image already present with the right digest is not copied again.
+
+:func:`migrate_images` migrates a list and records a state per image (completed / skipped /
+failed with the exception's type and message) without stopping at the first failure; transient
+registry errors (429, 5xx, timeouts, refused connections) are retried with exponential backoff,
+auth failures and missing images are not. :func:`verify_layer_reuse` checks that a task image was
+built on its base (its layers start with the base's layers), so a pull finds them pre-warmed.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from forgeflow.errors import DigestMismatchError, ImageNotFoundError, InputError
+from forgeflow.errors import (
+    DigestMismatchError,
+    ForgeflowError,
+    ImageNotFoundError,
+    InputError,
+    is_transient,
+)
 from forgeflow.layout import PrewarmPlan
 from forgeflow.skopeo import Skopeo
 
-MigrationStatus = Literal["completed", "skipped", "failed"]
+MigrationStatus = Literal["pending", "completed", "skipped", "failed"]
 
 
 class MigrationRecord(BaseModel):
@@ -30,10 +44,14 @@ class MigrationRecord(BaseModel):
         target_ref: Target transport reference.
         source_digest: ``sha256:<hex>`` of the source manifest/index.
         target_digest: Digest the target serves (None when skipped or failed before copying).
-        status: ``completed`` (copied or already present), ``skipped`` (e.g. ``oversize``) or
-            ``failed`` (set by callers that record an exception per item instead of raising).
-        reason: Why skipped/failed, or ``already present``; empty for a fresh copy.
+        status: ``pending`` (not attempted yet), ``completed`` (copied or already present),
+            ``skipped`` (e.g. ``oversize``) or ``failed`` (an exception was recorded).
+        reason: Why skipped/failed (for ``failed``: the exception's message), or
+            ``already present``; empty for a fresh copy.
         size_bytes: Sum of compressed layer sizes of the source.
+        error_type: Class name of the exception of a ``failed`` record
+            (``RegistryUnavailableError``, ``ImageNotFoundError``...), else None.
+        attempts: skopeo attempts made for this image (retries of transient errors included).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -45,6 +63,28 @@ class MigrationRecord(BaseModel):
     status: MigrationStatus
     reason: str = ""
     size_bytes: int | None = Field(default=None, ge=0)
+    error_type: str | None = None
+    attempts: int = Field(default=0, ge=0)
+
+
+class LayerReuse(BaseModel):
+    """Evidence that a task image reuses its base image's layers.
+
+    Attributes:
+        task_ref: The task image reference checked.
+        base_ref: The base image reference checked.
+        base_layers: Layer digests of the base image, bottom first.
+        task_layers: Layer digests of the task image, bottom first.
+        reused: True: ``task_layers`` starts with ``base_layers``.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    task_ref: str
+    base_ref: str
+    base_layers: list[str]
+    task_layers: list[str]
+    reused: bool
 
 
 class BasecacheRecord(BaseModel):
@@ -107,8 +147,22 @@ def migrate_image(
     """
     if max_size_bytes is not None and max_size_bytes < 0:
         raise InputError(f"max_size_bytes must be >= 0, got {max_size_bytes}")
+    return _migrate(skopeo, source_ref, target_ref, max_size_bytes, {})
+
+
+def _migrate(
+    skopeo: Skopeo,
+    source_ref: str,
+    target_ref: str,
+    max_size_bytes: int | None,
+    seen: dict[str, object],
+) -> MigrationRecord:
+    """:func:`migrate_image`'s steps; ``seen`` collects the source digest and size as soon as
+    they are known, so a failure later on can still record them."""
     source_digest = skopeo.inspect_digest(source_ref)
+    seen["source_digest"] = source_digest
     size = skopeo.size_bytes(source_ref)
+    seen["size_bytes"] = size
     if max_size_bytes is not None and size > max_size_bytes:
         return MigrationRecord(
             source_ref=source_ref,
@@ -130,6 +184,7 @@ def migrate_image(
         )
     skopeo.copy(source_ref, target_ref, all_images=True, preserve_digests=True)
     target_digest = skopeo.inspect_digest(target_ref)
+    seen["target_digest"] = target_digest
     if target_digest != source_digest:
         raise DigestMismatchError(
             f"{target_ref} serves {target_digest} after copying {source_ref} ({source_digest})"
@@ -141,6 +196,134 @@ def migrate_image(
         target_digest=target_digest,
         status="completed",
         size_bytes=size,
+    )
+
+
+def pending_records(pairs: Sequence[tuple[str, str]]) -> list[MigrationRecord]:
+    """The initial state of a migration: one ``pending`` record per (source, target) pair."""
+    return [MigrationRecord(source_ref=src, target_ref=dst, status="pending") for src, dst in pairs]
+
+
+def migrate_images(
+    skopeo: Skopeo,
+    pairs: Sequence[tuple[str, str]],
+    max_size_bytes: int | None = None,
+    *,
+    transient_retries: int = 2,
+    backoff_s: float = 1.0,
+    on_record: Callable[[MigrationRecord], None] | None = None,
+) -> list[MigrationRecord]:
+    """Migrate every (source, target) pair in order, recording a state per image.
+
+    Each image goes through :func:`migrate_image` (inspect, oversize skip, already-present
+    check, ``copy --all --preserve-digests``, digest verification). A failure does not stop the
+    list: it becomes a ``failed`` record with the exception's class name and message. A
+    transient failure (:func:`forgeflow.errors.is_transient`: 429, 5xx, timeouts, refused
+    connections) is retried up to ``transient_retries`` times, waiting ``backoff_s * 2**k``
+    seconds before retry ``k`` (exponential backoff); auth failures (:class:`RegistryError`),
+    missing images (:class:`ImageNotFoundError`) and digest mismatches are not retried.
+
+    Re-running with the same pairs copies nothing that is completed: the target already serves
+    the source digest, which is recorded as ``completed`` / ``already present`` (the registry
+    is the source of truth, not a previous record).
+
+    Args:
+        skopeo: The skopeo wrapper (its own ``retry_times`` also applies inside each copy).
+        pairs: (source transport reference, target transport reference), targets unique.
+        max_size_bytes: Largest image to migrate (sum of compressed layers); None = no limit.
+        transient_retries: Retries of a transiently failing image (0-10).
+        backoff_s: Base of the exponential backoff in seconds (>= 0).
+        on_record: Called with each image's final record as soon as it is known (e.g. to
+            persist progress); an exception it raises propagates.
+
+    Returns:
+        One record per pair, in input order; status ``completed``, ``skipped`` or ``failed``.
+
+    Raises:
+        InputError: bad arguments or repeated targets (nothing is copied then).
+    """
+    if max_size_bytes is not None and max_size_bytes < 0:
+        raise InputError(f"max_size_bytes must be >= 0, got {max_size_bytes}")
+    if not 0 <= transient_retries <= 10:
+        raise InputError(f"transient_retries {transient_retries} is outside 0-10")
+    if backoff_s < 0:
+        raise InputError(f"backoff_s must be >= 0, got {backoff_s}")
+    targets = [dst for _, dst in pairs]
+    repeated = sorted({dst for dst in targets if targets.count(dst) > 1})
+    if repeated:
+        raise InputError(f"target references repeated in the migration: {repeated}")
+    records = []
+    for source_ref, target_ref in pairs:
+        attempt = 0
+        while True:
+            attempt += 1
+            seen: dict[str, object] = {}
+            try:
+                record = _migrate(skopeo, source_ref, target_ref, max_size_bytes, seen)
+                record = record.model_copy(update={"attempts": attempt})
+                break
+            except ForgeflowError as err:
+                if is_transient(err) and attempt <= transient_retries:
+                    time.sleep(backoff_s * 2 ** (attempt - 1))
+                    continue
+                record = MigrationRecord(
+                    source_ref=source_ref,
+                    target_ref=target_ref,
+                    source_digest=seen.get("source_digest"),
+                    target_digest=seen.get("target_digest"),
+                    size_bytes=seen.get("size_bytes"),
+                    status="failed",
+                    reason=str(err),
+                    error_type=type(err).__name__,
+                    attempts=attempt,
+                )
+                break
+        records.append(record)
+        if on_record is not None:
+            on_record(record)
+    return records
+
+
+def verify_layer_reuse(skopeo: Skopeo, task_ref: str, base_ref: str) -> LayerReuse:
+    """Check that the task image's layers start with the base image's layers.
+
+    That is what makes a pre-warmed ``basecache`` tag useful: a task image built ``FROM`` its
+    base (and pushed so that the base layers keep their digests) shares the base's blobs, so a
+    pull transfers only the task's own layers. For an index, the ``linux/<this machine's
+    architecture>`` manifest is compared (:meth:`Skopeo.layers`).
+
+    Args:
+        skopeo: The skopeo wrapper.
+        task_ref: Transport reference of the task image.
+        base_ref: Transport reference of its base image.
+
+    Returns:
+        A :class:`LayerReuse` with ``reused=True``.
+
+    Raises:
+        DigestMismatchError: the task image does not start with the base's layers (names both
+            references and the first differing position).
+        ImageNotFoundError, RegistryError, RegistryUnavailableError, ToolMissingError: from skopeo.
+    """
+    base_layers = skopeo.layers(base_ref)
+    task_layers = skopeo.layers(task_ref)
+    reused = bool(base_layers) and task_layers[: len(base_layers)] == base_layers
+    if not reused:
+        position = next(
+            (i for i, (a, b) in enumerate(zip(base_layers, task_layers)) if a != b),
+            min(len(base_layers), len(task_layers)),
+        )
+        raise DigestMismatchError(
+            f"task image {task_ref} does not reuse the layers of base {base_ref}: "
+            f"{len(base_layers)} base layers, {len(task_layers)} task layers, first difference "
+            f"at layer {position}"
+        )
+    return LayerReuse(
+        task_ref=task_ref,
+        base_ref=base_ref,
+        base_layers=base_layers,
+        task_layers=task_layers,
+        reused=True,
     )
 
 

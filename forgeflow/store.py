@@ -379,30 +379,44 @@ class Store:
         Raises:
             InputError: ``key`` is not the table's primary key or a column name is unknown.
         """
+        self.upsert_many(model_cls, [(key, values)])
+
+    def upsert_many(self, model_cls: type[_M], rows: Sequence[tuple[dict[str, Any], dict[str, Any]]]) -> None:
+        """:meth:`upsert` of many ``(key, values)`` rows in ONE transaction: all or none land.
+
+        Raises:
+            InputError: as :meth:`upsert`, for the first bad row (nothing is written then).
+        """
         table = model_cls.__table__
         pk = {column.name for column in table.primary_key.columns}
-        if set(key) != pk:
-            raise InputError(
-                f"upsert key for {table.name} must be exactly {sorted(pk)}, got {sorted(key)}"
-            )
-        unknown = set(values) - set(table.columns.keys())
-        if unknown:
-            raise InputError(
-                f"upsert values for {table.name} name unknown columns {sorted(unknown)}"
-            )
-        overlap = set(values) & pk
-        if overlap:
-            raise InputError(f"upsert values for {table.name} repeat key columns {sorted(overlap)}")
-        statement = upsert_statement(self.engine.dialect.name, model_cls, key, values)
+        columns = set(table.columns.keys())
+        for key, values in rows:
+            if set(key) != pk:
+                raise InputError(
+                    f"upsert key for {table.name} must be exactly {sorted(pk)}, got {sorted(key)}"
+                )
+            unknown = set(values) - columns
+            if unknown:
+                raise InputError(
+                    f"upsert values for {table.name} name unknown columns {sorted(unknown)}"
+                )
+            overlap = set(values) & pk
+            if overlap:
+                raise InputError(f"upsert values for {table.name} repeat key columns {sorted(overlap)}")
+        dialect = self.engine.dialect.name
         with self.engine.begin() as connection:
-            connection.execute(statement)
+            for key, values in rows:
+                connection.execute(upsert_statement(dialect, model_cls, key, values))
 
-    def _record(self, model_cls: type[Base], key_fields: Sequence[str], record: _Record) -> None:
+    def _row(self, key_fields: Sequence[str], record: _Record) -> tuple[dict[str, Any], dict[str, Any]]:
         data = record.model_dump(mode="json", exclude={"created_at"})
         if getattr(record, "created_at", None) is not None:
             data["created_at"] = record.created_at  # type: ignore[attr-defined]
         key = {name: data.pop(name) for name in key_fields}
-        self.upsert(model_cls, key, data)
+        return key, data
+
+    def _record(self, model_cls: type[Base], key_fields: Sequence[str], record: _Record) -> None:
+        self.upsert_many(model_cls, [self._row(key_fields, record)])
 
     def record_image(self, record: ImageRecord) -> None:
         """Upsert an image by ``ref``."""
@@ -423,15 +437,24 @@ class Store:
             InputError: the trial has neither a reward nor an exception, or both (allowed only
                 for an agent timeout, whose verifier reward is kept: Harbor's convention).
         """
-        both_ok = record.kind == "agent" and record.exception_type in SCORED_DESPITE_EXCEPTION
-        if (record.reward is None and record.exception_type is None) or (
-            record.reward is not None and record.exception_type is not None and not both_ok
-        ):
-            raise InputError(
-                f"trial {record.trial_id!r} must have exactly one of reward "
-                f"({record.reward!r}) and exception_type ({record.exception_type!r})"
-            )
-        self._record(Trial, ["trial_id"], record)
+        self.record_trials([record])
+
+    def record_trials(self, records: Sequence[TrialRecord]) -> None:
+        """Upsert a batch of trials in one transaction (a crash leaves all or none of them).
+
+        Raises:
+            InputError: as :meth:`record_trial`, naming the first bad trial; nothing is written.
+        """
+        for record in records:
+            both_ok = record.kind == "agent" and record.exception_type in SCORED_DESPITE_EXCEPTION
+            if (record.reward is None and record.exception_type is None) or (
+                record.reward is not None and record.exception_type is not None and not both_ok
+            ):
+                raise InputError(
+                    f"trial {record.trial_id!r} must have exactly one of reward "
+                    f"({record.reward!r}) and exception_type ({record.exception_type!r})"
+                )
+        self.upsert_many(Trial, [self._row(["trial_id"], r) for r in records])
 
     def record_freeze(self, record: FreezeRecord) -> None:
         """Upsert a freeze by ``name`` (the manifest file itself is never overwritten)."""

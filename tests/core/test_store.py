@@ -305,3 +305,20 @@ def test_postgresql_store_migrates_exactly_and_upserts(postgres_url: str) -> Non
     assert ledger.trials_for(kind="oracle")[0].timings == {"verifier_s": 1.5}
     assert ledger.counts()["task_instances"] == 1
     ledger.dispose()
+
+
+def test_record_trials_writes_a_batch_in_one_transaction_or_nothing(tmp_path):
+    from forgeflow.errors import InputError
+    from forgeflow.store import Store, TrialRecord
+
+    store = Store(f"sqlite:///{tmp_path / 'batch.db'}")
+    store.upgrade()
+    good = [TrialRecord(trial_id=f"t{i}", instance_id=f"i{i}", kind="nop", reward=0.0, job_id="j") for i in range(40)]
+    store.record_trials(good)
+    store.record_trials(good)  # a resumed run: upserts, no duplicates
+    assert len(store.trials_for(job_id="j")) == 40
+    bad = [TrialRecord(trial_id="x1", instance_id="i", kind="nop", reward=1.0, job_id="k"),
+           TrialRecord(trial_id="x2", instance_id="i", kind="nop", job_id="k")]  # neither reward nor exception
+    with pytest.raises(InputError, match="'x2'"):
+        store.record_trials(bad)
+    assert store.trials_for(job_id="k") == []  # the good row of the bad batch was not written either

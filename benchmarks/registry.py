@@ -1,0 +1,340 @@
+"""Registry-stage benchmarks: layout plan at 50k tasks, skopeo wrapper overhead, prewarm speedup.
+
+Run ``python -m benchmarks.registry``. It starts two loopback ``docker-registry`` servers
+(127.0.0.1:5740 source, 127.0.0.1:5741 target) in a temporary folder, stops them by PID at the
+end, prints one human line per figure and, as the last line, one JSON object::
+
+    {"plan_50k_s": ..., "copy_overhead_ratio": ..., "prewarm_parallel_speedup": ..., ...}
+
+Figures (targets from issue 4):
+
+* ``plan_50k_s``: :meth:`forgeflow.layout.ShardLayout.plan` + ``check`` for 50,000 tasks on 500
+  bases over 80 shards (5 lanes), seconds (target < 1 s).
+* ``copy_overhead_ratio``: wall time of :meth:`forgeflow.skopeo.Skopeo.copy` over N tiny images
+  divided by the wall time of the same ``skopeo copy`` command lines run by a plain
+  ``subprocess.run`` loop (target <= 1.05). The two are interleaved image by image, alternating
+  which goes first, so load from other processes hits both alike.
+* ``prewarm_parallel_speedup``: :func:`forgeflow.migrate.prewarm_basecache` of one basecache tag
+  into each of the 80 shard repositories, ``max_workers=1`` time / ``max_workers=5`` time
+  (target >= 2). Bases are chosen so the 5 lanes of 16 bases cover all 80 repositories exactly
+  once.
+
+Images are written directly as OCI image layouts (one gzip layer holding one small file), so no
+podman is needed and their digests are known before the push.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import io
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+from forgeflow.layout import ShardLayout
+from forgeflow.migrate import prewarm_basecache, verify_prewarm
+from forgeflow.registry import RegistryServer
+from forgeflow.settings import tool_env
+from forgeflow.skopeo import SKOPEO_BINARY, Skopeo
+
+SOURCE_PORT, TARGET_PORT = 5740, 5741
+PLAN_TASKS, PLAN_BASES, PLAN_SHARDS, PLAN_LANES = 50_000, 500, 80, 5
+PLAN_TAG_CAP = 1_000
+"""50,000 tasks over 80 shards is ~625 task tags per repository: the default cap of 100 would
+reject the plan, so the benchmark plans with a cap that fits (rejection costs the same)."""
+
+_OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+
+
+def _sha(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def _go_arch() -> str:
+    machine = platform.machine().lower()
+    return {"x86_64": "amd64", "aarch64": "arm64", "arm64": "arm64"}.get(machine, machine)
+
+
+class OCILayout:
+    """A writable OCI image layout folder holding tiny single-layer images (one file each)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        (root / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
+        (root / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
+        self.entries: list[dict[str, object]] = []
+
+    def _blob(self, data: bytes) -> str:
+        digest = _sha(data)
+        (self.root / "blobs" / "sha256" / digest.removeprefix("sha256:")).write_bytes(data)
+        return digest
+
+    @staticmethod
+    def manifest_for(content: bytes) -> tuple[bytes, bytes, bytes]:
+        """(gzip layer, config, manifest) bytes of an image holding ``/data.txt`` = content."""
+        raw = io.BytesIO()
+        with tarfile.open(fileobj=raw, mode="w") as tar:
+            info = tarfile.TarInfo("data.txt")
+            info.size = len(content)
+            tar.addfile(info, io.BytesIO(content))
+        layer = gzip.compress(raw.getvalue(), mtime=0)
+        config = json.dumps(
+            {
+                "architecture": _go_arch(),
+                "os": "linux",
+                "config": {},
+                "rootfs": {"type": "layers", "diff_ids": [_sha(raw.getvalue())]},
+            },
+            sort_keys=True,
+        ).encode()
+        manifest = json.dumps(
+            {
+                "schemaVersion": 2,
+                "mediaType": _OCI_MANIFEST,
+                "config": {
+                    "mediaType": "application/vnd.oci.image.config.v1+json",
+                    "digest": _sha(config),
+                    "size": len(config),
+                },
+                "layers": [
+                    {
+                        "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+                        "digest": _sha(layer),
+                        "size": len(layer),
+                    }
+                ],
+            },
+            sort_keys=True,
+        ).encode()
+        return layer, config, manifest
+
+    def add(self, name: str, content: bytes) -> str:
+        """Add image ``name`` holding ``content``; return its manifest digest."""
+        layer, config, manifest = self.manifest_for(content)
+        self._blob(layer)
+        self._blob(config)
+        digest = self._blob(manifest)
+        self.entries.append(
+            {
+                "mediaType": _OCI_MANIFEST,
+                "digest": digest,
+                "size": len(manifest),
+                "annotations": {"org.opencontainers.image.ref.name": name},
+            }
+        )
+        (self.root / "index.json").write_text(
+            json.dumps({"schemaVersion": 2, "manifests": self.entries})
+        )
+        return digest
+
+    def ref(self, name: str) -> str:
+        """skopeo reference of image ``name`` in this layout."""
+        return f"oci:{self.root}:{name}"
+
+
+def bench_plan() -> tuple[float, dict[str, int]]:
+    """Seconds for plan + check of 50k tasks; and a few facts about the plan."""
+    bases = [_sha(f"base-{i}".encode()) for i in range(PLAN_BASES)]
+    tasks = [(f"owner{i % 997}__repo.{i:06d}.func_pm_x__{i}", bases[i % PLAN_BASES]) for i in range(PLAN_TASKS)]
+    layout = ShardLayout(shards=PLAN_SHARDS, lanes=PLAN_LANES, tag_cap=PLAN_TAG_CAP)
+    started = time.perf_counter()
+    plan = layout.plan(tasks).check()
+    elapsed = time.perf_counter() - started
+    counts = plan.projected_tag_counts.values()
+    return elapsed, {
+        "repositories": len(plan.projected_tag_counts),
+        "basecache_tags": plan.basecache_tag_count,
+        "max_tags_per_repository": max(counts),
+    }
+
+
+def _plain_copy_args(skopeo: Skopeo, src: str, dst: str, digestfile: Path) -> list[str]:
+    """The exact command line :meth:`Skopeo.copy` runs (``--all --preserve-digests``)."""
+    return [
+        SKOPEO_BINARY,
+        f"--command-timeout={int(skopeo.command_timeout_s)}s",
+        "copy",
+        "--quiet",
+        f"--retry-times={skopeo.retry_times}",
+        f"--digestfile={digestfile}",
+        "--src-tls-verify=false",
+        "--dest-tls-verify=false",
+        "--all",
+        "--preserve-digests",
+        src,
+        dst,
+    ]
+
+
+def bench_copy_overhead(skopeo: Skopeo, sources: list[str], target: str, scratch: Path, rounds: int) -> dict[str, float]:
+    """Interleaved forgeflow vs plain-loop copies of every source into fresh target tags."""
+    wrapper_s: list[float] = []
+    plain_s: list[float] = []
+    for round_index in range(rounds):
+        for index, src in enumerate(sources):
+            ff_dst = f"docker://{target}/overhead-ff/img-{index}:r{round_index}"
+            plain_dst = f"docker://{target}/overhead-plain/img-{index}:r{round_index}"
+
+            def run_wrapper() -> None:
+                started = time.perf_counter()
+                skopeo.copy(src, ff_dst)
+                wrapper_s.append(time.perf_counter() - started)
+
+            def run_plain() -> None:
+                digestfile = scratch / f"digest-{round_index}-{index}"
+                started = time.perf_counter()
+                subprocess.run(
+                    _plain_copy_args(skopeo, src, plain_dst, digestfile),
+                    env=tool_env(),
+                    check=True,
+                    capture_output=True,
+                    timeout=skopeo.command_timeout_s + 30,
+                )
+                digestfile.read_text()
+                plain_s.append(time.perf_counter() - started)
+
+            first, second = (run_wrapper, run_plain) if (index + round_index) % 2 else (run_plain, run_wrapper)
+            first()
+            second()
+    return {
+        "copies_each": len(wrapper_s),
+        "wrapper_s": sum(wrapper_s),
+        "plain_s": sum(plain_s),
+        "ratio": sum(wrapper_s) / sum(plain_s),
+        "median_ratio": statistics.median(w / p for w, p in zip(wrapper_s, plain_s)),
+    }
+
+
+def _covering_bases(layout: OCILayout, shards: int, lanes: int, run: str) -> dict[str, str]:
+    """Add bases whose primary shards are 0, lanes, 2*lanes, ...: their lanes cover every shard
+    exactly once. Returns base digest -> image name in ``layout``."""
+    wanted = set(range(0, shards, lanes))
+    chosen: dict[str, str] = {}
+    attempt = 0
+    while wanted:
+        content = f"base {run} {attempt}\n".encode() * 8
+        _, _, manifest = OCILayout.manifest_for(content)
+        primary = int(hashlib.sha256(manifest).hexdigest()[:8], 16) % shards
+        if primary in wanted:
+            wanted.discard(primary)
+            name = f"base-{primary:02d}"
+            digest = layout.add(name, content)
+            chosen[digest] = name
+        attempt += 1
+    return chosen
+
+
+def bench_prewarm(skopeo: Skopeo, oci: OCILayout, target: str, shards: int, lanes: int, run: str) -> dict[str, float]:
+    """Prewarm one basecache tag into each of ``shards`` repositories, 1 worker vs 5."""
+    names = _covering_bases(oci, shards, lanes, run)
+    base_refs = {}
+    for digest, name in names.items():
+        ref = f"docker://{target}/bases/{name}:1"
+        written = skopeo.copy(oci.ref(name), ref)
+        assert written == digest, (written, digest)
+        base_refs[digest] = ref
+    tasks = []
+    for digest, name in names.items():  # task ids until every lane of this base has one
+        lanes_seen: set[int] = set()
+        index = 0
+        while len(lanes_seen) < lanes:
+            task_id = f"task-{name}-{index}"
+            lane = int(hashlib.sha256(task_id.encode()).hexdigest()[:8], 16) % lanes
+            if lane not in lanes_seen:
+                lanes_seen.add(lane)
+                tasks.append((task_id, digest))
+            index += 1
+    results: dict[str, float] = {}
+    for label, workers in (("serial", 1), ("parallel", 5)):
+        layout = ShardLayout(shards=shards, lanes=lanes, prefix=f"{label}{run}", tag_cap=1000)
+        plan = layout.plan(tasks).check()
+        started = time.perf_counter()
+        records = prewarm_basecache(skopeo, plan, target, base_refs, max_workers=workers)
+        results[f"{label}_s"] = time.perf_counter() - started
+        if not all(record.copied for record in records):
+            raise RuntimeError(f"{label} prewarm found tags already present; the timing is invalid")
+        verify_prewarm(skopeo, records)
+        results["tags"] = len(records)
+        results["repositories"] = len(plan.basecache)
+    results["speedup"] = results["serial_s"] / results["parallel_s"]
+    return results
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    """Run the three benchmarks; print human lines then one JSON line. Returns the JSON dict."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--images", type=int, default=12, help="tiny images for the copy overhead")
+    parser.add_argument("--rounds", type=int, default=2, help="copy-overhead rounds over the images")
+    parser.add_argument("--shards", type=int, default=80, help="shard repositories to prewarm")
+    parser.add_argument("--lanes", type=int, default=5, help="lanes per base")
+    args = parser.parse_args(argv)
+
+    plan_s, plan_facts = bench_plan()
+    print(
+        f"layout+plan: {PLAN_TASKS} tasks, {PLAN_BASES} bases over {PLAN_SHARDS} shards x "
+        f"{PLAN_LANES} lanes: {plan_s:.3f} s ({plan_facts['basecache_tags']} basecache tags, "
+        f"max {plan_facts['max_tags_per_repository']} tags in one repository, cap {PLAN_TAG_CAP})",
+        flush=True,
+    )
+
+    run = hashlib.sha256(str(time.time_ns()).encode()).hexdigest()[:6]
+    skopeo = Skopeo(retry_times=3, command_timeout_s=120)
+    with tempfile.TemporaryDirectory(prefix="forgeflow-bench-") as tmp:
+        root = Path(tmp)
+        source = RegistryServer("bench-source", SOURCE_PORT, root / "source" / "storage")
+        target = RegistryServer("bench-target", TARGET_PORT, root / "target" / "storage")
+        try:
+            source.start()
+            target.start()
+            oci = OCILayout(root / "oci")
+            sources = []
+            for index in range(args.images):
+                name = f"img-{index}"
+                oci.add(name, f"tiny image {run} {index}\n".encode() * 4)
+                ref = f"docker://{source.address}/bench/{name}:1"
+                skopeo.copy(oci.ref(name), ref)
+                sources.append(ref)
+            overhead = bench_copy_overhead(skopeo, sources, target.address, root, args.rounds)
+            print(
+                f"copy overhead: {overhead['copies_each']} copies each; forgeflow Skopeo.copy "
+                f"{overhead['wrapper_s']:.2f} s vs plain subprocess loop {overhead['plain_s']:.2f} s: "
+                f"ratio {overhead['ratio']:.3f} (median per-copy ratio {overhead['median_ratio']:.3f})",
+                flush=True,
+            )
+            prewarm = bench_prewarm(skopeo, oci, target.address, args.shards, args.lanes, run)
+            note = "" if args.shards == 80 else f" (reduced from 80 shards to {args.shards})"
+            print(
+                f"prewarm: {prewarm['tags']:.0f} basecache tags into {prewarm['repositories']:.0f} "
+                f"shard repositories{note}: max_workers=1 {prewarm['serial_s']:.2f} s, "
+                f"max_workers=5 {prewarm['parallel_s']:.2f} s: speedup {prewarm['speedup']:.2f}x",
+                flush=True,
+            )
+        finally:
+            target.stop()
+            source.stop()
+
+    result = {
+        "plan_50k_s": round(plan_s, 4),
+        "copy_overhead_ratio": round(overhead["ratio"], 4),
+        "prewarm_parallel_speedup": round(prewarm["speedup"], 3),
+        "copy_overhead_median_ratio": round(overhead["median_ratio"], 4),
+        "copies_each": overhead["copies_each"],
+        "prewarm_shards": args.shards,
+        "prewarm_serial_s": round(prewarm["serial_s"], 3),
+        "prewarm_parallel_s": round(prewarm["parallel_s"], 3),
+        "cpu_count": __import__("os").cpu_count(),
+    }
+    print(json.dumps(result, sort_keys=True))
+    return result
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
