@@ -30,6 +30,7 @@ import gzip
 import hashlib
 import io
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -272,7 +273,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     """Run the three benchmarks; print human lines then one JSON line. Returns the JSON dict."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--images", type=int, default=12, help="tiny images for the copy overhead")
-    parser.add_argument("--rounds", type=int, default=2, help="copy-overhead rounds over the images")
+    parser.add_argument("--rounds", type=int, default=3, help="copy-overhead rounds over the images")
     parser.add_argument("--shards", type=int, default=80, help="shard repositories to prewarm")
     parser.add_argument("--lanes", type=int, default=5, help="lanes per base")
     args = parser.parse_args(argv)
@@ -330,7 +331,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         "prewarm_shards": args.shards,
         "prewarm_serial_s": round(prewarm["serial_s"], 3),
         "prewarm_parallel_s": round(prewarm["parallel_s"], 3),
-        "cpu_count": __import__("os").cpu_count(),
+        "cpu_count": os.cpu_count(),
     }
     print(json.dumps(result, sort_keys=True))
     return result

@@ -12,7 +12,6 @@ wall seconds.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ from prefect.events import emit_event
 from prefect.runtime import flow_run
 
 from flows.stagekit import StageLog
-from forgeflow import agent, compare, images, projects, samples, serving
+from forgeflow import agent, compare, images, migrate, projects, samples, serving
 from forgeflow.burst import BurstConfig
 from forgeflow.config import LifecycleConfig
 from forgeflow.errors import PreflightError
@@ -31,6 +30,7 @@ from forgeflow.fsutil import atomic_write_text, sha256_file
 from forgeflow.layout import ShardLayout
 from forgeflow.registry import RegistryServer
 from forgeflow.settings import apply_container_env
+from forgeflow.skopeo import Skopeo
 from forgeflow import store as ledger
 from forgeflow.fsutil import sha256_bytes
 from forgeflow.store import Store
@@ -82,7 +82,6 @@ def lifecycle(config: LifecycleConfig = LifecycleConfig()) -> dict[str, Any]:
 
 def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageLog, store: Store,
                 state_path: Path) -> dict[str, Any]:
-    logger = get_run_logger()
     src, dst = config.source_address, config.target_address
 
     # 1. environments: base image (debootstrap), one environment image per project -> source registry
@@ -138,6 +137,7 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
         basecache = log.call(registry_tasks.prewarm, plan, dst, base_refs)
         placements = {p.task_id: p for p in plan.placements}
         tasks_info: dict[str, dict[str, Any]] = {}
+        reused_layers = 0  # task images must start with their environment image's layers
         for c, repo in candidates:
             env = envs[repo]
             image = log.call(registry_tasks.task_image, env["local"], images.image_id(env["local"]),
@@ -145,13 +145,15 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
             place = placements[c.instance_id]
             ref = f"{dst}/{place.repository}:{place.tag}"
             digest = log.call(registry_tasks.push_local_image, image.name, image.image_id, ref)
+            reuse = migrate.verify_layer_reuse(Skopeo(), f"docker://{ref}", f"docker://{env['target_ref']}")
+            reused_layers += len(reuse.base_layers)
             tasks_info[c.instance_id] = {"candidate": c, "repo": repo, "image_ref": ref, "digest": digest}
             store.record_image(ledger.ImageRecord(ref=ref, digest=digest, role="task", project=repo, run_id=run_id))
         table_artifact("prewarm-plan", [
             {"repository": r, "projected_tags": n, "cap": config.tag_cap} for r, n in sorted(plan.projected_tag_counts.items())
         ], "Projected tags per shard repository (task tags + basecache tags)")
         st["counts"] = {"repositories": len(plan.projected_tag_counts), "basecache_tags": len(basecache),
-                        "task_images": len(tasks_info)}
+                        "task_images": len(tasks_info), "base_layers_reused": reused_layers}
 
     # 5. validate: NOP and Oracle runs in no-network containers, `validate_concurrency` at a time
     with log.stage("validate") as st:

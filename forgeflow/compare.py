@@ -13,14 +13,23 @@ Statistics (statsmodels):
 * McNemar's exact test on the discordant pairs of a paired comparison:
   ``statsmodels.stats.contingency_tables.mcnemar(table, exact=True)`` (a two-sided binomial
   test with p = 0.5 on the pairs where exactly one run passed; McNemar 1947).
+* Paired interval on the delta, clustered by repository: a cluster bootstrap (resample whole
+  repositories with replacement, recompute ``sum(b - a) / n_pairs``; percentile interval), as in
+  Field and Welsh 2007, "Bootstrapping clustered data" (JRSS B 69(3)), and Miller 2024, "Adding
+  Error Bars to Evals" (arXiv:2411.00640), which asks for clustered errors when questions share a
+  source. numpy ``default_rng(seed)``: the same seed gives the same interval.
+
+Before comparing, :func:`refuse_unless_same_split` checks that both runs ran the same frozen split,
+and :func:`promotion_decision` turns a comparison into promote / hold / reject.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from typing import Protocol
+from typing import Literal, Protocol
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 from statsmodels.stats.contingency_tables import mcnemar
 from statsmodels.stats.proportion import proportion_confint
@@ -166,6 +175,102 @@ class PairCounts(BaseModel):
     losses: int = Field(ge=0)
 
 
+class ClusteredInterval(BaseModel):
+    """A bootstrap interval on the paired delta ``pass_rate_b - pass_rate_a``.
+
+    Attributes:
+        delta: The observed delta over all pairs.
+        low: Lower percentile bound (in [-1, 1]).
+        high: Upper percentile bound.
+        confidence: Level of the interval.
+        clustered_by: ``repository`` (whole repositories resampled) or ``instance`` (no
+            repository map given: every instance is its own cluster, the plain paired bootstrap).
+        n_clusters: Clusters resampled.
+        n_pairs: Pairs in the clusters.
+        n_resamples: Bootstrap resamples drawn.
+        seed: Seed of ``numpy.random.default_rng``.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    delta: float = Field(ge=-1.0, le=1.0)
+    low: float = Field(ge=-1.0, le=1.0)
+    high: float = Field(ge=-1.0, le=1.0)
+    confidence: float = Field(gt=0.0, lt=1.0)
+    clustered_by: Literal["repository", "instance"]
+    n_clusters: int = Field(ge=1)
+    n_pairs: int = Field(ge=1)
+    n_resamples: int = Field(ge=1)
+    seed: int
+
+
+def cluster_bootstrap_delta(
+    pairs: Mapping[str, tuple[bool, bool]],
+    cluster_of: Mapping[str, str] | None = None,
+    *,
+    n_resamples: int = 2000,
+    seed: int = 0,
+    confidence: float = 0.95,
+) -> ClusteredInterval:
+    """Percentile cluster-bootstrap interval on the paired delta.
+
+    Each cluster c contributes ``d_c = sum(pass_b - pass_a)`` and ``n_c`` pairs; a resample draws
+    as many clusters as there are, with replacement, and its delta is ``sum d / sum n``. The
+    interval is the ``(1 - confidence) / 2`` and ``(1 + confidence) / 2`` quantiles (numpy's
+    linear interpolation) of the resampled deltas.
+
+    Args:
+        pairs: Instance id -> (A passed, B passed), for instances scored in both runs.
+        cluster_of: Instance id -> cluster (repository); None: every instance is its own cluster.
+        n_resamples: Bootstrap resamples (>= 100).
+        seed: Seed of ``numpy.random.default_rng``.
+        confidence: Interval level in (0, 1).
+
+    Returns:
+        :class:`ClusteredInterval`.
+
+    Raises:
+        InputError: no pairs, a paired instance without a cluster, ``n_resamples < 100`` or
+            ``confidence`` outside (0, 1).
+    """
+    if not pairs:
+        raise InputError("cluster_bootstrap_delta needs at least one pair")
+    if n_resamples < 100:
+        raise InputError(f"n_resamples must be >= 100, got {n_resamples}")
+    if not 0.0 < confidence < 1.0:
+        raise InputError(f"confidence must be in (0, 1), got {confidence}")
+    if cluster_of is not None:
+        unknown = sorted(i for i in pairs if i not in cluster_of)
+        if unknown:
+            raise InputError(f"cluster_of has no repository for paired instances {unknown[:5]}")
+    diff: dict[str, int] = {}
+    size: dict[str, int] = {}
+    for instance_id in sorted(pairs):
+        passed_a, passed_b = pairs[instance_id]
+        cluster = cluster_of[instance_id] if cluster_of is not None else instance_id
+        diff[cluster] = diff.get(cluster, 0) + int(passed_b) - int(passed_a)
+        size[cluster] = size.get(cluster, 0) + 1
+    names = sorted(diff)
+    d = np.array([diff[c] for c in names], dtype=float)
+    n = np.array([size[c] for c in names], dtype=float)
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, len(names), size=(n_resamples, len(names)))
+    deltas = d[draws].sum(axis=1) / n[draws].sum(axis=1)
+    tail = (1.0 - confidence) / 2.0
+    low, high = np.quantile(deltas, [tail, 1.0 - tail])
+    return ClusteredInterval(
+        delta=float(d.sum() / n.sum()),
+        low=float(np.clip(low, -1.0, 1.0)),
+        high=float(np.clip(high, -1.0, 1.0)),
+        confidence=confidence,
+        clustered_by="repository" if cluster_of is not None else "instance",
+        n_clusters=len(names),
+        n_pairs=int(n.sum()),
+        n_resamples=n_resamples,
+        seed=seed,
+    )
+
+
 class PairedComparison(BaseModel):
     """Run B against baseline run A on the instances both scored.
 
@@ -183,6 +288,8 @@ class PairedComparison(BaseModel):
         excluded_exception: Instances left out because either run had an exception (sorted).
         excluded_missing: Instances present in only one run (sorted).
         per_repo: Repository -> pair counts (only when ``repo_of`` was given).
+        delta_interval: Bootstrap interval on ``delta``, clustered by repository when
+            ``repo_of`` was given, else by instance (None when there are no pairs).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -200,27 +307,36 @@ class PairedComparison(BaseModel):
     excluded_exception: list[str]
     excluded_missing: list[str]
     per_repo: dict[str, PairCounts] = Field(default_factory=dict)
+    delta_interval: ClusteredInterval | None = None
 
 
 def paired_compare(
     a: Mapping[str, float | None],
     b: Mapping[str, float | None],
     repo_of: Mapping[str, str] | None = None,
+    *,
+    n_resamples: int = 2000,
+    seed: int = 0,
+    confidence: float = 0.95,
 ) -> PairedComparison:
     """Compare run B with baseline run A instance by instance.
 
     Args:
         a: Instance id -> reward in run A; None means the trial ended in an exception.
         b: Instance id -> reward in run B; None likewise.
-        repo_of: Instance id -> repository, for the per-repository breakdown (optional; must
-            cover every paired instance).
+        repo_of: Instance id -> repository, for the per-repository breakdown and the clustered
+            interval (optional; must cover every paired instance).
+        n_resamples: Bootstrap resamples of the delta interval.
+        seed: Seed of the bootstrap.
+        confidence: Level of the delta interval.
 
     Returns:
-        Counts, pass rates over the pairs, and McNemar's exact p-value on the 2x2 table
-        ``[[both_pass, losses], [wins, both_fail]]`` (rows A pass/fail, columns B pass/fail).
+        Counts, pass rates over the pairs, McNemar's exact p-value on the 2x2 table
+        ``[[both_pass, losses], [wins, both_fail]]`` (rows A pass/fail, columns B pass/fail) and
+        the :func:`cluster_bootstrap_delta` interval.
 
     Raises:
-        InputError: ``repo_of`` lacks a paired instance.
+        InputError: ``repo_of`` lacks a paired instance, or a bootstrap parameter is invalid.
     """
     excluded_missing = sorted(set(a) ^ set(b))
     excluded_exception: list[str] = []
@@ -258,6 +374,17 @@ def paired_compare(
             bp, bf, w, lo = count(grouped[repo])
             per_repo[repo] = PairCounts(n_pairs=len(grouped[repo]), wins=w, ties=bp + bf, losses=lo)
 
+    interval = (
+        cluster_bootstrap_delta(
+            {i: (pa, pb) for i, pa, pb in pairs},
+            repo_of,
+            n_resamples=n_resamples,
+            seed=seed,
+            confidence=confidence,
+        )
+        if pairs
+        else None
+    )
     rate_a = (both_pass + losses) / n_pairs if n_pairs else 0.0
     rate_b = (both_pass + wins) / n_pairs if n_pairs else 0.0
     return PairedComparison(
@@ -274,11 +401,242 @@ def paired_compare(
         excluded_exception=excluded_exception,
         excluded_missing=excluded_missing,
         per_repo=per_repo,
+        delta_interval=interval,
     )
 
 
 def _pct(value: float) -> str:
     return f"{100.0 * value:.1f}%"
+
+
+def _num(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4g}"
+
+
+# --- cost ratios ---------------------------------------------------------------------------------
+COST_METRICS = ("input_tokens", "agent_steps", "wall_s")
+"""Keys read from the per-trial cost dicts: model input tokens, agent steps, wall seconds."""
+
+
+class CostMetric(BaseModel):
+    """One cost metric of both runs over the same instances.
+
+    Attributes:
+        name: ``input_tokens``, ``agent_steps`` or ``wall_s``.
+        n: Instances where both runs recorded the metric (the means are over these).
+        mean_a: Mean in run A (None when ``n == 0``).
+        mean_b: Mean in run B.
+        ratio: ``mean_b / mean_a`` (None when either is missing or ``mean_a == 0``).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    n: int = Field(ge=0)
+    mean_a: float | None = Field(default=None, ge=0.0)
+    mean_b: float | None = Field(default=None, ge=0.0)
+    ratio: float | None = Field(default=None, ge=0.0)
+
+
+class CostComparison(BaseModel):
+    """Mean costs of run B relative to run A (ratio < 1: B is cheaper)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    input_tokens: CostMetric
+    agent_steps: CostMetric
+    wall_s: CostMetric
+
+
+def cost_ratios(
+    costs_a: Mapping[str, Mapping[str, float]],
+    costs_b: Mapping[str, Mapping[str, float]],
+    instance_ids: Iterable[str] | None = None,
+) -> CostComparison:
+    """Mean input tokens, agent steps and wall seconds of both runs, and their ratios B / A.
+
+    Each metric is averaged over the instances where *both* runs recorded it, so the ratio
+    compares like with like (an instance one run skipped does not make it look cheaper).
+
+    Args:
+        costs_a: Instance id -> ``{"input_tokens": .., "agent_steps": .., "wall_s": ..}`` in run
+            A (missing keys allowed).
+        costs_b: The same for run B.
+        instance_ids: Instances to include (default: those in both mappings; pass
+            ``comparison``'s paired instances to restrict the costs to the pairs).
+
+    Returns:
+        :class:`CostComparison`.
+
+    Raises:
+        InputError: a value is negative or not a finite number (named with its instance).
+    """
+    ids = sorted(set(costs_a) & set(costs_b) if instance_ids is None else set(instance_ids))
+
+    def value(costs: Mapping[str, Mapping[str, float]], run: str, instance_id: str, key: str) -> float | None:
+        raw = costs.get(instance_id, {}).get(key)
+        if raw is None:
+            return None
+        if isinstance(raw, bool) or not isinstance(raw, int | float) or not (0.0 <= raw < float("inf")):
+            raise InputError(f"run {run} cost {key!r} of {instance_id!r} must be a finite number >= 0, got {raw!r}")
+        return float(raw)
+
+    metrics: dict[str, CostMetric] = {}
+    for key in COST_METRICS:
+        both = [
+            (va, vb)
+            for i in ids
+            if (va := value(costs_a, "A", i, key)) is not None and (vb := value(costs_b, "B", i, key)) is not None
+        ]
+        if not both:
+            metrics[key] = CostMetric(name=key, n=0)
+            continue
+        mean_a = sum(va for va, _ in both) / len(both)
+        mean_b = sum(vb for _, vb in both) / len(both)
+        metrics[key] = CostMetric(
+            name=key, n=len(both), mean_a=mean_a, mean_b=mean_b, ratio=mean_b / mean_a if mean_a > 0 else None
+        )
+    return CostComparison(**metrics)
+
+
+# --- same split -------------------------------------------------------------------------------
+def refuse_unless_same_split(
+    instances_a: Iterable[str],
+    instances_b: Iterable[str],
+    freeze_digest_a: str | None = None,
+    freeze_digest_b: str | None = None,
+    label_a: str = "A",
+    label_b: str = "B",
+) -> list[str]:
+    """Refuse to compare two runs that did not run the same frozen split.
+
+    Args:
+        instances_a: Instance ids run A was asked to run (its requested split, not only the
+            trials that came back).
+        instances_b: The same for run B.
+        freeze_digest_a: Semantic sha256 of run A's freeze manifest (optional).
+        freeze_digest_b: The same for run B; compared when both are given.
+        label_a: Name of run A in the message.
+        label_b: Name of run B.
+
+    Returns:
+        The shared instance ids, sorted.
+
+    Raises:
+        InputError: the freeze digests differ, only one run names a digest, or the instance
+            sets differ; the message names the digests or the first differing ids and counts.
+    """
+    if (freeze_digest_a is None) != (freeze_digest_b is None):
+        named = label_a if freeze_digest_a is not None else label_b
+        raise InputError(f"only run {named} names its freeze digest; cannot tell both ran the same split")
+    if freeze_digest_a is not None and freeze_digest_a != freeze_digest_b:
+        raise InputError(
+            f"runs are on different freezes: {label_a} on {freeze_digest_a[:12]}, "
+            f"{label_b} on {str(freeze_digest_b)[:12]}"
+        )
+    set_a, set_b = set(instances_a), set(instances_b)
+    if set_a != set_b:
+        only_a, only_b = sorted(set_a - set_b), sorted(set_b - set_a)
+        raise InputError(
+            f"runs are not on the same split: {len(only_a)} instances only in {label_a} {only_a[:5]}, "
+            f"{len(only_b)} only in {label_b} {only_b[:5]}"
+        )
+    if not set_a:
+        raise InputError(f"runs {label_a} and {label_b} have no instances to compare")
+    return sorted(set_a)
+
+
+# --- promotion gate -----------------------------------------------------------------------------
+class Decision(BaseModel):
+    """The promotion gate's verdict and why.
+
+    Attributes:
+        verdict: ``promote``, ``hold`` or ``reject``.
+        reason: One sentence with the numbers the rule used.
+        delta: The paired delta the decision read.
+        interval_low: Lower bound of the delta interval (None without pairs).
+        interval_high: Upper bound.
+        mcnemar_p: Exact McNemar p.
+        max_drop: The allowed drop used.
+        alpha: The significance level used.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    verdict: Literal["promote", "hold", "reject"]
+    reason: str
+    delta: float
+    interval_low: float | None = None
+    interval_high: float | None = None
+    mcnemar_p: float
+    max_drop: float
+    alpha: float
+
+
+def promotion_decision(comparison: PairedComparison, max_drop: float, alpha: float) -> Decision:
+    """Decide whether candidate B may replace baseline A (a non-inferiority rule).
+
+    Rule, in order (``[low, high]`` is ``comparison.delta_interval``, whose confidence must be
+    ``1 - alpha``):
+
+    1. **hold** when no instance was scored in both runs (nothing to decide on);
+    2. **reject** when ``high < -max_drop`` (the whole interval lies below the allowed drop), or
+       when ``delta < -max_drop`` and the exact McNemar ``p < alpha`` (a significant drop beyond
+       the allowance);
+    3. **promote** when ``low >= -max_drop``: with confidence ``1 - alpha`` B is not worse than A
+       by more than ``max_drop`` (non-inferiority with margin ``max_drop``, as in clinical
+       non-inferiority trials; Wellek 2010, "Testing Statistical Hypotheses of Equivalence and
+       Noninferiority");
+    4. **hold** otherwise: the interval reaches below ``-max_drop`` but the drop is not
+       established; more tasks are needed.
+
+    Args:
+        comparison: The paired comparison (from :func:`paired_compare`).
+        max_drop: Largest tolerated drop in pass rate, in [0, 1] (0.02 = two points).
+        alpha: Significance level in (0, 0.5].
+
+    Returns:
+        :class:`Decision`.
+
+    Raises:
+        InputError: ``max_drop`` or ``alpha`` out of range, or the comparison's interval is not at
+            confidence ``1 - alpha`` (recompute it with ``paired_compare(confidence=1 - alpha)``).
+    """
+    if not 0.0 <= max_drop <= 1.0:
+        raise InputError(f"max_drop must be in [0, 1], got {max_drop}")
+    if not 0.0 < alpha <= 0.5:
+        raise InputError(f"alpha must be in (0, 0.5], got {alpha}")
+    c = comparison
+    ci = c.delta_interval
+    common = {"delta": c.delta, "mcnemar_p": c.mcnemar_p, "max_drop": max_drop, "alpha": alpha}
+    if c.n_pairs == 0 or ci is None:
+        return Decision(verdict="hold", reason="no instance was scored in both runs", **common)
+    if abs(ci.confidence - (1.0 - alpha)) > 1e-9:
+        raise InputError(
+            f"the comparison's delta interval is at confidence {ci.confidence:g} but alpha={alpha:g} needs "
+            f"{1.0 - alpha:g}; recompute it with paired_compare(..., confidence={1.0 - alpha:g})"
+        )
+    common |= {"interval_low": ci.low, "interval_high": ci.high}
+    span = f"delta {100 * c.delta:+.1f} pp, interval [{100 * ci.low:+.1f}, {100 * ci.high:+.1f}] pp"
+    if ci.high < -max_drop:
+        return Decision(
+            verdict="reject", reason=f"{span}: the whole interval is below -{100 * max_drop:g} pp", **common
+        )
+    if c.delta < -max_drop and c.mcnemar_p < alpha:
+        return Decision(
+            verdict="reject",
+            reason=f"{span}: drop beyond {100 * max_drop:g} pp with McNemar p={c.mcnemar_p:.3g} < {alpha:g}",
+            **common,
+        )
+    if ci.low >= -max_drop:
+        return Decision(
+            verdict="promote", reason=f"{span}: not worse than -{100 * max_drop:g} pp (non-inferior)", **common
+        )
+    return Decision(
+        verdict="hold",
+        reason=f"{span}: the interval reaches below -{100 * max_drop:g} pp but no drop is established",
+        **common,
+    )
 
 
 def render_markdown(
@@ -287,11 +645,24 @@ def render_markdown(
     comparison: PairedComparison,
     label_a: str = "A",
     label_b: str = "B",
+    *,
+    costs: CostComparison | None = None,
+    decision: Decision | None = None,
 ) -> str:
     """A Markdown summary a person reads: per-run counts side by side, then the paired result.
 
+    Args:
+        report_a: Job report of the baseline run.
+        report_b: Job report of the candidate run.
+        comparison: Their paired comparison.
+        label_a: Name of run A in the tables.
+        label_b: Name of run B.
+        costs: Cost ratios (optional table).
+        decision: Promotion decision (optional line).
+
     Returns:
-        Markdown text (two tables, a verdict line and, if present, a per-repository table).
+        Markdown text (two tables, a verdict line, the delta interval, and when present a
+        per-repository table, a cost table and the promotion decision).
     """
     exception_types = sorted(set(report_a.exceptions_by_type) | set(report_b.exceptions_by_type))
 
@@ -339,10 +710,27 @@ def render_markdown(
         f"Excluded: {len(c.excluded_exception)} with an exception in either run, "
         f"{len(c.excluded_missing)} present in only one run.",
     ]
+    if c.delta_interval is not None:
+        ci = c.delta_interval
+        lines += [
+            "",
+            f"Delta {100 * ci.confidence:g}% interval: {100 * ci.low:+.1f} pp to {100 * ci.high:+.1f} pp "
+            f"(cluster bootstrap by {ci.clustered_by}, {ci.n_clusters} clusters, "
+            f"{ci.n_resamples} resamples, seed {ci.seed}).",
+        ]
     if c.per_repo:
         lines += ["", "| repository | pairs | wins | ties | losses |", "|---|---:|---:|---:|---:|"]
         lines += [
             f"| {repo} | {pc.n_pairs} | {pc.wins} | {pc.ties} | {pc.losses} |"
             for repo, pc in c.per_repo.items()
         ]
+    if costs is not None:
+        lines += ["", f"| cost (mean per paired trial) | {label_a} | {label_b} | ratio {label_b}/{label_a} |",
+                  "|---|---:|---:|---:|"]
+        for metric in (costs.input_tokens, costs.agent_steps, costs.wall_s):
+            lines.append(
+                f"| {metric.name} | {_num(metric.mean_a)} | {_num(metric.mean_b)} | {_num(metric.ratio)} |"
+            )
+    if decision is not None:
+        lines += ["", f"**Promotion gate: {decision.verdict}** ({decision.reason})"]
     return "\n".join(lines) + "\n"

@@ -240,11 +240,13 @@ class ShardLayout(BaseModel):
         placements = [self.place(task_id, digest) for task_id, digest in tasks]
         basecache: dict[str, dict[str, str]] = {}
         task_tags: dict[str, set[str]] = {}
+        bases_per_repo: dict[str, set[str]] = {}
         for placement in placements:
             basecache.setdefault(placement.repository, {})[
                 basecache_tag(placement.base_digest)
             ] = placement.base_digest
             task_tags.setdefault(placement.repository, set()).add(placement.tag)
+            bases_per_repo.setdefault(placement.repository, set()).add(placement.base_digest)
         for repo, tags in task_tags.items():
             clash = sorted(tags & basecache[repo].keys())
             if clash:
@@ -253,7 +255,7 @@ class ShardLayout(BaseModel):
                 )
         # Two different bases whose digests share 12 hex chars would share one basecache tag.
         for repo, tags in basecache.items():
-            bases = {p.base_digest for p in placements if p.repository == repo}
+            bases = bases_per_repo[repo]
             if len(bases) != len(tags):
                 raise InputError(
                     f"two base digests in {repo} share a basecache tag prefix: {sorted(bases)}"

@@ -567,7 +567,8 @@ class ModelClient:
                 try:
                     data = response.json()
                 except ValueError as exc:
-                    raise _RetryableFailure(ModelEndpointError(f"{url} answered 200 with a body that is not JSON")) from exc
+                    error = ModelEndpointError(f"{url} answered 200 with a body that is not JSON")
+                    raise _RetryableFailure(error) from exc
                 return _parse_completion(data, url)
             with self._http.stream("POST", url, json=body, timeout=timeout) as response:
                 if response.status_code >= 400:
@@ -599,7 +600,8 @@ class ModelClient:
             try:
                 chunk = json.loads(payload)
             except ValueError as exc:
-                raise _RetryableFailure(ModelEndpointError(f"{url}: unparseable stream event {payload[:120]!r}")) from exc
+                error = ModelEndpointError(f"{url}: unparseable stream event {payload[:120]!r}")
+                raise _RetryableFailure(error) from exc
             if not isinstance(chunk, Mapping) or "error" in chunk:
                 raise _RetryableFailure(ModelEndpointError(f"{url}: stream carried an error: {payload[:200]}"))
             model = str(chunk.get("model") or model)

@@ -6,7 +6,16 @@ import math
 
 import pytest
 
-from forgeflow.compare import JobReport, paired_compare, render_markdown, wilson_interval
+from forgeflow.compare import (
+    JobReport,
+    cluster_bootstrap_delta,
+    cost_ratios,
+    paired_compare,
+    promotion_decision,
+    refuse_unless_same_split,
+    render_markdown,
+    wilson_interval,
+)
 from forgeflow.errors import InputError
 from forgeflow.store import TrialRecord
 
@@ -134,3 +143,118 @@ def test_markdown_report_shows_both_runs_and_the_paired_verdict() -> None:
     assert "| pass rate (scored) | 50.0% | 100.0% |" in text
     assert "| 2 | 1 | 1 | 0 | 50.0% | 100.0% | +50.0 pp | 1 |" in text
     assert "1 with an exception in either run" in text
+
+
+# --- clustered interval, costs, same split, promotion gate --------------------------------------
+def three_repos() -> tuple[dict[str, float], dict[str, float], dict[str, str]]:
+    """Repo x: 3 wins; repos y and z: 3 ties each (delta = 3/9)."""
+    ids = [f"{r}.{k}" for r in "xyz" for k in range(3)]
+    a = {i: 0.0 if i.startswith(("x", "y")) else 1.0 for i in ids}
+    b = {i: 1.0 if i.startswith(("x", "z")) else 0.0 for i in ids}
+    return a, b, {i: f"o/{i[0]}" for i in ids}
+
+
+def test_cluster_bootstrap_resamples_whole_repositories() -> None:
+    a, b, repo_of = three_repos()
+    clustered = paired_compare(a, b, repo_of=repo_of, seed=7).delta_interval
+    assert clustered is not None and clustered.delta == pytest.approx(1 / 3)
+    assert (clustered.clustered_by, clustered.n_clusters, clustered.n_pairs) == ("repository", 3, 9)
+    # A resample draws 3 repositories: P(no x) = (2/3)**3 = 30% -> low is exactly 0;
+    # P(x, x, x) = 1/27 = 3.7% > 2.5% -> high is exactly 1.
+    assert (clustered.low, clustered.high) == (0.0, 1.0)
+    # Per instance, P(>= 7 wins of 9 draws, p = 1/3) = 163/3**9 = 0.8% < 2.5%: high stays below 7/9.
+    plain = paired_compare(a, b, seed=7).delta_interval
+    assert plain is not None and plain.clustered_by == "instance" and plain.n_clusters == 9
+    assert 0.0 <= plain.low and plain.high < 7 / 9
+    assert paired_compare(a, b, repo_of=repo_of, seed=7).delta_interval == clustered  # seeded
+
+
+def test_cluster_bootstrap_degenerate_cases() -> None:
+    one_repo = cluster_bootstrap_delta({"i1": (False, True), "i2": (True, True)}, {"i1": "r", "i2": "r"})
+    assert (one_repo.low, one_repo.delta, one_repo.high) == (0.5, 0.5, 0.5)
+    ties = cluster_bootstrap_delta({f"i{k}": (True, True) for k in range(5)}, n_resamples=100, seed=3)
+    assert (ties.low, ties.high, ties.n_resamples, ties.seed) == (0.0, 0.0, 100, 3)
+    with pytest.raises(InputError, match="n_resamples"):
+        cluster_bootstrap_delta({"i": (True, True)}, n_resamples=10)
+    with pytest.raises(InputError, match="no repository"):
+        cluster_bootstrap_delta({"i": (True, True)}, {})
+    assert paired_compare({"i": None}, {"i": 1.0}).delta_interval is None
+
+
+def test_cost_ratios_over_instances_both_runs_recorded() -> None:
+    costs_a = {
+        "i1": {"input_tokens": 100, "agent_steps": 10, "wall_s": 20.0},
+        "i2": {"input_tokens": 300, "agent_steps": 30},
+    }
+    costs_b = {
+        "i1": {"input_tokens": 50, "agent_steps": 5, "wall_s": 30.0},
+        "i2": {"input_tokens": 150, "agent_steps": 15, "wall_s": 99.0},
+        "i3": {"input_tokens": 10_000, "agent_steps": 100, "wall_s": 500.0},
+    }
+    costs = cost_ratios(costs_a, costs_b)
+    assert (costs.input_tokens.mean_a, costs.input_tokens.mean_b, costs.input_tokens.ratio) == (200.0, 100.0, 0.5)
+    assert costs.agent_steps.ratio == 0.5 and costs.agent_steps.n == 2
+    assert (costs.wall_s.n, costs.wall_s.ratio) == (1, 1.5)  # i2 has no wall time in A
+    only_i2 = cost_ratios(costs_a, costs_b, instance_ids=["i2"])
+    assert only_i2.wall_s.n == 0 and only_i2.wall_s.ratio is None and only_i2.input_tokens.ratio == 0.5
+    with pytest.raises(InputError, match="'wall_s' of 'i1'"):
+        cost_ratios({"i1": {"wall_s": -1.0}}, {"i1": {"wall_s": 1.0}})
+
+
+def test_refuses_runs_on_different_splits() -> None:
+    assert refuse_unless_same_split(["b", "a"], ["a", "b"], "f" * 64, "f" * 64) == ["a", "b"]
+    with pytest.raises(InputError, match=r"1 instances only in base \['c'\], 0 only in cand"):
+        refuse_unless_same_split(["a", "b", "c"], ["a", "b"], label_a="base", label_b="cand")
+    with pytest.raises(InputError, match="different freezes: A on 111111111111, B on 222222222222"):
+        refuse_unless_same_split(["a"], ["a"], "1" * 64, "2" * 64)
+    with pytest.raises(InputError, match="only run B names its freeze digest"):
+        refuse_unless_same_split(["a"], ["a"], None, "2" * 64)
+
+
+def own_repo_pairs(outcomes: list[tuple[float, float]]) -> tuple[dict[str, float], dict[str, float], dict[str, str]]:
+    a = {f"i{k}": ra for k, (ra, _) in enumerate(outcomes)}
+    b = {f"i{k}": rb for k, (_, rb) in enumerate(outcomes)}
+    return a, b, {i: f"repo{i}" for i in a}
+
+
+def test_promotion_gate_promote_hold_reject() -> None:
+    ties = paired_compare(*own_repo_pairs([(1.0, 1.0)] * 10 + [(0.0, 0.0)] * 10)[:2])
+    decision = promotion_decision(ties, max_drop=0.0, alpha=0.05)
+    assert decision.verdict == "promote" and (decision.interval_low, decision.interval_high) == (0.0, 0.0)
+
+    collapse = paired_compare(*own_repo_pairs([(1.0, 0.0)] * 20)[:2])
+    assert promotion_decision(collapse, max_drop=0.05, alpha=0.05).verdict == "reject"
+
+    # 2 losses in 4 pairs: delta -50 pp but McNemar p = 2 * 0.5**2 = 0.5 and the interval is wide
+    few = paired_compare(*own_repo_pairs([(1.0, 0.0), (1.0, 0.0), (1.0, 1.0), (0.0, 0.0)])[:2])
+    hold = promotion_decision(few, max_drop=0.05, alpha=0.05)
+    assert hold.verdict == "hold" and hold.mcnemar_p == pytest.approx(0.5)
+    assert "no drop is established" in hold.reason
+
+    assert promotion_decision(paired_compare({}, {}), max_drop=0.05, alpha=0.05).verdict == "hold"
+    with pytest.raises(InputError, match="confidence=0.9"):
+        promotion_decision(ties, max_drop=0.05, alpha=0.1)
+    assert promotion_decision(paired_compare(*own_repo_pairs([(1.0, 1.0)] * 4)[:2], confidence=0.9),
+                              max_drop=0.05, alpha=0.1).verdict == "promote"
+
+
+def test_promotion_gate_rejects_a_significant_drop_beyond_the_allowance() -> None:
+    # 10 losses, 0 wins, 10 ties: McNemar p = 2 * 0.5**10 = 0.00195; delta = -50 pp
+    drop = paired_compare(*own_repo_pairs([(1.0, 0.0)] * 10 + [(1.0, 1.0)] * 10)[:2])
+    decision = promotion_decision(drop, max_drop=0.1, alpha=0.05)
+    assert decision.verdict == "reject" and drop.mcnemar_p == pytest.approx(2 * 0.5**10)
+    # the same drop is tolerated when the allowance covers the whole interval
+    assert promotion_decision(drop, max_drop=1.0, alpha=0.05).verdict == "promote"
+
+
+def test_markdown_shows_interval_costs_and_decision() -> None:
+    a, b, repo_of = three_repos()
+    comparison = paired_compare(a, b, repo_of=repo_of)
+    report_a = JobReport.from_trials([trial(i, r) for i, r in a.items()])
+    report_b = JobReport.from_trials([trial(i, r) for i, r in b.items()])
+    costs = cost_ratios({"x.0": {"input_tokens": 200}}, {"x.0": {"input_tokens": 100}})
+    decision = promotion_decision(comparison, max_drop=0.02, alpha=0.05)
+    text = render_markdown(report_a, report_b, comparison, "base", "cand", costs=costs, decision=decision)
+    assert "Delta 95% interval: +0.0 pp to +100.0 pp (cluster bootstrap by repository, 3 clusters" in text
+    assert "| input_tokens | 200 | 100 | 0.5 |" in text and "| wall_s | n/a | n/a | n/a |" in text
+    assert f"**Promotion gate: {decision.verdict}**" in text and decision.verdict == "promote"

@@ -7,8 +7,10 @@ Real docker-registry, skopeo and podman; nothing is mocked.
 
 from __future__ import annotations
 
+import base64
 import crypt  # noqa: deprecated in 3.11, still present; bcrypt for htpasswd
 import io
+import json
 import stat
 import subprocess
 import tarfile
@@ -24,7 +26,7 @@ from blocks.core import RegistryEndpoint
 from forgeflow.errors import DigestMismatchError, InputError, RegistryError, is_transient
 from forgeflow.migrate import MigrationRecord, migrate_images, verify_layer_reuse
 from forgeflow.registry import RegistryServer
-from forgeflow.registry_auth import authfile, secrets_of
+from forgeflow.registry_auth import authfile, scrub, secrets_of
 from forgeflow.settings import tool_env
 from forgeflow.skopeo import Skopeo
 
@@ -236,3 +238,16 @@ def test_target_dying_mid_migration_leaves_correct_state_and_rerun_finishes(
 
     third = migrate_images(skopeo, pairs, transient_retries=0)
     assert [r.reason for r in third if r.status == "completed"] == ["already present"] * 3
+
+
+def test_authfile_holds_the_login_format_and_scrub_removes_every_form_of_the_secret() -> None:
+    with authfile({"127.0.0.1:5745": (USER, PASSWORD)}) as path:
+        document = json.loads(path.read_text())
+        secrets = secrets_of(path)
+    token = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+    assert document == {"auths": {"127.0.0.1:5745": {"auth": token}}}
+    leaked = f'msg="auth {token} for {USER}:{PASSWORD} failed; password {PASSWORD}"'
+    cleaned = scrub(leaked, secrets)
+    assert PASSWORD not in cleaned and token not in cleaned
+    assert cleaned.count("***") == 3
+    assert secrets_of(path) == []  # the file is gone
