@@ -51,7 +51,9 @@ def _prepare_env() -> Path:
 def demo(
     output_dir: Optional[Path] = typer.Option(None, help="results folder (default $FORGEFLOW_HOME/demo)"),
     projects: Optional[str] = typer.Option(None, help="comma-separated project names (default: all six)"),
-    candidates: int = typer.Option(5, min=1, help="candidate bugs per project"),
+    candidates: int = typer.Option(5, min=1, max=200, help="candidate bugs per project"),
+    freeze_name: str = typer.Option("demo-v1", help="name of the frozen dataset (immutable: a new "
+                                    "selection needs a new name)"),
     keep_serving: bool = typer.Option(False, help="leave the candidate model server running"),
 ) -> None:
     """Run the whole lifecycle on the embedded default and print its summary."""
@@ -65,7 +67,7 @@ def demo(
 
     names = tuple(p.strip() for p in projects.split(",")) if projects else DEMO_PROJECTS
     try:
-        config = LifecycleConfig(projects=names, candidates_per_project=candidates,
+        config = LifecycleConfig(projects=names, candidates_per_project=candidates, freeze_name=freeze_name,
                                  output_dir=output_dir or home / "demo", keep_serving=keep_serving)
     except ValidationError as exc:
         messages = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
@@ -110,12 +112,38 @@ def ui(port: int = typer.Option(4200, help="UI/API port on 127.0.0.1")) -> None:
 
 @freeze_app.command("verify")
 def freeze_verify(name: str, freezes_dir: Optional[Path] = typer.Option(None, help="default $FORGEFLOW_HOME/demo/freezes")) -> None:
-    """Recompute a freeze's semantic and file digests and compare them with the recorded ones."""
+    """Recompute a freeze's semantic and file digests and compare them with the ones the store recorded."""
     home = _prepare_env()
+    from forgeflow.errors import ForgeflowError  # noqa: PLC0415
     from forgeflow.freeze import manifest_path, verify_freeze  # noqa: PLC0415
+    from forgeflow.store import Store  # noqa: PLC0415
 
-    manifest = verify_freeze(manifest_path(name, freezes_dir or home / "demo" / "freezes"))
-    console.print(f"freeze {manifest.name}: OK semantic sha256 {manifest.semantic_sha256} file sha256 {manifest.file_sha256}")
+    try:
+        path = manifest_path(name, freezes_dir or home / "demo" / "freezes")
+        store = Store()
+        store.upgrade()
+        recorded = store.get_freeze(name)
+        manifest = verify_freeze(path, expected_file_sha256=recorded.file_sha256 if recorded else None)
+    except ForgeflowError as exc:
+        _fail(exc)
+    problems = []
+    if manifest.name != name:
+        problems.append(f"the manifest at {path} is freeze {manifest.name!r}, not {name!r}")
+    if recorded is not None and recorded.semantic_sha256 != manifest.semantic_sha256:
+        problems.append(f"semantic sha256 {manifest.semantic_sha256} differs from the store's "
+                        f"{recorded.semantic_sha256}")
+    if problems:
+        _fail("; ".join(problems))
+    where = "matches the store" if recorded is not None else f"not recorded in the store {store.url}"
+    console.print(f"freeze {manifest.name}: OK ({where}); semantic sha256 {manifest.semantic_sha256}, "
+                  f"file sha256 {manifest.file_sha256}")
+
+
+def _fail(problem: object) -> None:
+    """One line on stderr and exit status 2 (bad input), no traceback."""
+    text = f"{type(problem).__name__}: {problem}" if isinstance(problem, Exception) else str(problem)
+    Console(stderr=True).print(f"[red]error:[/red] {text}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
 
 
 @app.command()

@@ -67,21 +67,23 @@ def lifecycle(config: LifecycleConfig = LifecycleConfig()) -> dict[str, Any]:
     state_path = out_dir / "serving" / "state.json"
     result: dict[str, Any] = {}
     try:
-        for server in (source, target):
-            registry_tasks.start_registry(server.name, server.port, server.storage_dir)
-        result = _run_stages(config, out_dir, run_id, log, store, state_path)
+        registry_ids = {server.name: registry_tasks.start_registry(server.name, server.port, server.storage_dir)
+                        for server in (source, target)}
+        result = _run_stages(config, out_dir, run_id, log, store, state_path, registry_ids)
         logger.info("lifecycle finished: %d stages, summary at %s", len(log.stages), log.summary_path)
         return result
     finally:
         if not config.keep_serving:
-            serving.stop_active(state_path)
+            stopped = serving.stop_active(state_path)
+            if stopped is not None and stopped.pid is not None:  # it was live: the ledger says so no more
+                store.record_serving_generation(_generation_row(stopped, "retired", run_id))
         for server in (source, target):
             server.stop()
         log.write(result)
 
 
 def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageLog, store: Store,
-                state_path: Path) -> dict[str, Any]:
+                state_path: Path, registry_ids: dict[str, str]) -> dict[str, Any]:
     src, dst = config.source_address, config.target_address
 
     # 1. environments: base image (debootstrap), one environment image per project -> source registry
@@ -93,7 +95,7 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
             local_name, checkout = log.call(registry_tasks.environment_image, name, base.image_id, out_dir)
             local_id = images.image_id(local_name)
             source_ref = f"{src}/env/{project.name}:{project.version}"
-            digest = log.call(registry_tasks.push_local_image, local_name, local_id, source_ref)
+            digest = log.call(registry_tasks.push_local_image, local_name, local_id, source_ref, registry_ids["source"])
             envs[name] = {"project": project, "local": local_name, "checkout": Path(checkout),
                           "source_ref": source_ref, "source_digest": digest}
             store.record_image(ledger.ImageRecord(ref=source_ref, digest=digest, role="source", project=name, run_id=run_id))
@@ -106,7 +108,7 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
         for name, env in envs.items():
             target_ref = f"{dst}/env/{env['project'].name}:{env['project'].version}"
             rec = log.call(registry_tasks.migrate_image, f"docker://{env['source_ref']}", f"docker://{target_ref}",
-                           env["source_digest"], config.max_image_size_bytes)
+                           env["source_digest"], config.max_image_size_bytes, registry_ids["target"])
             rows.append({"image": target_ref, "status": rec.status, "reason": rec.reason,
                          "source_digest": rec.source_digest, "target_digest": rec.target_digest})
             if rec.status == "completed":
@@ -134,7 +136,7 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
         layout = ShardLayout(shards=config.shards, lanes=config.lanes, tag_cap=config.tag_cap)
         plan = layout.plan([(c.instance_id, envs[repo]["target_digest"]) for c, repo in candidates])
         base_refs = {e["target_digest"]: f"docker://{e['target_ref']}" for e in envs.values()}
-        basecache = log.call(registry_tasks.prewarm, plan, dst, base_refs)
+        basecache = log.call(registry_tasks.prewarm, plan, dst, base_refs, registry_ids["target"])
         placements = {p.task_id: p for p in plan.placements}
         tasks_info: dict[str, dict[str, Any]] = {}
         reused_layers = 0  # task images must start with their environment image's layers
@@ -144,7 +146,7 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
                              c.instance_id, c.patch)
             place = placements[c.instance_id]
             ref = f"{dst}/{place.repository}:{place.tag}"
-            digest = log.call(registry_tasks.push_local_image, image.name, image.image_id, ref)
+            digest = log.call(registry_tasks.push_local_image, image.name, image.image_id, ref, registry_ids["target"])
             reuse = migrate.verify_layer_reuse(Skopeo(), f"docker://{ref}", f"docker://{env['target_ref']}")
             reused_layers += len(reuse.base_layers)
             tasks_info[c.instance_id] = {"candidate": c, "repo": repo, "image_ref": ref, "digest": digest}

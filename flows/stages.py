@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from prefect import flow, get_run_logger
+from prefect.cache_policies import NO_CACHE
 
 from forgeflow import compare as comparison
 from forgeflow import store as ledger
@@ -33,11 +34,14 @@ def migrate(images: list[str], source_address: str, target_address: str,
     apply_container_env()
     store = ledger.Store()
     store.upgrade()
+    uncached_migrate = registry_tasks.migrate_image.with_options(cache_policy=NO_CACHE)
     records = []
     for name in images:
         src, dst = f"docker://{source_address}/{name}", f"docker://{target_address}/{name}"
         # the source digest keys the task's cache: a re-pushed tag is copied again
-        rec = registry_tasks.migrate_image(src, dst, Skopeo().inspect_digest(src), max_size_bytes)
+        # not cached: this flow does not own the target registry, so only the registry can say what
+        # it holds (the copy itself is skipped when the target already serves the source digest)
+        rec = uncached_migrate(src, dst, Skopeo().inspect_digest(src), max_size_bytes, target_address)
         if rec.status == "completed":
             store.record_image(ledger.ImageRecord(ref=f"{target_address}/{name}", digest=rec.target_digest,
                                                   role="target", size_bytes=rec.size_bytes))

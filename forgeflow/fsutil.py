@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 _CHUNK_BYTES = 1 << 20
+FILE_MODE = 0o644
+"""Mode of files written by :func:`atomic_write_bytes` (readable by other users, like a plain write)."""
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
@@ -27,6 +29,7 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, FILE_MODE)  # mkstemp creates 0600; results are meant to be shared
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()

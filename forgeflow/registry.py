@@ -20,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import time
+import uuid
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -212,6 +213,24 @@ class RegistryServer:
                     time.sleep(0.05)
             self._reap(pid)
         self._forget()
+
+    @property
+    def instance_id(self) -> str:
+        """A random id stored inside ``storage_dir``, created on first use.
+
+        It names this registry's *contents*: wiping or moving the storage gives a new id, so
+        callers that cache "image X was pushed here" key on it and never trust a stale cache
+        (the registry, not a cache, is the source of truth for what it holds).
+        """
+        marker = self.storage_dir / "forgeflow-instance-id"
+        if not marker.is_file():
+            self.storage_dir.mkdir(parents=True, exist_ok=True)
+            try:
+                with open(marker, "x", encoding="utf-8") as handle:  # first writer wins
+                    handle.write(uuid.uuid4().hex)
+            except FileExistsError:
+                pass
+        return marker.read_text(encoding="utf-8").strip()
 
     def is_ready(self) -> bool:
         """True if this server's process is alive and answers ``GET /v2/``."""

@@ -25,7 +25,9 @@ def base_model(out_dir: Path, seed: int) -> tuple[model.ModelRecord, model.Token
     return model.build_tiny_model(out_dir, seed=seed), check
 
 
-@task(cache_policy=(INPUTS - "run_id") + TASK_SOURCE)
+# log_prints off: HF datasets fingerprints functions with dill, which disassembles them with
+# dis.dis into a captured stdout; Prefect's print capture would log those ~500 lines instead.
+@task(cache_policy=(INPUTS - "run_id") + TASK_SOURCE, log_prints=False)
 def sft_burst(base_model_dir: Path, base_sha256: str, samples: list[dict], out_dir: Path,
               config: burst.BurstConfig, parent_adapter_dir: Path | None, run_id: str | None) -> burst.AdapterRecord:
     """One LoRA SFT burst (TRL SFTTrainer + peft). ``base_sha256`` keys the cache; ``run_id`` (the

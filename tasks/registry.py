@@ -15,11 +15,16 @@ from tasks.common import RESUMABLE, TRANSIENT_RETRIES, TRANSIENT_RETRY_DELAYS_S,
 
 
 @task(cache_policy=NO_CACHE)
-def start_registry(name: str, port: int, storage_dir: Path) -> int:
-    """Start (or reuse) a loopback ``docker-registry``; returns its PID (stopped by the flow)."""
+def start_registry(name: str, port: int, storage_dir: Path) -> str:
+    """Start (or reuse) a loopback ``docker-registry`` (stopped by the flow, by PID).
+
+    Returns:
+        the registry's instance id (:attr:`RegistryServer.instance_id`): tasks that write into
+        the registry put it in their cache key, so a wiped or different registry is filled again.
+    """
     server = RegistryServer(name, port, storage_dir)
     server.ensure_running()
-    return server.pid
+    return server.instance_id
 
 
 @task(cache_policy=RESUMABLE, retries=TRANSIENT_RETRIES, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S,
@@ -44,25 +49,29 @@ def environment_image(project_name: str, base_image_id: str, work_dir: Path) -> 
 
 @task(cache_policy=RESUMABLE, retries=TRANSIENT_RETRIES, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S,
       retry_condition_fn=retry_on_transient, task_run_name="push-{dest}")
-def push_local_image(local_name: str, local_image_id: str, dest: str) -> str:
+def push_local_image(local_name: str, local_image_id: str, dest: str, registry_id: str) -> str:
     """Push a local image (containers-storage) to ``dest`` (``host:port/repo:tag``); returns the
     registry digest (FACTS.md: the push recompresses, the registry digest is the truth).
-    ``local_image_id`` is part of the cache key."""
+    ``local_image_id`` and the destination's ``registry_id`` are part of the cache key."""
     return Skopeo().copy(f"containers-storage:{local_name}", f"docker://{dest}", preserve_digests=False)
 
 
 @task(cache_policy=RESUMABLE, retries=TRANSIENT_RETRIES, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S,
       retry_condition_fn=retry_on_transient, task_run_name="migrate-{source_ref}")
-def migrate_image(source_ref: str, target_ref: str, source_digest: str, max_size_bytes: int) -> migrate.MigrationRecord:
+def migrate_image(source_ref: str, target_ref: str, source_digest: str, max_size_bytes: int,
+                  target_registry_id: str) -> migrate.MigrationRecord:
     """Copy one image source -> target with ``--all --preserve-digests`` and verify the digest.
-    ``source_digest`` is part of the cache key: a changed source image is copied again."""
+    ``source_digest`` and ``target_registry_id`` are part of the cache key: a changed source image,
+    or a new/wiped target registry, is copied again."""
     return migrate.migrate_image(Skopeo(), source_ref, target_ref, max_size_bytes=max_size_bytes)
 
 
 @task(cache_policy=RESUMABLE, retries=TRANSIENT_RETRIES, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S,
       retry_condition_fn=retry_on_transient)
-def prewarm(plan: PrewarmPlan, target_address: str, base_refs: dict[str, str]) -> list[migrate.BasecacheRecord]:
-    """Check the plan against the tag cap, copy every ``basecache-*`` tag and verify its digest."""
+def prewarm(plan: PrewarmPlan, target_address: str, base_refs: dict[str, str],
+            target_registry_id: str) -> list[migrate.BasecacheRecord]:
+    """Check the plan against the tag cap, copy every ``basecache-*`` tag and verify its digest
+    (``target_registry_id`` keys the cache: a wiped target is pre-warmed again)."""
     plan.check()
     records = migrate.prewarm_basecache(Skopeo(), plan, target_address, base_refs)
     migrate.verify_prewarm(Skopeo(), records)

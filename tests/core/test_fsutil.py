@@ -38,3 +38,8 @@ def test_sha256_tree_changes_with_content_and_names(tmp_path):
     (tmp_path / "d" / "b").rename(tmp_path / "d" / "c")
     assert len({first, second, fsutil.sha256_tree(tmp_path)}) == 3
 
+
+
+def test_atomic_write_gives_a_shareable_file_mode(tmp_path):
+    path = fsutil.atomic_write_text(tmp_path / "summary.json", "{}")
+    assert path.stat().st_mode & 0o777 == fsutil.FILE_MODE

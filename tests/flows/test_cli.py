@@ -56,3 +56,55 @@ def test_demo_with_unknown_project_fails_before_any_work(home):
     assert result.exit_code == 2
     assert "nosuch" in result.output and "boltons" in result.output
     assert not (home / "demo" / "summary.json").exists()
+
+
+@pytest.fixture
+def frozen(home):
+    from forgeflow import freeze
+    from forgeflow.store import FreezeRecord
+
+    accepted = [freeze.AcceptedTask(instance_id=f"r{r}.t{i}", repo=f"r{r}") for r in range(3) for i in range(2)]
+    quotas = freeze.SplitQuotas(train=1, validation=1, test=1, max_per_repo=2, min_repos=3)
+    manifest = freeze.write_freeze("v1", freeze.select_splits(accepted, quotas, 0), quotas, 0,
+                                   home / "demo" / "freezes")
+    Store().record_freeze(FreezeRecord(name="v1", semantic_sha256=manifest.semantic_sha256,
+                                       file_sha256=manifest.file_sha256, manifest_path=str(manifest.path)))
+    return manifest
+
+
+def test_freeze_verify_ok_matches_the_store(frozen):
+    result = runner.invoke(app, ["freeze", "verify", "v1"])
+    assert result.exit_code == 0, result.output
+    assert "matches the store" in result.output
+
+
+def test_freeze_verify_catches_a_consistently_retouched_manifest(frozen, tmp_path):
+    from forgeflow.freeze import _semantic_digest
+
+    doc = json.loads(frozen.path.read_text())
+    moved = doc["splits"]["test"].pop()
+    doc["splits"]["train"].append(moved)  # breaks repository-disjointness; counts and digest made to match
+    doc["counts"] = {k: len(v) for k, v in doc["splits"].items()}
+    doc["semantic_sha256"] = _semantic_digest(doc)
+    out = tmp_path / "copy"
+    out.mkdir()
+    (out / "v1.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    result = runner.invoke(app, ["freeze", "verify", "v1", "--freezes-dir", str(out)])
+    assert result.exit_code == 2
+    assert frozen.file_sha256 in result.output or frozen.semantic_sha256 in result.output
+    assert "Traceback" not in result.output
+
+
+def test_freeze_verify_refuses_a_manifest_of_another_name(frozen, tmp_path):
+    out = tmp_path / "renamed"
+    out.mkdir()
+    (out / "v2.json").write_bytes(frozen.path.read_bytes())
+    result = runner.invoke(app, ["freeze", "verify", "v2", "--freezes-dir", str(out)])
+    assert result.exit_code == 2
+    assert "is freeze 'v1', not 'v2'" in result.output
+
+
+def test_freeze_verify_of_a_missing_freeze_is_one_line(home):
+    result = runner.invoke(app, ["freeze", "verify", "nosuch"])
+    assert result.exit_code == 2
+    assert "does not exist" in result.output and "Traceback" not in result.output
