@@ -8,6 +8,7 @@ distinct from the demo's so a running demo does not interfere.
 from __future__ import annotations
 
 import json
+import socket
 
 import pytest
 
@@ -70,7 +71,11 @@ def test_store_holds_one_row_per_natural_key(first_run):
     accepted = store.accepted_tasks()
     assert len(accepted) == first_run["tasks"]["accepted"]
     assert all(t.fail_to_pass for t in accepted)
-    assert [g.status for g in store.serving_generations()][-1] == "active"
+    # keep_serving is off: the flow stopped its server, and the ledger does not claim one is live
+    generations = store.serving_generations()
+    assert len(generations) == 2 and [g.status for g in generations] == ["retired", "retired"]
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", generations[-1].port), timeout=1)
 
 
 def test_second_run_is_answered_from_cache(first_run, mini_config):
