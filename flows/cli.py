@@ -210,6 +210,68 @@ def compare(job_a: str, job_b: str,
 
 
 @app.command()
+def lineage(artifact_sha256: str, as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
+    """The chain from the base model to ARTIFACT_SHA256 (a GGUF, adapter or model), and the serving
+    generations that served it, from the store."""
+    _prepare_env()
+    from forgeflow.store import Store  # noqa: PLC0415
+
+    store = Store()
+    store.upgrade()
+    by_sha = {a.sha256: a for a in store.model_artifacts()}
+    matches = [sha for sha in by_sha if sha.startswith(artifact_sha256)] if len(artifact_sha256) >= 8 else []
+    if len(matches) != 1:
+        _fail(f"artifact {artifact_sha256!r} {'is ambiguous' if matches else 'is not in the store'} "
+              f"({store.url}); give at least 8 hex characters of a recorded sha256")
+    chain, seen, sha = [], set(), matches[0]
+    while sha is not None and sha in by_sha and sha not in seen:
+        seen.add(sha)
+        art = by_sha[sha]
+        chain.append({"sha256": art.sha256, "kind": art.kind, "quantization": art.quantization,
+                      "path": art.path, "parent_sha256": art.parent_sha256, "run_id": art.run_id,
+                      "lineage": art.lineage})
+        sha = art.parent_sha256
+    chain.reverse()  # base model first
+    served = [g.model_dump(mode="json") for g in store.serving_generations() if g.gguf_sha256 == matches[0]]
+    if as_json:
+        print(json.dumps({"chain": chain, "serving_generations": served}, indent=2, default=str))
+        return
+    for step in chain:
+        console.print(f"{step['kind']:>8} {step['quantization'] or '':<7} {step['sha256'][:16]}  {step['path']}")
+    for g in served:
+        console.print(f"  served as generation {g['generation']} on port {g['port']} ({g['status']})")
+
+
+@app.command()
+def status(as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
+    """The last lifecycle run's stages, the store's counts, the latest freeze, the serving endpoint."""
+    home = _prepare_env()
+    from forgeflow.serving import read_state  # noqa: PLC0415
+    from forgeflow.store import Store  # noqa: PLC0415
+
+    store = Store()
+    store.upgrade()
+    summary_path = home / "demo" / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
+    state = read_state(home / "demo" / "serving" / "state.json")
+    freeze_name = (summary or {}).get("freeze", {}).get("name")
+    freeze = store.get_freeze(freeze_name) if freeze_name else None
+    out = {
+        "home": str(home), "store": store.url, "counts": store.counts(),
+        "last_lifecycle": None if summary is None else {
+            "prefect_flow_run_id": summary.get("prefect_flow_run_id"), "total_wall_s": summary.get("total_wall_s"),
+            "stages": {k: v["status"] for k, v in summary["stages"].items()}},
+        "last_freeze": None if freeze is None else freeze.model_dump(mode="json"),
+        "serving": None if state is None else {"generation": state.generation, "port": state.active_port,
+                                               "gguf_sha256": state.gguf_sha256, "live": state.pid is not None},
+    }
+    if as_json:
+        print(json.dumps(out, indent=2, default=str))
+        return
+    console.print_json(json.dumps(out, default=str))
+
+
+@app.command()
 def version() -> None:
     """Print forgeflow's version."""
     import forgeflow  # noqa: PLC0415

@@ -108,3 +108,35 @@ def test_freeze_verify_of_a_missing_freeze_is_one_line(home):
     result = runner.invoke(app, ["freeze", "verify", "nosuch"])
     assert result.exit_code == 2
     assert "does not exist" in result.output and "Traceback" not in result.output
+
+
+def test_lineage_walks_from_the_served_gguf_to_the_base_model(home):
+    from forgeflow.store import ModelArtifactRecord, ServingGenerationRecord
+
+    store = Store()
+    base, adapter, gguf = "a" * 64, "b" * 64, "c" * 64
+    store.record_model_artifact(ModelArtifactRecord(sha256=base, kind="base", path="/m/base"))
+    store.record_model_artifact(ModelArtifactRecord(sha256=adapter, kind="adapter", path="/m/adapter",
+                                                    parent_sha256=base, lineage={"dataset_sha256": "d" * 64}))
+    store.record_model_artifact(ModelArtifactRecord(sha256=gguf, kind="gguf", path="/m/q8.gguf",
+                                                    quantization="Q8_0", parent_sha256=adapter))
+    store.record_serving_generation(ServingGenerationRecord(generation=2, port=8802, gguf_sha256=gguf,
+                                                            status="active"))
+    result = runner.invoke(app, ["lineage", gguf[:12], "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert [step["kind"] for step in out["chain"]] == ["base", "adapter", "gguf"]
+    assert out["chain"][1]["lineage"]["dataset_sha256"] == "d" * 64
+    assert [g["generation"] for g in out["serving_generations"]] == [2]
+
+
+def test_lineage_of_an_unknown_artifact_says_so(home):
+    result = runner.invoke(app, ["lineage", "deadbeefdeadbeef"])
+    assert result.exit_code == 2 and "is not in the store" in result.output
+
+
+def test_status_json_reports_store_counts_without_a_run(home):
+    result = runner.invoke(app, ["status", "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert out["counts"]["trials"] == 8 and out["last_lifecycle"] is None and out["serving"] is None
