@@ -59,24 +59,14 @@ def _tiny_image(name: str, content: bytes, scratch: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def registries(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, RegistryServer]]:
+def registries(tmp_path_factory: pytest.TempPathFactory, registry_runner) -> Iterator[dict[str, RegistryServer]]:
     root = tmp_path_factory.mktemp("registries")
     servers = {
         "source": RegistryServer("source", SOURCE_PORT, root / "source" / "storage"),
         "target": RegistryServer("target", TARGET_PORT, root / "target" / "storage"),
     }
-    try:
-        for server in servers.values():
-            server.start()
+    with registry_runner(servers):
         yield servers
-    finally:
-        for server in servers.values():
-            server.stop()
-
-
-@pytest.fixture(scope="module")
-def skopeo() -> Skopeo:
-    return Skopeo(retry_times=0, command_timeout_s=60)
 
 
 @pytest.fixture(scope="module")

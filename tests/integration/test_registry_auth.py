@@ -67,7 +67,7 @@ def _build_child(name: str, base: str, content: bytes, scratch: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def registries(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, RegistryServer]]:
+def registries(tmp_path_factory: pytest.TempPathFactory, registry_runner) -> Iterator[dict[str, RegistryServer]]:
     root = tmp_path_factory.mktemp("auth-registries")
     htpasswd = root / "htpasswd"
     hashed = crypt.crypt(PASSWORD, crypt.mksalt(crypt.METHOD_BLOWFISH, rounds=16))
@@ -77,18 +77,8 @@ def registries(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, R
         "target": RegistryServer("target", TARGET_PORT, root / "target" / "storage"),
         "auth": RegistryServer("auth", AUTH_PORT, root / "auth" / "storage", htpasswd_path=htpasswd),
     }
-    try:
-        for server in servers.values():
-            server.start()
+    with registry_runner(servers):
         yield servers
-    finally:
-        for server in servers.values():
-            server.stop()
-
-
-@pytest.fixture(scope="module")
-def skopeo() -> Skopeo:
-    return Skopeo(retry_times=0, command_timeout_s=60)
 
 
 @pytest.fixture(scope="module")
