@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 import forgeflow
 from forgeflow.errors import InputError
 from forgeflow.freeze import SPLITS, verify_freeze
-from forgeflow.fsutil import atomic_write_json, sha256_file, sha256_json
+from forgeflow.fsutil import atomic_write_json, read_digested_json, sha256_file, sha256_json, with_semantic_digest
 
 SCHEMA_VERSION = 1
 """Version of the derived-set document written by :func:`write_derived`."""
@@ -458,8 +458,7 @@ def _document(derived: DerivedSet) -> dict[str, Any]:
         "count": derived.count,
         "forgeflow_version": forgeflow.__version__,
     }
-    document["semantic_sha256"] = sha256_json(document)
-    return document
+    return with_semantic_digest(document)
 
 
 def write_derived(derived: DerivedSet, out_dir: str | Path) -> Path:
@@ -481,22 +480,7 @@ def read_derived(path: str | Path) -> DerivedSet:
     Raises:
         InputError: missing file, not JSON, unknown schema version, or altered content.
     """
-    path = Path(path)
-    try:
-        document = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise InputError(f"derived set {path} does not exist") from exc
-    except json.JSONDecodeError as exc:
-        raise InputError(f"derived set {path} is not valid JSON: {exc}") from exc
-    if not isinstance(document, dict) or document.get("schema_version") != SCHEMA_VERSION:
-        raise InputError(f"derived set {path}: unknown schema_version; expected {SCHEMA_VERSION}")
-    embedded = document.get("semantic_sha256")
-    recomputed = sha256_json({k: v for k, v in document.items() if k != "semantic_sha256"})
-    if embedded != recomputed:
-        raise InputError(
-            f"derived set {path} was altered: embedded semantic_sha256 {embedded}, content "
-            f"digest {recomputed}"
-        )
+    document = read_digested_json(path, "derived set", SCHEMA_VERSION)
     fields = {k: v for k, v in document.items() if k in DerivedSet.model_fields}
     return DerivedSet.model_validate(fields)
 

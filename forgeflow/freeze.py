@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 import forgeflow
 from forgeflow.errors import FreezeConflictError, InputError, PreflightError
-from forgeflow.fsutil import atomic_write_bytes, sha256_file, sha256_json
+from forgeflow.fsutil import atomic_write_bytes, read_digested_json, sha256_file, with_semantic_digest
 
 SCHEMA_VERSION = 1
 """Version of the manifest layout written by :func:`write_freeze`."""
@@ -279,10 +279,6 @@ def manifest_path(name: str, out_dir: Path) -> Path:
     return Path(out_dir) / f"{validate_freeze_name(name)}.json"
 
 
-def _semantic_digest(document: dict[str, Any]) -> str:
-    return sha256_json({key: value for key, value in document.items() if key != "semantic_sha256"})
-
-
 def write_freeze(
     name: str,
     selection: SplitSelection,
@@ -324,7 +320,7 @@ def write_freeze(
         "forgeflow_version": forgeflow.__version__,
     }
     try:
-        document["semantic_sha256"] = _semantic_digest(document)
+        document = with_semantic_digest(document)
     except (TypeError, ValueError) as exc:
         raise InputError(f"freeze {name!r}: extra_inputs is not JSON-serialisable: {exc}") from exc
     if path.exists():
@@ -366,24 +362,7 @@ def verify_freeze(path: Path, expected_file_sha256: str | None = None) -> Freeze
             or the file digest differs from ``expected_file_sha256``.
     """
     path = Path(path)
-    try:
-        document = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise InputError(f"freeze manifest {path} does not exist") from exc
-    except json.JSONDecodeError as exc:
-        raise InputError(f"freeze manifest {path} is not valid JSON: {exc}") from exc
-    if not isinstance(document, dict) or document.get("schema_version") != SCHEMA_VERSION:
-        found = document.get("schema_version") if isinstance(document, dict) else None
-        raise InputError(
-            f"freeze manifest {path} has schema_version {found!r}; expected {SCHEMA_VERSION}"
-        )
-    embedded = document.get("semantic_sha256")
-    recomputed = _semantic_digest(document)
-    if embedded != recomputed:
-        raise InputError(
-            f"freeze manifest {path} was altered: embedded semantic_sha256 {embedded}, "
-            f"content digest {recomputed}"
-        )
+    document = read_digested_json(path, "freeze manifest", SCHEMA_VERSION)
     absent = [key for key in ("name", "splits", "counts") if key not in document]
     if absent:
         raise InputError(f"freeze manifest {path} lacks {absent}")
@@ -401,7 +380,7 @@ def verify_freeze(path: Path, expected_file_sha256: str | None = None) -> Freeze
     return FreezeManifest(
         name=document["name"],
         path=path,
-        semantic_sha256=recomputed,
+        semantic_sha256=document["semantic_sha256"],
         file_sha256=file_sha256,
         counts=counts,
         splits=splits,

@@ -14,6 +14,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from forgeflow.errors import InputError
+
 _CHUNK_BYTES = 1 << 20
 FILE_MODE = 0o644
 """Mode of files written by :func:`atomic_write_bytes` (readable by other users, like a plain write)."""
@@ -94,3 +96,44 @@ def sha256_tree(root: str | os.PathLike[str]) -> str:
         (p.relative_to(base).as_posix(), sha256_file(p)) for p in base.rglob("*") if p.is_file()
     )
     return sha256_json(entries)
+
+
+SEMANTIC_KEY = "semantic_sha256"
+"""Key under which a self-digesting JSON document embeds the digest of the rest of itself."""
+
+
+def with_semantic_digest(document: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``document`` with ``semantic_sha256`` = sha256 of its canonical JSON without that key."""
+    body = {k: v for k, v in document.items() if k != SEMANTIC_KEY}
+    return {**body, SEMANTIC_KEY: sha256_json(body)}
+
+
+def read_digested_json(path: str | os.PathLike[str], what: str, schema_version: int) -> dict[str, Any]:
+    """Read a self-digesting JSON document (freeze manifest, derived set) and check it.
+
+    Args:
+        path: the file.
+        what: how errors name the document ("freeze manifest", "derived set").
+        schema_version: the only ``schema_version`` accepted.
+
+    Raises:
+        InputError: the file is missing or not JSON, the schema version differs, or the embedded
+            ``semantic_sha256`` does not match the content (the message names both digests).
+    """
+    path = Path(path)
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise InputError(f"{what} {path} does not exist") from exc
+    except json.JSONDecodeError as exc:
+        raise InputError(f"{what} {path} is not valid JSON: {exc}") from exc
+    if not isinstance(document, dict) or document.get("schema_version") != schema_version:
+        found = document.get("schema_version") if isinstance(document, dict) else None
+        raise InputError(f"{what} {path} has schema_version {found!r}; expected {schema_version}")
+    embedded = document.get(SEMANTIC_KEY)
+    recomputed = with_semantic_digest(document)[SEMANTIC_KEY]
+    if embedded != recomputed:
+        raise InputError(
+            f"{what} {path} was altered: embedded semantic_sha256 {embedded}, content digest {recomputed}"
+        )
+    return document

@@ -79,13 +79,13 @@ def test_freeze_verify_ok_matches_the_store(frozen):
 
 
 def test_freeze_verify_catches_a_consistently_retouched_manifest(frozen, tmp_path):
-    from forgeflow.freeze import _semantic_digest
+    from forgeflow.fsutil import with_semantic_digest
 
     doc = json.loads(frozen.path.read_text())
     moved = doc["splits"]["test"].pop()
     doc["splits"]["train"].append(moved)  # breaks repository-disjointness; counts and digest made to match
     doc["counts"] = {k: len(v) for k, v in doc["splits"].items()}
-    doc["semantic_sha256"] = _semantic_digest(doc)
+    doc = with_semantic_digest(doc)
     out = tmp_path / "copy"
     out.mkdir()
     (out / "v1.json").write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
