@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 from prefect.blocks.core import Block
@@ -77,8 +78,8 @@ class SandboxBackend(Block):
         """The resource limits as a SandboxSpec (network always off)."""
         return SandboxSpec(memory_mb=self.memory_mb, cpus=self.cpus, network=False)
 
-    def backend(self) -> type:
-        """The sandbox class for ``kind`` (InputError listing the valid kinds otherwise)."""
+    def backend(self) -> Callable[..., sandbox.Sandbox]:
+        """The sandbox factory for ``kind`` (InputError listing the valid kinds otherwise)."""
         return sandbox.get_backend(self.kind)
 
 

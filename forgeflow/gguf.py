@@ -7,7 +7,7 @@ Tools (all real, none re-implemented):
   (:mod:`forgeflow.llama_sdist`), run in a subprocess; it imports its own ``gguf-py`` and
   recognises the Qwen2 pre-tokenizer (about 9.5 s and 87 MB f16 for the tiny model);
 * quantize: ``llama_cpp.llama_model_quantize`` (ftype numbers from llama.cpp's
-  ``enum llama_ftype`` in ``include/llama.h``);
+  ``enum llama_ftype`` in ``include/llama.h``), per-tensor types through ``tt_overrides``;
 * check: gguf-py's ``GGUFReader``;
 * load: ``llama_cpp.Llama``.
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -56,7 +57,9 @@ class GGUFArtifact(BaseModel):
         path: the file.
         sha256: hex digest of its bytes.
         size_bytes: its size.
-        type: tensor type of the bulk of the weights (``F16``, ``Q8_0``, ``Q4_K_M``, ...).
+        type: tensor type of the bulk of the weights (``F16``, ``Q8_0``, ``Q4_K_M``, ...;
+            ``<preset>+mixed`` for a per-tensor quantization).
+        tensor_types: the per-tensor overrides (regex -> ggml type) of a mixed quantization.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -65,6 +68,7 @@ class GGUFArtifact(BaseModel):
     sha256: str = Field(min_length=64, max_length=64)
     size_bytes: int = Field(ge=1)
     type: str
+    tensor_types: dict[str, str] | None = None
 
 
 class GGUFCheck(BaseModel):
@@ -194,24 +198,78 @@ def convert_to_gguf(hf_dir: Path, out_path: Path, outtype: str = "f16") -> GGUFA
 
 
 # --- quantize --------------------------------------------------------------------------------
-def quantize(src: Path, dst: Path, qtype: str) -> GGUFArtifact:
-    """Quantize a GGUF file with ``llama_cpp.llama_model_quantize``.
+MIXED_ATTN_EMBD_OUTPUT_Q8_0: dict[str, str] = {
+    r"attn_(q|k|v|output)\.weight$": "Q8_0",
+    r"^(token_embd|output)\.weight$": "Q8_0",
+}
+"""Example override set: attention, embedding and output tensors at Q8_0 (llama.cpp tensor names
+``blk.N.attn_q.weight``, ``token_embd.weight``, ``output.weight``); the rest follows the base
+preset (for ``Q4_K_M``: Q4_K, with llama.cpp's own Q6_K choices for some ``ffn_down``)."""
+
+
+def _ggml_type(pattern: str, name: str) -> int:
+    from gguf import GGMLQuantizationType
+
+    try:
+        return int(GGMLQuantizationType[name.upper()])
+    except KeyError:
+        valid = [t.name for t in GGMLQuantizationType]
+        raise InputError(
+            f"tensor_types[{pattern!r}] = {name!r} is not a ggml type; valid: {valid}"
+        ) from None
+
+
+def _quantizable(name: str, shape: Any) -> bool:
+    """llama.cpp ``tensor_allows_quantization`` (src/llama-quant.cpp) for the tensors Qwen2/Llama
+    have: 2-D or more, name ends with ``weight``, not a ``_norm.weight``."""
+    return len(shape) >= 2 and name.endswith("weight") and "_norm.weight" not in name
+
+
+def quantize(
+    src: Path, dst: Path, qtype: str, tensor_types: dict[str, str] | None = None
+) -> GGUFArtifact:
+    """Quantize a GGUF file with ``llama_cpp.llama_model_quantize``, optionally per tensor.
+
+    ``tensor_types`` maps a regular expression over llama.cpp tensor names to a ggml type name
+    (``Q8_0``, ``Q4_K``, ``Q6_K``, ``F16``, ...), passed as ``llama_model_quantize_params
+    .tt_overrides`` (a ``{pattern, type}`` array ended by a null pattern; llama.cpp
+    ``include/llama.h`` and ``src/llama-quant.cpp``: ``std::regex_search``, first matching
+    pattern wins, applies to quantizable tensors only, ``--tensor-type`` in ``llama-quantize``).
+    The result is read back with gguf-py's ``GGUFReader`` and every quantizable tensor that a
+    pattern matches must carry that pattern's type: llama.cpp falls back to another type for
+    incompatible row sizes, and that is reported instead of shipped silently.
 
     Args:
         src: an f16/f32/bf16 GGUF (e.g. from :func:`convert_to_gguf`).
         dst: the file to write (written to a temporary sibling, then renamed).
-        qtype: a preset name from :data:`QUANT_PRESETS` (``Q8_0``, ``Q4_K_M``).
+        qtype: a preset name from :data:`QUANT_PRESETS` (``Q8_0``, ``Q4_K_M``): the type of the
+            tensors no pattern matches.
+        tensor_types: pattern -> ggml type name, or None for a uniform preset
+            (see :data:`MIXED_ATTN_EMBD_OUTPUT_Q8_0`).
+
+    Returns:
+        The artifact; ``type`` is ``qtype``, plus ``+mixed`` when ``tensor_types`` is given, and
+        ``tensor_types`` records the overrides.
 
     Raises:
-        InputError: ``qtype`` is not a known preset (the message lists the valid ones) or
-            ``src`` does not exist.
-        GGUFError: llama.cpp refused to quantize ``src`` (non-zero return code).
+        InputError: ``qtype`` is not a known preset, a pattern is not a valid regular expression,
+            a type name is not a ggml type, or ``src`` does not exist.
+        GGUFError: llama.cpp refused to quantize ``src`` (non-zero return code), a pattern
+            matched no quantizable tensor, or a matched tensor did not get its type (the message
+            names the tensor, the expected and the found type).
     """
     if qtype not in QUANT_PRESETS:
         raise InputError(f"qtype {qtype!r} is not a known preset; valid: {sorted(QUANT_PRESETS)}")
     src, dst = Path(src), Path(dst).resolve()
     if not src.is_file():
         raise InputError(f"src {src} does not exist")
+    overrides: list[tuple[str, int]] = []
+    for pattern, type_name in (tensor_types or {}).items():
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise InputError(f"tensor_types pattern {pattern!r} is not a regex: {exc}") from exc
+        overrides.append((pattern, _ggml_type(pattern, type_name)))
     import ctypes
 
     import llama_cpp
@@ -219,6 +277,21 @@ def quantize(src: Path, dst: Path, qtype: str) -> GGUFArtifact:
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = QUANT_PRESETS[qtype]
     params.nthread = max(1, min(4, os.cpu_count() or 1))
+    keep_alive = None
+    if overrides:
+        if not hasattr(llama_cpp, "llama_model_tensor_override") or not any(
+            name == "tt_overrides" for name, _ in llama_cpp.llama_model_quantize_params._fields_
+        ):
+            raise GGUFError(
+                "this llama-cpp-python does not expose llama_model_quantize_params.tt_overrides; "
+                "mixed per-tensor quantization is unavailable (refusing a uniform quantization)"
+            )
+        entry = llama_cpp.llama_model_tensor_override
+        keep_alive = (entry * (len(overrides) + 1))(
+            *[entry(pattern.encode(), type_id) for pattern, type_id in overrides],
+            entry(None, 0),  # terminator: llama.cpp stops at the first null pattern
+        )
+        params.tt_overrides = ctypes.cast(keep_alive, ctypes.POINTER(entry))
     dst.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp")
     os.close(fd)
@@ -229,11 +302,69 @@ def quantize(src: Path, dst: Path, qtype: str) -> GGUFArtifact:
         )
         if rc != 0 or tmp.stat().st_size == 0:
             raise GGUFError(f"llama_model_quantize({src} -> {qtype}) returned {rc}")
+        if overrides:
+            _check_overrides(tmp, dst, tensor_types or {})
         os.chmod(tmp, 0o644)
         os.replace(tmp, dst)
     finally:
+        del keep_alive
         tmp.unlink(missing_ok=True)
-    return _artifact(dst, qtype)
+    if not overrides:
+        return _artifact(dst, qtype)
+    return GGUFArtifact(
+        path=dst, sha256=sha256_file(dst), size_bytes=dst.stat().st_size,
+        type=f"{qtype}+mixed", tensor_types=dict(tensor_types or {}),
+    )
+
+
+def quantize_mixed(
+    src: Path, dst: Path, base_qtype: str, overrides: dict[str, str]
+) -> GGUFArtifact:
+    """Per-tensor quantization: :func:`quantize` with ``tensor_types=overrides`` (non-empty).
+
+    Raises:
+        InputError: ``overrides`` is empty, or as :func:`quantize`.
+        GGUFError: as :func:`quantize`.
+    """
+    if not overrides:
+        raise InputError("overrides is empty: use quantize() for a uniform preset")
+    return quantize(src, dst, base_qtype, tensor_types=overrides)
+
+
+def tensor_types_of(path: Path) -> dict[str, str]:
+    """Return tensor name -> ggml type name of a GGUF file.
+
+    Uses :func:`forgeflow.gguf_edit.read_header_index` (offsets only: 0.07 s on the tiny
+    model, where gguf-py's ``GGUFReader`` spends about 10 s building its vocabulary arrays).
+
+    Raises:
+        GGUFError: the file is not a readable GGUF.
+    """
+    from forgeflow.gguf_edit import read_header_index
+
+    return {t.name: t.ggml_type for t in read_header_index(path).tensors}
+
+
+def _check_overrides(tmp: Path, dst: Path, tensor_types: dict[str, str]) -> None:
+    from forgeflow.gguf_edit import read_header_index
+
+    matched = {pattern: 0 for pattern in tensor_types}
+    for tensor in read_header_index(tmp).tensors:
+        if not _quantizable(tensor.name, tensor.shape):
+            continue
+        pattern = next((p for p in tensor_types if re.search(p, tensor.name)), None)
+        if pattern is None:
+            continue
+        matched[pattern] += 1
+        expected, found = tensor_types[pattern].upper(), tensor.ggml_type
+        if expected != found:
+            raise GGUFError(
+                f"{dst}: tensor {tensor.name!r} (pattern {pattern!r}) expected {expected}, "
+                f"found {found} (llama.cpp fell back: row size {int(tensor.shape[0])})"
+            )
+    unmatched = [p for p, n in matched.items() if n == 0]
+    if unmatched:
+        raise GGUFError(f"{dst}: tensor_types patterns {unmatched} matched no quantizable tensor")
 
 
 # --- check -----------------------------------------------------------------------------------

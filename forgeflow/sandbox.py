@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import time
 import uuid
-from typing import Protocol
+from typing import Callable, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -168,11 +168,19 @@ class PodmanSandbox:
         self._started = False
 
 
-BACKENDS = {"podman": PodmanSandbox}
+def _kubernetes_sandbox(*args: object, **kwargs: object) -> Sandbox:
+    """Build a :class:`forgeflow.k8s.KubernetesSandbox` (imported lazily: ``k8s`` imports this module)."""
+    from forgeflow.k8s import KubernetesSandbox
+
+    return KubernetesSandbox(*args, **kwargs)  # type: ignore[arg-type]
 
 
-def get_backend(kind: str) -> type[PodmanSandbox]:
-    """Return the sandbox class for ``kind``.
+BACKENDS: dict[str, Callable[..., Sandbox]] = {"podman": PodmanSandbox, "kubernetes": _kubernetes_sandbox}
+"""Sandbox factories by kind: each takes ``(image, spec, name, ...)`` and returns a :class:`Sandbox`."""
+
+
+def get_backend(kind: str) -> Callable[..., Sandbox]:
+    """Return the sandbox factory for ``kind`` (``podman`` on the embedded default).
 
     Raises:
         InputError: ``kind`` is unknown; the message lists the valid kinds.

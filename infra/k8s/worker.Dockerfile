@@ -1,0 +1,44 @@
+# forgeflow worker image: the Prefect kubernetes worker of the `k8s` work pool AND the image of the
+# flow-run Jobs it starts (base-job-template*.json: variable `image`).
+#
+# Build from the repository root (it needs a registry that serves python:3.11-slim-bookworm):
+#   podman build -f infra/k8s/worker.Dockerfile -t REGISTRY/forgeflow/worker:0.1.0 .
+#   GPU variant: add --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128
+# Run as the worker (ServiceAccount forgeflow-worker, infra/k8s/rbac.yaml):
+#   prefect work-pool create k8s --type kubernetes --base-job-template infra/k8s/base-job-template.json
+#   (the image's default command then starts the worker on that pool)
+FROM python:3.11-slim-bookworm
+
+ARG PREFECT_VERSION=3.9.1
+ARG PREFECT_KUBERNETES_VERSION=0.8.0
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+
+# git/patch: task generation and patch checks; build-essential/cmake: llama-cpp-python builds from source
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends git patch build-essential cmake \
+    && rm -rf /var/lib/apt/lists/*
+
+RUN useradd --uid 1000 --user-group --create-home forgeflow
+
+WORKDIR /opt/forgeflow
+COPY pyproject.toml README.md ./
+COPY forgeflow ./forgeflow
+COPY tasks ./tasks
+COPY flows ./flows
+COPY blocks ./blocks
+COPY deployments ./deployments
+COPY infra ./infra
+COPY prefect.yaml ./
+# editable: forgeflow.settings finds infra/ beside the package
+
+RUN pip install --no-cache-dir --extra-index-url "${TORCH_INDEX_URL}" \
+        "prefect==${PREFECT_VERSION}" "prefect-kubernetes==${PREFECT_KUBERNETES_VERSION}" -e . \
+    && python -c "import forgeflow.k8s, prefect_kubernetes"
+
+USER 1000:1000
+ENV FORGEFLOW_HOME=/home/forgeflow/.forgeflow \
+    PREFECT_HOME=/home/forgeflow/.prefect \
+    PYTHONUNBUFFERED=1
+WORKDIR /home/forgeflow
+
+CMD ["prefect", "worker", "start", "--pool", "k8s", "--type", "kubernetes"]

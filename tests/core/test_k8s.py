@@ -1,0 +1,380 @@
+"""Kubernetes scale-out, tested without an API server.
+
+No Kubernetes API server can run on this machine (no kind/k3s, no container runtime for one, no
+network). So every manifest forgeflow renders and every file in ``infra/k8s/`` is deserialized with
+the official ``kubernetes`` client's models (``forgeflow.k8s.validate_manifest``: unknown fields,
+JSON types and required fields), the pod-status -> exception mapping is tested on recorded pod
+statuses (``tests/core/data/k8s/pod_*.json``, in the shape ``kubectl get pod -o json`` prints), and
+:class:`forgeflow.k8s.KubernetesSandbox` is driven through a small recording stand-in for
+``CoreV1Api`` (what it would create, read and delete). Exec through the API is not exercised here.
+The work-pool templates are rendered with Prefect's own templating (``apply_values``), as the
+Prefect kubernetes worker renders them.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes.client import ApiClient
+from kubernetes.client.exceptions import ApiException
+from pydantic import ValidationError
+
+from forgeflow import errors, k8s
+from forgeflow.sandbox import SandboxSpec
+
+REPO = Path(__file__).resolve().parents[2]
+K8S_DIR = REPO / "infra" / "k8s"
+DATA = Path(__file__).parent / "data" / "k8s"
+IMAGE = "registry.example.com/forgeflow/task-03:lane1-0123456789ab"
+TRIAL = "0123456789abcdef0123456789abcdef"
+# two 66-character SWE-smith-style task ids that share their first 65 characters
+LONG_A = "boltons__boltons.3bfcfdd0.func_pm_remove_cond__x7h2k9q4w1e5r8t3y6" + "a"
+LONG_B = "boltons__boltons.3bfcfdd0.func_pm_remove_cond__x7h2k9q4w1e5r8t3y6" + "b"
+PREFECT_JOB_EXTRAS = frozenset({"spec.template.spec.parallelism", "spec.template.spec.completions"})
+LABEL_VALUE = re.compile(r"^[a-z0-9A-Z]([-a-z0-9A-Z_.]*[a-z0-9A-Z])?$")
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def load_yaml_docs(path: Path) -> list[dict]:
+    return [doc for doc in yaml.safe_load_all(path.read_text()) if doc is not None]
+
+
+# --- labels and names ----------------------------------------------------------------------------
+def test_66_character_task_ids_become_distinct_valid_label_values() -> None:
+    assert len(LONG_A) == len(LONG_B) == 66
+    a, b = k8s.label_value(LONG_A), k8s.label_value(LONG_B)
+    for value in (a, b):
+        assert len(value) <= 63 and LABEL_VALUE.match(value), value
+    assert a != b
+    assert k8s.label_value(LONG_A) == a  # deterministic
+    assert k8s.label_value("abc123") == "abc123"  # a valid value is kept
+
+
+def test_pod_names_and_labels_are_unique_per_trial() -> None:
+    spec = k8s.KubernetesSandboxSpec()
+    pods = [
+        k8s.render_trial_pod(LONG_A, TRIAL, IMAGE, spec),
+        k8s.render_trial_pod(LONG_B, TRIAL, IMAGE, spec),
+        k8s.render_trial_pod(LONG_A, "f" * 32, IMAGE, spec),
+    ]
+    names = {p["metadata"]["name"] for p in pods}
+    assert len(names) == 3
+    assert len({p["metadata"]["labels"][k8s.INSTANCE_LABEL] for p in pods}) == 2
+    assert len({p["metadata"]["labels"][k8s.TRIAL_LABEL] for p in pods}) == 2
+    for pod in pods:
+        assert len(pod["metadata"]["name"]) <= 63 and DNS_LABEL.match(pod["metadata"]["name"])
+        for key, value in pod["metadata"]["labels"].items():
+            assert k8s.is_label_key(key) and len(value) <= 63 and LABEL_VALUE.match(value), (key, value)
+    # the raw ids survive in annotations
+    assert pods[0]["metadata"]["annotations"]["forgeflow.dev/instance-id"] == LONG_A
+
+
+# --- the trial pod -------------------------------------------------------------------------------
+def test_trial_pod_validates_as_v1pod_and_is_locked_down() -> None:
+    spec = k8s.KubernetesSandboxSpec(image_pull_secret="forgeflow-registry", labels={"team": "RL Evals"})
+    manifest = k8s.render_trial_pod(LONG_A, TRIAL, IMAGE, spec)
+    pod = k8s.validate_manifest(manifest)
+    assert type(pod).__name__ == "V1Pod"
+    ps = pod.spec
+    assert ps.automount_service_account_token is False
+    assert ps.share_process_namespace is True  # the pause process is PID 1 and reaps zombies
+    assert ps.restart_policy == "Never"
+    assert not ps.volumes and not ps.host_network and not ps.host_pid and not ps.host_ipc
+    assert ps.enable_service_links is False
+    assert ps.active_deadline_seconds == 7200
+    assert [s.name for s in ps.image_pull_secrets] == ["forgeflow-registry"]
+    (container,) = ps.containers
+    assert container.image == IMAGE and container.command == ["sleep", "infinity"]
+    assert not container.volume_mounts
+    assert container.resources.limits["memory"] == "8192Mi" == container.resources.requests["memory"]
+    assert container.resources.limits["cpu"] == "1000m"
+    sc = container.security_context
+    assert sc.privileged is False and sc.allow_privilege_escalation is False
+    assert sc.capabilities.drop == ["ALL"] and "SYS_ADMIN" not in sc.capabilities.add
+    assert pod.metadata.labels["team"] == k8s.label_value("RL Evals")
+    assert pod.metadata.labels[k8s.EGRESS_LABEL] == "deny"
+
+
+def test_memory_cpu_and_network_are_parameters() -> None:
+    spec = k8s.KubernetesSandboxSpec(memory_mb=2048, cpus=0.5, network=True)
+    pod = k8s.validate_manifest(k8s.render_trial_pod("a", TRIAL, IMAGE, spec))
+    assert pod.spec.containers[0].resources.limits["memory"] == "2048Mi"
+    assert pod.spec.containers[0].resources.limits["cpu"] == "500m"
+    assert k8s.EGRESS_LABEL not in pod.metadata.labels  # network=True: not selected by the deny policy
+    assert not pod.spec.image_pull_secrets
+    converted = k8s.KubernetesSandboxSpec.from_sandbox_spec(SandboxSpec(memory_mb=3000, cpus=2))
+    assert (converted.memory_mb, converted.cpus, converted.network) == (3000, 2, False)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"namespace": "Forge_Flow"}, {"labels": {"bad key!": "x"}}, {"labels": {k8s.ROLE_LABEL: "x"}},
+     {"image_pull_secret": "Not A Secret"}, {"memory_mb": 0}],
+)
+def test_bad_spec_is_rejected(kwargs: dict) -> None:
+    with pytest.raises(ValidationError):
+        k8s.KubernetesSandboxSpec(**kwargs)
+
+
+@pytest.mark.parametrize("args", [("", TRIAL, IMAGE), ("a", "", IMAGE), ("a", TRIAL, ""), ("a", TRIAL, "img ref")])
+def test_bad_ids_or_image_are_rejected(args: tuple) -> None:
+    with pytest.raises(errors.InputError):
+        k8s.render_trial_pod(*args, k8s.KubernetesSandboxSpec())
+
+
+# --- network policy ------------------------------------------------------------------------------
+def test_network_policy_denies_egress_of_trial_pods_only() -> None:
+    policy = k8s.validate_manifest(k8s.render_network_policy("forgeflow"))
+    assert type(policy).__name__ == "V1NetworkPolicy"
+    assert policy.spec.policy_types == ["Egress"] and policy.spec.egress == []
+    selector = policy.spec.pod_selector.match_labels
+    closed = k8s.render_trial_pod("a", TRIAL, IMAGE, k8s.KubernetesSandboxSpec())["metadata"]["labels"]
+    opened = k8s.render_trial_pod("a", TRIAL, IMAGE, k8s.KubernetesSandboxSpec(network=True))["metadata"]["labels"]
+    assert selector.items() <= closed.items()
+    assert not selector.items() <= opened.items()
+    with pytest.raises(errors.InputError, match="empty"):
+        k8s.render_network_policy("forgeflow", {})
+
+
+# --- manifest validation -------------------------------------------------------------------------
+def test_validate_manifest_catches_typos_wrong_types_and_missing_required_fields() -> None:
+    manifest = k8s.render_trial_pod("a", TRIAL, IMAGE, k8s.KubernetesSandboxSpec())
+    manifest["spec"]["automountServiceAcountToken"] = True
+    manifest["spec"]["containers"][0]["resources"]["limits"]["cpu"] = 1
+    with pytest.raises(errors.InputError) as info:
+        k8s.validate_manifest(manifest)
+    assert "automountServiceAcountToken" in str(info.value) and "limits.cpu" in str(info.value)
+    nameless = {"apiVersion": "v1", "kind": "Pod", "spec": {"containers": [{"image": IMAGE}]}}
+    with pytest.raises(errors.InputError, match="name"):
+        k8s.validate_manifest(nameless)
+    with pytest.raises(errors.InputError, match="kind"):
+        k8s.validate_manifest({"apiVersion": "v1", "kind": "Secret"})
+
+
+# --- recorded pod statuses -----------------------------------------------------------------------
+STATUS_CASES = [
+    ("pod_running.json", None),
+    ("pod_pending_unschedulable.json", None),
+    ("pod_oomkilled.json", errors.SandboxOOMError),
+    ("pod_evicted.json", errors.SandboxError),
+    ("pod_image_pull_backoff.json", errors.ImageNotFoundError),
+    ("pod_err_image_pull.json", errors.ImageNotFoundError),
+    ("pod_err_image_pull_unreachable.json", errors.RegistryUnavailableError),
+    ("pod_create_container_config_error.json", errors.SandboxError),
+    ("pod_deadline_exceeded.json", errors.VerifierTimeoutError),
+]
+
+
+@pytest.mark.parametrize(("fixture", "expected"), STATUS_CASES)
+def test_recorded_pod_status_maps_to_the_right_exception(fixture: str, expected: type | None) -> None:
+    recorded = json.loads((DATA / fixture).read_text())
+    k8s.validate_manifest(recorded)  # the fixture is a real V1Pod, field for field
+    for given in (recorded, recorded["status"]):  # a whole Pod or its status
+        exc = k8s.pod_status_to_exception(given)
+        if expected is None:
+            assert exc is None
+        else:
+            assert type(exc) is expected, exc
+            assert isinstance(exc, errors.InfraError) and str(exc)
+    if expected is errors.RegistryUnavailableError:
+        assert errors.is_transient(exc)
+    if fixture == "pod_evicted.json":
+        assert "ephemeral local storage" in str(exc)
+
+
+def test_pod_status_must_be_a_dict() -> None:
+    with pytest.raises(errors.InputError):
+        k8s.pod_status_to_exception("Running")  # type: ignore[arg-type]
+
+
+# --- infra/k8s -----------------------------------------------------------------------------------
+def test_every_infra_yaml_document_validates() -> None:
+    kinds = []
+    for path in sorted(K8S_DIR.glob("*.yaml")):
+        for doc in load_yaml_docs(path):
+            model = k8s.validate_manifest(doc)
+            assert model.metadata.name and model.metadata.namespace == "forgeflow", path
+            kinds.append(doc["kind"])
+    assert {"ServiceAccount", "Role", "RoleBinding", "Pod", "NetworkPolicy"} <= set(kinds)
+
+
+def test_rbac_lets_the_worker_run_trials_and_jobs_but_nothing_else() -> None:
+    docs = {d["kind"]: k8s.validate_manifest(d) for d in load_yaml_docs(K8S_DIR / "rbac.yaml")}
+    sa, role, binding = docs["ServiceAccount"], docs["Role"], docs["RoleBinding"]
+    grants = {(g, r, v) for rule in role.rules for g in rule.api_groups for r in rule.resources for v in rule.verbs}
+    for need in [("", "pods", "create"), ("", "pods", "delete"), ("", "pods/exec", "create"),
+                 ("", "pods/status", "get"), ("batch", "jobs", "create"), ("batch", "jobs", "watch"),
+                 ("", "events", "list")]:
+        assert need in grants, need
+    assert not any(r in {"secrets", "*"} or v == "*" for _, r, v in grants)
+    assert binding.role_ref.kind == "Role" and binding.role_ref.name == role.metadata.name
+    assert [(s.kind, s.name, s.namespace) for s in binding.subjects] == [("ServiceAccount", sa.metadata.name, "forgeflow")]
+    template = json.loads((K8S_DIR / "base-job-template.json").read_text())
+    assert template["variables"]["properties"]["service_account_name"]["default"] == sa.metadata.name
+
+
+def test_sandbox_pod_and_network_policy_files_match_the_renderers() -> None:
+    (pod,) = load_yaml_docs(K8S_DIR / "sandbox-pod.yaml")
+    assert pod == k8s.render_trial_pod(
+        "boltons__boltons.3bfcfdd0.func_pm_remove_cond__example", TRIAL, IMAGE,
+        k8s.KubernetesSandboxSpec(image_pull_secret="forgeflow-registry"),
+    )
+    (policy,) = load_yaml_docs(K8S_DIR / "network-policy.yaml")
+    assert policy == k8s.render_network_policy("forgeflow")
+
+
+def _render_job(template: dict, **values: object) -> dict:
+    """Render a base job template as the Prefect kubernetes worker does: Prefect's ``apply_values``
+    with the variables' defaults, then ``env`` from a mapping to a list of ``{name, value}``."""
+    from prefect.utilities.templating import apply_values, find_placeholders
+
+    declared = set(template["variables"]["properties"])
+    used = {p.name for p in find_placeholders(template["job_configuration"])}
+    assert used <= declared, f"undeclared placeholders: {used - declared}"
+    defaults = {k: v["default"] for k, v in template["variables"]["properties"].items() if "default" in v}
+    config = apply_values(template["job_configuration"], {**defaults, "env": {}, "labels": {}, **values})
+    manifest = config["job_manifest"]
+    container = manifest["spec"]["template"]["spec"]["containers"][0]
+    container["env"] = [{"name": k, "value": v} for k, v in (container.get("env") or {}).items()]
+    return manifest
+
+
+@pytest.mark.parametrize("filename", ["base-job-template.json", "base-job-template-gpu.json"])
+def test_base_job_templates_render_to_valid_prefect_jobs(filename: str) -> None:
+    template = json.loads((K8S_DIR / filename).read_text())
+    assert set(template) == {"job_configuration", "variables"}
+    manifest = _render_job(template, name="lifecycle-brave-otter", env={"FORGEFLOW_HOME": "/data"},
+                           image="registry.example.com/forgeflow/worker:0.1.0")
+    job = k8s.validate_manifest(manifest, PREFECT_JOB_EXTRAS)
+    assert type(job).__name__ == "V1Job"
+    # what the Prefect kubernetes worker insists on (prefect_kubernetes.worker._get_base_job_manifest)
+    pod_spec = manifest["spec"]["template"]["spec"]
+    assert (pod_spec["parallelism"], pod_spec["completions"], pod_spec["restartPolicy"]) == (1, 1, "Never")
+    assert job.spec.template.spec.containers[0].name == "prefect-job"
+    assert job.metadata.generate_name == "lifecycle-brave-otter-" and job.metadata.namespace == "forgeflow"
+    assert job.spec.template.spec.service_account_name == "forgeflow-worker"
+    assert job.spec.template.spec.security_context.run_as_non_root is True
+    assert job.spec.template.spec.containers[0].env[0].name == "FORGEFLOW_HOME"
+    limits = job.spec.template.spec.containers[0].resources.limits
+    if "gpu" in filename:
+        assert limits["nvidia.com/gpu"] == "1"
+        assert any(t.key == "nvidia.com/gpu" for t in job.spec.template.spec.tolerations)
+        assert job.spec.template.spec.node_selector
+    else:
+        assert "nvidia.com/gpu" not in limits and not job.spec.template.spec.tolerations
+
+
+def test_worker_dockerfile_pins_the_installed_prefect_and_copies_existing_paths() -> None:
+    text = (K8S_DIR / "worker.Dockerfile").read_text()
+    assert f"ARG PREFECT_VERSION={importlib.metadata.version('prefect')}" in text
+    assert re.search(r"^ARG PREFECT_KUBERNETES_VERSION=\d+\.\d+\.\d+$", text, re.M)
+    for source in re.findall(r"^COPY (\S+(?: \S+)*) \S+$", text, re.M):
+        for part in source.split():
+            assert (REPO / part).exists(), part
+    users = re.findall(r"^USER (\S+)", text, re.M)
+    assert users and not users[-1].startswith(("root", "0"))
+    assert json.loads(re.search(r"^CMD (.+)$", text, re.M).group(1)) == [
+        "prefect", "worker", "start", "--pool", "k8s", "--type", "kubernetes"]
+
+
+# --- the sandbox, through a recording stand-in for CoreV1Api (no API server can run here) ---------
+class RecordingCoreV1Api:
+    """Records create/read/delete calls; read_namespaced_pod_status replays recorded pod statuses
+    as real ``V1Pod`` objects, the way the client returns them."""
+
+    def __init__(self, statuses: list[str]) -> None:
+        self.api_client = ApiClient()
+        self.statuses = list(statuses)
+        self.calls: list[tuple[str, dict]] = []
+        self.pods: dict[str, dict] = {}
+
+    def create_namespaced_pod(self, namespace: str, body: dict) -> None:
+        self.calls.append(("create", {"namespace": namespace, "body": body}))
+        self.pods[body["metadata"]["name"]] = body
+
+    def read_namespaced_pod_status(self, name: str, namespace: str):
+        self.calls.append(("read", {"name": name, "namespace": namespace}))
+        recorded = json.loads((DATA / self.statuses.pop(0)).read_text())
+        return self.api_client._ApiClient__deserialize(recorded, "V1Pod")
+
+    def delete_namespaced_pod(self, name: str, namespace: str, **kwargs: object) -> None:
+        self.calls.append(("delete", {"name": name, "namespace": namespace, **kwargs}))
+        if self.pods.pop(name, None) is None:
+            raise ApiException(status=404, reason="Not Found")
+
+    def list_namespaced_pod(self, namespace: str, label_selector: str):
+        self.calls.append(("list", {"namespace": namespace, "label_selector": label_selector}))
+        items = [self.api_client._ApiClient__deserialize(p, "V1Pod") for p in self.pods.values()]
+        return type("PodList", (), {"items": items})()
+
+
+def test_sandbox_creates_the_rendered_pod_and_deletes_it_on_stop() -> None:
+    api = RecordingCoreV1Api(["pod_pending_unschedulable.json", "pod_running.json"])
+    box = k8s.KubernetesSandbox(IMAGE, SandboxSpec(memory_mb=4096), "ff-nop-task-1", api=api,
+                                instance_id=LONG_A, trial_id=TRIAL, poll_interval_s=0)
+    with box:
+        kind, create = api.calls[0]
+        assert kind == "create" and create["namespace"] == "forgeflow"
+        assert create["body"]["metadata"]["name"] == "ff-nop-task-1"
+        assert create["body"]["spec"]["containers"][0]["resources"]["limits"]["memory"] == "4096Mi"
+        k8s.validate_manifest(create["body"])
+        assert [c[0] for c in api.calls] == ["create", "read", "read"]
+    assert api.calls[-1] == ("delete", {"name": "ff-nop-task-1", "namespace": "forgeflow",
+                                        "grace_period_seconds": 0, "propagation_policy": "Background"})
+    box.stop()  # idempotent: no second delete
+    assert [c[0] for c in api.calls].count("delete") == 1
+
+
+def test_sandbox_deletes_the_pod_when_the_trial_is_cancelled() -> None:
+    api = RecordingCoreV1Api(["pod_running.json"])
+    with pytest.raises(KeyboardInterrupt):
+        with k8s.KubernetesSandbox(IMAGE, api=api, trial_id=TRIAL, instance_id="a", poll_interval_s=0) as box:
+            raise KeyboardInterrupt  # what a cancelled flow run raises into the trial
+    assert api.calls[-1][0] == "delete" and api.calls[-1][1]["name"] == box.name
+    assert not api.pods
+
+
+@pytest.mark.parametrize(
+    ("fixture", "expected"),
+    [("pod_image_pull_backoff.json", errors.ImageNotFoundError), ("pod_oomkilled.json", errors.SandboxOOMError),
+     ("pod_evicted.json", errors.SandboxError)],
+)
+def test_sandbox_start_raises_from_pod_status_and_deletes_the_pod(fixture: str, expected: type) -> None:
+    api = RecordingCoreV1Api([fixture])
+    box = k8s.KubernetesSandbox(IMAGE, api=api, instance_id="a", trial_id=TRIAL, poll_interval_s=0)
+    with pytest.raises(expected):
+        box.start()
+    assert api.calls[-1][0] == "delete" and not api.pods
+
+
+def test_sandbox_start_times_out_on_an_unschedulable_pod() -> None:
+    api = RecordingCoreV1Api(["pod_pending_unschedulable.json"])
+    box = k8s.KubernetesSandbox(IMAGE, api=api, instance_id="a", trial_id=TRIAL, start_timeout_s=0, poll_interval_s=0)
+    with pytest.raises(errors.SandboxError, match="Insufficient memory"):
+        box.start()
+    assert not api.pods
+    with pytest.raises(errors.SandboxError, match="not started"):
+        box.exec("true", timeout_s=5)
+
+
+def test_delete_trial_pods_sweeps_by_label() -> None:
+    api = RecordingCoreV1Api(["pod_running.json", "pod_running.json"])
+    for trial in ("t1", "t2"):
+        k8s.KubernetesSandbox(IMAGE, api=api, instance_id="a", trial_id=trial, poll_interval_s=0).start()
+    names = k8s.delete_trial_pods(api, "forgeflow")
+    assert len(names) == 2 and not api.pods
+    assert ("list", {"namespace": "forgeflow",
+                     "label_selector": "app.kubernetes.io/managed-by=forgeflow,forgeflow.dev/role=trial"}) in api.calls
+
+
+def test_kubernetes_backend_is_registered() -> None:
+    from forgeflow.sandbox import get_backend
+
+    backend = get_backend("kubernetes")
+    box = backend(IMAGE, SandboxSpec(), "ff-x", api=RecordingCoreV1Api([]))
+    assert isinstance(box, k8s.KubernetesSandbox)
