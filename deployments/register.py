@@ -13,6 +13,7 @@ from prefect.deployments.runner import RunnerDeployment
 from prefect.schedules import Schedule
 
 from flows.lifecycle import lifecycle
+from flows.curate import curate, recover
 from flows.stages import compare, freeze, migrate, package, serve
 
 WORK_POOL = "local"
@@ -28,6 +29,11 @@ SPECS: list[dict[str, Any]] = [
                     "min_repos": 2, "seed": 0}},
     {"flow": compare, "entrypoint": "flows/stages.py:compare", "name": "compare",
      "parameters": {"job_a": "", "job_b": ""}},
+    {"flow": curate, "entrypoint": "flows/curate.py:curate", "name": "curate",
+     "parameters": {"candidates_path": ".forgeflow/candidates.jsonl", "batch_size": 40, "concurrency": 10,
+                    "max_retries": 2, "verifier_timeout_s": 180.0, "seed": 0}},
+    {"flow": recover, "entrypoint": "flows/curate.py:recover", "name": "recover",
+     "parameters": {"reason": "", "dry_run": True}},
     {"flow": package, "entrypoint": "flows/stages.py:package", "name": "package",
      "parameters": {"hf_dir": ".forgeflow/demo/models/base", "out_dir": ".forgeflow/package",
                     "quantizations": ["Q8_0", "Q4_K_M"]}},

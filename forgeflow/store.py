@@ -158,6 +158,8 @@ class Trial(_Stamped, Base):
     exception_message: Mapped[str | None] = mapped_column(Text)
     timings: Mapped[dict[str, Any]] = mapped_column(default=dict)
     model_sha256: Mapped[str | None] = mapped_column(String(_SHA))
+    voided_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    void_reason: Mapped[str | None] = mapped_column(Text)
 
 
 class Freeze(_Stamped, Base):
@@ -243,7 +245,8 @@ class BatchRecord(_Record):
 class TrialRecord(_Record):
     """A row of ``trials``: ``reward`` is None when the trial ended in an exception.
 
-    ``timings`` maps a phase name to seconds (e.g. ``{"agent_s": 12.5, "verifier_s": 3.1}``).
+    A *void* trial (``voided_at`` set, with ``void_reason``) is kept for audit but excluded from
+    reads and counts unless asked (see :mod:`forgeflow.recovery`). ``timings`` maps a phase name to seconds (e.g. ``{"agent_s": 12.5, "verifier_s": 3.1}``).
     """
 
     trial_id: str = Field(min_length=1, max_length=_ID)
@@ -257,6 +260,12 @@ class TrialRecord(_Record):
     timings: dict[str, float] = Field(default_factory=dict)
     model_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     created_at: datetime | None = None
+    voided_at: datetime | None = None
+    void_reason: str | None = None
+
+
+TRIAL_VOID_FIELDS = frozenset({"voided_at", "void_reason"})
+"""Columns only :meth:`Store.void_trials` writes: re-recording a trial never un-voids it."""
 
 
 class FreezeRecord(_Record):
@@ -454,7 +463,111 @@ class Store:
                     f"trial {record.trial_id!r} must have exactly one of reward "
                     f"({record.reward!r}) and exception_type ({record.exception_type!r})"
                 )
-        self.upsert_many(Trial, [self._row(["trial_id"], r) for r in records])
+        rows = []
+        for record in records:
+            key, values = self._row(["trial_id"], record)
+            rows.append((key, {k: v for k, v in values.items() if k not in TRIAL_VOID_FIELDS}))
+        self.upsert_many(Trial, rows)
+
+    def record_batch_results(
+        self, batch: BatchRecord, trials: Sequence[TrialRecord], tasks: Sequence[TaskRecord]
+    ) -> None:
+        """Upsert a batch's trials, its tasks' statuses and the batch row in ONE transaction.
+
+        A crash leaves all or none of them, so a resumed batch never sees trials without the
+        statuses they decided (or the reverse).
+
+        Raises:
+            InputError: as :meth:`record_trials` (nothing is written).
+        """
+        for record in trials:
+            both_ok = record.kind == "agent" and record.exception_type in SCORED_DESPITE_EXCEPTION
+            if (record.reward is None and record.exception_type is None) or (
+                record.reward is not None and record.exception_type is not None and not both_ok
+            ):
+                raise InputError(
+                    f"trial {record.trial_id!r} must have exactly one of reward "
+                    f"({record.reward!r}) and exception_type ({record.exception_type!r})"
+                )
+        dialect = self.engine.dialect.name
+        with self.engine.begin() as connection:
+            for record in trials:
+                key, values = self._row(["trial_id"], record)
+                values = {k: v for k, v in values.items() if k not in TRIAL_VOID_FIELDS}
+                connection.execute(upsert_statement(dialect, Trial, key, values))
+            for record in tasks:
+                connection.execute(upsert_statement(dialect, TaskInstance, *self._row(["instance_id"], record)))
+            connection.execute(upsert_statement(dialect, Batch, *self._row(["batch_id"], batch)))
+
+    def void_trials(
+        self,
+        trial_ids: Sequence[str],
+        reason: str,
+        *,
+        requeue: Sequence[str] = (),
+        voided_at: datetime | None = None,
+        run_id: str | None = None,
+        check: Any = None,
+    ) -> int:
+        """Mark trials void and put tasks back to ``candidate``, in ONE transaction.
+
+        Void trials stay in the table (audit) with ``voided_at``/``void_reason``; trials that are
+        already void are left as they are.
+
+        Args:
+            trial_ids: Trials to void.
+            reason: Why (non-empty; stored in ``void_reason`` and in each requeued task's
+                ``reason``).
+            requeue: Instance ids whose task goes back to status ``candidate`` (test lists
+                cleared).
+            voided_at: The void timestamp (UTC; default now).
+            run_id: The run doing it (stamped on the requeued task rows).
+            check: Optional ``callable(session)`` run after the writes and before the commit; an
+                exception from it rolls everything back (used to verify counts).
+
+        Returns:
+            The number of trials newly voided.
+
+        Raises:
+            InputError: ``reason`` is empty or a trial id / instance id is unknown (nothing is
+                written).
+        """
+        from sqlalchemy import update
+
+        if not reason.strip():
+            raise InputError("void_trials: reason must not be empty")
+        when = voided_at or _utcnow()
+        with self.session() as session:
+            ids = list(dict.fromkeys(trial_ids))
+            found = set(session.scalars(select(Trial.trial_id).where(Trial.trial_id.in_(ids))))
+            missing = [trial_id for trial_id in ids if trial_id not in found]
+            if missing:
+                raise InputError(f"void_trials: unknown trial ids {missing[:10]}")
+            tasks = list(dict.fromkeys(requeue))
+            known = set(
+                session.scalars(
+                    select(TaskInstance.instance_id).where(TaskInstance.instance_id.in_(tasks))
+                )
+            )
+            absent = [instance_id for instance_id in tasks if instance_id not in known]
+            if absent:
+                raise InputError(f"void_trials: unknown instance ids to requeue {absent[:10]}")
+            voided = session.execute(
+                update(Trial)
+                .where(Trial.trial_id.in_(ids), Trial.voided_at.is_(None))
+                .values(voided_at=when, void_reason=reason, updated_at=when)
+            ).rowcount
+            if tasks:
+                session.execute(
+                    update(TaskInstance)
+                    .where(TaskInstance.instance_id.in_(tasks))
+                    .values(status="candidate", reason=f"requeued: {reason}", fail_to_pass=[],
+                            pass_to_pass=[], run_id=run_id, updated_at=when)
+                )
+            if check is not None:
+                session.flush()
+                check(session)
+            return int(voided or 0)
 
     def record_freeze(self, record: FreezeRecord) -> None:
         """Upsert a freeze by ``name`` (the manifest file itself is never overwritten)."""
@@ -542,9 +655,21 @@ class Store:
         kind: TrialKind | None = None,
         job_id: str | None = None,
         instance_id: str | None = None,
+        batch_id: str | None = None,
+        trial_ids: Sequence[str] | None = None,
+        include_void: bool = False,
     ) -> list[TrialRecord]:
-        """Trials matching every given filter, ordered by ``created_at`` then ``trial_id``."""
+        """Trials matching every given filter, ordered by ``created_at`` then ``trial_id``.
+
+        Void trials are left out unless ``include_void``.
+        """
         statement = select(Trial).order_by(Trial.created_at, Trial.trial_id)
+        if not include_void:
+            statement = statement.where(Trial.voided_at.is_(None))
+        if batch_id is not None:
+            statement = statement.where(Trial.batch_id == batch_id)
+        if trial_ids is not None:
+            statement = statement.where(Trial.trial_id.in_(list(trial_ids)))
         if kind is not None:
             statement = statement.where(Trial.kind == kind)
         if job_id is not None:
@@ -567,13 +692,23 @@ class Store:
             select(ServingGeneration).order_by(ServingGeneration.generation),
         )
 
-    def counts(self) -> dict[str, int]:
-        """Row count per table name (every table, zero included)."""
+    def batches(self, kind: str | None = None) -> list[BatchRecord]:
+        """Batches ordered by creation, optionally only one ``kind``."""
+        statement = select(Batch).order_by(Batch.created_at, Batch.batch_id)
+        if kind is not None:
+            statement = statement.where(Batch.kind == kind)
+        return self._all(BatchRecord, statement)
+
+    def counts(self, include_void: bool = False) -> dict[str, int]:
+        """Row count per table name (every table, zero included); void trials only if asked."""
         with Session(self.engine) as session:
-            return {
-                table.name: session.scalar(select(func.count()).select_from(table)) or 0
-                for table in Base.metadata.sorted_tables
-            }
+            out = {}
+            for table in Base.metadata.sorted_tables:
+                statement = select(func.count()).select_from(table)
+                if table.name == Trial.__tablename__ and not include_void:
+                    statement = statement.where(table.c.voided_at.is_(None))
+                out[table.name] = session.scalar(statement) or 0
+            return out
 
 
 def upsert_statement(

@@ -24,12 +24,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Literal
+from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from forgeflow import errors
-from forgeflow.bugs import Candidate
 from forgeflow.fsutil import sha256_json
 from forgeflow.grading import ValidationReport, failed, grade_resolved, grade_validation, parse_test_log, passed
 from forgeflow.sandbox import Sandbox, SandboxSpec, get_backend
@@ -305,7 +304,7 @@ def _reward(tests: dict[str, str], report: ValidationReport | None) -> float:
     return 1.0 if any(passed(s) for s in statuses) and not any(failed(s) for s in statuses) else 0.0
 
 
-def _revert_patch(candidate: Candidate) -> Callable[[Sandbox], None]:
+def _revert_patch(candidate: "BugTask") -> Callable[[Sandbox], None]:
     def prepare(sandbox: Sandbox) -> None:
         sandbox.write_file(PATCH_PATH_IN_SANDBOX, candidate.patch)
         res = sandbox.exec(
@@ -322,8 +321,19 @@ def _revert_patch(candidate: Candidate) -> Callable[[Sandbox], None]:
     return prepare
 
 
+class BugTask(Protocol):
+    """What validation reads of a candidate: its id and the bug patch the task image has applied
+    (a :class:`forgeflow.bugs.Candidate`, a :class:`forgeflow.candidates.CandidateTask`, ...)."""
+
+    @property
+    def instance_id(self) -> str: ...
+
+    @property
+    def patch(self) -> str: ...
+
+
 def validate_candidate(
-    candidate: Candidate,
+    candidate: BugTask,
     image_ref: str,
     test_command: str,
     *,

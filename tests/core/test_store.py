@@ -41,7 +41,7 @@ def test_migration_creates_exactly_what_the_models_declare(store: Store) -> None
         context = MigrationContext.configure(connection, opts={"compare_type": True})
         diff = compare_metadata(context, Base.metadata)
     assert diff == []
-    assert store.current_revision() == "0001"
+    assert store.current_revision() == "0002"
 
 
 def test_upgrade_twice_is_a_no_op(store: Store) -> None:
@@ -188,7 +188,7 @@ def test_url_comes_from_forgeflow_store_url(tmp_path: Path, monkeypatch) -> None
     ledger = Store()
     ledger.upgrade()
     assert ledger.url == f"sqlite:///{db}"
-    assert db.is_file() and ledger.current_revision() == "0001"
+    assert db.is_file() and ledger.current_revision() == "0002"
     ledger.dispose()
 
 

@@ -1,0 +1,258 @@
+"""The ``curate`` flow (validate batches until the dataset is freeze-ready) and the ``recover`` flow.
+
+``curate``: before every batch the freeze check (:func:`forgeflow.freeze.freeze_ready`, the very
+selection the freeze uses) runs on the store's accepted tasks. Ready: emit the Prefect event
+``forgeflow.dataset.freeze-ready`` and stop. Not ready: pick one batch with
+:func:`forgeflow.selection.select_batch`, run NOP/Oracle at most ``concurrency`` at a time (an
+attempt that ends in an infrastructure error is tried again, up to ``max_retries`` times), and
+record the trials, task statuses and the batch row in one transaction. No candidate left: stop,
+naming each unmet quota and by how much. Batch ids and trial ids are deterministic, so a killed
+run resumed loses no finished trial and duplicates none.
+
+``recover``: :mod:`forgeflow.recovery` behind a flow (dry run by default), with an audit artifact.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+from collections import deque
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
+from prefect.events import emit_event
+from prefect.runtime import flow_run
+
+from forgeflow import projects
+from forgeflow.candidates import CandidateTask, load_candidates, to_candidate_refs
+from forgeflow.errors import InputError
+from forgeflow.freeze import AcceptedTask, SplitQuotas, freeze_ready
+from forgeflow.fsutil import atomic_write_text, sha256_bytes, sha256_json
+from forgeflow.recovery import RecoveryRequest, apply_recovery, plan_recovery, render_audit, render_plan
+from forgeflow.selection import DEFAULT_BATCH_SIZE, select_batch
+from forgeflow.settings import apply_container_env, home_dir
+from forgeflow.store import BatchRecord, Store, TaskRecord, TrialRecord
+from tasks import curate as curate_tasks
+from tasks.common import markdown_artifact, table_artifact
+
+FREEZE_READY_EVENT = "forgeflow.dataset.freeze-ready"
+DEFAULT_QUOTAS = SplitQuotas(train=350, validation=75, test=75, max_per_repo=20, min_repos=70)
+JOB_ID = "curate"
+
+
+def _test_commands(path: Path, rows: list[CandidateTask], given: dict[str, str] | None) -> dict[str, str]:
+    """instance id -> test command: the row's ``test_command``, else ``given[repo]``, else the
+    pinned project's (``forgeflow/data/projects.json``)."""
+    per_row: dict[str, str] = {}
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            raw = json.loads(line)
+            if isinstance(raw.get("test_command"), str) and raw["test_command"].strip():
+                per_row[raw["instance_id"]] = raw["test_command"]
+    out: dict[str, str] = {}
+    lacking: set[str] = set()
+    for row in rows:
+        command = per_row.get(row.instance_id) or (given or {}).get(row.repo)
+        if command is None:
+            try:
+                command = projects.get_project(row.repo).test_command
+            except InputError:
+                lacking.add(row.repo)
+                continue
+        out[row.instance_id] = command
+    if lacking:
+        raise InputError(f"{path}: no test_command for repos {sorted(lacking)[:20]}: give it per row "
+                         "(key test_command) or in the test_commands parameter (repo -> command)")
+    return out
+
+
+def _trial_row(tr: Any, batch_id: str, run_id: str) -> TrialRecord:
+    timings = {k: v for k, v in {"env_setup_s": tr.env_setup_s, "verifier_s": tr.verifier_s}.items() if v is not None}
+    return TrialRecord(trial_id=tr.trial_id, instance_id=tr.instance_id, kind=tr.kind, batch_id=batch_id,
+                       job_id=JOB_ID, reward=tr.reward, exception_type=tr.exception_type,
+                       exception_message=tr.exception_message, timings=timings, created_at=tr.started_at,
+                       run_id=run_id)
+
+
+def _unmet_text(unmet: list[Any]) -> str:
+    return "; ".join(f"{u.name} needs {u.required}, has {u.found} (missing {u.missing})" for u in unmet)
+
+
+@flow(name="curate", log_prints=True)
+def curate(candidates_path: Path, quotas: SplitQuotas = DEFAULT_QUOTAS, batch_size: int = DEFAULT_BATCH_SIZE,
+           concurrency: int = 10, max_retries: int = 2, verifier_timeout_s: float = 180.0,
+           memory_mb: int = 2048, seed: int = 0, test_commands: dict[str, str] | None = None) -> dict[str, Any]:
+    """Validate candidate batches until the accepted tasks meet ``quotas`` (or none is left).
+
+    Args:
+        candidates_path: JSONL of candidate rows (:func:`forgeflow.candidates.load_candidates`);
+            ``image`` is the task image (local name or ``host:port/repo:tag``); an optional
+            ``test_command`` key per row overrides ``test_commands``.
+        quotas: What the freeze needs (default: train 350, validation 75, test 75, <= 20 per repo,
+            >= 70 repos).
+        batch_size: Candidates per batch (select_batch).
+        concurrency: NOP/Oracle validations in flight at once.
+        max_retries: Extra attempts for a validation that ended in an infrastructure error.
+        verifier_timeout_s: Absolute limit per test run, seconds.
+        memory_mb: Sandbox memory limit, MiB.
+        seed: Orders candidates and splits (same seed, same batches).
+        test_commands: repo -> test command, for repos that are not pinned projects.
+
+    Returns:
+        ``status`` (``freeze-ready`` or ``exhausted``), ``batches`` (ids run), ``trials_recorded``,
+        ``counts`` (per split), ``unmet`` (quota texts), ``event_id`` (the freeze-ready event).
+
+    Raises:
+        InputError: malformed rows, a repo without a test command, bad parameters.
+    """
+    if concurrency < 1 or max_retries < 0 or verifier_timeout_s <= 0:
+        raise InputError(f"curate: concurrency >= 1, max_retries >= 0, verifier_timeout_s > 0 needed; got "
+                         f"{concurrency}, {max_retries}, {verifier_timeout_s}")
+    logger = get_run_logger()
+    apply_container_env()
+    run_id = str(flow_run.get_id() or "")
+    store = Store()
+    store.upgrade()
+    rows = load_candidates(candidates_path)
+    by_id = {row.instance_id: row for row in rows}
+    commands = _test_commands(candidates_path, rows, test_commands)
+    available = set(curate_tasks.available_images([row.image for row in rows if row.image]))
+    refs = to_candidate_refs(rows, available)
+    known = {t.instance_id for t in store.tasks()}
+    new_rows = [TaskRecord(instance_id=r.instance_id, repo=r.repo, patch_sha256=sha256_bytes(r.patch.encode()),
+                           image_ref=r.image, status="candidate", run_id=run_id) for r in rows if r.instance_id not in known]
+    if new_rows:
+        store.record_batch_results(BatchRecord(batch_id=f"load-{sha256_json(sorted(by_id))[:16]}", kind="load",
+                                               instance_ids=[t.instance_id for t in new_rows], concurrency=1,
+                                               run_id=run_id), [], new_rows)
+    logger.info("curate: %d candidates (%d new), %d with an available image", len(rows), len(new_rows),
+                sum(r.image_available for r in refs))
+    validate = curate_tasks.validate_attempt.with_options(retries=max_retries)
+    batches: list[str] = []
+    recorded = 0
+    while True:
+        accepted = [AcceptedTask(instance_id=t.instance_id, repo=t.repo) for t in store.accepted_tasks()]
+        selection = freeze_ready(accepted, quotas, seed)
+        if selection.ready:
+            resource_id = (f"forgeflow.store.{sha256_bytes(store.url.encode())[:12]}"
+                           f".quotas.{sha256_json(quotas.model_dump())[:12]}")
+            event = emit_event(FREEZE_READY_EVENT,
+                               resource={"prefect.resource.id": resource_id, "prefect.resource.name": "curated dataset"},
+                               payload={"store_url": store.url, "quotas": quotas.model_dump(), "seed": seed,
+                                        "counts": selection.counts, "accepted": len(accepted), "batches": batches})
+            logger.info("FREEZE READY: %s over %d repos after %d batch(es); event %s on %s",
+                        ", ".join(f"{s} {n}/{quotas.target(s)}" for s, n in selection.counts.items()),
+                        sum(len(r) for r in selection.repos_per_split.values()), len(batches),
+                        FREEZE_READY_EVENT, resource_id)
+            return {"status": "freeze-ready", "batches": batches, "trials_recorded": recorded,
+                    "counts": selection.counts, "unmet": [], "event_id": str(event.id) if event else None}
+        ids = select_batch(refs, store.processed_instance_ids(), store.accepted_per_repo(), batch_size, seed)
+        if not ids:
+            text = _unmet_text(selection.unmet)
+            logger.warning("STOPPED, NOT READY: no candidate left to validate; unmet quotas: %s", text)
+            return {"status": "exhausted", "batches": batches, "trials_recorded": recorded,
+                    "counts": selection.counts, "unmet": [text], "event_id": None}
+        batch_id = f"curate-{sha256_json({'seed': seed, 'ids': sorted(ids)})[:16]}"
+        recorded += _run_batch(store, batch_id, ids, by_id, commands, validate, concurrency, max_retries,
+                               verifier_timeout_s, memory_mb, run_id)
+        batches.append(batch_id)
+        logger.info("batch %s: %d candidates; unmet before it: %s", batch_id, len(ids), _unmet_text(selection.unmet))
+
+
+def _run_batch(store: Store, batch_id: str, ids: list[str], by_id: dict[str, CandidateTask], commands: dict[str, str],
+               validate: Any, concurrency: int, max_retries: int, timeout_s: float, memory_mb: int, run_id: str) -> int:
+    """Validate one batch (sliding window of ``concurrency``), record it in one transaction."""
+    logger = get_run_logger()
+    # attempt numbers continue after earlier (e.g. voided) attempts: new trial ids after a recovery
+    earlier = {iid: len(store.trials_for(kind="nop", instance_id=iid, include_void=True)) for iid in ids}
+    progress = create_progress_artifact(progress=0.0, description=f"batch {batch_id}: {len(ids)} candidates")
+    done: queue.Queue = queue.Queue()
+    pending = deque((iid, 0) for iid in ids)
+    in_flight, finished = 0, 0
+    trials: list[TrialRecord] = []
+    final: dict[str, tuple[str, str, Any]] = {}
+    while pending or in_flight:
+        while pending and in_flight < concurrency:
+            iid, attempt = pending.popleft()
+            row = by_id[iid]
+            future = validate.submit(row, row.image, commands[iid], timeout_s, memory_mb,
+                                     f"curate-a{earlier[iid] + attempt}")
+            future.add_done_callback(lambda f, iid=iid, attempt=attempt: done.put((iid, attempt, f)))
+            in_flight += 1
+        iid, attempt, future = done.get()
+        in_flight -= 1
+        try:  # the callback can run before the Prefect state is final: result() waits for it
+            outcome = future.result()
+        except Exception as exc:  # noqa: BLE001 - this task's failure must not sink the batch
+            logger.error("validation of %s raised (no trial recorded): %r", iid, exc)
+            final[iid] = ("error", f"validation raised {type(exc).__name__}: {exc}"[:2000], None)
+        else:
+            trials.extend(_trial_row(tr, batch_id, run_id) for tr in (outcome.nop, outcome.oracle) if tr is not None)
+            if outcome.report is None:
+                failed = outcome.oracle if outcome.oracle is not None and outcome.oracle.exception_type else outcome.nop
+                if attempt < max_retries:
+                    logger.warning("%s: %s on attempt %d; trying again", iid, failed.exception_type, attempt + 1)
+                    pending.append((iid, attempt + 1))
+                    continue
+                final[iid] = ("error", f"{failed.exception_type}: {failed.exception_message}"[:2000], None)
+            else:
+                final[iid] = ("accepted" if outcome.report.accepted else "rejected", outcome.report.reason, outcome.report)
+        finished += 1
+        update_progress_artifact(progress, progress=100.0 * finished / len(ids))
+    tasks = []
+    for iid in ids:
+        status, reason, report = final[iid]
+        row = by_id[iid]
+        tasks.append(TaskRecord(instance_id=iid, repo=row.repo, patch_sha256=sha256_bytes(row.patch.encode()),
+                                image_ref=row.image, status=status, reason=reason,
+                                fail_to_pass=report.FAIL_TO_PASS if report else [],
+                                pass_to_pass=report.PASS_TO_PASS if report else [], run_id=run_id))
+    store.record_batch_results(BatchRecord(batch_id=batch_id, kind="curate", instance_ids=ids, concurrency=concurrency,
+                                           run_id=run_id), trials, tasks)
+    table_artifact(f"curate-{batch_id[-16:].lower()}", [
+        {"instance_id": t.instance_id, "status": t.status, "reason": t.reason, "FAIL_TO_PASS": len(t.fail_to_pass)}
+        for t in tasks], f"curate batch {batch_id}")
+    return len(trials)
+
+
+@flow(name="recover", log_prints=True)
+def recover(reason: str, batch_ids: list[str] | None = None, trial_ids: list[str] | None = None,
+            exception_type: str | None = None, since: datetime | None = None, until: datetime | None = None,
+            dry_run: bool = True, backup_dir: Path | None = None) -> dict[str, Any]:
+    """Void exactly the trials an infrastructure fault broke and requeue their tasks.
+
+    Select by ``batch_ids`` and/or ``trial_ids``, or by ``exception_type`` with BOTH ``since`` and
+    ``until`` (timezone-aware; refused without a window). ``dry_run`` (default) only lists what
+    would be voided/requeued; otherwise the affected rows are backed up (``backup_dir``, default
+    ``$FORGEFLOW_HOME/recovery``; JSON + ``.sha256``), voided/requeued in one transaction with the
+    counts verified, and an audit markdown artifact (and file beside the backup) is written.
+
+    Raises:
+        InputError / ValidationError: bad selection, unknown ids; CountMismatchError: the store
+            changed under the recovery (rolled back).
+    """
+    logger = get_run_logger()
+    request = RecoveryRequest(batch_ids=batch_ids or [], trial_ids=trial_ids or [], exception_type=exception_type,
+                              since=since, until=until, reason=reason)
+    store = Store()
+    store.upgrade()
+    plan = plan_recovery(store, request)
+    text = render_plan(plan)
+    logger.info("%s", text)
+    if dry_run:
+        markdown_artifact("recover-dry-run", f"```\n{text}\n```\n", "recover: what would be voided/requeued")
+        return {"dry_run": True, "void": [t.trial_id for t in plan.void],
+                "requeue": [t.instance_id for t in plan.requeue], "kept": [k.trial_id for k in plan.kept]}
+    result = apply_recovery(store, plan, backup_dir or home_dir() / "recovery", run_id=str(flow_run.get_id() or ""))
+    audit = render_audit(result)
+    if result.backup_path is not None:
+        atomic_write_text(result.backup_path.with_suffix(".md"), audit)
+    markdown_artifact("recover-audit", audit, f"recovery {result.recovery_id}")
+    logger.info("recovered: %d trial(s) voided, %d task(s) requeued; backup %s (sha256 %s)",
+                result.voided, result.requeued, result.backup_path, result.backup_sha256)
+    return {"dry_run": False, "recovery_id": result.recovery_id, "voided": result.voided, "requeued": result.requeued,
+            "backup_path": str(result.backup_path) if result.backup_path else None,
+            "backup_sha256": result.backup_sha256, "after": result.after.model_dump()}

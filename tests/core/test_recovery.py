@@ -1,0 +1,175 @@
+"""Recovery by exact ids on a temp SQLite store (no Prefect, no containers)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from forgeflow.errors import InputError
+from forgeflow.fsutil import sha256_file
+from forgeflow.recovery import (
+    CountMismatchError,
+    RecoveryRequest,
+    apply_recovery,
+    plan_recovery,
+    render_audit,
+    render_plan,
+)
+from forgeflow.store import BatchRecord, Store, TaskRecord, TrialRecord
+
+T0 = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
+
+
+def _trial(tid: str, iid: str, kind: str, batch: str, minutes: int, reward: float | None = None,
+           exc: str | None = None) -> TrialRecord:
+    return TrialRecord(trial_id=tid, instance_id=iid, kind=kind, batch_id=batch, job_id="curate",
+                       reward=reward, exception_type=exc, exception_message=f"{exc} happened" if exc else None,
+                       created_at=T0 + timedelta(minutes=minutes))
+
+
+def _task(iid: str, status: str, reason: str = "") -> TaskRecord:
+    return TaskRecord(instance_id=iid, repo=iid.split(".")[0], status=status, reason=reason,
+                      fail_to_pass=["t::a"] if status == "accepted" else [])
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    """b1: a (NOP registry fault), b (accepted), c (rejected: NOP passes), d (Oracle sandbox fault);
+    b2, an hour later: e (NOP OOM)."""
+    ledger = Store(f"sqlite:///{tmp_path / 'store.db'}")
+    ledger.upgrade()
+    ledger.record_batch(BatchRecord(batch_id="b1", kind="curate", instance_ids=["ra.a", "rb.b", "rc.c", "rd.d"],
+                                    concurrency=2))
+    ledger.record_batch(BatchRecord(batch_id="b2", kind="curate", instance_ids=["re.e"], concurrency=2))
+    ledger.record_trials([
+        _trial("a-nop", "ra.a", "nop", "b1", 0, exc="RegistryUnavailableError"),
+        _trial("b-nop", "rb.b", "nop", "b1", 1, reward=0.0),
+        _trial("b-oracle", "rb.b", "oracle", "b1", 2, reward=1.0),
+        _trial("c-nop", "rc.c", "nop", "b1", 1, reward=1.0),
+        _trial("d-nop", "rd.d", "nop", "b1", 1, reward=0.0),
+        _trial("d-oracle", "rd.d", "oracle", "b1", 3, exc="SandboxError"),
+        _trial("e-nop", "re.e", "nop", "b2", 60, exc="SandboxOOMError"),
+    ])
+    for task in (_task("ra.a", "error", "RegistryUnavailableError"), _task("rb.b", "accepted"),
+                 _task("rc.c", "rejected", "no test failed"), _task("rd.d", "error", "SandboxError"),
+                 _task("re.e", "error", "SandboxOOMError")):
+        ledger.record_task(task)
+    yield ledger
+    ledger.dispose()
+
+
+def test_dry_run_lists_exactly_the_faulted_trials_and_writes_nothing(store: Store) -> None:
+    before = store.counts(include_void=True)
+    plan = plan_recovery(store, RecoveryRequest(batch_ids=["b1"], reason="registry was down"))
+    assert [t.trial_id for t in plan.void] == ["a-nop", "d-oracle"]
+    assert [t.instance_id for t in plan.requeue] == ["ra.a", "rd.d"]
+    assert sorted(k.trial_id for k in plan.kept) == ["b-nop", "b-oracle", "c-nop", "d-nop"]
+    assert all("reward" in k.why for k in plan.kept)
+    text = render_plan(plan)
+    assert "void    a-nop" in text and "requeue rd.d" in text and "re.e" not in text
+    assert store.counts(include_void=True) == before
+    assert store.task_status_counts() == {"error": 3, "accepted": 1, "rejected": 1}
+
+
+def test_apply_backs_up_voids_and_requeues_only_the_faulted_tasks(store: Store, tmp_path: Path) -> None:
+    plan = plan_recovery(store, RecoveryRequest(batch_ids=["b1"], reason="registry was down"))
+    result = apply_recovery(store, plan, tmp_path / "backups", run_id="r1")
+
+    assert result.voided == 2 and result.requeued == 2
+    backup = json.loads(result.backup_path.read_text())
+    assert sha256_file(result.backup_path) == result.backup_sha256
+    assert (tmp_path / "backups" / f"{result.backup_path.name}.sha256").read_text().split()[0] == result.backup_sha256
+    assert [t["trial_id"] for t in backup["trials"]] == ["a-nop", "d-oracle"]
+    assert {t["instance_id"]: t["status"] for t in backup["tasks"]} == {"ra.a": "error", "rd.d": "error"}
+
+    # void trials are kept for audit but excluded from reads and counts
+    assert [t.trial_id for t in store.trials_for(batch_id="b1")] == ["b-nop", "c-nop", "d-nop", "b-oracle"]
+    voided = {t.trial_id: t for t in store.trials_for(include_void=True) if t.voided_at is not None}
+    assert set(voided) == {"a-nop", "d-oracle"} and voided["a-nop"].void_reason == "registry was down"
+    assert store.counts()["trials"] == 5 and store.counts(include_void=True)["trials"] == 7
+
+    # requeued tasks are candidates again (so curate picks them up); real outcomes untouched
+    assert store.get_task("ra.a").status == "candidate" and store.get_task("rd.d").status == "candidate"
+    assert store.get_task("rb.b").status == "accepted" and store.get_task("rc.c").status == "rejected"
+    assert store.get_task("re.e").status == "error"
+    assert store.processed_instance_ids() == {"rb.b", "rc.c", "re.e"}
+    assert result.after == plan.expected_after
+    assert result.after.tasks_by_status == {"candidate": 2, "accepted": 1, "rejected": 1, "error": 1}
+
+    audit = render_audit(result)
+    assert result.backup_sha256 in audit and "| live trials | 7 | 5 |" in audit
+    assert "| a-nop | ra.a | nop | RegistryUnavailableError | b1 |" in audit
+
+    # a second recovery of the same batch finds nothing left to do
+    again = plan_recovery(store, RecoveryRequest(batch_ids=["b1"], reason="again"))
+    assert again.empty and any("already void" in k.why for k in again.kept)
+
+
+def test_an_exception_type_needs_a_window_and_only_that_window_is_touched(store: Store, tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match="needs a time window"):
+        RecoveryRequest(exception_type="SandboxOOMError", reason="oom storm")
+    with pytest.raises(ValidationError, match="needs a time window"):
+        RecoveryRequest(exception_type="SandboxOOMError", since=T0, reason="oom storm")
+    with pytest.raises(ValidationError, match="not both"):
+        RecoveryRequest(exception_type="SandboxOOMError", since=T0, until=T0 + timedelta(hours=1),
+                        batch_ids=["b1"], reason="x")
+    with pytest.raises(ValidationError, match="timezone-aware"):
+        RecoveryRequest(exception_type="X", since=datetime(2026, 1, 1), until=datetime(2026, 1, 2), reason="x")
+
+    early = RecoveryRequest(exception_type="SandboxOOMError", since=T0, until=T0 + timedelta(minutes=30),
+                            reason="oom storm")
+    assert plan_recovery(store, early).empty
+    late = RecoveryRequest(exception_type="SandboxOOMError", since=T0 + timedelta(minutes=30),
+                           until=T0 + timedelta(hours=2), reason="oom storm")
+    result = apply_recovery(store, plan_recovery(store, late), tmp_path)
+    assert [t.trial_id for t in result.plan.void] == ["e-nop"]
+    assert store.get_task("re.e").status == "candidate" and store.get_task("ra.a").status == "error"
+
+
+def test_a_task_whose_status_came_from_a_later_trial_is_not_requeued(store: Store, tmp_path: Path) -> None:
+    store.record_batch(BatchRecord(batch_id="b3", kind="curate", instance_ids=["ra.a"], concurrency=1))
+    store.record_trials([_trial("a-nop-retry", "ra.a", "nop", "b3", 90, exc="SandboxError")])
+    plan = plan_recovery(store, RecoveryRequest(trial_ids=["a-nop"], reason="registry was down"))
+    assert [t.trial_id for t in plan.void] == ["a-nop"] and plan.requeue == []
+    apply_recovery(store, plan, tmp_path)
+    assert store.get_task("ra.a").status == "error"
+
+
+def test_re_recording_a_void_trial_does_not_revive_it(store: Store, tmp_path: Path) -> None:
+    apply_recovery(store, plan_recovery(store, RecoveryRequest(trial_ids=["e-nop"], reason="oom")), tmp_path)
+    store.record_trials([_trial("e-nop", "re.e", "nop", "b2", 60, exc="SandboxOOMError")])
+    assert store.trials_for(instance_id="re.e") == []
+    assert store.trials_for(instance_id="re.e", include_void=True)[0].void_reason == "oom"
+
+
+def test_a_stale_plan_is_rolled_back_by_the_count_check(store: Store, tmp_path: Path) -> None:
+    plan = plan_recovery(store, RecoveryRequest(batch_ids=["b1"], reason="registry was down"))
+    store.record_trials([_trial("late", "rb.b", "nop", "b9", 5, reward=0.0)])  # a writer after the plan
+    with pytest.raises(CountMismatchError, match="rolled back"):
+        apply_recovery(store, plan, tmp_path)
+    assert not [t for t in store.trials_for(include_void=True) if t.voided_at is not None]
+    assert store.get_task("ra.a").status == "error"
+
+
+def test_unknown_ids_are_named(store: Store) -> None:
+    with pytest.raises(InputError, match="unknown trial ids \\['nope'\\]"):
+        plan_recovery(store, RecoveryRequest(trial_ids=["a-nop", "nope"], reason="x"))
+    with pytest.raises(InputError, match="unknown batch ids \\['b7'\\]"):
+        plan_recovery(store, RecoveryRequest(batch_ids=["b7"], reason="x"))
+    with pytest.raises(ValidationError, match="give batch_ids"):
+        RecoveryRequest(reason="x")
+
+
+def test_migration_0002_keeps_existing_trials_live(tmp_path: Path) -> None:
+    ledger = Store(f"sqlite:///{tmp_path / 'old.db'}")
+    ledger.upgrade("0001")
+    ledger.record_trials([_trial("old", "ra.a", "nop", "b1", 0, reward=0.0)])
+    ledger.upgrade()
+    assert ledger.current_revision() == "0002"
+    assert [t.trial_id for t in ledger.trials_for()] == ["old"] and ledger.trials_for()[0].voided_at is None
+    ledger.dispose()

@@ -1,0 +1,97 @@
+"""A small real curate run: task images of two pinned projects, NOP/Oracle in podman, until the
+freeze-ready event; then again (nothing new), then recover one batch (dry run, then for real)."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+PROJECTS = ("inflection", "toolz")  # two repos: splits are repository-disjoint
+
+
+@pytest.fixture(scope="module")
+def candidates_jsonl(tmp_path_factory) -> Path:
+    """Two swesmith candidates per project as task images, built the way flows/lifecycle.py does."""
+    from forgeflow import bugs, images, projects
+    from forgeflow.settings import apply_container_env
+
+    apply_container_env()
+    work = tmp_path_factory.mktemp("curate-candidates")
+    base = images.ensure_base_image()
+    rows = []
+    for name in PROJECTS:
+        project = projects.get_project(name)
+        checkout = projects.prepare_checkout(project, work / "checkouts" / name)
+        env = images.build_env_image(project, checkout, base.name)
+        for candidate in bugs.generate_candidates(name, checkout, project.source_path, 2, 0):
+            task_image = images.build_task_image(env.name, candidate.instance_id, candidate.patch)
+            # the claimed FAIL_TO_PASS of a generated bug is unknown before validation; curate records
+            # the measured lists, so the claim here is the project's test folder
+            rows.append({"instance_id": candidate.instance_id, "repo": name, "patch": candidate.patch,
+                         "image": task_image.name, "FAIL_TO_PASS": [project.tests_path], "PASS_TO_PASS": []})
+    path = work / "candidates.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def _read_events(name: str, since: datetime) -> list:
+    from prefect.client.orchestration import get_client
+    from prefect.events.filters import EventFilter, EventNameFilter, EventOccurredFilter
+
+    with get_client(sync_client=True) as client:
+        page = client.read_events(EventFilter(event=EventNameFilter(name=[name]),
+                                              occurred=EventOccurredFilter(since=since)), limit=50)
+    return page.events
+
+
+def test_curate_runs_until_freeze_ready_then_skips_processed_and_recovers(
+        prefect_harness, candidates_jsonl: Path, tmp_path: Path, monkeypatch) -> None:
+    from prefect.events.worker import EventsWorker
+
+    from flows.curate import FREEZE_READY_EVENT, curate, recover
+    from forgeflow.freeze import SplitQuotas
+    from forgeflow.store import Store
+
+    monkeypatch.setenv("FORGEFLOW_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("FORGEFLOW_STORE_URL", f"sqlite:///{tmp_path / 'store.db'}")
+    quotas = SplitQuotas(train=1, validation=0, test=1, min_repos=1, max_per_repo=3)
+    started = datetime.now(UTC) - timedelta(seconds=5)
+
+    first = curate(candidates_jsonl, quotas=quotas, batch_size=2, concurrency=2, verifier_timeout_s=120, seed=0)
+    assert first["status"] == "freeze-ready" and first["batches"] and first["event_id"]
+    assert first["counts"]["train"] >= 1 and first["counts"]["test"] >= 1
+
+    store = Store()
+    trials = store.trials_for(job_id="curate")
+    keys = [(t.instance_id, t.kind) for t in trials]
+    assert len(keys) == len(set(keys)) == first["trials_recorded"]  # each trial recorded once
+    assert {t.batch_id for t in trials} == set(first["batches"])
+    assert len(store.accepted_tasks()) >= 2
+
+    EventsWorker.drain_all()
+    deadline = time.monotonic() + 60
+    events = []
+    while time.monotonic() < deadline:
+        events = [e for e in _read_events(FREEZE_READY_EVENT, started) if str(e.id) == first["event_id"]]
+        if events:
+            break
+        time.sleep(1)
+    assert events, "the freeze-ready event was not found through the events API"
+    assert events[0].resource.id.startswith("forgeflow.store.")
+    assert events[0].payload["counts"] == first["counts"]
+
+    second = curate(candidates_jsonl, quotas=quotas, batch_size=2, concurrency=2, verifier_timeout_s=120, seed=0)
+    assert second["status"] == "freeze-ready" and second["batches"] == []
+    assert len(store.trials_for(include_void=True)) == len(trials)  # processed candidates are skipped
+
+    # recovery of a batch that had no infrastructure fault voids nothing: real outcomes stay
+    dry = recover("test: nothing broke", batch_ids=first["batches"][:1])
+    assert dry["dry_run"] and dry["void"] == [] and dry["requeue"] == [] and dry["kept"]
+    done = recover("test: nothing broke", batch_ids=first["batches"][:1], dry_run=False)
+    assert done["voided"] == 0 and len(store.accepted_tasks()) >= 2
