@@ -96,6 +96,9 @@ def _print_summary(path: Path) -> None:
         c = summary["comparison"]
         console.print(f"compare: wins {c['wins']} ties {c['ties']} losses {c['losses']}, "
                       f"exact McNemar p = {c['mcnemar_p']:.3g}")
+    if "promotion" in summary:
+        d = summary["promotion"]
+        console.print(f"promotion gate: {d['verdict']} ({d['reason']})")
     for name, art in summary.get("artifacts", {}).items():
         console.print(f"  {name}: {art['path']}  sha256 {art['sha256']}")
     console.print(f"total wall time {summary['total_wall_s']:.1f} s")
@@ -269,6 +272,47 @@ def status(as_json: bool = typer.Option(False, "--json", help="print JSON")) -> 
         print(json.dumps(out, indent=2, default=str))
         return
     console.print_json(json.dumps(out, default=str))
+
+
+@app.command()
+def up(port: int = typer.Option(4200, min=1, max=65535, help="Prefect API/UI port on 127.0.0.1"),
+       pool: str = typer.Option("local", help="process work pool the deployments target"),
+       notify_url: Optional[str] = typer.Option(None, envvar="FORGEFLOW_NOTIFY_URL",
+                                                help="webhook URL notified of every failed flow run"),
+       as_json: bool = typer.Option(False, "--json", help="print the recorded state as JSON")) -> None:
+    """Start a Prefect server (SQLite in PREFECT_HOME), create the work pool, deploy prefect.yaml,
+    create the automations and start a process worker; a second `up` reuses what still runs."""
+    home = _prepare_env()
+    from forgeflow.errors import ForgeflowError  # noqa: PLC0415
+    from flows import service  # noqa: PLC0415
+
+    try:
+        state = service.up(home, port=port, pool=pool, notify_url=notify_url)
+    except (ForgeflowError, KeyError) as exc:
+        _fail(exc)
+    if as_json:
+        print(service.state_json(state))
+        return
+    for proc in (state.server, state.worker):
+        if proc is not None:
+            how = "reused" if proc.role in state.reused else "started"
+            console.print(f"{proc.role}: pid {proc.pid} ({how}), log {proc.log_path}")
+    console.print(f"{len(state.deployments)} deployments on pool {state.pool!r}; automations: "
+                  f"{', '.join(state.automations) or 'none'}")
+    console.print(f"Prefect UI: {state.ui_url}  (API {state.api_url}; stop with `forgeflow down`)")
+
+
+@app.command()
+def down(grace_s: float = typer.Option(10.0, min=0.0, help="seconds between SIGTERM and SIGKILL")) -> None:
+    """Stop the Prefect server and worker that `forgeflow up` started (by recorded PID only)."""
+    home = _prepare_env()
+    from flows import service  # noqa: PLC0415
+
+    reports = service.down(home, grace_s=grace_s)
+    if not reports:
+        console.print("nothing to stop (no service recorded)")
+    for r in reports:
+        console.print(f"{r.role}: pid {r.pid} {r.outcome}")
 
 
 @app.command()

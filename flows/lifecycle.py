@@ -1,8 +1,13 @@
 """The ``lifecycle`` flow: every stage of DESIGN.md, end to end, on the embedded default.
 
 environments -> migrate -> generate -> prewarm (+ task images) -> validate (NOP/Oracle) -> freeze
--> base model (+ GGUF) -> serve -> canary (baseline) -> burst -> package -> serve swap
--> canary (candidate) -> compare.
+-> base model (+ GGUF) -> serve -> canary (baseline) -> burst -> package -> serve stage
+-> canary (candidate) -> compare + promotion gate -> serve swap.
+
+The candidate is served on the idle port first (``serve_stage``), canaried there, compared with
+the baseline and promoted by the promotion gate (non-inferiority, ``forgeflow.compare``) before
+the recorded endpoint moves (``serve_swap``); a hold/reject or any failure stops the staged server
+and the baseline keeps serving.
 
 Every stage is a group of Prefect tasks with the resumable cache policy, so a second run of the
 same inputs is answered from Prefect's cache; the store (SQL) records the domain facts with
@@ -239,7 +244,7 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
         swap = log.call(serving_tasks.serve_swap, state_path, served_base.path, served_base.sha256, config.serve_ports)
         store.record_serving_generation(_generation_row(swap.current, "active", run_id))
         st["counts"] = {"generation": swap.current.generation, "port": swap.current.active_port}
-    baseline_trials = _canary(log, "canary_baseline", config, splits["test"], by_id, envs, swap.current,
+    baseline_trials = _canary(log, "canary_baseline", config, splits["test"], by_id, envs, swap.current.base_url,
                               served_base.sha256, agent_config, out_dir, store, run_id)
 
     # 10. burst: SFT samples from the Oracle solutions of the train split, one LoRA burst
@@ -271,27 +276,46 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
         st["paths"] = {q: str(a.path) for q, a in ggufs.items()}
     served_new = ggufs[config.serve_quantization]
 
-    # 12. serve swap: blue/green to the candidate GGUF (health + smoke gate, rollback on failure)
-    with log.stage("serve_swap") as st:
-        swap = log.call(serving_tasks.serve_swap, state_path, served_new.path, served_new.sha256, config.serve_ports)
-        if swap.previous is not None:
-            store.record_serving_generation(_generation_row(swap.previous, "retired", run_id))
-        store.record_serving_generation(_generation_row(swap.current, "active", run_id))
-        st["counts"] = {"generation": swap.current.generation, "port": swap.current.active_port,
-                        "rolled_back": int(swap.rolled_back)}
-    candidate_trials = _canary(log, "canary_candidate", config, splits["test"], by_id, envs, swap.current,
-                               served_new.sha256, agent_config, out_dir, store, run_id)
-
-    # 13. compare: paired wins/ties/losses, exact McNemar p, markdown report
-    with log.stage("compare") as st:
-        report_a, report_b, paired, md = log.call(report_tasks.compare_jobs, baseline_trials, candidate_trials,
-                                                  "baseline", "candidate")
-        report_path = out_dir / "compare.md"
-        atomic_write_text(report_path, md)
-        markdown_artifact("compare", md, "Paired comparison baseline vs candidate on the frozen test split")
-        st["counts"] = {"pairs": paired.n_pairs, "wins": paired.wins, "ties": paired.ties, "losses": paired.losses}
-        st["digests"] = {"report": sha256_file(report_path)}
-        st["paths"] = {"report": str(report_path)}
+    # 12. stage the candidate on the idle port (health + smoke gate), the recorded endpoint unchanged;
+    # 13. canary it there; 14. compare + promotion gate; 15. promote (switch, stop old) or discard.
+    with log.stage("serve_stage") as st:
+        staged = log.call(serving_tasks.stage_server, state_path, served_new.path, served_new.sha256,
+                          config.serve_ports)
+        st["counts"] = {"port": staged.port, "smoke_tokens": staged.gate.smoke_tokens}
+    promoted = False
+    try:
+        candidate_trials = _canary(log, "canary_candidate", config, splits["test"], by_id, envs, staged.base_url,
+                                   served_new.sha256, agent_config, out_dir, store, run_id)
+        with log.stage("compare") as st:
+            repo_of = {i: by_id[i]["repo"] for i in splits["test"]}
+            report_a, report_b, paired, decision, md = log.call(
+                report_tasks.compare_jobs, baseline_trials, candidate_trials, "baseline", "candidate", repo_of,
+                config.promotion_max_drop, config.promotion_alpha, config.seed)
+            report_path = out_dir / "compare.md"
+            atomic_write_text(report_path, md)
+            markdown_artifact("compare", md, "Paired comparison baseline vs candidate on the frozen test split")
+            st["counts"] = {"pairs": paired.n_pairs, "wins": paired.wins, "ties": paired.ties,
+                            "losses": paired.losses}
+            st["decision"] = decision.model_dump(mode="json")
+            st["digests"] = {"report": sha256_file(report_path)}
+            st["paths"] = {"report": str(report_path)}
+        with log.stage("serve_swap") as st:
+            if decision.verdict == "promote":
+                swap = log.call(serving_tasks.promote_server, state_path, staged)
+                promoted = True
+                if swap.previous is not None:
+                    store.record_serving_generation(_generation_row(swap.previous, "retired", run_id))
+                store.record_serving_generation(_generation_row(swap.current, "active", run_id))
+                st["counts"] = {"generation": swap.current.generation, "port": swap.current.active_port,
+                                "promoted": 1}
+            else:
+                log.call(serving_tasks.discard_server, staged)
+                st["counts"] = {"promoted": 0}
+                st["decision"] = f"{decision.verdict}: {decision.reason}"
+    except BaseException:
+        if not promoted:
+            serving.discard(staged)  # never leave a staged server behind a failed gate
+        raise
 
     emit_event("forgeflow.lifecycle.completed", resource={"prefect.resource.id": f"forgeflow.freeze.{config.freeze_name}"},
                payload={"mcnemar_p": paired.mcnemar_p})
@@ -302,6 +326,7 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
                    "splits": {k: len(v) for k, v in splits.items()}},
         "canary": {"baseline": report_a.model_dump(mode="json"), "candidate": report_b.model_dump(mode="json")},
         "comparison": paired.model_dump(mode="json"),
+        "promotion": decision.model_dump(mode="json"),
         "artifacts": {name: {"path": str(a.path), "sha256": a.sha256} for name, a in
                       {**{f"base-{q}": a for q, a in base_gguf.items()}, **{f"candidate-{q}": a for q, a in ggufs.items()}}.items()}
         | {"adapter": {"path": str(adapter.path), "sha256": adapter.sha256},
@@ -311,11 +336,10 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
 
 
 def _canary(log: StageLog, stage: str, config: LifecycleConfig, test_ids: list[str], by_id: dict[str, dict[str, Any]],
-            envs: dict[str, dict[str, Any]], serving_state: serving.ServingState, model_sha256: str,
+            envs: dict[str, dict[str, Any]], base_url: str, model_sha256: str,
             agent_config: agent.AgentConfig, out_dir: Path, store: Store, run_id: str) -> list:
     """Agent trials on the frozen test split against the active endpoint (one job)."""
     job_id = f"{stage}-{model_sha256[:12]}"
-    base_url = f"http://127.0.0.1:{serving_state.active_port}/v1"
     with log.stage(stage) as st:
         trials = []
         for start in range(0, len(test_ids), config.canary_concurrency):

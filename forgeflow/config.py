@@ -45,6 +45,9 @@ class LifecycleConfig(BaseModel):
     burst_learning_rate: float = Field(1e-3, gt=0, description="LoRA learning rate")
     lora_r: int = Field(8, ge=1, description="LoRA rank")
     burst_max_length: int = Field(4096, ge=64, description="tokens per SFT sample (mini-swe-agent prompts are long)")
+    promotion_max_drop: float = Field(0.05, ge=0, le=1, description="promotion gate: largest tolerated "
+                                      "drop in pass rate (non-inferiority margin)")
+    promotion_alpha: float = Field(0.05, gt=0, le=0.5, description="promotion gate: significance level")
     serve_ports: tuple[int, int] = Field((8801, 8802), description="blue/green ports of the model server")
     quantizations: tuple[str, ...] = Field(("Q8_0", "Q4_K_M"), description="GGUF quantization types")
     serve_quantization: str = Field("Q8_0", description="which quantization is served")

@@ -443,7 +443,28 @@ def _state_lock(state_path: Path) -> Iterator[None]:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
-def swap(
+class StagedServer(BaseModel):
+    """A new server started on the idle port and gated, not yet the recorded endpoint.
+
+    Attributes:
+        port / pid / base_url: where it answers.
+        gguf_path / gguf_sha256: what it serves.
+        model_alias: the model name clients send.
+        gate: the health + smoke evidence.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    port: int
+    pid: int
+    base_url: str
+    gguf_path: Path
+    gguf_sha256: str
+    model_alias: str
+    gate: GateResult
+
+
+def stage(
     state_path: Path,
     new_gguf: Path,
     gguf_sha256: str,
@@ -452,31 +473,17 @@ def swap(
     n_ctx: int = 4096,
     startup_timeout_s: float = 120.0,
     n_threads: int | None = None,
-) -> SwapResult:
-    """Blue/green swap: serve ``new_gguf`` on the idle port, gate it, then retire the old server.
+) -> StagedServer:
+    """First half of a blue/green swap: serve ``new_gguf`` on the idle port and gate it.
 
-    Steps: verify the GGUF's sha256; start it on the port of ``ports`` the active generation does
-    not use; :func:`gate` it; on pass write the new state (generation + 1) atomically and stop the
-    old server by its recorded PID; on failure stop the new server and keep the old state.
-
-    Args:
-        state_path: JSON state file (created on the first swap).
-        new_gguf: the GGUF to serve.
-        gguf_sha256: its expected sha256 (hex).
-        ports: the two loopback ports that alternate.
-        model_alias: model name clients send.
-        n_ctx: context length in tokens.
-        startup_timeout_s: seconds to wait for the new server.
-        n_threads: CPU threads of the new server (None: llama.cpp's default).
-
-    Returns:
-        SwapResult with ``rolled_back`` False.
+    The recorded endpoint does not change, so callers can run more gates (canary tasks, the
+    promotion gate) against ``StagedServer.base_url`` before :func:`promote` or :func:`discard`.
 
     Raises:
         InputError: the GGUF is missing, its sha256 differs from ``gguf_sha256``, or ``ports`` is not
             two distinct ports.
-        SwapRolledBackError: the new server did not start or failed its gate; ``.result`` holds the
-            :class:`SwapResult` (``rolled_back`` True, gate evidence) and the old server still serves.
+        SwapRolledBackError: the new server did not start or failed its gate (it is stopped; the
+            old server still serves); ``.result`` holds the evidence.
     """
     new_gguf = Path(new_gguf).resolve()
     if len(ports) != 2 or ports[0] == ports[1]:
@@ -488,44 +495,86 @@ def swap(
         raise errors.InputError(f"gguf_sha256 {gguf_sha256!r} does not match {new_gguf} (sha256 {actual})")
     with _state_lock(state_path):
         previous = read_state(state_path)
-        if previous is not None and previous.active_port == ports[0]:
-            new_port = ports[1]
-        else:
-            new_port = ports[0]
-        server = ModelServer(
-            new_gguf, new_port, model_alias, n_ctx=n_ctx,
-            log_path=Path(state_path).with_name(f"server-{new_port}.log"),
-            startup_timeout_s=startup_timeout_s, n_threads=n_threads,
+    new_port = ports[1] if previous is not None and previous.active_port == ports[0] else ports[0]
+    server = ModelServer(
+        new_gguf, new_port, model_alias, n_ctx=n_ctx,
+        log_path=Path(state_path).with_name(f"server-{new_port}.log"),
+        startup_timeout_s=startup_timeout_s, n_threads=n_threads,
+    )
+    gate_result: GateResult | None = None
+    try:
+        server.start()
+        gate_result = gate(server.base_url, model_alias)
+        failure = "" if gate_result.passed else f"gate failed: {gate_result.error}"
+    except errors.ServerStartError as exc:
+        failure = f"new server did not start: {exc}"
+    if failure:
+        server.stop()
+        result = SwapResult(previous=previous, current=previous, rolled_back=True, gate=gate_result, error=failure)
+        raise errors.SwapRolledBackError(
+            f"swap to {new_gguf.name} on port {new_port} rolled back "
+            f"(generation {previous.generation if previous else 0} keeps serving): {failure}",
+            result=result,
         )
-        gate_result: GateResult | None = None
-        try:
-            server.start()
-            gate_result = gate(server.base_url, model_alias)
-            failure = "" if gate_result.passed else f"gate failed: {gate_result.error}"
-        except errors.ServerStartError as exc:
-            failure = f"new server did not start: {exc}"
-        if failure:
-            server.stop()
-            result = SwapResult(previous=previous, current=previous, rolled_back=True, gate=gate_result, error=failure)
-            raise errors.SwapRolledBackError(
-                f"swap to {new_gguf.name} on port {new_port} rolled back "
-                f"(generation {previous.generation if previous else 0} keeps serving): {failure}",
-                result=result,
-            )
+    return StagedServer(port=new_port, pid=server.pid, base_url=server.base_url, gguf_path=new_gguf,
+                        gguf_sha256=gguf_sha256, model_alias=model_alias, gate=gate_result)
+
+
+def promote(state_path: Path, staged: StagedServer) -> SwapResult:
+    """Second half of a swap: record ``staged`` as the next generation, then stop the old server.
+
+    Raises:
+        ServerStartError: the staged server is no longer running (nothing is recorded then).
+    """
+    with _state_lock(state_path):
+        if not _is_our_server(staged.pid, staged.port):
+            raise errors.ServerStartError(f"staged server pid {staged.pid} on port {staged.port} is gone")
+        previous = read_state(state_path)
         current = ServingState(
             generation=(previous.generation if previous else 0) + 1,
-            active_port=new_port,
-            gguf_path=new_gguf,
-            gguf_sha256=gguf_sha256,
-            pid=server.pid,
-            model_alias=model_alias,
-            base_url=server.base_url,
+            active_port=staged.port,
+            gguf_path=staged.gguf_path,
+            gguf_sha256=staged.gguf_sha256,
+            pid=staged.pid,
+            model_alias=staged.model_alias,
+            base_url=staged.base_url,
             started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         )
         _write_state(state_path, current)
         if previous is not None and previous.pid is not None:
             stop_pid(previous.pid, previous.active_port)
-        return SwapResult(previous=previous, current=current, rolled_back=False, gate=gate_result)
+        return SwapResult(previous=previous, current=current, rolled_back=False, gate=staged.gate)
+
+
+def discard(staged: StagedServer) -> None:
+    """Roll a staged server back: stop it; the recorded endpoint never changed."""
+    stop_pid(staged.pid, staged.port)
+
+
+def swap(
+    state_path: Path,
+    new_gguf: Path,
+    gguf_sha256: str,
+    ports: tuple[int, int] = DEFAULT_PORTS,
+    model_alias: str = DEFAULT_ALIAS,
+    n_ctx: int = 4096,
+    startup_timeout_s: float = 120.0,
+    n_threads: int | None = None,
+) -> SwapResult:
+    """Blue/green swap in one call: :func:`stage` (start on the idle port, gate) then :func:`promote`
+    (record generation + 1, stop the old server by its recorded PID).
+
+    Returns:
+        SwapResult with ``rolled_back`` False.
+
+    Raises:
+        InputError: the GGUF is missing, its sha256 differs from ``gguf_sha256``, or ``ports`` is not
+            two distinct ports.
+        SwapRolledBackError: the new server did not start or failed its gate; ``.result`` holds the
+            :class:`SwapResult` (``rolled_back`` True, gate evidence) and the old server still serves.
+    """
+    staged = stage(state_path, new_gguf, gguf_sha256, ports, model_alias, n_ctx, startup_timeout_s, n_threads)
+    return promote(state_path, staged)
 
 
 def stop_active(state_path: Path) -> ServingState | None:

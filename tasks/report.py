@@ -10,9 +10,11 @@ from tasks.common import RESUMABLE
 
 
 @task(cache_policy=RESUMABLE)
-def compare_jobs(baseline: list[TrialRecord], candidate: list[TrialRecord], label_a: str,
-                 label_b: str) -> tuple[compare.JobReport, compare.JobReport, compare.PairedComparison, str]:
-    """Job reports of both canaries, their paired comparison (exact McNemar) and the markdown.
+def compare_jobs(baseline: list[TrialRecord], candidate: list[TrialRecord], label_a: str, label_b: str,
+                 repo_of: dict[str, str], max_drop: float, alpha: float, seed: int) -> tuple[compare.JobReport, compare.JobReport,
+                                                               compare.PairedComparison, compare.Decision, str]:
+    """Job reports of both canaries, their paired comparison (exact McNemar, repository-clustered
+    bootstrap interval at confidence ``1 - alpha``), the promotion gate's decision and the markdown.
 
     An exception trial enters the pairs as None (excluded and counted), never as reward 0.
     """
@@ -20,5 +22,8 @@ def compare_jobs(baseline: list[TrialRecord], candidate: list[TrialRecord], labe
     report_b = compare.JobReport.from_trials(candidate)
     paired = compare.paired_compare(
         {t.instance_id: t.reward if t.exception_type is None else None for t in baseline},
-        {t.instance_id: t.reward if t.exception_type is None else None for t in candidate})
-    return report_a, report_b, paired, compare.render_markdown(report_a, report_b, paired, label_a, label_b)
+        {t.instance_id: t.reward if t.exception_type is None else None for t in candidate},
+        repo_of, seed=seed, confidence=1.0 - alpha)
+    decision = compare.promotion_decision(paired, max_drop=max_drop, alpha=alpha)
+    markdown = compare.render_markdown(report_a, report_b, paired, label_a, label_b, decision=decision)
+    return report_a, report_b, paired, decision, markdown

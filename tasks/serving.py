@@ -19,6 +19,25 @@ def serve_swap(state_path: Path, gguf_path: Path, gguf_sha256: str, ports: tuple
     return serving.swap(state_path, gguf_path, gguf_sha256, ports=ports)
 
 
+@task(cache_policy=NO_CACHE)
+def stage_server(state_path: Path, gguf_path: Path, gguf_sha256: str, ports: tuple[int, int]) -> serving.StagedServer:
+    """Start the GGUF on the idle port and gate it (health + smoke); the recorded endpoint does not
+    move until :func:`promote_server`. A failed start/gate raises SwapRolledBackError."""
+    return serving.stage(state_path, gguf_path, gguf_sha256, ports=ports)
+
+
+@task(cache_policy=NO_CACHE)
+def promote_server(state_path: Path, staged: serving.StagedServer) -> serving.SwapResult:
+    """Record the staged server as the next serving generation and stop the old one."""
+    return serving.promote(state_path, staged)
+
+
+@task(cache_policy=NO_CACHE)
+def discard_server(staged: serving.StagedServer) -> None:
+    """Stop a staged server the gates refused; the recorded endpoint never moved."""
+    serving.discard(staged)
+
+
 @task(cache_policy=(INPUTS - "base_url") + TASK_SOURCE, task_run_name="agent-{instance_id}-{model_sha256:.12}")
 def agent_trial(instance_id: str, image_ref: str, image_digest: str, problem_statement: str, test_command: str,
                 fail_to_pass: list[str], pass_to_pass: list[str], base_url: str, model_alias: str,

@@ -42,13 +42,16 @@ def first_run(prefect_harness, mini_config):
 def test_every_stage_completes_with_real_counts(first_run, mini_config):
     stages = first_run["stages"]
     assert list(stages) == ["environments", "migrate", "generate", "prewarm", "validate", "freeze", "base_model",
-                            "serve_baseline", "canary_baseline", "burst", "package", "serve_swap",
-                            "canary_candidate", "compare"]
+                            "serve_baseline", "canary_baseline", "burst", "package", "serve_stage",
+                            "canary_candidate", "compare", "serve_swap"]
     assert all(s["status"] in ("completed", "cached") for s in stages.values())
     assert stages["migrate"]["counts"]["completed"] == 2
     assert stages["validate"]["counts"]["accepted"] >= 2
     assert first_run["tasks"]["generated"] == 6
     # the canary scored every test task or recorded an exception: never silently dropped
+    # the promotion gate decided (both tiny models score alike: non-inferior, so promoted) and acted
+    assert first_run["promotion"]["verdict"] in ("promote", "hold", "reject")
+    assert stages["serve_swap"]["counts"]["promoted"] == int(first_run["promotion"]["verdict"] == "promote")
     for stage in ("canary_baseline", "canary_candidate"):
         counts = stages[stage]["counts"]
         assert counts["scored"] + counts["exceptions"] == counts["requested"] >= 1
@@ -83,7 +86,7 @@ def test_second_run_is_answered_from_cache(first_run, mini_config):
 
     lifecycle(config=mini_config)
     second = json.loads((mini_config.output_dir / "summary.json").read_text())
-    live = {"serve_baseline", "serve_swap"}  # servers are processes, started anew each run
+    live = {"serve_baseline", "serve_stage", "serve_swap"}  # servers are processes, started anew each run
     for name, stage in second["stages"].items():
         if name not in live:
             assert stage["status"] == "cached", (name, stage)

@@ -16,7 +16,7 @@ import pytest
 
 from forgeflow.errors import InputError, ServerStartError, SwapRolledBackError
 from forgeflow.fsutil import sha256_file
-from forgeflow.serving import ModelServer, gate, read_state, stop_active, stop_pid, swap
+from forgeflow.serving import ModelServer, discard, gate, promote, read_state, stage, stop_active, stop_pid, swap
 from forgeflow.settings import cache_dir
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -156,3 +156,29 @@ def test_blue_green_swap_moves_generation_stops_old_pid_and_rolls_back(
                 stop_pid(state.pid, state.active_port)
     assert stopped is not None and not _pid_alive(stopped.pid)
     assert read_state(state_path).pid is None
+
+
+def test_staged_server_answers_before_promotion_and_discard_keeps_the_old_one(
+    ggufs: tuple[Path, Path], tmp_path: Path
+) -> None:
+    q8, f16 = ggufs
+    state_path = tmp_path / "serving" / "state.json"
+    ports = (_free_port(), _free_port())
+    try:
+        gen1 = swap(state_path, q8, sha256_file(q8), ports=ports, model_alias="tiny", n_ctx=N_CTX).current
+        staged = stage(state_path, f16, sha256_file(f16), ports=ports, model_alias="tiny", n_ctx=N_CTX)
+        assert staged.port == ports[1] and gate(staged.base_url, "tiny").passed  # canary can run here
+        assert read_state(state_path) == gen1, "staging must not move the recorded endpoint"
+        discard(staged)  # e.g. the promotion gate said hold
+        assert not _pid_alive(staged.pid) and _pid_alive(gen1.pid) and read_state(state_path) == gen1
+
+        staged = stage(state_path, f16, sha256_file(f16), ports=ports, model_alias="tiny", n_ctx=N_CTX)
+        promoted = promote(state_path, staged)
+        assert promoted.current.generation == 2 and promoted.current.pid == staged.pid
+        assert not _pid_alive(gen1.pid), "promotion stops the old server"
+    finally:
+        stop_active(state_path)
+        for pid, port in ((locals().get("gen1") and gen1.pid, ports[0]),
+                          (locals().get("staged") and staged.pid, ports[1])):
+            if pid:
+                stop_pid(pid, port)
