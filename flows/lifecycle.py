@@ -288,9 +288,9 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
                                    served_new.sha256, agent_config, out_dir, store, run_id)
         with log.stage("compare") as st:
             repo_of = {i: by_id[i]["repo"] for i in splits["test"]}
-            report_a, report_b, paired, decision, md = log.call(
-                report_tasks.compare_jobs, baseline_trials, candidate_trials, "baseline", "candidate", repo_of,
-                config.promotion_max_drop, config.promotion_alpha, config.seed)
+            comparison = log.call(report_tasks.compare_jobs, baseline_trials, candidate_trials, "baseline", "candidate",
+                              repo_of, config.promotion_max_drop, config.promotion_alpha, config.seed)
+            paired, decision, md = comparison.paired, comparison.decision, comparison.markdown
             report_path = out_dir / "compare.md"
             atomic_write_text(report_path, md)
             markdown_artifact("compare", md, "Paired comparison baseline vs candidate on the frozen test split")
@@ -324,7 +324,9 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
         "tasks": {"generated": len(candidates), "validated": len(outcomes), "accepted": len(accepted)},
         "freeze": {"name": config.freeze_name, "semantic_sha256": manifest.semantic_sha256,
                    "splits": {k: len(v) for k, v in splits.items()}},
-        "canary": {"baseline": report_a.model_dump(mode="json"), "candidate": report_b.model_dump(mode="json")},
+        "canary": {"baseline": comparison.report_a.model_dump(mode="json"),
+                   "candidate": comparison.report_b.model_dump(mode="json")},
+        "costs": comparison.costs.model_dump(mode="json"),
         "comparison": paired.model_dump(mode="json"),
         "promotion": decision.model_dump(mode="json"),
         "artifacts": {name: {"path": str(a.path), "sha256": a.sha256} for name, a in

@@ -481,11 +481,9 @@ def _record(
     *, trial_id: str, instance_id: str, started_at: datetime, phase: _AgentPhase,
     reward: float | None, error: BaseException | None, verifier: VerifierResult | None, notes: list[str],
 ) -> TrialRecord:
-    """Build the agent's TrialRecord.
+    """Build the agent's TrialRecord (with its costs: steps and tokens).
 
     An AgentTimeoutError is recorded together with the verifier's reward (Harbor's convention).
-    If this TrialRecord's schema still demands "reward xor exception", the reward moves into the
-    exception message instead (never silently dropped, never turned into 0).
     """
     message = "\n".join([str(error) or repr(error), *notes]) if error is not None else None
     fields: dict[str, Any] = {
@@ -495,6 +493,8 @@ def _record(
         "agent_s": phase.agent_s, "verifier_s": verifier.duration_s if verifier else None,
         "tests": verifier.tests if verifier else {},
         "log_tail": (verifier.log_tail if verifier else "") or "\n".join(notes)[-LOG_TAIL_CHARS:],
+        "agent_steps": phase.n_steps, "input_tokens": phase.n_input_tokens,
+        "output_tokens": phase.n_output_tokens,
     }
     return TrialRecord(**fields)
 

@@ -734,3 +734,24 @@ def render_markdown(
     if decision is not None:
         lines += ["", f"**Promotion gate: {decision.verdict}** ({decision.reason})"]
     return "\n".join(lines) + "\n"
+
+
+class CanaryComparison(BaseModel):
+    """Everything the compare stage reports about two canary jobs on one frozen split.
+
+    Attributes:
+        report_a / report_b: per-job accounting (baseline, candidate).
+        paired: the paired comparison (wins/ties/losses, McNemar, clustered interval).
+        decision: the promotion gate's verdict.
+        costs: mean input tokens, agent steps and wall seconds, and their ratios B / A.
+        markdown: the report a person reads.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    report_a: JobReport
+    report_b: JobReport
+    paired: PairedComparison
+    decision: Decision
+    costs: CostComparison
+    markdown: str

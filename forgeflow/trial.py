@@ -86,6 +86,8 @@ class TrialRecord(BaseModel):
         agent_s: seconds the agent ran; None for nop/oracle.
         tests: status map of the verifier run (empty when it did not complete).
         log_tail: the last :data:`LOG_TAIL_CHARS` characters of the verifier's output.
+        agent_steps / input_tokens / output_tokens: the agent's model calls and token usage
+            (agent trials only; None for nop/oracle).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -102,6 +104,21 @@ class TrialRecord(BaseModel):
     agent_s: float | None = Field(default=None, ge=0.0)
     tests: dict[str, str] = Field(default_factory=dict)
     log_tail: str = ""
+    agent_steps: int | None = Field(default=None, ge=0)
+    input_tokens: int | None = Field(default=None, ge=0)
+    output_tokens: int | None = Field(default=None, ge=0)
+
+    def costs(self) -> dict[str, float]:
+        """``{"input_tokens", "agent_steps", "wall_s"}`` where recorded (for
+        :func:`forgeflow.compare.cost_ratios`); wall time is agent + verifier seconds."""
+        out: dict[str, float] = {}
+        if self.input_tokens is not None:
+            out["input_tokens"] = float(self.input_tokens)
+        if self.agent_steps is not None:
+            out["agent_steps"] = float(self.agent_steps)
+        if self.agent_s is not None:
+            out["wall_s"] = self.agent_s + (self.verifier_s or 0.0)
+        return out
 
     @field_validator("started_at")
     @classmethod

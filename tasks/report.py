@@ -11,10 +11,10 @@ from tasks.common import RESUMABLE
 
 @task(cache_policy=RESUMABLE)
 def compare_jobs(baseline: list[TrialRecord], candidate: list[TrialRecord], label_a: str, label_b: str,
-                 repo_of: dict[str, str], max_drop: float, alpha: float, seed: int) -> tuple[compare.JobReport, compare.JobReport,
-                                                               compare.PairedComparison, compare.Decision, str]:
+                 repo_of: dict[str, str], max_drop: float, alpha: float, seed: int) -> compare.CanaryComparison:
     """Job reports of both canaries, their paired comparison (exact McNemar, repository-clustered
-    bootstrap interval at confidence ``1 - alpha``), the promotion gate's decision and the markdown.
+    bootstrap interval at confidence ``1 - alpha``), the promotion gate's decision and the markdown
+    (with the cost ratios: mean input tokens, agent steps, wall seconds).
 
     An exception trial enters the pairs as None (excluded and counted), never as reward 0.
     """
@@ -25,5 +25,9 @@ def compare_jobs(baseline: list[TrialRecord], candidate: list[TrialRecord], labe
         {t.instance_id: t.reward if t.exception_type is None else None for t in candidate},
         repo_of, seed=seed, confidence=1.0 - alpha)
     decision = compare.promotion_decision(paired, max_drop=max_drop, alpha=alpha)
-    markdown = compare.render_markdown(report_a, report_b, paired, label_a, label_b, decision=decision)
-    return report_a, report_b, paired, decision, markdown
+    costs = compare.cost_ratios({t.instance_id: t.costs() for t in baseline},
+                                {t.instance_id: t.costs() for t in candidate})
+    markdown = compare.render_markdown(report_a, report_b, paired, label_a, label_b, costs=costs,
+                                       decision=decision)
+    return compare.CanaryComparison(report_a=report_a, report_b=report_b, paired=paired, decision=decision,
+                                    costs=costs, markdown=markdown)

@@ -52,6 +52,8 @@ def test_every_stage_completes_with_real_counts(first_run, mini_config):
     # the promotion gate decided (both tiny models score alike: non-inferior, so promoted) and acted
     assert first_run["promotion"]["verdict"] in ("promote", "hold", "reject")
     assert stages["serve_swap"]["counts"]["promoted"] == int(first_run["promotion"]["verdict"] == "promote")
+    # cost ratios come from the agent's recorded steps and tokens
+    assert first_run["costs"]["agent_steps"]["n"] >= 1 and first_run["costs"]["input_tokens"]["mean_a"] > 0
     for stage in ("canary_baseline", "canary_candidate"):
         counts = stages[stage]["counts"]
         assert counts["scored"] + counts["exceptions"] == counts["requested"] >= 1

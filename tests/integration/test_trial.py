@@ -207,3 +207,21 @@ def test_image_that_lacks_the_bug_fails_the_oracle_as_an_exception(accepted_task
     assert outcome.oracle.exception_type == "PatchApplyError" and outcome.oracle.reward is None
     assert other.instance_id in outcome.oracle.exception_message
     assert outcome.report is None
+
+
+def test_agent_trial_costs_feed_cost_ratios():
+    from datetime import datetime, timezone
+
+    from forgeflow.compare import cost_ratios
+    from forgeflow.trial import TrialRecord
+
+    def agent(iid: str, steps: int, tokens: int, agent_s: float) -> TrialRecord:
+        return TrialRecord(trial_id=f"t-{iid}-{steps}", instance_id=iid, kind="agent", reward=0.0,
+                           started_at=datetime.now(timezone.utc), env_setup_s=0.1, verifier_s=1.0,
+                           agent_s=agent_s, agent_steps=steps, input_tokens=tokens)
+
+    a = [agent("x", 4, 1000, 9.0), agent("y", 2, 600, 5.0)]
+    b = [agent("x", 2, 500, 4.0), agent("y", 1, 300, 2.0)]
+    costs = cost_ratios({t.instance_id: t.costs() for t in a}, {t.instance_id: t.costs() for t in b})
+    assert costs.agent_steps.ratio == pytest.approx(0.5) and costs.input_tokens.ratio == pytest.approx(0.5)
+    assert costs.wall_s.mean_a == pytest.approx(8.0)  # agent + verifier seconds
