@@ -1,0 +1,99 @@
+"""forgeflow's Prefect automations, in code (created by ``forgeflow up``).
+
+* ``forgeflow-freeze-on-ready``: the ``forgeflow.dataset.freeze-ready`` event (emitted by the
+  ``curate`` flow, ``flows/curate.py``) runs the ``freeze/freeze`` deployment with its default
+  parameters.
+* ``forgeflow-notify-on-failure``: any ``prefect.flow-run.Failed`` event sends a message through a
+  ``CustomWebhookNotificationBlock`` (saved as ``forgeflow-failures``) to the given webhook URL.
+
+Creation is idempotent: an automation with the same name is deleted and created again, so a changed
+definition replaces the old one and a second ``up`` never duplicates them.
+"""
+
+from __future__ import annotations
+
+from prefect.automations import Automation
+from prefect.events.actions import RunDeployment, SendNotification
+from prefect.events.schemas.automations import EventTrigger, Posture
+
+FREEZE_READY_EVENT = "forgeflow.dataset.freeze-ready"
+"""Mirrors flows.curate.FREEZE_READY_EVENT (not imported: that module pulls in the whole curate stack)."""
+FREEZE_DEPLOYMENT = "freeze/freeze"
+FREEZE_ON_READY = "forgeflow-freeze-on-ready"
+NOTIFY_ON_FAILURE = "forgeflow-notify-on-failure"
+NOTIFY_BLOCK_NAME = "forgeflow-failures"
+FAILURE_BODY = ("Flow run {{ flow_run.name }} ({{ flow_run.id }}) of flow {{ flow.name }} failed: "
+                "{{ flow_run.state.message }}")
+
+
+def freeze_on_ready(freeze_deployment_id: str) -> Automation:
+    """The automation that runs the freeze deployment on each freeze-ready event."""
+    return Automation(
+        name=FREEZE_ON_READY,
+        description=f"{FREEZE_READY_EVENT} -> run the {FREEZE_DEPLOYMENT} deployment",
+        trigger=EventTrigger(expect={FREEZE_READY_EVENT}, match={"prefect.resource.id": "*"},
+                             posture=Posture.Reactive, threshold=1, within=0),
+        actions=[RunDeployment(source="selected", deployment_id=freeze_deployment_id, parameters=None)],
+    )
+
+
+def notify_on_failure(block_document_id: str) -> Automation:
+    """The automation that sends a webhook notification for every failed flow run."""
+    return Automation(
+        name=NOTIFY_ON_FAILURE,
+        description="a failed flow run -> a message through the forgeflow-failures webhook block",
+        trigger=EventTrigger(expect={"prefect.flow-run.Failed"}, match={"prefect.resource.id": "prefect.flow-run.*"},
+                             posture=Posture.Reactive, threshold=1, within=0),
+        actions=[SendNotification(block_document_id=block_document_id, subject="forgeflow: flow run failed",
+                                  body=FAILURE_BODY)],
+    )
+
+
+def save_notification_block(url: str) -> str:
+    """Save (overwrite) the ``forgeflow-failures`` custom webhook block posting JSON to ``url``.
+
+    Returns:
+        The block document id.
+    """
+    from prefect.blocks.notifications import CustomWebhookNotificationBlock
+
+    block = CustomWebhookNotificationBlock(name="forgeflow", url=url, method="POST",
+                                           json_data={"subject": "{{subject}}", "body": "{{body}}"})
+    return str(block.save(NOTIFY_BLOCK_NAME, overwrite=True))
+
+
+def _replace(automation: Automation) -> str:
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        for old in client.read_automations_by_name(automation.name):
+            client.delete_automation(old.id)
+    return str(automation.create().id)
+
+
+def ensure_automations(deployments: dict[str, str], notify_url: str | None) -> dict[str, str]:
+    """Create (or replace) forgeflow's automations on the Prefect API of the current settings.
+
+    Args:
+        deployments: ``'flow/deployment'`` name -> deployment id, as registered.
+        notify_url: webhook URL for failure notifications; None leaves that automation out (and
+            deletes an old one).
+
+    Returns:
+        Automation name -> id.
+
+    Raises:
+        KeyError: the freeze deployment is not registered.
+    """
+    from prefect.client.orchestration import get_client
+
+    if FREEZE_DEPLOYMENT not in deployments:
+        raise KeyError(f"deployment {FREEZE_DEPLOYMENT!r} is not registered (have: {sorted(deployments)})")
+    out = {FREEZE_ON_READY: _replace(freeze_on_ready(deployments[FREEZE_DEPLOYMENT]))}
+    if notify_url:
+        out[NOTIFY_ON_FAILURE] = _replace(notify_on_failure(save_notification_block(notify_url)))
+    else:
+        with get_client(sync_client=True) as client:
+            for old in client.read_automations_by_name(NOTIFY_ON_FAILURE):
+                client.delete_automation(old.id)
+    return out

@@ -1,0 +1,222 @@
+"""``forgeflow up`` / ``down`` for real: a Prefect server on loopback, ``prefect deploy --all``, a
+process worker, flow runs launched through ``run_deployment`` and through the REST endpoint, the
+freeze-ready automation and the failure notification (a webhook block posting to a loopback HTTP
+server of the test), then ``down`` leaving no process of ours.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+
+from flows import service
+from forgeflow.store import Store, TrialRecord
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+PORTS = range(4290, 4300)
+
+
+class _Webhook(BaseHTTPRequestHandler):
+    received: list[dict] = []
+
+    def do_POST(self):  # noqa: N802 - http.server's name
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        type(self).received.append(json.loads(body or b"{}"))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args):  # quiet
+        pass
+
+
+@pytest.fixture(scope="module")
+def webhook():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Webhook)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/hook", _Webhook.received
+    server.shutdown()
+
+
+@pytest.fixture(scope="module")
+def running(tmp_path_factory, webhook):
+    """``up`` on a fresh FORGEFLOW_HOME/PREFECT_HOME with a store holding two small canary jobs."""
+    home = tmp_path_factory.mktemp("svc-home")
+    port = next((p for p in PORTS if not service.port_in_use(p)), None)
+    if port is None:
+        pytest.skip("ports 4290-4299 are all in use")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("FORGEFLOW_HOME", str(home))
+    mp.setenv("PREFECT_HOME", str(home / "prefect"))
+    mp.delenv("FORGEFLOW_STORE_URL", raising=False)
+    mp.delenv("PREFECT_API_URL", raising=False)
+    mp.setenv("PREFECT_WORKER_QUERY_SECONDS", "2")  # the worker polls every 2 s instead of 10
+    (home / "prefect").mkdir()
+    store = Store(f"sqlite:///{home / 'store.db'}")
+    store.upgrade()
+    for job, rewards in {"a": [1.0, 0.0, 0.0], "b": [1.0, 1.0, 0.0]}.items():
+        store.record_trials([TrialRecord(trial_id=f"{job}-{i}", instance_id=f"repo.task__{i}", kind="agent",
+                                         job_id=job, reward=r) for i, r in enumerate(rewards)])
+    store.dispose()
+    started = time.monotonic()
+    try:
+        state = service.up(home, port=port, pool="local", notify_url=webhook[0])
+    except BaseException:
+        service.down(home, grace_s=3)
+        mp.undo()
+        raise
+    print(f"up took {time.monotonic() - started:.1f} s")
+    yield home, state
+    service.down(home, grace_s=3)
+    mp.undo()
+
+
+def _settings(state):
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    return temporary_settings(updates={PREFECT_API_URL: state.api_url})
+
+
+def _wait_state(api_url: str, flow_run_id: str, timeout_s: float = 150.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        run = httpx.get(f"{api_url}/flow_runs/{flow_run_id}", timeout=10).json()
+        if run["state"] and run["state"]["type"] in {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}:
+            return run
+        time.sleep(2)
+    raise AssertionError(f"flow run {flow_run_id} did not finish within {timeout_s} s: {run['state']}")
+
+
+def test_up_records_processes_pool_deployments_and_automations(running):
+    home, state = running
+    assert httpx.get(f"{state.api_url}/health", timeout=10).status_code == 200
+    assert service.is_ours(state.server) and service.is_ours(state.worker)
+    sdir = home / "service"
+    assert int((sdir / "server.pid").read_text()) == state.server.pid
+    assert int((sdir / "worker.pid").read_text()) == state.worker.pid
+    pool = httpx.get(f"{state.api_url}/work_pools/local", timeout=10).json()
+    assert pool["type"] == "process"
+    assert {"freeze/freeze", "compare/compare", "lifecycle/lifecycle", "curate/curate"} <= set(state.deployments)
+    assert set(state.automations) == {"forgeflow-freeze-on-ready", "forgeflow-notify-on-failure"}
+    assert state.ui_url == f"http://127.0.0.1:{state.port}"
+
+
+def test_runs_from_run_deployment_and_rest_complete_and_freeze_ready_triggers_freeze(running, webhook):
+    from prefect.deployments import run_deployment
+    from prefect.events import Event
+    from prefect.events.clients import get_events_client
+
+    home, state = running
+    params = {"job_a": "a", "job_b": "b"}
+    with _settings(state):
+        api_run = run_deployment("compare/compare", parameters={**params, "report_path": str(home / "api.md")},
+                                 timeout=0)
+        freeze_runs_before = httpx.post(
+            f"{state.api_url}/flow_runs/filter", timeout=10,
+            json={"deployments": {"id": {"any_": [state.deployments["freeze/freeze"]]}}}).json()
+
+        async def emit():
+            async with get_events_client() as client:
+                await client.emit(Event(event="forgeflow.dataset.freeze-ready",
+                                        resource={"prefect.resource.id": "forgeflow.store.test"},
+                                        payload={"counts": {"train": 2}}))
+        asyncio.run(emit())
+    for _ in range(30):  # SQLite busy under concurrent writers answers 503: a REST client retries
+        rest = httpx.post(f"{state.api_url}/deployments/{state.deployments['compare/compare']}/create_flow_run",
+                          json={"parameters": {**params, "report_path": str(home / "rest.md")}}, timeout=10)
+        if rest.status_code != 503:
+            break
+        time.sleep(1)
+    assert rest.status_code == 201, rest.text
+
+    for run_id, report in ((str(api_run.id), home / "api.md"), (rest.json()["id"], home / "rest.md")):
+        run = _wait_state(state.api_url, run_id)
+        assert run["state"]["type"] == "COMPLETED", run["state"]
+        assert run["work_pool_name"] == "local" and run["infrastructure_pid"], "not run by the process worker"
+        assert "| 3 | 1 | 2 | 0 |" in report.read_text()  # pairs, wins, ties, losses of b vs a
+
+    assert freeze_runs_before == []
+    deadline = time.monotonic() + 60
+    freeze_runs = []
+    while not freeze_runs and time.monotonic() < deadline:
+        freeze_runs = httpx.post(f"{state.api_url}/flow_runs/filter", timeout=10, json={
+            "deployments": {"id": {"any_": [state.deployments["freeze/freeze"]]}}}).json()
+        time.sleep(2)
+    assert len(freeze_runs) == 1, "the freeze-ready event did not start the freeze deployment"
+    # the store has no accepted tasks: the freeze fails (PreflightError) and the failure is notified
+    run = _wait_state(state.api_url, freeze_runs[0]["id"])
+    assert run["state"]["type"] == "FAILED"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(freeze_runs[0]["id"] in m.get("body", "") for m in webhook[1]):
+        time.sleep(1)
+    messages = [m for m in webhook[1] if freeze_runs[0]["id"] in m.get("body", "")]
+    assert messages and messages[0]["subject"] == "forgeflow: flow run failed", webhook[1]
+    assert "of flow freeze failed" in messages[0]["body"]
+
+
+def test_second_up_reuses_the_running_processes(running, webhook):
+    home, state = running
+    again = service.up(home, port=state.port, pool="local", notify_url=webhook[0])
+    assert set(again.reused) == {"server", "worker"}
+    assert (again.server.pid, again.worker.pid) == (state.server.pid, state.worker.pid)
+    assert again.deployments == state.deployments
+    names = [a["name"] for a in httpx.post(f"{state.api_url}/automations/filter", json={}, timeout=10).json()]
+    assert sorted(names) == ["forgeflow-freeze-on-ready", "forgeflow-notify-on-failure"]
+
+
+def test_down_stops_everything_it_started_and_nothing_else(running):
+    home, state = running
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    try:
+        reports = service.down(home, grace_s=10)
+        assert {(r.role, r.pid) for r in reports} == {("server", state.server.pid), ("worker", state.worker.pid)}
+        assert all(r.outcome in {"terminated", "killed"} for r in reports), reports
+        for pid in (state.server.pid, state.worker.pid):
+            assert service.group_members(pid) == [], f"process group {pid} still has members"
+        assert not service.port_in_use(state.port)
+        assert not any((home / "service" / n).exists() for n in ("server.pid", "worker.pid", "service.json"))
+        # a recorded PID now running something else is left alone
+        fake = service.ServiceState(port=state.port, pool="local", api_url=state.api_url, ui_url=state.ui_url,
+                                    server=service.ManagedProcess(role="server", pid=bystander.pid,
+                                                                  argv=state.server.argv, log_path="x"))
+        (home / "service" / "service.json").write_text(fake.model_dump_json())
+        assert [r.outcome for r in service.down(home)] == ["not ours (left alone)"]
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
+    assert os.path.isdir(home / "service")
+
+
+def test_cli_up_prints_the_ui_address_and_down_stops_it(tmp_path):
+    port = next((p for p in reversed(PORTS) if not service.port_in_use(p)), None)
+    if port is None:
+        pytest.skip("ports 4290-4299 are all in use")
+    env = {k: v for k, v in os.environ.items() if k not in {"PREFECT_API_URL", "FORGEFLOW_STORE_URL"}}
+    env.update(FORGEFLOW_HOME=str(tmp_path), PREFECT_HOME=str(tmp_path / "prefect"))
+    try:
+        up = subprocess.run([sys.executable, "-m", "flows.cli", "up", "--port", str(port)], env=env,
+                            capture_output=True, text=True, timeout=300)
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert f"Prefect UI: http://127.0.0.1:{port}" in up.stdout
+        state = service.read_state(tmp_path)
+        assert service.is_ours(state.server) and service.is_ours(state.worker)
+        assert "forgeflow-notify-on-failure" not in state.automations  # no webhook URL given
+    finally:
+        down = subprocess.run([sys.executable, "-m", "flows.cli", "down", "--grace-s", "5"], env=env,
+                              capture_output=True, text=True, timeout=120)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert "server: pid" in down.stdout and "worker: pid" in down.stdout
+    assert not service.port_in_use(port)
+    assert all(service.group_members(p.pid) == [] for p in (state.server, state.worker))
