@@ -16,12 +16,18 @@ built on its base (its layers start with the base's layers), so a pull finds the
 
 from __future__ import annotations
 
+import json
+import re
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import select, update
 
 from forgeflow.errors import (
     DigestMismatchError,
@@ -30,8 +36,10 @@ from forgeflow.errors import (
     InputError,
     is_transient,
 )
+from forgeflow.fsutil import atomic_write_json
 from forgeflow.layout import PrewarmPlan
 from forgeflow.skopeo import Skopeo
+from forgeflow.store import Image, ImageRecord, ImageRole, Store, TaskInstance
 
 MigrationStatus = Literal["pending", "completed", "skipped", "failed"]
 
@@ -416,3 +424,395 @@ def verify_prewarm(skopeo: Skopeo, records: list[BasecacheRecord]) -> None:
             wrong.append(f"{record.target_ref} serves {served}, expected {record.base_digest}")
     if wrong:
         raise DigestMismatchError("basecache tags with the wrong digest: " + "; ".join(wrong))
+
+
+# --- image lists, per-image state, coverage, reference rewrite ----------------------------------
+# (added for the registry flows: flows/registry.py)
+
+ImageAvailability = Literal["available", "missing", "errored"]
+
+REWRITE_IMAGE_ROLES: tuple[str, ...] = ("task", "env", "basecache")
+"""Image roles whose references :func:`rewrite_refs` moves by default. ``source`` and ``target``
+rows are the migration's own record of both sides and stay where they are."""
+
+
+def image_names_from_jsonl(path: str | Path, column: str = "image") -> list[str]:
+    """The image names (``repo:tag``) of a dataset's JSONL file, first occurrence order.
+
+    Args:
+        path: A JSON-lines file, one object per line (blank lines ignored).
+        column: The field holding the image name.
+
+    Returns:
+        Distinct non-empty names in the order they first appear.
+
+    Raises:
+        InputError: the file is missing, a line is not a JSON object, or a row lacks ``column``
+            (the message names the file and line number).
+    """
+    source = Path(path)
+    if not source.is_file():
+        raise InputError(f"dataset file {source} does not exist")
+    names: dict[str, None] = {}
+    for number, line in enumerate(source.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise InputError(f"{source}:{number} is not JSON: {err}") from err
+        if not isinstance(row, dict) or not isinstance(row.get(column), str) or not row[column]:
+            raise InputError(f"{source}:{number} has no non-empty string column {column!r}")
+        names.setdefault(row[column], None)
+    return list(names)
+
+
+def store_ref(transport_ref: str) -> str:
+    """The store's form of an image reference: the transport reference without ``docker://``."""
+    return transport_ref.removeprefix("docker://")
+
+
+def record_state(store: Store, record: MigrationRecord, run_id: str | None = None) -> None:
+    """Record one image's migration state in the store's ``images`` table (role ``target``).
+
+    The row's ``digest`` is the verified target digest for a ``completed`` record and NULL
+    otherwise (pending / skipped / failed: not in the target). The reason and exception type live
+    in the migration's state document (:func:`save_states`): ``images`` has no status column.
+
+    Args:
+        store: The store (upgraded).
+        record: The image's record.
+        run_id: The Prefect run id that produced it.
+    """
+    completed = record.status == "completed"
+    store.record_image(
+        ImageRecord(
+            ref=store_ref(record.target_ref),
+            digest=record.target_digest if completed else None,
+            role="target",
+            size_bytes=record.size_bytes,
+            run_id=run_id,
+        )
+    )
+
+
+def record_pending(store: Store, records: Sequence[MigrationRecord], run_id: str | None = None) -> int:
+    """Insert a ``pending`` target row (digest NULL) for each record that has no row yet.
+
+    Rows that exist (completed or not) are left as they are, so a re-run never erases a completed
+    digest. Returns the number of rows inserted; all are written in one transaction.
+    """
+    rows = [
+        ({"ref": store_ref(r.target_ref)}, {"digest": None, "role": "target", "run_id": run_id})
+        for r in records
+        if store.get_image(store_ref(r.target_ref)) is None
+    ]
+    if rows:
+        store.upsert_many(Image, rows)
+    return len(rows)
+
+
+def save_states(path: str | Path, records: Sequence[MigrationRecord]) -> Path:
+    """Write every image's state (status, reason, exception type, both digests) atomically.
+
+    The document is ``{"schema_version": 1, "records": {target_ref: record}}`` merged over the
+    file's earlier content, so states of images not in ``records`` are kept.
+
+    Returns:
+        The path written.
+    """
+    merged = {r.target_ref: r for r in load_states(path).values()}
+    merged.update({r.target_ref: r for r in records})
+    document = {
+        "schema_version": 1,
+        "records": {ref: rec.model_dump(mode="json") for ref, rec in sorted(merged.items())},
+    }
+    return atomic_write_json(path, document)
+
+
+def load_states(path: str | Path) -> dict[str, MigrationRecord]:
+    """The states :func:`save_states` wrote, by target reference; empty if there is no file.
+
+    Raises:
+        InputError: the file exists but is not a state document.
+    """
+    source = Path(path)
+    if not source.exists():
+        return {}
+    try:
+        document = json.loads(source.read_text(encoding="utf-8"))
+        return {ref: MigrationRecord.model_validate(r) for ref, r in document["records"].items()}
+    except (ValueError, KeyError, TypeError) as err:
+        raise InputError(f"{source} is not a migration state document: {err}") from err
+
+
+class AvailabilityRow(BaseModel):
+    """Whether one image is in the target registry.
+
+    Attributes:
+        ref: Transport reference checked.
+        availability: ``available`` (the registry serves a manifest), ``missing`` (it answers
+            "not found") or ``errored`` (it could not say: unavailable, auth, ...).
+        digest: The served digest when available.
+        error_type: Exception class name when errored.
+        error: Exception message when errored.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    ref: str
+    availability: ImageAvailability
+    digest: str | None = None
+    error_type: str | None = None
+    error: str = ""
+
+
+class CoverageReport(BaseModel):
+    """How much of an image list a registry serves.
+
+    Attributes:
+        total: Images checked.
+        available / missing / errored: Counts per :data:`ImageAvailability`.
+        rows: One row per image, input order.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    total: int = Field(ge=0)
+    available: int = Field(ge=0)
+    missing: int = Field(ge=0)
+    errored: int = Field(ge=0)
+    rows: list[AvailabilityRow]
+
+
+def coverage(skopeo: Skopeo, refs: Sequence[str], max_workers: int = 4) -> CoverageReport:
+    """Check which of ``refs`` the registry serves (``skopeo inspect --raw``, in parallel).
+
+    An infrastructure failure of one image is an ``errored`` row, not an exception: the report
+    says how much could not be checked.
+
+    Args:
+        skopeo: The skopeo wrapper (with credentials for the registry).
+        refs: Transport references (``docker://host:port/repo:tag``).
+        max_workers: Parallel inspections (1-16).
+
+    Returns:
+        A :class:`CoverageReport`.
+
+    Raises:
+        InputError: bad ``max_workers``.
+    """
+    if not 1 <= max_workers <= 16:
+        raise InputError(f"max_workers {max_workers} is outside 1-16")
+
+    def _one(ref: str) -> AvailabilityRow:
+        try:
+            return AvailabilityRow(ref=ref, availability="available", digest=skopeo.inspect_digest(ref))
+        except ImageNotFoundError:
+            return AvailabilityRow(ref=ref, availability="missing")
+        except ForgeflowError as err:
+            return AvailabilityRow(
+                ref=ref, availability="errored", error_type=type(err).__name__, error=str(err)
+            )
+
+    with ThreadPoolExecutor(max_workers=max_workers) as pool:
+        rows = list(pool.map(_one, refs))
+    counts = Counter(row.availability for row in rows)
+    return CoverageReport(
+        total=len(rows),
+        available=counts["available"],
+        missing=counts["missing"],
+        errored=counts["errored"],
+        rows=rows,
+    )
+
+
+class RewriteRow(BaseModel):
+    """One reference a rewrite changes.
+
+    Attributes:
+        table: ``images`` or ``task_instances``.
+        key: The row's natural key (``images.ref`` before the change, or the instance id).
+        column: ``ref`` or ``image_ref``.
+        old: The reference before.
+        new: The reference after.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    table: Literal["images", "task_instances"]
+    key: str
+    column: Literal["ref", "image_ref"]
+    old: str
+    new: str
+
+
+class RewritePlan(BaseModel):
+    """The diff of a reference rewrite and whether it was applied.
+
+    Attributes:
+        old_prefix / new_prefix: As given.
+        image_roles: Image roles whose ``images.ref`` rows were in scope.
+        rows: Every change, sorted by table then key.
+        applied: False for a dry run.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    old_prefix: str
+    new_prefix: str
+    image_roles: tuple[str, ...]
+    rows: list[RewriteRow]
+    applied: bool
+
+
+_PREFIX = re.compile(r"[A-Za-z0-9.-]+(?::\d{1,5})?(?:/[A-Za-z0-9._-]+)*")
+
+
+def _under(ref: str, prefix: str) -> bool:
+    return ref.startswith(prefix + "/")
+
+
+def rewrite_refs(
+    store: Store,
+    old_prefix: str,
+    new_prefix: str,
+    dry_run: bool = True,
+    *,
+    image_roles: Sequence[str] = REWRITE_IMAGE_ROLES,
+) -> RewritePlan:
+    """Move recorded image references from one registry prefix to another, in ONE transaction.
+
+    ``images.ref`` (rows whose role is in ``image_roles``) and ``task_instances.image_ref`` that
+    lie under ``old_prefix`` (``<old_prefix>/...``, a path-segment boundary) get ``new_prefix``
+    instead. The plan is computed and checked inside the same transaction that applies it.
+
+    Reversible: the rewrite is refused while any in-scope reference already lies under
+    ``new_prefix`` (those would be moved back too, or collide with a moved ``images`` key), so
+    ``rewrite_refs(store, new_prefix, old_prefix, dry_run=False)`` restores exactly what was
+    there.
+
+    Args:
+        store: The store (upgraded).
+        old_prefix: ``host[:port][/path]`` the references start with now (``127.0.0.1:5701``).
+        new_prefix: ``host[:port][/path]`` they should start with.
+        dry_run: Only compute the diff (nothing is written).
+        image_roles: Roles of ``images`` rows in scope (default :data:`REWRITE_IMAGE_ROLES`).
+
+    Returns:
+        A :class:`RewritePlan` with every change (``applied`` False on a dry run).
+
+    Raises:
+        InputError: a prefix is not ``host[:port][/path]``, the prefixes are equal or one
+            contains the other, an unknown role is named, or in-scope references already lie
+            under ``new_prefix`` (the message names up to 10). Nothing is written then.
+    """
+    old_prefix, new_prefix = old_prefix.rstrip("/"), new_prefix.rstrip("/")
+    for name, value in (("old_prefix", old_prefix), ("new_prefix", new_prefix)):
+        if not _PREFIX.fullmatch(value):
+            raise InputError(f"{name} {value!r} is not host[:port][/path]")
+    if old_prefix == new_prefix or _under(old_prefix, new_prefix) or _under(new_prefix, old_prefix):
+        raise InputError(
+            f"old_prefix {old_prefix!r} and new_prefix {new_prefix!r} must not contain each other"
+        )
+    roles = tuple(image_roles)
+    unknown = sorted(set(roles) - set(ImageRole.__args__))
+    if unknown:
+        raise InputError(f"unknown image roles {unknown}; valid: {list(ImageRole.__args__)}")
+    with store.session() as session:
+        images = session.execute(
+            select(Image.ref).where(Image.role.in_(roles)).order_by(Image.ref)
+        ).scalars().all()
+        tasks = session.execute(
+            select(TaskInstance.instance_id, TaskInstance.image_ref)
+            .where(TaskInstance.image_ref.is_not(None))
+            .order_by(TaskInstance.instance_id)
+        ).all()
+        every_ref = set(session.execute(select(Image.ref)).scalars())
+        blocking = sorted(
+            {ref for ref in images if _under(ref, new_prefix)}
+            | {ref for _, ref in tasks if _under(ref, new_prefix)}
+        )
+        moved = {ref: new_prefix + ref[len(old_prefix):] for ref in images if _under(ref, old_prefix)}
+        blocking += sorted(new for new in moved.values() if new in every_ref and new not in blocking)
+        if blocking:
+            raise InputError(
+                f"cannot rewrite {old_prefix} -> {new_prefix} reversibly: {len(blocking)} recorded "
+                f"references already lie under {new_prefix}: {blocking[:10]}"
+            )
+        rows = [
+            RewriteRow(table="images", key=old, column="ref", old=old, new=new)
+            for old, new in sorted(moved.items())
+        ] + [
+            RewriteRow(
+                table="task_instances", key=instance_id, column="image_ref", old=ref,
+                new=new_prefix + ref[len(old_prefix):],
+            )
+            for instance_id, ref in tasks
+            if _under(ref, old_prefix)
+        ]
+        if not dry_run:
+            now = datetime.now(UTC)
+            for row in rows:
+                if row.table == "images":
+                    session.execute(
+                        update(Image).where(Image.ref == row.old).values(ref=row.new, updated_at=now)
+                    )
+                else:
+                    session.execute(
+                        update(TaskInstance)
+                        .where(TaskInstance.instance_id == row.key)
+                        .values(image_ref=row.new, updated_at=now)
+                    )
+    return RewritePlan(
+        old_prefix=old_prefix, new_prefix=new_prefix, image_roles=roles, rows=rows,
+        applied=not dry_run,
+    )
+
+
+def plan_tasks_from_jsonl(
+    path: str | Path, id_column: str = "task_id", digest_column: str = "base_digest"
+) -> list[tuple[str, str]]:
+    """``(task_id, base_digest)`` pairs of a JSONL file, for :meth:`ShardLayout.plan`.
+
+    Raises:
+        InputError: missing file, a line that is not a JSON object, or a row without both
+            columns as non-empty strings (file and line number named).
+    """
+    source = Path(path)
+    if not source.is_file():
+        raise InputError(f"task file {source} does not exist")
+    pairs = []
+    for number, line in enumerate(source.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise InputError(f"{source}:{number} is not JSON: {err}") from err
+        values = [row.get(c) if isinstance(row, dict) else None for c in (id_column, digest_column)]
+        if not all(isinstance(v, str) and v for v in values):
+            raise InputError(f"{source}:{number} needs string columns {id_column!r} and {digest_column!r}")
+        pairs.append((values[0], values[1]))
+    return pairs
+
+
+def plan_tasks_from_store(store: Store) -> list[tuple[str, str]]:
+    """``(instance_id, base digest)`` of every recorded task: the base is the ``target`` image of
+    the task's repository (``images.project == task_instances.repo``), as the lifecycle records it.
+
+    Raises:
+        InputError: a task's repository has no target image with a digest, or several with
+            different digests (names up to 10 repositories).
+    """
+    digests: dict[str, set[str]] = {}
+    for image in store.images(role="target"):
+        if image.project and image.digest:
+            digests.setdefault(image.project, set()).add(image.digest)
+    tasks = store.tasks()
+    unknown = sorted({t.repo for t in tasks if len(digests.get(t.repo, ())) != 1})
+    if unknown:
+        raise InputError(
+            f"repositories without exactly one target image digest in the store: {unknown[:10]}"
+        )
+    return [(t.instance_id, next(iter(digests[t.repo]))) for t in tasks]
