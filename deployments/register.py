@@ -14,16 +14,23 @@ from prefect.schedules import Schedule
 
 from flows.lifecycle import lifecycle
 from flows.curate import curate, recover
-from flows.stages import compare, freeze, migrate, package, serve
+from flows.registry import migrate_images, prewarm_plan, registry_audit, rewrite_image_refs
+from flows.stages import compare, freeze, package, serve
 
 WORK_POOL = "local"
 
 SPECS: list[dict[str, Any]] = [
     {"flow": lifecycle, "entrypoint": "flows/lifecycle.py:lifecycle", "name": "lifecycle",
      "parameters": {}, "cron": "0 2 * * *"},
-    {"flow": migrate, "entrypoint": "flows/stages.py:migrate", "name": "migrate",
-     "parameters": {"images": [], "source_address": "127.0.0.1:5701", "target_address": "127.0.0.1:5702",
-                    "max_size_bytes": 2_000_000_000}},
+    {"flow": migrate_images, "entrypoint": "flows/registry.py:migrate_images", "name": "migrate",
+     "parameters": {"source": {"address": "127.0.0.1:5701"}, "target": {"address": "127.0.0.1:5702"},
+                    "images": [], "max_size_bytes": 2_000_000_000, "concurrency_limit": 4}},
+    {"flow": registry_audit, "entrypoint": "flows/registry.py:registry_audit", "name": "registry-audit",
+     "parameters": {"target": {"address": "127.0.0.1:5702"}, "images": []}, "cron": "0 3 * * 1"},
+    {"flow": prewarm_plan, "entrypoint": "flows/registry.py:prewarm_plan", "name": "prewarm-plan",
+     "parameters": {"shards": 80, "lanes": 5, "prefix": "task", "tag_cap": 100}},
+    {"flow": rewrite_image_refs, "entrypoint": "flows/registry.py:rewrite_image_refs", "name": "rewrite-image-refs",
+     "parameters": {"old_prefix": "", "new_prefix": "", "dry_run": True}},
     {"flow": freeze, "entrypoint": "flows/stages.py:freeze", "name": "freeze",
      "parameters": {"name": "demo-v1", "train_min": 2, "validation_min": 1, "test_min": 2, "max_per_repo": 4,
                     "min_repos": 2, "seed": 0}},
@@ -40,7 +47,8 @@ SPECS: list[dict[str, Any]] = [
     {"flow": serve, "entrypoint": "flows/stages.py:serve", "name": "serve",
      "parameters": {"gguf_path": ".forgeflow/demo/models/candidate-gguf/model-Q8_0.gguf"}},
 ]
-"""One entry per deployment of prefect.yaml; schedules are created paused."""
+"""One entry per deployment of prefect.yaml; schedules (nightly lifecycle, weekly registry audit)
+are created paused."""
 
 
 def build_deployments(work_pool_name: str | None = None) -> list[RunnerDeployment]:

@@ -7,47 +7,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from prefect import flow, get_run_logger
-from prefect.cache_policies import NO_CACHE
 
 from forgeflow import compare as comparison
 from forgeflow import store as ledger
 from forgeflow.errors import InputError
 from forgeflow.freeze import AcceptedTask, FreezeManifest, SplitQuotas
 from forgeflow.fsutil import atomic_write_text
-from forgeflow.migrate import MigrationRecord
-from forgeflow.settings import apply_container_env, home_dir
-from forgeflow.skopeo import Skopeo
-from tasks import curation, model as model_tasks, registry as registry_tasks, serving as serving_tasks
-from tasks.common import markdown_artifact, table_artifact
-
-
-@flow(name="migrate", log_prints=True)
-def migrate(images: list[str], source_address: str, target_address: str,
-            max_size_bytes: int = 2_000_000_000) -> list[MigrationRecord]:
-    """Copy ``images`` (``repo:tag`` names) from the source to the target registry, digests verified.
-
-    Args:
-        images: repository:tag names present in the source registry.
-        source_address / target_address: ``host:port`` of the registries (already running).
-        max_size_bytes: images above this size are skipped with reason ``oversize``.
-    """
-    apply_container_env()
-    store = ledger.Store()
-    store.upgrade()
-    uncached_migrate = registry_tasks.migrate_image.with_options(cache_policy=NO_CACHE)
-    records = []
-    for name in images:
-        src, dst = f"docker://{source_address}/{name}", f"docker://{target_address}/{name}"
-        # the source digest keys the task's cache: a re-pushed tag is copied again
-        # not cached: this flow does not own the target registry, so only the registry can say what
-        # it holds (the copy itself is skipped when the target already serves the source digest)
-        rec = uncached_migrate(src, dst, Skopeo().inspect_digest(src), max_size_bytes, target_address)
-        if rec.status == "completed":
-            store.record_image(ledger.ImageRecord(ref=f"{target_address}/{name}", digest=rec.target_digest,
-                                                  role="target", size_bytes=rec.size_bytes))
-        records.append(rec)
-    table_artifact("migrate-standalone", [r.model_dump(mode="json") for r in records], "Migrated images")
-    return records
+from forgeflow.settings import home_dir
+from tasks import curation, model as model_tasks, serving as serving_tasks
+from tasks.common import markdown_artifact
 
 
 @flow(name="freeze", log_prints=True)

@@ -12,6 +12,14 @@ failed with the exception's type and message) without stopping at the first fail
 registry errors (429, 5xx, timeouts, refused connections) are retried with exponential backoff,
 auth failures and missing images are not. :func:`verify_layer_reuse` checks that a task image was
 built on its base (its layers start with the base's layers), so a pull finds them pre-warmed.
+
+For the registry flows (``flows/registry.py``): :func:`image_names_from_jsonl` (a dataset's image
+column), :func:`record_pending` / :func:`record_state` (per-image state in the store's ``images``
+table, role ``target``) with :func:`save_states` / :func:`load_states` (the full state: reason,
+exception type, both digests), :func:`coverage` (available / missing / errored in a registry),
+:func:`rewrite_refs` (move recorded references between registry prefixes in one reversible
+transaction, with a dry-run diff) and the prewarm plan inputs :func:`plan_tasks_from_jsonl` /
+:func:`plan_tasks_from_store`.
 """
 
 from __future__ import annotations

@@ -25,6 +25,11 @@ def test_every_flow_has_a_deployment_in_both_places():
         assert (REPO_ROOT / path).is_file() and spec["flow"].fn.__name__ == func
 
 
+def test_weekly_registry_audit_schedule_is_paused():
+    sched = _yaml_deployments()["registry-audit"]["schedules"]
+    assert sched == [{"cron": "0 3 * * 1", "timezone": "UTC", "active": False}]
+
+
 def test_nightly_lifecycle_schedule_is_paused():
     sched = _yaml_deployments()["lifecycle"]["schedules"]
     assert sched == [{"cron": "0 2 * * *", "timezone": "UTC", "active": False}]
