@@ -12,6 +12,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 from forgeflow.errors import InputError
@@ -137,3 +138,25 @@ def read_digested_json(path: str | os.PathLike[str], what: str, schema_version: 
             f"{what} {path} was altered: embedded semantic_sha256 {embedded}, content digest {recomputed}"
         )
     return document
+
+
+def read_jsonl_objects(path: str | os.PathLike[str], what: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield ``(line number, object)`` for each non-blank line of a JSON-lines file.
+
+    Raises:
+        InputError: the file is missing, or a line is not a JSON object (file and line named);
+            ``what`` names the file's role in the message ("dataset file", "task file").
+    """
+    source = Path(path)
+    if not source.is_file():
+        raise InputError(f"{what} {source} does not exist")
+    for number, line in enumerate(source.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise InputError(f"{source}:{number} is not JSON: {err}") from err
+        if not isinstance(row, dict):
+            raise InputError(f"{source}:{number} is not a JSON object")
+        yield number, row

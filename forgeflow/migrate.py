@@ -44,7 +44,7 @@ from forgeflow.errors import (
     InputError,
     is_transient,
 )
-from forgeflow.fsutil import atomic_write_json
+from forgeflow.fsutil import atomic_write_json, read_jsonl_objects
 from forgeflow.layout import PrewarmPlan
 from forgeflow.skopeo import Skopeo
 from forgeflow.store import Image, ImageRecord, ImageRole, Store, TaskInstance
@@ -458,19 +458,10 @@ def image_names_from_jsonl(path: str | Path, column: str = "image") -> list[str]
         InputError: the file is missing, a line is not a JSON object, or a row lacks ``column``
             (the message names the file and line number).
     """
-    source = Path(path)
-    if not source.is_file():
-        raise InputError(f"dataset file {source} does not exist")
     names: dict[str, None] = {}
-    for number, line in enumerate(source.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise InputError(f"{source}:{number} is not JSON: {err}") from err
-        if not isinstance(row, dict) or not isinstance(row.get(column), str) or not row[column]:
-            raise InputError(f"{source}:{number} has no non-empty string column {column!r}")
+    for number, row in read_jsonl_objects(path, "dataset file"):
+        if not isinstance(row.get(column), str) or not row[column]:
+            raise InputError(f"{path}:{number} has no non-empty string column {column!r}")
         names.setdefault(row[column], None)
     return list(names)
 
@@ -787,20 +778,11 @@ def plan_tasks_from_jsonl(
         InputError: missing file, a line that is not a JSON object, or a row without both
             columns as non-empty strings (file and line number named).
     """
-    source = Path(path)
-    if not source.is_file():
-        raise InputError(f"task file {source} does not exist")
     pairs = []
-    for number, line in enumerate(source.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise InputError(f"{source}:{number} is not JSON: {err}") from err
-        values = [row.get(c) if isinstance(row, dict) else None for c in (id_column, digest_column)]
+    for number, row in read_jsonl_objects(path, "task file"):
+        values = [row.get(c) for c in (id_column, digest_column)]
         if not all(isinstance(v, str) and v for v in values):
-            raise InputError(f"{source}:{number} needs string columns {id_column!r} and {digest_column!r}")
+            raise InputError(f"{path}:{number} needs string columns {id_column!r} and {digest_column!r}")
         pairs.append((values[0], values[1]))
     return pairs
 

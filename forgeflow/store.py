@@ -302,6 +302,23 @@ _M = TypeVar("_M", bound=Base)
 _R = TypeVar("_R", bound=_Record)
 
 
+def _check_outcome(record: TrialRecord) -> None:
+    """A trial has a reward or an exception, not both (except an agent timeout, whose verifier
+    reward is kept: Harbor's convention) and not neither.
+
+    Raises:
+        InputError: naming the trial and both fields.
+    """
+    both_ok = record.kind == "agent" and record.exception_type in SCORED_DESPITE_EXCEPTION
+    if (record.reward is None and record.exception_type is None) or (
+        record.reward is not None and record.exception_type is not None and not both_ok
+    ):
+        raise InputError(
+            f"trial {record.trial_id!r} must have exactly one of reward "
+            f"({record.reward!r}) and exception_type ({record.exception_type!r})"
+        )
+
+
 class Store:
     """The ledger: one SQLAlchemy engine plus upsert and read helpers.
 
@@ -455,14 +472,7 @@ class Store:
             InputError: as :meth:`record_trial`, naming the first bad trial; nothing is written.
         """
         for record in records:
-            both_ok = record.kind == "agent" and record.exception_type in SCORED_DESPITE_EXCEPTION
-            if (record.reward is None and record.exception_type is None) or (
-                record.reward is not None and record.exception_type is not None and not both_ok
-            ):
-                raise InputError(
-                    f"trial {record.trial_id!r} must have exactly one of reward "
-                    f"({record.reward!r}) and exception_type ({record.exception_type!r})"
-                )
+            _check_outcome(record)
         rows = []
         for record in records:
             key, values = self._row(["trial_id"], record)
@@ -481,14 +491,7 @@ class Store:
             InputError: as :meth:`record_trials` (nothing is written).
         """
         for record in trials:
-            both_ok = record.kind == "agent" and record.exception_type in SCORED_DESPITE_EXCEPTION
-            if (record.reward is None and record.exception_type is None) or (
-                record.reward is not None and record.exception_type is not None and not both_ok
-            ):
-                raise InputError(
-                    f"trial {record.trial_id!r} must have exactly one of reward "
-                    f"({record.reward!r}) and exception_type ({record.exception_type!r})"
-                )
+            _check_outcome(record)
         dialect = self.engine.dialect.name
         with self.engine.begin() as connection:
             for record in trials:
