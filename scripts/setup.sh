@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(podman skopeo docker-registry debootstrap bubblewrap runc uidmap fuse-overlayfs slirp4netns
+APT_PACKAGES=(podman skopeo docker-registry debootstrap bubblewrap runc uidmap fuse-overlayfs slirp4netns postgresql
               git patch cmake build-essential ca-certificates)
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do

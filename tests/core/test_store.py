@@ -205,11 +205,21 @@ def test_the_postgresql_upsert_updates_on_conflict_with_the_natural_key() -> Non
 
 
 # --- PostgreSQL (the scale-out store): a throwaway cluster on a Unix socket ----------------------
-def _postgres_user() -> tuple[str, int] | None:
-    import pwd
+def _postgres_bin() -> Path | None:
+    """The folder holding ``initdb`` and ``postgres``: on PATH, or Debian's /usr/lib/postgresql/N/bin."""
     import shutil
 
-    if not (shutil.which("initdb") and shutil.which("postgres")):
+    found = shutil.which("initdb")
+    if found and shutil.which("postgres"):
+        return Path(found).resolve().parent
+    candidates = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+    return candidates[-1].parent if candidates else None
+
+
+def _postgres_user() -> tuple[str, int] | None:
+    import pwd
+
+    if _postgres_bin() is None:
         return None
     try:
         entry = pwd.getpwnam("postgres")
@@ -243,7 +253,7 @@ def postgres_url() -> Iterator[str]:
     sockets.mkdir()
     os.chown(sockets, uid, -1)
     subprocess.run(
-        ["initdb", "-D", str(data), "-A", "trust", "-U", "forgeflow", "--no-sync"],
+        [str(_postgres_bin() / "initdb"), "-D", str(data), "-A", "trust", "-U", "forgeflow", "--no-sync"],
         user=name,
         check=True,
         capture_output=True,
@@ -251,7 +261,7 @@ def postgres_url() -> Iterator[str]:
     )
     server = subprocess.Popen(
         [
-            "postgres",
+            str(_postgres_bin() / "postgres"),
             "-D",
             str(data),
             "-k",
