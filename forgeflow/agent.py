@@ -2,11 +2,14 @@
 
 One agent trial (Harbor's and SWE-bench's shape):
 
-1. **agent** — mini-swe-agent 2.4.6's ``DefaultAgent`` with its text-based LiteLLM model
-   (``openai/<alias>`` at the given ``api_base``) and its ``docker`` environment driven by podman:
-   the loop and the model calls stay on the host, every command runs in a container of the task
-   image with ``--network none`` and ``cwd /testbed`` (FACTS.md). Prompts come from mini-swe-agent's
-   own ``swebench_backticks.yaml``. The trajectory JSON is written atomically after every step.
+1. **agent** — mini-swe-agent 2.4.6's ``DefaultAgent`` with its text-based model (its
+   ``mswea_bash_command`` action parsing and format-error handling) whose chat calls go through
+   :class:`forgeflow.model_client.ModelClient` (transient-only retries, a total budget equal to the
+   agent's remaining time, a circuit breaker) instead of LiteLLM, and its ``docker`` environment
+   driven by podman: the loop and the model calls stay on the host, every command runs in a
+   container of the task image with ``--network none`` and ``cwd /testbed`` (FACTS.md). Prompts
+   come from mini-swe-agent's own ``swebench_backticks.yaml``. The trajectory JSON is written
+   atomically after every step. One ModelClient (hence one circuit breaker) serves one agent run.
 2. **submission** — ``git diff`` of ``/testbed`` against the image's commit, taken from the agent's
    container before it is removed (tracked files only: reproduction scripts are not submitted).
 3. **verifier** — a fresh container of the task image: the submission is applied with
@@ -17,9 +20,9 @@ Outcomes versus breakage (DESIGN.md):
 
 * format errors, the step limit, a context overflow or an empty or non-applying patch are the
   model's outcomes: the verifier runs and the reward is 0 or 1;
-* the endpoint refusing, resetting, answering 5xx or returning no choice is a
-  :class:`~forgeflow.errors.ModelEndpointError`: recorded as the trial's exception with reward None
-  and no verifier run;
+* the endpoint refusing, resetting, answering 5xx or returning no choice (after ModelClient's
+  retries) is a :class:`~forgeflow.errors.ModelEndpointError`: recorded as the trial's exception
+  with reward None and no verifier run;
 * the agent overrunning ``agent_timeout_s`` is an :class:`~forgeflow.errors.AgentTimeoutError`
   recorded with the exception *and* the verifier's reward (Harbor's convention);
 * sandbox failures (image missing, OOM, verifier timeout, unparseable test output) are recorded as
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -44,6 +48,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from forgeflow import errors
 from forgeflow.fsutil import atomic_write_json, sha256_json
 from forgeflow.grading import grade_resolved
+from forgeflow.model_client import ChatResponse, ModelClient, chat_request
 from forgeflow.sandbox import PodmanSandbox, SandboxSpec
 from forgeflow.settings import apply_container_env, tool_env
 from forgeflow.trial import LOG_TAIL_CHARS, TESTBED, TrialRecord, VerifierResult, container_name, make_trial_id, verify
@@ -53,6 +58,15 @@ MSWEA_CONFIG_NAME = "swebench_backticks"
 tiny local models do not produce tool calls, so the text-based model class is used."""
 
 SUBMISSION_PATH_IN_CONTAINER = "/tmp/forgeflow_submission.patch"
+
+CONTEXT_OVERFLOW_PATTERN = re.compile(
+    r"context_length_exceeded|maximum context length|context window|exceeds the available context size",
+    re.IGNORECASE,
+)
+"""How a 400 (:class:`~forgeflow.errors.ModelRequestError`) names a context overflow: OpenAI's and
+llama-cpp-python's ``context_length_exceeded`` ("This model's maximum context length is N tokens",
+``llama_cpp/server/errors.py``) and llama.cpp server's "exceeds the available context size"; the
+same strings LiteLLM maps to ``ContextWindowExceededError``."""
 _PODMAN_TIMEOUT_S = 120
 
 
@@ -90,12 +104,13 @@ _MSWEA_DIR: Path | None = None
 
 
 def _prepare_mswea_env() -> None:
-    """Environment mini-swe-agent and LiteLLM read at import time (set before importing them).
+    """Environment mini-swe-agent reads at import time (set before importing it).
 
     ``MSWEA_CONFIGURED`` skips the interactive setup, ``MSWEA_GLOBAL_CONFIG_DIR`` keeps its ``.env``
-    out of the home directory, ``LITELLM_LOCAL_MODEL_COST_MAP`` stops LiteLLM fetching its price
-    list from GitHub (the machine is offline), and the container variables make the podman that
-    mini-swe-agent spawns use runc and the lowered ulimits.
+    out of the home directory, ``LITELLM_LOCAL_MODEL_COST_MAP`` stops LiteLLM (which mini-swe-agent's
+    model module imports, though no call goes through it) fetching its price list from GitHub (the
+    machine is offline), and the container variables make the podman that mini-swe-agent spawns use
+    runc and the lowered ulimits.
     """
     global _MSWEA_DIR
     if _MSWEA_DIR is None and "MSWEA_GLOBAL_CONFIG_DIR" not in os.environ:
@@ -133,8 +148,10 @@ def mswea_config(
     Starts from mini-swe-agent's built-in ``config.config_name`` yaml and overrides the budget, the
     podman environment (FACTS.md: ``executable: podman``, ``cwd: /testbed``,
     ``run_args: ["--rm", "--network", "none"]``, plus ``--init`` so stopping is immediate and the
-    memory/CPU limits) and the model (``openai/<alias>`` with ``api_base``/``api_key``; the key
-    comes from ``$FORGEFLOW_MODEL_API_KEY``, a placeholder for keyless local servers).
+    memory/CPU limits) and the model (``model_name`` is the alias sent to the endpoint;
+    ``model_kwargs`` holds ``api_base`` and the sampling parameters ModelClient sends; the API key
+    is not in the config — it is read from ``$FORGEFLOW_MODEL_API_KEY`` when the model is built, so
+    it never lands in a trajectory).
     """
     _prepare_mswea_env()
     from minisweagent.config import get_config_from_spec
@@ -161,16 +178,13 @@ def mswea_config(
             ],
         },
         "model": {
-            "model_name": f"openai/{model_alias}",
+            "model_name": model_alias,
             "cost_tracking": "ignore_errors",
             "model_kwargs": {
                 "api_base": base_url.rstrip("/"),
-                "api_key": os.environ.get("FORGEFLOW_MODEL_API_KEY", "sk-no-key"),
                 "temperature": config.temperature,
                 "max_tokens": config.max_tokens,
                 "seed": config.seed,
-                "max_retries": 0,  # retries belong to the Prefect task (transient kinds only)
-                "drop_params": True,
             },
         },
     }
@@ -180,55 +194,74 @@ def mswea_config(
 
 
 def _endpoint_model_class() -> type:
-    """A text-based LiteLLM model whose endpoint failures are ModelEndpointError (not retried here:
-    the Prefect task retries transient kinds) and whose calls never outlive the agent's deadline."""
-    import litellm
-    from minisweagent.models.litellm_model import LitellmModel
+    """mini-swe-agent's text-based model with its chat calls sent through :class:`ModelClient`.
 
-    litellm.suppress_debug_info = True  # else it prints its provider list for every unpriced call
+    Only ``query`` is overridden: the request goes to ``ModelClient.chat`` (transient-only retries,
+    a total budget of the agent's remaining time, a circuit breaker; one client, hence one breaker,
+    per agent run), and the answer is parsed by mini-swe-agent's own ``mswea_bash_command`` regex
+    (a FormatError carries the response, as mini-swe-agent's ``query`` does). The message's
+    ``extra.response`` is the :class:`ChatResponse` (``prompt_tokens``/``completion_tokens`` feed
+    the trial's token counts); cost is 0 (a local endpoint has no price).
+
+    Errors: ModelClient's ModelEndpointError (CircuitOpenError included) propagates; a model call
+    that outlives the agent's deadline is an AgentTimeoutError; a 400 naming a context overflow ends
+    the run with exit status ``ContextWindowExceeded`` (the model's outcome); any other
+    ModelRequestError propagates (a configuration bug).
+    """
     logging.getLogger("minisweagent").setLevel(logging.WARNING)  # its DEBUG lines drown the flow log
+    from minisweagent.exceptions import FormatError, InterruptAgentFlow
+    from minisweagent.models import GLOBAL_MODEL_STATS
     from minisweagent.models.litellm_textbased_model import LitellmTextbasedModel
+    from minisweagent.models.utils.actions_text import parse_regex_actions
 
     class EndpointModel(LitellmTextbasedModel):
-        abort_exceptions = [
-            *LitellmModel.abort_exceptions,
-            litellm.exceptions.BadRequestError,
-            errors.ModelEndpointError,
-            errors.AgentTimeoutError,
-        ]
-
         def __init__(self, *, deadline_monotonic: float, **kwargs: Any) -> None:
             super().__init__(**kwargs)
             self.deadline_monotonic = deadline_monotonic
+            params = dict(self.config.model_kwargs)
+            self.api_base = str(params.pop("api_base", ""))
+            self.sampling = params
+            self.client = ModelClient(self.api_base, api_key=os.environ.get("FORGEFLOW_MODEL_API_KEY"))
 
-        def _query(self, messages: list[dict[str, str]], **kwargs: Any) -> Any:
+        def _chat(self, messages: list[dict[str, Any]]) -> ChatResponse:
             remaining_s = self.deadline_monotonic - time.monotonic()
             if remaining_s <= 0:
                 raise errors.AgentTimeoutError("agent budget spent before the model call")
-            api_base = self.config.model_kwargs.get("api_base", "")
+            self.client.retry = self.client.retry.model_copy(update={"total_budget_s": remaining_s})
+            request = chat_request(self.config.model_name, messages, **self.sampling)
             try:
-                response = super()._query(messages, timeout=remaining_s, **kwargs)
-            except litellm.exceptions.Timeout as exc:
+                return self.client.chat(request)
+            except errors.ModelEndpointError as exc:
                 if time.monotonic() >= self.deadline_monotonic:
                     raise errors.AgentTimeoutError(f"model call outlived the agent budget: {exc}") from exc
-                raise errors.ModelEndpointError(f"model endpoint {api_base} timed out: {exc}") from exc
-            except (
-                litellm.exceptions.APIConnectionError,
-                litellm.exceptions.InternalServerError,
-                litellm.exceptions.ServiceUnavailableError,
-                litellm.exceptions.BadGatewayError,
-            ) as exc:
-                raise errors.ModelEndpointError(
-                    f"model endpoint {api_base} failed: {type(exc).__name__}: {exc}"
-                ) from exc
-            except litellm.exceptions.APIError as exc:
-                if int(getattr(exc, "status_code", 0) or 0) >= 500:
-                    raise errors.ModelEndpointError(f"model endpoint {api_base} answered 5xx: {exc}") from exc
                 raise
-            choices = getattr(response, "choices", None) or []
-            if not choices or getattr(choices[0], "message", None) is None:
-                raise errors.ModelEndpointError(f"model endpoint {api_base} returned no choice (truncated response)")
-            return response
+            except errors.ModelRequestError as exc:
+                if CONTEXT_OVERFLOW_PATTERN.search(str(exc)):
+                    raise InterruptAgentFlow({
+                        "role": "exit", "content": "ContextWindowExceeded",
+                        "extra": {"exit_status": "ContextWindowExceeded", "submission": "",
+                                  "exception_str": str(exc)},
+                    }) from exc
+                raise
+
+        def query(self, messages: list[dict[str, Any]], **kwargs: Any) -> dict:
+            response = self._chat(self._prepare_messages_for_api(messages))
+            GLOBAL_MODEL_STATS.add(0.0)
+            extra = {"cost": 0.0, "response": response.model_dump(mode="json")}
+            try:
+                actions = parse_regex_actions(
+                    response.content, action_regex=self.config.action_regex,
+                    format_error_template=self.config.format_error_template,
+                    template_kwargs={"finish_reason": response.finish_reason},
+                )
+            except FormatError as exc:
+                exc.messages[0]["extra"].update(extra)
+                raise
+            return {"role": "assistant", "content": response.content,
+                    "extra": {"actions": actions, **extra, "timestamp": time.time()}}
+
+        def close(self) -> None:
+            self.client.close()
 
     return EndpointModel
 
@@ -285,12 +318,12 @@ def _remove_container(env: Any) -> None:
 
 
 def _usage_totals(messages: list[dict[str, Any]]) -> tuple[int, int]:
-    """Sum prompt/completion tokens over the model responses stored in a trajectory."""
+    """Sum prompt/completion tokens over the model responses (ChatResponse dicts) in a trajectory."""
     n_in = n_out = 0
     for message in messages:
-        usage = ((message.get("extra") or {}).get("response") or {}).get("usage") or {}
-        n_in += int(usage.get("prompt_tokens") or 0)
-        n_out += int(usage.get("completion_tokens") or 0)
+        response = (message.get("extra") or {}).get("response") or {}
+        n_in += int(response.get("prompt_tokens") or 0)
+        n_out += int(response.get("completion_tokens") or 0)
     return n_in, n_out
 
 
@@ -374,8 +407,6 @@ def _run_agent_phase(
 
     Endpoint failures, agent overruns and sandbox failures are caught into ``_AgentPhase.error``.
     """
-    import litellm
-
     phase = _AgentPhase()
     t0 = time.monotonic()
     deadline = t0 + config.agent_timeout_s
@@ -389,10 +420,10 @@ def _run_agent_phase(
         phase.env_setup_s = time.monotonic() - t0
         agent = _atomic_agent_class()(model, env, output_path=traj_path, **cfg["agent"])
         try:
-            phase.exit_status = str(agent.run(problem_statement).get("exit_status", ""))
-        except litellm.exceptions.ContextWindowExceededError as exc:  # the model's outcome
-            phase.exit_status = "ContextWindowExceeded"
-            phase.notes.append(f"context window exceeded: {exc}")
+            result = agent.run(problem_statement)
+            phase.exit_status = str(result.get("exit_status", ""))
+            if phase.exit_status == "ContextWindowExceeded":  # the model's outcome
+                phase.notes.append(f"context window exceeded: {result.get('exception_str', '')}")
         except (errors.ModelEndpointError, errors.AgentTimeoutError) as exc:
             phase.error = exc
             phase.exit_status = type(exc).__name__
@@ -406,9 +437,12 @@ def _run_agent_phase(
                 phase.submission = _container_git(env.container_id, "diff", "--no-color", "--binary", base_commit)
             except errors.SandboxError as exc:  # the agent broke the repository: its outcome
                 phase.notes.append(f"could not take the submission: {exc}")
+    except errors.ModelRequestError:  # a malformed request is a configuration bug, not an outcome
+        raise
     except errors.InfraError as exc:  # sandbox broke (image missing, podman failure)
         phase.error = exc
     finally:
+        model.close()
         if env is not None:
             _remove_container(env)
         phase.agent_s = phase.agent_s or time.monotonic() - t0
@@ -548,8 +582,8 @@ def run_agent_trial(
 
     Raises:
         InputError: an argument is empty or malformed (nothing was run).
-        litellm.exceptions.BadRequestError: the endpoint rejected the request as malformed (other
-            than a context overflow): a configuration bug, not an outcome.
+        ModelRequestError: the endpoint rejected the request with a 4xx (other than a context
+            overflow): a configuration bug, not an outcome.
     """
     for arg_name, value in (("instance_id", instance_id), ("image_ref", image_ref),
                             ("problem_statement", problem_statement), ("test_command", test_command),

@@ -10,12 +10,13 @@ import json
 import socket
 import subprocess
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from forgeflow.agent import AgentConfig, _run_verifier_phase, problem_statement_for, run_agent_trial
-from forgeflow.errors import InputError
+from forgeflow.errors import InputError, ModelRequestError
 from forgeflow.images import BASE_IMAGE_TAG, ensure_base_image, image_exists
 from forgeflow.serving import ModelServer
 from forgeflow.settings import cache_dir, tool_env
@@ -174,17 +175,16 @@ def test_agent_trial_against_dead_endpoint_records_model_endpoint_error(task_ima
     assert _trajectory(tmp_path, record.trial_id)["info"]["exit_status"] == "ModelEndpointError"
 
 
-@pytest.fixture()
-def failing_endpoint() -> Iterator[str]:
-    """An HTTP endpoint whose /v1/chat/completions answers 503 (an overloaded or broken server)."""
+@contextmanager
+def _stub_endpoint(status: int, body: bytes) -> Iterator[str]:
+    """An HTTP endpoint whose /v1/chat/completions always answers ``status`` with JSON ``body``."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     from threading import Thread
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:  # noqa: N802 - http.server's naming
             self.rfile.read(int(self.headers.get("Content-Length", 0)))
-            body = b'{"error": {"message": "model crashed", "type": "server_error"}}'
-            self.send_response(503)
+            self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -201,6 +201,43 @@ def failing_endpoint() -> Iterator[str]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture()
+def failing_endpoint() -> Iterator[str]:
+    """An endpoint answering 503 (an overloaded or broken server)."""
+    with _stub_endpoint(503, b'{"error": {"message": "model crashed", "type": "server_error"}}') as url:
+        yield url
+
+
+# llama-cpp-python's context overflow answer (llama_cpp/server/errors.py, context_length_exceeded)
+CONTEXT_OVERFLOW_BODY = (
+    b'{"error": {"message": "This model\'s maximum context length is 512 tokens. However, you requested '
+    b'1500 tokens (1436 in the messages, 64 in the completion).", "type": "invalid_request_error", '
+    b'"param": "messages", "code": "context_length_exceeded"}}'
+)
+
+
+@pytest.mark.integration
+def test_context_overflow_is_the_models_outcome_and_the_verifier_runs(task_image: str, tmp_path: Path) -> None:
+    with _stub_endpoint(400, CONTEXT_OVERFLOW_BODY) as url:
+        record = run_agent_trial(
+            "calc-add-1", task_image, problem_statement_for(BUG_PATCH, F2P), TEST_COMMAND, F2P, P2P,
+            url, "tiny", AgentConfig(agent_timeout_s=120, memory_mb=512), tmp_path,
+        )
+    assert record.exception_type is None, record.exception_message
+    assert record.reward == 0.0 and record.verifier_s is not None
+    assert _trajectory(tmp_path, record.trial_id)["info"]["exit_status"] == "ContextWindowExceeded"
+
+
+@pytest.mark.integration
+def test_other_4xx_is_a_configuration_error_not_an_outcome(task_image: str, tmp_path: Path) -> None:
+    body = b'{"error": {"message": "unknown parameter", "type": "invalid_request_error"}}'
+    with _stub_endpoint(400, body) as url, pytest.raises(ModelRequestError, match="400"):
+        run_agent_trial(
+            "calc-add-1", task_image, problem_statement_for(BUG_PATCH, F2P), TEST_COMMAND, F2P, P2P,
+            url, "tiny", AgentConfig(agent_timeout_s=120, memory_mb=512), tmp_path,
+        )
 
 
 @pytest.mark.integration
