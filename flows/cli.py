@@ -247,7 +247,8 @@ def lineage(artifact_sha256: str, as_json: bool = typer.Option(False, "--json", 
 
 @app.command()
 def status(as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
-    """The last lifecycle run's stages, the store's counts, the latest freeze, the serving endpoint."""
+    """The last lifecycle run's stages, the store's counts, the latest freeze, the serving endpoint,
+    and what `forgeflow up` started (server address, pool, deployments, whether its processes run)."""
     home = _prepare_env()
     from forgeflow.serving import read_state  # noqa: PLC0415
     from forgeflow.store import Store  # noqa: PLC0415
@@ -256,7 +257,10 @@ def status(as_json: bool = typer.Option(False, "--json", help="print JSON")) -> 
     store.upgrade()
     summary_path = home / "demo" / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
+    from flows import service  # noqa: PLC0415
+
     state = read_state(home / "demo" / "serving" / "state.json")
+    svc = service.read_state(home)
     freeze_name = (summary or {}).get("freeze", {}).get("name")
     freeze = store.get_freeze(freeze_name) if freeze_name else None
     out = {
@@ -267,6 +271,11 @@ def status(as_json: bool = typer.Option(False, "--json", help="print JSON")) -> 
         "last_freeze": None if freeze is None else freeze.model_dump(mode="json"),
         "serving": None if state is None else {"generation": state.generation, "port": state.active_port,
                                                "gguf_sha256": state.gguf_sha256, "live": state.pid is not None},
+        "service": None if svc is None else {
+            "ui_url": svc.ui_url, "api_url": svc.api_url, "pool": svc.pool,
+            "server_running": service.is_ours(svc.server),
+            "worker_running": svc.worker is not None and service.is_ours(svc.worker),
+            "deployments": sorted(svc.deployments), "automations": sorted(svc.automations)},
     }
     if as_json:
         print(json.dumps(out, indent=2, default=str))

@@ -212,6 +212,13 @@ def test_cli_up_prints_the_ui_address_and_down_stops_it(tmp_path):
         state = service.read_state(tmp_path)
         assert service.is_ours(state.server) and service.is_ours(state.worker)
         assert "forgeflow-notify-on-failure" not in state.automations  # no webhook URL given
+        status = subprocess.run([sys.executable, "-m", "flows.cli", "status", "--json"], env=env,
+                                capture_output=True, text=True, timeout=120)
+        assert status.returncode == 0, status.stdout + status.stderr
+        reported = json.loads(status.stdout)["service"]
+        assert reported["ui_url"] == f"http://127.0.0.1:{port}" and reported["pool"] == "local"
+        assert reported["server_running"] and reported["worker_running"]
+        assert "lifecycle/lifecycle" in reported["deployments"]
     finally:
         down = subprocess.run([sys.executable, "-m", "flows.cli", "down", "--grace-s", "5"], env=env,
                               capture_output=True, text=True, timeout=120)
