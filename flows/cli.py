@@ -195,21 +195,18 @@ def compare(job_a: str, job_b: str,
     from forgeflow import compare as comparison  # noqa: PLC0415
     from forgeflow.store import Store  # noqa: PLC0415
 
+    from forgeflow.errors import InputError  # noqa: PLC0415
+
     store = Store()
     store.upgrade()
-    runs = {}
-    for job in (job_a, job_b):
-        rows = store.trials_for(job_id=job)
-        if not rows:
-            raise typer.BadParameter(f"job {job!r} has no trials in {store.url} (see `forgeflow trials`)")
-        runs[job] = rows
-    paired = comparison.paired_compare(
-        *({t.instance_id: t.reward if t.exception_type is None else None for t in runs[j]} for j in (job_a, job_b)))
+    try:
+        result = comparison.compare_stored_jobs(store, job_a, job_b)
+    except InputError as exc:
+        raise typer.BadParameter(str(exc)) from None
     if as_json:
-        print(json.dumps({"job_a": job_a, "job_b": job_b, **paired.model_dump(mode="json")}, indent=2))
+        print(json.dumps({"job_a": job_a, "job_b": job_b, **result.paired.model_dump(mode="json")}, indent=2))
         return
-    print(comparison.render_markdown(comparison.JobReport.from_trials(runs[job_a]),
-                                     comparison.JobReport.from_trials(runs[job_b]), paired, job_a, job_b))
+    print(result.markdown)
 
 
 @app.command()

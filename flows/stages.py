@@ -10,7 +10,6 @@ from prefect import flow, get_run_logger
 
 from forgeflow import compare as comparison
 from forgeflow import store as ledger
-from forgeflow.errors import InputError
 from forgeflow.freeze import AcceptedTask, FreezeManifest, SplitQuotas
 from forgeflow.fsutil import atomic_write_text
 from forgeflow.settings import home_dir
@@ -48,17 +47,8 @@ def compare(job_a: str, job_b: str, report_path: Path | None = None) -> comparis
     """
     store = ledger.Store()
     store.upgrade()
-    trials = {}
-    for job in (job_a, job_b):
-        rows = store.trials_for(job_id=job)
-        if not rows:
-            raise InputError(f"job {job!r} has no trials in the store ({store.url})")
-        trials[job] = rows
-    paired = comparison.paired_compare(
-        {t.instance_id: t.reward if t.exception_type is None else None for t in trials[job_a]},
-        {t.instance_id: t.reward if t.exception_type is None else None for t in trials[job_b]})
-    md = comparison.render_markdown(comparison.JobReport.from_trials(trials[job_a]),
-                                    comparison.JobReport.from_trials(trials[job_b]), paired, job_a, job_b)
+    result = comparison.compare_stored_jobs(store, job_a, job_b)
+    paired, md = result.paired, result.markdown
     atomic_write_text(report_path or home_dir() / f"compare-{job_a}-vs-{job_b}.md", md)
     markdown_artifact("compare-standalone", md, f"{job_a} vs {job_b}")
     get_run_logger().info("wins %d ties %d losses %d, McNemar p %.3g", paired.wins, paired.ties, paired.losses,

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -755,3 +755,42 @@ class CanaryComparison(BaseModel):
     decision: Decision
     costs: CostComparison
     markdown: str
+
+
+def rewards_by_instance(trials: Iterable[Any]) -> dict[str, float | None]:
+    """``instance_id -> reward`` for :func:`paired_compare`; a trial that ended in an exception maps
+    to None (excluded from the pairs and counted), never to reward 0.
+
+    Args:
+        trials: records with ``instance_id``, ``reward`` and ``exception_type`` (core or store rows).
+    """
+    return {t.instance_id: t.reward if t.exception_type is None else None for t in trials}
+
+
+class StoredJobsComparison(BaseModel):
+    """:func:`compare_stored_jobs`'s result: both jobs' reports, the pairs and the markdown."""
+
+    model_config = ConfigDict(frozen=True)
+
+    report_a: JobReport
+    report_b: JobReport
+    paired: PairedComparison
+    markdown: str
+
+
+def compare_stored_jobs(store: Any, job_a: str, job_b: str) -> StoredJobsComparison:
+    """Compare two jobs recorded in a :class:`forgeflow.store.Store` (void trials excluded).
+
+    Raises:
+        InputError: a job has no trials in the store (the message names it and the store URL).
+    """
+    runs = {}
+    for job in (job_a, job_b):
+        rows = store.trials_for(job_id=job)
+        if not rows:
+            raise InputError(f"job {job!r} has no trials in {store.url} (see `forgeflow trials`)")
+        runs[job] = rows
+    paired = paired_compare(rewards_by_instance(runs[job_a]), rewards_by_instance(runs[job_b]))
+    report_a, report_b = JobReport.from_trials(runs[job_a]), JobReport.from_trials(runs[job_b])
+    return StoredJobsComparison(report_a=report_a, report_b=report_b, paired=paired,
+                                markdown=render_markdown(report_a, report_b, paired, job_a, job_b))

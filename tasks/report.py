@@ -20,10 +20,8 @@ def compare_jobs(baseline: list[TrialRecord], candidate: list[TrialRecord], labe
     """
     report_a = compare.JobReport.from_trials(baseline)
     report_b = compare.JobReport.from_trials(candidate)
-    paired = compare.paired_compare(
-        {t.instance_id: t.reward if t.exception_type is None else None for t in baseline},
-        {t.instance_id: t.reward if t.exception_type is None else None for t in candidate},
-        repo_of, seed=seed, confidence=1.0 - alpha)
+    paired = compare.paired_compare(compare.rewards_by_instance(baseline), compare.rewards_by_instance(candidate),
+                                    repo_of, seed=seed, confidence=1.0 - alpha)
     decision = compare.promotion_decision(paired, max_drop=max_drop, alpha=alpha)
     costs = compare.cost_ratios({t.instance_id: t.costs() for t in baseline},
                                 {t.instance_id: t.costs() for t in candidate})
