@@ -343,6 +343,9 @@ def _canary(log: StageLog, stage: str, config: LifecycleConfig, test_ids: list[s
     """Agent trials on the frozen test split against the active endpoint (one job)."""
     job_id = f"{stage}-{model_sha256[:12]}"
     with log.stage(stage) as st:
+        store.record_job(ledger.JobRecord(job_id=job_id, kind="canary", freeze_name=config.freeze_name,
+                                          split="test", model_sha256=model_sha256, run_id=run_id,
+                                          params={"concurrency": config.canary_concurrency}))
         trials = []
         for start in range(0, len(test_ids), config.canary_concurrency):
             futures = []
@@ -375,7 +378,9 @@ def _trial_row(tr: Any, job_id: str, model_sha256: str | None, run_id: str) -> l
     return ledger.TrialRecord(trial_id=tr.trial_id, instance_id=tr.instance_id, kind=tr.kind, job_id=job_id,
                               reward=tr.reward, exception_type=tr.exception_type,
                               exception_message=tr.exception_message, timings=timings,
-                              model_sha256=model_sha256, created_at=tr.started_at, run_id=run_id)
+                              model_sha256=model_sha256, created_at=tr.started_at, run_id=run_id,
+                              agent_steps=tr.agent_steps, input_tokens=tr.input_tokens,
+                              output_tokens=tr.output_tokens)
 
 
 def _generation_row(state: serving.ServingState, status: str, run_id: str) -> ledger.ServingGenerationRecord:

@@ -34,6 +34,7 @@ from sqlalchemy import (
     Connection,
     DateTime,
     Engine,
+    Boolean,
     Float,
     Integer,
     MetaData,
@@ -67,6 +68,8 @@ TaskStatus = Literal["candidate", "accepted", "rejected", "error"]
 TrialKind = Literal["nop", "oracle", "agent"]
 ArtifactKind = Literal["base", "adapter", "merged", "gguf"]
 ServingStatus = Literal["active", "retired", "rolled_back"]
+ImageStatus = Literal["pending", "completed", "skipped", "failed"]
+SupervisionKind = Literal["dead_loop", "hang"]
 
 _ID = 512
 """Longest natural key (image references and instance ids can be long)."""
@@ -106,13 +109,22 @@ class Image(_Stamped, Base):
     """A container image by reference (``registry/repo:tag``) and its manifest digest."""
 
     __tablename__ = "images"
-    __table_args__ = (CheckConstraint(_check_in("role", ImageRole.__args__), name="role"),)
+    __table_args__ = (
+        CheckConstraint(_check_in("role", ImageRole.__args__), name="role"),
+        CheckConstraint(
+            f"status IS NULL OR {_check_in('status', ImageStatus.__args__)}", name="status"
+        ),
+    )
 
     ref: Mapped[str] = mapped_column(String(_ID), primary_key=True)
     digest: Mapped[str | None] = mapped_column(String(80))
     role: Mapped[str] = mapped_column(String(16))
     size_bytes: Mapped[int | None] = mapped_column(BigInteger)
     project: Mapped[str | None] = mapped_column(String(256))
+    status: Mapped[str | None] = mapped_column(String(16))
+    status_reason: Mapped[str | None] = mapped_column(Text)
+    source_ref: Mapped[str | None] = mapped_column(String(_ID))
+    source_digest: Mapped[str | None] = mapped_column(String(80))
 
 
 class TaskInstance(_Stamped, Base):
@@ -160,6 +172,9 @@ class Trial(_Stamped, Base):
     model_sha256: Mapped[str | None] = mapped_column(String(_SHA))
     voided_at: Mapped[datetime | None] = mapped_column(nullable=True)
     void_reason: Mapped[str | None] = mapped_column(Text)
+    agent_steps: Mapped[int | None] = mapped_column(Integer)
+    input_tokens: Mapped[int | None] = mapped_column(Integer)
+    output_tokens: Mapped[int | None] = mapped_column(Integer)
 
 
 class Freeze(_Stamped, Base):
@@ -200,6 +215,57 @@ class ServingGeneration(_Stamped, Base):
     status: Mapped[str] = mapped_column(String(16))
 
 
+class Job(_Stamped, Base):
+    """An evaluation job (a canary run, a recovery re-run, an imported Harbor job).
+
+    A recovery job names the job whose exception trials it re-runs in ``parent_job_id``; the
+    original's trials are never rewritten, so a merged view can always say "original job + N
+    recovery jobs".
+    """
+
+    __tablename__ = "jobs"
+
+    job_id: Mapped[str] = mapped_column(String(_ID), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    parent_job_id: Mapped[str | None] = mapped_column(String(_ID), index=True)
+    freeze_name: Mapped[str | None] = mapped_column(String(128))
+    split: Mapped[str | None] = mapped_column(String(64))
+    model_sha256: Mapped[str | None] = mapped_column(String(_SHA))
+    params: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+
+class JudgmentRow(_Stamped, Base):
+    """An answer-judge verdict (:func:`forgeflow.supervision.judge_answer`) for one question."""
+
+    __tablename__ = "judgments"
+
+    judgment_id: Mapped[str] = mapped_column(String(_ID), primary_key=True)
+    job_id: Mapped[str | None] = mapped_column(String(_ID), index=True)
+    question_id: Mapped[str] = mapped_column(String(_ID))
+    answer: Mapped[str] = mapped_column(Text)
+    reference: Mapped[str] = mapped_column(Text)
+    correct: Mapped[bool] = mapped_column(Boolean)
+    rule: Mapped[str] = mapped_column(String(16))
+    normalized_answer: Mapped[str] = mapped_column(Text)
+    normalized_reference: Mapped[str] = mapped_column(Text)
+
+
+class SupervisionEvent(_Stamped, Base):
+    """A supervised agent run stopped for a dead loop or a hang, with the evidence."""
+
+    __tablename__ = "supervision_events"
+    __table_args__ = (
+        CheckConstraint(_check_in("kind", SupervisionKind.__args__), name="kind"),
+    )
+
+    event_id: Mapped[str] = mapped_column(String(_ID), primary_key=True)
+    trial_id: Mapped[str] = mapped_column(String(_ID), index=True)
+    job_id: Mapped[str | None] = mapped_column(String(_ID))
+    kind: Mapped[str] = mapped_column(String(16))
+    evidence: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    trajectory_path: Mapped[str | None] = mapped_column(Text)
+
+
 # --- records (what the helpers take and return) ------------------------------------------------
 _Sha256 = Field(pattern=r"^[0-9a-f]{64}$")
 
@@ -211,13 +277,22 @@ class _Record(BaseModel):
 
 
 class ImageRecord(_Record):
-    """A row of ``images``; ``digest`` is ``sha256:<64 hex>`` once known."""
+    """A row of ``images``; ``digest`` is ``sha256:<64 hex>`` once known.
+
+    For a migration target, ``status`` is its migration state (pending / completed /
+    skipped / failed), ``status_reason`` the skip reason or exception, and ``source_ref`` /
+    ``source_digest`` the image it is copied from; None for other images.
+    """
 
     ref: str = Field(min_length=1, max_length=_ID)
     digest: str | None = Field(default=None, pattern=r"^sha256:[0-9a-f]{64}$")
     role: ImageRole
     size_bytes: int | None = Field(default=None, ge=0)
     project: str | None = None
+    status: ImageStatus | None = None
+    status_reason: str | None = None
+    source_ref: str | None = Field(default=None, max_length=_ID)
+    source_digest: str | None = Field(default=None, pattern=r"^sha256:[0-9a-f]{64}$")
 
 
 class TaskRecord(_Record):
@@ -247,6 +322,8 @@ class TrialRecord(_Record):
 
     A *void* trial (``voided_at`` set, with ``void_reason``) is kept for audit but excluded from
     reads and counts unless asked (see :mod:`forgeflow.recovery`). ``timings`` maps a phase name to seconds (e.g. ``{"agent_s": 12.5, "verifier_s": 3.1}``).
+    ``agent_steps`` / ``input_tokens`` / ``output_tokens``: the agent's model calls and token
+    usage (None where not recorded, e.g. nop/oracle trials).
     """
 
     trial_id: str = Field(min_length=1, max_length=_ID)
@@ -262,6 +339,9 @@ class TrialRecord(_Record):
     created_at: datetime | None = None
     voided_at: datetime | None = None
     void_reason: str | None = None
+    agent_steps: int | None = Field(default=None, ge=0)
+    input_tokens: int | None = Field(default=None, ge=0)
+    output_tokens: int | None = Field(default=None, ge=0)
 
 
 TRIAL_VOID_FIELDS = frozenset({"voided_at", "void_reason"})
@@ -296,6 +376,48 @@ class ServingGenerationRecord(_Record):
     port: int = Field(ge=1, le=65535)
     gguf_sha256: str = _Sha256
     status: ServingStatus
+
+
+class JobRecord(_Record):
+    """A row of ``jobs``; ``kind`` e.g. ``canary``, ``recovery``, ``harbor``.
+
+    ``parent_job_id`` is set on a recovery job (the job whose exception trials it re-runs).
+    """
+
+    job_id: str = Field(min_length=1, max_length=_ID)
+    kind: str = Field(min_length=1, max_length=32)
+    parent_job_id: str | None = Field(default=None, max_length=_ID)
+    freeze_name: str | None = Field(default=None, max_length=128)
+    split: str | None = Field(default=None, max_length=64)
+    model_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    params: dict[str, Any] = Field(default_factory=dict)
+    created_at: datetime | None = None
+
+
+class JudgmentRecord(_Record):
+    """A row of ``judgments``: the fields of :class:`forgeflow.supervision.Judgment` plus ids."""
+
+    judgment_id: str = Field(min_length=1, max_length=_ID)
+    job_id: str | None = Field(default=None, max_length=_ID)
+    question_id: str = Field(min_length=1, max_length=_ID)
+    answer: str
+    reference: str
+    correct: bool
+    rule: Literal["number", "list", "string"]
+    normalized_answer: str
+    normalized_reference: str
+
+
+class SupervisionEventRecord(_Record):
+    """A row of ``supervision_events``; ``evidence`` holds e.g. the loop's signatures and
+    indices or the hang's idle seconds."""
+
+    event_id: str = Field(min_length=1, max_length=_ID)
+    trial_id: str = Field(min_length=1, max_length=_ID)
+    job_id: str | None = Field(default=None, max_length=_ID)
+    kind: SupervisionKind
+    evidence: dict[str, Any] = Field(default_factory=dict)
+    trajectory_path: str | None = None
 
 
 _M = TypeVar("_M", bound=Base)
@@ -584,6 +706,24 @@ class Store:
         """Upsert a serving generation by ``generation``."""
         self._record(ServingGeneration, ["generation"], record)
 
+    def record_job(self, record: JobRecord) -> None:
+        """Upsert an evaluation job by ``job_id``.
+
+        Raises:
+            InputError: the job names itself as its parent.
+        """
+        if record.parent_job_id == record.job_id:
+            raise InputError(f"job {record.job_id!r} cannot be its own parent_job_id")
+        self._record(Job, ["job_id"], record)
+
+    def record_judgments(self, records: Sequence[JudgmentRecord]) -> None:
+        """Upsert answer-judge verdicts by ``judgment_id``, in one transaction."""
+        self.upsert_many(JudgmentRow, [self._row(["judgment_id"], r) for r in records])
+
+    def record_supervision_event(self, record: SupervisionEventRecord) -> None:
+        """Upsert a supervision event (dead loop / hang) by ``event_id``."""
+        self._record(SupervisionEvent, ["event_id"], record)
+
     # --- reads -----------------------------------------------------------------------------
     def _all(self, record_cls: type[_R], statement: Any) -> list[_R]:
         with Session(self.engine) as session:
@@ -701,6 +841,36 @@ class Store:
         if kind is not None:
             statement = statement.where(Batch.kind == kind)
         return self._all(BatchRecord, statement)
+
+    def get_job(self, job_id: str) -> JobRecord | None:
+        """The job row for ``job_id``, or None."""
+        rows = self._all(JobRecord, select(Job).where(Job.job_id == job_id))
+        return rows[0] if rows else None
+
+    def jobs(self, *, kind: str | None = None, parent_job_id: str | None = None) -> list[JobRecord]:
+        """Jobs ordered by creation, filtered by ``kind`` and/or ``parent_job_id``."""
+        statement = select(Job).order_by(Job.created_at, Job.job_id)
+        if kind is not None:
+            statement = statement.where(Job.kind == kind)
+        if parent_job_id is not None:
+            statement = statement.where(Job.parent_job_id == parent_job_id)
+        return self._all(JobRecord, statement)
+
+    def judgments(self, job_id: str | None = None) -> list[JudgmentRecord]:
+        """Answer-judge verdicts ordered by creation, optionally of one job."""
+        statement = select(JudgmentRow).order_by(JudgmentRow.created_at, JudgmentRow.judgment_id)
+        if job_id is not None:
+            statement = statement.where(JudgmentRow.job_id == job_id)
+        return self._all(JudgmentRecord, statement)
+
+    def supervision_events(self, trial_id: str | None = None) -> list[SupervisionEventRecord]:
+        """Supervision events ordered by creation, optionally of one trial."""
+        statement = select(SupervisionEvent).order_by(
+            SupervisionEvent.created_at, SupervisionEvent.event_id
+        )
+        if trial_id is not None:
+            statement = statement.where(SupervisionEvent.trial_id == trial_id)
+        return self._all(SupervisionEventRecord, statement)
 
     def counts(self, include_void: bool = False) -> dict[str, int]:
         """Row count per table name (every table, zero included); void trials only if asked."""

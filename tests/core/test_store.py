@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from pydantic import ValidationError
 from sqlalchemy.dialects import postgresql
 
 from forgeflow.errors import InputError
@@ -41,7 +42,7 @@ def test_migration_creates_exactly_what_the_models_declare(store: Store) -> None
         context = MigrationContext.configure(connection, opts={"compare_type": True})
         diff = compare_metadata(context, Base.metadata)
     assert diff == []
-    assert store.current_revision() == "0002"
+    assert store.current_revision() == "0003"
 
 
 def test_upgrade_twice_is_a_no_op(store: Store) -> None:
@@ -188,7 +189,7 @@ def test_url_comes_from_forgeflow_store_url(tmp_path: Path, monkeypatch) -> None
     ledger = Store()
     ledger.upgrade()
     assert ledger.url == f"sqlite:///{db}"
-    assert db.is_file() and ledger.current_revision() == "0002"
+    assert db.is_file() and ledger.current_revision() == "0003"
     ledger.dispose()
 
 
@@ -332,3 +333,66 @@ def test_record_trials_writes_a_batch_in_one_transaction_or_nothing(tmp_path):
     with pytest.raises(InputError, match="'x2'"):
         store.record_trials(bad)
     assert store.trials_for(job_id="k") == []  # the good row of the bad batch was not written either
+
+
+def test_image_migration_state_round_trips_and_rejects_an_unknown_status(store: Store) -> None:
+    from forgeflow.store import ImageRecord
+
+    digest = "sha256:" + "a" * 64
+    store.record_image(ImageRecord(ref="127.0.0.1:5702/env/a:1", role="target", status="skipped",
+                                   status_reason="oversize: 3 GiB > 1 GiB",
+                                   source_ref="127.0.0.1:5701/env/a:1", source_digest=digest))
+    row = store.get_image("127.0.0.1:5702/env/a:1")
+    assert row is not None and (row.status, row.source_digest) == ("skipped", digest)
+    assert row.status_reason.startswith("oversize")
+    with pytest.raises(ValidationError, match="status"):
+        ImageRecord(ref="x", role="target", status="done")
+
+
+def test_recovery_job_links_to_its_original_and_trial_costs_are_kept(store: Store) -> None:
+    from forgeflow.store import JobRecord, TrialRecord
+
+    store.record_job(JobRecord(job_id="canary-1", kind="canary", freeze_name="f1", split="test"))
+    store.record_job(JobRecord(job_id="canary-1-r1", kind="recovery", parent_job_id="canary-1"))
+    store.record_job(JobRecord(job_id="canary-1-r2", kind="recovery", parent_job_id="canary-1"))
+    assert [j.job_id for j in store.jobs(parent_job_id="canary-1")] == ["canary-1-r1", "canary-1-r2"]
+    assert store.get_job("canary-1").split == "test"
+    with pytest.raises(InputError, match="own parent"):
+        store.record_job(JobRecord(job_id="x", kind="recovery", parent_job_id="x"))
+    store.record_trial(TrialRecord(trial_id="t1", instance_id="i1", kind="agent", job_id="canary-1",
+                                   reward=1.0, agent_steps=7, input_tokens=1234, output_tokens=56))
+    (trial,) = store.trials_for(job_id="canary-1")
+    assert (trial.agent_steps, trial.input_tokens, trial.output_tokens) == (7, 1234, 56)
+
+
+def test_judgments_and_supervision_events_are_stored_with_their_evidence(store: Store) -> None:
+    from forgeflow.store import JudgmentRecord, SupervisionEventRecord
+    from forgeflow.supervision import judge_answer
+
+    verdict = judge_answer("The Eiffel Tower", "eiffel tower")
+    store.record_judgments([JudgmentRecord(judgment_id="j1", job_id="qa-1", question_id="q1",
+                                           answer="The Eiffel Tower", reference="eiffel tower",
+                                           **verdict.model_dump())])
+    (row,) = store.judgments("qa-1")
+    assert row.correct and row.normalized_answer == verdict.normalized_answer
+    store.record_supervision_event(SupervisionEventRecord(
+        event_id="e1", trial_id="t1", kind="dead_loop",
+        evidence={"period": 2, "repeats": 3}, trajectory_path="/tmp/t1.traj.json"))
+    (event,) = store.supervision_events("t1")
+    assert event.evidence == {"period": 2, "repeats": 3}
+    with pytest.raises(ValidationError, match="kind"):
+        SupervisionEventRecord(event_id="e2", trial_id="t1", kind="stuck")
+
+
+def test_downgrade_to_0002_and_upgrade_again_keeps_old_rows(store: Store) -> None:
+    from alembic import command
+
+    from forgeflow.store import TrialRecord
+
+    store.record_trial(TrialRecord(trial_id="t1", instance_id="i1", kind="nop", reward=0.0))
+    with store.engine.begin() as connection:
+        command.downgrade(store.alembic_config(connection), "0002")
+    assert store.current_revision() == "0002"
+    store.upgrade()
+    assert store.current_revision() == "0003"
+    assert [t.trial_id for t in store.trials_for()] == ["t1"]
