@@ -81,12 +81,23 @@ class DigestMismatchError(InfraError):
     """A copied image's digest differs from its source (or a basecache tag from its base)."""
 
 
+class DiskFullError(InfraError, OSError):
+    """A write ran out of space or quota (``ENOSPC`` / ``EDQUOT``); the message names the file, the
+    filesystem and its free bytes, and the partial file was removed. Also an ``OSError`` (errno set)
+    so callers that caught the raw error still do. Not transient: a retry fails the same way until
+    space is freed."""
+
+
 class SandboxError(InfraError):
     """The sandbox could not start or run the environment."""
 
 
 class SandboxOOMError(SandboxError):
     """The sandbox was killed for memory (exit 137 / OOM-killed)."""
+
+
+class SandboxPidsLimitError(SandboxError):
+    """The sandbox hit its process limit (``--pids-limit``: a fork was refused, e.g. a fork bomb)."""
 
 
 class VerifierTimeoutError(SandboxError):
@@ -109,9 +120,31 @@ class ServerStartError(InfraError):
     """A server (registry, model server) did not become ready in time."""
 
 
-SCORED_DESPITE_EXCEPTION = frozenset({"AgentTimeoutError"})
+class AgentLoopError(AgentTimeoutError):
+    """The supervisor stopped the agent in a dead loop (the same tool call, or two calls alternating,
+    repeated up to the threshold; :func:`forgeflow.supervision.detect_loop`). Like a timeout, the
+    run was cut short by the harness: the verifier still runs and both are recorded, flagged.
+    ``evidence`` holds the :class:`~forgeflow.supervision.LoopDetection` as a dict."""
+
+    def __init__(self, message: str, evidence: dict | None = None) -> None:
+        super().__init__(message)
+        self.evidence = evidence or {}
+
+
+class AgentHangError(AgentTimeoutError):
+    """The supervisor's watchdog stopped the agent after no new message or model call for the idle
+    limit (:func:`forgeflow.supervision.detect_hang`). Treated like a timeout (the verifier still
+    runs). ``evidence`` holds the :class:`~forgeflow.supervision.HangCheck` as a dict."""
+
+    def __init__(self, message: str, evidence: dict | None = None) -> None:
+        super().__init__(message)
+        self.evidence = evidence or {}
+
+
+SCORED_DESPITE_EXCEPTION = frozenset({"AgentTimeoutError", "AgentLoopError", "AgentHangError"})
 """Exception types after which the verifier still runs and its reward is kept beside the exception
-(Harbor's convention for agent timeouts); every other exception means "no reward"."""
+(Harbor's convention for agent timeouts, extended to the supervisor's loop and hang stops); every
+other exception means "no reward"."""
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -140,3 +173,23 @@ class CircuitOpenError(ModelEndpointError):
 class ModelRequestError(InfraError):
     """The model endpoint rejected the request with a 4xx other than 429 (bad key, unknown model,
     malformed request). Not transient: the same request fails the same way."""
+
+
+# --- model store (added by the publish engineer, issue 6) ----------------------------------------
+class ModelStoreError(InfraError):
+    """The model store (local folder or HF Hub) refused an operation for good: authentication,
+    permission, a bad request. Not transient."""
+
+
+class ModelStoreUnavailableError(TransientInfraError):
+    """The model store is unreachable or answered 429/5xx; a retry with backoff may cure it."""
+
+
+class StaleParentCommitError(InputError):
+    """A commit pinned to a parent commit was refused because the branch moved on (HF Hub answers
+    412): nothing was committed; read the new head and decide again."""
+
+
+class PublishDigestMismatchError(DigestMismatchError):
+    """A published file's sha256 or size, read back from the store at the new revision, differs
+    from the local file (the message names the path, the expected and the found values)."""
