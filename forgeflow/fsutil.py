@@ -7,6 +7,7 @@ file, never a torn one.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -15,17 +16,80 @@ from pathlib import Path
 from collections.abc import Iterator
 from typing import Any
 
-from forgeflow.errors import InputError
+from forgeflow.errors import DiskFullError, InputError
 
 _CHUNK_BYTES = 1 << 20
 FILE_MODE = 0o644
 """Mode of files written by :func:`atomic_write_bytes` (readable by other users, like a plain write)."""
+
+DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
+"""``errno`` values of a write that ran out of space (ENOSPC) or of the user's quota (EDQUOT)."""
+
+NEARLY_FULL_BYTES = 1 << 20
+"""Free space (bytes) under which :func:`looks_full` calls a filesystem full: a failed write fills
+the disk up to the last block before ``ENOSPC``, so a tool that hides the errno (llama.cpp's
+quantizer, a converter subprocess) leaves well under 1 MiB free."""
+
+
+def _mount_point(path: Path) -> Path:
+    path = path.resolve()
+    while not path.exists():
+        path = path.parent
+    while not os.path.ismount(path):
+        path = path.parent
+    return path
+
+
+def free_bytes(path: str | os.PathLike[str]) -> int:
+    """Bytes this process may still write on the filesystem holding ``path`` (or its nearest
+    existing ancestor): ``statvfs`` ``f_bfree`` for root, which may use the reserved blocks,
+    ``f_bavail`` for anyone else."""
+    target = Path(path).resolve()
+    while not target.exists():
+        target = target.parent
+    stats = os.statvfs(target)
+    blocks = stats.f_bfree if os.geteuid() == 0 else stats.f_bavail
+    return blocks * stats.f_frsize
+
+
+def looks_full(path: str | os.PathLike[str]) -> bool:
+    """True if the filesystem holding ``path`` has under :data:`NEARLY_FULL_BYTES` free."""
+    return free_bytes(path) < NEARLY_FULL_BYTES
+
+
+def disk_full_error(path: str | os.PathLike[str], what: str, cause: str = "") -> DiskFullError:
+    """A :class:`~forgeflow.errors.DiskFullError` for ``path`` naming its filesystem and free bytes.
+
+    Args:
+        path: the file that could not be written (its final name).
+        what: the operation, read before the path: ``"writing"``, ``"quantizing f16.gguf to
+            Q8_0 as"``.
+        cause: the underlying message, if any (e.g. ``[Errno 28] No space left on device``).
+    """
+    target = Path(path)
+    message = (
+        f"no space left on the filesystem at {_mount_point(target.parent)} while {what} {target}: "
+        f"{target} was not written and the partial file is removed "
+        f"({free_bytes(target.parent)} bytes free when checked)"
+    )
+    return DiskFullError(errno.ENOSPC, message + (f" ({cause})" if cause else ""))
+
+
+def raise_if_disk_full(exc: BaseException, path: str | os.PathLike[str], what: str) -> None:
+    """Raise :func:`disk_full_error` (chained to ``exc``) if ``exc`` is an ENOSPC/EDQUOT OSError.
+
+    Call it in an ``except`` block after removing the partial file; it returns for other errors.
+    """
+    if isinstance(exc, OSError) and not isinstance(exc, DiskFullError) and exc.errno in DISK_FULL_ERRNOS:
+        raise disk_full_error(path, what, str(exc)) from exc
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically and return the path.
 
     Raises:
+        DiskFullError: the filesystem ran out of space or quota (the temp file is removed and
+            ``path`` keeps its previous content, if any).
         OSError: the directory is not writable.
     """
     target = Path(path)
@@ -38,8 +102,9 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        raise_if_disk_full(exc, target, "writing")
         raise
     dir_fd = os.open(target.parent, os.O_RDONLY)
     try:

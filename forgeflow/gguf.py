@@ -31,7 +31,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow.errors import GGUFError, InfraError, InputError, ToolMissingError
-from forgeflow.fsutil import sha256_file
+from forgeflow.fsutil import disk_full_error, looks_full, raise_if_disk_full, sha256_file
 from forgeflow.llama_sdist import convert_script_path
 
 QUANT_PRESETS: dict[str, int] = {"Q8_0": 7, "Q4_K_M": 15}
@@ -47,6 +47,9 @@ _CONVERTER_MODULES = ("sentencepiece", "torch", "numpy")
 """Modules ``convert_hf_to_gguf.py`` imports besides its own gguf-py (llama.cpp
 ``requirements/requirements-convert_legacy_llama.txt``); the Qwen2 converter tries the
 sentencepiece vocabulary first and fails on a missing module instead of falling back."""
+_DISK_FULL_SIGNS = ("No space left on device", "Not enough free space to write")
+"""How the converter reports a full disk: the ENOSPC message, and numpy's ``tofile`` refusing a
+write that ``fallocate`` finds no room for (numpy ``multiarray/convert.c``)."""
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 
@@ -153,6 +156,8 @@ def convert_to_gguf(hf_dir: Path, out_path: Path, outtype: str = "f16") -> GGUFA
         ToolMissingError: a Python module the converter needs (sentencepiece) is not installed.
         GGUFError: the converter failed (its exit code and the tail of its log are in the
             message).
+        DiskFullError: the destination filesystem ran out of space; neither ``out_path`` nor the
+            temporary file is left behind.
     """
     hf_dir, out_path = Path(hf_dir), Path(out_path).resolve()
     if outtype not in CONVERT_OUTTYPES:
@@ -186,12 +191,18 @@ def convert_to_gguf(hf_dir: Path, out_path: Path, outtype: str = "f16") -> GGUFA
                 f"convert_hf_to_gguf.py on {hf_dir} exceeded {_CONVERT_TIMEOUT_S} s"
             ) from exc
         if proc.returncode != 0 or tmp.stat().st_size == 0:
+            log = (proc.stdout + proc.stderr).strip()
+            if any(sign in log for sign in _DISK_FULL_SIGNS) or looks_full(out_path.parent):
+                raise disk_full_error(out_path, f"converting {hf_dir} to", log[-500:])
             raise GGUFError(
                 f"convert_hf_to_gguf.py failed on {hf_dir} (exit {proc.returncode}): "
                 f"{(proc.stdout + proc.stderr).strip()[-3000:]}"
             )
         os.chmod(tmp, 0o644)
         os.replace(tmp, out_path)
+    except OSError as exc:
+        raise_if_disk_full(exc, out_path, f"converting {hf_dir} to")
+        raise
     finally:
         tmp.unlink(missing_ok=True)
     return _artifact(out_path, CONVERT_OUTTYPES[outtype])
@@ -254,6 +265,9 @@ def quantize(
     Raises:
         InputError: ``qtype`` is not a known preset, a pattern is not a valid regular expression,
             a type name is not a ggml type, or ``src`` does not exist.
+        DiskFullError: the destination filesystem ran out of space (llama.cpp only says so on
+            stderr: a failed quantization leaving under 1 MiB free is taken as a full disk);
+            neither ``dst`` nor the temporary file is left behind.
         GGUFError: llama.cpp refused to quantize ``src`` (non-zero return code), a pattern
             matched no quantizable tensor, or a matched tensor did not get its type (the message
             names the tensor, the expected and the found type).
@@ -301,11 +315,16 @@ def quantize(
             str(src).encode(), str(tmp).encode(), ctypes.byref(params)
         )
         if rc != 0 or tmp.stat().st_size == 0:
+            if looks_full(dst.parent):  # llama.cpp reports a failed write only on stderr
+                raise disk_full_error(dst, f"quantizing {src} to {qtype} as", f"llama_model_quantize returned {rc}")
             raise GGUFError(f"llama_model_quantize({src} -> {qtype}) returned {rc}")
         if overrides:
             _check_overrides(tmp, dst, tensor_types or {})
         os.chmod(tmp, 0o644)
         os.replace(tmp, dst)
+    except OSError as exc:
+        raise_if_disk_full(exc, dst, f"quantizing {src} to {qtype} as")
+        raise
     finally:
         del keep_alive
         tmp.unlink(missing_ok=True)

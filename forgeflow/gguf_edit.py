@@ -52,6 +52,7 @@ from typing import Any, BinaryIO
 from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow.errors import GGUFError, InputError
+from forgeflow.fsutil import raise_if_disk_full
 
 _MAGIC = b"GGUF"
 _DEFAULT_ALIGNMENT = 32
@@ -442,8 +443,16 @@ def _pump(fin: BinaryIO, fout: BinaryIO | None, n: int, buf: bytearray,
         if hasher is not None:
             hasher.update(chunk)
         if fout is not None:
-            fout.write(chunk)
+            _write_all(fout, chunk)
         n -= got
+
+
+def _write_all(fout: BinaryIO, data: bytes | memoryview) -> None:
+    """Write all of ``data`` to an unbuffered file: a raw write may be short (a filling disk
+    returns the bytes it took; the next write raises ENOSPC)."""
+    view = memoryview(data)
+    while view:
+        view = view[fout.write(view):]
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -524,6 +533,8 @@ def set_metadata(
             key's type (the message names the key, the expected type and what was found), or
             verification failed (the original is untouched on the streaming path).
         InputError: ``chunk_bytes`` < 4096 or ``key`` is ``general.alignment``.
+        DiskFullError: the destination ran out of space on the streaming path (no file is left
+            under the destination name; an existing one is untouched).
     """
     started = time.perf_counter()
     path = Path(path)
@@ -591,11 +602,11 @@ def _stream(src: Path, dst: Path, index: HeaderIndex, span: FieldSpan, entry: by
     try:
         with open(src, "rb", buffering=0) as fin, open(tmp, "wb", buffering=0) as fout:
             _pump(fin, fout, span.offset, buf, path=src)
-            fout.write(entry)
+            _write_all(fout, entry)
             fin.seek(span.offset + span.size_bytes)
             new_header_end = span.offset + len(entry) + index.header_end - fin.tell()
             _pump(fin, fout, index.header_end - fin.tell(), buf, path=src)
-            fout.write(b"\0" * (new_data_offset - new_header_end))
+            _write_all(fout, b"\0" * (new_data_offset - new_header_end))
             fin.seek(index.data_offset)
             _copy_rest(fin, fout, index.file_size_bytes - index.data_offset, buf, src)
             os.fsync(fout.fileno())
@@ -607,6 +618,10 @@ def _stream(src: Path, dst: Path, index: HeaderIndex, span: FieldSpan, entry: by
             hashes = src_hashes.result()
         os.replace(tmp, dst)
         _fsync_dir(dst.parent)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise_if_disk_full(exc, dst, "writing the edited GGUF")
+        raise
     finally:
         tmp.unlink(missing_ok=True)
     return hashes

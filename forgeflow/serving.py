@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
@@ -35,6 +36,11 @@ from forgeflow.fsutil import atomic_write_json, sha256_file
 
 LOOPBACK_HOST = "127.0.0.1"
 SERVER_MODULE = "llama_cpp.server"
+LLAMA_SERVER_BINARY = "llama-server"
+BACKENDS = ("llama-cpp-python", "llama-server")
+"""Server backends :func:`stage` can start: llama-cpp-python's server (embedded default) or llama.cpp's
+own ``llama-server`` binary (:mod:`forgeflow.llama_server`). Any other OpenAI-compatible endpoint is
+used by URL (:func:`gate` and the canary take a base URL) and is not started by forgeflow."""
 DEFAULT_PORTS: tuple[int, int] = (8801, 8802)
 DEFAULT_ALIAS = "forgeflow"
 SMOKE_MAX_TOKENS = 8
@@ -70,13 +76,13 @@ def _cmdline(pid: int) -> list[str]:
 
 
 def _is_our_server(pid: int, port: int | None = None) -> bool:
-    """True if ``pid`` is a live ``llama_cpp.server`` (listening on ``port`` if given).
+    """True if ``pid`` is a live ``llama_cpp.server`` or ``llama-server`` (on ``port`` if given).
 
     Guards against PID reuse: a PID from a state file is only signalled if its command line is
     still a llama-cpp-python server for the recorded port.
     """
     argv = _cmdline(pid)
-    if SERVER_MODULE not in argv:
+    if SERVER_MODULE not in argv and not (argv and Path(argv[0]).name == LLAMA_SERVER_BINARY):
         return False
     if port is None:
         return True
@@ -464,6 +470,41 @@ class StagedServer(BaseModel):
     gate: GateResult
 
 
+def reap_orphans(log_path: Path, port: int, keep_pid: int | None = None) -> list[int]:
+    """Stop the servers a killed swap left on ``port`` (kill -9 between starting the new server and
+    recording it, or between recording it and stopping the old one).
+
+    A process is stopped (:func:`stop_pid`) only if it is a server of ours on ``port``
+    (:func:`_is_our_server`), is not ``keep_pid`` (the recorded active server) and writes its
+    output to ``log_path`` (``/proc/<pid>/fd/1``): a server another state file started on the same
+    port is left alone.
+
+    Args:
+        log_path: the log file :func:`stage` gives servers on ``port`` (``server-<port>.log``
+            beside the state file).
+        port: the port about to be used.
+        keep_pid: a PID never to stop.
+
+    Returns:
+        The PIDs stopped (empty when nothing was left behind).
+    """
+    target = os.path.realpath(log_path)
+    stopped = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == keep_pid:
+            continue
+        pid = int(entry.name)
+        if not _is_our_server(pid, port):
+            continue
+        try:
+            output = os.readlink(f"/proc/{pid}/fd/1")
+        except OSError:
+            continue
+        if output == target and stop_pid(pid, port):
+            stopped.append(pid)
+    return stopped
+
+
 def stage(
     state_path: Path,
     new_gguf: Path,
@@ -473,18 +514,31 @@ def stage(
     n_ctx: int = 4096,
     startup_timeout_s: float = 120.0,
     n_threads: int | None = None,
+    backend: str = "llama-cpp-python",
+    server_options: dict[str, Any] | None = None,
 ) -> StagedServer:
     """First half of a blue/green swap: serve ``new_gguf`` on the idle port and gate it.
 
     The recorded endpoint does not change, so callers can run more gates (canary tasks, the
     promotion gate) against ``StagedServer.base_url`` before :func:`promote` or :func:`discard`.
 
+    Args:
+        backend: one of :data:`BACKENDS`.
+        server_options: extra keyword arguments of :class:`forgeflow.llama_server.LlamaServer`
+            (``n_parallel``, ``kv_unified``, ``required_ctx``, ``n_gpu_layers``, ``binary``); only for
+            ``llama-server``.
+
     Raises:
-        InputError: the GGUF is missing, its sha256 differs from ``gguf_sha256``, or ``ports`` is not
-            two distinct ports.
-        SwapRolledBackError: the new server did not start or failed its gate (it is stopped; the
-            old server still serves); ``.result`` holds the evidence.
+        InputError: the GGUF is missing, its sha256 differs from ``gguf_sha256``, ``ports`` is not
+            two distinct ports, or ``backend``/``server_options`` is unknown; ContextPreflightError:
+            ``required_ctx`` cannot fit one slot (checked before anything starts).
+        SwapRolledBackError: the new server did not start, failed its gate, its ``/props`` or its
+            accelerator check (it is stopped; the old server still serves); ``.result`` holds the evidence.
     """
+    if backend not in BACKENDS:
+        raise errors.InputError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if server_options and backend != "llama-server":
+        raise errors.InputError(f"server_options {sorted(server_options)} need backend 'llama-server', got {backend!r}")
     new_gguf = Path(new_gguf).resolve()
     if len(ports) != 2 or ports[0] == ports[1]:
         raise errors.InputError(f"ports must be two distinct ports, got {ports!r}")
@@ -496,18 +550,25 @@ def stage(
     with _state_lock(state_path):
         previous = read_state(state_path)
     new_port = ports[1] if previous is not None and previous.active_port == ports[0] else ports[0]
-    server = ModelServer(
-        new_gguf, new_port, model_alias, n_ctx=n_ctx,
-        log_path=Path(state_path).with_name(f"server-{new_port}.log"),
-        startup_timeout_s=startup_timeout_s, n_threads=n_threads,
-    )
+    reap_orphans(Path(state_path).with_name(f"server-{new_port}.log"), new_port,
+                 keep_pid=previous.pid if previous is not None else None)
+    log_path = Path(state_path).with_name(f"server-{new_port}.log")
+    if backend == "llama-server":
+        from forgeflow.llama_server import LlamaServer
+
+        server: Any = LlamaServer(new_gguf, new_port, model_alias, n_ctx, log_path=log_path,
+                                  startup_timeout_s=startup_timeout_s, n_threads=n_threads,
+                                  **(server_options or {}))
+    else:
+        server = ModelServer(new_gguf, new_port, model_alias, n_ctx=n_ctx, log_path=log_path,
+                             startup_timeout_s=startup_timeout_s, n_threads=n_threads)
     gate_result: GateResult | None = None
     try:
         server.start()
         gate_result = gate(server.base_url, model_alias)
         failure = "" if gate_result.passed else f"gate failed: {gate_result.error}"
-    except errors.ServerStartError as exc:
-        failure = f"new server did not start: {exc}"
+    except (errors.InfraError, errors.InputError) as exc:  # start, /props or accelerator check failed
+        failure = f"new server did not start: {type(exc).__name__}: {exc}"
     if failure:
         server.stop()
         result = SwapResult(previous=previous, current=previous, rolled_back=True, gate=gate_result, error=failure)
@@ -560,6 +621,8 @@ def swap(
     n_ctx: int = 4096,
     startup_timeout_s: float = 120.0,
     n_threads: int | None = None,
+    backend: str = "llama-cpp-python",
+    server_options: dict[str, Any] | None = None,
 ) -> SwapResult:
     """Blue/green swap in one call: :func:`stage` (start on the idle port, gate) then :func:`promote`
     (record generation + 1, stop the old server by its recorded PID).
@@ -573,7 +636,8 @@ def swap(
         SwapRolledBackError: the new server did not start or failed its gate; ``.result`` holds the
             :class:`SwapResult` (``rolled_back`` True, gate evidence) and the old server still serves.
     """
-    staged = stage(state_path, new_gguf, gguf_sha256, ports, model_alias, n_ctx, startup_timeout_s, n_threads)
+    staged = stage(state_path, new_gguf, gguf_sha256, ports, model_alias, n_ctx, startup_timeout_s, n_threads,
+                   backend, server_options)
     return promote(state_path, staged)
 
 
