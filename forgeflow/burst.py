@@ -9,6 +9,21 @@ base model, the parent adapter and the dataset, the hyperparameters and the run 
 
 The TRL-style flat options of :class:`BurstConfig` (``lora_r``, ``lora_alpha``, ...) are turned
 into ``peft.LoraConfig`` and ``trl.SFTConfig`` in one place, :func:`_trl_objects`.
+
+Shared by SFT and RL bursts (:mod:`forgeflow.rl`):
+
+* **health gates** (:class:`HealthGates`, :func:`check_health`) — every logged loss and gradient
+  norm finite, gradient norms inside a band, and the least-squares slope of the last ``window``
+  logged losses not above a tolerance. :func:`health_callback` stops training at the first
+  non-finite or out-of-band value; after training :func:`enforce_health` raises
+  :class:`BurstHealthError` (or :class:`BurstDivergedError`) with the logged values, and no
+  adapter is written. An adapter folder exists only with a passing :class:`HealthReport` in its
+  ``lineage.json``; an adapter without one is never reused or promotable (no flag files: the
+  record is the state).
+* **preflight** (:func:`preflight`) — template files exist and are non-empty, each class of the
+  validation split has enough items (or is excluded with a warning), early-stopping patience
+  (counted in *evaluations*) fits the run, and the checkpoint folder has the free space the
+  adapter needs — all checked before a model is loaded.
 """
 
 from __future__ import annotations
@@ -19,24 +34,479 @@ import os
 import shutil
 import tempfile
 import uuid
+from collections.abc import Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from forgeflow.errors import InputError
+from forgeflow.errors import InputError, PreflightError
 from forgeflow.fsutil import atomic_write_json, sha256_file, sha256_json, sha256_tree
 
 LINEAGE_FILE = "lineage.json"
-LINEAGE_SCHEMA_VERSION = 1
+LINEAGE_SCHEMA_VERSION = 2
+"""2: adds ``lineage.algorithm`` and ``health`` (version 1 files read as algorithm ``sft``
+without a health report, hence not reusable)."""
 _ROLES = frozenset({"system", "user", "assistant", "tool"})
 
 
-class BurstDivergedError(InputError):
-    """Training produced a NaN or infinite loss or gradient norm (the message lists the logged
-    values). Caused by the inputs (hyperparameters, data, a broken base checkpoint), so never
-    retried; no adapter is written."""
+class BurstHealthError(InputError):
+    """A burst failed a health gate. ``report`` is the :class:`HealthReport` with every logged
+    loss and gradient norm; the message names the failed gates and their evidence. Caused by the
+    inputs (hyperparameters, data, a broken checkpoint), so never retried; no adapter is written."""
+
+    def __init__(self, message: str, report: "HealthReport | None" = None) -> None:
+        super().__init__(message)
+        self.report = report
+
+
+class BurstDivergedError(BurstHealthError):
+    """Training produced a NaN or infinite loss or gradient norm, or logged no loss at all (the
+    message lists the logged values)."""
+
+
+# --- health gates ----------------------------------------------------------------------------
+class HealthGates(BaseModel):
+    """Health gates checked during and after a burst.
+
+    Attributes:
+        grad_norm_min: smallest allowed logged gradient norm (L2 over trainable parameters, before
+            clipping, as ``transformers.Trainer`` logs it). 0 allows steps with no gradient (an RL
+            step whose rewards are all equal has zero advantage, hence zero gradient).
+        grad_norm_max: largest allowed logged gradient norm; above it the step is taken as an
+            explosion.
+        loss_trend_window: number of most recent logged losses the trend gate fits a line to
+            (least squares, ``numpy.polyfit`` degree 1). 0 turns the gate off. The gate is only
+            evaluated once a full window is logged (a shorter history is reported as not
+            evaluated: a few noisy per-step losses are no evidence of a trend).
+        loss_trend_max_slope: tolerance of that slope in loss units (nats per token) per logged
+            step; a larger slope fails the gate. The default 0.05 leaves room for the per-step
+            noise of small batches on a flat loss; tighten it for large batches.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    grad_norm_min: float = Field(default=0.0, ge=0.0)
+    grad_norm_max: float = Field(default=1e4, gt=0.0)
+    loss_trend_window: int = Field(default=10, ge=0)
+    loss_trend_max_slope: float = 0.05
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "HealthGates":
+        if self.grad_norm_min > self.grad_norm_max:
+            raise ValueError(
+                f"grad_norm_min {self.grad_norm_min} is above grad_norm_max {self.grad_norm_max}"
+            )
+        if self.loss_trend_window in (1, 2):
+            raise ValueError(
+                f"loss_trend_window must be 0 (off) or >= 3 losses, got {self.loss_trend_window}"
+            )
+        if not math.isfinite(self.loss_trend_max_slope):
+            raise ValueError("loss_trend_max_slope must be finite")
+        return self
+
+
+class GateResult(BaseModel):
+    """One gate's verdict.
+
+    Attributes:
+        name: ``finite``, ``grad_norm_band`` or ``loss_trend``.
+        passed: False iff the gate was evaluated and failed.
+        evaluated: False when there was not enough history (the gate then passes).
+        detail: the evidence in words (values, steps, bounds).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    passed: bool
+    evaluated: bool = True
+    detail: str = ""
+
+
+class HealthReport(BaseModel):
+    """The health of one burst: every gate's verdict and the logged values behind them.
+
+    Attributes:
+        passed: True iff every gate passed.
+        gates: one :class:`GateResult` per gate.
+        losses: ``(step, loss)`` as logged by the trainer (nats per token for SFT; the policy
+            surrogate for GRPO/RLOO).
+        grad_norms: ``(step, gradient norm)`` as logged.
+        loss_slope: the fitted slope of the trend gate (loss per step), None when not evaluated.
+        gates_config: the :class:`HealthGates` checked, as a dict.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    passed: bool
+    gates: list[GateResult]
+    losses: list[tuple[int, float]]
+    grad_norms: list[tuple[int, float]]
+    loss_slope: float | None = None
+    gates_config: dict[str, Any]
+
+    def failed(self) -> list[GateResult]:
+        """The gates that failed."""
+        return [g for g in self.gates if not g.passed]
+
+
+def _logged(history: Sequence[Mapping[str, Any]], key: str) -> list[tuple[int, float]]:
+    """``(step, value)`` of every log entry holding ``key`` with a number (None entries skipped)."""
+    out = []
+    for entry in history:
+        value = entry.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out.append((int(entry.get("step", len(out) + 1)), float(value)))
+    return out
+
+
+def check_health(history: Sequence[Mapping[str, Any]], gates: HealthGates) -> HealthReport:
+    """Evaluate the health gates on a trainer's log history (``trainer.state.log_history``).
+
+    Args:
+        history: log entries as ``transformers.Trainer`` writes them: dicts with ``step`` and,
+            on training steps, ``loss`` and ``grad_norm`` (the end-of-training summary, which
+            has ``train_loss`` instead, is ignored).
+        gates: the bounds.
+
+    Returns:
+        The report (never raises on a failed gate; see :func:`enforce_health`). Gates:
+        ``finite`` — at least one loss logged and every loss and gradient norm finite;
+        ``grad_norm_band`` — every finite gradient norm within ``[grad_norm_min, grad_norm_max]``;
+        ``loss_trend`` — least-squares slope (``numpy.polyfit(steps, losses, 1)``) of the last
+        ``loss_trend_window`` finite losses <= ``loss_trend_max_slope``.
+    """
+    import numpy as np
+
+    losses, norms = _logged(history, "loss"), _logged(history, "grad_norm")
+    results = []
+    bad = [(s, v) for s, v in losses + norms if not math.isfinite(v)]
+    if not losses:
+        results.append(GateResult(name="finite", passed=False, detail="training logged no loss"))
+    else:
+        results.append(GateResult(
+            name="finite", passed=not bad,
+            detail=f"not finite (step, value): {bad}" if bad else f"{len(losses)} losses finite",
+        ))
+    outside = [(s, v) for s, v in norms
+               if math.isfinite(v) and not gates.grad_norm_min <= v <= gates.grad_norm_max]
+    results.append(GateResult(
+        name="grad_norm_band", passed=not outside, evaluated=bool(norms),
+        detail=(f"gradient norms outside [{gates.grad_norm_min}, {gates.grad_norm_max}] "
+                f"(step, grad_norm): {outside}") if outside else
+               f"{len(norms)} gradient norms within [{gates.grad_norm_min}, {gates.grad_norm_max}]",
+    ))
+    slope = None
+    finite_losses = [(s, v) for s, v in losses if math.isfinite(v)]
+    window = gates.loss_trend_window
+    if window == 0:
+        results.append(GateResult(name="loss_trend", passed=True, evaluated=False, detail="gate off"))
+    elif len(finite_losses) < window:
+        results.append(GateResult(
+            name="loss_trend", passed=True, evaluated=False,
+            detail=f"{len(finite_losses)} finite losses logged, the window needs {window}",
+        ))
+    else:
+        tail = finite_losses[-window:]
+        xs = np.array([s for s, _ in tail], dtype=float)
+        ys = np.array([v for _, v in tail], dtype=float)
+        slope = float(np.polyfit(xs, ys, 1)[0])
+        rising = slope > gates.loss_trend_max_slope
+        results.append(GateResult(
+            name="loss_trend", passed=not rising,
+            detail=(f"least-squares slope {slope:.4g} per step over the last {window} losses "
+                    f"{'exceeds' if rising else 'is within'} the tolerance "
+                    f"{gates.loss_trend_max_slope}; (step, loss): {tail}"),
+        ))
+    return HealthReport(
+        passed=all(r.passed for r in results), gates=results, losses=losses, grad_norms=norms,
+        loss_slope=slope, gates_config=gates.model_dump(mode="json"),
+    )
+
+
+def enforce_health(report: HealthReport, hyperparameters: Mapping[str, Any]) -> None:
+    """Raise if a gate failed.
+
+    Raises:
+        BurstDivergedError: the ``finite`` gate failed (message: ``training loss is not finite
+            (step, loss): [...]; (step, grad_norm): [...]`` or ``training logged no loss``).
+        BurstHealthError: another gate failed (message: each failed gate and its evidence).
+        Both carry ``report`` and name the hyperparameters.
+    """
+    failed = report.failed()
+    if not failed:
+        return
+    if any(g.name == "finite" for g in failed):
+        if not report.losses:
+            raise BurstDivergedError(f"training logged no loss; hyperparameters {dict(hyperparameters)}", report)
+        raise BurstDivergedError(
+            f"training loss is not finite (step, loss): {report.losses}; (step, grad_norm): "
+            f"{report.grad_norms}; hyperparameters {dict(hyperparameters)}", report,
+        )
+    raise BurstHealthError(
+        "burst failed its health gate(s): "
+        + "; ".join(f"{g.name}: {g.detail}" for g in failed)
+        + f"; hyperparameters {dict(hyperparameters)}", report,
+    )
+
+
+def health_callback(gates: HealthGates) -> Any:
+    """A ``transformers.TrainerCallback`` that stops training at the first bad logged value.
+
+    On each log with a ``loss`` or ``grad_norm`` it sets ``control.should_training_stop`` when
+    the value is not finite or the gradient norm is outside the band, so a diverged burst does
+    not spend its remaining steps; :func:`check_health` then reports the evidence. The trend gate
+    is only judged after training (it needs the whole window).
+    """
+    from transformers import TrainerCallback
+
+    class HealthGateCallback(TrainerCallback):
+        def __init__(self) -> None:
+            self.stopped_at: int | None = None
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
+            logs = logs or {}
+            values = [logs.get(k) for k in ("loss", "grad_norm")]
+            bad = any(isinstance(v, (int, float)) and not math.isfinite(v) for v in values)
+            norm = logs.get("grad_norm")
+            if isinstance(norm, (int, float)) and math.isfinite(norm):
+                bad = bad or not gates.grad_norm_min <= norm <= gates.grad_norm_max
+            if bad:
+                self.stopped_at = int(state.global_step)
+                control.should_training_stop = True
+
+    return HealthGateCallback()
+
+
+# --- preflight -------------------------------------------------------------------------------
+class PreflightReport(BaseModel):
+    """What :func:`preflight` checked and what it decided.
+
+    Attributes:
+        template_files: each checked file -> its size in bytes.
+        validation_classes: class -> item count, for the classes kept.
+        excluded_classes: class -> item count, for classes with fewer than the minimum items.
+        validation_instance_ids: instance ids of the kept validation items, in input order.
+        early_stopping_patience_evals: patience in *evaluations* (``transformers``'
+            ``EarlyStoppingCallback`` counts evaluation calls, not steps), or None.
+        early_stopping_patience_steps: that patience in optimizer steps (patience x
+            ``eval_steps``), or None.
+        checkpoint_dir: the folder whose file system was checked, or None.
+        free_bytes: free bytes on that file system (``shutil.disk_usage``), or None.
+        required_free_bytes: the estimate it had to meet.
+        warnings: human-readable warnings (excluded classes, patience longer than the run).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    template_files: dict[str, int] = Field(default_factory=dict)
+    validation_classes: dict[str, int] = Field(default_factory=dict)
+    excluded_classes: dict[str, int] = Field(default_factory=dict)
+    validation_instance_ids: list[str] = Field(default_factory=list)
+    early_stopping_patience_evals: int | None = None
+    early_stopping_patience_steps: int | None = None
+    checkpoint_dir: Path | None = None
+    free_bytes: int | None = None
+    required_free_bytes: int = 0
+    warnings: list[str] = Field(default_factory=list)
+
+
+def _existing_ancestor(path: Path) -> Path:
+    path = Path(path).absolute()
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def preflight(
+    *,
+    template_files: Sequence[Path] = (),
+    validation_items: Sequence[Mapping[str, Any]] | None = None,
+    class_key: str = "task_type",
+    min_items_per_class: int = 1,
+    early_stopping_patience_evals: int | None = None,
+    eval_steps: int | None = None,
+    max_steps: int | None = None,
+    checkpoint_dir: Path | None = None,
+    required_free_bytes: int = 0,
+) -> PreflightReport:
+    """Check what a burst needs before any model is loaded; collect every problem, then fail once.
+
+    Args:
+        template_files: prompt/chat template files the burst reads; each must be a non-empty
+            file (a missing template is never replaced by an empty default).
+        validation_items: the validation split, dicts with ``instance_id`` and ``class_key``.
+        class_key: the field naming an item's class / task type.
+        min_items_per_class: classes with fewer items are excluded (with a warning), not
+            evaluated on a handful of items.
+        early_stopping_patience_evals: early-stopping patience, counted in **evaluations** (as
+            ``transformers.EarlyStoppingCallback`` counts it: the number of evaluation calls
+            without improvement before training stops), not in steps. Needs a validation split.
+        eval_steps: optimizer steps between evaluations (to express the patience in steps).
+        max_steps: the burst's length in steps; a patience longer than the run is a warning.
+        checkpoint_dir: where the adapter / checkpoints are written (need not exist yet; its
+            nearest existing parent's file system is measured).
+        required_free_bytes: free bytes needed there (e.g. :func:`estimate_checkpoint_bytes`).
+
+    Returns:
+        The :class:`PreflightReport` (warnings included).
+
+    Raises:
+        InputError: an argument is malformed (``min_items_per_class`` < 1, a validation item
+            without ``instance_id`` or ``class_key``).
+        PreflightError: a template is missing or empty, every validation class is excluded,
+            patience is given without validation items or is < 1, or free space is short (the
+            message names the path, the free and the required bytes). All problems are listed.
+    """
+    if min_items_per_class < 1:
+        raise InputError(f"min_items_per_class must be >= 1, got {min_items_per_class}")
+    if required_free_bytes < 0:
+        raise InputError(f"required_free_bytes must be >= 0, got {required_free_bytes}")
+    problems: list[str] = []
+    warnings: list[str] = []
+    sizes: dict[str, int] = {}
+    for raw in template_files:
+        path = Path(raw)
+        if not path.is_file():
+            problems.append(f"template file {path} does not exist")
+        elif path.stat().st_size == 0 or not path.read_text(encoding="utf-8", errors="replace").strip():
+            problems.append(f"template file {path} is empty")
+        else:
+            sizes[str(path)] = path.stat().st_size
+
+    kept: dict[str, int] = {}
+    excluded: dict[str, int] = {}
+    kept_ids: list[str] = []
+    if validation_items is not None:
+        counts: dict[str, int] = {}
+        for i, item in enumerate(validation_items):
+            if not isinstance(item.get("instance_id"), str) or not item["instance_id"]:
+                raise InputError(f"validation_items[{i}].instance_id must be a non-empty string")
+            if not isinstance(item.get(class_key), str) or not item[class_key]:
+                raise InputError(f"validation_items[{i}].{class_key} must be a non-empty string")
+            counts[item[class_key]] = counts.get(item[class_key], 0) + 1
+        for name, n in sorted(counts.items()):
+            if n >= min_items_per_class:
+                kept[name] = n
+            else:
+                excluded[name] = n
+                warnings.append(
+                    f"validation class {name!r} has {n} item(s), fewer than min_items_per_class="
+                    f"{min_items_per_class}: excluded from validation"
+                )
+        kept_ids = [item["instance_id"] for item in validation_items if item[class_key] in kept]
+        if not kept:
+            problems.append(
+                f"every validation class has fewer than {min_items_per_class} items "
+                f"({dict(sorted(counts.items())) or 'no items'}): nothing left to validate on"
+            )
+
+    patience_steps = None
+    if early_stopping_patience_evals is not None:
+        if early_stopping_patience_evals < 1:
+            problems.append(
+                f"early_stopping_patience_evals must be >= 1 evaluation, got {early_stopping_patience_evals}"
+            )
+        elif not validation_items:
+            problems.append("early stopping needs a validation split, but validation_items is empty")
+        if eval_steps is not None:
+            if eval_steps < 1:
+                problems.append(f"eval_steps must be >= 1, got {eval_steps}")
+            else:
+                patience_steps = early_stopping_patience_evals * eval_steps
+                if max_steps is not None and patience_steps > max_steps:
+                    warnings.append(
+                        f"early-stopping patience of {early_stopping_patience_evals} evaluations x "
+                        f"{eval_steps} steps = {patience_steps} steps exceeds max_steps={max_steps}: "
+                        "early stopping cannot trigger"
+                    )
+
+    free = None
+    checked_dir = None
+    if checkpoint_dir is not None:
+        checked_dir = Path(checkpoint_dir)
+        measured = _existing_ancestor(checked_dir)
+        free = shutil.disk_usage(measured).free
+        if free < required_free_bytes:
+            problems.append(
+                f"checkpoint folder {checked_dir} (file system of {measured}) has {free} bytes free "
+                f"({free / 2**20:.1f} MiB), {required_free_bytes} bytes "
+                f"({required_free_bytes / 2**20:.1f} MiB) are needed"
+            )
+    if problems:
+        raise PreflightError("burst preflight failed: " + "; ".join(problems))
+    return PreflightReport(
+        template_files=sizes, validation_classes=kept, excluded_classes=excluded,
+        validation_instance_ids=kept_ids, early_stopping_patience_evals=early_stopping_patience_evals,
+        early_stopping_patience_steps=patience_steps, checkpoint_dir=checked_dir, free_bytes=free,
+        required_free_bytes=required_free_bytes, warnings=warnings,
+    )
+
+
+_FP32_BYTES = 4
+_ADAPTER_OVERHEAD_BYTES = 1 << 20
+"""adapter_config.json, lineage.json, README and the safetensors header, rounded up to 1 MiB."""
+
+
+def lora_parameter_count(base_model_dir: Path, lora_r: int, target_modules: Sequence[str]) -> int:
+    """Trainable parameters of a LoRA adapter on a Llama/Qwen2-shaped model.
+
+    Each targeted linear layer of shape ``(in, out)`` gets ``A (r x in)`` and ``B (out x r)``:
+    ``r * (in + out)`` parameters (Hu et al. 2021, LoRA), per decoder layer.
+
+    Raises:
+        InputError: no ``config.json``, or a target module that is not a Llama/Qwen2 projection.
+    """
+    path = Path(base_model_dir) / "config.json"
+    if not path.is_file():
+        raise InputError(f"base_model_dir {base_model_dir} holds no config.json")
+    cfg = json.loads(path.read_text(encoding="utf-8"))
+    hidden, inter = int(cfg["hidden_size"]), int(cfg["intermediate_size"])
+    heads = int(cfg["num_attention_heads"])
+    kv = int(cfg.get("num_key_value_heads", heads)) * int(cfg.get("head_dim") or hidden // heads)
+    shapes = {"q_proj": (hidden, hidden), "k_proj": (hidden, kv), "v_proj": (hidden, kv),
+              "o_proj": (hidden, hidden), "gate_proj": (hidden, inter), "up_proj": (hidden, inter),
+              "down_proj": (inter, hidden)}
+    unknown = [m for m in target_modules if m not in shapes]
+    if unknown:
+        raise InputError(f"lora_target_modules {unknown} are not Llama/Qwen2 projections {sorted(shapes)}")
+    per_layer = sum(lora_r * (shapes[m][0] + shapes[m][1]) for m in target_modules)
+    return per_layer * int(cfg["num_hidden_layers"])
+
+
+def estimate_checkpoint_bytes(
+    base_model_dir: Path, lora_r: int, target_modules: Sequence[str], copies: int = 2
+) -> int:
+    """Free bytes a burst needs where it writes its adapter.
+
+    ``copies`` x (fp32 LoRA weights + 1 MiB of metadata): the new adapter is written to a
+    temporary sibling folder while the previous one may still exist, so 2 by default. Bursts save
+    no optimizer state (``save_strategy="no"``).
+    """
+    weights = lora_parameter_count(base_model_dir, lora_r, target_modules) * _FP32_BYTES
+    return copies * (weights + _ADAPTER_OVERHEAD_BYTES)
+
+
+def chat_template_files(model_dir: Path) -> list[Path]:
+    """The chat template files a burst on ``model_dir`` reads, for :func:`preflight`.
+
+    ``chat_template.jinja`` (transformers 5 saves the template there); when the tokenizer config
+    embeds the template inline instead, that config file.
+
+    Raises:
+        PreflightError: the model folder has neither (a burst would train without a template).
+    """
+    model_dir = Path(model_dir)
+    jinja = model_dir / "chat_template.jinja"
+    if jinja.exists():
+        return [jinja]
+    tok_cfg = model_dir / "tokenizer_config.json"
+    if tok_cfg.is_file() and json.loads(tok_cfg.read_text(encoding="utf-8")).get("chat_template"):
+        return [tok_cfg]
+    raise PreflightError(f"model folder {model_dir} has no chat template (chat_template.jinja or "
+                         "tokenizer_config.json's chat_template)")
 
 
 class SFTData(BaseModel):
@@ -57,7 +527,8 @@ class SFTData(BaseModel):
 class BurstConfig(BaseModel):
     """Hyperparameters of one SFT burst (flat, TRL-style names; translated in one place).
 
-    Defaults suit the tiny CPU model: a few steps at a high learning rate.
+    Defaults suit the tiny CPU model: a few steps at a high learning rate. ``gates`` are the
+    :class:`HealthGates` the burst must pass for its adapter to be written.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -71,6 +542,7 @@ class BurstConfig(BaseModel):
     per_device_train_batch_size: int = Field(default=1, ge=1)
     max_length: int = Field(default=512, ge=16)
     seed: int = 0
+    gates: HealthGates = Field(default_factory=HealthGates)
 
 
 class Lineage(BaseModel):
@@ -79,14 +551,16 @@ class Lineage(BaseModel):
     Attributes:
         base_model_sha256: :func:`forgeflow.fsutil.sha256_tree` of the base model folder.
         parent_adapter_sha256: :func:`adapter_sha256` of the adapter this one continues, or None.
-        dataset_sha256: :attr:`SFTData.sha256`.
-        hyperparameters: :class:`BurstConfig` as a dict.
+        dataset_sha256: :attr:`SFTData.sha256` (or :attr:`forgeflow.rl.RLData.sha256`).
+        hyperparameters: :class:`BurstConfig` (or :class:`forgeflow.rl.RLBurstConfig`) as a dict.
         run_id: the run that trained it (a Prefect flow run id, or a generated uuid4).
         created_at: UTC time the adapter was written.
+        algorithm: ``sft``, ``grpo`` or ``rloo``.
     """
 
     model_config = ConfigDict(frozen=True)
 
+    algorithm: str = "sft"
     base_model_sha256: str
     parent_adapter_sha256: str | None
     dataset_sha256: str
@@ -102,8 +576,10 @@ class AdapterRecord(BaseModel):
         path: the adapter folder (peft ``save_pretrained`` output plus ``lineage.json``).
         sha256: :func:`adapter_sha256` of the folder (the adapter files, without ``lineage.json``).
         lineage: see :class:`Lineage`.
-        final_loss: training loss logged at the last step (nats per assistant token).
+        final_loss: training loss logged at the last step (nats per assistant token for SFT).
         steps: optimizer steps run.
+        health: the burst's :class:`HealthReport` (None for an adapter written before the gates
+            existed, which is therefore never promotable).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -113,6 +589,12 @@ class AdapterRecord(BaseModel):
     lineage: Lineage
     final_loss: float
     steps: int = Field(ge=1)
+    health: HealthReport | None = None
+
+    @property
+    def promotable(self) -> bool:
+        """True iff the burst passed every health gate (the only adapters a release may use)."""
+        return self.health is not None and self.health.passed
 
 
 # --- data ------------------------------------------------------------------------------------
@@ -194,6 +676,7 @@ def read_adapter_record(adapter_dir: Path) -> AdapterRecord:
         lineage=Lineage.model_validate(data["lineage"]),
         final_loss=data["final_loss"],
         steps=data["steps"],
+        health=HealthReport.model_validate(data["health"]) if data.get("health") else None,
     )
     actual = adapter_sha256(adapter_dir)
     if actual != record.sha256:
@@ -245,15 +728,19 @@ def _trl_objects(config: BurstConfig, output_dir: Path, with_lora: bool) -> tupl
 
 
 def _reusable(out_dir: Path, expected: dict[str, Any]) -> AdapterRecord | None:
-    """Return the existing adapter in ``out_dir`` if it was trained from the same inputs."""
+    """Return the existing adapter in ``out_dir`` if it was trained from the same inputs and
+    passed its health gates (a record is the only evidence of a finished burst)."""
     if not (out_dir / LINEAGE_FILE).is_file():
         return None
     try:
         record = read_adapter_record(out_dir)
     except (InputError, KeyError, ValueError):
         return None
+    if not record.promotable:  # written before the gates, or tampered: train again
+        return None
     lineage = record.lineage
     found = {
+        "algorithm": lineage.algorithm,
         "base_model_sha256": lineage.base_model_sha256,
         "parent_adapter_sha256": lineage.parent_adapter_sha256,
         "dataset_sha256": lineage.dataset_sha256,
@@ -298,9 +785,10 @@ def run_sft_burst(
     (``PeftModel.from_pretrained(base, parent, is_trainable=True)``); its LoRA rank must equal
     ``config.lora_r`` and its lineage must name the same base model. The adapter is trained in a
     temporary sibling folder, ``lineage.json`` is written there atomically, and the folder is
-    renamed onto ``out_dir``. If ``out_dir`` already holds an intact adapter trained from the
-    same base, parent, dataset and hyperparameters, it is returned without training (a resumed
-    run does not train twice).
+    renamed onto ``out_dir`` only after the health gates (``config.gates``) passed. If ``out_dir``
+    already holds an intact adapter trained from the same base, parent, dataset and
+    hyperparameters with a passing health report, it is returned without training (a resumed run
+    does not train twice; a failed earlier burst left no folder to be mistaken for a finished one).
 
     Args:
         base_model_dir: HF model folder with tokenizer (e.g. from
@@ -316,34 +804,22 @@ def run_sft_burst(
 
     Raises:
         InputError: a folder is missing, or the parent does not fit (rank, base model).
+        PreflightError: the chat template is missing or empty, or the adapter folder's file
+            system lacks the space :func:`estimate_checkpoint_bytes` asks for (nothing trained).
         BurstDivergedError: a logged loss or gradient norm is NaN or infinite (the message lists
-            every logged step with its loss and gradient norm).
+            every logged step with its loss and gradient norm); training stops at the first one.
+        BurstHealthError: a gradient norm left ``config.gates``' band or the loss trend rose
+            (the message carries the logged values). No adapter is written in either case.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTTrainer
 
     base_model_dir, out_dir = Path(base_model_dir), Path(out_dir).resolve()
-    if not (base_model_dir / "config.json").is_file():
-        raise InputError(f"base_model_dir {base_model_dir} holds no config.json")
-    base_sha = sha256_tree(base_model_dir)
-    parent_sha = None
-    if parent_adapter_dir is not None:
-        parent_adapter_dir = Path(parent_adapter_dir)
-        parent = read_adapter_record(parent_adapter_dir)
-        if parent.lineage.base_model_sha256 != base_sha:
-            raise InputError(
-                f"parent_adapter_dir {parent_adapter_dir} was trained on base model "
-                f"{parent.lineage.base_model_sha256}, not {base_sha} ({base_model_dir})"
-            )
-        parent_r = json.loads((parent_adapter_dir / "adapter_config.json").read_text())["r"]
-        if parent_r != config.lora_r:
-            raise InputError(
-                f"config.lora_r {config.lora_r} differs from the parent adapter's r {parent_r}"
-            )
-        parent_sha = parent.sha256
+    base_sha, parent_sha = resolve_lineage_inputs(base_model_dir, parent_adapter_dir, config.lora_r)
     hyperparameters = config.model_dump(mode="json")
     expected = {
+        "algorithm": "sft",
         "base_model_sha256": base_sha,
         "parent_adapter_sha256": parent_sha,
         "dataset_sha256": data.sha256,
@@ -352,6 +828,11 @@ def run_sft_burst(
     existing = _reusable(out_dir, expected)
     if existing is not None:
         return existing
+    preflight(
+        template_files=chat_template_files(base_model_dir),
+        checkpoint_dir=out_dir.parent,
+        required_free_bytes=estimate_checkpoint_bytes(base_model_dir, config.lora_r, config.lora_target_modules),
+    )
 
     tokenizer = AutoTokenizer.from_pretrained(str(base_model_dir))
     _check_lengths(tokenizer, data, config.max_length)
@@ -360,9 +841,7 @@ def run_sft_burst(
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, str(parent_adapter_dir), is_trainable=True)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
-    os.chmod(tmp, 0o755)
+    tmp = make_staging_dir(out_dir)
     try:
         sft_config, lora = _trl_objects(config, tmp / "trainer", with_lora=parent_adapter_dir is None)
         trainer = SFTTrainer(
@@ -371,22 +850,13 @@ def run_sft_burst(
             train_dataset=data.dataset.select_columns(["messages"]),
             processing_class=tokenizer,
             peft_config=lora,
+            callbacks=[health_callback(config.gates)],
         )
         trainer.train()
-        history = trainer.state.log_history
-        losses = [(e["step"], e["loss"]) for e in history if "loss" in e]
-        norms = [(e["step"], e["grad_norm"]) for e in history if "grad_norm" in e]
-        if not losses:
-            raise BurstDivergedError(f"training logged no loss; log history: {history}")
-        if any(not math.isfinite(v) for _, v in losses + norms):
-            raise BurstDivergedError(
-                f"training loss is not finite (step, loss): {losses}; (step, grad_norm): "
-                f"{norms}; hyperparameters {hyperparameters}"
-            )
-        shutil.rmtree(tmp / "trainer", ignore_errors=True)
-        trainer.model.save_pretrained(str(tmp))
-        digest = adapter_sha256(tmp)
+        report = check_health(trainer.state.log_history, config.gates)
+        enforce_health(report, hyperparameters)
         lineage = Lineage(
+            algorithm="sft",
             base_model_sha256=base_sha,
             parent_adapter_sha256=parent_sha,
             dataset_sha256=data.sha256,
@@ -394,22 +864,83 @@ def run_sft_burst(
             run_id=run_id or uuid.uuid4().hex,
             created_at=datetime.now(timezone.utc),
         )
-        final_loss, steps = float(losses[-1][1]), int(trainer.state.global_step)
-        atomic_write_json(
-            tmp / LINEAGE_FILE,
-            {
-                "schema_version": LINEAGE_SCHEMA_VERSION,
-                "sha256": digest,
-                "final_loss": final_loss,
-                "steps": steps,
-                "lineage": lineage.model_dump(mode="json"),
-            },
-        )
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.rename(tmp, out_dir)
+        return publish_adapter(trainer, tmp, out_dir, lineage, report)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def resolve_lineage_inputs(
+    base_model_dir: Path, parent_adapter_dir: Path | None, lora_r: int
+) -> tuple[str, str | None]:
+    """Digest the base model and check the parent adapter fits it (shared by SFT and RL bursts).
+
+    Returns:
+        ``(base_model_sha256, parent_adapter_sha256 or None)``.
+
+    Raises:
+        InputError: no ``config.json`` in ``base_model_dir``; the parent has no intact
+            ``lineage.json``, was trained on another base model, or has another LoRA rank.
+    """
+    base_model_dir = Path(base_model_dir)
+    if not (base_model_dir / "config.json").is_file():
+        raise InputError(f"base_model_dir {base_model_dir} holds no config.json")
+    base_sha = sha256_tree(base_model_dir)
+    if parent_adapter_dir is None:
+        return base_sha, None
+    parent_adapter_dir = Path(parent_adapter_dir)
+    parent = read_adapter_record(parent_adapter_dir)
+    if parent.lineage.base_model_sha256 != base_sha:
+        raise InputError(
+            f"parent_adapter_dir {parent_adapter_dir} was trained on base model "
+            f"{parent.lineage.base_model_sha256}, not {base_sha} ({base_model_dir})"
+        )
+    parent_r = json.loads((parent_adapter_dir / "adapter_config.json").read_text())["r"]
+    if parent_r != lora_r:
+        raise InputError(f"config.lora_r {lora_r} differs from the parent adapter's r {parent_r}")
+    return base_sha, parent.sha256
+
+
+def make_staging_dir(out_dir: Path) -> Path:
+    """A fresh temporary sibling of ``out_dir`` (mode 0755) where a burst writes before the rename."""
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
+    os.chmod(tmp, 0o755)
+    return tmp
+
+
+def publish_adapter(
+    trainer: Any, tmp: Path, out_dir: Path, lineage: Lineage, report: HealthReport,
+    extra: Mapping[str, Any] | None = None,
+) -> AdapterRecord:
+    """Save the trained adapter into ``tmp`` with its ``lineage.json``, then rename it onto ``out_dir``.
+
+    Only called after :func:`enforce_health` passed: an adapter folder exists only with a passing
+    health report. ``extra`` keys (e.g. an RL burst's reward counts) are added to ``lineage.json``.
+
+    Returns:
+        The :class:`AdapterRecord` of ``out_dir``.
+    """
+    losses = report.losses
+    shutil.rmtree(tmp / "trainer", ignore_errors=True)
+    trainer.model.save_pretrained(str(tmp))
+    digest = adapter_sha256(tmp)
+    final_loss, steps = float(losses[-1][1]), int(trainer.state.global_step)
+    atomic_write_json(
+        tmp / LINEAGE_FILE,
+        {
+            **dict(extra or {}),
+            "schema_version": LINEAGE_SCHEMA_VERSION,
+            "sha256": digest,
+            "final_loss": final_loss,
+            "steps": steps,
+            "lineage": lineage.model_dump(mode="json"),
+            "health": report.model_dump(mode="json"),
+        },
+    )
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    os.rename(tmp, out_dir)
     return AdapterRecord(
-        path=out_dir, sha256=digest, lineage=lineage, final_loss=final_loss, steps=steps
+        path=out_dir, sha256=digest, lineage=lineage, final_loss=final_loss, steps=steps, health=report
     )

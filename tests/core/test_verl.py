@@ -1,0 +1,152 @@
+"""verl PPO backend: rendering and validating the config and the Ray job (verl is a GPU-cluster
+tool and is not installed). Submission is checked against a loopback fake of the Ray Jobs REST
+API (``POST /api/jobs/``, the endpoint ``ray job submit`` uses), said so here: no Ray cluster runs
+on this machine."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import yaml
+
+from forgeflow.errors import InfraError, InputError, TransientInfraError
+from forgeflow.verl import (
+    ENTRYPOINT_MODULE,
+    TIMEOUT_MULTIPLIER_ENV,
+    compute_score,
+    hydra_overrides,
+    ray_job_spec,
+    render_ppo_config,
+    render_yaml,
+    settings,
+    submit_ray_job,
+    validate_ppo_config,
+    write_verl_dataset,
+)
+
+BASE = {"model_path": "Qwen/Qwen2.5-0.5B-Instruct", "train_files": ["/data/train.parquet"],
+        "val_files": ["/data/val.parquet"], "n_gpus_per_node": 4, "train_batch_size_prompts": 32,
+        "ppo_mini_batch_size_prompts": 8, "micro_batch_size_per_gpu": 2}
+
+
+def test_rendered_config_is_ppo_with_a_critic_and_the_forgeflow_reward() -> None:
+    config = render_ppo_config(settings(**BASE, lora_rank=16, experiment_name="swe rl v1"))
+    assert config["algorithm"]["adv_estimator"] == "gae" and config["algorithm"]["use_kl_in_reward"] is True
+    assert config["critic"]["model"]["path"] == BASE["model_path"] == config["actor_rollout_ref"]["model"]["path"]
+    assert config["actor_rollout_ref"]["model"]["lora_rank"] == 16
+    assert config["custom_reward_function"] == {"path": "forgeflow/verl.py", "name": "compute_score"}
+    assert config["reward_model"] == {"enable": False}
+    assert yaml.safe_load(render_yaml(config)) == config  # the YAML is the same config
+    overrides = hydra_overrides(config)
+    assert "algorithm.adv_estimator=gae" in overrides and "trainer.n_gpus_per_node=4" in overrides
+    assert "data.train_files=[/data/train.parquet]" in overrides and "trainer.total_training_steps=null" in overrides
+    assert "trainer.experiment_name='swe rl v1'" in overrides
+
+
+def test_ray_job_runs_verl_main_ppo_with_every_override() -> None:
+    s = settings(**BASE, verifier_timeout_multiplier=0.1)
+    spec = ray_job_spec(s, working_dir="/repo/forgeflow", submission_id="ff-ppo-1",
+                        pip=["verl==0.5.0"], metadata={"run_id": "r1"})
+    argv = shlex.split(spec.entrypoint)
+    assert argv[:3] == ["python3", "-m", ENTRYPOINT_MODULE]
+    assert argv[3:] == hydra_overrides(render_ppo_config(s))  # quoting round-trips through a shell
+    assert spec.runtime_env.env_vars[TIMEOUT_MULTIPLIER_ENV] == "0.1"
+    assert spec.runtime_env.pip == ["verl==0.5.0"] and spec.metadata["run_id"] == "r1"
+    body = spec.model_dump(mode="json")
+    assert set(body) <= {"entrypoint", "submission_id", "runtime_env", "metadata", "entrypoint_num_cpus",
+                         "entrypoint_num_gpus"}  # Ray JobSubmitRequest fields
+
+
+@pytest.mark.parametrize(("change", "field"), [
+    ({"rollout_gpu_memory_fraction": 1.5}, "rollout_gpu_memory_fraction"),
+    ({"ppo_mini_batch_size_prompts": 12}, "ppo_mini_batch_size_prompts 12 does not divide"),
+    ({"train_batch_size_prompts": 30, "ppo_mini_batch_size_prompts": 30, "n_gpus_per_node": 8}, "not divisible by the 8 GPUs"),
+    ({"micro_batch_size_per_gpu": 3}, "micro_batch_size_per_gpu 3"),
+    ({"rollout_engine": "hf"}, "rollout_engine"),
+    ({"train_files": []}, "train_files"),
+    ({"gamma": 1.2}, "gamma"),
+])
+def test_bad_settings_are_rejected_naming_the_field(change: dict, field: str) -> None:
+    with pytest.raises(InputError, match=field):
+        settings(**{**BASE, **change})
+
+
+def test_validation_of_a_hand_edited_config_names_the_dotted_key() -> None:
+    config = render_ppo_config(settings(**BASE))
+    config["algorithm"]["adv_estimator"] = "grpo"
+    config["trainer"]["n_gpu_per_node"] = 8  # a typo Hydra would reject only on the cluster
+    with pytest.raises(InputError) as info:
+        validate_ppo_config(config)
+    assert "algorithm.adv_estimator: Input should be 'gae'" in str(info.value)
+    assert "trainer.n_gpu_per_node: Extra inputs are not permitted" in str(info.value)
+    with pytest.raises(InputError, match="submission_id"):
+        ray_job_spec(settings(**BASE), working_dir="/repo", submission_id="bad id/1")
+
+
+class _FakeRayJobs(BaseHTTPRequestHandler):
+    """Loopback fake of Ray's job server: POST /api/jobs/ stores the body, answers like Ray."""
+
+    received: list[dict] = []
+    status = 200
+
+    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).received.append({"path": self.path, "body": body})
+        payload = json.dumps({"job_id": body["submission_id"], "submission_id": body["submission_id"]}
+                             if self.status == 200 else {"error": "boom"}).encode()
+        self.send_response(self.status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture()
+def ray_dashboard() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeRayJobs)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    _FakeRayJobs.received, _FakeRayJobs.status = [], 200
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_submit_posts_the_spec_and_classifies_failures(ray_dashboard: str) -> None:
+    spec = ray_job_spec(settings(**BASE), working_dir="/repo", submission_id="ff-ppo-2")
+    assert submit_ray_job(spec, ray_dashboard) == "ff-ppo-2"
+    assert _FakeRayJobs.received[0] == {"path": "/api/jobs/", "body": spec.model_dump(mode="json")}
+    _FakeRayJobs.status = 503
+    with pytest.raises(TransientInfraError, match="503"):
+        submit_ray_job(spec, ray_dashboard)
+    _FakeRayJobs.status = 400
+    with pytest.raises(InfraError, match="rejected the job \\(400\\)") as info:
+        submit_ray_job(spec, ray_dashboard)
+    assert not isinstance(info.value, TransientInfraError)
+
+
+def test_verl_dataset_rows_carry_the_verifier_spec(tmp_path: Path) -> None:
+    from datasets import Dataset
+
+    from forgeflow.rl import RLTask, build_rl_dataset
+
+    task = RLTask(instance_id="calc-1", image_ref="localhost/x:1", problem_statement="add is wrong",
+                  test_command="pytest -rA", fail_to_pass=("t::a",), verifier_timeout_s=100)
+    path = write_verl_dataset(build_rl_dataset([task]), tmp_path / "train.parquet")
+    row = Dataset.from_parquet(str(path))[0]
+    assert row["data_source"] == "forgeflow" and row["reward_model"]["ground_truth"] == "calc-1"
+    assert "add is wrong" in row["prompt"][0]["content"]
+    assert json.loads(row["extra_info"]["verifier"])["verifier_timeout_s"] == 100
+    with pytest.raises(InputError, match="no forgeflow verifier spec"):
+        compute_score("openai/gsm8k", "#### 4", "4", {"index": 0})
