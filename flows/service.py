@@ -1,19 +1,22 @@
 """``forgeflow up`` / ``forgeflow down``: a local Prefect service (server, pool, deployments, worker).
 
-``up`` starts ``prefect server start`` on 127.0.0.1 (SQLite under PREFECT_HOME) as a background
-process in its own session, waits for ``GET /api/health``, creates the ``local`` process work pool,
+``up`` starts ``prefect server start`` on 127.0.0.1 as a background process in its own session
+(its database: SQLite under PREFECT_HOME by default, or PostgreSQL given ``database_url``, passed to
+the server as ``PREFECT_SERVER_DATABASE_CONNECTION_URL`` with the ``asyncpg`` driver), waits for ``GET /api/health``, creates the ``local`` process work pool,
 registers every deployment of ``prefect.yaml`` (through ``deployments/register.py``), creates the
 automations (``deployments/automations.py``) and starts a process worker. PIDs, argv and logs go to
 ``$FORGEFLOW_HOME/service/``; a second ``up`` reuses the processes that are still alive. ``down``
 stops exactly those processes by PID, after checking ``/proc/PID/cmdline`` against the recorded
 argv, so it never signals a process it did not start.
 
-How the deployments are registered, and why not ``prefect deploy --all``: Prefect 3.9.1's
-``prefect deploy`` fails against a 3.9.1 server on any work pool: after creating the first
-deployment it asks for the pool's online workers with ``limit: null, offset: null`` and the server
-answers 422 (``read_workers_for_work_pool`` in ``cli/deploy/_core.py``). ``flow.deploy`` refuses to
-run without an image or remote storage, and a bare ``flow.to_deployment(...).apply()`` records the
-path ``"."``, relative to the process worker's temporary directory. So ``up`` applies the
+How the deployments are registered: ``prefect deploy --all`` works with ``prefect.yaml`` as long as
+the server runs FastAPI < 0.151 (Prefect 3.9.1 declares ``fastapi<0.151``; pyproject pins 0.150.0):
+from 0.151.0 FastAPI validates an explicit JSON ``null`` in a non-model Body parameter, and the
+3.9.1 client asks for the pool's online workers with ``limit: null, offset: null`` after the first
+deployment (``read_workers_for_work_pool`` in ``cli/deploy/_core.py``), which then answers 422.
+``up`` does not shell out to it: ``flow.deploy`` refuses to run without an image or remote storage,
+and a bare ``flow.to_deployment(...).apply()`` records the path ``"."``, relative to the process
+worker's temporary directory. So ``up`` applies the
 ``RunnerDeployment`` objects of ``deployments/register.py`` with the repository-relative entrypoint
 and a storage whose pull step is ``prefect.yaml``'s own (``set_working_directory`` to
 ``{{ $FORGEFLOW_REPO }}``): the flow-run process resolves it from its environment at run time, and
@@ -40,6 +43,9 @@ from forgeflow.settings import REPO_ROOT
 
 SERVICE_DIRNAME = "service"
 STATE_FILE = "service.json"
+DATABASE_URL_ENV = "FORGEFLOW_PREFECT_DATABASE_URL"
+"""Environment variable ``forgeflow up`` reads the Prefect server's database URL from (``--database``)."""
+SQLITE_DEFAULT = "sqlite (PREFECT_HOME)"
 
 
 class ManagedProcess(BaseModel):
@@ -63,6 +69,8 @@ class ServiceState(BaseModel):
     api_url: str
     ui_url: str
     server: ManagedProcess
+    database: str = Field(default=SQLITE_DEFAULT, description="the server's database URL, password masked, "
+                          "or 'sqlite (PREFECT_HOME)' for the embedded default")
     worker: Optional[ManagedProcess] = None
     deployments: dict[str, str] = Field(default_factory=dict, description="'flow/deployment' -> deployment id")
     automations: dict[str, str] = Field(default_factory=dict, description="automation name -> id")
@@ -77,6 +85,59 @@ class StopReport(BaseModel):
     role: str
     pid: int
     outcome: str = Field(description="'terminated', 'killed', 'not running' or 'not ours (left alone)'")
+
+
+def prefect_database_url(url: str) -> str:
+    """The SQLAlchemy URL the Prefect server needs for a PostgreSQL (or SQLite) database URL.
+
+    Prefect's server is async: PostgreSQL goes through ``asyncpg`` and SQLite through ``aiosqlite``.
+    ``postgresql://``, ``postgres://`` and ``postgresql+psycopg://`` (the store's driver) are rewritten
+    to ``postgresql+asyncpg://``; ``sqlite:///PATH`` to ``sqlite+aiosqlite:///PATH``. Host, port,
+    user, password, database and query are kept as given.
+
+    Args:
+        url: e.g. ``postgresql://forgeflow@127.0.0.1:5432/prefect``.
+
+    Returns:
+        e.g. ``postgresql+asyncpg://forgeflow@127.0.0.1:5432/prefect``.
+
+    Raises:
+        InputError: the URL does not parse, names another database kind or driver, or has no database name.
+    """
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError as exc:
+        raise InputError(f"database URL {_mask(url)!r} does not parse: {exc}") from None
+    backend, driver = parsed.get_backend_name(), parsed.get_driver_name()
+    if backend in {"postgresql", "postgres"}:
+        if driver not in {"asyncpg", "psycopg", "psycopg2", "postgresql", "postgres"} and "+" in parsed.drivername:
+            raise InputError(f"database URL {_mask(url)!r}: driver {driver!r} is not supported; use "
+                             f"postgresql:// or postgresql+asyncpg://")
+        if not parsed.database:
+            raise InputError(f"database URL {_mask(url)!r} names no database (add /DBNAME)")
+        parsed = parsed.set(drivername="postgresql+asyncpg")
+    elif backend == "sqlite":
+        if not parsed.database or parsed.database == ":memory:":
+            raise InputError(f"database URL {url!r}: the Prefect server needs a SQLite file path")
+        parsed = parsed.set(drivername="sqlite+aiosqlite")
+    else:
+        raise InputError(f"database URL {_mask(url)!r}: {backend!r} is not supported by the Prefect server; "
+                         f"use postgresql://USER@HOST:PORT/DB (or sqlite:///PATH)")
+    return parsed.render_as_string(hide_password=False)
+
+
+def _mask(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (what goes into logs, errors and service.json)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "<unparsable URL>"
 
 
 def service_dir(home: Path) -> Path:
@@ -162,7 +223,8 @@ def _service_env(home: Path, api_url: str) -> dict[str, str]:
     return env
 
 
-def _start_server(home: Path, port: int, sdir: Path, startup_timeout_s: float) -> ManagedProcess:
+def _start_server(home: Path, port: int, sdir: Path, startup_timeout_s: float,
+                  database_url: str | None = None) -> ManagedProcess:
     api_url = f"http://127.0.0.1:{port}/api"
     if port_in_use(port):
         raise ServerStartError(f"port {port} on 127.0.0.1 is already in use by a process forgeflow did not "
@@ -170,6 +232,13 @@ def _start_server(home: Path, port: int, sdir: Path, startup_timeout_s: float) -
     argv = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port)]
     env = dict(os.environ)
     env.pop("PREFECT_API_URL", None)
+    # `--port` alone leaves the UI calling the API on PREFECT_SERVER_API_PORT (default 4200): the
+    # settings make the UI's API URL (PREFECT_UI_API_URL, when the user did not set it) this server's
+    env.update(PREFECT_SERVER_API_HOST="127.0.0.1", PREFECT_SERVER_API_PORT=str(port))
+    if database_url is not None:
+        env["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = database_url
+    else:
+        env.pop("PREFECT_SERVER_DATABASE_CONNECTION_URL", None)  # the SQLite default under PREFECT_HOME
     server = _spawn("server", argv, env, sdir)
     deadline = time.monotonic() + startup_timeout_s
     while time.monotonic() < deadline:
@@ -231,7 +300,7 @@ def _register_deployments(pool: str) -> None:
 
 def _read_deployments(api_url: str) -> dict[str, str]:
     """``'flow/deployment'`` -> id, over REST with explicit limits (Prefect 3.9.1's client sends
-    ``"limit": null`` in filter bodies, which FastAPI 0.150 answers with 422)."""
+    ``"limit": null`` in filter bodies, which FastAPI >= 0.151 answers with 422)."""
     flows = httpx.post(f"{api_url}/flows/filter", json={"limit": 200, "offset": 0}, timeout=30)
     deps = httpx.post(f"{api_url}/deployments/filter", json={"limit": 200, "offset": 0}, timeout=30)
     for response in (flows, deps):
@@ -242,7 +311,7 @@ def _read_deployments(api_url: str) -> dict[str, str]:
 
 
 def up(home: Path, port: int = 4200, pool: str = "local", notify_url: str | None = None,
-       startup_timeout_s: float = 240.0) -> ServiceState:
+       startup_timeout_s: float = 240.0, database_url: str | None = None) -> ServiceState:
     """Start (or reuse) the Prefect server and worker, create the pool, deploy, create the automations.
 
     Args:
@@ -253,33 +322,40 @@ def up(home: Path, port: int = 4200, pool: str = "local", notify_url: str | None
         notify_url: webhook URL for the failed-flow-run notification (None: no such automation).
         startup_timeout_s: how long to wait for ``/api/health`` (a fresh SQLite database needs
             migrations: 30-60 s on two busy cores, FACTS.md).
+        database_url: the Prefect server's database: None for SQLite under PREFECT_HOME, or a
+            PostgreSQL URL (``postgresql://USER[:PASSWORD]@HOST:PORT/DB``; the database must exist,
+            Prefect migrates it on start), rewritten by ``prefect_database_url``. A running server
+            on another database is stopped and started again.
 
     Returns:
         The recorded ServiceState (also written to ``home/service/service.json``).
 
     Raises:
         ServerStartError: the port is taken by a foreign process, or the server never became healthy.
-        InputError: the pool exists with another type.
+        InputError: the pool exists with another type, or ``database_url`` is not a usable URL.
     """
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from deployments.automations import ensure_automations
 
     home = Path(home).resolve()
+    server_db_url = prefect_database_url(database_url) if database_url else None
+    database = _mask(server_db_url) if server_db_url else SQLITE_DEFAULT
     sdir = service_dir(home)
     previous = read_state(home)
     api_url = f"http://127.0.0.1:{port}/api"
     reused: list[str] = []
-    if previous is not None and previous.port == port and is_ours(previous.server) and _healthy(api_url):
+    if (previous is not None and previous.port == port and previous.database == database
+            and is_ours(previous.server) and _healthy(api_url)):
         server = previous.server
         reused.append("server")
     else:
-        if previous is not None and previous.port != port:
+        if previous is not None and (previous.port != port or previous.database != database):
             down(home)
-        server = _start_server(home, port, sdir, startup_timeout_s)
+        server = _start_server(home, port, sdir, startup_timeout_s, server_db_url)
     # recorded before anything else can fail, so `down` can always stop the server
     atomic_write_text(sdir / STATE_FILE, ServiceState(
-        port=port, pool=pool, api_url=api_url, ui_url=f"http://127.0.0.1:{port}", server=server,
+        port=port, pool=pool, api_url=api_url, ui_url=f"http://127.0.0.1:{port}", server=server, database=database,
         worker=previous.worker if previous is not None and "server" in reused else None).model_dump_json(indent=2))
     env = _service_env(home, api_url)
     with temporary_settings(updates={PREFECT_API_URL: api_url}):
@@ -297,7 +373,7 @@ def up(home: Path, port: int = 4200, pool: str = "local", notify_url: str | None
         worker = _spawn("worker", [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool,
                                    "--type", "process"], env, sdir)
     state = ServiceState(port=port, pool=pool, api_url=api_url, ui_url=f"http://127.0.0.1:{port}", server=server,
-                         worker=worker, deployments=deployments, automations=automations, reused=tuple(reused))
+                         database=database, worker=worker, deployments=deployments, automations=automations, reused=tuple(reused))
     atomic_write_text(sdir / STATE_FILE, state.model_dump_json(indent=2))
     return state
 

@@ -2,7 +2,8 @@
 
 A stage is *cached* when every task it ran came back from Prefect's cache (state name
 ``Cached``); it is *completed* otherwise. The summary is written atomically after every stage, so
-an interrupted run still leaves what it did.
+an interrupted run still leaves what it did. :meth:`StageLog.finish` also publishes the stages as
+one Prefect table artifact (key :data:`STAGE_TABLE_KEY`), the table a person opens in the UI.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ import forgeflow
 from forgeflow.fsutil import atomic_write_text
 
 T = TypeVar("T")
+
+STAGE_TABLE_KEY = "lifecycle-stages"
+"""Key of the stage table artifact (Prefect keys: lowercase letters, digits and dashes)."""
 
 
 class StageLog:
@@ -75,6 +79,24 @@ class StageLog:
             self._note(state)
             states.append(state)
         return states
+
+    def table_rows(self) -> list[dict[str, Any]]:
+        """One row per stage in run order: stage, status, wall_s, tasks_run, tasks_cached, counts
+        (``k=v`` joined by ``, ``) and error (empty unless the stage failed)."""
+        return [{"stage": name, "status": st["status"], "wall_s": st.get("wall_s"),
+                 "tasks_run": st["tasks_run"], "tasks_cached": st["tasks_cached"],
+                 "counts": ", ".join(f"{k}={v}" for k, v in st.get("counts", {}).items()),
+                 "error": st.get("error", "")} for name, st in self.stages.items()]
+
+    def finish(self, extra: dict[str, Any] | None = None) -> None:
+        """Write ``summary.json`` (see :meth:`write`), then publish :meth:`table_rows` as the
+        table artifact :data:`STAGE_TABLE_KEY` of the current flow run."""
+        from tasks.common import table_artifact
+
+        self.write(extra)
+        table_artifact(STAGE_TABLE_KEY, self.table_rows(),
+                       f"Stages of this run: status (cached = every task came from Prefect's cache), "
+                       f"wall seconds, counts; summary at {self.summary_path}")
 
     def write(self, extra: dict[str, Any] | None = None) -> None:
         """Write ``summary.json`` atomically (stages so far + total wall seconds)."""

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 APT_PACKAGES=(podman skopeo docker-registry debootstrap bubblewrap runc uidmap fuse-overlayfs slirp4netns postgresql
-              git patch cmake build-essential ca-certificates)
+              git patch cmake build-essential ca-certificates chromium)
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
@@ -24,4 +24,6 @@ export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
 echo "setup: installing forgeflow and its pinned Python dependencies (llama-cpp-python compiles once per machine)"
 "$PY" -m pip install -q --root-user-action=ignore 'torch==2.13.0'
 "$PY" -m pip install -q --root-user-action=ignore -e '.[test]'
+# Harbor (interop target, Python >= 3.12) lives in its own cached virtualenv, not in forgeflow's.
+bash scripts/harbor_venv.sh >/dev/null
 echo "setup: done ($("$PY" -c 'import forgeflow; print("forgeflow", forgeflow.__version__)'))"

@@ -1,0 +1,231 @@
+"""The Prefect UI, checked in a real browser: headless Chromium (Debian package ``chromium``) opens
+the pages a user opens after a lifecycle run and the test reads what they render.
+
+``forgeflow up`` (SQLite default) starts the Prefect server, which serves the UI bundled in the
+prefect wheel (``prefect/server/ui`` and ``ui-v2``; V2 is the default, under ``/v2``). A small flow
+runs against that server with the lifecycle's own artifact code on recorded data (the two canaries'
+agent trials of a demo run, ``tests/flows/data/demo_canary_trials.json``): per-stage bookkeeping
+with ``flows.stagekit.StageLog`` whose ``finish`` publishes the stage table artifact, and the compare
+stage's ``tasks.report.compare_jobs`` + the ``compare`` markdown artifact. Chromium (``--headless
+--no-sandbox``: the tests run as root) is driven over the DevTools protocol, one browser for all
+pages, each page read once its single-page app has rendered the expected text (instead of a fixed
+``--virtual-time-budget`` per ``--dump-dom`` process). The rendered DOM and a PNG screenshot of each
+page are kept under the test's tmp dir (paths printed).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from flows import service
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+PORTS = range(4305, 4310)
+DATA = Path(__file__).parent / "data" / "demo_canary_trials.json"
+
+
+class Browser:
+    """Headless Chromium with one page, driven over the Chrome DevTools Protocol (websocket)."""
+
+    def __init__(self, profile: Path) -> None:
+        from websockets.sync.client import connect
+
+        binary = shutil.which("chromium") or shutil.which("chromium-browser")
+        self.proc = subprocess.Popen(
+            [binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+             "--no-default-browser-check", f"--user-data-dir={profile}", "--remote-debugging-port=0",
+             "--remote-allow-origins=*", "--window-size=1440,1800", "about:blank"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        port_file = profile / "DevToolsActivePort"
+        deadline = time.monotonic() + 60
+        while not (port_file.is_file() and len(port_file.read_text().splitlines()) >= 2):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.close()
+                raise RuntimeError("chromium did not open its DevTools port")
+            time.sleep(0.2)
+        port = int(port_file.read_text().splitlines()[0])
+        pages = [t for t in httpx.get(f"http://127.0.0.1:{port}/json/list", timeout=10).json() if t["type"] == "page"]
+        self.ws = connect(pages[0]["webSocketDebuggerUrl"], max_size=None, open_timeout=30)
+        self._id = 0
+        self.send("Page.enable")
+        self.send("Runtime.enable")
+
+    def send(self, method: str, params: dict | None = None, timeout_s: float = 60.0) -> dict:
+        """One CDP command; returns its result (events in between are skipped)."""
+        self._id += 1
+        self.ws.send(json.dumps({"id": self._id, "method": method, "params": params or {}}))
+        deadline = time.monotonic() + timeout_s
+        while True:
+            message = json.loads(self.ws.recv(timeout=max(0.1, deadline - time.monotonic())))
+            if message.get("id") == self._id:
+                if "error" in message:
+                    raise RuntimeError(f"{method}: {message['error']}")
+                return message["result"]
+
+    def text(self) -> str:
+        """The rendered text of the page (``document.body.innerText``)."""
+        result = self.send("Runtime.evaluate", {"expression": "document.body ? document.body.innerText : ''",
+                                                "returnByValue": True})
+        return result["result"].get("value", "")
+
+    def tables(self) -> list[list[str]]:
+        """Every rendered table row (``tr``) as its cells' visible text, header rows included."""
+        expression = ("Array.from(document.querySelectorAll('tr')).map(tr => "
+                      "Array.from(tr.querySelectorAll('th,td')).map(c => c.innerText.trim()))")
+        return self.send("Runtime.evaluate", {"expression": expression, "returnByValue": True})["result"]["value"]
+
+    def open(self, url: str, needles: list[str], out: Path, timeout_s: float = 45.0) -> str:
+        """Navigate to ``url``, wait until every needle is in the rendered text, keep the DOM and a
+        full-page PNG as ``out.html`` / ``out.png``; returns the text (AssertionError naming the
+        missing needles on timeout, with the DOM and screenshot kept)."""
+        self.send("Page.navigate", {"url": url})
+        deadline = time.monotonic() + timeout_s
+        while True:
+            text = self.text()
+            missing = [n for n in needles if n not in text]
+            if not missing or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        time.sleep(0.5)  # let the last paint land before the screenshot
+        dom = self.send("Runtime.evaluate", {"expression": "document.documentElement.outerHTML",
+                                             "returnByValue": True})["result"]["value"]
+        out.with_suffix(".html").write_text(dom)
+        shot = self.send("Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True})
+        out.with_suffix(".png").write_bytes(base64.b64decode(shot["data"]))
+        print(f"{url}\n  screenshot {out.with_suffix('.png')}\n  DOM {out.with_suffix('.html')}")
+        assert not missing, f"{url} never rendered {missing}; it shows:\n{text[:3000]}"
+        return text
+
+    def close(self) -> None:
+        """Close the websocket and stop the browser by PID (its process group)."""
+        if getattr(self, "ws", None) is not None:
+            self.ws.close()
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, 15)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, 9)
+                self.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def running(tmp_path_factory):
+    """``forgeflow up`` on a fresh FORGEFLOW_HOME / PREFECT_HOME (the SQLite default)."""
+    home = tmp_path_factory.mktemp("ui-home")
+    port = next((p for p in PORTS if not service.port_in_use(p)), None)
+    if port is None:
+        pytest.skip("ports 4305-4309 are all in use")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("FORGEFLOW_HOME", str(home))
+    mp.setenv("PREFECT_HOME", str(home / "prefect"))
+    mp.delenv("PREFECT_API_URL", raising=False)
+    mp.delenv("PREFECT_SERVER_DATABASE_CONNECTION_URL", raising=False)
+    (home / "prefect").mkdir()
+    started = time.monotonic()
+    try:
+        state = service.up(home, port=port, pool="local")
+        print(f"forgeflow up took {time.monotonic() - started:.1f} s; UI {state.ui_url}")
+        yield home, state
+    finally:
+        service.down(home, grace_s=3)
+        mp.undo()
+
+
+@pytest.fixture
+def browser(tmp_path):
+    if shutil.which("chromium") is None and shutil.which("chromium-browser") is None:
+        pytest.skip("Debian package chromium is not installed (scripts/setup.sh installs it)")
+    profile = tmp_path / "chromium-profile"
+    profile.mkdir()
+    b = Browser(profile)
+    yield b
+    b.close()
+
+
+def _run_demo_flow(out_dir: Path):
+    """The lifecycle's stage bookkeeping and compare-stage artifacts on the recorded canary trials."""
+    from prefect import flow
+    from prefect.runtime import flow_run
+
+    from flows.stagekit import StageLog
+    from forgeflow.trial import TrialRecord
+    from tasks import report as report_tasks
+    from tasks.common import markdown_artifact
+
+    data = json.loads(DATA.read_text())
+
+    @flow(name="lifecycle-ui-demo")
+    def lifecycle_ui_demo() -> dict:
+        log = StageLog(out_dir / "summary.json", str(flow_run.get_id()))
+        trials = {}
+        for label in ("baseline", "candidate"):
+            with log.stage(f"canary_{label}") as st:
+                trials[label] = [TrialRecord.model_validate(t) for t in data["jobs"][label]["trials"]]
+                st["counts"] = {"scored": sum(t.reward is not None for t in trials[label]),
+                                "reward_1": sum(t.reward == 1.0 for t in trials[label])}
+        with log.stage("compare") as st:  # as flows/lifecycle.py's compare stage
+            comparison = log.call(report_tasks.compare_jobs, trials["baseline"], trials["candidate"], "baseline",
+                                  "candidate", data["repo_of"], 0.05, 0.05, 0)
+            markdown_artifact("compare", comparison.markdown,
+                              "Paired comparison baseline vs candidate on the frozen test split")
+            paired = comparison.paired
+            st["counts"] = {"pairs": paired.n_pairs, "wins": paired.wins, "ties": paired.ties,
+                            "losses": paired.losses}
+        log.finish({"comparison": {"verdict": comparison.decision.verdict}})
+        return {"run_id": str(flow_run.get_id()), "markdown": comparison.markdown,
+                "n_pairs": paired.n_pairs, "verdict": comparison.decision.verdict, "rows": log.table_rows()}
+
+    return lifecycle_ui_demo()
+
+
+def test_the_flow_run_and_its_stage_table_and_comparison_report_render_in_chromium(running, browser, tmp_path):
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    home, state = running
+    with temporary_settings(updates={PREFECT_API_URL: state.api_url}):
+        result = _run_demo_flow(home)
+    run_id = result["run_id"]
+    run = httpx.get(f"{state.api_url}/flow_runs/{run_id}", timeout=10).json()
+    assert run["state"]["type"] == "COMPLETED"
+    artifacts = {a["key"]: a for a in httpx.post(f"{state.api_url}/artifacts/filter", timeout=10, json={
+        "artifacts": {"flow_run_id": {"any_": [run_id]}}}).json()}
+    assert {"lifecycle-stages", "compare"} <= set(artifacts)
+
+    # the flow run page, Artifacts tab: the run, its state and both artifacts listed
+    page = browser.open(f"{state.ui_url}/v2/runs/flow-run/{run_id}?tab=Artifacts",
+                        [run["name"], "Completed", "lifecycle-stages", "compare"], tmp_path / "flow-run")
+    assert "Can't connect to Server API" not in page
+
+    # the stage table: every stage of summary.json with its status and counts
+    rows = result["rows"]
+    assert [r["stage"] for r in rows] == ["canary_baseline", "canary_candidate", "compare"]
+    browser.open(f"{state.ui_url}/v2/artifacts/artifact/{artifacts['lifecycle-stages']['id']}",
+                 [r["stage"] for r in rows] + [r["counts"] for r in rows], tmp_path / "stage-table")
+    rendered = browser.tables()
+    header = next(cells for cells in rendered if cells[:2] == ["stage", "status"])
+    shown = {cells[0]: dict(zip(header, cells)) for cells in rendered if cells and cells[0] in {r["stage"] for r in rows}}
+    for r in rows:
+        cells = shown[r["stage"]]
+        assert (cells["status"], cells["counts"], cells["tasks_run"]) == (r["status"], r["counts"], str(r["tasks_run"]))
+    summary = json.loads((home / "summary.json").read_text())
+    assert {k: v["status"] for k, v in summary["stages"].items()} == {r["stage"]: r["status"] for r in rows}
+
+    # the comparison report: its headline, the paired table and the promotion verdict, rendered
+    report = browser.open(f"{state.ui_url}/v2/artifacts/artifact/{artifacts['compare']['id']}",
+                          ["candidate vs baseline", f"Paired on {result['n_pairs']} instances scored in both runs",
+                           "McNemar exact p", f"Promotion gate: {result['verdict']}"], tmp_path / "compare-report")
+    assert "| pairs |" not in report, "the markdown was shown as source, not rendered"
+    for repo in sorted(set(json.loads(DATA.read_text())["repo_of"].values())):
+        assert repo in report
+    assert (tmp_path / "flow-run.png").stat().st_size > 10_000
