@@ -259,7 +259,11 @@ def ensure_llama_server(gpu: bool = False, jobs: int | None = None) -> Path:
         out = work / "out" / "bin"
         out.mkdir(parents=True)
         shutil.copy2(build / "bin" / "llama-server", out / "llama-server")
-        os.rename(work / "out", final)  # atomic: the final name appears complete or not at all
+        try:
+            os.rename(work / "out", final)  # atomic: the final name appears complete or not at all
+        except OSError:
+            if not binary.is_file():  # not a concurrent build that finished first
+                raise
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return binary

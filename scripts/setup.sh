@@ -26,4 +26,7 @@ echo "setup: installing forgeflow and its pinned Python dependencies (llama-cpp-
 "$PY" -m pip install -q --root-user-action=ignore -e '.[test]'
 # Harbor (interop target, Python >= 3.12) lives in its own cached virtualenv, not in forgeflow's.
 bash scripts/harbor_venv.sh >/dev/null
+# llama.cpp's own llama-server (a serving backend), built once per machine from the pinned sdist
+# (about 500 CPU-seconds; cached under ~/.cache/forgeflow/llama-server-<version>/).
+"$PY" -c 'from forgeflow.llama_server import ensure_llama_server; print("setup: llama-server", ensure_llama_server())'
 echo "setup: done ($("$PY" -c 'import forgeflow; print("forgeflow", forgeflow.__version__)'))"

@@ -1,0 +1,93 @@
+"""llama.cpp's ``llama-server`` (built once per machine from the pinned sdist) as a serving backend.
+
+Real binary, real tiny GGUF (Q8_0), free loopback ports; every server is stopped by PID. The build
+takes minutes on 2 cores the first time (cached under ``cache_dir()/llama-server-<version>``).
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import httpx
+import pytest
+
+from forgeflow.errors import SwapRolledBackError
+from forgeflow.fsutil import sha256_file
+from forgeflow.llama_server import ContextPreflightError, LlamaServer, ensure_llama_server, slot_context
+from forgeflow.serving import gate, read_state, stop_active, swap
+from tests.integration.test_serving import tiny_ggufs
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _alive(pid: int) -> bool:
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split(") ", 1)[1][:1] != "Z"
+
+
+@pytest.fixture(scope="module")
+def binary() -> Path:
+    return ensure_llama_server()
+
+
+@pytest.fixture(scope="module")
+def q8() -> Path:
+    return tiny_ggufs()[0]
+
+
+def test_props_report_the_per_slot_context_forgeflow_computed(binary: Path, q8: Path, tmp_path: Path) -> None:
+    with LlamaServer(q8, _free_port(), "forgeflow", 2048, n_parallel=2, required_ctx=1000, binary=binary,
+                     log_path=tmp_path / "s.log", n_threads=2) as server:
+        assert server.props is not None
+        expected = slot_context(2048, 2, False)
+        assert (server.props.per_slot_ctx, server.props.total_slots) == (expected.per_slot, 2) == (1024, 2)
+        assert server.props.has_chat_template
+        assert gate(server.base_url, "forgeflow").passed
+        pid = server.pid
+    assert not _alive(pid)
+
+
+def test_a_plan_whose_slots_are_too_small_is_refused_before_anything_starts(binary: Path, q8: Path, tmp_path: Path) -> None:
+    with pytest.raises(ContextPreflightError, match="needs 1500 tokens .* each slot holds 1024"):
+        LlamaServer(q8, _free_port(), "forgeflow", 2048, n_parallel=2, required_ctx=1500, binary=binary,
+                    log_path=tmp_path / "s.log")
+    assert not (tmp_path / "s.log").exists()
+
+
+def test_swap_to_llama_server_then_a_cpu_fallback_is_rolled_back(binary: Path, q8: Path, tmp_path: Path) -> None:
+    state_path = tmp_path / "serving.json"
+    ports = (_free_port(), _free_port())
+    sha = sha256_file(q8)
+    try:
+        first = swap(state_path, q8, sha, ports=ports, n_ctx=1024, n_threads=2, backend="llama-server",
+                     server_options={"binary": binary, "required_ctx": 512})
+        assert httpx.get(f"http://127.0.0.1:{first.current.active_port}/props").status_code == 200
+        # GPU layers requested from a CPU-only build: the server would silently run on the CPU
+        with pytest.raises(SwapRolledBackError, match="AcceleratorFallbackError") as info:
+            swap(state_path, q8, sha, ports=ports, n_ctx=1024, n_threads=2, backend="llama-server",
+                 server_options={"binary": binary, "n_gpu_layers": 99})
+        assert info.value.result.rolled_back
+        state = read_state(state_path)
+        assert state.generation == first.current.generation and _alive(state.pid)
+        assert gate(state.base_url, "forgeflow").passed  # the old server still serves
+        idle = ports[1] if state.active_port == ports[0] else ports[0]
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"http://127.0.0.1:{idle}/health", timeout=2)
+    finally:
+        stop_active(state_path)
+    assert not _alive(read_state(state_path).pid or first.current.pid)
+
+
+def test_a_binary_named_by_the_environment_must_exist(monkeypatch, tmp_path: Path) -> None:
+    from forgeflow.errors import ToolMissingError
+
+    monkeypatch.setenv("FORGEFLOW_LLAMA_SERVER", str(tmp_path / "nope"))
+    with pytest.raises(ToolMissingError, match="FORGEFLOW_LLAMA_SERVER"):
+        ensure_llama_server()
