@@ -83,12 +83,69 @@ class SandboxBackend(Block):
         return sandbox.get_backend(self.kind)
 
 
+MODEL_STORE_KINDS = ("local", "hf_hub")
+"""Valid :attr:`ModelStore.kind` values."""
+
+
 class ModelStore(Block):
-    """Where models, adapters and GGUF files are kept (a local directory on the embedded default)."""
+    """Where released GGUF files and their lineage JSON are published: a local directory (the
+    embedded default) or an HF Hub model repository.
+
+    The Hub token is not a field of this block: ``token_secret`` names a Prefect ``Secret`` block
+    that holds it, and :meth:`hub_token` reads it only when a publish calls for it, so the token is
+    in neither this block's document, nor a flow's parameters, nor a log.
+    """
 
     _block_type_name = "forgeflow-model-store"
-    kind: str = Field("local", description="local (HF Hub comes with a later release)")
-    path: Path = Field(Path(".forgeflow/models"), description="root folder of the local store")
+    kind: str = Field("local", description=f"one of: {', '.join(MODEL_STORE_KINDS)}")
+    path: Path = Field(Path(".forgeflow/models"), description="root folder of the local store (kind local)")
+    repo_id: str | None = Field(None, description="HF Hub model repository 'namespace/name' (kind hf_hub)")
+    endpoint: str = Field("https://huggingface.co", description="HF Hub base URL (kind hf_hub)")
+    revision: str = Field("main", description="branch the Hub commit goes to (kind hf_hub)")
+    token_secret: str | None = Field(
+        None, description="name of the Prefect Secret block holding the Hub write token (kind hf_hub; never the token)"
+    )
+    private: bool = Field(True, description="visibility of the Hub repository if publishing creates it")
+    transfer: str = Field("auto", description="auto (huggingface_hub's choice: Xet if installed) or lfs (Git LFS)")
+
+    def validate_kind(self) -> "ModelStore":
+        """Check the fields the kind needs (call before any compute).
+
+        Returns:
+            This block.
+
+        Raises:
+            InputError: unknown ``kind`` (the valid ones are listed), or kind ``hf_hub`` without a
+                ``repo_id`` of the form ``namespace/name``, or an unknown ``transfer``.
+        """
+        if self.kind not in MODEL_STORE_KINDS:
+            raise InputError(f"model store kind {self.kind!r} is not one of {list(MODEL_STORE_KINDS)}")
+        if self.kind == "hf_hub":
+            parts = (self.repo_id or "").split("/")
+            if len(parts) != 2 or not all(parts):
+                raise InputError(f"model store kind hf_hub needs repo_id 'namespace/name', got {self.repo_id!r}")
+            if self.transfer not in ("auto", "lfs"):
+                raise InputError(f"model store transfer {self.transfer!r} is not one of ['auto', 'lfs']")
+        return self
+
+    def hub_token(self) -> SecretStr | None:
+        """The Hub token, read from the Secret block named ``token_secret`` now (None when unset).
+
+        Raises:
+            InputError: the Secret block does not exist or holds an empty value.
+        """
+        if not self.token_secret:
+            return None
+        from prefect.blocks.system import Secret
+
+        try:
+            secret = Secret.load(self.token_secret)
+        except ValueError as exc:  # Prefect: "Unable to find block document named ..."
+            raise InputError(f"model store token_secret {self.token_secret!r}: no such Secret block") from exc
+        value = secret.value.get_secret_value()
+        if not isinstance(value, str) or not value:
+            raise InputError(f"Secret block {self.token_secret!r} holds no token string")
+        return SecretStr(value)
 
 
 class ServingBackend(Block):

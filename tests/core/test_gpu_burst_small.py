@@ -1,0 +1,53 @@
+"""``python -m benchmarks.gpu_burst --small``: both training paths of the GPU benchmark run on the CPU.
+
+The small mode trains a tiny Qwen2 (random weights) with the naive transformers + peft loop and with
+TRL's SFTTrainer (bfd packing, padding-free batches, fused chunked log-probability loss) for a few
+steps; the numbers are not a measurement (that needs the GPU machine: ``benchmarks/gpu_check.sh``),
+but every key of the GPU run's JSON is there and both paths really trained.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.gpu_burst import SMALL, synthetic_samples
+
+pytestmark = [pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_small_mode_trains_both_paths_and_prints_the_json_line() -> None:
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_burst", "--small"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    for key in ("naive_tokens_per_s", "burst_tokens_per_s", "ratio", "naive_peak_gb", "burst_peak_gb",
+                "naive_batch16_oom"):
+        assert key in summary, key
+    naive, burst = summary["naive"], summary["burst"]
+    steps, warmup, seq_len = naive["timed_steps"], summary["warmup_steps"], summary["seq_len"]
+    # both paths ran every step with a finite loss near ln(vocabulary) (random weights)
+    for path in (naive, burst):
+        assert len(path["losses"]) == warmup + steps
+        assert all(math.isfinite(x) and abs(x - math.log(SMALL["vocab_size"])) < 1.0 for x in path["losses"])
+        assert path["tokens"] > 0 and path["seconds"] > 0
+        assert path["tokens_per_s"] == pytest.approx(path["tokens"] / path["seconds"], rel=1e-6)
+    assert summary["ratio"] == pytest.approx(summary["burst_tokens_per_s"] / summary["naive_tokens_per_s"], rel=1e-2)
+    # the naive loop counted exactly the real tokens of the samples it was fed after warm-up
+    samples = synthetic_samples(summary["n_samples"], seq_len, SMALL["vocab_size"], 0)
+    batch = naive["batch_size"]
+    fed = [samples[(step * batch + i) % len(samples)] for step in range(warmup, warmup + steps) for i in range(batch)]
+    assert naive["tokens"] == sum(len(s) for s in fed)
+    padded = [batch * max(len(s) for s in fed[i:i + batch]) for i in range(0, len(fed), batch)]
+    assert naive["positions"] == sum(padded) > naive["tokens"]  # padded to the longest sample of each batch
+    # the burst packed its rows (bfd): real tokens fill most of batch x seq_len per step, never more
+    capacity = steps * burst["batch_size"] * seq_len
+    assert 0.8 * capacity <= burst["tokens"] <= capacity
+    assert summary["naive_batch16_oom"] is None and summary["naive_peak_gb"] == summary["burst_peak_gb"] == 0.0
