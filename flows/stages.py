@@ -7,13 +7,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from prefect import flow, get_run_logger
+from prefect.runtime import flow_run
 
 from forgeflow import compare as comparison
 from forgeflow import store as ledger
 from forgeflow.freeze import AcceptedTask, FreezeManifest, SplitQuotas
 from forgeflow.fsutil import atomic_write_text
 from forgeflow.settings import home_dir
-from tasks import curation, model as model_tasks, serving as serving_tasks
+from forgeflow.errors import InputError
+from tasks import curation, model as model_tasks, publish as publish_tasks, serving as serving_tasks
 from tasks.common import markdown_artifact
 
 
@@ -39,31 +41,104 @@ def freeze(name: str, train_min: int = 2, validation_min: int = 1, test_min: int
 
 
 @flow(name="compare", log_prints=True)
-def compare(job_a: str, job_b: str, report_path: Path | None = None) -> comparison.PairedComparison:
-    """Paired comparison of two canary jobs recorded in the store (wins/ties/losses, exact McNemar).
+def compare(job_a: str, job_b: str, report_path: Path | None = None, merge_recovery: bool = True,
+            seed: int = 0) -> comparison.PairedComparison:
+    """Paired comparison of two canary jobs recorded in the store, on the same frozen split.
+
+    Writes the markdown report (wins/ties/losses, exact McNemar, repository-clustered interval,
+    excluded tasks with reasons, cost ratios; each job merged with its recovery jobs unless
+    ``merge_recovery`` is False, and said so) and beside it a PNG (pass rates with Wilson
+    intervals, wins/losses per repository) that the report and the markdown artifact show.
 
     Raises:
-        InputError: a job has no trials in the store.
+        InputError: a job has no trials in the store, or the jobs ran different frozen splits.
     """
     store = ledger.Store()
     store.upgrade()
-    result = comparison.compare_stored_jobs(store, job_a, job_b)
-    paired, md = result.paired, result.markdown
-    atomic_write_text(report_path or home_dir() / f"compare-{job_a}-vs-{job_b}.md", md)
-    markdown_artifact("compare-standalone", md, f"{job_a} vs {job_b}")
-    get_run_logger().info("wins %d ties %d losses %d, McNemar p %.3g", paired.wins, paired.ties, paired.losses,
-                          paired.mcnemar_p)
+    md_path = Path(report_path or home_dir() / f"compare-{job_a}-vs-{job_b}.md")
+    png_path = md_path.with_suffix(".png")
+    result = comparison.compare_stored_jobs(store, job_a, job_b, merge_recovery=merge_recovery, seed=seed,
+                                            plot_file=png_path.name)
+    paired = result.paired
+    comparison.render_plot(result.report_a, result.report_b, paired, png_path, job_a, job_b)
+    atomic_write_text(md_path, result.markdown)
+    artifact_md = result.markdown.replace(f"]({png_path.name})", f"]({png_path.resolve().as_uri()})")
+    markdown_artifact("compare-standalone", artifact_md + f"\nReport: `{md_path}`; plot: `{png_path}`\n",
+                      f"{result.job_a.label} vs {result.job_b.label}")
+    get_run_logger().info("wins %d ties %d losses %d, McNemar p %.3g; excluded %d; report %s", paired.wins,
+                          paired.ties, paired.losses, paired.mcnemar_p, len(result.excluded), md_path)
     return paired
 
 
 @flow(name="package", log_prints=True)
 def package(hf_dir: Path, out_dir: Path, quantizations: tuple[str, ...] = ("Q8_0", "Q4_K_M"),
-            adapter_dir: Path | None = None) -> dict:
-    """Merge (optional adapter) -> GGUF f16 -> quantize -> metadata check -> load."""
+            adapter_dir: Path | None = None, publish: str | None = None, publish_quantization: str | None = None,
+            model_name: str = "forgeflow") -> dict:
+    """Merge (optional adapter) -> GGUF f16 -> quantize -> metadata check -> load [-> publish].
+
+    With ``publish`` (the name of a ModelStore block: local directory or HF Hub), the GGUF of
+    ``publish_quantization`` (default: the first of ``quantizations``) and its
+    ``<stem>.lineage.json`` are published once every artifact passed the GGUF check and loaded
+    (:func:`tasks.publish.publish_gguf`); the result then also holds ``published`` (the record).
+
+    Raises:
+        InputError: before any compute: the store block is missing or inconsistent, or
+            ``publish_quantization`` is not among the artifacts this run makes.
+        GGUFError: a GGUF fails its check (nothing is published).
+    """
     from forgeflow.fsutil import sha256_tree
 
-    return model_tasks.package(hf_dir, sha256_tree(hf_dir), out_dir, tuple(quantizations), adapter_dir,
-                               sha256_tree(adapter_dir) if adapter_dir else None)
+    quantizations = tuple(quantizations)
+    target = _publish_preflight(publish, publish_quantization or (quantizations[0] if quantizations else "f16"),
+                                ("f16", *quantizations)) if publish else None
+    artifacts = model_tasks.package(hf_dir, sha256_tree(hf_dir), out_dir, quantizations, adapter_dir,
+                                    sha256_tree(adapter_dir) if adapter_dir else None)
+    if publish and target:
+        art = artifacts[target]
+        source = Path(out_dir) / "merged" if adapter_dir else Path(hf_dir)  # what the GGUF was converted from
+        record = publish_tasks.publish_gguf(publish, art.path, art.sha256, art.type, sha256_tree(source), model_name,
+                                            adapter_dir, art.tensor_types, str(flow_run.get_id() or ""))
+        return {**artifacts, "published": record}
+    return artifacts
+
+
+def _publish_preflight(store_block: str, quantization: str, produced: tuple[str, ...]) -> str:
+    """Fail before compute when the store block or the quantization to publish cannot work."""
+    if quantization not in produced:
+        raise InputError(f"publish_quantization {quantization!r} is not one of the artifacts {list(produced)}")
+    publish_tasks.load_model_store(store_block)
+    return quantization
+
+
+@flow(name="publish", log_prints=True)
+def publish(gguf_path: Path, store: str, hf_dir: Path, adapter_dir: Path | None = None,
+            model_name: str = "forgeflow") -> dict:
+    """Publish a GGUF the package stage wrote (e.g. once the promotion gate chose it) to a model store.
+
+    The GGUF is checked against ``hf_dir`` again (:func:`forgeflow.gguf.check_gguf`) before anything
+    is sent; its ``<stem>.lineage.json`` names ``hf_dir``'s digest and, with ``adapter_dir``, the
+    adapter's lineage.
+
+    Args:
+        gguf_path: the GGUF.
+        store: name of a ModelStore block.
+        hf_dir: the HF checkpoint the GGUF was converted from (the merged one when an adapter was merged).
+        adapter_dir: the adapter merged into it, if any.
+        model_name: the model's name in a local store.
+
+    Raises:
+        InputError: the store block is missing or inconsistent; GGUFError: the check failed.
+    """
+    from forgeflow.fsutil import sha256_file, sha256_tree
+
+    publish_tasks.load_model_store(store)
+    gguf_sha, hf_sha = sha256_file(gguf_path), sha256_tree(hf_dir)
+    check = publish_tasks.check_release(gguf_path, gguf_sha, hf_dir, hf_sha)
+    get_run_logger().info("%s passed the GGUF check against %s (%s, %d blocks, vocabulary %d)", Path(gguf_path).name,
+                          hf_dir, check.file_type, check.block_count, check.vocab_size)
+    record = publish_tasks.publish_gguf(store, gguf_path, gguf_sha, check.file_type, hf_sha, model_name, adapter_dir,
+                                        None, str(flow_run.get_id() or ""))
+    return record.model_dump(mode="json")
 
 
 @flow(name="serve", log_prints=True)

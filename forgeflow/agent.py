@@ -25,6 +25,15 @@ Outcomes versus breakage (DESIGN.md):
   with reward None and no verifier run;
 * the agent overrunning ``agent_timeout_s`` is an :class:`~forgeflow.errors.AgentTimeoutError`
   recorded with the exception *and* the verifier's reward (Harbor's convention);
+* **supervision** (issue 5, long-horizon runs): after every model answer the calls so far go through
+  :func:`forgeflow.supervision.detect_loop` (``loop_threshold``, default: blocked at the 3rd
+  repeat, before it runs); a :class:`~forgeflow.supervision.HangWatchdog` thread flags the run
+  when no new message or model call happened for ``hang_idle_s`` (default 11 minutes), kills the
+  command running in the agent's container and abandons a model call in flight. Either stops the
+  run with :class:`~forgeflow.errors.AgentLoopError` / :class:`~forgeflow.errors.AgentHangError`
+  (subclasses of AgentTimeoutError): the trajectory is saved, the verifier still runs, and the
+  trial carries ``supervision = {kind, evidence, trajectory_path}`` for the store's
+  ``supervision_events`` (recorded by ``tasks.serving.agent_trial``);
 * sandbox failures (image missing, OOM, verifier timeout, unparseable test output) are recorded as
   the exception with reward None.
 """
@@ -37,11 +46,13 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -50,6 +61,14 @@ from forgeflow.fsutil import atomic_write_json, sha256_json
 from forgeflow.grading import grade_resolved
 from forgeflow.model_client import ChatResponse, ModelClient, chat_request
 from forgeflow.sandbox import PodmanSandbox, SandboxSpec
+from forgeflow.supervision import (
+    DEFAULT_HANG_IDLE_S,
+    DEFAULT_LOOP_THRESHOLD,
+    HangCheck,
+    HangWatchdog,
+    detect_loop,
+    tool_calls_from_trajectory,
+)
 from forgeflow.settings import apply_container_env, tool_env
 from forgeflow.trial import LOG_TAIL_CHARS, TESTBED, TrialRecord, VerifierResult, container_name, make_trial_id, verify
 
@@ -84,6 +103,14 @@ class AgentConfig(BaseModel):
         memory_mb: memory limit of the agent's and the verifier's containers, MiB.
         cpus: CPU quota of those containers, cores.
         config_name: the mini-swe-agent built-in config whose prompts are used.
+        action_format: ``text`` (the ``mswea_bash_command`` fence, for models without tool calls)
+            or ``toolcall`` (mini-swe-agent's ``bash`` tool is offered as an OpenAI tool and the
+            actions are read from the answer's ``tool_calls``; pair it with ``config_name
+            "swebench"``, mini-swe-agent's tool-call prompts).
+        loop_threshold: repetitions of one call (period 1) or one A-B cycle (period 2) at which
+            the supervisor stops the run (>= 2; default 3: blocked at the 3rd repeat).
+        hang_idle_s: seconds without a new message or model call after which the watchdog stops
+            the run (default 660 = 11 minutes).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -97,6 +124,9 @@ class AgentConfig(BaseModel):
     memory_mb: int = Field(default=2048, ge=64)
     cpus: float = Field(default=1.0, gt=0)
     config_name: str = MSWEA_CONFIG_NAME
+    action_format: Literal["text", "toolcall"] = "text"
+    loop_threshold: int = Field(default=DEFAULT_LOOP_THRESHOLD, ge=2, le=1000)
+    hang_idle_s: float = Field(default=DEFAULT_HANG_IDLE_S, gt=0)
 
 
 # --- mini-swe-agent wiring -------------------------------------------------------------------
@@ -203,35 +233,94 @@ def _endpoint_model_class() -> type:
     ``extra.response`` is the :class:`ChatResponse` (``prompt_tokens``/``completion_tokens`` feed
     the trial's token counts); cost is 0 (a local endpoint has no price).
 
+    With ``action_format="toolcall"`` the request offers mini-swe-agent's ``BASH_TOOL`` and the
+    actions come from the answer's ``tool_calls`` (mini-swe-agent's ``parse_toolcall_actions``;
+    observations are ``tool`` messages answering each call id).
+
+    Supervision: every call start and answer is reported to the run's :class:`HangWatchdog`; the
+    HTTP call runs in a helper thread so that a hang flagged by the watchdog stops the run at once
+    (the abandoned call ends at its read timeout, capped at the idle limit plus 5 s).
+
     Errors: ModelClient's ModelEndpointError (CircuitOpenError included) propagates; a model call
-    that outlives the agent's deadline is an AgentTimeoutError; a 400 naming a context overflow ends
-    the run with exit status ``ContextWindowExceeded`` (the model's outcome); any other
-    ModelRequestError propagates (a configuration bug).
+    that outlives the agent's deadline is an AgentTimeoutError; a call during which the watchdog
+    flagged a hang is an AgentHangError; a 400 naming a context overflow ends the run with exit
+    status ``ContextWindowExceeded`` (the model's outcome); any other ModelRequestError propagates
+    (a configuration bug).
     """
     logging.getLogger("minisweagent").setLevel(logging.WARNING)  # its DEBUG lines drown the flow log
     from minisweagent.exceptions import FormatError, InterruptAgentFlow
     from minisweagent.models import GLOBAL_MODEL_STATS
     from minisweagent.models.litellm_textbased_model import LitellmTextbasedModel
     from minisweagent.models.utils.actions_text import parse_regex_actions
+    from minisweagent.models.utils.actions_toolcall import (
+        BASH_TOOL,
+        format_toolcall_observation_messages,
+        parse_toolcall_actions,
+    )
 
     class EndpointModel(LitellmTextbasedModel):
-        def __init__(self, *, deadline_monotonic: float, **kwargs: Any) -> None:
+        def __init__(self, *, deadline_monotonic: float, action_format: str = "text",
+                     watchdog: HangWatchdog | None = None, **kwargs: Any) -> None:
             super().__init__(**kwargs)
             self.deadline_monotonic = deadline_monotonic
+            self.action_format = action_format
+            self.watchdog = watchdog
             params = dict(self.config.model_kwargs)
             self.api_base = str(params.pop("api_base", ""))
+            if action_format == "toolcall":
+                params["tools"] = [BASH_TOOL]
             self.sampling = params
-            self.client = ModelClient(self.api_base, api_key=os.environ.get("FORGEFLOW_MODEL_API_KEY"))
+            read_timeout_s = 600.0 if watchdog is None else min(600.0, watchdog.idle_limit_s + 5.0)
+            self.client = ModelClient(self.api_base, api_key=os.environ.get("FORGEFLOW_MODEL_API_KEY"),
+                                      read_timeout_s=read_timeout_s)
+
+        def _hang_error(self, during: str) -> errors.AgentHangError:
+            check = self.watchdog.hang if self.watchdog is not None else None
+            evidence = {**(check.model_dump(mode="json") if check is not None else {}), "during": during}
+            idle = f"{check.idle_s:.1f} s" if check is not None else "the idle limit"
+            return errors.AgentHangError(
+                f"no new message or model call for {idle} (limit {evidence.get('idle_limit_s', '?')} s) "
+                f"during {during}: run stopped by the watchdog", evidence)
+
+        def _send(self, request: Any) -> ChatResponse:
+            """``client.chat`` in a helper thread, abandoned when the watchdog flags a hang."""
+            if self.watchdog is None:
+                return self.client.chat(request)
+            box: dict[str, Any] = {}
+
+            def call() -> None:
+                try:
+                    box["response"] = self.client.chat(request)
+                except BaseException as exc:  # noqa: BLE001 - handed to the agent's thread
+                    box["error"] = exc
+
+            worker = threading.Thread(target=call, name="forgeflow-model-call", daemon=True)
+            worker.start()
+            while worker.is_alive():
+                if self.watchdog.hung_event.wait(0.1):
+                    raise self._hang_error("a model call")
+            if "error" in box:
+                raise box["error"]
+            return box["response"]
 
         def _chat(self, messages: list[dict[str, Any]]) -> ChatResponse:
+            if self.watchdog is not None:
+                if self.watchdog.hung:
+                    raise self._hang_error("a command")
+                self.watchdog.touch_model_call()
             remaining_s = self.deadline_monotonic - time.monotonic()
             if remaining_s <= 0:
                 raise errors.AgentTimeoutError("agent budget spent before the model call")
             self.client.retry = self.client.retry.model_copy(update={"total_budget_s": remaining_s})
             request = chat_request(self.config.model_name, messages, **self.sampling)
             try:
-                return self.client.chat(request)
+                response = self._send(request)
+                if self.watchdog is not None:
+                    self.watchdog.touch_model_call()
+                return response
             except errors.ModelEndpointError as exc:
+                if self.watchdog is not None and self.watchdog.hung:
+                    raise self._hang_error("a model call") from exc
                 if time.monotonic() >= self.deadline_monotonic:
                     raise errors.AgentTimeoutError(f"model call outlived the agent budget: {exc}") from exc
                 raise
@@ -249,16 +338,37 @@ def _endpoint_model_class() -> type:
             GLOBAL_MODEL_STATS.add(0.0)
             extra = {"cost": 0.0, "response": response.model_dump(mode="json")}
             try:
-                actions = parse_regex_actions(
-                    response.content, action_regex=self.config.action_regex,
-                    format_error_template=self.config.format_error_template,
-                    template_kwargs={"finish_reason": response.finish_reason},
-                )
+                if self.action_format == "toolcall":
+                    actions = parse_toolcall_actions(
+                        [SimpleNamespace(id=c.get("id"), function=SimpleNamespace(**(c.get("function") or {})))
+                         for c in response.tool_calls],
+                        format_error_template=self.config.format_error_template,
+                        template_kwargs={"finish_reason": response.finish_reason},
+                    )
+                else:
+                    actions = parse_regex_actions(
+                        response.content, action_regex=self.config.action_regex,
+                        format_error_template=self.config.format_error_template,
+                        template_kwargs={"finish_reason": response.finish_reason},
+                    )
             except FormatError as exc:
                 exc.messages[0]["extra"].update(extra)
                 raise
-            return {"role": "assistant", "content": response.content,
-                    "extra": {"actions": actions, **extra, "timestamp": time.time()}}
+            message: dict[str, Any] = {"role": "assistant", "content": response.content}
+            if self.action_format == "toolcall":
+                message["tool_calls"] = response.tool_calls
+            message["extra"] = {"actions": actions, **extra, "timestamp": time.time()}
+            return message
+
+        def format_observation_messages(self, message: dict, outputs: list[dict],
+                                        template_vars: dict | None = None) -> list[dict]:
+            if self.action_format != "toolcall":
+                return super().format_observation_messages(message, outputs, template_vars)
+            return format_toolcall_observation_messages(
+                actions=message.get("extra", {}).get("actions", []), outputs=outputs,
+                observation_template=self.config.observation_template, template_vars=template_vars,
+                multimodal_regex=self.config.multimodal_regex,
+            )
 
         def close(self) -> None:
             self.client.close()
@@ -267,17 +377,56 @@ def _endpoint_model_class() -> type:
 
 
 def _atomic_agent_class() -> type:
-    """mini-swe-agent's DefaultAgent with its per-step trajectory save made atomic."""
+    """mini-swe-agent's DefaultAgent, supervised, with its per-step trajectory save made atomic.
+
+    * every new message is reported to the watchdog (``touch_message``);
+    * after each model answer (before its action runs) the tool calls of the whole trajectory
+      go through :func:`detect_loop` with ``loop_threshold``: a loop raises
+      :class:`~forgeflow.errors.AgentLoopError` whose ``evidence`` is the
+      :class:`~forgeflow.supervision.LoopDetection` (the looping answer stays in the trajectory,
+      its command is not run);
+    * after each step's commands, a hang flagged meanwhile raises AgentHangError.
+    """
     from minisweagent.agents.default import DefaultAgent
 
-    class AtomicSaveAgent(DefaultAgent):
+    class SupervisedAgent(DefaultAgent):
+        def __init__(self, *args: Any, loop_threshold: int = DEFAULT_LOOP_THRESHOLD,
+                     watchdog: HangWatchdog | None = None, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.loop_threshold = loop_threshold
+            self.watchdog = watchdog
+
+        def add_messages(self, *messages: dict) -> list[dict]:
+            added = super().add_messages(*messages)
+            if self.watchdog is not None:
+                self.watchdog.touch_message()
+            return added
+
+        def query(self) -> dict:
+            message = super().query()
+            verdict = detect_loop(tool_calls_from_trajectory({"messages": self.messages}), self.loop_threshold)
+            if verdict.detected:
+                raise errors.AgentLoopError(
+                    f"dead loop: the same {'call' if verdict.period == 1 else 'two calls'} repeated "
+                    f"{verdict.repeats} times (period {verdict.period}; calls {verdict.indices}); "
+                    f"run stopped before call {verdict.blocked_at} ran: {verdict.signatures[0][:200]}",
+                    verdict.model_dump(mode="json"),
+                )
+            return message
+
+        def step(self) -> list[dict]:
+            observations = super().step()
+            if self.watchdog is not None and self.watchdog.hung:
+                raise self.model._hang_error("a command")
+            return observations
+
         def save(self, path: Path | None, *extra_dicts: dict) -> dict:
             data = self.serialize(*extra_dicts)
             if path:
                 atomic_write_json(path, data)
             return data
 
-    return AtomicSaveAgent
+    return SupervisedAgent
 
 
 def _start_environment(env_config: dict[str, Any]) -> Any:
@@ -308,6 +457,17 @@ def _container_git(container_id: str, *git_args: str) -> str:
     if proc.returncode != 0:
         raise errors.SandboxError(f"git {' '.join(git_args)} failed in the agent container: {proc.stderr.strip()}")
     return proc.stdout
+
+
+def _interrupt_commands(env: Any) -> None:
+    """Kill every process of the agent's container but its init (``kill -KILL -1``): a command
+    stuck past the hang limit returns (exit 137) and the container stays for the submission."""
+    container_id = getattr(env, "container_id", None)
+    if container_id:
+        try:
+            _podman("exec", container_id, "sh", "-c", "kill -KILL -1", timeout_s=30)
+        except (OSError, subprocess.SubprocessError):
+            pass  # the run stops anyway; the container is removed by the phase's cleanup
 
 
 def _remove_container(env: Any) -> None:
@@ -392,6 +552,7 @@ class _AgentPhase:
     n_input_tokens: int = 0
     n_output_tokens: int = 0
     notes: list[str] = field(default_factory=list)
+    supervision: dict[str, Any] | None = None
 
 
 def _test_files(test_ids: list[str]) -> list[str]:
@@ -411,22 +572,40 @@ def _run_agent_phase(
     t0 = time.monotonic()
     deadline = t0 + config.agent_timeout_s
     cfg = mswea_config(image_ref, base_url, model_alias, config)
-    model = _endpoint_model_class()(deadline_monotonic=deadline, **cfg["model"])
+    watchdog = HangWatchdog(config.hang_idle_s)
+    model = _endpoint_model_class()(deadline_monotonic=deadline, action_format=config.action_format,
+                                    watchdog=watchdog, **cfg["model"])
     agent = None
     env = None
     try:
         env = _start_environment(cfg["environment"])
         base_commit = _container_git(env.container_id, "rev-parse", "HEAD").strip()
         phase.env_setup_s = time.monotonic() - t0
-        agent = _atomic_agent_class()(model, env, output_path=traj_path, **cfg["agent"])
+        agent = _atomic_agent_class()(model, env, output_path=traj_path, loop_threshold=config.loop_threshold,
+                                      watchdog=watchdog, **cfg["agent"])
+
+        def on_hang(check: HangCheck) -> None:
+            _interrupt_commands(env)
+
+        watchdog.on_hang = on_hang
+        watchdog.start()
         try:
             result = agent.run(problem_statement)
             phase.exit_status = str(result.get("exit_status", ""))
             if phase.exit_status == "ContextWindowExceeded":  # the model's outcome
                 phase.notes.append(f"context window exceeded: {result.get('exception_str', '')}")
         except (errors.ModelEndpointError, errors.AgentTimeoutError) as exc:
+            if watchdog.hung and not isinstance(exc, errors.AgentHangError):
+                exc = model._hang_error("a model call")  # the endpoint error came from the hang
             phase.error = exc
             phase.exit_status = type(exc).__name__
+            if isinstance(exc, errors.AgentLoopError | errors.AgentHangError):
+                phase.supervision = {
+                    "kind": "dead_loop" if isinstance(exc, errors.AgentLoopError) else "hang",
+                    "evidence": exc.evidence, "trajectory_path": str(traj_path),
+                }
+        finally:
+            watchdog.stop()
         phase.agent_s = time.monotonic() - t0
         if phase.error is None and (phase.exit_status == "TimeExceeded" or time.monotonic() > deadline):
             phase.error = errors.AgentTimeoutError(
@@ -442,6 +621,7 @@ def _run_agent_phase(
     except errors.InfraError as exc:  # sandbox broke (image missing, podman failure)
         phase.error = exc
     finally:
+        watchdog.stop()
         model.close()
         if env is not None:
             _remove_container(env)
@@ -458,6 +638,7 @@ def _run_agent_phase(
                         "n_steps": phase.n_steps, "n_input_tokens": phase.n_input_tokens,
                         "n_output_tokens": phase.n_output_tokens, "agent_s": phase.agent_s,
                         "error": f"{type(phase.error).__name__}: {phase.error}" if phase.error else None,
+                        "supervision": phase.supervision,
                     },
                 },
                 "instance_id": instance_id,
@@ -517,7 +698,8 @@ def _record(
 ) -> TrialRecord:
     """Build the agent's TrialRecord (with its costs: steps and tokens).
 
-    An AgentTimeoutError is recorded together with the verifier's reward (Harbor's convention).
+    An AgentTimeoutError (AgentLoopError / AgentHangError included) is recorded together with the
+    verifier's reward (Harbor's convention), and a supervisor stop with its ``supervision`` evidence.
     """
     message = "\n".join([str(error) or repr(error), *notes]) if error is not None else None
     fields: dict[str, Any] = {
@@ -528,9 +710,29 @@ def _record(
         "tests": verifier.tests if verifier else {},
         "log_tail": (verifier.log_tail if verifier else "") or "\n".join(notes)[-LOG_TAIL_CHARS:],
         "agent_steps": phase.n_steps, "input_tokens": phase.n_input_tokens,
-        "output_tokens": phase.n_output_tokens,
+        "output_tokens": phase.n_output_tokens, "supervision": phase.supervision,
     }
     return TrialRecord(**fields)
+
+
+def supervision_event(record: TrialRecord, job_id: str | None = None, run_id: str | None = None) -> Any:
+    """The store row of a supervisor stop, or None when the supervisor did not stop ``record``.
+
+    Returns:
+        :class:`forgeflow.store.SupervisionEventRecord` keyed ``<trial_id>:<kind>`` (a re-recorded
+        trial upserts its event) with the evidence and the trajectory path.
+    """
+    from forgeflow.store import SupervisionEventRecord
+
+    if record.supervision is None:
+        return None
+    kind = record.supervision["kind"]
+    return SupervisionEventRecord(
+        event_id=f"{record.trial_id}:{kind}", trial_id=record.trial_id, job_id=job_id, kind=kind,
+        evidence={**record.supervision.get("evidence", {}), "exception_type": record.exception_type,
+                  "reward": record.reward},
+        trajectory_path=record.supervision.get("trajectory_path"), run_id=run_id,
+    )
 
 
 def default_run_key(problem_statement: str, model_alias: str, base_url: str, config: AgentConfig) -> str:
@@ -578,7 +780,10 @@ def run_agent_trial(
         TrialRecord with kind ``"agent"``: reward 1.0/0.0 when the verifier ran (format errors, step
         limit, context overflow, empty or non-applying patches included); reward None with
         ``exception_type`` ``ModelEndpointError`` (no verifier run) or a sandbox/verifier error;
-        ``exception_type`` ``AgentTimeoutError`` together with the verifier's reward on an overrun.
+        ``exception_type`` ``AgentTimeoutError`` together with the verifier's reward on an overrun;
+        ``AgentLoopError`` / ``AgentHangError`` (with the verifier's reward and ``supervision`` =
+        ``{"kind": "dead_loop" | "hang", "evidence", "trajectory_path"}``) when the supervisor
+        stopped the run.
 
     Raises:
         InputError: an argument is empty or malformed (nothing was run).

@@ -21,6 +21,13 @@ Statistics (statsmodels):
 
 Before comparing, :func:`refuse_unless_same_split` checks that both runs ran the same frozen split,
 and :func:`promotion_decision` turns a comparison into promote / hold / reject.
+
+Jobs recorded in the store are compared by :func:`compare_stored_jobs`: each job is read as a
+:class:`MergedJob` (the original plus its recovery jobs, labelled "original job X + N recovery
+jobs"), :func:`refuse_unless_same_frozen_split` reads the jobs table's freeze and split, the delta
+interval is clustered by ``task_instances.repo``, excluded tasks carry their reasons, and the cost
+ratios come from the stored trial columns. :func:`render_plot` draws the pass rates with their
+Wilson intervals and the wins/losses per repository (matplotlib, Agg canvas).
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from statsmodels.stats.contingency_tables import mcnemar
 from statsmodels.stats.proportion import proportion_confint
 
-from forgeflow.errors import InputError
+from forgeflow.errors import SCORED_DESPITE_EXCEPTION, InputError
 
 PASS_REWARD = 1.0
 """A scored trial passes when ``reward >= PASS_REWARD``."""
@@ -98,6 +105,11 @@ class JobReport(BaseModel):
         pass_rate_scored: ``reward_1 / scored`` (0 when nothing was scored).
         pass_rate_attempts: ``reward_1 / requested`` (exceptions and missing count as not passed).
         wilson: Wilson interval of ``reward_1`` out of ``scored``.
+        flagged: Exception trials that still carry the verifier's reward (agent timeout, dead
+            loop, hang: :data:`forgeflow.errors.SCORED_DESPITE_EXCEPTION`, Harbor's convention).
+            They are counted under their exception type and are *not* in ``scored`` or the pass
+            rates (the run was cut short by the harness).
+        flagged_reward_1: Of those, how many the verifier passed anyway.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -111,6 +123,8 @@ class JobReport(BaseModel):
     pass_rate_scored: float = Field(ge=0.0, le=1.0)
     pass_rate_attempts: float = Field(ge=0.0, le=1.0)
     wilson: Interval
+    flagged: int = Field(default=0, ge=0)
+    flagged_reward_1: int = Field(default=0, ge=0)
 
     @property
     def exceptions(self) -> int:
@@ -129,7 +143,8 @@ class JobReport(BaseModel):
             confidence: Level of the Wilson interval.
 
         Raises:
-            InputError: a trial has both or neither of reward and exception type, or
+            InputError: a trial has neither reward nor exception type, or both (allowed only for
+                the exception types in :data:`~forgeflow.errors.SCORED_DESPITE_EXCEPTION`), or
                 ``requested`` is smaller than the number of trials.
         """
         rows = list(trials)
@@ -137,15 +152,21 @@ class JobReport(BaseModel):
         if total < len(rows):
             raise InputError(f"requested={total} is smaller than the {len(rows)} trials given")
         exceptions: Counter[str] = Counter()
-        passed = failed = 0
+        passed = failed = flagged = flagged_passed = 0
         for trial in rows:
-            if (trial.reward is None) == (trial.exception_type is None):
+            both = trial.reward is not None and trial.exception_type is not None
+            if (trial.reward is None and trial.exception_type is None) or (
+                both and trial.exception_type not in SCORED_DESPITE_EXCEPTION
+            ):
                 raise InputError(
                     f"trial for {trial.instance_id!r} must have exactly one of reward "
                     f"({trial.reward!r}) and exception_type ({trial.exception_type!r})"
                 )
             if trial.exception_type is not None:
                 exceptions[trial.exception_type] += 1
+                if both:
+                    flagged += 1
+                    flagged_passed += int(_passed(trial.reward))
             elif _passed(trial.reward):
                 passed += 1
             else:
@@ -161,6 +182,8 @@ class JobReport(BaseModel):
             pass_rate_scored=passed / scored if scored else 0.0,
             pass_rate_attempts=passed / total if total else 0.0,
             wilson=wilson_interval(passed, scored, confidence),
+            flagged=flagged,
+            flagged_reward_1=flagged_passed,
         )
 
 
@@ -648,6 +671,8 @@ def render_markdown(
     *,
     costs: CostComparison | None = None,
     decision: Decision | None = None,
+    notes: Iterable[str] = (),
+    plot_file: str | None = None,
 ) -> str:
     """A Markdown summary a person reads: per-run counts side by side, then the paired result.
 
@@ -659,6 +684,8 @@ def render_markdown(
         label_b: Name of run B.
         costs: Cost ratios (optional table).
         decision: Promotion decision (optional line).
+        notes: Lines printed under the title (e.g. what each run merges, the split checked).
+        plot_file: Image path (relative to the markdown file) embedded after the tables.
 
     Returns:
         Markdown text (two tables, a verdict line, the delta interval, and when present a
@@ -677,6 +704,13 @@ def render_markdown(
         ("failed (reward 0)", str(report_a.reward_0), str(report_b.reward_0)),
         ("exceptions", str(report_a.exceptions), str(report_b.exceptions)),
         *(
+            (("flagged: reward kept beside the exception (not scored)",
+              f"{report_a.flagged} ({report_a.flagged_reward_1} passed)",
+              f"{report_b.flagged} ({report_b.flagged_reward_1} passed)"),)
+            if report_a.flagged or report_b.flagged
+            else ()
+        ),
+        *(
             (
                 f"exception: {name}",
                 str(report_a.exceptions_by_type.get(name, 0)),
@@ -693,7 +727,10 @@ def render_markdown(
             _pct(report_b.pass_rate_attempts),
         ),
     ]
-    lines = [f"## {label_b} vs {label_a}", "", f"| | {label_a} | {label_b} |", "|---|---:|---:|"]
+    lines = [f"## {label_b} vs {label_a}", ""]
+    lines += [f"- {note}" for note in notes]
+    lines += [""] if lines[-1] != "" else []
+    lines += [f"| | {label_a} | {label_b} |", "|---|---:|---:|"]
     lines += [f"| {name} | {va} | {vb} |" for name, va, vb in rows]
     c = comparison
     lines += [
@@ -733,7 +770,20 @@ def render_markdown(
             )
     if decision is not None:
         lines += ["", f"**Promotion gate: {decision.verdict}** ({decision.reason})"]
+    if plot_file is not None:
+        lines += ["", f"![pass rates with Wilson intervals; wins and losses per repository]({plot_file})"]
     return "\n".join(lines) + "\n"
+
+
+class ExcludedTask(BaseModel):
+    """An instance left out of the pairs, with the reason (``exception in A: SandboxOOMError``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    instance_id: str
+    reason: str
+    exception_a: str | None = None
+    exception_b: str | None = None
 
 
 class CanaryComparison(BaseModel):
@@ -743,8 +793,9 @@ class CanaryComparison(BaseModel):
         report_a / report_b: per-job accounting (baseline, candidate).
         paired: the paired comparison (wins/ties/losses, McNemar, clustered interval).
         decision: the promotion gate's verdict.
-        costs: mean input tokens, agent steps and wall seconds, and their ratios B / A.
+        costs: mean input tokens, agent steps and wall seconds over the pairs, ratios B / A.
         markdown: the report a person reads.
+        excluded: instances left out of the pairs, with reasons.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -755,6 +806,7 @@ class CanaryComparison(BaseModel):
     decision: Decision
     costs: CostComparison
     markdown: str
+    excluded: list[ExcludedTask] = Field(default_factory=list)
 
 
 def rewards_by_instance(trials: Iterable[Any]) -> dict[str, float | None]:
@@ -767,30 +819,326 @@ def rewards_by_instance(trials: Iterable[Any]) -> dict[str, float | None]:
     return {t.instance_id: t.reward if t.exception_type is None else None for t in trials}
 
 
-class StoredJobsComparison(BaseModel):
-    """:func:`compare_stored_jobs`'s result: both jobs' reports, the pairs and the markdown."""
+# --- stored jobs: merged views, split check, the full comparison ------------------------------------
+class MergedJob(BaseModel):
+    """A job as stored, merged with the recovery jobs that re-ran its exception trials.
+
+    A recovery job names its original in ``jobs.parent_job_id`` (recoveries of a recovery count
+    too). Each instance keeps the original's trial unless that trial ended in an exception and a
+    recovery job has a trial for the instance: then the latest recovery trial stands, and the
+    instance is listed in ``from_recovery``. The original's rows are never rewritten.
+
+    Attributes:
+        job_id: The original job.
+        recovery_job_ids: Its recovery jobs, oldest first (empty: a plain job).
+        label: ``job X`` or ``original job X + N recovery jobs (ids)`` — a merged view never
+            presents itself as one clean job.
+        freeze_name: The frozen dataset the job ran (jobs table; None when the job has no row).
+        split: The split of that freeze.
+        model_sha256: The model the job evaluated.
+        recorded: False when the job has trials but no row in the jobs table.
+        trials: The trials standing for the job, one per instance.
+        from_recovery: Instance id -> the recovery job whose trial replaced an exception.
+    """
 
     model_config = ConfigDict(frozen=True)
 
+    job_id: str
+    recovery_job_ids: list[str] = Field(default_factory=list)
+    label: str
+    freeze_name: str | None = None
+    split: str | None = None
+    model_sha256: str | None = None
+    recorded: bool = True
+    trials: list[Any] = Field(default_factory=list)
+    from_recovery: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def is_merged(self) -> bool:
+        """True when recovery jobs are part of this view."""
+        return bool(self.recovery_job_ids)
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready description (no trials)."""
+        return {"job_id": self.job_id, "label": self.label, "merged": self.is_merged,
+                "recovery_job_ids": self.recovery_job_ids, "freeze_name": self.freeze_name, "split": self.split,
+                "model_sha256": self.model_sha256, "recorded_in_jobs_table": self.recorded,
+                "from_recovery": self.from_recovery}
+
+
+def _is_exception(trial: Any) -> bool:
+    return trial.exception_type is not None
+
+
+def merged_job(store: Any, job_id: str, *, include_recovery: bool = True) -> MergedJob:
+    """The merged view of ``job_id`` and its recovery jobs (see :class:`MergedJob`).
+
+    Args:
+        store: a :class:`forgeflow.store.Store`.
+        job_id: the original job.
+        include_recovery: False: the job's own trials only (recovery jobs still named in the label).
+
+    Raises:
+        InputError: the job has no trials in the store (the message names the store URL).
+    """
+    own = store.trials_for(job_id=job_id)
+    if not own:
+        known = sorted({t.job_id for t in store.trials_for() if t.job_id})
+        raise InputError(f"job {job_id!r} has no trials in {store.url}; jobs with trials: {', '.join(known) or 'none'}")
+    row = store.get_job(job_id)
+    recovery: list[str] = []
+    frontier = [job_id]
+    while frontier:  # recoveries of recoveries, breadth first, oldest first
+        children = [j.job_id for parent in frontier for j in store.jobs(parent_job_id=parent)
+                    if j.job_id not in recovery and j.job_id != job_id]
+        recovery += children
+        frontier = children
+    latest: dict[str, Any] = {}
+    for trial in own:  # trials_for orders by created_at: the latest trial of an instance wins
+        latest[trial.instance_id] = trial
+    from_recovery: dict[str, str] = {}
+    if include_recovery:
+        for rec_id in recovery:
+            for trial in store.trials_for(job_id=rec_id):
+                current = latest.get(trial.instance_id)
+                if current is None or _is_exception(current) or trial.instance_id in from_recovery:
+                    latest[trial.instance_id] = trial
+                    from_recovery[trial.instance_id] = rec_id
+    if recovery:
+        label = (f"original job {job_id} + {len(recovery)} recovery job{'s' if len(recovery) != 1 else ''} "
+                 f"({', '.join(recovery)})")
+        if not include_recovery:
+            label = f"job {job_id} alone (its {len(recovery)} recovery jobs not merged: {', '.join(recovery)})"
+    else:
+        label = f"job {job_id}"
+    return MergedJob(
+        job_id=job_id, recovery_job_ids=recovery, label=label,
+        freeze_name=row.freeze_name if row else None, split=row.split if row else None,
+        model_sha256=row.model_sha256 if row else None, recorded=row is not None,
+        trials=[latest[i] for i in sorted(latest)], from_recovery=from_recovery,
+    )
+
+
+def refuse_unless_same_frozen_split(a: MergedJob, b: MergedJob) -> str:
+    """Refuse two jobs that did not run the same frozen split (the jobs table's freeze and split).
+
+    Both jobs recorded in the jobs table: their ``freeze_name`` and ``split`` must match. Neither
+    recorded (trials imported without a job row): the instance sets must match
+    (:func:`refuse_unless_same_split`). One recorded and not the other: refused.
+
+    Returns:
+        How the split was checked, for the report (e.g. ``freeze demo-v1, split test``).
+
+    Raises:
+        InputError: naming the differing freeze/split (or instances), or the job lacking a row.
+    """
+    if a.recorded and b.recorded:
+        diffs = [f"{name}: {a.job_id} has {va!r}, {b.job_id} has {vb!r}"
+                 for name, va, vb in (("freeze", a.freeze_name, b.freeze_name), ("split", a.split, b.split))
+                 if va != vb]
+        if diffs:
+            raise InputError(f"jobs are not on the same frozen split: {'; '.join(diffs)}")
+        if a.freeze_name is None or a.split is None:
+            raise InputError(f"jobs {a.job_id} and {b.job_id} do not name their frozen split (freeze_name/split "
+                             "are empty in the jobs table): cannot tell they ran the same tasks")
+        return f"freeze {a.freeze_name}, split {a.split} (jobs table)"
+    if a.recorded != b.recorded:
+        missing = b.job_id if a.recorded else a.job_id
+        raise InputError(f"job {missing!r} has no row in the jobs table, so its frozen split is unknown; "
+                         f"the other job ran freeze {(a if a.recorded else b).freeze_name!r}")
+    refuse_unless_same_split([t.instance_id for t in a.trials], [t.instance_id for t in b.trials],
+                             label_a=a.job_id, label_b=b.job_id)
+    return "same instance ids (neither job is in the jobs table)"
+
+
+def stored_costs(trial: Any) -> dict[str, float]:
+    """``{"input_tokens", "agent_steps", "wall_s"}`` of a stored trial (the trial cost columns; wall
+    seconds = ``timings`` agent_s + verifier_s, as :meth:`forgeflow.trial.TrialRecord.costs`)."""
+    out: dict[str, float] = {}
+    if trial.input_tokens is not None:
+        out["input_tokens"] = float(trial.input_tokens)
+    if trial.agent_steps is not None:
+        out["agent_steps"] = float(trial.agent_steps)
+    timings = trial.timings or {}
+    if "agent_s" in timings:
+        out["wall_s"] = float(timings["agent_s"]) + float(timings.get("verifier_s") or 0.0)
+    return out
+
+
+class StoredJobsComparison(BaseModel):
+    """:func:`compare_stored_jobs`'s result.
+
+    Attributes:
+        job_a / job_b: the merged views compared (labels say "original job + N recovery jobs").
+        split_checked: how the same frozen split was established.
+        report_a / report_b: per-run accounting.
+        paired: wins/ties/losses, McNemar, the delta interval (clustered by repository when every
+            paired instance has a ``task_instances`` row, else by instance).
+        excluded: instances left out of the pairs, with reasons.
+        costs: mean input tokens, agent steps and wall seconds over the pairs, ratios B / A.
+        markdown: the report a person reads.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    job_a: MergedJob
+    job_b: MergedJob
+    split_checked: str
     report_a: JobReport
     report_b: JobReport
     paired: PairedComparison
+    excluded: list[ExcludedTask]
+    costs: CostComparison
     markdown: str
 
+    def to_json(self) -> dict[str, Any]:
+        """What ``forgeflow compare --json`` prints: the paired fields at the top level, then the
+        runs, the split, the reports, the excluded tasks with reasons and the cost ratios."""
+        return {
+            "job_a": self.job_a.job_id, "job_b": self.job_b.job_id,
+            **self.paired.model_dump(mode="json"),
+            "runs": {"a": self.job_a.summary(), "b": self.job_b.summary()},
+            "split_checked": self.split_checked,
+            "report_a": self.report_a.model_dump(mode="json"), "report_b": self.report_b.model_dump(mode="json"),
+            "excluded_tasks": [e.model_dump(mode="json") for e in self.excluded],
+            "costs": self.costs.model_dump(mode="json"),
+        }
 
-def compare_stored_jobs(store: Any, job_a: str, job_b: str) -> StoredJobsComparison:
+
+def excluded_tasks(trials_a: Iterable[Any], trials_b: Iterable[Any]) -> list[ExcludedTask]:
+    """The instances :func:`paired_compare` leaves out, each with its reason: ``no trial in A``,
+    ``exception in A: <type>``, ``exception in B: <type>`` or both (sorted by instance id).
+
+    Args:
+        trials_a / trials_b: one trial per instance (``instance_id``, ``exception_type``).
+    """
+    by_a = {t.instance_id: t for t in trials_a}
+    by_b = {t.instance_id: t for t in trials_b}
+    out = []
+    for instance_id in sorted(set(by_a) | set(by_b)):
+        ta, tb = by_a.get(instance_id), by_b.get(instance_id)
+        if ta is None or tb is None:
+            out.append(ExcludedTask(instance_id=instance_id, reason=f"no trial in {'A' if ta is None else 'B'}"))
+            continue
+        ea, eb = ta.exception_type, tb.exception_type
+        if ea is None and eb is None:
+            continue
+        parts = [f"exception in {run}: {exc}" for run, exc in (("A", ea), ("B", eb)) if exc is not None]
+        out.append(ExcludedTask(instance_id=instance_id, reason="; ".join(parts), exception_a=ea, exception_b=eb))
+    return out
+
+
+def compare_stored_jobs(
+    store: Any, job_a: str, job_b: str, *, merge_recovery: bool = True, n_resamples: int = 2000,
+    seed: int = 0, confidence: float = 0.95, plot_file: str | None = None,
+) -> StoredJobsComparison:
     """Compare two jobs recorded in a :class:`forgeflow.store.Store` (void trials excluded).
 
+    1. Each job is read as a :class:`MergedJob` (with its recovery jobs unless ``merge_recovery``
+       is False); the label always says when recovery jobs are merged.
+    2. :func:`refuse_unless_same_frozen_split` checks the jobs table's freeze and split.
+    3. :func:`paired_compare` on the rewards (an exception, flagged or not, is excluded and
+       listed with its reason), clustered by repository (``task_instances.repo``) when every
+       paired instance has a task row, else by instance (said in the report).
+    4. :func:`cost_ratios` on the stored trial columns over the paired instances.
+
+    Args:
+        store: the store.
+        job_a: baseline job id.
+        job_b: candidate job id.
+        merge_recovery: merge each job's recovery jobs (default True).
+        n_resamples: bootstrap resamples.
+        seed: bootstrap seed.
+        confidence: level of the delta interval.
+        plot_file: image path embedded in the markdown (see :func:`render_plot`).
+
     Raises:
-        InputError: a job has no trials in the store (the message names it and the store URL).
+        InputError: a job has no trials (named with the store URL), or the jobs are not on the same
+            frozen split (the difference is named).
     """
-    runs = {}
-    for job in (job_a, job_b):
-        rows = store.trials_for(job_id=job)
-        if not rows:
-            raise InputError(f"job {job!r} has no trials in {store.url} (see `forgeflow trials`)")
-        runs[job] = rows
-    paired = paired_compare(rewards_by_instance(runs[job_a]), rewards_by_instance(runs[job_b]))
-    report_a, report_b = JobReport.from_trials(runs[job_a]), JobReport.from_trials(runs[job_b])
-    return StoredJobsComparison(report_a=report_a, report_b=report_b, paired=paired,
-                                markdown=render_markdown(report_a, report_b, paired, job_a, job_b))
+    a = merged_job(store, job_a, include_recovery=merge_recovery)
+    b = merged_job(store, job_b, include_recovery=merge_recovery)
+    split_checked = refuse_unless_same_frozen_split(a, b)
+    rewards_a, rewards_b = rewards_by_instance(a.trials), rewards_by_instance(b.trials)
+    paired_ids = [i for i in sorted(set(rewards_a) & set(rewards_b))
+                  if rewards_a[i] is not None and rewards_b[i] is not None]
+    repo_of: dict[str, str] | None = {}
+    for instance_id in paired_ids:
+        task = store.get_task(instance_id)
+        if task is None:
+            repo_of = None
+            break
+        repo_of[instance_id] = task.repo
+    paired = paired_compare(rewards_a, rewards_b, repo_of, n_resamples=n_resamples, seed=seed,
+                            confidence=confidence)
+    report_a, report_b = JobReport.from_trials(a.trials), JobReport.from_trials(b.trials)
+    costs = cost_ratios({t.instance_id: stored_costs(t) for t in a.trials},
+                        {t.instance_id: stored_costs(t) for t in b.trials}, paired_ids)
+    excluded = excluded_tasks(a.trials, b.trials)
+    notes = [f"A = {a.label}", f"B = {b.label}", f"same frozen split: {split_checked}"]
+    if repo_of is None and paired_ids:
+        notes.append("delta interval clustered by instance: some paired instances have no task_instances row "
+                     "(no repository known)")
+    if excluded:
+        notes.append("excluded from the pairs: " + "; ".join(f"{e.instance_id} ({e.reason})" for e in excluded))
+    markdown = render_markdown(report_a, report_b, paired, job_a, job_b, costs=costs, notes=notes,
+                               plot_file=plot_file)
+    return StoredJobsComparison(job_a=a, job_b=b, split_checked=split_checked, report_a=report_a,
+                                report_b=report_b, paired=paired, excluded=excluded, costs=costs,
+                                markdown=markdown)
+
+
+# --- plot ------------------------------------------------------------------------------------------
+def render_plot(report_a: JobReport, report_b: JobReport, paired: PairedComparison, path: Any,
+                label_a: str = "A", label_b: str = "B") -> Any:
+    """Save a PNG: pass rates over scored trials with their Wilson intervals (left) and wins /
+    losses per repository (right; one bar pair for all pairs when no repository is known).
+
+    matplotlib's object API with the Agg canvas (no display, thread-safe: no pyplot state). The
+    file is written atomically.
+
+    Args:
+        report_a / report_b: the runs' job reports (pass rate and Wilson interval).
+        paired: the paired comparison (``per_repo``, or the totals).
+        path: the PNG path.
+        label_a / label_b: run names on the axes.
+
+    Returns:
+        The path written (``pathlib.Path``).
+    """
+    import io
+    from pathlib import Path
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from forgeflow.fsutil import atomic_write_bytes
+
+    fig = Figure(figsize=(9, 3.6), dpi=100)
+    FigureCanvasAgg(fig)
+    left, right = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1, 2]})
+    rates = [report_a.pass_rate_scored, report_b.pass_rate_scored]
+    lows = [r - rep.wilson.low for r, rep in zip(rates, (report_a, report_b), strict=True)]
+    highs = [rep.wilson.high - r for r, rep in zip(rates, (report_a, report_b), strict=True)]
+    left.bar([0, 1], rates, yerr=[lows, highs], capsize=6, color=["#8c8c8c", "#3b7dd8"])
+    left.set_xticks([0, 1], [f"{label_a}\n(n={report_a.scored})", f"{label_b}\n(n={report_b.scored})"])
+    left.set_ylim(0, 1)
+    left.set_ylabel("pass rate (scored trials)")
+    left.set_title(f"pass rate, Wilson {100 * report_a.wilson.confidence:g}%")
+    groups = paired.per_repo or {"all pairs": PairCounts(n_pairs=paired.n_pairs, wins=paired.wins,
+                                                          ties=paired.ties, losses=paired.losses)}
+    names = list(groups)
+    xs = range(len(names))
+    right.bar(xs, [groups[n].wins for n in names], color="#2e9e4f", label=f"wins ({label_b} only passed)")
+    right.bar(xs, [-groups[n].losses for n in names], color="#d24b3e", label=f"losses ({label_a} only passed)")
+    right.axhline(0, color="black", linewidth=0.8)
+    right.set_xticks(list(xs), names, rotation=20, ha="right", fontsize=8)
+    right.set_ylabel("pairs")
+    right.set_title("wins / losses per repository")
+    right.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    out = Path(path)
+    atomic_write_bytes(out, buffer.getvalue())
+    return out

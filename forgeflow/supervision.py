@@ -10,12 +10,15 @@
   third A-B cycle (period 2). Calling it after every new call blocks at the first such point; on
   a recorded trajectory it reports the earliest point where the run would have been blocked.
 * **Hangs** (:func:`detect_hang`): no new message or model call for ``idle_limit_s`` seconds
-  (default 11 minutes).
+  (default 11 minutes). :class:`HangWatchdog` applies it to a live run from a thread and calls
+  back once when the run is hung (the agent stops the run, :mod:`forgeflow.agent`).
 * **Answers** (:func:`judge_answer`): GAIA-style quasi-exact match (Mialon et al. 2023, "GAIA: a
   benchmark for General AI Assistants", the scorer of its leaderboard) with SQuAD's article
   removal (Rajpurkar et al. 2016): numbers compared as numbers (``$``, ``%``, thousands separators
   and spaces dropped; equal within a tolerance), comma/semicolon lists element by element in
   order, strings after lowercasing, dropping articles and punctuation and collapsing whitespace.
+  :func:`judge_answers` judges a list and appends the verdicts to the store's ``judgments`` table
+  in one transaction.
 * :func:`tool_calls_from_trajectory` reads a mini-swe-agent trajectory (``*.traj.json``; the text
   format with ```` ```mswea_bash_command ```` fences, or OpenAI ``tool_calls``).
 """
@@ -26,8 +29,9 @@ import json
 import math
 import re
 import string
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -35,7 +39,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow.errors import InputError
-from forgeflow.fsutil import canonical_json
+from forgeflow.fsutil import canonical_json, sha256_json
 
 DEFAULT_LOOP_THRESHOLD = 3
 """Repetitions of the same call (or A-B cycle) at which a run is blocked."""
@@ -234,6 +238,121 @@ def detect_hang(
     return HangCheck(hung=idle_s > idle_limit_s, idle_s=idle_s, idle_limit_s=idle_limit_s, last_activity_unix_s=last)
 
 
+class HangWatchdog:
+    """Watch a live run from a daemon thread; call ``on_hang`` once when it is hung.
+
+    The run reports activity with :meth:`touch_message` (a new trajectory message) and
+    :meth:`touch_model_call` (a model call started or answered); every ``poll_s`` the thread applies
+    :func:`detect_hang` to the latest of those and the start time. On the first hung verdict it
+    stores the :class:`HangCheck` in :attr:`hang`, sets :attr:`hung_event` and calls ``on_hang``
+    (in the watchdog thread; an exception there is kept in :attr:`callback_error`, never raised
+    into the run). The run itself checks :attr:`hung` at its safe points and stops.
+
+    Args:
+        idle_limit_s: Idle seconds tolerated (default 660 = 11 minutes; > 0).
+        on_hang: Called once with the hung :class:`HangCheck` (optional).
+        poll_s: Seconds between checks (default ``min(5, idle_limit_s / 10)``, at least 0.05).
+        clock: Unix-seconds clock (injectable for tests).
+
+    Raises:
+        InputError: ``idle_limit_s <= 0`` or ``poll_s <= 0``.
+    """
+
+    def __init__(
+        self,
+        idle_limit_s: float = DEFAULT_HANG_IDLE_S,
+        on_hang: Callable[[HangCheck], None] | None = None,
+        *,
+        poll_s: float | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if idle_limit_s <= 0:
+            raise InputError(f"idle_limit_s must be > 0, got {idle_limit_s}")
+        if poll_s is not None and poll_s <= 0:
+            raise InputError(f"poll_s must be > 0, got {poll_s}")
+        self.idle_limit_s = float(idle_limit_s)
+        self.on_hang = on_hang
+        self.poll_s = poll_s if poll_s is not None else max(0.05, min(5.0, idle_limit_s / 10.0))
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._started_at: float | None = None
+        self._last_message_at: float | None = None
+        self._last_model_call_at: float | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.hung_event = threading.Event()
+        self.hang: HangCheck | None = None
+        self.callback_error: BaseException | None = None
+
+    @property
+    def hung(self) -> bool:
+        """True once the watchdog has found the run hung."""
+        return self.hung_event.is_set()
+
+    def touch_message(self) -> None:
+        """Record a new trajectory message now."""
+        with self._lock:
+            self._last_message_at = self._clock()
+
+    def touch_model_call(self) -> None:
+        """Record a model call (started or answered) now."""
+        with self._lock:
+            self._last_model_call_at = self._clock()
+
+    def check(self) -> HangCheck:
+        """:func:`detect_hang` on the activity recorded so far (does not call back).
+
+        Raises:
+            InputError: the watchdog was not started.
+        """
+        with self._lock:
+            if self._started_at is None:
+                raise InputError("HangWatchdog.check before start()")
+            return detect_hang(
+                last_message_at=self._last_message_at,
+                last_model_call_at=self._last_model_call_at,
+                started_at=self._started_at,
+                now=self._clock(),
+                idle_limit_s=self.idle_limit_s,
+            )
+
+    def start(self) -> HangWatchdog:
+        """Start the clock and the thread (idempotent); returns self."""
+        with self._lock:
+            if self._thread is not None:
+                return self
+            self._started_at = self._clock()
+            self._thread = threading.Thread(target=self._watch, name="forgeflow-hang-watchdog", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop the thread (idempotent); the verdict already reached is kept."""
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=max(1.0, 2 * self.poll_s))
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            verdict = self.check()
+            if verdict.hung:
+                self.hang = verdict
+                self.hung_event.set()
+                if self.on_hang is not None:
+                    try:
+                        self.on_hang(verdict)
+                    except BaseException as exc:  # noqa: BLE001 - kept for the run to report
+                        self.callback_error = exc
+                return
+
+    def __enter__(self) -> HangWatchdog:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
 # --- trajectories -----------------------------------------------------------------------------
 def _extra(message: Mapping[str, Any]) -> Mapping[str, Any]:
     extra = message.get("extra")
@@ -427,3 +546,77 @@ def judge_answer(answer: str, reference: str, *, rel_tol: float = 1e-6, abs_tol:
         )
     norm_a, norm_r = normalize_text(answer), normalize_text(reference)
     return Judgment(correct=norm_a == norm_r, normalized_answer=norm_a, normalized_reference=norm_r, rule="string")
+
+
+def judgment_id(job_id: str | None, question_id: str) -> str:
+    """Natural key of a judgment: the first 32 hex of sha256 of ``{job_id, question_id}`` (a re-run
+    of the same job re-judges in place, never duplicates)."""
+    return sha256_json({"job_id": job_id, "question_id": question_id})[:32]
+
+
+def judge_answers(
+    items: Sequence[tuple[str, str, str]],
+    store: Any,
+    *,
+    job_id: str | None = None,
+    run_id: str | None = None,
+    rel_tol: float = 1e-6,
+    abs_tol: float = 1e-9,
+) -> list[Any]:
+    """Judge ``(question_id, answer, reference)`` triples and record them in ONE transaction.
+
+    Every item is judged first (:func:`judge_answer`); only when all are valid are the
+    :class:`forgeflow.store.JudgmentRecord` rows appended to the ``judgments`` table with
+    :meth:`forgeflow.store.Store.record_judgments` (one transaction: all rows or none). The key is
+    :func:`judgment_id` (job, question), so recording the same job again updates its rows.
+
+    Args:
+        items: ``(question_id, answer, reference)``; question ids unique and non-empty.
+        store: a :class:`forgeflow.store.Store` (upgraded).
+        job_id: the evaluation job the answers belong to (None: no job).
+        run_id: the Prefect run recording them.
+        rel_tol: relative tolerance for numbers (see :func:`judge_answer`).
+        abs_tol: absolute tolerance for numbers.
+
+    Returns:
+        The recorded ``JudgmentRecord`` s, in the order given.
+
+    Raises:
+        InputError: no items, an empty or repeated question id, an empty reference or a bad
+            tolerance (nothing is recorded).
+    """
+    from forgeflow.store import JudgmentRecord
+
+    if not items:
+        raise InputError("judge_answers needs at least one (question_id, answer, reference) item")
+    seen: set[str] = set()
+    records: list[JudgmentRecord] = []
+    for position, item in enumerate(items):
+        if not isinstance(item, tuple | list) or len(item) != 3:
+            raise InputError(f"items[{position}] must be (question_id, answer, reference), got {item!r}")
+        question_id, answer, reference = (str(v) if v is not None else "" for v in item)
+        if not question_id.strip():
+            raise InputError(f"items[{position}] has an empty question_id")
+        if question_id in seen:
+            raise InputError(f"question_id {question_id!r} appears more than once")
+        seen.add(question_id)
+        try:
+            verdict = judge_answer(answer, reference, rel_tol=rel_tol, abs_tol=abs_tol)
+        except InputError as exc:
+            raise InputError(f"question {question_id!r}: {exc}") from exc
+        records.append(
+            JudgmentRecord(
+                judgment_id=judgment_id(job_id, question_id),
+                job_id=job_id,
+                question_id=question_id,
+                answer=answer,
+                reference=reference,
+                correct=verdict.correct,
+                rule=verdict.rule,
+                normalized_answer=verdict.normalized_answer,
+                normalized_reference=verdict.normalized_reference,
+                run_id=run_id,
+            )
+        )
+    store.record_judgments(records)
+    return records

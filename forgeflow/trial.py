@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -88,6 +88,9 @@ class TrialRecord(BaseModel):
         log_tail: the last :data:`LOG_TAIL_CHARS` characters of the verifier's output.
         agent_steps / input_tokens / output_tokens: the agent's model calls and token usage
             (agent trials only; None for nop/oracle).
+        supervision: set when the agent supervisor stopped the run (``AgentLoopError`` /
+            ``AgentHangError``): ``{"kind": "dead_loop" | "hang", "evidence": {...},
+            "trajectory_path": str}``; None otherwise.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -107,6 +110,7 @@ class TrialRecord(BaseModel):
     agent_steps: int | None = Field(default=None, ge=0)
     input_tokens: int | None = Field(default=None, ge=0)
     output_tokens: int | None = Field(default=None, ge=0)
+    supervision: dict[str, Any] | None = None
 
     def costs(self) -> dict[str, float]:
         """``{"input_tokens", "agent_steps", "wall_s"}`` where recorded (for
@@ -256,9 +260,24 @@ class _Run:
 
 
 def _remove_container(name: str) -> None:
-    subprocess.run(
-        ["podman", "rm", "-f", "-t", "0", name], capture_output=True, text=True, env=tool_env(), timeout=120
-    )
+    """Remove the container a crashed run of the same trial left, and check it is gone.
+
+    After a SIGKILL of the flow's process group the left container's conmon can race the removal
+    and leave an entry in state "Removing" that no longer holds the name (podman 4.3; seen in
+    tests/flows/test_curate_kill.py): entries still listed under the name are removed again by
+    id, up to three rounds.
+    """
+    for round_no in range(3):
+        subprocess.run(["podman", "rm", "-f", "-t", "0", name], capture_output=True, text=True, env=tool_env(),
+                       timeout=120)
+        listed = subprocess.run(["podman", "ps", "-a", "--filter", f"name=^{name}$", "--format", "{{.ID}}"],
+                                capture_output=True, text=True, env=tool_env(), timeout=60)
+        if listed.returncode == 0 and not listed.stdout.split():
+            return
+        if listed.stdout.split():
+            subprocess.run(["podman", "rm", "-f", "-t", "0", *listed.stdout.split()], capture_output=True,
+                           text=True, env=tool_env(), timeout=120)
+        time.sleep(0.5 * (round_no + 1))
 
 
 def _run_trial(

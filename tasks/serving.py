@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+from typing import Any
 
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE
+from prefect.states import Completed
 
 from forgeflow import agent, serving, trial
-
+from forgeflow import store as ledger
 
 
 @task(cache_policy=NO_CACHE)
@@ -38,14 +41,87 @@ def discard_server(staged: serving.StagedServer) -> None:
     serving.discard(staged)
 
 
-@task(cache_policy=(INPUTS - "base_url") + TASK_SOURCE, task_run_name="agent-{instance_id}-{model_sha256:.12}")
+class UnscoredTrialError(Exception):
+    """Internal: carries an agent trial that ended in an exception out of the cached task as a
+    *failure*, so Prefect never caches it (DESIGN.md: exceptions are never cached)."""
+
+    def __init__(self, record: trial.TrialRecord) -> None:
+        super().__init__(f"{record.exception_type}: {record.exception_message}")
+        self.record = record
+
+    def __reduce__(self) -> tuple:  # pickled by Prefect's result store: rebuild from the record
+        return (type(self), (self.record,))
+
+
+@task(cache_policy=(INPUTS - "base_url") + TASK_SOURCE, task_run_name="agent-run-{instance_id}-{model_sha256:.12}")
+def _cached_agent_trial(instance_id: str, image_ref: str, image_digest: str, problem_statement: str,
+                        test_command: str, fail_to_pass: list[str], pass_to_pass: list[str], base_url: str,
+                        model_alias: str, model_sha256: str, config: agent.AgentConfig, out_dir: Path,
+                        verifier_timeout_s: float) -> trial.TrialRecord:
+    """The trial itself; only a trial without an exception completes (and is cached), any other
+    ends this task run Failed with :class:`UnscoredTrialError` (never cached, retried next run)."""
+    record = agent.run_agent_trial(instance_id, image_ref, problem_statement, test_command, fail_to_pass,
+                                   pass_to_pass, base_url, model_alias, config, out_dir,
+                                   verifier_timeout_s=verifier_timeout_s, run_key=model_sha256)
+    if record.exception_type is not None:
+        raise UnscoredTrialError(record)
+    return record
+
+
+@task(cache_policy=NO_CACHE, task_run_name="agent-{instance_id}-{model_sha256:.12}")
 def agent_trial(instance_id: str, image_ref: str, image_digest: str, problem_statement: str, test_command: str,
                 fail_to_pass: list[str], pass_to_pass: list[str], base_url: str, model_alias: str,
-                model_sha256: str, config: agent.AgentConfig, out_dir: Path, verifier_timeout_s: float) -> trial.TrialRecord:
+                model_sha256: str, config: agent.AgentConfig, out_dir: Path, verifier_timeout_s: float,
+                job_id: str | None = None) -> trial.TrialRecord:
     """One canary trial: mini-swe-agent on the host, commands in a no-network container, then the
-    verifier. Cache key: model sha256 + image digest + agent/sampling config + the task's tests
-    (not the endpoint URL: blue/green alternates ports for the same model).
-    An infrastructure failure is recorded as the trial's exception, never as reward 0."""
-    return agent.run_agent_trial(instance_id, image_ref, problem_statement, test_command, fail_to_pass,
-                                 pass_to_pass, base_url, model_alias, config, out_dir,
-                                 verifier_timeout_s=verifier_timeout_s, run_key=model_sha256)
+    verifier. An infrastructure failure is recorded as the trial's exception, never as reward 0.
+
+    Caching: the trial runs in ``_cached_agent_trial``, keyed on model sha256 + image digest +
+    agent/sampling config + the task's tests (not the endpoint URL: blue/green alternates ports for
+    the same model). Only a trial without an exception is cached; a trial that ended in an exception
+    (endpoint down, sandbox broke, agent timeout, dead loop, hang) is returned here but runs again in
+    the next flow run (DESIGN.md: exceptions are never cached). A cache hit ends this task in a
+    ``Cached`` state too, so stage bookkeeping sees it.
+
+    When the supervisor stopped the run (dead loop or hang: ``AgentLoopError`` /
+    ``AgentHangError``, the verifier's reward kept beside it), a ``supervision_events`` row is
+    recorded in the store with the evidence and the trajectory path (``job_id`` names the job)."""
+    state = _cached_agent_trial(instance_id, image_ref, image_digest, problem_statement, test_command,
+                                fail_to_pass, pass_to_pass, base_url, model_alias, model_sha256, config, out_dir,
+                                verifier_timeout_s, return_state=True)
+    try:
+        record = state.result()
+    except UnscoredTrialError as exc:
+        record = exc.record
+    record_supervision(record, job_id, _run_id())
+    if state.name == "Cached":  # the trial came from the cache: say so (the stage log counts it)
+        return Completed(data=record, name="Cached")
+    return record
+
+
+def record_supervision(record: trial.TrialRecord, job_id: str | None, run_id: str | None = None) -> Any:
+    """Record the supervisor's stop of ``record`` (if any) as a ``supervision_events`` row in the
+    store (``settings.store_url()``); returns the row, or None when the supervisor did not stop it."""
+    event = agent.supervision_event(record, job_id, run_id)
+    if event is not None:
+        store = ledger.Store()
+        store.upgrade()
+        store.record_supervision_event(event)
+        _logger().warning("supervisor stopped %s: %s (%s)", record.instance_id, event.kind, record.exception_message)
+    return event
+
+
+def _logger() -> Any:
+    from prefect.exceptions import MissingContextError
+
+    try:
+        return get_run_logger()
+    except MissingContextError:  # called as .fn outside a run (tests, scripts)
+        return logging.getLogger("forgeflow.tasks.serving")
+
+
+def _run_id() -> str | None:
+    from prefect.runtime import task_run
+
+    run = task_run.get_id()
+    return str(run)[:64] if run else None

@@ -1,0 +1,124 @@
+"""`forgeflow compare` / `forgeflow trials` and the compare flow on a store the test fills itself.
+
+The CLI tests need no Prefect server; the flow test uses the session's Prefect test harness.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app
+from forgeflow.store import JobRecord, Store, SupervisionEventRecord, TaskRecord, TrialRecord
+
+runner = CliRunner()
+
+# instance -> (repo, reward baseline, reward candidate); None = ModelEndpointError
+CASES = {"six.t1": ("six", 1.0, 1.0), "six.t2": ("six", 0.0, 1.0), "toolz.t1": ("toolz", 0.0, 1.0),
+         "toolz.t2": ("toolz", None, 0.0)}
+
+
+def _trial(job: str, instance_id: str, reward: float | None, **extra) -> TrialRecord:
+    return TrialRecord(trial_id=f"{job}-{instance_id}", instance_id=instance_id, kind="agent", job_id=job,
+                       reward=reward, exception_type=extra.pop("exception_type", None if reward is not None else
+                                                               "ModelEndpointError"),
+                       exception_message=extra.pop("exception_message", None if reward is not None else "refused"),
+                       agent_steps=3, input_tokens=900, timings={"agent_s": 4.0, "verifier_s": 1.0}, **extra)
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("FORGEFLOW_HOME", str(tmp_path))
+    monkeypatch.delenv("FORGEFLOW_STORE_URL", raising=False)
+    store = Store(f"sqlite:///{tmp_path / 'store.db'}")
+    store.upgrade()
+    for job in ("base", "cand"):
+        store.record_job(JobRecord(job_id=job, kind="canary", freeze_name="demo-v1", split="test"))
+    store.record_job(JobRecord(job_id="other", kind="canary", freeze_name="demo-v2", split="test"))
+    store.record_job(JobRecord(job_id="base-r1", kind="recovery", parent_job_id="base", freeze_name="demo-v1",
+                               split="test"))
+    for instance_id, (repo, ra, rb) in CASES.items():
+        store.record_task(TaskRecord(instance_id=instance_id, repo=repo, status="accepted"))
+        store.record_trial(_trial("base", instance_id, ra))
+        store.record_trial(_trial("cand", instance_id, rb))
+        store.record_trial(_trial("other", instance_id, rb))
+    store.record_trial(_trial("base-r1", "toolz.t2", 1.0))
+    store.record_trial(_trial("cand", "six.t2", 0.0, exception_type="AgentHangError", exception_message="idle 700 s"))
+    store.record_supervision_event(SupervisionEventRecord(event_id="e1", trial_id="cand-six.t2", job_id="cand",
+                                                          kind="hang", evidence={"idle_s": 700.0}))
+    return tmp_path
+
+
+def test_compare_json_reports_merge_split_exclusions_and_costs(home: Path) -> None:
+    result = runner.invoke(app, ["compare", "base", "cand", "--json"])
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert out["runs"]["a"]["label"] == "original job base + 1 recovery job (base-r1)"
+    assert out["runs"]["b"]["merged"] is False
+    assert out["split_checked"].startswith("freeze demo-v1, split test")
+    assert (out["n_pairs"], out["wins"], out["ties"], out["losses"]) == (3, 1, 1, 1)
+    assert out["excluded_tasks"] == [{"instance_id": "six.t2", "reason": "exception in B: AgentHangError",
+                                      "exception_a": None, "exception_b": "AgentHangError"}]
+    assert out["delta_interval"]["clustered_by"] == "repository"
+    assert out["costs"]["agent_steps"]["ratio"] == pytest.approx(1.0) and out["costs"]["wall_s"]["mean_a"] == 5.0
+    assert out["report_b"]["flagged"] == 1
+    alone = json.loads(runner.invoke(app, ["compare", "base", "cand", "--json", "--no-recovery"]).output)
+    assert alone["n_pairs"] == 2 and "toolz.t2" in alone["excluded_exception"]
+
+
+def test_compare_refuses_jobs_on_different_freezes(home: Path) -> None:
+    result = runner.invoke(app, ["compare", "base", "other"])
+    assert result.exit_code == 2
+    assert "freeze: base has 'demo-v1', other has 'demo-v2'" in result.output
+
+
+def test_trials_json_flags_and_merged_view(home: Path) -> None:
+    rows = {r["instance_id"]: r for r in json.loads(runner.invoke(app, ["trials", "--job", "cand", "--json"]).output)}
+    assert rows["six.t2"]["exception_type"] == "AgentHangError" and rows["six.t2"]["reward"] == 0.0
+    assert rows["six.t2"]["flagged"] is True and rows["six.t2"]["supervision"] == "hang"
+    assert rows["six.t1"]["flagged"] is False and rows["six.t1"]["agent_steps"] == 3
+    merged = json.loads(runner.invoke(app, ["trials", "--job", "base", "--merged", "--json"]).output)
+    assert merged["view"] == "original job base + 1 recovery job (base-r1)"
+    assert merged["recovery_job_ids"] == ["base-r1"] and merged["from_recovery"] == {"toolz.t2": "base-r1"}
+    by_id = {r["instance_id"]: r for r in merged["trials"]}
+    assert by_id["toolz.t2"]["job_id"] == "base-r1" and by_id["toolz.t2"]["reward"] == 1.0
+    plain = {r["instance_id"]: r for r in json.loads(runner.invoke(app, ["trials", "--job", "base", "--json"]).output)}
+    assert plain["toolz.t2"]["exception_type"] == "ModelEndpointError", "the original is never rewritten"
+
+
+@pytest.mark.slow
+def test_compare_flow_writes_report_and_plot_and_references_the_plot(home: Path, prefect_harness) -> None:
+    from flows.stages import compare
+
+    report = home / "reports" / "base-vs-cand.md"
+    paired = compare("base", "cand", report_path=report)
+    assert (paired.wins, paired.losses) == (1, 1)
+    png = report.with_suffix(".png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = report.read_text()
+    assert f"]({png.name})" in text and "original job base + 1 recovery job (base-r1)" in text
+
+
+def test_lifecycle_compare_task_lists_exclusions_and_counts_flagged_trials() -> None:
+    from datetime import UTC, datetime
+
+    from forgeflow.trial import TrialRecord as CoreTrial
+    from tasks.report import compare_jobs
+
+    def core(iid: str, reward: float | None, exc: str | None = None, agent_s: float = 4.0) -> CoreTrial:
+        return CoreTrial(trial_id=f"t-{iid}-{agent_s}", instance_id=iid, kind="agent", reward=reward,
+                         exception_type=exc, exception_message=exc and "stopped", started_at=datetime.now(UTC),
+                         env_setup_s=0.1, agent_s=agent_s, verifier_s=1.0, agent_steps=2, input_tokens=100)
+
+    base = [core("six.t1", 1.0), core("six.t2", 0.0), core("toolz.t1", 0.0, agent_s=100.0)]
+    cand = [core("six.t1", 1.0, agent_s=2.0), core("six.t2", 1.0, agent_s=2.0),
+            core("toolz.t1", 1.0, "AgentHangError", agent_s=700.0)]
+    result = compare_jobs.fn(base, cand, "baseline", "candidate", {"six.t1": "six", "six.t2": "six",
+                             "toolz.t1": "toolz"}, 0.05, 0.05, 0)
+    assert [(e.instance_id, e.reason) for e in result.excluded] == [("toolz.t1", "exception in B: AgentHangError")]
+    assert result.report_b.flagged == 1 and result.report_b.scored == 2
+    assert result.costs.wall_s.n == 2 and result.costs.wall_s.ratio == pytest.approx(3.0 / 5.0)  # pairs only
+    assert "toolz.t1 (exception in B: AgentHangError)" in result.markdown
