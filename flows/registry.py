@@ -30,13 +30,22 @@ from tasks.common import markdown_artifact, table_artifact
 
 
 class MigrationSummary(BaseModel):
-    """What ``migrate-images`` did: one record per image, the target's coverage, the state file."""
+    """What ``migrate-images`` did.
+
+    Attributes:
+        records: One record per image, input order (``already completed``: the store said so and
+            the target still serves the digest; nothing was copied).
+        coverage: The target's coverage of the images afterwards, beside the recorded states.
+        copied: Images copied by this run.
+        failed: ``"<name>: <ExceptionType>: <message>"`` of every failed image, input order.
+    """
 
     model_config = ConfigDict(frozen=True)
 
     records: list[migrate.MigrationRecord]
     coverage: migrate.CoverageReport
-    state_path: str
+    copied: int
+    failed: list[str]
 
 
 def _endpoint(value: str | RegistryEndpoint, what: str) -> RegistryEndpoint:
@@ -63,14 +72,24 @@ def _names(images: list[str] | None, dataset_path: Path | None, image_column: st
 
 def _coverage_rows(report: migrate.CoverageReport) -> list[dict]:
     return [{"ref": r.ref, "availability": r.availability, "digest": r.digest or "",
-             "error_type": r.error_type or ""} for r in report.rows]
+             "error_type": r.error_type or "", "recorded_status": r.recorded_status or "",
+             "drift": r.drift} for r in report.rows]
 
 
 def _publish_coverage(key: str, report: migrate.CoverageReport, target: RegistryEndpoint) -> None:
     table_artifact(key, _coverage_rows(report) + [
         {"ref": "TOTAL", "availability": f"available {report.available} / missing {report.missing} / "
                                          f"errored {report.errored} of {report.total}", "digest": "",
-         "error_type": ""}], f"Coverage of {report.total} images in {target.address}")
+         "error_type": "", "recorded_status": "", "drift": f"{report.drifted} drifted"}],
+        f"Coverage of {report.total} images in {target.address}")
+
+
+def _run_count(task_run_id: object) -> int:
+    """How many times a task run ran (1 + retries taken), from the Prefect API."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        return client.read_task_run(task_run_id).run_count
 
 
 @flow(name="migrate-images", log_prints=True)
@@ -78,28 +97,35 @@ def migrate_images(source: str | RegistryEndpoint, target: str | RegistryEndpoin
                    images: list[str] | None = None, dataset_path: Path | None = None,
                    image_column: str = "image", max_size_bytes: int = 2_000_000_000,
                    concurrency_limit: int = 4, rate_limit_per_s: float | None = None,
-                   state_path: Path | None = None, store_url: str | None = None) -> MigrationSummary:
+                   retry_delays_s: list[float] | None = None,
+                   store_url: str | None = None) -> MigrationSummary:
     """Copy images source -> target (``--all --preserve-digests``, digests verified), one task each.
 
-    Each image is a ``migrate-<name>`` task under the target registry's global concurrency limit
-    (``concurrency_limit`` slots, created/updated here) and optional rate limit; transient registry
-    errors are retried by Prefect, a missing image or an auth failure is ``failed`` at once. Every
-    image's state goes to the store's ``images`` table (role ``target``: digest once completed)
-    and, with reason and exception type, to the state file. A re-run copies only what the target
-    does not serve yet. Artifacts: ``migrate-images`` (state and digests per image) and
-    ``migrate-coverage`` (available / missing / errored in the target).
+    The state of every image lives in the store's ``images`` table (role ``target``: status
+    pending / completed / skipped / failed, reason or exception, source and target digests).
+    Images the store records as ``completed`` from the same source are checked in the target
+    (one inspection each) and, if it still serves the recorded digest, not copied again; every
+    other image is marked ``pending`` and becomes a ``migrate-<name>`` task under the target
+    registry's global concurrency limit (``concurrency_limit`` slots, created/updated here) and
+    optional rate limit. A transient registry error (429, 5xx, timeout) is retried by Prefect
+    with backoff (``retry_delays_s``); a missing image or an auth failure is ``failed`` at once
+    and named in the summary's ``failed`` list and the log. Artifacts: ``migrate-images`` (state
+    and digests per image) and ``migrate-coverage`` (available / missing / errored in the
+    target, beside the recorded state; rows the registry contradicts are put back to
+    ``pending`` so the next run copies them).
 
     Args:
         source / target: A saved ``forgeflow-registry`` block name or a RegistryEndpoint.
         images: ``repo:tag`` names; or ``dataset_path``: a JSONL file with an ``image_column``.
         max_size_bytes: Images above this (sum of compressed layers) are skipped (``oversize``).
-        concurrency_limit: Concurrent images against the target registry.
+        concurrency_limit: Concurrent images against the target registry (1-64).
         rate_limit_per_s: Images started per second (None: no rate limit).
-        state_path: State file (default ``$FORGEFLOW_HOME/registry/migrate-<target>.json``).
+        retry_delays_s: Seconds before each retry of a transiently failing image (its length is
+            the number of retries); default ``tasks.common.TRANSIENT_RETRY_DELAYS_S``.
         store_url: Store URL (default ``settings.store_url()``).
 
     Raises:
-        InputError: bad inputs (nothing is copied then).
+        InputError: bad inputs (nothing is copied or recorded then).
     """
     apply_container_env()
     log = get_run_logger()
@@ -107,50 +133,89 @@ def migrate_images(source: str | RegistryEndpoint, target: str | RegistryEndpoin
     names = _names(images, dataset_path, image_column)
     if max_size_bytes < 0:
         raise InputError(f"max_size_bytes must be >= 0, got {max_size_bytes}")
-    registry_ops.image_refs(src, names)  # validates every name before anything runs
-    state_file = Path(state_path or home_dir() / "registry" / f"migrate-{registry_ops.limit_name(dst.address)}.json")
+    if retry_delays_s is not None and (len(retry_delays_s) > 10 or any(d < 0 for d in retry_delays_s)):
+        raise InputError(f"retry_delays_s must be at most 10 non-negative delays, got {retry_delays_s}")
+    pairs = list(zip(registry_ops.image_refs(src, names), registry_ops.image_refs(dst, names)))
+    migrate.check_pairs(pairs)
+    limit, rate = registry_ops.ensure_registry_limits(dst.address, concurrency_limit, rate_limit_per_s)
     store = Store(store_url)
     store.upgrade()
-    run_id = flow_run.get_id()
-    pending = [migrate.MigrationRecord(source_ref=s, target_ref=t, status="pending")
-               for s, t in zip(registry_ops.image_refs(src, names), registry_ops.image_refs(dst, names))]
-    migrate.record_pending(store, pending, run_id)
-    done = {ref for ref, r in migrate.load_states(state_file).items() if r.status == "completed"}
-    migrate.save_states(state_file, [r for r in pending if r.target_ref not in done])
-    limit, rate = registry_ops.ensure_registry_limits(dst.address, concurrency_limit, rate_limit_per_s)
-    futures = registry_ops.migrate_one.map(names, unmapped(src), unmapped(dst), unmapped(max_size_bytes),
-                                           unmapped(limit), unmapped(rate), unmapped(store.url), unmapped(run_id))
-    records = []
-    for name, base, future in zip(names, pending, futures):
+    run_id = str(flow_run.get_id() or "") or None
+    recorded = migrate.completed_in_store(store, pairs)
+    done: dict[str, migrate.MigrationRecord] = {}
+    if recorded:  # the registry is the truth: a completed row counts only if the target serves it
+        names_of = {dst_ref: name for name, (_, dst_ref) in zip(names, pairs)}
+        check = registry_ops.coverage_check(dst, [names_of[ref] for ref in recorded])
+        done = {row.ref: recorded[row.ref].model_copy(update={"reason": migrate.ALREADY_COMPLETED})
+                for row in check.rows if row.digest is not None and row.digest == recorded[row.ref].target_digest}
+    todo = [(name, pair) for name, pair in zip(names, pairs) if pair[1] not in done]
+    migrate.record_pending(store, migrate.pending_records([pair for _, pair in todo]), run_id)
+    task = registry_ops.migrate_one
+    if retry_delays_s is not None:
+        task = task.with_options(retries=len(retry_delays_s), retry_delay_seconds=list(retry_delays_s))
+    futures = task.map([name for name, _ in todo], unmapped(src), unmapped(dst), unmapped(max_size_bytes),
+                       unmapped(limit), unmapped(rate), unmapped(store.url), unmapped(run_id))
+    by_target = dict(done)
+    for (name, (src_ref, dst_ref)), future in zip(todo, futures):
         future.wait()
         state = future.state
         if state.is_completed():
-            records.append(future.result())
-        else:
-            err = state.result(raise_on_failure=False)
-            records.append(base.model_copy(update={
-                "status": "failed", "reason": str(err), "error_type": type(err).__name__}))
-            log.warning("%s failed: %s: %s", name, type(err).__name__, err)
-    migrate.save_states(state_file, records)
-    copied = sum(r.status == "completed" and r.reason != "already present" for r in records)
+            by_target[dst_ref] = future.result()
+            continue
+        err = state.result(raise_on_failure=False)
+        stored = migrate.load_states(store, [dst_ref]).get(dst_ref)
+        if stored is None or stored.status != "failed":  # the task died before writing its state
+            stored = migrate.MigrationRecord(source_ref=src_ref, target_ref=dst_ref, status="failed",
+                                             reason=str(err), error_type=type(err).__name__)
+            migrate.record_state(store, stored, run_id)
+        by_target[dst_ref] = stored.model_copy(update={"attempts": _run_count(future.task_run_id)})
+    records = [by_target[dst_ref] for _, dst_ref in pairs]
+    failed = [f"{name}: {r.error_type}: {r.reason}" for name, r in zip(names, records) if r.status == "failed"]
+    for line in failed:
+        log.warning("failed: %s", line)
+    copied = sum(r.status == "completed" and r.reason == "" for r in records)
     table_artifact("migrate-images", [
         {"image": n, "status": r.status, "reason": r.reason, "error_type": r.error_type or "",
-         "source_digest": r.source_digest or "", "target_digest": r.target_digest or "",
-         "size_bytes": r.size_bytes, "copied": r.status == "completed" and r.reason != "already present"}
-        for n, r in zip(names, records)], f"{len(records)} images {src.address} -> {dst.address}, {copied} copied")
-    report = registry_ops.coverage_check(dst, names)
+         "attempts": r.attempts, "source_digest": r.source_digest or "",
+         "target_digest": r.target_digest or "", "size_bytes": r.size_bytes,
+         "copied": r.status == "completed" and r.reason == ""}
+        for n, r in zip(names, records)], f"{len(records)} images {src.address} -> {dst.address}, "
+                                          f"{copied} copied, {len(failed)} failed")
+    report = registry_ops.coverage_check(dst, names, store.url)
+    reset = migrate.reconcile_coverage(store, report, run_id)
+    if reset:
+        log.warning("the target contradicts the recorded state of %d images, put back to pending: %s",
+                    len(reset), reset[:10])
     _publish_coverage("migrate-coverage", report, dst)
-    return MigrationSummary(records=records, coverage=report, state_path=str(state_file))
+    store.dispose()
+    return MigrationSummary(records=records, coverage=report, copied=copied, failed=failed)
 
 
 @flow(name="registry-audit", log_prints=True)
 def registry_audit(target: str | RegistryEndpoint, images: list[str] | None = None,
-                   dataset_path: Path | None = None, image_column: str = "image") -> migrate.CoverageReport:
+                   dataset_path: Path | None = None, image_column: str = "image",
+                   store_url: str | None = None) -> migrate.CoverageReport:
     """Coverage of a dataset's images (or a list) in a registry: available / missing / errored,
-    published as the ``registry-coverage`` table artifact."""
+    published as the ``registry-coverage`` table artifact.
+
+    With ``store_url``, each image is shown beside its recorded migration state (the store's
+    ``images`` rows, as ``migrate-images`` writes them), and rows the registry contradicts (a
+    ``completed`` image missing or serving another digest) are put back to ``pending`` in one
+    transaction, so the next ``migrate-images`` run copies them again.
+    """
     apply_container_env()
     dst = _endpoint(target, "target")
-    report = registry_ops.coverage_check(dst, _names(images, dataset_path, image_column))
+    store = None
+    if store_url is not None:
+        store = Store(store_url)
+        store.upgrade()
+    report = registry_ops.coverage_check(dst, _names(images, dataset_path, image_column),
+                                         store.url if store is not None else None)
+    if store is not None:
+        reset = migrate.reconcile_coverage(store, report, str(flow_run.get_id() or "") or None)
+        if reset:
+            get_run_logger().warning("put back to pending (the registry contradicts the store): %s", reset[:10])
+        store.dispose()
     _publish_coverage("registry-coverage", report, dst)
     return report
 

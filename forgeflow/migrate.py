@@ -10,21 +10,27 @@ Both are idempotent: an image already present with the right digest is not copie
 :func:`migrate_images` migrates a list and records a state per image (completed / skipped /
 failed with the exception's type and message) without stopping at the first failure; transient
 registry errors (429, 5xx, timeouts, refused connections) are retried with exponential backoff,
-auth failures and missing images are not. :func:`verify_layer_reuse` checks that a task image was
+auth failures and missing images are not. :func:`attempt_migration` is one attempt with the
+failure returned as data; the ``migrate-images`` flow's Prefect task (``tasks/registry_ops.py``)
+wraps it with Prefect's retries instead. :func:`verify_layer_reuse` checks that a task image was
 built on its base (its layers start with the base's layers), so a pull finds them pre-warmed.
 
-For the registry flows (``flows/registry.py``): :func:`image_names_from_jsonl` (a dataset's image
-column), :func:`record_pending` / :func:`record_state` (per-image state in the store's ``images``
-table, role ``target``) with :func:`save_states` / :func:`load_states` (the full state: reason,
-exception type, both digests), :func:`coverage` (available / missing / errored in a registry),
-:func:`rewrite_refs` (move recorded references between registry prefixes in one reversible
-transaction, with a dry-run diff) and the prewarm plan inputs :func:`plan_tasks_from_jsonl` /
-:func:`plan_tasks_from_store`.
+Migration state lives in the store's ``images`` table, one row per target image (role
+``target``): ``status`` pending / completed / skipped / failed, ``status_reason`` (skip reason,
+or ``<ExceptionType>: <message>``), ``source_ref`` / ``source_digest`` and ``digest`` (the
+verified target digest of a completed image). :func:`record_pending` / :func:`record_state`
+write it, :func:`load_states` / :func:`completed_in_store` read it back, so a re-run copies only
+what is not completed (after checking that the target still serves the recorded digest: the
+registry is the source of truth). :func:`coverage` (available / missing / errored in a
+registry, beside the recorded state) and :func:`reconcile_coverage` (a completed row the
+registry contradicts goes back to pending) read and write the same rows; :func:`rewrite_refs`
+moves recorded references between registry prefixes in one reversible transaction, with a
+dry-run diff. Also: :func:`image_names_from_jsonl` (a dataset's image column) and the prewarm
+plan inputs :func:`plan_tasks_from_jsonl` / :func:`plan_tasks_from_store`.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections import Counter
@@ -44,7 +50,7 @@ from forgeflow.errors import (
     InputError,
     is_transient,
 )
-from forgeflow.fsutil import atomic_write_json, read_jsonl_objects
+from forgeflow.fsutil import read_jsonl_objects
 from forgeflow.layout import PrewarmPlan
 from forgeflow.skopeo import Skopeo
 from forgeflow.store import Image, ImageRecord, ImageRole, Store, TaskInstance
@@ -220,6 +226,55 @@ def pending_records(pairs: Sequence[tuple[str, str]]) -> list[MigrationRecord]:
     return [MigrationRecord(source_ref=src, target_ref=dst, status="pending") for src, dst in pairs]
 
 
+def attempt_migration(
+    skopeo: Skopeo,
+    source_ref: str,
+    target_ref: str,
+    max_size_bytes: int | None = None,
+    attempts: int = 1,
+) -> tuple[MigrationRecord, ForgeflowError | None]:
+    """One attempt of :func:`migrate_image` that returns a failure as data instead of raising.
+
+    Shared by :func:`migrate_images` (its own retry loop) and the Prefect task of the
+    ``migrate-images`` flow (Prefect's retries), so both record the same state.
+
+    Args:
+        skopeo: The skopeo wrapper.
+        source_ref / target_ref: Transport references.
+        max_size_bytes: Largest image to migrate; None = no limit.
+        attempts: The attempt number this is (1 = first), copied into the record.
+
+    Returns:
+        ``(record, None)`` with status ``completed`` or ``skipped``; or ``(record, error)`` with
+        status ``failed``: the record holds whatever was learnt before the failure (source
+        digest, size), the exception's class name as ``error_type`` and its message as
+        ``reason``; the caller decides whether to retry (:func:`forgeflow.errors.is_transient`).
+
+    Raises:
+        InputError: ``max_size_bytes`` is negative (bad input is not an image's failure).
+    """
+    if max_size_bytes is not None and max_size_bytes < 0:
+        raise InputError(f"max_size_bytes must be >= 0, got {max_size_bytes}")
+    seen: dict[str, object] = {}
+    try:
+        record = _migrate(skopeo, source_ref, target_ref, max_size_bytes, seen)
+        return record.model_copy(update={"attempts": attempts}), None
+    except InputError:
+        raise
+    except ForgeflowError as err:
+        return MigrationRecord(
+            source_ref=source_ref,
+            target_ref=target_ref,
+            source_digest=seen.get("source_digest"),
+            target_digest=seen.get("target_digest"),
+            size_bytes=seen.get("size_bytes"),
+            status="failed",
+            reason=str(err),
+            error_type=type(err).__name__,
+            attempts=attempts,
+        ), err
+
+
 def migrate_images(
     skopeo: Skopeo,
     pairs: Sequence[tuple[str, str]],
@@ -228,20 +283,29 @@ def migrate_images(
     transient_retries: int = 2,
     backoff_s: float = 1.0,
     on_record: Callable[[MigrationRecord], None] | None = None,
+    store: Store | None = None,
+    run_id: str | None = None,
 ) -> list[MigrationRecord]:
     """Migrate every (source, target) pair in order, recording a state per image.
 
-    Each image goes through :func:`migrate_image` (inspect, oversize skip, already-present
+    Each image goes through :func:`attempt_migration` (inspect, oversize skip, already-present
     check, ``copy --all --preserve-digests``, digest verification). A failure does not stop the
     list: it becomes a ``failed`` record with the exception's class name and message. A
     transient failure (:func:`forgeflow.errors.is_transient`: 429, 5xx, timeouts, refused
     connections) is retried up to ``transient_retries`` times, waiting ``backoff_s * 2**k``
     seconds before retry ``k`` (exponential backoff); auth failures (:class:`RegistryError`),
     missing images (:class:`ImageNotFoundError`) and digest mismatches are not retried.
+    (skopeo itself retries a 429 honouring ``Retry-After``, but not a 503: measured with
+    skopeo 1.9.3 behind ``tests/faultproxy.py``.)
 
-    Re-running with the same pairs copies nothing that is completed: the target already serves
-    the source digest, which is recorded as ``completed`` / ``already present`` (the registry
-    is the source of truth, not a previous record).
+    With a ``store``, the state lives in its ``images`` table (role ``target``; see
+    :func:`record_state`): images the store records as ``completed`` from the same source are
+    not migrated again once the target is seen to still serve the recorded digest (record
+    reason ``already completed``); every other image is marked ``pending`` first
+    (:func:`record_pending`) and its final state is written as soon as it is known. So a run
+    that dies half-way leaves every image ``completed``, ``skipped``, ``failed`` or still
+    ``pending``, and a re-run copies only what is not completed. Without a store, an image the
+    target already serves is found by inspection (reason ``already present``).
 
     Args:
         skopeo: The skopeo wrapper (its own ``retry_times`` also applies inside each copy).
@@ -249,14 +313,16 @@ def migrate_images(
         max_size_bytes: Largest image to migrate (sum of compressed layers); None = no limit.
         transient_retries: Retries of a transiently failing image (0-10).
         backoff_s: Base of the exponential backoff in seconds (>= 0).
-        on_record: Called with each image's final record as soon as it is known (e.g. to
-            persist progress); an exception it raises propagates.
+        on_record: Called with each image's final record as soon as it is known (after the
+            store write); an exception it raises propagates.
+        store: The store holding the migration state (upgraded), or None.
+        run_id: The run id stamped on the rows written.
 
     Returns:
         One record per pair, in input order; status ``completed``, ``skipped`` or ``failed``.
 
     Raises:
-        InputError: bad arguments or repeated targets (nothing is copied then).
+        InputError: bad arguments or repeated targets (nothing is copied or written then).
     """
     if max_size_bytes is not None and max_size_bytes < 0:
         raise InputError(f"max_size_bytes must be >= 0, got {max_size_bytes}")
@@ -264,40 +330,52 @@ def migrate_images(
         raise InputError(f"transient_retries {transient_retries} is outside 0-10")
     if backoff_s < 0:
         raise InputError(f"backoff_s must be >= 0, got {backoff_s}")
-    targets = [dst for _, dst in pairs]
-    repeated = sorted({dst for dst in targets if targets.count(dst) > 1})
-    if repeated:
-        raise InputError(f"target references repeated in the migration: {repeated}")
+    check_pairs(pairs)
+    done: dict[str, MigrationRecord] = {}
+    if store is not None:
+        for target_ref, record in completed_in_store(store, pairs).items():
+            if _digest_or_none_quiet(skopeo, target_ref) == record.target_digest:
+                done[target_ref] = record.model_copy(update={"reason": ALREADY_COMPLETED, "attempts": 0})
+        record_pending(store, [r for r in pending_records(pairs) if r.target_ref not in done], run_id)
     records = []
     for source_ref, target_ref in pairs:
+        record = done.get(target_ref)
         attempt = 0
-        while True:
+        while record is None:
             attempt += 1
-            seen: dict[str, object] = {}
-            try:
-                record = _migrate(skopeo, source_ref, target_ref, max_size_bytes, seen)
-                record = record.model_copy(update={"attempts": attempt})
-                break
-            except ForgeflowError as err:
-                if is_transient(err) and attempt <= transient_retries:
-                    time.sleep(backoff_s * 2 ** (attempt - 1))
-                    continue
-                record = MigrationRecord(
-                    source_ref=source_ref,
-                    target_ref=target_ref,
-                    source_digest=seen.get("source_digest"),
-                    target_digest=seen.get("target_digest"),
-                    size_bytes=seen.get("size_bytes"),
-                    status="failed",
-                    reason=str(err),
-                    error_type=type(err).__name__,
-                    attempts=attempt,
-                )
-                break
+            record, err = attempt_migration(skopeo, source_ref, target_ref, max_size_bytes, attempt)
+            if err is not None and is_transient(err) and attempt <= transient_retries:
+                time.sleep(backoff_s * 2 ** (attempt - 1))
+                record = None
+        if store is not None and target_ref not in done:
+            record_state(store, record, run_id)
         records.append(record)
         if on_record is not None:
             on_record(record)
     return records
+
+
+def check_pairs(pairs: Sequence[tuple[str, str]]) -> None:
+    """Check a migration's (source, target) pairs: docker references, no target twice.
+
+    Raises:
+        InputError: a reference is not ``docker://`` or a target is repeated (names them).
+    """
+    bad = sorted({ref for pair in pairs for ref in pair if not ref.startswith("docker://")})
+    if bad:
+        raise InputError(f"migration references must be docker:// references: {bad[:10]}")
+    counts = Counter(dst for _, dst in pairs)
+    repeated = sorted(dst for dst, n in counts.items() if n > 1)
+    if repeated:
+        raise InputError(f"target references repeated in the migration: {repeated}")
+
+
+def _digest_or_none_quiet(skopeo: Skopeo, ref: str) -> str | None:
+    """The digest ``ref`` serves; None if it is missing or the registry cannot say now."""
+    try:
+        return skopeo.inspect_digest(ref)
+    except ForgeflowError:
+        return None
 
 
 def verify_layer_reuse(skopeo: Skopeo, task_ref: str, base_ref: str) -> LayerReuse:
@@ -471,82 +549,128 @@ def store_ref(transport_ref: str) -> str:
     return transport_ref.removeprefix("docker://")
 
 
-def record_state(store: Store, record: MigrationRecord, run_id: str | None = None) -> None:
-    """Record one image's migration state in the store's ``images`` table (role ``target``).
+ALREADY_COMPLETED = "already completed"
+"""Reason of a record the store said was completed and the target still serves (not copied)."""
 
-    The row's ``digest`` is the verified target digest for a ``completed`` record and NULL
-    otherwise (pending / skipped / failed: not in the target). The reason and exception type live
-    in the migration's state document (:func:`save_states`): ``images`` has no status column.
+MIGRATION_COLUMNS = ("digest", "role", "size_bytes", "status", "status_reason", "source_ref",
+                     "source_digest", "run_id")
+"""``images`` columns a migration writes; others (``project``) are left as they are."""
+
+_FAILED_REASON = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*): (.*)$", re.DOTALL)
+
+
+def _state_values(record: MigrationRecord, run_id: str | None) -> dict[str, object]:
+    completed = record.status == "completed"
+    if record.status == "failed":
+        reason: str | None = f"{record.error_type or 'Exception'}: {record.reason}"
+    else:
+        reason = record.reason or None
+    return {
+        "digest": record.target_digest if completed else None,
+        "role": "target",
+        "size_bytes": record.size_bytes,
+        "status": record.status,
+        "status_reason": reason,
+        "source_ref": store_ref(record.source_ref),
+        "source_digest": record.source_digest,
+        "run_id": run_id,
+    }
+
+
+def record_state(store: Store, record: MigrationRecord, run_id: str | None = None) -> None:
+    """Write one image's migration state into its ``images`` row (role ``target``), one upsert.
+
+    Columns: ``status`` (pending / completed / skipped / failed), ``status_reason`` (the skip
+    reason, ``already present``, or ``<ExceptionType>: <message>`` for a failure),
+    ``source_ref`` / ``source_digest`` (the image copied from), ``digest`` (the verified target
+    digest of a ``completed`` record, NULL otherwise), ``size_bytes``, ``run_id``. ``project``
+    and ``created_at`` are kept.
 
     Args:
         store: The store (upgraded).
         record: The image's record.
         run_id: The Prefect run id that produced it.
     """
-    completed = record.status == "completed"
-    store.record_image(
-        ImageRecord(
-            ref=store_ref(record.target_ref),
-            digest=record.target_digest if completed else None,
-            role="target",
-            size_bytes=record.size_bytes,
-            run_id=run_id,
-        )
-    )
+    store.upsert(Image, {"ref": store_ref(record.target_ref)}, _state_values(record, run_id))
 
 
 def record_pending(store: Store, records: Sequence[MigrationRecord], run_id: str | None = None) -> int:
-    """Insert a ``pending`` target row (digest NULL) for each record that has no row yet.
+    """Mark each record's target ``pending`` (inserting rows that do not exist), in ONE transaction.
 
-    Rows that exist (completed or not) are left as they are, so a re-run never erases a completed
-    digest. Returns the number of rows inserted; all are written in one transaction.
+    Called for the images a run is about to attempt (not for those it found completed). The
+    ``digest`` column of an existing row is not touched (it holds the last verified target
+    digest until the attempt's :func:`record_state` rewrites it), nor is ``project``.
+
+    Returns:
+        The number of rows marked or inserted.
     """
-    rows = [
-        ({"ref": store_ref(r.target_ref)}, {"digest": None, "role": "target", "run_id": run_id})
-        for r in records
-        if store.get_image(store_ref(r.target_ref)) is None
-    ]
+    rows = []
+    for record in records:
+        values = _state_values(record.model_copy(update={"status": "pending", "reason": ""}), run_id)
+        values.pop("digest")
+        rows.append(({"ref": store_ref(record.target_ref)}, values))
     if rows:
         store.upsert_many(Image, rows)
     return len(rows)
 
 
-def save_states(path: str | Path, records: Sequence[MigrationRecord]) -> Path:
-    """Write every image's state (status, reason, exception type, both digests) atomically.
+def _as_record(image: ImageRecord) -> MigrationRecord:
+    reason, error_type = image.status_reason or "", None
+    if image.status == "failed":
+        match = _FAILED_REASON.match(reason)
+        if match:
+            error_type, reason = match.group(1), match.group(2)
+    return MigrationRecord(
+        source_ref=f"docker://{image.source_ref}" if image.source_ref else "",
+        target_ref=f"docker://{image.ref}",
+        source_digest=image.source_digest,
+        target_digest=image.digest,
+        status=image.status or "pending",
+        reason=reason,
+        size_bytes=image.size_bytes,
+        error_type=error_type,
+    )
 
-    The document is ``{"schema_version": 1, "records": {target_ref: record}}`` merged over the
-    file's earlier content, so states of images not in ``records`` are kept.
+
+def load_states(store: Store, target_refs: Sequence[str] | None = None) -> dict[str, MigrationRecord]:
+    """The migration state the store holds, by target transport reference.
+
+    Args:
+        store: The store (upgraded).
+        target_refs: Only these targets (``docker://...``); None = every ``target`` row with a
+            status.
 
     Returns:
-        The path written.
+        ``{target_ref: MigrationRecord}`` (``attempts`` is not stored: 0); targets without a
+        row are absent.
     """
-    merged = {r.target_ref: r for r in load_states(path).values()}
-    merged.update({r.target_ref: r for r in records})
-    document = {
-        "schema_version": 1,
-        "records": {ref: rec.model_dump(mode="json") for ref, rec in sorted(merged.items())},
+    wanted = None if target_refs is None else {store_ref(ref) for ref in target_refs}
+    with store.session() as session:
+        statement = select(Image).where(Image.role == "target", Image.status.is_not(None))
+        if wanted is not None:
+            statement = statement.where(Image.ref.in_(sorted(wanted)))
+        rows = [ImageRecord.model_validate(row) for row in session.scalars(statement.order_by(Image.ref))]
+    return {f"docker://{row.ref}": _as_record(row) for row in rows}
+
+
+def completed_in_store(store: Store, pairs: Sequence[tuple[str, str]]) -> dict[str, MigrationRecord]:
+    """Targets of ``pairs`` the store records as ``completed`` from the same source, with a digest.
+
+    Returns:
+        ``{target_ref: record}``; the caller should still check that the target serves
+        ``record.target_digest`` (the registry is the source of truth).
+    """
+    sources = dict((dst, src) for src, dst in pairs)
+    states = load_states(store, list(sources))
+    return {
+        ref: record for ref, record in states.items()
+        if record.status == "completed" and record.target_digest
+        and record.source_ref == sources[ref]
     }
-    return atomic_write_json(path, document)
-
-
-def load_states(path: str | Path) -> dict[str, MigrationRecord]:
-    """The states :func:`save_states` wrote, by target reference; empty if there is no file.
-
-    Raises:
-        InputError: the file exists but is not a state document.
-    """
-    source = Path(path)
-    if not source.exists():
-        return {}
-    try:
-        document = json.loads(source.read_text(encoding="utf-8"))
-        return {ref: MigrationRecord.model_validate(r) for ref, r in document["records"].items()}
-    except (ValueError, KeyError, TypeError) as err:
-        raise InputError(f"{source} is not a migration state document: {err}") from err
 
 
 class AvailabilityRow(BaseModel):
-    """Whether one image is in the target registry.
+    """Whether one image is in the target registry, beside what the store records for it.
 
     Attributes:
         ref: Transport reference checked.
@@ -555,6 +679,11 @@ class AvailabilityRow(BaseModel):
         digest: The served digest when available.
         error_type: Exception class name when errored.
         error: Exception message when errored.
+        recorded_status: The migration status of the image's ``images`` row (None: no row, or
+            no store given).
+        recorded_digest: The digest that row records (None if none).
+        drift: Why the registry contradicts a ``completed`` row (missing, or another digest);
+            empty when they agree or nothing is recorded.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -564,6 +693,9 @@ class AvailabilityRow(BaseModel):
     digest: str | None = None
     error_type: str | None = None
     error: str = ""
+    recorded_status: str | None = None
+    recorded_digest: str | None = None
+    drift: str = ""
 
 
 class CoverageReport(BaseModel):
@@ -572,6 +704,7 @@ class CoverageReport(BaseModel):
     Attributes:
         total: Images checked.
         available / missing / errored: Counts per :data:`ImageAvailability`.
+        drifted: Rows whose ``completed`` store state the registry contradicts.
         rows: One row per image, input order.
     """
 
@@ -581,19 +714,26 @@ class CoverageReport(BaseModel):
     available: int = Field(ge=0)
     missing: int = Field(ge=0)
     errored: int = Field(ge=0)
+    drifted: int = Field(default=0, ge=0)
     rows: list[AvailabilityRow]
 
 
-def coverage(skopeo: Skopeo, refs: Sequence[str], max_workers: int = 4) -> CoverageReport:
+def coverage(
+    skopeo: Skopeo, refs: Sequence[str], max_workers: int = 4, store: Store | None = None
+) -> CoverageReport:
     """Check which of ``refs`` the registry serves (``skopeo inspect --raw``, in parallel).
 
     An infrastructure failure of one image is an ``errored`` row, not an exception: the report
-    says how much could not be checked.
+    says how much could not be checked. With a ``store``, each row also carries the image's
+    recorded migration status and digest (its ``images`` row), and ``drift`` says where the
+    registry contradicts a ``completed`` row (the registry is the source of truth:
+    :func:`reconcile_coverage` puts such rows back to ``pending``).
 
     Args:
         skopeo: The skopeo wrapper (with credentials for the registry).
         refs: Transport references (``docker://host:port/repo:tag``).
         max_workers: Parallel inspections (1-16).
+        store: The store whose ``images`` rows to compare with (upgraded), or None.
 
     Returns:
         A :class:`CoverageReport`.
@@ -603,16 +743,32 @@ def coverage(skopeo: Skopeo, refs: Sequence[str], max_workers: int = 4) -> Cover
     """
     if not 1 <= max_workers <= 16:
         raise InputError(f"max_workers {max_workers} is outside 1-16")
+    recorded: dict[str, ImageRecord] = {}
+    if store is not None:
+        wanted = sorted({store_ref(ref) for ref in refs})
+        with store.session() as session:
+            for row in session.scalars(select(Image).where(Image.ref.in_(wanted))):
+                recorded[f"docker://{row.ref}"] = ImageRecord.model_validate(row)
 
     def _one(ref: str) -> AvailabilityRow:
         try:
-            return AvailabilityRow(ref=ref, availability="available", digest=skopeo.inspect_digest(ref))
+            row = AvailabilityRow(ref=ref, availability="available", digest=skopeo.inspect_digest(ref))
         except ImageNotFoundError:
-            return AvailabilityRow(ref=ref, availability="missing")
+            row = AvailabilityRow(ref=ref, availability="missing")
         except ForgeflowError as err:
-            return AvailabilityRow(
+            row = AvailabilityRow(
                 ref=ref, availability="errored", error_type=type(err).__name__, error=str(err)
             )
+        known = recorded.get(ref)
+        if known is None:
+            return row
+        drift = ""
+        if known.status == "completed" and row.availability == "missing":
+            drift = "recorded completed, missing from the registry"
+        elif known.status == "completed" and row.availability == "available" and row.digest != known.digest:
+            drift = f"recorded completed with {known.digest}, the registry serves {row.digest}"
+        return row.model_copy(update={"recorded_status": known.status,
+                                      "recorded_digest": known.digest, "drift": drift})
 
     with ThreadPoolExecutor(max_workers=max_workers) as pool:
         rows = list(pool.map(_one, refs))
@@ -622,8 +778,31 @@ def coverage(skopeo: Skopeo, refs: Sequence[str], max_workers: int = 4) -> Cover
         available=counts["available"],
         missing=counts["missing"],
         errored=counts["errored"],
+        drifted=sum(bool(row.drift) for row in rows),
         rows=rows,
     )
+
+
+def reconcile_coverage(store: Store, report: CoverageReport, run_id: str | None = None) -> list[str]:
+    """Put every ``completed`` row the registry contradicts (``drift``) back to ``pending``.
+
+    The row's digest is cleared and ``status_reason`` says what the coverage check saw, so the
+    next migration run copies the image again. One transaction.
+
+    Returns:
+        The target references changed, input order.
+    """
+    changed = [row for row in report.rows if row.drift]
+    if changed:
+        now = datetime.now(UTC)
+        with store.session() as session:
+            for row in changed:
+                session.execute(
+                    update(Image).where(Image.ref == store_ref(row.ref)).values(
+                        status="pending", digest=None, status_reason=f"coverage: {row.drift}",
+                        run_id=run_id, updated_at=now)
+                )
+    return [row.ref for row in changed]
 
 
 class RewriteRow(BaseModel):

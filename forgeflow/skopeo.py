@@ -62,8 +62,12 @@ _UNAUTHORIZED = re.compile(
 )
 _UNAVAILABLE = re.compile(
     r"connection refused|connection reset|no route to host|i/o timeout|timeout|"
-    r"deadline exceeded|too many requests|toomanyrequests|\b429\b|\b5\d\d\b|unexpected EOF|"
-    r"server misbehaving|temporary failure|service unavailable|bad gateway",
+    r"deadline exceeded|too many requests|toomanyrequests|unexpected EOF|"
+    r"server misbehaving|temporary failure|service unavailable|bad gateway|"
+    # an HTTP status 429 or 5xx as skopeo words it ("received unexpected HTTP status: 503 ...",
+    # "invalid status code from registry 502 (Bad Gateway)"), not any 3 digits (a port, a tag)
+    r"(?:status|code)\D{0,20}\b(?:429|5\d\d)\b|\b(?:429|5\d\d) (?:Too Many|Internal Server|Bad Gateway|"
+    r"Service Unavailable|Gateway Time)",
     re.IGNORECASE,
 )
 _TRANSPORTS = ("docker://", "containers-storage:", "oci:", "oci-archive:", "dir:", "docker-archive:")

@@ -1,4 +1,8 @@
-"""Prefect tasks of the registry stages: registries, environment images, migrate, prewarm, push."""
+"""Prefect tasks of the registry stages: registries, environment images, prewarm, push.
+
+Migration lives in ``tasks/registry_ops.py`` (the ``migrate-images`` flow, which the lifecycle calls
+as a subflow).
+"""
 
 from __future__ import annotations
 
@@ -54,16 +58,6 @@ def push_local_image(local_name: str, local_image_id: str, dest: str, registry_i
     registry digest (FACTS.md: the push recompresses, the registry digest is the truth).
     ``local_image_id`` and the destination's ``registry_id`` are part of the cache key."""
     return Skopeo().copy(f"containers-storage:{local_name}", f"docker://{dest}", preserve_digests=False)
-
-
-@task(cache_policy=RESUMABLE, retries=TRANSIENT_RETRIES, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S,
-      retry_condition_fn=retry_on_transient, task_run_name="migrate-{source_ref}")
-def migrate_image(source_ref: str, target_ref: str, source_digest: str, max_size_bytes: int,
-                  target_registry_id: str) -> migrate.MigrationRecord:
-    """Copy one image source -> target with ``--all --preserve-digests`` and verify the digest.
-    ``source_digest`` and ``target_registry_id`` are part of the cache key: a changed source image,
-    or a new/wiped target registry, is copied again."""
-    return migrate.migrate_image(Skopeo(), source_ref, target_ref, max_size_bytes=max_size_bytes)
 
 
 @task(cache_policy=RESUMABLE, retries=TRANSIENT_RETRIES, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S,

@@ -20,10 +20,11 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import get_client
 from prefect.concurrency.sync import concurrency, rate_limit
+from prefect.context import TaskRunContext
 
 from blocks.core import RegistryEndpoint
 from forgeflow import migrate, registry_auth
-from forgeflow.errors import InputError
+from forgeflow.errors import InputError, is_transient
 from forgeflow.fsutil import atomic_write_bytes
 from forgeflow.layout import PrewarmPlan, ShardLayout
 from forgeflow.skopeo import Skopeo
@@ -106,41 +107,61 @@ def migrate_one(name: str, source: RegistryEndpoint, target: RegistryEndpoint, m
                 limit: str, rate: str | None, store_url: str | None = None,
                 run_id: str | None = None) -> migrate.MigrationRecord:
     """Migrate one image (inspect, oversize skip, ``copy --all --preserve-digests``, digest check)
-    under the target registry's concurrency (and rate) limit; record its state in the store.
+    under the target registry's concurrency (and rate) limit, and write its state into the store.
 
-    Not cached: only the registry knows what it holds (a completed image is found present and not
-    copied). Retried only on transient registry errors; a missing image or an auth failure raises
-    at once (the flow records it as ``failed`` with the exception's type).
+    One attempt is :func:`forgeflow.migrate.attempt_migration`. Its outcome goes to the image's
+    ``images`` row (:func:`forgeflow.migrate.record_state`): ``completed`` / ``skipped``, or
+    ``failed`` with the exception once no retry follows; while a transient failure (429, 5xx,
+    timeout) is retried by Prefect the row stays ``pending`` with the failed attempt as reason.
+    The exception is then raised, so the task run fails (and is retried only if transient: a
+    missing image or an auth failure fails at once).
+
+    Not cached: the store and the registry say what is done (the flow does not submit images
+    the store records as completed and the target still serves).
+
+    Returns:
+        The image's record (``attempts`` = this task run's run count).
 
     Raises:
-        ImageNotFoundError, RegistryError, RegistryUnavailableError, DigestMismatchError.
+        ImageNotFoundError, RegistryError, RegistryUnavailableError, DigestMismatchError: the
+            attempt's failure, after its state was written.
     """
     src, dst = source.ref(*_split(name)), target.ref(*_split(name))
+    context = TaskRunContext.get()
+    attempt = context.task_run.run_count if context is not None else 1
+    retries = context.task.retries if context is not None else 0
     store = Store(store_url)
     try:
         with concurrency(limit, occupy=1, strict=False):
             if rate:
                 rate_limit(rate, occupy=1, strict=False)
-            try:
-                with skopeo_for(source, target) as skopeo:
-                    record = migrate.migrate_image(skopeo, src, dst, max_size_bytes=max_size_bytes)
-            except Exception as err:
-                migrate.record_state(store, migrate.MigrationRecord(
-                    source_ref=src, target_ref=dst, status="failed", reason=str(err),
-                    error_type=type(err).__name__), run_id)
-                raise
-        migrate.record_state(store, record, run_id)
+            with skopeo_for(source, target) as skopeo:
+                record, error = migrate.attempt_migration(skopeo, src, dst, max_size_bytes, attempt)
+        if error is not None and is_transient(error) and attempt <= retries:
+            migrate.record_state(store, record.model_copy(update={
+                "status": "pending", "reason": f"attempt {attempt} failed, retrying: "
+                                              f"{record.error_type}: {record.reason}"}), run_id)
+        else:
+            migrate.record_state(store, record, run_id)
     finally:
         store.dispose()
-    get_run_logger().info("%s: %s %s", name, record.status, record.reason)
+    get_run_logger().info("%s: %s %s (attempt %d)", name, record.status, record.reason, attempt)
+    if error is not None:
+        raise error
     return record
 
 
 @task(cache_policy=NO_CACHE, task_run_name="coverage-{target.address}")
-def coverage_check(target: RegistryEndpoint, names: list[str]) -> migrate.CoverageReport:
-    """Which of ``names`` the target registry serves (available / missing / errored)."""
-    with skopeo_for(target) as skopeo:
-        return migrate.coverage(skopeo, image_refs(target, names))
+def coverage_check(target: RegistryEndpoint, names: list[str], store_url: str | None = None) -> migrate.CoverageReport:
+    """Which of ``names`` the target registry serves (available / missing / errored); with a
+    ``store_url``, beside each image's recorded migration state (:func:`forgeflow.migrate.coverage`)."""
+    store = Store(store_url) if store_url is not None else None
+    try:
+        with skopeo_for(target) as skopeo:
+            return migrate.coverage(skopeo, image_refs(target, names), store=store)
+    finally:
+        if store is not None:
+            store.dispose()
 
 
 @task(cache_policy=NO_CACHE)

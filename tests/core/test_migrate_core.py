@@ -1,4 +1,4 @@
-"""Pure parts of forgeflow.migrate: dataset image lists, state documents, reference rewrite,
+"""Pure parts of forgeflow.migrate: dataset image lists, migration state rows, reference rewrite,
 prewarm plan inputs (SQLite store in a temp folder; no registry)."""
 
 from __future__ import annotations
@@ -85,27 +85,61 @@ def test_image_names_from_jsonl(tmp_path: Path) -> None:
         migrate.image_names_from_jsonl(path)
 
 
-def test_states_round_trip_and_merge(tmp_path: Path) -> None:
-    path = tmp_path / "state.json"
-    first = migrate.MigrationRecord(source_ref="docker://a/x:1", target_ref="docker://b/x:1", status="failed",
-                                    reason="not found", error_type="ImageNotFoundError")
-    other = migrate.MigrationRecord(source_ref="docker://a/y:1", target_ref="docker://b/y:1", status="pending")
-    migrate.save_states(path, [first, other])
-    done = first.model_copy(update={"status": "completed", "target_digest": DIGEST_A, "error_type": None})
-    migrate.save_states(path, [done])
-    states = migrate.load_states(path)
-    assert states == {"docker://b/x:1": done, "docker://b/y:1": other}
-    assert json.loads(path.read_text())["schema_version"] == 1
+def test_states_live_in_the_images_rows_and_read_back(store: Store) -> None:
+    target = "127.0.0.1:5702"
+    failed = migrate.MigrationRecord(source_ref="docker://a/x:1", target_ref=f"docker://{target}/x:1", status="failed",
+                                     reason="image docker://a/x:1 not found: manifest unknown",
+                                     error_type="ImageNotFoundError", source_digest=None)
+    skipped = migrate.MigrationRecord(source_ref="docker://a/y:1", target_ref=f"docker://{target}/y:1",
+                                      status="skipped", reason="oversize: 9 bytes > max 1 bytes",
+                                      source_digest=DIGEST_B, size_bytes=9)
+    assert migrate.record_pending(store, [failed, skipped], run_id="r1") == 2
+    assert {r.status for r in migrate.load_states(store, [failed.target_ref, skipped.target_ref]).values()} == {"pending"}
+    migrate.record_state(store, failed, "r1")
+    migrate.record_state(store, skipped, "r1")
+    states = migrate.load_states(store)
+    assert states[failed.target_ref] == failed
+    assert states[skipped.target_ref] == skipped
+    row = store.get_image(f"{target}/x:1")
+    assert (row.status, row.role, row.source_ref, row.digest) == ("failed", "target", "a/x:1", None)
+    assert row.status_reason.startswith("ImageNotFoundError: image docker://a/x:1")
+    # rows without a migration status (the fixture's legacy target row, other roles) are not states
+    assert f"docker://{target}/env/six:1" not in states and len(states) == 2
 
 
-def test_pending_rows_never_erase_a_completed_digest(store: Store) -> None:
-    completed = migrate.MigrationRecord(source_ref="docker://a/env/six:1", target_ref="docker://127.0.0.1:5702/env/six:1",
-                                        status="pending")
-    fresh = migrate.MigrationRecord(source_ref="docker://a/env/new:1", target_ref="docker://127.0.0.1:5702/env/new:1",
-                                    status="pending")
-    assert migrate.record_pending(store, [completed, fresh]) == 1
-    assert store.get_image("127.0.0.1:5702/env/six:1").digest == DIGEST_A
-    assert store.get_image("127.0.0.1:5702/env/new:1").digest is None
+def test_completed_rows_are_kept_by_pending_and_found_for_the_same_source_only(store: Store) -> None:
+    pair = ("docker://a/env/six:1", "docker://127.0.0.1:5702/env/six:1")
+    done = migrate.MigrationRecord(source_ref=pair[0], target_ref=pair[1], status="completed",
+                                   source_digest=DIGEST_A, target_digest=DIGEST_A, size_bytes=5)
+    migrate.record_state(store, done, "r1")
+    assert store.get_image("127.0.0.1:5702/env/six:1").project == "six"  # a migration leaves project alone
+    assert migrate.completed_in_store(store, [pair]) == {pair[1]: done}
+    assert migrate.completed_in_store(store, [("docker://b/env/six:1", pair[1])]) == {}
+    # marking it pending again (a re-attempt) keeps the last verified digest until the attempt ends
+    migrate.record_pending(store, [migrate.MigrationRecord(source_ref=pair[0], target_ref=pair[1], status="pending")])
+    row = store.get_image("127.0.0.1:5702/env/six:1")
+    assert (row.status, row.digest) == ("pending", DIGEST_A)
+    assert migrate.completed_in_store(store, [pair]) == {}
+
+
+def test_coverage_drift_puts_completed_rows_back_to_pending(store: Store) -> None:
+    done = migrate.MigrationRecord(source_ref="docker://a/m:1", target_ref="docker://127.0.0.1:5702/m:1",
+                                   status="completed", source_digest=DIGEST_A, target_digest=DIGEST_A)
+    migrate.record_state(store, done)
+    report = migrate.CoverageReport(total=1, available=0, missing=1, errored=0, drifted=1, rows=[
+        migrate.AvailabilityRow(ref=done.target_ref, availability="missing", recorded_status="completed",
+                                recorded_digest=DIGEST_A, drift="recorded completed, missing from the registry")])
+    assert migrate.reconcile_coverage(store, report, "r2") == [done.target_ref]
+    row = store.get_image("127.0.0.1:5702/m:1")
+    assert (row.status, row.digest, row.run_id) == ("pending", None, "r2")
+    assert "missing from the registry" in row.status_reason
+
+
+def test_migration_pairs_must_be_docker_refs_with_unique_targets() -> None:
+    with pytest.raises(InputError, match="repeated"):
+        migrate.check_pairs([("docker://a/x:1", "docker://b/x:1"), ("docker://a/y:1", "docker://b/x:1")])
+    with pytest.raises(InputError, match="oci:/tmp/x"):
+        migrate.check_pairs([("oci:/tmp/x", "docker://b/x:1")])
 
 
 def test_plan_tasks_from_store_uses_the_target_image_of_each_repo(store: Store) -> None:
@@ -120,3 +154,19 @@ def test_plan_tasks_from_jsonl(tmp_path: Path) -> None:
     path.write_text(json.dumps({"task_id": "a", "base_digest": DIGEST_A}) + "\n" + json.dumps({"task_id": "b"}) + "\n")
     with pytest.raises(InputError, match=r"tasks.jsonl:2"):
         migrate.plan_tasks_from_jsonl(path)
+
+
+def test_rewriting_migration_rows_keeps_their_state_and_reverts(store: Store) -> None:
+    """With role ``target`` in scope (the target registry itself moved), rewrite_refs moves the
+    migration rows' keys; their status, source and digests travel with them, and the reverse
+    rewrite restores them."""
+    done = migrate.MigrationRecord(source_ref=f"docker://{OLD}/env/six-src:1", target_ref="docker://127.0.0.1:5702/env/x:1",
+                                   status="completed", source_digest=DIGEST_A, target_digest=DIGEST_A, size_bytes=3)
+    migrate.record_state(store, done, "r1")
+    plan = migrate.rewrite_refs(store, "127.0.0.1:5702", NEW, dry_run=False, image_roles=("target",))
+    assert {(r.old, r.new) for r in plan.rows} == {("127.0.0.1:5702/env/x:1", f"{NEW}/env/x:1"),
+                                                   ("127.0.0.1:5702/env/six:1", f"{NEW}/env/six:1")}
+    moved = migrate.load_states(store)[f"docker://{NEW}/env/x:1"]
+    assert moved == done.model_copy(update={"target_ref": f"docker://{NEW}/env/x:1"})
+    migrate.rewrite_refs(store, NEW, "127.0.0.1:5702", dry_run=False, image_roles=("target",))
+    assert migrate.load_states(store)[done.target_ref] == done

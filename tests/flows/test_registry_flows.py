@@ -1,8 +1,12 @@
 """Registry flows against two real docker-registry processes (target with htpasswd auth) and real
-skopeo: migrate-images (oversize skip, missing image failed by name, re-run copies nothing,
-coverage), rewrite-image-refs, prewarm-plan (histogram, rejection at the cap).
+skopeo: migrate-images (state per image in the store, oversize skip, missing image failed by name,
+re-run copies nothing, coverage; 503/429 retried with backoff through a fault-injecting proxy;
+auth failure not retried; per-registry concurrency and rate limits), rewrite-image-refs,
+prewarm-plan (histogram, rejection at the cap).
 
-Ports 5750 (source) and 5751 (target, auth): outside infra/registries.conf, so skopeo only.
+Ports 5750 (source), 5751 (target, auth) and 5752 (tests/faultproxy.py in front of the source):
+outside infra/registries.conf, so skopeo only. The proxy is a loopback reverse proxy written for
+the tests (it forwards to the real registry; only the injected 503/429 answers are its own).
 """
 
 from __future__ import annotations
@@ -24,10 +28,14 @@ from forgeflow.errors import PlanRejectedError
 from forgeflow.registry import RegistryServer
 from forgeflow.skopeo import Skopeo
 from forgeflow.store import ImageRecord, Store, TaskRecord
+from tests.faultproxy import FaultProxy
 
 pytestmark = pytest.mark.integration
 
-SOURCE_PORT, TARGET_PORT = 5750, 5751
+SOURCE_PORT, TARGET_PORT, PROXY_PORT = 5750, 5751, 5752
+CONCURRENCY_IMAGES = [f"conc/c-{i}:1" for i in range(3)]
+RATE_IMAGES = [f"rate/r-{i}:1" for i in range(3)]
+EXTRA_IMAGES = CONCURRENCY_IMAGES + RATE_IMAGES + ["faults/retry-a:1", "faults/retry-b:1"]
 USER, PASSWORD = "mover", "s3cret-pw-5751"
 MAX_SIZE_BYTES = 100_000
 
@@ -90,6 +98,8 @@ def registries(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, R
         skopeo = Skopeo(retry_times=0, command_timeout_s=60)
         skopeo.copy(small, f"docker://{servers['source'].address}/env/small:1")
         skopeo.copy(big, f"docker://{servers['source'].address}/env/big:1")
+        for name in EXTRA_IMAGES:
+            skopeo.copy(small, f"docker://{servers['source'].address}/{name}")
         yield servers
     finally:
         for server in servers.values():
@@ -100,7 +110,15 @@ def registries(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, R
 def endpoints(registries) -> dict[str, RegistryEndpoint]:
     return {"source": RegistryEndpoint(address=registries["source"].address),
             "target": RegistryEndpoint(address=registries["target"].address, username=USER,
-                                       password=SecretStr(PASSWORD))}
+                                       password=SecretStr(PASSWORD)),
+            "proxy": RegistryEndpoint(address=f"127.0.0.1:{PROXY_PORT}")}
+
+
+@pytest.fixture
+def proxy(registries) -> Iterator[FaultProxy]:
+    """The fault-injecting proxy in front of the source registry (no faults until armed)."""
+    with FaultProxy(PROXY_PORT, registries["source"].address) as running:
+        yield running
 
 
 def test_migrate_images_skips_oversize_fails_missing_and_reruns_without_copying(
@@ -108,28 +126,35 @@ def test_migrate_images_skips_oversize_fails_missing_and_reruns_without_copying(
     from prefect.client.orchestration import get_client
 
     from flows.registry import migrate_images
+    from forgeflow.migrate import ALREADY_COMPLETED, load_states
 
     store_url = f"sqlite:///{tmp_path / 'store.db'}"
     kwargs = dict(source=endpoints["source"], target=endpoints["target"],
                   images=["env/small:1", "env/big:1", "env/ghost:1"], max_size_bytes=MAX_SIZE_BYTES,
-                  state_path=tmp_path / "state.json", store_url=store_url)
+                  store_url=store_url)
     first = migrate_images(**kwargs)
-    by_name = {r.target_ref.rsplit("/", 2)[-2] + "/" + r.target_ref.rsplit("/", 1)[-1]: r for r in first.records}
-    small, big, ghost = by_name["env/small:1"], by_name["env/big:1"], by_name["env/ghost:1"]
-    assert small.status == "completed" and small.reason == ""
+    small, big, ghost = first.records
+    assert small.status == "completed" and small.reason == "" and small.attempts == 1
     assert small.target_digest == small.source_digest is not None
     assert big.status == "skipped" and big.reason.startswith("oversize")
     assert ghost.status == "failed" and ghost.error_type == "ImageNotFoundError"
+    assert ghost.attempts == 1  # a missing image is not retried
     assert "env/ghost:1" in ghost.reason
+    assert first.copied == 1 and len(first.failed) == 1 and first.failed[0].startswith("env/ghost:1: ImageNotFoundError")
     assert (first.coverage.available, first.coverage.missing, first.coverage.errored) == (1, 2, 0)
+    assert [r.recorded_status for r in first.coverage.rows] == ["completed", "skipped", "failed"]
 
+    # the state lives in the store's images rows (no state file)
     store = Store(store_url)
     target = endpoints["target"].address
-    assert store.get_image(f"{target}/env/small:1").digest == small.target_digest
-    assert store.get_image(f"{target}/env/big:1").digest is None
-    assert store.get_image(f"{target}/env/ghost:1").digest is None
-    states = json.loads((tmp_path / "state.json").read_text())["records"]
-    assert states[ghost.target_ref]["error_type"] == "ImageNotFoundError"
+    row = store.get_image(f"{target}/env/small:1")
+    assert (row.status, row.digest, row.source_digest) == ("completed", small.target_digest, small.source_digest)
+    assert row.source_ref == f"{endpoints['source'].address}/env/small:1"
+    big_row, ghost_row = store.get_image(f"{target}/env/big:1"), store.get_image(f"{target}/env/ghost:1")
+    assert (big_row.status, big_row.digest) == ("skipped", None) and big_row.status_reason.startswith("oversize")
+    assert (ghost_row.status, ghost_row.digest) == ("failed", None)
+    assert ghost_row.status_reason.startswith("ImageNotFoundError: ") and "env/ghost:1" in ghost_row.status_reason
+    assert load_states(store)[ghost.target_ref].error_type == "ImageNotFoundError"
     with get_client(sync_client=True) as client:
         assert client.read_global_concurrency_limit_by_name(f"registry-127.0.0.1-{TARGET_PORT}").limit == 4
 
@@ -144,11 +169,105 @@ def test_migrate_images_skips_oversize_fails_missing_and_reruns_without_copying(
     with get_client(sync_client=True) as client:
         rate = client.read_global_concurrency_limit_by_name(f"registry-127.0.0.1-{TARGET_PORT}-rate")
         assert rate.slot_decay_per_second == 10.0
-    statuses = {r.target_ref: (r.status, r.reason) for r in second.records}
-    assert statuses[small.target_ref] == ("completed", "already present")  # nothing copied
+    statuses = {r.target_ref: (r.status, r.reason, r.attempts) for r in second.records}
+    assert statuses[small.target_ref] == ("completed", ALREADY_COMPLETED, 0)  # read from the store, not copied
     assert statuses[big.target_ref][0] == "skipped" and statuses[ghost.target_ref][0] == "failed"
+    assert second.copied == 0
     assert store.get_image(f"{target}/env/small:1").digest == small.target_digest
+
+    # the registry is the truth: a completed image deleted from the target is seen by the audit,
+    # put back to pending, and copied again by the next run
+    _delete_manifest(target, "env/small", small.target_digest)
+    from flows.registry import registry_audit
+    audit = registry_audit(target=endpoints["target"], images=["env/small:1"], store_url=store_url)
+    assert audit.drifted == 1 and "missing from the registry" in audit.rows[0].drift
+    assert store.get_image(f"{target}/env/small:1").status == "pending"
+    third = migrate_images(**kwargs)
+    assert (third.records[0].status, third.records[0].reason, third.copied) == ("completed", "", 1)
     store.dispose()
+
+
+def _delete_manifest(address: str, repository: str, digest: str) -> None:
+    """DELETE a manifest through the registry API (the registry runs with deletes enabled)."""
+    import base64
+    import urllib.request
+
+    token = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+    request = urllib.request.Request(f"http://{address}/v2/{repository}/manifests/{digest}", method="DELETE",
+                                     headers={"Authorization": f"Basic {token}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        assert response.status == 202
+
+
+def test_503_and_429_are_retried_with_backoff_until_the_migration_completes(
+        prefect_harness, endpoints, proxy: FaultProxy, tmp_path: Path) -> None:
+    from flows.registry import migrate_images
+
+    store_url = f"sqlite:///{tmp_path / 'store.db'}"
+    # 503 on the first two manifest/blob requests: skopeo does not retry a 503 itself (skopeo
+    # 1.9.3), so the flow's task retries do, after 1 s and then 2 s
+    proxy.arm(2, status=503)
+    summary = migrate_images(source=endpoints["proxy"], target=endpoints["target"], images=["faults/retry-a:1"],
+                             retry_delays_s=[1.0, 2.0, 4.0], store_url=store_url)
+    record = summary.records[0]
+    assert (record.status, record.attempts, proxy.injected) == ("completed", 3, 2)
+    assert record.target_digest == record.source_digest
+    faults = [entry for entry in proxy.log if entry.injected]
+    after = next(e for e in proxy.log if not e.injected and e.at_s > faults[1].at_s and "/manifests/" in e.path)
+    assert faults[1].at_s - faults[0].at_s >= 1.0  # the backoff grows: 1 s, then 2 s
+    assert after.at_s - faults[1].at_s >= 2.0
+    assert Store(store_url).get_image(record.target_ref.removeprefix("docker://")).status == "completed"
+
+    # 429 with Retry-After: skopeo honours the header itself; the image completes in one attempt
+    proxy.arm(2, status=429, retry_after_s=1)
+    summary = migrate_images(source=endpoints["proxy"], target=endpoints["target"], images=["faults/retry-b:1"],
+                             retry_delays_s=[1.0], store_url=store_url)
+    record = summary.records[0]
+    assert (record.status, proxy.injected) == ("completed", 2)
+    faults = [entry for entry in proxy.log if entry.injected]
+    assert faults[-1].at_s - faults[-2].at_s >= 0.9  # waited as Retry-After asked
+
+
+def test_auth_failure_is_not_retried_and_is_reported_by_name(prefect_harness, endpoints, tmp_path: Path) -> None:
+    from flows.registry import migrate_images
+
+    wrong = endpoints["target"].model_copy(update={"password": SecretStr(PASSWORD + "-wrong")})
+    summary = migrate_images(source=endpoints["source"], target=wrong, images=["env/small:1"],
+                             retry_delays_s=[1.0, 1.0], store_url=f"sqlite:///{tmp_path / 'store.db'}")
+    record = summary.records[0]
+    assert (record.status, record.error_type, record.attempts) == ("failed", "RegistryError", 1)
+    assert summary.failed == [f"env/small:1: RegistryError: {record.reason}"]
+    assert "unauthorized" in record.reason.lower() or "401" in record.reason
+    assert PASSWORD not in " ".join(summary.failed)
+
+
+def _windows(proxy: FaultProxy, names: list[str]) -> list[tuple[float, float]]:
+    """(first, last) request time through the proxy of each image's repository, by start."""
+    spans = []
+    for name in names:
+        times = [e.at_s for e in proxy.log if e.path.startswith(f"/v2/{name.split(':')[0]}/")]
+        assert times, f"no request for {name}"
+        spans.append((min(times), max(times)))
+    return sorted(spans)
+
+
+def test_per_registry_concurrency_and_rate_limits_hold(prefect_harness, endpoints, proxy: FaultProxy,
+                                                       tmp_path: Path) -> None:
+    from flows.registry import migrate_images
+
+    store_url = f"sqlite:///{tmp_path / 'store.db'}"
+    one_at_a_time = migrate_images(source=endpoints["proxy"], target=endpoints["target"], images=CONCURRENCY_IMAGES,
+                                   concurrency_limit=1, store_url=store_url)
+    assert [r.status for r in one_at_a_time.records] == ["completed"] * 3
+    windows = _windows(proxy, CONCURRENCY_IMAGES)
+    for (_, end), (start, _) in zip(windows, windows[1:]):
+        assert start >= end, f"images overlapped under a limit of 1: {windows}"
+
+    rated = migrate_images(source=endpoints["proxy"], target=endpoints["target"], images=RATE_IMAGES,
+                           concurrency_limit=4, rate_limit_per_s=1.0, store_url=store_url)
+    assert [r.status for r in rated.records] == ["completed"] * 3
+    starts = [start for start, _ in _windows(proxy, RATE_IMAGES)]
+    assert starts[2] - starts[0] >= 1.5, f"3 images at 1/s started within {starts[2] - starts[0]:.2f} s"
 
 
 def test_registry_audit_counts_a_dataset(prefect_harness, endpoints, tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """Registry stages against two real docker-registry processes and real skopeo/podman.
 
 Ports 5711 (source) and 5712 (target) for the shared module fixture; 5713 (auth) and 5714
-(nothing listens) for error mapping. The demo uses 5701/5702.
+(nothing listens) for error mapping; 5727 for the fault-injecting proxy (tests/faultproxy.py, a
+loopback reverse proxy in front of the real source registry). The demo uses 5701/5702.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from forgeflow.skopeo import Skopeo, classify_error
 pytestmark = pytest.mark.integration
 
 SOURCE_PORT, TARGET_PORT, AUTH_PORT, DEAD_PORT = 5711, 5712, 5713, 5714
+PROXY_PORT = 5727  # tests/faultproxy.py in front of the source
 
 
 def _podman(*args: str) -> str:
@@ -308,3 +310,33 @@ def test_multi_arch_index_migrates_with_its_digest(
     target_ref = f"docker://{registries['target'].address}/multi/tiny:index"
     record = migrate_image(skopeo, index_ref, target_ref)
     assert record.target_digest == record.source_digest == skopeo.inspect_digest(index_ref)
+
+
+def test_core_migration_retries_a_503_with_backoff_and_names_what_it_cannot_fix(
+    registries: dict[str, RegistryServer], skopeo: Skopeo, pushed_env: tuple[str, str], tmp_path: Path
+) -> None:
+    """forgeflow.migrate.migrate_images (no Prefect) behind tests/faultproxy.py: the first two
+    manifest/blob requests to the source answer 503; the image completes on its third attempt
+    after waits of 0.5 s and 1 s, while a missing image fails once, by name, without a retry."""
+    from forgeflow.migrate import load_states, migrate_images
+    from forgeflow.store import Store
+    from tests.faultproxy import FaultProxy
+
+    source_ref, digest = pushed_env
+    store = Store(f"sqlite:///{tmp_path / 'store.db'}")
+    store.upgrade()
+    target = registries["target"].address
+    with FaultProxy(PROXY_PORT, registries["source"].address, fail_first=2, status=503) as proxy:
+        proxied = source_ref.replace(registries["source"].address, proxy.address)
+        pairs = [(proxied, f"docker://{target}/retry/tiny:1.0"),
+                 (f"docker://{proxy.address}/env/absent:0.0", f"docker://{target}/retry/absent:0.0")]
+        records = migrate_images(skopeo, pairs, transient_retries=3, backoff_s=0.5, store=store)
+    done, absent = records
+    assert (done.status, done.attempts, done.target_digest, proxy.injected) == ("completed", 3, digest, 2)
+    faults = [entry.at_s for entry in proxy.log if entry.injected]
+    assert faults[1] - faults[0] >= 0.5
+    assert (absent.status, absent.error_type, absent.attempts) == ("failed", "ImageNotFoundError", 1)
+    assert "env/absent:0.0" in absent.reason
+    states = load_states(store)
+    assert states[pairs[0][1]].status == "completed" and states[pairs[1][1]].error_type == "ImageNotFoundError"
+    store.dispose()

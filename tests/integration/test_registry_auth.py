@@ -24,11 +24,12 @@ from pydantic import SecretStr
 
 from blocks.core import RegistryEndpoint
 from forgeflow.errors import DigestMismatchError, InputError, RegistryError, is_transient
-from forgeflow.migrate import MigrationRecord, migrate_images, verify_layer_reuse
+from forgeflow.migrate import ALREADY_COMPLETED, MigrationRecord, load_states, migrate_images, verify_layer_reuse
 from forgeflow.registry import RegistryServer
 from forgeflow.registry_auth import authfile, scrub, secrets_of
 from forgeflow.settings import tool_env
 from forgeflow.skopeo import Skopeo
+from forgeflow.store import Store
 
 pytestmark = pytest.mark.integration
 
@@ -184,9 +185,13 @@ def test_task_image_reuses_its_base_layers_and_a_foreign_base_fails(
 
 
 def test_target_dying_mid_migration_leaves_correct_state_and_rerun_finishes(
-    registries: dict[str, RegistryServer], skopeo: Skopeo, local_images: dict[str, str]
+    registries: dict[str, RegistryServer], skopeo: Skopeo, local_images: dict[str, str], tmp_path: Path
 ) -> None:
+    """The state lives in the store's images rows: after the target dies, each image's row says
+    completed / failed (with the exception), and a re-run reads the store and copies only the rest."""
     source, target = registries["source"], registries["target"]
+    store = Store(f"sqlite:///{tmp_path / 'store.db'}")
+    store.upgrade()
     pairs = []
     for index in range(3):
         src = f"docker://{source.address}/env/mid-{index}:1"
@@ -195,15 +200,16 @@ def test_target_dying_mid_migration_leaves_correct_state_and_rerun_finishes(
     missing = (f"docker://{source.address}/env/absent:1", f"docker://{target.address}/env/absent:1")
     pairs.insert(1, missing)
     source_digests = {src: skopeo.inspect_digest(src) for src, _ in pairs if src != missing[0]}
+    seen_in_store: list[dict[str, str]] = []
 
     def stop_target_after_first(record: MigrationRecord) -> None:
+        seen_in_store.append({ref: r.status for ref, r in load_states(store).items()})
         if record.source_ref == pairs[0][0]:
             target.stop()
 
     try:
-        first = migrate_images(
-            skopeo, pairs, transient_retries=1, backoff_s=0.1, on_record=stop_target_after_first
-        )
+        first = migrate_images(skopeo, pairs, transient_retries=1, backoff_s=0.1,
+                               on_record=stop_target_after_first, store=store, run_id="run-1")
         assert [r.status for r in first] == ["completed", "failed", "failed", "failed"]
         assert first[0].reason == "" and first[0].target_digest == source_digests[pairs[0][0]]
         # The missing image is reported by name, not retried, whatever the target does.
@@ -217,17 +223,30 @@ def test_target_dying_mid_migration_leaves_correct_state_and_rerun_finishes(
             assert record.target_digest is None
     finally:
         target.ensure_running()
+    # while the run went on, images not reached yet were recorded pending
+    assert seen_in_store[0] == {pairs[0][1]: "completed", pairs[1][1]: "pending", pairs[2][1]: "pending",
+                                pairs[3][1]: "pending"}
+    stored = load_states(store)
+    assert {ref: r.status for ref, r in stored.items()} == {
+        dst: status for (_, dst), status in zip(pairs, ["completed", "failed", "failed", "failed"])}
+    assert stored[pairs[0][1]].target_digest == source_digests[pairs[0][0]]
+    assert stored[pairs[1][1]].error_type == "ImageNotFoundError"
+    assert stored[pairs[2][1]].error_type == "RegistryUnavailableError"
+    assert stored[pairs[2][1]].source_digest == source_digests[pairs[2][0]]
 
-    second = migrate_images(skopeo, pairs, transient_retries=0)
+    second = migrate_images(skopeo, pairs, transient_retries=0, store=store, run_id="run-2")
     assert [r.status for r in second] == ["completed", "failed", "completed", "completed"]
-    assert second[0].reason == "already present"  # not copied again
+    assert second[0].reason == ALREADY_COMPLETED and second[0].attempts == 0  # read from the store, not copied
     assert [r.reason for r in second[2:]] == ["", ""]  # freshly copied
     for record in (second[0], *second[2:]):
         assert record.target_digest == record.source_digest == source_digests[record.source_ref]
         assert skopeo.inspect_digest(record.target_ref) == record.source_digest
+    assert store.get_image(pairs[2][1].removeprefix("docker://")).run_id == "run-2"
+    assert store.get_image(pairs[0][1].removeprefix("docker://")).run_id == "run-1"  # untouched
 
-    third = migrate_images(skopeo, pairs, transient_retries=0)
-    assert [r.reason for r in third if r.status == "completed"] == ["already present"] * 3
+    third = migrate_images(skopeo, pairs, transient_retries=0, store=store)
+    assert [r.reason for r in third if r.status == "completed"] == [ALREADY_COMPLETED] * 3
+    store.dispose()
 
 
 def test_authfile_holds_the_login_format_and_scrub_removes_every_form_of_the_secret() -> None:
