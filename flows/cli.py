@@ -2,8 +2,11 @@
 
 ``forgeflow demo`` runs the lifecycle flow on the embedded default and prints its summary;
 ``forgeflow ui`` starts the Prefect UI on the same Prefect database; ``forgeflow freeze verify``
-recomputes a freeze's digests. Prefect's environment (PREFECT_HOME under FORGEFLOW_HOME, analytics
-off, a startup timeout that suits a 2-core machine) is set before Prefect is imported.
+recomputes a freeze's digests; ``forgeflow recover`` lists (dry run) or, with ``--apply``, voids the
+trials an infrastructure fault broke and requeues their tasks; ``forgeflow derived build|verify``
+writes and checks derived task sets (:mod:`forgeflow.derived`). Prefect's environment
+(PREFECT_HOME under FORGEFLOW_HOME, analytics off, a startup timeout that suits a 2-core machine)
+is set before Prefect is imported.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 from typing import Optional
 
@@ -151,20 +155,22 @@ def _fail(problem: object) -> None:
 
 @app.command()
 def trials(job: Optional[str] = typer.Option(None, help="job id (omit to list the jobs in the store)"),
+           merged: bool = typer.Option(False, "--merged", help="the job merged with its recovery jobs: prints "
+                                       "{view, job_id, recovery_job_ids, trials} (the view says "
+                                       "'original job + N recovery jobs')"),
            as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table")) -> None:
-    """Each trial's outcome (reward or exception type) of a job recorded in the store."""
+    """Each trial's outcome (reward or exception type; flagged when an agent timeout, dead loop or
+    hang kept the verifier's reward beside the exception) of a job recorded in the store."""
     _prepare_env()
+    from forgeflow.compare import merged_job  # noqa: PLC0415
+    from forgeflow.errors import SCORED_DESPITE_EXCEPTION, InputError  # noqa: PLC0415
     from forgeflow.store import Store  # noqa: PLC0415
 
     store = Store()
     store.upgrade()
-    rows = store.trials_for(job_id=job) if job else store.trials_for()
-    if job and not rows:
-        jobs = sorted({t.job_id for t in store.trials_for() if t.job_id})
-        raise typer.BadParameter(f"job {job!r} has no trials in {store.url}; jobs: {', '.join(jobs) or 'none'}")
     if not job:
         counts: dict[str, int] = {}
-        for t in rows:
+        for t in store.trials_for():
             counts[t.job_id or "-"] = counts.get(t.job_id or "-", 0) + 1
         if as_json:
             console.print_json(json.dumps(counts))
@@ -172,25 +178,44 @@ def trials(job: Optional[str] = typer.Option(None, help="job id (omit to list th
             for name, n in sorted(counts.items()):
                 console.print(f"{name}\t{n} trials")
         return
-    out = [{"trial_id": t.trial_id, "instance_id": t.instance_id, "kind": t.kind, "reward": t.reward,
-            "exception_type": t.exception_type, "exception_message": t.exception_message, "timings": t.timings}
+    try:
+        view = merged_job(store, job, include_recovery=merged)
+    except InputError as exc:
+        _fail(exc)
+    rows = view.trials if merged else store.trials_for(job_id=job)
+    events = {e.trial_id: e for e in store.supervision_events()}
+    out = [{"trial_id": t.trial_id, "instance_id": t.instance_id, "kind": t.kind, "job_id": t.job_id,
+            "reward": t.reward, "exception_type": t.exception_type, "exception_message": t.exception_message,
+            "flagged": t.exception_type in SCORED_DESPITE_EXCEPTION and t.reward is not None,
+            "supervision": events[t.trial_id].kind if t.trial_id in events else None,
+            "agent_steps": t.agent_steps, "input_tokens": t.input_tokens, "output_tokens": t.output_tokens,
+            "timings": t.timings}
            for t in rows]
     if as_json:
-        print(json.dumps(out, indent=2))
+        body: object = out
+        if merged:
+            body = {"view": view.label, "job_id": view.job_id, "recovery_job_ids": view.recovery_job_ids,
+                    "from_recovery": view.from_recovery, "trials": out}
+        print(json.dumps(body, indent=2))
         return
-    table = Table(title=f"trials of {job}")
-    for col in ("instance_id", "kind", "reward", "exception"):
+    table = Table(title=f"trials of {view.label if merged else 'job ' + job}")
+    for col in ("instance_id", "job", "kind", "reward", "exception"):
         table.add_column(col)
     for t in out:
-        table.add_row(t["instance_id"], t["kind"], "" if t["reward"] is None else f"{t['reward']:g}",
-                      t["exception_type"] or "")
+        exc = (t["exception_type"] or "") + (" (flagged: reward kept)" if t["flagged"] else "")
+        table.add_row(t["instance_id"], t["job_id"] or "", t["kind"], "" if t["reward"] is None else f"{t['reward']:g}",
+                      exc)
     console.print(table)
 
 
 @app.command()
 def compare(job_a: str, job_b: str,
+            no_recovery: bool = typer.Option(False, "--no-recovery", help="compare the jobs alone, without "
+                                             "merging their recovery jobs"),
             as_json: bool = typer.Option(False, "--json", help="print JSON instead of markdown")) -> None:
-    """Paired comparison of two jobs in the store: wins/ties/losses, exact McNemar p, excluded tasks."""
+    """Paired comparison of two jobs on the same frozen split: wins/ties/losses, exact McNemar p, a
+    repository-clustered interval, excluded tasks with reasons, cost ratios. Each job is merged with
+    its recovery jobs (said in the output) unless --no-recovery."""
     _prepare_env()
     from forgeflow import compare as comparison  # noqa: PLC0415
     from forgeflow.store import Store  # noqa: PLC0415
@@ -200,11 +225,11 @@ def compare(job_a: str, job_b: str,
     store = Store()
     store.upgrade()
     try:
-        result = comparison.compare_stored_jobs(store, job_a, job_b)
+        result = comparison.compare_stored_jobs(store, job_a, job_b, merge_recovery=not no_recovery)
     except InputError as exc:
-        raise typer.BadParameter(str(exc)) from None
+        _fail(exc)
     if as_json:
-        print(json.dumps({"job_a": job_a, "job_b": job_b, **result.paired.model_dump(mode="json")}, indent=2))
+        print(json.dumps(result.to_json(), indent=2))
         return
     print(result.markdown)
 
@@ -269,7 +294,7 @@ def status(as_json: bool = typer.Option(False, "--json", help="print JSON")) -> 
         "serving": None if state is None else {"generation": state.generation, "port": state.active_port,
                                                "gguf_sha256": state.gguf_sha256, "live": state.pid is not None},
         "service": None if svc is None else {
-            "ui_url": svc.ui_url, "api_url": svc.api_url, "pool": svc.pool,
+            "ui_url": svc.ui_url, "api_url": svc.api_url, "pool": svc.pool, "database": svc.database,
             "server_running": service.is_ours(svc.server),
             "worker_running": svc.worker is not None and service.is_ours(svc.worker),
             "deployments": sorted(svc.deployments), "automations": sorted(svc.automations)},
@@ -285,15 +310,19 @@ def up(port: int = typer.Option(4200, min=1, max=65535, help="Prefect API/UI por
        pool: str = typer.Option("local", help="process work pool the deployments target"),
        notify_url: Optional[str] = typer.Option(None, envvar="FORGEFLOW_NOTIFY_URL",
                                                 help="webhook URL notified of every failed flow run"),
+       database: Optional[str] = typer.Option(None, envvar="FORGEFLOW_PREFECT_DATABASE_URL",
+                                              help="the Prefect server's PostgreSQL database, e.g. "
+                                                   "postgresql://USER@HOST:PORT/DB (default: SQLite in PREFECT_HOME)"),
        as_json: bool = typer.Option(False, "--json", help="print the recorded state as JSON")) -> None:
-    """Start a Prefect server (SQLite in PREFECT_HOME), create the work pool, deploy prefect.yaml,
-    create the automations and start a process worker; a second `up` reuses what still runs."""
+    """Start a Prefect server (SQLite in PREFECT_HOME, or PostgreSQL with --database), create the work
+    pool, deploy prefect.yaml, create the automations and start a process worker; a second `up`
+    reuses what still runs."""
     home = _prepare_env()
     from forgeflow.errors import ForgeflowError  # noqa: PLC0415
     from flows import service  # noqa: PLC0415
 
     try:
-        state = service.up(home, port=port, pool=pool, notify_url=notify_url)
+        state = service.up(home, port=port, pool=pool, notify_url=notify_url, database_url=database)
     except (ForgeflowError, KeyError) as exc:
         _fail(exc)
     if as_json:
@@ -305,6 +334,7 @@ def up(port: int = typer.Option(4200, min=1, max=65535, help="Prefect API/UI por
             console.print(f"{proc.role}: pid {proc.pid} ({how}), log {proc.log_path}")
     console.print(f"{len(state.deployments)} deployments on pool {state.pool!r}; automations: "
                   f"{', '.join(state.automations) or 'none'}")
+    console.print(f"Prefect database: {state.database}")
     console.print(f"Prefect UI: {state.ui_url}  (API {state.api_url}; stop with `forgeflow down`)")
 
 
@@ -319,6 +349,202 @@ def down(grace_s: float = typer.Option(10.0, min=0.0, help="seconds between SIGT
         console.print("nothing to stop (no service recorded)")
     for r in reports:
         console.print(f"{r.role}: pid {r.pid} {r.outcome}")
+
+
+def _parse_instant(text: Optional[str], option: str) -> Optional[datetime]:
+    """ISO 8601 instant (``2026-12-01T10:00:00+00:00``) or None; a bad text exits 2 naming ``option``."""
+
+    if text is None:
+        return None
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        _fail(f"{option} {text!r} is not an ISO 8601 instant (e.g. 2026-12-01T10:00:00+00:00)")
+    return None  # unreachable: _fail exits
+
+
+@app.command()
+def recover(
+    batch: Optional[list[str]] = typer.Option(None, "--batch", help="batch id whose trials to select (repeatable)"),
+    trial: Optional[list[str]] = typer.Option(None, "--trial", help="trial id to select (repeatable)"),
+    exception_type: Optional[str] = typer.Option(None, help="select trials that ended in this exception class "
+                                                 "(needs --since and --until)"),
+    since: Optional[str] = typer.Option(None, help="window start, ISO 8601 with timezone (inclusive)"),
+    until: Optional[str] = typer.Option(None, help="window end, ISO 8601 with timezone (exclusive)"),
+    reason: Optional[str] = typer.Option(None, help="why (stored on every voided trial; required with --apply)"),
+    apply: bool = typer.Option(False, "--apply", help="run the recover flow: back up, void, requeue, audit"),
+    backup_dir: Optional[Path] = typer.Option(None, help="backup folder (default $FORGEFLOW_HOME/recovery)"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+) -> None:
+    """Void exactly the trials an infrastructure fault broke and requeue their tasks.
+
+    A dry run by default (reads the store only, no Prefect server): lists the trials that would be
+    voided, the tasks that would be requeued and the selected trials kept (real outcomes).
+    ``--apply`` runs the ``recover`` flow (backup with sha256, one transaction with counts
+    verified, audit artifact)."""
+    _prepare_env()
+    from pydantic import ValidationError  # noqa: PLC0415
+
+    from forgeflow.errors import ForgeflowError  # noqa: PLC0415
+    from forgeflow.recovery import RecoveryRequest, plan_recovery, render_plan  # noqa: PLC0415
+    from forgeflow.store import Store  # noqa: PLC0415
+
+    if apply and not (reason or "").strip():
+        _fail("--apply needs --reason (it is stored on every voided trial and requeued task)")
+    start, end = _parse_instant(since, "--since"), _parse_instant(until, "--until")
+    try:
+        request = RecoveryRequest(batch_ids=batch or [], trial_ids=trial or [], exception_type=exception_type,
+                                  since=start, until=end, reason=reason or "dry run")
+    except ValidationError as exc:
+        _fail("; ".join(f"{'.'.join(map(str, e['loc'])) or 'selection'}: {e['msg']}" for e in exc.errors()))
+    store = Store()
+    store.upgrade()
+    if not apply:
+        try:
+            plan = plan_recovery(store, request)
+        except ForgeflowError as exc:
+            _fail(exc)
+        if as_json:
+            print(json.dumps({
+                "dry_run": True, "plan_sha256": plan.plan_sha256,
+                "void": [{"trial_id": t.trial_id, "instance_id": t.instance_id, "kind": t.kind,
+                          "exception_type": t.exception_type, "batch_id": t.batch_id,
+                          "created_at": t.created_at.isoformat() if t.created_at else None} for t in plan.void],
+                "requeue": [{"instance_id": t.instance_id, "status": t.status, "reason": t.reason}
+                            for t in plan.requeue],
+                "kept": [k.model_dump() for k in plan.kept],
+                "before": plan.before.model_dump(), "expected_after": plan.expected_after.model_dump()}, indent=2))
+            return
+        console.print(render_plan(plan), highlight=False, soft_wrap=True)
+        console.print("dry run: nothing changed; add --apply --reason TEXT to do it")
+        return
+    from flows.curate import recover as recover_flow  # noqa: PLC0415
+
+    try:
+        out = recover_flow(reason=request.reason, batch_ids=request.batch_ids, trial_ids=request.trial_ids,
+                           exception_type=request.exception_type, since=request.since, until=request.until,
+                           dry_run=False, backup_dir=backup_dir)
+    except ForgeflowError as exc:
+        _fail(exc)
+    if as_json:
+        print(json.dumps(out, indent=2, default=str))
+        return
+    console.print(f"recovery {out['recovery_id']}: {out['voided']} trial(s) voided, {out['requeued']} task(s) "
+                  f"requeued; backup {out['backup_path']} sha256 {out['backup_sha256']}", highlight=False,
+                  soft_wrap=True)
+
+
+derived_app = typer.Typer(help="Derived task sets (set algebra over store, frozen and external sets).")
+app.add_typer(derived_app, name="derived")
+
+
+def _derived_sources(store: "object", freeze_name: Optional[str], freezes_dir: Path,
+                     id_lists: list[str]) -> list:
+    """The source sets a definition may name: one per store task status (``accepted``,
+    ``rejected``, ``error``, ``candidate``), ``images_available``, ``frozen``/``frozen.<split>``
+    for ``--freeze``, and each ``--id-list NAME=PATH@REVISION``."""
+    from forgeflow import derived  # noqa: PLC0415
+    from forgeflow.errors import InputError  # noqa: PLC0415
+    from forgeflow.freeze import manifest_path  # noqa: PLC0415
+
+    sources = [derived.store_status_set(status, store, status)
+               for status in ("accepted", "rejected", "error", "candidate")]
+    sources.append(derived.store_images_available_set("images_available", store))
+    if freeze_name is not None:
+        recorded = store.get_freeze(freeze_name)
+        path = Path(recorded.manifest_path) if recorded is not None else manifest_path(freeze_name, freezes_dir)
+        sources.extend(derived.frozen_split_sets(path, prefix="frozen").values())
+    for spec in id_lists:
+        name, sep, rest = spec.partition("=")
+        path, sep2, revision = rest.rpartition("@")
+        if not sep or not sep2 or not name or not path or not revision:
+            raise InputError(f"--id-list {spec!r}: expected NAME=PATH@REVISION (e.g. solved=ids.txt@abc123)")
+        sources.append(derived.id_list_set(name, Path(path), revision))
+    return sources
+
+
+def _derived_json(item: "object", path: Path) -> dict:
+    return {"name": item.name, "path": str(path), "count": item.count, "ids_sha256": item.ids_sha256,
+            "expression": item.expression, "split_counts": item.split_counts,
+            "inputs": {k: {"kind": v.kind, "count": v.count, "ids_sha256": v.ids_sha256}
+                       for k, v in item.inputs.items()}}
+
+
+@derived_app.command("build")
+def derived_build(
+    name: str,
+    definitions: Optional[Path] = typer.Option(None, help="file of 'name = expression' lines "
+                                               "(default $FORGEFLOW_HOME/derived/definitions.txt)"),
+    define: Optional[list[str]] = typer.Option(None, "--define", help="a definition 'name = expression' "
+                                               "(repeatable; instead of --definitions)"),
+    freeze: Optional[str] = typer.Option(None, help="a freeze name: its splits are the sets frozen, frozen.train, ..."),
+    id_list: Optional[list[str]] = typer.Option(None, "--id-list", help="an external id list NAME=PATH@REVISION "
+                                                "(.json list or one id per line; repeatable)"),
+    out_dir: Optional[Path] = typer.Option(None, help="where NAME.json goes (default $FORGEFLOW_HOME/derived)"),
+    freezes_dir: Optional[Path] = typer.Option(None, help="default $FORGEFLOW_HOME/demo/freezes"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+) -> None:
+    """Evaluate derived set NAME over the store's task sets (accepted, rejected, error, candidate,
+    images_available), a freeze's splits and external id lists; write NAME.json with the digests
+    of its inputs (rebuild and check it with `forgeflow derived verify NAME`)."""
+    home = _prepare_env()
+    from forgeflow import derived  # noqa: PLC0415
+    from forgeflow.errors import ForgeflowError  # noqa: PLC0415
+    from forgeflow.store import Store  # noqa: PLC0415
+
+    try:
+        if define and definitions is not None:
+            _fail("give --definitions or --define, not both")
+        if define:
+            text = "\n".join(define)
+        else:
+            source = definitions or home / "derived" / "definitions.txt"
+            if not source.is_file():
+                _fail(f"no definitions: {source} does not exist; give --definitions FILE or --define 'name = expr'")
+            text = source.read_text(encoding="utf-8")
+        parsed = derived.parse_definitions(text)
+        if name not in parsed.expressions:
+            _fail(f"derived set {name!r} is not defined; defined: {', '.join(parsed.expressions) or 'none'}")
+        store = Store()
+        store.upgrade()
+        sources = _derived_sources(store, freeze, freezes_dir or home / "demo" / "freezes", id_list or [])
+        item = derived.derive(parsed, sources)[name]
+        path = derived.write_derived(item, out_dir or home / "derived")
+    except ForgeflowError as exc:
+        _fail(exc)
+    if as_json:
+        print(json.dumps(_derived_json(item, path), indent=2))
+        return
+    splits = "; ".join(f"{f}: " + ", ".join(f"{s} {n}" for s, n in c.items()) for f, c in item.split_counts.items())
+    console.print(f"derived {item.name} = {item.expression}: {item.count} ids, sha256 {item.ids_sha256}"
+                  + (f" ({splits})" if splits else "") + f"; written to {path}", highlight=False, soft_wrap=True)
+
+
+@derived_app.command("verify")
+def derived_verify(
+    name: str,
+    out_dir: Optional[Path] = typer.Option(None, help="where NAME.json is (default $FORGEFLOW_HOME/derived)"),
+    as_json: bool = typer.Option(False, "--json", help="print JSON"),
+) -> None:
+    """Rebuild derived set NAME from its recorded inputs (store, freeze manifest, id-list files)
+    and check every digest; exit 2 naming each changed input otherwise."""
+    home = _prepare_env()
+    from forgeflow import derived  # noqa: PLC0415
+    from forgeflow.errors import ForgeflowError  # noqa: PLC0415
+    from forgeflow.store import Store  # noqa: PLC0415
+
+    path = (out_dir or home / "derived") / f"{name}.json"
+    try:
+        store = Store()
+        store.upgrade()
+        item = derived.verify_derived(path, store=store)
+    except ForgeflowError as exc:
+        _fail(exc)
+    if as_json:
+        print(json.dumps({"ok": True, **_derived_json(item, path)}, indent=2))
+        return
+    console.print(f"derived {item.name}: OK ({item.count} ids, sha256 {item.ids_sha256}; "
+                  f"{len(item.inputs)} input(s) unchanged)", highlight=False, soft_wrap=True)
 
 
 @app.command()

@@ -1,13 +1,19 @@
 """The ``curate`` flow (validate batches until the dataset is freeze-ready) and the ``recover`` flow.
 
-``curate``: before every batch the freeze check (:func:`forgeflow.freeze.freeze_ready`, the very
-selection the freeze uses) runs on the store's accepted tasks. Ready: emit the Prefect event
+``curate``: reads candidates in its own JSONL format (``candidates_path``,
+:func:`forgeflow.candidates.load_candidates`) or, by default, the file the lifecycle's
+generate/prewarm stages wrote (``generated_path``, default
+``$FORGEFLOW_HOME/demo/candidates.jsonl``, :mod:`forgeflow.generated`). Before every batch the
+freeze check (:func:`forgeflow.freeze.freeze_ready`, the very selection the freeze uses) runs on the store's accepted tasks. Ready: emit the Prefect event
 ``forgeflow.dataset.freeze-ready`` and stop. Not ready: pick one batch with
 :func:`forgeflow.selection.select_batch`, run NOP/Oracle at most ``concurrency`` at a time (an
 attempt that ends in an infrastructure error is tried again, up to ``max_retries`` times), and
-record the trials, task statuses and the batch row in one transaction. No candidate left: stop,
-naming each unmet quota and by how much. Batch ids and trial ids are deterministic, so a killed
-run resumed loses no finished trial and duplicates none.
+record each validation's trials as soon as it ends, then the task statuses and the batch row (with
+the trials again) in one transaction. No candidate left: stop, naming each unmet quota and by how
+much. Batch ids and trial ids are deterministic and validations are cached on their inputs, so a
+killed run resumed re-selects the same batch, gets the finished validations from Prefect's cache
+and upserts the same trial ids: it loses no finished trial and duplicates none
+(tests/flows/test_curate_kill.py).
 
 ``recover``: :mod:`forgeflow.recovery` behind a flow (dry run by default), with an audit artifact.
 """
@@ -30,12 +36,14 @@ from forgeflow import projects
 from forgeflow.candidates import CandidateTask, load_candidates, to_candidate_refs
 from forgeflow.errors import InputError
 from forgeflow.freeze import AcceptedTask, SplitQuotas, freeze_ready
+from forgeflow.generated import GENERATED_FILE, GeneratedTask, load_generated
 from forgeflow.fsutil import atomic_write_text, sha256_bytes, sha256_json
 from forgeflow.recovery import RecoveryRequest, apply_recovery, plan_recovery, render_audit, render_plan
 from forgeflow.selection import DEFAULT_BATCH_SIZE, select_batch
 from forgeflow.settings import apply_container_env, home_dir
 from forgeflow.store import BatchRecord, Store, TaskRecord, TrialRecord
 from tasks import curate as curate_tasks
+from tasks.curation import validate_candidate
 from tasks.common import markdown_artifact, table_artifact
 
 FREEZE_READY_EVENT = "forgeflow.dataset.freeze-ready"
@@ -43,7 +51,8 @@ DEFAULT_QUOTAS = SplitQuotas(train=350, validation=75, test=75, max_per_repo=20,
 JOB_ID = "curate"
 
 
-def _test_commands(path: Path, rows: list[CandidateTask], given: dict[str, str] | None) -> dict[str, str]:
+def _test_commands(path: Path, rows: list[CandidateTask | GeneratedTask],
+                   given: dict[str, str] | None) -> dict[str, str]:
     """instance id -> test command: the row's ``test_command``, else ``given[repo]``, else the
     pinned project's (``forgeflow/data/projects.json``)."""
     per_row: dict[str, str] = {}
@@ -69,6 +78,24 @@ def _test_commands(path: Path, rows: list[CandidateTask], given: dict[str, str] 
     return out
 
 
+def _load_rows(candidates_path: Path | None, generated_path: Path | None, test_commands: dict[str, str] | None
+               ) -> tuple[list[CandidateTask | GeneratedTask], dict[str, str], dict[str, str | None]]:
+    """The candidate rows, instance id -> test command, instance id -> image id (or None)."""
+    if candidates_path is not None and generated_path is not None:
+        raise InputError(f"curate: give candidates_path ({candidates_path}) or generated_path ({generated_path}), "
+                         "not both")
+    if candidates_path is not None:
+        rows: list[CandidateTask | GeneratedTask] = list(load_candidates(candidates_path))
+        return rows, _test_commands(candidates_path, rows, test_commands), {r.instance_id: None for r in rows}
+    path = generated_path or home_dir() / "demo" / GENERATED_FILE
+    if not Path(path).is_file():
+        raise InputError(f"curate: no candidates file at {path}: run the lifecycle (`forgeflow demo`) to write it, "
+                         "or give candidates_path (curate's own JSONL) or generated_path")
+    generated = load_generated(path)
+    commands = {r.instance_id: (test_commands or {}).get(r.repo, r.test_command) for r in generated}
+    return list(generated), commands, {r.instance_id: r.image_id for r in generated}
+
+
 def _trial_row(tr: Any, batch_id: str, run_id: str) -> TrialRecord:
     timings = {k: v for k, v in {"env_setup_s": tr.env_setup_s, "verifier_s": tr.verifier_s}.items() if v is not None}
     return TrialRecord(trial_id=tr.trial_id, instance_id=tr.instance_id, kind=tr.kind, batch_id=batch_id,
@@ -82,15 +109,17 @@ def _unmet_text(unmet: list[Any]) -> str:
 
 
 @flow(name="curate", log_prints=True)
-def curate(candidates_path: Path, quotas: SplitQuotas = DEFAULT_QUOTAS, batch_size: int = DEFAULT_BATCH_SIZE,
-           concurrency: int = 10, max_retries: int = 2, verifier_timeout_s: float = 180.0,
-           memory_mb: int = 2048, seed: int = 0, test_commands: dict[str, str] | None = None) -> dict[str, Any]:
+def curate(candidates_path: Path | None = None, quotas: SplitQuotas = DEFAULT_QUOTAS,
+           batch_size: int = DEFAULT_BATCH_SIZE, concurrency: int = 10, max_retries: int = 2,
+           verifier_timeout_s: float = 180.0, memory_mb: int = 2048, seed: int = 0,
+           test_commands: dict[str, str] | None = None, generated_path: Path | None = None) -> dict[str, Any]:
     """Validate candidate batches until the accepted tasks meet ``quotas`` (or none is left).
 
     Args:
         candidates_path: JSONL of candidate rows (:func:`forgeflow.candidates.load_candidates`);
             ``image`` is the task image (local name or ``host:port/repo:tag``); an optional
-            ``test_command`` key per row overrides ``test_commands``.
+            ``test_command`` key per row overrides ``test_commands``. None (default): read
+            ``generated_path``.
         quotas: What the freeze needs (default: train 350, validation 75, test 75, <= 20 per repo,
             >= 70 repos).
         batch_size: Candidates per batch (select_batch).
@@ -99,14 +128,20 @@ def curate(candidates_path: Path, quotas: SplitQuotas = DEFAULT_QUOTAS, batch_si
         verifier_timeout_s: Absolute limit per test run, seconds.
         memory_mb: Sandbox memory limit, MiB.
         seed: Orders candidates and splits (same seed, same batches).
-        test_commands: repo -> test command, for repos that are not pinned projects.
+        test_commands: repo -> test command, for repos that are not pinned projects (for
+            ``generated_path`` rows: overrides the row's command).
+        generated_path: The lifecycle's candidates with their task images
+            (:func:`forgeflow.generated.write_generated`); default
+            ``$FORGEFLOW_HOME/demo/candidates.jsonl`` (what ``forgeflow demo`` writes). Used only
+            when ``candidates_path`` is None.
 
     Returns:
         ``status`` (``freeze-ready`` or ``exhausted``), ``batches`` (ids run), ``trials_recorded``,
         ``counts`` (per split), ``unmet`` (quota texts), ``event_id`` (the freeze-ready event).
 
     Raises:
-        InputError: malformed rows, a repo without a test command, bad parameters.
+        InputError: malformed rows, a repo without a test command, bad parameters, no
+            candidates file, both paths given.
     """
     if concurrency < 1 or max_retries < 0 or verifier_timeout_s <= 0:
         raise InputError(f"curate: concurrency >= 1, max_retries >= 0, verifier_timeout_s > 0 needed; got "
@@ -116,9 +151,8 @@ def curate(candidates_path: Path, quotas: SplitQuotas = DEFAULT_QUOTAS, batch_si
     run_id = str(flow_run.get_id() or "")
     store = Store()
     store.upgrade()
-    rows = load_candidates(candidates_path)
+    rows, commands, image_ids = _load_rows(candidates_path, generated_path, test_commands)
     by_id = {row.instance_id: row for row in rows}
-    commands = _test_commands(candidates_path, rows, test_commands)
     available = set(curate_tasks.available_images([row.image for row in rows if row.image]))
     refs = to_candidate_refs(rows, available)
     known = {t.instance_id for t in store.tasks()}
@@ -130,7 +164,7 @@ def curate(candidates_path: Path, quotas: SplitQuotas = DEFAULT_QUOTAS, batch_si
                                                run_id=run_id), [], new_rows)
     logger.info("curate: %d candidates (%d new), %d with an available image", len(rows), len(new_rows),
                 sum(r.image_available for r in refs))
-    validate = curate_tasks.validate_attempt.with_options(retries=max_retries)
+    validate = validate_candidate.with_options(retries=max_retries)
     batches: list[str] = []
     recorded = 0
     while True:
@@ -156,18 +190,21 @@ def curate(candidates_path: Path, quotas: SplitQuotas = DEFAULT_QUOTAS, batch_si
             return {"status": "exhausted", "batches": batches, "trials_recorded": recorded,
                     "counts": selection.counts, "unmet": [text], "event_id": None}
         batch_id = f"curate-{sha256_json({'seed': seed, 'ids': sorted(ids)})[:16]}"
-        recorded += _run_batch(store, batch_id, ids, by_id, commands, validate, concurrency, max_retries,
-                               verifier_timeout_s, memory_mb, run_id)
+        recorded += _run_batch(store, batch_id, ids, by_id, commands, image_ids, validate, concurrency,
+                               max_retries, verifier_timeout_s, memory_mb, run_id)
         batches.append(batch_id)
         logger.info("batch %s: %d candidates; unmet before it: %s", batch_id, len(ids), _unmet_text(selection.unmet))
 
 
-def _run_batch(store: Store, batch_id: str, ids: list[str], by_id: dict[str, CandidateTask], commands: dict[str, str],
-               validate: Any, concurrency: int, max_retries: int, timeout_s: float, memory_mb: int, run_id: str) -> int:
-    """Validate one batch (sliding window of ``concurrency``), record it in one transaction."""
+def _run_batch(store: Store, batch_id: str, ids: list[str], by_id: dict[str, CandidateTask | GeneratedTask],
+               commands: dict[str, str], image_ids: dict[str, str | None], validate: Any, concurrency: int, max_retries: int, timeout_s: float, memory_mb: int, run_id: str) -> int:
+    """Validate one batch (sliding window of ``concurrency``): each validation's trials are stored
+    when it ends, the statuses and the batch row in one transaction at the end."""
     logger = get_run_logger()
-    # attempt numbers continue after earlier (e.g. voided) attempts: new trial ids after a recovery
-    earlier = {iid: len(store.trials_for(kind="nop", instance_id=iid, include_void=True)) for iid in ids}
+    # attempt numbers continue after voided attempts: a task requeued by `recover` gets new trial ids;
+    # live trials of a killed run keep theirs (same key: cache hit, same ids upserted)
+    earlier = {iid: sum(t.voided_at is not None for t in store.trials_for(kind="nop", instance_id=iid,
+                                                                          include_void=True)) for iid in ids}
     progress = create_progress_artifact(progress=0.0, description=f"batch {batch_id}: {len(ids)} candidates")
     done: queue.Queue = queue.Queue()
     pending = deque((iid, 0) for iid in ids)
@@ -178,7 +215,7 @@ def _run_batch(store: Store, batch_id: str, ids: list[str], by_id: dict[str, Can
         while pending and in_flight < concurrency:
             iid, attempt = pending.popleft()
             row = by_id[iid]
-            future = validate.submit(row, row.image, commands[iid], timeout_s, memory_mb,
+            future = validate.submit(row, row.image, image_ids[iid], commands[iid], timeout_s, memory_mb,
                                      f"curate-a{earlier[iid] + attempt}")
             future.add_done_callback(lambda f, iid=iid, attempt=attempt: done.put((iid, attempt, f)))
             in_flight += 1
@@ -190,7 +227,9 @@ def _run_batch(store: Store, batch_id: str, ids: list[str], by_id: dict[str, Can
             logger.error("validation of %s raised (no trial recorded): %r", iid, exc)
             final[iid] = ("error", f"validation raised {type(exc).__name__}: {exc}"[:2000], None)
         else:
-            trials.extend(_trial_row(tr, batch_id, run_id) for tr in (outcome.nop, outcome.oracle) if tr is not None)
+            ended = [_trial_row(tr, batch_id, run_id) for tr in (outcome.nop, outcome.oracle) if tr is not None]
+            store.record_trials(ended)  # a kill from here on loses none of them
+            trials.extend(ended)
             if outcome.report is None:
                 failed = outcome.oracle if outcome.oracle is not None and outcome.oracle.exception_type else outcome.nop
                 if attempt < max_retries:

@@ -1,4 +1,5 @@
-"""Prefect tasks of curation: candidate generation, NOP/Oracle validation, freeze."""
+"""Prefect tasks of curation: candidate generation, NOP/Oracle validation (the one task the
+lifecycle's validate stage and the ``curate`` flow share), freeze."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from prefect import task
 from forgeflow import bugs, freeze, trial
 from forgeflow.errors import PreflightError
 from forgeflow.sandbox import SandboxSpec
-from tasks.common import RESUMABLE
+from tasks.common import RESUMABLE, TRANSIENT_RETRY_DELAYS_S, retry_on_transient
 
 
 @task(cache_policy=RESUMABLE, task_run_name="candidates-{repo}")
@@ -18,16 +19,40 @@ def generate_candidates(repo: str, checkout_dir: Path, source_dir: str, max_cand
     return bugs.generate_candidates(repo, checkout_dir, source_dir, max_candidates, seed)
 
 
-@task(cache_policy=RESUMABLE, task_run_name="validate-{candidate.instance_id}")
-def validate_candidate(candidate: bugs.Candidate, image_ref: str, image_digest: str, test_command: str,
-                       timeout_s: float, memory_mb: int) -> trial.ValidationOutcome:
-    """NOP then Oracle run of one candidate in no-network containers of its task image.
+@task(cache_policy=RESUMABLE, retries=2, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S[:2],
+      retry_condition_fn=retry_on_transient, task_run_name="validate-{candidate.instance_id}-{run_key}")
+def validate_candidate(candidate: trial.BugTask, image_ref: str, image_digest: str | None, test_command: str,
+                       timeout_s: float, memory_mb: int, run_key: str = "validate") -> trial.ValidationOutcome:
+    """NOP then Oracle run of one candidate in no-network containers of its task image
+    (:func:`forgeflow.trial.validate_candidate`); the one validation task of the lifecycle's
+    validate stage and of the ``curate`` flow.
 
-    Infrastructure failures come back as trials with an exception type (never a rejection), so
-    one broken trial never sinks the batch. ``image_digest`` keys the cache.
+    Args:
+        candidate: A :class:`forgeflow.bugs.Candidate`, :class:`forgeflow.candidates.CandidateTask`
+            or :class:`forgeflow.generated.GeneratedTask` (its ``instance_id`` and bug ``patch``).
+        image_ref: The task image (local name or ``host:port/repo:tag``).
+        image_digest: The image's digest or id when known (keys the cache: a rebuilt image under
+            the same name is validated afresh); None when ``image_ref`` is the identity.
+        test_command: Shell command printing ``pytest -rA`` output, run in ``/testbed``.
+        timeout_s: Absolute limit per test run, seconds.
+        memory_mb: Sandbox memory limit, MiB.
+        run_key: Goes into the trial ids and the cache key. The lifecycle keeps the default; the
+            ``curate`` flow passes ``curate-a<N>`` (N = the instance's earlier NOP trials, void ones
+            included), so a task requeued by ``recover`` is validated afresh with new trial ids
+            (the voided rows stay for audit), while a killed-and-resumed batch reuses the same key:
+            Prefect's cache answers and the store upserts the same trial ids (nothing duplicated).
+
+    Returns:
+        The outcome. Infrastructure failures come back as trials with an exception type (never
+        a rejection), so one broken trial never sinks the batch.
+
+    Raises:
+        InputError: bad input (fails only this task run, never retried). A transient
+            :class:`~forgeflow.errors.InfraError` escaping the trial runner is retried by Prefect
+            (twice by default; callers override with ``with_options(retries=...)``).
     """
     return trial.validate_candidate(candidate, image_ref, test_command, timeout_s=timeout_s,
-                                    spec=SandboxSpec(memory_mb=memory_mb))
+                                    spec=SandboxSpec(memory_mb=memory_mb), run_key=run_key)
 
 
 @task(cache_policy=RESUMABLE)

@@ -1,0 +1,154 @@
+"""`forgeflow recover` and `forgeflow derived build|verify` on a store the test fills itself.
+
+The dry runs and the derived-set commands read the store only (no Prefect server); `recover
+--apply` runs the real ``recover`` flow on the session's Prefect test harness.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from flows.cli import app
+from forgeflow.store import BatchRecord, Store, TaskRecord, TrialRecord
+
+runner = CliRunner()
+T0 = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch) -> Path:
+    """A store with one batch: ``repo.a`` broke on a registry fault (error), ``repo.b`` was a real
+    rejection, ``repo.c`` accepted; a second batch had one fault an hour later (``repo.d``)."""
+    monkeypatch.setenv("FORGEFLOW_HOME", str(tmp_path))
+    monkeypatch.delenv("FORGEFLOW_STORE_URL", raising=False)
+    store = Store(f"sqlite:///{tmp_path / 'store.db'}")
+    store.upgrade()
+
+    def trial(iid: str, reward: float | None, when: datetime, batch: str) -> TrialRecord:
+        return TrialRecord(trial_id=f"t-{iid}", instance_id=f"repo.{iid}", kind="nop", batch_id=batch, job_id="curate",
+                           reward=reward, created_at=when,
+                           exception_type=None if reward is not None else "RegistryUnavailableError",
+                           exception_message=None if reward is not None else "registry answered 503")
+
+    def task(iid: str, status: str, repo: str) -> TaskRecord:
+        return TaskRecord(instance_id=f"repo.{iid}", repo=repo, status=status, reason=f"{status} in test")
+
+    store.record_batch_results(BatchRecord(batch_id="b1", kind="curate", instance_ids=["repo.a", "repo.b", "repo.c"],
+                                           concurrency=2),
+                               [trial("a", None, T0, "b1"), trial("b", 1.0, T0, "b1"), trial("c", 0.0, T0, "b1")],
+                               [task("a", "error", "r1"), task("b", "rejected", "r1"), task("c", "accepted", "r2")])
+    store.record_batch_results(BatchRecord(batch_id="b2", kind="curate", instance_ids=["repo.d"], concurrency=1),
+                               [trial("d", None, T0 + timedelta(hours=1), "b2")], [task("d", "error", "r2")])
+    return tmp_path
+
+
+def _json(result) -> dict:
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)  # Prefect's log lines go to stderr
+
+
+def test_recover_dry_run_by_batch_lists_only_the_broken_trial_and_changes_nothing(home: Path) -> None:
+    before = Store().task_status_counts()
+    out = _json(runner.invoke(app, ["recover", "--batch", "b1", "--json"]))
+    assert out["dry_run"] is True
+    assert [t["trial_id"] for t in out["void"]] == ["t-a"]
+    assert [t["instance_id"] for t in out["requeue"]] == ["repo.a"]
+    assert sorted(k["trial_id"] for k in out["kept"]) == ["t-b", "t-c"]  # real outcomes stay
+    after = Store().task_status_counts()
+    assert after == before and len(Store().trials_for()) == 4
+
+    text = runner.invoke(app, ["recover", "--trial", "t-a", "--trial", "t-b"])
+    assert text.exit_code == 0, text.output
+    assert "void    t-a" in text.output and "dry run: nothing changed" in text.output
+
+
+def test_recover_by_exception_type_uses_the_window_and_refuses_without_one(home: Path) -> None:
+    window = ["--exception-type", "RegistryUnavailableError", "--since", (T0 + timedelta(minutes=30)).isoformat(),
+              "--until", (T0 + timedelta(hours=2)).isoformat(), "--json"]
+    out = _json(runner.invoke(app, ["recover", *window]))
+    assert [t["trial_id"] for t in out["void"]] == ["t-d"]  # t-a is outside the window
+
+    no_window = runner.invoke(app, ["recover", "--exception-type", "RegistryUnavailableError"])
+    assert no_window.exit_code == 2
+    assert "time window" in no_window.output
+
+    naive = runner.invoke(app, ["recover", "--exception-type", "X", "--since", "2026-11-30T10:00:00",
+                                "--until", "2026-11-30T11:00:00"])
+    assert naive.exit_code == 2 and "timezone-aware" in naive.output
+
+
+def test_recover_unknown_batch_and_apply_without_reason_fail_clearly(home: Path) -> None:
+    unknown = runner.invoke(app, ["recover", "--batch", "nosuch"])
+    assert unknown.exit_code == 2 and "nosuch" in unknown.output
+    no_reason = runner.invoke(app, ["recover", "--batch", "b1", "--apply"])
+    assert no_reason.exit_code == 2 and "--reason" in no_reason.output
+    assert {t.instance_id: t.status for t in Store().tasks()}["repo.a"] == "error"  # nothing applied
+
+
+def test_recover_apply_runs_the_flow_backs_up_voids_and_requeues(home: Path, prefect_harness) -> None:
+    out = _json(runner.invoke(app, ["recover", "--batch", "b1", "--apply", "--reason", "registry outage 10:00",
+                                    "--json"]))
+    assert out["dry_run"] is False and out["voided"] == 1 and out["requeued"] == 1
+    backup = Path(out["backup_path"])
+    assert backup.parent == home / "recovery"
+    assert hashlib.sha256(backup.read_bytes()).hexdigest() == out["backup_sha256"]
+    assert [t["trial_id"] for t in json.loads(backup.read_text())["trials"]] == ["t-a"]
+
+    store = Store()
+    statuses = {t.instance_id: t.status for t in store.tasks()}
+    assert statuses == {"repo.a": "candidate", "repo.b": "rejected", "repo.c": "accepted", "repo.d": "error"}
+    assert {t.trial_id for t in store.trials_for()} == {"t-b", "t-c", "t-d"}  # void: out of the counts
+    assert len(store.trials_for(include_void=True)) == 4  # ... but kept for audit
+
+    again = _json(runner.invoke(app, ["recover", "--batch", "b1", "--json"]))
+    assert again["void"] == [] and again["requeue"] == []
+
+
+def test_derived_build_then_verify_and_a_changed_input_is_named(home: Path, tmp_path: Path) -> None:
+    solved = tmp_path / "solved.txt"
+    solved.write_text("repo.c\nrepo.b\nrepo.x\n")
+    build = ["derived", "build", "hard", "--define", "verified_any = accepted | rejected",
+             "--define", "hard = verified_any - solved", "--id-list", f"solved={solved}@run-42", "--json"]
+    out = _json(runner.invoke(app, build))
+    assert out["count"] == 0 and out["inputs"]["solved"]["count"] == 3
+    out = _json(runner.invoke(app, ["derived", "build", "verified_any", "--define",
+                                    "verified_any = accepted ∪ rejected", "--json"]))
+    assert out["count"] == 2 and Path(out["path"]) == home / "derived" / "verified_any.json"
+
+    ok = _json(runner.invoke(app, ["derived", "verify", "verified_any", "--json"]))
+    assert ok["ok"] is True and ok["ids_sha256"] == out["ids_sha256"]
+
+    Store().record_task(TaskRecord(instance_id="repo.e", repo="r3", status="accepted"))
+    changed = runner.invoke(app, ["derived", "verify", "verified_any"])
+    assert changed.exit_code == 2
+    assert "'accepted'" in changed.output and "inputs changed" in changed.output
+
+
+def test_derived_build_over_a_freeze_counts_per_split_and_unknown_names_fail(home: Path) -> None:
+    from forgeflow import freeze
+    from forgeflow.store import FreezeRecord
+
+    accepted = [freeze.AcceptedTask(instance_id=f"r{r}.t{i}", repo=f"r{r}") for r in range(3) for i in range(2)]
+    quotas = freeze.SplitQuotas(train=1, validation=1, test=1, max_per_repo=2, min_repos=3)
+    manifest = freeze.write_freeze("v1", freeze.select_splits(accepted, quotas, 0), quotas, 0,
+                                   home / "demo" / "freezes")
+    Store().record_freeze(FreezeRecord(name="v1", semantic_sha256=manifest.semantic_sha256,
+                                       file_sha256=manifest.file_sha256, manifest_path=str(manifest.path)))
+    definitions = home / "defs.txt"
+    definitions.write_text("# test split minus nothing\nfrozen_test = frozen.test - rejected\n")
+    out = _json(runner.invoke(app, ["derived", "build", "frozen_test", "--definitions", str(definitions),
+                                    "--freeze", "v1", "--json"]))
+    assert out["count"] == len(manifest.splits["test"])
+    assert out["split_counts"]["v1"]["test"] == out["count"] and out["split_counts"]["v1"]["train"] == 0
+    assert _json(runner.invoke(app, ["derived", "verify", "frozen_test", "--json"]))["ok"] is True
+
+    unknown = runner.invoke(app, ["derived", "build", "bad", "--define", "bad = accepted & nosuch"])
+    assert unknown.exit_code == 2 and "nosuch" in unknown.output and "images_available" in unknown.output
+    undefined = runner.invoke(app, ["derived", "build", "other", "--define", "bad = accepted"])
+    assert undefined.exit_code == 2 and "'other' is not defined" in undefined.output

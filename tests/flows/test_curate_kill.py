@@ -1,0 +1,128 @@
+"""Killing the curate flow mid-batch (SIGKILL to its process group) and running it again loses no
+finished trial, duplicates none and leaves no container of ours behind.
+
+The flow runs in a subprocess pointed at the session harness's Prefect API (PREFECT_API_URL), on
+three real generated inflection candidates (task images built as the lifecycle does, read in the
+lifecycle's ``candidates.jsonl`` format), NOP/Oracle in podman, one batch of three, two
+validations at a time. The kill comes once the first validation's trials are in the store, while
+the batch still runs (no batch row, no task status yet).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+RUN = """
+import sys
+from pathlib import Path
+from flows.curate import curate
+from forgeflow.freeze import SplitQuotas
+out = curate(generated_path=Path(sys.argv[1]), batch_size=3, concurrency=2, max_retries=0,
+             verifier_timeout_s=120, seed=0,
+             quotas=SplitQuotas(train=1, validation=0, test=1, min_repos=2, max_per_repo=4))
+print("RESULT " + __import__("json").dumps(out))
+"""
+
+
+def _our_containers(names: set[str]) -> list[str]:
+    listed = subprocess.run(["podman", "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True,
+                            check=True, timeout=60).stdout.split()
+    return sorted(set(listed) & names)
+
+
+def _remove_containers(names: set[str]) -> None:
+    """Remove containers of these names (trial ids are deterministic: an earlier failed run of this
+    test may have left some, and a failing assertion here must not leave any)."""
+    for name in _our_containers(names):
+        subprocess.run(["podman", "rm", "-f", "-t", "0", name], capture_output=True, timeout=120)
+
+
+def test_curate_killed_mid_batch_resumes_without_loss_or_duplicates(prefect_harness, tmp_path: Path) -> None:
+    from prefect.settings import PREFECT_API_URL
+
+    from forgeflow.generated import build_generated, write_generated
+    from forgeflow.settings import apply_container_env
+    from forgeflow.store import Store
+    from forgeflow.trial import container_name, make_trial_id
+
+    apply_container_env()
+    rows = build_generated(["inflection"], tmp_path / "work", 3)
+    assert len(rows) == 3
+    generated = write_generated(tmp_path / "candidates.jsonl", rows)
+    store_url = f"sqlite:///{tmp_path / 'store.db'}"
+    env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value()), "PREFECT_HOME": str(tmp_path / "prefect"),
+           "FORGEFLOW_HOME": str(tmp_path / "home"), "FORGEFLOW_STORE_URL": store_url, "PYTHONUNBUFFERED": "1"}
+    ours = {container_name(r.instance_id, kind, make_trial_id(r.instance_id, kind, r.image, "curate-a0"))
+            for r in rows for kind in ("nop", "oracle")}
+    _remove_containers(ours)
+    store = Store(store_url)
+    store.upgrade()
+
+    def start(log: Path) -> subprocess.Popen:
+        with log.open("w") as out:
+            return subprocess.Popen([sys.executable, "-c", RUN, str(generated)], env=env, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True, cwd=Path(__file__).parents[2])
+
+    first = start(tmp_path / "first.log")
+    try:
+        deadline = time.monotonic() + 240
+        recorded: dict = {}
+        while time.monotonic() < deadline and first.poll() is None and not recorded:
+            recorded = {t.trial_id: t for t in store.trials_for(job_id="curate")}
+            time.sleep(0.2)
+        tail = (tmp_path / "first.log").read_text()[-3000:]
+        assert first.poll() is None, f"the flow ended before the kill:\n{tail}"
+        assert recorded, f"no validation finished in time:\n{tail}"
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(timeout=30)
+        killed_at = datetime.now(UTC)
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait(timeout=30)
+
+    # killed mid-batch: some trials are stored, but no task status and no batch row yet
+    recorded = {t.trial_id: t for t in store.trials_for(job_id="curate")}
+    finished = {t.instance_id for t in recorded.values()}
+    assert 1 <= len(finished) < len(rows), f"{finished}:\n{tail}"
+    assert {t.status for t in store.tasks()} == {"candidate"}, f"the batch ended before the kill:\n{tail}"
+    print(f"stored before the kill: {sorted(finished)}; containers left: {_our_containers(ours) or 'none'}")
+
+    second = start(tmp_path / "second.log")
+    try:
+        assert second.wait(timeout=300) == 0, (tmp_path / "second.log").read_text()[-3000:]
+    finally:
+        if second.poll() is None:
+            os.killpg(second.pid, signal.SIGKILL)
+    log = (tmp_path / "second.log").read_text()
+    result = json.loads(log.split("RESULT ", 1)[1].splitlines()[0])
+    assert "STOPPED, NOT READY" in log  # one repo can never fill repository-disjoint splits
+    assert result["status"] == "exhausted" and len(result["batches"]) == 1  # the same batch, finished
+
+    trials = store.trials_for(job_id="curate", include_void=True)
+    keys = [(t.instance_id, t.kind) for t in trials]
+    assert len(keys) == len(set(keys)), f"duplicated trials: {sorted(keys)}"  # none duplicated
+    assert len({t.trial_id for t in trials}) == len(trials)
+    assert {t.instance_id for t in trials if t.kind == "nop"} == {r.instance_id for r in rows}
+    for trial_id, before in recorded.items():  # finished before the kill: kept as it was, not run again
+        after = next(t for t in trials if t.trial_id == trial_id)
+        assert (after.reward, after.created_at, after.exception_type) == (before.reward, before.created_at,
+                                                                          before.exception_type)
+        assert after.created_at.replace(tzinfo=UTC) < killed_at
+    statuses = {t.instance_id: t.status for t in store.tasks()}
+    assert set(statuses) == {r.instance_id for r in rows} and "candidate" not in statuses.values()
+    left = _our_containers(ours)
+    _remove_containers(ours)
+    assert left == [], "an orphaned trial container of ours is left"
+    store.dispose()
