@@ -3,6 +3,10 @@
 * ``forgeflow-freeze-on-ready``: the ``forgeflow.dataset.freeze-ready`` event (emitted by the
   ``curate`` flow, ``flows/curate.py``) runs the ``freeze/freeze`` deployment with its default
   parameters.
+* ``forgeflow-canary-on-freeze``: a ``prefect.flow-run.Completed`` event of a flow run of the
+  ``freeze/freeze`` deployment runs the ``canary/canary`` deployment on the freeze that run made
+  (``freeze_name`` is rendered from the completed run's ``name`` parameter), its other parameters
+  the deployment's defaults.
 * ``forgeflow-notify-on-failure``: any ``prefect.flow-run.Failed`` event sends a message through a
   ``CustomWebhookNotificationBlock`` (saved as ``forgeflow-failures``) to the given webhook URL.
 
@@ -20,6 +24,8 @@ FREEZE_READY_EVENT = "forgeflow.dataset.freeze-ready"
 """Mirrors flows.curate.FREEZE_READY_EVENT (not imported: that module pulls in the whole curate stack)."""
 FREEZE_DEPLOYMENT = "freeze/freeze"
 FREEZE_ON_READY = "forgeflow-freeze-on-ready"
+CANARY_DEPLOYMENT = "canary/canary"
+CANARY_ON_FREEZE = "forgeflow-canary-on-freeze"
 NOTIFY_ON_FAILURE = "forgeflow-notify-on-failure"
 NOTIFY_BLOCK_NAME = "forgeflow-failures"
 FAILURE_BODY = ("Flow run {{ flow_run.name }} ({{ flow_run.id }}) of flow {{ flow.name }} failed: "
@@ -34,6 +40,27 @@ def freeze_on_ready(freeze_deployment_id: str) -> Automation:
         trigger=EventTrigger(expect={FREEZE_READY_EVENT}, match={"prefect.resource.id": "*"},
                              posture=Posture.Reactive, threshold=1, within=0),
         actions=[RunDeployment(source="selected", deployment_id=freeze_deployment_id, parameters=None)],
+    )
+
+
+def canary_on_freeze(freeze_deployment_id: str, canary_deployment_id: str) -> Automation:
+    """The automation that runs the canary deployment when a freeze deployment run completes.
+
+    The trigger matches ``prefect.flow-run.Completed`` events whose related resources include the
+    freeze deployment (``prefect.deployment.<id>``); the action's ``freeze_name`` is the Jinja
+    template ``{{ flow_run.parameters.name }}``, which Prefect renders from the flow run that
+    emitted the event (``RunDeployment.render_parameters``), so the canary evaluates the freeze
+    that was just written.
+    """
+    return Automation(
+        name=CANARY_ON_FREEZE,
+        description=f"a completed {FREEZE_DEPLOYMENT} run -> run the {CANARY_DEPLOYMENT} deployment on that freeze",
+        trigger=EventTrigger(expect={"prefect.flow-run.Completed"},
+                             match={"prefect.resource.id": "prefect.flow-run.*"},
+                             match_related={"prefect.resource.id": f"prefect.deployment.{freeze_deployment_id}"},
+                             posture=Posture.Reactive, threshold=1, within=0),
+        actions=[RunDeployment(source="selected", deployment_id=canary_deployment_id,
+                               parameters={"freeze_name": "{{ flow_run.parameters.name }}"})],
     )
 
 
@@ -83,13 +110,16 @@ def ensure_automations(deployments: dict[str, str], notify_url: str | None) -> d
         Automation name -> id.
 
     Raises:
-        KeyError: the freeze deployment is not registered.
+        KeyError: the freeze or the canary deployment is not registered.
     """
     from prefect.client.orchestration import get_client
 
-    if FREEZE_DEPLOYMENT not in deployments:
-        raise KeyError(f"deployment {FREEZE_DEPLOYMENT!r} is not registered (have: {sorted(deployments)})")
-    out = {FREEZE_ON_READY: _replace(freeze_on_ready(deployments[FREEZE_DEPLOYMENT]))}
+    for needed in (FREEZE_DEPLOYMENT, CANARY_DEPLOYMENT):
+        if needed not in deployments:
+            raise KeyError(f"deployment {needed!r} is not registered (have: {sorted(deployments)})")
+    out = {FREEZE_ON_READY: _replace(freeze_on_ready(deployments[FREEZE_DEPLOYMENT])),
+           CANARY_ON_FREEZE: _replace(canary_on_freeze(deployments[FREEZE_DEPLOYMENT],
+                                                       deployments[CANARY_DEPLOYMENT]))}
     if notify_url:
         out[NOTIFY_ON_FAILURE] = _replace(notify_on_failure(save_notification_block(notify_url)))
     else:

@@ -12,6 +12,7 @@ from typing import Any
 from prefect.deployments.runner import RunnerDeployment
 from prefect.schedules import Schedule
 
+from flows.canary import canary
 from flows.lifecycle import lifecycle
 from flows.curate import curate, recover
 from flows.registry import migrate_images, prewarm_plan, registry_audit, rewrite_image_refs
@@ -34,6 +35,8 @@ SPECS: list[dict[str, Any]] = [
     {"flow": freeze, "entrypoint": "flows/stages.py:freeze", "name": "freeze",
      "parameters": {"name": "demo-v1", "train_min": 2, "validation_min": 1, "test_min": 2, "max_per_repo": 4,
                     "min_repos": 2, "seed": 0}},
+    {"flow": canary, "entrypoint": "flows/canary.py:canary", "name": "canary",
+     "parameters": {"freeze_name": "demo-v1", "split": "test", "concurrency": 1, "profile": "default"}},
     {"flow": compare, "entrypoint": "flows/stages.py:compare", "name": "compare",
      "parameters": {"job_a": "", "job_b": ""}},
     {"flow": curate, "entrypoint": "flows/curate.py:curate", "name": "curate",

@@ -34,6 +34,7 @@ from prefect.runtime import flow_run
 
 from forgeflow import projects
 from forgeflow.candidates import CandidateTask, load_candidates, to_candidate_refs
+from forgeflow.canary import trial_row
 from forgeflow.errors import InputError
 from forgeflow.freeze import AcceptedTask, SplitQuotas, freeze_ready
 from forgeflow.generated import GENERATED_FILE, GeneratedTask, load_generated
@@ -94,14 +95,6 @@ def _load_rows(candidates_path: Path | None, generated_path: Path | None, test_c
     generated = load_generated(path)
     commands = {r.instance_id: (test_commands or {}).get(r.repo, r.test_command) for r in generated}
     return list(generated), commands, {r.instance_id: r.image_id for r in generated}
-
-
-def _trial_row(tr: Any, batch_id: str, run_id: str) -> TrialRecord:
-    timings = {k: v for k, v in {"env_setup_s": tr.env_setup_s, "verifier_s": tr.verifier_s}.items() if v is not None}
-    return TrialRecord(trial_id=tr.trial_id, instance_id=tr.instance_id, kind=tr.kind, batch_id=batch_id,
-                       job_id=JOB_ID, reward=tr.reward, exception_type=tr.exception_type,
-                       exception_message=tr.exception_message, timings=timings, created_at=tr.started_at,
-                       run_id=run_id)
 
 
 def _unmet_text(unmet: list[Any]) -> str:
@@ -227,7 +220,7 @@ def _run_batch(store: Store, batch_id: str, ids: list[str], by_id: dict[str, Can
             logger.error("validation of %s raised (no trial recorded): %r", iid, exc)
             final[iid] = ("error", f"validation raised {type(exc).__name__}: {exc}"[:2000], None)
         else:
-            ended = [_trial_row(tr, batch_id, run_id) for tr in (outcome.nop, outcome.oracle) if tr is not None]
+            ended = [trial_row(tr, JOB_ID, None, run_id, batch_id=batch_id) for tr in (outcome.nop, outcome.oracle) if tr is not None]
             store.record_trials(ended)  # a kill from here on loses none of them
             trials.extend(ended)
             if outcome.report is None:

@@ -25,8 +25,11 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.events import emit_event
 from prefect.runtime import flow_run
 
+from blocks.core import RegistryEndpoint
+from flows.registry import migrate_images as migrate_images_flow
 from flows.stagekit import StageLog
-from forgeflow import agent, compare, images, migrate, projects, samples, serving
+from forgeflow import agent, generated, images, migrate, projects, samples, serving
+from forgeflow import canary as canary_core
 from forgeflow.burst import BurstConfig
 from forgeflow.config import LifecycleConfig
 from forgeflow.errors import PreflightError
@@ -84,7 +87,7 @@ def lifecycle(config: LifecycleConfig = LifecycleConfig()) -> dict[str, Any]:
                 store.record_serving_generation(_generation_row(stopped, "retired", run_id))
         for server in (source, target):
             server.stop()
-        log.write(result)
+        log.finish(result)  # summary.json + the stage table artifact
 
 
 def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageLog, store: Store,
@@ -107,22 +110,27 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
         st["counts"] = {"projects": len(envs)}
         st["digests"] = {"base_image_id": base.image_id, **{n: e["source_digest"] for n, e in envs.items()}}
 
-    # 2. migrate: source -> target registry, digests preserved and verified
+    # 2. migrate: the migrate-images flow as a subflow (the one migration path): state per image in the
+    # store, digests preserved and verified; a re-run copies only what the store does not record as completed
     with log.stage("migrate") as st:
-        rows = []
-        for name, env in envs.items():
-            target_ref = f"{dst}/env/{env['project'].name}:{env['project'].version}"
-            rec = log.call(registry_tasks.migrate_image, f"docker://{env['source_ref']}", f"docker://{target_ref}",
-                           env["source_digest"], config.max_image_size_bytes, registry_ids["target"])
-            rows.append({"image": target_ref, "status": rec.status, "reason": rec.reason,
-                         "source_digest": rec.source_digest, "target_digest": rec.target_digest})
+        names = {f"env/{e['project'].name}:{e['project'].version}": n for n, e in envs.items()}
+        summary = migrate_images_flow(source=RegistryEndpoint(address=src), target=RegistryEndpoint(address=dst),
+                                      images=list(names), max_size_bytes=config.max_image_size_bytes,
+                                      store_url=store.url)
+        for name, rec in zip(names.values(), summary.records):
             if rec.status == "completed":
-                env["target_ref"], env["target_digest"] = target_ref, rec.target_digest
-                store.record_image(ledger.ImageRecord(ref=target_ref, digest=rec.target_digest, role="target",
-                                                      project=name, size_bytes=rec.size_bytes, run_id=run_id))
-        table_artifact("migrate", rows, "Environment images migrated source -> target registry")
+                target_ref = migrate.store_ref(rec.target_ref)
+                envs[name]["target_ref"], envs[name]["target_digest"] = target_ref, rec.target_digest
+                # the flow wrote the row (role target, state, digests); the lifecycle adds the project
+                store.upsert(ledger.Image, {"ref": target_ref}, {"role": "target", "project": name})
         envs = {n: e for n, e in envs.items() if "target_ref" in e}
-        st["counts"] = {"completed": len(envs), "skipped_or_failed": len(rows) - len(envs)}
+        # StageLog's "cached": an image the store recorded as completed (and the target still serves) was not
+        # copied again, i.e. answered from the ledger as a cached task would be
+        st["tasks_run"] += len(summary.records)
+        st["tasks_cached"] += sum(r.reason == migrate.ALREADY_COMPLETED for r in summary.records)
+        st["counts"] = {"completed": len(envs), "skipped_or_failed": len(summary.records) - len(envs),
+                        "copied": summary.copied}
+        st["digests"] = {n: e["target_digest"] for n, e in envs.items()}
 
     # 3. generate: SWE-smith procedural candidates per project, statically checked
     with log.stage("generate") as st:
@@ -154,8 +162,14 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
             digest = log.call(registry_tasks.push_local_image, image.name, image.image_id, ref, registry_ids["target"])
             reuse = migrate.verify_layer_reuse(Skopeo(), f"docker://{ref}", f"docker://{env['target_ref']}")
             reused_layers += len(reuse.base_layers)
-            tasks_info[c.instance_id] = {"candidate": c, "repo": repo, "image_ref": ref, "digest": digest}
+            tasks_info[c.instance_id] = {"candidate": c, "repo": repo, "image_ref": ref, "digest": digest,
+                                         "local_image": image}
             store.record_image(ledger.ImageRecord(ref=ref, digest=digest, role="task", project=repo, run_id=run_id))
+        st["paths"] = {"candidates": str(generated.write_generated(out_dir / generated.GENERATED_FILE, [
+            generated.GeneratedTask(**t["candidate"].model_dump(), image=t["local_image"].name,
+                                    image_id=t["local_image"].image_id, registry_ref=t["image_ref"],
+                                    registry_digest=t["digest"], test_command=envs[t["repo"]]["project"].test_command)
+            for t in tasks_info.values()]))}  # what `curate` reads by default
         table_artifact("prewarm-plan", [
             {"repository": r, "projected_tags": n, "cap": config.tag_cap} for r, n in sorted(plan.projected_tag_counts.items())
         ], "Projected tags per shard repository (task tags + basecache tags)")
@@ -177,7 +191,7 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
             for t, state in zip(wave, log.gather(futures)):
                 outcomes.append((t, state.result()))
             update_progress_artifact(progress_id, progress=100.0 * len(outcomes) / max(1, len(items)))
-        store.record_trials([_trial_row(tr, f"validate-{config.seed}", None, run_id)
+        store.record_trials([canary_core.trial_row(tr, f"validate-{config.seed}", None, run_id)
                              for _, out in outcomes for tr in (out.nop, out.oracle) if tr is not None])
         accepted, rows = [], []
         trials_n = sum(1 + (out.oracle is not None) for _, out in outcomes)
@@ -341,46 +355,23 @@ def _canary(log: StageLog, stage: str, config: LifecycleConfig, test_ids: list[s
             envs: dict[str, dict[str, Any]], base_url: str, model_sha256: str,
             agent_config: agent.AgentConfig, out_dir: Path, store: Store, run_id: str) -> list:
     """Agent trials on the frozen test split against the active endpoint (one job)."""
+    from flows.canary import run_canary_job  # the standalone canary flow runs the same job
+    from forgeflow.canary import CanaryTask
+
     job_id = f"{stage}-{model_sha256[:12]}"
     with log.stage(stage) as st:
-        store.record_job(ledger.JobRecord(job_id=job_id, kind="canary", freeze_name=config.freeze_name,
-                                          split="test", model_sha256=model_sha256, run_id=run_id,
-                                          params={"concurrency": config.canary_concurrency}))
-        trials = []
-        for start in range(0, len(test_ids), config.canary_concurrency):
-            futures = []
-            for instance_id in test_ids[start:start + config.canary_concurrency]:
-                t = by_id[instance_id]
-                report = t["report"]
-                problem = agent.problem_statement_for(t["candidate"].patch, report.FAIL_TO_PASS)
-                futures.append(serving_tasks.agent_trial.submit(
-                    instance_id, t["image_ref"], t["digest"], problem, envs[t["repo"]]["project"].test_command,
-                    report.FAIL_TO_PASS, report.PASS_TO_PASS, base_url, MODEL_ALIAS, model_sha256, agent_config,
-                    out_dir / "trajectories" / job_id, config.verifier_timeout_s))
-            for state in log.gather(futures):
-                tr = state.result()
-                store.record_trial(_trial_row(tr, job_id, model_sha256, run_id))
-                trials.append(tr)
-        report = compare.JobReport.from_trials(trials)
-        table_artifact(stage.replace("_", "-"), [
-            {"instance_id": tr.instance_id, "reward": tr.reward, "exception": tr.exception_type,
-             "agent_s": tr.agent_s, "verifier_s": tr.verifier_s} for tr in trials], f"{stage}: agent trials ({job_id})")
-        st["counts"] = {"requested": report.requested, "scored": report.scored, "reward_1": report.reward_1,
-                        "exceptions": sum(report.exceptions_by_type.values())}
-        st["digests"] = {"model": model_sha256}
+        tasks = [CanaryTask(instance_id=i, repo=by_id[i]["repo"], image_ref=by_id[i]["image_ref"],
+                            image_digest=by_id[i]["digest"], test_command=envs[by_id[i]["repo"]]["project"].test_command,
+                            problem_statement=agent.problem_statement_for(by_id[i]["candidate"].patch,
+                                                                          by_id[i]["report"].FAIL_TO_PASS),
+                            fail_to_pass=by_id[i]["report"].FAIL_TO_PASS, pass_to_pass=by_id[i]["report"].PASS_TO_PASS)
+                 for i in test_ids]
+        job = ledger.JobRecord(job_id=job_id, kind="canary", freeze_name=config.freeze_name, split="test",
+                               model_sha256=model_sha256, run_id=run_id, params={"concurrency": config.canary_concurrency})
+        trials, _ = run_canary_job(log, st, stage, job, tasks, base_url, MODEL_ALIAS, agent_config,
+                                   out_dir / "trajectories" / job_id, config.verifier_timeout_s,
+                                   config.canary_concurrency, store)
     return trials
-
-
-def _trial_row(tr: Any, job_id: str, model_sha256: str | None, run_id: str) -> ledger.TrialRecord:
-    """The store row of a trial (timings flattened to seconds per phase)."""
-    timings = {k: v for k, v in {"env_setup_s": tr.env_setup_s, "verifier_s": tr.verifier_s,
-                                 "agent_s": tr.agent_s}.items() if v is not None}
-    return ledger.TrialRecord(trial_id=tr.trial_id, instance_id=tr.instance_id, kind=tr.kind, job_id=job_id,
-                              reward=tr.reward, exception_type=tr.exception_type,
-                              exception_message=tr.exception_message, timings=timings,
-                              model_sha256=model_sha256, created_at=tr.started_at, run_id=run_id,
-                              agent_steps=tr.agent_steps, input_tokens=tr.input_tokens,
-                              output_tokens=tr.output_tokens)
 
 
 def _generation_row(state: serving.ServingState, status: str, run_id: str) -> ledger.ServingGenerationRecord:

@@ -46,6 +46,9 @@ STATE_FILE = "service.json"
 DATABASE_URL_ENV = "FORGEFLOW_PREFECT_DATABASE_URL"
 """Environment variable ``forgeflow up`` reads the Prefect server's database URL from (``--database``)."""
 SQLITE_DEFAULT = "sqlite (PREFECT_HOME)"
+LEASE_STORAGE_ENV = "PREFECT_SERVER_CONCURRENCY_LEASE_STORAGE"
+LEASE_STORAGE_FILESYSTEM = "prefect.server.concurrency.lease_storage.filesystem"
+"""Where ``up``'s server keeps concurrency-slot leases (unless the environment names another module)."""
 
 
 class ManagedProcess(BaseModel):
@@ -235,6 +238,11 @@ def _start_server(home: Path, port: int, sdir: Path, startup_timeout_s: float,
     # `--port` alone leaves the UI calling the API on PREFECT_SERVER_API_PORT (default 4200): the
     # settings make the UI's API URL (PREFECT_UI_API_URL, when the user did not set it) this server's
     env.update(PREFECT_SERVER_API_HOST="127.0.0.1", PREFECT_SERVER_API_PORT=str(port))
+    # concurrency-slot leases on disk (PREFECT_HOME/concurrency_leases), not in the server's memory: with
+    # Prefect's in-memory default a server restart forgets the lease of a killed holder while the limit's
+    # active_slots (in the database) stays counted, so that slot is never freed
+    # (measured; tests/resilience/test_concurrency_slot_restart.py)
+    env.setdefault(LEASE_STORAGE_ENV, LEASE_STORAGE_FILESYSTEM)
     if database_url is not None:
         env["PREFECT_SERVER_DATABASE_CONNECTION_URL"] = database_url
     else:

@@ -107,7 +107,8 @@ def test_up_records_processes_pool_deployments_and_automations(running):
     pool = httpx.get(f"{state.api_url}/work_pools/local", timeout=10).json()
     assert pool["type"] == "process"
     assert {"freeze/freeze", "compare/compare", "lifecycle/lifecycle", "curate/curate"} <= set(state.deployments)
-    assert set(state.automations) == {"forgeflow-freeze-on-ready", "forgeflow-notify-on-failure"}
+    assert set(state.automations) == {"forgeflow-freeze-on-ready", "forgeflow-canary-on-freeze",
+                                      "forgeflow-notify-on-failure"}
     assert state.ui_url == f"http://127.0.0.1:{state.port}"
 
 
@@ -171,7 +172,7 @@ def test_second_up_reuses_the_running_processes(running, webhook):
     assert (again.server.pid, again.worker.pid) == (state.server.pid, state.worker.pid)
     assert again.deployments == state.deployments
     names = [a["name"] for a in httpx.post(f"{state.api_url}/automations/filter", json={}, timeout=10).json()]
-    assert sorted(names) == ["forgeflow-freeze-on-ready", "forgeflow-notify-on-failure"]
+    assert sorted(names) == ["forgeflow-canary-on-freeze", "forgeflow-freeze-on-ready", "forgeflow-notify-on-failure"]
 
 
 def test_down_stops_everything_it_started_and_nothing_else(running):

@@ -1,0 +1,194 @@
+"""The ``canary`` flow: agent trials on one split of a recorded freeze against a served model.
+
+The same trials as the lifecycle's canary stages (``flows/lifecycle.py``): both call
+:func:`run_canary_job`, which submits :func:`tasks.serving.agent_trial` ``concurrency`` at a time,
+records every trial in the store under one ``jobs`` row (kind ``canary``) and publishes the trial
+table. The standalone flow reads its inputs where the lifecycle / curate / freeze left them:
+
+* the freeze (``freezes`` row -> manifest, verified against the recorded file digest) and its split;
+* each task's FAIL_TO_PASS / PASS_TO_PASS from the store (accepted tasks only);
+* each task's patch, task image and test command from the generated-candidates file
+  (:mod:`forgeflow.generated`, default ``$FORGEFLOW_HOME/demo/candidates.jsonl``);
+* the endpoint from the serving state file (``serve`` flow, default
+  ``$FORGEFLOW_HOME/serving/state.json``) or an explicit ``base_url`` + ``model_sha256``.
+
+Every input is checked before the first trial (:mod:`forgeflow.canary`): a concurrency above the
+profile's limit (``default`` 4, ``verified`` 10), an unknown freeze or split, a task without its row
+or image, an endpoint that does not answer are refused with the reason. It leaves a markdown job
+report artifact (``canary-job-report``: requested, scored, exceptions by type, reward 1/0, pass
+rates, Wilson 95% interval, one row per trial) and the same report under
+``out_dir/<job_id>/report.md``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any, Sequence
+
+import httpx
+from prefect import flow, get_run_logger
+from prefect.runtime import flow_run
+
+from flows.stagekit import StageLog
+from forgeflow import agent, compare, serving
+from forgeflow import store as ledger
+from forgeflow.canary import JOB_KIND, CanaryTask, canary_tasks, check_concurrency, frozen_split, render_job_report, trial_row
+from forgeflow.errors import InputError, PreflightError
+from forgeflow.fsutil import atomic_write_text
+from forgeflow.generated import GENERATED_FILE, load_generated
+from forgeflow.settings import apply_container_env, home_dir
+from tasks import serving as serving_tasks
+from tasks.common import markdown_artifact, table_artifact
+
+DEFAULT_ALIAS = "forgeflow"
+REPORT_ARTIFACT_KEY = "canary-job-report"
+
+
+def run_canary_job(log: StageLog, st: dict[str, Any], stage: str, job: ledger.JobRecord, tasks: Sequence[CanaryTask],
+                   base_url: str, model_alias: str, agent_config: agent.AgentConfig, trajectories_dir: Path,
+                   verifier_timeout_s: float, concurrency: int, store: ledger.Store) -> tuple[list, compare.JobReport]:
+    """Run one canary job inside the open stage ``st`` of ``log`` (the lifecycle's and this flow's).
+
+    Records ``job``, then submits :func:`tasks.serving.agent_trial` for ``concurrency`` tasks at a
+    time (a wave ends before the next starts), records each trial as it comes back
+    (:func:`forgeflow.canary.trial_row`, upsert by trial id), publishes the table artifact
+    ``stage`` with dashes and fills ``st``'s counts (requested, scored, reward_1, exceptions) and
+    digests (model).
+
+    Returns:
+        The trials (:class:`forgeflow.trial.TrialRecord`, in task order) and their JobReport.
+    """
+    store.record_job(job)
+    model_sha256, run_id = job.model_sha256, job.run_id or ""
+    trials = []
+    for start in range(0, len(tasks), concurrency):
+        futures = [serving_tasks.agent_trial.submit(
+            t.instance_id, t.image_ref, t.image_digest, t.problem_statement, t.test_command, t.fail_to_pass,
+            t.pass_to_pass, base_url, model_alias, model_sha256, agent_config, trajectories_dir, verifier_timeout_s,
+            job_id=job.job_id) for t in tasks[start:start + concurrency]]
+        for state in log.gather(futures):
+            tr = state.result()
+            store.record_trial(trial_row(tr, job.job_id, model_sha256, run_id))
+            trials.append(tr)
+    report = compare.JobReport.from_trials(trials)
+    table_artifact(stage.replace("_", "-"), [
+        {"instance_id": tr.instance_id, "reward": tr.reward, "exception": tr.exception_type,
+         "agent_s": tr.agent_s, "verifier_s": tr.verifier_s} for tr in trials], f"{stage}: agent trials ({job.job_id})")
+    st["counts"] = {"requested": report.requested, "scored": report.scored, "reward_1": report.reward_1,
+                    "exceptions": sum(report.exceptions_by_type.values())}
+    st["digests"] = {"model": model_sha256}
+    return trials, report
+
+
+def resolve_endpoint(state_path: Path | None, base_url: str | None, model_sha256: str | None,
+                     model_alias: str | None) -> tuple[str, str, str]:
+    """``(base_url, model_sha256, model_alias)`` from an explicit endpoint or the serving state file.
+
+    Raises:
+        InputError: both or neither way given wrongly (``base_url`` without a 64-hex
+            ``model_sha256``, or with ``state_path``), no or an invalid state file.
+        PreflightError: the recorded server is stopped.
+    """
+    if base_url is not None:
+        if state_path is not None:
+            raise InputError(f"canary: give state_path ({state_path}) or base_url ({base_url}), not both")
+        if model_sha256 is None or not re.fullmatch(r"[0-9a-f]{64}", model_sha256):
+            raise InputError(f"canary: base_url {base_url} needs model_sha256 (64 lower-case hex digits, the served "
+                             f"GGUF's sha256), got {model_sha256!r}")
+        return base_url.rstrip("/"), model_sha256, model_alias or DEFAULT_ALIAS
+    path = Path(state_path or home_dir() / "serving" / "state.json")
+    state = serving.read_state(path)
+    if state is None:
+        raise InputError(f"canary: no serving state at {path}: run the serve flow first, or give base_url and "
+                         "model_sha256")
+    if state.pid is None or not state.base_url:
+        raise PreflightError(f"canary: the server recorded in {path} (generation {state.generation}) is stopped")
+    if model_sha256 is not None and model_sha256 != state.gguf_sha256:
+        raise InputError(f"canary: model_sha256 {model_sha256} differs from the served GGUF {state.gguf_sha256} "
+                         f"recorded in {path}")
+    return state.base_url.rstrip("/"), state.gguf_sha256, model_alias or state.model_alias
+
+
+def _check_reachable(base_url: str) -> None:
+    """Any HTTP answer from ``GET base_url/models`` counts; a refused or timed-out connection does not."""
+    try:
+        httpx.get(f"{base_url}/models", timeout=10.0)
+    except httpx.HTTPError as exc:
+        raise PreflightError(f"canary: the model endpoint {base_url} does not answer: "
+                             f"{type(exc).__name__}: {exc}") from None
+
+
+@flow(name="canary", log_prints=True)
+def canary(freeze_name: str, split: str = "test", state_path: Path | None = None, base_url: str | None = None,
+           model_sha256: str | None = None, model_alias: str | None = None, concurrency: int = 1,
+           profile: str = "default", agent_config: agent.AgentConfig = agent.AgentConfig(),
+           verifier_timeout_s: float = 180.0, generated_path: Path | None = None, job_id: str | None = None,
+           out_dir: Path | None = None) -> dict[str, Any]:
+    """Agent trials on ``split`` of freeze ``freeze_name`` against a served model: one canary job.
+
+    Args:
+        freeze_name: A freeze recorded in the store (``freeze`` flow or the lifecycle).
+        split: Which split (``test`` by default; ``validation``/``train`` where the freeze has them).
+        state_path: Serving state file (default ``$FORGEFLOW_HOME/serving/state.json``); give it or
+            ``base_url``, not both.
+        base_url: OpenAI-compatible base URL (``http://127.0.0.1:PORT/v1``) instead of the state file.
+        model_sha256: The served GGUF's sha256 (required with ``base_url``; checked against the state).
+        model_alias: Model name sent to the endpoint (default: the state's alias, else ``forgeflow``).
+        concurrency: Agent trials at once; refused above the profile's limit.
+        profile: ``default`` (up to 4 at once) or ``verified`` (up to 10).
+        agent_config: mini-swe-agent limits and sampling (steps, tokens, timeout, temperature...).
+        verifier_timeout_s: Absolute limit of one test run, seconds.
+        generated_path: The candidates file with patches, task images and test commands (default
+            ``$FORGEFLOW_HOME/demo/candidates.jsonl``).
+        job_id: The job's id (default ``canary-<freeze>-<split>-<model sha256[:12]>``: a re-run of the
+            same inputs upserts the same job and trial rows).
+        out_dir: Where ``<job_id>/report.md``, ``summary.json`` and trajectories go (default
+            ``$FORGEFLOW_HOME/canary``).
+
+    Returns:
+        ``job_id``, ``report`` (:class:`forgeflow.compare.JobReport` as JSON), ``report_path``,
+        ``trials`` (instance id, reward, exception type).
+
+    Raises:
+        InputError: a bad parameter (concurrency above the limit, unknown profile/freeze/split,
+            endpoint given both or neither way).
+        PreflightError: tasks that cannot run (listed), a stopped or silent endpoint.
+    """
+    check_concurrency(concurrency, profile)
+    logger = get_run_logger()
+    apply_container_env()
+    store = ledger.Store()
+    store.upgrade()
+    _, ids = frozen_split(store, freeze_name, split)
+    url, sha, alias = resolve_endpoint(state_path, base_url, model_sha256, model_alias)
+    gen_path = Path(generated_path or home_dir() / "demo" / GENERATED_FILE)
+    if not gen_path.is_file():
+        raise InputError(f"canary: no generated-candidates file at {gen_path}: run the lifecycle (`forgeflow demo`) "
+                         "or give generated_path")
+    tasks = canary_tasks(store, ids, load_generated(gen_path))
+    _check_reachable(url)
+    job_id = job_id or f"canary-{freeze_name}-{split}-{sha[:12]}"
+    run_id = str(flow_run.get_id() or "")
+    job_dir = Path(out_dir or home_dir() / "canary") / job_id
+    job = ledger.JobRecord(job_id=job_id, kind=JOB_KIND, freeze_name=freeze_name, split=split, model_sha256=sha,
+                           run_id=run_id[:64] or None,
+                           params={"concurrency": concurrency, "profile": profile, "base_url": url,
+                                   "model_alias": alias, "agent_config": agent_config.model_dump(mode="json"),
+                                   "verifier_timeout_s": verifier_timeout_s, "generated_path": str(gen_path)})
+    log = StageLog(job_dir / "summary.json", run_id)
+    logger.info("canary %s: %d task(s) of %s/%s against %s (%s), %d at a time", job_id, len(tasks), freeze_name,
+                split, url, sha[:12], concurrency)
+    with log.stage("canary") as st:
+        trials, report = run_canary_job(log, st, "canary", job, tasks, url, alias, agent_config,
+                                        job_dir / "trajectories", verifier_timeout_s, concurrency, store)
+    markdown = render_job_report(job, report, trials, {"endpoint": url, "model alias": alias,
+                                                       "profile": f"{profile} (concurrency {concurrency})"})
+    report_path = atomic_write_text(job_dir / "report.md", markdown)
+    markdown_artifact(REPORT_ARTIFACT_KEY, markdown, f"canary job {job_id}: {freeze_name}/{split}")
+    log.write({"job_id": job_id, "report": report.model_dump(mode="json")})
+    logger.info("canary %s: scored %d/%d, reward 1: %d, exceptions %s", job_id, report.scored, report.requested,
+                report.reward_1, report.exceptions_by_type or "none")
+    return {"job_id": job_id, "report": report.model_dump(mode="json"), "report_path": str(report_path),
+            "trials": [{"instance_id": t.instance_id, "reward": t.reward, "exception_type": t.exception_type}
+                       for t in trials]}

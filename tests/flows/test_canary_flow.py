@@ -1,0 +1,120 @@
+"""The standalone ``canary`` flow in real flow runs (session Prefect harness): a freeze recorded in
+the store, the generated-candidates file, real podman sandboxes, mini-swe-agent and the verifier.
+
+The model is the scripted OpenAI-compatible loopback server of ``tests/integration/
+test_agent_supervision.py`` (a real tiny model cannot be made to fix the bug on demand); the rest
+is real. Checks: one ``jobs`` row (kind canary, freeze, split, model sha256) with its trials, the
+job-report artifact, the concurrency guard (default 4, ``verified`` 10) refusing before any work.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
+from test_agent import BUG_PATCH, F2P, P2P, TEST_COMMAND, task_image  # noqa: E402,F401 - fixture
+from test_agent_supervision import scripted_endpoint, text_answer  # noqa: E402
+
+from forgeflow.errors import InputError, PreflightError  # noqa: E402
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+FIX = "sed -i 's/a - b/a + b/' calc.py && echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+MODEL_SHA = "d" * 64
+# two repositories, two tasks each: the freeze puts one repository in train and the other in test
+TASKS = {f"calc{r}.func_pm_op_swap__0000000{i}": f"calc{r}" for r, i in (("a", 1), ("a", 2), ("b", 3), ("b", 4))}
+
+
+@pytest.fixture()
+def recorded_freeze(task_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A store with four accepted tasks frozen as ``canary-test``, and their candidates file."""
+    from forgeflow import freeze, images
+    from forgeflow.generated import GeneratedTask, write_generated
+    from forgeflow.store import FreezeRecord, Store, TaskRecord
+
+    monkeypatch.setenv("FORGEFLOW_STORE_URL", f"sqlite:///{tmp_path / 'store.db'}")
+    monkeypatch.setenv("FORGEFLOW_HOME", str(tmp_path / "home"))
+    store = Store()
+    store.upgrade()
+    for instance_id, repo in TASKS.items():
+        store.record_task(TaskRecord(instance_id=instance_id, repo=repo, image_ref=task_image, status="accepted",
+                                     fail_to_pass=F2P, pass_to_pass=P2P))
+    quotas = freeze.SplitQuotas(train=1, validation=0, test=1, max_per_repo=2, min_repos=2)
+    selection = freeze.select_splits([freeze.AcceptedTask(instance_id=i, repo=r) for i, r in TASKS.items()], quotas, 0)
+    manifest = freeze.write_freeze("canary-test", selection, quotas, 0, tmp_path / "freezes")
+    store.record_freeze(FreezeRecord(name=manifest.name, semantic_sha256=manifest.semantic_sha256,
+                                     file_sha256=manifest.file_sha256, manifest_path=str(manifest.path),
+                                     counts=manifest.counts))
+    image_id = images.image_id(task_image)
+    generated = write_generated(tmp_path / "candidates.jsonl", [
+        GeneratedTask(instance_id=i, repo=r, patch=BUG_PATCH, modifier="func_pm_op_swap", file_path="calc.py",
+                      func_name="add", image=task_image, image_id=image_id, test_command=TEST_COMMAND)
+        for i, r in TASKS.items()])
+    return store, manifest, generated
+
+
+def test_canary_records_a_job_with_its_trials_and_publishes_the_job_report(prefect_harness, recorded_freeze,
+                                                                            tmp_path: Path) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    from flows.canary import REPORT_ARTIFACT_KEY, canary
+
+    store, manifest, generated = recorded_freeze
+    test_ids = manifest.splits["test"]
+    assert len(test_ids) == 2
+    common = dict(freeze_name="canary-test", model_sha256=MODEL_SHA, generated_path=generated,
+                  out_dir=tmp_path / "canary", agent_config={"step_limit": 5, "agent_timeout_s": 120, "memory_mb": 512},
+                  verifier_timeout_s=120.0)
+    with scripted_endpoint(lambda i: text_answer(FIX)) as (url, bodies):
+        result = canary(base_url=url, concurrency=2, **common)
+    assert len(bodies) == 2, "one agent run (one model call) per test task"
+    job_id = f"canary-canary-test-test-{MODEL_SHA[:12]}"
+    assert result["job_id"] == job_id
+    assert (result["report"]["requested"], result["report"]["scored"], result["report"]["reward_1"]) == (2, 2, 2)
+    job = store.get_job(job_id)
+    assert (job.kind, job.freeze_name, job.split, job.model_sha256) == ("canary", "canary-test", "test", MODEL_SHA)
+    assert job.params["concurrency"] == 2 and job.params["profile"] == "default"
+    trials = store.trials_for(job_id=job_id)
+    assert sorted(t.instance_id for t in trials) == sorted(test_ids)
+    assert all(t.kind == "agent" and t.reward == 1.0 and t.model_sha256 == MODEL_SHA for t in trials)
+    report = Path(result["report_path"]).read_text()
+    assert "| 2 | 2 | 0 | 2 | 0 | 100.0% | 100.0% |" in report  # requested, scored, exceptions, reward 1/0, rates
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[REPORT_ARTIFACT_KEY])))
+    assert any(job_id in (a.data or "") and "| 2 | 2 | 0 | 2 | 0 |" in a.data for a in artifacts)
+
+    # the guard: 5 at once is above the default profile's 4, and refused before any work
+    with scripted_endpoint(lambda i: text_answer(FIX)) as (url, bodies):
+        with pytest.raises(InputError, match=r"concurrency 5 is above the limit 4 of profile 'default'; "
+                                             r"profile 'verified' allows up to 10"):
+            canary(base_url=url, concurrency=5, job_id="refused", **common)
+        with pytest.raises(InputError, match=r"concurrency 11 is above the limit 10 of profile 'verified'"):
+            canary(base_url=url, concurrency=11, profile="verified", job_id="refused", **common)
+        assert bodies == [] and store.get_job("refused") is None
+        # the verified profile allows 5 (a new job: its own trajectories folder, so the trials run again)
+        again = canary(base_url=url, concurrency=5, profile="verified", job_id="verified-5", **common)
+    assert len(bodies) == 2 and again["report"]["reward_1"] == 2
+    assert store.get_job("verified-5").params["profile"] == "verified"
+
+
+def test_canary_refuses_unknown_freeze_split_and_missing_endpoint(prefect_harness, recorded_freeze,
+                                                                  tmp_path: Path) -> None:
+    from flows.canary import canary
+
+    _, _, generated = recorded_freeze
+    with pytest.raises(InputError, match="freeze 'nope' is not recorded in the store"):
+        canary(freeze_name="nope", base_url="http://127.0.0.1:9/v1", model_sha256=MODEL_SHA, generated_path=generated)
+    with pytest.raises(InputError, match=r"has no split 'dev'; its splits: \["):
+        canary(freeze_name="canary-test", split="dev", base_url="http://127.0.0.1:9/v1", model_sha256=MODEL_SHA,
+               generated_path=generated)
+    with pytest.raises(InputError, match="no serving state at .*state.json"):
+        canary(freeze_name="canary-test", generated_path=generated)
+    with pytest.raises(InputError, match="needs model_sha256"):
+        canary(freeze_name="canary-test", base_url="http://127.0.0.1:9/v1", generated_path=generated)
+    with pytest.raises(PreflightError, match=r"the model endpoint http://127.0.0.1:9/v1 does not answer"):
+        canary(freeze_name="canary-test", base_url="http://127.0.0.1:9/v1", model_sha256=MODEL_SHA,
+               generated_path=generated)
