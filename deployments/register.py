@@ -16,7 +16,7 @@ from flows.canary import canary
 from flows.lifecycle import lifecycle
 from flows.curate import curate, recover
 from flows.registry import migrate_images, prewarm_plan, registry_audit, rewrite_image_refs
-from flows.stages import compare, freeze, package, serve
+from flows.stages import compare, freeze, package, publish, serve
 
 WORK_POOL = "local"
 
@@ -47,6 +47,9 @@ SPECS: list[dict[str, Any]] = [
     {"flow": package, "entrypoint": "flows/stages.py:package", "name": "package",
      "parameters": {"hf_dir": ".forgeflow/demo/models/base", "out_dir": ".forgeflow/package",
                     "quantizations": ["Q8_0", "Q4_K_M"]}},
+    {"flow": publish, "entrypoint": "flows/stages.py:publish", "name": "publish",
+     "parameters": {"gguf_path": ".forgeflow/demo/models/candidate-gguf/model-Q8_0.gguf", "store": "forgeflow-models",
+                    "hf_dir": ".forgeflow/demo/models/candidate-gguf/merged"}},
     {"flow": serve, "entrypoint": "flows/stages.py:serve", "name": "serve",
      "parameters": {"gguf_path": ".forgeflow/demo/models/candidate-gguf/model-Q8_0.gguf"}},
 ]

@@ -24,6 +24,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.events import emit_event
 from prefect.runtime import flow_run
+from prefect.transactions import transaction
 
 from blocks.core import RegistryEndpoint
 from flows.registry import migrate_images as migrate_images_flow
@@ -292,12 +293,13 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
 
     # 12. stage the candidate on the idle port (health + smoke gate), the recorded endpoint unchanged;
     # 13. canary it there; 14. compare + promotion gate; 15. promote (switch, stop old) or discard.
-    with log.stage("serve_stage") as st:
-        staged = log.call(serving_tasks.stage_server, state_path, served_new.path, served_new.sha256,
-                          config.serve_ports)
-        st["counts"] = {"port": staged.port, "smoke_tokens": staged.gate.smoke_tokens}
-    promoted = False
-    try:
+    # One Prefect transaction: any failure after staging rolls back (the stage task's rollback hook
+    # stops the staged server; the recorded endpoint never moved).
+    with transaction():
+        with log.stage("serve_stage") as st:
+            staged = log.call(serving_tasks.stage_server, state_path, served_new.path, served_new.sha256,
+                              config.serve_ports)
+            st["counts"] = {"port": staged.port, "smoke_tokens": staged.gate.smoke_tokens}
         candidate_trials = _canary(log, "canary_candidate", config, splits["test"], by_id, envs, staged.base_url,
                                    served_new.sha256, agent_config, out_dir, store, run_id)
         with log.stage("compare") as st:
@@ -316,7 +318,6 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
         with log.stage("serve_swap") as st:
             if decision.verdict == "promote":
                 swap = log.call(serving_tasks.promote_server, state_path, staged)
-                promoted = True
                 if swap.previous is not None:
                     store.record_serving_generation(_generation_row(swap.previous, "retired", run_id))
                 store.record_serving_generation(_generation_row(swap.current, "active", run_id))
@@ -326,10 +327,6 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
                 log.call(serving_tasks.discard_server, staged)
                 st["counts"] = {"promoted": 0}
                 st["decision"] = f"{decision.verdict}: {decision.reason}"
-    except BaseException:
-        if not promoted:
-            serving.discard(staged)  # never leave a staged server behind a failed gate
-        raise
 
     emit_event("forgeflow.lifecycle.completed", resource={"prefect.resource.id": f"forgeflow.freeze.{config.freeze_name}"},
                payload={"mcnemar_p": paired.mcnemar_p})

@@ -146,6 +146,6 @@ def serve(gguf_path: Path, state_path: Path | None = None, ports: tuple[int, int
     """Blue/green swap of the serving endpoint to ``gguf_path`` (gate, switch, stop the old one)."""
     from forgeflow.fsutil import sha256_file
 
-    result = serving_tasks.serve_swap(state_path or home_dir() / "serving" / "state.json", gguf_path,
-                                      sha256_file(gguf_path), tuple(ports))
-    return result.model_dump(mode="json")
+    outcome = serving_tasks.swap_transaction(state_path or home_dir() / "serving" / "state.json", gguf_path,
+                                             sha256_file(gguf_path), tuple(ports), lambda staged: "promote")
+    return outcome.model_dump(mode="json")

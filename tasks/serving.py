@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE
 from prefect.states import Completed
+from prefect.transactions import get_transaction, transaction
+from pydantic import BaseModel, ConfigDict
 
 from forgeflow import agent, serving, trial
 from forgeflow import store as ledger
@@ -22,11 +25,32 @@ def serve_swap(state_path: Path, gguf_path: Path, gguf_sha256: str, ports: tuple
     return serving.swap(state_path, gguf_path, gguf_sha256, ports=ports)
 
 
+STAGED_SERVER_KEY = "forgeflow.staged_server"
+"""Transaction value holding the staged server, read by :func:`_stop_staged_server` on rollback."""
+
+
 @task(cache_policy=NO_CACHE)
 def stage_server(state_path: Path, gguf_path: Path, gguf_sha256: str, ports: tuple[int, int]) -> serving.StagedServer:
     """Start the GGUF on the idle port and gate it (health + smoke); the recorded endpoint does not
-    move until :func:`promote_server`. A failed start/gate raises SwapRolledBackError."""
-    return serving.stage(state_path, gguf_path, gguf_sha256, ports=ports)
+    move until :func:`promote_server`. A failed start/gate raises SwapRolledBackError.
+
+    Inside a Prefect transaction (:func:`swap_transaction`, the lifecycle's serve stages) the staged
+    server is remembered in the task's transaction, and the ``on_rollback`` hook stops it when any
+    later step of the transaction fails."""
+    staged = serving.stage(state_path, gguf_path, gguf_sha256, ports=ports)
+    txn = get_transaction()
+    if txn is not None:
+        txn.set(STAGED_SERVER_KEY, staged.model_dump(mode="json"))
+    return staged
+
+
+@stage_server.on_rollback
+def _stop_staged_server(txn: Any) -> None:
+    """Rollback of a swap transaction: stop the staged server (the recorded endpoint never moved;
+    stopping an already-stopped server is a no-op)."""
+    staged = txn.get(STAGED_SERVER_KEY, None)
+    if staged is not None:
+        serving.discard(serving.StagedServer.model_validate(staged))
 
 
 @task(cache_policy=NO_CACHE)
@@ -39,6 +63,47 @@ def promote_server(state_path: Path, staged: serving.StagedServer) -> serving.Sw
 def discard_server(staged: serving.StagedServer) -> None:
     """Stop a staged server the gates refused; the recorded endpoint never moved."""
     serving.discard(staged)
+
+
+class SwapOutcome(BaseModel):
+    """What :func:`swap_transaction` did.
+
+    Attributes:
+        promoted: the staged server became the recorded endpoint.
+        verdict: what the gate callable returned (``promote``, ``hold``, ``reject``, ...).
+        state: the serving state afterwards (the old one when not promoted).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    promoted: bool
+    verdict: str
+    state: serving.ServingState | None
+
+
+def swap_transaction(state_path: Path, gguf_path: Path, gguf_sha256: str, ports: tuple[int, int],
+                     gate: Callable[[serving.StagedServer], str]) -> SwapOutcome:
+    """A blue/green swap as ONE Prefect transaction (call it from a flow): stage the new GGUF on the
+    idle port (health + smoke gate), run ``gate`` on it (e.g. canary tasks + the promotion gate; it
+    returns a verdict), then promote (switch the serving record, drain and stop the old server) on
+    ``"promote"`` or discard on any other verdict.
+
+    Any exception after staging (in ``gate``, in the promotion, or a crash of the flow) rolls the
+    transaction back: :func:`stage_server`'s rollback hook stops the staged server and the old one
+    keeps serving; the exception propagates.
+
+    Raises:
+        SwapRolledBackError: the new server did not start or failed its health/smoke gate.
+        Whatever ``gate`` raises (after the rollback).
+    """
+    with transaction():
+        staged = stage_server(state_path, gguf_path, gguf_sha256, ports)
+        verdict = gate(staged)
+        if verdict == "promote":
+            swap = promote_server(state_path, staged)
+            return SwapOutcome(promoted=True, verdict=verdict, state=swap.current)
+        discard_server(staged)
+        return SwapOutcome(promoted=False, verdict=verdict, state=serving.read_state(state_path))
 
 
 class UnscoredTrialError(Exception):

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 from pydantic import ValidationError
 
 from forgeflow.errors import InputError
@@ -168,8 +169,11 @@ def test_unknown_ids_are_named(store: Store) -> None:
 def test_migration_0002_keeps_existing_trials_live(tmp_path: Path) -> None:
     ledger = Store(f"sqlite:///{tmp_path / 'old.db'}")
     ledger.upgrade("0001")
-    ledger.record_trials([_trial("old", "ra.a", "nop", "b1", 0, reward=0.0)])
+    with ledger.engine.begin() as connection:  # a row as a 0001 store wrote it (only 0001's columns)
+        connection.execute(text(
+            "INSERT INTO trials (trial_id, instance_id, batch_id, kind, reward, timings, created_at, updated_at) "
+            "VALUES ('old', 'ra.a', 'b1', 'nop', 0.0, '{}', '2026-11-01 00:00:00', '2026-11-01 00:00:00')"))
     ledger.upgrade()
-    assert ledger.current_revision() == "0002"
+    assert ledger.current_revision() == "0003"
     assert [t.trial_id for t in ledger.trials_for()] == ["old"] and ledger.trials_for()[0].voided_at is None
     ledger.dispose()

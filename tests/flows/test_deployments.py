@@ -13,9 +13,24 @@ def _yaml_deployments():
     return {d["name"]: d for d in yaml.safe_load((REPO_ROOT / "prefect.yaml").read_text())["deployments"]}
 
 
+def _all_flows() -> set[str]:
+    """``path:function`` of every Prefect flow defined in ``flows/``."""
+    import importlib
+
+    from prefect import Flow
+
+    out = set()
+    for path in sorted((REPO_ROOT / "flows").glob("*.py")):
+        module = importlib.import_module(f"flows.{path.stem}")
+        out |= {f"flows/{path.name}:{obj.fn.__name__}" for obj in vars(module).values()
+                if isinstance(obj, Flow) and obj.fn.__module__ == module.__name__}
+    return out
+
+
 def test_every_flow_has_a_deployment_in_both_places():
     declared = _yaml_deployments()
     assert set(declared) == {s["name"] for s in SPECS}
+    assert _all_flows() == {s["entrypoint"] for s in SPECS}
     for spec in SPECS:
         entry = declared[spec["name"]]
         assert entry["entrypoint"] == spec["entrypoint"]

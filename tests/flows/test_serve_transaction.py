@@ -1,0 +1,80 @@
+"""The blue/green swap as a Prefect transaction (issue 6): the staged server is a task whose
+``on_rollback`` hook stops it, so ANY failure after staging (canary, compare, promotion, a crash in
+the flow) leaves the old server serving and no staged process behind; a promotion commits.
+
+Real llama-cpp-python servers on the tiny GGUFs, free loopback ports, the session Prefect harness.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from forgeflow import serving
+from forgeflow.fsutil import sha256_file
+from tests.integration.test_serving import tiny_ggufs
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split(") ", 1)[1][:1] != "Z"
+
+
+def test_a_failure_after_staging_rolls_back_and_a_promotion_commits(prefect_harness, tmp_path: Path) -> None:
+    from prefect import flow
+
+    from tasks.serving import swap_transaction
+
+    q8, f16 = tiny_ggufs()
+    state_path = tmp_path / "serving" / "state.json"
+    ports = (_free_port(), _free_port())
+    first = serving.swap(state_path, q8, sha256_file(q8), ports=ports, n_ctx=512)
+    staged_pids: list[int] = []
+
+    def failing_gate(staged: serving.StagedServer) -> str:
+        staged_pids.append(staged.pid)
+        assert _alive(staged.pid)
+        raise RuntimeError("canary on the staged server crashed")
+
+    def passing_gate(staged: serving.StagedServer) -> str:
+        staged_pids.append(staged.pid)
+        return "promote"
+
+    @flow
+    def swap_flow(gate_name: str) -> dict:
+        gate = failing_gate if gate_name == "fail" else passing_gate
+        result = swap_transaction(state_path, f16, sha256_file(f16), ports, gate)
+        return {"promoted": result.promoted, "generation": result.state.generation}
+
+    try:
+        with pytest.raises(RuntimeError, match="canary on the staged server crashed"):
+            swap_flow("fail")
+        assert not _alive(staged_pids[-1])  # the rollback hook stopped the staged server
+        state = serving.read_state(state_path)
+        assert state.generation == first.current.generation and _alive(state.pid)
+        assert serving.gate(state.base_url, state.model_alias).passed  # the old server still serves
+
+        out = swap_flow("pass")
+        assert out == {"promoted": True, "generation": first.current.generation + 1}
+        state = serving.read_state(state_path)
+        assert state.pid == staged_pids[-1] and _alive(state.pid) and state.gguf_sha256 == sha256_file(f16)
+        assert not _alive(first.current.pid)  # the old generation was drained and stopped
+    finally:
+        serving.stop_active(state_path)
+        for pid in staged_pids:
+            serving.stop_pid(pid)
