@@ -17,3 +17,6 @@ os.environ["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "240")
 os.environ.setdefault("MSWEA_CONFIGURED", "true")
 os.environ.setdefault("MSWEA_GLOBAL_CONFIG_DIR", os.path.join(_TMP, "mswea"))
+
+# store_url / postgres_url / pg_cluster: every store test on SQLite and on PostgreSQL (tests/pgfixtures.py)
+pytest_plugins = ["tests.pgfixtures"]

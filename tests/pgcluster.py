@@ -4,7 +4,8 @@
 by ``scripts/setup.sh``) or from PATH, run as the ``postgres`` system user when the tests run as root
 (PostgreSQL refuses to run as root), trust authentication for the superuser ``forgeflow``, listening
 on 127.0.0.1:PORT and on a Unix socket in the cluster's private folder. Stopped by PID (SIGINT: fast
-shutdown) and removed afterwards. Same recipe as the store test's fixture in tests/core/test_store.py.
+shutdown) and removed afterwards. Used by tests/pgfixtures.py (store tests, port 5444), tests/flows/conftest.py
+(FORGEFLOW_TEST_PREFECT_DB=postgresql, 5445) and tests/flows/test_service_postgres.py (5441-5443).
 """
 
 from __future__ import annotations

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -37,8 +36,8 @@ def _row(instance_id: str, **extra):
                            image_id="a" * 64, registry_digest=None, test_command="pytest -rA", **extra)
 
 
-def test_tasks_that_cannot_run_are_all_listed_before_any_trial(tmp_path: Path):
-    store = Store(f"sqlite:///{tmp_path / 'store.db'}")
+def test_tasks_that_cannot_run_are_all_listed_before_any_trial(store_url: str):
+    store = Store(store_url)
     store.upgrade()
     store.record_task(TaskRecord(instance_id="calc.ok__00000001", repo="calc", status="accepted",
                                  fail_to_pass=["tests/test_calc.py::test_add"], pass_to_pass=["t::p"]))

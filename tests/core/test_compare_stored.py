@@ -42,8 +42,8 @@ def trial(job: str, instance_id: str, reward: float | None, exc: str = "SandboxO
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Store:
-    s = Store(f"sqlite:///{tmp_path / 'store.db'}")
+def store(store_url: str) -> Store:
+    s = Store(store_url)
     s.upgrade()
     for instance_id, (repo, _, _) in CASES.items():
         s.record_task(TaskRecord(instance_id=instance_id, repo=repo, status="accepted"))

@@ -98,8 +98,8 @@ def test_derived_name_may_not_shadow_a_source() -> None:
 
 
 @pytest.fixture()
-def store(tmp_path: Path) -> Store:
-    store = Store(f"sqlite:///{tmp_path / 'store.db'}")
+def store(store_url: str) -> Store:
+    store = Store(store_url)
     store.upgrade()
     for n in range(12):
         repo = f"org/r{n:02d}"

@@ -225,7 +225,7 @@ def _job(root: Path, trials: list[dict], job_uuid: str = JOB_UUID) -> Path:
     return root
 
 
-def test_import_maps_rewards_and_exceptions_into_forgeflow_accounting(tmp_path: Path) -> None:
+def test_import_maps_rewards_and_exceptions_into_forgeflow_accounting(tmp_path: Path, store_url: str) -> None:
     job = _job(tmp_path / "jobs" / "j1", [
         _trial_result("calc.add-1", "calc.add-1__nop", "nop", 0.0),
         _trial_result("calc.add-1", "calc.add-1__oracle", "oracle", 1.0),
@@ -239,7 +239,7 @@ def test_import_maps_rewards_and_exceptions_into_forgeflow_accounting(tmp_path: 
     ])
     (job / "calc.add-2__running").mkdir()
     (job / "calc.add-2__running" / "config.json").write_text("{}")
-    store = Store(f"sqlite:///{tmp_path / 'store.db'}")
+    store = Store(store_url)
     store.upgrade()
     found = import_harbor_job(job, store, instance_ids=["calc.add-1", "calc.add-2"])
     assert found.job_id == f"harbor-{JOB_UUID}" and found.unfinished == ["calc.add-2__running"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
@@ -12,8 +11,8 @@ from forgeflow.supervision import judge_answers, judgment_id
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Store:
-    s = Store(f"sqlite:///{tmp_path / 'store.db'}")
+def store(store_url: str) -> Store:
+    s = Store(store_url)
     s.upgrade()
     return s
 

@@ -17,8 +17,8 @@ DIGEST_A, DIGEST_B = "sha256:" + "a" * 64, "sha256:" + "b" * 64
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Store:
-    ledger = Store(f"sqlite:///{tmp_path / 'store.db'}")
+def store(store_url: str) -> Store:
+    ledger = Store(store_url)
     ledger.upgrade()
     ledger.record_image(ImageRecord(ref=f"{OLD}/task-01:t1", digest=DIGEST_A, role="task", project="six"))
     ledger.record_image(ImageRecord(ref=f"{OLD}/env/six:1", digest=DIGEST_A, role="env", project="six"))

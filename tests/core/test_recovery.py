@@ -1,4 +1,4 @@
-"""Recovery by exact ids on a temp SQLite store (no Prefect, no containers)."""
+"""Recovery by exact ids on a temp store, SQLite and PostgreSQL (no Prefect, no containers)."""
 
 from __future__ import annotations
 
@@ -39,10 +39,10 @@ def _task(iid: str, status: str, reason: str = "") -> TaskRecord:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
+def store(store_url: str) -> Iterator[Store]:
     """b1: a (NOP registry fault), b (accepted), c (rejected: NOP passes), d (Oracle sandbox fault);
     b2, an hour later: e (NOP OOM)."""
-    ledger = Store(f"sqlite:///{tmp_path / 'store.db'}")
+    ledger = Store(store_url)
     ledger.upgrade()
     ledger.record_batch(BatchRecord(batch_id="b1", kind="curate", instance_ids=["ra.a", "rb.b", "rc.c", "rd.d"],
                                     concurrency=2))
@@ -166,8 +166,8 @@ def test_unknown_ids_are_named(store: Store) -> None:
         RecoveryRequest(reason="x")
 
 
-def test_migration_0002_keeps_existing_trials_live(tmp_path: Path) -> None:
-    ledger = Store(f"sqlite:///{tmp_path / 'old.db'}")
+def test_migration_0002_keeps_existing_trials_live(store_url: str) -> None:
+    ledger = Store(store_url)
     ledger.upgrade("0001")
     with ledger.engine.begin() as connection:  # a row as a 0001 store wrote it (only 0001's columns)
         connection.execute(text(

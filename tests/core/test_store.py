@@ -1,4 +1,7 @@
-"""The ledger: migrations match the models, upserts never duplicate, URL from the environment."""
+"""The ledger: migrations match the models, upserts never duplicate, URL from the environment.
+
+Every test that takes ``store`` (or ``store_url``) runs twice: on SQLite and on a fresh database of
+the session's PostgreSQL cluster (tests/pgfixtures.py)."""
 
 from __future__ import annotations
 
@@ -30,8 +33,8 @@ SHA = "b" * 64
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    ledger = Store(f"sqlite:///{tmp_path / 'store.db'}")
+def store(store_url: str) -> Iterator[Store]:
+    ledger = Store(store_url)
     ledger.upgrade()
     yield ledger
     ledger.dispose()
@@ -205,125 +208,7 @@ def test_the_postgresql_upsert_updates_on_conflict_with_the_natural_key() -> Non
     assert "updated_at = " in sql
 
 
-# --- PostgreSQL (the scale-out store): a throwaway cluster on a Unix socket ----------------------
-def _postgres_bin() -> Path | None:
-    """The folder holding ``initdb`` and ``postgres``: on PATH, or Debian's /usr/lib/postgresql/N/bin."""
-    import shutil
-
-    found = shutil.which("initdb")
-    if found and shutil.which("postgres"):
-        return Path(found).resolve().parent
-    candidates = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
-    return candidates[-1].parent if candidates else None
-
-
-def _postgres_user() -> tuple[str, int] | None:
-    import pwd
-
-    if _postgres_bin() is None:
-        return None
-    try:
-        entry = pwd.getpwnam("postgres")
-    except KeyError:
-        return None
-    return entry.pw_name, entry.pw_uid
-
-
-@pytest.fixture
-def postgres_url() -> Iterator[str]:
-    """Start PostgreSQL (initdb + postgres as user ``postgres``), yield a URL, stop it by PID.
-
-    Unix socket only, in a private folder, so the port number cannot collide with anything.
-    """
-    import os
-    import shutil
-    import signal
-    import subprocess
-    import tempfile
-    import time
-
-    pytest.importorskip("psycopg", reason="the PostgreSQL driver (psycopg) is not installed")
-    user = _postgres_user()
-    if user is None:
-        pytest.skip("PostgreSQL server binaries or the postgres user are missing")
-    name, uid = user
-    root = Path(tempfile.mkdtemp(prefix="forgeflow-pg-"))
-    os.chmod(root, 0o755)
-    os.chown(root, uid, -1)
-    data, sockets = root / "data", root / "run"
-    sockets.mkdir()
-    os.chown(sockets, uid, -1)
-    subprocess.run(
-        [str(_postgres_bin() / "initdb"), "-D", str(data), "-A", "trust", "-U", "forgeflow", "--no-sync"],
-        user=name,
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
-    server = subprocess.Popen(
-        [
-            str(_postgres_bin() / "postgres"),
-            "-D",
-            str(data),
-            "-k",
-            str(sockets),
-            "-c",
-            "listen_addresses=",
-            "-p",
-            "5499",
-            "-c",
-            "fsync=off",
-        ],
-        user=name,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while not (sockets / ".s.PGSQL.5499").exists():
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("PostgreSQL did not start")
-            time.sleep(0.2)
-        time.sleep(0.5)
-        yield f"postgresql+psycopg://forgeflow@/postgres?host={sockets}&port=5499"
-    finally:
-        server.send_signal(signal.SIGINT)  # fast shutdown
-        server.wait(timeout=60)
-        shutil.rmtree(root, ignore_errors=True)
-
-
-@pytest.mark.integration
-def test_postgresql_store_migrates_exactly_and_upserts(postgres_url: str) -> None:
-    ledger = Store(postgres_url)
-    ledger.upgrade()
-    with ledger.engine.connect() as connection:
-        context = MigrationContext.configure(connection, opts={"compare_type": True})
-        assert compare_metadata(context, Base.metadata) == []
-    ledger.record_task(TaskRecord(instance_id="o__r.1", repo="o/r", status="candidate"))
-    ledger.record_task(
-        TaskRecord(instance_id="o__r.1", repo="o/r", status="accepted", fail_to_pass=["t::a"])
-    )
-    ledger.record_trial(
-        TrialRecord(
-            trial_id="t1",
-            instance_id="o__r.1",
-            kind="oracle",
-            reward=1.0,
-            timings={"verifier_s": 1.5},
-        )
-    )
-    assert [t.fail_to_pass for t in ledger.accepted_tasks()] == [["t::a"]]
-    assert ledger.trials_for(kind="oracle")[0].timings == {"verifier_s": 1.5}
-    assert ledger.counts()["task_instances"] == 1
-    ledger.dispose()
-
-
-def test_record_trials_writes_a_batch_in_one_transaction_or_nothing(tmp_path):
-    from forgeflow.errors import InputError
-    from forgeflow.store import Store, TrialRecord
-
-    store = Store(f"sqlite:///{tmp_path / 'batch.db'}")
-    store.upgrade()
+def test_record_trials_writes_a_batch_in_one_transaction_or_nothing(store: Store) -> None:
     good = [TrialRecord(trial_id=f"t{i}", instance_id=f"i{i}", kind="nop", reward=0.0, job_id="j") for i in range(40)]
     store.record_trials(good)
     store.record_trials(good)  # a resumed run: upserts, no duplicates

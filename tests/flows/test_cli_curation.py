@@ -22,12 +22,12 @@ T0 = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
 
 
 @pytest.fixture
-def home(tmp_path: Path, monkeypatch) -> Path:
+def home(tmp_path: Path, monkeypatch, flow_store_url: str) -> Path:
     """A store with one batch: ``repo.a`` broke on a registry fault (error), ``repo.b`` was a real
     rejection, ``repo.c`` accepted; a second batch had one fault an hour later (``repo.d``)."""
     monkeypatch.setenv("FORGEFLOW_HOME", str(tmp_path))
-    monkeypatch.delenv("FORGEFLOW_STORE_URL", raising=False)
-    store = Store(f"sqlite:///{tmp_path / 'store.db'}")
+    monkeypatch.setenv("FORGEFLOW_STORE_URL", flow_store_url)
+    store = Store(flow_store_url)
     store.upgrade()
 
     def trial(iid: str, reward: float | None, when: datetime, batch: str) -> TrialRecord:

@@ -30,10 +30,10 @@ def _trial(job: str, instance_id: str, reward: float | None, **extra) -> TrialRe
 
 
 @pytest.fixture
-def home(tmp_path, monkeypatch) -> Path:
+def home(tmp_path, monkeypatch, flow_store_url: str) -> Path:
     monkeypatch.setenv("FORGEFLOW_HOME", str(tmp_path))
-    monkeypatch.delenv("FORGEFLOW_STORE_URL", raising=False)
-    store = Store(f"sqlite:///{tmp_path / 'store.db'}")
+    monkeypatch.setenv("FORGEFLOW_STORE_URL", flow_store_url)
+    store = Store(flow_store_url)
     store.upgrade()
     for job in ("base", "cand"):
         store.record_job(JobRecord(job_id=job, kind="canary", freeze_name="demo-v1", split="test"))

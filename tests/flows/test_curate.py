@@ -51,7 +51,7 @@ def _read_events(name: str, since: datetime) -> list:
 
 
 def test_curate_runs_until_freeze_ready_then_skips_processed_and_recovers(
-        prefect_harness, candidates_jsonl: Path, tmp_path: Path, monkeypatch) -> None:
+        prefect_harness, candidates_jsonl: Path, tmp_path: Path, monkeypatch, flow_store_url: str) -> None:
     from prefect.events.worker import EventsWorker
 
     from flows.curate import FREEZE_READY_EVENT, curate, recover
@@ -59,7 +59,7 @@ def test_curate_runs_until_freeze_ready_then_skips_processed_and_recovers(
     from forgeflow.store import Store
 
     monkeypatch.setenv("FORGEFLOW_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("FORGEFLOW_STORE_URL", f"sqlite:///{tmp_path / 'store.db'}")
+    monkeypatch.setenv("FORGEFLOW_STORE_URL", flow_store_url)
     quotas = SplitQuotas(train=1, validation=0, test=1, min_repos=1, max_per_repo=3)
     started = datetime.now(UTC) - timedelta(seconds=5)
 
