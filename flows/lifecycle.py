@@ -32,6 +32,7 @@ from flows.stagekit import StageLog
 from forgeflow import agent, generated, images, migrate, projects, samples, serving
 from forgeflow import canary as canary_core
 from forgeflow.burst import BurstConfig
+from forgeflow.compare import render_plot
 from forgeflow.config import LifecycleConfig
 from forgeflow.errors import PreflightError
 from forgeflow.freeze import AcceptedTask, SplitQuotas
@@ -269,6 +270,10 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
              for i in splits["train"]])
         burst_config = BurstConfig(max_steps=config.burst_max_steps, learning_rate=config.burst_learning_rate,
                                    lora_r=config.lora_r, max_length=config.burst_max_length, seed=config.seed)
+        # preflight before any model loads (templates, disk space); a failure fails the stage with every
+        # problem listed. A check, not stage work: left out of the stage's run/cached counts.
+        model_tasks.burst_preflight(base_model.path, out_dir / "models" / "adapter", burst_config.lora_r,
+                                    burst_config.lora_target_modules)
         adapter = log.call(model_tasks.sft_burst, base_model.path, base_model.sha256, sft_samples,
                            out_dir / "models" / "adapter", burst_config, None, run_id)
         store.record_model_artifact(ledger.ModelArtifactRecord(sha256=adapter.sha256, kind="adapter", path=str(adapter.path),
@@ -308,13 +313,17 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
                               repo_of, config.promotion_max_drop, config.promotion_alpha, config.seed)
             paired, decision, md = comparison.paired, comparison.decision, comparison.markdown
             report_path = out_dir / "compare.md"
+            plot_path = render_plot(comparison.report_a, comparison.report_b, paired, out_dir / "compare.png",
+                                    "baseline", "candidate")
+            md += f"\n![pass rates with Wilson intervals; wins/losses per repository]({plot_path.name})\n"
             atomic_write_text(report_path, md)
-            markdown_artifact("compare", md, "Paired comparison baseline vs candidate on the frozen test split")
+            markdown_artifact("compare", md.replace(f"]({plot_path.name})", f"]({plot_path.resolve().as_uri()})"),
+                              "Paired comparison baseline vs candidate on the frozen test split")
             st["counts"] = {"pairs": paired.n_pairs, "wins": paired.wins, "ties": paired.ties,
                             "losses": paired.losses}
             st["decision"] = decision.model_dump(mode="json")
-            st["digests"] = {"report": sha256_file(report_path)}
-            st["paths"] = {"report": str(report_path)}
+            st["digests"] = {"report": sha256_file(report_path), "plot": sha256_file(plot_path)}
+            st["paths"] = {"report": str(report_path), "plot": str(plot_path)}
         with log.stage("serve_swap") as st:
             if decision.verdict == "promote":
                 swap = log.call(serving_tasks.promote_server, state_path, staged)
@@ -344,7 +353,8 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
                       {**{f"base-{q}": a for q, a in base_gguf.items()}, **{f"candidate-{q}": a for q, a in ggufs.items()}}.items()}
         | {"adapter": {"path": str(adapter.path), "sha256": adapter.sha256},
            "freeze_manifest": {"path": str(manifest.path), "sha256": manifest.file_sha256},
-           "compare_report": {"path": str(report_path), "sha256": sha256_file(report_path)}},
+           "compare_report": {"path": str(report_path), "sha256": sha256_file(report_path)},
+           "compare_plot": {"path": str(plot_path), "sha256": sha256_file(plot_path)}},
     }
 
 

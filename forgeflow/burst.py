@@ -23,7 +23,11 @@ Shared by SFT and RL bursts (:mod:`forgeflow.rl`):
 * **preflight** (:func:`preflight`) — template files exist and are non-empty, each class of the
   validation split has enough items (or is excluded with a warning), early-stopping patience
   (counted in *evaluations*) fits the run, and the checkpoint folder has the free space the
-  adapter needs — all checked before a model is loaded.
+  adapter needs — all checked before a model is loaded (:func:`burst_preflight` for one burst).
+* **staging folders** (:class:`StagingDir`) — a burst writes into ``.<name>.XXXX`` beside the
+  adapter folder and renames it only when published. The folder holds an owner lock
+  (``fcntl.flock`` plus host, pid, boot id and process start time), so the next burst removes a
+  killed burst's leftover (:func:`remove_dead_staging_dirs`) and never a live burst's folder.
 """
 
 from __future__ import annotations
@@ -509,6 +513,41 @@ def chat_template_files(model_dir: Path) -> list[Path]:
                          "tokenizer_config.json's chat_template)")
 
 
+def burst_preflight(
+    base_model_dir: Path,
+    out_dir: Path,
+    lora_r: int,
+    lora_target_modules: Sequence[str],
+    extra_template_files: Sequence[Path] = (),
+) -> PreflightReport:
+    """The preflight of one burst (SFT or RL) on ``base_model_dir`` writing ``out_dir``, before any
+    model is loaded: :func:`preflight` with the model's chat template plus ``extra_template_files``
+    (e.g. an RL burst's prompt template) and the free space :func:`estimate_checkpoint_bytes` asks
+    for on ``out_dir``'s file system. Run by :func:`run_sft_burst`, :func:`forgeflow.rl.run_rl_burst`
+    and, as its own Prefect task, by the lifecycle's burst stage.
+
+    A model folder without any chat template is reported as a missing ``chat_template.jinja``
+    together with the other problems (one error listing them all).
+
+    Returns:
+        The :class:`PreflightReport`.
+
+    Raises:
+        InputError: no ``config.json`` in ``base_model_dir`` or an unknown LoRA target module.
+        PreflightError: every problem found, in one message starting ``burst preflight failed:``.
+    """
+    base_model_dir = Path(base_model_dir)
+    try:
+        templates = chat_template_files(base_model_dir)
+    except PreflightError:
+        templates = [base_model_dir / "chat_template.jinja"]  # reported as missing by preflight
+    return preflight(
+        template_files=[*templates, *(Path(t) for t in extra_template_files)],
+        checkpoint_dir=Path(out_dir).parent,
+        required_free_bytes=estimate_checkpoint_bytes(base_model_dir, lora_r, lora_target_modules),
+    )
+
+
 class SFTData(BaseModel):
     """An SFT dataset and the digest that identifies it.
 
@@ -783,8 +822,11 @@ def run_sft_burst(
 
     With ``parent_adapter_dir`` the burst continues that adapter
     (``PeftModel.from_pretrained(base, parent, is_trainable=True)``); its LoRA rank must equal
-    ``config.lora_r`` and its lineage must name the same base model. The adapter is trained in a
-    temporary sibling folder, ``lineage.json`` is written there atomically, and the folder is
+    ``config.lora_r`` and its lineage must name the same base model. Staging folders that killed
+    bursts left beside ``out_dir`` are removed first (:func:`remove_dead_staging_dirs`; a live
+    burst's never), then :func:`burst_preflight` runs. The adapter is trained in a
+    :class:`StagingDir` (a temporary sibling folder holding its owner's lock), ``lineage.json``
+    is written there atomically, and the folder is
     renamed onto ``out_dir`` only after the health gates (``config.gates``) passed. If ``out_dir``
     already holds an intact adapter trained from the same base, parent, dataset and
     hyperparameters with a passing health report, it is returned without training (a resumed run
@@ -828,11 +870,8 @@ def run_sft_burst(
     existing = _reusable(out_dir, expected)
     if existing is not None:
         return existing
-    preflight(
-        template_files=chat_template_files(base_model_dir),
-        checkpoint_dir=out_dir.parent,
-        required_free_bytes=estimate_checkpoint_bytes(base_model_dir, config.lora_r, config.lora_target_modules),
-    )
+    remove_dead_staging_dirs(out_dir)  # a killed burst's leftovers: free their disk before measuring it
+    burst_preflight(base_model_dir, out_dir, config.lora_r, config.lora_target_modules)
 
     tokenizer = AutoTokenizer.from_pretrained(str(base_model_dir))
     _check_lengths(tokenizer, data, config.max_length)
@@ -841,8 +880,7 @@ def run_sft_burst(
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, str(parent_adapter_dir), is_trainable=True)
-    tmp = make_staging_dir(out_dir)
-    try:
+    with StagingDir(out_dir) as tmp:
         sft_config, lora = _trl_objects(config, tmp / "trainer", with_lora=parent_adapter_dir is None)
         trainer = SFTTrainer(
             model=model,
@@ -865,8 +903,6 @@ def run_sft_burst(
             created_at=datetime.now(timezone.utc),
         )
         return publish_adapter(trainer, tmp, out_dir, lineage, report)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def resolve_lineage_inputs(
@@ -900,13 +936,152 @@ def resolve_lineage_inputs(
     return base_sha, parent.sha256
 
 
-def make_staging_dir(out_dir: Path) -> Path:
-    """A fresh temporary sibling of ``out_dir`` (mode 0755) where a burst writes before the rename."""
+STAGING_LOCK_FILE = ".forgeflow-staging.lock"
+"""The owner lock inside a staging folder: ``flock``-ed by the burst that made the folder for as
+long as the burst runs, and holding its owner record (:func:`_owner_record`) as JSON."""
+
+
+def _boot_id() -> str | None:
+    """This boot's id (``/proc/sys/kernel/random/boot_id``), None where the file is missing."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
+
+
+def _process_start_ticks(pid: int) -> int | None:
+    """Start time of process ``pid`` in clock ticks since boot (field 22 of ``/proc/<pid>/stat``,
+    proc(5)), None when the process does not exist (or /proc is missing)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2:].split()[19])  # fields after "(comm)" start at field 3
+
+
+def _owner_record() -> dict[str, Any]:
+    """Who owns a staging folder: host, pid, boot id and the process' start time (ticks)."""
+    import socket
+
+    pid = os.getpid()
+    return {"host": socket.gethostname(), "pid": pid, "boot_id": _boot_id(),
+            "start_ticks": _process_start_ticks(pid), "created_at": datetime.now(timezone.utc).isoformat()}
+
+
+def _owner_alive(record: Mapping[str, Any]) -> bool:
+    """Second check after the lock: is the recorded owner possibly still running?
+
+    True for an owner on another host (its process cannot be inspected from here) and for a
+    process of this host and boot that runs with the recorded start time (a reused pid has another
+    one). False for a record of an earlier boot, a gone process, or no readable record (then the
+    free lock is the only evidence, and it suffices: a live owner writes its record before the lock
+    file gets its name).
+    """
+    import socket
+
+    host = record.get("host")
+    if not host:
+        return False
+    if host != socket.gethostname():
+        return True
+    boot = _boot_id()
+    if boot is None or record.get("boot_id") != boot:
+        return False
+    pid, ticks = record.get("pid"), record.get("start_ticks")
+    now = _process_start_ticks(pid) if isinstance(pid, int) else None
+    return now is not None and (ticks is None or now == ticks)
+
+
+class StagingDir:
+    """A temporary sibling ``.<name>.XXXX`` of an adapter folder that a burst writes into before
+    the rename, owned by the running burst.
+
+    On enter: ``tempfile.mkdtemp`` (mode set to 0755), then the owner lock :data:`STAGING_LOCK_FILE`
+    is created under a temporary name, ``fcntl.flock``-ed (exclusive), filled with the owner record
+    (host, pid, boot id, process start time) and renamed into place, so a lock file that exists is
+    always held while its owner lives. The kernel drops a ``flock`` when its holder dies (kill -9
+    included), which is what lets :func:`remove_dead_staging_dirs` tell a dead burst's leftover from
+    a live burst's folder. On exit: the folder (if not published) is removed and the lock released.
+
+    Use: ``with StagingDir(out_dir) as tmp: ...`` (``tmp`` is the folder's path).
+    """
+
+    def __init__(self, out_dir: Path) -> None:
+        self.out_dir = Path(out_dir)
+        self.path: Path | None = None
+        self._fd: int | None = None
+
+    def __enter__(self) -> Path:
+        import fcntl
+
+        self.out_dir.parent.mkdir(parents=True, exist_ok=True)
+        path = Path(tempfile.mkdtemp(dir=self.out_dir.parent, prefix=f".{self.out_dir.name}."))
+        os.chmod(path, 0o755)
+        pending = path / (STAGING_LOCK_FILE + ".tmp")
+        fd = os.open(pending, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)  # O_CLOEXEC: not inherited
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.write(fd, json.dumps(_owner_record()).encode())
+            os.fsync(fd)
+            os.rename(pending, path / STAGING_LOCK_FILE)
+        except BaseException:
+            os.close(fd)
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+        self.path, self._fd = path, fd
+        return path
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.path is not None:
+            shutil.rmtree(self.path, ignore_errors=True)  # a published folder was renamed away already
+        if self._fd is not None:
+            os.close(self._fd)  # releases the flock
+            self._fd = None
+
+
+def remove_dead_staging_dirs(out_dir: Path) -> list[Path]:
+    """Remove the staging folders ``.<out_dir name>.*`` beside ``out_dir`` whose owner is provably dead.
+
+    A folder is removed only when its :data:`STAGING_LOCK_FILE` exists, an exclusive non-blocking
+    ``flock`` on it succeeds (no live process holds it: the kernel released the dead owner's lock),
+    and the owner record does not name a process that is running on this host and boot with the
+    recorded start time. The lock is held while the folder is removed. A folder without a lock file
+    (being created, being published, or written by a forgeflow without owner locks) and a folder whose
+    lock is held (a live burst, in this process or another) are never touched.
+
+    Returns:
+        The removed folders, sorted.
+    """
+    import fcntl
+
     out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
-    os.chmod(tmp, 0o755)
-    return tmp
+    if not out_dir.parent.is_dir():
+        return []
+    removed = []
+    for folder in sorted(out_dir.parent.glob(f".{out_dir.name}.*")):
+        lock = folder / STAGING_LOCK_FILE
+        if not folder.is_dir() or folder.is_symlink():
+            continue
+        try:
+            fd = os.open(lock, os.O_RDWR)
+        except OSError:
+            continue  # no owner lock: not provably dead
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # held: a live burst's folder
+            try:
+                record = json.loads(lock.read_text(encoding="utf-8") or "{}")
+            except (OSError, ValueError):
+                record = {}
+            if _owner_alive(record):
+                continue  # lock free but the owner runs (e.g. flock unsupported there): keep it
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+        finally:
+            os.close(fd)
+    return removed
 
 
 def publish_adapter(
@@ -916,13 +1091,16 @@ def publish_adapter(
     """Save the trained adapter into ``tmp`` with its ``lineage.json``, then rename it onto ``out_dir``.
 
     Only called after :func:`enforce_health` passed: an adapter folder exists only with a passing
-    health report. ``extra`` keys (e.g. an RL burst's reward counts) are added to ``lineage.json``.
+    health report. ``tmp`` is a :class:`StagingDir` folder; its owner lock file is removed first. ``extra`` keys (e.g. an RL burst's reward counts) are added to ``lineage.json``.
 
     Returns:
         The :class:`AdapterRecord` of ``out_dir``.
     """
     losses = report.losses
     shutil.rmtree(tmp / "trainer", ignore_errors=True)
+    # the owner lock is not part of the adapter; the burst keeps holding it (open descriptor) until
+    # the rename, and a staging folder without a lock file is never removed by another burst
+    (tmp / STAGING_LOCK_FILE).unlink(missing_ok=True)
     trainer.model.save_pretrained(str(tmp))
     digest = adapter_sha256(tmp)
     final_loss, steps = float(losses[-1][1]), int(trainer.state.global_step)

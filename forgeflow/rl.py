@@ -34,7 +34,6 @@ curation used to accept the task. Rewards and exceptions are counted per optimiz
 from __future__ import annotations
 
 import re
-import shutil
 import threading
 import uuid
 from collections.abc import Sequence
@@ -52,15 +51,15 @@ from forgeflow.burst import (
     BurstHealthError,
     HealthGates,
     Lineage,
-    chat_template_files,
+    StagingDir,
+    burst_preflight,
     check_health,
     enforce_health,
-    estimate_checkpoint_bytes,
     health_callback,
-    make_staging_dir,
     preflight,
     publish_adapter,
     read_adapter_record,
+    remove_dead_staging_dirs,
     resolve_lineage_inputs,
 )
 from forgeflow.fsutil import sha256_file, sha256_json
@@ -525,8 +524,10 @@ def run_rl_burst(
 
     Continues ``parent_adapter_dir`` (``PeftModel.from_pretrained(..., is_trainable=True)``;
     same base model and LoRA rank) or starts a new adapter. Order: lineage inputs, reuse of a
-    finished identical burst, preflight (chat template and prompt template non-empty, disk space
-    for the adapter), then training with the health callback, then the health gates and the
+    finished identical burst, removal of dead bursts' staging folders
+    (:func:`forgeflow.burst.remove_dead_staging_dirs`), preflight
+    (:func:`forgeflow.burst.burst_preflight`: chat template and prompt template non-empty, disk
+    space for the adapter), then training with the health callback, then the health gates and the
     scored-fraction gate, and only then the adapter folder with ``lineage.json`` (which also
     holds ``reward_counts``).
 
@@ -558,11 +559,8 @@ def run_rl_burst(
     existing = _reusable_rl(out_dir, expected)
     if existing is not None:
         return existing
-    preflight(
-        template_files=[*chat_template_files(base_model_dir), data.prompt_template],
-        checkpoint_dir=out_dir.parent,
-        required_free_bytes=estimate_checkpoint_bytes(base_model_dir, config.lora_r, config.lora_target_modules),
-    )
+    remove_dead_staging_dirs(out_dir)  # a killed burst's leftovers: free their disk before measuring it
+    burst_preflight(base_model_dir, out_dir, config.lora_r, config.lora_target_modules, [data.prompt_template])
     if sha256_file(data.prompt_template) != data.prompt_template_sha256:
         raise errors.InputError(f"prompt template {data.prompt_template} changed since the dataset was built")
 
@@ -579,8 +577,7 @@ def run_rl_burst(
     reward = VerifierReward(verifier_timeout_multiplier=config.verifier_timeout_multiplier,
                             memory_mb=config.verifier_memory_mb, cpus=config.verifier_cpus,
                             concurrency=config.verifier_concurrency)
-    tmp = make_staging_dir(out_dir)
-    try:
+    with StagingDir(out_dir) as tmp:
         args, lora = _trl_objects(config, tmp / "trainer", with_lora=parent_adapter_dir is None)
         trainer = Trainer(model=model, reward_funcs=reward, args=args, train_dataset=data.dataset,
                           processing_class=tokenizer, peft_config=lora, callbacks=[health_callback(config.gates)])
@@ -594,6 +591,4 @@ def run_rl_burst(
                           run_id=run_id or uuid.uuid4().hex, created_at=datetime.now(timezone.utc))
         adapter = publish_adapter(trainer, tmp, out_dir, lineage, report,
                                   extra={"reward_counts": [c.model_dump(mode="json") for c in counts]})
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return RLBurstRecord(adapter=adapter, reward_counts=counts)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from prefect import task
-from prefect.cache_policies import INPUTS, TASK_SOURCE
+from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE
 
 from forgeflow import burst, gguf, model
 from forgeflow.errors import PreflightError
@@ -23,6 +23,19 @@ def base_model(out_dir: Path, seed: int) -> tuple[model.ModelRecord, model.Token
     if check.matched != check.total:
         raise PreflightError(f"tokenizer matches {check.matched}/{check.total} llama.cpp vectors: {check.failures[:3]}")
     return model.build_tiny_model(out_dir, seed=seed), check
+
+
+@task(cache_policy=NO_CACHE)
+def burst_preflight(base_model_dir: Path, out_dir: Path, lora_r: int, lora_target_modules: tuple[str, ...],
+                    template_files: tuple[Path, ...] = ()) -> burst.PreflightReport:
+    """The burst's preflight before any model is loaded (:func:`forgeflow.burst.burst_preflight`):
+    the chat template and ``template_files`` exist and are non-empty, and ``out_dir``'s file system
+    has the free space the adapter needs. Never cached (disk space and files change between runs).
+
+    Raises:
+        PreflightError: every problem found, in one message (``burst preflight failed: ...``).
+    """
+    return burst.burst_preflight(base_model_dir, out_dir, lora_r, lora_target_modules, template_files)
 
 
 # log_prints off: HF datasets fingerprints functions with dill, which disassembles them with

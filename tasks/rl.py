@@ -14,7 +14,7 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import INPUTS, TASK_SOURCE
 
-from forgeflow import rl, verl
+from forgeflow import burst, rl, verl
 from tasks.common import TRANSIENT_RETRIES, TRANSIENT_RETRY_DELAYS_S, retry_on_transient
 
 
@@ -29,7 +29,12 @@ def rl_burst(base_model_dir: Path, base_sha256: str, tasks: list[dict], out_dir:
     ``base_sha256`` and ``parent_sha256`` key the cache (the folders' contents, not their paths);
     ``run_id`` (recorded in the lineage) does not, so a later run reuses a finished burst, as does
     :func:`forgeflow.rl.run_rl_burst` itself from the adapter's ``lineage.json``.
+
+    Raises:
+        PreflightError: before any model is loaded, listing every problem of
+            :func:`forgeflow.burst.burst_preflight` (chat template, ``prompt_template``, disk space).
     """
+    burst.burst_preflight(base_model_dir, out_dir, config.lora_r, config.lora_target_modules, [prompt_template])
     data = rl.build_rl_dataset(tasks, prompt_template)
     return rl.run_rl_burst(base_model_dir, data, out_dir, config, parent_adapter_dir=parent_adapter_dir, run_id=run_id)
 

@@ -1,7 +1,8 @@
 """RL bursts: the verifier reward in real podman containers of the calc task image (shared with
 test_agent), and a 2-step GRPO burst (TRL + peft, CPU) on the seed-0 tiny model continuing an
-SFT adapter. The tiny model's completions are noise: their patches do not apply (reward 0), which
-is what a real rollout of an untrained model looks like."""
+SFT adapter, then a 1-step RLOO burst continuing the GRPO adapter (the ``algorithm="rloo"`` path,
+trl.RLOOTrainer, run for real). The tiny model's completions are noise: their patches do not
+apply (reward 0), which is what a real rollout of an untrained model looks like."""
 
 from __future__ import annotations
 
@@ -118,6 +119,22 @@ def test_grpo_burst_continues_an_sft_adapter_and_records_reward_counts(task_imag
 
     again = run_rl_burst(base.path, data, tmp_path / "grpo", config, parent_adapter_dir=parent.path, run_id="other")
     assert again == record  # same inputs, passing gates: reused, not retrained
+
+    # RLOO (leave-one-out baseline, trl.RLOOTrainer) continues the GRPO adapter for one real step
+    rloo_config = RLBurstConfig(algorithm="rloo", max_steps=1, num_generations=2, max_completion_length=4,
+                                verifier_memory_mb=512, verifier_timeout_multiplier=0.5, verifier_concurrency=2)
+    rloo = run_rl_burst(base.path, data, tmp_path / "rloo", rloo_config, parent_adapter_dir=record.adapter.path,
+                        run_id="rloo-run")
+    rloo_written = json.loads((tmp_path / "rloo" / LINEAGE_FILE).read_text())
+    assert rloo_written["lineage"]["algorithm"] == "rloo" == rloo.adapter.lineage.algorithm
+    assert rloo_written["lineage"]["parent_adapter_sha256"] == record.adapter.sha256
+    assert rloo_written["sha256"] == adapter_sha256(tmp_path / "rloo") == rloo.adapter.sha256
+    assert rloo.adapter.steps == 1 and rloo.adapter.promotable
+    assert [step for step, _ in rloo.adapter.health.losses] == [1] and len(rloo.adapter.health.grad_norms) == 1
+    (counts,) = rloo.reward_counts  # one prompt x 2 generations, scored by the verifier
+    assert (counts.step, counts.completions, counts.resolved + counts.unresolved, counts.exceptions) == (1, 2, 2, 0)
+    assert [p.name for p in tmp_path.glob(".rloo.*")] == []  # the staging folder went with the burst
+
     written["health"]["passed"] = False  # a record that does not show passing gates is never promotable
     (tmp_path / "grpo" / LINEAGE_FILE).write_text(json.dumps(written))
     assert not read_adapter_record(tmp_path / "grpo").promotable

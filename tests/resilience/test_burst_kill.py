@@ -9,8 +9,11 @@ logged its first step (``logging_steps=1``: transformers' PrinterCallback prints
   only the killed run's staging folder (``.<name>.XXXX``, without ``lineage.json``);
 * the rerun trains all its steps and publishes a complete adapter (its own run id, digest
   matching its files, every step logged);
+* while the burst is alive, its staging folder carries its owner lock (``flock`` + pid, boot id,
+  start time) and a cleanup from another process (and from this one) leaves it alone;
 * the staging leftover is not reused: the published folder is the rerun's own staging folder
-  renamed, and the leftover stays as the kill left it (it is disk, not state: see the report).
+  renamed, and the rerun removed the leftover (its owner is provably dead: the kernel released the
+  killed process' lock), so nothing but the adapter is left beside it.
 """
 
 from __future__ import annotations
@@ -24,7 +27,13 @@ from pathlib import Path
 
 import pytest
 
-from forgeflow.burst import LINEAGE_FILE, adapter_sha256, read_adapter_record
+from forgeflow.burst import (
+    LINEAGE_FILE,
+    STAGING_LOCK_FILE,
+    adapter_sha256,
+    read_adapter_record,
+    remove_dead_staging_dirs,
+)
 from forgeflow.settings import cache_dir
 
 pytestmark = [pytest.mark.slow]
@@ -41,6 +50,10 @@ BURST_SCRIPT = (
     "data = build_sft_dataset(json.loads(Path(sys.argv[3]).read_text())); "
     "r = run_sft_burst(Path(sys.argv[1]), data, Path(sys.argv[2]), BurstConfig(max_steps=int(sys.argv[4])), "
     "run_id=sys.argv[5]); print('DONE', r.steps, r.sha256, flush=True)"
+)
+CLEANUP_SCRIPT = (
+    "import sys; from pathlib import Path; from forgeflow.burst import remove_dead_staging_dirs; "
+    "print('REMOVED', [str(p) for p in remove_dead_staging_dirs(Path(sys.argv[1]))], flush=True)"
 )
 
 
@@ -76,6 +89,20 @@ def test_burst_killed_mid_training_leaves_nothing_that_looks_done_and_the_rerun_
             assert victim.poll() is None, victim_log.read_text()[-3000:]
             assert time.monotonic() < deadline, "the burst logged no training step within 120 s"
             time.sleep(0.05)
+        # a live burst's staging folder: owned (lock record names the victim), never removed by a
+        # cleanup in another process or in this one, and the burst keeps training afterwards
+        (live,) = sorted(tmp_path.glob(".adapter.*"))
+        owner = json.loads((live / STAGING_LOCK_FILE).read_text())
+        assert owner["pid"] == victim.pid and owner["start_ticks"] is not None and owner["boot_id"]
+        other = subprocess.run([sys.executable, "-c", CLEANUP_SCRIPT, str(out_dir)], capture_output=True,
+                               text=True, timeout=60)
+        assert other.stdout.strip() == "REMOVED []", other.stdout + other.stderr
+        assert remove_dead_staging_dirs(out_dir) == [] and (live / STAGING_LOCK_FILE).is_file()
+        steps_at_cleanup = _logged_steps(victim_log)
+        while _logged_steps(victim_log) <= steps_at_cleanup:
+            assert victim.poll() is None, victim_log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "the burst stopped training after the cleanup"
+            time.sleep(0.05)
         victim.send_signal(signal.SIGKILL)
     finally:
         victim.kill()
@@ -87,8 +114,8 @@ def test_burst_killed_mid_training_leaves_nothing_that_looks_done_and_the_rerun_
     # nothing under the final name; the killed run's staging folder is all that is left
     assert not out_dir.exists()
     (leftover,) = sorted(tmp_path.glob(".adapter.*"))
-    assert not (leftover / LINEAGE_FILE).exists()
-    leftover_files = sorted(p.relative_to(leftover) for p in leftover.rglob("*"))
+    assert leftover == live and not (leftover / LINEAGE_FILE).exists()
+    assert json.loads((leftover / STAGING_LOCK_FILE).read_text())["pid"] == victim.pid
 
     rerun_log = tmp_path / "rerun.log"
     rerun = _burst(base_model, out_dir, samples, "rerun", rerun_log)
@@ -102,6 +129,6 @@ def test_burst_killed_mid_training_leaves_nothing_that_looks_done_and_the_rerun_
     assert record.steps == MAX_STEPS and _logged_steps(rerun_log) == MAX_STEPS, "the rerun trained from step 0"
     assert record.lineage.run_id == "rerun" and record.promotable
     assert adapter_sha256(out_dir) == record.sha256
-    # the leftover was neither reused nor published: it is still there, unchanged, beside the adapter
-    assert sorted(tmp_path.glob(".adapter.*")) == [leftover]
-    assert sorted(p.relative_to(leftover) for p in leftover.rglob("*")) == leftover_files
+    # the leftover was neither reused nor published, and the rerun removed it (its owner is dead)
+    assert not leftover.exists() and sorted(tmp_path.glob(".adapter.*")) == []
+    assert not (out_dir / STAGING_LOCK_FILE).exists()  # the owner lock is not part of the adapter
