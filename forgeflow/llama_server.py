@@ -24,14 +24,12 @@ Three things a release needs from the server that a generic OpenAI endpoint cann
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
 import subprocess
 import tarfile
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow import errors, settings
 from forgeflow.llama_sdist import _download_sdist
+from forgeflow.serving import ModelServer
 
 KV_PAD = 256
 """llama.cpp pads the context (and each sequence's share of it) to a multiple of 256 tokens."""
@@ -302,9 +301,10 @@ class ServerProps(BaseModel):
             raise errors.InfraError(f"/props answer lacks {exc}: {str(body)[:300]}") from exc
 
 
-class LlamaServer:
-    """One ``llama-server`` process serving one GGUF on a loopback port (same interface as
-    :class:`forgeflow.serving.ModelServer`, so a blue/green swap can use either).
+class LlamaServer(ModelServer):
+    """One ``llama-server`` process serving one GGUF on a loopback port: a
+    :class:`forgeflow.serving.ModelServer` (same start/stop by PID, log, context manager) whose
+    readiness is ``GET /health`` and which, once up, checks ``/props`` and the accelerator.
 
     Args:
         gguf_path: the GGUF to serve.
@@ -327,36 +327,17 @@ class LlamaServer:
                  n_parallel: int = 1, kv_unified: bool = False, required_ctx: int | None = None,
                  n_gpu_layers: int = 0, binary: Path | None = None, log_path: Path | None = None,
                  startup_timeout_s: float = 120.0, n_threads: int | None = None) -> None:
-        self.gguf_path = Path(gguf_path).resolve()
-        if not self.gguf_path.is_file():
-            raise errors.InputError(f"gguf_path {str(gguf_path)!r} is not a file")
-        if not 1024 <= port <= 65535:
-            raise errors.InputError(f"port must be in 1024..65535, got {port}")
-        if not model_alias or any(c.isspace() for c in model_alias):
-            raise errors.InputError(f"model_alias must be a non-empty word, got {model_alias!r}")
+        super().__init__(gguf_path, port, model_alias, n_ctx=n_ctx, log_path=log_path,
+                         startup_timeout_s=startup_timeout_s, n_threads=n_threads)
         if n_gpu_layers < 0:
             raise errors.InputError(f"n_gpu_layers must be >= 0, got {n_gpu_layers}")
         self.plan = (preflight_context(required_ctx, n_ctx, n_parallel, kv_unified) if required_ctx
                      else slot_context(n_ctx, n_parallel, kv_unified))
-        self.port, self.model_alias, self.n_ctx = port, model_alias, n_ctx
         self.n_parallel, self.kv_unified, self.required_ctx = n_parallel, kv_unified, required_ctx
-        self.n_gpu_layers, self.n_threads = n_gpu_layers, n_threads
+        self.n_gpu_layers = n_gpu_layers
         self.binary = Path(binary) if binary else None
-        self.log_path = Path(log_path) if log_path else self.gguf_path.with_name(f"{self.gguf_path.name}.{port}.log")
-        self.startup_timeout_s = startup_timeout_s
         self.props: ServerProps | None = None
         self.offload: tuple[int, int] | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def base_url(self) -> str:
-        """The OpenAI base URL, ``http://127.0.0.1:PORT/v1``."""
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    @property
-    def pid(self) -> int | None:
-        """PID of the server process (None before :meth:`start`)."""
-        return self._proc.pid if self._proc is not None else None
 
     def argv(self) -> list[str]:
         """The server's command line."""
@@ -370,79 +351,25 @@ class LlamaServer:
             argv += ["--threads", str(self.n_threads)]
         return argv
 
-    def log_tail(self) -> str:
-        """The last characters of the server log."""
-        if not self.log_path.exists():
-            return ""
-        return self.log_path.read_bytes()[-_LOG_TAIL_CHARS:].decode("utf-8", errors="replace")
+    @property
+    def ready_url(self) -> str:
+        """``GET /health`` (200 once the model is loaded)."""
+        return f"http://127.0.0.1:{self.port}/health"
 
-    def start(self) -> "LlamaServer":
-        """Launch, wait for ``GET /health`` 200, then check ``/props`` and the accelerator.
+    def _after_ready(self) -> None:
+        """Read ``/props``; refuse a per-slot context below ``required_ctx`` and a silent CPU fallback.
 
         Raises:
-            ServerStartError: the port is taken, the process exited, or ``/health`` did not answer in
-                time (log tail in the message); ContextPreflightError: ``/props`` reports a per-slot
-                context below ``required_ctx``; AcceleratorFallbackError: see :func:`check_accelerator`.
-                The process is stopped before any of these is raised.
+            ServerStartError: ``/props`` did not answer 200; InfraError: it lacks a field;
+            ContextPreflightError / AcceleratorFallbackError: see the class docstring.
         """
-        from forgeflow import serving  # the shared process helpers (PID registry, stop by PID)
-
-        if self._proc is not None and self._proc.poll() is None:
-            return self
-        if serving._port_is_open(self.port):
-            raise errors.ServerStartError(f"port {self.port} on 127.0.0.1 is already in use")
-        argv = self.argv()
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as log:
-            self._proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,  # noqa: S603
-                                          stdin=subprocess.DEVNULL, start_new_session=True)
-        serving._CHILDREN[self._proc.pid] = self._proc
         root = f"http://127.0.0.1:{self.port}"
-        deadline = time.monotonic() + self.startup_timeout_s
-        try:
-            with httpx.Client(timeout=2.0) as client:
-                while True:
-                    if self._proc.poll() is not None:
-                        raise errors.ServerStartError(
-                            f"llama-server for {self.gguf_path.name} exited with {self._proc.returncode} before "
-                            f"answering; log {self.log_path}:\n{self.log_tail()}")
-                    with contextlib.suppress(httpx.HTTPError):
-                        if client.get(f"{root}/health").status_code == 200:
-                            break
-                    if time.monotonic() > deadline:
-                        raise errors.ServerStartError(
-                            f"llama-server for {self.gguf_path.name} did not answer {root}/health within "
-                            f"{self.startup_timeout_s:.0f} s; log {self.log_path}:\n{self.log_tail()}")
-                    time.sleep(0.2)
-                resp = client.get(f"{root}/props")
-                if resp.status_code != 200:
-                    raise errors.ServerStartError(f"{root}/props answered {resp.status_code}: {resp.text[:300]}")
-                self.props = ServerProps.from_json(resp.json())
-            if self.required_ctx is not None and self.props.per_slot_ctx < self.required_ctx:
-                raise ContextPreflightError(
-                    f"{root}/props reports {self.props.per_slot_ctx} tokens per slot "
-                    f"({self.props.total_slots} slots) but a request needs {self.required_ctx}")
-            self.offload = check_accelerator(self.log_path.read_text(errors="replace"), self.n_gpu_layers)
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def stop(self, timeout_s: float = 15.0) -> None:
-        """Stop the server by PID (SIGTERM, SIGKILL after ``timeout_s``); idempotent."""
-        from forgeflow import serving
-
-        if self._proc is None:
-            return
-        serving.stop_pid(self._proc.pid, self.port, timeout_s=timeout_s)
-        if self._proc.poll() is None:
-            self._proc.kill()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self._proc.wait(timeout=timeout_s)
-        serving._CHILDREN.pop(self._proc.pid, None)
-
-    def __enter__(self) -> "LlamaServer":
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        resp = httpx.get(f"{root}/props", timeout=10.0)
+        if resp.status_code != 200:
+            raise errors.ServerStartError(f"{root}/props answered {resp.status_code}: {resp.text[:300]}")
+        self.props = ServerProps.from_json(resp.json())
+        if self.required_ctx is not None and self.props.per_slot_ctx < self.required_ctx:
+            raise ContextPreflightError(
+                f"{root}/props reports {self.props.per_slot_ctx} tokens per slot "
+                f"({self.props.total_slots} slots) but a request needs {self.required_ctx}")
+        self.offload = check_accelerator(self.log_path.read_text(errors="replace"), self.n_gpu_layers)

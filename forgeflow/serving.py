@@ -225,8 +225,9 @@ class ModelServer:
 
         Raises:
             ServerStartError: the port is taken, the process exited (e.g. a GGUF that does not load),
-                or ``/v1/models`` did not answer within ``startup_timeout_s``; the message carries the
-                tail of the server log. The process is stopped before raising.
+                or :attr:`ready_url` did not answer within ``startup_timeout_s``; the message carries the
+                tail of the server log. The process is stopped before raising (also when a check of
+                :meth:`_after_ready` raises).
         """
         if self._proc is not None and self._proc.poll() is None:
             return self
@@ -240,7 +241,7 @@ class ModelServer:
             )
         _CHILDREN[self._proc.pid] = self._proc
         deadline = time.monotonic() + self.startup_timeout_s
-        url = f"{self.base_url}/models"
+        url = self.ready_url
         with httpx.Client(timeout=2.0) as client:
             while True:
                 if self._proc.poll() is not None:
@@ -252,7 +253,7 @@ class ModelServer:
                     )
                 with contextlib.suppress(httpx.HTTPError):
                     if client.get(url).status_code == 200:
-                        return self
+                        break
                 if time.monotonic() > deadline:
                     self.stop()
                     raise errors.ServerStartError(
@@ -260,6 +261,21 @@ class ModelServer:
                         f"{self.startup_timeout_s:.0f} s; log {self.log_path}:\n{_tail(self.log_path)}"
                     )
                 time.sleep(_POLL_INTERVAL_S)
+        try:
+            self._after_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    @property
+    def ready_url(self) -> str:
+        """The URL :meth:`start` polls until it answers 200 (llama-cpp-python has no ``/health``)."""
+        return f"{self.base_url}/models"
+
+    def _after_ready(self) -> None:
+        """Checks run once the server answers (none here; :class:`forgeflow.llama_server.LlamaServer`
+        reads ``/props``); raising stops the server."""
 
     def stop(self, timeout_s: float = 15.0) -> None:
         """Stop the server by PID (SIGTERM, SIGKILL after ``timeout_s``); idempotent."""

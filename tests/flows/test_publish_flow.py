@@ -21,7 +21,7 @@ import pytest
 from forgeflow.errors import InputError, ModelStoreError
 from forgeflow.fsutil import sha256_file, sha256_tree
 from tests.fakes.hf_hub import FakeHub
-from tests.integration.test_serving import tiny_ggufs
+from tests.helpers import tiny_ggufs
 
 pytestmark = [pytest.mark.slow]
 

@@ -7,32 +7,19 @@ Real llama-cpp-python servers on the tiny GGUFs, free loopback ports, the sessio
 
 from __future__ import annotations
 
-import os
-import socket
 from pathlib import Path
 
 import pytest
 
 from forgeflow import serving
 from forgeflow.fsutil import sha256_file
-from tests.integration.test_serving import tiny_ggufs
+from tests.helpers import free_port as _free_port, pid_alive as _alive, tiny_ggufs
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().split(") ", 1)[1][:1] != "Z"
 
 
 def test_a_failure_after_staging_rolls_back_and_a_promotion_commits(prefect_harness, tmp_path: Path) -> None:

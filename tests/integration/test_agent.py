@@ -7,7 +7,6 @@ fine); the verifier grades with SWE-bench's rule on ``pytest -rA`` output.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,7 +18,8 @@ from forgeflow.agent import AgentConfig, _run_verifier_phase, problem_statement_
 from forgeflow.errors import InputError, ModelRequestError
 from forgeflow.images import BASE_IMAGE_TAG, ensure_base_image, image_exists
 from forgeflow.serving import ModelServer
-from forgeflow.settings import cache_dir, tool_env
+from forgeflow.settings import tool_env
+from tests.helpers import free_port as _free_port, tiny_ggufs
 
 TASK_IMAGE = "localhost/forgeflow/test-agent-calc:1"
 TEST_COMMAND = "python3 -m pytest -rA -p no:cacheprovider tests"
@@ -58,24 +58,8 @@ RUN git init -q && git add -A \\
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
-def _tiny_q8() -> Path:
-    """The seed-0 tiny model as Q8_0, built once per machine (shared with test_serving)."""
-    from forgeflow.gguf import convert_to_gguf, quantize
-    from forgeflow.model import build_tiny_model
-
-    root = cache_dir() / "test-fixtures" / "tiny-seed0"
-    f16, q8 = root / "tiny-f16.gguf", root / "tiny-q8_0.gguf"
-    if not (f16.is_file() and q8.is_file()):
-        record = build_tiny_model(root / "hf", seed=0)
-        convert_to_gguf(record.path, f16, outtype="f16")
-        quantize(f16, q8, "Q8_0")
-    return q8
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +87,7 @@ def task_image(tmp_path_factory: pytest.TempPathFactory) -> str:
 def endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A llama-cpp-python server on the tiny Q8_0 GGUF (stopped by PID at teardown)."""
     log = tmp_path_factory.mktemp("server") / "server.log"
-    with ModelServer(_tiny_q8(), _free_port(), "tiny", n_ctx=4096, log_path=log) as server:
+    with ModelServer(tiny_ggufs()[0], _free_port(), "tiny", n_ctx=4096, log_path=log) as server:
         yield server.base_url
 
 

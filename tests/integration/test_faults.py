@@ -23,7 +23,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -34,8 +33,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from test_agent import BUG_PATCH, F2P, P2P, TEST_COMMAND, _tiny_q8, task_image  # noqa: F401 - fixture
+from test_agent import BUG_PATCH, F2P, P2P, TEST_COMMAND, task_image  # noqa: F401 - fixture
 
+from tests.helpers import free_port as _free_port, tiny_ggufs
 from forgeflow.agent import AgentConfig, problem_statement_for, run_agent_trial
 from forgeflow.errors import ModelEndpointError
 from forgeflow.model_client import ModelClient, ResponseCache, RetryPolicy, chat_request
@@ -50,15 +50,11 @@ LONG_ID = "Owner__Repo.func_pm_remove_assign__ABCD1234.With_A_Long_Tail_x" + "Zq
 NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @contextmanager
 def _server(tmp: Path) -> Iterator[ModelServer]:
-    with ModelServer(_tiny_q8(), _free_port(), "tiny", n_ctx=4096, log_path=tmp / "server.log") as server:
+    with ModelServer(tiny_ggufs()[0], _free_port(), "tiny", n_ctx=4096, log_path=tmp / "server.log") as server:
         yield server
 
 

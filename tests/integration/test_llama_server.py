@@ -6,7 +6,6 @@ takes minutes on 2 cores the first time (cached under ``cache_dir()/llama-server
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import httpx
@@ -16,20 +15,13 @@ from forgeflow.errors import SwapRolledBackError
 from forgeflow.fsutil import sha256_file
 from forgeflow.llama_server import ContextPreflightError, LlamaServer, ensure_llama_server, slot_context
 from forgeflow.serving import gate, read_state, stop_active, swap
-from tests.integration.test_serving import tiny_ggufs
+from tests.helpers import free_port as _free_port, pid_alive as _alive, tiny_ggufs
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
-def _alive(pid: int) -> bool:
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().split(") ", 1)[1][:1] != "Z"
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,6 @@ by PID in a ``finally``/fixture teardown.
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 from pathlib import Path
@@ -17,40 +16,17 @@ import pytest
 from forgeflow.errors import InputError, ServerStartError, SwapRolledBackError
 from forgeflow.fsutil import sha256_file
 from forgeflow.serving import ModelServer, discard, gate, promote, read_state, stage, stop_active, stop_pid, swap
-from forgeflow.settings import cache_dir
+from tests.helpers import free_port as _free_port, pid_alive as _pid_alive, tiny_ggufs
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 N_CTX = 512
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().split(") ", 1)[1][:1] != "Z"
 
 
-def tiny_ggufs() -> tuple[Path, Path]:
-    """(Q8_0, f16) GGUFs of the seed-0 tiny model, built once per machine under the cache."""
-    from forgeflow.gguf import convert_to_gguf, quantize
-    from forgeflow.model import build_tiny_model
-
-    root = cache_dir() / "test-fixtures" / "tiny-seed0"
-    f16, q8 = root / "tiny-f16.gguf", root / "tiny-q8_0.gguf"
-    if not (f16.is_file() and q8.is_file()):
-        record = build_tiny_model(root / "hf", seed=0)
-        convert_to_gguf(record.path, f16, outtype="f16")
-        quantize(f16, q8, "Q8_0")
-    return q8, f16
 
 
 @pytest.fixture(scope="module")

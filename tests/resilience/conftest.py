@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from forgeflow.settings import tool_env
+from tests.helpers import free_port, pid_alive  # noqa: F401 - re-exported to the resilience tests
 
 TESTBED_DIR = Path(__file__).resolve().parent / "testbed"
 """The escape-attempt test files copied to ``/testbed`` of the sandbox test image."""
@@ -20,11 +20,6 @@ TESTBED_DIR = Path(__file__).resolve().parent / "testbed"
 collect_ignore = ["testbed"]  # they run inside the sandbox, never on the host
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def cmdline(pid: int) -> list[str]:
@@ -36,13 +31,6 @@ def cmdline(pid: int) -> list[str]:
     return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
 
 
-def pid_alive(pid: int) -> bool:
-    """True for a live, non-zombie process."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][:1]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
 
 
 def pids_matching(*needles: str) -> list[int]:

@@ -19,7 +19,7 @@ import pytest
 
 from forgeflow.fsutil import sha256_file
 from forgeflow.serving import gate, read_state, stop_active, stop_pid, swap
-from forgeflow.settings import cache_dir
+from tests.helpers import tiny_ggufs
 from tests.resilience.conftest import free_port, pid_alive, pids_matching
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -57,17 +57,8 @@ def _swap_process(state: Path, gguf: Path, ports: tuple[int, int]) -> subprocess
 
 @pytest.fixture(scope="module")
 def ggufs() -> tuple[Path, Path]:
-    """(Q8_0, f16) of the seed-0 tiny model (built once per machine, as in test_serving.py)."""
-    from forgeflow.gguf import convert_to_gguf, quantize
-    from forgeflow.model import build_tiny_model
-
-    root = cache_dir() / "test-fixtures" / "tiny-seed0"
-    f16, q8 = root / "tiny-f16.gguf", root / "tiny-q8_0.gguf"
-    if not (f16.is_file() and q8.is_file()):
-        record = build_tiny_model(root / "hf", seed=0)
-        convert_to_gguf(record.path, f16, outtype="f16")
-        quantize(f16, q8, "Q8_0")
-    return q8, f16
+    """(Q8_0, f16) of the seed-0 tiny model (built once per machine)."""
+    return tiny_ggufs()
 
 
 def test_swap_killed_mid_way_leaves_the_old_server_serving_and_the_rerun_leaves_no_orphan(
