@@ -725,9 +725,30 @@ def read_adapter_record(adapter_dir: Path) -> AdapterRecord:
     return record
 
 
+TRAINER_RUN_ARGS: dict[str, Any] = {
+    "use_cpu": True, "bf16": False, "fp16": False, "gradient_checkpointing": False,
+    "logging_steps": 1,
+    # Trainer by default replaces a NaN/inf step loss by the running mean before logging, which
+    # would hide a divergence from the health gates: log the real values.
+    "logging_nan_inf_filter": False,
+    "save_strategy": "no", "report_to": "none", "disable_tqdm": True, "dataloader_num_workers": 0,
+    "lr_scheduler_type": "constant", "warmup_steps": 0,
+}
+"""``transformers.TrainingArguments`` fields every burst sets the same way (SFT and RL): CPU, fp32,
+a log line per step with real NaN/inf values, no checkpoints or reporting, a constant learning rate."""
+
+
+def lora_config(config: Any) -> Any:
+    """``peft.LoraConfig`` from a config with ``lora_r``, ``lora_alpha``, ``lora_dropout`` and
+    ``lora_target_modules`` (:class:`BurstConfig`, :class:`forgeflow.rl.RLBurstConfig`)."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
+                      target_modules=list(config.lora_target_modules), task_type="CAUSAL_LM")
+
+
 def _trl_objects(config: BurstConfig, output_dir: Path, with_lora: bool) -> tuple[Any, Any]:
     """Translate :class:`BurstConfig` into ``(trl.SFTConfig, peft.LoraConfig | None)``."""
-    from peft import LoraConfig
     from trl import SFTConfig
 
     sft = SFTConfig(
@@ -739,31 +760,9 @@ def _trl_objects(config: BurstConfig, output_dir: Path, with_lora: bool) -> tupl
         seed=config.seed,
         data_seed=config.seed,
         assistant_only_loss=True,
-        use_cpu=True,
-        bf16=False,
-        fp16=False,
-        gradient_checkpointing=False,
-        logging_steps=1,
-        # Trainer by default replaces a NaN/inf step loss by the running mean before logging,
-        # which would hide a divergence: log the real values.
-        logging_nan_inf_filter=False,
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
+        **TRAINER_RUN_ARGS,
     )
-    lora = None
-    if with_lora:
-        lora = LoraConfig(
-            r=config.lora_r,
-            lora_alpha=config.lora_alpha,
-            lora_dropout=config.lora_dropout,
-            target_modules=list(config.lora_target_modules),
-            task_type="CAUSAL_LM",
-        )
-    return sft, lora
+    return sft, (lora_config(config) if with_lora else None)
 
 
 def _reusable(out_dir: Path, expected: dict[str, Any]) -> AdapterRecord | None:

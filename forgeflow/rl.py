@@ -47,6 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from forgeflow import errors
 from forgeflow.burst import (
     LINEAGE_FILE,
+    TRAINER_RUN_ARGS,
     AdapterRecord,
     BurstHealthError,
     HealthGates,
@@ -56,6 +57,7 @@ from forgeflow.burst import (
     check_health,
     enforce_health,
     health_callback,
+    lora_config,
     preflight,
     publish_adapter,
     read_adapter_record,
@@ -439,8 +441,6 @@ class RLBurstRecord(BaseModel):
 
 def _trl_objects(config: RLBurstConfig, output_dir: Path, with_lora: bool) -> tuple[Any, Any]:
     """Translate :class:`RLBurstConfig` into ``(trl.GRPOConfig | trl.RLOOConfig, peft.LoraConfig | None)``."""
-    from peft import LoraConfig
-
     if config.algorithm == "grpo":
         from trl import GRPOConfig as TrainerConfig
     else:
@@ -456,24 +456,9 @@ def _trl_objects(config: RLBurstConfig, output_dir: Path, with_lora: bool) -> tu
         beta=config.beta,
         seed=config.seed,
         data_seed=config.seed,
-        use_cpu=True,
-        bf16=False,
-        fp16=False,
-        gradient_checkpointing=False,
-        logging_steps=1,
-        logging_nan_inf_filter=False,  # log real NaN/inf values for the health gates
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        dataloader_num_workers=0,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
+        **TRAINER_RUN_ARGS,
     )
-    lora = None
-    if with_lora:
-        lora = LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
-                          target_modules=list(config.lora_target_modules), task_type="CAUSAL_LM")
-    return args, lora
+    return args, (lora_config(config) if with_lora else None)
 
 
 def _reusable_rl(out_dir: Path, expected: dict[str, Any]) -> RLBurstRecord | None:
