@@ -11,6 +11,8 @@ through the Prefect client and must not contain the token.
 
 from __future__ import annotations
 
+import secrets
+
 import asyncio
 import json
 import shutil
@@ -25,8 +27,8 @@ from tests.helpers import tiny_ggufs
 
 pytestmark = [pytest.mark.slow]
 
-TOKEN = "hf_FORGEFLOWflowTOKEN7Rt2Wq9Zp4Xc"
-BAD_TOKEN = "hf_FORGEFLOWrevokedTOKEN3Hs8Vn1Yb6"
+TOKEN = "hf_" + secrets.token_hex(16)  # made per run: no token-shaped literal in the repository
+BAD_TOKEN = "hf_" + secrets.token_hex(16)
 REPO = "forgeflow/tiny-release"
 
 

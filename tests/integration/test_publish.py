@@ -9,6 +9,8 @@ test. The GGUF is a small real one written with gguf-py's ``GGUFWriter``.
 
 from __future__ import annotations
 
+import secrets
+
 import json
 import logging
 import traceback
@@ -29,7 +31,7 @@ from forgeflow.fsutil import sha256_file
 from forgeflow.publish import RECORD_FILE, git_blob_sha1, publish_hub, publish_local, read_local_record
 from tests.fakes.hf_hub import FakeHub, git_blob_id
 
-TOKEN = "hf_FORGEFLOWtestTOKENx9Qz7Kp2Lm4Nb8"
+TOKEN = "hf_" + secrets.token_hex(16)  # made per run: no token-shaped literal in the repository
 REPO = "forgeflow/tiny-gguf"
 
 
