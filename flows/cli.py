@@ -555,5 +555,34 @@ def version() -> None:
     console.print(forgeflow.__version__)
 
 
+def main() -> None:
+    """The ``forgeflow`` console entry point: the typer app, with known errors as one line.
+
+    Bad input (:class:`~forgeflow.errors.InputError`, e.g. a malformed store URL; a path that is a
+    folder, unreadable or not UTF-8; a file that does not validate) prints one ``error:`` line and
+    exits 2; an infrastructure failure (:class:`~forgeflow.errors.InfraError`,
+    or a database the store URL points to that cannot be reached) prints one line and exits 1.
+    Anything else is a bug and keeps its traceback.
+    """
+    from pydantic import ValidationError
+    from sqlalchemy.exc import OperationalError
+
+    from forgeflow.errors import InfraError, InputError
+
+    def one_line(exc: BaseException, status: int) -> SystemExit:
+        lines = str(exc).splitlines()
+        text = " ".join(lines[:3]) if isinstance(exc, ValidationError) else (lines[0] if lines else "")
+        Console(stderr=True).print(f"[red]error:[/red] {type(exc).__name__}: {text}", highlight=False, soft_wrap=True)
+        return SystemExit(status)
+
+    try:
+        app()
+    except (InfraError, OperationalError, ConnectionError) as exc:
+        raise one_line(exc, 1) from None
+    except (InputError, ValidationError, UnicodeDecodeError, OSError) as exc:
+        # a path that is a folder, missing, unreadable or not UTF-8 text, or a file of the wrong kind
+        raise one_line(exc, 2) from None
+
+
 if __name__ == "__main__":
-    app()
+    main()

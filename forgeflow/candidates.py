@@ -127,14 +127,20 @@ def _rows_from_jsonl(path: Path, errors: list[str]) -> Iterable[tuple[int, Any]]
         handle = path.open(encoding="utf-8")
     except FileNotFoundError as exc:
         raise InputError(f"candidate file {path} does not exist") from exc
+    except IsADirectoryError as exc:
+        raise InputError(f"candidate file {path} is a folder, not a JSON-lines file") from exc
     with handle:
-        for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield line_no, json.loads(line)
-            except json.JSONDecodeError as exc:
-                errors.append(f"row {line_no}: not valid JSON: {exc.msg} (column {exc.colno})")
+        line_no = 0
+        try:
+            for line_no, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    yield line_no, json.loads(line)
+                except json.JSONDecodeError as exc:
+                    errors.append(f"row {line_no}: not valid JSON: {exc.msg} (column {exc.colno})")
+        except UnicodeDecodeError as exc:
+            raise InputError(f"candidate file {path} is not UTF-8 text (after row {line_no}): {exc.reason}") from exc
 
 
 def load_candidates(

@@ -879,12 +879,19 @@ def merged_job(store: Any, job_id: str, *, include_recovery: bool = True) -> Mer
         include_recovery: False: the job's own trials only (recovery jobs still named in the label).
 
     Raises:
-        InputError: the job has no trials in the store (the message names the store URL).
+        InputError: the job has no trials in the store (the message names the store URL), or it holds
+            nop/oracle (validation) trials rather than agent trials.
     """
     own = store.trials_for(job_id=job_id)
     if not own:
         known = sorted({t.job_id for t in store.trials_for() if t.job_id})
         raise InputError(f"job {job_id!r} has no trials in {store.url}; jobs with trials: {', '.join(known) or 'none'}")
+    kinds = sorted({t.kind for t in own})
+    if kinds != ["agent"]:
+        # a validation job holds a NOP and an Oracle trial per instance: "the latest trial of an
+        # instance" would silently keep one of them and drop the other
+        raise InputError(f"job {job_id!r} holds {'/'.join(kinds)} trials; a merged view and a paired compare "
+                         f"take agent (canary) jobs only — see `forgeflow trials --job {job_id}`")
     row = store.get_job(job_id)
     recovery: list[str] = []
     frontier = [job_id]
@@ -1053,9 +1060,11 @@ def compare_stored_jobs(
         plot_file: image path embedded in the markdown (see :func:`render_plot`).
 
     Raises:
-        InputError: a job has no trials (named with the store URL), or the jobs are not on the same
-            frozen split (the difference is named).
+        InputError: a job has no trials (named with the store URL), holds non-agent trials, both ids
+            are the same job, or the jobs are not on the same frozen split (the difference is named).
     """
+    if job_a == job_b:
+        raise InputError(f"both runs are job {job_a!r}: compare takes two different canary jobs")
     a = merged_job(store, job_a, include_recovery=merge_recovery)
     b = merged_job(store, job_b, include_recovery=merge_recovery)
     split_checked = refuse_unless_same_frozen_split(a, b)

@@ -8,15 +8,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 DEMO_PROJECTS = ("boltons", "cachetools", "inflection", "six", "tabulate", "toolz")
 
 
 class LifecycleConfig(BaseModel):
-    """Parameters of one lifecycle run (defaults = the demo on this machine)."""
+    """Parameters of one lifecycle run (defaults = the demo on this machine).
 
-    model_config = ConfigDict(frozen=True)
+    Checked as a whole before any stage runs: unknown fields are refused (a typo never falls back
+    to a default), numbers are finite, the freeze name follows :func:`forgeflow.freeze.validate_freeze_name`,
+    the served quantization is one of those packaged, the two registry ports and the two serving
+    ports are four distinct ports, and ``lanes <= shards``.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     projects: tuple[str, ...] = Field(DEMO_PROJECTS, description="pinned projects (forgeflow/data/projects.json)")
     candidates_per_project: int = Field(5, ge=1, le=200, description="SWE-smith candidates kept per project")
@@ -67,6 +73,42 @@ class LifecycleConfig(BaseModel):
         if len(set(value)) != len(value):
             raise ValueError(f"projects repeat a name: {list(value)}")
         return value
+
+    @field_validator("freeze_name")
+    @classmethod
+    def _freeze_name(cls, value: str) -> str:
+        from forgeflow.freeze import validate_freeze_name
+
+        return validate_freeze_name(value)
+
+    @field_validator("quantizations")
+    @classmethod
+    def _known_quantizations(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        from forgeflow.gguf import QUANT_PRESETS
+
+        if not value:
+            raise ValueError("at least one quantization type is needed")
+        unknown = [q for q in value if q not in QUANT_PRESETS]
+        if unknown:
+            raise ValueError(f"unknown quantization type(s) {unknown}; known: {sorted(QUANT_PRESETS)}")
+        if len(set(value)) != len(value):
+            raise ValueError(f"quantizations repeat a type: {list(value)}")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "LifecycleConfig":
+        if self.serve_quantization not in self.quantizations:
+            raise ValueError(f"serve_quantization {self.serve_quantization!r} is not among quantizations "
+                             f"{list(self.quantizations)}")
+        for port in self.serve_ports:
+            if not 1024 <= port <= 65535:
+                raise ValueError(f"serve_ports must be in 1024..65535, got {list(self.serve_ports)}")
+        ports = [self.source_port, self.target_port, *self.serve_ports]
+        if len(set(ports)) != len(ports):
+            raise ValueError(f"source_port, target_port and serve_ports must be four distinct ports, got {ports}")
+        if self.lanes > self.shards:
+            raise ValueError(f"lanes ({self.lanes}) cannot exceed shards ({self.shards})")
+        return self
 
     @property
     def source_address(self) -> str:

@@ -214,8 +214,12 @@ def read_jsonl_objects(path: str | os.PathLike[str], what: str) -> Iterator[tupl
     """
     source = Path(path)
     if not source.is_file():
-        raise InputError(f"{what} {source} does not exist")
-    for number, line in enumerate(source.read_text(encoding="utf-8").splitlines(), start=1):
+        raise InputError(f"{what} {source} does not exist" if not source.exists() else f"{what} {source} is not a file")
+    try:
+        text = source.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise InputError(f"{what} {source} is not UTF-8 text: {exc.reason} at byte {exc.start}") from exc
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:

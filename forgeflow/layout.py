@@ -231,8 +231,8 @@ class ShardLayout(BaseModel):
             A :class:`PrewarmPlan`; call :meth:`PrewarmPlan.check` to enforce the tag cap.
 
         Raises:
-            InputError: a task id is repeated, a digest is malformed, or a task tag collides
-                with a basecache tag in the same repository.
+            InputError: a task id is repeated, a digest is malformed, two task ids map to the same
+                (repository, tag), or a task tag collides with a basecache tag in the same repository.
         """
         repeated = sorted(tid for tid, n in Counter(tid for tid, _ in tasks).items() if n > 1)
         if repeated:
@@ -247,6 +247,18 @@ class ShardLayout(BaseModel):
             ] = placement.base_digest
             task_tags.setdefault(placement.repository, set()).add(placement.tag)
             bases_per_repo.setdefault(placement.repository, set()).add(placement.base_digest)
+        # A sanitized id can equal another id that is already a valid tag ("a/b1" -> "a-b1-<hash>"):
+        # two tasks on one (repository, tag) would overwrite each other's image.
+        by_slot: dict[tuple[str, str], list[str]] = {}
+        for (task_id, _), placement in zip(tasks, placements):
+            by_slot.setdefault((placement.repository, placement.tag), []).append(task_id)
+        shared = {f"{repo}:{tag}": ids for (repo, tag), ids in by_slot.items() if len(ids) > 1}
+        if shared:
+            first = sorted(shared.items())[:5]
+            raise InputError(
+                "task ids map to the same image tag, so one push would overwrite the other: "
+                + "; ".join(f"{slot} <- {ids}" for slot, ids in first) + "; rename those tasks"
+            )
         for repo, tags in task_tags.items():
             clash = sorted(tags & basecache[repo].keys())
             if clash:

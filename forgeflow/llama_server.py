@@ -97,6 +97,10 @@ def slot_context(n_ctx: int, n_parallel: int = 1, kv_unified: bool = False, *,
 
     Source: llama.cpp as vendored by llama-cpp-python 0.3.36 (see the module docstring).
     """
+    for name, value in (("n_ctx", n_ctx), ("n_parallel", n_parallel), ("kv_unified_per_slot", kv_unified_per_slot),
+                        ("n_ctx_train", n_ctx_train)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise errors.InputError(f"{name} must be a whole number of tokens/slots, got {value!r}")
     if n_ctx <= 0:
         raise errors.InputError(f"n_ctx must be > 0 tokens, got {n_ctx}")
     if n_parallel == -1:
@@ -108,6 +112,8 @@ def slot_context(n_ctx: int, n_parallel: int = 1, kv_unified: bool = False, *,
     if kv_unified_per_slot < 0:
         raise errors.InputError(f"kv_unified_per_slot must be >= 0, got {kv_unified_per_slot}")
     pool = _pad(n_ctx)
+    if not kv_unified and pool // n_parallel == 0:
+        raise errors.InputError(f"n_ctx {n_ctx} (padded to {pool}) split over {n_parallel} slots leaves 0 tokens per slot")
     if kv_unified:
         seq = pool
     else:
@@ -133,17 +139,23 @@ def preflight_context(required_tokens: int, n_ctx: int, n_parallel: int = 1, kv_
             names both numbers and how the per-slot figure came about.
         InputError: as :func:`slot_context`, or ``required_tokens`` < 1.
     """
-    if required_tokens < 1:
-        raise errors.InputError(f"required_tokens must be >= 1, got {required_tokens}")
+    if isinstance(required_tokens, bool) or not isinstance(required_tokens, int) or required_tokens < 1:
+        raise errors.InputError(f"required_tokens must be a whole number >= 1, got {required_tokens!r}")
     plan = slot_context(n_ctx, n_parallel, kv_unified, n_ctx_train=n_ctx_train)
     if plan.per_slot < required_tokens:
-        how = ("a unified KV cache" if plan.kv_unified
-               else f"a pool of {plan.n_ctx} tokens split over {plan.n_parallel} slots")
-        cap = f", capped by the model's training context {n_ctx_train}" if n_ctx_train else ""
+        if n_ctx_train is not None and n_ctx_train < required_tokens:
+            raise ContextPreflightError(
+                f"a request needs {required_tokens} tokens of context but the model was trained for "
+                f"{n_ctx_train} (its context_length caps every slot); no server setting fixes that")
+        slots = f"{plan.n_parallel} slot{'s' if plan.n_parallel != 1 else ''}"
+        how = (f"a unified KV cache of {plan.n_ctx} tokens" if plan.kv_unified
+               else f"a pool of {plan.n_ctx} tokens split over {slots}")
+        fixes = [f"raise -c to at least {required_tokens * (1 if plan.kv_unified else plan.n_parallel)}"]
+        if not plan.kv_unified and plan.n_parallel > 1:
+            fixes += ["lower -np", "use --kv-unified"]
         raise ContextPreflightError(
             f"a request needs {required_tokens} tokens of context but each slot holds {plan.per_slot} "
-            f"({how}{cap}); raise -c to at least {required_tokens * (1 if plan.kv_unified else plan.n_parallel)}, "
-            f"lower -np, or use --kv-unified"
+            f"({how}); {', or '.join(fixes)}"
         )
     return plan
 

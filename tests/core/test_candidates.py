@@ -145,3 +145,12 @@ def test_candidate_refs_feed_select_batch_only_with_available_images() -> None:
         candidates, {"tag-noimg-1"}, image_of=lambda c: f"tag-{c.instance_id}"
     )
     assert [r.instance_id for r in named if r.image_available] == ["noimg-1"]
+
+
+def test_a_folder_or_a_non_utf8_file_is_named_as_bad_input(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="is a folder"):
+        load_candidates(tmp_path)
+    binary = tmp_path / "candidates.jsonl"
+    binary.write_bytes(b'{"instance_id": "a"}\n\xff\xfe\x00garbage\n')
+    with pytest.raises(InputError, match=r"candidates.jsonl is not UTF-8 text"):
+        load_candidates(binary)

@@ -148,3 +148,20 @@ def test_plot_is_a_png_with_both_panels(store: Store, tmp_path: Path) -> None:
     assert (width, height) == (900, 360)
     assert "![pass rates with Wilson intervals; wins and losses per repository](cmp.png)" in result.markdown
     assert result.report_a.wilson == wilson_interval(2, 6)
+
+
+def test_a_validation_job_or_the_same_job_twice_is_refused(store: Store) -> None:
+    """A validation job has a NOP and an Oracle trial per instance: keeping 'the latest' of them
+    would report the Oracle's 1s as a pass rate; the same job twice is no comparison."""
+    from forgeflow.compare import merged_job
+
+    store.record_trials([
+        TrialRecord(trial_id="v-nop", instance_id="six.t1", kind="nop", job_id="validate-0", reward=0.0),
+        TrialRecord(trial_id="v-oracle", instance_id="six.t1", kind="oracle", job_id="validate-0", reward=1.0),
+    ])
+    with pytest.raises(InputError, match="'validate-0' holds nop/oracle trials"):
+        compare_stored_jobs(store, "validate-0", "cand")
+    with pytest.raises(InputError, match="holds nop/oracle trials"):
+        merged_job(store, "validate-0")
+    with pytest.raises(InputError, match="both runs are job 'base'"):
+        compare_stored_jobs(store, "base", "base")

@@ -23,3 +23,21 @@ def test_demo_projects_are_all_pinned():
 def test_unknown_project_is_refused_listing_the_pinned_ones():
     with pytest.raises(pydantic.ValidationError, match=r"unknown project\(s\) \['nosuch'\]; pinned projects: .*boltons"):
         LifecycleConfig(projects=("six", "nosuch"))
+
+
+@pytest.mark.parametrize(("kwargs", "named"), [
+    ({"freeze_name": "../../etc"}, "freeze_name"),
+    ({"freeze_name": "Demo V1"}, "freeze_name"),
+    ({"quantizations": ()}, "at least one quantization"),
+    ({"quantizations": ("BOGUS",)}, "unknown quantization"),
+    ({"quantizations": ("Q8_0",), "serve_quantization": "Q4_K_M"}, "serve_quantization 'Q4_K_M' is not among"),
+    ({"serve_ports": (8801, 8801)}, "four distinct ports"),
+    ({"source_port": 5701, "target_port": 5701}, "four distinct ports"),
+    ({"serve_ports": (80, 8802)}, "1024..65535"),
+    ({"lanes": 9, "shards": 8}, r"lanes \(9\) cannot exceed shards \(8\)"),
+    ({"verifier_timeout_s": float("inf")}, "verifier_timeout_s"),
+    ({"freeze_nam": "x"}, "freeze_nam"),  # a typo is refused, never silently defaulted
+])
+def test_inconsistent_or_unknown_parameters_are_refused_before_any_stage(kwargs, named) -> None:
+    with pytest.raises(pydantic.ValidationError, match=named):
+        LifecycleConfig(**kwargs)

@@ -133,3 +133,11 @@ def test_plan_rejects_repeated_task_ids_and_bad_layouts() -> None:
         ShardLayout(shards=3, lanes=4)
     with pytest.raises(ValidationError):
         ShardLayout(prefix="Bad/Prefix")
+
+
+def test_an_id_whose_sanitized_tag_equals_another_valid_id_is_rejected() -> None:
+    """'a/b1' sanitizes to 'a-b1-<hash>'; a task literally named so would share its image tag."""
+    clashing = sanitize_tag("a/b1")
+    with pytest.raises(InputError, match=r"same image tag.*'a/b1'") as info:
+        ShardLayout().plan([("a/b1", _digest("1")), (clashing, _digest("1"))])
+    assert clashing in str(info.value)

@@ -43,8 +43,19 @@ def test_preflight_refuses_a_request_that_does_not_fit_one_slot_and_names_the_nu
     with pytest.raises(ContextPreflightError, match=r"needs 6000 tokens .* each slot holds 4096 .*16384 tokens split over 4 slots"):
         preflight_context(6000, 16384, 4)
     assert preflight_context(6000, 16384, 4, kv_unified=True).per_slot == 16384
-    with pytest.raises(ContextPreflightError, match="training context 2048"):
+    with pytest.raises(ContextPreflightError, match="trained for 2048 .* no server setting fixes that"):
         preflight_context(3000, 8192, 1, n_ctx_train=2048)
+    with pytest.raises(ContextPreflightError, match=r"holds 4096 \(a unified KV cache of 4096 tokens\); raise -c to at least 5000$"):
+        preflight_context(5000, 4096, -1)  # auto: already unified, so only -c helps
+
+
+@pytest.mark.parametrize("bad", [dict(n_ctx=1, n_parallel=300), dict(n_ctx=4096, n_parallel=2.5),
+                                 dict(n_ctx=float("inf")), dict(n_ctx="4096"), dict(n_ctx=True)])
+def test_odd_values_are_input_errors_naming_the_field(bad) -> None:
+    with pytest.raises(InputError, match="n_ctx|n_parallel"):
+        slot_context(**bad)
+    with pytest.raises(InputError, match="required_tokens"):
+        preflight_context(None, 4096)
 
 
 @pytest.mark.parametrize("bad", [dict(n_ctx=0), dict(n_ctx=4096, n_parallel=0), dict(n_ctx=4096, n_parallel=-2)])
