@@ -180,9 +180,8 @@ def trial_row(tr: Any, job_id: str | None, model_sha256: str | None, run_id: str
                               reward=tr.reward, exception_type=tr.exception_type,
                               exception_message=tr.exception_message, timings=timings,
                               model_sha256=model_sha256, created_at=tr.started_at, run_id=run_id,
-                              agent_steps=getattr(tr, "agent_steps", None),
-                              input_tokens=getattr(tr, "input_tokens", None),
-                              output_tokens=getattr(tr, "output_tokens", None))
+                              agent_steps=tr.agent_steps, input_tokens=tr.input_tokens,
+                              output_tokens=tr.output_tokens)
 
 
 def render_job_report(job: ledger.JobRecord, report: compare.JobReport, trials: Sequence[Any],

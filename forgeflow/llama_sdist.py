@@ -49,7 +49,7 @@ def sdist_root() -> Path:
     return settings.cache_dir() / f"llama-cpp-python-{settings.LLAMA_CPP_PYTHON_VERSION}"
 
 
-def _download_sdist(version: str) -> Path:
+def download_sdist(version: str) -> Path:
     """Fetch the sdist tarball into ``cache_dir()/sdist`` with ``pip download`` (once).
 
     Raises:
@@ -110,7 +110,7 @@ def ensure_llama_sdist() -> Path:
     if (root / _COMPLETE_MARKER).is_file():
         return root
     version = settings.LLAMA_CPP_PYTHON_VERSION
-    tarball = _download_sdist(version)
+    tarball = download_sdist(version)
     prefix = f"llama_cpp_python-{version}/"
     tmp = Path(tempfile.mkdtemp(dir=root.parent, prefix=f".{root.name}."))
     try:

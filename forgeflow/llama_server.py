@@ -37,7 +37,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow import errors, settings
-from forgeflow.llama_sdist import _download_sdist
+from forgeflow.llama_sdist import download_sdist
 from forgeflow.serving import ModelServer
 
 KV_PAD = 256
@@ -245,7 +245,7 @@ def ensure_llama_server(gpu: bool = False, jobs: int | None = None) -> Path:
     for tool in ("cmake", "c++"):
         if shutil.which(tool) is None:
             raise errors.ToolMissingError(f"building llama-server needs {tool!r} on PATH (Debian: cmake build-essential)")
-    tarball = _download_sdist(settings.LLAMA_CPP_PYTHON_VERSION)
+    tarball = download_sdist(settings.LLAMA_CPP_PYTHON_VERSION)
     final.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
     log_path = final.parent / f"{final.name}.build.log"

@@ -1,8 +1,13 @@
-"""Small helpers shared by the tests: a free loopback port, a live-process check, the tiny GGUFs."""
+"""Small helpers shared by the tests: a free loopback port, a live-process check, the tiny GGUFs,
+a one-layer OCI image on disk."""
 
 from __future__ import annotations
 
+import hashlib
+import io
+import json
 import socket
+import tarfile
 from pathlib import Path
 
 
@@ -35,3 +40,32 @@ def tiny_ggufs() -> tuple[Path, Path]:
         convert_to_gguf(record.path, f16, outtype="f16")
         quantize(f16, q8, "Q8_0")
     return q8, f16
+
+
+def _oci_blob(root: Path, data: bytes) -> dict:
+    digest = hashlib.sha256(data).hexdigest()
+    (root / "blobs" / "sha256" / digest).write_bytes(data)
+    return {"digest": f"sha256:{digest}", "size": len(data)}
+
+
+def oci_image(root: Path, tag: str, payload: bytes) -> str:
+    """An OCI layout with one uncompressed layer holding ``payload``; returns its oci: reference."""
+    (root / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
+    (root / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
+    layer = io.BytesIO()
+    with tarfile.open(fileobj=layer, mode="w") as tar:
+        info = tarfile.TarInfo("payload.bin")
+        info.size = len(payload)
+        tar.addfile(info, io.BytesIO(payload))
+    layer_desc = _oci_blob(root, layer.getvalue())
+    config = {"architecture": "amd64", "os": "linux",
+              "rootfs": {"type": "layers", "diff_ids": [layer_desc["digest"]]}}
+    config_desc = _oci_blob(root, json.dumps(config).encode())
+    manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **config_desc},
+                "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", **layer_desc}]}
+    manifest_desc = _oci_blob(root, json.dumps(manifest).encode())
+    (root / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [
+        {"mediaType": "application/vnd.oci.image.manifest.v1+json", **manifest_desc,
+         "annotations": {"org.opencontainers.image.ref.name": tag}}]}))
+    return f"oci:{root}:{tag}"

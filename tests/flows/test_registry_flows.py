@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import crypt  # noqa: deprecated in 3.11, still present; bcrypt for htpasswd
 import hashlib
-import io
 import json
 import os
-import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,6 +27,7 @@ from forgeflow.registry import RegistryServer
 from forgeflow.skopeo import Skopeo
 from forgeflow.store import ImageRecord, Store, TaskRecord
 from tests.faultproxy import FaultProxy
+from tests.helpers import oci_image
 
 pytestmark = pytest.mark.integration
 
@@ -53,34 +52,6 @@ def _artifact(key: str):
     return Artifact.model_validate(found[0])
 
 
-def _blob(root: Path, data: bytes) -> dict:
-    digest = hashlib.sha256(data).hexdigest()
-    (root / "blobs" / "sha256" / digest).write_bytes(data)
-    return {"digest": f"sha256:{digest}", "size": len(data)}
-
-
-def _oci_image(root: Path, tag: str, payload: bytes) -> str:
-    """An OCI layout with one uncompressed layer holding ``payload``; returns its oci: reference."""
-    (root / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
-    (root / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
-    layer = io.BytesIO()
-    with tarfile.open(fileobj=layer, mode="w") as tar:
-        info = tarfile.TarInfo("payload.bin")
-        info.size = len(payload)
-        tar.addfile(info, io.BytesIO(payload))
-    layer_desc = _blob(root, layer.getvalue())
-    config = {"architecture": "amd64", "os": "linux",
-              "rootfs": {"type": "layers", "diff_ids": [layer_desc["digest"]]}}
-    config_desc = _blob(root, json.dumps(config).encode())
-    manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-                "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **config_desc},
-                "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", **layer_desc}]}
-    manifest_desc = _blob(root, json.dumps(manifest).encode())
-    (root / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [
-        {"mediaType": "application/vnd.oci.image.manifest.v1+json", **manifest_desc,
-         "annotations": {"org.opencontainers.image.ref.name": tag}}]}))
-    return f"oci:{root}:{tag}"
-
 
 @pytest.fixture(scope="module")
 def registries(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, RegistryServer]]:
@@ -93,8 +64,8 @@ def registries(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, R
     try:
         for server in servers.values():
             server.start()
-        small = _oci_image(root / "oci-small", "1", os.urandom(2_000))
-        big = _oci_image(root / "oci-big", "1", os.urandom(3 * MAX_SIZE_BYTES))
+        small = oci_image(root / "oci-small", "1", os.urandom(2_000))
+        big = oci_image(root / "oci-big", "1", os.urandom(3 * MAX_SIZE_BYTES))
         skopeo = Skopeo(retry_times=0, command_timeout_s=60)
         skopeo.copy(small, f"docker://{servers['source'].address}/env/small:1")
         skopeo.copy(big, f"docker://{servers['source'].address}/env/big:1")

@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import base64
 import crypt  # noqa: deprecated in 3.11, still present; bcrypt for htpasswd
-import hashlib
-import io
 import json
 import logging
 import os
-import tarfile
 import threading
 import time
 import uuid
@@ -34,6 +31,7 @@ from forgeflow.registry import RegistryServer
 from forgeflow.settings import home_dir
 from forgeflow.skopeo import Skopeo
 from forgeflow.store import Store
+from tests.helpers import oci_image
 
 pytestmark = pytest.mark.integration
 
@@ -118,34 +116,6 @@ class _ArgvWatcher(threading.Thread):
             time.sleep(0.003)
 
 
-def _blob(root: Path, data: bytes) -> dict:
-    digest = hashlib.sha256(data).hexdigest()
-    (root / "blobs" / "sha256" / digest).write_bytes(data)
-    return {"digest": f"sha256:{digest}", "size": len(data)}
-
-
-def _oci_image(root: Path, tag: str, payload: bytes) -> str:
-    """An OCI layout with one uncompressed layer holding ``payload``; returns its oci: reference."""
-    (root / "blobs" / "sha256").mkdir(parents=True, exist_ok=True)
-    (root / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
-    layer = io.BytesIO()
-    with tarfile.open(fileobj=layer, mode="w") as tar:
-        info = tarfile.TarInfo("payload.bin")
-        info.size = len(payload)
-        tar.addfile(info, io.BytesIO(payload))
-    layer_desc = _blob(root, layer.getvalue())
-    config = {"architecture": "amd64", "os": "linux",
-              "rootfs": {"type": "layers", "diff_ids": [layer_desc["digest"]]}}
-    config_desc = _blob(root, json.dumps(config).encode())
-    manifest = {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-                "config": {"mediaType": "application/vnd.oci.image.config.v1+json", **config_desc},
-                "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", **layer_desc}]}
-    manifest_desc = _blob(root, json.dumps(manifest).encode())
-    (root / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [
-        {"mediaType": "application/vnd.oci.image.manifest.v1+json", **manifest_desc,
-         "annotations": {"org.opencontainers.image.ref.name": tag}}]}))
-    return f"oci:{root}:{tag}"
-
 
 @pytest.fixture
 def run_dir(tmp_path: Path) -> Iterator[dict]:
@@ -160,7 +130,7 @@ def run_dir(tmp_path: Path) -> Iterator[dict]:
         for server in servers.values():
             server.start()
         Skopeo(retry_times=0, command_timeout_s=60).copy(
-            _oci_image(tmp_path / "oci", "1", os.urandom(4096)),
+            oci_image(tmp_path / "oci", "1", os.urandom(4096)),
             f"docker://{servers['source'].address}/env/demo:1")
         yield {"run": run, "servers": servers}
     finally:
