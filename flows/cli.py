@@ -13,15 +13,19 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from datetime import datetime
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
+
+if TYPE_CHECKING:
+    from forgeflow.store import Store
 
 app = typer.Typer(help="forgeflow: the post-training lifecycle of an LLM coding agent as Prefect flows.",
                   no_args_is_help=True)
@@ -43,12 +47,31 @@ def prefect_env(home: Path) -> dict[str, str]:
     return {k: os.environ.get(k, v) for k, v in defaults.items()}
 
 
-def _prepare_env() -> Path:
+def _prepare_env(create: bool = True) -> Path:
+    """Export FORGEFLOW_HOME (resolved) and Prefect's environment; with ``create`` (commands that
+    write: flows, servers) also make PREFECT_HOME. Read-only commands pass False so a mistyped
+    home leaves nothing behind."""
     home = Path(os.environ.get("FORGEFLOW_HOME", ".forgeflow")).resolve()
     os.environ["FORGEFLOW_HOME"] = str(home)
     os.environ.update(prefect_env(home))
-    Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)  # Prefect makes only the leaf
+    if create:
+        Path(os.environ["PREFECT_HOME"]).mkdir(parents=True, exist_ok=True)  # Prefect makes only the leaf
     return home
+
+
+def _read_store() -> "Store":
+    """The store for a command that only reads it, migrated to head. A SQLite store that does not
+    exist (a mistyped FORGEFLOW_HOME or FORGEFLOW_STORE_URL) exits 2 naming its path; nothing is
+    created."""
+    from forgeflow.errors import InputError  # noqa: PLC0415
+    from forgeflow.store import Store  # noqa: PLC0415
+
+    try:
+        store = Store(create=False)
+    except InputError as exc:
+        _fail(exc)
+    store.upgrade()
+    return store
 
 
 @app.command()
@@ -120,15 +143,13 @@ def ui(port: int = typer.Option(4200, help="UI/API port on 127.0.0.1")) -> None:
 @freeze_app.command("verify")
 def freeze_verify(name: str, freezes_dir: Optional[Path] = typer.Option(None, help="default $FORGEFLOW_HOME/demo/freezes")) -> None:
     """Recompute a freeze's semantic and file digests and compare them with the ones the store recorded."""
-    home = _prepare_env()
+    home = _prepare_env(create=False)
     from forgeflow.errors import ForgeflowError  # noqa: PLC0415
     from forgeflow.freeze import manifest_path, verify_freeze  # noqa: PLC0415
-    from forgeflow.store import Store  # noqa: PLC0415
 
     try:
         path = manifest_path(name, freezes_dir or home / "demo" / "freezes")
-        store = Store()
-        store.upgrade()
+        store = _read_store()
         recorded = store.get_freeze(name)
         manifest = verify_freeze(path, expected_file_sha256=recorded.file_sha256 if recorded else None)
     except ForgeflowError as exc:
@@ -141,7 +162,7 @@ def freeze_verify(name: str, freezes_dir: Optional[Path] = typer.Option(None, he
                         f"{recorded.semantic_sha256}")
     if problems:
         _fail("; ".join(problems))
-    where = "matches the store" if recorded is not None else f"not recorded in the store {store.url}"
+    where = "matches the store" if recorded is not None else f"not recorded in the store {store.display_url}"
     console.print(f"freeze {manifest.name}: OK ({where}); semantic sha256 {manifest.semantic_sha256}, "
                   f"file sha256 {manifest.file_sha256}")
 
@@ -161,13 +182,11 @@ def trials(job: Optional[str] = typer.Option(None, help="job id (omit to list th
            as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table")) -> None:
     """Each trial's outcome (reward or exception type; flagged when an agent timeout, dead loop or
     hang kept the verifier's reward beside the exception) of a job recorded in the store."""
-    _prepare_env()
+    _prepare_env(create=False)
     from forgeflow.compare import merged_job  # noqa: PLC0415
     from forgeflow.errors import SCORED_DESPITE_EXCEPTION, InputError  # noqa: PLC0415
-    from forgeflow.store import Store  # noqa: PLC0415
 
-    store = Store()
-    store.upgrade()
+    store = _read_store()
     if not job:
         counts: dict[str, int] = {}
         for t in store.trials_for():
@@ -216,14 +235,12 @@ def compare(job_a: str, job_b: str,
     """Paired comparison of two jobs on the same frozen split: wins/ties/losses, exact McNemar p, a
     repository-clustered interval, excluded tasks with reasons, cost ratios. Each job is merged with
     its recovery jobs (said in the output) unless --no-recovery."""
-    _prepare_env()
+    _prepare_env(create=False)
     from forgeflow import compare as comparison  # noqa: PLC0415
-    from forgeflow.store import Store  # noqa: PLC0415
 
     from forgeflow.errors import InputError  # noqa: PLC0415
 
-    store = Store()
-    store.upgrade()
+    store = _read_store()
     try:
         result = comparison.compare_stored_jobs(store, job_a, job_b, merge_recovery=not no_recovery)
     except InputError as exc:
@@ -235,48 +252,49 @@ def compare(job_a: str, job_b: str,
 
 
 @app.command()
-def lineage(artifact_sha256: str, as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
-    """The chain from the base model to ARTIFACT_SHA256 (a GGUF, adapter or model), and the serving
-    generations that served it, from the store."""
-    _prepare_env()
-    from forgeflow.store import Store  # noqa: PLC0415
+def lineage(artifact_sha256: str, as_json: bool = typer.Option(False, "--json", help="print JSON: {artifact_sha256, "
+                                     "chain (the newest), chains (one per distinct set of producing parents), "
+                                     "serving_generations, warnings}"),
+            verify: bool = typer.Option(True, "--verify/--no-verify", help="digest each recorded path and say "
+                                        "when it is gone or now holds other content")) -> None:
+    """Every chain from the base model to ARTIFACT_SHA256 (a GGUF, adapter or model: base -> adapter ->
+    merged -> GGUF), the runs that recorded each step, and the serving generations that served it,
+    from the store. An artifact made by several producers shows one chain each, newest first."""
+    _prepare_env(create=False)
+    store = _read_store()
+    from forgeflow.errors import InputError  # noqa: PLC0415
+    from forgeflow.lineage import lineage_of  # noqa: PLC0415
 
-    store = Store()
-    store.upgrade()
-    by_sha = {a.sha256: a for a in store.model_artifacts()}
-    matches = [sha for sha in by_sha if sha.startswith(artifact_sha256)] if len(artifact_sha256) >= 8 else []
-    if len(matches) != 1:
-        _fail(f"artifact {artifact_sha256!r} {'is ambiguous' if matches else 'is not in the store'} "
-              f"({store.url}); give at least 8 hex characters of a recorded sha256")
-    chain, seen, sha = [], set(), matches[0]
-    while sha is not None and sha in by_sha and sha not in seen:
-        seen.add(sha)
-        art = by_sha[sha]
-        chain.append({"sha256": art.sha256, "kind": art.kind, "quantization": art.quantization,
-                      "path": art.path, "parent_sha256": art.parent_sha256, "run_id": art.run_id,
-                      "lineage": art.lineage})
-        sha = art.parent_sha256
-    chain.reverse()  # base model first
-    served = [g.model_dump(mode="json") for g in store.serving_generations() if g.gguf_sha256 == matches[0]]
+    try:
+        report = lineage_of(store, artifact_sha256, verify_paths=verify)
+    except InputError as exc:
+        _fail(exc)
     if as_json:
-        print(json.dumps({"chain": chain, "serving_generations": served}, indent=2, default=str))
+        print(json.dumps(report.to_json(), indent=2, default=str))
         return
-    for step in chain:
-        console.print(f"{step['kind']:>8} {step['quantization'] or '':<7} {step['sha256'][:16]}  {step['path']}")
-    for g in served:
-        console.print(f"  served as generation {g['generation']} on port {g['port']} ({g['status']})")
-
+    for n, chain in enumerate(report.chains, 1):
+        if len(report.chains) > 1:
+            console.print(f"chain {n} of {len(report.chains)}{' (newest)' if n == 1 else ''}")
+        for step in chain:
+            flag = "" if step.path_status in ("ok", "unchecked") else f"  [{step.path_status}]"
+            runs = ", ".join(r or "-" for r in step.run_ids)
+            console.print(f"{step.kind:>8} {step.quantization or '':<7} {step.sha256[:16]}  {step.path}{flag}  "
+                          f"(runs: {runs})", highlight=False, soft_wrap=True)
+    for g in report.serving_generations:
+        console.print(f"  served as generation {g.generation} on port {g.port} ({g.status})")
+    for warning in report.warnings:
+        console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False, soft_wrap=True)
 
 @app.command()
-def status(as_json: bool = typer.Option(False, "--json", help="print JSON")) -> None:
+def status(as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of text: "
+                                         "{schema_version, home, store, counts, last_lifecycle, last_freeze, "
+                                         "serving, service} (the last four null when there is none)")) -> None:
     """The last lifecycle run's stages, the store's counts, the latest freeze, the serving endpoint,
     and what `forgeflow up` started (server address, pool, deployments, whether its processes run)."""
-    home = _prepare_env()
+    home = _prepare_env(create=False)
     from forgeflow.serving import read_state  # noqa: PLC0415
-    from forgeflow.store import Store  # noqa: PLC0415
 
-    store = Store()
-    store.upgrade()
+    store = _read_store()
     summary_path = home / "demo" / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
     from flows import service  # noqa: PLC0415
@@ -286,7 +304,7 @@ def status(as_json: bool = typer.Option(False, "--json", help="print JSON")) -> 
     freeze_name = (summary or {}).get("freeze", {}).get("name")
     freeze = store.get_freeze(freeze_name) if freeze_name else None
     out = {
-        "home": str(home), "store": store.url, "counts": store.counts(),
+        "schema_version": STATUS_SCHEMA_VERSION, "home": str(home), "store": store.display_url, "counts": store.counts(),
         "last_lifecycle": None if summary is None else {
             "prefect_flow_run_id": summary.get("prefect_flow_run_id"), "total_wall_s": summary.get("total_wall_s"),
             "stages": {k: v["status"] for k, v in summary["stages"].items()}},
@@ -302,7 +320,44 @@ def status(as_json: bool = typer.Option(False, "--json", help="print JSON")) -> 
     if as_json:
         print(json.dumps(out, indent=2, default=str))
         return
-    console.print_json(json.dumps(out, default=str))
+    console.print("\n".join(_status_lines(out)), highlight=False, soft_wrap=True)
+
+
+STATUS_SCHEMA_VERSION = 1
+"""Version of the object ``forgeflow status --json`` prints (keys are only ever added)."""
+
+
+def _status_lines(out: dict) -> list[str]:
+    """``forgeflow status``'s object as lines of text a person reads (one topic per line)."""
+    counts = ", ".join(f"{name} {n}" for name, n in sorted(out["counts"].items()))
+    lines = [f"home:      {out['home']}", f"store:     {out['store']}", f"counts:    {counts}"]
+    run = out["last_lifecycle"]
+    if run is None:
+        lines.append("lifecycle: no run yet (forgeflow demo)")
+    else:
+        stages = ", ".join(f"{k} {v}" for k, v in run["stages"].items())
+        wall = "" if run["total_wall_s"] is None else f", {run['total_wall_s']:.1f} s"
+        lines.append(f"lifecycle: flow run {run['prefect_flow_run_id'] or '-'}{wall}: {stages}")
+    freeze = out["last_freeze"]
+    if freeze is None:
+        lines.append("freeze:    none")
+    else:
+        splits = ", ".join(f"{k} {v}" for k, v in freeze["counts"].items())
+        lines.append(f"freeze:    {freeze['name']}" + (f" ({splits})" if splits else "")
+                     + f", semantic sha256 {freeze['semantic_sha256']}")
+    serving = out["serving"]
+    lines.append("serving:   none" if serving is None else
+                 f"serving:   generation {serving['generation']} on port {serving['port']} "
+                 f"({'live' if serving['live'] else 'stopped'}), gguf sha256 {serving['gguf_sha256']}")
+    svc = out["service"]
+    if svc is None:
+        lines.append("service:   not started (forgeflow up)")
+    else:
+        lines.append(f"service:   UI {svc['ui_url']} (API {svc['api_url']}), pool {svc['pool']!r}, "
+                     f"server {'running' if svc['server_running'] else 'stopped'}, "
+                     f"worker {'running' if svc['worker_running'] else 'stopped'}; "
+                     f"{len(svc['deployments'])} deployments; automations: {', '.join(svc['automations']) or 'none'}")
+    return lines
 
 
 @app.command()
@@ -363,6 +418,21 @@ def _parse_instant(text: Optional[str], option: str) -> Optional[datetime]:
     return None  # unreachable: _fail exits
 
 
+_RECOVER_FLAGS = {"batch_ids": "--batch", "batch ids": "--batch ids", "trial_ids": "--trial",
+                  "trial ids": "--trial ids", "exception_type": "--exception-type", "since": "--since",
+                  "until": "--until", "reason": "--reason"}
+_RECOVER_FIELD = re.compile(r"(?<![\w-])(" + "|".join(sorted(_RECOVER_FLAGS, key=len, reverse=True)) + r")(?!\w)")
+
+
+def _recover_flags(message: str) -> str:
+    """``message`` from :class:`~forgeflow.recovery.RecoveryRequest` / ``plan_recovery`` with each
+    field name (``batch_ids``, ``since``, ...) replaced by the flag the user typed (``--batch``,
+    ``--since``, ...). Quoted values ('...') are left as they are."""
+    parts = re.split(r"('[^']*')", message)
+    return "".join(part if part.startswith("'") else _RECOVER_FIELD.sub(lambda m: _RECOVER_FLAGS[m.group(1)], part)
+                   for part in parts)
+
+
 @app.command()
 def recover(
     batch: Optional[list[str]] = typer.Option(None, "--batch", help="batch id whose trials to select (repeatable)"),
@@ -382,12 +452,11 @@ def recover(
     voided, the tasks that would be requeued and the selected trials kept (real outcomes).
     ``--apply`` runs the ``recover`` flow (backup with sha256, one transaction with counts
     verified, audit artifact)."""
-    _prepare_env()
+    _prepare_env(create=apply)
     from pydantic import ValidationError  # noqa: PLC0415
 
     from forgeflow.errors import ForgeflowError  # noqa: PLC0415
     from forgeflow.recovery import RecoveryRequest, plan_recovery, render_plan  # noqa: PLC0415
-    from forgeflow.store import Store  # noqa: PLC0415
 
     if apply and not (reason or "").strip():
         _fail("--apply needs --reason (it is stored on every voided trial and requeued task)")
@@ -396,14 +465,14 @@ def recover(
         request = RecoveryRequest(batch_ids=batch or [], trial_ids=trial or [], exception_type=exception_type,
                                   since=start, until=end, reason=reason or "dry run")
     except ValidationError as exc:
-        _fail("; ".join(f"{'.'.join(map(str, e['loc'])) or 'selection'}: {e['msg']}" for e in exc.errors()))
-    store = Store()
-    store.upgrade()
+        _fail("; ".join(_recover_flags(f"{'.'.join(map(str, e['loc'])) + ': ' if e['loc'] else ''}"
+                                       f"{e['msg'].removeprefix('Value error, ')}") for e in exc.errors()))
     if not apply:
+        store = _read_store()  # a dry run reads only: a missing store is an error, never created
         try:
             plan = plan_recovery(store, request)
         except ForgeflowError as exc:
-            _fail(exc)
+            _fail(f"{type(exc).__name__}: {_recover_flags(str(exc))}")
         if as_json:
             print(json.dumps({
                 "dry_run": True, "plan_sha256": plan.plan_sha256,
@@ -482,11 +551,15 @@ def derived_build(
                                                 "(.json list or one id per line; repeatable)"),
     out_dir: Optional[Path] = typer.Option(None, help="where NAME.json goes (default $FORGEFLOW_HOME/derived)"),
     freezes_dir: Optional[Path] = typer.Option(None, help="default $FORGEFLOW_HOME/demo/freezes"),
+    replace: bool = typer.Option(False, "--replace", help="replace an existing NAME.json whose content differs "
+                                 "(the old file is kept under OUT_DIR/replaced/)"),
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
 ) -> None:
     """Evaluate derived set NAME over the store's task sets (accepted, rejected, error, candidate,
     images_available), a freeze's splits and external id lists; write NAME.json with the digests
-    of its inputs (rebuild and check it with `forgeflow derived verify NAME`)."""
+    of its inputs (rebuild and check it with `forgeflow derived verify NAME`). An identical rebuild
+    changes nothing; one with other content is refused (exit 2, saying what NAME.json holds)
+    unless --replace."""
     home = _prepare_env()
     from forgeflow import derived  # noqa: PLC0415
     from forgeflow.errors import ForgeflowError  # noqa: PLC0415
@@ -509,15 +582,23 @@ def derived_build(
         store.upgrade()
         sources = _derived_sources(store, freeze, freezes_dir or home / "demo" / "freezes", id_list or [])
         item = derived.derive(parsed, sources)[name]
-        path = derived.write_derived(item, out_dir or home / "derived")
+        saved = derived.save_derived(item, out_dir or home / "derived", replace=replace)
     except ForgeflowError as exc:
         _fail(exc)
+    path, old = saved.path, saved.previous
+    replaced = None if saved.previous_path is None else {
+        "path": str(saved.previous_path), "count": None if old is None else old.count,
+        "ids_sha256": None if old is None else old.ids_sha256}
     if as_json:
-        print(json.dumps(_derived_json(item, path), indent=2))
+        print(json.dumps({**_derived_json(item, path), "written": saved.written, "replaced": replaced}, indent=2))
         return
     splits = "; ".join(f"{f}: " + ", ".join(f"{s} {n}" for s, n in c.items()) for f, c in item.split_counts.items())
+    done = f"written to {path}" if saved.written else f"unchanged in {path} (identical rebuild)"
+    if replaced is not None:
+        was = "" if old is None else f"{old.count} ids, sha256 {old.ids_sha256}; "
+        done += f" (replaced {was}previous file kept at {saved.previous_path})"
     console.print(f"derived {item.name} = {item.expression}: {item.count} ids, sha256 {item.ids_sha256}"
-                  + (f" ({splits})" if splits else "") + f"; written to {path}", highlight=False, soft_wrap=True)
+                  + (f" ({splits})" if splits else "") + f"; {done}", highlight=False, soft_wrap=True)
 
 
 @derived_app.command("verify")
@@ -528,15 +609,13 @@ def derived_verify(
 ) -> None:
     """Rebuild derived set NAME from its recorded inputs (store, freeze manifest, id-list files)
     and check every digest; exit 2 naming each changed input otherwise."""
-    home = _prepare_env()
+    home = _prepare_env(create=False)
     from forgeflow import derived  # noqa: PLC0415
     from forgeflow.errors import ForgeflowError  # noqa: PLC0415
-    from forgeflow.store import Store  # noqa: PLC0415
 
     path = (out_dir or home / "derived") / f"{name}.json"
     try:
-        store = Store()
-        store.upgrade()
+        store = _read_store()
         item = derived.verify_derived(path, store=store)
     except ForgeflowError as exc:
         _fail(exc)

@@ -168,7 +168,7 @@ def curate(candidates_path: Path | None = None, quotas: SplitQuotas = DEFAULT_QU
                            f".quotas.{sha256_json(quotas.model_dump())[:12]}")
             event = emit_event(FREEZE_READY_EVENT,
                                resource={"prefect.resource.id": resource_id, "prefect.resource.name": "curated dataset"},
-                               payload={"store_url": store.url, "quotas": quotas.model_dump(), "seed": seed,
+                               payload={"store_url": store.display_url, "quotas": quotas.model_dump(), "seed": seed,
                                         "counts": selection.counts, "accepted": len(accepted), "batches": batches})
             logger.info("FREEZE READY: %s over %d repos after %d batch(es); event %s on %s",
                         ", ".join(f"{s} {n}/{quotas.target(s)}" for s, n in selection.counts.items()),

@@ -31,12 +31,12 @@ from flows.registry import migrate_images as migrate_images_flow
 from flows.stagekit import StageLog
 from forgeflow import agent, generated, images, migrate, projects, samples, serving
 from forgeflow import canary as canary_core
-from forgeflow.burst import BurstConfig
+from forgeflow.burst import BurstConfig, pin_adapter
 from forgeflow.compare import render_plot
 from forgeflow.config import LifecycleConfig
 from forgeflow.errors import PreflightError
 from forgeflow.freeze import AcceptedTask, SplitQuotas
-from forgeflow.fsutil import atomic_write_text, sha256_file
+from forgeflow.fsutil import atomic_write_text, sha256_file, sha256_tree
 from forgeflow.layout import ShardLayout
 from forgeflow.registry import RegistryServer
 from forgeflow.settings import apply_container_env
@@ -151,7 +151,8 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
         layout = ShardLayout(shards=config.shards, lanes=config.lanes, tag_cap=config.tag_cap)
         plan = layout.plan([(c.instance_id, envs[repo]["target_digest"]) for c, repo in candidates])
         base_refs = {e["target_digest"]: f"docker://{e['target_ref']}" for e in envs.values()}
-        basecache = log.call(registry_tasks.prewarm, plan, dst, base_refs, registry_ids["target"])
+        basecache = log.call(registry_tasks.prewarm, plan, dst, base_refs, registry_ids["target"],
+                              config.prewarm_concurrency)
         placements = {p.task_id: p for p in plan.placements}
         tasks_info: dict[str, dict[str, Any]] = {}
         reused_layers = 0  # task images must start with their environment image's layers
@@ -245,9 +246,7 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
                              (config.serve_quantization,))
         served_base = base_gguf[config.serve_quantization]
         store.record_model_artifact(ledger.ModelArtifactRecord(sha256=base_model.sha256, kind="base", path=str(base_model.path), run_id=run_id))
-        for qtype, art in base_gguf.items():
-            store.record_model_artifact(ledger.ModelArtifactRecord(sha256=art.sha256, kind="gguf", path=str(art.path), quantization=qtype,
-                                        parent_sha256=base_model.sha256, run_id=run_id))
+        _record_ggufs(store, base_gguf, base_model.sha256, run_id)
         st["counts"] = {"parameters": base_model.num_parameters,
                         "tokenizer_vectors_matched": tokenizer_check.matched,
                         "tokenizer_vectors_total": tokenizer_check.total}
@@ -276,6 +275,9 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
                                     burst_config.lora_target_modules)
         adapter = log.call(model_tasks.sft_burst, base_model.path, base_model.sha256, sft_samples,
                            out_dir / "models" / "adapter", burst_config, None, run_id)
+        # models/adapter is the burst's working folder, reused by the next burst: the ledger and the
+        # package stage use the adapter's content-addressed copy models/adapters/<sha256> instead
+        adapter = pin_adapter(adapter, out_dir / "models" / "adapters")
         store.record_model_artifact(ledger.ModelArtifactRecord(sha256=adapter.sha256, kind="adapter", path=str(adapter.path),
                                     parent_sha256=base_model.sha256, lineage=adapter.lineage.model_dump(mode="json"),
                                     run_id=run_id))
@@ -285,11 +287,16 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
 
     # 11. package: merge -> GGUF f16 -> quantize -> check -> load
     with log.stage("package") as st:
-        ggufs = log.call(model_tasks.package, base_model.path, base_model.sha256, out_dir / "models" / "candidate-gguf",
+        package_dir = out_dir / "models" / "candidate-gguf" / adapter.sha256[:16]  # one folder per adapter
+        ggufs = log.call(model_tasks.package, base_model.path, base_model.sha256, package_dir,
                          config.quantizations, adapter.path, adapter.sha256)
-        for qtype, art in ggufs.items():
-            store.record_model_artifact(ledger.ModelArtifactRecord(sha256=art.sha256, kind="gguf", path=str(art.path), quantization=qtype,
-                                        parent_sha256=adapter.sha256, run_id=run_id))
+        merged_sha = adapter.sha256
+        if (package_dir / "merged" / "config.json").is_file():  # the merged checkpoint the GGUFs came from
+            merged_sha = sha256_tree(package_dir / "merged")
+            store.record_model_artifact(ledger.ModelArtifactRecord(
+                sha256=merged_sha, kind="merged", path=str(package_dir / "merged"), parent_sha256=adapter.sha256,
+                run_id=run_id))
+        _record_ggufs(store, ggufs, merged_sha, run_id)
         table_artifact("package", [{"type": q, "path": str(a.path), "size_bytes": a.size_bytes, "sha256": a.sha256}
                                    for q, a in ggufs.items()], "GGUF artifacts of the candidate model")
         st["digests"] = {q: a.sha256 for q, a in ggufs.items()}
@@ -379,6 +386,15 @@ def _canary(log: StageLog, stage: str, config: LifecycleConfig, test_ids: list[s
                                    out_dir / "trajectories" / job_id, config.verifier_timeout_s,
                                    config.canary_concurrency, store)
     return trials
+
+
+def _record_ggufs(store: Store, ggufs: dict[str, Any], source_sha256: str, run_id: str) -> None:
+    """Record the f16 GGUF as made from ``source_sha256`` (the HF checkpoint it was converted from) and
+    each quantized GGUF as made from the f16 one (one production each; see Store.record_model_artifact)."""
+    for qtype, art in ggufs.items():
+        parent = source_sha256 if qtype == "f16" or "f16" not in ggufs else ggufs["f16"].sha256
+        store.record_model_artifact(ledger.ModelArtifactRecord(sha256=art.sha256, kind="gguf", path=str(art.path),
+                                    quantization=qtype, parent_sha256=parent, run_id=run_id))
 
 
 def _generation_row(state: serving.ServingState, status: str, run_id: str) -> ledger.ServingGenerationRecord:

@@ -49,9 +49,13 @@ from forgeflow.errors import InputError, PreflightError
 from forgeflow.fsutil import atomic_write_json, sha256_file, sha256_json, sha256_tree
 
 LINEAGE_FILE = "lineage.json"
-LINEAGE_SCHEMA_VERSION = 2
+LINEAGE_SCHEMA_VERSION = 3
 """2: adds ``lineage.algorithm`` and ``health`` (version 1 files read as algorithm ``sft``
-without a health report, hence not reusable)."""
+without a health report, hence not reusable). 3: ``sha256`` is :func:`adapter_sha256` of the
+weights and config only (versions 1-2 digested every file but ``lineage.json``, README included;
+such files are still verified with that older scheme)."""
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+"""The files that are the trained adapter (peft ``save_pretrained`` with safetensors)."""
 _ROLES = frozenset({"system", "user", "assistant", "tool"})
 
 
@@ -613,7 +617,8 @@ class AdapterRecord(BaseModel):
 
     Attributes:
         path: the adapter folder (peft ``save_pretrained`` output plus ``lineage.json``).
-        sha256: :func:`adapter_sha256` of the folder (the adapter files, without ``lineage.json``).
+        sha256: :func:`adapter_sha256` of the folder (weights and adapter config only; not
+            ``lineage.json`` nor README).
         lineage: see :class:`Lineage`.
         final_loss: training loss logged at the last step (nats per assistant token for SFT).
         steps: optimizer steps run.
@@ -684,11 +689,26 @@ def build_sft_dataset(samples: list[dict]) -> SFTData:
 
 # --- adapters --------------------------------------------------------------------------------
 def adapter_sha256(adapter_dir: Path) -> str:
-    """Digest of an adapter folder without its ``lineage.json``.
+    """Digest of the trained adapter in a folder: :data:`ADAPTER_FILES` only.
 
-    Same scheme as :func:`forgeflow.fsutil.sha256_tree` (sorted relative paths with file
-    digests, canonical JSON), so the digest names the weights and config, not when they were made.
+    The canonical JSON of ``[[name, sha256 of the file], ...]`` for ``adapter_config.json`` and
+    ``adapter_model.safetensors`` (the :func:`forgeflow.fsutil.sha256_tree` scheme restricted to
+    those two files). ``lineage.json``, peft's ``README.md`` (which names the base model's path)
+    and any other file are left out, so the digest names the trained weights and their config:
+    re-running identical training gives the same digest, and lineage metadata never changes it.
+
+    Raises:
+        InputError: one of :data:`ADAPTER_FILES` is missing (named with the folder).
     """
+    base = Path(adapter_dir)
+    missing = [name for name in ADAPTER_FILES if not (base / name).is_file()]
+    if missing:
+        raise InputError(f"adapter folder {base} lacks {', '.join(missing)}")
+    return sha256_json([(name, sha256_file(base / name)) for name in ADAPTER_FILES])
+
+
+def _legacy_adapter_sha256(adapter_dir: Path) -> str:
+    """The digest ``lineage.json`` schema versions 1-2 recorded: every file but ``lineage.json``."""
     base = Path(adapter_dir)
     entries = sorted(
         (p.relative_to(base).as_posix(), sha256_file(p))
@@ -696,6 +716,21 @@ def adapter_sha256(adapter_dir: Path) -> str:
         if p.is_file() and p.relative_to(base).as_posix() != LINEAGE_FILE
     )
     return sha256_json(entries)
+
+
+def adapter_matches(adapter_dir: Path, sha256: str) -> bool:
+    """True iff ``adapter_dir`` holds the adapter with digest ``sha256`` (:func:`adapter_sha256`,
+    or the older all-files digest of ``lineage.json`` schema 1-2); False for a missing or
+    incomplete folder."""
+    base = Path(adapter_dir)
+    if not base.is_dir():
+        return False
+    try:
+        if adapter_sha256(base) == sha256:
+            return True
+    except InputError:
+        return False
+    return _legacy_adapter_sha256(base) == sha256
 
 
 def read_adapter_record(adapter_dir: Path) -> AdapterRecord:
@@ -717,12 +752,64 @@ def read_adapter_record(adapter_dir: Path) -> AdapterRecord:
         steps=data["steps"],
         health=HealthReport.model_validate(data["health"]) if data.get("health") else None,
     )
-    actual = adapter_sha256(adapter_dir)
+    legacy = int(data.get("schema_version", 1)) < 3
+    actual = _legacy_adapter_sha256(adapter_dir) if legacy else adapter_sha256(adapter_dir)
     if actual != record.sha256:
         raise InputError(
             f"adapter {adapter_dir} digest {actual} differs from {record.sha256} in {LINEAGE_FILE}"
         )
     return record
+
+
+def pin_adapter(record: AdapterRecord, adapters_dir: Path) -> AdapterRecord:
+    """Copy an adapter into its content-addressed folder ``<adapters_dir>/<sha256>``.
+
+    A burst's working folder (``out_dir`` of :func:`run_sft_burst`) is reused by the next burst;
+    a pinned folder is named by the adapter's digest, so it never holds other content and a store
+    row or a GGUF's lineage can point at it for good. The copy goes to a temporary sibling, is
+    digested, and is renamed into place. Idempotent: an intact pinned folder is returned as is
+    (also when ``record.path`` has since been overwritten, e.g. a cached record of an older
+    burst); a pinned folder whose content no longer matches its name is replaced.
+
+    Args:
+        record: the adapter (its ``path`` is where it was trained).
+        adapters_dir: the folder holding pinned adapters (created if missing).
+
+    Returns:
+        The record with ``path`` set to the pinned folder (absolute).
+
+    Raises:
+        InputError: neither the pinned folder nor ``record.path`` holds the adapter
+            ``record.sha256`` (the message names both).
+    """
+    adapters_dir = Path(adapters_dir).resolve()
+    dest = adapters_dir / record.sha256
+    if adapter_matches(dest, record.sha256):
+        return record.model_copy(update={"path": dest})
+    source = Path(record.path)
+    if not adapter_matches(source, record.sha256):
+        try:
+            found = adapter_sha256(source)
+        except InputError as exc:
+            found = f"no adapter ({exc})"
+        raise InputError(
+            f"adapter {record.sha256} is not pinned under {adapters_dir}, and {source} now holds "
+            f"{found}: train it again"
+        )
+    adapters_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=adapters_dir, prefix=f".{record.sha256}."))
+    os.chmod(tmp, 0o755)
+    try:
+        shutil.copytree(source, tmp, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns(STAGING_LOCK_FILE, "trainer"))
+        if not adapter_matches(tmp, record.sha256):  # the source changed while it was copied
+            raise InputError(f"adapter {source} changed while it was copied to {dest}")
+        if dest.exists():
+            shutil.rmtree(dest)  # its content no longer matched its name
+        os.rename(tmp, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return record.model_copy(update={"path": dest})
 
 
 TRAINER_RUN_ARGS: dict[str, Any] = {

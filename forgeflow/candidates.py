@@ -24,7 +24,15 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from forgeflow.errors import InputError
 from forgeflow.selection import CandidateRef
@@ -55,6 +63,10 @@ class CandidateTask(BaseModel):
         FAIL_TO_PASS: Tests that must fail with the bug and pass without it (at least one).
         PASS_TO_PASS: Tests that must pass both ways (may be empty).
         problem_statement: The issue text shown to the agent, if any.
+
+    Test names must be non-blank and unique within each list, and no test may be in both lists
+    (a test cannot both fail and pass with the bug); a violation raises ``ValidationError`` whose
+    message names the test, its position and the instance id.
     """
 
     model_config = ConfigDict(frozen=True, extra="ignore", str_strip_whitespace=False)
@@ -91,6 +103,39 @@ class CandidateTask(BaseModel):
             raise ValueError(f"expected a list of test names, got {type(value).__name__}")
         return value
 
+    @field_validator(*_TEST_LIST_FIELDS)
+    @classmethod
+    def _distinct_test_names(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        problems: list[str] = []
+        first: dict[str, int] = {}
+        for index, test in enumerate(value):
+            if not test.strip():
+                problems.append(f"empty test name {test!r} at [{index}]")
+            elif test in first:
+                problems.append(f"test name {test!r} at [{index}] repeats [{first[test]}]")
+            else:
+                first[test] = index
+        if problems:
+            raise ValueError("; ".join(problems) + _of_instance(info.data.get("instance_id")))
+        return value
+
+    @model_validator(mode="after")
+    def _fail_xor_pass(self) -> CandidateTask:
+        in_fail = {test: index for index, test in enumerate(self.FAIL_TO_PASS)}
+        both = [
+            f"test name {test!r} at PASS_TO_PASS[{index}] is also FAIL_TO_PASS[{in_fail[test]}]"
+            for index, test in enumerate(self.PASS_TO_PASS)
+            if test in in_fail
+        ]
+        if both:
+            raise ValueError("; ".join(both) + _of_instance(self.instance_id)
+                             + ": a test cannot both fail and pass with the bug")
+        return self
+
+
+def _of_instance(instance_id: object) -> str:
+    return f" (instance_id {instance_id!r})" if isinstance(instance_id, str) else ""
+
 
 def _preview(value: Any, limit: int = 60) -> str:
     text = repr(value)
@@ -101,7 +146,7 @@ def _field_errors(row_no: int, exc: ValidationError) -> list[str]:
     messages: list[str] = []
     for error in exc.errors(include_url=False):
         loc = error["loc"]
-        field = str(loc[0]) if loc else "?"
+        field = str(loc[0]) if loc else "FAIL_TO_PASS/PASS_TO_PASS"  # from the model validator
         for part in loc[1:]:
             field += f"[{part}]" if isinstance(part, int) else f".{part}"
         if error["type"] == "missing":
@@ -164,7 +209,11 @@ def load_candidates(
             (missing ``FAIL_TO_PASS``, a test list that is not a list, a non-string test name,
             an instance id over 128 characters or outside the safe alphabet, an instance id
             that duplicates an earlier row, which that message names, a line that is not
-            JSON), then how many more were found. Also raised for a missing file.
+            JSON, a blank or repeated test name within a list, a test in both lists, an
+            instance id that differs from an earlier row's only by case — ids must stay distinct
+            on case-insensitive filesystems and in image tags), then how many more were found.
+            Messages about test names also name the row's instance id. Also raised for a
+            missing file.
     """
     errors: list[str] = []
     rows: Iterable[tuple[int, Any]]
@@ -177,6 +226,7 @@ def load_candidates(
 
     loaded: list[CandidateTask] = []
     first_row: dict[str, int] = {}
+    first_folded: dict[str, tuple[int, str]] = {}  # lower-cased id -> (row, id as written)
     for row_no, row in rows:
         if not isinstance(row, Mapping):
             errors.append(f"row {row_no}: expected a JSON object, got {type(row).__name__}")
@@ -188,6 +238,7 @@ def load_candidates(
             raw_id = row.get("instance_id")
             if isinstance(raw_id, str):
                 first_row.setdefault(raw_id, row_no)
+                first_folded.setdefault(raw_id.lower(), (row_no, raw_id))
             continue
         earlier = first_row.get(candidate.instance_id)
         if earlier is not None:
@@ -196,7 +247,16 @@ def load_candidates(
                 f"{earlier}"
             )
             continue
+        folded = first_folded.get(candidate.instance_id.lower())
+        if folded is not None:
+            errors.append(
+                f"row {row_no}: field instance_id: {candidate.instance_id!r} differs only by case "
+                f"from {folded[1]!r} (row {folded[0]}); such ids collide on case-insensitive "
+                "filesystems and in image tags"
+            )
+            continue
         first_row[candidate.instance_id] = row_no
+        first_folded[candidate.instance_id.lower()] = (row_no, candidate.instance_id)
         loaded.append(candidate)
 
     if errors:

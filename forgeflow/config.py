@@ -34,6 +34,7 @@ class LifecycleConfig(BaseModel):
     shards: int = Field(8, ge=1, description="shard repositories (task-00..)")
     lanes: int = Field(2, ge=1, description="base lanes: repositories a base image's tasks spread over")
     tag_cap: int = Field(100, ge=1, description="maximum tags per shard repository")
+    prewarm_concurrency: int = Field(5, ge=1, le=16, description="basecache tags copied at once")
     validate_concurrency: int = Field(2, ge=1, le=16, description="NOP/Oracle trials run at once")
     verifier_timeout_s: float = Field(180.0, gt=0, description="absolute timeout of one test run")
     sandbox_memory_mb: int = Field(2048, ge=64, description="memory limit of a trial container")

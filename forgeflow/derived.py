@@ -35,9 +35,17 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 import forgeflow
-from forgeflow.errors import InputError
+from forgeflow.errors import DerivedSetConflictError, InputError
 from forgeflow.freeze import SPLITS, verify_freeze
-from forgeflow.fsutil import atomic_write_json, read_digested_json, sha256_file, sha256_json, with_semantic_digest
+from forgeflow.fsutil import (
+    atomic_write_bytes,
+    atomic_write_json,
+    read_digested_json,
+    sha256_bytes,
+    sha256_file,
+    sha256_json,
+    with_semantic_digest,
+)
 
 SCHEMA_VERSION = 1
 """Version of the derived-set document written by :func:`write_derived`."""
@@ -461,17 +469,101 @@ def _document(derived: DerivedSet) -> dict[str, Any]:
     return with_semantic_digest(document)
 
 
-def write_derived(derived: DerivedSet, out_dir: str | Path) -> Path:
-    """Write ``out_dir/<name>.json`` atomically (:func:`forgeflow.fsutil.atomic_write_json`).
+REPLACED_DIR = "replaced"
+"""Folder under a derived sets' folder where ``replace=True`` keeps each replaced file, as
+``<name>.<file sha256[:16]>.json`` (readable with :func:`read_derived` / :func:`verify_derived`)."""
+
+
+class DerivedWrite(BaseModel):
+    """What :func:`save_derived` did.
+
+    Attributes:
+        path: ``out_dir/<name>.json``.
+        written: False when the file already held the same content (an identical rebuild).
+        previous: The set the file held before, when it was replaced and still readable.
+        previous_path: Where the replaced file was kept, when one was replaced.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    path: Path
+    written: bool
+    previous: DerivedSet | None = None
+    previous_path: Path | None = None
+
+
+def _differences(old: DerivedSet, new: DerivedSet) -> str:
+    parts = []
+    if old.ids != new.ids:
+        parts.append(f"ids ({len(set(new.ids) - set(old.ids))} added, {len(set(old.ids) - set(new.ids))} removed)")
+    if old.definitions != new.definitions:
+        parts.append("definitions")
+    changed = sorted(k for k in old.inputs.keys() | new.inputs.keys() if old.inputs.get(k) != new.inputs.get(k))
+    if changed:
+        parts.append("inputs " + ", ".join(repr(k) for k in changed))
+    if old.split_counts != new.split_counts:
+        parts.append("split counts")
+    return ", ".join(parts) or "recorded fields"
+
+
+def save_derived(derived: DerivedSet, out_dir: str | Path, *, replace: bool = False) -> DerivedWrite:
+    """Write ``out_dir/<name>.json`` atomically, never silently overwriting other content.
 
     The document holds ``schema_version``, the :class:`DerivedSet` fields, ``count``,
     ``forgeflow_version`` and ``semantic_sha256`` (sha256 of the canonical JSON of everything
-    else). Rewriting the same name replaces the file: a derived set is a view, rebuilt at will.
+    else). When the file exists: the same set (ids, definitions, inputs and split counts; the
+    forgeflow version aside) is a no-op; different content is refused unless ``replace``, and a
+    replaced file is first kept under ``out_dir/replaced/`` (:data:`REPLACED_DIR`).
+
+    Args:
+        derived: The set to write.
+        out_dir: The derived sets' folder (created if missing).
+        replace: Replace a file of this name with different (or unreadable) content.
 
     Returns:
-        The file written.
+        What was done (:class:`DerivedWrite`).
+
+    Raises:
+        DerivedSetConflictError: the file exists with other content (or cannot be read) and
+            ``replace`` is False; the message names the file, what it holds (count and ids
+            sha256), what the rebuild holds and what differs. Nothing is written.
+        DiskFullError: the filesystem is full (the previous file is left as it was).
     """
-    return atomic_write_json(Path(out_dir) / f"{derived.name}.json", _document(derived))
+    path = Path(out_dir) / f"{derived.name}.json"
+    previous: DerivedSet | None = None
+    if path.exists():
+        try:
+            previous = read_derived(path)
+        except InputError as exc:
+            if not replace:
+                raise DerivedSetConflictError(
+                    f"derived set {derived.name!r}: {path} exists but cannot be read ({exc}); pass "
+                    f"--replace (replace=True) to replace it (the file is kept under {path.parent / REPLACED_DIR})"
+                ) from exc
+        if previous == derived:
+            return DerivedWrite(path=path, written=False, previous=previous)
+        if previous is not None and not replace:
+            raise DerivedSetConflictError(
+                f"derived set {derived.name!r} already exists at {path} with {previous.count} ids, ids sha256 "
+                f"{previous.ids_sha256}; the rebuild has {derived.count} ids, ids sha256 {derived.ids_sha256} "
+                f"(differs in {_differences(previous, derived)}). Pass --replace (replace=True) to replace it "
+                f"(the previous file is kept under {path.parent / REPLACED_DIR}), or build under a new name."
+            )
+        data = path.read_bytes()
+        kept = atomic_write_bytes(path.parent / REPLACED_DIR / f"{derived.name}.{sha256_bytes(data)[:16]}.json", data)
+        atomic_write_json(path, _document(derived))
+        return DerivedWrite(path=path, written=True, previous=previous, previous_path=kept)
+    atomic_write_json(path, _document(derived))
+    return DerivedWrite(path=path, written=True)
+
+
+def write_derived(derived: DerivedSet, out_dir: str | Path, *, replace: bool = False) -> Path:
+    """:func:`save_derived`, returning only the path of ``out_dir/<name>.json``.
+
+    Raises:
+        DerivedSetConflictError: as :func:`save_derived` (other content exists, no ``replace``).
+    """
+    return save_derived(derived, out_dir, replace=replace).path
 
 
 def read_derived(path: str | Path) -> DerivedSet:

@@ -32,6 +32,15 @@ class FreezeConflictError(InputError):
     """A freeze name is reused with different inputs (a frozen manifest is never overwritten)."""
 
 
+class StoreNotFoundError(InputError):
+    """A command that only reads the store was pointed at a store that does not exist (a
+    mistyped ``FORGEFLOW_HOME`` or store URL); nothing was created."""
+
+
+class DerivedSetConflictError(InputError):
+    """A derived set would be rebuilt with different content and replacing it was not asked for."""
+
+
 class PreflightError(ForgeflowError):
     """A stage's preflight found a missing prerequisite before any compute was spent."""
 

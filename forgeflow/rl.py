@@ -423,6 +423,16 @@ class RLBurstRecord(BaseModel):
     adapter: AdapterRecord
     reward_counts: list[StepRewardCounts]
 
+    @property
+    def weights_changed(self) -> bool:
+        """False when the burst left its parent adapter's weights as they were (same
+        :func:`~forgeflow.burst.adapter_sha256`): every group of generations got equal rewards, so
+        every GRPO/RLOO advantage was 0 and no gradient flowed (TRL's default ``beta`` 0 adds no KL
+        term). Such an adapter is its parent, not a new lineage step. True for a burst that
+        started a new adapter."""
+        parent = self.adapter.lineage.parent_adapter_sha256
+        return parent is None or parent != self.adapter.sha256
+
     def totals(self) -> StepRewardCounts:
         """The counts summed over steps (``step`` is the last step)."""
         types: dict[str, int] = {}

@@ -26,9 +26,15 @@ LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 """The pinned llama-cpp-python release: its sdist ships the Qwen2 vocabulary and the converter."""
 
 
+def home_path() -> Path:
+    """Return ``$FORGEFLOW_HOME`` (default ``./.forgeflow``) resolved, without creating it
+    (what read-only commands use: a mistyped home must not leave an empty folder behind)."""
+    return Path(os.environ.get("FORGEFLOW_HOME", ".forgeflow")).resolve()
+
+
 def home_dir() -> Path:
     """Return ``$FORGEFLOW_HOME`` (created if missing)."""
-    path = Path(os.environ.get("FORGEFLOW_HOME", ".forgeflow")).resolve()
+    path = home_path()
     path.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -41,8 +47,10 @@ def cache_dir() -> Path:
 
 
 def store_url() -> str:
-    """Return the SQLAlchemy URL of the store."""
-    return os.environ.get("FORGEFLOW_STORE_URL", f"sqlite:///{home_dir() / 'store.db'}")
+    """Return the SQLAlchemy URL of the store: ``$FORGEFLOW_STORE_URL``, else
+    ``sqlite:///$FORGEFLOW_HOME/store.db``. Creates nothing (a writing
+    :class:`~forgeflow.store.Store` creates the SQLite file's folder itself)."""
+    return os.environ.get("FORGEFLOW_STORE_URL", f"sqlite:///{home_path() / 'store.db'}")
 
 
 def container_env() -> dict[str, str]:

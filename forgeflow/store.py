@@ -20,13 +20,14 @@ records are what the ``record_*`` helpers take.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sqlalchemy import (
     JSON,
     BigInteger,
@@ -49,7 +50,8 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from forgeflow import settings
-from forgeflow.errors import SCORED_DESPITE_EXCEPTION, InputError
+from forgeflow.errors import SCORED_DESPITE_EXCEPTION, InputError, StoreNotFoundError
+from forgeflow.fsutil import sha256_json
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 """Alembic's ``script_location``: ``env.py``, ``script.py.mako`` and ``versions/``."""
@@ -190,7 +192,9 @@ class Freeze(_Stamped, Base):
 
 
 class ModelArtifact(_Stamped, Base):
-    """A model file or folder by content digest, with its parent and lineage."""
+    """A model file or folder by content digest: what it is (``kind``, ``quantization``) and the
+    last path it was recorded at. Its parents are in :class:`ArtifactProduction`: the same bytes can
+    be made by more than one run, from more than one parent."""
 
     __tablename__ = "model_artifacts"
     __table_args__ = (CheckConstraint(_check_in("kind", ArtifactKind.__args__), name="kind"),)
@@ -199,7 +203,23 @@ class ModelArtifact(_Stamped, Base):
     kind: Mapped[str] = mapped_column(String(16))
     path: Mapped[str] = mapped_column(Text)
     quantization: Mapped[str | None] = mapped_column(String(32))
+
+
+class ArtifactProduction(_Stamped, Base):
+    """One production of a model artifact: made from ``parent_sha256`` (None for a root such as a
+    base model) by run ``run_id``, written at ``path``, with that run's lineage record.
+
+    Append-only in effect: the natural key ``production_id`` is :func:`production_id` of
+    ``(sha256, parent_sha256, run_id)``, so a resumed run upserts its own row and another run or
+    another parent adds a row; an earlier producer is never overwritten.
+    """
+
+    __tablename__ = "model_artifact_productions"
+
+    production_id: Mapped[str] = mapped_column(String(_SHA), primary_key=True)
+    sha256: Mapped[str] = mapped_column(String(_SHA), index=True)
     parent_sha256: Mapped[str | None] = mapped_column(String(_SHA), index=True)
+    path: Mapped[str] = mapped_column(Text)
     lineage: Mapped[dict[str, Any]] = mapped_column(default=dict)
 
 
@@ -359,7 +379,10 @@ class FreezeRecord(_Record):
 
 
 class ModelArtifactRecord(_Record):
-    """A row of ``model_artifacts``; ``lineage`` holds e.g. the adapter chain and burst ids."""
+    """One production of a model artifact: the artifact (``sha256``, ``kind``, ``quantization``)
+    made from ``parent_sha256`` by run ``run_id`` at ``path``; ``lineage`` holds e.g. an adapter's
+    dataset, hyper-parameters and burst run. ``created_at`` is when that production was first
+    recorded (set by the store on reads; None when recording)."""
 
     sha256: str = _Sha256
     kind: ArtifactKind
@@ -367,6 +390,22 @@ class ModelArtifactRecord(_Record):
     quantization: str | None = None
     parent_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     lineage: dict[str, Any] = Field(default_factory=dict)
+    created_at: datetime | None = None
+
+    @model_validator(mode="after")
+    def _not_its_own_parent(self) -> ModelArtifactRecord:
+        if self.parent_sha256 is not None and self.parent_sha256 == self.sha256:
+            raise ValueError(
+                f"{self.kind} {self.sha256} is recorded as made from itself (parent_sha256 == sha256): "
+                "a step that left the bytes unchanged (e.g. an RL burst with zero advantages) made nothing new"
+            )
+        return self
+
+
+def production_id(sha256: str, parent_sha256: str | None, run_id: str | None) -> str:
+    """The natural key of one production: hex sha256 of the canonical JSON
+    ``[sha256, parent_sha256, run_id]`` (migration 0004 computes the same for old rows)."""
+    return sha256_json([sha256, parent_sha256, run_id])
 
 
 class ServingGenerationRecord(_Record):
@@ -448,14 +487,20 @@ class Store:
         url: Any SQLAlchemy URL; default :func:`forgeflow.settings.store_url`
             (``$FORGEFLOW_STORE_URL`` or ``sqlite:///$FORGEFLOW_HOME/store.db``). The parent
             folder of a SQLite file is created.
+        create: False for commands that only read: a SQLite file that does not exist raises
+            :class:`~forgeflow.errors.StoreNotFoundError` instead of being created (and its
+            folder is not made). A server database (PostgreSQL) is never created either way.
 
     Raises:
         InputError: the URL does not parse or names a dialect other than sqlite/postgresql.
+        StoreNotFoundError: ``create`` is False and the SQLite file does not exist; the message
+            names the path and which setting to fix.
     """
 
     SUPPORTED_DIALECTS = ("sqlite", "postgresql")
 
-    def __init__(self, url: str | None = None) -> None:
+    def __init__(self, url: str | None = None, *, create: bool = True) -> None:
+        from_settings = url is None
         self.url = url if url is not None else settings.store_url()
         try:
             parsed = make_url(self.url)
@@ -465,14 +510,25 @@ class Store:
             ) from exc
         if parsed.get_backend_name() not in self.SUPPORTED_DIALECTS:
             raise InputError(
-                f"store URL {self.url!r} uses dialect {parsed.get_backend_name()!r}; "
+                f"store URL {parsed.render_as_string(hide_password=True)!r} uses dialect "
+                f"{parsed.get_backend_name()!r}; "
                 f"supported: {', '.join(self.SUPPORTED_DIALECTS)}"
             )
         if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
-            Path(parsed.database).expanduser().resolve().parent.mkdir(parents=True, exist_ok=True)
+            database = Path(parsed.database).expanduser().resolve()
+            if not create and not database.is_file():
+                raise StoreNotFoundError(f"no forgeflow store at {database}; run a flow first or "
+                                         + _store_setting_hint(from_settings))
+            if create:
+                database.parent.mkdir(parents=True, exist_ok=True)
         self.engine: Engine = create_engine(self.url)
         if self.engine.dialect.name == "sqlite":
             event.listen(self.engine, "connect", _sqlite_pragmas)
+
+    @property
+    def display_url(self) -> str:
+        """The store URL with any password masked (``***``): for messages, logs and ``status``."""
+        return self.engine.url.render_as_string(hide_password=True)
 
     # --- schema ----------------------------------------------------------------------------
     def alembic_config(self, connection: Connection | None = None) -> Any:
@@ -699,8 +755,36 @@ class Store:
         self._record(Freeze, ["name"], record)
 
     def record_model_artifact(self, record: ModelArtifactRecord) -> None:
-        """Upsert a model artifact by ``sha256``."""
-        self._record(ModelArtifact, ["sha256"], record)
+        """Record one production of a model artifact, in one transaction.
+
+        The artifact row (by ``sha256``) gets the latest ``path``; the production row (by
+        :func:`production_id` of sha256, parent and run) is upserted, so recording the same bytes
+        from another parent or by another run *adds* a producer and never replaces an earlier one
+        (:meth:`producers` lists them all). A resumed run recording the same production again
+        leaves one row.
+
+        Raises:
+            InputError: the digest is already recorded with another ``kind`` or ``quantization``
+                (the same bytes cannot be both; nothing is written).
+        """
+        data = record.model_dump(mode="json", exclude={"created_at"})
+        dialect = self.engine.dialect.name
+        with self.engine.begin() as connection:
+            known = connection.execute(
+                select(ModelArtifact.kind, ModelArtifact.quantization).where(ModelArtifact.sha256 == record.sha256)
+            ).first()
+            if known is not None and (known.kind, known.quantization) != (record.kind, record.quantization):
+                raise InputError(
+                    f"model artifact {record.sha256} recorded as kind {record.kind!r} quantization "
+                    f"{record.quantization!r}, but the store has it as kind {known.kind!r} quantization "
+                    f"{known.quantization!r}: the same bytes cannot be both"
+                )
+            connection.execute(upsert_statement(dialect, ModelArtifact, {"sha256": record.sha256}, {
+                "kind": record.kind, "path": record.path, "quantization": record.quantization,
+                "run_id": record.run_id}))
+            key = {"production_id": production_id(record.sha256, record.parent_sha256, record.run_id)}
+            values = {k: data[k] for k in ("sha256", "parent_sha256", "path", "lineage", "run_id")}
+            connection.execute(upsert_statement(dialect, ArtifactProduction, key, values))
 
     def record_serving_generation(self, record: ServingGenerationRecord) -> None:
         """Upsert a serving generation by ``generation``."""
@@ -821,12 +905,37 @@ class Store:
             statement = statement.where(Trial.instance_id == instance_id)
         return self._all(TrialRecord, statement)
 
+    def _productions(self, statement: Any) -> list[ModelArtifactRecord]:
+        with Session(self.engine) as session:
+            return [
+                ModelArtifactRecord(sha256=p.sha256, kind=a.kind, quantization=a.quantization, path=p.path,
+                                    parent_sha256=p.parent_sha256, lineage=p.lineage, run_id=p.run_id,
+                                    created_at=p.created_at)
+                for a, p in session.execute(statement)
+            ]
+
+    def _production_select(self) -> Any:
+        return (
+            select(ModelArtifact, ArtifactProduction)
+            .join(ArtifactProduction, ArtifactProduction.sha256 == ModelArtifact.sha256)
+            .order_by(ArtifactProduction.created_at, ArtifactProduction.production_id)
+        )
+
     def model_artifacts(self, kind: ArtifactKind | None = None) -> list[ModelArtifactRecord]:
-        """Model artifacts ordered by creation, optionally only one ``kind``."""
-        statement = select(ModelArtifact).order_by(ModelArtifact.created_at, ModelArtifact.sha256)
+        """Every production of every model artifact, first recorded first, optionally one ``kind``.
+
+        An artifact made by two runs or from two parents appears once per production (same
+        ``sha256``, its own ``parent_sha256``, ``run_id``, ``path`` and ``lineage``).
+        """
+        statement = self._production_select()
         if kind is not None:
             statement = statement.where(ModelArtifact.kind == kind)
-        return self._all(ModelArtifactRecord, statement)
+        return self._productions(statement)
+
+    def producers(self, sha256: str) -> list[ModelArtifactRecord]:
+        """The productions of artifact ``sha256`` (full hex digest), first recorded first; [] when
+        unknown."""
+        return self._productions(self._production_select().where(ArtifactProduction.sha256 == sha256))
 
     def serving_generations(self) -> list[ServingGenerationRecord]:
         """Serving generations ordered by generation number."""
@@ -909,6 +1018,15 @@ def upsert_statement(
     return statement.on_conflict_do_update(
         index_elements=sorted(key), set_={name: statement.excluded[name] for name in row}
     )
+
+
+def _store_setting_hint(from_settings: bool) -> str:
+    """Which setting named the store, for :class:`StoreNotFoundError` messages."""
+    if not from_settings:
+        return "give the URL of an existing store"
+    if "FORGEFLOW_STORE_URL" in os.environ:
+        return "fix FORGEFLOW_STORE_URL"
+    return f"set FORGEFLOW_HOME (now {settings.home_path()})"
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:

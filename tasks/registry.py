@@ -63,12 +63,13 @@ def push_local_image(local_name: str, local_image_id: str, dest: str, registry_i
 @task(cache_policy=RESUMABLE, retries=TRANSIENT_RETRIES, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S,
       retry_condition_fn=retry_on_transient)
 def prewarm(plan: PrewarmPlan, target_address: str, base_refs: dict[str, str],
-            target_registry_id: str) -> list[migrate.BasecacheRecord]:
-    """Check the plan against the tag cap, copy every ``basecache-*`` tag and verify its digest
-    (``target_registry_id`` keys the cache: a wiped target is pre-warmed again)."""
+            target_registry_id: str, concurrency: int = 5) -> list[migrate.BasecacheRecord]:
+    """Check the plan against the tag cap, copy every ``basecache-*`` tag (``concurrency``
+    skopeo commands at a time, 1-16) and verify its digest (``target_registry_id`` keys the
+    cache: a wiped target is pre-warmed again)."""
     plan.check()
-    records = migrate.prewarm_basecache(Skopeo(), plan, target_address, base_refs)
-    migrate.verify_prewarm(Skopeo(), records)
+    records = migrate.prewarm_basecache(Skopeo(), plan, target_address, base_refs, max_workers=concurrency)
+    migrate.verify_prewarm(Skopeo(), records, max_workers=concurrency)
     return records
 
 

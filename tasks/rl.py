@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.cache_policies import INPUTS, TASK_SOURCE
 
 from forgeflow import burst, rl, verl
@@ -36,7 +36,14 @@ def rl_burst(base_model_dir: Path, base_sha256: str, tasks: list[dict], out_dir:
     """
     burst.burst_preflight(base_model_dir, out_dir, config.lora_r, config.lora_target_modules, [prompt_template])
     data = rl.build_rl_dataset(tasks, prompt_template)
-    return rl.run_rl_burst(base_model_dir, data, out_dir, config, parent_adapter_dir=parent_adapter_dir, run_id=run_id)
+    record = rl.run_rl_burst(base_model_dir, data, out_dir, config, parent_adapter_dir=parent_adapter_dir, run_id=run_id)
+    if not record.weights_changed:
+        totals = record.totals()
+        get_run_logger().warning(
+            "RL burst left adapter %s unchanged: every group's rewards were equal (%d resolved, %d unresolved, "
+            "%d exceptions over %d completions), so no advantage and no update; it is its parent, not a new step",
+            record.adapter.sha256[:12], totals.resolved, totals.unresolved, totals.exceptions, totals.completions)
+    return record
 
 
 @task(retries=TRANSIENT_RETRIES, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S, retry_condition_fn=retry_on_transient)

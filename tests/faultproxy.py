@@ -8,6 +8,9 @@ requests whose path is a manifest or blob (``/v2/<name>/manifests/<ref>`` or
 forwarding, the way an overloaded registry or a rate-limiting front end does. Everything else is
 forwarded unchanged, so skopeo sees the real registry's digests, errors and auth challenges.
 
+With ``delay_s`` every request waits that long before it is forwarded (or faulted): a registry
+a network away, for benchmarks (``python -m benchmarks.registry``) without ``tc netem``.
+
 Every request is logged (:attr:`FaultProxy.log`: monotonic time, method, path, status answered),
 so a test can count injected faults and see when each image's requests ran.
 """
@@ -51,10 +54,18 @@ class FaultProxy:
         fail_first: Manifest/blob requests to answer with ``status`` before forwarding any (>= 0).
         status: 503 or 429 (any 4xx/5xx works).
         retry_after_s: ``Retry-After`` seconds sent with the injected status (None: no header).
+        delay_s: Seconds every request waits before it is answered (>= 0; a network round trip
+            plus the registry's own time, which a loopback registry does not have).
+
+    Raises:
+        ValueError: ``delay_s`` is negative.
     """
 
     def __init__(self, port: int, upstream: str, fail_first: int = 0, status: int = 503,
-                 retry_after_s: int | None = None) -> None:
+                 retry_after_s: int | None = None, delay_s: float = 0.0) -> None:
+        if delay_s < 0:
+            raise ValueError(f"delay_s must be >= 0, got {delay_s}")
+        self.delay_s = delay_s
         self.port = port
         self.upstream = upstream
         self.fail_first = fail_first
@@ -105,6 +116,8 @@ class FaultProxy:
                 return
 
             def _handle(self) -> None:
+                if proxy.delay_s:
+                    time.sleep(proxy.delay_s)
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else None
                 if proxy._take_fault(self.path):

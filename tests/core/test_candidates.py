@@ -154,3 +154,47 @@ def test_a_folder_or_a_non_utf8_file_is_named_as_bad_input(tmp_path: Path) -> No
     binary.write_bytes(b'{"instance_id": "a"}\n\xff\xfe\x00garbage\n')
     with pytest.raises(InputError, match=r"candidates.jsonl is not UTF-8 text"):
         load_candidates(binary)
+
+
+def test_blank_and_repeated_test_names_are_named_with_row_and_instance(tmp_path: Path) -> None:
+    path = write_jsonl(
+        tmp_path / "names.jsonl",
+        [
+            json.dumps(row("ok-1")),
+            json.dumps(row("empty-1", FAIL_TO_PASS=["t::a", ""])),
+            json.dumps(row("blank-1", PASS_TO_PASS=["  "])),
+            json.dumps(row("dup-1", FAIL_TO_PASS=["t::a", "t::b", "t::a"])),
+            json.dumps(row("dup-2", PASS_TO_PASS=json.dumps(["t::p", "t::p"]))),  # SWE-bench's string form
+        ],
+    )
+    message = load_error(path)
+    assert str(path) in message and "4 malformed" in message
+    assert "row 2: field FAIL_TO_PASS: empty test name '' at [1] (instance_id 'empty-1')" in message
+    assert "row 3: field PASS_TO_PASS: empty test name '  ' at [0] (instance_id 'blank-1')" in message
+    assert "row 4: field FAIL_TO_PASS: test name 't::a' at [2] repeats [0] (instance_id 'dup-1')" in message
+    assert "row 5: field PASS_TO_PASS: test name 't::p' at [1] repeats [0] (instance_id 'dup-2')" in message
+    assert "row 1" not in message  # the good row is not blamed
+
+
+def test_a_test_in_both_lists_is_named_with_row_and_instance(tmp_path: Path) -> None:
+    path = write_jsonl(
+        tmp_path / "both.jsonl",
+        [json.dumps(row("both-1", FAIL_TO_PASS=["t::a", "t::b"], PASS_TO_PASS=["t::c", "t::b"]))],
+    )
+    message = load_error(path)
+    assert str(path) in message
+    assert "row 1: field FAIL_TO_PASS/PASS_TO_PASS: test name 't::b' at PASS_TO_PASS[1] is also " \
+           "FAIL_TO_PASS[1] (instance_id 'both-1')" in message
+
+
+def test_instance_ids_that_differ_only_by_case_collide(tmp_path: Path) -> None:
+    path = write_jsonl(
+        tmp_path / "case.jsonl",
+        [json.dumps(row("Owner__Repo-1")), json.dumps(row("b-1")), json.dumps(row("owner__repo-1")),
+         json.dumps(row("c-1", FAIL_TO_PASS=[""]))],
+    )
+    message = load_error(path)
+    assert str(path) in message and "2 malformed" in message  # every bad row still reported
+    assert "row 3: field instance_id: 'owner__repo-1' differs only by case from 'Owner__Repo-1' (row 1)" in message
+    assert "row 4: field FAIL_TO_PASS: empty test name '' at [0] (instance_id 'c-1')" in message
+    assert [c.instance_id for c in load_candidates([row("Owner__Repo-1"), row("b-1")])] == ["Owner__Repo-1", "b-1"]

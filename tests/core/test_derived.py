@@ -224,3 +224,31 @@ def test_altered_freeze_manifest_input_is_rejected(
 def test_id_list_needs_a_pinned_revision() -> None:
     with pytest.raises(InputError, match="source_revision"):
         id_list_set("solved", ["a"], source_revision=" ")
+
+
+def test_a_rebuild_with_other_content_is_refused_unless_replaced(tmp_path: Path) -> None:
+    from forgeflow.derived import save_derived
+    from forgeflow.errors import DerivedSetConflictError
+
+    first = derive("x = static & verified_any", [STATIC, VERIFIED])["x"]
+    path = write_derived(first, tmp_path)
+    before = path.read_bytes()
+
+    same = save_derived(derive("x = static ∩ verified_any", [STATIC, VERIFIED])["x"], tmp_path)
+    assert same.written is False and path.read_bytes() == before  # an identical rebuild is a no-op
+
+    grown = derive("x = static & verified_any", [STATIC, explicit_set("verified_any", ["a", "b", "c", "e"])])["x"]
+    with pytest.raises(DerivedSetConflictError) as info:
+        write_derived(grown, tmp_path)
+    message = str(info.value)
+    assert f"already exists at {path} with 3 ids, ids sha256 {first.ids_sha256}" in message
+    assert f"the rebuild has 4 ids, ids sha256 {grown.ids_sha256}" in message
+    assert "1 added, 0 removed" in message and "'verified_any'" in message and "--replace" in message
+    assert path.read_bytes() == before and not (tmp_path / "replaced").exists()
+
+    done = save_derived(grown, tmp_path, replace=True)
+    assert done.written and done.previous == first
+    assert read_derived(path).ids == ["a", "b", "c", "e"]
+    assert done.previous_path is not None and done.previous_path.parent == tmp_path / "replaced"
+    assert done.previous_path.read_bytes() == before  # the previous content stays recoverable
+    assert read_derived(done.previous_path).ids_sha256 == first.ids_sha256

@@ -9,7 +9,15 @@ import numpy as np
 import pytest
 
 from forgeflow.errors import GGUFError, InputError
-from forgeflow.gguf_edit import read_header_index, read_metadata, set_metadata, tensor_sha256
+from forgeflow.gguf_edit import (
+    EditSnapshot,
+    read_header_index,
+    read_metadata,
+    set_metadata,
+    snapshot_for_edit,
+    tensor_sha256,
+    verify_edit,
+)
 
 
 def _write(path: Path) -> Path:
@@ -135,3 +143,107 @@ def test_alignment_and_non_gguf_are_refused(small: Path, tmp_path: Path) -> None
     truncated.write_bytes(small.read_bytes()[:-100])
     with pytest.raises(GGUFError, match="truncated"):
         read_header_index(truncated)
+
+
+def _patch(path: Path, offset: int, data: bytes) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(data)
+
+
+@pytest.fixture
+def unverified_edit(small: Path, tmp_path: Path) -> tuple[Path, EditSnapshot, str]:
+    """A streamed edit written without verification, and the source's snapshot."""
+    value = "renamed " * 40
+    out = tmp_path / "out.gguf"
+    result = set_metadata(small, "general.name", value, out_path=out, verify="none")
+    assert result.verification == "none" and result.tensors_verified == 0
+    snapshot = snapshot_for_edit(small, "general.name")
+    verify_edit(out, snapshot, value)  # the intact result passes
+    return out, snapshot, value
+
+
+def test_sampled_check_catches_bytes_overwritten_at_a_tensor_start(unverified_edit) -> None:
+    out, snapshot, value = unverified_edit
+    a = next(t for t in read_header_index(out).tensors if t.name == "a.weight")
+    _patch(out, a.offset, b"\xff" * 16)
+    with pytest.raises(GGUFError, match=r"tensor 'a.weight' data \(first 4096 bytes differ"):
+        verify_edit(out, snapshot, value)
+
+
+def test_sampled_check_catches_a_data_section_at_a_wrong_offset(unverified_edit) -> None:
+    out, snapshot, value = unverified_edit
+    index = read_header_index(out)
+    raw = out.read_bytes()  # data shifted by one alignment unit, same file size
+    out.write_bytes(raw[:index.data_offset] + bytes(32) + raw[index.data_offset:-32])
+    with pytest.raises(GGUFError, match=r"tensor 'a.weight' data \(first/middle/last"):
+        verify_edit(out, snapshot, value)
+
+
+def test_sampled_check_catches_another_key_changed(unverified_edit) -> None:
+    out, snapshot, value = unverified_edit
+    span = read_header_index(out).fields["llama.context_length"]
+    _patch(out, span.offset + span.size_bytes - 4, (8192).to_bytes(4, "little"))
+    with pytest.raises(GGUFError, match=r"header bytes after the entry \(other keys"):
+        verify_edit(out, snapshot, value)
+
+
+def test_sampled_check_catches_a_data_section_of_another_length(unverified_edit) -> None:
+    out, snapshot, value = unverified_edit
+    raw = out.read_bytes()
+    out.write_bytes(raw + bytes(64))  # trailing bytes: the data section grew
+    with pytest.raises(GGUFError, match=r"data section length"):
+        verify_edit(out, snapshot, value)
+
+
+def test_full_check_catches_an_interior_byte_the_samples_skip(unverified_edit) -> None:
+    out, snapshot, value = unverified_edit
+    a = next(t for t in read_header_index(out).tensors if t.name == "a.weight")
+    assert a.size_bytes == 64 * 96 * 4  # samples: [0, 4096), [10240, 14336), [20480, 24576)
+    _patch(out, a.offset + 6000, b"\x00\x00\x00\x00")
+    verify_edit(out, snapshot, value)  # sampled: not seen
+    with pytest.raises(GGUFError, match=r"sha256 of \['a.weight'\]"):
+        verify_edit(out, snapshot, value, full=True)
+
+
+@pytest.mark.parametrize("in_place", [True, False])
+def test_full_verification_is_opt_in(small: Path, in_place: bool) -> None:
+    value = 8192 if in_place else "a much longer model name " * 20
+    key = "llama.context_length" if in_place else "general.name"
+    result = set_metadata(small, key, value, verify="full")
+    assert result.in_place is in_place and result.verification == "full"
+    assert result.tensors_verified == 3 and result.new_value == value
+    assert set_metadata(small, key, value).verification == "sampled"
+    assert set_metadata(small, key, value, verify=True).verification == "sampled"
+
+
+def test_unknown_verify_mode_is_refused(small: Path) -> None:
+    with pytest.raises(InputError, match=r"verify expected one of \['sampled', 'full', 'none'\]"):
+        set_metadata(small, "general.name", "x", verify="sha256")
+
+
+@pytest.mark.parametrize("name", ["big", "a much longer model name " * 20])
+def test_data_larger_than_the_copy_buffer_survives_both_copy_paths(
+    tmp_path: Path, name: str
+) -> None:
+    """A moved data section goes through the 1 MiB buffer copy; an unmoved one (same-size value
+    to ``out_path``) through ``copy_file_range``: both give tensors equal to the source."""
+    import gguf
+
+    src = tmp_path / "big.gguf"
+    writer = gguf.GGUFWriter(str(src), arch="llama")
+    writer.add_name("big")
+    rng = np.random.default_rng(1)
+    writer.add_tensor("x.weight", rng.random((777, 1031), dtype=np.float32))  # 3.2 MB
+    writer.add_tensor("y.weight", rng.random((5,), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    out = tmp_path / "out.gguf"
+    result = set_metadata(src, "general.name", name, out_path=out, verify="full")
+    moved = result.data_offset_after != result.data_offset_before
+    assert moved is (name != "big") and result.tensors_verified == 2
+    assert tensor_sha256(out) == tensor_sha256(src)
+    data_bytes = src.stat().st_size - result.data_offset_before
+    assert out.stat().st_size - result.data_offset_after == data_bytes

@@ -45,7 +45,7 @@ def test_migration_creates_exactly_what_the_models_declare(store: Store) -> None
         context = MigrationContext.configure(connection, opts={"compare_type": True})
         diff = compare_metadata(context, Base.metadata)
     assert diff == []
-    assert store.current_revision() == "0003"
+    assert store.current_revision() == "0004"
 
 
 def test_upgrade_twice_is_a_no_op(store: Store) -> None:
@@ -192,7 +192,7 @@ def test_url_comes_from_forgeflow_store_url(tmp_path: Path, monkeypatch) -> None
     ledger = Store()
     ledger.upgrade()
     assert ledger.url == f"sqlite:///{db}"
-    assert db.is_file() and ledger.current_revision() == "0003"
+    assert db.is_file() and ledger.current_revision() == "0004"
     ledger.dispose()
 
 
@@ -279,5 +279,107 @@ def test_downgrade_to_0002_and_upgrade_again_keeps_old_rows(store: Store) -> Non
         command.downgrade(store.alembic_config(connection), "0002")
     assert store.current_revision() == "0002"
     store.upgrade()
-    assert store.current_revision() == "0003"
+    assert store.current_revision() == "0004"
     assert [t.trial_id for t in store.trials_for()] == ["t1"]
+
+
+def test_an_artifact_made_from_two_parents_keeps_both_producers(store: Store) -> None:
+    """Regression (new-user trial): the same GGUF bytes made from two adapters; the second record
+    replaced the first's parent instead of both being kept."""
+    gguf, first, second = "c" * 64, "a" * 64, "b" * 64
+    for parent, run in ((first, "run-1"), (second, "run-2"), (second, "run-2")):  # run-2 resumed: no duplicate
+        store.record_model_artifact(ModelArtifactRecord(sha256=gguf, kind="gguf", path="/m/q8.gguf",
+                                                        quantization="Q8_0", parent_sha256=parent, run_id=run))
+    rows = store.model_artifacts(kind="gguf")
+    assert [(r.sha256, r.parent_sha256, r.run_id) for r in rows] == [(gguf, first, "run-1"), (gguf, second, "run-2")]
+    assert [r.parent_sha256 for r in store.producers(gguf)] == [first, second]
+    assert store.producers("d" * 64) == []
+
+
+def test_an_artifact_recorded_with_another_kind_is_refused(store: Store) -> None:
+    store.record_model_artifact(ModelArtifactRecord(sha256=SHA, kind="gguf", path="/m/q8.gguf", quantization="Q8_0"))
+    with pytest.raises(InputError, match="kind 'adapter'.*'gguf'"):
+        store.record_model_artifact(ModelArtifactRecord(sha256=SHA, kind="adapter", path="/m/a"))
+    with pytest.raises(InputError, match="quantization 'Q4_K_M'.*'Q8_0'"):
+        store.record_model_artifact(ModelArtifactRecord(sha256=SHA, kind="gguf", path="/m/q4.gguf",
+                                                        quantization="Q4_K_M"))
+    assert [r.path for r in store.model_artifacts()] == ["/m/q8.gguf"]
+
+
+def test_migration_0004_moves_each_parent_link_into_a_production_and_back(store: Store) -> None:
+    from alembic import command
+    from sqlalchemy import text
+
+    with store.engine.begin() as connection:
+        command.downgrade(store.alembic_config(connection), "0003")
+        connection.execute(text(  # a row as a 0003 store wrote it: one parent per artifact
+            "INSERT INTO model_artifacts (sha256, kind, path, quantization, parent_sha256, lineage, run_id, "
+            f"created_at, updated_at) VALUES ('{SHA}', 'adapter', '/m/a', NULL, '{'c' * 64}', "
+            "'{\"dataset_sha256\": \"d\"}', 'run-0', '2026-11-01 00:00:00', '2026-11-01 00:00:00')"))
+    store.upgrade()
+    assert store.current_revision() == "0004"
+    (row,) = store.producers(SHA)
+    assert (row.kind, row.path, row.parent_sha256, row.run_id) == ("adapter", "/m/a", "c" * 64, "run-0")
+    assert row.lineage == {"dataset_sha256": "d"}
+    store.record_model_artifact(ModelArtifactRecord(sha256=SHA, kind="adapter", path="/m/b", parent_sha256="e" * 64,
+                                                    run_id="run-1"))
+    with store.engine.begin() as connection:
+        command.downgrade(store.alembic_config(connection), "0003")
+        parent = connection.execute(text("SELECT parent_sha256, path FROM model_artifacts")).one()
+    assert tuple(parent) == ("e" * 64, "/m/b")  # back to one parent: the latest production's
+    store.upgrade()
+    assert [r.parent_sha256 for r in store.producers(SHA)] == ["e" * 64]
+
+
+def test_a_reading_store_on_a_missing_sqlite_file_names_it_and_creates_nothing(tmp_path: Path) -> None:
+    from forgeflow.errors import StoreNotFoundError
+
+    missing = tmp_path / "typo" / "forgeflow.db"
+    with pytest.raises(StoreNotFoundError, match=f"no forgeflow store at {missing}; run a flow first"):
+        Store(f"sqlite:///{missing}", create=False)
+    assert not missing.parent.exists()
+
+
+def test_a_mistyped_forgeflow_home_is_named_and_left_uncreated(tmp_path: Path, monkeypatch) -> None:
+    from forgeflow import settings
+    from forgeflow.errors import StoreNotFoundError
+
+    home = tmp_path / "forgeflw"  # the user's typo
+    monkeypatch.setenv("FORGEFLOW_HOME", str(home))
+    monkeypatch.delenv("FORGEFLOW_STORE_URL", raising=False)
+    assert settings.store_url() == f"sqlite:///{home / 'store.db'}"  # resolving the URL makes no folder
+    with pytest.raises(StoreNotFoundError, match=r"store\.db; run a flow first or set FORGEFLOW_HOME"):
+        Store(create=False)
+    assert not home.exists()
+    monkeypatch.setenv("FORGEFLOW_STORE_URL", f"sqlite:///{tmp_path / 'other.db'}")
+    with pytest.raises(StoreNotFoundError, match="fix FORGEFLOW_STORE_URL"):
+        Store(create=False)
+
+    writer = Store()  # a command that writes still creates the store
+    writer.upgrade()
+    writer.dispose()
+    reader = Store(create=False)  # ... which reading commands then open
+    assert reader.counts()["trials"] == 0
+    reader.dispose()
+
+
+def test_store_url_password_never_shown() -> None:
+    """status, event payloads and messages show the store URL: never its password."""
+    store = Store("postgresql+psycopg://forge:s3cr3t-pw@127.0.0.1:1/forgeflow")  # no connection made
+    try:
+        assert "s3cr3t-pw" not in store.display_url
+        assert store.display_url == "postgresql+psycopg://forge:***@127.0.0.1:1/forgeflow"
+    finally:
+        store.dispose()
+    with pytest.raises(InputError, match="mysql") as bad_dialect:
+        Store("mysql://forge:s3cr3t-pw@127.0.0.1/forgeflow")
+    assert "s3cr3t-pw" not in str(bad_dialect.value)
+
+
+def test_an_artifact_cannot_be_its_own_parent() -> None:
+    """An RL burst with zero advantages leaves the adapter's bytes as they were: recording it as made
+    from itself would put a cycle in the lineage; the record is refused, naming the digest."""
+    sha = "a" * 64
+    with pytest.raises(ValidationError, match=f"adapter {sha} is recorded as made from itself"):
+        ModelArtifactRecord(sha256=sha, kind="adapter", path="/x", parent_sha256=sha, run_id="rl")
+    assert ModelArtifactRecord(sha256=sha, kind="adapter", path="/x", parent_sha256="b" * 64).parent_sha256 == "b" * 64

@@ -130,6 +130,33 @@ def test_lineage_walks_from_the_served_gguf_to_the_base_model(home):
     assert [g["generation"] for g in out["serving_generations"]] == [2]
 
 
+def test_lineage_json_keeps_both_adapters_that_made_the_same_gguf(home, tmp_path):
+    """Regression (new-user trial): the served Q8_0 GGUF was byte-identical for two adapters and the
+    second record replaced the first's parent; both chains are shown, the newest first."""
+    from forgeflow.store import ModelArtifactRecord, ServingGenerationRecord
+
+    store = Store()
+    base, gguf = "a" * 64, "c" * 64
+    store.record_model_artifact(ModelArtifactRecord(sha256=base, kind="base", path="/m/base", run_id="r1"))
+    for adapter, run in (("b" * 64, "r1"), ("e" * 64, "r2")):
+        store.record_model_artifact(ModelArtifactRecord(sha256=adapter, kind="adapter", path=f"/m/adapters/{adapter}",
+                                                        parent_sha256=base, run_id=run))
+        store.record_model_artifact(ModelArtifactRecord(sha256=gguf, kind="gguf", path="/m/q8.gguf",
+                                                        quantization="Q8_0", parent_sha256=adapter, run_id=run))
+    store.record_serving_generation(ServingGenerationRecord(generation=4, port=8802, gguf_sha256=gguf, status="active"))
+    for _ in range(2):  # repeated queries answer the same
+        result = runner.invoke(app, ["lineage", gguf, "--json"])
+        assert result.exit_code == 0, result.output
+        out = json.loads(result.output)
+        assert [[s["sha256"][0] for s in chain] for chain in out["chains"]] == [["a", "e", "c"], ["a", "b", "c"]]
+        assert out["chain"] == out["chains"][0] and out["chain"][2]["run_ids"] == ["r2"]
+        assert [g["generation"] for g in out["serving_generations"]] == [4]
+        assert any("2 producers" in w for w in out["warnings"])
+        assert out["chain"][0]["path_status"] == "missing"  # /m/base does not exist here
+    text = runner.invoke(app, ["lineage", gguf[:10], "--no-verify"])
+    assert text.exit_code == 0 and "chain 1 of 2 (newest)" in text.output and "missing" not in text.output
+
+
 def test_lineage_of_an_unknown_artifact_says_so(home):
     result = runner.invoke(app, ["lineage", "deadbeefdeadbeef"])
     assert result.exit_code == 2 and "is not in the store" in result.output
@@ -140,3 +167,28 @@ def test_status_json_reports_store_counts_without_a_run(home):
     assert result.exit_code == 0, result.output
     out = json.loads(result.output)
     assert out["counts"]["trials"] == 8 and out["last_lifecycle"] is None and out["serving"] is None
+
+
+def test_status_prints_text_and_status_json_a_stable_object(frozen, home):
+    from forgeflow.fsutil import atomic_write_json
+
+    atomic_write_json(home / "demo" / "summary.json", {
+        "prefect_flow_run_id": "run-1", "total_wall_s": 12.5, "freeze": {"name": "v1"},
+        "stages": {"environments": {"status": "completed"}, "freeze": {"status": "cached"}}})
+    as_json = runner.invoke(app, ["status", "--json"])
+    assert as_json.exit_code == 0, as_json.output
+    out = json.loads(as_json.output)
+    assert list(out) == ["schema_version", "home", "store", "counts", "last_lifecycle", "last_freeze", "serving",
+                         "service"]
+    assert out["schema_version"] == 1 and out["home"] == str(home)
+    assert out["last_lifecycle"] == {"prefect_flow_run_id": "run-1", "total_wall_s": 12.5,
+                                     "stages": {"environments": "completed", "freeze": "cached"}}
+    assert out["last_freeze"]["semantic_sha256"] == frozen.semantic_sha256
+
+    text = runner.invoke(app, ["status"])
+    assert text.exit_code == 0, text.output
+    assert text.output != as_json.output and not text.output.lstrip().startswith("{")
+    assert "trials 8" in text.output
+    assert "lifecycle: flow run run-1, 12.5 s: environments completed, freeze cached" in text.output
+    assert f"freeze:    v1, semantic sha256 {frozen.semantic_sha256}" in text.output
+    assert "serving:   none" in text.output and "service:   not started" in text.output

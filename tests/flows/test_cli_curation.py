@@ -152,3 +152,48 @@ def test_derived_build_over_a_freeze_counts_per_split_and_unknown_names_fail(hom
     assert unknown.exit_code == 2 and "nosuch" in unknown.output and "images_available" in unknown.output
     undefined = runner.invoke(app, ["derived", "build", "other", "--define", "bad = accepted"])
     assert undefined.exit_code == 2 and "'other' is not defined" in undefined.output
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    ([], "give --batch and/or --trial, or --exception-type with --since/--until"),
+    (["--batch", "b1", "--exception-type", "X"], "select by ids or by --exception-type within a window, not both"),
+    (["--batch", "b1", "--since", "2026-11-30T10:00:00+00:00"], "--since/--until apply only with --exception-type"),
+    (["--exception-type", "X", "--since", "2026-11-30T10:00:00+00:00"],
+     "--exception-type 'X' needs a time window (--since and --until)"),
+    (["--exception-type", "X", "--since", "2026-11-30T11:00:00+00:00", "--until", "2026-11-30T10:00:00+00:00"],
+     "empty window: --since 2026-11-30 11:00:00+00:00 is not before --until"),
+    (["--exception-type", "X", "--since", "2026-11-30T10:00:00", "--until", "2026-11-30T11:00:00+00:00"],
+     "--since: must be timezone-aware"),
+    (["--batch", "nosuch"], "unknown --batch ids ['nosuch']"),
+    (["--trial", "nosuch"], "unknown --trial ids ['nosuch']"),
+])
+def test_recover_errors_name_the_flags_the_user_typed(home: Path, args: list[str], expected: str) -> None:
+    result = runner.invoke(app, ["recover", *args])
+    assert result.exit_code == 2
+    text = " ".join(result.output.split())
+    assert expected in text
+    assert not any(field in text for field in ("batch_ids", "trial_ids", "exception_type", "Value error"))
+
+
+def test_derived_rebuild_with_other_content_needs_replace_and_keeps_the_old_file(home: Path) -> None:
+    build = ["derived", "build", "acc", "--define", "acc = accepted", "--json"]
+    first = _json(runner.invoke(app, build))
+    assert first["written"] is True and first["count"] == 1
+    path = Path(first["path"])
+    before = path.read_bytes()
+    again = _json(runner.invoke(app, build))
+    assert again["written"] is False and again["replaced"] is None and path.read_bytes() == before
+
+    Store().record_task(TaskRecord(instance_id="repo.e", repo="r3", status="accepted"))
+    refused = runner.invoke(app, build)
+    assert refused.exit_code == 2
+    text = " ".join(refused.output.split())
+    assert f"already exists at {path} with 1 ids, ids sha256 {first['ids_sha256']}" in text
+    assert "the rebuild has 2 ids" in text and "--replace" in text
+    assert path.read_bytes() == before
+
+    replaced = _json(runner.invoke(app, [*build, "--replace"]))
+    assert replaced["written"] is True and replaced["count"] == 2
+    assert replaced["replaced"]["count"] == 1 and replaced["replaced"]["ids_sha256"] == first["ids_sha256"]
+    assert Path(replaced["replaced"]["path"]).read_bytes() == before  # the previous content is kept
+    assert _json(runner.invoke(app, ["derived", "verify", "acc", "--json"]))["count"] == 2

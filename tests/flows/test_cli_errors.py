@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from forgeflow.settings import REPO_ROOT
 from tests.helpers import free_port
 
@@ -37,3 +39,30 @@ def test_a_folder_given_as_an_id_list_is_one_line_and_exit_2(tmp_path) -> None:
     assert done.returncode == 2
     assert "IsADirectoryError" in done.stderr and str(tmp_path) in done.stderr
     assert "Traceback" not in done.stderr + done.stdout
+
+
+READ_ONLY_COMMANDS = [["status"], ["status", "--json"], ["trials"], ["trials", "--job", "a"], ["compare", "a", "b"],
+                      ["lineage", "deadbeefdeadbeef"], ["recover", "--batch", "b1"], ["freeze", "verify", "v1"],
+                      ["derived", "verify", "x"]]
+
+
+@pytest.mark.parametrize("command", READ_ONLY_COMMANDS, ids=" ".join)
+def test_a_read_only_command_on_a_mistyped_home_names_the_store_and_creates_nothing(tmp_path, command) -> None:
+    home = tmp_path / "forgeflw"  # the typo
+    env = {k: v for k, v in os.environ.items() if k != "FORGEFLOW_STORE_URL"}
+    done = subprocess.run([sys.executable, "-m", "flows.cli", *command], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=120, env={**env, "FORGEFLOW_HOME": str(home)})
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"error: StoreNotFoundError: no forgeflow store at {home / 'store.db'}; run a flow first or set " \
+           "FORGEFLOW_HOME" in " ".join(done.stderr.split())
+    assert "Traceback" not in done.stderr + done.stdout
+    assert not home.exists()
+
+
+def test_a_store_url_to_a_missing_sqlite_file_is_named_and_not_created(tmp_path) -> None:
+    missing = tmp_path / "x" / "forgeflow.db"
+    done = _run("trials", FORGEFLOW_STORE_URL=f"sqlite:///{missing}", FORGEFLOW_HOME=str(tmp_path / "home"))
+    assert done.returncode == 2
+    assert f"no forgeflow store at {missing}; run a flow first or fix FORGEFLOW_STORE_URL" in " ".join(
+        done.stderr.split())
+    assert not missing.parent.exists() and not (tmp_path / "home").exists()

@@ -178,6 +178,11 @@ def test_prewarm_two_basecache_tags_and_verify(
     with pytest.raises(DigestMismatchError, match=broken.tag):
         verify_prewarm(skopeo, records)
 
+    # A re-run repairs exactly that tag (listed as present, but serving another digest).
+    repaired = prewarm_basecache(skopeo, plan, target, base_refs, max_workers=1)
+    assert [(r.tag, r.copied) for r in repaired] == [(r.tag, r.tag == broken.tag) for r in records]
+    verify_prewarm(skopeo, repaired)
+
 
 def test_error_mapping_for_auth_and_unreachable_registries(
     tmp_path: Path, skopeo: Skopeo, registries: dict[str, RegistryServer]

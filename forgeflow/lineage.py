@@ -1,0 +1,194 @@
+"""The lineage of a model artifact from the store: base model -> adapter(s) -> merged checkpoint ->
+GGUF(s) -> the serving generations that served it.
+
+An artifact is named by its content digest and may have more than one producer
+(:meth:`forgeflow.store.Store.producers`): the same GGUF bytes can come from two adapters (a
+small LoRA delta can vanish in f16/Q8_0 rounding) or be recorded by several runs. The lineage is
+therefore a set of *chains*, one per distinct path of parent digests from a root (an artifact
+without a parent) to the artifact; the runs that recorded each step from the same parent are
+listed on that step, never dropped. Chains are ordered newest first: at every step the parent
+recorded most recently comes first, so :attr:`LineageReport.chain` is the chain of the latest run.
+
+Each step's recorded path is checked against its digest (``path_status``): a folder or file that
+was later overwritten with other content (``changed``) or removed (``missing``) is reported, and
+named in :attr:`LineageReport.warnings`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from forgeflow.burst import adapter_matches
+from forgeflow.errors import InputError
+from forgeflow.fsutil import sha256_file, sha256_tree
+from forgeflow.store import ModelArtifactRecord, ServingGenerationRecord, Store
+
+PathStatus = Literal["ok", "changed", "missing", "unchecked"]
+MIN_PREFIX_CHARS = 8
+"""Shortest digest prefix accepted; shorter ones match too much to name one artifact."""
+
+
+class LineageStep(BaseModel):
+    """One artifact on a chain, as made from ``parent_sha256``.
+
+    Attributes:
+        sha256 / kind / quantization: the artifact.
+        parent_sha256: the parent on this chain (None for a root such as a base model).
+        path: where the latest production from this parent was written.
+        path_status: ``ok`` (the path holds these bytes), ``changed`` (other content now),
+            ``missing``, or ``unchecked`` (not verified).
+        run_ids: every run that recorded this artifact from this parent, first recorded first.
+        lineage: the latest such production's lineage record (e.g. an adapter's dataset and
+            hyper-parameters).
+        recorded_at: when that latest production was first recorded (UTC).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    sha256: str
+    kind: str
+    quantization: str | None
+    parent_sha256: str | None
+    path: str
+    path_status: PathStatus
+    run_ids: list[str | None]
+    lineage: dict[str, Any] = Field(default_factory=dict)
+    recorded_at: datetime | None = None
+
+
+class LineageReport(BaseModel):
+    """The lineage of ``artifact_sha256``: every chain (base model first), the serving generations
+    that served it, and warnings (several producers, a parent missing from the store, a recorded
+    path that no longer holds its digest)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    artifact_sha256: str
+    chains: list[list[LineageStep]]
+    serving_generations: list[ServingGenerationRecord]
+    warnings: list[str] = Field(default_factory=list)
+
+    @property
+    def chain(self) -> list[LineageStep]:
+        """The newest chain (the parents recorded most recently at every step)."""
+        return self.chains[0]
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready dict: ``artifact_sha256``, ``chain`` (newest), ``chains``,
+        ``serving_generations``, ``warnings``."""
+        chains = [[step.model_dump(mode="json") for step in chain] for chain in self.chains]
+        return {"artifact_sha256": self.artifact_sha256, "chain": chains[0], "chains": chains,
+                "serving_generations": [g.model_dump(mode="json") for g in self.serving_generations],
+                "warnings": list(self.warnings)}
+
+
+def resolve_sha256(store: Store, prefix: str) -> str:
+    """The one recorded artifact digest starting with ``prefix`` (at least 8 hex characters).
+
+    Raises:
+        InputError: the prefix is too short, matches no artifact, or matches several.
+    """
+    prefix = prefix.strip().lower()
+    known = sorted({a.sha256 for a in store.model_artifacts()})
+    matches = [sha for sha in known if sha.startswith(prefix)] if len(prefix) >= MIN_PREFIX_CHARS else []
+    if len(prefix) >= MIN_PREFIX_CHARS and len(matches) == 1:
+        return matches[0]
+    what = "is ambiguous" if len(matches) > 1 or (len(prefix) < MIN_PREFIX_CHARS and any(
+        sha.startswith(prefix) for sha in known)) else "is not in the store"
+    raise InputError(f"artifact {prefix!r} {what} ({store.url}); give at least {MIN_PREFIX_CHARS} hex "
+                     f"characters of a recorded sha256")
+
+
+def _digest_of(kind: str) -> Callable[[Path, str], bool]:
+    if kind == "adapter":
+        return adapter_matches
+    if kind == "gguf":
+        return lambda path, sha: path.is_file() and sha256_file(path) == sha
+    return lambda path, sha: path.is_dir() and sha256_tree(path) == sha
+
+
+def lineage_of(store: Store, sha256_prefix: str, *, verify_paths: bool = True) -> LineageReport:
+    """Walk from an artifact up to its roots through every recorded producer.
+
+    Args:
+        store: the ledger.
+        sha256_prefix: the artifact's sha256 or a prefix of at least 8 hex characters.
+        verify_paths: digest each step's recorded path (a GGUF file, an adapter's weights and
+            config, a model folder's files) and report ``changed``/``missing``; False leaves
+            every step ``unchecked`` (no file is read).
+
+    Returns:
+        The :class:`LineageReport`; chains newest first, each base model first.
+
+    Raises:
+        InputError: as :func:`resolve_sha256`.
+    """
+    target = resolve_sha256(store, sha256_prefix)
+    by_sha: dict[str, list[ModelArtifactRecord]] = {}
+    for production in store.model_artifacts():  # first recorded first
+        by_sha.setdefault(production.sha256, []).append(production)
+    warnings: list[str] = []
+    checked: dict[tuple[str, str], PathStatus] = {}
+
+    def status(step: ModelArtifactRecord) -> PathStatus:
+        if not verify_paths:
+            return "unchecked"
+        key = (step.sha256, step.path)
+        if key not in checked:
+            path = Path(step.path)
+            checked[key] = ("ok" if _digest_of(step.kind)(path, step.sha256) else "changed") if path.exists() \
+                else "missing"
+            if checked[key] != "ok":
+                warnings.append(f"{step.kind} {step.sha256} was recorded at {step.path}, which is now "
+                                f"{'gone' if checked[key] == 'missing' else 'holding other content'}")
+        return checked[key]
+
+    def steps_of(sha: str) -> list[LineageStep]:
+        """One step per distinct parent of ``sha``, the most recently recorded parent first."""
+        groups: dict[str | None, list[ModelArtifactRecord]] = {}
+        for production in by_sha[sha]:
+            groups.setdefault(production.parent_sha256, []).append(production)
+        out = []
+        for parent, group in groups.items():
+            latest = group[-1]
+            out.append(LineageStep(sha256=sha, kind=latest.kind, quantization=latest.quantization,
+                                   parent_sha256=parent, path=latest.path, path_status=status(latest),
+                                   run_ids=list(dict.fromkeys(p.run_id for p in group)),
+                                   lineage=latest.lineage, recorded_at=latest.created_at))
+        out.sort(key=lambda s: s.recorded_at or datetime.min, reverse=True)
+        if len(out) > 1:
+            warnings.append(f"{out[0].kind} {sha} has {len(out)} producers (parents "
+                            f"{', '.join(str(s.parent_sha256) for s in out)}): one chain each")
+        return out
+
+    memo: dict[str, list[list[LineageStep]]] = {}
+
+    def chains_to(sha: str, seen: frozenset[str]) -> list[list[LineageStep]]:
+        """Every chain ending at ``sha``, root first."""
+        if sha in memo:
+            return memo[sha]
+        chains = []
+        for step in steps_of(sha):
+            parent = step.parent_sha256
+            if parent is None:
+                chains.append([step])
+            elif parent in seen:
+                warnings.append(f"{sha} lists {parent} as a parent, which is also its descendant: cycle cut")
+                chains.append([step])
+            elif parent not in by_sha:
+                warnings.append(f"{step.kind} {sha} names parent {parent}, which is not in the store")
+                chains.append([step])
+            else:
+                chains.extend(chain + [step] for chain in chains_to(parent, seen | {sha}))
+        memo[sha] = chains
+        return chains
+
+    chains = chains_to(target, frozenset({target}))
+    served = [g for g in store.serving_generations() if g.gguf_sha256 == target]
+    return LineageReport(artifact_sha256=target, chains=chains, serving_generations=served,
+                         warnings=list(dict.fromkeys(warnings)))
