@@ -371,13 +371,21 @@ def up(port: int = typer.Option(4200, min=1, max=65535, help="Prefect API/UI por
        as_json: bool = typer.Option(False, "--json", help="print the recorded state as JSON")) -> None:
     """Start a Prefect server (SQLite in PREFECT_HOME, or PostgreSQL with --database), create the work
     pool, deploy prefect.yaml, create the automations and start a process worker; a second `up`
-    reuses what still runs."""
+    reuses what still runs. The forgeflow store is created (schema at head) too, so `status` and the
+    other read-only commands work before the first flow run."""
     home = _prepare_env()
     from forgeflow.errors import ForgeflowError  # noqa: PLC0415
+    from forgeflow.store import Store  # noqa: PLC0415
     from flows import service  # noqa: PLC0415
 
     try:
         state = service.up(home, port=port, pool=pool, notify_url=notify_url, database_url=database)
+        store = Store()
+        try:
+            store.upgrade()
+            store_url = store.display_url
+        finally:
+            store.dispose()
     except (ForgeflowError, KeyError) as exc:
         _fail(exc)
     if as_json:
@@ -390,6 +398,7 @@ def up(port: int = typer.Option(4200, min=1, max=65535, help="Prefect API/UI por
     console.print(f"{len(state.deployments)} deployments on pool {state.pool!r}; automations: "
                   f"{', '.join(state.automations) or 'none'}")
     console.print(f"Prefect database: {state.database}")
+    console.print(f"forgeflow store: {store_url}")
     console.print(f"Prefect UI: {state.ui_url}  (API {state.api_url}; stop with `forgeflow down`)")
 
 

@@ -210,12 +210,14 @@ def test_cli_up_prints_the_ui_address_and_down_stops_it(tmp_path):
                             capture_output=True, text=True, timeout=300)
         assert up.returncode == 0, up.stdout + up.stderr
         assert f"Prefect UI: http://127.0.0.1:{port}" in up.stdout
+        assert f"forgeflow store: sqlite:///{tmp_path}/store.db" in up.stdout.replace("\n", "")  # rich wraps
         state = service.read_state(tmp_path)
         assert service.is_ours(state.server) and service.is_ours(state.worker)
         assert "forgeflow-notify-on-failure" not in state.automations  # no webhook URL given
         status = subprocess.run([sys.executable, "-m", "flows.cli", "status", "--json"], env=env,
                                 capture_output=True, text=True, timeout=120)
         assert status.returncode == 0, status.stdout + status.stderr
+        assert json.loads(status.stdout)["last_lifecycle"] is None  # nothing has run yet
         reported = json.loads(status.stdout)["service"]
         assert reported["ui_url"] == f"http://127.0.0.1:{port}" and reported["pool"] == "local"
         assert reported["server_running"] and reported["worker_running"]
