@@ -31,8 +31,10 @@ The catalogue of the first three figures is synthetic and seeded, so every run m
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -182,6 +184,9 @@ def bench_flow_vs_loop(per_project: int, concurrency: int) -> dict[str, Any]:
 
     apply_container_env()
     tmp = Path(tempfile.mkdtemp(prefix="forgeflow-bench-flow-"))
+    # removed at interpreter exit, success or failure: after Prefect's own exit handlers (registered
+    # later, run earlier) have stopped the ephemeral API server that keeps its database in here
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)
     os.environ.update({"PREFECT_HOME": str(tmp / "prefect"), "FORGEFLOW_HOME": str(tmp / "home"),
                        "FORGEFLOW_STORE_URL": f"sqlite:///{tmp / 'store.db'}",
                        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
@@ -242,14 +247,40 @@ def bench_flow_vs_loop(per_project: int, concurrency: int) -> dict[str, Any]:
     }
 
 
+def _int_option(low: int, high: int) -> Callable[[str], int]:
+    """An argparse ``type`` accepting an integer in ``[low, high]``.
+
+    Raises (from the returned parser):
+        argparse.ArgumentTypeError: not an integer or out of range; argparse prints it as
+            ``argument --NAME: ...`` with the value and exits 2.
+    """
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be between {low} and {high}, got {value}")
+        return value
+
+    return parse
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Run the three benchmarks, print human lines then the JSON object (last line)."""
+    """Run the three benchmarks, print human lines then the JSON object (last line).
+
+    Every numeric option is checked before any work: a bad one exits 2 with one argparse-style
+    line naming the option and value.
+    """
     parser = argparse.ArgumentParser(prog="python -m benchmarks.curation", description=__doc__)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--flow-per-project", type=int, default=2,
-                        help="generated candidates per demo project for flow_vs_loop_ratio")
-    parser.add_argument("--concurrency", type=int, default=2, help="validations at once (flow and loop)")
+    parser.add_argument("--seed", type=_int_option(0, 2**32 - 1), default=0, help="0 to 2**32-1")
+    parser.add_argument("--repeats", type=_int_option(1, 1_000), default=5,
+                        help="runs per figure; times are medians (1-1000)")
+    parser.add_argument("--flow-per-project", type=_int_option(1, 100), default=2,
+                        help="generated candidates per demo project for flow_vs_loop_ratio (1-100)")
+    parser.add_argument("--concurrency", type=_int_option(1, 64), default=2,
+                        help="validations at once (flow and loop; 1-64)")
     parser.add_argument("--skip-flow", action="store_true", help="leave flow_vs_loop_ratio null (no podman)")
     args = parser.parse_args(argv)
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import statistics
@@ -116,21 +117,75 @@ def _run_cp(src: Path, dst: Path, fsync: bool) -> float:
     return wall
 
 
+MIN_SIZE_GB, MAX_SIZE_GB = 0.001, 1_000.0
+"""Bounds of ``--size-gb``: at least one tensor of data (1 MB); at most 1 TB (the benchmark
+needs 3.2x the size free on ``--dir``)."""
+
+
+def _size_gb(text: str) -> float:
+    """argparse ``type`` of ``--size-gb``: a finite number of GB in [0.001, 1000].
+
+    Raises:
+        argparse.ArgumentTypeError: not a number, NaN, infinite or out of range.
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of GB, got {text!r}") from None
+    if not math.isfinite(value) or not MIN_SIZE_GB <= value <= MAX_SIZE_GB:
+        raise argparse.ArgumentTypeError(
+            f"must be a finite number between {MIN_SIZE_GB:g} and {MAX_SIZE_GB:g} GB, got {text!r}")
+    return value
+
+
+def _repeats(text: str) -> int:
+    """argparse ``type`` of ``--repeats``: an integer in [1, 100].
+
+    Raises:
+        argparse.ArgumentTypeError: not an integer or out of range.
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+    if not 1 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"must be between 1 and 100, got {value}")
+    return value
+
+
+def _work_dir(text: str) -> Path:
+    """argparse ``type`` of ``--dir``: an existing directory this process may write into.
+
+    Raises:
+        argparse.ArgumentTypeError: it does not exist, is not a directory or is not writable.
+    """
+    path = Path(text)
+    if not path.exists():
+        raise argparse.ArgumentTypeError(f"directory {text!r} does not exist")
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a directory")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"directory {text!r} is not writable")
+    return path
+
+
 def main(argv: list[str] | None = None) -> dict:
-    """Run the benchmark; returns the JSON summary it printed last."""
+    """Run the benchmark; returns the JSON summary it printed last.
+
+    Bad arguments exit 2 with one argparse-style line naming the option and value, before any
+    file is written; too little free space on ``--dir`` exits 1 with one line.
+    """
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gguf_edit")
-    parser.add_argument("--size-gb", type=float, default=2.0, help="synthetic file size (GB)")
-    parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()))
-    parser.add_argument("--repeats", type=int, default=3, help="rounds; times are medians")
+    parser.add_argument("--size-gb", type=_size_gb, default=2.0,
+                        help=f"synthetic file size (GB, {MIN_SIZE_GB:g}-{MAX_SIZE_GB:g})")
+    parser.add_argument("--dir", type=_work_dir, default=Path(tempfile.gettempdir()),
+                        help="existing writable directory for the files (needs 3.2x --size-gb free)")
+    parser.add_argument("--repeats", type=_repeats, default=3, help="rounds (1-100); times are medians")
     args = parser.parse_args(argv)
-    if args.size_gb <= 0:
-        parser.error("--size-gb must be > 0")
-    if args.repeats < 1:
-        parser.error("--repeats must be >= 1")
     size = int(args.size_gb * 1e9)
     free = shutil.disk_usage(args.dir).free
     if free < 3.2 * size:
-        raise SystemExit(f"{args.dir} has {free / 1e9:.1f} GB free; need {3.2 * size / 1e9:.1f} GB")
+        raise SystemExit(f"error: --dir {args.dir} has {free / 1e9:.1f} GB free; need {3.2 * size / 1e9:.1f} GB")
     work = Path(tempfile.mkdtemp(dir=args.dir, prefix="forgeflow-gguf-edit-bench."))
     try:
         src = work / "synthetic.gguf"

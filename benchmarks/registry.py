@@ -19,7 +19,10 @@ Figures (targets from issue 4):
   which goes first, so load from other processes hits both alike; every copy moves its own
   layer (no blob of the other contestant is reused). ``copy_overhead_median_ratio`` is the median
   of the per-copy ratios (one slow copy moves it less).
-  ``copy_overhead_ratio_tiny`` is the same measure on N tiny images (one ~100-byte layer): there
+  ``copy_overhead_ratio_flow_process`` is the same measure once the flows are imported, as in a
+  flow-run process (``flow_process_rss_mb``, ~300 MB): ``sh`` forks this process for every
+  command and a fork costs more the more memory is resident (see
+  :meth:`forgeflow.skopeo.Skopeo._run`). ``copy_overhead_ratio_tiny`` is the same measure on N tiny images (one ~100-byte layer): there
   the copy itself is little more than skopeo's start, so the fixed cost of running it through
   the ``sh`` package (~3 ms more per command than ``subprocess.run``: fork from Python and its
   reader threads, measured on 2 cores) shows as ~15-20 %; forgeflow keeps ``sh`` on purpose (the
@@ -46,16 +49,21 @@ import gzip
 import hashlib
 import io
 import json
+import math
 import os
 import platform
+import signal
+import socket
 import statistics
 import subprocess
 import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+from forgeflow.errors import ForgeflowError, InputError, ServerStartError
 from forgeflow.layout import ShardLayout
 from forgeflow.migrate import prewarm_basecache, verify_prewarm
 from forgeflow.registry import RegistryServer
@@ -67,6 +75,10 @@ SOURCE_PORT, TARGET_PORT, LATENCY_PROXY_PORT = 5740, 5741, 5742
 SIZED_PAIRS = 12
 PLAN_TASKS, PLAN_BASES, PLAN_SHARDS, PLAN_LANES = 50_000, 500, 80, 5
 PLAN_REPEATS = 3
+MAX_REGISTRY_LATENCY_MS = 10_000.0
+"""Upper bound of ``--registry-latency-ms`` (10 s per request is no registry, only a stall)."""
+MAX_SHARDS = 10_000
+"""Upper bound of ``--shards`` (:class:`forgeflow.layout.ShardLayout` accepts no more)."""
 PLAN_TAG_CAP = 1_000
 """50,000 tasks over 80 shards is ~625 task tags per repository: the default cap of 100 would
 reject the plan, so the benchmark plans with a cap that fits (rejection costs the same)."""
@@ -301,21 +313,118 @@ def bench_prewarm(skopeo: Skopeo, oci: OCILayout, target: str, shards: int, lane
     return results
 
 
-def main(argv: list[str] | None = None) -> dict[str, float]:
-    """Run the three benchmarks; print human lines then one JSON line. Returns the JSON dict."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--images", type=int, default=12, help="tiny images for the copy overhead")
-    parser.add_argument("--rounds", type=int, default=3, help="copy-overhead rounds over the images")
-    parser.add_argument("--shards", type=int, default=80, help="shard repositories to prewarm")
-    parser.add_argument("--lanes", type=int, default=5, help="lanes per base")
-    parser.add_argument("--sized-mb", type=int, default=16,
-                        help="MiB of random data in each of the 24 images of the copy overhead (12 per contestant)")
-    parser.add_argument("--registry-latency-ms", type=float, default=10.0,
-                        help="latency added to every registry request for the prewarm speedup")
-    args = parser.parse_args(argv)
-    if args.sized_mb < 1 or args.images < 1 or args.rounds < 1 or args.registry_latency_ms < 0:
-        parser.error("--sized-mb, --images and --rounds must be >= 1, --registry-latency-ms >= 0")
+def _int_option(low: int, high: int) -> Callable[[str], int]:
+    """An argparse ``type`` accepting an integer in ``[low, high]``.
 
+    Raises (from the returned parser):
+        argparse.ArgumentTypeError: not an integer or out of range; argparse prints it as
+            ``argument --NAME: ...`` with the value and exits 2.
+    """
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be between {low} and {high}, got {value}")
+        return value
+
+    return parse
+
+
+def _latency_ms(text: str) -> float:
+    """argparse ``type`` of ``--registry-latency-ms``: a finite number of ms in [0, 10000].
+
+    Raises:
+        argparse.ArgumentTypeError: not a number, NaN, infinite or out of range.
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of milliseconds, got {text!r}") from None
+    if not math.isfinite(value) or not 0 <= value <= MAX_REGISTRY_LATENCY_MS:
+        raise argparse.ArgumentTypeError(
+            f"must be a finite number between 0 and {MAX_REGISTRY_LATENCY_MS:g} ms, got {text!r}")
+    return value
+
+
+def _check_ports_free(ports: tuple[int, ...]) -> None:
+    """Fail fast when a port the benchmark serves on is already taken on 127.0.0.1.
+
+    Raises:
+        ServerStartError: a port is bound by another process (e.g. a registry left running).
+    """
+    for port in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError as exc:
+                raise ServerStartError(
+                    f"port {port} on 127.0.0.1 is already in use ({exc.strerror}); the benchmark "
+                    f"needs ports {', '.join(map(str, ports))} free (a registry left running?)"
+                ) from None
+
+
+def _raise_on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM handler: ignore further SIGTERMs and unwind like Ctrl-C (``finally`` blocks stop the
+    registries by PID and remove the temporary folder)."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    raise SystemExit(128 + signum)
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    """Run the three benchmarks; print human lines then one JSON line. Returns the JSON dict.
+
+    Bad arguments exit 2 with one argparse-style line naming the option and value, before any
+    work. A forgeflow error (busy port, missing ``docker-registry``) prints one ``error: ...``
+    line and exits 2 for :class:`~forgeflow.errors.InputError`, 1 otherwise. SIGTERM unwinds like
+    Ctrl-C: the registries are stopped by PID and the temporary folder is removed (exit 143).
+    """
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.registry",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--images", type=_int_option(1, 1_000), default=12,
+                        help="tiny images for the copy overhead (1-1000)")
+    parser.add_argument("--rounds", type=_int_option(1, 1_000), default=3,
+                        help="copy-overhead rounds over the images (1-1000)")
+    parser.add_argument("--shards", type=_int_option(1, MAX_SHARDS), default=80,
+                        help=f"shard repositories to prewarm (1-{MAX_SHARDS})")
+    parser.add_argument("--lanes", type=_int_option(1, MAX_SHARDS), default=5,
+                        help="lanes per base (1 to --shards)")
+    parser.add_argument("--sized-mb", type=_int_option(1, 1_024), default=16,
+                        help="MiB of random data in each of the 24 images of the copy overhead "
+                             "(12 per contestant; 1-1024)")
+    parser.add_argument("--registry-latency-ms", type=_latency_ms, default=10.0,
+                        help="latency added to every registry request for the prewarm speedup "
+                             f"(0-{MAX_REGISTRY_LATENCY_MS:g})")
+    args = parser.parse_args(argv)
+    if args.lanes > args.shards:
+        parser.error(f"argument --lanes: must be <= --shards ({args.shards}), got {args.lanes}")
+
+    previous = signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    try:
+        return _run(args)
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except ForgeflowError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _rss_mb() -> float:
+    """This process's resident memory in MB (``VmRSS`` of /proc/self/status)."""
+    with open("/proc/self/status", encoding="ascii") as status:
+        line = next(line for line in status if line.startswith("VmRSS:"))
+    return int(line.split()[1]) / 1024
+
+
+def _run(args: argparse.Namespace) -> dict[str, float]:
+    """The benchmarks of :func:`main` on parsed, checked arguments."""
+    _check_ports_free((SOURCE_PORT, TARGET_PORT, LATENCY_PROXY_PORT))
     plan_s, plan_facts = bench_plan()
     print(
         f"layout+plan: {PLAN_TASKS} tasks, {PLAN_BASES} bases over {PLAN_SHARDS} shards x "
@@ -349,15 +458,18 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                 f"ratio {tiny['ratio']:.3f} (median per-copy ratio {tiny['median_ratio']:.3f})",
                 flush=True,
             )
-            sized_sources = []
-            for index in range(2 * SIZED_PAIRS):  # every copy moves its own layer: no blob is reused
-                name = f"sized-{index}"
-                oci.add(name, os.urandom(args.sized_mb << 20))
-                ref = f"docker://{source.address}/bench/{name}:1"
-                skopeo.copy(oci.ref(name), ref)
-                sized_sources.append(ref)
-            sized = bench_copy_overhead(skopeo, list(zip(sized_sources[::2], sized_sources[1::2], strict=True)),
-                                        target.address, root / "sized", 1, "sized")
+            def sized_overhead(label: str) -> dict[str, float]:
+                sources = []
+                for index in range(2 * SIZED_PAIRS):  # every copy moves its own layer: no blob is reused
+                    name = f"{label}-{index}"
+                    oci.add(name, os.urandom(args.sized_mb << 20))
+                    ref = f"docker://{source.address}/bench/{name}:1"
+                    skopeo.copy(oci.ref(name), ref)
+                    sources.append(ref)
+                return bench_copy_overhead(skopeo, list(zip(sources[::2], sources[1::2], strict=True)),
+                                           target.address, root / label, 1, label)
+
+            sized = sized_overhead("sized")
             print(
                 f"copy overhead on {args.sized_mb} MiB images: {sized['copies_each']} copies each; "
                 f"Skopeo.copy {sized['wrapper_s']:.2f} s vs plain loop {sized['plain_s']:.2f} s: "
@@ -380,6 +492,17 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
                 f"max_workers=5 {prewarm['parallel_s']:.2f} s: speedup {prewarm['speedup']:.2f}x",
                 flush=True,
             )
+            # the same measure in a process the size of a flow run (the flows imported): sh forks
+            # this process for every command, and fork costs grow with resident memory
+            import flows.lifecycle  # noqa: F401,PLC0415
+            flow_rss_mb = _rss_mb()
+            in_flow = sized_overhead("flowproc")
+            print(
+                f"copy overhead on {args.sized_mb} MiB images in a flow-run-sized process ({flow_rss_mb:.0f} MB "
+                f"resident): Skopeo.copy {in_flow['wrapper_s']:.2f} s vs plain loop {in_flow['plain_s']:.2f} s: "
+                f"ratio {in_flow['ratio']:.3f} (median per-copy ratio {in_flow['median_ratio']:.3f})",
+                flush=True,
+            )
         finally:
             target.stop()
             source.stop()
@@ -391,6 +514,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         "copy_overhead_ratio": round(sized["ratio"], 4),
         "copy_overhead_median_ratio": round(sized["median_ratio"], 4),
         "copy_overhead_image_mb": args.sized_mb,
+        "copy_overhead_ratio_flow_process": round(in_flow["ratio"], 4),
+        "copy_overhead_median_ratio_flow_process": round(in_flow["median_ratio"], 4),
+        "flow_process_rss_mb": round(flow_rss_mb),
         "copy_overhead_ratio_tiny": round(tiny["ratio"], 4),
         "copy_overhead_median_ratio_tiny": round(tiny["median_ratio"], 4),
         "copies_each_tiny": tiny["copies_each"],

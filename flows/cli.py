@@ -60,18 +60,22 @@ def _prepare_env(create: bool = True) -> Path:
 
 
 def _read_store() -> "Store":
-    """The store for a command that only reads it, migrated to head. A SQLite store that does not
-    exist (a mistyped FORGEFLOW_HOME or FORGEFLOW_STORE_URL) exits 2 naming its path; nothing is
-    created."""
-    from forgeflow.errors import InputError  # noqa: PLC0415
+    """The store for a command that only reads it; nothing is ever written or created. Exits 2
+    with one line naming the store when it does not exist (a mistyped FORGEFLOW_HOME or
+    FORGEFLOW_STORE_URL), is not a forgeflow store (not SQLite, or no forgeflow schema: a 0-byte
+    file stays 0 bytes) or is at an older schema revision: that store is *not* migrated here — the
+    message says to run any flow or `forgeflow up`, which migrate it. A database server that
+    cannot be reached exits 1 naming the masked URL and its setting (:class:`Store` ``create=False``)."""
+    from forgeflow.errors import InfraError, InputError  # noqa: PLC0415
     from forgeflow.store import Store  # noqa: PLC0415
 
     try:
-        store = Store(create=False)
+        return Store(create=False)
     except InputError as exc:
         _fail(exc)
-    store.upgrade()
-    return store
+    except InfraError as exc:  # also inside commands that map ForgeflowError to exit 2
+        _fail(exc, status=1)
+    raise AssertionError("unreachable: _fail exits")
 
 
 @app.command()
@@ -90,7 +94,8 @@ def demo(
 
     from pydantic import ValidationError  # noqa: PLC0415
 
-    from forgeflow.errors import ForgeflowError  # noqa: PLC0415
+    from forgeflow.errors import ForgeflowError, InputError  # noqa: PLC0415
+    from forgeflow.freeze import check_freeze_inputs  # noqa: PLC0415
 
     names = tuple(p.strip() for p in projects.split(",")) if projects else DEMO_PROJECTS
     try:
@@ -99,9 +104,16 @@ def demo(
     except ValidationError as exc:
         messages = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise typer.BadParameter(messages) from None
+    try:  # a freeze name made from other inputs: refused here, before a flow run logs a traceback
+        check_freeze_inputs(config.freeze_name, config.output_dir.resolve() / "freezes", config.freeze_inputs())
+    except InputError as exc:
+        _fail(exc)
     try:
         lifecycle(config=config)
-    except ForgeflowError as exc:
+    except InputError as exc:  # bad input (e.g. a freeze name reused): one line, exit 2
+        _fail(f"lifecycle failed: {type(exc).__name__}: {exc} (what was done so far: "
+              f"{config.output_dir.resolve() / 'summary.json'})")
+    except ForgeflowError as exc:  # infrastructure: exit 1
         console.print(f"[red]lifecycle failed: {type(exc).__name__}: {exc}[/red]")
         console.print(f"what was done so far: {config.output_dir.resolve() / 'summary.json'}")
         raise typer.Exit(1) from None
@@ -167,11 +179,11 @@ def freeze_verify(name: str, freezes_dir: Optional[Path] = typer.Option(None, he
                   f"file sha256 {manifest.file_sha256}")
 
 
-def _fail(problem: object) -> None:
-    """One line on stderr and exit status 2 (bad input), no traceback."""
+def _fail(problem: object, status: int = 2) -> None:
+    """One line on stderr and exit ``status`` (2: bad input; 1: infrastructure), no traceback."""
     text = f"{type(problem).__name__}: {problem}" if isinstance(problem, Exception) else str(problem)
     Console(stderr=True).print(f"[red]error:[/red] {text}", highlight=False, soft_wrap=True)
-    raise typer.Exit(2)
+    raise typer.Exit(status)
 
 
 @app.command()
@@ -186,8 +198,12 @@ def trials(job: Optional[str] = typer.Option(None, help="job id (omit to list th
     from forgeflow.compare import merged_job  # noqa: PLC0415
     from forgeflow.errors import SCORED_DESPITE_EXCEPTION, InputError  # noqa: PLC0415
 
+    if job is not None and not job.strip():
+        _fail("--job is empty: give a job id (omit --job to list the jobs in the store)")
+    if merged and job is None:
+        _fail("--merged needs --job JOB (the job to merge with its recovery jobs)")
     store = _read_store()
-    if not job:
+    if job is None:
         counts: dict[str, int] = {}
         for t in store.trials_for():
             counts[t.job_id or "-"] = counts.get(t.job_id or "-", 0) + 1
@@ -301,14 +317,13 @@ def status(as_json: bool = typer.Option(False, "--json", help="print one JSON ob
 
     state = read_state(home / "demo" / "serving" / "state.json")
     svc = service.read_state(home)
-    freeze_name = (summary or {}).get("freeze", {}).get("name")
-    freeze = store.get_freeze(freeze_name) if freeze_name else None
+    freeze = _latest_freeze(store, summary)
     out = {
         "schema_version": STATUS_SCHEMA_VERSION, "home": str(home), "store": store.display_url, "counts": store.counts(),
         "last_lifecycle": None if summary is None else {
             "prefect_flow_run_id": summary.get("prefect_flow_run_id"), "total_wall_s": summary.get("total_wall_s"),
             "stages": {k: v["status"] for k, v in summary["stages"].items()}},
-        "last_freeze": None if freeze is None else freeze.model_dump(mode="json"),
+        "last_freeze": freeze,
         "serving": None if state is None else {"generation": state.generation, "port": state.active_port,
                                                "gguf_sha256": state.gguf_sha256, "live": state.pid is not None},
         "service": None if svc is None else {
@@ -321,6 +336,26 @@ def status(as_json: bool = typer.Option(False, "--json", help="print one JSON ob
         print(json.dumps(out, indent=2, default=str))
         return
     console.print("\n".join(_status_lines(out)), highlight=False, soft_wrap=True)
+
+
+def _latest_freeze(store: "Store", summary: Optional[dict]) -> Optional[dict]:
+    """The latest freeze the store recorded (by ``created_at``, then name), as ``status`` shows it
+    (the :class:`~forgeflow.store.FreezeRecord` fields); when the store holds none, the freeze the
+    last lifecycle's summary.json names (``name``, ``semantic_sha256``, ``counts`` where it has
+    them); None when neither has one."""
+    from sqlalchemy import select  # noqa: PLC0415
+
+    from forgeflow.store import Freeze, FreezeRecord  # noqa: PLC0415
+
+    with store.session() as session:
+        row = session.scalars(select(Freeze).order_by(Freeze.created_at.desc(), Freeze.name.desc()).limit(1)).first()
+        if row is not None:
+            return FreezeRecord.model_validate(row).model_dump(mode="json")
+    recorded = (summary or {}).get("freeze")
+    if not isinstance(recorded, dict) or not recorded.get("name"):
+        return None
+    return {"name": recorded["name"], "semantic_sha256": recorded.get("semantic_sha256"),
+            "counts": recorded.get("counts") or {}}
 
 
 STATUS_SCHEMA_VERSION = 1
@@ -342,9 +377,9 @@ def _status_lines(out: dict) -> list[str]:
     if freeze is None:
         lines.append("freeze:    none")
     else:
-        splits = ", ".join(f"{k} {v}" for k, v in freeze["counts"].items())
+        splits = ", ".join(f"{k} {v}" for k, v in (freeze.get("counts") or {}).items())
         lines.append(f"freeze:    {freeze['name']}" + (f" ({splits})" if splits else "")
-                     + f", semantic sha256 {freeze['semantic_sha256']}")
+                     + (f", semantic sha256 {freeze['semantic_sha256']}" if freeze.get("semantic_sha256") else ""))
     serving = out["serving"]
     lines.append("serving:   none" if serving is None else
                  f"serving:   generation {serving['generation']} on port {serving['port']} "
@@ -442,6 +477,25 @@ def _recover_flags(message: str) -> str:
                    for part in parts)
 
 
+def _check_exception_type(name: str) -> None:
+    """Exit 2 when ``name`` (``--exception-type``) is neither recorded on any trial in the store
+    (void ones included) nor a forgeflow exception class (:mod:`forgeflow.errors`): a typo must not
+    read as "nothing to recover". The message lists the exception types the store has."""
+    from forgeflow import errors  # noqa: PLC0415
+
+    known = {n for n, v in vars(errors).items() if isinstance(v, type) and issubclass(v, errors.ForgeflowError)}
+    if name in known:
+        return
+    store = _read_store()
+    try:
+        recorded = sorted({t.exception_type for t in store.trials_for(include_void=True) if t.exception_type})
+    finally:
+        store.dispose()
+    if name not in recorded:
+        _fail(f"--exception-type {name!r} is not recorded on any trial in the store {store.display_url} nor a "
+              f"forgeflow exception class; the store has: {', '.join(recorded) or 'none'}")
+
+
 @app.command()
 def recover(
     batch: Optional[list[str]] = typer.Option(None, "--batch", help="batch id whose trials to select (repeatable)"),
@@ -476,6 +530,8 @@ def recover(
     except ValidationError as exc:
         _fail("; ".join(_recover_flags(f"{'.'.join(map(str, e['loc'])) + ': ' if e['loc'] else ''}"
                                        f"{e['msg'].removeprefix('Value error, ')}") for e in exc.errors()))
+    if request.exception_type is not None:
+        _check_exception_type(request.exception_type)
     if not apply:
         store = _read_store()  # a dry run reads only: a missing store is an error, never created
         try:
@@ -568,13 +624,14 @@ def derived_build(
     images_available), a freeze's splits and external id lists; write NAME.json with the digests
     of its inputs (rebuild and check it with `forgeflow derived verify NAME`). An identical rebuild
     changes nothing; one with other content is refused (exit 2, saying what NAME.json holds)
-    unless --replace."""
-    home = _prepare_env()
+    unless --replace. The store is only read: a missing one is an error (exit 2), never created.
+    NAME is a plain name (no path separators or '..')."""
+    home = _prepare_env(create=False)
     from forgeflow import derived  # noqa: PLC0415
     from forgeflow.errors import ForgeflowError  # noqa: PLC0415
-    from forgeflow.store import Store  # noqa: PLC0415
 
     try:
+        derived.validate_derived_name(name)
         if define and definitions is not None:
             _fail("give --definitions or --define, not both")
         if define:
@@ -587,8 +644,7 @@ def derived_build(
         parsed = derived.parse_definitions(text)
         if name not in parsed.expressions:
             _fail(f"derived set {name!r} is not defined; defined: {', '.join(parsed.expressions) or 'none'}")
-        store = Store()
-        store.upgrade()
+        store = _read_store()
         sources = _derived_sources(store, freeze, freezes_dir or home / "demo" / "freezes", id_list or [])
         item = derived.derive(parsed, sources)[name]
         saved = derived.save_derived(item, out_dir or home / "derived", replace=replace)
@@ -622,8 +678,8 @@ def derived_verify(
     from forgeflow import derived  # noqa: PLC0415
     from forgeflow.errors import ForgeflowError  # noqa: PLC0415
 
-    path = (out_dir or home / "derived") / f"{name}.json"
     try:
+        path = (out_dir or home / "derived") / f"{derived.validate_derived_name(name)}.json"
         store = _read_store()
         item = derived.verify_derived(path, store=store)
     except ForgeflowError as exc:

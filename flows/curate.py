@@ -124,7 +124,7 @@ def curate(candidates_path: Path | None = None, quotas: SplitQuotas = DEFAULT_QU
         test_commands: repo -> test command, for repos that are not pinned projects (for
             ``generated_path`` rows: overrides the row's command).
         generated_path: The lifecycle's candidates with their task images
-            (:func:`forgeflow.generated.write_generated`); default
+            (:func:`forgeflow.generated.merge_generated`); default
             ``$FORGEFLOW_HOME/demo/candidates.jsonl`` (what ``forgeflow demo`` writes). Used only
             when ``candidates_path`` is None.
 

@@ -35,7 +35,7 @@ from forgeflow.burst import BurstConfig, pin_adapter
 from forgeflow.compare import render_plot
 from forgeflow.config import LifecycleConfig
 from forgeflow.errors import PreflightError
-from forgeflow.freeze import AcceptedTask, SplitQuotas
+from forgeflow.freeze import AcceptedTask, SplitQuotas, check_freeze_inputs, record_freeze_inputs
 from forgeflow.fsutil import atomic_write_text, sha256_file, sha256_tree
 from forgeflow.layout import ShardLayout
 from forgeflow.registry import RegistryServer
@@ -68,6 +68,9 @@ def lifecycle(config: LifecycleConfig = LifecycleConfig()) -> dict[str, Any]:
     logger = get_run_logger()
     apply_container_env()
     out_dir = config.output_dir.resolve()
+    # before anything is written: a freeze name already used with other inputs can only end in a
+    # FreezeConflictError at the freeze stage, after generation and prewarm rewrote shared files
+    check_freeze_inputs(config.freeze_name, out_dir / "freezes", config.freeze_inputs())
     out_dir.mkdir(parents=True, exist_ok=True)
     run_id = str(flow_run.get_id() or "")
     log = StageLog(out_dir / "summary.json", run_id)
@@ -168,11 +171,11 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
             tasks_info[c.instance_id] = {"candidate": c, "repo": repo, "image_ref": ref, "digest": digest,
                                          "local_image": image}
             store.record_image(ledger.ImageRecord(ref=ref, digest=digest, role="task", project=repo, run_id=run_id))
-        st["paths"] = {"candidates": str(generated.write_generated(out_dir / generated.GENERATED_FILE, [
+        st["paths"] = {"candidates": str(generated.merge_generated(out_dir / generated.GENERATED_FILE, [
             generated.GeneratedTask(**t["candidate"].model_dump(), image=t["local_image"].name,
                                     image_id=t["local_image"].image_id, registry_ref=t["image_ref"],
                                     registry_digest=t["digest"], test_command=envs[t["repo"]]["project"].test_command)
-            for t in tasks_info.values()]))}  # what `curate` reads by default
+            for t in tasks_info.values()]))}  # what `curate` and the canary read; earlier runs' rows are kept
         table_artifact("prewarm-plan", [
             {"repository": r, "projected_tags": n, "cap": config.tag_cap} for r, n in sorted(plan.projected_tag_counts.items())
         ], "Projected tags per shard repository (task tags + basecache tags)")
@@ -233,6 +236,7 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
         store.record_freeze(ledger.FreezeRecord(
             name=manifest.name, semantic_sha256=manifest.semantic_sha256, file_sha256=manifest.file_sha256,
             manifest_path=str(manifest.path), counts=manifest.counts, run_id=run_id))
+        record_freeze_inputs(config.freeze_name, out_dir / "freezes", config.freeze_inputs())
         splits = manifest.splits
         st["counts"] = {k: len(v) for k, v in splits.items()}
         st["digests"] = {"semantic_sha256": manifest.semantic_sha256, "file_sha256": manifest.file_sha256}

@@ -7,6 +7,7 @@ parameters, so the UI renders them as a form.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -59,6 +60,17 @@ class LifecycleConfig(BaseModel):
     quantizations: tuple[str, ...] = Field(("Q8_0", "Q4_K_M"), description="GGUF quantization types")
     serve_quantization: str = Field("Q8_0", description="which quantization is served")
     keep_serving: bool = Field(False, description="leave the model server running after the run")
+
+    FREEZE_INPUTS: ClassVar[tuple[str, ...]] = (
+        "projects", "candidates_per_project", "seed", "train_min", "validation_min", "test_min",
+        "max_tasks_per_repo", "min_repos")
+    """The fields that decide what the lifecycle freezes (candidates generated, split quotas)."""
+
+    def freeze_inputs(self) -> dict[str, Any]:
+        """The :attr:`FREEZE_INPUTS` of this config as JSON-able values (recorded beside the
+        freeze; :func:`forgeflow.freeze.check_freeze_inputs`)."""
+        return {name: list(value) if isinstance(value, tuple) else value
+                for name, value in ((n, getattr(self, n)) for n in self.FREEZE_INPUTS)}
 
     @field_validator("projects")
     @classmethod

@@ -99,6 +99,19 @@ def _check_name(name: str) -> str:
     return name
 
 
+def validate_derived_name(name: str) -> str:
+    """Return ``name`` if it can name a derived set and its file ``<name>.json``: a plain
+    identifier (as in a definition's left-hand side), so no path separator, '..' or dot.
+
+    Raises:
+        InputError: the name is invalid; the message names it.
+    """
+    if not name.isidentifier():
+        raise InputError(f"derived set name {name!r} is invalid: give a plain name (letters, digits and '_', "
+                         "as on the left of a definition), no path separators or '..'")
+    return name
+
+
 def store_status_set(name: str, store: Any, status: str = "accepted") -> SourceSet:
     """The ids of the store's tasks with ``status`` (``accepted``, ``rejected``, ...).
 

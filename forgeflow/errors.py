@@ -37,6 +37,13 @@ class StoreNotFoundError(InputError):
     mistyped ``FORGEFLOW_HOME`` or store URL); nothing was created."""
 
 
+class StoreInvalidError(InputError):
+    """A command that only reads the store was pointed at a file or database that is not a
+    forgeflow store (not SQLite at all, or no forgeflow schema) or whose schema is at another
+    revision than this forgeflow reads; the message names the store and what to do. Nothing was
+    written."""
+
+
 class DerivedSetConflictError(InputError):
     """A derived set would be rebuilt with different content and replacing it was not asked for."""
 
@@ -64,6 +71,11 @@ class TransientInfraError(InfraError):
     """An infrastructure failure that a retry with backoff may cure (5xx, 429, timeouts)."""
 
     transient = True
+
+
+class StoreUnavailableError(TransientInfraError):
+    """The store's database server (PostgreSQL) could not be reached; the message names the
+    masked store URL and the setting it came from."""
 
 
 class ToolMissingError(InfraError):

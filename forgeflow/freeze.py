@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 import forgeflow
 from forgeflow.errors import FreezeConflictError, InputError, PreflightError
-from forgeflow.fsutil import atomic_write_bytes, read_digested_json, sha256_file, with_semantic_digest
+from forgeflow.fsutil import atomic_write_bytes, atomic_write_text, read_digested_json, sha256_file, with_semantic_digest
 
 SCHEMA_VERSION = 1
 """Version of the manifest layout written by :func:`write_freeze`."""
@@ -385,3 +385,56 @@ def verify_freeze(path: Path, expected_file_sha256: str | None = None) -> Freeze
         counts=counts,
         splits=splits,
     )
+
+
+def inputs_path(name: str, out_dir: Path) -> Path:
+    """Where the inputs that made freeze ``name`` are recorded: ``out_dir / f"{name}.inputs.json"``."""
+    return Path(out_dir) / f"{validate_freeze_name(name)}.inputs.json"
+
+
+def check_freeze_inputs(name: str, out_dir: Path, inputs: dict[str, Any]) -> None:
+    """Refuse, before any work, a run whose freeze ``name`` already exists from other inputs.
+
+    A frozen manifest is never overwritten, so a run that would freeze other content under the same
+    name can only fail at its freeze stage, after hours of generation and validation that also
+    rewrote shared files. The inputs that decide the content (projects, candidates, seed, quotas:
+    the caller says which) are recorded beside the manifest by :func:`record_freeze_inputs`; this
+    compares them. A freeze without a recorded inputs file (made before this existed, or by the
+    ``freeze`` flow) is not checked here: its freeze stage still refuses other content.
+
+    Args:
+        name: The freeze name.
+        out_dir: The folder holding the manifests.
+        inputs: JSON-able values of this run's inputs, by name.
+
+    Raises:
+        FreezeConflictError: the freeze exists and its recorded inputs differ; the message names
+            every differing input with both values.
+        InputError: the recorded inputs file is not a JSON object.
+    """
+    manifest, recorded_path = manifest_path(name, out_dir), inputs_path(name, out_dir)
+    if not manifest.is_file() or not recorded_path.is_file():
+        return
+    try:
+        recorded = json.loads(recorded_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise InputError(f"{recorded_path}: not readable JSON ({err})") from err
+    if not isinstance(recorded, dict):
+        raise InputError(f"{recorded_path}: expected a JSON object of inputs")
+    now = json.loads(json.dumps(inputs))  # tuples -> lists, as recorded
+    differing = [f"{key}: {recorded.get(key)!r} then, {now.get(key)!r} now"
+                 for key in sorted(set(recorded) | set(now)) if recorded.get(key) != now.get(key)]
+    if differing:
+        raise FreezeConflictError(
+            f"freeze {name!r} already exists ({manifest}) and was made from other inputs ("
+            + "; ".join(differing) + "): a frozen dataset is never replaced; choose a new freeze name "
+            "or run with the same inputs")
+
+
+def record_freeze_inputs(name: str, out_dir: Path, inputs: dict[str, Any]) -> Path:
+    """Write the inputs that made freeze ``name`` beside its manifest (atomic; kept if already
+    there, since a freeze is immutable); returns the path. See :func:`check_freeze_inputs`."""
+    path = inputs_path(name, out_dir)
+    if not path.exists():
+        atomic_write_text(path, json.dumps(inputs, indent=2, sort_keys=True) + "\n")
+    return path

@@ -2,8 +2,8 @@
 
 The lifecycle's generate stage makes SWE-smith candidates (:class:`forgeflow.bugs.Candidate`:
 no FAIL_TO_PASS yet, those exist only after validation) and its prewarm stage builds one task
-image per candidate. :func:`write_generated` records both in ``<output_dir>/candidates.jsonl``
-(:data:`GENERATED_FILE`), one :class:`GeneratedTask` per line, so the ``curate`` flow can
+image per candidate. :func:`merge_generated` adds both to ``<output_dir>/candidates.jsonl``
+(:data:`GENERATED_FILE`; rows of earlier runs are kept), one :class:`GeneratedTask` per line, so the ``curate`` flow can
 validate them at production rules later (its default input is the demo's file,
 ``$FORGEFLOW_HOME/demo/candidates.jsonl``).
 
@@ -52,6 +52,22 @@ def write_generated(path: str | Path, rows: Iterable[GeneratedTask]) -> Path:
     """Write ``rows`` as JSON lines, atomically (temp + fsync + rename); returns the path."""
     text = "".join(row.model_dump_json() + "\n" for row in rows)
     return atomic_write_text(path, text)
+
+
+def merge_generated(path: str | Path, rows: Iterable[GeneratedTask]) -> Path:
+    """Add ``rows`` to the file at ``path`` (created if missing), atomically; returns the path.
+
+    A row whose ``instance_id`` is already in the file replaces it in place (same id = same bug,
+    possibly a rebuilt image); every other row already there is kept, so a later run with other
+    parameters never drops the candidates an earlier run's freeze (and its canary) refers to.
+
+    Raises:
+        InputError: the existing file is malformed (as :func:`load_generated`; nothing is written).
+    """
+    new = {row.instance_id: row for row in rows}
+    kept = load_generated(path) if Path(path).exists() else []
+    merged = [new.pop(row.instance_id, row) for row in kept] + list(new.values())
+    return write_generated(path, merged)
 
 
 def load_generated(path: str | Path) -> list[GeneratedTask]:

@@ -91,15 +91,21 @@ def resolve_sha256(store: Store, prefix: str) -> str:
     """The one recorded artifact digest starting with ``prefix`` (at least 8 hex characters).
 
     Raises:
-        InputError: the prefix is too short, matches no artifact, or matches several.
+        InputError: the prefix is empty, shorter than 8 characters ("too short", whatever it
+            matches), matches no artifact, or matches several ("is ambiguous").
     """
     prefix = prefix.strip().lower()
+    if not prefix:
+        raise InputError(f"artifact sha256 is empty: give at least {MIN_PREFIX_CHARS} hex characters of a "
+                         "recorded sha256")
+    if len(prefix) < MIN_PREFIX_CHARS:
+        raise InputError(f"artifact {prefix!r} is too short: give at least {MIN_PREFIX_CHARS} hex characters "
+                         "of a recorded sha256")
     known = sorted({a.sha256 for a in store.model_artifacts()})
-    matches = [sha for sha in known if sha.startswith(prefix)] if len(prefix) >= MIN_PREFIX_CHARS else []
-    if len(prefix) >= MIN_PREFIX_CHARS and len(matches) == 1:
+    matches = [sha for sha in known if sha.startswith(prefix)]
+    if len(matches) == 1:
         return matches[0]
-    what = "is ambiguous" if len(matches) > 1 or (len(prefix) < MIN_PREFIX_CHARS and any(
-        sha.startswith(prefix) for sha in known)) else "is not in the store"
+    what = "is ambiguous" if len(matches) > 1 else "is not in the store"
     raise InputError(f"artifact {prefix!r} {what} ({store.url}); give at least {MIN_PREFIX_CHARS} hex "
                      f"characters of a recorded sha256")
 

@@ -176,10 +176,10 @@ class Skopeo:
 
         ``sh`` starts a command with ``os.fork`` and runs Python in the child before ``exec``, so
         its fixed cost grows with this process's memory (measured on 2 cores, ``/bin/true``:
-        3.6 ms from a bare interpreter, 4.7 ms with forgeflow imported, 35 ms with 500 MB
-        resident; ``subprocess.run``, which uses ``vfork``, stays at 0.6-0.7 ms). In a Prefect
-        worker of a few hundred MB that is ~20-30 ms per skopeo command: nothing against a real
-        image copy, visible on tiny images.
+        3.6 ms from a bare interpreter, 4.7 ms with forgeflow's core imported, 27 ms with the
+        flows imported as in a flow-run process (314 MB resident), 35 ms with 500 MB resident;
+        ``subprocess.run``, which uses ``vfork``, stays at 0.6-0.7 ms). That is ~27 ms per skopeo
+        command in a flow run: little against a real image copy, a multiple of a tiny one.
         """
         binary = shutil.which(SKOPEO_BINARY)
         if binary is None:

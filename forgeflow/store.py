@@ -50,7 +50,13 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from forgeflow import settings
-from forgeflow.errors import SCORED_DESPITE_EXCEPTION, InputError, StoreNotFoundError
+from forgeflow.errors import (
+    SCORED_DESPITE_EXCEPTION,
+    InputError,
+    StoreInvalidError,
+    StoreNotFoundError,
+    StoreUnavailableError,
+)
 from forgeflow.fsutil import sha256_json
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
@@ -490,11 +496,19 @@ class Store:
         create: False for commands that only read: a SQLite file that does not exist raises
             :class:`~forgeflow.errors.StoreNotFoundError` instead of being created (and its
             folder is not made). A server database (PostgreSQL) is never created either way.
+            The store is then opened and checked before anything else, and never written:
+            a file that is not SQLite or has no forgeflow schema (e.g. 0 bytes) is refused,
+            and so is a store at an older schema revision — it is *not* migrated here (a read
+            must never write); any flow, ``forgeflow up`` or :meth:`upgrade` migrates it.
 
     Raises:
         InputError: the URL does not parse or names a dialect other than sqlite/postgresql.
         StoreNotFoundError: ``create`` is False and the SQLite file does not exist; the message
             names the path and which setting to fix.
+        StoreInvalidError: ``create`` is False and the file or database is not a forgeflow
+            store, or its schema revision is not this forgeflow's head (message names the store).
+        StoreUnavailableError: ``create`` is False and the database server cannot be reached
+            (message names the masked URL and the setting it came from).
     """
 
     SUPPORTED_DIALECTS = ("sqlite", "postgresql")
@@ -521,9 +535,64 @@ class Store:
                                          + _store_setting_hint(from_settings))
             if create:
                 database.parent.mkdir(parents=True, exist_ok=True)
+        sqlite_file = None
+        if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+            sqlite_file = Path(parsed.database).expanduser().resolve()
+        revision: str | None = None
+        if not create and sqlite_file is not None:
+            revision = _sqlite_revision(sqlite_file)  # read before the WAL pragma can write the file
         self.engine: Engine = create_engine(self.url)
         if self.engine.dialect.name == "sqlite":
             event.listen(self.engine, "connect", _sqlite_pragmas)
+        if not create:
+            where = str(sqlite_file) if sqlite_file is not None else self.display_url
+            if sqlite_file is None:
+                revision = self._server_revision(from_settings)
+            self._check_revision(revision, where)
+
+    def _server_revision(self, from_settings: bool) -> str | None:
+        """The Alembic revision of a server database, read without writing.
+
+        Raises:
+            StoreUnavailableError: the server cannot be reached.
+            StoreInvalidError: the database answers but cannot be read as a store.
+        """
+        from alembic.runtime.migration import MigrationContext
+        from sqlalchemy.exc import DatabaseError, OperationalError
+
+        setting = "FORGEFLOW_STORE_URL" if from_settings and "FORGEFLOW_STORE_URL" in os.environ else "store URL"
+        try:
+            with self.engine.connect() as connection:
+                return MigrationContext.configure(connection).get_current_revision()
+        except OperationalError as exc:
+            first = str(exc.orig if exc.orig is not None else exc).strip().splitlines()[0]
+            raise StoreUnavailableError(f"store database {self.display_url} ({setting}) cannot be reached: "
+                                        f"{first}") from exc
+        except DatabaseError as exc:
+            first = str(exc.orig if exc.orig is not None else exc).strip().splitlines()[0]
+            raise StoreInvalidError(f"{self.display_url} ({setting}) is not a forgeflow store ({first})") from exc
+
+    def _check_revision(self, revision: str | None, where: str) -> None:
+        """Refuse a store whose schema is missing or not at this forgeflow's head (no migration).
+
+        Raises:
+            StoreInvalidError: naming ``where`` and what to do.
+        """
+        from alembic.script import ScriptDirectory
+
+        if revision is None:
+            raise StoreInvalidError(f"{where} is not a forgeflow store (it has no forgeflow schema); "
+                                    "point FORGEFLOW_HOME or FORGEFLOW_STORE_URL at a store a flow made")
+        script = ScriptDirectory.from_config(self.alembic_config())
+        head = script.get_current_head()
+        if revision == head:
+            return
+        known = {rev.revision for rev in script.walk_revisions()}
+        if revision in known:
+            raise StoreInvalidError(f"the forgeflow store {where} is at schema revision {revision}, older than "
+                                    f"this forgeflow's {head}: run any flow or `forgeflow up` to migrate it")
+        raise StoreInvalidError(f"the forgeflow store {where} is at schema revision {revision}, which this "
+                                f"forgeflow (head {head}) does not know: a newer forgeflow made it; upgrade forgeflow")
 
     @property
     def display_url(self) -> str:
@@ -1027,6 +1096,28 @@ def _store_setting_hint(from_settings: bool) -> str:
     if "FORGEFLOW_STORE_URL" in os.environ:
         return "fix FORGEFLOW_STORE_URL"
     return f"set FORGEFLOW_HOME (now {settings.home_path()})"
+
+
+def _sqlite_revision(path: Path) -> str | None:
+    """The Alembic revision recorded in the SQLite file ``path`` (None: no forgeflow schema),
+    read with a plain connection (no pragmas), so the file is never written.
+
+    Raises:
+        StoreInvalidError: the file is not an SQLite database (the message names it).
+    """
+    import sqlite3
+
+    connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "alembic_version" not in tables:
+            return None
+        row = connection.execute("SELECT version_num FROM alembic_version").fetchone()
+        return None if row is None else str(row[0])
+    except sqlite3.DatabaseError as exc:
+        raise StoreInvalidError(f"{path} is not a forgeflow store ({exc})") from exc
+    finally:
+        connection.close()
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:

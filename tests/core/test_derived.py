@@ -252,3 +252,12 @@ def test_a_rebuild_with_other_content_is_refused_unless_replaced(tmp_path: Path)
     assert done.previous_path is not None and done.previous_path.parent == tmp_path / "replaced"
     assert done.previous_path.read_bytes() == before  # the previous content stays recoverable
     assert read_derived(done.previous_path).ids_sha256 == first.ids_sha256
+
+
+@pytest.mark.parametrize("name", ["../demo/summary", "../demo/freezes/demo-v1", "a/b", "a\\b", "..", "", "a.b"])
+def test_a_derived_set_name_is_a_plain_name_never_a_path(name: str) -> None:
+    from forgeflow.derived import validate_derived_name
+
+    with pytest.raises(InputError, match="no path separators or '..'"):
+        validate_derived_name(name)
+    assert validate_derived_name("solved_v2") == "solved_v2"

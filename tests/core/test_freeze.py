@@ -157,3 +157,27 @@ def test_unready_selection_and_bad_names_are_refused(tmp_path: Path) -> None:
         with pytest.raises(InputError, match="freeze name"):
             write_freeze(bad, ready, QUOTAS, 7, tmp_path, {})
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_used_freeze_name_with_other_inputs_is_refused_before_any_work(tmp_path) -> None:
+    """The lifecycle checks this first: a run that would freeze other content under an existing name
+    used to fail only at its freeze stage, after rewriting the shared candidates file."""
+    from forgeflow.config import LifecycleConfig
+    from forgeflow.errors import FreezeConflictError
+    from forgeflow.freeze import check_freeze_inputs, inputs_path, manifest_path, record_freeze_inputs
+
+    made = LifecycleConfig().freeze_inputs()
+    check_freeze_inputs("demo-v1", tmp_path, made)  # nothing frozen yet: fine
+    manifest_path("demo-v1", tmp_path).write_text("{}")
+    check_freeze_inputs("demo-v1", tmp_path, made)  # frozen, inputs not recorded (older freeze): fine
+    recorded = record_freeze_inputs("demo-v1", tmp_path, made)
+    assert recorded == inputs_path("demo-v1", tmp_path) and json.loads(recorded.read_text())["seed"] == 0
+    check_freeze_inputs("demo-v1", tmp_path, made)  # same inputs: the run reuses the freeze
+    other = LifecycleConfig(candidates_per_project=3, projects=("six", "toolz")).freeze_inputs()
+    with pytest.raises(FreezeConflictError) as err:
+        check_freeze_inputs("demo-v1", tmp_path, other)
+    assert "candidates_per_project: 5 then, 3 now" in str(err.value)
+    assert "projects:" in str(err.value) and "choose a new freeze name" in str(err.value)
+    check_freeze_inputs("demo-v2", tmp_path, other)  # another name is free
+    record_freeze_inputs("demo-v1", tmp_path, other)  # a freeze is immutable: its inputs file too
+    assert json.loads(recorded.read_text())["candidates_per_project"] == 5

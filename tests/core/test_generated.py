@@ -7,7 +7,7 @@ import json
 import pytest
 
 from forgeflow.errors import InputError
-from forgeflow.generated import GeneratedTask, load_generated, write_generated
+from forgeflow.generated import GeneratedTask, load_generated, merge_generated, write_generated
 
 PATCH = "diff --git a/m.py b/m.py\n--- a/m.py\n+++ b/m.py\n@@ -1 +1 @@\n-x = 1\n+x = 2\n"
 
@@ -41,3 +41,22 @@ def test_bad_rows_are_all_named_with_their_line_and_field(tmp_path) -> None:
 def test_missing_file_says_so(tmp_path) -> None:
     with pytest.raises(InputError, match="does not exist"):
         load_generated(tmp_path / "nope.jsonl")
+
+
+def test_a_later_run_adds_its_rows_and_keeps_the_earlier_ones(tmp_path) -> None:
+    """A second demo with other parameters must not drop the candidates an earlier freeze refers to."""
+    path = tmp_path / "candidates.jsonl"
+    first = [GeneratedTask(**_row(n)) for n in range(3)]
+    merge_generated(path, first)
+    rebuilt = GeneratedTask(**_row(1) | {"image": "localhost/forgeflow/task:rebuilt"})
+    merge_generated(path, [rebuilt, GeneratedTask(**_row(7))])
+    assert load_generated(path) == [first[0], rebuilt, first[2], GeneratedTask(**_row(7))]
+
+
+def test_merging_into_a_malformed_file_is_refused_and_writes_nothing(tmp_path) -> None:
+    path = tmp_path / "candidates.jsonl"
+    path.write_text(json.dumps(_row(0) | {"image": ""}) + "\n")
+    before = path.read_bytes()
+    with pytest.raises(InputError, match="row 1: field image"):
+        merge_generated(path, [GeneratedTask(**_row(1))])
+    assert path.read_bytes() == before

@@ -147,12 +147,23 @@ def test_lineage_says_when_a_recorded_folder_now_holds_other_content(store: Stor
 
 
 def test_lineage_of_an_unknown_or_ambiguous_prefix_is_an_input_error(store: Store) -> None:
-    for sha in ("ab" + "0" * 62, "ab" + "1" * 62):
+    for sha in ("ab" + "0" * 62, "ab000000" + "1" * 56):
         store.record_model_artifact(ModelArtifactRecord(sha256=sha, kind="gguf", path="/m/x.gguf"))
-    with pytest.raises(InputError, match="ambiguous"):
-        lineage_of(store, "ab000000"[:2] + "00")
-    with pytest.raises(InputError, match="ambiguous"):
-        lineage_of(store, "ab")
+    with pytest.raises(InputError, match="'ab000000' is ambiguous"):
+        lineage_of(store, "ab000000")
     with pytest.raises(InputError, match="not in the store"):
         lineage_of(store, "deadbeefdeadbeef")
-    assert lineage_of(store, "ab000000").artifact_sha256 == "ab" + "0" * 62
+    assert lineage_of(store, "ab0000000").artifact_sha256 == "ab" + "0" * 62
+
+
+def test_a_short_or_empty_prefix_says_so_not_ambiguous(store: Store) -> None:
+    """A user who pastes 7 hex characters of a digest that one artifact matches, or nothing at all,
+    is told how many characters to give, not that the prefix "is ambiguous"."""
+    store.record_model_artifact(ModelArtifactRecord(sha256="2a2cd76" + "0" * 57, kind="gguf", path="/m/x.gguf"))
+    with pytest.raises(InputError, match="'2a2cd76' is too short: give at least 8 hex characters") as short:
+        lineage_of(store, "2a2cd76")
+    assert "ambiguous" not in str(short.value)
+    for empty in ("", "  "):
+        with pytest.raises(InputError, match="is empty: give at least 8 hex characters") as none:
+            lineage_of(store, empty)
+        assert "ambiguous" not in str(none.value)

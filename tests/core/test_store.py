@@ -383,3 +383,44 @@ def test_an_artifact_cannot_be_its_own_parent() -> None:
     with pytest.raises(ValidationError, match=f"adapter {sha} is recorded as made from itself"):
         ModelArtifactRecord(sha256=sha, kind="adapter", path="/x", parent_sha256=sha, run_id="rl")
     assert ModelArtifactRecord(sha256=sha, kind="adapter", path="/x", parent_sha256="b" * 64).parent_sha256 == "b" * 64
+
+
+def test_a_reading_store_refuses_a_file_that_is_not_a_forgeflow_store_and_writes_nothing(tmp_path: Path) -> None:
+    from forgeflow.errors import StoreInvalidError
+
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"garbage\n")
+    with pytest.raises(StoreInvalidError, match=f"{garbage} is not a forgeflow store \\(file is not a database\\)"):
+        Store(f"sqlite:///{garbage}", create=False)
+    assert garbage.read_bytes() == b"garbage\n"
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    with pytest.raises(StoreInvalidError, match="it has no forgeflow schema"):
+        Store(f"sqlite:///{empty}", create=False)
+    assert empty.stat().st_size == 0 and not (tmp_path / "empty.db-wal").exists()
+
+
+def test_a_reading_store_refuses_an_older_revision_without_migrating_it(tmp_path: Path) -> None:
+    from forgeflow.errors import StoreInvalidError
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    writer = Store(url)
+    writer.upgrade("0003")
+    with pytest.raises(StoreInvalidError, match="revision 0003, older than .*run any flow or `forgeflow up`"):
+        Store(url, create=False)
+    assert writer.current_revision() == "0003"
+    writer.upgrade()
+    reader = Store(url, create=False)
+    assert reader.counts()["trials"] == 0
+    reader.dispose()
+    writer.dispose()
+
+
+def test_a_reading_store_on_a_database_server_that_is_down_names_the_masked_url() -> None:
+    from forgeflow.errors import StoreUnavailableError
+    from tests.helpers import free_port
+
+    url = f"postgresql+psycopg://forge:s3cr3t-pw@127.0.0.1:{free_port()}/forgeflow"
+    with pytest.raises(StoreUnavailableError, match=r"forge:\*\*\*@127\.0\.0\.1.*cannot be reached") as down:
+        Store(url, create=False)
+    assert "s3cr3t-pw" not in str(down.value)

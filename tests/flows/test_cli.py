@@ -192,3 +192,88 @@ def test_status_prints_text_and_status_json_a_stable_object(frozen, home):
     assert "lifecycle: flow run run-1, 12.5 s: environments completed, freeze cached" in text.output
     assert f"freeze:    v1, semantic sha256 {frozen.semantic_sha256}" in text.output
     assert "serving:   none" in text.output and "service:   not started" in text.output
+
+
+def test_status_takes_the_latest_freeze_from_the_store_without_a_summary(frozen, home):
+    """The store holds a freeze (its counts say freezes 1) but no summary.json names it: status
+    must still show it, in text and JSON."""
+    assert not (home / "demo" / "summary.json").exists()
+    out = json.loads(runner.invoke(app, ["status", "--json"]).output)
+    assert out["counts"]["freezes"] == 1
+    assert out["last_freeze"]["name"] == "v1" and out["last_freeze"]["semantic_sha256"] == frozen.semantic_sha256
+    text = runner.invoke(app, ["status"])
+    assert f"freeze:    v1, semantic sha256 {frozen.semantic_sha256}" in text.output
+    assert "freeze:    none" not in text.output
+
+
+def test_status_falls_back_to_the_summary_freeze_only_when_the_store_has_none(home):
+    from forgeflow.fsutil import atomic_write_json
+
+    atomic_write_json(home / "demo" / "summary.json", {
+        "freeze": {"name": "v9", "semantic_sha256": "c" * 64}, "stages": {"freeze": {"status": "completed"}}})
+    out = json.loads(runner.invoke(app, ["status", "--json"]).output)
+    assert out["last_freeze"]["name"] == "v9" and out["last_freeze"]["semantic_sha256"] == "c" * 64
+    assert f"freeze:    v9, semantic sha256 {'c' * 64}" in runner.invoke(app, ["status"]).output
+
+
+@pytest.mark.parametrize(("args", "flag"), [(["trials", "--merged"], "--merged needs --job"),
+                                            (["trials", "--job", ""], "--job is empty"),
+                                            (["trials", "--job", " ", "--merged"], "--job is empty")])
+def test_trials_flags_that_would_be_ignored_are_errors(home, args, flag):
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert flag in " ".join(result.output.split())
+
+
+@pytest.mark.parametrize("name", ["../demo/summary", "../demo/freezes/v1", "a/b", "..", "", "x.y"])
+def test_derived_verify_and_build_refuse_a_name_that_is_a_path(frozen, home, name):
+    for args in (["derived", "verify", name], ["derived", "build", name, "--define", "x = accepted"]):
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, result.output
+        text = " ".join(result.output.split())
+        assert f"derived set name {name!r} is invalid" in text and "no path separators or '..'" in text
+        assert "altered" not in text and "validation error" not in text
+    assert not (home / "derived").exists()
+
+
+def test_lineage_of_a_short_or_empty_prefix_says_what_to_give(home):
+    from forgeflow.store import ModelArtifactRecord
+
+    Store().record_model_artifact(ModelArtifactRecord(sha256="2a2cd76" + "0" * 57, kind="gguf", path="/m/x.gguf"))
+    short = runner.invoke(app, ["lineage", "2a2cd76"])
+    assert short.exit_code == 2 and "too short: give at least 8 hex characters" in " ".join(short.output.split())
+    empty = runner.invoke(app, ["lineage", ""])
+    assert empty.exit_code == 2 and "is empty" in empty.output and "ambiguous" not in empty.output
+
+
+def test_demo_with_a_used_freeze_name_and_other_inputs_exits_2_before_any_stage(home):
+    """A freeze name already made from other inputs is the user's input: refused before the flow runs
+    (nothing written besides what was there; the flow itself refuses it too:
+    tests/flows/test_lifecycle_freeze_guard.py), one `error:` line, exit 2."""
+    from forgeflow.config import LifecycleConfig
+    from forgeflow.freeze import manifest_path, record_freeze_inputs
+
+    freezes = home / "demo" / "freezes"
+    freezes.mkdir(parents=True)
+    manifest_path("demo-v1", freezes).write_text("{}")
+    record_freeze_inputs("demo-v1", freezes, LifecycleConfig().freeze_inputs())
+    result = runner.invoke(app, ["demo", "--candidates", "3"])
+    assert result.exit_code == 2, result.output
+    text = " ".join(result.output.split())
+    assert text.startswith("error: FreezeConflictError: freeze 'demo-v1' already exists"), text
+    assert "candidates_per_project: 5 then, 3 now" in text and "choose a new freeze name" in text
+    assert sorted(p.name for p in (home / "demo").iterdir()) == ["freezes"]
+
+
+def test_demo_exits_1_on_infrastructure_failure(home, monkeypatch):
+    """An infrastructure failure stays exit 1. (The lifecycle is replaced by one that raises
+    SandboxError: a real one would need podman broken on purpose for the whole machine.)"""
+    import flows.lifecycle
+    from forgeflow.errors import SandboxError
+
+    def broken(config):
+        raise SandboxError("podman is not answering")
+
+    monkeypatch.setattr(flows.lifecycle, "lifecycle", broken)
+    result = runner.invoke(app, ["demo"])
+    assert result.exit_code == 1 and "SandboxError" in result.output

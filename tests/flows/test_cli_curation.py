@@ -197,3 +197,16 @@ def test_derived_rebuild_with_other_content_needs_replace_and_keeps_the_old_file
     assert replaced["replaced"]["count"] == 1 and replaced["replaced"]["ids_sha256"] == first["ids_sha256"]
     assert Path(replaced["replaced"]["path"]).read_bytes() == before  # the previous content is kept
     assert _json(runner.invoke(app, ["derived", "verify", "acc", "--json"]))["count"] == 2
+
+
+def test_recover_an_exception_type_the_store_never_recorded_is_an_error_listing_the_known_ones(home: Path) -> None:
+    """A typo in --exception-type must not read as "nothing to recover" (an empty plan, exit 0)."""
+    window = ["--since", T0.isoformat(), "--until", (T0 + timedelta(hours=2)).isoformat()]
+    typo = runner.invoke(app, ["recover", "--exception-type", "NoSuchError", *window])
+    assert typo.exit_code == 2, typo.output
+    text = " ".join(typo.output.split())
+    assert "--exception-type 'NoSuchError' is not recorded" in text
+    assert "the store has: RegistryUnavailableError" in text
+    # a forgeflow exception class the store has not seen yet is a real (empty) selection
+    known = runner.invoke(app, ["recover", "--exception-type", "SandboxOOMError", *window, "--json"])
+    assert _json(known)["void"] == []

@@ -29,11 +29,25 @@ def test_an_unreachable_store_database_is_one_line_and_exit_1() -> None:
     url = f"postgresql+psycopg://nobody@127.0.0.1:{free_port()}/x"  # nothing listens there
     done = _run("status", FORGEFLOW_STORE_URL=url)
     assert done.returncode == 1
-    assert "error: OperationalError" in done.stderr and "Connection refused" in done.stderr
+    line = " ".join(done.stderr.split())
+    assert "error: StoreUnavailableError" in line and "Connection refused" in line
+    assert f"store database {url} (FORGEFLOW_STORE_URL) cannot be reached" in line  # names the store and setting
     assert "Traceback" not in done.stderr + done.stdout
 
 
+def test_an_unreachable_store_database_masks_its_password(tmp_path) -> None:
+    url = f"postgresql+psycopg://forge:s3cr3t-pw@127.0.0.1:{free_port()}/x"
+    done = _run("trials", FORGEFLOW_STORE_URL=url, FORGEFLOW_HOME=str(tmp_path))
+    assert done.returncode == 1
+    assert "forge:***@127.0.0.1" in done.stderr and "s3cr3t-pw" not in done.stderr + done.stdout
+
+
 def test_a_folder_given_as_an_id_list_is_one_line_and_exit_2(tmp_path) -> None:
+    from forgeflow.store import Store
+
+    store = Store(f"sqlite:///{tmp_path / 'home' / 'store.db'}")  # `derived build` only reads the store
+    store.upgrade()
+    store.dispose()
     done = _run("derived", "build", "x", "--define", "x = accepted - s", "--id-list", f"s={tmp_path}@v1",
                 FORGEFLOW_HOME=str(tmp_path / "home"))
     assert done.returncode == 2
@@ -43,7 +57,8 @@ def test_a_folder_given_as_an_id_list_is_one_line_and_exit_2(tmp_path) -> None:
 
 READ_ONLY_COMMANDS = [["status"], ["status", "--json"], ["trials"], ["trials", "--job", "a"], ["compare", "a", "b"],
                       ["lineage", "deadbeefdeadbeef"], ["recover", "--batch", "b1"], ["freeze", "verify", "v1"],
-                      ["derived", "verify", "x"]]
+                      ["derived", "verify", "x"], ["derived", "build", "x", "--define", "x = accepted"],
+                      ["derived", "build", "x", "--define", "x = nosuch"]]
 
 
 @pytest.mark.parametrize("command", READ_ONLY_COMMANDS, ids=" ".join)
@@ -66,3 +81,43 @@ def test_a_store_url_to_a_missing_sqlite_file_is_named_and_not_created(tmp_path)
     assert f"no forgeflow store at {missing}; run a flow first or fix FORGEFLOW_STORE_URL" in " ".join(
         done.stderr.split())
     assert not missing.parent.exists() and not (tmp_path / "home").exists()
+
+
+CORRUPTIBLE_COMMANDS = [["status"], ["trials"], ["freeze", "verify", "demo-v1"], ["lineage", "deadbeefdeadbeef"],
+                        ["derived", "verify", "x"], ["recover", "--batch", "b1"]]
+
+
+@pytest.mark.parametrize("command", CORRUPTIBLE_COMMANDS, ids=" ".join)
+def test_a_store_file_that_is_not_a_database_is_one_line_naming_it_and_exit_2(tmp_path, command) -> None:
+    store_db = tmp_path / "store.db"
+    store_db.write_text("garbage\n")
+    done = _run(*command, FORGEFLOW_HOME=str(tmp_path), FORGEFLOW_STORE_URL=f"sqlite:///{store_db}")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"error: StoreInvalidError: {store_db} is not a forgeflow store (file is not a database)" in " ".join(
+        done.stderr.split())
+    assert "Traceback" not in done.stderr + done.stdout and len(done.stderr.strip().splitlines()) <= 2
+    assert store_db.read_text() == "garbage\n"
+
+
+def test_an_empty_store_file_is_refused_and_left_empty(tmp_path) -> None:
+    store_db = tmp_path / "store.db"
+    store_db.touch()
+    for command in (["status"], ["status", "--json"], ["trials"]):
+        done = _run(*command, FORGEFLOW_HOME=str(tmp_path), FORGEFLOW_STORE_URL=f"sqlite:///{store_db}")
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert f"{store_db} is not a forgeflow store (it has no forgeflow schema)" in " ".join(done.stderr.split())
+        assert store_db.stat().st_size == 0  # a read never writes the schema into it
+
+
+def test_a_store_at_an_older_revision_is_refused_not_migrated_by_a_read(tmp_path) -> None:
+    from forgeflow.store import Store
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    old = Store(url)
+    old.upgrade("0002")
+    old.dispose()
+    done = _run("status", FORGEFLOW_HOME=str(tmp_path), FORGEFLOW_STORE_URL=url)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "is at schema revision 0002, older than this forgeflow's" in done.stderr
+    assert "run any flow or `forgeflow up` to migrate it" in " ".join(done.stderr.split())
+    assert Store(url).current_revision() == "0002"

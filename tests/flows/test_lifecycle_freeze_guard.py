@@ -1,0 +1,30 @@
+"""The lifecycle refuses a freeze name already used with other inputs before it writes anything.
+
+Found by a new-user trial: `forgeflow demo --candidates 3` after a default demo ran generation and
+prewarm for a minute, rewrote the shared candidates file (the canary of the existing freeze then
+failed its preflight) and summary.json, and only then failed at the freeze stage."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+def test_a_used_freeze_name_with_other_inputs_fails_before_any_stage(prefect_harness, tmp_path: Path) -> None:
+    from flows.lifecycle import lifecycle
+    from forgeflow.config import LifecycleConfig
+    from forgeflow.errors import FreezeConflictError
+    from forgeflow.freeze import manifest_path, record_freeze_inputs
+
+    out = tmp_path / "demo"
+    freezes = out / "freezes"
+    freezes.mkdir(parents=True)
+    manifest_path("demo-v1", freezes).write_text("{}")
+    record_freeze_inputs("demo-v1", freezes, LifecycleConfig().freeze_inputs())
+    before = {p: p.read_bytes() for p in freezes.iterdir()}
+
+    with pytest.raises(FreezeConflictError, match="candidates_per_project: 5 then, 3 now"):
+        lifecycle(LifecycleConfig(output_dir=out, candidates_per_project=3))
+    assert [p.name for p in out.iterdir()] == ["freezes"]  # no summary.json, candidates, registries
+    assert {p: p.read_bytes() for p in freezes.iterdir()} == before
