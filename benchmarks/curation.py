@@ -43,6 +43,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from benchmarks.options import int_option
 from forgeflow.freeze import AcceptedTask, SplitQuotas, freeze_ready
 from forgeflow.selection import CandidateRef, select_batch
 from forgeflow.store import Store, TrialRecord
@@ -247,26 +248,6 @@ def bench_flow_vs_loop(per_project: int, concurrency: int) -> dict[str, Any]:
     }
 
 
-def _int_option(low: int, high: int) -> Callable[[str], int]:
-    """An argparse ``type`` accepting an integer in ``[low, high]``.
-
-    Raises (from the returned parser):
-        argparse.ArgumentTypeError: not an integer or out of range; argparse prints it as
-            ``argument --NAME: ...`` with the value and exits 2.
-    """
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"must be between {low} and {high}, got {value}")
-        return value
-
-    return parse
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the three benchmarks, print human lines then the JSON object (last line).
 
@@ -274,12 +255,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     line naming the option and value.
     """
     parser = argparse.ArgumentParser(prog="python -m benchmarks.curation", description=__doc__)
-    parser.add_argument("--seed", type=_int_option(0, 2**32 - 1), default=0, help="0 to 2**32-1")
-    parser.add_argument("--repeats", type=_int_option(1, 1_000), default=5,
+    parser.add_argument("--seed", type=int_option(0, 2**32 - 1), default=0, help="0 to 2**32-1")
+    parser.add_argument("--repeats", type=int_option(1, 1_000), default=5,
                         help="runs per figure; times are medians (1-1000)")
-    parser.add_argument("--flow-per-project", type=_int_option(1, 100), default=2,
+    parser.add_argument("--flow-per-project", type=int_option(1, 100), default=2,
                         help="generated candidates per demo project for flow_vs_loop_ratio (1-100)")
-    parser.add_argument("--concurrency", type=_int_option(1, 64), default=2,
+    parser.add_argument("--concurrency", type=int_option(1, 64), default=2,
                         help="validations at once (flow and loop; 1-64)")
     parser.add_argument("--skip-flow", action="store_true", help="leave flow_vs_loop_ratio null (no podman)")
     args = parser.parse_args(argv)

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import resource
 import statistics
@@ -44,6 +43,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from benchmarks.options import int_option, number_option
 
 _TENSOR_BYTES = 256 << 20
 _CHILD = """
@@ -122,37 +123,6 @@ MIN_SIZE_GB, MAX_SIZE_GB = 0.001, 1_000.0
 needs 3.2x the size free on ``--dir``)."""
 
 
-def _size_gb(text: str) -> float:
-    """argparse ``type`` of ``--size-gb``: a finite number of GB in [0.001, 1000].
-
-    Raises:
-        argparse.ArgumentTypeError: not a number, NaN, infinite or out of range.
-    """
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of GB, got {text!r}") from None
-    if not math.isfinite(value) or not MIN_SIZE_GB <= value <= MAX_SIZE_GB:
-        raise argparse.ArgumentTypeError(
-            f"must be a finite number between {MIN_SIZE_GB:g} and {MAX_SIZE_GB:g} GB, got {text!r}")
-    return value
-
-
-def _repeats(text: str) -> int:
-    """argparse ``type`` of ``--repeats``: an integer in [1, 100].
-
-    Raises:
-        argparse.ArgumentTypeError: not an integer or out of range.
-    """
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-    if not 1 <= value <= 100:
-        raise argparse.ArgumentTypeError(f"must be between 1 and 100, got {value}")
-    return value
-
-
 def _work_dir(text: str) -> Path:
     """argparse ``type`` of ``--dir``: an existing directory this process may write into.
 
@@ -176,11 +146,11 @@ def main(argv: list[str] | None = None) -> dict:
     file is written; too little free space on ``--dir`` exits 1 with one line.
     """
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gguf_edit")
-    parser.add_argument("--size-gb", type=_size_gb, default=2.0,
+    parser.add_argument("--size-gb", type=number_option(MIN_SIZE_GB, MAX_SIZE_GB, "GB"), default=2.0,
                         help=f"synthetic file size (GB, {MIN_SIZE_GB:g}-{MAX_SIZE_GB:g})")
     parser.add_argument("--dir", type=_work_dir, default=Path(tempfile.gettempdir()),
                         help="existing writable directory for the files (needs 3.2x --size-gb free)")
-    parser.add_argument("--repeats", type=_repeats, default=3, help="rounds (1-100); times are medians")
+    parser.add_argument("--repeats", type=int_option(1, 100), default=3, help="rounds (1-100); times are medians")
     args = parser.parse_args(argv)
     size = int(args.size_gb * 1e9)
     free = shutil.disk_usage(args.dir).free

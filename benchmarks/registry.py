@@ -49,7 +49,6 @@ import gzip
 import hashlib
 import io
 import json
-import math
 import os
 import platform
 import signal
@@ -60,9 +59,9 @@ import sys
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
+from benchmarks.options import int_option, number_option
 from forgeflow.errors import ForgeflowError, InputError, ServerStartError
 from forgeflow.layout import ShardLayout
 from forgeflow.migrate import prewarm_basecache, verify_prewarm
@@ -313,42 +312,6 @@ def bench_prewarm(skopeo: Skopeo, oci: OCILayout, target: str, shards: int, lane
     return results
 
 
-def _int_option(low: int, high: int) -> Callable[[str], int]:
-    """An argparse ``type`` accepting an integer in ``[low, high]``.
-
-    Raises (from the returned parser):
-        argparse.ArgumentTypeError: not an integer or out of range; argparse prints it as
-            ``argument --NAME: ...`` with the value and exits 2.
-    """
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"must be between {low} and {high}, got {value}")
-        return value
-
-    return parse
-
-
-def _latency_ms(text: str) -> float:
-    """argparse ``type`` of ``--registry-latency-ms``: a finite number of ms in [0, 10000].
-
-    Raises:
-        argparse.ArgumentTypeError: not a number, NaN, infinite or out of range.
-    """
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of milliseconds, got {text!r}") from None
-    if not math.isfinite(value) or not 0 <= value <= MAX_REGISTRY_LATENCY_MS:
-        raise argparse.ArgumentTypeError(
-            f"must be a finite number between 0 and {MAX_REGISTRY_LATENCY_MS:g} ms, got {text!r}")
-    return value
-
-
 def _check_ports_free(ports: tuple[int, ...]) -> None:
     """Fail fast when a port the benchmark serves on is already taken on 127.0.0.1.
 
@@ -384,18 +347,18 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     """
     parser = argparse.ArgumentParser(prog="python -m benchmarks.registry",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--images", type=_int_option(1, 1_000), default=12,
+    parser.add_argument("--images", type=int_option(1, 1_000), default=12,
                         help="tiny images for the copy overhead (1-1000)")
-    parser.add_argument("--rounds", type=_int_option(1, 1_000), default=3,
+    parser.add_argument("--rounds", type=int_option(1, 1_000), default=3,
                         help="copy-overhead rounds over the images (1-1000)")
-    parser.add_argument("--shards", type=_int_option(1, MAX_SHARDS), default=80,
+    parser.add_argument("--shards", type=int_option(1, MAX_SHARDS), default=80,
                         help=f"shard repositories to prewarm (1-{MAX_SHARDS})")
-    parser.add_argument("--lanes", type=_int_option(1, MAX_SHARDS), default=5,
+    parser.add_argument("--lanes", type=int_option(1, MAX_SHARDS), default=5,
                         help="lanes per base (1 to --shards)")
-    parser.add_argument("--sized-mb", type=_int_option(1, 1_024), default=16,
+    parser.add_argument("--sized-mb", type=int_option(1, 1_024), default=16,
                         help="MiB of random data in each of the 24 images of the copy overhead "
                              "(12 per contestant; 1-1024)")
-    parser.add_argument("--registry-latency-ms", type=_latency_ms, default=10.0,
+    parser.add_argument("--registry-latency-ms", type=number_option(0, MAX_REGISTRY_LATENCY_MS, "ms"), default=10.0,
                         help="latency added to every registry request for the prewarm speedup "
                              f"(0-{MAX_REGISTRY_LATENCY_MS:g})")
     args = parser.parse_args(argv)

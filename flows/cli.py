@@ -97,7 +97,7 @@ def demo(
     from forgeflow.errors import ForgeflowError, InputError  # noqa: PLC0415
     from forgeflow.freeze import check_freeze_inputs  # noqa: PLC0415
 
-    names = tuple(p.strip() for p in projects.split(",")) if projects else DEMO_PROJECTS
+    names = tuple(p.strip() for p in projects.split(",")) if projects is not None else DEMO_PROJECTS
     try:
         config = LifecycleConfig(projects=names, candidates_per_project=candidates, freeze_name=freeze_name,
                                  output_dir=output_dir or home / "demo", keep_serving=keep_serving)
@@ -343,14 +343,9 @@ def _latest_freeze(store: "Store", summary: Optional[dict]) -> Optional[dict]:
     (the :class:`~forgeflow.store.FreezeRecord` fields); when the store holds none, the freeze the
     last lifecycle's summary.json names (``name``, ``semantic_sha256``, ``counts`` where it has
     them); None when neither has one."""
-    from sqlalchemy import select  # noqa: PLC0415
-
-    from forgeflow.store import Freeze, FreezeRecord  # noqa: PLC0415
-
-    with store.session() as session:
-        row = session.scalars(select(Freeze).order_by(Freeze.created_at.desc(), Freeze.name.desc()).limit(1)).first()
-        if row is not None:
-            return FreezeRecord.model_validate(row).model_dump(mode="json")
+    freezes = store.freezes()
+    if freezes:
+        return freezes[0].model_dump(mode="json")
     recorded = (summary or {}).get("freeze")
     if not isinstance(recorded, dict) or not recorded.get("name"):
         return None

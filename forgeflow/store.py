@@ -539,6 +539,8 @@ class Store:
         if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
             sqlite_file = Path(parsed.database).expanduser().resolve()
         revision: str | None = None
+        if create and sqlite_file is not None:
+            _check_sqlite_header(sqlite_file)
         if not create and sqlite_file is not None:
             revision = _sqlite_revision(sqlite_file)  # read before the WAL pragma can write the file
         self.engine: Engine = create_engine(self.url)
@@ -899,6 +901,10 @@ class Store:
         rows = self._all(FreezeRecord, select(Freeze).where(Freeze.name == name))
         return rows[0] if rows else None
 
+    def freezes(self) -> list[FreezeRecord]:
+        """Every freeze row, newest first (by ``created_at``, then name)."""
+        return self._all(FreezeRecord, select(Freeze).order_by(Freeze.created_at.desc(), Freeze.name.desc()))
+
     def images(self, role: ImageRole | None = None) -> list[ImageRecord]:
         """Images ordered by ref, optionally only one ``role``."""
         statement = select(Image).order_by(Image.ref)
@@ -1096,6 +1102,28 @@ def _store_setting_hint(from_settings: bool) -> str:
     if "FORGEFLOW_STORE_URL" in os.environ:
         return "fix FORGEFLOW_STORE_URL"
     return f"set FORGEFLOW_HOME (now {settings.home_path()})"
+
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+"""The first 16 bytes of every SQLite 3 database file (https://www.sqlite.org/fileformat.html)."""
+
+
+def _check_sqlite_header(path: Path) -> None:
+    """Refuse a non-empty file at ``path`` that is not an SQLite database, before a writer opens it
+    (reads 16 bytes: no lock, nothing written; a missing or empty file becomes a new store).
+
+    Raises:
+        StoreInvalidError: naming the file.
+    """
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(len(SQLITE_HEADER))
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise StoreInvalidError(f"{path} cannot be read as a forgeflow store ({exc})") from exc
+    if head and head != SQLITE_HEADER:
+        raise StoreInvalidError(f"{path} is not a forgeflow store (not an SQLite database)")
 
 
 def _sqlite_revision(path: Path) -> str | None:

@@ -424,3 +424,38 @@ def test_a_reading_store_on_a_database_server_that_is_down_names_the_masked_url(
     with pytest.raises(StoreUnavailableError, match=r"forge:\*\*\*@127\.0\.0\.1.*cannot be reached") as down:
         Store(url, create=False)
     assert "s3cr3t-pw" not in str(down.value)
+
+
+def test_freezes_are_listed_newest_first(store: Store) -> None:
+    """`forgeflow status` shows the newest freeze from the store."""
+    import time
+
+    from forgeflow.store import FreezeRecord
+
+    assert store.freezes() == []
+    for name in ("z-older", "a-newer"):
+        store.record_freeze(FreezeRecord(name=name, semantic_sha256="1" * 64, file_sha256="2" * 64,
+                                         manifest_path=f"/f/{name}.json", counts={"test": 2}))
+        time.sleep(0.05)
+    assert [f.name for f in store.freezes()] == ["a-newer", "z-older"]
+    assert store.freezes()[0].counts == {"test": 2}
+
+
+def test_a_writer_refuses_a_file_that_is_not_an_sqlite_database(tmp_path: Path) -> None:
+    """A flow (or `forgeflow up`) opening a corrupt store file: one error naming it, the file untouched;
+    an empty file still becomes a new store."""
+    from forgeflow.errors import StoreInvalidError
+
+    garbage = tmp_path / "store.db"
+    garbage.write_text("garbage\n")
+    with pytest.raises(StoreInvalidError, match=f"{garbage} is not a forgeflow store"):
+        Store(f"sqlite:///{garbage}")
+    assert garbage.read_text() == "garbage\n"
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    store = Store(f"sqlite:///{empty}")
+    try:
+        store.upgrade()
+        assert store.current_revision() is not None
+    finally:
+        store.dispose()

@@ -277,3 +277,9 @@ def test_demo_exits_1_on_infrastructure_failure(home, monkeypatch):
     monkeypatch.setattr(flows.lifecycle, "lifecycle", broken)
     result = runner.invoke(app, ["demo"])
     assert result.exit_code == 1 and "SandboxError" in result.output
+
+
+def test_demo_with_an_empty_projects_list_is_refused_not_read_as_all(home):
+    result = runner.invoke(app, ["demo", "--projects", ""])
+    assert result.exit_code == 2 and "unknown project" in " ".join(result.output.split()), result.output
+    assert not (home / "demo").exists()
