@@ -69,8 +69,7 @@ class LifecycleConfig(BaseModel):
     def freeze_inputs(self) -> dict[str, Any]:
         """The :attr:`FREEZE_INPUTS` of this config as JSON-able values (recorded beside the
         freeze; :func:`forgeflow.freeze.check_freeze_inputs`)."""
-        return {name: list(value) if isinstance(value, tuple) else value
-                for name, value in ((n, getattr(self, n)) for n in self.FREEZE_INPUTS)}
+        return self.model_dump(mode="json", include=set(self.FREEZE_INPUTS))
 
     @field_validator("projects")
     @classmethod

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 import forgeflow
 from forgeflow.errors import FreezeConflictError, InputError, PreflightError
-from forgeflow.fsutil import atomic_write_bytes, atomic_write_text, read_digested_json, sha256_file, with_semantic_digest
+from forgeflow.fsutil import atomic_write_bytes, atomic_write_json, read_digested_json, sha256_file, with_semantic_digest
 
 SCHEMA_VERSION = 1
 """Version of the manifest layout written by :func:`write_freeze`."""
@@ -405,7 +405,8 @@ def check_freeze_inputs(name: str, out_dir: Path, inputs: dict[str, Any]) -> Non
     Args:
         name: The freeze name.
         out_dir: The folder holding the manifests.
-        inputs: JSON-able values of this run's inputs, by name.
+        inputs: this run's inputs by name, as JSON values (lists, not tuples: they are compared
+            with what JSON gives back).
 
     Raises:
         FreezeConflictError: the freeze exists and its recorded inputs differ; the message names
@@ -421,9 +422,8 @@ def check_freeze_inputs(name: str, out_dir: Path, inputs: dict[str, Any]) -> Non
         raise InputError(f"{recorded_path}: not readable JSON ({err})") from err
     if not isinstance(recorded, dict):
         raise InputError(f"{recorded_path}: expected a JSON object of inputs")
-    now = json.loads(json.dumps(inputs))  # tuples -> lists, as recorded
-    differing = [f"{key}: {recorded.get(key)!r} then, {now.get(key)!r} now"
-                 for key in sorted(set(recorded) | set(now)) if recorded.get(key) != now.get(key)]
+    differing = [f"{key}: {recorded.get(key)!r} then, {inputs.get(key)!r} now"
+                 for key in sorted(set(recorded) | set(inputs)) if recorded.get(key) != inputs.get(key)]
     if differing:
         raise FreezeConflictError(
             f"freeze {name!r} already exists ({manifest}) and was made from other inputs ("
@@ -436,5 +436,5 @@ def record_freeze_inputs(name: str, out_dir: Path, inputs: dict[str, Any]) -> Pa
     there, since a freeze is immutable); returns the path. See :func:`check_freeze_inputs`."""
     path = inputs_path(name, out_dir)
     if not path.exists():
-        atomic_write_text(path, json.dumps(inputs, indent=2, sort_keys=True) + "\n")
+        atomic_write_json(path, inputs)
     return path

@@ -430,8 +430,7 @@ class RLBurstRecord(BaseModel):
         every GRPO/RLOO advantage was 0 and no gradient flowed (TRL's default ``beta`` 0 adds no KL
         term). Such an adapter is its parent, not a new lineage step. True for a burst that
         started a new adapter."""
-        parent = self.adapter.lineage.parent_adapter_sha256
-        return parent is None or parent != self.adapter.sha256
+        return self.adapter.lineage.parent_adapter_sha256 != self.adapter.sha256
 
     def totals(self) -> StepRewardCounts:
         """The counts summed over steps (``step`` is the last step)."""

@@ -18,7 +18,6 @@ skopeo's stderr is mapped to forgeflow errors (:func:`classify_error`):
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import platform
@@ -38,6 +37,7 @@ from forgeflow.errors import (
     RegistryUnavailableError,
     ToolMissingError,
 )
+from forgeflow.fsutil import sha256_bytes
 from forgeflow.registry_auth import scrub, secrets_of
 from forgeflow.settings import tool_env
 
@@ -278,7 +278,7 @@ class Skopeo:
         Raises:
             ImageNotFoundError, RegistryError, RegistryUnavailableError, ToolMissingError.
         """
-        return "sha256:" + hashlib.sha256(self.raw_manifest(ref, tls_verify)).hexdigest()
+        return "sha256:" + sha256_bytes(self.raw_manifest(ref, tls_verify))
 
     def inspect_raw(self, ref: str, tls_verify: bool = False) -> dict[str, Any]:
         """The parsed raw manifest or index (``mediaType``, ``layers`` or ``manifests``, ...).
@@ -303,7 +303,7 @@ class Skopeo:
             manifest = json.loads(raw)
         except json.JSONDecodeError as err:
             raise RegistryError(f"manifest of {ref} is not JSON: {err}") from err
-        return "sha256:" + hashlib.sha256(raw).hexdigest(), manifest
+        return "sha256:" + sha256_bytes(raw), manifest
 
     def _single_manifest(self, ref: str, tls_verify: bool, arch: str | None) -> dict[str, Any]:
         manifest = self.inspect_raw(ref, tls_verify)

@@ -528,20 +528,17 @@ class Store:
                 f"{parsed.get_backend_name()!r}; "
                 f"supported: {', '.join(self.SUPPORTED_DIALECTS)}"
             )
-        if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
-            database = Path(parsed.database).expanduser().resolve()
-            if not create and not database.is_file():
-                raise StoreNotFoundError(f"no forgeflow store at {database}; run a flow first or "
-                                         + _store_setting_hint(from_settings))
-            if create:
-                database.parent.mkdir(parents=True, exist_ok=True)
         sqlite_file = None
         if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
             sqlite_file = Path(parsed.database).expanduser().resolve()
         revision: str | None = None
-        if create and sqlite_file is not None:
+        if sqlite_file is not None and create:
+            sqlite_file.parent.mkdir(parents=True, exist_ok=True)
             _check_sqlite_header(sqlite_file)
-        if not create and sqlite_file is not None:
+        elif sqlite_file is not None:
+            if not sqlite_file.is_file():
+                raise StoreNotFoundError(f"no forgeflow store at {sqlite_file}; run a flow first or "
+                                         + _store_setting_hint(from_settings))
             revision = _sqlite_revision(sqlite_file)  # read before the WAL pragma can write the file
         self.engine: Engine = create_engine(self.url)
         if self.engine.dialect.name == "sqlite":
