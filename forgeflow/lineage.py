@@ -16,7 +16,7 @@ named in :attr:`LineageReport.warnings`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -87,8 +87,9 @@ class LineageReport(BaseModel):
                 "warnings": list(self.warnings)}
 
 
-def resolve_sha256(store: Store, prefix: str) -> str:
-    """The one recorded artifact digest starting with ``prefix`` (at least 8 hex characters).
+def resolve_sha256(store: Store, prefix: str, known: Iterable[str] | None = None) -> str:
+    """The one recorded artifact digest starting with ``prefix`` (at least 8 hex characters);
+    ``known`` is every recorded digest when the caller has already read them (else read here).
 
     Raises:
         InputError: the prefix is empty, shorter than 8 characters ("too short", whatever it
@@ -101,12 +102,12 @@ def resolve_sha256(store: Store, prefix: str) -> str:
     if len(prefix) < MIN_PREFIX_CHARS:
         raise InputError(f"artifact {prefix!r} is too short: give at least {MIN_PREFIX_CHARS} hex characters "
                          "of a recorded sha256")
-    known = sorted({a.sha256 for a in store.model_artifacts()})
-    matches = [sha for sha in known if sha.startswith(prefix)]
+    digests = set(known) if known is not None else {a.sha256 for a in store.model_artifacts()}
+    matches = sorted(sha for sha in digests if sha.startswith(prefix))
     if len(matches) == 1:
         return matches[0]
     what = "is ambiguous" if len(matches) > 1 else "is not in the store"
-    raise InputError(f"artifact {prefix!r} {what} ({store.url}); give at least {MIN_PREFIX_CHARS} hex "
+    raise InputError(f"artifact {prefix!r} {what} ({store.display_url}); give at least {MIN_PREFIX_CHARS} hex "
                      f"characters of a recorded sha256")
 
 
@@ -134,10 +135,10 @@ def lineage_of(store: Store, sha256_prefix: str, *, verify_paths: bool = True) -
     Raises:
         InputError: as :func:`resolve_sha256`.
     """
-    target = resolve_sha256(store, sha256_prefix)
     by_sha: dict[str, list[ModelArtifactRecord]] = {}
     for production in store.model_artifacts():  # first recorded first
         by_sha.setdefault(production.sha256, []).append(production)
+    target = resolve_sha256(store, sha256_prefix, by_sha)
     warnings: list[str] = []
     checked: dict[tuple[str, str], PathStatus] = {}
 

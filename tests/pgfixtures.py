@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from forgeflow.store import Store
 from tests import pgcluster
 
 STORE_PG_PORT = 5444
@@ -74,3 +75,14 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'store.db'}"
     return request.getfixturevalue("postgres_url")
+
+
+@pytest.fixture
+def store(store_url: str) -> Iterator[Store]:
+    """An empty ledger at the head schema revision on each dialect (``store_url``), disposed afterwards.
+    Test modules that need rows in it define their own ``store`` fixture, which overrides this one."""
+    ledger = Store(store_url)
+    ledger.upgrade()
+    yield ledger
+    ledger.dispose()
+

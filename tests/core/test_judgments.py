@@ -10,13 +10,6 @@ from forgeflow.store import Store
 from forgeflow.supervision import judge_answers, judgment_id
 
 
-@pytest.fixture
-def store(store_url: str) -> Store:
-    s = Store(store_url)
-    s.upgrade()
-    return s
-
-
 ITEMS = [
     ("gaia-1", "The Eiffel Tower.", "eiffel tower"),
     ("gaia-2", "$1,000.50", "1000.5"),

@@ -8,7 +8,6 @@ PostgreSQL (tests/pgfixtures.py)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -69,14 +68,6 @@ def test_pinned_adapter_folders_are_never_reused_for_other_content(tmp_path: Pat
     gone = AdapterRecord(**{**first_working.model_dump(), "sha256": "f" * 64})
     with pytest.raises(InputError, match="now holds"):
         pin_adapter(gone, pinned)
-
-
-@pytest.fixture
-def store(store_url: str) -> Iterator[Store]:
-    ledger = Store(store_url)
-    ledger.upgrade()
-    yield ledger
-    ledger.dispose()
 
 
 def _chain(store: Store, tmp_path: Path, adapter: AdapterRecord, gguf_bytes: bytes, run_id: str) -> tuple[str, str]:

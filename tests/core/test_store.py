@@ -5,7 +5,6 @@ the session's PostgreSQL cluster (tests/pgfixtures.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,14 +29,6 @@ from forgeflow.store import (
 
 DIGEST = "sha256:" + "a" * 64
 SHA = "b" * 64
-
-
-@pytest.fixture
-def store(store_url: str) -> Iterator[Store]:
-    ledger = Store(store_url)
-    ledger.upgrade()
-    yield ledger
-    ledger.dispose()
 
 
 def test_migration_creates_exactly_what_the_models_declare(store: Store) -> None:
