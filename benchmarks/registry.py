@@ -20,13 +20,11 @@ Figures (targets from issue 4):
   layer (no blob of the other contestant is reused). ``copy_overhead_median_ratio`` is the median
   of the per-copy ratios (one slow copy moves it less).
   ``copy_overhead_ratio_flow_process`` is the same measure once the flows are imported, as in a
-  flow-run process (``flow_process_rss_mb``, ~300 MB): ``sh`` forks this process for every
-  command and a fork costs more the more memory is resident (see
-  :meth:`forgeflow.skopeo.Skopeo._run`). ``copy_overhead_ratio_tiny`` is the same measure on N tiny images (one ~100-byte layer): there
-  the copy itself is little more than skopeo's start, so the fixed cost of running it through
-  the ``sh`` package (~3 ms more per command than ``subprocess.run``: fork from Python and its
-  reader threads, measured on 2 cores) shows as ~15-20 %; forgeflow keeps ``sh`` on purpose (the
-  project's rule: a kept library over our own process code).
+  flow-run process (``flow_process_rss_mb``, ~300 MB): a process started with ``fork`` costs more
+  the more memory the parent holds (20-27 ms there, measured), which is why
+  :meth:`forgeflow.skopeo.Skopeo._run` uses ``subprocess.run`` (``vfork``, 0.6 ms flat) and no
+  longer the ``sh`` package. ``copy_overhead_ratio_tiny`` is the same measure on N tiny images
+  (one ~100-byte layer), where the copy is little more than skopeo's start.
 * ``prewarm_parallel_speedup``: :func:`forgeflow.migrate.prewarm_basecache` of one basecache tag
   into each of the 80 shard repositories, ``max_workers=1`` time / ``max_workers=5`` time
   (target >= 2), against a registry ``--registry-latency-ms`` away (default 10 ms added to every
@@ -35,8 +33,10 @@ Figures (targets from issue 4):
   those waits. ``prewarm_parallel_speedup_loopback`` is the same with no added latency: on a
   2-core machine the loopback registry and skopeo then share the cores and their CPU time per
   copy (~45 ms registry + skopeo, about the serial wall time per copy) bounds the speedup below
-  2x whatever the concurrency. Bases are chosen so the 5 lanes of 16 bases cover all 80
-  repositories exactly once.
+  2x whatever the concurrency. ``prewarm_parallel_speedup_flow_process`` (and its serial and
+  parallel seconds) is the networked measure once the flows are imported, as the prewarm stage
+  runs in a flow run. Bases are chosen so the 5 lanes of 16 bases cover all 80 repositories
+  exactly once.
 
 Images are written directly as OCI image layouts (one gzip layer holding one small file), so no
 podman is needed and their digests are known before the push.
@@ -67,7 +67,7 @@ from forgeflow.layout import ShardLayout
 from forgeflow.migrate import prewarm_basecache, verify_prewarm
 from forgeflow.registry import RegistryServer
 from forgeflow.settings import tool_env
-from forgeflow.skopeo import SKOPEO_BINARY, Skopeo
+from forgeflow.skopeo import Skopeo
 from tests.faultproxy import FaultProxy
 
 SOURCE_PORT, TARGET_PORT, LATENCY_PROXY_PORT = 5740, 5741, 5742
@@ -195,9 +195,7 @@ def bench_plan() -> tuple[float, dict[str, int]]:
 
 def _plain_copy_args(skopeo: Skopeo, src: str, dst: str, digestfile: Path) -> list[str]:
     """The exact command line :meth:`Skopeo.copy` runs (``--all --preserve-digests``)."""
-    return [
-        SKOPEO_BINARY,
-        f"--command-timeout={int(skopeo.command_timeout_s)}s",
+    return skopeo.argv(
         "copy",
         "--quiet",
         f"--retry-times={skopeo.retry_times}",
@@ -208,7 +206,7 @@ def _plain_copy_args(skopeo: Skopeo, src: str, dst: str, digestfile: Path) -> li
         "--preserve-digests",
         src,
         dst,
-    ]
+    )
 
 
 def bench_copy_overhead(skopeo: Skopeo, sources: list[tuple[str, str]], target: str, scratch: Path, rounds: int,
@@ -466,6 +464,14 @@ def _run(args: argparse.Namespace) -> dict[str, float]:
                 f"ratio {in_flow['ratio']:.3f} (median per-copy ratio {in_flow['median_ratio']:.3f})",
                 flush=True,
             )
+            with FaultProxy(LATENCY_PROXY_PORT, target.address, delay_s=args.registry_latency_ms / 1000) as proxy:
+                flow_prewarm = bench_prewarm(skopeo, oci, proxy.address, args.shards, args.lanes, run + "f")
+            print(
+                f"prewarm in that process, registry {args.registry_latency_ms:g} ms away: max_workers=1 "
+                f"{flow_prewarm['serial_s']:.2f} s, max_workers=5 {flow_prewarm['parallel_s']:.2f} s: "
+                f"speedup {flow_prewarm['speedup']:.2f}x",
+                flush=True,
+            )
         finally:
             target.stop()
             source.stop()
@@ -488,6 +494,9 @@ def _run(args: argparse.Namespace) -> dict[str, float]:
         "prewarm_serial_s": round(prewarm["serial_s"], 3),
         "prewarm_parallel_s": round(prewarm["parallel_s"], 3),
         "prewarm_parallel_speedup_loopback": round(loopback["speedup"], 3),
+        "prewarm_parallel_speedup_flow_process": round(flow_prewarm["speedup"], 3),
+        "prewarm_serial_s_flow_process": round(flow_prewarm["serial_s"], 3),
+        "prewarm_parallel_s_flow_process": round(flow_prewarm["parallel_s"], 3),
         "prewarm_shards": args.shards,
         "cpu_count": os.cpu_count(),
     }

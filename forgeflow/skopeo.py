@@ -1,4 +1,4 @@
-"""A small typed wrapper over skopeo, called through the ``sh`` package (an argument list, no shell).
+"""A small typed wrapper over skopeo, run with :func:`subprocess.run` (an argument list, no shell).
 
 Image references are full skopeo transport references, e.g.
 ``docker://127.0.0.1:5711/env/six:1.16.0`` or ``containers-storage:localhost/forgeflow/env-six:latest``.
@@ -23,11 +23,11 @@ import os
 import platform
 import re
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
 
-import sh
 
 from forgeflow.errors import (
     ImageNotFoundError,
@@ -42,6 +42,8 @@ from forgeflow.registry_auth import scrub, secrets_of
 from forgeflow.settings import tool_env
 
 SKOPEO_BINARY = "skopeo"
+KILL_GRACE_S = 30.0
+"""Seconds a skopeo command may run past its own ``--command-timeout`` before it is killed."""
 
 INDEX_MEDIA_TYPES = frozenset(
     {
@@ -165,36 +167,54 @@ class Skopeo:
 
     # --- running ----------------------------------------------------------------------------
     def _run(self, ref: str, *args: str) -> bytes:
-        """Run ``skopeo <args>`` through ``sh`` and return stdout bytes; map failures via
-        :func:`classify_error`.
+        """Run ``skopeo <args>`` and return stdout bytes; map failures via :func:`classify_error`.
 
         The time limit is skopeo's own ``--command-timeout`` (a timed-out command fails with a
-        "context deadline exceeded" message, classified as transient), not sh's ``_timeout``:
-        that one polls and added ~95 ms to every call (measured: ``skopeo --version`` 18 ms
-        through sh, 108 ms with ``_timeout``), a 50 % overhead on a small image copy
-        (``python -m benchmarks.registry``).
+        "context deadline exceeded" message, classified as transient); a skopeo that outlives it
+        by :data:`KILL_GRACE_S` more is killed and reported as :class:`RegistryUnavailableError` too.
 
-        ``sh`` starts a command with ``os.fork`` and runs Python in the child before ``exec``, so
-        its fixed cost grows with this process's memory (measured on 2 cores, ``/bin/true``:
-        3.6 ms from a bare interpreter, 4.7 ms with forgeflow's core imported, 27 ms with the
-        flows imported as in a flow-run process (314 MB resident), 35 ms with 500 MB resident;
-        ``subprocess.run``, which uses ``vfork``, stays at 0.6-0.7 ms). That is ~27 ms per skopeo
-        command in a flow run: little against a real image copy, a multiple of a tiny one.
+        Why :func:`subprocess.run` and not the ``sh`` package (used until 2026-11-30, issue 4):
+        ``sh`` starts a command with ``os.fork`` and runs Python in the child before ``exec``, and
+        a fork costs more the more memory the calling process holds (measured on 2 cores,
+        ``/bin/true``: 3.9 ms from a bare interpreter, 20-27 ms once the flows are imported as in
+        a flow-run process, ~300 MB resident; ``subprocess.run``, which spawns with ``vfork``,
+        0.6-0.7 ms flat). Forks also hold the GIL, so concurrent copies queue on them: an 80-shard
+        prewarm (loopback registry) in a flow-run-sized process took 5.8 s with 5 workers through
+        ``sh`` and 3.5 s through ``subprocess.run`` (8.9 s / 6.0 s serially), and a 16 MiB image
+        copy cost 1.01-1.10x a plain loop's. ``python -m benchmarks.registry`` measures both.
+
+        Raises:
+            ToolMissingError: skopeo is not on PATH.
+            ImageNotFoundError, RegistryError, RegistryUnavailableError: see :func:`classify_error`.
+        """
+        try:
+            done = subprocess.run(
+                self.argv(*args), env=tool_env(), stdin=subprocess.DEVNULL, capture_output=True,
+                timeout=self.command_timeout_s + KILL_GRACE_S, check=False,
+            )
+        except subprocess.TimeoutExpired:
+            raise RegistryUnavailableError(
+                f"registry unavailable for {ref}: skopeo ran past its {self.command_timeout_s:g} s "
+                "command timeout and was killed"
+            ) from None
+        if done.returncode != 0:
+            stderr = done.stderr.decode("utf-8", errors="replace")
+            if self.authfile is not None:  # never let a credential reach an exception or a log
+                stderr = scrub(stderr, secrets_of(self.authfile))
+            raise classify_error(ref, stderr)
+        return done.stdout
+
+    def argv(self, *args: str) -> list[str]:
+        """The full command line of ``skopeo <args>``: the binary's path and the command timeout.
+
+        Raises:
+            ToolMissingError: skopeo is not on PATH.
         """
         binary = shutil.which(SKOPEO_BINARY)
         if binary is None:
             raise ToolMissingError(f"{SKOPEO_BINARY} not found on PATH (apt install skopeo)")
-        try:
-            done = sh.Command(binary)(
-                f"--command-timeout={int(self.command_timeout_s)}s", *args,
-                _env=tool_env(), _tty_out=False, _return_cmd=True,
-            )
-        except sh.ErrorReturnCode as exc:
-            stderr = exc.stderr.decode("utf-8", errors="replace")
-            if self.authfile is not None:  # never let a credential reach an exception or a log
-                stderr = scrub(stderr, secrets_of(self.authfile))
-            raise classify_error(ref, stderr) from None
-        return done.stdout
+        # in milliseconds: whole seconds would turn 0.5 into "0s", which skopeo takes as no limit
+        return [binary, f"--command-timeout={max(1, round(self.command_timeout_s * 1000))}ms", *args]
 
     def _auth(self, *flags: str) -> list[str]:
         if self.authfile is None:
