@@ -633,25 +633,22 @@ def verify_edit(result_path: Path, before: EditSnapshot, value: Any, *, full: bo
     src, key = before.index, before.key
     after = read_header_index(result_path)
 
-    def fail(what: str) -> GGUFError:
-        return GGUFError(f"{result_path}: {what} changed by the edit of {key!r}")
-
     layout = [(t.name, t.ggml_type, t.shape, t.relative_offset, t.size_bytes) for t in src.tensors]
     found = [(t.name, t.ggml_type, t.shape, t.relative_offset, t.size_bytes) for t in after.tensors]
     if layout != found:
         diff = [f[0] for f, e in zip(found, layout) if f != e] or ["(tensor count)"]
-        raise fail(f"tensor infos ({diff[:5]})")
+        raise _changed(result_path, key, f"tensor infos ({diff[:5]})")
     if list(after.fields) != list(src.fields):
-        raise fail("key order/set")
+        raise _changed(result_path, key, "key order/set")
     if after.version != src.version or after.alignment != src.alignment:
-        raise fail("version/alignment")
+        raise _changed(result_path, key, "version/alignment")
     data_before = src.file_size_bytes - src.data_offset
     data_after = after.file_size_bytes - after.data_offset
     if data_after != data_before:
-        raise fail(f"data section length ({data_before} -> {data_after} bytes)")
+        raise _changed(result_path, key, f"data section length ({data_before} -> {data_after} bytes)")
     span = after.fields[key]
     if (span.value_type, span.sub_type) != (src.fields[key].value_type, src.fields[key].sub_type):
-        raise fail(f"value type of the key ({span.value_type}/{span.sub_type})")
+        raise _changed(result_path, key, f"value type of the key ({span.value_type}/{span.sub_type})")
     new_value = read_metadata(result_path, key, after)
     expected = list(value) if isinstance(value, tuple) else value
     if span.value_type == "FLOAT32" or span.sub_type == "FLOAT32":
@@ -675,17 +672,14 @@ def _compare_bytes(result_path: Path, before: EditSnapshot, after: HeaderIndex, 
     """Header bytes, data samples and (``full``) whole-tensor sha256 of the result vs the source."""
     key = before.key
 
-    def fail(what: str) -> GGUFError:
-        return GGUFError(f"{result_path}: {what} changed by the edit of {key!r}")
-
     fd = os.open(result_path, os.O_RDONLY)
     try:
         prefix, suffix = _header_digests(fd, after, key, chunk_bytes)
         if (after.fields[key].offset != before.index.fields[key].offset
                 or prefix != before.header_prefix_sha256):
-            raise fail("header bytes before the entry")
+            raise _changed(result_path, key, "header bytes before the entry")
         if suffix != before.header_suffix_sha256:
-            raise fail("header bytes after the entry (other keys or tensor infos)")
+            raise _changed(result_path, key, "header bytes after the entry (other keys or tensor infos)")
         got = _samples(fd, after, before.sample_bytes)
     finally:
         os.close(fd)
@@ -694,15 +688,21 @@ def _compare_bytes(result_path: Path, before: EditSnapshot, after: HeaderIndex, 
         bad = [where[i] if len(digests) > 1 else "whole"
                for i, (a, b) in enumerate(zip(digests, got[name])) if a != b]
         if bad:
-            raise fail(f"tensor {name!r} data ({'/'.join(bad)} {before.sample_bytes} bytes "
-                       "differ from the source: data at a wrong offset or overwritten)")
+            raise _changed(result_path, key,
+                           f"tensor {name!r} data ({'/'.join(bad)} {before.sample_bytes} bytes "
+                           "differ from the source: data at a wrong offset or overwritten)")
     if full:
         got_full = tensor_sha256(result_path, after, chunk_bytes)
         if not isinstance(src_hashes, dict):  # a Future hashing the source alongside
             src_hashes = src_hashes.result()
         changed = [name for name, digest in src_hashes.items() if got_full.get(name) != digest]
         if changed:
-            raise fail(f"tensor data (sha256 of {changed[:5]})")
+            raise _changed(result_path, key, f"tensor data (sha256 of {changed[:5]})")
+
+
+def _changed(result_path: Path, key: str, what: str) -> GGUFError:
+    """The error for an edit result that differs from its source in ``what`` besides ``key``."""
+    return GGUFError(f"{result_path}: {what} changed by the edit of {key!r}")
 
 
 def _roundtrip_f32(value: Any) -> Any:
