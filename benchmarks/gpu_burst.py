@@ -126,12 +126,50 @@ def synthetic_samples(n: int, seq_len: int, vocab_size: int, seed: int) -> list[
     return samples
 
 
+def varlen_call_options(params: frozenset[str], q_heads: int, kv_heads: int, head_dim: int,
+                        scale: float | None) -> tuple[dict[str, Any], int]:
+    """Keyword arguments for ``torch.nn.attention.varlen.varlen_attn`` as this torch spells them.
+
+    torch 2.10 takes ``is_causal`` and has no grouped-query option; later versions take
+    ``window_size=(-1, 0)`` for causal attention, ``scale`` and ``enable_gqa`` (torch's
+    ``torch/nn/attention/varlen.py`` of each release).
+
+    Args:
+        params: the parameter names of this torch's ``varlen_attn``.
+        q_heads: query heads; kv_heads: key/value heads (``q_heads`` a multiple of it).
+        head_dim: features per head.
+        scale: the softmax scale the model asks for (None: the kernel's default 1/sqrt(head_dim)).
+
+    Returns:
+        (keyword arguments, how many times to repeat each key/value head before the call: 1 when
+        the kernel handles grouped-query attention itself or there is none).
+
+    Raises:
+        RuntimeError: ``q_heads`` is not a multiple of ``kv_heads``, or the model asks for a scale
+            other than 1/sqrt(head_dim) from a ``varlen_attn`` that takes none.
+    """
+    if kv_heads <= 0 or q_heads % kv_heads:
+        raise RuntimeError(f"{q_heads} query heads are not a multiple of {kv_heads} key/value heads")
+    options: dict[str, Any] = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
+    if "scale" in params:
+        options["scale"] = scale
+    elif scale is not None and abs(scale - head_dim ** -0.5) > 1e-6 * head_dim ** -0.5:
+        raise RuntimeError(f"this torch's varlen_attn takes no scale; the model asks for {scale} "
+                           f"instead of 1/sqrt({head_dim})")
+    repeat = q_heads // kv_heads
+    if repeat > 1 and "enable_gqa" in params:
+        options["enable_gqa"] = True
+        repeat = 1
+    return options, repeat
+
+
 def register_torch_varlen_attention() -> str:
     """Register PyTorch's FlashAttention varlen kernel as the transformers attention ``torch_varlen``.
 
     The function reads the ``cu_seq_lens_q/k`` and ``max_length_q/k`` that TRL's padding-free collator
     passes through the model (``DataCollatorForLanguageModeling``), so each packed document attends
-    only to itself (causal); grouped-query attention is native (``enable_gqa``). No attention mask is
+    only to itself (causal); grouped-query attention is native (``enable_gqa``) where this torch has
+    it, else the key/value heads are repeated (:func:`varlen_call_options`). No attention mask is
     built (a name outside transformers' mask registry gets none). CUDA, bf16/fp16 only.
 
     Returns:
@@ -140,6 +178,8 @@ def register_torch_varlen_attention() -> str:
     Raises:
         RuntimeError: this torch has no ``torch.nn.attention.varlen``.
     """
+    import inspect
+
     import torch
     from transformers import AttentionInterface
 
@@ -147,6 +187,7 @@ def register_torch_varlen_attention() -> str:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError as exc:  # torch < 2.10
         raise RuntimeError(f"torch {torch.__version__} has no torch.nn.attention.varlen") from exc
+    params = frozenset(inspect.signature(varlen_attn).parameters)
 
     def attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, scaling: float | None = None,
                   dropout: float = 0.0, **kwargs: Any) -> tuple[Any, None]:
@@ -155,9 +196,11 @@ def register_torch_varlen_attention() -> str:
         if cu_q is None or query.shape[0] != 1:
             raise RuntimeError("torch_varlen attention needs a padding-free batch (cu_seq_lens_q from TRL's collator)")
         q, k, v = (t[0].transpose(0, 1).contiguous() for t in (query, key, value))
+        options, repeat = varlen_call_options(params, q.shape[1], k.shape[1], q.shape[2], scaling)
+        if repeat > 1:
+            k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
         out = varlen_attn(q, k, v, cu_q.to(torch.int32), cu_k.to(torch.int32), int(kwargs["max_length_q"]),
-                          int(kwargs["max_length_k"]), scale=scaling, window_size=(-1, 0),
-                          enable_gqa=k.shape[1] != q.shape[1])
+                          int(kwargs["max_length_k"]), **options)
         return out.unsqueeze(0), None  # (1, total_tokens, heads, head_dim), like transformers' flash path
 
     AttentionInterface.register(VARLEN_ATTENTION, attention)

@@ -1,28 +1,51 @@
 #!/usr/bin/env bash
 # GPU check (one H200, under 8 minutes): SFT burst vs naive loop, then GGUF serving with GPU offload.
 #
-#   benchmarks/gpu_check.sh --prepare   # on a machine with the forgeflow cache: copy the tiny Q8_0 GGUF
-#                                       # into build/gpu-check/ (49 MB) so it can travel to the GPU machine
-#   benchmarks/gpu_check.sh             # on the GPU machine, from the repository root
+#   benchmarks/gpu_check.sh --prepare [--with-gguf]
+#       on this (CPU) machine: download the wheels the GPU machine lacks into build/gpu-check/wheels
+#       (trl, datasets, dill, multiprocess, transformers, peft at this machine's installed versions,
+#       for CPython 3.12 manylinux; ~16 MB); --with-gguf also copies the tiny Q8_0 GGUF for the
+#       serving part (49 MB: together over the device tool's 64 MiB carry limit with the wheels).
+#   benchmarks/gpu_check.sh
+#       on the GPU machine, from the repository root, with build/gpu-check carried along.
 #
-# 1. python -m benchmarks.gpu_burst: Qwen2.5-0.5B-shaped model, LoRA r=16 all-linear, seq 2048, bf16:
-#    naive transformers+peft loop (batch 8; batch 16 expected OOM) vs TRL SFTTrainer with bfd packing,
+# The GPU machine's own python3 (3.12, a CUDA torch >= 2.10, transformers, accelerate, pyarrow...;
+# /work/.library/device/KINDS.md) runs both parts; the carried wheels are installed with --no-deps
+# into /tmp/gpu-check-site, put first on PYTHONPATH, and `pip check` is printed to versions.txt.
+# $PYTHON overrides the interpreter.
+#
+# 1. benchmarks.gpu_burst: Qwen2.5-0.5B-shaped model, LoRA r=16 all-linear, seq 2048, bf16: naive
+#    transformers+peft loop (batch 8; batch 16 expected OOM) vs TRL SFTTrainer with bfd packing,
 #    padding-free batches and the fused chunked log-prob loss. Last line: JSON with the ratio (goal >= 1.5).
-# 2. python -m benchmarks.gpu_serve: llama-server with all layers offloaded vs llama-cpp-python
-#    directly, decode tokens/s. Optional: skipped (with the reason) when no llama-server binary is
-#    there ($FORGEFLOW_LLAMA_SERVER or the cached CUDA build); building one with CUDA does not fit the
-#    budget (GPU_CHECK_BUILD=1 tries anyway).
+# 2. benchmarks.gpu_serve: llama-server with all layers offloaded vs llama-cpp-python directly,
+#    decode tokens/s. Needs llama-cpp-python and a llama-server built with CUDA on that machine
+#    ($FORGEFLOW_LLAMA_SERVER or the cached build) and the GGUF; skipped with the reason in serve.json
+#    when one is missing (building them with CUDA does not fit the budget; GPU_CHECK_BUILD=1 tries).
 #
 # Results: $OUT (the device runner's output folder) or build/gpu-check/: burst.json, serve.json, logs.
 # Budget: GPU_CHECK_BUDGET_S (default 470 s) for both parts together; each runs under `timeout`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+WHEELS=build/gpu-check/wheels
 
 if [[ "${1:-}" == "--prepare" ]]; then
-  src=$(python -c 'from forgeflow.settings import cache_dir; print(cache_dir() / "test-fixtures" / "tiny-seed0" / "tiny-q8_0.gguf")')
-  [[ -f "$src" ]] || { echo "no tiny GGUF at $src: run tests/integration/test_serving.py once to build it" >&2; exit 1; }
-  mkdir -p build/gpu-check && cp "$src" build/gpu-check/tiny-q8_0.gguf
-  echo "copied $src -> build/gpu-check/tiny-q8_0.gguf (carry build/gpu-check to the GPU machine)"
+  mkdir -p "$WHEELS"
+  pins=$("$PY" -c 'from importlib.metadata import version
+print(" ".join(f"{n}=={version(n)}" for n in ("trl", "datasets", "dill", "multiprocess", "transformers", "peft")))') \
+    || exit 1
+  # shellcheck disable=SC2086  # one argument per pin
+  "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d "$WHEELS" $pins || { echo "pip download of $pins failed" >&2; exit 1; }
+  echo "wheels for the GPU machine in $WHEELS: $pins ($(du -sh "$WHEELS" | cut -f1))"
+  if [[ "${2:-}" == "--with-gguf" ]]; then
+    src=$("$PY" -c 'from forgeflow.settings import cache_dir; print(cache_dir() / "test-fixtures" / "tiny-seed0" / "tiny-q8_0.gguf")')
+    [[ -f "$src" ]] || { echo "no tiny GGUF at $src: run tests/integration/test_serving.py once to build it" >&2; exit 1; }
+    cp "$src" build/gpu-check/tiny-q8_0.gguf
+    echo "copied $src -> build/gpu-check/tiny-q8_0.gguf"
+  fi
+  echo "carry build/gpu-check to the GPU machine ($(du -sh build/gpu-check | cut -f1); the device tool carries 64 MiB in all)"
   exit 0
 fi
 
@@ -33,7 +56,13 @@ start=$(date +%s)
 left() { echo $(( budget - ($(date +%s) - start) )); }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee "$out/gpu.txt"
-python - <<'EOF' 2>&1 | tee "$out/versions.txt"
+if compgen -G "$WHEELS/*.whl" >/dev/null; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/gpu-check-site \
+    "$WHEELS"/*.whl || { echo "installing the carried wheels failed" >&2; exit 1; }
+  export PYTHONPATH=/tmp/gpu-check-site${PYTHONPATH:+:$PYTHONPATH}
+fi
+{ echo "python: $("$PY" --version 2>&1)"; "$PY" -m pip check 2>&1 | head -20; } | tee "$out/versions.txt"
+"$PY" - <<'EOF' 2>&1 | tee -a "$out/versions.txt"
 import importlib
 for name in ("torch", "transformers", "trl", "peft", "datasets", "triton", "flash_attn", "llama_cpp"):
     try:
@@ -47,7 +76,7 @@ EOF
 
 status=0
 echo "== burst vs naive ($(left) s left)"
-timeout --kill-after=10 "$(( $(left) - 60 ))" python -m benchmarks.gpu_burst 2>&1 | tee "$out/burst.log"
+timeout --kill-after=10 "$(( $(left) - 60 ))" "$PY" -m benchmarks.gpu_burst 2>&1 | tee "$out/burst.log"
 rc=${PIPESTATUS[0]}
 if [[ $rc -ne 0 ]]; then echo "gpu_burst failed with $rc (124: over budget)"; status=1; fi
 tail -n 1 "$out/burst.log" > "$out/burst.json"
@@ -59,7 +88,7 @@ else
   echo "== GGUF serving ($remaining s left)"
   build_flag=()
   [[ "${GPU_CHECK_BUILD:-0}" == "1" ]] && build_flag=(--build)
-  timeout --kill-after=10 "$(( remaining - 5 ))" python -m benchmarks.gpu_serve "${build_flag[@]}" --log-dir "$out" \
+  timeout --kill-after=10 "$(( remaining - 5 ))" "$PY" -m benchmarks.gpu_serve "${build_flag[@]}" --log-dir "$out" \
     2>&1 | tee "$out/serve.log"
   rc=${PIPESTATUS[0]}
   if [[ $rc -ne 0 ]]; then echo "gpu_serve failed with $rc (124: over budget)"; status=1; fi

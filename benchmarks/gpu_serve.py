@@ -4,7 +4,7 @@ llama-cpp-python called directly, on the same file and the same greedy continuat
 ``python -m benchmarks.gpu_serve [--gguf PATH] [--tokens 256] [--cpu] [--build]``
 
 * **GGUF**: ``--gguf``, else ``$FORGEFLOW_GPU_GGUF``, else ``build/gpu-check/tiny-q8_0.gguf`` (what
-  ``benchmarks/gpu_check.sh --prepare`` copies there, to carry to the GPU machine), else the tiny Q8_0
+  ``benchmarks/gpu_check.sh --prepare --with-gguf`` copies there, to carry to the GPU machine), else the tiny Q8_0
   test fixture under ``cache_dir()/test-fixtures`` (``tests/integration/test_serving.py``).
 * **served**: :class:`forgeflow.llama_server.LlamaServer` with ``n_gpu_layers=99`` (every layer; the
   server is refused if its load log does not report them offloaded); the binary is
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     gguf = find_gguf(args.gguf)
     if gguf is None:
         summary["server_skipped"] = summary["direct_skipped"] = (
-            "no GGUF: pass --gguf, set FORGEFLOW_GPU_GGUF, or run benchmarks/gpu_check.sh --prepare where the "
+            "no GGUF: pass --gguf, set FORGEFLOW_GPU_GGUF, or run benchmarks/gpu_check.sh --prepare --with-gguf where the "
             "tiny model's GGUF is cached and carry build/gpu-check/")
         print(summary["server_skipped"], flush=True)
         print(json.dumps(summary), flush=True)
@@ -170,6 +170,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"llama-server ({binary}), {ngl} GPU layers requested, offloaded {served['offloaded']}: "
               f"{served['decode_tokens_per_s']:,.0f} decode tokens/s (server timing), "
               f"{served['client_tokens_per_s']:,.0f} tokens/s streamed to the client", flush=True)
+    try:
+        import llama_cpp  # noqa: F401,PLC0415
+    except ImportError as exc:
+        summary["direct_skipped"] = f"llama-cpp-python is not installed in this Python ({exc})"
+        print(f"direct part skipped: {summary['direct_skipped']}", flush=True)
+        print(json.dumps(summary), flush=True)
+        return summary
     direct = direct_decode(gguf, ngl, args.tokens)
     summary.update(direct_decode_tokens_per_s=round(direct["decode_tokens_per_s"], 1),
                    direct_gpu_offload=direct["gpu_offload"], direct_tokens=direct["tokens"])

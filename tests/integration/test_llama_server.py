@@ -6,6 +6,7 @@ takes minutes on 2 cores the first time (cached under ``cache_dir()/llama-server
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import httpx
@@ -83,3 +84,34 @@ def test_a_binary_named_by_the_environment_must_exist(monkeypatch, tmp_path: Pat
     monkeypatch.setenv("FORGEFLOW_LLAMA_SERVER", str(tmp_path / "nope"))
     with pytest.raises(ToolMissingError, match="FORGEFLOW_LLAMA_SERVER"):
         ensure_llama_server()
+
+
+def test_gpu_serve_benchmark_runs_on_the_cpu_and_skips_what_is_missing(binary: Path, q8: Path, tmp_path: Path) -> None:
+    """``python -m benchmarks.gpu_serve --cpu``: both decode paths measured, the JSON line complete;
+    with llama-cpp-python hidden (as on the GPU machine's Python) the direct part is skipped with its
+    reason instead of a traceback, and the served part still runs."""
+    import json
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    command = [sys.executable, "-m", "benchmarks.gpu_serve", "--cpu", "--gguf", str(q8), "--tokens", "16",
+               "--log-dir", str(tmp_path)]
+    env = {**os.environ, "FORGEFLOW_LLAMA_SERVER": str(binary)}
+    proc = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["server_decode_tokens_per_s"] > 0 and summary["direct_decode_tokens_per_s"] > 0
+    assert summary["server_tokens"] == summary["direct_tokens"] == 16 and summary["n_gpu_layers"] == 0
+    assert summary["server_vs_direct"] == pytest.approx(
+        summary["server_decode_tokens_per_s"] / summary["direct_decode_tokens_per_s"], rel=1e-2)
+
+    hidden = tmp_path / "hide"  # a llama_cpp that cannot be imported, first on the path
+    hidden.mkdir()
+    (hidden / "llama_cpp.py").write_text("raise ImportError('hidden for this test')\n")
+    proc = subprocess.run(command, cwd=root, env={**env, "PYTHONPATH": f"{hidden}:{root}"}, capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["server_decode_tokens_per_s"] > 0 and summary["direct_decode_tokens_per_s"] is None
+    assert "llama-cpp-python is not installed" in summary["direct_skipped"]
