@@ -143,9 +143,9 @@ def main(argv: list[str] | None = None) -> dict:
     """Run the benchmark; returns the JSON summary it printed last.
 
     Bad arguments exit 2 with one argparse-style line naming the option and value, before any
-    file is written; too little free space on ``--dir`` exits 1 with one line.
+    file is written; so does a ``--size-gb`` that does not fit the free space of ``--dir``.
     """
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.gguf_edit")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gguf_edit", description=__doc__.split("\n\n")[0])
     parser.add_argument("--size-gb", type=number_option(MIN_SIZE_GB, MAX_SIZE_GB, "GB"), default=2.0,
                         help=f"synthetic file size (GB, {MIN_SIZE_GB:g}-{MAX_SIZE_GB:g})")
     parser.add_argument("--dir", type=_work_dir, default=Path(tempfile.gettempdir()),
@@ -155,7 +155,8 @@ def main(argv: list[str] | None = None) -> dict:
     size = int(args.size_gb * 1e9)
     free = shutil.disk_usage(args.dir).free
     if free < 3.2 * size:
-        raise SystemExit(f"error: --dir {args.dir} has {free / 1e9:.1f} GB free; need {3.2 * size / 1e9:.1f} GB")
+        parser.error(f"argument --size-gb: {args.size_gb:g} GB needs {3.2 * size / 1e9:.1f} GB free in --dir "
+                     f"{args.dir}, which has {free / 1e9:.1f} GB (use a smaller --size-gb or another --dir)")
     work = Path(tempfile.mkdtemp(dir=args.dir, prefix="forgeflow-gguf-edit-bench."))
     try:
         src = work / "synthetic.gguf"

@@ -25,36 +25,34 @@ SPECS: list[dict[str, Any]] = [
      "parameters": {}, "cron": "0 2 * * *"},
     {"flow": migrate_images, "entrypoint": "flows/registry.py:migrate_images", "name": "migrate",
      "parameters": {"source": {"address": "127.0.0.1:5701"}, "target": {"address": "127.0.0.1:5702"},
-                    "images": [], "max_size_bytes": 2_000_000_000, "concurrency_limit": 4}},
+                    "max_size_bytes": 2_000_000_000, "concurrency_limit": 4}},
     {"flow": registry_audit, "entrypoint": "flows/registry.py:registry_audit", "name": "registry-audit",
-     "parameters": {"target": {"address": "127.0.0.1:5702"}, "images": []}, "cron": "0 3 * * 1"},
+     "parameters": {"target": {"address": "127.0.0.1:5702"}}, "cron": "0 3 * * 1"},
     {"flow": prewarm_plan, "entrypoint": "flows/registry.py:prewarm_plan", "name": "prewarm-plan",
      "parameters": {"shards": 80, "lanes": 5, "prefix": "task", "tag_cap": 100}},
     {"flow": rewrite_image_refs, "entrypoint": "flows/registry.py:rewrite_image_refs", "name": "rewrite-image-refs",
-     "parameters": {"old_prefix": "", "new_prefix": "", "dry_run": True}},
+     "parameters": {"dry_run": True}},
     {"flow": freeze, "entrypoint": "flows/stages.py:freeze", "name": "freeze",
      "parameters": {"name": "demo-v1", "train_min": 2, "validation_min": 1, "test_min": 2, "max_per_repo": 4,
                     "min_repos": 2, "seed": 0}},
     {"flow": canary, "entrypoint": "flows/canary.py:canary", "name": "canary",
      "parameters": {"freeze_name": "demo-v1", "split": "test", "concurrency": 1, "profile": "default"}},
     {"flow": compare, "entrypoint": "flows/stages.py:compare", "name": "compare",
-     "parameters": {"job_a": "", "job_b": ""}},
+     "parameters": {}},
     {"flow": curate, "entrypoint": "flows/curate.py:curate", "name": "curate",
-     "parameters": {"candidates_path": ".forgeflow/candidates.jsonl", "batch_size": 40, "concurrency": 10,
-                    "max_retries": 2, "verifier_timeout_s": 180.0, "seed": 0}},
+     "parameters": {"batch_size": 40, "concurrency": 10, "max_retries": 2, "verifier_timeout_s": 180.0,
+                    "seed": 0}},
     {"flow": recover, "entrypoint": "flows/curate.py:recover", "name": "recover",
-     "parameters": {"reason": "", "dry_run": True}},
+     "parameters": {"dry_run": True}},
     {"flow": package, "entrypoint": "flows/stages.py:package", "name": "package",
-     "parameters": {"hf_dir": ".forgeflow/demo/models/base", "out_dir": ".forgeflow/package",
-                    "quantizations": ["Q8_0", "Q4_K_M"]}},
+     "parameters": {"quantizations": ["Q8_0", "Q4_K_M"]}},
     {"flow": publish, "entrypoint": "flows/stages.py:publish", "name": "publish",
-     "parameters": {"gguf_path": ".forgeflow/demo/models/candidate-gguf/model-Q8_0.gguf", "store": "forgeflow-models",
-                    "hf_dir": ".forgeflow/demo/models/candidate-gguf/merged"}},
-    {"flow": serve, "entrypoint": "flows/stages.py:serve", "name": "serve",
-     "parameters": {"gguf_path": ".forgeflow/demo/models/candidate-gguf/model-Q8_0.gguf"}},
+     "parameters": {"store": "forgeflow-models"}},
+    {"flow": serve, "entrypoint": "flows/stages.py:serve", "name": "serve", "parameters": {}},
 ]
 """One entry per deployment of prefect.yaml; schedules (nightly lifecycle, weekly registry audit)
-are created paused."""
+are created paused. A parameter a flow requires and that has no working default here (a job id, a
+GGUF path, a prefix) is left out: Prefect asks for it at run time."""
 
 
 def build_deployments(work_pool_name: str | None = None) -> list[RunnerDeployment]:

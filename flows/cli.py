@@ -404,7 +404,7 @@ def up(port: int = typer.Option(4200, min=1, max=65535, help="Prefect API/UI por
     reuses what still runs. The forgeflow store is created (schema at head) too, so `status` and the
     other read-only commands work before the first flow run."""
     home = _prepare_env()
-    from forgeflow.errors import ForgeflowError  # noqa: PLC0415
+    from forgeflow.errors import ForgeflowError, InputError  # noqa: PLC0415
     from forgeflow.store import Store  # noqa: PLC0415
     from flows import service  # noqa: PLC0415
 
@@ -416,8 +416,10 @@ def up(port: int = typer.Option(4200, min=1, max=65535, help="Prefect API/UI por
             store_url = store.display_url
         finally:
             store.dispose()
-    except (ForgeflowError, KeyError) as exc:
+    except (InputError, KeyError) as exc:
         _fail(exc)
+    except ForgeflowError as exc:  # infrastructure: the server did not start, a database is unreachable
+        _fail(exc, 1)
     if as_json:
         print(service.state_json(state))
         return
@@ -429,6 +431,7 @@ def up(port: int = typer.Option(4200, min=1, max=65535, help="Prefect API/UI por
                   f"{', '.join(state.automations) or 'none'}")
     console.print(f"Prefect database: {state.database}")
     console.print(f"forgeflow store: {store_url}")
+    console.print(f"model store block {service.MODEL_STORE_BLOCK!r} (publish): {state.model_store}")
     console.print(f"Prefect UI: {state.ui_url}  (API {state.api_url}; stop with `forgeflow down`)")
 
 

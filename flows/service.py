@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -62,6 +63,27 @@ class ManagedProcess(BaseModel):
     log_path: str
 
 
+MODEL_STORE_BLOCK = "forgeflow-models"
+"""The ModelStore block the ``publish`` deployment publishes to; ``up`` saves a local one under
+``$FORGEFLOW_HOME/model-store`` when no block of that name exists (an existing one is kept)."""
+
+
+def ensure_model_store(home: Path) -> str:
+    """Save the :data:`MODEL_STORE_BLOCK` block (kind local, ``home/model-store``) unless it exists.
+
+    Returns:
+        Its local folder, or ``"kind <kind>"`` for a block of another kind that was kept.
+    """
+    from blocks.core import ModelStore
+
+    try:
+        block = ModelStore.load(MODEL_STORE_BLOCK)
+    except ValueError:  # no such block document
+        block = ModelStore(kind="local", path=home / "model-store")
+        block.save(MODEL_STORE_BLOCK)
+    return str(block.path) if block.kind == "local" else f"kind {block.kind}"
+
+
 class ServiceState(BaseModel):
     """What ``up`` started and registered (``$FORGEFLOW_HOME/service/service.json``)."""
 
@@ -78,6 +100,8 @@ class ServiceState(BaseModel):
     deployments: dict[str, str] = Field(default_factory=dict, description="'flow/deployment' -> deployment id")
     automations: dict[str, str] = Field(default_factory=dict, description="automation name -> id")
     reused: tuple[str, ...] = Field(default=(), description="roles whose running process was reused")
+    model_store: str = Field(default="", description=f"the {MODEL_STORE_BLOCK!r} ModelStore block the publish "
+                             "deployment names: its local folder, or its kind when not local")
 
 
 class StopReport(BaseModel):
@@ -88,6 +112,21 @@ class StopReport(BaseModel):
     role: str
     pid: int
     outcome: str = Field(description="'terminated', 'killed', 'not running' or 'not ours (left alone)'")
+
+
+def check_webhook_url(url: str) -> str:
+    """``url`` if it is an absolute http(s) URL with a host (the failed-run notification's webhook).
+
+    Raises:
+        InputError: anything else (e.g. ``not-a-url``, ``ftp://host``, ``http://``), named.
+    """
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, TypeError) as exc:
+        raise InputError(f"--notify-url {url!r} is not a URL: {exc}") from None
+    if parsed.scheme not in {"http", "https"} or not parsed.host:
+        raise InputError(f"--notify-url {url!r} is not an http(s) URL with a host (e.g. https://hooks.example/forgeflow)")
+    return url
 
 
 def prefect_database_url(url: str) -> str:
@@ -213,11 +252,18 @@ def _spawn(role: str, argv: list[str], env: dict[str, str], sdir: Path) -> Manag
     return managed
 
 
-def _log_tail(path: Path, n_chars: int = 2000) -> str:
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Refused)\b.*:")
+
+
+def _last_log_line(path: Path) -> str:
+    """What a failed start's log ends with, in one line (at most 300 characters): its last exception
+    line (``ConnectionRefusedError: [Errno 111] ...``) if it has one, else its last non-empty line."""
     try:
-        return path.read_text(errors="replace")[-n_chars:]
+        lines = [line.strip() for line in path.read_text(errors="replace")[-20_000:].splitlines() if line.strip()]
     except OSError:
-        return ""
+        return "(no log)"
+    errors = [line for line in lines if _EXCEPTION_LINE.match(line)]
+    return (errors or lines or ["(empty log)"])[-1][:300]
 
 
 def _service_env(home: Path, api_url: str) -> dict[str, str]:
@@ -254,12 +300,14 @@ def _start_server(home: Path, port: int, sdir: Path, startup_timeout_s: float,
             return server
         if not is_ours(server):
             _stop(server, grace_s=2.0)
-            raise ServerStartError(f"prefect server exited before answering {api_url}/health; log "
-                                   f"{server.log_path}:\n{_log_tail(Path(server.log_path))}")
+            (sdir / "server.pid").unlink(missing_ok=True)
+            raise ServerStartError(f"prefect server exited before answering {api_url}/health: "
+                                   f"{_last_log_line(Path(server.log_path))} (log {server.log_path})")
         time.sleep(1.0)
     _stop(server, grace_s=5.0)
-    raise ServerStartError(f"prefect server did not answer {api_url}/health within {startup_timeout_s:.0f} s; "
-                           f"log {server.log_path}:\n{_log_tail(Path(server.log_path))}")
+    (sdir / "server.pid").unlink(missing_ok=True)
+    raise ServerStartError(f"prefect server did not answer {api_url}/health within {startup_timeout_s:.0f} s: "
+                           f"{_last_log_line(Path(server.log_path))} (log {server.log_path})")
 
 
 def _ensure_pool(pool: str) -> None:
@@ -320,7 +368,8 @@ def _read_deployments(api_url: str) -> dict[str, str]:
 
 def up(home: Path, port: int = 4200, pool: str = "local", notify_url: str | None = None,
        startup_timeout_s: float = 240.0, database_url: str | None = None) -> ServiceState:
-    """Start (or reuse) the Prefect server and worker, create the pool, deploy, create the automations.
+    """Start (or reuse) the Prefect server and worker, create the pool, deploy, create the automations
+    and (when missing) the local ``forgeflow-models`` ModelStore block (:func:`ensure_model_store`).
 
     Args:
         home: FORGEFLOW_HOME; PIDs, argv and logs go to ``home/service/``. PREFECT_HOME (the server's
@@ -340,13 +389,16 @@ def up(home: Path, port: int = 4200, pool: str = "local", notify_url: str | None
 
     Raises:
         ServerStartError: the port is taken by a foreign process, or the server never became healthy.
-        InputError: the pool exists with another type, or ``database_url`` is not a usable URL.
+        InputError: the pool exists with another type, ``database_url`` is not a usable URL or
+            ``notify_url`` not an http(s) URL (both checked before anything starts).
     """
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     from deployments.automations import ensure_automations
 
     home = Path(home).resolve()
+    if notify_url is not None:
+        check_webhook_url(notify_url)
     server_db_url = prefect_database_url(database_url) if database_url else None
     database = _mask(server_db_url) if server_db_url else SQLITE_DEFAULT
     sdir = service_dir(home)
@@ -371,6 +423,7 @@ def up(home: Path, port: int = 4200, pool: str = "local", notify_url: str | None
         _register_deployments(pool)
         deployments = _read_deployments(api_url)
         automations = ensure_automations(deployments, notify_url)
+        model_store = ensure_model_store(home)
     if (previous is not None and previous.worker is not None and previous.pool == pool
             and "server" in reused and is_ours(previous.worker)):
         worker = previous.worker
@@ -381,7 +434,8 @@ def up(home: Path, port: int = 4200, pool: str = "local", notify_url: str | None
         worker = _spawn("worker", [sys.executable, "-m", "prefect", "worker", "start", "--pool", pool,
                                    "--type", "process"], env, sdir)
     state = ServiceState(port=port, pool=pool, api_url=api_url, ui_url=f"http://127.0.0.1:{port}", server=server,
-                         database=database, worker=worker, deployments=deployments, automations=automations, reused=tuple(reused))
+                         database=database, worker=worker, deployments=deployments, automations=automations,
+                         reused=tuple(reused), model_store=model_store)
     atomic_write_text(sdir / STATE_FILE, state.model_dump_json(indent=2))
     return state
 

@@ -46,6 +46,7 @@ CASES = [
     ("benchmarks.gguf_edit", ["--dir", "/nonexistent/x"], "--dir", "/nonexistent/x"),
     ("benchmarks.gguf_edit", ["--dir", "/etc/hostname"], "--dir", "/etc/hostname"),
     ("benchmarks.gguf_edit", ["--repeats", "0"], "--repeats", "0"),
+    ("benchmarks.gguf_edit", ["--size-gb", "999"], "--size-gb", "999"),  # more than /tmp can hold (3.2x)
     ("benchmarks.curation", ["--repeats", "0"], "--repeats", "0"),
     ("benchmarks.curation", ["--repeats", "-1"], "--repeats", "-1"),
     ("benchmarks.curation", ["--concurrency", "0"], "--concurrency", "0"),

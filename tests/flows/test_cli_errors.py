@@ -121,3 +121,35 @@ def test_a_store_at_an_older_revision_is_refused_not_migrated_by_a_read(tmp_path
     assert "is at schema revision 0002, older than this forgeflow's" in done.stderr
     assert "run any flow or `forgeflow up` to migrate it" in " ".join(done.stderr.split())
     assert Store(url).current_revision() == "0002"
+
+
+def test_up_refuses_a_notify_url_that_is_not_http_before_starting_anything(tmp_path) -> None:
+    done = _run("up", "--port", str(free_port()), "--notify-url", "not-a-url", FORGEFLOW_HOME=str(tmp_path))
+    assert done.returncode == 2
+    assert "--notify-url 'not-a-url' is not an http(s) URL" in " ".join(done.stderr.split())
+    assert "Traceback" not in done.stderr + done.stdout
+    assert not (tmp_path / "service").exists()  # no server, no worker, no state
+
+
+def test_up_on_an_unreachable_prefect_database_is_one_line_exit_1_and_leaves_nothing(tmp_path) -> None:
+    from tests.helpers import pid_alive
+
+    url = f"postgresql://nobody@127.0.0.1:{free_port()}/prefect"  # nothing listens there
+    done = subprocess.run([sys.executable, "-m", "flows.cli", "up", "--port", str(free_port()), "--database", url],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "FORGEFLOW_HOME": str(tmp_path), "PREFECT_HOME": str(tmp_path / "prefect")})
+    assert done.returncode == 1, done.stderr  # infrastructure, not bad input
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    text = " ".join(done.stderr.split())
+    assert text.startswith("error: ServerStartError: prefect server exited before answering"), text
+    assert "ConnectionRefusedError" in text  # the log's exception line, not its last line ("Server stopped!")
+    assert "(log " in text and len(lines) <= 3, lines  # one message (the console may wrap it), not the log
+    assert "Traceback" not in done.stdout
+    assert not (tmp_path / "service" / "server.pid").exists()
+    state = tmp_path / "service" / "server.log"
+    assert state.is_file()  # the log stays for the user to read
+    import json
+    recorded = tmp_path / "service" / "service.json"
+    if recorded.exists():  # whatever was recorded names no live process
+        server = json.loads(recorded.read_text()).get("server") or {}
+        assert not server or not pid_alive(server["pid"])

@@ -53,8 +53,21 @@ def test_nightly_lifecycle_schedule_is_paused():
 
 
 def test_deployment_parameters_validate_against_the_flows():
+    """Every parameter a deployment gives is one of its flow's and has the flow's type; a required
+    parameter may be left out (Prefect asks for it at run time) but never given a placeholder, and no
+    path parameter is relative (a worker's working directory is not the user's)."""
+    import inspect
+    from pathlib import PurePath
+
+    from pydantic import TypeAdapter
+
+    placeholders = ("", [], {})
     for spec in SPECS:
-        flow = spec["flow"]
-        flow.validate_parameters(spec["parameters"])  # raises ParameterTypeError on a mismatch
-        required = {name for name, p in flow.parameters.properties.items()} & set(flow.parameters.required or [])
-        assert required <= set(spec["parameters"]), spec["name"]
+        signature = inspect.signature(spec["flow"].fn)
+        hints = __import__("typing").get_type_hints(spec["flow"].fn)
+        for name, value in spec["parameters"].items():
+            assert name in signature.parameters, (spec["name"], name)
+            TypeAdapter(hints[name]).validate_python(value)  # raises on a type mismatch
+            assert value not in placeholders, f"{spec['name']}: {name}={value!r} is a placeholder, not a default"
+            if "Path" in str(hints[name]) and isinstance(value, str):
+                assert PurePath(value).is_absolute(), f"{spec['name']}: {name}={value!r} is a relative path"
