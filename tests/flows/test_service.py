@@ -112,11 +112,9 @@ def test_up_records_processes_pool_deployments_and_automations(running):
     assert state.ui_url == f"http://127.0.0.1:{state.port}"
     # the publish deployment's model store exists: a local folder under FORGEFLOW_HOME
     assert state.model_store == str(home / "model-store")
-    with _settings(state):
-        from blocks.core import ModelStore
-
-        block = ModelStore.load(service.MODEL_STORE_BLOCK)
-    assert block.kind == "local" and block.path == home / "model-store"
+    block = httpx.get(f"{state.api_url}/block_types/slug/forgeflow-model-store/block_documents/name/"
+                      f"{service.MODEL_STORE_BLOCK}", timeout=10).json()
+    assert block["data"]["kind"] == "local" and block["data"]["path"] == str(home / "model-store")
 
 
 def test_runs_from_run_deployment_and_rest_complete_and_freeze_ready_triggers_freeze(running, webhook):
