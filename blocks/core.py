@@ -12,9 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from prefect.blocks.core import Block
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 
-from forgeflow import registry_auth, sandbox
+from forgeflow import imageref, registry_auth, sandbox
 from forgeflow.errors import InputError
 from forgeflow.sandbox import SandboxSpec
 from forgeflow.skopeo import Skopeo
@@ -22,7 +22,13 @@ from forgeflow.store import Store
 
 
 class RegistryEndpoint(Block):
-    """A container registry skopeo can reach (loopback docker-registry, ACR, ECR, Harbor...)."""
+    """A container registry skopeo can reach (loopback docker-registry, ACR, ECR, Harbor...).
+
+    ``address`` and ``namespace`` are checked when the block is created or loaded
+    (:func:`forgeflow.imageref.check_address` / :func:`~forgeflow.imageref.check_namespace`): a
+    scheme (``http://``), a path, a port outside 1-65535 or a namespace outside the repository
+    path grammar (``../x``) is a pydantic ``ValidationError`` naming the field.
+    """
 
     _block_type_name = "forgeflow-registry"
     address: str = Field(description="host:port of the registry, e.g. 127.0.0.1:5702")
@@ -30,6 +36,16 @@ class RegistryEndpoint(Block):
     tls_verify: bool = Field(False, description="verify TLS (False for a plain-HTTP loopback registry)")
     username: str | None = Field(None, description="registry user, if it needs auth")
     password: SecretStr | None = Field(None, description="registry password or token (never logged)")
+
+    @field_validator("address")
+    @classmethod
+    def _check_address(cls, value: str) -> str:
+        return imageref.check_address(value, "address")
+
+    @field_validator("namespace")
+    @classmethod
+    def _check_namespace(cls, value: str) -> str:
+        return imageref.check_namespace(value, "namespace")
 
     def ref(self, repository: str, tag: str) -> str:
         """``docker://`` transport reference of ``repository:tag`` in this registry."""

@@ -308,14 +308,11 @@ def status(as_json: bool = typer.Option(False, "--json", help="print one JSON ob
     """The last lifecycle run's stages, the store's counts, the latest freeze, the serving endpoint,
     and what `forgeflow up` started (server address, pool, deployments, whether its processes run)."""
     home = _prepare_env(create=False)
-    from forgeflow.serving import read_state  # noqa: PLC0415
-
     store = _read_store()
     summary_path = home / "demo" / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
     from flows import service  # noqa: PLC0415
 
-    state = read_state(home / "demo" / "serving" / "state.json")
     svc = service.read_state(home)
     freeze = _latest_freeze(store, summary)
     out = {
@@ -324,8 +321,7 @@ def status(as_json: bool = typer.Option(False, "--json", help="print one JSON ob
             "prefect_flow_run_id": summary.get("prefect_flow_run_id"), "total_wall_s": summary.get("total_wall_s"),
             "stages": {k: v["status"] for k, v in summary["stages"].items()}},
         "last_freeze": freeze,
-        "serving": None if state is None else {"generation": state.generation, "port": state.active_port,
-                                               "gguf_sha256": state.gguf_sha256, "live": state.pid is not None},
+        "serving": _serving_status(store, home),
         "service": None if svc is None else {
             "ui_url": svc.ui_url, "api_url": svc.api_url, "pool": svc.pool, "database": svc.database,
             "server_running": service.is_ours(svc.server),
@@ -336,6 +332,40 @@ def status(as_json: bool = typer.Option(False, "--json", help="print one JSON ob
         print(json.dumps(out, indent=2, default=str))
         return
     console.print("\n".join(_status_lines(out)), highlight=False, soft_wrap=True)
+
+
+SERVING_STATE_FILES = (Path("serving") / "state.json", Path("demo") / "serving" / "state.json")
+"""The serving state files ``status`` knows, under ``$FORGEFLOW_HOME``: the ``serve`` flow's (and the
+``canary`` flow's) default, and the demo lifecycle's."""
+
+
+def _serving_status(store: "Store", home: Path) -> Optional[dict]:
+    """``status``'s serving part: the store's newest active serving generation (else its newest
+    generation of any status; None when it records none) with ``generation``, ``port``,
+    ``gguf_sha256``, ``status`` (the row's), ``live`` and ``state_path``.
+
+    The store's row does not name its state file, so the known ones (:data:`SERVING_STATE_FILES`)
+    are read and the first whose recorded generation, port and GGUF are the row's is its endpoint:
+    ``live`` is whether that file names a running server (a PID), ``state_path`` that file. A
+    generation no known state file holds any more (superseded, or served from another state file)
+    is reported not live, with ``state_path`` None."""
+    from forgeflow.errors import InputError  # noqa: PLC0415
+    from forgeflow.serving import read_state  # noqa: PLC0415
+
+    row = store.latest_serving_generation()
+    if row is None:
+        return None
+    out = {"generation": row.generation, "port": row.port, "gguf_sha256": row.gguf_sha256, "status": row.status,
+           "live": False, "state_path": None}
+    for relative in SERVING_STATE_FILES:
+        try:
+            state = read_state(home / relative)
+        except InputError:  # a damaged state file is not this generation's endpoint
+            continue
+        if state is not None and (state.generation, state.active_port, state.gguf_sha256) == (
+                row.generation, row.port, row.gguf_sha256):
+            return {**out, "live": state.pid is not None, "state_path": str(home / relative)}
+    return out
 
 
 def _latest_freeze(store: "Store", summary: Optional[dict]) -> Optional[dict]:
@@ -436,9 +466,16 @@ def up(port: int = typer.Option(4200, min=1, max=65535, help="Prefect API/UI por
 
 
 @app.command()
-def down(grace_s: float = typer.Option(10.0, min=0.0, help="seconds between SIGTERM and SIGKILL")) -> None:
-    """Stop the Prefect server and worker that `forgeflow up` started (by recorded PID only)."""
+def down(grace_s: float = typer.Option(10.0, min=0.0, help="seconds between SIGTERM and SIGKILL"),
+         serving: bool = typer.Option(False, "--serving", help="also stop the model servers that the serve flow "
+                                      "or the demo left serving (the store records their generations retired)")
+         ) -> None:
+    """Stop the Prefect server and worker that `forgeflow up` started (by recorded PID only); with
+    --serving also the live model servers of the known serving state files (a model server is not
+    started by `up`, so without --serving it is only named)."""
     home = _prepare_env()
+    from forgeflow.errors import InputError  # noqa: PLC0415
+    from forgeflow.serving import read_state, stop_active  # noqa: PLC0415
     from flows import service  # noqa: PLC0415
 
     reports = service.down(home, grace_s=grace_s)
@@ -446,6 +483,29 @@ def down(grace_s: float = typer.Option(10.0, min=0.0, help="seconds between SIGT
         console.print("nothing to stop (no service recorded)")
     for r in reports:
         console.print(f"{r.role}: pid {r.pid} {r.outcome}")
+    for relative in SERVING_STATE_FILES:
+        path = home / relative
+        try:
+            state = read_state(path)
+        except InputError:  # a damaged state file names no server to stop
+            state = None
+        if state is None or state.pid is None:
+            continue
+        if not serving:
+            console.print(f"model server: generation {state.generation} on port {state.active_port} (pid {state.pid}, "
+                          f"{path}) still serves; `forgeflow down --serving` stops it")
+            continue
+        stopped = stop_active(path)
+        if stopped is not None and stopped.pid is not None:  # it was live: the ledger says so no more
+            from tasks.serving import generation_row  # noqa: PLC0415
+
+            store = _read_store()  # a generation that served was recorded, so the store exists
+            try:
+                store.record_serving_generation(generation_row(stopped, "retired", None))
+            finally:
+                store.dispose()
+        console.print(f"model server: generation {state.generation} on port {state.active_port} (pid {state.pid}) "
+                      "stopped")
 
 
 def _parse_instant(text: Optional[str], option: str) -> Optional[datetime]:

@@ -34,9 +34,9 @@ from forgeflow import canary as canary_core
 from forgeflow.burst import BurstConfig, pin_adapter
 from forgeflow.compare import render_plot
 from forgeflow.config import LifecycleConfig
-from forgeflow.errors import PreflightError
+from forgeflow.errors import MigrationIncompleteError, PreflightError
 from forgeflow.freeze import AcceptedTask, SplitQuotas, check_freeze_inputs, record_freeze_inputs
-from forgeflow.fsutil import atomic_write_text, sha256_file, sha256_tree
+from forgeflow.fsutil import atomic_write_text, sha256_file
 from forgeflow.layout import ShardLayout
 from forgeflow.registry import RegistryServer
 from forgeflow.settings import apply_container_env
@@ -89,7 +89,7 @@ def lifecycle(config: LifecycleConfig = LifecycleConfig()) -> dict[str, Any]:
         if not config.keep_serving:
             stopped = serving.stop_active(state_path)
             if stopped is not None and stopped.pid is not None:  # it was live: the ledger says so no more
-                store.record_serving_generation(_generation_row(stopped, "retired", run_id))
+                store.record_serving_generation(serving_tasks.generation_row(stopped, "retired", run_id))
         for server in (source, target):
             server.stop()
         log.finish(result)  # summary.json + the stage table artifact
@@ -119,9 +119,12 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
     # store, digests preserved and verified; a re-run copies only what the store does not record as completed
     with log.stage("migrate") as st:
         names = {f"env/{e['project'].name}:{e['project'].version}": n for n, e in envs.items()}
-        summary = migrate_images_flow(source=RegistryEndpoint(address=src), target=RegistryEndpoint(address=dst),
-                                      images=list(names), max_size_bytes=config.max_image_size_bytes,
-                                      store_url=store.url)
+        try:
+            summary = migrate_images_flow(source=RegistryEndpoint(address=src), target=RegistryEndpoint(address=dst),
+                                          images=list(names), max_size_bytes=config.max_image_size_bytes,
+                                          store_url=store.url)
+        except MigrationIncompleteError as err:  # the subflow run is Failed; go on with what was migrated
+            summary = err.summary
         for name, rec in zip(names.values(), summary.records):
             if rec.status == "completed":
                 target_ref = migrate.store_ref(rec.target_ref)
@@ -250,7 +253,7 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
                              (config.serve_quantization,))
         served_base = base_gguf[config.serve_quantization]
         store.record_model_artifact(ledger.ModelArtifactRecord(sha256=base_model.sha256, kind="base", path=str(base_model.path), run_id=run_id))
-        _record_ggufs(store, base_gguf, base_model.sha256, run_id)
+        model_tasks.record_package(store, base_gguf, base_model.sha256, out_dir / "models" / "base-gguf", None, run_id)
         st["counts"] = {"parameters": base_model.num_parameters,
                         "tokenizer_vectors_matched": tokenizer_check.matched,
                         "tokenizer_vectors_total": tokenizer_check.total}
@@ -261,7 +264,7 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
                                      agent_timeout_s=config.agent_timeout_s, seed=config.seed)
     with log.stage("serve_baseline") as st:
         swap = log.call(serving_tasks.serve_swap, state_path, served_base.path, served_base.sha256, config.serve_ports)
-        store.record_serving_generation(_generation_row(swap.current, "active", run_id))
+        serving_tasks.record_swap(store, swap.previous, swap.current, run_id)
         st["counts"] = {"generation": swap.current.generation, "port": swap.current.active_port}
     baseline_trials = _canary(log, "canary_baseline", config, splits["test"], by_id, envs, swap.current.base_url,
                               served_base.sha256, agent_config, out_dir, store, run_id)
@@ -294,13 +297,7 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
         package_dir = out_dir / "models" / "candidate-gguf" / adapter.sha256[:16]  # one folder per adapter
         ggufs = log.call(model_tasks.package, base_model.path, base_model.sha256, package_dir,
                          config.quantizations, adapter.path, adapter.sha256)
-        merged_sha = adapter.sha256
-        if (package_dir / "merged" / "config.json").is_file():  # the merged checkpoint the GGUFs came from
-            merged_sha = sha256_tree(package_dir / "merged")
-            store.record_model_artifact(ledger.ModelArtifactRecord(
-                sha256=merged_sha, kind="merged", path=str(package_dir / "merged"), parent_sha256=adapter.sha256,
-                run_id=run_id))
-        _record_ggufs(store, ggufs, merged_sha, run_id)
+        model_tasks.record_package(store, ggufs, base_model.sha256, package_dir, adapter.sha256, run_id)
         table_artifact("package", [{"type": q, "path": str(a.path), "size_bytes": a.size_bytes, "sha256": a.sha256}
                                    for q, a in ggufs.items()], "GGUF artifacts of the candidate model")
         st["digests"] = {q: a.sha256 for q, a in ggufs.items()}
@@ -338,9 +335,7 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
         with log.stage("serve_swap") as st:
             if decision.verdict == "promote":
                 swap = log.call(serving_tasks.promote_server, state_path, staged)
-                if swap.previous is not None:
-                    store.record_serving_generation(_generation_row(swap.previous, "retired", run_id))
-                store.record_serving_generation(_generation_row(swap.current, "active", run_id))
+                serving_tasks.record_swap(store, swap.previous, swap.current, run_id)
                 st["counts"] = {"generation": swap.current.generation, "port": swap.current.active_port,
                                 "promoted": 1}
             else:
@@ -390,17 +385,3 @@ def _canary(log: StageLog, stage: str, config: LifecycleConfig, test_ids: list[s
                                    out_dir / "trajectories" / job_id, config.verifier_timeout_s,
                                    config.canary_concurrency, store)
     return trials
-
-
-def _record_ggufs(store: Store, ggufs: dict[str, Any], source_sha256: str, run_id: str) -> None:
-    """Record the f16 GGUF as made from ``source_sha256`` (the HF checkpoint it was converted from) and
-    each quantized GGUF as made from the f16 one (one production each; see Store.record_model_artifact)."""
-    for qtype, art in ggufs.items():
-        parent = source_sha256 if qtype == "f16" or "f16" not in ggufs else ggufs["f16"].sha256
-        store.record_model_artifact(ledger.ModelArtifactRecord(sha256=art.sha256, kind="gguf", path=str(art.path),
-                                    quantization=qtype, parent_sha256=parent, run_id=run_id))
-
-
-def _generation_row(state: serving.ServingState, status: str, run_id: str) -> ledger.ServingGenerationRecord:
-    return ledger.ServingGenerationRecord(generation=state.generation, port=state.active_port,
-                                          gguf_sha256=state.gguf_sha256, status=status, run_id=run_id)

@@ -14,15 +14,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from collections import Counter
+
 from prefect import flow, get_run_logger, unmapped
 from prefect.artifacts import create_image_artifact
 from prefect.runtime import flow_run
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from blocks.core import RegistryEndpoint
-from forgeflow import migrate
-from forgeflow.errors import InputError
-from forgeflow.layout import PrewarmPlan
+from forgeflow import imageref, migrate
+from forgeflow.errors import InputError, MigrationIncompleteError
+from forgeflow.fsutil import read_jsonl_objects
+from forgeflow.layout import PrewarmPlan, shard_layout
 from forgeflow.settings import apply_container_env, home_dir
 from forgeflow.store import Store
 from tasks import registry_ops
@@ -48,26 +51,95 @@ class MigrationSummary(BaseModel):
     failed: list[str]
 
 
+def _validation_text(err: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg'].removeprefix('Value error, ')}"
+                     for e in err.errors())
+
+
 def _endpoint(value: str | RegistryEndpoint, what: str) -> RegistryEndpoint:
+    """The endpoint of a flow parameter, its address and namespace checked (InputError naming
+    ``<what>.address`` / ``<what>.namespace``; also for an endpoint built without validation)."""
     if isinstance(value, RegistryEndpoint):
-        return value
-    if isinstance(value, dict):
-        return RegistryEndpoint(**value)
-    try:
-        return RegistryEndpoint.load(value)
-    except ValueError as err:
-        raise InputError(f"{what} registry block {value!r} is not saved: {err}") from err
+        endpoint = value
+    elif isinstance(value, dict):
+        try:
+            endpoint = RegistryEndpoint(**value)
+        except ValidationError as err:
+            raise InputError(f"{what} registry: {_validation_text(err)}") from None
+    else:
+        try:
+            endpoint = RegistryEndpoint.load(value)
+        except ValidationError as err:
+            raise InputError(f"{what} registry block {value!r} holds bad fields: {_validation_text(err)}") from None
+        except ValueError as err:
+            raise InputError(f"{what} registry block {value!r} is not saved: {err}") from err
+    imageref.check_address(endpoint.address, f"{what}.address")
+    imageref.check_namespace(endpoint.namespace, f"{what}.namespace")
+    return endpoint
 
 
-def _names(images: list[str] | None, dataset_path: Path | None, image_column: str) -> list[str]:
+def _fitting_columns(dataset_path: Path, image_column: str, registries: list[tuple[str, str]]) -> list[str]:
+    """Columns of the dataset's first row (other than ``image_column``) whose value would be accepted."""
+    for _, row in read_jsonl_objects(dataset_path, "dataset file"):
+        fitting = []
+        for column, value in row.items():
+            if column == image_column or not isinstance(value, str):
+                continue
+            try:
+                imageref.relative_name(value, registries)
+            except InputError:
+                continue
+            fitting.append(column)
+        return fitting
+    return []
+
+
+def _names(images: list[str] | None, dataset_path: Path | None, image_column: str,
+           registries: list[tuple[str, str]]) -> list[str]:
+    """Distinct image names relative to ``registries`` (``repo:tag[@sha256:...]``), first-seen order.
+
+    A name naming one of ``registries`` is taken as a full reference (host and namespace dropped);
+    a name naming another host, or a malformed one, is an InputError naming where it came from
+    (the ``images`` entry, or the dataset's column and value) and what is expected.
+    """
     if (images is None) == (dataset_path is None):
         raise InputError("give exactly one of images (repo:tag names) or dataset_path (a JSONL file)")
     if dataset_path is not None:
-        return migrate.image_names_from_jsonl(dataset_path, image_column)
-    names = list(dict.fromkeys(images or []))
-    if not names:
+        raw = migrate.image_names_from_jsonl(dataset_path, image_column)
+        what = f"dataset {dataset_path} column {image_column!r} value"
+    else:
+        raw = list(dict.fromkeys(images or []))
+        what = "images entry"
+    if not raw:
         raise InputError("images is empty")
-    return names
+    try:
+        names = [imageref.relative_name(name, registries, what).relative for name in raw]
+    except InputError as err:
+        if dataset_path is None:
+            raise
+        fitting = _fitting_columns(dataset_path, image_column, registries)
+        hint = f" (columns of this file whose values fit: {fitting})" if fitting else ""
+        raise InputError(f"{err}{hint}") from None
+    return list(dict.fromkeys(names))
+
+
+def _check_limits(concurrency_limit: int, rate_limit_per_s: float | None) -> None:
+    if isinstance(concurrency_limit, bool) or not isinstance(concurrency_limit, int) \
+            or not 1 <= concurrency_limit <= 64:
+        raise InputError(f"concurrency_limit must be a whole number of images in 1-64, got {concurrency_limit!r}")
+    if rate_limit_per_s is not None and not rate_limit_per_s > 0:
+        raise InputError(f"rate_limit_per_s must be a positive number of images per second (or None: "
+                         f"no rate limit), got {rate_limit_per_s!r}")
+
+
+def _failure_message(names: list[str], records: list[migrate.MigrationRecord]) -> str:
+    failed = [(name, r) for name, r in zip(names, records) if r.status == "failed"]
+    by_type = Counter(r.error_type or "Exception" for _, r in failed)
+    kinds = ", ".join(f"{kind} {n}" for kind, n in sorted(by_type.items(), key=lambda kv: (-kv[1], kv[0])))
+    shown = ", ".join(f"{name} ({r.error_type})" for name, r in failed[:5])
+    more = f" and {len(failed) - 5} more" if len(failed) > 5 else ""
+    return (f"{len(failed)} of {len(records)} images failed ({kinds}): {shown}{more}; each image's state "
+            "is in the store and the migrate-images table")
 
 
 def _coverage_rows(report: migrate.CoverageReport) -> list[dict]:
@@ -114,9 +186,27 @@ def migrate_images(source: str | RegistryEndpoint, target: str | RegistryEndpoin
     target, beside the recorded state; rows the registry contradicts are put back to
     ``pending`` so the next run copies them).
 
+    Image names: ``repo:tag`` relative to the registries (``env/six:1.17.0``; the same path in
+    both, under each endpoint's namespace), optionally pinned by ``@sha256:<64 hex>`` (the source
+    is then read by digest and the target tagged ``repo:tag``). A name whose first component is
+    a registry host (it contains ``.`` or ``:`` or is ``localhost``, the docker reference
+    grammar's rule) is taken as a full reference when that host is the source's or the target's
+    address (``127.0.0.1:5702/task-02:x`` means ``task-02:x``), and refused otherwise (a local
+    podman name such as ``localhost/forgeflow/task:x`` is not a registry path): one InputError
+    naming the column or entry, the value and the expected form, before anything runs.
+
+    Before any state is written, every input is checked (endpoint addresses ``host[:port]``,
+    namespaces, every image name, limits) and both registries must answer ``GET /v2/`` (200 or
+    401): an unreachable one is a RegistryUnavailableError naming its address, not a retry per
+    image. The flow run ends Failed (MigrationIncompleteError, counting failed images by
+    exception type and naming a few) when any image failed, after every image's state, the
+    ``migrate-images`` table and the coverage were written; ``oversize`` skips do not fail it.
+    The exception's ``summary`` holds the :class:`MigrationSummary`.
+
     Args:
         source / target: A saved ``forgeflow-registry`` block name or a RegistryEndpoint.
-        images: ``repo:tag`` names; or ``dataset_path``: a JSONL file with an ``image_column``.
+        images: Image names (see above); or ``dataset_path``: a JSONL file with an ``image_column``.
+        image_column: The dataset column holding the image names (default ``image``).
         max_size_bytes: Images above this (sum of compressed layers) are skipped (``oversize``).
         concurrency_limit: Concurrent images against the target registry (1-64).
         rate_limit_per_s: Images started per second (None: no rate limit).
@@ -126,17 +216,23 @@ def migrate_images(source: str | RegistryEndpoint, target: str | RegistryEndpoin
 
     Raises:
         InputError: bad inputs (nothing is copied or recorded then).
+        RegistryUnavailableError: the source or target registry does not answer (nothing is
+            copied or recorded then).
+        MigrationIncompleteError: some images failed (their states are recorded).
     """
     apply_container_env()
     log = get_run_logger()
     src, dst = _endpoint(source, "source"), _endpoint(target, "target")
-    names = _names(images, dataset_path, image_column)
+    names = _names(images, dataset_path, image_column, [(dst.address, dst.namespace), (src.address, src.namespace)])
     if max_size_bytes < 0:
         raise InputError(f"max_size_bytes must be >= 0, got {max_size_bytes}")
     if retry_delays_s is not None and (len(retry_delays_s) > 10 or any(d < 0 for d in retry_delays_s)):
         raise InputError(f"retry_delays_s must be at most 10 non-negative delays, got {retry_delays_s}")
-    pairs = list(zip(registry_ops.image_refs(src, names), registry_ops.image_refs(dst, names)))
+    _check_limits(concurrency_limit, rate_limit_per_s)
+    pairs = list(zip(registry_ops.image_refs(src, names), registry_ops.image_refs(dst, names, pin_digest=False)))
     migrate.check_pairs(pairs)
+    migrate.check_reachable(src.address, src.tls_verify, what="source")
+    migrate.check_reachable(dst.address, dst.tls_verify, what="target")
     limit, rate = registry_ops.ensure_registry_limits(dst.address, concurrency_limit, rate_limit_per_s)
     store = Store(store_url)
     store.upgrade()
@@ -188,7 +284,10 @@ def migrate_images(source: str | RegistryEndpoint, target: str | RegistryEndpoin
                     len(reset), reset[:10])
     _publish_coverage("migrate-coverage", report, dst)
     store.dispose()
-    return MigrationSummary(records=records, coverage=report, copied=copied, failed=failed)
+    summary = MigrationSummary(records=records, coverage=report, copied=copied, failed=failed)
+    if failed:
+        raise MigrationIncompleteError(_failure_message(names, records), summary)
+    return summary
 
 
 @flow(name="registry-audit", log_prints=True)
@@ -202,15 +301,27 @@ def registry_audit(target: str | RegistryEndpoint, images: list[str] | None = No
     ``images`` rows, as ``migrate-images`` writes them), and rows the registry contradicts (a
     ``completed`` image missing or serving another digest) are put back to ``pending`` in one
     transaction, so the next ``migrate-images`` run copies them again.
+
+    Image names are read as by ``migrate-images``: ``repo:tag`` relative to the target (optionally
+    ``@sha256:<64 hex>``: that manifest is checked), or a full reference whose host is the
+    target's address (``127.0.0.1:5702/task-02:x``); a name naming another registry host (a local
+    podman name ``localhost/forgeflow/task:x``) is refused with an InputError naming the column,
+    the value and the expected form (and the dataset columns that would fit) before anything runs.
+
+    Raises:
+        InputError: bad inputs (nothing is checked or recorded then).
+        RegistryUnavailableError: the target does not answer ``GET /v2/`` (200 or 401).
     """
     apply_container_env()
     dst = _endpoint(target, "target")
+    names = _names(images, dataset_path, image_column, [(dst.address, dst.namespace)])
+    registry_ops.image_refs(dst, names)
+    migrate.check_reachable(dst.address, dst.tls_verify, what="target")
     store = None
     if store_url is not None:
         store = Store(store_url)
         store.upgrade()
-    report = registry_ops.coverage_check(dst, _names(images, dataset_path, image_column),
-                                         store.url if store is not None else None)
+    report = registry_ops.coverage_check(dst, names, store.url if store is not None else None)
     if store is not None:
         reset = migrate.reconcile_coverage(store, report, str(flow_run.get_id() or "") or None)
         if reset:
@@ -225,8 +336,18 @@ def rewrite_image_refs(old_prefix: str, new_prefix: str, dry_run: bool = True,
                        store_url: str | None = None) -> migrate.RewritePlan:
     """Rewrite recorded image references (``images.ref``, ``task_instances.image_ref``) from one
     registry prefix to another in one transaction; ``dry_run`` only publishes the diff
-    (``rewrite-image-refs`` table artifact). Reverse it with the prefixes swapped."""
+    (``rewrite-image-refs`` table artifact). Reverse it with the prefixes swapped.
+
+    A prefix matches at a name boundary: ``<prefix>/...``, and for a prefix ending in a repository
+    also ``<prefix>:tag`` / ``<prefix>@digest``, so ``127.0.0.1:5702/task-01`` ->
+    ``127.0.0.1:5702/task-02`` moves that repository's references. When nothing matches, the
+    log warns, naming the prefix and a recorded reference as an example."""
     plan = registry_ops.rewrite_refs(old_prefix, new_prefix, dry_run, store_url)
+    if not plan.rows:
+        seen = (f"recorded references look like {plan.unmatched_example!r}" if plan.unmatched_example
+                else "no image references are recorded in the store")
+        get_run_logger().warning("nothing to rewrite: no recorded reference lies under old_prefix %r "
+                                 "(followed by '/', or ':'/'@' after a repository); %s", plan.old_prefix, seen)
     table_artifact("rewrite-image-refs", [r.model_dump() for r in plan.rows],
                    f"{'dry run: ' if dry_run else ''}{len(plan.rows)} references {old_prefix} -> {new_prefix}")
     return plan
@@ -245,8 +366,10 @@ def prewarm_plan(tasks_path: Path | None = None, shards: int = 80, lanes: int = 
 
     Raises:
         PlanRejectedError: a repository would exceed ``tag_cap`` (names repositories and counts).
-        InputError: bad inputs.
+        InputError: bad inputs (a bad ``shards`` / ``lanes`` / ``prefix`` / ``tag_cap`` is named
+            with its value), before any task is read.
     """
+    shard_layout(shards, lanes, prefix, tag_cap)
     if tasks_path is not None:
         pairs = migrate.plan_tasks_from_jsonl(tasks_path)
     else:

@@ -81,18 +81,37 @@ def package(hf_dir: Path, out_dir: Path, quantizations: tuple[str, ...] = ("Q8_0
     ``<stem>.lineage.json`` are published once every artifact passed the GGUF check and loaded
     (:func:`tasks.publish.publish_gguf`); the result then also holds ``published`` (the record).
 
+    Every artifact is recorded in the store as the lifecycle's package stage records it
+    (:func:`tasks.model.record_package`: the merged checkpoint from the adapter, the f16 GGUF from the
+    checkpoint it was converted from, each quantized GGUF from the f16 one, with this flow run's
+    id), so ``forgeflow lineage`` lists this run as their producer; the base checkpoint ``hf_dir`` and
+    the adapter are recorded too when the store does not know them yet.
+
     Raises:
         InputError: before any compute: the store block is missing or inconsistent, or
             ``publish_quantization`` is not among the artifacts this run makes.
         GGUFError: a GGUF fails its check (nothing is published).
     """
+    from forgeflow.burst import adapter_sha256 as adapter_digest
     from forgeflow.fsutil import sha256_tree
 
     quantizations = tuple(quantizations)
     target = _publish_preflight(publish, publish_quantization or (quantizations[0] if quantizations else "f16"),
                                 ("f16", *quantizations)) if publish else None
-    artifacts = model_tasks.package(hf_dir, sha256_tree(hf_dir), out_dir, quantizations, adapter_dir,
+    hf_sha = sha256_tree(hf_dir)
+    adapter_sha = adapter_digest(adapter_dir) if adapter_dir else None
+    artifacts = model_tasks.package(hf_dir, hf_sha, out_dir, quantizations, adapter_dir,
                                     sha256_tree(adapter_dir) if adapter_dir else None)
+    store = ledger.Store()
+    store.upgrade()
+    run_id = str(flow_run.get_id() or "") or None
+    if not store.producers(hf_sha):  # a base checkpoint the store has not seen: record it as a root
+        store.record_model_artifact(ledger.ModelArtifactRecord(sha256=hf_sha, kind="base", path=str(hf_dir),
+                                                               run_id=run_id))
+    if adapter_dir and not store.producers(adapter_sha):
+        store.record_model_artifact(ledger.ModelArtifactRecord(sha256=adapter_sha, kind="adapter", path=str(adapter_dir),
+                                                               parent_sha256=hf_sha, run_id=run_id))
+    model_tasks.record_package(store, artifacts, hf_sha, Path(out_dir), adapter_sha, run_id)
     if publish and target:
         art = artifacts[target]
         source = Path(out_dir) / "merged" if adapter_dir else Path(hf_dir)  # what the GGUF was converted from
@@ -126,13 +145,34 @@ def publish(gguf_path: Path, store: str, hf_dir: Path, adapter_dir: Path | None 
         adapter_dir: the adapter merged into it, if any.
         model_name: the model's name in a local store.
 
+    When the store (the ledger) knows the GGUF, ``hf_dir`` must be the checkpoint its recorded chain
+    was converted from and ``adapter_dir`` the adapter merged into it (required when the chain has
+    one; :func:`forgeflow.lineage.check_release_sources`), checked before anything is written or
+    sent: the GGUF metadata check cannot tell a LoRA-merged checkpoint from its base. When the
+    store does not know the GGUF, it is published as given and a warning says the lineage was not
+    cross-checked.
+
     Raises:
-        InputError: the store block is missing or inconsistent; GGUFError: the check failed.
+        InputError: the store block is missing or inconsistent; ``gguf_path``/``hf_dir`` is missing;
+            ``hf_dir``/``adapter_dir`` is not what the store records the GGUF was converted from.
+        GGUFError: the check failed.
     """
     from forgeflow.fsutil import sha256_file, sha256_tree
+    from forgeflow.lineage import check_release_sources
 
     publish_tasks.load_model_store(store)
+    if not Path(gguf_path).is_file():
+        raise InputError(f"gguf_path {str(gguf_path)!r} is not a file")
+    if not Path(hf_dir).is_dir():
+        raise InputError(f"hf_dir {str(hf_dir)!r} is not a folder")
+    if adapter_dir is not None and not Path(adapter_dir).is_dir():
+        raise InputError(f"adapter_dir {str(adapter_dir)!r} is not a folder")
     gguf_sha, hf_sha = sha256_file(gguf_path), sha256_tree(hf_dir)
+    ledger_store = ledger.Store()
+    ledger_store.upgrade()
+    if check_release_sources(ledger_store, gguf_sha, hf_sha, Path(hf_dir), adapter_dir) is None:
+        get_run_logger().warning("the store (%s) does not know GGUF %s: its lineage (hf_dir %s, adapter_dir %s) "
+                                 "could not be cross-checked", ledger_store.display_url, gguf_sha, hf_dir, adapter_dir)
     check = publish_tasks.check_release(gguf_path, gguf_sha, hf_dir, hf_sha)
     get_run_logger().info("%s passed the GGUF check against %s (%s, %d blocks, vocabulary %d)", Path(gguf_path).name,
                           hf_dir, check.file_type, check.block_count, check.vocab_size)
@@ -143,9 +183,30 @@ def publish(gguf_path: Path, store: str, hf_dir: Path, adapter_dir: Path | None 
 
 @flow(name="serve", log_prints=True)
 def serve(gguf_path: Path, state_path: Path | None = None, ports: tuple[int, int] = (8801, 8802)) -> dict:
-    """Blue/green swap of the serving endpoint to ``gguf_path`` (gate, switch, stop the old one)."""
+    """Blue/green swap of the serving endpoint to ``gguf_path`` (gate, switch, stop the old one).
+
+    The endpoint is the state file ``state_path`` (default ``$FORGEFLOW_HOME/serving/state.json``,
+    the one the ``canary`` flow reads by default). A promotion is recorded in the store as the
+    lifecycle records its swaps (:func:`tasks.serving.record_swap`): the new generation active, the
+    one it replaced retired, with this flow run's id; ``forgeflow status`` and ``forgeflow lineage``
+    read it from there.
+
+    Returns:
+        :class:`tasks.serving.SwapOutcome` as JSON (``promoted``, ``verdict``, ``state``, ``previous``).
+
+    Raises:
+        InputError: ``gguf_path`` is not a file, ``ports`` are not two distinct ports, or nothing
+            serves and both ports are held by other processes.
+        SwapRolledBackError: the new server did not start or failed its gate (the old one serves on).
+    """
     from forgeflow.fsutil import sha256_file
 
+    if not Path(gguf_path).is_file():
+        raise InputError(f"gguf_path {str(gguf_path)!r} is not a file")
     outcome = serving_tasks.swap_transaction(state_path or home_dir() / "serving" / "state.json", gguf_path,
                                              sha256_file(gguf_path), tuple(ports), lambda staged: "promote")
+    if outcome.promoted and outcome.state is not None:
+        store = ledger.Store()
+        store.upgrade()
+        serving_tasks.record_swap(store, outcome.previous, outcome.state, str(flow_run.get_id() or "") or None)
     return outcome.model_dump(mode="json")

@@ -94,6 +94,18 @@ class ImageNotFoundError(InfraError):
     """An image reference does not exist in the registry or local storage."""
 
 
+class MigrationIncompleteError(InfraError):
+    """A migration ended with failed images (each image's state and the table were recorded
+    first). ``summary`` holds the flow's summary (records, coverage, failed lines)."""
+
+    def __init__(self, message: str, summary: object = None) -> None:
+        super().__init__(message)
+        self.summary = summary
+
+    def __reduce__(self) -> tuple:
+        return (type(self), (str(self), self.summary))
+
+
 class ImageBuildError(InfraError):
     """Building an image failed."""
 

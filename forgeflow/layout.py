@@ -286,3 +286,36 @@ class ShardLayout(BaseModel):
 
 
 PrewarmPlan.model_rebuild()
+
+
+def shard_layout(shards: int, lanes: int, prefix: str, tag_cap: int) -> ShardLayout:
+    """A :class:`ShardLayout` from flow parameters of the same names, bad values as InputError.
+
+    Args:
+        shards: Number of task repositories (1-10000).
+        lanes: Neighbouring shards one base's tasks spread over (1..shards).
+        prefix: Repository name prefix (``[a-z0-9]+`` parts joined by ``.``, ``_`` or ``-``).
+        tag_cap: Most tags a repository may hold (>= 1).
+
+    Returns:
+        The layout.
+
+    Raises:
+        InputError: naming each bad parameter with its value and the rule it breaks
+            (``shards=0: Input should be greater than or equal to 1``; ``lanes (6) must not
+            exceed shards (5)``).
+    """
+    from pydantic import ValidationError
+
+    try:
+        return ShardLayout(shards=shards, lanes=lanes, prefix=prefix, tag_cap=tag_cap)
+    except ValidationError as err:
+        problems = []
+        for error in err.errors():
+            message = error["msg"].removeprefix("Value error, ")
+            if error["loc"]:
+                field = ".".join(str(part) for part in error["loc"])
+                problems.append(f"{field}={error['input']!r}: {message}")
+            else:
+                problems.append(message)
+        raise InputError("bad layout parameters: " + "; ".join(problems)) from None

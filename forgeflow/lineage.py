@@ -199,3 +199,81 @@ def lineage_of(store: Store, sha256_prefix: str, *, verify_paths: bool = True) -
     served = [g for g in store.serving_generations() if g.gguf_sha256 == target]
     return LineageReport(artifact_sha256=target, chains=chains, serving_generations=served,
                          warnings=list(dict.fromkeys(warnings)))
+
+
+class RecordedSource(BaseModel):
+    """What the store records a GGUF was converted from, on one of its chains.
+
+    Attributes:
+        checkpoint_sha256: the parent of the chain's first GGUF (the f16 conversion): a base model or
+            merged checkpoint (``sha256_tree``), or an adapter when no merged checkpoint was recorded.
+        checkpoint_kind: that artifact's kind (``base``, ``merged``, ``adapter``).
+        adapter_sha256: the adapter merged into it (the nearest adapter above the GGUF, else a merged
+            checkpoint's recorded parent), or None.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    checkpoint_sha256: str
+    checkpoint_kind: str
+    adapter_sha256: str | None
+
+
+def recorded_sources(store: Store, gguf_sha256: str) -> list[RecordedSource]:
+    """Every distinct source the store records for the GGUF ``gguf_sha256`` (full digest), newest chain
+    first; [] when the store does not know it (no production of that digest)."""
+    if not store.producers(gguf_sha256):
+        return []
+    out: list[RecordedSource] = []
+    for chain in lineage_of(store, gguf_sha256, verify_paths=False).chains:
+        first_gguf = next(i for i, step in enumerate(chain) if step.kind == "gguf")
+        above = chain[:first_gguf]
+        if above:
+            checkpoint = above[-1]
+            ckpt_sha, ckpt_kind = checkpoint.sha256, checkpoint.kind
+        else:  # the chain starts at the GGUF: its parent is not in the store
+            ckpt_sha, ckpt_kind = chain[first_gguf].parent_sha256 or "", "unknown"
+        adapter = next((step.sha256 for step in reversed(above) if step.kind == "adapter"), None)
+        if adapter is None and ckpt_kind == "merged":  # the adapter itself is not in the store
+            adapter = above[-1].parent_sha256
+        source = RecordedSource(checkpoint_sha256=ckpt_sha, checkpoint_kind=ckpt_kind, adapter_sha256=adapter)
+        if source not in out:
+            out.append(source)
+    return out
+
+
+def check_release_sources(store: Store, gguf_sha256: str, hf_sha256: str, hf_dir: Path,
+                          adapter_dir: Path | None) -> RecordedSource | None:
+    """Check the sources a release names against what the store records for the GGUF.
+
+    A GGUF the store knows must be published with the checkpoint its recorded chain was converted
+    from (``hf_sha256``, the ``sha256_tree`` of ``hf_dir``) and, when that chain has an adapter,
+    with that adapter (``adapter_dir``, compared with :func:`forgeflow.burst.adapter_matches`); an
+    ``adapter_dir`` given for a chain without an adapter does not match either. When the recorded
+    chain has no merged checkpoint (the GGUF's parent is the adapter), only the adapter is compared.
+    With several producers, matching any one chain is enough.
+
+    Returns:
+        The matching :class:`RecordedSource`, or None when the store does not know the GGUF (the
+        caller cannot cross-check; nothing is raised).
+
+    Raises:
+        InputError: no recorded chain matches; names what was given and what the store recorded.
+    """
+    sources = recorded_sources(store, gguf_sha256)
+    if not sources:
+        return None
+    for source in sources:
+        if source.checkpoint_kind in ("base", "merged") and source.checkpoint_sha256 != hf_sha256:
+            continue
+        if source.adapter_sha256 is None:
+            if adapter_dir is None:
+                return source
+        elif adapter_dir is not None and adapter_matches(Path(adapter_dir), source.adapter_sha256):
+            return source
+    recorded = "; ".join(f"{s.checkpoint_kind} checkpoint {s.checkpoint_sha256}, adapter {s.adapter_sha256 or 'none'}"
+                         for s in sources)
+    raise InputError(f"GGUF {gguf_sha256} was not converted from what was given: hf_dir {hf_dir} (sha256 "
+                     f"{hf_sha256}), adapter_dir {adapter_dir if adapter_dir is not None else 'none'}; the store "
+                     f"({store.display_url}) records it as converted from: {recorded}. Give the checkpoint "
+                     "(and adapter) the store names")

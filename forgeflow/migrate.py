@@ -48,6 +48,7 @@ from forgeflow.errors import (
     ForgeflowError,
     ImageNotFoundError,
     InputError,
+    RegistryUnavailableError,
     is_transient,
 )
 from forgeflow.fsutil import read_jsonl_objects
@@ -353,6 +354,47 @@ def migrate_images(
         if on_record is not None:
             on_record(record)
     return records
+
+
+def check_reachable(address: str, tls_verify: bool = False, timeout_s: float = 5.0, what: str = "registry") -> str:
+    """Preflight: one ``GET /v2/`` (httpx) to see that a registry answers at ``address``.
+
+    200 or 401 (the registry asks for credentials) means reachable. With ``tls_verify`` the
+    request goes to ``https://`` with certificate verification; without it (a registry skopeo
+    reaches without TLS verification, often plain HTTP on loopback), plain ``http://`` is tried
+    first and ``https://`` without verification after any other answer or failure.
+
+    Args:
+        address: ``host[:port]`` of the registry.
+        tls_verify: The endpoint's TLS setting.
+        timeout_s: Timeout of each request in seconds.
+        what: How the error names the registry (``source``, ``target``).
+
+    Returns:
+        The URL that answered (``http://127.0.0.1:5702/v2/``).
+
+    Raises:
+        RegistryUnavailableError: nothing answers at ``address`` (refused, timeout, TLS failure) or
+            it answers ``/v2/`` with another status than 200/401 (the message names the address).
+    """
+    import httpx
+
+    schemes = [("https", True)] if tls_verify else [("http", False), ("https", False)]
+    failures = []
+    for scheme, verify in schemes:
+        url = f"{scheme}://{address}/v2/"
+        try:
+            response = httpx.get(url, verify=verify, timeout=timeout_s, follow_redirects=False)
+        except httpx.HTTPError as err:
+            failures.append(f"{url}: {type(err).__name__}: {err}")
+            continue
+        if response.status_code in (200, 401):
+            return url
+        failures.append(f"{url}: HTTP {response.status_code}")
+    raise RegistryUnavailableError(
+        f"{what} registry {address} is not reachable (GET /v2/ must answer 200 or 401): "
+        + "; ".join(failures)
+    )
 
 
 def check_pairs(pairs: Sequence[tuple[str, str]]) -> None:
@@ -855,6 +897,9 @@ class RewritePlan(BaseModel):
         image_roles: Image roles whose ``images.ref`` rows were in scope.
         rows: Every change, sorted by table then key.
         applied: False for a dry run.
+        unmatched_example: When nothing lies under ``old_prefix`` (``rows`` empty): one recorded
+            in-scope reference, to show what the references look like (None when there are rows
+            or nothing is recorded).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -864,13 +909,19 @@ class RewritePlan(BaseModel):
     image_roles: tuple[str, ...]
     rows: list[RewriteRow]
     applied: bool
+    unmatched_example: str | None = None
 
 
 _PREFIX = re.compile(r"[A-Za-z0-9.-]+(?::\d{1,5})?(?:/[A-Za-z0-9._-]+)*")
 
 
 def _under(ref: str, prefix: str) -> bool:
-    return ref.startswith(prefix + "/")
+    """``ref`` lies under ``prefix`` at a name boundary: ``prefix/...`` always; ``prefix:tag`` and
+    ``prefix@digest`` when the prefix ends in a repository (it has a ``/``: after a bare host a
+    ``:`` starts the port, so ``127.0.0.1`` never matches ``127.0.0.1:5702/...``)."""
+    if ref.startswith(prefix + "/"):
+        return True
+    return "/" in prefix and ref.startswith((prefix + ":", prefix + "@"))
 
 
 def rewrite_refs(
@@ -884,8 +935,13 @@ def rewrite_refs(
     """Move recorded image references from one registry prefix to another, in ONE transaction.
 
     ``images.ref`` (rows whose role is in ``image_roles``) and ``task_instances.image_ref`` that
-    lie under ``old_prefix`` (``<old_prefix>/...``, a path-segment boundary) get ``new_prefix``
-    instead. The plan is computed and checked inside the same transaction that applies it.
+    lie under ``old_prefix`` get ``new_prefix`` instead. "Under" means at a name boundary:
+    ``<old_prefix>/...``, and, for a prefix that ends in a repository
+    (``127.0.0.1:5702/task-01``), also ``<old_prefix>:tag`` and ``<old_prefix>@digest``, so one
+    repository moves to another (``task-01:t1`` -> ``task-02:t1``); ``task-01`` never matches
+    ``task-010``. The plan is computed and checked inside the same transaction that applies it.
+    When nothing matches, the plan has no rows and ``unmatched_example`` shows a recorded
+    reference.
 
     Reversible: the rewrite is refused while any in-scope reference already lies under
     ``new_prefix`` (those would be moved back too, or collide with a moved ``images`` key), so
@@ -964,9 +1020,12 @@ def rewrite_refs(
                         .where(TaskInstance.instance_id == row.key)
                         .values(image_ref=row.new, updated_at=now)
                     )
+    example = None
+    if not rows:
+        example = next(iter(images), None) or next((ref for _, ref in tasks), None)
     return RewritePlan(
         old_prefix=old_prefix, new_prefix=new_prefix, image_roles=roles, rows=rows,
-        applied=not dry_run,
+        applied=not dry_run, unmatched_example=example,
     )
 
 

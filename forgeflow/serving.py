@@ -390,7 +390,8 @@ class ServingState(BaseModel):
     """The active serving generation, persisted as JSON (see :func:`read_state`).
 
     Attributes:
-        generation: 1 for the first swap, +1 per successful swap.
+        generation: 1 for the first swap, +1 per successful swap (or more: :func:`promote`'s
+            ``min_generation`` keeps numbers unique among several state files).
         active_port: the port the active server listens on.
         gguf_path: the GGUF it serves.
         gguf_sha256: that file's sha256.
@@ -521,6 +522,29 @@ def reap_orphans(log_path: Path, port: int, keep_pid: int | None = None) -> list
     return stopped
 
 
+def _pick_port(state_path: Path, previous: ServingState | None, ports: tuple[int, int]) -> int:
+    """The port the new server starts on, after reaping our own orphans there (:func:`reap_orphans`).
+
+    While a server is recorded as live, the idle port (the one it does not use); it must be free
+    then (a busy one makes the start fail and the swap roll back). When nothing is serving (no
+    state, or its server stopped), the idle port is preferred, and if another process holds it,
+    the other port is used instead.
+
+    Raises:
+        InputError: nothing is serving and both ports are held by other processes (named); nothing
+            was started.
+    """
+    keep_pid = previous.pid if previous is not None else None
+    preferred = ports[1] if previous is not None and previous.active_port == ports[0] else ports[0]
+    candidates = [preferred] if keep_pid is not None else [preferred, ports[0] if preferred == ports[1] else ports[1]]
+    for port in candidates:
+        reap_orphans(Path(state_path).with_name(f"server-{port}.log"), port, keep_pid=keep_pid)
+        if keep_pid is not None or not _port_is_open(port):
+            return port
+    raise errors.InputError(f"ports {list(ports)}: nothing is serving ({state_path}) but both ports are in use "
+                            f"by other processes on {LOOPBACK_HOST}; free one or give other ports")
+
+
 def stage(
     state_path: Path,
     new_gguf: Path,
@@ -546,7 +570,9 @@ def stage(
 
     Raises:
         InputError: the GGUF is missing, its sha256 differs from ``gguf_sha256``, ``ports`` is not
-            two distinct ports, or ``backend``/``server_options`` is unknown; ContextPreflightError:
+            two distinct ports, or ``backend``/``server_options`` is unknown, or nothing is serving and both
+            ports are held by other processes (a busy idle port alone makes it use the other one when
+            nothing is serving, see :func:`_pick_port`); ContextPreflightError:
             ``required_ctx`` cannot fit one slot (checked before anything starts).
         SwapRolledBackError: the new server did not start, failed its gate, its ``/props`` or its
             accelerator check (it is stopped; the old server still serves); ``.result`` holds the evidence.
@@ -565,9 +591,7 @@ def stage(
         raise errors.InputError(f"gguf_sha256 {gguf_sha256!r} does not match {new_gguf} (sha256 {actual})")
     with _state_lock(state_path):
         previous = read_state(state_path)
-    new_port = ports[1] if previous is not None and previous.active_port == ports[0] else ports[0]
-    reap_orphans(Path(state_path).with_name(f"server-{new_port}.log"), new_port,
-                 keep_pid=previous.pid if previous is not None else None)
+    new_port = _pick_port(state_path, previous, ports)
     log_path = Path(state_path).with_name(f"server-{new_port}.log")
     if backend == "llama-server":
         from forgeflow.llama_server import LlamaServer
@@ -588,27 +612,41 @@ def stage(
     if failure:
         server.stop()
         result = SwapResult(previous=previous, current=previous, rolled_back=True, gate=gate_result, error=failure)
+        serving_now = ("nothing was serving" if previous is None or previous.pid is None
+                       else f"generation {previous.generation} keeps serving")
         raise errors.SwapRolledBackError(
-            f"swap to {new_gguf.name} on port {new_port} rolled back "
-            f"(generation {previous.generation if previous else 0} keeps serving): {failure}",
+            f"swap to {new_gguf.name} on port {new_port} rolled back ({serving_now}): {failure}",
             result=result,
         )
     return StagedServer(port=new_port, pid=server.pid, base_url=server.base_url, gguf_path=new_gguf,
                         gguf_sha256=gguf_sha256, model_alias=model_alias, gate=gate_result)
 
 
-def promote(state_path: Path, staged: StagedServer) -> SwapResult:
+def promote(state_path: Path, staged: StagedServer, min_generation: int = 1) -> SwapResult:
     """Second half of a swap: record ``staged`` as the next generation, then stop the old server.
 
+    The new generation is the state file's generation + 1 (1 without a state file), raised to
+    ``min_generation`` when that is larger: callers that share generation numbers among several
+    state files (the store's ``serving_generations``) pass one more than the highest number used
+    anywhere, so a number is never given twice.
+
+    Args:
+        state_path: the serving state file.
+        staged: the server :func:`stage` started and gated.
+        min_generation: the lowest generation number the new generation may get (>= 1).
+
     Raises:
+        InputError: ``min_generation`` < 1 (nothing is recorded).
         ServerStartError: the staged server is no longer running (nothing is recorded then).
     """
+    if min_generation < 1:
+        raise errors.InputError(f"min_generation must be >= 1, got {min_generation}")
     with _state_lock(state_path):
         if not _is_our_server(staged.pid, staged.port):
             raise errors.ServerStartError(f"staged server pid {staged.pid} on port {staged.port} is gone")
         previous = read_state(state_path)
         current = ServingState(
-            generation=(previous.generation if previous else 0) + 1,
+            generation=max((previous.generation if previous else 0) + 1, min_generation),
             active_port=staged.port,
             gguf_path=staged.gguf_path,
             gguf_sha256=staged.gguf_sha256,
@@ -639,22 +677,25 @@ def swap(
     n_threads: int | None = None,
     backend: str = "llama-cpp-python",
     server_options: dict[str, Any] | None = None,
+    min_generation: int = 1,
 ) -> SwapResult:
     """Blue/green swap in one call: :func:`stage` (start on the idle port, gate) then :func:`promote`
-    (record generation + 1, stop the old server by its recorded PID).
+    (record generation + 1, at least ``min_generation``, and stop the old server by its recorded PID).
 
     Returns:
         SwapResult with ``rolled_back`` False.
 
     Raises:
-        InputError: the GGUF is missing, its sha256 differs from ``gguf_sha256``, or ``ports`` is not
-            two distinct ports.
+        InputError: the GGUF is missing, its sha256 differs from ``gguf_sha256``, ``ports`` is not
+            two distinct ports, or ``min_generation`` < 1 (checked before anything starts).
         SwapRolledBackError: the new server did not start or failed its gate; ``.result`` holds the
             :class:`SwapResult` (``rolled_back`` True, gate evidence) and the old server still serves.
     """
+    if min_generation < 1:
+        raise errors.InputError(f"min_generation must be >= 1, got {min_generation}")
     staged = stage(state_path, new_gguf, gguf_sha256, ports, model_alias, n_ctx, startup_timeout_s, n_threads,
                    backend, server_options)
-    return promote(state_path, staged)
+    return promote(state_path, staged, min_generation)
 
 
 def stop_active(state_path: Path) -> ServingState | None:

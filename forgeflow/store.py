@@ -1016,6 +1016,25 @@ class Store:
             select(ServingGeneration).order_by(ServingGeneration.generation),
         )
 
+    def latest_serving_generation(self) -> ServingGenerationRecord | None:
+        """The serving generation recorded most recently as ``active`` (latest ``updated_at``, then the
+        highest generation); when none is active, the most recently updated one of any status; None
+        when no generation is recorded."""
+        newest = select(ServingGeneration).order_by(ServingGeneration.updated_at.desc(),
+                                                    ServingGeneration.generation.desc()).limit(1)
+        for statement in (newest.where(ServingGeneration.status == "active"), newest):
+            rows = self._all(ServingGenerationRecord, statement)
+            if rows:
+                return rows[0]
+        return None
+
+    def highest_serving_generation(self) -> int:
+        """The highest serving generation number recorded (any status), 0 when none is: a new
+        generation, through whichever serving state file, is numbered above it, so generation
+        numbers are unique per store."""
+        with Session(self.engine) as session:
+            return int(session.scalar(select(func.max(ServingGeneration.generation))) or 0)
+
     def batches(self, kind: str | None = None) -> list[BatchRecord]:
         """Batches ordered by creation, optionally only one ``kind``."""
         statement = select(Batch).order_by(Batch.created_at, Batch.batch_id)

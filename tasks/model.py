@@ -8,7 +8,9 @@ from prefect import task
 from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE
 
 from forgeflow import burst, gguf, model
+from forgeflow import store as ledger
 from forgeflow.errors import PreflightError
+from forgeflow.fsutil import sha256_tree
 from tasks.common import RESUMABLE
 
 
@@ -69,3 +71,40 @@ def package(hf_dir: Path, hf_sha256: str, out_dir: Path, quantizations: tuple[st
         gguf.check_gguf(artifact.path, source)
         gguf.load_gguf(artifact.path)
     return artifacts
+
+
+def record_package(store: ledger.Store, artifacts: dict[str, gguf.GGUFArtifact], hf_sha256: str, out_dir: Path,
+                   adapter_sha256: str | None, run_id: str | None) -> str:
+    """Record what :func:`package` made in the store, one production each with ``run_id``: the merged
+    checkpoint ``out_dir/merged`` (made from the adapter) when an adapter was merged, the f16 GGUF
+    as made from the checkpoint it was converted from, and each quantized GGUF as made from the f16
+    one. The lifecycle's package stages and the standalone ``package`` flow both record this way.
+
+    Args:
+        store: the ledger.
+        artifacts: :func:`package`'s result (``{"f16": ..., "<QTYPE>": ...}``).
+        hf_sha256: ``sha256_tree`` of the HF checkpoint given to :func:`package` (the base).
+        out_dir: :func:`package`'s ``out_dir``.
+        adapter_sha256: the merged adapter's digest, or None when nothing was merged.
+        run_id: the Prefect flow run id.
+
+    Returns:
+        The digest the f16 GGUF is recorded as made from: ``hf_sha256`` without an adapter, else the
+        merged checkpoint's ``sha256_tree`` (the adapter's digest if no merged folder is there).
+
+    Raises:
+        InputError: a digest is already recorded with another kind or quantization.
+    """
+    source_sha = hf_sha256
+    if adapter_sha256 is not None:
+        merged = Path(out_dir) / "merged"
+        source_sha = adapter_sha256
+        if (merged / "config.json").is_file():  # the merged checkpoint the GGUFs came from
+            source_sha = sha256_tree(merged)
+            store.record_model_artifact(ledger.ModelArtifactRecord(
+                sha256=source_sha, kind="merged", path=str(merged), parent_sha256=adapter_sha256, run_id=run_id))
+    for qtype, art in artifacts.items():
+        parent = source_sha if qtype == "f16" or "f16" not in artifacts else artifacts["f16"].sha256
+        store.record_model_artifact(ledger.ModelArtifactRecord(sha256=art.sha256, kind="gguf", path=str(art.path),
+                                    quantization=qtype, parent_sha256=parent, run_id=run_id))
+    return source_sha

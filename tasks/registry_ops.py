@@ -23,7 +23,7 @@ from prefect.concurrency.sync import concurrency, rate_limit
 from prefect.context import TaskRunContext
 
 from blocks.core import RegistryEndpoint
-from forgeflow import migrate, registry_auth
+from forgeflow import imageref, migrate, registry_auth
 from forgeflow.errors import InputError, is_transient
 from forgeflow.fsutil import atomic_write_bytes
 from forgeflow.layout import PrewarmPlan, ShardLayout
@@ -89,16 +89,33 @@ def skopeo_for(*endpoints: RegistryEndpoint) -> Iterator[Skopeo]:
         yield Skopeo(authfile=path, retry_times=SKOPEO_RETRY_TIMES)
 
 
-def _split(name: str) -> tuple[str, str]:
-    repository, sep, tag = name.rpartition(":")
-    if not sep or not repository or "/" in tag:
-        raise InputError(f"image {name!r} is not repository:tag")
-    return repository, tag
+def image_ref(endpoint: RegistryEndpoint, name: str, pin_digest: bool = True) -> str:
+    """Transport reference of a relative image name in ``endpoint``.
+
+    Args:
+        endpoint: The registry.
+        name: ``repo:tag``, ``repo:tag@sha256:<hex>`` or ``repo@sha256:<hex>``, relative to the
+            registry (:func:`forgeflow.imageref.relative_name` makes it so).
+        pin_digest: With a digest in the name, reference the manifest by digest
+            (``docker://host/repo@sha256:...``: a source, or a check); False: by tag (a target).
+
+    Raises:
+        InputError: a malformed name, a name with a registry host, or no tag where one is needed.
+    """
+    parsed = imageref.parse_name(name)
+    if parsed.host is not None:
+        raise InputError(f"image {name!r} names a registry host; expected 'repo:tag' relative to {endpoint.address}")
+    if pin_digest and parsed.digest:
+        prefix = f"{endpoint.namespace.strip('/')}/" if endpoint.namespace else ""
+        return f"docker://{endpoint.address}/{prefix}{parsed.repository}@{parsed.digest}"
+    if parsed.tag is None:
+        raise InputError(f"image {name!r} has no tag: a copy needs 'repo:tag' (optionally '@sha256:<hex>')")
+    return endpoint.ref(parsed.repository, parsed.tag)
 
 
-def image_refs(endpoint: RegistryEndpoint, names: list[str]) -> list[str]:
-    """Transport references of ``repo:tag`` names in ``endpoint`` (InputError for a bad name)."""
-    return [endpoint.ref(*_split(name)) for name in names]
+def image_refs(endpoint: RegistryEndpoint, names: list[str], pin_digest: bool = True) -> list[str]:
+    """:func:`image_ref` of every name, in order (InputError for a bad name)."""
+    return [image_ref(endpoint, name, pin_digest) for name in names]
 
 
 @task(cache_policy=NO_CACHE, retries=TRANSIENT_RETRIES, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S,
@@ -126,7 +143,7 @@ def migrate_one(name: str, source: RegistryEndpoint, target: RegistryEndpoint, m
         ImageNotFoundError, RegistryError, RegistryUnavailableError, DigestMismatchError: the
             attempt's failure, after its state was written.
     """
-    src, dst = source.ref(*_split(name)), target.ref(*_split(name))
+    src, dst = image_ref(source, name), image_ref(target, name, pin_digest=False)
     context = TaskRunContext.get()
     attempt = context.task_run.run_count if context is not None else 1
     retries = context.task.retries if context is not None else 0

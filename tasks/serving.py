@@ -21,8 +21,22 @@ from forgeflow import store as ledger
 def serve_swap(state_path: Path, gguf_path: Path, gguf_sha256: str, ports: tuple[int, int]) -> serving.SwapResult:
     """Start the GGUF on the idle port, gate it (models endpoint + smoke completion), switch the
     recorded endpoint and stop the old server; a failed gate keeps the old one and raises.
+    The new generation is numbered above every one the store records (:func:`store_min_generation`).
     Never cached: a server is a live process, not a result."""
-    return serving.swap(state_path, gguf_path, gguf_sha256, ports=ports)
+    return serving.swap(state_path, gguf_path, gguf_sha256, ports=ports, min_generation=store_min_generation())
+
+
+def store_min_generation() -> int:
+    """The lowest number a new serving generation may get: one more than the highest generation the
+    store (``settings.store_url()``, upgraded first) records, 1 when it records none.
+
+    ``serving_generations`` is keyed on the generation number alone while every state file (the
+    demo lifecycle's, the ``serve`` flow's) counts its own: passing this as ``min_generation`` to
+    :func:`forgeflow.serving.promote` keeps a swap through one state file from reusing (and
+    overwriting) a number another one recorded."""
+    store = ledger.Store()
+    store.upgrade()
+    return store.highest_serving_generation() + 1
 
 
 STAGED_SERVER_KEY = "forgeflow.staged_server"
@@ -55,8 +69,9 @@ def _stop_staged_server(txn: Any) -> None:
 
 @task(cache_policy=NO_CACHE)
 def promote_server(state_path: Path, staged: serving.StagedServer) -> serving.SwapResult:
-    """Record the staged server as the next serving generation and stop the old one."""
-    return serving.promote(state_path, staged)
+    """Record the staged server as the next serving generation and stop the old one; the generation
+    is numbered above every one the store records (:func:`store_min_generation`)."""
+    return serving.promote(state_path, staged, store_min_generation())
 
 
 @task(cache_policy=NO_CACHE)
@@ -72,6 +87,8 @@ class SwapOutcome(BaseModel):
         promoted: the staged server became the recorded endpoint.
         verdict: what the gate callable returned (``promote``, ``hold``, ``reject``, ...).
         state: the serving state afterwards (the old one when not promoted).
+        previous: the serving state the promotion replaced (None when there was none or when
+            not promoted).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -79,6 +96,7 @@ class SwapOutcome(BaseModel):
     promoted: bool
     verdict: str
     state: serving.ServingState | None
+    previous: serving.ServingState | None = None
 
 
 def swap_transaction(state_path: Path, gguf_path: Path, gguf_sha256: str, ports: tuple[int, int],
@@ -101,9 +119,27 @@ def swap_transaction(state_path: Path, gguf_path: Path, gguf_sha256: str, ports:
         verdict = gate(staged)
         if verdict == "promote":
             swap = promote_server(state_path, staged)
-            return SwapOutcome(promoted=True, verdict=verdict, state=swap.current)
+            return SwapOutcome(promoted=True, verdict=verdict, state=swap.current, previous=swap.previous)
         discard_server(staged)
         return SwapOutcome(promoted=False, verdict=verdict, state=serving.read_state(state_path))
+
+
+def generation_row(state: serving.ServingState, status: ledger.ServingStatus,
+                   run_id: str | None) -> ledger.ServingGenerationRecord:
+    """The ``serving_generations`` row of a serving state (generation, port, GGUF sha256) with
+    ``status`` (``active``/``retired``/``rolled_back``) and the Prefect run id that recorded it."""
+    return ledger.ServingGenerationRecord(generation=state.generation, port=state.active_port,
+                                          gguf_sha256=state.gguf_sha256, status=status, run_id=run_id)
+
+
+def record_swap(store: ledger.Store, previous: serving.ServingState | None, current: serving.ServingState,
+                run_id: str | None) -> None:
+    """Record a promotion in the store: ``current`` as the active generation and ``previous`` (if
+    any, and another generation) as retired, both with ``run_id`` (the flow run that swapped).
+    Used by the lifecycle's serve stages and the standalone ``serve`` flow alike."""
+    if previous is not None and previous.generation != current.generation:
+        store.record_serving_generation(generation_row(previous, "retired", run_id))
+    store.record_serving_generation(generation_row(current, "active", run_id))
 
 
 class UnscoredTrialError(Exception):

@@ -141,3 +141,18 @@ def test_an_id_whose_sanitized_tag_equals_another_valid_id_is_rejected() -> None
     with pytest.raises(InputError, match=r"same image tag.*'a/b1'") as info:
         ShardLayout().plan([("a/b1", _digest("1")), (clashing, _digest("1"))])
     assert clashing in str(info.value)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(shards=0), r"shards=0: Input should be greater than or equal to 1"),
+    (dict(shards=4, lanes=5), r"lanes \(5\) must not exceed shards \(4\)"),
+    (dict(tag_cap=0), r"tag_cap=0: Input should be greater than or equal to 1"),
+    (dict(prefix="Task/x"), r"prefix='Task/x': String should match pattern"),
+])
+def test_shard_layout_names_the_bad_parameter(kwargs: dict, message: str) -> None:
+    from forgeflow.layout import shard_layout
+
+    params = dict(shards=80, lanes=5, prefix="task", tag_cap=100) | kwargs
+    with pytest.raises(InputError, match=message):
+        shard_layout(**params)
+    assert shard_layout(80, 5, "task", 100) == ShardLayout()

@@ -170,3 +170,78 @@ def test_rewriting_migration_rows_keeps_their_state_and_reverts(store: Store) ->
     assert moved == done.model_copy(update={"target_ref": f"docker://{NEW}/env/x:1"})
     migrate.rewrite_refs(store, NEW, "127.0.0.1:5702", dry_run=False, image_roles=("target",))
     assert migrate.load_states(store)[done.target_ref] == done
+
+
+def test_rewrite_moves_one_repository_at_a_tag_boundary_and_back(store: Store) -> None:
+    # regression: '127.0.0.1:5701/task-01' -> '.../task-02' found no rows ('host/task-01:t1' refs)
+    store.record_image(ImageRecord(ref=f"{OLD}/task-010:t9", digest=DIGEST_B, role="task"))
+    before = _snapshot(store)
+    plan = migrate.rewrite_refs(store, f"{OLD}/task-01", f"{OLD}/task-02", dry_run=False)
+    assert [(r.table, r.old, r.new) for r in plan.rows] == [
+        ("images", f"{OLD}/task-01:t1", f"{OLD}/task-02:t1"),
+        ("task_instances", f"{OLD}/task-01:t1", f"{OLD}/task-02:t1"),
+    ]  # task-010 is another repository
+    assert plan.unmatched_example is None
+    assert store.get_task("t1").image_ref == f"{OLD}/task-02:t1"
+    migrate.rewrite_refs(store, f"{OLD}/task-02", f"{OLD}/task-01", dry_run=False)
+    assert _snapshot(store) == before
+
+
+def test_rewrite_of_a_bare_host_never_matches_its_port(store: Store) -> None:
+    plan = migrate.rewrite_refs(store, "127.0.0.1", "10.0.0.1")
+    assert plan.rows == []  # '127.0.0.1:5701/...' is another registry, not '127.0.0.1' + ':tag'
+    assert plan.unmatched_example is not None and plan.unmatched_example.startswith("127.0.0.1:")
+
+
+def test_rewrite_that_matches_nothing_shows_a_recorded_reference(store: Store) -> None:
+    before = _snapshot(store)
+    plan = migrate.rewrite_refs(store, "127.0.0.1:5799/task-01", "127.0.0.1:5799/task-02", dry_run=False)
+    assert plan.rows == [] and plan.applied
+    assert plan.unmatched_example == f"{OLD}/env/six:1"
+    assert _snapshot(store) == before
+
+
+def _serve(status: int):
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802
+            self.send_response(status)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            return
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.mark.parametrize("status", [200, 401])
+def test_registry_answering_v2_with_200_or_401_is_reachable(status: int) -> None:
+    server = _serve(status)
+    try:
+        address = f"127.0.0.1:{server.server_address[1]}"
+        assert migrate.check_reachable(address) == f"http://{address}/v2/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_unreachable_registry_is_an_exception_naming_the_address() -> None:
+    from forgeflow.errors import RegistryUnavailableError
+    from tests.helpers import free_port
+
+    address = f"127.0.0.1:{free_port()}"
+    with pytest.raises(RegistryUnavailableError, match=rf"target registry {address} is not reachable"):
+        migrate.check_reachable(address, what="target", timeout_s=2.0)
+    server = _serve(404)  # something answers, but not a registry
+    try:
+        other = f"127.0.0.1:{server.server_address[1]}"
+        with pytest.raises(RegistryUnavailableError, match=r"HTTP 404"):
+            migrate.check_reachable(other, timeout_s=2.0)
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -151,6 +151,15 @@ def test_created_at_survives_an_upsert_and_updated_at_moves(store: Store) -> Non
     assert [g.status for g in store.serving_generations()] == ["retired"]
 
 
+def test_highest_serving_generation_is_the_largest_number_of_any_status(store: Store) -> None:
+    assert store.highest_serving_generation() == 0
+    for generation, status in ((3, "retired"), (1, "active"), (2, "rolled_back")):
+        store.record_serving_generation(
+            ServingGenerationRecord(generation=generation, port=8101, gguf_sha256=SHA, status=status)
+        )
+    assert store.highest_serving_generation() == 3
+
+
 def test_model_artifact_lineage_round_trips(store: Store) -> None:
     store.record_model_artifact(
         ModelArtifactRecord(

@@ -22,7 +22,7 @@ import pytest
 from pydantic import SecretStr
 
 from blocks.core import RegistryEndpoint
-from forgeflow.errors import PlanRejectedError
+from forgeflow.errors import InputError, MigrationIncompleteError, PlanRejectedError, RegistryUnavailableError
 from forgeflow.registry import RegistryServer
 from forgeflow.skopeo import Skopeo
 from forgeflow.store import ImageRecord, Store, TaskRecord
@@ -103,7 +103,11 @@ def test_migrate_images_skips_oversize_fails_missing_and_reruns_without_copying(
     kwargs = dict(source=endpoints["source"], target=endpoints["target"],
                   images=["env/small:1", "env/big:1", "env/ghost:1"], max_size_bytes=MAX_SIZE_BYTES,
                   store_url=store_url)
-    first = migrate_images(**kwargs)
+    state = migrate_images(**kwargs, return_state=True)
+    # a failed image fails the flow run (red in the UI), after every state and the table were written
+    assert state.is_failed()
+    assert "1 of 3 images failed (ImageNotFoundError 1): env/ghost:1 (ImageNotFoundError)" in state.message
+    first = state.result(raise_on_failure=False).summary
     small, big, ghost = first.records
     assert small.status == "completed" and small.reason == "" and small.attempts == 1
     assert small.target_digest == small.source_digest is not None
@@ -136,7 +140,9 @@ def test_migrate_images_skips_oversize_fails_missing_and_reruns_without_copying(
     coverage = str(_artifact("migrate-coverage").data)
     assert "available 1 / missing 2 / errored 0 of 3" in coverage
 
-    second = migrate_images(**kwargs, rate_limit_per_s=10.0)
+    with pytest.raises(MigrationIncompleteError, match=r"1 of 3 images failed") as caught:
+        migrate_images(**kwargs, rate_limit_per_s=10.0)
+    second = caught.value.summary
     with get_client(sync_client=True) as client:
         rate = client.read_global_concurrency_limit_by_name(f"registry-127.0.0.1-{TARGET_PORT}-rate")
         assert rate.slot_decay_per_second == 10.0
@@ -153,7 +159,9 @@ def test_migrate_images_skips_oversize_fails_missing_and_reruns_without_copying(
     audit = registry_audit(target=endpoints["target"], images=["env/small:1"], store_url=store_url)
     assert audit.drifted == 1 and "missing from the registry" in audit.rows[0].drift
     assert store.get_image(f"{target}/env/small:1").status == "pending"
-    third = migrate_images(**kwargs)
+    with pytest.raises(MigrationIncompleteError) as caught:
+        migrate_images(**kwargs)
+    third = caught.value.summary
     assert (third.records[0].status, third.records[0].reason, third.copied) == ("completed", "", 1)
     store.dispose()
 
@@ -203,8 +211,11 @@ def test_auth_failure_is_not_retried_and_is_reported_by_name(prefect_harness, en
     from flows.registry import migrate_images
 
     wrong = endpoints["target"].model_copy(update={"password": SecretStr(PASSWORD + "-wrong")})
-    summary = migrate_images(source=endpoints["source"], target=wrong, images=["env/small:1"],
-                             retry_delays_s=[1.0, 1.0], store_url=f"sqlite:///{tmp_path / 'store.db'}")
+    with pytest.raises(MigrationIncompleteError, match=r"1 of 1 images failed \(RegistryError 1\)") as caught:
+        migrate_images(source=endpoints["source"], target=wrong, images=["env/small:1"],
+                       retry_delays_s=[1.0, 1.0], store_url=f"sqlite:///{tmp_path / 'store.db'}")
+    summary = caught.value.summary
+    assert PASSWORD not in str(caught.value)
     record = summary.records[0]
     assert (record.status, record.error_type, record.attempts) == ("failed", "RegistryError", 1)
     assert summary.failed == [f"env/small:1: RegistryError: {record.reason}"]
@@ -285,3 +296,122 @@ def test_prewarm_plan_histogram_and_rejection_at_the_cap(prefect_harness, tmp_pa
     with pytest.raises(PlanRejectedError, match=r"task-\d\d \(2[01] tags\)"):
         prewarm_plan(tasks_path=tasks, shards=4, lanes=1, tag_cap=20, plot_path=plot)
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the plot shows what was rejected
+
+
+def test_dataset_column_of_local_names_is_refused_and_full_references_are_used(
+        prefect_harness, endpoints, tmp_path: Path) -> None:
+    # regression: the demo's candidates.jsonl: 'image' holds local podman names, 'registry_ref' full
+    # references; both gave 'docker://host/host/...' refs and wrong answers
+    from flows.registry import migrate_images, registry_audit
+
+    source, target = endpoints["source"].address, endpoints["target"].address
+    dataset = tmp_path / "candidates.jsonl"
+    rows = [{"image": f"localhost/forgeflow/task:{tag}", "registry_ref": f"{source}/{ref}"}
+            for tag, ref in [("small", "env/small:1"), ("nope", "env/nope:2")]]
+    dataset.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with pytest.raises(InputError, match=r"column 'image' value 'localhost/forgeflow/task:small' names registry host "
+                                         r"'localhost'.*expected 'repo:tag' relative to the registry.*\['registry_ref'\]"):
+        registry_audit(target=endpoints["source"], dataset_path=dataset)
+    report = registry_audit(target=endpoints["source"], dataset_path=dataset, image_column="registry_ref")
+    assert [(r.ref, r.availability) for r in report.rows] == [
+        (f"docker://{source}/env/small:1", "available"), (f"docker://{source}/env/nope:2", "missing")]
+    with pytest.raises(InputError, match=rf"names registry host '127.0.0.1:9', which is not '{target}' or '{source}'"):
+        migrate_images(source=endpoints["source"], target=endpoints["target"], images=["127.0.0.1:9/env/small:1"],
+                       store_url=f"sqlite:///{tmp_path / 'store.db'}")
+    # a full reference in the target names the same image as its repo:tag
+    summary = migrate_images(source=endpoints["source"], target=endpoints["target"],
+                             images=[f"{target}/env/small:1", "env/small:1"],
+                             store_url=f"sqlite:///{tmp_path / 'store.db'}")
+    assert [(r.source_ref, r.target_ref, r.status) for r in summary.records] == [
+        (f"docker://{source}/env/small:1", f"docker://{target}/env/small:1", "completed")]
+
+
+def test_malformed_inputs_are_refused_before_anything_is_recorded(prefect_harness, endpoints, tmp_path: Path) -> None:
+    from prefect.exceptions import ParameterTypeError
+
+    from flows.registry import migrate_images
+
+    db = tmp_path / "store.db"
+    common = dict(source=endpoints["source"], images=["env/small:1"], store_url=f"sqlite:///{db}")
+    target = endpoints["target"]
+    cases = [
+        (dict(target=target.model_copy(update={"address": "127.0.0.1:99999"})),
+         r"target\.address '127\.0\.0\.1:99999': port '99999' is not a number in 1-65535"),
+        (dict(target=target.model_copy(update={"namespace": "../x"})),
+         r"target\.namespace '\.\./x' is not a repository path"),
+        (dict(target=target, images=["env/six:1.17.0@sha256:abc"]),
+         r"images entry 'env/six:1\.17\.0@sha256:abc': digest 'sha256:abc' is not 'sha256:<64 lowercase hex>'"),
+        (dict(target=target, concurrency_limit=0), r"concurrency_limit must be a whole number of images in 1-64, got 0"),
+        (dict(target=target, rate_limit_per_s=-1), r"rate_limit_per_s must be a positive number .* got -1"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(InputError, match=message):
+            migrate_images(**(common | kwargs))
+    # a dict endpoint is validated by Prefect into the block, whose validator names the field
+    with pytest.raises(ParameterTypeError,
+                       match=r"target\.RegistryEndpoint\.address: .*'http://127\.0\.0\.1:5751' has a scheme"):
+        migrate_images(**common, target={"address": "http://127.0.0.1:5751"})
+    assert not db.exists()  # nothing was recorded
+
+
+def test_registry_endpoint_refuses_a_bad_address_or_namespace() -> None:
+    from pydantic import ValidationError
+
+    assert RegistryEndpoint(address="127.0.0.1:5702", namespace="/mirror/").namespace == "mirror"
+    for fields, message in [({"address": "http://127.0.0.1:5702"}, "has a scheme"),
+                            ({"address": "127.0.0.1:99999"}, "port '99999'"),
+                            ({"address": "127.0.0.1:5702", "namespace": "../x"}, "namespace '../x' is not a repository path")]:
+        with pytest.raises(ValidationError, match=message):
+            RegistryEndpoint(**fields)
+
+
+def test_unreachable_registry_fails_fast_before_anything_is_recorded(prefect_harness, endpoints, tmp_path: Path) -> None:
+    # regression: a wrong target address took 71 s of retries per image and ended Completed, 'copied 0'
+    import time
+
+    from flows.registry import migrate_images, registry_audit
+    from tests.helpers import free_port
+
+    db = tmp_path / "store.db"
+    nowhere = RegistryEndpoint(address=f"127.0.0.1:{free_port()}")
+    started = time.monotonic()
+    with pytest.raises(RegistryUnavailableError, match=rf"target registry {nowhere.address} is not reachable"):
+        migrate_images(source=endpoints["source"], target=nowhere, images=["env/small:1"], store_url=f"sqlite:///{db}")
+    with pytest.raises(RegistryUnavailableError, match=rf"source registry {nowhere.address} is not reachable"):
+        migrate_images(source=nowhere, target=endpoints["target"], images=["env/small:1"], store_url=f"sqlite:///{db}")
+    with pytest.raises(RegistryUnavailableError, match=rf"target registry {nowhere.address}"):
+        registry_audit(target=nowhere, images=["env/small:1"], store_url=f"sqlite:///{db}")
+    assert time.monotonic() - started < 30
+    assert not db.exists()
+
+
+def test_rewrite_moves_a_repository_and_says_when_nothing_matches(prefect_harness, tmp_path: Path) -> None:
+    from flows.registry import rewrite_image_refs
+
+    store_url = f"sqlite:///{tmp_path / 'store.db'}"
+    store = Store(store_url)
+    store.upgrade()
+    store.record_image(ImageRecord(ref="127.0.0.1:5750/task-01:t1", digest="sha256:" + "c" * 64, role="task"))
+    store.record_task(TaskRecord(instance_id="t1", repo="r", image_ref="127.0.0.1:5750/task-01:t1", status="candidate"))
+    moved = rewrite_image_refs("127.0.0.1:5750/task-01", "127.0.0.1:5750/task-02", dry_run=False, store_url=store_url)
+    assert moved.applied and len(moved.rows) == 2
+    assert store.get_task("t1").image_ref == "127.0.0.1:5750/task-02:t1"
+    nothing = rewrite_image_refs("127.0.0.1:5750/task-07", "127.0.0.1:5750/task-08", dry_run=False, store_url=store_url)
+    assert nothing.rows == [] and nothing.unmatched_example == "127.0.0.1:5750/task-02:t1"
+    rewrite_image_refs("127.0.0.1:5750/task-02", "127.0.0.1:5750/task-01", dry_run=False, store_url=store_url)
+    assert store.get_task("t1").image_ref == "127.0.0.1:5750/task-01:t1"
+    store.dispose()
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(shards=0), r"shards=0: Input should be greater than or equal to 1"),
+    (dict(shards=4, lanes=5), r"lanes \(5\) must not exceed shards \(4\)"),
+    (dict(tag_cap=0), r"tag_cap=0"),
+    (dict(prefix="Task"), r"prefix='Task'"),
+])
+def test_prewarm_plan_names_a_bad_layout_parameter(prefect_harness, tmp_path: Path, kwargs: dict, message: str) -> None:
+    from flows.registry import prewarm_plan
+
+    with pytest.raises(InputError, match=message):
+        prewarm_plan(tasks_path=tmp_path / "absent.jsonl", plot_path=tmp_path / "plan.png", **kwargs)
+    assert not (tmp_path / "plan.png").exists()

@@ -22,10 +22,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 
-def test_a_failure_after_staging_rolls_back_and_a_promotion_commits(prefect_harness, tmp_path: Path) -> None:
+def test_a_failure_after_staging_rolls_back_and_a_promotion_commits(prefect_harness, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     from prefect import flow
 
     from tasks.serving import swap_transaction
+
+    # the promotion numbers its generation above the store's: a store of this test's own
+    monkeypatch.setenv("FORGEFLOW_STORE_URL", f"sqlite:///{tmp_path / 'store.db'}")
 
     q8, f16 = tiny_ggufs()
     state_path = tmp_path / "serving" / "state.json"

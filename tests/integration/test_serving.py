@@ -114,7 +114,7 @@ def test_blue_green_swap_moves_generation_stops_old_pid_and_rolls_back(
         shutil.copyfile(q8, broken)
         with open(broken, "r+b") as handle:
             handle.truncate(q8.stat().st_size // 2)
-        with pytest.raises(SwapRolledBackError) as info:
+        with pytest.raises(SwapRolledBackError, match=r"\(generation 2 keeps serving\)") as info:
             swap(state_path, broken, sha256_file(broken), ports=ports, model_alias="tiny", n_ctx=N_CTX)
         rolled = info.value.result
         assert rolled.rolled_back and rolled.current == gen2 and "did not start" in rolled.error
@@ -125,6 +125,13 @@ def test_blue_green_swap_moves_generation_stops_old_pid_and_rolls_back(
 
         with pytest.raises(InputError, match="does not match"):
             swap(state_path, q8, "0" * 64, ports=ports, model_alias="tiny")
+
+        # a caller sharing numbers with other state files raises the next one (never lowers it)
+        with pytest.raises(InputError, match="min_generation"):
+            swap(state_path, q8, sha256_file(q8), ports=ports, model_alias="tiny", min_generation=0)
+        third = swap(state_path, q8, sha256_file(q8), ports=ports, model_alias="tiny", n_ctx=N_CTX,
+                     min_generation=7)
+        assert third.previous == gen2 and third.current.generation == 7 and read_state(state_path) == third.current
     finally:
         stopped = stop_active(state_path)
         for state in (locals().get("gen1"), locals().get("gen2")):

@@ -1,0 +1,259 @@
+"""The standalone ``serve``, ``publish`` and ``package`` flows (flows/stages.py) keep the store as the
+ledger, as the lifecycle does: ``serve`` records its generations (and ``forgeflow status`` shows
+them, live, from the serve flow's state file), generation numbers stay unique across the serve
+flow's and the demo's state files (a rollback uses none up), a busy first port is skipped when nothing serves,
+``publish`` refuses a checkpoint the store says the GGUF was not converted from, and ``package``
+records its artifacts with its run as their producer.
+
+Real llama-cpp-python servers on the tiny GGUFs (tests/helpers.py), free loopback ports, the
+session Prefect harness, a store per test (``flow_store_url``).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from forgeflow import serving
+from forgeflow.errors import InputError
+from forgeflow.fsutil import sha256_file, sha256_tree
+from forgeflow.store import ModelArtifactRecord, Store
+from tests.helpers import free_port, pid_alive, tiny_ggufs
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+@pytest.fixture
+def home(tmp_path: Path, flow_store_url: str, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh FORGEFLOW_HOME whose store is ``flow_store_url`` (upgraded)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("FORGEFLOW_HOME", str(home))
+    monkeypatch.setenv("FORGEFLOW_STORE_URL", flow_store_url)
+    Store().upgrade()
+    return home
+
+
+def test_serve_records_its_generations_and_status_shows_the_live_one(prefect_harness, home: Path) -> None:
+    from flows.cli import app
+    from flows.stages import serve
+
+    q8, f16 = tiny_ggufs()
+    # what the demo left behind: its own state file, generation 7 stopped, another GGUF
+    demo_state = home / "demo" / "serving" / "state.json"
+    demo_state.parent.mkdir(parents=True)
+    demo_state.write_text(json.dumps({"generation": 7, "active_port": 8802, "gguf_path": str(q8),
+                                      "gguf_sha256": "d" * 64, "pid": None}))
+    state_path = home / "serving" / "state.json"
+    ports = (free_port(), free_port())
+    with pytest.raises(InputError, match="gguf_path"):
+        serve(home / "nope.gguf", ports=ports)
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", ports[0]))
+    busy.listen()
+    try:
+        first = serve(q8, ports=ports, return_state=True)
+        # nothing was serving and a foreign process held the first port: the other one is used
+        assert first.result()["state"]["active_port"] == ports[1]
+    finally:
+        busy.close()
+    try:
+        second = serve(f16, ports=ports, return_state=True)
+        out = second.result()
+        assert out["promoted"] and out["state"]["generation"] == 2 and out["state"]["active_port"] == ports[0]
+        rows = Store().serving_generations()
+        assert [(g.generation, g.status, g.gguf_sha256) for g in rows] == [
+            (1, "retired", sha256_file(q8)), (2, "active", sha256_file(f16))]
+        # the second run retired generation 1 and made generation 2: both rows carry its run id
+        assert rows[0].run_id == rows[1].run_id == str(second.state_details.flow_run_id)
+        assert first.state_details.flow_run_id != second.state_details.flow_run_id
+
+        result = CliRunner().invoke(app, ["status", "--json"])
+        assert result.exit_code == 0, result.output
+        shown = json.loads(result.output)["serving"]
+        assert shown == {"generation": 2, "port": ports[0], "gguf_sha256": sha256_file(f16), "status": "active",
+                         "live": True, "state_path": str(state_path)}
+        text = CliRunner().invoke(app, ["status"]).output
+        assert f"serving:   generation 2 on port {ports[0]} (live), gguf sha256 {sha256_file(f16)}" in text
+        # `down` only names a model server (`up` did not start it); `down --serving` stops it
+        said = CliRunner().invoke(app, ["down"]).output
+        assert f"generation 2 on port {ports[0]}" in said and "`forgeflow down --serving` stops it" in said
+        assert pid_alive(out["state"]["pid"])
+        said = CliRunner().invoke(app, ["down", "--serving"]).output
+        assert f"model server: generation 2 on port {ports[0]} (pid {out['state']['pid']}) stopped" in said, said
+        assert not pid_alive(out["state"]["pid"])
+        assert [g.status for g in Store().serving_generations()] == ["retired", "retired"]
+    finally:
+        serving.stop_active(state_path)
+    assert not pid_alive(out["state"]["pid"])
+    shown = json.loads(CliRunner().invoke(app, ["status", "--json"]).output)["serving"]
+    assert shown["generation"] == 2 and shown["live"] is False  # stopped: the state file says so
+
+
+def test_serve_with_both_ports_taken_and_nothing_serving_names_them(prefect_harness, home: Path) -> None:
+    from flows.stages import serve
+
+    q8, _ = tiny_ggufs()
+    sockets = []
+    try:
+        for _ in range(2):
+            sock = socket.socket()
+            sock.bind(("127.0.0.1", 0))
+            sock.listen()
+            sockets.append(sock)
+        ports = tuple(s.getsockname()[1] for s in sockets)
+        with pytest.raises(InputError, match=rf"ports \[{ports[0]}, {ports[1]}\].*in use"):
+            serve(q8, ports=ports)
+    finally:
+        for sock in sockets:
+            sock.close()
+    assert not (home / "serving" / "state.json").exists() and Store().serving_generations() == []
+
+
+def test_generation_numbers_never_repeat_across_state_files(prefect_harness, home: Path, tmp_path: Path) -> None:
+    """Regression: the demo's and the serve flow's state files each counted from 1, so the serve
+    flow's generation N overwrote the demo's row N in the store (key: the generation alone)."""
+    from flows.cli import app
+    from flows.stages import serve
+    from forgeflow.errors import SwapRolledBackError
+
+    q8, f16 = tiny_ggufs()
+    q8_sha, f16_sha = sha256_file(q8), sha256_file(f16)
+    store = Store()
+    store.record_model_artifact(ModelArtifactRecord(sha256=f16_sha, kind="gguf", quantization="f16", path=str(f16)))
+    store.record_model_artifact(ModelArtifactRecord(sha256=q8_sha, kind="gguf", quantization="Q8_0", path=str(q8),
+                                                    parent_sha256=f16_sha))
+    demo_state, serve_state = home / "demo" / "serving" / "state.json", home / "serving" / "state.json"
+    demo_ports, serve_ports = (free_port(), free_port()), (free_port(), free_port())
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(q8.read_bytes()[: q8.stat().st_size // 2])
+    try:
+        demo = serve(q8, state_path=demo_state, ports=demo_ports)
+        assert demo["state"]["generation"] == 1 and demo["state"]["active_port"] == demo_ports[0]
+        # the serve flow's own state file is empty, but the store already records generation 1
+        standalone = serve(f16, ports=serve_ports)
+        assert standalone["state"]["generation"] == 2 and standalone["previous"] is None
+        assert standalone["state"]["active_port"] == serve_ports[0]
+
+        # a rollback records nothing and uses up no number, and says what serves on
+        rows = store.serving_generations()
+        with pytest.raises(SwapRolledBackError, match=r"\(generation 2 keeps serving\)"):
+            serve(broken, ports=serve_ports)
+        with pytest.raises(SwapRolledBackError, match=r"\(nothing was serving\)"):
+            serve(broken, state_path=tmp_path / "fresh" / "state.json", ports=(free_port(), free_port()))
+        assert store.serving_generations() == rows
+        assert serving.read_state(serve_state).generation == 2 and not (tmp_path / "fresh" / "state.json").exists()
+
+        # the demo's next swap is numbered above both state files' generations
+        again = serve(f16, state_path=demo_state, ports=demo_ports)
+        assert again["state"]["generation"] == 3 and again["previous"]["generation"] == 1
+        assert [(g.generation, g.gguf_sha256, g.port, g.status) for g in store.serving_generations()] == [
+            (1, q8_sha, demo_ports[0], "retired"), (2, f16_sha, serve_ports[0], "active"),
+            (3, f16_sha, demo_ports[1], "active")]
+
+        result = CliRunner().invoke(app, ["lineage", q8_sha, "--json", "--no-verify"])
+        assert result.exit_code == 0, result.output
+        assert [(g["generation"], g["port"], g["status"]) for g in json.loads(result.output)["serving_generations"]] \
+            == [(1, demo_ports[0], "retired")]
+        result = CliRunner().invoke(app, ["lineage", f16_sha, "--json", "--no-verify"])
+        assert [(g["generation"], g["port"]) for g in json.loads(result.output)["serving_generations"]] == [
+            (2, serve_ports[0]), (3, demo_ports[1])]
+        shown = json.loads(CliRunner().invoke(app, ["status", "--json"]).output)["serving"]
+        assert shown == {"generation": 3, "port": demo_ports[1], "gguf_sha256": f16_sha, "status": "active",
+                         "live": True, "state_path": str(demo_state)}
+    finally:
+        serving.stop_active(demo_state)
+        serving.stop_active(serve_state)
+
+
+def _merged_copy(hf_dir: Path, dest: Path) -> Path:
+    """A checkpoint folder with the tiny model's config but other bytes (as a LoRA merge leaves it)."""
+    shutil.copytree(hf_dir, dest)
+    (dest / "merge-note.txt").write_text("merged with an adapter\n")
+    return dest
+
+
+def test_publish_refuses_a_checkpoint_the_store_did_not_convert_the_gguf_from(prefect_harness, home: Path,
+                                                                              tmp_path: Path) -> None:
+    from blocks.core import ModelStore
+    from flows.stages import publish
+
+    q8, f16 = tiny_ggufs()
+    hf_dir = q8.parent / "hf"
+    gguf = tmp_path / "release" / "tiny-Q8_0.gguf"
+    gguf.parent.mkdir()
+    shutil.copyfile(q8, gguf)
+    merged = _merged_copy(hf_dir, tmp_path / "merged")
+    base_sha, merged_sha, adapter_sha = sha256_tree(hf_dir), sha256_tree(merged), "a" * 64
+    store = Store()
+    for record in (ModelArtifactRecord(sha256=base_sha, kind="base", path=str(hf_dir)),
+                   ModelArtifactRecord(sha256=adapter_sha, kind="adapter", path="/gone", parent_sha256=base_sha),
+                   ModelArtifactRecord(sha256=merged_sha, kind="merged", path=str(merged), parent_sha256=adapter_sha),
+                   ModelArtifactRecord(sha256=sha256_file(f16), kind="gguf", quantization="f16", path=str(f16),
+                                       parent_sha256=merged_sha),
+                   ModelArtifactRecord(sha256=sha256_file(q8), kind="gguf", quantization="Q8_0", path=str(q8),
+                                       parent_sha256=sha256_file(f16))):
+        store.record_model_artifact(record)
+    models = tmp_path / "models"
+    ModelStore(path=models).save("test-ledger-store", overwrite=True)
+
+    # the store says: converted from the merged checkpoint (base + adapter); the base is refused
+    with pytest.raises(InputError) as refused:
+        publish(gguf, "test-ledger-store", hf_dir, model_name="tiny")
+    message = str(refused.value)
+    assert str(hf_dir) in message and base_sha in message and merged_sha in message and adapter_sha in message
+    # the merged checkpoint without the adapter the chain has is refused too
+    with pytest.raises(InputError, match="adapter_dir none"):
+        publish(gguf, "test-ledger-store", merged, model_name="tiny")
+    assert not models.exists() and not (gguf.parent / "tiny-Q8_0.lineage.json").exists()  # nothing published
+
+
+def test_publish_of_the_recorded_pair_works_and_a_wrong_hf_dir_is_refused(prefect_harness, home: Path,
+                                                                          tmp_path: Path) -> None:
+    from blocks.core import ModelStore
+    from flows.stages import publish
+
+    q8, f16 = tiny_ggufs()
+    hf_dir = q8.parent / "hf"
+    gguf = tmp_path / "release" / "tiny-Q8_0.gguf"
+    gguf.parent.mkdir()
+    shutil.copyfile(q8, gguf)
+    store = Store()
+    base_sha = sha256_tree(hf_dir)
+    store.record_model_artifact(ModelArtifactRecord(sha256=base_sha, kind="base", path=str(hf_dir)))
+    store.record_model_artifact(ModelArtifactRecord(sha256=sha256_file(f16), kind="gguf", quantization="f16",
+                                                    path=str(f16), parent_sha256=base_sha))
+    store.record_model_artifact(ModelArtifactRecord(sha256=sha256_file(q8), kind="gguf", quantization="Q8_0",
+                                                    path=str(q8), parent_sha256=sha256_file(f16)))
+    models = tmp_path / "models"
+    ModelStore(path=models).save("test-ledger-store-2", overwrite=True)
+
+    other = _merged_copy(hf_dir, tmp_path / "other")
+    with pytest.raises(InputError, match=f"hf_dir {other}"):
+        publish(gguf, "test-ledger-store-2", other, model_name="tiny")
+    assert not models.exists()
+
+    record = publish(gguf, "test-ledger-store-2", hf_dir, model_name="tiny")
+    lineage = json.loads((Path(record["location"]) / "tiny-Q8_0.lineage.json").read_text())
+    assert lineage["hf_sha256"] == base_sha and lineage["adapter_sha256"] is None
+
+
+def test_package_records_its_artifacts_with_its_run_as_producer(prefect_harness, home: Path, tmp_path: Path) -> None:
+    from flows.stages import package
+    from forgeflow.lineage import lineage_of
+
+    hf_dir = tiny_ggufs()[0].parent / "hf"
+    state = package(hf_dir, tmp_path / "out", ("Q8_0",), return_state=True)
+    artifacts = state.result()
+    run_id = str(state.state_details.flow_run_id)
+    report = lineage_of(Store(), artifacts["Q8_0"].sha256)
+    assert [(s.kind, s.quantization, s.sha256) for s in report.chain] == [
+        ("base", None, sha256_tree(hf_dir)), ("gguf", "f16", artifacts["f16"].sha256),
+        ("gguf", "Q8_0", artifacts["Q8_0"].sha256)]
+    assert all(step.run_ids == [run_id] for step in report.chain[1:])
+    assert all(step.path_status == "ok" for step in report.chain)
