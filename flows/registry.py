@@ -12,9 +12,8 @@ Entry points (``prefect.yaml`` deployments are registered by the lead):
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from collections import Counter
+from pathlib import Path
 
 from prefect import flow, get_run_logger, unmapped
 from prefect.artifacts import create_image_artifact
