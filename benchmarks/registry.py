@@ -446,15 +446,18 @@ def _run(args: argparse.Namespace) -> dict[str, float]:
                 f"speedup {loopback['speedup']:.2f}x",
                 flush=True,
             )
-            with FaultProxy(LATENCY_PROXY_PORT, target.address, delay_s=args.registry_latency_ms / 1000) as proxy:
-                prewarm = bench_prewarm(skopeo, oci, proxy.address, args.shards, args.lanes, run + "l")
+            def networked_prewarm(suffix: str) -> dict[str, float]:
+                with FaultProxy(LATENCY_PROXY_PORT, target.address, delay_s=args.registry_latency_ms / 1000) as proxy:
+                    return bench_prewarm(skopeo, oci, proxy.address, args.shards, args.lanes, run + suffix)
+
+            prewarm = networked_prewarm("l")
             print(
                 f"prewarm, registry {args.registry_latency_ms:g} ms away: max_workers=1 {prewarm['serial_s']:.2f} s, "
                 f"max_workers=5 {prewarm['parallel_s']:.2f} s: speedup {prewarm['speedup']:.2f}x",
                 flush=True,
             )
-            # the same measure in a process the size of a flow run (the flows imported): sh forks
-            # this process for every command, and fork costs grow with resident memory
+            # the same measures in a process the size of a flow run (the flows imported): a command
+            # started by fork would cost more there (fork time grows with resident memory)
             import flows.lifecycle  # noqa: F401,PLC0415
             flow_rss_mb = _rss_mb()
             in_flow = sized_overhead("flowproc")
@@ -464,8 +467,7 @@ def _run(args: argparse.Namespace) -> dict[str, float]:
                 f"ratio {in_flow['ratio']:.3f} (median per-copy ratio {in_flow['median_ratio']:.3f})",
                 flush=True,
             )
-            with FaultProxy(LATENCY_PROXY_PORT, target.address, delay_s=args.registry_latency_ms / 1000) as proxy:
-                flow_prewarm = bench_prewarm(skopeo, oci, proxy.address, args.shards, args.lanes, run + "f")
+            flow_prewarm = networked_prewarm("f")
             print(
                 f"prewarm in that process, registry {args.registry_latency_ms:g} ms away: max_workers=1 "
                 f"{flow_prewarm['serial_s']:.2f} s, max_workers=5 {flow_prewarm['parallel_s']:.2f} s: "
