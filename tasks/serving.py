@@ -35,8 +35,11 @@ def store_min_generation() -> int:
     :func:`forgeflow.serving.promote` keeps a swap through one state file from reusing (and
     overwriting) a number another one recorded."""
     store = ledger.Store()
-    store.upgrade()
-    return store.highest_serving_generation() + 1
+    try:
+        store.upgrade()
+        return store.highest_serving_generation() + 1
+    finally:
+        store.dispose()
 
 
 STAGED_SERVER_KEY = "forgeflow.staged_server"

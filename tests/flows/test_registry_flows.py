@@ -262,14 +262,20 @@ def test_registry_audit_counts_a_dataset(prefect_harness, endpoints, tmp_path: P
     assert [r.availability for r in report.rows] == ["available", "missing"]
 
 
-def test_rewrite_image_refs_flow_and_revert(prefect_harness, tmp_path: Path) -> None:
-    from flows.registry import rewrite_image_refs
-
+def _store_with_task_image(tmp_path: Path, ref: str) -> tuple[str, Store]:
+    """A fresh SQLite store holding one task image ``ref`` and task ``t1`` that uses it."""
     store_url = f"sqlite:///{tmp_path / 'store.db'}"
     store = Store(store_url)
     store.upgrade()
-    store.record_image(ImageRecord(ref="127.0.0.1:5750/task-00:t1", digest="sha256:" + "c" * 64, role="task"))
-    store.record_task(TaskRecord(instance_id="t1", repo="r", image_ref="127.0.0.1:5750/task-00:t1", status="candidate"))
+    store.record_image(ImageRecord(ref=ref, digest="sha256:" + "c" * 64, role="task"))
+    store.record_task(TaskRecord(instance_id="t1", repo="r", image_ref=ref, status="candidate"))
+    return store_url, store
+
+
+def test_rewrite_image_refs_flow_and_revert(prefect_harness, tmp_path: Path) -> None:
+    from flows.registry import rewrite_image_refs
+
+    store_url, store = _store_with_task_image(tmp_path, "127.0.0.1:5750/task-00:t1")
     dry = rewrite_image_refs("127.0.0.1:5750", "127.0.0.1:5751", store_url=store_url)
     assert len(dry.rows) == 2 and store.get_task("t1").image_ref == "127.0.0.1:5750/task-00:t1"
     rewrite_image_refs("127.0.0.1:5750", "127.0.0.1:5751", dry_run=False, store_url=store_url)
@@ -388,11 +394,7 @@ def test_unreachable_registry_fails_fast_before_anything_is_recorded(prefect_har
 def test_rewrite_moves_a_repository_and_says_when_nothing_matches(prefect_harness, tmp_path: Path) -> None:
     from flows.registry import rewrite_image_refs
 
-    store_url = f"sqlite:///{tmp_path / 'store.db'}"
-    store = Store(store_url)
-    store.upgrade()
-    store.record_image(ImageRecord(ref="127.0.0.1:5750/task-01:t1", digest="sha256:" + "c" * 64, role="task"))
-    store.record_task(TaskRecord(instance_id="t1", repo="r", image_ref="127.0.0.1:5750/task-01:t1", status="candidate"))
+    store_url, store = _store_with_task_image(tmp_path, "127.0.0.1:5750/task-01:t1")
     moved = rewrite_image_refs("127.0.0.1:5750/task-01", "127.0.0.1:5750/task-02", dry_run=False, store_url=store_url)
     assert moved.applied and len(moved.rows) == 2
     assert store.get_task("t1").image_ref == "127.0.0.1:5750/task-02:t1"

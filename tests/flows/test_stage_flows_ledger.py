@@ -178,16 +178,21 @@ def _merged_copy(hf_dir: Path, dest: Path) -> Path:
     return dest
 
 
+def _release_inputs(tmp_path: Path) -> tuple[Path, Path, Path, Path]:
+    """(tiny Q8_0, tiny f16, the HF checkpoint they came from, a copy of the Q8_0 to publish)."""
+    q8, f16 = tiny_ggufs()
+    gguf = tmp_path / "release" / "tiny-Q8_0.gguf"
+    gguf.parent.mkdir()
+    shutil.copyfile(q8, gguf)
+    return q8, f16, q8.parent / "hf", gguf
+
+
 def test_publish_refuses_a_checkpoint_the_store_did_not_convert_the_gguf_from(prefect_harness, home: Path,
                                                                               tmp_path: Path) -> None:
     from blocks.core import ModelStore
     from flows.stages import publish
 
-    q8, f16 = tiny_ggufs()
-    hf_dir = q8.parent / "hf"
-    gguf = tmp_path / "release" / "tiny-Q8_0.gguf"
-    gguf.parent.mkdir()
-    shutil.copyfile(q8, gguf)
+    q8, f16, hf_dir, gguf = _release_inputs(tmp_path)
     merged = _merged_copy(hf_dir, tmp_path / "merged")
     base_sha, merged_sha, adapter_sha = sha256_tree(hf_dir), sha256_tree(merged), "a" * 64
     store = Store()
@@ -218,11 +223,7 @@ def test_publish_of_the_recorded_pair_works_and_a_wrong_hf_dir_is_refused(prefec
     from blocks.core import ModelStore
     from flows.stages import publish
 
-    q8, f16 = tiny_ggufs()
-    hf_dir = q8.parent / "hf"
-    gguf = tmp_path / "release" / "tiny-Q8_0.gguf"
-    gguf.parent.mkdir()
-    shutil.copyfile(q8, gguf)
+    q8, f16, hf_dir, gguf = _release_inputs(tmp_path)
     store = Store()
     base_sha = sha256_tree(hf_dir)
     store.record_model_artifact(ModelArtifactRecord(sha256=base_sha, kind="base", path=str(hf_dir)))
