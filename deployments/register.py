@@ -12,7 +12,7 @@ from typing import Any
 from prefect.deployments.runner import RunnerDeployment
 from prefect.schedules import Schedule
 
-from flows.canary import canary
+from flows.canary import canary, canary_recover
 from flows.lifecycle import lifecycle
 from flows.curate import curate, recover
 from flows.registry import migrate_images, prewarm_plan, registry_audit, rewrite_image_refs
@@ -37,13 +37,15 @@ SPECS: list[dict[str, Any]] = [
                     "min_repos": 2, "seed": 0}},
     {"flow": canary, "entrypoint": "flows/canary.py:canary", "name": "canary",
      "parameters": {"freeze_name": "demo-v1", "split": "test", "concurrency": 1, "profile": "default"}},
+    {"flow": canary_recover, "entrypoint": "flows/canary.py:canary_recover", "name": "canary-recover",
+     "parameters": {}},
     {"flow": compare, "entrypoint": "flows/stages.py:compare", "name": "compare",
      "parameters": {}},
     {"flow": curate, "entrypoint": "flows/curate.py:curate", "name": "curate",
      "parameters": {"batch_size": 40, "concurrency": 10, "max_retries": 2, "verifier_timeout_s": 180.0,
                     "seed": 0}},
     {"flow": recover, "entrypoint": "flows/curate.py:recover", "name": "recover",
-     "parameters": {"dry_run": True}},
+     "parameters": {"dry_run": True, "include_rejections": False}},
     {"flow": package, "entrypoint": "flows/stages.py:package", "name": "package",
      "parameters": {"quantizations": ["Q8_0", "Q4_K_M"]}},
     {"flow": publish, "entrypoint": "flows/stages.py:publish", "name": "publish",

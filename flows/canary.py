@@ -18,6 +18,11 @@ or image, an endpoint that does not answer are refused with the reason. It leave
 report artifact (``canary-job-report``: requested, scored, exceptions by type, reward 1/0, pass
 rates, Wilson 95% interval, one row per trial) and the same report under
 ``out_dir/<job_id>/report.md``.
+
+The ``canary-recover`` flow (:func:`canary_recover`) re-runs exactly the exception trials of a canary
+job (the model endpoint failed mid-run) as a new job of kind ``recovery`` linked to it by
+``parent_job_id``; the original's rows are never rewritten and the merged view
+(``forgeflow trials --job X --merged``, ``forgeflow compare``) reads "original job X + N recovery jobs".
 """
 
 from __future__ import annotations
@@ -33,7 +38,17 @@ from prefect.runtime import flow_run
 from flows.stagekit import StageLog
 from forgeflow import agent, compare, serving
 from forgeflow import store as ledger
-from forgeflow.canary import JOB_KIND, CanaryTask, canary_tasks, check_concurrency, frozen_split, render_job_report, trial_row
+from forgeflow.canary import (
+    JOB_KIND,
+    RECOVERY_JOB_KIND,
+    CanaryTask,
+    canary_tasks,
+    check_concurrency,
+    frozen_split,
+    plan_canary_recovery,
+    render_job_report,
+    trial_row,
+)
 from forgeflow.errors import InputError, PreflightError
 from forgeflow.fsutil import atomic_write_text
 from forgeflow.generated import GENERATED_FILE, load_generated
@@ -43,18 +58,21 @@ from tasks.common import markdown_artifact, table_artifact
 
 DEFAULT_ALIAS = "forgeflow"
 REPORT_ARTIFACT_KEY = "canary-job-report"
+RECOVERY_REPORT_ARTIFACT_KEY = "canary-recovery-report"
 
 
 def run_canary_job(log: StageLog, st: dict[str, Any], stage: str, job: ledger.JobRecord, tasks: Sequence[CanaryTask],
                    base_url: str, model_alias: str, agent_config: agent.AgentConfig, trajectories_dir: Path,
-                   verifier_timeout_s: float, concurrency: int, store: ledger.Store) -> tuple[list, compare.JobReport]:
+                   verifier_timeout_s: float, concurrency: int, store: ledger.Store,
+                   run_key: str | None = None) -> tuple[list, compare.JobReport]:
     """Run one canary job inside the open stage ``st`` of ``log`` (the lifecycle's and this flow's).
 
     Records ``job``, then submits :func:`tasks.serving.agent_trial` for ``concurrency`` tasks at a
     time (a wave ends before the next starts), records each trial as it comes back
     (:func:`forgeflow.canary.trial_row`, upsert by trial id), publishes the table artifact
     ``stage`` with dashes and fills ``st``'s counts (requested, scored, reward_1, exceptions) and
-    digests (model).
+    digests (model). ``run_key`` names the trials (default: the model sha256); a recovery job
+    passes its own id so its trials never share an id with the original's.
 
     Returns:
         The trials (:class:`forgeflow.trial.TrialRecord`, in task order) and their JobReport.
@@ -66,7 +84,7 @@ def run_canary_job(log: StageLog, st: dict[str, Any], stage: str, job: ledger.Jo
         futures = [serving_tasks.agent_trial.submit(
             t.instance_id, t.image_ref, t.image_digest, t.problem_statement, t.test_command, t.fail_to_pass,
             t.pass_to_pass, base_url, model_alias, model_sha256, agent_config, trajectories_dir, verifier_timeout_s,
-            job_id=job.job_id) for t in tasks[start:start + concurrency]]
+            job_id=job.job_id, run_key=run_key) for t in tasks[start:start + concurrency]]
         for state in log.gather(futures):
             tr = state.result()
             store.record_trial(trial_row(tr, job.job_id, model_sha256, run_id))
@@ -108,6 +126,27 @@ def resolve_endpoint(state_path: Path | None, base_url: str | None, model_sha256
         raise InputError(f"canary: model_sha256 {model_sha256} differs from the served GGUF {state.gguf_sha256} "
                          f"recorded in {path}")
     return state.base_url.rstrip("/"), state.gguf_sha256, model_alias or state.model_alias
+
+
+def _recovery_agent_config(original: ledger.JobRecord, given: agent.AgentConfig | None) -> agent.AgentConfig:
+    """The agent config a recovery re-runs with: the one the original job recorded (a different one
+    given is refused), or ``given`` when the job recorded none (the lifecycle's canary jobs).
+
+    Raises:
+        InputError: ``given`` differs from the recorded config, or neither exists.
+    """
+    recorded = original.params.get("agent_config")
+    if recorded is not None:
+        config = agent.AgentConfig.model_validate(recorded)
+        if given is not None and agent.AgentConfig.model_validate(given) != config:
+            raise InputError(f"canary-recover: agent_config {agent.AgentConfig.model_validate(given).model_dump()} "
+                             f"differs from the one job {original.job_id!r} ran with ({config.model_dump()}): a "
+                             "recovery re-runs the same trials; leave agent_config out")
+        return config
+    if given is None:
+        raise InputError(f"canary-recover: job {original.job_id!r} records no agent_config (params "
+                         f"{sorted(original.params)}); give agent_config, the one the job ran with")
+    return agent.AgentConfig.model_validate(given)
 
 
 def _check_reachable(base_url: str) -> None:
@@ -192,3 +231,117 @@ def canary(freeze_name: str, split: str = "test", state_path: Path | None = None
     return {"job_id": job_id, "report": report.model_dump(mode="json"), "report_path": str(report_path),
             "trials": [{"instance_id": t.instance_id, "reward": t.reward, "exception_type": t.exception_type}
                        for t in trials]}
+
+
+@flow(name="canary-recover", log_prints=True)
+def canary_recover(job_id: str, state_path: Path | None = None, base_url: str | None = None,
+                   model_sha256: str | None = None, model_alias: str | None = None,
+                   exception_types: list[str] | None = None, concurrency: int | None = None,
+                   agent_config: agent.AgentConfig | None = None, generated_path: Path | None = None,
+                   recovery_job_id: str | None = None, out_dir: Path | None = None) -> dict[str, Any]:
+    """Re-run exactly the exception trials of canary job ``job_id`` as a linked recovery job.
+
+    Reads the job's merged view (the original + its recovery jobs so far,
+    :func:`forgeflow.compare.merged_job`) and re-runs the tasks whose standing trial ended in an
+    exception (e.g. ``ModelEndpointError`` while the model server was down) against the endpoint,
+    which must serve the job's model. The new job has kind ``recovery`` and ``parent_job_id`` =
+    ``job_id``; its trials are named by its own run key, so the original's rows are never rewritten.
+    Scored trials are not re-run; tasks the original never ran are not either (re-run the canary).
+    Leaves the markdown report artifact ``canary-recovery-report`` (the recovery job's trials and the
+    merged view: "original job X + N recovery jobs", scored / requested) and ``out_dir/<recovery job
+    id>/report.md``.
+
+    Args:
+        job_id: The original canary job (``forgeflow trials`` lists the jobs).
+        state_path: Serving state file (default ``$FORGEFLOW_HOME/serving/state.json``); or ``base_url``.
+        base_url: OpenAI-compatible base URL of the (restarted) model server.
+        model_sha256: The served GGUF's sha256 (default: the job's; it must be the job's model).
+        model_alias: Model name sent (default: the job's, else the state's).
+        exception_types: Re-run only trials that ended in one of these exception class names
+            (default: every exception in the merged view).
+        concurrency: Trials at once (default: the job's), within the job's profile limit.
+        agent_config: Only for a job that did not record its agent config (the lifecycle's); a config
+            other than the recorded one is refused.
+        generated_path: The candidates file (default: the job's, else ``$FORGEFLOW_HOME/demo/candidates.jsonl``).
+        recovery_job_id: The recovery job's id (default ``<job_id>-recovery-<digest of the trial ids>``).
+        out_dir: Where ``<recovery job id>/report.md``, ``summary.json`` and trajectories go (default
+            ``$FORGEFLOW_HOME/canary``).
+
+    Returns:
+        ``job_id`` (the recovery job; None when nothing was left to recover), ``parent_job_id``,
+        ``recovered`` (instance id, original trial id, new trial id, reward, exception type),
+        ``report`` (the recovery job's JobReport), ``merged`` (``view`` label, ``recovery_job_ids``,
+        ``report``: the merged view's JobReport), ``report_path``.
+
+    Raises:
+        InputError: the job is unknown, a recovery job, not a canary job; the endpoint serves another
+            model; a bad concurrency; an agent_config that differs from the job's; no candidates file.
+        PreflightError: a task cannot run (listed), the endpoint does not answer.
+    """
+    logger = get_run_logger()
+    apply_container_env()
+    store = ledger.Store()
+    store.upgrade()
+    plan = plan_canary_recovery(store, job_id, exception_types, recovery_job_id)
+    original = plan.original
+    if plan.empty:
+        merged = compare.merged_job(store, job_id)
+        report = compare.JobReport.from_trials(merged.trials)
+        logger.info("canary-recover %s: nothing to recover (%s: %d scored, no exception%s)", job_id, merged.label,
+                    report.scored, f" of type {exception_types}" if exception_types else "")
+        return {"job_id": None, "parent_job_id": job_id, "recovered": [], "report": None, "report_path": None,
+                "merged": {"view": merged.label, "recovery_job_ids": merged.recovery_job_ids,
+                           "report": report.model_dump(mode="json")}}
+    params = original.params
+    profile = str(params.get("profile", "default"))
+    concurrency = check_concurrency(concurrency or int(params.get("concurrency", 1)), profile)
+    config = _recovery_agent_config(original, agent_config)
+    verifier_timeout_s = float(params.get("verifier_timeout_s", 180.0))
+    url, sha, alias = resolve_endpoint(state_path, base_url, model_sha256 or original.model_sha256,
+                                       model_alias or params.get("model_alias"))
+    if sha != original.model_sha256:
+        raise InputError(f"canary-recover: the endpoint serves model {sha}, but job {job_id!r} evaluated "
+                         f"{original.model_sha256}: a recovery re-runs the same model")
+    gen_path = Path(generated_path or params.get("generated_path") or home_dir() / "demo" / GENERATED_FILE)
+    if not gen_path.is_file():
+        raise InputError(f"canary-recover: no generated-candidates file at {gen_path}: give generated_path")
+    tasks = canary_tasks(store, plan.instance_ids, load_generated(gen_path))
+    _check_reachable(url)
+    run_id = str(flow_run.get_id() or "")
+    new_id = plan.recovery_job_id
+    job_dir = Path(out_dir or home_dir() / "canary") / new_id
+    job = ledger.JobRecord(job_id=new_id, kind=RECOVERY_JOB_KIND, parent_job_id=job_id,
+                           freeze_name=original.freeze_name, split=original.split, model_sha256=sha,
+                           run_id=run_id[:64] or None,
+                           params={"concurrency": concurrency, "profile": profile, "base_url": url,
+                                   "model_alias": alias, "agent_config": config.model_dump(mode="json"),
+                                   "verifier_timeout_s": verifier_timeout_s, "generated_path": str(gen_path),
+                                   "recovers": {t.instance_id: t.trial_id for t in plan.exception_trials}})
+    log = StageLog(job_dir / "summary.json", run_id)
+    logger.info("canary-recover %s: re-running %d exception trial(s) of %s (%s) as %s against %s", job_id,
+                len(tasks), job_id, plan.merged_label, new_id, url)
+    with log.stage("canary_recover") as st:
+        trials, report = run_canary_job(log, st, "canary_recover", job, tasks, url, alias, config,
+                                        job_dir / "trajectories", verifier_timeout_s, concurrency, store,
+                                        run_key=new_id)
+    merged = compare.merged_job(store, job_id)
+    merged_report = compare.JobReport.from_trials(merged.trials)
+    extra = {"recovers": f"{len(tasks)} exception trial(s) of job `{job_id}`", "endpoint": url, "model alias": alias,
+             "merged view": f"{merged.label}: scored {merged_report.scored}/{merged_report.requested}, "
+                            f"exceptions {merged_report.exceptions_by_type or 'none'}"}
+    markdown = render_job_report(job, report, trials, extra)
+    report_path = atomic_write_text(job_dir / "report.md", markdown)
+    markdown_artifact(RECOVERY_REPORT_ARTIFACT_KEY, markdown, f"canary recovery {new_id} of {job_id}")
+    log.write({"job_id": new_id, "parent_job_id": job_id, "report": report.model_dump(mode="json")})
+    logger.info("canary-recover %s: %s; scored %d/%d in the merged view, exceptions %s", new_id, merged.label,
+                merged_report.scored, merged_report.requested, merged_report.exceptions_by_type or "none")
+    by_instance = {t.instance_id: t for t in trials}
+    return {"job_id": new_id, "parent_job_id": job_id,
+            "recovered": [{"instance_id": old.instance_id, "original_trial_id": old.trial_id,
+                           "trial_id": by_instance[old.instance_id].trial_id,
+                           "reward": by_instance[old.instance_id].reward,
+                           "exception_type": by_instance[old.instance_id].exception_type}
+                          for old in plan.exception_trials if old.instance_id in by_instance],
+            "report": report.model_dump(mode="json"), "report_path": str(report_path),
+            "merged": {"view": merged.label, "recovery_job_ids": merged.recovery_job_ids,
+                       "report": merged_report.model_dump(mode="json")}}

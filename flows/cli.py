@@ -186,6 +186,12 @@ def _fail(problem: object, status: int = 2) -> None:
     raise typer.Exit(status)
 
 
+def _tampering(verifier: dict | None) -> list[str] | None:
+    """The protected paths a tampering submission changed (None when it did not tamper)."""
+    screening = (verifier or {}).get("submission") or {}
+    return sorted(screening.get("protected_paths", {})) if screening.get("tampering") else None
+
+
 @app.command()
 def trials(job: Optional[str] = typer.Option(None, help="job id (omit to list the jobs in the store)"),
            merged: bool = typer.Option(False, "--merged", help="the job merged with its recovery jobs: prints "
@@ -193,7 +199,8 @@ def trials(job: Optional[str] = typer.Option(None, help="job id (omit to list th
                                        "'original job + N recovery jobs')"),
            as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table")) -> None:
     """Each trial's outcome (reward or exception type; flagged when an agent timeout, dead loop or
-    hang kept the verifier's reward beside the exception) of a job recorded in the store."""
+    hang kept the verifier's reward beside the exception; the protected paths of a tampering
+    submission; with --json the verifier's evidence) of a job recorded in the store."""
     _prepare_env(create=False)
     from forgeflow.compare import merged_job  # noqa: PLC0415
     from forgeflow.errors import SCORED_DESPITE_EXCEPTION, InputError  # noqa: PLC0415
@@ -224,7 +231,7 @@ def trials(job: Optional[str] = typer.Option(None, help="job id (omit to list th
             "flagged": t.exception_type in SCORED_DESPITE_EXCEPTION and t.reward is not None,
             "supervision": events[t.trial_id].kind if t.trial_id in events else None,
             "agent_steps": t.agent_steps, "input_tokens": t.input_tokens, "output_tokens": t.output_tokens,
-            "timings": t.timings}
+            "timings": t.timings, "tampering": _tampering(t.verifier), "verifier": t.verifier}
            for t in rows]
     if as_json:
         body: object = out
@@ -238,6 +245,8 @@ def trials(job: Optional[str] = typer.Option(None, help="job id (omit to list th
         table.add_column(col)
     for t in out:
         exc = (t["exception_type"] or "") + (" (flagged: reward kept)" if t["flagged"] else "")
+        if t["tampering"]:
+            exc = f"tampering: {', '.join(t['tampering'])}"
         table.add_row(t["instance_id"], t["job_id"] or "", t["kind"], "" if t["reward"] is None else f"{t['reward']:g}",
                       exc)
     console.print(table)
@@ -247,10 +256,20 @@ def trials(job: Optional[str] = typer.Option(None, help="job id (omit to list th
 def compare(job_a: str, job_b: str,
             no_recovery: bool = typer.Option(False, "--no-recovery", help="compare the jobs alone, without "
                                              "merging their recovery jobs"),
-            as_json: bool = typer.Option(False, "--json", help="print JSON instead of markdown")) -> None:
-    """Paired comparison of two jobs on the same frozen split: wins/ties/losses, exact McNemar p, a
-    repository-clustered interval, excluded tasks with reasons, cost ratios. Each job is merged with
-    its recovery jobs (said in the output) unless --no-recovery."""
+            as_json: bool = typer.Option(False, "--json", help="print JSON instead of markdown"),
+            max_drop: float = typer.Option(0.05, help="promotion gate: largest tolerated drop in pass rate (0.05 = "
+                                           "5 points)"),
+            alpha: float = typer.Option(0.05, help="promotion gate: significance level (interval at 1 - alpha)"),
+            min_pairs: int = typer.Option(30, help="promotion gate: fewest pairs for a verdict other than hold"),
+            min_repos: int = typer.Option(3, help="promotion gate: fewest repositories the pairs come from"),
+            max_wall_ratio: float = typer.Option(1.5, help="promotion gate: largest mean wall seconds ratio B/A"),
+            max_tokens_ratio: float = typer.Option(1.25, help="promotion gate: largest mean input tokens ratio B/A"),
+            max_steps_ratio: float = typer.Option(1.25, help="promotion gate: largest mean agent steps ratio B/A"),
+            ) -> None:
+    """Paired comparison of two jobs on the same frozen split: wins/ties/losses, exact McNemar p, the
+    delta interval (Newcombe's paired interval united with the repository-clustered bootstrap),
+    excluded tasks with reasons, cost ratios and the promotion gate's verdict and reason (JSON:
+    ``promotion``). Each job is merged with its recovery jobs (said in the output) unless --no-recovery."""
     _prepare_env(create=False)
     from forgeflow import compare as comparison  # noqa: PLC0415
 
@@ -258,7 +277,10 @@ def compare(job_a: str, job_b: str,
 
     store = _read_store()
     try:
-        result = comparison.compare_stored_jobs(store, job_a, job_b, merge_recovery=not no_recovery)
+        gate = comparison.GatePolicy.build(max_drop=max_drop, alpha=alpha, min_pairs=min_pairs, min_repos=min_repos,
+                                           max_wall_s_ratio=max_wall_ratio, max_input_tokens_ratio=max_tokens_ratio,
+                                           max_agent_steps_ratio=max_steps_ratio)
+        result = comparison.compare_stored_jobs(store, job_a, job_b, merge_recovery=not no_recovery, gate=gate)
     except InputError as exc:
         _fail(exc)
     if as_json:
@@ -522,7 +544,7 @@ def _parse_instant(text: Optional[str], option: str) -> Optional[datetime]:
 
 _RECOVER_FLAGS = {"batch_ids": "--batch", "batch ids": "--batch ids", "trial_ids": "--trial",
                   "trial ids": "--trial ids", "exception_type": "--exception-type", "since": "--since",
-                  "until": "--until", "reason": "--reason"}
+                  "until": "--until", "reason": "--reason", "include_rejections": "--include-rejections"}
 _RECOVER_FIELD = re.compile(r"(?<![\w-])(" + "|".join(sorted(_RECOVER_FLAGS, key=len, reverse=True)) + r")(?!\w)")
 
 
@@ -565,6 +587,10 @@ def recover(
     reason: Optional[str] = typer.Option(None, help="why (stored on every voided trial; required with --apply)"),
     apply: bool = typer.Option(False, "--apply", help="run the recover flow: back up, void, requeue, audit"),
     backup_dir: Optional[Path] = typer.Option(None, help="backup folder (default $FORGEFLOW_HOME/recovery)"),
+    include_rejections: bool = typer.Option(False, "--include-rejections",
+                                            help="also void and requeue REJECTED tasks whose every live NOP/Oracle "
+                                                 "trial is selected (a rejection an infrastructure fault caused); "
+                                                 "only with --batch/--trial"),
     as_json: bool = typer.Option(False, "--json", help="print JSON"),
 ) -> None:
     """Void exactly the trials an infrastructure fault broke and requeue their tasks.
@@ -572,7 +598,8 @@ def recover(
     A dry run by default (reads the store only, no Prefect server): lists the trials that would be
     voided, the tasks that would be requeued and the selected trials kept (real outcomes).
     ``--apply`` runs the ``recover`` flow (backup with sha256, one transaction with counts
-    verified, audit artifact)."""
+    verified, audit artifact). ``--include-rejections`` also voids the rewarded NOP/Oracle trials
+    of rejected tasks named by the ids (accepted tasks and rejections outside the ids stay)."""
     _prepare_env(create=apply)
     from pydantic import ValidationError  # noqa: PLC0415
 
@@ -584,7 +611,8 @@ def recover(
     start, end = _parse_instant(since, "--since"), _parse_instant(until, "--until")
     try:
         request = RecoveryRequest(batch_ids=batch or [], trial_ids=trial or [], exception_type=exception_type,
-                                  since=start, until=end, reason=reason or "dry run")
+                                  since=start, until=end, reason=reason or "dry run",
+                                  include_rejections=include_rejections)
     except ValidationError as exc:
         _fail("; ".join(_recover_flags(f"{'.'.join(map(str, e['loc'])) + ': ' if e['loc'] else ''}"
                                        f"{e['msg'].removeprefix('Value error, ')}") for e in exc.errors()))
@@ -600,7 +628,7 @@ def recover(
             print(json.dumps({
                 "dry_run": True, "plan_sha256": plan.plan_sha256,
                 "void": [{"trial_id": t.trial_id, "instance_id": t.instance_id, "kind": t.kind,
-                          "exception_type": t.exception_type, "batch_id": t.batch_id,
+                          "exception_type": t.exception_type, "reward": t.reward, "batch_id": t.batch_id,
                           "created_at": t.created_at.isoformat() if t.created_at else None} for t in plan.void],
                 "requeue": [{"instance_id": t.instance_id, "status": t.status, "reason": t.reason}
                             for t in plan.requeue],
@@ -615,7 +643,7 @@ def recover(
     try:
         out = recover_flow(reason=request.reason, batch_ids=request.batch_ids, trial_ids=request.trial_ids,
                            exception_type=request.exception_type, since=request.since, until=request.until,
-                           dry_run=False, backup_dir=backup_dir)
+                           dry_run=False, backup_dir=backup_dir, include_rejections=request.include_rejections)
     except ForgeflowError as exc:
         _fail(exc)
     if as_json:

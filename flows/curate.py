@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import queue
 from collections import deque
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -43,8 +44,9 @@ from forgeflow.recovery import RecoveryRequest, apply_recovery, plan_recovery, r
 from forgeflow.selection import DEFAULT_BATCH_SIZE, select_batch
 from forgeflow.settings import apply_container_env, home_dir
 from forgeflow.store import BatchRecord, Store, TaskRecord, TrialRecord
+from forgeflow.trial import ValidationChecks
 from tasks import curate as curate_tasks
-from tasks.curation import validate_candidate
+from tasks.curation import TrialSink, validate_candidate
 from tasks.common import markdown_artifact, table_artifact
 
 FREEZE_READY_EVENT = "forgeflow.dataset.freeze-ready"
@@ -105,7 +107,8 @@ def _unmet_text(unmet: list[Any]) -> str:
 def curate(candidates_path: Path | None = None, quotas: SplitQuotas = DEFAULT_QUOTAS,
            batch_size: int = DEFAULT_BATCH_SIZE, concurrency: int = 10, max_retries: int = 2,
            verifier_timeout_s: float = 180.0, memory_mb: int = 2048, seed: int = 0,
-           test_commands: dict[str, str] | None = None, generated_path: Path | None = None) -> dict[str, Any]:
+           test_commands: dict[str, str] | None = None, generated_path: Path | None = None,
+           checks: ValidationChecks = ValidationChecks()) -> dict[str, Any]:
     """Validate candidate batches until the accepted tasks meet ``quotas`` (or none is left).
 
     Args:
@@ -127,6 +130,10 @@ def curate(candidates_path: Path | None = None, quotas: SplitQuotas = DEFAULT_QU
             (:func:`forgeflow.generated.merge_generated`); default
             ``$FORGEFLOW_HOME/demo/candidates.jsonl`` (what ``forgeflow demo`` writes). Used only
             when ``candidates_path`` is None.
+        checks: Oracle runs per task that would be accepted (default 2: a task whose runs disagree
+            is flaky), the flaky policy (``reject`` or ``drop_flaky_pass_to_pass``) and the log
+            parser for runners without forgeflow's pytest report
+            (:class:`forgeflow.trial.ValidationChecks`).
 
     Returns:
         ``status`` (``freeze-ready`` or ``exhausted``), ``batches`` (ids run), ``trials_recorded``,
@@ -183,17 +190,30 @@ def curate(candidates_path: Path | None = None, quotas: SplitQuotas = DEFAULT_QU
             return {"status": "exhausted", "batches": batches, "trials_recorded": recorded,
                     "counts": selection.counts, "unmet": [text], "event_id": None}
         batch_id = f"curate-{sha256_json({'seed': seed, 'ids': sorted(ids)})[:16]}"
-        recorded += _run_batch(store, batch_id, ids, by_id, commands, image_ids, validate, concurrency,
-                               max_retries, verifier_timeout_s, memory_mb, run_id)
+        recorded += _run_batch(store, batch_id, ids, by_id, commands, image_ids, validate,
+                               _BatchLimits(concurrency, max_retries, verifier_timeout_s, memory_mb, checks), run_id)
         batches.append(batch_id)
         logger.info("batch %s: %d candidates; unmet before it: %s", batch_id, len(ids), _unmet_text(selection.unmet))
 
 
+@dataclass(frozen=True)
+class _BatchLimits:
+    concurrency: int
+    max_retries: int
+    timeout_s: float
+    memory_mb: int
+    checks: ValidationChecks
+
+
 def _run_batch(store: Store, batch_id: str, ids: list[str], by_id: dict[str, CandidateTask | GeneratedTask],
-               commands: dict[str, str], image_ids: dict[str, str | None], validate: Any, concurrency: int, max_retries: int, timeout_s: float, memory_mb: int, run_id: str) -> int:
-    """Validate one batch (sliding window of ``concurrency``): each validation's trials are stored
-    when it ends, the statuses and the batch row in one transaction at the end."""
+               commands: dict[str, str], image_ids: dict[str, str | None], validate: Any, limits: _BatchLimits,
+               run_id: str) -> int:
+    """Validate one batch (sliding window of ``concurrency``): each trial is stored the moment it
+    ends (by the validation task, through its sink), again with its validation's others when the
+    validation ends, and the statuses and the batch row in one transaction at the end."""
     logger = get_run_logger()
+    concurrency, max_retries = limits.concurrency, limits.max_retries
+    sink = TrialSink(store_url=store.url, job_id=JOB_ID, batch_id=batch_id, run_id=run_id)
     # attempt numbers continue after voided attempts: a task requeued by `recover` gets new trial ids;
     # live trials of a killed run keep theirs (same key: cache hit, same ids upserted)
     earlier = {iid: sum(t.voided_at is not None for t in store.trials_for(kind="nop", instance_id=iid,
@@ -208,8 +228,8 @@ def _run_batch(store: Store, batch_id: str, ids: list[str], by_id: dict[str, Can
         while pending and in_flight < concurrency:
             iid, attempt = pending.popleft()
             row = by_id[iid]
-            future = validate.submit(row, row.image, image_ids[iid], commands[iid], timeout_s, memory_mb,
-                                     f"curate-a{earlier[iid] + attempt}")
+            future = validate.submit(row, row.image, image_ids[iid], commands[iid], limits.timeout_s,
+                                     limits.memory_mb, f"curate-a{earlier[iid] + attempt}", limits.checks, sink)
             future.add_done_callback(lambda f, iid=iid, attempt=attempt: done.put((iid, attempt, f)))
             in_flight += 1
         iid, attempt, future = done.get()
@@ -220,11 +240,11 @@ def _run_batch(store: Store, batch_id: str, ids: list[str], by_id: dict[str, Can
             logger.error("validation of %s raised (no trial recorded): %r", iid, exc)
             final[iid] = ("error", f"validation raised {type(exc).__name__}: {exc}"[:2000], None)
         else:
-            ended = [trial_row(tr, JOB_ID, None, run_id, batch_id=batch_id) for tr in (outcome.nop, outcome.oracle) if tr is not None]
-            store.record_trials(ended)  # a kill from here on loses none of them
+            ended = [trial_row(tr, JOB_ID, None, run_id, batch_id=batch_id) for tr in outcome.trials]
+            store.record_trials(ended)  # a cached validation's trials too: a kill from here on loses none of them
             trials.extend(ended)
             if outcome.report is None:
-                failed = outcome.oracle if outcome.oracle is not None and outcome.oracle.exception_type else outcome.nop
+                failed = outcome.failed_trial or outcome.nop
                 if attempt < max_retries:
                     logger.warning("%s: %s on attempt %d; trying again", iid, failed.exception_type, attempt + 1)
                     pending.append((iid, attempt + 1))
@@ -253,7 +273,7 @@ def _run_batch(store: Store, batch_id: str, ids: list[str], by_id: dict[str, Can
 @flow(name="recover", log_prints=True)
 def recover(reason: str, batch_ids: list[str] | None = None, trial_ids: list[str] | None = None,
             exception_type: str | None = None, since: datetime | None = None, until: datetime | None = None,
-            dry_run: bool = True, backup_dir: Path | None = None) -> dict[str, Any]:
+            dry_run: bool = True, backup_dir: Path | None = None, include_rejections: bool = False) -> dict[str, Any]:
     """Void exactly the trials an infrastructure fault broke and requeue their tasks.
 
     Select by ``batch_ids`` and/or ``trial_ids``, or by ``exception_type`` with BOTH ``since`` and
@@ -262,13 +282,24 @@ def recover(reason: str, batch_ids: list[str] | None = None, trial_ids: list[str
     ``$FORGEFLOW_HOME/recovery``; JSON + ``.sha256``), voided/requeued in one transaction with the
     counts verified, and an audit markdown artifact (and file beside the backup) is written.
 
+    ``include_rejections`` (only with ``batch_ids``/``trial_ids``): tasks an infrastructure fault
+    made ``rejected`` (e.g. a dead build tunnel) are voided and requeued too, with the same backup,
+    audit and count check: the selected rewarded NOP/Oracle trials of a rejected task whose every
+    live NOP/Oracle trial is selected (:mod:`forgeflow.recovery`). Accepted tasks and rejections
+    outside the ids stay.
+
     Raises:
-        InputError / ValidationError: bad selection, unknown ids; CountMismatchError: the store
-            changed under the recovery (rolled back).
+        InputError: bad selection (``include_rejections`` with an exception type included),
+            unknown ids; CountMismatchError: the store changed under the recovery (rolled back).
     """
+    from pydantic import ValidationError
+
     logger = get_run_logger()
-    request = RecoveryRequest(batch_ids=batch_ids or [], trial_ids=trial_ids or [], exception_type=exception_type,
-                              since=since, until=until, reason=reason)
+    try:
+        request = RecoveryRequest(batch_ids=batch_ids or [], trial_ids=trial_ids or [], exception_type=exception_type,
+                                  since=since, until=until, reason=reason, include_rejections=include_rejections)
+    except ValidationError as exc:
+        raise InputError("recover: " + "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())) from None
     store = Store()
     store.upgrade()
     plan = plan_recovery(store, request)

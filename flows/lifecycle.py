@@ -189,27 +189,29 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
     with log.stage("validate") as st:
         items = list(tasks_info.values())
         progress_id = create_progress_artifact(progress=0.0, description="NOP/Oracle validation")
+        sink = curation.TrialSink(store_url=store.url, job_id=f"validate-{config.seed}", run_id=run_id)
         outcomes = []
         batch = config.validate_concurrency
         for start in range(0, len(items), batch):
             wave = items[start:start + batch]
             futures = [curation.validate_candidate.submit(
                 t["candidate"], t["image_ref"], t["digest"], envs[t["repo"]]["project"].test_command,
-                config.verifier_timeout_s, config.sandbox_memory_mb)
+                config.verifier_timeout_s, config.sandbox_memory_mb, checks=config.validation, sink=sink)
                 for t in wave]
             for t, state in zip(wave, log.gather(futures)):
                 outcomes.append((t, state.result()))
             update_progress_artifact(progress_id, progress=100.0 * len(outcomes) / max(1, len(items)))
+        # each trial was stored as it ended (the sink); again here, for validations answered from cache
         store.record_trials([canary_core.trial_row(tr, f"validate-{config.seed}", None, run_id)
-                             for _, out in outcomes for tr in (out.nop, out.oracle) if tr is not None])
+                             for _, out in outcomes for tr in out.trials])
         accepted, rows = [], []
-        trials_n = sum(1 + (out.oracle is not None) for _, out in outcomes)
+        trials_n = sum(len(out.trials) for _, out in outcomes)
         for t, out in outcomes:
             c = t["candidate"]
             report = out.report
             status = "accepted" if report is not None and report.accepted else (
                 "error" if report is None else "rejected")
-            reason = report.reason if report is not None else (out.nop.exception_type or "")
+            reason = report.reason if report is not None else ((out.failed_trial or out.nop).exception_type or "")
             store.record_task(ledger.TaskRecord(
                 instance_id=c.instance_id, repo=t["repo"], patch_sha256=sha256_bytes(c.patch.encode()),
                 image_ref=t["image_ref"], status=status, reason=reason,
@@ -218,12 +220,15 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
             t["report"] = report
             rows.append({"instance_id": c.instance_id, "status": status, "reason": reason,
                          "FAIL_TO_PASS": len(report.FAIL_TO_PASS) if report else 0,
-                         "nop_reward": out.nop.reward, "oracle_reward": out.oracle.reward if out.oracle else None})
+                         "nop_reward": out.nop.reward, "oracle_reward": out.oracle.reward if out.oracle else None,
+                         "oracle_runs": len([t for t in out.trials if t.kind == "oracle"]),
+                         "flaky_tests": len(report.flaky_tests) if report else 0})
             if status == "accepted":
                 accepted.append(t)
         table_artifact("validate", rows, "NOP/Oracle validation of every candidate")
         st["counts"] = {"candidates": len(outcomes), "trials": trials_n, "accepted": len(accepted),
                         "rejected": sum(r["status"] == "rejected" for r in rows),
+                        "flaky": sum(r["flaky_tests"] > 0 for r in rows),
                         "errors": sum(r["status"] == "error" for r in rows)}
         if not accepted:
             raise PreflightError("validation accepted no task: nothing to freeze")
@@ -318,7 +323,11 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
         with log.stage("compare") as st:
             repo_of = {i: by_id[i]["repo"] for i in splits["test"]}
             comparison = log.call(report_tasks.compare_jobs, baseline_trials, candidate_trials, "baseline", "candidate",
-                              repo_of, config.promotion_max_drop, config.promotion_alpha, config.seed)
+                              repo_of, config.promotion_max_drop, config.promotion_alpha, config.seed,
+                              min_pairs=config.promotion_min_pairs, min_repos=config.promotion_min_repos,
+                              max_wall_s_ratio=config.promotion_max_wall_s_ratio,
+                              max_input_tokens_ratio=config.promotion_max_input_tokens_ratio,
+                              max_agent_steps_ratio=config.promotion_max_agent_steps_ratio)
             paired, decision, md = comparison.paired, comparison.decision, comparison.markdown
             report_path = out_dir / "compare.md"
             plot_path = render_plot(comparison.report_a, comparison.report_b, paired, out_dir / "compare.png",
@@ -379,8 +388,14 @@ def _canary(log: StageLog, stage: str, config: LifecycleConfig, test_ids: list[s
                                                                           by_id[i]["report"].FAIL_TO_PASS),
                             fail_to_pass=by_id[i]["report"].FAIL_TO_PASS, pass_to_pass=by_id[i]["report"].PASS_TO_PASS)
                  for i in test_ids]
+        # the params a `canary-recover` run re-runs the job's exception trials with
         job = ledger.JobRecord(job_id=job_id, kind="canary", freeze_name=config.freeze_name, split="test",
-                               model_sha256=model_sha256, run_id=run_id, params={"concurrency": config.canary_concurrency})
+                               model_sha256=model_sha256, run_id=run_id,
+                               params={"concurrency": config.canary_concurrency, "profile": "default",
+                                       "base_url": base_url, "model_alias": MODEL_ALIAS,
+                                       "agent_config": agent_config.model_dump(mode="json"),
+                                       "verifier_timeout_s": config.verifier_timeout_s,
+                                       "generated_path": str(out_dir / generated.GENERATED_FILE)})
         trials, _ = run_canary_job(log, st, stage, job, tasks, base_url, MODEL_ALIAS, agent_config,
                                    out_dir / "trajectories" / job_id, config.verifier_timeout_s,
                                    config.canary_concurrency, store)

@@ -42,11 +42,13 @@ def freeze(name: str, train_min: int = 2, validation_min: int = 1, test_min: int
 
 @flow(name="compare", log_prints=True)
 def compare(job_a: str, job_b: str, report_path: Path | None = None, merge_recovery: bool = True,
-            seed: int = 0) -> comparison.PairedComparison:
+            seed: int = 0, gate: comparison.GatePolicy | None = None) -> comparison.PairedComparison:
     """Paired comparison of two canary jobs recorded in the store, on the same frozen split.
 
-    Writes the markdown report (wins/ties/losses, exact McNemar, repository-clustered interval,
-    excluded tasks with reasons, cost ratios; each job merged with its recovery jobs unless
+    Writes the markdown report (wins/ties/losses, exact McNemar, the delta interval — Newcombe's
+    paired interval united with the repository-clustered bootstrap —, excluded tasks with reasons,
+    cost ratios and the promotion gate's verdict under ``gate``'s settings, default
+    :class:`forgeflow.gate.GatePolicy`; each job merged with its recovery jobs unless
     ``merge_recovery`` is False, and said so) and beside it a PNG (pass rates with Wilson
     intervals, wins/losses per repository) that the report and the markdown artifact show.
 
@@ -58,15 +60,16 @@ def compare(job_a: str, job_b: str, report_path: Path | None = None, merge_recov
     md_path = Path(report_path or home_dir() / f"compare-{job_a}-vs-{job_b}.md")
     png_path = md_path.with_suffix(".png")
     result = comparison.compare_stored_jobs(store, job_a, job_b, merge_recovery=merge_recovery, seed=seed,
-                                            plot_file=png_path.name)
+                                            plot_file=png_path.name, gate=gate)
     paired = result.paired
     comparison.render_plot(result.report_a, result.report_b, paired, png_path, job_a, job_b)
     atomic_write_text(md_path, result.markdown)
     artifact_md = result.markdown.replace(f"]({png_path.name})", f"]({png_path.resolve().as_uri()})")
     markdown_artifact("compare-standalone", artifact_md + f"\nReport: `{md_path}`; plot: `{png_path}`\n",
                       f"{result.job_a.label} vs {result.job_b.label}")
-    get_run_logger().info("wins %d ties %d losses %d, McNemar p %.3g; excluded %d; report %s", paired.wins,
-                          paired.ties, paired.losses, paired.mcnemar_p, len(result.excluded), md_path)
+    get_run_logger().info("wins %d ties %d losses %d, McNemar p %.3g; excluded %d; promotion gate: %s (%s); report %s",
+                          paired.wins, paired.ties, paired.losses, paired.mcnemar_p, len(result.excluded),
+                          result.decision.verdict, result.decision.reason, md_path)
     return paired
 
 
@@ -182,29 +185,49 @@ def publish(gguf_path: Path, store: str, hf_dir: Path, adapter_dir: Path | None 
 
 
 @flow(name="serve", log_prints=True)
-def serve(gguf_path: Path, state_path: Path | None = None, ports: tuple[int, int] = (8801, 8802)) -> dict:
-    """Blue/green swap of the serving endpoint to ``gguf_path`` (gate, switch, stop the old one).
+def serve(gguf_path: Path, state_path: Path | None = None, ports: tuple[int, int] = (8801, 8802),
+          hf_dir: Path | None = None) -> dict:
+    """Blue/green swap of the serving endpoint to ``gguf_path`` (check, gate, switch, stop the old one).
+
+    Before any server starts, the GGUF's metadata is checked against its HF config
+    (:func:`tasks.serving.check_serving_gguf`, the package stage's check): the config of ``hf_dir``,
+    or by default of the checkpoint the store records the GGUF was converted from. A GGUF that fails
+    is refused with the file and the mismatching key named, and nothing starts.
 
     The endpoint is the state file ``state_path`` (default ``$FORGEFLOW_HOME/serving/state.json``,
     the one the ``canary`` flow reads by default). A promotion is recorded in the store as the
     lifecycle records its swaps (:func:`tasks.serving.record_swap`): the new generation active, the
     one it replaced retired, with this flow run's id; ``forgeflow status`` and ``forgeflow lineage``
-    read it from there.
+    read it from there. A swap whose new server fails to start or gate is recorded as a
+    ``rolled_back`` generation (numbered above every generation, so numbers stay unique; the state
+    file and the old server are untouched).
+
+    Args:
+        gguf_path: the GGUF to serve.
+        state_path: the serving state file.
+        ports: the two blue/green ports on 127.0.0.1.
+        hf_dir: the HF checkpoint folder (``config.json``) the GGUF was converted from; default: the one
+            the store records for it.
 
     Returns:
         :class:`tasks.serving.SwapOutcome` as JSON (``promoted``, ``verdict``, ``state``, ``previous``).
 
     Raises:
-        InputError: ``gguf_path`` is not a file, ``ports`` are not two distinct ports, or nothing
-            serves and both ports are held by other processes.
-        SwapRolledBackError: the new server did not start or failed its gate (the old one serves on).
+        InputError: ``gguf_path`` is not a file, no config to check it against (no ``hf_dir`` and the
+            store records none), ``ports`` are not two distinct ports, or nothing serves and both
+            ports are held by other processes.
+        GGUFError: the GGUF is unreadable or differs from its config (nothing started).
+        SwapRolledBackError: the new server did not start or failed its gate (the old one serves on;
+            the attempt is recorded as ``rolled_back``).
     """
     from forgeflow.fsutil import sha256_file
 
     if not Path(gguf_path).is_file():
         raise InputError(f"gguf_path {str(gguf_path)!r} is not a file")
+    gguf_sha256 = sha256_file(gguf_path)
+    serving_tasks.check_serving_gguf(gguf_path, gguf_sha256, hf_dir)
     outcome = serving_tasks.swap_transaction(state_path or home_dir() / "serving" / "state.json", gguf_path,
-                                             sha256_file(gguf_path), tuple(ports), lambda staged: "promote")
+                                             gguf_sha256, tuple(ports), lambda staged: "promote")
     if outcome.promoted and outcome.state is not None:
         store = ledger.Store()
         store.upgrade()

@@ -12,9 +12,12 @@ One agent trial (Harbor's and SWE-bench's shape):
    atomically after every step. One ModelClient (hence one circuit breaker) serves one agent run.
 2. **submission** — ``git diff`` of ``/testbed`` against the image's commit, taken from the agent's
    container before it is removed (tracked files only: reproduction scripts are not submitted).
-3. **verifier** — a fresh container of the task image: the submission is applied with
-   ``git apply``, the test files named by FAIL_TO_PASS/PASS_TO_PASS are reset to the image's
-   (pristine) version, the tests run, and SWE-bench's resolution rule gives reward 1.0 or 0.0.
+3. **verifier** — :func:`forgeflow.verifier.verify_submission`: a fresh container of the pristine
+   task image (nothing the agent did in its own container carries over), the submission screened
+   (changes to the task's tests, conftest, test configuration or start-up hooks are tampering, or
+   dropped, by ``AgentConfig.tamper_policy``) and applied with ``git apply``, the tests run with the
+   pinned environment and read from the structured report, and the strict resolution rule gives
+   reward 1.0 or 0.0.
 
 Outcomes versus breakage (DESIGN.md):
 
@@ -58,9 +61,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow import errors
 from forgeflow.fsutil import atomic_write_json, sha256_json
-from forgeflow.grading import grade_resolved
 from forgeflow.model_client import ChatResponse, ModelClient, chat_request
-from forgeflow.sandbox import PodmanSandbox, SandboxSpec
+from forgeflow.sandbox import SandboxSpec
+from forgeflow.submission import TamperPolicy
 from forgeflow.supervision import (
     DEFAULT_HANG_IDLE_S,
     DEFAULT_LOOP_THRESHOLD,
@@ -70,13 +73,12 @@ from forgeflow.supervision import (
     tool_calls_from_trajectory,
 )
 from forgeflow.settings import apply_container_env, tool_env
-from forgeflow.trial import LOG_TAIL_CHARS, TESTBED, TrialRecord, VerifierResult, container_name, make_trial_id, verify
+from forgeflow.trial import TrialRecord, container_name, make_trial_id
+from forgeflow.verifier import LOG_TAIL_CHARS, TESTBED, SubmissionVerdict, verify_submission
 
 MSWEA_CONFIG_NAME = "swebench_backticks"
 """mini-swe-agent's built-in SWE-bench config with the text (``mswea_bash_command`` fence) format;
 tiny local models do not produce tool calls, so the text-based model class is used."""
-
-SUBMISSION_PATH_IN_CONTAINER = "/tmp/forgeflow_submission.patch"
 
 CONTEXT_OVERFLOW_PATTERN = re.compile(
     r"context_length_exceeded|maximum context length|context window|exceeds the available context size",
@@ -111,6 +113,9 @@ class AgentConfig(BaseModel):
             the supervisor stops the run (>= 2; default 3: blocked at the 3rd repeat).
         hang_idle_s: seconds without a new message or model call after which the watchdog stops
             the run (default 660 = 11 minutes).
+        tamper_policy: what the verifier does with a submission that changes the task's own files
+            (tests, conftest, test configuration, start-up hooks; :mod:`forgeflow.submission`):
+            ``reject`` (tampering, reward 0) or ``drop`` (those parts removed, the rest graded).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -127,6 +132,7 @@ class AgentConfig(BaseModel):
     action_format: Literal["text", "toolcall"] = "text"
     loop_threshold: int = Field(default=DEFAULT_LOOP_THRESHOLD, ge=2, le=1000)
     hang_idle_s: float = Field(default=DEFAULT_HANG_IDLE_S, gt=0)
+    tamper_policy: TamperPolicy = "reject"
 
 
 # --- mini-swe-agent wiring -------------------------------------------------------------------
@@ -555,11 +561,6 @@ class _AgentPhase:
     supervision: dict[str, Any] | None = None
 
 
-def _test_files(test_ids: list[str]) -> list[str]:
-    """Test file paths of pytest node ids (``tests/test_x.py::test_a`` -> ``tests/test_x.py``)."""
-    return sorted({t.split("::", 1)[0] for t in test_ids if "::" in t and t.split("::", 1)[0].endswith(".py")})
-
-
 def _run_agent_phase(
     trial_id: str, instance_id: str, image_ref: str, problem_statement: str, base_url: str,
     model_alias: str, config: AgentConfig, traj_path: Path,
@@ -646,62 +647,18 @@ def _run_agent_phase(
     return phase
 
 
-def _run_verifier_phase(
-    image_ref: str, submission: str, test_command: str, fail_to_pass: list[str],
-    pass_to_pass: list[str], config: AgentConfig, name: str, verifier_timeout_s: float,
-) -> tuple[float, VerifierResult | None, str]:
-    """Apply the submission in a fresh container, reset the test files, run the tests, grade.
-
-    Returns:
-        (reward, verifier result or None if the patch did not apply, note). A patch that does not
-        apply gives reward 0.0 (the model's fault) and a note.
-
-    Raises:
-        SandboxError and subclasses, VerifierTimeoutError, VerifierOutputError: the verifier broke.
-    """
-    spec = SandboxSpec(memory_mb=config.memory_mb, cpus=config.cpus, network=False)
-    sandbox = PodmanSandbox(image_ref, spec, name=name)
-    try:
-        sandbox.start()
-    except errors.SandboxError as exc:
-        if "already in use" not in str(exc):
-            raise
-        _podman("rm", "-f", "-t", "0", name)  # left by a crashed run of the same trial
-        sandbox.start()
-    try:
-        note = ""
-        if submission.strip():
-            sandbox.write_file(SUBMISSION_PATH_IN_CONTAINER, submission if submission.endswith("\n") else submission + "\n")
-            applied = sandbox.exec(
-                ["git", "apply", "--verbose", "--whitespace=nowarn", SUBMISSION_PATH_IN_CONTAINER],
-                timeout_s=60, workdir=TESTBED,
-            )
-            if applied.exit_code != 0:
-                detail = (applied.stderr or applied.stdout).strip()[-1000:]
-                return 0.0, None, f"submission patch did not apply (the model's fault): {detail}"
-        else:
-            note = "empty submission (no change to /testbed)"
-        files = _test_files([*fail_to_pass, *pass_to_pass])
-        if files:  # pristine test files: the agent's edits to the tests do not count
-            tracked = sandbox.exec(["git", "ls-files", "--", *files], timeout_s=60, workdir=TESTBED).stdout.split()
-            if tracked:
-                sandbox.exec(["git", "checkout", "HEAD", "--", *tracked], timeout_s=60, workdir=TESTBED)
-        result = verify(sandbox, test_command, verifier_timeout_s)
-        return grade_resolved(result.tests, list(fail_to_pass), list(pass_to_pass)), result, note
-    finally:
-        sandbox.stop()
-
-
 def _record(
     *, trial_id: str, instance_id: str, started_at: datetime, phase: _AgentPhase,
-    reward: float | None, error: BaseException | None, verifier: VerifierResult | None, notes: list[str],
+    reward: float | None, error: BaseException | None, verdict: SubmissionVerdict | None, notes: list[str],
 ) -> TrialRecord:
-    """Build the agent's TrialRecord (with its costs: steps and tokens).
+    """Build the agent's TrialRecord (with its costs: steps and tokens, and the verifier's evidence).
 
     An AgentTimeoutError (AgentLoopError / AgentHangError included) is recorded together with the
     verifier's reward (Harbor's convention), and a supervisor stop with its ``supervision`` evidence.
     """
     message = "\n".join([str(error) or repr(error), *notes]) if error is not None else None
+    verifier = verdict.result if verdict is not None else None
+    evidence = {**verdict.evidence, "notes": verdict.notes} if verdict is not None else None
     fields: dict[str, Any] = {
         "trial_id": trial_id, "instance_id": instance_id, "kind": "agent",
         "reward": reward, "exception_type": type(error).__name__ if error is not None else None,
@@ -710,7 +667,7 @@ def _record(
         "tests": verifier.tests if verifier else {},
         "log_tail": (verifier.log_tail if verifier else "") or "\n".join(notes)[-LOG_TAIL_CHARS:],
         "agent_steps": phase.n_steps, "input_tokens": phase.n_input_tokens,
-        "output_tokens": phase.n_output_tokens, "supervision": phase.supervision,
+        "output_tokens": phase.n_output_tokens, "supervision": phase.supervision, "verifier": evidence,
     }
     return TrialRecord(**fields)
 
@@ -815,15 +772,16 @@ def run_agent_trial(
     notes = list(phase.notes)
     error = phase.error
     reward: float | None = None
-    verifier: VerifierResult | None = None
+    verdict: SubmissionVerdict | None = None
     if error is None or isinstance(error, errors.AgentTimeoutError):
         try:
-            reward, verifier, note = _run_verifier_phase(
-                image_ref, phase.submission, test_command, fail_to_pass, pass_to_pass, config,
-                container_name(instance_id, "agent", trial_id), verifier_timeout_s,
+            verdict = verify_submission(
+                image_ref, phase.submission, test_command, fail_to_pass, pass_to_pass,
+                timeout_s=verifier_timeout_s, spec=SandboxSpec(memory_mb=config.memory_mb, cpus=config.cpus),
+                name=container_name(instance_id, "agent", trial_id), tamper_policy=config.tamper_policy,
             )
-            if note:
-                notes.append(note)
+            reward = verdict.reward
+            notes.extend(verdict.notes)
         except errors.InfraError as exc:  # the verifier broke: no reward, never 0
             reward = None
             notes.append(f"verifier failed: {type(exc).__name__}: {exc}")
@@ -831,4 +789,4 @@ def run_agent_trial(
     notes.append(f"agent exit status: {phase.exit_status or 'none'}; steps {phase.n_steps}; "
                  f"input tokens {phase.n_input_tokens}")
     return _record(trial_id=trial_id, instance_id=instance_id, started_at=started_at, phase=phase,
-                   reward=reward, error=error, verifier=verifier, notes=notes)
+                   reward=reward, error=error, verdict=verdict, notes=notes)

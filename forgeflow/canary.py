@@ -7,6 +7,14 @@ lifecycle runs it twice (baseline and candidate); the standalone ``canary`` flow
 both need that is not Prefect: the concurrency guard, the assembly of :class:`CanaryTask` rows
 from the store + the generated-candidates file, and the markdown job report.
 
+Recovery (issue 14): when the model endpoint failed mid-canary, the trials it broke ended in an
+exception (``ModelEndpointError``...). :func:`plan_canary_recovery` reads the job's merged view
+(:func:`forgeflow.compare.merged_job`: the original + its recovery jobs so far) and lists the trials
+standing there that ended in an exception; the ``canary-recover`` flow re-runs exactly those tasks
+as a new job of kind :data:`RECOVERY_JOB_KIND` whose ``parent_job_id`` is the original, with the
+recovery job id as the trials' run key, so the new trials have ids of their own and the original's
+rows are never rewritten. The merged view then reads "original job X + N recovery jobs".
+
 Concurrency guard (issue 5): a canary refuses more than :data:`CANARY_PROFILES` allows for its
 profile: ``default`` 4 trials at once, ``verified`` 10. The limits bound how many sandboxes and
 concurrent model requests one canary puts on a shared endpoint; they are this project's policy
@@ -30,6 +38,8 @@ CANARY_PROFILES: dict[str, int] = {"default": 4, "verified": 10}
 """Profile name -> the most agent trials a canary may run at once."""
 
 JOB_KIND = "canary"
+RECOVERY_JOB_KIND = "recovery"
+"""``jobs.kind`` of a job that re-runs another job's exception trials (its ``parent_job_id``)."""
 
 
 def concurrency_limit(profile: str) -> int:
@@ -181,7 +191,7 @@ def trial_row(tr: Any, job_id: str | None, model_sha256: str | None, run_id: str
                               exception_message=tr.exception_message, timings=timings,
                               model_sha256=model_sha256, created_at=tr.started_at, run_id=run_id,
                               agent_steps=tr.agent_steps, input_tokens=tr.input_tokens,
-                              output_tokens=tr.output_tokens)
+                              output_tokens=tr.output_tokens, verifier=tr.verifier)
 
 
 def render_job_report(job: ledger.JobRecord, report: compare.JobReport, trials: Sequence[Any],
@@ -215,3 +225,90 @@ def render_job_report(job: ledger.JobRecord, report: compare.JobReport, trials: 
                      f"| {'' if tr.agent_s is None else f'{tr.agent_s:.1f}'} "
                      f"| {'' if tr.verifier_s is None else f'{tr.verifier_s:.1f}'} |")
     return "\n".join(lines) + "\n"
+
+
+class CanaryRecoveryPlan(BaseModel):
+    """What a canary recovery re-runs (the dry answer of :func:`plan_canary_recovery`).
+
+    Attributes:
+        original: The original canary job's row (its freeze, split, model and parameters).
+        recovery_job_id: The id the recovery job gets (:func:`recovery_job_id` unless given).
+        exception_trials: The trials standing in the merged view that ended in an exception (one per
+            instance, by instance id) and match the requested exception types: exactly what is re-run.
+        earlier_recovery_job_ids: Recovery jobs the original already has, oldest first.
+        merged_label: The merged view's label now (``job X`` or ``original job X + N recovery jobs``).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    original: ledger.JobRecord
+    recovery_job_id: str = Field(min_length=1, max_length=512)
+    exception_trials: list[ledger.TrialRecord]
+    earlier_recovery_job_ids: list[str] = Field(default_factory=list)
+    merged_label: str
+
+    @property
+    def instance_ids(self) -> list[str]:
+        """The instances to re-run, in instance-id order."""
+        return [t.instance_id for t in self.exception_trials]
+
+    @property
+    def empty(self) -> bool:
+        """True when no trial of the merged view ended in a (selected) exception."""
+        return not self.exception_trials
+
+
+def recovery_job_id(job_id: str, trial_ids: Sequence[str]) -> str:
+    """``<job_id>-recovery-<12 hex>``: the digest of the exception trial ids it re-runs, so the same
+    recovery started again (e.g. before any of its trials was recorded) gets the same id and upserts
+    the same rows, and a later recovery of what is left gets another."""
+    from forgeflow.fsutil import sha256_json
+
+    return f"{job_id}-recovery-{sha256_json(sorted(trial_ids))[:12]}"
+
+
+def plan_canary_recovery(store: ledger.Store, job_id: str, exception_types: Sequence[str] | None = None,
+                         job_id_override: str | None = None) -> CanaryRecoveryPlan:
+    """Which tasks of canary job ``job_id`` a recovery re-runs: those whose trial standing in the merged
+    view (the original + its recovery jobs) ended in an exception. Reads only.
+
+    Args:
+        store: The ledger.
+        job_id: The original canary job (kind ``canary``), never a recovery job.
+        exception_types: Re-run only trials that ended in one of these exception class names (e.g.
+            ``["ModelEndpointError"]``); None: every exception.
+        job_id_override: The recovery job's id (default :func:`recovery_job_id`).
+
+    Returns:
+        The plan; ``empty`` when nothing is left to recover.
+
+    Raises:
+        InputError: the store records no job ``job_id`` (the canary jobs it has are listed), the job is
+            a recovery job (its original is named) or not a canary job, it records no model, it has no
+            agent trials, or the override names the original job or an existing job of another parent.
+    """
+    original = store.get_job(job_id)
+    if original is None:
+        known = [j.job_id for j in store.jobs(kind=JOB_KIND)]
+        raise InputError(f"canary recovery: job {job_id!r} is not recorded in the store ({store.display_url}); "
+                         f"its canary jobs: {', '.join(known[:20]) or 'none'}")
+    if original.kind == RECOVERY_JOB_KIND:
+        raise InputError(f"canary recovery: job {job_id!r} is itself a recovery job of {original.parent_job_id!r}: "
+                         f"give the original job ({original.parent_job_id!r}); its merged view includes this one")
+    if original.kind != JOB_KIND:
+        raise InputError(f"canary recovery: job {job_id!r} is a {original.kind!r} job; only canary jobs are re-run")
+    if original.model_sha256 is None:
+        raise InputError(f"canary recovery: job {job_id!r} records no model_sha256: the model to re-run is unknown")
+    view = compare.merged_job(store, job_id)
+    wanted = set(exception_types) if exception_types else None
+    failed = [t for t in view.trials if t.exception_type is not None
+              and (wanted is None or t.exception_type in wanted)]
+    new_id = job_id_override or recovery_job_id(job_id, [t.trial_id for t in failed])
+    if new_id == job_id:
+        raise InputError(f"canary recovery: the recovery job id {new_id!r} is the original's")
+    existing = store.get_job(new_id)
+    if existing is not None and existing.parent_job_id != job_id:
+        raise InputError(f"canary recovery: job id {new_id!r} is taken by a {existing.kind!r} job "
+                         f"(parent {existing.parent_job_id!r}); give another recovery job id")
+    return CanaryRecoveryPlan(original=original, recovery_job_id=new_id, exception_trials=failed,
+                              earlier_recovery_job_ids=view.recovery_job_ids, merged_label=view.label)

@@ -13,14 +13,17 @@ Statistics (statsmodels):
 * McNemar's exact test on the discordant pairs of a paired comparison:
   ``statsmodels.stats.contingency_tables.mcnemar(table, exact=True)`` (a two-sided binomial
   test with p = 0.5 on the pairs where exactly one run passed; McNemar 1947).
-* Paired interval on the delta, clustered by repository: a cluster bootstrap (resample whole
-  repositories with replacement, recompute ``sum(b - a) / n_pairs``; percentile interval), as in
-  Field and Welsh 2007, "Bootstrapping clustered data" (JRSS B 69(3)), and Miller 2024, "Adding
-  Error Bars to Evals" (arXiv:2411.00640), which asks for clustered errors when questions share a
-  source. numpy ``default_rng(seed)``: the same seed gives the same interval.
+* Paired interval on the delta (:mod:`forgeflow.paired_stats`): the union of Newcombe's hybrid
+  score interval for paired proportions (Newcombe 1998, Statistics in Medicine 17:2635-2650,
+  method 10; valid at small n) and a cluster bootstrap that resamples whole repositories (Field
+  and Welsh 2007, "Bootstrapping clustered data", JRSS B 69(3); Miller 2024, "Adding Error Bars to
+  Evals", arXiv:2411.00640), so it is never narrower than either and never of zero width. numpy
+  ``default_rng(seed)``: the same seed gives the same interval.
 
 Before comparing, :func:`refuse_unless_same_split` checks that both runs ran the same frozen split,
-and :func:`promotion_decision` turns a comparison into promote / hold / reject.
+and :func:`promotion_decision` (:mod:`forgeflow.gate`) turns a comparison and its cost ratios into
+promote / hold / reject: it needs enough pairs, repositories and an interval that excludes the
+allowed drop, and it holds when a cost ratio is over its limit.
 
 Jobs recorded in the store are compared by :func:`compare_stored_jobs`: each job is read as a
 :class:`MergedJob` (the original plus its recovery jobs, labelled "original job X + N recovery
@@ -34,14 +37,23 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 from statsmodels.stats.contingency_tables import mcnemar
 from statsmodels.stats.proportion import proportion_confint
 
 from forgeflow.errors import SCORED_DESPITE_EXCEPTION, InputError
+# the gate and the intervals live in their own modules; their names stay importable from here
+from forgeflow.gate import CostCheck, Decision, GatePolicy, promotion_decision  # noqa: F401
+from forgeflow.paired_stats import (  # noqa: F401
+    ClusteredInterval,
+    DeltaInterval,
+    NewcombeInterval,
+    cluster_bootstrap_delta,
+    newcombe_paired_interval,
+    union_interval,
+)
 
 PASS_REWARD = 1.0
 """A scored trial passes when ``reward >= PASS_REWARD``."""
@@ -198,102 +210,6 @@ class PairCounts(BaseModel):
     losses: int = Field(ge=0)
 
 
-class ClusteredInterval(BaseModel):
-    """A bootstrap interval on the paired delta ``pass_rate_b - pass_rate_a``.
-
-    Attributes:
-        delta: The observed delta over all pairs.
-        low: Lower percentile bound (in [-1, 1]).
-        high: Upper percentile bound.
-        confidence: Level of the interval.
-        clustered_by: ``repository`` (whole repositories resampled) or ``instance`` (no
-            repository map given: every instance is its own cluster, the plain paired bootstrap).
-        n_clusters: Clusters resampled.
-        n_pairs: Pairs in the clusters.
-        n_resamples: Bootstrap resamples drawn.
-        seed: Seed of ``numpy.random.default_rng``.
-    """
-
-    model_config = ConfigDict(frozen=True)
-
-    delta: float = Field(ge=-1.0, le=1.0)
-    low: float = Field(ge=-1.0, le=1.0)
-    high: float = Field(ge=-1.0, le=1.0)
-    confidence: float = Field(gt=0.0, lt=1.0)
-    clustered_by: Literal["repository", "instance"]
-    n_clusters: int = Field(ge=1)
-    n_pairs: int = Field(ge=1)
-    n_resamples: int = Field(ge=1)
-    seed: int
-
-
-def cluster_bootstrap_delta(
-    pairs: Mapping[str, tuple[bool, bool]],
-    cluster_of: Mapping[str, str] | None = None,
-    *,
-    n_resamples: int = 2000,
-    seed: int = 0,
-    confidence: float = 0.95,
-) -> ClusteredInterval:
-    """Percentile cluster-bootstrap interval on the paired delta.
-
-    Each cluster c contributes ``d_c = sum(pass_b - pass_a)`` and ``n_c`` pairs; a resample draws
-    as many clusters as there are, with replacement, and its delta is ``sum d / sum n``. The
-    interval is the ``(1 - confidence) / 2`` and ``(1 + confidence) / 2`` quantiles (numpy's
-    linear interpolation) of the resampled deltas.
-
-    Args:
-        pairs: Instance id -> (A passed, B passed), for instances scored in both runs.
-        cluster_of: Instance id -> cluster (repository); None: every instance is its own cluster.
-        n_resamples: Bootstrap resamples (>= 100).
-        seed: Seed of ``numpy.random.default_rng``.
-        confidence: Interval level in (0, 1).
-
-    Returns:
-        :class:`ClusteredInterval`.
-
-    Raises:
-        InputError: no pairs, a paired instance without a cluster, ``n_resamples < 100`` or
-            ``confidence`` outside (0, 1).
-    """
-    if not pairs:
-        raise InputError("cluster_bootstrap_delta needs at least one pair")
-    if n_resamples < 100:
-        raise InputError(f"n_resamples must be >= 100, got {n_resamples}")
-    if not 0.0 < confidence < 1.0:
-        raise InputError(f"confidence must be in (0, 1), got {confidence}")
-    if cluster_of is not None:
-        unknown = sorted(i for i in pairs if i not in cluster_of)
-        if unknown:
-            raise InputError(f"cluster_of has no repository for paired instances {unknown[:5]}")
-    diff: dict[str, int] = {}
-    size: dict[str, int] = {}
-    for instance_id in sorted(pairs):
-        passed_a, passed_b = pairs[instance_id]
-        cluster = cluster_of[instance_id] if cluster_of is not None else instance_id
-        diff[cluster] = diff.get(cluster, 0) + int(passed_b) - int(passed_a)
-        size[cluster] = size.get(cluster, 0) + 1
-    names = sorted(diff)
-    d = np.array([diff[c] for c in names], dtype=float)
-    n = np.array([size[c] for c in names], dtype=float)
-    rng = np.random.default_rng(seed)
-    draws = rng.integers(0, len(names), size=(n_resamples, len(names)))
-    deltas = d[draws].sum(axis=1) / n[draws].sum(axis=1)
-    tail = (1.0 - confidence) / 2.0
-    low, high = np.quantile(deltas, [tail, 1.0 - tail])
-    return ClusteredInterval(
-        delta=float(d.sum() / n.sum()),
-        low=float(np.clip(low, -1.0, 1.0)),
-        high=float(np.clip(high, -1.0, 1.0)),
-        confidence=confidence,
-        clustered_by="repository" if cluster_of is not None else "instance",
-        n_clusters=len(names),
-        n_pairs=int(n.sum()),
-        n_resamples=n_resamples,
-        seed=seed,
-    )
-
-
 class PairedComparison(BaseModel):
     """Run B against baseline run A on the instances both scored.
 
@@ -311,8 +227,9 @@ class PairedComparison(BaseModel):
         excluded_exception: Instances left out because either run had an exception (sorted).
         excluded_missing: Instances present in only one run (sorted).
         per_repo: Repository -> pair counts (only when ``repo_of`` was given).
-        delta_interval: Bootstrap interval on ``delta``, clustered by repository when
-            ``repo_of`` was given, else by instance (None when there are no pairs).
+        delta_interval: The reported interval on ``delta``: Newcombe's paired interval united with
+            the cluster bootstrap (by repository when ``repo_of`` was given, else by instance);
+            each alone in ``.newcombe`` / ``.bootstrap`` (None when there are no pairs).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -330,7 +247,7 @@ class PairedComparison(BaseModel):
     excluded_exception: list[str]
     excluded_missing: list[str]
     per_repo: dict[str, PairCounts] = Field(default_factory=dict)
-    delta_interval: ClusteredInterval | None = None
+    delta_interval: DeltaInterval | None = None
 
 
 def paired_compare(
@@ -356,7 +273,8 @@ def paired_compare(
     Returns:
         Counts, pass rates over the pairs, McNemar's exact p-value on the 2x2 table
         ``[[both_pass, losses], [wins, both_fail]]`` (rows A pass/fail, columns B pass/fail) and
-        the :func:`cluster_bootstrap_delta` interval.
+        the union of :func:`~forgeflow.paired_stats.newcombe_paired_interval` and
+        :func:`cluster_bootstrap_delta` (:class:`~forgeflow.paired_stats.DeltaInterval`).
 
     Raises:
         InputError: ``repo_of`` lacks a paired instance, or a bootstrap parameter is invalid.
@@ -398,12 +316,15 @@ def paired_compare(
             per_repo[repo] = PairCounts(n_pairs=len(grouped[repo]), wins=w, ties=bp + bf, losses=lo)
 
     interval = (
-        cluster_bootstrap_delta(
-            {i: (pa, pb) for i, pa, pb in pairs},
-            repo_of,
-            n_resamples=n_resamples,
-            seed=seed,
-            confidence=confidence,
+        union_interval(
+            newcombe_paired_interval(both_pass, wins, losses, both_fail, confidence),
+            cluster_bootstrap_delta(
+                {i: (pa, pb) for i, pa, pb in pairs},
+                repo_of,
+                n_resamples=n_resamples,
+                seed=seed,
+                confidence=confidence,
+            ),
         )
         if pairs
         else None
@@ -569,99 +490,6 @@ def refuse_unless_same_split(
     return sorted(set_a)
 
 
-# --- promotion gate -----------------------------------------------------------------------------
-class Decision(BaseModel):
-    """The promotion gate's verdict and why.
-
-    Attributes:
-        verdict: ``promote``, ``hold`` or ``reject``.
-        reason: One sentence with the numbers the rule used.
-        delta: The paired delta the decision read.
-        interval_low: Lower bound of the delta interval (None without pairs).
-        interval_high: Upper bound.
-        mcnemar_p: Exact McNemar p.
-        max_drop: The allowed drop used.
-        alpha: The significance level used.
-    """
-
-    model_config = ConfigDict(frozen=True)
-
-    verdict: Literal["promote", "hold", "reject"]
-    reason: str
-    delta: float
-    interval_low: float | None = None
-    interval_high: float | None = None
-    mcnemar_p: float
-    max_drop: float
-    alpha: float
-
-
-def promotion_decision(comparison: PairedComparison, max_drop: float, alpha: float) -> Decision:
-    """Decide whether candidate B may replace baseline A (a non-inferiority rule).
-
-    Rule, in order (``[low, high]`` is ``comparison.delta_interval``, whose confidence must be
-    ``1 - alpha``):
-
-    1. **hold** when no instance was scored in both runs (nothing to decide on);
-    2. **reject** when ``high < -max_drop`` (the whole interval lies below the allowed drop), or
-       when ``delta < -max_drop`` and the exact McNemar ``p < alpha`` (a significant drop beyond
-       the allowance);
-    3. **promote** when ``low >= -max_drop``: with confidence ``1 - alpha`` B is not worse than A
-       by more than ``max_drop`` (non-inferiority with margin ``max_drop``, as in clinical
-       non-inferiority trials; Wellek 2010, "Testing Statistical Hypotheses of Equivalence and
-       Noninferiority");
-    4. **hold** otherwise: the interval reaches below ``-max_drop`` but the drop is not
-       established; more tasks are needed.
-
-    Args:
-        comparison: The paired comparison (from :func:`paired_compare`).
-        max_drop: Largest tolerated drop in pass rate, in [0, 1] (0.02 = two points).
-        alpha: Significance level in (0, 0.5].
-
-    Returns:
-        :class:`Decision`.
-
-    Raises:
-        InputError: ``max_drop`` or ``alpha`` out of range, or the comparison's interval is not at
-            confidence ``1 - alpha`` (recompute it with ``paired_compare(confidence=1 - alpha)``).
-    """
-    if not 0.0 <= max_drop <= 1.0:
-        raise InputError(f"max_drop must be in [0, 1], got {max_drop}")
-    if not 0.0 < alpha <= 0.5:
-        raise InputError(f"alpha must be in (0, 0.5], got {alpha}")
-    c = comparison
-    ci = c.delta_interval
-    common = {"delta": c.delta, "mcnemar_p": c.mcnemar_p, "max_drop": max_drop, "alpha": alpha}
-    if c.n_pairs == 0 or ci is None:
-        return Decision(verdict="hold", reason="no instance was scored in both runs", **common)
-    if abs(ci.confidence - (1.0 - alpha)) > 1e-9:
-        raise InputError(
-            f"the comparison's delta interval is at confidence {ci.confidence:g} but alpha={alpha:g} needs "
-            f"{1.0 - alpha:g}; recompute it with paired_compare(..., confidence={1.0 - alpha:g})"
-        )
-    common |= {"interval_low": ci.low, "interval_high": ci.high}
-    span = f"delta {100 * c.delta:+.1f} pp, interval [{100 * ci.low:+.1f}, {100 * ci.high:+.1f}] pp"
-    if ci.high < -max_drop:
-        return Decision(
-            verdict="reject", reason=f"{span}: the whole interval is below -{100 * max_drop:g} pp", **common
-        )
-    if c.delta < -max_drop and c.mcnemar_p < alpha:
-        return Decision(
-            verdict="reject",
-            reason=f"{span}: drop beyond {100 * max_drop:g} pp with McNemar p={c.mcnemar_p:.3g} < {alpha:g}",
-            **common,
-        )
-    if ci.low >= -max_drop:
-        return Decision(
-            verdict="promote", reason=f"{span}: not worse than -{100 * max_drop:g} pp (non-inferior)", **common
-        )
-    return Decision(
-        verdict="hold",
-        reason=f"{span}: the interval reaches below -{100 * max_drop:g} pp but no drop is established",
-        **common,
-    )
-
-
 def render_markdown(
     report_a: JobReport,
     report_b: JobReport,
@@ -749,12 +577,18 @@ def render_markdown(
     ]
     if c.delta_interval is not None:
         ci = c.delta_interval
+        nc, bs = ci.newcombe, ci.bootstrap
         lines += [
             "",
-            f"Delta {100 * ci.confidence:g}% interval: {100 * ci.low:+.1f} pp to {100 * ci.high:+.1f} pp "
-            f"(cluster bootstrap by {ci.clustered_by}, {ci.n_clusters} clusters, "
-            f"{ci.n_resamples} resamples, seed {ci.seed}).",
+            f"Delta {100 * ci.confidence:g}% interval: {100 * ci.low:+.1f} pp to {100 * ci.high:+.1f} pp, the union "
+            f"of Newcombe's hybrid score interval for paired proportions "
+            f"{100 * nc.low:+.1f} to {100 * nc.high:+.1f} pp ({nc.source}) and a cluster bootstrap by "
+            f"{bs.clustered_by} {100 * bs.low:+.1f} to {100 * bs.high:+.1f} pp "
+            f"({ci.n_clusters} clusters, {bs.n_resamples} resamples, seed {bs.seed}; Field and Welsh 2007).",
         ]
+        if bs.high - bs.low <= 0.0:
+            lines[-1] += (" The bootstrap alone has zero width (too few clusters or no discordant pair); it is "
+                          "never reported alone.")
     if c.per_repo:
         lines += ["", "| repository | pairs | wins | ties | losses |", "|---|---:|---:|---:|---:|"]
         lines += [
@@ -770,6 +604,8 @@ def render_markdown(
             )
     if decision is not None:
         lines += ["", f"**Promotion gate: {decision.verdict}** ({decision.reason})"]
+        if decision.costs:
+            lines += ["", "Cost limits (B / A): " + "; ".join(check.describe() for check in decision.costs) + "."]
     if plot_file is not None:
         lines += ["", f"![pass rates with Wilson intervals; wins and losses per repository]({plot_file})"]
     return "\n".join(lines) + "\n"
@@ -983,6 +819,7 @@ class StoredJobsComparison(BaseModel):
             paired instance has a ``task_instances`` row, else by instance).
         excluded: instances left out of the pairs, with reasons.
         costs: mean input tokens, agent steps and wall seconds over the pairs, ratios B / A.
+        decision: the promotion gate's verdict on the pairs and the cost ratios.
         markdown: the report a person reads.
     """
 
@@ -996,11 +833,14 @@ class StoredJobsComparison(BaseModel):
     paired: PairedComparison
     excluded: list[ExcludedTask]
     costs: CostComparison
+    decision: Decision
     markdown: str
 
     def to_json(self) -> dict[str, Any]:
-        """What ``forgeflow compare --json`` prints: the paired fields at the top level, then the
-        runs, the split, the reports, the excluded tasks with reasons and the cost ratios."""
+        """What ``forgeflow compare --json`` prints: the paired fields at the top level (the
+        ``delta_interval`` with its ``method``, ``source`` and ``n_clusters``), then the runs, the
+        split, the reports, the excluded tasks with reasons, the cost ratios and ``promotion``, the
+        gate's decision (``verdict``, ``reason``, ...; the shape of the lifecycle summary's)."""
         return {
             "job_a": self.job_a.job_id, "job_b": self.job_b.job_id,
             **self.paired.model_dump(mode="json"),
@@ -1009,6 +849,7 @@ class StoredJobsComparison(BaseModel):
             "report_a": self.report_a.model_dump(mode="json"), "report_b": self.report_b.model_dump(mode="json"),
             "excluded_tasks": [e.model_dump(mode="json") for e in self.excluded],
             "costs": self.costs.model_dump(mode="json"),
+            "promotion": self.decision.model_dump(mode="json"),
         }
 
 
@@ -1037,7 +878,7 @@ def excluded_tasks(trials_a: Iterable[Any], trials_b: Iterable[Any]) -> list[Exc
 
 def compare_stored_jobs(
     store: Any, job_a: str, job_b: str, *, merge_recovery: bool = True, n_resamples: int = 2000,
-    seed: int = 0, confidence: float = 0.95, plot_file: str | None = None,
+    seed: int = 0, confidence: float | None = None, plot_file: str | None = None, gate: GatePolicy | None = None,
 ) -> StoredJobsComparison:
     """Compare two jobs recorded in a :class:`forgeflow.store.Store` (void trials excluded).
 
@@ -1048,6 +889,7 @@ def compare_stored_jobs(
        listed with its reason), clustered by repository (``task_instances.repo``) when every
        paired instance has a task row, else by instance (said in the report).
     4. :func:`cost_ratios` on the stored trial columns over the paired instances.
+    5. :func:`promotion_decision` on both, with ``gate``'s settings.
 
     Args:
         store: the store.
@@ -1056,15 +898,20 @@ def compare_stored_jobs(
         merge_recovery: merge each job's recovery jobs (default True).
         n_resamples: bootstrap resamples.
         seed: bootstrap seed.
-        confidence: level of the delta interval.
+        confidence: level of the delta interval (default ``1 - gate.alpha``; another level is refused
+            by the gate).
         plot_file: image path embedded in the markdown (see :func:`render_plot`).
+        gate: the promotion gate's settings (default :class:`~forgeflow.gate.GatePolicy`).
 
     Raises:
         InputError: a job has no trials (named with the store URL), holds non-agent trials, both ids
-            are the same job, or the jobs are not on the same frozen split (the difference is named).
+            are the same job, the jobs are not on the same frozen split (the difference is named), or
+            ``confidence`` differs from ``1 - gate.alpha``.
     """
     if job_a == job_b:
         raise InputError(f"both runs are job {job_a!r}: compare takes two different canary jobs")
+    gate = gate or GatePolicy()
+    confidence = 1.0 - gate.alpha if confidence is None else confidence
     a = merged_job(store, job_a, include_recovery=merge_recovery)
     b = merged_job(store, job_b, include_recovery=merge_recovery)
     split_checked = refuse_unless_same_frozen_split(a, b)
@@ -1084,17 +931,18 @@ def compare_stored_jobs(
     costs = cost_ratios({t.instance_id: stored_costs(t) for t in a.trials},
                         {t.instance_id: stored_costs(t) for t in b.trials}, paired_ids)
     excluded = excluded_tasks(a.trials, b.trials)
+    decision = promotion_decision(paired, gate, costs=costs)
     notes = [f"A = {a.label}", f"B = {b.label}", f"same frozen split: {split_checked}"]
     if repo_of is None and paired_ids:
         notes.append("delta interval clustered by instance: some paired instances have no task_instances row "
                      "(no repository known)")
     if excluded:
         notes.append("excluded from the pairs: " + "; ".join(f"{e.instance_id} ({e.reason})" for e in excluded))
-    markdown = render_markdown(report_a, report_b, paired, job_a, job_b, costs=costs, notes=notes,
-                               plot_file=plot_file)
+    markdown = render_markdown(report_a, report_b, paired, job_a, job_b, costs=costs, decision=decision,
+                               notes=notes, plot_file=plot_file)
     return StoredJobsComparison(job_a=a, job_b=b, split_checked=split_checked, report_a=report_a,
                                 report_b=report_b, paired=paired, excluded=excluded, costs=costs,
-                                markdown=markdown)
+                                decision=decision, markdown=markdown)
 
 
 # --- plot ------------------------------------------------------------------------------------------

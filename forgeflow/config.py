@@ -11,6 +11,8 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from forgeflow.trial import ValidationChecks
+
 DEMO_PROJECTS = ("boltons", "cachetools", "inflection", "six", "tabulate", "toolz")
 
 
@@ -39,6 +41,8 @@ class LifecycleConfig(BaseModel):
     validate_concurrency: int = Field(2, ge=1, le=16, description="NOP/Oracle trials run at once")
     verifier_timeout_s: float = Field(180.0, gt=0, description="absolute timeout of one test run")
     sandbox_memory_mb: int = Field(2048, ge=64, description="memory limit of a trial container")
+    validation: ValidationChecks = Field(ValidationChecks(), description="evidence a validation gathers: "
+                                         "Oracle runs per task that would be accepted, flaky policy, log parser")
     freeze_name: str = Field("demo-v1", description="name of the frozen dataset (immutable)")
     train_min: int = Field(2, ge=1, description="freeze quota: minimum train tasks")
     validation_min: int = Field(1, ge=0, description="freeze quota: minimum validation tasks (0: no validation split)")
@@ -56,6 +60,15 @@ class LifecycleConfig(BaseModel):
     promotion_max_drop: float = Field(0.05, ge=0, le=1, description="promotion gate: largest tolerated "
                                       "drop in pass rate (non-inferiority margin)")
     promotion_alpha: float = Field(0.05, gt=0, le=0.5, description="promotion gate: significance level")
+    promotion_min_pairs: int = Field(30, ge=1, description="promotion gate: fewest pairs (tasks scored by both "
+                                     "models) for a verdict other than hold")
+    promotion_min_repos: int = Field(3, ge=1, description="promotion gate: fewest repositories those pairs come from")
+    promotion_max_wall_s_ratio: float | None = Field(1.5, gt=0, description="promotion gate: largest mean wall "
+                                                     "seconds per trial, candidate / baseline (None: not checked)")
+    promotion_max_input_tokens_ratio: float | None = Field(1.25, gt=0, description="promotion gate: largest mean "
+                                                           "input tokens per trial, candidate / baseline")
+    promotion_max_agent_steps_ratio: float | None = Field(1.25, gt=0, description="promotion gate: largest mean "
+                                                          "agent steps per trial, candidate / baseline")
     serve_ports: tuple[int, int] = Field((8801, 8802), description="blue/green ports of the model server")
     quantizations: tuple[str, ...] = Field(("Q8_0", "Q4_K_M"), description="GGUF quantization types")
     serve_quantization: str = Field("Q8_0", description="which quantization is served")
@@ -63,7 +76,7 @@ class LifecycleConfig(BaseModel):
 
     FREEZE_INPUTS: ClassVar[tuple[str, ...]] = (
         "projects", "candidates_per_project", "seed", "train_min", "validation_min", "test_min",
-        "max_tasks_per_repo", "min_repos")
+        "max_tasks_per_repo", "min_repos", "validation")
     """The fields that decide what the lifecycle freezes (candidates generated, split quotas)."""
 
     def freeze_inputs(self) -> dict[str, Any]:

@@ -1,29 +1,35 @@
-"""Grading test logs: parse ``pytest -rA`` output, validate a candidate bug, score a trial.
+"""Grading: status maps of test runs, the validation of a candidate bug, the score of a trial.
 
-Parsing is SWE-bench's own (``swebench.harness.log_parsers.python.parse_log_pytest``, swebench
-4.1), scoring follows SWE-bench's resolution rule (``swebench.harness.grading``:
-``get_eval_tests_report`` + ``get_resolution_status``), and validation compares the two runs the
-way SWE-smith's ``get_valid_report`` does (``swesmith.harness.grading``): only tests present in
-both runs are compared, so a bug that breaks collection yields no FAIL_TO_PASS.
+A *status map* is ``{test_id: status}`` where ``status`` is one of :data:`STATUSES`:
+``PASSED``, ``FAILED``, ``ERROR``, ``SKIPPED``, ``XFAIL`` (an expected failure that failed) and
+``XPASS`` (an expected failure that passed); ``test_id`` is the runner's id (pytest's node id,
+``tests/test_x.py::test_a[1]``, verbatim: spaces, brackets, ``::`` in parameters).
 
-A *status map* is ``{test_id: status}`` where ``status`` is one of :class:`TestStatus`'s values
-(``"PASSED"``, ``"FAILED"``, ``"ERROR"``, ``"SKIPPED"``, ``"XFAIL"``); ``test_id`` is pytest's node
-id (``tests/test_x.py::test_a[1]``).
+Status maps come from forgeflow's structured pytest report (:mod:`forgeflow.verifier`) or, for
+runners without one, from SWE-bench's log parsers (``swebench.harness.log_parsers``, swebench
+4.1; :func:`parse_test_log`).
+
+The rules are SWE-bench's and SWE-smith's with one strictness added: **only PASSED is a pass**.
+SWE-bench's ``test_passed`` also counts XFAIL; here an XFAIL, XPASS, SKIPPED or missing test is
+never a pass, so a submission cannot make a FAIL_TO_PASS test "pass" by skipping it or marking it
+an expected failure. Validation compares the NOP and Oracle runs as SWE-smith's
+``get_valid_report`` does (``swesmith.harness.grading``): only tests present in both runs are
+compared, so a bug that breaks collection yields no FAIL_TO_PASS. Resolution follows SWE-bench's
+rule (``swebench.harness.grading``: resolved iff every FAIL_TO_PASS and PASS_TO_PASS test passes,
+a missing test counting as failed).
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 from pydantic import BaseModel, ConfigDict, Field
-from swebench.harness.constants import FAIL_TO_PASS, PASS_TO_PASS, ResolvedStatus, TestStatus
-from swebench.harness.grading import get_eval_tests_report, get_resolution_status
-from swebench.harness.log_parsers.python import parse_log_pytest
 
 from forgeflow import errors
 
 __all__ = [
-    "TestStatus",
+    "STATUSES",
     "ValidationReport",
     "parse_test_log",
     "grade_validation",
@@ -32,11 +38,15 @@ __all__ = [
     "failed",
 ]
 
-PASSING = frozenset({TestStatus.PASSED.value, TestStatus.XFAIL.value})
-"""Statuses SWE-bench counts as a pass (``swebench.harness.grading.test_passed``)."""
+STATUSES = frozenset({"PASSED", "FAILED", "ERROR", "SKIPPED", "XFAIL", "XPASS"})
+"""Every status a status map may hold."""
 
-FAILING = frozenset({TestStatus.FAILED.value, TestStatus.ERROR.value})
-"""Statuses SWE-bench counts as a failure (``swebench.harness.grading.test_failed``)."""
+PASSING = frozenset({"PASSED"})
+"""The only status that counts as a pass (stricter than SWE-bench's, which adds XFAIL)."""
+
+FAILING = frozenset({"FAILED", "ERROR"})
+"""Statuses that count as a failure (as SWE-bench's ``test_failed``). SKIPPED, XFAIL and XPASS are
+neither: not a failure of a clean tree, never a pass."""
 
 _PYTEST_MARKERS = re.compile(
     r"=+ test session starts =+|=+ .*\b(passed|failed|error|errors|skipped|no tests ran)\b.* =+",
@@ -46,7 +56,7 @@ collected nothing" apart from "this is not pytest output at all"."""
 
 
 def passed(status: str | None) -> bool:
-    """True if ``status`` counts as a pass (PASSED or XFAIL), as in SWE-bench."""
+    """True iff ``status`` is PASSED (see :data:`PASSING`)."""
     return status in PASSING
 
 
@@ -55,29 +65,32 @@ def failed(status: str | None) -> bool:
     return status in FAILING
 
 
-def parse_test_log(log: str) -> dict[str, str]:
-    """Parse a ``pytest -rA`` log into a status map with SWE-bench's pytest parser.
+def parse_test_log(log: str, parser: Callable[..., dict[str, str]] | None = None) -> dict[str, str]:
+    """Parse a test log into a status map with a SWE-bench log parser.
 
     Args:
-        log: the combined stdout/stderr of one ``pytest -rA`` run.
+        log: the combined stdout/stderr of one test run.
+        parser: a SWE-bench Python log parser (``(log, test_spec) -> status map``, e.g.
+            ``parse_log_django``); None: ``parse_log_pytest`` on ``pytest -rA`` output, which also
+            tells "pytest collected nothing" (its summary says so) from "not pytest output".
 
     Returns:
-        ``{test_id: status}``; empty when pytest ran but collected no test (its summary says
-        "no tests ran").
+        ``{test_id: status}``; empty when the runner ran but reported no test.
 
     Raises:
-        VerifierOutputError: the log is empty or is not pytest output (no test line, no session
-            header, no summary): the verifier broke, which is an infrastructure failure and never
-            a rejection of the task.
+        VerifierOutputError: the log is empty, or (pytest) not pytest output at all (no test line,
+            no session header, no summary).
     """
     if not isinstance(log, str):
         raise errors.VerifierOutputError(f"test log must be str, got {type(log).__name__}")
-    status_map = parse_log_pytest(log, None)
+    if parser is None:
+        from swebench.harness.log_parsers.python import parse_log_pytest as parser
+    status_map = parser(log, None)
     if status_map:
-        return status_map
+        return {str(k): str(v) for k, v in status_map.items()}
     if not log.strip():
         raise errors.VerifierOutputError("test log is empty: the verifier printed nothing")
-    if _PYTEST_MARKERS.search(log) is None:
+    if parser.__name__ == "parse_log_pytest" and _PYTEST_MARKERS.search(log) is None:
         tail = log.strip()[-300:]
         raise errors.VerifierOutputError(f"test log is not pytest -rA output; it ends with: {tail!r}")
     return {}
@@ -91,7 +104,10 @@ class ValidationReport(BaseModel):
         PASS_TO_PASS: tests passing in both runs (sorted).
         accepted: True iff FAIL_TO_PASS is non-empty and no test fails in the Oracle run.
         reason: why it was accepted or rejected, for a person ("no test failed with the bug",
-            "oracle run failed 3 tests", "no test collected with the bug", ...).
+            "oracle run failed 3 tests", "no test collected with the bug", "flaky: ...", ...).
+        flaky_tests: tests whose status differed between repeated Oracle runs (sorted; empty when
+            they agreed or were not repeated).
+        oracle_runs: Oracle runs the verdict rests on (0 when no Oracle ran).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -100,12 +116,14 @@ class ValidationReport(BaseModel):
     PASS_TO_PASS: list[str] = Field(default_factory=list)
     accepted: bool
     reason: str = Field(min_length=1)
+    flaky_tests: list[str] = Field(default_factory=list)
+    oracle_runs: int = Field(default=0, ge=0)
 
 
 def _check_map(name: str, status_map: dict[str, str]) -> None:
     if not isinstance(status_map, dict):
         raise errors.InputError(f"{name} must be a dict of test id -> status, got {type(status_map).__name__}")
-    valid = {s.value for s in TestStatus}
+    valid = STATUSES
     bad = {k: v for k, v in status_map.items() if v not in valid}
     if bad:
         first = next(iter(bad.items()))
@@ -136,7 +154,7 @@ def grade_validation(nop: dict[str, str], oracle: dict[str, str] | None) -> Vali
         The :class:`ValidationReport` (FAIL_TO_PASS/PASS_TO_PASS filled whenever computable).
 
     Raises:
-        InputError: a map is not a dict or holds a status outside :class:`TestStatus`.
+        InputError: a map is not a dict or holds a status outside :data:`STATUSES`.
     """
     _check_map("nop", nop)
     if oracle is None:
@@ -162,15 +180,15 @@ def grade_validation(nop: dict[str, str], oracle: dict[str, str] | None) -> Vali
         reason, ok = "no test failed with the bug", False
     else:
         reason, ok = f"accepted: {len(f2p)} FAIL_TO_PASS, {len(p2p)} PASS_TO_PASS", True
-    return ValidationReport(FAIL_TO_PASS=f2p, PASS_TO_PASS=p2p, accepted=ok, reason=reason)
+    return ValidationReport(FAIL_TO_PASS=f2p, PASS_TO_PASS=p2p, accepted=ok, reason=reason, oracle_runs=1)
 
 
 def grade_resolved(status: dict[str, str], fail_to_pass: list[str], pass_to_pass: list[str]) -> float:
-    """Score one run by SWE-bench's rule: 1.0 iff every FAIL_TO_PASS and PASS_TO_PASS test passes.
+    """Score one run: 1.0 iff every FAIL_TO_PASS and PASS_TO_PASS test is PASSED.
 
-    A test missing from ``status`` counts as failed (SWE-bench's ``test_failed``). Implemented with
-    ``swebench.harness.grading.get_eval_tests_report`` and ``get_resolution_status`` (FULL -> 1.0,
-    PARTIAL or NO -> 0.0).
+    SWE-bench's resolution rule (``swebench.harness.grading.get_resolution_status``: FULL when
+    every FAIL_TO_PASS and PASS_TO_PASS test passes, a missing test failing) with the strict pass
+    of :data:`PASSING`: an XFAIL, XPASS, SKIPPED or missing test is not a pass.
 
     Args:
         status: status map of the run to score.
@@ -187,7 +205,4 @@ def grade_resolved(status: dict[str, str], fail_to_pass: list[str], pass_to_pass
     _check_map("status", status)
     if not fail_to_pass and not pass_to_pass:
         raise errors.InputError("grade_resolved: FAIL_TO_PASS and PASS_TO_PASS are both empty; nothing to grade")
-    report = get_eval_tests_report(
-        status, {FAIL_TO_PASS: list(fail_to_pass), PASS_TO_PASS: list(pass_to_pass)}
-    )
-    return 1.0 if get_resolution_status(report) == ResolvedStatus.FULL.value else 0.0
+    return 1.0 if all(passed(status.get(t)) for t in [*fail_to_pass, *pass_to_pass]) else 0.0

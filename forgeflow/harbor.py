@@ -20,11 +20,13 @@ verified freeze manifest (the layout of ``harbor.models.task.paths.TaskPaths``):
     <out_dir>/<instance_id>/solution/solve.sh       the Oracle: ``git apply -R`` of the bug patch
     <out_dir>/<instance_id>/solution/bug.patch
 
-The verifier does what forgeflow's own does (:func:`forgeflow.agent._run_verifier_phase`): it
-resets the test files named by FAIL_TO_PASS/PASS_TO_PASS to ``HEAD`` (the agent's edits to tests
-do not count), runs the task's test command in ``/testbed`` and grades the ``pytest -rA`` log with
-SWE-bench's rule (:func:`forgeflow.grading.grade_resolved`: 1 iff every FAIL_TO_PASS and
-PASS_TO_PASS test is PASSED or XFAIL). ``grade.py`` carries the source of SWE-bench's
+The verifier is weaker than forgeflow's own (:func:`forgeflow.verifier.verify_submission`, a
+fresh container with only the screened diff applied): Harbor runs ``test.sh`` in the agent's own
+container, so the script can only reset the test files named by FAIL_TO_PASS/PASS_TO_PASS to
+``HEAD`` (the agent's edits to tests do not count), run the task's test command in ``/testbed`` and
+grade the ``pytest -rA`` log with the strict rule (:func:`forgeflow.grading.grade_resolved`: 1 iff
+every FAIL_TO_PASS and PASS_TO_PASS test is PASSED). Numbers that must be trusted come from
+forgeflow's verifier; Harbor exports are for interop. ``grade.py`` carries the source of SWE-bench's
 ``parse_log_pytest`` taken from the installed, pinned swebench at export time (the task image has
 python3 but not swebench, and the sandbox has no network to install it). A log that is not
 pytest output writes **no** reward file, so Harbor records ``RewardFileNotFoundError`` — an
@@ -303,7 +305,7 @@ def _task_toml(task: HarborTask, limits: HarborTaskLimits, freeze: str, freeze_s
 
 def _test_files(test_ids: Iterable[str]) -> list[str]:
     """Test file paths of pytest node ids (``tests/test_x.py::test_a`` -> ``tests/test_x.py``),
-    the same rule as :func:`forgeflow.agent._test_files`."""
+    the same rule as :func:`forgeflow.submission.test_files`."""
     return sorted({t.split("::", 1)[0] for t in test_ids if "::" in t and t.split("::", 1)[0].endswith(".py")})
 
 
@@ -338,8 +340,8 @@ _GRADER_TEMPLATE = '''\
 
 Written by forgeflow.harbor (forgeflow {forgeflow_version}). The parser below is the source of
 swebench.harness.log_parsers.python.parse_log_pytest from swebench {swebench_version}; the rule
-is SWE-bench's resolution (forgeflow.grading.grade_resolved): reward 1 iff every FAIL_TO_PASS and
-PASS_TO_PASS test is PASSED or XFAIL (a missing test counts as failed).
+is SWE-bench's resolution with forgeflow's strict pass (forgeflow.grading.grade_resolved): reward 1
+iff every FAIL_TO_PASS and PASS_TO_PASS test is PASSED (a missing test counts as failed).
 
 Usage: grade.py LOG CONFIG_JSON REWARD_FILE   (exit 0: graded; 2: not pytest output, no reward)
 """

@@ -332,7 +332,10 @@ def _build(context: Path, containerfile: str, tag: str, labels: dict[str, str]) 
     with tempfile.TemporaryDirectory(prefix="forgeflow-build-") as tmp:
         cfile = Path(tmp) / "Containerfile"
         cfile.write_text(containerfile)
-        args = ["build", "--pull=never", "--network=none", "-f", str(cfile), "-t", tag]
+        # --timestamp: the image's created time and every file's mtime in its layers are fixed, so the
+        # same inputs give the same image id (and registry digest) on every machine and in every home
+        args = ["build", "--pull=never", "--network=none", f"--timestamp={SOURCE_DATE_EPOCH}", "-f", str(cfile),
+                "-t", tag]
         for key, value in sorted(labels.items()):
             args += ["--label", f"{key}={value}"]
         _podman(*args, str(context))

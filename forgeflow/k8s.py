@@ -37,6 +37,7 @@ import base64
 import re
 import time
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -542,6 +543,7 @@ class KubernetesSandbox:
         self.start_timeout_s = start_timeout_s
         self.poll_interval_s = poll_interval_s
         self._created = False
+        self._oom_kills_seen = 0
 
     def __enter__(self) -> "KubernetesSandbox":
         self.start()
@@ -599,7 +601,8 @@ class KubernetesSandbox:
             argv = ["sh", "-c", 'cd "$1" && shift && exec "$@"', "sh", workdir, *argv]
         return argv
 
-    def exec(self, command: list[str] | str, timeout_s: float, workdir: str | None = None) -> ExecResult:
+    def exec(self, command: list[str] | str, timeout_s: float, workdir: str | None = None,
+             env: Mapping[str, str] | None = None) -> ExecResult:
         """Run ``command`` (argv, or one string for ``bash -c``) in the container through the exec API.
 
         Not exercised against a cluster here (no API server can run on the development machine).
@@ -609,12 +612,21 @@ class KubernetesSandbox:
             timeout_s: wall-clock limit in seconds; exceeding it closes the stream and raises
                 VerifierTimeoutError (the process dies with the pod in :meth:`stop`).
             workdir: working directory inside the container.
+            env: variables set for the command (the exec API has none: ``env K=V ... argv``).
+
+        Raises:
+            SandboxOOMError: exit 137 *and* the kernel's evidence of an OOM kill: the container
+                terminated ``OOMKilled`` in the pod status, or the container's memory cgroup
+                (``memory.events`` / ``memory.oom_control``) counts a new ``oom_kill``. Exit 137
+                alone is the command's result.
         """
         from kubernetes.stream import stream
 
         if not self._created:
             raise errors.SandboxError(f"sandbox {self.name} is not started")
         argv = self._argv(command, workdir)
+        if env:
+            argv = ["env", *(f"{k}={v}" for k, v in env.items()), *argv]
         t0 = time.monotonic()
         try:
             resp = stream(
@@ -645,12 +657,28 @@ class KubernetesSandbox:
         if exit_code is None:
             self._raise_if_pod_broken()
             raise errors.SandboxError(f"exec in pod {self.name} ended without an exit status")
+        duration_s = time.monotonic() - t0
         if exit_code == OOM_EXIT_CODE:
-            raise errors.SandboxOOMError(
-                f"command {argv!r} in pod {self.name} was killed (exit 137, memory limit {self.spec.memory_mb} MiB)"
-            )
-        return ExecResult(exit_code=exit_code, stdout="".join(out), stderr="".join(err),
-                          duration_s=time.monotonic() - t0)
+            self._raise_if_pod_broken()  # the container terminated OOMKilled: the pod status says so
+            evidence = self._oom_kill_evidence()
+            if evidence is not None:
+                raise errors.SandboxOOMError(
+                    f"command {argv!r} in pod {self.name} was OOM-killed (exit 137, memory limit "
+                    f"{self.spec.memory_mb} MiB; evidence: {evidence})"
+                )
+        # the client hands decoded text: digests are of its UTF-8 re-encoding
+        return ExecResult.from_bytes(exit_code, "".join(out).encode(), "".join(err).encode(), duration_s)
+
+    def _oom_kill_evidence(self) -> str | None:
+        """A new ``oom_kill`` count in the container's memory cgroup since the last check, or None."""
+        probe = self.exec(["sh", "-c", "cat /sys/fs/cgroup/memory.events /sys/fs/cgroup/memory/memory.oom_control "
+                           "2>/dev/null"], timeout_s=30)
+        match = re.search(r"^oom_kill (\d+)$", probe.stdout, re.MULTILINE)
+        if match is None:
+            return None
+        count, seen = int(match.group(1)), self._oom_kills_seen
+        self._oom_kills_seen = count
+        return f"memory cgroup oom_kill {seen} -> {count}" if count > seen else None
 
     def _raise_if_pod_broken(self) -> None:
         problem = pod_status_to_exception(self._read_status())

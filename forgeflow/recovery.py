@@ -11,6 +11,15 @@ status ``error`` (so :meth:`forgeflow.store.Store.processed_instance_ids` skips 
    A task goes back to ``candidate`` only if its status is ``error`` *and* its latest NOP/Oracle
    trial is one being voided (its status came from those trials); accepted and rejected tasks are
    never touched.
+
+   **Rejections an infrastructure fault caused** (``include_rejections``; allowed only with exact
+   batch / trial ids, never with an exception-type window): a dead build tunnel can make NOP and
+   Oracle runs *end* with a reward and the task ``rejected``. With the option, a task whose status
+   is ``rejected`` and ALL of whose live NOP/Oracle trials are selected has those trials voided
+   (rewarded ones included) and goes back to ``candidate``; its whole recorded validation is gone,
+   so the next ``curate`` batch validates it afresh under a new attempt key. A rejected task with a
+   live validation trial outside the selection is kept whole (the unselected trials are named);
+   accepted tasks and every rejection outside the ids stay as they are.
 2. :func:`apply_recovery` writes a JSON backup of every affected row (atomically, with its sha256
    beside it), then in ONE transaction marks exactly the planned trials void (kept for audit,
    excluded from reads and counts) and requeues the planned tasks, verifying the rebuilt summary
@@ -52,10 +61,14 @@ class RecoveryRequest(BaseModel):
         since: ... created at or after this instant (timezone-aware) ...
         until: ... and strictly before this one. Both are required with ``exception_type``.
         reason: Why (stored on every voided trial and requeued task).
+        include_rejections: Also void the selected rewarded NOP/Oracle trials of ``rejected``
+            tasks whose every live validation trial is selected, and requeue those tasks (module
+            docstring). Only with ``batch_ids``/``trial_ids``.
 
     Raises:
         ValueError (pydantic ValidationError): no selector; ids mixed with an exception type; an
-            exception type without both window ends; a naive or empty window.
+            exception type without both window ends; a naive or empty window;
+            ``include_rejections`` with an exception type.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -66,6 +79,7 @@ class RecoveryRequest(BaseModel):
     since: datetime | None = None
     until: datetime | None = None
     reason: str = Field(min_length=1, max_length=2000)
+    include_rejections: bool = False
 
     @field_validator("since", "until")
     @classmethod
@@ -83,6 +97,9 @@ class RecoveryRequest(BaseModel):
             if self.since is not None or self.until is not None:
                 raise ValueError("since/until apply only with exception_type")
             return self
+        if self.include_rejections:
+            raise ValueError("include_rejections needs exact batch_ids and/or trial_ids, not an exception_type "
+                             "window: a rejection is voided only where its ids are named")
         if by_ids:
             raise ValueError("select by ids or by exception_type within a window, not both")
         if self.since is None or self.until is None:
@@ -215,36 +232,68 @@ def _latest_validation_trial(session: Session, instance_id: str) -> str | None:
     return session.scalar(statement)
 
 
+def _live_validation_trial_ids(session: Session, instance_id: str) -> list[str]:
+    statement = select(Trial.trial_id).where(Trial.instance_id == instance_id, Trial.kind.in_(VALIDATION_KINDS),
+                                             Trial.voided_at.is_(None)).order_by(Trial.trial_id)
+    return list(session.scalars(statement))
+
+
+def _task_status(session: Session, instance_id: str, cache: dict[str, str | None]) -> str | None:
+    if instance_id not in cache:
+        task = session.get(TaskInstance, instance_id)
+        cache[instance_id] = task.status if task is not None else None
+    return cache[instance_id]
+
+
 def plan_recovery(store: Store, request: RecoveryRequest) -> RecoveryPlan:
     """Plan a recovery without writing anything (the dry run).
 
     Rules (module docstring): only selected trials with an exception and no reward are voided;
     a task is requeued only if its status is ``error`` and its latest live NOP/Oracle trial is one
-    being voided.
+    being voided. With ``request.include_rejections`` also: the selected rewarded NOP/Oracle
+    trials of a ``rejected`` task are voided when every live NOP/Oracle trial of that task is
+    selected, and the task is requeued; otherwise they are kept, naming the unselected trials.
 
     Raises:
         InputError: a batch id or trial id given is unknown.
     """
     with Session(store.engine) as session:
         selected = sorted(_select(session, request), key=lambda t: (t.created_at, t.trial_id))
+        selected_ids = {t.trial_id for t in selected}
+        statuses_now: dict[str, str | None] = {}
         void: list[TrialRecord] = []
         kept: list[KeptTrial] = []
         for trial in selected:
+            rejection = (trial.kind in VALIDATION_KINDS
+                         and _task_status(session, trial.instance_id, statuses_now) == "rejected")
             if trial.voided_at is not None:
                 kept.append(KeptTrial(trial_id=trial.trial_id, instance_id=trial.instance_id,
                                       why=f"already void since {trial.voided_at.isoformat()}"))
-            elif trial.reward is not None or trial.exception_type is None:
-                kept.append(KeptTrial(trial_id=trial.trial_id, instance_id=trial.instance_id,
-                                      why=f"has a reward ({trial.reward}): a real outcome"))
-            else:
+            elif trial.reward is None and trial.exception_type is not None:
                 void.append(TrialRecord.model_validate(trial))
+            elif rejection and request.include_rejections:
+                unselected = [t for t in _live_validation_trial_ids(session, trial.instance_id) if t not in selected_ids]
+                if unselected:
+                    kept.append(KeptTrial(trial_id=trial.trial_id, instance_id=trial.instance_id,
+                                          why=f"task {trial.instance_id} stays rejected: its live NOP/Oracle trial(s) "
+                                              f"{unselected} are not selected (select them too to requeue it)"))
+                else:
+                    void.append(TrialRecord.model_validate(trial))
+            else:
+                hint = ("; its task is rejected: include_rejections voids it if an infrastructure fault caused "
+                        "the rejection" if rejection else "")
+                kept.append(KeptTrial(trial_id=trial.trial_id, instance_id=trial.instance_id,
+                                      why=f"has a reward ({trial.reward}): a real outcome{hint}"))
         void_ids = {t.trial_id for t in void}
         requeue: list[TaskRecord] = []
         for instance_id in sorted({t.instance_id for t in void if t.kind in VALIDATION_KINDS}):
             task = session.get(TaskInstance, instance_id)
-            if task is None or task.status != "error":
+            if task is None:
                 continue
-            if _latest_validation_trial(session, instance_id) in void_ids:
+            if task.status == "error" and _latest_validation_trial(session, instance_id) in void_ids:
+                requeue.append(TaskRecord.model_validate(task))
+            elif (task.status == "rejected" and request.include_rejections
+                  and set(_live_validation_trial_ids(session, instance_id)) <= void_ids):
                 requeue.append(TaskRecord.model_validate(task))
         before = summary(session)
     statuses = Counter(before.tasks_by_status)
@@ -263,8 +312,8 @@ def render_plan(plan: RecoveryPlan) -> str:
     """The dry run as plain text: each trial to void, each task to requeue, each trial kept."""
     lines = [f"recovery plan {plan.plan_sha256[:12]}: void {len(plan.void)} trial(s), "
              f"requeue {len(plan.requeue)} task(s), keep {len(plan.kept)}"]
-    lines += [f"  void    {t.trial_id}  {t.instance_id}  {t.kind}  {t.exception_type}  batch={t.batch_id}"
-              for t in plan.void]
+    lines += [f"  void    {t.trial_id}  {t.instance_id}  {t.kind}  "
+              f"{t.exception_type or f'reward {t.reward} (rejection)'}  batch={t.batch_id}" for t in plan.void]
     lines += [f"  requeue {t.instance_id}  (status {t.status}: {t.reason})" for t in plan.requeue]
     lines += [f"  keep    {k.trial_id}  {k.instance_id}  {k.why}" for k in plan.kept]
     return "\n".join(lines)
@@ -282,7 +331,9 @@ def apply_recovery(store: Store, plan: RecoveryPlan, backup_dir: Path, run_id: s
     digest, the summary before and the expected one after, and every affected row as it was (the
     voided trials and the requeued tasks); its sha256 is written to ``<backup>.sha256``. Then one
     transaction voids and requeues; the rebuilt summary is compared with
-    ``plan.expected_after`` inside it, so a concurrent writer or a stale plan rolls it back.
+    ``plan.expected_after`` inside it, so a concurrent writer or a stale plan rolls it back. A task
+    is requeued only from the status the plan saw (``error``, or ``rejected`` with
+    ``include_rejections``): one accepted since the plan is never touched (and rolls the recovery back).
 
     Args:
         store: The store (migrated).
@@ -330,10 +381,16 @@ def apply_recovery(store: Store, plan: RecoveryPlan, backup_dir: Path, run_id: s
                 f"recovery {recovery_id}: counts after {after.model_dump()} differ from the expected "
                 f"{plan.expected_after.model_dump()} (the store changed since the plan); rolled back"
             )
+        changed = {t.instance_id: status for t in plan.requeue
+                   if (status := session.get(TaskInstance, t.instance_id).status) != "candidate"}
+        if changed:
+            raise CountMismatchError(
+                f"recovery {recovery_id}: task(s) {changed} changed status since the plan (not requeued); rolled back")
 
     voided = store.void_trials([t.trial_id for t in plan.void], plan.request.reason,
                                requeue=[t.instance_id for t in plan.requeue], voided_at=when,
-                               run_id=run_id, check=check)
+                               run_id=run_id, check=check,
+                               requeue_only_from={t.instance_id: t.status for t in plan.requeue})
     return RecoveryResult(recovery_id=recovery_id, plan=plan, voided=voided, requeued=len(plan.requeue),
                           backup_path=backup, backup_sha256=digest, after=plan.expected_after, voided_at=when)
 
@@ -344,6 +401,8 @@ def render_audit(result: RecoveryResult) -> str:
     req = plan.request
     selector = (f"exception_type `{req.exception_type}` in [{req.since.isoformat()}, {req.until.isoformat()})"
                 if req.exception_type else f"batch ids {req.batch_ids or '-'}; trial ids {req.trial_ids or '-'}")
+    if req.include_rejections:
+        selector += " (include_rejections: rejected tasks' rewarded NOP/Oracle trials too)"
     lines = [
         f"# Recovery `{result.recovery_id}`",
         "",
@@ -363,7 +422,8 @@ def render_audit(result: RecoveryResult) -> str:
                      f"{result.after.tasks_by_status.get(status, 0)} |")
     lines += ["", f"## Voided trials ({result.voided})", "", "| trial | instance | kind | exception | batch |",
               "|---|---|---|---|---|"]
-    lines += [f"| {t.trial_id} | {t.instance_id} | {t.kind} | {t.exception_type} | {t.batch_id} |" for t in plan.void]
+    lines += [f"| {t.trial_id} | {t.instance_id} | {t.kind} | {t.exception_type or f'none (reward {t.reward})'} "
+              f"| {t.batch_id} |" for t in plan.void]
     lines += ["", f"## Requeued tasks ({result.requeued})", "", "| instance | was | reason |", "|---|---|---|"]
     lines += [f"| {t.instance_id} | {t.status} | {t.reason} |" for t in plan.requeue]
     lines += ["", f"## Kept ({len(plan.kept)})", "", "| trial | instance | why |", "|---|---|---|"]

@@ -12,10 +12,12 @@ Trainer: TRL 1.16 ``GRPOTrainer`` (group-relative advantages, Shao et al. 2024, 
 
 Reward (:class:`VerifierReward`): each completion is parsed into a patch
 (:func:`extract_patch`: the model's unified diff, what mini-swe-agent submits as ``git diff``),
-and :func:`forgeflow.agent._run_verifier_phase` — the same verifier agent trials use — applies it
-in a fresh container of the task image, resets the test files, runs the tests and grades them
-with SWE-bench's rule: reward 1.0 (resolved) or 0.0 (not resolved, patch empty or not applying:
-the model's outcomes). An infrastructure failure (podman failure, missing image, OOM, verifier
+and :func:`forgeflow.verifier.verify_submission` — the same verifier agent trials use — screens it
+(a completion that changes the task's tests, conftest, test configuration or start-up hooks is
+tampering: reward 0, counted per step), applies it in a fresh container of the pristine task image,
+runs the tests with the pinned environment and reads the structured report, graded with the strict
+resolution rule: reward 1.0 (resolved) or 0.0 (not resolved, patch empty or not applying, a report
+that disagrees with the exit status: the model's outcomes). An infrastructure failure (podman failure, missing image, OOM, verifier
 timeout, unparseable output) gives **None**, never 0: TRL 1.16 turns None into NaN
 (``GRPOTrainer._calculate_rewards``: ``reward if reward is not None else torch.nan``), marks a
 completion whose every reward is NaN as unscorable (``unscorable_mask``), leaves it out of the
@@ -65,6 +67,8 @@ from forgeflow.burst import (
     resolve_lineage_inputs,
 )
 from forgeflow.fsutil import sha256_file, sha256_json
+from forgeflow.sandbox import SandboxSpec
+from forgeflow.submission import TamperPolicy
 from forgeflow.trial import sanitize_name
 
 DEFAULT_PROMPT_TEMPLATE = Path(__file__).parent / "data" / "rl_prompt.md"
@@ -218,8 +222,9 @@ class RewardOutcome(BaseModel):
         exception_type: class name of the infrastructure error (``ImageNotFoundError``,
             ``VerifierTimeoutError``, ...), else None.
         exception_message: its message.
-        note: the verifier's note (``empty submission``, ``did not apply``), if any.
+        note: the verifier's notes (``empty submission``, ``did not apply``, ``tampering: ...``), if any.
         verifier_timeout_s: the timeout the test run had (task timeout x multiplier), seconds.
+        tampering: True when the completion changed the task's own files (reward 0).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -229,16 +234,18 @@ class RewardOutcome(BaseModel):
     exception_message: str | None = None
     note: str = ""
     verifier_timeout_s: float = Field(gt=0)
+    tampering: bool = False
 
 
 def score_completion(
     completion: Any, task: VerifierSpec, *, verifier_timeout_multiplier: float = 0.06,
-    memory_mb: int = 1024, cpus: float = 1.0, name: str | None = None,
+    memory_mb: int = 1024, cpus: float = 1.0, name: str | None = None, tamper_policy: TamperPolicy = "reject",
 ) -> RewardOutcome:
     """Apply a completion's patch in a fresh container of the task image and grade the tests.
 
-    Runs :func:`forgeflow.agent._run_verifier_phase` (the agent trials' verifier: ``git apply``,
-    pristine test files, the test command, SWE-bench's resolution rule) with a timeout of
+    Runs :func:`forgeflow.verifier.verify_submission` (the agent trials' verifier: screening by
+    ``tamper_policy``, ``git apply`` in a fresh container of the pristine image, the pinned test
+    run, the strict resolution rule) with a timeout of
     ``task.verifier_timeout_s * verifier_timeout_multiplier`` seconds.
 
     Args:
@@ -248,6 +255,7 @@ def score_completion(
         memory_mb: memory limit of the verifier container, MiB.
         cpus: CPU quota of the verifier container.
         name: container name (default: derived from the instance id and a random nonce).
+        tamper_policy: ``reject`` or ``drop`` (:mod:`forgeflow.submission`).
 
     Returns:
         The outcome; an :class:`~forgeflow.errors.InfraError` becomes ``reward=None`` with its
@@ -256,7 +264,7 @@ def score_completion(
     Raises:
         InputError: ``verifier_timeout_multiplier`` <= 0 or a malformed completion.
     """
-    from forgeflow.agent import AgentConfig, _run_verifier_phase
+    from forgeflow.verifier import verify_submission
 
     if verifier_timeout_multiplier <= 0:
         raise errors.InputError(f"verifier_timeout_multiplier must be > 0, got {verifier_timeout_multiplier}")
@@ -264,14 +272,16 @@ def score_completion(
     patch = extract_patch(completion_text(completion))
     name = name or sanitize_name(f"ff-rl-{task.instance_id}-{uuid.uuid4().hex[:12]}")
     try:
-        reward, _, note = _run_verifier_phase(
+        verdict = verify_submission(
             task.image_ref, patch, task.test_command, list(task.fail_to_pass), list(task.pass_to_pass),
-            AgentConfig(memory_mb=memory_mb, cpus=cpus), name, timeout_s,
+            timeout_s=timeout_s, spec=SandboxSpec(memory_mb=memory_mb, cpus=cpus), name=name,
+            tamper_policy=tamper_policy,
         )
     except errors.InfraError as exc:
         return RewardOutcome(exception_type=type(exc).__name__, exception_message=str(exc) or repr(exc),
                              verifier_timeout_s=timeout_s)
-    return RewardOutcome(reward=reward, note=note, verifier_timeout_s=timeout_s)
+    return RewardOutcome(reward=verdict.reward, note="; ".join(verdict.notes), verifier_timeout_s=timeout_s,
+                         tampering=bool(verdict.evidence.get("submission", {}).get("tampering")))
 
 
 class StepRewardCounts(BaseModel):
@@ -284,6 +294,7 @@ class StepRewardCounts(BaseModel):
         unresolved: reward 0.0 (tests fail, no patch, or a patch that does not apply).
         exceptions: infrastructure errors (no reward).
         exception_types: exception class name -> count.
+        tampering: completions that changed the task's own files (among ``unresolved``).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -293,6 +304,7 @@ class StepRewardCounts(BaseModel):
     resolved: int = Field(default=0, ge=0)
     unresolved: int = Field(default=0, ge=0)
     exceptions: int = Field(default=0, ge=0)
+    tampering: int = Field(default=0, ge=0)
     exception_types: dict[str, int] = Field(default_factory=dict)
 
 
@@ -309,13 +321,14 @@ class VerifierReward:
     __name__ = "verifier"
 
     def __init__(self, *, verifier_timeout_multiplier: float = 0.06, memory_mb: int = 1024,
-                 cpus: float = 1.0, concurrency: int = 1) -> None:
+                 cpus: float = 1.0, concurrency: int = 1, tamper_policy: TamperPolicy = "reject") -> None:
         if verifier_timeout_multiplier <= 0:
             raise errors.InputError(f"verifier_timeout_multiplier must be > 0, got {verifier_timeout_multiplier}")
         if concurrency < 1:
             raise errors.InputError(f"concurrency must be >= 1, got {concurrency}")
         self.verifier_timeout_multiplier = verifier_timeout_multiplier
         self.memory_mb, self.cpus, self.concurrency = memory_mb, cpus, concurrency
+        self.tamper_policy = tamper_policy
         self.nonce = uuid.uuid4().hex[:8]
         self.counts: dict[int, StepRewardCounts] = {}
         self.outcomes: list[tuple[int, str, RewardOutcome]] = []
@@ -332,7 +345,8 @@ class VerifierReward:
                                 pass_to_pass=tuple(pass_to_pass[i]), verifier_timeout_s=verifier_timeout_s[i])
             name = sanitize_name(f"ff-rl-{instance_id[i]}-{self.nonce}-s{step}-{i}")
             return score_completion(completions[i], task, verifier_timeout_multiplier=self.verifier_timeout_multiplier,
-                                    memory_mb=self.memory_mb, cpus=self.cpus, name=name)
+                                    memory_mb=self.memory_mb, cpus=self.cpus, name=name,
+                                    tamper_policy=self.tamper_policy)
 
         with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
             outcomes = list(pool.map(one, range(len(completions))))
@@ -351,6 +365,7 @@ class VerifierReward:
                 resolved=old.resolved + sum(o.reward == 1.0 for o in outcomes),
                 unresolved=old.unresolved + sum(o.reward == 0.0 for o in outcomes),
                 exceptions=old.exceptions + sum(o.reward is None for o in outcomes),
+                tampering=old.tampering + sum(o.tampering for o in outcomes),
                 exception_types=dict(sorted(types.items())),
             )
             self.outcomes.extend((step, iid, o) for iid, o in zip(ids, outcomes))

@@ -10,12 +10,14 @@ Backends are chosen by a string kind (:func:`get_backend`); the embedded default
 
 from __future__ import annotations
 
+import hashlib
 import re
 import shutil
 import subprocess
 import time
 import uuid
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Callable, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -24,12 +26,15 @@ from forgeflow import errors
 from forgeflow.settings import tool_env
 
 OOM_EXIT_CODE = 137
-"""Exit status of a process killed by SIGKILL (the kernel OOM killer under a memory limit)."""
+"""Exit status of a process killed by SIGKILL (128 + 9). The kernel's OOM killer under a memory
+limit gives it, but so does a process that kills itself or simply ``exit 137``: the status alone is
+never evidence of an OOM (see :meth:`PodmanSandbox.exec`)."""
 
 DEFAULT_PIDS_LIMIT = 1024
 """Default of :attr:`SandboxSpec.pids_limit` (processes + threads per container)."""
 
 _PIDS_MAX_EVENT = re.compile(r"^max (\d+)$", re.MULTILINE)
+_OOM_KILL_EVENT = re.compile(r"^oom_kill (\d+)$", re.MULTILINE)
 
 
 class SandboxSpec(BaseModel):
@@ -55,7 +60,21 @@ class SandboxSpec(BaseModel):
 
 
 class ExecResult(BaseModel):
-    """The outcome of one command in a sandbox (a failing command is a result, not an error)."""
+    """The outcome of one command in a sandbox (a failing command is a result, not an error).
+
+    Output is kept whatever its bytes: ``stdout``/``stderr`` are decoded as UTF-8 with undecodable
+    bytes replaced by U+FFFD (a test that prints Latin-1 never loses its trial), and the raw bytes
+    are digested so the original output can still be identified.
+
+    Attributes:
+        exit_code: the command's exit status.
+        stdout: standard output, decoded (``errors="replace"``).
+        stderr: standard error, decoded likewise.
+        duration_s: wall-clock seconds of the command.
+        stdout_sha256: hex sha256 of the raw stdout bytes (None when a backend did not record it).
+        stderr_sha256: hex sha256 of the raw stderr bytes.
+        undecodable: True when either stream held bytes that are not UTF-8 (they were replaced).
+    """
 
     model_config = ConfigDict(frozen=True)
 
@@ -63,6 +82,26 @@ class ExecResult(BaseModel):
     stdout: str
     stderr: str
     duration_s: float = Field(ge=0)
+    stdout_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    stderr_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    undecodable: bool = False
+
+    @classmethod
+    def from_bytes(cls, exit_code: int, stdout: bytes, stderr: bytes, duration_s: float) -> "ExecResult":
+        """Build a result from raw output: decode with replacement, digest the bytes."""
+        out, out_bad = decode_output(stdout)
+        err, err_bad = decode_output(stderr)
+        return cls(exit_code=exit_code, stdout=out, stderr=err, duration_s=max(0.0, duration_s),
+                   stdout_sha256=hashlib.sha256(stdout).hexdigest(),
+                   stderr_sha256=hashlib.sha256(stderr).hexdigest(), undecodable=out_bad or err_bad)
+
+
+def decode_output(raw: bytes) -> tuple[str, bool]:
+    """``(text, had_undecodable_bytes)``: ``raw`` decoded as UTF-8, bad bytes replaced by U+FFFD."""
+    try:
+        return raw.decode("utf-8"), False
+    except UnicodeDecodeError:
+        return raw.decode("utf-8", errors="replace"), True
 
 
 class Sandbox(Protocol):
@@ -70,7 +109,8 @@ class Sandbox(Protocol):
 
     def start(self) -> None: ...
 
-    def exec(self, command: list[str] | str, timeout_s: float, workdir: str | None = None) -> ExecResult: ...
+    def exec(self, command: list[str] | str, timeout_s: float, workdir: str | None = None,
+             env: Mapping[str, str] | None = None) -> ExecResult: ...
 
     def write_file(self, path: str, content: str) -> None: ...
 
@@ -89,7 +129,8 @@ class PodmanSandbox:
         ToolMissingError: podman is not installed.
         ImageNotFoundError: the image cannot be pulled.
         SandboxError: the container did not start.
-        SandboxOOMError: a command was killed for memory (exit 137).
+        SandboxOOMError: the kernel OOM-killed a process while a command ran (the memory cgroup's
+            ``oom_kill`` counter; an exit status of 137 alone is not evidence).
         SandboxPidsLimitError: a fork was refused at ``spec.pids_limit`` while a command ran
             (counted by the container's pids cgroup, ``pids.events``), whatever the command's exit.
         VerifierTimeoutError: a command exceeded ``timeout_s``.
@@ -101,6 +142,7 @@ class PodmanSandbox:
         self.name = name or f"ff-{uuid.uuid4().hex[:12]}"
         self._started = False
         self._pids_events: Path | None = None
+        self._oom_events: Path | None = None
 
     def __enter__(self) -> "PodmanSandbox":
         self.start()
@@ -132,16 +174,21 @@ class PodmanSandbox:
         if proc.returncode != 0:
             msg = proc.stderr.strip()
             if "manifest unknown" in msg or "not found" in msg or "name unknown" in msg:
-                raise errors.ImageNotFoundError(f"image {self.image!r} not found: {msg}")
-            raise errors.SandboxError(f"podman could not start {self.image!r}: {msg}")
+                raise errors.ImageNotFoundError(f"image {self.image!r} not found (evidence: podman run said: {msg})")
+            raise errors.SandboxError(f"podman could not start {self.image!r} (evidence: podman run said: {msg})")
         self._started = True
-        if self.spec.pids_limit is not None:
-            self._pids_events = self._find_pids_events()
+        self._find_cgroup_files()
 
-    def _find_pids_events(self) -> Path | None:
-        """The host path of the container's ``pids.events`` (cgroup v1 ``pids`` hierarchy or the
-        v2 unified one), found from its init process's ``/proc/<pid>/cgroup``; None when it cannot
-        be read (the limit still applies, only its detection is lost)."""
+    def _find_cgroup_files(self) -> None:
+        """Locate the container's ``pids.events`` and its memory OOM counter on the host.
+
+        Found from the container's init process (``/proc/<pid>/cgroup``): cgroup v1 keeps them in
+        the ``pids`` and ``memory`` hierarchies (``pids.events``, ``memory.oom_control``), v2 in the
+        unified one (``pids.events``, ``memory.events``). The OOM counter is the kernel's own
+        evidence of an OOM kill (its ``oom_kill`` line counts processes the OOM killer killed in
+        the cgroup); a file that cannot be read leaves the limit in force and only its evidence
+        unavailable.
+        """
         proc = subprocess.run(
             [self._podman(), "inspect", "--format", "{{.State.Pid}}", self.name],
             capture_output=True, text=True, env=tool_env(), timeout=60,
@@ -149,48 +196,103 @@ class PodmanSandbox:
         try:
             lines = Path(f"/proc/{int(proc.stdout.strip())}/cgroup").read_text().splitlines()
         except (ValueError, OSError):
-            return None
-        unified = None
+            return
+        v1: dict[str, Path] = {}
+        unified: Path | None = None
         for line in lines:
             hierarchy, controllers, path = (line.split(":", 2) + ["", ""])[:3]
-            if "pids" in controllers.split(","):
-                found = Path("/sys/fs/cgroup/pids") / path.lstrip("/") / "pids.events"
-                return found if found.is_file() else None
+            for controller in controllers.split(","):
+                if controller in ("pids", "memory"):
+                    v1[controller] = Path("/sys/fs/cgroup") / controller / path.lstrip("/")
             if hierarchy == "0" and not controllers:
-                unified = Path("/sys/fs/cgroup") / path.lstrip("/") / "pids.events"
-        return unified if unified is not None and unified.is_file() else None
+                unified = Path("/sys/fs/cgroup") / path.lstrip("/")
 
-    def _pids_max_events(self) -> int | None:
-        """How many forks the pids cgroup has refused so far (``max`` in ``pids.events``)."""
-        if self._pids_events is None:
+        def pick(*candidates: Path | None) -> Path | None:
+            return next((c for c in candidates if c is not None and c.is_file()), None)
+
+        if self.spec.pids_limit is not None:
+            self._pids_events = pick(v1["pids"] / "pids.events" if "pids" in v1 else None,
+                                     unified / "pids.events" if unified else None)
+        self._oom_events = pick(v1["memory"] / "memory.oom_control" if "memory" in v1 else None,
+                                unified / "memory.events" if unified else None)
+
+    @staticmethod
+    def _counter(path: Path | None, pattern: re.Pattern[str]) -> int | None:
+        if path is None:
             return None
         try:
-            match = _PIDS_MAX_EVENT.search(self._pids_events.read_text())
+            match = pattern.search(path.read_text())
         except OSError:
             return None
         return int(match.group(1)) if match else None
+
+    def _pids_max_events(self) -> int | None:
+        """How many forks the pids cgroup has refused so far (``max`` in ``pids.events``)."""
+        return self._counter(self._pids_events, _PIDS_MAX_EVENT)
+
+    def _oom_kills(self) -> int | None:
+        """How many processes the kernel's OOM killer has killed in the container's memory cgroup."""
+        return self._counter(self._oom_events, _OOM_KILL_EVENT)
+
+    def _inspect_oom_killed(self) -> bool:
+        """``State.OOMKilled`` of the container (set when its init process was OOM-killed)."""
+        proc = subprocess.run(
+            [self._podman(), "inspect", "--format", "{{.State.OOMKilled}}", self.name],
+            capture_output=True, text=True, env=tool_env(), timeout=60,
+        )
+        return proc.returncode == 0 and proc.stdout.strip() == "true"
 
     def _check_pids_limit(self, before: int | None, argv: list[str]) -> None:
         after = self._pids_max_events()
         if before is not None and after is not None and after > before:
             raise errors.SandboxPidsLimitError(
                 f"command {argv!r} in {self.image!r} hit the process limit "
-                f"({self.spec.pids_limit} pids, --pids-limit): {after - before} forks refused"
+                f"({self.spec.pids_limit} pids, --pids-limit): {after - before} forks refused "
+                f"(evidence: {self._pids_events} max {before} -> {after})"
             )
 
-    def exec(self, command: list[str] | str, timeout_s: float, workdir: str | None = None) -> ExecResult:
-        """Run ``command`` (argv list, or a string for ``bash -lc``) in the container.
+    def _check_oom(self, before: int | None, argv: list[str], exit_code: int) -> None:
+        """Raise SandboxOOMError iff the kernel says a process was OOM-killed during the command.
+
+        Evidence, in order: the memory cgroup's ``oom_kill`` counter grew while the command ran, or
+        (counter unreadable) podman's ``State.OOMKilled``. An exit status of 137 without either is
+        the command's own exit, a result like any other.
+        """
+        after = self._oom_kills()
+        if before is not None and after is not None:
+            if after > before:
+                raise errors.SandboxOOMError(
+                    f"command {argv!r} in {self.image!r} was OOM-killed (exit {exit_code}, memory limit "
+                    f"{self.spec.memory_mb} MiB; evidence: {self._oom_events} oom_kill {before} -> {after})"
+                )
+            return
+        if exit_code == OOM_EXIT_CODE and self._inspect_oom_killed():
+            raise errors.SandboxOOMError(
+                f"command {argv!r} in {self.image!r} was OOM-killed (exit {exit_code}, memory limit "
+                f"{self.spec.memory_mb} MiB; evidence: podman inspect State.OOMKilled=true)"
+            )
+
+    def exec(self, command: list[str] | str, timeout_s: float, workdir: str | None = None,
+             env: Mapping[str, str] | None = None) -> ExecResult:
+        """Run ``command`` (argv list, or a string for ``bash -c``) in the container.
 
         Args:
             command: argv, or one shell string.
             timeout_s: wall-clock limit in seconds; exceeding it raises VerifierTimeoutError.
             workdir: working directory inside the container.
+            env: variables set for the command (``podman exec --env``), on top of the image's.
+
+        Returns:
+            The result; output that is not UTF-8 is decoded with replacement and digested
+            (:meth:`ExecResult.from_bytes`). A non-zero exit, 137 included, is a result.
 
         Raises:
             SandboxError: the sandbox is not started.
-            SandboxOOMError: the command was killed for memory (exit 137).
+            SandboxOOMError: the kernel OOM-killed a process of the container while the command
+                ran (its memory cgroup's ``oom_kill`` counter, else podman's ``State.OOMKilled``);
+                the message names the evidence.
             SandboxPidsLimitError: a fork was refused at ``spec.pids_limit`` meanwhile.
-            VerifierTimeoutError: the command exceeded ``timeout_s``.
+            VerifierTimeoutError: the command exceeded ``timeout_s`` (forgeflow's own clock).
         """
         if not self._started:
             raise errors.SandboxError(f"sandbox {self.name} is not started")
@@ -198,24 +300,24 @@ class PodmanSandbox:
         args = [self._podman(), "exec"]
         if workdir:
             args += ["--workdir", workdir]
+        for key, value in (env or {}).items():
+            args += ["--env", f"{key}={value}"]
         args += [self.name, *argv]
-        before = self._pids_max_events()
+        pids_before, oom_before = self._pids_max_events(), self._oom_kills()
         t0 = time.monotonic()
         try:
-            proc = subprocess.run(args, capture_output=True, text=True, env=tool_env(), timeout=timeout_s)
+            proc = subprocess.run(args, capture_output=True, env=tool_env(), timeout=timeout_s)
         except subprocess.TimeoutExpired as exc:
-            # kill the runaway process tree by restarting nothing: the container is torn down by stop()
-            self._check_pids_limit(before, argv)
+            # the runaway process tree dies with the container in stop()
+            self._check_pids_limit(pids_before, argv)
             raise errors.VerifierTimeoutError(
-                f"command {argv!r} in {self.image!r} exceeded {timeout_s:.0f} s"
+                f"command {argv!r} in {self.image!r} exceeded {timeout_s:g} s (evidence: forgeflow's wall clock, "
+                f"{time.monotonic() - t0:.1f} s)"
             ) from exc
         duration = time.monotonic() - t0
-        if proc.returncode == OOM_EXIT_CODE:
-            raise errors.SandboxOOMError(
-                f"command {argv!r} in {self.image!r} was killed (exit 137, memory limit {self.spec.memory_mb} MiB)"
-            )
-        self._check_pids_limit(before, argv)
-        return ExecResult(exit_code=proc.returncode, stdout=proc.stdout, stderr=proc.stderr, duration_s=duration)
+        self._check_oom(oom_before, argv, proc.returncode)
+        self._check_pids_limit(pids_before, argv)
+        return ExecResult.from_bytes(proc.returncode, proc.stdout, proc.stderr, duration)
 
     def write_file(self, path: str, content: str) -> None:
         """Write a text file inside the container (through ``podman exec -i ... tee``)."""
@@ -235,6 +337,27 @@ class PodmanSandbox:
             capture_output=True, text=True, env=tool_env(), timeout=120,
         )
         self._started = False
+
+
+def remove_podman_container(name: str) -> None:
+    """Remove the container a crashed run of the same trial left, and check it is gone.
+
+    After a SIGKILL of the flow's process group the left container's conmon can race the removal
+    and leave an entry in state "Removing" that no longer holds the name (podman 4.3; seen in
+    tests/flows/test_curate_kill.py): entries still listed under the name are removed again by
+    id, up to three rounds.
+    """
+    for round_no in range(3):
+        subprocess.run(["podman", "rm", "-f", "-t", "0", name], capture_output=True, text=True, env=tool_env(),
+                       timeout=120)
+        listed = subprocess.run(["podman", "ps", "-a", "--filter", f"name=^{name}$", "--format", "{{.ID}}"],
+                                capture_output=True, text=True, env=tool_env(), timeout=60)
+        if listed.returncode == 0 and not listed.stdout.split():
+            return
+        if listed.stdout.split():
+            subprocess.run(["podman", "rm", "-f", "-t", "0", *listed.stdout.split()], capture_output=True,
+                           text=True, env=tool_env(), timeout=120)
+        time.sleep(0.5 * (round_no + 1))
 
 
 def _kubernetes_sandbox(*args: object, **kwargs: object) -> Sandbox:

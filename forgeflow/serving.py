@@ -423,6 +423,9 @@ class SwapResult(BaseModel):
         rolled_back: True when the new server failed its start or gate.
         gate: the gate evidence of the new server (None if it never started).
         error: why it was rolled back, empty otherwise.
+        new_port: the port the new server was started on (None when unknown).
+        new_gguf_sha256: sha256 of the GGUF the swap tried to serve (None when unknown): with
+            ``new_port`` what a rolled-back swap is recorded with in the store.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -432,6 +435,8 @@ class SwapResult(BaseModel):
     rolled_back: bool
     gate: GateResult | None
     error: str = ""
+    new_port: int | None = Field(default=None, ge=1, le=65535)
+    new_gguf_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
 
 
 def read_state(state_path: Path) -> ServingState | None:
@@ -611,7 +616,8 @@ def stage(
         failure = f"new server did not start: {type(exc).__name__}: {exc}"
     if failure:
         server.stop()
-        result = SwapResult(previous=previous, current=previous, rolled_back=True, gate=gate_result, error=failure)
+        result = SwapResult(previous=previous, current=previous, rolled_back=True, gate=gate_result, error=failure,
+                            new_port=new_port, new_gguf_sha256=gguf_sha256)
         serving_now = ("nothing was serving" if previous is None or previous.pid is None
                        else f"generation {previous.generation} keeps serving")
         raise errors.SwapRolledBackError(
@@ -658,7 +664,8 @@ def promote(state_path: Path, staged: StagedServer, min_generation: int = 1) -> 
         _write_state(state_path, current)
         if previous is not None and previous.pid is not None:
             stop_pid(previous.pid, previous.active_port)
-        return SwapResult(previous=previous, current=current, rolled_back=False, gate=staged.gate)
+        return SwapResult(previous=previous, current=current, rolled_back=False, gate=staged.gate,
+                          new_port=staged.port, new_gguf_sha256=staged.gguf_sha256)
 
 
 def discard(staged: StagedServer) -> None:
@@ -696,6 +703,36 @@ def swap(
     staged = stage(state_path, new_gguf, gguf_sha256, ports, model_alias, n_ctx, startup_timeout_s, n_threads,
                    backend, server_options)
     return promote(state_path, staged, min_generation)
+
+
+def recorded_config_dir(store: Any, gguf_sha256: str) -> Path | None:
+    """The HF checkpoint folder whose ``config.json`` the GGUF ``gguf_sha256`` must match, as the store
+    records it: the checkpoint its recorded chain was converted from (a base model or a merged one;
+    for a chain whose merged checkpoint was not recorded, the adapter's base, whose config a LoRA merge
+    keeps), at a recorded path that still holds a ``config.json`` (the newest production first).
+
+    Args:
+        store: a :class:`forgeflow.store.Store`.
+        gguf_sha256: the GGUF's full hex sha256.
+
+    Returns:
+        The folder, or None when the store does not know the GGUF or no recorded path has a config.
+    """
+    from forgeflow.lineage import recorded_sources
+
+    for source in recorded_sources(store, gguf_sha256):
+        if source.checkpoint_kind in ("base", "merged"):
+            checkpoints = [source.checkpoint_sha256]
+        elif source.checkpoint_kind == "adapter":
+            checkpoints = [p.parent_sha256 for p in store.producers(source.checkpoint_sha256) if p.parent_sha256]
+        else:
+            continue
+        for sha in checkpoints:
+            for production in reversed(store.producers(sha)):
+                folder = Path(production.path)
+                if (folder / "config.json").is_file():
+                    return folder
+    return None
 
 
 def stop_active(state_path: Path) -> ServingState | None:

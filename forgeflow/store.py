@@ -183,6 +183,7 @@ class Trial(_Stamped, Base):
     agent_steps: Mapped[int | None] = mapped_column(Integer)
     input_tokens: Mapped[int | None] = mapped_column(Integer)
     output_tokens: Mapped[int | None] = mapped_column(Integer)
+    verifier: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
 
 class Freeze(_Stamped, Base):
@@ -230,7 +231,9 @@ class ArtifactProduction(_Stamped, Base):
 
 
 class ServingGeneration(_Stamped, Base):
-    """A blue/green serving generation: which GGUF served on which port."""
+    """A blue/green serving generation: which GGUF served on which port (``active``/``retired``), or a
+    swap attempt whose new server failed to start or gate (``rolled_back``, see
+    :meth:`Store.record_rolled_back_swap`). Keyed by the generation number, unique per store."""
 
     __tablename__ = "serving_generations"
     __table_args__ = (CheckConstraint(_check_in("status", ServingStatus.__args__), name="status"),)
@@ -349,7 +352,9 @@ class TrialRecord(_Record):
     A *void* trial (``voided_at`` set, with ``void_reason``) is kept for audit but excluded from
     reads and counts unless asked (see :mod:`forgeflow.recovery`). ``timings`` maps a phase name to seconds (e.g. ``{"agent_s": 12.5, "verifier_s": 3.1}``).
     ``agent_steps`` / ``input_tokens`` / ``output_tokens``: the agent's model calls and token
-    usage (None where not recorded, e.g. nop/oracle trials).
+    usage (None where not recorded, e.g. nop/oracle trials). ``verifier``: what the verdict rests
+    on (:attr:`forgeflow.trial.TrialRecord.verifier`: report format, exit status, output digests,
+    a report problem, a submission's screening with ``tampering`` and the protected paths).
     """
 
     trial_id: str = Field(min_length=1, max_length=_ID)
@@ -368,6 +373,7 @@ class TrialRecord(_Record):
     agent_steps: int | None = Field(default=None, ge=0)
     input_tokens: int | None = Field(default=None, ge=0)
     output_tokens: int | None = Field(default=None, ge=0)
+    verifier: dict[str, Any] | None = None
 
 
 TRIAL_VOID_FIELDS = frozenset({"voided_at", "void_reason"})
@@ -757,6 +763,7 @@ class Store:
         voided_at: datetime | None = None,
         run_id: str | None = None,
         check: Any = None,
+        requeue_only_from: dict[str, str] | None = None,
     ) -> int:
         """Mark trials void and put tasks back to ``candidate``, in ONE transaction.
 
@@ -773,6 +780,9 @@ class Store:
             run_id: The run doing it (stamped on the requeued task rows).
             check: Optional ``callable(session)`` run after the writes and before the commit; an
                 exception from it rolls everything back (used to verify counts).
+            requeue_only_from: Optional instance id -> the status the task must still have to be
+                requeued (the status a plan saw); a task whose status changed since is left as it
+                is (the ``check`` then sees it).
 
         Returns:
             The number of trials newly voided.
@@ -806,13 +816,15 @@ class Store:
                 .where(Trial.trial_id.in_(ids), Trial.voided_at.is_(None))
                 .values(voided_at=when, void_reason=reason, updated_at=when)
             ).rowcount
-            if tasks:
-                session.execute(
-                    update(TaskInstance)
-                    .where(TaskInstance.instance_id.in_(tasks))
-                    .values(status="candidate", reason=f"requeued: {reason}", fail_to_pass=[],
-                            pass_to_pass=[], run_id=run_id, updated_at=when)
-                )
+            groups: dict[str | None, list[str]] = {}
+            for instance_id in tasks:
+                groups.setdefault((requeue_only_from or {}).get(instance_id), []).append(instance_id)
+            for status, members in groups.items():
+                statement = update(TaskInstance).where(TaskInstance.instance_id.in_(members))
+                if status is not None:
+                    statement = statement.where(TaskInstance.status == status)
+                session.execute(statement.values(status="candidate", reason=f"requeued: {reason}", fail_to_pass=[],
+                                                 pass_to_pass=[], run_id=run_id, updated_at=when))
             if check is not None:
                 session.flush()
                 check(session)
@@ -857,6 +869,52 @@ class Store:
     def record_serving_generation(self, record: ServingGenerationRecord) -> None:
         """Upsert a serving generation by ``generation``."""
         self._record(ServingGeneration, ["generation"], record)
+
+    def record_rolled_back_swap(self, port: int, gguf_sha256: str, run_id: str | None = None,
+                                attempts: int = 5) -> ServingGenerationRecord:
+        """Record a swap that was rolled back as a new ``serving_generations`` row, status ``rolled_back``.
+
+        The row is keyed, like every generation, by its number: one more than the highest number the
+        store records (any status), taken and *inserted* (never upserted) in one transaction, so a
+        rolled-back attempt can neither reuse nor overwrite another generation's row; the next swap is
+        numbered above it. (The state file keeps the generation that still serves: a rollback never
+        moves it.)
+
+        Args:
+            port: the port the new server was started on.
+            gguf_sha256: the GGUF the swap tried to serve (64 hex).
+            run_id: the Prefect run that tried the swap.
+            attempts: how often to take a new number when a concurrent writer took the same one.
+
+        Returns:
+            The recorded row.
+
+        Raises:
+            InputError: ``port`` or ``gguf_sha256`` is invalid (nothing is written).
+            sqlalchemy.exc.IntegrityError: every attempt collided with a concurrent writer.
+        """
+        from pydantic import ValidationError
+        from sqlalchemy import insert
+        from sqlalchemy.exc import IntegrityError
+
+        try:
+            ServingGenerationRecord(generation=1, port=port, gguf_sha256=gguf_sha256, status="rolled_back")
+        except ValidationError as exc:
+            raise InputError(f"rolled-back swap: port {port!r} / gguf_sha256 {gguf_sha256!r} invalid: {exc}") from None
+        for attempt in range(attempts):
+            try:
+                with self.engine.begin() as connection:
+                    number = int(connection.scalar(select(func.max(ServingGeneration.generation))) or 0) + 1
+                    record = ServingGenerationRecord(generation=number, port=port, gguf_sha256=gguf_sha256,
+                                                     status="rolled_back", run_id=run_id)
+                    now = _utcnow()
+                    connection.execute(insert(ServingGeneration).values(
+                        **record.model_dump(mode="json"), created_at=now, updated_at=now))
+                return record
+            except IntegrityError:
+                if attempt == attempts - 1:
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def record_job(self, record: JobRecord) -> None:
         """Upsert an evaluation job by ``job_id``.

@@ -10,9 +10,17 @@ A valid task therefore gives **nop 0.0 and oracle 1.0**. When a candidate has no
 (rejected before or by the Oracle), a run's reward is 1.0 iff it collected at least one passing
 test and no test failed or errored — so a NOP reward of 1.0 flags a bug no test detects.
 
-An infrastructure failure (OOM, timeout, image pull, unparseable verifier output, or a bug patch
-that does not revert in the Oracle) is recorded as the trial's ``exception_type`` (the class name)
-and ``exception_message``, with ``reward = None`` — never as 0.
+An infrastructure failure (OOM, timeout, image pull, a verifier report that is missing or
+disagrees with the exit status, or a bug patch that does not revert in the Oracle) is recorded as
+the trial's ``exception_type`` (the class name) and ``exception_message`` naming its evidence, with
+``reward = None`` — never as 0. Tests run through :func:`forgeflow.verifier.run_tests` (pinned
+environment, structured report, exit-status cross-check).
+
+Validation you can repeat: the Oracle run is repeated (``oracle_runs``, default 2) for every task
+that would be accepted — a rejected task pays no repeat, the NOP runs once — and a task whose
+Oracle runs disagree is flagged flaky with the disagreeing tests (:data:`FLAKY_POLICIES`: not
+accepted, or its flaky PASS_TO_PASS tests dropped). Each trial is handed to ``on_trial`` the moment
+it ends, so a caller records it before the next one starts.
 """
 
 from __future__ import annotations
@@ -30,29 +38,56 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from forgeflow import errors
 from forgeflow.fsutil import sha256_json
-from forgeflow.grading import ValidationReport, failed, grade_resolved, grade_validation, parse_test_log, passed
-from forgeflow.sandbox import Sandbox, SandboxSpec, get_backend
-from forgeflow.settings import tool_env
+from forgeflow.grading import ValidationReport, failed, grade_resolved, grade_validation, passed
+from forgeflow.sandbox import Sandbox, SandboxSpec, get_backend, remove_podman_container
+from forgeflow.verifier import LOG_PARSERS, LOG_TAIL_CHARS, TESTBED, VerifierResult, run_tests
 
 __all__ = [
     "TrialKind",
     "TrialRecord",
     "VerifierResult",
     "ValidationOutcome",
+    "FlakyPolicy",
+    "FLAKY_POLICIES",
+    "ValidationChecks",
     "TESTBED",
+    "LOG_TAIL_CHARS",
     "sanitize_name",
     "make_trial_id",
     "container_name",
     "verify",
-    "run_verifier",
     "validate_candidate",
 ]
 
-TESTBED = "/testbed"
-"""Where the project lives inside every task image; the verifier runs there."""
+FlakyPolicy = Literal["reject", "drop_flaky_pass_to_pass"]
+"""What a disagreement between Oracle runs does: ``reject`` — the task is not accepted (reason
+``flaky: ...``, the tests named); ``drop_flaky_pass_to_pass`` — PASS_TO_PASS tests that disagree
+are dropped and the task accepted, unless a FAIL_TO_PASS test disagrees (then rejected as flaky)."""
 
-LOG_TAIL_CHARS = 4000
-"""How much of a verifier log a trial record keeps (the end, where pytest's summary is)."""
+FLAKY_POLICIES: tuple[str, ...] = FlakyPolicy.__args__
+
+DEFAULT_ORACLE_RUNS = 2
+"""Oracle runs of a task that would be accepted (the first and one repeat)."""
+
+
+class ValidationChecks(BaseModel):
+    """How much evidence a validation gathers before it accepts a task.
+
+    Attributes:
+        oracle_runs: Oracle runs of a task the first Oracle run would accept (>= 1; 2 by default:
+            a task whose runs disagree is flaky). A rejected task pays no repeat; the NOP runs once.
+        flaky_policy: ``reject`` (a flaky task is not accepted) or ``drop_flaky_pass_to_pass``
+            (its disagreeing PASS_TO_PASS tests are dropped; a disagreeing FAIL_TO_PASS still rejects).
+        log_parser: None: pytest, read from forgeflow's structured report; else the SWE-bench log
+            parser (by function name, e.g. ``parse_log_django``) for a runner without one.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    oracle_runs: int = Field(default=DEFAULT_ORACLE_RUNS, ge=1, le=20)
+    flaky_policy: FlakyPolicy = "reject"
+    log_parser: str | None = None
+
 
 MAX_NAME_CHARS = 63
 """Container/pod name limit: a DNS-1123 label (Kubernetes) is at most 63 characters."""
@@ -91,6 +126,10 @@ class TrialRecord(BaseModel):
         supervision: set when the agent supervisor stopped the run (``AgentLoopError`` /
             ``AgentHangError``): ``{"kind": "dead_loop" | "hang", "evidence": {...},
             "trajectory_path": str}``; None otherwise.
+        verifier: what the verifier's verdict rests on: the run's evidence (report format, exit
+            status, output digests, a ``problem`` with the report), and for a submission its
+            screening (``submission``: policy, protected paths touched, ``tampering``); None
+            when no verifier ran.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -111,6 +150,7 @@ class TrialRecord(BaseModel):
     input_tokens: int | None = Field(default=None, ge=0)
     output_tokens: int | None = Field(default=None, ge=0)
     supervision: dict[str, Any] | None = None
+    verifier: dict[str, Any] | None = None
 
     def costs(self) -> dict[str, float]:
         """``{"input_tokens", "agent_steps", "wall_s"}`` where recorded (for
@@ -146,30 +186,13 @@ class TrialRecord(BaseModel):
         return self
 
 
-class VerifierResult(BaseModel):
-    """One verifier run: the parsed tests and the raw evidence.
-
-    Attributes:
-        tests: status map (``{test_id: status}``).
-        log_tail: the end of stdout+stderr (at most :data:`LOG_TAIL_CHARS` characters).
-        exit_code: the test command's exit status (pytest: 0 all passed, 1 some failed, ...).
-        duration_s: wall-clock seconds of the run.
-    """
-
-    model_config = ConfigDict(frozen=True)
-
-    tests: dict[str, str]
-    log_tail: str
-    exit_code: int
-    duration_s: float = Field(ge=0.0)
-
-
 class ValidationOutcome(BaseModel):
     """The NOP and Oracle trials of one candidate and the verdict.
 
     Attributes:
         nop: the NOP trial (always run).
-        oracle: the Oracle trial; None when the NOP had an infra error or no test failed with the bug.
+        oracle: the first Oracle trial; None when the NOP had an infra error or no test failed with the bug.
+        oracle_repeats: the repeated Oracle trials (run only for a task the first Oracle would accept).
         report: the verdict; None when a trial had an infra error (no verdict: retry, do not reject).
     """
 
@@ -177,7 +200,18 @@ class ValidationOutcome(BaseModel):
 
     nop: TrialRecord
     oracle: TrialRecord | None = None
+    oracle_repeats: list[TrialRecord] = Field(default_factory=list)
     report: ValidationReport | None = None
+
+    @property
+    def trials(self) -> list[TrialRecord]:
+        """Every trial of the validation, in the order they ran."""
+        return [self.nop, *([self.oracle] if self.oracle is not None else []), *self.oracle_repeats]
+
+    @property
+    def failed_trial(self) -> TrialRecord | None:
+        """The last trial that ended in an exception (why there is no verdict), or None."""
+        return next((t for t in reversed(self.trials) if t.exception_type is not None), None)
 
 
 def sanitize_name(raw: str, max_chars: int = MAX_NAME_CHARS) -> str:
@@ -215,39 +249,26 @@ def container_name(instance_id: str, kind: TrialKind, trial_id: str) -> str:
     return sanitize_name(f"ff-{kind}-{instance_id}-{trial_id[:10]}")
 
 
-def verify(sandbox: Sandbox, test_command: str, timeout_s: float) -> VerifierResult:
-    """Run ``test_command`` in :data:`TESTBED` of a started sandbox and parse its ``pytest -rA`` log.
+def verify(sandbox: Sandbox, test_command: str, timeout_s: float, *, log_parser: str | None = None) -> VerifierResult:
+    """Run the tests of pristine test infrastructure (a NOP or Oracle run) and return the result.
 
-    Args:
-        sandbox: a started sandbox.
-        test_command: a shell command printing ``pytest -rA`` output
-            (e.g. ``python3 -m pytest -rA -p no:cacheprovider tests``).
-        timeout_s: wall-clock limit in seconds (> 0).
+    :func:`forgeflow.verifier.run_tests`, with a report that cannot be trusted raised: on pristine
+    test infrastructure a missing report or one that disagrees with the exit status means the
+    verifier broke, which is never a verdict on the task.
 
     Raises:
-        InputError: ``timeout_s`` <= 0 or an empty command.
-        VerifierTimeoutError: the run exceeded ``timeout_s``.
-        SandboxOOMError: the run was killed for memory.
-        VerifierOutputError: the output is not pytest -rA output (message carries exit code and tail).
+        InputError: ``timeout_s`` <= 0, an empty command, an unknown log parser.
+        VerifierTimeoutError, SandboxOOMError: the run was stopped (see the backend).
+        VerifierOutputError: the command could not run, or ``problem`` (the message names the
+            evidence and ends with the log's tail).
     """
-    if timeout_s <= 0:
-        raise errors.InputError(f"timeout_s must be > 0, got {timeout_s}")
-    if not test_command.strip():
-        raise errors.InputError("test_command must not be empty")
-    res = sandbox.exec(test_command, timeout_s=timeout_s, workdir=TESTBED)
-    log = res.stdout + ("\n" if res.stdout and not res.stdout.endswith("\n") else "") + res.stderr
-    try:
-        tests = parse_test_log(log)
-    except errors.VerifierOutputError as exc:
-        raise errors.VerifierOutputError(f"test command exited {res.exit_code}: {exc}") from exc
-    return VerifierResult(
-        tests=tests, log_tail=log[-LOG_TAIL_CHARS:], exit_code=res.exit_code, duration_s=res.duration_s
-    )
-
-
-def run_verifier(sandbox: Sandbox, test_command: str, timeout_s: float) -> dict[str, str]:
-    """Run the tests in :data:`TESTBED` and return the status map (see :func:`verify`)."""
-    return verify(sandbox, test_command, timeout_s).tests
+    result = run_tests(sandbox, test_command, timeout_s, log_parser=log_parser)
+    if result.problem is not None:
+        raise errors.VerifierOutputError(
+            f"verifier report not trusted: {result.problem} (evidence: exit {result.exit_code}, report exit "
+            f"{result.report_exit_code}; log ends {result.log_tail.strip()[-300:]!r})"
+        )
+    return result
 
 
 @dataclass(frozen=True)
@@ -259,52 +280,41 @@ class _Run:
     error: BaseException | None
 
 
-def _remove_container(name: str) -> None:
-    """Remove the container a crashed run of the same trial left, and check it is gone.
+@dataclass(frozen=True)
+class _Tests:
+    """How a candidate's tests run (what every trial of one validation shares)."""
 
-    After a SIGKILL of the flow's process group the left container's conmon can race the removal
-    and leave an entry in state "Removing" that no longer holds the name (podman 4.3; seen in
-    tests/flows/test_curate_kill.py): entries still listed under the name are removed again by
-    id, up to three rounds.
-    """
-    for round_no in range(3):
-        subprocess.run(["podman", "rm", "-f", "-t", "0", name], capture_output=True, text=True, env=tool_env(),
-                       timeout=120)
-        listed = subprocess.run(["podman", "ps", "-a", "--filter", f"name=^{name}$", "--format", "{{.ID}}"],
-                                capture_output=True, text=True, env=tool_env(), timeout=60)
-        if listed.returncode == 0 and not listed.stdout.split():
-            return
-        if listed.stdout.split():
-            subprocess.run(["podman", "rm", "-f", "-t", "0", *listed.stdout.split()], capture_output=True,
-                           text=True, env=tool_env(), timeout=120)
-        time.sleep(0.5 * (round_no + 1))
+    image_ref: str
+    command: str
+    timeout_s: float
+    spec: SandboxSpec
+    backend: str
+    log_parser: str | None
 
 
-def _run_trial(
-    instance_id: str, kind: TrialKind, image_ref: str, test_command: str, timeout_s: float,
-    spec: SandboxSpec, backend: str, run_key: str, prepare: Callable[[Sandbox], None] | None = None,
-) -> _Run:
+def _run_trial(instance_id: str, kind: TrialKind, tests: _Tests, run_key: str,
+               prepare: Callable[[Sandbox], None] | None = None) -> _Run:
     """Start a fresh sandbox, ``prepare`` it, run the verifier; catch what a trial records."""
-    sandbox_cls = get_backend(backend)
-    trial_id = make_trial_id(instance_id, kind, image_ref, run_key)
+    sandbox_cls = get_backend(tests.backend)
+    trial_id = make_trial_id(instance_id, kind, tests.image_ref, run_key)
     name = container_name(instance_id, kind, trial_id)
     started_at = datetime.now(timezone.utc)
     t0 = time.monotonic()
     env_setup_s = 0.0
-    sandbox = sandbox_cls(image_ref, spec, name)
+    sandbox = sandbox_cls(tests.image_ref, tests.spec, name)
     try:
         try:
             try:
                 sandbox.start()
             except errors.SandboxError as exc:
-                if backend != "podman" or "already in use" not in str(exc):
+                if tests.backend != "podman" or "already in use" not in str(exc):
                     raise
-                _remove_container(name)  # left by a crashed run of the same trial
+                remove_podman_container(name)  # left by a crashed run of the same trial
                 sandbox.start()
             if prepare is not None:
                 prepare(sandbox)
             env_setup_s = time.monotonic() - t0
-            result = verify(sandbox, test_command, timeout_s)
+            result = verify(sandbox, tests.command, tests.timeout_s, log_parser=tests.log_parser)
         finally:
             try:
                 sandbox.stop()
@@ -328,7 +338,7 @@ def _record(instance_id: str, kind: TrialKind, run: _Run, reward: float | None) 
     return TrialRecord(
         trial_id=run.trial_id, instance_id=instance_id, kind=kind, reward=reward,
         started_at=run.started_at, env_setup_s=run.env_setup_s, verifier_s=run.result.duration_s,
-        tests=run.result.tests, log_tail=run.result.log_tail,
+        tests=run.result.tests, log_tail=run.result.log_tail, verifier={"run": run.result.evidence()},
     )
 
 
@@ -368,6 +378,57 @@ class BugTask(Protocol):
     def patch(self) -> str: ...
 
 
+def disagreeing_tests(runs: list[dict[str, str]], relevant: set[str]) -> list[str]:
+    """Tests whose status is not the same in every run (a missing test counts as ``MISSING``).
+
+    Args:
+        runs: status maps of repeated runs of the same tree.
+        relevant: tests that always matter (FAIL_TO_PASS and PASS_TO_PASS); any other test
+            matters only when it failed in some run (a clean tree must pass).
+
+    Returns:
+        The disagreeing tests, sorted.
+    """
+    ids = set().union(*runs) if runs else set()
+    out = []
+    for test in ids:
+        statuses = [run.get(test, "MISSING") for run in runs]
+        if len(set(statuses)) > 1 and (test in relevant or any(failed(s) for s in statuses)):
+            out.append(test)
+    return sorted(out)
+
+
+def judge_repeats(first: ValidationReport, runs: list[dict[str, str]], policy: FlakyPolicy) -> ValidationReport:
+    """The verdict on a task the first Oracle run accepted, given every Oracle run's status map.
+
+    Args:
+        first: the report of the NOP run against the first Oracle run (accepted).
+        runs: the status maps of every Oracle run, the first included.
+        policy: one of :data:`FLAKY_POLICIES`.
+
+    Returns:
+        ``first`` with ``oracle_runs`` set when every run agrees; otherwise a report with the
+        disagreeing tests in ``flaky_tests``: rejected (``reject``, or a FAIL_TO_PASS test
+        disagrees) or accepted with those PASS_TO_PASS tests dropped (``drop_flaky_pass_to_pass``).
+    """
+    flaky = disagreeing_tests(runs, set(first.FAIL_TO_PASS) | set(first.PASS_TO_PASS))
+    base = first.model_copy(update={"oracle_runs": len(runs)})
+    if not flaky:
+        return base
+    shown = ", ".join(repr(t) for t in flaky[:5]) + (f" and {len(flaky) - 5} more" if len(flaky) > 5 else "")
+    flaky_f2p = [t for t in flaky if t in first.FAIL_TO_PASS]
+    if policy == "drop_flaky_pass_to_pass" and not flaky_f2p:
+        kept = [t for t in first.PASS_TO_PASS if t not in set(flaky)]
+        return base.model_copy(update={
+            "PASS_TO_PASS": kept, "flaky_tests": flaky,
+            "reason": f"accepted: {len(first.FAIL_TO_PASS)} FAIL_TO_PASS, {len(kept)} PASS_TO_PASS after dropping "
+                      f"{len(flaky)} flaky test(s) that disagree across {len(runs)} Oracle runs: {shown}"})
+    what = f"{len(flaky_f2p)} FAIL_TO_PASS" if flaky_f2p else f"{len(flaky)}"
+    return base.model_copy(update={
+        "accepted": False, "flaky_tests": flaky,
+        "reason": f"flaky: {what} test(s) disagree across {len(runs)} Oracle runs: {shown}"})
+
+
 def validate_candidate(
     candidate: BugTask,
     image_ref: str,
@@ -377,56 +438,83 @@ def validate_candidate(
     spec: SandboxSpec | None = None,
     backend: str = "podman",
     run_key: str = "validate",
+    checks: ValidationChecks | None = None,
+    on_trial: Callable[[TrialRecord], None] | None = None,
 ) -> ValidationOutcome:
-    """Validate a candidate bug with a NOP and (if needed) an Oracle trial, each in a fresh sandbox.
+    """Validate a candidate bug with a NOP and Oracle trials, each in a fresh sandbox.
 
     1. NOP: run the tests on ``image_ref`` (the task image: bug applied at ``/testbed``).
        An infra error ends validation (``oracle=None, report=None``); if no test failed or errored,
        the Oracle is skipped and the candidate rejected.
-    2. Oracle: write the bug patch into a fresh sandbox, ``git apply -R`` it, run the tests.
-    3. :func:`~forgeflow.grading.grade_validation` gives the report; rewards follow the module's
-       convention (a valid task: nop 0.0, oracle 1.0).
+    2. Oracle: write the bug patch into a fresh sandbox, ``git apply -R`` it, run the tests;
+       :func:`~forgeflow.grading.grade_validation` gives the report.
+    3. Only when that report accepts: ``oracle_runs - 1`` more Oracle runs, each in a fresh
+       sandbox, and :func:`judge_repeats` flags disagreement by ``flaky_policy``. An infra error
+       in a repeat leaves no verdict (``report=None``), as in step 1.
+
+    Rewards follow the module's convention (a valid task: nop 0.0, every oracle 1.0).
 
     Args:
         candidate: the candidate bug (its ``patch`` is what the task image has applied).
         image_ref: the task image (local name or registry reference; digest preferred).
-        test_command: shell command printing ``pytest -rA`` output, run in ``/testbed``.
+        test_command: the task's test command (pytest: read from forgeflow's report plugin), run in ``/testbed``.
         timeout_s: per verifier run, in seconds.
         spec: sandbox limits (default :class:`SandboxSpec`: 2048 MiB, 1 CPU, no network).
         backend: sandbox kind (``podman``); an unknown kind raises InputError listing valid ones.
-        run_key: distinguishes repeated validations of the same candidate and image in trial ids.
+        run_key: distinguishes repeated validations of the same candidate and image in trial ids
+            (the k-th repeated Oracle run, k >= 2, adds ``/oracle-k``).
+        checks: Oracle repeats, flaky policy and log parser (default :class:`ValidationChecks`).
+        on_trial: called with each trial record as soon as the trial ends (e.g. to store it).
 
     Returns:
         A :class:`ValidationOutcome`.
 
     Raises:
-        InputError: unknown backend, ``timeout_s`` <= 0 or an empty test command (nothing ran).
+        InputError: unknown backend or log parser, ``timeout_s`` <= 0 or an empty test command
+            (nothing ran).
     """
     get_backend(backend)
     if timeout_s <= 0:
         raise errors.InputError(f"timeout_s must be > 0, got {timeout_s}")
     if not test_command.strip():
         raise errors.InputError("test_command must not be empty")
-    spec = spec or SandboxSpec()
+    checks = checks or ValidationChecks()
+    if checks.log_parser is not None and checks.log_parser not in LOG_PARSERS:
+        raise errors.InputError(f"unknown log_parser {checks.log_parser!r}; valid: {', '.join(LOG_PARSERS)}")
+    oracle_runs, flaky_policy = checks.oracle_runs, checks.flaky_policy
+    tests = _Tests(image_ref, test_command, timeout_s, spec or SandboxSpec(), backend, checks.log_parser)
     iid = candidate.instance_id
-    nop_run = _run_trial(iid, "nop", image_ref, test_command, timeout_s, spec, backend, run_key)
+
+    def ended(kind: TrialKind, run: _Run, reward: float | None) -> TrialRecord:
+        record = _record(iid, kind, run, reward)
+        if on_trial is not None:
+            on_trial(record)
+        return record
+
+    nop_run = _run_trial(iid, "nop", tests, run_key)
     if nop_run.result is None:
-        return ValidationOutcome(nop=_record(iid, "nop", nop_run, None))
+        return ValidationOutcome(nop=ended("nop", nop_run, None))
     nop_tests = nop_run.result.tests
     if not any(failed(s) for s in nop_tests.values()):
         report = grade_validation(nop_tests, None)
-        return ValidationOutcome(nop=_record(iid, "nop", nop_run, _reward(nop_tests, report)), report=report)
-    oracle_run = _run_trial(
-        iid, "oracle", image_ref, test_command, timeout_s, spec, backend, run_key, _revert_patch(candidate)
-    )
+        return ValidationOutcome(nop=ended("nop", nop_run, _reward(nop_tests, report)), report=report)
+    # a test failed with the bug, so the NOP's reward is 0.0 whatever the Oracle finds: record it now
+    nop = ended("nop", nop_run, _reward(nop_tests, None))
+    oracle_run = _run_trial(iid, "oracle", tests, run_key, _revert_patch(candidate))
     if oracle_run.result is None:
-        return ValidationOutcome(
-            nop=_record(iid, "nop", nop_run, _reward(nop_tests, None)),
-            oracle=_record(iid, "oracle", oracle_run, None),
-        )
+        return ValidationOutcome(nop=nop, oracle=ended("oracle", oracle_run, None))
     report = grade_validation(nop_tests, oracle_run.result.tests)
-    return ValidationOutcome(
-        nop=_record(iid, "nop", nop_run, _reward(nop_tests, report)),
-        oracle=_record(iid, "oracle", oracle_run, _reward(oracle_run.result.tests, report)),
-        report=report,
-    )
+    oracle = ended("oracle", oracle_run, _reward(oracle_run.result.tests, report))
+    if not report.accepted or oracle_runs == 1:
+        return ValidationOutcome(nop=nop, oracle=oracle, report=report.model_copy(update={"oracle_runs": 1}))
+    repeats: list[TrialRecord] = []
+    runs = [oracle_run.result.tests]
+    for k in range(2, oracle_runs + 1):
+        run = _run_trial(iid, "oracle", tests, f"{run_key}/oracle-{k}", _revert_patch(candidate))
+        if run.result is None:
+            repeats.append(ended("oracle", run, None))
+            return ValidationOutcome(nop=nop, oracle=oracle, oracle_repeats=repeats)
+        runs.append(run.result.tests)
+        repeats.append(ended("oracle", run, _reward(run.result.tests, report)))
+    return ValidationOutcome(nop=nop, oracle=oracle, oracle_repeats=repeats,
+                             report=judge_repeats(report, runs, flaky_policy))

@@ -3,13 +3,18 @@ lifecycle's validate stage and the ``curate`` flow share), freeze."""
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 
 from prefect import task
+from prefect.cache_policies import INPUTS, TASK_SOURCE
+from pydantic import BaseModel, ConfigDict
 
 from forgeflow import bugs, freeze, trial
+from forgeflow.canary import trial_row
 from forgeflow.errors import PreflightError
 from forgeflow.sandbox import SandboxSpec
+from forgeflow.store import Store
 from tasks.common import RESUMABLE, TRANSIENT_RETRY_DELAYS_S, retry_on_transient
 
 
@@ -19,11 +24,41 @@ def generate_candidates(repo: str, checkout_dir: Path, source_dir: str, max_cand
     return bugs.generate_candidates(repo, checkout_dir, source_dir, max_candidates, seed)
 
 
-@task(cache_policy=RESUMABLE, retries=2, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S[:2],
+class TrialSink(BaseModel):
+    """Where :func:`validate_candidate` stores each trial the moment it ends (a store row per trial,
+    upserted by trial id: a killed validation loses no finished trial).
+
+    Attributes:
+        store_url: the store's SQLAlchemy URL.
+        job_id: the trials' job id (e.g. ``curate``), or None.
+        batch_id: the trials' batch id, or None.
+        run_id: the Prefect flow run that ran them.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    store_url: str
+    job_id: str | None = None
+    batch_id: str | None = None
+    run_id: str | None = None
+
+
+@lru_cache(maxsize=8)
+def _store(url: str) -> Store:
+    return Store(url)
+
+
+_VALIDATION_CACHE = (INPUTS - "sink") + TASK_SOURCE
+"""RESUMABLE without the sink: where trials are recorded does not change the validation."""
+
+
+@task(cache_policy=_VALIDATION_CACHE, retries=2, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S[:2],
       retry_condition_fn=retry_on_transient, task_run_name="validate-{candidate.instance_id}-{run_key}")
 def validate_candidate(candidate: trial.BugTask, image_ref: str, image_digest: str | None, test_command: str,
-                       timeout_s: float, memory_mb: int, run_key: str = "validate") -> trial.ValidationOutcome:
-    """NOP then Oracle run of one candidate in no-network containers of its task image
+                       timeout_s: float, memory_mb: int, run_key: str = "validate",
+                       checks: trial.ValidationChecks = trial.ValidationChecks(),
+                       sink: TrialSink | None = None) -> trial.ValidationOutcome:
+    """NOP then Oracle runs of one candidate in no-network containers of its task image
     (:func:`forgeflow.trial.validate_candidate`); the one validation task of the lifecycle's
     validate stage and of the ``curate`` flow.
 
@@ -33,7 +68,7 @@ def validate_candidate(candidate: trial.BugTask, image_ref: str, image_digest: s
         image_ref: The task image (local name or ``host:port/repo:tag``).
         image_digest: The image's digest or id when known (keys the cache: a rebuilt image under
             the same name is validated afresh); None when ``image_ref`` is the identity.
-        test_command: Shell command printing ``pytest -rA`` output, run in ``/testbed``.
+        test_command: The task's test command, run in ``/testbed``.
         timeout_s: Absolute limit per test run, seconds.
         memory_mb: Sandbox memory limit, MiB.
         run_key: Goes into the trial ids and the cache key. The lifecycle keeps the default; the
@@ -41,6 +76,9 @@ def validate_candidate(candidate: trial.BugTask, image_ref: str, image_digest: s
             included), so a task requeued by ``recover`` is validated afresh with new trial ids
             (the voided rows stay for audit), while a killed-and-resumed batch reuses the same key:
             Prefect's cache answers and the store upserts the same trial ids (nothing duplicated).
+        checks: Oracle repeats, flaky policy and log parser (:class:`forgeflow.trial.ValidationChecks`).
+        sink: Where each trial is stored as it ends (not part of the cache key); None: the caller
+            records the outcome.
 
     Returns:
         The outcome. Infrastructure failures come back as trials with an exception type (never
@@ -51,8 +89,16 @@ def validate_candidate(candidate: trial.BugTask, image_ref: str, image_digest: s
             :class:`~forgeflow.errors.InfraError` escaping the trial runner is retried by Prefect
             (twice by default; callers override with ``with_options(retries=...)``).
     """
+    on_trial = None
+    if sink is not None:
+        store = _store(sink.store_url)
+
+        def on_trial(record: trial.TrialRecord) -> None:
+            store.record_trial(trial_row(record, sink.job_id, None, sink.run_id, batch_id=sink.batch_id))
+
     return trial.validate_candidate(candidate, image_ref, test_command, timeout_s=timeout_s,
-                                    spec=SandboxSpec(memory_mb=memory_mb), run_key=run_key)
+                                    spec=SandboxSpec(memory_mb=memory_mb), run_key=run_key, checks=checks,
+                                    on_trial=on_trial)
 
 
 @task(cache_policy=RESUMABLE)

@@ -13,17 +13,77 @@ from prefect.states import Completed
 from prefect.transactions import get_transaction, transaction
 from pydantic import BaseModel, ConfigDict
 
-from forgeflow import agent, serving, trial
+from forgeflow import agent, errors, gguf, serving, trial
 from forgeflow import store as ledger
 
 
 @task(cache_policy=NO_CACHE)
 def serve_swap(state_path: Path, gguf_path: Path, gguf_sha256: str, ports: tuple[int, int]) -> serving.SwapResult:
     """Start the GGUF on the idle port, gate it (models endpoint + smoke completion), switch the
-    recorded endpoint and stop the old server; a failed gate keeps the old one and raises.
-    The new generation is numbered above every one the store records (:func:`store_min_generation`).
-    Never cached: a server is a live process, not a result."""
-    return serving.swap(state_path, gguf_path, gguf_sha256, ports=ports, min_generation=store_min_generation())
+    recorded endpoint and stop the old server; a failed start or gate keeps the old one, is
+    recorded in the store as a ``rolled_back`` generation (:func:`record_rollback`) and raises
+    SwapRolledBackError. The new generation is numbered above every one the store records
+    (:func:`store_min_generation`). Never cached: a server is a live process, not a result."""
+    try:
+        return serving.swap(state_path, gguf_path, gguf_sha256, ports=ports, min_generation=store_min_generation())
+    except errors.SwapRolledBackError as exc:
+        record_rollback(exc.result, _flow_run_id())
+        raise
+
+
+def record_rollback(result: serving.SwapResult | None, run_id: str | None) -> ledger.ServingGenerationRecord | None:
+    """Record a rolled-back swap in the store (``settings.store_url()``, upgraded first) as a
+    ``serving_generations`` row with status ``rolled_back``: the port and GGUF the failed server
+    was started with, numbered above every generation recorded (:meth:`forgeflow.store.Store.record_rolled_back_swap`).
+
+    Returns:
+        The row, or None when ``result`` does not name the attempted port and GGUF (nothing to key it by).
+    """
+    if result is None or result.new_port is None or result.new_gguf_sha256 is None:
+        return None
+    store = ledger.Store()
+    try:
+        store.upgrade()
+        row = store.record_rolled_back_swap(result.new_port, result.new_gguf_sha256, run_id)
+    finally:
+        store.dispose()
+    _logger().warning("swap to %s on port %d rolled back: recorded as generation %d (rolled_back); %s",
+                      result.new_gguf_sha256[:12], result.new_port, row.generation, result.error or "")
+    return row
+
+
+@task(cache_policy=NO_CACHE)
+def check_serving_gguf(gguf_path: Path, gguf_sha256: str, hf_dir: Path | None = None) -> gguf.GGUFCheck:
+    """Check a GGUF's metadata against its HF config before any server starts (the package stage's
+    :func:`forgeflow.gguf.check_gguf`: architecture, layers, context, widths, heads, vocabulary,
+    chat template). The config is ``hf_dir``'s, else the checkpoint the store records the GGUF was
+    converted from (:func:`forgeflow.serving.recorded_config_dir`). Reads the GGUF header and the
+    config only; never cached (the file at the path can change).
+
+    Raises:
+        GGUFError (an InputError): the file is not a readable GGUF, or a key differs from the config
+            (the message names the file, the key, the expected and the found value).
+        InputError: ``hf_dir`` is not a folder with a ``config.json``, or none is given and the store
+            records no checkpoint (with a ``config.json``) the GGUF was converted from.
+    """
+    if hf_dir is None:
+        store = ledger.Store()
+        try:
+            store.upgrade()
+            hf_dir = serving.recorded_config_dir(store, gguf_sha256)
+        finally:
+            store.dispose()
+        if hf_dir is None:
+            raise errors.InputError(
+                f"serve: {gguf_path} (sha256 {gguf_sha256}) cannot be checked against its HF config: the store "
+                f"({store.display_url}) records no checkpoint with a config.json it was converted from; give "
+                "hf_dir (the HF checkpoint folder the GGUF was converted from)")
+    elif not Path(hf_dir).is_dir():
+        raise errors.InputError(f"hf_dir {str(hf_dir)!r} is not a folder")
+    check = gguf.check_gguf(gguf_path, hf_dir)
+    _logger().info("%s matches the config of %s (%s, %d blocks, context %d, vocabulary %d)", Path(gguf_path).name,
+                   hf_dir, check.architecture, check.block_count, check.context_length, check.vocab_size)
+    return check
 
 
 def store_min_generation() -> int:
@@ -51,10 +111,17 @@ def stage_server(state_path: Path, gguf_path: Path, gguf_sha256: str, ports: tup
     """Start the GGUF on the idle port and gate it (health + smoke); the recorded endpoint does not
     move until :func:`promote_server`. A failed start/gate raises SwapRolledBackError.
 
+    A failed start/gate is recorded in the store as a ``rolled_back`` generation
+    (:func:`record_rollback`) before the error propagates.
+
     Inside a Prefect transaction (:func:`swap_transaction`, the lifecycle's serve stages) the staged
     server is remembered in the task's transaction, and the ``on_rollback`` hook stops it when any
-    later step of the transaction fails."""
-    staged = serving.stage(state_path, gguf_path, gguf_sha256, ports=ports)
+    later step of the transaction fails (and records that swap as rolled back too)."""
+    try:
+        staged = serving.stage(state_path, gguf_path, gguf_sha256, ports=ports)
+    except errors.SwapRolledBackError as exc:
+        record_rollback(exc.result, _flow_run_id())
+        raise
     txn = get_transaction()
     if txn is not None:
         txn.set(STAGED_SERVER_KEY, staged.model_dump(mode="json"))
@@ -64,10 +131,15 @@ def stage_server(state_path: Path, gguf_path: Path, gguf_sha256: str, ports: tup
 @stage_server.on_rollback
 def _stop_staged_server(txn: Any) -> None:
     """Rollback of a swap transaction: stop the staged server (the recorded endpoint never moved;
-    stopping an already-stopped server is a no-op)."""
+    stopping an already-stopped server is a no-op) and record the swap as ``rolled_back``."""
     staged = txn.get(STAGED_SERVER_KEY, None)
     if staged is not None:
-        serving.discard(serving.StagedServer.model_validate(staged))
+        server = serving.StagedServer.model_validate(staged)
+        serving.discard(server)
+        record_rollback(serving.SwapResult(previous=None, current=None, rolled_back=True, gate=server.gate,
+                                           error="a step after staging failed; the staged server was stopped",
+                                           new_port=server.port, new_gguf_sha256=server.gguf_sha256),
+                        _flow_run_id())
 
 
 @task(cache_policy=NO_CACHE)
@@ -161,12 +233,13 @@ class UnscoredTrialError(Exception):
 def _cached_agent_trial(instance_id: str, image_ref: str, image_digest: str, problem_statement: str,
                         test_command: str, fail_to_pass: list[str], pass_to_pass: list[str], base_url: str,
                         model_alias: str, model_sha256: str, config: agent.AgentConfig, out_dir: Path,
-                        verifier_timeout_s: float) -> trial.TrialRecord:
+                        verifier_timeout_s: float, run_key: str) -> trial.TrialRecord:
     """The trial itself; only a trial without an exception completes (and is cached), any other
-    ends this task run Failed with :class:`UnscoredTrialError` (never cached, retried next run)."""
+    ends this task run Failed with :class:`UnscoredTrialError` (never cached, retried next run).
+    ``run_key`` names the trial (:func:`forgeflow.trial.make_trial_id`) and is part of the cache key."""
     record = agent.run_agent_trial(instance_id, image_ref, problem_statement, test_command, fail_to_pass,
                                    pass_to_pass, base_url, model_alias, config, out_dir,
-                                   verifier_timeout_s=verifier_timeout_s, run_key=model_sha256)
+                                   verifier_timeout_s=verifier_timeout_s, run_key=run_key)
     if record.exception_type is not None:
         raise UnscoredTrialError(record)
     return record
@@ -176,7 +249,7 @@ def _cached_agent_trial(instance_id: str, image_ref: str, image_digest: str, pro
 def agent_trial(instance_id: str, image_ref: str, image_digest: str, problem_statement: str, test_command: str,
                 fail_to_pass: list[str], pass_to_pass: list[str], base_url: str, model_alias: str,
                 model_sha256: str, config: agent.AgentConfig, out_dir: Path, verifier_timeout_s: float,
-                job_id: str | None = None) -> trial.TrialRecord:
+                job_id: str | None = None, run_key: str | None = None) -> trial.TrialRecord:
     """One canary trial: mini-swe-agent on the host, commands in a no-network container, then the
     verifier. An infrastructure failure is recorded as the trial's exception, never as reward 0.
 
@@ -189,10 +262,13 @@ def agent_trial(instance_id: str, image_ref: str, image_digest: str, problem_sta
 
     When the supervisor stopped the run (dead loop or hang: ``AgentLoopError`` /
     ``AgentHangError``, the verifier's reward kept beside it), a ``supervision_events`` row is
-    recorded in the store with the evidence and the trajectory path (``job_id`` names the job)."""
+    recorded in the store with the evidence and the trajectory path (``job_id`` names the job).
+
+    ``run_key`` (default: ``model_sha256``) names the trial: a canary recovery job passes its own
+    job id so that its trials get ids of their own and never overwrite the original job's rows."""
     state = _cached_agent_trial(instance_id, image_ref, image_digest, problem_statement, test_command,
                                 fail_to_pass, pass_to_pass, base_url, model_alias, model_sha256, config, out_dir,
-                                verifier_timeout_s, return_state=True)
+                                verifier_timeout_s, run_key or model_sha256, return_state=True)
     try:
         record = state.result()
     except UnscoredTrialError as exc:
@@ -228,4 +304,12 @@ def _run_id() -> str | None:
     from prefect.runtime import task_run
 
     run = task_run.get_id()
+    return str(run)[:64] if run else None
+
+
+def _flow_run_id() -> str | None:
+    """The id of the flow run this code runs in (as :func:`record_swap` stamps promotions), or None."""
+    from prefect.runtime import flow_run
+
+    run = flow_run.get_id()
     return str(run)[:64] if run else None

@@ -156,17 +156,21 @@ def three_repos() -> tuple[dict[str, float], dict[str, float], dict[str, str]]:
 
 def test_cluster_bootstrap_resamples_whole_repositories() -> None:
     a, b, repo_of = three_repos()
-    clustered = paired_compare(a, b, repo_of=repo_of, seed=7).delta_interval
-    assert clustered is not None and clustered.delta == pytest.approx(1 / 3)
-    assert (clustered.clustered_by, clustered.n_clusters, clustered.n_pairs) == ("repository", 3, 9)
+    reported = paired_compare(a, b, repo_of=repo_of, seed=7).delta_interval
+    assert reported is not None and reported.delta == pytest.approx(1 / 3)
+    assert (reported.clustered_by, reported.n_clusters, reported.n_pairs) == ("repository", 3, 9)
+    clustered = reported.bootstrap
     # A resample draws 3 repositories: P(no x) = (2/3)**3 = 30% -> low is exactly 0;
     # P(x, x, x) = 1/27 = 3.7% > 2.5% -> high is exactly 1.
     assert (clustered.low, clustered.high) == (0.0, 1.0)
+    # the reported interval is the union with Newcombe's (3 wins, 3 + 3 ties): its low is Newcombe's
+    assert reported.low == reported.newcombe.low < 0.0 and reported.high == 1.0
+    assert (reported.low_from, reported.high_from) == ("newcombe", "bootstrap")
     # Per instance, P(>= 7 wins of 9 draws, p = 1/3) = 163/3**9 = 0.8% < 2.5%: high stays below 7/9.
     plain = paired_compare(a, b, seed=7).delta_interval
     assert plain is not None and plain.clustered_by == "instance" and plain.n_clusters == 9
-    assert 0.0 <= plain.low and plain.high < 7 / 9
-    assert paired_compare(a, b, repo_of=repo_of, seed=7).delta_interval == clustered  # seeded
+    assert 0.0 <= plain.bootstrap.low and plain.bootstrap.high < 7 / 9
+    assert paired_compare(a, b, repo_of=repo_of, seed=7).delta_interval == reported  # seeded
 
 
 def test_cluster_bootstrap_degenerate_cases() -> None:
@@ -217,32 +221,42 @@ def own_repo_pairs(outcomes: list[tuple[float, float]]) -> tuple[dict[str, float
     return a, b, {i: f"repo{i}" for i in a}
 
 
-def test_promotion_gate_promote_hold_reject() -> None:
+def test_promotion_gate_holds_without_the_evidence_it_used_to_promote_on() -> None:
+    """20 ties, each its own repository: the bootstrap alone said [+0.0, +0.0] and the gate promoted
+    even at max_drop 0; Newcombe's interval is +-9.0 pp, 20 pairs are fewer than 30 and the
+    repositories are unknown (no repository map), so it holds."""
     ties = paired_compare(*own_repo_pairs([(1.0, 1.0)] * 10 + [(0.0, 0.0)] * 10)[:2])
+    assert (ties.delta_interval.bootstrap.low, ties.delta_interval.bootstrap.high) == (0.0, 0.0)
     decision = promotion_decision(ties, max_drop=0.0, alpha=0.05)
-    assert decision.verdict == "promote" and (decision.interval_low, decision.interval_high) == (0.0, 0.0)
+    assert decision.verdict == "hold" and not decision.enough_evidence
+    assert decision.interval_low == pytest.approx(-0.0898, abs=5e-4) and decision.interval_high == -decision.interval_low
+    assert decision.reason.startswith("not enough evidence: 20 pairs < 30, the pairs' repositories are unknown")
+    # a collapse on 20 pairs is still a hold (fewer than min_pairs), and the reason says it points to a drop
+    collapse = promotion_decision(paired_compare(*own_repo_pairs([(1.0, 0.0)] * 20)[:2]), max_drop=0.05, alpha=0.05)
+    assert collapse.verdict == "hold" and "the pairs so far point to a drop (the whole interval is below" in collapse.reason
+    assert "no number of pairs would clear -5 pp" in collapse.reason and collapse.pairs_needed is None
 
-    collapse = paired_compare(*own_repo_pairs([(1.0, 0.0)] * 20)[:2])
-    assert promotion_decision(collapse, max_drop=0.05, alpha=0.05).verdict == "reject"
-
-    # 2 losses in 4 pairs: delta -50 pp but McNemar p = 2 * 0.5**2 = 0.5 and the interval is wide
-    few = paired_compare(*own_repo_pairs([(1.0, 0.0), (1.0, 0.0), (1.0, 1.0), (0.0, 0.0)])[:2])
-    hold = promotion_decision(few, max_drop=0.05, alpha=0.05)
-    assert hold.verdict == "hold" and hold.mcnemar_p == pytest.approx(0.5)
-    assert "no drop is established" in hold.reason
-
-    assert promotion_decision(paired_compare({}, {}), max_drop=0.05, alpha=0.05).verdict == "hold"
+    empty = promotion_decision(paired_compare({}, {}), max_drop=0.05, alpha=0.05)
+    assert empty.verdict == "hold" and empty.reason.startswith("not enough evidence: no instance was scored")
+    assert (empty.pairs_needed, empty.repos_needed) == (30, 3)
     with pytest.raises(InputError, match="confidence=0.9"):
         promotion_decision(ties, max_drop=0.05, alpha=0.1)
-    assert promotion_decision(paired_compare(*own_repo_pairs([(1.0, 1.0)] * 4)[:2], confidence=0.9),
-                              max_drop=0.05, alpha=0.1).verdict == "promote"
+    with pytest.raises(InputError, match="max_drop"):
+        promotion_decision(ties, max_drop=1.5, alpha=0.05)
 
 
 def test_promotion_gate_rejects_a_significant_drop_beyond_the_allowance() -> None:
-    # 10 losses, 0 wins, 10 ties: McNemar p = 2 * 0.5**10 = 0.00195; delta = -50 pp
-    drop = paired_compare(*own_repo_pairs([(1.0, 0.0)] * 10 + [(1.0, 1.0)] * 10)[:2])
+    # 40 pairs over 4 repositories: 10 losses, 0 wins, 30 ties: McNemar p = 2 * 0.5**10; delta -25 pp
+    outcomes = [(1.0, 0.0)] * 10 + [(1.0, 1.0)] * 30
+    a = {f"i{k}": ra for k, (ra, _) in enumerate(outcomes)}
+    b = {f"i{k}": rb for k, (_, rb) in enumerate(outcomes)}
+    drop = paired_compare(a, b, {i: f"repo{int(i[1:]) % 4}" for i in a})
     decision = promotion_decision(drop, max_drop=0.1, alpha=0.05)
     assert decision.verdict == "reject" and drop.mcnemar_p == pytest.approx(2 * 0.5**10)
+    assert "interval [-40.2, -11.1] pp" in decision.reason and "the whole interval is below -10 pp" in decision.reason
+    # at a 20-point allowance the interval reaches above it, but the drop is significant beyond it
+    beyond = promotion_decision(drop, max_drop=0.2, alpha=0.05)
+    assert beyond.verdict == "reject" and "a drop beyond -20 pp with McNemar p=0.00195 < 0.05" in beyond.reason
     # the same drop is tolerated when the allowance covers the whole interval
     assert promotion_decision(drop, max_drop=1.0, alpha=0.05).verdict == "promote"
 
@@ -253,8 +267,13 @@ def test_markdown_shows_interval_costs_and_decision() -> None:
     report_a = JobReport.from_trials([trial(i, r) for i, r in a.items()])
     report_b = JobReport.from_trials([trial(i, r) for i, r in b.items()])
     costs = cost_ratios({"x.0": {"input_tokens": 200}}, {"x.0": {"input_tokens": 100}})
-    decision = promotion_decision(comparison, max_drop=0.02, alpha=0.05)
+    decision = promotion_decision(comparison, max_drop=0.02, alpha=0.05, costs=costs)
     text = render_markdown(report_a, report_b, comparison, "base", "cand", costs=costs, decision=decision)
-    assert "Delta 95% interval: +0.0 pp to +100.0 pp (cluster bootstrap by repository, 3 clusters" in text
+    nc = comparison.delta_interval.newcombe
+    assert (f"Delta 95% interval: {100 * nc.low:+.1f} pp to +100.0 pp, the union of Newcombe's hybrid score interval "
+            f"for paired proportions {100 * nc.low:+.1f} to {100 * nc.high:+.1f} pp (Newcombe 1998") in text
+    assert "and a cluster bootstrap by repository +0.0 to +100.0 pp (3 clusters, 2000 resamples, seed 0" in text
     assert "| input_tokens | 200 | 100 | 0.5 |" in text and "| wall_s | n/a | n/a | n/a |" in text
-    assert f"**Promotion gate: {decision.verdict}**" in text and decision.verdict == "promote"
+    assert "**Promotion gate: hold** (not enough evidence: 9 pairs < 30; delta +33.3 pp" in text
+    assert ("Cost limits (B / A): wall_s ratio unknown (not recorded in both runs); input_tokens 0.5x <= 1.25x; "
+            "agent_steps ratio unknown (not recorded in both runs).") in text

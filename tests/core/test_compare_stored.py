@@ -17,6 +17,7 @@ from forgeflow.compare import (
     wilson_interval,
 )
 from forgeflow.errors import InputError
+from forgeflow.gate import GatePolicy
 from forgeflow.store import JobRecord, Store, TaskRecord, TrialRecord
 
 # instance -> (repo, reward in A, reward in B); None = an exception
@@ -67,8 +68,26 @@ def test_pairs_are_clustered_by_repository_from_the_task_table(store: Store) -> 
     pairs = {"boltons.t1": (True, True), "boltons.t2": (False, True), "boltons.t3": (False, True),
              "six.t1": (True, False), "six.t2": (False, False), "toolz.t1": (False, True)}
     repos = {i: CASES[i][0] for i in pairs}
-    assert ci == cluster_bootstrap_delta(pairs, repos, seed=7)
-    assert ci != cluster_bootstrap_delta(pairs, None, seed=7)
+    assert ci.bootstrap == cluster_bootstrap_delta(pairs, repos, seed=7)
+    assert ci.bootstrap != cluster_bootstrap_delta(pairs, None, seed=7)
+    # the reported interval is the union with Newcombe's on the same 6 pairs
+    assert ci.low == min(ci.newcombe.low, ci.bootstrap.low) and ci.high == max(ci.newcombe.high, ci.bootstrap.high)
+
+
+def test_the_gate_holds_on_six_pairs_and_names_the_token_ratio(store: Store) -> None:
+    result = compare_stored_jobs(store, "base", "cand")
+    decision = result.decision
+    assert decision.verdict == "hold" and decision.n_repos == 3 and decision.n_pairs == 6
+    assert decision.reason.startswith("not enough evidence: 6 pairs < 30; delta +33.3 pp")
+    assert "cost over the limit: input_tokens 1.5x > 1.25x" in decision.reason
+    out = result.to_json()
+    assert out["promotion"]["verdict"] == "hold" and out["promotion"]["reason"] == decision.reason
+    assert out["delta_interval"]["method"] == "union(newcombe_hybrid_score, cluster_bootstrap)"
+    assert "**Promotion gate: hold** (not enough evidence" in result.markdown
+    # the gate's settings come in through compare_stored_jobs
+    lenient = compare_stored_jobs(store, "base", "cand", gate=GatePolicy(min_pairs=1, min_repos=1, max_drop=1.0,
+                                                                         max_input_tokens_ratio=None))
+    assert lenient.decision.verdict == "promote"
 
 
 def test_cost_ratios_come_from_the_stored_columns_over_the_pairs(store: Store) -> None:

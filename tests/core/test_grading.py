@@ -12,7 +12,6 @@ import pytest
 
 from forgeflow import errors
 from forgeflow.grading import (
-    TestStatus as Status,
     ValidationReport,
     grade_resolved,
     grade_validation,
@@ -84,14 +83,14 @@ TESTS_NO_ERROR = TESTS.split("@pytest.fixture")[0]
 
 def test_parse_log_gives_each_tests_status(tmp_path: Path) -> None:
     status = parse_test_log(run_pytest(tmp_path, BUGGY_IMPL))
-    assert status["test_calc.py::test_add"] == Status.FAILED.value
-    assert status["test_calc.py::test_add_zero"] == Status.PASSED.value
-    assert status["test_calc.py::test_neg[1]"] == Status.PASSED.value
-    assert status["test_calc.py::test_neg[2]"] == Status.PASSED.value
+    assert status["test_calc.py::test_add"] == 'FAILED'
+    assert status["test_calc.py::test_add_zero"] == 'PASSED'
+    assert status["test_calc.py::test_neg[1]"] == 'PASSED'
+    assert status["test_calc.py::test_neg[2]"] == 'PASSED'
     # pytest -rA prints skips as "SKIPPED [1] file:line: reason": SWE-bench's parser keeps no test id
     assert "test_calc.py::test_skipped" not in status
-    assert status["test_calc.py::test_xfail"] == Status.XFAIL.value
-    assert status["test_calc.py::test_fixture_error"] == Status.ERROR.value
+    assert status["test_calc.py::test_xfail"] == 'XFAIL'
+    assert status["test_calc.py::test_fixture_error"] == 'ERROR'
 
 
 def test_valid_bug_is_accepted_with_fail_to_pass(tmp_path: Path) -> None:
@@ -100,11 +99,11 @@ def test_valid_bug_is_accepted_with_fail_to_pass(tmp_path: Path) -> None:
     report = grade_validation(nop, oracle)
     assert report.accepted, report.reason
     assert report.FAIL_TO_PASS == ["test_calc.py::test_add"]
+    # only PASSED is a pass: the XFAIL test is in neither list
     assert report.PASS_TO_PASS == [
         "test_calc.py::test_add_zero",
         "test_calc.py::test_neg[1]",
         "test_calc.py::test_neg[2]",
-        "test_calc.py::test_xfail",
     ]
     # Harbor convention: a valid task gives nop reward 0 and oracle reward 1
     assert grade_resolved(nop, report.FAIL_TO_PASS, report.PASS_TO_PASS) == 0.0
@@ -136,7 +135,7 @@ def test_oracle_failures_reject(tmp_path: Path) -> None:
 
 def test_bug_that_breaks_collection_is_rejected(tmp_path: Path) -> None:
     nop = parse_test_log(run_pytest(tmp_path, BROKEN_IMPL, TESTS_NO_ERROR))
-    assert nop == {"test_calc.py": Status.ERROR.value}
+    assert nop == {"test_calc.py": 'ERROR'}
     oracle = parse_test_log(run_pytest(tmp_path, GOOD_IMPL, TESTS_NO_ERROR))
     report = grade_validation(nop, oracle)
     assert not report.accepted
@@ -172,3 +171,19 @@ def test_grade_resolved_refuses_nothing_to_grade() -> None:
 def test_unknown_status_is_rejected_with_its_name() -> None:
     with pytest.raises(errors.InputError, match="oracle has 1 unknown statuses"):
         grade_validation({"t::a": "FAILED"}, {"t::a": "GREEN"})
+
+
+@pytest.mark.parametrize("status", ["XFAIL", "XPASS", "SKIPPED", None])
+def test_only_passed_is_a_pass_for_fail_to_pass_and_pass_to_pass(status: str | None) -> None:
+    """A FAIL_TO_PASS or PASS_TO_PASS test that is skipped, xfailed, xpassed or missing scores 0
+    (SWE-bench's own rule counts XFAIL as a pass: a submission could mark its way to reward 1)."""
+    base = {"t::f2p": "PASSED", "t::p2p": "PASSED"}
+    assert grade_resolved(base, ["t::f2p"], ["t::p2p"]) == 1.0
+    for test in ("t::f2p", "t::p2p"):
+        run = {k: v for k, v in base.items() if k != test} | ({test: status} if status else {})
+        assert grade_resolved(run, ["t::f2p"], ["t::p2p"]) == 0.0, (test, status)
+
+
+def test_an_xfail_in_the_oracle_is_no_fail_to_pass() -> None:
+    report = grade_validation({"t::a": "FAILED", "t::b": "PASSED"}, {"t::a": "XFAIL", "t::b": "PASSED"})
+    assert not report.accepted and report.FAIL_TO_PASS == [] and report.PASS_TO_PASS == ["t::b"]

@@ -145,7 +145,7 @@ LOG_HEAD = "============================= test session starts ==================
          "PASSED tests/test_other.py::test_x[1-2]\n============ 3 passed in 0.1s ============\n"),
         ("bug present", LOG_HEAD + "PASSED tests/test_calc.py::test_mul\nPASSED tests/test_other.py::test_x[1-2]\n"
          "FAILED tests/test_calc.py::test_add - assert -1 == 5\n====== 1 failed, 2 passed in 0.1s ======\n"),
-        ("xfail counts as pass", LOG_HEAD + "XFAIL tests/test_calc.py::test_add\nPASSED tests/test_calc.py::test_mul\n"
+        ("xfail is not a pass", LOG_HEAD + "XFAIL tests/test_calc.py::test_add\nPASSED tests/test_calc.py::test_mul\n"
          "PASSED tests/test_other.py::test_x[1-2]\n====== 2 passed, 1 xfailed in 0.1s ======\n"),
         ("p2p missing", LOG_HEAD + "PASSED tests/test_calc.py::test_add\nPASSED tests/test_calc.py::test_mul\n"
          "============ 2 passed in 0.1s ============\n"),
@@ -165,7 +165,7 @@ def test_exported_grader_agrees_with_forgeflow_grading(freeze: Path, tmp_path: P
     assert run.returncode == 0, run.stderr
     expected = grade_resolved(parse_test_log(log), F2P, P2P)
     assert float(reward_file.read_text()) == expected, name
-    assert (name == "all pass" or name == "xfail counts as pass") == (expected == 1.0)
+    assert (name == "all pass") == (expected == 1.0)
 
 
 def test_exported_grader_writes_no_reward_for_a_log_that_is_not_pytest(freeze: Path, tmp_path: Path) -> None:

@@ -174,6 +174,104 @@ def test_migration_0002_keeps_existing_trials_live(store_url: str) -> None:
             "INSERT INTO trials (trial_id, instance_id, batch_id, kind, reward, timings, created_at, updated_at) "
             "VALUES ('old', 'ra.a', 'b1', 'nop', 0.0, '{}', '2026-11-01 00:00:00', '2026-11-01 00:00:00')"))
     ledger.upgrade()
-    assert ledger.current_revision() == "0004"
+    assert ledger.current_revision() == "0005"
     assert [t.trial_id for t in ledger.trials_for()] == ["old"] and ledger.trials_for()[0].voided_at is None
     ledger.dispose()
+
+
+# --- rejections an infrastructure fault caused (include_rejections) ----------------------------
+@pytest.fixture
+def tunnel_store(store: Store) -> Store:
+    """``store`` plus b3, the batch that ran while the build tunnel was dead: f rejected (NOP 0,
+    Oracle 0), g rejected (NOP 1: "no test failed"), h accepted, i rejected with its Oracle run in
+    b4 (outside b3), j errored (NOP exception). c (b1) is a real rejection."""
+    store.record_batch(BatchRecord(batch_id="b3", kind="curate", instance_ids=["rf.f", "rg.g", "rh.h", "ri.i", "rj.j"],
+                                   concurrency=2))
+    store.record_batch(BatchRecord(batch_id="b4", kind="curate", instance_ids=["ri.i"], concurrency=1))
+    store.record_trials([
+        _trial("f-nop", "rf.f", "nop", "b3", 120, reward=0.0),
+        _trial("f-oracle", "rf.f", "oracle", "b3", 121, reward=0.0),
+        _trial("g-nop", "rg.g", "nop", "b3", 122, reward=1.0),
+        _trial("h-nop", "rh.h", "nop", "b3", 123, reward=0.0),
+        _trial("h-oracle", "rh.h", "oracle", "b3", 124, reward=1.0),
+        _trial("i-nop", "ri.i", "nop", "b3", 125, reward=0.0),
+        _trial("i-oracle", "ri.i", "oracle", "b4", 126, reward=0.0),
+        _trial("j-nop", "rj.j", "nop", "b3", 127, exc="ImageBuildError"),
+    ])
+    for task in (_task("rf.f", "rejected", "gold patch fixes no test"), _task("rg.g", "rejected", "no test failed"),
+                 _task("rh.h", "accepted"), _task("ri.i", "rejected", "gold patch fixes no test"),
+                 _task("rj.j", "error", "ImageBuildError")):
+        store.record_task(task)
+    return store
+
+
+def test_include_rejections_needs_exact_ids_never_an_exception_window() -> None:
+    with pytest.raises(ValidationError, match="include_rejections needs exact batch_ids and/or trial_ids"):
+        RecoveryRequest(exception_type="ImageBuildError", since=T0, until=T0 + timedelta(hours=3),
+                        include_rejections=True, reason="tunnel")
+    assert RecoveryRequest(batch_ids=["b3"], include_rejections=True, reason="tunnel").include_rejections
+
+
+def test_without_the_option_rejections_are_kept_and_the_dry_run_says_how_to_void_them(tunnel_store: Store) -> None:
+    plan = plan_recovery(tunnel_store, RecoveryRequest(batch_ids=["b3"], reason="tunnel"))
+    assert [t.trial_id for t in plan.void] == ["j-nop"] and [t.instance_id for t in plan.requeue] == ["rj.j"]
+    why = {k.trial_id: k.why for k in plan.kept}
+    assert "include_rejections voids it" in why["f-nop"] and "include_rejections" not in why["h-oracle"]
+
+
+def test_rejections_by_batch_are_voided_and_requeued_with_backup_audit_and_counts(tunnel_store: Store,
+                                                                                   tmp_path: Path) -> None:
+    store = tunnel_store
+    before = store.task_status_counts()
+    assert before == {"error": 4, "accepted": 2, "rejected": 4}
+    plan = plan_recovery(store, RecoveryRequest(batch_ids=["b3"], include_rejections=True,
+                                                reason="build tunnel dead 12:00-12:10"))
+    assert [t.trial_id for t in plan.void] == ["f-nop", "f-oracle", "g-nop", "j-nop"]
+    assert [t.instance_id for t in plan.requeue] == ["rf.f", "rg.g", "rj.j"]
+    why = {k.trial_id: k.why for k in plan.kept}
+    assert set(why) == {"h-nop", "h-oracle", "i-nop"}  # the accepted task and the half-selected rejection
+    assert "has a reward" in why["h-oracle"] and "['i-oracle'] are not selected" in why["i-nop"]
+    assert "reward 0.0 (rejection)" in render_plan(plan)
+
+    result = apply_recovery(store, plan, tmp_path / "backups", run_id="r2")
+    assert (result.voided, result.requeued) == (4, 3)
+    backup = json.loads(result.backup_path.read_text())
+    assert sha256_file(result.backup_path) == result.backup_sha256
+    assert backup["request"]["include_rejections"] is True
+    assert {t["trial_id"]: t["reward"] for t in backup["trials"]} == {"f-nop": 0.0, "f-oracle": 0.0, "g-nop": 1.0,
+                                                                     "j-nop": None}
+    assert {t["instance_id"]: t["status"] for t in backup["tasks"]} == {"rf.f": "rejected", "rg.g": "rejected",
+                                                                      "rj.j": "error"}
+    # requeued: candidates again, with nothing left of the faulty validation; everything else stays
+    assert [store.get_task(i).status for i in ("rf.f", "rg.g", "rj.j")] == ["candidate"] * 3
+    assert store.trials_for(instance_id="rf.f") == [] and store.trials_for(instance_id="rg.g") == []
+    assert store.get_task("rc.c").status == "rejected" and store.get_task("ri.i").status == "rejected"
+    assert store.get_task("rh.h").status == "accepted" and store.get_task("rb.b").status == "accepted"
+    assert [t.trial_id for t in store.trials_for(instance_id="ri.i")] == ["i-nop", "i-oracle"]
+    assert store.task_status_counts() == {"error": 3, "accepted": 2, "rejected": 2, "candidate": 3}
+    assert result.after == plan.expected_after
+    audit = render_audit(result)
+    assert "include_rejections" in audit and "| f-nop | rf.f | nop | none (reward 0.0) | b3 |" in audit
+    assert "| tasks rejected | 4 | 2 |" in audit
+
+
+def test_rejections_by_trial_ids_need_every_live_validation_trial_of_the_task(tunnel_store: Store,
+                                                                               tmp_path: Path) -> None:
+    store = tunnel_store
+    half = plan_recovery(store, RecoveryRequest(trial_ids=["i-nop"], include_rejections=True, reason="tunnel"))
+    assert half.empty and "['i-oracle'] are not selected" in half.kept[0].why
+    whole = plan_recovery(store, RecoveryRequest(trial_ids=["i-nop", "i-oracle"], include_rejections=True,
+                                                 reason="tunnel"))
+    apply_recovery(store, whole, tmp_path)
+    assert store.get_task("ri.i").status == "candidate" and store.trials_for(instance_id="ri.i") == []
+    assert store.get_task("rf.f").status == "rejected"  # a rejection outside the ids stays
+
+
+def test_a_task_accepted_after_the_plan_is_not_requeued(tunnel_store: Store, tmp_path: Path) -> None:
+    store = tunnel_store
+    plan = plan_recovery(store, RecoveryRequest(batch_ids=["b3"], include_rejections=True, reason="tunnel"))
+    store.record_task(_task("rf.f", "accepted"))  # another writer accepted it after the plan
+    with pytest.raises(CountMismatchError, match="rolled back"):
+        apply_recovery(store, plan, tmp_path)
+    assert store.get_task("rf.f").status == "accepted"
+    assert not [t for t in store.trials_for(include_void=True) if t.voided_at is not None]

@@ -28,6 +28,9 @@ from forgeflow.store import (
 )
 
 DIGEST = "sha256:" + "a" * 64
+HEAD = "0005"
+"""The newest migration (forgeflow/migrations/versions)."""
+
 SHA = "b" * 64
 
 
@@ -36,7 +39,7 @@ def test_migration_creates_exactly_what_the_models_declare(store: Store) -> None
         context = MigrationContext.configure(connection, opts={"compare_type": True})
         diff = compare_metadata(context, Base.metadata)
     assert diff == []
-    assert store.current_revision() == "0004"
+    assert store.current_revision() == HEAD
 
 
 def test_upgrade_twice_is_a_no_op(store: Store) -> None:
@@ -160,6 +163,21 @@ def test_highest_serving_generation_is_the_largest_number_of_any_status(store: S
     assert store.highest_serving_generation() == 3
 
 
+def test_a_rolled_back_swap_takes_the_next_number_and_never_overwrites_a_generation(store: Store) -> None:
+    assert store.record_rolled_back_swap(8101, SHA, run_id="run-a").generation == 1  # an empty store
+    store.record_serving_generation(ServingGenerationRecord(generation=5, port=8102, gguf_sha256="c" * 64,
+                                                            status="active"))
+    row = store.record_rolled_back_swap(8101, SHA, run_id="run-b")
+    assert (row.generation, row.status, row.port, row.gguf_sha256, row.run_id) == (6, "rolled_back", 8101, SHA, "run-b")
+    assert [(g.generation, g.status) for g in store.serving_generations()] == [
+        (1, "rolled_back"), (5, "active"), (6, "rolled_back")]
+    assert store.highest_serving_generation() == 6  # the next swap is numbered above it
+    assert store.latest_serving_generation().generation == 5  # what serves is still the active one
+    with pytest.raises(InputError, match="rolled-back swap"):
+        store.record_rolled_back_swap(0, SHA)
+    assert len(store.serving_generations()) == 3
+
+
 def test_model_artifact_lineage_round_trips(store: Store) -> None:
     store.record_model_artifact(
         ModelArtifactRecord(
@@ -192,7 +210,7 @@ def test_url_comes_from_forgeflow_store_url(tmp_path: Path, monkeypatch) -> None
     ledger = Store()
     ledger.upgrade()
     assert ledger.url == f"sqlite:///{db}"
-    assert db.is_file() and ledger.current_revision() == "0004"
+    assert db.is_file() and ledger.current_revision() == HEAD
     ledger.dispose()
 
 
@@ -279,7 +297,7 @@ def test_downgrade_to_0002_and_upgrade_again_keeps_old_rows(store: Store) -> Non
         command.downgrade(store.alembic_config(connection), "0002")
     assert store.current_revision() == "0002"
     store.upgrade()
-    assert store.current_revision() == "0004"
+    assert store.current_revision() == HEAD
     assert [t.trial_id for t in store.trials_for()] == ["t1"]
 
 
@@ -317,7 +335,7 @@ def test_migration_0004_moves_each_parent_link_into_a_production_and_back(store:
             f"created_at, updated_at) VALUES ('{SHA}', 'adapter', '/m/a', NULL, '{'c' * 64}', "
             "'{\"dataset_sha256\": \"d\"}', 'run-0', '2026-11-01 00:00:00', '2026-11-01 00:00:00')"))
     store.upgrade()
-    assert store.current_revision() == "0004"
+    assert store.current_revision() == HEAD
     (row,) = store.producers(SHA)
     assert (row.kind, row.path, row.parent_sha256, row.run_id) == ("adapter", "/m/a", "c" * 64, "run-0")
     assert row.lineage == {"dataset_sha256": "d"}
@@ -459,3 +477,18 @@ def test_a_writer_refuses_a_file_that_is_not_an_sqlite_database(tmp_path: Path) 
         assert store.current_revision() is not None
     finally:
         store.dispose()
+
+
+def test_migration_0005_keeps_the_verifiers_evidence_and_old_trials(store: Store) -> None:
+    from alembic import command
+
+    from forgeflow.store import TrialRecord
+
+    evidence = {"submission": {"policy": "reject", "tampering": True, "protected_paths": {"conftest.py": "conftest"}}}
+    store.record_trial(TrialRecord(trial_id="t-new", instance_id="i1", kind="agent", reward=0.0, verifier=evidence))
+    assert store.trials_for(trial_ids=["t-new"])[0].verifier == evidence
+    with store.engine.begin() as connection:
+        command.downgrade(store.alembic_config(connection), "0004")
+    store.upgrade()
+    (row,) = store.trials_for(trial_ids=["t-new"])
+    assert row.reward == 0.0 and row.verifier is None  # the evidence went with the column; the row stayed

@@ -110,6 +110,28 @@ def test_recover_apply_runs_the_flow_backs_up_voids_and_requeues(home: Path, pre
     assert again["void"] == [] and again["requeue"] == []
 
 
+def test_recover_include_rejections_voids_and_requeues_the_named_rejection_only(home: Path, prefect_harness) -> None:
+    """A rejection an infrastructure fault caused (repo.b in b1) is voided and requeued by its batch id
+    with --include-rejections; the accepted task stays, and so does everything outside the ids."""
+    dry = _json(runner.invoke(app, ["recover", "--batch", "b1", "--include-rejections", "--json"]))
+    assert [(t["trial_id"], t["reward"]) for t in dry["void"]] == [("t-a", None), ("t-b", 1.0)]
+    assert [t["instance_id"] for t in dry["requeue"]] == ["repo.a", "repo.b"]
+    assert [k["trial_id"] for k in dry["kept"]] == ["t-c"]
+    assert Store().get_task("repo.b").status == "rejected"  # a dry run changes nothing
+
+    out = _json(runner.invoke(app, ["recover", "--batch", "b1", "--include-rejections", "--apply", "--reason",
+                                    "build tunnel down 10:00", "--json"]))
+    assert out["voided"] == 2 and out["requeued"] == 2
+    backup = json.loads(Path(out["backup_path"]).read_text())
+    assert backup["request"]["include_rejections"] is True
+    assert {t["trial_id"] for t in backup["trials"]} == {"t-a", "t-b"}
+    assert hashlib.sha256(Path(out["backup_path"]).read_bytes()).hexdigest() == out["backup_sha256"]
+    assert "include_rejections" in Path(out["backup_path"]).with_suffix(".md").read_text()  # the audit
+    statuses = {t.instance_id: t.status for t in Store().tasks()}
+    assert statuses == {"repo.a": "candidate", "repo.b": "candidate", "repo.c": "accepted", "repo.d": "error"}
+    assert out["after"]["tasks_by_status"] == {"candidate": 2, "accepted": 1, "error": 1}
+
+
 def test_derived_build_then_verify_and_a_changed_input_is_named(home: Path, tmp_path: Path) -> None:
     solved = tmp_path / "solved.txt"
     solved.write_text("repo.c\nrepo.b\nrepo.x\n")
@@ -164,6 +186,8 @@ def test_derived_build_over_a_freeze_counts_per_split_and_unknown_names_fail(hom
      "empty window: --since 2026-11-30 11:00:00+00:00 is not before --until"),
     (["--exception-type", "X", "--since", "2026-11-30T10:00:00", "--until", "2026-11-30T11:00:00+00:00"],
      "--since: must be timezone-aware"),
+    (["--exception-type", "X", "--since", "2026-11-30T10:00:00+00:00", "--until", "2026-11-30T11:00:00+00:00",
+      "--include-rejections"], "--include-rejections needs exact --batch and/or --trial, not an --exception-type window"),
     (["--batch", "nosuch"], "unknown --batch ids ['nosuch']"),
     (["--trial", "nosuch"], "unknown --trial ids ['nosuch']"),
 ])

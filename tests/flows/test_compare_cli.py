@@ -69,6 +69,25 @@ def test_compare_json_reports_merge_split_exclusions_and_costs(home: Path) -> No
     assert alone["n_pairs"] == 2 and "toolz.t2" in alone["excluded_exception"]
 
 
+def test_compare_json_carries_the_gate_verdict_reason_and_interval_method(home: Path) -> None:
+    out = json.loads(runner.invoke(app, ["compare", "base", "cand", "--json"]).output)
+    ci = out["delta_interval"]
+    assert ci["method"] == "union(newcombe_hybrid_score, cluster_bootstrap)" and "Newcombe 1998" in ci["source"]
+    assert ci["n_clusters"] == 2 and ci["low"] < 0.0 < ci["high"]
+    gate = out["promotion"]
+    assert gate["verdict"] == "hold" and gate["n_repos"] == 2 and gate["interval_method"] == ci["method"]
+    assert gate["reason"].startswith("not enough evidence: 3 pairs < 30, 2 repositories < 3; delta +0.0 pp")
+    assert gate["repos_needed"] == 3 and gate["pairs_needed"] > 30
+    # the gate's settings are options; a drop allowance of 100 points on 1 pair from 1 repository promotes
+    lenient = runner.invoke(app, ["compare", "base", "cand", "--json", "--min-pairs", "1", "--min-repos", "1",
+                                  "--max-drop", "1.0"])
+    assert lenient.exit_code == 0, lenient.output
+    assert json.loads(lenient.output)["promotion"]["verdict"] == "promote"
+    bad = runner.invoke(app, ["compare", "base", "cand", "--alpha", "0.9"])
+    assert bad.exit_code == 2 and "alpha" in bad.output
+    assert "**Promotion gate: hold** (not enough evidence" in runner.invoke(app, ["compare", "base", "cand"]).output
+
+
 def test_compare_refuses_jobs_on_different_freezes(home: Path) -> None:
     result = runner.invoke(app, ["compare", "base", "other"])
     assert result.exit_code == 2
@@ -122,3 +141,4 @@ def test_lifecycle_compare_task_lists_exclusions_and_counts_flagged_trials() -> 
     assert result.report_b.flagged == 1 and result.report_b.scored == 2
     assert result.costs.wall_s.n == 2 and result.costs.wall_s.ratio == pytest.approx(3.0 / 5.0)  # pairs only
     assert "toolz.t1 (exception in B: AgentHangError)" in result.markdown
+    assert result.decision.verdict == "hold" and result.decision.reason.startswith("not enough evidence: 2 pairs < 30")

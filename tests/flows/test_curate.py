@@ -3,6 +3,7 @@ freeze-ready event; then again (nothing new), then recover one batch (dry run, t
 
 from __future__ import annotations
 
+from collections import Counter
 import json
 import time
 from datetime import UTC, datetime, timedelta
@@ -69,8 +70,12 @@ def test_curate_runs_until_freeze_ready_then_skips_processed_and_recovers(
 
     store = Store()
     trials = store.trials_for(job_id="curate")
-    keys = [(t.instance_id, t.kind) for t in trials]
-    assert len(keys) == len(set(keys)) == first["trials_recorded"]  # each trial recorded once
+    per_task = Counter((t.instance_id, t.kind) for t in trials)
+    assert len({t.trial_id for t in trials}) == len(trials) == first["trials_recorded"]  # each trial recorded once
+    assert all(n == 1 for (_, kind), n in per_task.items() if kind == "nop")  # one NOP, up to 2 Oracle runs each
+    assert all(n <= 2 for (_, kind), n in per_task.items() if kind == "oracle")
+    accepted = {t.instance_id for t in store.accepted_tasks()}
+    assert all(per_task[(iid, "oracle")] == 2 for iid in accepted)  # every accepted task ran its Oracle twice
     assert {t.batch_id for t in trials} == set(first["batches"])
     assert len(store.accepted_tasks()) >= 2
 

@@ -10,6 +10,7 @@ the batch still runs (no batch row, no task status yet).
 
 from __future__ import annotations
 
+from collections import Counter
 import json
 import os
 import signal
@@ -111,15 +112,21 @@ def test_curate_killed_mid_batch_resumes_without_loss_or_duplicates(prefect_harn
     assert result["status"] == "exhausted" and len(result["batches"]) == 1  # the same batch, finished
 
     trials = store.trials_for(job_id="curate", include_void=True)
-    keys = [(t.instance_id, t.kind) for t in trials]
-    assert len(keys) == len(set(keys)), f"duplicated trials: {sorted(keys)}"  # none duplicated
+    per_task = Counter((t.instance_id, t.kind) for t in trials)  # one NOP, at most 2 Oracle runs per task
+    assert all(n <= (1 if kind == "nop" else 2) for (_, kind), n in per_task.items()), \
+        f"duplicated trials: {sorted(per_task.items())}"  # none duplicated
     assert len({t.trial_id for t in trials}) == len(trials)
     assert {t.instance_id for t in trials if t.kind == "nop"} == {r.instance_id for r in rows}
-    for trial_id, before in recorded.items():  # finished before the kill: kept as it was, not run again
+    # each trial is stored the moment it ends, so the kill can leave a validation half done (its NOP
+    # stored, its Oracle runs not): that validation runs again under the same trial ids (upserted, never
+    # duplicated). A validation that had ended before the kill is kept as it was, not run again.
+    before_per_task = Counter(t.instance_id for t in recorded.values())
+    after_per_task = Counter(t.instance_id for t in trials)
+    for trial_id, before in recorded.items():
         after = next(t for t in trials if t.trial_id == trial_id)
-        assert (after.reward, after.created_at, after.exception_type) == (before.reward, before.created_at,
-                                                                          before.exception_type)
-        assert after.created_at.replace(tzinfo=UTC) < killed_at
+        assert (after.reward, after.exception_type) == (before.reward, before.exception_type)
+        if before_per_task[before.instance_id] == after_per_task[before.instance_id]:  # ended before the kill
+            assert after.created_at == before.created_at and after.created_at.replace(tzinfo=UTC) < killed_at
     statuses = {t.instance_id: t.status for t in store.tasks()}
     assert set(statuses) == {r.instance_id for r in rows} and "candidate" not in statuses.values()
     left = _our_containers(ours)

@@ -49,9 +49,20 @@ def test_every_stage_completes_with_real_counts(first_run, mini_config):
     assert stages["validate"]["counts"]["accepted"] >= 2
     assert first_run["tasks"]["generated"] == 6
     # the canary scored every test task or recorded an exception: never silently dropped
-    # the promotion gate decided (both tiny models score alike: non-inferior, so promoted) and acted
-    assert first_run["promotion"]["verdict"] in ("promote", "hold", "reject")
-    assert stages["serve_swap"]["counts"]["promoted"] == int(first_run["promotion"]["verdict"] == "promote")
+    # the promotion gate holds for lack of evidence and the baseline keeps serving: the mini config's
+    # test split is at most max_tasks_per_repo=2 tasks from the one repository the repository-disjoint
+    # freeze leaves it (two projects, no validation split), far below promotion_min_pairs=30 /
+    # promotion_min_repos=3, whatever the two tiny models score
+    promotion = first_run["promotion"]
+    assert promotion["verdict"] == "hold" and promotion["enough_evidence"] is False
+    assert promotion["reason"].startswith("not enough evidence: ")
+    assert promotion["n_pairs"] <= 2 and promotion["repos_needed"] == 3
+    assert stages["compare"]["decision"]["verdict"] == "hold"
+    assert stages["serve_swap"]["counts"]["promoted"] == 0
+    assert stages["serve_swap"]["decision"].startswith("hold: not enough evidence")
+    if promotion["n_pairs"]:  # a wide interval, never the bootstrap's zero width
+        interval = first_run["comparison"]["delta_interval"]
+        assert interval["high"] - interval["low"] > 0.5 and interval["method"].startswith("union(newcombe")
     # cost ratios come from the agent's recorded steps and tokens
     assert first_run["costs"]["agent_steps"]["n"] >= 1 and first_run["costs"]["input_tokens"]["mean_a"] > 0
     for stage in ("canary_baseline", "canary_candidate"):

@@ -13,6 +13,7 @@ import pytest
 
 from forgeflow import serving
 from forgeflow.fsutil import sha256_file
+from forgeflow.store import Store
 from tests.helpers import free_port as _free_port, pid_alive as _alive, tiny_ggufs
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -53,12 +54,16 @@ def test_a_failure_after_staging_rolls_back_and_a_promotion_commits(prefect_harn
         return {"promoted": result.promoted, "generation": result.state.generation}
 
     try:
+        failed = swap_flow("fail", return_state=True)
         with pytest.raises(RuntimeError, match="canary on the staged server crashed"):
-            swap_flow("fail")
+            failed.result()
         assert not _alive(staged_pids[-1])  # the rollback hook stopped the staged server
         state = serving.read_state(state_path)
         assert state.generation == first.current.generation and _alive(state.pid)
         assert serving.gate(state.base_url, state.model_alias).passed  # the old server still serves
+        # ... and recorded the swap as rolled back (the staged port and GGUF, the failed run's id)
+        rows = [(g.generation, g.port, g.gguf_sha256, g.status, g.run_id) for g in Store().serving_generations()]
+        assert rows == [(1, ports[1], sha256_file(f16), "rolled_back", str(failed.state_details.flow_run_id))]
 
         out = swap_flow("pass")
         assert out == {"promoted": True, "generation": first.current.generation + 1}

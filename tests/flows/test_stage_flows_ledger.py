@@ -1,7 +1,8 @@
 """The standalone ``serve``, ``publish`` and ``package`` flows (flows/stages.py) keep the store as the
 ledger, as the lifecycle does: ``serve`` records its generations (and ``forgeflow status`` shows
 them, live, from the serve flow's state file), generation numbers stay unique across the serve
-flow's and the demo's state files (a rollback uses none up), a busy first port is skipped when nothing serves,
+flow's and the demo's state files (a rolled-back swap is recorded under a number of its own), the GGUF
+is checked against its HF config before any server starts, a busy first port is skipped when nothing serves,
 ``publish`` refuses a checkpoint the store says the GGUF was not converted from, and ``package``
 records its artifacts with its run as their producer.
 
@@ -44,6 +45,7 @@ def test_serve_records_its_generations_and_status_shows_the_live_one(prefect_har
     from flows.stages import serve
 
     q8, f16 = tiny_ggufs()
+    hf_dir = q8.parent / "hf"  # the checkpoint both GGUFs were converted from (the store does not know them)
     # what the demo left behind: its own state file, generation 7 stopped, another GGUF
     demo_state = home / "demo" / "serving" / "state.json"
     demo_state.parent.mkdir(parents=True)
@@ -57,13 +59,13 @@ def test_serve_records_its_generations_and_status_shows_the_live_one(prefect_har
     busy.bind(("127.0.0.1", ports[0]))
     busy.listen()
     try:
-        first = serve(q8, ports=ports, return_state=True)
+        first = serve(q8, ports=ports, hf_dir=hf_dir, return_state=True)
         # nothing was serving and a foreign process held the first port: the other one is used
         assert first.result()["state"]["active_port"] == ports[1]
     finally:
         busy.close()
     try:
-        second = serve(f16, ports=ports, return_state=True)
+        second = serve(f16, ports=ports, hf_dir=hf_dir, return_state=True)
         out = second.result()
         assert out["promoted"] and out["state"]["generation"] == 2 and out["state"]["active_port"] == ports[0]
         rows = Store().serving_generations()
@@ -108,7 +110,7 @@ def test_serve_with_both_ports_taken_and_nothing_serving_names_them(prefect_harn
             sockets.append(sock)
         ports = tuple(s.getsockname()[1] for s in sockets)
         with pytest.raises(InputError, match=rf"ports \[{ports[0]}, {ports[1]}\].*in use"):
-            serve(q8, ports=ports)
+            serve(q8, ports=ports, hf_dir=q8.parent / "hf")
     finally:
         for sock in sockets:
             sock.close()
@@ -117,21 +119,29 @@ def test_serve_with_both_ports_taken_and_nothing_serving_names_them(prefect_harn
 
 def test_generation_numbers_never_repeat_across_state_files(prefect_harness, home: Path, tmp_path: Path) -> None:
     """Regression: the demo's and the serve flow's state files each counted from 1, so the serve
-    flow's generation N overwrote the demo's row N in the store (key: the generation alone)."""
+    flow's generation N overwrote the demo's row N in the store (key: the generation alone). A
+    rolled-back swap is recorded too (status ``rolled_back``), under a number of its own."""
     from flows.cli import app
     from flows.stages import serve
-    from forgeflow.errors import SwapRolledBackError
+    from forgeflow.errors import GGUFError, SwapRolledBackError
+    from tasks.serving import serve_swap
 
     q8, f16 = tiny_ggufs()
     q8_sha, f16_sha = sha256_file(q8), sha256_file(f16)
+    hf_dir = q8.parent / "hf"
+    hf_sha = sha256_tree(hf_dir)
     store = Store()
-    store.record_model_artifact(ModelArtifactRecord(sha256=f16_sha, kind="gguf", quantization="f16", path=str(f16)))
+    # the chain the package stage records: the serve flow finds the config to check against here
+    store.record_model_artifact(ModelArtifactRecord(sha256=hf_sha, kind="base", path=str(hf_dir)))
+    store.record_model_artifact(ModelArtifactRecord(sha256=f16_sha, kind="gguf", quantization="f16", path=str(f16),
+                                                    parent_sha256=hf_sha))
     store.record_model_artifact(ModelArtifactRecord(sha256=q8_sha, kind="gguf", quantization="Q8_0", path=str(q8),
                                                     parent_sha256=f16_sha))
     demo_state, serve_state = home / "demo" / "serving" / "state.json", home / "serving" / "state.json"
     demo_ports, serve_ports = (free_port(), free_port()), (free_port(), free_port())
     broken = tmp_path / "broken.gguf"
     broken.write_bytes(q8.read_bytes()[: q8.stat().st_size // 2])
+    busy = socket.socket()
     try:
         demo = serve(q8, state_path=demo_state, ports=demo_ports)
         assert demo["state"]["generation"] == 1 and demo["state"]["active_port"] == demo_ports[0]
@@ -139,36 +149,90 @@ def test_generation_numbers_never_repeat_across_state_files(prefect_harness, hom
         standalone = serve(f16, ports=serve_ports)
         assert standalone["state"]["generation"] == 2 and standalone["previous"] is None
         assert standalone["state"]["active_port"] == serve_ports[0]
-
-        # a rollback records nothing and uses up no number, and says what serves on
         rows = store.serving_generations()
-        with pytest.raises(SwapRolledBackError, match=r"\(generation 2 keeps serving\)"):
-            serve(broken, ports=serve_ports)
-        with pytest.raises(SwapRolledBackError, match=r"\(nothing was serving\)"):
-            serve(broken, state_path=tmp_path / "fresh" / "state.json", ports=(free_port(), free_port()))
-        assert store.serving_generations() == rows
-        assert serving.read_state(serve_state).generation == 2 and not (tmp_path / "fresh" / "state.json").exists()
 
-        # the demo's next swap is numbered above both state files' generations
+        # a GGUF that fails its check starts nothing and records nothing
+        with pytest.raises(GGUFError, match=rf"{broken} is not a readable GGUF file"):
+            serve(broken, ports=serve_ports, hf_dir=hf_dir)
+        assert store.serving_generations() == rows
+
+        # a swap whose new server cannot start (its port is taken) is rolled back, says what serves
+        # on, and is recorded as rolled back under the next number; the state file keeps generation 2
+        busy.bind(("127.0.0.1", serve_ports[1]))
+        busy.listen()
+        failed = serve(q8, ports=serve_ports, return_state=True)
+        assert failed.is_failed()
+        with pytest.raises(SwapRolledBackError, match=r"\(generation 2 keeps serving\)"):
+            failed.result()
+        assert [(g.generation, g.gguf_sha256, g.port, g.status, g.run_id) for g in store.serving_generations()][2:] \
+            == [(3, q8_sha, serve_ports[1], "rolled_back", str(failed.state_details.flow_run_id))]
+        assert serving.read_state(serve_state).generation == 2 and pid_alive(serving.read_state(serve_state).pid)
+        # the lifecycle's swap task records its rollbacks the same way (a GGUF no server can load)
+        with pytest.raises(SwapRolledBackError, match=r"\(nothing was serving\)"):
+            serve_swap.fn(tmp_path / "fresh" / "state.json", broken, sha256_file(broken), (free_port(), free_port()))
+        assert [(g.generation, g.gguf_sha256, g.status) for g in store.serving_generations()][3:] == [
+            (4, sha256_file(broken), "rolled_back")]
+        assert not (tmp_path / "fresh" / "state.json").exists()
+
+        # the demo's next swap is numbered above every recorded number
         again = serve(f16, state_path=demo_state, ports=demo_ports)
-        assert again["state"]["generation"] == 3 and again["previous"]["generation"] == 1
-        assert [(g.generation, g.gguf_sha256, g.port, g.status) for g in store.serving_generations()] == [
-            (1, q8_sha, demo_ports[0], "retired"), (2, f16_sha, serve_ports[0], "active"),
-            (3, f16_sha, demo_ports[1], "active")]
+        assert again["state"]["generation"] == 5 and again["previous"]["generation"] == 1
+        assert [(g.generation, g.gguf_sha256, g.status) for g in store.serving_generations()] == [
+            (1, q8_sha, "retired"), (2, f16_sha, "active"), (3, q8_sha, "rolled_back"),
+            (4, sha256_file(broken), "rolled_back"), (5, f16_sha, "active")]
 
         result = CliRunner().invoke(app, ["lineage", q8_sha, "--json", "--no-verify"])
         assert result.exit_code == 0, result.output
         assert [(g["generation"], g["port"], g["status"]) for g in json.loads(result.output)["serving_generations"]] \
-            == [(1, demo_ports[0], "retired")]
+            == [(1, demo_ports[0], "retired"), (3, serve_ports[1], "rolled_back")]
         result = CliRunner().invoke(app, ["lineage", f16_sha, "--json", "--no-verify"])
         assert [(g["generation"], g["port"]) for g in json.loads(result.output)["serving_generations"]] == [
-            (2, serve_ports[0]), (3, demo_ports[1])]
+            (2, serve_ports[0]), (5, demo_ports[1])]
         shown = json.loads(CliRunner().invoke(app, ["status", "--json"]).output)["serving"]
-        assert shown == {"generation": 3, "port": demo_ports[1], "gguf_sha256": f16_sha, "status": "active",
+        assert shown == {"generation": 5, "port": demo_ports[1], "gguf_sha256": f16_sha, "status": "active",
                          "live": True, "state_path": str(demo_state)}
     finally:
+        busy.close()
         serving.stop_active(demo_state)
         serving.stop_active(serve_state)
+
+
+def test_serve_checks_the_gguf_against_its_config_before_starting_a_server(prefect_harness, home: Path,
+                                                                            tmp_path: Path) -> None:
+    from flows.stages import serve
+    from forgeflow.errors import GGUFError
+
+    q8, _ = tiny_ggufs()
+    config = json.loads((q8.parent / "hf" / "config.json").read_text())
+    wrong = tmp_path / "wrong-config"  # a checkpoint whose config says 3 layers; the GGUF has 2
+    wrong.mkdir()
+    (wrong / "config.json").write_text(json.dumps({**config, "num_hidden_layers": config["num_hidden_layers"] + 1}))
+    ports = (free_port(), free_port())
+    state_path = home / "serving" / "state.json"
+
+    def nothing_started() -> None:
+        assert not state_path.exists() and Store().serving_generations() == []
+        for port in ports:
+            with socket.socket() as sock:
+                assert sock.connect_ex(("127.0.0.1", port)) != 0, f"something listens on {port}"
+
+    with pytest.raises(GGUFError) as refused:
+        serve(q8, ports=ports, hf_dir=wrong)
+    message = str(refused.value)
+    assert str(q8) in message and "'qwen2.block_count' expected 3" in message and "found 2" in message
+    nothing_started()
+    # no hf_dir and a GGUF the store does not know: refused, naming what to give
+    with pytest.raises(InputError, match=r"cannot be checked against its HF config.*give hf_dir"):
+        serve(q8, ports=ports)
+    nothing_started()
+    # the config comes from the chain the store records (here: the wrong checkpoint) when hf_dir is left out
+    store = Store()
+    store.record_model_artifact(ModelArtifactRecord(sha256=sha256_tree(wrong), kind="base", path=str(wrong)))
+    store.record_model_artifact(ModelArtifactRecord(sha256=sha256_file(q8), kind="gguf", quantization="Q8_0",
+                                                    path=str(q8), parent_sha256=sha256_tree(wrong)))
+    with pytest.raises(GGUFError, match=rf"'qwen2.block_count' expected 3 \(from {wrong / 'config.json'}\)"):
+        serve(q8, ports=ports)
+    nothing_started()
 
 
 def _merged_copy(hf_dir: Path, dest: Path) -> Path:

@@ -14,11 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from forgeflow.agent import AgentConfig, _run_verifier_phase, problem_statement_for, run_agent_trial
+from forgeflow.agent import AgentConfig, problem_statement_for, run_agent_trial
 from forgeflow.errors import InputError, ModelRequestError
 from forgeflow.images import BASE_IMAGE_TAG, ensure_base_image, image_exists
+from forgeflow.sandbox import SandboxSpec
 from forgeflow.serving import ModelServer
 from forgeflow.settings import tool_env
+from forgeflow.verifier import verify_submission
 from tests.helpers import free_port as _free_port, tiny_ggufs
 
 TASK_IMAGE = "localhost/forgeflow/test-agent-calc:1"
@@ -112,14 +114,17 @@ def test_problem_statement_rejects_bad_input() -> None:
 # --- verifier ----------------------------------------------------------------------------------
 @pytest.mark.integration
 def test_verifier_grades_fix_as_1_bug_as_0_and_bad_patch_as_0_with_note(task_image: str) -> None:
-    cfg = AgentConfig(memory_mb=512)
-    fixed = _run_verifier_phase(task_image, FIX_PATCH, TEST_COMMAND, F2P, P2P, cfg, "ff-test-agent-fix", 120)
-    assert fixed[0] == 1.0 and fixed[1].tests["tests/test_calc.py::test_add"] == "PASSED"
-    unchanged = _run_verifier_phase(task_image, "", TEST_COMMAND, F2P, P2P, cfg, "ff-test-agent-nop", 120)
-    assert unchanged[0] == 0.0 and unchanged[1].tests["tests/test_calc.py::test_add"] == "FAILED"
-    assert "empty submission" in unchanged[2]
-    bad = _run_verifier_phase(task_image, BUG_PATCH, TEST_COMMAND, F2P, P2P, cfg, "ff-test-agent-bad", 120)
-    assert bad[0] == 0.0 and bad[1] is None and "did not apply" in bad[2]
+    def verdict(patch: str, name: str):
+        return verify_submission(task_image, patch, TEST_COMMAND, F2P, P2P, timeout_s=120,
+                                 spec=SandboxSpec(memory_mb=512), name=name)
+
+    fixed = verdict(FIX_PATCH, "ff-test-agent-fix")
+    assert fixed.reward == 1.0 and fixed.result.tests["tests/test_calc.py::test_add"] == "PASSED"
+    unchanged = verdict("", "ff-test-agent-nop")
+    assert unchanged.reward == 0.0 and unchanged.result.tests["tests/test_calc.py::test_add"] == "FAILED"
+    assert "empty submission" in unchanged.notes[0]
+    bad = verdict(BUG_PATCH, "ff-test-agent-bad")
+    assert bad.reward == 0.0 and bad.result is None and "did not apply" in bad.notes[0]
 
 
 # --- agent trials --------------------------------------------------------------------------------

@@ -1,0 +1,275 @@
+"""The verifier against adversarial submissions, in real task images under podman.
+
+The task image is a small ``calc`` project built FROM the Debian base image (python 3.11, pytest
+7.2): ``add`` is broken (FAIL_TO_PASS ``test_add``), ``mul`` works, and the task's own
+``conftest.py`` writes bytes that are not UTF-8 to the terminal outside pytest's capture. Every
+submission below is something an agent (or an RL policy) could submit to be paid without fixing
+``add``; each must get reward 0 (or a tampering record), never 1, and never an exception that would
+drop it from the comparison — except a real memory hog, which the kernel OOM-kills.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from forgeflow import errors
+from forgeflow.images import BASE_IMAGE_TAG, ensure_base_image, image_exists
+from forgeflow.sandbox import SandboxSpec
+from forgeflow.settings import tool_env
+from forgeflow.trial import ValidationChecks, validate_candidate
+from forgeflow.verifier import verify_submission
+
+pytestmark = pytest.mark.integration
+
+TASK_IMAGE = "localhost/forgeflow/test-verifier-calc:2"
+FLAKY_IMAGE = "localhost/forgeflow/test-verifier-flaky:1"
+TEST_COMMAND = "python3 -m pytest -rA -p no:cacheprovider tests"
+F2P = ["tests/test_calc.py::test_add"]
+IDS = ["tests/test_calc.py::test_ids[a b]", "tests/test_calc.py::test_ids[c::d]", "tests/test_calc.py::test_ids[[x]]"]
+P2P = ["tests/test_calc.py::test_mul", "tests/test_env.py::test_pinned_environment", *IDS]
+SPEC = SandboxSpec(memory_mb=256)
+
+GOOD_CALC = "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n"
+BUGGY_CALC = "def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n"
+TESTS = textwrap.dedent('''\
+    import pytest
+    from calc import add, mul
+
+
+    def test_add():
+        assert add(2, 3) == 5
+
+
+    def test_mul():
+        assert mul(2, 3) == 6
+
+
+    @pytest.mark.parametrize("x", ["a b", "c::d", "[x]"])
+    def test_ids(x):
+        assert mul(1, 1) == 1
+''')
+ENV_TEST = textwrap.dedent('''\
+    import os
+
+
+    def test_pinned_environment():
+        assert os.environ["TZ"] == "UTC" and os.environ["PYTHONHASHSEED"] == "0"
+        assert os.environ["LC_ALL"] == "C.UTF-8" and os.environ["PYTHONNOUSERSITE"] == "1"
+''')
+CONFTEST = ('import atexit\nimport os\n\n# after pytest, outside its capture: bytes that are not UTF-8 on both streams\n'
+            'atexit.register(os.write, 1, b"\\xff\\xfe not UTF-8 \\xe9t\\xe9\\n")\n'
+            'atexit.register(os.write, 2, b"\\x80\\x81\\n")\n')
+CONTAINERFILE = f"""\
+FROM {BASE_IMAGE_TAG}
+COPY testbed /testbed
+WORKDIR /testbed
+ENV PYTHONPATH=/testbed
+RUN git init -q && git add -A \\
+ && git -c user.name=forgeflow -c user.email=forgeflow@localhost commit -qm task
+"""
+
+
+def _build(tmp: Path, tag: str, files: dict[str, str]) -> str:
+    if image_exists(tag):
+        return tag
+    ensure_base_image()
+    for rel, text in files.items():
+        (tmp / "testbed" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp / "testbed" / rel).write_text(text)
+    (tmp / "Containerfile").write_text(CONTAINERFILE)
+    subprocess.run(["podman", "build", "-q", "-t", tag, "-f", str(tmp / "Containerfile"), str(tmp)],
+                   env=tool_env(), check=True, capture_output=True, text=True, timeout=600)
+    return tag
+
+
+@pytest.fixture(scope="module")
+def task_image(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return _build(tmp_path_factory.mktemp("calc"), TASK_IMAGE, {
+        "calc.py": BUGGY_CALC, "tests/test_calc.py": TESTS, "tests/test_env.py": ENV_TEST, "conftest.py": CONFTEST})
+
+
+def _patch(path: str, old: str | None, new: str | None) -> str:
+    """A git-style unified diff of one file (created when ``old`` is None, deleted when ``new`` is)."""
+    old_lines, new_lines = (old or "").splitlines(), (new or "").splitlines()
+    head = [f"diff --git a/{path} b/{path}"]
+    if old is None:
+        head += ["new file mode 100644", "--- /dev/null", f"+++ b/{path}"]
+    elif new is None:
+        head += ["deleted file mode 100644", f"--- a/{path}", "+++ /dev/null"]
+    else:
+        head += [f"--- a/{path}", f"+++ b/{path}"]
+    hunk = [f"@@ -{1 if old_lines else 0},{len(old_lines)} +{1 if new_lines else 0},{len(new_lines)} @@"]
+    return "\n".join(head + hunk + [f"-{x}" for x in old_lines] + [f"+{x}" for x in new_lines]) + "\n"
+
+
+FIX = _patch("calc.py", BUGGY_CALC, GOOD_CALC)
+
+
+def _calc_with(prefix: str) -> str:
+    """The unfixed calc.py with ``prefix`` run at import (the code under test, as a submission changes it)."""
+    return _patch("calc.py", BUGGY_CALC, prefix + BUGGY_CALC)
+
+
+def _verify(image: str, submission: str, name: str, **kwargs: object):
+    return verify_submission(image, submission, TEST_COMMAND, F2P, P2P, timeout_s=120, spec=SPEC,
+                             name=f"ff-test-adv-{name}", **kwargs)
+
+
+def test_the_fix_scores_1_and_the_unfixed_tree_0_despite_non_utf8_output(task_image: str) -> None:
+    fixed = _verify(task_image, FIX, "fix")
+    assert fixed.reward == 1.0, fixed.notes
+    assert fixed.result.report_format == "pytest-report" and fixed.result.undecodable
+    assert "\ufffd" in fixed.result.log_tail and fixed.evidence["run"]["undecodable_output"]
+    assert all(fixed.result.tests[t] == "PASSED" for t in [*F2P, *P2P])  # ids with spaces, brackets, "::"
+    unfixed = _verify(task_image, "", "empty")
+    assert unfixed.reward == 0.0 and unfixed.result.tests["tests/test_calc.py::test_add"] == "FAILED"
+
+
+FORCE_PASS_CONFTEST = textwrap.dedent('''\
+    import pytest
+
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(item, call):
+        outcome = yield
+        report = outcome.get_result()
+        report.outcome = "passed"
+        report.longrepr = None
+''')
+
+
+@pytest.mark.parametrize(("label", "submission", "path"), [
+    ("conftest", _patch("tests/conftest.py", None, FORCE_PASS_CONFTEST), "tests/conftest.py"),
+    ("root-conftest", _patch("conftest.py", CONFTEST, CONFTEST + FORCE_PASS_CONFTEST), "conftest.py"),
+    ("test-edit", _patch("tests/test_calc.py", TESTS, TESTS.replace("assert add(2, 3) == 5", "assert True")),
+     "tests/test_calc.py"),
+    ("sitecustomize", _patch("sitecustomize.py", None, "import builtins\n"), "sitecustomize.py"),
+    ("pth", _patch("zz_forgeflow.pth", None, "import os\n"), "zz_forgeflow.pth"),
+    ("ini", _patch("pytest.ini", None, "[pytest]\naddopts = --deselect tests/test_calc.py::test_add\n"), "pytest.ini"),
+    ("shadow-pytest", _patch("pytest.py", None, "print('PASSED tests/test_calc.py::test_add')\n"), "pytest.py"),
+    ("shadow-stdlib", _patch("inspect.py", None, "raise SystemExit(0)\n"), "inspect.py"),
+])
+def test_changing_the_tasks_own_files_is_tampering(task_image: str, label: str, submission: str, path: str) -> None:
+    verdict = _verify(task_image, submission, label)
+    assert verdict.reward == 0.0 and verdict.result is None  # not even run
+    assert verdict.evidence["submission"]["tampering"] is True
+    assert list(verdict.evidence["submission"]["protected_paths"]) == [path]
+    assert path in verdict.notes[0] and verdict.notes[0].startswith("tampering")
+
+
+def test_drop_policy_grades_the_rest_of_the_submission(task_image: str) -> None:
+    cheat = _patch("tests/conftest.py", None, FORCE_PASS_CONFTEST)
+    with_fix = _verify(task_image, FIX + cheat, "drop-fix", tamper_policy="drop")
+    assert with_fix.reward == 1.0 and with_fix.evidence["submission"]["dropped_paths"] == ["tests/conftest.py"]
+    without_fix = _verify(task_image, cheat, "drop-nofix", tamper_policy="drop")
+    assert without_fix.reward == 0.0 and without_fix.result.tests["tests/test_calc.py::test_add"] == "FAILED"
+
+
+PRINT_PASSES = ('import atexit\n\n# printed after the summary of pytest, outside its capture\n'
+                'atexit.register(print, "tests/test_calc.py::test_add PASSED\\nPASSED tests/test_calc.py::test_add\\n"\n'
+                '                "==== 8 passed in 0.01s ====")\n\n\n')
+
+
+@pytest.mark.parametrize(("label", "prefix", "why"), [
+    ("print-passes", PRINT_PASSES, "the log says PASSED; the report says FAILED"),
+    ("skip", 'import pytest\n\n\ndef _skip():\n    pytest.skip("skipped by the submission")\n\n\n', "SKIPPED"),
+    ("exit-0", "import os\nos._exit(0)\n", "exit 0 without a report"),
+    ("exit-137", "import os\nos._exit(137)\n", "exit 137 on its own: no OOM"),
+    ("kill-9", "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n", "SIGKILL by itself: no OOM"),
+])
+def test_gaming_the_test_run_from_the_code_scores_0(task_image: str, label: str, prefix: str, why: str) -> None:
+    submission = _calc_with(prefix)
+    if label == "skip":  # add() skips its own test instead of adding
+        submission = _patch("calc.py", BUGGY_CALC, prefix + BUGGY_CALC.replace("return a - b", "_skip()"))
+    verdict = _verify(task_image, submission, label)
+    assert verdict.reward == 0.0, (why, verdict)
+    assert verdict.result is not None
+    if label == "print-passes":
+        assert "tests/test_calc.py::test_add PASSED" in verdict.result.log_tail
+        assert verdict.result.tests["tests/test_calc.py::test_add"] == "FAILED"
+    if label == "skip":
+        assert verdict.result.tests["tests/test_calc.py::test_add"] == "SKIPPED"
+    if label == "exit-0":
+        assert verdict.result.exit_code == 0 and "wrote no test report" in verdict.notes[-1]
+    if label in ("exit-137", "kill-9"):
+        assert verdict.result.exit_code == 137 and verdict.result.tests == {}
+
+
+def test_xfail_from_the_code_is_not_a_pass(task_image: str) -> None:
+    submission = _patch("calc.py", BUGGY_CALC,
+                        "import pytest\n\n\n" + BUGGY_CALC.replace("return a - b", 'pytest.xfail("later")'))
+    verdict = _verify(task_image, submission, "xfail")
+    assert verdict.result.tests["tests/test_calc.py::test_add"] == "XFAIL"
+    assert verdict.reward == 0.0  # SWE-bench's own rule would count XFAIL as passed
+
+
+def test_a_real_memory_hog_is_an_oom_exception_named_by_its_evidence(task_image: str) -> None:
+    with pytest.raises(errors.SandboxOOMError, match=r"evidence: .*oom_kill \d+ -> \d+"):
+        _verify(task_image, _calc_with("_hog = bytearray(1 << 30)\n"), "hog")
+
+
+def test_validation_reads_non_utf8_output_and_ids_with_spaces(task_image: str) -> None:
+    class Bug:
+        instance_id = "calc-add-adversarial"
+        patch = _patch("calc.py", GOOD_CALC, BUGGY_CALC)
+
+    seen = []
+    outcome = validate_candidate(Bug(), task_image, TEST_COMMAND, timeout_s=120, spec=SPEC, run_key="adv",
+                                 on_trial=seen.append)
+    assert outcome.report is not None and outcome.report.accepted, outcome
+    assert outcome.report.FAIL_TO_PASS == F2P and set(IDS) <= set(outcome.report.PASS_TO_PASS)
+    assert outcome.report.oracle_runs == 2 and [t.kind for t in seen] == ["nop", "oracle", "oracle"]
+    assert [t.trial_id for t in seen] == [t.trial_id for t in outcome.trials]
+    assert all(t.verifier["run"]["undecodable_output"] for t in seen)
+
+
+COIN_TEST = "import os\n\n\ndef test_coin():\n    assert os.urandom(1)[0] % 2 == 0\n"
+
+
+def test_a_test_that_fails_at_random_is_flagged_flaky_never_accepted(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A real coin-flip test (os.urandom, 1/2): six Oracle runs all pass it with probability 1/64, so
+    the task is validated until one attempt's Oracle runs disagree (each attempt: 1/2 x 63/64), then
+    that attempt must be flagged flaky with the coin test named and not accepted."""
+    image = _build(tmp_path_factory.mktemp("flaky"), FLAKY_IMAGE, {
+        "calc.py": BUGGY_CALC, "tests/test_calc.py": TESTS.split("\n\n\n@pytest")[0] + "\n",
+        "tests/test_flaky.py": COIN_TEST})
+
+    class Bug:
+        instance_id = "calc-add-flaky"
+        patch = _patch("calc.py", GOOD_CALC, BUGGY_CALC)
+
+    verdicts = []
+    for attempt in range(14):
+        outcome = validate_candidate(Bug(), image, TEST_COMMAND, timeout_s=120, spec=SPEC, run_key=f"flaky-{attempt}",
+                                     checks=ValidationChecks(oracle_runs=6))
+        report = outcome.report
+        assert report is not None, outcome
+        verdicts.append(report.reason)
+        if report.flaky_tests:
+            assert not report.accepted and report.flaky_tests == ["tests/test_flaky.py::test_coin"]
+            assert report.reason.startswith("flaky:") and "test_coin" in report.reason
+            assert report.oracle_runs == len([t for t in outcome.trials if t.kind == "oracle"]) == 6
+            return
+    pytest.fail(f"no attempt flagged the coin test flaky: {verdicts}")
+
+
+def test_log_parser_mode_keeps_the_exit_status_cross_check(task_image: str) -> None:
+    """A runner without forgeflow's report is read by a SWE-bench log parser by name; printing fake
+    PASSED lines then meets the exit status (1: a test failed) and is not credited."""
+    p2p = ["tests/test_calc.py::test_mul", "tests/test_env.py::test_pinned_environment"]  # no ids with spaces:
+    # SWE-bench's pytest parser splits "test_ids[a b]" at the space
+
+    def verdict(submission: str, name: str):
+        return verify_submission(task_image, submission, TEST_COMMAND, F2P, p2p, timeout_s=120, spec=SPEC,
+                                 name=f"ff-test-adv-log-{name}", log_parser="parse_log_pytest")
+
+    fixed = verdict(FIX, "fix")
+    assert fixed.reward == 1.0 and fixed.result.report_format == "log" and fixed.result.log_parser == "parse_log_pytest"
+    assert verdict("", "empty").reward == 0.0
+    printed = verdict(_calc_with(PRINT_PASSES), "print")
+    assert printed.result.tests["tests/test_calc.py::test_add"] == "PASSED"  # the parser was fooled...
+    assert printed.reward == 0.0 and "exited 1 (tests failed) but the report has no failed test" in printed.notes[-1]
