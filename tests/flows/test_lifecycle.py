@@ -87,9 +87,10 @@ def test_store_holds_one_row_per_natural_key(first_run):
     accepted = store.accepted_tasks()
     assert len(accepted) == first_run["tasks"]["accepted"]
     assert all(t.fail_to_pass for t in accepted)
-    # keep_serving is off: the flow stopped its server, and the ledger does not claim one is live
+    # keep_serving is off: the flow stopped its server, and the ledger does not claim one is live. The gate
+    # held, so the staged candidate was discarded without becoming a generation: only the baseline's is recorded
     generations = store.serving_generations()
-    assert len(generations) == 2 and [g.status for g in generations] == ["retired", "retired"]
+    assert [(g.generation, g.status) for g in generations] == [(1, "retired")]
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", generations[-1].port), timeout=1)
 
