@@ -13,10 +13,10 @@ Targets (issue 3): selecting one batch of 40 from 50,000 candidates over 120 rep
 recording a 40-trial batch in a SQLite store < 0.2 s. A ratio <= 1.0 meets the target.
 
 ``flow_vs_loop_ratio`` (goal <= 1.10): the ``curate`` flow's wall time over that of a plain Python
-loop (a thread pool of the same size calling :func:`forgeflow.trial.validate_candidate`) doing
+loop (a thread pool of the same size calling :func:`forgeflow.sandbox.trial.validate_candidate`) doing
 the same NOP/Oracle sandbox runs on the demo's tasks: ``--flow-per-project`` generated candidates
 (default 2) of each demo project, task images built as the lifecycle builds them
-(:func:`forgeflow.generated.build_generated`; reused when they exist), ``--concurrency`` at a time
+(:func:`forgeflow.curation.generated.build_generated`; reused when they exist), ``--concurrency`` at a time
 (default 2: this machine's cores). Order: loop, flow, loop; the baseline is the mean of the two
 loops. The flow runs in-process on a fresh PREFECT_HOME (no cache hit), a fresh SQLite store and
 unreachable quotas (it validates every candidate, one batch), after a warm-up flow has started
@@ -44,9 +44,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.options import int_option
-from forgeflow.freeze import AcceptedTask, SplitQuotas, freeze_ready
-from forgeflow.selection import CandidateRef, select_batch
-from forgeflow.store import Store, TrialRecord
+from forgeflow.curation.freeze import AcceptedTask, SplitQuotas, freeze_ready
+from forgeflow.curation.selection import CandidateRef, select_batch
+from forgeflow.ledger.records import TrialRecord
+from forgeflow.ledger.store import Store
 
 CANDIDATES = 50_000
 REPOS = 120
@@ -152,8 +153,8 @@ def _loop_validations(rows: list[Any], concurrency: int, run_key: str) -> tuple[
     """
     from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
 
-    from forgeflow import trial  # noqa: PLC0415
-    from forgeflow.sandbox import SandboxSpec  # noqa: PLC0415
+    from forgeflow.sandbox import trial
+    from forgeflow.sandbox.base import SandboxSpec
 
     def one(row: Any) -> float:
         start = time.perf_counter()
@@ -179,9 +180,9 @@ def bench_flow_vs_loop(per_project: int, concurrency: int) -> dict[str, Any]:
     import os  # noqa: PLC0415
     import uuid  # noqa: PLC0415
 
+    from forgeflow.common.settings import apply_container_env  # noqa: PLC0415
     from forgeflow.config import DEMO_PROJECTS  # noqa: PLC0415
-    from forgeflow.generated import build_generated, write_generated  # noqa: PLC0415
-    from forgeflow.settings import apply_container_env  # noqa: PLC0415
+    from forgeflow.curation.generated import build_generated, write_generated  # noqa: PLC0415
 
     apply_container_env()
     tmp = Path(tempfile.mkdtemp(prefix="forgeflow-bench-flow-"))
@@ -202,7 +203,7 @@ def bench_flow_vs_loop(per_project: int, concurrency: int) -> dict[str, Any]:
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId  # noqa: PLC0415
 
     from flows.curate import curate  # noqa: PLC0415
-    from forgeflow.freeze import SplitQuotas  # noqa: PLC0415
+    from forgeflow.curation.freeze import SplitQuotas  # noqa: PLC0415
 
     @flow(name="bench-warmup")
     def warmup() -> None:

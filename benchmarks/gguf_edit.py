@@ -7,11 +7,11 @@ untimed ``cp``, then ``--repeats`` rounds of, each after an untimed ``sync`` and
 previous output deleted:
 
 * ``cp`` of the file followed by ``sync FILE`` (fsync of the copy): the baseline.
-  :func:`forgeflow.gguf_edit.set_metadata` fsyncs the new file before its atomic rename, so the
+  :func:`forgeflow.packaging.gguf_edit.set_metadata` fsyncs the new file before its atomic rename, so the
   fair comparison is a copy that is just as durable; a bare ``cp`` returns while the data is
   still dirty in the page cache;
 * bare ``cp`` (coreutils; ext4 copies in the kernel with ``copy_file_range``), for reference;
-* :func:`~forgeflow.gguf_edit.set_metadata` growing ``general.name`` by 4 KiB (so the data section
+* :func:`~forgeflow.packaging.gguf_edit.set_metadata` growing ``general.name`` by 4 KiB (so the data section
   moves: the streaming path) in a child process, three times: default verification
   (``"sampled"``), ``verify="full"`` (sha256 of every tensor, source and result) and
   ``verify="none"``. Edit times are the child's wall time, interpreter start included. Peak RSS
@@ -34,8 +34,8 @@ import argparse
 import json
 import os
 import resource
-import statistics
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -49,7 +49,7 @@ from benchmarks.options import int_option, number_option
 _TENSOR_BYTES = 256 << 20
 _CHILD = """
 import json, sys
-from forgeflow.gguf_edit import set_metadata
+from forgeflow.packaging.gguf_edit import set_metadata
 r = set_metadata(sys.argv[1], "general.name", "n" * 4096, out_path=sys.argv[2],
                  verify=sys.argv[3])
 hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM:")][0].split()[1]

@@ -16,7 +16,7 @@ model and the same synthetic SFT data twice, in one process:
   ``(batch, seq, 151936)`` logits to fp32 for the cross-entropy), ``torch.optim.AdamW``, SDPA
   attention, at batch 8; then one step at batch 16, where the fp32 logits are expected to run out
   of memory on one H200 (the OOM is caught and reported).
-* **burst**: the path of :func:`forgeflow.burst.run_sft_burst`, TRL ``SFTTrainer`` with
+* **burst**: the path of :func:`forgeflow.training.burst.run_sft_burst`, TRL ``SFTTrainer`` with
   ``packing=True, packing_strategy="bfd", padding_free=True`` (best-fit-decreasing packing into rows
   of ``seq_len`` tokens, the batch flattened into one sequence with per-document ``position_ids``
   and ``cu_seq_lens``; no pad token is computed) and TRL 1.16's default loss: ``loss_type="nll"``

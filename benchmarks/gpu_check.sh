@@ -40,7 +40,7 @@ print(" ".join(f"{n}=={version(n)}" for n in ("trl", "datasets", "dill", "multip
     -d "$WHEELS" $pins || { echo "pip download of $pins failed" >&2; exit 1; }
   echo "wheels for the GPU machine in $WHEELS: $pins ($(du -sh "$WHEELS" | cut -f1))"
   if [[ "${2:-}" == "--with-gguf" ]]; then
-    src=$("$PY" -c 'from forgeflow.settings import cache_dir; print(cache_dir() / "test-fixtures" / "tiny-seed0" / "tiny-q8_0.gguf")')
+    src=$("$PY" -c 'from forgeflow.common.settings import cache_dir; print(cache_dir() / "test-fixtures" / "tiny-seed0" / "tiny-q8_0.gguf")')
     [[ -f "$src" ]] || { echo "no tiny GGUF at $src: run tests/integration/test_serving.py once to build it" >&2; exit 1; }
     cp "$src" build/gpu-check/tiny-q8_0.gguf
     echo "copied $src -> build/gpu-check/tiny-q8_0.gguf"

@@ -6,9 +6,9 @@ llama-cpp-python called directly, on the same file and the same greedy continuat
 * **GGUF**: ``--gguf``, else ``$FORGEFLOW_GPU_GGUF``, else ``build/gpu-check/tiny-q8_0.gguf`` (what
   ``benchmarks/gpu_check.sh --prepare --with-gguf`` copies there, to carry to the GPU machine), else the tiny Q8_0
   test fixture under ``cache_dir()/test-fixtures`` (``tests/integration/test_serving.py``).
-* **served**: :class:`forgeflow.llama_server.LlamaServer` with ``n_gpu_layers=99`` (every layer; the
+* **served**: :class:`forgeflow.serving.llama_server.LlamaServer` with ``n_gpu_layers=99`` (every layer; the
   server is refused if its load log does not report them offloaded); the binary is
-  ``$FORGEFLOW_LLAMA_SERVER`` or the cached CUDA build of :func:`forgeflow.llama_server
+  ``$FORGEFLOW_LLAMA_SERVER`` or the cached CUDA build of :func:`forgeflow.serving.llama_server
   .ensure_llama_server` (``gpu=True``). Without either, ``--build`` builds it from the pinned sdist
   (CMake + CUDA toolkit; several minutes, more than the 8-minute GPU check leaves, and the sdist must be
   in the cache on an offline machine), otherwise the served part is skipped with the reason.
@@ -43,7 +43,7 @@ PROMPT = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n
 
 def find_gguf(explicit: str | None) -> Path | None:
     """The GGUF to serve: the argument, ``$FORGEFLOW_GPU_GGUF``, the carried copy, the test fixture."""
-    from forgeflow.settings import cache_dir
+    from forgeflow.common.settings import cache_dir
 
     candidates = [explicit, os.environ.get("FORGEFLOW_GPU_GGUF"), "build/gpu-check/tiny-q8_0.gguf",
                   str(cache_dir() / "test-fixtures" / "tiny-seed0" / "tiny-q8_0.gguf")]
@@ -55,8 +55,12 @@ def find_gguf(explicit: str | None) -> Path | None:
 
 def find_server(gpu: bool, build: bool) -> tuple[Path | None, str | None]:
     """(llama-server binary, None) or (None, why there is none)."""
-    from forgeflow import errors
-    from forgeflow.llama_server import BINARY_ENV, build_dir, ensure_llama_server
+    from forgeflow.common import errors
+    from forgeflow.serving.llama_server import (
+        BINARY_ENV,
+        build_dir,
+        ensure_llama_server,
+    )
 
     cached = build_dir(gpu) / "bin" / "llama-server"
     if os.environ.get(BINARY_ENV) or cached.is_file() or build:
@@ -107,7 +111,7 @@ def served_decode(gguf: Path, binary: Path, n_gpu_layers: int, tokens: int, log_
     """
     import httpx
 
-    from forgeflow.llama_server import LlamaServer
+    from forgeflow.serving.llama_server import LlamaServer
 
     body = {"prompt": PROMPT, "n_predict": tokens, "temperature": 0.0, "ignore_eos": True, "cache_prompt": False}
     with LlamaServer(gguf, _free_port(), "bench", n_ctx=tokens + 512, n_gpu_layers=n_gpu_layers, binary=binary,

@@ -8,11 +8,11 @@ end, prints one human line per figure and, as the last line, one JSON object::
 
 Figures (targets from issue 4):
 
-* ``plan_50k_s``: :meth:`forgeflow.layout.ShardLayout.plan` + ``check`` for 50,000 tasks on 500
+* ``plan_50k_s``: :meth:`forgeflow.registry.layout.ShardLayout.plan` + ``check`` for 50,000 tasks on 500
   bases over 80 shards (5 lanes), wall seconds, the fastest of 3 runs (target < 1 s); beside it
   ``plan_50k_cpu_s``, the process CPU seconds of the fastest run (what the plan costs when other
   processes do not share the cores), and ``load_average_1min`` at the end.
-* ``copy_overhead_ratio``: wall time of :meth:`forgeflow.skopeo.Skopeo.copy` over 12 images of
+* ``copy_overhead_ratio``: wall time of :meth:`forgeflow.registry.skopeo.Skopeo.copy` over 12 images of
   ``--sized-mb`` MiB of random data (default 16, smaller than any real environment image)
   divided by the wall time of the same ``skopeo copy`` command lines run by a plain
   ``subprocess.run`` loop (target <= 1.05). The two are interleaved image by image, alternating
@@ -22,10 +22,10 @@ Figures (targets from issue 4):
   ``copy_overhead_ratio_flow_process`` is the same measure once the flows are imported, as in a
   flow-run process (``flow_process_rss_mb``, ~300 MB): a process started with ``fork`` costs more
   the more memory the parent holds (20-27 ms there, measured), which is why
-  :meth:`forgeflow.skopeo.Skopeo._run` uses ``subprocess.run`` (``vfork``, 0.6 ms flat) and no
+  :meth:`forgeflow.registry.skopeo.Skopeo._run` uses ``subprocess.run`` (``vfork``, 0.6 ms flat) and no
   longer the ``sh`` package. ``copy_overhead_ratio_tiny`` is the same measure on N tiny images
   (one ~100-byte layer), where the copy is little more than skopeo's start.
-* ``prewarm_parallel_speedup``: :func:`forgeflow.migrate.prewarm_basecache` of one basecache tag
+* ``prewarm_parallel_speedup``: :func:`forgeflow.registry.migration.prewarm_basecache` of one basecache tag
   into each of the 80 shard repositories, ``max_workers=1`` time / ``max_workers=5`` time
   (target >= 2), against a registry ``--registry-latency-ms`` away (default 10 ms added to every
   HTTP request by a loopback proxy, :class:`tests.faultproxy.FaultProxy`: a registry in the same
@@ -62,12 +62,12 @@ import time
 from pathlib import Path
 
 from benchmarks.options import int_option, number_option
-from forgeflow.errors import ForgeflowError, InputError, ServerStartError
-from forgeflow.layout import ShardLayout
-from forgeflow.migrate import prewarm_basecache, verify_prewarm
-from forgeflow.registry import RegistryServer
-from forgeflow.settings import tool_env
-from forgeflow.skopeo import Skopeo
+from forgeflow.common.errors import ForgeflowError, InputError, ServerStartError
+from forgeflow.common.settings import tool_env
+from forgeflow.registry.layout import ShardLayout
+from forgeflow.registry.migration import prewarm_basecache, verify_prewarm
+from forgeflow.registry.server import RegistryServer
+from forgeflow.registry.skopeo import Skopeo
 from tests.faultproxy import FaultProxy
 
 SOURCE_PORT, TARGET_PORT, LATENCY_PROXY_PORT = 5740, 5741, 5742
@@ -77,7 +77,7 @@ PLAN_REPEATS = 3
 MAX_REGISTRY_LATENCY_MS = 10_000.0
 """Upper bound of ``--registry-latency-ms`` (10 s per request is no registry, only a stall)."""
 MAX_SHARDS = 10_000
-"""Upper bound of ``--shards`` (:class:`forgeflow.layout.ShardLayout` accepts no more)."""
+"""Upper bound of ``--shards`` (:class:`forgeflow.registry.layout.ShardLayout` accepts no more)."""
 PLAN_TAG_CAP = 1_000
 """50,000 tasks over 80 shards is ~625 task tags per repository: the default cap of 100 would
 reject the plan, so the benchmark plans with a cap that fits (rejection costs the same)."""
@@ -340,7 +340,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
     Bad arguments exit 2 with one argparse-style line naming the option and value, before any
     work. A forgeflow error (busy port, missing ``docker-registry``) prints one ``error: ...``
-    line and exits 2 for :class:`~forgeflow.errors.InputError`, 1 otherwise. SIGTERM unwinds like
+    line and exits 2 for :class:`~forgeflow.common.errors.InputError`, 1 otherwise. SIGTERM unwinds like
     Ctrl-C: the registries are stopped by PID and the temporary folder is removed (exit 143).
     """
     parser = argparse.ArgumentParser(prog="python -m benchmarks.registry",

@@ -1,5 +1,11 @@
 """forgeflow's Prefect blocks."""
 
-from blocks.core import ModelStore, RegistryEndpoint, SandboxBackend, ServingBackend, StoreURL
+from blocks.core import (
+    ModelStore,
+    RegistryEndpoint,
+    SandboxBackend,
+    ServingBackend,
+    StoreURL,
+)
 
 __all__ = ["ModelStore", "RegistryEndpoint", "SandboxBackend", "ServingBackend", "StoreURL"]

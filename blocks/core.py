@@ -6,26 +6,27 @@ moving to a cluster or another registry is a change of block, not of code.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from collections.abc import Callable
 from pathlib import Path
 
 from prefect.blocks.core import Block
 from pydantic import Field, SecretStr, field_validator
 
-from forgeflow import imageref, registry_auth, sandbox
-from forgeflow.errors import InputError
-from forgeflow.sandbox import SandboxSpec
-from forgeflow.skopeo import Skopeo
-from forgeflow.store import Store
+from forgeflow.common.errors import InputError
+from forgeflow.ledger.store import Store
+from forgeflow.registry import auth as registry_auth
+from forgeflow.registry import imageref
+from forgeflow.registry.skopeo import Skopeo
+from forgeflow.sandbox import backends
+from forgeflow.sandbox.base import Sandbox, SandboxSpec
 
 
 class RegistryEndpoint(Block):
     """A container registry skopeo can reach (loopback docker-registry, ACR, ECR, Harbor...).
 
     ``address`` and ``namespace`` are checked when the block is created or loaded
-    (:func:`forgeflow.imageref.check_address` / :func:`~forgeflow.imageref.check_namespace`): a
+    (:func:`forgeflow.registry.imageref.check_address` / :func:`~forgeflow.registry.imageref.check_namespace`): a
     scheme (``http://``), a path, a port outside 1-65535 or a namespace outside the repository
     path grammar (``../x``) is a pydantic ``ValidationError`` naming the field.
     """
@@ -54,10 +55,10 @@ class RegistryEndpoint(Block):
 
     @contextmanager
     def skopeo(self, retry_times: int = 3, command_timeout_s: float = 600.0) -> Iterator[Skopeo]:
-        """A :class:`~forgeflow.skopeo.Skopeo` that can reach this registry.
+        """A :class:`~forgeflow.registry.skopeo.Skopeo` that can reach this registry.
 
         With credentials, they go into a temporary containers-auth.json (mode 600, deleted when
-        the ``with`` block ends, also on error; :func:`forgeflow.registry_auth.authfile`): never
+        the ``with`` block ends, also on error; :func:`forgeflow.registry.auth.authfile`): never
         onto a command line or into a log. Without credentials, a plain Skopeo.
 
         Args:
@@ -86,7 +87,7 @@ class SandboxBackend(Block):
     """Where trials run: a backend kind plus resource limits."""
 
     _block_type_name = "forgeflow-sandbox"
-    kind: str = Field("podman", description=f"one of: {', '.join(sorted(sandbox.BACKENDS))}")
+    kind: str = Field("podman", description=f"one of: {', '.join(sorted(backends.BACKENDS))}")
     memory_mb: int = Field(2048, ge=16, description="memory limit per trial container (MiB)")
     cpus: float = Field(1.0, gt=0, description="CPU quota per trial container (cores)")
 
@@ -94,9 +95,9 @@ class SandboxBackend(Block):
         """The resource limits as a SandboxSpec (network always off)."""
         return SandboxSpec(memory_mb=self.memory_mb, cpus=self.cpus, network=False)
 
-    def backend(self) -> Callable[..., sandbox.Sandbox]:
+    def backend(self) -> Callable[..., Sandbox]:
         """The sandbox factory for ``kind`` (InputError listing the valid kinds otherwise)."""
-        return sandbox.get_backend(self.kind)
+        return backends.get_backend(self.kind)
 
 
 MODEL_STORE_KINDS = ("local", "hf_hub")
@@ -179,7 +180,7 @@ class StoreURL(Block):
     url: SecretStr = Field(description="e.g. sqlite:///.forgeflow/store.db or postgresql+psycopg://...")
 
     def store(self) -> Store:
-        """An upgraded :class:`forgeflow.store.Store` on this URL."""
+        """An upgraded :class:`forgeflow.ledger.store.Store` on this URL."""
         store = Store(self.url.get_secret_value())
         store.upgrade()
         return store

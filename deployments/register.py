@@ -13,9 +13,14 @@ from prefect.deployments.runner import RunnerDeployment
 from prefect.schedules import Schedule
 
 from flows.canary import canary, canary_recover
-from flows.lifecycle import lifecycle
 from flows.curate import curate, recover
-from flows.registry import migrate_images, prewarm_plan, registry_audit, rewrite_image_refs
+from flows.lifecycle import lifecycle
+from flows.registry import (
+    migrate_images,
+    prewarm_plan,
+    registry_audit,
+    rewrite_image_refs,
+)
 from flows.stages import compare, freeze, package, publish, serve
 
 WORK_POOL = "local"

@@ -1,18 +1,18 @@
 """The ``canary`` flow: agent trials on one split of a recorded freeze against a served model.
 
 The same trials as the lifecycle's canary stages (``flows/lifecycle.py``): both call
-:func:`run_canary_job`, which submits :func:`tasks.serving.agent_trial` ``concurrency`` at a time,
+:func:`run_canary_job`, which submits :func:`tasks.evaluation.agent_trial` ``concurrency`` at a time,
 records every trial in the store under one ``jobs`` row (kind ``canary``) and publishes the trial
 table. The standalone flow reads its inputs where the lifecycle / curate / freeze left them:
 
 * the freeze (``freezes`` row -> manifest, verified against the recorded file digest) and its split;
 * each task's FAIL_TO_PASS / PASS_TO_PASS from the store (accepted tasks only);
 * each task's patch, task image and test command from the generated-candidates file
-  (:mod:`forgeflow.generated`, default ``$FORGEFLOW_HOME/demo/candidates.jsonl``);
+  (:mod:`forgeflow.curation.generated`, default ``$FORGEFLOW_HOME/demo/candidates.jsonl``);
 * the endpoint from the serving state file (``serve`` flow, default
   ``$FORGEFLOW_HOME/serving/state.json``) or an explicit ``base_url`` + ``model_sha256``.
 
-Every input is checked before the first trial (:mod:`forgeflow.canary`): a concurrency above the
+Every input is checked before the first trial (:mod:`forgeflow.evaluation.canary`): a concurrency above the
 profile's limit (``default`` 4, ``verified`` 10), an unknown freeze or split, a task without its row
 or image, an endpoint that does not answer are refused with the reason. It leaves a markdown job
 report artifact (``canary-job-report``: requested, scored, exceptions by type, reward 1/0, pass
@@ -36,9 +36,12 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
 from flows.stagekit import StageLog
-from forgeflow import agent, compare, serving
-from forgeflow import store as ledger
-from forgeflow.canary import (
+from forgeflow.common.errors import InputError, PreflightError
+from forgeflow.common.fsutil import atomic_write_text
+from forgeflow.common.settings import apply_container_env, home_dir
+from forgeflow.curation.generated import GENERATED_FILE, load_generated
+from forgeflow.evaluation import agent, compare
+from forgeflow.evaluation.canary import (
     JOB_KIND,
     RECOVERY_JOB_KIND,
     CanaryTask,
@@ -49,11 +52,10 @@ from forgeflow.canary import (
     render_job_report,
     trial_row,
 )
-from forgeflow.errors import InputError, PreflightError
-from forgeflow.fsutil import atomic_write_text
-from forgeflow.generated import GENERATED_FILE, load_generated
-from forgeflow.settings import apply_container_env, home_dir
-from tasks import serving as serving_tasks
+from forgeflow.ledger import records
+from forgeflow.ledger import store as ledger
+from forgeflow.serving import bluegreen
+from tasks import evaluation as evaluation_tasks
 from tasks.common import markdown_artifact, table_artifact
 
 DEFAULT_ALIAS = "forgeflow"
@@ -61,27 +63,27 @@ REPORT_ARTIFACT_KEY = "canary-job-report"
 RECOVERY_REPORT_ARTIFACT_KEY = "canary-recovery-report"
 
 
-def run_canary_job(log: StageLog, st: dict[str, Any], stage: str, job: ledger.JobRecord, tasks: Sequence[CanaryTask],
+def run_canary_job(log: StageLog, st: dict[str, Any], stage: str, job: records.JobRecord, tasks: Sequence[CanaryTask],
                    base_url: str, model_alias: str, agent_config: agent.AgentConfig, trajectories_dir: Path,
                    verifier_timeout_s: float, concurrency: int, store: ledger.Store,
                    run_key: str | None = None) -> tuple[list, compare.JobReport]:
     """Run one canary job inside the open stage ``st`` of ``log`` (the lifecycle's and this flow's).
 
-    Records ``job``, then submits :func:`tasks.serving.agent_trial` for ``concurrency`` tasks at a
+    Records ``job``, then submits :func:`tasks.evaluation.agent_trial` for ``concurrency`` tasks at a
     time (a wave ends before the next starts), records each trial as it comes back
-    (:func:`forgeflow.canary.trial_row`, upsert by trial id), publishes the table artifact
+    (:func:`forgeflow.evaluation.canary.trial_row`, upsert by trial id), publishes the table artifact
     ``stage`` with dashes and fills ``st``'s counts (requested, scored, reward_1, exceptions) and
     digests (model). ``run_key`` names the trials (default: the model sha256); a recovery job
     passes its own id so its trials never share an id with the original's.
 
     Returns:
-        The trials (:class:`forgeflow.trial.TrialRecord`, in task order) and their JobReport.
+        The trials (:class:`forgeflow.sandbox.trial.TrialResult`, in task order) and their JobReport.
     """
     store.record_job(job)
     model_sha256, run_id = job.model_sha256, job.run_id or ""
     trials = []
     for start in range(0, len(tasks), concurrency):
-        futures = [serving_tasks.agent_trial.submit(
+        futures = [evaluation_tasks.agent_trial.submit(
             t.instance_id, t.image_ref, t.image_digest, t.problem_statement, t.test_command, t.fail_to_pass,
             t.pass_to_pass, base_url, model_alias, model_sha256, agent_config, trajectories_dir, verifier_timeout_s,
             job_id=job.job_id, run_key=run_key) for t in tasks[start:start + concurrency]]
@@ -116,7 +118,7 @@ def resolve_endpoint(state_path: Path | None, base_url: str | None, model_sha256
                              f"GGUF's sha256), got {model_sha256!r}")
         return base_url.rstrip("/"), model_sha256, model_alias or DEFAULT_ALIAS
     path = Path(state_path or home_dir() / "serving" / "state.json")
-    state = serving.read_state(path)
+    state = bluegreen.read_state(path)
     if state is None:
         raise InputError(f"canary: no serving state at {path}: run the serve flow first, or give base_url and "
                          "model_sha256")
@@ -128,7 +130,7 @@ def resolve_endpoint(state_path: Path | None, base_url: str | None, model_sha256
     return state.base_url.rstrip("/"), state.gguf_sha256, model_alias or state.model_alias
 
 
-def _recovery_agent_config(original: ledger.JobRecord, given: agent.AgentConfig | None) -> agent.AgentConfig:
+def _recovery_agent_config(original: records.JobRecord, given: agent.AgentConfig | None) -> agent.AgentConfig:
     """The agent config a recovery re-runs with: the one the original job recorded (a different one
     given is refused), or ``given`` when the job recorded none (the lifecycle's canary jobs).
 
@@ -186,7 +188,7 @@ def canary(freeze_name: str, split: str = "test", state_path: Path | None = None
             ``$FORGEFLOW_HOME/canary``).
 
     Returns:
-        ``job_id``, ``report`` (:class:`forgeflow.compare.JobReport` as JSON), ``report_path``,
+        ``job_id``, ``report`` (:class:`forgeflow.evaluation.compare.JobReport` as JSON), ``report_path``,
         ``trials`` (instance id, reward, exception type).
 
     Raises:
@@ -210,7 +212,7 @@ def canary(freeze_name: str, split: str = "test", state_path: Path | None = None
     job_id = job_id or f"canary-{freeze_name}-{split}-{sha[:12]}"
     run_id = str(flow_run.get_id() or "")
     job_dir = Path(out_dir or home_dir() / "canary") / job_id
-    job = ledger.JobRecord(job_id=job_id, kind=JOB_KIND, freeze_name=freeze_name, split=split, model_sha256=sha,
+    job = records.JobRecord(job_id=job_id, kind=JOB_KIND, freeze_name=freeze_name, split=split, model_sha256=sha,
                            run_id=run_id[:64] or None,
                            params={"concurrency": concurrency, "profile": profile, "base_url": url,
                                    "model_alias": alias, "agent_config": agent_config.model_dump(mode="json"),
@@ -242,7 +244,7 @@ def canary_recover(job_id: str, state_path: Path | None = None, base_url: str | 
     """Re-run exactly the exception trials of canary job ``job_id`` as a linked recovery job.
 
     Reads the job's merged view (the original + its recovery jobs so far,
-    :func:`forgeflow.compare.merged_job`) and re-runs the tasks whose standing trial ended in an
+    :func:`forgeflow.evaluation.compare.merged_job`) and re-runs the tasks whose standing trial ended in an
     exception (e.g. ``ModelEndpointError`` while the model server was down) against the endpoint,
     which must serve the job's model. The new job has kind ``recovery`` and ``parent_job_id`` =
     ``job_id``; its trials are named by its own run key, so the original's rows are never rewritten.
@@ -310,7 +312,7 @@ def canary_recover(job_id: str, state_path: Path | None = None, base_url: str | 
     run_id = str(flow_run.get_id() or "")
     new_id = plan.recovery_job_id
     job_dir = Path(out_dir or home_dir() / "canary") / new_id
-    job = ledger.JobRecord(job_id=new_id, kind=RECOVERY_JOB_KIND, parent_job_id=job_id,
+    job = records.JobRecord(job_id=new_id, kind=RECOVERY_JOB_KIND, parent_job_id=job_id,
                            freeze_name=original.freeze_name, split=original.split, model_sha256=sha,
                            run_id=run_id[:64] or None,
                            params={"concurrency": concurrency, "profile": profile, "base_url": url,

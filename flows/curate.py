@@ -1,12 +1,12 @@
 """The ``curate`` flow (validate batches until the dataset is freeze-ready) and the ``recover`` flow.
 
 ``curate``: reads candidates in its own JSONL format (``candidates_path``,
-:func:`forgeflow.candidates.load_candidates`) or, by default, the file the lifecycle's
+:func:`forgeflow.curation.candidates.load_candidates`) or, by default, the file the lifecycle's
 generate/prewarm stages wrote (``generated_path``, default
-``$FORGEFLOW_HOME/demo/candidates.jsonl``, :mod:`forgeflow.generated`). Before every batch the
-freeze check (:func:`forgeflow.freeze.freeze_ready`, the very selection the freeze uses) runs on the store's accepted tasks. Ready: emit the Prefect event
+``$FORGEFLOW_HOME/demo/candidates.jsonl``, :mod:`forgeflow.curation.generated`). Before every batch the
+freeze check (:func:`forgeflow.curation.freeze.freeze_ready`, the very selection the freeze uses) runs on the store's accepted tasks. Ready: emit the Prefect event
 ``forgeflow.dataset.freeze-ready`` and stop. Not ready: pick one batch with
-:func:`forgeflow.selection.select_batch`, run NOP/Oracle at most ``concurrency`` at a time (an
+:func:`forgeflow.curation.selection.select_batch`, run NOP/Oracle at most ``concurrency`` at a time (an
 attempt that ends in an infrastructure error is tried again, up to ``max_retries`` times), and
 record each validation's trials as soon as it ends, then the task statuses and the batch row (with
 the trials again) in one transaction. No candidate left: stop, naming each unmet quota and by how
@@ -15,7 +15,7 @@ killed run resumed re-selects the same batch, gets the finished validations from
 and upserts the same trial ids: it loses no finished trial and duplicates none
 (tests/flows/test_curate_kill.py).
 
-``recover``: :mod:`forgeflow.recovery` behind a flow (dry run by default), with an audit artifact.
+``recover``: :mod:`forgeflow.curation.recovery` behind a flow (dry run by default), with an audit artifact.
 """
 
 from __future__ import annotations
@@ -33,21 +33,32 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.events import emit_event
 from prefect.runtime import flow_run
 
-from forgeflow import projects
-from forgeflow.candidates import CandidateTask, load_candidates, to_candidate_refs
-from forgeflow.canary import trial_row
-from forgeflow.errors import InputError
-from forgeflow.freeze import AcceptedTask, SplitQuotas, freeze_ready
-from forgeflow.generated import GENERATED_FILE, GeneratedTask, load_generated
-from forgeflow.fsutil import atomic_write_text, sha256_bytes, sha256_json
-from forgeflow.recovery import RecoveryRequest, apply_recovery, plan_recovery, render_audit, render_plan
-from forgeflow.selection import DEFAULT_BATCH_SIZE, select_batch
-from forgeflow.settings import apply_container_env, home_dir
-from forgeflow.store import BatchRecord, Store, TaskRecord, TrialRecord
-from forgeflow.trial import ValidationChecks
-from tasks import curate as curate_tasks
-from tasks.curation import TrialSink, validate_candidate
+from forgeflow.common.errors import InputError
+from forgeflow.common.fsutil import atomic_write_text, sha256_bytes, sha256_json
+from forgeflow.common.settings import apply_container_env, home_dir
+from forgeflow.curation.candidates import (
+    CandidateTask,
+    load_candidates,
+    to_candidate_refs,
+)
+from forgeflow.curation.freeze import AcceptedTask, SplitQuotas, freeze_ready
+from forgeflow.curation.generated import GENERATED_FILE, GeneratedTask, load_generated
+from forgeflow.curation.recovery import (
+    RecoveryRequest,
+    apply_recovery,
+    plan_recovery,
+    render_audit,
+    render_plan,
+)
+from forgeflow.curation.selection import DEFAULT_BATCH_SIZE, select_batch
+from forgeflow.evaluation.canary import trial_row
+from forgeflow.ledger.records import BatchRecord, TaskRecord, TrialRecord
+from forgeflow.ledger.store import Store
+from forgeflow.registry import projects
+from forgeflow.sandbox.trial import ValidationChecks
+from tasks import curation as curate_tasks
 from tasks.common import markdown_artifact, table_artifact
+from tasks.curation import TrialSink, validate_candidate
 
 FREEZE_READY_EVENT = "forgeflow.dataset.freeze-ready"
 DEFAULT_QUOTAS = SplitQuotas(train=350, validation=75, test=75, max_per_repo=20, min_repos=70)
@@ -112,7 +123,7 @@ def curate(candidates_path: Path | None = None, quotas: SplitQuotas = DEFAULT_QU
     """Validate candidate batches until the accepted tasks meet ``quotas`` (or none is left).
 
     Args:
-        candidates_path: JSONL of candidate rows (:func:`forgeflow.candidates.load_candidates`);
+        candidates_path: JSONL of candidate rows (:func:`forgeflow.curation.candidates.load_candidates`);
             ``image`` is the task image (local name or ``host:port/repo:tag``); an optional
             ``test_command`` key per row overrides ``test_commands``. None (default): read
             ``generated_path``.
@@ -127,13 +138,13 @@ def curate(candidates_path: Path | None = None, quotas: SplitQuotas = DEFAULT_QU
         test_commands: repo -> test command, for repos that are not pinned projects (for
             ``generated_path`` rows: overrides the row's command).
         generated_path: The lifecycle's candidates with their task images
-            (:func:`forgeflow.generated.merge_generated`); default
+            (:func:`forgeflow.curation.generated.merge_generated`); default
             ``$FORGEFLOW_HOME/demo/candidates.jsonl`` (what ``forgeflow demo`` writes). Used only
             when ``candidates_path`` is None.
         checks: Oracle runs per task that would be accepted (default 2: a task whose runs disagree
             is flaky), the flaky policy (``reject`` or ``drop_flaky_pass_to_pass``) and the log
             parser for runners without forgeflow's pytest report
-            (:class:`forgeflow.trial.ValidationChecks`).
+            (:class:`forgeflow.sandbox.trial.ValidationChecks`).
 
     Returns:
         ``status`` (``freeze-ready`` or ``exhausted``), ``batches`` (ids run), ``trials_recorded``,
@@ -171,7 +182,7 @@ def curate(candidates_path: Path | None = None, quotas: SplitQuotas = DEFAULT_QU
         accepted = [AcceptedTask(instance_id=t.instance_id, repo=t.repo) for t in store.accepted_tasks()]
         selection = freeze_ready(accepted, quotas, seed)
         if selection.ready:
-            resource_id = (f"forgeflow.store.{sha256_bytes(store.url.encode())[:12]}"
+            resource_id = (f"forgeflow.ledger.store.{sha256_bytes(store.url.encode())[:12]}"
                            f".quotas.{sha256_json(quotas.model_dump())[:12]}")
             event = emit_event(FREEZE_READY_EVENT,
                                resource={"prefect.resource.id": resource_id, "prefect.resource.name": "curated dataset"},
@@ -285,7 +296,7 @@ def recover(reason: str, batch_ids: list[str] | None = None, trial_ids: list[str
     ``include_rejections`` (only with ``batch_ids``/``trial_ids``): tasks an infrastructure fault
     made ``rejected`` (e.g. a dead build tunnel) are voided and requeued too, with the same backup,
     audit and count check: the selected rewarded NOP/Oracle trials of a rejected task whose every
-    live NOP/Oracle trial is selected (:mod:`forgeflow.recovery`). Accepted tasks and rejections
+    live NOP/Oracle trial is selected (:mod:`forgeflow.curation.recovery`). Accepted tasks and rejections
     outside the ids stay.
 
     Raises:

@@ -5,7 +5,7 @@ environments -> migrate -> generate -> prewarm (+ task images) -> validate (NOP/
 -> canary (candidate) -> compare + promotion gate -> serve swap.
 
 The candidate is served on the idle port first (``serve_stage``), canaried there, compared with
-the baseline and promoted by the promotion gate (non-inferiority, ``forgeflow.compare``) before
+the baseline and promoted by the promotion gate (non-inferiority, ``forgeflow.evaluation.compare``) before
 the recorded endpoint moves (``serve_swap``); a hold/reject or any failure stops the staged server
 and the baseline keeps serving.
 
@@ -29,23 +29,36 @@ from prefect.transactions import transaction
 from blocks.core import RegistryEndpoint
 from flows.registry import migrate_images as migrate_images_flow
 from flows.stagekit import StageLog
-from forgeflow import agent, generated, images, migrate, projects, samples, serving
-from forgeflow import canary as canary_core
-from forgeflow.burst import BurstConfig, pin_adapter
-from forgeflow.compare import render_plot
+from forgeflow.common.errors import MigrationIncompleteError, PreflightError
+from forgeflow.common.fsutil import atomic_write_text, sha256_bytes, sha256_file
+from forgeflow.common.settings import apply_container_env
 from forgeflow.config import LifecycleConfig
-from forgeflow.errors import MigrationIncompleteError, PreflightError
-from forgeflow.freeze import AcceptedTask, SplitQuotas, check_freeze_inputs, record_freeze_inputs
-from forgeflow.fsutil import atomic_write_text, sha256_file
-from forgeflow.layout import ShardLayout
-from forgeflow.registry import RegistryServer
-from forgeflow.settings import apply_container_env
-from forgeflow.skopeo import Skopeo
-from forgeflow import store as ledger
-from forgeflow.fsutil import sha256_bytes
-from forgeflow.store import Store
-from tasks import curation, model as model_tasks, registry as registry_tasks, report as report_tasks
+from forgeflow.curation import generated
+from forgeflow.curation.freeze import (
+    AcceptedTask,
+    SplitQuotas,
+    check_freeze_inputs,
+    record_freeze_inputs,
+)
+from forgeflow.evaluation import agent
+from forgeflow.evaluation import canary as canary_core
+from forgeflow.evaluation.compare import render_plot
+from forgeflow.ledger import records, tables
+from forgeflow.ledger.store import Store
+from forgeflow.registry import images, projects
+from forgeflow.registry import migration as migrate
+from forgeflow.registry.layout import ShardLayout
+from forgeflow.registry.server import RegistryServer
+from forgeflow.registry.skopeo import Skopeo
+from forgeflow.serving import bluegreen
+from forgeflow.training import samples
+from forgeflow.training.burst import BurstConfig, pin_adapter
+from tasks import curation
+from tasks import evaluation as evaluation_tasks
+from tasks import packaging as packaging_tasks
+from tasks import registry as registry_tasks
 from tasks import serving as serving_tasks
+from tasks import training as training_tasks
 from tasks.common import markdown_artifact, table_artifact
 
 MODEL_ALIAS = "forgeflow"
@@ -87,7 +100,7 @@ def lifecycle(config: LifecycleConfig = LifecycleConfig()) -> dict[str, Any]:
         return result
     finally:
         if not config.keep_serving:
-            stopped = serving.stop_active(state_path)
+            stopped = bluegreen.stop_active(state_path)
             if stopped is not None and stopped.pid is not None:  # it was live: the ledger says so no more
                 store.record_serving_generation(serving_tasks.generation_row(stopped, "retired", run_id))
         for server in (source, target):
@@ -111,7 +124,7 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
             digest = log.call(registry_tasks.push_local_image, local_name, local_id, source_ref, registry_ids["source"])
             envs[name] = {"project": project, "local": local_name, "checkout": Path(checkout),
                           "source_ref": source_ref, "source_digest": digest}
-            store.record_image(ledger.ImageRecord(ref=source_ref, digest=digest, role="source", project=name, run_id=run_id))
+            store.record_image(records.ImageRecord(ref=source_ref, digest=digest, role="source", project=name, run_id=run_id))
         st["counts"] = {"projects": len(envs)}
         st["digests"] = {"base_image_id": base.image_id, **{n: e["source_digest"] for n, e in envs.items()}}
 
@@ -130,7 +143,7 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
                 target_ref = migrate.store_ref(rec.target_ref)
                 envs[name]["target_ref"], envs[name]["target_digest"] = target_ref, rec.target_digest
                 # the flow wrote the row (role target, state, digests); the lifecycle adds the project
-                store.upsert(ledger.Image, {"ref": target_ref}, {"role": "target", "project": name})
+                store.upsert(tables.Image, {"ref": target_ref}, {"role": "target", "project": name})
         envs = {n: e for n, e in envs.items() if "target_ref" in e}
         # StageLog's "cached": an image the store recorded as completed (and the target still serves) was not
         # copied again, i.e. answered from the ledger as a cached task would be
@@ -149,7 +162,7 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
                              config.candidates_per_project, config.seed)
             candidates.extend((c, name) for c in found)
             for c in found:
-                store.record_task(ledger.TaskRecord(instance_id=c.instance_id, repo=name, patch_sha256=sha256_bytes(c.patch.encode()), status="candidate", run_id=run_id))
+                store.record_task(records.TaskRecord(instance_id=c.instance_id, repo=name, patch_sha256=sha256_bytes(c.patch.encode()), status="candidate", run_id=run_id))
         st["counts"] = {"candidates": len(candidates)}
 
     # 4. prewarm: shard layout plan (tag cap), basecache tags, then task images into their shards
@@ -173,7 +186,7 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
             reused_layers += len(reuse.base_layers)
             tasks_info[c.instance_id] = {"candidate": c, "repo": repo, "image_ref": ref, "digest": digest,
                                          "local_image": image}
-            store.record_image(ledger.ImageRecord(ref=ref, digest=digest, role="task", project=repo, run_id=run_id))
+            store.record_image(records.ImageRecord(ref=ref, digest=digest, role="task", project=repo, run_id=run_id))
         st["paths"] = {"candidates": str(generated.merge_generated(out_dir / generated.GENERATED_FILE, [
             generated.GeneratedTask(**t["candidate"].model_dump(), image=t["local_image"].name,
                                     image_id=t["local_image"].image_id, registry_ref=t["image_ref"],
@@ -212,7 +225,7 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
             status = "accepted" if report is not None and report.accepted else (
                 "error" if report is None else "rejected")
             reason = report.reason if report is not None else ((out.failed_trial or out.nop).exception_type or "")
-            store.record_task(ledger.TaskRecord(
+            store.record_task(records.TaskRecord(
                 instance_id=c.instance_id, repo=t["repo"], patch_sha256=sha256_bytes(c.patch.encode()),
                 image_ref=t["image_ref"], status=status, reason=reason,
                 fail_to_pass=report.FAIL_TO_PASS if report else [],
@@ -241,7 +254,7 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
         image_digests = {t["candidate"].instance_id: t["digest"] for t in accepted}
         manifest = log.call(curation.freeze_dataset, config.freeze_name, accepted_refs, quotas, config.seed,
                             out_dir / "freezes", {"image_digests": image_digests})
-        store.record_freeze(ledger.FreezeRecord(
+        store.record_freeze(records.FreezeRecord(
             name=manifest.name, semantic_sha256=manifest.semantic_sha256, file_sha256=manifest.file_sha256,
             manifest_path=str(manifest.path), counts=manifest.counts, run_id=run_id))
         record_freeze_inputs(config.freeze_name, out_dir / "freezes", config.freeze_inputs())
@@ -253,12 +266,12 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
 
     # 7. base model: tiny Qwen2 with the real Qwen2 tokenizer, packaged as GGUF
     with log.stage("base_model") as st:
-        base_model, tokenizer_check = log.call(model_tasks.base_model, out_dir / "models" / "base", config.seed)
-        base_gguf = log.call(model_tasks.package, base_model.path, base_model.sha256, out_dir / "models" / "base-gguf",
+        base_model, tokenizer_check = log.call(packaging_tasks.base_model, out_dir / "models" / "base", config.seed)
+        base_gguf = log.call(packaging_tasks.package, base_model.path, base_model.sha256, out_dir / "models" / "base-gguf",
                              (config.serve_quantization,))
         served_base = base_gguf[config.serve_quantization]
-        store.record_model_artifact(ledger.ModelArtifactRecord(sha256=base_model.sha256, kind="base", path=str(base_model.path), run_id=run_id))
-        model_tasks.record_package(store, base_gguf, base_model.sha256, out_dir / "models" / "base-gguf", None, run_id)
+        store.record_model_artifact(records.ModelArtifactRecord(sha256=base_model.sha256, kind="base", path=str(base_model.path), run_id=run_id))
+        packaging_tasks.record_package(store, base_gguf, base_model.sha256, out_dir / "models" / "base-gguf", None, run_id)
         st["counts"] = {"parameters": base_model.num_parameters,
                         "tokenizer_vectors_matched": tokenizer_check.matched,
                         "tokenizer_vectors_total": tokenizer_check.total}
@@ -283,14 +296,14 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
                                    lora_r=config.lora_r, max_length=config.burst_max_length, seed=config.seed)
         # preflight before any model loads (templates, disk space); a failure fails the stage with every
         # problem listed. A check, not stage work: left out of the stage's run/cached counts.
-        model_tasks.burst_preflight(base_model.path, out_dir / "models" / "adapter", burst_config.lora_r,
+        training_tasks.burst_preflight(base_model.path, out_dir / "models" / "adapter", burst_config.lora_r,
                                     burst_config.lora_target_modules)
-        adapter = log.call(model_tasks.sft_burst, base_model.path, base_model.sha256, sft_samples,
+        adapter = log.call(training_tasks.sft_burst, base_model.path, base_model.sha256, sft_samples,
                            out_dir / "models" / "adapter", burst_config, None, run_id)
         # models/adapter is the burst's working folder, reused by the next burst: the ledger and the
         # package stage use the adapter's content-addressed copy models/adapters/<sha256> instead
         adapter = pin_adapter(adapter, out_dir / "models" / "adapters")
-        store.record_model_artifact(ledger.ModelArtifactRecord(sha256=adapter.sha256, kind="adapter", path=str(adapter.path),
+        store.record_model_artifact(records.ModelArtifactRecord(sha256=adapter.sha256, kind="adapter", path=str(adapter.path),
                                     parent_sha256=base_model.sha256, lineage=adapter.lineage.model_dump(mode="json"),
                                     run_id=run_id))
         st["counts"] = {"samples": len(sft_samples), "steps": adapter.steps}
@@ -300,9 +313,9 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
     # 11. package: merge -> GGUF f16 -> quantize -> check -> load
     with log.stage("package") as st:
         package_dir = out_dir / "models" / "candidate-gguf" / adapter.sha256[:16]  # one folder per adapter
-        ggufs = log.call(model_tasks.package, base_model.path, base_model.sha256, package_dir,
+        ggufs = log.call(packaging_tasks.package, base_model.path, base_model.sha256, package_dir,
                          config.quantizations, adapter.path, adapter.sha256)
-        model_tasks.record_package(store, ggufs, base_model.sha256, package_dir, adapter.sha256, run_id)
+        packaging_tasks.record_package(store, ggufs, base_model.sha256, package_dir, adapter.sha256, run_id)
         table_artifact("package", [{"type": q, "path": str(a.path), "size_bytes": a.size_bytes, "sha256": a.sha256}
                                    for q, a in ggufs.items()], "GGUF artifacts of the candidate model")
         st["digests"] = {q: a.sha256 for q, a in ggufs.items()}
@@ -322,7 +335,7 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
                                    served_new.sha256, agent_config, out_dir, store, run_id)
         with log.stage("compare") as st:
             repo_of = {i: by_id[i]["repo"] for i in splits["test"]}
-            comparison = log.call(report_tasks.compare_jobs, baseline_trials, candidate_trials, "baseline", "candidate",
+            comparison = log.call(evaluation_tasks.compare_jobs, baseline_trials, candidate_trials, "baseline", "candidate",
                               repo_of, config.promotion_max_drop, config.promotion_alpha, config.seed,
                               min_pairs=config.promotion_min_pairs, min_repos=config.promotion_min_repos,
                               max_wall_s_ratio=config.promotion_max_wall_s_ratio,
@@ -352,7 +365,7 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
                 st["counts"] = {"promoted": 0}
                 st["decision"] = f"{decision.verdict}: {decision.reason}"
 
-    emit_event("forgeflow.lifecycle.completed", resource={"prefect.resource.id": f"forgeflow.freeze.{config.freeze_name}"},
+    emit_event("forgeflow.lifecycle.completed", resource={"prefect.resource.id": f"forgeflow.curation.freeze.{config.freeze_name}"},
                payload={"mcnemar_p": paired.mcnemar_p})
     return {
         "images": {"environments": len(envs), "task_images": len(tasks_info)},
@@ -377,8 +390,10 @@ def _canary(log: StageLog, stage: str, config: LifecycleConfig, test_ids: list[s
             envs: dict[str, dict[str, Any]], base_url: str, model_sha256: str,
             agent_config: agent.AgentConfig, out_dir: Path, store: Store, run_id: str) -> list:
     """Agent trials on the frozen test split against the active endpoint (one job)."""
-    from flows.canary import run_canary_job  # the standalone canary flow runs the same job
-    from forgeflow.canary import CanaryTask
+    from flows.canary import (
+        run_canary_job,  # the standalone canary flow runs the same job
+    )
+    from forgeflow.evaluation.canary import CanaryTask
 
     job_id = f"{stage}-{model_sha256[:12]}"
     with log.stage(stage) as st:
@@ -389,7 +404,7 @@ def _canary(log: StageLog, stage: str, config: LifecycleConfig, test_ids: list[s
                             fail_to_pass=by_id[i]["report"].FAIL_TO_PASS, pass_to_pass=by_id[i]["report"].PASS_TO_PASS)
                  for i in test_ids]
         # the params a `canary-recover` run re-runs the job's exception trials with
-        job = ledger.JobRecord(job_id=job_id, kind="canary", freeze_name=config.freeze_name, split="test",
+        job = records.JobRecord(job_id=job_id, kind="canary", freeze_name=config.freeze_name, split="test",
                                model_sha256=model_sha256, run_id=run_id,
                                params={"concurrency": config.canary_concurrency, "profile": "default",
                                        "base_url": base_url, "model_alias": MODEL_ALIAS,

@@ -1,6 +1,6 @@
 """Registry flows: migrate images between registries, audit a target's coverage, rewrite recorded
 references, plan the sharded prewarm. Thin: they resolve blocks and inputs, map the tasks of
-``tasks/registry_ops.py`` and publish artifacts.
+``tasks/registry.py`` and publish artifacts.
 
 Entry points (``prefect.yaml`` deployments are registered by the lead):
 
@@ -21,13 +21,14 @@ from prefect.runtime import flow_run
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from blocks.core import RegistryEndpoint
-from forgeflow import imageref, migrate
-from forgeflow.errors import InputError, MigrationIncompleteError
-from forgeflow.fsutil import read_jsonl_objects
-from forgeflow.layout import PrewarmPlan, shard_layout
-from forgeflow.settings import apply_container_env, home_dir
-from forgeflow.store import Store
-from tasks import registry_ops
+from forgeflow.common.errors import InputError, MigrationIncompleteError
+from forgeflow.common.fsutil import read_jsonl_objects
+from forgeflow.common.settings import apply_container_env, home_dir
+from forgeflow.ledger.store import Store
+from forgeflow.registry import imageref
+from forgeflow.registry import migration as migrate
+from forgeflow.registry.layout import PrewarmPlan, shard_layout
+from tasks import registry as registry_ops
 from tasks.common import markdown_artifact, table_artifact
 
 

@@ -18,7 +18,7 @@ from prefect.futures import PrefectFuture
 from prefect.states import State
 
 import forgeflow
-from forgeflow.fsutil import atomic_write_text
+from forgeflow.common.fsutil import atomic_write_text
 
 T = TypeVar("T")
 

@@ -9,13 +9,18 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
-from forgeflow import compare as comparison
-from forgeflow import store as ledger
-from forgeflow.freeze import AcceptedTask, FreezeManifest, SplitQuotas
-from forgeflow.fsutil import atomic_write_text
-from forgeflow.settings import home_dir
-from forgeflow.errors import InputError
-from tasks import curation, model as model_tasks, publish as publish_tasks, serving as serving_tasks
+from forgeflow.common.errors import InputError
+from forgeflow.common.fsutil import atomic_write_text
+from forgeflow.common.settings import home_dir
+from forgeflow.curation.freeze import AcceptedTask, FreezeManifest, SplitQuotas
+from forgeflow.evaluation import compare as comparison
+from forgeflow.evaluation.gate import GatePolicy
+from forgeflow.ledger import records
+from forgeflow.ledger import store as ledger
+from tasks import curation
+from tasks import packaging as model_tasks
+from tasks import packaging as publish_tasks
+from tasks import serving as serving_tasks
 from tasks.common import markdown_artifact
 
 
@@ -34,7 +39,7 @@ def freeze(name: str, train_min: int = 2, validation_min: int = 1, test_min: int
     quotas = SplitQuotas(train=train_min, validation=validation_min, test=test_min, max_per_repo=max_per_repo,
                          min_repos=min_repos)
     manifest = curation.freeze_dataset(name, accepted, quotas, seed, out_dir or home_dir() / "freezes", {})
-    store.record_freeze(ledger.FreezeRecord(name=manifest.name, semantic_sha256=manifest.semantic_sha256,
+    store.record_freeze(records.FreezeRecord(name=manifest.name, semantic_sha256=manifest.semantic_sha256,
                                             file_sha256=manifest.file_sha256, manifest_path=str(manifest.path),
                                             counts=manifest.counts))
     return manifest
@@ -42,13 +47,13 @@ def freeze(name: str, train_min: int = 2, validation_min: int = 1, test_min: int
 
 @flow(name="compare", log_prints=True)
 def compare(job_a: str, job_b: str, report_path: Path | None = None, merge_recovery: bool = True,
-            seed: int = 0, gate: comparison.GatePolicy | None = None) -> comparison.PairedComparison:
+            seed: int = 0, gate: GatePolicy | None = None) -> comparison.PairedComparison:
     """Paired comparison of two canary jobs recorded in the store, on the same frozen split.
 
     Writes the markdown report (wins/ties/losses, exact McNemar, the delta interval — Newcombe's
     paired interval united with the repository-clustered bootstrap —, excluded tasks with reasons,
     cost ratios and the promotion gate's verdict under ``gate``'s settings, default
-    :class:`forgeflow.gate.GatePolicy`; each job merged with its recovery jobs unless
+    :class:`forgeflow.evaluation.gate.GatePolicy`; each job merged with its recovery jobs unless
     ``merge_recovery`` is False, and said so) and beside it a PNG (pass rates with Wilson
     intervals, wins/losses per repository) that the report and the markdown artifact show.
 
@@ -82,10 +87,10 @@ def package(hf_dir: Path, out_dir: Path, quantizations: tuple[str, ...] = ("Q8_0
     With ``publish`` (the name of a ModelStore block: local directory or HF Hub), the GGUF of
     ``publish_quantization`` (default: the first of ``quantizations``) and its
     ``<stem>.lineage.json`` are published once every artifact passed the GGUF check and loaded
-    (:func:`tasks.publish.publish_gguf`); the result then also holds ``published`` (the record).
+    (:func:`tasks.packaging.publish_gguf`); the result then also holds ``published`` (the record).
 
     Every artifact is recorded in the store as the lifecycle's package stage records it
-    (:func:`tasks.model.record_package`: the merged checkpoint from the adapter, the f16 GGUF from the
+    (:func:`tasks.packaging.record_package`: the merged checkpoint from the adapter, the f16 GGUF from the
     checkpoint it was converted from, each quantized GGUF from the f16 one, with this flow run's
     id), so ``forgeflow lineage`` lists this run as their producer; the base checkpoint ``hf_dir`` and
     the adapter are recorded too when the store does not know them yet.
@@ -95,8 +100,8 @@ def package(hf_dir: Path, out_dir: Path, quantizations: tuple[str, ...] = ("Q8_0
             ``publish_quantization`` is not among the artifacts this run makes.
         GGUFError: a GGUF fails its check (nothing is published).
     """
-    from forgeflow.burst import adapter_sha256 as adapter_digest
-    from forgeflow.fsutil import sha256_tree
+    from forgeflow.common.fsutil import sha256_tree
+    from forgeflow.training.burst import adapter_sha256 as adapter_digest
 
     quantizations = tuple(quantizations)
     target = _publish_preflight(publish, publish_quantization or (quantizations[0] if quantizations else "f16"),
@@ -109,10 +114,10 @@ def package(hf_dir: Path, out_dir: Path, quantizations: tuple[str, ...] = ("Q8_0
     store.upgrade()
     run_id = str(flow_run.get_id() or "") or None
     if not store.producers(hf_sha):  # a base checkpoint the store has not seen: record it as a root
-        store.record_model_artifact(ledger.ModelArtifactRecord(sha256=hf_sha, kind="base", path=str(hf_dir),
+        store.record_model_artifact(records.ModelArtifactRecord(sha256=hf_sha, kind="base", path=str(hf_dir),
                                                                run_id=run_id))
     if adapter_dir and not store.producers(adapter_sha):
-        store.record_model_artifact(ledger.ModelArtifactRecord(sha256=adapter_sha, kind="adapter", path=str(adapter_dir),
+        store.record_model_artifact(records.ModelArtifactRecord(sha256=adapter_sha, kind="adapter", path=str(adapter_dir),
                                                                parent_sha256=hf_sha, run_id=run_id))
     model_tasks.record_package(store, artifacts, hf_sha, Path(out_dir), adapter_sha, run_id)
     if publish and target:
@@ -137,7 +142,7 @@ def publish(gguf_path: Path, store: str, hf_dir: Path, adapter_dir: Path | None 
             model_name: str = "forgeflow") -> dict:
     """Publish a GGUF the package stage wrote (e.g. once the promotion gate chose it) to a model store.
 
-    The GGUF is checked against ``hf_dir`` again (:func:`forgeflow.gguf.check_gguf`) before anything
+    The GGUF is checked against ``hf_dir`` again (:func:`forgeflow.packaging.gguf.check_gguf`) before anything
     is sent; its ``<stem>.lineage.json`` names ``hf_dir``'s digest and, with ``adapter_dir``, the
     adapter's lineage.
 
@@ -150,7 +155,7 @@ def publish(gguf_path: Path, store: str, hf_dir: Path, adapter_dir: Path | None 
 
     When the store (the ledger) knows the GGUF, ``hf_dir`` must be the checkpoint its recorded chain
     was converted from and ``adapter_dir`` the adapter merged into it (required when the chain has
-    one; :func:`forgeflow.lineage.check_release_sources`), checked before anything is written or
+    one; :func:`forgeflow.packaging.lineage.check_release_sources`), checked before anything is written or
     sent: the GGUF metadata check cannot tell a LoRA-merged checkpoint from its base. When the
     store does not know the GGUF, it is published as given and a warning says the lineage was not
     cross-checked.
@@ -160,8 +165,8 @@ def publish(gguf_path: Path, store: str, hf_dir: Path, adapter_dir: Path | None 
             ``hf_dir``/``adapter_dir`` is not what the store records the GGUF was converted from.
         GGUFError: the check failed.
     """
-    from forgeflow.fsutil import sha256_file, sha256_tree
-    from forgeflow.lineage import check_release_sources
+    from forgeflow.common.fsutil import sha256_file, sha256_tree
+    from forgeflow.packaging.lineage import check_release_sources
 
     publish_tasks.load_model_store(store)
     if not Path(gguf_path).is_file():
@@ -220,7 +225,7 @@ def serve(gguf_path: Path, state_path: Path | None = None, ports: tuple[int, int
         SwapRolledBackError: the new server did not start or failed its gate (the old one serves on;
             the attempt is recorded as ``rolled_back``).
     """
-    from forgeflow.fsutil import sha256_file
+    from forgeflow.common.fsutil import sha256_file
 
     if not Path(gguf_path).is_file():
         raise InputError(f"gguf_path {str(gguf_path)!r} is not a file")

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from forgeflow.trial import ValidationChecks
+from forgeflow.sandbox.trial import ValidationChecks
 
 DEMO_PROJECTS = ("boltons", "cachetools", "inflection", "six", "tabulate", "toolz")
 
@@ -20,7 +20,7 @@ class LifecycleConfig(BaseModel):
     """Parameters of one lifecycle run (defaults = the demo on this machine).
 
     Checked as a whole before any stage runs: unknown fields are refused (a typo never falls back
-    to a default), numbers are finite, the freeze name follows :func:`forgeflow.freeze.validate_freeze_name`,
+    to a default), numbers are finite, the freeze name follows :func:`forgeflow.curation.freeze.validate_freeze_name`,
     the served quantization is one of those packaged, the two registry ports and the two serving
     ports are four distinct ports, and ``lanes <= shards``.
     """
@@ -81,13 +81,13 @@ class LifecycleConfig(BaseModel):
 
     def freeze_inputs(self) -> dict[str, Any]:
         """The :attr:`FREEZE_INPUTS` of this config as JSON-able values (recorded beside the
-        freeze; :func:`forgeflow.freeze.check_freeze_inputs`)."""
+        freeze; :func:`forgeflow.curation.freeze.check_freeze_inputs`)."""
         return self.model_dump(mode="json", include=set(self.FREEZE_INPUTS))
 
     @field_validator("projects")
     @classmethod
     def _known_projects(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        from forgeflow.projects import load_projects
+        from forgeflow.registry.projects import load_projects
 
         known = {p.name for p in load_projects()}
         unknown = [name for name in value if name not in known]
@@ -102,14 +102,14 @@ class LifecycleConfig(BaseModel):
     @field_validator("freeze_name")
     @classmethod
     def _freeze_name(cls, value: str) -> str:
-        from forgeflow.freeze import validate_freeze_name
+        from forgeflow.curation.freeze import validate_freeze_name
 
         return validate_freeze_name(value)
 
     @field_validator("quantizations")
     @classmethod
     def _known_quantizations(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        from forgeflow.gguf import QUANT_PRESETS
+        from forgeflow.packaging.gguf import QUANT_PRESETS
 
         if not value:
             raise ValueError("at least one quantization type is needed")

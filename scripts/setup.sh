@@ -28,5 +28,5 @@ echo "setup: installing forgeflow and its pinned Python dependencies (llama-cpp-
 bash scripts/harbor_venv.sh >/dev/null
 # llama.cpp's own llama-server (a serving backend), built once per machine from the pinned sdist
 # (about 500 CPU-seconds; cached under ~/.cache/forgeflow/llama-server-<version>/).
-"$PY" -c 'from forgeflow.llama_server import ensure_llama_server; print("setup: llama-server", ensure_llama_server())'
+"$PY" -c 'from forgeflow.serving.llama_server import ensure_llama_server; print("setup: llama-server", ensure_llama_server())'
 echo "setup: done ($("$PY" -c 'import forgeflow; print("forgeflow", forgeflow.__version__)'))"

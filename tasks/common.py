@@ -4,20 +4,21 @@
   run resumes from results of an earlier one (FACTS.md: the default policy includes RUN_ID).
   Failed states (exceptions) are never cached by Prefect.
 * :func:`retry_on_transient` lets Prefect retry only infrastructure failures marked transient in
-  ``forgeflow.errors`` (registry 5xx/429, model endpoint resets); auth errors, bad input and
+  ``forgeflow.common.errors`` (registry 5xx/429, model endpoint resets); auth errors, bad input and
   deterministic failures end the task at once.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-from prefect import Task
+from prefect import Task, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import INPUTS, TASK_SOURCE
 from prefect.client.schemas.objects import State, TaskRun
 
-from forgeflow.errors import is_transient
+from forgeflow.common.errors import is_transient
 
 RESUMABLE = INPUTS + TASK_SOURCE
 """Cache on inputs + task source: re-running a flow reuses every completed stage."""
@@ -43,3 +44,31 @@ def table_artifact(key: str, rows: list[dict[str, Any]], description: str) -> No
 def markdown_artifact(key: str, markdown: str, description: str) -> None:
     """Publish a markdown artifact."""
     create_markdown_artifact(key=key, markdown=markdown, description=description)
+
+
+def run_logger() -> Any:
+    """The Prefect run logger, or the ``forgeflow.tasks`` logger when called outside a run (``.fn`` in
+    tests and scripts)."""
+    from prefect.exceptions import MissingContextError
+
+    try:
+        return get_run_logger()
+    except MissingContextError:  # called as .fn outside a run (tests, scripts)
+        return logging.getLogger("forgeflow.tasks")
+
+
+def task_run_id() -> str | None:
+    """The id of the task run this code runs in (at most 64 characters), or None."""
+    from prefect.runtime import task_run
+
+    run = task_run.get_id()
+    return str(run)[:64] if run else None
+
+
+def flow_run_id() -> str | None:
+    """The id of the flow run this code runs in (as :func:`tasks.serving.record_swap` stamps promotions),
+    or None."""
+    from prefect.runtime import flow_run
+
+    run = flow_run.get_id()
+    return str(run)[:64] if run else None

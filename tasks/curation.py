@@ -1,20 +1,24 @@
-"""Prefect tasks of curation: candidate generation, NOP/Oracle validation (the one task the
-lifecycle's validate stage and the ``curate`` flow share), freeze."""
+"""Prefect tasks of curation: candidate generation, which task images exist, NOP/Oracle validation
+(the one task the lifecycle's validate stage and the ``curate`` flow share), freeze."""
 
 from __future__ import annotations
 
+from collections import defaultdict
 from functools import lru_cache
 from pathlib import Path
 
 from prefect import task
-from prefect.cache_policies import INPUTS, TASK_SOURCE
+from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE
 from pydantic import BaseModel, ConfigDict
 
-from forgeflow import bugs, freeze, trial
-from forgeflow.canary import trial_row
-from forgeflow.errors import PreflightError
-from forgeflow.sandbox import SandboxSpec
-from forgeflow.store import Store
+from forgeflow.common.errors import ImageNotFoundError, PreflightError
+from forgeflow.curation import bugs, freeze
+from forgeflow.evaluation.canary import trial_row
+from forgeflow.ledger.store import Store
+from forgeflow.registry import images
+from forgeflow.registry.skopeo import Skopeo
+from forgeflow.sandbox import trial
+from forgeflow.sandbox.base import SandboxSpec
 from tasks.common import RESUMABLE, TRANSIENT_RETRY_DELAYS_S, retry_on_transient
 
 
@@ -59,12 +63,12 @@ def validate_candidate(candidate: trial.BugTask, image_ref: str, image_digest: s
                        checks: trial.ValidationChecks = trial.ValidationChecks(),
                        sink: TrialSink | None = None) -> trial.ValidationOutcome:
     """NOP then Oracle runs of one candidate in no-network containers of its task image
-    (:func:`forgeflow.trial.validate_candidate`); the one validation task of the lifecycle's
+    (:func:`forgeflow.sandbox.trial.validate_candidate`); the one validation task of the lifecycle's
     validate stage and of the ``curate`` flow.
 
     Args:
-        candidate: A :class:`forgeflow.bugs.Candidate`, :class:`forgeflow.candidates.CandidateTask`
-            or :class:`forgeflow.generated.GeneratedTask` (its ``instance_id`` and bug ``patch``).
+        candidate: A :class:`forgeflow.curation.bugs.Candidate`, :class:`forgeflow.curation.candidates.CandidateTask`
+            or :class:`forgeflow.curation.generated.GeneratedTask` (its ``instance_id`` and bug ``patch``).
         image_ref: The task image (local name or ``host:port/repo:tag``).
         image_digest: The image's digest or id when known (keys the cache: a rebuilt image under
             the same name is validated afresh); None when ``image_ref`` is the identity.
@@ -76,7 +80,7 @@ def validate_candidate(candidate: trial.BugTask, image_ref: str, image_digest: s
             included), so a task requeued by ``recover`` is validated afresh with new trial ids
             (the voided rows stay for audit), while a killed-and-resumed batch reuses the same key:
             Prefect's cache answers and the store upserts the same trial ids (nothing duplicated).
-        checks: Oracle repeats, flaky policy and log parser (:class:`forgeflow.trial.ValidationChecks`).
+        checks: Oracle repeats, flaky policy and log parser (:class:`forgeflow.sandbox.trial.ValidationChecks`).
         sink: Where each trial is stored as it ends (not part of the cache key); None: the caller
             records the outcome.
 
@@ -86,14 +90,14 @@ def validate_candidate(candidate: trial.BugTask, image_ref: str, image_digest: s
 
     Raises:
         InputError: bad input (fails only this task run, never retried). A transient
-            :class:`~forgeflow.errors.InfraError` escaping the trial runner is retried by Prefect
+            :class:`~forgeflow.common.errors.InfraError` escaping the trial runner is retried by Prefect
             (twice by default; callers override with ``with_options(retries=...)``).
     """
     on_trial = None
     if sink is not None:
         store = _store(sink.store_url)
 
-        def on_trial(record: trial.TrialRecord) -> None:
+        def on_trial(record: trial.TrialResult) -> None:
             store.record_trial(trial_row(record, sink.job_id, None, sink.run_id, batch_id=sink.batch_id))
 
     return trial.validate_candidate(candidate, image_ref, test_command, timeout_s=timeout_s,
@@ -111,3 +115,43 @@ def freeze_dataset(name: str, accepted: list[freeze.AcceptedTask], quotas: freez
         unmet = "; ".join(f"{u.name}: need {u.required}, found {u.found}" for u in selection.unmet)
         raise PreflightError(f"freeze {name!r} is not ready: {unmet}")
     return freeze.write_freeze(name, selection, quotas, seed, out_dir, extra_inputs)
+
+
+def _registry_repo(ref: str) -> tuple[str, str] | None:
+    """``host[:port]/repo:tag`` -> (``host[:port]/repo``, tag); None for local or digest refs."""
+    first, _, rest = ref.partition("/")
+    if not rest or "@" in ref or first == "localhost" or not ("." in first or ":" in first):
+        return None
+    repo, sep, tag = rest.rpartition(":")
+    return (f"{first}/{repo}", tag) if sep and "/" not in tag else None
+
+
+@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S[:2],
+      retry_condition_fn=retry_on_transient)
+def available_images(refs: list[str]) -> list[str]:
+    """Which image references exist, checked cheaply: one ``skopeo list-tags`` per registry
+    repository (``host:port/repo:tag``); ``podman image exists`` for local names and digest refs.
+
+    Returns:
+        The existing references, sorted.
+
+    Raises:
+        RegistryUnavailableError: a registry does not answer (transient: retried).
+    """
+    by_repo: dict[str, set[str]] = defaultdict(set)
+    local: list[str] = []
+    for ref in set(refs):
+        split = _registry_repo(ref)
+        if split is None:
+            local.append(ref)
+        else:
+            by_repo[split[0]].add(split[1])
+    found = [ref for ref in local if images.image_exists(ref)]
+    skopeo = Skopeo()
+    for repo, tags in by_repo.items():
+        try:
+            present = set(skopeo.list_tags(f"docker://{repo}"))
+        except ImageNotFoundError:
+            present = set()
+        found.extend(f"{repo}:{tag}" for tag in tags & present)
+    return sorted(found)

@@ -1,21 +1,43 @@
-"""Prefect tasks of the registry stages: registries, environment images, prewarm, push.
+"""Prefect tasks of the registry stages and flows: registries, environment and task images, push,
+prewarm; one image's migration, coverage, reference rewrite, prewarm plan and its histogram (thin
+wrappers over :mod:`forgeflow.registry`).
 
-Migration lives in ``tasks/registry_ops.py`` (the ``migrate-images`` flow, which the lifecycle calls
-as a subflow).
+Per-registry limits are Prefect *global concurrency limits* (``registry-<host>-<port>``) and,
+optionally, a rate limit (``registry-<host>-<port>-rate``, a limit with slot decay).
+:func:`ensure_registry_limits` creates or updates them through the client; the tasks acquire them
+with ``strict=False``, so a limit deleted meanwhile lets the task proceed (Prefect logs a warning)
+rather than failing the migration.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from prefect.client.orchestration import get_client
+from prefect.concurrency.sync import concurrency, rate_limit
+from prefect.context import TaskRunContext
 
-from forgeflow import images, migrate, projects
-from forgeflow.layout import PrewarmPlan
-from forgeflow.registry import RegistryServer
-from forgeflow.skopeo import Skopeo
-from tasks.common import RESUMABLE, TRANSIENT_RETRIES, TRANSIENT_RETRY_DELAYS_S, retry_on_transient
+from blocks.core import RegistryEndpoint
+from forgeflow.common.errors import InputError, is_transient
+from forgeflow.common.fsutil import atomic_write_bytes
+from forgeflow.ledger.store import Store
+from forgeflow.registry import auth as registry_auth
+from forgeflow.registry import imageref, images, projects
+from forgeflow.registry import migration as migrate
+from forgeflow.registry.layout import PrewarmPlan, ShardLayout
+from forgeflow.registry.server import RegistryServer
+from forgeflow.registry.skopeo import Skopeo
+from tasks.common import (
+    RESUMABLE,
+    TRANSIENT_RETRIES,
+    TRANSIENT_RETRY_DELAYS_S,
+    retry_on_transient,
+)
 
 
 @task(cache_policy=NO_CACHE)
@@ -77,3 +99,210 @@ def prewarm(plan: PrewarmPlan, target_address: str, base_refs: dict[str, str],
 def task_image(env_image: str, env_image_id: str, instance_id: str, bug_patch: str) -> images.ImageRef:
     """Build the task image (environment + bug, fresh git history). ``env_image_id`` keys the cache."""
     return images.build_task_image(env_image, instance_id, bug_patch)
+
+
+SKOPEO_RETRY_TIMES = 2
+"""skopeo's own ``--retry-times`` inside one attempt (Prefect retries the task on top)."""
+
+
+def limit_name(address: str) -> str:
+    """Name of the global concurrency limit of a registry: ``registry-<host>-<port>``."""
+    return "registry-" + re.sub(r"[^A-Za-z0-9.-]", "-", address)
+
+
+def ensure_registry_limits(address: str, slots: int, rate_per_s: float | None = None) -> tuple[str, str | None]:
+    """Create (or update) the registry's global concurrency limit and optional rate limit.
+
+    Args:
+        address: ``host:port`` of the registry.
+        slots: Concurrent skopeo operations allowed against it (1-64).
+        rate_per_s: Images started per second (slot decay of the rate limit), None = no rate limit.
+
+    Returns:
+        (concurrency limit name, rate limit name or None).
+
+    Raises:
+        InputError: ``slots`` outside 1-64 or ``rate_per_s`` not positive.
+    """
+    if not 1 <= slots <= 64:
+        raise InputError(f"concurrency slots {slots} outside 1-64")
+    if rate_per_s is not None and rate_per_s <= 0:
+        raise InputError(f"rate_per_s must be positive, got {rate_per_s}")
+    name = limit_name(address)
+    rate_name = None
+    with get_client(sync_client=True) as client:
+        client.upsert_global_concurrency_limit_by_name(name, slots)
+        if rate_per_s is not None:
+            rate_name = f"{name}-rate"
+            # a rate limit: slots decay at rate_per_s; the limit bounds a burst to ~1 s of rate
+            client.upsert_global_concurrency_limit_by_name(
+                rate_name, max(1, int(round(rate_per_s))), slot_decay_per_second=rate_per_s
+            )
+    return name, rate_name
+
+
+@contextmanager
+def skopeo_for(*endpoints: RegistryEndpoint) -> Iterator[Skopeo]:
+    """A Skopeo with one temporary auth file (mode 600, deleted afterwards) holding the
+    credentials of every endpoint that has them (:func:`forgeflow.registry.auth.authfile`)."""
+    entries = {}
+    for endpoint in endpoints:
+        has_password = endpoint.password is not None and bool(endpoint.password.get_secret_value())
+        if bool(endpoint.username) != has_password:
+            raise InputError(f"registry {endpoint.address}: set both username and password, or neither")
+        if endpoint.username:
+            entries[endpoint.address] = (endpoint.username, endpoint.password)
+    if not entries:
+        yield Skopeo(retry_times=SKOPEO_RETRY_TIMES)
+        return
+    with registry_auth.authfile(entries) as path:
+        yield Skopeo(authfile=path, retry_times=SKOPEO_RETRY_TIMES)
+
+
+def image_ref(endpoint: RegistryEndpoint, name: str, pin_digest: bool = True) -> str:
+    """Transport reference of a relative image name in ``endpoint``.
+
+    Args:
+        endpoint: The registry.
+        name: ``repo:tag``, ``repo:tag@sha256:<hex>`` or ``repo@sha256:<hex>``, relative to the
+            registry (:func:`forgeflow.registry.imageref.relative_name` makes it so).
+        pin_digest: With a digest in the name, reference the manifest by digest
+            (``docker://host/repo@sha256:...``: a source, or a check); False: by tag (a target).
+
+    Raises:
+        InputError: a malformed name, a name with a registry host, or no tag where one is needed.
+    """
+    parsed = imageref.parse_name(name)
+    if parsed.host is not None:
+        raise InputError(f"image {name!r} names a registry host; expected 'repo:tag' relative to {endpoint.address}")
+    if pin_digest and parsed.digest:
+        prefix = f"{endpoint.namespace.strip('/')}/" if endpoint.namespace else ""
+        return f"docker://{endpoint.address}/{prefix}{parsed.repository}@{parsed.digest}"
+    if parsed.tag is None:
+        raise InputError(f"image {name!r} has no tag: a copy needs 'repo:tag' (optionally '@sha256:<hex>')")
+    return endpoint.ref(parsed.repository, parsed.tag)
+
+
+def image_refs(endpoint: RegistryEndpoint, names: list[str], pin_digest: bool = True) -> list[str]:
+    """:func:`image_ref` of every name, in order (InputError for a bad name)."""
+    return [image_ref(endpoint, name, pin_digest) for name in names]
+
+
+@task(cache_policy=NO_CACHE, retries=TRANSIENT_RETRIES, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S,
+      retry_condition_fn=retry_on_transient, task_run_name="migrate-{name}")
+def migrate_one(name: str, source: RegistryEndpoint, target: RegistryEndpoint, max_size_bytes: int | None,
+                limit: str, rate: str | None, store_url: str | None = None,
+                run_id: str | None = None) -> migrate.MigrationRecord:
+    """Migrate one image (inspect, oversize skip, ``copy --all --preserve-digests``, digest check)
+    under the target registry's concurrency (and rate) limit, and write its state into the store.
+
+    One attempt is :func:`forgeflow.registry.migration.attempt_migration`. Its outcome goes to the image's
+    ``images`` row (:func:`forgeflow.registry.migration.record_state`): ``completed`` / ``skipped``, or
+    ``failed`` with the exception once no retry follows; while a transient failure (429, 5xx,
+    timeout) is retried by Prefect the row stays ``pending`` with the failed attempt as reason.
+    The exception is then raised, so the task run fails (and is retried only if transient: a
+    missing image or an auth failure fails at once).
+
+    Not cached: the store and the registry say what is done (the flow does not submit images
+    the store records as completed and the target still serves).
+
+    Returns:
+        The image's record (``attempts`` = this task run's run count).
+
+    Raises:
+        ImageNotFoundError, RegistryError, RegistryUnavailableError, DigestMismatchError: the
+            attempt's failure, after its state was written.
+    """
+    src, dst = image_ref(source, name), image_ref(target, name, pin_digest=False)
+    context = TaskRunContext.get()
+    attempt = context.task_run.run_count if context is not None else 1
+    retries = context.task.retries if context is not None else 0
+    store = Store(store_url)
+    try:
+        with concurrency(limit, occupy=1, strict=False):
+            if rate:
+                rate_limit(rate, occupy=1, strict=False)
+            with skopeo_for(source, target) as skopeo:
+                record, error = migrate.attempt_migration(skopeo, src, dst, max_size_bytes, attempt)
+        if error is not None and is_transient(error) and attempt <= retries:
+            migrate.record_state(store, record.model_copy(update={
+                "status": "pending", "reason": f"attempt {attempt} failed, retrying: "
+                                              f"{record.error_type}: {record.reason}"}), run_id)
+        else:
+            migrate.record_state(store, record, run_id)
+    finally:
+        store.dispose()
+    get_run_logger().info("%s: %s %s (attempt %d)", name, record.status, record.reason, attempt)
+    if error is not None:
+        raise error
+    return record
+
+
+@task(cache_policy=NO_CACHE, task_run_name="coverage-{target.address}")
+def coverage_check(target: RegistryEndpoint, names: list[str], store_url: str | None = None) -> migrate.CoverageReport:
+    """Which of ``names`` the target registry serves (available / missing / errored); with a
+    ``store_url``, beside each image's recorded migration state (:func:`forgeflow.registry.migration.coverage`)."""
+    store = Store(store_url) if store_url is not None else None
+    try:
+        with skopeo_for(target) as skopeo:
+            return migrate.coverage(skopeo, image_refs(target, names), store=store)
+    finally:
+        if store is not None:
+            store.dispose()
+
+
+@task(cache_policy=NO_CACHE)
+def rewrite_refs(old_prefix: str, new_prefix: str, dry_run: bool, store_url: str | None = None) -> migrate.RewritePlan:
+    """:func:`forgeflow.registry.migration.rewrite_refs` on the store (one transaction; dry run = diff only)."""
+    store = Store(store_url)
+    store.upgrade()
+    return migrate.rewrite_refs(store, old_prefix, new_prefix, dry_run=dry_run)
+
+
+@task(cache_policy=NO_CACHE)
+def layout_plan(tasks: list[tuple[str, str]], shards: int, lanes: int, prefix: str, tag_cap: int) -> PrewarmPlan:
+    """The ``base-sharded-tags`` plan of ``tasks`` (not yet checked against the cap)."""
+    layout = ShardLayout(shards=shards, lanes=lanes, prefix=prefix, tag_cap=tag_cap)
+    return layout.plan(tasks)
+
+
+def render_tag_histogram(counts: dict[str, int], tag_cap: int, path: Path) -> Path:
+    """Plot projected tags per repository (bars, the cap as a line) as a PNG, written atomically.
+
+    Args:
+        counts: repository -> projected tag count.
+        tag_cap: Drawn as a horizontal line; bars above it are red.
+        path: Where the PNG goes.
+
+    Returns:
+        ``path``.
+    """
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    repos = sorted(counts)
+    figure = Figure(figsize=(max(6.0, 0.12 * len(repos) + 2), 4), dpi=100)
+    axes = figure.subplots()
+    axes.bar(range(len(repos)), [counts[r] for r in repos],
+             color=["tab:red" if counts[r] > tag_cap else "tab:blue" for r in repos])
+    axes.axhline(tag_cap, color="black", linestyle="--", label=f"tag cap {tag_cap}")
+    axes.set_xlabel("repository")
+    axes.set_ylabel("projected tags")
+    axes.set_title(f"projected tags per repository ({len(repos)} repositories)")
+    if len(repos) <= 40:
+        axes.set_xticks(range(len(repos)), repos, rotation=90, fontsize=7)
+    axes.legend()
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    return atomic_write_bytes(path, buffer.getvalue())
+
+
+@task(cache_policy=NO_CACHE)
+def tag_histogram(plan: PrewarmPlan, path: Path) -> Path:
+    """:func:`render_tag_histogram` of the plan's projected tag counts."""
+    return render_tag_histogram(plan.projected_tag_counts, plan.layout.tag_cap, path)

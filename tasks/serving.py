@@ -1,40 +1,43 @@
-"""Prefect tasks of serving and evaluation: blue/green swap, agent (canary) trials."""
+"""Prefect tasks of serving: blue/green swaps (stage, promote, discard, roll back), their store
+records, and the GGUF check before a server starts."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from prefect import get_run_logger, task
-from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE
-from prefect.states import Completed
+from prefect import task
+from prefect.cache_policies import NO_CACHE
 from prefect.transactions import get_transaction, transaction
 from pydantic import BaseModel, ConfigDict
 
-from forgeflow import agent, errors, gguf, serving, trial
-from forgeflow import store as ledger
+from forgeflow.common import errors
+from forgeflow.ledger import records, tables
+from forgeflow.ledger import store as ledger
+from forgeflow.packaging import gguf
+from forgeflow.serving import bluegreen
+from tasks.common import flow_run_id, run_logger
 
 
 @task(cache_policy=NO_CACHE)
-def serve_swap(state_path: Path, gguf_path: Path, gguf_sha256: str, ports: tuple[int, int]) -> serving.SwapResult:
+def serve_swap(state_path: Path, gguf_path: Path, gguf_sha256: str, ports: tuple[int, int]) -> bluegreen.SwapResult:
     """Start the GGUF on the idle port, gate it (models endpoint + smoke completion), switch the
     recorded endpoint and stop the old server; a failed start or gate keeps the old one, is
     recorded in the store as a ``rolled_back`` generation (:func:`record_rollback`) and raises
     SwapRolledBackError. The new generation is numbered above every one the store records
     (:func:`store_min_generation`). Never cached: a server is a live process, not a result."""
     try:
-        return serving.swap(state_path, gguf_path, gguf_sha256, ports=ports, min_generation=store_min_generation())
+        return bluegreen.swap(state_path, gguf_path, gguf_sha256, ports=ports, min_generation=store_min_generation())
     except errors.SwapRolledBackError as exc:
-        record_rollback(exc.result, _flow_run_id())
+        record_rollback(exc.result, flow_run_id())
         raise
 
 
-def record_rollback(result: serving.SwapResult | None, run_id: str | None) -> ledger.ServingGenerationRecord | None:
+def record_rollback(result: bluegreen.SwapResult | None, run_id: str | None) -> records.ServingGenerationRecord | None:
     """Record a rolled-back swap in the store (``settings.store_url()``, upgraded first) as a
     ``serving_generations`` row with status ``rolled_back``: the port and GGUF the failed server
-    was started with, numbered above every generation recorded (:meth:`forgeflow.store.Store.record_rolled_back_swap`).
+    was started with, numbered above every generation recorded (:meth:`forgeflow.ledger.store.Store.record_rolled_back_swap`).
 
     Returns:
         The row, or None when ``result`` does not name the attempted port and GGUF (nothing to key it by).
@@ -47,7 +50,7 @@ def record_rollback(result: serving.SwapResult | None, run_id: str | None) -> le
         row = store.record_rolled_back_swap(result.new_port, result.new_gguf_sha256, run_id)
     finally:
         store.dispose()
-    _logger().warning("swap to %s on port %d rolled back: recorded as generation %d (rolled_back); %s",
+    run_logger().warning("swap to %s on port %d rolled back: recorded as generation %d (rolled_back); %s",
                       result.new_gguf_sha256[:12], result.new_port, row.generation, result.error or "")
     return row
 
@@ -55,9 +58,9 @@ def record_rollback(result: serving.SwapResult | None, run_id: str | None) -> le
 @task(cache_policy=NO_CACHE)
 def check_serving_gguf(gguf_path: Path, gguf_sha256: str, hf_dir: Path | None = None) -> gguf.GGUFCheck:
     """Check a GGUF's metadata against its HF config before any server starts (the package stage's
-    :func:`forgeflow.gguf.check_gguf`: architecture, layers, context, widths, heads, vocabulary,
+    :func:`forgeflow.packaging.gguf.check_gguf`: architecture, layers, context, widths, heads, vocabulary,
     chat template). The config is ``hf_dir``'s, else the checkpoint the store records the GGUF was
-    converted from (:func:`forgeflow.serving.recorded_config_dir`). Reads the GGUF header and the
+    converted from (:func:`forgeflow.serving.bluegreen.recorded_config_dir`). Reads the GGUF header and the
     config only; never cached (the file at the path can change).
 
     Raises:
@@ -70,7 +73,7 @@ def check_serving_gguf(gguf_path: Path, gguf_sha256: str, hf_dir: Path | None = 
         store = ledger.Store()
         try:
             store.upgrade()
-            hf_dir = serving.recorded_config_dir(store, gguf_sha256)
+            hf_dir = bluegreen.recorded_config_dir(store, gguf_sha256)
         finally:
             store.dispose()
         if hf_dir is None:
@@ -81,7 +84,7 @@ def check_serving_gguf(gguf_path: Path, gguf_sha256: str, hf_dir: Path | None = 
     elif not Path(hf_dir).is_dir():
         raise errors.InputError(f"hf_dir {str(hf_dir)!r} is not a folder")
     check = gguf.check_gguf(gguf_path, hf_dir)
-    _logger().info("%s matches the config of %s (%s, %d blocks, context %d, vocabulary %d)", Path(gguf_path).name,
+    run_logger().info("%s matches the config of %s (%s, %d blocks, context %d, vocabulary %d)", Path(gguf_path).name,
                    hf_dir, check.architecture, check.block_count, check.context_length, check.vocab_size)
     return check
 
@@ -92,7 +95,7 @@ def store_min_generation() -> int:
 
     ``serving_generations`` is keyed on the generation number alone while every state file (the
     demo lifecycle's, the ``serve`` flow's) counts its own: passing this as ``min_generation`` to
-    :func:`forgeflow.serving.promote` keeps a swap through one state file from reusing (and
+    :func:`forgeflow.serving.bluegreen.promote` keeps a swap through one state file from reusing (and
     overwriting) a number another one recorded."""
     store = ledger.Store()
     try:
@@ -107,7 +110,7 @@ STAGED_SERVER_KEY = "forgeflow.staged_server"
 
 
 @task(cache_policy=NO_CACHE)
-def stage_server(state_path: Path, gguf_path: Path, gguf_sha256: str, ports: tuple[int, int]) -> serving.StagedServer:
+def stage_server(state_path: Path, gguf_path: Path, gguf_sha256: str, ports: tuple[int, int]) -> bluegreen.StagedServer:
     """Start the GGUF on the idle port and gate it (health + smoke); the recorded endpoint does not
     move until :func:`promote_server`. A failed start/gate raises SwapRolledBackError.
 
@@ -118,9 +121,9 @@ def stage_server(state_path: Path, gguf_path: Path, gguf_sha256: str, ports: tup
     server is remembered in the task's transaction, and the ``on_rollback`` hook stops it when any
     later step of the transaction fails (and records that swap as rolled back too)."""
     try:
-        staged = serving.stage(state_path, gguf_path, gguf_sha256, ports=ports)
+        staged = bluegreen.stage(state_path, gguf_path, gguf_sha256, ports=ports)
     except errors.SwapRolledBackError as exc:
-        record_rollback(exc.result, _flow_run_id())
+        record_rollback(exc.result, flow_run_id())
         raise
     txn = get_transaction()
     if txn is not None:
@@ -134,25 +137,25 @@ def _stop_staged_server(txn: Any) -> None:
     stopping an already-stopped server is a no-op) and record the swap as ``rolled_back``."""
     staged = txn.get(STAGED_SERVER_KEY, None)
     if staged is not None:
-        server = serving.StagedServer.model_validate(staged)
-        serving.discard(server)
-        record_rollback(serving.SwapResult(previous=None, current=None, rolled_back=True, gate=server.gate,
+        server = bluegreen.StagedServer.model_validate(staged)
+        bluegreen.discard(server)
+        record_rollback(bluegreen.SwapResult(previous=None, current=None, rolled_back=True, gate=server.gate,
                                            error="a step after staging failed; the staged server was stopped",
                                            new_port=server.port, new_gguf_sha256=server.gguf_sha256),
-                        _flow_run_id())
+                        flow_run_id())
 
 
 @task(cache_policy=NO_CACHE)
-def promote_server(state_path: Path, staged: serving.StagedServer) -> serving.SwapResult:
+def promote_server(state_path: Path, staged: bluegreen.StagedServer) -> bluegreen.SwapResult:
     """Record the staged server as the next serving generation and stop the old one; the generation
     is numbered above every one the store records (:func:`store_min_generation`)."""
-    return serving.promote(state_path, staged, store_min_generation())
+    return bluegreen.promote(state_path, staged, store_min_generation())
 
 
 @task(cache_policy=NO_CACHE)
-def discard_server(staged: serving.StagedServer) -> None:
+def discard_server(staged: bluegreen.StagedServer) -> None:
     """Stop a staged server the gates refused; the recorded endpoint never moved."""
-    serving.discard(staged)
+    bluegreen.discard(staged)
 
 
 class SwapOutcome(BaseModel):
@@ -170,12 +173,12 @@ class SwapOutcome(BaseModel):
 
     promoted: bool
     verdict: str
-    state: serving.ServingState | None
-    previous: serving.ServingState | None = None
+    state: bluegreen.ServingState | None
+    previous: bluegreen.ServingState | None = None
 
 
 def swap_transaction(state_path: Path, gguf_path: Path, gguf_sha256: str, ports: tuple[int, int],
-                     gate: Callable[[serving.StagedServer], str]) -> SwapOutcome:
+                     gate: Callable[[bluegreen.StagedServer], str]) -> SwapOutcome:
     """A blue/green swap as ONE Prefect transaction (call it from a flow): stage the new GGUF on the
     idle port (health + smoke gate), run ``gate`` on it (e.g. canary tasks + the promotion gate; it
     returns a verdict), then promote (switch the serving record, drain and stop the old server) on
@@ -196,18 +199,18 @@ def swap_transaction(state_path: Path, gguf_path: Path, gguf_sha256: str, ports:
             swap = promote_server(state_path, staged)
             return SwapOutcome(promoted=True, verdict=verdict, state=swap.current, previous=swap.previous)
         discard_server(staged)
-        return SwapOutcome(promoted=False, verdict=verdict, state=serving.read_state(state_path))
+        return SwapOutcome(promoted=False, verdict=verdict, state=bluegreen.read_state(state_path))
 
 
-def generation_row(state: serving.ServingState, status: ledger.ServingStatus,
-                   run_id: str | None) -> ledger.ServingGenerationRecord:
+def generation_row(state: bluegreen.ServingState, status: tables.ServingStatus,
+                   run_id: str | None) -> records.ServingGenerationRecord:
     """The ``serving_generations`` row of a serving state (generation, port, GGUF sha256) with
     ``status`` (``active``/``retired``/``rolled_back``) and the Prefect run id that recorded it."""
-    return ledger.ServingGenerationRecord(generation=state.generation, port=state.active_port,
+    return records.ServingGenerationRecord(generation=state.generation, port=state.active_port,
                                           gguf_sha256=state.gguf_sha256, status=status, run_id=run_id)
 
 
-def record_swap(store: ledger.Store, previous: serving.ServingState | None, current: serving.ServingState,
+def record_swap(store: ledger.Store, previous: bluegreen.ServingState | None, current: bluegreen.ServingState,
                 run_id: str | None) -> None:
     """Record a promotion in the store: ``current`` as the active generation and ``previous`` (if
     any, and another generation) as retired, both with ``run_id`` (the flow run that swapped).
@@ -217,99 +220,3 @@ def record_swap(store: ledger.Store, previous: serving.ServingState | None, curr
     store.record_serving_generation(generation_row(current, "active", run_id))
 
 
-class UnscoredTrialError(Exception):
-    """Internal: carries an agent trial that ended in an exception out of the cached task as a
-    *failure*, so Prefect never caches it (DESIGN.md: exceptions are never cached)."""
-
-    def __init__(self, record: trial.TrialRecord) -> None:
-        super().__init__(f"{record.exception_type}: {record.exception_message}")
-        self.record = record
-
-    def __reduce__(self) -> tuple:  # pickled by Prefect's result store: rebuild from the record
-        return (type(self), (self.record,))
-
-
-@task(cache_policy=(INPUTS - "base_url") + TASK_SOURCE, task_run_name="agent-run-{instance_id}-{model_sha256:.12}")
-def _cached_agent_trial(instance_id: str, image_ref: str, image_digest: str, problem_statement: str,
-                        test_command: str, fail_to_pass: list[str], pass_to_pass: list[str], base_url: str,
-                        model_alias: str, model_sha256: str, config: agent.AgentConfig, out_dir: Path,
-                        verifier_timeout_s: float, run_key: str) -> trial.TrialRecord:
-    """The trial itself; only a trial without an exception completes (and is cached), any other
-    ends this task run Failed with :class:`UnscoredTrialError` (never cached, retried next run).
-    ``run_key`` names the trial (:func:`forgeflow.trial.make_trial_id`) and is part of the cache key."""
-    record = agent.run_agent_trial(instance_id, image_ref, problem_statement, test_command, fail_to_pass,
-                                   pass_to_pass, base_url, model_alias, config, out_dir,
-                                   verifier_timeout_s=verifier_timeout_s, run_key=run_key)
-    if record.exception_type is not None:
-        raise UnscoredTrialError(record)
-    return record
-
-
-@task(cache_policy=NO_CACHE, task_run_name="agent-{instance_id}-{model_sha256:.12}")
-def agent_trial(instance_id: str, image_ref: str, image_digest: str, problem_statement: str, test_command: str,
-                fail_to_pass: list[str], pass_to_pass: list[str], base_url: str, model_alias: str,
-                model_sha256: str, config: agent.AgentConfig, out_dir: Path, verifier_timeout_s: float,
-                job_id: str | None = None, run_key: str | None = None) -> trial.TrialRecord:
-    """One canary trial: mini-swe-agent on the host, commands in a no-network container, then the
-    verifier. An infrastructure failure is recorded as the trial's exception, never as reward 0.
-
-    Caching: the trial runs in ``_cached_agent_trial``, keyed on model sha256 + image digest +
-    agent/sampling config + the task's tests (not the endpoint URL: blue/green alternates ports for
-    the same model). Only a trial without an exception is cached; a trial that ended in an exception
-    (endpoint down, sandbox broke, agent timeout, dead loop, hang) is returned here but runs again in
-    the next flow run (DESIGN.md: exceptions are never cached). A cache hit ends this task in a
-    ``Cached`` state too, so stage bookkeeping sees it.
-
-    When the supervisor stopped the run (dead loop or hang: ``AgentLoopError`` /
-    ``AgentHangError``, the verifier's reward kept beside it), a ``supervision_events`` row is
-    recorded in the store with the evidence and the trajectory path (``job_id`` names the job).
-
-    ``run_key`` (default: ``model_sha256``) names the trial: a canary recovery job passes its own
-    job id so that its trials get ids of their own and never overwrite the original job's rows."""
-    state = _cached_agent_trial(instance_id, image_ref, image_digest, problem_statement, test_command,
-                                fail_to_pass, pass_to_pass, base_url, model_alias, model_sha256, config, out_dir,
-                                verifier_timeout_s, run_key or model_sha256, return_state=True)
-    try:
-        record = state.result()
-    except UnscoredTrialError as exc:
-        record = exc.record
-    record_supervision(record, job_id, _run_id())
-    if state.name == "Cached":  # the trial came from the cache: say so (the stage log counts it)
-        return Completed(data=record, name="Cached")
-    return record
-
-
-def record_supervision(record: trial.TrialRecord, job_id: str | None, run_id: str | None = None) -> Any:
-    """Record the supervisor's stop of ``record`` (if any) as a ``supervision_events`` row in the
-    store (``settings.store_url()``); returns the row, or None when the supervisor did not stop it."""
-    event = agent.supervision_event(record, job_id, run_id)
-    if event is not None:
-        store = ledger.Store()
-        store.upgrade()
-        store.record_supervision_event(event)
-        _logger().warning("supervisor stopped %s: %s (%s)", record.instance_id, event.kind, record.exception_message)
-    return event
-
-
-def _logger() -> Any:
-    from prefect.exceptions import MissingContextError
-
-    try:
-        return get_run_logger()
-    except MissingContextError:  # called as .fn outside a run (tests, scripts)
-        return logging.getLogger("forgeflow.tasks.serving")
-
-
-def _run_id() -> str | None:
-    from prefect.runtime import task_run
-
-    run = task_run.get_id()
-    return str(run)[:64] if run else None
-
-
-def _flow_run_id() -> str | None:
-    """The id of the flow run this code runs in (as :func:`record_swap` stamps promotions), or None."""
-    from prefect.runtime import flow_run
-
-    run = flow_run.get_id()
-    return str(run)[:64] if run else None

@@ -29,9 +29,9 @@ def pid_alive(pid: int) -> bool:
 
 def tiny_ggufs() -> tuple[Path, Path]:
     """(Q8_0, f16) GGUFs of the seed-0 tiny model, built once per machine under the cache."""
-    from forgeflow.gguf import convert_to_gguf, quantize
-    from forgeflow.model import build_tiny_model
-    from forgeflow.settings import cache_dir
+    from forgeflow.common.settings import cache_dir
+    from forgeflow.packaging.base_model import build_tiny_model
+    from forgeflow.packaging.gguf import convert_to_gguf, quantize
 
     root = cache_dir() / "test-fixtures" / "tiny-seed0"
     f16, q8 = root / "tiny-f16.gguf", root / "tiny-q8_0.gguf"

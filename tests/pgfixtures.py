@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from forgeflow.store import Store
+from forgeflow.ledger.store import Store
 from tests import pgcluster
 
 STORE_PG_PORT = 5444

@@ -1,6 +1,6 @@
 """forgeflow's pytest report plugin: the verifier's structured record of one test run.
 
-Shipped into the sandbox by :mod:`forgeflow.verifier` (never imported by forgeflow itself) and
+Shipped into the sandbox by :mod:`forgeflow.sandbox.verifier` (never imported by forgeflow itself) and
 loaded with ``-p forgeflow_pytest_report`` through ``PYTEST_ADDOPTS``, so it is imported before
 pytest starts capturing and before any code of the repository under test runs. It then:
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from forgeflow.burst import (
+from forgeflow.common.errors import InputError, PreflightError
+from forgeflow.training.burst import (
     BurstDivergedError,
     BurstHealthError,
     HealthGates,
@@ -22,7 +23,6 @@ from forgeflow.burst import (
     lora_parameter_count,
     preflight,
 )
-from forgeflow.errors import InputError, PreflightError
 
 
 def _history(losses: list[float], grad_norms: list[float] | None = None) -> list[dict]:

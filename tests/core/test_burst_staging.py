@@ -1,4 +1,4 @@
-"""Staging folders of bursts (``forgeflow.burst.StagingDir``) and the removal of dead bursts'
+"""Staging folders of bursts (``forgeflow.training.burst.StagingDir``) and the removal of dead bursts'
 leftovers (``remove_dead_staging_dirs``), with real processes, real ``flock`` locks and real
 ``/proc`` records; no training (tests/resilience/test_burst_kill.py kills a training burst)."""
 
@@ -10,10 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from forgeflow.burst import STAGING_LOCK_FILE, StagingDir, remove_dead_staging_dirs
+from forgeflow.training.burst import (
+    STAGING_LOCK_FILE,
+    StagingDir,
+    remove_dead_staging_dirs,
+)
 
 # a process that makes a staging folder and dies without leaving the ``with`` block (as kill -9 would)
-DIE_INSIDE = ("import os, sys; from pathlib import Path; from forgeflow.burst import StagingDir; "
+DIE_INSIDE = ("import os, sys; from pathlib import Path; from forgeflow.training.burst import StagingDir; "
               "s = StagingDir(Path(sys.argv[1])); p = s.__enter__(); (p / 'weights.bin').write_bytes(b'x' * 10); "
               "print(p, flush=True); os._exit(9)")
 

@@ -1,4 +1,4 @@
-"""The canary's core (forgeflow.canary): concurrency profiles, task assembly preflight, job report."""
+"""The canary's core (forgeflow.evaluation.canary): concurrency profiles, task assembly preflight, job report."""
 
 from __future__ import annotations
 
@@ -6,10 +6,16 @@ from types import SimpleNamespace
 
 import pytest
 
-from forgeflow.canary import CANARY_PROFILES, canary_tasks, check_concurrency, render_job_report
-from forgeflow.compare import JobReport
-from forgeflow.errors import InputError, PreflightError
-from forgeflow.store import JobRecord, Store, TaskRecord
+from forgeflow.common.errors import InputError, PreflightError
+from forgeflow.evaluation.canary import (
+    CANARY_PROFILES,
+    canary_tasks,
+    check_concurrency,
+    render_job_report,
+)
+from forgeflow.evaluation.compare import JobReport
+from forgeflow.ledger.records import JobRecord, TaskRecord
+from forgeflow.ledger.store import Store
 
 PATCH = ("diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,2 @@\n def add(a, b):\n"
          "-    return a + b\n+    return a - b\n")

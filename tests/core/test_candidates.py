@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from forgeflow.candidates import (
+from forgeflow.common.errors import InputError
+from forgeflow.curation.candidates import (
     MAX_REPORTED_ERRORS,
     CandidateTask,
     load_candidates,
     to_candidate_refs,
 )
-from forgeflow.errors import InputError
-from forgeflow.selection import select_batch
+from forgeflow.curation.selection import select_batch
 
 
 def row(instance_id: str = "owner__repo-1", **overrides: object) -> dict[str, object]:

@@ -6,18 +6,18 @@ import math
 
 import pytest
 
-from forgeflow.compare import (
+from forgeflow.common.errors import InputError
+from forgeflow.evaluation.compare import (
     JobReport,
-    cluster_bootstrap_delta,
     cost_ratios,
     paired_compare,
-    promotion_decision,
     refuse_unless_same_split,
     render_markdown,
     wilson_interval,
 )
-from forgeflow.errors import InputError
-from forgeflow.store import TrialRecord
+from forgeflow.evaluation.gate import promotion_decision
+from forgeflow.evaluation.paired_stats import cluster_bootstrap_delta
+from forgeflow.ledger.records import TrialRecord
 
 
 def wilson_by_hand(k: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:

@@ -8,17 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from forgeflow.compare import (
+from forgeflow.common.errors import InputError
+from forgeflow.evaluation.compare import (
     JobReport,
-    cluster_bootstrap_delta,
     compare_stored_jobs,
     merged_job,
     render_plot,
     wilson_interval,
 )
-from forgeflow.errors import InputError
-from forgeflow.gate import GatePolicy
-from forgeflow.store import JobRecord, Store, TaskRecord, TrialRecord
+from forgeflow.evaluation.gate import GatePolicy
+from forgeflow.evaluation.paired_stats import cluster_bootstrap_delta
+from forgeflow.ledger.records import JobRecord, TaskRecord, TrialRecord
+from forgeflow.ledger.store import Store
 
 # instance -> (repo, reward in A, reward in B); None = an exception
 CASES = {
@@ -172,7 +173,7 @@ def test_plot_is_a_png_with_both_panels(store: Store, tmp_path: Path) -> None:
 def test_a_validation_job_or_the_same_job_twice_is_refused(store: Store) -> None:
     """A validation job has a NOP and an Oracle trial per instance: keeping 'the latest' of them
     would report the Oracle's 1s as a pass rate; the same job twice is no comparison."""
-    from forgeflow.compare import merged_job
+    from forgeflow.evaluation.compare import merged_job
 
     store.record_trials([
         TrialRecord(trial_id="v-nop", instance_id="six.t1", kind="nop", job_id="validate-0", reward=0.0),

@@ -6,7 +6,7 @@ import pydantic
 import pytest
 
 from forgeflow.config import DEMO_PROJECTS, LifecycleConfig
-from forgeflow.projects import load_projects
+from forgeflow.registry.projects import load_projects
 
 
 def test_canary_concurrency_above_the_limit_is_refused_naming_the_field():

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from forgeflow.derived import (
+from forgeflow.common.errors import InputError
+from forgeflow.curation.derived import (
     derive,
     explicit_set,
     frozen_split_sets,
@@ -20,9 +21,14 @@ from forgeflow.derived import (
     verify_derived,
     write_derived,
 )
-from forgeflow.errors import InputError
-from forgeflow.freeze import AcceptedTask, SplitQuotas, select_splits, write_freeze
-from forgeflow.store import ImageRecord, Store, TaskRecord
+from forgeflow.curation.freeze import (
+    AcceptedTask,
+    SplitQuotas,
+    select_splits,
+    write_freeze,
+)
+from forgeflow.ledger.records import ImageRecord, TaskRecord
+from forgeflow.ledger.store import Store
 
 STATIC = explicit_set("static", ["a", "b", "c", "d", "e"])
 VERIFIED = explicit_set("verified_any", ["b", "c", "e", "z"])
@@ -227,8 +233,8 @@ def test_id_list_needs_a_pinned_revision() -> None:
 
 
 def test_a_rebuild_with_other_content_is_refused_unless_replaced(tmp_path: Path) -> None:
-    from forgeflow.derived import save_derived
-    from forgeflow.errors import DerivedSetConflictError
+    from forgeflow.common.errors import DerivedSetConflictError
+    from forgeflow.curation.derived import save_derived
 
     first = derive("x = static & verified_any", [STATIC, VERIFIED])["x"]
     path = write_derived(first, tmp_path)
@@ -256,7 +262,7 @@ def test_a_rebuild_with_other_content_is_refused_unless_replaced(tmp_path: Path)
 
 @pytest.mark.parametrize("name", ["../demo/summary", "../demo/freezes/demo-v1", "a/b", "a\\b", "..", "", "a.b"])
 def test_a_derived_set_name_is_a_plain_name_never_a_path(name: str) -> None:
-    from forgeflow.derived import validate_derived_name
+    from forgeflow.curation.derived import validate_derived_name
 
     with pytest.raises(InputError, match="no path separators or '..'"):
         validate_derived_name(name)

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from forgeflow.errors import FreezeConflictError, InputError, PreflightError
-from forgeflow.freeze import (
+from forgeflow.common.errors import FreezeConflictError, InputError, PreflightError
+from forgeflow.common.fsutil import sha256_file
+from forgeflow.curation.freeze import (
     AcceptedTask,
     SplitQuotas,
     freeze_ready,
@@ -16,7 +17,6 @@ from forgeflow.freeze import (
     verify_freeze,
     write_freeze,
 )
-from forgeflow.fsutil import sha256_file
 
 
 def tasks(repos: dict[str, int]) -> list[AcceptedTask]:
@@ -162,9 +162,14 @@ def test_unready_selection_and_bad_names_are_refused(tmp_path: Path) -> None:
 def test_a_used_freeze_name_with_other_inputs_is_refused_before_any_work(tmp_path) -> None:
     """The lifecycle checks this first: a run that would freeze other content under an existing name
     used to fail only at its freeze stage, after rewriting the shared candidates file."""
+    from forgeflow.common.errors import FreezeConflictError
     from forgeflow.config import LifecycleConfig
-    from forgeflow.errors import FreezeConflictError
-    from forgeflow.freeze import check_freeze_inputs, inputs_path, manifest_path, record_freeze_inputs
+    from forgeflow.curation.freeze import (
+        check_freeze_inputs,
+        inputs_path,
+        manifest_path,
+        record_freeze_inputs,
+    )
 
     made = LifecycleConfig().freeze_inputs()
     check_freeze_inputs("demo-v1", tmp_path, made)  # nothing frozen yet: fine

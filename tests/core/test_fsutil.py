@@ -1,11 +1,11 @@
-"""Atomic writes and digests (forgeflow.fsutil)."""
+"""Atomic writes and digests (forgeflow.common.fsutil)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 
-from forgeflow import fsutil
+from forgeflow.common import fsutil
 
 
 def test_atomic_write_replaces_whole_file_and_leaves_no_temp(tmp_path):

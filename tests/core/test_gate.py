@@ -5,9 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from forgeflow.compare import CostComparison, PairedComparison, cost_ratios, paired_compare
-from forgeflow.errors import InputError
-from forgeflow.gate import GatePolicy, promotion_decision
+from forgeflow.common.errors import InputError
+from forgeflow.evaluation.compare import (
+    CostComparison,
+    PairedComparison,
+    cost_ratios,
+    paired_compare,
+)
+from forgeflow.evaluation.gate import GatePolicy, promotion_decision
 
 
 def table(both_pass: int, wins: int, losses: int, both_fail: int, n_repos: int) -> PairedComparison:

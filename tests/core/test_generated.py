@@ -6,8 +6,13 @@ import json
 
 import pytest
 
-from forgeflow.errors import InputError
-from forgeflow.generated import GeneratedTask, load_generated, merge_generated, write_generated
+from forgeflow.common.errors import InputError
+from forgeflow.curation.generated import (
+    GeneratedTask,
+    load_generated,
+    merge_generated,
+    write_generated,
+)
 
 PATCH = "diff --git a/m.py b/m.py\n--- a/m.py\n+++ b/m.py\n@@ -1 +1 @@\n-x = 1\n+x = 2\n"
 

@@ -1,4 +1,4 @@
-"""forgeflow.gguf_edit on small synthetic GGUFs written with gguf-py's GGUFWriter."""
+"""forgeflow.packaging.gguf_edit on small synthetic GGUFs written with gguf-py's GGUFWriter."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from forgeflow.errors import GGUFError, InputError
-from forgeflow.gguf_edit import (
+from forgeflow.common.errors import GGUFError, InputError
+from forgeflow.packaging.gguf_edit import (
     EditSnapshot,
     read_header_index,
     read_metadata,

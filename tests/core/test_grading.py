@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from forgeflow import errors
-from forgeflow.grading import (
+from forgeflow.common import errors
+from forgeflow.sandbox.grading import (
     ValidationReport,
     grade_resolved,
     grade_validation,

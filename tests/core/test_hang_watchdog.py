@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from forgeflow.errors import InputError
-from forgeflow.supervision import HangWatchdog
+from forgeflow.common.errors import InputError
+from forgeflow.evaluation.supervision import HangWatchdog
 
 
 class Clock:

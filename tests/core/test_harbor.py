@@ -20,10 +20,14 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from forgeflow import errors
-from forgeflow.freeze import AcceptedTask, SplitQuotas, select_splits, write_freeze
-from forgeflow.grading import grade_resolved, parse_test_log
-from forgeflow.harbor import (
+from forgeflow.common import errors
+from forgeflow.curation.freeze import (
+    AcceptedTask,
+    SplitQuotas,
+    select_splits,
+    write_freeze,
+)
+from forgeflow.evaluation.harbor import (
     HARBOR_TASK_SCHEMA_VERSION,
     HarborTask,
     HarborTaskLimits,
@@ -32,7 +36,8 @@ from forgeflow.harbor import (
     map_harbor_exception,
     read_harbor_job,
 )
-from forgeflow.store import Store
+from forgeflow.ledger.store import Store
+from forgeflow.sandbox.grading import grade_resolved, parse_test_log
 
 IMAGE = "127.0.0.1:5702/task-01:calc.add-1"
 F2P = ["tests/test_calc.py::test_add"]

@@ -1,11 +1,17 @@
-"""forgeflow.imageref: registry addresses, namespaces and image names (OCI / docker reference grammar)."""
+"""forgeflow.registry.imageref: registry addresses, namespaces and image names (OCI / docker reference grammar)."""
 
 from __future__ import annotations
 
 import pytest
 
-from forgeflow.errors import InputError
-from forgeflow.imageref import check_address, check_namespace, has_host, parse_name, relative_name
+from forgeflow.common.errors import InputError
+from forgeflow.registry.imageref import (
+    check_address,
+    check_namespace,
+    has_host,
+    parse_name,
+    relative_name,
+)
 
 DIGEST = "sha256:" + "0123456789abcdef" * 4
 REGISTRIES = [("127.0.0.1:5702", ""), ("127.0.0.1:5701", "")]

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-
 import pytest
 
-from forgeflow.errors import InputError
-from forgeflow.store import Store
-from forgeflow.supervision import judge_answers, judgment_id
-
+from forgeflow.common.errors import InputError
+from forgeflow.evaluation.supervision import judge_answers, judgment_id
+from forgeflow.ledger.store import Store
 
 ITEMS = [
     ("gaia-1", "The Eiffel Tower.", "eiffel tower"),

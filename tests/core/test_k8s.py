@@ -2,10 +2,10 @@
 
 No Kubernetes API server can run on this machine (no kind/k3s, no container runtime for one, no
 network). So every manifest forgeflow renders and every file in ``infra/k8s/`` is deserialized with
-the official ``kubernetes`` client's models (``forgeflow.k8s.validate_manifest``: unknown fields,
+the official ``kubernetes`` client's models (``forgeflow.sandbox.kubernetes.validate_manifest``: unknown fields,
 JSON types and required fields), the pod-status -> exception mapping is tested on recorded pod
 statuses (``tests/core/data/k8s/pod_*.json``, in the shape ``kubectl get pod -o json`` prints), and
-:class:`forgeflow.k8s.KubernetesSandbox` is driven through a small recording stand-in for
+:class:`forgeflow.sandbox.kubernetes.KubernetesSandbox` is driven through a small recording stand-in for
 ``CoreV1Api`` (what it would create, read and delete). Exec through the API is not exercised here.
 The work-pool templates are rendered with Prefect's own templating (``apply_values``), as the
 Prefect kubernetes worker renders them.
@@ -24,8 +24,9 @@ from kubernetes.client import ApiClient
 from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
-from forgeflow import errors, k8s
-from forgeflow.sandbox import SandboxSpec
+from forgeflow.common import errors
+from forgeflow.sandbox import kubernetes as k8s
+from forgeflow.sandbox.base import SandboxSpec
 
 REPO = Path(__file__).resolve().parents[2]
 K8S_DIR = REPO / "infra" / "k8s"
@@ -373,7 +374,7 @@ def test_delete_trial_pods_sweeps_by_label() -> None:
 
 
 def test_kubernetes_backend_is_registered() -> None:
-    from forgeflow.sandbox import get_backend
+    from forgeflow.sandbox.backends import get_backend
 
     backend = get_backend("kubernetes")
     box = backend(IMAGE, SandboxSpec(), "ff-x", api=RecordingCoreV1Api([]))

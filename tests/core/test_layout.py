@@ -8,8 +8,8 @@ from collections import Counter
 import pytest
 from pydantic import ValidationError
 
-from forgeflow.errors import InputError, PlanRejectedError
-from forgeflow.layout import (
+from forgeflow.common.errors import InputError, PlanRejectedError
+from forgeflow.registry.layout import (
     TAG_PATTERN,
     ShardLayout,
     basecache_tag,
@@ -150,7 +150,7 @@ def test_an_id_whose_sanitized_tag_equals_another_valid_id_is_rejected() -> None
     (dict(prefix="Task/x"), r"prefix='Task/x': String should match pattern"),
 ])
 def test_shard_layout_names_the_bad_parameter(kwargs: dict, message: str) -> None:
-    from forgeflow.layout import shard_layout
+    from forgeflow.registry.layout import shard_layout
 
     params = dict(shards=80, lanes=5, prefix="task", tag_cap=100) | kwargs
     with pytest.raises(InputError, match=message):

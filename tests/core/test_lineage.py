@@ -1,5 +1,5 @@
-"""Lineage of a served GGUF from the store (``forgeflow.lineage``), adapter digests and
-content-addressed adapter folders (``forgeflow.burst.adapter_sha256`` / ``pin_adapter``).
+"""Lineage of a served GGUF from the store (``forgeflow.packaging.lineage``), adapter digests and
+content-addressed adapter folders (``forgeflow.training.burst.adapter_sha256`` / ``pin_adapter``).
 
 No training: adapter folders are written as peft's ``save_pretrained`` lays them out (weights,
 config, README) plus ``lineage.json``; the digests are real. Store tests run on SQLite and
@@ -13,11 +13,18 @@ from pathlib import Path
 
 import pytest
 
-from forgeflow.burst import LINEAGE_FILE, AdapterRecord, Lineage, adapter_sha256, pin_adapter
-from forgeflow.errors import InputError
-from forgeflow.fsutil import sha256_file, sha256_tree
-from forgeflow.lineage import lineage_of
-from forgeflow.store import ModelArtifactRecord, ServingGenerationRecord, Store
+from forgeflow.common.errors import InputError
+from forgeflow.common.fsutil import sha256_file, sha256_tree
+from forgeflow.ledger.records import ModelArtifactRecord, ServingGenerationRecord
+from forgeflow.ledger.store import Store
+from forgeflow.packaging.lineage import lineage_of
+from forgeflow.training.burst import (
+    LINEAGE_FILE,
+    AdapterRecord,
+    Lineage,
+    adapter_sha256,
+    pin_adapter,
+)
 
 
 def _adapter(folder: Path, weights: bytes, readme: str = "# adapter\n", run_id: str = "run-1") -> AdapterRecord:

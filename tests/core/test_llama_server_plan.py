@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from forgeflow.errors import InfraError, InputError
-from forgeflow.llama_server import (
+from forgeflow.common.errors import InfraError, InputError
+from forgeflow.serving.llama_server import (
     AcceleratorFallbackError,
     ContextPreflightError,
     ServerProps,

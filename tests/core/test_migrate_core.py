@@ -1,4 +1,4 @@
-"""Pure parts of forgeflow.migrate: dataset image lists, migration state rows, reference rewrite,
+"""Pure parts of forgeflow.registry.migration: dataset image lists, migration state rows, reference rewrite,
 prewarm plan inputs (SQLite store in a temp folder; no registry)."""
 
 from __future__ import annotations
@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from forgeflow import migrate
-from forgeflow.errors import InputError
-from forgeflow.store import ImageRecord, Store, TaskRecord
+from forgeflow.common.errors import InputError
+from forgeflow.ledger.records import ImageRecord, TaskRecord
+from forgeflow.ledger.store import Store
+from forgeflow.registry import migration as migrate
 
 OLD, NEW = "127.0.0.1:5701", "registry.example.com:443/mirror"
 DIGEST_A, DIGEST_B = "sha256:" + "a" * 64, "sha256:" + "b" * 64
@@ -231,7 +232,7 @@ def test_registry_answering_v2_with_200_or_401_is_reachable(status: int) -> None
 
 
 def test_unreachable_registry_is_an_exception_naming_the_address() -> None:
-    from forgeflow.errors import RegistryUnavailableError
+    from forgeflow.common.errors import RegistryUnavailableError
     from tests.helpers import free_port
 
     address = f"127.0.0.1:{free_port()}"

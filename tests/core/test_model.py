@@ -11,16 +11,21 @@ from pathlib import Path
 
 import pytest
 
-from forgeflow.burst import BurstConfig, BurstDivergedError, build_sft_dataset, run_sft_burst
-from forgeflow.errors import InputError
-from forgeflow.gguf import QUANT_PRESETS, quantize
-from forgeflow.model import (
+from forgeflow.common.errors import InputError
+from forgeflow.packaging.base_model import (
     QWEN2_5_CHAT_TEMPLATE,
     TinyModelConfig,
     build_tiny_model,
     ensure_tokenizer,
     read_test_vectors,
     verify_tokenizer,
+)
+from forgeflow.packaging.gguf import QUANT_PRESETS, quantize
+from forgeflow.training.burst import (
+    BurstConfig,
+    BurstDivergedError,
+    build_sft_dataset,
+    run_sft_burst,
 )
 
 
@@ -152,9 +157,13 @@ def test_burst_on_a_nan_weight_raises_with_the_losses(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_sdist_holds_the_vocab_and_converter_once_extracted() -> None:
-    from forgeflow import settings
-    from forgeflow.fsutil import sha256_file
-    from forgeflow.llama_sdist import convert_script_path, ensure_llama_sdist, vocab_gguf_path
+    from forgeflow.common import settings
+    from forgeflow.common.fsutil import sha256_file
+    from forgeflow.packaging.sdist import (
+        convert_script_path,
+        ensure_llama_sdist,
+        vocab_gguf_path,
+    )
 
     root = ensure_llama_sdist()
     assert root.name == f"llama-cpp-python-{settings.LLAMA_CPP_PYTHON_VERSION}"
@@ -172,7 +181,7 @@ def test_saved_tokenizer_agrees_with_llama_cpp_except_nfc() -> None:
     import llama_cpp
     from transformers import AutoTokenizer
 
-    from forgeflow.llama_sdist import vocab_gguf_path
+    from forgeflow.packaging.sdist import vocab_gguf_path
 
     hf = AutoTokenizer.from_pretrained(str(ensure_tokenizer()))
     llm = llama_cpp.Llama(model_path=str(vocab_gguf_path()), vocab_only=True, verbose=False)

@@ -18,8 +18,14 @@ from typing import Any
 
 import pytest
 
-from forgeflow.errors import CircuitOpenError, InputError, ModelEndpointError, ModelRequestError, is_transient
-from forgeflow.model_client import (
+from forgeflow.common.errors import (
+    CircuitOpenError,
+    InputError,
+    ModelEndpointError,
+    ModelRequestError,
+    is_transient,
+)
+from forgeflow.evaluation.model_client import (
     ChatRequest,
     ChatResponse,
     CircuitBreaker,
@@ -334,8 +340,8 @@ def test_bad_requests_name_the_input() -> None:
 @pytest.mark.slow
 def test_real_llama_cpp_server_answers_streamed_and_not(tmp_path: Path) -> None:
     """The real llama-cpp-python OpenAI server on the cached tiny GGUF (built by the serving tests)."""
-    from forgeflow.serving import ModelServer
-    from forgeflow.settings import cache_dir
+    from forgeflow.common.settings import cache_dir
+    from forgeflow.serving.server import ModelServer
 
     gguf = cache_dir() / "test-fixtures" / "tiny-seed0" / "tiny-q8_0.gguf"
     if not gguf.is_file():

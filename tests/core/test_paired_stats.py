@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from forgeflow.compare import wilson_interval
-from forgeflow.errors import InputError
-from forgeflow.paired_stats import (
+from forgeflow.common.errors import InputError
+from forgeflow.evaluation.compare import wilson_interval
+from forgeflow.evaluation.paired_stats import (
     NEWCOMBE_SOURCE,
     UNION_METHOD,
     cluster_bootstrap_delta,

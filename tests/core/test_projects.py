@@ -7,8 +7,8 @@ import re
 import pytest
 from pydantic import ValidationError
 
-from forgeflow.errors import InputError
-from forgeflow.projects import Project, get_project, load_projects
+from forgeflow.common.errors import InputError
+from forgeflow.registry.projects import Project, get_project, load_projects
 
 
 def test_six_distinct_projects_with_pinned_sdists() -> None:

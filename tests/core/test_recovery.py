@@ -8,12 +8,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from sqlalchemy import text
 from pydantic import ValidationError
+from sqlalchemy import text
 
-from forgeflow.errors import InputError
-from forgeflow.fsutil import sha256_file
-from forgeflow.recovery import (
+from forgeflow.common.errors import InputError
+from forgeflow.common.fsutil import sha256_file
+from forgeflow.curation.recovery import (
     CountMismatchError,
     RecoveryRequest,
     apply_recovery,
@@ -21,7 +21,8 @@ from forgeflow.recovery import (
     render_audit,
     render_plan,
 )
-from forgeflow.store import BatchRecord, Store, TaskRecord, TrialRecord
+from forgeflow.ledger.records import BatchRecord, TaskRecord, TrialRecord
+from forgeflow.ledger.store import Store
 
 T0 = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
 

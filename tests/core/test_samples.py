@@ -1,4 +1,4 @@
-"""Oracle SFT samples (forgeflow.samples) on a real git checkout."""
+"""Oracle SFT samples (forgeflow.training.samples) on a real git checkout."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import subprocess
 
 import pytest
 
-from forgeflow import samples
-from forgeflow.errors import PatchApplyError
+from forgeflow.common.errors import PatchApplyError
+from forgeflow.training import samples
 
 BUG = """--- a/calc.py
 +++ b/calc.py
@@ -53,7 +53,7 @@ def test_oracle_messages_use_mini_swe_agent_prompts_and_fence(checkout):
 
 
 def test_problem_statement_names_at_most_ten_failing_tests_and_counts_the_rest():
-    from forgeflow.agent import MAX_TESTS_LISTED, problem_statement_for
+    from forgeflow.evaluation.agent import MAX_TESTS_LISTED, problem_statement_for
 
     tests = [f"tests/test_calc.py::test_case_{i:02d}" for i in range(25)]
     text = problem_statement_for(BUG, tests)

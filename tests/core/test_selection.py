@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from forgeflow.errors import InputError
-from forgeflow.selection import CandidateRef, select_batch
+from forgeflow.common.errors import InputError
+from forgeflow.curation.selection import CandidateRef, select_batch
 
 
 def cands(repos: dict[str, int], missing_image: set[str] = frozenset()) -> list[CandidateRef]:

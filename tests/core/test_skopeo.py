@@ -1,4 +1,4 @@
-"""How :class:`forgeflow.skopeo.Skopeo` runs the skopeo binary: command line, time limit, missing tool.
+"""How :class:`forgeflow.registry.skopeo.Skopeo` runs the skopeo binary: command line, time limit, missing tool.
 
 The copies, inspections and error mapping against real registries are in
 tests/integration/test_registry.py. Here a stand-in ``skopeo`` script on PATH plays a skopeo that
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from forgeflow import skopeo as skopeo_module
-from forgeflow.errors import RegistryUnavailableError, ToolMissingError
-from forgeflow.skopeo import Skopeo
+from forgeflow.common.errors import RegistryUnavailableError, ToolMissingError
+from forgeflow.registry import skopeo as skopeo_module
+from forgeflow.registry.skopeo import Skopeo
 
 
 def _stand_in(tmp_path: Path, body: str) -> Path:

@@ -13,23 +13,20 @@ from alembic.migration import MigrationContext
 from pydantic import ValidationError
 from sqlalchemy.dialects import postgresql
 
-from forgeflow.errors import InputError
-from forgeflow.store import (
-    Base,
-    Image,
+from forgeflow.common.errors import InputError
+from forgeflow.ledger.records import (
     ImageRecord,
     ModelArtifactRecord,
-    ServingGeneration,
     ServingGenerationRecord,
-    Store,
     TaskRecord,
     TrialRecord,
-    upsert_statement,
 )
+from forgeflow.ledger.store import Store, upsert_statement
+from forgeflow.ledger.tables import Base, Image, ServingGeneration
 
 DIGEST = "sha256:" + "a" * 64
 HEAD = "0005"
-"""The newest migration (forgeflow/migrations/versions)."""
+"""The newest migration (forgeflow/ledger/migrations/versions)."""
 
 SHA = "b" * 64
 
@@ -239,7 +236,7 @@ def test_record_trials_writes_a_batch_in_one_transaction_or_nothing(store: Store
 
 
 def test_image_migration_state_round_trips_and_rejects_an_unknown_status(store: Store) -> None:
-    from forgeflow.store import ImageRecord
+    from forgeflow.ledger.records import ImageRecord
 
     digest = "sha256:" + "a" * 64
     store.record_image(ImageRecord(ref="127.0.0.1:5702/env/a:1", role="target", status="skipped",
@@ -253,7 +250,7 @@ def test_image_migration_state_round_trips_and_rejects_an_unknown_status(store: 
 
 
 def test_recovery_job_links_to_its_original_and_trial_costs_are_kept(store: Store) -> None:
-    from forgeflow.store import JobRecord, TrialRecord
+    from forgeflow.ledger.records import JobRecord, TrialRecord
 
     store.record_job(JobRecord(job_id="canary-1", kind="canary", freeze_name="f1", split="test"))
     store.record_job(JobRecord(job_id="canary-1-r1", kind="recovery", parent_job_id="canary-1"))
@@ -269,8 +266,8 @@ def test_recovery_job_links_to_its_original_and_trial_costs_are_kept(store: Stor
 
 
 def test_judgments_and_supervision_events_are_stored_with_their_evidence(store: Store) -> None:
-    from forgeflow.store import JudgmentRecord, SupervisionEventRecord
-    from forgeflow.supervision import judge_answer
+    from forgeflow.evaluation.supervision import judge_answer
+    from forgeflow.ledger.records import JudgmentRecord, SupervisionEventRecord
 
     verdict = judge_answer("The Eiffel Tower", "eiffel tower")
     store.record_judgments([JudgmentRecord(judgment_id="j1", job_id="qa-1", question_id="q1",
@@ -290,7 +287,7 @@ def test_judgments_and_supervision_events_are_stored_with_their_evidence(store: 
 def test_downgrade_to_0002_and_upgrade_again_keeps_old_rows(store: Store) -> None:
     from alembic import command
 
-    from forgeflow.store import TrialRecord
+    from forgeflow.ledger.records import TrialRecord
 
     store.record_trial(TrialRecord(trial_id="t1", instance_id="i1", kind="nop", reward=0.0))
     with store.engine.begin() as connection:
@@ -350,7 +347,7 @@ def test_migration_0004_moves_each_parent_link_into_a_production_and_back(store:
 
 
 def test_a_reading_store_on_a_missing_sqlite_file_names_it_and_creates_nothing(tmp_path: Path) -> None:
-    from forgeflow.errors import StoreNotFoundError
+    from forgeflow.common.errors import StoreNotFoundError
 
     missing = tmp_path / "typo" / "forgeflow.db"
     with pytest.raises(StoreNotFoundError, match=f"no forgeflow store at {missing}; run a flow first"):
@@ -359,8 +356,8 @@ def test_a_reading_store_on_a_missing_sqlite_file_names_it_and_creates_nothing(t
 
 
 def test_a_mistyped_forgeflow_home_is_named_and_left_uncreated(tmp_path: Path, monkeypatch) -> None:
-    from forgeflow import settings
-    from forgeflow.errors import StoreNotFoundError
+    from forgeflow.common import settings
+    from forgeflow.common.errors import StoreNotFoundError
 
     home = tmp_path / "forgeflw"  # the user's typo
     monkeypatch.setenv("FORGEFLOW_HOME", str(home))
@@ -404,7 +401,7 @@ def test_an_artifact_cannot_be_its_own_parent() -> None:
 
 
 def test_a_reading_store_refuses_a_file_that_is_not_a_forgeflow_store_and_writes_nothing(tmp_path: Path) -> None:
-    from forgeflow.errors import StoreInvalidError
+    from forgeflow.common.errors import StoreInvalidError
 
     garbage = tmp_path / "garbage.db"
     garbage.write_bytes(b"garbage\n")
@@ -419,7 +416,7 @@ def test_a_reading_store_refuses_a_file_that_is_not_a_forgeflow_store_and_writes
 
 
 def test_a_reading_store_refuses_an_older_revision_without_migrating_it(tmp_path: Path) -> None:
-    from forgeflow.errors import StoreInvalidError
+    from forgeflow.common.errors import StoreInvalidError
 
     url = f"sqlite:///{tmp_path / 'old.db'}"
     writer = Store(url)
@@ -435,7 +432,7 @@ def test_a_reading_store_refuses_an_older_revision_without_migrating_it(tmp_path
 
 
 def test_a_reading_store_on_a_database_server_that_is_down_names_the_masked_url() -> None:
-    from forgeflow.errors import StoreUnavailableError
+    from forgeflow.common.errors import StoreUnavailableError
     from tests.helpers import free_port
 
     url = f"postgresql+psycopg://forge:s3cr3t-pw@127.0.0.1:{free_port()}/forgeflow"
@@ -448,7 +445,7 @@ def test_freezes_are_listed_newest_first(store: Store) -> None:
     """`forgeflow status` shows the newest freeze from the store."""
     import time
 
-    from forgeflow.store import FreezeRecord
+    from forgeflow.ledger.records import FreezeRecord
 
     assert store.freezes() == []
     for name in ("z-older", "a-newer"):
@@ -462,7 +459,7 @@ def test_freezes_are_listed_newest_first(store: Store) -> None:
 def test_a_writer_refuses_a_file_that_is_not_an_sqlite_database(tmp_path: Path) -> None:
     """A flow (or `forgeflow up`) opening a corrupt store file: one error naming it, the file untouched;
     an empty file still becomes a new store."""
-    from forgeflow.errors import StoreInvalidError
+    from forgeflow.common.errors import StoreInvalidError
 
     garbage = tmp_path / "store.db"
     garbage.write_text("garbage\n")
@@ -482,7 +479,7 @@ def test_a_writer_refuses_a_file_that_is_not_an_sqlite_database(tmp_path: Path) 
 def test_migration_0005_keeps_the_verifiers_evidence_and_old_trials(store: Store) -> None:
     from alembic import command
 
-    from forgeflow.store import TrialRecord
+    from forgeflow.ledger.records import TrialRecord
 
     evidence = {"submission": {"policy": "reject", "tampering": True, "protected_paths": {"conftest.py": "conftest"}}}
     store.record_trial(TrialRecord(trial_id="t-new", instance_id="i1", kind="agent", reward=0.0, verifier=evidence))

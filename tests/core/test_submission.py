@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from forgeflow import errors
-from forgeflow.submission import protected_reason, screen_submission, split_diff
+from forgeflow.common import errors
+from forgeflow.sandbox.submission import protected_reason, screen_submission, split_diff
 
 F2P = ["tests/test_core.py::test_fix[a b]"]
 P2P = ["tests/test_core.py::test_other", "pkg/test_inline.py::test_x"]
@@ -143,7 +143,7 @@ def test_protected_reason(path: str, protected: bool) -> None:
     ("README.md", None), ("docs/json.py", None),
 ])
 def test_shadowed_module(path: str, module: str | None) -> None:
-    from forgeflow.submission import shadowed_module
+    from forgeflow.sandbox.submission import shadowed_module
 
     assert shadowed_module(path) == module
 

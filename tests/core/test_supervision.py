@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from forgeflow.errors import InputError
-from forgeflow.supervision import (
+from forgeflow.common.errors import InputError
+from forgeflow.evaluation.supervision import (
     ToolCall,
     call_signature,
     detect_hang,

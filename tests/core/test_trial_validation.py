@@ -14,9 +14,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from forgeflow import errors, sandbox
-from forgeflow.sandbox import ExecResult
-from forgeflow.trial import ValidationChecks, validate_candidate
+from forgeflow.common import errors
+from forgeflow.sandbox import backends
+from forgeflow.sandbox.base import ExecResult
+from forgeflow.sandbox.trial import ValidationChecks, validate_candidate
 
 GOOD = {"t::f2p": "PASSED", "t::p2p": "PASSED"}
 BUGGY = {"t::f2p": "FAILED", "t::p2p": "PASSED"}
@@ -67,7 +68,7 @@ class ScriptedSandbox:
 def script(monkeypatch: pytest.MonkeyPatch):
     def install(runs: list) -> Script:
         s = Script(runs)
-        monkeypatch.setitem(sandbox.BACKENDS, "scripted", s.factory)
+        monkeypatch.setitem(backends.BACKENDS, "scripted", s.factory)
         return s
 
     return install

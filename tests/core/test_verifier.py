@@ -15,9 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from forgeflow.grading import ValidationReport
-from forgeflow.trial import disagreeing_tests, judge_repeats
-from forgeflow.verifier import VERIFIER_ENV, _read_report, _wrapped_command, cross_check
+from forgeflow.sandbox.grading import ValidationReport
+from forgeflow.sandbox.trial import disagreeing_tests, judge_repeats
+from forgeflow.sandbox.verifier import (
+    VERIFIER_ENV,
+    _read_report,
+    _wrapped_command,
+    cross_check,
+)
 
 TESTS = textwrap.dedent(
     '''

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from forgeflow.errors import InfraError, InputError, TransientInfraError
-from forgeflow.verl import (
+from forgeflow.common.errors import InfraError, InputError, TransientInfraError
+from forgeflow.training.verl import (
     ENTRYPOINT_MODULE,
     TIMEOUT_MULTIPLIER_ENV,
     compute_score,
@@ -40,7 +40,7 @@ def test_rendered_config_is_ppo_with_a_critic_and_the_forgeflow_reward() -> None
     assert config["algorithm"]["adv_estimator"] == "gae" and config["algorithm"]["use_kl_in_reward"] is True
     assert config["critic"]["model"]["path"] == BASE["model_path"] == config["actor_rollout_ref"]["model"]["path"]
     assert config["actor_rollout_ref"]["model"]["lora_rank"] == 16
-    assert config["custom_reward_function"] == {"path": "forgeflow/verl.py", "name": "compute_score"}
+    assert config["custom_reward_function"] == {"path": "forgeflow/training/verl.py", "name": "compute_score"}
     assert config["reward_model"] == {"enable": False}
     assert yaml.safe_load(render_yaml(config)) == config  # the YAML is the same config
     overrides = hydra_overrides(config)
@@ -139,7 +139,7 @@ def test_submit_posts_the_spec_and_classifies_failures(ray_dashboard: str) -> No
 def test_verl_dataset_rows_carry_the_verifier_spec(tmp_path: Path) -> None:
     from datasets import Dataset
 
-    from forgeflow.rl import RLTask, build_rl_dataset
+    from forgeflow.training.rl import RLTask, build_rl_dataset
 
     task = RLTask(instance_id="calc-1", image_ref="localhost/x:1", problem_statement="add is wrong",
                   test_command="pytest -rA", fail_to_pass=("t::a",), verifier_timeout_s=100)

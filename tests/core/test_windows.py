@@ -1,7 +1,7 @@
 """Replay and anti-loop training windows from mini-swe-agent trajectories.
 
 The trajectories are synthetic but shaped as mini-swe-agent 2.4.6 records them: its own system,
-instance and observation templates (through ``forgeflow.samples.agent_templates``), ``extra``
+instance and observation templates (through ``forgeflow.training.samples.agent_templates``), ``extra``
 with ``actions``/``returncode``, format-error answers to replies with zero or several actions, and
 the final ``exit`` message.
 """
@@ -15,10 +15,10 @@ from typing import Any
 import jinja2
 import pytest
 
-from forgeflow.errors import InputError
-from forgeflow.fsutil import sha256_json
-from forgeflow.samples import agent_templates
-from forgeflow.windows import (
+from forgeflow.common.errors import InputError
+from forgeflow.common.fsutil import sha256_json
+from forgeflow.training.samples import agent_templates
+from forgeflow.training.windows import (
     CONCLUDE_CALL_ID,
     CONCLUDE_COMMAND,
     QUOTA_OBSERVATION,

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 from prefect import flow  # noqa: F401 - sets Prefect's log handlers up now, on pytest's streams: done
-# first inside a CLI runner's invoke (flows/cli.py imports Prefect lazily), they keep the runner's
+
+# first inside a CLI runner's invoke (deployments/cli.py imports Prefect lazily), they keep the runner's
 # stderr, closed after that invoke, and the next flow run in this process fails logging to it
 
 PREFECT_DB = os.environ.get("FORGEFLOW_TEST_PREFECT_DB", "sqlite")
@@ -45,7 +46,11 @@ def postgres_test_harness(database_url: str, server_startup_timeout: int = 240) 
     from prefect.logging.handlers import APILogWorker
     from prefect.server.api.server import SubprocessASGIServer
     from prefect.server.database.dependencies import temporary_database_interface
-    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_DATABASE_CONNECTION_URL, temporary_settings
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_SERVER_DATABASE_CONNECTION_URL,
+        temporary_settings,
+    )
     from prefect.testing.utilities import _find_available_port
     from prefect.utilities.asyncutils import run_coro_as_sync
 

@@ -1,4 +1,4 @@
-"""The canary's Prefect task ``tasks.serving.agent_trial`` in real flow runs (session Prefect harness):
+"""The canary's Prefect task ``tasks.evaluation.agent_trial`` in real flow runs (session Prefect harness):
 a trial that ended in an exception is never cached, a scored one is, and a supervisor stop is
 recorded in the store's ``supervision_events``.
 
@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 from test_agent import BUG_PATCH, F2P, P2P, TEST_COMMAND, task_image  # noqa: E402,F401 - fixture
 from test_agent_supervision import scripted_endpoint, text_answer  # noqa: E402
 
-from forgeflow.agent import AgentConfig, problem_statement_for  # noqa: E402
+from forgeflow.evaluation.agent import AgentConfig, problem_statement_for  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -31,8 +31,8 @@ def test_exceptions_are_never_cached_scored_trials_are_and_stops_are_recorded(
 ) -> None:
     from prefect import flow
 
-    from forgeflow.store import Store
-    from tasks.serving import agent_trial
+    from forgeflow.ledger.store import Store
+    from tasks.evaluation import agent_trial
 
     monkeypatch.setenv("FORGEFLOW_STORE_URL", f"sqlite:///{tmp_path / 'store.db'}")
     config = AgentConfig(step_limit=10, agent_timeout_s=120, memory_mb=512)

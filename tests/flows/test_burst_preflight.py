@@ -17,13 +17,17 @@ from pathlib import Path
 
 import pytest
 
-from forgeflow.burst import BurstConfig, chat_template_files, estimate_checkpoint_bytes
-from forgeflow.errors import PreflightError
-from forgeflow.model import build_tiny_model
-from forgeflow.rl import DEFAULT_PROMPT_TEMPLATE, RLBurstConfig
-from forgeflow.settings import cache_dir
-from tasks import model as model_tasks
-from tasks import rl as rl_tasks
+from forgeflow.common.errors import PreflightError
+from forgeflow.common.settings import cache_dir
+from forgeflow.packaging.base_model import build_tiny_model
+from forgeflow.training import burst
+from forgeflow.training.burst import (
+    BurstConfig,
+    chat_template_files,
+    estimate_checkpoint_bytes,
+)
+from forgeflow.training.rl import DEFAULT_PROMPT_TEMPLATE, RLBurstConfig
+from tasks import training as training_tasks
 
 SAMPLES = [{"instance_id": "calc-1", "source": "oracle",
             "messages": [{"role": "user", "content": "fix add"}, {"role": "assistant", "content": "--- a/x\n+++ b/x"}]}]
@@ -47,7 +51,7 @@ def _model_folder(tiny_model: Path, root: Path, template: str | None) -> Path:
 
 def test_preflight_task_passes_on_the_real_model_and_reports_what_it_measured(tiny_model: Path, tmp_path: Path) -> None:
     out_dir = tmp_path / "models" / "adapter"
-    report = model_tasks.burst_preflight.fn(tiny_model, out_dir, 8, ("q_proj", "v_proj"))
+    report = training_tasks.burst_preflight.fn(tiny_model, out_dir, 8, ("q_proj", "v_proj"))
     (template,) = chat_template_files(tiny_model)
     assert report.template_files == {str(template): template.stat().st_size} and template.stat().st_size > 0
     assert report.required_free_bytes == estimate_checkpoint_bytes(tiny_model, 8, ("q_proj", "v_proj"))
@@ -69,8 +73,8 @@ def test_burst_stage_fails_on_an_empty_chat_template_before_training(
         log = StageLog(summary, None)
         config = BurstConfig(max_steps=1)
         with log.stage("burst"):
-            model_tasks.burst_preflight(base, out_dir, config.lora_r, config.lora_target_modules)
-            log.call(model_tasks.sft_burst, base, "0" * 64, SAMPLES, out_dir, config, None, "run")
+            training_tasks.burst_preflight(base, out_dir, config.lora_r, config.lora_target_modules)
+            log.call(training_tasks.sft_burst, base, "0" * 64, SAMPLES, out_dir, config, None, "run")
 
     with pytest.raises(PreflightError, match=rf"burst preflight failed: template file {base}/chat_template.jinja is empty"):
         burst_stage()
@@ -88,10 +92,10 @@ def test_rl_burst_task_lists_every_preflight_problem_before_compute(tiny_model: 
     task = {"instance_id": "calc-1", "image_ref": "img", "problem_statement": "add fails", "test_command": "pytest",
             "fail_to_pass": ["t::a"], "verifier_timeout_s": 60.0}
     with pytest.raises(PreflightError) as info:
-        rl_tasks.rl_burst.fn(base, "0" * 64, [task], out_dir, RLBurstConfig(), None, None, "run", prompt)
+        training_tasks.rl_burst.fn(base, "0" * 64, [task], out_dir, RLBurstConfig(), None, None, "run", prompt)
     message = str(info.value)
     assert f"template file {base}/chat_template.jinja does not exist" in message
     assert f"template file {prompt} is empty" in message
     assert not out_dir.parent.exists()  # nothing written, no model loaded
     # the shipped prompt template passes the same check
-    assert rl_tasks.burst.burst_preflight(tiny_model, out_dir, 8, ("q_proj",), [DEFAULT_PROMPT_TEMPLATE]).template_files
+    assert burst.burst_preflight(tiny_model, out_dir, 8, ("q_proj",), [DEFAULT_PROMPT_TEMPLATE]).template_files

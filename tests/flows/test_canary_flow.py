@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 from test_agent import BUG_PATCH, F2P, P2P, TEST_COMMAND, task_image  # noqa: E402,F401 - fixture
 from test_agent_supervision import scripted_endpoint, text_answer  # noqa: E402
 
-from forgeflow.errors import InputError, PreflightError  # noqa: E402
+from forgeflow.common.errors import InputError, PreflightError  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -31,9 +31,11 @@ TASKS = {f"calc{r}.func_pm_op_swap__0000000{i}": f"calc{r}" for r, i in (("a", 1
 @pytest.fixture()
 def recorded_freeze(task_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """A store with four accepted tasks frozen as ``canary-test``, and their candidates file."""
-    from forgeflow import freeze, images
-    from forgeflow.generated import GeneratedTask, write_generated
-    from forgeflow.store import FreezeRecord, Store, TaskRecord
+    from forgeflow.curation import freeze
+    from forgeflow.curation.generated import GeneratedTask, write_generated
+    from forgeflow.ledger.records import FreezeRecord, TaskRecord
+    from forgeflow.ledger.store import Store
+    from forgeflow.registry import images
 
     monkeypatch.setenv("FORGEFLOW_STORE_URL", f"sqlite:///{tmp_path / 'store.db'}")
     monkeypatch.setenv("FORGEFLOW_HOME", str(tmp_path / "home"))

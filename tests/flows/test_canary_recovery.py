@@ -23,10 +23,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 from test_agent import task_image  # noqa: E402,F401 - fixture
 from test_canary_flow import recorded_freeze  # noqa: E402,F401 - fixture
 
-from forgeflow.errors import InputError, PreflightError  # noqa: E402
-from forgeflow.fsutil import sha256_file  # noqa: E402
-from forgeflow.serving import ModelServer  # noqa: E402
-from forgeflow.store import Store  # noqa: E402
+from forgeflow.common.errors import InputError, PreflightError  # noqa: E402
+from forgeflow.common.fsutil import sha256_file  # noqa: E402
+from forgeflow.ledger.store import Store  # noqa: E402
+from forgeflow.serving.server import ModelServer  # noqa: E402
 from tests.helpers import free_port, pid_alive, tiny_ggufs  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -44,8 +44,8 @@ def _raw_rows(store: Store, job_id: str) -> list[tuple]:
 def test_a_canary_whose_server_died_mid_run_is_recovered_by_a_linked_job(prefect_harness, recorded_freeze,
                                                                           tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from deployments.cli import app
     from flows.canary import canary, canary_recover
-    from flows.cli import app
 
     store, manifest, generated = recorded_freeze
     q8, _ = tiny_ggufs()

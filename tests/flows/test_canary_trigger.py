@@ -19,8 +19,9 @@ from datetime import timezone
 import httpx
 import pytest
 
-from flows import service
-from forgeflow.store import Store, TaskRecord
+from deployments import service
+from forgeflow.ledger.records import TaskRecord
+from forgeflow.ledger.store import Store
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

@@ -7,8 +7,9 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli import app
-from forgeflow.store import Store, TrialRecord
+from deployments.cli import app
+from forgeflow.ledger.records import TrialRecord
+from forgeflow.ledger.store import Store
 
 runner = CliRunner()
 
@@ -60,8 +61,8 @@ def test_demo_with_unknown_project_fails_before_any_work(home):
 
 @pytest.fixture
 def frozen(home):
-    from forgeflow import freeze
-    from forgeflow.store import FreezeRecord
+    from forgeflow.curation import freeze
+    from forgeflow.ledger.records import FreezeRecord
 
     accepted = [freeze.AcceptedTask(instance_id=f"r{r}.t{i}", repo=f"r{r}") for r in range(3) for i in range(2)]
     quotas = freeze.SplitQuotas(train=1, validation=1, test=1, max_per_repo=2, min_repos=3)
@@ -79,7 +80,7 @@ def test_freeze_verify_ok_matches_the_store(frozen):
 
 
 def test_freeze_verify_catches_a_consistently_retouched_manifest(frozen, tmp_path):
-    from forgeflow.fsutil import with_semantic_digest
+    from forgeflow.common.fsutil import with_semantic_digest
 
     doc = json.loads(frozen.path.read_text())
     moved = doc["splits"]["test"].pop()
@@ -111,7 +112,7 @@ def test_freeze_verify_of_a_missing_freeze_is_one_line(home):
 
 
 def test_lineage_walks_from_the_served_gguf_to_the_base_model(home):
-    from forgeflow.store import ModelArtifactRecord, ServingGenerationRecord
+    from forgeflow.ledger.records import ModelArtifactRecord, ServingGenerationRecord
 
     store = Store()
     base, adapter, gguf = "a" * 64, "b" * 64, "c" * 64
@@ -133,7 +134,7 @@ def test_lineage_walks_from_the_served_gguf_to_the_base_model(home):
 def test_lineage_json_keeps_both_adapters_that_made_the_same_gguf(home, tmp_path):
     """Regression (new-user trial): the served Q8_0 GGUF was byte-identical for two adapters and the
     second record replaced the first's parent; both chains are shown, the newest first."""
-    from forgeflow.store import ModelArtifactRecord, ServingGenerationRecord
+    from forgeflow.ledger.records import ModelArtifactRecord, ServingGenerationRecord
 
     store = Store()
     base, gguf = "a" * 64, "c" * 64
@@ -170,7 +171,7 @@ def test_status_json_reports_store_counts_without_a_run(home):
 
 
 def test_status_prints_text_and_status_json_a_stable_object(frozen, home):
-    from forgeflow.fsutil import atomic_write_json
+    from forgeflow.common.fsutil import atomic_write_json
 
     atomic_write_json(home / "demo" / "summary.json", {
         "prefect_flow_run_id": "run-1", "total_wall_s": 12.5, "freeze": {"name": "v1"},
@@ -207,7 +208,7 @@ def test_status_takes_the_latest_freeze_from_the_store_without_a_summary(frozen,
 
 
 def test_status_falls_back_to_the_summary_freeze_only_when_the_store_has_none(home):
-    from forgeflow.fsutil import atomic_write_json
+    from forgeflow.common.fsutil import atomic_write_json
 
     atomic_write_json(home / "demo" / "summary.json", {
         "freeze": {"name": "v9", "semantic_sha256": "c" * 64}, "stages": {"freeze": {"status": "completed"}}})
@@ -237,7 +238,7 @@ def test_derived_verify_and_build_refuse_a_name_that_is_a_path(frozen, home, nam
 
 
 def test_lineage_of_a_short_or_empty_prefix_says_what_to_give(home):
-    from forgeflow.store import ModelArtifactRecord
+    from forgeflow.ledger.records import ModelArtifactRecord
 
     Store().record_model_artifact(ModelArtifactRecord(sha256="2a2cd76" + "0" * 57, kind="gguf", path="/m/x.gguf"))
     short = runner.invoke(app, ["lineage", "2a2cd76"])
@@ -251,7 +252,7 @@ def test_demo_with_a_used_freeze_name_and_other_inputs_exits_2_before_any_stage(
     (nothing written besides what was there; the flow itself refuses it too:
     tests/flows/test_lifecycle_freeze_guard.py), one `error:` line, exit 2."""
     from forgeflow.config import LifecycleConfig
-    from forgeflow.freeze import manifest_path, record_freeze_inputs
+    from forgeflow.curation.freeze import manifest_path, record_freeze_inputs
 
     freezes = home / "demo" / "freezes"
     freezes.mkdir(parents=True)
@@ -269,7 +270,7 @@ def test_demo_exits_1_on_infrastructure_failure(home, monkeypatch):
     """An infrastructure failure stays exit 1. (The lifecycle is replaced by one that raises
     SandboxError: a real one would need podman broken on purpose for the whole machine.)"""
     import flows.lifecycle
-    from forgeflow.errors import SandboxError
+    from forgeflow.common.errors import SandboxError
 
     def broken(config):
         raise SandboxError("podman is not answering")

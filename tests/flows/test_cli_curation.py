@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli import app
-from forgeflow.store import BatchRecord, Store, TaskRecord, TrialRecord
+from deployments.cli import app
+from forgeflow.ledger.records import BatchRecord, TaskRecord, TrialRecord
+from forgeflow.ledger.store import Store
 
 runner = CliRunner()
 T0 = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
@@ -153,8 +154,8 @@ def test_derived_build_then_verify_and_a_changed_input_is_named(home: Path, tmp_
 
 
 def test_derived_build_over_a_freeze_counts_per_split_and_unknown_names_fail(home: Path) -> None:
-    from forgeflow import freeze
-    from forgeflow.store import FreezeRecord
+    from forgeflow.curation import freeze
+    from forgeflow.ledger.records import FreezeRecord
 
     accepted = [freeze.AcceptedTask(instance_id=f"r{r}.t{i}", repo=f"r{r}") for r in range(3) for i in range(2)]
     quotas = freeze.SplitQuotas(train=1, validation=1, test=1, max_per_repo=2, min_repos=3)

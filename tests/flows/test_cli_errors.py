@@ -9,12 +9,12 @@ import sys
 
 import pytest
 
-from forgeflow.settings import REPO_ROOT
+from forgeflow.common.settings import REPO_ROOT
 from tests.helpers import free_port
 
 
 def _run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "flows.cli", *args], cwd=REPO_ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "deployments.cli", *args], cwd=REPO_ROOT, capture_output=True,
                           text=True, timeout=120, env={**os.environ, **env})
 
 
@@ -43,7 +43,7 @@ def test_an_unreachable_store_database_masks_its_password(tmp_path) -> None:
 
 
 def test_a_folder_given_as_an_id_list_is_one_line_and_exit_2(tmp_path) -> None:
-    from forgeflow.store import Store
+    from forgeflow.ledger.store import Store
 
     store = Store(f"sqlite:///{tmp_path / 'home' / 'store.db'}")  # `derived build` only reads the store
     store.upgrade()
@@ -65,7 +65,7 @@ READ_ONLY_COMMANDS = [["status"], ["status", "--json"], ["trials"], ["trials", "
 def test_a_read_only_command_on_a_mistyped_home_names_the_store_and_creates_nothing(tmp_path, command) -> None:
     home = tmp_path / "forgeflw"  # the typo
     env = {k: v for k, v in os.environ.items() if k != "FORGEFLOW_STORE_URL"}
-    done = subprocess.run([sys.executable, "-m", "flows.cli", *command], cwd=REPO_ROOT, capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "deployments.cli", *command], cwd=REPO_ROOT, capture_output=True,
                           text=True, timeout=120, env={**env, "FORGEFLOW_HOME": str(home)})
     assert done.returncode == 2, done.stdout + done.stderr
     assert f"error: StoreNotFoundError: no forgeflow store at {home / 'store.db'}; run a flow first or set " \
@@ -110,7 +110,7 @@ def test_an_empty_store_file_is_refused_and_left_empty(tmp_path) -> None:
 
 
 def test_a_store_at_an_older_revision_is_refused_not_migrated_by_a_read(tmp_path) -> None:
-    from forgeflow.store import Store
+    from forgeflow.ledger.store import Store
 
     url = f"sqlite:///{tmp_path / 'store.db'}"
     old = Store(url)
@@ -135,7 +135,7 @@ def test_up_on_an_unreachable_prefect_database_is_one_line_exit_1_and_leaves_not
     from tests.helpers import pid_alive
 
     url = f"postgresql://nobody@127.0.0.1:{free_port()}/prefect"  # nothing listens there
-    done = subprocess.run([sys.executable, "-m", "flows.cli", "up", "--port", str(free_port()), "--database", url],
+    done = subprocess.run([sys.executable, "-m", "deployments.cli", "up", "--port", str(free_port()), "--database", url],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "FORGEFLOW_HOME": str(tmp_path), "PREFECT_HOME": str(tmp_path / "prefect")})
     assert done.returncode == 1, done.stderr  # infrastructure, not bad input

@@ -11,8 +11,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from flows.cli import app
-from forgeflow.store import JobRecord, Store, SupervisionEventRecord, TaskRecord, TrialRecord
+from deployments.cli import app
+from forgeflow.ledger.records import (
+    JobRecord,
+    SupervisionEventRecord,
+    TaskRecord,
+    TrialRecord,
+)
+from forgeflow.ledger.store import Store
 
 runner = CliRunner()
 
@@ -124,8 +130,8 @@ def test_compare_flow_writes_report_and_plot_and_references_the_plot(home: Path,
 def test_lifecycle_compare_task_lists_exclusions_and_counts_flagged_trials() -> None:
     from datetime import UTC, datetime
 
-    from forgeflow.trial import TrialRecord as CoreTrial
-    from tasks.report import compare_jobs
+    from forgeflow.sandbox.trial import TrialResult as CoreTrial
+    from tasks.evaluation import compare_jobs
 
     def core(iid: str, reward: float | None, exc: str | None = None, agent_s: float = 4.0) -> CoreTrial:
         return CoreTrial(trial_id=f"t-{iid}-{agent_s}", instance_id=iid, kind="agent", reward=reward,

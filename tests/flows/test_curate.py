@@ -3,9 +3,9 @@ freeze-ready event; then again (nothing new), then recover one batch (dry run, t
 
 from __future__ import annotations
 
-from collections import Counter
 import json
 import time
+from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -19,8 +19,9 @@ PROJECTS = ("inflection", "toolz")  # two repos: splits are repository-disjoint
 @pytest.fixture(scope="module")
 def candidates_jsonl(tmp_path_factory) -> Path:
     """Two swesmith candidates per project as task images, built the way flows/lifecycle.py does."""
-    from forgeflow import bugs, images, projects
-    from forgeflow.settings import apply_container_env
+    from forgeflow.common.settings import apply_container_env
+    from forgeflow.curation import bugs
+    from forgeflow.registry import images, projects
 
     apply_container_env()
     work = tmp_path_factory.mktemp("curate-candidates")
@@ -56,8 +57,8 @@ def test_curate_runs_until_freeze_ready_then_skips_processed_and_recovers(
     from prefect.events.worker import EventsWorker
 
     from flows.curate import FREEZE_READY_EVENT, curate, recover
-    from forgeflow.freeze import SplitQuotas
-    from forgeflow.store import Store
+    from forgeflow.curation.freeze import SplitQuotas
+    from forgeflow.ledger.store import Store
 
     monkeypatch.setenv("FORGEFLOW_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("FORGEFLOW_STORE_URL", flow_store_url)
@@ -88,7 +89,7 @@ def test_curate_runs_until_freeze_ready_then_skips_processed_and_recovers(
             break
         time.sleep(1)
     assert events, "the freeze-ready event was not found through the events API"
-    assert events[0].resource.id.startswith("forgeflow.store.")
+    assert events[0].resource.id.startswith("forgeflow.ledger.store.")
     assert events[0].payload["counts"] == first["counts"]
 
     second = curate(candidates_jsonl, quotas=quotas, batch_size=2, concurrency=2, verifier_timeout_s=120, seed=0)

@@ -10,13 +10,13 @@ the batch still runs (no batch row, no task status yet).
 
 from __future__ import annotations
 
-from collections import Counter
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -28,7 +28,7 @@ RUN = """
 import sys
 from pathlib import Path
 from flows.curate import curate
-from forgeflow.freeze import SplitQuotas
+from forgeflow.curation.freeze import SplitQuotas
 out = curate(generated_path=Path(sys.argv[1]), batch_size=3, concurrency=2, max_retries=0,
              verifier_timeout_s=120, seed=0,
              quotas=SplitQuotas(train=1, validation=0, test=1, min_repos=2, max_per_repo=4))
@@ -52,10 +52,10 @@ def _remove_containers(names: set[str]) -> None:
 def test_curate_killed_mid_batch_resumes_without_loss_or_duplicates(prefect_harness, tmp_path: Path) -> None:
     from prefect.settings import PREFECT_API_URL
 
-    from forgeflow.generated import build_generated, write_generated
-    from forgeflow.settings import apply_container_env
-    from forgeflow.store import Store
-    from forgeflow.trial import container_name, make_trial_id
+    from forgeflow.common.settings import apply_container_env
+    from forgeflow.curation.generated import build_generated, write_generated
+    from forgeflow.ledger.store import Store
+    from forgeflow.sandbox.trial import container_name, make_trial_id
 
     apply_container_env()
     rows = build_generated(["inflection"], tmp_path / "work", 3)

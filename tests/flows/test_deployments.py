@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-
 import yaml
 
 from deployments.register import SPECS, build_deployments
-from forgeflow.settings import REPO_ROOT
+from forgeflow.common.settings import REPO_ROOT
 
 
 def _yaml_deployments():

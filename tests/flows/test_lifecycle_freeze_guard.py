@@ -13,9 +13,9 @@ import pytest
 
 def test_a_used_freeze_name_with_other_inputs_fails_before_any_stage(prefect_harness, tmp_path: Path) -> None:
     from flows.lifecycle import lifecycle
+    from forgeflow.common.errors import FreezeConflictError
     from forgeflow.config import LifecycleConfig
-    from forgeflow.errors import FreezeConflictError
-    from forgeflow.freeze import manifest_path, record_freeze_inputs
+    from forgeflow.curation.freeze import manifest_path, record_freeze_inputs
 
     out = tmp_path / "demo"
     freezes = out / "freezes"

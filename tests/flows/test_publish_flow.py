@@ -1,6 +1,6 @@
 """The release step in Prefect: publishing a checked GGUF and its lineage JSON to a ModelStore block.
 
-Runs the real ``publish`` flow (GGUF check, then :func:`tasks.publish.publish_gguf`) on the cached
+Runs the real ``publish`` flow (GGUF check, then :func:`tasks.packaging.publish_gguf`) on the cached
 tiny Q8_0 GGUF of ``tests/integration/test_serving.py`` (the whole ``package`` chain takes over a
 minute here, so its publish wiring is tested up to the preflight that runs before any compute).
 The HF Hub cannot be reached from the test machines: the Hub store is ``tests/fakes/hf_hub.py``, a
@@ -11,17 +11,16 @@ through the Prefect client and must not contain the token.
 
 from __future__ import annotations
 
-import secrets
-
 import asyncio
 import json
+import secrets
 import shutil
 from pathlib import Path
 
 import pytest
 
-from forgeflow.errors import InputError, ModelStoreError
-from forgeflow.fsutil import sha256_file, sha256_tree
+from forgeflow.common.errors import InputError, ModelStoreError
+from forgeflow.common.fsutil import sha256_file, sha256_tree
 from tests.fakes.hf_hub import FakeHub
 from tests.helpers import tiny_ggufs
 
@@ -35,7 +34,12 @@ REPO = "forgeflow/tiny-release"
 def _run_records(flow_run_id) -> list[str]:
     """Every log message, the parameters and the artifacts of one flow run (and its task runs)."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, LogFilter, LogFilterFlowRunId
+    from prefect.client.schemas.filters import (
+        ArtifactFilter,
+        ArtifactFilterFlowRunId,
+        LogFilter,
+        LogFilterFlowRunId,
+    )
     from prefect.logging.handlers import APILogHandler
 
     APILogHandler().flush()  # the logs still queued in this process reach the API first

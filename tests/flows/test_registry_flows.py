@@ -22,10 +22,16 @@ import pytest
 from pydantic import SecretStr
 
 from blocks.core import RegistryEndpoint
-from forgeflow.errors import InputError, MigrationIncompleteError, PlanRejectedError, RegistryUnavailableError
-from forgeflow.registry import RegistryServer
-from forgeflow.skopeo import Skopeo
-from forgeflow.store import ImageRecord, Store, TaskRecord
+from forgeflow.common.errors import (
+    InputError,
+    MigrationIncompleteError,
+    PlanRejectedError,
+    RegistryUnavailableError,
+)
+from forgeflow.ledger.records import ImageRecord, TaskRecord
+from forgeflow.ledger.store import Store
+from forgeflow.registry.server import RegistryServer
+from forgeflow.registry.skopeo import Skopeo
 from tests.faultproxy import FaultProxy
 from tests.helpers import oci_image
 
@@ -97,7 +103,7 @@ def test_migrate_images_skips_oversize_fails_missing_and_reruns_without_copying(
     from prefect.client.orchestration import get_client
 
     from flows.registry import migrate_images
-    from forgeflow.migrate import ALREADY_COMPLETED, load_states
+    from forgeflow.registry.migration import ALREADY_COMPLETED, load_states
 
     store_url = f"sqlite:///{tmp_path / 'store.db'}"
     kwargs = dict(source=endpoints["source"], target=endpoints["target"],

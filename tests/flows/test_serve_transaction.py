@@ -11,10 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from forgeflow import serving
-from forgeflow.fsutil import sha256_file
-from forgeflow.store import Store
-from tests.helpers import free_port as _free_port, pid_alive as _alive, tiny_ggufs
+from forgeflow.common.fsutil import sha256_file
+from forgeflow.ledger.store import Store
+from forgeflow.serving import bluegreen, health
+from forgeflow.serving import server as serving
+from tests.helpers import free_port as _free_port
+from tests.helpers import pid_alive as _alive
+from tests.helpers import tiny_ggufs
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -35,15 +38,15 @@ def test_a_failure_after_staging_rolls_back_and_a_promotion_commits(prefect_harn
     q8, f16 = tiny_ggufs()
     state_path = tmp_path / "serving" / "state.json"
     ports = (_free_port(), _free_port())
-    first = serving.swap(state_path, q8, sha256_file(q8), ports=ports, n_ctx=512)
+    first = bluegreen.swap(state_path, q8, sha256_file(q8), ports=ports, n_ctx=512)
     staged_pids: list[int] = []
 
-    def failing_gate(staged: serving.StagedServer) -> str:
+    def failing_gate(staged: bluegreen.StagedServer) -> str:
         staged_pids.append(staged.pid)
         assert _alive(staged.pid)
         raise RuntimeError("canary on the staged server crashed")
 
-    def passing_gate(staged: serving.StagedServer) -> str:
+    def passing_gate(staged: bluegreen.StagedServer) -> str:
         staged_pids.append(staged.pid)
         return "promote"
 
@@ -58,19 +61,19 @@ def test_a_failure_after_staging_rolls_back_and_a_promotion_commits(prefect_harn
         with pytest.raises(RuntimeError, match="canary on the staged server crashed"):
             failed.result()
         assert not _alive(staged_pids[-1])  # the rollback hook stopped the staged server
-        state = serving.read_state(state_path)
+        state = bluegreen.read_state(state_path)
         assert state.generation == first.current.generation and _alive(state.pid)
-        assert serving.gate(state.base_url, state.model_alias).passed  # the old server still serves
+        assert health.gate(state.base_url, state.model_alias).passed  # the old server still serves
         # ... and recorded the swap as rolled back (the staged port and GGUF, the failed run's id)
         rows = [(g.generation, g.port, g.gguf_sha256, g.status, g.run_id) for g in Store().serving_generations()]
         assert rows == [(1, ports[1], sha256_file(f16), "rolled_back", str(failed.state_details.flow_run_id))]
 
         out = swap_flow("pass")
         assert out == {"promoted": True, "generation": first.current.generation + 1}
-        state = serving.read_state(state_path)
+        state = bluegreen.read_state(state_path)
         assert state.pid == staged_pids[-1] and _alive(state.pid) and state.gguf_sha256 == sha256_file(f16)
         assert not _alive(first.current.pid)  # the old generation was drained and stopped
     finally:
-        serving.stop_active(state_path)
+        bluegreen.stop_active(state_path)
         for pid in staged_pids:
             serving.stop_pid(pid)

@@ -18,8 +18,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import httpx
 import pytest
 
-from flows import service
-from forgeflow.store import Store, TrialRecord
+from deployments import service
+from forgeflow.ledger.records import TrialRecord
+from forgeflow.ledger.store import Store
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -134,7 +135,7 @@ def test_runs_from_run_deployment_and_rest_complete_and_freeze_ready_triggers_fr
         async def emit():
             async with get_events_client() as client:
                 await client.emit(Event(event="forgeflow.dataset.freeze-ready",
-                                        resource={"prefect.resource.id": "forgeflow.store.test"},
+                                        resource={"prefect.resource.id": "forgeflow.ledger.store.test"},
                                         payload={"counts": {"train": 2}}))
         asyncio.run(emit())
     for _ in range(30):  # SQLite busy under concurrent writers answers 503: a REST client retries
@@ -211,7 +212,7 @@ def test_cli_up_prints_the_ui_address_and_down_stops_it(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in {"PREFECT_API_URL", "FORGEFLOW_STORE_URL"}}
     env.update(FORGEFLOW_HOME=str(tmp_path), PREFECT_HOME=str(tmp_path / "prefect"))
     try:
-        up = subprocess.run([sys.executable, "-m", "flows.cli", "up", "--port", str(port)], env=env,
+        up = subprocess.run([sys.executable, "-m", "deployments.cli", "up", "--port", str(port)], env=env,
                             capture_output=True, text=True, timeout=300)
         assert up.returncode == 0, up.stdout + up.stderr
         assert f"Prefect UI: http://127.0.0.1:{port}" in up.stdout
@@ -219,7 +220,7 @@ def test_cli_up_prints_the_ui_address_and_down_stops_it(tmp_path):
         state = service.read_state(tmp_path)
         assert service.is_ours(state.server) and service.is_ours(state.worker)
         assert "forgeflow-notify-on-failure" not in state.automations  # no webhook URL given
-        status = subprocess.run([sys.executable, "-m", "flows.cli", "status", "--json"], env=env,
+        status = subprocess.run([sys.executable, "-m", "deployments.cli", "status", "--json"], env=env,
                                 capture_output=True, text=True, timeout=120)
         assert status.returncode == 0, status.stdout + status.stderr
         assert json.loads(status.stdout)["last_lifecycle"] is None  # nothing has run yet
@@ -228,7 +229,7 @@ def test_cli_up_prints_the_ui_address_and_down_stops_it(tmp_path):
         assert reported["server_running"] and reported["worker_running"]
         assert "lifecycle/lifecycle" in reported["deployments"]
     finally:
-        down = subprocess.run([sys.executable, "-m", "flows.cli", "down", "--grace-s", "5"], env=env,
+        down = subprocess.run([sys.executable, "-m", "deployments.cli", "down", "--grace-s", "5"], env=env,
                               capture_output=True, text=True, timeout=120)
     assert down.returncode == 0, down.stdout + down.stderr
     assert "server: pid" in down.stdout and "worker: pid" in down.stdout

@@ -17,8 +17,9 @@ import time
 import httpx
 import pytest
 
-from flows import service
-from forgeflow.store import Store, TrialRecord
+from deployments import service
+from forgeflow.ledger.records import TrialRecord
+from forgeflow.ledger.store import Store
 from tests import pgcluster
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -69,13 +70,13 @@ def running(cluster, tmp_path_factory):
     database = cluster.url("prefect")  # plain postgresql://: up rewrites it to the asyncpg driver
     started = time.monotonic()
     try:
-        up = subprocess.run([sys.executable, "-m", "flows.cli", "up", "--port", str(port), "--database", database,
+        up = subprocess.run([sys.executable, "-m", "deployments.cli", "up", "--port", str(port), "--database", database,
                              "--json"], env=env, capture_output=True, text=True, timeout=300)
         assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
         print(f"forgeflow up --database took {time.monotonic() - started:.1f} s")
         yield home, env, service.ServiceState.model_validate_json(up.stdout)
     finally:
-        subprocess.run([sys.executable, "-m", "flows.cli", "down", "--grace-s", "5"], env=env,
+        subprocess.run([sys.executable, "-m", "deployments.cli", "down", "--grace-s", "5"], env=env,
                        capture_output=True, text=True, timeout=120)
 
 
@@ -96,7 +97,7 @@ def test_prefect_deploy_from_prefect_yaml_updates_the_deployment_without_a_422(r
     or updating a deployment the 3.9.1 CLI asks for the pool's workers with ``"limit": null``, which
     FastAPI >= 0.151 answers with 422 (pyproject pins fastapi below it). One deployment keeps the
     test short; ``--all`` runs the same code once per deployment."""
-    from forgeflow.settings import REPO_ROOT
+    from forgeflow.common.settings import REPO_ROOT
 
     _, env, state = running
     before = dict(_psql(cluster, "prefect", "SELECT name, id FROM deployment"))
@@ -144,7 +145,7 @@ def test_a_run_deployment_run_completes_and_is_recorded_in_postgresql(running, c
 
 def test_down_leaves_no_process_and_no_prefect_connection(running, cluster):
     home, env, state = running
-    down = subprocess.run([sys.executable, "-m", "flows.cli", "down", "--grace-s", "5"], env=env,
+    down = subprocess.run([sys.executable, "-m", "deployments.cli", "down", "--grace-s", "5"], env=env,
                           capture_output=True, text=True, timeout=120)
     assert down.returncode == 0, down.stdout + down.stderr
     assert "server: pid" in down.stdout and "worker: pid" in down.stdout
@@ -156,7 +157,7 @@ def test_down_leaves_no_process_and_no_prefect_connection(running, cluster):
 
 
 def test_database_urls_are_rewritten_for_the_server_and_bad_ones_named():
-    from forgeflow.errors import InputError
+    from forgeflow.common.errors import InputError
 
     assert service.prefect_database_url("postgresql://u:pw@127.0.0.1:5441/prefect") == (
         "postgresql+asyncpg://u:pw@127.0.0.1:5441/prefect")

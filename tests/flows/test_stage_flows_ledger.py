@@ -20,10 +20,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from forgeflow import serving
-from forgeflow.errors import InputError
-from forgeflow.fsutil import sha256_file, sha256_tree
-from forgeflow.store import ModelArtifactRecord, Store
+from forgeflow.common.errors import InputError
+from forgeflow.common.fsutil import sha256_file, sha256_tree
+from forgeflow.ledger.records import ModelArtifactRecord
+from forgeflow.ledger.store import Store
+from forgeflow.serving import bluegreen
 from tests.helpers import free_port, pid_alive, tiny_ggufs
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -41,7 +42,7 @@ def home(tmp_path: Path, flow_store_url: str, monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_serve_records_its_generations_and_status_shows_the_live_one(prefect_harness, home: Path) -> None:
-    from flows.cli import app
+    from deployments.cli import app
     from flows.stages import serve
 
     q8, f16 = tiny_ggufs()
@@ -91,7 +92,7 @@ def test_serve_records_its_generations_and_status_shows_the_live_one(prefect_har
         assert not pid_alive(out["state"]["pid"])
         assert [g.status for g in Store().serving_generations()] == ["retired", "retired"]
     finally:
-        serving.stop_active(state_path)
+        bluegreen.stop_active(state_path)
     assert not pid_alive(out["state"]["pid"])
     shown = json.loads(CliRunner().invoke(app, ["status", "--json"]).output)["serving"]
     assert shown["generation"] == 2 and shown["live"] is False  # stopped: the state file says so
@@ -121,9 +122,9 @@ def test_generation_numbers_never_repeat_across_state_files(prefect_harness, hom
     """Regression: the demo's and the serve flow's state files each counted from 1, so the serve
     flow's generation N overwrote the demo's row N in the store (key: the generation alone). A
     rolled-back swap is recorded too (status ``rolled_back``), under a number of its own."""
-    from flows.cli import app
+    from deployments.cli import app
     from flows.stages import serve
-    from forgeflow.errors import GGUFError, SwapRolledBackError
+    from forgeflow.common.errors import GGUFError, SwapRolledBackError
     from tasks.serving import serve_swap
 
     q8, f16 = tiny_ggufs()
@@ -166,7 +167,7 @@ def test_generation_numbers_never_repeat_across_state_files(prefect_harness, hom
             failed.result()
         assert [(g.generation, g.gguf_sha256, g.port, g.status, g.run_id) for g in store.serving_generations()][2:] \
             == [(3, q8_sha, serve_ports[1], "rolled_back", str(failed.state_details.flow_run_id))]
-        assert serving.read_state(serve_state).generation == 2 and pid_alive(serving.read_state(serve_state).pid)
+        assert bluegreen.read_state(serve_state).generation == 2 and pid_alive(bluegreen.read_state(serve_state).pid)
         # the lifecycle's swap task records its rollbacks the same way (a GGUF no server can load)
         with pytest.raises(SwapRolledBackError, match=r"\(nothing was serving\)"):
             serve_swap.fn(tmp_path / "fresh" / "state.json", broken, sha256_file(broken), (free_port(), free_port()))
@@ -193,14 +194,14 @@ def test_generation_numbers_never_repeat_across_state_files(prefect_harness, hom
                          "live": True, "state_path": str(demo_state)}
     finally:
         busy.close()
-        serving.stop_active(demo_state)
-        serving.stop_active(serve_state)
+        bluegreen.stop_active(demo_state)
+        bluegreen.stop_active(serve_state)
 
 
 def test_serve_checks_the_gguf_against_its_config_before_starting_a_server(prefect_harness, home: Path,
                                                                             tmp_path: Path) -> None:
     from flows.stages import serve
-    from forgeflow.errors import GGUFError
+    from forgeflow.common.errors import GGUFError
 
     q8, _ = tiny_ggufs()
     config = json.loads((q8.parent / "hf" / "config.json").read_text())
@@ -310,7 +311,7 @@ def test_publish_of_the_recorded_pair_works_and_a_wrong_hf_dir_is_refused(prefec
 
 def test_package_records_its_artifacts_with_its_run_as_producer(prefect_harness, home: Path, tmp_path: Path) -> None:
     from flows.stages import package
-    from forgeflow.lineage import lineage_of
+    from forgeflow.packaging.lineage import lineage_of
 
     hf_dir = tiny_ggufs()[0].parent / "hf"
     state = package(hf_dir, tmp_path / "out", ("Q8_0",), return_state=True)

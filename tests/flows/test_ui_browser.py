@@ -6,7 +6,7 @@ prefect wheel (``prefect/server/ui`` and ``ui-v2``; V2 is the default, under ``/
 runs against that server with the lifecycle's own artifact code on recorded data (the two canaries'
 agent trials of a demo run, ``tests/flows/data/demo_canary_trials.json``): per-stage bookkeeping
 with ``flows.stagekit.StageLog`` whose ``finish`` publishes the stage table artifact, and the compare
-stage's ``tasks.report.compare_jobs`` + the ``compare`` markdown artifact. Chromium (``--headless
+stage's ``tasks.evaluation.compare_jobs`` + the ``compare`` markdown artifact. Chromium (``--headless
 --no-sandbox``: the tests run as root) is driven over the DevTools protocol, one browser for all
 pages, each page read once its single-page app has rendered the expected text (instead of a fixed
 ``--virtual-time-budget`` per ``--dump-dom`` process). The rendered DOM and a PNG screenshot of each
@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from flows import service
+from deployments import service
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -159,8 +159,8 @@ def _run_demo_flow(out_dir: Path):
     from prefect.runtime import flow_run
 
     from flows.stagekit import StageLog
-    from forgeflow.trial import TrialRecord
-    from tasks import report as report_tasks
+    from forgeflow.sandbox.trial import TrialResult
+    from tasks import evaluation as report_tasks
     from tasks.common import markdown_artifact
 
     data = json.loads(DATA.read_text())
@@ -171,7 +171,7 @@ def _run_demo_flow(out_dir: Path):
         trials = {}
         for label in ("baseline", "candidate"):
             with log.stage(f"canary_{label}") as st:
-                trials[label] = [TrialRecord.model_validate(t) for t in data["jobs"][label]["trials"]]
+                trials[label] = [TrialResult.model_validate(t) for t in data["jobs"][label]["trials"]]
                 st["counts"] = {"scored": sum(t.reward is not None for t in trials[label]),
                                 "reward_1": sum(t.reward == 1.0 for t in trials[label])}
         with log.stage("compare") as st:  # as flows/lifecycle.py's compare stage

@@ -7,8 +7,8 @@ from contextlib import contextmanager
 
 import pytest
 
-from forgeflow.registry import RegistryServer
-from forgeflow.skopeo import Skopeo
+from forgeflow.registry.server import RegistryServer
+from forgeflow.registry.skopeo import Skopeo
 
 
 @contextmanager

@@ -14,14 +14,19 @@ from pathlib import Path
 
 import pytest
 
-from forgeflow.agent import AgentConfig, problem_statement_for, run_agent_trial
-from forgeflow.errors import InputError, ModelRequestError
-from forgeflow.images import BASE_IMAGE_TAG, ensure_base_image, image_exists
-from forgeflow.sandbox import SandboxSpec
-from forgeflow.serving import ModelServer
-from forgeflow.settings import tool_env
-from forgeflow.verifier import verify_submission
-from tests.helpers import free_port as _free_port, tiny_ggufs
+from forgeflow.common.errors import InputError, ModelRequestError
+from forgeflow.common.settings import tool_env
+from forgeflow.evaluation.agent import (
+    AgentConfig,
+    problem_statement_for,
+    run_agent_trial,
+)
+from forgeflow.registry.images import BASE_IMAGE_TAG, ensure_base_image, image_exists
+from forgeflow.sandbox.base import SandboxSpec
+from forgeflow.sandbox.verifier import verify_submission
+from forgeflow.serving.server import ModelServer
+from tests.helpers import free_port as _free_port
+from tests.helpers import tiny_ggufs
 
 TASK_IMAGE = "localhost/forgeflow/test-agent-calc:1"
 TEST_COMMAND = "python3 -m pytest -rA -p no:cacheprovider tests"

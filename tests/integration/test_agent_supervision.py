@@ -21,8 +21,12 @@ from typing import Any
 import pytest
 from test_agent import BUG_PATCH, F2P, P2P, TASK_IMAGE, TEST_COMMAND, task_image  # noqa: F401 - fixture
 
-from forgeflow.agent import AgentConfig, problem_statement_for, run_agent_trial
-from forgeflow.supervision import call_signature
+from forgeflow.evaluation.agent import (
+    AgentConfig,
+    problem_statement_for,
+    run_agent_trial,
+)
+from forgeflow.evaluation.supervision import call_signature
 
 pytestmark = pytest.mark.integration
 task_image_ref = TASK_IMAGE  # built by the ``task_image`` fixture each test requests
@@ -101,13 +105,13 @@ def _messages(path: str) -> list[dict[str, Any]]:
 
 def test_period_1_loop_is_stopped_at_the_third_repeat_and_recorded(task_image: str, tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    from forgeflow.store import Store
-    from tasks.serving import record_supervision
+    from forgeflow.ledger.store import Store
+    from tasks.evaluation import record_supervision
 
     monkeypatch.setenv("FORGEFLOW_STORE_URL", f"sqlite:///{tmp_path / 'store.db'}")
     with scripted_endpoint(lambda i: text_answer("cat calc.py")) as (url, bodies):
         record = _trial(url, tmp_path)
-    record_supervision(record, "canary-loop")  # what tasks.serving.agent_trial does after the trial
+    record_supervision(record, "canary-loop")  # what tasks.evaluation.agent_trial does after the trial
     assert record.exception_type == "AgentLoopError", record.exception_message
     assert len(bodies) == 3, "blocked at the 3rd identical call, not later"
     assert record.reward == 0.0 and record.verifier_s is not None, "the verifier still runs (flagged)"

@@ -1,5 +1,5 @@
 """Injected faults against the real local stack: each ends as the right exception, retried or not as
-the taxonomy says (``forgeflow.errors``), and never as reward 0.
+the taxonomy says (``forgeflow.common.errors``), and never as reward 0.
 
 Real pieces: the llama-cpp-python OpenAI server on the tiny Q8_0 GGUF, mini-swe-agent, podman
 containers of the calc task image, the verifier. Faults:
@@ -35,13 +35,23 @@ import httpx
 import pytest
 from test_agent import BUG_PATCH, F2P, P2P, TEST_COMMAND, task_image  # noqa: F401 - fixture
 
-from tests.helpers import free_port as _free_port, tiny_ggufs
-from forgeflow.agent import AgentConfig, problem_statement_for, run_agent_trial
-from forgeflow.errors import ModelEndpointError
-from forgeflow.model_client import ModelClient, ResponseCache, RetryPolicy, chat_request
-from forgeflow.serving import ModelServer
-from forgeflow.settings import tool_env
-from forgeflow.trial import container_name, make_trial_id
+from forgeflow.common.errors import ModelEndpointError
+from forgeflow.common.settings import tool_env
+from forgeflow.evaluation.agent import (
+    AgentConfig,
+    problem_statement_for,
+    run_agent_trial,
+)
+from forgeflow.evaluation.model_client import (
+    ModelClient,
+    ResponseCache,
+    RetryPolicy,
+    chat_request,
+)
+from forgeflow.sandbox.trial import container_name, make_trial_id
+from forgeflow.serving.server import ModelServer
+from tests.helpers import free_port as _free_port
+from tests.helpers import tiny_ggufs
 
 pytestmark = pytest.mark.integration
 

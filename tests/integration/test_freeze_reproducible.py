@@ -14,13 +14,18 @@ from pathlib import Path
 
 import pytest
 
-from forgeflow.bugs import generate_candidates
-from forgeflow.freeze import AcceptedTask, SplitQuotas, select_splits, write_freeze
-from forgeflow.images import build_task_image, ensure_env_image
-from forgeflow.projects import get_project, prepare_checkout
-from forgeflow.sandbox import SandboxSpec
-from forgeflow.settings import apply_container_env
-from forgeflow.trial import validate_candidate
+from forgeflow.common.settings import apply_container_env
+from forgeflow.curation.bugs import generate_candidates
+from forgeflow.curation.freeze import (
+    AcceptedTask,
+    SplitQuotas,
+    select_splits,
+    write_freeze,
+)
+from forgeflow.registry.images import build_task_image, ensure_env_image
+from forgeflow.registry.projects import get_project, prepare_checkout
+from forgeflow.sandbox.base import SandboxSpec
+from forgeflow.sandbox.trial import validate_candidate
 
 pytestmark = pytest.mark.integration
 

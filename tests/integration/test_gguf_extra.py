@@ -13,24 +13,24 @@ from pathlib import Path
 
 import pytest
 
-from forgeflow.errors import GGUFError, InputError
-from forgeflow.gguf import (
+from forgeflow.common.errors import GGUFError, InputError
+from forgeflow.common.settings import cache_dir
+from forgeflow.packaging.gguf import (
     MIXED_ATTN_EMBD_OUTPUT_Q8_0,
     load_gguf,
     quantize,
     quantize_mixed,
     tensor_types_of,
 )
-from forgeflow.gguf_edit import read_metadata, set_metadata, tensor_sha256
-from forgeflow.settings import cache_dir
+from forgeflow.packaging.gguf_edit import read_metadata, set_metadata, tensor_sha256
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def f16() -> Path:
-    from forgeflow.gguf import convert_to_gguf
-    from forgeflow.model import build_tiny_model
+    from forgeflow.packaging.base_model import build_tiny_model
+    from forgeflow.packaging.gguf import convert_to_gguf
 
     root = cache_dir() / "test-fixtures" / "tiny-seed0"
     path = root / "tiny-f16.gguf"

@@ -22,13 +22,25 @@ from pathlib import Path
 import pytest
 from test_agent import BUG_PATCH, F2P, P2P, TEST_COMMAND, task_image  # noqa: F401 (the fixture)
 
-from forgeflow.candidates import CandidateTask
-from forgeflow.freeze import AcceptedTask, SplitQuotas, select_splits, write_freeze
-from forgeflow.harbor import HARBOR_ENV_DIR, HARBOR_ENV_IMPORT_PATH, HarborTask, HarborTaskLimits, export_split, import_harbor_job
-from forgeflow.sandbox import SandboxSpec
-from forgeflow.settings import REPO_ROOT, tool_env
-from forgeflow.store import Store
-from forgeflow.trial import validate_candidate
+from forgeflow.common.settings import REPO_ROOT, tool_env
+from forgeflow.curation.candidates import CandidateTask
+from forgeflow.curation.freeze import (
+    AcceptedTask,
+    SplitQuotas,
+    select_splits,
+    write_freeze,
+)
+from forgeflow.evaluation.harbor import (
+    HARBOR_ENV_DIR,
+    HARBOR_ENV_IMPORT_PATH,
+    HarborTask,
+    HarborTaskLimits,
+    export_split,
+    import_harbor_job,
+)
+from forgeflow.ledger.store import Store
+from forgeflow.sandbox.base import SandboxSpec
+from forgeflow.sandbox.trial import validate_candidate
 
 VALID = "calc.add-1"
 NO_PYTEST = "calc.add-1-netprobe"

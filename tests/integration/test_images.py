@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from forgeflow.errors import InputError, PatchApplyError
-from forgeflow.grading import failed, parse_test_log
-from forgeflow.images import (
+from forgeflow.common.errors import InputError, PatchApplyError
+from forgeflow.common.settings import tool_env
+from forgeflow.registry.images import (
     ImageRef,
     build_env_image,
     build_task_image,
@@ -22,8 +22,13 @@ from forgeflow.images import (
     ensure_base_image,
     image_exists,
 )
-from forgeflow.projects import Project, fetch_sdist, get_project, prepare_checkout
-from forgeflow.settings import tool_env
+from forgeflow.registry.projects import (
+    Project,
+    fetch_sdist,
+    get_project,
+    prepare_checkout,
+)
+from forgeflow.sandbox.grading import failed, parse_test_log
 
 pytestmark = pytest.mark.integration
 

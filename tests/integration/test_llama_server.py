@@ -12,11 +12,19 @@ from pathlib import Path
 import httpx
 import pytest
 
-from forgeflow.errors import SwapRolledBackError
-from forgeflow.fsutil import sha256_file
-from forgeflow.llama_server import ContextPreflightError, LlamaServer, ensure_llama_server, slot_context
-from forgeflow.serving import gate, read_state, stop_active, swap
-from tests.helpers import free_port as _free_port, pid_alive as _alive, tiny_ggufs
+from forgeflow.common.errors import SwapRolledBackError
+from forgeflow.common.fsutil import sha256_file
+from forgeflow.serving.bluegreen import read_state, stop_active, swap
+from forgeflow.serving.health import gate
+from forgeflow.serving.llama_server import (
+    ContextPreflightError,
+    LlamaServer,
+    ensure_llama_server,
+    slot_context,
+)
+from tests.helpers import free_port as _free_port
+from tests.helpers import pid_alive as _alive
+from tests.helpers import tiny_ggufs
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -79,7 +87,7 @@ def test_swap_to_llama_server_then_a_cpu_fallback_is_rolled_back(binary: Path, q
 
 
 def test_a_binary_named_by_the_environment_must_exist(monkeypatch, tmp_path: Path) -> None:
-    from forgeflow.errors import ToolMissingError
+    from forgeflow.common.errors import ToolMissingError
 
     monkeypatch.setenv("FORGEFLOW_LLAMA_SERVER", str(tmp_path / "nope"))
     with pytest.raises(ToolMissingError, match="FORGEFLOW_LLAMA_SERVER"):

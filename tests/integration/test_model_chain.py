@@ -10,10 +10,22 @@ from pathlib import Path
 
 import pytest
 
-from forgeflow.burst import LINEAGE_FILE, BurstConfig, adapter_sha256, build_sft_dataset, run_sft_burst
-from forgeflow.errors import GGUFError
-from forgeflow.gguf import check_gguf, convert_to_gguf, load_gguf, merge_adapter, quantize
-from forgeflow.model import build_tiny_model
+from forgeflow.common.errors import GGUFError
+from forgeflow.packaging.base_model import build_tiny_model
+from forgeflow.packaging.gguf import (
+    check_gguf,
+    convert_to_gguf,
+    load_gguf,
+    merge_adapter,
+    quantize,
+)
+from forgeflow.training.burst import (
+    LINEAGE_FILE,
+    BurstConfig,
+    adapter_sha256,
+    build_sft_dataset,
+    run_sft_burst,
+)
 
 pytestmark = pytest.mark.slow
 

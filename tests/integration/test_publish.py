@@ -9,10 +9,9 @@ test. The GGUF is a small real one written with gguf-py's ``GGUFWriter``.
 
 from __future__ import annotations
 
-import secrets
-
 import json
 import logging
+import secrets
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,15 +19,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from forgeflow.errors import (
+from forgeflow.common.errors import (
     GGUFError,
     InputError,
     ModelStoreError,
     PublishDigestMismatchError,
     StaleParentCommitError,
 )
-from forgeflow.fsutil import sha256_file
-from forgeflow.publish import RECORD_FILE, git_blob_sha1, publish_hub, publish_local, read_local_record
+from forgeflow.common.fsutil import sha256_file
+from forgeflow.packaging.publish import (
+    RECORD_FILE,
+    git_blob_sha1,
+    publish_hub,
+    publish_local,
+    read_local_record,
+)
 from tests.fakes.hf_hub import FakeHub, git_blob_id
 
 TOKEN = "hf_" + secrets.token_hex(16)  # made per run: no token-shaped literal in the repository

@@ -12,16 +12,16 @@ import hashlib
 import io
 import json
 import socket
-import urllib.request
 import subprocess
 import tarfile
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from forgeflow.errors import (
+from forgeflow.common.errors import (
     DigestMismatchError,
     ImageNotFoundError,
     RegistryError,
@@ -29,11 +29,15 @@ from forgeflow.errors import (
     ServerStartError,
     is_transient,
 )
-from forgeflow.layout import ShardLayout
-from forgeflow.migrate import migrate_image, prewarm_basecache, verify_prewarm
-from forgeflow.registry import RegistryServer
-from forgeflow.settings import tool_env
-from forgeflow.skopeo import Skopeo, classify_error
+from forgeflow.common.settings import tool_env
+from forgeflow.registry.layout import ShardLayout
+from forgeflow.registry.migration import (
+    migrate_image,
+    prewarm_basecache,
+    verify_prewarm,
+)
+from forgeflow.registry.server import RegistryServer
+from forgeflow.registry.skopeo import Skopeo, classify_error
 
 pytestmark = pytest.mark.integration
 
@@ -320,11 +324,11 @@ def test_multi_arch_index_migrates_with_its_digest(
 def test_core_migration_retries_a_503_with_backoff_and_names_what_it_cannot_fix(
     registries: dict[str, RegistryServer], skopeo: Skopeo, pushed_env: tuple[str, str], tmp_path: Path
 ) -> None:
-    """forgeflow.migrate.migrate_images (no Prefect) behind tests/faultproxy.py: the first two
+    """forgeflow.registry.migration.migrate_images (no Prefect) behind tests/faultproxy.py: the first two
     manifest/blob requests to the source answer 503; the image completes on its third attempt
     after waits of 0.5 s and 1 s, while a missing image fails once, by name, without a retry."""
-    from forgeflow.migrate import load_states, migrate_images
-    from forgeflow.store import Store
+    from forgeflow.ledger.store import Store
+    from forgeflow.registry.migration import load_states, migrate_images
     from tests.faultproxy import FaultProxy
 
     source_ref, digest = pushed_env

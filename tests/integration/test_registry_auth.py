@@ -23,13 +23,24 @@ import pytest
 from pydantic import SecretStr
 
 from blocks.core import RegistryEndpoint
-from forgeflow.errors import DigestMismatchError, InputError, RegistryError, is_transient
-from forgeflow.migrate import ALREADY_COMPLETED, MigrationRecord, load_states, migrate_images, verify_layer_reuse
-from forgeflow.registry import RegistryServer
-from forgeflow.registry_auth import authfile, scrub, secrets_of
-from forgeflow.settings import tool_env
-from forgeflow.skopeo import Skopeo
-from forgeflow.store import Store
+from forgeflow.common.errors import (
+    DigestMismatchError,
+    InputError,
+    RegistryError,
+    is_transient,
+)
+from forgeflow.common.settings import tool_env
+from forgeflow.ledger.store import Store
+from forgeflow.registry.auth import authfile, scrub, secrets_of
+from forgeflow.registry.migration import (
+    ALREADY_COMPLETED,
+    MigrationRecord,
+    load_states,
+    migrate_images,
+    verify_layer_reuse,
+)
+from forgeflow.registry.server import RegistryServer
+from forgeflow.registry.skopeo import Skopeo
 
 pytestmark = pytest.mark.integration
 

@@ -12,10 +12,18 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from forgeflow.burst import LINEAGE_FILE, BurstConfig, adapter_sha256, build_sft_dataset, read_adapter_record, run_sft_burst
-from forgeflow.errors import InputError
-from forgeflow.model import build_tiny_model
-from forgeflow.rl import (
+from forgeflow.common.errors import InputError
+from forgeflow.common.settings import cache_dir
+from forgeflow.packaging.base_model import build_tiny_model
+from forgeflow.training.burst import (
+    LINEAGE_FILE,
+    BurstConfig,
+    adapter_sha256,
+    build_sft_dataset,
+    read_adapter_record,
+    run_sft_burst,
+)
+from forgeflow.training.rl import (
     RLBurstConfig,
     RLTask,
     VerifierReward,
@@ -24,8 +32,14 @@ from forgeflow.rl import (
     run_rl_burst,
     score_completion,
 )
-from forgeflow.settings import cache_dir
-from tests.integration.test_agent import BUG_PATCH, F2P, FIX_PATCH, P2P, TEST_COMMAND, task_image  # noqa: F401
+from tests.integration.test_agent import (  # noqa: F401
+    BUG_PATCH,
+    F2P,
+    FIX_PATCH,
+    P2P,
+    TEST_COMMAND,
+    task_image,
+)
 
 WRONG_PATCH = """\
 diff --git a/calc.py b/calc.py
@@ -54,7 +68,7 @@ def _answer(patch: str) -> list[dict]:
 def test_patch_extraction_trainer_choice_and_bad_input(tmp_path: Path) -> None:
     from trl import GRPOConfig, RLOOConfig
 
-    from forgeflow.rl import _trl_objects
+    from forgeflow.training.rl import _trl_objects
 
     assert extract_patch(_answer(FIX_PATCH)[0]["content"]) == FIX_PATCH
     assert extract_patch("I think\n" + FIX_PATCH) == FIX_PATCH  # unfenced diff

@@ -13,10 +13,21 @@ from pathlib import Path
 import httpx
 import pytest
 
-from forgeflow.errors import InputError, ServerStartError, SwapRolledBackError
-from forgeflow.fsutil import sha256_file
-from forgeflow.serving import ModelServer, discard, gate, promote, read_state, stage, stop_active, stop_pid, swap
-from tests.helpers import free_port as _free_port, pid_alive as _pid_alive, tiny_ggufs
+from forgeflow.common.errors import InputError, ServerStartError, SwapRolledBackError
+from forgeflow.common.fsutil import sha256_file
+from forgeflow.serving.bluegreen import (
+    discard,
+    promote,
+    read_state,
+    stage,
+    stop_active,
+    swap,
+)
+from forgeflow.serving.health import gate
+from forgeflow.serving.server import ModelServer, stop_pid
+from tests.helpers import free_port as _free_port
+from tests.helpers import pid_alive as _pid_alive
+from tests.helpers import tiny_ggufs
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

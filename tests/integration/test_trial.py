@@ -14,15 +14,19 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from forgeflow import errors
-from forgeflow.bugs import check_patch_applies, generate_candidate_set, generate_candidates
-from forgeflow.sandbox import SandboxSpec
-from forgeflow.settings import cache_dir
-from forgeflow.trial import (
-    TrialRecord,
+from forgeflow.common import errors
+from forgeflow.common.names import sanitize_name
+from forgeflow.common.settings import cache_dir
+from forgeflow.curation.bugs import (
+    check_patch_applies,
+    generate_candidate_set,
+    generate_candidates,
+)
+from forgeflow.sandbox.base import SandboxSpec
+from forgeflow.sandbox.trial import (
+    TrialResult,
     container_name,
     make_trial_id,
-    sanitize_name,
     validate_candidate,
 )
 
@@ -58,19 +62,19 @@ def test_container_names_differ_per_trial() -> None:
 
 def test_trial_record_holds_reward_or_exception_never_both() -> None:
     base = dict(trial_id="t", instance_id="i", kind="nop", started_at=datetime.now(timezone.utc), env_setup_s=0.1)
-    assert TrialRecord(**base, reward=0.0).reward == 0.0
+    assert TrialResult(**base, reward=0.0).reward == 0.0
     with pytest.raises(ValidationError, match="exactly one"):
-        TrialRecord(**base)
+        TrialResult(**base)
     with pytest.raises(ValidationError, match="exactly one"):
-        TrialRecord(**base, reward=0.0, exception_type="SandboxOOMError", exception_message="oom")
+        TrialResult(**base, reward=0.0, exception_type="SandboxOOMError", exception_message="oom")
     with pytest.raises(ValidationError, match="timezone-aware"):
-        TrialRecord(**{**base, "started_at": datetime.now()}, reward=1.0)
+        TrialResult(**{**base, "started_at": datetime.now()}, reward=1.0)
 
 
 # --- candidates on a real checkout --------------------------------------------------------------
 @pytest.fixture(scope="module")
 def project_and_checkout():
-    from forgeflow.projects import get_project, prepare_checkout
+    from forgeflow.registry.projects import get_project, prepare_checkout
 
     project = get_project(PROJECT)
     return project, prepare_checkout(project, cache_dir() / "checkouts")
@@ -140,7 +144,7 @@ def test_bad_generation_arguments_are_named(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def accepted_task(project_and_checkout):
     """The first of the seed's candidates whose task validates (up to 3 tried)."""
-    from forgeflow.images import build_task_image, ensure_env_image
+    from forgeflow.registry.images import build_task_image, ensure_env_image
 
     project, root = project_and_checkout
     env = ensure_env_image(project)
@@ -212,11 +216,11 @@ def test_image_that_lacks_the_bug_fails_the_oracle_as_an_exception(accepted_task
 def test_agent_trial_costs_feed_cost_ratios():
     from datetime import datetime, timezone
 
-    from forgeflow.compare import cost_ratios
-    from forgeflow.trial import TrialRecord
+    from forgeflow.evaluation.compare import cost_ratios
+    from forgeflow.sandbox.trial import TrialResult
 
-    def agent(iid: str, steps: int, tokens: int, agent_s: float) -> TrialRecord:
-        return TrialRecord(trial_id=f"t-{iid}-{steps}", instance_id=iid, kind="agent", reward=0.0,
+    def agent(iid: str, steps: int, tokens: int, agent_s: float) -> TrialResult:
+        return TrialResult(trial_id=f"t-{iid}-{steps}", instance_id=iid, kind="agent", reward=0.0,
                            started_at=datetime.now(timezone.utc), env_setup_s=0.1, verifier_s=1.0,
                            agent_s=agent_s, agent_steps=steps, input_tokens=tokens)
 

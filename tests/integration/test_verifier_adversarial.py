@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from forgeflow import errors
-from forgeflow.images import BASE_IMAGE_TAG, ensure_base_image, image_exists
-from forgeflow.sandbox import SandboxSpec
-from forgeflow.settings import tool_env
-from forgeflow.trial import ValidationChecks, validate_candidate
-from forgeflow.verifier import verify_submission
+from forgeflow.common import errors
+from forgeflow.common.settings import tool_env
+from forgeflow.registry.images import BASE_IMAGE_TAG, ensure_base_image, image_exists
+from forgeflow.sandbox.base import SandboxSpec
+from forgeflow.sandbox.trial import ValidationChecks, validate_candidate
+from forgeflow.sandbox.verifier import verify_submission
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from forgeflow.settings import tool_env
+from forgeflow.common.settings import tool_env
 from tests.helpers import free_port, pid_alive  # noqa: F401 - re-exported to the resilience tests
 
 TESTBED_DIR = Path(__file__).resolve().parent / "testbed"
@@ -55,7 +55,7 @@ def _podman(*args: str, cwd: Path | None = None) -> str:
 def escape_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``FROM`` the forgeflow base image (Debian python3 + pytest), ``COPY testbed /testbed``;
     tagged by the content digest of the test files and removed at the end of the session."""
-    from forgeflow.images import ensure_base_image
+    from forgeflow.registry.images import ensure_base_image
 
     base = ensure_base_image().name
     digest = hashlib.sha256()

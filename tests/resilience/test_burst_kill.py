@@ -1,4 +1,4 @@
-"""kill -9 of a process running an SFT burst (forgeflow.burst.run_sft_burst, TRL + peft on the tiny
+"""kill -9 of a process running an SFT burst (forgeflow.training.burst.run_sft_burst, TRL + peft on the tiny
 Qwen2 model) in the middle of training, then the same burst run again in a fresh process.
 
 The burst runs in its own process, as a flow run would, and is killed with SIGKILL once the trainer
@@ -27,14 +27,14 @@ from pathlib import Path
 
 import pytest
 
-from forgeflow.burst import (
+from forgeflow.common.settings import cache_dir
+from forgeflow.training.burst import (
     LINEAGE_FILE,
     STAGING_LOCK_FILE,
     adapter_sha256,
     read_adapter_record,
     remove_dead_staging_dirs,
 )
-from forgeflow.settings import cache_dir
 
 pytestmark = [pytest.mark.slow]
 
@@ -46,13 +46,13 @@ SAMPLES = [{"instance_id": f"toolz__{i}", "source": "unit-test", "messages": [
     for i in range(3)]
 BURST_SCRIPT = (
     "import json, sys; from pathlib import Path; "
-    "from forgeflow.burst import BurstConfig, build_sft_dataset, run_sft_burst; "
+    "from forgeflow.training.burst import BurstConfig, build_sft_dataset, run_sft_burst; "
     "data = build_sft_dataset(json.loads(Path(sys.argv[3]).read_text())); "
     "r = run_sft_burst(Path(sys.argv[1]), data, Path(sys.argv[2]), BurstConfig(max_steps=int(sys.argv[4])), "
     "run_id=sys.argv[5]); print('DONE', r.steps, r.sha256, flush=True)"
 )
 CLEANUP_SCRIPT = (
-    "import sys; from pathlib import Path; from forgeflow.burst import remove_dead_staging_dirs; "
+    "import sys; from pathlib import Path; from forgeflow.training.burst import remove_dead_staging_dirs; "
     "print('REMOVED', [str(p) for p in remove_dead_staging_dirs(Path(sys.argv[1]))], flush=True)"
 )
 
@@ -60,7 +60,7 @@ CLEANUP_SCRIPT = (
 @pytest.fixture(scope="module")
 def base_model() -> Path:
     """The seed-0 tiny model (built once per machine, shared with test_swap_kill.py)."""
-    from forgeflow.model import build_tiny_model
+    from forgeflow.packaging.base_model import build_tiny_model
 
     return build_tiny_model(cache_dir() / "test-fixtures" / "tiny-seed0" / "hf", seed=0).path
 

@@ -10,7 +10,7 @@ expired leases and decrements the limit's active slots. So the slot is held for 
 time after the last renewal, plus one repossessor loop.
 
 Here: a real ``prefect server start`` on loopback (port 4310-4319, repossessor every 1 s), forgeflow's own registry
-limit (``tasks.registry_ops.ensure_registry_limits``, 1 slot), a flow run in a separate process
+limit (``tasks.registry.ensure_registry_limits``, 1 slot), a flow run in a separate process
 that takes the slot with the shortest lease the server allows (60 s) and is killed with SIGKILL at
 once. The test checks that the slot is held (another acquisition times out) right after the kill,
 that it is still held well inside the lease, and that it is free again within the lease time + a
@@ -23,7 +23,7 @@ is pending: Prefect's default lease storage is the server's memory
 (``prefect.server.concurrency.lease_storage.memory``) while the limit's ``active_slots`` is in the
 database, so the restarted server has no lease to expire and the slot stays taken for good
 (measured: still 1 at 75 s after a 60 s lease). ``forgeflow up`` therefore starts its server with
-the file-system lease storage (``flows/service.py``); ``test_concurrency_slot_restart.py`` checks it.
+the file-system lease storage (``deployments/service.py``); ``test_concurrency_slot_restart.py`` checks it.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from flows.service import port_in_use
-from forgeflow.settings import REPO_ROOT
+from deployments.service import port_in_use
+from forgeflow.common.settings import REPO_ROOT
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -51,7 +51,7 @@ HOLDER = (
     "import sys, time\n"
     "from prefect import flow\n"
     "from prefect.concurrency.sync import concurrency\n"
-    "from tasks.registry_ops import ensure_registry_limits\n"
+    "from tasks.registry import ensure_registry_limits\n"
     "@flow(name='slot-holder')\n"
     "def hold(address: str, lease_s: float):\n"
     "    name, _ = ensure_registry_limits(address, 1)\n"

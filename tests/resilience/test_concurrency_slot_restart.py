@@ -4,7 +4,7 @@ server started the way ``forgeflow up`` starts it: the slot is still freed when 
 With Prefect's default in-memory lease storage the restarted server would have forgotten the
 killed holder's lease while the limit's ``active_slots`` (in the database) still counts it: a slot
 taken for good (measured on 3.9.1: still taken 75 s after a 60 s lease; see
-``test_concurrency_slot_kill.py``). ``flows.service`` starts the server with the file-system lease
+``test_concurrency_slot_kill.py``). ``deployments.service`` starts the server with the file-system lease
 storage (``PREFECT_HOME/concurrency_leases``), so the lease outlives the restart and the server's
 repossessor revokes it when it expires. Real server processes on loopback ports 4310-4319, a real
 flow run in a separate process, SIGKILL.
@@ -22,8 +22,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from flows import service
-from forgeflow.settings import REPO_ROOT
+from deployments import service
+from forgeflow.common.settings import REPO_ROOT
 from tests.resilience.test_concurrency_slot_kill import HOLDER, LEASE_S, PORTS, REGISTRY
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from forgeflow.errors import DiskFullError, GGUFError, InfraError
-from forgeflow.fsutil import atomic_write_bytes, free_bytes, sha256_file
-from forgeflow.settings import cache_dir
+from forgeflow.common.errors import DiskFullError, GGUFError, InfraError
+from forgeflow.common.fsutil import atomic_write_bytes, free_bytes, sha256_file
+from forgeflow.common.settings import cache_dir
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -26,8 +26,8 @@ TMPFS_MIB = 16  # the tiny model's GGUFs are 49 MB (Q8_0) and 87 MB (f16)
 def tiny() -> dict[str, Path]:
     """The seed-0 tiny model: HF folder, f16 and Q8_0 GGUFs (built once per machine, as in
     tests/integration/test_serving.py)."""
-    from forgeflow.gguf import convert_to_gguf, quantize
-    from forgeflow.model import build_tiny_model
+    from forgeflow.packaging.base_model import build_tiny_model
+    from forgeflow.packaging.gguf import convert_to_gguf, quantize
 
     root = cache_dir() / "test-fixtures" / "tiny-seed0"
     f16, q8 = root / "tiny-f16.gguf", root / "tiny-q8_0.gguf"
@@ -74,7 +74,7 @@ def _assert_clean_failure(exc: DiskFullError, final: Path, small_fs: Path) -> No
 
 
 def test_quantize_into_a_full_disk(tiny: dict[str, Path], models_dir: Path, small_fs: Path) -> None:
-    from forgeflow.gguf import quantize
+    from forgeflow.packaging.gguf import quantize
 
     final = models_dir / "tiny-q8_0.gguf"
     with pytest.raises(DiskFullError) as info:
@@ -92,7 +92,7 @@ def test_quantize_into_a_full_disk(tiny: dict[str, Path], models_dir: Path, smal
 
 
 def test_metadata_edit_into_a_full_disk(tiny: dict[str, Path], models_dir: Path, small_fs: Path) -> None:
-    from forgeflow.gguf_edit import set_metadata
+    from forgeflow.packaging.gguf_edit import set_metadata
 
     final = models_dir / "tiny-renamed.gguf"
     with pytest.raises(DiskFullError) as info:
@@ -101,7 +101,7 @@ def test_metadata_edit_into_a_full_disk(tiny: dict[str, Path], models_dir: Path,
 
 
 def test_convert_into_a_full_disk(tiny: dict[str, Path], models_dir: Path, small_fs: Path) -> None:
-    from forgeflow.gguf import convert_to_gguf
+    from forgeflow.packaging.gguf import convert_to_gguf
 
     final = models_dir / "tiny-f16.gguf"
     with pytest.raises(DiskFullError) as info:

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from forgeflow import errors
-from forgeflow.sandbox import DEFAULT_PIDS_LIMIT, PodmanSandbox, SandboxSpec
-from forgeflow.settings import tool_env
-from forgeflow.trial import validate_candidate, verify
+from forgeflow.common import errors
+from forgeflow.common.settings import tool_env
+from forgeflow.sandbox.base import DEFAULT_PIDS_LIMIT, SandboxSpec
+from forgeflow.sandbox.podman import PodmanSandbox
+from forgeflow.sandbox.trial import validate_candidate, verify
 
 pytestmark = pytest.mark.integration
 
@@ -127,7 +128,7 @@ def test_fork_bomb_hits_the_pids_limit_and_is_an_exception_not_a_reward(escape_i
     assert outcome.oracle is None and outcome.report is None
     assert isinstance(errors.SandboxPidsLimitError("x"), errors.SandboxError)
     # the bomb went with its container
-    from forgeflow.trial import container_name
+    from forgeflow.sandbox.trial import container_name
 
     assert _containers_named(container_name(nop.instance_id, "nop", nop.trial_id)) == []
 

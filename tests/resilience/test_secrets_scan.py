@@ -24,13 +24,13 @@ from pydantic import SecretStr
 from sqlalchemy import MetaData, select
 
 from blocks.core import RegistryEndpoint
-from forgeflow import migrate
-from forgeflow.errors import RegistryError
-from forgeflow.fsutil import atomic_write_json
-from forgeflow.registry import RegistryServer
-from forgeflow.settings import home_dir
-from forgeflow.skopeo import Skopeo
-from forgeflow.store import Store
+from forgeflow.common.errors import RegistryError
+from forgeflow.common.fsutil import atomic_write_json
+from forgeflow.common.settings import home_dir
+from forgeflow.ledger.store import Store
+from forgeflow.registry import migration as migrate
+from forgeflow.registry.server import RegistryServer
+from forgeflow.registry.skopeo import Skopeo
 from tests.helpers import oci_image
 
 pytestmark = pytest.mark.integration

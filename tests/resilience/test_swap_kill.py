@@ -1,4 +1,4 @@
-"""kill -9 of a blue/green swap (forgeflow.serving) while its new llama-cpp-python server starts.
+"""kill -9 of a blue/green swap (forgeflow.serving.server) while its new llama-cpp-python server starts.
 
 The swap runs in its own process, as a flow run would; it is killed with SIGKILL once its new
 server process exists (between ``stage`` starting it and ``promote`` recording it), so that server
@@ -17,8 +17,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from forgeflow.fsutil import sha256_file
-from forgeflow.serving import gate, read_state, stop_active, stop_pid, swap
+from forgeflow.common.fsutil import sha256_file
+from forgeflow.serving.bluegreen import read_state, stop_active, swap
+from forgeflow.serving.health import gate
+from forgeflow.serving.server import stop_pid
 from tests.helpers import tiny_ggufs
 from tests.resilience.conftest import free_port, pid_alive, pids_matching
 
@@ -26,7 +28,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 N_CTX = 512
 SWAP_SCRIPT = (
-    "import sys; from pathlib import Path; from forgeflow.serving import swap; "
+    "import sys; from pathlib import Path; from forgeflow.serving.server import swap; "
     "r = swap(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], ports=(int(sys.argv[4]), int(sys.argv[5])), "
     "model_alias='tiny', n_ctx=512); print('generation', r.current.generation)"
 )

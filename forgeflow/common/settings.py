@@ -1,0 +1,80 @@
+"""Where forgeflow keeps its state, and the environment its external tools need.
+
+All paths come from environment variables with embedded defaults:
+
+* ``FORGEFLOW_HOME`` (default ``./.forgeflow``): the store, demo outputs, registry storage.
+* ``FORGEFLOW_CACHE`` (default ``~/.cache/forgeflow``): machine-wide caches that outlive a clone
+  (the debootstrap base rootfs, pinned sdists, the llama-cpp-python sdist, the tiny model's
+  tokenizer), so CI and the demo pay for them once per machine.
+* ``FORGEFLOW_STORE_URL`` (default ``sqlite:///$FORGEFLOW_HOME/store.db``): any SQLAlchemy URL.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+"""The checkout root (``forgeflow`` is installed editable; ``infra/`` lives beside it)."""
+
+INFRA_DIR = REPO_ROOT / "infra"
+CONTAINERS_CONF = INFRA_DIR / "containers.conf"
+REGISTRIES_CONF = INFRA_DIR / "registries.conf"
+DATA_DIR = Path(__file__).resolve().parents[1] / "data"
+
+LLAMA_CPP_PYTHON_VERSION = "0.3.36"
+"""The pinned llama-cpp-python release: its sdist ships the Qwen2 vocabulary and the converter."""
+
+
+def home_path() -> Path:
+    """Return ``$FORGEFLOW_HOME`` (default ``./.forgeflow``) resolved, without creating it
+    (what read-only commands use: a mistyped home must not leave an empty folder behind)."""
+    return Path(os.environ.get("FORGEFLOW_HOME", ".forgeflow")).resolve()
+
+
+def home_dir() -> Path:
+    """Return ``$FORGEFLOW_HOME`` (created if missing)."""
+    path = home_path()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def cache_dir() -> Path:
+    """Return ``$FORGEFLOW_CACHE`` (created if missing)."""
+    path = Path(os.environ.get("FORGEFLOW_CACHE", Path.home() / ".cache" / "forgeflow")).resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def store_url() -> str:
+    """Return the SQLAlchemy URL of the store: ``$FORGEFLOW_STORE_URL``, else
+    ``sqlite:///$FORGEFLOW_HOME/store.db``. Creates nothing (a writing
+    :class:`~forgeflow.ledger.store.Store` creates the SQLite file's folder itself)."""
+    return os.environ.get("FORGEFLOW_STORE_URL", f"sqlite:///{home_path() / 'store.db'}")
+
+
+def container_env() -> dict[str, str]:
+    """Environment variables podman and skopeo need on this kind of machine.
+
+    ``CONTAINERS_CONF`` selects the runc runtime and lowered ulimits; ``CONTAINERS_REGISTRIES_CONF``
+    marks the loopback registries insecure (plain HTTP). Values already set by the user win.
+    """
+    return {
+        "CONTAINERS_CONF": os.environ.get("CONTAINERS_CONF", str(CONTAINERS_CONF)),
+        "CONTAINERS_REGISTRIES_CONF": os.environ.get(
+            "CONTAINERS_REGISTRIES_CONF", str(REGISTRIES_CONF)
+        ),
+    }
+
+
+def apply_container_env() -> None:
+    """Export :func:`container_env` into ``os.environ`` (for tools that spawn podman themselves,
+    such as mini-swe-agent's container environment)."""
+    os.environ.update(container_env())
+
+
+def tool_env() -> dict[str, str]:
+    """A full environment for subprocesses: ``os.environ`` plus :func:`container_env`."""
+    env = dict(os.environ)
+    env.update(container_env())
+    return env

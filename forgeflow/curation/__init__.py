@@ -1,0 +1,7 @@
+"""From candidates to a frozen dataset: bug generation (``bugs``), candidate rows (``candidates``,
+``generated``), batch selection (``selection``), freezes (``freeze``), derived sets (``derived``)
+and recovery by exact ids (``recovery``).
+
+May import: ``common``, ``ledger``, ``registry``, ``sandbox``. The packages of ``forgeflow`` import one way, in this order:
+common < ledger < registry < sandbox < curation < evaluation < training < packaging < serving.
+"""

@@ -1,0 +1,668 @@
+"""Declarative derived task sets: named sets of instance ids defined by set algebra.
+
+A *source set* is a named set of instance ids with its provenance:
+
+* :func:`store_status_set` — the store's tasks with one status (e.g. ``accepted``);
+* :func:`store_images_available_set` — the store's tasks whose ``image_ref`` is a recorded image;
+* :func:`frozen_split_sets` — each split of a frozen manifest (``frozen.train``, ...), whose
+  digests are verified with :func:`forgeflow.curation.freeze.verify_freeze`;
+* :func:`id_list_set` — an external list of instance ids pinned to a source revision (e.g. the
+  tasks a strong model solved, from a results file at a given commit);
+* :func:`explicit_set` — any ids computed by the caller (must be passed again to verify).
+
+A *definition* is ``name = expression`` where the expression combines set names with ``&``
+(intersection), ``|`` (union), ``-`` (difference) and parentheses (``∩``, ``∪`` and ``∖`` are
+accepted as spellings of the same). Set names may be dotted (``frozen.test``)::
+
+    filter_pro = static & verified_any
+    freeze_pro = filter_pro & frozen.test & images_available
+
+Definitions are parsed with Python's :mod:`ast` (never ``eval``): only names, dotted names and
+the three operators are allowed. Unknown names and cycles are reported before anything is
+evaluated. Every derived set records the sha256 of each input's canonical sorted id list
+(:func:`ids_sha256`), the definitions it depends on and, when a frozen manifest is among its
+inputs, its per-split counts, so :func:`verify_derived` can rebuild it and detect a changed input.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+import forgeflow
+from forgeflow.common.errors import DerivedSetConflictError, InputError
+from forgeflow.common.fsutil import (
+    atomic_write_bytes,
+    atomic_write_json,
+    read_digested_json,
+    sha256_bytes,
+    sha256_file,
+    sha256_json,
+    with_semantic_digest,
+)
+from forgeflow.curation.freeze import SPLITS, verify_freeze
+
+SCHEMA_VERSION = 1
+"""Version of the derived-set document written by :func:`write_derived`."""
+
+SourceKind = Literal["store_status", "store_images", "frozen_split", "id_list", "explicit"]
+
+_OPERATORS: dict[type[ast.operator], str] = {ast.BitAnd: "&", ast.BitOr: "|", ast.Sub: "-"}
+_SPELLINGS = {"∩": "&", "∪": "|", "∖": "-"}
+
+
+def ids_sha256(ids: Iterable[str]) -> str:
+    """sha256 (hex) of the canonical JSON of the sorted, de-duplicated ids."""
+    return sha256_json(sorted(set(ids)))
+
+
+class SourceSet(BaseModel):
+    """A named input set with the provenance needed to load it again.
+
+    Attributes:
+        name: The name definitions refer to (dotted names allowed, e.g. ``frozen.test``).
+        kind: Where the ids come from (see the module docstring).
+        ids: The instance ids (a frozenset).
+        provenance: JSON-serialisable facts that identify the source: the status, the manifest
+            path and its ``semantic_sha256``, the list file and its sha256, the source revision.
+        freeze_name: For a frozen split: the freeze's name; else None.
+        freeze_splits: For a frozen split: every split of that manifest, split -> ids (used
+            for the per-split counts of derived sets); else None.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str = Field(min_length=1)
+    kind: SourceKind
+    ids: frozenset[str]
+    provenance: dict[str, Any] = Field(default_factory=dict)
+    freeze_name: str | None = None
+    freeze_splits: dict[str, frozenset[str]] | None = None
+
+    @property
+    def sha256(self) -> str:
+        """:func:`ids_sha256` of :attr:`ids`."""
+        return ids_sha256(self.ids)
+
+
+def _check_name(name: str) -> str:
+    parts = name.split(".")
+    if not name or not all(part.isidentifier() for part in parts):
+        raise InputError(
+            f"set name {name!r} is invalid: use identifiers joined by '.', e.g. 'frozen.test'"
+        )
+    return name
+
+
+def validate_derived_name(name: str) -> str:
+    """Return ``name`` if it can name a derived set and its file ``<name>.json``: a plain
+    identifier (as in a definition's left-hand side), so no path separator, '..' or dot.
+
+    Raises:
+        InputError: the name is invalid; the message names it.
+    """
+    if not name.isidentifier():
+        raise InputError(f"derived set name {name!r} is invalid: give a plain name (letters, digits and '_', "
+                         "as on the left of a definition), no path separators or '..'")
+    return name
+
+
+def store_status_set(name: str, store: Any, status: str = "accepted") -> SourceSet:
+    """The ids of the store's tasks with ``status`` (``accepted``, ``rejected``, ...).
+
+    Args:
+        name: The set's name.
+        store: A :class:`forgeflow.ledger.store.Store`.
+        status: A task status of the store.
+    """
+    ids = frozenset(task.instance_id for task in store.tasks(status))
+    return SourceSet(
+        name=_check_name(name), kind="store_status", ids=ids, provenance={"status": status}
+    )
+
+
+def store_images_available_set(name: str, store: Any) -> SourceSet:
+    """The ids of the store's tasks whose ``image_ref`` is recorded in the store's images."""
+    refs = {image.ref for image in store.images()}
+    ids = frozenset(t.instance_id for t in store.tasks() if t.image_ref and t.image_ref in refs)
+    return SourceSet(name=_check_name(name), kind="store_images", ids=ids)
+
+
+def frozen_split_sets(manifest_path: str | Path, prefix: str = "frozen") -> dict[str, SourceSet]:
+    """One set per split of a frozen manifest (``<prefix>.train``, ...) plus ``<prefix>`` (all).
+
+    The manifest's digests are checked first with :func:`forgeflow.curation.freeze.verify_freeze`.
+
+    Returns:
+        Set name -> set; the provenance holds the manifest path, name and ``semantic_sha256``.
+
+    Raises:
+        InputError: the manifest is missing, altered or invalid.
+    """
+    manifest = verify_freeze(Path(manifest_path))
+    split_ids = {split: frozenset(ids) for split, ids in manifest.splits.items()}
+    provenance = {
+        "manifest_path": str(Path(manifest_path).resolve()),
+        "freeze": manifest.name,
+        "semantic_sha256": manifest.semantic_sha256,
+    }
+    sets: dict[str, SourceSet] = {}
+    for split in [*manifest.splits, None]:
+        set_name = _check_name(prefix if split is None else f"{prefix}.{split}")
+        ids = frozenset().union(*split_ids.values()) if split is None else split_ids[split]
+        sets[set_name] = SourceSet(
+            name=set_name,
+            kind="frozen_split",
+            ids=ids,
+            provenance={**provenance, "split": split},
+            freeze_name=manifest.name,
+            freeze_splits=split_ids,
+        )
+    return sets
+
+
+def _read_id_list(path: Path) -> list[str]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise InputError(f"id list {path} does not exist") from exc
+    if path.suffix == ".json":
+        try:
+            ids = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"id list {path} is not valid JSON: {exc}") from exc
+        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+            raise InputError(f"id list {path} must be a JSON list of instance-id strings")
+        return ids
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def id_list_set(name: str, source: str | Path | Iterable[str], source_revision: str) -> SourceSet:
+    """An external list of instance ids pinned to the revision it was taken from.
+
+    Args:
+        name: The set's name.
+        source: A file (``.json``: a list of strings; otherwise one id per line) or the ids.
+        source_revision: The pinned revision of the list's origin (a commit, a dataset
+            revision, a results-run id); required so the set can be traced and rebuilt.
+
+    Raises:
+        InputError: empty ``source_revision``, or an unreadable/ill-formed file.
+    """
+    if not source_revision.strip():
+        raise InputError(f"id list {name!r}: source_revision must be a non-empty revision")
+    provenance: dict[str, Any] = {"source_revision": source_revision}
+    if isinstance(source, str | Path):
+        path = Path(source)
+        ids = _read_id_list(path)
+        provenance.update(path=str(path.resolve()), file_sha256=sha256_file(path))
+    else:
+        ids = list(source)
+        provenance["ids"] = sorted(set(ids))
+    return SourceSet(
+        name=_check_name(name), kind="id_list", ids=frozenset(ids), provenance=provenance
+    )
+
+
+def explicit_set(
+    name: str, ids: Iterable[str], provenance: dict[str, Any] | None = None
+) -> SourceSet:
+    """Ids computed by the caller; :func:`verify_derived` needs them passed again in ``inputs``."""
+    return SourceSet(
+        name=_check_name(name), kind="explicit", ids=frozenset(ids), provenance=provenance or {}
+    )
+
+
+# --- definitions -------------------------------------------------------------------------------
+def _dotted(node: ast.expr) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        base = _dotted(node.value)
+        return None if base is None else f"{base}.{node.attr}"
+    return None
+
+
+def _check_expression(name: str, node: ast.expr, text: str) -> None:
+    if _dotted(node) is not None:
+        return
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
+        _check_expression(name, node.left, text)
+        _check_expression(name, node.right, text)
+        return
+    raise InputError(
+        f"derived set {name!r}: {ast.unparse(node)!r} in {text!r} is not allowed; use set names "
+        "combined with & (intersection), | (union), - (difference) and parentheses"
+    )
+
+
+def _references(node: ast.expr) -> list[str]:
+    dotted = _dotted(node)
+    if dotted is not None:
+        return [dotted]
+    assert isinstance(node, ast.BinOp)
+    return _references(node.left) + _references(node.right)
+
+
+class Definitions(BaseModel):
+    """Parsed definitions: derived-set name -> normalised expression text, in source order."""
+
+    model_config = ConfigDict(frozen=True)
+
+    expressions: dict[str, str]
+
+    def references(self, name: str) -> list[str]:
+        """The set names ``name``'s expression mentions, in order, without repeats."""
+        node = ast.parse(self.expressions[name], mode="eval").body
+        return list(dict.fromkeys(_references(node)))
+
+
+def parse_definitions(source: str | Mapping[str, str]) -> Definitions:
+    """Parse ``name = expression`` definitions.
+
+    Args:
+        source: Text with one definition per line (blank lines and ``#`` comments allowed), or
+            a mapping name -> expression.
+
+    Returns:
+        The definitions with each expression normalised by ``ast.unparse``.
+
+    Raises:
+        InputError: a line is not ``name = expression``, a name is defined twice, or an
+            expression uses anything but set names, ``&``, ``|``, ``-`` and parentheses.
+    """
+    pairs: list[tuple[str, str]] = []
+    if isinstance(source, Mapping):
+        pairs = [(str(k), str(v)) for k, v in source.items()]
+    else:
+        for line_no, line in enumerate(source.splitlines(), start=1):
+            stripped = line.split("#", 1)[0].strip()
+            if not stripped:
+                continue
+            name, sep, expression = stripped.partition("=")
+            if not sep or not name.strip().isidentifier():
+                raise InputError(
+                    f"definition line {line_no} {line.strip()!r}: expected 'name = expression' "
+                    "with a plain identifier as name"
+                )
+            pairs.append((name.strip(), expression.strip()))
+    expressions: dict[str, str] = {}
+    for name, expression in pairs:
+        if not name.isidentifier():
+            raise InputError(f"derived set name {name!r} must be a plain identifier")
+        if name in expressions:
+            raise InputError(f"derived set {name!r} is defined twice")
+        text = expression
+        for spelling, operator in _SPELLINGS.items():
+            text = text.replace(spelling, operator)
+        try:
+            node = ast.parse(text, mode="eval").body
+        except SyntaxError as exc:
+            raise InputError(
+                f"derived set {name!r}: expression {expression!r} does not parse: {exc.msg}"
+            ) from exc
+        _check_expression(name, node, expression)
+        expressions[name] = ast.unparse(node)
+    return Definitions(expressions=expressions)
+
+
+# --- evaluation --------------------------------------------------------------------------------
+class InputDigest(BaseModel):
+    """One source set as recorded in a derived set: its kind, size, id digest and provenance."""
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: SourceKind
+    count: int = Field(ge=0)
+    ids_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    provenance: dict[str, Any] = Field(default_factory=dict)
+
+
+class DerivedSet(BaseModel):
+    """A derived set and everything needed to rebuild and check it.
+
+    Attributes:
+        name: The derived set's name.
+        expression: Its normalised expression.
+        ids: Sorted instance ids.
+        ids_sha256: :func:`ids_sha256` of ``ids``.
+        definitions: The derived definitions it depends on (itself included), name -> expression.
+        inputs: Every source set it depends on, name -> digest and provenance.
+        split_counts: Freeze name -> split -> number of ``ids`` in that split, for each frozen
+            manifest among the inputs (empty when there is none).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    expression: str
+    ids: list[str]
+    ids_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    definitions: dict[str, str]
+    inputs: dict[str, InputDigest]
+    split_counts: dict[str, dict[str, int]] = Field(default_factory=dict)
+
+    @property
+    def count(self) -> int:
+        """Number of ids."""
+        return len(self.ids)
+
+
+def _evaluate(node: ast.expr, env: Mapping[str, frozenset[str]]) -> frozenset[str]:
+    dotted = _dotted(node)
+    if dotted is not None:
+        return env[dotted]
+    assert isinstance(node, ast.BinOp)
+    left, right = _evaluate(node.left, env), _evaluate(node.right, env)
+    if isinstance(node.op, ast.BitAnd):
+        return left & right
+    if isinstance(node.op, ast.BitOr):
+        return left | right
+    return left - right
+
+
+def _topological_order(definitions: Definitions, sources: Mapping[str, SourceSet]) -> list[str]:
+    for name in definitions.expressions:
+        if name in sources:
+            raise InputError(f"derived set {name!r} has the name of a source set; rename one")
+    order: list[str] = []
+    state: dict[str, str] = {}
+
+    def visit(name: str, path: list[str]) -> None:
+        if state.get(name) == "done":
+            return
+        if state.get(name) == "active":
+            cycle = path[path.index(name) :] + [name]
+            raise InputError(f"derived sets form a cycle: {' -> '.join(cycle)}")
+        state[name] = "active"
+        for ref in definitions.references(name):
+            if ref in sources:
+                continue
+            if ref not in definitions.expressions:
+                known = sorted([*sources, *definitions.expressions])
+                raise InputError(
+                    f"derived set {name!r} = {definitions.expressions[name]!r} refers to unknown "
+                    f"set {ref!r}; known sets: {', '.join(known)}"
+                )
+            visit(ref, [*path, name])
+        state[name] = "done"
+        order.append(name)
+
+    for name in definitions.expressions:
+        visit(name, [])
+    return order
+
+
+def derive(
+    definitions: str | Mapping[str, str] | Definitions,
+    sources: Iterable[SourceSet] | Mapping[str, SourceSet],
+) -> dict[str, DerivedSet]:
+    """Evaluate every definition over the source sets.
+
+    Args:
+        definitions: Definition text, a mapping name -> expression, or parsed definitions.
+        sources: The source sets (names must be unique).
+
+    Returns:
+        Derived name -> set, in dependency order.
+
+    Raises:
+        InputError: bad definitions (see :func:`parse_definitions`), a name used by two source
+            sets, a derived name equal to a source name, an unknown name (the message lists the
+            known ones) or a cycle (the message shows it, e.g. ``a -> b -> a``).
+    """
+    parsed = definitions if isinstance(definitions, Definitions) else parse_definitions(definitions)
+    by_name: dict[str, SourceSet] = {}
+    for source in sources.values() if isinstance(sources, Mapping) else sources:
+        if source.name in by_name:
+            raise InputError(f"source set {source.name!r} is given twice")
+        by_name[source.name] = source
+    order = _topological_order(parsed, by_name)
+    env: dict[str, frozenset[str]] = {name: source.ids for name, source in by_name.items()}
+    leaves: dict[str, set[str]] = {}
+    closure: dict[str, set[str]] = {}
+    results: dict[str, DerivedSet] = {}
+    for name in order:
+        refs = parsed.references(name)
+        env[name] = _evaluate(ast.parse(parsed.expressions[name], mode="eval").body, env)
+        leaves[name] = set()
+        closure[name] = {name}
+        for ref in refs:
+            if ref in by_name:
+                leaves[name].add(ref)
+            else:
+                leaves[name] |= leaves[ref]
+                closure[name] |= closure[ref]
+        ids = sorted(env[name])
+        split_counts: dict[str, dict[str, int]] = {}
+        for leaf in sorted(leaves[name]):
+            source = by_name[leaf]
+            if source.freeze_name is not None and source.freeze_splits is not None:
+                split_counts[source.freeze_name] = {
+                    split: len(env[name] & source.freeze_splits[split])
+                    for split in sorted(source.freeze_splits, key=_split_rank)
+                }
+        results[name] = DerivedSet(
+            name=name,
+            expression=parsed.expressions[name],
+            ids=ids,
+            ids_sha256=ids_sha256(ids),
+            definitions={d: parsed.expressions[d] for d in order if d in closure[name]},
+            inputs={
+                leaf: InputDigest(
+                    kind=by_name[leaf].kind,
+                    count=len(by_name[leaf].ids),
+                    ids_sha256=by_name[leaf].sha256,
+                    provenance=by_name[leaf].provenance,
+                )
+                for leaf in sorted(leaves[name])
+            },
+            split_counts=split_counts,
+        )
+    return results
+
+
+def _split_rank(split: str) -> tuple[int, str]:
+    return (SPLITS.index(split) if split in SPLITS else len(SPLITS), split)
+
+
+# --- storage -----------------------------------------------------------------------------------
+def _document(derived: DerivedSet) -> dict[str, Any]:
+    document: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        **derived.model_dump(mode="json"),
+        "count": derived.count,
+        "forgeflow_version": forgeflow.__version__,
+    }
+    return with_semantic_digest(document)
+
+
+REPLACED_DIR = "replaced"
+"""Folder under a derived sets' folder where ``replace=True`` keeps each replaced file, as
+``<name>.<file sha256[:16]>.json`` (readable with :func:`read_derived` / :func:`verify_derived`)."""
+
+
+class DerivedWrite(BaseModel):
+    """What :func:`save_derived` did.
+
+    Attributes:
+        path: ``out_dir/<name>.json``.
+        written: False when the file already held the same content (an identical rebuild).
+        previous: The set the file held before, when it was replaced and still readable.
+        previous_path: Where the replaced file was kept, when one was replaced.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    path: Path
+    written: bool
+    previous: DerivedSet | None = None
+    previous_path: Path | None = None
+
+
+def _differences(old: DerivedSet, new: DerivedSet) -> str:
+    parts = []
+    if old.ids != new.ids:
+        parts.append(f"ids ({len(set(new.ids) - set(old.ids))} added, {len(set(old.ids) - set(new.ids))} removed)")
+    if old.definitions != new.definitions:
+        parts.append("definitions")
+    changed = sorted(k for k in old.inputs.keys() | new.inputs.keys() if old.inputs.get(k) != new.inputs.get(k))
+    if changed:
+        parts.append("inputs " + ", ".join(repr(k) for k in changed))
+    if old.split_counts != new.split_counts:
+        parts.append("split counts")
+    return ", ".join(parts) or "recorded fields"
+
+
+def save_derived(derived: DerivedSet, out_dir: str | Path, *, replace: bool = False) -> DerivedWrite:
+    """Write ``out_dir/<name>.json`` atomically, never silently overwriting other content.
+
+    The document holds ``schema_version``, the :class:`DerivedSet` fields, ``count``,
+    ``forgeflow_version`` and ``semantic_sha256`` (sha256 of the canonical JSON of everything
+    else). When the file exists: the same set (ids, definitions, inputs and split counts; the
+    forgeflow version aside) is a no-op; different content is refused unless ``replace``, and a
+    replaced file is first kept under ``out_dir/replaced/`` (:data:`REPLACED_DIR`).
+
+    Args:
+        derived: The set to write.
+        out_dir: The derived sets' folder (created if missing).
+        replace: Replace a file of this name with different (or unreadable) content.
+
+    Returns:
+        What was done (:class:`DerivedWrite`).
+
+    Raises:
+        DerivedSetConflictError: the file exists with other content (or cannot be read) and
+            ``replace`` is False; the message names the file, what it holds (count and ids
+            sha256), what the rebuild holds and what differs. Nothing is written.
+        DiskFullError: the filesystem is full (the previous file is left as it was).
+    """
+    path = Path(out_dir) / f"{derived.name}.json"
+    previous: DerivedSet | None = None
+    if path.exists():
+        try:
+            previous = read_derived(path)
+        except InputError as exc:
+            if not replace:
+                raise DerivedSetConflictError(
+                    f"derived set {derived.name!r}: {path} exists but cannot be read ({exc}); pass "
+                    f"--replace (replace=True) to replace it (the file is kept under {path.parent / REPLACED_DIR})"
+                ) from exc
+        if previous == derived:
+            return DerivedWrite(path=path, written=False, previous=previous)
+        if previous is not None and not replace:
+            raise DerivedSetConflictError(
+                f"derived set {derived.name!r} already exists at {path} with {previous.count} ids, ids sha256 "
+                f"{previous.ids_sha256}; the rebuild has {derived.count} ids, ids sha256 {derived.ids_sha256} "
+                f"(differs in {_differences(previous, derived)}). Pass --replace (replace=True) to replace it "
+                f"(the previous file is kept under {path.parent / REPLACED_DIR}), or build under a new name."
+            )
+        data = path.read_bytes()
+        kept = atomic_write_bytes(path.parent / REPLACED_DIR / f"{derived.name}.{sha256_bytes(data)[:16]}.json", data)
+        atomic_write_json(path, _document(derived))
+        return DerivedWrite(path=path, written=True, previous=previous, previous_path=kept)
+    atomic_write_json(path, _document(derived))
+    return DerivedWrite(path=path, written=True)
+
+
+def write_derived(derived: DerivedSet, out_dir: str | Path, *, replace: bool = False) -> Path:
+    """:func:`save_derived`, returning only the path of ``out_dir/<name>.json``.
+
+    Raises:
+        DerivedSetConflictError: as :func:`save_derived` (other content exists, no ``replace``).
+    """
+    return save_derived(derived, out_dir, replace=replace).path
+
+
+def read_derived(path: str | Path) -> DerivedSet:
+    """Read a derived-set file and check its embedded ``semantic_sha256`` (no rebuild).
+
+    Raises:
+        InputError: missing file, not JSON, unknown schema version, or altered content.
+    """
+    document = read_digested_json(path, "derived set", SCHEMA_VERSION)
+    fields = {k: v for k, v in document.items() if k in DerivedSet.model_fields}
+    return DerivedSet.model_validate(fields)
+
+
+def _reload(name: str, recorded: InputDigest, store: Any) -> SourceSet:
+    provenance = recorded.provenance
+    if recorded.kind == "store_status":
+        if store is None:
+            raise InputError(f"input {name!r} comes from the store: pass store= to verify it")
+        return store_status_set(name, store, provenance["status"])
+    if recorded.kind == "store_images":
+        if store is None:
+            raise InputError(f"input {name!r} comes from the store: pass store= to verify it")
+        return store_images_available_set(name, store)
+    if recorded.kind == "frozen_split":
+        sets = frozen_split_sets(provenance["manifest_path"], prefix="_")
+        key = "_" if provenance["split"] is None else f"_.{provenance['split']}"
+        if key not in sets:
+            raise InputError(
+                f"input {name!r}: split {provenance['split']!r} is no longer in "
+                f"{provenance['manifest_path']}"
+            )
+        return sets[key].model_copy(update={"name": name})
+    if recorded.kind == "id_list":
+        source = provenance.get("path", provenance.get("ids", []))
+        return id_list_set(name, source, provenance["source_revision"])
+    raise InputError(f"input {name!r} is an explicit set: pass it in inputs= to verify it")
+
+
+def verify_derived(
+    path: str | Path,
+    *,
+    store: Any = None,
+    inputs: Iterable[SourceSet] | Mapping[str, SourceSet] | None = None,
+) -> DerivedSet:
+    """Rebuild a written derived set from its sources and check every digest.
+
+    Each input is loaded again from its provenance (the store, the frozen manifest — whose own
+    digests :func:`~forgeflow.curation.freeze.verify_freeze` checks —, the id-list file), or taken from
+    ``inputs`` when given there (required for explicit sets). Then the definitions are evaluated
+    again and the result compared with the stored ids.
+
+    Args:
+        path: The file written by :func:`write_derived`.
+        store: The :class:`forgeflow.ledger.store.Store` for store-backed inputs.
+        inputs: Source sets overriding or supplying inputs by name.
+
+    Returns:
+        The verified set.
+
+    Raises:
+        InputError: the file is altered (:func:`read_derived`); an input cannot be loaded;
+            an input's ids changed (the message names each changed input with both digests and
+            counts); or the rebuilt ids differ from the stored ones.
+    """
+    stored = read_derived(path)
+    given: dict[str, SourceSet] = {}
+    if inputs is not None:
+        given = {s.name: s for s in (inputs.values() if isinstance(inputs, Mapping) else inputs)}
+    current: dict[str, SourceSet] = {}
+    changed: list[str] = []
+    for name, recorded in stored.inputs.items():
+        source = given.get(name) or _reload(name, recorded, store)
+        current[name] = source
+        if source.sha256 != recorded.ids_sha256:
+            changed.append(
+                f"{name!r} ({recorded.kind}): recorded {recorded.count} ids sha256 "
+                f"{recorded.ids_sha256}, now {len(source.ids)} ids sha256 {source.sha256}"
+            )
+    if changed:
+        raise InputError(
+            f"derived set {stored.name!r} ({path}): inputs changed: " + "; ".join(changed)
+        )
+    rebuilt = derive(stored.definitions, current)[stored.name]
+    if rebuilt.ids_sha256 != stored.ids_sha256:
+        raise InputError(
+            f"derived set {stored.name!r} ({path}): rebuilt ids sha256 {rebuilt.ids_sha256} "
+            f"differs from the stored {stored.ids_sha256}"
+        )
+    return stored

@@ -1,0 +1,446 @@
+"""Freeze accepted tasks into repository-disjoint train/validation/test splits.
+
+Two steps, split so a preflight can run the first alone:
+
+1. :func:`select_splits` (pure): caps each repository at ``max_per_repo`` tasks, then assigns
+   *whole repositories* to splits, so no repository's code is seen in two splits.
+2. :func:`write_freeze`: writes the selection as a manifest that is never overwritten. The
+   manifest carries a schema version and a ``semantic_sha256`` over its canonical JSON form
+   (everything except that digest), so its identity does not depend on formatting.
+
+Determinism: every ordering uses the stable key ``sha256(f"{seed}:{id}")``, never Python's
+``hash`` (salted per process) or input order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import uuid
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+import forgeflow
+from forgeflow.common.errors import FreezeConflictError, InputError, PreflightError
+from forgeflow.common.fsutil import (
+    atomic_write_bytes,
+    atomic_write_json,
+    read_digested_json,
+    sha256_file,
+    with_semantic_digest,
+)
+
+SCHEMA_VERSION = 1
+"""Version of the manifest layout written by :func:`write_freeze`."""
+
+SPLITS: tuple[str, ...] = ("train", "validation", "test")
+"""Split names, in the order used to break ties."""
+
+FREEZE_NAME_PATTERN = re.compile(r"[a-z0-9][a-z0-9._-]*")
+"""Valid freeze names (``fullmatch``): lower-case, safe as a file name."""
+
+FREEZE_NAME_MAX_CHARS = 128
+
+
+def stable_key(seed: int, item: str) -> str:
+    """The deterministic ordering key ``sha256(f"{seed}:{item}")`` (hex)."""
+    return hashlib.sha256(f"{seed}:{item}".encode()).hexdigest()
+
+
+class AcceptedTask(BaseModel):
+    """An accepted task: its instance id and the repository (``owner/name``) it comes from."""
+
+    model_config = ConfigDict(frozen=True)
+
+    instance_id: str = Field(min_length=1)
+    repo: str = Field(min_length=1)
+
+
+class SplitQuotas(BaseModel):
+    """What a freeze needs.
+
+    Attributes:
+        train: Minimum number of tasks in the train split (0 = split not wanted).
+        validation: Minimum number of tasks in the validation split.
+        test: Minimum number of tasks in the test split.
+        max_per_repo: At most this many tasks of one repository enter the freeze.
+        min_repos: Minimum number of distinct repositories over all splits. Each split ``s``
+            with a non-zero target must get at least
+            ``ceil(min_repos * target_s / (train + validation + test))`` repositories
+            (at least 1), i.e. repositories are required in proportion to the split's size.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    train: int = Field(ge=0)
+    validation: int = Field(ge=0)
+    test: int = Field(ge=0)
+    max_per_repo: int = Field(ge=1)
+    min_repos: int = Field(default=1, ge=1)
+
+    def target(self, split: str) -> int:
+        """The minimum task count of ``split``."""
+        return int(getattr(self, split))
+
+    def min_repos_for(self, split: str) -> int:
+        """Minimum repositories for ``split`` (the proportional rule in the class docstring)."""
+        total = self.train + self.validation + self.test
+        target = self.target(split)
+        if target == 0 or total == 0:
+            return 0
+        return max(1, math.ceil(self.min_repos * target / total))
+
+
+class UnmetQuota(BaseModel):
+    """One quota the accepted tasks cannot meet (``missing = required - found``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    required: int = Field(ge=0)
+    found: int = Field(ge=0)
+    missing: int = Field(ge=1)
+
+
+class SplitSelection(BaseModel):
+    """The result of :func:`select_splits`.
+
+    Attributes:
+        splits: Split name -> sorted instance ids.
+        repos_per_split: Split name -> sorted repository names.
+        capped: Instance ids left out because their repository exceeded ``max_per_repo``.
+        unmet: Quotas not met (empty when ``ready``).
+        ready: True when every quota is met and a freeze may be written.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    splits: dict[str, list[str]]
+    repos_per_split: dict[str, list[str]]
+    capped: list[str] = Field(default_factory=list)
+    unmet: list[UnmetQuota] = Field(default_factory=list)
+    ready: bool
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Split name -> number of tasks."""
+        return {split: len(ids) for split, ids in self.splits.items()}
+
+
+def select_splits(
+    accepted: list[AcceptedTask], quotas: SplitQuotas, seed: int = 0
+) -> SplitSelection:
+    """Assign accepted tasks to repository-disjoint splits.
+
+    Algorithm:
+        1. Group tasks by repository; order each group by ``stable_key(seed, instance_id)`` and
+           keep the first ``max_per_repo`` (the rest are reported in ``capped``).
+        2. Order repositories by capped size, largest first (ties by ``stable_key(seed, repo)``),
+           so big repositories are placed while the gaps are still large (greedy
+           longest-processing-time first, as in multiprocessor scheduling).
+        3. Give each repository, whole, to the split with the largest remaining relative gap
+           ``1 - min(tasks_s / target_s, repos_s / min_repos_s)``, the repo term only while
+           ``repos_s < min_repos_s``. Splits with a target of 0 get nothing. Ties go to the split
+           missing more tasks, then to the earlier split in ``train, validation, test``. Once
+           every split is full the same rule keeps the splits proportional to their targets, so
+           every capped task is used.
+
+    Args:
+        accepted: Accepted tasks; instance ids must be unique.
+        quotas: Minimum sizes and caps.
+        seed: Changes the orderings (and thus which tasks a capped repository keeps).
+
+    Returns:
+        The selection; ``ready`` is False and ``unmet`` lists each shortfall (per split tasks,
+        per split repositories, overall repositories) when the quotas cannot be met.
+
+    Raises:
+        InputError: duplicate instance ids, or every split target is 0.
+    """
+    active = [split for split in SPLITS if quotas.target(split) > 0]
+    if not active:
+        raise InputError("quotas: train, validation and test are all 0; nothing to freeze")
+    seen: dict[str, str] = {}
+    by_repo: dict[str, list[str]] = defaultdict(list)
+    for task in accepted:
+        if task.instance_id in seen:
+            raise InputError(f"accepted tasks: instance id {task.instance_id!r} appears twice")
+        seen[task.instance_id] = task.repo
+        by_repo[task.repo].append(task.instance_id)
+
+    kept: dict[str, list[str]] = {}
+    capped: list[str] = []
+    for repo, ids in by_repo.items():
+        ordered = sorted(ids, key=lambda instance_id: stable_key(seed, instance_id))
+        kept[repo] = ordered[: quotas.max_per_repo]
+        capped.extend(ordered[quotas.max_per_repo :])
+
+    repo_order = sorted(kept, key=lambda repo: (-len(kept[repo]), stable_key(seed, repo)))
+    tasks_in = {split: 0 for split in SPLITS}
+    repos_in: dict[str, list[str]] = {split: [] for split in SPLITS}
+    ids_in: dict[str, list[str]] = {split: [] for split in SPLITS}
+
+    def gap(split: str) -> float:
+        fill = tasks_in[split] / quotas.target(split)
+        need_repos = quotas.min_repos_for(split)
+        if len(repos_in[split]) < need_repos:
+            fill = min(fill, len(repos_in[split]) / need_repos)
+        return 1.0 - fill
+
+    for repo in repo_order:
+        best = max(
+            active,
+            key=lambda split: (
+                gap(split),
+                quotas.target(split) - tasks_in[split],
+                -SPLITS.index(split),
+            ),
+        )
+        repos_in[best].append(repo)
+        ids_in[best].extend(kept[repo])
+        tasks_in[best] += len(kept[repo])
+
+    unmet: list[UnmetQuota] = []
+    for split in active:
+        for name, required, found in (
+            (f"{split}.tasks", quotas.target(split), tasks_in[split]),
+            (f"{split}.repos", quotas.min_repos_for(split), len(repos_in[split])),
+        ):
+            if found < required:
+                unmet.append(
+                    UnmetQuota(name=name, required=required, found=found, missing=required - found)
+                )
+    if len(kept) < quotas.min_repos:
+        unmet.append(
+            UnmetQuota(
+                name="repos",
+                required=quotas.min_repos,
+                found=len(kept),
+                missing=quotas.min_repos - len(kept),
+            )
+        )
+    return SplitSelection(
+        splits={split: sorted(ids_in[split]) for split in SPLITS},
+        repos_per_split={split: sorted(repos_in[split]) for split in SPLITS},
+        capped=sorted(capped),
+        unmet=unmet,
+        ready=not unmet,
+    )
+
+
+def freeze_ready(
+    accepted: list[AcceptedTask], quotas: SplitQuotas, seed: int = 0
+) -> SplitSelection:
+    """Preflight for a freeze: exactly :func:`select_splits`, writing nothing.
+
+    Check ``.ready`` and ``.unmet`` before spending compute on a stage that needs the freeze.
+    """
+    return select_splits(accepted, quotas, seed)
+
+
+class FreezeManifest(BaseModel):
+    """A written, verified freeze.
+
+    Attributes:
+        name: The freeze name.
+        path: The manifest file.
+        semantic_sha256: Digest of the manifest's canonical JSON without this field.
+        file_sha256: Digest of the manifest file's bytes.
+        counts: Split name -> number of tasks.
+        splits: Split name -> sorted instance ids.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    path: Path
+    semantic_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    file_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    counts: dict[str, int]
+    splits: dict[str, list[str]]
+
+
+def validate_freeze_name(name: str) -> str:
+    """Return ``name`` if it matches ``[a-z0-9][a-z0-9._-]*`` (at most 128 characters).
+
+    Raises:
+        InputError: the name is invalid.
+    """
+    if len(name) > FREEZE_NAME_MAX_CHARS or not FREEZE_NAME_PATTERN.fullmatch(name):
+        raise InputError(
+            f"freeze name {name!r} is invalid: use lower-case letters, digits, '.', '_' and '-', "
+            f"starting with a letter or digit, at most {FREEZE_NAME_MAX_CHARS} characters"
+        )
+    return name
+
+
+def manifest_path(name: str, out_dir: Path) -> Path:
+    """Where the manifest of freeze ``name`` lives: ``out_dir / f"{name}.json"``."""
+    return Path(out_dir) / f"{validate_freeze_name(name)}.json"
+
+
+def write_freeze(
+    name: str,
+    selection: SplitSelection,
+    quotas: SplitQuotas,
+    seed: int,
+    out_dir: Path,
+    extra_inputs: dict[str, Any] | None = None,
+) -> FreezeManifest:
+    """Write the manifest of freeze ``name`` once; never overwrite it.
+
+    The manifest (``out_dir/<name>.json``, indented, key-sorted) holds ``schema_version``,
+    ``name``, ``splits`` (instance ids), ``repos`` (per split), ``counts``, ``quotas``, ``seed``,
+    ``inputs`` (``extra_inputs``, e.g. the store URL's accepted-task digest or source dataset
+    revisions), ``forgeflow_version`` and ``semantic_sha256``. It is written to a temp file and
+    hard-linked into place, which fails if another writer got there first.
+
+    Returns:
+        The manifest; for identical content already on disk, the existing one (a no-op).
+
+    Raises:
+        InputError: invalid name, or ``extra_inputs`` not JSON-serialisable.
+        PreflightError: ``selection.ready`` is False (the message lists the unmet quotas).
+        FreezeConflictError: a freeze of this name exists with different content; the message
+            names the freeze and both semantic digests.
+    """
+    path = manifest_path(name, out_dir)
+    if not selection.ready:
+        unmet = ", ".join(f"{q.name} needs {q.required}, found {q.found}" for q in selection.unmet)
+        raise PreflightError(f"freeze {name!r}: quotas not met: {unmet}")
+    document: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "name": name,
+        "splits": selection.splits,
+        "repos": selection.repos_per_split,
+        "counts": selection.counts,
+        "quotas": quotas.model_dump(),
+        "seed": seed,
+        "inputs": extra_inputs or {},
+        "forgeflow_version": forgeflow.__version__,
+    }
+    try:
+        document = with_semantic_digest(document)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"freeze {name!r}: extra_inputs is not JSON-serialisable: {exc}") from exc
+    if path.exists():
+        return _existing_or_conflict(name, path, document["semantic_sha256"])
+    payload = (json.dumps(document, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
+    staging = path.with_name(f".{path.name}.{uuid.uuid4().hex}.staged")
+    atomic_write_bytes(staging, payload)
+    try:
+        os.link(staging, path)
+    except FileExistsError:
+        return _existing_or_conflict(name, path, document["semantic_sha256"])
+    finally:
+        staging.unlink(missing_ok=True)
+    return verify_freeze(path)
+
+
+def _existing_or_conflict(name: str, path: Path, new_digest: str) -> FreezeManifest:
+    existing = verify_freeze(path)
+    if existing.semantic_sha256 != new_digest:
+        raise FreezeConflictError(
+            f"freeze {name!r} already exists at {path} with semantic_sha256 "
+            f"{existing.semantic_sha256}; the new content has {new_digest}. A frozen manifest is "
+            "never overwritten: choose a new name."
+        )
+    return existing
+
+
+def verify_freeze(path: Path, expected_file_sha256: str | None = None) -> FreezeManifest:
+    """Read a manifest and recompute its digests.
+
+    Args:
+        path: The manifest file.
+        expected_file_sha256: If given (e.g. from the store's ``freezes`` row), the file's bytes
+            must have this digest.
+
+    Raises:
+        InputError: the file is missing or not JSON, its schema version is unknown, its
+            ``semantic_sha256`` does not match its content, its counts disagree with its splits,
+            or the file digest differs from ``expected_file_sha256``.
+    """
+    path = Path(path)
+    document = read_digested_json(path, "freeze manifest", SCHEMA_VERSION)
+    absent = [key for key in ("name", "splits", "counts") if key not in document]
+    if absent:
+        raise InputError(f"freeze manifest {path} lacks {absent}")
+    splits = document["splits"]
+    counts = {split: len(ids) for split, ids in splits.items()}
+    if counts != document["counts"]:
+        raise InputError(
+            f"freeze manifest {path}: counts {document['counts']} disagree with splits {counts}"
+        )
+    file_sha256 = sha256_file(path)
+    if expected_file_sha256 is not None and file_sha256 != expected_file_sha256:
+        raise InputError(
+            f"freeze manifest {path} has file sha256 {file_sha256}; expected {expected_file_sha256}"
+        )
+    return FreezeManifest(
+        name=document["name"],
+        path=path,
+        semantic_sha256=document["semantic_sha256"],
+        file_sha256=file_sha256,
+        counts=counts,
+        splits=splits,
+    )
+
+
+def inputs_path(name: str, out_dir: Path) -> Path:
+    """Where the inputs that made freeze ``name`` are recorded: ``out_dir / f"{name}.inputs.json"``."""
+    return Path(out_dir) / f"{validate_freeze_name(name)}.inputs.json"
+
+
+def check_freeze_inputs(name: str, out_dir: Path, inputs: dict[str, Any]) -> None:
+    """Refuse, before any work, a run whose freeze ``name`` already exists from other inputs.
+
+    A frozen manifest is never overwritten, so a run that would freeze other content under the same
+    name can only fail at its freeze stage, after hours of generation and validation that also
+    rewrote shared files. The inputs that decide the content (projects, candidates, seed, quotas:
+    the caller says which) are recorded beside the manifest by :func:`record_freeze_inputs`; this
+    compares them. A freeze without a recorded inputs file (made before this existed, or by the
+    ``freeze`` flow) is not checked here: its freeze stage still refuses other content.
+
+    Args:
+        name: The freeze name.
+        out_dir: The folder holding the manifests.
+        inputs: this run's inputs by name, as JSON values (lists, not tuples: they are compared
+            with what JSON gives back).
+
+    Raises:
+        FreezeConflictError: the freeze exists and its recorded inputs differ; the message names
+            every differing input with both values.
+        InputError: the recorded inputs file is not a JSON object.
+    """
+    manifest, recorded_path = manifest_path(name, out_dir), inputs_path(name, out_dir)
+    if not manifest.is_file() or not recorded_path.is_file():
+        return
+    try:
+        recorded = json.loads(recorded_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise InputError(f"{recorded_path}: not readable JSON ({err})") from err
+    if not isinstance(recorded, dict):
+        raise InputError(f"{recorded_path}: expected a JSON object of inputs")
+    differing = [f"{key}: {recorded.get(key)!r} then, {inputs.get(key)!r} now"
+                 for key in sorted(set(recorded) | set(inputs)) if recorded.get(key) != inputs.get(key)]
+    if differing:
+        raise FreezeConflictError(
+            f"freeze {name!r} already exists ({manifest}) and was made from other inputs ("
+            + "; ".join(differing) + "): a frozen dataset is never replaced; choose a new freeze name "
+            "or run with the same inputs")
+
+
+def record_freeze_inputs(name: str, out_dir: Path, inputs: dict[str, Any]) -> Path:
+    """Write the inputs that made freeze ``name`` beside its manifest (atomic; kept if already
+    there, since a freeze is immutable); returns the path. See :func:`check_freeze_inputs`."""
+    path = inputs_path(name, out_dir)
+    if not path.exists():
+        atomic_write_json(path, inputs)
+    return path

@@ -1,0 +1,101 @@
+"""Which candidate tasks to validate next: a repository-balanced batch (pure, no I/O).
+
+Validation (NOP and Oracle runs) is the expensive step, and a freeze needs many repositories
+(see :mod:`forgeflow.curation.freeze`), so each batch favours repositories that have no accepted task
+yet and spreads its slots over repositories round-robin instead of draining one repository.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from forgeflow.common.errors import InputError
+from forgeflow.curation.freeze import stable_key
+
+DEFAULT_BATCH_SIZE = 40
+
+
+class CandidateRef(BaseModel):
+    """A candidate task: its id, its repository and whether its image is in the registry."""
+
+    model_config = ConfigDict(frozen=True)
+
+    instance_id: str = Field(min_length=1)
+    repo: str = Field(min_length=1)
+    image_available: bool
+
+
+def select_batch(
+    candidates: list[CandidateRef],
+    processed: set[str],
+    accepted_per_repo: dict[str, int],
+    batch_size: int = DEFAULT_BATCH_SIZE,
+    seed: int = 0,
+) -> list[str]:
+    """Pick the next batch of candidates to validate.
+
+    Algorithm:
+        1. Drop candidates already ``processed`` and those whose image is not available.
+        2. Group the rest by repository; order each group by ``stable_key(seed, instance_id)``
+           (sha256, so the order is the same in every process and for every input order).
+        3. Order repositories: no accepted task first, then fewer accepted tasks, then fewer
+           processed candidates, then ``stable_key(seed, repo)``.
+        4. Round-robin: each round takes at most one task per repository, in that order, until
+           ``batch_size`` tasks are taken or nothing is left.
+
+    Args:
+        candidates: All known candidates; instance ids must be unique.
+        processed: Instance ids whose validation finished (any outcome).
+        accepted_per_repo: Repository -> accepted task count (absent means 0).
+        batch_size: Maximum number of ids returned (>= 1).
+        seed: Changes the order inside a repository and between tied repositories.
+
+    Returns:
+        Up to ``batch_size`` instance ids, in pick order (empty when nothing is left).
+
+    Raises:
+        InputError: ``batch_size`` < 1 or duplicate instance ids.
+    """
+    if batch_size < 1:
+        raise InputError(f"batch_size must be >= 1, got {batch_size}")
+    seen: set[str] = set()
+    groups: dict[str, list[str]] = defaultdict(list)
+    processed_per_repo: dict[str, int] = defaultdict(int)
+    for candidate in candidates:
+        if candidate.instance_id in seen:
+            raise InputError(f"candidates: instance id {candidate.instance_id!r} appears twice")
+        seen.add(candidate.instance_id)
+        if candidate.instance_id in processed:
+            processed_per_repo[candidate.repo] += 1
+        elif candidate.image_available:
+            groups[candidate.repo].append(candidate.instance_id)
+
+    queues = {
+        repo: sorted(ids, key=lambda instance_id: stable_key(seed, instance_id))
+        for repo, ids in groups.items()
+    }
+    repo_order = sorted(
+        queues,
+        key=lambda repo: (
+            accepted_per_repo.get(repo, 0) > 0,
+            accepted_per_repo.get(repo, 0),
+            processed_per_repo[repo],
+            stable_key(seed, repo),
+        ),
+    )
+    batch: list[str] = []
+    depth = 0
+    while len(batch) < batch_size:
+        took = False
+        for repo in repo_order:
+            if depth < len(queues[repo]):
+                batch.append(queues[repo][depth])
+                took = True
+                if len(batch) == batch_size:
+                    break
+        if not took:
+            break
+        depth += 1
+    return batch

@@ -1,0 +1,316 @@
+"""The canary's functional core: concurrency profiles, the tasks of a frozen split, the job report.
+
+A canary runs the agent (mini-swe-agent against a served model) on every task of one split of a
+frozen dataset and records one *job* (``jobs`` row, kind ``canary``) with its trials. The
+lifecycle runs it twice (baseline and candidate); the standalone ``canary`` flow
+(``flows/canary.py``) runs it on any recorded freeze against any endpoint. This module holds what
+both need that is not Prefect: the concurrency guard, the assembly of :class:`CanaryTask` rows
+from the store + the generated-candidates file, and the markdown job report.
+
+Recovery (issue 14): when the model endpoint failed mid-canary, the trials it broke ended in an
+exception (``ModelEndpointError``...). :func:`plan_canary_recovery` reads the job's merged view
+(:func:`forgeflow.evaluation.compare.merged_job`: the original + its recovery jobs so far) and lists the trials
+standing there that ended in an exception; the ``canary-recover`` flow re-runs exactly those tasks
+as a new job of kind :data:`RECOVERY_JOB_KIND` whose ``parent_job_id`` is the original, with the
+recovery job id as the trials' run key, so the new trials have ids of their own and the original's
+rows are never rewritten. The merged view then reads "original job X + N recovery jobs".
+
+Concurrency guard (issue 5): a canary refuses more than :data:`CANARY_PROFILES` allows for its
+profile: ``default`` 4 trials at once, ``verified`` 10. The limits bound how many sandboxes and
+concurrent model requests one canary puts on a shared endpoint; they are this project's policy
+numbers (issue 5), not measured capacities.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from forgeflow.common.errors import InputError, PreflightError
+from forgeflow.curation.freeze import FreezeManifest, verify_freeze
+from forgeflow.evaluation import compare
+from forgeflow.evaluation.agent import problem_statement_for
+from forgeflow.ledger import records
+from forgeflow.ledger import store as ledger
+from forgeflow.registry import images
+
+CANARY_PROFILES: dict[str, int] = {"default": 4, "verified": 10}
+"""Profile name -> the most agent trials a canary may run at once."""
+
+JOB_KIND = "canary"
+RECOVERY_JOB_KIND = "recovery"
+"""``jobs.kind`` of a job that re-runs another job's exception trials (its ``parent_job_id``)."""
+
+
+def concurrency_limit(profile: str) -> int:
+    """The most trials at once that ``profile`` allows (:data:`CANARY_PROFILES`).
+
+    Raises:
+        InputError: ``profile`` is not a known profile (the valid ones are listed).
+    """
+    if profile not in CANARY_PROFILES:
+        raise InputError(f"canary profile {profile!r} is unknown; valid profiles: "
+                         + ", ".join(f"{p} (up to {n})" for p, n in CANARY_PROFILES.items()))
+    return CANARY_PROFILES[profile]
+
+
+def check_concurrency(concurrency: int, profile: str = "default") -> int:
+    """Return ``concurrency`` if ``profile`` allows it.
+
+    Args:
+        concurrency: Agent trials to run at once (>= 1).
+        profile: A key of :data:`CANARY_PROFILES`.
+
+    Raises:
+        InputError: ``concurrency`` < 1, above the profile's limit (the message names the value,
+            the limit and the profile that would allow it), or an unknown profile.
+    """
+    limit = concurrency_limit(profile)
+    if concurrency < 1:
+        raise InputError(f"canary concurrency must be >= 1, got {concurrency}")
+    if concurrency > limit:
+        wider = [p for p, n in CANARY_PROFILES.items() if n >= concurrency]
+        hint = (f"; profile {wider[0]!r} allows up to {CANARY_PROFILES[wider[0]]}" if wider
+                else f"; no profile allows more than {max(CANARY_PROFILES.values())}")
+        raise InputError(f"canary concurrency {concurrency} is above the limit {limit} of profile "
+                         f"{profile!r}{hint}")
+    return concurrency
+
+
+class CanaryTask(BaseModel):
+    """Everything one agent trial of a canary needs about its task.
+
+    Attributes:
+        instance_id: The task.
+        repo: Its repository (project name).
+        image_ref: The task image the sandbox starts (local name or ``host:port/repo:tag``).
+        image_digest: The image's digest (``sha256:<hex>``); part of the trial's cache key.
+        problem_statement: The text the agent gets (:func:`forgeflow.evaluation.agent.problem_statement_for`).
+        test_command: The verifier's test command (``pytest -rA`` output).
+        fail_to_pass: Tests the fix must make pass (>= 1).
+        pass_to_pass: Tests that must keep passing.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    instance_id: str = Field(min_length=1)
+    repo: str = Field(min_length=1)
+    image_ref: str = Field(min_length=1)
+    image_digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
+    problem_statement: str = Field(min_length=1)
+    test_command: str = Field(min_length=1)
+    fail_to_pass: list[str] = Field(min_length=1)
+    pass_to_pass: list[str] = Field(default_factory=list)
+
+
+def frozen_split(store: ledger.Store, freeze_name: str, split: str) -> tuple[FreezeManifest, list[str]]:
+    """The verified manifest of ``freeze_name`` (as the store records it) and the ids of ``split``.
+
+    Raises:
+        InputError: the store records no such freeze, the manifest fails verification (digest
+            differs from the store's), ``split`` is not one of its splits (they are listed), or
+            the split is empty.
+    """
+    record = store.get_freeze(freeze_name)
+    if record is None:
+        raise InputError(f"freeze {freeze_name!r} is not recorded in the store ({store.url}): run the freeze "
+                         "flow (or the lifecycle) first")
+    manifest = verify_freeze(record.manifest_path, record.file_sha256)
+    if split not in manifest.splits:
+        raise InputError(f"freeze {freeze_name!r} has no split {split!r}; its splits: {sorted(manifest.splits)}")
+    ids = manifest.splits[split]
+    if not ids:
+        raise InputError(f"split {split!r} of freeze {freeze_name!r} is empty")
+    return manifest, list(ids)
+
+
+def canary_tasks(store: ledger.Store, instance_ids: Sequence[str], generated: Iterable[Any],
+                 check_images: bool = True) -> list[CanaryTask]:
+    """The :class:`CanaryTask` of each instance, from the store's validated task rows and the
+    generated-candidates rows (:class:`forgeflow.curation.generated.GeneratedTask`: patch, task image, test
+    command).
+
+    The sandbox image is the row's local task image (``image``: present once the lifecycle's
+    registries stopped); its digest is the registry digest the lifecycle pushed it under when known
+    (the same content, so the lifecycle's cached scored trials are reused), else ``sha256:<image id>``.
+
+    Args:
+        store: The ledger holding the tasks' validation (FAIL_TO_PASS / PASS_TO_PASS).
+        instance_ids: The split's ids, in order.
+        generated: The candidate rows.
+        check_images: Check with podman that every task image exists (one ``image exists`` each).
+
+    Returns:
+        One task per id, in order.
+
+    Raises:
+        PreflightError: ids without a generated row, not accepted in the store (status given), or
+            whose image is missing: every problem listed, before any trial runs.
+    """
+    rows = {row.instance_id: row for row in generated}
+    problems: list[str] = []
+    out: list[CanaryTask] = []
+    for instance_id in instance_ids:
+        row, task = rows.get(instance_id), store.get_task(instance_id)
+        if row is None:
+            problems.append(f"{instance_id}: no row in the generated-candidates file")
+            continue
+        if task is None or task.status != "accepted" or not task.fail_to_pass:
+            status = "not in the store" if task is None else f"status {task.status!r}"
+            problems.append(f"{instance_id}: not an accepted task with FAIL_TO_PASS ({status})")
+            continue
+        digest = row.registry_digest or (f"sha256:{row.image_id}" if row.image_id else None)
+        if digest is None:
+            problems.append(f"{instance_id}: no image digest (registry_digest or image_id) in its row")
+            continue
+        if check_images and not images.image_exists(row.image):
+            problems.append(f"{instance_id}: task image {row.image} does not exist (podman image exists)")
+            continue
+        out.append(CanaryTask(instance_id=instance_id, repo=row.repo, image_ref=row.image, image_digest=digest,
+                              problem_statement=problem_statement_for(row.patch, task.fail_to_pass),
+                              test_command=row.test_command, fail_to_pass=task.fail_to_pass,
+                              pass_to_pass=task.pass_to_pass))
+    if problems:
+        shown = problems[:20]
+        more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
+        raise PreflightError(f"canary: {len(problems)} of {len(instance_ids)} task(s) cannot run:\n  "
+                             + "\n  ".join(shown) + more)
+    return out
+
+
+def trial_row(tr: Any, job_id: str | None, model_sha256: str | None, run_id: str | None,
+              batch_id: str | None = None) -> records.TrialRecord:
+    """The store row of a trial (:class:`forgeflow.sandbox.trial.TrialResult`: agent, nop or oracle), timings
+    flattened to seconds per phase (``env_setup_s``, ``verifier_s``, ``agent_s``); costs where the
+    trial has them. Used by the canary, the lifecycle and curate."""
+    timings = {k: v for k, v in {"env_setup_s": tr.env_setup_s, "verifier_s": tr.verifier_s,
+                                 "agent_s": tr.agent_s}.items() if v is not None}
+    return records.TrialRecord(trial_id=tr.trial_id, instance_id=tr.instance_id, kind=tr.kind, job_id=job_id,
+                              batch_id=batch_id,
+                              reward=tr.reward, exception_type=tr.exception_type,
+                              exception_message=tr.exception_message, timings=timings,
+                              model_sha256=model_sha256, created_at=tr.started_at, run_id=run_id,
+                              agent_steps=tr.agent_steps, input_tokens=tr.input_tokens,
+                              output_tokens=tr.output_tokens, verifier=tr.verifier)
+
+
+def render_job_report(job: records.JobRecord, report: compare.JobReport, trials: Sequence[Any],
+                      extra: Mapping[str, Any] | None = None) -> str:
+    """The markdown job report: the job's identity, the accounting issue 5 asks a report to always
+    show (requested, scored, exceptions by type, reward 1 / reward 0, pass rate over scored trials
+    and over all attempts, Wilson 95% interval) and one row per trial.
+
+    Args:
+        job: The recorded job.
+        report: :meth:`forgeflow.evaluation.compare.JobReport.from_trials` of ``trials``.
+        trials: Objects with ``instance_id``, ``reward``, ``exception_type``, ``agent_s``,
+            ``verifier_s``.
+        extra: More ``key: value`` lines for the header (endpoint, profile...).
+    """
+    w = report.wilson
+    lines = [f"# Canary job `{job.job_id}`", "",
+             f"- freeze: `{job.freeze_name}`, split `{job.split}`",
+             f"- model sha256: `{job.model_sha256}`"]
+    lines += [f"- {k}: {v}" for k, v in (extra or {}).items()]
+    exceptions = ", ".join(f"{k} {n}" for k, n in sorted(report.exceptions_by_type.items())) or "none"
+    lines += ["", "| requested | scored | exceptions | reward 1 | reward 0 | pass rate (scored) "
+              "| pass rate (attempts) | Wilson 95% |",
+              "|---|---|---|---|---|---|---|---|",
+              f"| {report.requested} | {report.scored} | {report.exceptions} | {report.reward_1} | {report.reward_0} "
+              f"| {report.pass_rate_scored:.1%} | {report.pass_rate_attempts:.1%} | [{w.low:.1%}, {w.high:.1%}] |",
+              "", f"Exceptions by type: {exceptions}.", "",
+              "| instance_id | reward | exception | agent s | verifier s |", "|---|---|---|---|---|"]
+    for tr in trials:
+        lines.append(f"| {tr.instance_id} | {'' if tr.reward is None else tr.reward} | {tr.exception_type or ''} "
+                     f"| {'' if tr.agent_s is None else f'{tr.agent_s:.1f}'} "
+                     f"| {'' if tr.verifier_s is None else f'{tr.verifier_s:.1f}'} |")
+    return "\n".join(lines) + "\n"
+
+
+class CanaryRecoveryPlan(BaseModel):
+    """What a canary recovery re-runs (the dry answer of :func:`plan_canary_recovery`).
+
+    Attributes:
+        original: The original canary job's row (its freeze, split, model and parameters).
+        recovery_job_id: The id the recovery job gets (:func:`recovery_job_id` unless given).
+        exception_trials: The trials standing in the merged view that ended in an exception (one per
+            instance, by instance id) and match the requested exception types: exactly what is re-run.
+        earlier_recovery_job_ids: Recovery jobs the original already has, oldest first.
+        merged_label: The merged view's label now (``job X`` or ``original job X + N recovery jobs``).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    original: records.JobRecord
+    recovery_job_id: str = Field(min_length=1, max_length=512)
+    exception_trials: list[records.TrialRecord]
+    earlier_recovery_job_ids: list[str] = Field(default_factory=list)
+    merged_label: str
+
+    @property
+    def instance_ids(self) -> list[str]:
+        """The instances to re-run, in instance-id order."""
+        return [t.instance_id for t in self.exception_trials]
+
+    @property
+    def empty(self) -> bool:
+        """True when no trial of the merged view ended in a (selected) exception."""
+        return not self.exception_trials
+
+
+def recovery_job_id(job_id: str, trial_ids: Sequence[str]) -> str:
+    """``<job_id>-recovery-<12 hex>``: the digest of the exception trial ids it re-runs, so the same
+    recovery started again (e.g. before any of its trials was recorded) gets the same id and upserts
+    the same rows, and a later recovery of what is left gets another."""
+    from forgeflow.common.fsutil import sha256_json
+
+    return f"{job_id}-recovery-{sha256_json(sorted(trial_ids))[:12]}"
+
+
+def plan_canary_recovery(store: ledger.Store, job_id: str, exception_types: Sequence[str] | None = None,
+                         job_id_override: str | None = None) -> CanaryRecoveryPlan:
+    """Which tasks of canary job ``job_id`` a recovery re-runs: those whose trial standing in the merged
+    view (the original + its recovery jobs) ended in an exception. Reads only.
+
+    Args:
+        store: The ledger.
+        job_id: The original canary job (kind ``canary``), never a recovery job.
+        exception_types: Re-run only trials that ended in one of these exception class names (e.g.
+            ``["ModelEndpointError"]``); None: every exception.
+        job_id_override: The recovery job's id (default :func:`recovery_job_id`).
+
+    Returns:
+        The plan; ``empty`` when nothing is left to recover.
+
+    Raises:
+        InputError: the store records no job ``job_id`` (the canary jobs it has are listed), the job is
+            a recovery job (its original is named) or not a canary job, it records no model, it has no
+            agent trials, or the override names the original job or an existing job of another parent.
+    """
+    original = store.get_job(job_id)
+    if original is None:
+        known = [j.job_id for j in store.jobs(kind=JOB_KIND)]
+        raise InputError(f"canary recovery: job {job_id!r} is not recorded in the store ({store.display_url}); "
+                         f"its canary jobs: {', '.join(known[:20]) or 'none'}")
+    if original.kind == RECOVERY_JOB_KIND:
+        raise InputError(f"canary recovery: job {job_id!r} is itself a recovery job of {original.parent_job_id!r}: "
+                         f"give the original job ({original.parent_job_id!r}); its merged view includes this one")
+    if original.kind != JOB_KIND:
+        raise InputError(f"canary recovery: job {job_id!r} is a {original.kind!r} job; only canary jobs are re-run")
+    if original.model_sha256 is None:
+        raise InputError(f"canary recovery: job {job_id!r} records no model_sha256: the model to re-run is unknown")
+    view = compare.merged_job(store, job_id)
+    wanted = set(exception_types) if exception_types else None
+    failed = [t for t in view.trials if t.exception_type is not None
+              and (wanted is None or t.exception_type in wanted)]
+    new_id = job_id_override or recovery_job_id(job_id, [t.trial_id for t in failed])
+    if new_id == job_id:
+        raise InputError(f"canary recovery: the recovery job id {new_id!r} is the original's")
+    existing = store.get_job(new_id)
+    if existing is not None and existing.parent_job_id != job_id:
+        raise InputError(f"canary recovery: job id {new_id!r} is taken by a {existing.kind!r} job "
+                         f"(parent {existing.parent_job_id!r}); give another recovery job id")
+    return CanaryRecoveryPlan(original=original, recovery_job_id=new_id, exception_trials=failed,
+                              earlier_recovery_job_ids=view.recovery_job_ids, merged_label=view.label)

@@ -1,0 +1,408 @@
+"""TODO docstring."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+from statsmodels.stats.contingency_tables import mcnemar
+from statsmodels.stats.proportion import proportion_confint
+
+from forgeflow.common.errors import SCORED_DESPITE_EXCEPTION, InputError
+from forgeflow.evaluation.paired_stats import (
+    DeltaInterval,
+    cluster_bootstrap_delta,
+    newcombe_paired_interval,
+    union_interval,
+)
+
+PASS_REWARD = 1.0
+"""A scored trial passes when ``reward >= PASS_REWARD``."""
+
+
+class Interval(BaseModel):
+    """A confidence interval for a proportion, both ends in [0, 1]."""
+
+    model_config = ConfigDict(frozen=True)
+
+    low: float = Field(ge=0.0, le=1.0)
+    high: float = Field(ge=0.0, le=1.0)
+    confidence: float = Field(default=0.95, gt=0.0, lt=1.0)
+
+
+def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> Interval:
+    """Wilson score interval for ``successes`` out of ``n``.
+
+    With ``n == 0`` nothing is known and the interval is [0, 1].
+
+    Raises:
+        InputError: ``n < 0``, ``successes`` outside ``[0, n]`` or ``confidence`` outside (0, 1).
+    """
+    if not 0.0 < confidence < 1.0:
+        raise InputError(f"confidence must be in (0, 1), got {confidence}")
+    if n < 0 or not 0 <= successes <= n:
+        raise InputError(
+            f"wilson_interval needs 0 <= successes <= n, got successes={successes}, n={n}"
+        )
+    if n == 0:
+        return Interval(low=0.0, high=1.0, confidence=confidence)
+    low, high = proportion_confint(successes, n, alpha=1.0 - confidence, method="wilson")
+    # At 0 or n successes the Wilson bound is exactly 0 or 1; pin it against rounding error.
+    low = 0.0 if successes == 0 else max(0.0, float(low))
+    high = 1.0 if successes == n else min(1.0, float(high))
+    return Interval(low=low, high=high, confidence=confidence)
+
+
+class TrialOutcome(Protocol):
+    """What a report reads from a trial (``forgeflow.ledger.store.TrialRecord`` fits)."""
+
+    instance_id: str
+    reward: float | None
+    exception_type: str | None
+
+
+def _passed(reward: float) -> bool:
+    return reward >= PASS_REWARD
+
+
+class JobReport(BaseModel):
+    """The outcome counts of one evaluation job.
+
+    Attributes:
+        requested: Trials the job asked for (>= the trials that came back).
+        scored: Trials with a reward (no exception).
+        exceptions_by_type: Exception class name -> count.
+        missing: Requested trials that produced no record at all.
+        reward_1: Scored trials that passed (reward >= 1.0).
+        reward_0: Scored trials that did not pass.
+        pass_rate_scored: ``reward_1 / scored`` (0 when nothing was scored).
+        pass_rate_attempts: ``reward_1 / requested`` (exceptions and missing count as not passed).
+        wilson: Wilson interval of ``reward_1`` out of ``scored``.
+        flagged: Exception trials that still carry the verifier's reward (agent timeout, dead
+            loop, hang: :data:`forgeflow.common.errors.SCORED_DESPITE_EXCEPTION`, Harbor's convention).
+            They are counted under their exception type and are *not* in ``scored`` or the pass
+            rates (the run was cut short by the harness).
+        flagged_reward_1: Of those, how many the verifier passed anyway.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    requested: int = Field(ge=0)
+    scored: int = Field(ge=0)
+    exceptions_by_type: dict[str, int]
+    missing: int = Field(ge=0)
+    reward_1: int = Field(ge=0)
+    reward_0: int = Field(ge=0)
+    pass_rate_scored: float = Field(ge=0.0, le=1.0)
+    pass_rate_attempts: float = Field(ge=0.0, le=1.0)
+    wilson: Interval
+    flagged: int = Field(default=0, ge=0)
+    flagged_reward_1: int = Field(default=0, ge=0)
+
+    @property
+    def exceptions(self) -> int:
+        """Total trials that ended in an exception."""
+        return sum(self.exceptions_by_type.values())
+
+    @classmethod
+    def from_trials(
+        cls, trials: Iterable[TrialOutcome], requested: int | None = None, confidence: float = 0.95
+    ) -> JobReport:
+        """Count a job's trials.
+
+        Args:
+            trials: The job's trials; each has either a reward or an exception type.
+            requested: Trials asked for (default: the number of trials given).
+            confidence: Level of the Wilson interval.
+
+        Raises:
+            InputError: a trial has neither reward nor exception type, or both (allowed only for
+                the exception types in :data:`~forgeflow.common.errors.SCORED_DESPITE_EXCEPTION`), or
+                ``requested`` is smaller than the number of trials.
+        """
+        rows = list(trials)
+        total = len(rows) if requested is None else requested
+        if total < len(rows):
+            raise InputError(f"requested={total} is smaller than the {len(rows)} trials given")
+        exceptions: Counter[str] = Counter()
+        passed = failed = flagged = flagged_passed = 0
+        for trial in rows:
+            both = trial.reward is not None and trial.exception_type is not None
+            if (trial.reward is None and trial.exception_type is None) or (
+                both and trial.exception_type not in SCORED_DESPITE_EXCEPTION
+            ):
+                raise InputError(
+                    f"trial for {trial.instance_id!r} must have exactly one of reward "
+                    f"({trial.reward!r}) and exception_type ({trial.exception_type!r})"
+                )
+            if trial.exception_type is not None:
+                exceptions[trial.exception_type] += 1
+                if both:
+                    flagged += 1
+                    flagged_passed += int(_passed(trial.reward))
+            elif _passed(trial.reward):
+                passed += 1
+            else:
+                failed += 1
+        scored = passed + failed
+        return cls(
+            requested=total,
+            scored=scored,
+            exceptions_by_type=dict(sorted(exceptions.items())),
+            missing=total - len(rows),
+            reward_1=passed,
+            reward_0=failed,
+            pass_rate_scored=passed / scored if scored else 0.0,
+            pass_rate_attempts=passed / total if total else 0.0,
+            wilson=wilson_interval(passed, scored, confidence),
+            flagged=flagged,
+            flagged_reward_1=flagged_passed,
+        )
+
+
+class PairCounts(BaseModel):
+    """Paired outcomes within one group (a repository)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    n_pairs: int = Field(ge=0)
+    wins: int = Field(ge=0)
+    ties: int = Field(ge=0)
+    losses: int = Field(ge=0)
+
+
+class PairedComparison(BaseModel):
+    """Run B against baseline run A on the instances both scored.
+
+    Attributes:
+        n_pairs: Instances scored in both runs.
+        wins: Pairs where B passed and A did not.
+        ties: Pairs with the same outcome (``both_pass + both_fail``).
+        losses: Pairs where A passed and B did not.
+        both_pass: Pairs where both passed.
+        both_fail: Pairs where neither passed.
+        pass_rate_a: A's pass rate over the pairs.
+        pass_rate_b: B's pass rate over the pairs.
+        delta: ``pass_rate_b - pass_rate_a`` (= ``(wins - losses) / n_pairs``).
+        mcnemar_p: Two-sided exact McNemar p-value (1.0 with no discordant pairs).
+        excluded_exception: Instances left out because either run had an exception (sorted).
+        excluded_missing: Instances present in only one run (sorted).
+        per_repo: Repository -> pair counts (only when ``repo_of`` was given).
+        delta_interval: The reported interval on ``delta``: Newcombe's paired interval united with
+            the cluster bootstrap (by repository when ``repo_of`` was given, else by instance);
+            each alone in ``.newcombe`` / ``.bootstrap`` (None when there are no pairs).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    n_pairs: int = Field(ge=0)
+    wins: int = Field(ge=0)
+    ties: int = Field(ge=0)
+    losses: int = Field(ge=0)
+    both_pass: int = Field(ge=0)
+    both_fail: int = Field(ge=0)
+    pass_rate_a: float = Field(ge=0.0, le=1.0)
+    pass_rate_b: float = Field(ge=0.0, le=1.0)
+    delta: float = Field(ge=-1.0, le=1.0)
+    mcnemar_p: float = Field(ge=0.0, le=1.0)
+    excluded_exception: list[str]
+    excluded_missing: list[str]
+    per_repo: dict[str, PairCounts] = Field(default_factory=dict)
+    delta_interval: DeltaInterval | None = None
+
+
+def paired_compare(
+    a: Mapping[str, float | None],
+    b: Mapping[str, float | None],
+    repo_of: Mapping[str, str] | None = None,
+    *,
+    n_resamples: int = 2000,
+    seed: int = 0,
+    confidence: float = 0.95,
+) -> PairedComparison:
+    """Compare run B with baseline run A instance by instance.
+
+    Args:
+        a: Instance id -> reward in run A; None means the trial ended in an exception.
+        b: Instance id -> reward in run B; None likewise.
+        repo_of: Instance id -> repository, for the per-repository breakdown and the clustered
+            interval (optional; must cover every paired instance).
+        n_resamples: Bootstrap resamples of the delta interval.
+        seed: Seed of the bootstrap.
+        confidence: Level of the delta interval.
+
+    Returns:
+        Counts, pass rates over the pairs, McNemar's exact p-value on the 2x2 table
+        ``[[both_pass, losses], [wins, both_fail]]`` (rows A pass/fail, columns B pass/fail) and
+        the union of :func:`~forgeflow.evaluation.paired_stats.newcombe_paired_interval` and
+        :func:`cluster_bootstrap_delta` (:class:`~forgeflow.evaluation.paired_stats.DeltaInterval`).
+
+    Raises:
+        InputError: ``repo_of`` lacks a paired instance, or a bootstrap parameter is invalid.
+    """
+    excluded_missing = sorted(set(a) ^ set(b))
+    excluded_exception: list[str] = []
+    pairs: list[tuple[str, bool, bool]] = []
+    for instance_id in sorted(set(a) & set(b)):
+        reward_a, reward_b = a[instance_id], b[instance_id]
+        if reward_a is None or reward_b is None:
+            excluded_exception.append(instance_id)
+        else:
+            pairs.append((instance_id, _passed(reward_a), _passed(reward_b)))
+
+    def count(group: list[tuple[str, bool, bool]]) -> tuple[int, int, int, int]:
+        both_pass = sum(pa and pb for _, pa, pb in group)
+        both_fail = sum(not pa and not pb for _, pa, pb in group)
+        wins = sum(pb and not pa for _, pa, pb in group)
+        losses = sum(pa and not pb for _, pa, pb in group)
+        return both_pass, both_fail, wins, losses
+
+    both_pass, both_fail, wins, losses = count(pairs)
+    n_pairs = len(pairs)
+    if wins + losses == 0:
+        p_value = 1.0
+    else:
+        p_value = float(mcnemar([[both_pass, losses], [wins, both_fail]], exact=True).pvalue)
+
+    per_repo: dict[str, PairCounts] = {}
+    if repo_of is not None:
+        unknown = [instance_id for instance_id, _, _ in pairs if instance_id not in repo_of]
+        if unknown:
+            raise InputError(f"repo_of has no repository for paired instances {unknown[:5]}")
+        grouped: dict[str, list[tuple[str, bool, bool]]] = {}
+        for pair in pairs:
+            grouped.setdefault(repo_of[pair[0]], []).append(pair)
+        for repo in sorted(grouped):
+            bp, bf, w, lo = count(grouped[repo])
+            per_repo[repo] = PairCounts(n_pairs=len(grouped[repo]), wins=w, ties=bp + bf, losses=lo)
+
+    interval = (
+        union_interval(
+            newcombe_paired_interval(both_pass, wins, losses, both_fail, confidence),
+            cluster_bootstrap_delta(
+                {i: (pa, pb) for i, pa, pb in pairs},
+                repo_of,
+                n_resamples=n_resamples,
+                seed=seed,
+                confidence=confidence,
+            ),
+        )
+        if pairs
+        else None
+    )
+    rate_a = (both_pass + losses) / n_pairs if n_pairs else 0.0
+    rate_b = (both_pass + wins) / n_pairs if n_pairs else 0.0
+    return PairedComparison(
+        n_pairs=n_pairs,
+        wins=wins,
+        ties=both_pass + both_fail,
+        losses=losses,
+        both_pass=both_pass,
+        both_fail=both_fail,
+        pass_rate_a=rate_a,
+        pass_rate_b=rate_b,
+        delta=(wins - losses) / n_pairs if n_pairs else 0.0,
+        mcnemar_p=min(1.0, p_value),
+        excluded_exception=excluded_exception,
+        excluded_missing=excluded_missing,
+        per_repo=per_repo,
+        delta_interval=interval,
+    )
+
+
+# --- cost ratios ---------------------------------------------------------------------------------
+COST_METRICS = ("input_tokens", "agent_steps", "wall_s")
+"""Keys read from the per-trial cost dicts: model input tokens, agent steps, wall seconds."""
+
+
+class CostMetric(BaseModel):
+    """One cost metric of both runs over the same instances.
+
+    Attributes:
+        name: ``input_tokens``, ``agent_steps`` or ``wall_s``.
+        n: Instances where both runs recorded the metric (the means are over these).
+        mean_a: Mean in run A (None when ``n == 0``).
+        mean_b: Mean in run B.
+        ratio: ``mean_b / mean_a`` (None when either is missing or ``mean_a == 0``).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    n: int = Field(ge=0)
+    mean_a: float | None = Field(default=None, ge=0.0)
+    mean_b: float | None = Field(default=None, ge=0.0)
+    ratio: float | None = Field(default=None, ge=0.0)
+
+
+class CostComparison(BaseModel):
+    """Mean costs of run B relative to run A (ratio < 1: B is cheaper)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    input_tokens: CostMetric
+    agent_steps: CostMetric
+    wall_s: CostMetric
+
+
+def cost_ratios(
+    costs_a: Mapping[str, Mapping[str, float]],
+    costs_b: Mapping[str, Mapping[str, float]],
+    instance_ids: Iterable[str] | None = None,
+) -> CostComparison:
+    """Mean input tokens, agent steps and wall seconds of both runs, and their ratios B / A.
+
+    Each metric is averaged over the instances where *both* runs recorded it, so the ratio
+    compares like with like (an instance one run skipped does not make it look cheaper).
+
+    Args:
+        costs_a: Instance id -> ``{"input_tokens": .., "agent_steps": .., "wall_s": ..}`` in run
+            A (missing keys allowed).
+        costs_b: The same for run B.
+        instance_ids: Instances to include (default: those in both mappings; pass
+            ``comparison``'s paired instances to restrict the costs to the pairs).
+
+    Returns:
+        :class:`CostComparison`.
+
+    Raises:
+        InputError: a value is negative or not a finite number (named with its instance).
+    """
+    ids = sorted(set(costs_a) & set(costs_b) if instance_ids is None else set(instance_ids))
+
+    def value(costs: Mapping[str, Mapping[str, float]], run: str, instance_id: str, key: str) -> float | None:
+        raw = costs.get(instance_id, {}).get(key)
+        if raw is None:
+            return None
+        if isinstance(raw, bool) or not isinstance(raw, int | float) or not (0.0 <= raw < float("inf")):
+            raise InputError(f"run {run} cost {key!r} of {instance_id!r} must be a finite number >= 0, got {raw!r}")
+        return float(raw)
+
+    metrics: dict[str, CostMetric] = {}
+    for key in COST_METRICS:
+        both = [
+            (va, vb)
+            for i in ids
+            if (va := value(costs_a, "A", i, key)) is not None and (vb := value(costs_b, "B", i, key)) is not None
+        ]
+        if not both:
+            metrics[key] = CostMetric(name=key, n=0)
+            continue
+        mean_a = sum(va for va, _ in both) / len(both)
+        mean_b = sum(vb for _, vb in both) / len(both)
+        metrics[key] = CostMetric(
+            name=key, n=len(both), mean_a=mean_a, mean_b=mean_b, ratio=mean_b / mean_a if mean_a > 0 else None
+        )
+    return CostComparison(**metrics)
+
+
+def rewards_by_instance(trials: Iterable[Any]) -> dict[str, float | None]:
+    """``instance_id -> reward`` for :func:`paired_compare`; a trial that ended in an exception maps
+    to None (excluded from the pairs and counted), never to reward 0.
+
+    Args:
+        trials: records with ``instance_id``, ``reward`` and ``exception_type`` (core or store rows).
+    """
+    return {t.instance_id: t.reward if t.exception_type is None else None for t in trials}

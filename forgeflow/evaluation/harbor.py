@@ -1,0 +1,811 @@
+"""Harbor interop: export a frozen split as Harbor tasks, import Harbor job results as trials.
+
+`Harbor <https://github.com/laude-institute/harbor>`_ (PyPI ``harbor``, pinned 0.25.0) runs
+agents on tasks in many sandbox providers (docker, podman, Daytona, Modal, E2B, Kubernetes).
+This module touches only its *file formats*; it never imports harbor (Harbor needs Python >=
+3.12 and lives in its own virtualenv: ``scripts/harbor_venv.sh``).
+
+**Export** (:func:`export_split`) writes one Harbor task folder per instance id of a split of a
+verified freeze manifest (the layout of ``harbor.models.task.paths.TaskPaths``)::
+
+    <out_dir>/forgeflow-export.json     schema version, freeze, split, per-task tree digests
+    <out_dir>/<instance_id>/task.toml   Harbor's TaskConfig (schema_version "1.4"): metadata,
+                                        [verifier]/[agent] timeout_sec, [environment] limits,
+                                        network_mode = "no-network", workdir = "/testbed"
+    <out_dir>/<instance_id>/instruction.md          the problem statement
+    <out_dir>/<instance_id>/environment/Dockerfile  FROM <the task image>
+    <out_dir>/<instance_id>/tests/test.sh           the verifier (see below)
+    <out_dir>/<instance_id>/tests/grade.py          SWE-bench's pytest log parser + resolution rule
+    <out_dir>/<instance_id>/tests/config.json       FAIL_TO_PASS / PASS_TO_PASS
+    <out_dir>/<instance_id>/solution/solve.sh       the Oracle: ``git apply -R`` of the bug patch
+    <out_dir>/<instance_id>/solution/bug.patch
+
+The verifier is weaker than forgeflow's own (:func:`forgeflow.sandbox.verifier.verify_submission`, a
+fresh container with only the screened diff applied): Harbor runs ``test.sh`` in the agent's own
+container, so the script can only reset the test files named by FAIL_TO_PASS/PASS_TO_PASS to
+``HEAD`` (the agent's edits to tests do not count), run the task's test command in ``/testbed`` and
+grade the ``pytest -rA`` log with the strict rule (:func:`forgeflow.sandbox.grading.grade_resolved`: 1 iff
+every FAIL_TO_PASS and PASS_TO_PASS test is PASSED). Numbers that must be trusted come from
+forgeflow's verifier; Harbor exports are for interop. ``grade.py`` carries the source of SWE-bench's
+``parse_log_pytest`` taken from the installed, pinned swebench at export time (the task image has
+python3 but not swebench, and the sandbox has no network to install it). A log that is not
+pytest output writes **no** reward file, so Harbor records ``RewardFileNotFoundError`` — an
+exception, as :func:`forgeflow.sandbox.grading.parse_test_log` makes it one — never a reward of 0.
+
+**Import** (:func:`read_harbor_job` / :func:`import_harbor_job`) reads a Harbor job folder
+(``<jobs>/<job name>/result.json`` and one ``<trial name>/result.json`` per trial, Harbor's
+``JobResult`` / ``TrialResult``) into :class:`forgeflow.ledger.store.TrialRecord` rows linked by one
+``job_id``: ``verifier_result.rewards["reward"]`` becomes the reward; ``exception_info`` becomes
+the exception, its type mapped into forgeflow's taxonomy by :data:`HARBOR_EXCEPTION_TYPES`
+(the Harbor type and message are kept in ``exception_message``) and its reward dropped — except
+an agent's ``AgentTimeoutError``, whose verifier reward is kept beside it (Harbor's convention,
+:data:`forgeflow.common.errors.SCORED_DESPITE_EXCEPTION`). An exception never becomes a reward of 0.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import shlex
+import shutil
+import tomllib
+import uuid
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+import forgeflow
+from forgeflow.common import errors
+from forgeflow.common.fsutil import (
+    atomic_write_bytes,
+    read_digested_json,
+    sha256_json,
+    sha256_tree,
+    with_semantic_digest,
+)
+from forgeflow.common.settings import INFRA_DIR
+from forgeflow.curation.candidates import INSTANCE_ID_PATTERN
+from forgeflow.curation.freeze import verify_freeze
+from forgeflow.ledger.records import TrialRecord
+from forgeflow.ledger.store import Store
+
+__all__ = [
+    "HARBOR_VERSION",
+    "HARBOR_TASK_SCHEMA_VERSION",
+    "HARBOR_ENV_DIR",
+    "HARBOR_ENV_IMPORT_PATH",
+    "HARBOR_EXCEPTION_TYPES",
+    "HarborTask",
+    "HarborTaskLimits",
+    "HarborExport",
+    "HarborJobImport",
+    "export_split",
+    "render_task_toml",
+    "render_test_sh",
+    "render_grader",
+    "read_harbor_job",
+    "import_harbor_job",
+    "map_harbor_exception",
+]
+
+HARBOR_VERSION = "0.25.0"
+"""The Harbor release the formats here were read from (``scripts/harbor_venv.sh`` pins it)."""
+
+HARBOR_TASK_SCHEMA_VERSION = "1.4"
+"""``schema_version`` written to task.toml (``harbor.models.task.config.TaskConfig`` in 0.25.0)."""
+
+EXPORT_SCHEMA_VERSION = 1
+"""Version of ``forgeflow-export.json``."""
+
+EXPORT_MANIFEST = "forgeflow-export.json"
+
+HARBOR_ENV_DIR = INFRA_DIR / "harbor"
+"""Folder to put on Harbor's ``PYTHONPATH`` for the environment class below."""
+
+HARBOR_ENV_IMPORT_PATH = "forgeflow_harbor_env:ForgeflowPodmanEnvironment"
+"""``harbor run -e`` value of forgeflow's podman environment (no-network tasks offline, with an
+init and a short stop grace period): ``infra/harbor/forgeflow_harbor_env.py``."""
+
+TESTBED = "/testbed"
+VERIFIER_LOG = "/logs/verifier/test_output.log"
+REWARD_FILE = "/logs/verifier/reward.txt"
+"""Harbor reads the reward from ``/logs/verifier/reward.txt`` (or ``reward.json``)."""
+
+_SOURCE_TAG = "forgeflow"
+
+# --- exception taxonomy -----------------------------------------------------------------------
+_MODEL_RETRYABLE = (
+    "ApiError", "ApiRateLimitError", "ApiInternalServerError", "ApiOverloadedError",
+    "ApiConnectionClosedError", "ApiResponseStalledError", "UnknownApiError",
+    "NetworkConnectionError", "ApiConnectionError", "ApiUsageLimitError", "RateLimitError",
+    "InternalServerError", "ServiceUnavailableError", "APIConnectionError", "APIError", "Timeout",
+)
+_MODEL_REJECTED = (
+    "BadRequestError", "UnprocessableEntityError", "UnsupportedParamsError",
+    "APIResponseValidationError", "BudgetExceededError", "AgentAuthenticationError",
+    "ModelNotFoundError", "ApiProviderResourceNotFoundError", "AuthenticationError",
+    "PermissionDeniedError", "NotFoundError",
+)
+_SANDBOX = (
+    "EnvironmentStartTimeoutError", "AgentSetupTimeoutError", "HealthcheckError", "SSHAccessError",
+    "GKEExecStreamClosedError", "GKEPodNotFoundError", "RuntimeRequestError", "AddTestsDirError",
+    "DownloadVerifierDirError",
+)
+
+HARBOR_EXCEPTION_TYPES: Mapping[str, str] = {
+    **{name: errors.ModelEndpointError.__name__ for name in _MODEL_RETRYABLE},
+    **{name: errors.ModelRequestError.__name__ for name in _MODEL_REJECTED},
+    **{name: errors.SandboxError.__name__ for name in _SANDBOX},
+    "SandboxBuildFailedError": errors.ImageBuildError.__name__,
+    "SandboxLikelyOutOfMemoryError": errors.SandboxOOMError.__name__,
+    "MemoryLimitExceededError": errors.SandboxOOMError.__name__,
+    "AgentTimeoutError": errors.AgentTimeoutError.__name__,
+    "VerifierTimeoutError": errors.VerifierTimeoutError.__name__,
+    "RewardFileNotFoundError": errors.VerifierOutputError.__name__,
+    "RewardFileEmptyError": errors.VerifierOutputError.__name__,
+    "VerifierOutputParseError": errors.VerifierOutputError.__name__,
+}
+"""Harbor exception type name -> forgeflow exception class name.
+
+Built from Harbor 0.25.0's failure table (``harbor.models.trial.error_policy._POLICY_GROUPS``):
+sandbox failures -> SandboxError (build -> ImageBuildError, memory -> SandboxOOMError), model
+provider failures Harbor retries -> ModelEndpointError (transient), the others ->
+ModelRequestError, timeouts and reward-file failures to forgeflow's verifier/agent errors. Any
+other type (``NonZeroAgentExitCodeError``, ``CancelledError``, Harbor's own failures, an unknown
+name) -> :class:`~forgeflow.common.errors.InfraError`. Not in the table on purpose: Harbor's "agent
+outcome" types (:data:`HARBOR_AGENT_OUTCOMES`)."""
+
+HARBOR_AGENT_OUTCOMES = frozenset({
+    "ContextWindowExceededError", "OutputTokenExceededError", "ContextLengthExceededError",
+    "OutputLengthExceededError", "AgentSafetyRefusalError", "ContentPolicyViolationError",
+})
+"""Harbor types whose reward Harbor treats as a valid measurement (``AGENT_EXHAUSTED_BUDGET`` /
+``AGENT_REFUSED_TASK``, except the agent timeout): the model's outcome, as forgeflow's agent
+treats a context-window overflow. With a verifier reward the trial is that reward and no
+exception; without one it is an InfraError (nothing was measured)."""
+
+
+def map_harbor_exception(harbor_type: str) -> str:
+    """The forgeflow exception class name for a Harbor ``exception_type`` (see
+    :data:`HARBOR_EXCEPTION_TYPES`; anything unlisted -> ``"InfraError"``)."""
+    return HARBOR_EXCEPTION_TYPES.get(harbor_type, errors.InfraError.__name__)
+
+
+# --- export ------------------------------------------------------------------------------------
+class HarborTask(BaseModel):
+    """What the export needs of one task.
+
+    Attributes:
+        instance_id: the task (``[A-Za-z0-9._-]``, as :class:`forgeflow.curation.candidates.CandidateTask`);
+            also the Harbor task folder name and thus Harbor's ``task_name``.
+        image_ref: the task image (bug applied at ``/testbed``, a git repo whose HEAD holds the
+            pristine test files); the Dockerfile is ``FROM`` it, so it must be pullable where
+            Harbor runs (a registry reference for remote providers).
+        bug_patch: the unified diff the image has applied; the Oracle reverts it.
+        fail_to_pass: FAIL_TO_PASS test ids (at least one).
+        pass_to_pass: PASS_TO_PASS test ids.
+        test_command: shell command printing ``pytest -rA`` output, run in ``/testbed``.
+        problem_statement: the instruction; None -> :func:`forgeflow.evaluation.agent.problem_statement_for`.
+        repo: the source repository (metadata only).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    instance_id: str = Field(min_length=1, max_length=128)
+    image_ref: str = Field(min_length=1)
+    bug_patch: str = Field(min_length=1)
+    fail_to_pass: list[str] = Field(min_length=1)
+    pass_to_pass: list[str] = Field(default_factory=list)
+    test_command: str = Field(min_length=1)
+    problem_statement: str | None = None
+    repo: str | None = None
+
+    @field_validator("instance_id")
+    @classmethod
+    def _safe_id(cls, value: str) -> str:
+        if not INSTANCE_ID_PATTERN.fullmatch(value):
+            raise ValueError("must use only letters, digits, '.', '_' and '-' and start with a letter or digit")
+        return value
+
+    @field_validator("test_command", "image_ref")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be blank")
+        return value
+
+
+class HarborTaskLimits(BaseModel):
+    """Timeouts and resources written to every exported task.toml.
+
+    Attributes:
+        agent_timeout_s: ``[agent] timeout_sec``.
+        verifier_timeout_s: ``[verifier] timeout_sec`` (one run of the tests).
+        build_timeout_s: ``[environment] build_timeout_sec``.
+        memory_mb: ``[environment] memory_mb`` (forgeflow's sandbox default, 2048).
+        cpus: ``[environment] cpus``.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    agent_timeout_s: float = Field(default=600.0, gt=0)
+    verifier_timeout_s: float = Field(default=600.0, gt=0)
+    build_timeout_s: float = Field(default=600.0, gt=0)
+    memory_mb: int = Field(default=2048, ge=64)
+    cpus: float = Field(default=1.0, gt=0)
+
+
+class HarborExport(BaseModel):
+    """A written export.
+
+    Attributes:
+        path: the dataset folder (``harbor run -p <path>``).
+        freeze: the freeze name; freeze_semantic_sha256: its manifest digest.
+        split: the exported split.
+        instance_ids: the task folders, sorted.
+        semantic_sha256: digest of ``forgeflow-export.json`` (without itself).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    path: Path
+    freeze: str
+    freeze_semantic_sha256: str
+    split: str
+    instance_ids: list[str]
+    semantic_sha256: str
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)  # a JSON string is a TOML basic string
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
+    raise errors.InputError(f"task.toml: cannot write a value of type {type(value).__name__}")
+
+
+def render_task_toml(document: Mapping[str, Any]) -> str:
+    """Render ``{key: scalar or list, section: {key: value}}`` as TOML and check it parses back.
+
+    Raises:
+        InputError: a value is not a str/int/float/bool/list of those, or the text does not
+            parse back to ``document`` with :mod:`tomllib`.
+    """
+    lines = [f"{key} = {_toml_value(value)}" for key, value in document.items() if not isinstance(value, Mapping)]
+    for section, body in document.items():
+        if isinstance(body, Mapping):
+            lines += ["", f"[{section}]", *(f"{key} = {_toml_value(value)}" for key, value in body.items())]
+    text = "\n".join(lines) + "\n"
+    if tomllib.loads(text) != json.loads(json.dumps(document)):
+        raise errors.InputError("task.toml: the rendered TOML does not parse back to its content")
+    return text
+
+
+def _task_toml(task: HarborTask, limits: HarborTaskLimits, freeze: str, freeze_sha: str, split: str) -> str:
+    metadata: dict[str, Any] = {
+        "instance_id": task.instance_id, "source": _SOURCE_TAG, "freeze": freeze,
+        "freeze_semantic_sha256": freeze_sha, "split": split, "image": task.image_ref,
+        "forgeflow_version": forgeflow.__version__,
+    }
+    if task.repo:
+        metadata["repo"] = task.repo
+    cpus: int | float = int(limits.cpus) if float(limits.cpus).is_integer() else limits.cpus
+    return render_task_toml({
+        "schema_version": HARBOR_TASK_SCHEMA_VERSION,
+        "metadata": metadata,
+        "verifier": {"timeout_sec": float(limits.verifier_timeout_s)},
+        "agent": {"timeout_sec": float(limits.agent_timeout_s)},
+        "environment": {
+            "build_timeout_sec": float(limits.build_timeout_s), "cpus": cpus, "memory_mb": limits.memory_mb,
+            "network_mode": "no-network", "workdir": TESTBED,
+        },
+    })
+
+
+def _test_files(test_ids: Iterable[str]) -> list[str]:
+    """Test file paths of pytest node ids (``tests/test_x.py::test_a`` -> ``tests/test_x.py``),
+    the same rule as :func:`forgeflow.sandbox.submission.test_files`."""
+    return sorted({t.split("::", 1)[0] for t in test_ids if "::" in t and t.split("::", 1)[0].endswith(".py")})
+
+
+def render_test_sh(task: HarborTask) -> str:
+    """The task's ``tests/test.sh``: reset the named test files to HEAD, run the test command in
+    ``/testbed`` with its output in ``/logs/verifier/test_output.log``, then grade it with
+    ``/tests/grade.py`` (which writes ``/logs/verifier/reward.txt``, or nothing for a log that is
+    not pytest output). Exits with the grader's status."""
+    files = " ".join(shlex.quote(path) for path in _test_files([*task.fail_to_pass, *task.pass_to_pass]))
+    reset = (
+        f'tracked=$(git ls-files -- {files})\n'
+        'if [ -n "$tracked" ]; then git checkout HEAD -- $tracked; fi\n'
+        if files else ""
+    )
+    return (
+        "#!/bin/bash\n"
+        f"# forgeflow verifier for {task.instance_id} (written by forgeflow.evaluation.harbor; Harbor runs it as /tests/test.sh)\n"
+        "set -u\n"
+        "mkdir -p /logs/verifier\n"
+        f"cd {TESTBED} || exit 1\n"
+        "# pristine test files: the agent's edits to the tests do not count\n"
+        f"{reset}"
+        f"bash -c {shlex.quote(task.test_command)} > {VERIFIER_LOG} 2>&1\n"
+        f'echo "test command exited $?" >&2\n'
+        f"python3 /tests/grade.py {VERIFIER_LOG} /tests/config.json {REWARD_FILE}\n"
+    )
+
+
+_GRADER_TEMPLATE = '''\
+#!/usr/bin/env python3
+"""Grade a pytest -rA log for Harbor: write 1 or 0 to the reward file, or nothing if it is not pytest output.
+
+Written by forgeflow.evaluation.harbor (forgeflow {forgeflow_version}). The parser below is the source of
+swebench.harness.log_parsers.python.parse_log_pytest from swebench {swebench_version}; the rule
+is SWE-bench's resolution with forgeflow's strict pass (forgeflow.sandbox.grading.grade_resolved): reward 1
+iff every FAIL_TO_PASS and PASS_TO_PASS test is PASSED (a missing test counts as failed).
+
+Usage: grade.py LOG CONFIG_JSON REWARD_FILE   (exit 0: graded; 2: not pytest output, no reward)
+"""
+from __future__ import annotations
+
+import enum
+import json
+import re
+import sys
+
+
+class TestStatus(enum.Enum):
+{statuses}
+
+
+PASSING = {passing!r}
+PYTEST_MARKERS = re.compile({markers!r})
+
+
+{parser}
+
+def main(log_path: str, config_path: str, reward_path: str) -> int:
+    with open(log_path, encoding="utf-8", errors="replace") as handle:
+        log = handle.read()
+    status = parse_log_pytest(log, None)
+    if not status and (not log.strip() or PYTEST_MARKERS.search(log) is None):
+        print("forgeflow grader: the test log is not pytest -rA output; no reward written", file=sys.stderr)
+        print(log.strip()[-2000:], file=sys.stderr)
+        return 2
+    with open(config_path, encoding="utf-8") as handle:
+        config = json.load(handle)
+    tests = list(config["FAIL_TO_PASS"]) + list(config["PASS_TO_PASS"])
+    not_passing = [test for test in tests if status.get(test) not in PASSING]
+    reward = 0 if not_passing else 1
+    for test in not_passing[:20]:
+        print(f"not passing: {{test}} ({{status.get(test, 'missing')}})")
+    print(f"reward {{reward}}: {{len(tests) - len(not_passing)}}/{{len(tests)}} FAIL_TO_PASS+PASS_TO_PASS tests pass")
+    with open(reward_path, "w", encoding="utf-8") as handle:
+        handle.write(f"{{reward}}\\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:4]))
+'''
+
+
+def render_grader() -> str:
+    """The task's ``tests/grade.py`` (standalone, stdlib only, Python >= 3.7).
+
+    It embeds, from the installed packages: SWE-bench's ``TestStatus`` values and the source of
+    ``parse_log_pytest`` (swebench 4.1), forgeflow's passing statuses
+    (:data:`forgeflow.sandbox.grading.PASSING`) and its "is this pytest output" markers.
+    """
+    import swebench
+    from swebench.harness.constants import TestStatus
+    from swebench.harness.log_parsers.python import parse_log_pytest
+
+    from forgeflow.sandbox.grading import _PYTEST_MARKERS, PASSING
+
+    return _GRADER_TEMPLATE.format(
+        forgeflow_version=forgeflow.__version__,
+        swebench_version=swebench.__version__,
+        statuses="\n".join(f"    {member.name} = {member.value!r}" for member in TestStatus),
+        passing=sorted(PASSING),
+        markers=_PYTEST_MARKERS.pattern,
+        parser=inspect.getsource(parse_log_pytest),
+    )
+
+
+def _solve_sh(task: HarborTask) -> str:
+    return (
+        "#!/bin/bash\n"
+        f"# Oracle of {task.instance_id} (written by forgeflow.evaluation.harbor): revert the bug patch the task image holds\n"
+        "set -euo pipefail\n"
+        f"cd {TESTBED}\n"
+        "git apply -R --whitespace=nowarn /solution/bug.patch\n"
+    )
+
+
+def _instruction(task: HarborTask) -> str:
+    if task.problem_statement is not None and task.problem_statement.strip():
+        text = task.problem_statement
+    else:
+        from forgeflow.evaluation.agent import problem_statement_for
+
+        text = problem_statement_for(task.bug_patch, task.fail_to_pass)
+    return text if text.endswith("\n") else text + "\n"
+
+
+def _write_task(root: Path, task: HarborTask, limits: HarborTaskLimits, freeze: str, freeze_sha: str,
+                split: str, grader: str) -> None:
+    folder = root / task.instance_id
+    patch = task.bug_patch if task.bug_patch.endswith("\n") else task.bug_patch + "\n"
+    files: dict[str, tuple[str, int]] = {
+        "task.toml": (_task_toml(task, limits, freeze, freeze_sha, split), 0o644),
+        "instruction.md": (_instruction(task), 0o644),
+        "environment/Dockerfile": (f"FROM {task.image_ref}\nWORKDIR {TESTBED}\n", 0o644),
+        "tests/test.sh": (render_test_sh(task), 0o755),
+        "tests/grade.py": (grader, 0o755),
+        "tests/config.json": (
+            json.dumps({"instance_id": task.instance_id, "FAIL_TO_PASS": list(task.fail_to_pass),
+                        "PASS_TO_PASS": list(task.pass_to_pass)}, indent=2) + "\n", 0o644),
+        "solution/solve.sh": (_solve_sh(task), 0o755),
+        "solution/bug.patch": (patch, 0o644),
+    }
+    for relative, (text, mode) in files.items():
+        path = atomic_write_bytes(folder / relative, text.encode("utf-8"))
+        os.chmod(path, mode)
+
+
+def export_split(
+    manifest_path: Path,
+    split: str,
+    tasks: Iterable[HarborTask],
+    out_dir: Path,
+    limits: HarborTaskLimits | None = None,
+) -> HarborExport:
+    """Export one split of a freeze as a Harbor dataset folder (one task folder per instance id).
+
+    The folder is built beside ``out_dir`` and renamed into place, so ``out_dir`` either holds a
+    complete export or does not exist. Exporting the same content again is a no-op; an existing
+    ``out_dir`` with other content is never overwritten.
+
+    Args:
+        manifest_path: the freeze manifest (checked with :func:`forgeflow.curation.freeze.verify_freeze`).
+        split: ``train``, ``validation`` or ``test`` (a split of that manifest).
+        tasks: the tasks of the split (more may be given; only the split's are exported).
+        out_dir: the dataset folder to create (``harbor run -p out_dir``).
+        limits: timeouts and resources for every task (default :class:`HarborTaskLimits`).
+
+    Returns:
+        The :class:`HarborExport`.
+
+    Raises:
+        InputError: the manifest is missing/altered, the split is unknown or empty, a task of the
+            split is missing from ``tasks`` (the message lists them), an instance id appears twice
+            in ``tasks``, or ``out_dir`` exists and is not this export (a different
+            ``forgeflow-export.json`` or none).
+    """
+    manifest = verify_freeze(Path(manifest_path))
+    if split not in manifest.splits:
+        raise errors.InputError(f"freeze {manifest.name!r} has no split {split!r}; it has {sorted(manifest.splits)}")
+    wanted = list(manifest.splits[split])
+    if not wanted:
+        raise errors.InputError(f"split {split!r} of freeze {manifest.name!r} is empty: nothing to export")
+    by_id: dict[str, HarborTask] = {}
+    for task in tasks:
+        if task.instance_id in by_id:
+            raise errors.InputError(f"tasks: instance id {task.instance_id!r} is given twice")
+        by_id[task.instance_id] = task
+    missing = [iid for iid in wanted if iid not in by_id]
+    if missing:
+        shown = ", ".join(missing[:20]) + (f" and {len(missing) - 20} more" if len(missing) > 20 else "")
+        raise errors.InputError(
+            f"tasks: {len(missing)} of the {len(wanted)} tasks of split {split!r} of freeze "
+            f"{manifest.name!r} are missing: {shown}"
+        )
+    limits = limits or HarborTaskLimits()
+    out_dir = Path(out_dir)
+    grader = render_grader()
+    staging = out_dir.parent / f".{out_dir.name}.{uuid.uuid4().hex}.staging"
+    try:
+        for iid in wanted:
+            _write_task(staging, by_id[iid], limits, manifest.name, manifest.semantic_sha256, split, grader)
+        document = with_semantic_digest({
+            "schema_version": EXPORT_SCHEMA_VERSION,
+            "freeze": manifest.name,
+            "freeze_semantic_sha256": manifest.semantic_sha256,
+            "split": split,
+            "harbor_version": HARBOR_VERSION,
+            "harbor_task_schema_version": HARBOR_TASK_SCHEMA_VERSION,
+            "limits": limits.model_dump(),
+            "tasks": {iid: {"image": by_id[iid].image_ref, "tree_sha256": sha256_tree(staging / iid)}
+                      for iid in wanted},
+            "forgeflow_version": forgeflow.__version__,
+        })
+        atomic_write_bytes(staging / EXPORT_MANIFEST, (json.dumps(document, indent=2, sort_keys=True) + "\n").encode())
+        if out_dir.exists():
+            return _existing_export(out_dir, document["semantic_sha256"])
+        try:
+            os.rename(staging, out_dir)
+        except OSError:  # another writer got there first
+            return _existing_export(out_dir, document["semantic_sha256"])
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return _export_record(out_dir, document)
+
+
+def _export_record(path: Path, document: Mapping[str, Any]) -> HarborExport:
+    return HarborExport(
+        path=path, freeze=document["freeze"], freeze_semantic_sha256=document["freeze_semantic_sha256"],
+        split=document["split"], instance_ids=sorted(document["tasks"]), semantic_sha256=document["semantic_sha256"],
+    )
+
+
+def _existing_export(out_dir: Path, new_digest: str) -> HarborExport:
+    manifest = out_dir / EXPORT_MANIFEST
+    if not manifest.is_file():
+        raise errors.InputError(
+            f"out_dir {out_dir} exists and is not a forgeflow Harbor export (no {EXPORT_MANIFEST}): "
+            "choose a new folder"
+        )
+    document = read_digested_json(manifest, "Harbor export manifest", EXPORT_SCHEMA_VERSION)
+    if document["semantic_sha256"] != new_digest:
+        raise errors.InputError(
+            f"out_dir {out_dir} holds another export (semantic_sha256 {document['semantic_sha256']}; "
+            f"this one is {new_digest}); an export is never overwritten: choose a new folder"
+        )
+    return _export_record(out_dir, document)
+
+
+# --- import ------------------------------------------------------------------------------------
+class _Timing(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+    def seconds(self) -> float | None:
+        if self.started_at is None or self.finished_at is None:
+            return None
+        return max(0.0, (self.finished_at - self.started_at).total_seconds())
+
+
+class _ExceptionInfo(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    exception_type: str = Field(min_length=1)
+    exception_message: str = ""
+
+
+class _AgentInfo(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str = Field(min_length=1)
+
+
+class _AgentResult(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    n_input_tokens: int | None = Field(default=None, ge=0)
+    n_output_tokens: int | None = Field(default=None, ge=0)
+
+
+class _VerifierResult(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    rewards: dict[str, float] | None = None
+
+
+class _TrialConfig(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    job_id: str | None = None
+
+
+class _TrialResult(BaseModel):
+    """The fields of Harbor 0.25's ``harbor.models.trial.result.TrialResult`` read here."""
+
+    model_config = ConfigDict(extra="ignore")
+    id: str = Field(min_length=1)
+    task_name: str = Field(min_length=1)
+    trial_name: str = Field(min_length=1)
+    config: _TrialConfig = Field(default_factory=_TrialConfig)
+    agent_info: _AgentInfo
+    agent_result: _AgentResult | None = None
+    verifier_result: _VerifierResult | None = None
+    exception_info: _ExceptionInfo | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    environment_setup: _Timing | None = None
+    agent_setup: _Timing | None = None
+    agent_execution: _Timing | None = None
+    verifier: _Timing | None = None
+    step_results: list[Any] | None = None
+
+
+class HarborJobImport(BaseModel):
+    """What :func:`read_harbor_job` found.
+
+    Attributes:
+        job_id: the job id the trials carry (Harbor's job UUID unless one was given).
+        job_dir: the job folder.
+        trials: one store record per finished trial, ordered by trial name.
+        unfinished: trial folders without a finished result (job still running or killed).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    job_id: str
+    job_dir: Path
+    trials: list[TrialRecord]
+    unfinished: list[str] = Field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        """``{kind: {"trials", "rewards": {reward: count}, "exceptions": {type: count}}}``."""
+        out: dict[str, Any] = {}
+        for trial in self.trials:
+            row = out.setdefault(trial.kind, {"trials": 0, "rewards": {}, "exceptions": {}})
+            row["trials"] += 1
+            if trial.reward is not None:
+                row["rewards"][trial.reward] = row["rewards"].get(trial.reward, 0) + 1
+            if trial.exception_type is not None:
+                row["exceptions"][trial.exception_type] = row["exceptions"].get(trial.exception_type, 0) + 1
+        return out
+
+
+def _read_json(path: Path, what: str) -> dict[str, Any]:
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise errors.InputError(f"{what} {path} does not exist") from exc
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise errors.InputError(f"{what} {path} is not valid JSON: {exc}") from exc
+    if not isinstance(document, dict):
+        raise errors.InputError(f"{what} {path} is not a JSON object")
+    return document
+
+
+def _kind(agent_name: str) -> Literal["nop", "oracle", "agent"]:
+    return agent_name if agent_name in ("nop", "oracle") else "agent"  # type: ignore[return-value]
+
+
+def _trial_record(result: _TrialResult, path: Path, job_id: str, run_id: str | None) -> TrialRecord:
+    if result.step_results:
+        raise errors.InputError(f"trial result {path}: multi-step trials are not supported (forgeflow tasks have one step)")
+    kind = _kind(result.agent_info.name)
+    rewards = result.verifier_result.rewards if result.verifier_result else None
+    reward: float | None = None
+    if rewards:
+        if "reward" not in rewards:
+            raise errors.InputError(
+                f"trial result {path}: verifier_result.rewards has no 'reward' key (keys: {sorted(rewards)}); "
+                "forgeflow's verifier writes a single reward"
+            )
+        reward = float(rewards["reward"])
+        if not 0.0 <= reward <= 1.0:
+            raise errors.InputError(f"trial result {path}: reward {reward} is outside 0..1")
+    exception_type = exception_message = None
+    info = result.exception_info
+    if info is not None:
+        if info.exception_type in HARBOR_AGENT_OUTCOMES and reward is not None:
+            pass  # the model's outcome: the reward stands
+        else:
+            exception_type = map_harbor_exception(info.exception_type)
+            exception_message = f"Harbor {info.exception_type}: {info.exception_message}".strip()
+            keep = kind == "agent" and exception_type in errors.SCORED_DESPITE_EXCEPTION
+            reward = reward if keep else None
+    elif reward is None:
+        exception_type = errors.VerifierOutputError.__name__
+        exception_message = "Harbor recorded neither a reward nor an exception for this trial"
+    timings = {
+        name: seconds
+        for name, timing in (("env_setup_s", result.environment_setup), ("agent_setup_s", result.agent_setup),
+                             ("agent_s", result.agent_execution), ("verifier_s", result.verifier))
+        if timing is not None and (seconds := timing.seconds()) is not None
+    }
+    if result.started_at and result.finished_at:
+        timings["total_s"] = max(0.0, (result.finished_at - result.started_at).total_seconds())
+    started = result.started_at
+    if started is not None and started.tzinfo is None:
+        started = started.replace(tzinfo=timezone.utc)  # Harbor writes UTC
+    tokens = result.agent_result if kind == "agent" and result.agent_result else None
+    return TrialRecord(
+        trial_id=sha256_json({"source": "harbor", "trial": result.id})[:32],
+        instance_id=result.task_name, kind=kind, job_id=job_id, run_id=run_id,
+        reward=reward, exception_type=exception_type, exception_message=exception_message,
+        timings=timings, created_at=started,
+        input_tokens=tokens.n_input_tokens if tokens else None,
+        output_tokens=tokens.n_output_tokens if tokens else None,
+    )
+
+
+def read_harbor_job(
+    job_dir: Path,
+    *,
+    job_id: str | None = None,
+    instance_ids: Iterable[str] | None = None,
+    run_id: str | None = None,
+) -> HarborJobImport:
+    """Read a Harbor job folder into forgeflow trial records (nothing is written).
+
+    Args:
+        job_dir: ``<jobs dir>/<job name>`` as written by ``harbor run -o <jobs dir> --job-name
+            <job name>`` (holds the job's ``result.json`` and one folder per trial).
+        job_id: the id linking the trials (default: Harbor's job UUID from its ``result.json``).
+        instance_ids: if given (e.g. the exported split), every trial's task must be one of them.
+        run_id: the Prefect run id to record on each row.
+
+    Returns:
+        The records (see the module docstring for how rewards and exceptions are mapped) and the
+        names of trial folders that hold no finished result.
+
+    Raises:
+        InputError: ``job_dir`` is not a Harbor job folder (no ``result.json`` with an ``id``), a
+            trial's ``result.json`` is not JSON or lacks required fields (the message names the
+            file and field), belongs to another job, is multi-step, has a reward outside 0..1 or
+            without the ``reward`` key, or names a task outside ``instance_ids``.
+    """
+    job_dir = Path(job_dir)
+    if not job_dir.is_dir():
+        raise errors.InputError(f"Harbor job folder {job_dir} does not exist")
+    job_result_path = job_dir / "result.json"
+    if not job_result_path.is_file():
+        hint = " (it looks like a jobs folder: pass one of its job folders)" if any(
+            (child / "result.json").is_file() for child in job_dir.iterdir() if child.is_dir()
+        ) else ""
+        raise errors.InputError(f"{job_dir} is not a Harbor job folder: it has no result.json{hint}")
+    job_document = _read_json(job_result_path, "Harbor job result")
+    harbor_job_id = job_document.get("id")
+    if not isinstance(harbor_job_id, str) or "n_total_trials" not in job_document:
+        raise errors.InputError(
+            f"Harbor job result {job_result_path} lacks 'id' or 'n_total_trials': not a Harbor job result.json"
+        )
+    allowed = set(instance_ids) if instance_ids is not None else None
+    records = []
+    unfinished = []
+    for trial_dir in sorted(child for child in job_dir.iterdir() if child.is_dir()):
+        path = trial_dir / "result.json"
+        if not path.is_file():
+            if (trial_dir / "config.json").is_file():
+                unfinished.append(trial_dir.name)
+            continue
+        try:
+            result = _TrialResult.model_validate(_read_json(path, "Harbor trial result"))
+        except ValidationError as exc:
+            first = exc.errors(include_url=False)[0]
+            field = ".".join(str(part) for part in first["loc"]) or "?"
+            raise errors.InputError(
+                f"Harbor trial result {path}: field {field}: {first['msg']} ({exc.error_count()} problems)"
+            ) from exc
+        if result.config.job_id is not None and result.config.job_id != harbor_job_id:
+            raise errors.InputError(
+                f"Harbor trial result {path} belongs to job {result.config.job_id}, not to {harbor_job_id}"
+            )
+        if allowed is not None and result.task_name not in allowed:
+            raise errors.InputError(
+                f"Harbor trial result {path}: task {result.task_name!r} is not one of the {len(allowed)} given instance ids"
+            )
+        if result.finished_at is None and result.exception_info is None:
+            unfinished.append(trial_dir.name)
+            continue
+        records.append(_trial_record(result, path, job_id or f"harbor-{harbor_job_id}", run_id))
+    return HarborJobImport(job_id=job_id or f"harbor-{harbor_job_id}", job_dir=job_dir, trials=records,
+                           unfinished=unfinished)
+
+
+def import_harbor_job(
+    job_dir: Path,
+    store: Store,
+    *,
+    job_id: str | None = None,
+    instance_ids: Iterable[str] | None = None,
+    run_id: str | None = None,
+) -> HarborJobImport:
+    """Read a Harbor job folder (:func:`read_harbor_job`) and upsert its trials into ``store``
+    (a :class:`forgeflow.ledger.store.Store`) in one transaction; re-importing the same job changes
+    nothing (trial ids derive from Harbor's trial UUIDs).
+
+    Raises:
+        InputError: as :func:`read_harbor_job` (nothing is written).
+    """
+    found = read_harbor_job(job_dir, job_id=job_id, instance_ids=instance_ids, run_id=run_id)
+    store.record_trials(found.trials)
+    return found

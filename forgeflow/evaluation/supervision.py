@@ -1,0 +1,622 @@
+"""Supervision of long agent runs: dead loops, hangs, and the answer judge.
+
+* **Dead loops** (:func:`detect_loop`): the tool calls of a trajectory, each reduced to a
+  signature = tool name + arguments parsed (JSON when they parse) and re-serialized canonically
+  (sorted keys, no whitespace, escapes decoded; :func:`forgeflow.common.fsutil.canonical_json`), so a
+  re-indented or re-escaped copy of the same call is the same call. A loop is the tail of the call
+  list made of one block of ``period`` calls repeated ``threshold`` times in a row: period 1 is
+  the same call again and again, period 2 two different calls alternating. With the default
+  ``threshold=3`` the run is blocked at the third identical call (period 1) or at the end of the
+  third A-B cycle (period 2). Calling it after every new call blocks at the first such point; on
+  a recorded trajectory it reports the earliest point where the run would have been blocked.
+* **Hangs** (:func:`detect_hang`): no new message or model call for ``idle_limit_s`` seconds
+  (default 11 minutes). :class:`HangWatchdog` applies it to a live run from a thread and calls
+  back once when the run is hung (the agent stops the run, :mod:`forgeflow.evaluation.agent`).
+* **Answers** (:func:`judge_answer`): GAIA-style quasi-exact match (Mialon et al. 2023, "GAIA: a
+  benchmark for General AI Assistants", the scorer of its leaderboard) with SQuAD's article
+  removal (Rajpurkar et al. 2016): numbers compared as numbers (``$``, ``%``, thousands separators
+  and spaces dropped; equal within a tolerance), comma/semicolon lists element by element in
+  order, strings after lowercasing, dropping articles and punctuation and collapsing whitespace.
+  :func:`judge_answers` judges a list and appends the verdicts to the store's ``judgments`` table
+  in one transaction.
+* :func:`tool_calls_from_trajectory` reads a mini-swe-agent trajectory (``*.traj.json``; the text
+  format with ```` ```mswea_bash_command ```` fences, or OpenAI ``tool_calls``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import string
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from forgeflow.common.errors import InputError
+from forgeflow.common.fsutil import canonical_json, sha256_json
+
+DEFAULT_LOOP_THRESHOLD = 3
+"""Repetitions of the same call (or A-B cycle) at which a run is blocked."""
+
+DEFAULT_HANG_IDLE_S = 11 * 60.0
+"""Seconds without a new message or model call after which a running run counts as hung."""
+
+MSWEA_ACTION_REGEX = r"```mswea_bash_command\s*\n(.*?)\n```"
+"""mini-swe-agent's action regex of the text format (``LitellmTextbasedModelConfig.action_regex``)."""
+
+BASH_TOOL = "bash"
+"""Tool name given to mini-swe-agent's shell commands."""
+
+
+# --- tool calls and their signatures -------------------------------------------------------------
+class ToolCall(BaseModel):
+    """One tool call of a trajectory.
+
+    Attributes:
+        name: Tool name (``bash`` for mini-swe-agent commands).
+        arguments: The arguments as recorded: a JSON string, a mapping, or a raw string.
+        message_index: Index of the assistant message holding the call in the trajectory (-1
+            when unknown).
+        timestamp_unix_s: When the call was made, if recorded.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str = Field(min_length=1)
+    arguments: Any = None
+    message_index: int = Field(default=-1, ge=-1)
+    timestamp_unix_s: float | None = None
+
+    @property
+    def signature(self) -> str:
+        """The canonical signature (see :func:`call_signature`)."""
+        return call_signature(self.name, self.arguments)
+
+
+def call_signature(name: str, arguments: Any) -> str:
+    """The canonical signature of a tool call.
+
+    Args:
+        name: Tool name.
+        arguments: A JSON string (parsed), a JSON-compatible value, or any other string (kept with
+            leading/trailing whitespace stripped; whitespace inside a shell command can matter).
+
+    Returns:
+        Canonical JSON text ``{"arguments": ..., "tool": name}`` (sorted keys, no whitespace).
+    """
+    value = arguments
+    if isinstance(arguments, str):
+        try:
+            value = json.loads(arguments)
+        except ValueError:
+            value = arguments.strip()
+    return canonical_json({"tool": name, "arguments": value}).decode("utf-8")
+
+
+class LoopDetection(BaseModel):
+    """The verdict of :func:`detect_loop`, with its evidence.
+
+    Attributes:
+        detected: True when the run must be blocked.
+        period: 1 (same call repeated) or 2 (two calls alternating); None when not detected.
+        repeats: Times the block was repeated (== the threshold when detected).
+        signatures: The repeated block's call signatures (``period`` of them).
+        indices: Positions in the call list of the calls forming the loop.
+        message_indices: Trajectory message indices of those calls (-1 where unknown).
+        blocked_at: Position in the call list of the call that completed the loop.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    detected: bool
+    period: Literal[1, 2] | None = None
+    repeats: int = Field(default=0, ge=0)
+    signatures: list[str] = Field(default_factory=list)
+    indices: list[int] = Field(default_factory=list)
+    message_indices: list[int] = Field(default_factory=list)
+    blocked_at: int | None = None
+
+
+def _tail_loop(sigs: Sequence[str], end: int, period: int, threshold: int) -> bool:
+    span = period * threshold
+    if end < span:
+        return False
+    tail = sigs[end - span : end]
+    block = tail[:period]
+    if period == 2 and block[0] == block[1]:
+        return False  # that is a period-1 loop
+    return all(tail[i] == block[i % period] for i in range(span))
+
+
+def detect_loop(calls: Sequence[ToolCall], threshold: int = DEFAULT_LOOP_THRESHOLD) -> LoopDetection:
+    """Find the first point where the calls end in a period-1 or period-2 loop.
+
+    Args:
+        calls: Tool calls in order (see :func:`tool_calls_from_trajectory`).
+        threshold: Repetitions of the block that make a loop (>= 2; default 3).
+
+    Returns:
+        :class:`LoopDetection`; ``detected=False`` when no prefix of ``calls`` ends in a loop.
+
+    Raises:
+        InputError: ``threshold < 2``.
+    """
+    if threshold < 2:
+        raise InputError(f"threshold must be >= 2 (a call is not a loop with itself), got {threshold}")
+    sigs = [call.signature for call in calls]
+    for end in range(1, len(sigs) + 1):
+        for period in (1, 2):
+            if _tail_loop(sigs, end, period, threshold):
+                indices = list(range(end - period * threshold, end))
+                return LoopDetection(
+                    detected=True,
+                    period=period,
+                    repeats=threshold,
+                    signatures=sigs[indices[0] : indices[0] + period],
+                    indices=indices,
+                    message_indices=[calls[i].message_index for i in indices],
+                    blocked_at=end - 1,
+                )
+    return LoopDetection(detected=False)
+
+
+# --- hangs ------------------------------------------------------------------------------------
+class HangCheck(BaseModel):
+    """The verdict of :func:`detect_hang`.
+
+    Attributes:
+        hung: True when nothing happened for longer than ``idle_limit_s``.
+        idle_s: Seconds since the last activity.
+        idle_limit_s: The limit applied.
+        last_activity_unix_s: The latest of the activity timestamps given.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    hung: bool
+    idle_s: float
+    idle_limit_s: float = Field(gt=0.0)
+    last_activity_unix_s: float
+
+
+def _unix_s(value: float | datetime, name: str) -> float:
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise InputError(f"{name} must be timezone-aware, got naive {value.isoformat()}")
+        return value.timestamp()
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InputError(f"{name} must be Unix seconds or an aware datetime, got {value!r}")
+    return float(value)
+
+
+def detect_hang(
+    *,
+    last_message_at: float | datetime | None = None,
+    last_model_call_at: float | datetime | None = None,
+    started_at: float | datetime | None = None,
+    now: float | datetime | None = None,
+    idle_limit_s: float = DEFAULT_HANG_IDLE_S,
+) -> HangCheck:
+    """Flag a running run with no new message or model call for more than ``idle_limit_s``.
+
+    Args:
+        last_message_at: Time of the newest trajectory message (Unix seconds or aware datetime).
+        last_model_call_at: Time of the newest model call.
+        started_at: Start of the run (the activity reference before any message).
+        now: The current time (default: ``time.time()``).
+        idle_limit_s: Idle seconds tolerated (default 660 = 11 minutes).
+
+    Returns:
+        :class:`HangCheck` with the idle seconds and the verdict (idle exactly at the limit is not
+        yet hung).
+
+    Raises:
+        InputError: no timestamp is given, one is naive or not finite, or ``idle_limit_s <= 0``.
+    """
+    if idle_limit_s <= 0:
+        raise InputError(f"idle_limit_s must be > 0, got {idle_limit_s}")
+    given = {
+        name: _unix_s(value, name)
+        for name, value in (
+            ("last_message_at", last_message_at),
+            ("last_model_call_at", last_model_call_at),
+            ("started_at", started_at),
+        )
+        if value is not None
+    }
+    if not given:
+        raise InputError("detect_hang needs at least one of last_message_at, last_model_call_at, started_at")
+    now_s = time.time() if now is None else _unix_s(now, "now")
+    last = max(given.values())
+    idle_s = max(0.0, now_s - last)
+    return HangCheck(hung=idle_s > idle_limit_s, idle_s=idle_s, idle_limit_s=idle_limit_s, last_activity_unix_s=last)
+
+
+class HangWatchdog:
+    """Watch a live run from a daemon thread; call ``on_hang`` once when it is hung.
+
+    The run reports activity with :meth:`touch_message` (a new trajectory message) and
+    :meth:`touch_model_call` (a model call started or answered); every ``poll_s`` the thread applies
+    :func:`detect_hang` to the latest of those and the start time. On the first hung verdict it
+    stores the :class:`HangCheck` in :attr:`hang`, sets :attr:`hung_event` and calls ``on_hang``
+    (in the watchdog thread; an exception there is kept in :attr:`callback_error`, never raised
+    into the run). The run itself checks :attr:`hung` at its safe points and stops.
+
+    Args:
+        idle_limit_s: Idle seconds tolerated (default 660 = 11 minutes; > 0).
+        on_hang: Called once with the hung :class:`HangCheck` (optional).
+        poll_s: Seconds between checks (default ``min(5, idle_limit_s / 10)``, at least 0.05).
+        clock: Unix-seconds clock (injectable for tests).
+
+    Raises:
+        InputError: ``idle_limit_s <= 0`` or ``poll_s <= 0``.
+    """
+
+    def __init__(
+        self,
+        idle_limit_s: float = DEFAULT_HANG_IDLE_S,
+        on_hang: Callable[[HangCheck], None] | None = None,
+        *,
+        poll_s: float | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if idle_limit_s <= 0:
+            raise InputError(f"idle_limit_s must be > 0, got {idle_limit_s}")
+        if poll_s is not None and poll_s <= 0:
+            raise InputError(f"poll_s must be > 0, got {poll_s}")
+        self.idle_limit_s = float(idle_limit_s)
+        self.on_hang = on_hang
+        self.poll_s = poll_s if poll_s is not None else max(0.05, min(5.0, idle_limit_s / 10.0))
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._started_at: float | None = None
+        self._last_message_at: float | None = None
+        self._last_model_call_at: float | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.hung_event = threading.Event()
+        self.hang: HangCheck | None = None
+        self.callback_error: BaseException | None = None
+
+    @property
+    def hung(self) -> bool:
+        """True once the watchdog has found the run hung."""
+        return self.hung_event.is_set()
+
+    def touch_message(self) -> None:
+        """Record a new trajectory message now."""
+        with self._lock:
+            self._last_message_at = self._clock()
+
+    def touch_model_call(self) -> None:
+        """Record a model call (started or answered) now."""
+        with self._lock:
+            self._last_model_call_at = self._clock()
+
+    def check(self) -> HangCheck:
+        """:func:`detect_hang` on the activity recorded so far (does not call back).
+
+        Raises:
+            InputError: the watchdog was not started.
+        """
+        with self._lock:
+            if self._started_at is None:
+                raise InputError("HangWatchdog.check before start()")
+            return detect_hang(
+                last_message_at=self._last_message_at,
+                last_model_call_at=self._last_model_call_at,
+                started_at=self._started_at,
+                now=self._clock(),
+                idle_limit_s=self.idle_limit_s,
+            )
+
+    def start(self) -> HangWatchdog:
+        """Start the clock and the thread (idempotent); returns self."""
+        with self._lock:
+            if self._thread is not None:
+                return self
+            self._started_at = self._clock()
+            self._thread = threading.Thread(target=self._watch, name="forgeflow-hang-watchdog", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop the thread (idempotent); the verdict already reached is kept."""
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=max(1.0, 2 * self.poll_s))
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            verdict = self.check()
+            if verdict.hung:
+                self.hang = verdict
+                self.hung_event.set()
+                if self.on_hang is not None:
+                    try:
+                        self.on_hang(verdict)
+                    except BaseException as exc:  # noqa: BLE001 - kept for the run to report
+                        self.callback_error = exc
+                return
+
+    def __enter__(self) -> HangWatchdog:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+
+# --- trajectories -----------------------------------------------------------------------------
+def _extra(message: Mapping[str, Any]) -> Mapping[str, Any]:
+    extra = message.get("extra")
+    return extra if isinstance(extra, Mapping) else {}
+
+
+def tool_calls_from_trajectory(trajectory: Mapping[str, Any] | str | Path) -> list[ToolCall]:
+    """The tool calls of a mini-swe-agent trajectory, in order.
+
+    Per assistant message, in this order of preference: OpenAI ``tool_calls`` (name + JSON
+    arguments, mini-swe-agent's tool-call format), the parsed ``extra.actions`` mini-swe-agent
+    records, else the ```` ```mswea_bash_command ```` fences of the content (every fence counts:
+    a reply with two commands shows both). Shell commands become ``ToolCall("bash",
+    {"command": ...})``.
+
+    Args:
+        trajectory: The trajectory dict (``{"messages": [...], ...}``) or a path to its JSON file.
+
+    Returns:
+        The calls with their message indices and timestamps (``extra.timestamp``, when recorded).
+
+    Raises:
+        InputError: the file is not JSON or has no ``messages`` list.
+    """
+    if not isinstance(trajectory, Mapping):
+        path = Path(trajectory)
+        try:
+            trajectory = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise InputError(f"trajectory {path} is not a readable JSON file: {exc}") from exc
+    messages = trajectory.get("messages") if isinstance(trajectory, Mapping) else None
+    if not isinstance(messages, list):
+        raise InputError("trajectory has no 'messages' list")
+    calls: list[ToolCall] = []
+    for index, message in enumerate(messages):
+        if not isinstance(message, Mapping) or message.get("role") != "assistant":
+            continue
+        stamp = _extra(message).get("timestamp")
+        stamp = float(stamp) if isinstance(stamp, int | float) else None
+        tool_calls = message.get("tool_calls") or []
+        actions = _extra(message).get("actions") or []
+        if tool_calls:
+            for call in tool_calls:
+                function = call.get("function") or {}
+                calls.append(
+                    ToolCall(
+                        name=function.get("name") or "unknown",
+                        arguments=function.get("arguments"),
+                        message_index=index,
+                        timestamp_unix_s=stamp,
+                    )
+                )
+        elif actions:
+            for action in actions:
+                calls.append(
+                    ToolCall(
+                        name=BASH_TOOL,
+                        arguments={"command": str(action.get("command", "")).strip()},
+                        message_index=index,
+                        timestamp_unix_s=stamp,
+                    )
+                )
+        else:
+            for command in re.findall(MSWEA_ACTION_REGEX, str(message.get("content") or ""), re.DOTALL):
+                calls.append(
+                    ToolCall(
+                        name=BASH_TOOL,
+                        arguments={"command": command.strip()},
+                        message_index=index,
+                        timestamp_unix_s=stamp,
+                    )
+                )
+    return calls
+
+
+def last_activity_unix_s(trajectory: Mapping[str, Any]) -> float | None:
+    """The newest ``extra.timestamp`` of a mini-swe-agent trajectory's messages, if any."""
+    stamps = [
+        float(_extra(m)["timestamp"])
+        for m in trajectory.get("messages") or []
+        if isinstance(m, Mapping) and isinstance(_extra(m).get("timestamp"), int | float)
+    ]
+    return max(stamps) if stamps else None
+
+
+# --- answer judge -----------------------------------------------------------------------------
+class Judgment(BaseModel):
+    """The verdict of :func:`judge_answer`.
+
+    Attributes:
+        correct: The answer matches the reference under ``rule``.
+        normalized_answer: The answer after normalization (numbers in ``%.15g`` form, lists
+            joined with ``,``).
+        normalized_reference: The reference after the same normalization.
+        rule: ``number``, ``list`` or ``string``: chosen by the reference's form.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    correct: bool
+    normalized_answer: str
+    normalized_reference: str
+    rule: Literal["number", "list", "string"]
+
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_THOUSANDS = re.compile(r"^[+-]?\d{1,3}(,\d{3})+(\.\d+)?$")
+_PUNCT = str.maketrans("", "", string.punctuation)
+
+
+def _number(text: str) -> float | None:
+    """GAIA's ``normalize_number_str`` (drops ``$``, ``%``, ``,`` and whitespace), None if not a number."""
+    cleaned = re.sub(r"[\s$%,]", "", text)
+    try:
+        value = float(cleaned)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _is_number(text: str) -> bool:
+    stripped = text.strip()
+    return _THOUSANDS.match(stripped) is not None or ("," not in stripped and _number(stripped) is not None)
+
+
+def normalize_text(text: str) -> str:
+    """Lowercase, drop punctuation and the articles a/an/the, collapse whitespace."""
+    lowered = text.lower().translate(_PUNCT)
+    return " ".join(_ARTICLES.sub(" ", lowered).split())
+
+
+def _format_number(value: float) -> str:
+    return f"{value:.15g}"
+
+
+def _match_element(answer: str, reference: str, rel_tol: float, abs_tol: float) -> tuple[bool, str, str]:
+    if _is_number(reference):
+        ref = _number(reference)
+        got = _number(answer)
+        assert ref is not None
+        ok = got is not None and math.isclose(got, ref, rel_tol=rel_tol, abs_tol=abs_tol)
+        return ok, (_format_number(got) if got is not None else normalize_text(answer)), _format_number(ref)
+    norm_answer, norm_reference = normalize_text(answer), normalize_text(reference)
+    return norm_answer == norm_reference, norm_answer, norm_reference
+
+
+def judge_answer(answer: str, reference: str, *, rel_tol: float = 1e-6, abs_tol: float = 1e-9) -> Judgment:
+    """Judge a free-form answer against a reference, GAIA style.
+
+    Rules, chosen by the reference: a number (``1,000.5``, ``$12``, ``45%``) -> ``number``: the
+    answer must parse as a number within ``math.isclose(rel_tol, abs_tol)``; a reference with
+    ``,`` or ``;`` (and not a number with thousands separators) -> ``list``: same length, each
+    element judged by the number or string rule, in order; anything else -> ``string``: equal
+    after :func:`normalize_text`.
+
+    Args:
+        answer: The model's final answer.
+        reference: The ground truth.
+        rel_tol: Relative tolerance for numbers.
+        abs_tol: Absolute tolerance for numbers.
+
+    Returns:
+        :class:`Judgment`.
+
+    Raises:
+        InputError: ``reference`` is empty or a tolerance is negative.
+    """
+    if not reference.strip():
+        raise InputError("reference must be a non-empty answer")
+    if rel_tol < 0 or abs_tol < 0:
+        raise InputError(f"tolerances must be >= 0, got rel_tol={rel_tol}, abs_tol={abs_tol}")
+    if _is_number(reference):
+        ok, norm_a, norm_r = _match_element(answer, reference, rel_tol, abs_tol)
+        return Judgment(correct=ok, normalized_answer=norm_a, normalized_reference=norm_r, rule="number")
+    if "," in reference or ";" in reference:
+        ref_items = [item.strip() for item in re.split(r"[,;]", reference)]
+        ans_items = [item.strip() for item in re.split(r"[,;]", answer)]
+        if len(ans_items) != len(ref_items):
+            return Judgment(
+                correct=False,
+                normalized_answer=",".join(normalize_text(a) for a in ans_items),
+                normalized_reference=",".join(normalize_text(r) for r in ref_items),
+                rule="list",
+            )
+        results = [_match_element(a, r, rel_tol, abs_tol) for a, r in zip(ans_items, ref_items, strict=True)]
+        return Judgment(
+            correct=all(ok for ok, _, _ in results),
+            normalized_answer=",".join(a for _, a, _ in results),
+            normalized_reference=",".join(r for _, _, r in results),
+            rule="list",
+        )
+    norm_a, norm_r = normalize_text(answer), normalize_text(reference)
+    return Judgment(correct=norm_a == norm_r, normalized_answer=norm_a, normalized_reference=norm_r, rule="string")
+
+
+def judgment_id(job_id: str | None, question_id: str) -> str:
+    """Natural key of a judgment: the first 32 hex of sha256 of ``{job_id, question_id}`` (a re-run
+    of the same job re-judges in place, never duplicates)."""
+    return sha256_json({"job_id": job_id, "question_id": question_id})[:32]
+
+
+def judge_answers(
+    items: Sequence[tuple[str, str, str]],
+    store: Any,
+    *,
+    job_id: str | None = None,
+    run_id: str | None = None,
+    rel_tol: float = 1e-6,
+    abs_tol: float = 1e-9,
+) -> list[Any]:
+    """Judge ``(question_id, answer, reference)`` triples and record them in ONE transaction.
+
+    Every item is judged first (:func:`judge_answer`); only when all are valid are the
+    :class:`forgeflow.ledger.store.JudgmentRecord` rows appended to the ``judgments`` table with
+    :meth:`forgeflow.ledger.store.Store.record_judgments` (one transaction: all rows or none). The key is
+    :func:`judgment_id` (job, question), so recording the same job again updates its rows.
+
+    Args:
+        items: ``(question_id, answer, reference)``; question ids unique and non-empty.
+        store: a :class:`forgeflow.ledger.store.Store` (upgraded).
+        job_id: the evaluation job the answers belong to (None: no job).
+        run_id: the Prefect run recording them.
+        rel_tol: relative tolerance for numbers (see :func:`judge_answer`).
+        abs_tol: absolute tolerance for numbers.
+
+    Returns:
+        The recorded ``JudgmentRecord`` s, in the order given.
+
+    Raises:
+        InputError: no items, an empty or repeated question id, an empty reference or a bad
+            tolerance (nothing is recorded).
+    """
+    from forgeflow.ledger.records import JudgmentRecord
+
+    if not items:
+        raise InputError("judge_answers needs at least one (question_id, answer, reference) item")
+    seen: set[str] = set()
+    records: list[JudgmentRecord] = []
+    for position, item in enumerate(items):
+        if not isinstance(item, tuple | list) or len(item) != 3:
+            raise InputError(f"items[{position}] must be (question_id, answer, reference), got {item!r}")
+        question_id, answer, reference = (str(v) if v is not None else "" for v in item)
+        if not question_id.strip():
+            raise InputError(f"items[{position}] has an empty question_id")
+        if question_id in seen:
+            raise InputError(f"question_id {question_id!r} appears more than once")
+        seen.add(question_id)
+        try:
+            verdict = judge_answer(answer, reference, rel_tol=rel_tol, abs_tol=abs_tol)
+        except InputError as exc:
+            raise InputError(f"question {question_id!r}: {exc}") from exc
+        records.append(
+            JudgmentRecord(
+                judgment_id=judgment_id(job_id, question_id),
+                job_id=job_id,
+                question_id=question_id,
+                answer=answer,
+                reference=reference,
+                correct=verdict.correct,
+                rule=verdict.rule,
+                normalized_answer=verdict.normalized_answer,
+                normalized_reference=verdict.normalized_reference,
+                run_id=run_id,
+            )
+        )
+    store.record_judgments(records)
+    return records

@@ -1,0 +1,261 @@
+"""The Store's reads: each returns frozen records (:mod:`forgeflow.ledger.records`) from the tables
+(:mod:`forgeflow.ledger.tables`); void trials are left out unless asked. :class:`StoreReads` is a
+base of :class:`forgeflow.ledger.store.Store` and needs only its ``engine``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+from sqlalchemy import (
+    Engine,
+    func,
+    select,
+)
+from sqlalchemy.orm import Session
+
+from forgeflow.ledger.records import (
+    BatchRecord,
+    FreezeRecord,
+    ImageRecord,
+    JobRecord,
+    JudgmentRecord,
+    ModelArtifactRecord,
+    ServingGenerationRecord,
+    SupervisionEventRecord,
+    TaskRecord,
+    TrialRecord,
+    _Record,
+)
+from forgeflow.ledger.tables import (
+    ArtifactKind,
+    ArtifactProduction,
+    Base,
+    Batch,
+    Freeze,
+    Image,
+    ImageRole,
+    Job,
+    JudgmentRow,
+    ModelArtifact,
+    ServingGeneration,
+    SupervisionEvent,
+    TaskInstance,
+    TaskStatus,
+    Trial,
+    TrialKind,
+)
+
+_R = TypeVar("_R", bound=_Record)
+
+
+class StoreReads:
+    """The read half of :class:`forgeflow.ledger.store.Store` (an ``engine`` attribute is all it uses)."""
+
+    engine: Engine
+
+    def _all(self, record_cls: type[_R], statement: Any) -> list[_R]:
+        with Session(self.engine) as session:
+            return [record_cls.model_validate(row) for row in session.scalars(statement)]
+
+    def get_image(self, ref: str) -> ImageRecord | None:
+        """The image row for ``ref``, or None."""
+        rows = self._all(ImageRecord, select(Image).where(Image.ref == ref))
+        return rows[0] if rows else None
+
+    def get_task(self, instance_id: str) -> TaskRecord | None:
+        """The task row for ``instance_id``, or None."""
+        rows = self._all(
+            TaskRecord, select(TaskInstance).where(TaskInstance.instance_id == instance_id)
+        )
+        return rows[0] if rows else None
+
+    def get_freeze(self, name: str) -> FreezeRecord | None:
+        """The freeze row called ``name``, or None."""
+        rows = self._all(FreezeRecord, select(Freeze).where(Freeze.name == name))
+        return rows[0] if rows else None
+
+    def freezes(self) -> list[FreezeRecord]:
+        """Every freeze row, newest first (by ``created_at``, then name)."""
+        return self._all(FreezeRecord, select(Freeze).order_by(Freeze.created_at.desc(), Freeze.name.desc()))
+
+    def images(self, role: ImageRole | None = None) -> list[ImageRecord]:
+        """Images ordered by ref, optionally only one ``role``."""
+        statement = select(Image).order_by(Image.ref)
+        if role is not None:
+            statement = statement.where(Image.role == role)
+        return self._all(ImageRecord, statement)
+
+    def tasks(self, status: TaskStatus | None = None) -> list[TaskRecord]:
+        """Tasks ordered by instance id, optionally only one ``status``."""
+        statement = select(TaskInstance).order_by(TaskInstance.instance_id)
+        if status is not None:
+            statement = statement.where(TaskInstance.status == status)
+        return self._all(TaskRecord, statement)
+
+    def accepted_tasks(self) -> list[TaskRecord]:
+        """Tasks with status ``accepted``, ordered by instance id."""
+        return self.tasks("accepted")
+
+    def processed_instance_ids(self) -> set[str]:
+        """Instance ids whose validation finished (status other than ``candidate``).
+
+        A task to validate again (e.g. after an infrastructure fix) is recorded back as
+        ``candidate``.
+        """
+        with Session(self.engine) as session:
+            ids = session.scalars(
+                select(TaskInstance.instance_id).where(TaskInstance.status != "candidate")
+            )
+            return set(ids)
+
+    def accepted_per_repo(self) -> dict[str, int]:
+        """Number of accepted tasks per repo (repos with none are absent)."""
+        statement = (
+            select(TaskInstance.repo, func.count())
+            .where(TaskInstance.status == "accepted")
+            .group_by(TaskInstance.repo)
+        )
+        with Session(self.engine) as session:
+            return {repo: count for repo, count in session.execute(statement)}
+
+    def task_status_counts(self) -> dict[str, int]:
+        """Number of tasks per status (statuses with none are absent)."""
+        statement = select(TaskInstance.status, func.count()).group_by(TaskInstance.status)
+        with Session(self.engine) as session:
+            return {status: count for status, count in session.execute(statement)}
+
+    def trials_for(
+        self,
+        *,
+        kind: TrialKind | None = None,
+        job_id: str | None = None,
+        instance_id: str | None = None,
+        batch_id: str | None = None,
+        trial_ids: Sequence[str] | None = None,
+        include_void: bool = False,
+    ) -> list[TrialRecord]:
+        """Trials matching every given filter, ordered by ``created_at`` then ``trial_id``.
+
+        Void trials are left out unless ``include_void``.
+        """
+        statement = select(Trial).order_by(Trial.created_at, Trial.trial_id)
+        if not include_void:
+            statement = statement.where(Trial.voided_at.is_(None))
+        if batch_id is not None:
+            statement = statement.where(Trial.batch_id == batch_id)
+        if trial_ids is not None:
+            statement = statement.where(Trial.trial_id.in_(list(trial_ids)))
+        if kind is not None:
+            statement = statement.where(Trial.kind == kind)
+        if job_id is not None:
+            statement = statement.where(Trial.job_id == job_id)
+        if instance_id is not None:
+            statement = statement.where(Trial.instance_id == instance_id)
+        return self._all(TrialRecord, statement)
+
+    def _productions(self, statement: Any) -> list[ModelArtifactRecord]:
+        with Session(self.engine) as session:
+            return [
+                ModelArtifactRecord(sha256=p.sha256, kind=a.kind, quantization=a.quantization, path=p.path,
+                                    parent_sha256=p.parent_sha256, lineage=p.lineage, run_id=p.run_id,
+                                    created_at=p.created_at)
+                for a, p in session.execute(statement)
+            ]
+
+    def _production_select(self) -> Any:
+        return (
+            select(ModelArtifact, ArtifactProduction)
+            .join(ArtifactProduction, ArtifactProduction.sha256 == ModelArtifact.sha256)
+            .order_by(ArtifactProduction.created_at, ArtifactProduction.production_id)
+        )
+
+    def model_artifacts(self, kind: ArtifactKind | None = None) -> list[ModelArtifactRecord]:
+        """Every production of every model artifact, first recorded first, optionally one ``kind``.
+
+        An artifact made by two runs or from two parents appears once per production (same
+        ``sha256``, its own ``parent_sha256``, ``run_id``, ``path`` and ``lineage``).
+        """
+        statement = self._production_select()
+        if kind is not None:
+            statement = statement.where(ModelArtifact.kind == kind)
+        return self._productions(statement)
+
+    def producers(self, sha256: str) -> list[ModelArtifactRecord]:
+        """The productions of artifact ``sha256`` (full hex digest), first recorded first; [] when
+        unknown."""
+        return self._productions(self._production_select().where(ArtifactProduction.sha256 == sha256))
+
+    def serving_generations(self) -> list[ServingGenerationRecord]:
+        """Serving generations ordered by generation number."""
+        return self._all(
+            ServingGenerationRecord,
+            select(ServingGeneration).order_by(ServingGeneration.generation),
+        )
+
+    def latest_serving_generation(self) -> ServingGenerationRecord | None:
+        """The serving generation recorded most recently as ``active`` (latest ``updated_at``, then the
+        highest generation); when none is active, the most recently updated one of any status; None
+        when no generation is recorded."""
+        newest = select(ServingGeneration).order_by(ServingGeneration.updated_at.desc(),
+                                                    ServingGeneration.generation.desc()).limit(1)
+        for statement in (newest.where(ServingGeneration.status == "active"), newest):
+            rows = self._all(ServingGenerationRecord, statement)
+            if rows:
+                return rows[0]
+        return None
+
+    def highest_serving_generation(self) -> int:
+        """The highest serving generation number recorded (any status), 0 when none is: a new
+        generation, through whichever serving state file, is numbered above it, so generation
+        numbers are unique per store."""
+        with Session(self.engine) as session:
+            return int(session.scalar(select(func.max(ServingGeneration.generation))) or 0)
+
+    def batches(self, kind: str | None = None) -> list[BatchRecord]:
+        """Batches ordered by creation, optionally only one ``kind``."""
+        statement = select(Batch).order_by(Batch.created_at, Batch.batch_id)
+        if kind is not None:
+            statement = statement.where(Batch.kind == kind)
+        return self._all(BatchRecord, statement)
+
+    def get_job(self, job_id: str) -> JobRecord | None:
+        """The job row for ``job_id``, or None."""
+        rows = self._all(JobRecord, select(Job).where(Job.job_id == job_id))
+        return rows[0] if rows else None
+
+    def jobs(self, *, kind: str | None = None, parent_job_id: str | None = None) -> list[JobRecord]:
+        """Jobs ordered by creation, filtered by ``kind`` and/or ``parent_job_id``."""
+        statement = select(Job).order_by(Job.created_at, Job.job_id)
+        if kind is not None:
+            statement = statement.where(Job.kind == kind)
+        if parent_job_id is not None:
+            statement = statement.where(Job.parent_job_id == parent_job_id)
+        return self._all(JobRecord, statement)
+
+    def judgments(self, job_id: str | None = None) -> list[JudgmentRecord]:
+        """Answer-judge verdicts ordered by creation, optionally of one job."""
+        statement = select(JudgmentRow).order_by(JudgmentRow.created_at, JudgmentRow.judgment_id)
+        if job_id is not None:
+            statement = statement.where(JudgmentRow.job_id == job_id)
+        return self._all(JudgmentRecord, statement)
+
+    def supervision_events(self, trial_id: str | None = None) -> list[SupervisionEventRecord]:
+        """Supervision events ordered by creation, optionally of one trial."""
+        statement = select(SupervisionEvent).order_by(
+            SupervisionEvent.created_at, SupervisionEvent.event_id
+        )
+        if trial_id is not None:
+            statement = statement.where(SupervisionEvent.trial_id == trial_id)
+        return self._all(SupervisionEventRecord, statement)
+
+    def counts(self, include_void: bool = False) -> dict[str, int]:
+        """Row count per table name (every table, zero included); void trials only if asked."""
+        with Session(self.engine) as session:
+            out = {}
+            for table in Base.metadata.sorted_tables:
+                statement = select(func.count()).select_from(table)
+                if table.name == Trial.__tablename__ and not include_void:
+                    statement = statement.where(table.c.voided_at.is_(None))
+                out[table.name] = session.scalar(statement) or 0
+            return out

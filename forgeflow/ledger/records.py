@@ -1,0 +1,219 @@
+"""TODO docstring."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from forgeflow.common.errors import (
+    SCORED_DESPITE_EXCEPTION,
+    InputError,
+)
+from forgeflow.common.fsutil import sha256_json
+from forgeflow.ledger.tables import (
+    _ID,
+    ArtifactKind,
+    ImageRole,
+    ImageStatus,
+    ServingStatus,
+    SupervisionKind,
+    TaskStatus,
+    TrialKind,
+)
+
+_Sha256 = Field(pattern=r"^[0-9a-f]{64}$")
+"""A lower-case hex sha256 (64 characters)."""
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(frozen=True, from_attributes=True, extra="forbid")
+
+    run_id: str | None = Field(default=None, max_length=64)
+
+
+class ImageRecord(_Record):
+    """A row of ``images``; ``digest`` is ``sha256:<64 hex>`` once known.
+
+    For a migration target, ``status`` is its migration state (pending / completed /
+    skipped / failed), ``status_reason`` the skip reason or exception, and ``source_ref`` /
+    ``source_digest`` the image it is copied from; None for other images.
+    """
+
+    ref: str = Field(min_length=1, max_length=_ID)
+    digest: str | None = Field(default=None, pattern=r"^sha256:[0-9a-f]{64}$")
+    role: ImageRole
+    size_bytes: int | None = Field(default=None, ge=0)
+    project: str | None = None
+    status: ImageStatus | None = None
+    status_reason: str | None = None
+    source_ref: str | None = Field(default=None, max_length=_ID)
+    source_digest: str | None = Field(default=None, pattern=r"^sha256:[0-9a-f]{64}$")
+
+
+class TaskRecord(_Record):
+    """A row of ``task_instances``; ``reason`` says why a task was rejected or errored."""
+
+    instance_id: str = Field(min_length=1, max_length=_ID)
+    repo: str = Field(min_length=1, max_length=256)
+    patch_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    image_ref: str | None = None
+    status: TaskStatus
+    reason: str | None = None
+    fail_to_pass: list[str] = Field(default_factory=list)
+    pass_to_pass: list[str] = Field(default_factory=list)
+
+
+class BatchRecord(_Record):
+    """A row of ``batches``."""
+
+    batch_id: str = Field(min_length=1, max_length=_ID)
+    kind: str = Field(min_length=1, max_length=32)
+    instance_ids: list[str]
+    concurrency: int = Field(ge=1)
+
+
+class TrialRecord(_Record):
+    """A row of ``trials``: ``reward`` is None when the trial ended in an exception.
+
+    A *void* trial (``voided_at`` set, with ``void_reason``) is kept for audit but excluded from
+    reads and counts unless asked (see :mod:`forgeflow.curation.recovery`). ``timings`` maps a phase name to seconds (e.g. ``{"agent_s": 12.5, "verifier_s": 3.1}``).
+    ``agent_steps`` / ``input_tokens`` / ``output_tokens``: the agent's model calls and token
+    usage (None where not recorded, e.g. nop/oracle trials). ``verifier``: what the verdict rests
+    on (:attr:`forgeflow.sandbox.trial.TrialResult.verifier`: report format, exit status, output digests,
+    a report problem, a submission's screening with ``tampering`` and the protected paths).
+    """
+
+    trial_id: str = Field(min_length=1, max_length=_ID)
+    instance_id: str = Field(min_length=1, max_length=_ID)
+    batch_id: str | None = None
+    kind: TrialKind
+    job_id: str | None = None
+    reward: float | None = None
+    exception_type: str | None = Field(default=None, max_length=128)
+    exception_message: str | None = None
+    timings: dict[str, float] = Field(default_factory=dict)
+    model_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    created_at: datetime | None = None
+    voided_at: datetime | None = None
+    void_reason: str | None = None
+    agent_steps: int | None = Field(default=None, ge=0)
+    input_tokens: int | None = Field(default=None, ge=0)
+    output_tokens: int | None = Field(default=None, ge=0)
+    verifier: dict[str, Any] | None = None
+
+
+TRIAL_VOID_FIELDS = frozenset({"voided_at", "void_reason"})
+"""Columns only :meth:`Store.void_trials` writes: re-recording a trial never un-voids it."""
+
+
+class FreezeRecord(_Record):
+    """A row of ``freezes``; ``counts`` maps split name to task count."""
+
+    name: str = Field(min_length=1, max_length=128)
+    semantic_sha256: str = _Sha256
+    file_sha256: str = _Sha256
+    manifest_path: str
+    counts: dict[str, int] = Field(default_factory=dict)
+
+
+class ModelArtifactRecord(_Record):
+    """One production of a model artifact: the artifact (``sha256``, ``kind``, ``quantization``)
+    made from ``parent_sha256`` by run ``run_id`` at ``path``; ``lineage`` holds e.g. an adapter's
+    dataset, hyper-parameters and burst run. ``created_at`` is when that production was first
+    recorded (set by the store on reads; None when recording)."""
+
+    sha256: str = _Sha256
+    kind: ArtifactKind
+    path: str
+    quantization: str | None = None
+    parent_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    lineage: dict[str, Any] = Field(default_factory=dict)
+    created_at: datetime | None = None
+
+    @model_validator(mode="after")
+    def _not_its_own_parent(self) -> ModelArtifactRecord:
+        if self.parent_sha256 is not None and self.parent_sha256 == self.sha256:
+            raise ValueError(
+                f"{self.kind} {self.sha256} is recorded as made from itself (parent_sha256 == sha256): "
+                "a step that left the bytes unchanged (e.g. an RL burst with zero advantages) made nothing new"
+            )
+        return self
+
+
+def production_id(sha256: str, parent_sha256: str | None, run_id: str | None) -> str:
+    """The natural key of one production: hex sha256 of the canonical JSON
+    ``[sha256, parent_sha256, run_id]`` (migration 0004 computes the same for old rows)."""
+    return sha256_json([sha256, parent_sha256, run_id])
+
+
+class ServingGenerationRecord(_Record):
+    """A row of ``serving_generations``."""
+
+    generation: int = Field(ge=0)
+    port: int = Field(ge=1, le=65535)
+    gguf_sha256: str = _Sha256
+    status: ServingStatus
+
+
+class JobRecord(_Record):
+    """A row of ``jobs``; ``kind`` e.g. ``canary``, ``recovery``, ``harbor``.
+
+    ``parent_job_id`` is set on a recovery job (the job whose exception trials it re-runs).
+    """
+
+    job_id: str = Field(min_length=1, max_length=_ID)
+    kind: str = Field(min_length=1, max_length=32)
+    parent_job_id: str | None = Field(default=None, max_length=_ID)
+    freeze_name: str | None = Field(default=None, max_length=128)
+    split: str | None = Field(default=None, max_length=64)
+    model_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    params: dict[str, Any] = Field(default_factory=dict)
+    created_at: datetime | None = None
+
+
+class JudgmentRecord(_Record):
+    """A row of ``judgments``: the fields of :class:`forgeflow.evaluation.supervision.Judgment` plus ids."""
+
+    judgment_id: str = Field(min_length=1, max_length=_ID)
+    job_id: str | None = Field(default=None, max_length=_ID)
+    question_id: str = Field(min_length=1, max_length=_ID)
+    answer: str
+    reference: str
+    correct: bool
+    rule: Literal["number", "list", "string"]
+    normalized_answer: str
+    normalized_reference: str
+
+
+class SupervisionEventRecord(_Record):
+    """A row of ``supervision_events``; ``evidence`` holds e.g. the loop's signatures and
+    indices or the hang's idle seconds."""
+
+    event_id: str = Field(min_length=1, max_length=_ID)
+    trial_id: str = Field(min_length=1, max_length=_ID)
+    job_id: str | None = Field(default=None, max_length=_ID)
+    kind: SupervisionKind
+    evidence: dict[str, Any] = Field(default_factory=dict)
+    trajectory_path: str | None = None
+
+
+def _check_outcome(record: TrialRecord) -> None:
+    """A trial has a reward or an exception, not both (except an agent timeout, whose verifier
+    reward is kept: Harbor's convention) and not neither.
+
+    Raises:
+        InputError: naming the trial and both fields.
+    """
+    both_ok = record.kind == "agent" and record.exception_type in SCORED_DESPITE_EXCEPTION
+    if (record.reward is None and record.exception_type is None) or (
+        record.reward is not None and record.exception_type is not None and not both_ok
+    ):
+        raise InputError(
+            f"trial {record.trial_id!r} must have exactly one of reward "
+            f"({record.reward!r}) and exception_type ({record.exception_type!r})"
+        )
+
+
+# --- records (what the helpers take and return) ------------------------------------------------

@@ -1,0 +1,268 @@
+"""TODO docstring."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, ClassVar, Literal
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    Float,
+    Integer,
+    MetaData,
+    String,
+    Text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+"""Constraint names are deterministic so migrations can refer to them on every dialect."""
+
+
+ImageRole = Literal["source", "target", "basecache", "task", "env"]
+
+
+TaskStatus = Literal["candidate", "accepted", "rejected", "error"]
+
+
+TrialKind = Literal["nop", "oracle", "agent"]
+
+
+ArtifactKind = Literal["base", "adapter", "merged", "gguf"]
+
+
+ServingStatus = Literal["active", "retired", "rolled_back"]
+
+
+ImageStatus = Literal["pending", "completed", "skipped", "failed"]
+
+
+SupervisionKind = Literal["dead_loop", "hang"]
+
+
+_ID = 512
+"""Longest natural key (image references and instance ids can be long)."""
+
+
+_SHA = 64
+"""A hex sha256."""
+
+
+def _utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def _check_in(column: str, values: tuple[str, ...]) -> str:
+    quoted = ", ".join(f"'{value}'" for value in values)
+    return f"{column} IN ({quoted})"
+
+
+class Base(DeclarativeBase):
+    """Declarative base: naming convention plus JSON for dict/list annotations."""
+
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map: ClassVar[dict[Any, Any]] = {
+        dict[str, Any]: JSON,
+        list[str]: JSON,
+        datetime: DateTime(timezone=True),
+    }
+
+
+class _Stamped:
+    """``run_id`` (the Prefect flow/task run that made the row) and UTC timestamps."""
+
+    run_id: Mapped[str | None] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(default=_utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=_utcnow)
+
+
+class Image(_Stamped, Base):
+    """A container image by reference (``registry/repo:tag``) and its manifest digest."""
+
+    __tablename__ = "images"
+    __table_args__ = (
+        CheckConstraint(_check_in("role", ImageRole.__args__), name="role"),
+        CheckConstraint(
+            f"status IS NULL OR {_check_in('status', ImageStatus.__args__)}", name="status"
+        ),
+    )
+
+    ref: Mapped[str] = mapped_column(String(_ID), primary_key=True)
+    digest: Mapped[str | None] = mapped_column(String(80))
+    role: Mapped[str] = mapped_column(String(16))
+    size_bytes: Mapped[int | None] = mapped_column(BigInteger)
+    project: Mapped[str | None] = mapped_column(String(256))
+    status: Mapped[str | None] = mapped_column(String(16))
+    status_reason: Mapped[str | None] = mapped_column(Text)
+    source_ref: Mapped[str | None] = mapped_column(String(_ID))
+    source_digest: Mapped[str | None] = mapped_column(String(80))
+
+
+class TaskInstance(_Stamped, Base):
+    """A candidate task and its validation outcome (NOP and Oracle runs)."""
+
+    __tablename__ = "task_instances"
+    __table_args__ = (CheckConstraint(_check_in("status", TaskStatus.__args__), name="status"),)
+
+    instance_id: Mapped[str] = mapped_column(String(_ID), primary_key=True)
+    repo: Mapped[str] = mapped_column(String(256), index=True)
+    patch_sha256: Mapped[str | None] = mapped_column(String(_SHA))
+    image_ref: Mapped[str | None] = mapped_column(String(_ID))
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    reason: Mapped[str | None] = mapped_column(Text)
+    fail_to_pass: Mapped[list[str]] = mapped_column(default=list)
+    pass_to_pass: Mapped[list[str]] = mapped_column(default=list)
+
+
+class Batch(_Stamped, Base):
+    """A batch of instances validated together."""
+
+    __tablename__ = "batches"
+
+    batch_id: Mapped[str] = mapped_column(String(_ID), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    instance_ids: Mapped[list[str]] = mapped_column(default=list)
+    concurrency: Mapped[int] = mapped_column(Integer)
+
+
+class Trial(_Stamped, Base):
+    """One trial: an agent (nop, oracle or a model) on one instance, with reward or exception."""
+
+    __tablename__ = "trials"
+    __table_args__ = (CheckConstraint(_check_in("kind", TrialKind.__args__), name="kind"),)
+
+    trial_id: Mapped[str] = mapped_column(String(_ID), primary_key=True)
+    instance_id: Mapped[str] = mapped_column(String(_ID), index=True)
+    batch_id: Mapped[str | None] = mapped_column(String(_ID))
+    kind: Mapped[str] = mapped_column(String(16))
+    job_id: Mapped[str | None] = mapped_column(String(_ID), index=True)
+    reward: Mapped[float | None] = mapped_column(Float)
+    exception_type: Mapped[str | None] = mapped_column(String(128))
+    exception_message: Mapped[str | None] = mapped_column(Text)
+    timings: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    model_sha256: Mapped[str | None] = mapped_column(String(_SHA))
+    voided_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    void_reason: Mapped[str | None] = mapped_column(Text)
+    agent_steps: Mapped[int | None] = mapped_column(Integer)
+    input_tokens: Mapped[int | None] = mapped_column(Integer)
+    output_tokens: Mapped[int | None] = mapped_column(Integer)
+    verifier: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+
+
+class Freeze(_Stamped, Base):
+    """A frozen dataset manifest (never overwritten; see :mod:`forgeflow.curation.freeze`)."""
+
+    __tablename__ = "freezes"
+
+    name: Mapped[str] = mapped_column(String(128), primary_key=True)
+    semantic_sha256: Mapped[str] = mapped_column(String(_SHA))
+    file_sha256: Mapped[str] = mapped_column(String(_SHA))
+    manifest_path: Mapped[str] = mapped_column(Text)
+    counts: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+
+class ModelArtifact(_Stamped, Base):
+    """A model file or folder by content digest: what it is (``kind``, ``quantization``) and the
+    last path it was recorded at. Its parents are in :class:`ArtifactProduction`: the same bytes can
+    be made by more than one run, from more than one parent."""
+
+    __tablename__ = "model_artifacts"
+    __table_args__ = (CheckConstraint(_check_in("kind", ArtifactKind.__args__), name="kind"),)
+
+    sha256: Mapped[str] = mapped_column(String(_SHA), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    path: Mapped[str] = mapped_column(Text)
+    quantization: Mapped[str | None] = mapped_column(String(32))
+
+
+class ArtifactProduction(_Stamped, Base):
+    """One production of a model artifact: made from ``parent_sha256`` (None for a root such as a
+    base model) by run ``run_id``, written at ``path``, with that run's lineage record.
+
+    Append-only in effect: the natural key ``production_id`` is :func:`production_id` of
+    ``(sha256, parent_sha256, run_id)``, so a resumed run upserts its own row and another run or
+    another parent adds a row; an earlier producer is never overwritten.
+    """
+
+    __tablename__ = "model_artifact_productions"
+
+    production_id: Mapped[str] = mapped_column(String(_SHA), primary_key=True)
+    sha256: Mapped[str] = mapped_column(String(_SHA), index=True)
+    parent_sha256: Mapped[str | None] = mapped_column(String(_SHA), index=True)
+    path: Mapped[str] = mapped_column(Text)
+    lineage: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+
+class ServingGeneration(_Stamped, Base):
+    """A blue/green serving generation: which GGUF served on which port (``active``/``retired``), or a
+    swap attempt whose new server failed to start or gate (``rolled_back``, see
+    :meth:`Store.record_rolled_back_swap`). Keyed by the generation number, unique per store."""
+
+    __tablename__ = "serving_generations"
+    __table_args__ = (CheckConstraint(_check_in("status", ServingStatus.__args__), name="status"),)
+
+    generation: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    port: Mapped[int] = mapped_column(Integer)
+    gguf_sha256: Mapped[str] = mapped_column(String(_SHA))
+    status: Mapped[str] = mapped_column(String(16))
+
+
+class Job(_Stamped, Base):
+    """An evaluation job (a canary run, a recovery re-run, an imported Harbor job).
+
+    A recovery job names the job whose exception trials it re-runs in ``parent_job_id``; the
+    original's trials are never rewritten, so a merged view can always say "original job + N
+    recovery jobs".
+    """
+
+    __tablename__ = "jobs"
+
+    job_id: Mapped[str] = mapped_column(String(_ID), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    parent_job_id: Mapped[str | None] = mapped_column(String(_ID), index=True)
+    freeze_name: Mapped[str | None] = mapped_column(String(128))
+    split: Mapped[str | None] = mapped_column(String(64))
+    model_sha256: Mapped[str | None] = mapped_column(String(_SHA))
+    params: Mapped[dict[str, Any]] = mapped_column(default=dict)
+
+
+class JudgmentRow(_Stamped, Base):
+    """An answer-judge verdict (:func:`forgeflow.evaluation.supervision.judge_answer`) for one question."""
+
+    __tablename__ = "judgments"
+
+    judgment_id: Mapped[str] = mapped_column(String(_ID), primary_key=True)
+    job_id: Mapped[str | None] = mapped_column(String(_ID), index=True)
+    question_id: Mapped[str] = mapped_column(String(_ID))
+    answer: Mapped[str] = mapped_column(Text)
+    reference: Mapped[str] = mapped_column(Text)
+    correct: Mapped[bool] = mapped_column(Boolean)
+    rule: Mapped[str] = mapped_column(String(16))
+    normalized_answer: Mapped[str] = mapped_column(Text)
+    normalized_reference: Mapped[str] = mapped_column(Text)
+
+
+class SupervisionEvent(_Stamped, Base):
+    """A supervised agent run stopped for a dead loop or a hang, with the evidence."""
+
+    __tablename__ = "supervision_events"
+    __table_args__ = (
+        CheckConstraint(_check_in("kind", SupervisionKind.__args__), name="kind"),
+    )
+
+    event_id: Mapped[str] = mapped_column(String(_ID), primary_key=True)
+    trial_id: Mapped[str] = mapped_column(String(_ID), index=True)
+    job_id: Mapped[str | None] = mapped_column(String(_ID))
+    kind: Mapped[str] = mapped_column(String(16))
+    evidence: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    trajectory_path: Mapped[str | None] = mapped_column(Text)

@@ -1,0 +1,427 @@
+"""The tiny Qwen2-shaped model forgeflow trains, packages and serves on a CPU-only machine.
+
+The vocabulary is the real Qwen2 one: llama.cpp's ``models/ggml-vocab-qwen2.gguf`` from the pinned
+llama-cpp-python sdist (:mod:`forgeflow.packaging.sdist`), turned into a Hugging Face tokenizer by
+transformers' GGUF loader. The weights are random (seeded), the shape is small enough to train a
+LoRA step in seconds and to quantize cleanly (row sizes are multiples of 256, as k-quants need).
+
+Known difference (measured, see FACTS.md): a tokenizer *reloaded* from ``save_pretrained`` output
+gets transformers' Qwen2 NFC normalizer, which llama.cpp lacks, so texts with decomposed accents
+tokenize differently between the two. Real Qwen2 checkpoints share this. :func:`verify_tokenizer`
+counts such texts in :attr:`TokenizerCheck.nfc_failures` rather than hiding them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import unicodedata
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from forgeflow.common import settings
+from forgeflow.common.errors import InputError
+from forgeflow.common.fsutil import atomic_write_json, sha256_tree
+from forgeflow.packaging.sdist import vocab_gguf_path
+
+QWEN2_5_CHAT_TEMPLATE = """{%- if tools %}
+    {{- '<|im_start|>system\\n' }}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- messages[0]['content'] }}
+    {%- else %}
+        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}
+    {%- endif %}
+    {{- "\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}\\n</tool_call><|im_end|>\\n" }}
+{%- else %}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}
+    {%- else %}
+        {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}
+    {%- endif %}
+{%- endif %}
+{%- for message in messages %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}
+        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}
+    {%- elif message.role == "assistant" %}
+        {{- '<|im_start|>' + message.role }}
+        {%- if message.content %}
+            {{- '\\n' + message.content }}
+        {%- endif %}
+        {%- for tool_call in message.tool_calls %}
+            {%- if tool_call.function is defined %}
+                {%- set tool_call = tool_call.function %}
+            {%- endif %}
+            {{- '\\n<tool_call>\\n{"name": "' }}
+            {{- tool_call.name }}
+            {{- '", "arguments": ' }}
+            {{- tool_call.arguments | tojson }}
+            {{- '}\\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\\n<tool_response>\\n' }}
+        {{- message.content }}
+        {{- '\\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n' }}
+{%- endif %}
+"""
+"""The official Qwen2.5 Instruct chat template, byte-identical to ``chat_template`` in
+``tokenizer_config.json`` of the Qwen/Qwen2.5-*-Instruct repositories (as vendored by TRL 1.16 in
+``trl/chat_templates/qwen2_5.jinja``). TRL recognizes it by exact comparison and swaps in its
+generation-tagged training template for assistant-only loss, so it must not be edited."""
+
+EOS_TOKEN = "<|im_end|>"
+"""Qwen2.5 Instruct's eos token (id 151645): each chat turn ends with it."""
+PAD_TOKEN = "<|endoftext|>"
+"""Qwen2.5's pad token (id 151643), which is also its ``bos_token_id`` in ``config.json``."""
+BOS_TOKEN_ID = 151643
+"""Upstream Qwen2.5 ``bos_token_id``; without it llama.cpp picks token 11 as bos (FACTS.md)."""
+EOS_TOKEN_ID = 151645
+PAD_TOKEN_ID = 151643
+MODEL_MAX_LENGTH = 131072
+"""Qwen2.5 tokenizer ``model_max_length``."""
+
+_TOKENIZER_MARKER = "forgeflow-tokenizer.json"
+_MODEL_SIDECAR_SUFFIX = ".forgeflow-model.json"
+_VECTOR_SEPARATOR = "\n__ggml_vocab_test__\n"
+
+
+class TokenizerFailure(BaseModel):
+    """One llama.cpp test vector the tokenizer did not reproduce.
+
+    Attributes:
+        text: the input text.
+        expected: llama.cpp's token ids (from the ``.out`` file).
+        got: the tokenizer's ids (``add_special_tokens=False``).
+        nfc_changes_text: True when Unicode NFC changes ``text`` — the known, documented cause
+            of differences for a reloaded transformers Qwen2 tokenizer.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    text: str
+    expected: list[int]
+    got: list[int]
+    nfc_changes_text: bool
+
+
+class TokenizerCheck(BaseModel):
+    """Result of :func:`verify_tokenizer` against llama.cpp's Qwen2 tokenizer test vectors."""
+
+    model_config = ConfigDict(frozen=True)
+
+    matched: int = Field(ge=0)
+    total: int = Field(ge=1)
+    failures: list[TokenizerFailure]
+
+    @property
+    def nfc_failures(self) -> int:
+        """Failures explained by NFC normalization (the known reload difference)."""
+        return sum(1 for f in self.failures if f.nfc_changes_text)
+
+    @property
+    def unexplained_failures(self) -> list[TokenizerFailure]:
+        """Failures not explained by NFC normalization: each one is a real tokenizer bug."""
+        return [f for f in self.failures if not f.nfc_changes_text]
+
+
+class TinyModelConfig(BaseModel):
+    """Shape of the tiny Qwen2 model (defaults quantize cleanly to Q8_0 and Q4_K_M).
+
+    Defaults give 40.5 M parameters, 38.9 M of them the tied embedding (FACTS.md).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    hidden_size: int = Field(default=256, ge=64)
+    intermediate_size: int = Field(default=768, ge=64)
+    num_hidden_layers: int = Field(default=2, ge=1)
+    num_attention_heads: int = Field(default=4, ge=1)
+    num_key_value_heads: int = Field(default=2, ge=1)
+    vocab_size: int = Field(default=151936, ge=1)
+    max_position_embeddings: int = Field(default=32768, ge=128)
+    rope_theta: float = Field(default=1_000_000.0, gt=0)
+    tie_word_embeddings: bool = True
+
+
+class ModelRecord(BaseModel):
+    """A built model folder (HF format, safetensors + tokenizer).
+
+    Attributes:
+        path: the folder.
+        sha256: :func:`forgeflow.common.fsutil.sha256_tree` of the folder.
+        num_parameters: unique parameters (tied embeddings counted once).
+        seed: the torch seed the weights were drawn with.
+        config: the model's shape.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    path: Path
+    sha256: str = Field(min_length=64, max_length=64)
+    num_parameters: int = Field(ge=1)
+    seed: int
+    config: TinyModelConfig
+
+
+# --- tokenizer -------------------------------------------------------------------------------
+def tokenizer_dir() -> Path:
+    """Where :func:`ensure_tokenizer` keeps the saved tokenizer (inside ``cache_dir()``)."""
+    return settings.cache_dir() / f"qwen2-tokenizer-llama-cpp-python-{settings.LLAMA_CPP_PYTHON_VERSION}"
+
+
+def read_test_vectors(vocab_gguf: Path) -> list[tuple[str, list[int]]]:
+    """Read llama.cpp's tokenizer test vectors beside ``vocab_gguf``.
+
+    Format (llama.cpp ``tests/test-tokenizer-0.cpp``, ``read_tests``): ``<gguf>.inp`` holds the
+    texts, each followed by the separator ``"\\n__ggml_vocab_test__\\n"``; ``<gguf>.out`` holds one
+    line per text with the space-separated token ids (``add_special=False``).
+
+    Returns:
+        ``(text, ids)`` pairs in file order.
+
+    Raises:
+        InputError: a file is missing or the two files disagree in the number of tests.
+    """
+    inp, out = Path(f"{vocab_gguf}.inp"), Path(f"{vocab_gguf}.out")
+    for path in (inp, out):
+        if not path.is_file():
+            raise InputError(f"tokenizer test vector file {path} does not exist")
+    raw = inp.read_bytes().decode("utf-8")
+    texts: list[str] = []
+    pos = 0
+    while pos < len(raw):
+        nxt = raw.find(_VECTOR_SEPARATOR, pos)
+        if nxt == -1:
+            texts.append(raw[pos:])
+            break
+        texts.append(raw[pos:nxt])
+        pos = nxt + len(_VECTOR_SEPARATOR)
+    lines = out.read_bytes().decode("utf-8").split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    if len(texts) != len(lines):
+        raise InputError(
+            f"{inp} holds {len(texts)} texts but {out} holds {len(lines)} id lines"
+        )
+    return [(text, [int(t) for t in line.split()]) for text, line in zip(texts, lines)]
+
+
+def _check_tokenizer(tokenizer: Any, vocab_gguf: Path) -> TokenizerCheck:
+    vectors = read_test_vectors(vocab_gguf)
+    failures = []
+    for text, expected in vectors:
+        got = list(tokenizer.encode(text, add_special_tokens=False))
+        if got != expected:
+            failures.append(
+                TokenizerFailure(
+                    text=text,
+                    expected=expected,
+                    got=got,
+                    nfc_changes_text=unicodedata.normalize("NFC", text) != text,
+                )
+            )
+    return TokenizerCheck(matched=len(vectors) - len(failures), total=len(vectors), failures=failures)
+
+
+def verify_tokenizer(tokenizer_dir: Path) -> TokenizerCheck:
+    """Tokenize llama.cpp's Qwen2 test vectors with the tokenizer saved in ``tokenizer_dir``.
+
+    Texts are encoded with ``add_special_tokens=False`` (as llama.cpp's test does) and compared
+    with the ids in ``ggml-vocab-qwen2.gguf.out`` from the pinned sdist.
+
+    Returns:
+        The count matched, the total, and each failure with ``nfc_changes_text`` set where the
+        known NFC difference of a reloaded tokenizer explains it.
+
+    Raises:
+        InputError: ``tokenizer_dir`` holds no tokenizer.
+    """
+    from transformers import AutoTokenizer
+
+    if not (Path(tokenizer_dir) / "tokenizer.json").is_file():
+        raise InputError(f"tokenizer_dir {tokenizer_dir} holds no tokenizer.json")
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    return _check_tokenizer(tokenizer, vocab_gguf_path())
+
+
+def _configure_qwen25(tokenizer: Any) -> Any:
+    """Set the Qwen2.5 Instruct chat template and special tokens (as its tokenizer_config does)."""
+    tokenizer.chat_template = QWEN2_5_CHAT_TEMPLATE
+    tokenizer.eos_token = EOS_TOKEN
+    tokenizer.pad_token = PAD_TOKEN
+    tokenizer.bos_token = None
+    tokenizer.model_max_length = MODEL_MAX_LENGTH
+    return tokenizer
+
+
+def ensure_tokenizer() -> Path:
+    """Return a folder with the Qwen2 tokenizer built from the sdist's vocabulary (built once).
+
+    The first call runs ``AutoTokenizer.from_pretrained(models_dir,
+    gguf_file="ggml-vocab-qwen2.gguf")`` (16-20 s), checks it against llama.cpp's test vectors
+    (the fresh tokenizer must match all of them; the result is stored in
+    ``forgeflow-tokenizer.json``), sets the Qwen2.5 chat template, eos ``<|im_end|>`` and pad
+    ``<|endoftext|>``, and saves it atomically (temp folder + rename) into ``cache_dir()``.
+    Later calls return the saved folder at once.
+
+    Raises:
+        InputError: the freshly built tokenizer does not reproduce llama.cpp's vectors.
+        InfraError: the sdist could not be fetched (see :func:`forgeflow.packaging.sdist.ensure_llama_sdist`).
+    """
+    from transformers import AutoTokenizer
+
+    target = tokenizer_dir()
+    if (target / _TOKENIZER_MARKER).is_file():
+        return target
+    vocab = vocab_gguf_path()
+    tokenizer = AutoTokenizer.from_pretrained(str(vocab.parent), gguf_file=vocab.name)
+    check = _check_tokenizer(tokenizer, vocab)
+    if check.failures:
+        raise InputError(
+            f"the tokenizer built from {vocab} differs from llama.cpp on "
+            f"{len(check.failures)}/{check.total} test vectors, first: {check.failures[0]}"
+        )
+    _configure_qwen25(tokenizer)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
+    os.chmod(tmp, 0o755)
+    try:
+        tokenizer.save_pretrained(str(tmp))
+        atomic_write_json(
+            tmp / _TOKENIZER_MARKER,
+            {
+                "source": str(vocab),
+                "llama_cpp_python_version": settings.LLAMA_CPP_PYTHON_VERSION,
+                "fresh_check": {"matched": check.matched, "total": check.total},
+            },
+        )
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not (target / _TOKENIZER_MARKER).is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+# --- tiny model ------------------------------------------------------------------------------
+def _sidecar(out_dir: Path) -> Path:
+    return out_dir.with_name(out_dir.name + _MODEL_SIDECAR_SUFFIX)
+
+
+def read_model_record(out_dir: Path) -> ModelRecord | None:
+    """Return the record stored beside ``out_dir`` if the folder still has the recorded digest."""
+    sidecar = _sidecar(Path(out_dir))
+    if not sidecar.is_file() or not Path(out_dir).is_dir():
+        return None
+    record = ModelRecord.model_validate(json.loads(sidecar.read_text(encoding="utf-8")))
+    if sha256_tree(out_dir) != record.sha256:
+        return None
+    return record
+
+
+def build_tiny_model(
+    out_dir: Path, seed: int = 0, config: TinyModelConfig | None = None
+) -> ModelRecord:
+    """Build (or reuse) a randomly initialised tiny ``Qwen2ForCausalLM`` with the Qwen2 tokenizer.
+
+    The weights are drawn after ``torch.manual_seed(seed)``, so the same seed and config give the
+    same bytes (the same :attr:`ModelRecord.sha256`). The folder holds ``config.json``,
+    ``generation_config.json``, ``model.safetensors`` (float32, ~162 MB) and the tokenizer from
+    :func:`ensure_tokenizer`. The record is stored in a sidecar ``<out_dir>.forgeflow-model.json``
+    beside the folder; a later call with the same seed and config reuses the folder when its
+    digest still matches, and rebuilds it otherwise.
+
+    Args:
+        out_dir: the model folder to create (its parent is created if missing).
+        seed: torch seed for the weights.
+        config: the shape; defaults to :class:`TinyModelConfig` (hidden 256, intermediate 768,
+            2 layers, 4 heads, 2 KV heads, tied embeddings, vocab 151,936).
+
+    Raises:
+        InputError: ``config`` is inconsistent (heads do not divide the hidden size, vocab smaller
+            than the tokenizer).
+    """
+    import torch
+    from transformers import (
+        AutoTokenizer,
+        GenerationConfig,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
+
+    out_dir = Path(out_dir).resolve()
+    cfg = config or TinyModelConfig()
+    if cfg.hidden_size % cfg.num_attention_heads:
+        raise InputError(
+            f"config.hidden_size {cfg.hidden_size} is not divisible by "
+            f"num_attention_heads {cfg.num_attention_heads}"
+        )
+    if cfg.num_attention_heads % cfg.num_key_value_heads:
+        raise InputError(
+            f"config.num_attention_heads {cfg.num_attention_heads} is not divisible by "
+            f"num_key_value_heads {cfg.num_key_value_heads}"
+        )
+    existing = read_model_record(out_dir)
+    if existing is not None and existing.seed == seed and existing.config == cfg:
+        return existing
+
+    tok_dir = ensure_tokenizer()
+    tokenizer = AutoTokenizer.from_pretrained(str(tok_dir))
+    if len(tokenizer) > cfg.vocab_size:
+        raise InputError(
+            f"config.vocab_size {cfg.vocab_size} is smaller than the tokenizer's {len(tokenizer)}"
+        )
+    hf_config = Qwen2Config(
+        **cfg.model_dump(),
+        bos_token_id=BOS_TOKEN_ID,
+        eos_token_id=EOS_TOKEN_ID,
+        pad_token_id=PAD_TOKEN_ID,
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(hf_config)
+    model.generation_config = GenerationConfig(
+        bos_token_id=BOS_TOKEN_ID,
+        eos_token_id=[EOS_TOKEN_ID, PAD_TOKEN_ID],
+        pad_token_id=PAD_TOKEN_ID,
+    )
+    num_parameters = model.num_parameters()
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
+    os.chmod(tmp, 0o755)
+    try:
+        model.save_pretrained(str(tmp))
+        for name in os.listdir(tok_dir):
+            if name != _TOKENIZER_MARKER:
+                shutil.copy2(tok_dir / name, tmp / name)
+        digest = sha256_tree(tmp)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.rename(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    record = ModelRecord(
+        path=out_dir, sha256=digest, num_parameters=num_parameters, seed=seed, config=cfg
+    )
+    atomic_write_json(_sidecar(out_dir), record.model_dump(mode="json"))
+    return record

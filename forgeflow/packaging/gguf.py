@@ -1,0 +1,527 @@
+"""Packaging: merge a LoRA adapter, convert to GGUF, quantize, check the metadata, load it.
+
+Tools (all real, none re-implemented):
+
+* merge: peft ``PeftModel.merge_and_unload``;
+* convert: llama.cpp's ``convert_hf_to_gguf.py`` from the pinned llama-cpp-python sdist
+  (:mod:`forgeflow.packaging.sdist`), run in a subprocess; it imports its own ``gguf-py`` and
+  recognises the Qwen2 pre-tokenizer (about 9.5 s and 87 MB f16 for the tiny model);
+* quantize: ``llama_cpp.llama_model_quantize`` (ftype numbers from llama.cpp's
+  ``enum llama_ftype`` in ``include/llama.h``), per-tensor types through ``tt_overrides``;
+* check: gguf-py's ``GGUFReader``;
+* load: ``llama_cpp.Llama``.
+
+``llama_cpp`` is imported inside the functions that use it, so importing this module never needs
+the compiled library.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from forgeflow.common.errors import GGUFError, InfraError, InputError, ToolMissingError
+from forgeflow.common.fsutil import (
+    disk_full_error,
+    looks_full,
+    raise_if_disk_full,
+    sha256_file,
+)
+from forgeflow.packaging.sdist import convert_script_path
+
+QUANT_PRESETS: dict[str, int] = {"Q8_0": 7, "Q4_K_M": 15}
+"""Named quantization presets -> ``llama_ftype`` (LLAMA_FTYPE_MOSTLY_Q8_0 = 7,
+LLAMA_FTYPE_MOSTLY_Q4_K_M = 15 in llama.cpp ``include/llama.h``)."""
+
+CONVERT_OUTTYPES: dict[str, str] = {"f32": "F32", "f16": "F16", "bf16": "BF16", "q8_0": "Q8_0"}
+"""``convert_hf_to_gguf.py --outtype`` values forgeflow accepts -> the artifact's type name."""
+
+_FILE_TYPE_NAMES: dict[int, str] = {0: "F32", 1: "F16", 7: "Q8_0", 15: "Q4_K_M", 32: "BF16"}
+_CONVERT_TIMEOUT_S = 900
+_CONVERTER_MODULES = ("sentencepiece", "torch", "numpy")
+"""Modules ``convert_hf_to_gguf.py`` imports besides its own gguf-py (llama.cpp
+``requirements/requirements-convert_legacy_llama.txt``); the Qwen2 converter tries the
+sentencepiece vocabulary first and fails on a missing module instead of falling back."""
+_DISK_FULL_SIGNS = ("No space left on device", "Not enough free space to write")
+"""How the converter reports a full disk: the ENOSPC message, and numpy's ``tofile`` refusing a
+write that ``fallocate`` finds no room for (numpy ``multiarray/convert.c``)."""
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+class GGUFArtifact(BaseModel):
+    """A GGUF file forgeflow wrote.
+
+    Attributes:
+        path: the file.
+        sha256: hex digest of its bytes.
+        size_bytes: its size.
+        type: tensor type of the bulk of the weights (``F16``, ``Q8_0``, ``Q4_K_M``, ...;
+            ``<preset>+mixed`` for a per-tensor quantization).
+        tensor_types: the per-tensor overrides (regex -> ggml type) of a mixed quantization.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    path: Path
+    sha256: str = Field(min_length=64, max_length=64)
+    size_bytes: int = Field(ge=1)
+    type: str
+    tensor_types: dict[str, str] | None = None
+
+
+class GGUFCheck(BaseModel):
+    """Metadata of a GGUF file that :func:`check_gguf` found consistent with its HF config."""
+
+    model_config = ConfigDict(frozen=True)
+
+    path: Path
+    architecture: str
+    block_count: int = Field(ge=1)
+    context_length: int = Field(ge=1)
+    embedding_length: int = Field(ge=1)
+    head_count: int = Field(ge=1)
+    head_count_kv: int = Field(ge=1)
+    vocab_size: int = Field(ge=1)
+    file_type: str
+    chat_template_sha256: str
+
+
+def _artifact(path: Path, type_name: str) -> GGUFArtifact:
+    return GGUFArtifact(
+        path=path, sha256=sha256_file(path), size_bytes=path.stat().st_size, type=type_name
+    )
+
+
+# --- merge -----------------------------------------------------------------------------------
+def merge_adapter(base_model_dir: Path, adapter_dir: Path, out_dir: Path) -> Path:
+    """Merge a LoRA adapter into its base model and save the result with the base's tokenizer.
+
+    Uses peft ``PeftModel.from_pretrained(base, adapter).merge_and_unload()`` in float32 and
+    ``save_pretrained`` (safetensors). The folder is written to a temporary sibling and renamed
+    over ``out_dir``, so a crash never leaves a half-written checkpoint.
+
+    Returns:
+        ``out_dir`` (an HF checkpoint folder ready for :func:`convert_to_gguf`).
+
+    Raises:
+        InputError: a folder is missing or the adapter has no ``adapter_config.json``.
+    """
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    base_model_dir, adapter_dir, out_dir = Path(base_model_dir), Path(adapter_dir), Path(out_dir)
+    if not (base_model_dir / "config.json").is_file():
+        raise InputError(f"base_model_dir {base_model_dir} holds no config.json")
+    if not (adapter_dir / "adapter_config.json").is_file():
+        raise InputError(f"adapter_dir {adapter_dir} holds no adapter_config.json")
+    base = AutoModelForCausalLM.from_pretrained(str(base_model_dir), dtype=torch.float32)
+    merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
+    tokenizer = AutoTokenizer.from_pretrained(str(base_model_dir))
+    out_dir = out_dir.resolve()
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
+    os.chmod(tmp, 0o755)
+    try:
+        merged.save_pretrained(str(tmp))
+        tokenizer.save_pretrained(str(tmp))
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        os.rename(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+# --- convert ---------------------------------------------------------------------------------
+def convert_to_gguf(hf_dir: Path, out_path: Path, outtype: str = "f16") -> GGUFArtifact:
+    """Convert an HF checkpoint folder to one GGUF file with llama.cpp's converter.
+
+    Runs ``python convert_hf_to_gguf.py <hf_dir> --outfile <tmp> --outtype <outtype>`` from the
+    pinned sdist (the converter puts its own ``gguf-py`` first on ``sys.path``), then renames the
+    temporary file onto ``out_path``.
+
+    Args:
+        hf_dir: folder with ``config.json``, safetensors weights and tokenizer files.
+        out_path: the ``.gguf`` file to write (replaced if present).
+        outtype: one of :data:`CONVERT_OUTTYPES` (``f16`` by default).
+
+    Raises:
+        InputError: ``outtype`` is unknown or ``hf_dir`` holds no ``config.json``.
+        ToolMissingError: a Python module the converter needs (sentencepiece) is not installed.
+        GGUFError: the converter failed (its exit code and the tail of its log are in the
+            message).
+        DiskFullError: the destination filesystem ran out of space; neither ``out_path`` nor the
+            temporary file is left behind.
+    """
+    hf_dir, out_path = Path(hf_dir), Path(out_path).resolve()
+    if outtype not in CONVERT_OUTTYPES:
+        raise InputError(f"outtype {outtype!r} is not one of {sorted(CONVERT_OUTTYPES)}")
+    if not (hf_dir / "config.json").is_file():
+        raise InputError(f"hf_dir {hf_dir} holds no config.json")
+    missing = [m for m in _CONVERTER_MODULES if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ToolMissingError(
+            f"convert_hf_to_gguf.py needs the Python modules {missing}; pip install them "
+            "(llama.cpp requirements/requirements-convert_legacy_llama.txt)"
+        )
+    script = convert_script_path()
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=out_path.parent, prefix=f".{out_path.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(tmp_name)
+    env = dict(os.environ)
+    env.pop("NO_LOCAL_GGUF", None)
+    cmd = [
+        sys.executable, str(script), str(hf_dir), "--outfile", str(tmp), "--outtype", outtype,
+    ]
+    try:
+        try:
+            proc = subprocess.run(
+                cmd, capture_output=True, text=True, env=env, timeout=_CONVERT_TIMEOUT_S,
+                check=False, cwd=str(script.parent),
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise InfraError(
+                f"convert_hf_to_gguf.py on {hf_dir} exceeded {_CONVERT_TIMEOUT_S} s"
+            ) from exc
+        if proc.returncode != 0 or tmp.stat().st_size == 0:
+            log = (proc.stdout + proc.stderr).strip()
+            if any(sign in log for sign in _DISK_FULL_SIGNS) or looks_full(out_path.parent):
+                raise disk_full_error(out_path, f"converting {hf_dir} to", log[-500:])
+            raise GGUFError(
+                f"convert_hf_to_gguf.py failed on {hf_dir} (exit {proc.returncode}): "
+                f"{(proc.stdout + proc.stderr).strip()[-3000:]}"
+            )
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, out_path)
+    except OSError as exc:
+        raise_if_disk_full(exc, out_path, f"converting {hf_dir} to")
+        raise
+    finally:
+        tmp.unlink(missing_ok=True)
+    return _artifact(out_path, CONVERT_OUTTYPES[outtype])
+
+
+# --- quantize --------------------------------------------------------------------------------
+MIXED_ATTN_EMBD_OUTPUT_Q8_0: dict[str, str] = {
+    r"attn_(q|k|v|output)\.weight$": "Q8_0",
+    r"^(token_embd|output)\.weight$": "Q8_0",
+}
+"""Example override set: attention, embedding and output tensors at Q8_0 (llama.cpp tensor names
+``blk.N.attn_q.weight``, ``token_embd.weight``, ``output.weight``); the rest follows the base
+preset (for ``Q4_K_M``: Q4_K, with llama.cpp's own Q6_K choices for some ``ffn_down``)."""
+
+
+def _ggml_type(pattern: str, name: str) -> int:
+    from gguf import GGMLQuantizationType
+
+    try:
+        return int(GGMLQuantizationType[name.upper()])
+    except KeyError:
+        valid = [t.name for t in GGMLQuantizationType]
+        raise InputError(
+            f"tensor_types[{pattern!r}] = {name!r} is not a ggml type; valid: {valid}"
+        ) from None
+
+
+def _quantizable(name: str, shape: Any) -> bool:
+    """llama.cpp ``tensor_allows_quantization`` (src/llama-quant.cpp) for the tensors Qwen2/Llama
+    have: 2-D or more, name ends with ``weight``, not a ``_norm.weight``."""
+    return len(shape) >= 2 and name.endswith("weight") and "_norm.weight" not in name
+
+
+def quantize(
+    src: Path, dst: Path, qtype: str, tensor_types: dict[str, str] | None = None
+) -> GGUFArtifact:
+    """Quantize a GGUF file with ``llama_cpp.llama_model_quantize``, optionally per tensor.
+
+    ``tensor_types`` maps a regular expression over llama.cpp tensor names to a ggml type name
+    (``Q8_0``, ``Q4_K``, ``Q6_K``, ``F16``, ...), passed as ``llama_model_quantize_params
+    .tt_overrides`` (a ``{pattern, type}`` array ended by a null pattern; llama.cpp
+    ``include/llama.h`` and ``src/llama-quant.cpp``: ``std::regex_search``, first matching
+    pattern wins, applies to quantizable tensors only, ``--tensor-type`` in ``llama-quantize``).
+    The result is read back with gguf-py's ``GGUFReader`` and every quantizable tensor that a
+    pattern matches must carry that pattern's type: llama.cpp falls back to another type for
+    incompatible row sizes, and that is reported instead of shipped silently.
+
+    Args:
+        src: an f16/f32/bf16 GGUF (e.g. from :func:`convert_to_gguf`).
+        dst: the file to write (written to a temporary sibling, then renamed).
+        qtype: a preset name from :data:`QUANT_PRESETS` (``Q8_0``, ``Q4_K_M``): the type of the
+            tensors no pattern matches.
+        tensor_types: pattern -> ggml type name, or None for a uniform preset
+            (see :data:`MIXED_ATTN_EMBD_OUTPUT_Q8_0`).
+
+    Returns:
+        The artifact; ``type`` is ``qtype``, plus ``+mixed`` when ``tensor_types`` is given, and
+        ``tensor_types`` records the overrides.
+
+    Raises:
+        InputError: ``qtype`` is not a known preset, a pattern is not a valid regular expression,
+            a type name is not a ggml type, or ``src`` does not exist.
+        DiskFullError: the destination filesystem ran out of space (llama.cpp only says so on
+            stderr: a failed quantization leaving under 1 MiB free is taken as a full disk);
+            neither ``dst`` nor the temporary file is left behind.
+        GGUFError: llama.cpp refused to quantize ``src`` (non-zero return code), a pattern
+            matched no quantizable tensor, or a matched tensor did not get its type (the message
+            names the tensor, the expected and the found type).
+    """
+    if qtype not in QUANT_PRESETS:
+        raise InputError(f"qtype {qtype!r} is not a known preset; valid: {sorted(QUANT_PRESETS)}")
+    src, dst = Path(src), Path(dst).resolve()
+    if not src.is_file():
+        raise InputError(f"src {src} does not exist")
+    overrides: list[tuple[str, int]] = []
+    for pattern, type_name in (tensor_types or {}).items():
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise InputError(f"tensor_types pattern {pattern!r} is not a regex: {exc}") from exc
+        overrides.append((pattern, _ggml_type(pattern, type_name)))
+    import ctypes
+
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = QUANT_PRESETS[qtype]
+    params.nthread = max(1, min(4, os.cpu_count() or 1))
+    keep_alive = None
+    if overrides:
+        if not hasattr(llama_cpp, "llama_model_tensor_override") or not any(
+            name == "tt_overrides" for name, _ in llama_cpp.llama_model_quantize_params._fields_
+        ):
+            raise GGUFError(
+                "this llama-cpp-python does not expose llama_model_quantize_params.tt_overrides; "
+                "mixed per-tensor quantization is unavailable (refusing a uniform quantization)"
+            )
+        entry = llama_cpp.llama_model_tensor_override
+        keep_alive = (entry * (len(overrides) + 1))(
+            *[entry(pattern.encode(), type_id) for pattern, type_id in overrides],
+            entry(None, 0),  # terminator: llama.cpp stops at the first null pattern
+        )
+        params.tt_overrides = ctypes.cast(keep_alive, ctypes.POINTER(entry))
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        rc = llama_cpp.llama_model_quantize(
+            str(src).encode(), str(tmp).encode(), ctypes.byref(params)
+        )
+        if rc != 0 or tmp.stat().st_size == 0:
+            if looks_full(dst.parent):  # llama.cpp reports a failed write only on stderr
+                raise disk_full_error(dst, f"quantizing {src} to {qtype} as", f"llama_model_quantize returned {rc}")
+            raise GGUFError(f"llama_model_quantize({src} -> {qtype}) returned {rc}")
+        if overrides:
+            _check_overrides(tmp, dst, tensor_types or {})
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, dst)
+    except OSError as exc:
+        raise_if_disk_full(exc, dst, f"quantizing {src} to {qtype} as")
+        raise
+    finally:
+        del keep_alive
+        tmp.unlink(missing_ok=True)
+    if not overrides:
+        return _artifact(dst, qtype)
+    return GGUFArtifact(
+        path=dst, sha256=sha256_file(dst), size_bytes=dst.stat().st_size,
+        type=f"{qtype}+mixed", tensor_types=dict(tensor_types or {}),
+    )
+
+
+def quantize_mixed(
+    src: Path, dst: Path, base_qtype: str, overrides: dict[str, str]
+) -> GGUFArtifact:
+    """Per-tensor quantization: :func:`quantize` with ``tensor_types=overrides`` (non-empty).
+
+    Raises:
+        InputError: ``overrides`` is empty, or as :func:`quantize`.
+        GGUFError: as :func:`quantize`.
+    """
+    if not overrides:
+        raise InputError("overrides is empty: use quantize() for a uniform preset")
+    return quantize(src, dst, base_qtype, tensor_types=overrides)
+
+
+def tensor_types_of(path: Path) -> dict[str, str]:
+    """Return tensor name -> ggml type name of a GGUF file.
+
+    Uses :func:`forgeflow.packaging.gguf_edit.read_header_index` (offsets only: 0.07 s on the tiny
+    model, where gguf-py's ``GGUFReader`` spends about 10 s building its vocabulary arrays).
+
+    Raises:
+        GGUFError: the file is not a readable GGUF.
+    """
+    from forgeflow.packaging.gguf_edit import read_header_index
+
+    return {t.name: t.ggml_type for t in read_header_index(path).tensors}
+
+
+def _check_overrides(tmp: Path, dst: Path, tensor_types: dict[str, str]) -> None:
+    from forgeflow.packaging.gguf_edit import read_header_index
+
+    matched = {pattern: 0 for pattern in tensor_types}
+    for tensor in read_header_index(tmp).tensors:
+        if not _quantizable(tensor.name, tensor.shape):
+            continue
+        pattern = next((p for p in tensor_types if re.search(p, tensor.name)), None)
+        if pattern is None:
+            continue
+        matched[pattern] += 1
+        expected, found = tensor_types[pattern].upper(), tensor.ggml_type
+        if expected != found:
+            raise GGUFError(
+                f"{dst}: tensor {tensor.name!r} (pattern {pattern!r}) expected {expected}, "
+                f"found {found} (llama.cpp fell back: row size {int(tensor.shape[0])})"
+            )
+    unmatched = [p for p, n in matched.items() if n == 0]
+    if unmatched:
+        raise GGUFError(f"{dst}: tensor_types patterns {unmatched} matched no quantizable tensor")
+
+
+# --- check -----------------------------------------------------------------------------------
+def _field_value(reader: Any, key: str) -> Any:
+    field = reader.get_field(key)
+    if field is None:
+        return None
+    return field.contents()
+
+
+def _hf_chat_template(hf_dir: Path) -> str | None:
+    jinja = hf_dir / "chat_template.jinja"
+    if jinja.is_file():
+        return jinja.read_text(encoding="utf-8")
+    config = hf_dir / "tokenizer_config.json"
+    if config.is_file():
+        template = json.loads(config.read_text(encoding="utf-8")).get("chat_template")
+        if isinstance(template, str):
+            return template
+    return None
+
+
+def check_gguf(gguf_path: Path, hf_dir: Path) -> GGUFCheck:
+    """Check a GGUF file's metadata against the HF checkpoint it was made from.
+
+    Compared (GGUF key <- HF ``config.json``): ``general.architecture`` <- ``model_type``;
+    ``<arch>.block_count`` <- ``num_hidden_layers``; ``<arch>.context_length`` <-
+    ``max_position_embeddings``; ``<arch>.embedding_length`` <- ``hidden_size``;
+    ``<arch>.attention.head_count`` <- ``num_attention_heads``; ``<arch>.attention.head_count_kv``
+    <- ``num_key_value_heads``; the number of ``tokenizer.ggml.tokens`` and the rows of
+    ``token_embd.weight`` <- ``vocab_size``; ``tokenizer.chat_template`` must be present and, when
+    ``hf_dir`` has a chat template, equal to it.
+
+    Returns:
+        The metadata found.
+
+    Raises:
+        GGUFError: the file cannot be read, or a key differs (the message names the key, the
+            expected and the found value).
+        InputError: ``hf_dir`` holds no ``config.json``.
+    """
+    from gguf import GGUFReader
+
+    gguf_path, hf_dir = Path(gguf_path), Path(hf_dir)
+    config_path = hf_dir / "config.json"
+    if not config_path.is_file():
+        raise InputError(f"hf_dir {hf_dir} holds no config.json")
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    try:
+        reader = GGUFReader(str(gguf_path))
+    except Exception as exc:  # gguf-py raises ValueError/OSError/struct errors on bad files
+        raise GGUFError(f"{gguf_path} is not a readable GGUF file: {exc!r}") from exc
+
+    def expect(key: str, expected: Any, found: Any) -> None:
+        if expected != found:
+            raise GGUFError(
+                f"{gguf_path}: key {key!r} expected {expected!r} (from {config_path}), "
+                f"found {found!r}"
+            )
+
+    arch = _field_value(reader, "general.architecture")
+    expect("general.architecture", config.get("model_type"), arch)
+    values: dict[str, int] = {}
+    for suffix, hf_key in (
+        ("block_count", "num_hidden_layers"),
+        ("context_length", "max_position_embeddings"),
+        ("embedding_length", "hidden_size"),
+        ("attention.head_count", "num_attention_heads"),
+        ("attention.head_count_kv", "num_key_value_heads"),
+    ):
+        key = f"{arch}.{suffix}"
+        found = _field_value(reader, key)
+        expect(key, config.get(hf_key), found)
+        values[suffix] = int(found)
+    vocab_size = config.get("vocab_size")
+    tokens = reader.get_field("tokenizer.ggml.tokens")
+    n_tokens = len(tokens.data) if tokens is not None else None
+    expect("tokenizer.ggml.tokens (count)", vocab_size, n_tokens)
+    embd = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    # ggml order: ne[0] is the embedding width, ne[1] the number of rows (tokens).
+    rows = int(embd.shape[1]) if embd is not None and len(embd.shape) > 1 else None
+    expect("token_embd.weight (rows)", vocab_size, rows)
+    template = _field_value(reader, "tokenizer.chat_template")
+    if not template:
+        raise GGUFError(f"{gguf_path}: key 'tokenizer.chat_template' expected present, found none")
+    hf_template = _hf_chat_template(hf_dir)
+    if hf_template is not None:
+        expect("tokenizer.chat_template", hf_template, template)
+    file_type = _field_value(reader, "general.file_type")
+    from forgeflow.common.fsutil import sha256_bytes
+
+    return GGUFCheck(
+        path=gguf_path,
+        architecture=arch,
+        block_count=values["block_count"],
+        context_length=values["context_length"],
+        embedding_length=values["embedding_length"],
+        head_count=values["attention.head_count"],
+        head_count_kv=values["attention.head_count_kv"],
+        vocab_size=n_tokens,
+        file_type=_FILE_TYPE_NAMES.get(file_type, str(file_type)),
+        chat_template_sha256=sha256_bytes(template.encode("utf-8")),
+    )
+
+
+# --- load ------------------------------------------------------------------------------------
+def load_gguf(path: Path, n_ctx: int = 128) -> None:
+    """Load a GGUF with ``llama_cpp.Llama``, generate one token, and close it.
+
+    A smoke test before publishing: a file that llama.cpp cannot load or run is rejected here,
+    not by the server at swap time. ``close()`` is called explicitly (with torch in the same
+    process ``Llama.__del__`` can raise at exit; FACTS.md).
+
+    Raises:
+        GGUFError: the file does not exist, does not load, or the completion fails (the message
+            names the path).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise GGUFError(f"GGUF {path} does not exist")
+    import llama_cpp
+
+    try:
+        llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, verbose=False)
+    except Exception as exc:  # llama_cpp raises ValueError("Failed to load model from file")
+        raise GGUFError(f"GGUF {path} does not load in llama.cpp: {exc}") from exc
+    try:
+        out = llm.create_completion("Hello", max_tokens=1, temperature=0.0)
+        if not out.get("choices"):
+            raise GGUFError(f"GGUF {path} loaded but produced no completion: {out!r}")
+    except GGUFError:
+        raise
+    except Exception as exc:
+        raise GGUFError(f"GGUF {path} loaded but a 1-token completion failed: {exc}") from exc
+    finally:
+        llm.close()

@@ -1,0 +1,909 @@
+"""Edit one GGUF metadata value with bounded memory: in place when the header keeps its size,
+otherwise by streaming a new file.
+
+Layout (GGUF v2/v3 spec, ggml ``docs/gguf.md``): magic ``GGUF``, ``uint32`` version, ``uint64``
+tensor count, ``uint64`` key/value count, the key/value entries (``gguf_string`` key, ``uint32``
+value type, value), the tensor infos (name, ``uint32`` n_dims, ``uint64`` dims, ``uint32`` ggml
+type, ``uint64`` offset *relative to the data section*), zero padding to ``general.alignment``
+(default 32), then the tensor data. Because tensor offsets are relative to the data section, a
+changed key/value entry never changes a tensor info: the edit copies every other header byte
+verbatim.
+
+Why not ``gguf.GGUFReader`` for parsing: it builds one numpy array per vocabulary string; on the
+tiny Qwen2 model (151,936 tokens, 151,387 merges) it took 10.8 s and 538 MB peak RSS, more than
+the whole memory budget of an edit. :func:`read_header_index` walks the header once with a
+buffered reader, keeping only offsets (about 0.5 s, a few MB), and uses gguf-py's constants
+(:class:`gguf.GGUFValueType`, :data:`gguf.GGML_QUANT_SIZES`, :class:`gguf.GGMLQuantizationType`).
+The tests check its offsets against ``GGUFReader``.
+
+Paths:
+
+* in place (``EditResult.in_place``): the rewritten entry plus the following header bytes still
+  end inside the old padded header, so the data section does not move; only bytes between the
+  entry and the data section are rewritten (``pwrite`` + ``fsync``). Not atomic against a crash
+  in the middle of that write (a few KB to a few MB of header).
+* streaming: header prefix, the new entry, header suffix and new padding are copied in
+  ``chunk_bytes`` pieces, the data section through one 1 MiB buffer (``pread``/``pwrite``) or,
+  when it keeps its offset modulo 1 MiB, with ``os.copy_file_range`` (in the kernel, as ``cp``
+  does; see :func:`_copy_data` for why not always), to a temporary sibling, which is fsynced,
+  verified and renamed over the destination (``os.replace``): peak memory is the chunk buffer
+  plus the header's tail, independent of the tensor data size.
+
+Verification (``verify=``, checked on the result before the rename on the streaming path):
+
+* ``"sampled"`` (the default; ``True`` means the same): the result's header index is re-read and
+  every tensor's name, type, shape, relative offset and size, the key set and order and the data
+  section length must equal the source's; every header byte outside the edited entry (magic,
+  counts, the other key/value entries, the tensor infos) must hash the same as before; the key
+  must read back as the new value; and for every tensor the first, middle and last
+  ``_SAMPLE_BYTES`` (4 KiB) of its data must equal the source's (sha256 of each sample, taken
+  from the source before the edit). A data section copied to a wrong offset, misaligned, cut
+  short or overwritten at a tensor's start or end fails; it reads about 12 KiB per tensor plus
+  the header, so it costs milliseconds whatever the file size. It cannot see a corrupted byte
+  in the unsampled interior of a tensor.
+* ``"full"``: the sampled checks plus the sha256 of every tensor's whole data region, result vs
+  source (streaming: the source is hashed in a second thread while the result is hashed; in
+  place: the source is hashed before the edit). It reads the data section twice more, and
+  sha256 runs at about 1.7 GB/s on one core here: in ``benchmarks/gguf_edit.py`` (2 GB, 2 cores)
+  a fully verified edit took 2.24 s, a sampled one 1.12 s, ``cp`` + ``sync`` 0.96 s.
+* ``"none"`` (or ``False``): only the key is read back (``EditResult.new_value``).
+
+A failed check raises :class:`GGUFError` and leaves the original untouched (streaming path).
+:func:`snapshot_for_edit` and :func:`verify_edit` are the same checks, callable on their own.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import shutil
+import struct
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, BinaryIO, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from forgeflow.common.errors import GGUFError, InputError
+from forgeflow.common.fsutil import raise_if_disk_full
+
+_MAGIC = b"GGUF"
+_DEFAULT_ALIGNMENT = 32
+_DEFAULT_CHUNK_BYTES = 8 << 20
+_DATA_COPY_BYTES = 1 << 20
+_SUPPORTED_VERSIONS = (2, 3)
+_SAMPLE_BYTES = 4096
+_VERIFY_MODES = ("sampled", "full", "none")
+VerifyMode = Literal["sampled", "full", "none"]
+
+# GGUFValueType number -> struct format (little endian); the numbers are those of
+# gguf.GGUFValueType (ggml docs/gguf.md "enum gguf_metadata_value_type").
+_SCALAR_FORMATS: dict[int, str] = {
+    0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q",
+    12: "<d",
+}
+_STRING, _ARRAY = 8, 9
+_INT_RANGES: dict[int, tuple[int, int]] = {
+    0: (0, 2**8 - 1), 1: (-(2**7), 2**7 - 1), 2: (0, 2**16 - 1), 3: (-(2**15), 2**15 - 1),
+    4: (0, 2**32 - 1), 5: (-(2**31), 2**31 - 1), 10: (0, 2**64 - 1), 11: (-(2**63), 2**63 - 1),
+}
+_FLOATS = (6, 12)
+_BOOL = 7
+
+
+def _type_name(vtype: int) -> str:
+    from gguf import GGUFValueType
+
+    return GGUFValueType(vtype).name
+
+
+class FieldSpan(BaseModel):
+    """Where one key/value entry lies in a GGUF file.
+
+    Attributes:
+        key: the metadata key.
+        value_type: gguf value type name (``UINT32``, ``STRING``, ``ARRAY``, ...).
+        sub_type: element type name for arrays, else ``None``.
+        offset: absolute byte offset of the entry (its key's length prefix).
+        size_bytes: bytes of the whole entry (key, type, value).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    key: str
+    value_type: str
+    sub_type: str | None = None
+    offset: int = Field(ge=24)
+    size_bytes: int = Field(ge=13)
+
+
+class TensorSpan(BaseModel):
+    """Where one tensor's data lies.
+
+    Attributes:
+        name: tensor name.
+        ggml_type: ggml type name (``F16``, ``Q8_0``, ``Q4_K``, ...).
+        shape: dims in ggml order (``ne[0]`` first: the row length).
+        offset: absolute byte offset of the data.
+        relative_offset: offset inside the data section, as stored in the tensor info.
+        size_bytes: data bytes (elements / block size x block bytes, from
+            :data:`gguf.GGML_QUANT_SIZES`).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    ggml_type: str
+    shape: tuple[int, ...]
+    offset: int = Field(ge=0)
+    relative_offset: int = Field(ge=0)
+    size_bytes: int = Field(ge=0)
+
+
+class HeaderIndex(BaseModel):
+    """Offsets of a GGUF header, found without materializing its values.
+
+    Attributes:
+        path: the file.
+        version: GGUF version (2 or 3).
+        alignment: data alignment in bytes (``general.alignment`` or 32).
+        header_end: offset just after the last tensor info.
+        data_offset: start of the data section (``header_end`` rounded up to ``alignment``).
+        file_size_bytes: size of the file.
+        fields: key -> span, in file order.
+        tensors: tensor spans in file order.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    path: Path
+    version: int
+    alignment: int = Field(ge=1)
+    header_end: int = Field(ge=24)
+    data_offset: int = Field(ge=24)
+    file_size_bytes: int = Field(ge=24)
+    fields: dict[str, FieldSpan]
+    tensors: tuple[TensorSpan, ...]
+
+
+class EditResult(BaseModel):
+    """Outcome of :func:`set_metadata`.
+
+    Attributes:
+        path: the edited file (``out_path`` or the source itself).
+        key: the key set.
+        value_type: its gguf value type name.
+        old_value: the value before the edit.
+        new_value: the value after the edit (read back from the file).
+        in_place: True when only header bytes were rewritten in the existing file.
+        data_offset_before: start of the data section before the edit (the header size).
+        data_offset_after: start of the data section after the edit.
+        size_bytes: size of the result.
+        verification: ``"sampled"``, ``"full"`` or ``"none"`` (see the module docstring).
+        tensors_verified: tensors whose data was compared, sampled or whole (0 with
+            ``verification="none"``).
+        duration_s: wall seconds of the edit, verification included.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    path: Path
+    key: str
+    value_type: str
+    old_value: Any
+    new_value: Any
+    in_place: bool
+    data_offset_before: int = Field(ge=24)
+    data_offset_after: int = Field(ge=24)
+    size_bytes: int = Field(ge=24)
+    verification: VerifyMode = "sampled"
+    tensors_verified: int = Field(ge=0)
+    duration_s: float = Field(ge=0)
+
+
+# --- reading ---------------------------------------------------------------------------------
+class _Cursor:
+    """Sequential little-endian reads over a buffered file, tracking the offset."""
+
+    def __init__(self, f: BinaryIO, path: Path) -> None:
+        self.f, self.path, self.pos = f, path, 0
+
+    def read(self, n: int) -> bytes:
+        data = self.f.read(n)
+        if len(data) != n:
+            raise GGUFError(f"{self.path}: truncated GGUF header at byte {self.pos} (wanted {n})")
+        self.pos += n
+        return data
+
+    def skip(self, n: int) -> None:
+        self.f.seek(n, os.SEEK_CUR)
+        self.pos += n
+
+    def u32(self) -> int:
+        return struct.unpack("<I", self.read(4))[0]
+
+    def u64(self) -> int:
+        return struct.unpack("<Q", self.read(8))[0]
+
+    def string(self) -> str:
+        raw = self.read(self.u64())
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise GGUFError(f"{self.path}: invalid UTF-8 string at byte {self.pos}") from exc
+
+    def skip_value(self, vtype: int) -> int | None:
+        """Skip one value; returns the array element type for arrays."""
+        if vtype in _SCALAR_FORMATS:
+            self.skip(struct.calcsize(_SCALAR_FORMATS[vtype]))
+            return None
+        if vtype == _STRING:
+            self.skip(self.u64())
+            return None
+        if vtype == _ARRAY:
+            sub, count = self.u32(), self.u64()
+            if sub in _SCALAR_FORMATS:
+                self.skip(count * struct.calcsize(_SCALAR_FORMATS[sub]))
+            elif sub == _STRING:
+                for _ in range(count):
+                    self.skip(self.u64())
+            else:
+                raise GGUFError(f"{self.path}: unsupported array element type {sub} at {self.pos}")
+            return sub
+        raise GGUFError(f"{self.path}: unknown value type {vtype} at byte {self.pos}")
+
+    def value(self, vtype: int) -> Any:
+        if vtype in _SCALAR_FORMATS:
+            fmt = _SCALAR_FORMATS[vtype]
+            return struct.unpack(fmt, self.read(struct.calcsize(fmt)))[0]
+        if vtype == _STRING:
+            return self.string()
+        if vtype == _ARRAY:
+            sub, count = self.u32(), self.u64()
+            return [self.value(sub) for _ in range(count)]
+        raise GGUFError(f"{self.path}: unknown value type {vtype} at byte {self.pos}")
+
+
+def read_header_index(path: Path) -> HeaderIndex:
+    """Index a GGUF header: the offset and size of every key/value entry and tensor.
+
+    Reads the header sequentially (1 MiB buffer) and keeps only offsets, so memory stays at a few
+    MB even for a 150k-token vocabulary.
+
+    Raises:
+        GGUFError: the file is missing, not GGUF, big-endian, of an unsupported version, or its
+            header is truncated or malformed (the message names the path).
+    """
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    path = Path(path)
+    if not path.is_file():
+        raise GGUFError(f"GGUF {path} does not exist")
+    size = path.stat().st_size
+    with open(path, "rb", buffering=1 << 20) as f:
+        cur = _Cursor(f, path)
+        if cur.read(4) != _MAGIC:
+            raise GGUFError(f"{path} is not a GGUF file (magic is not 'GGUF')")
+        version = cur.u32()
+        if version not in _SUPPORTED_VERSIONS:
+            raise GGUFError(
+                f"{path}: GGUF version {version} unsupported (expected one of "
+                f"{list(_SUPPORTED_VERSIONS)}; a big-endian file reads as a huge version)"
+            )
+        n_tensors, n_kv = cur.u64(), cur.u64()
+        fields: dict[str, FieldSpan] = {}
+        alignment = _DEFAULT_ALIGNMENT
+        for _ in range(n_kv):
+            start = cur.pos
+            key = cur.string()
+            vtype = cur.u32()
+            if key == "general.alignment" and vtype == 4:
+                alignment = struct.unpack("<I", cur.read(4))[0]
+                sub = None
+            else:
+                sub = cur.skip_value(vtype)
+            if key in fields:
+                raise GGUFError(f"{path}: duplicate key {key!r} at byte {start}")
+            fields[key] = FieldSpan(
+                key=key, value_type=_type_name(vtype),
+                sub_type=_type_name(sub) if sub is not None else None,
+                offset=start, size_bytes=cur.pos - start,
+            )
+        if alignment == 0 or alignment & (alignment - 1):
+            raise GGUFError(f"{path}: general.alignment {alignment} is not a power of two")
+        infos = []
+        for _ in range(n_tensors):
+            name = cur.string()
+            n_dims = cur.u32()
+            shape = tuple(cur.u64() for _ in range(n_dims))
+            ggml_type, rel = cur.u32(), cur.u64()
+            infos.append((name, shape, ggml_type, rel))
+        header_end = cur.pos
+    data_offset = -(-header_end // alignment) * alignment
+    tensors = []
+    for name, shape, ggml_type, rel in infos:
+        try:
+            qtype = GGMLQuantizationType(ggml_type)
+            block, block_bytes = GGML_QUANT_SIZES[qtype]
+        except (ValueError, KeyError) as exc:
+            raise GGUFError(f"{path}: tensor {name!r} has unknown ggml type {ggml_type}") from exc
+        n_elements = 1
+        for dim in shape:
+            n_elements *= dim
+        nbytes = n_elements // block * block_bytes
+        if data_offset + rel + nbytes > size:
+            raise GGUFError(
+                f"{path}: tensor {name!r} data ends at byte {data_offset + rel + nbytes}, past "
+                f"the end of the file ({size} bytes): truncated"
+            )
+        tensors.append(TensorSpan(
+            name=name, ggml_type=qtype.name, shape=shape, offset=data_offset + rel,
+            relative_offset=rel, size_bytes=nbytes,
+        ))
+    return HeaderIndex(
+        path=path, version=version, alignment=alignment, header_end=header_end,
+        data_offset=data_offset, file_size_bytes=size, fields=fields, tensors=tuple(tensors),
+    )
+
+
+def read_metadata(path: Path, key: str, index: HeaderIndex | None = None) -> Any:
+    """Return one metadata value (arrays as lists) without parsing the rest of the header.
+
+    Raises:
+        GGUFError: the key is absent (the message lists a few present keys) or the file is bad.
+    """
+    index = index or read_header_index(path)
+    span = _span(index, key)
+    with open(path, "rb") as f:
+        f.seek(span.offset)
+        cur = _Cursor(f, Path(path))
+        cur.string()
+        return cur.value(cur.u32())
+
+
+def tensor_sha256(path: Path, index: HeaderIndex | None = None,
+                  chunk_bytes: int = _DEFAULT_CHUNK_BYTES) -> dict[str, str]:
+    """sha256 (hex) of every tensor's data region, read in ``chunk_bytes`` pieces.
+
+    Returns:
+        tensor name -> hex digest.
+    """
+    index = index or read_header_index(path)
+    buf = bytearray(chunk_bytes)
+    out: dict[str, str] = {}
+    with open(path, "rb", buffering=0) as f:
+        for t in index.tensors:
+            h = hashlib.sha256()
+            f.seek(t.offset)
+            _pump(f, None, t.size_bytes, buf, h, path)
+            out[t.name] = h.hexdigest()
+    return out
+
+
+# --- writing ---------------------------------------------------------------------------------
+def _span(index: HeaderIndex, key: str) -> FieldSpan:
+    span = index.fields.get(key)
+    if span is None:
+        some = ", ".join(list(index.fields)[:8])
+        raise GGUFError(
+            f"{index.path}: key {key!r} expected present, found no such key "
+            f"({len(index.fields)} keys: {some}, ...)"
+        )
+    return span
+
+
+def _check_value(path: Path, key: str, vtype: int, value: Any, what: str = "value") -> None:
+    expected = _type_name(vtype)
+
+    def bad() -> GGUFError:
+        shown = repr(value)
+        shown = shown if len(shown) <= 80 else shown[:77] + "..."
+        return GGUFError(
+            f"{path}: key {key!r} expected a {expected} {what}, found "
+            f"{type(value).__name__} {shown}"
+        )
+
+    if vtype in _INT_RANGES:
+        lo, hi = _INT_RANGES[vtype]
+        if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+            raise bad()
+    elif vtype in _FLOATS:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad()
+    elif vtype == _BOOL:
+        if not isinstance(value, bool):
+            raise bad()
+    elif vtype == _STRING:
+        if not isinstance(value, str):
+            raise bad()
+    else:
+        raise bad()
+
+
+def _pack_value(vtype: int, value: Any) -> bytes:
+    if vtype in _SCALAR_FORMATS:
+        return struct.pack(_SCALAR_FORMATS[vtype], value)
+    raw = value.encode("utf-8")
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def _pack_entry(path: Path, span: FieldSpan, value: Any) -> bytes:
+    """Serialize ``key, type, value`` per the GGUF spec after checking ``value``'s type."""
+    from gguf import GGUFValueType
+
+    vtype = int(GGUFValueType[span.value_type])
+    raw_key = span.key.encode("utf-8")
+    head = struct.pack("<Q", len(raw_key)) + raw_key + struct.pack("<I", vtype)
+    if vtype != _ARRAY:
+        _check_value(path, span.key, vtype, value)
+        return head + _pack_value(vtype, value)
+    sub = int(GGUFValueType[span.sub_type])
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        raise GGUFError(
+            f"{path}: key {span.key!r} expected an ARRAY of {span.sub_type}, found "
+            f"{type(value).__name__} {value!r:.80}"
+        )
+    parts = [head, struct.pack("<IQ", sub, len(value))]
+    for item in value:
+        _check_value(path, span.key, sub, item, what="array element")
+        parts.append(_pack_value(sub, item))
+    return b"".join(parts)
+
+
+def _pump(fin: BinaryIO, fout: BinaryIO | None, n: int, buf: bytearray,
+          hasher: Any = None, path: Path | None = None) -> None:
+    """Copy (or only read, when ``fout`` is None) ``n`` bytes through ``buf``, hashing them."""
+    view = memoryview(buf)
+    while n > 0:
+        want = min(n, len(buf))
+        got = fin.readinto(view[:want])
+        if not got:
+            raise GGUFError(f"{path or fin}: unexpected end of file ({n} bytes missing)")
+        chunk = view[:got]
+        if hasher is not None:
+            hasher.update(chunk)
+        if fout is not None:
+            _write_all(fout, chunk)
+        n -= got
+
+
+def _write_all(fout: BinaryIO, data: bytes | memoryview) -> None:
+    """Write all of ``data`` to an unbuffered file: a raw write may be short (a filling disk
+    returns the bytes it took; the next write raises ENOSPC)."""
+    view = memoryview(data)
+    while view:
+        view = view[fout.write(view):]
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class EditSnapshot(BaseModel):
+    """What :func:`verify_edit` compares an edited file against, taken from the source before
+    the edit (see the module docstring for the checks).
+
+    Attributes:
+        index: the source's header index.
+        key: the key about to be edited.
+        sample_bytes: bytes per data sample.
+        header_prefix_sha256: sha256 (hex) of the source bytes ``[0, entry offset)``.
+        header_suffix_sha256: sha256 (hex) of the source bytes from the end of the entry to
+            ``index.header_end`` (the other entries and the tensor infos).
+        samples: tensor name -> sha256 (hex) of its first, middle and last ``sample_bytes`` (one
+            sample when the tensor is at most ``sample_bytes``), in tensor order.
+        tensor_sha256: tensor name -> sha256 (hex) of its whole data, or None when not taken.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    index: HeaderIndex
+    key: str
+    sample_bytes: int = Field(ge=1)
+    header_prefix_sha256: str
+    header_suffix_sha256: str
+    samples: dict[str, tuple[str, ...]]
+    tensor_sha256: dict[str, str] | None = None
+
+
+def _sample_ranges(t: TensorSpan, sample_bytes: int) -> list[tuple[int, int]]:
+    """(absolute offset, length) of the first, middle and last ``sample_bytes`` of a tensor."""
+    n = t.size_bytes
+    if n <= sample_bytes:
+        return [(t.offset, n)]
+    mid = (n - sample_bytes) // 2
+    return [(t.offset + start, sample_bytes) for start in (0, mid, n - sample_bytes)]
+
+
+def _sha256_range(fd: int, offset: int, n: int, chunk_bytes: int, path: Path) -> str:
+    h = hashlib.sha256()
+    while n > 0:
+        data = os.pread(fd, min(n, chunk_bytes), offset)
+        if not data:
+            raise GGUFError(f"{path}: unexpected end of file at byte {offset} ({n} bytes missing)")
+        h.update(data)
+        offset += len(data)
+        n -= len(data)
+    return h.hexdigest()
+
+
+def _header_digests(fd: int, index: HeaderIndex, key: str, chunk_bytes: int) -> tuple[str, str]:
+    span = _span(index, key)
+    end = span.offset + span.size_bytes
+    return (_sha256_range(fd, 0, span.offset, chunk_bytes, index.path),
+            _sha256_range(fd, end, index.header_end - end, chunk_bytes, index.path))
+
+
+def _samples(fd: int, index: HeaderIndex, sample_bytes: int) -> dict[str, tuple[str, ...]]:
+    return {
+        t.name: tuple(_sha256_range(fd, off, n, sample_bytes, index.path)
+                      for off, n in _sample_ranges(t, sample_bytes))
+        for t in index.tensors
+    }
+
+
+def _check_verify_mode(verify: Any) -> VerifyMode:
+    if verify is True:
+        return "sampled"
+    if verify is False:
+        return "none"
+    if verify not in _VERIFY_MODES:
+        raise InputError(
+            f"verify expected one of {list(_VERIFY_MODES)} or a bool, found {verify!r:.80}"
+        )
+    return verify
+
+
+def snapshot_for_edit(path: Path, key: str, *, full: bool = False,
+                      sample_bytes: int = _SAMPLE_BYTES, chunk_bytes: int = _DEFAULT_CHUNK_BYTES,
+                      index: HeaderIndex | None = None) -> EditSnapshot:
+    """Record what :func:`verify_edit` needs from the source of an edit of ``key``.
+
+    Reads the header and ``3 * sample_bytes`` per tensor (milliseconds); with ``full`` also
+    hashes every tensor's whole data (the data section read once, about 1.7 GB/s).
+
+    Args:
+        path: the source GGUF.
+        key: the key about to be edited (must exist).
+        full: also take the sha256 of every tensor's data.
+        sample_bytes: bytes per data sample (>= 1).
+        chunk_bytes: read size in bytes for the header and full hashes (>= 4096).
+        index: the source's header index, if already read.
+
+    Raises:
+        GGUFError: the file is not a readable GGUF or ``key`` is absent.
+        InputError: ``sample_bytes`` < 1 or ``chunk_bytes`` < 4096.
+    """
+    if sample_bytes < 1:
+        raise InputError(f"sample_bytes {sample_bytes} is below 1")
+    if chunk_bytes < 4096:
+        raise InputError(f"chunk_bytes {chunk_bytes} is below 4096")
+    path = Path(path)
+    index = index or read_header_index(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        prefix, suffix = _header_digests(fd, index, key, chunk_bytes)
+        samples = _samples(fd, index, sample_bytes)
+    finally:
+        os.close(fd)
+    return EditSnapshot(
+        index=index, key=key, sample_bytes=sample_bytes, header_prefix_sha256=prefix,
+        header_suffix_sha256=suffix, samples=samples,
+        tensor_sha256=tensor_sha256(path, index, chunk_bytes) if full else None,
+    )
+
+
+def verify_edit(result_path: Path, before: EditSnapshot, value: Any, *, full: bool = False,
+                chunk_bytes: int = _DEFAULT_CHUNK_BYTES) -> tuple[HeaderIndex, Any]:
+    """Check that ``result_path`` is ``before``'s source with only ``before.key`` set to ``value``.
+
+    The sampled checks always run (module docstring); with ``full`` the sha256 of every tensor's
+    data is compared too, against ``before.tensor_sha256`` or, when that is None, against the
+    source file ``before.index.path`` hashed in a second thread (the source must then be
+    unchanged: the streaming path).
+
+    Args:
+        result_path: the edited GGUF.
+        before: the snapshot of the source, from :func:`snapshot_for_edit`.
+        value: the value the key must now hold (FLOAT32 values are compared after rounding to
+            float32).
+        full: also compare whole-tensor sha256.
+        chunk_bytes: read size in bytes (>= 4096).
+
+    Returns:
+        The result's header index and the key's value read back from it.
+
+    Raises:
+        GGUFError: the result is not a readable GGUF, or differs from the source in anything
+            but the key (tensor infos, key set/order, other header bytes, data section length,
+            a data sample or, with ``full``, a tensor's sha256), or the key does not hold
+            ``value``; the message names the result, the key and what differs.
+        InputError: ``chunk_bytes`` < 4096.
+    """
+    if chunk_bytes < 4096:
+        raise InputError(f"chunk_bytes {chunk_bytes} is below 4096")
+    result_path = Path(result_path)
+    src, key = before.index, before.key
+    after = read_header_index(result_path)
+
+    layout = [(t.name, t.ggml_type, t.shape, t.relative_offset, t.size_bytes) for t in src.tensors]
+    found = [(t.name, t.ggml_type, t.shape, t.relative_offset, t.size_bytes) for t in after.tensors]
+    if layout != found:
+        diff = [f[0] for f, e in zip(found, layout) if f != e] or ["(tensor count)"]
+        raise _changed(result_path, key, f"tensor infos ({diff[:5]})")
+    if list(after.fields) != list(src.fields):
+        raise _changed(result_path, key, "key order/set")
+    if after.version != src.version or after.alignment != src.alignment:
+        raise _changed(result_path, key, "version/alignment")
+    data_before = src.file_size_bytes - src.data_offset
+    data_after = after.file_size_bytes - after.data_offset
+    if data_after != data_before:
+        raise _changed(result_path, key, f"data section length ({data_before} -> {data_after} bytes)")
+    span = after.fields[key]
+    if (span.value_type, span.sub_type) != (src.fields[key].value_type, src.fields[key].sub_type):
+        raise _changed(result_path, key, f"value type of the key ({span.value_type}/{span.sub_type})")
+    new_value = read_metadata(result_path, key, after)
+    expected = list(value) if isinstance(value, tuple) else value
+    if span.value_type == "FLOAT32" or span.sub_type == "FLOAT32":
+        expected = _roundtrip_f32(expected)
+    if new_value != expected:
+        raise GGUFError(
+            f"{result_path}: key {key!r} expected {expected!r:.200} after the edit, "
+            f"found {new_value!r:.200}"
+        )
+    if full and before.tensor_sha256 is None:  # hash the (unchanged) source alongside
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            src_full = pool.submit(tensor_sha256, src.path, src, chunk_bytes)
+            _compare_bytes(result_path, before, after, full, src_full, chunk_bytes)
+    else:
+        _compare_bytes(result_path, before, after, full, before.tensor_sha256, chunk_bytes)
+    return after, new_value
+
+
+def _compare_bytes(result_path: Path, before: EditSnapshot, after: HeaderIndex, full: bool,
+                   src_hashes: Any, chunk_bytes: int) -> None:
+    """Header bytes, data samples and (``full``) whole-tensor sha256 of the result vs the source."""
+    key = before.key
+
+    fd = os.open(result_path, os.O_RDONLY)
+    try:
+        prefix, suffix = _header_digests(fd, after, key, chunk_bytes)
+        if (after.fields[key].offset != before.index.fields[key].offset
+                or prefix != before.header_prefix_sha256):
+            raise _changed(result_path, key, "header bytes before the entry")
+        if suffix != before.header_suffix_sha256:
+            raise _changed(result_path, key, "header bytes after the entry (other keys or tensor infos)")
+        got = _samples(fd, after, before.sample_bytes)
+    finally:
+        os.close(fd)
+    where = ("first", "middle", "last")
+    for name, digests in before.samples.items():
+        bad = [where[i] if len(digests) > 1 else "whole"
+               for i, (a, b) in enumerate(zip(digests, got[name])) if a != b]
+        if bad:
+            raise _changed(result_path, key,
+                           f"tensor {name!r} data ({'/'.join(bad)} {before.sample_bytes} bytes "
+                           "differ from the source: data at a wrong offset or overwritten)")
+    if full:
+        got_full = tensor_sha256(result_path, after, chunk_bytes)
+        if not isinstance(src_hashes, dict):  # a Future hashing the source alongside
+            src_hashes = src_hashes.result()
+        changed = [name for name, digest in src_hashes.items() if got_full.get(name) != digest]
+        if changed:
+            raise _changed(result_path, key, f"tensor data (sha256 of {changed[:5]})")
+
+
+def _changed(result_path: Path, key: str, what: str) -> GGUFError:
+    """The error for an edit result that differs from its source in ``what`` besides ``key``."""
+    return GGUFError(f"{result_path}: {what} changed by the edit of {key!r}")
+
+
+def _roundtrip_f32(value: Any) -> Any:
+    if isinstance(value, list):
+        return [_roundtrip_f32(v) for v in value]
+    return struct.unpack("<f", struct.pack("<f", value))[0]
+
+
+def set_metadata(
+    path: Path,
+    key: str,
+    value: Any,
+    out_path: Path | None = None,
+    *,
+    verify: VerifyMode | bool = "sampled",
+    chunk_bytes: int = _DEFAULT_CHUNK_BYTES,
+) -> EditResult:
+    """Set an existing metadata key of a GGUF file to a new value of the same type.
+
+    In place when ``out_path`` is None (or ``path``) and the new header still fits the old padded
+    header (the data section does not move); otherwise streams a new file to a temporary sibling
+    of the destination, fsyncs it, verifies it and renames it atomically (then fsyncs the
+    directory). Peak memory: ``chunk_bytes`` plus a 1 MiB data copy buffer plus (in place) the
+    header bytes after the entry, whatever the file size.
+
+    Args:
+        path: the GGUF file.
+        key: an existing key (``general.alignment`` cannot be changed: it moves every tensor).
+        value: int / float / bool / str, or a list for array keys; must fit the key's stored
+            type (an int for ``UINT32`` within 0..2**32-1, ...).
+        out_path: write the result here instead of editing ``path`` (always the streaming path).
+        verify: ``"sampled"`` (default; ``True`` is the same): tensor infos, keys, other header
+            bytes, data section length, the new value and the first/middle/last 4 KiB of every
+            tensor, result vs source (milliseconds); ``"full"``: also the sha256 of every
+            tensor's data (reads the data section twice more); ``"none"`` (or ``False``): only
+            read the key back. See the module docstring.
+        chunk_bytes: header copy and hash buffer size in bytes (>= 4096).
+
+    Returns:
+        An :class:`EditResult`.
+
+    Raises:
+        GGUFError: the file is not a readable GGUF, the key is absent, ``value`` does not fit the
+            key's type (the message names the key, the expected type and what was found), or
+            verification failed (the original is untouched on the streaming path; in place, the
+            header was already rewritten).
+        InputError: ``chunk_bytes`` < 4096, ``verify`` is not one of the modes above, or
+            ``key`` is ``general.alignment``.
+        DiskFullError: the destination ran out of space on the streaming path (no file is left
+            under the destination name; an existing one is untouched).
+    """
+    started = time.perf_counter()
+    path = Path(path)
+    mode = _check_verify_mode(verify)
+    if chunk_bytes < 4096:
+        raise InputError(f"chunk_bytes {chunk_bytes} is below 4096")
+    if key == "general.alignment":
+        raise InputError("key 'general.alignment' cannot be edited: it moves every tensor")
+    index = read_header_index(path)
+    span = _span(index, key)
+    entry = _pack_entry(path, span, value)
+    old_value = read_metadata(path, key, index)
+    dst = Path(out_path) if out_path is not None else path
+    same_file = dst.resolve() == path.resolve()
+    new_header_end = index.header_end - span.size_bytes + len(entry)
+    new_data_offset = -(-new_header_end // index.alignment) * index.alignment
+    in_place = same_file and new_data_offset == index.data_offset
+    # in place the source is overwritten: its full hashes must be taken before the edit
+    snapshot = None if mode == "none" else snapshot_for_edit(
+        path, key, full=mode == "full" and in_place, chunk_bytes=chunk_bytes, index=index)
+
+    if in_place:
+        _edit_in_place(path, index, span, entry)
+        result_path = path
+        if snapshot is not None:
+            after, new_value = verify_edit(path, snapshot, _value_of(entry, span),
+                                           full=mode == "full", chunk_bytes=chunk_bytes)
+    else:
+        result_path = dst
+        verified = _stream(path, dst, index, span, entry, new_data_offset, chunk_bytes,
+                           snapshot, mode == "full")
+        if verified is not None:
+            after, new_value = verified
+    if snapshot is None:
+        after = read_header_index(result_path)
+        new_value = read_metadata(result_path, key, after)
+    return EditResult(
+        path=result_path, key=key, value_type=span.value_type, old_value=old_value,
+        new_value=new_value, in_place=in_place, data_offset_before=index.data_offset,
+        data_offset_after=after.data_offset, size_bytes=after.file_size_bytes,
+        verification=mode, tensors_verified=0 if snapshot is None else len(index.tensors),
+        duration_s=time.perf_counter() - started,
+    )
+
+
+def _edit_in_place(path: Path, index: HeaderIndex, span: FieldSpan, entry: bytes) -> None:
+    """Rewrite ``[span.offset, data_offset)``: the new entry, the rest of the header, zeros."""
+    end = span.offset + span.size_bytes
+    fd = os.open(path, os.O_RDWR)
+    try:
+        tail = os.pread(fd, index.header_end - end, end) if len(entry) != span.size_bytes else b""
+        block = entry + tail
+        if len(entry) != span.size_bytes:
+            block += b"\0" * (index.data_offset - span.offset - len(block))
+        written = os.pwrite(fd, block, span.offset)
+        if written != len(block):
+            raise GGUFError(f"{path}: short write in place ({written} of {len(block)} bytes)")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _stream(src: Path, dst: Path, index: HeaderIndex, span: FieldSpan, entry: bytes,
+            new_data_offset: int, chunk_bytes: int, snapshot: EditSnapshot | None,
+            full: bool) -> tuple[HeaderIndex, Any] | None:
+    """Write the edited file to a temporary sibling of ``dst``, fsync it, verify it against
+    ``snapshot`` (when given; returns :func:`verify_edit`'s result), rename it onto ``dst``."""
+    dst = dst.resolve()
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(tmp_name)
+    buf = bytearray(chunk_bytes)
+    verified = None
+    try:
+        with open(src, "rb", buffering=0) as fin, open(tmp, "wb", buffering=0) as fout:
+            _pump(fin, fout, span.offset, buf, path=src)
+            _write_all(fout, entry)
+            fin.seek(span.offset + span.size_bytes)
+            new_header_end = span.offset + len(entry) + index.header_end - fin.tell()
+            _pump(fin, fout, index.header_end - fin.tell(), buf, path=src)
+            _write_all(fout, b"\0" * (new_data_offset - new_header_end))
+            _copy_data(fin.fileno(), fout.fileno(), index.data_offset, new_data_offset,
+                       index.file_size_bytes - index.data_offset, src)
+            os.fsync(fout.fileno())
+        shutil.copymode(src, tmp)
+        if snapshot is not None:
+            verified = verify_edit(tmp, snapshot, _value_of(entry, span), full=full,
+                                   chunk_bytes=chunk_bytes)
+            verified = (verified[0].model_copy(update={"path": dst}), verified[1])
+        os.replace(tmp, dst)
+        _fsync_dir(dst.parent)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise_if_disk_full(exc, dst, "writing the edited GGUF")
+        raise
+    finally:
+        tmp.unlink(missing_ok=True)
+    return verified
+
+
+def _copy_data(in_fd: int, out_fd: int, src_offset: int, dst_offset: int, n: int,
+               src: Path) -> None:
+    """Copy ``n`` bytes from ``src_offset`` of ``in_fd`` to ``dst_offset`` of ``out_fd``.
+
+    When both offsets agree modulo ``_DATA_COPY_BYTES`` (the data section did not move, or moved
+    by whole MiB) ``os.copy_file_range`` copies in the kernel, as coreutils ``cp`` does;
+    otherwise ``pread``/``pwrite`` through one 1 MiB buffer, reading at 1 MiB boundaries of the
+    source. Measured here (Linux 6.18, ext4, 2 GB from the page cache, copy + fsync, medians of 4):
+    ``copy_file_range`` to an offset shifted by 4064 or 4096 bytes 1.41-1.50 s, unshifted 1.01 s
+    (``cp`` + ``sync`` 1.02 s); the 1 MiB buffer copy 0.96-0.98 s shifted but 2.4 s unshifted
+    (the destination then gets large folios); an 8 MiB buffer (beyond the CPU cache) was slower
+    and erratic. Falls back to the buffer copy where ``copy_file_range`` is refused (EXDEV,
+    ENOSYS, EINVAL, EOPNOTSUPP).
+    """
+    end = src_offset + n
+    pos_in, pos_out = src_offset, dst_offset
+    try:
+        os.posix_fadvise(in_fd, src_offset, n, os.POSIX_FADV_SEQUENTIAL)
+    except (AttributeError, OSError):  # an advice only
+        pass
+    if (dst_offset - src_offset) % _DATA_COPY_BYTES == 0:
+        try:
+            while pos_in < end:
+                done = os.copy_file_range(in_fd, out_fd, min(end - pos_in, 1 << 30), pos_in,
+                                          pos_out)
+                if done == 0:
+                    raise GGUFError(f"{src}: unexpected end of file ({end - pos_in} bytes missing)")
+                pos_in += done
+                pos_out += done
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+                raise
+    view = memoryview(bytearray(_DATA_COPY_BYTES))
+    while pos_in < end:
+        want = min(_DATA_COPY_BYTES - pos_in % _DATA_COPY_BYTES, end - pos_in)
+        got = os.preadv(in_fd, [view[:want]], pos_in)
+        if got == 0:
+            raise GGUFError(f"{src}: unexpected end of file ({end - pos_in} bytes missing)")
+        done = 0
+        while done < got:  # a raw write may be short (a filling disk); the next raises ENOSPC
+            done += os.pwrite(out_fd, view[done:got], pos_out + done)
+        pos_in += got
+        pos_out += got
+
+
+def _value_of(entry: bytes, span: FieldSpan) -> Any:
+    """Decode the value of a packed entry (what :func:`_verify` must read back)."""
+    import io
+
+    cur = _Cursor(io.BytesIO(entry), Path(span.key))  # type: ignore[arg-type]
+    cur.string()
+    return cur.value(cur.u32())

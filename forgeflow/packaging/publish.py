@@ -1,0 +1,507 @@
+"""Publish a packaged model (a GGUF file plus its lineage/metadata JSON) to a model store.
+
+Two stores, chosen by the caller (the ``ModelStore`` block's kind):
+
+* **local directory** (the embedded default, :func:`publish_local`): the files are copied into
+  ``<store_root>/<name>/<revision>/`` where ``revision`` is the first 16 hex digits of the sha256
+  of the canonical JSON list of ``(file name, sha256)``: the same artifact always lands in the same
+  folder (a re-run is a no-op) and a different one never overwrites it. The copy is made in a
+  temporary sibling folder (each file fsynced, its sha256 re-read and compared), the record
+  ``publish.json`` is written last, and the folder is renamed into place (atomic on one file
+  system).
+* **HF Hub** (:func:`publish_hub`, through ``huggingface_hub``'s :class:`~huggingface_hub.HfApi`):
+  ``create_repo(exist_ok=True)``, then ``create_commit(..., parent_commit=<pinned parent>)``: the
+  Hub refuses the commit (HTTP 412) when the branch no longer points at the parent, which surfaces
+  as :class:`~forgeflow.common.errors.StaleParentCommitError`. The parent is the caller's (e.g. the
+  revision of the last publish it recorded) or, when none is given, the branch head read once
+  before uploading; a caller's parent that is already behind the head is refused before any
+  upload (``create_commit`` drops files identical at the head and would then return the head
+  without sending a commit, so without the server's check). When every file is already identical
+  at the head, no commit is made and the record's ``revision`` equals its ``parent_revision``.
+  After the commit, ``get_paths_info(repo, paths, revision=<new commit>)`` must
+  report, for every file, the local size and: for an LFS file the local sha256 (the LFS oid), for
+  a regular (small text) file the local git blob id (``sha1("blob <size>\\0" + bytes)``, git's
+  object format). A difference raises :class:`~forgeflow.common.errors.PublishDigestMismatchError`.
+
+The Hub token comes only from the caller (a Prefect Secret block in the task layer): it is never
+read from the environment or the local ``huggingface_hub`` login (``HfApi(token=False)`` when the
+caller gives none), never logged, never put into an exception message or the record (messages are
+scrubbed of it in case a server echoes it back).
+
+Transfers: ``huggingface_hub`` uploads LFS content through Xet storage whenever ``hf_xet`` is
+installed (``_commit_api._upload_files``). ``transfer="lfs"`` forces the Git LFS batch protocol
+(``POST <repo>.git/info/lfs/objects/batch`` then a ``PUT`` per object) for servers without Xet
+storage, such as a loopback Hub-compatible server: it sets ``huggingface_hub.constants
+.HF_HUB_DISABLE_XET`` for the duration of the upload, under a module lock (a process-wide
+switch: another thread's concurrent Hub upload would also use LFS meanwhile).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+from forgeflow.common.errors import (
+    ForgeflowError,
+    InputError,
+    ModelStoreError,
+    ModelStoreUnavailableError,
+    PublishDigestMismatchError,
+    StaleParentCommitError,
+)
+from forgeflow.common.fsutil import (
+    FILE_MODE,
+    atomic_write_text,
+    sha256_file,
+    sha256_json,
+)
+
+logger = logging.getLogger(__name__)
+
+PUBLISH_SCHEMA_VERSION = 1
+"""Schema version of :class:`PublishRecord` (``publish.json``)."""
+
+RECORD_FILE = "publish.json"
+"""Name of the record written into a local store folder."""
+
+HF_ENDPOINT = "https://huggingface.co"
+"""The public HF Hub (``huggingface_hub.constants._HF_DEFAULT_ENDPOINT``)."""
+
+_CHUNK_BYTES = 1 << 20
+_XET_LOCK = threading.Lock()
+
+
+class PublishedFile(BaseModel):
+    """One file of a published artifact.
+
+    Attributes:
+        path_in_store: Name of the file inside the store folder / repository.
+        sha256: Hex sha256 of its bytes (64 characters).
+        size_bytes: Its size.
+        role: ``gguf`` (the model) or ``metadata`` (the lineage/metadata JSON).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    path_in_store: str = Field(min_length=1)
+    sha256: str = Field(min_length=64, max_length=64)
+    size_bytes: int = Field(ge=0)
+    role: Literal["gguf", "metadata"]
+
+
+class PublishRecord(BaseModel):
+    """What was published where, as verified after publishing (holds no credential).
+
+    Attributes:
+        schema_version: :data:`PUBLISH_SCHEMA_VERSION`.
+        backend: ``local`` or ``hf_hub``.
+        location: The store folder (local) or ``<endpoint>/<repo_id>`` (Hub).
+        repo_id: The Hub repository (None for local).
+        revision: The local revision (16 hex digits of the content digest) or the Hub commit oid
+            (40 hex digits) holding the files.
+        parent_revision: The Hub commit the new commit was pinned to (None for local).
+        files: The published files with their sha256 and size.
+        published_at_unix_s: When the publish finished (an idempotent local re-run keeps the
+            first time).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    schema_version: int = PUBLISH_SCHEMA_VERSION
+    backend: Literal["local", "hf_hub"]
+    location: str
+    repo_id: str | None = None
+    revision: str = Field(min_length=1)
+    parent_revision: str | None = None
+    files: list[PublishedFile] = Field(min_length=1)
+    published_at_unix_s: float
+
+
+# --- the artifact ----------------------------------------------------------------------------
+def _check_artifact(gguf_path: Path, metadata_path: Path) -> list[tuple[Path, PublishedFile]]:
+    """Preflight: the GGUF header reads, the metadata is a JSON object, the names differ."""
+    from forgeflow.packaging.gguf_edit import read_header_index
+
+    gguf_path, metadata_path = Path(gguf_path), Path(metadata_path)
+    read_header_index(gguf_path)  # GGUFError: missing, not GGUF, truncated header
+    if not metadata_path.is_file():
+        raise InputError(f"metadata_path {metadata_path} does not exist")
+    try:
+        metadata = json.loads(metadata_path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InputError(f"metadata_path {metadata_path} is not JSON: {exc}") from exc
+    if not isinstance(metadata, dict):
+        raise InputError(f"metadata_path {metadata_path} holds {type(metadata).__name__}, not a JSON object")
+    if gguf_path.name == metadata_path.name or RECORD_FILE in (gguf_path.name, metadata_path.name):
+        raise InputError(
+            f"file names must differ from each other and from {RECORD_FILE!r}: "
+            f"{gguf_path.name!r}, {metadata_path.name!r}"
+        )
+    return [
+        (path, PublishedFile(path_in_store=path.name, sha256=sha256_file(path),
+                             size_bytes=path.stat().st_size, role=role))
+        for path, role in ((gguf_path, "gguf"), (metadata_path, "metadata"))
+    ]
+
+
+def local_revision(files: list[PublishedFile]) -> str:
+    """The local store revision of a set of files: 16 hex digits of the sha256 of the canonical
+    JSON list of ``[path_in_store, sha256]`` pairs, sorted by path."""
+    return sha256_json(sorted([f.path_in_store, f.sha256] for f in files))[:16]
+
+
+def git_blob_sha1(path: Path) -> str:
+    """Git's object id of a file's bytes: ``sha1(b"blob <size>\\0" + bytes)`` (git's loose-object
+    format; what the Hub reports as the ``oid`` of a regular, non-LFS file)."""
+    digest = hashlib.sha1(f"blob {Path(path).stat().st_size}\0".encode())  # noqa: S324 - git's id
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(_CHUNK_BYTES), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+# --- local directory -------------------------------------------------------------------------
+def _copy_fsynced(src: Path, dst: Path) -> None:
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        shutil.copyfileobj(fin, fout, _CHUNK_BYTES)
+        fout.flush()
+        os.fsync(fout.fileno())
+    os.chmod(dst, FILE_MODE)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _verify_local(folder: Path, files: list[PublishedFile]) -> None:
+    for expected in files:
+        path = folder / expected.path_in_store
+        if not path.is_file():
+            raise PublishDigestMismatchError(f"{path}: expected a file of sha256 {expected.sha256}, found none")
+        found_sha, found_size = sha256_file(path), path.stat().st_size
+        if (found_sha, found_size) != (expected.sha256, expected.size_bytes):
+            raise PublishDigestMismatchError(
+                f"{path}: expected sha256 {expected.sha256} ({expected.size_bytes} bytes), "
+                f"found sha256 {found_sha} ({found_size} bytes)"
+            )
+
+
+def read_local_record(folder: Path) -> PublishRecord:
+    """Read ``publish.json`` of a local store folder and re-check every file's sha256 and size.
+
+    Raises:
+        InputError: no record, or it is not a valid :class:`PublishRecord`.
+        PublishDigestMismatchError: a file is missing or its bytes changed since publishing.
+    """
+    folder = Path(folder)
+    path = folder / RECORD_FILE
+    try:
+        record = PublishRecord.model_validate_json(path.read_bytes())
+    except FileNotFoundError as exc:
+        raise InputError(f"{folder} holds no {RECORD_FILE}") from exc
+    except ValueError as exc:  # pydantic ValidationError
+        raise InputError(f"{path} is not a publish record: {exc}") from exc
+    _verify_local(folder, record.files)
+    return record
+
+
+def publish_local(gguf_path: Path, metadata_path: Path, store_root: Path, name: str) -> PublishRecord:
+    """Publish a GGUF and its metadata JSON into a local store folder (atomic, idempotent).
+
+    Layout: ``<store_root>/<name>/<revision>/{<gguf name>, <metadata name>, publish.json}`` with
+    ``revision`` = :func:`local_revision` of the files. The files are copied (fsynced) into a
+    temporary sibling folder, each copy's sha256 is compared with the source's (a source that
+    changes during the copy is caught), ``publish.json`` is written, and the folder is renamed to
+    its final name. When that folder already exists (a re-run), its files are re-checked and its
+    record is returned unchanged.
+
+    Args:
+        gguf_path: The GGUF file (its header must read: :func:`forgeflow.packaging.gguf_edit.read_header_index`).
+        metadata_path: The lineage/metadata JSON (a JSON object).
+        store_root: Root folder of the local model store (created if missing).
+        name: Model name: one path component (letters, digits, ``._-``).
+
+    Returns:
+        The :class:`PublishRecord` (``backend="local"``, ``location`` = the final folder).
+
+    Raises:
+        InputError: ``name`` is not one safe path component, the metadata is not a JSON object,
+            or the two files share a name.
+        GGUFError: ``gguf_path`` is missing or not a GGUF file.
+        PublishDigestMismatchError: a copy differs from its source, or an existing folder of the
+            same revision holds different bytes (corruption).
+    """
+    if not name or name in (".", "..") or not all(c.isalnum() or c in "._-" for c in name):
+        raise InputError(f"name {name!r} must be one path component of letters, digits and '._-'")
+    pairs = _check_artifact(gguf_path, metadata_path)
+    files = [f for _, f in pairs]
+    revision = local_revision(files)
+    parent = Path(store_root) / name
+    final = parent / revision
+    if final.exists():
+        record = read_local_record(final)
+        logger.info("local store already holds %s revision %s; nothing copied", name, revision)
+        return record
+    parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=parent, prefix=f".{revision}."))
+    try:
+        for src, expected in pairs:
+            _copy_fsynced(src, tmp / expected.path_in_store)
+        _verify_local(tmp, files)
+        record = PublishRecord(
+            backend="local", location=str(final.resolve()), revision=revision, files=files,
+            published_at_unix_s=time.time(),
+        )
+        atomic_write_text(tmp / RECORD_FILE, record.model_dump_json(indent=2) + "\n")
+        os.chmod(tmp, 0o755)
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if final.exists():  # a concurrent publish of the same revision won the rename
+                return read_local_record(final)
+            raise
+        _fsync_dir(parent)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    logger.info("published %s revision %s to %s", name, revision, final)
+    return record
+
+
+# --- HF Hub ----------------------------------------------------------------------------------
+@contextmanager
+def _lfs_transfer(transfer: str) -> Iterator[None]:
+    """Force the Git LFS batch protocol (Xet off) while the block runs, when ``transfer="lfs"``."""
+    if transfer == "auto":
+        yield
+        return
+    from huggingface_hub import constants
+
+    with _XET_LOCK:
+        saved = constants.HF_HUB_DISABLE_XET
+        constants.HF_HUB_DISABLE_XET = True
+        try:
+            yield
+        finally:
+            constants.HF_HUB_DISABLE_XET = saved
+
+
+class _Scrubber:
+    """Removes the token from any text that leaves this module (messages, logs)."""
+
+    def __init__(self, token: str | None) -> None:
+        self._token = token
+
+    def __call__(self, text: str) -> str:
+        return text.replace(self._token, "<redacted>") if self._token else text
+
+
+def _hub_error(exc: BaseException, action: str, where: str, scrub: _Scrubber) -> ForgeflowError:
+    """Map a ``huggingface_hub`` or transport exception to forgeflow's hierarchy (token scrubbed).
+
+    HTTP 429/5xx and transport failures (connection refused or reset, timeouts) are transient;
+    other HTTP errors and malformed answers are not.
+    """
+    from huggingface_hub.errors import HfHubHTTPError
+
+    cause: BaseException = exc
+    if isinstance(exc, RuntimeError) and exc.__cause__ is not None:  # LFS upload wrapper
+        cause = exc.__cause__
+    if isinstance(cause, HfHubHTTPError) and cause.response is not None:
+        status = cause.response.status_code
+        lines = str(cause.server_message or cause).strip().splitlines()
+        message = f"{action} on {where} failed: HTTP {status}: {scrub(lines[0] if lines else '')}"
+        if status == 429 or status >= 500:
+            return ModelStoreUnavailableError(message)
+        return ModelStoreError(message)
+    message = f"{action} on {where} failed: {type(cause).__name__}: {scrub(str(cause))}"
+    if isinstance(cause, ValueError):  # huggingface_hub: malformed server answer
+        return ModelStoreError(message)
+    return ModelStoreUnavailableError(message)
+
+
+def _is_hub_failure(exc: BaseException) -> bool:
+    """True for what ``huggingface_hub`` raises when the server or the transport fails."""
+    return (
+        isinstance(exc, OSError | RuntimeError | ValueError)  # HfHubHTTPError is an OSError
+        or type(exc).__module__.split(".")[0] in ("httpx", "httpx2", "httpcore")
+    )
+
+
+def _token_value(token: SecretStr | str | None) -> str | None:
+    value = token.get_secret_value() if isinstance(token, SecretStr) else token
+    return value or None
+
+
+def publish_hub(
+    gguf_path: Path,
+    metadata_path: Path,
+    *,
+    repo_id: str,
+    token: SecretStr | str | None,
+    endpoint: str = HF_ENDPOINT,
+    revision: str = "main",
+    parent_commit: str | None = None,
+    private: bool = True,
+    commit_message: str | None = None,
+    transfer: Literal["auto", "lfs"] = "auto",
+) -> PublishRecord:
+    """Publish a GGUF and its metadata JSON to an HF Hub model repository, then verify them.
+
+    Steps (all through :class:`huggingface_hub.HfApi`): ``create_repo(repo_id, private=private,
+    exist_ok=True)``; the parent commit = ``parent_commit`` or the head of ``revision``
+    (``repo_info``); ``create_commit`` of both files with ``parent_commit`` pinned (the Hub
+    answers 412 if the branch moved: nothing is committed); ``get_paths_info(repo_id, paths,
+    revision=<new commit oid>)``: each file must be there with the local size and the local
+    sha256 as its LFS oid (LFS files) or the local git blob id (regular files).
+
+    Args:
+        gguf_path: The GGUF file (its header must read).
+        metadata_path: The lineage/metadata JSON (a JSON object).
+        repo_id: ``namespace/name`` of the model repository.
+        token: A write token from the caller (a Prefect Secret block), or None for a server that
+            needs none. Never read from the environment, never logged or recorded.
+        endpoint: The Hub's base URL (default the public Hub).
+        revision: The branch to commit to.
+        parent_commit: The 40-hex commit the branch must still point at; None pins the head read
+            at the start of this call.
+        private: Visibility of the repository if this call creates it.
+        commit_message: Default ``Publish <gguf name> (sha256 <first 12 hex>)``.
+        transfer: ``auto`` (``huggingface_hub``'s choice: Xet when ``hf_xet`` is installed) or
+            ``lfs`` (the Git LFS batch protocol, for servers without Xet storage).
+
+    Returns:
+        The :class:`PublishRecord` (``backend="hf_hub"``, ``revision`` = the new commit oid,
+        ``parent_revision`` = the pinned parent; equal when the files were already there).
+
+    Raises:
+        InputError: ``repo_id`` is not ``namespace/name``, ``transfer`` is unknown, the metadata
+            is not a JSON object, or ``parent_commit`` is not 40 hex digits.
+        GGUFError: ``gguf_path`` is missing or not a GGUF file.
+        StaleParentCommitError: the branch does not point at ``parent_commit`` (checked before
+            uploading), or moved during the upload (the Hub's HTTP 412 on the commit).
+        PublishDigestMismatchError: a file read back at the new commit is missing or has another
+            sha256/size than the local file (path, expected and found values in the message).
+        ModelStoreError: the Hub refused a request (401/403/404/4xx).
+        ModelStoreUnavailableError: the Hub is unreachable or answered 429/5xx (transient).
+    """
+    from huggingface_hub import CommitOperationAdd, HfApi
+    from huggingface_hub.errors import HfHubHTTPError
+
+    parts = repo_id.split("/")
+    if len(parts) != 2 or not all(parts):
+        raise InputError(f"repo_id {repo_id!r} must be 'namespace/name'")
+    if transfer not in ("auto", "lfs"):
+        raise InputError(f"transfer {transfer!r} is not one of ['auto', 'lfs']")
+    if parent_commit is not None and (
+        len(parent_commit) != 40 or any(c not in "0123456789abcdef" for c in parent_commit)
+    ):
+        raise InputError(f"parent_commit {parent_commit!r} is not a 40-hex commit id")
+    pairs = _check_artifact(gguf_path, metadata_path)
+    files = [f for _, f in pairs]
+    secret = _token_value(token)
+    scrub = _Scrubber(secret)
+    endpoint = endpoint.rstrip("/")
+    where = f"{endpoint}/{repo_id}"
+    api = HfApi(endpoint=endpoint, token=secret if secret else False)
+    gguf = files[0]
+    message = commit_message or f"Publish {gguf.path_in_store} (sha256 {gguf.sha256[:12]})"
+
+    try:
+        api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
+        head = api.repo_info(repo_id, repo_type="model", revision=revision).sha
+    except Exception as exc:
+        if _is_hub_failure(exc):
+            raise _hub_error(exc, "create_repo/repo_info", where, scrub) from exc
+        raise
+    if not head:
+        raise ModelStoreError(f"{where} reported no head commit for branch {revision!r}")
+    parent = parent_commit or head
+    if head != parent:
+        # Checked here too because create_commit drops files already identical at the branch
+        # head and then returns the head without sending a commit (so without the 412 check).
+        raise StaleParentCommitError(
+            f"{where}: branch {revision!r} points at {head}, not at the parent commit {parent}; "
+            "nothing was committed"
+        )
+    logger.info("publishing %s to %s@%s on parent %s", gguf.path_in_store, where, revision, parent)
+
+    operations = [CommitOperationAdd(path_in_repo=f.path_in_store, path_or_fileobj=str(p)) for p, f in pairs]
+    try:
+        with _lfs_transfer(transfer):
+            commit = api.create_commit(
+                repo_id, operations, commit_message=message, repo_type="model",
+                revision=revision, parent_commit=parent,
+            )
+    except HfHubHTTPError as exc:
+        if exc.response is not None and exc.response.status_code == 412:
+            raise StaleParentCommitError(
+                f"{where}: branch {revision!r} no longer points at parent commit {parent} "
+                f"(HTTP 412: {scrub(str(exc.server_message or '').strip())}); nothing was committed"
+            ) from exc
+        raise _hub_error(exc, "create_commit", where, scrub) from exc
+    except Exception as exc:
+        if _is_hub_failure(exc):
+            raise _hub_error(exc, "create_commit", where, scrub) from exc
+        raise
+    new_commit = commit.oid
+    _verify_hub(api, repo_id, new_commit, pairs, where, scrub)
+    record = PublishRecord(
+        backend="hf_hub", location=where, repo_id=repo_id, revision=new_commit,
+        parent_revision=parent, files=files, published_at_unix_s=time.time(),
+    )
+    logger.info("published %s to %s at commit %s (verified)", gguf.path_in_store, where, new_commit)
+    return record
+
+
+def _verify_hub(
+    api: object, repo_id: str, commit: str, pairs: list[tuple[Path, PublishedFile]], where: str,
+    scrub: _Scrubber,
+) -> None:
+    """``get_paths_info`` at ``commit`` must show each file with the local size and sha256 (LFS)
+    or git blob id (regular file)."""
+    from huggingface_hub import RepoFile
+
+    paths = [f.path_in_store for _, f in pairs]
+    try:
+        infos = api.get_paths_info(repo_id, paths, revision=commit, repo_type="model")  # type: ignore[attr-defined]
+    except Exception as exc:
+        if _is_hub_failure(exc):
+            raise _hub_error(exc, "get_paths_info", where, scrub) from exc
+        raise
+    by_path = {info.path: info for info in infos if isinstance(info, RepoFile)}
+    for local, expected in pairs:
+        at = f"{where}@{commit}: {expected.path_in_store}"
+        info = by_path.get(expected.path_in_store)
+        if info is None:
+            raise PublishDigestMismatchError(
+                f"{at}: expected sha256 {expected.sha256} ({expected.size_bytes} bytes), found no such file"
+            )
+        if info.lfs is not None:
+            found = (info.lfs.sha256, info.lfs.size)
+            wanted = (expected.sha256, expected.size_bytes)
+            kind = "sha256 (LFS oid)"
+        else:
+            found = (info.blob_id, info.size)
+            wanted = (git_blob_sha1(local), expected.size_bytes)
+            kind = "git blob id"
+        if found != wanted or info.size != expected.size_bytes:
+            raise PublishDigestMismatchError(
+                f"{at}: expected {kind} {wanted[0]} ({wanted[1]} bytes), "
+                f"found {found[0]} ({found[1]} bytes; file size {info.size})"
+            )

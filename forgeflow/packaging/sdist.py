@@ -1,0 +1,155 @@
+"""The pinned llama-cpp-python sdist: the source of the Qwen2 vocabulary and llama.cpp's converter.
+
+The sdist of llama-cpp-python (version :data:`forgeflow.common.settings.LLAMA_CPP_PYTHON_VERSION`)
+vendors llama.cpp, which ships
+
+* ``models/ggml-vocab-qwen2.gguf`` (the real Qwen2 vocabulary, 151,936 entries) with its tokenizer
+  test vectors ``.inp`` / ``.out``, and
+* ``convert_hf_to_gguf.py`` with its ``conversion/`` package and ``gguf-py/`` (the converter finds
+  its own gguf-py next to itself).
+
+:func:`ensure_llama_sdist` fetches the sdist once with ``pip download`` (pip serves later requests
+from its HTTP cache; the tarball is kept under ``cache_dir()/sdist``) and extracts only those
+members into ``cache_dir()/llama-cpp-python-<version>/`` atomically (extract into a temporary
+folder, then rename), so concurrent callers and crashes never leave a half-extracted tree.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+from forgeflow.common import settings
+from forgeflow.common.errors import InfraError, TransientInfraError
+from forgeflow.common.fsutil import atomic_write_json, sha256_file
+
+_VENDOR = "vendor/llama.cpp"
+_MEMBER_FILES = (
+    f"{_VENDOR}/models/ggml-vocab-qwen2.gguf",
+    f"{_VENDOR}/models/ggml-vocab-qwen2.gguf.inp",
+    f"{_VENDOR}/models/ggml-vocab-qwen2.gguf.out",
+    f"{_VENDOR}/convert_hf_to_gguf.py",
+)
+_MEMBER_DIRS = (f"{_VENDOR}/conversion/", f"{_VENDOR}/gguf-py/")
+_COMPLETE_MARKER = "forgeflow-sdist.json"
+_PIP_TIMEOUT_S = 600
+
+
+class SdistError(InfraError):
+    """The pinned llama-cpp-python sdist could not be fetched or lacks a member forgeflow needs."""
+
+
+def sdist_root() -> Path:
+    """Return where the extracted sdist members live (exists only after :func:`ensure_llama_sdist`)."""
+    return settings.cache_dir() / f"llama-cpp-python-{settings.LLAMA_CPP_PYTHON_VERSION}"
+
+
+def download_sdist(version: str) -> Path:
+    """Fetch the sdist tarball into ``cache_dir()/sdist`` with ``pip download`` (once).
+
+    Raises:
+        TransientInfraError: pip failed (index unreachable, timeout).
+        SdistError: pip succeeded but no tarball for ``version`` appeared.
+    """
+    dest = settings.cache_dir() / "sdist"
+    dest.mkdir(parents=True, exist_ok=True)
+    name = f"llama_cpp_python-{version}.tar.gz"
+    if (dest / name).is_file():
+        return dest / name
+    with tempfile.TemporaryDirectory(dir=dest, prefix=".pip-download-") as tmp:
+        cmd = [
+            sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+            "--disable-pip-version-check", "-d", tmp, f"llama-cpp-python=={version}",
+        ]
+        try:
+            proc = subprocess.run(
+                cmd, capture_output=True, text=True, timeout=_PIP_TIMEOUT_S, check=False
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise TransientInfraError(
+                f"pip download of llama-cpp-python=={version} exceeded {_PIP_TIMEOUT_S} s"
+            ) from exc
+        if proc.returncode != 0:
+            raise TransientInfraError(
+                f"pip download of llama-cpp-python=={version} failed (exit {proc.returncode}): "
+                f"{proc.stderr.strip()[-2000:]}"
+            )
+        got = Path(tmp) / name
+        if not got.is_file():
+            raise SdistError(
+                f"pip download left no {name} in {tmp}; found {sorted(os.listdir(tmp))}"
+            )
+        os.replace(got, dest / name)
+    return dest / name
+
+
+def _wanted(member_path: str) -> bool:
+    return member_path in _MEMBER_FILES or member_path.startswith(_MEMBER_DIRS)
+
+
+def ensure_llama_sdist() -> Path:
+    """Return the folder holding the needed members of the pinned llama-cpp-python sdist.
+
+    The folder is ``cache_dir()/llama-cpp-python-<version>/`` and mirrors the sdist's layout below
+    its top directory (``vendor/llama.cpp/...``). The first call downloads (``pip download --no-deps
+    --no-binary :all:``) and extracts; later calls return at once.
+
+    Returns:
+        The extracted root; see :func:`vocab_gguf_path` and :func:`convert_script_path`.
+
+    Raises:
+        TransientInfraError: pip could not fetch the sdist.
+        SdistError: the tarball lacks one of the members forgeflow needs.
+    """
+    root = sdist_root()
+    if (root / _COMPLETE_MARKER).is_file():
+        return root
+    version = settings.LLAMA_CPP_PYTHON_VERSION
+    tarball = download_sdist(version)
+    prefix = f"llama_cpp_python-{version}/"
+    tmp = Path(tempfile.mkdtemp(dir=root.parent, prefix=f".{root.name}."))
+    try:
+        with tarfile.open(tarball, "r:gz") as archive:
+            members = []
+            for member in archive.getmembers():
+                if not member.name.startswith(prefix):
+                    continue
+                rel = member.name[len(prefix):]
+                if _wanted(rel) and (member.isfile() or member.isdir()):
+                    member.name = rel
+                    members.append(member)
+            archive.extractall(tmp, members=members, filter="data")
+        missing = [m for m in _MEMBER_FILES if not (tmp / m).is_file()]
+        missing += [d for d in _MEMBER_DIRS if not (tmp / d).is_dir()]
+        if missing:
+            raise SdistError(f"{tarball} lacks the members {missing}")
+        atomic_write_json(
+            tmp / _COMPLETE_MARKER,
+            {"version": version, "sdist": tarball.name, "sdist_sha256": sha256_file(tarball)},
+        )
+        try:
+            os.rename(tmp, root)
+        except OSError:
+            # Another process finished first (the target exists and is not empty): use its copy.
+            if not (root / _COMPLETE_MARKER).is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return root
+
+
+def vocab_gguf_path() -> Path:
+    """Path of llama.cpp's ``ggml-vocab-qwen2.gguf`` (vocabulary-only GGUF; ``.inp``/``.out``
+    test vectors lie beside it). Calls :func:`ensure_llama_sdist`."""
+    return ensure_llama_sdist() / _VENDOR / "models" / "ggml-vocab-qwen2.gguf"
+
+
+def convert_script_path() -> Path:
+    """Path of llama.cpp's ``convert_hf_to_gguf.py`` (its ``conversion/`` and ``gguf-py/`` lie
+    beside it). Calls :func:`ensure_llama_sdist`."""
+    return ensure_llama_sdist() / _VENDOR / "convert_hf_to_gguf.py"

@@ -1,0 +1,105 @@
+"""The Sandbox protocol and its data: one container per trial, no network, memory/CPU limits.
+
+A backend implements :class:`Sandbox`: ``start`` a container from an image, ``exec`` commands in it,
+``write_file``, ``stop`` it. A *failing command is a result* (:class:`ExecResult` with its exit code);
+a *broken sandbox is an exception* (:class:`~forgeflow.common.errors.SandboxError` and subclasses).
+Backends: :mod:`forgeflow.sandbox.podman` (the embedded default), :mod:`forgeflow.sandbox.kubernetes`;
+chosen by kind in :mod:`forgeflow.sandbox.backends`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+OOM_EXIT_CODE = 137
+"""Exit status of a process killed by SIGKILL (128 + 9). The kernel's OOM killer under a memory
+limit gives it, but so does a process that kills itself or simply ``exit 137``: the status alone is
+never evidence of an OOM (see :meth:`PodmanSandbox.exec`)."""
+
+
+DEFAULT_PIDS_LIMIT = 1024
+"""Default of :attr:`SandboxSpec.pids_limit` (processes + threads per container)."""
+
+
+class SandboxSpec(BaseModel):
+    """Resource limits of one sandbox.
+
+    Attributes:
+        memory_mb: memory limit in MiB (``--memory``).
+        cpus: CPU quota in cores (``--cpus``).
+        network: False gives ``--network none``.
+        pids_limit: most processes and threads alive at once in the container (``--pids-limit``,
+            the pids cgroup); bounds a fork bomb. 1024 by default: a pytest run needs a few dozen,
+            podman's own default (``pids_limit`` in containers.conf) is 2048. ``None`` leaves
+            podman's default. The Kubernetes backend ignores it (a pod's PID limit is the
+            kubelet's ``podPidsLimit``).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    memory_mb: int = Field(default=2048, ge=16)
+    cpus: float = Field(default=1.0, gt=0)
+    network: bool = False
+    pids_limit: int | None = Field(default=DEFAULT_PIDS_LIMIT, ge=8)
+
+
+class ExecResult(BaseModel):
+    """The outcome of one command in a sandbox (a failing command is a result, not an error).
+
+    Output is kept whatever its bytes: ``stdout``/``stderr`` are decoded as UTF-8 with undecodable
+    bytes replaced by U+FFFD (a test that prints Latin-1 never loses its trial), and the raw bytes
+    are digested so the original output can still be identified.
+
+    Attributes:
+        exit_code: the command's exit status.
+        stdout: standard output, decoded (``errors="replace"``).
+        stderr: standard error, decoded likewise.
+        duration_s: wall-clock seconds of the command.
+        stdout_sha256: hex sha256 of the raw stdout bytes (None when a backend did not record it).
+        stderr_sha256: hex sha256 of the raw stderr bytes.
+        undecodable: True when either stream held bytes that are not UTF-8 (they were replaced).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    exit_code: int
+    stdout: str
+    stderr: str
+    duration_s: float = Field(ge=0)
+    stdout_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    stderr_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    undecodable: bool = False
+
+    @classmethod
+    def from_bytes(cls, exit_code: int, stdout: bytes, stderr: bytes, duration_s: float) -> "ExecResult":
+        """Build a result from raw output: decode with replacement, digest the bytes."""
+        out, out_bad = decode_output(stdout)
+        err, err_bad = decode_output(stderr)
+        return cls(exit_code=exit_code, stdout=out, stderr=err, duration_s=max(0.0, duration_s),
+                   stdout_sha256=hashlib.sha256(stdout).hexdigest(),
+                   stderr_sha256=hashlib.sha256(stderr).hexdigest(), undecodable=out_bad or err_bad)
+
+
+def decode_output(raw: bytes) -> tuple[str, bool]:
+    """``(text, had_undecodable_bytes)``: ``raw`` decoded as UTF-8, bad bytes replaced by U+FFFD."""
+    try:
+        return raw.decode("utf-8"), False
+    except UnicodeDecodeError:
+        return raw.decode("utf-8", errors="replace"), True
+
+
+class Sandbox(Protocol):
+    """A running sandbox. Lifecycle: ``start`` -> ``exec``* -> ``stop`` (also a context manager)."""
+
+    def start(self) -> None: ...
+
+    def exec(self, command: list[str] | str, timeout_s: float, workdir: str | None = None,
+             env: Mapping[str, str] | None = None) -> ExecResult: ...
+
+    def write_file(self, path: str, content: str) -> None: ...
+
+    def stop(self) -> None: ...

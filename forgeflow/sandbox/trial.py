@@ -1,0 +1,505 @@
+"""Trials: one sandboxed run of a task's tests, recorded with its reward or its infrastructure error.
+
+A *NOP* trial runs the tests on the task image as built (bug present, nothing fixed); an *Oracle*
+trial reverts the bug patch (``git apply -R``) first; an *agent* trial (run elsewhere) lets an
+agent edit ``/testbed`` before the verifier runs. Every trial runs in a fresh container.
+
+Reward convention (Harbor's): ``reward`` is the SWE-bench resolution of the run —
+1.0 iff every FAIL_TO_PASS and PASS_TO_PASS test passes (:func:`forgeflow.sandbox.grading.grade_resolved`).
+A valid task therefore gives **nop 0.0 and oracle 1.0**. When a candidate has no FAIL_TO_PASS yet
+(rejected before or by the Oracle), a run's reward is 1.0 iff it collected at least one passing
+test and no test failed or errored — so a NOP reward of 1.0 flags a bug no test detects.
+
+An infrastructure failure (OOM, timeout, image pull, a verifier report that is missing or
+disagrees with the exit status, or a bug patch that does not revert in the Oracle) is recorded as
+the trial's ``exception_type`` (the class name) and ``exception_message`` naming its evidence, with
+``reward = None`` — never as 0. Tests run through :func:`forgeflow.sandbox.verifier.run_tests` (pinned
+environment, structured report, exit-status cross-check).
+
+Validation you can repeat: the Oracle run is repeated (``oracle_runs``, default 2) for every task
+that would be accepted — a rejected task pays no repeat, the NOP runs once — and a task whose
+Oracle runs disagree is flagged flaky with the disagreeing tests (:data:`FLAKY_POLICIES`: not
+accepted, or its flaky PASS_TO_PASS tests dropped). Each trial is handed to ``on_trial`` the moment
+it ends, so a caller records it before the next one starts.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from forgeflow.common import errors
+from forgeflow.common.fsutil import sha256_json
+from forgeflow.common.names import sanitize_name
+from forgeflow.ledger.tables import TrialKind
+from forgeflow.sandbox.backends import get_backend
+from forgeflow.sandbox.base import Sandbox, SandboxSpec
+from forgeflow.sandbox.grading import (
+    ValidationReport,
+    failed,
+    grade_resolved,
+    grade_validation,
+    passed,
+)
+from forgeflow.sandbox.podman import remove_podman_container
+from forgeflow.sandbox.verifier import (
+    LOG_PARSERS,
+    LOG_TAIL_CHARS,
+    TESTBED,
+    VerifierResult,
+    run_tests,
+)
+
+__all__ = [
+    "TrialKind",
+    "TrialResult",
+    "VerifierResult",
+    "ValidationOutcome",
+    "FlakyPolicy",
+    "FLAKY_POLICIES",
+    "ValidationChecks",
+    "TESTBED",
+    "LOG_TAIL_CHARS",
+    "sanitize_name",
+    "make_trial_id",
+    "container_name",
+    "verify",
+    "validate_candidate",
+]
+
+FlakyPolicy = Literal["reject", "drop_flaky_pass_to_pass"]
+"""What a disagreement between Oracle runs does: ``reject`` — the task is not accepted (reason
+``flaky: ...``, the tests named); ``drop_flaky_pass_to_pass`` — PASS_TO_PASS tests that disagree
+are dropped and the task accepted, unless a FAIL_TO_PASS test disagrees (then rejected as flaky)."""
+
+FLAKY_POLICIES: tuple[str, ...] = FlakyPolicy.__args__
+
+DEFAULT_ORACLE_RUNS = 2
+"""Oracle runs of a task that would be accepted (the first and one repeat)."""
+
+
+class ValidationChecks(BaseModel):
+    """How much evidence a validation gathers before it accepts a task.
+
+    Attributes:
+        oracle_runs: Oracle runs of a task the first Oracle run would accept (>= 1; 2 by default:
+            a task whose runs disagree is flaky). A rejected task pays no repeat; the NOP runs once.
+        flaky_policy: ``reject`` (a flaky task is not accepted) or ``drop_flaky_pass_to_pass``
+            (its disagreeing PASS_TO_PASS tests are dropped; a disagreeing FAIL_TO_PASS still rejects).
+        log_parser: None: pytest, read from forgeflow's structured report; else the SWE-bench log
+            parser (by function name, e.g. ``parse_log_django``) for a runner without one.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    oracle_runs: int = Field(default=DEFAULT_ORACLE_RUNS, ge=1, le=20)
+    flaky_policy: FlakyPolicy = "reject"
+    log_parser: str | None = None
+
+
+PATCH_PATH_IN_SANDBOX = "/tmp/forgeflow-bug.patch"
+_REVERT_TIMEOUT_S = 60.0
+
+
+# exceptions recorded on a trial rather than raised: the infrastructure broke, or the Oracle
+# could not revert the patch (the image does not hold the bug it claims)
+_RECORDED_ERRORS: tuple[type[BaseException], ...] = (errors.InfraError, errors.PatchApplyError)
+
+
+class TrialResult(BaseModel):
+    """One trial's outcome: a reward, or the infrastructure error that prevented one.
+
+    Attributes:
+        trial_id: deterministic id (:func:`make_trial_id`).
+        instance_id: the task.
+        kind: ``nop``, ``oracle`` or ``agent``.
+        reward: 0.0..1.0 (see the module's reward convention); None iff ``exception_type`` is set.
+        exception_type: class name of the error (``SandboxOOMError``, ``VerifierTimeoutError``, ...).
+        exception_message: its message; set iff ``exception_type`` is.
+        started_at: when the trial started (timezone-aware, stored in UTC).
+        env_setup_s: seconds to start the container and prepare it (Oracle: revert the patch).
+        verifier_s: seconds the test run took; None if it never completed.
+        agent_s: seconds the agent ran; None for nop/oracle.
+        tests: status map of the verifier run (empty when it did not complete).
+        log_tail: the last :data:`LOG_TAIL_CHARS` characters of the verifier's output.
+        agent_steps / input_tokens / output_tokens: the agent's model calls and token usage
+            (agent trials only; None for nop/oracle).
+        supervision: set when the agent supervisor stopped the run (``AgentLoopError`` /
+            ``AgentHangError``): ``{"kind": "dead_loop" | "hang", "evidence": {...},
+            "trajectory_path": str}``; None otherwise.
+        verifier: what the verifier's verdict rests on: the run's evidence (report format, exit
+            status, output digests, a ``problem`` with the report), and for a submission its
+            screening (``submission``: policy, protected paths touched, ``tampering``); None
+            when no verifier ran.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    trial_id: str = Field(min_length=1)
+    instance_id: str = Field(min_length=1)
+    kind: TrialKind
+    reward: float | None = Field(default=None, ge=0.0, le=1.0)
+    exception_type: str | None = None
+    exception_message: str | None = None
+    started_at: datetime
+    env_setup_s: float = Field(ge=0.0)
+    verifier_s: float | None = Field(default=None, ge=0.0)
+    agent_s: float | None = Field(default=None, ge=0.0)
+    tests: dict[str, str] = Field(default_factory=dict)
+    log_tail: str = ""
+    agent_steps: int | None = Field(default=None, ge=0)
+    input_tokens: int | None = Field(default=None, ge=0)
+    output_tokens: int | None = Field(default=None, ge=0)
+    supervision: dict[str, Any] | None = None
+    verifier: dict[str, Any] | None = None
+
+    def costs(self) -> dict[str, float]:
+        """``{"input_tokens", "agent_steps", "wall_s"}`` where recorded (for
+        :func:`forgeflow.evaluation.compare.cost_ratios`); wall time is agent + verifier seconds."""
+        out: dict[str, float] = {}
+        if self.input_tokens is not None:
+            out["input_tokens"] = float(self.input_tokens)
+        if self.agent_steps is not None:
+            out["agent_steps"] = float(self.agent_steps)
+        if self.agent_s is not None:
+            out["wall_s"] = self.agent_s + (self.verifier_s or 0.0)
+        return out
+
+    @field_validator("started_at")
+    @classmethod
+    def _utc(cls, value: datetime) -> datetime:
+        if value.tzinfo is None:
+            raise ValueError("started_at must be timezone-aware (UTC)")
+        return value.astimezone(timezone.utc)
+
+    @model_validator(mode="after")
+    def _one_outcome(self) -> "TrialResult":
+        scored_despite = self.kind == "agent" and self.exception_type in errors.SCORED_DESPITE_EXCEPTION
+        if self.reward is None and self.exception_type is None or (
+            self.reward is not None and self.exception_type is not None and not scored_despite
+        ):
+            raise ValueError(
+                f"trial {self.trial_id}: exactly one of reward ({self.reward!r}) and "
+                f"exception_type ({self.exception_type!r}) must be set"
+            )
+        if (self.exception_type is None) != (self.exception_message is None):
+            raise ValueError(f"trial {self.trial_id}: exception_message is set iff exception_type is")
+        return self
+
+
+class ValidationOutcome(BaseModel):
+    """The NOP and Oracle trials of one candidate and the verdict.
+
+    Attributes:
+        nop: the NOP trial (always run).
+        oracle: the first Oracle trial; None when the NOP had an infra error or no test failed with the bug.
+        oracle_repeats: the repeated Oracle trials (run only for a task the first Oracle would accept).
+        report: the verdict; None when a trial had an infra error (no verdict: retry, do not reject).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    nop: TrialResult
+    oracle: TrialResult | None = None
+    oracle_repeats: list[TrialResult] = Field(default_factory=list)
+    report: ValidationReport | None = None
+
+    @property
+    def trials(self) -> list[TrialResult]:
+        """Every trial of the validation, in the order they ran."""
+        return [self.nop, *([self.oracle] if self.oracle is not None else []), *self.oracle_repeats]
+
+    @property
+    def failed_trial(self) -> TrialResult | None:
+        """The last trial that ended in an exception (why there is no verdict), or None."""
+        return next((t for t in reversed(self.trials) if t.exception_type is not None), None)
+
+
+def make_trial_id(instance_id: str, kind: TrialKind, image_ref: str, run_key: str) -> str:
+    """Deterministic trial id: the first 32 hex of the sha256 of the canonical JSON of
+    ``{instance_id, kind, image, run_key}`` (the same inputs resume the same trial)."""
+    return sha256_json(
+        {"instance_id": instance_id, "kind": kind, "image": image_ref, "run_key": run_key}
+    )[:32]
+
+
+def container_name(instance_id: str, kind: TrialKind, trial_id: str) -> str:
+    """The sandbox name of a trial: ``ff-<kind>-<instance id>-<trial id[:10]>``, sanitized."""
+    return sanitize_name(f"ff-{kind}-{instance_id}-{trial_id[:10]}")
+
+
+def verify(sandbox: Sandbox, test_command: str, timeout_s: float, *, log_parser: str | None = None) -> VerifierResult:
+    """Run the tests of pristine test infrastructure (a NOP or Oracle run) and return the result.
+
+    :func:`forgeflow.sandbox.verifier.run_tests`, with a report that cannot be trusted raised: on pristine
+    test infrastructure a missing report or one that disagrees with the exit status means the
+    verifier broke, which is never a verdict on the task.
+
+    Raises:
+        InputError: ``timeout_s`` <= 0, an empty command, an unknown log parser.
+        VerifierTimeoutError, SandboxOOMError: the run was stopped (see the backend).
+        VerifierOutputError: the command could not run, or ``problem`` (the message names the
+            evidence and ends with the log's tail).
+    """
+    result = run_tests(sandbox, test_command, timeout_s, log_parser=log_parser)
+    if result.problem is not None:
+        raise errors.VerifierOutputError(
+            f"verifier report not trusted: {result.problem} (evidence: exit {result.exit_code}, report exit "
+            f"{result.report_exit_code}; log ends {result.log_tail.strip()[-300:]!r})"
+        )
+    return result
+
+
+@dataclass(frozen=True)
+class _Run:
+    trial_id: str
+    started_at: datetime
+    env_setup_s: float
+    result: VerifierResult | None
+    error: BaseException | None
+
+
+@dataclass(frozen=True)
+class _Tests:
+    """How a candidate's tests run (what every trial of one validation shares)."""
+
+    image_ref: str
+    command: str
+    timeout_s: float
+    spec: SandboxSpec
+    backend: str
+    log_parser: str | None
+
+
+def _run_trial(instance_id: str, kind: TrialKind, tests: _Tests, run_key: str,
+               prepare: Callable[[Sandbox], None] | None = None) -> _Run:
+    """Start a fresh sandbox, ``prepare`` it, run the verifier; catch what a trial records."""
+    sandbox_cls = get_backend(tests.backend)
+    trial_id = make_trial_id(instance_id, kind, tests.image_ref, run_key)
+    name = container_name(instance_id, kind, trial_id)
+    started_at = datetime.now(timezone.utc)
+    t0 = time.monotonic()
+    env_setup_s = 0.0
+    sandbox = sandbox_cls(tests.image_ref, tests.spec, name)
+    try:
+        try:
+            try:
+                sandbox.start()
+            except errors.SandboxError as exc:
+                if tests.backend != "podman" or "already in use" not in str(exc):
+                    raise
+                remove_podman_container(name)  # left by a crashed run of the same trial
+                sandbox.start()
+            if prepare is not None:
+                prepare(sandbox)
+            env_setup_s = time.monotonic() - t0
+            result = verify(sandbox, tests.command, tests.timeout_s, log_parser=tests.log_parser)
+        finally:
+            try:
+                sandbox.stop()
+            except (OSError, subprocess.SubprocessError):
+                pass  # the next run of this trial removes a leftover container by name
+    except _RECORDED_ERRORS as exc:
+        if not env_setup_s:
+            env_setup_s = time.monotonic() - t0
+        return _Run(trial_id, started_at, env_setup_s, None, exc)
+    return _Run(trial_id, started_at, env_setup_s, result, None)
+
+
+def _record(instance_id: str, kind: TrialKind, run: _Run, reward: float | None) -> TrialResult:
+    if run.error is not None:
+        return TrialResult(
+            trial_id=run.trial_id, instance_id=instance_id, kind=kind, reward=None,
+            exception_type=type(run.error).__name__, exception_message=str(run.error) or repr(run.error),
+            started_at=run.started_at, env_setup_s=run.env_setup_s,
+        )
+    assert run.result is not None
+    return TrialResult(
+        trial_id=run.trial_id, instance_id=instance_id, kind=kind, reward=reward,
+        started_at=run.started_at, env_setup_s=run.env_setup_s, verifier_s=run.result.duration_s,
+        tests=run.result.tests, log_tail=run.result.log_tail, verifier={"run": run.result.evidence()},
+    )
+
+
+def _reward(tests: dict[str, str], report: ValidationReport | None) -> float:
+    """The module's reward convention (SWE-bench resolution when FAIL_TO_PASS is known)."""
+    if report is not None and report.FAIL_TO_PASS:
+        return grade_resolved(tests, report.FAIL_TO_PASS, report.PASS_TO_PASS)
+    statuses = tests.values()
+    return 1.0 if any(passed(s) for s in statuses) and not any(failed(s) for s in statuses) else 0.0
+
+
+def _revert_patch(candidate: "BugTask") -> Callable[[Sandbox], None]:
+    def prepare(sandbox: Sandbox) -> None:
+        sandbox.write_file(PATCH_PATH_IN_SANDBOX, candidate.patch)
+        res = sandbox.exec(
+            ["git", "apply", "-R", PATCH_PATH_IN_SANDBOX], timeout_s=_REVERT_TIMEOUT_S, workdir=TESTBED
+        )
+        if res.exit_code == 127:
+            raise errors.SandboxError(f"git is not installed in the task image of {candidate.instance_id}")
+        if res.exit_code != 0:
+            raise errors.PatchApplyError(
+                f"oracle of {candidate.instance_id}: reverting the bug patch failed: {res.stderr.strip()[:500]}"
+            )
+        sandbox.exec(["rm", "-f", PATCH_PATH_IN_SANDBOX], timeout_s=_REVERT_TIMEOUT_S)
+
+    return prepare
+
+
+class BugTask(Protocol):
+    """What validation reads of a candidate: its id and the bug patch the task image has applied
+    (a :class:`forgeflow.curation.bugs.Candidate`, a :class:`forgeflow.curation.candidates.CandidateTask`, ...)."""
+
+    @property
+    def instance_id(self) -> str: ...
+
+    @property
+    def patch(self) -> str: ...
+
+
+def disagreeing_tests(runs: list[dict[str, str]], relevant: set[str]) -> list[str]:
+    """Tests whose status is not the same in every run (a missing test counts as ``MISSING``).
+
+    Args:
+        runs: status maps of repeated runs of the same tree.
+        relevant: tests that always matter (FAIL_TO_PASS and PASS_TO_PASS); any other test
+            matters only when it failed in some run (a clean tree must pass).
+
+    Returns:
+        The disagreeing tests, sorted.
+    """
+    ids = set().union(*runs) if runs else set()
+    out = []
+    for test in ids:
+        statuses = [run.get(test, "MISSING") for run in runs]
+        if len(set(statuses)) > 1 and (test in relevant or any(failed(s) for s in statuses)):
+            out.append(test)
+    return sorted(out)
+
+
+def judge_repeats(first: ValidationReport, runs: list[dict[str, str]], policy: FlakyPolicy) -> ValidationReport:
+    """The verdict on a task the first Oracle run accepted, given every Oracle run's status map.
+
+    Args:
+        first: the report of the NOP run against the first Oracle run (accepted).
+        runs: the status maps of every Oracle run, the first included.
+        policy: one of :data:`FLAKY_POLICIES`.
+
+    Returns:
+        ``first`` with ``oracle_runs`` set when every run agrees; otherwise a report with the
+        disagreeing tests in ``flaky_tests``: rejected (``reject``, or a FAIL_TO_PASS test
+        disagrees) or accepted with those PASS_TO_PASS tests dropped (``drop_flaky_pass_to_pass``).
+    """
+    flaky = disagreeing_tests(runs, set(first.FAIL_TO_PASS) | set(first.PASS_TO_PASS))
+    base = first.model_copy(update={"oracle_runs": len(runs)})
+    if not flaky:
+        return base
+    shown = ", ".join(repr(t) for t in flaky[:5]) + (f" and {len(flaky) - 5} more" if len(flaky) > 5 else "")
+    flaky_f2p = [t for t in flaky if t in first.FAIL_TO_PASS]
+    if policy == "drop_flaky_pass_to_pass" and not flaky_f2p:
+        kept = [t for t in first.PASS_TO_PASS if t not in set(flaky)]
+        return base.model_copy(update={
+            "PASS_TO_PASS": kept, "flaky_tests": flaky,
+            "reason": f"accepted: {len(first.FAIL_TO_PASS)} FAIL_TO_PASS, {len(kept)} PASS_TO_PASS after dropping "
+                      f"{len(flaky)} flaky test(s) that disagree across {len(runs)} Oracle runs: {shown}"})
+    what = f"{len(flaky_f2p)} FAIL_TO_PASS" if flaky_f2p else f"{len(flaky)}"
+    return base.model_copy(update={
+        "accepted": False, "flaky_tests": flaky,
+        "reason": f"flaky: {what} test(s) disagree across {len(runs)} Oracle runs: {shown}"})
+
+
+def validate_candidate(
+    candidate: BugTask,
+    image_ref: str,
+    test_command: str,
+    *,
+    timeout_s: float = 180,
+    spec: SandboxSpec | None = None,
+    backend: str = "podman",
+    run_key: str = "validate",
+    checks: ValidationChecks | None = None,
+    on_trial: Callable[[TrialResult], None] | None = None,
+) -> ValidationOutcome:
+    """Validate a candidate bug with a NOP and Oracle trials, each in a fresh sandbox.
+
+    1. NOP: run the tests on ``image_ref`` (the task image: bug applied at ``/testbed``).
+       An infra error ends validation (``oracle=None, report=None``); if no test failed or errored,
+       the Oracle is skipped and the candidate rejected.
+    2. Oracle: write the bug patch into a fresh sandbox, ``git apply -R`` it, run the tests;
+       :func:`~forgeflow.sandbox.grading.grade_validation` gives the report.
+    3. Only when that report accepts: ``oracle_runs - 1`` more Oracle runs, each in a fresh
+       sandbox, and :func:`judge_repeats` flags disagreement by ``flaky_policy``. An infra error
+       in a repeat leaves no verdict (``report=None``), as in step 1.
+
+    Rewards follow the module's convention (a valid task: nop 0.0, every oracle 1.0).
+
+    Args:
+        candidate: the candidate bug (its ``patch`` is what the task image has applied).
+        image_ref: the task image (local name or registry reference; digest preferred).
+        test_command: the task's test command (pytest: read from forgeflow's report plugin), run in ``/testbed``.
+        timeout_s: per verifier run, in seconds.
+        spec: sandbox limits (default :class:`SandboxSpec`: 2048 MiB, 1 CPU, no network).
+        backend: sandbox kind (``podman``); an unknown kind raises InputError listing valid ones.
+        run_key: distinguishes repeated validations of the same candidate and image in trial ids
+            (the k-th repeated Oracle run, k >= 2, adds ``/oracle-k``).
+        checks: Oracle repeats, flaky policy and log parser (default :class:`ValidationChecks`).
+        on_trial: called with each trial record as soon as the trial ends (e.g. to store it).
+
+    Returns:
+        A :class:`ValidationOutcome`.
+
+    Raises:
+        InputError: unknown backend or log parser, ``timeout_s`` <= 0 or an empty test command
+            (nothing ran).
+    """
+    get_backend(backend)
+    if timeout_s <= 0:
+        raise errors.InputError(f"timeout_s must be > 0, got {timeout_s}")
+    if not test_command.strip():
+        raise errors.InputError("test_command must not be empty")
+    checks = checks or ValidationChecks()
+    if checks.log_parser is not None and checks.log_parser not in LOG_PARSERS:
+        raise errors.InputError(f"unknown log_parser {checks.log_parser!r}; valid: {', '.join(LOG_PARSERS)}")
+    oracle_runs, flaky_policy = checks.oracle_runs, checks.flaky_policy
+    tests = _Tests(image_ref, test_command, timeout_s, spec or SandboxSpec(), backend, checks.log_parser)
+    iid = candidate.instance_id
+
+    def ended(kind: TrialKind, run: _Run, reward: float | None) -> TrialResult:
+        record = _record(iid, kind, run, reward)
+        if on_trial is not None:
+            on_trial(record)
+        return record
+
+    nop_run = _run_trial(iid, "nop", tests, run_key)
+    if nop_run.result is None:
+        return ValidationOutcome(nop=ended("nop", nop_run, None))
+    nop_tests = nop_run.result.tests
+    if not any(failed(s) for s in nop_tests.values()):
+        report = grade_validation(nop_tests, None)
+        return ValidationOutcome(nop=ended("nop", nop_run, _reward(nop_tests, report)), report=report)
+    # a test failed with the bug, so the NOP's reward is 0.0 whatever the Oracle finds: record it now
+    nop = ended("nop", nop_run, _reward(nop_tests, None))
+    oracle_run = _run_trial(iid, "oracle", tests, run_key, _revert_patch(candidate))
+    if oracle_run.result is None:
+        return ValidationOutcome(nop=nop, oracle=ended("oracle", oracle_run, None))
+    report = grade_validation(nop_tests, oracle_run.result.tests)
+    oracle = ended("oracle", oracle_run, _reward(oracle_run.result.tests, report))
+    if not report.accepted or oracle_runs == 1:
+        return ValidationOutcome(nop=nop, oracle=oracle, report=report.model_copy(update={"oracle_runs": 1}))
+    repeats: list[TrialResult] = []
+    runs = [oracle_run.result.tests]
+    for k in range(2, oracle_runs + 1):
+        run = _run_trial(iid, "oracle", tests, f"{run_key}/oracle-{k}", _revert_patch(candidate))
+        if run.result is None:
+            repeats.append(ended("oracle", run, None))
+            return ValidationOutcome(nop=nop, oracle=oracle, oracle_repeats=repeats)
+        runs.append(run.result.tests)
+        repeats.append(ended("oracle", run, _reward(run.result.tests, report)))
+    return ValidationOutcome(nop=nop, oracle=oracle, oracle_repeats=repeats,
+                             report=judge_repeats(report, runs, flaky_policy))

@@ -1,0 +1,6 @@
+"""Serving a GGUF: the model server base and llama-cpp-python backend (``server``), llama.cpp's
+``llama_server``, and the blue/green swap with its state file.
+
+May import: every other package of forgeflow. The packages of ``forgeflow`` import one way, in this order:
+common < ledger < registry < sandbox < curation < evaluation < training < packaging < serving.
+"""

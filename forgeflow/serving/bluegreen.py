@@ -1,0 +1,406 @@
+"""Blue/green swaps over two ports, with the serving state file.
+
+:func:`swap` (or :func:`stage` then :func:`promote` / :func:`discard`): the new GGUF starts on the
+idle port, is gated (:func:`forgeflow.serving.health.gate`), and only then becomes the active
+generation in the state file (written atomically, under a lock); the old server is stopped by its
+recorded PID. A failed start or gate stops the new server, leaves the state file and the old server
+untouched and raises :class:`~forgeflow.common.errors.SwapRolledBackError` carrying the gate
+evidence.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from forgeflow.common import errors
+from forgeflow.common.fsutil import atomic_write_json, sha256_file
+from forgeflow.serving.health import ServingGateResult, gate
+from forgeflow.serving.server import (
+    BACKENDS,
+    DEFAULT_ALIAS,
+    LOOPBACK_HOST,
+    ModelServer,
+    _is_our_server,
+    _port_is_open,
+    stop_pid,
+)
+
+DEFAULT_PORTS: tuple[int, int] = (8801, 8802)
+
+
+# --- blue/green ------------------------------------------------------------------------------
+STATE_SCHEMA_VERSION = 1
+
+
+class ServingState(BaseModel):
+    """The active serving generation, persisted as JSON (see :func:`read_state`).
+
+    Attributes:
+        generation: 1 for the first swap, +1 per successful swap (or more: :func:`promote`'s
+            ``min_generation`` keeps numbers unique among several state files).
+        active_port: the port the active server listens on.
+        gguf_path: the GGUF it serves.
+        gguf_sha256: that file's sha256.
+        pid: the server's PID (None after :func:`stop_active`).
+        model_alias: the model name clients send.
+        base_url: ``http://127.0.0.1:PORT/v1``.
+        started_at: UTC time the generation went live (ISO 8601).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    schema_version: int = STATE_SCHEMA_VERSION
+    generation: int = Field(ge=1)
+    active_port: int = Field(ge=1024, le=65535)
+    gguf_path: Path
+    gguf_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    pid: int | None = Field(default=None, ge=1)
+    model_alias: str = DEFAULT_ALIAS
+    base_url: str = ""
+    started_at: str = ""
+
+
+class SwapResult(BaseModel):
+    """Outcome of :func:`swap`.
+
+    Attributes:
+        previous: the state before the swap (None on the first deployment).
+        current: the state after it (equal to ``previous`` when rolled back).
+        rolled_back: True when the new server failed its start or gate.
+        gate: the gate evidence of the new server (None if it never started).
+        error: why it was rolled back, empty otherwise.
+        new_port: the port the new server was started on (None when unknown).
+        new_gguf_sha256: sha256 of the GGUF the swap tried to serve (None when unknown): with
+            ``new_port`` what a rolled-back swap is recorded with in the store.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    previous: ServingState | None
+    current: ServingState | None
+    rolled_back: bool
+    gate: ServingGateResult | None
+    error: str = ""
+    new_port: int | None = Field(default=None, ge=1, le=65535)
+    new_gguf_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+
+
+def read_state(state_path: Path) -> ServingState | None:
+    """Read the serving state file; None if it does not exist.
+
+    Raises:
+        InputError: the file exists but is not a valid state.
+    """
+    path = Path(state_path)
+    if not path.exists():
+        return None
+    try:
+        return ServingState.model_validate(json.loads(path.read_text()))
+    except (ValueError, TypeError) as exc:
+        raise errors.InputError(f"serving state file {path} is not valid: {exc}") from exc
+
+
+def _write_state(state_path: Path, state: ServingState) -> None:
+    atomic_write_json(state_path, state.model_dump(mode="json"))
+
+
+@contextlib.contextmanager
+def _state_lock(state_path: Path) -> Iterator[None]:
+    """An exclusive advisory lock (``<state>.lock``) so two swaps never interleave."""
+    lock_path = Path(state_path).with_name(Path(state_path).name + ".lock")
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+class StagedServer(BaseModel):
+    """A new server started on the idle port and gated, not yet the recorded endpoint.
+
+    Attributes:
+        port / pid / base_url: where it answers.
+        gguf_path / gguf_sha256: what it serves.
+        model_alias: the model name clients send.
+        gate: the health + smoke evidence.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    port: int
+    pid: int
+    base_url: str
+    gguf_path: Path
+    gguf_sha256: str
+    model_alias: str
+    gate: ServingGateResult
+
+
+def reap_orphans(log_path: Path, port: int, keep_pid: int | None = None) -> list[int]:
+    """Stop the servers a killed swap left on ``port`` (kill -9 between starting the new server and
+    recording it, or between recording it and stopping the old one).
+
+    A process is stopped (:func:`stop_pid`) only if it is a server of ours on ``port``
+    (:func:`_is_our_server`), is not ``keep_pid`` (the recorded active server) and writes its
+    output to ``log_path`` (``/proc/<pid>/fd/1``): a server another state file started on the same
+    port is left alone.
+
+    Args:
+        log_path: the log file :func:`stage` gives servers on ``port`` (``server-<port>.log``
+            beside the state file).
+        port: the port about to be used.
+        keep_pid: a PID never to stop.
+
+    Returns:
+        The PIDs stopped (empty when nothing was left behind).
+    """
+    target = os.path.realpath(log_path)
+    stopped = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == keep_pid:
+            continue
+        pid = int(entry.name)
+        if not _is_our_server(pid, port):
+            continue
+        try:
+            output = os.readlink(f"/proc/{pid}/fd/1")
+        except OSError:
+            continue
+        if output == target and stop_pid(pid, port):
+            stopped.append(pid)
+    return stopped
+
+
+def _pick_port(state_path: Path, previous: ServingState | None, ports: tuple[int, int]) -> int:
+    """The port the new server starts on, after reaping our own orphans there (:func:`reap_orphans`).
+
+    While a server is recorded as live, the idle port (the one it does not use); it must be free
+    then (a busy one makes the start fail and the swap roll back). When nothing is serving (no
+    state, or its server stopped), the idle port is preferred, and if another process holds it,
+    the other port is used instead.
+
+    Raises:
+        InputError: nothing is serving and both ports are held by other processes (named); nothing
+            was started.
+    """
+    keep_pid = previous.pid if previous is not None else None
+    preferred = ports[1] if previous is not None and previous.active_port == ports[0] else ports[0]
+    candidates = [preferred] if keep_pid is not None else [preferred, ports[0] if preferred == ports[1] else ports[1]]
+    for port in candidates:
+        reap_orphans(Path(state_path).with_name(f"server-{port}.log"), port, keep_pid=keep_pid)
+        if keep_pid is not None or not _port_is_open(port):
+            return port
+    raise errors.InputError(f"ports {list(ports)}: nothing is serving ({state_path}) but both ports are in use "
+                            f"by other processes on {LOOPBACK_HOST}; free one or give other ports")
+
+
+def stage(
+    state_path: Path,
+    new_gguf: Path,
+    gguf_sha256: str,
+    ports: tuple[int, int] = DEFAULT_PORTS,
+    model_alias: str = DEFAULT_ALIAS,
+    n_ctx: int = 4096,
+    startup_timeout_s: float = 120.0,
+    n_threads: int | None = None,
+    backend: str = "llama-cpp-python",
+    server_options: dict[str, Any] | None = None,
+) -> StagedServer:
+    """First half of a blue/green swap: serve ``new_gguf`` on the idle port and gate it.
+
+    The recorded endpoint does not change, so callers can run more gates (canary tasks, the
+    promotion gate) against ``StagedServer.base_url`` before :func:`promote` or :func:`discard`.
+
+    Args:
+        backend: one of :data:`BACKENDS`.
+        server_options: extra keyword arguments of :class:`forgeflow.serving.llama_server.LlamaServer`
+            (``n_parallel``, ``kv_unified``, ``required_ctx``, ``n_gpu_layers``, ``binary``); only for
+            ``llama-server``.
+
+    Raises:
+        InputError: the GGUF is missing, its sha256 differs from ``gguf_sha256``, ``ports`` is not
+            two distinct ports, or ``backend``/``server_options`` is unknown, or nothing is serving and both
+            ports are held by other processes (a busy idle port alone makes it use the other one when
+            nothing is serving, see :func:`_pick_port`); ContextPreflightError:
+            ``required_ctx`` cannot fit one slot (checked before anything starts).
+        SwapRolledBackError: the new server did not start, failed its gate, its ``/props`` or its
+            accelerator check (it is stopped; the old server still serves); ``.result`` holds the evidence.
+    """
+    if backend not in BACKENDS:
+        raise errors.InputError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if server_options and backend != "llama-server":
+        raise errors.InputError(f"server_options {sorted(server_options)} need backend 'llama-server', got {backend!r}")
+    new_gguf = Path(new_gguf).resolve()
+    if len(ports) != 2 or ports[0] == ports[1]:
+        raise errors.InputError(f"ports must be two distinct ports, got {ports!r}")
+    if not new_gguf.is_file():
+        raise errors.InputError(f"new_gguf {str(new_gguf)!r} is not a file")
+    actual = sha256_file(new_gguf)
+    if actual != gguf_sha256:
+        raise errors.InputError(f"gguf_sha256 {gguf_sha256!r} does not match {new_gguf} (sha256 {actual})")
+    with _state_lock(state_path):
+        previous = read_state(state_path)
+    new_port = _pick_port(state_path, previous, ports)
+    log_path = Path(state_path).with_name(f"server-{new_port}.log")
+    if backend == "llama-server":
+        from forgeflow.serving.llama_server import LlamaServer
+
+        server: Any = LlamaServer(new_gguf, new_port, model_alias, n_ctx, log_path=log_path,
+                                  startup_timeout_s=startup_timeout_s, n_threads=n_threads,
+                                  **(server_options or {}))
+    else:
+        server = ModelServer(new_gguf, new_port, model_alias, n_ctx=n_ctx, log_path=log_path,
+                             startup_timeout_s=startup_timeout_s, n_threads=n_threads)
+    gate_result: ServingGateResult | None = None
+    try:
+        server.start()
+        gate_result = gate(server.base_url, model_alias)
+        failure = "" if gate_result.passed else f"gate failed: {gate_result.error}"
+    except (errors.InfraError, errors.InputError) as exc:  # start, /props or accelerator check failed
+        failure = f"new server did not start: {type(exc).__name__}: {exc}"
+    if failure:
+        server.stop()
+        result = SwapResult(previous=previous, current=previous, rolled_back=True, gate=gate_result, error=failure,
+                            new_port=new_port, new_gguf_sha256=gguf_sha256)
+        serving_now = ("nothing was serving" if previous is None or previous.pid is None
+                       else f"generation {previous.generation} keeps serving")
+        raise errors.SwapRolledBackError(
+            f"swap to {new_gguf.name} on port {new_port} rolled back ({serving_now}): {failure}",
+            result=result,
+        )
+    return StagedServer(port=new_port, pid=server.pid, base_url=server.base_url, gguf_path=new_gguf,
+                        gguf_sha256=gguf_sha256, model_alias=model_alias, gate=gate_result)
+
+
+def promote(state_path: Path, staged: StagedServer, min_generation: int = 1) -> SwapResult:
+    """Second half of a swap: record ``staged`` as the next generation, then stop the old server.
+
+    The new generation is the state file's generation + 1 (1 without a state file), raised to
+    ``min_generation`` when that is larger: callers that share generation numbers among several
+    state files (the store's ``serving_generations``) pass one more than the highest number used
+    anywhere, so a number is never given twice.
+
+    Args:
+        state_path: the serving state file.
+        staged: the server :func:`stage` started and gated.
+        min_generation: the lowest generation number the new generation may get (>= 1).
+
+    Raises:
+        InputError: ``min_generation`` < 1 (nothing is recorded).
+        ServerStartError: the staged server is no longer running (nothing is recorded then).
+    """
+    if min_generation < 1:
+        raise errors.InputError(f"min_generation must be >= 1, got {min_generation}")
+    with _state_lock(state_path):
+        if not _is_our_server(staged.pid, staged.port):
+            raise errors.ServerStartError(f"staged server pid {staged.pid} on port {staged.port} is gone")
+        previous = read_state(state_path)
+        current = ServingState(
+            generation=max((previous.generation if previous else 0) + 1, min_generation),
+            active_port=staged.port,
+            gguf_path=staged.gguf_path,
+            gguf_sha256=staged.gguf_sha256,
+            pid=staged.pid,
+            model_alias=staged.model_alias,
+            base_url=staged.base_url,
+            started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        )
+        _write_state(state_path, current)
+        if previous is not None and previous.pid is not None:
+            stop_pid(previous.pid, previous.active_port)
+        return SwapResult(previous=previous, current=current, rolled_back=False, gate=staged.gate,
+                          new_port=staged.port, new_gguf_sha256=staged.gguf_sha256)
+
+
+def discard(staged: StagedServer) -> None:
+    """Roll a staged server back: stop it; the recorded endpoint never changed."""
+    stop_pid(staged.pid, staged.port)
+
+
+def swap(
+    state_path: Path,
+    new_gguf: Path,
+    gguf_sha256: str,
+    ports: tuple[int, int] = DEFAULT_PORTS,
+    model_alias: str = DEFAULT_ALIAS,
+    n_ctx: int = 4096,
+    startup_timeout_s: float = 120.0,
+    n_threads: int | None = None,
+    backend: str = "llama-cpp-python",
+    server_options: dict[str, Any] | None = None,
+    min_generation: int = 1,
+) -> SwapResult:
+    """Blue/green swap in one call: :func:`stage` (start on the idle port, gate) then :func:`promote`
+    (record generation + 1, at least ``min_generation``, and stop the old server by its recorded PID).
+
+    Returns:
+        SwapResult with ``rolled_back`` False.
+
+    Raises:
+        InputError: the GGUF is missing, its sha256 differs from ``gguf_sha256``, ``ports`` is not
+            two distinct ports, or ``min_generation`` < 1 (checked before anything starts).
+        SwapRolledBackError: the new server did not start or failed its gate; ``.result`` holds the
+            :class:`SwapResult` (``rolled_back`` True, gate evidence) and the old server still serves.
+    """
+    if min_generation < 1:
+        raise errors.InputError(f"min_generation must be >= 1, got {min_generation}")
+    staged = stage(state_path, new_gguf, gguf_sha256, ports, model_alias, n_ctx, startup_timeout_s, n_threads,
+                   backend, server_options)
+    return promote(state_path, staged, min_generation)
+
+
+def recorded_config_dir(store: Any, gguf_sha256: str) -> Path | None:
+    """The HF checkpoint folder whose ``config.json`` the GGUF ``gguf_sha256`` must match, as the store
+    records it: the checkpoint its recorded chain was converted from (a base model or a merged one;
+    for a chain whose merged checkpoint was not recorded, the adapter's base, whose config a LoRA merge
+    keeps), at a recorded path that still holds a ``config.json`` (the newest production first).
+
+    Args:
+        store: a :class:`forgeflow.ledger.store.Store`.
+        gguf_sha256: the GGUF's full hex sha256.
+
+    Returns:
+        The folder, or None when the store does not know the GGUF or no recorded path has a config.
+    """
+    from forgeflow.packaging.lineage import recorded_sources
+
+    for source in recorded_sources(store, gguf_sha256):
+        if source.checkpoint_kind in ("base", "merged"):
+            checkpoints = [source.checkpoint_sha256]
+        elif source.checkpoint_kind == "adapter":
+            checkpoints = [p.parent_sha256 for p in store.producers(source.checkpoint_sha256) if p.parent_sha256]
+        else:
+            continue
+        for sha in checkpoints:
+            for production in reversed(store.producers(sha)):
+                folder = Path(production.path)
+                if (folder / "config.json").is_file():
+                    return folder
+    return None
+
+
+def stop_active(state_path: Path) -> ServingState | None:
+    """Stop the active server by its recorded PID and record it as stopped (``pid`` None).
+
+    Returns:
+        The state before stopping, or None if there is no state file.
+    """
+    with _state_lock(state_path):
+        state = read_state(state_path)
+        if state is None:
+            return None
+        if state.pid is not None:
+            stop_pid(state.pid, state.active_port)
+            _write_state(state_path, state.model_copy(update={"pid": None}))
+        return state

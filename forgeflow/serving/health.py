@@ -1,0 +1,97 @@
+"""The serving gate: a running endpoint checked the way a client would use it.
+
+:func:`gate` asks the models endpoint for the alias and a smoke chat completion (``max_tokens`` 8)
+for at least one token; :class:`ServingGateResult` is its evidence.
+"""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field
+
+SMOKE_MAX_TOKENS = 8
+
+
+# --- gate ------------------------------------------------------------------------------------
+class ServingGateResult(BaseModel):
+    """Evidence that an endpoint serves the model.
+
+    Attributes:
+        models_ok: ``GET /models`` answered 200 and listed the alias.
+        model_ids: the ids ``/models`` listed.
+        smoke_tokens: completion tokens of the smoke chat completion (0 if it failed).
+        latency_s: wall time of the smoke completion in seconds.
+        passed: ``models_ok`` and ``smoke_tokens >= 1``.
+        error: what failed, empty when passed.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    models_ok: bool
+    model_ids: list[str] = Field(default_factory=list)
+    smoke_tokens: int = Field(ge=0)
+    latency_s: float = Field(ge=0)
+    passed: bool
+    error: str = ""
+
+
+def gate(base_url: str, model_alias: str, timeout_s: float = 60.0) -> ServingGateResult:
+    """Check an OpenAI-compatible endpoint: the alias is listed and a smoke completion answers.
+
+    A failed check is a result (``passed`` False with ``error``), not an exception, so a swap can
+    record it as evidence.
+
+    Args:
+        base_url: e.g. ``http://127.0.0.1:8801/v1``.
+        model_alias: the model name that must be listed and is sent in the smoke request.
+        timeout_s: per-request timeout in seconds.
+    """
+    base = base_url.rstrip("/")
+    model_ids: list[str] = []
+    models_ok = False
+    smoke_tokens = 0
+    latency_s = 0.0
+    problems: list[str] = []
+    with httpx.Client(timeout=timeout_s) as client:
+        try:
+            resp = client.get(f"{base}/models")
+            if resp.status_code == 200:
+                model_ids = [str(m.get("id")) for m in resp.json().get("data", [])]
+                models_ok = model_alias in model_ids
+                if not models_ok:
+                    problems.append(f"/models lists {model_ids}, not {model_alias!r}")
+            else:
+                problems.append(f"/models answered {resp.status_code}")
+        except (httpx.HTTPError, ValueError) as exc:
+            problems.append(f"/models failed: {type(exc).__name__}: {exc}")
+        t0 = time.monotonic()
+        try:
+            resp = client.post(
+                f"{base}/chat/completions",
+                json={
+                    "model": model_alias,
+                    "messages": [{"role": "user", "content": "Say hello."}],
+                    "max_tokens": SMOKE_MAX_TOKENS,
+                    "temperature": 0.0,
+                },
+            )
+            latency_s = time.monotonic() - t0
+            if resp.status_code == 200:
+                smoke_tokens = int((resp.json().get("usage") or {}).get("completion_tokens") or 0)
+                if smoke_tokens < 1:
+                    problems.append("smoke completion returned no tokens")
+            else:
+                problems.append(f"smoke completion answered {resp.status_code}: {resp.text[:300]}")
+        except (httpx.HTTPError, ValueError) as exc:
+            latency_s = time.monotonic() - t0
+            problems.append(f"smoke completion failed: {type(exc).__name__}: {exc}")
+    return ServingGateResult(
+        models_ok=models_ok,
+        model_ids=model_ids,
+        smoke_tokens=smoke_tokens,
+        latency_s=latency_s,
+        passed=models_ok and smoke_tokens >= 1,
+        error="; ".join(problems),
+    )

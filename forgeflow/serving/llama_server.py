@@ -1,0 +1,387 @@
+"""llama.cpp's own ``llama-server`` as a serving backend: cached build, context preflight, ``/props``.
+
+Three things a release needs from the server that a generic OpenAI endpoint cannot tell:
+
+* **Per-slot context.** ``llama-server -c N -np P`` splits one KV pool of ``N`` tokens over ``P``
+  slots unless the cache is unified (``--kv-unified``), so a request needing 6,000 tokens fails on
+  ``-c 16384 -np 4`` (4,096 per slot). :func:`slot_context` computes the per-slot context exactly
+  as the pinned llama.cpp does (``src/llama-context.cpp``: ``n_ctx`` padded to 256; without a
+  unified cache ``n_ctx_seq = pad(n_ctx / n_seq_max, 256)``; ``tools/server/server-context.cpp``
+  ``n_ctx_slot()``: capped by ``--kv-unified-per-slot`` and by the model's training context;
+  ``tools/server/server.cpp``: ``-np`` auto (-1) means 4 slots with a unified cache), so
+  :func:`preflight_context` refuses a plan before anything starts; once up, :class:`LlamaServer`
+  reads the per-slot context back from ``GET /props`` (``default_generation_settings.n_ctx``,
+  ``total_slots``) and refuses a server that disagrees.
+* **Accelerator use.** When layers are requested on a GPU (``-ngl``), the load log's
+  ``offloaded X/Y layers to GPU`` line (``src/llama-model.cpp``) must report ``X > 0``; a server
+  that silently fell back to the CPU is stopped with :class:`AcceleratorFallbackError`.
+* **The binary.** :func:`ensure_llama_server` builds ``llama-server`` from the pinned
+  llama-cpp-python sdist's ``vendor/llama.cpp`` (``tools/server``) with CMake once per machine
+  into ``cache_dir()/llama-server-<version>[-cuda]/`` (built in a temporary folder, then renamed:
+  a crash never leaves a half-built binary under the final name). Users may point to their own
+  binary instead (``FORGEFLOW_LLAMA_SERVER`` or the ``binary`` argument).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tarfile
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field
+
+from forgeflow.common import errors, settings
+from forgeflow.packaging.sdist import download_sdist
+from forgeflow.serving.server import ModelServer
+
+KV_PAD = 256
+"""llama.cpp pads the context (and each sequence's share of it) to a multiple of 256 tokens."""
+AUTO_PARALLEL_SLOTS = 4
+"""``-np -1`` (auto, the server's default) means 4 slots sharing a unified KV cache."""
+BINARY_ENV = "FORGEFLOW_LLAMA_SERVER"
+"""Environment variable naming a ``llama-server`` binary to use instead of the cached build."""
+_BUILD_TIMEOUT_S = 3600
+_OFFLOAD_RE = re.compile(r"offloaded (\d+)/(\d+) layers to GPU")
+_LOG_TAIL_CHARS = 4000
+
+
+class ContextPreflightError(errors.InputError):
+    """The context a request needs does not fit one server slot (the message gives the numbers)."""
+
+
+class AcceleratorFallbackError(errors.ServerStartError):
+    """GPU layers were requested but the server runs on the CPU (the load log is quoted)."""
+
+
+def _pad(n: int, multiple: int = KV_PAD) -> int:
+    return -(-n // multiple) * multiple
+
+
+class ContextPlan(BaseModel):
+    """How a server's KV pool is split over its slots.
+
+    Attributes:
+        n_ctx: the whole KV pool in tokens, after llama.cpp's padding to 256.
+        n_parallel: number of slots (``-np``; auto resolved to 4).
+        kv_unified: one cache shared by all slots (each slot may use all of it).
+        per_slot: the context one request can use, in tokens.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    n_ctx: int = Field(ge=KV_PAD)
+    n_parallel: int = Field(ge=1)
+    kv_unified: bool
+    per_slot: int = Field(ge=1)
+
+
+def slot_context(n_ctx: int, n_parallel: int = 1, kv_unified: bool = False, *,
+                 n_ctx_train: int | None = None, kv_unified_per_slot: int = 0) -> ContextPlan:
+    """The per-slot context of ``llama-server -c n_ctx -np n_parallel [--kv-unified]``.
+
+    Args:
+        n_ctx: ``-c``, the KV pool in tokens (> 0).
+        n_parallel: ``-np``, slots; -1 is the server's auto mode (4 slots, unified cache).
+        kv_unified: ``--kv-unified``.
+        n_ctx_train: the model's training context (``<arch>.context_length``); caps a slot.
+        kv_unified_per_slot: ``--kv-unified-per-slot`` (0: no cap).
+
+    Raises:
+        InputError: a value is out of range (named).
+
+    Source: llama.cpp as vendored by llama-cpp-python 0.3.36 (see the module docstring).
+    """
+    for name, value in (("n_ctx", n_ctx), ("n_parallel", n_parallel), ("kv_unified_per_slot", kv_unified_per_slot),
+                        ("n_ctx_train", n_ctx_train)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise errors.InputError(f"{name} must be a whole number of tokens/slots, got {value!r}")
+    if n_ctx <= 0:
+        raise errors.InputError(f"n_ctx must be > 0 tokens, got {n_ctx}")
+    if n_parallel == -1:
+        n_parallel, kv_unified = AUTO_PARALLEL_SLOTS, True
+    if n_parallel < 1:
+        raise errors.InputError(f"n_parallel must be >= 1 or -1 (auto), got {n_parallel}")
+    if n_ctx_train is not None and n_ctx_train < 1:
+        raise errors.InputError(f"n_ctx_train must be >= 1, got {n_ctx_train}")
+    if kv_unified_per_slot < 0:
+        raise errors.InputError(f"kv_unified_per_slot must be >= 0, got {kv_unified_per_slot}")
+    pool = _pad(n_ctx)
+    if not kv_unified and pool // n_parallel == 0:
+        raise errors.InputError(f"n_ctx {n_ctx} (padded to {pool}) split over {n_parallel} slots leaves 0 tokens per slot")
+    if kv_unified:
+        seq = pool
+    else:
+        seq = _pad(pool // n_parallel)
+        pool = seq * n_parallel
+    per_slot = seq
+    if kv_unified_per_slot > 0:
+        per_slot = min(per_slot, kv_unified_per_slot)
+    if n_ctx_train is not None:
+        per_slot = min(per_slot, n_ctx_train)
+    return ContextPlan(n_ctx=pool, n_parallel=n_parallel, kv_unified=kv_unified, per_slot=per_slot)
+
+
+def preflight_context(required_tokens: int, n_ctx: int, n_parallel: int = 1, kv_unified: bool = False,
+                      *, n_ctx_train: int | None = None) -> ContextPlan:
+    """Refuse a server plan whose slots cannot hold ``required_tokens`` (before anything starts).
+
+    Returns:
+        The :class:`ContextPlan` when it fits.
+
+    Raises:
+        ContextPreflightError: the per-slot context is smaller than ``required_tokens``; the message
+            names both numbers and how the per-slot figure came about.
+        InputError: as :func:`slot_context`, or ``required_tokens`` < 1.
+    """
+    if isinstance(required_tokens, bool) or not isinstance(required_tokens, int) or required_tokens < 1:
+        raise errors.InputError(f"required_tokens must be a whole number >= 1, got {required_tokens!r}")
+    plan = slot_context(n_ctx, n_parallel, kv_unified, n_ctx_train=n_ctx_train)
+    if plan.per_slot < required_tokens:
+        if n_ctx_train is not None and n_ctx_train < required_tokens:
+            raise ContextPreflightError(
+                f"a request needs {required_tokens} tokens of context but the model was trained for "
+                f"{n_ctx_train} (its context_length caps every slot); no server setting fixes that")
+        slots = f"{plan.n_parallel} slot{'s' if plan.n_parallel != 1 else ''}"
+        how = (f"a unified KV cache of {plan.n_ctx} tokens" if plan.kv_unified
+               else f"a pool of {plan.n_ctx} tokens split over {slots}")
+        fixes = [f"raise -c to at least {required_tokens * (1 if plan.kv_unified else plan.n_parallel)}"]
+        if not plan.kv_unified and plan.n_parallel > 1:
+            fixes += ["lower -np", "use --kv-unified"]
+        raise ContextPreflightError(
+            f"a request needs {required_tokens} tokens of context but each slot holds {plan.per_slot} "
+            f"({how}); {', or '.join(fixes)}"
+        )
+    return plan
+
+
+def offloaded_layers(log_text: str) -> tuple[int, int] | None:
+    """``(offloaded, total)`` from the load log's ``offloaded X/Y layers to GPU`` line, or None."""
+    found = _OFFLOAD_RE.findall(log_text)
+    if not found:
+        return None
+    done, total = found[-1]
+    return int(done), int(total)
+
+
+def check_accelerator(log_text: str, n_gpu_layers: int) -> tuple[int, int] | None:
+    """Raise when GPU layers were requested and none were offloaded.
+
+    Args:
+        log_text: the server's load log.
+        n_gpu_layers: ``-ngl`` requested (0: CPU only, nothing to check).
+
+    Returns:
+        ``(offloaded, total)`` as :func:`offloaded_layers` (None when nothing was requested).
+
+    Raises:
+        AcceleratorFallbackError: ``n_gpu_layers`` > 0 and the log reports 0 layers offloaded or no
+            offload line at all (a CPU-only build prints none).
+    """
+    if n_gpu_layers == 0:
+        return None
+    offload = offloaded_layers(log_text)
+    if offload is None or offload[0] == 0:
+        seen = f"the log reports {offload[0]}/{offload[1]} layers offloaded" if offload else \
+            "the log has no 'offloaded X/Y layers to GPU' line (a CPU-only build?)"
+        raise AcceleratorFallbackError(
+            f"{n_gpu_layers} GPU layers were requested but {seen}: the server would silently run on the CPU"
+        )
+    return offload
+
+
+# --- the binary -------------------------------------------------------------------------------
+def build_dir(gpu: bool = False) -> Path:
+    """Where :func:`ensure_llama_server` keeps its build (``-cuda`` suffix for the GPU build)."""
+    suffix = "-cuda" if gpu else ""
+    return settings.cache_dir() / f"llama-server-{settings.LLAMA_CPP_PYTHON_VERSION}{suffix}"
+
+
+def cmake_args(gpu: bool = False) -> list[str]:
+    """CMake options of the cached build: a static, server-only, offline build (no web UI download,
+    no OpenSSL, no tests/examples); ``GGML_CUDA`` on for ``gpu``."""
+    args = [
+        "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_SERVER=ON",
+        "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
+        "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_OPENSSL=OFF",
+        "-DLLAMA_BUILD_APP=OFF",
+    ]
+    if gpu:
+        args.append("-DGGML_CUDA=ON")
+    return args
+
+
+def ensure_llama_server(gpu: bool = False, jobs: int | None = None) -> Path:
+    """The ``llama-server`` binary: ``$FORGEFLOW_LLAMA_SERVER``, else the cached build (built once).
+
+    Args:
+        gpu: build with CUDA (needs the CUDA toolkit; for GPU machines).
+        jobs: parallel compile jobs (default: CPU count).
+
+    Returns:
+        Path of an executable ``llama-server``.
+
+    Raises:
+        ToolMissingError: ``cmake`` or a C++ compiler is missing, or ``$FORGEFLOW_LLAMA_SERVER`` does not
+            name an executable file.
+        InfraError: the build failed (the message carries the tail of the build log, kept beside the
+            cache folder).
+    """
+    override = os.environ.get(BINARY_ENV)
+    if override:
+        path = Path(override)
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise errors.ToolMissingError(f"{BINARY_ENV}={override!r} is not an executable file")
+        return path
+    final = build_dir(gpu)
+    binary = final / "bin" / "llama-server"
+    if binary.is_file():
+        return binary
+    for tool in ("cmake", "c++"):
+        if shutil.which(tool) is None:
+            raise errors.ToolMissingError(f"building llama-server needs {tool!r} on PATH (Debian: cmake build-essential)")
+    tarball = download_sdist(settings.LLAMA_CPP_PYTHON_VERSION)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
+    log_path = final.parent / f"{final.name}.build.log"
+    try:
+        prefix = f"llama_cpp_python-{settings.LLAMA_CPP_PYTHON_VERSION}/vendor/llama.cpp/"
+        with tarfile.open(tarball) as tar:
+            members = [m for m in tar.getmembers() if m.name.startswith(prefix)]
+            tar.extractall(work / "src", members=members, filter="data")
+        src = work / "src" / prefix
+        build = work / "build"
+        with open(log_path, "wb") as log:
+            for argv in (["cmake", "-S", str(src), "-B", str(build), *cmake_args(gpu)],
+                         ["cmake", "--build", str(build), "--target", "llama-server",
+                          "-j", str(jobs or os.cpu_count() or 1)]):
+                proc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, timeout=_BUILD_TIMEOUT_S,
+                                      check=False)
+                if proc.returncode != 0:
+                    raise errors.InfraError(
+                        f"{' '.join(argv[:3])} failed with {proc.returncode}; log {log_path}:\n"
+                        f"{log_path.read_text(errors='replace')[-_LOG_TAIL_CHARS:]}"
+                    )
+        out = work / "out" / "bin"
+        out.mkdir(parents=True)
+        shutil.copy2(build / "bin" / "llama-server", out / "llama-server")
+        try:
+            os.rename(work / "out", final)  # atomic: the final name appears complete or not at all
+        except OSError:
+            if not binary.is_file():  # not a concurrent build that finished first
+                raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return binary
+
+
+# --- the server -------------------------------------------------------------------------------
+class ServerProps(BaseModel):
+    """What ``GET /props`` reports (the fields forgeflow checks).
+
+    Attributes:
+        per_slot_ctx: ``default_generation_settings.n_ctx``: the context of one slot, in tokens.
+        total_slots: ``total_slots``.
+        model_path: the GGUF it loaded.
+        has_chat_template: ``chat_template`` is non-empty.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    per_slot_ctx: int = Field(ge=1)
+    total_slots: int = Field(ge=1)
+    model_path: str
+    has_chat_template: bool
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> "ServerProps":
+        """Parse a ``/props`` body.
+
+        Raises:
+            InfraError: a field is missing or malformed (the server is not the llama-server we expect).
+        """
+        try:
+            return cls(per_slot_ctx=int(body["default_generation_settings"]["n_ctx"]),
+                       total_slots=int(body["total_slots"]), model_path=str(body.get("model_path", "")),
+                       has_chat_template=bool(body.get("chat_template")))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise errors.InfraError(f"/props answer lacks {exc}: {str(body)[:300]}") from exc
+
+
+class LlamaServer(ModelServer):
+    """One ``llama-server`` process serving one GGUF on a loopback port: a
+    :class:`forgeflow.serving.server.ModelServer` (same start/stop by PID, log, context manager) whose
+    readiness is ``GET /health`` and which, once up, checks ``/props`` and the accelerator.
+
+    Args:
+        gguf_path: the GGUF to serve.
+        port: TCP port on 127.0.0.1 (1024-65535), free.
+        model_alias: ``--alias``, the model name clients send.
+        n_ctx: ``-c``, the KV pool in tokens.
+        n_parallel: ``-np`` slots (-1: auto).
+        kv_unified: ``--kv-unified``.
+        required_ctx: the context one request needs; checked before the start
+            (:func:`preflight_context`) and against ``/props`` after it. None: no check.
+        n_gpu_layers: ``-ngl`` (0: CPU; > 0 is checked by :func:`check_accelerator`).
+        binary: the ``llama-server`` executable (default :func:`ensure_llama_server`).
+        log_path / startup_timeout_s / n_threads: as :class:`~forgeflow.serving.server.ModelServer`.
+
+    Raises:
+        InputError: bad arguments (named); ContextPreflightError: ``required_ctx`` cannot fit a slot.
+    """
+
+    def __init__(self, gguf_path: Path, port: int, model_alias: str, n_ctx: int = 4096, *,
+                 n_parallel: int = 1, kv_unified: bool = False, required_ctx: int | None = None,
+                 n_gpu_layers: int = 0, binary: Path | None = None, log_path: Path | None = None,
+                 startup_timeout_s: float = 120.0, n_threads: int | None = None) -> None:
+        super().__init__(gguf_path, port, model_alias, n_ctx=n_ctx, log_path=log_path,
+                         startup_timeout_s=startup_timeout_s, n_threads=n_threads)
+        if n_gpu_layers < 0:
+            raise errors.InputError(f"n_gpu_layers must be >= 0, got {n_gpu_layers}")
+        self.plan = (preflight_context(required_ctx, n_ctx, n_parallel, kv_unified) if required_ctx
+                     else slot_context(n_ctx, n_parallel, kv_unified))
+        self.n_parallel, self.kv_unified, self.required_ctx = n_parallel, kv_unified, required_ctx
+        self.n_gpu_layers = n_gpu_layers
+        self.binary = Path(binary) if binary else None
+        self.props: ServerProps | None = None
+        self.offload: tuple[int, int] | None = None
+
+    def argv(self) -> list[str]:
+        """The server's command line."""
+        argv = [str(self.binary or ensure_llama_server(gpu=self.n_gpu_layers > 0)),
+                "--model", str(self.gguf_path), "--host", "127.0.0.1", "--port", str(self.port),
+                "--alias", self.model_alias, "--ctx-size", str(self.n_ctx),
+                "--parallel", str(self.n_parallel), "--n-gpu-layers", str(self.n_gpu_layers)]
+        if self.kv_unified:
+            argv.append("--kv-unified")
+        if self.n_threads is not None:
+            argv += ["--threads", str(self.n_threads)]
+        return argv
+
+    @property
+    def ready_url(self) -> str:
+        """``GET /health`` (200 once the model is loaded)."""
+        return f"http://127.0.0.1:{self.port}/health"
+
+    def _after_ready(self) -> None:
+        """Read ``/props``; refuse a per-slot context below ``required_ctx`` and a silent CPU fallback.
+
+        Raises:
+            ServerStartError: ``/props`` did not answer 200; InfraError: it lacks a field;
+            ContextPreflightError / AcceleratorFallbackError: see the class docstring.
+        """
+        root = f"http://127.0.0.1:{self.port}"
+        resp = httpx.get(f"{root}/props", timeout=10.0)
+        if resp.status_code != 200:
+            raise errors.ServerStartError(f"{root}/props answered {resp.status_code}: {resp.text[:300]}")
+        self.props = ServerProps.from_json(resp.json())
+        if self.required_ctx is not None and self.props.per_slot_ctx < self.required_ctx:
+            raise ContextPreflightError(
+                f"{root}/props reports {self.props.per_slot_ctx} tokens per slot "
+                f"({self.props.total_slots} slots) but a request needs {self.required_ctx}")
+        self.offload = check_accelerator(self.log_path.read_text(errors="replace"), self.n_gpu_layers)

@@ -1,0 +1,524 @@
+"""verl backend: PPO with a value model (critic) for GPU clusters, rendered from forgeflow's settings.
+
+TRL 1.x has no PPO trainer with a critic (its ``PPOTrainer`` was removed; GRPO/RLOO need no value
+model and run here, :mod:`forgeflow.training.rl`). For PPO + GAE on a Ray cluster forgeflow renders a
+config for verl's ``verl.trainer.main_ppo`` (the Hydra config ``verl/trainer/config/ppo_trainer.yaml``;
+key names as in verl's ``_generated_ppo_trainer.yaml``) and a Ray Jobs submission for it. verl is
+not installed here (it is a GPU cluster tool): the rendered keys are validated by pydantic models
+of exactly the keys forgeflow sets (:class:`PPOTrainerKeys`), and the batch arithmetic verl
+asserts at start-up (``RayPPOTrainer._validate_config``) is checked before anything is submitted.
+
+Pieces:
+
+* :class:`VerlPPOSettings` — forgeflow's flat, unit-named settings (one place to translate).
+* :func:`render_ppo_config` — the nested verl config (a dict; :func:`render_yaml` for a file;
+  :func:`hydra_overrides` for the command line), validated by :func:`validate_ppo_config`.
+* :func:`ray_job_spec` — a Ray Jobs ``POST /api/jobs/`` request: entrypoint
+  ``python3 -m verl.trainer.main_ppo <overrides>``, ``runtime_env`` (working_dir, pip, env_vars);
+  :func:`submit_ray_job` sends it to a Ray dashboard.
+* :func:`write_verl_dataset` — the RL prompts as verl's parquet rows (``data_source``, ``prompt``,
+  ``ability``, ``reward_model``, ``extra_info``), carrying each task's verifier spec.
+* :func:`compute_score` — the ``custom_reward_function`` verl calls: the same verifier as
+  :mod:`forgeflow.training.rl` (patch applied in the task container, tests graded). verl has no "no
+  reward" value, so an infrastructure failure raises (the job fails loudly) instead of scoring 0.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from forgeflow.common import errors
+
+ENTRYPOINT_MODULE = "verl.trainer.main_ppo"
+REWARD_FUNCTION_NAME = "compute_score"
+TIMEOUT_MULTIPLIER_ENV = "FORGEFLOW_VERIFIER_TIMEOUT_MULTIPLIER"
+"""Environment variable (set in the Ray job's ``runtime_env``) carrying the training verifier
+timeout multiplier to :func:`compute_score` on the cluster."""
+DATA_SOURCE = "forgeflow"
+
+
+def _field_error(exc: ValidationError, prefix: str = "") -> errors.InputError:
+    """An InputError naming each invalid field (dotted path) and what was wrong."""
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(model)"
+        parts.append(f"{prefix}{loc}: {err['msg']}")
+    return errors.InputError("; ".join(parts))
+
+
+# --- forgeflow-side settings -------------------------------------------------------------------
+class VerlPPOSettings(BaseModel):
+    """PPO on verl, in forgeflow's words (flat; translated by :func:`render_ppo_config`).
+
+    Attributes:
+        model_path: actor (and reference) model: HF id or a path on the cluster.
+        critic_model_path: value model; defaults to ``model_path`` (verl's usual choice).
+        train_files / val_files: parquet files on the cluster (:func:`write_verl_dataset`).
+        max_prompt_length_tokens / max_response_length_tokens: prompt and response budgets.
+        train_batch_size_prompts: prompts per PPO iteration (``data.train_batch_size``).
+        ppo_mini_batch_size_prompts: prompts per actor/critic update (must divide the batch).
+        micro_batch_size_per_gpu: samples per forward/backward on one GPU.
+        actor_learning_rate / critic_learning_rate: optimizer learning rates.
+        lora_rank: 0 trains all weights; > 0 a LoRA adapter of that rank (``lora_alpha``,
+            ``lora_target_modules``: verl's ``all-linear`` or a list).
+        rollout_engine: ``vllm`` or ``sglang``; ``rollout_n``: responses per prompt (1 for PPO).
+        rollout_tensor_parallel_size: GPUs per rollout engine; ``rollout_gpu_memory_fraction``:
+            the share of GPU memory the engine may take (0, 1].
+        gamma / gae_lambda: GAE discount and lambda (Schulman et al. 2016), in [0, 1].
+        kl_coef: KL penalty coefficient in the reward (fixed controller).
+        total_epochs / total_training_steps: run length (steps override epochs when set).
+        nnodes / n_gpus_per_node: the cluster.
+        project_name / experiment_name: logging names; ``checkpoint_dir``: where verl saves.
+        save_freq_steps / test_freq_steps: -1 disables.
+        reward_function_path: this module's path *on the cluster* (relative to the job's
+            working_dir), loaded by verl as ``custom_reward_function.path``.
+        verifier_timeout_multiplier: training verifier timeout = task timeout x this.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    model_path: str = Field(min_length=1)
+    critic_model_path: str | None = None
+    train_files: tuple[str, ...] = Field(min_length=1)
+    val_files: tuple[str, ...] = Field(min_length=1)
+    max_prompt_length_tokens: int = Field(default=2048, ge=16)
+    max_response_length_tokens: int = Field(default=1024, ge=16)
+    train_batch_size_prompts: int = Field(default=64, ge=1)
+    ppo_mini_batch_size_prompts: int = Field(default=16, ge=1)
+    micro_batch_size_per_gpu: int = Field(default=2, ge=1)
+    actor_learning_rate: float = Field(default=1e-6, gt=0)
+    critic_learning_rate: float = Field(default=1e-5, gt=0)
+    lora_rank: int = Field(default=0, ge=0)
+    lora_alpha: int = Field(default=16, ge=1)
+    lora_target_modules: str | tuple[str, ...] = "all-linear"
+    rollout_engine: Literal["vllm", "sglang"] = "vllm"
+    rollout_n: int = Field(default=1, ge=1)
+    rollout_tensor_parallel_size: int = Field(default=1, ge=1)
+    rollout_gpu_memory_fraction: float = Field(default=0.5, gt=0, le=1)
+    gamma: float = Field(default=1.0, ge=0, le=1)
+    gae_lambda: float = Field(default=1.0, ge=0, le=1)
+    kl_coef: float = Field(default=0.001, ge=0)
+    total_epochs: int = Field(default=1, ge=1)
+    total_training_steps: int | None = Field(default=None, ge=1)
+    nnodes: int = Field(default=1, ge=1)
+    n_gpus_per_node: int = Field(default=8, ge=1)
+    project_name: str = Field(default="forgeflow", min_length=1)
+    experiment_name: str = Field(default="ppo", min_length=1)
+    checkpoint_dir: str = Field(default="checkpoints/forgeflow/ppo", min_length=1)
+    save_freq_steps: int = Field(default=-1, ge=-1)
+    test_freq_steps: int = Field(default=-1, ge=-1)
+    reward_function_path: str = Field(default="forgeflow/training/verl.py", min_length=1)
+    verifier_timeout_multiplier: float = Field(default=0.06, gt=0, le=10)
+
+    @model_validator(mode="after")
+    def _batch_arithmetic(self) -> "VerlPPOSettings":
+        """The divisibility verl asserts in ``RayPPOTrainer._validate_config`` (per GPU, after
+        multiplying by ``rollout_n``), checked here so a bad run fails before a cluster starts."""
+        world = self.nnodes * self.n_gpus_per_node
+        if self.ppo_mini_batch_size_prompts > self.train_batch_size_prompts:
+            raise ValueError(f"ppo_mini_batch_size_prompts {self.ppo_mini_batch_size_prompts} exceeds "
+                             f"train_batch_size_prompts {self.train_batch_size_prompts}")
+        if self.train_batch_size_prompts % self.ppo_mini_batch_size_prompts:
+            raise ValueError(f"ppo_mini_batch_size_prompts {self.ppo_mini_batch_size_prompts} does not divide "
+                             f"train_batch_size_prompts {self.train_batch_size_prompts}")
+        if (self.train_batch_size_prompts * self.rollout_n) % world:
+            raise ValueError(f"train_batch_size_prompts x rollout_n = {self.train_batch_size_prompts * self.rollout_n} "
+                             f"is not divisible by the {world} GPUs (nnodes x n_gpus_per_node)")
+        per_gpu = self.ppo_mini_batch_size_prompts * self.rollout_n / world
+        if per_gpu < 1 or per_gpu != int(per_gpu) or int(per_gpu) % self.micro_batch_size_per_gpu:
+            raise ValueError(f"ppo_mini_batch_size_prompts x rollout_n / GPUs = {per_gpu:g} samples per GPU must be "
+                             f"a whole multiple of micro_batch_size_per_gpu {self.micro_batch_size_per_gpu}")
+        if world % self.rollout_tensor_parallel_size:
+            raise ValueError(f"rollout_tensor_parallel_size {self.rollout_tensor_parallel_size} does not divide "
+                             f"the {world} GPUs")
+        return self
+
+
+def settings(**values: Any) -> VerlPPOSettings:
+    """Build :class:`VerlPPOSettings`, turning a validation failure into an InputError naming the field.
+
+    Raises:
+        InputError: e.g. ``rollout_gpu_memory_fraction: Input should be less than or equal to 1``.
+    """
+    try:
+        return VerlPPOSettings(**values)
+    except ValidationError as exc:
+        raise _field_error(exc) from exc
+
+
+# --- pydantic models of the verl keys forgeflow sets -------------------------------------------
+class _Keys(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DataKeys(_Keys):
+    train_files: list[str] = Field(min_length=1)
+    val_files: list[str] = Field(min_length=1)
+    prompt_key: Literal["prompt"]
+    max_prompt_length: int = Field(ge=1)
+    max_response_length: int = Field(ge=1)
+    train_batch_size: int = Field(ge=1)
+    filter_overlong_prompts: bool
+    truncation: Literal["error", "left", "right", "middle"]
+
+
+class ModelKeys(_Keys):
+    path: str = Field(min_length=1)
+    lora_rank: int = Field(ge=0)
+    lora_alpha: int = Field(ge=1)
+    target_modules: str | list[str]
+    use_remove_padding: bool
+    enable_gradient_checkpointing: bool
+
+
+class OptimKeys(_Keys):
+    lr: float = Field(gt=0)
+
+
+class ActorKeys(_Keys):
+    strategy: Literal["fsdp", "fsdp2", "megatron"]
+    optim: OptimKeys
+    ppo_mini_batch_size: int = Field(ge=1)
+    ppo_micro_batch_size_per_gpu: int = Field(ge=1)
+    use_kl_loss: bool
+
+
+class RolloutKeys(_Keys):
+    name: Literal["vllm", "sglang"]
+    n: int = Field(ge=1)
+    tensor_model_parallel_size: int = Field(ge=1)
+    gpu_memory_utilization: float = Field(gt=0, le=1)
+    log_prob_micro_batch_size_per_gpu: int = Field(ge=1)
+
+
+class RefKeys(_Keys):
+    log_prob_micro_batch_size_per_gpu: int = Field(ge=1)
+
+
+class ActorRolloutRefKeys(_Keys):
+    model: ModelKeys
+    actor: ActorKeys
+    rollout: RolloutKeys
+    ref: RefKeys
+
+
+class CriticModelKeys(_Keys):
+    path: str = Field(min_length=1)
+    enable_gradient_checkpointing: bool
+
+
+class CriticKeys(_Keys):
+    strategy: Literal["fsdp", "fsdp2", "megatron"]
+    optim: OptimKeys
+    model: CriticModelKeys
+    ppo_micro_batch_size_per_gpu: int = Field(ge=1)
+
+
+class RewardModelKeys(_Keys):
+    enable: Literal[False]
+
+
+class CustomRewardFunctionKeys(_Keys):
+    path: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+
+
+class KLCtrlKeys(_Keys):
+    type: Literal["fixed", "adaptive"]
+    kl_coef: float = Field(ge=0)
+
+
+class AlgorithmKeys(_Keys):
+    adv_estimator: Literal["gae"]
+    gamma: float = Field(ge=0, le=1)
+    lam: float = Field(ge=0, le=1)
+    use_kl_in_reward: bool
+    kl_ctrl: KLCtrlKeys
+
+
+class TrainerKeys(_Keys):
+    project_name: str = Field(min_length=1)
+    experiment_name: str = Field(min_length=1)
+    logger: list[str]
+    nnodes: int = Field(ge=1)
+    n_gpus_per_node: int = Field(ge=1)
+    total_epochs: int = Field(ge=1)
+    total_training_steps: int | None = Field(default=None, ge=1)
+    save_freq: int = Field(ge=-1)
+    test_freq: int = Field(ge=-1)
+    default_local_dir: str = Field(min_length=1)
+    critic_warmup: int = Field(ge=0)
+    val_before_train: bool
+
+
+class PPOTrainerKeys(_Keys):
+    """The sections of verl's ``ppo_trainer.yaml`` forgeflow sets, with verl's key names; any
+    other key is rejected (a typo would otherwise be a silent no-op in a Hydra override)."""
+
+    data: DataKeys
+    actor_rollout_ref: ActorRolloutRefKeys
+    critic: CriticKeys
+    reward_model: RewardModelKeys
+    custom_reward_function: CustomRewardFunctionKeys
+    algorithm: AlgorithmKeys
+    trainer: TrainerKeys
+
+
+def validate_ppo_config(config: dict[str, Any]) -> PPOTrainerKeys:
+    """Validate a rendered (or hand-edited) verl PPO config against :class:`PPOTrainerKeys`.
+
+    Raises:
+        InputError: naming each bad key by its dotted path (``algorithm.adv_estimator: Input should
+            be 'gae'``, ``trainer.nnodes: Extra inputs are not permitted``, ...).
+    """
+    try:
+        return PPOTrainerKeys.model_validate(config)
+    except ValidationError as exc:
+        raise _field_error(exc) from exc
+
+
+def render_ppo_config(s: VerlPPOSettings) -> dict[str, Any]:
+    """The verl PPO config (nested dict, verl key names) for ``s``; validated before it is returned.
+
+    PPO proper: ``algorithm.adv_estimator=gae`` with a critic, the KL penalty in the reward
+    (``use_kl_in_reward``, fixed controller) rather than the GRPO-style KL loss, no reward model
+    (``reward_model.enable=false``) and this module's :func:`compute_score` as the custom reward.
+    """
+    micro = s.micro_batch_size_per_gpu
+    config = {
+        "data": {
+            "train_files": list(s.train_files), "val_files": list(s.val_files), "prompt_key": "prompt",
+            "max_prompt_length": s.max_prompt_length_tokens, "max_response_length": s.max_response_length_tokens,
+            "train_batch_size": s.train_batch_size_prompts, "filter_overlong_prompts": True, "truncation": "error",
+        },
+        "actor_rollout_ref": {
+            "model": {
+                "path": s.model_path, "lora_rank": s.lora_rank, "lora_alpha": s.lora_alpha,
+                "target_modules": (s.lora_target_modules if isinstance(s.lora_target_modules, str)
+                                   else list(s.lora_target_modules)),
+                "use_remove_padding": True, "enable_gradient_checkpointing": True,
+            },
+            "actor": {
+                "strategy": "fsdp", "optim": {"lr": s.actor_learning_rate},
+                "ppo_mini_batch_size": s.ppo_mini_batch_size_prompts, "ppo_micro_batch_size_per_gpu": micro,
+                "use_kl_loss": False,
+            },
+            "rollout": {
+                "name": s.rollout_engine, "n": s.rollout_n,
+                "tensor_model_parallel_size": s.rollout_tensor_parallel_size,
+                "gpu_memory_utilization": s.rollout_gpu_memory_fraction, "log_prob_micro_batch_size_per_gpu": micro,
+            },
+            "ref": {"log_prob_micro_batch_size_per_gpu": micro},
+        },
+        "critic": {
+            "strategy": "fsdp", "optim": {"lr": s.critic_learning_rate},
+            "model": {"path": s.critic_model_path or s.model_path, "enable_gradient_checkpointing": True},
+            "ppo_micro_batch_size_per_gpu": micro,
+        },
+        "reward_model": {"enable": False},
+        "custom_reward_function": {"path": s.reward_function_path, "name": REWARD_FUNCTION_NAME},
+        "algorithm": {
+            "adv_estimator": "gae", "gamma": s.gamma, "lam": s.gae_lambda, "use_kl_in_reward": True,
+            "kl_ctrl": {"type": "fixed", "kl_coef": s.kl_coef},
+        },
+        "trainer": {
+            "project_name": s.project_name, "experiment_name": s.experiment_name, "logger": ["console"],
+            "nnodes": s.nnodes, "n_gpus_per_node": s.n_gpus_per_node, "total_epochs": s.total_epochs,
+            "total_training_steps": s.total_training_steps, "save_freq": s.save_freq_steps,
+            "test_freq": s.test_freq_steps, "default_local_dir": s.checkpoint_dir, "critic_warmup": 0,
+            "val_before_train": False,
+        },
+    }
+    validate_ppo_config(config)
+    return config
+
+
+def render_yaml(config: dict[str, Any]) -> str:
+    """The config as YAML (block style, keys in render order), for a file passed with
+    ``--config-path``/``--config-name`` or for review."""
+    import yaml
+
+    return yaml.safe_dump(config, sort_keys=False, default_flow_style=False)
+
+
+def _hydra_value(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, list):
+        return "[" + ",".join(_hydra_value(v) for v in value) + "]"
+    text = str(value)
+    if any(c in text for c in " ,[]{}()=:'\"\\$") or text in {"null", "true", "false"}:
+        return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return text
+
+
+def hydra_overrides(config: dict[str, Any], prefix: str = "") -> list[str]:
+    """Flatten the config into Hydra command-line overrides ``a.b.c=value`` (lists as ``[x,y]``,
+    strings with Hydra's special characters single-quoted, None as ``null``), in render order."""
+    out: list[str] = []
+    for key, value in config.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.extend(hydra_overrides(value, path + "."))
+        else:
+            out.append(f"{path}={_hydra_value(value)}")
+    return out
+
+
+# --- Ray job -----------------------------------------------------------------------------------
+class RuntimeEnv(BaseModel):
+    """The Ray ``runtime_env`` of the job (the fields forgeflow sets)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    working_dir: str = Field(min_length=1)
+    pip: list[str] = Field(default_factory=list)
+    env_vars: dict[str, str] = Field(default_factory=dict)
+
+
+class RayJobSpec(BaseModel):
+    """A Ray Jobs ``POST /api/jobs/`` request body (Ray Jobs REST API, ``JobSubmitRequest``).
+
+    Attributes:
+        entrypoint: the shell command the job runs on the head node.
+        submission_id: a unique id (Ray rejects a reused one).
+        runtime_env: working_dir, pip packages, environment variables.
+        metadata: string labels stored with the job.
+        entrypoint_num_cpus / entrypoint_num_gpus: resources reserved for the driver (verl's
+            driver schedules its own GPU workers, so 0 GPUs).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    entrypoint: str = Field(min_length=1)
+    submission_id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    runtime_env: RuntimeEnv
+    metadata: dict[str, str] = Field(default_factory=dict)
+    entrypoint_num_cpus: float = Field(default=1, ge=0)
+    entrypoint_num_gpus: float = Field(default=0, ge=0)
+
+
+def ray_job_spec(
+    s: VerlPPOSettings, *, working_dir: str, submission_id: str, pip: list[str] | None = None,
+    env_vars: dict[str, str] | None = None, metadata: dict[str, str] | None = None,
+) -> RayJobSpec:
+    """The Ray job that runs verl's PPO with the rendered config.
+
+    Args:
+        s: the settings (rendered and validated here).
+        working_dir: the job's working directory (a local folder Ray uploads, or a remote URI);
+            it must contain forgeflow so ``s.reward_function_path`` resolves.
+        submission_id: unique job id (letters, digits, ``_.-``).
+        pip: packages the job installs (e.g. a pinned ``verl``); default none (a cluster image
+            with verl).
+        env_vars: extra environment; :data:`TIMEOUT_MULTIPLIER_ENV` is always set from ``s``.
+        metadata: labels (e.g. the Prefect run id, the dataset digest).
+
+    Raises:
+        InputError: a bad field (named).
+    """
+    overrides = hydra_overrides(render_ppo_config(s))
+    entrypoint = " ".join(["python3", "-m", ENTRYPOINT_MODULE, *(shlex.quote(o) for o in overrides)])
+    env = {**(env_vars or {}), TIMEOUT_MULTIPLIER_ENV: repr(s.verifier_timeout_multiplier)}
+    try:
+        return RayJobSpec(
+            entrypoint=entrypoint, submission_id=submission_id,
+            runtime_env=RuntimeEnv(working_dir=working_dir, pip=list(pip or []), env_vars=env),
+            metadata={"forgeflow": "verl-ppo", **(metadata or {})},
+        )
+    except ValidationError as exc:
+        raise _field_error(exc) from exc
+
+
+def submit_ray_job(spec: RayJobSpec, dashboard_url: str, timeout_s: float = 30.0) -> str:
+    """Submit ``spec`` to a Ray cluster's job server (``POST {dashboard_url}/api/jobs/``).
+
+    Returns:
+        The ``submission_id`` Ray answered.
+
+    Raises:
+        InputError: ``dashboard_url`` is not http(s).
+        TransientInfraError: the dashboard is unreachable or answered 5xx (retryable).
+        InfraError: it answered another non-200 status (the body is in the message).
+    """
+    import httpx
+
+    if not dashboard_url.startswith(("http://", "https://")):
+        raise errors.InputError(f"dashboard_url must be an http(s) URL, got {dashboard_url!r}")
+    url = dashboard_url.rstrip("/") + "/api/jobs/"
+    try:
+        response = httpx.post(url, json=spec.model_dump(mode="json"), timeout=timeout_s)
+    except httpx.TransportError as exc:
+        raise errors.TransientInfraError(f"Ray job server {url} unreachable: {exc}") from exc
+    if response.status_code >= 500:
+        raise errors.TransientInfraError(f"Ray job server {url} answered {response.status_code}: {response.text[:500]}")
+    if response.status_code != 200:
+        raise errors.InfraError(f"Ray job server {url} rejected the job ({response.status_code}): {response.text[:500]}")
+    body = response.json()
+    return str(body.get("submission_id") or body.get("job_id") or spec.submission_id)
+
+
+# --- data and reward on the cluster --------------------------------------------------------------
+def write_verl_dataset(data: Any, path: Path) -> Path:
+    """Write an :class:`forgeflow.training.rl.RLData` as verl's RL parquet.
+
+    Each row: ``data_source`` (``forgeflow``), ``prompt`` (the chat messages), ``ability``
+    (``swe``), ``reward_model`` (``{"style": "rule", "ground_truth": instance_id}``) and
+    ``extra_info`` (``{"index", "verifier": the task's verifier spec as JSON}``), which verl hands to
+    :func:`compute_score`.
+    """
+    import json
+
+    from datasets import Dataset
+
+    rows = []
+    for i, row in enumerate(data.dataset):
+        spec = {k: row[k] for k in ("instance_id", "image_ref", "test_command", "fail_to_pass",
+                                    "pass_to_pass", "verifier_timeout_s")}
+        rows.append({
+            "data_source": DATA_SOURCE, "prompt": row["prompt"], "ability": "swe",
+            "reward_model": {"style": "rule", "ground_truth": row["instance_id"]},
+            "extra_info": {"index": i, "verifier": json.dumps(spec, sort_keys=True)},
+        })
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    Dataset.from_list(rows).to_parquet(str(tmp))
+    os.replace(tmp, path)
+    return path
+
+
+def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None,
+                  **_: Any) -> float:
+    """verl's ``custom_reward_function``: 1.0 or 0.0 from the task's verifier.
+
+    Same verifier as :func:`forgeflow.training.rl.score_completion`, with the timeout multiplier from
+    :data:`TIMEOUT_MULTIPLIER_ENV` (default 0.06).
+
+    Raises:
+        InputError: the row is not a forgeflow row (no verifier spec in ``extra_info``).
+        InfraError: the verifier broke (verl has no "no reward": failing the job is the honest
+            answer, never a 0).
+    """
+    import json
+
+    from forgeflow.training.rl import VerifierSpec, score_completion
+
+    if data_source != DATA_SOURCE or not extra_info or "verifier" not in extra_info:
+        raise errors.InputError(f"row of {data_source!r} ({ground_truth}) carries no forgeflow verifier spec")
+    spec = VerifierSpec.model_validate(json.loads(extra_info["verifier"]))
+    outcome = score_completion(solution_str, spec,
+                               verifier_timeout_multiplier=float(os.environ.get(TIMEOUT_MULTIPLIER_ENV, "0.06")))
+    if outcome.reward is None:
+        raise errors.InfraError(f"verifier of {spec.instance_id} failed: {outcome.exception_type}: "
+                                f"{outcome.exception_message}")
+    return outcome.reward

@@ -1,0 +1,130 @@
+"""Prefect tasks of evaluation: agent (canary) trials with their supervision events, and the compare
+stage (paired statistics, the promotion gate, the markdown report)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE
+from prefect.states import Completed
+
+from forgeflow.evaluation import agent, compare, gate
+from forgeflow.ledger import store as ledger
+from forgeflow.sandbox import trial
+from forgeflow.sandbox.trial import TrialResult
+from tasks.common import RESUMABLE, run_logger, task_run_id
+
+
+class UnscoredTrialError(Exception):
+    """Internal: carries an agent trial that ended in an exception out of the cached task as a
+    *failure*, so Prefect never caches it (DESIGN.md: exceptions are never cached)."""
+
+    def __init__(self, record: trial.TrialResult) -> None:
+        super().__init__(f"{record.exception_type}: {record.exception_message}")
+        self.record = record
+
+    def __reduce__(self) -> tuple:  # pickled by Prefect's result store: rebuild from the record
+        return (type(self), (self.record,))
+
+
+@task(cache_policy=(INPUTS - "base_url") + TASK_SOURCE, task_run_name="agent-run-{instance_id}-{model_sha256:.12}")
+def _cached_agent_trial(instance_id: str, image_ref: str, image_digest: str, problem_statement: str,
+                        test_command: str, fail_to_pass: list[str], pass_to_pass: list[str], base_url: str,
+                        model_alias: str, model_sha256: str, config: agent.AgentConfig, out_dir: Path,
+                        verifier_timeout_s: float, run_key: str) -> trial.TrialResult:
+    """The trial itself; only a trial without an exception completes (and is cached), any other
+    ends this task run Failed with :class:`UnscoredTrialError` (never cached, retried next run).
+    ``run_key`` names the trial (:func:`forgeflow.sandbox.trial.make_trial_id`) and is part of the cache key."""
+    record = agent.run_agent_trial(instance_id, image_ref, problem_statement, test_command, fail_to_pass,
+                                   pass_to_pass, base_url, model_alias, config, out_dir,
+                                   verifier_timeout_s=verifier_timeout_s, run_key=run_key)
+    if record.exception_type is not None:
+        raise UnscoredTrialError(record)
+    return record
+
+
+@task(cache_policy=NO_CACHE, task_run_name="agent-{instance_id}-{model_sha256:.12}")
+def agent_trial(instance_id: str, image_ref: str, image_digest: str, problem_statement: str, test_command: str,
+                fail_to_pass: list[str], pass_to_pass: list[str], base_url: str, model_alias: str,
+                model_sha256: str, config: agent.AgentConfig, out_dir: Path, verifier_timeout_s: float,
+                job_id: str | None = None, run_key: str | None = None) -> trial.TrialResult:
+    """One canary trial: mini-swe-agent on the host, commands in a no-network container, then the
+    verifier. An infrastructure failure is recorded as the trial's exception, never as reward 0.
+
+    Caching: the trial runs in ``_cached_agent_trial``, keyed on model sha256 + image digest +
+    agent/sampling config + the task's tests (not the endpoint URL: blue/green alternates ports for
+    the same model). Only a trial without an exception is cached; a trial that ended in an exception
+    (endpoint down, sandbox broke, agent timeout, dead loop, hang) is returned here but runs again in
+    the next flow run (DESIGN.md: exceptions are never cached). A cache hit ends this task in a
+    ``Cached`` state too, so stage bookkeeping sees it.
+
+    When the supervisor stopped the run (dead loop or hang: ``AgentLoopError`` /
+    ``AgentHangError``, the verifier's reward kept beside it), a ``supervision_events`` row is
+    recorded in the store with the evidence and the trajectory path (``job_id`` names the job).
+
+    ``run_key`` (default: ``model_sha256``) names the trial: a canary recovery job passes its own
+    job id so that its trials get ids of their own and never overwrite the original job's rows."""
+    state = _cached_agent_trial(instance_id, image_ref, image_digest, problem_statement, test_command,
+                                fail_to_pass, pass_to_pass, base_url, model_alias, model_sha256, config, out_dir,
+                                verifier_timeout_s, run_key or model_sha256, return_state=True)
+    try:
+        record = state.result()
+    except UnscoredTrialError as exc:
+        record = exc.record
+    record_supervision(record, job_id, task_run_id())
+    if state.name == "Cached":  # the trial came from the cache: say so (the stage log counts it)
+        return Completed(data=record, name="Cached")
+    return record
+
+
+def record_supervision(record: trial.TrialResult, job_id: str | None, run_id: str | None = None) -> Any:
+    """Record the supervisor's stop of ``record`` (if any) as a ``supervision_events`` row in the
+    store (``settings.store_url()``); returns the row, or None when the supervisor did not stop it."""
+    event = agent.supervision_event(record, job_id, run_id)
+    if event is not None:
+        store = ledger.Store()
+        store.upgrade()
+        store.record_supervision_event(event)
+        run_logger().warning("supervisor stopped %s: %s (%s)", record.instance_id, event.kind, record.exception_message)
+    return event
+
+
+@task(cache_policy=RESUMABLE)
+def compare_jobs(baseline: list[TrialResult], candidate: list[TrialResult], label_a: str, label_b: str,
+                 repo_of: dict[str, str], max_drop: float, alpha: float, seed: int, *, min_pairs: int = 30,
+                 min_repos: int = 3, max_wall_s_ratio: float | None = 1.5, max_input_tokens_ratio: float | None = 1.25,
+                 max_agent_steps_ratio: float | None = 1.25) -> compare.CanaryComparison:
+    """Job reports of both canaries, their paired comparison (exact McNemar; the delta interval at
+    confidence ``1 - alpha``: Newcombe's paired interval united with the repository-clustered
+    bootstrap), the cost ratios over the paired instances (mean input tokens, agent steps, wall
+    seconds), the promotion gate's decision on both and the markdown.
+
+    The gate settings (``max_drop`` ... ``max_agent_steps_ratio``) are those of
+    :class:`forgeflow.evaluation.gate.GatePolicy` (the lifecycle passes its ``promotion_*`` fields).
+
+    An exception trial enters the pairs as None (excluded, and listed with its reason), never as
+    reward 0.
+
+    Raises:
+        InputError: a gate setting is out of range (named).
+    """
+    policy = gate.GatePolicy.build(max_drop=max_drop, alpha=alpha, min_pairs=min_pairs, min_repos=min_repos,
+                                      max_wall_s_ratio=max_wall_s_ratio, max_input_tokens_ratio=max_input_tokens_ratio,
+                                      max_agent_steps_ratio=max_agent_steps_ratio)
+    report_a = compare.JobReport.from_trials(baseline)
+    report_b = compare.JobReport.from_trials(candidate)
+    rewards_a, rewards_b = compare.rewards_by_instance(baseline), compare.rewards_by_instance(candidate)
+    paired = compare.paired_compare(rewards_a, rewards_b, repo_of, seed=seed, confidence=1.0 - alpha)
+    paired_ids = [i for i in rewards_a if rewards_a[i] is not None and rewards_b.get(i) is not None]
+    costs = compare.cost_ratios({t.instance_id: t.costs() for t in baseline},
+                                {t.instance_id: t.costs() for t in candidate}, paired_ids)
+    decision = gate.promotion_decision(paired, policy, costs=costs)
+    excluded = compare.excluded_tasks(baseline, candidate)
+    notes = (["excluded from the pairs: " + "; ".join(f"{e.instance_id} ({e.reason})" for e in excluded)]
+             if excluded else [])
+    markdown = compare.render_markdown(report_a, report_b, paired, label_a, label_b, costs=costs,
+                                       decision=decision, notes=notes)
+    return compare.CanaryComparison(report_a=report_a, report_b=report_b, paired=paired, decision=decision,
+                                    costs=costs, markdown=markdown, excluded=excluded)

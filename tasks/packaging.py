@@ -1,0 +1,180 @@
+"""Prefect tasks of packaging: the tiny base model, merge/convert/quantize into GGUFs and their
+store records, the release check and publishing to a model store."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from blocks.core import ModelStore
+from forgeflow.common.errors import PreflightError
+from forgeflow.common.fsutil import sha256_tree
+from forgeflow.ledger import records
+from forgeflow.ledger import store as ledger
+from forgeflow.packaging import base_model as model
+from forgeflow.packaging import gguf
+from forgeflow.packaging import publish as publishing
+from forgeflow.packaging.release import metadata_path_for, write_release_metadata
+from tasks.common import (
+    RESUMABLE,
+    TRANSIENT_RETRIES,
+    TRANSIENT_RETRY_DELAYS_S,
+    retry_on_transient,
+    table_artifact,
+)
+
+
+@task(cache_policy=RESUMABLE)
+def base_model(out_dir: Path, seed: int) -> tuple[model.ModelRecord, model.TokenizerCheck]:
+    """Build the tiny Qwen2-shaped model with the real Qwen2 tokenizer.
+
+    The saved tokenizer (the one the model ships with) is checked against llama.cpp's tokenizer
+    test vectors first; any mismatch stops the stage before a model is built.
+    """
+    check = model.verify_tokenizer(model.ensure_tokenizer())
+    if check.matched != check.total:
+        raise PreflightError(f"tokenizer matches {check.matched}/{check.total} llama.cpp vectors: {check.failures[:3]}")
+    return model.build_tiny_model(out_dir, seed=seed), check
+
+
+@task(cache_policy=RESUMABLE)
+def package(hf_dir: Path, hf_sha256: str, out_dir: Path, quantizations: tuple[str, ...],
+            adapter_dir: Path | None = None, adapter_sha256: str | None = None) -> dict[str, gguf.GGUFArtifact]:
+    """Merge (if an adapter is given) -> convert to GGUF f16 -> quantize -> check -> load.
+
+    Returns:
+        {"f16": artifact, "<QTYPE>": artifact, ...}; every artifact checked against the HF config
+        and loaded with llama-cpp-python.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    source = hf_dir
+    if adapter_dir is not None:
+        source = gguf.merge_adapter(hf_dir, adapter_dir, out_dir / "merged")
+    artifacts = {"f16": gguf.convert_to_gguf(source, out_dir / "model-f16.gguf", outtype="f16")}
+    for qtype in quantizations:
+        artifacts[qtype] = gguf.quantize(artifacts["f16"].path, out_dir / f"model-{qtype}.gguf", qtype)
+    for artifact in artifacts.values():
+        gguf.check_gguf(artifact.path, source)
+        gguf.load_gguf(artifact.path)
+    return artifacts
+
+
+def record_package(store: ledger.Store, artifacts: dict[str, gguf.GGUFArtifact], hf_sha256: str, out_dir: Path,
+                   adapter_sha256: str | None, run_id: str | None) -> str:
+    """Record what :func:`package` made in the store, one production each with ``run_id``: the merged
+    checkpoint ``out_dir/merged`` (made from the adapter) when an adapter was merged, the f16 GGUF
+    as made from the checkpoint it was converted from, and each quantized GGUF as made from the f16
+    one. The lifecycle's package stages and the standalone ``package`` flow both record this way.
+
+    Args:
+        store: the ledger.
+        artifacts: :func:`package`'s result (``{"f16": ..., "<QTYPE>": ...}``).
+        hf_sha256: ``sha256_tree`` of the HF checkpoint given to :func:`package` (the base).
+        out_dir: :func:`package`'s ``out_dir``.
+        adapter_sha256: the merged adapter's digest, or None when nothing was merged.
+        run_id: the Prefect flow run id.
+
+    Returns:
+        The digest the f16 GGUF is recorded as made from: ``hf_sha256`` without an adapter, else the
+        merged checkpoint's ``sha256_tree`` (the adapter's digest if no merged folder is there).
+
+    Raises:
+        InputError: a digest is already recorded with another kind or quantization.
+    """
+    source_sha = hf_sha256
+    if adapter_sha256 is not None:
+        merged = Path(out_dir) / "merged"
+        source_sha = adapter_sha256
+        if (merged / "config.json").is_file():  # the merged checkpoint the GGUFs came from
+            source_sha = sha256_tree(merged)
+            store.record_model_artifact(records.ModelArtifactRecord(
+                sha256=source_sha, kind="merged", path=str(merged), parent_sha256=adapter_sha256, run_id=run_id))
+    for qtype, art in artifacts.items():
+        parent = source_sha if qtype == "f16" or "f16" not in artifacts else artifacts["f16"].sha256
+        store.record_model_artifact(records.ModelArtifactRecord(sha256=art.sha256, kind="gguf", path=str(art.path),
+                                    quantization=qtype, parent_sha256=parent, run_id=run_id))
+    return source_sha
+
+
+def load_model_store(block_name: str) -> ModelStore:
+    """Load the ModelStore block ``block_name`` and check its kind's fields (preflight; no token read).
+
+    Raises:
+        InputError: no such block, or its fields do not fit its kind.
+    """
+    from forgeflow.common.errors import InputError
+
+    try:
+        store = ModelStore.load(block_name)
+    except ValueError as exc:  # Prefect: "Unable to find block document named ..."
+        raise InputError(f"model store block {block_name!r} does not exist: {exc}") from exc
+    return store.validate_kind()
+
+
+@task(cache_policy=RESUMABLE)
+def check_release(gguf_path: Path, gguf_sha256: str, hf_dir: Path, hf_sha256: str) -> gguf.GGUFCheck:
+    """:func:`forgeflow.packaging.gguf.check_gguf` of a GGUF against the checkpoint it was made from.
+
+    Cached on the two digests (with the paths and this task's source): the check of the same bytes
+    against the same checkpoint gives the same answer, so publishing one GGUF to a second store does
+    not read its 150k-token vocabulary again. A failed check (GGUFError) is never cached.
+    """
+    return gguf.check_gguf(gguf_path, hf_dir)
+
+
+# Publishing is a side effect, never answered from a cache: a local re-publish is a no-op that
+# returns the stored record, and a Hub re-publish of identical files makes no commit.
+@task(cache_policy=NO_CACHE, retries=TRANSIENT_RETRIES, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S,
+      retry_condition_fn=retry_on_transient)
+def publish_gguf(store_block: str, gguf_path: Path, gguf_sha256: str, quantization: str, hf_sha256: str,
+                 name: str, adapter_dir: Path | None = None, tensor_types: dict[str, str] | None = None,
+                 run_id: str = "") -> publishing.PublishRecord:
+    """Write ``<gguf stem>.lineage.json`` beside the GGUF and publish both to the store ``store_block``.
+
+    Args:
+        store_block: name of a saved :class:`~blocks.core.ModelStore` block.
+        gguf_path: the checked GGUF.
+        gguf_sha256: its sha256 when it was checked (the file must still have it).
+        quantization: its tensor type.
+        hf_sha256: ``sha256_tree`` of the HF checkpoint it was converted from.
+        name: the model name (local store folder; one path component).
+        adapter_dir: the adapter merged into it (its lineage goes into the JSON), or None.
+        tensor_types: per-tensor overrides of a mixed quantization.
+        run_id: the packaging flow run id (recorded in the JSON).
+
+    Returns:
+        The verified :class:`~forgeflow.packaging.publish.PublishRecord` (no credential in it).
+
+    Raises:
+        InputError: the block is missing or inconsistent, the Secret is missing, bad arguments.
+        DigestMismatchError: the GGUF changed since it was checked; PublishDigestMismatchError: the
+            store holds other bytes than the local files after publishing.
+        StaleParentCommitError, ModelStoreError, ModelStoreUnavailableError: see
+            :func:`forgeflow.packaging.publish.publish_hub`.
+    """
+    logger = get_run_logger()
+    store = load_model_store(store_block)
+    metadata_path = metadata_path_for(gguf_path)
+    write_release_metadata(gguf_path, gguf_sha256, quantization, hf_sha256, metadata_path,
+                           adapter_dir=adapter_dir, tensor_types=tensor_types, run_id=run_id)
+    if store.kind == "local":
+        logger.info("publishing %s (sha256 %s) to local store %s as %r", Path(gguf_path).name,
+                    gguf_sha256[:12], store.path, name)
+        record = publishing.publish_local(gguf_path, metadata_path, store.path, name)
+    else:
+        logger.info("publishing %s (sha256 %s) to %s/%s@%s (token from Secret block %r)", Path(gguf_path).name,
+                    gguf_sha256[:12], store.endpoint, store.repo_id, store.revision, store.token_secret)
+        record = publishing.publish_hub(
+            gguf_path, metadata_path, repo_id=store.repo_id, token=store.hub_token(), endpoint=store.endpoint,
+            revision=store.revision, private=store.private, transfer=store.transfer,  # type: ignore[arg-type]
+        )
+    logger.info("published to %s at revision %s (parent %s); sha256 and size verified", record.location,
+                record.revision, record.parent_revision)
+    table_artifact("publish", [
+        {"file": f.path_in_store, "role": f.role, "sha256": f.sha256, "size_bytes": f.size_bytes,
+         "store": record.backend, "location": record.location, "revision": record.revision}
+        for f in record.files
+    ], f"Published {Path(gguf_path).name} to model store block {store_block!r}")
+    return record

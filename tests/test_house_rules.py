@@ -1,0 +1,124 @@
+"""The house rules, read from the code's own imports (no import is executed).
+
+* no import cycle between modules of ``forgeflow/``;
+* the packages of ``forgeflow/`` import one way, in :data:`PACKAGE_ORDER` (a package imports only
+  packages before it; ``forgeflow/config.py`` sits above them all);
+* ``forgeflow/`` imports no Prefect; ``tasks/`` imports no ``flows/`` or ``deployments/``;
+  ``flows/`` imports no ``deployments/``; ``blocks/`` imports no ``tasks/``, ``flows/`` or
+  ``deployments/``.
+
+Imports inside functions and ``TYPE_CHECKING`` blocks count too: a cycle hidden in a function is
+still a cycle of the design.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE_ORDER = ("common", "ledger", "registry", "sandbox", "curation", "evaluation", "training", "packaging",
+                 "serving")
+"""forgeflow's packages, lowest first (also written in the README's layout section)."""
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _sources(folder: str) -> dict[str, Path]:
+    return {_module_name(p): p for p in (ROOT / folder).rglob("*.py")
+            if "migrations" not in p.parts and "data" not in p.relative_to(ROOT / folder).parts[:1]}
+
+
+def _imports(path: Path) -> set[str]:
+    """Every dotted name ``path`` imports (``from a.b import c`` gives ``a.b`` and ``a.b.c``)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module)
+            out.update(f"{node.module}.{alias.name}" for alias in node.names)
+        elif isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+    return out
+
+
+CORE = _sources("forgeflow")
+EDGES = {name: {i for i in _imports(path) if i in CORE and i != name} for name, path in CORE.items()}
+
+
+def _cycles() -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan 1972)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(EDGES[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(EDGES):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycle_in_the_core() -> None:
+    assert _cycles() == []
+
+
+def _package(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in PACKAGE_ORDER) else None
+
+
+def test_packages_import_only_packages_below_them() -> None:
+    rank = {p: i for i, p in enumerate(PACKAGE_ORDER)}
+    assert {p.name for p in (ROOT / "forgeflow").iterdir() if p.is_dir() and (p / "__init__.py").exists()} \
+        == set(PACKAGE_ORDER)
+    wrong = []
+    for module, targets in EDGES.items():
+        here = _package(module)
+        for target in targets:
+            there = _package(target)
+            if module == "forgeflow.config" or here is None or there is None:
+                continue
+            if rank[there] > rank[here]:
+                wrong.append(f"{module} -> {target}")
+    assert wrong == [], "imports against the package order " + " < ".join(PACKAGE_ORDER)
+    assert not any(_package(t) is None and t != "forgeflow" for ts in EDGES.values() for t in ts
+                   if t == "forgeflow.config"), "nothing in forgeflow/ imports forgeflow.config"
+
+
+@pytest.mark.parametrize(("folder", "forbidden"), [
+    ("forgeflow", ("prefect", "tasks", "flows", "blocks", "deployments")),
+    ("tasks", ("flows", "deployments")),
+    ("flows", ("deployments",)),
+    ("blocks", ("tasks", "flows", "deployments")),
+])
+def test_layers_import_one_way(folder: str, forbidden: tuple[str, ...]) -> None:
+    wrong = sorted(f"{name}: {imported}" for name, path in _sources(folder).items() for imported in _imports(path)
+                   if imported.split(".")[0] in forbidden)
+    assert wrong == []
