@@ -25,7 +25,7 @@ Figures (targets from issue 4):
   :meth:`forgeflow.registry.skopeo.Skopeo._run` uses ``subprocess.run`` (``vfork``, 0.6 ms flat) and no
   longer the ``sh`` package. ``copy_overhead_ratio_tiny`` is the same measure on N tiny images
   (one ~100-byte layer), where the copy is little more than skopeo's start.
-* ``prewarm_parallel_speedup``: :func:`forgeflow.registry.migration.prewarm_basecache` of one basecache tag
+* ``prewarm_parallel_speedup``: :func:`forgeflow.registry.prewarm.prewarm_basecache` of one basecache tag
   into each of the 80 shard repositories, ``max_workers=1`` time / ``max_workers=5`` time
   (target >= 2), against a registry ``--registry-latency-ms`` away (default 10 ms added to every
   HTTP request by a loopback proxy, :class:`tests.faultproxy.FaultProxy`: a registry in the same
@@ -65,7 +65,7 @@ from benchmarks.options import int_option, number_option
 from forgeflow.common.errors import ForgeflowError, InputError, ServerStartError
 from forgeflow.common.settings import tool_env
 from forgeflow.registry.layout import ShardLayout
-from forgeflow.registry.migration import prewarm_basecache, verify_prewarm
+from forgeflow.registry.prewarm import prewarm_basecache, verify_prewarm
 from forgeflow.registry.server import RegistryServer
 from forgeflow.registry.skopeo import Skopeo
 from tests.faultproxy import FaultProxy

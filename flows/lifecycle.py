@@ -45,14 +45,15 @@ from forgeflow.evaluation import canary as canary_core
 from forgeflow.evaluation.compare import render_plot
 from forgeflow.ledger import records, tables
 from forgeflow.ledger.store import Store
-from forgeflow.registry import images, projects
+from forgeflow.registry import images, prewarm, projects
 from forgeflow.registry import migration as migrate
 from forgeflow.registry.layout import ShardLayout
 from forgeflow.registry.server import RegistryServer
 from forgeflow.registry.skopeo import Skopeo
 from forgeflow.serving import bluegreen
 from forgeflow.training import samples
-from forgeflow.training.burst import BurstConfig, pin_adapter
+from forgeflow.training.adapters import pin_adapter
+from forgeflow.training.burst import BurstConfig
 from tasks import curation
 from tasks import evaluation as evaluation_tasks
 from tasks import packaging as packaging_tasks
@@ -182,7 +183,7 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
             place = placements[c.instance_id]
             ref = f"{dst}/{place.repository}:{place.tag}"
             digest = log.call(registry_tasks.push_local_image, image.name, image.image_id, ref, registry_ids["target"])
-            reuse = migrate.verify_layer_reuse(Skopeo(), f"docker://{ref}", f"docker://{env['target_ref']}")
+            reuse = prewarm.verify_layer_reuse(Skopeo(), f"docker://{ref}", f"docker://{env['target_ref']}")
             reused_layers += len(reuse.base_layers)
             tasks_info[c.instance_id] = {"candidate": c, "repo": repo, "image_ref": ref, "digest": digest,
                                          "local_image": image}

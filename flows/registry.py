@@ -25,7 +25,7 @@ from forgeflow.common.errors import InputError, MigrationIncompleteError
 from forgeflow.common.fsutil import read_jsonl_objects
 from forgeflow.common.settings import apply_container_env, home_dir
 from forgeflow.ledger.store import Store
-from forgeflow.registry import imageref
+from forgeflow.registry import coverage, imageref
 from forgeflow.registry import migration as migrate
 from forgeflow.registry.layout import PrewarmPlan, shard_layout
 from tasks import registry as registry_ops
@@ -46,7 +46,7 @@ class MigrationSummary(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     records: list[migrate.MigrationRecord]
-    coverage: migrate.CoverageReport
+    coverage: coverage.CoverageReport
     copied: int
     failed: list[str]
 
@@ -105,7 +105,7 @@ def _names(images: list[str] | None, dataset_path: Path | None, image_column: st
     if (images is None) == (dataset_path is None):
         raise InputError("give exactly one of images (repo:tag names) or dataset_path (a JSONL file)")
     if dataset_path is not None:
-        raw = migrate.image_names_from_jsonl(dataset_path, image_column)
+        raw = coverage.image_names_from_jsonl(dataset_path, image_column)
         what = f"dataset {dataset_path} column {image_column!r} value"
     else:
         raw = list(dict.fromkeys(images or []))
@@ -142,13 +142,13 @@ def _failure_message(names: list[str], records: list[migrate.MigrationRecord]) -
             "is in the store and the migrate-images table")
 
 
-def _coverage_rows(report: migrate.CoverageReport) -> list[dict]:
+def _coverage_rows(report: coverage.CoverageReport) -> list[dict]:
     return [{"ref": r.ref, "availability": r.availability, "digest": r.digest or "",
              "error_type": r.error_type or "", "recorded_status": r.recorded_status or "",
              "drift": r.drift} for r in report.rows]
 
 
-def _publish_coverage(key: str, report: migrate.CoverageReport, target: RegistryEndpoint) -> None:
+def _publish_coverage(key: str, report: coverage.CoverageReport, target: RegistryEndpoint) -> None:
     table_artifact(key, _coverage_rows(report) + [
         {"ref": "TOTAL", "availability": f"available {report.available} / missing {report.missing} / "
                                          f"errored {report.errored} of {report.total}", "digest": "",
@@ -278,7 +278,7 @@ def migrate_images(source: str | RegistryEndpoint, target: str | RegistryEndpoin
         for n, r in zip(names, records)], f"{len(records)} images {src.address} -> {dst.address}, "
                                           f"{copied} copied, {len(failed)} failed")
     report = registry_ops.coverage_check(dst, names, store.url)
-    reset = migrate.reconcile_coverage(store, report, run_id)
+    reset = coverage.reconcile_coverage(store, report, run_id)
     if reset:
         log.warning("the target contradicts the recorded state of %d images, put back to pending: %s",
                     len(reset), reset[:10])
@@ -293,7 +293,7 @@ def migrate_images(source: str | RegistryEndpoint, target: str | RegistryEndpoin
 @flow(name="registry-audit", log_prints=True)
 def registry_audit(target: str | RegistryEndpoint, images: list[str] | None = None,
                    dataset_path: Path | None = None, image_column: str = "image",
-                   store_url: str | None = None) -> migrate.CoverageReport:
+                   store_url: str | None = None) -> coverage.CoverageReport:
     """Coverage of a dataset's images (or a list) in a registry: available / missing / errored,
     published as the ``registry-coverage`` table artifact.
 
@@ -323,7 +323,7 @@ def registry_audit(target: str | RegistryEndpoint, images: list[str] | None = No
         store.upgrade()
     report = registry_ops.coverage_check(dst, names, store.url if store is not None else None)
     if store is not None:
-        reset = migrate.reconcile_coverage(store, report, str(flow_run.get_id() or "") or None)
+        reset = coverage.reconcile_coverage(store, report, str(flow_run.get_id() or "") or None)
         if reset:
             get_run_logger().warning("put back to pending (the registry contradicts the store): %s", reset[:10])
         store.dispose()
@@ -333,7 +333,7 @@ def registry_audit(target: str | RegistryEndpoint, images: list[str] | None = No
 
 @flow(name="rewrite-image-refs", log_prints=True)
 def rewrite_image_refs(old_prefix: str, new_prefix: str, dry_run: bool = True,
-                       store_url: str | None = None) -> migrate.RewritePlan:
+                       store_url: str | None = None) -> coverage.RewritePlan:
     """Rewrite recorded image references (``images.ref``, ``task_instances.image_ref``) from one
     registry prefix to another in one transaction; ``dry_run`` only publishes the diff
     (``rewrite-image-refs`` table artifact). Reverse it with the prefixes swapped.
@@ -371,11 +371,11 @@ def prewarm_plan(tasks_path: Path | None = None, shards: int = 80, lanes: int = 
     """
     shard_layout(shards, lanes, prefix, tag_cap)
     if tasks_path is not None:
-        pairs = migrate.plan_tasks_from_jsonl(tasks_path)
+        pairs = coverage.plan_tasks_from_jsonl(tasks_path)
     else:
         store = Store(store_url)
         store.upgrade()
-        pairs = migrate.plan_tasks_from_store(store)
+        pairs = coverage.plan_tasks_from_store(store)
     if not pairs:
         raise InputError("no tasks to plan")
     plan = registry_ops.layout_plan(pairs, shards, lanes, prefix, tag_cap)

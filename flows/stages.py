@@ -101,7 +101,7 @@ def package(hf_dir: Path, out_dir: Path, quantizations: tuple[str, ...] = ("Q8_0
         GGUFError: a GGUF fails its check (nothing is published).
     """
     from forgeflow.common.fsutil import sha256_tree
-    from forgeflow.training.burst import adapter_sha256 as adapter_digest
+    from forgeflow.training.adapters import adapter_sha256 as adapter_digest
 
     quantizations = tuple(quantizations)
     target = _publish_preflight(publish, publish_quantization or (quantizations[0] if quantizations else "f16"),

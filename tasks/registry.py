@@ -27,7 +27,7 @@ from forgeflow.common.errors import InputError, is_transient
 from forgeflow.common.fsutil import atomic_write_bytes
 from forgeflow.ledger.store import Store
 from forgeflow.registry import auth as registry_auth
-from forgeflow.registry import imageref, images, projects
+from forgeflow.registry import coverage, imageref, images, prewarm, projects
 from forgeflow.registry import migration as migrate
 from forgeflow.registry.layout import PrewarmPlan, ShardLayout
 from forgeflow.registry.server import RegistryServer
@@ -85,13 +85,13 @@ def push_local_image(local_name: str, local_image_id: str, dest: str, registry_i
 @task(cache_policy=RESUMABLE, retries=TRANSIENT_RETRIES, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S,
       retry_condition_fn=retry_on_transient)
 def prewarm(plan: PrewarmPlan, target_address: str, base_refs: dict[str, str],
-            target_registry_id: str, concurrency: int = 5) -> list[migrate.BasecacheRecord]:
+            target_registry_id: str, concurrency: int = 5) -> list[prewarm.BasecacheRecord]:
     """Check the plan against the tag cap, copy every ``basecache-*`` tag (``concurrency``
     skopeo commands at a time, 1-16) and verify its digest (``target_registry_id`` keys the
     cache: a wiped target is pre-warmed again)."""
     plan.check()
-    records = migrate.prewarm_basecache(Skopeo(), plan, target_address, base_refs, max_workers=concurrency)
-    migrate.verify_prewarm(Skopeo(), records, max_workers=concurrency)
+    records = prewarm.prewarm_basecache(Skopeo(), plan, target_address, base_refs, max_workers=concurrency)
+    prewarm.verify_prewarm(Skopeo(), records, max_workers=concurrency)
     return records
 
 
@@ -239,24 +239,24 @@ def migrate_one(name: str, source: RegistryEndpoint, target: RegistryEndpoint, m
 
 
 @task(cache_policy=NO_CACHE, task_run_name="coverage-{target.address}")
-def coverage_check(target: RegistryEndpoint, names: list[str], store_url: str | None = None) -> migrate.CoverageReport:
+def coverage_check(target: RegistryEndpoint, names: list[str], store_url: str | None = None) -> coverage.CoverageReport:
     """Which of ``names`` the target registry serves (available / missing / errored); with a
-    ``store_url``, beside each image's recorded migration state (:func:`forgeflow.registry.migration.coverage`)."""
+    ``store_url``, beside each image's recorded migration state (:func:`forgeflow.registry.coverage.coverage`)."""
     store = Store(store_url) if store_url is not None else None
     try:
         with skopeo_for(target) as skopeo:
-            return migrate.coverage(skopeo, image_refs(target, names), store=store)
+            return coverage.coverage(skopeo, image_refs(target, names), store=store)
     finally:
         if store is not None:
             store.dispose()
 
 
 @task(cache_policy=NO_CACHE)
-def rewrite_refs(old_prefix: str, new_prefix: str, dry_run: bool, store_url: str | None = None) -> migrate.RewritePlan:
+def rewrite_refs(old_prefix: str, new_prefix: str, dry_run: bool, store_url: str | None = None) -> coverage.RewritePlan:
     """:func:`forgeflow.registry.migration.rewrite_refs` on the store (one transaction; dry run = diff only)."""
     store = Store(store_url)
     store.upgrade()
-    return migrate.rewrite_refs(store, old_prefix, new_prefix, dry_run=dry_run)
+    return coverage.rewrite_refs(store, old_prefix, new_prefix, dry_run=dry_run)
 
 
 @task(cache_policy=NO_CACHE)

@@ -8,7 +8,7 @@ from pathlib import Path
 from prefect import get_run_logger, task
 from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE
 
-from forgeflow.training import burst, rl, verl
+from forgeflow.training import adapters, burst, preflight, rl, verl
 from tasks.common import (
     TRANSIENT_RETRIES,
     TRANSIENT_RETRY_DELAYS_S,
@@ -18,22 +18,22 @@ from tasks.common import (
 
 @task(cache_policy=NO_CACHE)
 def burst_preflight(base_model_dir: Path, out_dir: Path, lora_r: int, lora_target_modules: tuple[str, ...],
-                    template_files: tuple[Path, ...] = ()) -> burst.PreflightReport:
-    """The burst's preflight before any model is loaded (:func:`forgeflow.training.burst.burst_preflight`):
+                    template_files: tuple[Path, ...] = ()) -> preflight.PreflightReport:
+    """The burst's preflight before any model is loaded (:func:`forgeflow.training.preflight.burst_preflight`):
     the chat template and ``template_files`` exist and are non-empty, and ``out_dir``'s file system
     has the free space the adapter needs. Never cached (disk space and files change between runs).
 
     Raises:
         PreflightError: every problem found, in one message (``burst preflight failed: ...``).
     """
-    return burst.burst_preflight(base_model_dir, out_dir, lora_r, lora_target_modules, template_files)
+    return preflight.burst_preflight(base_model_dir, out_dir, lora_r, lora_target_modules, template_files)
 
 
 # log_prints off: HF datasets fingerprints functions with dill, which disassembles them with
 # dis.dis into a captured stdout; Prefect's print capture would log those ~500 lines instead.
 @task(cache_policy=(INPUTS - "run_id") + TASK_SOURCE, log_prints=False)
 def sft_burst(base_model_dir: Path, base_sha256: str, samples: list[dict], out_dir: Path,
-              config: burst.BurstConfig, parent_adapter_dir: Path | None, run_id: str | None) -> burst.AdapterRecord:
+              config: burst.BurstConfig, parent_adapter_dir: Path | None, run_id: str | None) -> adapters.AdapterRecord:
     """One LoRA SFT burst (TRL SFTTrainer + peft). ``base_sha256`` keys the cache; ``run_id`` (the
     Prefect run recorded in the lineage) does not, so a later run reuses the adapter."""
     data = burst.build_sft_dataset(samples)
@@ -54,9 +54,9 @@ def rl_burst(base_model_dir: Path, base_sha256: str, tasks: list[dict], out_dir:
 
     Raises:
         PreflightError: before any model is loaded, listing every problem of
-            :func:`forgeflow.training.burst.burst_preflight` (chat template, ``prompt_template``, disk space).
+            :func:`forgeflow.training.preflight.burst_preflight` (chat template, ``prompt_template``, disk space).
     """
-    burst.burst_preflight(base_model_dir, out_dir, config.lora_r, config.lora_target_modules, [prompt_template])
+    preflight.burst_preflight(base_model_dir, out_dir, config.lora_r, config.lora_target_modules, [prompt_template])
     data = rl.build_rl_dataset(tasks, prompt_template)
     record = rl.run_rl_burst(base_model_dir, data, out_dir, config, parent_adapter_dir=parent_adapter_dir, run_id=run_id)
     if not record.weights_changed:

@@ -106,12 +106,18 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise_if_disk_full(exc, target, "writing")
         raise
-    dir_fd = os.open(target.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    fsync_dir(target.parent)
     return target
+
+
+def fsync_dir(directory: str | os.PathLike[str]) -> None:
+    """``fsync`` a directory, so a rename or a new entry in it survives a crash (POSIX: a file's
+    own ``fsync`` does not persist its directory entry)."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:

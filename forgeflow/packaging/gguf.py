@@ -364,13 +364,13 @@ def tensor_types_of(path: Path) -> dict[str, str]:
     Raises:
         GGUFError: the file is not a readable GGUF.
     """
-    from forgeflow.packaging.gguf_edit import read_header_index
+    from forgeflow.packaging.gguf_reader import read_header_index
 
     return {t.name: t.ggml_type for t in read_header_index(path).tensors}
 
 
 def _check_overrides(tmp: Path, dst: Path, tensor_types: dict[str, str]) -> None:
-    from forgeflow.packaging.gguf_edit import read_header_index
+    from forgeflow.packaging.gguf_reader import read_header_index
 
     matched = {pattern: 0 for pattern in tensor_types}
     for tensor in read_header_index(tmp).tensors:

@@ -63,110 +63,37 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, BinaryIO, Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow.common.errors import GGUFError, InputError
-from forgeflow.common.fsutil import raise_if_disk_full
+from forgeflow.common.fsutil import fsync_dir, raise_if_disk_full
+from forgeflow.packaging.gguf_reader import (
+    ARRAY_TYPE,
+    BOOL_TYPE,
+    DEFAULT_CHUNK_BYTES,
+    FLOAT_TYPES,
+    INT_RANGES,
+    SCALAR_FORMATS,
+    STRING_TYPE,
+    FieldSpan,
+    HeaderCursor,
+    HeaderIndex,
+    TensorSpan,
+    field_span,
+    pump,
+    read_header_index,
+    read_metadata,
+    tensor_sha256,
+    type_name,
+    write_all,
+)
 
-_MAGIC = b"GGUF"
-_DEFAULT_ALIGNMENT = 32
-_DEFAULT_CHUNK_BYTES = 8 << 20
 _DATA_COPY_BYTES = 1 << 20
-_SUPPORTED_VERSIONS = (2, 3)
 _SAMPLE_BYTES = 4096
 _VERIFY_MODES = ("sampled", "full", "none")
 VerifyMode = Literal["sampled", "full", "none"]
-
-# GGUFValueType number -> struct format (little endian); the numbers are those of
-# gguf.GGUFValueType (ggml docs/gguf.md "enum gguf_metadata_value_type").
-_SCALAR_FORMATS: dict[int, str] = {
-    0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q",
-    12: "<d",
-}
-_STRING, _ARRAY = 8, 9
-_INT_RANGES: dict[int, tuple[int, int]] = {
-    0: (0, 2**8 - 1), 1: (-(2**7), 2**7 - 1), 2: (0, 2**16 - 1), 3: (-(2**15), 2**15 - 1),
-    4: (0, 2**32 - 1), 5: (-(2**31), 2**31 - 1), 10: (0, 2**64 - 1), 11: (-(2**63), 2**63 - 1),
-}
-_FLOATS = (6, 12)
-_BOOL = 7
-
-
-def _type_name(vtype: int) -> str:
-    from gguf import GGUFValueType
-
-    return GGUFValueType(vtype).name
-
-
-class FieldSpan(BaseModel):
-    """Where one key/value entry lies in a GGUF file.
-
-    Attributes:
-        key: the metadata key.
-        value_type: gguf value type name (``UINT32``, ``STRING``, ``ARRAY``, ...).
-        sub_type: element type name for arrays, else ``None``.
-        offset: absolute byte offset of the entry (its key's length prefix).
-        size_bytes: bytes of the whole entry (key, type, value).
-    """
-
-    model_config = ConfigDict(frozen=True)
-
-    key: str
-    value_type: str
-    sub_type: str | None = None
-    offset: int = Field(ge=24)
-    size_bytes: int = Field(ge=13)
-
-
-class TensorSpan(BaseModel):
-    """Where one tensor's data lies.
-
-    Attributes:
-        name: tensor name.
-        ggml_type: ggml type name (``F16``, ``Q8_0``, ``Q4_K``, ...).
-        shape: dims in ggml order (``ne[0]`` first: the row length).
-        offset: absolute byte offset of the data.
-        relative_offset: offset inside the data section, as stored in the tensor info.
-        size_bytes: data bytes (elements / block size x block bytes, from
-            :data:`gguf.GGML_QUANT_SIZES`).
-    """
-
-    model_config = ConfigDict(frozen=True)
-
-    name: str
-    ggml_type: str
-    shape: tuple[int, ...]
-    offset: int = Field(ge=0)
-    relative_offset: int = Field(ge=0)
-    size_bytes: int = Field(ge=0)
-
-
-class HeaderIndex(BaseModel):
-    """Offsets of a GGUF header, found without materializing its values.
-
-    Attributes:
-        path: the file.
-        version: GGUF version (2 or 3).
-        alignment: data alignment in bytes (``general.alignment`` or 32).
-        header_end: offset just after the last tensor info.
-        data_offset: start of the data section (``header_end`` rounded up to ``alignment``).
-        file_size_bytes: size of the file.
-        fields: key -> span, in file order.
-        tensors: tensor spans in file order.
-    """
-
-    model_config = ConfigDict(frozen=True)
-
-    path: Path
-    version: int
-    alignment: int = Field(ge=1)
-    header_end: int = Field(ge=24)
-    data_offset: int = Field(ge=24)
-    file_size_bytes: int = Field(ge=24)
-    fields: dict[str, FieldSpan]
-    tensors: tuple[TensorSpan, ...]
 
 
 class EditResult(BaseModel):
@@ -204,199 +131,8 @@ class EditResult(BaseModel):
     duration_s: float = Field(ge=0)
 
 
-# --- reading ---------------------------------------------------------------------------------
-class _Cursor:
-    """Sequential little-endian reads over a buffered file, tracking the offset."""
-
-    def __init__(self, f: BinaryIO, path: Path) -> None:
-        self.f, self.path, self.pos = f, path, 0
-
-    def read(self, n: int) -> bytes:
-        data = self.f.read(n)
-        if len(data) != n:
-            raise GGUFError(f"{self.path}: truncated GGUF header at byte {self.pos} (wanted {n})")
-        self.pos += n
-        return data
-
-    def skip(self, n: int) -> None:
-        self.f.seek(n, os.SEEK_CUR)
-        self.pos += n
-
-    def u32(self) -> int:
-        return struct.unpack("<I", self.read(4))[0]
-
-    def u64(self) -> int:
-        return struct.unpack("<Q", self.read(8))[0]
-
-    def string(self) -> str:
-        raw = self.read(self.u64())
-        try:
-            return raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise GGUFError(f"{self.path}: invalid UTF-8 string at byte {self.pos}") from exc
-
-    def skip_value(self, vtype: int) -> int | None:
-        """Skip one value; returns the array element type for arrays."""
-        if vtype in _SCALAR_FORMATS:
-            self.skip(struct.calcsize(_SCALAR_FORMATS[vtype]))
-            return None
-        if vtype == _STRING:
-            self.skip(self.u64())
-            return None
-        if vtype == _ARRAY:
-            sub, count = self.u32(), self.u64()
-            if sub in _SCALAR_FORMATS:
-                self.skip(count * struct.calcsize(_SCALAR_FORMATS[sub]))
-            elif sub == _STRING:
-                for _ in range(count):
-                    self.skip(self.u64())
-            else:
-                raise GGUFError(f"{self.path}: unsupported array element type {sub} at {self.pos}")
-            return sub
-        raise GGUFError(f"{self.path}: unknown value type {vtype} at byte {self.pos}")
-
-    def value(self, vtype: int) -> Any:
-        if vtype in _SCALAR_FORMATS:
-            fmt = _SCALAR_FORMATS[vtype]
-            return struct.unpack(fmt, self.read(struct.calcsize(fmt)))[0]
-        if vtype == _STRING:
-            return self.string()
-        if vtype == _ARRAY:
-            sub, count = self.u32(), self.u64()
-            return [self.value(sub) for _ in range(count)]
-        raise GGUFError(f"{self.path}: unknown value type {vtype} at byte {self.pos}")
-
-
-def read_header_index(path: Path) -> HeaderIndex:
-    """Index a GGUF header: the offset and size of every key/value entry and tensor.
-
-    Reads the header sequentially (1 MiB buffer) and keeps only offsets, so memory stays at a few
-    MB even for a 150k-token vocabulary.
-
-    Raises:
-        GGUFError: the file is missing, not GGUF, big-endian, of an unsupported version, or its
-            header is truncated or malformed (the message names the path).
-    """
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
-    path = Path(path)
-    if not path.is_file():
-        raise GGUFError(f"GGUF {path} does not exist")
-    size = path.stat().st_size
-    with open(path, "rb", buffering=1 << 20) as f:
-        cur = _Cursor(f, path)
-        if cur.read(4) != _MAGIC:
-            raise GGUFError(f"{path} is not a GGUF file (magic is not 'GGUF')")
-        version = cur.u32()
-        if version not in _SUPPORTED_VERSIONS:
-            raise GGUFError(
-                f"{path}: GGUF version {version} unsupported (expected one of "
-                f"{list(_SUPPORTED_VERSIONS)}; a big-endian file reads as a huge version)"
-            )
-        n_tensors, n_kv = cur.u64(), cur.u64()
-        fields: dict[str, FieldSpan] = {}
-        alignment = _DEFAULT_ALIGNMENT
-        for _ in range(n_kv):
-            start = cur.pos
-            key = cur.string()
-            vtype = cur.u32()
-            if key == "general.alignment" and vtype == 4:
-                alignment = struct.unpack("<I", cur.read(4))[0]
-                sub = None
-            else:
-                sub = cur.skip_value(vtype)
-            if key in fields:
-                raise GGUFError(f"{path}: duplicate key {key!r} at byte {start}")
-            fields[key] = FieldSpan(
-                key=key, value_type=_type_name(vtype),
-                sub_type=_type_name(sub) if sub is not None else None,
-                offset=start, size_bytes=cur.pos - start,
-            )
-        if alignment == 0 or alignment & (alignment - 1):
-            raise GGUFError(f"{path}: general.alignment {alignment} is not a power of two")
-        infos = []
-        for _ in range(n_tensors):
-            name = cur.string()
-            n_dims = cur.u32()
-            shape = tuple(cur.u64() for _ in range(n_dims))
-            ggml_type, rel = cur.u32(), cur.u64()
-            infos.append((name, shape, ggml_type, rel))
-        header_end = cur.pos
-    data_offset = -(-header_end // alignment) * alignment
-    tensors = []
-    for name, shape, ggml_type, rel in infos:
-        try:
-            qtype = GGMLQuantizationType(ggml_type)
-            block, block_bytes = GGML_QUANT_SIZES[qtype]
-        except (ValueError, KeyError) as exc:
-            raise GGUFError(f"{path}: tensor {name!r} has unknown ggml type {ggml_type}") from exc
-        n_elements = 1
-        for dim in shape:
-            n_elements *= dim
-        nbytes = n_elements // block * block_bytes
-        if data_offset + rel + nbytes > size:
-            raise GGUFError(
-                f"{path}: tensor {name!r} data ends at byte {data_offset + rel + nbytes}, past "
-                f"the end of the file ({size} bytes): truncated"
-            )
-        tensors.append(TensorSpan(
-            name=name, ggml_type=qtype.name, shape=shape, offset=data_offset + rel,
-            relative_offset=rel, size_bytes=nbytes,
-        ))
-    return HeaderIndex(
-        path=path, version=version, alignment=alignment, header_end=header_end,
-        data_offset=data_offset, file_size_bytes=size, fields=fields, tensors=tuple(tensors),
-    )
-
-
-def read_metadata(path: Path, key: str, index: HeaderIndex | None = None) -> Any:
-    """Return one metadata value (arrays as lists) without parsing the rest of the header.
-
-    Raises:
-        GGUFError: the key is absent (the message lists a few present keys) or the file is bad.
-    """
-    index = index or read_header_index(path)
-    span = _span(index, key)
-    with open(path, "rb") as f:
-        f.seek(span.offset)
-        cur = _Cursor(f, Path(path))
-        cur.string()
-        return cur.value(cur.u32())
-
-
-def tensor_sha256(path: Path, index: HeaderIndex | None = None,
-                  chunk_bytes: int = _DEFAULT_CHUNK_BYTES) -> dict[str, str]:
-    """sha256 (hex) of every tensor's data region, read in ``chunk_bytes`` pieces.
-
-    Returns:
-        tensor name -> hex digest.
-    """
-    index = index or read_header_index(path)
-    buf = bytearray(chunk_bytes)
-    out: dict[str, str] = {}
-    with open(path, "rb", buffering=0) as f:
-        for t in index.tensors:
-            h = hashlib.sha256()
-            f.seek(t.offset)
-            _pump(f, None, t.size_bytes, buf, h, path)
-            out[t.name] = h.hexdigest()
-    return out
-
-
-# --- writing ---------------------------------------------------------------------------------
-def _span(index: HeaderIndex, key: str) -> FieldSpan:
-    span = index.fields.get(key)
-    if span is None:
-        some = ", ".join(list(index.fields)[:8])
-        raise GGUFError(
-            f"{index.path}: key {key!r} expected present, found no such key "
-            f"({len(index.fields)} keys: {some}, ...)"
-        )
-    return span
-
-
 def _check_value(path: Path, key: str, vtype: int, value: Any, what: str = "value") -> None:
-    expected = _type_name(vtype)
+    expected = type_name(vtype)
 
     def bad() -> GGUFError:
         shown = repr(value)
@@ -406,17 +142,17 @@ def _check_value(path: Path, key: str, vtype: int, value: Any, what: str = "valu
             f"{type(value).__name__} {shown}"
         )
 
-    if vtype in _INT_RANGES:
-        lo, hi = _INT_RANGES[vtype]
+    if vtype in INT_RANGES:
+        lo, hi = INT_RANGES[vtype]
         if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
             raise bad()
-    elif vtype in _FLOATS:
+    elif vtype in FLOAT_TYPES:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise bad()
-    elif vtype == _BOOL:
+    elif vtype == BOOL_TYPE:
         if not isinstance(value, bool):
             raise bad()
-    elif vtype == _STRING:
+    elif vtype == STRING_TYPE:
         if not isinstance(value, str):
             raise bad()
     else:
@@ -424,8 +160,8 @@ def _check_value(path: Path, key: str, vtype: int, value: Any, what: str = "valu
 
 
 def _pack_value(vtype: int, value: Any) -> bytes:
-    if vtype in _SCALAR_FORMATS:
-        return struct.pack(_SCALAR_FORMATS[vtype], value)
+    if vtype in SCALAR_FORMATS:
+        return struct.pack(SCALAR_FORMATS[vtype], value)
     raw = value.encode("utf-8")
     return struct.pack("<Q", len(raw)) + raw
 
@@ -437,7 +173,7 @@ def _pack_entry(path: Path, span: FieldSpan, value: Any) -> bytes:
     vtype = int(GGUFValueType[span.value_type])
     raw_key = span.key.encode("utf-8")
     head = struct.pack("<Q", len(raw_key)) + raw_key + struct.pack("<I", vtype)
-    if vtype != _ARRAY:
+    if vtype != ARRAY_TYPE:
         _check_value(path, span.key, vtype, value)
         return head + _pack_value(vtype, value)
     sub = int(GGUFValueType[span.sub_type])
@@ -451,39 +187,6 @@ def _pack_entry(path: Path, span: FieldSpan, value: Any) -> bytes:
         _check_value(path, span.key, sub, item, what="array element")
         parts.append(_pack_value(sub, item))
     return b"".join(parts)
-
-
-def _pump(fin: BinaryIO, fout: BinaryIO | None, n: int, buf: bytearray,
-          hasher: Any = None, path: Path | None = None) -> None:
-    """Copy (or only read, when ``fout`` is None) ``n`` bytes through ``buf``, hashing them."""
-    view = memoryview(buf)
-    while n > 0:
-        want = min(n, len(buf))
-        got = fin.readinto(view[:want])
-        if not got:
-            raise GGUFError(f"{path or fin}: unexpected end of file ({n} bytes missing)")
-        chunk = view[:got]
-        if hasher is not None:
-            hasher.update(chunk)
-        if fout is not None:
-            _write_all(fout, chunk)
-        n -= got
-
-
-def _write_all(fout: BinaryIO, data: bytes | memoryview) -> None:
-    """Write all of ``data`` to an unbuffered file: a raw write may be short (a filling disk
-    returns the bytes it took; the next write raises ENOSPC)."""
-    view = memoryview(data)
-    while view:
-        view = view[fout.write(view):]
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class EditSnapshot(BaseModel):
@@ -535,7 +238,7 @@ def _sha256_range(fd: int, offset: int, n: int, chunk_bytes: int, path: Path) ->
 
 
 def _header_digests(fd: int, index: HeaderIndex, key: str, chunk_bytes: int) -> tuple[str, str]:
-    span = _span(index, key)
+    span = field_span(index, key)
     end = span.offset + span.size_bytes
     return (_sha256_range(fd, 0, span.offset, chunk_bytes, index.path),
             _sha256_range(fd, end, index.header_end - end, chunk_bytes, index.path))
@@ -562,7 +265,7 @@ def _check_verify_mode(verify: Any) -> VerifyMode:
 
 
 def snapshot_for_edit(path: Path, key: str, *, full: bool = False,
-                      sample_bytes: int = _SAMPLE_BYTES, chunk_bytes: int = _DEFAULT_CHUNK_BYTES,
+                      sample_bytes: int = _SAMPLE_BYTES, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                       index: HeaderIndex | None = None) -> EditSnapshot:
     """Record what :func:`verify_edit` needs from the source of an edit of ``key``.
 
@@ -601,7 +304,7 @@ def snapshot_for_edit(path: Path, key: str, *, full: bool = False,
 
 
 def verify_edit(result_path: Path, before: EditSnapshot, value: Any, *, full: bool = False,
-                chunk_bytes: int = _DEFAULT_CHUNK_BYTES) -> tuple[HeaderIndex, Any]:
+                chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> tuple[HeaderIndex, Any]:
     """Check that ``result_path`` is ``before``'s source with only ``before.key`` set to ``value``.
 
     The sampled checks always run (module docstring); with ``full`` the sha256 of every tensor's
@@ -718,7 +421,7 @@ def set_metadata(
     out_path: Path | None = None,
     *,
     verify: VerifyMode | bool = "sampled",
-    chunk_bytes: int = _DEFAULT_CHUNK_BYTES,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
 ) -> EditResult:
     """Set an existing metadata key of a GGUF file to a new value of the same type.
 
@@ -762,7 +465,7 @@ def set_metadata(
     if key == "general.alignment":
         raise InputError("key 'general.alignment' cannot be edited: it moves every tensor")
     index = read_header_index(path)
-    span = _span(index, key)
+    span = field_span(index, key)
     entry = _pack_entry(path, span, value)
     old_value = read_metadata(path, key, index)
     dst = Path(out_path) if out_path is not None else path
@@ -829,12 +532,12 @@ def _stream(src: Path, dst: Path, index: HeaderIndex, span: FieldSpan, entry: by
     verified = None
     try:
         with open(src, "rb", buffering=0) as fin, open(tmp, "wb", buffering=0) as fout:
-            _pump(fin, fout, span.offset, buf, path=src)
-            _write_all(fout, entry)
+            pump(fin, fout, span.offset, buf, path=src)
+            write_all(fout, entry)
             fin.seek(span.offset + span.size_bytes)
             new_header_end = span.offset + len(entry) + index.header_end - fin.tell()
-            _pump(fin, fout, index.header_end - fin.tell(), buf, path=src)
-            _write_all(fout, b"\0" * (new_data_offset - new_header_end))
+            pump(fin, fout, index.header_end - fin.tell(), buf, path=src)
+            write_all(fout, b"\0" * (new_data_offset - new_header_end))
             _copy_data(fin.fileno(), fout.fileno(), index.data_offset, new_data_offset,
                        index.file_size_bytes - index.data_offset, src)
             os.fsync(fout.fileno())
@@ -844,7 +547,7 @@ def _stream(src: Path, dst: Path, index: HeaderIndex, span: FieldSpan, entry: by
                                    chunk_bytes=chunk_bytes)
             verified = (verified[0].model_copy(update={"path": dst}), verified[1])
         os.replace(tmp, dst)
-        _fsync_dir(dst.parent)
+        fsync_dir(dst.parent)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise_if_disk_full(exc, dst, "writing the edited GGUF")
@@ -904,6 +607,6 @@ def _value_of(entry: bytes, span: FieldSpan) -> Any:
     """Decode the value of a packed entry (what :func:`_verify` must read back)."""
     import io
 
-    cur = _Cursor(io.BytesIO(entry), Path(span.key))  # type: ignore[arg-type]
+    cur = HeaderCursor(io.BytesIO(entry), Path(span.key))  # type: ignore[arg-type]
     cur.string()
     return cur.value(cur.u32())

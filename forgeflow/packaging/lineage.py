@@ -27,7 +27,7 @@ from forgeflow.common.errors import InputError
 from forgeflow.common.fsutil import sha256_file, sha256_tree
 from forgeflow.ledger.records import ModelArtifactRecord, ServingGenerationRecord
 from forgeflow.ledger.store import Store
-from forgeflow.training.burst import adapter_matches
+from forgeflow.training.adapters import adapter_matches
 
 PathStatus = Literal["ok", "changed", "missing", "unchecked"]
 MIN_PREFIX_CHARS = 8
@@ -249,7 +249,7 @@ def check_release_sources(store: Store, gguf_sha256: str, hf_sha256: str, hf_dir
 
     A GGUF the store knows must be published with the checkpoint its recorded chain was converted
     from (``hf_sha256``, the ``sha256_tree`` of ``hf_dir``) and, when that chain has an adapter,
-    with that adapter (``adapter_dir``, compared with :func:`forgeflow.training.burst.adapter_matches`); an
+    with that adapter (``adapter_dir``, compared with :func:`forgeflow.training.adapters.adapter_matches`); an
     ``adapter_dir`` given for a chain without an adapter does not match either. When the recorded
     chain has no merged checkpoint (the GGUF's parent is the adapter), only the adapter is compared.
     With several producers, matching any one chain is enough.

@@ -64,6 +64,7 @@ from forgeflow.common.errors import (
 from forgeflow.common.fsutil import (
     FILE_MODE,
     atomic_write_text,
+    fsync_dir,
     sha256_file,
     sha256_json,
 )
@@ -132,7 +133,7 @@ class PublishRecord(BaseModel):
 # --- the artifact ----------------------------------------------------------------------------
 def _check_artifact(gguf_path: Path, metadata_path: Path) -> list[tuple[Path, PublishedFile]]:
     """Preflight: the GGUF header reads, the metadata is a JSON object, the names differ."""
-    from forgeflow.packaging.gguf_edit import read_header_index
+    from forgeflow.packaging.gguf_reader import read_header_index
 
     gguf_path, metadata_path = Path(gguf_path), Path(metadata_path)
     read_header_index(gguf_path)  # GGUFError: missing, not GGUF, truncated header
@@ -179,14 +180,6 @@ def _copy_fsynced(src: Path, dst: Path) -> None:
         fout.flush()
         os.fsync(fout.fileno())
     os.chmod(dst, FILE_MODE)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _verify_local(folder: Path, files: list[PublishedFile]) -> None:
@@ -276,7 +269,7 @@ def publish_local(gguf_path: Path, metadata_path: Path, store_root: Path, name: 
             if final.exists():  # a concurrent publish of the same revision won the rename
                 return read_local_record(final)
             raise
-        _fsync_dir(parent)
+        fsync_dir(parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     logger.info("published %s revision %s to %s", name, revision, final)

@@ -82,8 +82,8 @@ def write_release_metadata(
             missing or does not match its files.
         DigestMismatchError: the GGUF's bytes no longer have ``gguf_sha256`` (both digests named).
     """
-    from forgeflow.packaging.gguf_edit import read_header_index
-    from forgeflow.training.burst import read_adapter_record
+    from forgeflow.packaging.gguf_reader import read_header_index
+    from forgeflow.training.adapters import read_adapter_record
 
     gguf_path = Path(gguf_path)
     read_header_index(gguf_path)  # GGUFError: missing, not GGUF, truncated

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from forgeflow.common.errors import (
+    ForgeflowError,
     ImageNotFoundError,
     InfraError,
     InputError,
@@ -405,3 +406,25 @@ def _is_index(manifest: dict[str, Any]) -> bool:
     return manifest.get("mediaType") in INDEX_MEDIA_TYPES or (
         "manifests" in manifest and "layers" not in manifest
     )
+
+
+def digest_or_none(skopeo: Skopeo, ref: str, *, any_error: bool = False) -> str | None:
+    """The digest ``ref`` serves (``skopeo inspect``), or None when it is missing.
+
+    Args:
+        skopeo: the client to ask.
+        ref: a ``docker://`` reference.
+        any_error: also None when the registry cannot say now (any forgeflow error, e.g. a 5xx
+            after retries); by default only a missing image gives None.
+
+    Raises:
+        RegistryError, RegistryUnavailableError: the registry failed (unless ``any_error``).
+    """
+    try:
+        return skopeo.inspect_digest(ref)
+    except ImageNotFoundError:
+        return None
+    except ForgeflowError:
+        if any_error:
+            return None
+        raise

@@ -51,25 +51,24 @@ from forgeflow.common.fsutil import sha256_file, sha256_json
 from forgeflow.common.names import sanitize_name
 from forgeflow.sandbox.base import SandboxSpec
 from forgeflow.sandbox.submission import TamperPolicy
-from forgeflow.training.burst import (
+from forgeflow.training.adapters import (
     LINEAGE_FILE,
-    TRAINER_RUN_ARGS,
     AdapterRecord,
+    Lineage,
+    publish_adapter,
+    read_adapter_record,
+    resolve_lineage_inputs,
+)
+from forgeflow.training.burst import TRAINER_RUN_ARGS, lora_config
+from forgeflow.training.health import (
     BurstHealthError,
     HealthGates,
-    Lineage,
-    StagingDir,
-    burst_preflight,
     check_health,
     enforce_health,
     health_callback,
-    lora_config,
-    preflight,
-    publish_adapter,
-    read_adapter_record,
-    remove_dead_staging_dirs,
-    resolve_lineage_inputs,
 )
+from forgeflow.training.preflight import burst_preflight, preflight
+from forgeflow.training.staging import StagingDir, remove_dead_staging_dirs
 
 DEFAULT_PROMPT_TEMPLATE = Path(__file__).resolve().parents[1] / "data" / "rl_prompt.md"
 """The user prompt of an RL rollout; ``{problem_statement}`` is replaced by the task's text."""
@@ -441,7 +440,7 @@ class RLBurstRecord(BaseModel):
     @property
     def weights_changed(self) -> bool:
         """False when the burst left its parent adapter's weights as they were (same
-        :func:`~forgeflow.training.burst.adapter_sha256`): every group of generations got equal rewards, so
+        :func:`~forgeflow.training.adapters.adapter_sha256`): every group of generations got equal rewards, so
         every GRPO/RLOO advantage was 0 and no gradient flowed (TRL's default ``beta`` 0 adds no KL
         term). Such an adapter is its parent, not a new lineage step. True for a burst that
         started a new adapter."""

@@ -12,14 +12,16 @@ import pytest
 from pydantic import ValidationError
 
 from forgeflow.common.errors import InputError, PreflightError
-from forgeflow.training.burst import (
+from forgeflow.training.health import (
     BurstDivergedError,
     BurstHealthError,
     HealthGates,
     check_health,
     enforce_health,
-    estimate_checkpoint_bytes,
     health_callback,
+)
+from forgeflow.training.preflight import (
+    estimate_checkpoint_bytes,
     lora_parameter_count,
     preflight,
 )

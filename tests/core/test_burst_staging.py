@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from forgeflow.training.burst import (
+from forgeflow.training.staging import (
     STAGING_LOCK_FILE,
     StagingDir,
     remove_dead_staging_dirs,

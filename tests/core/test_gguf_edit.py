@@ -11,12 +11,14 @@ import pytest
 from forgeflow.common.errors import GGUFError, InputError
 from forgeflow.packaging.gguf_edit import (
     EditSnapshot,
-    read_header_index,
-    read_metadata,
     set_metadata,
     snapshot_for_edit,
-    tensor_sha256,
     verify_edit,
+)
+from forgeflow.packaging.gguf_reader import (
+    read_header_index,
+    read_metadata,
+    tensor_sha256,
 )
 
 

@@ -1,5 +1,5 @@
 """Lineage of a served GGUF from the store (``forgeflow.packaging.lineage``), adapter digests and
-content-addressed adapter folders (``forgeflow.training.burst.adapter_sha256`` / ``pin_adapter``).
+content-addressed adapter folders (``forgeflow.training.adapters.adapter_sha256`` / ``pin_adapter``).
 
 No training: adapter folders are written as peft's ``save_pretrained`` lays them out (weights,
 config, README) plus ``lineage.json``; the digests are real. Store tests run on SQLite and
@@ -18,7 +18,7 @@ from forgeflow.common.fsutil import sha256_file, sha256_tree
 from forgeflow.ledger.records import ModelArtifactRecord, ServingGenerationRecord
 from forgeflow.ledger.store import Store
 from forgeflow.packaging.lineage import lineage_of
-from forgeflow.training.burst import (
+from forgeflow.training.adapters import (
     LINEAGE_FILE,
     AdapterRecord,
     Lineage,

@@ -11,6 +11,7 @@ import pytest
 from forgeflow.common.errors import InputError
 from forgeflow.ledger.records import ImageRecord, TaskRecord
 from forgeflow.ledger.store import Store
+from forgeflow.registry import coverage
 from forgeflow.registry import migration as migrate
 
 OLD, NEW = "127.0.0.1:5701", "registry.example.com:443/mirror"
@@ -40,7 +41,7 @@ def _snapshot(store: Store) -> tuple[list, list]:
 
 def test_dry_run_lists_the_diff_and_changes_nothing(store: Store) -> None:
     before = _snapshot(store)
-    plan = migrate.rewrite_refs(store, OLD, NEW)
+    plan = coverage.rewrite_refs(store, OLD, NEW)
     assert not plan.applied
     assert [(r.table, r.old, r.new) for r in plan.rows] == [
         ("images", f"{OLD}/env/six:1", f"{NEW}/env/six:1"),
@@ -52,13 +53,13 @@ def test_dry_run_lists_the_diff_and_changes_nothing(store: Store) -> None:
 
 def test_rewrite_then_rewrite_back_restores_exactly(store: Store) -> None:
     before = _snapshot(store)
-    applied = migrate.rewrite_refs(store, OLD, NEW, dry_run=False)
+    applied = coverage.rewrite_refs(store, OLD, NEW, dry_run=False)
     assert applied.applied and len(applied.rows) == 3
     assert store.get_task("t1").image_ref == f"{NEW}/task-01:t1"
     moved = store.get_image(f"{NEW}/env/six:1")
     assert moved is not None and moved.digest == DIGEST_A and moved.project == "six"
     assert store.get_image(f"{OLD}/env/six:1") is None
-    reverted = migrate.rewrite_refs(store, NEW, OLD, dry_run=False)
+    reverted = coverage.rewrite_refs(store, NEW, OLD, dry_run=False)
     assert [(r.old, r.new) for r in reverted.rows] == [(r.new, r.old) for r in applied.rows]
     assert _snapshot(store) == before
 
@@ -67,23 +68,23 @@ def test_rewrite_refused_when_not_reversible(store: Store) -> None:
     store.record_task(TaskRecord(instance_id="t3", repo="six", image_ref=f"{NEW}/task-02:t3", status="candidate"))
     before = _snapshot(store)
     with pytest.raises(InputError, match=r"task-02:t3"):
-        migrate.rewrite_refs(store, OLD, NEW, dry_run=False)
+        coverage.rewrite_refs(store, OLD, NEW, dry_run=False)
     assert _snapshot(store) == before
 
 
 @pytest.mark.parametrize("old,new", [(OLD, OLD), ("127.0.0.1:5701", "127.0.0.1:5701/x"), ("docker://a", "b")])
 def test_rewrite_rejects_bad_prefixes(store: Store, old: str, new: str) -> None:
     with pytest.raises(InputError):
-        migrate.rewrite_refs(store, old, new)
+        coverage.rewrite_refs(store, old, new)
 
 
 def test_image_names_from_jsonl(tmp_path: Path) -> None:
     path = tmp_path / "ds.jsonl"
     path.write_text('{"image": "env/six:1"}\n\n{"image": "env/toolz:2"}\n{"image": "env/six:1"}\n')
-    assert migrate.image_names_from_jsonl(path) == ["env/six:1", "env/toolz:2"]
+    assert coverage.image_names_from_jsonl(path) == ["env/six:1", "env/toolz:2"]
     path.write_text('{"image": "env/six:1"}\n{"img": "x:1"}\n')
     with pytest.raises(InputError, match=r"ds.jsonl:2"):
-        migrate.image_names_from_jsonl(path)
+        coverage.image_names_from_jsonl(path)
 
 
 def test_states_live_in_the_images_rows_and_read_back(store: Store) -> None:
@@ -127,10 +128,10 @@ def test_coverage_drift_puts_completed_rows_back_to_pending(store: Store) -> Non
     done = migrate.MigrationRecord(source_ref="docker://a/m:1", target_ref="docker://127.0.0.1:5702/m:1",
                                    status="completed", source_digest=DIGEST_A, target_digest=DIGEST_A)
     migrate.record_state(store, done)
-    report = migrate.CoverageReport(total=1, available=0, missing=1, errored=0, drifted=1, rows=[
-        migrate.AvailabilityRow(ref=done.target_ref, availability="missing", recorded_status="completed",
+    report = coverage.CoverageReport(total=1, available=0, missing=1, errored=0, drifted=1, rows=[
+        coverage.AvailabilityRow(ref=done.target_ref, availability="missing", recorded_status="completed",
                                 recorded_digest=DIGEST_A, drift="recorded completed, missing from the registry")])
-    assert migrate.reconcile_coverage(store, report, "r2") == [done.target_ref]
+    assert coverage.reconcile_coverage(store, report, "r2") == [done.target_ref]
     row = store.get_image("127.0.0.1:5702/m:1")
     assert (row.status, row.digest, row.run_id) == ("pending", None, "r2")
     assert "missing from the registry" in row.status_reason
@@ -144,17 +145,17 @@ def test_migration_pairs_must_be_docker_refs_with_unique_targets() -> None:
 
 
 def test_plan_tasks_from_store_uses_the_target_image_of_each_repo(store: Store) -> None:
-    assert migrate.plan_tasks_from_store(store) == [("t1", DIGEST_A), ("t2", DIGEST_A)]
+    assert coverage.plan_tasks_from_store(store) == [("t1", DIGEST_A), ("t2", DIGEST_A)]
     store.record_task(TaskRecord(instance_id="t9", repo="toolz", status="candidate"))
     with pytest.raises(InputError, match="toolz"):
-        migrate.plan_tasks_from_store(store)
+        coverage.plan_tasks_from_store(store)
 
 
 def test_plan_tasks_from_jsonl(tmp_path: Path) -> None:
     path = tmp_path / "tasks.jsonl"
     path.write_text(json.dumps({"task_id": "a", "base_digest": DIGEST_A}) + "\n" + json.dumps({"task_id": "b"}) + "\n")
     with pytest.raises(InputError, match=r"tasks.jsonl:2"):
-        migrate.plan_tasks_from_jsonl(path)
+        coverage.plan_tasks_from_jsonl(path)
 
 
 def test_rewriting_migration_rows_keeps_their_state_and_reverts(store: Store) -> None:
@@ -164,12 +165,12 @@ def test_rewriting_migration_rows_keeps_their_state_and_reverts(store: Store) ->
     done = migrate.MigrationRecord(source_ref=f"docker://{OLD}/env/six-src:1", target_ref="docker://127.0.0.1:5702/env/x:1",
                                    status="completed", source_digest=DIGEST_A, target_digest=DIGEST_A, size_bytes=3)
     migrate.record_state(store, done, "r1")
-    plan = migrate.rewrite_refs(store, "127.0.0.1:5702", NEW, dry_run=False, image_roles=("target",))
+    plan = coverage.rewrite_refs(store, "127.0.0.1:5702", NEW, dry_run=False, image_roles=("target",))
     assert {(r.old, r.new) for r in plan.rows} == {("127.0.0.1:5702/env/x:1", f"{NEW}/env/x:1"),
                                                    ("127.0.0.1:5702/env/six:1", f"{NEW}/env/six:1")}
     moved = migrate.load_states(store)[f"docker://{NEW}/env/x:1"]
     assert moved == done.model_copy(update={"target_ref": f"docker://{NEW}/env/x:1"})
-    migrate.rewrite_refs(store, NEW, "127.0.0.1:5702", dry_run=False, image_roles=("target",))
+    coverage.rewrite_refs(store, NEW, "127.0.0.1:5702", dry_run=False, image_roles=("target",))
     assert migrate.load_states(store)[done.target_ref] == done
 
 
@@ -177,26 +178,26 @@ def test_rewrite_moves_one_repository_at_a_tag_boundary_and_back(store: Store) -
     # regression: '127.0.0.1:5701/task-01' -> '.../task-02' found no rows ('host/task-01:t1' refs)
     store.record_image(ImageRecord(ref=f"{OLD}/task-010:t9", digest=DIGEST_B, role="task"))
     before = _snapshot(store)
-    plan = migrate.rewrite_refs(store, f"{OLD}/task-01", f"{OLD}/task-02", dry_run=False)
+    plan = coverage.rewrite_refs(store, f"{OLD}/task-01", f"{OLD}/task-02", dry_run=False)
     assert [(r.table, r.old, r.new) for r in plan.rows] == [
         ("images", f"{OLD}/task-01:t1", f"{OLD}/task-02:t1"),
         ("task_instances", f"{OLD}/task-01:t1", f"{OLD}/task-02:t1"),
     ]  # task-010 is another repository
     assert plan.unmatched_example is None
     assert store.get_task("t1").image_ref == f"{OLD}/task-02:t1"
-    migrate.rewrite_refs(store, f"{OLD}/task-02", f"{OLD}/task-01", dry_run=False)
+    coverage.rewrite_refs(store, f"{OLD}/task-02", f"{OLD}/task-01", dry_run=False)
     assert _snapshot(store) == before
 
 
 def test_rewrite_of_a_bare_host_never_matches_its_port(store: Store) -> None:
-    plan = migrate.rewrite_refs(store, "127.0.0.1", "10.0.0.1")
+    plan = coverage.rewrite_refs(store, "127.0.0.1", "10.0.0.1")
     assert plan.rows == []  # '127.0.0.1:5701/...' is another registry, not '127.0.0.1' + ':tag'
     assert plan.unmatched_example is not None and plan.unmatched_example.startswith("127.0.0.1:")
 
 
 def test_rewrite_that_matches_nothing_shows_a_recorded_reference(store: Store) -> None:
     before = _snapshot(store)
-    plan = migrate.rewrite_refs(store, "127.0.0.1:5799/task-01", "127.0.0.1:5799/task-02", dry_run=False)
+    plan = coverage.rewrite_refs(store, "127.0.0.1:5799/task-01", "127.0.0.1:5799/task-02", dry_run=False)
     assert plan.rows == [] and plan.applied
     assert plan.unmatched_example == f"{OLD}/env/six:1"
     assert _snapshot(store) == before

@@ -21,12 +21,8 @@ from forgeflow.packaging.base_model import (
     verify_tokenizer,
 )
 from forgeflow.packaging.gguf import QUANT_PRESETS, quantize
-from forgeflow.training.burst import (
-    BurstConfig,
-    BurstDivergedError,
-    build_sft_dataset,
-    run_sft_burst,
-)
+from forgeflow.training.burst import BurstConfig, build_sft_dataset, run_sft_burst
+from forgeflow.training.health import BurstDivergedError
 
 
 def _samples(n: int = 3) -> list[dict]:

@@ -20,12 +20,9 @@ import pytest
 from forgeflow.common.errors import PreflightError
 from forgeflow.common.settings import cache_dir
 from forgeflow.packaging.base_model import build_tiny_model
-from forgeflow.training import burst
-from forgeflow.training.burst import (
-    BurstConfig,
-    chat_template_files,
-    estimate_checkpoint_bytes,
-)
+from forgeflow.training import preflight
+from forgeflow.training.burst import BurstConfig
+from forgeflow.training.preflight import chat_template_files, estimate_checkpoint_bytes
 from forgeflow.training.rl import DEFAULT_PROMPT_TEMPLATE, RLBurstConfig
 from tasks import training as training_tasks
 
@@ -98,4 +95,4 @@ def test_rl_burst_task_lists_every_preflight_problem_before_compute(tiny_model: 
     assert f"template file {prompt} is empty" in message
     assert not out_dir.parent.exists()  # nothing written, no model loaded
     # the shipped prompt template passes the same check
-    assert burst.burst_preflight(tiny_model, out_dir, 8, ("q_proj",), [DEFAULT_PROMPT_TEMPLATE]).template_files
+    assert preflight.burst_preflight(tiny_model, out_dir, 8, ("q_proj",), [DEFAULT_PROMPT_TEMPLATE]).template_files

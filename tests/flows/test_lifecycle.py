@@ -71,7 +71,7 @@ def test_every_stage_completes_with_real_counts(first_run, mini_config):
 
 
 def test_artifacts_on_disk_match_their_recorded_sha256(first_run):
-    from forgeflow.training.burst import adapter_sha256
+    from forgeflow.training.adapters import adapter_sha256
 
     for name, art in first_run["artifacts"].items():
         digest = adapter_sha256 if name == "adapter" else sha256_file  # an adapter is a folder

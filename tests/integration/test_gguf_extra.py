@@ -22,7 +22,8 @@ from forgeflow.packaging.gguf import (
     quantize_mixed,
     tensor_types_of,
 )
-from forgeflow.packaging.gguf_edit import read_metadata, set_metadata, tensor_sha256
+from forgeflow.packaging.gguf_edit import set_metadata
+from forgeflow.packaging.gguf_reader import read_metadata, tensor_sha256
 
 pytestmark = pytest.mark.slow
 

@@ -19,13 +19,8 @@ from forgeflow.packaging.gguf import (
     merge_adapter,
     quantize,
 )
-from forgeflow.training.burst import (
-    LINEAGE_FILE,
-    BurstConfig,
-    adapter_sha256,
-    build_sft_dataset,
-    run_sft_burst,
-)
+from forgeflow.training.adapters import LINEAGE_FILE, adapter_sha256
+from forgeflow.training.burst import BurstConfig, build_sft_dataset, run_sft_burst
 
 pytestmark = pytest.mark.slow
 

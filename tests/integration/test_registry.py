@@ -31,11 +31,8 @@ from forgeflow.common.errors import (
 )
 from forgeflow.common.settings import tool_env
 from forgeflow.registry.layout import ShardLayout
-from forgeflow.registry.migration import (
-    migrate_image,
-    prewarm_basecache,
-    verify_prewarm,
-)
+from forgeflow.registry.migration import migrate_image
+from forgeflow.registry.prewarm import prewarm_basecache, verify_prewarm
 from forgeflow.registry.server import RegistryServer
 from forgeflow.registry.skopeo import Skopeo, classify_error
 

@@ -37,8 +37,8 @@ from forgeflow.registry.migration import (
     MigrationRecord,
     load_states,
     migrate_images,
-    verify_layer_reuse,
 )
+from forgeflow.registry.prewarm import verify_layer_reuse
 from forgeflow.registry.server import RegistryServer
 from forgeflow.registry.skopeo import Skopeo
 

@@ -15,14 +15,12 @@ from pydantic import ValidationError
 from forgeflow.common.errors import InputError
 from forgeflow.common.settings import cache_dir
 from forgeflow.packaging.base_model import build_tiny_model
-from forgeflow.training.burst import (
+from forgeflow.training.adapters import (
     LINEAGE_FILE,
-    BurstConfig,
     adapter_sha256,
-    build_sft_dataset,
     read_adapter_record,
-    run_sft_burst,
 )
+from forgeflow.training.burst import BurstConfig, build_sft_dataset, run_sft_burst
 from forgeflow.training.rl import (
     RLBurstConfig,
     RLTask,

@@ -28,13 +28,12 @@ from pathlib import Path
 import pytest
 
 from forgeflow.common.settings import cache_dir
-from forgeflow.training.burst import (
+from forgeflow.training.adapters import (
     LINEAGE_FILE,
-    STAGING_LOCK_FILE,
     adapter_sha256,
     read_adapter_record,
-    remove_dead_staging_dirs,
 )
+from forgeflow.training.staging import STAGING_LOCK_FILE, remove_dead_staging_dirs
 
 pytestmark = [pytest.mark.slow]
 

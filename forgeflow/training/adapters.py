@@ -1,0 +1,294 @@
+"""Adapters and their lineage: ``lineage.json`` beside the weights, digests, pinning, publishing.
+
+An adapter folder holds ``adapter_config.json``, ``adapter_model.safetensors`` and ``lineage.json``
+(:class:`Lineage`: the algorithm, the digests of the base model, the parent adapter and the
+dataset, the hyperparameters, the run id and the health report). :func:`adapter_sha256` digests
+the weights and config; :func:`pin_adapter` copies an adapter to its content-addressed folder;
+:func:`publish_adapter` renames a staging folder into place once the gates passed;
+:func:`resolve_lineage_inputs` reads what a burst continues.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from forgeflow.common.errors import InputError
+from forgeflow.common.fsutil import (
+    atomic_write_json,
+    sha256_file,
+    sha256_json,
+    sha256_tree,
+)
+from forgeflow.training.health import HealthReport
+from forgeflow.training.staging import STAGING_LOCK_FILE
+
+LINEAGE_FILE = "lineage.json"
+
+
+LINEAGE_SCHEMA_VERSION = 3
+"""2: adds ``lineage.algorithm`` and ``health`` (version 1 files read as algorithm ``sft``
+without a health report, hence not reusable). 3: ``sha256`` is :func:`adapter_sha256` of the
+weights and config only (versions 1-2 digested every file but ``lineage.json``, README included;
+such files are still verified with that older scheme)."""
+
+
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+"""The files that are the trained adapter (peft ``save_pretrained`` with safetensors)."""
+
+
+class Lineage(BaseModel):
+    """Where an adapter comes from.
+
+    Attributes:
+        base_model_sha256: :func:`forgeflow.common.fsutil.sha256_tree` of the base model folder.
+        parent_adapter_sha256: :func:`adapter_sha256` of the adapter this one continues, or None.
+        dataset_sha256: :attr:`SFTData.sha256` (or :attr:`forgeflow.training.rl.RLData.sha256`).
+        hyperparameters: :class:`BurstConfig` (or :class:`forgeflow.training.rl.RLBurstConfig`) as a dict.
+        run_id: the run that trained it (a Prefect flow run id, or a generated uuid4).
+        created_at: UTC time the adapter was written.
+        algorithm: ``sft``, ``grpo`` or ``rloo``.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    algorithm: str = "sft"
+    base_model_sha256: str
+    parent_adapter_sha256: str | None
+    dataset_sha256: str
+    hyperparameters: dict[str, Any]
+    run_id: str
+    created_at: datetime
+
+
+class AdapterRecord(BaseModel):
+    """A trained LoRA adapter folder and its lineage.
+
+    Attributes:
+        path: the adapter folder (peft ``save_pretrained`` output plus ``lineage.json``).
+        sha256: :func:`adapter_sha256` of the folder (weights and adapter config only; not
+            ``lineage.json`` nor README).
+        lineage: see :class:`Lineage`.
+        final_loss: training loss logged at the last step (nats per assistant token for SFT).
+        steps: optimizer steps run.
+        health: the burst's :class:`HealthReport` (None for an adapter written before the gates
+            existed, which is therefore never promotable).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    path: Path
+    sha256: str = Field(min_length=64, max_length=64)
+    lineage: Lineage
+    final_loss: float
+    steps: int = Field(ge=1)
+    health: HealthReport | None = None
+
+    @property
+    def promotable(self) -> bool:
+        """True iff the burst passed every health gate (the only adapters a release may use)."""
+        return self.health is not None and self.health.passed
+
+
+# --- adapters --------------------------------------------------------------------------------
+def adapter_sha256(adapter_dir: Path) -> str:
+    """Digest of the trained adapter in a folder: :data:`ADAPTER_FILES` only.
+
+    The canonical JSON of ``[[name, sha256 of the file], ...]`` for ``adapter_config.json`` and
+    ``adapter_model.safetensors`` (the :func:`forgeflow.common.fsutil.sha256_tree` scheme restricted to
+    those two files). ``lineage.json``, peft's ``README.md`` (which names the base model's path)
+    and any other file are left out, so the digest names the trained weights and their config:
+    re-running identical training gives the same digest, and lineage metadata never changes it.
+
+    Raises:
+        InputError: one of :data:`ADAPTER_FILES` is missing (named with the folder).
+    """
+    base = Path(adapter_dir)
+    missing = [name for name in ADAPTER_FILES if not (base / name).is_file()]
+    if missing:
+        raise InputError(f"adapter folder {base} lacks {', '.join(missing)}")
+    return sha256_json([(name, sha256_file(base / name)) for name in ADAPTER_FILES])
+
+
+def _legacy_adapter_sha256(adapter_dir: Path) -> str:
+    """The digest ``lineage.json`` schema versions 1-2 recorded: every file but ``lineage.json``."""
+    base = Path(adapter_dir)
+    entries = sorted(
+        (p.relative_to(base).as_posix(), sha256_file(p))
+        for p in base.rglob("*")
+        if p.is_file() and p.relative_to(base).as_posix() != LINEAGE_FILE
+    )
+    return sha256_json(entries)
+
+
+def adapter_matches(adapter_dir: Path, sha256: str) -> bool:
+    """True iff ``adapter_dir`` holds the adapter with digest ``sha256`` (:func:`adapter_sha256`,
+    or the older all-files digest of ``lineage.json`` schema 1-2); False for a missing or
+    incomplete folder."""
+    base = Path(adapter_dir)
+    if not base.is_dir():
+        return False
+    try:
+        if adapter_sha256(base) == sha256:
+            return True
+    except InputError:
+        return False
+    return _legacy_adapter_sha256(base) == sha256
+
+
+def read_adapter_record(adapter_dir: Path) -> AdapterRecord:
+    """Read the record from ``<adapter_dir>/lineage.json`` and check the adapter digest.
+
+    Raises:
+        InputError: no ``lineage.json``, or the adapter files no longer match its digest.
+    """
+    adapter_dir = Path(adapter_dir)
+    path = adapter_dir / LINEAGE_FILE
+    if not path.is_file():
+        raise InputError(f"adapter {adapter_dir} has no {LINEAGE_FILE}")
+    data = json.loads(path.read_text(encoding="utf-8"))
+    record = AdapterRecord(
+        path=adapter_dir,
+        sha256=data["sha256"],
+        lineage=Lineage.model_validate(data["lineage"]),
+        final_loss=data["final_loss"],
+        steps=data["steps"],
+        health=HealthReport.model_validate(data["health"]) if data.get("health") else None,
+    )
+    legacy = int(data.get("schema_version", 1)) < 3
+    actual = _legacy_adapter_sha256(adapter_dir) if legacy else adapter_sha256(adapter_dir)
+    if actual != record.sha256:
+        raise InputError(
+            f"adapter {adapter_dir} digest {actual} differs from {record.sha256} in {LINEAGE_FILE}"
+        )
+    return record
+
+
+def pin_adapter(record: AdapterRecord, adapters_dir: Path) -> AdapterRecord:
+    """Copy an adapter into its content-addressed folder ``<adapters_dir>/<sha256>``.
+
+    A burst's working folder (``out_dir`` of :func:`run_sft_burst`) is reused by the next burst;
+    a pinned folder is named by the adapter's digest, so it never holds other content and a store
+    row or a GGUF's lineage can point at it for good. The copy goes to a temporary sibling, is
+    digested, and is renamed into place. Idempotent: an intact pinned folder is returned as is
+    (also when ``record.path`` has since been overwritten, e.g. a cached record of an older
+    burst); a pinned folder whose content no longer matches its name is replaced.
+
+    Args:
+        record: the adapter (its ``path`` is where it was trained).
+        adapters_dir: the folder holding pinned adapters (created if missing).
+
+    Returns:
+        The record with ``path`` set to the pinned folder (absolute).
+
+    Raises:
+        InputError: neither the pinned folder nor ``record.path`` holds the adapter
+            ``record.sha256`` (the message names both).
+    """
+    adapters_dir = Path(adapters_dir).resolve()
+    dest = adapters_dir / record.sha256
+    if adapter_matches(dest, record.sha256):
+        return record.model_copy(update={"path": dest})
+    source = Path(record.path)
+    if not adapter_matches(source, record.sha256):
+        try:
+            found = adapter_sha256(source)
+        except InputError as exc:
+            found = f"no adapter ({exc})"
+        raise InputError(
+            f"adapter {record.sha256} is not pinned under {adapters_dir}, and {source} now holds "
+            f"{found}: train it again"
+        )
+    adapters_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=adapters_dir, prefix=f".{record.sha256}."))
+    os.chmod(tmp, 0o755)
+    try:
+        shutil.copytree(source, tmp, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns(STAGING_LOCK_FILE, "trainer"))
+        if not adapter_matches(tmp, record.sha256):  # the source changed while it was copied
+            raise InputError(f"adapter {source} changed while it was copied to {dest}")
+        if dest.exists():
+            shutil.rmtree(dest)  # its content no longer matched its name
+        os.rename(tmp, dest)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return record.model_copy(update={"path": dest})
+
+
+def resolve_lineage_inputs(
+    base_model_dir: Path, parent_adapter_dir: Path | None, lora_r: int
+) -> tuple[str, str | None]:
+    """Digest the base model and check the parent adapter fits it (shared by SFT and RL bursts).
+
+    Returns:
+        ``(base_model_sha256, parent_adapter_sha256 or None)``.
+
+    Raises:
+        InputError: no ``config.json`` in ``base_model_dir``; the parent has no intact
+            ``lineage.json``, was trained on another base model, or has another LoRA rank.
+    """
+    base_model_dir = Path(base_model_dir)
+    if not (base_model_dir / "config.json").is_file():
+        raise InputError(f"base_model_dir {base_model_dir} holds no config.json")
+    base_sha = sha256_tree(base_model_dir)
+    if parent_adapter_dir is None:
+        return base_sha, None
+    parent_adapter_dir = Path(parent_adapter_dir)
+    parent = read_adapter_record(parent_adapter_dir)
+    if parent.lineage.base_model_sha256 != base_sha:
+        raise InputError(
+            f"parent_adapter_dir {parent_adapter_dir} was trained on base model "
+            f"{parent.lineage.base_model_sha256}, not {base_sha} ({base_model_dir})"
+        )
+    parent_r = json.loads((parent_adapter_dir / "adapter_config.json").read_text())["r"]
+    if parent_r != lora_r:
+        raise InputError(f"config.lora_r {lora_r} differs from the parent adapter's r {parent_r}")
+    return base_sha, parent.sha256
+
+
+def publish_adapter(
+    trainer: Any, tmp: Path, out_dir: Path, lineage: Lineage, report: HealthReport,
+    extra: Mapping[str, Any] | None = None,
+) -> AdapterRecord:
+    """Save the trained adapter into ``tmp`` with its ``lineage.json``, then rename it onto ``out_dir``.
+
+    Only called after :func:`enforce_health` passed: an adapter folder exists only with a passing
+    health report. ``tmp`` is a :class:`StagingDir` folder; its owner lock file is removed first. ``extra`` keys (e.g. an RL burst's reward counts) are added to ``lineage.json``.
+
+    Returns:
+        The :class:`AdapterRecord` of ``out_dir``.
+    """
+    losses = report.losses
+    shutil.rmtree(tmp / "trainer", ignore_errors=True)
+    # the owner lock is not part of the adapter; the burst keeps holding it (open descriptor) until
+    # the rename, and a staging folder without a lock file is never removed by another burst
+    (tmp / STAGING_LOCK_FILE).unlink(missing_ok=True)
+    trainer.model.save_pretrained(str(tmp))
+    digest = adapter_sha256(tmp)
+    final_loss, steps = float(losses[-1][1]), int(trainer.state.global_step)
+    atomic_write_json(
+        tmp / LINEAGE_FILE,
+        {
+            **dict(extra or {}),
+            "schema_version": LINEAGE_SCHEMA_VERSION,
+            "sha256": digest,
+            "final_loss": final_loss,
+            "steps": steps,
+            "lineage": lineage.model_dump(mode="json"),
+            "health": report.model_dump(mode="json"),
+        },
+    )
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    os.rename(tmp, out_dir)
+    return AdapterRecord(
+        path=out_dir, sha256=digest, lineage=lineage, final_loss=final_loss, steps=steps, health=report
+    )
