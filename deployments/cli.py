@@ -24,6 +24,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from forgeflow.curation import derived_store
+
 if TYPE_CHECKING:
     from forgeflow.ledger.store import Store
 
@@ -732,7 +734,7 @@ def derived_build(
         store = _read_store()
         sources = _derived_sources(store, freeze, freezes_dir or home / "demo" / "freezes", id_list or [])
         item = derived.derive(parsed, sources)[name]
-        saved = derived.save_derived(item, out_dir or home / "derived", replace=replace)
+        saved = derived_store.save_derived(item, out_dir or home / "derived", replace=replace)
     except ForgeflowError as exc:
         _fail(exc)
     path, old = saved.path, saved.previous
@@ -766,7 +768,7 @@ def derived_verify(
     try:
         path = (out_dir or home / "derived") / f"{derived.validate_derived_name(name)}.json"
         store = _read_store()
-        item = derived.verify_derived(path, store=store)
+        item = derived_store.verify_derived(path, store=store)
     except ForgeflowError as exc:
         _fail(exc)
     if as_json:

@@ -40,7 +40,7 @@ from forgeflow.common.errors import InputError, PreflightError
 from forgeflow.common.fsutil import atomic_write_text
 from forgeflow.common.settings import apply_container_env, home_dir
 from forgeflow.curation.generated import GENERATED_FILE, load_generated
-from forgeflow.evaluation import compare, agent
+from forgeflow.evaluation import agent, compare
 from forgeflow.evaluation.canary import (
     JOB_KIND,
     RECOVERY_JOB_KIND,

@@ -10,7 +10,7 @@ from prefect import task
 from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE
 from prefect.states import Completed
 
-from forgeflow.evaluation import compare, agent, gate
+from forgeflow.evaluation import agent, compare, gate
 from forgeflow.ledger import store as ledger
 from forgeflow.sandbox import trial
 from forgeflow.sandbox.trial import TrialResult

@@ -19,11 +19,8 @@ from typing import Any
 import jinja2
 
 from forgeflow.common.errors import PatchApplyError
-from forgeflow.evaluation.agent import (
-    AgentConfig,
-    mswea_templates,
-    problem_statement_for,
-)
+from forgeflow.evaluation.agent import AgentConfig, problem_statement_for
+from forgeflow.evaluation.mswea import mswea_templates
 
 SUBMIT_COMMAND = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && cat patch.txt"
 """The submit command of mini-swe-agent 2.x's ``swebench_backticks`` config (its instance template)."""
@@ -32,7 +29,7 @@ SUBMIT_COMMAND = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && cat patch.txt"
 @lru_cache(maxsize=4)
 def agent_templates(config_name: str = AgentConfig().config_name) -> dict[str, str]:
     """The system, instance and observation templates of the mini-swe-agent config the canary uses
-    (loaded through :func:`forgeflow.evaluation.agent.mswea_templates`, so training and canary prompts are
+    (loaded through :func:`forgeflow.evaluation.mswea.mswea_templates`, so training and canary prompts are
     the same text)."""
     return mswea_templates(config_name)
 

@@ -15,12 +15,10 @@ from forgeflow.curation.derived import (
     id_list_set,
     ids_sha256,
     parse_definitions,
-    read_derived,
     store_images_available_set,
     store_status_set,
-    verify_derived,
-    write_derived,
 )
+from forgeflow.curation.derived_store import read_derived, verify_derived, write_derived
 from forgeflow.curation.freeze import (
     AcceptedTask,
     SplitQuotas,
@@ -234,7 +232,7 @@ def test_id_list_needs_a_pinned_revision() -> None:
 
 def test_a_rebuild_with_other_content_is_refused_unless_replaced(tmp_path: Path) -> None:
     from forgeflow.common.errors import DerivedSetConflictError
-    from forgeflow.curation.derived import save_derived
+    from forgeflow.curation.derived_store import save_derived
 
     first = derive("x = static & verified_any", [STATIC, VERIFIED])["x"]
     path = write_derived(first, tmp_path)

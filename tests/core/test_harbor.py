@@ -32,10 +32,9 @@ from forgeflow.evaluation.harbor import (
     HarborTask,
     HarborTaskLimits,
     export_split,
-    import_harbor_job,
     map_harbor_exception,
-    read_harbor_job,
 )
+from forgeflow.evaluation.harbor_import import import_harbor_job, read_harbor_job
 from forgeflow.ledger.store import Store
 from forgeflow.sandbox.grading import grade_resolved, parse_test_log
 

@@ -2,7 +2,7 @@
 
 No Kubernetes API server can run on this machine (no kind/k3s, no container runtime for one, no
 network). So every manifest forgeflow renders and every file in ``infra/k8s/`` is deserialized with
-the official ``kubernetes`` client's models (``forgeflow.sandbox.kubernetes.validate_manifest``: unknown fields,
+the official ``kubernetes`` client's models (``forgeflow.sandbox.kubernetes_manifests.validate_manifest``: unknown fields,
 JSON types and required fields), the pod-status -> exception mapping is tested on recorded pod
 statuses (``tests/core/data/k8s/pod_*.json``, in the shape ``kubectl get pod -o json`` prints), and
 :class:`forgeflow.sandbox.kubernetes.KubernetesSandbox` is driven through a small recording stand-in for
@@ -26,6 +26,7 @@ from pydantic import ValidationError
 
 from forgeflow.common import errors
 from forgeflow.sandbox import kubernetes as k8s
+from forgeflow.sandbox import kubernetes_manifests
 from forgeflow.sandbox.base import SandboxSpec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -48,38 +49,38 @@ def load_yaml_docs(path: Path) -> list[dict]:
 # --- labels and names ----------------------------------------------------------------------------
 def test_66_character_task_ids_become_distinct_valid_label_values() -> None:
     assert len(LONG_A) == len(LONG_B) == 66
-    a, b = k8s.label_value(LONG_A), k8s.label_value(LONG_B)
+    a, b = kubernetes_manifests.label_value(LONG_A), kubernetes_manifests.label_value(LONG_B)
     for value in (a, b):
         assert len(value) <= 63 and LABEL_VALUE.match(value), value
     assert a != b
-    assert k8s.label_value(LONG_A) == a  # deterministic
-    assert k8s.label_value("abc123") == "abc123"  # a valid value is kept
+    assert kubernetes_manifests.label_value(LONG_A) == a  # deterministic
+    assert kubernetes_manifests.label_value("abc123") == "abc123"  # a valid value is kept
 
 
 def test_pod_names_and_labels_are_unique_per_trial() -> None:
-    spec = k8s.KubernetesSandboxSpec()
+    spec = kubernetes_manifests.KubernetesSandboxSpec()
     pods = [
-        k8s.render_trial_pod(LONG_A, TRIAL, IMAGE, spec),
-        k8s.render_trial_pod(LONG_B, TRIAL, IMAGE, spec),
-        k8s.render_trial_pod(LONG_A, "f" * 32, IMAGE, spec),
+        kubernetes_manifests.render_trial_pod(LONG_A, TRIAL, IMAGE, spec),
+        kubernetes_manifests.render_trial_pod(LONG_B, TRIAL, IMAGE, spec),
+        kubernetes_manifests.render_trial_pod(LONG_A, "f" * 32, IMAGE, spec),
     ]
     names = {p["metadata"]["name"] for p in pods}
     assert len(names) == 3
-    assert len({p["metadata"]["labels"][k8s.INSTANCE_LABEL] for p in pods}) == 2
-    assert len({p["metadata"]["labels"][k8s.TRIAL_LABEL] for p in pods}) == 2
+    assert len({p["metadata"]["labels"][kubernetes_manifests.INSTANCE_LABEL] for p in pods}) == 2
+    assert len({p["metadata"]["labels"][kubernetes_manifests.TRIAL_LABEL] for p in pods}) == 2
     for pod in pods:
         assert len(pod["metadata"]["name"]) <= 63 and DNS_LABEL.match(pod["metadata"]["name"])
         for key, value in pod["metadata"]["labels"].items():
-            assert k8s.is_label_key(key) and len(value) <= 63 and LABEL_VALUE.match(value), (key, value)
+            assert kubernetes_manifests.is_label_key(key) and len(value) <= 63 and LABEL_VALUE.match(value), (key, value)
     # the raw ids survive in annotations
     assert pods[0]["metadata"]["annotations"]["forgeflow.dev/instance-id"] == LONG_A
 
 
 # --- the trial pod -------------------------------------------------------------------------------
 def test_trial_pod_validates_as_v1pod_and_is_locked_down() -> None:
-    spec = k8s.KubernetesSandboxSpec(image_pull_secret="forgeflow-registry", labels={"team": "RL Evals"})
-    manifest = k8s.render_trial_pod(LONG_A, TRIAL, IMAGE, spec)
-    pod = k8s.validate_manifest(manifest)
+    spec = kubernetes_manifests.KubernetesSandboxSpec(image_pull_secret="forgeflow-registry", labels={"team": "RL Evals"})
+    manifest = kubernetes_manifests.render_trial_pod(LONG_A, TRIAL, IMAGE, spec)
+    pod = kubernetes_manifests.validate_manifest(manifest)
     assert type(pod).__name__ == "V1Pod"
     ps = pod.spec
     assert ps.automount_service_account_token is False
@@ -97,64 +98,64 @@ def test_trial_pod_validates_as_v1pod_and_is_locked_down() -> None:
     sc = container.security_context
     assert sc.privileged is False and sc.allow_privilege_escalation is False
     assert sc.capabilities.drop == ["ALL"] and "SYS_ADMIN" not in sc.capabilities.add
-    assert pod.metadata.labels["team"] == k8s.label_value("RL Evals")
-    assert pod.metadata.labels[k8s.EGRESS_LABEL] == "deny"
+    assert pod.metadata.labels["team"] == kubernetes_manifests.label_value("RL Evals")
+    assert pod.metadata.labels[kubernetes_manifests.EGRESS_LABEL] == "deny"
 
 
 def test_memory_cpu_and_network_are_parameters() -> None:
-    spec = k8s.KubernetesSandboxSpec(memory_mb=2048, cpus=0.5, network=True)
-    pod = k8s.validate_manifest(k8s.render_trial_pod("a", TRIAL, IMAGE, spec))
+    spec = kubernetes_manifests.KubernetesSandboxSpec(memory_mb=2048, cpus=0.5, network=True)
+    pod = kubernetes_manifests.validate_manifest(kubernetes_manifests.render_trial_pod("a", TRIAL, IMAGE, spec))
     assert pod.spec.containers[0].resources.limits["memory"] == "2048Mi"
     assert pod.spec.containers[0].resources.limits["cpu"] == "500m"
-    assert k8s.EGRESS_LABEL not in pod.metadata.labels  # network=True: not selected by the deny policy
+    assert kubernetes_manifests.EGRESS_LABEL not in pod.metadata.labels  # network=True: not selected by the deny policy
     assert not pod.spec.image_pull_secrets
-    converted = k8s.KubernetesSandboxSpec.from_sandbox_spec(SandboxSpec(memory_mb=3000, cpus=2))
+    converted = kubernetes_manifests.KubernetesSandboxSpec.from_sandbox_spec(SandboxSpec(memory_mb=3000, cpus=2))
     assert (converted.memory_mb, converted.cpus, converted.network) == (3000, 2, False)
 
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"namespace": "Forge_Flow"}, {"labels": {"bad key!": "x"}}, {"labels": {k8s.ROLE_LABEL: "x"}},
+    [{"namespace": "Forge_Flow"}, {"labels": {"bad key!": "x"}}, {"labels": {kubernetes_manifests.ROLE_LABEL: "x"}},
      {"image_pull_secret": "Not A Secret"}, {"memory_mb": 0}],
 )
 def test_bad_spec_is_rejected(kwargs: dict) -> None:
     with pytest.raises(ValidationError):
-        k8s.KubernetesSandboxSpec(**kwargs)
+        kubernetes_manifests.KubernetesSandboxSpec(**kwargs)
 
 
 @pytest.mark.parametrize("args", [("", TRIAL, IMAGE), ("a", "", IMAGE), ("a", TRIAL, ""), ("a", TRIAL, "img ref")])
 def test_bad_ids_or_image_are_rejected(args: tuple) -> None:
     with pytest.raises(errors.InputError):
-        k8s.render_trial_pod(*args, k8s.KubernetesSandboxSpec())
+        kubernetes_manifests.render_trial_pod(*args, kubernetes_manifests.KubernetesSandboxSpec())
 
 
 # --- network policy ------------------------------------------------------------------------------
 def test_network_policy_denies_egress_of_trial_pods_only() -> None:
-    policy = k8s.validate_manifest(k8s.render_network_policy("forgeflow"))
+    policy = kubernetes_manifests.validate_manifest(kubernetes_manifests.render_network_policy("forgeflow"))
     assert type(policy).__name__ == "V1NetworkPolicy"
     assert policy.spec.policy_types == ["Egress"] and policy.spec.egress == []
     selector = policy.spec.pod_selector.match_labels
-    closed = k8s.render_trial_pod("a", TRIAL, IMAGE, k8s.KubernetesSandboxSpec())["metadata"]["labels"]
-    opened = k8s.render_trial_pod("a", TRIAL, IMAGE, k8s.KubernetesSandboxSpec(network=True))["metadata"]["labels"]
+    closed = kubernetes_manifests.render_trial_pod("a", TRIAL, IMAGE, kubernetes_manifests.KubernetesSandboxSpec())["metadata"]["labels"]
+    opened = kubernetes_manifests.render_trial_pod("a", TRIAL, IMAGE, kubernetes_manifests.KubernetesSandboxSpec(network=True))["metadata"]["labels"]
     assert selector.items() <= closed.items()
     assert not selector.items() <= opened.items()
     with pytest.raises(errors.InputError, match="empty"):
-        k8s.render_network_policy("forgeflow", {})
+        kubernetes_manifests.render_network_policy("forgeflow", {})
 
 
 # --- manifest validation -------------------------------------------------------------------------
 def test_validate_manifest_catches_typos_wrong_types_and_missing_required_fields() -> None:
-    manifest = k8s.render_trial_pod("a", TRIAL, IMAGE, k8s.KubernetesSandboxSpec())
+    manifest = kubernetes_manifests.render_trial_pod("a", TRIAL, IMAGE, kubernetes_manifests.KubernetesSandboxSpec())
     manifest["spec"]["automountServiceAcountToken"] = True
     manifest["spec"]["containers"][0]["resources"]["limits"]["cpu"] = 1
     with pytest.raises(errors.InputError) as info:
-        k8s.validate_manifest(manifest)
+        kubernetes_manifests.validate_manifest(manifest)
     assert "automountServiceAcountToken" in str(info.value) and "limits.cpu" in str(info.value)
     nameless = {"apiVersion": "v1", "kind": "Pod", "spec": {"containers": [{"image": IMAGE}]}}
     with pytest.raises(errors.InputError, match="name"):
-        k8s.validate_manifest(nameless)
+        kubernetes_manifests.validate_manifest(nameless)
     with pytest.raises(errors.InputError, match="kind"):
-        k8s.validate_manifest({"apiVersion": "v1", "kind": "Secret"})
+        kubernetes_manifests.validate_manifest({"apiVersion": "v1", "kind": "Secret"})
 
 
 # --- recorded pod statuses -----------------------------------------------------------------------
@@ -174,9 +175,9 @@ STATUS_CASES = [
 @pytest.mark.parametrize(("fixture", "expected"), STATUS_CASES)
 def test_recorded_pod_status_maps_to_the_right_exception(fixture: str, expected: type | None) -> None:
     recorded = json.loads((DATA / fixture).read_text())
-    k8s.validate_manifest(recorded)  # the fixture is a real V1Pod, field for field
+    kubernetes_manifests.validate_manifest(recorded)  # the fixture is a real V1Pod, field for field
     for given in (recorded, recorded["status"]):  # a whole Pod or its status
-        exc = k8s.pod_status_to_exception(given)
+        exc = kubernetes_manifests.pod_status_to_exception(given)
         if expected is None:
             assert exc is None
         else:
@@ -190,7 +191,7 @@ def test_recorded_pod_status_maps_to_the_right_exception(fixture: str, expected:
 
 def test_pod_status_must_be_a_dict() -> None:
     with pytest.raises(errors.InputError):
-        k8s.pod_status_to_exception("Running")  # type: ignore[arg-type]
+        kubernetes_manifests.pod_status_to_exception("Running")  # type: ignore[arg-type]
 
 
 # --- infra/k8s -----------------------------------------------------------------------------------
@@ -198,14 +199,14 @@ def test_every_infra_yaml_document_validates() -> None:
     kinds = []
     for path in sorted(K8S_DIR.glob("*.yaml")):
         for doc in load_yaml_docs(path):
-            model = k8s.validate_manifest(doc)
+            model = kubernetes_manifests.validate_manifest(doc)
             assert model.metadata.name and model.metadata.namespace == "forgeflow", path
             kinds.append(doc["kind"])
     assert {"ServiceAccount", "Role", "RoleBinding", "Pod", "NetworkPolicy"} <= set(kinds)
 
 
 def test_rbac_lets_the_worker_run_trials_and_jobs_but_nothing_else() -> None:
-    docs = {d["kind"]: k8s.validate_manifest(d) for d in load_yaml_docs(K8S_DIR / "rbac.yaml")}
+    docs = {d["kind"]: kubernetes_manifests.validate_manifest(d) for d in load_yaml_docs(K8S_DIR / "rbac.yaml")}
     sa, role, binding = docs["ServiceAccount"], docs["Role"], docs["RoleBinding"]
     grants = {(g, r, v) for rule in role.rules for g in rule.api_groups for r in rule.resources for v in rule.verbs}
     for need in [("", "pods", "create"), ("", "pods", "delete"), ("", "pods/exec", "create"),
@@ -221,12 +222,12 @@ def test_rbac_lets_the_worker_run_trials_and_jobs_but_nothing_else() -> None:
 
 def test_sandbox_pod_and_network_policy_files_match_the_renderers() -> None:
     (pod,) = load_yaml_docs(K8S_DIR / "sandbox-pod.yaml")
-    assert pod == k8s.render_trial_pod(
+    assert pod == kubernetes_manifests.render_trial_pod(
         "boltons__boltons.3bfcfdd0.func_pm_remove_cond__example", TRIAL, IMAGE,
-        k8s.KubernetesSandboxSpec(image_pull_secret="forgeflow-registry"),
+        kubernetes_manifests.KubernetesSandboxSpec(image_pull_secret="forgeflow-registry"),
     )
     (policy,) = load_yaml_docs(K8S_DIR / "network-policy.yaml")
-    assert policy == k8s.render_network_policy("forgeflow")
+    assert policy == kubernetes_manifests.render_network_policy("forgeflow")
 
 
 def _render_job(template: dict, **values: object) -> dict:
@@ -251,7 +252,7 @@ def test_base_job_templates_render_to_valid_prefect_jobs(filename: str) -> None:
     assert set(template) == {"job_configuration", "variables"}
     manifest = _render_job(template, name="lifecycle-brave-otter", env={"FORGEFLOW_HOME": "/data"},
                            image="registry.example.com/forgeflow/worker:0.1.0")
-    job = k8s.validate_manifest(manifest, PREFECT_JOB_EXTRAS)
+    job = kubernetes_manifests.validate_manifest(manifest, PREFECT_JOB_EXTRAS)
     assert type(job).__name__ == "V1Job"
     # what the Prefect kubernetes worker insists on (prefect_kubernetes.worker._get_base_job_manifest)
     pod_spec = manifest["spec"]["template"]["spec"]
@@ -323,7 +324,7 @@ def test_sandbox_creates_the_rendered_pod_and_deletes_it_on_stop() -> None:
         assert kind == "create" and create["namespace"] == "forgeflow"
         assert create["body"]["metadata"]["name"] == "ff-nop-task-1"
         assert create["body"]["spec"]["containers"][0]["resources"]["limits"]["memory"] == "4096Mi"
-        k8s.validate_manifest(create["body"])
+        kubernetes_manifests.validate_manifest(create["body"])
         assert [c[0] for c in api.calls] == ["create", "read", "read"]
     assert api.calls[-1] == ("delete", {"name": "ff-nop-task-1", "namespace": "forgeflow",
                                         "grace_period_seconds": 0, "propagation_policy": "Background"})

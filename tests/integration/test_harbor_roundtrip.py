@@ -36,8 +36,8 @@ from forgeflow.evaluation.harbor import (
     HarborTask,
     HarborTaskLimits,
     export_split,
-    import_harbor_job,
 )
+from forgeflow.evaluation.harbor_import import import_harbor_job
 from forgeflow.ledger.store import Store
 from forgeflow.sandbox.base import SandboxSpec
 from forgeflow.sandbox.trial import validate_candidate

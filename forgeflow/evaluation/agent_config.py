@@ -1,0 +1,62 @@
+"""The sampling and budget of one agent trial (mini-swe-agent's limits, the supervisor's, the
+verifier's tamper policy)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from forgeflow.evaluation.supervision import (
+    DEFAULT_HANG_IDLE_S,
+    DEFAULT_LOOP_THRESHOLD,
+)
+from forgeflow.sandbox.submission import TamperPolicy
+
+MSWEA_CONFIG_NAME = "swebench_backticks"
+"""mini-swe-agent's built-in SWE-bench config with the text (``mswea_bash_command`` fence) format;
+tiny local models do not produce tool calls, so the text-based model class is used."""
+
+
+class AgentConfig(BaseModel):
+    """Sampling and budget of one agent trial.
+
+    Attributes:
+        step_limit: maximum model calls (mini-swe-agent's ``step_limit``).
+        agent_timeout_s: wall-clock budget of the agent loop in seconds; overrunning it records an
+            AgentTimeoutError (the verifier still runs).
+        temperature: sampling temperature.
+        max_tokens: completion-token cap per model call.
+        seed: sampling seed sent to the endpoint.
+        command_timeout_s: timeout of one agent command in the container, seconds.
+        memory_mb: memory limit of the agent's and the verifier's containers, MiB.
+        cpus: CPU quota of those containers, cores.
+        config_name: the mini-swe-agent built-in config whose prompts are used.
+        action_format: ``text`` (the ``mswea_bash_command`` fence, for models without tool calls)
+            or ``toolcall`` (mini-swe-agent's ``bash`` tool is offered as an OpenAI tool and the
+            actions are read from the answer's ``tool_calls``; pair it with ``config_name
+            "swebench"``, mini-swe-agent's tool-call prompts).
+        loop_threshold: repetitions of one call (period 1) or one A-B cycle (period 2) at which
+            the supervisor stops the run (>= 2; default 3: blocked at the 3rd repeat).
+        hang_idle_s: seconds without a new message or model call after which the watchdog stops
+            the run (default 660 = 11 minutes).
+        tamper_policy: what the verifier does with a submission that changes the task's own files
+            (tests, conftest, test configuration, start-up hooks; :mod:`forgeflow.sandbox.submission`):
+            ``reject`` (tampering, reward 0) or ``drop`` (those parts removed, the rest graded).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    step_limit: int = Field(default=4, ge=1, le=1000)
+    agent_timeout_s: float = Field(default=600.0, gt=0)
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+    max_tokens: int = Field(default=256, ge=1, le=32768)
+    seed: int = Field(default=0, ge=0)
+    command_timeout_s: int = Field(default=60, ge=1)
+    memory_mb: int = Field(default=2048, ge=64)
+    cpus: float = Field(default=1.0, gt=0)
+    config_name: str = MSWEA_CONFIG_NAME
+    action_format: Literal["text", "toolcall"] = "text"
+    loop_threshold: int = Field(default=DEFAULT_LOOP_THRESHOLD, ge=2, le=1000)
+    hang_idle_s: float = Field(default=DEFAULT_HANG_IDLE_S, gt=0)
+    tamper_policy: TamperPolicy = "reject"

@@ -1,0 +1,281 @@
+"""Harbor results into the store: a Harbor job folder read as forgeflow trials.
+
+:func:`read_harbor_job` / :func:`import_harbor_job` read a Harbor job folder
+(``<jobs>/<job name>/result.json`` and one ``<trial name>/result.json`` per trial, Harbor's
+``JobResult`` / ``TrialResult``) into :class:`forgeflow.ledger.records.TrialRecord` rows linked by one
+``job_id``: ``verifier_result.rewards["reward"]`` becomes the reward; ``exception_info`` becomes
+the exception, its type mapped into forgeflow's taxonomy by :data:`HARBOR_EXCEPTION_TYPES`
+(the Harbor type and message are kept in ``exception_message``) and its reward dropped — except
+an agent's ``AgentTimeoutError``, whose verifier reward is kept beside it (Harbor's convention,
+:data:`forgeflow.common.errors.SCORED_DESPITE_EXCEPTION`). An exception never becomes a reward of 0.
+
+The export of a frozen split as Harbor tasks is :mod:`forgeflow.evaluation.harbor`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from forgeflow.common import errors
+from forgeflow.common.fsutil import (
+    sha256_json,
+)
+from forgeflow.evaluation.harbor import HARBOR_AGENT_OUTCOMES, map_harbor_exception
+from forgeflow.ledger.records import TrialRecord
+from forgeflow.ledger.store import Store
+
+
+# --- import ------------------------------------------------------------------------------------
+class _Timing(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+    def seconds(self) -> float | None:
+        if self.started_at is None or self.finished_at is None:
+            return None
+        return max(0.0, (self.finished_at - self.started_at).total_seconds())
+
+
+class _ExceptionInfo(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    exception_type: str = Field(min_length=1)
+    exception_message: str = ""
+
+
+class _AgentInfo(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: str = Field(min_length=1)
+
+
+class _AgentResult(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    n_input_tokens: int | None = Field(default=None, ge=0)
+    n_output_tokens: int | None = Field(default=None, ge=0)
+
+
+class _VerifierResult(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    rewards: dict[str, float] | None = None
+
+
+class _TrialConfig(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    job_id: str | None = None
+
+
+class _TrialResult(BaseModel):
+    """The fields of Harbor 0.25's ``harbor.models.trial.result.TrialResult`` read here."""
+
+    model_config = ConfigDict(extra="ignore")
+    id: str = Field(min_length=1)
+    task_name: str = Field(min_length=1)
+    trial_name: str = Field(min_length=1)
+    config: _TrialConfig = Field(default_factory=_TrialConfig)
+    agent_info: _AgentInfo
+    agent_result: _AgentResult | None = None
+    verifier_result: _VerifierResult | None = None
+    exception_info: _ExceptionInfo | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    environment_setup: _Timing | None = None
+    agent_setup: _Timing | None = None
+    agent_execution: _Timing | None = None
+    verifier: _Timing | None = None
+    step_results: list[Any] | None = None
+
+
+class HarborJobImport(BaseModel):
+    """What :func:`read_harbor_job` found.
+
+    Attributes:
+        job_id: the job id the trials carry (Harbor's job UUID unless one was given).
+        job_dir: the job folder.
+        trials: one store record per finished trial, ordered by trial name.
+        unfinished: trial folders without a finished result (job still running or killed).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    job_id: str
+    job_dir: Path
+    trials: list[TrialRecord]
+    unfinished: list[str] = Field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        """``{kind: {"trials", "rewards": {reward: count}, "exceptions": {type: count}}}``."""
+        out: dict[str, Any] = {}
+        for trial in self.trials:
+            row = out.setdefault(trial.kind, {"trials": 0, "rewards": {}, "exceptions": {}})
+            row["trials"] += 1
+            if trial.reward is not None:
+                row["rewards"][trial.reward] = row["rewards"].get(trial.reward, 0) + 1
+            if trial.exception_type is not None:
+                row["exceptions"][trial.exception_type] = row["exceptions"].get(trial.exception_type, 0) + 1
+        return out
+
+
+def _read_json(path: Path, what: str) -> dict[str, Any]:
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise errors.InputError(f"{what} {path} does not exist") from exc
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise errors.InputError(f"{what} {path} is not valid JSON: {exc}") from exc
+    if not isinstance(document, dict):
+        raise errors.InputError(f"{what} {path} is not a JSON object")
+    return document
+
+
+def _kind(agent_name: str) -> Literal["nop", "oracle", "agent"]:
+    return agent_name if agent_name in ("nop", "oracle") else "agent"  # type: ignore[return-value]
+
+
+def _trial_record(result: _TrialResult, path: Path, job_id: str, run_id: str | None) -> TrialRecord:
+    if result.step_results:
+        raise errors.InputError(f"trial result {path}: multi-step trials are not supported (forgeflow tasks have one step)")
+    kind = _kind(result.agent_info.name)
+    rewards = result.verifier_result.rewards if result.verifier_result else None
+    reward: float | None = None
+    if rewards:
+        if "reward" not in rewards:
+            raise errors.InputError(
+                f"trial result {path}: verifier_result.rewards has no 'reward' key (keys: {sorted(rewards)}); "
+                "forgeflow's verifier writes a single reward"
+            )
+        reward = float(rewards["reward"])
+        if not 0.0 <= reward <= 1.0:
+            raise errors.InputError(f"trial result {path}: reward {reward} is outside 0..1")
+    exception_type = exception_message = None
+    info = result.exception_info
+    if info is not None:
+        if info.exception_type in HARBOR_AGENT_OUTCOMES and reward is not None:
+            pass  # the model's outcome: the reward stands
+        else:
+            exception_type = map_harbor_exception(info.exception_type)
+            exception_message = f"Harbor {info.exception_type}: {info.exception_message}".strip()
+            keep = kind == "agent" and exception_type in errors.SCORED_DESPITE_EXCEPTION
+            reward = reward if keep else None
+    elif reward is None:
+        exception_type = errors.VerifierOutputError.__name__
+        exception_message = "Harbor recorded neither a reward nor an exception for this trial"
+    timings = {
+        name: seconds
+        for name, timing in (("env_setup_s", result.environment_setup), ("agent_setup_s", result.agent_setup),
+                             ("agent_s", result.agent_execution), ("verifier_s", result.verifier))
+        if timing is not None and (seconds := timing.seconds()) is not None
+    }
+    if result.started_at and result.finished_at:
+        timings["total_s"] = max(0.0, (result.finished_at - result.started_at).total_seconds())
+    started = result.started_at
+    if started is not None and started.tzinfo is None:
+        started = started.replace(tzinfo=timezone.utc)  # Harbor writes UTC
+    tokens = result.agent_result if kind == "agent" and result.agent_result else None
+    return TrialRecord(
+        trial_id=sha256_json({"source": "harbor", "trial": result.id})[:32],
+        instance_id=result.task_name, kind=kind, job_id=job_id, run_id=run_id,
+        reward=reward, exception_type=exception_type, exception_message=exception_message,
+        timings=timings, created_at=started,
+        input_tokens=tokens.n_input_tokens if tokens else None,
+        output_tokens=tokens.n_output_tokens if tokens else None,
+    )
+
+
+def read_harbor_job(
+    job_dir: Path,
+    *,
+    job_id: str | None = None,
+    instance_ids: Iterable[str] | None = None,
+    run_id: str | None = None,
+) -> HarborJobImport:
+    """Read a Harbor job folder into forgeflow trial records (nothing is written).
+
+    Args:
+        job_dir: ``<jobs dir>/<job name>`` as written by ``harbor run -o <jobs dir> --job-name
+            <job name>`` (holds the job's ``result.json`` and one folder per trial).
+        job_id: the id linking the trials (default: Harbor's job UUID from its ``result.json``).
+        instance_ids: if given (e.g. the exported split), every trial's task must be one of them.
+        run_id: the Prefect run id to record on each row.
+
+    Returns:
+        The records (see the module docstring for how rewards and exceptions are mapped) and the
+        names of trial folders that hold no finished result.
+
+    Raises:
+        InputError: ``job_dir`` is not a Harbor job folder (no ``result.json`` with an ``id``), a
+            trial's ``result.json`` is not JSON or lacks required fields (the message names the
+            file and field), belongs to another job, is multi-step, has a reward outside 0..1 or
+            without the ``reward`` key, or names a task outside ``instance_ids``.
+    """
+    job_dir = Path(job_dir)
+    if not job_dir.is_dir():
+        raise errors.InputError(f"Harbor job folder {job_dir} does not exist")
+    job_result_path = job_dir / "result.json"
+    if not job_result_path.is_file():
+        hint = " (it looks like a jobs folder: pass one of its job folders)" if any(
+            (child / "result.json").is_file() for child in job_dir.iterdir() if child.is_dir()
+        ) else ""
+        raise errors.InputError(f"{job_dir} is not a Harbor job folder: it has no result.json{hint}")
+    job_document = _read_json(job_result_path, "Harbor job result")
+    harbor_job_id = job_document.get("id")
+    if not isinstance(harbor_job_id, str) or "n_total_trials" not in job_document:
+        raise errors.InputError(
+            f"Harbor job result {job_result_path} lacks 'id' or 'n_total_trials': not a Harbor job result.json"
+        )
+    allowed = set(instance_ids) if instance_ids is not None else None
+    records = []
+    unfinished = []
+    for trial_dir in sorted(child for child in job_dir.iterdir() if child.is_dir()):
+        path = trial_dir / "result.json"
+        if not path.is_file():
+            if (trial_dir / "config.json").is_file():
+                unfinished.append(trial_dir.name)
+            continue
+        try:
+            result = _TrialResult.model_validate(_read_json(path, "Harbor trial result"))
+        except ValidationError as exc:
+            first = exc.errors(include_url=False)[0]
+            field = ".".join(str(part) for part in first["loc"]) or "?"
+            raise errors.InputError(
+                f"Harbor trial result {path}: field {field}: {first['msg']} ({exc.error_count()} problems)"
+            ) from exc
+        if result.config.job_id is not None and result.config.job_id != harbor_job_id:
+            raise errors.InputError(
+                f"Harbor trial result {path} belongs to job {result.config.job_id}, not to {harbor_job_id}"
+            )
+        if allowed is not None and result.task_name not in allowed:
+            raise errors.InputError(
+                f"Harbor trial result {path}: task {result.task_name!r} is not one of the {len(allowed)} given instance ids"
+            )
+        if result.finished_at is None and result.exception_info is None:
+            unfinished.append(trial_dir.name)
+            continue
+        records.append(_trial_record(result, path, job_id or f"harbor-{harbor_job_id}", run_id))
+    return HarborJobImport(job_id=job_id or f"harbor-{harbor_job_id}", job_dir=job_dir, trials=records,
+                           unfinished=unfinished)
+
+
+def import_harbor_job(
+    job_dir: Path,
+    store: Store,
+    *,
+    job_id: str | None = None,
+    instance_ids: Iterable[str] | None = None,
+    run_id: str | None = None,
+) -> HarborJobImport:
+    """Read a Harbor job folder (:func:`read_harbor_job`) and upsert its trials into ``store``
+    (a :class:`forgeflow.ledger.store.Store`) in one transaction; re-importing the same job changes
+    nothing (trial ids derive from Harbor's trial UUIDs).
+
+    Raises:
+        InputError: as :func:`read_harbor_job` (nothing is written).
+    """
+    found = read_harbor_job(job_dir, job_id=job_id, instance_ids=instance_ids, run_id=run_id)
+    store.record_trials(found.trials)
+    return found

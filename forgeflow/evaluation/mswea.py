@@ -1,0 +1,412 @@
+"""mini-swe-agent wiring: its config, its model class on forgeflow's ModelClient, its podman environment.
+
+mini-swe-agent 2.4.6's ``DefaultAgent`` with its text-based model (``mswea_bash_command`` action
+parsing and format-error handling) whose chat calls go through
+:class:`forgeflow.evaluation.model_client.ModelClient` (transient-only retries, a total budget
+equal to the agent's remaining time, a circuit breaker) instead of LiteLLM, and its ``docker``
+environment driven by podman: the loop and the model calls stay on the host, every command runs in
+a container of the task image with ``--network none`` and ``cwd /testbed``. The agent's trajectory
+is written atomically after every step, and the supervisor (:mod:`forgeflow.evaluation.supervision`)
+sees every call. The trial built on it is :mod:`forgeflow.evaluation.agent`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from forgeflow.common import errors
+from forgeflow.common.fsutil import atomic_write_json
+from forgeflow.common.settings import apply_container_env, tool_env
+from forgeflow.evaluation.agent_config import AgentConfig
+from forgeflow.evaluation.model_client import ChatResponse, ModelClient, chat_request
+from forgeflow.evaluation.supervision import (
+    DEFAULT_LOOP_THRESHOLD,
+    HangWatchdog,
+    detect_loop,
+    tool_calls_from_trajectory,
+)
+from forgeflow.sandbox.verifier import (
+    TESTBED,
+)
+
+CONTEXT_OVERFLOW_PATTERN = re.compile(
+    r"context_length_exceeded|maximum context length|context window|exceeds the available context size",
+    re.IGNORECASE,
+)
+"""How a 400 (:class:`~forgeflow.common.errors.ModelRequestError`) names a context overflow: OpenAI's and
+llama-cpp-python's ``context_length_exceeded`` ("This model's maximum context length is N tokens",
+``llama_cpp/server/errors.py``) and llama.cpp server's "exceeds the available context size"; the
+same strings LiteLLM maps to ``ContextWindowExceededError``."""
+
+
+_PODMAN_TIMEOUT_S = 120
+
+_MSWEA_DIR: Path | None = None
+"""The folder mini-swe-agent keeps its global config in when MSWEA_GLOBAL_CONFIG_DIR is not set."""
+
+
+def prepare_mswea_env() -> None:
+    """Environment mini-swe-agent reads at import time (set before importing it).
+
+    ``MSWEA_CONFIGURED`` skips the interactive setup, ``MSWEA_GLOBAL_CONFIG_DIR`` keeps its ``.env``
+    out of the home directory, ``LITELLM_LOCAL_MODEL_COST_MAP`` stops LiteLLM (which mini-swe-agent's
+    model module imports, though no call goes through it) fetching its price list from GitHub (the
+    machine is offline), and the container variables make the podman that mini-swe-agent spawns use
+    runc and the lowered ulimits.
+    """
+    global _MSWEA_DIR
+    if _MSWEA_DIR is None and "MSWEA_GLOBAL_CONFIG_DIR" not in os.environ:
+        _MSWEA_DIR = Path(tempfile.mkdtemp(prefix="forgeflow-mswea-"))
+        os.environ["MSWEA_GLOBAL_CONFIG_DIR"] = str(_MSWEA_DIR)
+    os.environ.setdefault("MSWEA_CONFIGURED", "true")
+    os.environ.setdefault("MSWEA_SILENT_STARTUP", "1")
+    os.environ.setdefault("MSWEA_COST_TRACKING", "ignore_errors")
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    apply_container_env()
+
+
+def mswea_templates(config_name: str) -> dict[str, str]:
+    """The ``system``, ``instance`` and ``observation`` templates of a built-in mini-swe-agent config.
+
+    Raises:
+        InputError: ``config_name`` is not a mini-swe-agent config.
+    """
+    prepare_mswea_env()
+    from minisweagent.config import get_config_from_spec
+
+    try:
+        base = get_config_from_spec(config_name)
+    except Exception as exc:  # mini-swe-agent raises FileNotFoundError/ValueError for unknown specs
+        raise errors.InputError(f"mini-swe-agent config {config_name!r} not found: {exc}") from exc
+    return {"system": base["agent"]["system_template"], "instance": base["agent"]["instance_template"],
+            "observation": base["model"]["observation_template"]}
+
+
+def mswea_config(
+    image_ref: str, base_url: str, model_alias: str, config: AgentConfig
+) -> dict[str, Any]:
+    """The mini-swe-agent config dict (agent / environment / model sections) for one trial.
+
+    Starts from mini-swe-agent's built-in ``config.config_name`` yaml and overrides the budget, the
+    podman environment (FACTS.md: ``executable: podman``, ``cwd: /testbed``,
+    ``run_args: ["--rm", "--network", "none"]``, plus ``--init`` so stopping is immediate and the
+    memory/CPU limits) and the model (``model_name`` is the alias sent to the endpoint;
+    ``model_kwargs`` holds ``api_base`` and the sampling parameters ModelClient sends; the API key
+    is not in the config — it is read from ``$FORGEFLOW_MODEL_API_KEY`` when the model is built, so
+    it never lands in a trajectory).
+    """
+    prepare_mswea_env()
+    from minisweagent.config import get_config_from_spec
+    from minisweagent.utils.serialize import recursive_merge
+
+    base = get_config_from_spec(config.config_name)
+    overrides = {
+        "agent": {
+            "step_limit": config.step_limit,
+            "cost_limit": 0.0,
+            "wall_time_limit_seconds": max(1, int(config.agent_timeout_s)),
+        },
+        "environment": {
+            "environment_class": "docker",
+            "executable": shutil.which("podman") or "podman",
+            "image": image_ref,
+            "cwd": TESTBED,
+            "timeout": config.command_timeout_s,
+            "pull_timeout": _PODMAN_TIMEOUT_S,
+            "run_args": [
+                "--rm", "--network", "none", "--init",
+                "--memory", f"{config.memory_mb}m", "--memory-swap", f"{config.memory_mb}m",
+                "--cpus", str(config.cpus),
+            ],
+        },
+        "model": {
+            "model_name": model_alias,
+            "cost_tracking": "ignore_errors",
+            "model_kwargs": {
+                "api_base": base_url.rstrip("/"),
+                "temperature": config.temperature,
+                "max_tokens": config.max_tokens,
+                "seed": config.seed,
+            },
+        },
+    }
+    merged = recursive_merge(base, overrides)
+    merged["agent"].pop("mode", None)  # interactive-agent key, unknown to DefaultAgent
+    return merged
+
+
+def endpoint_model_class() -> type:
+    """mini-swe-agent's text-based model with its chat calls sent through :class:`ModelClient`.
+
+    Only ``query`` is overridden: the request goes to ``ModelClient.chat`` (transient-only retries,
+    a total budget of the agent's remaining time, a circuit breaker; one client, hence one breaker,
+    per agent run), and the answer is parsed by mini-swe-agent's own ``mswea_bash_command`` regex
+    (a FormatError carries the response, as mini-swe-agent's ``query`` does). The message's
+    ``extra.response`` is the :class:`ChatResponse` (``prompt_tokens``/``completion_tokens`` feed
+    the trial's token counts); cost is 0 (a local endpoint has no price).
+
+    With ``action_format="toolcall"`` the request offers mini-swe-agent's ``BASH_TOOL`` and the
+    actions come from the answer's ``tool_calls`` (mini-swe-agent's ``parse_toolcall_actions``;
+    observations are ``tool`` messages answering each call id).
+
+    Supervision: every call start and answer is reported to the run's :class:`HangWatchdog`; the
+    HTTP call runs in a helper thread so that a hang flagged by the watchdog stops the run at once
+    (the abandoned call ends at its read timeout, capped at the idle limit plus 5 s).
+
+    Errors: ModelClient's ModelEndpointError (CircuitOpenError included) propagates; a model call
+    that outlives the agent's deadline is an AgentTimeoutError; a call during which the watchdog
+    flagged a hang is an AgentHangError; a 400 naming a context overflow ends the run with exit
+    status ``ContextWindowExceeded`` (the model's outcome); any other ModelRequestError propagates
+    (a configuration bug).
+    """
+    logging.getLogger("minisweagent").setLevel(logging.WARNING)  # its DEBUG lines drown the flow log
+    from minisweagent.exceptions import FormatError, InterruptAgentFlow
+    from minisweagent.models import GLOBAL_MODEL_STATS
+    from minisweagent.models.litellm_textbased_model import LitellmTextbasedModel
+    from minisweagent.models.utils.actions_text import parse_regex_actions
+    from minisweagent.models.utils.actions_toolcall import (
+        BASH_TOOL,
+        format_toolcall_observation_messages,
+        parse_toolcall_actions,
+    )
+
+    class EndpointModel(LitellmTextbasedModel):
+        def __init__(self, *, deadline_monotonic: float, action_format: str = "text",
+                     watchdog: HangWatchdog | None = None, **kwargs: Any) -> None:
+            super().__init__(**kwargs)
+            self.deadline_monotonic = deadline_monotonic
+            self.action_format = action_format
+            self.watchdog = watchdog
+            params = dict(self.config.model_kwargs)
+            self.api_base = str(params.pop("api_base", ""))
+            if action_format == "toolcall":
+                params["tools"] = [BASH_TOOL]
+            self.sampling = params
+            read_timeout_s = 600.0 if watchdog is None else min(600.0, watchdog.idle_limit_s + 5.0)
+            self.client = ModelClient(self.api_base, api_key=os.environ.get("FORGEFLOW_MODEL_API_KEY"),
+                                      read_timeout_s=read_timeout_s)
+
+        def _hang_error(self, during: str) -> errors.AgentHangError:
+            check = self.watchdog.hang if self.watchdog is not None else None
+            evidence = {**(check.model_dump(mode="json") if check is not None else {}), "during": during}
+            idle = f"{check.idle_s:.1f} s" if check is not None else "the idle limit"
+            return errors.AgentHangError(
+                f"no new message or model call for {idle} (limit {evidence.get('idle_limit_s', '?')} s) "
+                f"during {during}: run stopped by the watchdog", evidence)
+
+        def _send(self, request: Any) -> ChatResponse:
+            """``client.chat`` in a helper thread, abandoned when the watchdog flags a hang."""
+            if self.watchdog is None:
+                return self.client.chat(request)
+            box: dict[str, Any] = {}
+
+            def call() -> None:
+                try:
+                    box["response"] = self.client.chat(request)
+                except BaseException as exc:  # noqa: BLE001 - handed to the agent's thread
+                    box["error"] = exc
+
+            worker = threading.Thread(target=call, name="forgeflow-model-call", daemon=True)
+            worker.start()
+            while worker.is_alive():
+                if self.watchdog.hung_event.wait(0.1):
+                    raise self._hang_error("a model call")
+            if "error" in box:
+                raise box["error"]
+            return box["response"]
+
+        def _chat(self, messages: list[dict[str, Any]]) -> ChatResponse:
+            if self.watchdog is not None:
+                if self.watchdog.hung:
+                    raise self._hang_error("a command")
+                self.watchdog.touch_model_call()
+            remaining_s = self.deadline_monotonic - time.monotonic()
+            if remaining_s <= 0:
+                raise errors.AgentTimeoutError("agent budget spent before the model call")
+            self.client.retry = self.client.retry.model_copy(update={"total_budget_s": remaining_s})
+            request = chat_request(self.config.model_name, messages, **self.sampling)
+            try:
+                response = self._send(request)
+                if self.watchdog is not None:
+                    self.watchdog.touch_model_call()
+                return response
+            except errors.ModelEndpointError as exc:
+                if self.watchdog is not None and self.watchdog.hung:
+                    raise self._hang_error("a model call") from exc
+                if time.monotonic() >= self.deadline_monotonic:
+                    raise errors.AgentTimeoutError(f"model call outlived the agent budget: {exc}") from exc
+                raise
+            except errors.ModelRequestError as exc:
+                if CONTEXT_OVERFLOW_PATTERN.search(str(exc)):
+                    raise InterruptAgentFlow({
+                        "role": "exit", "content": "ContextWindowExceeded",
+                        "extra": {"exit_status": "ContextWindowExceeded", "submission": "",
+                                  "exception_str": str(exc)},
+                    }) from exc
+                raise
+
+        def query(self, messages: list[dict[str, Any]], **kwargs: Any) -> dict:
+            response = self._chat(self._prepare_messages_for_api(messages))
+            GLOBAL_MODEL_STATS.add(0.0)
+            extra = {"cost": 0.0, "response": response.model_dump(mode="json")}
+            try:
+                if self.action_format == "toolcall":
+                    actions = parse_toolcall_actions(
+                        [SimpleNamespace(id=c.get("id"), function=SimpleNamespace(**(c.get("function") or {})))
+                         for c in response.tool_calls],
+                        format_error_template=self.config.format_error_template,
+                        template_kwargs={"finish_reason": response.finish_reason},
+                    )
+                else:
+                    actions = parse_regex_actions(
+                        response.content, action_regex=self.config.action_regex,
+                        format_error_template=self.config.format_error_template,
+                        template_kwargs={"finish_reason": response.finish_reason},
+                    )
+            except FormatError as exc:
+                exc.messages[0]["extra"].update(extra)
+                raise
+            message: dict[str, Any] = {"role": "assistant", "content": response.content}
+            if self.action_format == "toolcall":
+                message["tool_calls"] = response.tool_calls
+            message["extra"] = {"actions": actions, **extra, "timestamp": time.time()}
+            return message
+
+        def format_observation_messages(self, message: dict, outputs: list[dict],
+                                        template_vars: dict | None = None) -> list[dict]:
+            if self.action_format != "toolcall":
+                return super().format_observation_messages(message, outputs, template_vars)
+            return format_toolcall_observation_messages(
+                actions=message.get("extra", {}).get("actions", []), outputs=outputs,
+                observation_template=self.config.observation_template, template_vars=template_vars,
+                multimodal_regex=self.config.multimodal_regex,
+            )
+
+        def close(self) -> None:
+            self.client.close()
+
+    return EndpointModel
+
+
+def supervised_agent_class() -> type:
+    """mini-swe-agent's DefaultAgent, supervised, with its per-step trajectory save made atomic.
+
+    * every new message is reported to the watchdog (``touch_message``);
+    * after each model answer (before its action runs) the tool calls of the whole trajectory
+      go through :func:`detect_loop` with ``loop_threshold``: a loop raises
+      :class:`~forgeflow.common.errors.AgentLoopError` whose ``evidence`` is the
+      :class:`~forgeflow.evaluation.supervision.LoopDetection` (the looping answer stays in the trajectory,
+      its command is not run);
+    * after each step's commands, a hang flagged meanwhile raises AgentHangError.
+    """
+    from minisweagent.agents.default import DefaultAgent
+
+    class SupervisedAgent(DefaultAgent):
+        def __init__(self, *args: Any, loop_threshold: int = DEFAULT_LOOP_THRESHOLD,
+                     watchdog: HangWatchdog | None = None, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.loop_threshold = loop_threshold
+            self.watchdog = watchdog
+
+        def add_messages(self, *messages: dict) -> list[dict]:
+            added = super().add_messages(*messages)
+            if self.watchdog is not None:
+                self.watchdog.touch_message()
+            return added
+
+        def query(self) -> dict:
+            message = super().query()
+            verdict = detect_loop(tool_calls_from_trajectory({"messages": self.messages}), self.loop_threshold)
+            if verdict.detected:
+                raise errors.AgentLoopError(
+                    f"dead loop: the same {'call' if verdict.period == 1 else 'two calls'} repeated "
+                    f"{verdict.repeats} times (period {verdict.period}; calls {verdict.indices}); "
+                    f"run stopped before call {verdict.blocked_at} ran: {verdict.signatures[0][:200]}",
+                    verdict.model_dump(mode="json"),
+                )
+            return message
+
+        def step(self) -> list[dict]:
+            observations = super().step()
+            if self.watchdog is not None and self.watchdog.hung:
+                raise self.model._hang_error("a command")
+            return observations
+
+        def save(self, path: Path | None, *extra_dicts: dict) -> dict:
+            data = self.serialize(*extra_dicts)
+            if path:
+                atomic_write_json(path, data)
+            return data
+
+    return SupervisedAgent
+
+
+def start_environment(env_config: dict[str, Any]) -> Any:
+    """Start mini-swe-agent's container environment; podman failures become sandbox errors."""
+    from minisweagent.environments import get_environment
+
+    try:
+        return get_environment(env_config)
+    except subprocess.CalledProcessError as exc:
+        msg = (exc.stderr or exc.stdout or "").strip() if isinstance(exc.stderr, str) else str(exc)
+        image = env_config.get("image")
+        if any(s in msg for s in ("manifest unknown", "not found", "name unknown", "no such image")):
+            raise errors.ImageNotFoundError(f"agent image {image!r} not found: {msg}") from exc
+        raise errors.SandboxError(f"podman could not start the agent container for {image!r}: {msg}") from exc
+    except subprocess.TimeoutExpired as exc:
+        raise errors.SandboxError(f"starting the agent container timed out: {exc}") from exc
+
+
+def _podman(*args: str, timeout_s: float = _PODMAN_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    exe = shutil.which("podman")
+    if exe is None:
+        raise errors.ToolMissingError("podman is not installed (apt-get install podman)")
+    return subprocess.run([exe, *args], capture_output=True, text=True, env=tool_env(), timeout=timeout_s)
+
+
+def container_git(container_id: str, *git_args: str) -> str:
+    proc = _podman("exec", "-w", TESTBED, container_id, "git", "-c", "core.fileMode=false", *git_args)
+    if proc.returncode != 0:
+        raise errors.SandboxError(f"git {' '.join(git_args)} failed in the agent container: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def interrupt_commands(env: Any) -> None:
+    """Kill every process of the agent's container but its init (``kill -KILL -1``): a command
+    stuck past the hang limit returns (exit 137) and the container stays for the submission."""
+    container_id = getattr(env, "container_id", None)
+    if container_id:
+        try:
+            _podman("exec", container_id, "sh", "-c", "kill -KILL -1", timeout_s=30)
+        except (OSError, subprocess.SubprocessError):
+            pass  # the run stops anyway; the container is removed by the phase's cleanup
+
+
+def remove_environment(env: Any) -> None:
+    container_id = getattr(env, "container_id", None)
+    if container_id:
+        _podman("rm", "-f", "-t", "0", container_id)
+        env.container_id = None  # mini-swe-agent's __del__ would otherwise spawn its own stop
+
+
+def usage_totals(messages: list[dict[str, Any]]) -> tuple[int, int]:
+    """Sum prompt/completion tokens over the model responses (ChatResponse dicts) in a trajectory."""
+    n_in = n_out = 0
+    for message in messages:
+        response = (message.get("extra") or {}).get("response") or {}
+        n_in += int(response.get("prompt_tokens") or 0)
+        n_out += int(response.get("completion_tokens") or 0)
+    return n_in, n_out
+
+
+# --- mini-swe-agent wiring -------------------------------------------------------------------

@@ -1,0 +1,463 @@
+"""Kubernetes manifests of trials, validated with the official client's models, and pod statuses
+read as exceptions.
+
+:func:`render_trial_pod` (one pod per trial from the task image, labels, limits, a deadline),
+:func:`render_network_policy` (egress denied to trial pods), :func:`validate_manifest` (every field
+known to the ``kubernetes`` client's models) and :func:`pod_status_to_exception` (OOMKilled,
+Evicted, ImagePullBackOff, ... as forgeflow's exceptions, each naming the status it read). The
+sandbox that creates the pods is :mod:`forgeflow.sandbox.kubernetes`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from forgeflow.common import errors
+from forgeflow.common.names import sanitize_name
+from forgeflow.sandbox.base import SandboxSpec
+
+CONTAINER_NAME = "sandbox"
+"""Name of the one container of a trial pod (the exec target)."""
+
+
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+
+
+ROLE_LABEL = "forgeflow.dev/role"
+
+
+INSTANCE_LABEL = "forgeflow.dev/instance"
+
+
+TRIAL_LABEL = "forgeflow.dev/trial"
+
+
+EGRESS_LABEL = "forgeflow.dev/egress"
+
+
+RESERVED_LABELS = frozenset({MANAGED_BY_LABEL, ROLE_LABEL, INSTANCE_LABEL, TRIAL_LABEL, EGRESS_LABEL})
+
+
+NETWORK_POLICY_NAME = "forgeflow-trial-deny-egress"
+
+
+PODMAN_DEFAULT_CAPABILITIES = (
+    "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "NET_BIND_SERVICE",
+    "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT",
+)
+"""The capabilities podman grants a root container by default (containers.conf ``default_capabilities``
+of containers-common); a trial pod drops ALL and adds back exactly these, so it behaves like the
+podman sandbox."""
+
+
+LABEL_VALUE_RE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+"""Label value grammar (Kubernetes docs, "Labels and Selectors"); length <= 63 checked apart."""
+
+
+_DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+_DNS_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+_LABEL_NAME_RE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+
+TRIAL_SELECTOR: dict[str, str] = {MANAGED_BY_LABEL: "forgeflow", ROLE_LABEL: "trial"}
+"""Labels every trial pod carries (the selector of :func:`delete_trial_pods`)."""
+
+EGRESS_DENY_SELECTOR: dict[str, str] = {ROLE_LABEL: "trial", EGRESS_LABEL: "deny"}
+"""Labels of the trial pods whose egress the NetworkPolicy denies."""
+
+
+
+def is_label_key(key: str) -> bool:
+    """True if ``key`` is a valid label key: ``[prefix/]name``, prefix a DNS subdomain (<= 253 chars),
+    name <= 63 chars of ``[A-Za-z0-9_.-]`` alphanumeric at both ends."""
+    prefix, _, name = key.rpartition("/")
+    if prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN_RE.match(prefix)):
+        return False
+    return 0 < len(name) <= 63 and bool(_LABEL_NAME_RE.match(name))
+
+
+def is_label_value(value: str) -> bool:
+    """True if ``value`` is a valid label value (<= 63 chars, :data:`LABEL_VALUE_RE`)."""
+    return len(value) <= 63 and bool(LABEL_VALUE_RE.match(value))
+
+
+def label_value(raw: str) -> str:
+    """Sanitize ``raw`` to a label value, deterministically: :func:`forgeflow.sandbox.trial.sanitize_name`
+    (``[a-z0-9-]``, <= 63 chars; an 8-hex sha256 suffix when anything changed, so two distinct ids
+    never share a value). A valid lowercase value is returned unchanged.
+
+    Raises:
+        InputError: ``raw`` is empty.
+    """
+    return sanitize_name(raw, 63)
+
+
+class KubernetesSandboxSpec(BaseModel):
+    """Where and how big a trial pod is.
+
+    The image is not part of the spec: it is per trial (the task image in its shard repository) and
+    is passed as ``image_ref``, as for :class:`forgeflow.sandbox.podman.PodmanSandbox`.
+
+    Attributes:
+        namespace: namespace of the trial pods (a DNS label).
+        memory_mb: memory request and limit in MiB (default 8192 = 8Gi).
+        cpus: CPU request and limit in cores (rendered in millicores).
+        ephemeral_storage_mb: ephemeral-storage request and limit in MiB (writable layer, logs).
+        network: False labels the pod ``forgeflow.dev/egress=deny`` (the NetworkPolicy's selector).
+        image_pull_secret: name of a ``kubernetes.io/dockerconfigjson`` Secret in ``namespace``
+            (from the registry block), or None for a public/node-authenticated registry.
+        automount_service_account_token: False (the default) keeps the API token out of the pod.
+        active_deadline_s: seconds after which Kubernetes kills the pod (``DeadlineExceeded``):
+            the backstop that ends a trial whose owner died.
+        termination_grace_period_s: seconds between SIGTERM and SIGKILL on deletion.
+        labels: extra labels (keys must be valid label keys; values are sanitized).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    namespace: str = Field(default="forgeflow", min_length=1, max_length=63)
+    memory_mb: int = Field(default=8192, ge=16)
+    cpus: float = Field(default=1.0, gt=0)
+    ephemeral_storage_mb: int = Field(default=10240, ge=64)
+    network: bool = False
+    image_pull_secret: str | None = Field(default=None, max_length=253)
+    automount_service_account_token: bool = False
+    active_deadline_s: int = Field(default=7200, ge=1)
+    termination_grace_period_s: int = Field(default=5, ge=0)
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace_is_dns_label(cls, value: str) -> str:
+        if not _DNS_LABEL_RE.match(value):
+            raise ValueError(f"namespace {value!r} is not a DNS label ([a-z0-9-], alphanumeric at both ends)")
+        return value
+
+    @field_validator("image_pull_secret")
+    @classmethod
+    def _secret_is_dns_subdomain(cls, value: str | None) -> str | None:
+        if value is not None and not _DNS_SUBDOMAIN_RE.match(value):
+            raise ValueError(f"image_pull_secret {value!r} is not a valid Secret name (DNS subdomain)")
+        return value
+
+    @field_validator("labels")
+    @classmethod
+    def _label_keys(cls, value: dict[str, str]) -> dict[str, str]:
+        for key in value:
+            if not is_label_key(key):
+                raise ValueError(f"label key {key!r} is not a valid Kubernetes label key")
+            if key in RESERVED_LABELS:
+                raise ValueError(f"label key {key!r} is reserved for forgeflow")
+        return value
+
+    @classmethod
+    def from_sandbox_spec(cls, spec: SandboxSpec, **overrides: Any) -> "KubernetesSandboxSpec":
+        """The Kubernetes spec with the memory, CPU and network of a podman :class:`SandboxSpec`."""
+        return cls(memory_mb=spec.memory_mb, cpus=spec.cpus, network=spec.network, **overrides)
+
+
+def pod_name(instance_id: str, trial_id: str) -> str:
+    """The pod name of a trial: ``ff-<instance id>-<trial id[:10]>`` sanitized to a DNS label
+    (<= 63 chars; the digest suffix of :func:`~forgeflow.sandbox.trial.sanitize_name` covers the full ids)."""
+    return sanitize_name(f"ff-{instance_id}-{trial_id[:10]}", 63)
+
+
+def _check_id(name: str, value: str) -> None:
+    if not isinstance(value, str) or not value.strip():
+        raise errors.InputError(f"{name} must be a non-empty string, got {value!r}")
+
+
+def render_trial_pod(instance_id: str, trial_id: str, image_ref: str, spec: KubernetesSandboxSpec) -> dict:
+    """Render the Pod manifest of one trial (see the module docstring for every choice).
+
+    Args:
+        instance_id: the task's instance id (any length; sanitized into the name and a label).
+        trial_id: the trial's id (unique per trial; sanitized into the name and a label).
+        image_ref: the task image, e.g. ``registry.example/task-03:lane1-<hash>`` or ``...@sha256:...``.
+        spec: namespace, resources, pull secret, labels.
+
+    Returns:
+        A JSON-able dict in the API's camelCase form (``kubectl apply -f`` or
+        ``CoreV1Api.create_namespaced_pod(body=...)``); validated by :func:`validate_manifest`.
+
+    Raises:
+        InputError: an empty id or image reference, or one containing whitespace.
+    """
+    _check_id("instance_id", instance_id)
+    _check_id("trial_id", trial_id)
+    _check_id("image_ref", image_ref)
+    if any(ch.isspace() for ch in image_ref):
+        raise errors.InputError(f"image_ref {image_ref!r} must not contain whitespace")
+    labels = {
+        **{key: label_value(value) if value else "" for key, value in spec.labels.items()},
+        **TRIAL_SELECTOR,
+        INSTANCE_LABEL: label_value(instance_id),
+        TRIAL_LABEL: label_value(trial_id),
+    }
+    if not spec.network:
+        labels[EGRESS_LABEL] = "deny"
+    quantities = {
+        "cpu": f"{max(1, round(spec.cpus * 1000))}m",
+        "memory": f"{spec.memory_mb}Mi",
+        "ephemeral-storage": f"{spec.ephemeral_storage_mb}Mi",
+    }
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": spec.automount_service_account_token,
+        "enableServiceLinks": False,
+        "shareProcessNamespace": True,
+        "hostNetwork": False,
+        "hostPID": False,
+        "hostIPC": False,
+        "activeDeadlineSeconds": spec.active_deadline_s,
+        "terminationGracePeriodSeconds": spec.termination_grace_period_s,
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+        "containers": [
+            {
+                "name": CONTAINER_NAME,
+                "image": image_ref,
+                "imagePullPolicy": "IfNotPresent",
+                "command": ["sleep", "infinity"],
+                "resources": {"requests": dict(quantities), "limits": dict(quantities)},
+                "securityContext": {
+                    "privileged": False,
+                    "allowPrivilegeEscalation": False,
+                    "capabilities": {"drop": ["ALL"], "add": list(PODMAN_DEFAULT_CAPABILITIES)},
+                },
+            }
+        ],
+    }
+    if spec.image_pull_secret:
+        pod_spec["imagePullSecrets"] = [{"name": spec.image_pull_secret}]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod_name(instance_id, trial_id),
+            "namespace": spec.namespace,
+            "labels": labels,
+            "annotations": {
+                "forgeflow.dev/instance-id": instance_id,
+                "forgeflow.dev/trial-id": trial_id,
+                "forgeflow.dev/image": image_ref,
+            },
+        },
+        "spec": pod_spec,
+    }
+
+
+def render_network_policy(namespace: str, selector_labels: dict[str, str] | None = None) -> dict:
+    """Render a NetworkPolicy that denies all egress (DNS included) of the selected pods.
+
+    ``policyTypes: [Egress]`` with no ``egress`` rule allows nothing out; ingress is not restricted
+    here (the API server's exec stream reaches the pod through the kubelet, not the pod network).
+
+    Args:
+        namespace: namespace of the trial pods.
+        selector_labels: ``podSelector.matchLabels``; default :data:`EGRESS_DENY_SELECTOR`.
+
+    Raises:
+        InputError: an empty selector (it would cut every pod of the namespace, the worker's too) or
+            an invalid label key/value or namespace.
+    """
+    selector = dict(EGRESS_DENY_SELECTOR if selector_labels is None else selector_labels)
+    if not selector:
+        raise errors.InputError("selector_labels must not be empty: an empty podSelector selects every pod")
+    for key, value in selector.items():
+        if not is_label_key(key) or not is_label_value(value):
+            raise errors.InputError(f"selector label {key!r}={value!r} is not a valid Kubernetes label")
+    if not _DNS_LABEL_RE.match(namespace or ""):
+        raise errors.InputError(f"namespace {namespace!r} is not a DNS label")
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": NETWORK_POLICY_NAME, "namespace": namespace, "labels": {MANAGED_BY_LABEL: "forgeflow"}},
+        "spec": {"podSelector": {"matchLabels": selector}, "policyTypes": ["Egress"], "egress": []},
+    }
+
+
+# --- pod status -> exception ---------------------------------------------------------------------
+IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"})
+
+
+CONTAINER_BROKEN_REASONS = frozenset(
+    {"CreateContainerConfigError", "CreateContainerError", "RunContainerError", "CrashLoopBackOff",
+     "PreCreateHookError", "PostStartHookError", "ContainerCannotRun"}
+)
+
+
+_REGISTRY_UNREACHABLE = re.compile(
+    r"connection refused|i/o timeout|no such host|dial tcp|TLS handshake timeout|"
+    r"503 Service Unavailable|502 Bad Gateway|429 Too Many Requests|toomanyrequests",
+    re.IGNORECASE,
+)
+
+
+def _status_of(pod_status: dict) -> dict:
+    if not isinstance(pod_status, dict):
+        raise errors.InputError(f"pod_status must be a dict (a Pod or its .status), got {type(pod_status).__name__}")
+    status = pod_status.get("status")
+    return status if isinstance(status, dict) else pod_status
+
+
+def pod_status_to_exception(pod_status: dict) -> errors.InfraError | None:
+    """Read a pod's status (camelCase, as the API or ``kubectl get pod -o json`` gives it) as an exception.
+
+    Args:
+        pod_status: a whole Pod dict or only its ``status``.
+
+    Returns:
+        ``VerifierTimeoutError`` (``reason: DeadlineExceeded``, the pod outlived
+        ``activeDeadlineSeconds``); ``SandboxError`` (``reason: Evicted``: node pressure or the
+        ephemeral-storage limit); ``SandboxOOMError`` (a container terminated ``OOMKilled``, now or as
+        its last state); ``RegistryUnavailableError`` (an image pull failing because the registry is
+        unreachable or throttling: transient); ``ImageNotFoundError`` (``ErrImagePull``,
+        ``ImagePullBackOff``, ``InvalidImageName``); ``SandboxError`` (``CreateContainerConfigError``
+        and the other container-creation failures, a pod ``Failed``, or a ``Succeeded`` pod: its
+        ``sleep infinity`` ended); None while the pod is Pending without such a reason (scheduling,
+        pulling) or Running. The message carries the kubelet's reason and message.
+
+    Raises:
+        InputError: ``pod_status`` is not a dict.
+    """
+    status = _status_of(pod_status)
+    phase = status.get("phase")
+    reason = status.get("reason") or ""
+    message = status.get("message") or ""
+    if reason == "DeadlineExceeded":
+        return errors.VerifierTimeoutError(f"pod exceeded its active deadline (DeadlineExceeded): {message}")
+    if reason == "Evicted":
+        return errors.SandboxError(f"pod was evicted: {message}")
+    containers = [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
+    for cs in containers:
+        for state_key in ("state", "lastState"):
+            terminated = (cs.get(state_key) or {}).get("terminated") or {}
+            if terminated.get("reason") == "OOMKilled":
+                return errors.SandboxOOMError(
+                    f"container {cs.get('name')!r} was OOMKilled (exit {terminated.get('exitCode')})"
+                )
+    for cs in containers:
+        waiting = (cs.get("state") or {}).get("waiting") or {}
+        w_reason, w_message = waiting.get("reason") or "", waiting.get("message") or ""
+        if w_reason in IMAGE_PULL_REASONS:
+            if _REGISTRY_UNREACHABLE.search(w_message):
+                return errors.RegistryUnavailableError(f"{w_reason} for {cs.get('image')!r}: {w_message}")
+            return errors.ImageNotFoundError(f"{w_reason} for {cs.get('image')!r}: {w_message}")
+        if w_reason in CONTAINER_BROKEN_REASONS:
+            return errors.SandboxError(f"container {cs.get('name')!r} cannot run ({w_reason}): {w_message}")
+    if phase == "Failed":
+        return errors.SandboxError(f"pod failed ({reason or 'no reason'}): {message}")
+    if phase == "Succeeded":
+        return errors.SandboxError("pod succeeded: its sleep infinity ended, the sandbox is gone")
+    return None
+
+
+def _pod_ready(status: dict) -> bool:
+    if status.get("phase") != "Running":
+        return False
+    return any(
+        cs.get("name") == CONTAINER_NAME and cs.get("ready") for cs in status.get("containerStatuses") or []
+    )
+
+
+_PRIMITIVES = {"str": str, "int": int, "float": (int, float), "bool": bool}
+
+
+def _unknown_fields(data: Any, type_name: str, path: str, allowed: frozenset[str]) -> list[str]:
+    """Paths in ``data`` that the model ``type_name`` does not declare, or of the wrong JSON type.
+
+    ``type_name`` is an ``openapi_types`` string of the client's models: ``List[X]``, ``Dict[str, X]``,
+    ``Optional[X]`` (client >= 35, pydantic models) or ``list[X]``/``dict(str, X)`` (older clients),
+    a primitive, ``object``/``datetime`` (not checked) or a model class name.
+    """
+    import kubernetes.client.models as models
+
+    if data is None or path in allowed:
+        return []
+    for prefix in ("Optional[",):
+        if type_name.startswith(prefix):
+            return _unknown_fields(data, type_name[len(prefix):-1], path, allowed)
+    if type_name.startswith(("List[", "list[")):
+        if not isinstance(data, list):
+            return [f"{path}: expected a list, got {type(data).__name__}"]
+        inner = type_name[5:-1]
+        return [p for i, item in enumerate(data) for p in _unknown_fields(item, inner, f"{path}[{i}]", allowed)]
+    if type_name.startswith(("Dict[", "dict(")):
+        if not isinstance(data, dict):
+            return [f"{path}: expected a mapping, got {type(data).__name__}"]
+        inner = type_name[5:-1].split(", ", 1)[1]
+        return [p for k, v in data.items() for p in _unknown_fields(v, inner, f"{path}.{k}", allowed)]
+    if type_name in _PRIMITIVES:
+        expected = _PRIMITIVES[type_name]
+        if not isinstance(data, expected) or (type_name != "bool" and isinstance(data, bool)):
+            return [f"{path}: expected {type_name}, got {type(data).__name__}"]
+        return []
+    klass = getattr(models, type_name, None)
+    if klass is None or not hasattr(klass, "attribute_map"):  # object, datetime, bytes: not checked
+        return []
+    if not isinstance(data, dict):
+        return [f"{path}: expected an object ({type_name}), got {type(data).__name__}"]
+    by_json_key = {json_key: attr for attr, json_key in klass.attribute_map.items()}
+    out: list[str] = []
+    for key, value in data.items():
+        sub = f"{path}.{key}" if path else key
+        if key not in by_json_key:
+            if sub not in allowed:
+                out.append(f"{sub}: unknown field of {type_name}")
+            continue
+        out.extend(_unknown_fields(value, klass.openapi_types[by_json_key[key]], sub, allowed))
+    return out
+
+
+def validate_manifest(manifest: dict, allowed_extra_paths: frozenset[str] = frozenset()) -> Any:
+    """Deserialize ``manifest`` into the ``kubernetes`` client's model of its kind and check it.
+
+    Three checks: the (apiVersion, kind) pair is one forgeflow ships; every key is a field the
+    model declares, with the right JSON type (a typo such as ``automountServiceAcountToken`` would
+    be silently dropped by the API server's lenient clients); the model's required fields are set
+    (its constructors raise on a missing one, e.g. a container without ``name``).
+
+    Args:
+        manifest: a manifest dict in camelCase.
+        allowed_extra_paths: dotted paths tolerated although the model lacks them (Prefect's
+            kubernetes worker insists on ``spec.template.spec.parallelism``/``completions``).
+
+    Returns:
+        The model instance (e.g. ``kubernetes.client.V1Pod``).
+
+    Raises:
+        InputError: unknown kind, unknown fields, wrong types or missing required fields, all listed.
+    """
+    from kubernetes.client import ApiClient
+
+    if not isinstance(manifest, dict):
+        raise errors.InputError(f"a manifest must be a mapping, got {type(manifest).__name__}")
+    key = (manifest.get("apiVersion"), manifest.get("kind"))
+    model = MODEL_OF_KIND.get(key)  # type: ignore[arg-type]
+    if model is None:
+        raise errors.InputError(f"manifest kind {key!r} is not one of {sorted(MODEL_OF_KIND)}")
+    problems = _unknown_fields(manifest, model, "", allowed_extra_paths)
+    if problems:
+        raise errors.InputError(f"{key[1]} manifest is invalid: " + "; ".join(problems))
+    try:
+        return ApiClient()._ApiClient__deserialize(manifest, model)
+    except (ValueError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
+        raise errors.InputError(f"{key[1]} manifest is invalid: {exc}") from exc
+
+
+# --- manifest validation with the official client's models ---------------------------------------
+MODEL_OF_KIND: dict[tuple[str, str], str] = {
+    ("v1", "Pod"): "V1Pod",
+    ("v1", "ServiceAccount"): "V1ServiceAccount",
+    ("v1", "Namespace"): "V1Namespace",
+    ("batch/v1", "Job"): "V1Job",
+    ("networking.k8s.io/v1", "NetworkPolicy"): "V1NetworkPolicy",
+    ("rbac.authorization.k8s.io/v1", "Role"): "V1Role",
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): "V1RoleBinding",
+}
