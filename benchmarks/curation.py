@@ -1,13 +1,14 @@
 """Curation at scale: batch selection, the freeze check and recording a batch of trials.
 
-Run ``python -m benchmarks.curation [--seed N] [--repeats N] [--flow-per-project N] [--skip-flow]``. It prints one human line per
-figure (the median wall time of ``--repeats`` runs and its ratio to the target of issue 3) and,
+Run ``python -m benchmarks.curation [--seed N] [--repeats N] [--flow-per-project N] [--skip-flow]``. It prints one human
+line per
+figure (the median wall time of ``--repeats`` runs and its ratio to its target) and,
 as the LAST line, one JSON object::
 
     {"select_batch_50k_s": ..., "freeze_check_3k_s": ..., "record_batch_40_s": ...,
      "flow_vs_loop_ratio": ..., "flow_vs_loop": {...}, ...}
 
-Targets (issue 3): selecting one batch of 40 from 50,000 candidates over 120 repositories
+Targets: selecting one batch of 40 from 50,000 candidates over 120 repositories
 < 0.5 s; the freeze check on 3,000 accepted tasks over 120 repositories with the default quotas
 (train 350, validation 75, test 75, at least 70 repositories, at most 20 per repository) < 1 s;
 recording a 40-trial batch in a SQLite store < 0.2 s. A ratio <= 1.0 meets the target.
@@ -54,7 +55,7 @@ REPOS = 120
 ACCEPTED = 3_000
 BATCH_SIZE = 40
 DEFAULT_QUOTAS = SplitQuotas(train=350, validation=75, test=75, max_per_repo=20, min_repos=70)
-"""The default freeze quotas of issue 3."""
+"""The default freeze quotas of the ``curate`` flow."""
 
 TARGETS_S = {"select_batch_50k_s": 0.5, "freeze_check_3k_s": 1.0, "record_batch_40_s": 0.2}
 

@@ -153,7 +153,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     gguf = find_gguf(args.gguf)
     if gguf is None:
         summary["server_skipped"] = summary["direct_skipped"] = (
-            "no GGUF: pass --gguf, set FORGEFLOW_GPU_GGUF, or run benchmarks/gpu_check.sh --prepare --with-gguf where the "
+            "no GGUF: pass --gguf, set FORGEFLOW_GPU_GGUF, or run benchmarks/gpu_check.sh --prepare --with-gguf "
+            "where the "
             "tiny model's GGUF is cached and carry build/gpu-check/")
         print(summary["server_skipped"], flush=True)
         print(json.dumps(summary), flush=True)

@@ -6,7 +6,7 @@ end, prints one human line per figure and, as the last line, one JSON object::
 
     {"plan_50k_s": ..., "copy_overhead_ratio": ..., "prewarm_parallel_speedup": ..., ...}
 
-Figures (targets from issue 4):
+Figures (and their targets):
 
 * ``plan_50k_s``: :meth:`forgeflow.registry.layout.ShardLayout.plan` + ``check`` for 50,000 tasks on 500
   bases over 80 shards (5 lanes), wall seconds, the fastest of 3 runs (target < 1 s); beside it

@@ -38,7 +38,7 @@ console = Console()
 
 def prefect_env(home: Path) -> dict[str, str]:
     """Prefect settings for a forgeflow home: its own PREFECT_HOME (the UI reads the same
-    database), analytics off, a generous ephemeral-server startup timeout (FACTS.md: 27-39 s on
+    database), analytics off, a generous ephemeral-server startup timeout (27-39 s on
     two busy cores). Values the user already set win."""
     defaults = {
         "PREFECT_HOME": str(home / "prefect"),
@@ -154,7 +154,8 @@ def ui(port: int = typer.Option(4200, help="UI/API port on 127.0.0.1")) -> None:
 
 
 @freeze_app.command("verify")
-def freeze_verify(name: str, freezes_dir: Optional[Path] = typer.Option(None, help="default $FORGEFLOW_HOME/demo/freezes")) -> None:
+def freeze_verify(name: str, freezes_dir: Optional[Path] = typer.Option(
+        None, help="default $FORGEFLOW_HOME/demo/freezes")) -> None:
     """Recompute a freeze's semantic and file digests and compare them with the ones the store recorded."""
     home = _prepare_env(create=False)
     from forgeflow.common.errors import ForgeflowError  # noqa: PLC0415
@@ -339,7 +340,8 @@ def status(as_json: bool = typer.Option(False, "--json", help="print one JSON ob
     svc = service.read_state(home)
     freeze = _latest_freeze(store, summary)
     out = {
-        "schema_version": STATUS_SCHEMA_VERSION, "home": str(home), "store": store.display_url, "counts": store.counts(),
+        "schema_version": STATUS_SCHEMA_VERSION, "home": str(home), "store": store.display_url,
+        "counts": store.counts(),
         "last_lifecycle": None if summary is None else {
             "prefect_flow_run_id": summary.get("prefect_flow_run_id"), "total_wall_s": summary.get("total_wall_s"),
             "stages": {k: v["status"] for k, v in summary["stages"].items()}},

@@ -2,7 +2,8 @@
 
 ``up`` starts ``prefect server start`` on 127.0.0.1 as a background process in its own session
 (its database: SQLite under PREFECT_HOME by default, or PostgreSQL given ``database_url``, passed to
-the server as ``PREFECT_SERVER_DATABASE_CONNECTION_URL`` with the ``asyncpg`` driver), waits for ``GET /api/health``, creates the ``local`` process work pool,
+the server as ``PREFECT_SERVER_DATABASE_CONNECTION_URL`` with the ``asyncpg`` driver), waits for ``GET /api/health``,
+creates the ``local`` process work pool,
 registers every deployment of ``prefect.yaml`` (through ``deployments/register.py``), creates the
 automations (``deployments/automations.py``) and starts a process worker. PIDs, argv and logs go to
 ``$FORGEFLOW_HOME/service/``; a second ``up`` reuses the processes that are still alive. ``down``
@@ -378,7 +379,7 @@ def up(home: Path, port: int = 4200, pool: str = "local", notify_url: str | None
         pool: the process work pool's name (``prefect.yaml`` targets ``local``).
         notify_url: webhook URL for the failed-flow-run notification (None: no such automation).
         startup_timeout_s: how long to wait for ``/api/health`` (a fresh SQLite database needs
-            migrations: 30-60 s on two busy cores, FACTS.md).
+            migrations: 30-60 s on two busy cores).
         database_url: the Prefect server's database: None for SQLite under PREFECT_HOME, or a
             PostgreSQL URL (``postgresql://USER[:PASSWORD]@HOST:PORT/DB``; the database must exist,
             Prefect migrates it on start), rewritten by ``prefect_database_url``. A running server

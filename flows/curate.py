@@ -4,7 +4,8 @@
 :func:`forgeflow.curation.candidates.load_candidates`) or, by default, the file the lifecycle's
 generate/prewarm stages wrote (``generated_path``, default
 ``$FORGEFLOW_HOME/demo/candidates.jsonl``, :mod:`forgeflow.curation.generated`). Before every batch the
-freeze check (:func:`forgeflow.curation.freeze.freeze_ready`, the very selection the freeze uses) runs on the store's accepted tasks. Ready: emit the Prefect event
+freeze check (:func:`forgeflow.curation.freeze.freeze_ready`, the very selection the freeze uses) runs on the store's
+accepted tasks. Ready: emit the Prefect event
 ``forgeflow.dataset.freeze-ready`` and stop. Not ready: pick one batch with
 :func:`forgeflow.curation.selection.select_batch`, run NOP/Oracle at most ``concurrency`` at a time (an
 attempt that ends in an infrastructure error is tried again, up to ``max_retries`` times), and
@@ -168,7 +169,8 @@ def curate(candidates_path: Path | None = None, quotas: SplitQuotas = DEFAULT_QU
     refs = to_candidate_refs(rows, available)
     known = {t.instance_id for t in store.tasks()}
     new_rows = [TaskRecord(instance_id=r.instance_id, repo=r.repo, patch_sha256=sha256_bytes(r.patch.encode()),
-                           image_ref=r.image, status="candidate", run_id=run_id) for r in rows if r.instance_id not in known]
+                           image_ref=r.image, status="candidate", run_id=run_id)
+                 for r in rows if r.instance_id not in known]
     if new_rows:
         store.record_batch_results(BatchRecord(batch_id=f"load-{sha256_json(sorted(by_id))[:16]}", kind="load",
                                                instance_ids=[t.instance_id for t in new_rows], concurrency=1,
@@ -182,10 +184,11 @@ def curate(candidates_path: Path | None = None, quotas: SplitQuotas = DEFAULT_QU
         accepted = [AcceptedTask(instance_id=t.instance_id, repo=t.repo) for t in store.accepted_tasks()]
         selection = freeze_ready(accepted, quotas, seed)
         if selection.ready:
-            resource_id = (f"forgeflow.ledger.store.{sha256_bytes(store.url.encode())[:12]}"
+            resource_id = (f"forgeflow.store.{sha256_bytes(store.url.encode())[:12]}"
                            f".quotas.{sha256_json(quotas.model_dump())[:12]}")
             event = emit_event(FREEZE_READY_EVENT,
-                               resource={"prefect.resource.id": resource_id, "prefect.resource.name": "curated dataset"},
+                               resource={"prefect.resource.id": resource_id,
+                                         "prefect.resource.name": "curated dataset"},
                                payload={"store_url": store.display_url, "quotas": quotas.model_dump(), "seed": seed,
                                         "counts": selection.counts, "accepted": len(accepted), "batches": batches})
             logger.info("FREEZE READY: %s over %d repos after %d batch(es); event %s on %s",
@@ -262,7 +265,8 @@ def _run_batch(store: Store, batch_id: str, ids: list[str], by_id: dict[str, Can
                     continue
                 final[iid] = ("error", f"{failed.exception_type}: {failed.exception_message}"[:2000], None)
             else:
-                final[iid] = ("accepted" if outcome.report.accepted else "rejected", outcome.report.reason, outcome.report)
+                verdict = "accepted" if outcome.report.accepted else "rejected"
+                final[iid] = (verdict, outcome.report.reason, outcome.report)
         finished += 1
         update_progress_artifact(progress, progress=100.0 * finished / len(ids))
     tasks = []
@@ -310,7 +314,8 @@ def recover(reason: str, batch_ids: list[str] | None = None, trial_ids: list[str
         request = RecoveryRequest(batch_ids=batch_ids or [], trial_ids=trial_ids or [], exception_type=exception_type,
                                   since=since, until=until, reason=reason, include_rejections=include_rejections)
     except ValidationError as exc:
-        raise InputError("recover: " + "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())) from None
+        problems = "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
+        raise InputError(f"recover: {problems}") from None
     store = Store()
     store.upgrade()
     plan = plan_recovery(store, request)

@@ -1,4 +1,4 @@
-"""The ``lifecycle`` flow: every stage of DESIGN.md, end to end, on the embedded default.
+"""The ``lifecycle`` flow: every stage of the lifecycle (docs/architecture.md), end to end, on the embedded default.
 
 environments -> migrate -> generate -> prewarm (+ task images) -> validate (NOP/Oracle) -> freeze
 -> base model (+ GGUF) -> serve -> canary (baseline) -> burst -> package -> serve stage
@@ -125,7 +125,8 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
             digest = log.call(registry_tasks.push_local_image, local_name, local_id, source_ref, registry_ids["source"])
             envs[name] = {"project": project, "local": local_name, "checkout": Path(checkout),
                           "source_ref": source_ref, "source_digest": digest}
-            store.record_image(records.ImageRecord(ref=source_ref, digest=digest, role="source", project=name, run_id=run_id))
+            store.record_image(records.ImageRecord(ref=source_ref, digest=digest, role="source", project=name,
+                                                   run_id=run_id))
         st["counts"] = {"projects": len(envs)}
         st["digests"] = {"base_image_id": base.image_id, **{n: e["source_digest"] for n, e in envs.items()}}
 
@@ -163,7 +164,9 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
                              config.candidates_per_project, config.seed)
             candidates.extend((c, name) for c in found)
             for c in found:
-                store.record_task(records.TaskRecord(instance_id=c.instance_id, repo=name, patch_sha256=sha256_bytes(c.patch.encode()), status="candidate", run_id=run_id))
+                store.record_task(records.TaskRecord(instance_id=c.instance_id, repo=name,
+                                                     patch_sha256=sha256_bytes(c.patch.encode()), status="candidate",
+                                                     run_id=run_id))
         st["counts"] = {"candidates": len(candidates)}
 
     # 4. prewarm: shard layout plan (tag cap), basecache tags, then task images into their shards
@@ -194,7 +197,8 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
                                     registry_digest=t["digest"], test_command=envs[t["repo"]]["project"].test_command)
             for t in tasks_info.values()]))}  # what `curate` and the canary read; earlier runs' rows are kept
         table_artifact("prewarm-plan", [
-            {"repository": r, "projected_tags": n, "cap": config.tag_cap} for r, n in sorted(plan.projected_tag_counts.items())
+            {"repository": r, "projected_tags": n, "cap": config.tag_cap}
+            for r, n in sorted(plan.projected_tag_counts.items())
         ], "Projected tags per shard repository (task tags + basecache tags)")
         st["counts"] = {"repositories": len(plan.projected_tag_counts), "basecache_tags": len(basecache),
                         "task_images": len(tasks_info), "base_layers_reused": reused_layers}
@@ -268,11 +272,13 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
     # 7. base model: tiny Qwen2 with the real Qwen2 tokenizer, packaged as GGUF
     with log.stage("base_model") as st:
         base_model, tokenizer_check = log.call(packaging_tasks.base_model, out_dir / "models" / "base", config.seed)
-        base_gguf = log.call(packaging_tasks.package, base_model.path, base_model.sha256, out_dir / "models" / "base-gguf",
+        base_gguf_dir = out_dir / "models" / "base-gguf"
+        base_gguf = log.call(packaging_tasks.package, base_model.path, base_model.sha256, base_gguf_dir,
                              (config.serve_quantization,))
         served_base = base_gguf[config.serve_quantization]
-        store.record_model_artifact(records.ModelArtifactRecord(sha256=base_model.sha256, kind="base", path=str(base_model.path), run_id=run_id))
-        packaging_tasks.record_package(store, base_gguf, base_model.sha256, out_dir / "models" / "base-gguf", None, run_id)
+        store.record_model_artifact(records.ModelArtifactRecord(sha256=base_model.sha256, kind="base",
+                                                                path=str(base_model.path), run_id=run_id))
+        packaging_tasks.record_package(store, base_gguf, base_model.sha256, base_gguf_dir, None, run_id)
         st["counts"] = {"parameters": base_model.num_parameters,
                         "tokenizer_vectors_matched": tokenizer_check.matched,
                         "tokenizer_vectors_total": tokenizer_check.total}
@@ -304,7 +310,8 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
         # models/adapter is the burst's working folder, reused by the next burst: the ledger and the
         # package stage use the adapter's content-addressed copy models/adapters/<sha256> instead
         adapter = pin_adapter(adapter, out_dir / "models" / "adapters")
-        store.record_model_artifact(records.ModelArtifactRecord(sha256=adapter.sha256, kind="adapter", path=str(adapter.path),
+        store.record_model_artifact(records.ModelArtifactRecord(
+                                    sha256=adapter.sha256, kind="adapter", path=str(adapter.path),
                                     parent_sha256=base_model.sha256, lineage=adapter.lineage.model_dump(mode="json"),
                                     run_id=run_id))
         st["counts"] = {"samples": len(sft_samples), "steps": adapter.steps}
@@ -336,7 +343,8 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
                                    served_new.sha256, agent_config, out_dir, store, run_id)
         with log.stage("compare") as st:
             repo_of = {i: by_id[i]["repo"] for i in splits["test"]}
-            comparison = log.call(evaluation_tasks.compare_jobs, baseline_trials, candidate_trials, "baseline", "candidate",
+            comparison = log.call(evaluation_tasks.compare_jobs, baseline_trials, candidate_trials, "baseline",
+                                  "candidate",
                               repo_of, config.promotion_max_drop, config.promotion_alpha, config.seed,
                               min_pairs=config.promotion_min_pairs, min_repos=config.promotion_min_repos,
                               max_wall_s_ratio=config.promotion_max_wall_s_ratio,
@@ -366,7 +374,8 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
                 st["counts"] = {"promoted": 0}
                 st["decision"] = f"{decision.verdict}: {decision.reason}"
 
-    emit_event("forgeflow.lifecycle.completed", resource={"prefect.resource.id": f"forgeflow.curation.freeze.{config.freeze_name}"},
+    emit_event("forgeflow.lifecycle.completed",
+               resource={"prefect.resource.id": f"forgeflow.freeze.{config.freeze_name}"},
                payload={"mcnemar_p": paired.mcnemar_p})
     return {
         "images": {"environments": len(envs), "task_images": len(tasks_info)},
@@ -379,7 +388,8 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
         "comparison": paired.model_dump(mode="json"),
         "promotion": decision.model_dump(mode="json"),
         "artifacts": {name: {"path": str(a.path), "sha256": a.sha256} for name, a in
-                      {**{f"base-{q}": a for q, a in base_gguf.items()}, **{f"candidate-{q}": a for q, a in ggufs.items()}}.items()}
+                      {**{f"base-{q}": a for q, a in base_gguf.items()},
+                       **{f"candidate-{q}": a for q, a in ggufs.items()}}.items()}
         | {"adapter": {"path": str(adapter.path), "sha256": adapter.sha256},
            "freeze_manifest": {"path": str(manifest.path), "sha256": manifest.file_sha256},
            "compare_report": {"path": str(report_path), "sha256": sha256_file(report_path)},
@@ -399,7 +409,8 @@ def _canary(log: StageLog, stage: str, config: LifecycleConfig, test_ids: list[s
     job_id = f"{stage}-{model_sha256[:12]}"
     with log.stage(stage) as st:
         tasks = [CanaryTask(instance_id=i, repo=by_id[i]["repo"], image_ref=by_id[i]["image_ref"],
-                            image_digest=by_id[i]["digest"], test_command=envs[by_id[i]["repo"]]["project"].test_command,
+                            image_digest=by_id[i]["digest"],
+                            test_command=envs[by_id[i]["repo"]]["project"].test_command,
                             problem_statement=agent.problem_statement_for(by_id[i]["candidate"].patch,
                                                                           by_id[i]["report"].FAIL_TO_PASS),
                             fail_to_pass=by_id[i]["report"].FAIL_TO_PASS, pass_to_pass=by_id[i]["report"].PASS_TO_PASS)

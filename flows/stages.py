@@ -117,7 +117,8 @@ def package(hf_dir: Path, out_dir: Path, quantizations: tuple[str, ...] = ("Q8_0
         store.record_model_artifact(records.ModelArtifactRecord(sha256=hf_sha, kind="base", path=str(hf_dir),
                                                                run_id=run_id))
     if adapter_dir and not store.producers(adapter_sha):
-        store.record_model_artifact(records.ModelArtifactRecord(sha256=adapter_sha, kind="adapter", path=str(adapter_dir),
+        store.record_model_artifact(records.ModelArtifactRecord(
+                                    sha256=adapter_sha, kind="adapter", path=str(adapter_dir),
                                                                parent_sha256=hf_sha, run_id=run_id))
     model_tasks.record_package(store, artifacts, hf_sha, Path(out_dir), adapter_sha, run_id)
     if publish and target:

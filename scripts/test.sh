@@ -9,6 +9,8 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 export PREFECT_HOME="$tmp/prefect" PREFECT_SERVER_ANALYTICS_ENABLED=false FORGEFLOW_HOME="$tmp/forgeflow"
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=240
+# the house stays tidy: ruff (rules in pyproject.toml) before any test runs
+"${PYTHON:-python3}" -m ruff check .
 "${PYTHON:-python3}" -m pytest -ra "$@"
 # Second pass (the whole-suite run only): the Prefect server of the flow tests' harness and their store on
 # PostgreSQL (a throwaway cluster on 127.0.0.1:5445, tests/flows/conftest.py); the store tests above already

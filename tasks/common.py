@@ -1,7 +1,7 @@
 """Shared pieces of forgeflow's Prefect tasks: cache policy, retry condition, artifacts.
 
 * :data:`RESUMABLE` caches on the task's inputs and source only (not the run id), so a new flow
-  run resumes from results of an earlier one (FACTS.md: the default policy includes RUN_ID).
+  run resumes from results of an earlier one (Prefect's default policy includes RUN_ID).
   Failed states (exceptions) are never cached by Prefect.
 * :func:`retry_on_transient` lets Prefect retry only infrastructure failures marked transient in
   ``forgeflow.common.errors`` (registry 5xx/429, model endpoint resets); auth errors, bad input and

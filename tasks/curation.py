@@ -23,7 +23,8 @@ from tasks.common import RESUMABLE, TRANSIENT_RETRY_DELAYS_S, retry_on_transient
 
 
 @task(cache_policy=RESUMABLE, task_run_name="candidates-{repo}")
-def generate_candidates(repo: str, checkout_dir: Path, source_dir: str, max_candidates: int, seed: int) -> list[bugs.Candidate]:
+def generate_candidates(repo: str, checkout_dir: Path, source_dir: str, max_candidates: int,
+                        seed: int) -> list[bugs.Candidate]:
     """SWE-smith procedural candidates for one project, statically checked (patch applies)."""
     return bugs.generate_candidates(repo, checkout_dir, source_dir, max_candidates, seed)
 

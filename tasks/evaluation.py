@@ -19,7 +19,7 @@ from tasks.common import RESUMABLE, run_logger, task_run_id
 
 class UnscoredTrialError(Exception):
     """Internal: carries an agent trial that ended in an exception out of the cached task as a
-    *failure*, so Prefect never caches it (DESIGN.md: exceptions are never cached)."""
+    *failure*, so Prefect never caches it (exceptions are never cached: docs/architecture.md)."""
 
     def __init__(self, record: trial.TrialResult) -> None:
         super().__init__(f"{record.exception_type}: {record.exception_message}")
@@ -57,7 +57,7 @@ def agent_trial(instance_id: str, image_ref: str, image_digest: str, problem_sta
     agent/sampling config + the task's tests (not the endpoint URL: blue/green alternates ports for
     the same model). Only a trial without an exception is cached; a trial that ended in an exception
     (endpoint down, sandbox broke, agent timeout, dead loop, hang) is returned here but runs again in
-    the next flow run (DESIGN.md: exceptions are never cached). A cache hit ends this task in a
+    the next flow run (exceptions are never cached). A cache hit ends this task in a
     ``Cached`` state too, so stage bookkeeping sees it.
 
     When the supervisor stopped the run (dead loop or hang: ``AgentLoopError`` /

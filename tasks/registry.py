@@ -27,8 +27,9 @@ from forgeflow.common.errors import InputError, is_transient
 from forgeflow.common.fsutil import atomic_write_bytes
 from forgeflow.ledger.store import Store
 from forgeflow.registry import auth as registry_auth
-from forgeflow.registry import coverage, imageref, images, prewarm, projects
+from forgeflow.registry import coverage, imageref, images, projects
 from forgeflow.registry import migration as migrate
+from forgeflow.registry import prewarm as basecache
 from forgeflow.registry.layout import PrewarmPlan, ShardLayout
 from forgeflow.registry.server import RegistryServer
 from forgeflow.registry.skopeo import Skopeo
@@ -77,7 +78,7 @@ def environment_image(project_name: str, base_image_id: str, work_dir: Path) -> 
       retry_condition_fn=retry_on_transient, task_run_name="push-{dest}")
 def push_local_image(local_name: str, local_image_id: str, dest: str, registry_id: str) -> str:
     """Push a local image (containers-storage) to ``dest`` (``host:port/repo:tag``); returns the
-    registry digest (FACTS.md: the push recompresses, the registry digest is the truth).
+    registry digest (the push recompresses layers: the registry digest is the truth).
     ``local_image_id`` and the destination's ``registry_id`` are part of the cache key."""
     return Skopeo().copy(f"containers-storage:{local_name}", f"docker://{dest}", preserve_digests=False)
 
@@ -85,13 +86,13 @@ def push_local_image(local_name: str, local_image_id: str, dest: str, registry_i
 @task(cache_policy=RESUMABLE, retries=TRANSIENT_RETRIES, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S,
       retry_condition_fn=retry_on_transient)
 def prewarm(plan: PrewarmPlan, target_address: str, base_refs: dict[str, str],
-            target_registry_id: str, concurrency: int = 5) -> list[prewarm.BasecacheRecord]:
+            target_registry_id: str, concurrency: int = 5) -> list[basecache.BasecacheRecord]:
     """Check the plan against the tag cap, copy every ``basecache-*`` tag (``concurrency``
     skopeo commands at a time, 1-16) and verify its digest (``target_registry_id`` keys the
     cache: a wiped target is pre-warmed again)."""
     plan.check()
-    records = prewarm.prewarm_basecache(Skopeo(), plan, target_address, base_refs, max_workers=concurrency)
-    prewarm.verify_prewarm(Skopeo(), records, max_workers=concurrency)
+    records = basecache.prewarm_basecache(Skopeo(), plan, target_address, base_refs, max_workers=concurrency)
+    basecache.verify_prewarm(Skopeo(), records, max_workers=concurrency)
     return records
 
 

@@ -37,7 +37,8 @@ def serve_swap(state_path: Path, gguf_path: Path, gguf_sha256: str, ports: tuple
 def record_rollback(result: bluegreen.SwapResult | None, run_id: str | None) -> records.ServingGenerationRecord | None:
     """Record a rolled-back swap in the store (``settings.store_url()``, upgraded first) as a
     ``serving_generations`` row with status ``rolled_back``: the port and GGUF the failed server
-    was started with, numbered above every generation recorded (:meth:`forgeflow.ledger.store.Store.record_rolled_back_swap`).
+    was started with, numbered above every generation recorded
+    (:meth:`forgeflow.ledger.store.Store.record_rolled_back_swap`).
 
     Returns:
         The row, or None when ``result`` does not name the attempted port and GGUF (nothing to key it by).

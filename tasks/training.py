@@ -37,7 +37,8 @@ def sft_burst(base_model_dir: Path, base_sha256: str, samples: list[dict], out_d
     """One LoRA SFT burst (TRL SFTTrainer + peft). ``base_sha256`` keys the cache; ``run_id`` (the
     Prefect run recorded in the lineage) does not, so a later run reuses the adapter."""
     data = burst.build_sft_dataset(samples)
-    return burst.run_sft_burst(base_model_dir, data, out_dir, config, parent_adapter_dir=parent_adapter_dir, run_id=run_id)
+    return burst.run_sft_burst(base_model_dir, data, out_dir, config, parent_adapter_dir=parent_adapter_dir,
+                               run_id=run_id)
 
 
 # log_prints off: HF datasets fingerprints functions with dill (see tasks/packaging.py).
@@ -58,7 +59,8 @@ def rl_burst(base_model_dir: Path, base_sha256: str, tasks: list[dict], out_dir:
     """
     preflight.burst_preflight(base_model_dir, out_dir, config.lora_r, config.lora_target_modules, [prompt_template])
     data = rl.build_rl_dataset(tasks, prompt_template)
-    record = rl.run_rl_burst(base_model_dir, data, out_dir, config, parent_adapter_dir=parent_adapter_dir, run_id=run_id)
+    record = rl.run_rl_burst(base_model_dir, data, out_dir, config, parent_adapter_dir=parent_adapter_dir,
+                             run_id=run_id)
     if not record.weights_changed:
         totals = record.totals()
         get_run_logger().warning(

@@ -2,6 +2,7 @@
 (``settings``), atomic files, digests and locks (``fsutil``), names valid for containers and pods
 (``names``).
 
-May import: the standard library and third-party packages only. The packages of ``forgeflow`` import one way, in this order:
+May import: the standard library and third-party packages only. The packages of ``forgeflow`` import one way, in this
+order:
 common < ledger < registry < sandbox < curation < evaluation < training < packaging < serving.
 """

@@ -197,7 +197,7 @@ class SwapRolledBackError(ServerStartError):
         self.result = result
 
 
-# --- model client (added by the evaluation engineer, issue 5) ------------------------------------
+# --- model client ------------------------------------
 class CircuitOpenError(ModelEndpointError):
     """The model endpoint's circuit breaker is open (or half-open with its one probe in flight):
     the call was refused without being sent. Transient: the breaker closes after a good probe."""
@@ -208,7 +208,7 @@ class ModelRequestError(InfraError):
     malformed request). Not transient: the same request fails the same way."""
 
 
-# --- model store (added by the publish engineer, issue 6) ----------------------------------------
+# --- model store ----------------------------------------
 class ModelStoreError(InfraError):
     """The model store (local folder or HF Hub) refused an operation for good: authentication,
     permission, a bad request. Not transient."""

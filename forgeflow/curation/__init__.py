@@ -2,6 +2,7 @@
 ``generated``), batch selection (``selection``), freezes (``freeze``), derived sets (``derived``)
 and recovery by exact ids (``recovery``).
 
-May import: ``common``, ``ledger``, ``registry``, ``sandbox``. The packages of ``forgeflow`` import one way, in this order:
+May import: ``common``, ``ledger``, ``registry``, ``sandbox``. The packages of ``forgeflow`` import one way, in this
+order:
 common < ledger < registry < sandbox < curation < evaluation < training < packaging < serving.
 """

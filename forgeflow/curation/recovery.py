@@ -279,7 +279,8 @@ def plan_recovery(store: Store, request: RecoveryRequest) -> RecoveryPlan:
             elif trial.reward is None and trial.exception_type is not None:
                 void.append(TrialRecord.model_validate(trial))
             elif rejection and request.include_rejections:
-                unselected = [t for t in _live_validation_trial_ids(session, trial.instance_id) if t not in selected_ids]
+                live = _live_validation_trial_ids(session, trial.instance_id)
+                unselected = [t for t in live if t not in selected_ids]
                 if unselected:
                     kept.append(KeptTrial(trial_id=trial.trial_id, instance_id=trial.instance_id,
                                           why=f"task {trial.instance_id} stays rejected: its live NOP/Oracle trial(s) "

@@ -2,6 +2,7 @@
 its supervision (``supervision``), canary jobs (``canary``), paired comparison (``compare``,
 ``paired_stats``), the promotion gate (``gate``) and Harbor interop (``harbor``).
 
-May import: ``common``, ``ledger``, ``registry``, ``sandbox``, ``curation``. The packages of ``forgeflow`` import one way, in this order:
+May import: ``common``, ``ledger``, ``registry``, ``sandbox``, ``curation``. The packages of ``forgeflow`` import one
+way, in this order:
 common < ledger < registry < sandbox < curation < evaluation < training < packaging < serving.
 """

@@ -7,7 +7,7 @@ One agent trial (Harbor's and SWE-bench's shape):
    :class:`forgeflow.evaluation.model_client.ModelClient` (transient-only retries, a total budget equal to the
    agent's remaining time, a circuit breaker) instead of LiteLLM, and its ``docker`` environment
    driven by podman: the loop and the model calls stay on the host, every command runs in a
-   container of the task image with ``--network none`` and ``cwd /testbed`` (FACTS.md). Prompts
+   container of the task image with ``--network none`` and ``cwd /testbed``. Prompts
    come from mini-swe-agent's own ``swebench_backticks.yaml``. The trajectory JSON is written
    atomically after every step. One ModelClient (hence one circuit breaker) serves one agent run.
 2. **submission** — ``git diff`` of ``/testbed`` against the image's commit, taken from the agent's
@@ -19,7 +19,7 @@ One agent trial (Harbor's and SWE-bench's shape):
    pinned environment and read from the structured report, and the strict resolution rule gives
    reward 1.0 or 0.0.
 
-Outcomes versus breakage (DESIGN.md):
+Outcomes versus breakage (docs/architecture.md, the rules every stage keeps):
 
 * format errors, the step limit, a context overflow or an empty or non-applying patch are the
   model's outcomes: the verifier runs and the reward is 0 or 1;
@@ -28,7 +28,7 @@ Outcomes versus breakage (DESIGN.md):
   with reward None and no verifier run;
 * the agent overrunning ``agent_timeout_s`` is an :class:`~forgeflow.common.errors.AgentTimeoutError`
   recorded with the exception *and* the verifier's reward (Harbor's convention);
-* **supervision** (issue 5, long-horizon runs): after every model answer the calls so far go through
+* **supervision** (long-horizon runs): after every model answer the calls so far go through
   :func:`forgeflow.evaluation.supervision.detect_loop` (``loop_threshold``, default: blocked at the 3rd
   repeat, before it runs); a :class:`~forgeflow.evaluation.supervision.HangWatchdog` thread flags the run
   when no new message or model call happened for ``hang_idle_s`` (default 11 minutes), kills the

@@ -7,7 +7,7 @@ lifecycle runs it twice (baseline and candidate); the standalone ``canary`` flow
 both need that is not Prefect: the concurrency guard, the assembly of :class:`CanaryTask` rows
 from the store + the generated-candidates file, and the markdown job report.
 
-Recovery (issue 14): when the model endpoint failed mid-canary, the trials it broke ended in an
+Recovery: when the model endpoint failed mid-canary, the trials it broke ended in an
 exception (``ModelEndpointError``...). :func:`plan_canary_recovery` reads the job's merged view
 (:func:`forgeflow.evaluation.compare.merged_job`: the original + its recovery jobs so far) and lists the trials
 standing there that ended in an exception; the ``canary-recover`` flow re-runs exactly those tasks
@@ -15,10 +15,10 @@ as a new job of kind :data:`RECOVERY_JOB_KIND` whose ``parent_job_id`` is the or
 recovery job id as the trials' run key, so the new trials have ids of their own and the original's
 rows are never rewritten. The merged view then reads "original job X + N recovery jobs".
 
-Concurrency guard (issue 5): a canary refuses more than :data:`CANARY_PROFILES` allows for its
+Concurrency guard: a canary refuses more than :data:`CANARY_PROFILES` allows for its
 profile: ``default`` 4 trials at once, ``verified`` 10. The limits bound how many sandboxes and
 concurrent model requests one canary puts on a shared endpoint; they are this project's policy
-numbers (issue 5), not measured capacities.
+numbers, not measured capacities.
 """
 
 from __future__ import annotations
@@ -198,7 +198,7 @@ def trial_row(tr: Any, job_id: str | None, model_sha256: str | None, run_id: str
 
 def render_job_report(job: records.JobRecord, report: compare.JobReport, trials: Sequence[Any],
                       extra: Mapping[str, Any] | None = None) -> str:
-    """The markdown job report: the job's identity, the accounting issue 5 asks a report to always
+    """The markdown job report: the job's identity, the accounting a report must always
     show (requested, scored, exceptions by type, reward 1 / reward 0, pass rate over scored trials
     and over all attempts, Wilson 95% interval) and one row per trial.
 

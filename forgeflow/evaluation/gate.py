@@ -1,7 +1,7 @@
 """The promotion gate: may candidate B replace baseline A? promote, hold or reject, and why.
 
-A verdict needs evidence and weighs cost (DESIGN: "a decision needs evidence ... otherwise the
-answer is hold"):
+A verdict needs evidence and weighs cost (docs/architecture.md: "a decision needs evidence ...
+otherwise the answer is hold"):
 
 * **evidence** — at least ``min_pairs`` pairs from at least ``min_repos`` repositories, and a
   paired delta interval (:class:`forgeflow.evaluation.paired_stats.DeltaInterval`: Newcombe's hybrid score

@@ -316,7 +316,8 @@ def render_test_sh(task: HarborTask) -> str:
     )
     return (
         "#!/bin/bash\n"
-        f"# forgeflow verifier for {task.instance_id} (written by forgeflow.evaluation.harbor; Harbor runs it as /tests/test.sh)\n"
+        f"# forgeflow verifier for {task.instance_id} (written by forgeflow.evaluation.harbor;\n"
+        "# Harbor runs it as /tests/test.sh)\n"
         "set -u\n"
         "mkdir -p /logs/verifier\n"
         f"cd {TESTBED} || exit 1\n"
@@ -409,7 +410,8 @@ def render_grader() -> str:
 def _solve_sh(task: HarborTask) -> str:
     return (
         "#!/bin/bash\n"
-        f"# Oracle of {task.instance_id} (written by forgeflow.evaluation.harbor): revert the bug patch the task image holds\n"
+        f"# Oracle of {task.instance_id} (written by forgeflow.evaluation.harbor):\n"
+        "# revert the bug patch the task image holds\n"
         "set -euo pipefail\n"
         f"cd {TESTBED}\n"
         "git apply -R --whitespace=nowarn /solution/bug.patch\n"

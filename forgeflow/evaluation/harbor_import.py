@@ -139,7 +139,8 @@ def _kind(agent_name: str) -> Literal["nop", "oracle", "agent"]:
 
 def _trial_record(result: _TrialResult, path: Path, job_id: str, run_id: str | None) -> TrialRecord:
     if result.step_results:
-        raise errors.InputError(f"trial result {path}: multi-step trials are not supported (forgeflow tasks have one step)")
+        raise errors.InputError(
+            f"trial result {path}: multi-step trials are not supported (forgeflow tasks have one step)")
     kind = _kind(result.agent_info.name)
     rewards = result.verifier_result.rewards if result.verifier_result else None
     reward: float | None = None
@@ -251,7 +252,8 @@ def read_harbor_job(
             )
         if allowed is not None and result.task_name not in allowed:
             raise errors.InputError(
-                f"Harbor trial result {path}: task {result.task_name!r} is not one of the {len(allowed)} given instance ids"
+                f"Harbor trial result {path}: task {result.task_name!r} is not one of the {len(allowed)} given "
+                "instance ids"
             )
         if result.finished_at is None and result.exception_info is None:
             unfinished.append(trial_dir.name)

@@ -98,7 +98,7 @@ def mswea_config(
     """The mini-swe-agent config dict (agent / environment / model sections) for one trial.
 
     Starts from mini-swe-agent's built-in ``config.config_name`` yaml and overrides the budget, the
-    podman environment (FACTS.md: ``executable: podman``, ``cwd: /testbed``,
+    podman environment (``executable: podman``, ``cwd: /testbed``,
     ``run_args: ["--rm", "--network", "none"]``, plus ``--init`` so stopping is immediate and the
     memory/CPU limits) and the model (``model_name`` is the alias sent to the endpoint;
     ``model_kwargs`` holds ``api_base`` and the sampling parameters ModelClient sends; the API key

@@ -78,7 +78,8 @@ class TrialRecord(_Record):
     """A row of ``trials``: ``reward`` is None when the trial ended in an exception.
 
     A *void* trial (``voided_at`` set, with ``void_reason``) is kept for audit but excluded from
-    reads and counts unless asked (see :mod:`forgeflow.curation.recovery`). ``timings`` maps a phase name to seconds (e.g. ``{"agent_s": 12.5, "verifier_s": 3.1}``).
+    reads and counts unless asked (see :mod:`forgeflow.curation.recovery`). ``timings`` maps a phase name to seconds
+    (e.g. ``{"agent_s": 12.5, "verifier_s": 3.1}``).
     ``agent_steps`` / ``input_tokens`` / ``output_tokens``: the agent's model calls and token
     usage (None where not recorded, e.g. nop/oracle trials). ``verifier``: what the verdict rests
     on (:attr:`forgeflow.sandbox.trial.TrialResult.verifier`: report format, exit status, output digests,

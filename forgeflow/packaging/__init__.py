@@ -2,6 +2,7 @@
 check (``gguf``), bounded-memory GGUF edits (``gguf_edit``), the pinned llama.cpp sdist
 (``sdist``), publishing (``publish``, ``release``) and the artifact lineage (``lineage``).
 
-May import: ``common``, ``ledger``, ``registry``, ``sandbox``, ``curation``, ``evaluation``, ``training``. The packages of ``forgeflow`` import one way, in this order:
+May import: ``common``, ``ledger``, ``registry``, ``sandbox``, ``curation``, ``evaluation``, ``training``. The packages
+of ``forgeflow`` import one way, in this order:
 common < ledger < registry < sandbox < curation < evaluation < training < packaging < serving.
 """

@@ -5,7 +5,7 @@ llama-cpp-python sdist (:mod:`forgeflow.packaging.sdist`), turned into a Hugging
 transformers' GGUF loader. The weights are random (seeded), the shape is small enough to train a
 LoRA step in seconds and to quantize cleanly (row sizes are multiples of 256, as k-quants need).
 
-Known difference (measured, see FACTS.md): a tokenizer *reloaded* from ``save_pretrained`` output
+Known difference (measured, see docs/architecture.md): a tokenizer *reloaded* from ``save_pretrained`` output
 gets transformers' Qwen2 NFC normalizer, which llama.cpp lacks, so texts with decomposed accents
 tokenize differently between the two. Real Qwen2 checkpoints share this. :func:`verify_tokenizer`
 counts such texts in :attr:`TokenizerCheck.nfc_failures` rather than hiding them.
@@ -93,7 +93,7 @@ EOS_TOKEN = "<|im_end|>"
 PAD_TOKEN = "<|endoftext|>"
 """Qwen2.5's pad token (id 151643), which is also its ``bos_token_id`` in ``config.json``."""
 BOS_TOKEN_ID = 151643
-"""Upstream Qwen2.5 ``bos_token_id``; without it llama.cpp picks token 11 as bos (FACTS.md)."""
+"""Upstream Qwen2.5 ``bos_token_id``; without it llama.cpp picks token 11 as bos."""
 EOS_TOKEN_ID = 151645
 PAD_TOKEN_ID = 151643
 MODEL_MAX_LENGTH = 131072
@@ -146,7 +146,7 @@ class TokenizerCheck(BaseModel):
 class TinyModelConfig(BaseModel):
     """Shape of the tiny Qwen2 model (defaults quantize cleanly to Q8_0 and Q4_K_M).
 
-    Defaults give 40.5 M parameters, 38.9 M of them the tied embedding (FACTS.md).
+    Defaults give 40.5 M parameters, 38.9 M of them the tied embedding.
     """
 
     model_config = ConfigDict(frozen=True)

@@ -500,7 +500,7 @@ def load_gguf(path: Path, n_ctx: int = 128) -> None:
 
     A smoke test before publishing: a file that llama.cpp cannot load or run is rejected here,
     not by the server at swap time. ``close()`` is called explicitly (with torch in the same
-    process ``Llama.__del__`` can raise at exit; FACTS.md).
+    process ``Llama.__del__`` can raise at exit).
 
     Raises:
         GGUFError: the file does not exist, does not load, or the completion fails (the message

@@ -3,7 +3,7 @@
 Three layers, each built with podman (daemonless, ``env=tool_env()``):
 
 * **base** — a Debian bookworm ``minbase`` rootfs made by ``debootstrap`` with python3, pytest, git
-  and patch (see shared/FACTS.md: 57 s, ~166 MB after cleaning), imported with ``podman import``.
+  and patch (57 s, ~166 MB after cleaning on a 2-core machine), imported with ``podman import``.
   The rootfs tarball is built once per machine and cached in ``cache_dir()/base/``.
 * **env** — base + one project's pristine checkout at ``/testbed`` (a git repo at the ``pristine``
   commit), ``WORKDIR /testbed`` and the project's ``PYTHONPATH``.

@@ -4,7 +4,7 @@ Each project in ``forgeflow/data/projects.json`` is a PyPI sdist pinned by file 
 whose own pytest suite passes offline in the base image (``localhost/forgeflow/base:bookworm``:
 Debian bookworm, python 3.11.2, pytest 7.2.1) with no extra dependency, with the project at
 ``/testbed`` on ``PYTHONPATH``. The pass counts and wall times in the file were measured there
-(``podman run --rm --network none``, 2 busy cores; see shared/FACTS.md for the selection).
+(``podman run --rm --network none``, 2 busy cores).
 
 Typical use::
 

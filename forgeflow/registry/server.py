@@ -1,7 +1,7 @@
 """A local container registry: Debian's ``docker-registry`` (distribution 2.8) on 127.0.0.1.
 
 The Debian package's default config enables htpasswd auth on a wrong path and answers 401/400
-(shared/FACTS.md), so :class:`RegistryServer` writes its own config next to the storage folder:
+(measured with docker-registry 2.8.2), so :class:`RegistryServer` writes its own config next to the storage folder:
 
     <storage_dir.parent>/<name>.config.yml   the config (JSON, which YAML accepts)
     <storage_dir.parent>/<name>.pid          PID of the running server

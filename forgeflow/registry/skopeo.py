@@ -6,7 +6,7 @@ Image references are full skopeo transport references, e.g.
 Digests are the registry's truth: :meth:`Skopeo.inspect_digest` hashes the manifest bytes exactly
 as served (``inspect --raw``), which is what a pull by digest checks. Pushing from
 ``containers-storage`` recompresses layers, so the pushed digest differs from the local image id
-(shared/FACTS.md): callers pass ``preserve_digests=False`` there and record the returned digest.
+(measured with skopeo 1.9): callers pass ``preserve_digests=False`` there and record the returned digest.
 
 skopeo's stderr is mapped to forgeflow errors (:func:`classify_error`):
 
@@ -173,7 +173,7 @@ class Skopeo:
         "context deadline exceeded" message, classified as transient); a skopeo that outlives it
         by :data:`KILL_GRACE_S` more is killed and reported as :class:`RegistryUnavailableError` too.
 
-        Why :func:`subprocess.run` and not the ``sh`` package (used until 2026-11-30, issue 4):
+        Why :func:`subprocess.run` and not the ``sh`` package (used until 2026-11-30):
         ``sh`` starts a command with ``os.fork`` and runs Python in the child before ``exec``, and
         a fork costs more the more memory the calling process holds (measured on 2 cores,
         ``/bin/true``: 3.9 ms from a bare interpreter, 20-27 ms once the flows are imported as in

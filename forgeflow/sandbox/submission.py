@@ -75,6 +75,7 @@ verifier's report plugin)."""
 
 _MODULE_SUFFIXES = (".py", ".pyc", ".pyw", ".so", ".pyd")
 _TEST_FILE = re.compile(r"^(test_.*|.*_test)\.py$")
+_PATH_HEADERS = (("rename from ", "old"), ("copy from ", "old"), ("rename to ", "new"), ("copy to ", "new"))
 _DIFF_HEADER = re.compile(r"^diff --git ", re.MULTILINE)
 _C_ESCAPES = {"n": "\n", "t": "\t", '"': '"', "\\": "\\", "a": "\a", "b": "\b", "f": "\f", "r": "\r", "v": "\v"}
 
@@ -206,7 +207,7 @@ def split_diff(diff: str) -> list[FileDiff]:
         for line in lines:
             if line.startswith("@@"):
                 break
-            for key, setter in (("rename from ", "old"), ("copy from ", "old"), ("rename to ", "new"), ("copy to ", "new")):
+            for key, setter in _PATH_HEADERS:
                 if line.startswith(key):
                     value = _unquote(line[len(key):])
                     if setter == "old":

@@ -113,7 +113,8 @@ def slot_context(n_ctx: int, n_parallel: int = 1, kv_unified: bool = False, *,
         raise errors.InputError(f"kv_unified_per_slot must be >= 0, got {kv_unified_per_slot}")
     pool = _pad(n_ctx)
     if not kv_unified and pool // n_parallel == 0:
-        raise errors.InputError(f"n_ctx {n_ctx} (padded to {pool}) split over {n_parallel} slots leaves 0 tokens per slot")
+        raise errors.InputError(
+            f"n_ctx {n_ctx} (padded to {pool}) split over {n_parallel} slots leaves 0 tokens per slot")
     if kv_unified:
         seq = pool
     else:
@@ -244,7 +245,8 @@ def ensure_llama_server(gpu: bool = False, jobs: int | None = None) -> Path:
         return binary
     for tool in ("cmake", "c++"):
         if shutil.which(tool) is None:
-            raise errors.ToolMissingError(f"building llama-server needs {tool!r} on PATH (Debian: cmake build-essential)")
+            raise errors.ToolMissingError(
+                f"building llama-server needs {tool!r} on PATH (Debian: cmake build-essential)")
     tarball = download_sdist(settings.LLAMA_CPP_PYTHON_VERSION)
     final.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))

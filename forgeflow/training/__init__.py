@@ -2,6 +2,7 @@
 (``rl``), PPO through verl (``verl``), samples and windows from trajectories (``samples``,
 ``windows``).
 
-May import: ``common``, ``ledger``, ``registry``, ``sandbox``, ``curation``, ``evaluation``. The packages of ``forgeflow`` import one way, in this order:
+May import: ``common``, ``ledger``, ``registry``, ``sandbox``, ``curation``, ``evaluation``. The packages of
+``forgeflow`` import one way, in this order:
 common < ledger < registry < sandbox < curation < evaluation < training < packaging < serving.
 """

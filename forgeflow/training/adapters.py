@@ -261,7 +261,8 @@ def publish_adapter(
     """Save the trained adapter into ``tmp`` with its ``lineage.json``, then rename it onto ``out_dir``.
 
     Only called after :func:`enforce_health` passed: an adapter folder exists only with a passing
-    health report. ``tmp`` is a :class:`StagingDir` folder; its owner lock file is removed first. ``extra`` keys (e.g. an RL burst's reward counts) are added to ``lineage.json``.
+    health report. ``tmp`` is a :class:`StagingDir` folder; its owner lock file is removed first. ``extra`` keys (e.g.
+    an RL burst's reward counts) are added to ``lineage.json``.
 
     Returns:
         The :class:`AdapterRecord` of ``out_dir``.

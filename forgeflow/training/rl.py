@@ -17,7 +17,8 @@ and :func:`forgeflow.sandbox.verifier.verify_submission` — the same verifier a
 tampering: reward 0, counted per step), applies it in a fresh container of the pristine task image,
 runs the tests with the pinned environment and reads the structured report, graded with the strict
 resolution rule: reward 1.0 (resolved) or 0.0 (not resolved, patch empty or not applying, a report
-that disagrees with the exit status: the model's outcomes). An infrastructure failure (podman failure, missing image, OOM, verifier
+that disagrees with the exit status: the model's outcomes). An infrastructure failure (podman failure, missing image,
+OOM, verifier
 timeout, unparseable output) gives **None**, never 0: TRL 1.16 turns None into NaN
 (``GRPOTrainer._calculate_rewards``: ``reward if reward is not None else torch.nan``), marks a
 completion whose every reward is NaN as unscorable (``unscorable_mask``), leaves it out of the

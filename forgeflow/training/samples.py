@@ -79,7 +79,8 @@ def oracle_messages(problem_statement: str, fix: str) -> list[dict[str, str]]:
         {"role": "assistant", "content": "THOUGHT: I write the patch file.\n\n"
                                          + fence.format("cd /testbed && git diff -- . ':!patch.txt' > patch.txt")},
         {"role": "user", "content": _observation(templates["observation"], 0, "")},
-        {"role": "assistant", "content": "THOUGHT: The fix is in patch.txt; I submit.\n\n" + fence.format(SUBMIT_COMMAND)},
+        {"role": "assistant",
+         "content": "THOUGHT: The fix is in patch.txt; I submit.\n\n" + fence.format(SUBMIT_COMMAND)},
     ]
 
 

@@ -462,7 +462,8 @@ def submit_ray_job(spec: RayJobSpec, dashboard_url: str, timeout_s: float = 30.0
     if response.status_code >= 500:
         raise errors.TransientInfraError(f"Ray job server {url} answered {response.status_code}: {response.text[:500]}")
     if response.status_code != 200:
-        raise errors.InfraError(f"Ray job server {url} rejected the job ({response.status_code}): {response.text[:500]}")
+        raise errors.InfraError(
+            f"Ray job server {url} rejected the job ({response.status_code}): {response.text[:500]}")
     body = response.json()
     return str(body.get("submission_id") or body.get("job_id") or spec.submission_id)
 

@@ -1,4 +1,6 @@
-"""Harbor environment for forgeflow's tasks on a local, offline podman: ``-e forgeflow_harbor_env:ForgeflowPodmanEnvironment``.
+"""Harbor environment for forgeflow's tasks on a local, offline podman.
+
+Use it with ``-e forgeflow_harbor_env:ForgeflowPodmanEnvironment``.
 
 Loaded by Harbor (0.25, Python >= 3.12, in its own virtualenv; see ``scripts/harbor_venv.sh``)
 from this folder on ``PYTHONPATH``. It imports only harbor and the standard library: forgeflow

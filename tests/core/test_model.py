@@ -121,7 +121,7 @@ def test_tiny_model_same_seed_same_digest(tmp_path: Path) -> None:
     other = build_tiny_model(tmp_path / "c", seed=1)
     assert first.sha256 == second.sha256
     assert other.sha256 != first.sha256
-    assert first.num_parameters == 40_470_784  # FACTS.md: 40.5 M, tied embeddings counted once
+    assert first.num_parameters == 40_470_784  # 40.5 M, tied embeddings counted once (docs/architecture.md)
     config = json.loads((first.path / "config.json").read_text())
     assert (config["bos_token_id"], config["num_hidden_layers"], config["vocab_size"]) == (151643, 2, 151936)
     weights = first.path / "model.safetensors"

@@ -1,4 +1,4 @@
-"""One session-scoped Prefect test harness for every flow test (FACTS.md: 27-39 s to start here).
+"""One session-scoped Prefect test harness for every flow test (27-39 s to start on two busy cores).
 
 ``FORGEFLOW_TEST_PREFECT_DB=postgresql`` (opt-in; scripts/test.sh's second pass sets it) puts the
 harness's Prefect server and the flow tests' store (``flow_store_url``) on a throwaway PostgreSQL

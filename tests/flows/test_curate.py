@@ -89,7 +89,7 @@ def test_curate_runs_until_freeze_ready_then_skips_processed_and_recovers(
             break
         time.sleep(1)
     assert events, "the freeze-ready event was not found through the events API"
-    assert events[0].resource.id.startswith("forgeflow.ledger.store.")
+    assert events[0].resource.id.startswith("forgeflow.store.")
     assert events[0].payload["counts"] == first["counts"]
 
     second = curate(candidates_jsonl, quotas=quotas, batch_size=2, concurrency=2, verifier_timeout_s=120, seed=0)

@@ -11,7 +11,7 @@ the tests (it forwards to the real registry; only the injected 503/429 answers a
 
 from __future__ import annotations
 
-import crypt  # noqa: deprecated in 3.11, still present; bcrypt for htpasswd
+import crypt  # deprecated in 3.11, still present; bcrypt for htpasswd
 import hashlib
 import json
 import os

@@ -1,4 +1,4 @@
-"""The blue/green swap as a Prefect transaction (issue 6): the staged server is a task whose
+"""The blue/green swap as a Prefect transaction: the staged server is a task whose
 ``on_rollback`` hook stops it, so ANY failure after staging (canary, compare, promotion, a crash in
 the flow) leaves the old server serving and no staged process behind; a promotion commits.
 

@@ -135,7 +135,7 @@ def test_runs_from_run_deployment_and_rest_complete_and_freeze_ready_triggers_fr
         async def emit():
             async with get_events_client() as client:
                 await client.emit(Event(event="forgeflow.dataset.freeze-ready",
-                                        resource={"prefect.resource.id": "forgeflow.ledger.store.test"},
+                                        resource={"prefect.resource.id": "forgeflow.store.test"},
                                         payload={"counts": {"train": 2}}))
         asyncio.run(emit())
     for _ in range(30):  # SQLite busy under concurrent writers answers 503: a REST client retries

@@ -65,10 +65,6 @@ RUN git init -q && git add -A \\
 """
 
 
-
-
-
-
 @pytest.fixture(scope="module")
 def task_image(tmp_path_factory: pytest.TempPathFactory) -> str:
     """The bugged calc project at /testbed (a git repo with one commit)."""

@@ -135,7 +135,8 @@ def test_period_2_loop_with_reformatted_json_arguments_is_one_loop(task_image: s
     b_forms = ['{"command": "ls -la", "description": "list"}',
                '{"description": "list", "command": "ls -la"}',
                '{"command":"ls -la","description":"list"}']
-    answer = (lambda i: tool_answer(i, (a_forms if i % 2 == 0 else b_forms)[(i // 2) % 3]))
+    def answer(i: int):  # the scripted endpoint's reply to call i
+        return tool_answer(i, (a_forms if i % 2 == 0 else b_forms)[(i // 2) % 3])
     with scripted_endpoint(answer) as (url, bodies):
         record = _trial(url, tmp_path, action_format="toolcall", config_name="swebench")
     assert record.exception_type == "AgentLoopError", record.exception_message
@@ -157,7 +158,8 @@ def test_loop_threshold_is_a_parameter(task_image: str, tmp_path: Path) -> None:
 
 
 def test_model_server_that_stops_answering_is_a_hang(task_image: str, tmp_path: Path) -> None:
-    answer = (lambda i: text_answer("ls") if i == 0 else None)
+    def answer(i: int):  # the scripted endpoint's reply to call i
+        return text_answer("ls") if i == 0 else None
     started = time.monotonic()
     with scripted_endpoint(answer) as (url, bodies):
         record = _trial(url, tmp_path, hang_idle_s=2.0)
@@ -171,7 +173,8 @@ def test_model_server_that_stops_answering_is_a_hang(task_image: str, tmp_path: 
 
 
 def test_command_stuck_past_the_idle_limit_is_a_hang(task_image: str, tmp_path: Path) -> None:
-    answer = (lambda i: text_answer("sleep 100") if i == 0 else text_answer("ls"))
+    def answer(i: int):  # the scripted endpoint's reply to call i
+        return text_answer("sleep 100") if i == 0 else text_answer("ls")
     started = time.monotonic()
     with scripted_endpoint(answer) as (url, bodies):
         record = _trial(url, tmp_path, hang_idle_s=2.0, command_timeout_s=100)

@@ -7,7 +7,7 @@ loopback reverse proxy in front of the real source registry). The demo uses 5701
 
 from __future__ import annotations
 
-import crypt  # noqa: deprecated in 3.11, still present; bcrypt for the htpasswd test
+import crypt  # deprecated in 3.11, still present; bcrypt for the htpasswd test
 import hashlib
 import io
 import json

@@ -8,7 +8,7 @@ Real docker-registry, skopeo and podman; nothing is mocked.
 from __future__ import annotations
 
 import base64
-import crypt  # noqa: deprecated in 3.11, still present; bcrypt for htpasswd
+import crypt  # deprecated in 3.11, still present; bcrypt for htpasswd
 import io
 import json
 import stat

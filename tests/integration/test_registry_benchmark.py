@@ -2,7 +2,7 @@
 
 Real registries (docker-registry on 127.0.0.1:5740/5741, the latency proxy on 5742) and real
 skopeo; the figures are not asserted against their targets here (a 2-core machine under test load
-says nothing about them), only that every figure issue 4 asks for is measured and sane.
+says nothing about them), only that every figure the benchmark promises is measured and sane.
 """
 
 from __future__ import annotations

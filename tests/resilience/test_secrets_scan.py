@@ -9,7 +9,7 @@ is scanned for either token, raw and as the base64 ``user:token`` of an auth fil
 from __future__ import annotations
 
 import base64
-import crypt  # noqa: deprecated in 3.11, still present; bcrypt for htpasswd
+import crypt  # deprecated in 3.11, still present; bcrypt for htpasswd
 import json
 import logging
 import os
