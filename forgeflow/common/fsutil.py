@@ -8,11 +8,14 @@ file, never a torn one.
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -235,3 +238,64 @@ def read_jsonl_objects(path: str | os.PathLike[str], what: str) -> Iterator[tupl
         if not isinstance(row, dict):
             raise InputError(f"{source}:{number} is not a JSON object")
         yield number, row
+
+
+@contextmanager
+def file_lock(path: str | os.PathLike[str]) -> Iterator[None]:
+    """Hold an exclusive advisory ``flock`` on ``path`` (created if missing) while the block runs.
+
+    Serialises writers across processes (image builds, serving swaps); the kernel releases the lock
+    when its holder dies, so a killed process never leaves it held.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target, "a+") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+@contextmanager
+def atomic_folder(target: str | os.PathLike[str]) -> Iterator[Path]:
+    """Build a folder under a temporary sibling name and rename it onto ``target`` when the block ends.
+
+    Yields the temporary folder (mode 0755); when the block returns, an existing ``target`` is
+    replaced by it and the parent directory fsynced. When the block raises, the temporary folder is
+    removed and ``target`` is untouched, so a reader never sees a half-written folder under its name.
+    """
+    final = Path(target)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
+    os.chmod(tmp, 0o755)
+    try:
+        yield tmp
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        fsync_dir(final.parent)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextmanager
+def atomic_output_file(target: str | os.PathLike[str], mode: int = FILE_MODE) -> Iterator[Path]:
+    """A temporary sibling path for a tool to write ``target`` through (a converter, a quantizer).
+
+    Yields the temporary path (an empty file); when the block returns, the file gets ``mode`` and is
+    renamed onto ``target`` (``os.replace``) and the directory fsynced; when it raises, the file is
+    removed and ``target`` is untouched.
+    """
+    final = Path(target)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        os.chmod(tmp, mode)
+        os.replace(tmp, final)
+        fsync_dir(final.parent)
+    finally:
+        tmp.unlink(missing_ok=True)

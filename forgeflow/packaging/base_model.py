@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 import unicodedata
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow.common import settings
 from forgeflow.common.errors import InputError
-from forgeflow.common.fsutil import atomic_write_json, sha256_tree
+from forgeflow.common.fsutil import atomic_folder, atomic_write_json, sha256_tree
 from forgeflow.packaging.sdist import vocab_gguf_path
 
 QWEN2_5_CHAT_TEMPLATE = """{%- if tools %}
@@ -301,9 +300,8 @@ def ensure_tokenizer() -> Path:
             f"{len(check.failures)}/{check.total} test vectors, first: {check.failures[0]}"
         )
     _configure_qwen25(tokenizer)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
-    os.chmod(tmp, 0o755)
-    try:
+    # a folder another process saved meanwhile holds the same tokenizer: replacing it is harmless
+    with atomic_folder(target) as tmp:
         tokenizer.save_pretrained(str(tmp))
         atomic_write_json(
             tmp / _TOKENIZER_MARKER,
@@ -313,13 +311,6 @@ def ensure_tokenizer() -> Path:
                 "fresh_check": {"matched": check.matched, "total": check.total},
             },
         )
-        try:
-            os.rename(tmp, target)
-        except OSError:
-            if not (target / _TOKENIZER_MARKER).is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 
@@ -406,20 +397,12 @@ def build_tiny_model(
     )
     num_parameters = model.num_parameters()
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
-    os.chmod(tmp, 0o755)
-    try:
+    with atomic_folder(out_dir) as tmp:
         model.save_pretrained(str(tmp))
         for name in os.listdir(tok_dir):
             if name != _TOKENIZER_MARKER:
                 shutil.copy2(tok_dir / name, tmp / name)
         digest = sha256_tree(tmp)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.rename(tmp, out_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     record = ModelRecord(
         path=out_dir, sha256=digest, num_parameters=num_parameters, seed=seed, config=cfg
     )

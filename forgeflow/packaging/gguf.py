@@ -21,10 +21,8 @@ import importlib.util
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +30,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow.common.errors import GGUFError, InfraError, InputError, ToolMissingError
 from forgeflow.common.fsutil import (
+    atomic_folder,
+    atomic_output_file,
     disk_full_error,
     looks_full,
     raise_if_disk_full,
@@ -129,17 +129,9 @@ def merge_adapter(base_model_dir: Path, adapter_dir: Path, out_dir: Path) -> Pat
     merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
     tokenizer = AutoTokenizer.from_pretrained(str(base_model_dir))
     out_dir = out_dir.resolve()
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
-    os.chmod(tmp, 0o755)
-    try:
+    with atomic_folder(out_dir) as tmp:
         merged.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.rename(tmp, out_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
 
 
@@ -176,40 +168,24 @@ def convert_to_gguf(hf_dir: Path, out_path: Path, outtype: str = "f16") -> GGUFA
             "(llama.cpp requirements/requirements-convert_legacy_llama.txt)"
         )
     script = convert_script_path()
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=out_path.parent, prefix=f".{out_path.name}.", suffix=".tmp")
-    os.close(fd)
-    tmp = Path(tmp_name)
     env = dict(os.environ)
     env.pop("NO_LOCAL_GGUF", None)
-    cmd = [
-        sys.executable, str(script), str(hf_dir), "--outfile", str(tmp), "--outtype", outtype,
-    ]
     try:
-        try:
-            proc = subprocess.run(
-                cmd, capture_output=True, text=True, env=env, timeout=_CONVERT_TIMEOUT_S,
-                check=False, cwd=str(script.parent),
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise InfraError(
-                f"convert_hf_to_gguf.py on {hf_dir} exceeded {_CONVERT_TIMEOUT_S} s"
-            ) from exc
-        if proc.returncode != 0 or tmp.stat().st_size == 0:
-            log = (proc.stdout + proc.stderr).strip()
-            if any(sign in log for sign in _DISK_FULL_SIGNS) or looks_full(out_path.parent):
-                raise disk_full_error(out_path, f"converting {hf_dir} to", log[-500:])
-            raise GGUFError(
-                f"convert_hf_to_gguf.py failed on {hf_dir} (exit {proc.returncode}): "
-                f"{(proc.stdout + proc.stderr).strip()[-3000:]}"
-            )
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, out_path)
+        with atomic_output_file(out_path) as tmp:
+            cmd = [sys.executable, str(script), str(hf_dir), "--outfile", str(tmp), "--outtype", outtype]
+            try:
+                proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=_CONVERT_TIMEOUT_S,
+                                      check=False, cwd=str(script.parent))
+            except subprocess.TimeoutExpired as exc:
+                raise InfraError(f"convert_hf_to_gguf.py on {hf_dir} exceeded {_CONVERT_TIMEOUT_S} s") from exc
+            if proc.returncode != 0 or tmp.stat().st_size == 0:
+                log = (proc.stdout + proc.stderr).strip()
+                if any(sign in log for sign in _DISK_FULL_SIGNS) or looks_full(out_path.parent):
+                    raise disk_full_error(out_path, f"converting {hf_dir} to", log[-500:])
+                raise GGUFError(f"convert_hf_to_gguf.py failed on {hf_dir} (exit {proc.returncode}): {log[-3000:]}")
     except OSError as exc:
         raise_if_disk_full(exc, out_path, f"converting {hf_dir} to")
         raise
-    finally:
-        tmp.unlink(missing_ok=True)
     return _artifact(out_path, CONVERT_OUTTYPES[outtype])
 
 
@@ -311,28 +287,19 @@ def quantize(
             entry(None, 0),  # terminator: llama.cpp stops at the first null pattern
         )
         params.tt_overrides = ctypes.cast(keep_alive, ctypes.POINTER(entry))
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp")
-    os.close(fd)
-    tmp = Path(tmp_name)
     try:
-        rc = llama_cpp.llama_model_quantize(
-            str(src).encode(), str(tmp).encode(), ctypes.byref(params)
-        )
-        if rc != 0 or tmp.stat().st_size == 0:
-            if looks_full(dst.parent):  # llama.cpp reports a failed write only on stderr
-                raise disk_full_error(dst, f"quantizing {src} to {qtype} as", f"llama_model_quantize returned {rc}")
-            raise GGUFError(f"llama_model_quantize({src} -> {qtype}) returned {rc}")
-        if overrides:
-            _check_overrides(tmp, dst, tensor_types or {})
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, dst)
+        with atomic_output_file(dst) as tmp:
+            rc = llama_cpp.llama_model_quantize(str(src).encode(), str(tmp).encode(), ctypes.byref(params))
+            if rc != 0 or tmp.stat().st_size == 0:
+                if looks_full(dst.parent):  # llama.cpp reports a failed write only on stderr
+                    raise disk_full_error(dst, f"quantizing {src} to {qtype} as",
+                                          f"llama_model_quantize returned {rc}")
+                raise GGUFError(f"llama_model_quantize({src} -> {qtype}) returned {rc}")
+            if overrides:
+                _check_overrides(tmp, dst, tensor_types or {})
     except OSError as exc:
         raise_if_disk_full(exc, dst, f"quantizing {src} to {qtype} as")
         raise
-    finally:
-        del keep_alive
-        tmp.unlink(missing_ok=True)
     if not overrides:
         return _artifact(dst, qtype)
     return GGUFArtifact(

@@ -18,15 +18,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 import tarfile
 import tempfile
 from pathlib import Path
 
 from forgeflow.common import settings
-from forgeflow.common.errors import InfraError, TransientInfraError
+from forgeflow.common.errors import InfraError, InputError
 from forgeflow.common.fsutil import atomic_write_json, sha256_file
+from forgeflow.common.sdists import pip_download_sdist
 
 _VENDOR = "vendor/llama.cpp"
 _MEMBER_FILES = (
@@ -37,7 +36,6 @@ _MEMBER_FILES = (
 )
 _MEMBER_DIRS = (f"{_VENDOR}/conversion/", f"{_VENDOR}/gguf-py/")
 _COMPLETE_MARKER = "forgeflow-sdist.json"
-_PIP_TIMEOUT_S = 600
 
 
 class SdistError(InfraError):
@@ -62,28 +60,10 @@ def download_sdist(version: str) -> Path:
     if (dest / name).is_file():
         return dest / name
     with tempfile.TemporaryDirectory(dir=dest, prefix=".pip-download-") as tmp:
-        cmd = [
-            sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-            "--disable-pip-version-check", "-d", tmp, f"llama-cpp-python=={version}",
-        ]
         try:
-            proc = subprocess.run(
-                cmd, capture_output=True, text=True, timeout=_PIP_TIMEOUT_S, check=False
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise TransientInfraError(
-                f"pip download of llama-cpp-python=={version} exceeded {_PIP_TIMEOUT_S} s"
-            ) from exc
-        if proc.returncode != 0:
-            raise TransientInfraError(
-                f"pip download of llama-cpp-python=={version} failed (exit {proc.returncode}): "
-                f"{proc.stderr.strip()[-2000:]}"
-            )
-        got = Path(tmp) / name
-        if not got.is_file():
-            raise SdistError(
-                f"pip download left no {name} in {tmp}; found {sorted(os.listdir(tmp))}"
-            )
+            got = pip_download_sdist(f"llama-cpp-python=={version}", name, Path(tmp))
+        except InputError as exc:
+            raise SdistError(str(exc)) from exc
         os.replace(got, dest / name)
     return dest / name
 

@@ -17,15 +17,12 @@ check, not a build.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -39,6 +36,7 @@ from forgeflow.common.errors import (
 )
 from forgeflow.common.fsutil import (
     atomic_write_text,
+    file_lock,
     sha256_bytes,
     sha256_file,
     sha256_json,
@@ -116,18 +114,6 @@ def _podman(
     return proc
 
 
-@contextlib.contextmanager
-def _file_lock(path: Path) -> Iterator[None]:
-    """Hold an exclusive ``flock`` on ``path`` (serialises builds across processes)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-
-
 def debian_mirror(sources_dir: Path = Path("/etc/apt")) -> str:
     """Return the Debian mirror URL configured for ``bookworm`` on this machine.
 
@@ -198,7 +184,7 @@ def ensure_base_rootfs() -> Path:
     tarball = base_rootfs_path()
     if _verify_sidecar(tarball):
         return tarball
-    with _file_lock(tarball.parent / ".build.lock"):
+    with file_lock(tarball.parent / ".build.lock"):
         if _verify_sidecar(tarball):
             return tarball
         _require_tool("debootstrap")
@@ -298,7 +284,7 @@ def ensure_base_image(tag: str = BASE_IMAGE_TAG) -> ImageRef:
     if image_exists(tag):
         return _ref(tag)
     tarball = ensure_base_rootfs()
-    with _file_lock(cache_dir() / "base" / ".import.lock"):
+    with file_lock(cache_dir() / "base" / ".import.lock"):
         if not image_exists(tag):
             _podman(
                 "import",

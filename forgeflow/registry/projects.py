@@ -19,7 +19,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tarfile
 import tempfile
 from functools import lru_cache
@@ -27,8 +26,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from forgeflow.common.errors import InfraError, InputError, TransientInfraError
+from forgeflow.common.errors import InfraError, InputError
 from forgeflow.common.fsutil import sha256_file
+from forgeflow.common.sdists import pip_download_sdist
 from forgeflow.common.settings import DATA_DIR, cache_dir
 
 PROJECTS_FILE = DATA_DIR / "projects.json"
@@ -171,27 +171,7 @@ def fetch_sdist(project: Project) -> Path:
         return _verify(project, target)
     tmp = Path(tempfile.mkdtemp(prefix=".download-", dir=sdists))
     try:
-        cmd = [
-            sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-            "--disable-pip-version-check", "--no-input", "-d", str(tmp), project.requirement,
-        ]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=_PIP_TIMEOUT_S)
-        except subprocess.TimeoutExpired as exc:
-            raise TransientInfraError(
-                f"pip download {project.requirement} timed out after {_PIP_TIMEOUT_S} s"
-            ) from exc
-        if proc.returncode != 0:
-            raise TransientInfraError(
-                f"pip download {project.requirement} failed (exit {proc.returncode}): "
-                f"{proc.stderr.strip()[-1500:]}"
-            )
-        downloaded = tmp / project.sdist_filename
-        if not downloaded.is_file():
-            got = sorted(p.name for p in tmp.iterdir())
-            raise InputError(
-                f"pip download {project.requirement} saved {got}, expected {project.sdist_filename}"
-            )
+        downloaded = pip_download_sdist(project.requirement, project.sdist_filename, tmp, _PIP_TIMEOUT_S)
         _verify(project, downloaded)
         os.replace(downloaded, target)
     finally:

@@ -10,11 +10,8 @@ evidence.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
-from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -22,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow.common import errors
-from forgeflow.common.fsutil import atomic_write_json, sha256_file
+from forgeflow.common.fsutil import atomic_write_json, file_lock, sha256_file
 from forgeflow.serving.health import ServingGateResult, gate
 from forgeflow.serving.server import (
     BACKENDS,
@@ -113,17 +110,9 @@ def _write_state(state_path: Path, state: ServingState) -> None:
     atomic_write_json(state_path, state.model_dump(mode="json"))
 
 
-@contextlib.contextmanager
-def _state_lock(state_path: Path) -> Iterator[None]:
+def _state_lock(state_path: Path) -> Any:
     """An exclusive advisory lock (``<state>.lock``) so two swaps never interleave."""
-    lock_path = Path(state_path).with_name(Path(state_path).name + ".lock")
-    lock_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(lock_path, "a") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+    return file_lock(Path(state_path).with_name(Path(state_path).name + ".lock"))
 
 
 class StagedServer(BaseModel):

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
@@ -23,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow.common.errors import InputError
 from forgeflow.common.fsutil import (
+    atomic_folder,
     atomic_write_json,
     sha256_file,
     sha256_json,
@@ -30,6 +30,32 @@ from forgeflow.common.fsutil import (
 )
 from forgeflow.training.health import HealthReport
 from forgeflow.training.staging import STAGING_LOCK_FILE
+
+
+class LoraSettings(BaseModel):
+    """The LoRA adapter of a burst, as flat TRL-style options (SFT and RL bursts share them).
+
+    Attributes:
+        lora_r: rank of the update matrices.
+        lora_alpha: scaling numerator (the update is scaled by ``lora_alpha / lora_r``).
+        lora_dropout: dropout on the LoRA path, in [0, 1).
+        lora_target_modules: the modules that get adapters (Qwen2's attention projections by default).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    lora_r: int = Field(default=8, ge=1, le=256)
+    lora_alpha: int = Field(default=16, ge=1)
+    lora_dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+def lora_config(config: LoraSettings) -> Any:
+    """``peft.LoraConfig`` of a burst's :class:`LoraSettings` (the one place they are translated)."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
+                      target_modules=list(config.lora_target_modules), task_type="CAUSAL_LM")
 
 LINEAGE_FILE = "lineage.json"
 
@@ -207,19 +233,12 @@ def pin_adapter(record: AdapterRecord, adapters_dir: Path) -> AdapterRecord:
             f"adapter {record.sha256} is not pinned under {adapters_dir}, and {source} now holds "
             f"{found}: train it again"
         )
-    adapters_dir.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=adapters_dir, prefix=f".{record.sha256}."))
-    os.chmod(tmp, 0o755)
-    try:
+    # an existing dest is replaced: its content no longer matched its name
+    with atomic_folder(dest) as tmp:
         shutil.copytree(source, tmp, dirs_exist_ok=True,
                         ignore=shutil.ignore_patterns(STAGING_LOCK_FILE, "trainer"))
         if not adapter_matches(tmp, record.sha256):  # the source changed while it was copied
             raise InputError(f"adapter {source} changed while it was copied to {dest}")
-        if dest.exists():
-            shutil.rmtree(dest)  # its content no longer matched its name
-        os.rename(tmp, dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return record.model_copy(update={"path": dest})
 
 

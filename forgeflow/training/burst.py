@@ -33,6 +33,8 @@ from forgeflow.training.adapters import (
     LINEAGE_FILE,
     AdapterRecord,
     Lineage,
+    LoraSettings,
+    lora_config,
     publish_adapter,
     read_adapter_record,
     resolve_lineage_inputs,
@@ -64,19 +66,17 @@ class SFTData(BaseModel):
     sha256: str = Field(min_length=64, max_length=64)
 
 
-class BurstConfig(BaseModel):
+class BurstConfig(LoraSettings):
     """Hyperparameters of one SFT burst (flat, TRL-style names; translated in one place).
 
-    Defaults suit the tiny CPU model: a few steps at a high learning rate. ``gates`` are the
-    :class:`HealthGates` the burst must pass for its adapter to be written.
+    The LoRA fields (``lora_r``, ``lora_alpha``, ``lora_dropout``, ``lora_target_modules``) are
+    :class:`~forgeflow.training.adapters.LoraSettings`. Defaults suit the tiny CPU model: a few
+    steps at a high learning rate. ``gates`` are the :class:`HealthGates` the burst must pass for
+    its adapter to be written.
     """
 
     model_config = ConfigDict(frozen=True)
 
-    lora_r: int = Field(default=8, ge=1, le=256)
-    lora_alpha: int = Field(default=16, ge=1)
-    lora_dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
-    lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
     learning_rate: float = Field(default=1e-3, gt=0.0)
     max_steps: int = Field(default=2, ge=1)
     per_device_train_batch_size: int = Field(default=1, ge=1)
@@ -142,15 +142,6 @@ TRAINER_RUN_ARGS: dict[str, Any] = {
 }
 """``transformers.TrainingArguments`` fields every burst sets the same way (SFT and RL): CPU, fp32,
 a log line per step with real NaN/inf values, no checkpoints or reporting, a constant learning rate."""
-
-
-def lora_config(config: Any) -> Any:
-    """``peft.LoraConfig`` from a config with ``lora_r``, ``lora_alpha``, ``lora_dropout`` and
-    ``lora_target_modules`` (:class:`BurstConfig`, :class:`forgeflow.training.rl.RLBurstConfig`)."""
-    from peft import LoraConfig
-
-    return LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
-                      target_modules=list(config.lora_target_modules), task_type="CAUSAL_LM")
 
 
 def _trl_objects(config: BurstConfig, output_dir: Path, with_lora: bool) -> tuple[Any, Any]:

@@ -56,11 +56,13 @@ from forgeflow.training.adapters import (
     LINEAGE_FILE,
     AdapterRecord,
     Lineage,
+    LoraSettings,
+    lora_config,
     publish_adapter,
     read_adapter_record,
     resolve_lineage_inputs,
 )
-from forgeflow.training.burst import TRAINER_RUN_ARGS, lora_config
+from forgeflow.training.burst import TRAINER_RUN_ARGS
 from forgeflow.training.health import (
     BurstHealthError,
     HealthGates,
@@ -378,7 +380,7 @@ def _rl_gates() -> HealthGates:
     return HealthGates(loss_trend_window=0)
 
 
-class RLBurstConfig(BaseModel):
+class RLBurstConfig(LoraSettings):
     """Hyperparameters of one RL burst (flat, TRL-style names; translated in :func:`_trl_objects`).
 
     Attributes:
@@ -405,10 +407,6 @@ class RLBurstConfig(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     algorithm: Literal["grpo", "rloo"] = "grpo"
-    lora_r: int = Field(default=8, ge=1, le=256)
-    lora_alpha: int = Field(default=16, ge=1)
-    lora_dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
-    lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
     learning_rate: float = Field(default=1e-4, gt=0.0)
     max_steps: int = Field(default=2, ge=1)
     prompts_per_step: int = Field(default=1, ge=1)

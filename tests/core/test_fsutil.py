@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
+
+import pytest
 
 from forgeflow.common import fsutil
 
@@ -43,3 +46,34 @@ def test_sha256_tree_changes_with_content_and_names(tmp_path):
 def test_atomic_write_gives_a_shareable_file_mode(tmp_path):
     path = fsutil.atomic_write_text(tmp_path / "summary.json", "{}")
     assert path.stat().st_mode & 0o777 == fsutil.FILE_MODE
+
+
+def test_atomic_folder_replaces_on_success_and_keeps_the_old_on_failure(tmp_path: Path) -> None:
+    from forgeflow.common.fsutil import atomic_folder
+
+    target = tmp_path / "model"
+    with atomic_folder(target) as tmp:
+        (tmp / "weights").write_text("v1")
+        assert not target.exists()  # nothing under the final name while it is written
+    assert (target / "weights").read_text() == "v1"
+    with pytest.raises(RuntimeError, match="save failed"), atomic_folder(target) as tmp:
+        (tmp / "weights").write_text("half")
+        raise RuntimeError("save failed")
+    assert (target / "weights").read_text() == "v1"
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]  # the temporary folder is gone
+    with atomic_folder(target) as tmp:
+        (tmp / "weights").write_text("v2")
+    assert (target / "weights").read_text() == "v2" and sorted(p.name for p in target.iterdir()) == ["weights"]
+
+
+def test_atomic_output_file_for_a_tool_that_writes_a_path(tmp_path: Path) -> None:
+    from forgeflow.common.fsutil import atomic_output_file
+
+    out = tmp_path / "model.gguf"
+    with pytest.raises(ValueError), atomic_output_file(out) as tmp:
+        tmp.write_bytes(b"partial")
+        raise ValueError("quantizer failed")
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+    with atomic_output_file(out) as tmp:
+        tmp.write_bytes(b"GGUF")
+    assert out.read_bytes() == b"GGUF" and oct(out.stat().st_mode & 0o777) == "0o644"

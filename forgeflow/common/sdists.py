@@ -1,0 +1,47 @@
+"""Source distributions from the package index: ``pip download`` of one pinned sdist (no wheels)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from forgeflow.common.errors import InputError, TransientInfraError
+
+PIP_DOWNLOAD_TIMEOUT_S = 600
+"""Limit of one ``pip download``, seconds."""
+
+
+def pip_download_sdist(requirement: str, filename: str, into: Path, timeout_s: float = PIP_DOWNLOAD_TIMEOUT_S) -> Path:
+    """Download the sdist of ``requirement`` (``name==version``) into the folder ``into``.
+
+    Runs ``python -m pip download --no-deps --no-binary :all: --no-input``: the package index (or the
+    configured mirror) must serve an sdist; nothing is installed.
+
+    Args:
+        requirement: the pinned requirement, e.g. ``boltons==26.2.0``.
+        filename: the file pip must leave, e.g. ``boltons-26.2.0.tar.gz``.
+        into: an existing folder (the caller renames the file into its final place).
+        timeout_s: limit of the download, seconds.
+
+    Returns:
+        ``into / filename``.
+
+    Raises:
+        TransientInfraError: pip failed or timed out (index unreachable, 5xx); a retry may cure it.
+        InputError: pip succeeded but left another file name (the message names both).
+    """
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+           "--disable-pip-version-check", "--no-input", "-d", str(into), requirement]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise TransientInfraError(f"pip download {requirement} timed out after {timeout_s:g} s") from exc
+    if proc.returncode != 0:
+        raise TransientInfraError(f"pip download {requirement} failed (exit {proc.returncode}): "
+                                  f"{proc.stderr.strip()[-2000:]}")
+    got = into / filename
+    if not got.is_file():
+        raise InputError(f"pip download {requirement} saved {sorted(p.name for p in into.iterdir())}, "
+                         f"expected {filename}")
+    return got
