@@ -11,7 +11,7 @@ SQLite is the embedded default (``settings.store_url()``); PostgreSQL works by U
 
 The schema is owned by the Alembic migrations in ``forgeflow/ledger/migrations``; :meth:`Store.upgrade`
 runs them programmatically (no ``alembic.ini``, any working directory). The migration creates
-exactly what the models below declare (``tests/core/test_store.py`` checks this with
+exactly what the models below declare (``tests/core/ledger/test_store.py`` checks this with
 ``alembic.autogenerate.compare_metadata``).
 
 Reads return frozen pydantic records (:class:`ImageRecord`, :class:`TaskRecord`, ...); the same

@@ -14,7 +14,7 @@ containers of the calc task image, the verifier. Faults:
 
 Already covered elsewhere and not repeated: sandbox OOM and verifier timeout (test_trial.py), a
 dead/503/400 endpoint (test_agent.py), the stream completeness rule on a scripted fake
-(tests/core/test_model_client.py).
+(tests/core/evaluation/test_model_client.py).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from benchmarks.gpu_burst import SMALL, synthetic_samples
 
 pytestmark = [pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_small_mode_trains_both_paths_and_prints_the_json_line() -> None:

@@ -29,9 +29,9 @@ from forgeflow.sandbox import kubernetes as k8s
 from forgeflow.sandbox import kubernetes_manifests
 from forgeflow.sandbox.base import SandboxSpec
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 K8S_DIR = REPO / "infra" / "k8s"
-DATA = Path(__file__).parent / "data" / "k8s"
+DATA = Path(__file__).resolve().parents[1] / "data" / "k8s"
 IMAGE = "registry.example.com/forgeflow/task-03:lane1-0123456789ab"
 TRIAL = "0123456789abcdef0123456789abcdef"
 # two 66-character SWE-smith-style task ids that share their first 65 characters
