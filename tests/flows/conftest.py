@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from prefect import flow  # noqa: F401 - sets Prefect's log handlers up now, on pytest's streams: done
 
-# first inside a CLI runner's invoke (deployments/cli.py imports Prefect lazily), they keep the runner's
+# first inside a CLI runner's invoke (deployments/cli/ imports Prefect lazily), they keep the runner's
 # stderr, closed after that invoke, and the next flow run in this process fails logging to it
 
 PREFECT_DB = os.environ.get("FORGEFLOW_TEST_PREFECT_DB", "sqlite")

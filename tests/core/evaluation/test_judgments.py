@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from forgeflow.common.errors import InputError
-from forgeflow.evaluation.supervision import judge_answers, judgment_id
+from forgeflow.evaluation.judge import judge_answers, judgment_id
 from forgeflow.ledger.store import Store
 
 ITEMS = [

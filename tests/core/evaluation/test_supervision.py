@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 
 from forgeflow.common.errors import InputError
+from forgeflow.evaluation.judge import judge_answer
 from forgeflow.evaluation.supervision import (
     ToolCall,
     call_signature,
     detect_hang,
     detect_loop,
-    judge_answer,
     last_activity_unix_s,
     tool_calls_from_trajectory,
 )

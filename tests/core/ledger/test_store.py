@@ -266,7 +266,7 @@ def test_recovery_job_links_to_its_original_and_trial_costs_are_kept(store: Stor
 
 
 def test_judgments_and_supervision_events_are_stored_with_their_evidence(store: Store) -> None:
-    from forgeflow.evaluation.supervision import judge_answer
+    from forgeflow.evaluation.judge import judge_answer
     from forgeflow.ledger.records import JudgmentRecord, SupervisionEventRecord
 
     verdict = judge_answer("The Eiffel Tower", "eiffel tower")

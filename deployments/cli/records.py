@@ -1,0 +1,299 @@
+"""The commands that read the store: ``trials``, ``compare``, ``lineage``, ``status``, ``freeze verify``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from deployments.cli.app import app, console, fail, freeze_app, prepare_env, read_store
+from forgeflow.ledger.store import Store
+
+
+@freeze_app.command("verify")
+def freeze_verify(name: str, freezes_dir: Optional[Path] = typer.Option(
+        None, help="default $FORGEFLOW_HOME/demo/freezes")) -> None:
+    """Recompute a freeze's semantic and file digests and compare them with the ones the store recorded."""
+    home = prepare_env(create=False)
+    from forgeflow.common.errors import ForgeflowError  # noqa: PLC0415
+    from forgeflow.curation.freeze import manifest_path, verify_freeze  # noqa: PLC0415
+
+    try:
+        path = manifest_path(name, freezes_dir or home / "demo" / "freezes")
+        store = read_store()
+        recorded = store.get_freeze(name)
+        manifest = verify_freeze(path, expected_file_sha256=recorded.file_sha256 if recorded else None)
+    except ForgeflowError as exc:
+        fail(exc)
+    problems = []
+    if manifest.name != name:
+        problems.append(f"the manifest at {path} is freeze {manifest.name!r}, not {name!r}")
+    if recorded is not None and recorded.semantic_sha256 != manifest.semantic_sha256:
+        problems.append(f"semantic sha256 {manifest.semantic_sha256} differs from the store's "
+                        f"{recorded.semantic_sha256}")
+    if problems:
+        fail("; ".join(problems))
+    where = "matches the store" if recorded is not None else f"not recorded in the store {store.display_url}"
+    console.print(f"freeze {manifest.name}: OK ({where}); semantic sha256 {manifest.semantic_sha256}, "
+                  f"file sha256 {manifest.file_sha256}")
+
+
+def _tampering(verifier: dict | None) -> list[str] | None:
+    """The protected paths a tampering submission changed (None when it did not tamper)."""
+    screening = (verifier or {}).get("submission") or {}
+    return sorted(screening.get("protected_paths", {})) if screening.get("tampering") else None
+
+
+@app.command()
+def trials(job: Optional[str] = typer.Option(None, help="job id (omit to list the jobs in the store)"),
+           merged: bool = typer.Option(False, "--merged", help="the job merged with its recovery jobs: prints "
+                                       "{view, job_id, recovery_job_ids, trials} (the view says "
+                                       "'original job + N recovery jobs')"),
+           as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table")) -> None:
+    """Each trial's outcome (reward or exception type; flagged when an agent timeout, dead loop or
+    hang kept the verifier's reward beside the exception; the protected paths of a tampering
+    submission; with --json the verifier's evidence) of a job recorded in the store."""
+    prepare_env(create=False)
+    from forgeflow.common.errors import SCORED_DESPITE_EXCEPTION, InputError  # noqa: PLC0415
+    from forgeflow.evaluation.compare import merged_job  # noqa: PLC0415
+
+    if job is not None and not job.strip():
+        fail("--job is empty: give a job id (omit --job to list the jobs in the store)")
+    if merged and job is None:
+        fail("--merged needs --job JOB (the job to merge with its recovery jobs)")
+    store = read_store()
+    if job is None:
+        counts: dict[str, int] = {}
+        for t in store.trials_for():
+            counts[t.job_id or "-"] = counts.get(t.job_id or "-", 0) + 1
+        if as_json:
+            console.print_json(json.dumps(counts))
+        else:
+            for name, n in sorted(counts.items()):
+                console.print(f"{name}\t{n} trials")
+        return
+    try:
+        view = merged_job(store, job, include_recovery=merged)
+    except InputError as exc:
+        fail(exc)
+    rows = view.trials if merged else store.trials_for(job_id=job)
+    events = {e.trial_id: e for e in store.supervision_events()}
+    out = [{"trial_id": t.trial_id, "instance_id": t.instance_id, "kind": t.kind, "job_id": t.job_id,
+            "reward": t.reward, "exception_type": t.exception_type, "exception_message": t.exception_message,
+            "flagged": t.exception_type in SCORED_DESPITE_EXCEPTION and t.reward is not None,
+            "supervision": events[t.trial_id].kind if t.trial_id in events else None,
+            "agent_steps": t.agent_steps, "input_tokens": t.input_tokens, "output_tokens": t.output_tokens,
+            "timings": t.timings, "tampering": _tampering(t.verifier), "verifier": t.verifier}
+           for t in rows]
+    if as_json:
+        body: object = out
+        if merged:
+            body = {"view": view.label, "job_id": view.job_id, "recovery_job_ids": view.recovery_job_ids,
+                    "from_recovery": view.from_recovery, "trials": out}
+        print(json.dumps(body, indent=2))
+        return
+    table = Table(title=f"trials of {view.label if merged else 'job ' + job}")
+    for col in ("instance_id", "job", "kind", "reward", "exception"):
+        table.add_column(col)
+    for t in out:
+        exc = (t["exception_type"] or "") + (" (flagged: reward kept)" if t["flagged"] else "")
+        if t["tampering"]:
+            exc = f"tampering: {', '.join(t['tampering'])}"
+        table.add_row(t["instance_id"], t["job_id"] or "", t["kind"], "" if t["reward"] is None else f"{t['reward']:g}",
+                      exc)
+    console.print(table)
+
+
+@app.command()
+def compare(job_a: str, job_b: str,
+            no_recovery: bool = typer.Option(False, "--no-recovery", help="compare the jobs alone, without "
+                                             "merging their recovery jobs"),
+            as_json: bool = typer.Option(False, "--json", help="print JSON instead of markdown"),
+            max_drop: float = typer.Option(0.05, help="promotion gate: largest tolerated drop in pass rate (0.05 = "
+                                           "5 points)"),
+            alpha: float = typer.Option(0.05, help="promotion gate: significance level (interval at 1 - alpha)"),
+            min_pairs: int = typer.Option(30, help="promotion gate: fewest pairs for a verdict other than hold"),
+            min_repos: int = typer.Option(3, help="promotion gate: fewest repositories the pairs come from"),
+            max_wall_ratio: float = typer.Option(1.5, help="promotion gate: largest mean wall seconds ratio B/A"),
+            max_tokens_ratio: float = typer.Option(1.25, help="promotion gate: largest mean input tokens ratio B/A"),
+            max_steps_ratio: float = typer.Option(1.25, help="promotion gate: largest mean agent steps ratio B/A"),
+            ) -> None:
+    """Paired comparison of two jobs on the same frozen split: wins/ties/losses, exact McNemar p, the
+    delta interval (Newcombe's paired interval united with the repository-clustered bootstrap),
+    excluded tasks with reasons, cost ratios and the promotion gate's verdict and reason (JSON:
+    ``promotion``). Each job is merged with its recovery jobs (said in the output) unless --no-recovery."""
+    prepare_env(create=False)
+    from forgeflow.common.errors import InputError  # noqa: PLC0415
+    from forgeflow.evaluation import compare as comparison
+    from forgeflow.evaluation.gate import GatePolicy  # noqa: PLC0415
+
+    store = read_store()
+    try:
+        gate = GatePolicy.build(max_drop=max_drop, alpha=alpha, min_pairs=min_pairs, min_repos=min_repos,
+                                           max_wall_s_ratio=max_wall_ratio, max_input_tokens_ratio=max_tokens_ratio,
+                                           max_agent_steps_ratio=max_steps_ratio)
+        result = comparison.compare_stored_jobs(store, job_a, job_b, merge_recovery=not no_recovery, gate=gate)
+    except InputError as exc:
+        fail(exc)
+    if as_json:
+        print(json.dumps(result.to_json(), indent=2))
+        return
+    print(result.markdown)
+
+
+@app.command()
+def lineage(artifact_sha256: str, as_json: bool = typer.Option(False, "--json", help="print JSON: {artifact_sha256, "
+                                     "chain (the newest), chains (one per distinct set of producing parents), "
+                                     "serving_generations, warnings}"),
+            verify: bool = typer.Option(True, "--verify/--no-verify", help="digest each recorded path and say "
+                                        "when it is gone or now holds other content")) -> None:
+    """Every chain from the base model to ARTIFACT_SHA256 (a GGUF, adapter or model: base -> adapter ->
+    merged -> GGUF), the runs that recorded each step, and the serving generations that served it,
+    from the store. An artifact made by several producers shows one chain each, newest first."""
+    prepare_env(create=False)
+    store = read_store()
+    from forgeflow.common.errors import InputError  # noqa: PLC0415
+    from forgeflow.packaging.lineage import lineage_of  # noqa: PLC0415
+
+    try:
+        report = lineage_of(store, artifact_sha256, verify_paths=verify)
+    except InputError as exc:
+        fail(exc)
+    if as_json:
+        print(json.dumps(report.to_json(), indent=2, default=str))
+        return
+    for n, chain in enumerate(report.chains, 1):
+        if len(report.chains) > 1:
+            console.print(f"chain {n} of {len(report.chains)}{' (newest)' if n == 1 else ''}")
+        for step in chain:
+            flag = "" if step.path_status in ("ok", "unchecked") else f"  [{step.path_status}]"
+            runs = ", ".join(r or "-" for r in step.run_ids)
+            console.print(f"{step.kind:>8} {step.quantization or '':<7} {step.sha256[:16]}  {step.path}{flag}  "
+                          f"(runs: {runs})", highlight=False, soft_wrap=True)
+    for g in report.serving_generations:
+        console.print(f"  served as generation {g.generation} on port {g.port} ({g.status})")
+    for warning in report.warnings:
+        console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False, soft_wrap=True)
+
+
+@app.command()
+def status(as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of text: "
+                                         "{schema_version, home, store, counts, last_lifecycle, last_freeze, "
+                                         "serving, service} (the last four null when there is none)")) -> None:
+    """The last lifecycle run's stages, the store's counts, the latest freeze, the serving endpoint,
+    and what `forgeflow up` started (server address, pool, deployments, whether its processes run)."""
+    home = prepare_env(create=False)
+    store = read_store()
+    summary_path = home / "demo" / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
+    from deployments import service  # noqa: PLC0415
+
+    svc = service.read_state(home)
+    freeze = _latest_freeze(store, summary)
+    out = {
+        "schema_version": STATUS_SCHEMA_VERSION, "home": str(home), "store": store.display_url,
+        "counts": store.counts(),
+        "last_lifecycle": None if summary is None else {
+            "prefect_flow_run_id": summary.get("prefect_flow_run_id"), "total_wall_s": summary.get("total_wall_s"),
+            "stages": {k: v["status"] for k, v in summary["stages"].items()}},
+        "last_freeze": freeze,
+        "serving": _serving_status(store, home),
+        "service": None if svc is None else {
+            "ui_url": svc.ui_url, "api_url": svc.api_url, "pool": svc.pool, "database": svc.database,
+            "server_running": service.is_ours(svc.server),
+            "worker_running": svc.worker is not None and service.is_ours(svc.worker),
+            "deployments": sorted(svc.deployments), "automations": sorted(svc.automations)},
+    }
+    if as_json:
+        print(json.dumps(out, indent=2, default=str))
+        return
+    console.print("\n".join(_status_lines(out)), highlight=False, soft_wrap=True)
+
+
+SERVING_STATE_FILES = (Path("serving") / "state.json", Path("demo") / "serving" / "state.json")
+"""The serving state files ``status`` knows, under ``$FORGEFLOW_HOME``: the ``serve`` flow's (and the
+``canary`` flow's) default, and the demo lifecycle's."""
+
+
+def _serving_status(store: "Store", home: Path) -> Optional[dict]:
+    """``status``'s serving part: the store's newest active serving generation (else its newest
+    generation of any status; None when it records none) with ``generation``, ``port``,
+    ``gguf_sha256``, ``status`` (the row's), ``live`` and ``state_path``.
+
+    The store's row does not name its state file, so the known ones (:data:`SERVING_STATE_FILES`)
+    are read and the first whose recorded generation, port and GGUF are the row's is its endpoint:
+    ``live`` is whether that file names a running server (a PID), ``state_path`` that file. A
+    generation no known state file holds any more (superseded, or served from another state file)
+    is reported not live, with ``state_path`` None."""
+    from forgeflow.common.errors import InputError  # noqa: PLC0415
+    from forgeflow.serving.bluegreen import read_state
+
+    row = store.latest_serving_generation()
+    if row is None:
+        return None
+    out = {"generation": row.generation, "port": row.port, "gguf_sha256": row.gguf_sha256, "status": row.status,
+           "live": False, "state_path": None}
+    for relative in SERVING_STATE_FILES:
+        try:
+            state = read_state(home / relative)
+        except InputError:  # a damaged state file is not this generation's endpoint
+            continue
+        if state is not None and (state.generation, state.active_port, state.gguf_sha256) == (
+                row.generation, row.port, row.gguf_sha256):
+            return {**out, "live": state.pid is not None, "state_path": str(home / relative)}
+    return out
+
+
+def _latest_freeze(store: "Store", summary: Optional[dict]) -> Optional[dict]:
+    """The latest freeze the store recorded (by ``created_at``, then name), as ``status`` shows it
+    (the :class:`~forgeflow.ledger.store.FreezeRecord` fields); when the store holds none, the freeze the
+    last lifecycle's summary.json names (``name``, ``semantic_sha256``, ``counts`` where it has
+    them); None when neither has one."""
+    freezes = store.freezes()
+    if freezes:
+        return freezes[0].model_dump(mode="json")
+    recorded = (summary or {}).get("freeze")
+    if not isinstance(recorded, dict) or not recorded.get("name"):
+        return None
+    return {"name": recorded["name"], "semantic_sha256": recorded.get("semantic_sha256"),
+            "counts": recorded.get("counts") or {}}
+
+
+STATUS_SCHEMA_VERSION = 1
+"""Version of the object ``forgeflow status --json`` prints (keys are only ever added)."""
+
+
+def _status_lines(out: dict) -> list[str]:
+    """``forgeflow status``'s object as lines of text a person reads (one topic per line)."""
+    counts = ", ".join(f"{name} {n}" for name, n in sorted(out["counts"].items()))
+    lines = [f"home:      {out['home']}", f"store:     {out['store']}", f"counts:    {counts}"]
+    run = out["last_lifecycle"]
+    if run is None:
+        lines.append("lifecycle: no run yet (forgeflow demo)")
+    else:
+        stages = ", ".join(f"{k} {v}" for k, v in run["stages"].items())
+        wall = "" if run["total_wall_s"] is None else f", {run['total_wall_s']:.1f} s"
+        lines.append(f"lifecycle: flow run {run['prefect_flow_run_id'] or '-'}{wall}: {stages}")
+    freeze = out["last_freeze"]
+    if freeze is None:
+        lines.append("freeze:    none")
+    else:
+        splits = ", ".join(f"{k} {v}" for k, v in (freeze.get("counts") or {}).items())
+        lines.append(f"freeze:    {freeze['name']}" + (f" ({splits})" if splits else "")
+                     + (f", semantic sha256 {freeze['semantic_sha256']}" if freeze.get("semantic_sha256") else ""))
+    serving = out["serving"]
+    lines.append("serving:   none" if serving is None else
+                 f"serving:   generation {serving['generation']} on port {serving['port']} "
+                 f"({'live' if serving['live'] else 'stopped'}), gguf sha256 {serving['gguf_sha256']}")
+    svc = out["service"]
+    if svc is None:
+        lines.append("service:   not started (forgeflow up)")
+    else:
+        lines.append(f"service:   UI {svc['ui_url']} (API {svc['api_url']}), pool {svc['pool']!r}, "
+                     f"server {'running' if svc['server_running'] else 'stopped'}, "
+                     f"worker {'running' if svc['worker_running'] else 'stopped'}; "
+                     f"{len(svc['deployments'])} deployments; automations: {', '.join(svc['automations']) or 'none'}")
+    return lines

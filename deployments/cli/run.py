@@ -1,0 +1,96 @@
+"""``forgeflow demo``, ``forgeflow ui`` and ``forgeflow version``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from deployments.cli.app import app, console, fail, prepare_env
+
+
+@app.command()
+def demo(
+    output_dir: Optional[Path] = typer.Option(None, help="results folder (default $FORGEFLOW_HOME/demo)"),
+    projects: Optional[str] = typer.Option(None, help="comma-separated project names (default: all six)"),
+    candidates: int = typer.Option(5, min=1, max=200, help="candidate bugs per project"),
+    freeze_name: str = typer.Option("demo-v1", help="name of the frozen dataset (immutable: a new "
+                                    "selection needs a new name)"),
+    keep_serving: bool = typer.Option(False, help="leave the candidate model server running"),
+) -> None:
+    """Run the whole lifecycle on the embedded default and print its summary."""
+    home = prepare_env()
+    from pydantic import ValidationError  # noqa: PLC0415
+
+    from flows.lifecycle import lifecycle  # noqa: PLC0415
+    from forgeflow.common.errors import ForgeflowError, InputError  # noqa: PLC0415
+    from forgeflow.config import DEMO_PROJECTS, LifecycleConfig  # noqa: PLC0415 - after the env is set
+    from forgeflow.curation.freeze import check_freeze_inputs  # noqa: PLC0415
+
+    names = tuple(p.strip() for p in projects.split(",")) if projects is not None else DEMO_PROJECTS
+    try:
+        config = LifecycleConfig(projects=names, candidates_per_project=candidates, freeze_name=freeze_name,
+                                 output_dir=output_dir or home / "demo", keep_serving=keep_serving)
+    except ValidationError as exc:
+        messages = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise typer.BadParameter(messages) from None
+    try:  # a freeze name made from other inputs: refused here, before a flow run logs a traceback
+        check_freeze_inputs(config.freeze_name, config.output_dir.resolve() / "freezes", config.freeze_inputs())
+    except InputError as exc:
+        fail(exc)
+    try:
+        lifecycle(config=config)
+    except InputError as exc:  # bad input (e.g. a freeze name reused): one line, exit 2
+        fail(f"lifecycle failed: {type(exc).__name__}: {exc} (what was done so far: "
+              f"{config.output_dir.resolve() / 'summary.json'})")
+    except ForgeflowError as exc:  # infrastructure: exit 1
+        console.print(f"[red]lifecycle failed: {type(exc).__name__}: {exc}[/red]")
+        console.print(f"what was done so far: {config.output_dir.resolve() / 'summary.json'}")
+        raise typer.Exit(1) from None
+    _print_summary(config.output_dir.resolve() / "summary.json")
+
+
+def _print_summary(path: Path) -> None:
+    summary = json.loads(path.read_text())
+    table = Table(title=f"forgeflow lifecycle — {path}")
+    for col in ("stage", "status", "wall s", "counts"):
+        table.add_column(col)
+    for name, st in summary["stages"].items():
+        counts = ", ".join(f"{k}={v}" for k, v in st.get("counts", {}).items())
+        table.add_row(name, st["status"], f"{st.get('wall_s', 0):.1f}", counts)
+    console.print(table)
+    if "freeze" in summary:
+        console.print(f"freeze {summary['freeze']['name']}: semantic sha256 {summary['freeze']['semantic_sha256']}")
+    if "comparison" in summary:
+        c = summary["comparison"]
+        console.print(f"compare: wins {c['wins']} ties {c['ties']} losses {c['losses']}, "
+                      f"exact McNemar p = {c['mcnemar_p']:.3g}")
+    if "promotion" in summary:
+        d = summary["promotion"]
+        console.print(f"promotion gate: {d['verdict']} ({d['reason']})")
+    for name, art in summary.get("artifacts", {}).items():
+        console.print(f"  {name}: {art['path']}  sha256 {art['sha256']}")
+    console.print(f"total wall time {summary['total_wall_s']:.1f} s")
+
+
+@app.command()
+def ui(port: int = typer.Option(4200, help="UI/API port on 127.0.0.1")) -> None:
+    """Start the Prefect server and UI on forgeflow's Prefect database (Ctrl-C stops it)."""
+    prepare_env()
+    console.print(f"Prefect UI on http://127.0.0.1:{port} (PREFECT_HOME={os.environ['PREFECT_HOME']})")
+    raise SystemExit(subprocess.call([sys.executable, "-m", "prefect", "server", "start",
+                                      "--host", "127.0.0.1", "--port", str(port)]))
+
+
+@app.command()
+def version() -> None:
+    """Print forgeflow's version."""
+    import forgeflow  # noqa: PLC0415
+
+    console.print(forgeflow.__version__)

@@ -1,0 +1,211 @@
+"""The answer judge: GAIA-style question/answer rows judged by normalised matching.
+
+:func:`judge_answer`: GAIA-style quasi-exact match (Mialon et al. 2023, "GAIA: a
+benchmark for General AI Assistants", the scorer of its leaderboard) with SQuAD's article
+removal (Rajpurkar et al. 2016): numbers compared as numbers (``$``, ``%``, thousands separators
+and spaces dropped; equal within a tolerance), comma/semicolon lists element by element in
+order, strings after lowercasing, dropping articles and punctuation and collapsing whitespace.
+:func:`judge_answers` judges a list and appends the verdicts to the store's ``judgments`` table
+in one transaction.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import string
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from forgeflow.common.errors import InputError
+from forgeflow.common.fsutil import sha256_json
+
+
+# --- answer judge -----------------------------------------------------------------------------
+class Judgment(BaseModel):
+    """The verdict of :func:`judge_answer`.
+
+    Attributes:
+        correct: The answer matches the reference under ``rule``.
+        normalized_answer: The answer after normalization (numbers in ``%.15g`` form, lists
+            joined with ``,``).
+        normalized_reference: The reference after the same normalization.
+        rule: ``number``, ``list`` or ``string``: chosen by the reference's form.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    correct: bool
+    normalized_answer: str
+    normalized_reference: str
+    rule: Literal["number", "list", "string"]
+
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+
+
+_THOUSANDS = re.compile(r"^[+-]?\d{1,3}(,\d{3})+(\.\d+)?$")
+
+
+_PUNCT = str.maketrans("", "", string.punctuation)
+
+
+def _number(text: str) -> float | None:
+    """GAIA's ``normalize_number_str`` (drops ``$``, ``%``, ``,`` and whitespace), None if not a number."""
+    cleaned = re.sub(r"[\s$%,]", "", text)
+    try:
+        value = float(cleaned)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _is_number(text: str) -> bool:
+    stripped = text.strip()
+    return _THOUSANDS.match(stripped) is not None or ("," not in stripped and _number(stripped) is not None)
+
+
+def normalize_text(text: str) -> str:
+    """Lowercase, drop punctuation and the articles a/an/the, collapse whitespace."""
+    lowered = text.lower().translate(_PUNCT)
+    return " ".join(_ARTICLES.sub(" ", lowered).split())
+
+
+def _format_number(value: float) -> str:
+    return f"{value:.15g}"
+
+
+def _match_element(answer: str, reference: str, rel_tol: float, abs_tol: float) -> tuple[bool, str, str]:
+    if _is_number(reference):
+        ref = _number(reference)
+        got = _number(answer)
+        assert ref is not None
+        ok = got is not None and math.isclose(got, ref, rel_tol=rel_tol, abs_tol=abs_tol)
+        return ok, (_format_number(got) if got is not None else normalize_text(answer)), _format_number(ref)
+    norm_answer, norm_reference = normalize_text(answer), normalize_text(reference)
+    return norm_answer == norm_reference, norm_answer, norm_reference
+
+
+def judge_answer(answer: str, reference: str, *, rel_tol: float = 1e-6, abs_tol: float = 1e-9) -> Judgment:
+    """Judge a free-form answer against a reference, GAIA style.
+
+    Rules, chosen by the reference: a number (``1,000.5``, ``$12``, ``45%``) -> ``number``: the
+    answer must parse as a number within ``math.isclose(rel_tol, abs_tol)``; a reference with
+    ``,`` or ``;`` (and not a number with thousands separators) -> ``list``: same length, each
+    element judged by the number or string rule, in order; anything else -> ``string``: equal
+    after :func:`normalize_text`.
+
+    Args:
+        answer: The model's final answer.
+        reference: The ground truth.
+        rel_tol: Relative tolerance for numbers.
+        abs_tol: Absolute tolerance for numbers.
+
+    Returns:
+        :class:`Judgment`.
+
+    Raises:
+        InputError: ``reference`` is empty or a tolerance is negative.
+    """
+    if not reference.strip():
+        raise InputError("reference must be a non-empty answer")
+    if rel_tol < 0 or abs_tol < 0:
+        raise InputError(f"tolerances must be >= 0, got rel_tol={rel_tol}, abs_tol={abs_tol}")
+    if _is_number(reference):
+        ok, norm_a, norm_r = _match_element(answer, reference, rel_tol, abs_tol)
+        return Judgment(correct=ok, normalized_answer=norm_a, normalized_reference=norm_r, rule="number")
+    if "," in reference or ";" in reference:
+        ref_items = [item.strip() for item in re.split(r"[,;]", reference)]
+        ans_items = [item.strip() for item in re.split(r"[,;]", answer)]
+        if len(ans_items) != len(ref_items):
+            return Judgment(
+                correct=False,
+                normalized_answer=",".join(normalize_text(a) for a in ans_items),
+                normalized_reference=",".join(normalize_text(r) for r in ref_items),
+                rule="list",
+            )
+        results = [_match_element(a, r, rel_tol, abs_tol) for a, r in zip(ans_items, ref_items, strict=True)]
+        return Judgment(
+            correct=all(ok for ok, _, _ in results),
+            normalized_answer=",".join(a for _, a, _ in results),
+            normalized_reference=",".join(r for _, _, r in results),
+            rule="list",
+        )
+    norm_a, norm_r = normalize_text(answer), normalize_text(reference)
+    return Judgment(correct=norm_a == norm_r, normalized_answer=norm_a, normalized_reference=norm_r, rule="string")
+
+
+def judgment_id(job_id: str | None, question_id: str) -> str:
+    """Natural key of a judgment: the first 32 hex of sha256 of ``{job_id, question_id}`` (a re-run
+    of the same job re-judges in place, never duplicates)."""
+    return sha256_json({"job_id": job_id, "question_id": question_id})[:32]
+
+
+def judge_answers(
+    items: Sequence[tuple[str, str, str]],
+    store: Any,
+    *,
+    job_id: str | None = None,
+    run_id: str | None = None,
+    rel_tol: float = 1e-6,
+    abs_tol: float = 1e-9,
+) -> list[Any]:
+    """Judge ``(question_id, answer, reference)`` triples and record them in ONE transaction.
+
+    Every item is judged first (:func:`judge_answer`); only when all are valid are the
+    :class:`forgeflow.ledger.store.JudgmentRecord` rows appended to the ``judgments`` table with
+    :meth:`forgeflow.ledger.store.Store.record_judgments` (one transaction: all rows or none). The key is
+    :func:`judgment_id` (job, question), so recording the same job again updates its rows.
+
+    Args:
+        items: ``(question_id, answer, reference)``; question ids unique and non-empty.
+        store: a :class:`forgeflow.ledger.store.Store` (upgraded).
+        job_id: the evaluation job the answers belong to (None: no job).
+        run_id: the Prefect run recording them.
+        rel_tol: relative tolerance for numbers (see :func:`judge_answer`).
+        abs_tol: absolute tolerance for numbers.
+
+    Returns:
+        The recorded ``JudgmentRecord`` s, in the order given.
+
+    Raises:
+        InputError: no items, an empty or repeated question id, an empty reference or a bad
+            tolerance (nothing is recorded).
+    """
+    from forgeflow.ledger.records import JudgmentRecord
+
+    if not items:
+        raise InputError("judge_answers needs at least one (question_id, answer, reference) item")
+    seen: set[str] = set()
+    records: list[JudgmentRecord] = []
+    for position, item in enumerate(items):
+        if not isinstance(item, tuple | list) or len(item) != 3:
+            raise InputError(f"items[{position}] must be (question_id, answer, reference), got {item!r}")
+        question_id, answer, reference = (str(v) if v is not None else "" for v in item)
+        if not question_id.strip():
+            raise InputError(f"items[{position}] has an empty question_id")
+        if question_id in seen:
+            raise InputError(f"question_id {question_id!r} appears more than once")
+        seen.add(question_id)
+        try:
+            verdict = judge_answer(answer, reference, rel_tol=rel_tol, abs_tol=abs_tol)
+        except InputError as exc:
+            raise InputError(f"question {question_id!r}: {exc}") from exc
+        records.append(
+            JudgmentRecord(
+                judgment_id=judgment_id(job_id, question_id),
+                job_id=job_id,
+                question_id=question_id,
+                answer=answer,
+                reference=reference,
+                correct=verdict.correct,
+                rule=verdict.rule,
+                normalized_answer=verdict.normalized_answer,
+                normalized_reference=verdict.normalized_reference,
+                run_id=run_id,
+            )
+        )
+    store.record_judgments(records)
+    return records
