@@ -51,7 +51,7 @@ BURST_SCRIPT = (
     "run_id=sys.argv[5]); print('DONE', r.steps, r.sha256, flush=True)"
 )
 CLEANUP_SCRIPT = (
-    "import sys; from pathlib import Path; from forgeflow.training.burst import remove_dead_staging_dirs; "
+    "import sys; from pathlib import Path; from forgeflow.training.staging import remove_dead_staging_dirs; "
     "print('REMOVED', [str(p) for p in remove_dead_staging_dirs(Path(sys.argv[1]))], flush=True)"
 )
 

@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 N_CTX = 512
 SWAP_SCRIPT = (
-    "import sys; from pathlib import Path; from forgeflow.serving.server import swap; "
+    "import sys; from pathlib import Path; from forgeflow.serving.bluegreen import swap; "
     "r = swap(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], ports=(int(sys.argv[4]), int(sys.argv[5])), "
     "model_alias='tiny', n_ctx=512); print('generation', r.current.generation)"
 )

@@ -17,7 +17,7 @@ from forgeflow.training.staging import (
 )
 
 # a process that makes a staging folder and dies without leaving the ``with`` block (as kill -9 would)
-DIE_INSIDE = ("import os, sys; from pathlib import Path; from forgeflow.training.burst import StagingDir; "
+DIE_INSIDE = ("import os, sys; from pathlib import Path; from forgeflow.training.staging import StagingDir; "
               "s = StagingDir(Path(sys.argv[1])); p = s.__enter__(); (p / 'weights.bin').write_bytes(b'x' * 10); "
               "print(p, flush=True); os._exit(9)")
 
