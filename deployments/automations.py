@@ -1,8 +1,9 @@
 """forgeflow's Prefect automations, in code (created by ``forgeflow up``).
 
 * ``forgeflow-freeze-on-ready``: the ``forgeflow.dataset.freeze-ready`` event (emitted by the
-  ``curate`` flow, ``flows/curate.py``) runs the ``freeze/freeze`` deployment with its default
-  parameters.
+  ``curate`` flow, ``flows/curate.py``) runs the ``freeze/freeze`` deployment with the parameters the
+  curate run carried in the event's payload: ``name`` (its ``freeze_name``), ``quotas``, ``seed`` and
+  ``instance_ids`` (its candidates), never the deployment's demo defaults.
 * ``forgeflow-canary-on-freeze``: a ``prefect.flow-run.Completed`` event of a flow run of the
   ``freeze/freeze`` deployment runs the ``canary/canary`` deployment on the freeze that run made
   (``freeze_name`` is rendered from the completed run's ``name`` parameter), its other parameters
@@ -15,6 +16,8 @@ definition replaces the old one and a second ``up`` never duplicates them.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from prefect.automations import Automation
 from prefect.events.actions import RunDeployment, SendNotification
@@ -32,14 +35,32 @@ FAILURE_BODY = ("Flow run {{ flow_run.name }} ({{ flow_run.id }}) of flow {{ flo
                 "{{ flow_run.state.message }}")
 
 
+def _from_payload(key: str) -> dict[str, Any]:
+    """A RunDeployment parameter taken, as JSON (a number, list or object stays one), from the
+    triggering event's ``payload[key]`` (Prefect's parameter hydration: a ``json`` value whose
+    string is a rendered Jinja template)."""
+    return {"__prefect_kind": "json",
+            "value": {"__prefect_kind": "jinja", "template": f"{{{{ event.payload.{key} | tojson }}}}"}}
+
+
+FREEZE_PARAMETERS_FROM_PAYLOAD: dict[str, str] = {"name": "freeze_name", "quotas": "quotas", "seed": "seed",
+                                                  "instance_ids": "instance_ids"}
+"""freeze flow parameter -> the freeze-ready event's payload key it is rendered from."""
+
+
 def freeze_on_ready(freeze_deployment_id: str) -> Automation:
-    """The automation that runs the freeze deployment on each freeze-ready event."""
+    """The automation that runs the freeze deployment on each freeze-ready event, with the name,
+    quotas, seed and candidate ids of the curate run that emitted it
+    (:data:`FREEZE_PARAMETERS_FROM_PAYLOAD`)."""
     return Automation(
         name=FREEZE_ON_READY,
-        description=f"{FREEZE_READY_EVENT} -> run the {FREEZE_DEPLOYMENT} deployment",
+        description=f"{FREEZE_READY_EVENT} -> run the {FREEZE_DEPLOYMENT} deployment with the curate run's "
+                    "freeze_name, quotas, seed and candidates",
         trigger=EventTrigger(expect={FREEZE_READY_EVENT}, match={"prefect.resource.id": "*"},
                              posture=Posture.Reactive, threshold=1, within=0),
-        actions=[RunDeployment(source="selected", deployment_id=freeze_deployment_id, parameters=None)],
+        actions=[RunDeployment(source="selected", deployment_id=freeze_deployment_id,
+                               parameters={param: _from_payload(key)
+                                           for param, key in FREEZE_PARAMETERS_FROM_PAYLOAD.items()})],
     )
 
 

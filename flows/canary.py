@@ -39,7 +39,8 @@ from flows.stagekit import StageLog
 from forgeflow.common.errors import InputError, PreflightError
 from forgeflow.common.fsutil import atomic_write_text
 from forgeflow.common.settings import apply_container_env, home_dir
-from forgeflow.curation.generated import GENERATED_FILE, load_generated
+from forgeflow.curation.generated import GENERATED_FILE
+from forgeflow.curation.task_rows import load_task_rows
 from forgeflow.evaluation import agent, compare
 from forgeflow.evaluation.canary import (
     JOB_KIND,
@@ -50,6 +51,7 @@ from forgeflow.evaluation.canary import (
     frozen_split,
     plan_canary_recovery,
     render_job_report,
+    sample_split,
     trial_row,
 )
 from forgeflow.ledger import records
@@ -165,7 +167,8 @@ def canary(freeze_name: str, split: str = "test", state_path: Path | None = None
            model_sha256: str | None = None, model_alias: str | None = None, concurrency: int = 1,
            profile: str = "default", agent_config: agent.AgentConfig = agent.AgentConfig(),
            verifier_timeout_s: float = 180.0, generated_path: Path | None = None, job_id: str | None = None,
-           out_dir: Path | None = None) -> dict[str, Any]:
+           out_dir: Path | None = None, sample: int | None = None, sample_seed: int = 0,
+           candidates_path: Path | None = None, test_commands: dict[str, str] | None = None) -> dict[str, Any]:
     """Agent trials on ``split`` of freeze ``freeze_name`` against a served model: one canary job.
 
     Args:
@@ -182,10 +185,18 @@ def canary(freeze_name: str, split: str = "test", state_path: Path | None = None
         verifier_timeout_s: Absolute limit of one test run, seconds.
         generated_path: The candidates file with patches, task images and test commands (default
             ``$FORGEFLOW_HOME/demo/candidates.jsonl``).
-        job_id: The job's id (default ``canary-<freeze>-<split>-<model sha256[:12]>``: a re-run of the
-            same inputs upserts the same job and trial rows).
+        job_id: The job's id (default ``canary-<freeze>-<split>-<model sha256[:12]>``, with
+            ``-s<sample>x<sample_seed>`` for a sample: a re-run of the same inputs upserts the same
+            job and trial rows).
         out_dir: Where ``<job_id>/report.md``, ``summary.json`` and trajectories go (default
             ``$FORGEFLOW_HOME/canary``).
+        sample: Run only this many tasks of the split, drawn with ``sample_seed``
+            (:func:`forgeflow.evaluation.canary.sample_split`); None: the whole split.
+        sample_seed: The draw's seed (same split, sample and seed: the same tasks).
+        candidates_path: The user's candidates JSONL (the file ``curate`` validated: ``instance_id``,
+            ``repo``, ``patch``, ``image``, ``problem_statement``, optional ``test_command``) instead
+            of ``generated_path``; the agent gets each row's own problem statement.
+        test_commands: repo -> test command for repositories that are not pinned projects.
 
     Returns:
         ``job_id``, ``report`` (:class:`forgeflow.evaluation.compare.JobReport` as JSON), ``report_path``,
@@ -202,21 +213,25 @@ def canary(freeze_name: str, split: str = "test", state_path: Path | None = None
     store = ledger.Store()
     store.upgrade()
     _, ids = frozen_split(store, freeze_name, split)
+    sampled = sample is not None and sample < len(ids)
+    ids = sample_split(ids, sample, sample_seed)
     url, sha, alias = resolve_endpoint(state_path, base_url, model_sha256, model_alias)
-    gen_path = Path(generated_path or home_dir() / "demo" / GENERATED_FILE)
-    if not gen_path.is_file():
-        raise InputError(f"canary: no generated-candidates file at {gen_path}: run the lifecycle (`forgeflow demo`) "
-                         "or give generated_path")
-    tasks = canary_tasks(store, ids, load_generated(gen_path))
+    loaded = load_task_rows(candidates_path, generated_path, home_dir() / "demo" / GENERATED_FILE, test_commands,
+                            stage="canary")
+    tasks = canary_tasks(store, ids, loaded.rows, test_commands=loaded.test_commands)
     _check_reachable(url)
-    job_id = job_id or f"canary-{freeze_name}-{split}-{sha[:12]}"
+    job_id = job_id or f"canary-{freeze_name}-{split}-{sha[:12]}" + (f"-s{sample}x{sample_seed}" if sampled else "")
     run_id = str(flow_run.get_id() or "")
     job_dir = Path(out_dir or home_dir() / "canary") / job_id
     job = records.JobRecord(job_id=job_id, kind=JOB_KIND, freeze_name=freeze_name, split=split, model_sha256=sha,
                            run_id=run_id[:64] or None,
                            params={"concurrency": concurrency, "profile": profile, "base_url": url,
                                    "model_alias": alias, "agent_config": agent_config.model_dump(mode="json"),
-                                   "verifier_timeout_s": verifier_timeout_s, "generated_path": str(gen_path)})
+                                   "verifier_timeout_s": verifier_timeout_s,
+                                   ("candidates_path" if candidates_path is not None else "generated_path"):
+                                       str(loaded.source),
+                                   **({"test_commands": test_commands} if test_commands else {}),
+                                   **({"sample": sample, "sample_seed": sample_seed} if sampled else {})})
     log = StageLog(job_dir / "summary.json", run_id)
     logger.info("canary %s: %d task(s) of %s/%s against %s (%s), %d at a time", job_id, len(tasks), freeze_name,
                 split, url, sha[:12], concurrency)
@@ -304,10 +319,12 @@ def canary_recover(job_id: str, state_path: Path | None = None, base_url: str | 
     if sha != original.model_sha256:
         raise InputError(f"canary-recover: the endpoint serves model {sha}, but job {job_id!r} evaluated "
                          f"{original.model_sha256}: a recovery re-runs the same model")
-    gen_path = Path(generated_path or params.get("generated_path") or home_dir() / "demo" / GENERATED_FILE)
-    if not gen_path.is_file():
-        raise InputError(f"canary-recover: no generated-candidates file at {gen_path}: give generated_path")
-    tasks = canary_tasks(store, plan.instance_ids, load_generated(gen_path))
+    own_candidates = generated_path is None and params.get("candidates_path")
+    loaded = load_task_rows(Path(params["candidates_path"]) if own_candidates else None,
+                            None if own_candidates else Path(generated_path or params.get("generated_path")
+                                                             or home_dir() / "demo" / GENERATED_FILE),
+                            home_dir() / "demo" / GENERATED_FILE, params.get("test_commands"), stage="canary-recover")
+    tasks = canary_tasks(store, plan.instance_ids, loaded.rows, test_commands=loaded.test_commands)
     _check_reachable(url)
     run_id = str(flow_run.get_id() or "")
     new_id = plan.recovery_job_id
@@ -317,7 +334,8 @@ def canary_recover(job_id: str, state_path: Path | None = None, base_url: str | 
                            run_id=run_id[:64] or None,
                            params={"concurrency": concurrency, "profile": profile, "base_url": url,
                                    "model_alias": alias, "agent_config": config.model_dump(mode="json"),
-                                   "verifier_timeout_s": verifier_timeout_s, "generated_path": str(gen_path),
+                                   "verifier_timeout_s": verifier_timeout_s,
+                                   ("candidates_path" if own_candidates else "generated_path"): str(loaded.source),
                                    "recovers": {t.instance_id: t.trial_id for t in plan.exception_trials}})
     log = StageLog(job_dir / "summary.json", run_id)
     logger.info("canary-recover %s: re-running %d exception trial(s) of %s (%s) as %s against %s", job_id,

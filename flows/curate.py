@@ -21,7 +21,6 @@ and upserts the same trial ids: it loses no finished trial and duplicates none
 
 from __future__ import annotations
 
-import json
 import queue
 from collections import deque
 from dataclasses import dataclass
@@ -34,16 +33,19 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.events import emit_event
 from prefect.runtime import flow_run
 
-from forgeflow.common.errors import InputError
+from forgeflow.common.errors import InputError, PreflightError
 from forgeflow.common.fsutil import atomic_write_text, sha256_bytes, sha256_json
 from forgeflow.common.settings import apply_container_env, home_dir
-from forgeflow.curation.candidates import (
-    CandidateTask,
-    load_candidates,
-    to_candidate_refs,
+from forgeflow.curation.candidates import CandidateTask, to_candidate_refs
+from forgeflow.curation.freeze import (
+    AcceptedTask,
+    SplitQuotas,
+    feasibility_text,
+    freeze_ready,
+    quota_feasibility,
+    validate_freeze_name,
 )
-from forgeflow.curation.freeze import AcceptedTask, SplitQuotas, freeze_ready
-from forgeflow.curation.generated import GENERATED_FILE, GeneratedTask, load_generated
+from forgeflow.curation.generated import GENERATED_FILE, GeneratedTask
 from forgeflow.curation.recovery import (
     RecoveryRequest,
     apply_recovery,
@@ -52,10 +54,10 @@ from forgeflow.curation.recovery import (
     render_plan,
 )
 from forgeflow.curation.selection import DEFAULT_BATCH_SIZE, select_batch
+from forgeflow.curation.task_rows import load_task_rows
 from forgeflow.evaluation.canary import trial_row
 from forgeflow.ledger.records import BatchRecord, TaskRecord, TrialRecord
 from forgeflow.ledger.store import Store
-from forgeflow.registry import projects
 from forgeflow.sandbox.trial import ValidationChecks
 from tasks import curation as curate_tasks
 from tasks.common import markdown_artifact, table_artifact
@@ -64,51 +66,6 @@ from tasks.curation import TrialSink, validate_candidate
 FREEZE_READY_EVENT = "forgeflow.dataset.freeze-ready"
 DEFAULT_QUOTAS = SplitQuotas(train=350, validation=75, test=75, max_per_repo=20, min_repos=70)
 JOB_ID = "curate"
-
-
-def _test_commands(path: Path, rows: list[CandidateTask | GeneratedTask],
-                   given: dict[str, str] | None) -> dict[str, str]:
-    """instance id -> test command: the row's ``test_command``, else ``given[repo]``, else the
-    pinned project's (``forgeflow/data/projects.json``)."""
-    per_row: dict[str, str] = {}
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            raw = json.loads(line)
-            if isinstance(raw.get("test_command"), str) and raw["test_command"].strip():
-                per_row[raw["instance_id"]] = raw["test_command"]
-    out: dict[str, str] = {}
-    lacking: set[str] = set()
-    for row in rows:
-        command = per_row.get(row.instance_id) or (given or {}).get(row.repo)
-        if command is None:
-            try:
-                command = projects.get_project(row.repo).test_command
-            except InputError:
-                lacking.add(row.repo)
-                continue
-        out[row.instance_id] = command
-    if lacking:
-        raise InputError(f"{path}: no test_command for repos {sorted(lacking)[:20]}: give it per row "
-                         "(key test_command) or in the test_commands parameter (repo -> command)")
-    return out
-
-
-def _load_rows(candidates_path: Path | None, generated_path: Path | None, test_commands: dict[str, str] | None
-               ) -> tuple[list[CandidateTask | GeneratedTask], dict[str, str], dict[str, str | None]]:
-    """The candidate rows, instance id -> test command, instance id -> image id (or None)."""
-    if candidates_path is not None and generated_path is not None:
-        raise InputError(f"curate: give candidates_path ({candidates_path}) or generated_path ({generated_path}), "
-                         "not both")
-    if candidates_path is not None:
-        rows: list[CandidateTask | GeneratedTask] = list(load_candidates(candidates_path))
-        return rows, _test_commands(candidates_path, rows, test_commands), {r.instance_id: None for r in rows}
-    path = generated_path or home_dir() / "demo" / GENERATED_FILE
-    if not Path(path).is_file():
-        raise InputError(f"curate: no candidates file at {path}: run the lifecycle (`forgeflow demo`) to write it, "
-                         "or give candidates_path (curate's own JSONL) or generated_path")
-    generated = load_generated(path)
-    commands = {r.instance_id: (test_commands or {}).get(r.repo, r.test_command) for r in generated}
-    return list(generated), commands, {r.instance_id: r.image_id for r in generated}
 
 
 def _unmet_text(unmet: list[Any]) -> str:
@@ -120,7 +77,7 @@ def curate(candidates_path: Path | None = None, quotas: SplitQuotas = DEFAULT_QU
            batch_size: int = DEFAULT_BATCH_SIZE, concurrency: int = 10, max_retries: int = 2,
            verifier_timeout_s: float = 180.0, memory_mb: int = 2048, seed: int = 0,
            test_commands: dict[str, str] | None = None, generated_path: Path | None = None,
-           checks: ValidationChecks = ValidationChecks()) -> dict[str, Any]:
+           checks: ValidationChecks = ValidationChecks(), freeze_name: str | None = None) -> dict[str, Any]:
     """Validate candidate batches until the accepted tasks meet ``quotas`` (or none is left).
 
     Args:
@@ -146,25 +103,48 @@ def curate(candidates_path: Path | None = None, quotas: SplitQuotas = DEFAULT_QU
             is flaky), the flaky policy (``reject`` or ``drop_flaky_pass_to_pass``) and the log
             parser for runners without forgeflow's pytest report
             (:class:`forgeflow.sandbox.trial.ValidationChecks`).
+        freeze_name: The name the freeze-on-ready automation freezes under (carried in the
+            freeze-ready event with ``quotas``, ``seed`` and the run's candidate ids); None: ``curate-``
+            + 12 hex digits of the sha256 of (candidate ids, quotas, seed).
+
+    Only this run's candidates count: readiness is checked on the accepted tasks among them, and
+    before any image is checked or trial run the quotas are checked against the candidates
+    themselves (:func:`forgeflow.curation.freeze.quota_feasibility`: e.g. 2 repositories cannot fill
+    3 repository-disjoint splits).
 
     Returns:
         ``status`` (``freeze-ready`` or ``exhausted``), ``batches`` (ids run), ``trials_recorded``,
-        ``counts`` (per split), ``unmet`` (quota texts), ``event_id`` (the freeze-ready event).
+        ``counts`` (per split), ``unmet`` (quota texts), ``event_id`` (the freeze-ready event),
+        ``freeze_name``.
 
     Raises:
         InputError: malformed rows, a repo without a test command, bad parameters, no
-            candidates file, both paths given.
+            candidates file, both paths given, an invalid ``freeze_name``.
+        PreflightError: the candidates cannot meet ``quotas`` even if every one were accepted
+            (nothing was validated).
     """
     if concurrency < 1 or max_retries < 0 or verifier_timeout_s <= 0:
         raise InputError(f"curate: concurrency >= 1, max_retries >= 0, verifier_timeout_s > 0 needed; got "
                          f"{concurrency}, {max_retries}, {verifier_timeout_s}")
+    if freeze_name is not None:
+        validate_freeze_name(freeze_name)
     logger = get_run_logger()
     apply_container_env()
     run_id = str(flow_run.get_id() or "")
     store = Store()
     store.upgrade()
-    rows, commands, image_ids = _load_rows(candidates_path, generated_path, test_commands)
+    loaded = load_task_rows(candidates_path, generated_path, home_dir() / "demo" / GENERATED_FILE, test_commands)
+    rows, commands, image_ids = loaded.rows, loaded.test_commands, loaded.image_ids
     by_id = {row.instance_id: row for row in rows}
+    per_repo: dict[str, int] = {}
+    for row in rows:
+        per_repo[row.repo] = per_repo.get(row.repo, 0) + 1
+    unmet = quota_feasibility(per_repo, quotas)
+    if unmet:
+        raise PreflightError(f"curate: {len(rows)} candidates from {len(per_repo)} repositories cannot meet the quotas "
+                             f"even if every one is accepted (nothing validated): {feasibility_text(unmet)}")
+    digest = sha256_json({"ids": sorted(by_id), "quotas": quotas.model_dump(), "seed": seed})
+    name = freeze_name or f"curate-{digest[:12]}"
     available = set(curate_tasks.available_images([row.image for row in rows if row.image]))
     refs = to_candidate_refs(rows, available)
     known = {t.instance_id for t in store.tasks()}
@@ -181,7 +161,8 @@ def curate(candidates_path: Path | None = None, quotas: SplitQuotas = DEFAULT_QU
     batches: list[str] = []
     recorded = 0
     while True:
-        accepted = [AcceptedTask(instance_id=t.instance_id, repo=t.repo) for t in store.accepted_tasks()]
+        accepted = [AcceptedTask(instance_id=t.instance_id, repo=t.repo) for t in store.accepted_tasks()
+                    if t.instance_id in by_id]
         selection = freeze_ready(accepted, quotas, seed)
         if selection.ready:
             resource_id = (f"forgeflow.store.{sha256_bytes(store.url.encode())[:12]}"
@@ -189,20 +170,23 @@ def curate(candidates_path: Path | None = None, quotas: SplitQuotas = DEFAULT_QU
             event = emit_event(FREEZE_READY_EVENT,
                                resource={"prefect.resource.id": resource_id,
                                          "prefect.resource.name": "curated dataset"},
-                               payload={"store_url": store.display_url, "quotas": quotas.model_dump(), "seed": seed,
-                                        "counts": selection.counts, "accepted": len(accepted), "batches": batches})
+                               payload={"store_url": store.display_url, "freeze_name": name,
+                                        "quotas": quotas.model_dump(), "seed": seed,
+                                        "instance_ids": sorted(by_id), "counts": selection.counts,
+                                        "accepted": len(accepted), "batches": batches})
             logger.info("FREEZE READY: %s over %d repos after %d batch(es); event %s on %s",
                         ", ".join(f"{s} {n}/{quotas.target(s)}" for s, n in selection.counts.items()),
                         sum(len(r) for r in selection.repos_per_split.values()), len(batches),
                         FREEZE_READY_EVENT, resource_id)
             return {"status": "freeze-ready", "batches": batches, "trials_recorded": recorded,
-                    "counts": selection.counts, "unmet": [], "event_id": str(event.id) if event else None}
+                    "counts": selection.counts, "unmet": [], "event_id": str(event.id) if event else None,
+                    "freeze_name": name}
         ids = select_batch(refs, store.processed_instance_ids(), store.accepted_per_repo(), batch_size, seed)
         if not ids:
             text = _unmet_text(selection.unmet)
             logger.warning("STOPPED, NOT READY: no candidate left to validate; unmet quotas: %s", text)
             return {"status": "exhausted", "batches": batches, "trials_recorded": recorded,
-                    "counts": selection.counts, "unmet": [text], "event_id": None}
+                    "counts": selection.counts, "unmet": [text], "event_id": None, "freeze_name": name}
         batch_id = f"curate-{sha256_json({'seed': seed, 'ids': sorted(ids)})[:16]}"
         recorded += _run_batch(store, batch_id, ids, by_id, commands, image_ids, validate,
                                _BatchLimits(concurrency, max_retries, verifier_timeout_s, memory_mb, checks), run_id)

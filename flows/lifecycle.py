@@ -36,7 +36,6 @@ from forgeflow.config import LifecycleConfig
 from forgeflow.curation import generated
 from forgeflow.curation.freeze import (
     AcceptedTask,
-    SplitQuotas,
     check_freeze_inputs,
     record_freeze_inputs,
 )
@@ -253,8 +252,7 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
 
     # 6. freeze: repository-disjoint splits with per-repo caps, manifest written atomically
     with log.stage("freeze") as st:
-        quotas = SplitQuotas(train=config.train_min, validation=config.validation_min, test=config.test_min,
-                             max_per_repo=config.max_tasks_per_repo, min_repos=config.min_repos)
+        quotas = config.quotas
         accepted_refs = [AcceptedTask(instance_id=t["candidate"].instance_id, repo=t["repo"]) for t in accepted]
         image_digests = {t["candidate"].instance_id: t["digest"] for t in accepted}
         manifest = log.call(curation.freeze_dataset, config.freeze_name, accepted_refs, quotas, config.seed,

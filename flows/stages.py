@@ -12,36 +12,54 @@ from prefect.runtime import flow_run
 from forgeflow.common.errors import InputError
 from forgeflow.common.fsutil import atomic_write_text
 from forgeflow.common.settings import home_dir
-from forgeflow.curation.freeze import AcceptedTask, FreezeManifest, SplitQuotas
+from forgeflow.curation.freeze import AcceptedTask, FreezeManifest, SplitQuotas, validate_freeze_name
 from forgeflow.evaluation import compare as comparison
 from forgeflow.evaluation.gate import GatePolicy
 from forgeflow.ledger import records
 from forgeflow.ledger import store as ledger
+from forgeflow.packaging.gguf import QuantSpec, quant_plan
 from tasks import curation
 from tasks import packaging as model_tasks
 from tasks import packaging as publish_tasks
 from tasks import serving as serving_tasks
 from tasks.common import markdown_artifact
 
+DEMO_FREEZE_QUOTAS = SplitQuotas(train=2, validation=1, test=2, max_per_repo=4, min_repos=2)
+"""The demo's freeze quotas (the lifecycle's defaults), the freeze deployment's default."""
+
 
 @flow(name="freeze", log_prints=True)
-def freeze(name: str, train_min: int = 2, validation_min: int = 1, test_min: int = 2, max_per_repo: int = 4,
-           min_repos: int = 2, seed: int = 0, out_dir: Path | None = None) -> FreezeManifest:
+def freeze(name: str, quotas: SplitQuotas = DEMO_FREEZE_QUOTAS, seed: int = 0,
+           instance_ids: list[str] | None = None, out_dir: Path | None = None) -> FreezeManifest:
     """Freeze the accepted tasks recorded in the store under ``name`` (immutable).
 
+    Args:
+        name: the freeze name (:func:`forgeflow.curation.freeze.validate_freeze_name`).
+        quotas: split minimums, per-repository cap, repositories overall.
+        seed: orders the selection (same accepted tasks + seed, same freeze).
+        instance_ids: freeze only accepted tasks among these (a curate run's candidates, as the
+            freeze-on-ready automation passes them); None: every accepted task in the store.
+        out_dir: where the manifest is written; default ``$FORGEFLOW_HOME/freezes``.
+
     Raises:
+        InputError: an invalid name, or ``instance_ids`` given but empty.
         PreflightError: the quotas are not met (each unmet quota is named).
         FreezeConflictError: ``name`` exists with different content.
     """
+    validate_freeze_name(name)
+    if instance_ids is not None and not instance_ids:
+        raise InputError(f"freeze {name!r}: instance_ids is empty (None freezes every accepted task)")
     store = ledger.Store()
     store.upgrade()
-    accepted = [AcceptedTask(instance_id=t.instance_id, repo=t.repo) for t in store.accepted_tasks()]
-    quotas = SplitQuotas(train=train_min, validation=validation_min, test=test_min, max_per_repo=max_per_repo,
-                         min_repos=min_repos)
+    wanted = set(instance_ids) if instance_ids is not None else None
+    accepted = [AcceptedTask(instance_id=t.instance_id, repo=t.repo) for t in store.accepted_tasks()
+                if wanted is None or t.instance_id in wanted]
+    get_run_logger().info("freeze %r: %d accepted task(s)%s; quotas %s, seed %d", name, len(accepted),
+                          f" among {len(wanted)} candidates" if wanted is not None else "", quotas.model_dump(), seed)
     manifest = curation.freeze_dataset(name, accepted, quotas, seed, out_dir or home_dir() / "freezes", {})
     store.record_freeze(records.FreezeRecord(name=manifest.name, semantic_sha256=manifest.semantic_sha256,
                                             file_sha256=manifest.file_sha256, manifest_path=str(manifest.path),
-                                            counts=manifest.counts))
+                                            counts=manifest.counts, run_id=str(flow_run.get_id() or "") or None))
     return manifest
 
 
@@ -79,10 +97,16 @@ def compare(job_a: str, job_b: str, report_path: Path | None = None, merge_recov
 
 
 @flow(name="package", log_prints=True)
-def package(hf_dir: Path, out_dir: Path, quantizations: tuple[str, ...] = ("Q8_0", "Q4_K_M"),
+def package(hf_dir: Path, out_dir: Path, quantizations: tuple[str | QuantSpec, ...] = ("Q8_0", "Q4_K_M"),
             adapter_dir: Path | None = None, publish: str | None = None, publish_quantization: str | None = None,
             model_name: str = "forgeflow") -> dict:
     """Merge (optional adapter) -> GGUF f16 -> quantize -> metadata check -> load [-> publish].
+
+    ``quantizations`` is the quantization plan: names of :data:`forgeflow.packaging.gguf.QUANT_PLANS`
+    (``Q8_0``, ``Q4_K_M``, ``Q4_K_M+attn-embd-output-Q8_0``: attention, embedding and output at Q8_0,
+    the rest Q4_K_M, as the hand-run pipeline served) and/or specs ``{"preset": "Q4_K_M",
+    "tensor_types": {regex: ggml type}, "name": ...}``; each mixed artifact is checked tensor by
+    tensor after quantization. The result is keyed by :attr:`forgeflow.packaging.gguf.QuantSpec.key`.
 
     With ``publish`` (the name of a ModelStore block: local directory or HF Hub), the GGUF of
     ``publish_quantization`` (default: the first of ``quantizations``) and its
@@ -97,18 +121,19 @@ def package(hf_dir: Path, out_dir: Path, quantizations: tuple[str, ...] = ("Q8_0
 
     Raises:
         InputError: before any compute: the store block is missing or inconsistent, or
-            ``publish_quantization`` is not among the artifacts this run makes.
+            ``publish_quantization`` is not among the artifacts this run makes, an unknown
+            quantization plan name or preset, repeated artifact keys.
         GGUFError: a GGUF fails its check (nothing is published).
     """
     from forgeflow.common.fsutil import sha256_tree
     from forgeflow.training.adapters import adapter_sha256 as adapter_digest
 
-    quantizations = tuple(quantizations)
-    target = _publish_preflight(publish, publish_quantization or (quantizations[0] if quantizations else "f16"),
-                                ("f16", *quantizations)) if publish else None
+    keys = [spec.key for spec in quant_plan(quantizations)]  # refused before any compute
+    target = _publish_preflight(publish, publish_quantization or (keys[0] if keys else "f16"),
+                                ("f16", *keys)) if publish else None
     hf_sha = sha256_tree(hf_dir)
     adapter_sha = adapter_digest(adapter_dir) if adapter_dir else None
-    artifacts = model_tasks.package(hf_dir, hf_sha, out_dir, quantizations, adapter_dir,
+    artifacts = model_tasks.package(hf_dir, hf_sha, out_dir, tuple(quantizations), adapter_dir,
                                     sha256_tree(adapter_dir) if adapter_dir else None)
     store = ledger.Store()
     store.upgrade()

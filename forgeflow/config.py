@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from forgeflow.curation.freeze import SplitQuotas, feasibility_text, quota_feasibility
 from forgeflow.sandbox.trial import ValidationChecks
 
 DEMO_PROJECTS = ("boltons", "cachetools", "inflection", "six", "tabulate", "toolz")
@@ -70,7 +71,8 @@ class LifecycleConfig(BaseModel):
     promotion_max_agent_steps_ratio: float | None = Field(1.25, gt=0, description="promotion gate: largest mean "
                                                           "agent steps per trial, candidate / baseline")
     serve_ports: tuple[int, int] = Field((8801, 8802), description="blue/green ports of the model server")
-    quantizations: tuple[str, ...] = Field(("Q8_0", "Q4_K_M"), description="GGUF quantization types")
+    quantizations: tuple[str, ...] = Field(("Q8_0", "Q4_K_M"),
+                                           description="GGUF quantizations (names of gguf.QUANT_PLANS)")
     serve_quantization: str = Field("Q8_0", description="which quantization is served")
     keep_serving: bool = Field(False, description="leave the model server running after the run")
 
@@ -109,13 +111,13 @@ class LifecycleConfig(BaseModel):
     @field_validator("quantizations")
     @classmethod
     def _known_quantizations(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        from forgeflow.packaging.gguf import QUANT_PRESETS
+        from forgeflow.packaging.gguf import QUANT_PLANS
 
         if not value:
             raise ValueError("at least one quantization type is needed")
-        unknown = [q for q in value if q not in QUANT_PRESETS]
+        unknown = [q for q in value if q not in QUANT_PLANS]
         if unknown:
-            raise ValueError(f"unknown quantization type(s) {unknown}; known: {sorted(QUANT_PRESETS)}")
+            raise ValueError(f"unknown quantization type(s) {unknown}; known: {sorted(QUANT_PLANS)}")
         if len(set(value)) != len(value):
             raise ValueError(f"quantizations repeat a type: {list(value)}")
         return value
@@ -133,7 +135,20 @@ class LifecycleConfig(BaseModel):
             raise ValueError(f"source_port, target_port and serve_ports must be four distinct ports, got {ports}")
         if self.lanes > self.shards:
             raise ValueError(f"lanes ({self.lanes}) cannot exceed shards ({self.shards})")
+        # before any image is built: projects x candidates_per_project bound what validation can accept
+        unmet = quota_feasibility({p: self.candidates_per_project for p in self.projects}, self.quotas)
+        if unmet:
+            raise ValueError(f"the freeze quotas cannot be met by {len(self.projects)} project(s) x "
+                             f"{self.candidates_per_project} candidates even if every candidate is accepted: "
+                             f"{feasibility_text(unmet)}")
         return self
+
+    @property
+    def quotas(self) -> SplitQuotas:
+        """The freeze quotas (``train_min``, ``validation_min``, ``test_min``, ``max_tasks_per_repo``,
+        ``min_repos``)."""
+        return SplitQuotas(train=self.train_min, validation=self.validation_min, test=self.test_min,
+                           max_per_repo=self.max_tasks_per_repo, min_repos=self.min_repos)
 
     @property
     def source_address(self) -> str:

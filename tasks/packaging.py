@@ -40,21 +40,31 @@ def base_model(out_dir: Path, seed: int) -> tuple[model.ModelRecord, model.Token
 
 
 @task(cache_policy=RESUMABLE)
-def package(hf_dir: Path, hf_sha256: str, out_dir: Path, quantizations: tuple[str, ...],
+def package(hf_dir: Path, hf_sha256: str, out_dir: Path, quantizations: tuple[str | gguf.QuantSpec, ...],
             adapter_dir: Path | None = None, adapter_sha256: str | None = None) -> dict[str, gguf.GGUFArtifact]:
     """Merge (if an adapter is given) -> convert to GGUF f16 -> quantize -> check -> load.
 
+    Args:
+        quantizations: the quantization plan: :data:`forgeflow.packaging.gguf.QUANT_PLANS` names
+            and/or :class:`forgeflow.packaging.gguf.QuantSpec` (a preset with per-tensor types).
+
     Returns:
-        {"f16": artifact, "<QTYPE>": artifact, ...}; every artifact checked against the HF config
-        and loaded with llama-cpp-python.
+        {"f16": artifact, "<key>": artifact, ...} (key: :attr:`QuantSpec.key`); every artifact
+        checked against the HF config (a mixed one also tensor by tensor) and loaded with
+        llama-cpp-python.
+
+    Raises:
+        InputError: an unknown plan name or preset, repeated artifact keys (before any compute).
     """
+    plan = gguf.quant_plan(quantizations)
     out_dir.mkdir(parents=True, exist_ok=True)
     source = hf_dir
     if adapter_dir is not None:
         source = gguf.merge_adapter(hf_dir, adapter_dir, out_dir / "merged")
     artifacts = {"f16": gguf.convert_to_gguf(source, out_dir / "model-f16.gguf", outtype="f16")}
-    for qtype in quantizations:
-        artifacts[qtype] = gguf.quantize(artifacts["f16"].path, out_dir / f"model-{qtype}.gguf", qtype)
+    for spec in plan:
+        artifacts[spec.key] = gguf.quantize(artifacts["f16"].path, out_dir / f"model-{spec.key}.gguf", spec.preset,
+                                            tensor_types=dict(spec.tensor_types) or None)
     for artifact in artifacts.values():
         gguf.check_gguf(artifact.path, source)
         gguf.load_gguf(artifact.path)

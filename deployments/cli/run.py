@@ -80,12 +80,57 @@ def _print_summary(path: Path) -> None:
 
 
 @app.command()
-def ui(port: int = typer.Option(4200, help="UI/API port on 127.0.0.1")) -> None:
-    """Start the Prefect server and UI on forgeflow's Prefect database (Ctrl-C stops it)."""
+def ui(port: int = typer.Option(4200, help="UI/API port on 127.0.0.1 (1..65535, free)")) -> None:
+    """Start the Prefect server and UI on forgeflow's Prefect database.
+
+    Ctrl-C, SIGTERM or SIGHUP to this command stops the server it started (its whole process
+    group: SIGTERM, then SIGKILL after 10 s); an invalid or busy port is refused in one line.
+    """
+    import signal  # noqa: PLC0415
+    import socket  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    if not 1 <= port <= 65535:
+        fail(f"forgeflow ui: --port must be in 1..65535, got {port}")
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError as exc:
+            fail(f"forgeflow ui: port {port} on 127.0.0.1 is not free ({exc.strerror}); give another --port")
     prepare_env()
     console.print(f"Prefect UI on http://127.0.0.1:{port} (PREFECT_HOME={os.environ['PREFECT_HOME']})")
-    raise SystemExit(subprocess.call([sys.executable, "-m", "prefect", "server", "start",
-                                      "--host", "127.0.0.1", "--port", str(port)]))
+    server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+                               "--port", str(port)], start_new_session=True)
+
+    stopping: list[tuple[float, int]] = []  # (when, which) stop signal came; the handler only signals
+
+    def stop(signum: int, _frame: object) -> None:
+        if not stopping:
+            stopping.append((time.monotonic(), signum))
+        try:
+            os.killpg(server.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, stop)
+    while True:
+        try:
+            code = server.wait(timeout=0.5)
+            break
+        except subprocess.TimeoutExpired:
+            if stopping and time.monotonic() - stopping[0][0] > 10:  # SIGTERM not heeded in 10 s
+                try:
+                    os.killpg(server.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+    if stopping:
+        try:  # what the server started in its group and left behind
+            os.killpg(server.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        raise SystemExit(128 + stopping[0][1])
+    raise SystemExit(code)
 
 
 @app.command()

@@ -21,6 +21,7 @@ import os
 import re
 import uuid
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -232,6 +233,55 @@ def select_splits(
         unmet=unmet,
         ready=not unmet,
     )
+
+
+def quota_feasibility(repo_counts: Mapping[str, int], quotas: SplitQuotas) -> list[UnmetQuota]:
+    """What no validation can fix: the quotas that even every candidate accepted could not meet.
+
+    A check before any compute (images, validation): splits are repository-disjoint and each
+    repository contributes at most ``max_per_repo`` tasks, so the necessary conditions are
+
+    * ``repos``: distinct repositories >= ``min_repos``;
+    * ``splits.repos``: distinct repositories >= the sum over non-empty splits of
+      :meth:`SplitQuotas.min_repos_for` (each split needs its own repositories, at least one);
+    * ``tasks``: the sum over repositories of ``min(candidates, max_per_repo)`` >= the sum of the
+      split targets.
+
+    Passing is necessary, not sufficient: validation decides which candidates are accepted.
+
+    Args:
+        repo_counts: repository -> number of candidates (an upper bound of its accepted tasks).
+        quotas: the freeze's quotas.
+
+    Returns:
+        The unmet conditions (empty: the quotas are reachable).
+
+    Raises:
+        InputError: a negative count, or every split target is 0.
+    """
+    if not any(quotas.target(split) for split in SPLITS):
+        raise InputError("quotas: train, validation and test are all 0; nothing to freeze")
+    bad = {repo: n for repo, n in repo_counts.items() if n < 0}
+    if bad:
+        raise InputError(f"repo_counts: negative candidate counts {bad}")
+    repos = sum(1 for n in repo_counts.values() if n > 0)
+    split_repos = sum(quotas.min_repos_for(split) for split in SPLITS)
+    tasks = sum(min(n, quotas.max_per_repo) for n in repo_counts.values())
+    targets = sum(quotas.target(split) for split in SPLITS)
+    unmet = []
+    for name, required, found in (("repos", quotas.min_repos, repos), ("splits.repos", split_repos, repos),
+                                  ("tasks", targets, tasks)):
+        if found < required:
+            unmet.append(UnmetQuota(name=name, required=required, found=found, missing=required - found))
+    return unmet
+
+
+def feasibility_text(unmet: Sequence[UnmetQuota]) -> str:
+    """One line naming each unmet condition of :func:`quota_feasibility` and by how much."""
+    what = {"repos": "repositories overall (min_repos)",
+            "splits.repos": "repositories for repository-disjoint splits (one or more per non-empty split)",
+            "tasks": "tasks after the per-repository cap (max_per_repo) for the split targets"}
+    return "; ".join(f"{what.get(u.name, u.name)}: need {u.required}, at most {u.found} possible" for u in unmet)
 
 
 def freeze_ready(

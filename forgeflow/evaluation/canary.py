@@ -29,7 +29,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow.common.errors import InputError, PreflightError
-from forgeflow.curation.freeze import FreezeManifest, verify_freeze
+from forgeflow.curation.freeze import FreezeManifest, stable_key, verify_freeze
 from forgeflow.evaluation import compare
 from forgeflow.evaluation.agent import problem_statement_for
 from forgeflow.ledger import records
@@ -126,51 +126,93 @@ def frozen_split(store: ledger.Store, freeze_name: str, split: str) -> tuple[Fre
     return manifest, list(ids)
 
 
-def canary_tasks(store: ledger.Store, instance_ids: Sequence[str], generated: Iterable[Any],
-                 check_images: bool = True) -> list[CanaryTask]:
-    """The :class:`CanaryTask` of each instance, from the store's validated task rows and the
-    generated-candidates rows (:class:`forgeflow.curation.generated.GeneratedTask`: patch, task image, test
-    command).
+def sample_split(instance_ids: Sequence[str], sample: int | None, seed: int = 0) -> list[str]:
+    """A seeded subset of a split's ids (the hand-run pipeline drew 30 validation tasks with a fixed seed).
 
-    The sandbox image is the row's local task image (``image``: present once the lifecycle's
-    registries stopped); its digest is the registry digest the lifecycle pushed it under when known
-    (the same content, so the lifecycle's cached scored trials are reused), else ``sha256:<image id>``.
+    The ``sample`` ids with the smallest :func:`forgeflow.curation.freeze.stable_key` ``(seed, id)``
+    are kept, in the split's order: the same split, size and seed give the same subset on every
+    machine, and a larger sample contains a smaller one of the same seed.
+
+    Args:
+        instance_ids: the split's ids.
+        sample: how many to keep; None (or at least the split's size) keeps them all.
+        seed: the draw's seed.
+
+    Returns:
+        The kept ids, in input order.
+
+    Raises:
+        InputError: ``sample`` < 1, or a repeated id.
+    """
+    ids = list(instance_ids)
+    if len(set(ids)) != len(ids):
+        raise InputError("sample_split: the split repeats an instance id")
+    if sample is None or sample >= len(ids):
+        return ids
+    if sample < 1:
+        raise InputError(f"sample must be >= 1 (or None for the whole split), got {sample}")
+    kept = set(sorted(ids, key=lambda instance_id: stable_key(seed, instance_id))[:sample])
+    return [instance_id for instance_id in ids if instance_id in kept]
+
+
+def canary_tasks(store: ledger.Store, instance_ids: Sequence[str], rows: Iterable[Any],
+                 check_images: bool = True, test_commands: Mapping[str, str] | None = None) -> list[CanaryTask]:
+    """The :class:`CanaryTask` of each instance, from the store's validated task rows and the task
+    rows (the user's candidates, :class:`forgeflow.curation.candidates.CandidateTask`, or the
+    lifecycle's :class:`forgeflow.curation.generated.GeneratedTask`: patch, task image, test command).
+
+    The sandbox image is the row's task image; its digest is the registry digest the lifecycle
+    pushed it under when known (the same content, so the lifecycle's cached scored trials are
+    reused), else ``sha256:<image id>`` (recorded in the row, or read from podman for a local image).
+    The problem statement is the row's own ``problem_statement`` (a SWE-bench-style issue text)
+    when it has one, else one written from the patch and FAIL_TO_PASS
+    (:func:`forgeflow.evaluation.agent.problem_statement_for`).
 
     Args:
         store: The ledger holding the tasks' validation (FAIL_TO_PASS / PASS_TO_PASS).
         instance_ids: The split's ids, in order.
-        generated: The candidate rows.
+        rows: The task rows.
         check_images: Check with podman that every task image exists (one ``image exists`` each).
+        test_commands: instance id -> test command, overriding a row's ``test_command``
+            (:func:`forgeflow.curation.task_rows.load_task_rows`).
 
     Returns:
         One task per id, in order.
 
     Raises:
-        PreflightError: ids without a generated row, not accepted in the store (status given), or
-            whose image is missing: every problem listed, before any trial runs.
+        PreflightError: ids without a row, not accepted in the store (status given), without a
+            test command, or whose image is missing: every problem listed, before any trial runs.
     """
-    rows = {row.instance_id: row for row in generated}
+    by_id = {row.instance_id: row for row in rows}
     problems: list[str] = []
     out: list[CanaryTask] = []
     for instance_id in instance_ids:
-        row, task = rows.get(instance_id), store.get_task(instance_id)
+        row, task = by_id.get(instance_id), store.get_task(instance_id)
         if row is None:
-            problems.append(f"{instance_id}: no row in the generated-candidates file")
+            problems.append(f"{instance_id}: no row in the task rows (candidates file)")
             continue
         if task is None or task.status != "accepted" or not task.fail_to_pass:
             status = "not in the store" if task is None else f"status {task.status!r}"
             problems.append(f"{instance_id}: not an accepted task with FAIL_TO_PASS ({status})")
             continue
-        digest = row.registry_digest or (f"sha256:{row.image_id}" if row.image_id else None)
+        image = row.image or task.image_ref
+        command = (test_commands or {}).get(instance_id) or getattr(row, "test_command", None)
+        if not image or not command:
+            problems.append(f"{instance_id}: no {'task image' if not image else 'test command'} in its row")
+            continue
+        if check_images and not images.image_exists(image):
+            problems.append(f"{instance_id}: task image {image} does not exist (podman image exists)")
+            continue
+        digest = getattr(row, "registry_digest", None) or (
+            f"sha256:{row.image_id}" if getattr(row, "image_id", None) else None)
+        if digest is None and check_images:
+            digest = f"sha256:{images.image_id(image)}"
         if digest is None:
             problems.append(f"{instance_id}: no image digest (registry_digest or image_id) in its row")
             continue
-        if check_images and not images.image_exists(row.image):
-            problems.append(f"{instance_id}: task image {row.image} does not exist (podman image exists)")
-            continue
-        out.append(CanaryTask(instance_id=instance_id, repo=row.repo, image_ref=row.image, image_digest=digest,
-                              problem_statement=problem_statement_for(row.patch, task.fail_to_pass),
-                              test_command=row.test_command, fail_to_pass=task.fail_to_pass,
+        statement = getattr(row, "problem_statement", None) or problem_statement_for(row.patch, task.fail_to_pass)
+        out.append(CanaryTask(instance_id=instance_id, repo=row.repo, image_ref=image, image_digest=digest,
+                              problem_statement=statement, test_command=command, fail_to_pass=task.fail_to_pass,
                               pass_to_pass=task.pass_to_pass))
     if problems:
         shown = problems[:20]

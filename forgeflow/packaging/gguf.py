@@ -23,10 +23,11 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from forgeflow.common.errors import GGUFError, InfraError, InputError, ToolMissingError
 from forgeflow.common.fsutil import (
@@ -197,6 +198,78 @@ MIXED_ATTN_EMBD_OUTPUT_Q8_0: dict[str, str] = {
 """Example override set: attention, embedding and output tensors at Q8_0 (llama.cpp tensor names
 ``blk.N.attn_q.weight``, ``token_embd.weight``, ``output.weight``); the rest follows the base
 preset (for ``Q4_K_M``: Q4_K, with llama.cpp's own Q6_K choices for some ``ffn_down``)."""
+
+
+class QuantSpec(BaseModel):
+    """One quantized artifact of a package run: a preset, optionally with per-tensor types.
+
+    Attributes:
+        preset: a :data:`QUANT_PRESETS` name (``Q8_0``, ``Q4_K_M``): the type of the tensors no
+            pattern matches.
+        tensor_types: regex over llama.cpp tensor names -> ggml type name (first match wins; see
+            :func:`quantize`); empty for a uniform preset.
+        name: the artifact's key (its ``model-<name>.gguf`` file and the ledger's quantization);
+            default the preset, ``<preset>+mixed`` with ``tensor_types``.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    preset: str
+    tensor_types: dict[str, str] = Field(default_factory=dict)
+    name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
+
+    @property
+    def key(self) -> str:
+        """The artifact's key (``name``, else the preset, ``+mixed`` with per-tensor types)."""
+        return self.name or (f"{self.preset}+mixed" if self.tensor_types else self.preset)
+
+
+QUANT_PLANS: dict[str, QuantSpec] = {
+    "Q8_0": QuantSpec(preset="Q8_0"),
+    "Q4_K_M": QuantSpec(preset="Q4_K_M"),
+    "Q4_K_M+attn-embd-output-Q8_0": QuantSpec(preset="Q4_K_M", tensor_types=MIXED_ATTN_EMBD_OUTPUT_Q8_0,
+                                              name="Q4_K_M+attn-embd-output-Q8_0"),
+}
+"""Named quantizations a package run takes by name: the uniform presets and the hand-run pipeline's
+served mix (attention, embedding and output at Q8_0, the rest Q4_K_M)."""
+
+
+def quant_spec(value: str | QuantSpec | dict[str, Any]) -> QuantSpec:
+    """A package run's quantization as a :class:`QuantSpec`: a :data:`QUANT_PLANS` name, a spec, or
+    its JSON (``{"preset": ..., "tensor_types": {...}}``, as the Prefect UI sends it).
+
+    Raises:
+        InputError: an unknown plan name or preset, a malformed spec (the field named).
+    """
+    if isinstance(value, str):
+        if value not in QUANT_PLANS:
+            raise InputError(f"quantization {value!r} is not a named plan; valid: {sorted(QUANT_PLANS)} "
+                             "(or give {'preset': ..., 'tensor_types': {...}})")
+        return QUANT_PLANS[value]
+    if isinstance(value, dict):
+        try:
+            value = QuantSpec.model_validate(value)
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            raise InputError(f"quantization {value!r}: {problems}") from None
+    if value.preset not in QUANT_PRESETS:
+        raise InputError(f"quantization preset {value.preset!r} is not known; valid: {sorted(QUANT_PRESETS)}")
+    return value
+
+
+def quant_plan(values: Sequence[str | QuantSpec | dict[str, Any]]) -> list[QuantSpec]:
+    """:func:`quant_spec` of each, checked together: no two artifacts with one key, no ``f16`` key.
+
+    Raises:
+        InputError: as :func:`quant_spec`, or a repeated key (the artifacts would overwrite each other).
+    """
+    specs = [quant_spec(v) for v in values]
+    keys = [s.key for s in specs]
+    repeated = sorted({k for k in keys if keys.count(k) > 1} | ({"f16"} & set(keys)))
+    if repeated:
+        raise InputError(f"quantizations repeat the artifact key(s) {repeated} (f16 is the converted file); "
+                         "give each a distinct name")
+    return specs
 
 
 def _ggml_type(pattern: str, name: str) -> int:

@@ -41,3 +41,15 @@ def test_unknown_project_is_refused_listing_the_pinned_ones():
 def test_inconsistent_or_unknown_parameters_are_refused_before_any_stage(kwargs, named) -> None:
     with pytest.raises(pydantic.ValidationError, match=named):
         LifecycleConfig(**kwargs)
+
+
+def test_projects_that_cannot_fill_the_splits_are_refused_before_any_work() -> None:
+    # 2 projects, 3 repository-disjoint splits (train, validation, test): refused when parsed, i.e.
+    # before a flow run builds an image; the demo's defaults (6 projects) pass
+    with pytest.raises(pydantic.ValidationError, match=r"2 project\(s\) x 5 candidates .*repository-disjoint "
+                                                         r"splits .*need 3, at most 2 possible"):
+        LifecycleConfig(projects=("six", "toolz"))
+    assert LifecycleConfig(projects=("six", "toolz"), validation_min=0).quotas.validation == 0
+    with pytest.raises(pydantic.ValidationError, match="per-repository cap"):
+        LifecycleConfig(candidates_per_project=1, train_min=4, test_min=4)
+    assert LifecycleConfig().quotas.min_repos == 2

@@ -64,6 +64,7 @@ def test_canary_records_a_job_with_its_trials_and_publishes_the_job_report(prefe
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
     from flows.canary import REPORT_ARTIFACT_KEY, canary
+    from forgeflow.evaluation.canary import sample_split
 
     store, manifest, generated = recorded_freeze
     test_ids = manifest.splits["test"]
@@ -101,6 +102,40 @@ def test_canary_records_a_job_with_its_trials_and_publishes_the_job_report(prefe
         again = canary(base_url=url, concurrency=5, profile="verified", job_id="verified-5", **common)
     assert len(bodies) == 2 and again["report"]["reward_1"] == 2
     assert store.get_job("verified-5").params["profile"] == "verified"
+
+    # a seeded sample of the split: one task, the one sample_split draws, under its own job id
+    with scripted_endpoint(lambda i: text_answer(FIX)) as (url, bodies):
+        sampled = canary(base_url=url, sample=1, sample_seed=7, **common)
+    assert sampled["job_id"] == f"{job_id}-s1x7" and len(bodies) == 1
+    assert [t["instance_id"] for t in sampled["trials"]] == sample_split(test_ids, 1, 7)
+    assert store.get_job(sampled["job_id"]).params["sample"] == 1
+
+
+def test_canary_on_the_users_candidates_gives_the_agent_each_rows_problem_statement(
+        prefect_harness, recorded_freeze, task_image: str, tmp_path: Path) -> None:
+    """The candidates JSONL a team curated (SWE-bench-style rows with their own issue text and test
+    command, no generated file): the agent is prompted with the row's problem statement."""
+    import json
+
+    from flows.canary import canary
+
+    store, manifest, _ = recorded_freeze
+    rows = [{"instance_id": i, "repo": r, "patch": BUG_PATCH, "image": task_image, "FAIL_TO_PASS": F2P,
+             "PASS_TO_PASS": P2P, "test_command": TEST_COMMAND,
+             "problem_statement": f"Issue {n}: calc.add returns the difference of its arguments, not their sum."}
+            for n, (i, r) in enumerate(TASKS.items())]
+    path = tmp_path / "team-candidates.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    with scripted_endpoint(lambda i: text_answer(FIX)) as (url, bodies):
+        result = canary(freeze_name="canary-test", base_url=url, model_sha256=MODEL_SHA, candidates_path=path,
+                        job_id="team-rows", out_dir=tmp_path / "canary", verifier_timeout_s=120.0,
+                        agent_config={"step_limit": 5, "agent_timeout_s": 120, "memory_mb": 512})
+    assert result["report"]["reward_1"] == 2
+    prompts = [" ".join(m["content"] for m in body["messages"] if m["role"] == "user") for body in bodies]
+    statements = {row["instance_id"]: row["problem_statement"] for row in rows}
+    for instance_id in manifest.splits["test"]:
+        assert sum(statements[instance_id] in prompt for prompt in prompts) == 1, instance_id
+    assert store.get_job("team-rows").params["candidates_path"] == str(path)
 
 
 def test_canary_refuses_unknown_freeze_split_and_missing_endpoint(prefect_harness, recorded_freeze,

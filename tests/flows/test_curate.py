@@ -91,6 +91,11 @@ def test_curate_runs_until_freeze_ready_then_skips_processed_and_recovers(
     assert events, "the freeze-ready event was not found through the events API"
     assert events[0].resource.id.startswith("forgeflow.store.")
     assert events[0].payload["counts"] == first["counts"]
+    # what the freeze-on-ready automation freezes with: this run's name, quotas, seed and candidates
+    assert events[0].payload["freeze_name"] == first["freeze_name"] and first["freeze_name"].startswith("curate-")
+    assert events[0].payload["quotas"] == quotas.model_dump() and events[0].payload["seed"] == 0
+    assert events[0].payload["instance_ids"] == sorted(json.loads(line)["instance_id"]
+                                                       for line in candidates_jsonl.read_text().splitlines())
 
     second = curate(candidates_jsonl, quotas=quotas, batch_size=2, concurrency=2, verifier_timeout_s=120, seed=0)
     assert second["status"] == "freeze-ready" and second["batches"] == []
@@ -101,3 +106,32 @@ def test_curate_runs_until_freeze_ready_then_skips_processed_and_recovers(
     assert dry["dry_run"] and dry["void"] == [] and dry["requeue"] == [] and dry["kept"]
     done = recover("test: nothing broke", batch_ids=first["batches"][:1], dry_run=False)
     assert done["voided"] == 0 and len(store.accepted_tasks()) >= 2
+
+
+def test_candidates_that_cannot_fill_the_splits_are_refused_before_any_validation(
+        prefect_harness, tmp_path: Path, monkeypatch, flow_store_url: str) -> None:
+    """Two repositories cannot fill three repository-disjoint splits: curate says so at once, before
+    it checks an image or runs a trial, and records nothing."""
+    from flows.curate import curate
+    from forgeflow.common.errors import InputError, PreflightError
+    from forgeflow.curation.freeze import SplitQuotas
+    from forgeflow.ledger.store import Store
+
+    monkeypatch.setenv("FORGEFLOW_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("FORGEFLOW_STORE_URL", flow_store_url)
+    patch = "diff --git a/m.py b/m.py\n--- a/m.py\n+++ b/m.py\n@@ -1 +1 @@\n-x = 1\n+x = 2\n"
+    rows = [{"instance_id": f"{repo.replace('/', '__')}.bug{n}", "repo": repo, "patch": patch, "image": "localhost/none/such:1",
+             "FAIL_TO_PASS": ["tests/test_m.py::test_x"], "test_command": "pytest -rA"}
+            for repo in ("team/alpha", "team/beta") for n in range(3)]
+    path = tmp_path / "two-repos.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    store = Store()
+    store.upgrade()
+    before = len(store.tasks())
+    quotas = SplitQuotas(train=1, validation=1, test=1, max_per_repo=3, min_repos=1)
+    with pytest.raises(PreflightError, match=r"6 candidates from 2 repositories cannot meet the quotas .*"
+                                             r"repository-disjoint splits .*need 3, at most 2 possible"):
+        curate(path, quotas=quotas, batch_size=2, concurrency=1)
+    assert len(store.tasks()) == before  # nothing recorded, no trial run
+    with pytest.raises(InputError, match="freeze name 'Bad Name!' is invalid"):
+        curate(path, quotas=quotas.model_copy(update={"validation": 0}), freeze_name="Bad Name!")

@@ -125,6 +125,7 @@ def test_runs_from_run_deployment_and_rest_complete_and_freeze_ready_triggers_fr
 
     home, state = running
     params = {"job_a": "a", "job_b": "b"}
+    quotas = {"train": 5, "validation": 0, "test": 3, "max_per_repo": 7, "min_repos": 2}  # not the deployment's
     with _settings(state):
         api_run = run_deployment("compare/compare", parameters={**params, "report_path": str(home / "api.md")},
                                  timeout=0)
@@ -136,7 +137,8 @@ def test_runs_from_run_deployment_and_rest_complete_and_freeze_ready_triggers_fr
             async with get_events_client() as client:
                 await client.emit(Event(event="forgeflow.dataset.freeze-ready",
                                         resource={"prefect.resource.id": "forgeflow.store.test"},
-                                        payload={"counts": {"train": 2}}))
+                                        payload={"freeze_name": "team-v7", "quotas": quotas, "seed": 3,
+                                                 "instance_ids": ["repo-a.x1", "repo-b.y2"], "counts": {"train": 2}}))
         asyncio.run(emit())
     for _ in range(30):  # SQLite busy under concurrent writers answers 503: a REST client retries
         rest = httpx.post(f"{state.api_url}/deployments/{state.deployments['compare/compare']}/create_flow_run",
@@ -160,9 +162,15 @@ def test_runs_from_run_deployment_and_rest_complete_and_freeze_ready_triggers_fr
             "deployments": {"id": {"any_": [state.deployments["freeze/freeze"]]}}}).json()
         time.sleep(2)
     assert len(freeze_runs) == 1, "the freeze-ready event did not start the freeze deployment"
+    # the freeze runs with what the curate run carried in its event, not the deployment's demo defaults
+    assert freeze_runs[0]["parameters"]["name"] == "team-v7"
+    assert freeze_runs[0]["parameters"]["quotas"] == quotas
+    assert freeze_runs[0]["parameters"]["seed"] == 3
+    assert freeze_runs[0]["parameters"]["instance_ids"] == ["repo-a.x1", "repo-b.y2"]
     # the store has no accepted tasks: the freeze fails (PreflightError) and the failure is notified
     run = _wait_state(state.api_url, freeze_runs[0]["id"])
     assert run["state"]["type"] == "FAILED"
+    assert "freeze 'team-v7' is not ready" in run["state"]["message"] and "need 5" in run["state"]["message"]
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not any(freeze_runs[0]["id"] in m.get("body", "") for m in webhook[1]):
         time.sleep(1)

@@ -323,3 +323,31 @@ def test_package_records_its_artifacts_with_its_run_as_producer(prefect_harness,
         ("gguf", "Q8_0", artifacts["Q8_0"].sha256)]
     assert all(step.run_ids == [run_id] for step in report.chain[1:])
     assert all(step.path_status == "ok" for step in report.chain)
+
+
+def test_package_takes_a_quantization_plan_with_mixed_per_tensor_types(prefect_harness, home: Path,
+                                                                       tmp_path: Path) -> None:
+    """The hand-run pipeline's served mix by name, and a team's own spec: every tensor a pattern
+    names carries that type in the file, the rest the preset's, and the ledger keeps each key."""
+    from flows.stages import package
+    from forgeflow.packaging.gguf import MIXED_ATTN_EMBD_OUTPUT_Q8_0, tensor_types_of
+
+    hf_dir = tiny_ggufs()[0].parent / "hf"
+    custom = {"preset": "Q8_0", "tensor_types": {r"ffn_(up|gate)\.weight$": "F16"}, "name": "q8-ffn-f16"}
+    with pytest.raises(InputError, match=r"quantization 'Q3_K' is not a named plan; valid: \["):
+        package(hf_dir, tmp_path / "refused", ("Q3_K",))
+    with pytest.raises(InputError, match=r"repeat the artifact key\(s\) \['Q8_0'\]"):
+        package(hf_dir, tmp_path / "refused", ("Q8_0", {"preset": "Q8_0"}))
+    assert not (tmp_path / "refused").exists()  # refused before any compute
+
+    artifacts = package(hf_dir, tmp_path / "out", ("Q4_K_M+attn-embd-output-Q8_0", custom))
+    assert set(artifacts) == {"f16", "Q4_K_M+attn-embd-output-Q8_0", "q8-ffn-f16"}
+    mixed = artifacts["Q4_K_M+attn-embd-output-Q8_0"]
+    assert mixed.type == "Q4_K_M+mixed" and mixed.tensor_types == MIXED_ATTN_EMBD_OUTPUT_Q8_0
+    types = tensor_types_of(mixed.path)
+    assert types["token_embd.weight"] == "Q8_0" and types["blk.0.attn_q.weight"] == "Q8_0"
+    assert types["blk.0.ffn_up.weight"] != "F16"  # the preset's (or llama.cpp's fallback for its row size)
+    own = tensor_types_of(artifacts["q8-ffn-f16"].path)
+    assert own["blk.0.ffn_up.weight"] == "F16" and own["blk.0.attn_q.weight"] == "Q8_0"
+    recorded = {a.quantization for a in Store().model_artifacts() if a.kind == "gguf"}
+    assert {"Q4_K_M+attn-embd-output-Q8_0", "q8-ffn-f16"} <= recorded

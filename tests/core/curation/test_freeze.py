@@ -12,7 +12,9 @@ from forgeflow.common.fsutil import sha256_file
 from forgeflow.curation.freeze import (
     AcceptedTask,
     SplitQuotas,
+    feasibility_text,
     freeze_ready,
+    quota_feasibility,
     select_splits,
     verify_freeze,
     write_freeze,
@@ -178,7 +180,7 @@ def test_a_used_freeze_name_with_other_inputs_is_refused_before_any_work(tmp_pat
     recorded = record_freeze_inputs("demo-v1", tmp_path, made)
     assert recorded == inputs_path("demo-v1", tmp_path) and json.loads(recorded.read_text())["seed"] == 0
     check_freeze_inputs("demo-v1", tmp_path, made)  # same inputs: the run reuses the freeze
-    other = LifecycleConfig(candidates_per_project=3, projects=("six", "toolz")).freeze_inputs()
+    other = LifecycleConfig(candidates_per_project=3, projects=("six", "toolz"), validation_min=0).freeze_inputs()
     with pytest.raises(FreezeConflictError) as err:
         check_freeze_inputs("demo-v1", tmp_path, other)
     assert "candidates_per_project: 5 then, 3 now" in str(err.value)
@@ -186,3 +188,38 @@ def test_a_used_freeze_name_with_other_inputs_is_refused_before_any_work(tmp_pat
     check_freeze_inputs("demo-v2", tmp_path, other)  # another name is free
     record_freeze_inputs("demo-v1", tmp_path, other)  # a freeze is immutable: its inputs file too
     assert json.loads(recorded.read_text())["candidates_per_project"] == 5
+
+
+def test_quotas_no_validation_can_meet_are_named_before_any_work() -> None:
+    quotas = SplitQuotas(train=2, validation=1, test=2, max_per_repo=4, min_repos=2)
+    # 2 repositories cannot fill 3 repository-disjoint splits, whatever validation accepts
+    unmet = quota_feasibility({"six": 5, "toolz": 5}, quotas)
+    assert [(u.name, u.required, u.found) for u in unmet] == [("splits.repos", 3, 2)]
+    assert "repository-disjoint splits" in feasibility_text(unmet) and "need 3, at most 2" in feasibility_text(unmet)
+    # the per-repository cap bounds the tasks: 3 repos x min(5, 1) = 3 < 5
+    capped = quota_feasibility({"a": 5, "b": 5, "c": 5}, quotas.model_copy(update={"max_per_repo": 1}))
+    assert [(u.name, u.required, u.found) for u in capped] == [("tasks", 5, 3)]
+    # too few repositories overall; a repository without candidates does not count
+    few = quota_feasibility({"a": 9, "b": 9, "c": 9, "d": 0}, quotas.model_copy(update={"min_repos": 4}))
+    assert [(u.name, u.required, u.found) for u in few] == [("repos", 4, 3), ("splits.repos", 5, 3)]  # 2 + 1 + 2
+    assert quota_feasibility({"a": 2, "b": 1, "c": 2}, quotas) == []
+
+
+def test_quota_feasibility_agrees_with_the_selection_when_everything_is_accepted() -> None:
+    """Whenever the real selection can freeze all candidates, the pre-check must not refuse them."""
+    import itertools
+
+    for counts in itertools.product(range(0, 4), repeat=4):
+        repo_counts = {f"r{i}": n for i, n in enumerate(counts)}
+        accepted = [AcceptedTask(instance_id=f"r{i}.{k}", repo=f"r{i}") for i, n in enumerate(counts) for k in range(n)]
+        for quotas in (SplitQuotas(train=2, validation=1, test=2, max_per_repo=2, min_repos=2),
+                       SplitQuotas(train=1, validation=0, test=1, max_per_repo=3, min_repos=1)):
+            if select_splits(accepted, quotas, 0).ready:
+                assert quota_feasibility(repo_counts, quotas) == [], (counts, quotas)
+
+
+def test_quota_feasibility_refuses_bad_input() -> None:
+    with pytest.raises(InputError, match="all 0"):
+        quota_feasibility({"a": 1}, SplitQuotas(train=0, validation=0, test=0, max_per_repo=1))
+    with pytest.raises(InputError, match="negative"):
+        quota_feasibility({"a": -1}, SplitQuotas(train=1, validation=0, test=1, max_per_repo=1))

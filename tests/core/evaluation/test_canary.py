@@ -12,6 +12,7 @@ from forgeflow.evaluation.canary import (
     canary_tasks,
     check_concurrency,
     render_job_report,
+    sample_split,
 )
 from forgeflow.evaluation.compare import JobReport
 from forgeflow.ledger.records import JobRecord, TaskRecord
@@ -59,7 +60,7 @@ def test_tasks_that_cannot_run_are_all_listed_before_any_trial(store_url: str):
     text = str(info.value)
     assert text.startswith("canary: 2 of 3 task(s) cannot run")
     assert "calc.rej__00000002: not an accepted task with FAIL_TO_PASS (status 'rejected')" in text
-    assert "calc.gone__00000003: no row in the generated-candidates file" in text
+    assert "calc.gone__00000003: no row in the task rows (candidates file)" in text
 
 
 def test_job_report_shows_the_accounting_and_every_trial():
@@ -75,3 +76,17 @@ def test_job_report_shows_the_accounting_and_every_trial():
     assert "Exceptions by type: ModelEndpointError 1." in md
     assert "| c |  | ModelEndpointError |  |  |" in md and "| a | 1.0 |  | 3.2 | 1.0 |" in md
     assert "freeze: `f1`, split `test`" in md and "- profile: default (concurrency 2)" in md
+
+
+def test_a_seeded_sample_is_the_same_every_time_and_nested_in_larger_ones():
+    ids = [f"repo{i % 5}.task{i:03d}" for i in range(60)]
+    thirty = sample_split(ids, 30, seed=42)
+    assert len(thirty) == 30 and thirty == sample_split(list(ids), 30, seed=42)
+    assert thirty == [i for i in ids if i in set(thirty)]  # the split's order is kept
+    assert set(sample_split(ids, 10, seed=42)) < set(thirty)  # a smaller draw of the same seed is inside
+    assert sample_split(ids, 30, seed=43) != thirty
+    assert sample_split(ids, None) == ids and sample_split(ids, 60) == ids and sample_split(ids, 99) == ids
+    with pytest.raises(InputError, match="sample must be >= 1"):
+        sample_split(ids, 0)
+    with pytest.raises(InputError, match="repeats an instance id"):
+        sample_split(["a", "a"], 1)
