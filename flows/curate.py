@@ -77,7 +77,8 @@ def curate(candidates_path: Path | None = None, quotas: SplitQuotas = DEFAULT_QU
            batch_size: int = DEFAULT_BATCH_SIZE, concurrency: int = 10, max_retries: int = 2,
            verifier_timeout_s: float = 180.0, memory_mb: int = 2048, seed: int = 0,
            test_commands: dict[str, str] | None = None, generated_path: Path | None = None,
-           checks: ValidationChecks = ValidationChecks(), freeze_name: str | None = None) -> dict[str, Any]:
+           checks: ValidationChecks = ValidationChecks(), freeze_name: str | None = None,
+           sandbox: str | None = None) -> dict[str, Any]:
     """Validate candidate batches until the accepted tasks meet ``quotas`` (or none is left).
 
     Args:
@@ -106,6 +107,9 @@ def curate(candidates_path: Path | None = None, quotas: SplitQuotas = DEFAULT_QU
         freeze_name: The name the freeze-on-ready automation freezes under (carried in the
             freeze-ready event with ``quotas``, ``seed`` and the run's candidate ids); None: ``curate-``
             + 12 hex digits of the sha256 of (candidate ids, quotas, seed).
+        sandbox: The name of a ``forgeflow-sandbox`` block (:class:`blocks.core.SandboxBackend`):
+            every NOP/Oracle trial runs on its backend (``podman``, ``kubernetes``) with its memory
+            and CPU limits (its ``memory_mb`` replaces ``memory_mb``). None: podman, ``memory_mb``.
 
     Only this run's candidates count: readiness is checked on the accepted tasks among them, and
     before any image is checked or trial run the quotas are checked against the candidates
@@ -119,7 +123,8 @@ def curate(candidates_path: Path | None = None, quotas: SplitQuotas = DEFAULT_QU
 
     Raises:
         InputError: malformed rows, a repo without a test command, bad parameters, no
-            candidates file, both paths given, an invalid ``freeze_name``.
+            candidates file, both paths given, an invalid ``freeze_name``, a missing ``sandbox``
+            block or one whose kind is not a sandbox backend.
         PreflightError: the candidates cannot meet ``quotas`` even if every one were accepted
             (nothing was validated).
     """
@@ -128,6 +133,7 @@ def curate(candidates_path: Path | None = None, quotas: SplitQuotas = DEFAULT_QU
                          f"{concurrency}, {max_retries}, {verifier_timeout_s}")
     if freeze_name is not None:
         validate_freeze_name(freeze_name)
+    placement = curate_tasks.sandbox_choice(sandbox) if sandbox is not None else None
     logger = get_run_logger()
     apply_container_env()
     run_id = str(flow_run.get_id() or "")
@@ -189,7 +195,8 @@ def curate(candidates_path: Path | None = None, quotas: SplitQuotas = DEFAULT_QU
                     "counts": selection.counts, "unmet": [text], "event_id": None, "freeze_name": name}
         batch_id = f"curate-{sha256_json({'seed': seed, 'ids': sorted(ids)})[:16]}"
         recorded += _run_batch(store, batch_id, ids, by_id, commands, image_ids, validate,
-                               _BatchLimits(concurrency, max_retries, verifier_timeout_s, memory_mb, checks), run_id)
+                               _BatchLimits(concurrency, max_retries, verifier_timeout_s, memory_mb, checks, placement),
+                               run_id)
         batches.append(batch_id)
         logger.info("batch %s: %d candidates; unmet before it: %s", batch_id, len(ids), _unmet_text(selection.unmet))
 
@@ -201,6 +208,7 @@ class _BatchLimits:
     timeout_s: float
     memory_mb: int
     checks: ValidationChecks
+    sandbox: curate_tasks.SandboxChoice | None = None
 
 
 def _run_batch(store: Store, batch_id: str, ids: list[str], by_id: dict[str, CandidateTask | GeneratedTask],
@@ -227,7 +235,8 @@ def _run_batch(store: Store, batch_id: str, ids: list[str], by_id: dict[str, Can
             iid, attempt = pending.popleft()
             row = by_id[iid]
             future = validate.submit(row, row.image, image_ids[iid], commands[iid], limits.timeout_s,
-                                     limits.memory_mb, f"curate-a{earlier[iid] + attempt}", limits.checks, sink)
+                                     limits.memory_mb, f"curate-a{earlier[iid] + attempt}", limits.checks, sink,
+                                     limits.sandbox)
             future.add_done_callback(lambda f, iid=iid, attempt=attempt: done.put((iid, attempt, f)))
             in_flight += 1
         iid, attempt, future = done.get()

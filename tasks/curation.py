@@ -48,6 +48,44 @@ class TrialSink(BaseModel):
     run_id: str | None = None
 
 
+class SandboxChoice(BaseModel):
+    """Where a flow's trials run: the fields of a ``forgeflow-sandbox`` block
+    (:class:`blocks.core.SandboxBackend`).
+
+    Attributes:
+        block: the block's name.
+        kind: the sandbox backend (:data:`forgeflow.sandbox.backends.BACKENDS`: ``podman``,
+            ``kubernetes``).
+        memory_mb: memory limit per trial container, MiB.
+        cpus: CPU quota per trial container, cores.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    block: str
+    kind: str
+    memory_mb: int
+    cpus: float
+
+
+@task(cache_policy=NO_CACHE)
+def sandbox_choice(block_name: str) -> SandboxChoice:
+    """Load the ``forgeflow-sandbox`` block ``block_name`` (preflight: its backend kind must exist).
+
+    Raises:
+        InputError: no such block, or its kind is not a sandbox backend (the valid kinds listed).
+    """
+    from blocks.core import SandboxBackend
+    from forgeflow.common.errors import InputError
+
+    try:
+        block = SandboxBackend.load(block_name)
+    except ValueError as exc:  # Prefect: "Unable to find block document named ..."
+        raise InputError(f"sandbox block {block_name!r} does not exist: {exc}") from exc
+    block.backend()  # an unknown kind: InputError listing the valid ones
+    return SandboxChoice(block=block_name, kind=block.kind, memory_mb=block.memory_mb, cpus=block.cpus)
+
+
 @lru_cache(maxsize=8)
 def _store(url: str) -> Store:
     return Store(url)
@@ -62,7 +100,7 @@ _VALIDATION_CACHE = (INPUTS - "sink") + TASK_SOURCE
 def validate_candidate(candidate: trial.BugTask, image_ref: str, image_digest: str | None, test_command: str,
                        timeout_s: float, memory_mb: int, run_key: str = "validate",
                        checks: trial.ValidationChecks = trial.ValidationChecks(),
-                       sink: TrialSink | None = None) -> trial.ValidationOutcome:
+                       sink: TrialSink | None = None, sandbox: SandboxChoice | None = None) -> trial.ValidationOutcome:
     """NOP then Oracle runs of one candidate in no-network containers of its task image
     (:func:`forgeflow.sandbox.trial.validate_candidate`); the one validation task of the lifecycle's
     validate stage and of the ``curate`` flow.
@@ -84,6 +122,8 @@ def validate_candidate(candidate: trial.BugTask, image_ref: str, image_digest: s
         checks: Oracle repeats, flaky policy and log parser (:class:`forgeflow.sandbox.trial.ValidationChecks`).
         sink: Where each trial is stored as it ends (not part of the cache key); None: the caller
             records the outcome.
+        sandbox: The sandbox backend and its limits (a ``forgeflow-sandbox`` block's,
+            :func:`sandbox_choice`); its ``memory_mb`` replaces ``memory_mb``. None: podman, 1 CPU.
 
     Returns:
         The outcome. Infrastructure failures come back as trials with an exception type (never
@@ -101,9 +141,11 @@ def validate_candidate(candidate: trial.BugTask, image_ref: str, image_digest: s
         def on_trial(record: trial.TrialResult) -> None:
             store.record_trial(trial_row(record, sink.job_id, None, sink.run_id, batch_id=sink.batch_id))
 
-    return trial.validate_candidate(candidate, image_ref, test_command, timeout_s=timeout_s,
-                                    spec=SandboxSpec(memory_mb=memory_mb), run_key=run_key, checks=checks,
-                                    on_trial=on_trial)
+    spec = SandboxSpec(memory_mb=memory_mb) if sandbox is None else SandboxSpec(memory_mb=sandbox.memory_mb,
+                                                                                cpus=sandbox.cpus)
+    return trial.validate_candidate(candidate, image_ref, test_command, timeout_s=timeout_s, spec=spec,
+                                    run_key=run_key, checks=checks, on_trial=on_trial,
+                                    backend=sandbox.kind if sandbox is not None else "podman")
 
 
 @task(cache_policy=RESUMABLE)

@@ -135,3 +135,39 @@ def test_candidates_that_cannot_fill_the_splits_are_refused_before_any_validatio
     assert len(store.tasks()) == before  # nothing recorded, no trial run
     with pytest.raises(InputError, match="freeze name 'Bad Name!' is invalid"):
         curate(path, quotas=quotas.model_copy(update={"validation": 0}), freeze_name="Bad Name!")
+
+
+def test_a_sandbox_block_chooses_where_the_trials_run(prefect_harness, candidates_jsonl: Path, tmp_path: Path,
+                                                      monkeypatch) -> None:
+    """curate's trials run on the backend of the ``forgeflow-sandbox`` block it is given: a
+    ``kubernetes`` block on a machine with no cluster configuration makes every validation an
+    infrastructure error naming Kubernetes (never a rejection, never podman instead); a missing
+    block or an unknown kind is refused before any trial."""
+    from blocks.core import SandboxBackend
+    from flows.curate import curate
+    from forgeflow.common.errors import InputError
+    from forgeflow.curation.freeze import SplitQuotas
+    from forgeflow.ledger.store import Store
+
+    monkeypatch.setenv("FORGEFLOW_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("FORGEFLOW_STORE_URL", f"sqlite:///{tmp_path / 'k8s-store.db'}")
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-kubeconfig"))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    quotas = SplitQuotas(train=1, validation=0, test=1, min_repos=1, max_per_repo=3)
+    with pytest.raises(InputError, match="sandbox block 'no-such-sandbox' does not exist"):
+        curate(candidates_jsonl, quotas=quotas, sandbox="no-such-sandbox")
+    SandboxBackend(kind="firecracker").save("test-bad-kind-sandbox", overwrite=True)
+    with pytest.raises(InputError, match="unknown sandbox backend 'firecracker'; valid kinds: kubernetes, podman"):
+        curate(candidates_jsonl, quotas=quotas, sandbox="test-bad-kind-sandbox")
+    store = Store()
+    store.upgrade()
+    assert store.trials_for(include_void=True) == []  # refused before any trial
+
+    SandboxBackend(kind="kubernetes", memory_mb=512, cpus=0.5).save("test-k8s-sandbox", overwrite=True)
+    out = curate(candidates_jsonl, quotas=quotas, batch_size=4, concurrency=2, max_retries=0, sandbox="test-k8s-sandbox")
+    assert out["status"] == "exhausted"
+    tasks = store.tasks()
+    assert tasks and all(t.status == "error" for t in tasks), [(t.instance_id, t.status) for t in tasks]
+    assert all("no Kubernetes configuration" in t.reason for t in tasks), tasks[0].reason
+    trials = store.trials_for(include_void=True)
+    assert trials and all(t.exception_type == "SandboxError" and t.reward is None for t in trials)
