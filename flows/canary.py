@@ -40,7 +40,7 @@ from forgeflow.common.errors import InputError, PreflightError
 from forgeflow.common.fsutil import atomic_write_text
 from forgeflow.common.settings import apply_container_env, home_dir
 from forgeflow.curation.generated import GENERATED_FILE
-from forgeflow.curation.task_rows import load_task_rows
+from forgeflow.curation.task_rows import DatasetSource, TestSpec, load_task_rows
 from forgeflow.evaluation import agent, compare
 from forgeflow.evaluation.canary import (
     JOB_KIND,
@@ -88,7 +88,7 @@ def run_canary_job(log: StageLog, st: dict[str, Any], stage: str, job: records.J
         futures = [evaluation_tasks.agent_trial.submit(
             t.instance_id, t.image_ref, t.image_digest, t.problem_statement, t.test_command, t.fail_to_pass,
             t.pass_to_pass, base_url, model_alias, model_sha256, agent_config, trajectories_dir, verifier_timeout_s,
-            job_id=job.job_id, run_key=run_key) for t in tasks[start:start + concurrency]]
+            job_id=job.job_id, run_key=run_key, log_parser=t.log_parser) for t in tasks[start:start + concurrency]]
         for state in log.gather(futures):
             tr = state.result()
             store.record_trial(trial_row(tr, job.job_id, model_sha256, run_id))
@@ -153,6 +153,13 @@ def _recovery_agent_config(original: records.JobRecord, given: agent.AgentConfig
     return agent.AgentConfig.model_validate(given)
 
 
+def _rows_param(own_candidates: bool, from_dataset: bool, source: str) -> dict[str, str]:
+    """Where a job's task rows came from, as its params record it (a dataset is recorded whole)."""
+    if from_dataset:
+        return {}
+    return {"candidates_path" if own_candidates else "generated_path": source}
+
+
 def _check_reachable(base_url: str) -> None:
     """Any HTTP answer from ``GET base_url/models`` counts; a refused or timed-out connection does not."""
     try:
@@ -168,7 +175,8 @@ def canary(freeze_name: str, split: str = "test", state_path: Path | None = None
            profile: str = "default", agent_config: agent.AgentConfig = agent.AgentConfig(),
            verifier_timeout_s: float = 180.0, generated_path: Path | None = None, job_id: str | None = None,
            out_dir: Path | None = None, sample: int | None = None, sample_seed: int = 0,
-           candidates_path: Path | None = None, test_commands: dict[str, str] | None = None) -> dict[str, Any]:
+           candidates_path: Path | None = None, test_commands: dict[str, str] | None = None,
+           dataset: DatasetSource | None = None, test_specs: dict[str, TestSpec] | None = None) -> dict[str, Any]:
     """Agent trials on ``split`` of freeze ``freeze_name`` against a served model: one canary job.
 
     Args:
@@ -197,6 +205,10 @@ def canary(freeze_name: str, split: str = "test", state_path: Path | None = None
             ``repo``, ``patch``, ``image``, ``problem_statement``, optional ``test_command``) instead
             of ``generated_path``; the agent gets each row's own problem statement.
         test_commands: repo -> test command for repositories that are not pinned projects.
+        dataset: The rows as a HF ``datasets`` split (:class:`forgeflow.curation.task_rows.DatasetSource`)
+            instead of ``candidates_path``.
+        test_specs: repo -> test command and log parser (a SWE-bench parser by name): the
+            verifier reads non-pytest runners with it.
 
     Returns:
         ``job_id``, ``report`` (:class:`forgeflow.evaluation.compare.JobReport` as JSON), ``report_path``,
@@ -217,8 +229,8 @@ def canary(freeze_name: str, split: str = "test", state_path: Path | None = None
     ids = sample_split(ids, sample, sample_seed)
     url, sha, alias = resolve_endpoint(state_path, base_url, model_sha256, model_alias)
     loaded = load_task_rows(candidates_path, generated_path, home_dir() / "demo" / GENERATED_FILE, test_commands,
-                            stage="canary")
-    tasks = canary_tasks(store, ids, loaded.rows, test_commands=loaded.test_commands)
+                            stage="canary", dataset=dataset, test_specs=test_specs)
+    tasks = canary_tasks(store, ids, loaded.rows, test_commands=loaded.test_commands, log_parsers=loaded.log_parsers)
     _check_reachable(url)
     job_id = job_id or f"canary-{freeze_name}-{split}-{sha[:12]}" + (f"-s{sample}x{sample_seed}" if sampled else "")
     run_id = str(flow_run.get_id() or "")
@@ -228,9 +240,11 @@ def canary(freeze_name: str, split: str = "test", state_path: Path | None = None
                            params={"concurrency": concurrency, "profile": profile, "base_url": url,
                                    "model_alias": alias, "agent_config": agent_config.model_dump(mode="json"),
                                    "verifier_timeout_s": verifier_timeout_s,
-                                   ("candidates_path" if candidates_path is not None else "generated_path"):
-                                       str(loaded.source),
+                                   **_rows_param(candidates_path is not None, dataset is not None, loaded.source),
                                    **({"test_commands": test_commands} if test_commands else {}),
+                                   **({"dataset": dataset.model_dump()} if dataset is not None else {}),
+                                   **({"test_specs": {r: v.model_dump() for r, v in test_specs.items()}}
+                                      if test_specs else {}),
                                    **({"sample": sample, "sample_seed": sample_seed} if sampled else {})})
     log = StageLog(job_dir / "summary.json", run_id)
     logger.info("canary %s: %d task(s) of %s/%s against %s (%s), %d at a time", job_id, len(tasks), freeze_name,
@@ -319,12 +333,16 @@ def canary_recover(job_id: str, state_path: Path | None = None, base_url: str | 
     if sha != original.model_sha256:
         raise InputError(f"canary-recover: the endpoint serves model {sha}, but job {job_id!r} evaluated "
                          f"{original.model_sha256}: a recovery re-runs the same model")
-    own_candidates = generated_path is None and params.get("candidates_path")
+    dataset = DatasetSource(**params["dataset"]) if generated_path is None and params.get("dataset") else None
+    own_candidates = generated_path is None and dataset is None and params.get("candidates_path")
     loaded = load_task_rows(Path(params["candidates_path"]) if own_candidates else None,
-                            None if own_candidates else Path(generated_path or params.get("generated_path")
-                                                             or home_dir() / "demo" / GENERATED_FILE),
-                            home_dir() / "demo" / GENERATED_FILE, params.get("test_commands"), stage="canary-recover")
-    tasks = canary_tasks(store, plan.instance_ids, loaded.rows, test_commands=loaded.test_commands)
+                            None if own_candidates or dataset else Path(generated_path or params.get("generated_path")
+                                                                        or home_dir() / "demo" / GENERATED_FILE),
+                            home_dir() / "demo" / GENERATED_FILE, params.get("test_commands"), stage="canary-recover",
+                            dataset=dataset, test_specs={r: TestSpec(**v) for r, v in
+                                                         (params.get("test_specs") or {}).items()})
+    tasks = canary_tasks(store, plan.instance_ids, loaded.rows, test_commands=loaded.test_commands,
+                         log_parsers=loaded.log_parsers)
     _check_reachable(url)
     run_id = str(flow_run.get_id() or "")
     new_id = plan.recovery_job_id
@@ -335,7 +353,9 @@ def canary_recover(job_id: str, state_path: Path | None = None, base_url: str | 
                            params={"concurrency": concurrency, "profile": profile, "base_url": url,
                                    "model_alias": alias, "agent_config": config.model_dump(mode="json"),
                                    "verifier_timeout_s": verifier_timeout_s,
-                                   ("candidates_path" if own_candidates else "generated_path"): str(loaded.source),
+                                   **_rows_param(bool(own_candidates), dataset is not None, loaded.source),
+                                   **{k: params[k] for k in ("test_commands", "dataset", "test_specs")
+                                      if params.get(k)},
                                    "recovers": {t.instance_id: t.trial_id for t in plan.exception_trials}})
     log = StageLog(job_dir / "summary.json", run_id)
     logger.info("canary-recover %s: re-running %d exception trial(s) of %s (%s) as %s against %s", job_id,

@@ -54,7 +54,7 @@ from forgeflow.curation.recovery import (
     render_plan,
 )
 from forgeflow.curation.selection import DEFAULT_BATCH_SIZE, select_batch
-from forgeflow.curation.task_rows import load_task_rows
+from forgeflow.curation.task_rows import DatasetSource, TaskRows, TestSpec, load_task_rows
 from forgeflow.evaluation.canary import trial_row
 from forgeflow.ledger.records import BatchRecord, TaskRecord, TrialRecord
 from forgeflow.ledger.store import Store
@@ -78,7 +78,8 @@ def curate(candidates_path: Path | None = None, quotas: SplitQuotas = DEFAULT_QU
            verifier_timeout_s: float = 180.0, memory_mb: int = 2048, seed: int = 0,
            test_commands: dict[str, str] | None = None, generated_path: Path | None = None,
            checks: ValidationChecks = ValidationChecks(), freeze_name: str | None = None,
-           sandbox: str | None = None) -> dict[str, Any]:
+           sandbox: str | None = None, dataset: DatasetSource | None = None,
+           test_specs: dict[str, TestSpec] | None = None) -> dict[str, Any]:
     """Validate candidate batches until the accepted tasks meet ``quotas`` (or none is left).
 
     Args:
@@ -107,6 +108,13 @@ def curate(candidates_path: Path | None = None, quotas: SplitQuotas = DEFAULT_QU
         freeze_name: The name the freeze-on-ready automation freezes under (carried in the
             freeze-ready event with ``quotas``, ``seed`` and the run's candidate ids); None: ``curate-``
             + 12 hex digits of the sha256 of (candidate ids, quotas, seed).
+        dataset: The candidates as a HF ``datasets`` split (SWE-bench / SWE-smith / SWE-Gym rows:
+            a ``save_to_disk`` folder, or a dataset id pinned to a ``revision``;
+            :class:`forgeflow.curation.task_rows.DatasetSource`) instead of ``candidates_path``.
+        test_specs: repo -> test command and log parser (a SWE-bench parser by name, e.g.
+            ``parse_log_django`` for Django's runner or unittest's verbose output), for repositories
+            that are not pytest or not pinned projects; a row's own ``test_command`` /
+            ``log_parser`` wins, and the parser replaces ``checks.log_parser`` for that repository.
         sandbox: The name of a ``forgeflow-sandbox`` block (:class:`blocks.core.SandboxBackend`):
             every NOP/Oracle trial runs on its backend (``podman``, ``kubernetes``) with its memory
             and CPU limits (its ``memory_mb`` replaces ``memory_mb``). None: podman, ``memory_mb``.
@@ -139,8 +147,9 @@ def curate(candidates_path: Path | None = None, quotas: SplitQuotas = DEFAULT_QU
     run_id = str(flow_run.get_id() or "")
     store = Store()
     store.upgrade()
-    loaded = load_task_rows(candidates_path, generated_path, home_dir() / "demo" / GENERATED_FILE, test_commands)
-    rows, commands, image_ids = loaded.rows, loaded.test_commands, loaded.image_ids
+    loaded = load_task_rows(candidates_path, generated_path, home_dir() / "demo" / GENERATED_FILE, test_commands,
+                            dataset=dataset, test_specs=test_specs)
+    rows = loaded.rows
     by_id = {row.instance_id: row for row in rows}
     per_repo: dict[str, int] = {}
     for row in rows:
@@ -194,7 +203,7 @@ def curate(candidates_path: Path | None = None, quotas: SplitQuotas = DEFAULT_QU
             return {"status": "exhausted", "batches": batches, "trials_recorded": recorded,
                     "counts": selection.counts, "unmet": [text], "event_id": None, "freeze_name": name}
         batch_id = f"curate-{sha256_json({'seed': seed, 'ids': sorted(ids)})[:16]}"
-        recorded += _run_batch(store, batch_id, ids, by_id, commands, image_ids, validate,
+        recorded += _run_batch(store, batch_id, ids, by_id, loaded, validate,
                                _BatchLimits(concurrency, max_retries, verifier_timeout_s, memory_mb, checks, placement),
                                run_id)
         batches.append(batch_id)
@@ -212,8 +221,7 @@ class _BatchLimits:
 
 
 def _run_batch(store: Store, batch_id: str, ids: list[str], by_id: dict[str, CandidateTask | GeneratedTask],
-               commands: dict[str, str], image_ids: dict[str, str | None], validate: Any, limits: _BatchLimits,
-               run_id: str) -> int:
+               loaded: TaskRows, validate: Any, limits: _BatchLimits, run_id: str) -> int:
     """Validate one batch (sliding window of ``concurrency``): each trial is stored the moment it
     ends (by the validation task, through its sink), again with its validation's others when the
     validation ends, and the statuses and the batch row in one transaction at the end."""
@@ -234,9 +242,11 @@ def _run_batch(store: Store, batch_id: str, ids: list[str], by_id: dict[str, Can
         while pending and in_flight < concurrency:
             iid, attempt = pending.popleft()
             row = by_id[iid]
-            future = validate.submit(row, row.image, image_ids[iid], commands[iid], limits.timeout_s,
-                                     limits.memory_mb, f"curate-a{earlier[iid] + attempt}", limits.checks, sink,
-                                     limits.sandbox)
+            parser = loaded.log_parsers.get(iid)
+            checks = limits.checks.model_copy(update={"log_parser": parser}) if parser else limits.checks
+            future = validate.submit(row, row.image, loaded.image_ids[iid], loaded.test_commands[iid],
+                                     limits.timeout_s, limits.memory_mb, f"curate-a{earlier[iid] + attempt}", checks,
+                                     sink, limits.sandbox)
             future.add_done_callback(lambda f, iid=iid, attempt=attempt: done.put((iid, attempt, f)))
             in_flight += 1
         iid, attempt, future = done.get()

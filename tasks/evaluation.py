@@ -33,13 +33,13 @@ class UnscoredTrialError(Exception):
 def _cached_agent_trial(instance_id: str, image_ref: str, image_digest: str, problem_statement: str,
                         test_command: str, fail_to_pass: list[str], pass_to_pass: list[str], base_url: str,
                         model_alias: str, model_sha256: str, config: agent.AgentConfig, out_dir: Path,
-                        verifier_timeout_s: float, run_key: str) -> trial.TrialResult:
+                        verifier_timeout_s: float, run_key: str, log_parser: str | None = None) -> trial.TrialResult:
     """The trial itself; only a trial without an exception completes (and is cached), any other
     ends this task run Failed with :class:`UnscoredTrialError` (never cached, retried next run).
     ``run_key`` names the trial (:func:`forgeflow.sandbox.trial.make_trial_id`) and is part of the cache key."""
     record = agent.run_agent_trial(instance_id, image_ref, problem_statement, test_command, fail_to_pass,
                                    pass_to_pass, base_url, model_alias, config, out_dir,
-                                   verifier_timeout_s=verifier_timeout_s, run_key=run_key)
+                                   verifier_timeout_s=verifier_timeout_s, run_key=run_key, log_parser=log_parser)
     if record.exception_type is not None:
         raise UnscoredTrialError(record)
     return record
@@ -49,7 +49,8 @@ def _cached_agent_trial(instance_id: str, image_ref: str, image_digest: str, pro
 def agent_trial(instance_id: str, image_ref: str, image_digest: str, problem_statement: str, test_command: str,
                 fail_to_pass: list[str], pass_to_pass: list[str], base_url: str, model_alias: str,
                 model_sha256: str, config: agent.AgentConfig, out_dir: Path, verifier_timeout_s: float,
-                job_id: str | None = None, run_key: str | None = None) -> trial.TrialResult:
+                job_id: str | None = None, run_key: str | None = None,
+                log_parser: str | None = None) -> trial.TrialResult:
     """One canary trial: mini-swe-agent on the host, commands in a no-network container, then the
     verifier. An infrastructure failure is recorded as the trial's exception, never as reward 0.
 
@@ -65,10 +66,12 @@ def agent_trial(instance_id: str, image_ref: str, image_digest: str, problem_sta
     recorded in the store with the evidence and the trajectory path (``job_id`` names the job).
 
     ``run_key`` (default: ``model_sha256``) names the trial: a canary recovery job passes its own
-    job id so that its trials get ids of their own and never overwrite the original job's rows."""
+    job id so that its trials get ids of their own and never overwrite the original job's rows.
+    ``log_parser`` (a SWE-bench parser name, None: forgeflow's pytest report) is how the verifier
+    reads the task's test output."""
     state = _cached_agent_trial(instance_id, image_ref, image_digest, problem_statement, test_command,
                                 fail_to_pass, pass_to_pass, base_url, model_alias, model_sha256, config, out_dir,
-                                verifier_timeout_s, run_key or model_sha256, return_state=True)
+                                verifier_timeout_s, run_key or model_sha256, log_parser, return_state=True)
     try:
         record = state.result()
     except UnscoredTrialError as exc:

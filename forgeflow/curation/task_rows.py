@@ -1,15 +1,24 @@
-"""The task rows a stage runs on: the user's candidates JSONL or the lifecycle's generated file.
+"""The task rows a stage runs on: the user's candidates (JSONL or a HF dataset) or the lifecycle's
+generated file.
 
-Two formats, one loader (the ``curate`` and ``canary`` flows read both the same way):
+Three sources, one loader (the ``curate`` and ``canary`` flows read them the same way):
 
-* the user's own rows (:func:`forgeflow.curation.candidates.load_candidates`: ``instance_id``,
-  ``repo``, ``patch``, ``image``, ``FAIL_TO_PASS`` / ``PASS_TO_PASS``, ``problem_statement``),
-  with an optional ``test_command`` key per row;
+* the user's own rows in a JSONL file (:func:`forgeflow.curation.candidates.load_candidates`:
+  ``instance_id``, ``repo``, ``patch``, ``image`` (or SWE-bench's ``image_name``),
+  ``FAIL_TO_PASS`` / ``PASS_TO_PASS`` (lists or SWE-bench's JSON-encoded strings),
+  ``problem_statement``), with optional ``test_command`` and ``log_parser`` keys per row;
+* the same rows as a HF ``datasets`` split (:class:`DatasetSource`: a folder written by
+  ``save_to_disk``, read with ``datasets.load_from_disk``, or a dataset ``datasets.load_dataset``
+  reads, pinned to a revision);
 * the lifecycle's generated candidates (:mod:`forgeflow.curation.generated`), which carry their
   task image, image id and test command.
 
-A row's test command is its own ``test_command``, else the ``test_commands`` mapping's entry for
-its repository, else the pinned project's (``forgeflow/data/projects.json``).
+A row's test specification (the command run in ``/testbed`` and the log parser that reads its
+output) is the row's own, else the ``test_specs`` entry for its repository (``test_commands`` for
+the command alone), else the pinned project's (``forgeflow/data/projects.json``, pytest). A log
+parser is named from SWE-bench's registered parsers (``swebench.harness.log_parsers``:
+``parse_log_pytest``, ``parse_log_django``, ``parse_log_sympy``, ...,
+:data:`forgeflow.sandbox.verifier.LOG_PARSERS`); None reads forgeflow's structured pytest report.
 """
 
 from __future__ import annotations
@@ -17,13 +26,49 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow.common.errors import InputError
 from forgeflow.curation.candidates import CandidateTask, load_candidates
 from forgeflow.curation.generated import GeneratedTask, load_generated
 from forgeflow.registry import projects
+
+
+class TestSpec(BaseModel):
+    """How one repository's tests run and are read.
+
+    Attributes:
+        test_command: the command run in ``/testbed`` (e.g. ``python3 -m unittest -v``,
+            ``./tests/runtests.py --verbosity 2``).
+        log_parser: a SWE-bench log parser by name (:data:`forgeflow.sandbox.verifier.LOG_PARSERS`)
+            for a runner without forgeflow's pytest report; None: the pytest report.
+    """
+
+    __test__ = False  # not a pytest test class
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    test_command: str = Field(min_length=1)
+    log_parser: str | None = None
+
+
+class DatasetSource(BaseModel):
+    """A HF ``datasets`` split of SWE-bench / SWE-smith / SWE-Gym style rows.
+
+    Attributes:
+        path: a folder written by ``Dataset(Dict).save_to_disk`` (read with ``load_from_disk``), or
+            what ``datasets.load_dataset`` takes (a Hub id, a builder name, a data folder).
+        split: the split to read (for a saved ``DatasetDict`` or ``load_dataset``).
+        revision: the dataset revision (a Hub commit, tag or branch) for ``load_dataset``; pin it so
+            a re-run reads the same rows. Ignored for a saved folder (its files are the revision).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    path: str = Field(min_length=1)
+    split: str = "test"
+    revision: str | None = None
 
 
 class TaskRows(BaseModel):
@@ -32,72 +77,145 @@ class TaskRows(BaseModel):
     Attributes:
         rows: the rows, in file order.
         test_commands: instance id -> the test command its trials run in ``/testbed``.
+        log_parsers: instance id -> its log parser name, or None (forgeflow's pytest report).
         image_ids: instance id -> the local image id (64 hex) when the file records it, else None.
-        source: the file read.
+        source: the file, folder or dataset read.
     """
 
     model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
 
     rows: list[CandidateTask | GeneratedTask]
     test_commands: dict[str, str]
+    log_parsers: dict[str, str | None] = Field(default_factory=dict)
     image_ids: dict[str, str | None]
-    source: Path
+    source: str
 
 
-def _candidate_commands(path: Path, rows: list[CandidateTask], given: Mapping[str, str] | None) -> dict[str, str]:
-    per_row: dict[str, str] = {}
+def _dataset_rows(source: DatasetSource) -> list[dict[str, Any]]:
+    """The split's rows as plain dicts (``image_name`` read as ``image``)."""
+    import datasets
+
+    path = Path(source.path)
+    try:
+        if path.is_dir() and ((path / "dataset_dict.json").is_file() or (path / "state.json").is_file()):
+            loaded = datasets.load_from_disk(str(path))
+            if isinstance(loaded, datasets.DatasetDict):
+                if source.split not in loaded:
+                    raise InputError(f"dataset {source.path}: no split {source.split!r}; its splits: "
+                                     f"{sorted(loaded)}")
+                loaded = loaded[source.split]
+        else:
+            loaded = datasets.load_dataset(source.path, split=source.split, revision=source.revision)
+    except InputError:
+        raise
+    except (FileNotFoundError, ValueError, datasets.exceptions.DatasetNotFoundError) as exc:
+        raise InputError(f"dataset {source.path} (split {source.split!r}, revision {source.revision!r}) "
+                         f"cannot be read: {type(exc).__name__}: {exc}") from exc
+    rows = []
+    for row in loaded:
+        row = dict(row)
+        if not row.get("image") and row.get("image_name"):
+            row["image"] = row["image_name"]
+        rows.append(row)
+    return rows
+
+
+def _raw_rows(path: Path) -> list[dict[str, Any]]:
+    out = []
     for line in Path(path).read_text(encoding="utf-8").splitlines():
         if line.strip():
             raw = json.loads(line)
-            if isinstance(raw.get("test_command"), str) and raw["test_command"].strip():
-                per_row[raw["instance_id"]] = raw["test_command"]
-    out: dict[str, str] = {}
+            if isinstance(raw, dict):
+                out.append(raw)
+    return out
+
+
+def _candidate_specs(label: str, raw_rows: list[dict[str, Any]], rows: list[CandidateTask],
+                     specs: Mapping[str, TestSpec]) -> tuple[dict[str, str], dict[str, str | None]]:
+    """instance id -> test command and -> log parser: the row's, else ``specs[repo]``, else the
+    pinned project's (pytest)."""
+    from forgeflow.sandbox.verifier import LOG_PARSERS
+
+    own = {r["instance_id"]: r for r in raw_rows if isinstance(r.get("instance_id"), str)}
+    commands: dict[str, str] = {}
+    parsers: dict[str, str | None] = {}
     lacking: set[str] = set()
+    unknown: set[str] = set()
     for row in rows:
-        command = per_row.get(row.instance_id) or (given or {}).get(row.repo)
+        raw = own.get(row.instance_id, {})
+        spec = specs.get(row.repo)
+        command = raw.get("test_command") if isinstance(raw.get("test_command"), str) else None
+        command = (command or "").strip() or (spec.test_command if spec else None)
         if command is None:
             try:
                 command = projects.get_project(row.repo).test_command
             except InputError:
                 lacking.add(row.repo)
                 continue
-        out[row.instance_id] = command
+        parser = raw.get("log_parser") if isinstance(raw.get("log_parser"), str) else None
+        parser = parser or (spec.log_parser if spec else None)
+        if parser is not None and parser not in LOG_PARSERS:
+            unknown.add(parser)
+        commands[row.instance_id], parsers[row.instance_id] = command, parser
     if lacking:
-        raise InputError(f"{path}: no test_command for repos {sorted(lacking)[:20]}: give it per row "
-                         "(key test_command) or in the test_commands parameter (repo -> command)")
-    return out
+        raise InputError(f"{label}: no test_command for repos {sorted(lacking)[:20]}: give it per row "
+                         "(key test_command) or in test_specs / test_commands (repo -> command)")
+    if unknown:
+        raise InputError(f"{label}: unknown log parser(s) {sorted(unknown)}; valid: {', '.join(sorted(LOG_PARSERS))}")
+    return commands, parsers
 
 
 def load_task_rows(candidates_path: Path | None, generated_path: Path | None, default_generated: Path,
-                   test_commands: Mapping[str, str] | None = None, stage: str = "curate") -> TaskRows:
-    """Read the rows of ``candidates_path`` (the user's JSONL) or of ``generated_path`` (default
-    ``default_generated``, what ``forgeflow demo`` writes).
+                   test_commands: Mapping[str, str] | None = None, stage: str = "curate",
+                   dataset: DatasetSource | None = None,
+                   test_specs: Mapping[str, TestSpec] | None = None) -> TaskRows:
+    """Read the rows of ``candidates_path`` (the user's JSONL), of ``dataset`` (a HF split) or of
+    ``generated_path`` (default ``default_generated``, what ``forgeflow demo`` writes).
 
     Args:
         candidates_path: the user's candidates JSONL, or None.
         generated_path: a generated-candidates file, or None for ``default_generated``; only when
-            ``candidates_path`` is None.
-        default_generated: the generated file read when neither path is given.
-        test_commands: repo -> test command, for repositories that are not pinned projects (for
-            generated rows: overrides the row's command).
+            neither ``candidates_path`` nor ``dataset`` is given.
+        default_generated: the generated file read when no source is given.
+        test_commands: repo -> test command (the pytest report reads it), for repositories that are
+            not pinned projects (for generated rows: overrides the row's command).
         stage: the stage named in error messages.
+        dataset: a HF ``datasets`` split of the user's rows.
+        test_specs: repo -> :class:`TestSpec` (command and log parser); wins over ``test_commands``.
 
     Raises:
-        InputError: both paths given, no file at the path, a malformed row (named by line), a
-            repository without a test command.
+        InputError: more than one source given, no file at the path, a dataset that cannot be read
+            or lacks the split, a malformed row (named by row/line), a repository without a test
+            command, an unknown log parser (the valid ones listed).
     """
-    if candidates_path is not None and generated_path is not None:
-        raise InputError(f"{stage}: give candidates_path ({candidates_path}) or generated_path ({generated_path}), "
-                         "not both")
-    if candidates_path is not None:
-        rows = list(load_candidates(candidates_path))
-        return TaskRows(rows=rows, test_commands=_candidate_commands(Path(candidates_path), rows, test_commands),
-                        image_ids={r.instance_id: None for r in rows}, source=Path(candidates_path))
+    given = [name for name, value in (("candidates_path", candidates_path), ("dataset", dataset),
+                                      ("generated_path", generated_path)) if value is not None]
+    if len(given) > 1:
+        raise InputError(f"{stage}: give one of candidates_path, dataset, generated_path; got {', '.join(given)}")
+    specs = {repo: TestSpec(test_command=command) for repo, command in (test_commands or {}).items()}
+    specs.update(test_specs or {})
+    if candidates_path is not None or dataset is not None:
+        if dataset is not None:
+            raw_rows, label = _dataset_rows(dataset), f"dataset {dataset.path}[{dataset.split}]"
+        else:
+            raw_rows, label = None, str(candidates_path)
+        rows = list(load_candidates(raw_rows if raw_rows is not None else candidates_path, name=label))
+        raw_rows = raw_rows if raw_rows is not None else _raw_rows(Path(candidates_path))
+        image_names = {r["instance_id"]: r["image_name"] for r in raw_rows
+                       if isinstance(r.get("image_name"), str) and r["image_name"] and not r.get("image")}
+        rows = [r.model_copy(update={"image": image_names[r.instance_id]}) if r.instance_id in image_names else r
+                for r in rows]  # SWE-bench's image_name, when the row has no image
+        commands, parsers = _candidate_specs(label, raw_rows, rows, specs)
+        return TaskRows(rows=rows, test_commands=commands, log_parsers=parsers,
+                        image_ids={r.instance_id: None for r in rows}, source=label)
     path = Path(generated_path or default_generated)
     if not path.is_file():
         raise InputError(f"{stage}: no candidates file at {path}: run the lifecycle (`forgeflow demo`) to write it, "
-                         "or give candidates_path (the candidates JSONL) or generated_path")
+                         "or give candidates_path (the candidates JSONL), dataset or generated_path")
     generated = load_generated(path)
     return TaskRows(rows=list(generated),
-                    test_commands={r.instance_id: (test_commands or {}).get(r.repo, r.test_command) for r in generated},
-                    image_ids={r.instance_id: r.image_id for r in generated}, source=path)
+                    test_commands={r.instance_id: specs[r.repo].test_command if r.repo in specs else r.test_command
+                                   for r in generated},
+                    log_parsers={r.instance_id: specs[r.repo].log_parser if r.repo in specs else None
+                                 for r in generated},
+                    image_ids={r.instance_id: r.image_id for r in generated}, source=str(path))

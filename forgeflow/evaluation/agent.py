@@ -295,6 +295,7 @@ def run_agent_trial(
     out_dir: Path,
     verifier_timeout_s: float = 180,
     run_key: str | None = None,
+    log_parser: str | None = None,
 ) -> TrialResult:
     """Run one agent trial: mini-swe-agent in the task image, then the verifier in a fresh one.
 
@@ -314,6 +315,9 @@ def run_agent_trial(
         run_key: distinguishes repeated trials of the same inputs (e.g. a sample index, the model
             digest); default :func:`default_run_key`. The trial id is
             :func:`forgeflow.sandbox.trial.make_trial_id` of (instance, "agent", image, run key).
+        log_parser: the verifier reads the test output with this SWE-bench log parser
+            (:data:`forgeflow.sandbox.verifier.LOG_PARSERS`, e.g. ``parse_log_django``) instead of
+            forgeflow's pytest report; None: the pytest report.
 
     Returns:
         TrialRecord with kind ``"agent"``: reward 1.0/0.0 when the verifier ran (format errors, step
@@ -361,6 +365,7 @@ def run_agent_trial(
                 image_ref, phase.submission, test_command, fail_to_pass, pass_to_pass,
                 timeout_s=verifier_timeout_s, spec=SandboxSpec(memory_mb=config.memory_mb, cpus=config.cpus),
                 name=container_name(instance_id, "agent", trial_id), tamper_policy=config.tamper_policy,
+                log_parser=log_parser,
             )
             reward = verdict.reward
             notes.extend(verdict.notes)

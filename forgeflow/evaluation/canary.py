@@ -91,6 +91,8 @@ class CanaryTask(BaseModel):
         test_command: The verifier's test command (``pytest -rA`` output).
         fail_to_pass: Tests the fix must make pass (>= 1).
         pass_to_pass: Tests that must keep passing.
+        log_parser: The SWE-bench log parser the verifier reads the test output with (e.g.
+            ``parse_log_django``); None: forgeflow's pytest report.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -103,6 +105,7 @@ class CanaryTask(BaseModel):
     test_command: str = Field(min_length=1)
     fail_to_pass: list[str] = Field(min_length=1)
     pass_to_pass: list[str] = Field(default_factory=list)
+    log_parser: str | None = None
 
 
 def frozen_split(store: ledger.Store, freeze_name: str, split: str) -> tuple[FreezeManifest, list[str]]:
@@ -156,7 +159,8 @@ def sample_split(instance_ids: Sequence[str], sample: int | None, seed: int = 0)
 
 
 def canary_tasks(store: ledger.Store, instance_ids: Sequence[str], rows: Iterable[Any],
-                 check_images: bool = True, test_commands: Mapping[str, str] | None = None) -> list[CanaryTask]:
+                 check_images: bool = True, test_commands: Mapping[str, str] | None = None,
+                 log_parsers: Mapping[str, str | None] | None = None) -> list[CanaryTask]:
     """The :class:`CanaryTask` of each instance, from the store's validated task rows and the task
     rows (the user's candidates, :class:`forgeflow.curation.candidates.CandidateTask`, or the
     lifecycle's :class:`forgeflow.curation.generated.GeneratedTask`: patch, task image, test command).
@@ -175,6 +179,7 @@ def canary_tasks(store: ledger.Store, instance_ids: Sequence[str], rows: Iterabl
         check_images: Check with podman that every task image exists (one ``image exists`` each).
         test_commands: instance id -> test command, overriding a row's ``test_command``
             (:func:`forgeflow.curation.task_rows.load_task_rows`).
+        log_parsers: instance id -> the verifier's log parser (None or missing: the pytest report).
 
     Returns:
         One task per id, in order.
@@ -213,7 +218,7 @@ def canary_tasks(store: ledger.Store, instance_ids: Sequence[str], rows: Iterabl
         statement = getattr(row, "problem_statement", None) or problem_statement_for(row.patch, task.fail_to_pass)
         out.append(CanaryTask(instance_id=instance_id, repo=row.repo, image_ref=image, image_digest=digest,
                               problem_statement=statement, test_command=command, fail_to_pass=task.fail_to_pass,
-                              pass_to_pass=task.pass_to_pass))
+                              pass_to_pass=task.pass_to_pass, log_parser=(log_parsers or {}).get(instance_id)))
     if problems:
         shown = problems[:20]
         more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
