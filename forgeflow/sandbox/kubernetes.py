@@ -155,8 +155,9 @@ class KubernetesSandbox:
 
     def start(self) -> None:
         """Create the pod and wait until its container is ready; on failure delete it and raise."""
+        api = self.api  # no configuration is a SandboxError of its own, not a transient create failure
         try:
-            self.api.create_namespaced_pod(namespace=self.namespace, body=self.manifest)
+            api.create_namespaced_pod(namespace=self.namespace, body=self.manifest)
         except Exception as exc:  # kubernetes.client.ApiException and urllib3 errors
             status, reason = _api_error(exc)
             if status is None or status >= 500 or status == 429:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -163,8 +164,11 @@ def test_a_sandbox_block_chooses_where_the_trials_run(prefect_harness, candidate
     store.upgrade()
     assert store.trials_for(include_void=True) == []  # refused before any trial
 
-    SandboxBackend(kind="kubernetes", memory_mb=512, cpus=0.5).save("test-k8s-sandbox", overwrite=True)
-    out = curate(candidates_jsonl, quotas=quotas, batch_size=4, concurrency=2, max_retries=0, sandbox="test-k8s-sandbox")
+    # a block name of its own: the block is part of the validations' cache key, so an earlier run of
+    # this test in the same Prefect home cannot answer from its cache
+    block = f"test-k8s-sandbox-{uuid.uuid4().hex[:8]}"
+    SandboxBackend(kind="kubernetes", memory_mb=512, cpus=0.5).save(block, overwrite=True)
+    out = curate(candidates_jsonl, quotas=quotas, batch_size=4, concurrency=2, max_retries=0, sandbox=block)
     assert out["status"] == "exhausted"
     tasks = store.tasks()
     assert tasks and all(t.status == "error" for t in tasks), [(t.instance_id, t.status) for t in tasks]
