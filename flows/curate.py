@@ -22,7 +22,7 @@ and upserts the same trial ids: it loses no finished trial and duplicates none
 from __future__ import annotations
 
 import queue
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -151,9 +151,7 @@ def curate(candidates_path: Path | None = None, quotas: SplitQuotas = DEFAULT_QU
                             dataset=dataset, test_specs=test_specs)
     rows = loaded.rows
     by_id = {row.instance_id: row for row in rows}
-    per_repo: dict[str, int] = {}
-    for row in rows:
-        per_repo[row.repo] = per_repo.get(row.repo, 0) + 1
+    per_repo = Counter(row.repo for row in rows)
     unmet = quota_feasibility(per_repo, quotas)
     if unmet:
         raise PreflightError(f"curate: {len(rows)} candidates from {len(per_repo)} repositories cannot meet the quotas "

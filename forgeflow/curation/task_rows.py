@@ -82,7 +82,7 @@ class TaskRows(BaseModel):
         source: the file, folder or dataset read.
     """
 
-    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+    model_config = ConfigDict(frozen=True)
 
     rows: list[CandidateTask | GeneratedTask]
     test_commands: dict[str, str]
