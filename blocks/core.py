@@ -153,16 +153,29 @@ class ModelStore(Block):
         """
         if not self.token_secret:
             return None
-        from prefect.blocks.system import Secret
+        return secret_token(self.token_secret, "model store token_secret")
 
-        try:
-            secret = Secret.load(self.token_secret)
-        except ValueError as exc:  # Prefect: "Unable to find block document named ..."
-            raise InputError(f"model store token_secret {self.token_secret!r}: no such Secret block") from exc
-        value = secret.value.get_secret_value()
-        if not isinstance(value, str) or not value:
-            raise InputError(f"Secret block {self.token_secret!r} holds no token string")
-        return SecretStr(value)
+
+def secret_token(name: str, what: str) -> SecretStr:
+    """The string a Prefect ``Secret`` block named ``name`` holds, read now.
+
+    Args:
+        name: the Secret block's name.
+        what: the input that named it, for the error (e.g. ``"model store token_secret"``).
+
+    Raises:
+        InputError: the Secret block does not exist or holds an empty value.
+    """
+    from prefect.blocks.system import Secret
+
+    try:
+        secret = Secret.load(name)
+    except ValueError as exc:  # Prefect: "Unable to find block document named ..."
+        raise InputError(f"{what} {name!r}: no such Secret block") from exc
+    value = secret.value.get_secret_value()
+    if not isinstance(value, str) or not value:
+        raise InputError(f"Secret block {name!r} holds no token string")
+    return SecretStr(value)
 
 
 class ServingBackend(Block):

@@ -21,7 +21,7 @@ from flows.registry import (
     registry_audit,
     rewrite_image_refs,
 )
-from flows.stages import compare, freeze, package, publish, serve
+from flows.stages import base_model, compare, freeze, package, publish, serve
 
 WORK_POOL = "local"
 
@@ -51,6 +51,7 @@ SPECS: list[dict[str, Any]] = [
                     "seed": 0}},
     {"flow": recover, "entrypoint": "flows/curate.py:recover", "name": "recover",
      "parameters": {"dry_run": True, "include_rejections": False}},
+    {"flow": base_model, "entrypoint": "flows/stages.py:base_model", "name": "base-model", "parameters": {}},
     {"flow": package, "entrypoint": "flows/stages.py:package", "name": "package",
      "parameters": {"quantizations": ["Q8_0", "Q4_K_M"]}},
     {"flow": publish, "entrypoint": "flows/stages.py:publish", "name": "publish",

@@ -84,6 +84,8 @@ def lifecycle(config: LifecycleConfig = LifecycleConfig()) -> dict[str, Any]:
     # before anything is written: a freeze name already used with other inputs can only end in a
     # FreezeConflictError at the freeze stage, after generation and prewarm rewrote shared files
     check_freeze_inputs(config.freeze_name, out_dir / "freezes", config.freeze_inputs())
+    if config.base_model.kind != "tiny":  # the team's checkpoint can be had, before any image is built
+        packaging_tasks.base_model_preflight(config.base_model)
     out_dir.mkdir(parents=True, exist_ok=True)
     run_id = str(flow_run.get_id() or "")
     log = StageLog(out_dir / "summary.json", run_id)
@@ -267,19 +269,26 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
         st["paths"] = {"manifest": str(manifest.path)}
     by_id = {t["candidate"].instance_id: t for t in accepted}
 
-    # 7. base model: tiny Qwen2 with the real Qwen2 tokenizer, packaged as GGUF
+    # 7. base model: the team's checkpoint (a folder, a Hub revision) or the tiny Qwen2 with the real Qwen2
+    # tokenizer; packaged as GGUF
     with log.stage("base_model") as st:
-        base_model, tokenizer_check = log.call(packaging_tasks.base_model, out_dir / "models" / "base", config.seed)
+        if config.base_model.kind == "tiny":
+            base_model, tokenizer_check = log.call(packaging_tasks.base_model, out_dir / "models" / "base",
+                                                   config.seed)
+            st["counts"] = {"tokenizer_vectors_matched": tokenizer_check.matched,
+                            "tokenizer_vectors_total": tokenizer_check.total}
+        else:
+            base_model = log.call(packaging_tasks.base_checkpoint, config.base_model, out_dir / "models" / "hub")
+            st["counts"] = {"source": base_model.source, **({"commit": base_model.commit} if base_model.commit else {})}
         base_gguf_dir = out_dir / "models" / "base-gguf"
         base_gguf = log.call(packaging_tasks.package, base_model.path, base_model.sha256, base_gguf_dir,
                              (config.serve_quantization,))
         served_base = base_gguf[config.serve_quantization]
-        store.record_model_artifact(records.ModelArtifactRecord(sha256=base_model.sha256, kind="base",
-                                                                path=str(base_model.path), run_id=run_id))
+        store.record_model_artifact(records.ModelArtifactRecord(
+            sha256=base_model.sha256, kind="base", path=str(base_model.path), run_id=run_id,
+            lineage=base_model.provenance))  # where the checkpoint came from (tiny, folder, Hub commit)
         packaging_tasks.record_package(store, base_gguf, base_model.sha256, base_gguf_dir, None, run_id)
-        st["counts"] = {"parameters": base_model.num_parameters,
-                        "tokenizer_vectors_matched": tokenizer_check.matched,
-                        "tokenizer_vectors_total": tokenizer_check.total}
+        st["counts"] = {"parameters": base_model.num_parameters, **st["counts"]}
         st["digests"] = {"hf": base_model.sha256, **{q: a.sha256 for q, a in base_gguf.items()}}
 
     # 8. serve the baseline, 9. canary it on the frozen test split

@@ -17,6 +17,7 @@ from forgeflow.evaluation import compare as comparison
 from forgeflow.evaluation.gate import GatePolicy
 from forgeflow.ledger import records
 from forgeflow.ledger import store as ledger
+from forgeflow.packaging.checkpoint import BaseModelSource, CheckpointRecord
 from forgeflow.packaging.gguf import QuantSpec, quant_plan
 from tasks import curation
 from tasks import packaging as model_tasks
@@ -264,3 +265,38 @@ def serve(gguf_path: Path, state_path: Path | None = None, ports: tuple[int, int
         store.upgrade()
         serving_tasks.record_swap(store, outcome.previous, outcome.state, str(flow_run.get_id() or "") or None)
     return outcome.model_dump(mode="json")
+
+
+@flow(name="base-model", log_prints=True)
+def base_model(source: BaseModelSource, hub_dir: Path | None = None) -> CheckpointRecord:
+    """Check the team's base checkpoint and record it in the store as a ``base`` artifact.
+
+    ``source`` is a local folder (used in place) or an HF Hub repository at a revision (fetched with
+    ``huggingface_hub.snapshot_download`` at the commit the revision resolves to now, token from
+    the Secret block ``source.token_secret``). The record (path, sha256 over every file, parameter
+    count, provenance: repo id, revision, commit) is what ``package`` (its ``hf_dir``) and the
+    lifecycle's ``base_model`` take; ``forgeflow lineage <sha256>`` shows it as a root.
+
+    Args:
+        source: where the checkpoint is (:class:`forgeflow.packaging.checkpoint.BaseModelSource`;
+            the tiny model is the lifecycle's own default, not a source for this flow).
+        hub_dir: where Hub snapshots go; default ``$FORGEFLOW_HOME/models/hub``.
+
+    Raises:
+        InputError: no source given (the tiny model), the folder is not an HF checkpoint (each
+            missing piece named), the repository/revision does not exist or the token is refused,
+            the Secret block is missing.
+        TransientInfraError: the Hub did not answer after retries.
+    """
+    if source.kind == "tiny":
+        raise InputError("base-model: give source.local_dir or source.repo_id + source.revision")
+    record = model_tasks.base_checkpoint(source, hub_dir or home_dir() / "models" / "hub")
+    store = ledger.Store()
+    store.upgrade()
+    provenance = record.provenance
+    store.record_model_artifact(records.ModelArtifactRecord(sha256=record.sha256, kind="base", path=str(record.path),
+                                                           lineage=provenance,
+                                                           run_id=str(flow_run.get_id() or "") or None))
+    get_run_logger().info("base model %s: sha256 %s, %d parameters (%s)", record.path, record.sha256,
+                          record.num_parameters, ", ".join(f"{k}={v}" for k, v in provenance.items()))
+    return record

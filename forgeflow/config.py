@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from forgeflow.curation.freeze import SplitQuotas, feasibility_text, quota_feasibility
+from forgeflow.packaging.checkpoint import BaseModelSource
 from forgeflow.sandbox.trial import ValidationChecks
 
 DEMO_PROJECTS = ("boltons", "cachetools", "inflection", "six", "tabulate", "toolz")
@@ -54,6 +55,9 @@ class LifecycleConfig(BaseModel):
     agent_max_tokens: int = Field(96, ge=1, description="completion tokens per model call")
     agent_timeout_s: float = Field(300.0, gt=0, description="wall-clock budget of one agent run")
     canary_concurrency: int = Field(1, ge=1, le=4, description="agent trials at once (at most 4)")
+    base_model: BaseModelSource = Field(BaseModelSource(), description="the base checkpoint: empty = the demo's "
+                                        "tiny model; local_dir = a checkpoint folder; repo_id + revision = an HF Hub "
+                                        "repository (token from the Secret block token_secret)")
     burst_max_steps: int = Field(4, ge=1, description="optimizer steps of the SFT burst")
     burst_learning_rate: float = Field(1e-3, gt=0, description="LoRA learning rate")
     lora_r: int = Field(8, ge=1, description="LoRA rank")

@@ -1,5 +1,5 @@
-"""Prefect tasks of packaging: the tiny base model, merge/convert/quantize into GGUFs and their
-store records, the release check and publishing to a model store."""
+"""Prefect tasks of packaging: the base model (the tiny one, a local folder or a Hub repository),
+merge/convert/quantize into GGUFs and their store records, the release check and publishing to a model store."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ from pathlib import Path
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from blocks.core import ModelStore
-from forgeflow.common.errors import PreflightError
+from blocks.core import ModelStore, secret_token
+from forgeflow.common.errors import InputError, PreflightError
 from forgeflow.common.fsutil import sha256_tree
 from forgeflow.ledger import records
 from forgeflow.ledger import store as ledger
 from forgeflow.packaging import base_model as model
-from forgeflow.packaging import gguf
+from forgeflow.packaging import checkpoint, gguf
 from forgeflow.packaging import publish as publishing
 from forgeflow.packaging.release import metadata_path_for, write_release_metadata
 from tasks.common import (
@@ -37,6 +37,50 @@ def base_model(out_dir: Path, seed: int) -> tuple[model.ModelRecord, model.Token
     if check.matched != check.total:
         raise PreflightError(f"tokenizer matches {check.matched}/{check.total} llama.cpp vectors: {check.failures[:3]}")
     return model.build_tiny_model(out_dir, seed=seed), check
+
+
+def _hub_token(source: checkpoint.BaseModelSource) -> str | None:
+    if not source.token_secret:
+        return None
+    return secret_token(source.token_secret, "base model token_secret").get_secret_value()
+
+
+@task(cache_policy=NO_CACHE, retries=TRANSIENT_RETRIES, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S,
+      retry_condition_fn=retry_on_transient)
+def base_model_preflight(source: checkpoint.BaseModelSource) -> str | None:
+    """Before any compute: the base checkpoint ``source`` names can be had (a local folder with a
+    config, weights and a tokenizer; a Hub revision that resolves to such a commit); the Secret
+    block is read here too. Returns the Hub commit (None otherwise). Raises as
+    :func:`forgeflow.packaging.checkpoint.preflight_source` (InputError names what is missing)."""
+    return checkpoint.preflight_source(source, _hub_token(source))
+
+
+@task(cache_policy=NO_CACHE, retries=TRANSIENT_RETRIES, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S,
+      retry_condition_fn=retry_on_transient)
+def base_checkpoint(source: checkpoint.BaseModelSource, hub_dir: Path) -> checkpoint.CheckpointRecord:
+    """The team's base checkpoint, checked: a local folder in place, or a Hub repository fetched at the
+    commit its revision resolves to now (the token from the Secret block ``source.token_secret``).
+
+    Not cached: a folder's files or a branch's commit can change between runs; the record's digest
+    and commit say what this run used. Transient Hub failures are retried.
+
+    Args:
+        source: a ``local`` or ``hub`` :class:`~forgeflow.packaging.checkpoint.BaseModelSource`.
+        hub_dir: the ``huggingface_hub`` cache folder Hub snapshots go to.
+
+    Raises:
+        InputError: the tiny source (use :func:`base_model`), a missing Secret block, or see
+            :func:`forgeflow.packaging.checkpoint.check_checkpoint` / ``download_checkpoint``.
+        TransientInfraError: the Hub did not answer after the retries.
+    """
+    if source.kind == "local":
+        return checkpoint.check_checkpoint(source.local_dir)  # type: ignore[arg-type]
+    if source.kind != "hub":
+        raise InputError("base_checkpoint takes a local folder or a Hub repository; the tiny model is base_model")
+    record = checkpoint.download_checkpoint(source, hub_dir, _hub_token(source))
+    get_run_logger().info("base model %s@%s (commit %s) fetched to %s, sha256 %s, %d parameters", source.repo_id,
+                          source.revision, record.commit, record.path, record.sha256[:12], record.num_parameters)
+    return record
 
 
 @task(cache_policy=RESUMABLE)

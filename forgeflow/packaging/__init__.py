@@ -1,4 +1,5 @@
-"""From checkpoint to release: the base model (``base_model``), merge/convert/quantize and the GGUF
+"""From checkpoint to release: the team's base checkpoint (``checkpoint``: local folder or HF Hub
+revision), the tiny base model (``base_model``), merge/convert/quantize and the GGUF
 check (``gguf``), bounded-memory GGUF edits (``gguf_edit``), the pinned llama.cpp sdist
 (``sdist``), publishing (``publish``, ``release``) and the artifact lineage (``lineage``).
 

@@ -180,6 +180,12 @@ class ModelRecord(BaseModel):
     seed: int
     config: TinyModelConfig
 
+    @property
+    def provenance(self) -> dict[str, str | int]:
+        """What the store records as the base artifact's lineage: ``source="tiny"``, the seed and
+        ``model_type`` (the same keys as :attr:`forgeflow.packaging.checkpoint.CheckpointRecord.provenance`)."""
+        return {"source": "tiny", "seed": self.seed, "model_type": "qwen2"}
+
 
 # --- tokenizer -------------------------------------------------------------------------------
 def tokenizer_dir() -> Path:

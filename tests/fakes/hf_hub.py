@@ -20,8 +20,13 @@ Endpoints (as ``huggingface_hub`` 2.4 sends them; ``hf_api.py``, ``_commit_api.p
   try again.`` when the branch no longer points at ``parentCommit`` (the Hub's answer).
 * ``POST /api/models/{ns}/{name}/paths-info/{rev}`` — form ``paths``; per file ``size``, ``oid``
   (git blob id of the stored bytes) and, for LFS files, ``lfs.oid`` = sha256 of the stored bytes.
+* ``GET /api/models/{ns}/{name}/tree/{rev}`` — the file listing ``snapshot_download`` reads
+  (``type``, ``path``, ``size``, ``oid`` and, for LFS files, ``lfs``), one page.
+* ``GET|HEAD /{ns}/{name}/resolve/{rev}/{path}`` — a file's bytes (HEAD: headers only) with
+  ``X-Repo-Commit``, ``ETag`` (git blob id; ``X-Linked-Etag`` = sha256 for LFS files) and
+  ``Content-Length``, as ``hf_hub_download`` expects; 404 ``EntryNotFound`` for a missing path.
 
-Every ``/api`` and LFS batch request must carry ``authorization: Bearer <token>`` (else 401).
+Every ``/api``, LFS batch and ``resolve`` request must carry ``authorization: Bearer <token>`` (else 401).
 Commit ids are sha1 digests of the parent id and the tree. Headers are never logged.
 """
 
@@ -116,6 +121,8 @@ class FakeHub:
             Route(f"/_lfs{repo}/{{oid}}", self._lfs_put, methods=["PUT"]),
             Route(f"/api/models{repo}/commit/{{rev}}", self._commit, methods=["POST"]),
             Route(f"/api/models{repo}/paths-info/{{rev}}", self._paths_info, methods=["POST"]),
+            Route(f"/api/models{repo}/tree/{{rev}}", self._tree, methods=["GET"]),
+            Route(f"{repo}/resolve/{{rev}}/{{path:path}}", self._resolve, methods=["GET", "HEAD"]),
         ])
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -307,9 +314,40 @@ class FakeHub:
             entry = tree.get(path)
             if entry is None:
                 continue  # the Hub leaves unknown paths out
-            info = {"type": "file", "path": path, "size": len(entry.data), "oid": git_blob_id(entry.data)}
-            if entry.lfs:
-                info["lfs"] = {"oid": hashlib.sha256(entry.data).hexdigest(), "size": len(entry.data),
-                               "pointerSize": 134}
-            answer.append(info)
+            answer.append(self._file_info(path, entry))
         return JSONResponse(answer)
+
+    @staticmethod
+    def _file_info(path: str, entry: _Entry) -> dict:
+        info: dict = {"type": "file", "path": path, "size": len(entry.data), "oid": git_blob_id(entry.data)}
+        if entry.lfs:
+            info["lfs"] = {"oid": hashlib.sha256(entry.data).hexdigest(), "size": len(entry.data),
+                           "pointerSize": 134}
+        return info
+
+    async def _tree(self, request: Request) -> Response:
+        _, repo, refused = self._guard(request)
+        if refused:
+            return refused
+        commit = repo.resolve(request.path_params["rev"])
+        if commit is None:
+            return _error(404, "Invalid rev id", "RevisionNotFound")
+        return JSONResponse([self._file_info(path, entry) for path, entry in sorted(repo.commits[commit].items())])
+
+    async def _resolve(self, request: Request) -> Response:
+        _, repo, refused = self._guard(request)
+        if refused:
+            return refused
+        commit = repo.resolve(request.path_params["rev"])
+        if commit is None:
+            return _error(404, "Invalid rev id", "RevisionNotFound")
+        entry = repo.commits[commit].get(request.path_params["path"])
+        if entry is None:
+            return _error(404, "Entry not found", "EntryNotFound")
+        headers = {"X-Repo-Commit": commit, "ETag": f'"{git_blob_id(entry.data)}"',
+                   "Content-Length": str(len(entry.data))}
+        if entry.lfs:
+            headers["X-Linked-Etag"] = f'"{hashlib.sha256(entry.data).hexdigest()}"'
+            headers["X-Linked-Size"] = str(len(entry.data))
+        body = b"" if request.method == "HEAD" else entry.data
+        return Response(body, headers=headers, media_type="application/octet-stream")

@@ -28,3 +28,16 @@ def test_a_used_freeze_name_with_other_inputs_fails_before_any_stage(prefect_har
         lifecycle(LifecycleConfig(output_dir=out, candidates_per_project=3))
     assert [p.name for p in out.iterdir()] == ["freezes"]  # no summary.json, candidates, registries
     assert {p: p.read_bytes() for p in freezes.iterdir()} == before
+
+
+def test_a_base_model_folder_that_is_no_checkpoint_fails_before_any_stage(prefect_harness, tmp_path: Path) -> None:
+    from flows.lifecycle import lifecycle
+    from forgeflow.common.errors import InputError
+    from forgeflow.config import LifecycleConfig
+
+    out, folder = tmp_path / "run", tmp_path / "team-model"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "qwen2"}')
+    with pytest.raises(InputError, match=r"team-model.*no weights.*no tokenizer"):
+        lifecycle(LifecycleConfig(output_dir=out, base_model={"local_dir": str(folder)}))
+    assert not out.exists()  # no registry, image, candidate or summary was made
