@@ -14,6 +14,7 @@ from prefect.schedules import Schedule
 
 from flows.canary import canary, canary_recover
 from flows.curate import curate, recover
+from flows.evaluation import harbor_export, harbor_import, judge
 from flows.lifecycle import lifecycle
 from flows.registry import (
     migrate_images,
@@ -57,6 +58,12 @@ SPECS: list[dict[str, Any]] = [
     {"flow": publish, "entrypoint": "flows/stages.py:publish", "name": "publish",
      "parameters": {"store": "forgeflow-models"}},
     {"flow": serve, "entrypoint": "flows/stages.py:serve", "name": "serve", "parameters": {}},
+    {"flow": harbor_export, "entrypoint": "flows/evaluation.py:harbor_export", "name": "harbor-export",
+     "parameters": {"freeze_name": "demo-v1", "split": "test"}},
+    {"flow": harbor_import, "entrypoint": "flows/evaluation.py:harbor_import", "name": "harbor-import",
+     "parameters": {"freeze_name": "demo-v1", "split": "test"}},
+    {"flow": judge, "entrypoint": "flows/evaluation.py:judge", "name": "judge",
+     "parameters": {"rel_tol": 1e-6, "abs_tol": 1e-9}},
 ]
 """One entry per deployment of prefect.yaml; schedules (nightly lifecycle, weekly registry audit)
 are created paused. A parameter a flow requires and that has no working default here (a job id, a

@@ -1,5 +1,6 @@
-"""Prefect tasks of evaluation: agent (canary) trials with their supervision events, and the compare
-stage (paired statistics, the promotion gate, the markdown report)."""
+"""Prefect tasks of evaluation: agent (canary) trials with their supervision events, the compare
+stage (paired statistics, the promotion gate, the markdown report), Harbor export/import and the
+answer judge (the store and file I/O of ``flows/evaluation.py``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,11 @@ from prefect import task
 from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE
 from prefect.states import Completed
 
-from forgeflow.evaluation import agent, compare, gate
+from forgeflow.common.fsutil import sha256_file
+from forgeflow.curation.task_rows import DatasetSource, TestSpec, load_task_rows
+from forgeflow.evaluation import agent, compare, gate, harbor, harbor_import, harbor_tasks, judge
+from forgeflow.evaluation.canary import frozen_split
+from forgeflow.ledger import records
 from forgeflow.ledger import store as ledger
 from forgeflow.sandbox import trial
 from forgeflow.sandbox.trial import TrialResult
@@ -131,3 +136,97 @@ def compare_jobs(baseline: list[TrialResult], candidate: list[TrialResult], labe
                                        decision=decision, notes=notes)
     return compare.CanaryComparison(report_a=report_a, report_b=report_b, paired=paired, decision=decision,
                                     costs=costs, markdown=markdown, excluded=excluded)
+
+
+def _store() -> ledger.Store:
+    store = ledger.Store()
+    store.upgrade()
+    return store
+
+
+@task(cache_policy=NO_CACHE)
+def harbor_export_inputs(freeze_name: str, split: str, candidates_path: Path | None, generated_path: Path | None,
+                         default_generated: Path, dataset: DatasetSource | None = None,
+                         test_commands: dict[str, str] | None = None,
+                         test_specs: dict[str, TestSpec] | None = None) -> tuple[Path, list[harbor.HarborTask]]:
+    """The verified manifest of freeze ``freeze_name`` (as the store records it) and the
+    :class:`~forgeflow.evaluation.harbor.HarborTask` of every instance of ``split``
+    (:func:`forgeflow.evaluation.harbor_tasks.harbor_tasks`: tests from the store, patch/image/command
+    from the task rows). Not cached: the store and the files may change between runs.
+
+    Raises:
+        InputError: the freeze is not recorded or fails verification, the split is unknown or empty,
+            the task rows cannot be read (:func:`forgeflow.curation.task_rows.load_task_rows`).
+        PreflightError: tasks that cannot be exported (listed).
+    """
+    store = _store()
+    manifest, ids = frozen_split(store, freeze_name, split)
+    loaded = load_task_rows(candidates_path, generated_path, default_generated, test_commands,
+                            stage="harbor-export", dataset=dataset, test_specs=test_specs)
+    return manifest.path, harbor_tasks.harbor_tasks(store, ids, loaded)
+
+
+@task(cache_policy=NO_CACHE)
+def write_harbor_export(manifest_path: Path, split: str, export_tasks: list[harbor.HarborTask], out_dir: Path,
+                        limits: harbor.HarborTaskLimits) -> harbor.HarborExport:
+    """:func:`forgeflow.evaluation.harbor.export_split` (atomic; the same export again is a no-op, another
+    export into ``out_dir`` is refused with :class:`~forgeflow.common.errors.InputError`)."""
+    return harbor.export_split(manifest_path, split, export_tasks, out_dir, limits)
+
+
+@task(cache_policy=NO_CACHE)
+def import_harbor(job_dir: Path, job_id: str | None, freeze_name: str | None, split: str,
+                  run_id: str | None) -> harbor_import.HarborImportSummary:
+    """Import a Harbor job folder's trials into the store
+    (:func:`forgeflow.evaluation.harbor_import.import_harbor_job`, upserts keyed by Harbor's trial UUIDs).
+
+    With ``freeze_name``, the freeze and ``split`` are checked first, every trial's task must be an
+    instance of that split, and a ``jobs`` row (kind ``harbor``, the freeze and split, ``job_dir``)
+    is recorded so ``compare`` can pair the job with another job of the same frozen split. Without
+    it, only the trials are recorded.
+
+    Raises:
+        InputError: an unknown freeze or split, a folder that is not a Harbor job folder, a bad trial
+            result (file and field named), a trial of a task outside the split.
+    """
+    store = _store()
+    ids = frozen_split(store, freeze_name, split)[1] if freeze_name is not None else None
+    found = harbor_import.read_harbor_job(job_dir, job_id=job_id, instance_ids=ids, run_id=run_id)
+    if freeze_name is not None:
+        store.record_job(records.JobRecord(job_id=found.job_id, kind=harbor_import.HARBOR_JOB_KIND,
+                                           freeze_name=freeze_name, split=split, run_id=run_id,
+                                           params={"job_dir": str(Path(job_dir).resolve())}))
+    store.record_trials(found.trials)
+    return harbor_import.HarborImportSummary.of(found, freeze_name, split if freeze_name is not None else None)
+
+
+@task(cache_policy=NO_CACHE)
+def read_answers(path: Path) -> tuple[list[tuple[str, str, str]], str]:
+    """The rows of an answers file (:func:`forgeflow.evaluation.judge.load_answer_rows`) and the file's sha256.
+
+    Raises:
+        InputError: no file, or a bad row (its line and field named).
+    """
+    items = judge.load_answer_rows(path)
+    return items, sha256_file(path)
+
+
+@task(cache_policy=NO_CACHE)
+def record_judgments(items: list[tuple[str, str, str]], job_id: str, rel_tol: float, abs_tol: float,
+                     run_id: str | None) -> list[records.JudgmentRecord]:
+    """Judge the rows and record them in the store's ``judgments`` table in one transaction
+    (:func:`forgeflow.evaluation.judge.judge_answers`; the same job again updates its rows).
+
+    Raises:
+        InputError: a bad tolerance (nothing recorded).
+    """
+    return judge.judge_answers(items, _store(), job_id=job_id, run_id=run_id, rel_tol=rel_tol, abs_tol=abs_tol)
+
+
+@task(cache_policy=NO_CACHE)
+def job_trial_rows(job_id: str) -> list[dict[str, Any]]:
+    """One table row per trial of ``job_id`` in the store: instance_id, kind, reward, exception_type,
+    exception_message, agent_s, verifier_s (seconds)."""
+    return [{"instance_id": t.instance_id, "kind": t.kind, "reward": t.reward, "exception_type": t.exception_type,
+             "exception_message": t.exception_message, "agent_s": (t.timings or {}).get("agent_s"),
+             "verifier_s": (t.timings or {}).get("verifier_s")} for t in _store().trials_for(job_id=job_id)]

@@ -1,6 +1,7 @@
 """Evaluating a model: the model endpoint client (``model_client``), the agent trial (``agent``) and
 its supervision (``supervision``), canary jobs (``canary``), paired comparison (``compare``,
-``paired_stats``), the promotion gate (``gate``) and Harbor interop (``harbor``).
+``paired_stats``), the promotion gate (``gate``), Harbor interop (``harbor``, ``harbor_import``,
+``harbor_tasks``) and the answer judge (``judge``).
 
 May import: ``common``, ``ledger``, ``registry``, ``sandbox``, ``curation``. The packages of ``forgeflow`` import one
 way, in this order:

@@ -281,3 +281,53 @@ def import_harbor_job(
     found = read_harbor_job(job_dir, job_id=job_id, instance_ids=instance_ids, run_id=run_id)
     store.record_trials(found.trials)
     return found
+
+
+HARBOR_JOB_KIND = "harbor"
+"""``jobs.kind`` of a job imported from Harbor."""
+
+
+class HarborImportSummary(BaseModel):
+    """What the ``harbor-import`` flow recorded.
+
+    Attributes:
+        job_id: the job the trials were recorded under (``forgeflow trials --job <job_id>``).
+        job_dir: the Harbor job folder read.
+        freeze_name: the freeze whose split the trials ran (recorded in the ``jobs`` row), or None
+            (no ``jobs`` row: a paired compare then checks that the instance sets match).
+        split: that split, or None.
+        trials: finished trials recorded.
+        scored: trials with a reward (an exception with a kept reward counts).
+        reward_1: trials with reward 1.
+        exceptions: forgeflow exception class name -> trials.
+        kinds: trial kind (``agent``, ``nop``, ``oracle``) -> trials.
+        unfinished: trial folders without a finished result (not recorded).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    job_id: str
+    job_dir: Path
+    freeze_name: str | None = None
+    split: str | None = None
+    trials: int = Field(ge=0)
+    scored: int = Field(ge=0)
+    reward_1: int = Field(ge=0)
+    exceptions: dict[str, int] = Field(default_factory=dict)
+    kinds: dict[str, int] = Field(default_factory=dict)
+    unfinished: list[str] = Field(default_factory=list)
+
+    @classmethod
+    def of(cls, found: HarborJobImport, freeze_name: str | None = None,
+           split: str | None = None) -> HarborImportSummary:
+        """The summary of an import (``found``, from :func:`import_harbor_job`)."""
+        exceptions: dict[str, int] = {}
+        kinds: dict[str, int] = {}
+        for trial in found.trials:
+            kinds[trial.kind] = kinds.get(trial.kind, 0) + 1
+            if trial.exception_type is not None:
+                exceptions[trial.exception_type] = exceptions.get(trial.exception_type, 0) + 1
+        return cls(job_id=found.job_id, job_dir=found.job_dir, freeze_name=freeze_name, split=split,
+                   trials=len(found.trials), scored=sum(t.reward is not None for t in found.trials),
+                   reward_1=sum(t.reward == 1.0 for t in found.trials), exceptions=exceptions, kinds=kinds,
+                   unfinished=list(found.unfinished))

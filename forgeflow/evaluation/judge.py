@@ -6,18 +6,21 @@ removal (Rajpurkar et al. 2016): numbers compared as numbers (``$``, ``%``, thou
 and spaces dropped; equal within a tolerance), comma/semicolon lists element by element in
 order, strings after lowercasing, dropping articles and punctuation and collapsing whitespace.
 :func:`judge_answers` judges a list and appends the verdicts to the store's ``judgments`` table
-in one transaction.
+in one transaction. :func:`load_answer_rows` reads the rows to judge from a file (JSONL, or a
+parquet/CSV file read with HF ``datasets``), naming the line and field of a bad row.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import string
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow.common.errors import InputError
 from forgeflow.common.fsutil import sha256_json
@@ -209,3 +212,112 @@ def judge_answers(
         )
     store.record_judgments(records)
     return records
+
+
+# --- answer files ------------------------------------------------------------------------------
+ANSWER_FIELDS = ("question_id", "answer", "reference")
+"""The fields every row of an answer file has (strings; a JSON number is read as its text)."""
+
+DATASETS_BUILDERS = {".parquet": "parquet", ".csv": "csv"}
+"""File suffix -> the HF ``datasets`` builder that reads it (``.jsonl`` / ``.json`` lines are read here)."""
+
+
+def _field_text(value: Any, where: str, field: str) -> str:
+    if isinstance(value, bool) or value is None or not isinstance(value, str | int | float):
+        shown = "missing" if value is None else f"a {type(value).__name__}, not a string"
+        raise InputError(f"{where}: field {field!r} is {shown}")
+    text = value if isinstance(value, str) else repr(value) if isinstance(value, float) else str(value)
+    if field != "answer" and not text.strip():
+        raise InputError(f"{where}: field {field!r} is empty")
+    return text
+
+
+def _row_items(rows: Sequence[tuple[str, Any]]) -> list[tuple[str, str, str]]:
+    items: list[tuple[str, str, str]] = []
+    seen: dict[str, str] = {}
+    for where, row in rows:
+        if not isinstance(row, dict):
+            raise InputError(f"{where}: is not a JSON object with {', '.join(ANSWER_FIELDS)}")
+        question_id, answer, reference = (_field_text(row.get(f), where, f) for f in ANSWER_FIELDS)
+        if question_id in seen:
+            raise InputError(f"{where}: field 'question_id' {question_id!r} repeats {seen[question_id]}")
+        seen[question_id] = where
+        items.append((question_id, answer, reference))
+    return items
+
+
+def load_answer_rows(path: str | Path) -> list[tuple[str, str, str]]:
+    """Read ``(question_id, answer, reference)`` rows from an answer file.
+
+    ``.jsonl`` / ``.json``: one JSON object per line (blank lines skipped), errors named by line
+    number; ``.parquet`` / ``.csv``: read with ``datasets.load_dataset(<builder>, data_files=path)``,
+    errors named by row number (1-based). Other keys of a row are ignored.
+
+    Returns:
+        The rows in file order (at least one).
+
+    Raises:
+        InputError: no file at ``path``, an unknown suffix (the known ones listed), a line that is not
+            JSON or not an object, a missing, non-string or empty ``question_id`` / ``reference``
+            (an empty ``answer`` is a wrong answer, not a bad row), a repeated ``question_id``, or no
+            rows; the message names the file, the line (or row) and the field.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"answers file {path} does not exist")
+    suffix = path.suffix.lower()
+    rows: list[tuple[str, Any]] = []
+    if suffix in (".jsonl", ".json"):
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                rows.append((f"{path} line {number}", json.loads(line)))
+            except json.JSONDecodeError as exc:
+                raise InputError(f"{path} line {number}: not valid JSON ({exc.msg})") from exc
+    elif suffix in DATASETS_BUILDERS:
+        import datasets
+
+        try:
+            loaded = datasets.load_dataset(DATASETS_BUILDERS[suffix], data_files=str(path), split="train")
+        except (ValueError, datasets.exceptions.DatasetGenerationError) as exc:
+            raise InputError(f"answers file {path} cannot be read: {type(exc).__name__}: {exc}") from exc
+        rows = [(f"{path} row {number}", dict(row)) for number, row in enumerate(loaded, start=1)]
+    else:
+        known = ", ".join([".jsonl", ".json", *DATASETS_BUILDERS])
+        raise InputError(f"answers file {path}: unknown suffix {path.suffix!r}; known: {known}")
+    if not rows:
+        raise InputError(f"answers file {path} holds no rows")
+    return _row_items(rows)
+
+
+class JudgeSummary(BaseModel):
+    """What the ``judge`` flow recorded.
+
+    Attributes:
+        job_id: the job the judgments were recorded under (``judgments.job_id``).
+        path: the answers file judged.
+        judged: rows judged (= correct + incorrect).
+        correct: rows whose answer matches the reference.
+        incorrect: the others.
+        rules: rule (``number``, ``list``, ``string``) -> rows judged by it.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    job_id: str
+    path: Path
+    judged: int = Field(ge=0)
+    correct: int = Field(ge=0)
+    incorrect: int = Field(ge=0)
+    rules: dict[str, int] = Field(default_factory=dict)
+
+    @classmethod
+    def of(cls, job_id: str, path: Path, records: Sequence[Any]) -> JudgeSummary:
+        """The summary of the recorded ``JudgmentRecord`` s."""
+        rules: dict[str, int] = {}
+        for record in records:
+            rules[record.rule] = rules.get(record.rule, 0) + 1
+        correct = sum(bool(r.correct) for r in records)
+        return cls(job_id=job_id, path=path, judged=len(records), correct=correct,
+                   incorrect=len(records) - correct, rules=rules)

@@ -1,0 +1,75 @@
+"""The Harbor tasks of a frozen split: what :func:`forgeflow.evaluation.harbor.export_split` needs,
+assembled from the store and the task rows (the ``harbor-export`` flow's inputs).
+
+Each instance of the split needs its validated tests (FAIL_TO_PASS / PASS_TO_PASS of an accepted
+``task_instances`` row, as the canary reads them) and its row of the task rows
+(:func:`forgeflow.curation.task_rows.load_task_rows`: the user's candidates JSONL or HF split, or the
+lifecycle's generated file) for the bug patch, the task image, the test command and the problem
+statement. The exported grader reads ``pytest -rA`` output only, so a task whose tests are read with
+another SWE-bench log parser cannot be exported (it would score nothing, silently).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from forgeflow.common.errors import PreflightError
+from forgeflow.curation.task_rows import TaskRows
+from forgeflow.evaluation.harbor import HarborTask
+from forgeflow.ledger import store as ledger
+
+__all__ = ["PYTEST_LOG_PARSERS", "harbor_tasks"]
+
+PYTEST_LOG_PARSERS = frozenset({None, "parse_log_pytest"})
+"""Log parsers whose output the exported ``tests/grade.py`` (SWE-bench's ``parse_log_pytest``) reads."""
+
+
+def harbor_tasks(store: ledger.Store, instance_ids: Sequence[str], loaded: TaskRows) -> list[HarborTask]:
+    """One :class:`~forgeflow.evaluation.harbor.HarborTask` per instance id, in order.
+
+    Args:
+        store: the ledger holding each task's validation (an accepted row with FAIL_TO_PASS).
+        instance_ids: the split's ids.
+        loaded: the task rows (patch, image, problem statement) with their test commands and log
+            parsers per instance id.
+
+    Returns:
+        The tasks; the image is the row's ``image``, else the store's ``image_ref``.
+
+    Raises:
+        PreflightError: ids without a row, not accepted in the store (status given), without an
+            image or test command, or read with a log parser other than pytest's: every problem
+            listed, before anything is written.
+    """
+    by_id = {row.instance_id: row for row in loaded.rows}
+    problems: list[str] = []
+    out: list[HarborTask] = []
+    for instance_id in instance_ids:
+        row, task = by_id.get(instance_id), store.get_task(instance_id)
+        if row is None:
+            problems.append(f"{instance_id}: no row in the task rows ({loaded.source})")
+            continue
+        if task is None or task.status != "accepted" or not task.fail_to_pass:
+            status = "not in the store" if task is None else f"status {task.status!r}"
+            problems.append(f"{instance_id}: not an accepted task with FAIL_TO_PASS ({status})")
+            continue
+        image = row.image or task.image_ref
+        command = loaded.test_commands.get(instance_id) or getattr(row, "test_command", None)
+        parser = loaded.log_parsers.get(instance_id)
+        if not image or not command:
+            problems.append(f"{instance_id}: no {'task image' if not image else 'test command'} in its row")
+            continue
+        if parser not in PYTEST_LOG_PARSERS:
+            problems.append(f"{instance_id}: its tests are read with {parser}; the Harbor grader reads pytest -rA "
+                            "output only")
+            continue
+        out.append(HarborTask(instance_id=instance_id, image_ref=image, bug_patch=row.patch,
+                              fail_to_pass=task.fail_to_pass, pass_to_pass=task.pass_to_pass,
+                              test_command=command, problem_statement=getattr(row, "problem_statement", None),
+                              repo=row.repo))
+    if problems:
+        shown = problems[:20]
+        more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
+        raise PreflightError(f"harbor-export: {len(problems)} of {len(instance_ids)} task(s) cannot be exported:\n  "
+                             + "\n  ".join(shown) + more)
+    return out
