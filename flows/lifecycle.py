@@ -34,6 +34,7 @@ from forgeflow.common.fsutil import atomic_write_text, sha256_bytes, sha256_file
 from forgeflow.common.settings import apply_container_env
 from forgeflow.config import LifecycleConfig
 from forgeflow.curation import generated
+from forgeflow.curation.bundle import BundleTask
 from forgeflow.curation.freeze import (
     AcceptedTask,
     check_freeze_inputs,
@@ -257,16 +258,22 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
         quotas = config.quotas
         accepted_refs = [AcceptedTask(instance_id=t["candidate"].instance_id, repo=t["repo"]) for t in accepted]
         image_digests = {t["candidate"].instance_id: t["digest"] for t in accepted}
+        bundle_tasks = [BundleTask(
+            instance_id=t["candidate"].instance_id, repo=t["repo"], fail_to_pass=t["report"].FAIL_TO_PASS,
+            pass_to_pass=t["report"].PASS_TO_PASS, image_ref=t["image_ref"], image_digest=t["digest"],
+            patch_sha256=sha256_bytes(t["candidate"].patch.encode()), patch=t["candidate"].patch) for t in accepted]
         manifest = log.call(curation.freeze_dataset, config.freeze_name, accepted_refs, quotas, config.seed,
-                            out_dir / "freezes", {"image_digests": image_digests})
+                            out_dir / "freezes", {"image_digests": image_digests}, bundle_tasks)
         store.record_freeze(records.FreezeRecord(
             name=manifest.name, semantic_sha256=manifest.semantic_sha256, file_sha256=manifest.file_sha256,
-            manifest_path=str(manifest.path), counts=manifest.counts, run_id=run_id))
+            manifest_path=str(manifest.path), counts=manifest.counts, bundle_sha256=manifest.bundle_sha256,
+            bundle_path=str(manifest.bundle_path) if manifest.bundle_path else None, run_id=run_id))
         record_freeze_inputs(config.freeze_name, out_dir / "freezes", config.freeze_inputs())
         splits = manifest.splits
         st["counts"] = {k: len(v) for k, v in splits.items()}
-        st["digests"] = {"semantic_sha256": manifest.semantic_sha256, "file_sha256": manifest.file_sha256}
-        st["paths"] = {"manifest": str(manifest.path)}
+        st["digests"] = {"semantic_sha256": manifest.semantic_sha256, "file_sha256": manifest.file_sha256,
+                         "bundle_sha256": manifest.bundle_sha256}
+        st["paths"] = {"manifest": str(manifest.path), "bundle": str(manifest.bundle_path)}
     by_id = {t["candidate"].instance_id: t for t in accepted}
 
     # 7. base model: the team's checkpoint (a folder, a Hub revision) or the tiny Qwen2 with the real Qwen2
@@ -388,6 +395,7 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
         "images": {"environments": len(envs), "task_images": len(tasks_info)},
         "tasks": {"generated": len(candidates), "validated": len(outcomes), "accepted": len(accepted)},
         "freeze": {"name": config.freeze_name, "semantic_sha256": manifest.semantic_sha256,
+                   "bundle_sha256": manifest.bundle_sha256,
                    "splits": {k: len(v) for k, v in splits.items()}},
         "canary": {"baseline": comparison.report_a.model_dump(mode="json"),
                    "candidate": comparison.report_b.model_dump(mode="json")},
@@ -399,6 +407,7 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
                        **{f"candidate-{q}": a for q, a in ggufs.items()}}.items()}
         | {"adapter": {"path": str(adapter.path), "sha256": adapter.sha256},
            "freeze_manifest": {"path": str(manifest.path), "sha256": manifest.file_sha256},
+           "freeze_bundle": {"path": str(manifest.bundle_path), "sha256": manifest.bundle_sha256},
            "compare_report": {"path": str(report_path), "sha256": sha256_file(report_path)},
            "compare_plot": {"path": str(plot_path), "sha256": sha256_file(plot_path)}},
     }

@@ -12,6 +12,7 @@ from prefect.runtime import flow_run
 from forgeflow.common.errors import InputError
 from forgeflow.common.fsutil import atomic_write_text
 from forgeflow.common.settings import home_dir
+from forgeflow.curation.bundle import BundleTask
 from forgeflow.curation.freeze import AcceptedTask, FreezeManifest, SplitQuotas, validate_freeze_name
 from forgeflow.evaluation import compare as comparison
 from forgeflow.evaluation.gate import GatePolicy
@@ -32,7 +33,10 @@ DEMO_FREEZE_QUOTAS = SplitQuotas(train=2, validation=1, test=2, max_per_repo=4, 
 @flow(name="freeze", log_prints=True)
 def freeze(name: str, quotas: SplitQuotas = DEMO_FREEZE_QUOTAS, seed: int = 0,
            instance_ids: list[str] | None = None, out_dir: Path | None = None) -> FreezeManifest:
-    """Freeze the accepted tasks recorded in the store under ``name`` (immutable).
+    """Freeze the accepted tasks recorded in the store under ``name`` (immutable), with its export
+    bundle: a HF ``datasets`` DatasetDict per split (rows: instance id, repository, split,
+    FAIL_TO_PASS, PASS_TO_PASS, image reference and digest, patch sha256 — what the store holds)
+    and its deterministic tarball, whose sha256 the store records beside the manifest's digests.
 
     Args:
         name: the freeze name (:func:`forgeflow.curation.freeze.validate_freeze_name`).
@@ -40,7 +44,10 @@ def freeze(name: str, quotas: SplitQuotas = DEMO_FREEZE_QUOTAS, seed: int = 0,
         seed: orders the selection (same accepted tasks + seed, same freeze).
         instance_ids: freeze only accepted tasks among these (a curate run's candidates, as the
             freeze-on-ready automation passes them); None: every accepted task in the store.
-        out_dir: where the manifest is written; default ``$FORGEFLOW_HOME/freezes``.
+        out_dir: where the manifest and bundle are written; default ``$FORGEFLOW_HOME/freezes``.
+
+    Returns:
+        The manifest, with ``bundle_path`` and ``bundle_sha256`` of the bundle's tarball.
 
     Raises:
         InputError: an invalid name, or ``instance_ids`` given but empty.
@@ -53,14 +60,22 @@ def freeze(name: str, quotas: SplitQuotas = DEMO_FREEZE_QUOTAS, seed: int = 0,
     store = ledger.Store()
     store.upgrade()
     wanted = set(instance_ids) if instance_ids is not None else None
-    accepted = [AcceptedTask(instance_id=t.instance_id, repo=t.repo) for t in store.accepted_tasks()
-                if wanted is None or t.instance_id in wanted]
+    rows = [t for t in store.accepted_tasks() if wanted is None or t.instance_id in wanted]
+    accepted = [AcceptedTask(instance_id=t.instance_id, repo=t.repo) for t in rows]
     get_run_logger().info("freeze %r: %d accepted task(s)%s; quotas %s, seed %d", name, len(accepted),
                           f" among {len(wanted)} candidates" if wanted is not None else "", quotas.model_dump(), seed)
-    manifest = curation.freeze_dataset(name, accepted, quotas, seed, out_dir or home_dir() / "freezes", {})
+    digests = {image.ref: image.digest for image in store.images()}
+    bundle_tasks = [BundleTask(instance_id=t.instance_id, repo=t.repo, fail_to_pass=t.fail_to_pass,
+                               pass_to_pass=t.pass_to_pass, image_ref=t.image_ref,
+                               image_digest=digests.get(t.image_ref) if t.image_ref else None,
+                               patch_sha256=t.patch_sha256) for t in rows]
+    manifest = curation.freeze_dataset(name, accepted, quotas, seed, out_dir or home_dir() / "freezes", {},
+                                       bundle_tasks)
     store.record_freeze(records.FreezeRecord(name=manifest.name, semantic_sha256=manifest.semantic_sha256,
                                             file_sha256=manifest.file_sha256, manifest_path=str(manifest.path),
-                                            counts=manifest.counts, run_id=str(flow_run.get_id() or "") or None))
+                                            counts=manifest.counts, bundle_sha256=manifest.bundle_sha256,
+                                            bundle_path=str(manifest.bundle_path) if manifest.bundle_path else None,
+                                            run_id=str(flow_run.get_id() or "") or None))
     return manifest
 
 

@@ -12,7 +12,7 @@ from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE
 from pydantic import BaseModel, ConfigDict
 
 from forgeflow.common.errors import ImageNotFoundError, PreflightError
-from forgeflow.curation import bugs, freeze
+from forgeflow.curation import bugs, bundle, freeze
 from forgeflow.evaluation.canary import trial_row
 from forgeflow.ledger.store import Store
 from forgeflow.registry import images
@@ -150,14 +150,28 @@ def validate_candidate(candidate: trial.BugTask, image_ref: str, image_digest: s
 
 @task(cache_policy=RESUMABLE)
 def freeze_dataset(name: str, accepted: list[freeze.AcceptedTask], quotas: freeze.SplitQuotas, seed: int,
-                   out_dir: Path, extra_inputs: dict) -> freeze.FreezeManifest:
-    """Select the splits and write the freeze manifest (refused if the name exists with other
-    content; a no-op if identical)."""
+                   out_dir: Path, extra_inputs: dict,
+                   bundle_tasks: list[bundle.BundleTask] | None = None) -> freeze.FreezeManifest:
+    """Select the splits, write the freeze manifest (refused if the name exists with other
+    content; a no-op if identical) and its export bundle (:func:`forgeflow.curation.bundle.write_bundle`:
+    HF ``datasets`` folder + deterministic tarball + sidecar) from ``bundle_tasks``, one per accepted
+    task (None: rows of instance id and repository only).
+
+    Returns:
+        The manifest with ``bundle_path`` / ``bundle_sha256`` set.
+
+    Raises:
+        PreflightError: the quotas are not met.
+        FreezeConflictError: the manifest or bundle of ``name`` exists with other content.
+    """
     selection = freeze.select_splits(accepted, quotas, seed)
     if not selection.ready:
         unmet = "; ".join(f"{u.name}: need {u.required}, found {u.found}" for u in selection.unmet)
         raise PreflightError(f"freeze {name!r} is not ready: {unmet}")
-    return freeze.write_freeze(name, selection, quotas, seed, out_dir, extra_inputs)
+    manifest = freeze.write_freeze(name, selection, quotas, seed, out_dir, extra_inputs)
+    rows = bundle_tasks if bundle_tasks is not None else [
+        bundle.BundleTask(instance_id=t.instance_id, repo=t.repo) for t in accepted]
+    return bundle.with_bundle(manifest, bundle.write_bundle(manifest, rows, out_dir))
 
 
 def _registry_repo(ref: str) -> tuple[str, str] | None:

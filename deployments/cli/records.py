@@ -15,16 +15,24 @@ from forgeflow.ledger.store import Store
 
 @freeze_app.command("verify")
 def freeze_verify(name: str, freezes_dir: Optional[Path] = typer.Option(
-        None, help="default $FORGEFLOW_HOME/demo/freezes")) -> None:
-    """Recompute a freeze's semantic and file digests and compare them with the ones the store recorded."""
+        None, help="the folder holding NAME.json and its bundle; default the folder of the manifest the store "
+        "recorded (the freeze flow's $FORGEFLOW_HOME/freezes, the demo's $FORGEFLOW_HOME/demo/freezes), else "
+        "$FORGEFLOW_HOME/demo/freezes")) -> None:
+    """Check a freeze's three digests: the manifest's semantic sha256 (recomputed from its content),
+    the manifest file's sha256 and the export bundle tarball's sha256 (both against the store's
+    record), and that the bundle's DatasetDict loads with the manifest's splits and ids. Exits 2
+    naming the digest that failed and the file; a freeze made before export bundles verifies with
+    its bundle reported absent."""
     home = prepare_env(create=False)
     from forgeflow.common.errors import ForgeflowError  # noqa: PLC0415
+    from forgeflow.curation.bundle import bundle_paths, verify_bundle  # noqa: PLC0415
     from forgeflow.curation.freeze import manifest_path, verify_freeze  # noqa: PLC0415
 
     try:
-        path = manifest_path(name, freezes_dir or home / "demo" / "freezes")
         store = read_store()
         recorded = store.get_freeze(name)
+        folder = freezes_dir or (Path(recorded.manifest_path).parent if recorded else home / "demo" / "freezes")
+        path = manifest_path(name, folder)
         manifest = verify_freeze(path, expected_file_sha256=recorded.file_sha256 if recorded else None)
     except ForgeflowError as exc:
         fail(exc)
@@ -32,13 +40,22 @@ def freeze_verify(name: str, freezes_dir: Optional[Path] = typer.Option(
     if manifest.name != name:
         problems.append(f"the manifest at {path} is freeze {manifest.name!r}, not {name!r}")
     if recorded is not None and recorded.semantic_sha256 != manifest.semantic_sha256:
-        problems.append(f"semantic sha256 {manifest.semantic_sha256} differs from the store's "
+        problems.append(f"semantic sha256 of {path}: {manifest.semantic_sha256} differs from the store's "
                         f"{recorded.semantic_sha256}")
     if problems:
         fail("; ".join(problems))
+    try:
+        bundle = verify_bundle(manifest, recorded.bundle_sha256 if recorded else None, folder)
+    except ForgeflowError as exc:
+        fail(exc)
     where = "matches the store" if recorded is not None else f"not recorded in the store {store.display_url}"
+    if bundle is not None:
+        bundle_text = f"bundle sha256 {bundle.sha256} ({bundle.tarball}; splits {bundle.counts})"
+    else:
+        bundle_text = (f"bundle absent (no {bundle_paths(name, folder)[2]}, none recorded: the freeze was "
+                       "made before export bundles)")
     console.print(f"freeze {manifest.name}: OK ({where}); semantic sha256 {manifest.semantic_sha256}, "
-                  f"file sha256 {manifest.file_sha256}")
+                  f"file sha256 {manifest.file_sha256}, {bundle_text}", soft_wrap=True, highlight=False)
 
 
 def _tampering(verifier: dict | None) -> list[str] | None:

@@ -1,5 +1,6 @@
 """From candidates to a frozen dataset: bug generation (``bugs``), candidate rows (``candidates``,
-``generated``), batch selection (``selection``), freezes (``freeze``), derived sets (``derived``)
+``generated``), batch selection (``selection``), freezes (``freeze``) and their export bundles (``bundle``),
+derived sets (``derived``)
 and recovery by exact ids (``recovery``).
 
 May import: ``common``, ``ledger``, ``registry``, ``sandbox``. The packages of ``forgeflow`` import one way, in this

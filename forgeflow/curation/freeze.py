@@ -8,6 +8,9 @@ Two steps, split so a preflight can run the first alone:
    manifest carries a schema version and a ``semantic_sha256`` over its canonical JSON form
    (everything except that digest), so its identity does not depend on formatting.
 
+The export bundle written beside the manifest (HF ``datasets`` + deterministic tarball, the third
+digest) lives in :mod:`forgeflow.curation.bundle`.
+
 Determinism: every ordering uses the stable key ``sha256(f"{seed}:{id}")``, never Python's
 ``hash`` (salted per process) or input order.
 """
@@ -304,6 +307,10 @@ class FreezeManifest(BaseModel):
         file_sha256: Digest of the manifest file's bytes.
         counts: Split name -> number of tasks.
         splits: Split name -> sorted instance ids.
+        bundle_path: The export bundle's tarball (:mod:`forgeflow.curation.bundle`), when it was
+            written or verified with the manifest; None otherwise (e.g. a freeze made before
+            export bundles, or a manifest read alone by :func:`verify_freeze`).
+        bundle_sha256: Hex sha256 of that tarball (the freeze's third digest), or None.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -314,6 +321,8 @@ class FreezeManifest(BaseModel):
     file_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     counts: dict[str, int]
     splits: dict[str, list[str]]
+    bundle_path: Path | None = None
+    bundle_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
 
 
 def validate_freeze_name(name: str) -> str:

@@ -110,13 +110,16 @@ TRIAL_VOID_FIELDS = frozenset({"voided_at", "void_reason"})
 
 
 class FreezeRecord(_Record):
-    """A row of ``freezes``; ``counts`` maps split name to task count."""
+    """A row of ``freezes``; ``counts`` maps split name to task count; ``bundle_sha256`` and
+    ``bundle_path`` are the export bundle's tarball (None for a freeze made before bundles)."""
 
     name: str = Field(min_length=1, max_length=128)
     semantic_sha256: str = _Sha256
     file_sha256: str = _Sha256
     manifest_path: str
     counts: dict[str, int] = Field(default_factory=dict)
+    bundle_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    bundle_path: str | None = None
 
 
 class ModelArtifactRecord(_Record):

@@ -160,7 +160,9 @@ class Trial(_Stamped, Base):
 
 
 class Freeze(_Stamped, Base):
-    """A frozen dataset manifest (never overwritten; see :mod:`forgeflow.curation.freeze`)."""
+    """A frozen dataset manifest (never overwritten; see :mod:`forgeflow.curation.freeze`) and its
+    export bundle's tarball (``bundle_sha256``/``bundle_path``; NULL for a freeze made before
+    bundles, :mod:`forgeflow.curation.bundle`)."""
 
     __tablename__ = "freezes"
 
@@ -169,6 +171,8 @@ class Freeze(_Stamped, Base):
     file_sha256: Mapped[str] = mapped_column(String(_SHA))
     manifest_path: Mapped[str] = mapped_column(Text)
     counts: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    bundle_sha256: Mapped[str | None] = mapped_column(String(_SHA), nullable=True)
+    bundle_path: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class ModelArtifact(_Stamped, Base):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import io
 import json
+import tarfile
 
 import pytest
 from typer.testing import CliRunner
@@ -109,6 +111,77 @@ def test_freeze_verify_of_a_missing_freeze_is_one_line(home):
     result = runner.invoke(app, ["freeze", "verify", "nosuch"])
     assert result.exit_code == 2
     assert "does not exist" in result.output and "Traceback" not in result.output
+
+
+def test_freeze_verify_of_a_freeze_made_before_bundles_says_the_bundle_is_absent(frozen):
+    result = runner.invoke(app, ["freeze", "verify", "v1"])
+    assert result.exit_code == 0, result.output
+    assert "bundle absent" in result.output and "made before export bundles" in result.output
+
+
+@pytest.fixture
+def bundled(home):
+    """A freeze as the freeze flow writes it now: manifest, export bundle, and the store's three digests."""
+    from forgeflow.curation import bundle, freeze
+    from forgeflow.ledger.records import FreezeRecord
+
+    accepted = [freeze.AcceptedTask(instance_id=f"r{r}.t{i}", repo=f"r{r}") for r in range(3) for i in range(2)]
+    quotas = freeze.SplitQuotas(train=1, validation=1, test=1, max_per_repo=2, min_repos=3)
+    manifest = freeze.write_freeze("v2", freeze.select_splits(accepted, quotas, 0), quotas, 0,
+                                   home / "demo" / "freezes")
+    written = bundle.write_bundle(manifest, [bundle.BundleTask(instance_id=t.instance_id, repo=t.repo,
+                                                               fail_to_pass=["t.py::f"]) for t in accepted])
+    Store().record_freeze(FreezeRecord(name="v2", semantic_sha256=manifest.semantic_sha256,
+                                       file_sha256=manifest.file_sha256, manifest_path=str(manifest.path),
+                                       bundle_sha256=written.sha256, bundle_path=str(written.tarball)))
+    return manifest, written
+
+
+def test_freeze_verify_checks_all_three_digests(bundled):
+    manifest, written = bundled
+    result = runner.invoke(app, ["freeze", "verify", "v2"])
+    assert result.exit_code == 0, result.output
+    assert "matches the store" in result.output
+    for digest in (manifest.semantic_sha256, manifest.file_sha256, written.sha256):
+        assert digest in result.output
+    assert str(written.tarball) in result.output
+
+
+def test_freeze_verify_names_the_bundle_digest_of_a_tampered_tarball(bundled):
+    _, written = bundled
+    with tarfile.open(written.tarball) as tar:  # a plausible edit: same members, one row changed
+        members = [(m, tar.extractfile(m).read() if m.isfile() else None) for m in tar.getmembers()]
+    with tarfile.open(written.tarball, "w", format=tarfile.PAX_FORMAT) as tar:
+        for member, data in members:
+            if member.name.endswith("train/dataset_info.json"):
+                data = data.replace(b"{", b"{ ", 1)
+                member.size = len(data)
+            tar.addfile(member, io.BytesIO(data) if data is not None else None)
+    result = runner.invoke(app, ["freeze", "verify", "v2"])
+    assert result.exit_code == 2
+    assert "bundle sha256" in result.output and str(written.tarball) in result.output
+    assert written.sha256 in result.output and "Traceback" not in result.output
+
+
+def test_freeze_verify_names_the_file_digest_of_a_reformatted_manifest(bundled):
+    manifest, _ = bundled
+    doc = json.loads(manifest.path.read_text())
+    manifest.path.write_text(json.dumps(doc, indent=4, sort_keys=True) + "\n")  # same content, other bytes
+    result = runner.invoke(app, ["freeze", "verify", "v2"])
+    assert result.exit_code == 2
+    assert "file sha256" in result.output and str(manifest.path) in result.output
+    assert manifest.file_sha256 in result.output
+
+
+def test_freeze_verify_names_the_semantic_digest_of_an_edited_manifest(bundled):
+    manifest, _ = bundled
+    doc = json.loads(manifest.path.read_text())
+    doc["seed"] = 1
+    manifest.path.write_text(json.dumps(doc, indent=2, sort_keys=True) + "\n")
+    result = runner.invoke(app, ["freeze", "verify", "v2"])
+    assert result.exit_code == 2
+    assert "semantic_sha256" in result.output and str(manifest.path) in result.output
+    assert manifest.semantic_sha256 in result.output
 
 
 def test_lineage_walks_from_the_served_gguf_to_the_base_model(home):

@@ -14,6 +14,7 @@ import pytest
 
 from forgeflow.common.fsutil import sha256_file
 from forgeflow.config import LifecycleConfig
+from forgeflow.curation.bundle import verify_bundle
 from forgeflow.curation.freeze import verify_freeze
 from forgeflow.ledger.store import Store
 
@@ -78,6 +79,14 @@ def test_artifacts_on_disk_match_their_recorded_sha256(first_run):
         assert digest(art["path"]) == art["sha256"], name
     manifest = verify_freeze(first_run["artifacts"]["freeze_manifest"]["path"])
     assert manifest.semantic_sha256 == first_run["freeze"]["semantic_sha256"]
+    # the export bundle: its tarball's sha256 is the freeze stage's third digest and the store's
+    bundle = verify_bundle(manifest, first_run["artifacts"]["freeze_bundle"]["sha256"])
+    assert bundle is not None and str(bundle.tarball) == first_run["artifacts"]["freeze_bundle"]["path"]
+    freeze_stage = first_run["stages"]["freeze"]
+    assert freeze_stage["digests"]["bundle_sha256"] == bundle.sha256 == first_run["freeze"]["bundle_sha256"]
+    assert freeze_stage["paths"]["bundle"] == str(bundle.tarball)
+    assert Store().get_freeze("mini-v1").bundle_sha256 == bundle.sha256
+    assert bundle.counts == manifest.counts
 
 
 def test_store_holds_one_row_per_natural_key(first_run):
@@ -105,5 +114,6 @@ def test_second_run_is_answered_from_cache(first_run, mini_config):
         if name not in live:
             assert stage["status"] == "cached", (name, stage)
     assert second["freeze"]["semantic_sha256"] == first_run["freeze"]["semantic_sha256"]
+    assert second["freeze"]["bundle_sha256"] == first_run["freeze"]["bundle_sha256"]
     assert second["total_wall_s"] < 0.5 * first_run["total_wall_s"]
     assert Store().counts()["freezes"] == 1

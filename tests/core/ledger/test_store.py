@@ -25,7 +25,7 @@ from forgeflow.ledger.store import Store, upsert_statement
 from forgeflow.ledger.tables import Base, Image, ServingGeneration
 
 DIGEST = "sha256:" + "a" * 64
-HEAD = "0005"
+HEAD = "0006"
 """The newest migration (forgeflow/ledger/migrations/versions)."""
 
 SHA = "b" * 64
@@ -489,3 +489,26 @@ def test_migration_0005_keeps_the_verifiers_evidence_and_old_trials(store: Store
     store.upgrade()
     (row,) = store.trials_for(trial_ids=["t-new"])
     assert row.reward == 0.0 and row.verifier is None  # the evidence went with the column; the row stayed
+
+
+def test_migration_0006_keeps_old_freezes_without_a_bundle(store: Store) -> None:
+    from alembic import command
+    from sqlalchemy import text
+
+    from forgeflow.ledger.records import FreezeRecord
+
+    with store.engine.begin() as connection:
+        command.downgrade(store.alembic_config(connection), "0005")
+    with store.engine.begin() as connection:  # a freeze as a 0005 store wrote it (no bundle columns)
+        connection.execute(text(
+            "INSERT INTO freezes (name, semantic_sha256, file_sha256, manifest_path, counts, created_at, updated_at) "
+            f"VALUES ('old', '{'1' * 64}', '{'2' * 64}', '/f/old.json', '{{}}', '2026-11-01 00:00:00', "
+            "'2026-11-01 00:00:00')"))
+    store.upgrade()
+    old = store.get_freeze("old")
+    assert old is not None and old.bundle_sha256 is None and old.bundle_path is None
+    store.record_freeze(FreezeRecord(name="new", semantic_sha256="1" * 64, file_sha256="2" * 64,
+                                     manifest_path="/f/new.json", bundle_sha256="3" * 64,
+                                     bundle_path="/f/new.bundle.tar"))
+    new = store.get_freeze("new")
+    assert new is not None and new.bundle_sha256 == "3" * 64 and new.bundle_path == "/f/new.bundle.tar"
