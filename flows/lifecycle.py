@@ -40,6 +40,7 @@ from forgeflow.curation.freeze import (
     check_freeze_inputs,
     record_freeze_inputs,
 )
+from forgeflow.curation.selection import longest_first
 from forgeflow.evaluation import agent
 from forgeflow.evaluation import canary as canary_core
 from forgeflow.evaluation.compare import render_plot
@@ -205,22 +206,23 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
         st["counts"] = {"repositories": len(plan.projected_tag_counts), "basecache_tags": len(basecache),
                         "task_images": len(tasks_info), "base_layers_reused": reused_layers}
 
-    # 5. validate: NOP and Oracle runs in no-network containers, `validate_concurrency` at a time
+    # 5. validate: NOP and Oracle runs in no-network containers, a sliding window of `validate_concurrency`,
+    # the longest validations (as last recorded) first
     with log.stage("validate") as st:
-        items = list(tasks_info.values())
+        order = longest_first(list(tasks_info), store.validation_seconds(list(tasks_info)))
         progress_id = create_progress_artifact(progress=0.0, description="NOP/Oracle validation")
         sink = curation.TrialSink(store_url=store.url, job_id=f"validate-{config.seed}", run_id=run_id)
-        outcomes = []
-        batch = config.validate_concurrency
-        for start in range(0, len(items), batch):
-            wave = items[start:start + batch]
-            futures = [curation.validate_candidate.submit(
+        ended: dict[str, Any] = {}
+
+        def submit(t: dict[str, Any]) -> Any:
+            return curation.validate_candidate.submit(
                 t["candidate"], t["image_ref"], t["digest"], envs[t["repo"]]["project"].test_command,
                 config.verifier_timeout_s, config.sandbox_memory_mb, checks=config.validation, sink=sink)
-                for t in wave]
-            for t, state in zip(wave, log.gather(futures)):
-                outcomes.append((t, state.result()))
-            update_progress_artifact(progress_id, progress=100.0 * len(outcomes) / max(1, len(items)))
+
+        for t, state in log.window([tasks_info[i] for i in order], submit, config.validate_concurrency):
+            ended[t["candidate"].instance_id] = (t, state.result())
+            update_progress_artifact(progress_id, progress=100.0 * len(ended) / max(1, len(tasks_info)))
+        outcomes = [ended[i] for i in tasks_info]  # candidate order, whatever order they ended in
         # each trial was stored as it ended (the sink); again here, for validations answered from cache
         store.record_trials([canary_core.trial_row(tr, f"validate-{config.seed}", None, run_id)
                              for _, out in outcomes for tr in out.trials])

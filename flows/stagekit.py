@@ -9,10 +9,12 @@ one Prefect table artifact (key :data:`STAGE_TABLE_KEY`), the table a person ope
 from __future__ import annotations
 
 import json
+import queue
 import time
+from collections import deque
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 from prefect.futures import PrefectFuture
 from prefect.states import State
@@ -21,6 +23,7 @@ import forgeflow
 from forgeflow.common.fsutil import atomic_write_text
 
 T = TypeVar("T")
+Item = TypeVar("Item")
 
 STAGE_TABLE_KEY = "lifecycle-stages"
 """Key of the stage table artifact (Prefect keys: lowercase letters, digits and dashes)."""
@@ -79,6 +82,30 @@ class StageLog:
             self._note(state)
             states.append(state)
         return states
+
+    def window(self, items: Iterable[Item], submit: Callable[[Item], PrefectFuture[T]],
+               concurrency: int) -> Iterator[tuple[Item, State]]:
+        """Run ``submit(item)`` for every item in a sliding window: at most ``concurrency`` task runs in
+        flight, the next one submitted the moment one ends (not in waves that wait for their slowest
+        member). Yields ``(item, final state)`` in completion order, each noted for the stage counts.
+
+        Raises:
+            ValueError: ``concurrency`` < 1.
+        """
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+        done: queue.Queue = queue.Queue()
+        pending = deque(items)
+        in_flight = 0
+        while pending or in_flight:
+            while pending and in_flight < concurrency:
+                item = pending.popleft()
+                submit(item).add_done_callback(lambda future, item=item: done.put((item, future)))
+                in_flight += 1
+            item, future = done.get()
+            in_flight -= 1
+            # the callback can run before the Prefect state is final: gather waits for it
+            yield item, self.gather([future])[0]
 
     def table_rows(self) -> list[dict[str, Any]]:
         """One row per stage in run order: stage, status, wall_s, tasks_run, tasks_cached, counts

@@ -8,6 +8,7 @@ yet and spreads its slots over repositories round-robin instead of draining one 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -99,3 +100,23 @@ def select_batch(
             break
         depth += 1
     return batch
+
+
+def longest_first(ids: Sequence[str], seconds: Mapping[str, float]) -> list[str]:
+    """``ids`` ordered for a sliding window of validations: longest known first (the longest-
+    processing-time rule: a long task started last leaves the other slots idle at the end; Graham,
+    "Bounds on multiprocessing timing anomalies", SIAM J. Appl. Math. 17(2), 1969).
+
+    A task without a recorded time counts as the median of the known ones (all equal when none is
+    known, so the order is then ``ids``' own); ties keep ``ids``' order.
+
+    Args:
+        ids: instance ids.
+        seconds: recorded validation seconds per instance id (``Store.validation_seconds``).
+
+    Returns:
+        The same ids, reordered.
+    """
+    known = sorted(seconds[i] for i in ids if i in seconds)
+    typical = known[len(known) // 2] if known else 0.0
+    return sorted(ids, key=lambda i: -seconds.get(i, typical))

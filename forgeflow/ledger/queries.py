@@ -154,6 +154,27 @@ class StoreReads:
             statement = statement.where(Trial.instance_id == instance_id)
         return self._all(TrialRecord, statement)
 
+    def validation_seconds(self, instance_ids: Sequence[str]) -> dict[str, float]:
+        """What validating each task took when it last ran: per kind (``nop``, ``oracle``) the newest
+        non-void trial's ``env_setup_s + verifier_s``, summed; tasks with no such trial are absent.
+
+        Used to start the longest validations first (:func:`forgeflow.curation.selection.longest_first`).
+        """
+        statement = (select(Trial.instance_id, Trial.kind, Trial.timings)
+                     .where(Trial.voided_at.is_(None), Trial.kind.in_(["nop", "oracle"]),
+                            Trial.instance_id.in_(list(instance_ids)))
+                     .order_by(Trial.created_at, Trial.trial_id))
+        newest: dict[tuple[str, str], float] = {}
+        with Session(self.engine) as session:
+            for instance_id, kind, timings in session.execute(statement):
+                timings = timings or {}
+                newest[(instance_id, kind)] = float(timings.get("env_setup_s", 0.0)) + float(
+                    timings.get("verifier_s", 0.0))
+        seconds: dict[str, float] = {}
+        for (instance_id, _), value in newest.items():
+            seconds[instance_id] = seconds.get(instance_id, 0.0) + value
+        return seconds
+
     def _productions(self, statement: Any) -> list[ModelArtifactRecord]:
         with Session(self.engine) as session:
             return [

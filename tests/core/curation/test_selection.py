@@ -66,3 +66,11 @@ def test_bad_input_is_named() -> None:
         select_batch(cands({"a/x": 1}), set(), {}, batch_size=0)
     with pytest.raises(InputError, match="appears twice"):
         select_batch(cands({"a/x": 1}) * 2, set(), {})
+
+
+def test_longest_first_starts_the_longest_known_validation_and_puts_unknown_ones_at_the_median() -> None:
+    from forgeflow.curation.selection import longest_first
+
+    seconds = {"slow": 35.0, "quick": 1.0, "mid": 5.0}
+    assert longest_first(["quick", "new", "mid", "slow"], seconds) == ["slow", "new", "mid", "quick"]
+    assert longest_first(["b", "a", "c"], {}) == ["b", "a", "c"]  # nothing known: the given order

@@ -512,3 +512,22 @@ def test_migration_0006_keeps_old_freezes_without_a_bundle(store: Store) -> None
                                      bundle_path="/f/new.bundle.tar"))
     new = store.get_freeze("new")
     assert new is not None and new.bundle_sha256 == "3" * 64 and new.bundle_path == "/f/new.bundle.tar"
+
+
+def test_validation_seconds_sums_the_newest_nop_and_oracle_trial_of_each_task(store: Store) -> None:
+    from datetime import datetime, timedelta, timezone
+
+    t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+    def trial(trial_id: str, instance_id: str, kind: str, minutes: int, **timings: float) -> TrialRecord:
+        return TrialRecord(trial_id=trial_id, instance_id=instance_id, kind=kind, reward=1.0, timings=timings,
+                           created_at=t0 + timedelta(minutes=minutes))
+
+    store.record_trials([
+        trial("a-nop-old", "a", "nop", 0, env_setup_s=1.0, verifier_s=50.0),
+        trial("a-nop-new", "a", "nop", 5, env_setup_s=0.5, verifier_s=30.0),
+        trial("a-oracle", "a", "oracle", 6, env_setup_s=0.5, verifier_s=31.0),
+        trial("b-nop", "b", "nop", 1, verifier_s=2.0),
+        trial("c-agent", "c", "agent", 1, agent_s=90.0, verifier_s=9.0),  # not a validation trial
+    ])
+    assert store.validation_seconds(["a", "b", "c", "d"]) == {"a": 62.0, "b": 2.0}
