@@ -16,6 +16,7 @@ from flows.canary import canary, canary_recover
 from flows.curate import curate, recover
 from flows.evaluation import harbor_export, harbor_import, judge
 from flows.lifecycle import lifecycle
+from flows.promote import promote
 from flows.registry import (
     migrate_images,
     prewarm_plan,
@@ -57,6 +58,7 @@ SPECS: list[dict[str, Any]] = [
      "parameters": {"quantizations": ["Q8_0", "Q4_K_M"]}},
     {"flow": publish, "entrypoint": "flows/stages.py:publish", "name": "publish",
      "parameters": {"store": "forgeflow-models"}},
+    {"flow": promote, "entrypoint": "flows/promote.py:promote", "name": "promote", "parameters": {}},
     {"flow": serve, "entrypoint": "flows/stages.py:serve", "name": "serve", "parameters": {}},
     {"flow": harbor_export, "entrypoint": "flows/evaluation.py:harbor_export", "name": "harbor-export",
      "parameters": {"freeze_name": "demo-v1", "split": "test"}},

@@ -71,28 +71,33 @@ def run_canary_job(log: StageLog, st: dict[str, Any], stage: str, job: records.J
                    run_key: str | None = None) -> tuple[list, compare.JobReport]:
     """Run one canary job inside the open stage ``st`` of ``log`` (the lifecycle's and this flow's).
 
-    Records ``job``, then submits :func:`tasks.evaluation.agent_trial` for ``concurrency`` tasks at a
-    time (a wave ends before the next starts), records each trial as it comes back
-    (:func:`forgeflow.evaluation.canary.trial_row`, upsert by trial id), publishes the table artifact
-    ``stage`` with dashes and fills ``st``'s counts (requested, scored, reward_1, exceptions) and
-    digests (model). ``run_key`` names the trials (default: the model sha256); a recovery job
-    passes its own id so its trials never share an id with the original's.
+    Records ``job``, then runs :func:`tasks.evaluation.agent_trial` in a sliding window of
+    ``concurrency`` (:meth:`flows.stagekit.StageLog.window`: the next trial starts when any one ends),
+    records each trial as it comes back (:func:`forgeflow.evaluation.canary.trial_row`, upsert by
+    trial id), publishes the table artifact ``stage`` with dashes and fills ``st``'s counts
+    (requested, scored, reward_1, exceptions) and digests (model). ``run_key`` names the trials
+    (default: the job id, so two jobs of one model on one split never share a trial id, and a
+    second job re-measures instead of replaying the first one's cached trials); a recovery job
+    passes its own id.
 
     Returns:
         The trials (:class:`forgeflow.sandbox.trial.TrialResult`, in task order) and their JobReport.
     """
     store.record_job(job)
     model_sha256, run_id = job.model_sha256, job.run_id or ""
-    trials = []
-    for start in range(0, len(tasks), concurrency):
-        futures = [evaluation_tasks.agent_trial.submit(
+
+    def submit(t: CanaryTask) -> Any:
+        return evaluation_tasks.agent_trial.submit(
             t.instance_id, t.image_ref, t.image_digest, t.problem_statement, t.test_command, t.fail_to_pass,
             t.pass_to_pass, base_url, model_alias, model_sha256, agent_config, trajectories_dir, verifier_timeout_s,
-            job_id=job.job_id, run_key=run_key, log_parser=t.log_parser) for t in tasks[start:start + concurrency]]
-        for state in log.gather(futures):
-            tr = state.result()
-            store.record_trial(trial_row(tr, job.job_id, model_sha256, run_id))
-            trials.append(tr)
+            job_id=job.job_id, run_key=run_key or job.job_id, log_parser=t.log_parser)
+
+    ended = {}
+    for t, state in log.window(tasks, submit, concurrency):
+        tr = state.result()
+        store.record_trial(trial_row(tr, job.job_id, model_sha256, run_id))
+        ended[t.instance_id] = tr
+    trials = [ended[t.instance_id] for t in tasks]
     report = compare.JobReport.from_trials(trials)
     table_artifact(stage.replace("_", "-"), [
         {"instance_id": tr.instance_id, "reward": tr.reward, "exception": tr.exception_type,

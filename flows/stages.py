@@ -10,7 +10,6 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
 from forgeflow.common.errors import InputError
-from forgeflow.common.fsutil import atomic_write_text
 from forgeflow.common.settings import home_dir
 from forgeflow.curation.bundle import BundleTask
 from forgeflow.curation.freeze import AcceptedTask, FreezeManifest, SplitQuotas, validate_freeze_name
@@ -21,10 +20,10 @@ from forgeflow.ledger import store as ledger
 from forgeflow.packaging.checkpoint import BaseModelSource, CheckpointRecord
 from forgeflow.packaging.gguf import QuantSpec, quant_plan
 from tasks import curation
+from tasks import evaluation as evaluation_tasks
 from tasks import packaging as model_tasks
 from tasks import packaging as publish_tasks
 from tasks import serving as serving_tasks
-from tasks.common import markdown_artifact
 
 DEMO_FREEZE_QUOTAS = SplitQuotas(train=2, validation=1, test=2, max_per_repo=4, min_repos=2)
 """The demo's freeze quotas (the lifecycle's defaults), the freeze deployment's default."""
@@ -94,18 +93,9 @@ def compare(job_a: str, job_b: str, report_path: Path | None = None, merge_recov
     Raises:
         InputError: a job has no trials in the store, or the jobs ran different frozen splits.
     """
-    store = ledger.Store()
-    store.upgrade()
     md_path = Path(report_path or home_dir() / f"compare-{job_a}-vs-{job_b}.md")
-    png_path = md_path.with_suffix(".png")
-    result = comparison.compare_stored_jobs(store, job_a, job_b, merge_recovery=merge_recovery, seed=seed,
-                                            plot_file=png_path.name, gate=gate)
+    result = evaluation_tasks.compare_stored(job_a, job_b, md_path, merge_recovery, seed, gate)
     paired = result.paired
-    comparison.render_plot(result.report_a, result.report_b, paired, png_path, job_a, job_b)
-    atomic_write_text(md_path, result.markdown)
-    artifact_md = result.markdown.replace(f"]({png_path.name})", f"]({png_path.resolve().as_uri()})")
-    markdown_artifact("compare-standalone", artifact_md + f"\nReport: `{md_path}`; plot: `{png_path}`\n",
-                      f"{result.job_a.label} vs {result.job_b.label}")
     get_run_logger().info("wins %d ties %d losses %d, McNemar p %.3g; excluded %d; promotion gate: %s (%s); report %s",
                           paired.wins, paired.ties, paired.losses, paired.mcnemar_p, len(result.excluded),
                           result.decision.verdict, result.decision.reason, md_path)

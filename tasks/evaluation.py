@@ -230,3 +230,58 @@ def job_trial_rows(job_id: str) -> list[dict[str, Any]]:
     return [{"instance_id": t.instance_id, "kind": t.kind, "reward": t.reward, "exception_type": t.exception_type,
              "exception_message": t.exception_message, "agent_s": (t.timings or {}).get("agent_s"),
              "verifier_s": (t.timings or {}).get("verifier_s")} for t in _store().trials_for(job_id=job_id)]
+
+
+@task(cache_policy=NO_CACHE, task_run_name="compare-{job_a}-vs-{job_b}")
+def compare_stored(job_a: str, job_b: str, md_path: Path, merge_recovery: bool = True, seed: int = 0,
+                   gate_policy: gate.GatePolicy | None = None) -> compare.StoredJobsComparison:
+    """Compare two stored canary jobs (:func:`forgeflow.evaluation.compare.compare_stored_jobs`) and write
+    the markdown report at ``md_path`` with its PNG beside it (``md_path`` with suffix ``.png``), and
+    the ``compare-standalone`` markdown artifact. Not cached: the jobs may have gained recovery jobs.
+
+    Returns:
+        The comparison, with the promotion gate's decision under ``gate_policy``.
+
+    Raises:
+        InputError: as :func:`~forgeflow.evaluation.compare.compare_stored_jobs` (missing jobs, other splits).
+    """
+    from forgeflow.common.fsutil import atomic_write_text
+    from tasks.common import markdown_artifact
+
+    png_path = md_path.with_suffix(".png")
+    result = compare.compare_stored_jobs(_store(), job_a, job_b, merge_recovery=merge_recovery, seed=seed,
+                                         plot_file=png_path.name, gate=gate_policy)
+    compare.render_plot(result.report_a, result.report_b, result.paired, png_path, job_a, job_b)
+    atomic_write_text(md_path, result.markdown)
+    artifact_md = result.markdown.replace(f"]({png_path.name})", f"]({png_path.resolve().as_uri()})")
+    markdown_artifact("compare-standalone", artifact_md + f"\nReport: `{md_path}`; plot: `{png_path}`\n",
+                      f"{result.job_a.label} vs {result.job_b.label}")
+    return result
+
+
+@task(cache_policy=NO_CACHE)
+def check_promotion_jobs(baseline_job: str, candidate_job: str, gguf_sha256: str, state_path: Path) -> None:
+    """Before any comparison: the candidate job canaried the GGUF being promoted (its recorded
+    ``model_sha256`` is the file's sha256), and the baseline job canaried the model that serves now
+    (when a serving state file exists), so the gate compares what would be swapped.
+
+    Raises:
+        InputError: a job is not in the store, or either digest differs (both named).
+    """
+    from forgeflow.common.errors import InputError
+    from forgeflow.serving.bluegreen import read_state
+
+    store = _store()
+    ids = {"baseline": baseline_job, "candidate": candidate_job}
+    jobs = {role: store.get_job(job_id) for role, job_id in ids.items()}
+    for role, job in jobs.items():
+        if job is None:
+            raise InputError(f"promote: {role} job {ids[role]!r} is not in the store ({store.display_url})")
+    if jobs["candidate"].model_sha256 != gguf_sha256:
+        raise InputError(f"promote: candidate job {candidate_job!r} canaried model {jobs['candidate'].model_sha256}, "
+                         f"not gguf_path's {gguf_sha256}: canary the GGUF to promote first")
+    active = read_state(state_path)
+    if active is not None and jobs["baseline"].model_sha256 != active.gguf_sha256:
+        raise InputError(f"promote: baseline job {baseline_job!r} canaried model {jobs['baseline'].model_sha256}, but "
+                         f"{state_path} serves {active.gguf_sha256} ({active.gguf_path}): the gate would compare "
+                         "the candidate with a model that is not the one it replaces")

@@ -92,6 +92,7 @@ def test_unittest_tasks_are_curated_frozen_and_canaried_with_their_log_parser(
     with scripted_endpoint(lambda i: text_answer(NO_FIX)) as (url, _):
         unfixed = canary(base_url=url, job_id="unittest-unfixed", **common)
     assert unfixed["report"]["scored"] == 2 and unfixed["report"]["reward_1"] == 0  # the parser sees the failure
-    trials = store.trials_for(job_id="unittest-fixed")
-    assert all(t.verifier and t.verifier.get("log_parser") == "parse_log_django" for t in trials), \
+    trials = store.trials_for(job_id="unittest-fixed")  # each job keeps its own trials
+    assert len(trials) == 2 and len(store.trials_for(job_id="unittest-unfixed")) == 2
+    assert all(t.verifier and t.verifier["run"]["log_parser"] == "parse_log_django" for t in trials), \
         [t.verifier for t in trials]
