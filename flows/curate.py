@@ -43,6 +43,7 @@ from forgeflow.curation.freeze import (
     feasibility_text,
     freeze_ready,
     quota_feasibility,
+    unmet_text,
     validate_freeze_name,
 )
 from forgeflow.curation.generated import GENERATED_FILE, GeneratedTask
@@ -66,10 +67,6 @@ from tasks.curation import TrialSink, validate_candidate
 FREEZE_READY_EVENT = "forgeflow.dataset.freeze-ready"
 DEFAULT_QUOTAS = SplitQuotas(train=350, validation=75, test=75, max_per_repo=20, min_repos=70)
 JOB_ID = "curate"
-
-
-def _unmet_text(unmet: list[Any]) -> str:
-    return "; ".join(f"{u.name} needs {u.required}, has {u.found} (missing {u.missing})" for u in unmet)
 
 
 @flow(name="curate", log_prints=True)
@@ -196,7 +193,7 @@ def curate(candidates_path: Path | None = None, quotas: SplitQuotas = DEFAULT_QU
                     "freeze_name": name}
         ids = select_batch(refs, store.processed_instance_ids(), store.accepted_per_repo(), batch_size, seed)
         if not ids:
-            text = _unmet_text(selection.unmet)
+            text = unmet_text(selection.unmet)
             logger.warning("STOPPED, NOT READY: no candidate left to validate; unmet quotas: %s", text)
             return {"status": "exhausted", "batches": batches, "trials_recorded": recorded,
                     "counts": selection.counts, "unmet": [text], "event_id": None, "freeze_name": name}
@@ -205,7 +202,7 @@ def curate(candidates_path: Path | None = None, quotas: SplitQuotas = DEFAULT_QU
                                _BatchLimits(concurrency, max_retries, verifier_timeout_s, memory_mb, checks, placement),
                                run_id)
         batches.append(batch_id)
-        logger.info("batch %s: %d candidates; unmet before it: %s", batch_id, len(ids), _unmet_text(selection.unmet))
+        logger.info("batch %s: %d candidates; unmet before it: %s", batch_id, len(ids), unmet_text(selection.unmet))
 
 
 @dataclass(frozen=True)

@@ -166,8 +166,7 @@ def freeze_dataset(name: str, accepted: list[freeze.AcceptedTask], quotas: freez
     """
     selection = freeze.select_splits(accepted, quotas, seed)
     if not selection.ready:
-        unmet = "; ".join(f"{u.name}: need {u.required}, found {u.found}" for u in selection.unmet)
-        raise PreflightError(f"freeze {name!r} is not ready: {unmet}")
+        raise PreflightError(f"freeze {name!r} is not ready: {freeze.unmet_text(selection.unmet)}")
     manifest = freeze.write_freeze(name, selection, quotas, seed, out_dir, extra_inputs)
     rows = bundle_tasks if bundle_tasks is not None else [
         bundle.BundleTask(instance_id=t.instance_id, repo=t.repo) for t in accepted]

@@ -279,6 +279,11 @@ def quota_feasibility(repo_counts: Mapping[str, int], quotas: SplitQuotas) -> li
     return unmet
 
 
+def unmet_text(unmet: Sequence[UnmetQuota]) -> str:
+    """One line naming each unmet quota of a selection: ``train.tasks: need 16, found 9 (missing 7); ...``."""
+    return "; ".join(f"{u.name}: need {u.required}, found {u.found} (missing {u.missing})" for u in unmet)
+
+
 def feasibility_text(unmet: Sequence[UnmetQuota]) -> str:
     """One line naming each unmet condition of :func:`quota_feasibility` and by how much."""
     what = {"repos": "repositories overall (min_repos)",
@@ -371,8 +376,7 @@ def write_freeze(
     """
     path = manifest_path(name, out_dir)
     if not selection.ready:
-        unmet = ", ".join(f"{q.name} needs {q.required}, found {q.found}" for q in selection.unmet)
-        raise PreflightError(f"freeze {name!r}: quotas not met: {unmet}")
+        raise PreflightError(f"freeze {name!r}: quotas not met: {unmet_text(selection.unmet)}")
     document: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "name": name,

@@ -152,7 +152,7 @@ def test_a_manifest_reformatted_keeps_its_semantic_digest(tmp_path: Path) -> Non
 
 def test_unready_selection_and_bad_names_are_refused(tmp_path: Path) -> None:
     unready = select_splits(tasks({"a/x": 1}), QUOTAS)
-    with pytest.raises(PreflightError, match=r"train\.tasks needs 16"):
+    with pytest.raises(PreflightError, match=r"train\.tasks: need 16, found"):
         write_freeze("v1", unready, QUOTAS, 0, tmp_path, {})
     ready = select_splits(TWELVE_REPOS, QUOTAS, seed=7)
     for bad in ("V1", "-v1", "a/b", "", "x" * 200):
