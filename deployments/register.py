@@ -23,7 +23,7 @@ from flows.registry import (
     registry_audit,
     rewrite_image_refs,
 )
-from flows.stages import base_model, compare, freeze, package, publish, serve
+from flows.stages import DEMO_FREEZE_QUOTAS, base_model, compare, freeze, package, publish, serve
 
 WORK_POOL = "local"
 
@@ -40,8 +40,7 @@ SPECS: list[dict[str, Any]] = [
     {"flow": rewrite_image_refs, "entrypoint": "flows/registry.py:rewrite_image_refs", "name": "rewrite-image-refs",
      "parameters": {"dry_run": True}},
     {"flow": freeze, "entrypoint": "flows/stages.py:freeze", "name": "freeze",
-     "parameters": {"name": "demo-v1", "quotas": {"train": 2, "validation": 1, "test": 2, "max_per_repo": 4,
-                                                 "min_repos": 2}, "seed": 0}},
+     "parameters": {"name": "demo-v1", "quotas": DEMO_FREEZE_QUOTAS.model_dump(), "seed": 0}},
     {"flow": canary, "entrypoint": "flows/canary.py:canary", "name": "canary",
      "parameters": {"freeze_name": "demo-v1", "split": "test", "concurrency": 1, "profile": "default"}},
     {"flow": canary_recover, "entrypoint": "flows/canary.py:canary_recover", "name": "canary-recover",

@@ -11,6 +11,7 @@ from prefect.runtime import flow_run
 
 from forgeflow.common.errors import InputError
 from forgeflow.common.settings import home_dir
+from forgeflow.config import LifecycleConfig
 from forgeflow.curation.bundle import BundleTask
 from forgeflow.curation.freeze import AcceptedTask, FreezeManifest, SplitQuotas, validate_freeze_name
 from forgeflow.evaluation import compare as comparison
@@ -25,7 +26,7 @@ from tasks import packaging as model_tasks
 from tasks import packaging as publish_tasks
 from tasks import serving as serving_tasks
 
-DEMO_FREEZE_QUOTAS = SplitQuotas(train=2, validation=1, test=2, max_per_repo=4, min_repos=2)
+DEMO_FREEZE_QUOTAS: SplitQuotas = LifecycleConfig().quotas
 """The demo's freeze quotas (the lifecycle's defaults), the freeze deployment's default."""
 
 
