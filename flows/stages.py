@@ -5,6 +5,7 @@ from the store where the lifecycle left them. Each is a deployment in ``prefect.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
@@ -20,6 +21,7 @@ from forgeflow.ledger import records
 from forgeflow.ledger import store as ledger
 from forgeflow.packaging.checkpoint import BaseModelSource, CheckpointRecord
 from forgeflow.packaging.gguf import QuantSpec, quant_plan
+from forgeflow.packaging.gguf_metadata import MetadataEdit, recorded_edited_values, validate_metadata_edits
 from tasks import curation
 from tasks import evaluation as evaluation_tasks
 from tasks import packaging as model_tasks
@@ -106,14 +108,30 @@ def compare(job_a: str, job_b: str, report_path: Path | None = None, merge_recov
 @flow(name="package", log_prints=True)
 def package(hf_dir: Path, out_dir: Path, quantizations: tuple[str | QuantSpec, ...] = ("Q8_0", "Q4_K_M"),
             adapter_dir: Path | None = None, publish: str | None = None, publish_quantization: str | None = None,
-            model_name: str = "forgeflow") -> dict:
-    """Merge (optional adapter) -> GGUF f16 -> quantize -> metadata check -> load [-> publish].
+            model_name: str = "forgeflow",
+            metadata_edits: list[MetadataEdit | dict[str, Any]] | None = None) -> dict:
+    """Merge (optional adapter) -> GGUF f16 -> quantize -> metadata check -> load [-> metadata edits ->
+    verify -> check -> load] [-> publish].
 
     ``quantizations`` is the quantization plan: names of :data:`forgeflow.packaging.gguf.QUANT_PLANS`
     (``Q8_0``, ``Q4_K_M``, ``Q4_K_M+attn-embd-output-Q8_0``: attention, embedding and output at Q8_0,
     the rest Q4_K_M, as the hand-run pipeline served) and/or specs ``{"preset": "Q4_K_M",
     "tensor_types": {regex: ggml type}, "name": ...}``; each mixed artifact is checked tensor by
     tensor after quantization. The result is keyed by :attr:`forgeflow.packaging.gguf.QuantSpec.key`.
+
+    ``metadata_edits`` fixes GGUF metadata as the hand-run pipeline patched it: a list of
+    ``{"op": "set"|"add"|"delete", "key": ..., "value": ..., "type": <GGUFValueType name, optional>,
+    "sub_type": <ARRAY element type>, "artifacts": [<artifact keys>, optional]}``
+    (:class:`forgeflow.packaging.gguf_metadata.MetadataEdit`), e.g. ``[{"op": "set", "key":
+    "tokenizer.chat_template", "value": "..."}, {"op": "set", "key": "general.name", "value": "agent-v3"},
+    {"op": "add", "key": "forgeflow.release", "value": "3", "type": "STRING"}, {"op": "delete", "key":
+    "general.url"}]``. A ``set`` keeps the stored type unless ``type`` is given; an ``add`` without
+    ``type`` infers it as gguf-py does (int INT32, float FLOAT32). After every artifact passed its check
+    and loaded, the edits are applied to each GGUF they name (all, f16 included, by default) in one
+    bounded-memory pass (:func:`forgeflow.packaging.gguf_metadata.apply_metadata_edits`; tensor infos,
+    untouched entries and sampled tensor data verified against the source), then the GGUF check (edited
+    keys against their edits) and the load run again on the edited file. The store records the edited
+    file's sha256 with ``lineage`` = ``{"edited_from_sha256": ..., "metadata_edits": [...]}``.
 
     With ``publish`` (the name of a ModelStore block: local directory or HF Hub), the GGUF of
     ``publish_quantization`` (default: the first of ``quantizations``) and its
@@ -129,19 +147,24 @@ def package(hf_dir: Path, out_dir: Path, quantizations: tuple[str | QuantSpec, .
     Raises:
         InputError: before any compute: the store block is missing or inconsistent, or
             ``publish_quantization`` is not among the artifacts this run makes, an unknown
-            quantization plan name or preset, repeated artifact keys.
-        GGUFError: a GGUF fails its check (nothing is published).
+            quantization plan name or preset, repeated artifact keys, an invalid metadata edit
+            (``metadata_edits[i] (key ...)``: unknown op, empty key, a value that does not fit its
+            type, a repeated key, a delete of a key the architecture needs such as
+            ``general.architecture``, an unknown artifact key).
+        GGUFError: a GGUF fails its check, or an edit does not fit the file (a set/delete of an
+            absent key, an add of a present one); nothing is published.
     """
     from forgeflow.common.fsutil import sha256_tree
     from forgeflow.training.adapters import adapter_sha256 as adapter_digest
 
     keys = [spec.key for spec in quant_plan(quantizations)]  # refused before any compute
+    edits = validate_metadata_edits(metadata_edits, ("f16", *keys))
     target = _publish_preflight(publish, publish_quantization or (keys[0] if keys else "f16"),
                                 ("f16", *keys)) if publish else None
     hf_sha = sha256_tree(hf_dir)
     adapter_sha = adapter_digest(adapter_dir) if adapter_dir else None
     artifacts = model_tasks.package(hf_dir, hf_sha, out_dir, tuple(quantizations), adapter_dir,
-                                    sha256_tree(adapter_dir) if adapter_dir else None)
+                                    sha256_tree(adapter_dir) if adapter_dir else None, edits)
     store = ledger.Store()
     store.upgrade()
     run_id = str(flow_run.get_id() or "") or None
@@ -175,9 +198,9 @@ def publish(gguf_path: Path, store: str, hf_dir: Path, adapter_dir: Path | None 
             model_name: str = "forgeflow") -> dict:
     """Publish a GGUF the package stage wrote (e.g. once the promotion gate chose it) to a model store.
 
-    The GGUF is checked against ``hf_dir`` again (:func:`forgeflow.packaging.gguf.check_gguf`) before anything
-    is sent; its ``<stem>.lineage.json`` names ``hf_dir``'s digest and, with ``adapter_dir``, the
-    adapter's lineage.
+    The GGUF is checked against ``hf_dir`` again (:func:`forgeflow.packaging.gguf.check_gguf`; keys the store
+    records a ``package`` run's metadata edits set on it against those edits) before anything is sent; its
+    ``<stem>.lineage.json`` names ``hf_dir``'s digest and, with ``adapter_dir``, the adapter's lineage.
 
     Args:
         gguf_path: the GGUF.
@@ -214,7 +237,8 @@ def publish(gguf_path: Path, store: str, hf_dir: Path, adapter_dir: Path | None 
     if check_release_sources(ledger_store, gguf_sha, hf_sha, Path(hf_dir), adapter_dir) is None:
         get_run_logger().warning("the store (%s) does not know GGUF %s: its lineage (hf_dir %s, adapter_dir %s) "
                                  "could not be cross-checked", ledger_store.display_url, gguf_sha, hf_dir, adapter_dir)
-    check = publish_tasks.check_release(gguf_path, gguf_sha, hf_dir, hf_sha)
+    edited = recorded_edited_values(ledger_store, gguf_sha)  # keys the package run's metadata edits set
+    check = publish_tasks.check_release(gguf_path, gguf_sha, hf_dir, hf_sha, edited or None)
     get_run_logger().info("%s passed the GGUF check against %s (%s, %d blocks, vocabulary %d)", Path(gguf_path).name,
                           hf_dir, check.file_type, check.block_count, check.vocab_size)
     record = publish_tasks.publish_gguf(store, gguf_path, gguf_sha, check.file_type, hf_sha, model_name, adapter_dir,

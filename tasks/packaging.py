@@ -4,17 +4,19 @@ merge/convert/quantize into GGUFs and their store records, the release check and
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from blocks.core import ModelStore, secret_token
 from forgeflow.common.errors import InputError, PreflightError
-from forgeflow.common.fsutil import sha256_tree
+from forgeflow.common.fsutil import sha256_file, sha256_tree
 from forgeflow.ledger import records
 from forgeflow.ledger import store as ledger
 from forgeflow.packaging import base_model as model
 from forgeflow.packaging import checkpoint, gguf
+from forgeflow.packaging import gguf_metadata as metadata
 from forgeflow.packaging import publish as publishing
 from forgeflow.packaging.release import metadata_path_for, write_release_metadata
 from tasks.common import (
@@ -85,22 +87,33 @@ def base_checkpoint(source: checkpoint.BaseModelSource, hub_dir: Path) -> checkp
 
 @task(cache_policy=RESUMABLE)
 def package(hf_dir: Path, hf_sha256: str, out_dir: Path, quantizations: tuple[str | gguf.QuantSpec, ...],
-            adapter_dir: Path | None = None, adapter_sha256: str | None = None) -> dict[str, gguf.GGUFArtifact]:
-    """Merge (if an adapter is given) -> convert to GGUF f16 -> quantize -> check -> load.
+            adapter_dir: Path | None = None, adapter_sha256: str | None = None,
+            metadata_edits: tuple[metadata.MetadataEdit, ...] = ()) -> dict[str, gguf.GGUFArtifact]:
+    """Merge (if an adapter is given) -> convert to GGUF f16 -> quantize -> check -> load
+    [-> metadata edits -> verify -> check -> load].
 
     Args:
         quantizations: the quantization plan: :data:`forgeflow.packaging.gguf.QUANT_PLANS` names
             and/or :class:`forgeflow.packaging.gguf.QuantSpec` (a preset with per-tensor types).
+        metadata_edits: edits applied, after every artifact passed its check and loaded, to each
+            artifact they name (all by default) with
+            :func:`forgeflow.packaging.gguf_metadata.apply_metadata_edits` (one bounded-memory
+            pass, verified), each edited file then checked and loaded again.
 
     Returns:
         {"f16": artifact, "<key>": artifact, ...} (key: :attr:`QuantSpec.key`); every artifact
-        checked against the HF config (a mixed one also tensor by tensor) and loaded with
-        llama-cpp-python.
+        checked against the HF config (a mixed one also tensor by tensor; edited keys against
+        their edits) and loaded with llama-cpp-python; an edited one carries the sha256 of the
+        edited file and its ``edit_lineage``.
 
     Raises:
-        InputError: an unknown plan name or preset, repeated artifact keys (before any compute).
+        InputError: an unknown plan name or preset, repeated artifact keys, an invalid edit
+            (before any compute).
+        GGUFError: a check failed, or an edit does not fit the file (a set/delete of an absent
+            key, an add of a present one, a value that does not fit the stored type).
     """
     plan = gguf.quant_plan(quantizations)
+    edits = metadata.validate_metadata_edits(metadata_edits, ("f16", *(spec.key for spec in plan)))
     out_dir.mkdir(parents=True, exist_ok=True)
     source = hf_dir
     if adapter_dir is not None:
@@ -112,7 +125,25 @@ def package(hf_dir: Path, hf_sha256: str, out_dir: Path, quantizations: tuple[st
     for artifact in artifacts.values():
         gguf.check_gguf(artifact.path, source)
         gguf.load_gguf(artifact.path)
+    for key, artifact in list(artifacts.items()):
+        mine = [edit for edit in edits if edit.applies_to(key)]
+        if mine:
+            artifacts[key] = _edit_artifact(artifact, mine, source)
     return artifacts
+
+
+def _edit_artifact(artifact: gguf.GGUFArtifact, edits: list[metadata.MetadataEdit], hf_dir: Path) -> gguf.GGUFArtifact:
+    """Apply ``edits`` to a checked artifact in place, check and load the result; the artifact as edited."""
+    logger = get_run_logger()
+    result = metadata.apply_metadata_edits(artifact.path, edits)
+    gguf.check_gguf(artifact.path, hf_dir, edited={e.key: e.new_value for e in result.edits if e.op != "delete"})
+    gguf.load_gguf(artifact.path)
+    edited = artifact.model_copy(update={"sha256": sha256_file(artifact.path), "size_bytes": result.size_bytes,
+                                         "edit_lineage": metadata.edit_lineage(result, artifact.sha256)})
+    logger.info("edited the metadata of %s (%s; %s verification, %.2f s): sha256 %s -> %s", artifact.path.name,
+                ", ".join(f"{e.op} {e.key}" for e in result.edits), result.verification, result.duration_s,
+                artifact.sha256[:12], edited.sha256[:12])
+    return edited
 
 
 def record_package(store: ledger.Store, artifacts: dict[str, gguf.GGUFArtifact], hf_sha256: str, out_dir: Path,
@@ -120,7 +151,9 @@ def record_package(store: ledger.Store, artifacts: dict[str, gguf.GGUFArtifact],
     """Record what :func:`package` made in the store, one production each with ``run_id``: the merged
     checkpoint ``out_dir/merged`` (made from the adapter) when an adapter was merged, the f16 GGUF
     as made from the checkpoint it was converted from, and each quantized GGUF as made from the f16
-    one. The lifecycle's package stages and the standalone ``package`` flow both record this way.
+    one. An artifact whose metadata was edited is recorded with the edited file's sha256 and path and
+    its ``edit_lineage`` (sha256 before the edits, the edits applied) as the record's ``lineage``.
+    The lifecycle's package stages and the standalone ``package`` flow both record this way.
 
     Args:
         store: the ledger.
@@ -148,7 +181,8 @@ def record_package(store: ledger.Store, artifacts: dict[str, gguf.GGUFArtifact],
     for qtype, art in artifacts.items():
         parent = source_sha if qtype == "f16" or "f16" not in artifacts else artifacts["f16"].sha256
         store.record_model_artifact(records.ModelArtifactRecord(sha256=art.sha256, kind="gguf", path=str(art.path),
-                                    quantization=qtype, parent_sha256=parent, run_id=run_id))
+                                    quantization=qtype, parent_sha256=parent, run_id=run_id,
+                                    lineage=art.edit_lineage))
     return source_sha
 
 
@@ -168,14 +202,17 @@ def load_model_store(block_name: str) -> ModelStore:
 
 
 @task(cache_policy=RESUMABLE)
-def check_release(gguf_path: Path, gguf_sha256: str, hf_dir: Path, hf_sha256: str) -> gguf.GGUFCheck:
-    """:func:`forgeflow.packaging.gguf.check_gguf` of a GGUF against the checkpoint it was made from.
+def check_release(gguf_path: Path, gguf_sha256: str, hf_dir: Path, hf_sha256: str,
+                  edited: dict[str, Any] | None = None) -> gguf.GGUFCheck:
+    """:func:`forgeflow.packaging.gguf.check_gguf` of a GGUF against the checkpoint it was made from;
+    keys in ``edited`` (the metadata edits the store records for it,
+    :func:`forgeflow.packaging.gguf_metadata.recorded_edited_values`) against those values.
 
     Cached on the two digests (with the paths and this task's source): the check of the same bytes
     against the same checkpoint gives the same answer, so publishing one GGUF to a second store does
     not read its 150k-token vocabulary again. A failed check (GGUFError) is never cached.
     """
-    return gguf.check_gguf(gguf_path, hf_dir)
+    return gguf.check_gguf(gguf_path, hf_dir, edited=edited)
 
 
 # Publishing is a side effect, never answered from a cache: a local re-publish is a no-op that

@@ -16,6 +16,7 @@ from forgeflow.common import errors
 from forgeflow.ledger import records, tables
 from forgeflow.ledger import store as ledger
 from forgeflow.packaging import gguf
+from forgeflow.packaging.gguf_metadata import recorded_edited_values
 from forgeflow.serving import bluegreen
 from tasks.common import flow_run_id, run_logger
 
@@ -61,8 +62,9 @@ def check_serving_gguf(gguf_path: Path, gguf_sha256: str, hf_dir: Path | None = 
     """Check a GGUF's metadata against its HF config before any server starts (the package stage's
     :func:`forgeflow.packaging.gguf.check_gguf`: architecture, layers, context, widths, heads, vocabulary,
     chat template). The config is ``hf_dir``'s, else the checkpoint the store records the GGUF was
-    converted from (:func:`forgeflow.serving.bluegreen.recorded_config_dir`). Reads the GGUF header and the
-    config only; never cached (the file at the path can change).
+    converted from (:func:`forgeflow.serving.bluegreen.recorded_config_dir`). Keys the store records a
+    metadata edit set on this GGUF (the package flow's ``metadata_edits``) are checked against the edit.
+    Reads the GGUF header and the config only; never cached (the file at the path can change).
 
     Raises:
         GGUFError (an InputError): the file is not a readable GGUF, or a key differs from the config
@@ -70,21 +72,22 @@ def check_serving_gguf(gguf_path: Path, gguf_sha256: str, hf_dir: Path | None = 
         InputError: ``hf_dir`` is not a folder with a ``config.json``, or none is given and the store
             records no checkpoint (with a ``config.json``) the GGUF was converted from.
     """
-    if hf_dir is None:
-        store = ledger.Store()
-        try:
-            store.upgrade()
-            hf_dir = bluegreen.recorded_config_dir(store, gguf_sha256)
-        finally:
-            store.dispose()
+    store = ledger.Store()
+    try:
+        store.upgrade()
+        edited = recorded_edited_values(store, gguf_sha256)  # keys the package run's metadata edits set
         if hf_dir is None:
-            raise errors.InputError(
-                f"serve: {gguf_path} (sha256 {gguf_sha256}) cannot be checked against its HF config: the store "
-                f"({store.display_url}) records no checkpoint with a config.json it was converted from; give "
-                "hf_dir (the HF checkpoint folder the GGUF was converted from)")
+            hf_dir = bluegreen.recorded_config_dir(store, gguf_sha256)
+    finally:
+        store.dispose()
+    if hf_dir is None:
+        raise errors.InputError(
+            f"serve: {gguf_path} (sha256 {gguf_sha256}) cannot be checked against its HF config: the store "
+            f"({store.display_url}) records no checkpoint with a config.json it was converted from; give "
+            "hf_dir (the HF checkpoint folder the GGUF was converted from)")
     elif not Path(hf_dir).is_dir():
         raise errors.InputError(f"hf_dir {str(hf_dir)!r} is not a folder")
-    check = gguf.check_gguf(gguf_path, hf_dir)
+    check = gguf.check_gguf(gguf_path, hf_dir, edited=edited)
     run_logger().info("%s matches the config of %s (%s, %d blocks, context %d, vocabulary %d)", Path(gguf_path).name,
                    hf_dir, check.architecture, check.block_count, check.context_length, check.vocab_size)
     return check

@@ -69,6 +69,9 @@ class GGUFArtifact(BaseModel):
         type: tensor type of the bulk of the weights (``F16``, ``Q8_0``, ``Q4_K_M``, ...;
             ``<preset>+mixed`` for a per-tensor quantization).
         tensor_types: the per-tensor overrides (regex -> ggml type) of a mixed quantization.
+        edit_lineage: for a file whose metadata was edited after quantization, the sha256 before
+            the edits and the edits applied
+            (:func:`forgeflow.packaging.gguf_metadata.edit_lineage`); empty otherwise.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -78,6 +81,7 @@ class GGUFArtifact(BaseModel):
     size_bytes: int = Field(ge=1)
     type: str
     tensor_types: dict[str, str] | None = None
+    edit_lineage: dict[str, Any] = Field(default_factory=dict)
 
 
 class GGUFCheck(BaseModel):
@@ -451,7 +455,7 @@ def _hf_chat_template(hf_dir: Path) -> str | None:
     return None
 
 
-def check_gguf(gguf_path: Path, hf_dir: Path) -> GGUFCheck:
+def check_gguf(gguf_path: Path, hf_dir: Path, edited: dict[str, Any] | None = None) -> GGUFCheck:
     """Check a GGUF file's metadata against the HF checkpoint it was made from.
 
     Compared (GGUF key <- HF ``config.json``): ``general.architecture`` <- ``model_type``;
@@ -461,6 +465,12 @@ def check_gguf(gguf_path: Path, hf_dir: Path) -> GGUFCheck:
     <- ``num_key_value_heads``; the number of ``tokenizer.ggml.tokens`` and the rows of
     ``token_embd.weight`` <- ``vocab_size``; ``tokenizer.chat_template`` must be present and, when
     ``hf_dir`` has a chat template, equal to it.
+
+    Args:
+        gguf_path: the GGUF.
+        hf_dir: the HF checkpoint it was converted from.
+        edited: key -> value a metadata edit set (:mod:`forgeflow.packaging.gguf_metadata`); such a
+            key is expected to hold that value instead of the one derived from ``hf_dir``.
 
     Returns:
         The metadata found.
@@ -482,11 +492,15 @@ def check_gguf(gguf_path: Path, hf_dir: Path) -> GGUFCheck:
     except Exception as exc:  # gguf-py raises ValueError/OSError/struct errors on bad files
         raise GGUFError(f"{gguf_path} is not a readable GGUF file: {exc!r}") from exc
 
+    edited = edited or {}
+
     def expect(key: str, expected: Any, found: Any) -> None:
+        source = f"from {config_path}"
+        if key in edited:
+            expected, source = edited[key], "from the metadata edit"
         if expected != found:
             raise GGUFError(
-                f"{gguf_path}: key {key!r} expected {expected!r} (from {config_path}), "
-                f"found {found!r}"
+                f"{gguf_path}: key {key!r} expected {expected!r} ({source}), found {found!r}"
             )
 
     arch = _field_value(reader, "general.architecture")
@@ -515,7 +529,7 @@ def check_gguf(gguf_path: Path, hf_dir: Path) -> GGUFCheck:
     if not template:
         raise GGUFError(f"{gguf_path}: key 'tokenizer.chat_template' expected present, found none")
     hf_template = _hf_chat_template(hf_dir)
-    if hf_template is not None:
+    if hf_template is not None or "tokenizer.chat_template" in edited:
         expect("tokenizer.chat_template", hf_template, template)
     file_type = _field_value(reader, "general.file_type")
     from forgeflow.common.fsutil import sha256_bytes

@@ -4,7 +4,8 @@ them, live, from the serve flow's state file), generation numbers stay unique ac
 flow's and the demo's state files (a rolled-back swap is recorded under a number of its own), the GGUF
 is checked against its HF config before any server starts, a busy first port is skipped when nothing serves,
 ``publish`` refuses a checkpoint the store says the GGUF was not converted from, and ``package``
-records its artifacts with its run as their producer.
+records its artifacts with its run as their producer (and applies typed metadata edits, recording the
+edited files).
 
 Real llama-cpp-python servers on the tiny GGUFs (tests/helpers.py), free loopback ports, the
 session Prefect harness, a store per test (``flow_store_url``).
@@ -351,3 +352,60 @@ def test_package_takes_a_quantization_plan_with_mixed_per_tensor_types(prefect_h
     assert own["blk.0.ffn_up.weight"] == "F16" and own["blk.0.attn_q.weight"] == "Q8_0"
     recorded = {a.quantization for a in Store().model_artifacts() if a.kind == "gguf"}
     assert {"Q4_K_M+attn-embd-output-Q8_0", "q8-ffn-f16"} <= recorded
+
+
+def test_package_applies_metadata_edits_and_records_the_edited_files(prefect_harness, home: Path,
+                                                                      tmp_path: Path) -> None:
+    """The hand-run pipeline's metadata fixes as typed edits: a new chat template and name, an added
+    key, a stale key removed, on every GGUF (one edit on the Q8_0 only); the GGUF check and the load
+    pass on the edited files, their tensors are the unedited tiny model's, and the store records
+    the edited files' sha256 with the edits in their lineage; publish accepts the edited Q8_0."""
+    import gguf
+
+    from blocks.core import ModelStore
+    from flows.stages import package, publish
+    from forgeflow.packaging.gguf_reader import tensor_sha256
+
+    q8_unedited, f16_unedited = tiny_ggufs()
+    hf_dir = q8_unedited.parent / "hf"
+    with pytest.raises(InputError, match=r"metadata_edits\[1\] \(key 'general.architecture'\): cannot delete"):
+        package(hf_dir, tmp_path / "refused", ("Q8_0",), metadata_edits=[
+            {"op": "set", "key": "general.name", "value": "x"}, {"op": "delete", "key": "general.architecture"}])
+    with pytest.raises(InputError, match=r"metadata_edits\[0\] \(key 'general.name'\): op 'patch' is not one of"):
+        package(hf_dir, tmp_path / "refused", ("Q8_0",), metadata_edits=[{"op": "patch", "key": "general.name"}])
+    assert not (tmp_path / "refused").exists()  # refused before any compute
+
+    template = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    edits = [
+        {"op": "set", "key": "tokenizer.chat_template", "value": template},
+        {"op": "set", "key": "general.name", "value": "forgeflow-agent-v3"},
+        {"op": "add", "key": "forgeflow.release", "value": 7, "type": "UINT32"},
+        {"op": "delete", "key": "general.size_label"},
+        {"op": "add", "key": "forgeflow.quantized_only", "value": True, "artifacts": ["Q8_0"]},
+    ]
+    artifacts = package(hf_dir, tmp_path / "out", ("Q8_0",), metadata_edits=edits)
+    recorded = {a.quantization: a for a in Store().model_artifacts() if a.kind == "gguf"}
+    for key, unedited in (("Q8_0", q8_unedited), ("f16", f16_unedited)):
+        art = artifacts[key]
+        reader = gguf.GGUFReader(str(art.path))
+        assert reader.get_field("tokenizer.chat_template").contents() == template
+        assert reader.get_field("general.name").contents() == "forgeflow-agent-v3"
+        release = reader.get_field("forgeflow.release")
+        assert release.types == [gguf.GGUFValueType.UINT32] and release.contents() == 7
+        assert reader.get_field("general.size_label") is None
+        assert (reader.get_field("forgeflow.quantized_only") is not None) == (key == "Q8_0")
+        assert reader.get_field("general.architecture").contents() == "qwen2"
+        assert tensor_sha256(art.path) == tensor_sha256(unedited)  # the same tensors, byte for byte
+        assert art.sha256 == sha256_file(art.path) != sha256_file(unedited)
+        row = recorded[key]
+        assert (row.sha256, row.path) == (art.sha256, str(art.path))
+        assert [(e["op"], e["key"]) for e in row.lineage["metadata_edits"]] == [
+            (e["op"], e["key"]) for e in edits if key in e.get("artifacts", [key])]
+        assert row.lineage["edited_from_sha256"] not in (None, art.sha256)
+    assert recorded["Q8_0"].parent_sha256 == artifacts["f16"].sha256
+
+    # publish checks the edited GGUF against its checkpoint again: the patched chat template is what
+    # the recorded edit set, not the checkpoint's, and is accepted
+    ModelStore(path=tmp_path / "models").save("test-ledger-store-edits", overwrite=True)
+    record = publish(artifacts["Q8_0"].path, "test-ledger-store-edits", hf_dir, model_name="edited")
+    assert [f["sha256"] for f in record["files"] if f["role"] == "gguf"] == [artifacts["Q8_0"].sha256]
