@@ -338,7 +338,7 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
     with log.stage("package") as st:
         package_dir = out_dir / "models" / "candidate-gguf" / adapter.sha256[:16]  # one folder per adapter
         ggufs = log.call(packaging_tasks.package, base_model.path, base_model.sha256, package_dir,
-                         config.quantizations, adapter.path, adapter.sha256)
+                         config.quantizations, adapter.path, adapter.sha256, config.metadata_edits)
         packaging_tasks.record_package(store, ggufs, base_model.sha256, package_dir, adapter.sha256, run_id)
         table_artifact("package", [{"type": q, "path": str(a.path), "size_bytes": a.size_bytes, "sha256": a.sha256}
                                    for q, a in ggufs.items()], "GGUF artifacts of the candidate model")

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from forgeflow.curation.freeze import SplitQuotas, feasibility_text, quota_feasibility
 from forgeflow.packaging.checkpoint import BaseModelSource
+from forgeflow.packaging.gguf_metadata import MetadataEdit
 from forgeflow.sandbox.trial import ValidationChecks
 
 DEMO_PROJECTS = ("boltons", "cachetools", "inflection", "six", "tabulate", "toolz")
@@ -77,6 +78,8 @@ class LifecycleConfig(BaseModel):
     serve_ports: tuple[int, int] = Field((8801, 8802), description="blue/green ports of the model server")
     quantizations: tuple[str, ...] = Field(("Q8_0", "Q4_K_M"),
                                            description="GGUF quantizations (names of gguf.QUANT_PLANS)")
+    metadata_edits: tuple[MetadataEdit, ...] = Field((), description="GGUF metadata set/add/delete edits applied "
+                                                     "to the candidate's GGUFs after their check (package flow's)")
     serve_quantization: str = Field("Q8_0", description="which quantization is served")
     keep_serving: bool = Field(False, description="leave the model server running after the run")
 
@@ -137,6 +140,9 @@ class LifecycleConfig(BaseModel):
         ports = [self.source_port, self.target_port, *self.serve_ports]
         if len(set(ports)) != len(ports):
             raise ValueError(f"source_port, target_port and serve_ports must be four distinct ports, got {ports}")
+        from forgeflow.packaging.gguf_metadata import validate_metadata_edits
+
+        validate_metadata_edits(self.metadata_edits, ("f16", *self.quantizations))  # InputError names the edit
         if self.lanes > self.shards:
             raise ValueError(f"lanes ({self.lanes}) cannot exceed shards ({self.shards})")
         # before any image is built: projects x candidates_per_project bound what validation can accept

@@ -53,3 +53,14 @@ def test_projects_that_cannot_fill_the_splits_are_refused_before_any_work() -> N
     with pytest.raises(pydantic.ValidationError, match="per-repository cap"):
         LifecycleConfig(candidates_per_project=1, train_min=4, test_min=4)
     assert LifecycleConfig().quotas.min_repos == 2
+
+
+def test_metadata_edits_are_checked_when_the_config_is_parsed() -> None:
+    from forgeflow.config import LifecycleConfig
+
+    config = LifecycleConfig(metadata_edits=[{"op": "set", "key": "general.name", "value": "agent-v3"}])
+    assert config.metadata_edits[0].key == "general.name"
+    with pytest.raises(pydantic.ValidationError, match=r"metadata_edits\[0\].*cannot delete 'general.architecture'"):
+        LifecycleConfig(metadata_edits=[{"op": "delete", "key": "general.architecture"}])
+    with pytest.raises(pydantic.ValidationError, match=r"metadata_edits\[0\]"):
+        LifecycleConfig(metadata_edits=[{"op": "set", "key": "general.name", "value": "x", "artifacts": ["Q2_K"]}])
