@@ -24,7 +24,7 @@ numbers, not measured capacities.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -192,19 +192,11 @@ def canary_tasks(store: ledger.Store, instance_ids: Sequence[str], rows: Iterabl
     problems: list[str] = []
     out: list[CanaryTask] = []
     for instance_id in instance_ids:
-        row, task = by_id.get(instance_id), store.get_task(instance_id)
-        if row is None:
-            problems.append(f"{instance_id}: no row in the task rows (candidates file)")
+        found = accepted_row(store, instance_id, by_id, test_commands or {}, "candidates file")
+        if isinstance(found, str):
+            problems.append(found)
             continue
-        if task is None or task.status != "accepted" or not task.fail_to_pass:
-            status = "not in the store" if task is None else f"status {task.status!r}"
-            problems.append(f"{instance_id}: not an accepted task with FAIL_TO_PASS ({status})")
-            continue
-        image = row.image or task.image_ref
-        command = (test_commands or {}).get(instance_id) or getattr(row, "test_command", None)
-        if not image or not command:
-            problems.append(f"{instance_id}: no {'task image' if not image else 'test command'} in its row")
-            continue
+        row, task, image, command = found
         if check_images and not images.image_exists(image):
             problems.append(f"{instance_id}: task image {image} does not exist (podman image exists)")
             continue
@@ -219,12 +211,48 @@ def canary_tasks(store: ledger.Store, instance_ids: Sequence[str], rows: Iterabl
         out.append(CanaryTask(instance_id=instance_id, repo=row.repo, image_ref=image, image_digest=digest,
                               problem_statement=statement, test_command=command, fail_to_pass=task.fail_to_pass,
                               pass_to_pass=task.pass_to_pass, log_parser=(log_parsers or {}).get(instance_id)))
-    if problems:
-        shown = problems[:20]
-        more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
-        raise PreflightError(f"canary: {len(problems)} of {len(instance_ids)} task(s) cannot run:\n  "
-                             + "\n  ".join(shown) + more)
+    refuse_problems(problems, f"canary: {len(problems)} of {len(instance_ids)} task(s) cannot run")
     return out
+
+
+class AcceptedRow(NamedTuple):
+    """A task row with its accepted store record, task image and test command (:func:`accepted_row`)."""
+
+    row: Any
+    task: records.TaskRecord
+    image: str
+    test_command: str
+
+
+def accepted_row(store: ledger.Store, instance_id: str, by_id: Mapping[str, Any], test_commands: Mapping[str, str],
+                 source: str) -> AcceptedRow | str:
+    """``instance_id``'s row of the task rows ``by_id`` with its accepted, validated store record, its task
+    image (the row's ``image``, else the store's ``image_ref``) and its test command (``test_commands``
+    first, else the row's), or the problem in words (``"<id>: ..."``): no row in ``source``, not an
+    accepted task with FAIL_TO_PASS (its status said), no image, no test command."""
+    row, task = by_id.get(instance_id), store.get_task(instance_id)
+    if row is None:
+        return f"{instance_id}: no row in the task rows ({source})"
+    if task is None or task.status != "accepted" or not task.fail_to_pass:
+        status = "not in the store" if task is None else f"status {task.status!r}"
+        return f"{instance_id}: not an accepted task with FAIL_TO_PASS ({status})"
+    image = row.image or task.image_ref
+    command = test_commands.get(instance_id) or getattr(row, "test_command", None)
+    if not image or not command:
+        return f"{instance_id}: no {'task image' if not image else 'test command'} in its row"
+    return AcceptedRow(row, task, image, command)
+
+
+def refuse_problems(problems: Sequence[str], headline: str, shown: int = 20) -> None:
+    """Raise one PreflightError listing every problem (the first ``shown``, then a count) under
+    ``headline``; nothing when there is none.
+
+    Raises:
+        PreflightError: ``problems`` is not empty.
+    """
+    if problems:
+        more = f"\n  ... and {len(problems) - shown} more" if len(problems) > shown else ""
+        raise PreflightError(f"{headline}:\n  " + "\n  ".join(problems[:shown]) + more)
 
 
 def trial_row(tr: Any, job_id: str | None, model_sha256: str | None, run_id: str | None,

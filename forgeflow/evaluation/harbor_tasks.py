@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from forgeflow.common.errors import PreflightError
 from forgeflow.curation.task_rows import TaskRows
+from forgeflow.evaluation.canary import accepted_row, refuse_problems
 from forgeflow.evaluation.harbor import HarborTask
 from forgeflow.ledger import store as ledger
 
@@ -45,20 +45,12 @@ def harbor_tasks(store: ledger.Store, instance_ids: Sequence[str], loaded: TaskR
     problems: list[str] = []
     out: list[HarborTask] = []
     for instance_id in instance_ids:
-        row, task = by_id.get(instance_id), store.get_task(instance_id)
-        if row is None:
-            problems.append(f"{instance_id}: no row in the task rows ({loaded.source})")
+        found = accepted_row(store, instance_id, by_id, loaded.test_commands, str(loaded.source))
+        if isinstance(found, str):
+            problems.append(found)
             continue
-        if task is None or task.status != "accepted" or not task.fail_to_pass:
-            status = "not in the store" if task is None else f"status {task.status!r}"
-            problems.append(f"{instance_id}: not an accepted task with FAIL_TO_PASS ({status})")
-            continue
-        image = row.image or task.image_ref
-        command = loaded.test_commands.get(instance_id) or getattr(row, "test_command", None)
+        row, task, image, command = found
         parser = loaded.log_parsers.get(instance_id)
-        if not image or not command:
-            problems.append(f"{instance_id}: no {'task image' if not image else 'test command'} in its row")
-            continue
         if parser not in PYTEST_LOG_PARSERS:
             problems.append(f"{instance_id}: its tests are read with {parser}; the Harbor grader reads pytest -rA "
                             "output only")
@@ -67,9 +59,5 @@ def harbor_tasks(store: ledger.Store, instance_ids: Sequence[str], loaded: TaskR
                               fail_to_pass=task.fail_to_pass, pass_to_pass=task.pass_to_pass,
                               test_command=command, problem_statement=getattr(row, "problem_statement", None),
                               repo=row.repo))
-    if problems:
-        shown = problems[:20]
-        more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
-        raise PreflightError(f"harbor-export: {len(problems)} of {len(instance_ids)} task(s) cannot be exported:\n  "
-                             + "\n  ".join(shown) + more)
+    refuse_problems(problems, f"harbor-export: {len(problems)} of {len(instance_ids)} task(s) cannot be exported")
     return out

@@ -179,6 +179,16 @@ class FakeHub:
             return repo_id, None, _error(404, "Repository not found", "RepoNotFound")
         return repo_id, repo, None
 
+    def _guard_rev(self, request: Request) -> tuple[str, _Repo | None, str, Response | None]:
+        """:meth:`_guard`, then the commit of the path's ``rev`` (default ``main``); 404 when unknown."""
+        repo_id, repo, refused = self._guard(request)
+        if refused:
+            return repo_id, None, "", refused
+        commit = repo.resolve(request.path_params.get("rev", "main"))
+        if commit is None:
+            return repo_id, None, "", _error(404, "Invalid rev id", "RevisionNotFound")
+        return repo_id, repo, commit, None
+
     # -- endpoints ----------------------------------------------------------------------------
     async def _create_repo(self, request: Request) -> Response:
         _, _, refused = self._guard(request, need_repo=False)
@@ -203,22 +213,16 @@ class FakeHub:
         return JSONResponse({"url": url, "name": repo_id, "id": oid})
 
     async def _repo_info(self, request: Request) -> Response:
-        repo_id, repo, refused = self._guard(request)
+        repo_id, repo, commit, refused = self._guard_rev(request)
         if refused:
             return refused
-        commit = repo.resolve(request.path_params.get("rev", "main"))
-        if commit is None:
-            return _error(404, "Invalid rev id", "RevisionNotFound")
         siblings = [{"rfilename": path} for path in sorted(repo.commits[commit])]
         return JSONResponse({"id": repo_id, "sha": commit, "private": repo.private, "siblings": siblings})
 
     async def _preupload(self, request: Request) -> Response:
-        _, repo, refused = self._guard(request)
+        _, repo, commit, refused = self._guard_rev(request)
         if refused:
             return refused
-        commit = repo.resolve(request.path_params["rev"])
-        if commit is None:
-            return _error(404, "Invalid rev id", "RevisionNotFound")
         tree = repo.commits[commit]
         answers = []
         for item in (await request.json())["files"]:
@@ -301,12 +305,9 @@ class FakeHub:
                              "pullRequestUrl": None})
 
     async def _paths_info(self, request: Request) -> Response:
-        _, repo, refused = self._guard(request)
+        _, repo, commit, refused = self._guard_rev(request)
         if refused:
             return refused
-        commit = repo.resolve(request.path_params["rev"])
-        if commit is None:
-            return _error(404, "Invalid rev id", "RevisionNotFound")
         form = parse_qs((await request.body()).decode())
         tree = repo.commits[commit]
         answer = []
@@ -326,21 +327,15 @@ class FakeHub:
         return info
 
     async def _tree(self, request: Request) -> Response:
-        _, repo, refused = self._guard(request)
+        _, repo, commit, refused = self._guard_rev(request)
         if refused:
             return refused
-        commit = repo.resolve(request.path_params["rev"])
-        if commit is None:
-            return _error(404, "Invalid rev id", "RevisionNotFound")
         return JSONResponse([self._file_info(path, entry) for path, entry in sorted(repo.commits[commit].items())])
 
     async def _resolve(self, request: Request) -> Response:
-        _, repo, refused = self._guard(request)
+        _, repo, commit, refused = self._guard_rev(request)
         if refused:
             return refused
-        commit = repo.resolve(request.path_params["rev"])
-        if commit is None:
-            return _error(404, "Invalid rev id", "RevisionNotFound")
         entry = repo.commits[commit].get(request.path_params["path"])
         if entry is None:
             return _error(404, "Entry not found", "EntryNotFound")
