@@ -24,6 +24,7 @@ from flows.registry import (
     rewrite_image_refs,
 )
 from flows.stages import DEMO_FREEZE_QUOTAS, base_model, compare, freeze, package, publish, serve
+from flows.training import rl_burst, sft_burst
 
 WORK_POOL = "local"
 
@@ -65,6 +66,11 @@ SPECS: list[dict[str, Any]] = [
      "parameters": {"freeze_name": "demo-v1", "split": "test"}},
     {"flow": judge, "entrypoint": "flows/evaluation.py:judge", "name": "judge",
      "parameters": {"rel_tol": 1e-6, "abs_tol": 1e-9}},
+    {"flow": sft_burst, "entrypoint": "flows/training.py:sft_burst", "name": "sft-burst",
+     "parameters": {"params": {"steps": 2, "learning_rate": 0.001, "lora_r": 8, "max_length": 512, "seed": 0}}},
+    {"flow": rl_burst, "entrypoint": "flows/training.py:rl_burst", "name": "rl-burst",
+     "parameters": {"params": {"algorithm": "grpo", "steps": 2, "num_generations": 2,
+                               "verifier_timeout_multiplier": 0.06, "seed": 0}}},
 ]
 """One entry per deployment of prefect.yaml; schedules (nightly lifecycle, weekly registry audit)
 are created paused. A parameter a flow requires and that has no working default here (a job id, a

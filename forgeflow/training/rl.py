@@ -242,6 +242,7 @@ class RewardOutcome(BaseModel):
 def score_completion(
     completion: Any, task: VerifierSpec, *, verifier_timeout_multiplier: float = 0.06,
     memory_mb: int = 1024, cpus: float = 1.0, name: str | None = None, tamper_policy: TamperPolicy = "reject",
+    backend: str = "podman",
 ) -> RewardOutcome:
     """Apply a completion's patch in a fresh container of the task image and grade the tests.
 
@@ -258,6 +259,7 @@ def score_completion(
         cpus: CPU quota of the verifier container.
         name: container name (default: derived from the instance id and a random nonce).
         tamper_policy: ``reject`` or ``drop`` (:mod:`forgeflow.sandbox.submission`).
+        backend: the sandbox backend kind the verifier runs in (``podman``, ``kubernetes``).
 
     Returns:
         The outcome; an :class:`~forgeflow.common.errors.InfraError` becomes ``reward=None`` with its
@@ -277,7 +279,7 @@ def score_completion(
         verdict = verify_submission(
             task.image_ref, patch, task.test_command, list(task.fail_to_pass), list(task.pass_to_pass),
             timeout_s=timeout_s, spec=SandboxSpec(memory_mb=memory_mb, cpus=cpus), name=name,
-            tamper_policy=tamper_policy,
+            tamper_policy=tamper_policy, backend=backend,
         )
     except errors.InfraError as exc:
         return RewardOutcome(exception_type=type(exc).__name__, exception_message=str(exc) or repr(exc),
@@ -323,14 +325,15 @@ class VerifierReward:
     __name__ = "verifier"
 
     def __init__(self, *, verifier_timeout_multiplier: float = 0.06, memory_mb: int = 1024,
-                 cpus: float = 1.0, concurrency: int = 1, tamper_policy: TamperPolicy = "reject") -> None:
+                 cpus: float = 1.0, concurrency: int = 1, tamper_policy: TamperPolicy = "reject",
+                 backend: str = "podman") -> None:
         if verifier_timeout_multiplier <= 0:
             raise errors.InputError(f"verifier_timeout_multiplier must be > 0, got {verifier_timeout_multiplier}")
         if concurrency < 1:
             raise errors.InputError(f"concurrency must be >= 1, got {concurrency}")
         self.verifier_timeout_multiplier = verifier_timeout_multiplier
         self.memory_mb, self.cpus, self.concurrency = memory_mb, cpus, concurrency
-        self.tamper_policy = tamper_policy
+        self.tamper_policy, self.backend = tamper_policy, backend
         self.nonce = uuid.uuid4().hex[:8]
         self.counts: dict[int, StepRewardCounts] = {}
         self.outcomes: list[tuple[int, str, RewardOutcome]] = []
@@ -348,7 +351,7 @@ class VerifierReward:
             name = sanitize_name(f"ff-rl-{instance_id[i]}-{self.nonce}-s{step}-{i}")
             return score_completion(completions[i], task, verifier_timeout_multiplier=self.verifier_timeout_multiplier,
                                     memory_mb=self.memory_mb, cpus=self.cpus, name=name,
-                                    tamper_policy=self.tamper_policy)
+                                    tamper_policy=self.tamper_policy, backend=self.backend)
 
         with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
             outcomes = list(pool.map(one, range(len(completions))))
@@ -399,6 +402,8 @@ class RLBurstConfig(LoraSettings):
             (kept apart from the curation timeout).
         verifier_memory_mb / verifier_cpus: limits of each verifier container.
         verifier_concurrency: verifier containers at once.
+        verifier_backend: the sandbox backend kind of the verifier containers
+            (:data:`forgeflow.sandbox.backends.BACKENDS`; a ``forgeflow-sandbox`` block's ``kind``).
         min_scored_fraction: least fraction of completions that must get a reward (not an
             exception); below it the burst fails (it learned from too little).
         gates: health gates; by default the loss trend gate is off (see :func:`_rl_gates`).
@@ -419,6 +424,7 @@ class RLBurstConfig(LoraSettings):
     verifier_memory_mb: int = Field(default=1024, ge=64)
     verifier_cpus: float = Field(default=1.0, gt=0)
     verifier_concurrency: int = Field(default=1, ge=1, le=32)
+    verifier_backend: str = Field(default="podman", min_length=1)
     min_scored_fraction: float = Field(default=0.5, ge=0.0, le=1.0)
     gates: HealthGates = Field(default_factory=_rl_gates)
 
@@ -583,7 +589,7 @@ def run_rl_burst(
         from trl import RLOOTrainer as Trainer
     reward = VerifierReward(verifier_timeout_multiplier=config.verifier_timeout_multiplier,
                             memory_mb=config.verifier_memory_mb, cpus=config.verifier_cpus,
-                            concurrency=config.verifier_concurrency)
+                            concurrency=config.verifier_concurrency, backend=config.verifier_backend)
     with StagingDir(out_dir) as tmp:
         args, lora = _trl_objects(config, tmp / "trainer", with_lora=parent_adapter_dir is None)
         trainer = Trainer(model=model, reward_funcs=reward, args=args, train_dataset=data.dataset,

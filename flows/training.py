@@ -1,0 +1,289 @@
+"""Training flows on a user's own data: ``sft-burst`` and ``rl-burst``, each a deployment.
+
+Each flow checks its inputs (the base model folder, the JSONL rows, the parent adapter, the sandbox
+block) and runs the burst preflight before any model is loaded, then runs one burst (task), pins the
+adapter to its content-addressed folder ``<out_dir>/adapters/<sha256>``, records it in the store
+(kind ``adapter``, parent = the parent adapter or the base model, lineage: dataset sha256,
+hyper-parameters, run id) so ``forgeflow lineage <sha256>`` shows base -> adapter -> adapter, and
+publishes a table of the logged loss per step plus a markdown summary. Bursts continue a lineage by
+naming the previous adapter (its folder or its recorded sha256) as ``parent_adapter``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+from prefect import flow, get_run_logger
+from prefect.runtime import flow_run
+from pydantic import BaseModel, ConfigDict, Field
+
+from forgeflow.common.errors import InputError
+from forgeflow.common.fsutil import sha256_tree
+from forgeflow.common.settings import home_dir
+from forgeflow.ledger import records
+from forgeflow.ledger import store as ledger
+from forgeflow.training import jsonl
+from forgeflow.training.adapters import AdapterRecord, adapter_matches, adapter_sha256, pin_adapter
+from forgeflow.training.burst import BurstConfig
+from forgeflow.training.health import BurstHealthError
+from forgeflow.training.rl import RLBurstConfig
+from tasks import training as training_tasks
+from tasks.common import markdown_artifact, table_artifact
+from tasks.curation import sandbox_choice
+
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class SFTBurstParams(BaseModel):
+    """Hyper-parameters of an ``sft-burst`` (the common subset of :class:`BurstConfig`).
+
+    Attributes:
+        steps: optimizer steps.
+        learning_rate: constant learning rate (no warm-up).
+        lora_r: LoRA rank; a continued adapter must have the same rank.
+        max_length: tokens per sample; a longer sample is refused, not truncated.
+        seed: training and data-order seed.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    steps: int = Field(default=2, ge=1, le=100_000)
+    learning_rate: float = Field(default=1e-3, gt=0.0, le=1.0)
+    lora_r: int = Field(default=8, ge=1, le=256)
+    max_length: int = Field(default=512, ge=16, le=131_072)
+    seed: int = 0
+
+    def burst_config(self) -> BurstConfig:
+        """The :class:`BurstConfig` these parameters stand for (other fields at their defaults)."""
+        return BurstConfig(max_steps=self.steps, learning_rate=self.learning_rate, lora_r=self.lora_r,
+                           lora_alpha=2 * self.lora_r, max_length=self.max_length, seed=self.seed)
+
+
+class RLBurstParams(BaseModel):
+    """Hyper-parameters of an ``rl-burst`` (the common subset of :class:`RLBurstConfig`).
+
+    Attributes:
+        algorithm: ``grpo`` or ``rloo`` (TRL trainers).
+        steps: optimizer steps.
+        learning_rate: constant learning rate.
+        lora_r: LoRA rank; a continued adapter must have the same rank.
+        num_generations: completions sampled per prompt (the group), >= 2.
+        max_completion_length: tokens per completion.
+        seed: training and sampling seed.
+        verifier_timeout_multiplier: the training verifier's timeout = each task's own
+            ``verifier_timeout_s`` x this (kept apart from curation's timeout).
+        verifier_concurrency: verifier sandboxes at once.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    algorithm: Literal["grpo", "rloo"] = "grpo"
+    steps: int = Field(default=2, ge=1, le=100_000)
+    learning_rate: float = Field(default=1e-4, gt=0.0, le=1.0)
+    lora_r: int = Field(default=8, ge=1, le=256)
+    num_generations: int = Field(default=2, ge=2, le=64)
+    max_completion_length: int = Field(default=128, ge=1, le=32_768)
+    seed: int = 0
+    verifier_timeout_multiplier: float = Field(default=0.06, gt=0.0, le=10.0)
+    verifier_concurrency: int = Field(default=1, ge=1, le=32)
+
+    def burst_config(self, backend: str, memory_mb: int, cpus: float) -> RLBurstConfig:
+        """The :class:`RLBurstConfig` with the verifier sandbox ``backend`` kind and its limits."""
+        return RLBurstConfig(algorithm=self.algorithm, max_steps=self.steps, learning_rate=self.learning_rate,
+                             lora_r=self.lora_r, lora_alpha=2 * self.lora_r, num_generations=self.num_generations,
+                             max_completion_length=self.max_completion_length, seed=self.seed,
+                             verifier_timeout_multiplier=self.verifier_timeout_multiplier,
+                             verifier_concurrency=self.verifier_concurrency, verifier_backend=backend,
+                             verifier_memory_mb=memory_mb, verifier_cpus=cpus)
+
+
+class BurstResult(BaseModel):
+    """What a burst flow made.
+
+    Attributes:
+        adapter_sha256: the pinned adapter's digest (weights + adapter config).
+        adapter_path: its content-addressed folder ``<out_dir>/adapters/<sha256>``.
+        parent_sha256: what it continues: the parent adapter's digest, or the base model's.
+        base_model_sha256: the base model folder's digest.
+        dataset_sha256: the training data's digest.
+        steps: optimizer steps run.
+        final_loss: the last logged training loss.
+        losses: ``(step, loss)`` as logged.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    adapter_sha256: str
+    adapter_path: Path
+    parent_sha256: str
+    base_model_sha256: str
+    dataset_sha256: str
+    steps: int
+    final_loss: float
+    losses: list[tuple[int, float]]
+
+
+def _check_hf_dir(hf_dir: Path) -> Path:
+    hf_dir = Path(hf_dir)
+    if not hf_dir.is_dir():
+        raise InputError(f"hf_dir {hf_dir} is not a folder")
+    if not (hf_dir / "config.json").is_file():
+        raise InputError(f"hf_dir {hf_dir} holds no config.json: not an HF model folder")
+    return hf_dir.resolve()
+
+
+def _parent_folder(store: ledger.Store, parent_adapter: str | None) -> Path | None:
+    """The folder of ``parent_adapter`` (a folder, or the sha256 of an adapter recorded in the store).
+
+    Raises:
+        InputError: the folder holds no adapter, or the sha256 is no recorded adapter whose recorded
+            folder still holds it.
+    """
+    if parent_adapter is None:
+        return None
+    value = parent_adapter.strip()
+    if _SHA256.match(value.lower()):
+        sha = value.lower()
+        productions = [p for p in store.producers(sha) if p.kind == "adapter"]
+        if not productions:
+            raise InputError(f"parent_adapter {sha} is not an adapter recorded in the store ({store.display_url})")
+        for production in reversed(productions):  # the newest recorded folder first
+            if adapter_matches(Path(production.path), sha):
+                return Path(production.path)
+        raise InputError(f"parent_adapter {sha} is recorded at {productions[-1].path}, which no longer holds it")
+    folder = Path(value)
+    if not (folder / "adapter_config.json").is_file() or not (folder / "lineage.json").is_file():
+        raise InputError(f"parent_adapter {folder} is neither a recorded adapter sha256 nor an adapter folder "
+                         "(adapter_config.json and lineage.json)")
+    return folder.resolve()
+
+
+def _run_id() -> str | None:
+    return str(flow_run.get_id() or "") or None
+
+
+def _record(store: ledger.Store, adapter: AdapterRecord, base_path: Path, base_sha: str,
+            run_id: str | None, artifact_key: str, title: str) -> BurstResult:
+    """Record the base (if the store does not know it yet) and the pinned adapter; publish artifacts."""
+    if not store.producers(base_sha):
+        store.record_model_artifact(records.ModelArtifactRecord(sha256=base_sha, kind="base", path=str(base_path),
+                                                               lineage={"source": "local"}, run_id=run_id))
+    parent = adapter.lineage.parent_adapter_sha256 or base_sha
+    store.record_model_artifact(records.ModelArtifactRecord(
+        sha256=adapter.sha256, kind="adapter", path=str(adapter.path), parent_sha256=parent,
+        lineage=adapter.lineage.model_dump(mode="json"), run_id=run_id))
+    losses = [(int(s), float(v)) for s, v in (adapter.health.losses if adapter.health else [])]
+    table_artifact(f"{artifact_key}-loss", [{"step": s, "loss": round(v, 6)} for s, v in losses],
+                   f"{title}: training loss per logged step")
+    markdown_artifact(f"{artifact_key}-summary", "\n".join([
+        f"# {title}", "",
+        "| field | value |", "|---|---|",
+        f"| adapter | `{adapter.sha256}` |", f"| path | `{adapter.path}` |",
+        f"| parent | `{parent}` ({'adapter' if adapter.lineage.parent_adapter_sha256 else 'base model'}) |",
+        f"| dataset sha256 | `{adapter.lineage.dataset_sha256}` |",
+        f"| steps | {adapter.steps} |", f"| final loss | {adapter.final_loss:.4f} |",
+        "", f"`forgeflow lineage {adapter.sha256[:12]}` shows the chain."]), f"{title}: the adapter and its lineage")
+    get_run_logger().info("%s: adapter %s (parent %s), %d steps, final loss %.4f", title, adapter.sha256[:12],
+                          parent[:12], adapter.steps, adapter.final_loss)
+    return BurstResult(adapter_sha256=adapter.sha256, adapter_path=adapter.path, parent_sha256=parent,
+                       base_model_sha256=base_sha, dataset_sha256=adapter.lineage.dataset_sha256,
+                       steps=adapter.steps, final_loss=adapter.final_loss, losses=losses)
+
+
+@flow(name="sft-burst", log_prints=False)
+def sft_burst(hf_dir: Path, samples_jsonl: Path, params: SFTBurstParams = SFTBurstParams(),
+              parent_adapter: str | None = None, out_dir: Path | None = None) -> BurstResult:
+    """One LoRA SFT burst on the user's chat samples, continuing ``parent_adapter`` if given.
+
+    Args:
+        hf_dir: the base model folder (HF checkpoint with tokenizer and chat template).
+        samples_jsonl: one ``{"messages": [...]}`` row per line (see
+            :func:`forgeflow.training.jsonl.read_sft_jsonl`).
+        params: steps, learning rate, LoRA rank, max length (tokens), seed.
+        parent_adapter: an adapter to continue (``is_trainable=True``): its folder, or its sha256
+            as recorded in the store; same base model and LoRA rank. None starts a new adapter.
+        out_dir: default ``$FORGEFLOW_HOME/models``; the burst trains in ``<out_dir>/sft-adapter``
+            and pins the result to ``<out_dir>/adapters/<sha256>``.
+
+    Returns:
+        The :class:`BurstResult`.
+
+    Raises:
+        InputError: ``hf_dir`` is not a model folder, a JSONL line is invalid (named), the parent is
+            unknown or does not fit — all before any model loads.
+        PreflightError: chat template missing/empty or disk space short (before any model loads).
+        BurstDivergedError / BurstHealthError: a health gate failed; no adapter is written.
+    """
+    hf_dir = _check_hf_dir(hf_dir)
+    samples = jsonl.read_sft_jsonl(Path(samples_jsonl))
+    store = ledger.Store()
+    store.upgrade()
+    parent_dir = _parent_folder(store, parent_adapter)
+    config = params.burst_config()
+    models = Path(out_dir) if out_dir is not None else home_dir() / "models"
+    work = models / "sft-adapter"
+    training_tasks.burst_preflight(hf_dir, work, config.lora_r, config.lora_target_modules)
+    base_sha = sha256_tree(hf_dir)
+    run_id = _run_id()
+    adapter = training_tasks.sft_burst(hf_dir, base_sha, samples, work, config, parent_dir, run_id)
+    adapter = pin_adapter(adapter, models / "adapters")
+    return _record(store, adapter, hf_dir, base_sha, run_id, "sft-burst", "sft-burst")
+
+
+@flow(name="rl-burst", log_prints=False)
+def rl_burst(hf_dir: Path, tasks_jsonl: Path, params: RLBurstParams = RLBurstParams(),
+             parent_adapter: str | None = None, sandbox_block: str | None = None,
+             out_dir: Path | None = None) -> BurstResult:
+    """One RL burst (TRL GRPO or RLOO + LoRA) on the user's tasks, rewarded by the verifier in a sandbox.
+
+    The reward of a completion is the verifier's verdict on its patch in a fresh sandbox of the task
+    image (1 resolved, 0 not); an infrastructure failure gives no reward (None), never 0. The
+    verifier's timeout is each task's ``verifier_timeout_s`` x ``params.verifier_timeout_multiplier``.
+
+    Args:
+        hf_dir: the base model folder.
+        tasks_jsonl: one :class:`~forgeflow.training.rl.RLTask` row per line (prompt = problem
+            statement; verifier = image, test command, FAIL_TO_PASS/PASS_TO_PASS, timeout).
+        params: algorithm, steps, learning rate, LoRA rank, group size, completion length, seed,
+            verifier timeout multiplier and concurrency.
+        parent_adapter: an adapter (folder or recorded sha256) to continue, or None.
+        sandbox_block: a ``forgeflow-sandbox`` block (backend kind, memory MiB, CPUs) as curate
+            takes it; None: podman with 1024 MiB and 1 CPU.
+        out_dir: default ``$FORGEFLOW_HOME/models``; trains in ``<out_dir>/rl-adapter``, pins to
+            ``<out_dir>/adapters/<sha256>``.
+
+    Returns:
+        The :class:`BurstResult`.
+
+    Raises:
+        InputError: bad ``hf_dir``, an invalid JSONL line (named), an unknown parent or sandbox
+            block — before any model loads.
+        PreflightError: templates or disk space (before any model loads).
+        BurstDivergedError / BurstHealthError: a gate failed (incl. too few completions scored), or
+            every group's rewards were equal so the adapter did not change (nothing new to record).
+    """
+    hf_dir = _check_hf_dir(hf_dir)
+    rl_tasks = jsonl.read_rl_jsonl(Path(tasks_jsonl))
+    store = ledger.Store()
+    store.upgrade()
+    parent_dir = _parent_folder(store, parent_adapter)
+    if sandbox_block is not None:
+        choice = sandbox_choice(sandbox_block)
+        config = params.burst_config(choice.kind, choice.memory_mb, choice.cpus)
+    else:
+        config = params.burst_config("podman", 1024, 1.0)
+    models = Path(out_dir) if out_dir is not None else home_dir() / "models"
+    work = models / "rl-adapter"
+    base_sha = sha256_tree(hf_dir)
+    parent_sha = adapter_sha256(parent_dir) if parent_dir is not None else None
+    run_id = _run_id()
+    # rl_burst runs the preflight (chat + prompt templates, disk) first, before any model loads
+    record = training_tasks.rl_burst(hf_dir, base_sha, rl_tasks, work, config, parent_dir, parent_sha, run_id)
+    if not record.weights_changed:
+        raise BurstHealthError(f"rl-burst left adapter {record.adapter.sha256[:12]} unchanged (every group's "
+                               "rewards were equal, so no advantage): nothing new to record; give more tasks or "
+                               "generations")
+    adapter = pin_adapter(record.adapter, models / "adapters")
+    return _record(store, adapter, hf_dir, base_sha, run_id, "rl-burst", f"rl-burst ({config.algorithm})")

@@ -1,0 +1,106 @@
+"""Training inputs a user brings as JSONL files: SFT chat samples and RL tasks, checked line by line.
+
+:func:`read_sft_jsonl` reads rows ``{"messages": [{"role", "content"}, ...]}`` (optional
+``instance_id``, ``source``) into the samples :func:`forgeflow.training.burst.build_sft_dataset`
+takes; :func:`read_rl_jsonl` reads :class:`forgeflow.training.rl.RLTask` rows. A bad line is an
+:class:`~forgeflow.common.errors.InputError` naming the file and the line (1-based), raised before
+any model is loaded.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from forgeflow.common.errors import InputError
+from forgeflow.training.burst import build_sft_dataset
+from forgeflow.training.rl import RLTask
+
+
+def _rows(path: Path, what: str) -> list[tuple[int, dict[str, Any]]]:
+    """``(line number, object)`` of every non-blank line of ``path``.
+
+    Raises:
+        InputError: the file is missing, holds no rows, a line is not JSON or not an object.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"{what} {path} is not a file")
+    rows = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{what} {path} line {number} is not JSON: {exc.msg}") from None
+        if not isinstance(row, dict):
+            raise InputError(f"{what} {path} line {number} is a JSON {type(row).__name__}, not an object")
+        rows.append((number, row))
+    if not rows:
+        raise InputError(f"{what} {path} is empty: it needs at least one JSON row")
+    return rows
+
+
+def read_sft_jsonl(path: Path) -> list[dict[str, Any]]:
+    """SFT samples from a JSONL file of chat rows.
+
+    Args:
+        path: one JSON object per line with ``messages`` (a non-empty list of ``{"role",
+            "content"}``, roles system/user/assistant/tool, at least one assistant turn) and
+            optionally ``instance_id`` (default ``<file stem>:<line>``) and ``source`` (default
+            ``jsonl``). Blank lines are skipped.
+
+    Returns:
+        Samples ``{"messages", "instance_id", "source"}`` in file order.
+
+    Raises:
+        InputError: the file is missing or empty, or a line is not a valid sample (the message
+            names the file, the line and the field).
+    """
+    samples = []
+    for number, row in _rows(path, "samples_jsonl"):
+        sample = {"messages": row.get("messages"),
+                  "instance_id": row.get("instance_id", f"{Path(path).stem}:{number}"),
+                  "source": row.get("source", "jsonl")}
+        try:
+            build_sft_dataset([sample])
+        except InputError as exc:
+            detail = str(exc).replace("samples[0].", "")
+            raise InputError(f"samples_jsonl {path} line {number}: {detail}") from None
+        samples.append(sample)
+    return samples
+
+
+def read_rl_jsonl(path: Path) -> list[dict[str, Any]]:
+    """RL tasks from a JSONL file of :class:`~forgeflow.training.rl.RLTask` rows.
+
+    Args:
+        path: one JSON object per line: ``instance_id``, ``image_ref`` (the task image),
+            ``problem_statement``, ``test_command``, ``fail_to_pass``/``pass_to_pass`` (test ids)
+            and ``verifier_timeout_s`` (the task's own verifier timeout, seconds).
+
+    Returns:
+        The tasks as dicts (validated), in file order.
+
+    Raises:
+        InputError: the file is missing or empty, a line is not a valid task (file, line and the
+            fields named), or an ``instance_id`` repeats.
+    """
+    tasks: list[dict[str, Any]] = []
+    seen: dict[str, int] = {}
+    for number, row in _rows(path, "tasks_jsonl"):
+        try:
+            task = RLTask.model_validate(row)
+        except ValidationError as exc:
+            fields = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'row'}: {e['msg']}" for e in exc.errors())
+            raise InputError(f"tasks_jsonl {path} line {number} is not an RL task: {fields}") from None
+        if task.instance_id in seen:
+            raise InputError(f"tasks_jsonl {path} line {number}: instance_id {task.instance_id!r} repeats line "
+                             f"{seen[task.instance_id]}")
+        seen[task.instance_id] = number
+        tasks.append(task.model_dump(mode="json"))
+    return tasks

@@ -1,0 +1,141 @@
+"""The ``sft-burst`` and ``rl-burst`` flows on a user's own data, in the session's Prefect harness.
+
+An sft-burst from a small chat JSONL on the seed-0 tiny model (real TRL + peft, CPU), then a second one
+continuing the first adapter by its recorded sha256: the store's lineage (``forgeflow lineage``'s
+report) shows base -> adapter1 -> adapter2 with the dataset digest, hyper-parameters and run ids, and
+the second adapter's weights differ from the first's. Bad input is refused before any model loads
+(no adapter folder appears). A real RL burst needs podman and the task image
+(tests/integration/test_rl_burst.py runs one); here the rl-burst flow's refusals are checked.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from forgeflow.common.errors import InputError, PreflightError
+from forgeflow.common.fsutil import sha256_tree
+from forgeflow.ledger.store import Store
+from tests.helpers import tiny_ggufs
+
+pytestmark = [pytest.mark.slow]
+
+CHATS = [
+    [{"role": "user", "content": "add(2, 3) returns -1; fix it"},
+     {"role": "assistant", "content": "--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,2 @@\n def add(a, b):\n-    return a - b\n+    return a + b\n"}],
+    [{"role": "system", "content": "You fix bugs."}, {"role": "user", "content": "mul(2, 3) returns 5"},
+     {"role": "assistant", "content": "--- a/calc.py\n+++ b/calc.py\n@@ -4,2 +4,2 @@\n def mul(a, b):\n-    return a + b\n+    return a * b\n"}],
+]
+
+
+@pytest.fixture
+def home(tmp_path: Path, flow_store_url: str, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "home"
+    monkeypatch.setenv("FORGEFLOW_HOME", str(home))
+    monkeypatch.setenv("FORGEFLOW_STORE_URL", flow_store_url)
+    Store().upgrade()
+    return home
+
+
+@pytest.fixture(scope="module")
+def tiny_model() -> Path:
+    """The cached seed-0 tiny model folder (tests/helpers.py builds it once per machine)."""
+    return tiny_ggufs()[0].parent / "hf"
+
+
+def _jsonl(path: Path, rows: list) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_two_sft_bursts_continue_one_lineage_in_the_store(prefect_harness, home: Path, tiny_model: Path,
+                                                          tmp_path: Path) -> None:
+    from flows.training import SFTBurstParams, sft_burst
+    from forgeflow.packaging.lineage import lineage_of
+    from forgeflow.training.adapters import adapter_sha256
+
+    samples = _jsonl(tmp_path / "chats.jsonl", [{"messages": m} for m in CHATS])
+    params = SFTBurstParams(steps=2, learning_rate=5e-3, lora_r=4, max_length=256, seed=1)
+    first = sft_burst(tiny_model, samples, params)
+    base_sha = sha256_tree(tiny_model)
+    assert first.parent_sha256 == base_sha == first.base_model_sha256
+    assert first.adapter_path == home / "models" / "adapters" / first.adapter_sha256
+    assert adapter_sha256(first.adapter_path) == first.adapter_sha256
+    assert [s for s, _ in first.losses] == [1, 2] and all(loss > 0 for _, loss in first.losses)
+
+    second = sft_burst(tiny_model, samples, params, parent_adapter=first.adapter_sha256)
+    assert second.parent_sha256 == first.adapter_sha256 != second.adapter_sha256
+    w1 = (first.adapter_path / "adapter_model.safetensors").read_bytes()
+    w2 = (second.adapter_path / "adapter_model.safetensors").read_bytes()
+    assert w1 != w2  # the continued adapter trained further
+
+    report = lineage_of(Store(), second.adapter_sha256[:12])
+    chain = [(step.sha256, step.kind) for step in report.chain]
+    assert chain == [(base_sha, "base"), (first.adapter_sha256, "adapter"), (second.adapter_sha256, "adapter")]
+    [production] = Store().producers(second.adapter_sha256)
+    assert production.parent_sha256 == first.adapter_sha256
+    assert production.lineage["dataset_sha256"] == second.dataset_sha256 == first.dataset_sha256
+    assert production.lineage["hyperparameters"]["max_steps"] == 2
+    assert production.lineage["hyperparameters"]["lora_r"] == 4
+    assert production.run_id and production.lineage["run_id"] == production.run_id
+    assert production.run_id != Store().producers(first.adapter_sha256)[0].run_id
+
+    # a third burst continuing the folder (not the sha256) with another rank is refused before training
+    with pytest.raises(InputError, match=r"lora_r 8 differs from the parent adapter's r 4"):
+        sft_burst(tiny_model, samples, SFTBurstParams(), parent_adapter=str(second.adapter_path))
+
+
+def test_sft_burst_refuses_bad_input_before_any_model_loads(prefect_harness, home: Path, tiny_model: Path,
+                                                            tmp_path: Path) -> None:
+    from flows.training import sft_burst
+
+    good = _jsonl(tmp_path / "good.jsonl", [{"messages": CHATS[0]}])
+    with pytest.raises(InputError, match=rf"hf_dir {tmp_path / 'nope'} is not a folder"):
+        sft_burst(tmp_path / "nope", good)
+    bad_row = _jsonl(tmp_path / "bad.jsonl", [{"messages": CHATS[0]}, {"messages": [{"role": "user", "content": "hi"}]}])
+    with pytest.raises(InputError, match=rf"samples_jsonl {bad_row} line 2: messages has no assistant turn"):
+        sft_burst(tiny_model, bad_row)
+    (tmp_path / "broken.jsonl").write_text(json.dumps({"messages": CHATS[0]}) + "\n\n{not json\n")
+    with pytest.raises(InputError, match=r"broken.jsonl line 3 is not JSON"):
+        sft_burst(tiny_model, tmp_path / "broken.jsonl")
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(InputError, match=r"empty.jsonl is empty"):
+        sft_burst(tiny_model, tmp_path / "empty.jsonl")
+    with pytest.raises(InputError, match=r"parent_adapter 0{64} is not an adapter recorded in the store"):
+        sft_burst(tiny_model, good, parent_adapter="0" * 64)
+    with pytest.raises(InputError, match=r"is neither a recorded adapter sha256 nor an adapter folder"):
+        sft_burst(tiny_model, good, parent_adapter=str(tmp_path))
+    # a model folder without a chat template fails the preflight, listing it
+    no_template = tmp_path / "base"
+    no_template.mkdir()
+    (no_template / "config.json").write_text((tiny_model / "config.json").read_text())
+    with pytest.raises(PreflightError, match=r"chat_template.jinja does not exist"):
+        sft_burst(no_template, good)
+    assert not (home / "models").exists()  # nothing trained, pinned or staged
+
+
+def test_rl_burst_refuses_bad_tasks_parent_and_sandbox_before_any_model_loads(
+        prefect_harness, home: Path, tiny_model: Path, tmp_path: Path) -> None:
+    from flows.training import RLBurstParams, rl_burst
+
+    task = {"instance_id": "calc-1", "image_ref": "localhost/calc:1", "problem_statement": "add fails",
+            "test_command": "pytest -rA", "fail_to_pass": ["tests/test_calc.py::test_add"], "verifier_timeout_s": 60.0}
+    good = _jsonl(tmp_path / "tasks.jsonl", [task])
+    no_timeout = _jsonl(tmp_path / "t1.jsonl", [task, {k: v for k, v in task.items() if k != "verifier_timeout_s"}])
+    with pytest.raises(InputError, match=rf"tasks_jsonl {no_timeout} line 2 is not an RL task: verifier_timeout_s"):
+        rl_burst(tiny_model, no_timeout)
+    repeated = _jsonl(tmp_path / "t2.jsonl", [task, task])
+    with pytest.raises(InputError, match=r"line 2: instance_id 'calc-1' repeats line 1"):
+        rl_burst(tiny_model, repeated)
+    with pytest.raises(InputError, match=r"parent_adapter f{64} is not an adapter recorded"):
+        rl_burst(tiny_model, good, parent_adapter="f" * 64)
+    with pytest.raises(InputError, match=r"sandbox block 'no-such-sandbox' does not exist"):
+        rl_burst(tiny_model, good, sandbox_block="no-such-sandbox")
+    with pytest.raises(ValueError, match=r"verifier_timeout_multiplier"):
+        RLBurstParams(verifier_timeout_multiplier=0)
+    # the training verifier's timeout comes from the multiplier, apart from the task's (curation's)
+    config = RLBurstParams(verifier_timeout_multiplier=0.5).burst_config("kubernetes", 2048, 2.0)
+    assert (config.verifier_timeout_multiplier, config.verifier_backend, config.verifier_memory_mb) == (0.5, "kubernetes", 2048)
+    assert not (home / "models").exists()
