@@ -125,3 +125,16 @@ def flow_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[s
         yield cluster.url(name, driver="postgresql+psycopg")
     finally:
         drop_database(cluster, name)
+
+
+@pytest.fixture
+def flow_home(tmp_path: Path, flow_store_url: str, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh FORGEFLOW_HOME (``tmp_path/home``) whose store is ``flow_store_url``, upgraded."""
+    from forgeflow.ledger.store import Store
+
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("FORGEFLOW_HOME", str(home))
+    monkeypatch.setenv("FORGEFLOW_STORE_URL", flow_store_url)
+    Store().upgrade()
+    return home

@@ -29,12 +29,8 @@ REPO = "team/tiny-base"
 
 
 @pytest.fixture
-def home(tmp_path: Path, flow_store_url: str, monkeypatch: pytest.MonkeyPatch) -> Path:
-    home = tmp_path / "home"
-    monkeypatch.setenv("FORGEFLOW_HOME", str(home))
-    monkeypatch.setenv("FORGEFLOW_STORE_URL", flow_store_url)
-    Store().upgrade()
-    return home
+def home(flow_home: Path) -> Path:
+    return flow_home
 
 
 def _tiny_checkpoint() -> Path:

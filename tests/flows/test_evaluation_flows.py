@@ -32,14 +32,8 @@ QUOTAS = SplitQuotas(train=2, validation=0, test=2, max_per_repo=3, min_repos=2)
 
 
 @pytest.fixture
-def home(tmp_path: Path, flow_store_url: str, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A fresh FORGEFLOW_HOME whose store is ``flow_store_url`` (upgraded)."""
-    home = tmp_path / "home"
-    home.mkdir()
-    monkeypatch.setenv("FORGEFLOW_HOME", str(home))
-    monkeypatch.setenv("FORGEFLOW_STORE_URL", flow_store_url)
-    Store().upgrade()
-    return home
+def home(flow_home: Path) -> Path:
+    return flow_home
 
 
 @pytest.fixture
