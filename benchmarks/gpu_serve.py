@@ -111,10 +111,11 @@ def served_decode(gguf: Path, binary: Path, n_gpu_layers: int, tokens: int, log_
     """
     import httpx
 
-    from forgeflow.serving.llama_server import LlamaServer
+    from forgeflow.serving.llama_server import LlamaServer, LlamaServerOptions
 
     body = {"prompt": PROMPT, "n_predict": tokens, "temperature": 0.0, "ignore_eos": True, "cache_prompt": False}
-    with LlamaServer(gguf, _free_port(), "bench", n_ctx=tokens + 512, n_gpu_layers=n_gpu_layers, binary=binary,
+    options = LlamaServerOptions(n_gpu_layers=n_gpu_layers, binary=binary)
+    with LlamaServer(gguf, _free_port(), "bench", tokens + 512, options,
                      log_path=log_dir / "llama-server.log") as server:
         root = server.base_url.removesuffix("/v1")
         with httpx.Client(timeout=120) as client:

@@ -20,6 +20,9 @@ from forgeflow.registry import imageref
 from forgeflow.registry.skopeo import Skopeo
 from forgeflow.sandbox import backends
 from forgeflow.sandbox.base import Sandbox, SandboxSpec
+from forgeflow.serving.backend import BackendConfig, backend_config
+from forgeflow.serving.llama_server import KV_CACHE_TYPES
+from forgeflow.serving.server import DEFAULT_ALIAS
 
 
 class RegistryEndpoint(Block):
@@ -179,11 +182,35 @@ def secret_token(name: str, what: str) -> SecretStr:
 
 
 class ServingBackend(Block):
-    """The model server: llama-cpp-python's OpenAI server, blue/green on two loopback ports."""
+    """The model server a swap starts: llama-cpp-python's OpenAI server (the embedded default) or
+    llama.cpp's own ``llama-server`` with slots, a KV cache type and GPU offload, blue/green on two
+    loopback ports. The fields are :class:`forgeflow.serving.backend.BackendConfig`'s; the ``serve``
+    and ``promote`` flows and the lifecycle take the block's name (``serving_block``)."""
 
     _block_type_name = "forgeflow-serving"
-    ports: tuple[int, int] = Field((8801, 8802), description="blue/green ports")
-    quantization: str = Field("Q8_0", description="GGUF quantization type that is served")
+    kind: str = Field("llama-cpp-python", description="llama-cpp-python or llama-server")
+    ports: tuple[int, int] = Field((8801, 8802), description="blue/green ports on 127.0.0.1")
+    model_alias: str = Field(DEFAULT_ALIAS, description="the model name clients send")
+    n_ctx: int = Field(4096, description="context in tokens (llama-server: the whole KV pool, -c)")
+    n_parallel: int = Field(1, description="llama-server slots (-np; -1: auto, 4 on a unified cache)")
+    kv_unified: bool = Field(False, description="llama-server --kv-unified: every slot may use the whole pool")
+    cache_type: str | None = Field(None, description=f"llama-server KV cache type: {', '.join(KV_CACHE_TYPES)}")
+    n_gpu_layers: int = Field(0, description="llama-server -ngl (0: CPU; > 0 refuses a silent CPU fallback)")
+    required_context_tokens: int | None = Field(
+        None, description="tokens one request needs; a plan whose slots cannot hold it is refused before a start")
+    n_threads: int | None = Field(None, description="CPU threads for generation (default: llama.cpp's)")
+    startup_timeout_s: float = Field(120.0, description="seconds a start may take")
+    binary: str | None = Field(None, description="a llama-server executable on the worker (default: the build "
+                               "cached once per machine, with CUDA when n_gpu_layers > 0)")
+
+    def config(self) -> BackendConfig:
+        """The block as a :class:`forgeflow.serving.backend.BackendConfig`.
+
+        Raises:
+            InputError: the fields are not a valid backend (the field and the reason named).
+        """
+        fields = {name: getattr(self, name) for name in BackendConfig.model_fields}
+        return backend_config(fields, f"forgeflow-serving block {self._block_document_name or ''!r}")
 
 
 class StoreURL(Block):

@@ -85,6 +85,24 @@ def ensure_model_store(home: Path) -> str:
     return str(block.path) if block.kind == "local" else f"kind {block.kind}"
 
 
+def register_block_types() -> tuple[str, ...]:
+    """Register forgeflow's block types and schemas (:mod:`blocks`: registry, sandbox, serving,
+    model store, store URL) on the Prefect API, so a user creates them from the UI's Blocks page.
+    Idempotent: a registered type is updated to the current schema.
+
+    Returns:
+        The block type slugs registered, sorted.
+    """
+    import blocks
+
+    slugs = []
+    for name in blocks.__all__:
+        cls = getattr(blocks, name)
+        cls.register_type_and_schema()
+        slugs.append(cls.get_block_type_slug())
+    return tuple(sorted(slugs))
+
+
 class ServiceState(BaseModel):
     """What ``up`` started and registered (``$FORGEFLOW_HOME/service/service.json``)."""
 
@@ -101,6 +119,7 @@ class ServiceState(BaseModel):
     deployments: dict[str, str] = Field(default_factory=dict, description="'flow/deployment' -> deployment id")
     automations: dict[str, str] = Field(default_factory=dict, description="automation name -> id")
     reused: tuple[str, ...] = Field(default=(), description="roles whose running process was reused")
+    block_types: tuple[str, ...] = Field(default=(), description="forgeflow block types registered on the API")
     model_store: str = Field(default="", description=f"the {MODEL_STORE_BLOCK!r} ModelStore block the publish "
                              "deployment names: its local folder, or its kind when not local")
 
@@ -370,7 +389,8 @@ def _read_deployments(api_url: str) -> dict[str, str]:
 def up(home: Path, port: int = 4200, pool: str = "local", notify_url: str | None = None,
        startup_timeout_s: float = 240.0, database_url: str | None = None) -> ServiceState:
     """Start (or reuse) the Prefect server and worker, create the pool, deploy, create the automations
-    and (when missing) the local ``forgeflow-models`` ModelStore block (:func:`ensure_model_store`).
+    and (when missing) the local ``forgeflow-models`` ModelStore block (:func:`ensure_model_store`);
+    forgeflow's block types are registered for the UI (:func:`register_block_types`).
 
     Args:
         home: FORGEFLOW_HOME; PIDs, argv and logs go to ``home/service/``. PREFECT_HOME (the server's
@@ -424,6 +444,7 @@ def up(home: Path, port: int = 4200, pool: str = "local", notify_url: str | None
         _register_deployments(pool)
         deployments = _read_deployments(api_url)
         automations = ensure_automations(deployments, notify_url)
+        block_types = register_block_types()
         model_store = ensure_model_store(home)
     if (previous is not None and previous.worker is not None and previous.pool == pool
             and "server" in reused and is_ours(previous.worker)):
@@ -436,7 +457,7 @@ def up(home: Path, port: int = 4200, pool: str = "local", notify_url: str | None
                                    "--type", "process"], env, sdir)
     state = ServiceState(port=port, pool=pool, api_url=api_url, ui_url=f"http://127.0.0.1:{port}", server=server,
                          database=database, worker=worker, deployments=deployments, automations=automations,
-                         reused=tuple(reused), model_store=model_store)
+                         reused=tuple(reused), model_store=model_store, block_types=block_types)
     atomic_write_text(sdir / STATE_FILE, state.model_dump_json(indent=2))
     return state
 

@@ -52,6 +52,7 @@ from forgeflow.registry.layout import ShardLayout
 from forgeflow.registry.server import RegistryServer
 from forgeflow.registry.skopeo import Skopeo
 from forgeflow.serving import bluegreen
+from forgeflow.serving.backend import BackendConfig
 from forgeflow.training import samples
 from forgeflow.training.adapters import pin_adapter
 from forgeflow.training.burst import BurstConfig
@@ -88,6 +89,8 @@ def lifecycle(config: LifecycleConfig = LifecycleConfig()) -> dict[str, Any]:
     check_freeze_inputs(config.freeze_name, out_dir / "freezes", config.freeze_inputs())
     if config.base_model.kind != "tiny":  # the team's checkpoint can be had, before any image is built
         packaging_tasks.base_model_preflight(config.base_model)
+    serving = serving_tasks.serving_backend(config.serving_block, config.serve_ports)  # a missing block: refused now
+    serving_tasks.preflight_serving(serving, None)  # the slot plan holds required_context_tokens
     out_dir.mkdir(parents=True, exist_ok=True)
     run_id = str(flow_run.get_id() or "")
     log = StageLog(out_dir / "summary.json", run_id)
@@ -99,7 +102,7 @@ def lifecycle(config: LifecycleConfig = LifecycleConfig()) -> dict[str, Any]:
     try:
         registry_ids = {server.name: registry_tasks.start_registry(server.name, server.port, server.storage_dir)
                         for server in (source, target)}
-        result = _run_stages(config, out_dir, run_id, log, store, state_path, registry_ids)
+        result = _run_stages(config, out_dir, run_id, log, store, state_path, registry_ids, serving)
         logger.info("lifecycle finished: %d stages, summary at %s", len(log.stages), log.summary_path)
         return result
     finally:
@@ -113,7 +116,7 @@ def lifecycle(config: LifecycleConfig = LifecycleConfig()) -> dict[str, Any]:
 
 
 def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageLog, store: Store,
-                state_path: Path, registry_ids: dict[str, str]) -> dict[str, Any]:
+                state_path: Path, registry_ids: dict[str, str], serving: BackendConfig) -> dict[str, Any]:
     src, dst = config.source_address, config.target_address
 
     # 1. environments: base image (debootstrap), one environment image per project -> source registry
@@ -304,7 +307,7 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
     agent_config = agent.AgentConfig(step_limit=config.agent_step_limit, max_tokens=config.agent_max_tokens,
                                      agent_timeout_s=config.agent_timeout_s, seed=config.seed)
     with log.stage("serve_baseline") as st:
-        swap = log.call(serving_tasks.serve_swap, state_path, served_base.path, served_base.sha256, config.serve_ports)
+        swap = log.call(serving_tasks.serve_swap, state_path, served_base.path, served_base.sha256, serving)
         serving_tasks.record_swap(store, swap.previous, swap.current, run_id)
         st["counts"] = {"generation": swap.current.generation, "port": swap.current.active_port}
     baseline_trials = _canary(log, "canary_baseline", config, splits["test"], by_id, envs, swap.current.base_url,
@@ -352,8 +355,7 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
     # stops the staged server; the recorded endpoint never moved).
     with transaction():
         with log.stage("serve_stage") as st:
-            staged = log.call(serving_tasks.stage_server, state_path, served_new.path, served_new.sha256,
-                              config.serve_ports)
+            staged = log.call(serving_tasks.stage_server, state_path, served_new.path, served_new.sha256, serving)
             st["counts"] = {"port": staged.port, "smoke_tokens": staged.gate.smoke_tokens}
         candidate_trials = _canary(log, "canary_candidate", config, splits["test"], by_id, envs, staged.base_url,
                                    served_new.sha256, agent_config, out_dir, store, run_id)

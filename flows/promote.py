@@ -16,6 +16,7 @@ from forgeflow.common.fsutil import sha256_file
 from forgeflow.common.settings import home_dir
 from forgeflow.evaluation.gate import GatePolicy
 from tasks import evaluation as evaluation_tasks
+from tasks import serving as serving_tasks
 
 
 class PromotionOutcome(BaseModel):
@@ -40,8 +41,9 @@ class PromotionOutcome(BaseModel):
 
 @flow(name="promote", log_prints=True)
 def promote(baseline_job: str, candidate_job: str, gguf_path: Path, gate: GatePolicy | None = None,
-            state_path: Path | None = None, ports: tuple[int, int] = (8801, 8802), hf_dir: Path | None = None,
-            report_path: Path | None = None, merge_recovery: bool = True, seed: int = 0) -> PromotionOutcome:
+            state_path: Path | None = None, ports: tuple[int, int] | None = None, hf_dir: Path | None = None,
+            report_path: Path | None = None, merge_recovery: bool = True, seed: int = 0,
+            serving_block: str | None = None) -> PromotionOutcome:
     """Compare the candidate's canary job with the baseline's under the promotion gate; on
     ``promote`` swap the serving endpoint to ``gguf_path`` (the ``serve`` flow as a subflow: GGUF
     check, staged server, health gate, switch, old server stopped, swap recorded); on ``hold`` or
@@ -54,12 +56,15 @@ def promote(baseline_job: str, candidate_job: str, gguf_path: Path, gate: GatePo
         gate: the promotion gate's settings (default :class:`forgeflow.evaluation.gate.GatePolicy`:
             at least 30 pairs from 3 repositories, five points of tolerated drop at alpha 0.05).
         state_path: the serving state file (default ``$FORGEFLOW_HOME/serving/state.json``).
-        ports: the blue/green ports.
+        ports: the blue/green ports (default: the serving backend's).
         hf_dir: the HF checkpoint the GGUF was converted from (default: the store's record).
         report_path: where the comparison report goes (default
             ``$FORGEFLOW_HOME/compare-<baseline>-vs-<candidate>.md``).
         merge_recovery: merge each job's recovery jobs into it.
         seed: the bootstrap seed.
+        serving_block: the ``forgeflow-serving`` block the candidate is served with (see the ``serve``
+            flow; default llama-cpp-python, 4,096 tokens); loaded before the comparison, so a missing or
+            invalid block is refused before any work.
 
     Raises:
         InputError: ``gguf_path`` is missing, a job is missing, the candidate job canaried another
@@ -70,6 +75,7 @@ def promote(baseline_job: str, candidate_job: str, gguf_path: Path, gate: GatePo
     if not Path(gguf_path).is_file():
         raise InputError(f"gguf_path {str(gguf_path)!r} is not a file")
     state_path = Path(state_path or home_dir() / "serving" / "state.json")
+    serving_tasks.serving_backend(serving_block, tuple(ports) if ports is not None else None)  # refused up front
     evaluation_tasks.check_promotion_jobs(baseline_job, candidate_job, sha256_file(gguf_path), state_path)
     md_path = Path(report_path or home_dir() / f"compare-{baseline_job}-vs-{candidate_job}.md")
     result = evaluation_tasks.compare_stored(baseline_job, candidate_job, md_path, merge_recovery, seed, gate)
@@ -80,6 +86,6 @@ def promote(baseline_job: str, candidate_job: str, gguf_path: Path, gate: GatePo
     if decision.verdict != "promote":
         logger.info("the recorded endpoint stays where it is (%s)", state_path)
         return PromotionOutcome(verdict=decision.verdict, reason=decision.reason, promoted=False, report_path=md_path)
-    outcome = serve(gguf_path, state_path, ports, hf_dir)
+    outcome = serve(gguf_path, state_path, ports, hf_dir, serving_block)
     return PromotionOutcome(verdict=decision.verdict, reason=decision.reason, promoted=bool(outcome["promoted"]),
                             report_path=md_path, serving=outcome)

@@ -247,8 +247,8 @@ def publish(gguf_path: Path, store: str, hf_dir: Path, adapter_dir: Path | None 
 
 
 @flow(name="serve", log_prints=True)
-def serve(gguf_path: Path, state_path: Path | None = None, ports: tuple[int, int] = (8801, 8802),
-          hf_dir: Path | None = None) -> dict:
+def serve(gguf_path: Path, state_path: Path | None = None, ports: tuple[int, int] | None = None,
+          hf_dir: Path | None = None, serving_block: str | None = None) -> dict:
     """Blue/green swap of the serving endpoint to ``gguf_path`` (check, gate, switch, stop the old one).
 
     Before any server starts, the GGUF's metadata is checked against its HF config
@@ -267,33 +267,40 @@ def serve(gguf_path: Path, state_path: Path | None = None, ports: tuple[int, int
     Args:
         gguf_path: the GGUF to serve.
         state_path: the serving state file.
-        ports: the two blue/green ports on 127.0.0.1.
+        ports: the two blue/green ports on 127.0.0.1 (default: the serving backend's, 8801/8802).
         hf_dir: the HF checkpoint folder (``config.json``) the GGUF was converted from; default: the one
             the store records for it.
+        serving_block: a ``forgeflow-serving`` block (:class:`blocks.core.ServingBackend`): which
+            server (llama-cpp-python, or llama-server with slots, KV cache type and GPU offload),
+            context, alias; default: llama-cpp-python with a 4,096-token context. Its slot plan is
+            checked against ``required_context_tokens`` and the GGUF's training context before any
+            server starts.
 
     Returns:
         :class:`tasks.serving.SwapOutcome` as JSON (``promoted``, ``verdict``, ``state``, ``previous``).
 
     Raises:
         InputError: ``gguf_path`` is not a file, no config to check it against (no ``hf_dir`` and the
-            store records none), ``ports`` are not two distinct ports, or nothing serves and both
-            ports are held by other processes.
+            store records none), ``ports`` are not two distinct ports, ``serving_block`` does not exist
+            or is not a valid backend, or nothing serves and both ports are held by other processes.
+        ContextPreflightError: a slot of the backend cannot hold ``required_context_tokens`` (nothing
+            started).
         GGUFError: the GGUF is unreadable or differs from its config (nothing started).
-        SwapRolledBackError: the new server did not start or failed its gate (the old one serves on;
-            the attempt is recorded as ``rolled_back``).
+        SwapRolledBackError: the new server did not start or failed its gate, ``/props`` (llama-server:
+            another file, a smaller slot) or its accelerator check (the old one serves on; the attempt
+            is recorded as ``rolled_back``).
     """
     from forgeflow.common.fsutil import sha256_file
 
     if not Path(gguf_path).is_file():
         raise InputError(f"gguf_path {str(gguf_path)!r} is not a file")
+    backend = serving_tasks.serving_backend(serving_block, tuple(ports) if ports is not None else None)
     gguf_sha256 = sha256_file(gguf_path)
-    serving_tasks.check_serving_gguf(gguf_path, gguf_sha256, hf_dir)
+    check = serving_tasks.check_serving_gguf(gguf_path, gguf_sha256, hf_dir)
+    serving_tasks.preflight_serving(backend, check.context_length)
     outcome = serving_tasks.swap_transaction(state_path or home_dir() / "serving" / "state.json", gguf_path,
-                                             gguf_sha256, tuple(ports), lambda staged: "promote")
-    if outcome.promoted and outcome.state is not None:
-        store = ledger.Store()
-        store.upgrade()
-        serving_tasks.record_swap(store, outcome.previous, outcome.state, str(flow_run.get_id() or "") or None)
+                                             gguf_sha256, backend, lambda staged: "promote")
+    serving_tasks.record_promotion(outcome, str(flow_run.get_id() or "") or None)
     return outcome.model_dump(mode="json")
 
 

@@ -76,6 +76,9 @@ class LifecycleConfig(BaseModel):
     promotion_max_agent_steps_ratio: float | None = Field(1.25, gt=0, description="promotion gate: largest mean "
                                                           "agent steps per trial, candidate / baseline")
     serve_ports: tuple[int, int] = Field((8801, 8802), description="blue/green ports of the model server")
+    serving_block: str | None = Field(None, description="a forgeflow-serving block (llama-cpp-python or "
+                                      "llama-server: context, slots, KV cache type, GPU offload); its ports "
+                                      "are replaced by serve_ports; None: llama-cpp-python, 4,096 tokens")
     quantizations: tuple[str, ...] = Field(("Q8_0", "Q4_K_M"),
                                            description="GGUF quantizations (names of gguf.QUANT_PLANS)")
     metadata_edits: tuple[MetadataEdit, ...] = Field((), description="GGUF metadata set/add/delete edits applied "

@@ -18,18 +18,62 @@ from forgeflow.ledger import store as ledger
 from forgeflow.packaging import gguf
 from forgeflow.packaging.gguf_metadata import recorded_edited_values
 from forgeflow.serving import bluegreen
+from forgeflow.serving.backend import BackendConfig, backend_config
+from forgeflow.serving.llama_server import ContextPlan
 from tasks.common import flow_run_id, run_logger
 
 
 @task(cache_policy=NO_CACHE)
-def serve_swap(state_path: Path, gguf_path: Path, gguf_sha256: str, ports: tuple[int, int]) -> bluegreen.SwapResult:
+def serving_backend(block_name: str | None, ports: tuple[int, int] | None = None) -> BackendConfig:
+    """The serving backend of the ``forgeflow-serving`` block ``block_name``
+    (:class:`blocks.core.ServingBackend`), or the embedded default when None (llama-cpp-python, a
+    4,096-token context, ports 8801/8802); ``ports``, when given, replaces the backend's two ports.
+
+    Raises:
+        InputError: no such block, its fields are not a valid backend, or ``ports`` are not two
+            distinct ports in 1024..65535 (the field named).
+    """
+    if block_name is None:
+        backend = BackendConfig()
+    else:
+        from blocks.core import ServingBackend
+
+        try:
+            block = ServingBackend.load(block_name)
+        except ValueError as exc:  # Prefect: "Unable to find block document named ..."
+            raise errors.InputError(f"serving block {block_name!r} does not exist: {exc}") from exc
+        backend = block.config()
+    if ports is not None:
+        backend = backend_config({**backend.model_dump(), "ports": tuple(ports)}, "ports")
+    run_logger().info("serving backend%s: %s", f" {block_name!r}" if block_name else "", backend.describe())
+    return backend
+
+
+@task(cache_policy=NO_CACHE)
+def preflight_serving(backend: BackendConfig, n_ctx_train: int | None) -> ContextPlan:
+    """Refuse, before any server starts, a backend whose slots cannot hold the context a request
+    needs (:meth:`forgeflow.serving.backend.BackendConfig.preflight`, capped by the GGUF's training
+    context ``n_ctx_train``, tokens).
+
+    Raises:
+        ContextPreflightError: a slot holds fewer tokens than ``backend.required_context_tokens``.
+    """
+    plan = backend.preflight(n_ctx_train)
+    run_logger().info("serving plan: %d slot(s) of %d tokens (pool %d%s)", plan.n_parallel, plan.per_slot,
+                      plan.n_ctx, ", unified" if plan.kv_unified else "")
+    return plan
+
+
+@task(cache_policy=NO_CACHE)
+def serve_swap(state_path: Path, gguf_path: Path, gguf_sha256: str,
+               backend: BackendConfig | None = None) -> bluegreen.SwapResult:
     """Start the GGUF on the idle port, gate it (models endpoint + smoke completion), switch the
     recorded endpoint and stop the old server; a failed start or gate keeps the old one, is
     recorded in the store as a ``rolled_back`` generation (:func:`record_rollback`) and raises
     SwapRolledBackError. The new generation is numbered above every one the store records
     (:func:`store_min_generation`). Never cached: a server is a live process, not a result."""
     try:
-        return bluegreen.swap(state_path, gguf_path, gguf_sha256, ports=ports, min_generation=store_min_generation())
+        return bluegreen.swap(state_path, gguf_path, gguf_sha256, backend, min_generation=store_min_generation())
     except errors.SwapRolledBackError as exc:
         record_rollback(exc.result, flow_run_id())
         raise
@@ -114,9 +158,11 @@ STAGED_SERVER_KEY = "forgeflow.staged_server"
 
 
 @task(cache_policy=NO_CACHE)
-def stage_server(state_path: Path, gguf_path: Path, gguf_sha256: str, ports: tuple[int, int]) -> bluegreen.StagedServer:
-    """Start the GGUF on the idle port and gate it (health + smoke); the recorded endpoint does not
-    move until :func:`promote_server`. A failed start/gate raises SwapRolledBackError.
+def stage_server(state_path: Path, gguf_path: Path, gguf_sha256: str,
+                 backend: BackendConfig | None = None) -> bluegreen.StagedServer:
+    """Start the GGUF on the idle port of ``backend`` (default: llama-cpp-python on 8801/8802) and
+    gate it (health + smoke); the recorded endpoint does not move until :func:`promote_server`. A
+    failed start/gate raises SwapRolledBackError.
 
     A failed start/gate is recorded in the store as a ``rolled_back`` generation
     (:func:`record_rollback`) before the error propagates.
@@ -125,7 +171,7 @@ def stage_server(state_path: Path, gguf_path: Path, gguf_sha256: str, ports: tup
     server is remembered in the task's transaction, and the ``on_rollback`` hook stops it when any
     later step of the transaction fails (and records that swap as rolled back too)."""
     try:
-        staged = bluegreen.stage(state_path, gguf_path, gguf_sha256, ports=ports)
+        staged = bluegreen.stage(state_path, gguf_path, gguf_sha256, backend)
     except errors.SwapRolledBackError as exc:
         record_rollback(exc.result, flow_run_id())
         raise
@@ -181,10 +227,10 @@ class SwapOutcome(BaseModel):
     previous: bluegreen.ServingState | None = None
 
 
-def swap_transaction(state_path: Path, gguf_path: Path, gguf_sha256: str, ports: tuple[int, int],
+def swap_transaction(state_path: Path, gguf_path: Path, gguf_sha256: str, backend: BackendConfig | None,
                      gate: Callable[[bluegreen.StagedServer], str]) -> SwapOutcome:
     """A blue/green swap as ONE Prefect transaction (call it from a flow): stage the new GGUF on the
-    idle port (health + smoke gate), run ``gate`` on it (e.g. canary tasks + the promotion gate; it
+    idle port of ``backend`` (health + smoke gate), run ``gate`` on it (e.g. canary tasks + the promotion gate; it
     returns a verdict), then promote (switch the serving record, drain and stop the old server) on
     ``"promote"`` or discard on any other verdict.
 
@@ -197,13 +243,27 @@ def swap_transaction(state_path: Path, gguf_path: Path, gguf_sha256: str, ports:
         Whatever ``gate`` raises (after the rollback).
     """
     with transaction():
-        staged = stage_server(state_path, gguf_path, gguf_sha256, ports)
+        staged = stage_server(state_path, gguf_path, gguf_sha256, backend)
         verdict = gate(staged)
         if verdict == "promote":
             swap = promote_server(state_path, staged)
             return SwapOutcome(promoted=True, verdict=verdict, state=swap.current, previous=swap.previous)
         discard_server(staged)
         return SwapOutcome(promoted=False, verdict=verdict, state=bluegreen.read_state(state_path))
+
+
+@task(cache_policy=NO_CACHE)
+def record_promotion(outcome: SwapOutcome, run_id: str | None) -> None:
+    """Record a promoted swap in the store (``settings.store_url()``, upgraded first) as
+    :func:`record_swap` does; nothing for an outcome that did not promote."""
+    if not outcome.promoted or outcome.state is None:
+        return
+    store = ledger.Store()
+    try:
+        store.upgrade()
+        record_swap(store, outcome.previous, outcome.state, run_id)
+    finally:
+        store.dispose()
 
 
 def generation_row(state: bluegreen.ServingState, status: tables.ServingStatus,

@@ -20,18 +20,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow.common import errors
 from forgeflow.common.fsutil import atomic_write_json, file_lock, sha256_file
+from forgeflow.serving.backend import DEFAULT_PORTS, BackendConfig
 from forgeflow.serving.health import ServingGateResult, gate
-from forgeflow.serving.server import (
-    BACKENDS,
-    DEFAULT_ALIAS,
-    LOOPBACK_HOST,
-    ModelServer,
-    _is_our_server,
-    _port_is_open,
-    stop_pid,
-)
+from forgeflow.serving.server import DEFAULT_ALIAS, LOOPBACK_HOST, _is_our_server, _port_is_open, stop_pid
 
-DEFAULT_PORTS: tuple[int, int] = (8801, 8802)
+__all__ = ["DEFAULT_PORTS", "BackendConfig", "ServingState", "StagedServer", "SwapResult", "discard", "promote",
+           "read_state", "stage", "stop_active", "swap"]
 
 
 # --- blue/green ------------------------------------------------------------------------------
@@ -194,45 +188,29 @@ def _pick_port(state_path: Path, previous: ServingState | None, ports: tuple[int
                             f"by other processes on {LOOPBACK_HOST}; free one or give other ports")
 
 
-def stage(
-    state_path: Path,
-    new_gguf: Path,
-    gguf_sha256: str,
-    ports: tuple[int, int] = DEFAULT_PORTS,
-    model_alias: str = DEFAULT_ALIAS,
-    n_ctx: int = 4096,
-    startup_timeout_s: float = 120.0,
-    n_threads: int | None = None,
-    backend: str = "llama-cpp-python",
-    server_options: dict[str, Any] | None = None,
-) -> StagedServer:
+def stage(state_path: Path, new_gguf: Path, gguf_sha256: str, backend: BackendConfig | None = None) -> StagedServer:
     """First half of a blue/green swap: serve ``new_gguf`` on the idle port and gate it.
 
     The recorded endpoint does not change, so callers can run more gates (canary tasks, the
     promotion gate) against ``StagedServer.base_url`` before :func:`promote` or :func:`discard`.
 
     Args:
-        backend: one of :data:`BACKENDS`.
-        server_options: extra keyword arguments of :class:`forgeflow.serving.llama_server.LlamaServer`
-            (``n_parallel``, ``kv_unified``, ``required_ctx``, ``n_gpu_layers``, ``binary``); only for
-            ``llama-server``.
+        state_path: the serving state file.
+        new_gguf: the GGUF to serve.
+        gguf_sha256: its sha256 (checked against the file before anything starts).
+        backend: which server, on which two ports, with which context and slots
+            (:class:`forgeflow.serving.backend.BackendConfig`; default llama-cpp-python on 8801/8802).
 
     Raises:
-        InputError: the GGUF is missing, its sha256 differs from ``gguf_sha256``, ``ports`` is not
-            two distinct ports, or ``backend``/``server_options`` is unknown, or nothing is serving and both
-            ports are held by other processes (a busy idle port alone makes it use the other one when
-            nothing is serving, see :func:`_pick_port`); ContextPreflightError:
-            ``required_ctx`` cannot fit one slot (checked before anything starts).
+        InputError: the GGUF is missing or its sha256 differs from ``gguf_sha256``, or nothing is
+            serving and both ports are held by other processes (a busy idle port alone makes it use
+            the other one when nothing is serving, see :func:`_pick_port`); ContextPreflightError:
+            ``backend.required_context_tokens`` cannot fit one slot (checked before anything starts).
         SwapRolledBackError: the new server did not start, failed its gate, its ``/props`` or its
             accelerator check (it is stopped; the old server still serves); ``.result`` holds the evidence.
     """
-    if backend not in BACKENDS:
-        raise errors.InputError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    if server_options and backend != "llama-server":
-        raise errors.InputError(f"server_options {sorted(server_options)} need backend 'llama-server', got {backend!r}")
+    backend = backend or BackendConfig()
     new_gguf = Path(new_gguf).resolve()
-    if len(ports) != 2 or ports[0] == ports[1]:
-        raise errors.InputError(f"ports must be two distinct ports, got {ports!r}")
     if not new_gguf.is_file():
         raise errors.InputError(f"new_gguf {str(new_gguf)!r} is not a file")
     actual = sha256_file(new_gguf)
@@ -240,21 +218,12 @@ def stage(
         raise errors.InputError(f"gguf_sha256 {gguf_sha256!r} does not match {new_gguf} (sha256 {actual})")
     with _state_lock(state_path):
         previous = read_state(state_path)
-    new_port = _pick_port(state_path, previous, ports)
-    log_path = Path(state_path).with_name(f"server-{new_port}.log")
-    if backend == "llama-server":
-        from forgeflow.serving.llama_server import LlamaServer
-
-        server: Any = LlamaServer(new_gguf, new_port, model_alias, n_ctx, log_path=log_path,
-                                  startup_timeout_s=startup_timeout_s, n_threads=n_threads,
-                                  **(server_options or {}))
-    else:
-        server = ModelServer(new_gguf, new_port, model_alias, n_ctx=n_ctx, log_path=log_path,
-                             startup_timeout_s=startup_timeout_s, n_threads=n_threads)
+    new_port = _pick_port(state_path, previous, backend.ports)
+    server = backend.server(new_gguf, new_port, Path(state_path).with_name(f"server-{new_port}.log"))
     gate_result: ServingGateResult | None = None
     try:
         server.start()
-        gate_result = gate(server.base_url, model_alias)
+        gate_result = gate(server.base_url, backend.model_alias)
         failure = "" if gate_result.passed else f"gate failed: {gate_result.error}"
     except (errors.InfraError, errors.InputError) as exc:  # start, /props or accelerator check failed
         failure = f"new server did not start: {type(exc).__name__}: {exc}"
@@ -269,7 +238,7 @@ def stage(
             result=result,
         )
     return StagedServer(port=new_port, pid=server.pid, base_url=server.base_url, gguf_path=new_gguf,
-                        gguf_sha256=gguf_sha256, model_alias=model_alias, gate=gate_result)
+                        gguf_sha256=gguf_sha256, model_alias=backend.model_alias, gate=gate_result)
 
 
 def promote(state_path: Path, staged: StagedServer, min_generation: int = 1) -> SwapResult:
@@ -317,36 +286,23 @@ def discard(staged: StagedServer) -> None:
     stop_pid(staged.pid, staged.port)
 
 
-def swap(
-    state_path: Path,
-    new_gguf: Path,
-    gguf_sha256: str,
-    ports: tuple[int, int] = DEFAULT_PORTS,
-    model_alias: str = DEFAULT_ALIAS,
-    n_ctx: int = 4096,
-    startup_timeout_s: float = 120.0,
-    n_threads: int | None = None,
-    backend: str = "llama-cpp-python",
-    server_options: dict[str, Any] | None = None,
-    min_generation: int = 1,
-) -> SwapResult:
-    """Blue/green swap in one call: :func:`stage` (start on the idle port, gate) then :func:`promote`
-    (record generation + 1, at least ``min_generation``, and stop the old server by its recorded PID).
+def swap(state_path: Path, new_gguf: Path, gguf_sha256: str, backend: BackendConfig | None = None,
+         min_generation: int = 1) -> SwapResult:
+    """Blue/green swap in one call: :func:`stage` (start on the idle port of ``backend.ports``, gate)
+    then :func:`promote` (record generation + 1, at least ``min_generation``, and stop the old server
+    by its recorded PID).
 
     Returns:
         SwapResult with ``rolled_back`` False.
 
     Raises:
-        InputError: the GGUF is missing, its sha256 differs from ``gguf_sha256``, ``ports`` is not
-            two distinct ports, or ``min_generation`` < 1 (checked before anything starts).
+        InputError: as :func:`stage`, or ``min_generation`` < 1 (checked before anything starts).
         SwapRolledBackError: the new server did not start or failed its gate; ``.result`` holds the
             :class:`SwapResult` (``rolled_back`` True, gate evidence) and the old server still serves.
     """
     if min_generation < 1:
         raise errors.InputError(f"min_generation must be >= 1, got {min_generation}")
-    staged = stage(state_path, new_gguf, gguf_sha256, ports, model_alias, n_ctx, startup_timeout_s, n_threads,
-                   backend, server_options)
-    return promote(state_path, staged, min_generation)
+    return promote(state_path, stage(state_path, new_gguf, gguf_sha256, backend), min_generation)
 
 
 def recorded_config_dir(store: Any, gguf_sha256: str) -> Path | None:

@@ -44,6 +44,10 @@ KV_PAD = 256
 """llama.cpp pads the context (and each sequence's share of it) to a multiple of 256 tokens."""
 AUTO_PARALLEL_SLOTS = 4
 """``-np -1`` (auto, the server's default) means 4 slots sharing a unified KV cache."""
+KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+"""``--cache-type-k`` / ``--cache-type-v`` values the pinned llama.cpp accepts (``common/arg.cpp``
+``kv_cache_types``); f16 is its default. A quantized V cache needs flash attention in llama.cpp: a
+server that refuses it fails its start."""
 BINARY_ENV = "FORGEFLOW_LLAMA_SERVER"
 """Environment variable naming a ``llama-server`` binary to use instead of the cached build."""
 _BUILD_TIMEOUT_S = 3600
@@ -315,41 +319,64 @@ class ServerProps(BaseModel):
             raise errors.InfraError(f"/props answer lacks {exc}: {str(body)[:300]}") from exc
 
 
+class LlamaServerOptions(BaseModel):
+    """What ``llama-server`` takes beyond the model server's own arguments.
+
+    Attributes:
+        n_parallel: ``-np`` slots (-1: auto).
+        kv_unified: ``--kv-unified``.
+        required_ctx: the context one request needs, tokens; checked before the start
+            (:func:`preflight_context`) and against ``/props`` after it. None: no check.
+        n_gpu_layers: ``-ngl`` (0: CPU; > 0 is checked by :func:`check_accelerator`).
+        cache_type: KV cache type for keys and values (``-ctk``/``-ctv``, one of
+            :data:`KV_CACHE_TYPES`); None: the server's default.
+        binary: the ``llama-server`` executable (default :func:`ensure_llama_server`).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    n_parallel: int = 1
+    kv_unified: bool = False
+    required_ctx: int | None = None
+    n_gpu_layers: int = 0
+    cache_type: str | None = None
+    binary: Path | None = None
+
+
 class LlamaServer(ModelServer):
     """One ``llama-server`` process serving one GGUF on a loopback port: a
     :class:`forgeflow.serving.server.ModelServer` (same start/stop by PID, log, context manager) whose
-    readiness is ``GET /health`` and which, once up, checks ``/props`` and the accelerator.
+    readiness is ``GET /health`` and which, once up, checks ``/props`` (the file it serves, the
+    per-slot context) and the accelerator.
 
     Args:
         gguf_path: the GGUF to serve.
         port: TCP port on 127.0.0.1 (1024-65535), free.
         model_alias: ``--alias``, the model name clients send.
         n_ctx: ``-c``, the KV pool in tokens.
-        n_parallel: ``-np`` slots (-1: auto).
-        kv_unified: ``--kv-unified``.
-        required_ctx: the context one request needs; checked before the start
-            (:func:`preflight_context`) and against ``/props`` after it. None: no check.
-        n_gpu_layers: ``-ngl`` (0: CPU; > 0 is checked by :func:`check_accelerator`).
-        binary: the ``llama-server`` executable (default :func:`ensure_llama_server`).
+        options: slots, KV cache, offload, binary (:class:`LlamaServerOptions`; default: one slot, CPU).
         log_path / startup_timeout_s / n_threads: as :class:`~forgeflow.serving.server.ModelServer`.
 
     Raises:
         InputError: bad arguments (named); ContextPreflightError: ``required_ctx`` cannot fit a slot.
     """
 
-    def __init__(self, gguf_path: Path, port: int, model_alias: str, n_ctx: int = 4096, *,
-                 n_parallel: int = 1, kv_unified: bool = False, required_ctx: int | None = None,
-                 n_gpu_layers: int = 0, binary: Path | None = None, log_path: Path | None = None,
+    def __init__(self, gguf_path: Path, port: int, model_alias: str, n_ctx: int = 4096,
+                 options: LlamaServerOptions | None = None, *, log_path: Path | None = None,
                  startup_timeout_s: float = 120.0, n_threads: int | None = None) -> None:
         super().__init__(gguf_path, port, model_alias, n_ctx=n_ctx, log_path=log_path,
                          startup_timeout_s=startup_timeout_s, n_threads=n_threads)
-        if n_gpu_layers < 0:
-            raise errors.InputError(f"n_gpu_layers must be >= 0, got {n_gpu_layers}")
-        self.plan = (preflight_context(required_ctx, n_ctx, n_parallel, kv_unified) if required_ctx
-                     else slot_context(n_ctx, n_parallel, kv_unified))
-        self.n_parallel, self.kv_unified, self.required_ctx = n_parallel, kv_unified, required_ctx
-        self.n_gpu_layers = n_gpu_layers
-        self.binary = Path(binary) if binary else None
+        opts = options or LlamaServerOptions()
+        if opts.n_gpu_layers < 0:
+            raise errors.InputError(f"n_gpu_layers must be >= 0, got {opts.n_gpu_layers}")
+        if opts.cache_type is not None and opts.cache_type not in KV_CACHE_TYPES:
+            raise errors.InputError(
+                f"cache_type must be one of {', '.join(KV_CACHE_TYPES)}, got {opts.cache_type!r}")
+        self.plan = (preflight_context(opts.required_ctx, n_ctx, opts.n_parallel, opts.kv_unified)
+                     if opts.required_ctx else slot_context(n_ctx, opts.n_parallel, opts.kv_unified))
+        self.n_parallel, self.kv_unified, self.required_ctx = opts.n_parallel, opts.kv_unified, opts.required_ctx
+        self.n_gpu_layers, self.cache_type = opts.n_gpu_layers, opts.cache_type
+        self.binary = Path(opts.binary) if opts.binary else None
         self.props: ServerProps | None = None
         self.offload: tuple[int, int] | None = None
 
@@ -361,6 +388,8 @@ class LlamaServer(ModelServer):
                 "--parallel", str(self.n_parallel), "--n-gpu-layers", str(self.n_gpu_layers)]
         if self.kv_unified:
             argv.append("--kv-unified")
+        if self.cache_type is not None:
+            argv += ["--cache-type-k", self.cache_type, "--cache-type-v", self.cache_type]
         if self.n_threads is not None:
             argv += ["--threads", str(self.n_threads)]
         return argv
@@ -371,10 +400,12 @@ class LlamaServer(ModelServer):
         return f"http://127.0.0.1:{self.port}/health"
 
     def _after_ready(self) -> None:
-        """Read ``/props``; refuse a per-slot context below ``required_ctx`` and a silent CPU fallback.
+        """Read ``/props``; refuse a server serving another file than ``gguf_path``, a per-slot context
+        below ``required_ctx`` and a silent CPU fallback.
 
         Raises:
-            ServerStartError: ``/props`` did not answer 200; InfraError: it lacks a field;
+            ServerStartError: ``/props`` did not answer 200, or reports another ``model_path`` (another
+                process answers on the port); InfraError: it lacks a field;
             ContextPreflightError / AcceleratorFallbackError: see the class docstring.
         """
         root = f"http://127.0.0.1:{self.port}"
@@ -382,6 +413,10 @@ class LlamaServer(ModelServer):
         if resp.status_code != 200:
             raise errors.ServerStartError(f"{root}/props answered {resp.status_code}: {resp.text[:300]}")
         self.props = ServerProps.from_json(resp.json())
+        if self.props.model_path and Path(self.props.model_path).resolve() != self.gguf_path:
+            raise errors.ServerStartError(
+                f"{root}/props reports model_path {self.props.model_path!r}, not {self.gguf_path}: another "
+                "server answers on this port")
         if self.required_ctx is not None and self.props.per_slot_ctx < self.required_ctx:
             raise ContextPreflightError(
                 f"{root}/props reports {self.props.per_slot_ctx} tokens per slot "

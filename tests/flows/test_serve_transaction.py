@@ -15,6 +15,7 @@ from forgeflow.common.fsutil import sha256_file
 from forgeflow.ledger.store import Store
 from forgeflow.serving import bluegreen, health
 from forgeflow.serving import server as serving
+from forgeflow.serving.backend import BackendConfig
 from tests.helpers import free_port as _free_port
 from tests.helpers import pid_alive as _alive
 from tests.helpers import tiny_ggufs
@@ -38,7 +39,7 @@ def test_a_failure_after_staging_rolls_back_and_a_promotion_commits(prefect_harn
     q8, f16 = tiny_ggufs()
     state_path = tmp_path / "serving" / "state.json"
     ports = (_free_port(), _free_port())
-    first = bluegreen.swap(state_path, q8, sha256_file(q8), ports=ports, n_ctx=512)
+    first = bluegreen.swap(state_path, q8, sha256_file(q8), BackendConfig(ports=ports, n_ctx=512))
     staged_pids: list[int] = []
 
     def failing_gate(staged: bluegreen.StagedServer) -> str:
@@ -53,7 +54,7 @@ def test_a_failure_after_staging_rolls_back_and_a_promotion_commits(prefect_harn
     @flow
     def swap_flow(gate_name: str) -> dict:
         gate = failing_gate if gate_name == "fail" else passing_gate
-        result = swap_transaction(state_path, f16, sha256_file(f16), ports, gate)
+        result = swap_transaction(state_path, f16, sha256_file(f16), BackendConfig(ports=ports), gate)
         return {"promoted": result.promoted, "generation": result.state.generation}
 
     try:

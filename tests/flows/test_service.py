@@ -116,6 +116,14 @@ def test_up_records_processes_pool_deployments_and_automations(running):
     block = httpx.get(f"{state.api_url}/block_types/slug/forgeflow-model-store/block_documents/name/"
                       f"{service.MODEL_STORE_BLOCK}", timeout=10).json()
     assert block["data"]["kind"] == "local" and block["data"]["path"] == str(home / "model-store")
+    # every forgeflow block type is on the API (the UI's Blocks page offers them), with its fields
+    assert set(state.block_types) == {"forgeflow-registry", "forgeflow-sandbox", "forgeflow-serving",
+                                      "forgeflow-model-store", "forgeflow-store"}
+    schemas = httpx.post(f"{state.api_url}/block_schemas/filter", timeout=10, json={
+        "block_schemas": {"block_type_id": {"any_": [httpx.get(
+            f"{state.api_url}/block_types/slug/forgeflow-serving", timeout=10).json()["id"]]}}}).json()
+    assert {"kind", "n_parallel", "required_context_tokens", "n_gpu_layers"} <= set(
+        schemas[0]["fields"]["properties"])
 
 
 def test_runs_from_run_deployment_and_rest_complete_and_freeze_ready_triggers_freeze(running, webhook):

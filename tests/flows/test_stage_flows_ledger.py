@@ -26,6 +26,7 @@ from forgeflow.common.fsutil import sha256_file, sha256_tree
 from forgeflow.ledger.records import ModelArtifactRecord
 from forgeflow.ledger.store import Store
 from forgeflow.serving import bluegreen
+from forgeflow.serving.backend import BackendConfig
 from tests.helpers import free_port, pid_alive, tiny_ggufs
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -171,7 +172,8 @@ def test_generation_numbers_never_repeat_across_state_files(prefect_harness, hom
         assert bluegreen.read_state(serve_state).generation == 2 and pid_alive(bluegreen.read_state(serve_state).pid)
         # the lifecycle's swap task records its rollbacks the same way (a GGUF no server can load)
         with pytest.raises(SwapRolledBackError, match=r"\(nothing was serving\)"):
-            serve_swap.fn(tmp_path / "fresh" / "state.json", broken, sha256_file(broken), (free_port(), free_port()))
+            serve_swap.fn(tmp_path / "fresh" / "state.json", broken, sha256_file(broken),
+                          BackendConfig(ports=(free_port(), free_port())))
         assert [(g.generation, g.gguf_sha256, g.status) for g in store.serving_generations()][3:] == [
             (4, sha256_file(broken), "rolled_back")]
         assert not (tmp_path / "fresh" / "state.json").exists()

@@ -14,11 +14,13 @@ import pytest
 
 from forgeflow.common.errors import SwapRolledBackError
 from forgeflow.common.fsutil import sha256_file
+from forgeflow.serving.backend import BackendConfig
 from forgeflow.serving.bluegreen import read_state, stop_active, swap
 from forgeflow.serving.health import gate
 from forgeflow.serving.llama_server import (
     ContextPreflightError,
     LlamaServer,
+    LlamaServerOptions,
     ensure_llama_server,
     slot_context,
 )
@@ -44,7 +46,7 @@ def q8() -> Path:
 
 
 def test_props_report_the_per_slot_context_forgeflow_computed(binary: Path, q8: Path, tmp_path: Path) -> None:
-    with LlamaServer(q8, _free_port(), "forgeflow", 2048, n_parallel=2, required_ctx=1000, binary=binary,
+    with LlamaServer(q8, _free_port(), "forgeflow", 2048, LlamaServerOptions(n_parallel=2, required_ctx=1000, binary=binary),
                      log_path=tmp_path / "s.log", n_threads=2) as server:
         assert server.props is not None
         expected = slot_context(2048, 2, False)
@@ -57,7 +59,7 @@ def test_props_report_the_per_slot_context_forgeflow_computed(binary: Path, q8: 
 
 def test_a_plan_whose_slots_are_too_small_is_refused_before_anything_starts(binary: Path, q8: Path, tmp_path: Path) -> None:
     with pytest.raises(ContextPreflightError, match="needs 1500 tokens .* each slot holds 1024"):
-        LlamaServer(q8, _free_port(), "forgeflow", 2048, n_parallel=2, required_ctx=1500, binary=binary,
+        LlamaServer(q8, _free_port(), "forgeflow", 2048, LlamaServerOptions(n_parallel=2, required_ctx=1500, binary=binary),
                     log_path=tmp_path / "s.log")
     assert not (tmp_path / "s.log").exists()
 
@@ -67,13 +69,13 @@ def test_swap_to_llama_server_then_a_cpu_fallback_is_rolled_back(binary: Path, q
     ports = (_free_port(), _free_port())
     sha = sha256_file(q8)
     try:
-        first = swap(state_path, q8, sha, ports=ports, n_ctx=1024, n_threads=2, backend="llama-server",
-                     server_options={"binary": binary, "required_ctx": 512})
+        first = swap(state_path, q8, sha, BackendConfig(kind="llama-server", ports=ports, n_ctx=1024, n_threads=2,
+                                                    binary=binary, required_context_tokens=512))
         assert httpx.get(f"http://127.0.0.1:{first.current.active_port}/props").status_code == 200
         # GPU layers requested from a CPU-only build: the server would silently run on the CPU
         with pytest.raises(SwapRolledBackError, match="AcceleratorFallbackError") as info:
-            swap(state_path, q8, sha, ports=ports, n_ctx=1024, n_threads=2, backend="llama-server",
-                 server_options={"binary": binary, "n_gpu_layers": 99})
+            swap(state_path, q8, sha, BackendConfig(kind="llama-server", ports=ports, n_ctx=1024, n_threads=2,
+                                                binary=binary, n_gpu_layers=99))
         assert info.value.result.rolled_back
         state = read_state(state_path)
         assert state.generation == first.current.generation and _alive(state.pid)

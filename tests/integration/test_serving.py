@@ -15,6 +15,7 @@ import pytest
 
 from forgeflow.common.errors import InputError, ServerStartError, SwapRolledBackError
 from forgeflow.common.fsutil import sha256_file
+from forgeflow.serving.backend import BackendConfig
 from forgeflow.serving.bluegreen import (
     discard,
     promote,
@@ -105,14 +106,14 @@ def test_blue_green_swap_moves_generation_stops_old_pid_and_rolls_back(
     state_path = tmp_path / "serving" / "state.json"
     ports = (_free_port(), _free_port())
     try:
-        first = swap(state_path, q8, sha256_file(q8), ports=ports, model_alias="tiny", n_ctx=N_CTX)
+        first = swap(state_path, q8, sha256_file(q8), BackendConfig(ports=ports, model_alias="tiny", n_ctx=N_CTX))
         assert first.previous is None and not first.rolled_back
         gen1 = first.current
         assert gen1.generation == 1 and gen1.active_port == ports[0] and gen1.gguf_path == q8.resolve()
         assert read_state(state_path) == gen1
         assert gate(gen1.base_url, "tiny").passed
 
-        second = swap(state_path, f16, sha256_file(f16), ports=ports, model_alias="tiny", n_ctx=N_CTX)
+        second = swap(state_path, f16, sha256_file(f16), BackendConfig(ports=ports, model_alias="tiny", n_ctx=N_CTX))
         gen2 = second.current
         assert not second.rolled_back and second.gate is not None and second.gate.passed
         assert gen2.generation == 2 and gen2.active_port == ports[1]
@@ -126,7 +127,7 @@ def test_blue_green_swap_moves_generation_stops_old_pid_and_rolls_back(
         with open(broken, "r+b") as handle:
             handle.truncate(q8.stat().st_size // 2)
         with pytest.raises(SwapRolledBackError, match=r"\(generation 2 keeps serving\)") as info:
-            swap(state_path, broken, sha256_file(broken), ports=ports, model_alias="tiny", n_ctx=N_CTX)
+            swap(state_path, broken, sha256_file(broken), BackendConfig(ports=ports, model_alias="tiny", n_ctx=N_CTX))
         rolled = info.value.result
         assert rolled.rolled_back and rolled.current == gen2 and "did not start" in rolled.error
         assert read_state(state_path) == gen2, "a failed swap must keep the old state"
@@ -135,12 +136,12 @@ def test_blue_green_swap_moves_generation_stops_old_pid_and_rolls_back(
             httpx.get(f"http://127.0.0.1:{ports[0]}/v1/models", timeout=5)
 
         with pytest.raises(InputError, match="does not match"):
-            swap(state_path, q8, "0" * 64, ports=ports, model_alias="tiny")
+            swap(state_path, q8, "0" * 64, BackendConfig(ports=ports, model_alias="tiny"))
 
         # a caller sharing numbers with other state files raises the next one (never lowers it)
         with pytest.raises(InputError, match="min_generation"):
-            swap(state_path, q8, sha256_file(q8), ports=ports, model_alias="tiny", min_generation=0)
-        third = swap(state_path, q8, sha256_file(q8), ports=ports, model_alias="tiny", n_ctx=N_CTX,
+            swap(state_path, q8, sha256_file(q8), BackendConfig(ports=ports, model_alias="tiny"), min_generation=0)
+        third = swap(state_path, q8, sha256_file(q8), BackendConfig(ports=ports, model_alias="tiny", n_ctx=N_CTX),
                      min_generation=7)
         assert third.previous == gen2 and third.current.generation == 7 and read_state(state_path) == third.current
     finally:
@@ -159,14 +160,14 @@ def test_staged_server_answers_before_promotion_and_discard_keeps_the_old_one(
     state_path = tmp_path / "serving" / "state.json"
     ports = (_free_port(), _free_port())
     try:
-        gen1 = swap(state_path, q8, sha256_file(q8), ports=ports, model_alias="tiny", n_ctx=N_CTX).current
-        staged = stage(state_path, f16, sha256_file(f16), ports=ports, model_alias="tiny", n_ctx=N_CTX)
+        gen1 = swap(state_path, q8, sha256_file(q8), BackendConfig(ports=ports, model_alias="tiny", n_ctx=N_CTX)).current
+        staged = stage(state_path, f16, sha256_file(f16), BackendConfig(ports=ports, model_alias="tiny", n_ctx=N_CTX))
         assert staged.port == ports[1] and gate(staged.base_url, "tiny").passed  # canary can run here
         assert read_state(state_path) == gen1, "staging must not move the recorded endpoint"
         discard(staged)  # e.g. the promotion gate said hold
         assert not _pid_alive(staged.pid) and _pid_alive(gen1.pid) and read_state(state_path) == gen1
 
-        staged = stage(state_path, f16, sha256_file(f16), ports=ports, model_alias="tiny", n_ctx=N_CTX)
+        staged = stage(state_path, f16, sha256_file(f16), BackendConfig(ports=ports, model_alias="tiny", n_ctx=N_CTX))
         promoted = promote(state_path, staged)
         assert promoted.current.generation == 2 and promoted.current.pid == staged.pid
         assert not _pid_alive(gen1.pid), "promotion stops the old server"

@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from forgeflow.common.fsutil import sha256_file
+from forgeflow.serving.backend import BackendConfig
 from forgeflow.serving.bluegreen import read_state, stop_active, swap
 from forgeflow.serving.health import gate
 from forgeflow.serving.server import stop_pid
@@ -28,9 +29,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 N_CTX = 512
 SWAP_SCRIPT = (
-    "import sys; from pathlib import Path; from forgeflow.serving.bluegreen import swap; "
-    "r = swap(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], ports=(int(sys.argv[4]), int(sys.argv[5])), "
-    "model_alias='tiny', n_ctx=512); print('generation', r.current.generation)"
+    "import sys; from pathlib import Path; from forgeflow.serving.bluegreen import BackendConfig, swap; "
+    "r = swap(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], "
+    "BackendConfig(ports=(int(sys.argv[4]), int(sys.argv[5])), model_alias='tiny', n_ctx=512)); print('generation', r.current.generation)"
 )
 
 
@@ -70,7 +71,7 @@ def test_swap_killed_mid_way_leaves_the_old_server_serving_and_the_rerun_leaves_
     state_path = tmp_path / "serving" / "state.json"
     ports = (free_port(), free_port())
     try:
-        gen1 = swap(state_path, q8, sha256_file(q8), ports=ports, model_alias="tiny", n_ctx=N_CTX).current
+        gen1 = swap(state_path, q8, sha256_file(q8), BackendConfig(ports=ports, model_alias="tiny", n_ctx=N_CTX)).current
         assert _servers_on(*ports) == [gen1.pid]
 
         # 1. the swap to f16 is killed once its new server process exists (it is still loading)

@@ -1,0 +1,169 @@
+"""The serving backend a swap starts: which server, on which ports, with which context and slots.
+
+:class:`BackendConfig` is the parameter object of :func:`forgeflow.serving.bluegreen.stage` /
+:func:`~forgeflow.serving.bluegreen.swap` and the fields of the ``forgeflow-serving`` block: the
+embedded default is llama-cpp-python's server with a 4,096-token context on ports 8801/8802;
+``kind="llama-server"`` starts llama.cpp's own server with slots (``-np``), a unified or split KV
+pool, a KV cache type and GPU offload, and :meth:`BackendConfig.preflight` refuses a plan whose
+slots cannot hold the context a request needs before anything starts
+(:func:`forgeflow.serving.llama_server.preflight_context`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from forgeflow.common import errors
+from forgeflow.serving.llama_server import (
+    KV_CACHE_TYPES,
+    ContextPlan,
+    ContextPreflightError,
+    LlamaServer,
+    LlamaServerOptions,
+    preflight_context,
+    slot_context,
+)
+from forgeflow.serving.server import DEFAULT_ALIAS, ModelServer
+
+DEFAULT_PORTS: tuple[int, int] = (8801, 8802)
+_LLAMA_SERVER_ONLY = ("n_parallel", "kv_unified", "n_gpu_layers", "cache_type", "binary")
+
+
+class BackendConfig(BaseModel):
+    """How a GGUF is served.
+
+    Attributes:
+        kind: ``llama-cpp-python`` (``python -m llama_cpp.server``, the embedded default) or
+            ``llama-server`` (llama.cpp's binary, :class:`forgeflow.serving.llama_server.LlamaServer`).
+        ports: the two blue/green TCP ports on 127.0.0.1 (distinct, 1024-65535).
+        model_alias: the model name clients send (one word).
+        n_ctx: the context (llama-server: the whole KV pool ``-c``), tokens (>= 16).
+        n_parallel: llama-server slots ``-np`` (-1: auto, 4 slots on a unified cache).
+        kv_unified: llama-server ``--kv-unified`` (every slot may use the whole pool).
+        cache_type: llama-server KV cache type (``--cache-type-k`` and ``-v``), one of
+            :data:`forgeflow.serving.llama_server.KV_CACHE_TYPES`; None: the server's default (f16).
+        n_gpu_layers: llama-server ``-ngl``; > 0 makes a server that offloads nothing a failed start.
+        required_context_tokens: the context one request needs (prompt + completion), tokens;
+            checked before the start against the slot plan (and the GGUF's training context when
+            known) and after it against ``/props``. None: no check.
+        n_threads: CPU threads for generation (None: llama.cpp's default).
+        startup_timeout_s: seconds a start may take before it is a failed start.
+        binary: a llama-server executable to use instead of the cached build.
+
+    Raises:
+        pydantic.ValidationError: a field out of range, two equal ports, or a llama-server option
+            (named) set with ``kind="llama-cpp-python"``, which cannot honour it.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["llama-cpp-python", "llama-server"] = "llama-cpp-python"
+    ports: tuple[int, int] = DEFAULT_PORTS
+    model_alias: str = Field(DEFAULT_ALIAS, pattern=r"^\S+$")
+    n_ctx: int = Field(4096, ge=16)
+    n_parallel: int = Field(1, ge=-1)
+    kv_unified: bool = False
+    cache_type: str | None = None
+    n_gpu_layers: int = Field(0, ge=0)
+    required_context_tokens: int | None = Field(None, ge=1)
+    n_threads: int | None = Field(None, ge=1)
+    startup_timeout_s: float = Field(120.0, gt=0)
+    binary: Path | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> "BackendConfig":
+        for port in self.ports:
+            if not 1024 <= port <= 65535:
+                raise ValueError(f"ports: {port} is outside 1024..65535")
+        if self.ports[0] == self.ports[1]:
+            raise ValueError(f"ports must be two distinct ports, got {list(self.ports)}")
+        if self.n_parallel == 0:
+            raise ValueError("n_parallel must be >= 1 or -1 (auto), got 0")
+        if self.cache_type is not None and self.cache_type not in KV_CACHE_TYPES:
+            raise ValueError(f"cache_type must be one of {', '.join(KV_CACHE_TYPES)}, got {self.cache_type!r}")
+        if self.kind == "llama-cpp-python":
+            defaults = BackendConfig.model_fields
+            changed = [name for name in _LLAMA_SERVER_ONLY if getattr(self, name) != defaults[name].default]
+            if changed:
+                raise ValueError(f"{', '.join(changed)} need kind 'llama-server' (llama-cpp-python's server "
+                                 "has one slot, no KV cache type and no offload check here)")
+        return self
+
+    def server_options(self) -> LlamaServerOptions:
+        """The :class:`forgeflow.serving.llama_server.LlamaServerOptions` of this configuration
+        (llama-server's slots, KV cache, offload and binary; the defaults for llama-cpp-python)."""
+        return LlamaServerOptions(n_parallel=self.n_parallel, kv_unified=self.kv_unified, cache_type=self.cache_type,
+                                  n_gpu_layers=self.n_gpu_layers, required_ctx=self.required_context_tokens,
+                                  binary=self.binary)
+
+    def server(self, gguf_path: Path, port: int, log_path: Path) -> ModelServer:
+        """The (not yet started) server of this configuration for ``gguf_path`` on ``port``.
+
+        Raises:
+            InputError: the GGUF is missing or a value is out of range (named);
+                ContextPreflightError: a slot cannot hold ``required_context_tokens``.
+        """
+        if self.kind == "llama-server":
+            return LlamaServer(gguf_path, port, self.model_alias, self.n_ctx, self.server_options(), log_path=log_path,
+                               startup_timeout_s=self.startup_timeout_s, n_threads=self.n_threads)
+        return ModelServer(gguf_path, port, self.model_alias, n_ctx=self.n_ctx, log_path=log_path,
+                           startup_timeout_s=self.startup_timeout_s, n_threads=self.n_threads)
+
+    def preflight(self, n_ctx_train: int | None = None) -> ContextPlan:
+        """The slot plan, refused before anything starts when a slot cannot hold
+        ``required_context_tokens``.
+
+        Args:
+            n_ctx_train: the GGUF's training context (``<arch>.context_length``), which caps every slot;
+                None when unknown.
+
+        Returns:
+            The :class:`~forgeflow.serving.llama_server.ContextPlan` (llama-cpp-python: one slot of
+            ``n_ctx``, capped by ``n_ctx_train``).
+
+        Raises:
+            ContextPreflightError: a slot holds fewer than ``required_context_tokens`` (the message
+                gives the numbers and the fixes).
+        """
+        if self.kind == "llama-server":
+            if self.required_context_tokens is not None:
+                return preflight_context(self.required_context_tokens, self.n_ctx, self.n_parallel, self.kv_unified,
+                                         n_ctx_train=n_ctx_train)
+            return slot_context(self.n_ctx, self.n_parallel, self.kv_unified, n_ctx_train=n_ctx_train)
+        per_slot = min(self.n_ctx, n_ctx_train) if n_ctx_train else self.n_ctx
+        if self.required_context_tokens is not None and per_slot < self.required_context_tokens:
+            cap = f" (the model was trained for {n_ctx_train})" if n_ctx_train and n_ctx_train < self.n_ctx else ""
+            raise ContextPreflightError(
+                f"a request needs {self.required_context_tokens} tokens of context but the llama-cpp-python "
+                f"server's one slot holds {per_slot}{cap}; raise n_ctx")
+        return ContextPlan(n_ctx=max(self.n_ctx, 256), n_parallel=1, kv_unified=False, per_slot=per_slot)
+
+    def describe(self) -> str:
+        """One line for logs: kind, ports, context and slots."""
+        if self.kind == "llama-cpp-python":
+            return f"llama-cpp-python on ports {list(self.ports)}, n_ctx {self.n_ctx}"
+        cache = f", KV {self.cache_type}" if self.cache_type else ""
+        return (f"llama-server on ports {list(self.ports)}, -c {self.n_ctx} -np {self.n_parallel}"
+                f"{' --kv-unified' if self.kv_unified else ''}{cache}, -ngl {self.n_gpu_layers}")
+
+
+def backend_config(value: BackendConfig | dict[str, Any] | None, name: str = "backend") -> BackendConfig:
+    """``value`` as a :class:`BackendConfig` (None: the embedded default).
+
+    Raises:
+        InputError: ``value`` is not a valid backend configuration (the message names ``name`` and
+            pydantic's reason).
+    """
+    if value is None:
+        return BackendConfig()
+    if isinstance(value, BackendConfig):
+        return value
+    try:
+        return BackendConfig.model_validate(value)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg'].removeprefix('Value error, ')}"
+                             for e in exc.errors())
+        raise errors.InputError(f"{name} is not a valid serving backend: {problems}") from exc
