@@ -7,9 +7,10 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import tempfile
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from forgeflow.common import errors
@@ -62,9 +63,14 @@ class PodmanSandbox:
         return exe
 
     def start(self) -> None:
-        """Create and start the container; pull the image if it is not local."""
+        """Create and start the container; pull the image if it is not local.
+
+        ``--pidfile`` hands back the container's init PID, from which its cgroup files are found
+        (:meth:`_find_cgroup_files`) without a ``podman inspect`` on the trial's critical path.
+        """
+        pidfile = Path(tempfile.gettempdir()) / f"forgeflow-{self.name}-{uuid.uuid4().hex[:8]}.pid"
         args = [
-            self._podman(), "run", "-d", "--init", "--name", self.name,
+            self._podman(), "run", "-d", "--init", "--name", self.name, "--pidfile", str(pidfile),
             "--memory", f"{self.spec.memory_mb}m", "--memory-swap", f"{self.spec.memory_mb}m",
             "--cpus", str(self.spec.cpus),
         ]
@@ -73,31 +79,37 @@ class PodmanSandbox:
         if not self.spec.network:
             args += ["--network", "none"]
         args += [self.image, "sleep", "infinity"]
-        proc = subprocess.run(args, capture_output=True, text=True, env=tool_env(), timeout=600)
+        try:
+            proc = subprocess.run(args, capture_output=True, text=True, env=tool_env(), timeout=600)
+            init_pid = pidfile.read_text().strip() if proc.returncode == 0 and pidfile.is_file() else ""
+        finally:
+            pidfile.unlink(missing_ok=True)
         if proc.returncode != 0:
             msg = proc.stderr.strip()
             if "manifest unknown" in msg or "not found" in msg or "name unknown" in msg:
                 raise errors.ImageNotFoundError(f"image {self.image!r} not found (evidence: podman run said: {msg})")
             raise errors.SandboxError(f"podman could not start {self.image!r} (evidence: podman run said: {msg})")
         self._started = True
-        self._find_cgroup_files()
+        self._find_cgroup_files(init_pid)
 
-    def _find_cgroup_files(self) -> None:
+    def _find_cgroup_files(self, init_pid: str = "") -> None:
         """Locate the container's ``pids.events`` and its memory OOM counter on the host.
 
-        Found from the container's init process (``/proc/<pid>/cgroup``): cgroup v1 keeps them in
+        Found from the container's init process (``/proc/<pid>/cgroup``; ``init_pid`` as ``--pidfile``
+        wrote it, else read with ``podman inspect``): cgroup v1 keeps them in
         the ``pids`` and ``memory`` hierarchies (``pids.events``, ``memory.oom_control``), v2 in the
         unified one (``pids.events``, ``memory.events``). The OOM counter is the kernel's own
         evidence of an OOM kill (its ``oom_kill`` line counts processes the OOM killer killed in
         the cgroup); a file that cannot be read leaves the limit in force and only its evidence
         unavailable.
         """
-        proc = subprocess.run(
-            [self._podman(), "inspect", "--format", "{{.State.Pid}}", self.name],
-            capture_output=True, text=True, env=tool_env(), timeout=60,
-        )
+        if not init_pid.isdigit():
+            init_pid = subprocess.run(
+                [self._podman(), "inspect", "--format", "{{.State.Pid}}", self.name],
+                capture_output=True, text=True, env=tool_env(), timeout=60,
+            ).stdout.strip()
         try:
-            lines = Path(f"/proc/{int(proc.stdout.strip())}/cgroup").read_text().splitlines()
+            lines = Path(f"/proc/{int(init_pid)}/cgroup").read_text().splitlines()
         except (ValueError, OSError):
             return
         v1: dict[str, Path] = {}
@@ -233,13 +245,28 @@ class PodmanSandbox:
 
     def stop(self) -> None:
         """Remove the container (idempotent)."""
+        self.stop_async()()
+
+    def stop_async(self) -> Callable[[], None]:
+        """Start removing the container and return at once; the returned callable waits until it is
+        removed (at most 120 s, then the removal is killed and the next run of the same trial
+        removes the container by name). Lets the next trial start while ``podman rm`` (0.16-0.33 s
+        on 2 cores) runs; callers wait before they report the trials done. Idempotent.
+        """
         if not self._started:
-            return
-        subprocess.run(
-            [self._podman(), "rm", "-f", "-t", "0", self.name],
-            capture_output=True, text=True, env=tool_env(), timeout=120,
-        )
+            return lambda: None
         self._started = False
+        proc = subprocess.Popen([self._podman(), "rm", "-f", "-t", "0", self.name], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, env=tool_env())
+
+        def wait() -> None:
+            try:
+                proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+        return wait
 
 
 def remove_podman_container(name: str) -> None:

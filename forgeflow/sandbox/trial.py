@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -52,6 +53,7 @@ from forgeflow.sandbox.verifier import (
     LOG_PARSERS,
     LOG_TAIL_CHARS,
     TESTBED,
+    SetupError,
     VerifierResult,
     run_tests,
 )
@@ -104,7 +106,6 @@ class ValidationChecks(BaseModel):
 
 
 PATCH_PATH_IN_SANDBOX = "/tmp/forgeflow-bug.patch"
-_REVERT_TIMEOUT_S = 60.0
 
 
 # exceptions recorded on a trial rather than raised: the infrastructure broke, or the Oracle
@@ -123,7 +124,7 @@ class TrialResult(BaseModel):
         exception_type: class name of the error (``SandboxOOMError``, ``VerifierTimeoutError``, ...).
         exception_message: its message; set iff ``exception_type`` is.
         started_at: when the trial started (timezone-aware, stored in UTC).
-        env_setup_s: seconds to start the container and prepare it (Oracle: revert the patch).
+        env_setup_s: seconds to start the container (the Oracle's revert runs in its test exec).
         verifier_s: seconds the test run took; None if it never completed.
         agent_s: seconds the agent ran; None for nop/oracle.
         tests: status map of the verifier run (empty when it did not complete).
@@ -234,20 +235,24 @@ def container_name(instance_id: str, kind: TrialKind, trial_id: str) -> str:
     return sanitize_name(f"ff-{kind}-{instance_id}-{trial_id[:10]}")
 
 
-def verify(sandbox: Sandbox, test_command: str, timeout_s: float, *, log_parser: str | None = None) -> VerifierResult:
+def verify(sandbox: Sandbox, test_command: str, timeout_s: float, *, log_parser: str | None = None,
+           setup: str | None = None) -> VerifierResult:
     """Run the tests of pristine test infrastructure (a NOP or Oracle run) and return the result.
 
     :func:`forgeflow.sandbox.verifier.run_tests`, with a report that cannot be trusted raised: on pristine
     test infrastructure a missing report or one that disagrees with the exit status means the
     verifier broke, which is never a verdict on the task.
 
+    ``setup`` runs before the tests in the same exec (:func:`forgeflow.sandbox.verifier.run_tests`).
+
     Raises:
         InputError: ``timeout_s`` <= 0, an empty command, an unknown log parser.
+        SetupError: ``setup`` exited non-zero.
         VerifierTimeoutError, SandboxOOMError: the run was stopped (see the backend).
         VerifierOutputError: the command could not run, or ``problem`` (the message names the
             evidence and ends with the log's tail).
     """
-    result = run_tests(sandbox, test_command, timeout_s, log_parser=log_parser)
+    result = run_tests(sandbox, test_command, timeout_s, log_parser=log_parser, setup=setup)
     if result.problem is not None:
         raise errors.VerifierOutputError(
             f"verifier report not trusted: {result.problem} (evidence: exit {result.exit_code}, report exit "
@@ -278,8 +283,15 @@ class _Tests:
 
 
 def _run_trial(instance_id: str, kind: TrialKind, tests: _Tests, run_key: str,
-               prepare: Callable[[Sandbox], None] | None = None) -> _Run:
-    """Start a fresh sandbox, ``prepare`` it, run the verifier; catch what a trial records."""
+               revert: "BugTask | None" = None,
+               removals: list[Callable[[], None]] | None = None) -> _Run:
+    """Start a fresh sandbox, run the verifier (after reverting ``revert``'s bug patch, in the same
+    exec: :func:`_revert_setup`); catch what a trial records.
+
+    With ``removals``, a backend that can (``stop_async``) removes the container in the background
+    and the wait is appended there: the caller waits before it returns, so the next trial of the
+    same validation starts without waiting for ``podman rm``; without it the removal is waited for.
+    """
     sandbox_cls = get_backend(tests.backend)
     trial_id = make_trial_id(instance_id, kind, tests.image_ref, run_key)
     name = container_name(instance_id, kind, trial_id)
@@ -296,13 +308,18 @@ def _run_trial(instance_id: str, kind: TrialKind, tests: _Tests, run_key: str,
                     raise
                 remove_podman_container(name)  # left by a crashed run of the same trial
                 sandbox.start()
-            if prepare is not None:
-                prepare(sandbox)
             env_setup_s = time.monotonic() - t0
-            result = verify(sandbox, tests.command, tests.timeout_s, log_parser=tests.log_parser)
+            try:
+                result = verify(sandbox, tests.command, tests.timeout_s, log_parser=tests.log_parser,
+                                setup=_revert_setup(revert) if revert is not None else None)
+            except SetupError as exc:
+                raise _revert_error(revert, exc) from exc
         finally:
             try:
-                sandbox.stop()
+                if removals is not None and hasattr(sandbox, "stop_async"):
+                    removals.append(sandbox.stop_async())
+                else:
+                    sandbox.stop()
             except (OSError, subprocess.SubprocessError):
                 pass  # the next run of this trial removes a leftover container by name
     except _RECORDED_ERRORS as exc:
@@ -335,21 +352,23 @@ def _reward(tests: dict[str, str], report: ValidationReport | None) -> float:
     return 1.0 if any(passed(s) for s in statuses) and not any(failed(s) for s in statuses) else 0.0
 
 
-def _revert_patch(candidate: "BugTask") -> Callable[[Sandbox], None]:
-    def prepare(sandbox: Sandbox) -> None:
-        sandbox.write_file(PATCH_PATH_IN_SANDBOX, candidate.patch)
-        res = sandbox.exec(
-            ["git", "apply", "-R", PATCH_PATH_IN_SANDBOX], timeout_s=_REVERT_TIMEOUT_S, workdir=TESTBED
-        )
-        if res.exit_code == 127:
-            raise errors.SandboxError(f"git is not installed in the task image of {candidate.instance_id}")
-        if res.exit_code != 0:
-            raise errors.PatchApplyError(
-                f"oracle of {candidate.instance_id}: reverting the bug patch failed: {res.stderr.strip()[:500]}"
-            )
-        sandbox.exec(["rm", "-f", PATCH_PATH_IN_SANDBOX], timeout_s=_REVERT_TIMEOUT_S)
+def _revert_setup(candidate: "BugTask") -> str:
+    """The shell fragment that writes ``candidate``'s bug patch to :data:`PATCH_PATH_IN_SANDBOX` (a
+    quoted heredoc with a random delimiter: the bytes as given), reverts it with ``git apply -R`` in
+    :data:`~forgeflow.sandbox.verifier.TESTBED` and removes the file, keeping git's exit status."""
+    eof = f"FORGEFLOW_PATCH_EOF_{uuid.uuid4().hex}"
+    body = candidate.patch if candidate.patch.endswith("\n") else candidate.patch + "\n"
+    return (f"cat > {PATCH_PATH_IN_SANDBOX} <<'{eof}'\n{body}{eof}\n"
+            f"git apply -R {PATCH_PATH_IN_SANDBOX}; rc=$?; rm -f {PATCH_PATH_IN_SANDBOX}; exit $rc")
 
-    return prepare
+
+def _revert_error(candidate: "BugTask | None", exc: SetupError) -> errors.ForgeflowError:
+    """What a failed revert is: git missing from the image (exit 127, an infrastructure fault) or a
+    bug patch the image does not hold (PatchApplyError)."""
+    iid = candidate.instance_id if candidate is not None else "?"
+    if exc.exit_code == 127:
+        return errors.SandboxError(f"git is not installed in the task image of {iid}")
+    return errors.PatchApplyError(f"oracle of {iid}: reverting the bug patch failed: {exc.output.strip()[:500]}")
 
 
 class BugTask(Protocol):
@@ -466,8 +485,20 @@ def validate_candidate(
     checks = checks or ValidationChecks()
     if checks.log_parser is not None and checks.log_parser not in LOG_PARSERS:
         raise errors.InputError(f"unknown log_parser {checks.log_parser!r}; valid: {', '.join(LOG_PARSERS)}")
-    oracle_runs, flaky_policy = checks.oracle_runs, checks.flaky_policy
     tests = _Tests(image_ref, test_command, timeout_s, spec or SandboxSpec(), backend, checks.log_parser)
+    removals: list[Callable[[], None]] = []
+    try:
+        return _validate(candidate, tests, run_key, checks, on_trial, removals)
+    finally:  # every container of this validation is gone before it reports
+        for wait in removals:
+            wait()
+
+
+def _validate(candidate: BugTask, tests: _Tests, run_key: str, checks: ValidationChecks,
+              on_trial: Callable[[TrialResult], None] | None, removals: list[Callable[[], None]]) -> ValidationOutcome:
+    """The NOP / Oracle / repeats sequence of :func:`validate_candidate` (containers removed in the
+    background, their waits appended to ``removals``)."""
+    oracle_runs, flaky_policy = checks.oracle_runs, checks.flaky_policy
     iid = candidate.instance_id
 
     def ended(kind: TrialKind, run: _Run, reward: float | None) -> TrialResult:
@@ -476,7 +507,7 @@ def validate_candidate(
             on_trial(record)
         return record
 
-    nop_run = _run_trial(iid, "nop", tests, run_key)
+    nop_run = _run_trial(iid, "nop", tests, run_key, None, removals)
     if nop_run.result is None:
         return ValidationOutcome(nop=ended("nop", nop_run, None))
     nop_tests = nop_run.result.tests
@@ -485,7 +516,7 @@ def validate_candidate(
         return ValidationOutcome(nop=ended("nop", nop_run, _reward(nop_tests, report)), report=report)
     # a test failed with the bug, so the NOP's reward is 0.0 whatever the Oracle finds: record it now
     nop = ended("nop", nop_run, _reward(nop_tests, None))
-    oracle_run = _run_trial(iid, "oracle", tests, run_key, _revert_patch(candidate))
+    oracle_run = _run_trial(iid, "oracle", tests, run_key, candidate, removals)
     if oracle_run.result is None:
         return ValidationOutcome(nop=nop, oracle=ended("oracle", oracle_run, None))
     report = grade_validation(nop_tests, oracle_run.result.tests)
@@ -495,7 +526,7 @@ def validate_candidate(
     repeats: list[TrialResult] = []
     runs = [oracle_run.result.tests]
     for k in range(2, oracle_runs + 1):
-        run = _run_trial(iid, "oracle", tests, f"{run_key}/oracle-{k}", _revert_patch(candidate))
+        run = _run_trial(iid, "oracle", tests, f"{run_key}/oracle-{k}", candidate, removals)
         if run.result is None:
             repeats.append(ended("oracle", run, None))
             return ValidationOutcome(nop=nop, oracle=oracle, oracle_repeats=repeats)

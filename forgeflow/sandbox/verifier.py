@@ -243,8 +243,32 @@ def _read_report(stdout: str, marker: str) -> tuple[str, dict[str, Any] | None]:
     return head, report
 
 
-def run_tests(sandbox: Sandbox, test_command: str, timeout_s: float, *, log_parser: str | None = None
-              ) -> VerifierResult:
+class SetupError(errors.SandboxError):
+    """The ``setup`` fragment of :func:`run_tests` exited non-zero (no test ran).
+
+    Attributes:
+        exit_code: its exit status.
+        output: its stdout and stderr (the end of them).
+    """
+
+    def __init__(self, exit_code: int, output: str) -> None:
+        super().__init__(f"setup exited {exit_code}: {output.strip()[-500:]}")
+        self.exit_code, self.output = exit_code, output
+
+
+def _with_setup(script: str, setup: str, nonce: str) -> tuple[str, str]:
+    """``script`` preceded by ``setup`` (run in :data:`TESTBED`, output to a file); a failing setup
+    prints a marker, its exit status and its output, and the script ends there. Returns
+    ``(script, marker)``."""
+    marker = f"FORGEFLOW-SETUP-FAILED-{nonce}"
+    out = f"/tmp/forgeflow-setup-{nonce}.log"
+    return (f"cd {TESTBED} || exit 126\n(\n{setup}\n) </dev/null >{out} 2>&1 || "
+            f"{{ rc=$?; printf '\\n%s %s\\n' '{marker}' \"$rc\"; cat {out}; exit 0; }}\n"
+            f"rm -f {out}\n{script}"), marker
+
+
+def run_tests(sandbox: Sandbox, test_command: str, timeout_s: float, *, log_parser: str | None = None,
+              setup: str | None = None) -> VerifierResult:
     """Run a task's tests in :data:`TESTBED` of a started sandbox and read their outcomes.
 
     Args:
@@ -255,6 +279,9 @@ def run_tests(sandbox: Sandbox, test_command: str, timeout_s: float, *, log_pars
         timeout_s: wall-clock limit in seconds (> 0).
         log_parser: None (default) reads forgeflow's pytest report; a name of :data:`LOG_PARSERS`
             parses the log instead, for runners without a structured report.
+        setup: a shell fragment run in :data:`TESTBED` before the tests, in the same exec (e.g. the
+            Oracle's revert of the bug patch: one ``exec`` per trial instead of three); a non-zero
+            exit ends the run with :class:`SetupError` before any test runs.
 
     Returns:
         The :class:`VerifierResult`; ``problem`` is set when the report is missing although the
@@ -266,6 +293,7 @@ def run_tests(sandbox: Sandbox, test_command: str, timeout_s: float, *, log_pars
             names are listed).
         VerifierTimeoutError: the run exceeded ``timeout_s``.
         SandboxOOMError: the kernel OOM-killed the run (see the sandbox backend).
+        SetupError: ``setup`` exited non-zero (its status and output attached).
         VerifierOutputError: the command could not run at all (exit 126/127: not found or not
             executable), or (pytest) pytest never started with the report plugin (its start line
             is missing: the test command is broken, whatever the submission); in ``log`` format,
@@ -283,7 +311,15 @@ def run_tests(sandbox: Sandbox, test_command: str, timeout_s: float, *, log_pars
         script, marker = _wrapped_command(test_command, nonce)
     else:
         script, marker = f"cd {TESTBED} || exit 126\n(\n{test_command}\n) </dev/null\n", ""
+    setup_marker = ""
+    if setup is not None:
+        script, setup_marker = _with_setup(script, setup, nonce)
     res: ExecResult = sandbox.exec(script, timeout_s=timeout_s, workdir=TESTBED, env=VERIFIER_ENV)
+    if setup_marker:
+        _, found, rest = res.stdout.rpartition(f"\n{setup_marker} ")
+        if found:
+            code, _, output = rest.partition("\n")
+            raise SetupError(int(code) if code.strip().isdigit() else -1, output + res.stderr)
     own_stdout, report = _read_report(res.stdout, marker) if marker else (res.stdout, None)
     own_stdout = own_stdout.replace(f"\nFORGEFLOW-VERIFIER-STARTED-{nonce}\n", "\n", 1)
     log = own_stdout + ("\n" if own_stdout and not own_stdout.endswith("\n") else "") + res.stderr

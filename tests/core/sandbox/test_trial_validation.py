@@ -169,3 +169,29 @@ def test_a_command_that_never_started_pytest_is_an_exception_not_a_rejection(scr
     monkeypatch.setattr(ScriptedSandbox, "exec", cut_short)
     outcome, seen = _validate(s)
     assert seen[0].exception_type == "VerifierOutputError" and "exited 0 but wrote no test report" in seen[0].exception_message
+
+
+def test_the_oracle_revert_fragment_carries_the_patch_bytes_exactly(tmp_path) -> None:
+    """The Oracle's revert runs inside its test exec as a shell fragment (a quoted heredoc): a patch
+    holding ``$(...)``, backticks, backslashes and a line ``EOF`` is reverted byte for byte, nothing
+    in it is executed, and a patch the tree does not hold exits non-zero (git's status kept)."""
+    import subprocess
+    from types import SimpleNamespace
+
+    from forgeflow.sandbox.trial import _revert_setup
+
+    tricky = "x = '$(touch pwned)' `touch pwned2` \\\\n\nEOF\n"
+    (tmp_path / "a.txt").write_text(tricky)
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q"], cwd=tmp_path, check=True)
+    subprocess.run([*git, "add", "a.txt"], cwd=tmp_path, check=True)
+    subprocess.run([*git, "commit", "-qm", "base"], cwd=tmp_path, check=True)
+    (tmp_path / "a.txt").write_text(tricky.replace("EOF", "EOF $HOME"))  # the bug
+    patch = subprocess.run([*git, "diff"], cwd=tmp_path, check=True, capture_output=True, text=True).stdout
+    bug = SimpleNamespace(instance_id="pkg.tricky", patch=patch)
+    run = subprocess.run(["bash", "-c", _revert_setup(bug)], cwd=tmp_path, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "a.txt").read_text() == tricky
+    assert not (tmp_path / "pwned").exists() and not (tmp_path / "pwned2").exists()
+    again = subprocess.run(["bash", "-c", _revert_setup(bug)], cwd=tmp_path, capture_output=True, text=True)
+    assert again.returncode != 0 and "patch does not apply" in again.stderr
