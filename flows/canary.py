@@ -59,6 +59,7 @@ from forgeflow.ledger import store as ledger
 from forgeflow.serving import bluegreen
 from tasks import evaluation as evaluation_tasks
 from tasks.common import markdown_artifact, table_artifact
+from tasks.curation import sandbox_choice
 
 DEFAULT_ALIAS = "forgeflow"
 REPORT_ARTIFACT_KEY = "canary-job-report"
@@ -181,7 +182,8 @@ def canary(freeze_name: str, split: str = "test", state_path: Path | None = None
            verifier_timeout_s: float = 180.0, generated_path: Path | None = None, job_id: str | None = None,
            out_dir: Path | None = None, sample: int | None = None, sample_seed: int = 0,
            candidates_path: Path | None = None, test_commands: dict[str, str] | None = None,
-           dataset: DatasetSource | None = None, test_specs: dict[str, TestSpec] | None = None) -> dict[str, Any]:
+           dataset: DatasetSource | None = None, test_specs: dict[str, TestSpec] | None = None,
+           sandbox: str | None = None) -> dict[str, Any]:
     """Agent trials on ``split`` of freeze ``freeze_name`` against a served model: one canary job.
 
     Args:
@@ -214,6 +216,10 @@ def canary(freeze_name: str, split: str = "test", state_path: Path | None = None
             instead of ``candidates_path``.
         test_specs: repo -> test command and log parser (a SWE-bench parser by name): the
             verifier reads non-pytest runners with it.
+        sandbox: a ``forgeflow-sandbox`` block (:class:`blocks.core.SandboxBackend`: backend kind,
+            memory MiB, CPUs) the verifier's containers run with, as ``curate`` and ``rl-burst`` take
+            it; its limits replace ``agent_config``'s ``memory_mb`` / ``cpus`` (the agent's container
+            too) and the job records the result. None: podman with ``agent_config``'s limits.
 
     Returns:
         ``job_id``, ``report`` (:class:`forgeflow.evaluation.compare.JobReport` as JSON), ``report_path``,
@@ -225,6 +231,10 @@ def canary(freeze_name: str, split: str = "test", state_path: Path | None = None
         PreflightError: tasks that cannot run (listed), a stopped or silent endpoint.
     """
     check_concurrency(concurrency, profile)
+    if sandbox is not None:  # a missing block or unknown kind: refused before anything runs
+        choice = sandbox_choice(sandbox)
+        agent_config = agent_config.model_copy(update={"verifier_backend": choice.kind, "memory_mb": choice.memory_mb,
+                                                       "cpus": choice.cpus})
     logger = get_run_logger()
     apply_container_env()
     store = ledger.Store()

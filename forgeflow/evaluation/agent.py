@@ -365,7 +365,7 @@ def run_agent_trial(
                 image_ref, phase.submission, test_command, fail_to_pass, pass_to_pass,
                 timeout_s=verifier_timeout_s, spec=SandboxSpec(memory_mb=config.memory_mb, cpus=config.cpus),
                 name=container_name(instance_id, "agent", trial_id), tamper_policy=config.tamper_policy,
-                log_parser=log_parser,
+                log_parser=log_parser, backend=config.verifier_backend,
             )
             reward = verdict.reward
             notes.extend(verdict.notes)

@@ -43,6 +43,9 @@ class AgentConfig(BaseModel):
         tamper_policy: what the verifier does with a submission that changes the task's own files
             (tests, conftest, test configuration, start-up hooks; :mod:`forgeflow.sandbox.submission`):
             ``reject`` (tampering, reward 0) or ``drop`` (those parts removed, the rest graded).
+        verifier_backend: the sandbox backend the verifier's fresh container runs on
+            (:data:`forgeflow.sandbox.backends.BACKENDS`: ``podman`` or ``kubernetes``); the agent's
+            own container is mini-swe-agent's podman environment.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -60,3 +63,4 @@ class AgentConfig(BaseModel):
     loop_threshold: int = Field(default=DEFAULT_LOOP_THRESHOLD, ge=2, le=1000)
     hang_idle_s: float = Field(default=DEFAULT_HANG_IDLE_S, gt=0)
     tamper_policy: TamperPolicy = "reject"
+    verifier_backend: Literal["podman", "kubernetes"] = "podman"

@@ -155,3 +155,33 @@ def test_canary_refuses_unknown_freeze_split_and_missing_endpoint(prefect_harnes
     with pytest.raises(PreflightError, match=r"the model endpoint http://127.0.0.1:9/v1 does not answer"):
         canary(freeze_name="canary-test", base_url="http://127.0.0.1:9/v1", model_sha256=MODEL_SHA,
                generated_path=generated)
+
+
+def test_canary_runs_its_verifier_on_the_sandbox_block(prefect_harness, recorded_freeze, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """``sandbox`` names a ``forgeflow-sandbox`` block: its limits are the job's (recorded), and its
+    backend runs the verifier. With ``kind: kubernetes`` and no cluster reachable from here (no
+    kubeconfig), every verifier container fails to start: each trial is a SandboxError exception
+    with no reward, never a 0."""
+    from blocks.core import SandboxBackend
+    from flows.canary import canary
+
+    store, _, generated = recorded_freeze
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-kubeconfig"))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    SandboxBackend(kind="podman", memory_mb=768, cpus=0.5).save("canary-small", overwrite=True)
+    SandboxBackend(kind="kubernetes").save("canary-cluster", overwrite=True)
+    common = dict(freeze_name="canary-test", model_sha256=MODEL_SHA, generated_path=generated,
+                  out_dir=tmp_path / "canary", verifier_timeout_s=120.0,
+                  agent_config={"step_limit": 5, "agent_timeout_s": 120})
+    with pytest.raises(InputError, match="sandbox block 'nope' does not exist"):
+        canary(base_url="http://127.0.0.1:9/v1", sandbox="nope", **common)
+    with scripted_endpoint(lambda i: text_answer(FIX)) as (url, _):
+        small = canary(base_url=url, sandbox="canary-small", job_id="small", **common)
+        cluster = canary(base_url=url, sandbox="canary-cluster", job_id="cluster", **common)
+    assert small["report"]["reward_1"] == 2
+    recorded = store.get_job("small").params["agent_config"]
+    assert (recorded["verifier_backend"], recorded["memory_mb"], recorded["cpus"]) == ("podman", 768, 0.5)
+    assert store.get_job("cluster").params["agent_config"]["verifier_backend"] == "kubernetes"
+    assert [(t["exception_type"], t["reward"]) for t in cluster["trials"]] == [("SandboxError", None)] * 2
+    assert cluster["report"]["reward_0"] == 0
