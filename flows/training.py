@@ -1,4 +1,4 @@
-"""Training flows on a user's own data: ``sft-burst`` and ``rl-burst``, each a deployment.
+"""Training flows on a user's own data: ``sft-burst``, ``rl-burst`` and ``ppo``, each a deployment.
 
 Each flow checks its inputs (the base model folder, the JSONL rows, the parent adapter, the sandbox
 block) and runs the burst preflight before any model is loaded, then runs one burst (task), pins the
@@ -6,12 +6,15 @@ adapter to its content-addressed folder ``<out_dir>/adapters/<sha256>``, records
 (kind ``adapter``, parent = the parent adapter or the base model, lineage: dataset sha256,
 hyper-parameters, run id) so ``forgeflow lineage <sha256>`` shows base -> adapter -> adapter, and
 publishes a table of the logged loss per step plus a markdown summary. Bursts continue a lineage by
-naming the previous adapter (its folder or its recorded sha256) as ``parent_adapter``.
+naming the previous adapter (its folder or its recorded sha256) as ``parent_adapter``. ``ppo`` runs
+verl on a Ray cluster through the Ray Jobs API (submitted, followed, stopped with the run) and
+ingests its newest LoRA checkpoint the same way.
 """
 
 from __future__ import annotations
 
 import re
+import uuid
 from pathlib import Path
 from typing import Literal
 
@@ -24,7 +27,7 @@ from forgeflow.common.fsutil import sha256_tree
 from forgeflow.common.settings import home_dir
 from forgeflow.ledger import records
 from forgeflow.ledger import store as ledger
-from forgeflow.training import jsonl
+from forgeflow.training import jsonl, verl
 from forgeflow.training.adapters import AdapterRecord, adapter_matches, adapter_sha256, pin_adapter
 from forgeflow.training.burst import BurstConfig
 from forgeflow.training.health import BurstHealthError
@@ -287,3 +290,152 @@ def rl_burst(hf_dir: Path, tasks_jsonl: Path, params: RLBurstParams = RLBurstPar
                                "generations")
     adapter = pin_adapter(record.adapter, models / "adapters")
     return _record(store, adapter, hf_dir, base_sha, run_id, "rl-burst", f"rl-burst ({config.algorithm})")
+
+
+class PPOParams(BaseModel):
+    """How the ``ppo`` flow runs verl on a Ray cluster.
+
+    Attributes:
+        dashboard_url: the cluster's dashboard (Ray job server), e.g. ``http://head:8265``.
+        working_dir: the job's working directory (uploaded by Ray; must hold forgeflow for the reward
+            function), or None for a cluster image that has it.
+        pip: packages the job installs (e.g. a pinned ``verl``).
+        entrypoint: a command replacing verl's ``python3 -m verl.trainer.main_ppo <overrides>`` (a
+            wrapper script, or a CPU stand-in that writes a checkpoint); None: verl's own.
+        entrypoint_num_cpus: CPUs reserved for the job's driver.
+        poll_s: seconds between status polls (the job's new log lines are logged at each).
+        timeout_s: stop the job after this many seconds (None: no limit).
+        adapter_glob: where the LoRA adapter of a step lies under ``settings.checkpoint_dir``
+            (default verl's ``global_step_*/actor/lora_adapter``); the highest step is ingested.
+        base_model_sha256: the base model's digest, when ``settings.model_path`` is not a folder
+            readable here (an HF id or a cluster path); else computed from the folder.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    dashboard_url: str = Field(min_length=1)
+    working_dir: str | None = None
+    pip: tuple[str, ...] = ()
+    entrypoint: str | None = None
+    entrypoint_num_cpus: float = Field(default=1.0, ge=0)
+    poll_s: float = Field(default=5.0, gt=0)
+    timeout_s: float | None = Field(default=None, gt=0)
+    adapter_glob: str = Field(default="global_step_*/actor/lora_adapter", min_length=1)
+    base_model_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+
+
+class PPOResult(BaseModel):
+    """What a ``ppo`` run trained and kept.
+
+    Attributes:
+        submission_id: the Ray job.
+        status: how it ended (``SUCCEEDED``).
+        wall_s: seconds the job was followed.
+        log_lines: job log lines logged into the run.
+        adapter_sha256 / adapter_path: the ingested adapter, pinned.
+        base_model_sha256: its base model (its parent in the store).
+        dataset_sha256: digest of ``settings.train_files``.
+        global_step: the checkpoint's step.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    submission_id: str
+    status: str
+    wall_s: float
+    log_lines: int
+    adapter_sha256: str
+    adapter_path: Path
+    base_model_sha256: str
+    dataset_sha256: str
+    global_step: int
+
+
+def _ppo_submission_id(run_id: str | None) -> str:
+    return f"forgeflow-ppo-{run_id or uuid.uuid4().hex}"
+
+
+def _stop_ppo_job(flow: object, run: object, state: object) -> None:
+    """Flow hook (cancelled / crashed): stop the run's Ray job if it still runs."""
+    from forgeflow.training import ray_jobs
+
+    parameters = getattr(run, "parameters", {}) or {}
+    submission_id = parameters.get("submission_id") or _ppo_submission_id(str(getattr(run, "id", "")))
+    try:
+        params = PPOParams.model_validate(parameters.get("params") or {})
+        ray_jobs.stop(params.dashboard_url, submission_id)
+    except Exception as exc:  # noqa: BLE001 - a hook must not mask the run's own end
+        get_run_logger().warning("could not stop Ray job %s: %s", submission_id, exc)
+
+
+@flow(name="ppo", log_prints=False, on_cancellation=[_stop_ppo_job], on_crashed=[_stop_ppo_job])
+def ppo(settings: verl.VerlPPOSettings, params: PPOParams, submission_id: str | None = None,
+        out_dir: Path | None = None) -> PPOResult:
+    """PPO with verl on a Ray cluster through the Ray Jobs API: submit, follow its status and log
+    into this run, stop it when the run is cancelled or crashes, and ingest its newest LoRA
+    checkpoint as an adapter whose parent is the base model (``forgeflow lineage`` shows it).
+
+    Args:
+        settings: verl's PPO settings (:class:`forgeflow.training.verl.VerlPPOSettings`; rendered to
+            verl's Hydra overrides). ``lora_rank`` must be > 0 (an adapter is what is ingested) and
+            ``checkpoint_dir`` readable here (a shared filesystem) once the job ends.
+        params: the cluster and the job (:class:`PPOParams`).
+        submission_id: the Ray job's id (default ``forgeflow-ppo-<flow run id>``).
+        out_dir: default ``$FORGEFLOW_HOME/models``; the adapter is pinned to ``<out_dir>/adapters/<sha256>``.
+
+    Returns:
+        The :class:`PPOResult`.
+
+    Raises:
+        InputError: ``lora_rank`` 0, or no base model digest (``model_path`` not a folder here and no
+            ``params.base_model_sha256``) — before anything is submitted.
+        TransientInfraError: the job server does not answer (after retries).
+        RayJobError: the job ended FAILED or STOPPED or ran past ``params.timeout_s``.
+        InfraError: the job succeeded but left no adapter under ``checkpoint_dir``.
+    """
+    from forgeflow.training import ppo as ppo_ingest
+
+    if settings.lora_rank < 1:
+        raise InputError("settings.lora_rank is 0 (all weights trained): the ppo flow ingests a LoRA adapter; "
+                         "give lora_rank > 0")
+    model_dir = Path(settings.model_path)
+    if params.base_model_sha256 is None and not model_dir.is_dir():
+        raise InputError(f"settings.model_path {settings.model_path!r} is not a folder here: give "
+                         "params.base_model_sha256 (the base model's sha256_tree) to record the lineage")
+    base_sha = params.base_model_sha256 or sha256_tree(model_dir)
+    run_id = _run_id()
+    job_id = submission_id or _ppo_submission_id(run_id)
+    spec = verl.ray_job_spec(settings, working_dir=params.working_dir, submission_id=job_id, pip=list(params.pip),
+                             metadata={"prefect_flow_run_id": run_id or ""})
+    spec = spec.model_copy(update={"entrypoint": params.entrypoint or spec.entrypoint,
+                                   "entrypoint_num_cpus": params.entrypoint_num_cpus})
+    training_tasks.submit_ray_job(spec, params.dashboard_url)
+    outcome = training_tasks.follow_ray_job(params.dashboard_url, job_id, params.poll_s, params.timeout_s)
+    checkpoints = Path(settings.checkpoint_dir)
+    if not checkpoints.is_absolute() and params.working_dir:
+        checkpoints = Path(params.working_dir) / checkpoints
+    folder, step = ppo_ingest.newest_adapter(checkpoints, params.adapter_glob)
+    models = Path(out_dir) if out_dir is not None else home_dir() / "models"
+    lineage = ppo_ingest.ppo_lineage(base_sha, settings.train_files, settings.model_dump(mode="json"), run_id or job_id)
+    adapter = ppo_ingest.ingest_adapter(folder, step, models / "ppo-adapter", lineage,
+                                        {"ray_job": job_id, "checkpoint": str(folder)})
+    adapter = pin_adapter(adapter, models / "adapters")
+    store = ledger.Store()
+    store.upgrade()
+    if not store.producers(base_sha):
+        store.record_model_artifact(records.ModelArtifactRecord(
+            sha256=base_sha, kind="base", path=str(model_dir), lineage={"source": "ppo model_path"}, run_id=run_id))
+    store.record_model_artifact(records.ModelArtifactRecord(
+        sha256=adapter.sha256, kind="adapter", path=str(adapter.path), parent_sha256=base_sha,
+        lineage={**lineage.model_dump(mode="json"), "ray_job": job_id, "global_step": step}, run_id=run_id))
+    markdown_artifact("ppo-summary", "\n".join([
+        "# ppo", "", "| field | value |", "|---|---|", f"| Ray job | `{job_id}` ({outcome.status}, "
+        f"{outcome.wall_s:.1f} s) |", f"| adapter | `{adapter.sha256}` |", f"| path | `{adapter.path}` |",
+        f"| base model | `{base_sha}` |", f"| global step | {step} |",
+        f"| dataset sha256 | `{lineage.dataset_sha256}` |",
+        "", f"`forgeflow lineage {adapter.sha256[:12]}` shows the chain."]), "ppo: the Ray job and the adapter")
+    get_run_logger().info("ppo: Ray job %s %s; adapter %s (step %d) from %s", job_id, outcome.status,
+                          adapter.sha256[:12], step, folder)
+    return PPOResult(submission_id=job_id, status=outcome.status, wall_s=outcome.wall_s, log_lines=outcome.log_lines,
+                     adapter_sha256=adapter.sha256, adapter_path=adapter.path, base_model_sha256=base_sha,
+                     dataset_sha256=lineage.dataset_sha256, global_step=step)

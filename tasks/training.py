@@ -1,5 +1,5 @@
 """Prefect tasks of training: the burst preflight, SFT bursts, RL bursts (TRL GRPO/RLOO with verifier
-rewards) and submitting verl PPO jobs to a Ray cluster."""
+rewards) and verl PPO jobs on a Ray cluster (submitted, followed, stopped with the run)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 from prefect import get_run_logger, task
 from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE
 
-from forgeflow.training import adapters, burst, preflight, rl, verl
+from forgeflow.training import adapters, burst, preflight, ray_jobs, rl, verl
 from tasks.common import (
     TRANSIENT_RETRIES,
     TRANSIENT_RETRY_DELAYS_S,
@@ -70,14 +70,34 @@ def rl_burst(base_model_dir: Path, base_sha256: str, tasks: list[dict], out_dir:
     return record
 
 
-@task(retries=TRANSIENT_RETRIES, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S, retry_condition_fn=retry_on_transient)
-def submit_verl_ppo(settings: verl.VerlPPOSettings, dashboard_url: str, working_dir: str, submission_id: str,
-                    pip: list[str] | None = None, metadata: dict[str, str] | None = None) -> str:
-    """Render the verl PPO config and submit it as a Ray job; returns the submission id.
+@task(retries=TRANSIENT_RETRIES, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S, retry_condition_fn=retry_on_transient,
+      cache_policy=NO_CACHE)
+def submit_ray_job(spec: verl.RayJobSpec, dashboard_url: str) -> str:
+    """Submit a Ray job (:func:`forgeflow.training.ray_jobs.submit`); returns its submission id.
 
-    Not cached: a submission is an action. Ray rejects a reused ``submission_id``, so a retry after
+    Not cached: a submission is an action. Ray refuses a reused ``submission_id``, so a retry after
     a lost answer cannot start the job twice.
     """
-    spec = verl.ray_job_spec(settings, working_dir=working_dir, submission_id=submission_id, pip=pip,
-                             metadata=metadata)
-    return verl.submit_ray_job(spec, dashboard_url)
+    env = spec.runtime_env.model_dump(exclude_none=True)
+    runtime_env = {k: v for k, v in env.items() if v not in ([], {})}
+    submission_id = ray_jobs.submit(dashboard_url, spec.entrypoint, spec.submission_id, runtime_env, spec.metadata,
+                                    spec.entrypoint_num_cpus)
+    get_run_logger().info("Ray job %s submitted to %s: %s", submission_id, dashboard_url, spec.entrypoint[:200])
+    return submission_id
+
+
+@task(cache_policy=NO_CACHE)
+def follow_ray_job(dashboard_url: str, submission_id: str, poll_s: float = 5.0,
+                   timeout_s: float | None = None) -> ray_jobs.RayJobOutcome:
+    """Follow a Ray job to its end, its log lines into this run's log
+    (:func:`forgeflow.training.ray_jobs.follow`); a cancelled or crashed run stops the job.
+
+    Raises:
+        RayJobError: the job ended FAILED or STOPPED, or ran past ``timeout_s``.
+    """
+    logger = get_run_logger()
+    outcome = ray_jobs.follow(dashboard_url, submission_id, lambda line: logger.info("[%s] %s", submission_id, line),
+                              poll_s=poll_s, timeout_s=timeout_s)
+    logger.info("Ray job %s %s after %.1f s (%d log lines)", submission_id, outcome.status, outcome.wall_s,
+                outcome.log_lines)
+    return outcome

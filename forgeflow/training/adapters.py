@@ -103,7 +103,8 @@ class AdapterRecord(BaseModel):
         sha256: :func:`adapter_sha256` of the folder (weights and adapter config only; not
             ``lineage.json`` nor README).
         lineage: see :class:`Lineage`.
-        final_loss: training loss logged at the last step (nats per assistant token for SFT).
+        final_loss: training loss logged at the last step (nats per assistant token for SFT); None
+            for an adapter trained elsewhere (a verl PPO checkpoint, :mod:`forgeflow.training.ppo`).
         steps: optimizer steps run.
         health: the burst's :class:`HealthReport` (None for an adapter written before the gates
             existed, which is therefore never promotable).
@@ -114,7 +115,7 @@ class AdapterRecord(BaseModel):
     path: Path
     sha256: str = Field(min_length=64, max_length=64)
     lineage: Lineage
-    final_loss: float
+    final_loss: float | None
     steps: int = Field(ge=1)
     health: HealthReport | None = None
 
@@ -185,7 +186,7 @@ def read_adapter_record(adapter_dir: Path) -> AdapterRecord:
         path=adapter_dir,
         sha256=data["sha256"],
         lineage=Lineage.model_validate(data["lineage"]),
-        final_loss=data["final_loss"],
+        final_loss=data.get("final_loss"),
         steps=data["steps"],
         health=HealthReport.model_validate(data["health"]) if data.get("health") else None,
     )

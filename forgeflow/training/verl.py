@@ -15,7 +15,7 @@ Pieces:
   :func:`hydra_overrides` for the command line), validated by :func:`validate_ppo_config`.
 * :func:`ray_job_spec` — a Ray Jobs ``POST /api/jobs/`` request: entrypoint
   ``python3 -m verl.trainer.main_ppo <overrides>``, ``runtime_env`` (working_dir, pip, env_vars);
-  :func:`submit_ray_job` sends it to a Ray dashboard.
+  the ``ppo`` flow submits and follows it (:mod:`forgeflow.training.ray_jobs`).
 * :func:`write_verl_dataset` — the RL prompts as verl's parquet rows (``data_source``, ``prompt``,
   ``ability``, ``reward_model``, ``extra_info``), carrying each task's verifier spec.
 * :func:`compute_score` — the ``custom_reward_function`` verl calls: the same verifier as
@@ -380,7 +380,7 @@ class RuntimeEnv(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    working_dir: str = Field(min_length=1)
+    working_dir: str | None = Field(default=None, min_length=1)
     pip: list[str] = Field(default_factory=list)
     env_vars: dict[str, str] = Field(default_factory=dict)
 
@@ -408,7 +408,7 @@ class RayJobSpec(BaseModel):
 
 
 def ray_job_spec(
-    s: VerlPPOSettings, *, working_dir: str, submission_id: str, pip: list[str] | None = None,
+    s: VerlPPOSettings, *, working_dir: str | None, submission_id: str, pip: list[str] | None = None,
     env_vars: dict[str, str] | None = None, metadata: dict[str, str] | None = None,
 ) -> RayJobSpec:
     """The Ray job that runs verl's PPO with the rendered config.
@@ -416,7 +416,8 @@ def ray_job_spec(
     Args:
         s: the settings (rendered and validated here).
         working_dir: the job's working directory (a local folder Ray uploads, or a remote URI);
-            it must contain forgeflow so ``s.reward_function_path`` resolves.
+            it must contain forgeflow so ``s.reward_function_path`` resolves. None: the job runs in
+            the head node's own working directory (a cluster image with forgeflow and verl).
         submission_id: unique job id (letters, digits, ``_.-``).
         pip: packages the job installs (e.g. a pinned ``verl``); default none (a cluster image
             with verl).
@@ -437,35 +438,6 @@ def ray_job_spec(
         )
     except ValidationError as exc:
         raise _field_error(exc) from exc
-
-
-def submit_ray_job(spec: RayJobSpec, dashboard_url: str, timeout_s: float = 30.0) -> str:
-    """Submit ``spec`` to a Ray cluster's job server (``POST {dashboard_url}/api/jobs/``).
-
-    Returns:
-        The ``submission_id`` Ray answered.
-
-    Raises:
-        InputError: ``dashboard_url`` is not http(s).
-        TransientInfraError: the dashboard is unreachable or answered 5xx (retryable).
-        InfraError: it answered another non-200 status (the body is in the message).
-    """
-    import httpx
-
-    if not dashboard_url.startswith(("http://", "https://")):
-        raise errors.InputError(f"dashboard_url must be an http(s) URL, got {dashboard_url!r}")
-    url = dashboard_url.rstrip("/") + "/api/jobs/"
-    try:
-        response = httpx.post(url, json=spec.model_dump(mode="json"), timeout=timeout_s)
-    except httpx.TransportError as exc:
-        raise errors.TransientInfraError(f"Ray job server {url} unreachable: {exc}") from exc
-    if response.status_code >= 500:
-        raise errors.TransientInfraError(f"Ray job server {url} answered {response.status_code}: {response.text[:500]}")
-    if response.status_code != 200:
-        raise errors.InfraError(
-            f"Ray job server {url} rejected the job ({response.status_code}): {response.text[:500]}")
-    body = response.json()
-    return str(body.get("submission_id") or body.get("job_id") or spec.submission_id)
 
 
 # --- data and reward on the cluster --------------------------------------------------------------

@@ -7,15 +7,12 @@ from __future__ import annotations
 
 import json
 import shlex
-import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import yaml
 
-from forgeflow.common.errors import InfraError, InputError, TransientInfraError
+from forgeflow.common.errors import InputError
 from forgeflow.training.verl import (
     ENTRYPOINT_MODULE,
     TIMEOUT_MULTIPLIER_ENV,
@@ -25,7 +22,6 @@ from forgeflow.training.verl import (
     render_ppo_config,
     render_yaml,
     settings,
-    submit_ray_job,
     validate_ppo_config,
     write_verl_dataset,
 )
@@ -87,53 +83,6 @@ def test_validation_of_a_hand_edited_config_names_the_dotted_key() -> None:
     assert "trainer.n_gpu_per_node: Extra inputs are not permitted" in str(info.value)
     with pytest.raises(InputError, match="submission_id"):
         ray_job_spec(settings(**BASE), working_dir="/repo", submission_id="bad id/1")
-
-
-class _FakeRayJobs(BaseHTTPRequestHandler):
-    """Loopback fake of Ray's job server: POST /api/jobs/ stores the body, answers like Ray."""
-
-    received: list[dict] = []
-    status = 200
-
-    def do_POST(self) -> None:  # noqa: N802 - http.server's naming
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        type(self).received.append({"path": self.path, "body": body})
-        payload = json.dumps({"job_id": body["submission_id"], "submission_id": body["submission_id"]}
-                             if self.status == 200 else {"error": "boom"}).encode()
-        self.send_response(self.status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(payload)))
-        self.end_headers()
-        self.wfile.write(payload)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@pytest.fixture()
-def ray_dashboard() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _FakeRayJobs)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    _FakeRayJobs.received, _FakeRayJobs.status = [], 200
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-def test_submit_posts_the_spec_and_classifies_failures(ray_dashboard: str) -> None:
-    spec = ray_job_spec(settings(**BASE), working_dir="/repo", submission_id="ff-ppo-2")
-    assert submit_ray_job(spec, ray_dashboard) == "ff-ppo-2"
-    assert _FakeRayJobs.received[0] == {"path": "/api/jobs/", "body": spec.model_dump(mode="json")}
-    _FakeRayJobs.status = 503
-    with pytest.raises(TransientInfraError, match="503"):
-        submit_ray_job(spec, ray_dashboard)
-    _FakeRayJobs.status = 400
-    with pytest.raises(InfraError, match="rejected the job \\(400\\)") as info:
-        submit_ray_job(spec, ray_dashboard)
-    assert not isinstance(info.value, TransientInfraError)
 
 
 def test_verl_dataset_rows_carry_the_verifier_spec(tmp_path: Path) -> None:

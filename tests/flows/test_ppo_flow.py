@@ -1,0 +1,136 @@
+"""The ``ppo`` flow on a real local Ray cluster (``ray start --head``, tests/raycluster.py): the job is
+submitted through the Ray Jobs API, its log followed into the Prefect run, its newest LoRA
+checkpoint ingested as an adapter with its lineage; a failing job fails the run with its log; a
+flow-run process killed with SIGTERM (how a worker cancels a run) leaves no Ray job running.
+
+The job's entrypoint is a CPU stand-in for verl (tests/flows/ppo_standin.py: prints its steps and
+writes real peft adapters of the tiny model in verl's checkpoint layout); verl itself needs GPUs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from forgeflow.training import ray_jobs
+from tests.helpers import tiny_ggufs
+from tests.raycluster import ray_head
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+STANDIN = Path(__file__).with_name("ppo_standin.py")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with ray_head(num_cpus=2) as head:
+        yield head
+
+
+def _settings(tmp_path: Path, checkpoint_dir: Path) -> dict:
+    train = tmp_path / "train.parquet"
+    train.write_bytes(b"rows the stand-in does not read")
+    return {"model_path": str(tiny_ggufs()[0].parent / "hf"), "train_files": [str(train)],
+            "val_files": [str(train)], "n_gpus_per_node": 1, "train_batch_size_prompts": 2,
+            "ppo_mini_batch_size_prompts": 2, "micro_batch_size_per_gpu": 2, "lora_rank": 4,
+            "checkpoint_dir": str(checkpoint_dir)}
+
+
+def _entrypoint(checkpoint_dir: Path, steps: int, sleep_s: float = 0.0) -> str:
+    base = tiny_ggufs()[0].parent / "hf"
+    return (f"{sys.executable} {STANDIN} --base {base} --checkpoint-dir {checkpoint_dir} --steps {steps} "
+            f"--sleep {sleep_s}")
+
+
+def test_ppo_follows_the_ray_job_and_ingests_its_newest_checkpoint(prefect_harness, flow_home: Path, cluster,
+                                                                  tmp_path: Path) -> None:
+    import torch
+    from peft import PeftModel
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from flows.training import PPOParams, ppo
+    from forgeflow.ledger.store import Store
+    from forgeflow.training.ray_jobs import RayJobError
+    from forgeflow.training.verl import settings
+
+    checkpoints = tmp_path / "ckpt"
+    state = ppo(settings(**_settings(tmp_path, checkpoints)),
+                PPOParams(dashboard_url=cluster.dashboard_url, entrypoint=_entrypoint(checkpoints, 2), poll_s=0.5),
+                submission_id=f"ff-ppo-{uuid.uuid4().hex[:8]}", return_state=True)
+    result = state.result()
+    assert (result.status, result.global_step) == ("SUCCEEDED", 2)
+    assert ray_jobs.status(cluster.dashboard_url, result.submission_id)[0] == "SUCCEEDED"
+    # the adapter is step 2's (lora_B = 0.01 + 0.02 in the stand-in), pinned under its digest, and loads
+    weights = load_file(str(result.adapter_path / "adapter_model.safetensors"))
+    assert all(torch.allclose(t, torch.full_like(t, 0.03)) for k, t in weights.items() if "lora_B" in k)
+    assert result.adapter_path.name == result.adapter_sha256
+    base = AutoModelForCausalLM.from_pretrained(tiny_ggufs()[0].parent / "hf")
+    PeftModel.from_pretrained(base, str(result.adapter_path))
+    # the store: the adapter's parent is the base model, its lineage names verl's run
+    store = Store()
+    (production,) = [p for p in store.producers(result.adapter_sha256) if p.kind == "adapter"]
+    store.dispose()
+    assert production.parent_sha256 == result.base_model_sha256
+    assert production.lineage["algorithm"] == "ppo" and production.lineage["ray_job"] == result.submission_id
+    assert production.lineage["global_step"] == 2
+    # the job's log lines are the Prefect run's
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(
+            any_=[state.state_details.flow_run_id])))
+    messages = "\n".join(log.message for log in logs)
+    assert "stand-in step 2/2" in messages and "stand-in done" in messages
+
+    # a job that fails fails the run, with its log
+    with pytest.raises(RayJobError, match=r"ended FAILED.*no such step"):
+        ppo(settings(**_settings(tmp_path, tmp_path / "ckpt-failed")),
+            PPOParams(dashboard_url=cluster.dashboard_url, entrypoint="echo no such step; exit 3", poll_s=0.5),
+            submission_id=f"ff-ppo-{uuid.uuid4().hex[:8]}")
+
+
+def test_a_killed_ppo_run_leaves_no_ray_job_running(prefect_harness, flow_home: Path, cluster, tmp_path: Path) -> None:
+    from prefect.settings import PREFECT_API_URL
+
+    checkpoints = tmp_path / "ckpt"
+    job_id = f"ff-ppo-{uuid.uuid4().hex[:8]}"
+    params = {"dashboard_url": cluster.dashboard_url, "entrypoint": _entrypoint(checkpoints, 5, 30.0), "poll_s": 0.5}
+    script = ("import json, sys\n"
+              "from flows.training import PPOParams, ppo\n"
+              "from forgeflow.training.verl import settings\n"
+              "ppo(settings(**json.loads(sys.argv[1])), PPOParams(**json.loads(sys.argv[2])), submission_id=sys.argv[3])\n")
+    proc = subprocess.Popen([sys.executable, "-c", script, json.dumps(_settings(tmp_path, checkpoints)),
+                             json.dumps(params), job_id], cwd=Path(__file__).parents[2],
+                            env={**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 180
+        while True:  # the job runs and has taken its first step
+            assert proc.poll() is None, proc.communicate()[0].decode(errors="replace")[-3000:]
+            try:
+                running = ray_jobs.status(cluster.dashboard_url, job_id)[0] == "RUNNING"
+            except Exception:  # noqa: BLE001 - not submitted yet
+                running = False
+            if running and (checkpoints / "global_step_1").is_dir():
+                break
+            assert time.monotonic() < deadline, "the Ray job never took its first step"
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)  # what a worker does to cancel a flow run
+        proc.wait(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    deadline = time.monotonic() + 60
+    while ray_jobs.status(cluster.dashboard_url, job_id)[0] not in ray_jobs.TERMINAL_STATES:
+        assert time.monotonic() < deadline, "the Ray job outlived its flow run"
+        time.sleep(0.5)
+    assert ray_jobs.status(cluster.dashboard_url, job_id)[0] == "STOPPED"
+    assert not (checkpoints / "global_step_5").exists()

@@ -1,0 +1,91 @@
+"""A real local Ray cluster for tests: ``ray start --head --block`` (dashboard and job server on
+127.0.0.1, free ports, its own temp folder), stopped by PID (the process group of the blocking
+``ray start``: SIGTERM, then SIGKILL) and removed afterwards. Ray's ``--block`` keeps every process
+it starts (GCS, raylet, dashboard, dashboard agent) under that ``ray start``, so one group holds them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from tests.helpers import free_port
+
+
+@dataclass(frozen=True)
+class RayCluster:
+    """A running head node: its dashboard URL (the Ray job server), GCS address and process group."""
+
+    dashboard_url: str
+    address: str
+    pgid: int
+    temp_dir: Path
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@contextmanager
+def ray_head(num_cpus: int = 2, startup_timeout_s: float = 180.0) -> Iterator[RayCluster]:
+    """Start a Ray head node with the job server; yield it; stop every process of its group.
+
+    Raises:
+        RuntimeError: the job server did not answer ``/api/version`` within ``startup_timeout_s``
+            (the end of ``ray start``'s output is in the message).
+    """
+    ray = Path(sys.executable).with_name("ray")
+    temp_dir = Path(tempfile.mkdtemp(prefix="ffray-", dir="/tmp"))  # Ray's socket paths must stay short
+    gcs_port, dashboard_port = free_port(), free_port()
+    log = open(temp_dir / "ray-start.log", "wb")  # noqa: SIM115 - closed in finally
+    proc = subprocess.Popen(
+        [str(ray), "start", "--head", "--block", f"--port={gcs_port}", f"--dashboard-port={dashboard_port}",
+         "--dashboard-host=127.0.0.1", "--node-ip-address=127.0.0.1", f"--num-cpus={num_cpus}", "--num-gpus=0",
+         "--include-dashboard=true", "--disable-usage-stats", f"--temp-dir={temp_dir}",
+         f"--dashboard-agent-listen-port={free_port()}", f"--metrics-export-port={free_port()}"],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
+    url = f"http://127.0.0.1:{dashboard_port}"
+    try:
+        deadline = time.monotonic() + startup_timeout_s
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"ray start exited {proc.returncode}: "
+                                   f"{(temp_dir / 'ray-start.log').read_text(errors='replace')[-2000:]}")
+            try:
+                if httpx.get(f"{url}/api/version", timeout=2).status_code == 200 and \
+                        httpx.get(f"{url}/api/jobs/", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the Ray job server {url} did not answer within {startup_timeout_s:g} s: "
+                                   f"{(temp_dir / 'ray-start.log').read_text(errors='replace')[-2000:]}")
+            time.sleep(1)
+        yield RayCluster(dashboard_url=url, address=f"127.0.0.1:{gcs_port}", pgid=proc.pid, temp_dir=temp_dir)
+    finally:
+        for sig, wait_s in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+            if not _group_alive(proc.pid):
+                break
+            os.killpg(proc.pid, sig)
+            deadline = time.monotonic() + wait_s
+            while _group_alive(proc.pid) and time.monotonic() < deadline:
+                time.sleep(0.2)
+        proc.wait(timeout=10)
+        log.close()
+        shutil.rmtree(temp_dir, ignore_errors=True)
