@@ -24,7 +24,7 @@ from flows.registry import (
     rewrite_image_refs,
 )
 from flows.stages import DEMO_FREEZE_QUOTAS, base_model, compare, freeze, package, publish, serve
-from flows.training import ppo, rl_burst, sft_burst
+from flows.training import ppo, rl_burst, sft_burst, windows
 
 WORK_POOL = "local"
 
@@ -72,6 +72,7 @@ SPECS: list[dict[str, Any]] = [
      "parameters": {"params": {"algorithm": "grpo", "steps": 2, "num_generations": 2,
                                "verifier_timeout_multiplier": 0.06, "seed": 0}}},
     {"flow": ppo, "entrypoint": "flows/training.py:ppo", "name": "ppo", "parameters": {}},
+    {"flow": windows, "entrypoint": "flows/training.py:windows", "name": "windows", "parameters": {}},
 ]
 """One entry per deployment of prefect.yaml; schedules (nightly lifecycle, weekly registry audit)
 are created paused. A parameter a flow requires and that has no working default here (a job id, a

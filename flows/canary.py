@@ -255,6 +255,7 @@ def canary(freeze_name: str, split: str = "test", state_path: Path | None = None
                            params={"concurrency": concurrency, "profile": profile, "base_url": url,
                                    "model_alias": alias, "agent_config": agent_config.model_dump(mode="json"),
                                    "verifier_timeout_s": verifier_timeout_s,
+                                   "trajectories_dir": str(job_dir / "trajectories"),
                                    **_rows_param(candidates_path is not None, dataset is not None, loaded.source),
                                    **({"test_commands": test_commands} if test_commands else {}),
                                    **({"dataset": dataset.model_dump()} if dataset is not None else {}),
@@ -368,6 +369,7 @@ def canary_recover(job_id: str, state_path: Path | None = None, base_url: str | 
                            params={"concurrency": concurrency, "profile": profile, "base_url": url,
                                    "model_alias": alias, "agent_config": config.model_dump(mode="json"),
                                    "verifier_timeout_s": verifier_timeout_s,
+                                   "trajectories_dir": str(job_dir / "trajectories"),
                                    **_rows_param(bool(own_candidates), dataset is not None, loaded.source),
                                    **{k: params[k] for k in ("test_commands", "dataset", "test_specs")
                                       if params.get(k)},

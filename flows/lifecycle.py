@@ -442,7 +442,8 @@ def _canary(log: StageLog, stage: str, config: LifecycleConfig, test_ids: list[s
                                        "base_url": base_url, "model_alias": MODEL_ALIAS,
                                        "agent_config": agent_config.model_dump(mode="json"),
                                        "verifier_timeout_s": config.verifier_timeout_s,
-                                       "generated_path": str(out_dir / generated.GENERATED_FILE)})
+                                       "generated_path": str(out_dir / generated.GENERATED_FILE),
+                                       "trajectories_dir": str(out_dir / "trajectories" / job_id)})
         trials, _ = run_canary_job(log, st, stage, job, tasks, base_url, MODEL_ALIAS, agent_config,
                                    out_dir / "trajectories" / job_id, config.verifier_timeout_s,
                                    config.canary_concurrency, store)

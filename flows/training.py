@@ -1,4 +1,4 @@
-"""Training flows on a user's own data: ``sft-burst``, ``rl-burst`` and ``ppo``, each a deployment.
+"""Training flows on a user's own data: ``sft-burst``, ``rl-burst``, ``ppo`` and ``windows``, each a deployment.
 
 Each flow checks its inputs (the base model folder, the JSONL rows, the parent adapter, the sandbox
 block) and runs the burst preflight before any model is loaded, then runs one burst (task), pins the
@@ -8,7 +8,8 @@ hyper-parameters, run id) so ``forgeflow lineage <sha256>`` shows base -> adapte
 publishes a table of the logged loss per step plus a markdown summary. Bursts continue a lineage by
 naming the previous adapter (its folder or its recorded sha256) as ``parent_adapter``. ``ppo`` runs
 verl on a Ray cluster through the Ray Jobs API (submitted, followed, stopped with the run) and
-ingests its newest LoRA checkpoint the same way.
+ingests its newest LoRA checkpoint the same way. ``windows`` turns a canary job's trajectories
+into replay and anti-loop training windows and, given a base model, an SFT burst on them.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from forgeflow.training.adapters import AdapterRecord, adapter_matches, adapter_
 from forgeflow.training.burst import BurstConfig
 from forgeflow.training.health import BurstHealthError
 from forgeflow.training.rl import RLBurstConfig
+from forgeflow.training.windows import WindowConfig
 from tasks import training as training_tasks
 from tasks.common import markdown_artifact, table_artifact
 from tasks.curation import sandbox_choice
@@ -48,6 +50,8 @@ class SFTBurstParams(BaseModel):
         lora_r: LoRA rank; a continued adapter must have the same rank.
         max_length: tokens per sample; a longer sample is refused, not truncated.
         seed: training and data-order seed.
+        device: ``auto`` (CUDA in bfloat16 when the worker has a GPU, else the CPU in float32),
+            ``cpu`` or ``cuda``; the lineage records what was used.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -57,11 +61,13 @@ class SFTBurstParams(BaseModel):
     lora_r: int = Field(default=8, ge=1, le=256)
     max_length: int = Field(default=512, ge=16, le=131_072)
     seed: int = 0
+    device: Literal["auto", "cpu", "cuda"] = "auto"
 
     def burst_config(self) -> BurstConfig:
         """The :class:`BurstConfig` these parameters stand for (other fields at their defaults)."""
         return BurstConfig(max_steps=self.steps, learning_rate=self.learning_rate, lora_r=self.lora_r,
-                           lora_alpha=2 * self.lora_r, max_length=self.max_length, seed=self.seed)
+                           lora_alpha=2 * self.lora_r, max_length=self.max_length, seed=self.seed,
+                           device=self.device)
 
 
 class RLBurstParams(BaseModel):
@@ -78,6 +84,7 @@ class RLBurstParams(BaseModel):
         verifier_timeout_multiplier: the training verifier's timeout = each task's own
             ``verifier_timeout_s`` x this (kept apart from curation's timeout).
         verifier_concurrency: verifier sandboxes at once.
+        device: as :class:`SFTBurstParams`'.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -91,6 +98,7 @@ class RLBurstParams(BaseModel):
     seed: int = 0
     verifier_timeout_multiplier: float = Field(default=0.06, gt=0.0, le=10.0)
     verifier_concurrency: int = Field(default=1, ge=1, le=32)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
 
     def burst_config(self, backend: str, memory_mb: int, cpus: float) -> RLBurstConfig:
         """The :class:`RLBurstConfig` with the verifier sandbox ``backend`` kind and its limits."""
@@ -99,7 +107,7 @@ class RLBurstParams(BaseModel):
                              max_completion_length=self.max_completion_length, seed=self.seed,
                              verifier_timeout_multiplier=self.verifier_timeout_multiplier,
                              verifier_concurrency=self.verifier_concurrency, verifier_backend=backend,
-                             verifier_memory_mb=memory_mb, verifier_cpus=cpus)
+                             verifier_memory_mb=memory_mb, verifier_cpus=cpus, device=self.device)
 
 
 class BurstResult(BaseModel):
@@ -439,3 +447,106 @@ def ppo(settings: verl.VerlPPOSettings, params: PPOParams, submission_id: str | 
     return PPOResult(submission_id=job_id, status=outcome.status, wall_s=outcome.wall_s, log_lines=outcome.log_lines,
                      adapter_sha256=adapter.sha256, adapter_path=adapter.path, base_model_sha256=base_sha,
                      dataset_sha256=lineage.dataset_sha256, global_step=step)
+
+
+class WindowsResult(BaseModel):
+    """What a ``windows`` run built (and trained, when asked).
+
+    Attributes:
+        samples_jsonl: the training windows as JSONL (``sft-burst``'s ``samples_jsonl``).
+        samples_sha256: that file's sha256.
+        trajectories: trajectories read (their sha256 in each sample's provenance).
+        windows_by_kind: windows per kind (``replay``, ``stop_and_conclude``, ``early_switch``,
+            ``one_call_quota``).
+        stats: every count of :class:`forgeflow.training.windows.WindowStats`.
+        burst: the SFT burst on the windows (None unless ``hf_dir`` was given).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    samples_jsonl: Path
+    samples_sha256: str
+    trajectories: int
+    windows_by_kind: dict[str, int]
+    stats: dict
+    burst: BurstResult | None = None
+
+
+def _trajectory_files(store: ledger.Store, job_id: str | None, trajectories_dir: Path | None) -> list[Path]:
+    """The ``*.traj.json`` files of canary job ``job_id`` (one per agent trial, in the job's recorded
+    ``trajectories_dir``, default ``$FORGEFLOW_HOME/canary/<job>/trajectories``) or of a folder.
+
+    Raises:
+        InputError: both or neither given, an unknown job, a job without trajectories, a recorded
+            trajectory that is gone (named), or a folder without ``*.traj.json``.
+    """
+    if (job_id is None) == (trajectories_dir is None):
+        raise InputError("give job_id (a canary job in the store) or trajectories_dir (a folder of *.traj.json), "
+                         "not both or neither")
+    if trajectories_dir is not None:
+        files = sorted(Path(trajectories_dir).glob("*.traj.json"))
+        if not files:
+            raise InputError(f"trajectories_dir {trajectories_dir} holds no *.traj.json")
+        return files
+    job = store.get_job(job_id)
+    if job is None:
+        raise InputError(f"job {job_id!r} is not recorded in the store ({store.display_url})")
+    folder = Path(job.params.get("trajectories_dir") or home_dir() / "canary" / job_id / "trajectories")
+    files = [folder / f"{t.trial_id}.traj.json" for t in store.trials_for(job_id=job_id) if t.kind == "agent"]
+    if not files:
+        raise InputError(f"job {job_id!r} recorded no agent trial: no trajectory to cut into windows")
+    gone = [str(f) for f in files if not f.is_file()]
+    if gone:
+        raise InputError(f"job {job_id!r}: {len(gone)} of its {len(files)} trajectories are not in {folder}: "
+                         f"{', '.join(gone[:5])}")
+    return files
+
+
+@flow(name="windows", log_prints=False)
+def windows(job_id: str | None = None, trajectories_dir: Path | None = None,
+            config: WindowConfig = WindowConfig(), samples_jsonl: Path | None = None, hf_dir: Path | None = None,
+            params: SFTBurstParams = SFTBurstParams(), parent_adapter: str | None = None,
+            out_dir: Path | None = None) -> WindowsResult:
+    """Agent trajectories -> replay and anti-loop training windows (stop-and-conclude, early switch,
+    one-call quota) -> a prompt-completion chat dataset (tool calls kept, rendered by the model's chat
+    template) -> optionally an SFT burst on it that continues ``parent_adapter``.
+
+    The trajectories are a canary job's (``job_id``: one ``<trial id>.traj.json`` per agent trial in
+    the job's trajectory folder) or a folder's. Each sample keeps its provenance (instance id,
+    trajectory sha256, window kind, target step); its ``source`` names them, so the dataset digest
+    in the adapter's lineage does too.
+
+    Args:
+        job_id: a canary (or recovery) job recorded in the store.
+        trajectories_dir: a folder of mini-swe-agent ``*.traj.json`` instead.
+        config: window layout and kinds (:class:`forgeflow.training.windows.WindowConfig`).
+        samples_jsonl: where the JSONL goes (default ``$FORGEFLOW_HOME/windows/<job id or folder>.jsonl``).
+        hf_dir: the base model to train (the ``sft-burst`` flow as a subflow); None: only the dataset.
+        params / parent_adapter / out_dir: as the ``sft-burst`` flow's.
+
+    Returns:
+        The :class:`WindowsResult`.
+
+    Raises:
+        InputError: see :func:`_trajectory_files`; a malformed trajectory (named); no window at all.
+        Whatever ``sft-burst`` raises when training.
+    """
+    from forgeflow.training.windows import build_windows, write_window_jsonl
+
+    store = ledger.Store()
+    store.upgrade()
+    files = _trajectory_files(store, job_id, trajectories_dir)
+    built = build_windows(files, config)
+    name = job_id or Path(trajectories_dir or "trajectories").name
+    path = Path(samples_jsonl) if samples_jsonl is not None else home_dir() / "windows" / f"{name}.jsonl"
+    digest = write_window_jsonl(built, path)
+    stats = built.stats.model_dump(mode="json")
+    table_artifact("windows", [{"kind": k, "windows": v} for k, v in built.stats.windows_by_kind.items()],
+                   f"training windows from {len(files)} trajectories ({name})")
+    get_run_logger().info("windows: %d trajectories -> %s in %s (sha256 %s)", len(files), built.stats.windows_by_kind,
+                          path, digest[:12])
+    burst = None
+    if hf_dir is not None:
+        burst = sft_burst(hf_dir, path, params, parent_adapter, out_dir)
+    return WindowsResult(samples_jsonl=path, samples_sha256=digest, trajectories=len(files),
+                         windows_by_kind=dict(built.stats.windows_by_kind), stats=stats, burst=burst)

@@ -108,12 +108,25 @@ def _artifact(path: Path, type_name: str) -> GGUFArtifact:
 
 
 # --- merge -----------------------------------------------------------------------------------
+def training_dtype(adapter_dir: Path) -> str:
+    """The dtype an adapter was trained in, from its ``lineage.json`` (``lineage.dtype``):
+    ``float32`` or ``bfloat16``; ``float32`` when the file or the field is absent or unknown."""
+    import json
+
+    try:
+        dtype = json.loads((Path(adapter_dir) / "lineage.json").read_text(encoding="utf-8"))["lineage"].get("dtype")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return "float32"
+    return dtype if dtype in ("float32", "bfloat16") else "float32"
+
+
 def merge_adapter(base_model_dir: Path, adapter_dir: Path, out_dir: Path) -> Path:
     """Merge a LoRA adapter into its base model and save the result with the base's tokenizer.
 
-    Uses peft ``PeftModel.from_pretrained(base, adapter).merge_and_unload()`` in float32 and
-    ``save_pretrained`` (safetensors). The folder is written to a temporary sibling and renamed
-    over ``out_dir``, so a crash never leaves a half-written checkpoint.
+    Uses peft ``PeftModel.from_pretrained(base, adapter).merge_and_unload()`` in the dtype the
+    adapter was trained in (its ``lineage.json``'s ``lineage.dtype``: ``bfloat16`` for a CUDA burst;
+    float32 when it records none) and ``save_pretrained`` (safetensors). The folder is written to a
+    temporary sibling and renamed over ``out_dir``, so a crash never leaves a half-written checkpoint.
 
     Returns:
         ``out_dir`` (an HF checkpoint folder ready for :func:`convert_to_gguf`).
@@ -130,7 +143,7 @@ def merge_adapter(base_model_dir: Path, adapter_dir: Path, out_dir: Path) -> Pat
         raise InputError(f"base_model_dir {base_model_dir} holds no config.json")
     if not (adapter_dir / "adapter_config.json").is_file():
         raise InputError(f"adapter_dir {adapter_dir} holds no adapter_config.json")
-    base = AutoModelForCausalLM.from_pretrained(str(base_model_dir), dtype=torch.float32)
+    base = AutoModelForCausalLM.from_pretrained(str(base_model_dir), dtype=getattr(torch, training_dtype(adapter_dir)))
     merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
     tokenizer = AutoTokenizer.from_pretrained(str(base_model_dir))
     out_dir = out_dir.resolve()

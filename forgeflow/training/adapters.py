@@ -81,7 +81,10 @@ class Lineage(BaseModel):
         hyperparameters: :class:`BurstConfig` (or :class:`forgeflow.training.rl.RLBurstConfig`) as a dict.
         run_id: the run that trained it (a Prefect flow run id, or a generated uuid4).
         created_at: UTC time the adapter was written.
-        algorithm: ``sft``, ``grpo`` or ``rloo``.
+        algorithm: ``sft``, ``grpo``, ``rloo`` or ``ppo``.
+        device / dtype: where and in which precision it was trained (``cpu``/``float32``,
+            ``cuda``/``bfloat16``; :func:`forgeflow.training.device.device_plan`); None when not
+            recorded (older adapters, verl checkpoints).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -93,6 +96,8 @@ class Lineage(BaseModel):
     hyperparameters: dict[str, Any]
     run_id: str
     created_at: datetime
+    device: str | None = None
+    dtype: str | None = None
 
 
 class AdapterRecord(BaseModel):

@@ -39,6 +39,7 @@ from forgeflow.training.adapters import (
     read_adapter_record,
     resolve_lineage_inputs,
 )
+from forgeflow.training.device import DeviceChoice, DevicePlan, device_plan
 from forgeflow.training.health import (
     HealthGates,
     check_health,
@@ -72,7 +73,9 @@ class BurstConfig(LoraSettings):
     The LoRA fields (``lora_r``, ``lora_alpha``, ``lora_dropout``, ``lora_target_modules``) are
     :class:`~forgeflow.training.adapters.LoraSettings`. Defaults suit the tiny CPU model: a few
     steps at a high learning rate. ``gates`` are the :class:`HealthGates` the burst must pass for
-    its adapter to be written.
+    its adapter to be written. ``device``: ``auto`` (CUDA in bfloat16 when available, else the CPU in
+    float32), ``cpu`` or ``cuda`` (:func:`forgeflow.training.device.device_plan`); the lineage records
+    what was used.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -83,56 +86,111 @@ class BurstConfig(LoraSettings):
     max_length: int = Field(default=512, ge=16)
     seed: int = 0
     gates: HealthGates = Field(default_factory=HealthGates)
+    device: DeviceChoice = "auto"
 
 
 # --- data ------------------------------------------------------------------------------------
+def _clean_message(message: Any, where: str) -> dict[str, Any]:
+    """One chat message checked: ``role`` (system/user/assistant/tool), string ``content``; the tool
+    keys are kept when the message has them: ``tool_calls`` (None, or a list of ``{id, type:
+    "function", function: {name, arguments}}`` with string name and JSON-string arguments) and
+    ``tool_call_id`` (None or a string).
+
+    Raises:
+        InputError: a field is missing or malformed (``where`` and the field named).
+    """
+    if not isinstance(message, dict) or message.get("role") not in _ROLES:
+        raise InputError(f"{where}.role must be one of {sorted(_ROLES)}")
+    if not isinstance(message.get("content"), str):
+        raise InputError(f"{where}.content must be a string")
+    clean: dict[str, Any] = {"role": message["role"], "content": message["content"]}
+    if "tool_calls" in message:
+        calls = message["tool_calls"]
+        if calls is not None:
+            if not isinstance(calls, list) or not all(
+                    isinstance(c, dict) and isinstance(c.get("function"), dict)
+                    and isinstance(c["function"].get("name"), str)
+                    and isinstance(c["function"].get("arguments"), str) for c in calls):
+                raise InputError(f"{where}.tool_calls must be a list of {{id, type, function: {{name, arguments}}}} "
+                                 "with string name and arguments")
+            calls = [{"id": str(c.get("id") or ""), "type": "function",
+                      "function": {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}}
+                     for c in calls]
+        clean["tool_calls"] = calls
+    if "tool_call_id" in message:
+        if message["tool_call_id"] is not None and not isinstance(message["tool_call_id"], str):
+            raise InputError(f"{where}.tool_call_id must be a string or null")
+        clean["tool_call_id"] = message["tool_call_id"]
+    return clean
+
+
+def _clean_messages(messages: Any, where: str) -> list[dict[str, Any]]:
+    if not isinstance(messages, list) or not messages:
+        raise InputError(f"{where} must be a non-empty list")
+    return [_clean_message(m, f"{where}[{j}]") for j, m in enumerate(messages)]
+
+
 def build_sft_dataset(samples: list[dict]) -> SFTData:
     """Turn chat samples into a ``datasets.Dataset`` with a content digest.
 
+    Two formats, one per dataset (TRL's conversational formats):
+
+    * ``messages``: a non-empty list of messages with at least one assistant turn; the loss is on
+      the assistant turns.
+    * ``prompt`` + ``completion`` (e.g. training windows from trajectories,
+      :func:`forgeflow.training.windows.window_samples`): the context, and the assistant message(s)
+      to learn; the loss is on the completion only.
+
+    A message is ``{"role", "content"}`` (string content), with ``tool_calls`` / ``tool_call_id``
+    kept when present (the chat template renders the calls).
+
     Args:
-        samples: dicts with ``messages`` (a non-empty list of ``{"role", "content"}`` with string
-            content and at least one assistant turn), ``instance_id`` and ``source`` (strings).
-            Other keys are dropped.
+        samples: dicts in one of the formats above, each with ``instance_id`` and ``source``
+            (non-empty strings: the sample's provenance). Other keys are dropped.
 
     Returns:
-        The dataset (columns ``messages``, ``instance_id``, ``source``, in input order) and the
-        sha256 of the canonical JSON of those rows.
+        The dataset (columns ``messages`` or ``prompt``/``completion``, then ``instance_id``,
+        ``source``, in input order) and the sha256 of the canonical JSON of those rows.
 
     Raises:
-        InputError: ``samples`` is empty or a sample is malformed (the message names its index
-            and the field).
+        InputError: ``samples`` is empty, mixes the two formats, or a sample is malformed (the
+            message names its index and the field).
     """
     from datasets import Dataset
 
     if not samples:
         raise InputError("samples is empty: an SFT dataset needs at least one sample")
     rows = []
+    formats = set()
     for i, sample in enumerate(samples):
         for key in ("instance_id", "source"):
             if not isinstance(sample.get(key), str) or not sample[key]:
                 raise InputError(f"samples[{i}].{key} must be a non-empty string")
-        messages = sample.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise InputError(f"samples[{i}].messages must be a non-empty list")
-        clean = []
-        for j, message in enumerate(messages):
-            if not isinstance(message, dict) or message.get("role") not in _ROLES:
-                raise InputError(
-                    f"samples[{i}].messages[{j}].role must be one of {sorted(_ROLES)}"
-                )
-            if not isinstance(message.get("content"), str):
-                raise InputError(f"samples[{i}].messages[{j}].content must be a string")
-            clean.append({"role": message["role"], "content": message["content"]})
-        if not any(m["role"] == "assistant" for m in clean):
-            raise InputError(f"samples[{i}].messages has no assistant turn to train on")
-        rows.append(
-            {"messages": clean, "instance_id": sample["instance_id"], "source": sample["source"]}
-        )
+        if "messages" in sample or "prompt" not in sample:
+            formats.add("messages")
+            clean = _clean_messages(sample.get("messages"), f"samples[{i}].messages")
+            if not any(m["role"] == "assistant" for m in clean):
+                raise InputError(f"samples[{i}].messages has no assistant turn to train on")
+            row: dict[str, Any] = {"messages": clean}
+        else:
+            formats.add("prompt-completion")
+            completion = _clean_messages(sample.get("completion"), f"samples[{i}].completion")
+            if any(m["role"] != "assistant" for m in completion):
+                raise InputError(f"samples[{i}].completion must hold assistant messages only")
+            row = {"prompt": _clean_messages(sample.get("prompt"), f"samples[{i}].prompt"), "completion": completion}
+        if len(formats) > 1:
+            raise InputError(f"samples[{i}] is in another format than samples[0]: one dataset is either "
+                             "'messages' rows or 'prompt' + 'completion' rows")
+        rows.append({**row, "instance_id": sample["instance_id"], "source": sample["source"]})
     return SFTData(dataset=Dataset.from_list(rows), sha256=sha256_json(rows))
 
 
+def _conversation(row: dict[str, Any]) -> list[dict[str, Any]]:
+    """The whole conversation of a dataset row (``messages``, or ``prompt`` + ``completion``)."""
+    return row["messages"] if "messages" in row else [*row["prompt"], *row["completion"]]
+
+
 TRAINER_RUN_ARGS: dict[str, Any] = {
-    "use_cpu": True, "bf16": False, "fp16": False, "gradient_checkpointing": False,
     "logging_steps": 1,
     # Trainer by default replaces a NaN/inf step loss by the running mean before logging, which
     # would hide a divergence from the health gates: log the real values.
@@ -140,11 +198,13 @@ TRAINER_RUN_ARGS: dict[str, Any] = {
     "save_strategy": "no", "report_to": "none", "disable_tqdm": True, "dataloader_num_workers": 0,
     "lr_scheduler_type": "constant", "warmup_steps": 0,
 }
-"""``transformers.TrainingArguments`` fields every burst sets the same way (SFT and RL): CPU, fp32,
-a log line per step with real NaN/inf values, no checkpoints or reporting, a constant learning rate."""
+"""``transformers.TrainingArguments`` fields every burst sets the same way (SFT and RL): a log line per
+step with real NaN/inf values, no checkpoints or reporting, a constant learning rate. The device
+fields come from :func:`forgeflow.training.device.device_plan`."""
 
 
-def _trl_objects(config: BurstConfig, output_dir: Path, with_lora: bool) -> tuple[Any, Any]:
+def _trl_objects(config: BurstConfig, output_dir: Path, with_lora: bool,
+                 plan: DevicePlan | None = None) -> tuple[Any, Any]:
     """Translate :class:`BurstConfig` into ``(trl.SFTConfig, peft.LoraConfig | None)``."""
     from trl import SFTConfig
 
@@ -158,6 +218,7 @@ def _trl_objects(config: BurstConfig, output_dir: Path, with_lora: bool) -> tupl
         data_seed=config.seed,
         assistant_only_loss=True,
         **TRAINER_RUN_ARGS,
+        **(plan or device_plan(config.device)).trainer_args,
     )
     return sft, (lora_config(config) if with_lora else None)
 
@@ -195,7 +256,7 @@ def _check_lengths(tokenizer: Any, data: SFTData, max_length: int) -> None:
     """
     too_long = []
     for row in data.dataset:
-        text = tokenizer.apply_chat_template(row["messages"], tokenize=False)
+        text = tokenizer.apply_chat_template(_conversation(row), tokenize=False)
         n_tokens = len(tokenizer(text)["input_ids"])
         if n_tokens > max_length:
             too_long.append(f"{row['instance_id']} ({n_tokens} tokens)")
@@ -214,7 +275,9 @@ def run_sft_burst(
     parent_adapter_dir: Path | None = None,
     run_id: str | None = None,
 ) -> AdapterRecord:
-    """Train a LoRA adapter on ``data`` with TRL ``SFTTrainer`` on CPU (assistant-only loss).
+    """Train a LoRA adapter on ``data`` with TRL ``SFTTrainer`` (assistant-only loss) on the device
+    ``config.device`` resolves to (:func:`forgeflow.training.device.device_plan`: CUDA in bfloat16
+    with gradient checkpointing when available, else the CPU in float32; recorded in the lineage).
 
     With ``parent_adapter_dir`` the burst continues that adapter
     (``PeftModel.from_pretrained(base, parent, is_trainable=True)``); its LoRA rank must equal
@@ -249,7 +312,6 @@ def run_sft_burst(
         BurstHealthError: a gradient norm left ``config.gates``' band or the loss trend rose
             (the message carries the logged values). No adapter is written in either case.
     """
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTTrainer
 
@@ -269,19 +331,21 @@ def run_sft_burst(
     remove_dead_staging_dirs(out_dir)  # a killed burst's leftovers: free their disk before measuring it
     burst_preflight(base_model_dir, out_dir, config.lora_r, config.lora_target_modules)
 
+    plan = device_plan(config.device)
     tokenizer = AutoTokenizer.from_pretrained(str(base_model_dir))
     _check_lengths(tokenizer, data, config.max_length)
-    model = AutoModelForCausalLM.from_pretrained(str(base_model_dir), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(str(base_model_dir), dtype=plan.torch_dtype())
     if parent_adapter_dir is not None:
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, str(parent_adapter_dir), is_trainable=True)
     with StagingDir(out_dir) as tmp:
-        sft_config, lora = _trl_objects(config, tmp / "trainer", with_lora=parent_adapter_dir is None)
+        sft_config, lora = _trl_objects(config, tmp / "trainer", with_lora=parent_adapter_dir is None, plan=plan)
         trainer = SFTTrainer(
             model=model,
             args=sft_config,
-            train_dataset=data.dataset.select_columns(["messages"]),
+            train_dataset=data.dataset.select_columns(
+                ["messages"] if "messages" in data.dataset.column_names else ["prompt", "completion"]),
             processing_class=tokenizer,
             peft_config=lora,
             callbacks=[health_callback(config.gates)],
@@ -297,6 +361,8 @@ def run_sft_burst(
             hyperparameters=hyperparameters,
             run_id=run_id or uuid.uuid4().hex,
             created_at=datetime.now(timezone.utc),
+            device=plan.device,
+            dtype=plan.dtype,
         )
         return publish_adapter(trainer, tmp, out_dir, lineage, report)
 

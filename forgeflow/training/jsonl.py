@@ -50,12 +50,14 @@ def read_sft_jsonl(path: Path) -> list[dict[str, Any]]:
 
     Args:
         path: one JSON object per line with ``messages`` (a non-empty list of ``{"role",
-            "content"}``, roles system/user/assistant/tool, at least one assistant turn) and
-            optionally ``instance_id`` (default ``<file stem>:<line>``) and ``source`` (default
-            ``jsonl``). Blank lines are skipped.
+            "content"}``, roles system/user/assistant/tool, at least one assistant turn; ``tool_calls``
+            / ``tool_call_id`` kept) or with ``prompt`` + ``completion`` (the format the ``windows``
+            flow writes: the completion is what is learnt), and optionally ``instance_id`` (default
+            ``<file stem>:<line>``) and ``source`` (default ``jsonl``). One format per file. Blank
+            lines are skipped.
 
     Returns:
-        Samples ``{"messages", "instance_id", "source"}`` in file order.
+        Samples ``{"messages" | "prompt", "completion", "instance_id", "source"}`` in file order.
 
     Raises:
         InputError: the file is missing or empty, or a line is not a valid sample (the message
@@ -63,9 +65,14 @@ def read_sft_jsonl(path: Path) -> list[dict[str, Any]]:
     """
     samples = []
     for number, row in _rows(path, "samples_jsonl"):
-        sample = {"messages": row.get("messages"),
-                  "instance_id": row.get("instance_id", f"{Path(path).stem}:{number}"),
+        body = ({"messages": row.get("messages")} if "messages" in row or "prompt" not in row
+                else {"prompt": row.get("prompt"), "completion": row.get("completion")})
+        sample = {**body, "instance_id": row.get("instance_id", f"{Path(path).stem}:{number}"),
                   "source": row.get("source", "jsonl")}
+        if samples and ("messages" in samples[0]) != ("messages" in sample):
+            kinds = ["messages" if "messages" in s else "prompt + completion" for s in (sample, samples[0])]
+            raise InputError(f"samples_jsonl {path} line {number}: a {kinds[0]} row in a file of {kinds[1]} rows: "
+                             "one format per file")
         try:
             build_sft_dataset([sample])
         except InputError as exc:

@@ -63,6 +63,7 @@ from forgeflow.training.adapters import (
     resolve_lineage_inputs,
 )
 from forgeflow.training.burst import TRAINER_RUN_ARGS
+from forgeflow.training.device import DeviceChoice, DevicePlan, device_plan
 from forgeflow.training.health import (
     BurstHealthError,
     HealthGates,
@@ -427,6 +428,7 @@ class RLBurstConfig(LoraSettings):
     verifier_backend: str = Field(default="podman", min_length=1)
     min_scored_fraction: float = Field(default=0.5, ge=0.0, le=1.0)
     gates: HealthGates = Field(default_factory=_rl_gates)
+    device: DeviceChoice = "auto"
 
 
 class RLBurstRecord(BaseModel):
@@ -467,7 +469,8 @@ class RLBurstRecord(BaseModel):
         )
 
 
-def _trl_objects(config: RLBurstConfig, output_dir: Path, with_lora: bool) -> tuple[Any, Any]:
+def _trl_objects(config: RLBurstConfig, output_dir: Path, with_lora: bool,
+                 plan: DevicePlan | None = None) -> tuple[Any, Any]:
     """Translate :class:`RLBurstConfig` into ``(trl.GRPOConfig | trl.RLOOConfig, peft.LoraConfig | None)``."""
     if config.algorithm == "grpo":
         from trl import GRPOConfig as TrainerConfig
@@ -485,6 +488,7 @@ def _trl_objects(config: RLBurstConfig, output_dir: Path, with_lora: bool) -> tu
         seed=config.seed,
         data_seed=config.seed,
         **TRAINER_RUN_ARGS,
+        **(plan or device_plan(config.device)).trainer_args,
     )
     return args, (lora_config(config) if with_lora else None)
 
@@ -561,7 +565,6 @@ def run_rl_burst(
         BurstDivergedError / BurstHealthError: a gate failed (no adapter is written), including
             fewer than ``min_scored_fraction`` of the completions scored.
     """
-    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     base_model_dir, out_dir = Path(base_model_dir), Path(out_dir).resolve()
@@ -577,8 +580,9 @@ def run_rl_burst(
     if sha256_file(data.prompt_template) != data.prompt_template_sha256:
         raise errors.InputError(f"prompt template {data.prompt_template} changed since the dataset was built")
 
+    plan = device_plan(config.device)
     tokenizer = AutoTokenizer.from_pretrained(str(base_model_dir))
-    model = AutoModelForCausalLM.from_pretrained(str(base_model_dir), dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(str(base_model_dir), dtype=plan.torch_dtype())
     if parent_adapter_dir is not None:
         from peft import PeftModel
 
@@ -591,7 +595,7 @@ def run_rl_burst(
                             memory_mb=config.verifier_memory_mb, cpus=config.verifier_cpus,
                             concurrency=config.verifier_concurrency, backend=config.verifier_backend)
     with StagingDir(out_dir) as tmp:
-        args, lora = _trl_objects(config, tmp / "trainer", with_lora=parent_adapter_dir is None)
+        args, lora = _trl_objects(config, tmp / "trainer", with_lora=parent_adapter_dir is None, plan=plan)
         trainer = Trainer(model=model, reward_funcs=reward, args=args, train_dataset=data.dataset,
                           processing_class=tokenizer, peft_config=lora, callbacks=[health_callback(config.gates)])
         trainer.train()
@@ -601,7 +605,8 @@ def run_rl_burst(
         _check_scored(counts, config, report)
         lineage = Lineage(algorithm=config.algorithm, base_model_sha256=base_sha, parent_adapter_sha256=parent_sha,
                           dataset_sha256=data.sha256, hyperparameters=hyperparameters,
-                          run_id=run_id or uuid.uuid4().hex, created_at=datetime.now(timezone.utc))
+                          run_id=run_id or uuid.uuid4().hex, created_at=datetime.now(timezone.utc),
+                          device=plan.device, dtype=plan.dtype)
         adapter = publish_adapter(trainer, tmp, out_dir, lineage, report,
                                   extra={"reward_counts": [c.model_dump(mode="json") for c in counts]})
     return RLBurstRecord(adapter=adapter, reward_counts=counts)

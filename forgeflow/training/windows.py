@@ -63,7 +63,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from forgeflow.common.errors import InputError
-from forgeflow.common.fsutil import sha256_json
+from forgeflow.common.fsutil import atomic_write_text, sha256_file, sha256_json
 from forgeflow.evaluation.supervision import (
     DEFAULT_LOOP_THRESHOLD,
     LoopDetection,
@@ -537,3 +537,34 @@ def build_windows(
         dropped_several_actions=several, windows_by_kind=by_kind, **counts,
     )
     return TrainingWindows(dataset=dataset, stats=stats)
+
+
+def window_samples(windows: TrainingWindows) -> list[dict[str, Any]]:
+    """The windows as SFT samples in the prompt-completion format
+    (:func:`forgeflow.training.burst.build_sft_dataset`): ``prompt``, ``completion`` (tool calls
+    kept), ``instance_id``, ``source`` = ``window:<kind>:<trajectory sha256>:<target step>`` (so the
+    dataset's digest names where every sample came from) and the full ``provenance``."""
+    samples = []
+    for row in windows.dataset.to_list():
+        prov = row["provenance"]
+        samples.append({"prompt": row["prompt"], "completion": row["completion"], "instance_id": prov["instance_id"],
+                        "source": f"window:{prov['kind']}:{prov['trajectory_sha256']}:{prov['target_step']}",
+                        "provenance": prov})
+    return samples
+
+
+def write_window_jsonl(windows: TrainingWindows, path: Path) -> str:
+    """Write :func:`window_samples` as JSONL (one sample per line, the ``sft-burst`` flow's
+    ``samples_jsonl``) atomically; returns the file's sha256.
+
+    Raises:
+        InputError: there is no window to write (the stats say why: short trajectories, no loop).
+    """
+    samples = window_samples(windows)
+    if not samples:
+        stats = windows.stats
+        raise InputError(f"no training window in {stats.trajectories} trajectories ({stats.aligned_steps} aligned "
+                         f"steps, {stats.short_trajectories} shorter than min_steps, {stats.loops_detected} with a "
+                         "loop): nothing to write")
+    atomic_write_text(Path(path), "".join(json.dumps(s, sort_keys=True) + "\n" for s in samples))
+    return sha256_file(Path(path))

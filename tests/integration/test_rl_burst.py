@@ -73,6 +73,7 @@ def test_patch_extraction_trainer_choice_and_bad_input(tmp_path: Path) -> None:
     assert extract_patch("no idea") == ""
     rloo, lora = _trl_objects(RLBurstConfig(algorithm="rloo", num_generations=4, prompts_per_step=2), tmp_path, True)
     assert type(rloo) is RLOOConfig and (rloo.per_device_train_batch_size, rloo.num_generations) == (8, 4)
+    assert (rloo.use_cpu, rloo.bf16, rloo.gradient_checkpointing) == (True, False, False)  # auto, no GPU here
     assert type(_trl_objects(RLBurstConfig(), tmp_path, False)[0]) is GRPOConfig and lora.r == 8
     with pytest.raises(ValidationError, match="algorithm"):
         RLBurstConfig(algorithm="ppo")

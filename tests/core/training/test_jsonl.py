@@ -49,3 +49,26 @@ def test_rl_rows_validate_as_tasks(tmp_path: Path) -> None:
         read_rl_jsonl(bad)
     with pytest.raises(InputError, match="is not a file"):
         read_rl_jsonl(tmp_path / "missing.jsonl")
+
+
+def test_prompt_completion_rows_keep_tool_calls_and_one_format_per_file(tmp_path: Path) -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": json.dumps({"command": "ls"})}}
+    prompt = [{"role": "user", "content": "fix add"},
+              {"role": "assistant", "content": "look", "tool_calls": [call], "tool_call_id": None},
+              {"role": "tool", "content": "x.py", "tool_calls": None, "tool_call_id": "c1"}]
+    completion = [{"role": "assistant", "content": "done", "tool_calls": None, "tool_call_id": None}]
+    row = {"prompt": prompt, "completion": completion, "instance_id": "w1", "source": "window:replay:ab:3"}
+    path = _write(tmp_path / "windows.jsonl", [json.dumps(row)])
+    data = build_sft_dataset(read_sft_jsonl(path))
+    assert data.dataset.column_names == ["prompt", "completion", "instance_id", "source"]
+    assert data.dataset[0]["prompt"][1]["tool_calls"][0]["function"]["name"] == "bash"
+    assert data.dataset[0]["prompt"][2]["tool_call_id"] == "c1"
+    mixed = _write(tmp_path / "mixed.jsonl", [json.dumps(row), json.dumps({"messages": CHAT})])
+    with pytest.raises(InputError, match=r"mixed.jsonl line 2: a messages row in a file of prompt \+ completion rows"):
+        read_sft_jsonl(mixed)
+    bad = _write(tmp_path / "bad.jsonl", [json.dumps({**row, "completion": [{"role": "user", "content": "x"}]})])
+    with pytest.raises(InputError, match="bad.jsonl line 1: completion must hold assistant messages only"):
+        read_sft_jsonl(bad)
+    broken_call = {**row, "prompt": [{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": 1}}]}]}
+    with pytest.raises(InputError, match=r"line 1: prompt\[0\].tool_calls must be a list"):
+        read_sft_jsonl(_write(tmp_path / "call.jsonl", [json.dumps(broken_call)]))
