@@ -6,6 +6,7 @@ from blocks.core import (
     SandboxBackend,
     ServingBackend,
     StoreURL,
+    TrialDispatcher,
 )
 
-__all__ = ["ModelStore", "RegistryEndpoint", "SandboxBackend", "ServingBackend", "StoreURL"]
+__all__ = ["ModelStore", "RegistryEndpoint", "SandboxBackend", "ServingBackend", "StoreURL", "TrialDispatcher"]

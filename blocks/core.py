@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Literal
 
 from prefect.blocks.core import Block
 from pydantic import Field, SecretStr, field_validator
@@ -20,6 +21,7 @@ from forgeflow.registry import imageref
 from forgeflow.registry.skopeo import Skopeo
 from forgeflow.sandbox import backends
 from forgeflow.sandbox.base import Sandbox, SandboxSpec
+from forgeflow.sandbox.dispatch import RayPlacement
 from forgeflow.serving.backend import BackendConfig, backend_config
 from forgeflow.serving.llama_server import KV_CACHE_TYPES
 from forgeflow.serving.server import DEFAULT_ALIAS
@@ -101,6 +103,32 @@ class SandboxBackend(Block):
     def backend(self) -> Callable[..., Sandbox]:
         """The sandbox factory for ``kind`` (InputError listing the valid kinds otherwise)."""
         return backends.get_backend(self.kind)
+
+
+class TrialDispatcher(Block):
+    """Where validations run: ``in-process`` (the flow's own worker, the default) or a Ray cluster
+    (``ray``: each validation a Ray task on a node that declares ``resource``;
+    :mod:`forgeflow.sandbox.dispatch`). The ``curate`` flow takes the block's name (``dispatcher``)."""
+
+    _block_type_name = "forgeflow-dispatcher"
+    kind: Literal["in-process", "ray"] = Field("in-process", description="in-process or ray")
+    address: str | None = Field(None, description="Ray GCS address host:port (kind ray)")
+    resource: str = Field("sandbox", description="custom resource a sandbox node declares (ray start --resources)")
+    per_trial: float = Field(1.0, gt=0, description="how much of the resource one validation takes")
+    max_retries: int = Field(3, ge=0, description="Ray re-runs of a validation whose node died")
+
+    def placement(self) -> RayPlacement | None:
+        """None for ``in-process``; the :class:`forgeflow.sandbox.dispatch.RayPlacement` for ``ray``.
+
+        Raises:
+            InputError: ``kind`` is ``ray`` and ``address`` is missing.
+        """
+        if self.kind == "in-process":
+            return None
+        if not self.address:
+            raise InputError("a forgeflow-dispatcher block of kind 'ray' needs an address (host:port of the GCS)")
+        return RayPlacement(address=self.address, resource=self.resource, per_trial=self.per_trial,
+                            max_retries=self.max_retries)
 
 
 MODEL_STORE_KINDS = ("local", "hf_hub")

@@ -59,6 +59,7 @@ from forgeflow.curation.task_rows import DatasetSource, TaskRows, TestSpec, load
 from forgeflow.evaluation.canary import trial_row
 from forgeflow.ledger.records import BatchRecord, TaskRecord, TrialRecord
 from forgeflow.ledger.store import Store
+from forgeflow.sandbox.dispatch import RayPlacement
 from forgeflow.sandbox.trial import ValidationChecks
 from tasks import curation as curate_tasks
 from tasks.common import markdown_artifact, table_artifact
@@ -76,7 +77,7 @@ def curate(candidates_path: Path | None = None, quotas: SplitQuotas = DEFAULT_QU
            test_commands: dict[str, str] | None = None, generated_path: Path | None = None,
            checks: ValidationChecks = ValidationChecks(), freeze_name: str | None = None,
            sandbox: str | None = None, dataset: DatasetSource | None = None,
-           test_specs: dict[str, TestSpec] | None = None) -> dict[str, Any]:
+           test_specs: dict[str, TestSpec] | None = None, dispatcher: str | None = None) -> dict[str, Any]:
     """Validate candidate batches until the accepted tasks meet ``quotas`` (or none is left).
 
     Args:
@@ -115,6 +116,11 @@ def curate(candidates_path: Path | None = None, quotas: SplitQuotas = DEFAULT_QU
         sandbox: The name of a ``forgeflow-sandbox`` block (:class:`blocks.core.SandboxBackend`):
             every NOP/Oracle trial runs on its backend (``podman``, ``kubernetes``) with its memory
             and CPU limits (its ``memory_mb`` replaces ``memory_mb``). None: podman, ``memory_mb``.
+        dispatcher: The name of a ``forgeflow-dispatcher`` block (:class:`blocks.core.TrialDispatcher`):
+            ``ray`` runs each validation as a Ray task on a cluster node that declares the sandbox
+            resource (:mod:`forgeflow.sandbox.dispatch`; each trial records the ``node_id`` it ran on
+            in its ``verifier`` record; a node lost mid-validation makes Ray run it again elsewhere).
+            None or ``in-process``: here.
 
     Only this run's candidates count: readiness is checked on the accepted tasks among them, and
     before any image is checked or trial run the quotas are checked against the candidates
@@ -139,6 +145,7 @@ def curate(candidates_path: Path | None = None, quotas: SplitQuotas = DEFAULT_QU
     if freeze_name is not None:
         validate_freeze_name(freeze_name)
     placement = curate_tasks.sandbox_choice(sandbox) if sandbox is not None else None
+    ray_placement = curate_tasks.trial_dispatcher(dispatcher) if dispatcher is not None else None
     logger = get_run_logger()
     apply_container_env()
     run_id = str(flow_run.get_id() or "")
@@ -199,7 +206,8 @@ def curate(candidates_path: Path | None = None, quotas: SplitQuotas = DEFAULT_QU
                     "counts": selection.counts, "unmet": [text], "event_id": None, "freeze_name": name}
         batch_id = f"curate-{sha256_json({'seed': seed, 'ids': sorted(ids)})[:16]}"
         recorded += _run_batch(store, batch_id, ids, by_id, loaded, validate,
-                               _BatchLimits(concurrency, max_retries, verifier_timeout_s, memory_mb, checks, placement),
+                               _BatchLimits(concurrency, max_retries, verifier_timeout_s, memory_mb, checks, placement,
+                                            ray_placement),
                                run_id)
         batches.append(batch_id)
         logger.info("batch %s: %d candidates; unmet before it: %s", batch_id, len(ids), unmet_text(selection.unmet))
@@ -213,6 +221,7 @@ class _BatchLimits:
     memory_mb: int
     checks: ValidationChecks
     sandbox: curate_tasks.SandboxChoice | None = None
+    ray: RayPlacement | None = None
 
 
 def _run_batch(store: Store, batch_id: str, ids: list[str], by_id: dict[str, CandidateTask | GeneratedTask],
@@ -241,7 +250,7 @@ def _run_batch(store: Store, batch_id: str, ids: list[str], by_id: dict[str, Can
             checks = limits.checks.model_copy(update={"log_parser": parser}) if parser else limits.checks
             future = validate.submit(row, row.image, loaded.image_ids[iid], loaded.test_commands[iid],
                                      limits.timeout_s, limits.memory_mb, f"curate-a{earlier[iid] + attempt}", checks,
-                                     sink, limits.sandbox)
+                                     sink, limits.sandbox, limits.ray)
             future.add_done_callback(lambda f, iid=iid, attempt=attempt: done.put((iid, attempt, f)))
             in_flight += 1
         iid, attempt, future = done.get()

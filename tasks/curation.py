@@ -17,8 +17,9 @@ from forgeflow.evaluation.canary import trial_row
 from forgeflow.ledger.store import Store
 from forgeflow.registry import images
 from forgeflow.registry.skopeo import Skopeo
-from forgeflow.sandbox import trial
+from forgeflow.sandbox import dispatch, trial
 from forgeflow.sandbox.base import SandboxSpec
+from forgeflow.sandbox.dispatch import RayPlacement
 from tasks.common import RESUMABLE, TRANSIENT_RETRY_DELAYS_S, retry_on_transient
 
 
@@ -91,8 +92,9 @@ def _store(url: str) -> Store:
     return Store(url)
 
 
-_VALIDATION_CACHE = (INPUTS - "sink") + TASK_SOURCE
-"""RESUMABLE without the sink: where trials are recorded does not change the validation."""
+_VALIDATION_CACHE = (INPUTS - "sink" - "ray") + TASK_SOURCE
+"""RESUMABLE without the sink and the Ray placement: where trials are recorded, or on which node
+they run, does not change the validation."""
 
 
 @task(cache_policy=_VALIDATION_CACHE, retries=2, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S[:2],
@@ -100,7 +102,8 @@ _VALIDATION_CACHE = (INPUTS - "sink") + TASK_SOURCE
 def validate_candidate(candidate: trial.BugTask, image_ref: str, image_digest: str | None, test_command: str,
                        timeout_s: float, memory_mb: int, run_key: str = "validate",
                        checks: trial.ValidationChecks = trial.ValidationChecks(),
-                       sink: TrialSink | None = None, sandbox: SandboxChoice | None = None) -> trial.ValidationOutcome:
+                       sink: TrialSink | None = None, sandbox: SandboxChoice | None = None,
+                       ray: RayPlacement | None = None) -> trial.ValidationOutcome:
     """NOP then Oracle runs of one candidate in no-network containers of its task image
     (:func:`forgeflow.sandbox.trial.validate_candidate`); the one validation task of the lifecycle's
     validate stage and of the ``curate`` flow.
@@ -124,6 +127,9 @@ def validate_candidate(candidate: trial.BugTask, image_ref: str, image_digest: s
             records the outcome.
         sandbox: The sandbox backend and its limits (a ``forgeflow-sandbox`` block's,
             :func:`sandbox_choice`); its ``memory_mb`` replaces ``memory_mb``. None: podman, 1 CPU.
+        ray: run the validation as a Ray task on a sandbox node of this cluster
+            (:func:`forgeflow.sandbox.dispatch.validate_on_ray`); its trials are recorded here once it
+            returns, each with the ``node_id`` it ran on. None: in this process.
 
     Returns:
         The outcome. Infrastructure failures come back as trials with an exception type (never
@@ -143,9 +149,33 @@ def validate_candidate(candidate: trial.BugTask, image_ref: str, image_digest: s
 
     spec = SandboxSpec(memory_mb=memory_mb) if sandbox is None else SandboxSpec(memory_mb=sandbox.memory_mb,
                                                                                 cpus=sandbox.cpus)
+    backend = sandbox.kind if sandbox is not None else "podman"
+    if ray is not None:
+        outcome = dispatch.validate_on_ray(ray, candidate, image_ref, test_command, timeout_s=timeout_s, spec=spec,
+                                           run_key=run_key, checks=checks, backend=backend)
+        for record in outcome.trials if on_trial is not None else ():
+            on_trial(record)
+        return outcome
     return trial.validate_candidate(candidate, image_ref, test_command, timeout_s=timeout_s, spec=spec,
-                                    run_key=run_key, checks=checks, on_trial=on_trial,
-                                    backend=sandbox.kind if sandbox is not None else "podman")
+                                    run_key=run_key, checks=checks, on_trial=on_trial, backend=backend)
+
+
+@task(cache_policy=NO_CACHE)
+def trial_dispatcher(block_name: str) -> RayPlacement | None:
+    """Load the ``forgeflow-dispatcher`` block ``block_name`` (:class:`blocks.core.TrialDispatcher`):
+    None for ``in-process``, the :class:`forgeflow.sandbox.dispatch.RayPlacement` for ``ray``.
+
+    Raises:
+        InputError: no such block.
+    """
+    from blocks.core import TrialDispatcher
+    from forgeflow.common.errors import InputError
+
+    try:
+        block = TrialDispatcher.load(block_name)
+    except ValueError as exc:  # Prefect: "Unable to find block document named ..."
+        raise InputError(f"dispatcher block {block_name!r} does not exist: {exc}") from exc
+    return block.placement()
 
 
 @task(cache_policy=RESUMABLE)

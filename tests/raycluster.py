@@ -41,6 +41,83 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
+def _stop_group(proc: subprocess.Popen) -> None:
+    """SIGTERM the process group of a blocking ``ray start``, then SIGKILL what is left."""
+    for sig, wait_s in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+        if not _group_alive(proc.pid):
+            break
+        os.killpg(proc.pid, sig)
+        deadline = time.monotonic() + wait_s
+        while _group_alive(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    proc.wait(timeout=10)
+
+
+@dataclass(frozen=True)
+class RayNode:
+    """A worker node: its process group (kill it with ``os.killpg(node.pgid, SIGKILL)``) and its Ray node id."""
+
+    pgid: int
+    node_id: str
+
+
+@contextmanager
+def ray_worker(head: RayCluster, resources: dict[str, float], num_cpus: int = 1,
+               startup_timeout_s: float = 120.0, attempts: int = 2) -> Iterator[RayNode]:
+    """Join a worker node to ``head`` (``ray start --address --block --resources``); yield it once the
+    cluster lists it alive; stop its process group afterwards (a no-op when a test killed it).
+
+    A ``ray start`` that exits before its node is listed (Ray gives a raylet 30 s to register, which a
+    loaded 2-core machine can miss) is started again, up to ``attempts`` times.
+
+    Raises:
+        RuntimeError: the node did not join within ``startup_timeout_s`` (the log's end in the message).
+    """
+    import json
+
+    ray = Path(sys.executable).with_name("ray")
+    known = {n["node_id"] for n in _nodes(head)}
+    for attempt in range(1, attempts + 1):
+        log_path = head.temp_dir / f"worker-{len(known)}-{attempt}.log"
+        log = open(log_path, "wb")  # noqa: SIM115 - closed below
+        proc = subprocess.Popen(
+            [str(ray), "start", f"--address={head.address}", "--block", "--node-ip-address=127.0.0.1",
+             f"--num-cpus={num_cpus}", "--num-gpus=0", f"--resources={json.dumps(resources)}",
+             "--disable-usage-stats", f"--dashboard-agent-listen-port={free_port()}",
+             f"--metrics-export-port={free_port()}"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
+        deadline = time.monotonic() + startup_timeout_s
+        new: list[dict] = []
+        while proc.poll() is None and time.monotonic() < deadline:
+            new = [n for n in _nodes(head) if n["node_id"] not in known and n["state"] == "ALIVE"
+                   and "node:__internal_head__" not in (n.get("resources_total") or {})]
+            if new:
+                break
+            time.sleep(1)
+        if new:
+            break
+        _stop_group(proc)
+        log.close()
+        if attempt == attempts:
+            raise RuntimeError(f"the Ray worker did not join {head.address}: "
+                               f"{log_path.read_text(errors='replace')[-2000:]}")
+    try:
+        yield RayNode(pgid=proc.pid, node_id=new[0]["node_id"])
+    finally:
+        _stop_group(proc)
+        log.close()
+
+
+def _nodes(head: RayCluster) -> list[dict]:
+    """The cluster's nodes as the dashboard's state API lists them (``node_id``, ``state``)."""
+    try:
+        body = httpx.get(f"{head.dashboard_url}/api/v0/nodes", params={"limit": 100}, timeout=10).json()
+    except (httpx.HTTPError, ValueError):
+        return []
+    return list(body.get("data", {}).get("result", {}).get("result", []))
+
+
 @contextmanager
 def ray_head(num_cpus: int = 2, startup_timeout_s: float = 180.0) -> Iterator[RayCluster]:
     """Start a Ray head node with the job server; yield it; stop every process of its group.
@@ -79,13 +156,6 @@ def ray_head(num_cpus: int = 2, startup_timeout_s: float = 180.0) -> Iterator[Ra
             time.sleep(1)
         yield RayCluster(dashboard_url=url, address=f"127.0.0.1:{gcs_port}", pgid=proc.pid, temp_dir=temp_dir)
     finally:
-        for sig, wait_s in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
-            if not _group_alive(proc.pid):
-                break
-            os.killpg(proc.pid, sig)
-            deadline = time.monotonic() + wait_s
-            while _group_alive(proc.pid) and time.monotonic() < deadline:
-                time.sleep(0.2)
-        proc.wait(timeout=10)
+        _stop_group(proc)
         log.close()
         shutil.rmtree(temp_dir, ignore_errors=True)

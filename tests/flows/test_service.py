@@ -118,7 +118,7 @@ def test_up_records_processes_pool_deployments_and_automations(running):
     assert block["data"]["kind"] == "local" and block["data"]["path"] == str(home / "model-store")
     # every forgeflow block type is on the API (the UI's Blocks page offers them), with its fields
     assert set(state.block_types) == {"forgeflow-registry", "forgeflow-sandbox", "forgeflow-serving",
-                                      "forgeflow-model-store", "forgeflow-store"}
+                                      "forgeflow-model-store", "forgeflow-store", "forgeflow-dispatcher"}
     schemas = httpx.post(f"{state.api_url}/block_schemas/filter", timeout=10, json={
         "block_schemas": {"block_type_id": {"any_": [httpx.get(
             f"{state.api_url}/block_types/slug/forgeflow-serving", timeout=10).json()["id"]]}}}).json()

@@ -1,0 +1,119 @@
+"""Trials spread over a Ray cluster: one validation (NOP + Oracle runs) as one Ray task on a node that
+declares the sandbox resource.
+
+Each node that can run sandboxes declares a custom resource (``ray start --resources='{"sandbox": N}'``:
+N trials at once); a validation asks for ``per_trial`` of it, so Ray places it only on such nodes.
+The Ray task runs :func:`forgeflow.sandbox.trial.validate_candidate` there and returns the outcome
+and its node id; the caller (a Prefect task in the flow's process) records the trials, so the store is
+written once per trial by the flow, never by the node. A node that dies mid-validation is an
+infrastructure fault: Ray runs the task again on another node (``max_retries``, Ray's own retry of a
+task whose worker or node died; the trial ids are the same, so the rerun's rows replace nothing but
+themselves and a container the dead node left under the trial's name is removed first), and when
+Ray gives up the validation raises :class:`~forgeflow.common.errors.TransientInfraError` (never a
+verdict on the task). Ray is imported lazily.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from forgeflow.common import errors
+from forgeflow.sandbox import trial
+
+_LOCK = threading.Lock()
+_REMOTE: dict[str, Any] = {}
+
+
+class RayPlacement(BaseModel):
+    """Where validations run on a Ray cluster.
+
+    Attributes:
+        address: the cluster's GCS address (``host:port``, what ``ray start --head --port`` printed).
+        resource: the custom resource a sandbox node declares.
+        per_trial: how much of it one validation takes.
+        max_retries: Ray's re-runs of a validation whose worker or node died.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    address: str = Field(min_length=1)
+    resource: str = Field(default="sandbox", min_length=1)
+    per_trial: float = Field(default=1.0, gt=0)
+    max_retries: int = Field(default=3, ge=0)
+
+
+def _remote_validate(candidate: Any, image_ref: str, test_command: str, kwargs: dict[str, Any]
+                     ) -> tuple[trial.ValidationOutcome, str]:
+    """The Ray task's body: one validation on this node; returns the outcome and the node id."""
+    import ray
+
+    from forgeflow.common.settings import apply_container_env
+
+    apply_container_env()
+    outcome = trial.validate_candidate(candidate, image_ref, test_command, **kwargs)
+    return outcome, ray.get_runtime_context().get_node_id()
+
+
+def _connect(address: str) -> Any:
+    """Ray, connected to ``address`` as a driver (once per process)."""
+    try:
+        import ray
+    except ImportError as exc:  # pragma: no cover - ray is a pinned dependency
+        raise errors.ToolMissingError(f"Ray is not installed ({exc}); pip install 'ray[default]'") from exc
+    with _LOCK:
+        if not ray.is_initialized():
+            try:
+                ray.init(address=address, logging_level="ERROR", log_to_driver=False, namespace="forgeflow")
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                raise errors.TransientInfraError(f"cannot reach the Ray cluster at {address}: {exc}") from exc
+        if "validate" not in _REMOTE:
+            _REMOTE["validate"] = ray.remote(_remote_validate)
+    return ray
+
+
+def with_node(outcome: trial.ValidationOutcome, node_id: str) -> trial.ValidationOutcome:
+    """``outcome`` with ``node_id`` in each trial's ``verifier`` record (where it ran)."""
+    def tag(result: trial.TrialResult | None) -> trial.TrialResult | None:
+        if result is None:
+            return None
+        return result.model_copy(update={"verifier": {**(result.verifier or {}), "node_id": node_id}})
+
+    return outcome.model_copy(update={"nop": tag(outcome.nop), "oracle": tag(outcome.oracle),
+                                      "oracle_repeats": [tag(r) for r in outcome.oracle_repeats]})
+
+
+def validate_on_ray(placement: RayPlacement, candidate: Any, image_ref: str, test_command: str,
+                    **kwargs: Any) -> trial.ValidationOutcome:
+    """Run :func:`forgeflow.sandbox.trial.validate_candidate` as a Ray task on a sandbox node.
+
+    Args:
+        placement: the cluster and the resource (:class:`RayPlacement`).
+        candidate / image_ref / test_command / kwargs: as ``validate_candidate`` (no ``on_trial``:
+            the caller records the returned trials).
+
+    Returns:
+        The outcome, each trial's ``verifier`` carrying the ``node_id`` it ran on.
+
+    Raises:
+        TransientInfraError: the cluster cannot be reached, or the validation's node died more
+            than ``placement.max_retries`` times (Ray's own error in the message).
+        InputError: as ``validate_candidate`` (bad input; raised on the node, re-raised here).
+    """
+    ray = _connect(placement.address)
+    ref = _REMOTE["validate"].options(resources={placement.resource: placement.per_trial},
+                                      max_retries=placement.max_retries, retry_exceptions=False,
+                                      num_cpus=0).remote(candidate, image_ref, test_command, kwargs)
+    try:
+        outcome, node_id = ray.get(ref)
+    except ray.exceptions.RayTaskError as exc:  # the task itself raised: re-raise what it raised
+        cause = exc.as_instanceof_cause()
+        if isinstance(cause, errors.ForgeflowError):
+            raise cause from None
+        raise errors.InfraError(f"validation of {candidate.instance_id} failed on Ray: {exc}") from exc
+    except ray.exceptions.RayError as exc:  # worker or node lost, retries exhausted
+        raise errors.TransientInfraError(f"validation of {candidate.instance_id} lost its Ray node "
+                                         f"{placement.max_retries + 1} times: {type(exc).__name__}: {exc}") from exc
+    return with_node(outcome, node_id)
