@@ -59,6 +59,7 @@ from forgeflow.curation.task_rows import DatasetSource, TaskRows, TestSpec, load
 from forgeflow.evaluation.canary import trial_row
 from forgeflow.ledger.records import BatchRecord, TaskRecord, TrialRecord
 from forgeflow.ledger.store import Store
+from forgeflow.sandbox import dispatch
 from forgeflow.sandbox.dispatch import RayPlacement
 from forgeflow.sandbox.trial import ValidationChecks
 from tasks import curation as curate_tasks
@@ -175,42 +176,45 @@ def curate(candidates_path: Path | None = None, quotas: SplitQuotas = DEFAULT_QU
     logger.info("curate: %d candidates (%d new), %d with an available image", len(rows), len(new_rows),
                 sum(r.image_available for r in refs))
     validate = validate_candidate.with_options(retries=max_retries)
-    batches: list[str] = []
-    recorded = 0
-    while True:
-        accepted = [AcceptedTask(instance_id=t.instance_id, repo=t.repo) for t in store.accepted_tasks()
-                    if t.instance_id in by_id]
-        selection = freeze_ready(accepted, quotas, seed)
-        if selection.ready:
-            resource_id = (f"forgeflow.store.{sha256_bytes(store.url.encode())[:12]}"
-                           f".quotas.{sha256_json(quotas.model_dump())[:12]}")
-            event = emit_event(FREEZE_READY_EVENT,
-                               resource={"prefect.resource.id": resource_id,
-                                         "prefect.resource.name": "curated dataset"},
-                               payload={"store_url": store.display_url, "freeze_name": name,
-                                        "quotas": quotas.model_dump(), "seed": seed,
-                                        "instance_ids": sorted(by_id), "counts": selection.counts,
-                                        "accepted": len(accepted), "batches": batches})
-            logger.info("FREEZE READY: %s over %d repos after %d batch(es); event %s on %s",
-                        ", ".join(f"{s} {n}/{quotas.target(s)}" for s, n in selection.counts.items()),
-                        sum(len(r) for r in selection.repos_per_split.values()), len(batches),
-                        FREEZE_READY_EVENT, resource_id)
-            return {"status": "freeze-ready", "batches": batches, "trials_recorded": recorded,
-                    "counts": selection.counts, "unmet": [], "event_id": str(event.id) if event else None,
-                    "freeze_name": name}
-        ids = select_batch(refs, store.processed_instance_ids(), store.accepted_per_repo(), batch_size, seed)
-        if not ids:
-            text = unmet_text(selection.unmet)
-            logger.warning("STOPPED, NOT READY: no candidate left to validate; unmet quotas: %s", text)
-            return {"status": "exhausted", "batches": batches, "trials_recorded": recorded,
-                    "counts": selection.counts, "unmet": [text], "event_id": None, "freeze_name": name}
-        batch_id = f"curate-{sha256_json({'seed': seed, 'ids': sorted(ids)})[:16]}"
-        recorded += _run_batch(store, batch_id, ids, by_id, loaded, validate,
-                               _BatchLimits(concurrency, max_retries, verifier_timeout_s, memory_mb, checks, placement,
-                                            ray_placement),
-                               run_id)
-        batches.append(batch_id)
-        logger.info("batch %s: %d candidates; unmet before it: %s", batch_id, len(ids), unmet_text(selection.unmet))
+    try:
+        batches: list[str] = []
+        recorded = 0
+        while True:
+            accepted = [AcceptedTask(instance_id=t.instance_id, repo=t.repo) for t in store.accepted_tasks()
+                        if t.instance_id in by_id]
+            selection = freeze_ready(accepted, quotas, seed)
+            if selection.ready:
+                resource_id = (f"forgeflow.store.{sha256_bytes(store.url.encode())[:12]}"
+                               f".quotas.{sha256_json(quotas.model_dump())[:12]}")
+                event = emit_event(FREEZE_READY_EVENT,
+                                   resource={"prefect.resource.id": resource_id,
+                                             "prefect.resource.name": "curated dataset"},
+                                   payload={"store_url": store.display_url, "freeze_name": name,
+                                            "quotas": quotas.model_dump(), "seed": seed,
+                                            "instance_ids": sorted(by_id), "counts": selection.counts,
+                                            "accepted": len(accepted), "batches": batches})
+                logger.info("FREEZE READY: %s over %d repos after %d batch(es); event %s on %s",
+                            ", ".join(f"{s} {n}/{quotas.target(s)}" for s, n in selection.counts.items()),
+                            sum(len(r) for r in selection.repos_per_split.values()), len(batches),
+                            FREEZE_READY_EVENT, resource_id)
+                return {"status": "freeze-ready", "batches": batches, "trials_recorded": recorded,
+                        "counts": selection.counts, "unmet": [], "event_id": str(event.id) if event else None,
+                        "freeze_name": name}
+            ids = select_batch(refs, store.processed_instance_ids(), store.accepted_per_repo(), batch_size, seed)
+            if not ids:
+                text = unmet_text(selection.unmet)
+                logger.warning("STOPPED, NOT READY: no candidate left to validate; unmet quotas: %s", text)
+                return {"status": "exhausted", "batches": batches, "trials_recorded": recorded,
+                        "counts": selection.counts, "unmet": [text], "event_id": None, "freeze_name": name}
+            batch_id = f"curate-{sha256_json({'seed': seed, 'ids': sorted(ids)})[:16]}"
+            limits = _BatchLimits(concurrency, max_retries, verifier_timeout_s, memory_mb, checks, placement,
+                                  ray_placement)
+            recorded += _run_batch(store, batch_id, ids, by_id, loaded, validate, limits, run_id)
+            batches.append(batch_id)
+            logger.info("batch %s: %d candidates; unmet before it: %s", batch_id, len(ids), unmet_text(selection.unmet))
+    finally:  # a driver outlived by its Ray cluster is ended by Ray: leave it now
+        if ray_placement is not None:
+            dispatch.disconnect()
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,19 @@ def _connect(address: str) -> Any:
     return ray
 
 
+def disconnect() -> None:
+    """Leave the Ray cluster (``ray.shutdown``) if this process joined one. A driver whose cluster
+    goes away is ended by Ray itself (its core worker exits the process once the GCS stays
+    unreachable), so a flow leaves as soon as its trials are done."""
+    import sys
+
+    ray = sys.modules.get("ray")
+    with _LOCK:
+        if ray is not None and ray.is_initialized():
+            ray.shutdown()
+        _REMOTE.clear()
+
+
 def with_node(outcome: trial.ValidationOutcome, node_id: str) -> trial.ValidationOutcome:
     """``outcome`` with ``node_id`` in each trial's ``verifier`` record (where it ran)."""
     def tag(result: trial.TrialResult | None) -> trial.TrialResult | None:

@@ -102,6 +102,10 @@ def test_curate_spreads_validations_over_ray_nodes_and_survives_losing_one(
         assert Counter(t.instance_id for t in trials if t.kind == "nop") == Counter({t.instance_id: 1 for t in tasks})
         assert {t.verifier["node_id"] for t in trials if t.verifier} <= {one.node_id, two.node_id}
         assert set(_containers()) <= before, "a trial container was left behind"
+        import ray
+
+        # the flow left the cluster: a driver outlived by its cluster would be ended by Ray
+        assert not ray.is_initialized()
 
 
 def _containers() -> list[str]:
