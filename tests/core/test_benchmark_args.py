@@ -53,6 +53,10 @@ CASES = [
     ("benchmarks.curation", ["--flow-per-project", "-1"], "--flow-per-project", "-1"),
     ("benchmarks.curation", ["--flow-per-project", "0"], "--flow-per-project", "0"),
     ("benchmarks.curation", ["--seed", "-5"], "--seed", "-5"),
+    ("benchmarks.trial", ["--per-project", "0"], "--per-project", "0"),
+    ("benchmarks.trial", ["--concurrency", "99"], "--concurrency", "99"),
+    ("benchmarks.dispatch", ["--repeats", "0"], "--repeats", "0"),
+    ("benchmarks.dispatch", ["--per-project", "x"], "--per-project", "x"),
 ]
 
 
