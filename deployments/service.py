@@ -86,8 +86,8 @@ def ensure_model_store(home: Path) -> str:
 
 
 def register_block_types() -> tuple[str, ...]:
-    """Register forgeflow's block types and schemas (:mod:`blocks`: registry, sandbox, serving,
-    model store, store URL) on the Prefect API, so a user creates them from the UI's Blocks page.
+    """Register forgeflow's block types and schemas (every class in :data:`blocks.__all__`) on the
+    Prefect API, so a user creates them from the UI's Blocks page.
     Idempotent: a registered type is updated to the current schema.
 
     Returns:

@@ -32,6 +32,7 @@ from forgeflow.training import jsonl, verl
 from forgeflow.training.adapters import AdapterRecord, adapter_matches, adapter_sha256, pin_adapter
 from forgeflow.training.burst import BurstConfig
 from forgeflow.training.health import BurstHealthError
+from forgeflow.training.ppo import DEFAULT_ADAPTER_GLOB
 from forgeflow.training.rl import RLBurstConfig
 from forgeflow.training.windows import WindowConfig
 from tasks import training as training_tasks
@@ -175,12 +176,17 @@ def _run_id() -> str | None:
     return str(flow_run.get_id() or "") or None
 
 
+def _record_base(store: ledger.Store, base_sha: str, base_path: Path, source: str, run_id: str | None) -> None:
+    """Record the base model (kind ``base``, lineage ``{"source": source}``) unless the store knows it."""
+    if not store.producers(base_sha):
+        store.record_model_artifact(records.ModelArtifactRecord(sha256=base_sha, kind="base", path=str(base_path),
+                                                               lineage={"source": source}, run_id=run_id))
+
+
 def _record(store: ledger.Store, adapter: AdapterRecord, base_path: Path, base_sha: str,
             run_id: str | None, artifact_key: str, title: str) -> BurstResult:
     """Record the base (if the store does not know it yet) and the pinned adapter; publish artifacts."""
-    if not store.producers(base_sha):
-        store.record_model_artifact(records.ModelArtifactRecord(sha256=base_sha, kind="base", path=str(base_path),
-                                                               lineage={"source": "local"}, run_id=run_id))
+    _record_base(store, base_sha, base_path, "local", run_id)
     parent = adapter.lineage.parent_adapter_sha256 or base_sha
     store.record_model_artifact(records.ModelArtifactRecord(
         sha256=adapter.sha256, kind="adapter", path=str(adapter.path), parent_sha256=parent,
@@ -328,7 +334,7 @@ class PPOParams(BaseModel):
     entrypoint_num_cpus: float = Field(default=1.0, ge=0)
     poll_s: float = Field(default=5.0, gt=0)
     timeout_s: float | None = Field(default=None, gt=0)
-    adapter_glob: str = Field(default="global_step_*/actor/lora_adapter", min_length=1)
+    adapter_glob: str = Field(default=DEFAULT_ADAPTER_GLOB, min_length=1)
     base_model_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
 
 
@@ -430,9 +436,7 @@ def ppo(settings: verl.VerlPPOSettings, params: PPOParams, submission_id: str | 
     adapter = pin_adapter(adapter, models / "adapters")
     store = ledger.Store()
     store.upgrade()
-    if not store.producers(base_sha):
-        store.record_model_artifact(records.ModelArtifactRecord(
-            sha256=base_sha, kind="base", path=str(model_dir), lineage={"source": "ppo model_path"}, run_id=run_id))
+    _record_base(store, base_sha, model_dir, "ppo model_path", run_id)
     store.record_model_artifact(records.ModelArtifactRecord(
         sha256=adapter.sha256, kind="adapter", path=str(adapter.path), parent_sha256=base_sha,
         lineage={**lineage.model_dump(mode="json"), "ray_job": job_id, "global_step": step}, run_id=run_id))

@@ -11,14 +11,16 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, TypeVar
 
 from prefect import Task, get_run_logger
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import INPUTS, TASK_SOURCE
 from prefect.client.schemas.objects import State, TaskRun
 
-from forgeflow.common.errors import is_transient
+from forgeflow.common.errors import InputError, is_transient
+
+_BlockT = TypeVar("_BlockT")
 
 RESUMABLE = INPUTS + TASK_SOURCE
 """Cache on inputs + task source: re-running a flow reuses every completed stage."""
@@ -72,3 +74,16 @@ def flow_run_id() -> str | None:
 
     run = flow_run.get_id()
     return str(run)[:64] if run else None
+
+
+def load_block(block_cls: type[_BlockT], name: str, what: str) -> _BlockT:
+    """The saved Prefect block ``name`` of ``block_cls`` (``block_cls.load(name)``).
+
+    Raises:
+        InputError: no block of that type and name is saved (``"<what> block '<name>' does not
+            exist: ..."``, with Prefect's own message).
+    """
+    try:
+        return block_cls.load(name)  # type: ignore[attr-defined]
+    except ValueError as exc:  # Prefect: "Unable to find block document named ..."
+        raise InputError(f"{what} block {name!r} does not exist: {exc}") from exc

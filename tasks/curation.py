@@ -20,7 +20,7 @@ from forgeflow.registry.skopeo import Skopeo
 from forgeflow.sandbox import dispatch, trial
 from forgeflow.sandbox.base import SandboxSpec
 from forgeflow.sandbox.dispatch import RayPlacement
-from tasks.common import RESUMABLE, TRANSIENT_RETRY_DELAYS_S, retry_on_transient
+from tasks.common import RESUMABLE, TRANSIENT_RETRY_DELAYS_S, load_block, retry_on_transient
 
 
 @task(cache_policy=RESUMABLE, task_run_name="candidates-{repo}")
@@ -77,12 +77,8 @@ def sandbox_choice(block_name: str) -> SandboxChoice:
         InputError: no such block, or its kind is not a sandbox backend (the valid kinds listed).
     """
     from blocks.core import SandboxBackend
-    from forgeflow.common.errors import InputError
 
-    try:
-        block = SandboxBackend.load(block_name)
-    except ValueError as exc:  # Prefect: "Unable to find block document named ..."
-        raise InputError(f"sandbox block {block_name!r} does not exist: {exc}") from exc
+    block = load_block(SandboxBackend, block_name, "sandbox")
     block.backend()  # an unknown kind: InputError listing the valid ones
     return SandboxChoice(block=block_name, kind=block.kind, memory_mb=block.memory_mb, cpus=block.cpus)
 
@@ -169,13 +165,8 @@ def trial_dispatcher(block_name: str) -> RayPlacement | None:
         InputError: no such block.
     """
     from blocks.core import TrialDispatcher
-    from forgeflow.common.errors import InputError
 
-    try:
-        block = TrialDispatcher.load(block_name)
-    except ValueError as exc:  # Prefect: "Unable to find block document named ..."
-        raise InputError(f"dispatcher block {block_name!r} does not exist: {exc}") from exc
-    return block.placement()
+    return load_block(TrialDispatcher, block_name, "dispatcher").placement()
 
 
 @task(cache_policy=RESUMABLE)

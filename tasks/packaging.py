@@ -23,6 +23,7 @@ from tasks.common import (
     RESUMABLE,
     TRANSIENT_RETRIES,
     TRANSIENT_RETRY_DELAYS_S,
+    load_block,
     retry_on_transient,
     table_artifact,
 )
@@ -192,13 +193,7 @@ def load_model_store(block_name: str) -> ModelStore:
     Raises:
         InputError: no such block, or its fields do not fit its kind.
     """
-    from forgeflow.common.errors import InputError
-
-    try:
-        store = ModelStore.load(block_name)
-    except ValueError as exc:  # Prefect: "Unable to find block document named ..."
-        raise InputError(f"model store block {block_name!r} does not exist: {exc}") from exc
-    return store.validate_kind()
+    return load_block(ModelStore, block_name, "model store").validate_kind()
 
 
 @task(cache_policy=RESUMABLE)

@@ -20,7 +20,7 @@ from forgeflow.packaging.gguf_metadata import recorded_edited_values
 from forgeflow.serving import bluegreen
 from forgeflow.serving.backend import BackendConfig, backend_config
 from forgeflow.serving.llama_server import ContextPlan
-from tasks.common import flow_run_id, run_logger
+from tasks.common import flow_run_id, load_block, run_logger
 
 
 @task(cache_policy=NO_CACHE)
@@ -38,11 +38,7 @@ def serving_backend(block_name: str | None, ports: tuple[int, int] | None = None
     else:
         from blocks.core import ServingBackend
 
-        try:
-            block = ServingBackend.load(block_name)
-        except ValueError as exc:  # Prefect: "Unable to find block document named ..."
-            raise errors.InputError(f"serving block {block_name!r} does not exist: {exc}") from exc
-        backend = block.config()
+        backend = load_block(ServingBackend, block_name, "serving").config()
     if ports is not None:
         backend = backend_config({**backend.model_dump(), "ports": tuple(ports)}, "ports")
     run_logger().info("serving backend%s: %s", f" {block_name!r}" if block_name else "", backend.describe())

@@ -312,7 +312,8 @@ def _run_trial(instance_id: str, kind: TrialKind, tests: _Tests, run_key: str,
             try:
                 result = verify(sandbox, tests.command, tests.timeout_s, log_parser=tests.log_parser,
                                 setup=_revert_setup(revert) if revert is not None else None)
-            except SetupError as exc:
+            except SetupError as exc:  # only a revert is a setup
+                assert revert is not None
                 raise _revert_error(revert, exc) from exc
         finally:
             try:
@@ -362,10 +363,10 @@ def _revert_setup(candidate: "BugTask") -> str:
             f"git apply -R {PATCH_PATH_IN_SANDBOX}; rc=$?; rm -f {PATCH_PATH_IN_SANDBOX}; exit $rc")
 
 
-def _revert_error(candidate: "BugTask | None", exc: SetupError) -> errors.ForgeflowError:
+def _revert_error(candidate: "BugTask", exc: SetupError) -> errors.ForgeflowError:
     """What a failed revert is: git missing from the image (exit 127, an infrastructure fault) or a
     bug patch the image does not hold (PatchApplyError)."""
-    iid = candidate.instance_id if candidate is not None else "?"
+    iid = candidate.instance_id
     if exc.exit_code == 127:
         return errors.SandboxError(f"git is not installed in the task image of {iid}")
     return errors.PatchApplyError(f"oracle of {iid}: reverting the bug patch failed: {exc.output.strip()[:500]}")

@@ -6,7 +6,8 @@ embedded default is llama-cpp-python's server with a 4,096-token context on port
 ``kind="llama-server"`` starts llama.cpp's own server with slots (``-np``), a unified or split KV
 pool, a KV cache type and GPU offload, and :meth:`BackendConfig.preflight` refuses a plan whose
 slots cannot hold the context a request needs before anything starts
-(:func:`forgeflow.serving.llama_server.preflight_context`).
+(:func:`forgeflow.serving.llama_server.preflight_context`). Any other OpenAI-compatible endpoint is
+used by URL (the health gate and the canary take a base URL) and is not started by forgeflow.
 """
 
 from __future__ import annotations

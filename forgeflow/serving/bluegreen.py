@@ -20,13 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow.common import errors
 from forgeflow.common.fsutil import atomic_write_json, file_lock, sha256_file
-from forgeflow.serving.backend import DEFAULT_PORTS, BackendConfig
+from forgeflow.serving.backend import BackendConfig
 from forgeflow.serving.health import ServingGateResult, gate
 from forgeflow.serving.server import DEFAULT_ALIAS, LOOPBACK_HOST, _is_our_server, _port_is_open, stop_pid
-
-__all__ = ["DEFAULT_PORTS", "BackendConfig", "ServingState", "StagedServer", "SwapResult", "discard", "promote",
-           "read_state", "stage", "stop_active", "swap"]
-
 
 # --- blue/green ------------------------------------------------------------------------------
 STATE_SCHEMA_VERSION = 1

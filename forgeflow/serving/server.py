@@ -25,10 +25,6 @@ from forgeflow.common import errors
 LOOPBACK_HOST = "127.0.0.1"
 SERVER_MODULE = "llama_cpp.server"
 LLAMA_SERVER_BINARY = "llama-server"
-BACKENDS = ("llama-cpp-python", "llama-server")
-"""Server backends :func:`stage` can start: llama-cpp-python's server (embedded default) or llama.cpp's
-own ``llama-server`` binary (:mod:`forgeflow.serving.llama_server`). Any other OpenAI-compatible endpoint is
-used by URL (:func:`gate` and the canary take a base URL) and is not started by forgeflow."""
 DEFAULT_ALIAS = "forgeflow"
 _LOG_TAIL_CHARS = 4000
 _POLL_INTERVAL_S = 0.2

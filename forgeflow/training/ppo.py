@@ -11,16 +11,14 @@ any burst's (:func:`forgeflow.training.adapters.pin_adapter`, the store's ``mode
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from forgeflow.common import errors
-from forgeflow.common.fsutil import atomic_write_json, sha256_file, sha256_json
+from forgeflow.common.fsutil import atomic_folder, atomic_write_json, sha256_file, sha256_json
 from forgeflow.training.adapters import (
     ADAPTER_FILES,
     LINEAGE_FILE,
@@ -71,7 +69,7 @@ def dataset_sha256(train_files: tuple[str, ...] | list[str]) -> str:
 def ingest_adapter(folder: Path, step: int, out_dir: Path, lineage: Lineage, extra: dict[str, Any] | None = None
                    ) -> AdapterRecord:
     """Copy the adapter files of ``folder`` (a checkpoint at ``step``) into ``out_dir`` with a
-    ``lineage.json``: staged in a temporary sibling, renamed into place (a crash leaves no half
+    ``lineage.json``, through :func:`forgeflow.common.fsutil.atomic_folder` (a crash leaves no half
     adapter under the name; an existing ``out_dir`` is replaced).
 
     Args:
@@ -85,21 +83,13 @@ def ingest_adapter(folder: Path, step: int, out_dir: Path, lineage: Lineage, ext
         The :class:`~forgeflow.training.adapters.AdapterRecord` (no final loss: verl logs its own metrics).
     """
     out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}."))
-    try:
+    with atomic_folder(out_dir) as tmp:
         for name in ADAPTER_FILES:
             shutil.copy2(Path(folder) / name, tmp / name)
         digest = adapter_sha256(tmp)
         atomic_write_json(tmp / LINEAGE_FILE, {
             **dict(extra or {}), "schema_version": LINEAGE_SCHEMA_VERSION, "sha256": digest, "final_loss": None,
             "steps": step, "lineage": lineage.model_dump(mode="json"), "health": None})
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.rename(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return AdapterRecord(path=out_dir, sha256=digest, lineage=lineage, final_loss=None, steps=step)
 
 

@@ -29,7 +29,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 N_CTX = 512
 SWAP_SCRIPT = (
-    "import sys; from pathlib import Path; from forgeflow.serving.bluegreen import BackendConfig, swap; "
+    "import sys; from pathlib import Path; from forgeflow.serving.backend import BackendConfig; "
+    "from forgeflow.serving.bluegreen import swap; "
     "r = swap(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], "
     "BackendConfig(ports=(int(sys.argv[4]), int(sys.argv[5])), model_alias='tiny', n_ctx=512)); print('generation', r.current.generation)"
 )
