@@ -89,20 +89,40 @@ class RegistryEndpoint(Block):
 
 
 class SandboxBackend(Block):
-    """Where trials run: a backend kind plus resource limits."""
+    """Where trials run: a backend kind plus resource limits, and for ``kubernetes`` the cluster
+    (a kubeconfig and context, or the worker's in-cluster service account) and the namespace of
+    the trial pods."""
 
     _block_type_name = "forgeflow-sandbox"
     kind: str = Field("podman", description=f"one of: {', '.join(sorted(backends.BACKENDS))}")
     memory_mb: int = Field(2048, ge=16, description="memory limit per trial container (MiB)")
     cpus: float = Field(1.0, gt=0, description="CPU quota per trial container (cores)")
+    namespace: str = Field("forgeflow", description="kubernetes: namespace of the trial pods")
+    kubeconfig: str | None = Field(None, description="kubernetes: path of a kubeconfig file (none: in-cluster, "
+                                   "else $KUBECONFIG or ~/.kube/config)")
+    context: str | None = Field(None, description="kubernetes: kubeconfig context (none: its current one)")
+    image_pull_secret: str | None = Field(None, description="kubernetes: dockerconfigjson Secret for the task images")
 
     def spec(self) -> SandboxSpec:
         """The resource limits as a SandboxSpec (network always off)."""
         return SandboxSpec(memory_mb=self.memory_mb, cpus=self.cpus, network=False)
 
+    def target(self) -> backends.SandboxTarget:
+        """The :class:`forgeflow.sandbox.backends.SandboxTarget` (kind and where its pods run).
+
+        Raises:
+            InputError: ``kind`` is not a sandbox backend (the valid kinds listed), or a field is invalid.
+        """
+        backends.get_backend(self.kind)  # an unknown kind: InputError listing the valid ones
+        try:
+            return backends.SandboxTarget(kind=self.kind, namespace=self.namespace, kubeconfig=self.kubeconfig,
+                                          context=self.context, image_pull_secret=self.image_pull_secret)
+        except ValueError as exc:
+            raise InputError(f"sandbox block: {exc}") from exc
+
     def backend(self) -> Callable[..., Sandbox]:
         """The sandbox factory for ``kind`` (InputError listing the valid kinds otherwise)."""
-        return backends.get_backend(self.kind)
+        return backends.get_backend(self.target())
 
 
 class TrialDispatcher(Block):

@@ -58,7 +58,7 @@ from forgeflow.ledger import records
 from forgeflow.ledger import store as ledger
 from forgeflow.serving import bluegreen
 from tasks import evaluation as evaluation_tasks
-from tasks.common import markdown_artifact, table_artifact
+from tasks.common import markdown_artifact, sweep_trial_pods, table_artifact
 from tasks.curation import sandbox_choice
 
 DEFAULT_ALIAS = "forgeflow"
@@ -175,7 +175,8 @@ def _check_reachable(base_url: str) -> None:
                              f"{type(exc).__name__}: {exc}") from None
 
 
-@flow(name="canary", log_prints=True)
+@flow(name="canary", log_prints=True, on_cancellation=[sweep_trial_pods("sandbox")],
+      on_crashed=[sweep_trial_pods("sandbox")])
 def canary(freeze_name: str, split: str = "test", state_path: Path | None = None, base_url: str | None = None,
            model_sha256: str | None = None, model_alias: str | None = None, concurrency: int = 1,
            profile: str = "default", agent_config: agent.AgentConfig = agent.AgentConfig(),
@@ -233,8 +234,8 @@ def canary(freeze_name: str, split: str = "test", state_path: Path | None = None
     check_concurrency(concurrency, profile)
     if sandbox is not None:  # a missing block or unknown kind: refused before anything runs
         choice = sandbox_choice(sandbox)
-        agent_config = agent_config.model_copy(update={"verifier_backend": choice.kind, "memory_mb": choice.memory_mb,
-                                                       "cpus": choice.cpus})
+        agent_config = agent_config.model_copy(update={"verifier_backend": choice.backend(),
+                                                       "memory_mb": choice.memory_mb, "cpus": choice.cpus})
     logger = get_run_logger()
     apply_container_env()
     store = ledger.Store()

@@ -63,7 +63,7 @@ from forgeflow.sandbox import dispatch
 from forgeflow.sandbox.dispatch import RayPlacement
 from forgeflow.sandbox.trial import ValidationChecks
 from tasks import curation as curate_tasks
-from tasks.common import markdown_artifact, table_artifact
+from tasks.common import markdown_artifact, sweep_trial_pods, table_artifact
 from tasks.curation import TrialSink, validate_candidate
 
 FREEZE_READY_EVENT = "forgeflow.dataset.freeze-ready"
@@ -71,7 +71,8 @@ DEFAULT_QUOTAS = SplitQuotas(train=350, validation=75, test=75, max_per_repo=20,
 JOB_ID = "curate"
 
 
-@flow(name="curate", log_prints=True)
+@flow(name="curate", log_prints=True, on_cancellation=[sweep_trial_pods("sandbox")],
+      on_crashed=[sweep_trial_pods("sandbox")])
 def curate(candidates_path: Path | None = None, quotas: SplitQuotas = DEFAULT_QUOTAS,
            batch_size: int = DEFAULT_BATCH_SIZE, concurrency: int = 10, max_retries: int = 2,
            verifier_timeout_s: float = 180.0, memory_mb: int = 2048, seed: int = 0,

@@ -28,6 +28,7 @@ from forgeflow.common.fsutil import sha256_tree
 from forgeflow.common.settings import home_dir
 from forgeflow.ledger import records
 from forgeflow.ledger import store as ledger
+from forgeflow.sandbox.backends import SandboxTarget
 from forgeflow.training import jsonl, verl
 from forgeflow.training.adapters import AdapterRecord, adapter_matches, adapter_sha256, pin_adapter
 from forgeflow.training.burst import BurstConfig
@@ -36,7 +37,7 @@ from forgeflow.training.ppo import DEFAULT_ADAPTER_GLOB
 from forgeflow.training.rl import RLBurstConfig
 from forgeflow.training.windows import WindowConfig
 from tasks import training as training_tasks
-from tasks.common import markdown_artifact, table_artifact
+from tasks.common import markdown_artifact, sweep_trial_pods, table_artifact
 from tasks.curation import sandbox_choice
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
@@ -101,8 +102,8 @@ class RLBurstParams(BaseModel):
     verifier_concurrency: int = Field(default=1, ge=1, le=32)
     device: Literal["auto", "cpu", "cuda"] = "auto"
 
-    def burst_config(self, backend: str, memory_mb: int, cpus: float) -> RLBurstConfig:
-        """The :class:`RLBurstConfig` with the verifier sandbox ``backend`` kind and its limits."""
+    def burst_config(self, backend: "str | SandboxTarget", memory_mb: int, cpus: float) -> RLBurstConfig:
+        """The :class:`RLBurstConfig` with the verifier sandbox ``backend`` (a kind or a target) and its limits."""
         return RLBurstConfig(algorithm=self.algorithm, max_steps=self.steps, learning_rate=self.learning_rate,
                              lora_r=self.lora_r, lora_alpha=2 * self.lora_r, num_generations=self.num_generations,
                              max_completion_length=self.max_completion_length, seed=self.seed,
@@ -249,7 +250,8 @@ def sft_burst(hf_dir: Path, samples_jsonl: Path, params: SFTBurstParams = SFTBur
     return _record(store, adapter, hf_dir, base_sha, run_id, "sft-burst", "sft-burst")
 
 
-@flow(name="rl-burst", log_prints=False)
+@flow(name="rl-burst", log_prints=False, on_cancellation=[sweep_trial_pods("sandbox_block")],
+      on_crashed=[sweep_trial_pods("sandbox_block")])
 def rl_burst(hf_dir: Path, tasks_jsonl: Path, params: RLBurstParams = RLBurstParams(),
              parent_adapter: str | None = None, sandbox_block: str | None = None,
              out_dir: Path | None = None) -> BurstResult:
@@ -288,7 +290,7 @@ def rl_burst(hf_dir: Path, tasks_jsonl: Path, params: RLBurstParams = RLBurstPar
     parent_dir = _parent_folder(store, parent_adapter)
     if sandbox_block is not None:
         choice = sandbox_choice(sandbox_block)
-        config = params.burst_config(choice.kind, choice.memory_mb, choice.cpus)
+        config = params.burst_config(choice.backend(), choice.memory_mb, choice.cpus)
     else:
         config = params.burst_config("podman", 1024, 1.0)
     models = Path(out_dir) if out_dir is not None else home_dir() / "models"

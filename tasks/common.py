@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from prefect import Task, get_run_logger
@@ -19,6 +20,8 @@ from prefect.cache_policies import INPUTS, TASK_SOURCE
 from prefect.client.schemas.objects import State, TaskRun
 
 from forgeflow.common.errors import InputError, is_transient
+from forgeflow.sandbox.backends import SandboxTarget
+from forgeflow.sandbox.kubernetes_manifests import FLOW_RUN_LABEL
 
 _BlockT = TypeVar("_BlockT")
 
@@ -87,3 +90,39 @@ def load_block(block_cls: type[_BlockT], name: str, what: str) -> _BlockT:
         return block_cls.load(name)  # type: ignore[attr-defined]
     except ValueError as exc:  # Prefect: "Unable to find block document named ..."
         raise InputError(f"{what} block {name!r} does not exist: {exc}") from exc
+
+
+def run_labelled(target: SandboxTarget) -> SandboxTarget:
+    """``target`` with the current flow run's id as the :data:`FLOW_RUN_LABEL` of its pods (kubernetes;
+    a podman target unchanged), so :func:`sweep_trial_pods` can delete a cancelled run's pods. Called
+    inside task bodies: the label is no part of any cache key."""
+    run = flow_run_id()
+    if target.kind != "kubernetes" or run is None:
+        return target
+    return target.model_copy(update={"labels": {**target.labels, FLOW_RUN_LABEL: run}})
+
+
+def sweep_trial_pods(parameter: str) -> Callable[[Any, Any, Any], None]:
+    """A flow hook (``on_cancellation`` / ``on_crashed``) deleting the trial pods of the run whose
+    ``forgeflow-sandbox`` block (the flow parameter ``parameter``) is of kind ``kubernetes``: a
+    cancelled or killed run leaves no pod behind (pods of trials still unwinding are deleted by
+    their own sandbox; ``activeDeadlineSeconds`` bounds the rest)."""
+
+    def hook(flow: Any, run: Any, state: Any) -> None:
+        from blocks.core import SandboxBackend
+        from forgeflow.sandbox.kubernetes import delete_trial_pods, new_core_api
+
+        name = (getattr(run, "parameters", None) or {}).get(parameter)
+        if not name:
+            return
+        try:
+            target = load_block(SandboxBackend, name, "sandbox").target()
+            if target.kind != "kubernetes":
+                return
+            deleted = delete_trial_pods(new_core_api(target.kubeconfig, target.context), target.namespace,
+                                        {FLOW_RUN_LABEL: str(run.id)})
+            get_run_logger().info("deleted %d trial pod(s) of run %s: %s", len(deleted), run.id, ", ".join(deleted))
+        except Exception as exc:  # noqa: BLE001 - a hook must not mask the run's own end
+            get_run_logger().warning("could not sweep the trial pods of run %s: %s", run.id, exc)
+
+    return hook

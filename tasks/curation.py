@@ -18,9 +18,10 @@ from forgeflow.ledger.store import Store
 from forgeflow.registry import images
 from forgeflow.registry.skopeo import Skopeo
 from forgeflow.sandbox import dispatch, trial
+from forgeflow.sandbox.backends import SandboxTarget
 from forgeflow.sandbox.base import SandboxSpec
 from forgeflow.sandbox.dispatch import RayPlacement
-from tasks.common import RESUMABLE, TRANSIENT_RETRY_DELAYS_S, load_block, retry_on_transient
+from tasks.common import RESUMABLE, TRANSIENT_RETRY_DELAYS_S, load_block, retry_on_transient, run_labelled
 
 
 @task(cache_policy=RESUMABLE, task_run_name="candidates-{repo}")
@@ -59,6 +60,7 @@ class SandboxChoice(BaseModel):
             ``kubernetes``).
         memory_mb: memory limit per trial container, MiB.
         cpus: CPU quota per trial container, cores.
+        target: the kind and where its pods run (kubeconfig, context, namespace).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -67,6 +69,12 @@ class SandboxChoice(BaseModel):
     kind: str
     memory_mb: int
     cpus: float
+    target: SandboxTarget = SandboxTarget()
+
+    def backend(self) -> "str | SandboxTarget":
+        """What a verifier records and runs on: the kind alone for ``podman`` (nothing else to say),
+        the whole :class:`SandboxTarget` for a cluster."""
+        return self.kind if self.kind == "podman" else self.target
 
 
 @task(cache_policy=NO_CACHE)
@@ -79,8 +87,8 @@ def sandbox_choice(block_name: str) -> SandboxChoice:
     from blocks.core import SandboxBackend
 
     block = load_block(SandboxBackend, block_name, "sandbox")
-    block.backend()  # an unknown kind: InputError listing the valid ones
-    return SandboxChoice(block=block_name, kind=block.kind, memory_mb=block.memory_mb, cpus=block.cpus)
+    return SandboxChoice(block=block_name, kind=block.kind, memory_mb=block.memory_mb, cpus=block.cpus,
+                         target=block.target())
 
 
 @lru_cache(maxsize=8)
@@ -145,7 +153,7 @@ def validate_candidate(candidate: trial.BugTask, image_ref: str, image_digest: s
 
     spec = SandboxSpec(memory_mb=memory_mb) if sandbox is None else SandboxSpec(memory_mb=sandbox.memory_mb,
                                                                                 cpus=sandbox.cpus)
-    backend = sandbox.kind if sandbox is not None else "podman"
+    backend = run_labelled(sandbox.target) if sandbox is not None else "podman"
     if ray is not None:
         outcome = dispatch.validate_on_ray(ray, candidate, image_ref, test_command, timeout_s=timeout_s, spec=spec,
                                            run_key=run_key, checks=checks, backend=backend)

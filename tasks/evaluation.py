@@ -18,8 +18,9 @@ from forgeflow.evaluation.canary import frozen_split
 from forgeflow.ledger import records
 from forgeflow.ledger import store as ledger
 from forgeflow.sandbox import trial
+from forgeflow.sandbox.backends import SandboxTarget
 from forgeflow.sandbox.trial import TrialResult
-from tasks.common import RESUMABLE, run_logger, task_run_id
+from tasks.common import RESUMABLE, run_labelled, run_logger, task_run_id
 
 
 class UnscoredTrialError(Exception):
@@ -42,6 +43,8 @@ def _cached_agent_trial(instance_id: str, image_ref: str, image_digest: str, pro
     """The trial itself; only a trial without an exception completes (and is cached), any other
     ends this task run Failed with :class:`UnscoredTrialError` (never cached, retried next run).
     ``run_key`` names the trial (:func:`forgeflow.sandbox.trial.make_trial_id`) and is part of the cache key."""
+    if isinstance(config.verifier_backend, SandboxTarget):  # its pods carry this run's id (the sweep)
+        config = config.model_copy(update={"verifier_backend": run_labelled(config.verifier_backend)})
     record = agent.run_agent_trial(instance_id, image_ref, problem_statement, test_command, fail_to_pass,
                                    pass_to_pass, base_url, model_alias, config, out_dir,
                                    verifier_timeout_s=verifier_timeout_s, run_key=run_key, log_parser=log_parser)

@@ -8,11 +8,13 @@ from pathlib import Path
 from prefect import get_run_logger, task
 from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE
 
+from forgeflow.sandbox.backends import SandboxTarget
 from forgeflow.training import adapters, burst, preflight, ray_jobs, rl, verl
 from tasks.common import (
     TRANSIENT_RETRIES,
     TRANSIENT_RETRY_DELAYS_S,
     retry_on_transient,
+    run_labelled,
 )
 
 
@@ -59,8 +61,10 @@ def rl_burst(base_model_dir: Path, base_sha256: str, tasks: list[dict], out_dir:
     """
     preflight.burst_preflight(base_model_dir, out_dir, config.lora_r, config.lora_target_modules, [prompt_template])
     data = rl.build_rl_dataset(tasks, prompt_template)
+    backend = config.verifier_backend  # its pods carry this run's id (the sweep), not in the lineage
     record = rl.run_rl_burst(base_model_dir, data, out_dir, config, parent_adapter_dir=parent_adapter_dir,
-                             run_id=run_id)
+                             run_id=run_id, verifier_backend=run_labelled(backend) if isinstance(backend, SandboxTarget)
+                             else None)
     if not record.weights_changed:
         totals = record.totals()
         get_run_logger().warning(

@@ -11,6 +11,7 @@ from forgeflow.evaluation.supervision import (
     DEFAULT_HANG_IDLE_S,
     DEFAULT_LOOP_THRESHOLD,
 )
+from forgeflow.sandbox.backends import SandboxTarget
 from forgeflow.sandbox.submission import TamperPolicy
 
 MSWEA_CONFIG_NAME = "swebench_backticks"
@@ -44,7 +45,8 @@ class AgentConfig(BaseModel):
             (tests, conftest, test configuration, start-up hooks; :mod:`forgeflow.sandbox.submission`):
             ``reject`` (tampering, reward 0) or ``drop`` (those parts removed, the rest graded).
         verifier_backend: the sandbox backend the verifier's fresh container runs on
-            (:data:`forgeflow.sandbox.backends.BACKENDS`: ``podman`` or ``kubernetes``); the agent's
+            (:data:`forgeflow.sandbox.backends.BACKENDS`: ``podman`` or ``kubernetes``, or a
+            :class:`~forgeflow.sandbox.backends.SandboxTarget`: a kubernetes cluster and namespace); the agent's
             own container is mini-swe-agent's podman environment.
     """
 
@@ -63,4 +65,4 @@ class AgentConfig(BaseModel):
     loop_threshold: int = Field(default=DEFAULT_LOOP_THRESHOLD, ge=2, le=1000)
     hang_idle_s: float = Field(default=DEFAULT_HANG_IDLE_S, gt=0)
     tamper_policy: TamperPolicy = "reject"
-    verifier_backend: Literal["podman", "kubernetes"] = "podman"
+    verifier_backend: Literal["podman", "kubernetes"] | SandboxTarget = "podman"

@@ -1,37 +1,101 @@
-"""Sandbox backends by kind: ``podman`` (the embedded default) and ``kubernetes``.
+"""Sandbox backends by kind: ``podman`` (the embedded default) and ``kubernetes``, and where they run.
 
-The Kubernetes backend is imported on first use (the ``kubernetes`` client is only needed there).
+A backend is named by its kind (``"podman"``) or given as a :class:`SandboxTarget` (the kind plus
+where a Kubernetes backend creates its pods: kubeconfig, context, namespace, image pull secret,
+labels). :func:`get_backend` turns either into a sandbox factory. The Kubernetes backend is
+imported on first use (the ``kubernetes`` client is only needed there).
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Callable
 
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
 from forgeflow.common import errors
-from forgeflow.sandbox.base import Sandbox
+from forgeflow.sandbox.base import Sandbox, SandboxSpec
 from forgeflow.sandbox.podman import PodmanSandbox
 
 
-def _kubernetes_sandbox(*args: object, **kwargs: object) -> Sandbox:
-    """Build a :class:`forgeflow.sandbox.kubernetes.KubernetesSandbox` (imported on first use)."""
+class SandboxTarget(BaseModel):
+    """Which sandbox backend runs a trial, and for ``kubernetes`` the cluster and namespace.
+
+    Attributes:
+        kind: ``podman`` (a local container per trial) or ``kubernetes`` (a pod per trial).
+        namespace: namespace of the trial pods (kubernetes).
+        kubeconfig: path of a kubeconfig file; None: the in-cluster service account, else
+            ``$KUBECONFIG`` / ``~/.kube/config`` (the ``kubernetes`` client's own order).
+        context: kubeconfig context; None: its current context.
+        image_pull_secret: a ``kubernetes.io/dockerconfigjson`` Secret in ``namespace`` for the task
+            images, or None.
+        labels: extra labels on every trial pod (e.g. the flow run that made it, so a cancelled run's
+            pods can be swept).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: str = "podman"
+    namespace: str = Field(default="forgeflow", min_length=1, max_length=63)
+    kubeconfig: str | None = None
+    context: str | None = None
+    image_pull_secret: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, value: str) -> str:
+        if value not in BACKENDS:
+            raise ValueError(f"unknown sandbox backend {value!r}; valid kinds: {', '.join(sorted(BACKENDS))}")
+        return value
+
+    @classmethod
+    def of(cls, backend: "str | SandboxTarget") -> "SandboxTarget":
+        """``backend`` as a target (a kind alone takes every default).
+
+        Raises:
+            InputError: ``backend`` is an unknown kind; the message lists the valid kinds.
+        """
+        if isinstance(backend, SandboxTarget):
+            return backend
+        if backend not in BACKENDS:
+            raise errors.InputError(f"unknown sandbox backend {backend!r}; valid kinds: {', '.join(sorted(BACKENDS))}")
+        return cls(kind=backend)
+
+
+def _kubernetes_sandbox(target: SandboxTarget, image: str, spec: SandboxSpec | None = None,
+                        name: str | None = None, **kwargs: object) -> Sandbox:
+    """A :class:`forgeflow.sandbox.kubernetes.KubernetesSandbox` in ``target``'s cluster and namespace,
+    with its own API client (the client's exec stream is not safe on a shared one)."""
     from forgeflow.sandbox.kubernetes import KubernetesSandbox
+    from forgeflow.sandbox.kubernetes_manifests import KubernetesSandboxSpec
 
-    return KubernetesSandbox(*args, **kwargs)  # type: ignore[arg-type]
+    k8s_spec = KubernetesSandboxSpec.from_sandbox_spec(
+        spec or SandboxSpec(), namespace=target.namespace, image_pull_secret=target.image_pull_secret,
+        labels=dict(target.labels))
+    kwargs.setdefault("kubeconfig", target.kubeconfig)
+    kwargs.setdefault("context", target.context)
+    return KubernetesSandbox(image, k8s_spec, name, **kwargs)  # type: ignore[arg-type]
 
 
-BACKENDS: dict[str, Callable[..., Sandbox]] = {"podman": PodmanSandbox, "kubernetes": _kubernetes_sandbox}
-"""Sandbox factories by kind: each takes ``(image, spec, name, ...)`` and returns a :class:`Sandbox`."""
-
-
-def get_backend(kind: str) -> Callable[..., Sandbox]:
-    """Return the sandbox factory for ``kind`` (``podman`` on the embedded default).
+def get_backend(backend: "str | SandboxTarget") -> Callable[..., Sandbox]:
+    """Return the sandbox factory for ``backend`` (a kind, or a :class:`SandboxTarget`): each call
+    ``factory(image, spec, name)`` builds one :class:`Sandbox`.
 
     Raises:
-        InputError: ``kind`` is unknown; the message lists the valid kinds.
+        InputError: ``backend`` is an unknown kind; the message lists the valid kinds.
     """
-    try:
-        return BACKENDS[kind]
-    except KeyError:
-        raise errors.InputError(
-            f"unknown sandbox backend {kind!r}; valid kinds: {', '.join(sorted(BACKENDS))}"
-        ) from None
+    target = SandboxTarget.of(backend)
+    return BACKENDS[target.kind](target)
+
+
+BACKENDS: dict[str, Callable[[SandboxTarget], Callable[..., Sandbox]]] = {
+    "podman": lambda target: PodmanSandbox,
+    "kubernetes": lambda target: partial(_kubernetes_sandbox, target),
+}
+"""Sandbox backends by kind: each maps a :class:`SandboxTarget` to its factory ``(image, spec, name)``."""
+
+
+def backend_kind(backend: "str | SandboxTarget") -> str:
+    """The kind of ``backend`` (``podman`` or ``kubernetes``)."""
+    return SandboxTarget.of(backend).kind

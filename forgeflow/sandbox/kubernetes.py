@@ -27,17 +27,19 @@ Egress is denied by :func:`render_network_policy` for the pods labelled
 NetworkPolicy only takes effect under a CNI plugin that enforces it (Calico, Cilium, ...).
 
 No API server can run on the development machine: the manifests are validated with the official
-``kubernetes`` client's models (:func:`validate_manifest`) and the status mapping is tested on
-recorded pod statuses; exec was not run against a cluster.
+``kubernetes`` client's models (:func:`validate_manifest`), the status mapping is tested on recorded
+pod statuses, and the whole sandbox (create, status, exec over ``v4.channel.k8s.io``, delete, list
+by label) runs through the official client against a loopback fake of the API that starts each pod's
+container with podman (``tests/fakes/kubernetes_api.py``); it was not run against a real cluster.
 """
 
 from __future__ import annotations
 
-import base64
 import re
 import time
 import uuid
 from collections.abc import Mapping
+from functools import lru_cache
 from typing import Any
 
 from forgeflow.common import errors
@@ -53,9 +55,8 @@ from forgeflow.sandbox.kubernetes_manifests import (
     render_trial_pod,
 )
 
-WRITE_CHUNK_BYTES = 48 * 1024
-"""Bytes of file content per exec in :meth:`KubernetesSandbox.write_file` (base64 in argv stays far
-below Linux's 128 KiB MAX_ARG_STRLEN)."""
+STDIN_FRAME_BYTES = 256 * 1024
+"""Bytes of file content per stdin frame of :meth:`KubernetesSandbox.write_file`."""
 
 
 # --- the sandbox ---------------------------------------------------------------------------------
@@ -63,22 +64,40 @@ def _api_error(exc: Exception) -> tuple[int | None, str]:
     return getattr(exc, "status", None), str(getattr(exc, "reason", "") or exc)
 
 
-def load_core_api() -> Any:
-    """A ``CoreV1Api`` from the in-cluster service account, else ``~/.kube/config``.
-
-    Raises:
-        SandboxError: neither configuration exists.
-    """
+@lru_cache(maxsize=8)
+def _configuration(kubeconfig: str | None, context: str | None) -> Any:
     from kubernetes import client, config
 
-    try:
-        config.load_incluster_config()
-    except config.ConfigException:
+    configuration = client.Configuration()
+    if kubeconfig is None and context is None:
         try:
-            config.load_kube_config()
-        except (config.ConfigException, FileNotFoundError, TypeError) as exc:
-            raise errors.SandboxError(f"no Kubernetes configuration (in-cluster or kubeconfig): {exc}") from exc
-    return client.CoreV1Api()
+            config.load_incluster_config(client_configuration=configuration)
+            return configuration
+        except config.ConfigException:
+            pass
+    try:
+        config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=configuration)
+    except (config.ConfigException, FileNotFoundError, TypeError) as exc:
+        where = f"kubeconfig {kubeconfig!r}" if kubeconfig else "in-cluster or kubeconfig"
+        raise errors.SandboxError(f"no Kubernetes configuration ({where}"
+                                  f"{f', context {context!r}' if context else ''}): {exc}") from exc
+    return configuration
+
+
+def new_core_api(kubeconfig: str | None = None, context: str | None = None) -> Any:
+    """A ``CoreV1Api`` on an API client of its own: from ``kubeconfig`` (and ``context``) when given,
+    else the in-cluster service account, else ``$KUBECONFIG`` / ``~/.kube/config``.
+
+    Each sandbox takes its own client: ``kubernetes.stream.stream`` swaps the transport of the client
+    it is given while an exec runs, so a create or status read from another thread on the same client
+    would go out as a websocket (kubernetes-client/python#928).
+
+    Raises:
+        SandboxError: no configuration could be loaded (the message names the kubeconfig and context).
+    """
+    from kubernetes import client
+
+    return client.CoreV1Api(client.ApiClient(configuration=_configuration(kubeconfig, context)))
 
 
 class KubernetesSandbox:
@@ -93,7 +112,10 @@ class KubernetesSandbox:
             network are kept), or None for the defaults (8Gi).
         name: the pod name (a DNS label, <= 63 chars, e.g. :func:`forgeflow.sandbox.trial.container_name`);
             default: :func:`pod_name` of the ids.
-        api: a ``kubernetes.client.CoreV1Api``; default :func:`load_core_api` at :meth:`start`.
+        api: a ``kubernetes.client.CoreV1Api``; default: one of its own from :func:`new_core_api`
+            (``kubeconfig``, ``context``) at :meth:`start`.
+        kubeconfig, context: the kubeconfig file and context (None: in-cluster, else the default
+            kubeconfig and its current context).
         instance_id, trial_id: the ids labelled on the pod (default: ``name``, else a fresh uuid).
         start_timeout_s: seconds to wait for the container to become ready.
         poll_interval_s: seconds between pod status reads while starting.
@@ -116,6 +138,8 @@ class KubernetesSandbox:
         trial_id: str | None = None,
         start_timeout_s: float = 600.0,
         poll_interval_s: float = 1.0,
+        kubeconfig: str | None = None,
+        context: str | None = None,
     ) -> None:
         if isinstance(spec, SandboxSpec):
             spec = KubernetesSandboxSpec.from_sandbox_spec(spec)
@@ -130,6 +154,7 @@ class KubernetesSandbox:
         self.name: str = self.manifest["metadata"]["name"]
         self.namespace = self.spec.namespace
         self._api = api
+        self._kubeconfig, self._context = kubeconfig, context
         self.start_timeout_s = start_timeout_s
         self.poll_interval_s = poll_interval_s
         self._created = False
@@ -145,26 +170,42 @@ class KubernetesSandbox:
     @property
     def api(self) -> Any:
         if self._api is None:
-            self._api = load_core_api()
+            self._api = new_core_api(self._kubeconfig, self._context)
         return self._api
 
     def _read_status(self) -> dict:
-        pod = self.api.read_namespaced_pod_status(name=self.name, namespace=self.namespace)
+        """The pod's status (camelCase); SandboxError when the pod is gone or the API fails."""
+        try:
+            pod = self.api.read_namespaced_pod_status(name=self.name, namespace=self.namespace)
+        except Exception as exc:  # kubernetes.client.ApiException and urllib3 errors
+            status, reason = _api_error(exc)
+            if status == 404:
+                raise errors.SandboxError(f"pod {self.name} is gone (deleted while the trial ran)") from exc
+            if status is None or status >= 500 or status == 429:
+                raise errors.TransientInfraError(f"could not read pod {self.name}: {reason}") from exc
+            raise errors.SandboxError(f"could not read pod {self.name} (HTTP {status}): {reason}") from exc
         data = pod if isinstance(pod, dict) else self.api.api_client.sanitize_for_serialization(pod)
         return _status_of(data)
 
     def start(self) -> None:
         """Create the pod and wait until its container is ready; on failure delete it and raise."""
         api = self.api  # no configuration is a SandboxError of its own, not a transient create failure
-        try:
-            api.create_namespaced_pod(namespace=self.namespace, body=self.manifest)
-        except Exception as exc:  # kubernetes.client.ApiException and urllib3 errors
-            status, reason = _api_error(exc)
-            if status is None or status >= 500 or status == 429:
-                raise errors.TransientInfraError(f"could not create pod {self.name}: {reason}") from exc
-            raise errors.SandboxError(f"could not create pod {self.name} (HTTP {status}): {reason}") from exc
-        self._created = True
         deadline = time.monotonic() + self.start_timeout_s
+        while True:
+            try:
+                api.create_namespaced_pod(namespace=self.namespace, body=self.manifest)
+                break
+            except Exception as exc:  # kubernetes.client.ApiException and urllib3 errors
+                status, reason = _api_error(exc)
+                if status == 409 and time.monotonic() < deadline:  # left by a killed run of this trial
+                    self._created = True
+                    self.stop()
+                    time.sleep(self.poll_interval_s)
+                    continue
+                if status is None or status >= 500 or status == 429:
+                    raise errors.TransientInfraError(f"could not create pod {self.name}: {reason}") from exc
+                raise errors.SandboxError(f"could not create pod {self.name} (HTTP {status}): {reason}") from exc
+        self._created = True
         status: dict = {}
         while True:
             status = self._read_status()
@@ -196,7 +237,7 @@ class KubernetesSandbox:
              env: Mapping[str, str] | None = None) -> ExecResult:
         """Run ``command`` (argv, or one string for ``bash -c``) in the container through the exec API.
 
-        Not exercised against a cluster here (no API server can run on the development machine).
+        Exercised against the loopback fake of the API (tests/fakes/kubernetes_api.py), not a cluster.
 
         Args:
             command: argv, or one shell string.
@@ -206,24 +247,31 @@ class KubernetesSandbox:
             env: variables set for the command (the exec API has none: ``env K=V ... argv``).
 
         Raises:
-            SandboxOOMError: exit 137 *and* the kernel's evidence of an OOM kill: the container
+            SandboxError: a non-zero exit while the pod was evicted, failed or deleted (the pod status is
+            read after every non-zero exit: the command's status is then not its result).
+        SandboxOOMError: exit 137 *and* the kernel's evidence of an OOM kill: the container
                 terminated ``OOMKilled`` in the pod status, or the container's memory cgroup
                 (``memory.events`` / ``memory.oom_control``) counts a new ``oom_kill``. Exit 137
                 alone is the command's result.
         """
+        argv = self._argv(command, workdir)
+        if env:
+            argv = ["env", *(f"{k}={v}" for k, v in env.items()), *argv]
+        return self._exec(argv, timeout_s)
+
+    def _exec(self, argv: list[str], timeout_s: float, stdin: bytes | None = None) -> ExecResult:
+        """:meth:`exec` of ``argv``, with ``stdin`` sent on the stdin channel (the command must stop
+        reading by itself: ``v4.channel.k8s.io`` cannot close a channel)."""
         from kubernetes.stream import stream
 
         if not self._created:
             raise errors.SandboxError(f"sandbox {self.name} is not started")
-        argv = self._argv(command, workdir)
-        if env:
-            argv = ["env", *(f"{k}={v}" for k, v in env.items()), *argv]
         t0 = time.monotonic()
         try:
             resp = stream(
                 self.api.connect_get_namespaced_pod_exec, self.name, self.namespace,
                 command=argv, container=CONTAINER_NAME,
-                stdin=False, stdout=True, stderr=True, tty=False, _preload_content=False,
+                stdin=stdin is not None, stdout=True, stderr=True, tty=False, _preload_content=False,
             )
         except Exception as exc:
             self._raise_if_pod_broken()
@@ -231,6 +279,8 @@ class KubernetesSandbox:
         out: list[str] = []
         err: list[str] = []
         try:
+            for i in range(0, len(stdin or b""), STDIN_FRAME_BYTES):
+                resp.write_stdin(stdin[i : i + STDIN_FRAME_BYTES])  # type: ignore[index]
             while resp.is_open():
                 remaining = timeout_s - (time.monotonic() - t0)
                 if remaining <= 0:
@@ -242,15 +292,19 @@ class KubernetesSandbox:
                     out.append(resp.read_stdout())
                 if resp.peek_stderr():
                     err.append(resp.read_stderr())
-            exit_code = resp.returncode
+            try:
+                exit_code = resp.returncode
+            except (KeyError, IndexError, TypeError, ValueError, AttributeError):
+                exit_code = None  # a status without an exit code: the stream broke, not the command
         finally:
             resp.close()
         if exit_code is None:
             self._raise_if_pod_broken()
             raise errors.SandboxError(f"exec in pod {self.name} ended without an exit status")
         duration_s = time.monotonic() - t0
+        if exit_code != 0:  # evicted, OOMKilled or deleted while it ran: the pod status says so
+            self._raise_if_pod_broken()
         if exit_code == OOM_EXIT_CODE:
-            self._raise_if_pod_broken()  # the container terminated OOMKilled: the pod status says so
             evidence = self._oom_kill_evidence()
             if evidence is not None:
                 raise errors.SandboxOOMError(
@@ -277,19 +331,13 @@ class KubernetesSandbox:
             raise problem
 
     def write_file(self, path: str, content: str) -> None:
-        """Write a text file inside the container: base64 chunks appended through exec argv (the exec
-        API cannot signal end-of-stdin portably)."""
+        """Write a text file inside the container in one exec: its bytes sent on the stdin channel to
+        ``head -c <size>``, which stops at the size (``v4.channel.k8s.io`` has no end-of-stdin)."""
         data = content.encode()
-        chunks = [data[i : i + WRITE_CHUNK_BYTES] for i in range(0, len(data), WRITE_CHUNK_BYTES)] or [b""]
-        for index, chunk in enumerate(chunks):
-            redirect = ">" if index == 0 else ">>"
-            result = self.exec(
-                ["sh", "-c", f'printf %s "$2" | base64 -d {redirect} "$1"', "sh", path,
-                 base64.b64encode(chunk).decode()],
-                timeout_s=60,
-            )
-            if result.exit_code != 0:
-                raise errors.SandboxError(f"could not write {path} in pod {self.name}: {result.stderr.strip()}")
+        result = self._exec(["sh", "-c", 'head -c "$2" > "$1"', "sh", path, str(len(data))], timeout_s=120,
+                            stdin=data)
+        if result.exit_code != 0:
+            raise errors.SandboxError(f"could not write {path} in pod {self.name}: {result.stderr.strip()}")
 
     def stop(self) -> None:
         """Delete the pod now (grace 0, idempotent; a pod already gone is fine)."""

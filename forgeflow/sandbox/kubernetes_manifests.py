@@ -38,6 +38,10 @@ TRIAL_LABEL = "forgeflow.dev/trial"
 EGRESS_LABEL = "forgeflow.dev/egress"
 
 
+FLOW_RUN_LABEL = "forgeflow.dev/flow-run"
+"""Label of a trial pod naming the Prefect flow run that made it (the sweep of a cancelled run)."""
+
+
 RESERVED_LABELS = frozenset({MANAGED_BY_LABEL, ROLE_LABEL, INSTANCE_LABEL, TRIAL_LABEL, EGRESS_LABEL})
 
 

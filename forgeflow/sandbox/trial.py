@@ -39,7 +39,7 @@ from forgeflow.common import errors
 from forgeflow.common.fsutil import sha256_json
 from forgeflow.common.names import sanitize_name
 from forgeflow.ledger.tables import TrialKind
-from forgeflow.sandbox.backends import get_backend
+from forgeflow.sandbox.backends import SandboxTarget, backend_kind, get_backend
 from forgeflow.sandbox.base import Sandbox, SandboxSpec
 from forgeflow.sandbox.grading import (
     ValidationReport,
@@ -278,7 +278,7 @@ class _Tests:
     command: str
     timeout_s: float
     spec: SandboxSpec
-    backend: str
+    backend: "str | SandboxTarget"
     log_parser: str | None
 
 
@@ -304,7 +304,7 @@ def _run_trial(instance_id: str, kind: TrialKind, tests: _Tests, run_key: str,
             try:
                 sandbox.start()
             except errors.SandboxError as exc:
-                if tests.backend != "podman" or "already in use" not in str(exc):
+                if backend_kind(tests.backend) != "podman" or "already in use" not in str(exc):
                     raise
                 remove_podman_container(name)  # left by a crashed run of the same trial
                 sandbox.start()
@@ -441,7 +441,7 @@ def validate_candidate(
     *,
     timeout_s: float = 180,
     spec: SandboxSpec | None = None,
-    backend: str = "podman",
+    backend: "str | SandboxTarget" = "podman",
     run_key: str = "validate",
     checks: ValidationChecks | None = None,
     on_trial: Callable[[TrialResult], None] | None = None,
@@ -465,7 +465,9 @@ def validate_candidate(
         test_command: the task's test command (pytest: read from forgeflow's report plugin), run in ``/testbed``.
         timeout_s: per verifier run, in seconds.
         spec: sandbox limits (default :class:`SandboxSpec`: 2048 MiB, 1 CPU, no network).
-        backend: sandbox kind (``podman``); an unknown kind raises InputError listing valid ones.
+        backend: sandbox kind (``podman``, ``kubernetes``) or a
+            :class:`~forgeflow.sandbox.backends.SandboxTarget`; an unknown kind raises InputError
+            listing valid ones.
         run_key: distinguishes repeated validations of the same candidate and image in trial ids
             (the k-th repeated Oracle run, k >= 2, adds ``/oracle-k``).
         checks: Oracle repeats, flaky policy and log parser (default :class:`ValidationChecks`).

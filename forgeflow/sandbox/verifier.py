@@ -42,7 +42,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow.common import errors
-from forgeflow.sandbox.backends import get_backend
+from forgeflow.sandbox.backends import SandboxTarget, backend_kind, get_backend
 from forgeflow.sandbox.base import ExecResult, Sandbox, SandboxSpec
 from forgeflow.sandbox.grading import failed, grade_resolved, parse_test_log
 from forgeflow.sandbox.podman import remove_podman_container
@@ -385,7 +385,7 @@ SUBMISSION_PATH_IN_SANDBOX = "/tmp/forgeflow-submission.patch"
 def verify_submission(
     image_ref: str, submission: str, test_command: str, fail_to_pass: Sequence[str], pass_to_pass: Sequence[str],
     *, timeout_s: float, spec: SandboxSpec, name: str, tamper_policy: TamperPolicy = "reject",
-    log_parser: str | None = None, backend: str = "podman",
+    log_parser: str | None = None, backend: "str | SandboxTarget" = "podman",
 ) -> SubmissionVerdict:
     """Grade a submission: a fresh sandbox of the pristine task image, the screened diff applied, the tests run.
 
@@ -400,7 +400,8 @@ def verify_submission(
         name: sandbox name (a leftover of a crashed run of the same trial is removed first).
         tamper_policy: ``reject`` or ``drop`` (:mod:`forgeflow.sandbox.submission`).
         log_parser: see :func:`run_tests`.
-        backend: sandbox kind (:func:`forgeflow.sandbox.backends.get_backend`).
+        backend: sandbox kind, or a :class:`~forgeflow.sandbox.backends.SandboxTarget` (where a
+            kubernetes backend runs its pods; :func:`forgeflow.sandbox.backends.get_backend`).
 
     Returns:
         The :class:`SubmissionVerdict`: reward 0 for tampering (no test run), a patch that does not
@@ -424,7 +425,7 @@ def verify_submission(
     try:
         sandbox.start()
     except errors.SandboxError as exc:
-        if backend != "podman" or "already in use" not in str(exc):
+        if backend_kind(backend) != "podman" or "already in use" not in str(exc):
             raise
         remove_podman_container(name)  # left by a crashed run of the same trial
         sandbox.start()

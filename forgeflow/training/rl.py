@@ -50,6 +50,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from forgeflow.common import errors
 from forgeflow.common.fsutil import sha256_file, sha256_json
 from forgeflow.common.names import sanitize_name
+from forgeflow.sandbox.backends import SandboxTarget
 from forgeflow.sandbox.base import SandboxSpec
 from forgeflow.sandbox.submission import TamperPolicy
 from forgeflow.training.adapters import (
@@ -243,7 +244,7 @@ class RewardOutcome(BaseModel):
 def score_completion(
     completion: Any, task: VerifierSpec, *, verifier_timeout_multiplier: float = 0.06,
     memory_mb: int = 1024, cpus: float = 1.0, name: str | None = None, tamper_policy: TamperPolicy = "reject",
-    backend: str = "podman",
+    backend: "str | SandboxTarget" = "podman",
 ) -> RewardOutcome:
     """Apply a completion's patch in a fresh container of the task image and grade the tests.
 
@@ -327,7 +328,7 @@ class VerifierReward:
 
     def __init__(self, *, verifier_timeout_multiplier: float = 0.06, memory_mb: int = 1024,
                  cpus: float = 1.0, concurrency: int = 1, tamper_policy: TamperPolicy = "reject",
-                 backend: str = "podman") -> None:
+                 backend: "str | SandboxTarget" = "podman") -> None:
         if verifier_timeout_multiplier <= 0:
             raise errors.InputError(f"verifier_timeout_multiplier must be > 0, got {verifier_timeout_multiplier}")
         if concurrency < 1:
@@ -404,7 +405,8 @@ class RLBurstConfig(LoraSettings):
         verifier_memory_mb / verifier_cpus: limits of each verifier container.
         verifier_concurrency: verifier containers at once.
         verifier_backend: the sandbox backend kind of the verifier containers
-            (:data:`forgeflow.sandbox.backends.BACKENDS`; a ``forgeflow-sandbox`` block's ``kind``).
+            (:data:`forgeflow.sandbox.backends.BACKENDS`), or a
+            :class:`~forgeflow.sandbox.backends.SandboxTarget` (a ``forgeflow-sandbox`` block's).
         min_scored_fraction: least fraction of completions that must get a reward (not an
             exception); below it the burst fails (it learned from too little).
         gates: health gates; by default the loss trend gate is off (see :func:`_rl_gates`).
@@ -425,7 +427,7 @@ class RLBurstConfig(LoraSettings):
     verifier_memory_mb: int = Field(default=1024, ge=64)
     verifier_cpus: float = Field(default=1.0, gt=0)
     verifier_concurrency: int = Field(default=1, ge=1, le=32)
-    verifier_backend: str = Field(default="podman", min_length=1)
+    verifier_backend: str | SandboxTarget = "podman"
     min_scored_fraction: float = Field(default=0.5, ge=0.0, le=1.0)
     gates: HealthGates = Field(default_factory=_rl_gates)
     device: DeviceChoice = "auto"
@@ -536,6 +538,7 @@ def run_rl_burst(
     config: RLBurstConfig,
     parent_adapter_dir: Path | None = None,
     run_id: str | None = None,
+    verifier_backend: "str | SandboxTarget | None" = None,
 ) -> RLBurstRecord:
     """Train a LoRA adapter with GRPO or RLOO, rewarded by the verifier in each task's container.
 
@@ -555,6 +558,9 @@ def run_rl_burst(
         config: hyperparameters.
         parent_adapter_dir: an adapter folder written by an earlier (SFT or RL) burst, or None.
         run_id: recorded in the lineage; a uuid4 hex when None.
+        verifier_backend: where this run's verifier containers run, when it differs from
+            ``config.verifier_backend`` only by what the lineage must not record (e.g. the flow
+            run's label on the pods); None: ``config.verifier_backend``.
 
     Returns:
         The :class:`RLBurstRecord`.
@@ -593,7 +599,8 @@ def run_rl_burst(
         from trl import RLOOTrainer as Trainer
     reward = VerifierReward(verifier_timeout_multiplier=config.verifier_timeout_multiplier,
                             memory_mb=config.verifier_memory_mb, cpus=config.verifier_cpus,
-                            concurrency=config.verifier_concurrency, backend=config.verifier_backend)
+                            concurrency=config.verifier_concurrency,
+                            backend=verifier_backend if verifier_backend is not None else config.verifier_backend)
     with StagingDir(out_dir) as tmp:
         args, lora = _trl_objects(config, tmp / "trainer", with_lora=parent_adapter_dir is None, plan=plan)
         trainer = Trainer(model=model, reward_funcs=reward, args=args, train_dataset=data.dataset,

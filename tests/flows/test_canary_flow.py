@@ -182,6 +182,31 @@ def test_canary_runs_its_verifier_on_the_sandbox_block(prefect_harness, recorded
     assert small["report"]["reward_1"] == 2
     recorded = store.get_job("small").params["agent_config"]
     assert (recorded["verifier_backend"], recorded["memory_mb"], recorded["cpus"]) == ("podman", 768, 0.5)
-    assert store.get_job("cluster").params["agent_config"]["verifier_backend"] == "kubernetes"
+    assert store.get_job("cluster").params["agent_config"]["verifier_backend"]["kind"] == "kubernetes"
     assert [(t["exception_type"], t["reward"]) for t in cluster["trials"]] == [("SandboxError", None)] * 2
     assert cluster["report"]["reward_0"] == 0
+
+
+def test_canary_verifies_in_pods_through_the_kubernetes_api(prefect_harness, recorded_freeze, tmp_path: Path) -> None:
+    """The canary with a ``kubernetes`` sandbox block pointed at a loopback fake of the Kubernetes API
+    (tests/fakes/kubernetes_api.py: a fake of the API that runs pods with podman, not a cluster):
+    each verifier runs in a pod created, exec'd and deleted through the official client, with the
+    same rewards as on podman, and no pod is left."""
+    from blocks.core import SandboxBackend
+    from flows.canary import canary
+    from tests.kubefake import kubernetes_api
+
+    store, _, generated = recorded_freeze
+    with kubernetes_api(tmp_path) as fake, scripted_endpoint(lambda i: text_answer(FIX)) as (url, _):
+        SandboxBackend(kind="kubernetes", memory_mb=768, kubeconfig=str(fake.kubeconfig)).save(
+            "canary-fake-cluster", overwrite=True)
+        result = canary(freeze_name="canary-test", model_sha256=MODEL_SHA, generated_path=generated,
+                        out_dir=tmp_path / "canary", verifier_timeout_s=120.0, base_url=url,
+                        sandbox="canary-fake-cluster", job_id="pods",
+                        agent_config={"step_limit": 5, "agent_timeout_s": 120})
+        assert fake.pods() == [] and fake.containers() == []
+    assert [(t["exception_type"], t["reward"]) for t in result["trials"]] == [(None, 1.0)] * 2
+    assert result["report"]["reward_1"] == 2
+    recorded = store.get_job("pods").params["agent_config"]["verifier_backend"]
+    assert (recorded["kind"], recorded["namespace"], recorded["kubeconfig"]) == \
+        ("kubernetes", "forgeflow", str(fake.kubeconfig))

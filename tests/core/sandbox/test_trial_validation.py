@@ -68,7 +68,7 @@ class ScriptedSandbox:
 def script(monkeypatch: pytest.MonkeyPatch):
     def install(runs: list) -> Script:
         s = Script(runs)
-        monkeypatch.setitem(backends.BACKENDS, "scripted", s.factory)
+        monkeypatch.setitem(backends.BACKENDS, "scripted", lambda target: s.factory)
         return s
 
     return install
