@@ -7,8 +7,7 @@ JSON types and required fields), the pod-status -> exception mapping is tested o
 statuses (``tests/core/data/k8s/pod_*.json``, in the shape ``kubectl get pod -o json`` prints), and
 :class:`forgeflow.sandbox.kubernetes.KubernetesSandbox` is driven through a small recording stand-in for
 ``CoreV1Api`` (what it would create, read and delete). Exec through the API is not exercised here.
-The work-pool templates are rendered with Prefect's own templating (``apply_values``), as the
-Prefect kubernetes worker renders them.
+The work-pool templates are made and judged by prefect-kubernetes itself: tests/flows/test_work_pool.py.
 """
 
 from __future__ import annotations
@@ -228,47 +227,6 @@ def test_sandbox_pod_and_network_policy_files_match_the_renderers() -> None:
     )
     (policy,) = load_yaml_docs(K8S_DIR / "network-policy.yaml")
     assert policy == kubernetes_manifests.render_network_policy("forgeflow")
-
-
-def _render_job(template: dict, **values: object) -> dict:
-    """Render a base job template as the Prefect kubernetes worker does: Prefect's ``apply_values``
-    with the variables' defaults, then ``env`` from a mapping to a list of ``{name, value}``."""
-    from prefect.utilities.templating import apply_values, find_placeholders
-
-    declared = set(template["variables"]["properties"])
-    used = {p.name for p in find_placeholders(template["job_configuration"])}
-    assert used <= declared, f"undeclared placeholders: {used - declared}"
-    defaults = {k: v["default"] for k, v in template["variables"]["properties"].items() if "default" in v}
-    config = apply_values(template["job_configuration"], {**defaults, "env": {}, "labels": {}, **values})
-    manifest = config["job_manifest"]
-    container = manifest["spec"]["template"]["spec"]["containers"][0]
-    container["env"] = [{"name": k, "value": v} for k, v in (container.get("env") or {}).items()]
-    return manifest
-
-
-@pytest.mark.parametrize("filename", ["base-job-template.json", "base-job-template-gpu.json"])
-def test_base_job_templates_render_to_valid_prefect_jobs(filename: str) -> None:
-    template = json.loads((K8S_DIR / filename).read_text())
-    assert set(template) == {"job_configuration", "variables"}
-    manifest = _render_job(template, name="lifecycle-brave-otter", env={"FORGEFLOW_HOME": "/data"},
-                           image="registry.example.com/forgeflow/worker:0.1.0")
-    job = kubernetes_manifests.validate_manifest(manifest, PREFECT_JOB_EXTRAS)
-    assert type(job).__name__ == "V1Job"
-    # what the Prefect kubernetes worker insists on (prefect_kubernetes.worker._get_base_job_manifest)
-    pod_spec = manifest["spec"]["template"]["spec"]
-    assert (pod_spec["parallelism"], pod_spec["completions"], pod_spec["restartPolicy"]) == (1, 1, "Never")
-    assert job.spec.template.spec.containers[0].name == "prefect-job"
-    assert job.metadata.generate_name == "lifecycle-brave-otter-" and job.metadata.namespace == "forgeflow"
-    assert job.spec.template.spec.service_account_name == "forgeflow-worker"
-    assert job.spec.template.spec.security_context.run_as_non_root is True
-    assert job.spec.template.spec.containers[0].env[0].name == "FORGEFLOW_HOME"
-    limits = job.spec.template.spec.containers[0].resources.limits
-    if "gpu" in filename:
-        assert limits["nvidia.com/gpu"] == "1"
-        assert any(t.key == "nvidia.com/gpu" for t in job.spec.template.spec.tolerations)
-        assert job.spec.template.spec.node_selector
-    else:
-        assert "nvidia.com/gpu" not in limits and not job.spec.template.spec.tolerations
 
 
 def test_worker_dockerfile_pins_the_installed_prefect_and_copies_existing_paths() -> None:
