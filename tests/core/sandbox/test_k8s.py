@@ -13,6 +13,7 @@ The work-pool templates are made and judged by prefect-kubernetes itself: tests/
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -232,7 +233,9 @@ def test_sandbox_pod_and_network_policy_files_match_the_renderers() -> None:
 def test_worker_dockerfile_pins_the_installed_prefect_and_copies_existing_paths() -> None:
     text = (K8S_DIR / "worker.Dockerfile").read_text()
     assert f"ARG PREFECT_VERSION={importlib.metadata.version('prefect')}" in text
-    assert re.search(r"^ARG PREFECT_KUBERNETES_VERSION=\d+\.\d+\.\d+$", text, re.M)
+    pinned = re.search(r'"prefect-kubernetes==([^"]+)"', (REPO / "pyproject.toml").read_text()).group(1)
+    assert f"ARG PREFECT_KUBERNETES_VERSION={pinned}" in text.splitlines()
+    assert importlib.metadata.version("prefect-kubernetes") == pinned
     for source in re.findall(r"^COPY (\S+(?: \S+)*) \S+$", text, re.M):
         for part in source.split():
             assert (REPO / part).exists(), part
@@ -240,6 +243,37 @@ def test_worker_dockerfile_pins_the_installed_prefect_and_copies_existing_paths(
     assert users and not users[-1].startswith(("root", "0"))
     assert json.loads(re.search(r"^CMD (.+)$", text, re.M).group(1)) == [
         "prefect", "worker", "start", "--pool", "k8s", "--type", "kubernetes"]
+
+
+def _dockerfile_runs(text: str) -> list[str]:
+    """The shell command of each RUN instruction, continuation lines joined."""
+    joined = re.sub(r"\\\n\s*", " ", text)
+    return [line[len("RUN "):] for line in joined.splitlines() if line.startswith("RUN ")]
+
+
+def test_worker_image_installs_skopeo_and_no_podman() -> None:
+    runs = _dockerfile_runs((K8S_DIR / "worker.Dockerfile").read_text())
+    installed = set()
+    for run in runs:
+        for command in re.split(r"&&|;", run):
+            words = command.split()
+            if words[:2] == ["apt-get", "install"]:
+                installed |= {w for w in words[2:] if not w.startswith("-")}
+    assert "skopeo" in installed  # the registry flows shell out to it (forgeflow/registry/skopeo.py)
+    assert not installed & {"podman", "buildah", "docker.io", "containerd"}  # trials run as pods
+    assert any(re.search(r"\bskopeo --version\b", run) for run in runs)
+
+
+def test_worker_image_import_check_imports_modules_that_exist() -> None:
+    runs = _dockerfile_runs((K8S_DIR / "worker.Dockerfile").read_text())
+    checks = [m for run in runs for m in re.findall(r'python -c "import ([^"]+)"', run)]
+    assert checks, "the image build checks no import"
+    modules = [name.strip() for check in checks for name in check.split(",")]
+    assert {"forgeflow.sandbox.kubernetes", "prefect_kubernetes"} <= set(modules)
+    for module in modules:
+        assert importlib.util.find_spec(module) is not None, module
+        if module.split(".")[0] in {"forgeflow", "deployments", "tasks", "flows", "blocks"}:
+            assert Path(importlib.util.find_spec(module).origin).is_relative_to(REPO), module  # this checkout's
 
 
 # --- the sandbox, through a recording stand-in for CoreV1Api (no API server can run here) ---------
