@@ -5,7 +5,8 @@
 #   podman build -f infra/k8s/worker.Dockerfile -t REGISTRY/forgeflow/worker:0.1.0 .
 #   GPU variant: add --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128
 # Run as the worker (ServiceAccount forgeflow-worker, infra/k8s/rbac.yaml):
-#   prefect work-pool create k8s --type kubernetes --base-job-template infra/k8s/base-job-template.json
+#   forgeflow work-pool apply --pool k8s   (or: prefect work-pool create k8s --type kubernetes
+#   --base-job-template infra/k8s/base-job-template.json; the templates are deployments/work_pool.py's output)
 #   (the image's default command then starts the worker on that pool)
 FROM python:3.11-slim-bookworm
 
@@ -13,9 +14,11 @@ ARG PREFECT_VERSION=3.9.1
 ARG PREFECT_KUBERNETES_VERSION=0.8.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 
-# git/patch: task generation and patch checks; build-essential/cmake: llama-cpp-python builds from source
+# git/patch: task generation and patch checks; build-essential/cmake: llama-cpp-python builds from source;
+# skopeo: the registry flows copy and inspect images with it (forgeflow/registry/skopeo.py). No podman:
+# inside the cluster a trial is a pod (forgeflow.sandbox.kubernetes), never a container started here.
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends git patch build-essential cmake \
+    && apt-get install -y --no-install-recommends git patch build-essential cmake skopeo \
     && rm -rf /var/lib/apt/lists/*
 
 RUN useradd --uid 1000 --user-group --create-home forgeflow
@@ -33,7 +36,8 @@ COPY prefect.yaml ./
 
 RUN pip install --no-cache-dir --extra-index-url "${TORCH_INDEX_URL}" \
         "prefect==${PREFECT_VERSION}" "prefect-kubernetes==${PREFECT_KUBERNETES_VERSION}" -e . \
-    && python -c "import forgeflow.k8s, prefect_kubernetes"
+    && python -c "import forgeflow.sandbox.kubernetes, deployments.work_pool, prefect_kubernetes" \
+    && skopeo --version
 
 USER 1000:1000
 ENV FORGEFLOW_HOME=/home/forgeflow/.forgeflow \

@@ -7,13 +7,13 @@ JSON types and required fields), the pod-status -> exception mapping is tested o
 statuses (``tests/core/data/k8s/pod_*.json``, in the shape ``kubectl get pod -o json`` prints), and
 :class:`forgeflow.sandbox.kubernetes.KubernetesSandbox` is driven through a small recording stand-in for
 ``CoreV1Api`` (what it would create, read and delete). Exec through the API is not exercised here.
-The work-pool templates are rendered with Prefect's own templating (``apply_values``), as the
-Prefect kubernetes worker renders them.
+The work-pool templates are made and judged by prefect-kubernetes itself: tests/flows/test_work_pool.py.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -230,51 +230,12 @@ def test_sandbox_pod_and_network_policy_files_match_the_renderers() -> None:
     assert policy == kubernetes_manifests.render_network_policy("forgeflow")
 
 
-def _render_job(template: dict, **values: object) -> dict:
-    """Render a base job template as the Prefect kubernetes worker does: Prefect's ``apply_values``
-    with the variables' defaults, then ``env`` from a mapping to a list of ``{name, value}``."""
-    from prefect.utilities.templating import apply_values, find_placeholders
-
-    declared = set(template["variables"]["properties"])
-    used = {p.name for p in find_placeholders(template["job_configuration"])}
-    assert used <= declared, f"undeclared placeholders: {used - declared}"
-    defaults = {k: v["default"] for k, v in template["variables"]["properties"].items() if "default" in v}
-    config = apply_values(template["job_configuration"], {**defaults, "env": {}, "labels": {}, **values})
-    manifest = config["job_manifest"]
-    container = manifest["spec"]["template"]["spec"]["containers"][0]
-    container["env"] = [{"name": k, "value": v} for k, v in (container.get("env") or {}).items()]
-    return manifest
-
-
-@pytest.mark.parametrize("filename", ["base-job-template.json", "base-job-template-gpu.json"])
-def test_base_job_templates_render_to_valid_prefect_jobs(filename: str) -> None:
-    template = json.loads((K8S_DIR / filename).read_text())
-    assert set(template) == {"job_configuration", "variables"}
-    manifest = _render_job(template, name="lifecycle-brave-otter", env={"FORGEFLOW_HOME": "/data"},
-                           image="registry.example.com/forgeflow/worker:0.1.0")
-    job = kubernetes_manifests.validate_manifest(manifest, PREFECT_JOB_EXTRAS)
-    assert type(job).__name__ == "V1Job"
-    # what the Prefect kubernetes worker insists on (prefect_kubernetes.worker._get_base_job_manifest)
-    pod_spec = manifest["spec"]["template"]["spec"]
-    assert (pod_spec["parallelism"], pod_spec["completions"], pod_spec["restartPolicy"]) == (1, 1, "Never")
-    assert job.spec.template.spec.containers[0].name == "prefect-job"
-    assert job.metadata.generate_name == "lifecycle-brave-otter-" and job.metadata.namespace == "forgeflow"
-    assert job.spec.template.spec.service_account_name == "forgeflow-worker"
-    assert job.spec.template.spec.security_context.run_as_non_root is True
-    assert job.spec.template.spec.containers[0].env[0].name == "FORGEFLOW_HOME"
-    limits = job.spec.template.spec.containers[0].resources.limits
-    if "gpu" in filename:
-        assert limits["nvidia.com/gpu"] == "1"
-        assert any(t.key == "nvidia.com/gpu" for t in job.spec.template.spec.tolerations)
-        assert job.spec.template.spec.node_selector
-    else:
-        assert "nvidia.com/gpu" not in limits and not job.spec.template.spec.tolerations
-
-
 def test_worker_dockerfile_pins_the_installed_prefect_and_copies_existing_paths() -> None:
     text = (K8S_DIR / "worker.Dockerfile").read_text()
     assert f"ARG PREFECT_VERSION={importlib.metadata.version('prefect')}" in text
-    assert re.search(r"^ARG PREFECT_KUBERNETES_VERSION=\d+\.\d+\.\d+$", text, re.M)
+    pinned = re.search(r'"prefect-kubernetes==([^"]+)"', (REPO / "pyproject.toml").read_text()).group(1)
+    assert f"ARG PREFECT_KUBERNETES_VERSION={pinned}" in text.splitlines()
+    assert importlib.metadata.version("prefect-kubernetes") == pinned
     for source in re.findall(r"^COPY (\S+(?: \S+)*) \S+$", text, re.M):
         for part in source.split():
             assert (REPO / part).exists(), part
@@ -282,6 +243,37 @@ def test_worker_dockerfile_pins_the_installed_prefect_and_copies_existing_paths(
     assert users and not users[-1].startswith(("root", "0"))
     assert json.loads(re.search(r"^CMD (.+)$", text, re.M).group(1)) == [
         "prefect", "worker", "start", "--pool", "k8s", "--type", "kubernetes"]
+
+
+def _dockerfile_runs(text: str) -> list[str]:
+    """The shell command of each RUN instruction, continuation lines joined."""
+    joined = re.sub(r"\\\n\s*", " ", text)
+    return [line[len("RUN "):] for line in joined.splitlines() if line.startswith("RUN ")]
+
+
+def test_worker_image_installs_skopeo_and_no_podman() -> None:
+    runs = _dockerfile_runs((K8S_DIR / "worker.Dockerfile").read_text())
+    installed = set()
+    for run in runs:
+        for command in re.split(r"&&|;", run):
+            words = command.split()
+            if words[:2] == ["apt-get", "install"]:
+                installed |= {w for w in words[2:] if not w.startswith("-")}
+    assert "skopeo" in installed  # the registry flows shell out to it (forgeflow/registry/skopeo.py)
+    assert not installed & {"podman", "buildah", "docker.io", "containerd"}  # trials run as pods
+    assert any(re.search(r"\bskopeo --version\b", run) for run in runs)
+
+
+def test_worker_image_import_check_imports_modules_that_exist() -> None:
+    runs = _dockerfile_runs((K8S_DIR / "worker.Dockerfile").read_text())
+    checks = [m for run in runs for m in re.findall(r'python -c "import ([^"]+)"', run)]
+    assert checks, "the image build checks no import"
+    modules = [name.strip() for check in checks for name in check.split(",")]
+    assert {"forgeflow.sandbox.kubernetes", "prefect_kubernetes"} <= set(modules)
+    for module in modules:
+        assert importlib.util.find_spec(module) is not None, module
+        if module.split(".")[0] in {"forgeflow", "deployments", "tasks", "flows", "blocks"}:
+            assert Path(importlib.util.find_spec(module).origin).is_relative_to(REPO), module  # this checkout's
 
 
 # --- the sandbox, through a recording stand-in for CoreV1Api (no API server can run here) ---------
