@@ -113,7 +113,7 @@ class SandboxBackend(Block):
         Raises:
             InputError: ``kind`` is not a sandbox backend (the valid kinds listed), or a field is invalid.
         """
-        backends.get_backend(self.kind)  # an unknown kind: InputError listing the valid ones
+        backends.SandboxTarget.of(self.kind)  # an unknown kind: InputError listing the valid ones
         try:
             return backends.SandboxTarget(kind=self.kind, namespace=self.namespace, kubeconfig=self.kubeconfig,
                                           context=self.context, image_pull_secret=self.image_pull_secret)

@@ -80,7 +80,7 @@ def kubernetes_api(tmp_path: Path) -> Iterator[FakeKubernetesAPI]:
     try:
         deadline = time.monotonic() + 60
         while True:
-            assert proc.poll() is None, f"the fake Kubernetes API exited: {(tmp_path / log.name).read_text()}"
+            assert proc.poll() is None, f"the fake Kubernetes API exited: {Path(log.name).read_text()}"
             try:
                 if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
                     break

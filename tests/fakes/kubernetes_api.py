@@ -266,7 +266,8 @@ class FakeKubernetes:
         return web.Response(text="ok")
 
     async def cleanup(self, app: web.Application) -> None:
-        await self._podman("rm", "-f", "-t", "0", *[p.container for p in self.pods.values()]) if self.pods else None
+        if self.pods:  # the pods still held when the fake stops
+            await self._podman("rm", "-f", "-t", "0", *[p.container for p in self.pods.values()])
 
 
 def make_app(label: str) -> web.Application:
