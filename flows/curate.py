@@ -167,8 +167,8 @@ def curate(candidates_path: Path | None = None, quotas: SplitQuotas = DEFAULT_QU
     available = set(curate_tasks.available_images([row.image for row in rows if row.image]))
     refs = to_candidate_refs(rows, available)
     known = {t.instance_id for t in store.tasks()}
-    new_rows = [TaskRecord(instance_id=r.instance_id, repo=r.repo, patch_sha256=sha256_bytes(r.patch.encode()),
-                           image_ref=r.image, status="candidate", run_id=run_id)
+    new_rows = [TaskRecord(instance_id=r.instance_id, repo=r.repo, patch=r.patch, image_ref=r.image,
+                           status="candidate", run_id=run_id)
                  for r in rows if r.instance_id not in known]
     if new_rows:
         store.record_batch_results(BatchRecord(batch_id=f"load-{sha256_json(sorted(by_id))[:16]}", kind="load",
@@ -285,8 +285,8 @@ def _run_batch(store: Store, batch_id: str, ids: list[str], by_id: dict[str, Can
     for iid in ids:
         status, reason, report = final[iid]
         row = by_id[iid]
-        tasks.append(TaskRecord(instance_id=iid, repo=row.repo, patch_sha256=sha256_bytes(row.patch.encode()),
-                                image_ref=row.image, status=status, reason=reason,
+        tasks.append(TaskRecord(instance_id=iid, repo=row.repo, patch=row.patch, image_ref=row.image,
+                                status=status, reason=reason,
                                 fail_to_pass=report.FAIL_TO_PASS if report else [],
                                 pass_to_pass=report.PASS_TO_PASS if report else [], run_id=run_id))
     store.record_batch_results(BatchRecord(batch_id=batch_id, kind="curate", instance_ids=ids, concurrency=concurrency,

@@ -17,6 +17,7 @@ wall seconds.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +35,11 @@ from forgeflow.common.fsutil import atomic_write_text, sha256_bytes, sha256_file
 from forgeflow.common.settings import apply_container_env
 from forgeflow.config import LifecycleConfig
 from forgeflow.curation import generated
+from forgeflow.curation.bugs import Candidate
 from forgeflow.curation.bundle import BundleTask
 from forgeflow.curation.freeze import (
     AcceptedTask,
+    FreezeManifest,
     check_freeze_inputs,
     record_freeze_inputs,
 )
@@ -51,6 +54,8 @@ from forgeflow.registry import migration as migrate
 from forgeflow.registry.layout import ShardLayout
 from forgeflow.registry.server import RegistryServer
 from forgeflow.registry.skopeo import Skopeo
+from forgeflow.sandbox.grading import ValidationReport
+from forgeflow.sandbox.trial import ValidationOutcome
 from forgeflow.serving import bluegreen
 from forgeflow.serving.backend import BackendConfig
 from forgeflow.training import samples
@@ -102,7 +107,7 @@ def lifecycle(config: LifecycleConfig = LifecycleConfig()) -> dict[str, Any]:
     try:
         registry_ids = {server.name: registry_tasks.start_registry(server.name, server.port, server.storage_dir)
                         for server in (source, target)}
-        result = _run_stages(config, out_dir, run_id, log, store, state_path, registry_ids, serving)
+        result = _run_stages(_Run(config, out_dir, run_id, log, store, state_path, registry_ids, serving))
         logger.info("lifecycle finished: %d stages, summary at %s", len(log.stages), log.summary_path)
         return result
     finally:
@@ -115,292 +120,91 @@ def lifecycle(config: LifecycleConfig = LifecycleConfig()) -> dict[str, Any]:
         log.finish(result)  # summary.json + the stage table artifact
 
 
-def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageLog, store: Store,
-                state_path: Path, registry_ids: dict[str, str], serving: BackendConfig) -> dict[str, Any]:
-    src, dst = config.source_address, config.target_address
+@dataclass(frozen=True)
+class _Run:
+    """What every stage of one lifecycle run shares: its config, folders, ledger and servers."""
 
-    # 1. environments: base image (debootstrap), one environment image per project -> source registry
-    with log.stage("environments") as st:
-        base = log.call(registry_tasks.base_image)
-        envs: dict[str, dict[str, Any]] = {}
-        for name in config.projects:
-            project = projects.get_project(name)
-            local_name, checkout = log.call(registry_tasks.environment_image, name, base.image_id, out_dir)
-            local_id = images.image_id(local_name)
-            source_ref = f"{src}/env/{project.name}:{project.version}"
-            digest = log.call(registry_tasks.push_local_image, local_name, local_id, source_ref, registry_ids["source"])
-            envs[name] = {"project": project, "local": local_name, "checkout": Path(checkout),
-                          "source_ref": source_ref, "source_digest": digest}
-            store.record_image(records.ImageRecord(ref=source_ref, digest=digest, role="source", project=name,
-                                                   run_id=run_id))
-        st["counts"] = {"projects": len(envs)}
-        st["digests"] = {"base_image_id": base.image_id, **{n: e["source_digest"] for n, e in envs.items()}}
+    config: LifecycleConfig
+    out_dir: Path
+    run_id: str
+    log: StageLog
+    store: Store
+    state_path: Path
+    registry_ids: dict[str, str]
+    serving: BackendConfig
 
-    # 2. migrate: the migrate-images flow as a subflow (the one migration path): state per image in the
-    # store, digests preserved and verified; a re-run copies only what the store does not record as completed
-    with log.stage("migrate") as st:
-        names = {f"env/{e['project'].name}:{e['project'].version}": n for n, e in envs.items()}
-        try:
-            summary = migrate_images_flow(source=RegistryEndpoint(address=src), target=RegistryEndpoint(address=dst),
-                                          images=list(names), max_size_bytes=config.max_image_size_bytes,
-                                          store_url=store.url)
-        except MigrationIncompleteError as err:  # the subflow run is Failed; go on with what was migrated
-            summary = err.summary
-        for name, rec in zip(names.values(), summary.records):
-            if rec.status == "completed":
-                target_ref = migrate.store_ref(rec.target_ref)
-                envs[name]["target_ref"], envs[name]["target_digest"] = target_ref, rec.target_digest
-                # the flow wrote the row (role target, state, digests); the lifecycle adds the project
-                store.upsert(tables.Image, {"ref": target_ref}, {"role": "target", "project": name})
-        envs = {n: e for n, e in envs.items() if "target_ref" in e}
-        # StageLog's "cached": an image the store recorded as completed (and the target still serves) was not
-        # copied again, i.e. answered from the ledger as a cached task would be
-        st["tasks_run"] += len(summary.records)
-        st["tasks_cached"] += sum(r.reason == migrate.ALREADY_COMPLETED for r in summary.records)
-        st["counts"] = {"completed": len(envs), "skipped_or_failed": len(summary.records) - len(envs),
-                        "copied": summary.copied}
-        st["digests"] = {n: e["target_digest"] for n, e in envs.items()}
 
-    # 3. generate: SWE-smith procedural candidates per project, statically checked
-    with log.stage("generate") as st:
-        candidates = []
-        for name, env in envs.items():
-            project = env["project"]
-            found = log.call(curation.generate_candidates, name, env["checkout"], project.source_path,
-                             config.candidates_per_project, config.seed)
-            candidates.extend((c, name) for c in found)
-            for c in found:
-                store.record_task(records.TaskRecord(instance_id=c.instance_id, repo=name,
-                                                     patch_sha256=sha256_bytes(c.patch.encode()), status="candidate",
-                                                     run_id=run_id))
-        st["counts"] = {"candidates": len(candidates)}
+@dataclass
+class _Env:
+    """One project's environment image: built locally, pushed to the source registry and, once the
+    migrate stage completed it, its copy in the target registry."""
 
-    # 4. prewarm: shard layout plan (tag cap), basecache tags, then task images into their shards
-    with log.stage("prewarm") as st:
-        layout = ShardLayout(shards=config.shards, lanes=config.lanes, tag_cap=config.tag_cap)
-        plan = layout.plan([(c.instance_id, envs[repo]["target_digest"]) for c, repo in candidates])
-        base_refs = {e["target_digest"]: f"docker://{e['target_ref']}" for e in envs.values()}
-        basecache = log.call(registry_tasks.prewarm, plan, dst, base_refs, registry_ids["target"],
-                              config.prewarm_concurrency)
-        placements = {p.task_id: p for p in plan.placements}
-        tasks_info: dict[str, dict[str, Any]] = {}
-        reused_layers = 0  # task images must start with their environment image's layers
-        for c, repo in candidates:
-            env = envs[repo]
-            image = log.call(registry_tasks.task_image, env["local"], images.image_id(env["local"]),
-                             c.instance_id, c.patch)
-            place = placements[c.instance_id]
-            ref = f"{dst}/{place.repository}:{place.tag}"
-            digest = log.call(registry_tasks.push_local_image, image.name, image.image_id, ref, registry_ids["target"])
-            reuse = prewarm.verify_layer_reuse(Skopeo(), f"docker://{ref}", f"docker://{env['target_ref']}")
-            reused_layers += len(reuse.base_layers)
-            tasks_info[c.instance_id] = {"candidate": c, "repo": repo, "image_ref": ref, "digest": digest,
-                                         "local_image": image}
-            store.record_image(records.ImageRecord(ref=ref, digest=digest, role="task", project=repo, run_id=run_id))
-        st["paths"] = {"candidates": str(generated.merge_generated(out_dir / generated.GENERATED_FILE, [
-            generated.GeneratedTask(**t["candidate"].model_dump(), image=t["local_image"].name,
-                                    image_id=t["local_image"].image_id, registry_ref=t["image_ref"],
-                                    registry_digest=t["digest"], test_command=envs[t["repo"]]["project"].test_command)
-            for t in tasks_info.values()]))}  # what `curate` and the canary read; earlier runs' rows are kept
-        table_artifact("prewarm-plan", [
-            {"repository": r, "projected_tags": n, "cap": config.tag_cap}
-            for r, n in sorted(plan.projected_tag_counts.items())
-        ], "Projected tags per shard repository (task tags + basecache tags)")
-        st["counts"] = {"repositories": len(plan.projected_tag_counts), "basecache_tags": len(basecache),
-                        "task_images": len(tasks_info), "base_layers_reused": reused_layers}
+    project: projects.Project
+    local: str
+    checkout: Path
+    source_ref: str
+    source_digest: str
+    target_ref: str = ""
+    target_digest: str = ""
 
-    # 5. validate: NOP and Oracle runs in no-network containers, a sliding window of `validate_concurrency`,
-    # the longest validations (as last recorded) first
-    with log.stage("validate") as st:
-        order = longest_first(list(tasks_info), store.validation_seconds(list(tasks_info)))
-        progress_id = create_progress_artifact(progress=0.0, description="NOP/Oracle validation")
-        sink = curation.TrialSink(store_url=store.url, job_id=f"validate-{config.seed}", run_id=run_id)
-        ended: dict[str, Any] = {}
 
-        def submit(t: dict[str, Any]) -> Any:
-            return curation.validate_candidate.submit(
-                t["candidate"], t["image_ref"], t["digest"], envs[t["repo"]]["project"].test_command,
-                config.verifier_timeout_s, config.sandbox_memory_mb, checks=config.validation, sink=sink)
+@dataclass
+class _TaskImage:
+    """One candidate's task image in its shard of the target registry, and (after the validate
+    stage) its NOP/Oracle verdict."""
 
-        for t, state in log.window([tasks_info[i] for i in order], submit, config.validate_concurrency):
-            ended[t["candidate"].instance_id] = (t, state.result())
-            update_progress_artifact(progress_id, progress=100.0 * len(ended) / max(1, len(tasks_info)))
-        outcomes = [ended[i] for i in tasks_info]  # candidate order, whatever order they ended in
-        # each trial was stored as it ended (the sink); again here, for validations answered from cache
-        store.record_trials([canary_core.trial_row(tr, f"validate-{config.seed}", None, run_id)
-                             for _, out in outcomes for tr in out.trials])
-        accepted, rows = [], []
-        trials_n = sum(len(out.trials) for _, out in outcomes)
-        for t, out in outcomes:
-            c = t["candidate"]
-            report = out.report
-            status = "accepted" if report is not None and report.accepted else (
-                "error" if report is None else "rejected")
-            reason = report.reason if report is not None else ((out.failed_trial or out.nop).exception_type or "")
-            store.record_task(records.TaskRecord(
-                instance_id=c.instance_id, repo=t["repo"], patch_sha256=sha256_bytes(c.patch.encode()),
-                image_ref=t["image_ref"], status=status, reason=reason,
-                fail_to_pass=report.FAIL_TO_PASS if report else [],
-                pass_to_pass=report.PASS_TO_PASS if report else [], run_id=run_id))
-            t["report"] = report
-            rows.append({"instance_id": c.instance_id, "status": status, "reason": reason,
-                         "FAIL_TO_PASS": len(report.FAIL_TO_PASS) if report else 0,
-                         "nop_reward": out.nop.reward, "oracle_reward": out.oracle.reward if out.oracle else None,
-                         "oracle_runs": len([t for t in out.trials if t.kind == "oracle"]),
-                         "flaky_tests": len(report.flaky_tests) if report else 0})
-            if status == "accepted":
-                accepted.append(t)
-        table_artifact("validate", rows, "NOP/Oracle validation of every candidate")
-        st["counts"] = {"candidates": len(outcomes), "trials": trials_n, "accepted": len(accepted),
-                        "rejected": sum(r["status"] == "rejected" for r in rows),
-                        "flaky": sum(r["flaky_tests"] > 0 for r in rows),
-                        "errors": sum(r["status"] == "error" for r in rows)}
-        if not accepted:
-            raise PreflightError("validation accepted no task: nothing to freeze")
+    candidate: Candidate
+    repo: str
+    test_command: str
+    image_ref: str
+    digest: str
+    local_image: images.ImageRef
+    report: ValidationReport | None = None
 
-    # 6. freeze: repository-disjoint splits with per-repo caps, manifest written atomically
-    with log.stage("freeze") as st:
-        quotas = config.quotas
-        accepted_refs = [AcceptedTask(instance_id=t["candidate"].instance_id, repo=t["repo"]) for t in accepted]
-        image_digests = {t["candidate"].instance_id: t["digest"] for t in accepted}
-        bundle_tasks = [BundleTask(
-            instance_id=t["candidate"].instance_id, repo=t["repo"], fail_to_pass=t["report"].FAIL_TO_PASS,
-            pass_to_pass=t["report"].PASS_TO_PASS, image_ref=t["image_ref"], image_digest=t["digest"],
-            patch_sha256=sha256_bytes(t["candidate"].patch.encode()), patch=t["candidate"].patch) for t in accepted]
-        manifest = log.call(curation.freeze_dataset, config.freeze_name, accepted_refs, quotas, config.seed,
-                            out_dir / "freezes", {"image_digests": image_digests}, bundle_tasks)
-        store.record_freeze(records.FreezeRecord(
-            name=manifest.name, semantic_sha256=manifest.semantic_sha256, file_sha256=manifest.file_sha256,
-            manifest_path=str(manifest.path), counts=manifest.counts, bundle_sha256=manifest.bundle_sha256,
-            bundle_path=str(manifest.bundle_path) if manifest.bundle_path else None, run_id=run_id))
-        record_freeze_inputs(config.freeze_name, out_dir / "freezes", config.freeze_inputs())
-        splits = manifest.splits
-        st["counts"] = {k: len(v) for k, v in splits.items()}
-        st["digests"] = {"semantic_sha256": manifest.semantic_sha256, "file_sha256": manifest.file_sha256,
-                         "bundle_sha256": manifest.bundle_sha256}
-        st["paths"] = {"manifest": str(manifest.path), "bundle": str(manifest.bundle_path)}
-    by_id = {t["candidate"].instance_id: t for t in accepted}
+    @property
+    def instance_id(self) -> str:
+        return self.candidate.instance_id
 
-    # 7. base model: the team's checkpoint (a folder, a Hub revision) or the tiny Qwen2 with the real Qwen2
-    # tokenizer; packaged as GGUF
-    with log.stage("base_model") as st:
-        if config.base_model.kind == "tiny":
-            base_model, tokenizer_check = log.call(packaging_tasks.base_model, out_dir / "models" / "base",
-                                                   config.seed)
-            st["counts"] = {"tokenizer_vectors_matched": tokenizer_check.matched,
-                            "tokenizer_vectors_total": tokenizer_check.total}
-        else:
-            base_model = log.call(packaging_tasks.base_checkpoint, config.base_model, out_dir / "models" / "hub")
-            st["counts"] = {"source": base_model.source, **({"commit": base_model.commit} if base_model.commit else {})}
-        base_gguf_dir = out_dir / "models" / "base-gguf"
-        base_gguf = log.call(packaging_tasks.package, base_model.path, base_model.sha256, base_gguf_dir,
-                             (config.serve_quantization,))
-        served_base = base_gguf[config.serve_quantization]
-        store.record_model_artifact(records.ModelArtifactRecord(
-            sha256=base_model.sha256, kind="base", path=str(base_model.path), run_id=run_id,
-            lineage=base_model.provenance))  # where the checkpoint came from (tiny, folder, Hub commit)
-        packaging_tasks.record_package(store, base_gguf, base_model.sha256, base_gguf_dir, None, run_id)
-        st["counts"] = {"parameters": base_model.num_parameters, **st["counts"]}
-        st["digests"] = {"hf": base_model.sha256, **{q: a.sha256 for q, a in base_gguf.items()}}
+    def verdict(self) -> ValidationReport:
+        """The report of an accepted task (only accepted tasks reach the freeze)."""
+        assert self.report is not None, self.instance_id
+        return self.report
 
-    # 8. serve the baseline, 9. canary it on the frozen test split
+
+def _run_stages(run: _Run) -> dict[str, Any]:
+    config = run.config
+    envs = _migrate(run, _environments(run))
+    candidates = _generate(run, envs)
+    task_images = _prewarm(run, envs, candidates)
+    accepted = _validate(run, task_images)
+    manifest = _freeze(run, accepted)
+    by_id = {t.instance_id: t for t in accepted}
+    test_tasks = [by_id[i] for i in manifest.splits["test"]]
+    base_model, base_gguf = _base_model(run)
+    served_base = base_gguf[config.serve_quantization]
     agent_config = agent.AgentConfig(step_limit=config.agent_step_limit, max_tokens=config.agent_max_tokens,
                                      agent_timeout_s=config.agent_timeout_s, seed=config.seed)
-    with log.stage("serve_baseline") as st:
-        swap = log.call(serving_tasks.serve_swap, state_path, served_base.path, served_base.sha256, serving)
-        serving_tasks.record_swap(store, swap.previous, swap.current, run_id)
+    with run.log.stage("serve_baseline") as st:  # 8. serve the baseline, 9. canary it on the frozen test split
+        swap = run.log.call(serving_tasks.serve_swap, run.state_path, served_base.path, served_base.sha256,
+                            run.serving)
+        serving_tasks.record_swap(run.store, swap.previous, swap.current, run.run_id)
         st["counts"] = {"generation": swap.current.generation, "port": swap.current.active_port}
-    baseline_trials = _canary(log, "canary_baseline", config, splits["test"], by_id, envs, swap.current.base_url,
-                              served_base.sha256, agent_config, out_dir, store, run_id)
-
-    # 10. burst: SFT samples from the Oracle solutions of the train split, one LoRA burst
-    with log.stage("burst") as st:
-        sft_samples = samples.oracle_samples(
-            [(by_id[i]["candidate"], envs[by_id[i]["repo"]]["checkout"], by_id[i]["report"].FAIL_TO_PASS)
-             for i in splits["train"]])
-        burst_config = BurstConfig(max_steps=config.burst_max_steps, learning_rate=config.burst_learning_rate,
-                                   lora_r=config.lora_r, max_length=config.burst_max_length, seed=config.seed)
-        # preflight before any model loads (templates, disk space); a failure fails the stage with every
-        # problem listed. A check, not stage work: left out of the stage's run/cached counts.
-        training_tasks.burst_preflight(base_model.path, out_dir / "models" / "adapter", burst_config.lora_r,
-                                    burst_config.lora_target_modules)
-        adapter = log.call(training_tasks.sft_burst, base_model.path, base_model.sha256, sft_samples,
-                           out_dir / "models" / "adapter", burst_config, None, run_id)
-        # models/adapter is the burst's working folder, reused by the next burst: the ledger and the
-        # package stage use the adapter's content-addressed copy models/adapters/<sha256> instead
-        adapter = pin_adapter(adapter, out_dir / "models" / "adapters")
-        store.record_model_artifact(records.ModelArtifactRecord(
-                                    sha256=adapter.sha256, kind="adapter", path=str(adapter.path),
-                                    parent_sha256=base_model.sha256, lineage=adapter.lineage.model_dump(mode="json"),
-                                    run_id=run_id))
-        st["counts"] = {"samples": len(sft_samples), "steps": adapter.steps}
-        st["digests"] = {"adapter": adapter.sha256, "dataset": adapter.lineage.dataset_sha256}
-        st["paths"] = {"adapter": str(adapter.path)}
-
-    # 11. package: merge -> GGUF f16 -> quantize -> check -> load
-    with log.stage("package") as st:
-        package_dir = out_dir / "models" / "candidate-gguf" / adapter.sha256[:16]  # one folder per adapter
-        ggufs = log.call(packaging_tasks.package, base_model.path, base_model.sha256, package_dir,
-                         config.quantizations, adapter.path, adapter.sha256, config.metadata_edits)
-        packaging_tasks.record_package(store, ggufs, base_model.sha256, package_dir, adapter.sha256, run_id)
-        table_artifact("package", [{"type": q, "path": str(a.path), "size_bytes": a.size_bytes, "sha256": a.sha256}
-                                   for q, a in ggufs.items()], "GGUF artifacts of the candidate model")
-        st["digests"] = {q: a.sha256 for q, a in ggufs.items()}
-        st["paths"] = {q: str(a.path) for q, a in ggufs.items()}
-    served_new = ggufs[config.serve_quantization]
-
-    # 12. stage the candidate on the idle port (health + smoke gate), the recorded endpoint unchanged;
-    # 13. canary it there; 14. compare + promotion gate; 15. promote (switch, stop old) or discard.
-    # One Prefect transaction: any failure after staging rolls back (the stage task's rollback hook
-    # stops the staged server; the recorded endpoint never moved).
-    with transaction():
-        with log.stage("serve_stage") as st:
-            staged = log.call(serving_tasks.stage_server, state_path, served_new.path, served_new.sha256, serving)
-            st["counts"] = {"port": staged.port, "smoke_tokens": staged.gate.smoke_tokens}
-        candidate_trials = _canary(log, "canary_candidate", config, splits["test"], by_id, envs, staged.base_url,
-                                   served_new.sha256, agent_config, out_dir, store, run_id)
-        with log.stage("compare") as st:
-            repo_of = {i: by_id[i]["repo"] for i in splits["test"]}
-            comparison = log.call(evaluation_tasks.compare_jobs, baseline_trials, candidate_trials, "baseline",
-                                  "candidate",
-                              repo_of, config.promotion_max_drop, config.promotion_alpha, config.seed,
-                              min_pairs=config.promotion_min_pairs, min_repos=config.promotion_min_repos,
-                              max_wall_s_ratio=config.promotion_max_wall_s_ratio,
-                              max_input_tokens_ratio=config.promotion_max_input_tokens_ratio,
-                              max_agent_steps_ratio=config.promotion_max_agent_steps_ratio)
-            paired, decision, md = comparison.paired, comparison.decision, comparison.markdown
-            report_path = out_dir / "compare.md"
-            plot_path = render_plot(comparison.report_a, comparison.report_b, paired, out_dir / "compare.png",
-                                    "baseline", "candidate")
-            md += f"\n![pass rates with Wilson intervals; wins/losses per repository]({plot_path.name})\n"
-            atomic_write_text(report_path, md)
-            markdown_artifact("compare", md.replace(f"]({plot_path.name})", f"]({plot_path.resolve().as_uri()})"),
-                              "Paired comparison baseline vs candidate on the frozen test split")
-            st["counts"] = {"pairs": paired.n_pairs, "wins": paired.wins, "ties": paired.ties,
-                            "losses": paired.losses}
-            st["decision"] = decision.model_dump(mode="json")
-            st["digests"] = {"report": sha256_file(report_path), "plot": sha256_file(plot_path)}
-            st["paths"] = {"report": str(report_path), "plot": str(plot_path)}
-        with log.stage("serve_swap") as st:
-            if decision.verdict == "promote":
-                swap = log.call(serving_tasks.promote_server, state_path, staged)
-                serving_tasks.record_swap(store, swap.previous, swap.current, run_id)
-                st["counts"] = {"generation": swap.current.generation, "port": swap.current.active_port,
-                                "promoted": 1}
-            else:
-                log.call(serving_tasks.discard_server, staged)
-                st["counts"] = {"promoted": 0}
-                st["decision"] = f"{decision.verdict}: {decision.reason}"
-
+    baseline_trials = _canary(run, "canary_baseline", test_tasks, swap.current.base_url, served_base.sha256,
+                              agent_config)
+    adapter = _burst(run, base_model, [by_id[i] for i in manifest.splits["train"]], envs)
+    ggufs = _package(run, base_model, adapter)
+    comparison, report_path, plot_path = _stage_and_promote(run, ggufs[config.serve_quantization], test_tasks,
+                                                            baseline_trials, agent_config)
+    paired, decision = comparison.paired, comparison.decision
     emit_event("forgeflow.lifecycle.completed",
                resource={"prefect.resource.id": f"forgeflow.freeze.{config.freeze_name}"},
                payload={"mcnemar_p": paired.mcnemar_p})
     return {
-        "images": {"environments": len(envs), "task_images": len(tasks_info)},
-        "tasks": {"generated": len(candidates), "validated": len(outcomes), "accepted": len(accepted)},
+        "images": {"environments": len(envs), "task_images": len(task_images)},
+        "tasks": {"generated": len(candidates), "validated": len(task_images), "accepted": len(accepted)},
         "freeze": {"name": config.freeze_name, "semantic_sha256": manifest.semantic_sha256,
                    "bundle_sha256": manifest.bundle_sha256,
-                   "splits": {k: len(v) for k, v in splits.items()}},
+                   "splits": {k: len(v) for k, v in manifest.splits.items()}},
         "canary": {"baseline": comparison.report_a.model_dump(mode="json"),
                    "candidate": comparison.report_b.model_dump(mode="json")},
         "costs": comparison.costs.model_dump(mode="json"),
@@ -417,34 +221,353 @@ def _run_stages(config: LifecycleConfig, out_dir: Path, run_id: str, log: StageL
     }
 
 
-def _canary(log: StageLog, stage: str, config: LifecycleConfig, test_ids: list[str], by_id: dict[str, dict[str, Any]],
-            envs: dict[str, dict[str, Any]], base_url: str, model_sha256: str,
-            agent_config: agent.AgentConfig, out_dir: Path, store: Store, run_id: str) -> list:
+def _environments(run: _Run) -> dict[str, _Env]:
+    """1. environments: base image (debootstrap), one environment image per project -> source registry."""
+    log, src = run.log, run.config.source_address
+    with log.stage("environments") as st:
+        base = log.call(registry_tasks.base_image)
+        envs: dict[str, _Env] = {}
+        for name in run.config.projects:
+            project = projects.get_project(name)
+            local_name, checkout = log.call(registry_tasks.environment_image, name, base.image_id, run.out_dir)
+            local_id = images.image_id(local_name)
+            source_ref = f"{src}/env/{project.name}:{project.version}"
+            digest = log.call(registry_tasks.push_local_image, local_name, local_id, source_ref,
+                              run.registry_ids["source"])
+            envs[name] = _Env(project=project, local=local_name, checkout=Path(checkout), source_ref=source_ref,
+                              source_digest=digest)
+            run.store.record_image(records.ImageRecord(ref=source_ref, digest=digest, role="source", project=name,
+                                                       run_id=run.run_id))
+        st["counts"] = {"projects": len(envs)}
+        st["digests"] = {"base_image_id": base.image_id, **{n: e.source_digest for n, e in envs.items()}}
+    return envs
+
+
+def _migrate(run: _Run, envs: dict[str, _Env]) -> dict[str, _Env]:
+    """2. migrate: the migrate-images flow as a subflow (the one migration path): state per image in the
+    store, digests preserved and verified; a re-run copies only what the store does not record as
+    completed. Returns the environments whose migration completed."""
+    config, store = run.config, run.store
+    with run.log.stage("migrate") as st:
+        names = {f"env/{e.project.name}:{e.project.version}": n for n, e in envs.items()}
+        try:
+            summary = migrate_images_flow(source=RegistryEndpoint(address=config.source_address),
+                                          target=RegistryEndpoint(address=config.target_address),
+                                          images=list(names), max_size_bytes=config.max_image_size_bytes,
+                                          store_url=store.url)
+        except MigrationIncompleteError as err:  # the subflow run is Failed; go on with what was migrated
+            summary = err.summary
+        for name, rec in zip(names.values(), summary.records):
+            if rec.status == "completed":
+                target_ref = migrate.store_ref(rec.target_ref)
+                envs[name].target_ref, envs[name].target_digest = target_ref, rec.target_digest
+                # the flow wrote the row (role target, state, digests); the lifecycle adds the project
+                store.upsert(tables.Image, {"ref": target_ref}, {"role": "target", "project": name})
+        envs = {n: e for n, e in envs.items() if e.target_ref}
+        # StageLog's "cached": an image the store recorded as completed (and the target still serves) was not
+        # copied again, i.e. answered from the ledger as a cached task would be
+        st["tasks_run"] += len(summary.records)
+        st["tasks_cached"] += sum(r.reason == migrate.ALREADY_COMPLETED for r in summary.records)
+        st["counts"] = {"completed": len(envs), "skipped_or_failed": len(summary.records) - len(envs),
+                        "copied": summary.copied}
+        st["digests"] = {n: e.target_digest for n, e in envs.items()}
+    return envs
+
+
+def _generate(run: _Run, envs: dict[str, _Env]) -> list[tuple[Candidate, str]]:
+    """3. generate: SWE-smith procedural candidates per project, statically checked; (candidate, repo)."""
+    with run.log.stage("generate") as st:
+        candidates = []
+        for name, env in envs.items():
+            found = run.log.call(curation.generate_candidates, name, env.checkout, env.project.source_path,
+                                 run.config.candidates_per_project, run.config.seed)
+            candidates.extend((c, name) for c in found)
+            for c in found:
+                run.store.record_task(records.TaskRecord(instance_id=c.instance_id, repo=name, patch=c.patch,
+                                                         status="candidate", run_id=run.run_id))
+        st["counts"] = {"candidates": len(candidates)}
+    return candidates
+
+
+def _prewarm(run: _Run, envs: dict[str, _Env], candidates: list[tuple[Candidate, str]]) -> dict[str, _TaskImage]:
+    """4. prewarm: shard layout plan (tag cap), basecache tags, then task images into their shards."""
+    config, log, dst = run.config, run.log, run.config.target_address
+    with log.stage("prewarm") as st:
+        layout = ShardLayout(shards=config.shards, lanes=config.lanes, tag_cap=config.tag_cap)
+        plan = layout.plan([(c.instance_id, envs[repo].target_digest) for c, repo in candidates])
+        base_refs = {e.target_digest: f"docker://{e.target_ref}" for e in envs.values()}
+        basecache = log.call(registry_tasks.prewarm, plan, dst, base_refs, run.registry_ids["target"],
+                             config.prewarm_concurrency)
+        placements = {p.task_id: p for p in plan.placements}
+        task_images: dict[str, _TaskImage] = {}
+        reused_layers = 0  # task images must start with their environment image's layers
+        for c, repo in candidates:
+            env = envs[repo]
+            image = log.call(registry_tasks.task_image, env.local, images.image_id(env.local), c.instance_id, c.patch)
+            place = placements[c.instance_id]
+            ref = f"{dst}/{place.repository}:{place.tag}"
+            digest = log.call(registry_tasks.push_local_image, image.name, image.image_id, ref,
+                              run.registry_ids["target"])
+            reuse = prewarm.verify_layer_reuse(Skopeo(), f"docker://{ref}", f"docker://{env.target_ref}")
+            reused_layers += len(reuse.base_layers)
+            task_images[c.instance_id] = _TaskImage(candidate=c, repo=repo, test_command=env.project.test_command,
+                                                    image_ref=ref, digest=digest, local_image=image)
+            run.store.record_image(records.ImageRecord(ref=ref, digest=digest, role="task", project=repo,
+                                                       run_id=run.run_id))
+        st["paths"] = {"candidates": str(generated.merge_generated(run.out_dir / generated.GENERATED_FILE, [
+            generated.GeneratedTask(**t.candidate.model_dump(), image=t.local_image.name,
+                                    image_id=t.local_image.image_id, registry_ref=t.image_ref,
+                                    registry_digest=t.digest, test_command=t.test_command)
+            for t in task_images.values()]))}  # what `curate` and the canary read; earlier runs' rows are kept
+        table_artifact("prewarm-plan", [
+            {"repository": r, "projected_tags": n, "cap": config.tag_cap}
+            for r, n in sorted(plan.projected_tag_counts.items())
+        ], "Projected tags per shard repository (task tags + basecache tags)")
+        st["counts"] = {"repositories": len(plan.projected_tag_counts), "basecache_tags": len(basecache),
+                        "task_images": len(task_images), "base_layers_reused": reused_layers}
+    return task_images
+
+
+def _validate(run: _Run, task_images: dict[str, _TaskImage]) -> list[_TaskImage]:
+    """5. validate: NOP and Oracle runs in no-network containers, a sliding window of
+    ``validate_concurrency``, the longest validations (as last recorded) first. Sets each task's
+    report; returns the accepted tasks in candidate order.
+
+    Raises:
+        PreflightError: no task was accepted (nothing to freeze).
+    """
+    config, store = run.config, run.store
+    with run.log.stage("validate") as st:
+        order = longest_first(list(task_images), store.validation_seconds(list(task_images)))
+        progress_id = create_progress_artifact(progress=0.0, description="NOP/Oracle validation")
+        job_id = f"validate-{config.seed}"
+        sink = curation.TrialSink(store_url=store.url, job_id=job_id, run_id=run.run_id)
+        ended: dict[str, ValidationOutcome] = {}
+
+        def submit(t: _TaskImage) -> Any:
+            return curation.validate_candidate.submit(
+                t.candidate, t.image_ref, t.digest, t.test_command, config.verifier_timeout_s,
+                config.sandbox_memory_mb, checks=config.validation, sink=sink)
+
+        for t, state in run.log.window([task_images[i] for i in order], submit, config.validate_concurrency):
+            ended[t.instance_id] = state.result()
+            update_progress_artifact(progress_id, progress=100.0 * len(ended) / max(1, len(task_images)))
+        outcomes = [(t, ended[i]) for i, t in task_images.items()]  # candidate order, whatever order they ended in
+        # each trial was stored as it ended (the sink); again here, for validations answered from cache
+        store.record_trials([canary_core.trial_row(tr, job_id, None, run.run_id)
+                             for _, out in outcomes for tr in out.trials])
+        accepted, rows = [], []
+        for t, out in outcomes:
+            row = _record_verdict(run, t, out)
+            rows.append(row)
+            if row["status"] == "accepted":
+                accepted.append(t)
+        table_artifact("validate", rows, "NOP/Oracle validation of every candidate")
+        st["counts"] = {"candidates": len(outcomes), "trials": sum(len(out.trials) for _, out in outcomes),
+                        "accepted": len(accepted),
+                        "rejected": sum(r["status"] == "rejected" for r in rows),
+                        "flaky": sum(r["flaky_tests"] > 0 for r in rows),
+                        "errors": sum(r["status"] == "error" for r in rows)}
+        if not accepted:
+            raise PreflightError("validation accepted no task: nothing to freeze")
+    return accepted
+
+
+def _record_verdict(run: _Run, t: _TaskImage, out: ValidationOutcome) -> dict[str, Any]:
+    """Record one candidate's verdict in the store (status accepted / rejected / error) and set its
+    report; returns its row of the validate table."""
+    c, report = t.candidate, out.report
+    status = "accepted" if report is not None and report.accepted else ("error" if report is None else "rejected")
+    reason = report.reason if report is not None else ((out.failed_trial or out.nop).exception_type or "")
+    run.store.record_task(records.TaskRecord(
+        instance_id=c.instance_id, repo=t.repo, patch=c.patch, image_ref=t.image_ref, status=status, reason=reason,
+        fail_to_pass=report.FAIL_TO_PASS if report else [],
+        pass_to_pass=report.PASS_TO_PASS if report else [], run_id=run.run_id))
+    t.report = report
+    return {"instance_id": c.instance_id, "status": status, "reason": reason,
+            "FAIL_TO_PASS": len(report.FAIL_TO_PASS) if report else 0,
+            "nop_reward": out.nop.reward, "oracle_reward": out.oracle.reward if out.oracle else None,
+            "oracle_runs": len([tr for tr in out.trials if tr.kind == "oracle"]),
+            "flaky_tests": len(report.flaky_tests) if report else 0}
+
+
+def _freeze(run: _Run, accepted: list[_TaskImage]) -> FreezeManifest:
+    """6. freeze: repository-disjoint splits with per-repo caps, manifest written atomically."""
+    config = run.config
+    with run.log.stage("freeze") as st:
+        accepted_refs = [AcceptedTask(instance_id=t.instance_id, repo=t.repo) for t in accepted]
+        image_digests = {t.instance_id: t.digest for t in accepted}
+        bundle_tasks = [BundleTask(
+            instance_id=t.instance_id, repo=t.repo, fail_to_pass=t.verdict().FAIL_TO_PASS,
+            pass_to_pass=t.verdict().PASS_TO_PASS, image_ref=t.image_ref, image_digest=t.digest,
+            patch_sha256=sha256_bytes(t.candidate.patch.encode()), patch=t.candidate.patch) for t in accepted]
+        manifest = run.log.call(curation.freeze_dataset, config.freeze_name, accepted_refs, config.quotas,
+                                config.seed, run.out_dir / "freezes", {"image_digests": image_digests}, bundle_tasks)
+        run.store.record_freeze(records.FreezeRecord(
+            name=manifest.name, semantic_sha256=manifest.semantic_sha256, file_sha256=manifest.file_sha256,
+            manifest_path=str(manifest.path), counts=manifest.counts, bundle_sha256=manifest.bundle_sha256,
+            bundle_path=str(manifest.bundle_path) if manifest.bundle_path else None, run_id=run.run_id))
+        record_freeze_inputs(config.freeze_name, run.out_dir / "freezes", config.freeze_inputs())
+        st["counts"] = {k: len(v) for k, v in manifest.splits.items()}
+        st["digests"] = {"semantic_sha256": manifest.semantic_sha256, "file_sha256": manifest.file_sha256,
+                         "bundle_sha256": manifest.bundle_sha256}
+        st["paths"] = {"manifest": str(manifest.path), "bundle": str(manifest.bundle_path)}
+    return manifest
+
+
+def _base_model(run: _Run) -> tuple[Any, dict[str, Any]]:
+    """7. base model: the team's checkpoint (a folder, a Hub revision) or the tiny Qwen2 with the real
+    Qwen2 tokenizer; packaged as GGUF. Returns the checkpoint and its GGUF artifacts by quantization."""
+    config, log, out_dir = run.config, run.log, run.out_dir
+    with log.stage("base_model") as st:
+        if config.base_model.kind == "tiny":
+            base_model, tokenizer_check = log.call(packaging_tasks.base_model, out_dir / "models" / "base",
+                                                   config.seed)
+            st["counts"] = {"tokenizer_vectors_matched": tokenizer_check.matched,
+                            "tokenizer_vectors_total": tokenizer_check.total}
+        else:
+            base_model = log.call(packaging_tasks.base_checkpoint, config.base_model, out_dir / "models" / "hub")
+            st["counts"] = {"source": base_model.source, **({"commit": base_model.commit} if base_model.commit else {})}
+        base_gguf_dir = out_dir / "models" / "base-gguf"
+        base_gguf = log.call(packaging_tasks.package, base_model.path, base_model.sha256, base_gguf_dir,
+                             (config.serve_quantization,))
+        run.store.record_model_artifact(records.ModelArtifactRecord(
+            sha256=base_model.sha256, kind="base", path=str(base_model.path), run_id=run.run_id,
+            lineage=base_model.provenance))  # where the checkpoint came from (tiny, folder, Hub commit)
+        packaging_tasks.record_package(run.store, base_gguf, base_model.sha256, base_gguf_dir, None, run.run_id)
+        st["counts"] = {"parameters": base_model.num_parameters, **st["counts"]}
+        st["digests"] = {"hf": base_model.sha256, **{q: a.sha256 for q, a in base_gguf.items()}}
+    return base_model, base_gguf
+
+
+def _burst(run: _Run, base_model: Any, train: list[_TaskImage], envs: dict[str, _Env]) -> Any:
+    """10. burst: SFT samples from the Oracle solutions of the train split, one LoRA burst; returns
+    the adapter pinned under its content address (models/adapters/<sha256>)."""
+    config, out_dir = run.config, run.out_dir
+    with run.log.stage("burst") as st:
+        sft_samples = samples.oracle_samples([(t.candidate, envs[t.repo].checkout, t.verdict().FAIL_TO_PASS)
+                                              for t in train])
+        burst_config = BurstConfig(max_steps=config.burst_max_steps, learning_rate=config.burst_learning_rate,
+                                   lora_r=config.lora_r, max_length=config.burst_max_length, seed=config.seed)
+        # preflight before any model loads (templates, disk space); a failure fails the stage with every
+        # problem listed. A check, not stage work: left out of the stage's run/cached counts.
+        training_tasks.burst_preflight(base_model.path, out_dir / "models" / "adapter", burst_config.lora_r,
+                                       burst_config.lora_target_modules)
+        adapter = run.log.call(training_tasks.sft_burst, base_model.path, base_model.sha256, sft_samples,
+                               out_dir / "models" / "adapter", burst_config, None, run.run_id)
+        # models/adapter is the burst's working folder, reused by the next burst: the ledger and the
+        # package stage use the adapter's content-addressed copy models/adapters/<sha256> instead
+        adapter = pin_adapter(adapter, out_dir / "models" / "adapters")
+        run.store.record_model_artifact(records.ModelArtifactRecord(
+            sha256=adapter.sha256, kind="adapter", path=str(adapter.path), parent_sha256=base_model.sha256,
+            lineage=adapter.lineage.model_dump(mode="json"), run_id=run.run_id))
+        st["counts"] = {"samples": len(sft_samples), "steps": adapter.steps}
+        st["digests"] = {"adapter": adapter.sha256, "dataset": adapter.lineage.dataset_sha256}
+        st["paths"] = {"adapter": str(adapter.path)}
+    return adapter
+
+
+def _package(run: _Run, base_model: Any, adapter: Any) -> dict[str, Any]:
+    """11. package: merge -> GGUF f16 -> quantize -> check -> load; the GGUFs by quantization type."""
+    config = run.config
+    with run.log.stage("package") as st:
+        package_dir = run.out_dir / "models" / "candidate-gguf" / adapter.sha256[:16]  # one folder per adapter
+        ggufs = run.log.call(packaging_tasks.package, base_model.path, base_model.sha256, package_dir,
+                             config.quantizations, adapter.path, adapter.sha256, config.metadata_edits)
+        packaging_tasks.record_package(run.store, ggufs, base_model.sha256, package_dir, adapter.sha256, run.run_id)
+        table_artifact("package", [{"type": q, "path": str(a.path), "size_bytes": a.size_bytes, "sha256": a.sha256}
+                                   for q, a in ggufs.items()], "GGUF artifacts of the candidate model")
+        st["digests"] = {q: a.sha256 for q, a in ggufs.items()}
+        st["paths"] = {q: str(a.path) for q, a in ggufs.items()}
+    return ggufs
+
+
+def _stage_and_promote(run: _Run, served_new: Any, test_tasks: list[_TaskImage], baseline_trials: list,
+                       agent_config: agent.AgentConfig) -> tuple[Any, Path, Path]:
+    """12. stage the candidate on the idle port (health + smoke gate), the recorded endpoint unchanged;
+    13. canary it there; 14. compare + promotion gate; 15. promote (switch, stop old) or discard.
+
+    One Prefect transaction: any failure after staging rolls back (the stage task's rollback hook
+    stops the staged server; the recorded endpoint never moved). Returns the comparison and the
+    paths of its report and plot.
+    """
+    log = run.log
+    with transaction():
+        with log.stage("serve_stage") as st:
+            staged = log.call(serving_tasks.stage_server, run.state_path, served_new.path, served_new.sha256,
+                              run.serving)
+            st["counts"] = {"port": staged.port, "smoke_tokens": staged.gate.smoke_tokens}
+        candidate_trials = _canary(run, "canary_candidate", test_tasks, staged.base_url, served_new.sha256,
+                                   agent_config)
+        comparison, report_path, plot_path = _compare(run, baseline_trials, candidate_trials, test_tasks)
+        decision = comparison.decision
+        with log.stage("serve_swap") as st:
+            if decision.verdict == "promote":
+                swap = log.call(serving_tasks.promote_server, run.state_path, staged)
+                serving_tasks.record_swap(run.store, swap.previous, swap.current, run.run_id)
+                st["counts"] = {"generation": swap.current.generation, "port": swap.current.active_port,
+                                "promoted": 1}
+            else:
+                log.call(serving_tasks.discard_server, staged)
+                st["counts"] = {"promoted": 0}
+                st["decision"] = f"{decision.verdict}: {decision.reason}"
+    return comparison, report_path, plot_path
+
+
+def _compare(run: _Run, baseline_trials: list, candidate_trials: list,
+             test_tasks: list[_TaskImage]) -> tuple[Any, Path, Path]:
+    """14. the paired comparison baseline vs candidate and the promotion gate's decision; writes
+    compare.md and compare.png. Returns the comparison and both paths."""
+    config, out_dir = run.config, run.out_dir
+    with run.log.stage("compare") as st:
+        repo_of = {t.instance_id: t.repo for t in test_tasks}
+        comparison = run.log.call(
+            evaluation_tasks.compare_jobs, baseline_trials, candidate_trials, "baseline", "candidate", repo_of,
+            config.promotion_max_drop, config.promotion_alpha, config.seed, min_pairs=config.promotion_min_pairs,
+            min_repos=config.promotion_min_repos, max_wall_s_ratio=config.promotion_max_wall_s_ratio,
+            max_input_tokens_ratio=config.promotion_max_input_tokens_ratio,
+            max_agent_steps_ratio=config.promotion_max_agent_steps_ratio)
+        paired, md = comparison.paired, comparison.markdown
+        report_path = out_dir / "compare.md"
+        plot_path = render_plot(comparison.report_a, comparison.report_b, paired, out_dir / "compare.png",
+                                "baseline", "candidate")
+        md += f"\n![pass rates with Wilson intervals; wins/losses per repository]({plot_path.name})\n"
+        atomic_write_text(report_path, md)
+        markdown_artifact("compare", md.replace(f"]({plot_path.name})", f"]({plot_path.resolve().as_uri()})"),
+                          "Paired comparison baseline vs candidate on the frozen test split")
+        st["counts"] = {"pairs": paired.n_pairs, "wins": paired.wins, "ties": paired.ties, "losses": paired.losses}
+        st["decision"] = comparison.decision.model_dump(mode="json")
+        st["digests"] = {"report": sha256_file(report_path), "plot": sha256_file(plot_path)}
+        st["paths"] = {"report": str(report_path), "plot": str(plot_path)}
+    return comparison, report_path, plot_path
+
+
+def _canary(run: _Run, stage: str, test_tasks: list[_TaskImage], base_url: str, model_sha256: str,
+            agent_config: agent.AgentConfig) -> list:
     """Agent trials on the frozen test split against the active endpoint (one job)."""
     from flows.canary import (
         run_canary_job,  # the standalone canary flow runs the same job
     )
     from forgeflow.evaluation.canary import CanaryTask
 
+    config, out_dir = run.config, run.out_dir
     job_id = f"{stage}-{model_sha256[:12]}"
-    with log.stage(stage) as st:
-        tasks = [CanaryTask(instance_id=i, repo=by_id[i]["repo"], image_ref=by_id[i]["image_ref"],
-                            image_digest=by_id[i]["digest"],
-                            test_command=envs[by_id[i]["repo"]]["project"].test_command,
-                            problem_statement=agent.problem_statement_for(by_id[i]["candidate"].patch,
-                                                                          by_id[i]["report"].FAIL_TO_PASS),
-                            fail_to_pass=by_id[i]["report"].FAIL_TO_PASS, pass_to_pass=by_id[i]["report"].PASS_TO_PASS)
-                 for i in test_ids]
+    with run.log.stage(stage) as st:
+        tasks = [CanaryTask(instance_id=t.instance_id, repo=t.repo, image_ref=t.image_ref, image_digest=t.digest,
+                            test_command=t.test_command,
+                            problem_statement=agent.problem_statement_for(t.candidate.patch, t.verdict().FAIL_TO_PASS),
+                            fail_to_pass=t.verdict().FAIL_TO_PASS, pass_to_pass=t.verdict().PASS_TO_PASS)
+                 for t in test_tasks]
         # the params a `canary-recover` run re-runs the job's exception trials with
         job = records.JobRecord(job_id=job_id, kind="canary", freeze_name=config.freeze_name, split="test",
-                               model_sha256=model_sha256, run_id=run_id,
-                               params={"concurrency": config.canary_concurrency, "profile": "default",
-                                       "base_url": base_url, "model_alias": MODEL_ALIAS,
-                                       "agent_config": agent_config.model_dump(mode="json"),
-                                       "verifier_timeout_s": config.verifier_timeout_s,
-                                       "generated_path": str(out_dir / generated.GENERATED_FILE),
-                                       "trajectories_dir": str(out_dir / "trajectories" / job_id)})
-        trials, _ = run_canary_job(log, st, stage, job, tasks, base_url, MODEL_ALIAS, agent_config,
+                                model_sha256=model_sha256, run_id=run.run_id,
+                                params={"concurrency": config.canary_concurrency, "profile": "default",
+                                        "base_url": base_url, "model_alias": MODEL_ALIAS,
+                                        "agent_config": agent_config.model_dump(mode="json"),
+                                        "verifier_timeout_s": config.verifier_timeout_s,
+                                        "generated_path": str(out_dir / generated.GENERATED_FILE),
+                                        "trajectories_dir": str(out_dir / "trajectories" / job_id)})
+        trials, _ = run_canary_job(run.log, st, stage, job, tasks, base_url, MODEL_ALIAS, agent_config,
                                    out_dir / "trajectories" / job_id, config.verifier_timeout_s,
-                                   config.canary_concurrency, store)
+                                   config.canary_concurrency, run.store)
     return trials

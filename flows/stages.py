@@ -70,7 +70,7 @@ def freeze(name: str, quotas: SplitQuotas = DEMO_FREEZE_QUOTAS, seed: int = 0,
     bundle_tasks = [BundleTask(instance_id=t.instance_id, repo=t.repo, fail_to_pass=t.fail_to_pass,
                                pass_to_pass=t.pass_to_pass, image_ref=t.image_ref,
                                image_digest=digests.get(t.image_ref) if t.image_ref else None,
-                               patch_sha256=t.patch_sha256) for t in rows]
+                               patch_sha256=t.patch_sha256, patch=t.patch) for t in rows]
     manifest = curation.freeze_dataset(name, accepted, quotas, seed, out_dir or home_dir() / "freezes", {},
                                        bundle_tasks)
     store.record_freeze(records.FreezeRecord(name=manifest.name, semantic_sha256=manifest.semantic_sha256,

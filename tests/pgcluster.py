@@ -4,8 +4,8 @@
 by ``scripts/setup.sh``) or from PATH, run as the ``postgres`` system user when the tests run as root
 (PostgreSQL refuses to run as root), trust authentication for the superuser ``forgeflow``, listening
 on 127.0.0.1:PORT and on a Unix socket in the cluster's private folder. Stopped by PID (SIGINT: fast
-shutdown) and removed afterwards. Used by tests/pgfixtures.py (store tests, port 5444), tests/flows/conftest.py
-(FORGEFLOW_TEST_PREFECT_DB=postgresql, 5445) and tests/flows/test_service_postgres.py (5441-5443).
+shutdown) and removed afterwards. Used by tests/pgfixtures.py (store tests), tests/flows/conftest.py
+(FORGEFLOW_TEST_PREFECT_DB=postgresql) and tests/flows/test_service_postgres.py, each on a free port.
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ def server_user() -> tuple[str, int] | None:
 
 
 def missing_reason() -> str | None:
-    """Why a cluster cannot start here (for ``pytest.skip``), or None when it can."""
+    """Why a cluster cannot start here (the fixtures fail with it: a missing server is never a skip), or None when it can."""
     try:
         import psycopg  # noqa: F401
     except ImportError:

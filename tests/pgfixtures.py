@@ -1,9 +1,9 @@
 """Store fixtures shared by every test folder: each store test runs on SQLite and on PostgreSQL.
 
 * ``pg_cluster`` (session): one throwaway PostgreSQL cluster (tests/pgcluster.py, Debian's server
-  binaries) on 127.0.0.1:5444, started on first use and stopped by PID at the end of the session.
-  When it cannot start here (no binaries, no driver, root without a ``postgres`` user) the
-  PostgreSQL cases are skipped with that reason; a taken port is an error.
+  binaries) on a free loopback port, started on first use and stopped by PID at the end of the
+  session. When it cannot start here (no binaries, no driver, root without a ``postgres`` user) the
+  PostgreSQL cases fail with that reason (scripts/setup.sh installs what they need).
 * ``store_url`` (parametrized ``sqlite`` / ``postgresql``): the URL of an empty ledger database,
   a SQLite file under ``tmp_path`` or a fresh database ``CREATE DATABASE ... TEMPLATE template0``
   on the shared cluster (about 0.1 s), dropped after the test (``WITH (FORCE)``: PostgreSQL >= 13).
@@ -24,18 +24,18 @@ import pytest
 
 from forgeflow.ledger.store import Store
 from tests import pgcluster
+from tests.helpers import free_port
 
-STORE_PG_PORT = 5444
 _counter = itertools.count()
 
 
 @pytest.fixture(scope="session")
 def pg_cluster() -> Iterator[pgcluster.Cluster]:
-    """The session's PostgreSQL cluster on 127.0.0.1:5444 (superuser ``forgeflow``, trust auth)."""
+    """The session's PostgreSQL cluster on a free loopback port (superuser ``forgeflow``, trust auth)."""
     reason = pgcluster.missing_reason()
     if reason is not None:
-        pytest.skip(reason)
-    with pgcluster.postgres_cluster(STORE_PG_PORT) as cluster:
+        pytest.fail(f"{reason} (scripts/setup.sh installs it)")
+    with pgcluster.postgres_cluster(free_port()) as cluster:
         yield cluster
 
 
@@ -61,7 +61,7 @@ def drop_database(cluster: pgcluster.Cluster, name: str) -> None:
 
 @pytest.fixture
 def postgres_url(pg_cluster: pgcluster.Cluster) -> Iterator[str]:
-    """``postgresql+psycopg://forgeflow@127.0.0.1:5444/<fresh database>``, dropped afterwards."""
+    """``postgresql+psycopg://forgeflow@127.0.0.1:<port>/<fresh database>``, dropped afterwards."""
     name = fresh_database(pg_cluster)
     try:
         yield pg_cluster.url(name, driver="postgresql+psycopg")

@@ -122,3 +122,19 @@ def test_layers_import_one_way(folder: str, forbidden: tuple[str, ...]) -> None:
     wrong = sorted(f"{name}: {imported}" for name, path in _sources(folder).items() for imported in _imports(path)
                    if imported.split(".")[0] in forbidden)
     assert wrong == []
+
+
+def test_no_test_is_skipped_for_a_busy_port_or_a_missing_component() -> None:
+    """A test that needs a server takes a free port (tests/helpers.py ``free_port``) and fails when
+    the component it starts is missing: never ``pytest.skip`` because a port was busy or a tool
+    that scripts/setup.sh installs is absent."""
+    words = ("in use", "not installed", "missing", "port")
+    wrong = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "skip"
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "pytest"):
+                text = ast.unparse(node)
+                if any(w in text for w in words) or (node.args and isinstance(node.args[0], ast.Name)):
+                    wrong.append(f"{path.relative_to(ROOT)}:{node.lineno}: {text}")
+    assert wrong == []

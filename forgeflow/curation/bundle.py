@@ -66,8 +66,8 @@ class BundleTask(BaseModel):
         image_ref: the task image reference, if known.
         image_digest: the task image's manifest digest (``sha256:...``), if known.
         patch_sha256: hex sha256 of the bug patch, if known.
-        patch: the bug patch (unified diff), if the freeze's inputs have it (the store keeps only
-            its digest).
+        patch: the bug patch (unified diff), if known (the store keeps it since migration 0007;
+            tasks recorded before it have only the digest).
         problem_statement: the task's issue text, if its source has one.
     """
 

@@ -1,4 +1,7 @@
-"""TODO docstring."""
+"""The ledger's records: one frozen pydantic model per table row (``forgeflow.ledger.tables``), the
+shape every writer hands to :class:`forgeflow.ledger.store.Store` and every reader gets back.
+Each checks its fields on construction (ids, sha256 digests, statuses), so a bad row is refused
+before anything is written."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ from forgeflow.common.errors import (
     SCORED_DESPITE_EXCEPTION,
     InputError,
 )
-from forgeflow.common.fsutil import sha256_json
+from forgeflow.common.fsutil import sha256_bytes, sha256_json
 from forgeflow.ledger.tables import (
     _ID,
     ArtifactKind,
@@ -53,16 +56,37 @@ class ImageRecord(_Record):
 
 
 class TaskRecord(_Record):
-    """A row of ``task_instances``; ``reason`` says why a task was rejected or errored."""
+    """A row of ``task_instances``; ``reason`` says why a task was rejected or errored.
+
+    ``patch`` is the bug patch (unified diff) and ``patch_sha256`` the hex sha256 of its UTF-8
+    bytes; given the patch, the digest is computed when absent and must match when given.
+
+    Raises:
+        pydantic.ValidationError: a field out of shape, or a ``patch_sha256`` that is not the patch's.
+    """
 
     instance_id: str = Field(min_length=1, max_length=_ID)
     repo: str = Field(min_length=1, max_length=256)
     patch_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    patch: str | None = None
     image_ref: str | None = None
     status: TaskStatus
     reason: str | None = None
     fail_to_pass: list[str] = Field(default_factory=list)
     pass_to_pass: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _patch_digest(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or data.get("patch") is None:
+            return data
+        digest = sha256_bytes(data["patch"].encode())
+        if data.get("patch_sha256") is None:
+            return {**data, "patch_sha256": digest}
+        if data["patch_sha256"] != digest:
+            raise ValueError(f"task {data.get('instance_id')!r}: patch_sha256 {data['patch_sha256']} is not the "
+                             f"sha256 of its patch ({digest})")
+        return data
 
 
 class BatchRecord(_Record):

@@ -293,9 +293,16 @@ class Store(StoreReads):
         """Upsert an image by ``ref``."""
         self._record(Image, ["ref"], record)
 
+    def _task_row(self, record: TaskRecord) -> tuple[dict[str, Any], dict[str, Any]]:
+        key, values = self._row(["instance_id"], record)
+        if values.get("patch") is None:  # a record without the patch text keeps the one recorded
+            values.pop("patch", None)
+        return key, values
+
     def record_task(self, record: TaskRecord) -> None:
-        """Upsert a task by ``instance_id`` (status, reason and test lists are replaced)."""
-        self._record(TaskInstance, ["instance_id"], record)
+        """Upsert a task by ``instance_id`` (status, reason and test lists are replaced; a record
+        without ``patch`` keeps the patch text already recorded)."""
+        self.upsert_many(TaskInstance, [self._task_row(record)])
 
     def record_batch(self, record: BatchRecord) -> None:
         """Upsert a batch by ``batch_id``."""
@@ -344,7 +351,7 @@ class Store(StoreReads):
                 values = {k: v for k, v in values.items() if k not in TRIAL_VOID_FIELDS}
                 connection.execute(upsert_statement(dialect, Trial, key, values))
             for record in tasks:
-                connection.execute(upsert_statement(dialect, TaskInstance, *self._row(["instance_id"], record)))
+                connection.execute(upsert_statement(dialect, TaskInstance, *self._task_row(record)))
             connection.execute(upsert_statement(dialect, Batch, *self._row(["batch_id"], batch)))
 
     def void_trials(

@@ -1,4 +1,8 @@
-"""TODO docstring."""
+"""The ledger's SQL tables (SQLAlchemy 2 declarative models): images, task instances, batches,
+trials, freezes, model artifacts and their productions, serving generations, jobs, judgments and
+supervision events. Natural keys are primary keys (writers upsert); enumerated columns carry CHECK
+constraints; every row is stamped ``created_at`` / ``updated_at`` (UTC). Schema changes go through
+the alembic migrations in ``forgeflow/ledger/migrations``."""
 
 from __future__ import annotations
 
@@ -117,6 +121,7 @@ class TaskInstance(_Stamped, Base):
     instance_id: Mapped[str] = mapped_column(String(_ID), primary_key=True)
     repo: Mapped[str] = mapped_column(String(256), index=True)
     patch_sha256: Mapped[str | None] = mapped_column(String(_SHA))
+    patch: Mapped[str | None] = mapped_column(Text)
     image_ref: Mapped[str | None] = mapped_column(String(_ID))
     status: Mapped[str] = mapped_column(String(16), index=True)
     reason: Mapped[str | None] = mapped_column(Text)

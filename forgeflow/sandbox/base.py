@@ -10,7 +10,7 @@ chosen by kind in :mod:`forgeflow.sandbox.backends`.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -103,3 +103,8 @@ class Sandbox(Protocol):
     def write_file(self, path: str, content: str) -> None: ...
 
     def stop(self) -> None: ...
+
+    def stop_async(self) -> Callable[[], None]:
+        """Start the removal and return a callable that waits until it is done (for backends whose
+        removal is slow: the next trial starts meanwhile). ``stop`` is ``stop_async()()``."""
+        ...

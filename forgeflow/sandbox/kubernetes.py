@@ -38,7 +38,7 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from functools import lru_cache
 from typing import Any
 
@@ -352,6 +352,12 @@ class KubernetesSandbox:
             if status != 404:
                 raise errors.SandboxError(f"could not delete pod {self.name}: {reason}") from exc
         self._created = False
+
+    def stop_async(self) -> Callable[[], None]:
+        """Delete the pod (one API call: the API server removes it in the background) and return a
+        no-op waiter (the :class:`~forgeflow.sandbox.base.Sandbox` protocol)."""
+        self.stop()
+        return lambda: None
 
 
 def delete_trial_pods(api: Any, namespace: str, extra_selector: dict[str, str] | None = None) -> list[str]:

@@ -67,6 +67,14 @@ class PodmanSandbox:
 
         ``--pidfile`` hands back the container's init PID, from which its cgroup files are found
         (:meth:`_find_cgroup_files`) without a ``podman inspect`` on the trial's critical path.
+        A container that already holds the name (names are per trial, so it was left by a crashed
+        run of the same trial, or by a Ray node killed mid-trial on the same host) is removed
+        (:func:`remove_podman_container`) and the start tried once more.
+
+        Raises:
+            ToolMissingError: podman is not installed.
+            ImageNotFoundError: the registry does not have the image.
+            SandboxError: podman could not start the container (its message as evidence).
         """
         pidfile = Path(tempfile.gettempdir()) / f"forgeflow-{self.name}-{uuid.uuid4().hex[:8]}.pid"
         args = [
@@ -81,6 +89,9 @@ class PodmanSandbox:
         args += [self.image, "sleep", "infinity"]
         try:
             proc = subprocess.run(args, capture_output=True, text=True, env=tool_env(), timeout=600)
+            if proc.returncode != 0 and _name_in_use(proc.stderr):
+                remove_podman_container(self.name)  # left by a crashed run of the same trial
+                proc = subprocess.run(args, capture_output=True, text=True, env=tool_env(), timeout=600)
             init_pid = pidfile.read_text().strip() if proc.returncode == 0 and pidfile.is_file() else ""
         finally:
             pidfile.unlink(missing_ok=True)
@@ -202,7 +213,8 @@ class PodmanSandbox:
             (:meth:`ExecResult.from_bytes`). A non-zero exit, 137 included, is a result.
 
         Raises:
-            SandboxError: the sandbox is not started.
+            SandboxError: the sandbox is not started, or ``podman exec`` could not be started (an
+                argument over the kernel's limit, no podman).
             SandboxOOMError: the kernel OOM-killed a process of the container while the command
                 ran (its memory cgroup's ``oom_kill`` counter, else podman's ``State.OOMKilled``);
                 the message names the evidence.
@@ -229,6 +241,9 @@ class PodmanSandbox:
                 f"command {argv!r} in {self.image!r} exceeded {timeout_s:g} s (evidence: forgeflow's wall clock, "
                 f"{time.monotonic() - t0:.1f} s)"
             ) from exc
+        except OSError as exc:  # e.g. E2BIG: one argv string over the kernel's 128 KiB
+            raise errors.SandboxError(f"podman exec in {self.name} could not be started: {exc} "
+                                      f"(command of {sum(len(a) for a in args)} characters)") from exc
         duration = time.monotonic() - t0
         self._check_oom(oom_before, argv, proc.returncode)
         self._check_pids_limit(pids_before, argv)
@@ -267,6 +282,13 @@ class PodmanSandbox:
                 proc.wait()
 
         return wait
+
+
+def _name_in_use(stderr: str) -> bool:
+    """Whether ``podman run`` failed because a container of that name exists. podman 4.3 words it
+    "the container name ... is already in use" or, when the entry is half removed (state "Removing"
+    after a SIGKILL of the process that ran it), 'name ... is in use: container already exists'."""
+    return "already in use" in stderr or "is in use: container already exists" in stderr
 
 
 def remove_podman_container(name: str) -> None:

@@ -39,7 +39,7 @@ from forgeflow.common import errors
 from forgeflow.common.fsutil import sha256_json
 from forgeflow.common.names import sanitize_name
 from forgeflow.ledger.tables import TrialKind
-from forgeflow.sandbox.backends import SandboxTarget, backend_kind, get_backend
+from forgeflow.sandbox.backends import SandboxTarget, get_backend
 from forgeflow.sandbox.base import Sandbox, SandboxSpec
 from forgeflow.sandbox.grading import (
     ValidationReport,
@@ -48,7 +48,6 @@ from forgeflow.sandbox.grading import (
     grade_validation,
     passed,
 )
-from forgeflow.sandbox.podman import remove_podman_container
 from forgeflow.sandbox.verifier import (
     LOG_PARSERS,
     LOG_TAIL_CHARS,
@@ -288,7 +287,7 @@ def _run_trial(instance_id: str, kind: TrialKind, tests: _Tests, run_key: str,
     """Start a fresh sandbox, run the verifier (after reverting ``revert``'s bug patch, in the same
     exec: :func:`_revert_setup`); catch what a trial records.
 
-    With ``removals``, a backend that can (``stop_async``) removes the container in the background
+    With ``removals``, the container is removed in the background (``stop_async``)
     and the wait is appended there: the caller waits before it returns, so the next trial of the
     same validation starts without waiting for ``podman rm``; without it the removal is waited for.
     """
@@ -301,23 +300,17 @@ def _run_trial(instance_id: str, kind: TrialKind, tests: _Tests, run_key: str,
     sandbox = sandbox_cls(tests.image_ref, tests.spec, name)
     try:
         try:
-            try:
-                sandbox.start()
-            except errors.SandboxError as exc:
-                if backend_kind(tests.backend) != "podman" or "already in use" not in str(exc):
-                    raise
-                remove_podman_container(name)  # left by a crashed run of the same trial
-                sandbox.start()
+            sandbox.start()
             env_setup_s = time.monotonic() - t0
             try:
                 result = verify(sandbox, tests.command, tests.timeout_s, log_parser=tests.log_parser,
-                                setup=_revert_setup(revert) if revert is not None else None)
+                                setup=_revert_setup(revert, sandbox) if revert is not None else None)
             except SetupError as exc:  # only a revert is a setup
                 assert revert is not None
                 raise _revert_error(revert, exc) from exc
         finally:
             try:
-                if removals is not None and hasattr(sandbox, "stop_async"):
+                if removals is not None:
                     removals.append(sandbox.stop_async())
                 else:
                     sandbox.stop()
@@ -353,14 +346,29 @@ def _reward(tests: dict[str, str], report: ValidationReport | None) -> float:
     return 1.0 if any(passed(s) for s in statuses) and not any(failed(s) for s in statuses) else 0.0
 
 
-def _revert_setup(candidate: "BugTask") -> str:
-    """The shell fragment that writes ``candidate``'s bug patch to :data:`PATCH_PATH_IN_SANDBOX` (a
-    quoted heredoc with a random delimiter: the bytes as given), reverts it with ``git apply -R`` in
-    :data:`~forgeflow.sandbox.verifier.TESTBED` and removes the file, keeping git's exit status."""
-    eof = f"FORGEFLOW_PATCH_EOF_{uuid.uuid4().hex}"
+INLINE_PATCH_MAX_BYTES = 64 * 1024
+"""Bug patches up to this size go inline in the test command (a heredoc: no extra exec); larger ones
+are written to the sandbox first (:meth:`Sandbox.write_file`, bytes on stdin), since the whole
+command is one argv string and Linux caps one at 128 KiB (MAX_ARG_STRLEN, 32 pages; execve(2))."""
+
+
+def _revert_setup(candidate: "BugTask", sandbox: Sandbox) -> str:
+    """The shell fragment that reverts ``candidate``'s bug patch with ``git apply -R`` in
+    :data:`~forgeflow.sandbox.verifier.TESTBED` from :data:`PATCH_PATH_IN_SANDBOX` and removes the
+    file, keeping git's exit status. A patch of at most :data:`INLINE_PATCH_MAX_BYTES` is written by
+    the fragment itself (a quoted heredoc with a random delimiter: the bytes as given); a larger one
+    is written into ``sandbox`` now.
+
+    Raises:
+        SandboxError: writing a large patch into the sandbox failed.
+    """
     body = candidate.patch if candidate.patch.endswith("\n") else candidate.patch + "\n"
-    return (f"cat > {PATCH_PATH_IN_SANDBOX} <<'{eof}'\n{body}{eof}\n"
-            f"git apply -R {PATCH_PATH_IN_SANDBOX}; rc=$?; rm -f {PATCH_PATH_IN_SANDBOX}; exit $rc")
+    revert = f"git apply -R {PATCH_PATH_IN_SANDBOX}; rc=$?; rm -f {PATCH_PATH_IN_SANDBOX}; exit $rc"
+    if len(body.encode()) > INLINE_PATCH_MAX_BYTES:
+        sandbox.write_file(PATCH_PATH_IN_SANDBOX, body)
+        return revert
+    eof = f"FORGEFLOW_PATCH_EOF_{uuid.uuid4().hex}"
+    return f"cat > {PATCH_PATH_IN_SANDBOX} <<'{eof}'\n{body}{eof}\n{revert}"
 
 
 def _revert_error(candidate: "BugTask", exc: SetupError) -> errors.ForgeflowError:

@@ -42,10 +42,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow.common import errors
-from forgeflow.sandbox.backends import SandboxTarget, backend_kind, get_backend
+from forgeflow.sandbox.backends import SandboxTarget, get_backend
 from forgeflow.sandbox.base import ExecResult, Sandbox, SandboxSpec
 from forgeflow.sandbox.grading import failed, grade_resolved, parse_test_log
-from forgeflow.sandbox.podman import remove_podman_container
 from forgeflow.sandbox.submission import TamperPolicy, screen_submission
 
 __all__ = [
@@ -422,13 +421,7 @@ def verify_submission(
     if screened.dropped_paths:
         notes.append(f"dropped the submission's changes to the task's own files: {', '.join(screened.dropped_paths)}")
     sandbox = get_backend(backend)(image_ref, spec, name)
-    try:
-        sandbox.start()
-    except errors.SandboxError as exc:
-        if backend_kind(backend) != "podman" or "already in use" not in str(exc):
-            raise
-        remove_podman_container(name)  # left by a crashed run of the same trial
-        sandbox.start()
+    sandbox.start()
     try:
         diff = screened.diff
         if diff.strip():

@@ -2,7 +2,7 @@
 
 ``FORGEFLOW_TEST_PREFECT_DB=postgresql`` (opt-in; scripts/test.sh's second pass sets it) puts the
 harness's Prefect server and the flow tests' store (``flow_store_url``) on a throwaway PostgreSQL
-cluster (tests/pgcluster.py) on 127.0.0.1:5445. Prefect 3.9.1's ``prefect_test_harness`` always
+cluster (tests/pgcluster.py) on a free loopback port. Prefect 3.9.1's ``prefect_test_harness`` always
 sets ``PREFECT_SERVER_DATABASE_CONNECTION_URL`` to a temporary SQLite file (prefect/testing/
 utilities.py) and hands its settings to the server subprocess over any environment variable, so in
 that mode the same server (``SubprocessASGIServer``: uvicorn + ``create_app``, which migrates the
@@ -24,7 +24,6 @@ from prefect import flow  # noqa: F401 - sets Prefect's log handlers up now, on 
 # stderr, closed after that invoke, and the next flow run in this process fails logging to it
 
 PREFECT_DB = os.environ.get("FORGEFLOW_TEST_PREFECT_DB", "sqlite")
-PREFECT_PG_PORT = 5445
 if PREFECT_DB not in {"sqlite", "postgresql"}:
     raise ValueError(f"FORGEFLOW_TEST_PREFECT_DB={PREFECT_DB!r}: use 'sqlite' (default) or 'postgresql'")
 
@@ -87,11 +86,12 @@ def postgres_test_harness(database_url: str, server_startup_timeout: int = 240) 
 
 @pytest.fixture(scope="session")
 def prefect_pg_cluster():
-    """The PostgreSQL cluster of ``FORGEFLOW_TEST_PREFECT_DB=postgresql`` (127.0.0.1:5445), with a
+    """The PostgreSQL cluster of ``FORGEFLOW_TEST_PREFECT_DB=postgresql`` (a free loopback port), with a
     database ``prefect`` for the server. Fails (no skip) when the switch is on and it cannot start."""
     from tests import pgcluster
+    from tests.helpers import free_port
 
-    with pgcluster.postgres_cluster(PREFECT_PG_PORT) as cluster:
+    with pgcluster.postgres_cluster(free_port()) as cluster:
         cluster.create_database("prefect")
         yield cluster
 

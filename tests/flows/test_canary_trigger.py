@@ -22,19 +22,17 @@ import pytest
 from deployments import service
 from forgeflow.ledger.records import TaskRecord
 from forgeflow.ledger.store import Store
+from tests.helpers import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-PORTS = range(4310, 4320)
 
 
 @pytest.fixture(scope="module")
 def running(tmp_path_factory):
     """``up`` on a fresh FORGEFLOW_HOME/PREFECT_HOME whose store holds 8 accepted tasks of 4 repos."""
     home = tmp_path_factory.mktemp("trigger-home")
-    port = next((p for p in PORTS if not service.port_in_use(p)), None)
-    if port is None:
-        pytest.skip("ports 4310-4319 are all in use")
+    port = free_port()
     mp = pytest.MonkeyPatch()
     mp.setenv("FORGEFLOW_HOME", str(home))
     mp.setenv("PREFECT_HOME", str(home / "prefect"))

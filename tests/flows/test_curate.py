@@ -80,6 +80,9 @@ def test_curate_runs_until_freeze_ready_then_skips_processed_and_recovers(
     assert all(per_task[(iid, "oracle")] == 2 for iid in accepted)  # every accepted task ran its Oracle twice
     assert {t.batch_id for t in trials} == set(first["batches"])
     assert len(store.accepted_tasks()) >= 2
+    patches = {json.loads(line)["instance_id"]: json.loads(line)["patch"]
+               for line in candidates_jsonl.read_text().splitlines()}
+    assert {t.instance_id: t.patch for t in store.tasks()} == patches  # the freeze bundle takes them from here
 
     EventsWorker.drain_all()
     deadline = time.monotonic() + 60

@@ -13,13 +13,17 @@ import datasets
 import pytest
 from typer.testing import CliRunner
 
-from forgeflow.common.fsutil import sha256_file
+from forgeflow.common.fsutil import sha256_bytes, sha256_file
 from forgeflow.curation.freeze import SplitQuotas
 from forgeflow.ledger.records import ImageRecord, TaskRecord
 from forgeflow.ledger.store import Store
 
 QUOTAS = SplitQuotas(train=2, validation=1, test=1, max_per_repo=2, min_repos=3)
 DIGEST = "sha256:" + "c" * 64
+
+
+def _patch(repo: str, i: str | int) -> str:
+    return f"diff --git a/{repo}.py b/{repo}.py\n--- a/{repo}.py\n+++ b/{repo}.py\n@@ -1 +1 @@\n-x = {i}\n+x = -{i}\n"
 
 
 @pytest.fixture
@@ -35,7 +39,7 @@ def home(tmp_path: Path, flow_store_url: str, monkeypatch: pytest.MonkeyPatch) -
             ref = f"127.0.0.1:5000/task-00:{repo}-{i}"
             store.record_image(ImageRecord(ref=ref, role="task", digest=DIGEST))
             store.record_task(TaskRecord(instance_id=f"team__{repo}-{i}", repo=f"team/{repo}", status="accepted",
-                                         image_ref=ref, patch_sha256="d" * 64, fail_to_pass=[f"t.py::{repo}{i}"],
+                                         image_ref=ref, patch=_patch(repo, i), fail_to_pass=[f"t.py::{repo}{i}"],
                                          pass_to_pass=["t.py::ok"]))
     store.record_task(TaskRecord(instance_id="team__alpha-9", repo="team/alpha", status="rejected"))
     store.dispose()
@@ -60,7 +64,8 @@ def test_the_freeze_flow_writes_records_and_verifies_its_export_bundle(prefect_h
     assert row["repo"] == f"team/{repo}" and row["split"] == "train"
     assert row["FAIL_TO_PASS"] == [f"t.py::{repo}{i}"] and row["PASS_TO_PASS"] == ["t.py::ok"]
     assert row["image_ref"] == f"127.0.0.1:5000/task-00:{repo}-{i}" and row["image_digest"] == DIGEST
-    assert row["patch_sha256"] == "d" * 64
+    # the patch text travels with the task (a trainer rebuilds the task image or an Oracle sample from it)
+    assert row["patch"] == _patch(repo, i) and row["patch_sha256"] == sha256_bytes(row["patch"].encode())
     assert "team__alpha-9" not in sum(manifest.splits.values(), [])
 
     again = freeze("team-v1", quotas=QUOTAS)  # re-freezing the same inputs: the same three digests

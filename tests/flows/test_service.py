@@ -21,10 +21,10 @@ import pytest
 from deployments import service
 from forgeflow.ledger.records import TrialRecord
 from forgeflow.ledger.store import Store
+from tests.helpers import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-PORTS = range(4290, 4300)
 
 
 class _Webhook(BaseHTTPRequestHandler):
@@ -53,9 +53,7 @@ def webhook():
 def running(tmp_path_factory, webhook):
     """``up`` on a fresh FORGEFLOW_HOME/PREFECT_HOME with a store holding two small canary jobs."""
     home = tmp_path_factory.mktemp("svc-home")
-    port = next((p for p in PORTS if not service.port_in_use(p)), None)
-    if port is None:
-        pytest.skip("ports 4290-4299 are all in use")
+    port = free_port()
     mp = pytest.MonkeyPatch()
     mp.setenv("FORGEFLOW_HOME", str(home))
     mp.setenv("PREFECT_HOME", str(home / "prefect"))
@@ -222,9 +220,7 @@ def test_down_stops_everything_it_started_and_nothing_else(running):
 
 
 def test_cli_up_prints_the_ui_address_and_down_stops_it(tmp_path):
-    port = next((p for p in reversed(PORTS) if not service.port_in_use(p)), None)
-    if port is None:
-        pytest.skip("ports 4290-4299 are all in use")
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in {"PREFECT_API_URL", "FORGEFLOW_STORE_URL"}}
     env.update(FORGEFLOW_HOME=str(tmp_path), PREFECT_HOME=str(tmp_path / "prefect"))
     try:

@@ -21,11 +21,10 @@ from deployments import service
 from forgeflow.ledger.records import TrialRecord
 from forgeflow.ledger.store import Store
 from tests import pgcluster
+from tests.helpers import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-PG_PORTS = range(5441, 5444)
-PREFECT_PORTS = range(4300, 4305)
 
 
 @pytest.fixture(scope="module")
@@ -33,10 +32,8 @@ def cluster():
     """A fresh PostgreSQL cluster with the databases ``prefect`` and ``forgeflow``."""
     reason = pgcluster.missing_reason()
     if reason is not None:
-        pytest.skip(reason)
-    port = next((p for p in PG_PORTS if not service.port_in_use(p)), None)
-    if port is None:
-        pytest.skip("ports 5441-5443 are all in use")
+        pytest.fail(f"{reason} (scripts/setup.sh installs it)")
+    port = free_port()
     with pgcluster.postgres_cluster(port) as pg:
         pg.create_database("prefect")
         pg.create_database("forgeflow")
@@ -54,9 +51,7 @@ def _psql(pg, database: str, sql: str, params: tuple = ()) -> list[tuple]:
 def running(cluster, tmp_path_factory):
     """``forgeflow up --database postgresql://...`` (the CLI) with the store on the same cluster."""
     home = tmp_path_factory.mktemp("pg-svc-home")
-    port = next((p for p in PREFECT_PORTS if not service.port_in_use(p)), None)
-    if port is None:
-        pytest.skip("ports 4300-4304 are all in use")
+    port = free_port()
     store_url = cluster.url("forgeflow", driver="postgresql+psycopg")
     store = Store(store_url)
     store.upgrade()

@@ -27,10 +27,10 @@ import httpx
 import pytest
 
 from deployments import service
+from tests.helpers import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
-PORTS = range(4305, 4310)
 DATA = Path(__file__).parent / "data" / "demo_canary_trials.json"
 
 
@@ -123,9 +123,7 @@ class Browser:
 def running(tmp_path_factory):
     """``forgeflow up`` on a fresh FORGEFLOW_HOME / PREFECT_HOME (the SQLite default)."""
     home = tmp_path_factory.mktemp("ui-home")
-    port = next((p for p in PORTS if not service.port_in_use(p)), None)
-    if port is None:
-        pytest.skip("ports 4305-4309 are all in use")
+    port = free_port()
     mp = pytest.MonkeyPatch()
     mp.setenv("FORGEFLOW_HOME", str(home))
     mp.setenv("PREFECT_HOME", str(home / "prefect"))
@@ -145,7 +143,7 @@ def running(tmp_path_factory):
 @pytest.fixture
 def browser(tmp_path):
     if shutil.which("chromium") is None and shutil.which("chromium-browser") is None:
-        pytest.skip("Debian package chromium is not installed (scripts/setup.sh installs it)")
+        pytest.fail("Debian package chromium is not installed (scripts/setup.sh installs it)")
     profile = tmp_path / "chromium-profile"
     profile.mkdir()
     b = Browser(profile)

@@ -187,6 +187,44 @@ def test_memory_hog_is_an_oom_exception_not_a_reward(accepted_task) -> None:
 
 
 @pytest.mark.integration
+def test_a_container_left_under_the_trials_name_is_replaced(accepted_task) -> None:
+    """A crashed run of the same trial (or a Ray node SIGKILLed mid-trial on the same host) leaves a
+    container under the trial's name; the next run removes it and records the trial, never a
+    SandboxError (podman words this 'name ... is in use: container already exists')."""
+    project, cand, image, _ = accepted_task
+    trial_id = make_trial_id(cand.instance_id, "nop", image.name, "leftover")
+    name = container_name(cand.instance_id, "nop", trial_id)
+    subprocess.run(["podman", "create", "--name", name, image.name, "sleep", "infinity"], check=True,
+                   capture_output=True)
+    outcome = validate_candidate(cand, image.name, project.test_command, timeout_s=120, run_key="leftover")
+    assert outcome.nop.trial_id == trial_id
+    assert outcome.nop.exception_type is None, outcome.nop.exception_message
+    assert outcome.report is not None and outcome.report.accepted
+    listed = subprocess.run(["podman", "ps", "-a", "--filter", f"name=^{name}$", "--format", "{{.ID}}"],
+                            capture_output=True, text=True, check=True).stdout.split()
+    assert listed == []
+
+
+@pytest.mark.integration
+def test_an_oracle_reverts_a_patch_larger_than_one_command_argument(accepted_task) -> None:
+    """Linux caps one argv string at 128 KiB (MAX_ARG_STRLEN): a bug patch of ~250 KiB (the bug plus a
+    new data file) is reverted all the same, and the task validates."""
+    from forgeflow.registry.images import build_task_image, ensure_env_image
+
+    project, cand, _, _ = accepted_task
+    lines = [f"row {i:05d} " + "x" * 70 + "\n" for i in range(3200)]
+    addition = (f"diff --git a/BIG.txt b/BIG.txt\nnew file mode 100644\n--- /dev/null\n+++ b/BIG.txt\n"
+                f"@@ -0,0 +1,{len(lines)} @@\n" + "".join("+" + line for line in lines))
+    patch = cand.patch + addition
+    assert len(patch.encode()) > 200 * 1024
+    big = cand.model_copy(update={"instance_id": f"{cand.instance_id}-big", "patch": patch})
+    image = build_task_image(ensure_env_image(project).name, big.instance_id, patch)
+    outcome = validate_candidate(big, image.name, project.test_command, timeout_s=120, run_key="big-patch")
+    assert outcome.oracle is not None and outcome.oracle.exception_type is None, outcome.oracle
+    assert outcome.report is not None and outcome.report.accepted, outcome.report
+
+
+@pytest.mark.integration
 def test_verifier_timeout_is_an_exception_not_a_reward(accepted_task) -> None:
     _, cand, image, _ = accepted_task
     outcome = validate_candidate(cand, image.name, "sleep 5", timeout_s=1, run_key="timeout")

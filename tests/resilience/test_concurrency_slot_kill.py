@@ -38,14 +38,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from deployments.service import port_in_use
 from forgeflow.common.settings import REPO_ROOT
+from tests.helpers import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 LEASE_S = 60.0  # the server's minimum lease (Body(ge=60) in prefect/server/api/concurrency_limits_v2.py)
 REPOSSESSOR_LOOP_S = 1
-PORTS = range(4310, 4320)  # this suite's loopback ports for Prefect servers
 REGISTRY = "127.0.0.1:5999"
 HOLDER = (
     "import sys, time\n"
@@ -89,9 +88,7 @@ def test_slot_of_a_killed_holder_is_free_again_within_the_lease_time(tmp_path: P
     from prefect.concurrency.sync import concurrency
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    port = next((p for p in reversed(PORTS) if not port_in_use(p)), None)
-    if port is None:
-        pytest.skip("ports 4310-4319 are all in use")
+    port = free_port()
     api_url = f"http://127.0.0.1:{port}/api"
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(PREFECT_HOME=str(tmp_path / "prefect"), PREFECT_SERVER_ANALYTICS_ENABLED="false",

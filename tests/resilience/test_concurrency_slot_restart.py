@@ -24,7 +24,8 @@ import pytest
 
 from deployments import service
 from forgeflow.common.settings import REPO_ROOT
-from tests.resilience.test_concurrency_slot_kill import HOLDER, LEASE_S, PORTS, REGISTRY
+from tests.helpers import free_port
+from tests.resilience.test_concurrency_slot_kill import HOLDER, LEASE_S, REGISTRY
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -37,9 +38,7 @@ def _active_slots(api_url: str, name: str) -> int:
 
 def test_slot_of_a_killed_holder_is_freed_after_a_server_restart(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    port = next((p for p in PORTS if not service.port_in_use(p)), None)
-    if port is None:
-        pytest.skip("ports 4310-4319 are all in use")
+    port = free_port()
     for name in [k for k in os.environ if k.startswith("PREFECT_")]:
         monkeypatch.delenv(name)  # the server gets forgeflow's settings, not the test runner's
     monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "prefect"))

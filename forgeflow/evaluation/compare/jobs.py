@@ -1,4 +1,7 @@
-"""TODO docstring."""
+"""Comparisons of jobs recorded in the store: a canary job merged with its recovery jobs
+(:func:`merged_job`), the check that two jobs ran the same frozen split
+(:func:`refuse_unless_same_split`), excluded tasks with reasons, and the whole stored-jobs
+comparison the ``compare`` flow and CLI run (:func:`compare_stored_jobs`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""TODO docstring."""
+"""The comparison's figure (matplotlib, Agg backend): pass rates with Wilson intervals of both jobs
+and wins / losses per repository, written as a PNG (:func:`render_plot`)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,6 @@
-"""TODO docstring."""
+"""The markdown report of a paired comparison: pass rates with Wilson intervals, wins / ties /
+losses, exact McNemar, the delta interval, excluded tasks with their reasons, cost ratios and the
+promotion gate's verdict (:func:`render_markdown`). Statistics come from :mod:`.stats`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""TODO docstring."""
+"""The statistics of one job and of two paired jobs: pass rates with Wilson intervals
+(:func:`wilson_interval`, :class:`JobReport`), the paired comparison with exact McNemar and the
+delta interval (:func:`paired_compare`), and the cost ratios of two jobs (:func:`cost_ratios`).
+Sources are named in the package docstring (:mod:`forgeflow.evaluation.compare`)."""
 
 from __future__ import annotations
 

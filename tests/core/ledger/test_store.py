@@ -25,7 +25,7 @@ from forgeflow.ledger.store import Store, upsert_statement
 from forgeflow.ledger.tables import Base, Image, ServingGeneration
 
 DIGEST = "sha256:" + "a" * 64
-HEAD = "0006"
+HEAD = "0007"
 """The newest migration (forgeflow/ledger/migrations/versions)."""
 
 SHA = "b" * 64
@@ -531,3 +531,34 @@ def test_validation_seconds_sums_the_newest_nop_and_oracle_trial_of_each_task(st
         trial("c-agent", "c", "agent", 1, agent_s=90.0, verifier_s=9.0),  # not a validation trial
     ])
     assert store.validation_seconds(["a", "b", "c", "d"]) == {"a": 62.0, "b": 2.0}
+
+
+def test_a_task_keeps_its_patch_text_checked_against_its_digest(store: Store) -> None:
+    from forgeflow.common.fsutil import sha256_bytes
+
+    patch = "diff --git a/m.py b/m.py\n--- a/m.py\n+++ b/m.py\n@@ -1 +1 @@\n-x = 1\n+x = 2\n"
+    store.record_task(TaskRecord(instance_id="p__1", repo="p", patch=patch, status="candidate"))
+    (row,) = store.tasks()
+    assert row.patch == patch and row.patch_sha256 == sha256_bytes(patch.encode())
+    # a later record without the text (a status change) keeps it
+    store.record_task(TaskRecord(instance_id="p__1", repo="p", patch_sha256=row.patch_sha256, status="accepted"))
+    (row,) = store.tasks()
+    assert row.status == "accepted" and row.patch == patch
+    with pytest.raises(ValidationError, match="is not the sha256 of its patch"):
+        TaskRecord(instance_id="p__2", repo="p", patch=patch, patch_sha256="0" * 64, status="candidate")
+
+
+def test_migration_0007_keeps_old_tasks_without_a_patch(store: Store) -> None:
+    from alembic import command
+    from sqlalchemy import text
+
+    with store.engine.begin() as connection:
+        command.downgrade(store.alembic_config(connection), "0006")
+    with store.engine.begin() as connection:  # a task as a 0006 store wrote it (no patch column)
+        connection.execute(text(
+            "INSERT INTO task_instances (instance_id, repo, patch_sha256, status, fail_to_pass, pass_to_pass, "
+            f"created_at, updated_at) VALUES ('old__1', 'old', '{'1' * 64}', 'accepted', '[]', '[]', "
+            "'2026-11-01 00:00:00', '2026-11-01 00:00:00')"))
+    store.upgrade()
+    (old,) = store.tasks()
+    assert old.patch is None and old.patch_sha256 == "1" * 64

@@ -52,6 +52,9 @@ class ScriptedSandbox:
     def stop(self) -> None:
         pass
 
+    def stop_async(self):
+        return lambda: None
+
     def exec(self, command, timeout_s, workdir=None, env=None) -> ExecResult:
         if not isinstance(command, str):  # git apply -R, rm: fine
             return ExecResult(exit_code=0, stdout="", stderr="", duration_s=0.0)
@@ -174,7 +177,8 @@ def test_a_command_that_never_started_pytest_is_an_exception_not_a_rejection(scr
 def test_the_oracle_revert_fragment_carries_the_patch_bytes_exactly(tmp_path) -> None:
     """The Oracle's revert runs inside its test exec as a shell fragment (a quoted heredoc): a patch
     holding ``$(...)``, backticks, backslashes and a line ``EOF`` is reverted byte for byte, nothing
-    in it is executed, and a patch the tree does not hold exits non-zero (git's status kept)."""
+    in it is executed, and a patch the tree does not hold exits non-zero (git's status kept). A small
+    patch never touches the sandbox (no write_file: one exec)."""
     import subprocess
     from types import SimpleNamespace
 
@@ -189,9 +193,9 @@ def test_the_oracle_revert_fragment_carries_the_patch_bytes_exactly(tmp_path) ->
     (tmp_path / "a.txt").write_text(tricky.replace("EOF", "EOF $HOME"))  # the bug
     patch = subprocess.run([*git, "diff"], cwd=tmp_path, check=True, capture_output=True, text=True).stdout
     bug = SimpleNamespace(instance_id="pkg.tricky", patch=patch)
-    run = subprocess.run(["bash", "-c", _revert_setup(bug)], cwd=tmp_path, capture_output=True, text=True)
+    run = subprocess.run(["bash", "-c", _revert_setup(bug, SimpleNamespace())], cwd=tmp_path, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     assert (tmp_path / "a.txt").read_text() == tricky
     assert not (tmp_path / "pwned").exists() and not (tmp_path / "pwned2").exists()
-    again = subprocess.run(["bash", "-c", _revert_setup(bug)], cwd=tmp_path, capture_output=True, text=True)
+    again = subprocess.run(["bash", "-c", _revert_setup(bug, SimpleNamespace())], cwd=tmp_path, capture_output=True, text=True)
     assert again.returncode != 0 and "patch does not apply" in again.stderr
