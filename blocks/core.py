@@ -126,16 +126,17 @@ class SandboxBackend(Block):
 
 
 class TrialDispatcher(Block):
-    """Where validations run: ``in-process`` (the flow's own worker, the default) or a Ray cluster
-    (``ray``: each validation a Ray task on a node that declares ``resource``;
-    :mod:`forgeflow.sandbox.dispatch`). The ``curate`` flow takes the block's name (``dispatcher``)."""
+    """Where trials run: ``in-process`` (the flow's own worker, the default) or a Ray cluster
+    (``ray``: each validation, agent-trial verifier or RL reward a Ray task on a node that declares
+    ``resource``; :mod:`forgeflow.sandbox.dispatch`). The ``curate``, ``canary`` and ``rl-burst``
+    flows take the block's name (``dispatcher``)."""
 
     _block_type_name = "forgeflow-dispatcher"
     kind: Literal["in-process", "ray"] = Field("in-process", description="in-process or ray")
     address: str | None = Field(None, description="Ray GCS address host:port (kind ray)")
     resource: str = Field("sandbox", description="custom resource a sandbox node declares (ray start --resources)")
-    per_trial: float = Field(1.0, gt=0, description="how much of the resource one validation takes")
-    max_retries: int = Field(3, ge=0, description="Ray re-runs of a validation whose node died")
+    per_trial: float = Field(1.0, gt=0, description="how much of the resource one trial takes")
+    max_retries: int = Field(3, ge=0, description="Ray re-runs of a trial whose node died")
 
     def placement(self) -> RayPlacement | None:
         """None for ``in-process``; the :class:`forgeflow.sandbox.dispatch.RayPlacement` for ``ray``.

@@ -56,10 +56,11 @@ from forgeflow.evaluation.canary import (
 )
 from forgeflow.ledger import records
 from forgeflow.ledger import store as ledger
+from forgeflow.sandbox import dispatch
 from forgeflow.serving import bluegreen
 from tasks import evaluation as evaluation_tasks
 from tasks.common import markdown_artifact, sweep_trial_pods, table_artifact
-from tasks.curation import sandbox_choice
+from tasks.curation import sandbox_choice, trial_dispatcher
 
 DEFAULT_ALIAS = "forgeflow"
 REPORT_ARTIFACT_KEY = "canary-job-report"
@@ -79,7 +80,8 @@ def run_canary_job(log: StageLog, st: dict[str, Any], stage: str, job: records.J
     (requested, scored, reward_1, exceptions) and digests (model). ``run_key`` names the trials
     (default: the job id, so two jobs of one model on one split never share a trial id, and a
     second job re-measures instead of replaying the first one's cached trials); a recovery job
-    passes its own id.
+    passes its own id. With ``agent_config.verifier_ray`` the verifiers run on that Ray cluster and
+    this process leaves it once the job's trials are in.
 
     Returns:
         The trials (:class:`forgeflow.sandbox.trial.TrialResult`, in task order) and their JobReport.
@@ -94,10 +96,14 @@ def run_canary_job(log: StageLog, st: dict[str, Any], stage: str, job: records.J
             job_id=job.job_id, run_key=run_key or job.job_id, log_parser=t.log_parser)
 
     ended = {}
-    for t, state in log.window(tasks, submit, concurrency):
-        tr = state.result()
-        store.record_trial(trial_row(tr, job.job_id, model_sha256, run_id))
-        ended[t.instance_id] = tr
+    try:
+        for t, state in log.window(tasks, submit, concurrency):
+            tr = state.result()
+            store.record_trial(trial_row(tr, job.job_id, model_sha256, run_id))
+            ended[t.instance_id] = tr
+    finally:  # a driver outlived by its Ray cluster is ended by Ray: leave it now
+        if agent_config.verifier_ray is not None:
+            dispatch.disconnect()
     trials = [ended[t.instance_id] for t in tasks]
     report = compare.JobReport.from_trials(trials)
     table_artifact(stage.replace("_", "-"), [
@@ -184,7 +190,7 @@ def canary(freeze_name: str, split: str = "test", state_path: Path | None = None
            out_dir: Path | None = None, sample: int | None = None, sample_seed: int = 0,
            candidates_path: Path | None = None, test_commands: dict[str, str] | None = None,
            dataset: DatasetSource | None = None, test_specs: dict[str, TestSpec] | None = None,
-           sandbox: str | None = None) -> dict[str, Any]:
+           sandbox: str | None = None, dispatcher: str | None = None) -> dict[str, Any]:
     """Agent trials on ``split`` of freeze ``freeze_name`` against a served model: one canary job.
 
     Args:
@@ -221,6 +227,10 @@ def canary(freeze_name: str, split: str = "test", state_path: Path | None = None
             memory MiB, CPUs) the verifier's containers run with, as ``curate`` and ``rl-burst`` take
             it; its limits replace ``agent_config``'s ``memory_mb`` / ``cpus`` (the agent's container
             too) and the job records the result. None: podman with ``agent_config``'s limits.
+        dispatcher: a ``forgeflow-dispatcher`` block (:class:`blocks.core.TrialDispatcher`) as curate
+            and rl-burst take it: ``ray`` runs each trial's verifier as a Ray task on a sandbox node
+            of that cluster (``agent_config.verifier_ray``; the trial's verifier record names the
+            node, the job records the placement). None or ``in-process``: here.
 
     Returns:
         ``job_id``, ``report`` (:class:`forgeflow.evaluation.compare.JobReport` as JSON), ``report_path``,
@@ -236,6 +246,8 @@ def canary(freeze_name: str, split: str = "test", state_path: Path | None = None
         choice = sandbox_choice(sandbox)
         agent_config = agent_config.model_copy(update={"verifier_backend": choice.backend(),
                                                        "memory_mb": choice.memory_mb, "cpus": choice.cpus})
+    if dispatcher is not None:  # a missing block: refused before anything runs
+        agent_config = agent_config.model_copy(update={"verifier_ray": trial_dispatcher(dispatcher)})
     logger = get_run_logger()
     apply_container_env()
     store = ledger.Store()

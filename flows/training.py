@@ -28,6 +28,7 @@ from forgeflow.common.fsutil import sha256_tree
 from forgeflow.common.settings import home_dir
 from forgeflow.ledger import records
 from forgeflow.ledger import store as ledger
+from forgeflow.sandbox import dispatch
 from forgeflow.sandbox.backends import SandboxTarget
 from forgeflow.training import jsonl, verl
 from forgeflow.training.adapters import AdapterRecord, adapter_matches, adapter_sha256, pin_adapter
@@ -38,7 +39,7 @@ from forgeflow.training.rl import RLBurstConfig
 from forgeflow.training.windows import WindowConfig
 from tasks import training as training_tasks
 from tasks.common import markdown_artifact, sweep_trial_pods, table_artifact
-from tasks.curation import sandbox_choice
+from tasks.curation import sandbox_choice, trial_dispatcher
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -254,7 +255,7 @@ def sft_burst(hf_dir: Path, samples_jsonl: Path, params: SFTBurstParams = SFTBur
       on_crashed=[sweep_trial_pods("sandbox_block")])
 def rl_burst(hf_dir: Path, tasks_jsonl: Path, params: RLBurstParams = RLBurstParams(),
              parent_adapter: str | None = None, sandbox_block: str | None = None,
-             out_dir: Path | None = None) -> BurstResult:
+             out_dir: Path | None = None, dispatcher: str | None = None) -> BurstResult:
     """One RL burst (TRL GRPO or RLOO + LoRA) on the user's tasks, rewarded by the verifier in a sandbox.
 
     The reward of a completion is the verifier's verdict on its patch in a fresh sandbox of the task
@@ -272,13 +273,16 @@ def rl_burst(hf_dir: Path, tasks_jsonl: Path, params: RLBurstParams = RLBurstPar
             takes it; None: podman with 1024 MiB and 1 CPU.
         out_dir: default ``$FORGEFLOW_HOME/models``; trains in ``<out_dir>/rl-adapter``, pins to
             ``<out_dir>/adapters/<sha256>``.
+        dispatcher: a ``forgeflow-dispatcher`` block (:class:`blocks.core.TrialDispatcher`) as curate
+            takes it: ``ray`` scores each rollout as a Ray task on a sandbox node of that cluster
+            (the counts per step name the nodes); None or ``in-process``: here.
 
     Returns:
         The :class:`BurstResult`.
 
     Raises:
-        InputError: bad ``hf_dir``, an invalid JSONL line (named), an unknown parent or sandbox
-            block — before any model loads.
+        InputError: bad ``hf_dir``, an invalid JSONL line (named), an unknown parent, sandbox or
+            dispatcher block — before any model loads.
         PreflightError: templates or disk space (before any model loads).
         BurstDivergedError / BurstHealthError: a gate failed (incl. too few completions scored), or
             every group's rewards were equal so the adapter did not change (nothing new to record).
@@ -288,6 +292,7 @@ def rl_burst(hf_dir: Path, tasks_jsonl: Path, params: RLBurstParams = RLBurstPar
     store = ledger.Store()
     store.upgrade()
     parent_dir = _parent_folder(store, parent_adapter)
+    placement = trial_dispatcher(dispatcher) if dispatcher is not None else None
     if sandbox_block is not None:
         choice = sandbox_choice(sandbox_block)
         config = params.burst_config(choice.backend(), choice.memory_mb, choice.cpus)
@@ -299,7 +304,12 @@ def rl_burst(hf_dir: Path, tasks_jsonl: Path, params: RLBurstParams = RLBurstPar
     parent_sha = adapter_sha256(parent_dir) if parent_dir is not None else None
     run_id = _run_id()
     # rl_burst runs the preflight (chat + prompt templates, disk) first, before any model loads
-    record = training_tasks.rl_burst(hf_dir, base_sha, rl_tasks, work, config, parent_dir, parent_sha, run_id)
+    try:
+        record = training_tasks.rl_burst(hf_dir, base_sha, rl_tasks, work, config, parent_dir, parent_sha, run_id,
+                                         ray=placement)
+    finally:  # a driver outlived by its Ray cluster is ended by Ray: leave it now
+        if placement is not None:
+            dispatch.disconnect()
     if not record.weights_changed:
         raise BurstHealthError(f"rl-burst left adapter {record.adapter.sha256[:12]} unchanged (every group's "
                                "rewards were equal, so no advantage): nothing new to record; give more tasks or "

@@ -226,7 +226,8 @@ def publish_gguf(store_block: str, gguf_path: Path, gguf_sha256: str, quantizati
         quantization: its tensor type.
         hf_sha256: ``sha256_tree`` of the HF checkpoint it was converted from.
         name: the model name (local store folder; one path component).
-        adapter_dir: the adapter merged into it (its lineage goes into the JSON), or None.
+        adapter_dir: the adapter merged into it (its lineage goes into the JSON and its files
+            into the release under ``adapter/``), or None.
         tensor_types: per-tensor overrides of a mixed quantization.
         run_id: the packaging flow run id (recorded in the JSON).
 
@@ -248,13 +249,14 @@ def publish_gguf(store_block: str, gguf_path: Path, gguf_sha256: str, quantizati
     if store.kind == "local":
         logger.info("publishing %s (sha256 %s) to local store %s as %r", Path(gguf_path).name,
                     gguf_sha256[:12], store.path, name)
-        record = publishing.publish_local(gguf_path, metadata_path, store.path, name)
+        record = publishing.publish_local(gguf_path, metadata_path, store.path, name, adapter_dir=adapter_dir)
     else:
         logger.info("publishing %s (sha256 %s) to %s/%s@%s (token from Secret block %r)", Path(gguf_path).name,
                     gguf_sha256[:12], store.endpoint, store.repo_id, store.revision, store.token_secret)
         record = publishing.publish_hub(
             gguf_path, metadata_path, repo_id=store.repo_id, token=store.hub_token(), endpoint=store.endpoint,
             revision=store.revision, private=store.private, transfer=store.transfer,  # type: ignore[arg-type]
+            adapter_dir=adapter_dir,
         )
     logger.info("published to %s at revision %s (parent %s); sha256 and size verified", record.location,
                 record.revision, record.parent_revision)

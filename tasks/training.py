@@ -9,6 +9,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE
 
 from forgeflow.sandbox.backends import SandboxTarget
+from forgeflow.sandbox.dispatch import RayPlacement
 from forgeflow.training import adapters, burst, preflight, ray_jobs, rl, verl
 from tasks.common import (
     TRANSIENT_RETRIES,
@@ -44,15 +45,16 @@ def sft_burst(base_model_dir: Path, base_sha256: str, samples: list[dict], out_d
 
 
 # log_prints off: HF datasets fingerprints functions with dill (see tasks/packaging.py).
-@task(cache_policy=(INPUTS - "run_id") + TASK_SOURCE, log_prints=False, retries=TRANSIENT_RETRIES,
+@task(cache_policy=(INPUTS - "run_id" - "ray") + TASK_SOURCE, log_prints=False, retries=TRANSIENT_RETRIES,
       retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S, retry_condition_fn=retry_on_transient)
 def rl_burst(base_model_dir: Path, base_sha256: str, tasks: list[dict], out_dir: Path, config: rl.RLBurstConfig,
              parent_adapter_dir: Path | None, parent_sha256: str | None, run_id: str | None,
-             prompt_template: Path = rl.DEFAULT_PROMPT_TEMPLATE) -> rl.RLBurstRecord:
+             prompt_template: Path = rl.DEFAULT_PROMPT_TEMPLATE, ray: RayPlacement | None = None) -> rl.RLBurstRecord:
     """One RL burst (TRL GRPOTrainer/RLOOTrainer + peft, verifier reward) continuing an adapter.
 
     ``base_sha256`` and ``parent_sha256`` key the cache (the folders' contents, not their paths);
-    ``run_id`` (recorded in the lineage) does not, so a later run reuses a finished burst, as does
+    ``run_id`` (recorded in the lineage) and ``ray`` (the cluster the rewards are scored on:
+    where, not what) do not, so a later run reuses a finished burst, as does
     :func:`forgeflow.training.rl.run_rl_burst` itself from the adapter's ``lineage.json``.
 
     Raises:
@@ -64,7 +66,7 @@ def rl_burst(base_model_dir: Path, base_sha256: str, tasks: list[dict], out_dir:
     backend = config.verifier_backend  # its pods carry this run's id (the sweep), not in the lineage
     record = rl.run_rl_burst(base_model_dir, data, out_dir, config, parent_adapter_dir=parent_adapter_dir,
                              run_id=run_id, verifier_backend=run_labelled(backend) if isinstance(backend, SandboxTarget)
-                             else None)
+                             else None, ray=ray)
     if not record.weights_changed:
         totals = record.totals()
         get_run_logger().warning(

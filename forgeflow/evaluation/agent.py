@@ -17,7 +17,8 @@ One agent trial (Harbor's and SWE-bench's shape):
    (changes to the task's tests, conftest, test configuration or start-up hooks are tampering, or
    dropped, by ``AgentConfig.tamper_policy``) and applied with ``git apply``, the tests run with the
    pinned environment and read from the structured report, and the strict resolution rule gives
-   reward 1.0 or 0.0.
+   reward 1.0 or 0.0. Here, or as a Ray task on a sandbox node (``AgentConfig.verifier_ray``,
+   :func:`forgeflow.sandbox.dispatch.verify_on`); the trial's verifier record names the node.
 
 Outcomes versus breakage (docs/architecture.md, the rules every stage keeps):
 
@@ -68,11 +69,11 @@ from forgeflow.evaluation.supervision import (
     HangWatchdog,
 )
 from forgeflow.sandbox.base import SandboxSpec
+from forgeflow.sandbox.dispatch import verify_on
 from forgeflow.sandbox.trial import TrialResult, container_name, make_trial_id
 from forgeflow.sandbox.verifier import (
     LOG_TAIL_CHARS,
     SubmissionVerdict,
-    verify_submission,
 )
 
 # --- problem statements ----------------------------------------------------------------------
@@ -278,7 +279,7 @@ def default_run_key(problem_statement: str, model_alias: str, base_url: str, con
     """The run key of an agent trial: sha256 of everything that changes its result but the image."""
     return sha256_json({
         "problem_statement": problem_statement, "model_alias": model_alias, "base_url": base_url,
-        "config": config.model_dump(mode="json"),
+        "config": config.model_dump(mode="json", exclude={"verifier_ray"}),  # where it runs is not what
     })
 
 
@@ -361,8 +362,8 @@ def run_agent_trial(
     verdict: SubmissionVerdict | None = None
     if error is None or isinstance(error, errors.AgentTimeoutError):
         try:
-            verdict = verify_submission(
-                image_ref, phase.submission, test_command, fail_to_pass, pass_to_pass,
+            verdict = verify_on(
+                config.verifier_ray, image_ref, phase.submission, test_command, fail_to_pass, pass_to_pass,
                 timeout_s=verifier_timeout_s, spec=SandboxSpec(memory_mb=config.memory_mb, cpus=config.cpus),
                 name=container_name(instance_id, "agent", trial_id), tamper_policy=config.tamper_policy,
                 log_parser=log_parser, backend=config.verifier_backend,

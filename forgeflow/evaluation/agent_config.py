@@ -12,6 +12,7 @@ from forgeflow.evaluation.supervision import (
     DEFAULT_LOOP_THRESHOLD,
 )
 from forgeflow.sandbox.backends import SandboxTarget
+from forgeflow.sandbox.dispatch import RayPlacement
 from forgeflow.sandbox.submission import TamperPolicy
 
 MSWEA_CONFIG_NAME = "swebench_backticks"
@@ -48,6 +49,10 @@ class AgentConfig(BaseModel):
             (:data:`forgeflow.sandbox.backends.BACKENDS`: ``podman`` or ``kubernetes``, or a
             :class:`~forgeflow.sandbox.backends.SandboxTarget`: a kubernetes cluster and namespace); the agent's
             own container is mini-swe-agent's podman environment.
+        verifier_ray: run each verifier as a Ray task on a sandbox node of this cluster
+            (:class:`forgeflow.sandbox.dispatch.RayPlacement`, a ``forgeflow-dispatcher`` block's);
+            the trial's verifier record names the node. Where it runs, not what: it is not part of
+            the trial's run key. None: in this process.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -66,3 +71,4 @@ class AgentConfig(BaseModel):
     hang_idle_s: float = Field(default=DEFAULT_HANG_IDLE_S, gt=0)
     tamper_policy: TamperPolicy = "reject"
     verifier_backend: Literal["podman", "kubernetes"] | SandboxTarget = "podman"
+    verifier_ray: RayPlacement | None = None

@@ -91,7 +91,9 @@ class PublishedFile(BaseModel):
         path_in_store: Name of the file inside the store folder / repository.
         sha256: Hex sha256 of its bytes (64 characters).
         size_bytes: Its size.
-        role: ``gguf`` (the model) or ``metadata`` (the lineage/metadata JSON).
+        role: ``gguf`` (the model), ``metadata`` (the lineage/metadata JSON) or ``adapter`` (a
+            file of the LoRA adapter merged into the GGUF, under ``adapter/``: what its lineage
+            names is kept beside it).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -99,7 +101,7 @@ class PublishedFile(BaseModel):
     path_in_store: str = Field(min_length=1)
     sha256: str = Field(min_length=64, max_length=64)
     size_bytes: int = Field(ge=0)
-    role: Literal["gguf", "metadata"]
+    role: Literal["gguf", "metadata", "adapter"]
 
 
 class PublishRecord(BaseModel):
@@ -131,8 +133,31 @@ class PublishRecord(BaseModel):
 
 
 # --- the artifact ----------------------------------------------------------------------------
-def _check_artifact(gguf_path: Path, metadata_path: Path) -> list[tuple[Path, PublishedFile]]:
-    """Preflight: the GGUF header reads, the metadata is a JSON object, the names differ."""
+ADAPTER_PREFIX = "adapter/"
+"""Where an adapter's files go inside a published revision (local folder or Hub repository)."""
+
+
+def _adapter_files(adapter_dir: Path) -> list[tuple[Path, str]]:
+    """The regular files of an adapter folder as (path, path in store), sorted; symlinks and
+    dot-files (staging leftovers) are not part of a release.
+
+    Raises:
+        InputError: the folder is missing or holds no file.
+    """
+    root = Path(adapter_dir)
+    if not root.is_dir():
+        raise InputError(f"adapter_dir {root} is not a folder")
+    found = sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink()
+                   and not any(part.startswith(".") for part in p.relative_to(root).parts))
+    if not found:
+        raise InputError(f"adapter_dir {root} holds no file")
+    return [(p, ADAPTER_PREFIX + p.relative_to(root).as_posix()) for p in found]
+
+
+def _check_artifact(gguf_path: Path, metadata_path: Path,
+                    adapter_dir: Path | None = None) -> list[tuple[Path, PublishedFile]]:
+    """Preflight: the GGUF header reads, the metadata is a JSON object, the names differ; with
+    ``adapter_dir``, its files (:func:`_adapter_files`) join the release under ``adapter/``."""
     from forgeflow.packaging.gguf_reader import read_header_index
 
     gguf_path, metadata_path = Path(gguf_path), Path(metadata_path)
@@ -150,10 +175,12 @@ def _check_artifact(gguf_path: Path, metadata_path: Path) -> list[tuple[Path, Pu
             f"file names must differ from each other and from {RECORD_FILE!r}: "
             f"{gguf_path.name!r}, {metadata_path.name!r}"
         )
+    named = [(gguf_path, gguf_path.name, "gguf"), (metadata_path, metadata_path.name, "metadata")]
+    named += [(p, in_store, "adapter") for p, in_store in (_adapter_files(adapter_dir) if adapter_dir else [])]
     return [
-        (path, PublishedFile(path_in_store=path.name, sha256=sha256_file(path),
-                             size_bytes=path.stat().st_size, role=role))
-        for path, role in ((gguf_path, "gguf"), (metadata_path, "metadata"))
+        (path, PublishedFile(path_in_store=in_store, sha256=sha256_file(path), size_bytes=path.stat().st_size,
+                             role=role))  # type: ignore[arg-type]
+        for path, in_store, role in named
     ]
 
 
@@ -175,6 +202,7 @@ def git_blob_sha1(path: Path) -> str:
 
 # --- local directory -------------------------------------------------------------------------
 def _copy_fsynced(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
     with open(src, "rb") as fin, open(dst, "wb") as fout:
         shutil.copyfileobj(fin, fout, _CHUNK_BYTES)
         fout.flush()
@@ -214,10 +242,12 @@ def read_local_record(folder: Path) -> PublishRecord:
     return record
 
 
-def publish_local(gguf_path: Path, metadata_path: Path, store_root: Path, name: str) -> PublishRecord:
-    """Publish a GGUF and its metadata JSON into a local store folder (atomic, idempotent).
+def publish_local(gguf_path: Path, metadata_path: Path, store_root: Path, name: str,
+                  adapter_dir: Path | None = None) -> PublishRecord:
+    """Publish a GGUF and its metadata JSON (and the adapter merged into it) into a local store
+    folder (atomic, idempotent).
 
-    Layout: ``<store_root>/<name>/<revision>/{<gguf name>, <metadata name>, publish.json}`` with
+    Layout: ``<store_root>/<name>/<revision>/{<gguf name>, <metadata name>, [adapter/...,] publish.json}`` with
     ``revision`` = :func:`local_revision` of the files. The files are copied (fsynced) into a
     temporary sibling folder, each copy's sha256 is compared with the source's (a source that
     changes during the copy is caught), ``publish.json`` is written, and the folder is renamed to
@@ -229,20 +259,22 @@ def publish_local(gguf_path: Path, metadata_path: Path, store_root: Path, name: 
         metadata_path: The lineage/metadata JSON (a JSON object).
         store_root: Root folder of the local model store (created if missing).
         name: Model name: one path component (letters, digits, ``._-``).
+        adapter_dir: The LoRA adapter folder merged into the GGUF (its files go under
+            ``adapter/``, each sha256-verified like the GGUF), or None.
 
     Returns:
         The :class:`PublishRecord` (``backend="local"``, ``location`` = the final folder).
 
     Raises:
         InputError: ``name`` is not one safe path component, the metadata is not a JSON object,
-            or the two files share a name.
+            the two files share a name, or ``adapter_dir`` is not a folder with files.
         GGUFError: ``gguf_path`` is missing or not a GGUF file.
         PublishDigestMismatchError: a copy differs from its source, or an existing folder of the
             same revision holds different bytes (corruption).
     """
     if not name or name in (".", "..") or not all(c.isalnum() or c in "._-" for c in name):
         raise InputError(f"name {name!r} must be one path component of letters, digits and '._-'")
-    pairs = _check_artifact(gguf_path, metadata_path)
+    pairs = _check_artifact(gguf_path, metadata_path, adapter_dir)
     files = [f for _, f in pairs]
     revision = local_revision(files)
     parent = Path(store_root) / name
@@ -353,6 +385,7 @@ def publish_hub(
     private: bool = True,
     commit_message: str | None = None,
     transfer: Literal["auto", "lfs"] = "auto",
+    adapter_dir: Path | None = None,
 ) -> PublishRecord:
     """Publish a GGUF and its metadata JSON to an HF Hub model repository, then verify them.
 
@@ -377,6 +410,8 @@ def publish_hub(
         commit_message: Default ``Publish <gguf name> (sha256 <first 12 hex>)``.
         transfer: ``auto`` (``huggingface_hub``'s choice: Xet when ``hf_xet`` is installed) or
             ``lfs`` (the Git LFS batch protocol, for servers without Xet storage).
+        adapter_dir: The LoRA adapter folder merged into the GGUF: its files are committed under
+            ``adapter/`` in the same commit and verified like the GGUF; or None.
 
     Returns:
         The :class:`PublishRecord` (``backend="hf_hub"``, ``revision`` = the new commit oid,
@@ -405,7 +440,7 @@ def publish_hub(
         len(parent_commit) != 40 or any(c not in "0123456789abcdef" for c in parent_commit)
     ):
         raise InputError(f"parent_commit {parent_commit!r} is not a 40-hex commit id")
-    pairs = _check_artifact(gguf_path, metadata_path)
+    pairs = _check_artifact(gguf_path, metadata_path, adapter_dir)
     files = [f for _, f in pairs]
     secret = _token_value(token)
     scrub = _Scrubber(secret)

@@ -1,5 +1,6 @@
-"""Trials spread over a Ray cluster: one validation (NOP + Oracle runs) as one Ray task on a node that
-declares the sandbox resource.
+"""Trials spread over a Ray cluster: one validation (NOP + Oracle runs), or one verifier run (an agent
+trial's or an RL reward's, :func:`verify_on`), as one Ray task on a node that declares the sandbox
+resource.
 
 Each node that can run sandboxes declares a custom resource (``ray start --resources='{"sandbox": N}'``:
 N trials at once); a validation asks for ``per_trial`` of it, so Ray places it only on such nodes.
@@ -16,12 +17,16 @@ verdict on the task). Ray is imported lazily.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow.common import errors
 from forgeflow.sandbox import trial
+from forgeflow.sandbox.verifier import SubmissionVerdict, verify_submission
+
+T = TypeVar("T")
 
 _LOCK = threading.Lock()
 _REMOTE: dict[str, Any] = {}
@@ -45,16 +50,14 @@ class RayPlacement(BaseModel):
     max_retries: int = Field(default=3, ge=0)
 
 
-def _remote_validate(candidate: Any, image_ref: str, test_command: str, kwargs: dict[str, Any]
-                     ) -> tuple[trial.ValidationOutcome, str]:
-    """The Ray task's body: one validation on this node; returns the outcome and the node id."""
+def _remote_call(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> tuple[Any, str]:
+    """The Ray task's body: ``fn(*args, **kwargs)`` on this node; returns its result and the node id."""
     import ray
 
     from forgeflow.common.settings import apply_container_env
 
     apply_container_env()
-    outcome = trial.validate_candidate(candidate, image_ref, test_command, **kwargs)
-    return outcome, ray.get_runtime_context().get_node_id()
+    return fn(*args, **kwargs), ray.get_runtime_context().get_node_id()
 
 
 def _connect(address: str) -> Any:
@@ -69,8 +72,8 @@ def _connect(address: str) -> Any:
                 ray.init(address=address, logging_level="ERROR", log_to_driver=False, namespace="forgeflow")
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 raise errors.TransientInfraError(f"cannot reach the Ray cluster at {address}: {exc}") from exc
-        if "validate" not in _REMOTE:
-            _REMOTE["validate"] = ray.remote(_remote_validate)
+        if "call" not in _REMOTE:
+            _REMOTE["call"] = ray.remote(_remote_call)
     return ray
 
 
@@ -98,9 +101,45 @@ def with_node(outcome: trial.ValidationOutcome, node_id: str) -> trial.Validatio
                                       "oracle_repeats": [tag(r) for r in outcome.oracle_repeats]})
 
 
+def run_on_ray(placement: RayPlacement, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> tuple[T, str]:
+    """Run ``fn(*args, **kwargs)`` as a Ray task on a sandbox node (``placement.resource``, no CPU
+    reserved: the sandbox resource is what bounds the trials per node).
+
+    Args:
+        placement: the cluster and the resource (:class:`RayPlacement`).
+        what: what runs: the Ray task's name (``ray list tasks``, the dashboard) and error messages
+            (``validation of <instance id>``).
+        fn: a module-level function (Ray pickles it by reference); args and kwargs must pickle.
+
+    Returns:
+        ``fn``'s result and the id of the node it ran on.
+
+    Raises:
+        TransientInfraError: the cluster cannot be reached, or the task's node died more than
+            ``placement.max_retries`` times (Ray's own error in the message).
+        ForgeflowError: what ``fn`` raised on the node (an InputError stays an InputError).
+        InfraError: ``fn`` raised something else there.
+    """
+    ray = _connect(placement.address)
+    ref = _REMOTE["call"].options(name=what, resources={placement.resource: placement.per_trial},
+                                  max_retries=placement.max_retries, retry_exceptions=False,
+                                  num_cpus=0).remote(fn, args, kwargs)
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as exc:  # the task itself raised: re-raise what it raised
+        cause = exc.cause  # the node's exception itself (as_instanceof_cause would rename its class)
+        if isinstance(cause, errors.ForgeflowError):
+            raise cause from None
+        raise errors.InfraError(f"{what} failed on Ray: {exc}") from exc
+    except ray.exceptions.RayError as exc:  # worker or node lost, retries exhausted
+        raise errors.TransientInfraError(f"{what} lost its Ray node {placement.max_retries + 1} times: "
+                                         f"{type(exc).__name__}: {exc}") from exc
+
+
 def validate_on_ray(placement: RayPlacement, candidate: Any, image_ref: str, test_command: str,
                     **kwargs: Any) -> trial.ValidationOutcome:
-    """Run :func:`forgeflow.sandbox.trial.validate_candidate` as a Ray task on a sandbox node.
+    """Run :func:`forgeflow.sandbox.trial.validate_candidate` as a Ray task on a sandbox node
+    (:func:`run_on_ray`).
 
     Args:
         placement: the cluster and the resource (:class:`RayPlacement`).
@@ -111,22 +150,24 @@ def validate_on_ray(placement: RayPlacement, candidate: Any, image_ref: str, tes
         The outcome, each trial's ``verifier`` carrying the ``node_id`` it ran on.
 
     Raises:
-        TransientInfraError: the cluster cannot be reached, or the validation's node died more
-            than ``placement.max_retries`` times (Ray's own error in the message).
-        InputError: as ``validate_candidate`` (bad input; raised on the node, re-raised here).
+        As :func:`run_on_ray`.
     """
-    ray = _connect(placement.address)
-    ref = _REMOTE["validate"].options(resources={placement.resource: placement.per_trial},
-                                      max_retries=placement.max_retries, retry_exceptions=False,
-                                      num_cpus=0).remote(candidate, image_ref, test_command, kwargs)
-    try:
-        outcome, node_id = ray.get(ref)
-    except ray.exceptions.RayTaskError as exc:  # the task itself raised: re-raise what it raised
-        cause = exc.as_instanceof_cause()
-        if isinstance(cause, errors.ForgeflowError):
-            raise cause from None
-        raise errors.InfraError(f"validation of {candidate.instance_id} failed on Ray: {exc}") from exc
-    except ray.exceptions.RayError as exc:  # worker or node lost, retries exhausted
-        raise errors.TransientInfraError(f"validation of {candidate.instance_id} lost its Ray node "
-                                         f"{placement.max_retries + 1} times: {type(exc).__name__}: {exc}") from exc
+    outcome, node_id = run_on_ray(placement, f"validation of {candidate.instance_id}", trial.validate_candidate,
+                                  candidate, image_ref, test_command, **kwargs)
     return with_node(outcome, node_id)
+
+
+def verify_on(placement: RayPlacement | None, image_ref: str, submission: str, test_command: str,
+              fail_to_pass: list[str], pass_to_pass: list[str], **kwargs: Any) -> SubmissionVerdict:
+    """:func:`forgeflow.sandbox.verifier.verify_submission` here (``placement`` None) or as a Ray
+    task on a sandbox node, whose id the verdict's ``evidence["node_id"]`` then carries.
+
+    Raises:
+        As ``verify_submission``; on Ray also as :func:`run_on_ray` (a lost node is a
+        TransientInfraError: no reward, never 0).
+    """
+    if placement is None:
+        return verify_submission(image_ref, submission, test_command, fail_to_pass, pass_to_pass, **kwargs)
+    verdict, node_id = run_on_ray(placement, f"verifier of {image_ref}", verify_submission, image_ref, submission,
+                                  test_command, fail_to_pass, pass_to_pass, **kwargs)
+    return verdict.model_copy(update={"evidence": {**verdict.evidence, "node_id": node_id}})

@@ -474,7 +474,7 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_
                   **_: Any) -> float:
     """verl's ``custom_reward_function``: 1.0 or 0.0 from the task's verifier.
 
-    Same verifier as :func:`forgeflow.training.rl.score_completion`, with the timeout multiplier from
+    Same verifier as :func:`forgeflow.training.rewards.score_completion`, with the timeout multiplier from
     :data:`TIMEOUT_MULTIPLIER_ENV` (default 0.06).
 
     Raises:
@@ -484,7 +484,7 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_
     """
     import json
 
-    from forgeflow.training.rl import VerifierSpec, score_completion
+    from forgeflow.training.rewards import VerifierSpec, score_completion
 
     if data_source != DATA_SOURCE or not extra_info or "verifier" not in extra_info:
         raise errors.InputError(f"row of {data_source!r} ({ground_truth}) carries no forgeflow verifier spec")

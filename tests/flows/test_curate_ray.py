@@ -35,7 +35,7 @@ def _running_on(dashboard_url: str, node_id: str) -> bool:
                            raise_on_missing_output=False)
     except Exception:  # noqa: BLE001 - the state API not answering yet
         return False
-    return any(t.name.endswith("_remote_validate") for t in tasks)
+    return any(t.name.startswith("validation of ") for t in tasks)
 
 
 def _curate(candidates: Path, store_url: str, block: str, monkeypatch) -> tuple[dict, list]:

@@ -181,3 +181,52 @@ def test_the_token_is_in_no_log_exception_or_record(
     assert caplog.records, "huggingface_hub and forgeflow debug logs were captured"
     for text in [*texts, caplog.text, *(str(r.args) for r in caplog.records)]:
         assert TOKEN not in text and TOKEN[:-1] not in text
+
+
+def _adapter(folder: Path) -> Path:
+    """An adapter folder as a burst pins it (weights, config, lineage) plus a staging dot-file."""
+    folder.mkdir()
+    (folder / "adapter_model.safetensors").write_bytes(secrets.token_bytes(40_000))
+    (folder / "adapter_config.json").write_text(json.dumps({"r": 8, "peft_type": "LORA"}))
+    (folder / "lineage.json").write_text(json.dumps({"sha256": "c" * 64}))
+    (folder / ".staging").write_text("not part of a release")
+    return folder
+
+
+def test_the_adapter_is_published_beside_its_gguf_locally_and_on_the_hub(
+        artifact: tuple[Path, Path], tmp_path: Path, hub: FakeHub) -> None:
+    """What a lineage names is kept: the adapter merged into the GGUF goes into the same release
+    (``adapter/``, every file sha256-verified), locally and in the same Hub commit; a dot-file is
+    left out; an empty or missing adapter folder is refused before anything is written."""
+    from huggingface_hub import HfApi
+
+    gguf_path, metadata = artifact
+    adapter = _adapter(tmp_path / "adapter")
+    expected = {f"adapter/{p.name}": sha256_file(p) for p in adapter.iterdir() if not p.name.startswith(".")}
+    record = publish_local(gguf_path, metadata, tmp_path / "store", "tiny", adapter_dir=adapter)
+    folder = Path(record.location)
+    assert {f.path_in_store: f.sha256 for f in record.files if f.role == "adapter"} == expected
+    assert {f"adapter/{p.name}": sha256_file(p) for p in (folder / "adapter").iterdir()} == expected
+    assert read_local_record(folder) == record
+    without = publish_local(gguf_path, metadata, tmp_path / "store", "tiny")
+    assert without.revision != record.revision  # the adapter is part of the release's identity
+
+    pushed = publish_hub(gguf_path, metadata, repo_id=REPO, token=TOKEN, endpoint=hub.endpoint, transfer="lfs",
+                         adapter_dir=adapter)
+    for path, sha in expected.items():
+        assert sha256_file_bytes(hub.stored_bytes(REPO, path, pushed.revision)) == sha
+    infos = HfApi(endpoint=hub.endpoint, token=TOKEN).get_paths_info(REPO, list(expected), revision=pushed.revision)
+    assert sorted(i.path for i in infos) == sorted(expected)
+
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InputError, match="holds no file"):
+        publish_local(gguf_path, metadata, tmp_path / "store", "tiny", adapter_dir=tmp_path / "empty")
+    with pytest.raises(InputError, match="is not a folder"):
+        publish_hub(gguf_path, metadata, repo_id=REPO, token=TOKEN, endpoint=hub.endpoint,
+                    adapter_dir=tmp_path / "nowhere")
+
+
+def sha256_file_bytes(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(data).hexdigest()

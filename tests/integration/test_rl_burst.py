@@ -21,14 +21,12 @@ from forgeflow.training.adapters import (
     read_adapter_record,
 )
 from forgeflow.training.burst import BurstConfig, build_sft_dataset, run_sft_burst
+from forgeflow.training.rewards import VerifierReward, extract_patch, score_completion
 from forgeflow.training.rl import (
     RLBurstConfig,
     RLTask,
-    VerifierReward,
     build_rl_dataset,
-    extract_patch,
     run_rl_burst,
-    score_completion,
 )
 from tests.integration.test_agent import (  # noqa: F401
     BUG_PATCH,

@@ -97,3 +97,14 @@ def test_the_block_fields_become_the_backend(monkeypatch: pytest.MonkeyPatch) ->
     assert "-np 2" in config.describe() and "-ngl 33" in config.describe()
     with pytest.raises(InputError, match="n_parallel need kind 'llama-server'"):
         ServingBackend(n_parallel=2).config()
+
+
+def test_the_block_offers_every_backend_field_with_the_same_default() -> None:
+    """The ``forgeflow-serving`` block is BackendConfig as a flat UI form: the same field names and
+    defaults (a field added to one and not the other fails here), the rules checked by BackendConfig."""
+    block_fields = {name: f for name, f in ServingBackend.model_fields.items() if name in BackendConfig.model_fields}
+    assert set(block_fields) == set(BackendConfig.model_fields)
+    defaults = BackendConfig()
+    for name, field in block_fields.items():
+        default = field.default
+        assert (default if name != "binary" or default is None else Path(default)) == getattr(defaults, name), name
