@@ -521,12 +521,8 @@ def _compare(run: _Run, baseline_trials: list, candidate_trials: list,
     config, out_dir = run.config, run.out_dir
     with run.log.stage("compare") as st:
         repo_of = {t.instance_id: t.repo for t in test_tasks}
-        comparison = run.log.call(
-            evaluation_tasks.compare_jobs, baseline_trials, candidate_trials, "baseline", "candidate", repo_of,
-            config.promotion_max_drop, config.promotion_alpha, config.seed, min_pairs=config.promotion_min_pairs,
-            min_repos=config.promotion_min_repos, max_wall_s_ratio=config.promotion_max_wall_s_ratio,
-            max_input_tokens_ratio=config.promotion_max_input_tokens_ratio,
-            max_agent_steps_ratio=config.promotion_max_agent_steps_ratio)
+        comparison = run.log.call(evaluation_tasks.compare_jobs, baseline_trials, candidate_trials, "baseline",
+                                  "candidate", repo_of, config.gate_policy, config.seed)
         paired, md = comparison.paired, comparison.markdown
         report_path = out_dir / "compare.md"
         plot_path = render_plot(comparison.report_a, comparison.report_b, paired, out_dir / "compare.png",

@@ -14,7 +14,7 @@ from flows.stages import serve
 from forgeflow.common.errors import InputError
 from forgeflow.common.fsutil import sha256_file
 from forgeflow.common.settings import home_dir
-from forgeflow.evaluation.gate import GatePolicy
+from forgeflow.evaluation.compare.gate import GatePolicy
 from tasks import evaluation as evaluation_tasks
 from tasks import serving as serving_tasks
 
@@ -53,7 +53,7 @@ def promote(baseline_job: str, candidate_job: str, gguf_path: Path, gate: GatePo
         baseline_job: the canary job of the model serving now.
         candidate_job: the canary job of ``gguf_path`` (its recorded model sha256 must be the file's).
         gguf_path: the candidate GGUF.
-        gate: the promotion gate's settings (default :class:`forgeflow.evaluation.gate.GatePolicy`:
+        gate: the promotion gate's settings (default :class:`forgeflow.evaluation.compare.gate.GatePolicy`:
             at least 30 pairs from 3 repositories, five points of tolerated drop at alpha 0.05).
         state_path: the serving state file (default ``$FORGEFLOW_HOME/serving/state.json``).
         ports: the blue/green ports (default: the serving backend's).

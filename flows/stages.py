@@ -16,7 +16,7 @@ from forgeflow.config import LifecycleConfig
 from forgeflow.curation.bundle import BundleTask
 from forgeflow.curation.freeze import AcceptedTask, FreezeManifest, SplitQuotas, validate_freeze_name
 from forgeflow.evaluation import compare as comparison
-from forgeflow.evaluation.gate import GatePolicy
+from forgeflow.evaluation.compare.gate import GatePolicy
 from forgeflow.ledger import records
 from forgeflow.ledger import store as ledger
 from forgeflow.packaging.checkpoint import BaseModelSource, CheckpointRecord
@@ -89,7 +89,7 @@ def compare(job_a: str, job_b: str, report_path: Path | None = None, merge_recov
     Writes the markdown report (wins/ties/losses, exact McNemar, the delta interval — Newcombe's
     paired interval united with the repository-clustered bootstrap —, excluded tasks with reasons,
     cost ratios and the promotion gate's verdict under ``gate``'s settings, default
-    :class:`forgeflow.evaluation.gate.GatePolicy`; each job merged with its recovery jobs unless
+    :class:`forgeflow.evaluation.compare.gate.GatePolicy`; each job merged with its recovery jobs unless
     ``merge_recovery`` is False, and said so) and beside it a PNG (pass rates with Wilson
     intervals, wins/losses per repository) that the report and the markdown artifact show.
 

@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from forgeflow.curation.freeze import SplitQuotas, feasibility_text, quota_feasibility
+from forgeflow.evaluation.compare.gate import GatePolicy
 from forgeflow.packaging.checkpoint import BaseModelSource
 from forgeflow.packaging.gguf_metadata import MetadataEdit
 from forgeflow.sandbox.trial import ValidationChecks
@@ -162,6 +163,16 @@ class LifecycleConfig(BaseModel):
         ``min_repos``)."""
         return SplitQuotas(train=self.train_min, validation=self.validation_min, test=self.test_min,
                            max_per_repo=self.max_tasks_per_repo, min_repos=self.min_repos)
+
+    @property
+    def gate_policy(self) -> GatePolicy:
+        """The promotion gate's settings (the ``promotion_*`` fields) as a
+        :class:`forgeflow.evaluation.compare.gate.GatePolicy`."""
+        return GatePolicy(max_drop=self.promotion_max_drop, alpha=self.promotion_alpha,
+                          min_pairs=self.promotion_min_pairs, min_repos=self.promotion_min_repos,
+                          max_wall_s_ratio=self.promotion_max_wall_s_ratio,
+                          max_input_tokens_ratio=self.promotion_max_input_tokens_ratio,
+                          max_agent_steps_ratio=self.promotion_max_agent_steps_ratio)
 
     @property
     def source_address(self) -> str:

@@ -13,8 +13,9 @@ from prefect.states import Completed
 
 from forgeflow.common.fsutil import sha256_file
 from forgeflow.curation.task_rows import DatasetSource, TestSpec, load_task_rows
-from forgeflow.evaluation import agent, compare, gate, harbor, harbor_import, harbor_tasks, judge
+from forgeflow.evaluation import agent, compare, harbor, harbor_import, harbor_tasks, judge
 from forgeflow.evaluation.canary import frozen_split
+from forgeflow.evaluation.compare import gate
 from forgeflow.ledger import records
 from forgeflow.ledger import store as ledger
 from forgeflow.sandbox import trial
@@ -104,30 +105,22 @@ def record_supervision(record: trial.TrialResult, job_id: str | None, run_id: st
 
 @task(cache_policy=RESUMABLE)
 def compare_jobs(baseline: list[TrialResult], candidate: list[TrialResult], label_a: str, label_b: str,
-                 repo_of: dict[str, str], max_drop: float, alpha: float, seed: int, *, min_pairs: int = 30,
-                 min_repos: int = 3, max_wall_s_ratio: float | None = 1.5, max_input_tokens_ratio: float | None = 1.25,
-                 max_agent_steps_ratio: float | None = 1.25) -> compare.CanaryComparison:
+                 repo_of: dict[str, str], policy: gate.GatePolicy, seed: int) -> compare.CanaryComparison:
     """Job reports of both canaries, their paired comparison (exact McNemar; the delta interval at
-    confidence ``1 - alpha``: Newcombe's paired interval united with the repository-clustered
+    confidence ``1 - policy.alpha``: Newcombe's paired interval united with the repository-clustered
     bootstrap), the cost ratios over the paired instances (mean input tokens, agent steps, wall
-    seconds), the promotion gate's decision on both and the markdown.
-
-    The gate settings (``max_drop`` ... ``max_agent_steps_ratio``) are those of
-    :class:`forgeflow.evaluation.gate.GatePolicy` (the lifecycle passes its ``promotion_*`` fields).
+    seconds), the promotion gate's decision on both under ``policy``
+    (:class:`forgeflow.evaluation.compare.gate.GatePolicy`; the lifecycle's is
+    :attr:`forgeflow.config.LifecycleConfig.gate_policy`) and the markdown.
 
     An exception trial enters the pairs as None (excluded, and listed with its reason), never as
     reward 0.
 
-    Raises:
-        InputError: a gate setting is out of range (named).
     """
-    policy = gate.GatePolicy.build(max_drop=max_drop, alpha=alpha, min_pairs=min_pairs, min_repos=min_repos,
-                                      max_wall_s_ratio=max_wall_s_ratio, max_input_tokens_ratio=max_input_tokens_ratio,
-                                      max_agent_steps_ratio=max_agent_steps_ratio)
     report_a = compare.JobReport.from_trials(baseline)
     report_b = compare.JobReport.from_trials(candidate)
     rewards_a, rewards_b = compare.rewards_by_instance(baseline), compare.rewards_by_instance(candidate)
-    paired = compare.paired_compare(rewards_a, rewards_b, repo_of, seed=seed, confidence=1.0 - alpha)
+    paired = compare.paired_compare(rewards_a, rewards_b, repo_of, seed=seed, confidence=1.0 - policy.alpha)
     paired_ids = [i for i in rewards_a if rewards_a[i] is not None and rewards_b.get(i) is not None]
     costs = compare.cost_ratios({t.instance_id: t.costs() for t in baseline},
                                 {t.instance_id: t.costs() for t in candidate}, paired_ids)

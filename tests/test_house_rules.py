@@ -46,8 +46,20 @@ def _imports(path: Path) -> set[str]:
     return out
 
 
+def _with_packages(name: str, imported: set[str]) -> set[str]:
+    """``imported`` plus the packages it loads first: importing ``a.b.c`` runs ``a/b/__init__.py``
+    (unless the importer sits inside ``a.b``, which is then already loading)."""
+    own = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
+    out = set(imported)
+    for dotted in imported:
+        parts = dotted.split(".")
+        out.update(p for p in (".".join(parts[:i]) for i in range(1, len(parts))) if p not in own)
+    return out
+
+
 CORE = _sources("forgeflow")
-EDGES = {name: {i for i in _imports(path) if i in CORE and i != name} for name, path in CORE.items()}
+EDGES = {name: {i for i in _with_packages(name, _imports(path)) if i in CORE and i != name}
+         for name, path in CORE.items()}
 
 
 def _cycles() -> list[list[str]]:

@@ -145,7 +145,7 @@ def compare(job_a: str, job_b: str,
     prepare_env(create=False)
     from forgeflow.common.errors import InputError  # noqa: PLC0415
     from forgeflow.evaluation import compare as comparison
-    from forgeflow.evaluation.gate import GatePolicy  # noqa: PLC0415
+    from forgeflow.evaluation.compare.gate import GatePolicy  # noqa: PLC0415
 
     store = read_store()
     try:

@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 
 from prefect import flow
 
+from forgeflow.evaluation.compare.gate import GatePolicy
 from forgeflow.sandbox.trial import TrialResult
 from tasks.evaluation import compare_jobs
 
@@ -36,7 +37,7 @@ def cache_pod() -> dict:
     base = [_trial("six.t1", 1.0, 4.0), _trial("six.t2", 0.0, 4.0), _trial("toolz.t1", 0.0, 4.0)]
     cand = [_trial("six.t1", 1.0, 2.0), _trial("six.t2", 1.0, 2.0), _trial("toolz.t1", 1.0, 2.0)]
     repo_of = {"six.t1": "six", "six.t2": "six", "toolz.t1": "toolz"}
-    state = compare_jobs(base, cand, "baseline", "candidate", repo_of, 0.05, 0.05, 0, return_state=True)
+    state = compare_jobs(base, cand, "baseline", "candidate", repo_of, GatePolicy(), 0, return_state=True)
     comparison = state.result()
     return {"state": state.name, "verdict": comparison.decision.verdict, "reason": comparison.decision.reason}
 

@@ -130,6 +130,7 @@ def test_compare_flow_writes_report_and_plot_and_references_the_plot(home: Path,
 def test_lifecycle_compare_task_lists_exclusions_and_counts_flagged_trials() -> None:
     from datetime import UTC, datetime
 
+    from forgeflow.evaluation.compare.gate import GatePolicy
     from forgeflow.sandbox.trial import TrialResult as CoreTrial
     from tasks.evaluation import compare_jobs
 
@@ -142,7 +143,7 @@ def test_lifecycle_compare_task_lists_exclusions_and_counts_flagged_trials() -> 
     cand = [core("six.t1", 1.0, agent_s=2.0), core("six.t2", 1.0, agent_s=2.0),
             core("toolz.t1", 1.0, "AgentHangError", agent_s=700.0)]
     result = compare_jobs.fn(base, cand, "baseline", "candidate", {"six.t1": "six", "six.t2": "six",
-                             "toolz.t1": "toolz"}, 0.05, 0.05, 0)
+                             "toolz.t1": "toolz"}, GatePolicy(), 0)
     assert [(e.instance_id, e.reason) for e in result.excluded] == [("toolz.t1", "exception in B: AgentHangError")]
     assert result.report_b.flagged == 1 and result.report_b.scored == 2
     assert result.costs.wall_s.n == 2 and result.costs.wall_s.ratio == pytest.approx(3.0 / 5.0)  # pairs only

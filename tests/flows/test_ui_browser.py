@@ -157,6 +157,7 @@ def _run_demo_flow(out_dir: Path):
     from prefect.runtime import flow_run
 
     from flows.stagekit import StageLog
+    from forgeflow.evaluation.compare.gate import GatePolicy
     from forgeflow.sandbox.trial import TrialResult
     from tasks import evaluation as report_tasks
     from tasks.common import markdown_artifact
@@ -174,7 +175,7 @@ def _run_demo_flow(out_dir: Path):
                                 "reward_1": sum(t.reward == 1.0 for t in trials[label])}
         with log.stage("compare") as st:  # as flows/lifecycle.py's compare stage
             comparison = log.call(report_tasks.compare_jobs, trials["baseline"], trials["candidate"], "baseline",
-                                  "candidate", data["repo_of"], 0.05, 0.05, 0)
+                                  "candidate", data["repo_of"], GatePolicy(), 0)
             markdown_artifact("compare", comparison.markdown,
                               "Paired comparison baseline vs candidate on the frozen test split")
             paired = comparison.paired

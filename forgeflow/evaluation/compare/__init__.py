@@ -21,7 +21,7 @@ Statistics (statsmodels):
   ``default_rng(seed)``: the same seed gives the same interval.
 
 Before comparing, :func:`refuse_unless_same_split` checks that both runs ran the same frozen split,
-and :func:`promotion_decision` (:mod:`forgeflow.evaluation.gate`) turns a comparison and its cost ratios into
+and :func:`promotion_decision` (:mod:`forgeflow.evaluation.compare.gate`) turns a comparison and its cost ratios into
 promote / hold / reject: it needs enough pairs, repositories and an interval that excludes the
 allowed drop, and it holds when a cost ratio is over its limit.
 

@@ -11,6 +11,11 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow.common.errors import InputError
+from forgeflow.evaluation.compare.gate import (
+    Decision,
+    GatePolicy,
+    promotion_decision,
+)
 from forgeflow.evaluation.compare.report import render_markdown
 from forgeflow.evaluation.compare.stats import (
     CostComparison,
@@ -19,11 +24,6 @@ from forgeflow.evaluation.compare.stats import (
     cost_ratios,
     paired_compare,
     rewards_by_instance,
-)
-from forgeflow.evaluation.gate import (
-    Decision,
-    GatePolicy,
-    promotion_decision,
 )
 
 
@@ -354,7 +354,7 @@ def compare_stored_jobs(
         confidence: level of the delta interval (default ``1 - gate.alpha``; another level is refused
             by the gate).
         plot_file: image path embedded in the markdown (see :func:`render_plot`).
-        gate: the promotion gate's settings (default :class:`~forgeflow.evaluation.gate.GatePolicy`).
+        gate: the promotion gate's settings (default :class:`~forgeflow.evaluation.compare.gate.GatePolicy`).
 
     Raises:
         InputError: a job has no trials (named with the store URL), holds non-agent trials, both ids

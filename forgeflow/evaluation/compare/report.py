@@ -6,13 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from forgeflow.evaluation.compare.gate import (
+    Decision,
+)
 from forgeflow.evaluation.compare.stats import (
     CostComparison,
     JobReport,
     PairedComparison,
-)
-from forgeflow.evaluation.gate import (
-    Decision,
 )
 
 

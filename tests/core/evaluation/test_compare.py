@@ -15,7 +15,7 @@ from forgeflow.evaluation.compare import (
     render_markdown,
     wilson_interval,
 )
-from forgeflow.evaluation.gate import promotion_decision
+from forgeflow.evaluation.compare.gate import promotion_decision
 from forgeflow.evaluation.paired_stats import cluster_bootstrap_delta
 from forgeflow.ledger.records import TrialRecord
 

@@ -16,7 +16,7 @@ from forgeflow.evaluation.compare import (
     render_plot,
     wilson_interval,
 )
-from forgeflow.evaluation.gate import GatePolicy
+from forgeflow.evaluation.compare.gate import GatePolicy
 from forgeflow.evaluation.paired_stats import cluster_bootstrap_delta
 from forgeflow.ledger.records import JobRecord, TaskRecord, TrialRecord
 from forgeflow.ledger.store import Store

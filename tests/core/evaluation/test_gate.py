@@ -12,7 +12,7 @@ from forgeflow.evaluation.compare import (
     cost_ratios,
     paired_compare,
 )
-from forgeflow.evaluation.gate import GatePolicy, promotion_decision
+from forgeflow.evaluation.compare.gate import GatePolicy, promotion_decision
 
 
 def table(both_pass: int, wins: int, losses: int, both_fail: int, n_repos: int) -> PairedComparison:

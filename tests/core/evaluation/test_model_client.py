@@ -25,11 +25,10 @@ from forgeflow.common.errors import (
     ModelRequestError,
     is_transient,
 )
+from forgeflow.evaluation.circuit import CircuitBreaker, CircuitState
 from forgeflow.evaluation.model_client import (
     ChatRequest,
     ChatResponse,
-    CircuitBreaker,
-    CircuitState,
     ModelClient,
     ResponseCache,
     RetryPolicy,
