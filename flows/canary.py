@@ -90,10 +90,9 @@ def run_canary_job(log: StageLog, st: dict[str, Any], stage: str, job: records.J
     model_sha256, run_id = job.model_sha256, job.run_id or ""
 
     def submit(t: CanaryTask) -> Any:
-        return evaluation_tasks.agent_trial.submit(
-            t.instance_id, t.image_ref, t.image_digest, t.problem_statement, t.test_command, t.fail_to_pass,
-            t.pass_to_pass, base_url, model_alias, model_sha256, agent_config, trajectories_dir, verifier_timeout_s,
-            job_id=job.job_id, run_key=run_key or job.job_id, log_parser=t.log_parser)
+        return evaluation_tasks.agent_trial.submit(t, base_url, model_alias, model_sha256, agent_config,
+                                                   trajectories_dir, verifier_timeout_s, job_id=job.job_id,
+                                                   run_key=run_key or job.job_id)
 
     ended = {}
     try:

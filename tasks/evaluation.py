@@ -14,7 +14,7 @@ from prefect.states import Completed
 from forgeflow.common.fsutil import sha256_file
 from forgeflow.curation.task_rows import DatasetSource, TestSpec, load_task_rows
 from forgeflow.evaluation import agent, compare, harbor, harbor_import, harbor_tasks, judge
-from forgeflow.evaluation.canary import frozen_split
+from forgeflow.evaluation.canary import CanaryTask, frozen_split
 from forgeflow.evaluation.compare import gate
 from forgeflow.ledger import records
 from forgeflow.ledger import store as ledger
@@ -36,30 +36,27 @@ class UnscoredTrialError(Exception):
         return (type(self), (self.record,))
 
 
-@task(cache_policy=(INPUTS - "base_url") + TASK_SOURCE, task_run_name="agent-run-{instance_id}-{model_sha256:.12}")
-def _cached_agent_trial(instance_id: str, image_ref: str, image_digest: str, problem_statement: str,
-                        test_command: str, fail_to_pass: list[str], pass_to_pass: list[str], base_url: str,
-                        model_alias: str, model_sha256: str, config: agent.AgentConfig, out_dir: Path,
-                        verifier_timeout_s: float, run_key: str, log_parser: str | None = None) -> trial.TrialResult:
+@task(cache_policy=(INPUTS - "base_url") + TASK_SOURCE, task_run_name="agent-run-{task.instance_id}-{model_sha256:.12}")
+def _cached_agent_trial(task: CanaryTask, base_url: str, model_alias: str, model_sha256: str, config: agent.AgentConfig,
+                        out_dir: Path, verifier_timeout_s: float, run_key: str) -> trial.TrialResult:
     """The trial itself; only a trial without an exception completes (and is cached), any other
     ends this task run Failed with :class:`UnscoredTrialError` (never cached, retried next run).
     ``run_key`` names the trial (:func:`forgeflow.sandbox.trial.make_trial_id`) and is part of the cache key."""
     if isinstance(config.verifier_backend, SandboxTarget):  # its pods carry this run's id (the sweep)
         config = config.model_copy(update={"verifier_backend": run_labelled(config.verifier_backend)})
-    record = agent.run_agent_trial(instance_id, image_ref, problem_statement, test_command, fail_to_pass,
-                                   pass_to_pass, base_url, model_alias, config, out_dir,
-                                   verifier_timeout_s=verifier_timeout_s, run_key=run_key, log_parser=log_parser)
+    record = agent.run_agent_trial(task.instance_id, task.image_ref, task.problem_statement, task.test_command,
+                                   list(task.fail_to_pass), list(task.pass_to_pass), base_url, model_alias, config,
+                                   out_dir, verifier_timeout_s=verifier_timeout_s, run_key=run_key,
+                                   log_parser=task.log_parser)
     if record.exception_type is not None:
         raise UnscoredTrialError(record)
     return record
 
 
-@task(cache_policy=NO_CACHE, task_run_name="agent-{instance_id}-{model_sha256:.12}")
-def agent_trial(instance_id: str, image_ref: str, image_digest: str, problem_statement: str, test_command: str,
-                fail_to_pass: list[str], pass_to_pass: list[str], base_url: str, model_alias: str,
-                model_sha256: str, config: agent.AgentConfig, out_dir: Path, verifier_timeout_s: float,
-                job_id: str | None = None, run_key: str | None = None,
-                log_parser: str | None = None) -> trial.TrialResult:
+@task(cache_policy=NO_CACHE, task_run_name="agent-{task.instance_id}-{model_sha256:.12}")
+def agent_trial(task: CanaryTask, base_url: str, model_alias: str, model_sha256: str, config: agent.AgentConfig,
+                out_dir: Path, verifier_timeout_s: float, job_id: str | None = None,
+                run_key: str | None = None) -> trial.TrialResult:
     """One canary trial: mini-swe-agent on the host, commands in a no-network container, then the
     verifier. An infrastructure failure is recorded as the trial's exception, never as reward 0.
 
@@ -74,13 +71,13 @@ def agent_trial(instance_id: str, image_ref: str, image_digest: str, problem_sta
     ``AgentHangError``, the verifier's reward kept beside it), a ``supervision_events`` row is
     recorded in the store with the evidence and the trajectory path (``job_id`` names the job).
 
-    ``run_key`` (default: ``model_sha256``) names the trial: a canary recovery job passes its own
-    job id so that its trials get ids of their own and never overwrite the original job's rows.
-    ``log_parser`` (a SWE-bench parser name, None: forgeflow's pytest report) is how the verifier
-    reads the task's test output."""
-    state = _cached_agent_trial(instance_id, image_ref, image_digest, problem_statement, test_command,
-                                fail_to_pass, pass_to_pass, base_url, model_alias, model_sha256, config, out_dir,
-                                verifier_timeout_s, run_key or model_sha256, log_parser, return_state=True)
+    ``task`` (:class:`forgeflow.evaluation.canary.CanaryTask`) is the task: its image and digest,
+    problem statement, test command, FAIL_TO_PASS / PASS_TO_PASS and the log parser the verifier
+    reads its output with. ``run_key`` (default: ``model_sha256``) names the trial: a canary
+    recovery job passes its own job id so that its trials get ids of their own and never overwrite
+    the original job's rows."""
+    state = _cached_agent_trial(task, base_url, model_alias, model_sha256, config, out_dir, verifier_timeout_s,
+                                run_key or model_sha256, return_state=True)
     try:
         record = state.result()
     except UnscoredTrialError as exc:

@@ -88,10 +88,12 @@ class PodmanSandbox:
             args += ["--network", "none"]
         args += [self.image, "sleep", "infinity"]
         try:
-            proc = subprocess.run(args, capture_output=True, text=True, env=tool_env(), timeout=600)
+            proc = subprocess.run(args, capture_output=True, text=True, env=tool_env(), timeout=600,
+                                  cwd=conmon_cwd())
             if proc.returncode != 0 and _name_in_use(proc.stderr):
                 remove_podman_container(self.name)  # left by a crashed run of the same trial
-                proc = subprocess.run(args, capture_output=True, text=True, env=tool_env(), timeout=600)
+                proc = subprocess.run(args, capture_output=True, text=True, env=tool_env(), timeout=600,
+                                      cwd=conmon_cwd())
             init_pid = pidfile.read_text().strip() if proc.returncode == 0 and pidfile.is_file() else ""
         finally:
             pidfile.unlink(missing_ok=True)
@@ -233,7 +235,7 @@ class PodmanSandbox:
         pids_before, oom_before = self._pids_max_events(), self._oom_kills()
         t0 = time.monotonic()
         try:
-            proc = subprocess.run(args, capture_output=True, env=tool_env(), timeout=timeout_s)
+            proc = subprocess.run(args, capture_output=True, env=tool_env(), timeout=timeout_s, cwd=conmon_cwd())
         except subprocess.TimeoutExpired as exc:
             # the runaway process tree dies with the container in stop()
             self._check_pids_limit(pids_before, argv)
@@ -282,6 +284,16 @@ class PodmanSandbox:
                 proc.wait()
 
         return wait
+
+
+def conmon_cwd() -> Path:
+    """The working directory podman's ``run`` and ``exec`` are started in. Their conmon inherits it
+    and, when the kernel OOM-kills the container's command, creates an empty ``oom`` marker file
+    there (conmon 2.1, relative to its cwd): without this it lands in whatever folder the flow or
+    test was started from. ``<tmp>/forgeflow-conmon``, created on first use."""
+    path = Path(tempfile.gettempdir()) / "forgeflow-conmon"
+    path.mkdir(mode=0o700, exist_ok=True)
+    return path
 
 
 def _name_in_use(stderr: str) -> bool:

@@ -39,6 +39,7 @@ from typing import Any
 from aiohttp import WSMsgType, web
 
 from forgeflow.common.settings import tool_env
+from forgeflow.sandbox.podman import conmon_cwd
 
 V4_CHANNEL = "v4.channel.k8s.io"
 GO_MAX_HEADER_BYTES = 1 << 20
@@ -100,7 +101,7 @@ class FakeKubernetes:
 
     async def _podman(self, *args: str) -> tuple[int, str, str]:
         proc = await asyncio.create_subprocess_exec("podman", *args, env=self.env, stdout=subprocess.PIPE,
-                                                    stderr=subprocess.PIPE)
+                                                    stderr=subprocess.PIPE, cwd=conmon_cwd())
         out, err = await proc.communicate()
         return proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
 
@@ -213,7 +214,7 @@ class FakeKubernetes:
         await ws.prepare(request)
         with_stdin = request.query.get("stdin") in ("true", "1", "True")
         proc = await asyncio.create_subprocess_exec("podman", "exec", *(["-i"] if with_stdin else []), pod.container,
-                                                    *argv, env=self.env,
+                                                    *argv, env=self.env, cwd=conmon_cwd(),  # conmon's oom file
                                                     stdin=subprocess.PIPE if with_stdin else subprocess.DEVNULL,
                                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 

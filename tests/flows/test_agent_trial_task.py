@@ -31,6 +31,7 @@ def test_exceptions_are_never_cached_scored_trials_are_and_stops_are_recorded(
 ) -> None:
     from prefect import flow
 
+    from forgeflow.evaluation.canary import CanaryTask
     from forgeflow.ledger.store import Store
     from tasks.evaluation import agent_trial
 
@@ -41,9 +42,11 @@ def test_exceptions_are_never_cached_scored_trials_are_and_stops_are_recorded(
 
     @flow
     def canary(url: str):
-        future = agent_trial.submit(  # submitted, as the lifecycle's canary does
-            "calc-add-1", task_image, "sha256:" + "1" * 64, problem_statement_for(BUG_PATCH, F2P), TEST_COMMAND,
-            F2P, P2P, url, "scripted", "c" * 64, config, tmp_path / "traj", 120.0, job_id="canary-task-test")
+        task = CanaryTask(instance_id="calc-add-1", repo="calc", image_ref=task_image, image_digest="sha256:" + "1" * 64,
+                          problem_statement=problem_statement_for(BUG_PATCH, F2P), test_command=TEST_COMMAND,
+                          fail_to_pass=F2P, pass_to_pass=P2P)
+        future = agent_trial.submit(task, url, "scripted", "c" * 64, config, tmp_path / "traj", 120.0,
+                                    job_id="canary-task-test")  # submitted, as the lifecycle's canary does
         future.wait()
         state = future.state
         states.append(state.name)

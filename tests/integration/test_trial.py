@@ -184,6 +184,8 @@ def test_memory_hog_is_an_oom_exception_not_a_reward(accepted_task) -> None:
     assert outcome.nop.exception_type == "SandboxOOMError", outcome.nop
     assert outcome.nop.reward is None and outcome.nop.exception_message
     assert outcome.oracle is None and outcome.report is None
+    # conmon marks the kill with an empty "oom" file in its working directory: never the caller's
+    assert not (Path.cwd() / "oom").exists()
 
 
 @pytest.mark.integration
