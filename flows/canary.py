@@ -28,6 +28,7 @@ job (the model endpoint failed mid-run) as a new job of kind ``recovery`` linked
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -67,36 +68,62 @@ REPORT_ARTIFACT_KEY = "canary-job-report"
 RECOVERY_REPORT_ARTIFACT_KEY = "canary-recovery-report"
 
 
-def run_canary_job(log: StageLog, st: dict[str, Any], stage: str, job: records.JobRecord, tasks: Sequence[CanaryTask],
-                   base_url: str, model_alias: str, agent_config: agent.AgentConfig, trajectories_dir: Path,
-                   verifier_timeout_s: float, concurrency: int, store: ledger.Store,
-                   run_key: str | None = None) -> tuple[list, compare.JobReport]:
+@dataclass(frozen=True)
+class CanaryJobRun:
+    """One canary job to run: the job row, its tasks and how their agent trials run.
+
+    Attributes:
+        job: the ``jobs`` row (its ``model_sha256`` names the served model).
+        tasks: the tasks, in report order.
+        base_url: the OpenAI-compatible endpoint (``http://127.0.0.1:PORT/v1``).
+        model_alias: the model name sent to it.
+        agent_config: mini-swe-agent's limits and sampling, where the verifier runs.
+        trajectories_dir: where each trial's ``.traj.json`` goes.
+        verifier_timeout_s: absolute limit of one test run, seconds.
+        concurrency: agent trials at once.
+        run_key: names the trials (default: the job id, so two jobs of one model on one split never
+            share a trial id, and a second job re-measures instead of replaying the first one's
+            cached trials); a recovery job passes its own id.
+    """
+
+    job: records.JobRecord
+    tasks: Sequence[CanaryTask]
+    base_url: str
+    model_alias: str
+    agent_config: agent.AgentConfig
+    trajectories_dir: Path
+    verifier_timeout_s: float
+    concurrency: int
+    run_key: str | None = None
+
+
+def run_canary_job(log: StageLog, st: dict[str, Any], stage: str, run: CanaryJobRun,
+                   store: ledger.Store) -> tuple[list, compare.JobReport]:
     """Run one canary job inside the open stage ``st`` of ``log`` (the lifecycle's and this flow's).
 
-    Records ``job``, then runs :func:`tasks.evaluation.agent_trial` in a sliding window of
-    ``concurrency`` (:meth:`flows.stagekit.StageLog.window`: the next trial starts when any one ends),
-    records each trial as it comes back (:func:`forgeflow.evaluation.canary.trial_row`, upsert by
-    trial id), publishes the table artifact ``stage`` with dashes and fills ``st``'s counts
-    (requested, scored, reward_1, exceptions) and digests (model). ``run_key`` names the trials
-    (default: the job id, so two jobs of one model on one split never share a trial id, and a
-    second job re-measures instead of replaying the first one's cached trials); a recovery job
-    passes its own id. With ``agent_config.verifier_ray`` the verifiers run on that Ray cluster and
-    this process leaves it once the job's trials are in.
+    Records ``run.job``, then runs :func:`tasks.evaluation.agent_trial` in a sliding window of
+    ``run.concurrency`` (:meth:`flows.stagekit.StageLog.window`: the next trial starts when any one
+    ends), records each trial as it comes back (:func:`forgeflow.evaluation.canary.trial_row`, upsert
+    by trial id), publishes the table artifact ``stage`` with dashes and fills ``st``'s counts
+    (requested, scored, reward_1, exceptions) and digests (model). With
+    ``run.agent_config.verifier_ray`` the verifiers run on that Ray cluster and this process leaves
+    it once the job's trials are in.
 
     Returns:
         The trials (:class:`forgeflow.sandbox.trial.TrialResult`, in task order) and their JobReport.
     """
+    job, tasks, agent_config = run.job, run.tasks, run.agent_config
     store.record_job(job)
     model_sha256, run_id = job.model_sha256, job.run_id or ""
 
     def submit(t: CanaryTask) -> Any:
-        return evaluation_tasks.agent_trial.submit(t, base_url, model_alias, model_sha256, agent_config,
-                                                   trajectories_dir, verifier_timeout_s, job_id=job.job_id,
-                                                   run_key=run_key or job.job_id)
+        return evaluation_tasks.agent_trial.submit(t, run.base_url, run.model_alias, model_sha256, agent_config,
+                                                   run.trajectories_dir, run.verifier_timeout_s, job_id=job.job_id,
+                                                   run_key=run.run_key or job.job_id)
 
     ended = {}
     try:
-        for t, state in log.window(tasks, submit, concurrency):
+        for t, state in log.window(tasks, submit, run.concurrency):
             tr = state.result()
             store.record_trial(trial_row(tr, job.job_id, model_sha256, run_id))
             ended[t.instance_id] = tr
@@ -278,8 +305,8 @@ def canary(freeze_name: str, split: str = "test", state_path: Path | None = None
     logger.info("canary %s: %d task(s) of %s/%s against %s (%s), %d at a time", job_id, len(tasks), freeze_name,
                 split, url, sha[:12], concurrency)
     with log.stage("canary") as st:
-        trials, report = run_canary_job(log, st, "canary", job, tasks, url, alias, agent_config,
-                                        job_dir / "trajectories", verifier_timeout_s, concurrency, store)
+        trials, report = run_canary_job(log, st, "canary", CanaryJobRun(
+            job, tasks, url, alias, agent_config, job_dir / "trajectories", verifier_timeout_s, concurrency), store)
     markdown = render_job_report(job, report, trials, {"endpoint": url, "model alias": alias,
                                                        "profile": f"{profile} (concurrency {concurrency})"})
     report_path = atomic_write_text(job_dir / "report.md", markdown)
@@ -390,9 +417,9 @@ def canary_recover(job_id: str, state_path: Path | None = None, base_url: str | 
     logger.info("canary-recover %s: re-running %d exception trial(s) of %s (%s) as %s against %s", job_id,
                 len(tasks), job_id, plan.merged_label, new_id, url)
     with log.stage("canary_recover") as st:
-        trials, report = run_canary_job(log, st, "canary_recover", job, tasks, url, alias, config,
-                                        job_dir / "trajectories", verifier_timeout_s, concurrency, store,
-                                        run_key=new_id)
+        trials, report = run_canary_job(log, st, "canary_recover", CanaryJobRun(
+            job, tasks, url, alias, config, job_dir / "trajectories", verifier_timeout_s, concurrency, run_key=new_id),
+            store)
     merged = compare.merged_job(store, job_id)
     merged_report = compare.JobReport.from_trials(merged.trials)
     extra = {"recovers": f"{len(tasks)} exception trial(s) of job `{job_id}`", "endpoint": url, "model alias": alias,

@@ -541,8 +541,9 @@ def _compare(run: _Run, baseline_trials: list, candidate_trials: list,
 def _canary(run: _Run, stage: str, test_tasks: list[_TaskImage], base_url: str, model_sha256: str,
             agent_config: agent.AgentConfig) -> list:
     """Agent trials on the frozen test split against the active endpoint (one job)."""
-    from flows.canary import (
-        run_canary_job,  # the standalone canary flow runs the same job
+    from flows.canary import (  # the standalone canary flow runs the same job
+        CanaryJobRun,
+        run_canary_job,
     )
     from forgeflow.evaluation.canary import CanaryTask
 
@@ -563,7 +564,7 @@ def _canary(run: _Run, stage: str, test_tasks: list[_TaskImage], base_url: str, 
                                         "verifier_timeout_s": config.verifier_timeout_s,
                                         "generated_path": str(out_dir / generated.GENERATED_FILE),
                                         "trajectories_dir": str(out_dir / "trajectories" / job_id)})
-        trials, _ = run_canary_job(run.log, st, stage, job, tasks, base_url, MODEL_ALIAS, agent_config,
-                                   out_dir / "trajectories" / job_id, config.verifier_timeout_s,
-                                   config.canary_concurrency, run.store)
+        trials, _ = run_canary_job(run.log, st, stage, CanaryJobRun(
+            job, tasks, base_url, MODEL_ALIAS, agent_config, out_dir / "trajectories" / job_id,
+            config.verifier_timeout_s, config.canary_concurrency), run.store)
     return trials
