@@ -233,12 +233,15 @@ def secret_token(name: str, what: str) -> SecretStr:
 class ServingBackend(Block):
     """The model server a swap starts: llama-cpp-python's OpenAI server (the embedded default) or
     llama.cpp's own ``llama-server`` with slots, a KV cache type and GPU offload, blue/green on two
-    loopback ports. The fields are :class:`forgeflow.serving.backend.BackendConfig`'s; the ``serve``
-    and ``promote`` flows and the lifecycle take the block's name (``serving_block``)."""
+    ports of one address (loopback by default). The fields are
+    :class:`forgeflow.serving.backend.BackendConfig`'s; the ``serve`` and ``promote`` flows and the
+    lifecycle take the block's name (``serving_block``)."""
 
     _block_type_name = "forgeflow-serving"
     kind: str = Field("llama-cpp-python", description="llama-cpp-python or llama-server")
-    ports: tuple[int, int] = Field((8801, 8802), description="blue/green ports on 127.0.0.1")
+    ports: tuple[int, int] = Field((8801, 8802), description="blue/green ports")
+    host: str = Field("127.0.0.1", description="IPv4 address the servers bind: 127.0.0.1 (this machine), an "
+                      "interface's address, or 0.0.0.0 (every interface)")
     model_alias: str = Field(DEFAULT_ALIAS, description="the model name clients send")
     n_ctx: int = Field(4096, description="context in tokens (llama-server: the whole KV pool, -c)")
     n_parallel: int = Field(1, description="llama-server slots (-np; -1: auto, 4 on a unified cache)")

@@ -22,6 +22,7 @@ from forgeflow.ledger import store as ledger
 from forgeflow.packaging.checkpoint import BaseModelSource, CheckpointRecord
 from forgeflow.packaging.gguf import QuantSpec, quant_plan
 from forgeflow.packaging.gguf_metadata import MetadataEdit, recorded_edited_values, validate_metadata_edits
+from forgeflow.packaging.release import ReleaseSources
 from tasks import curation
 from tasks import evaluation as evaluation_tasks
 from tasks import packaging as model_tasks
@@ -109,7 +110,8 @@ def compare(job_a: str, job_b: str, report_path: Path | None = None, merge_recov
 def package(hf_dir: Path, out_dir: Path, quantizations: tuple[str | QuantSpec, ...] = ("Q8_0", "Q4_K_M"),
             adapter_dir: Path | None = None, publish: str | None = None, publish_quantization: str | None = None,
             model_name: str = "forgeflow",
-            metadata_edits: list[MetadataEdit | dict[str, Any]] | None = None) -> dict:
+            metadata_edits: list[MetadataEdit | dict[str, Any]] | None = None,
+            publish_checkpoint: bool = False) -> dict:
     """Merge (optional adapter) -> GGUF f16 -> quantize -> metadata check -> load [-> metadata edits ->
     verify -> check -> load] [-> publish].
 
@@ -136,7 +138,9 @@ def package(hf_dir: Path, out_dir: Path, quantizations: tuple[str | QuantSpec, .
     With ``publish`` (the name of a ModelStore block: local directory or HF Hub), the GGUF of
     ``publish_quantization`` (default: the first of ``quantizations``) and its
     ``<stem>.lineage.json`` are published once every artifact passed the GGUF check and loaded
-    (:func:`tasks.packaging.publish_gguf`); the result then also holds ``published`` (the record).
+    (:func:`tasks.packaging.publish_gguf`), with the merged adapter's files (``adapter/``) and,
+    with ``publish_checkpoint``, the checkpoint the GGUF was converted from (``checkpoint/``: the
+    merged one when an adapter was merged); the result then also holds ``published`` (the record).
 
     Every artifact is recorded in the store as the lifecycle's package stage records it
     (:func:`tasks.packaging.record_package`: the merged checkpoint from the adapter, the f16 GGUF from the
@@ -179,8 +183,10 @@ def package(hf_dir: Path, out_dir: Path, quantizations: tuple[str | QuantSpec, .
     if publish and target:
         art = artifacts[target]
         source = Path(out_dir) / "merged" if adapter_dir else Path(hf_dir)  # what the GGUF was converted from
-        record = publish_tasks.publish_gguf(publish, art.path, art.sha256, art.type, sha256_tree(source), model_name,
-                                            adapter_dir, art.tensor_types, str(flow_run.get_id() or ""))
+        sources = ReleaseSources(hf_sha256=sha256_tree(source), adapter_dir=adapter_dir,
+                                 checkpoint_dir=source if publish_checkpoint else None)
+        record = publish_tasks.publish_gguf(publish, art.path, art.sha256, art.type, model_name, sources,
+                                            art.tensor_types, str(flow_run.get_id() or ""))
         return {**artifacts, "published": record}
     return artifacts
 
@@ -195,7 +201,7 @@ def _publish_preflight(store_block: str, quantization: str, produced: tuple[str,
 
 @flow(name="publish", log_prints=True)
 def publish(gguf_path: Path, store: str, hf_dir: Path, adapter_dir: Path | None = None,
-            model_name: str = "forgeflow") -> dict:
+            model_name: str = "forgeflow", include_checkpoint: bool = False) -> dict:
     """Publish a GGUF the package stage wrote (e.g. once the promotion gate chose it) to a model store.
 
     The GGUF is checked against ``hf_dir`` again (:func:`forgeflow.packaging.gguf.check_gguf`; keys the store
@@ -206,8 +212,11 @@ def publish(gguf_path: Path, store: str, hf_dir: Path, adapter_dir: Path | None 
         gguf_path: the GGUF.
         store: name of a ModelStore block.
         hf_dir: the HF checkpoint the GGUF was converted from (the merged one when an adapter was merged).
-        adapter_dir: the adapter merged into it, if any.
+        adapter_dir: the adapter merged into it, if any (its files are published with the GGUF,
+            under ``adapter/``).
         model_name: the model's name in a local store.
+        include_checkpoint: publish ``hf_dir`` itself too (under ``checkpoint/``, every file
+            sha256-verified like the GGUF): the release then holds the weights the GGUF came from.
 
     When the store (the ledger) knows the GGUF, ``hf_dir`` must be the checkpoint its recorded chain
     was converted from and ``adapter_dir`` the adapter merged into it (required when the chain has
@@ -241,8 +250,10 @@ def publish(gguf_path: Path, store: str, hf_dir: Path, adapter_dir: Path | None 
     check = publish_tasks.check_release(gguf_path, gguf_sha, hf_dir, hf_sha, edited or None)
     get_run_logger().info("%s passed the GGUF check against %s (%s, %d blocks, vocabulary %d)", Path(gguf_path).name,
                           hf_dir, check.file_type, check.block_count, check.vocab_size)
-    record = publish_tasks.publish_gguf(store, gguf_path, gguf_sha, check.file_type, hf_sha, model_name, adapter_dir,
-                                        None, str(flow_run.get_id() or ""))
+    sources = ReleaseSources(hf_sha256=hf_sha, adapter_dir=adapter_dir,
+                             checkpoint_dir=Path(hf_dir) if include_checkpoint else None)
+    record = publish_tasks.publish_gguf(store, gguf_path, gguf_sha, check.file_type, model_name, sources, None,
+                                        str(flow_run.get_id() or ""))
     return record.model_dump(mode="json")
 
 

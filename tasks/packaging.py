@@ -18,7 +18,7 @@ from forgeflow.packaging import base_model as model
 from forgeflow.packaging import checkpoint, gguf
 from forgeflow.packaging import gguf_metadata as metadata
 from forgeflow.packaging import publish as publishing
-from forgeflow.packaging.release import metadata_path_for, write_release_metadata
+from forgeflow.packaging.release import ReleaseSources, metadata_path_for, write_release_metadata
 from tasks.common import (
     RESUMABLE,
     TRANSIENT_RETRIES,
@@ -214,20 +214,22 @@ def check_release(gguf_path: Path, gguf_sha256: str, hf_dir: Path, hf_sha256: st
 # returns the stored record, and a Hub re-publish of identical files makes no commit.
 @task(cache_policy=NO_CACHE, retries=TRANSIENT_RETRIES, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S,
       retry_condition_fn=retry_on_transient)
-def publish_gguf(store_block: str, gguf_path: Path, gguf_sha256: str, quantization: str, hf_sha256: str,
-                 name: str, adapter_dir: Path | None = None, tensor_types: dict[str, str] | None = None,
+def publish_gguf(store_block: str, gguf_path: Path, gguf_sha256: str, quantization: str, name: str,
+                 sources: ReleaseSources, tensor_types: dict[str, str] | None = None,
                  run_id: str = "") -> publishing.PublishRecord:
-    """Write ``<gguf stem>.lineage.json`` beside the GGUF and publish both to the store ``store_block``.
+    """Write ``<gguf stem>.lineage.json`` beside the GGUF and publish both to the store ``store_block``,
+    with the adapter merged into it and, if ``sources.checkpoint_dir``, the checkpoint it was
+    converted from.
 
     Args:
         store_block: name of a saved :class:`~blocks.core.ModelStore` block.
         gguf_path: the checked GGUF.
         gguf_sha256: its sha256 when it was checked (the file must still have it).
         quantization: its tensor type.
-        hf_sha256: ``sha256_tree`` of the HF checkpoint it was converted from.
         name: the model name (local store folder; one path component).
-        adapter_dir: the adapter merged into it (its lineage goes into the JSON and its files
-            into the release under ``adapter/``), or None.
+        sources: what it was made from (:class:`forgeflow.packaging.release.ReleaseSources`): the
+            checkpoint's digest, the merged adapter (its lineage goes into the JSON and its files
+            under ``adapter/``) and the checkpoint folder to carry (under ``checkpoint/``).
         tensor_types: per-tensor overrides of a mixed quantization.
         run_id: the packaging flow run id (recorded in the JSON).
 
@@ -235,7 +237,8 @@ def publish_gguf(store_block: str, gguf_path: Path, gguf_sha256: str, quantizati
         The verified :class:`~forgeflow.packaging.publish.PublishRecord` (no credential in it).
 
     Raises:
-        InputError: the block is missing or inconsistent, the Secret is missing, bad arguments.
+        InputError: the block is missing or inconsistent, the Secret is missing, bad arguments, a
+            checkpoint folder whose digest is not ``sources.hf_sha256``.
         DigestMismatchError: the GGUF changed since it was checked; PublishDigestMismatchError: the
             store holds other bytes than the local files after publishing.
         StaleParentCommitError, ModelStoreError, ModelStoreUnavailableError: see
@@ -244,19 +247,24 @@ def publish_gguf(store_block: str, gguf_path: Path, gguf_sha256: str, quantizati
     logger = get_run_logger()
     store = load_model_store(store_block)
     metadata_path = metadata_path_for(gguf_path)
-    write_release_metadata(gguf_path, gguf_sha256, quantization, hf_sha256, metadata_path,
+    adapter_dir, checkpoint_dir = sources.adapter_dir, sources.checkpoint_dir
+    if checkpoint_dir is not None and sha256_tree(checkpoint_dir) != sources.hf_sha256:
+        raise InputError(f"checkpoint_dir {checkpoint_dir} is not the checkpoint of sha256 {sources.hf_sha256} "
+                         "the GGUF was converted from")
+    write_release_metadata(gguf_path, gguf_sha256, quantization, sources.hf_sha256, metadata_path,
                            adapter_dir=adapter_dir, tensor_types=tensor_types, run_id=run_id)
     if store.kind == "local":
         logger.info("publishing %s (sha256 %s) to local store %s as %r", Path(gguf_path).name,
                     gguf_sha256[:12], store.path, name)
-        record = publishing.publish_local(gguf_path, metadata_path, store.path, name, adapter_dir=adapter_dir)
+        record = publishing.publish_local(gguf_path, metadata_path, store.path, name, adapter_dir=adapter_dir,
+                                          checkpoint_dir=checkpoint_dir)
     else:
         logger.info("publishing %s (sha256 %s) to %s/%s@%s (token from Secret block %r)", Path(gguf_path).name,
                     gguf_sha256[:12], store.endpoint, store.repo_id, store.revision, store.token_secret)
         record = publishing.publish_hub(
             gguf_path, metadata_path, repo_id=store.repo_id, token=store.hub_token(), endpoint=store.endpoint,
             revision=store.revision, private=store.private, transfer=store.transfer,  # type: ignore[arg-type]
-            adapter_dir=adapter_dir,
+            adapter_dir=adapter_dir, checkpoint_dir=checkpoint_dir,
         )
     logger.info("published to %s at revision %s (parent %s); sha256 and size verified", record.location,
                 record.revision, record.parent_revision)

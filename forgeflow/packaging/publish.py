@@ -91,9 +91,10 @@ class PublishedFile(BaseModel):
         path_in_store: Name of the file inside the store folder / repository.
         sha256: Hex sha256 of its bytes (64 characters).
         size_bytes: Its size.
-        role: ``gguf`` (the model), ``metadata`` (the lineage/metadata JSON) or ``adapter`` (a
-            file of the LoRA adapter merged into the GGUF, under ``adapter/``: what its lineage
-            names is kept beside it).
+        role: ``gguf`` (the model), ``metadata`` (the lineage/metadata JSON), ``adapter`` (a
+            file of the LoRA adapter merged into the GGUF, under ``adapter/``) or ``checkpoint`` (a
+            file of the HF checkpoint the GGUF was converted from, under ``checkpoint/``): what
+            the lineage names is kept beside it.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -101,7 +102,7 @@ class PublishedFile(BaseModel):
     path_in_store: str = Field(min_length=1)
     sha256: str = Field(min_length=64, max_length=64)
     size_bytes: int = Field(ge=0)
-    role: Literal["gguf", "metadata", "adapter"]
+    role: Literal["gguf", "metadata", "adapter", "checkpoint"]
 
 
 class PublishRecord(BaseModel):
@@ -133,31 +134,33 @@ class PublishRecord(BaseModel):
 
 
 # --- the artifact ----------------------------------------------------------------------------
-ADAPTER_PREFIX = "adapter/"
-"""Where an adapter's files go inside a published revision (local folder or Hub repository)."""
+FOLDER_ROLES = ("adapter", "checkpoint")
+"""Folders a release may carry beside its GGUF, each under ``<role>/`` in the revision: the LoRA
+adapter merged into it and the HF checkpoint it was converted from."""
 
 
-def _adapter_files(adapter_dir: Path) -> list[tuple[Path, str]]:
-    """The regular files of an adapter folder as (path, path in store), sorted; symlinks and
-    dot-files (staging leftovers) are not part of a release.
+def _folder_files(folder: Path, role: str) -> list[tuple[Path, str]]:
+    """The regular files of a folder as (path, path in store under ``<role>/``), sorted; symlinks
+    and dot-files (staging leftovers) are not part of a release.
 
     Raises:
-        InputError: the folder is missing or holds no file.
+        InputError: the folder is missing or holds no file (named as ``<role>_dir``).
     """
-    root = Path(adapter_dir)
+    root = Path(folder)
     if not root.is_dir():
-        raise InputError(f"adapter_dir {root} is not a folder")
+        raise InputError(f"{role}_dir {root} is not a folder")
     found = sorted(p for p in root.rglob("*") if p.is_file() and not p.is_symlink()
                    and not any(part.startswith(".") for part in p.relative_to(root).parts))
     if not found:
-        raise InputError(f"adapter_dir {root} holds no file")
-    return [(p, ADAPTER_PREFIX + p.relative_to(root).as_posix()) for p in found]
+        raise InputError(f"{role}_dir {root} holds no file")
+    return [(p, f"{role}/{p.relative_to(root).as_posix()}") for p in found]
 
 
-def _check_artifact(gguf_path: Path, metadata_path: Path,
-                    adapter_dir: Path | None = None) -> list[tuple[Path, PublishedFile]]:
-    """Preflight: the GGUF header reads, the metadata is a JSON object, the names differ; with
-    ``adapter_dir``, its files (:func:`_adapter_files`) join the release under ``adapter/``."""
+def _check_artifact(gguf_path: Path, metadata_path: Path, adapter_dir: Path | None = None,
+                    checkpoint_dir: Path | None = None) -> list[tuple[Path, PublishedFile]]:
+    """Preflight: the GGUF header reads, the metadata is a JSON object, the names differ; the files
+    of ``adapter_dir`` and ``checkpoint_dir`` (:func:`_folder_files`) join the release under
+    ``adapter/`` and ``checkpoint/``."""
     from forgeflow.packaging.gguf_reader import read_header_index
 
     gguf_path, metadata_path = Path(gguf_path), Path(metadata_path)
@@ -176,7 +179,8 @@ def _check_artifact(gguf_path: Path, metadata_path: Path,
             f"{gguf_path.name!r}, {metadata_path.name!r}"
         )
     named = [(gguf_path, gguf_path.name, "gguf"), (metadata_path, metadata_path.name, "metadata")]
-    named += [(p, in_store, "adapter") for p, in_store in (_adapter_files(adapter_dir) if adapter_dir else [])]
+    for role, folder in zip(FOLDER_ROLES, (adapter_dir, checkpoint_dir)):
+        named += [(p, in_store, role) for p, in_store in (_folder_files(folder, role) if folder else [])]
     return [
         (path, PublishedFile(path_in_store=in_store, sha256=sha256_file(path), size_bytes=path.stat().st_size,
                              role=role))  # type: ignore[arg-type]
@@ -243,11 +247,12 @@ def read_local_record(folder: Path) -> PublishRecord:
 
 
 def publish_local(gguf_path: Path, metadata_path: Path, store_root: Path, name: str,
-                  adapter_dir: Path | None = None) -> PublishRecord:
-    """Publish a GGUF and its metadata JSON (and the adapter merged into it) into a local store
-    folder (atomic, idempotent).
+                  adapter_dir: Path | None = None, checkpoint_dir: Path | None = None) -> PublishRecord:
+    """Publish a GGUF and its metadata JSON (and the adapter merged into it, the checkpoint it was
+    converted from) into a local store folder (atomic, idempotent).
 
-    Layout: ``<store_root>/<name>/<revision>/{<gguf name>, <metadata name>, [adapter/...,] publish.json}`` with
+    Layout: ``<store_root>/<name>/<revision>/{<gguf name>, <metadata name>, [adapter/...,]
+    [checkpoint/...,] publish.json}`` with
     ``revision`` = :func:`local_revision` of the files. The files are copied (fsynced) into a
     temporary sibling folder, each copy's sha256 is compared with the source's (a source that
     changes during the copy is caught), ``publish.json`` is written, and the folder is renamed to
@@ -261,20 +266,23 @@ def publish_local(gguf_path: Path, metadata_path: Path, store_root: Path, name: 
         name: Model name: one path component (letters, digits, ``._-``).
         adapter_dir: The LoRA adapter folder merged into the GGUF (its files go under
             ``adapter/``, each sha256-verified like the GGUF), or None.
+        checkpoint_dir: The HF checkpoint folder the GGUF was converted from (the merged one when an
+            adapter was merged; under ``checkpoint/``), or None.
 
     Returns:
         The :class:`PublishRecord` (``backend="local"``, ``location`` = the final folder).
 
     Raises:
         InputError: ``name`` is not one safe path component, the metadata is not a JSON object,
-            the two files share a name, or ``adapter_dir`` is not a folder with files.
+            the two files share a name, or ``adapter_dir`` / ``checkpoint_dir`` is not a folder
+            with files.
         GGUFError: ``gguf_path`` is missing or not a GGUF file.
         PublishDigestMismatchError: a copy differs from its source, or an existing folder of the
             same revision holds different bytes (corruption).
     """
     if not name or name in (".", "..") or not all(c.isalnum() or c in "._-" for c in name):
         raise InputError(f"name {name!r} must be one path component of letters, digits and '._-'")
-    pairs = _check_artifact(gguf_path, metadata_path, adapter_dir)
+    pairs = _check_artifact(gguf_path, metadata_path, adapter_dir, checkpoint_dir)
     files = [f for _, f in pairs]
     revision = local_revision(files)
     parent = Path(store_root) / name
@@ -386,6 +394,7 @@ def publish_hub(
     commit_message: str | None = None,
     transfer: Literal["auto", "lfs"] = "auto",
     adapter_dir: Path | None = None,
+    checkpoint_dir: Path | None = None,
 ) -> PublishRecord:
     """Publish a GGUF and its metadata JSON to an HF Hub model repository, then verify them.
 
@@ -412,6 +421,8 @@ def publish_hub(
             ``lfs`` (the Git LFS batch protocol, for servers without Xet storage).
         adapter_dir: The LoRA adapter folder merged into the GGUF: its files are committed under
             ``adapter/`` in the same commit and verified like the GGUF; or None.
+        checkpoint_dir: The HF checkpoint folder the GGUF was converted from, likewise under
+            ``checkpoint/``; or None.
 
     Returns:
         The :class:`PublishRecord` (``backend="hf_hub"``, ``revision`` = the new commit oid,
@@ -440,7 +451,7 @@ def publish_hub(
         len(parent_commit) != 40 or any(c not in "0123456789abcdef" for c in parent_commit)
     ):
         raise InputError(f"parent_commit {parent_commit!r} is not a 40-hex commit id")
-    pairs = _check_artifact(gguf_path, metadata_path, adapter_dir)
+    pairs = _check_artifact(gguf_path, metadata_path, adapter_dir, checkpoint_dir)
     files = [f for _, f in pairs]
     secret = _token_value(token)
     scrub = _Scrubber(secret)

@@ -22,6 +22,24 @@ RELEASE_SCHEMA_VERSION = 1
 """Schema version of :class:`ReleaseMetadata`."""
 
 
+class ReleaseSources(BaseModel):
+    """What a GGUF was made from, as its release names (and optionally carries) it.
+
+    Attributes:
+        hf_sha256: ``sha256_tree`` of the HF checkpoint folder the GGUF was converted from.
+        adapter_dir: the LoRA adapter merged into it, or None; its lineage goes into the metadata
+            JSON and its files into the release (``adapter/``).
+        checkpoint_dir: that checkpoint folder, when the release carries it too (``checkpoint/``;
+            its ``sha256_tree`` must be ``hf_sha256``), else None.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    hf_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    adapter_dir: Path | None = None
+    checkpoint_dir: Path | None = None
+
+
 class ReleaseMetadata(BaseModel):
     """The lineage/metadata of one released GGUF (holds no credential).
 

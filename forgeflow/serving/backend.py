@@ -27,7 +27,7 @@ from forgeflow.serving.llama_server import (
     preflight_context,
     slot_context,
 )
-from forgeflow.serving.server import DEFAULT_ALIAS, ModelServer
+from forgeflow.serving.server import DEFAULT_ALIAS, LOOPBACK_HOST, ModelServer, check_bind_host
 
 DEFAULT_PORTS: tuple[int, int] = (8801, 8802)
 _LLAMA_SERVER_ONLY = ("n_parallel", "kv_unified", "n_gpu_layers", "cache_type", "binary")
@@ -39,7 +39,11 @@ class BackendConfig(BaseModel):
     Attributes:
         kind: ``llama-cpp-python`` (``python -m llama_cpp.server``, the embedded default) or
             ``llama-server`` (llama.cpp's binary, :class:`forgeflow.serving.llama_server.LlamaServer`).
-        ports: the two blue/green TCP ports on 127.0.0.1 (distinct, 1024-65535).
+        ports: the two blue/green TCP ports (distinct, 1024-65535).
+        host: the IPv4 address both servers bind: ``127.0.0.1`` (this machine only, the default),
+            an interface's address, or ``0.0.0.0`` (every interface: pods, Ray nodes or canaries on
+            other machines reach it at this machine's address; the recorded endpoint stays
+            ``127.0.0.1``).
         model_alias: the model name clients send (one word).
         n_ctx: the context (llama-server: the whole KV pool ``-c``), tokens (>= 16).
         n_parallel: llama-server slots ``-np`` (-1: auto, 4 slots on a unified cache).
@@ -63,6 +67,7 @@ class BackendConfig(BaseModel):
 
     kind: Literal["llama-cpp-python", "llama-server"] = "llama-cpp-python"
     ports: tuple[int, int] = DEFAULT_PORTS
+    host: str = LOOPBACK_HOST
     model_alias: str = Field(DEFAULT_ALIAS, pattern=r"^\S+$")
     n_ctx: int = Field(4096, ge=16)
     n_parallel: int = Field(1, ge=-1)
@@ -81,6 +86,10 @@ class BackendConfig(BaseModel):
                 raise ValueError(f"ports: {port} is outside 1024..65535")
         if self.ports[0] == self.ports[1]:
             raise ValueError(f"ports must be two distinct ports, got {list(self.ports)}")
+        try:
+            check_bind_host(self.host)
+        except errors.InputError as exc:
+            raise ValueError(str(exc)) from None
         if self.n_parallel == 0:
             raise ValueError("n_parallel must be >= 1 or -1 (auto), got 0")
         if self.cache_type is not None and self.cache_type not in KV_CACHE_TYPES:
@@ -109,9 +118,9 @@ class BackendConfig(BaseModel):
         """
         if self.kind == "llama-server":
             return LlamaServer(gguf_path, port, self.model_alias, self.n_ctx, self.server_options(), log_path=log_path,
-                               startup_timeout_s=self.startup_timeout_s, n_threads=self.n_threads)
+                               startup_timeout_s=self.startup_timeout_s, n_threads=self.n_threads, host=self.host)
         return ModelServer(gguf_path, port, self.model_alias, n_ctx=self.n_ctx, log_path=log_path,
-                           startup_timeout_s=self.startup_timeout_s, n_threads=self.n_threads)
+                           startup_timeout_s=self.startup_timeout_s, n_threads=self.n_threads, host=self.host)
 
     def preflight(self, n_ctx_train: int | None = None) -> ContextPlan:
         """The slot plan, refused before anything starts when a slot cannot hold
@@ -144,10 +153,11 @@ class BackendConfig(BaseModel):
 
     def describe(self) -> str:
         """One line for logs: kind, ports, context and slots."""
+        where = f"{self.host} ports {list(self.ports)}"
         if self.kind == "llama-cpp-python":
-            return f"llama-cpp-python on ports {list(self.ports)}, n_ctx {self.n_ctx}"
+            return f"llama-cpp-python on {where}, n_ctx {self.n_ctx}"
         cache = f", KV {self.cache_type}" if self.cache_type else ""
-        return (f"llama-server on ports {list(self.ports)}, -c {self.n_ctx} -np {self.n_parallel}"
+        return (f"llama-server on {where}, -c {self.n_ctx} -np {self.n_parallel}"
                 f"{' --kv-unified' if self.kv_unified else ''}{cache}, -ngl {self.n_gpu_layers}")
 
 

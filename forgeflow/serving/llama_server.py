@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow.common import errors, settings
 from forgeflow.packaging.sdist import download_sdist
-from forgeflow.serving.server import ModelServer
+from forgeflow.serving.server import LOOPBACK_HOST, ModelServer, client_host
 
 KV_PAD = 256
 """llama.cpp pads the context (and each sequence's share of it) to a multiple of 256 tokens."""
@@ -344,18 +344,18 @@ class LlamaServerOptions(BaseModel):
 
 
 class LlamaServer(ModelServer):
-    """One ``llama-server`` process serving one GGUF on a loopback port: a
+    """One ``llama-server`` process serving one GGUF on a port (loopback by default): a
     :class:`forgeflow.serving.server.ModelServer` (same start/stop by PID, log, context manager) whose
     readiness is ``GET /health`` and which, once up, checks ``/props`` (the file it serves, the
     per-slot context) and the accelerator.
 
     Args:
         gguf_path: the GGUF to serve.
-        port: TCP port on 127.0.0.1 (1024-65535), free.
+        port: TCP port (1024-65535), free.
         model_alias: ``--alias``, the model name clients send.
         n_ctx: ``-c``, the KV pool in tokens.
         options: slots, KV cache, offload, binary (:class:`LlamaServerOptions`; default: one slot, CPU).
-        log_path / startup_timeout_s / n_threads: as :class:`~forgeflow.serving.server.ModelServer`.
+        log_path / startup_timeout_s / n_threads / host: as :class:`~forgeflow.serving.server.ModelServer`.
 
     Raises:
         InputError: bad arguments (named); ContextPreflightError: ``required_ctx`` cannot fit a slot.
@@ -363,9 +363,9 @@ class LlamaServer(ModelServer):
 
     def __init__(self, gguf_path: Path, port: int, model_alias: str, n_ctx: int = 4096,
                  options: LlamaServerOptions | None = None, *, log_path: Path | None = None,
-                 startup_timeout_s: float = 120.0, n_threads: int | None = None) -> None:
+                 startup_timeout_s: float = 120.0, n_threads: int | None = None, host: str = LOOPBACK_HOST) -> None:
         super().__init__(gguf_path, port, model_alias, n_ctx=n_ctx, log_path=log_path,
-                         startup_timeout_s=startup_timeout_s, n_threads=n_threads)
+                         startup_timeout_s=startup_timeout_s, n_threads=n_threads, host=host)
         opts = options or LlamaServerOptions()
         if opts.n_gpu_layers < 0:
             raise errors.InputError(f"n_gpu_layers must be >= 0, got {opts.n_gpu_layers}")
@@ -383,7 +383,7 @@ class LlamaServer(ModelServer):
     def argv(self) -> list[str]:
         """The server's command line."""
         argv = [str(self.binary or ensure_llama_server(gpu=self.n_gpu_layers > 0)),
-                "--model", str(self.gguf_path), "--host", "127.0.0.1", "--port", str(self.port),
+                "--model", str(self.gguf_path), "--host", self.host, "--port", str(self.port),
                 "--alias", self.model_alias, "--ctx-size", str(self.n_ctx),
                 "--parallel", str(self.n_parallel), "--n-gpu-layers", str(self.n_gpu_layers)]
         if self.kv_unified:
@@ -397,7 +397,7 @@ class LlamaServer(ModelServer):
     @property
     def ready_url(self) -> str:
         """``GET /health`` (200 once the model is loaded)."""
-        return f"http://127.0.0.1:{self.port}/health"
+        return f"http://{client_host(self.host)}:{self.port}/health"
 
     def _after_ready(self) -> None:
         """Read ``/props``; refuse a server serving another file than ``gguf_path``, a per-slot context
@@ -408,7 +408,7 @@ class LlamaServer(ModelServer):
                 process answers on the port); InfraError: it lacks a field;
             ContextPreflightError / AcceleratorFallbackError: see the class docstring.
         """
-        root = f"http://127.0.0.1:{self.port}"
+        root = f"http://{client_host(self.host)}:{self.port}"
         resp = httpx.get(f"{root}/props", timeout=10.0)
         if resp.status_code != 200:
             raise errors.ServerStartError(f"{root}/props answered {resp.status_code}: {resp.text[:300]}")

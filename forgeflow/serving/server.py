@@ -34,6 +34,28 @@ _POLL_INTERVAL_S = 0.2
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 
 
+def check_bind_host(host: str) -> str:
+    """``host`` if it is an IPv4 address a server can bind (``127.0.0.1``, an interface's address,
+    or ``0.0.0.0`` for every interface).
+
+    Raises:
+        InputError: not an IPv4 address (named).
+    """
+    import ipaddress
+
+    try:
+        return str(ipaddress.IPv4Address(host))
+    except ValueError:
+        raise errors.InputError(f"host {host!r} is not an IPv4 address (127.0.0.1, an interface's address, "
+                                "or 0.0.0.0 for every interface)") from None
+
+
+def client_host(host: str) -> str:
+    """The address clients on this machine reach a server bound to ``host`` at: ``host`` itself,
+    or ``127.0.0.1`` for ``0.0.0.0`` (every interface)."""
+    return LOOPBACK_HOST if host == "0.0.0.0" else host  # noqa: S104 - the wildcard is what is tested
+
+
 def _port_is_open(port: int, host: str = LOOPBACK_HOST) -> bool:
     """True if something accepts TCP connections on ``host:port``."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -127,20 +149,23 @@ def stop_pid(pid: int, port: int | None = None, timeout_s: float = 15.0) -> bool
 
 
 class ModelServer:
-    """One ``python -m llama_cpp.server`` process serving one GGUF on a loopback port.
+    """One ``python -m llama_cpp.server`` process serving one GGUF on a port (loopback by default).
 
     Args:
         gguf_path: the GGUF file to serve.
-        port: TCP port on 127.0.0.1 (1024-65535); it must be free.
+        port: TCP port (1024-65535); it must be free.
         model_alias: the model name clients send (and ``/v1/models`` lists).
         n_ctx: context length in tokens.
         log_path: file receiving the server's stdout and stderr (default: ``<gguf>.<port>.log``
             beside the GGUF).
         startup_timeout_s: seconds :meth:`start` waits for ``/v1/models``.
         n_threads: CPU threads for generation (None: llama.cpp's default).
+        host: the IPv4 address it binds (``--host``): ``127.0.0.1`` (the default: this machine
+            only), an interface's address, or ``0.0.0.0`` (every interface, e.g. for pods or Ray
+            nodes on other machines); :attr:`base_url` is where clients on this machine reach it.
 
     Raises:
-        InputError: the GGUF does not exist, or the port/alias/n_ctx is out of range.
+        InputError: the GGUF does not exist, or the port/alias/n_ctx/host is out of range.
 
     Usage::
 
@@ -157,6 +182,7 @@ class ModelServer:
         log_path: Path | None = None,
         startup_timeout_s: float = 120.0,
         n_threads: int | None = None,
+        host: str = LOOPBACK_HOST,
     ) -> None:
         self.gguf_path = Path(gguf_path).resolve()
         if not self.gguf_path.is_file():
@@ -167,6 +193,7 @@ class ModelServer:
             raise errors.InputError(f"model_alias must be a non-empty word, got {model_alias!r}")
         if n_ctx < 16:
             raise errors.InputError(f"n_ctx must be >= 16 tokens, got {n_ctx}")
+        self.host = check_bind_host(host)
         self.port = port
         self.model_alias = model_alias
         self.n_ctx = n_ctx
@@ -177,8 +204,9 @@ class ModelServer:
 
     @property
     def base_url(self) -> str:
-        """The OpenAI base URL, ``http://127.0.0.1:PORT/v1``."""
-        return f"http://{LOOPBACK_HOST}:{self.port}/v1"
+        """The OpenAI base URL, ``http://<host>:PORT/v1`` (``127.0.0.1`` for a server bound to
+        every interface: :func:`client_host`)."""
+        return f"http://{client_host(self.host)}:{self.port}/v1"
 
     @property
     def pid(self) -> int | None:
@@ -190,7 +218,7 @@ class ModelServer:
         argv = [
             sys.executable, "-m", SERVER_MODULE,
             "--model", str(self.gguf_path),
-            "--host", LOOPBACK_HOST,
+            "--host", self.host,
             "--port", str(self.port),
             "--model_alias", self.model_alias,
             "--n_ctx", str(self.n_ctx),
@@ -213,8 +241,8 @@ class ModelServer:
         """
         if self._proc is not None and self._proc.poll() is None:
             return self
-        if _port_is_open(self.port):
-            raise errors.ServerStartError(f"port {self.port} on {LOOPBACK_HOST} is already in use")
+        if _port_is_open(self.port, client_host(self.host)):
+            raise errors.ServerStartError(f"port {self.port} on {client_host(self.host)} is already in use")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             self._proc = subprocess.Popen(  # noqa: S603 - fixed argv, no shell

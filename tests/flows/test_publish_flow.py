@@ -79,6 +79,14 @@ def test_publish_to_local_store_and_hub_without_leaking_the_token(prefect_harnes
     assert lineage["gguf_sha256"] == sha256_file(q8) and lineage["quantization"] == "Q8_0"
     assert lineage["hf_sha256"] == sha256_tree(hf_dir) and lineage["adapter_sha256"] is None
     assert lineage["run_id"] == str(state.state_details.flow_run_id)
+    assert {f["role"] for f in local["files"]} == {"gguf", "metadata"}
+    # with the checkpoint: the weights the GGUF came from travel in the same revision, each verified
+    carried = publish(gguf, "test-local-store", hf_dir, model_name="tiny", include_checkpoint=True)
+    checkpoint = {f["path_in_store"]: f["sha256"] for f in carried["files"] if f["role"] == "checkpoint"}
+    assert checkpoint == {f"checkpoint/{p.relative_to(hf_dir).as_posix()}": sha256_file(p)
+                          for p in sorted(hf_dir.rglob("*")) if p.is_file() and not p.name.startswith(".")}
+    assert sha256_tree(Path(carried["location"]) / "checkpoint") == sha256_tree(hf_dir)
+    assert carried["revision"] != local["revision"]
 
     # HF Hub store: the token only in a Secret block
     hub = FakeHub(token=TOKEN)

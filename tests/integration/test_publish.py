@@ -193,11 +193,12 @@ def _adapter(folder: Path) -> Path:
     return folder
 
 
-def test_the_adapter_is_published_beside_its_gguf_locally_and_on_the_hub(
+def test_the_adapter_and_checkpoint_are_published_beside_their_gguf_locally_and_on_the_hub(
         artifact: tuple[Path, Path], tmp_path: Path, hub: FakeHub) -> None:
-    """What a lineage names is kept: the adapter merged into the GGUF goes into the same release
-    (``adapter/``, every file sha256-verified), locally and in the same Hub commit; a dot-file is
-    left out; an empty or missing adapter folder is refused before anything is written."""
+    """What a lineage names is kept: the adapter merged into the GGUF (``adapter/``) and the
+    checkpoint it was converted from (``checkpoint/``) go into the same release, every file
+    sha256-verified, locally and in the same Hub commit; a dot-file is left out; an empty or
+    missing folder is refused before anything is written."""
     from huggingface_hub import HfApi
 
     gguf_path, metadata = artifact
@@ -210,9 +211,19 @@ def test_the_adapter_is_published_beside_its_gguf_locally_and_on_the_hub(
     assert read_local_record(folder) == record
     without = publish_local(gguf_path, metadata, tmp_path / "store", "tiny")
     assert without.revision != record.revision  # the adapter is part of the release's identity
+    checkpoint = tmp_path / "merged"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    (checkpoint / "model.safetensors").write_bytes(secrets.token_bytes(30_000))
+    both = publish_local(gguf_path, metadata, tmp_path / "store", "tiny", adapter_dir=adapter, checkpoint_dir=checkpoint)
+    assert {f.path_in_store for f in both.files if f.role == "checkpoint"} == {"checkpoint/config.json",
+                                                                              "checkpoint/model.safetensors"}
+    assert sha256_file(Path(both.location) / "checkpoint" / "model.safetensors") == \
+        sha256_file(checkpoint / "model.safetensors")
 
     pushed = publish_hub(gguf_path, metadata, repo_id=REPO, token=TOKEN, endpoint=hub.endpoint, transfer="lfs",
-                         adapter_dir=adapter)
+                         adapter_dir=adapter, checkpoint_dir=checkpoint)
+    expected["checkpoint/model.safetensors"] = sha256_file(checkpoint / "model.safetensors")
     for path, sha in expected.items():
         assert sha256_file_bytes(hub.stored_bytes(REPO, path, pushed.revision)) == sha
     infos = HfApi(endpoint=hub.endpoint, token=TOKEN).get_paths_info(REPO, list(expected), revision=pushed.revision)
@@ -221,9 +232,9 @@ def test_the_adapter_is_published_beside_its_gguf_locally_and_on_the_hub(
     (tmp_path / "empty").mkdir()
     with pytest.raises(InputError, match="holds no file"):
         publish_local(gguf_path, metadata, tmp_path / "store", "tiny", adapter_dir=tmp_path / "empty")
-    with pytest.raises(InputError, match="is not a folder"):
+    with pytest.raises(InputError, match="checkpoint_dir .*nowhere is not a folder"):
         publish_hub(gguf_path, metadata, repo_id=REPO, token=TOKEN, endpoint=hub.endpoint,
-                    adapter_dir=tmp_path / "nowhere")
+                    checkpoint_dir=tmp_path / "nowhere")
 
 
 def sha256_file_bytes(data: bytes) -> str:

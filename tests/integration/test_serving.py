@@ -69,6 +69,29 @@ def test_server_starts_gates_and_answers(ggufs: tuple[Path, Path], tmp_path: Pat
         httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5)
 
 
+def test_the_backend_binds_the_address_it_is_given(ggufs: tuple[Path, Path], tmp_path: Path) -> None:
+    """``BackendConfig.host``: a server bound to 127.0.0.2 (Linux routes all of 127/8 to lo, so this
+    is another address on every machine) answers there and not on 127.0.0.1; one bound to 0.0.0.0
+    answers on both, and its recorded URL is 127.0.0.1's. A host that is not an IPv4 address is
+    refused before anything starts."""
+    q8, _ = ggufs
+    port = _free_port()
+    only = BackendConfig(host="127.0.0.2", n_ctx=N_CTX).server(q8, port, tmp_path / "only.log")
+    with only:
+        assert only.base_url == f"http://127.0.0.2:{port}/v1" and gate(only.base_url, "forgeflow").passed
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5)
+    every = BackendConfig(host="0.0.0.0", n_ctx=N_CTX).server(q8, port, tmp_path / "every.log")
+    with every:
+        assert every.base_url == f"http://127.0.0.1:{port}/v1"
+        for host in ("127.0.0.1", "127.0.0.2"):
+            assert httpx.get(f"http://{host}:{port}/v1/models", timeout=10).status_code == 200
+    from forgeflow.serving.backend import backend_config
+
+    with pytest.raises(InputError, match="host 'localhost' is not an IPv4 address"):
+        backend_config({"host": "localhost"}, "forgeflow-serving block 'x'")
+
+
 def test_gate_reports_wrong_alias_and_dead_endpoint(ggufs: tuple[Path, Path], tmp_path: Path) -> None:
     q8, _ = ggufs
     with ModelServer(q8, _free_port(), "tiny", n_ctx=N_CTX, log_path=tmp_path / "s.log") as server:
