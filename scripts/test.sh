@@ -13,7 +13,7 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=240
 "${PYTHON:-python3}" -m ruff check .
 "${PYTHON:-python3}" -m pytest -ra "$@"
 # Second pass (the whole-suite run only): the Prefect server of the flow tests' harness and their store on
-# PostgreSQL (a throwaway cluster on 127.0.0.1:5445, tests/flows/conftest.py); the store tests above already
+# PostgreSQL (a throwaway cluster on a free loopback port, tests/flows/conftest.py); the store tests above already
 # ran on SQLite and PostgreSQL (tests/pgfixtures.py). About 1 minute here.
 if [ "$#" -eq 0 ]; then
   FORGEFLOW_TEST_PREFECT_DB=postgresql "${PYTHON:-python3}" -m pytest -ra tests/flows/test_prefect_database.py \

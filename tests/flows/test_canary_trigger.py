@@ -1,6 +1,6 @@
 """A successful freeze starts the canary, and a deployment schedule produces scheduled runs, for real:
 ``forgeflow up`` (a Prefect server on loopback, the ``local`` process pool, every deployment, the
-automations, a process worker) on ports 4310-4319.
+automations, a process worker) on a free loopback port.
 
 * The ``freeze/freeze`` deployment is run through the API on a store holding accepted tasks; the
   worker runs it to Completed, its ``prefect.flow-run.Completed`` event fires the
