@@ -20,6 +20,7 @@ from forgeflow.ledger import records
 from forgeflow.ledger import store as ledger
 from forgeflow.sandbox import trial
 from forgeflow.sandbox.backends import SandboxTarget
+from forgeflow.sandbox.dispatch import RayPlacement
 from forgeflow.sandbox.trial import TrialResult
 from tasks.common import RESUMABLE, run_labelled, run_logger, task_run_id
 
@@ -36,12 +37,16 @@ class UnscoredTrialError(Exception):
         return (type(self), (self.record,))
 
 
-@task(cache_policy=(INPUTS - "base_url") + TASK_SOURCE, task_run_name="agent-run-{task.instance_id}-{model_sha256:.12}")
+@task(cache_policy=(INPUTS - "base_url" - "ray") + TASK_SOURCE,
+      task_run_name="agent-run-{task.instance_id}-{model_sha256:.12}")
 def _cached_agent_trial(task: CanaryTask, base_url: str, model_alias: str, model_sha256: str, config: agent.AgentConfig,
-                        out_dir: Path, verifier_timeout_s: float, run_key: str) -> trial.TrialResult:
+                        out_dir: Path, verifier_timeout_s: float, run_key: str,
+                        ray: RayPlacement | None = None) -> trial.TrialResult:
     """The trial itself; only a trial without an exception completes (and is cached), any other
     ends this task run Failed with :class:`UnscoredTrialError` (never cached, retried next run).
-    ``run_key`` names the trial (:func:`forgeflow.sandbox.trial.make_trial_id`) and is part of the cache key."""
+    ``run_key`` names the trial (:func:`forgeflow.sandbox.trial.make_trial_id`) and is part of the cache key;
+    ``ray`` (the config's ``verifier_ray``, passed apart) is not: where the verifier runs is not what it computes."""
+    config = config.model_copy(update={"verifier_ray": ray})
     if isinstance(config.verifier_backend, SandboxTarget):  # its pods carry this run's id (the sweep)
         config = config.model_copy(update={"verifier_backend": run_labelled(config.verifier_backend)})
     record = agent.run_agent_trial(task.instance_id, task.image_ref, task.problem_statement, task.test_command,
@@ -76,8 +81,9 @@ def agent_trial(task: CanaryTask, base_url: str, model_alias: str, model_sha256:
     reads its output with. ``run_key`` (default: ``model_sha256``) names the trial: a canary
     recovery job passes its own job id so that its trials get ids of their own and never overwrite
     the original job's rows."""
-    state = _cached_agent_trial(task, base_url, model_alias, model_sha256, config, out_dir, verifier_timeout_s,
-                                run_key or model_sha256, return_state=True)
+    state = _cached_agent_trial(task, base_url, model_alias, model_sha256,
+                                config.model_copy(update={"verifier_ray": None}), out_dir, verifier_timeout_s,
+                                run_key or model_sha256, config.verifier_ray, return_state=True)
     try:
         record = state.result()
     except UnscoredTrialError as exc:

@@ -237,8 +237,7 @@ def publish_gguf(store_block: str, gguf_path: Path, gguf_sha256: str, quantizati
         The verified :class:`~forgeflow.packaging.publish.PublishRecord` (no credential in it).
 
     Raises:
-        InputError: the block is missing or inconsistent, the Secret is missing, bad arguments, a
-            checkpoint folder whose digest is not ``sources.hf_sha256``.
+        InputError: the block is missing or inconsistent, the Secret is missing, bad arguments.
         DigestMismatchError: the GGUF changed since it was checked; PublishDigestMismatchError: the
             store holds other bytes than the local files after publishing.
         StaleParentCommitError, ModelStoreError, ModelStoreUnavailableError: see
@@ -248,9 +247,6 @@ def publish_gguf(store_block: str, gguf_path: Path, gguf_sha256: str, quantizati
     store = load_model_store(store_block)
     metadata_path = metadata_path_for(gguf_path)
     adapter_dir, checkpoint_dir = sources.adapter_dir, sources.checkpoint_dir
-    if checkpoint_dir is not None and sha256_tree(checkpoint_dir) != sources.hf_sha256:
-        raise InputError(f"checkpoint_dir {checkpoint_dir} is not the checkpoint of sha256 {sources.hf_sha256} "
-                         "the GGUF was converted from")
     write_release_metadata(gguf_path, gguf_sha256, quantization, sources.hf_sha256, metadata_path,
                            adapter_dir=adapter_dir, tensor_types=tensor_types, run_id=run_id)
     if store.kind == "local":

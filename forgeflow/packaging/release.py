@@ -29,8 +29,8 @@ class ReleaseSources(BaseModel):
         hf_sha256: ``sha256_tree`` of the HF checkpoint folder the GGUF was converted from.
         adapter_dir: the LoRA adapter merged into it, or None; its lineage goes into the metadata
             JSON and its files into the release (``adapter/``).
-        checkpoint_dir: that checkpoint folder, when the release carries it too (``checkpoint/``;
-            its ``sha256_tree`` must be ``hf_sha256``), else None.
+        checkpoint_dir: that checkpoint folder (the one ``hf_sha256`` was computed from), when the
+            release carries it too (``checkpoint/``, each file sha256-verified on publish), else None.
     """
 
     model_config = ConfigDict(frozen=True)

@@ -41,7 +41,7 @@ def test_exceptions_are_never_cached_scored_trials_are_and_stops_are_recorded(
     states: list[str] = []
 
     @flow
-    def canary(url: str):
+    def canary(url: str, config: AgentConfig = config):
         task = CanaryTask(instance_id="calc-add-1", repo="calc", image_ref=task_image, image_digest="sha256:" + "1" * 64,
                           problem_statement=problem_statement_for(BUG_PATCH, F2P), test_command=TEST_COMMAND,
                           fail_to_pass=F2P, pass_to_pass=P2P)
@@ -67,4 +67,12 @@ def test_exceptions_are_never_cached_scored_trials_are_and_stops_are_recorded(
     with scripted_endpoint(lambda i: {"status": 503, **UNAVAILABLE}) as (url, bodies):
         again = canary(url)
     assert bodies == [] and again.reward == 1.0, "a scored trial is cached (same model, image, config)"
-    assert states == ["Completed", "Completed", "Completed", "Cached"]
+    # where the verifier runs is not part of the cache key: the same trial set to verify on a Ray
+    # cluster (here an address nothing listens on, so a run would fail) is answered from the cache
+    from forgeflow.sandbox.dispatch import RayPlacement
+
+    on_ray = config.model_copy(update={"verifier_ray": RayPlacement(address="127.0.0.1:9")})
+    with scripted_endpoint(lambda i: {"status": 503, **UNAVAILABLE}) as (url, bodies):
+        moved = canary(url, on_ray)
+    assert bodies == [] and moved.reward == 1.0 and moved.trial_id == again.trial_id
+    assert states == ["Completed", "Completed", "Completed", "Cached", "Cached"]

@@ -1,6 +1,6 @@
 """An agent trial's run key (its trial id) names what changes the result, not where the verifier runs:
-the same trial on a Ray cluster is the same trial, so a canary moved onto Ray resumes, and its
-recorded trials keep their ids."""
+the same trial on a Ray cluster is the same trial, and its recorded trials keep their ids (the
+Prefect cache ignores the placement too: tests/flows/test_agent_trial_task.py)."""
 
 from forgeflow.evaluation.agent import AgentConfig, default_run_key
 from forgeflow.sandbox.dispatch import RayPlacement
