@@ -91,6 +91,38 @@ class TaskRows(BaseModel):
     source: str
 
 
+class TaskSource(BaseModel):
+    """Where a stage's task rows come from: one of the user's candidates JSONL, a HF split or a
+    generated-candidates file, plus per-repository test specifications (a flow parameter group).
+
+    Attributes:
+        candidates_path: the user's candidates JSONL (``instance_id``, ``repo``, ``patch``, ``image``,
+            ``problem_statement``, optional ``test_command`` / ``log_parser``).
+        dataset: the same rows as a HF ``datasets`` split, instead of ``candidates_path``.
+        generated_path: a generated-candidates file (default: what ``forgeflow demo`` writes), read
+            only when neither of the two above is given.
+        test_commands: repo -> test command, for repositories that are not pinned projects.
+        test_specs: repo -> test command and SWE-bench log parser; wins over ``test_commands``.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    candidates_path: Path | None = None
+    dataset: DatasetSource | None = None
+    generated_path: Path | None = None
+    test_commands: dict[str, str] | None = None
+    test_specs: dict[str, TestSpec] | None = None
+
+    def load(self, default_generated: Path, stage: str) -> TaskRows:
+        """The rows (:func:`load_task_rows`; ``stage`` names the caller in errors).
+
+        Raises:
+            InputError: as :func:`load_task_rows`.
+        """
+        return load_task_rows(self.candidates_path, self.generated_path, default_generated, self.test_commands,
+                              stage=stage, dataset=self.dataset, test_specs=self.test_specs)
+
+
 def _dataset_rows(source: DatasetSource) -> list[dict[str, Any]]:
     """The split's rows as plain dicts (``image_name`` read as ``image``)."""
     import datasets

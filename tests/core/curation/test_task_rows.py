@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from forgeflow.common.errors import InputError
-from forgeflow.curation.task_rows import DatasetSource, TestSpec, load_task_rows
+from forgeflow.curation.task_rows import DatasetSource, TaskSource, TestSpec, load_task_rows
 
 PATCH = "diff --git a/m.py b/m.py\n--- a/m.py\n+++ b/m.py\n@@ -1 +1 @@\n-x = 1\n+x = 2\n"
 NOT_THERE = Path("/nonexistent/candidates.jsonl")
@@ -94,3 +94,16 @@ def test_bad_specs_and_sources_are_refused_naming_what_is_wrong(tmp_path: Path) 
         load_task_rows(path, None, NOT_THERE, dataset=DatasetSource(path=str(tmp_path)))
     with pytest.raises(InputError, match="no candidates file at /nonexistent/candidates.jsonl"):
         load_task_rows(None, None, NOT_THERE)
+
+
+def test_a_task_source_parameter_group_loads_as_the_loader_does_and_refuses_two_sources(tmp_path: Path) -> None:
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps(_swebench_row("acme__widgets-1", "acme/widgets")) + "\n")
+    source = TaskSource.model_validate({"candidates_path": str(path),
+                                        "test_specs": {"acme/widgets": {"test_command": "python3 -m unittest -v",
+                                                                        "log_parser": "parse_log_django"}}})
+    loaded = source.load(NOT_THERE, "canary")
+    assert loaded.test_commands == {"acme__widgets-1": "python3 -m unittest -v"}
+    assert loaded.log_parsers == {"acme__widgets-1": "parse_log_django"}
+    with pytest.raises(InputError, match="canary: give one of candidates_path, dataset, generated_path"):
+        TaskSource(candidates_path=path, generated_path=path).load(NOT_THERE, "canary")
