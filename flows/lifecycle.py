@@ -550,11 +550,8 @@ def _canary(run: _Run, stage: str, test_tasks: list[_TaskImage], base_url: str, 
     config, out_dir = run.config, run.out_dir
     job_id = f"{stage}-{model_sha256[:12]}"
     with run.log.stage(stage) as st:
-        tasks = [CanaryTask(instance_id=t.instance_id, repo=t.repo, image_ref=t.image_ref, image_digest=t.digest,
-                            test_command=t.test_command,
-                            problem_statement=agent.problem_statement_for(t.candidate.patch, t.verdict().FAIL_TO_PASS),
-                            fail_to_pass=t.verdict().FAIL_TO_PASS, pass_to_pass=t.verdict().PASS_TO_PASS)
-                 for t in test_tasks]
+        tasks = [CanaryTask.from_row(t.candidate, t.image_ref, t.digest, t.test_command, t.verdict().FAIL_TO_PASS,
+                                     t.verdict().PASS_TO_PASS) for t in test_tasks]
         # the params a `canary-recover` run re-runs the job's exception trials with
         job = records.JobRecord(job_id=job_id, kind="canary", freeze_name=config.freeze_name, split="test",
                                 model_sha256=model_sha256, run_id=run.run_id,

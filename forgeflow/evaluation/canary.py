@@ -107,6 +107,24 @@ class CanaryTask(BaseModel):
     pass_to_pass: list[str] = Field(default_factory=list)
     log_parser: str | None = None
 
+    @classmethod
+    def from_row(cls, row: Any, image_ref: str, image_digest: str, test_command: str, fail_to_pass: list[str],
+                 pass_to_pass: list[str], log_parser: str | None = None) -> CanaryTask:
+        """The task of a task row (anything with ``instance_id``, ``repo``, ``patch`` and optionally
+        ``problem_statement``: a candidate row, a generated row, a lifecycle candidate).
+
+        The problem statement is the row's own when it has one, else one written from the patch and
+        FAIL_TO_PASS (:func:`forgeflow.evaluation.agent.problem_statement_for`).
+
+        Raises:
+            pydantic.ValidationError: a field out of its bounds (e.g. no FAIL_TO_PASS test, a digest
+                that is not ``sha256:<64 hex>``).
+        """
+        statement = getattr(row, "problem_statement", None) or problem_statement_for(row.patch, fail_to_pass)
+        return cls(instance_id=row.instance_id, repo=row.repo, image_ref=image_ref, image_digest=image_digest,
+                   problem_statement=statement, test_command=test_command, fail_to_pass=fail_to_pass,
+                   pass_to_pass=pass_to_pass, log_parser=log_parser)
+
 
 def frozen_split(store: ledger.Store, freeze_name: str, split: str) -> tuple[FreezeManifest, list[str]]:
     """The verified manifest of ``freeze_name`` (as the store records it) and the ids of ``split``.
@@ -207,10 +225,8 @@ def canary_tasks(store: ledger.Store, instance_ids: Sequence[str], rows: Iterabl
         if digest is None:
             problems.append(f"{instance_id}: no image digest (registry_digest or image_id) in its row")
             continue
-        statement = getattr(row, "problem_statement", None) or problem_statement_for(row.patch, task.fail_to_pass)
-        out.append(CanaryTask(instance_id=instance_id, repo=row.repo, image_ref=image, image_digest=digest,
-                              problem_statement=statement, test_command=command, fail_to_pass=task.fail_to_pass,
-                              pass_to_pass=task.pass_to_pass, log_parser=(log_parsers or {}).get(instance_id)))
+        out.append(CanaryTask.from_row(row, image, digest, command, task.fail_to_pass, task.pass_to_pass,
+                                       (log_parsers or {}).get(instance_id)))
     refuse_problems(problems, f"canary: {len(problems)} of {len(instance_ids)} task(s) cannot run")
     return out
 

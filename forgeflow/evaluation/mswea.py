@@ -145,6 +145,79 @@ def mswea_config(
     return merged
 
 
+class _SupervisedChat:
+    """The chat calls of :func:`endpoint_model_class`'s model, watched by its :class:`HangWatchdog`
+    and bounded by the agent's deadline (a mixin: the model class sets ``client``, ``watchdog``,
+    ``deadline_monotonic``, ``sampling`` and mini-swe-agent's ``config``)."""
+
+    client: ModelClient
+    watchdog: HangWatchdog | None
+    deadline_monotonic: float
+    sampling: dict[str, Any]
+    config: Any
+
+    def _hang_error(self, during: str) -> errors.AgentHangError:
+        check = self.watchdog.hang if self.watchdog is not None else None
+        evidence = {**(check.model_dump(mode="json") if check is not None else {}), "during": during}
+        idle = f"{check.idle_s:.1f} s" if check is not None else "the idle limit"
+        return errors.AgentHangError(
+            f"no new message or model call for {idle} (limit {evidence.get('idle_limit_s', '?')} s) "
+            f"during {during}: run stopped by the watchdog", evidence)
+
+    def _send(self, request: Any) -> ChatResponse:
+        """``client.chat`` in a helper thread, abandoned when the watchdog flags a hang."""
+        if self.watchdog is None:
+            return self.client.chat(request)
+        box: dict[str, Any] = {}
+
+        def call() -> None:
+            try:
+                box["response"] = self.client.chat(request)
+            except BaseException as exc:  # noqa: BLE001 - handed to the agent's thread
+                box["error"] = exc
+
+        worker = threading.Thread(target=call, name="forgeflow-model-call", daemon=True)
+        worker.start()
+        while worker.is_alive():
+            if self.watchdog.hung_event.wait(0.1):
+                raise self._hang_error("a model call")
+        if "error" in box:
+            raise box["error"]
+        return box["response"]
+
+    def _chat(self, messages: list[dict[str, Any]]) -> ChatResponse:
+        if self.watchdog is not None:
+            if self.watchdog.hung:
+                raise self._hang_error("a command")
+            self.watchdog.touch_model_call()
+        remaining_s = self.deadline_monotonic - time.monotonic()
+        if remaining_s <= 0:
+            raise errors.AgentTimeoutError("agent budget spent before the model call")
+        self.client.retry = self.client.retry.model_copy(update={"total_budget_s": remaining_s})
+        request = chat_request(self.config.model_name, messages, **self.sampling)
+        try:
+            response = self._send(request)
+            if self.watchdog is not None:
+                self.watchdog.touch_model_call()
+            return response
+        except errors.ModelEndpointError as exc:
+            if self.watchdog is not None and self.watchdog.hung:
+                raise self._hang_error("a model call") from exc
+            if time.monotonic() >= self.deadline_monotonic:
+                raise errors.AgentTimeoutError(f"model call outlived the agent budget: {exc}") from exc
+            raise
+        except errors.ModelRequestError as exc:
+            if CONTEXT_OVERFLOW_PATTERN.search(str(exc)):  # the model's outcome, not a fault
+                from minisweagent.exceptions import InterruptAgentFlow
+
+                raise InterruptAgentFlow({
+                    "role": "exit", "content": "ContextWindowExceeded",
+                    "extra": {"exit_status": "ContextWindowExceeded", "submission": "",
+                              "exception_str": str(exc)},
+                }) from exc
+            raise
+
+
 def endpoint_model_class() -> type:
     """mini-swe-agent's text-based model with its chat calls sent through :class:`ModelClient`.
 
@@ -170,7 +243,7 @@ def endpoint_model_class() -> type:
     (a configuration bug).
     """
     logging.getLogger("minisweagent").setLevel(logging.WARNING)  # its DEBUG lines drown the flow log
-    from minisweagent.exceptions import FormatError, InterruptAgentFlow
+    from minisweagent.exceptions import FormatError
     from minisweagent.models import GLOBAL_MODEL_STATS
     from minisweagent.models.litellm_textbased_model import LitellmTextbasedModel
     from minisweagent.models.utils.actions_text import parse_regex_actions
@@ -180,7 +253,7 @@ def endpoint_model_class() -> type:
         parse_toolcall_actions,
     )
 
-    class EndpointModel(LitellmTextbasedModel):
+    class EndpointModel(_SupervisedChat, LitellmTextbasedModel):
         def __init__(self, *, deadline_monotonic: float, action_format: str = "text",
                      watchdog: HangWatchdog | None = None, **kwargs: Any) -> None:
             super().__init__(**kwargs)
@@ -195,65 +268,6 @@ def endpoint_model_class() -> type:
             read_timeout_s = 600.0 if watchdog is None else min(600.0, watchdog.idle_limit_s + 5.0)
             self.client = ModelClient(self.api_base, api_key=os.environ.get("FORGEFLOW_MODEL_API_KEY"),
                                       read_timeout_s=read_timeout_s)
-
-        def _hang_error(self, during: str) -> errors.AgentHangError:
-            check = self.watchdog.hang if self.watchdog is not None else None
-            evidence = {**(check.model_dump(mode="json") if check is not None else {}), "during": during}
-            idle = f"{check.idle_s:.1f} s" if check is not None else "the idle limit"
-            return errors.AgentHangError(
-                f"no new message or model call for {idle} (limit {evidence.get('idle_limit_s', '?')} s) "
-                f"during {during}: run stopped by the watchdog", evidence)
-
-        def _send(self, request: Any) -> ChatResponse:
-            """``client.chat`` in a helper thread, abandoned when the watchdog flags a hang."""
-            if self.watchdog is None:
-                return self.client.chat(request)
-            box: dict[str, Any] = {}
-
-            def call() -> None:
-                try:
-                    box["response"] = self.client.chat(request)
-                except BaseException as exc:  # noqa: BLE001 - handed to the agent's thread
-                    box["error"] = exc
-
-            worker = threading.Thread(target=call, name="forgeflow-model-call", daemon=True)
-            worker.start()
-            while worker.is_alive():
-                if self.watchdog.hung_event.wait(0.1):
-                    raise self._hang_error("a model call")
-            if "error" in box:
-                raise box["error"]
-            return box["response"]
-
-        def _chat(self, messages: list[dict[str, Any]]) -> ChatResponse:
-            if self.watchdog is not None:
-                if self.watchdog.hung:
-                    raise self._hang_error("a command")
-                self.watchdog.touch_model_call()
-            remaining_s = self.deadline_monotonic - time.monotonic()
-            if remaining_s <= 0:
-                raise errors.AgentTimeoutError("agent budget spent before the model call")
-            self.client.retry = self.client.retry.model_copy(update={"total_budget_s": remaining_s})
-            request = chat_request(self.config.model_name, messages, **self.sampling)
-            try:
-                response = self._send(request)
-                if self.watchdog is not None:
-                    self.watchdog.touch_model_call()
-                return response
-            except errors.ModelEndpointError as exc:
-                if self.watchdog is not None and self.watchdog.hung:
-                    raise self._hang_error("a model call") from exc
-                if time.monotonic() >= self.deadline_monotonic:
-                    raise errors.AgentTimeoutError(f"model call outlived the agent budget: {exc}") from exc
-                raise
-            except errors.ModelRequestError as exc:
-                if CONTEXT_OVERFLOW_PATTERN.search(str(exc)):
-                    raise InterruptAgentFlow({
-                        "role": "exit", "content": "ContextWindowExceeded",
-                        "extra": {"exit_status": "ContextWindowExceeded", "submission": "",
-                                  "exception_str": str(exc)},
-                    }) from exc
-                raise
 
         def query(self, messages: list[dict[str, Any]], **kwargs: Any) -> dict:
             response = self._chat(self._prepare_messages_for_api(messages))

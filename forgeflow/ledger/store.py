@@ -45,6 +45,7 @@ from forgeflow.common.errors import (
     StoreNotFoundError,
     StoreUnavailableError,
 )
+from forgeflow.ledger.dialects import check_sqlite_header, sqlite_pragmas, sqlite_revision, upsert_statement
 from forgeflow.ledger.queries import StoreReads
 from forgeflow.ledger.records import (
     TRIAL_VOID_FIELDS,
@@ -133,15 +134,15 @@ class Store(StoreReads):
         revision: str | None = None
         if sqlite_file is not None and create:
             sqlite_file.parent.mkdir(parents=True, exist_ok=True)
-            _check_sqlite_header(sqlite_file)
+            check_sqlite_header(sqlite_file)
         elif sqlite_file is not None:
             if not sqlite_file.is_file():
                 raise StoreNotFoundError(f"no forgeflow store at {sqlite_file}; run a flow first or "
                                          + _store_setting_hint(from_settings))
-            revision = _sqlite_revision(sqlite_file)  # read before the WAL pragma can write the file
+            revision = sqlite_revision(sqlite_file)  # read before the WAL pragma can write the file
         self.engine: Engine = create_engine(self.url)
         if self.engine.dialect.name == "sqlite":
-            event.listen(self.engine, "connect", _sqlite_pragmas)
+            event.listen(self.engine, "connect", sqlite_pragmas)
         if not create:
             where = str(sqlite_file) if sqlite_file is not None else self.display_url
             if sqlite_file is None:
@@ -537,33 +538,6 @@ class Store(StoreReads):
     # --- reads -----------------------------------------------------------------------------
 
 
-def upsert_statement(
-    dialect: str, model_cls: type[Base], key: dict[str, Any], values: dict[str, Any]
-) -> Any:
-    """The ``INSERT .. ON CONFLICT (key) DO UPDATE SET values`` statement for ``dialect``.
-
-    ``updated_at`` is added to the update (SQLAlchemy does not apply ``onupdate`` inside
-    ON CONFLICT). Arguments are not validated here; :meth:`Store.upsert` does that.
-
-    Raises:
-        InputError: ``dialect`` is neither ``sqlite`` nor ``postgresql``.
-    """
-    if dialect == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
-    elif dialect == "sqlite":
-        from sqlalchemy.dialects.sqlite import insert
-    else:
-        raise InputError(f"upsert needs sqlite or postgresql, not dialect {dialect!r}")
-    table = model_cls.__table__
-    row = dict(values)
-    if "updated_at" in table.columns:
-        row["updated_at"] = _utcnow()
-    statement = insert(table).values(**key, **row)
-    return statement.on_conflict_do_update(
-        index_elements=sorted(key), set_={name: statement.excluded[name] for name in row}
-    )
-
-
 def _store_setting_hint(from_settings: bool) -> str:
     """Which setting named the store, for :class:`StoreNotFoundError` messages."""
     if not from_settings:
@@ -571,55 +545,3 @@ def _store_setting_hint(from_settings: bool) -> str:
     if "FORGEFLOW_STORE_URL" in os.environ:
         return "fix FORGEFLOW_STORE_URL"
     return f"set FORGEFLOW_HOME (now {settings.home_path()})"
-
-
-SQLITE_HEADER = b"SQLite format 3\x00"
-"""The first 16 bytes of every SQLite 3 database file (https://www.sqlite.org/fileformat.html)."""
-
-
-def _check_sqlite_header(path: Path) -> None:
-    """Refuse a non-empty file at ``path`` that is not an SQLite database, before a writer opens it
-    (reads 16 bytes: no lock, nothing written; a missing or empty file becomes a new store).
-
-    Raises:
-        StoreInvalidError: naming the file.
-    """
-    try:
-        with open(path, "rb") as handle:
-            head = handle.read(len(SQLITE_HEADER))
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise StoreInvalidError(f"{path} cannot be read as a forgeflow store ({exc})") from exc
-    if head and head != SQLITE_HEADER:
-        raise StoreInvalidError(f"{path} is not a forgeflow store (not an SQLite database)")
-
-
-def _sqlite_revision(path: Path) -> str | None:
-    """The Alembic revision recorded in the SQLite file ``path`` (None: no forgeflow schema),
-    read with a plain connection (no pragmas), so the file is never written.
-
-    Raises:
-        StoreInvalidError: the file is not an SQLite database (the message names it).
-    """
-    import sqlite3
-
-    connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        if "alembic_version" not in tables:
-            return None
-        row = connection.execute("SELECT version_num FROM alembic_version").fetchone()
-        return None if row is None else str(row[0])
-    except sqlite3.DatabaseError as exc:
-        raise StoreInvalidError(f"{path} is not a forgeflow store ({exc})") from exc
-    finally:
-        connection.close()
-
-
-def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
-    """WAL journal and a busy timeout so parallel Prefect tasks can share one SQLite file."""
-    cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA busy_timeout=30000")
-    cursor.close()

@@ -15,7 +15,7 @@ re-encoded (keeping the stored type unless ``type`` is given), an ``add`` entry 
 the last entry, a ``delete`` entry is left out; the data section is copied with
 ``gguf_edit._copy_data`` (``copy_file_range`` or one 1 MiB buffer). Peak memory: ``chunk_bytes``
 plus 1 MiB plus the new entries, whatever the file size. The result goes to a temporary sibling,
-is fsynced, verified (:func:`verify_metadata_edits`: the checks of ``gguf_edit.verify_edit``
+is fsynced, verified (:func:`verify_metadata_edits`: the checks of ``gguf_verify.verify_edit``
 generalised to several keys) and renamed over the destination; a failed check leaves the source
 untouched.
 """
@@ -37,14 +37,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from forgeflow.common.errors import GGUFError, InputError
 from forgeflow.common.fsutil import fsync_dir, raise_if_disk_full
 from forgeflow.packaging.gguf_edit import (
-    VerifyMode,
     _check_value,
-    _check_verify_mode,
     _copy_data,
     _pack_value,
-    _roundtrip_f32,
-    _samples,
-    _sha256_range,
 )
 from forgeflow.packaging.gguf_reader import (
     ARRAY_TYPE,
@@ -55,6 +50,13 @@ from forgeflow.packaging.gguf_reader import (
     read_metadata,
     tensor_sha256,
     write_all,
+)
+from forgeflow.packaging.gguf_verify import (
+    VerifyMode,
+    check_verify_mode,
+    roundtrip_f32,
+    sample_digests,
+    sha256_range,
 )
 
 if TYPE_CHECKING:
@@ -374,7 +376,7 @@ class MetadataSnapshot(BaseModel):
 
 
 def _entry_digests(fd: int, index: HeaderIndex, keys: Sequence[str], chunk_bytes: int) -> dict[str, str]:
-    return {k: _sha256_range(fd, index.fields[k].offset, index.fields[k].size_bytes, chunk_bytes, index.path)
+    return {k: sha256_range(fd, index.fields[k].offset, index.fields[k].size_bytes, chunk_bytes, index.path)
             for k in keys}
 
 
@@ -384,8 +386,8 @@ def _snapshot(path: Path, index: HeaderIndex, untouched: Sequence[str], chunk_by
         end = _kv_end(index)
         return MetadataSnapshot(
             index=index, entry_sha256=_entry_digests(fd, index, untouched, chunk_bytes),
-            tensor_infos_sha256=_sha256_range(fd, end, index.header_end - end, chunk_bytes, path),
-            samples=_samples(fd, index, 4096))
+            tensor_infos_sha256=sha256_range(fd, end, index.header_end - end, chunk_bytes, path),
+            samples=sample_digests(fd, index, 4096))
     finally:
         os.close(fd)
 
@@ -435,7 +437,7 @@ def verify_metadata_edits(result_path: Path, before: MetadataSnapshot, keys: Seq
                             f"{span.value_type}/{span.sub_type}")
         expected = values[key]
         if "FLOAT32" in (vtype, sub):
-            expected = _roundtrip_f32(expected)
+            expected = roundtrip_f32(expected)
         found = read_metadata(result_path, key, after)
         if found != expected:
             raise GGUFError(f"{result_path}: key {key!r} expected {expected!r:.200} after the edit, "
@@ -448,9 +450,9 @@ def verify_metadata_edits(result_path: Path, before: MetadataSnapshot, keys: Seq
             if _entry_digests(fd, after, list(before.entry_sha256), chunk_bytes) != before.entry_sha256:
                 raise changed("an entry the edits do not name")
             end = _kv_end(after)
-            if _sha256_range(fd, end, after.header_end - end, chunk_bytes, result_path) != before.tensor_infos_sha256:
+            if sha256_range(fd, end, after.header_end - end, chunk_bytes, result_path) != before.tensor_infos_sha256:
                 raise changed("tensor info bytes")
-            got = _samples(fd, after, 4096)
+            got = sample_digests(fd, after, 4096)
         finally:
             os.close(fd)
         bad = [name for name, digests in before.samples.items() if got.get(name) != digests]
@@ -494,7 +496,7 @@ def apply_metadata_edits(path: Path, edits: Sequence[MetadataEdit | dict[str, An
     """
     started = time.perf_counter()
     path = Path(path)
-    mode = _check_verify_mode(verify)
+    mode = check_verify_mode(verify)
     if chunk_bytes < 4096:
         raise InputError(f"chunk_bytes {chunk_bytes} is below 4096")
     edits = validate_metadata_edits(edits)

@@ -60,6 +60,41 @@ def _existing_ancestor(path: Path) -> Path:
     return path
 
 
+def _validation_classes(validation_items: Sequence[Mapping[str, Any]], class_key: str, min_items_per_class: int,
+                        problems: list[str], warnings: list[str]) -> tuple[dict[str, int], dict[str, int], list[str]]:
+    """The validation classes kept and excluded (name -> items) and the kept items' ids; a class
+    below ``min_items_per_class`` is a warning, no class left a problem (both appended).
+
+    Raises:
+        InputError: an item without a non-empty ``instance_id`` or ``class_key``.
+    """
+    kept: dict[str, int] = {}
+    excluded: dict[str, int] = {}
+    counts: dict[str, int] = {}
+    for i, item in enumerate(validation_items):
+        if not isinstance(item.get("instance_id"), str) or not item["instance_id"]:
+            raise InputError(f"validation_items[{i}].instance_id must be a non-empty string")
+        if not isinstance(item.get(class_key), str) or not item[class_key]:
+            raise InputError(f"validation_items[{i}].{class_key} must be a non-empty string")
+        counts[item[class_key]] = counts.get(item[class_key], 0) + 1
+    for name, n in sorted(counts.items()):
+        if n >= min_items_per_class:
+            kept[name] = n
+        else:
+            excluded[name] = n
+            warnings.append(
+                f"validation class {name!r} has {n} item(s), fewer than min_items_per_class="
+                f"{min_items_per_class}: excluded from validation"
+            )
+    kept_ids = [item["instance_id"] for item in validation_items if item[class_key] in kept]
+    if not kept:
+        problems.append(
+            f"every validation class has fewer than {min_items_per_class} items "
+            f"({dict(sorted(counts.items())) or 'no items'}): nothing left to validate on"
+        )
+    return kept, excluded, kept_ids
+
+
 def preflight(
     *,
     template_files: Sequence[Path] = (),
@@ -116,32 +151,10 @@ def preflight(
         else:
             sizes[str(path)] = path.stat().st_size
 
-    kept: dict[str, int] = {}
-    excluded: dict[str, int] = {}
-    kept_ids: list[str] = []
+    kept, excluded, kept_ids = {}, {}, []
     if validation_items is not None:
-        counts: dict[str, int] = {}
-        for i, item in enumerate(validation_items):
-            if not isinstance(item.get("instance_id"), str) or not item["instance_id"]:
-                raise InputError(f"validation_items[{i}].instance_id must be a non-empty string")
-            if not isinstance(item.get(class_key), str) or not item[class_key]:
-                raise InputError(f"validation_items[{i}].{class_key} must be a non-empty string")
-            counts[item[class_key]] = counts.get(item[class_key], 0) + 1
-        for name, n in sorted(counts.items()):
-            if n >= min_items_per_class:
-                kept[name] = n
-            else:
-                excluded[name] = n
-                warnings.append(
-                    f"validation class {name!r} has {n} item(s), fewer than min_items_per_class="
-                    f"{min_items_per_class}: excluded from validation"
-                )
-        kept_ids = [item["instance_id"] for item in validation_items if item[class_key] in kept]
-        if not kept:
-            problems.append(
-                f"every validation class has fewer than {min_items_per_class} items "
-                f"({dict(sorted(counts.items())) or 'no items'}): nothing left to validate on"
-            )
+        kept, excluded, kept_ids = _validation_classes(validation_items, class_key, min_items_per_class,
+                                                       problems, warnings)
 
     patience_steps = None
     if early_stopping_patience_evals is not None:

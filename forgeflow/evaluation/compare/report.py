@@ -24,42 +24,15 @@ def _num(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.4g}"
 
 
-def render_markdown(
-    report_a: JobReport,
-    report_b: JobReport,
-    comparison: PairedComparison,
-    label_a: str = "A",
-    label_b: str = "B",
-    *,
-    costs: CostComparison | None = None,
-    decision: Decision | None = None,
-    notes: Iterable[str] = (),
-    plot_file: str | None = None,
-) -> str:
-    """A Markdown summary a person reads: per-run counts side by side, then the paired result.
-
-    Args:
-        report_a: Job report of the baseline run.
-        report_b: Job report of the candidate run.
-        comparison: Their paired comparison.
-        label_a: Name of run A in the tables.
-        label_b: Name of run B.
-        costs: Cost ratios (optional table).
-        decision: Promotion decision (optional line).
-        notes: Lines printed under the title (e.g. what each run merges, the split checked).
-        plot_file: Image path (relative to the markdown file) embedded after the tables.
-
-    Returns:
-        Markdown text (two tables, a verdict line, the delta interval, and when present a
-        per-repository table, a cost table and the promotion decision).
-    """
+def _run_rows(report_a: JobReport, report_b: JobReport) -> list[tuple[str, str, str]]:
+    """The per-run table's rows: (what, run A's value, run B's value)."""
     exception_types = sorted(set(report_a.exceptions_by_type) | set(report_b.exceptions_by_type))
 
     def interval(report: JobReport) -> str:
         return f"{_pct(report.wilson.low)} to {_pct(report.wilson.high)}"
 
     level = f"{100 * report_a.wilson.confidence:g}%"
-    rows = [
+    return [
         ("trials requested", str(report_a.requested), str(report_b.requested)),
         ("scored", str(report_a.scored), str(report_b.scored)),
         ("passed (reward 1)", str(report_a.reward_1), str(report_b.reward_1)),
@@ -89,13 +62,11 @@ def render_markdown(
             _pct(report_b.pass_rate_attempts),
         ),
     ]
-    lines = [f"## {label_b} vs {label_a}", ""]
-    lines += [f"- {note}" for note in notes]
-    lines += [""] if lines[-1] != "" else []
-    lines += [f"| | {label_a} | {label_b} |", "|---|---:|---:|"]
-    lines += [f"| {name} | {va} | {vb} |" for name, va, vb in rows]
-    c = comparison
-    lines += [
+
+
+def _paired_lines(c: PairedComparison, label_a: str, label_b: str) -> list[str]:
+    """The paired table, what wins and exclusions mean, and the delta interval's line."""
+    lines = [
         "",
         f"### Paired on {c.n_pairs} instances scored in both runs",
         "",
@@ -123,6 +94,45 @@ def render_markdown(
         if bs.high - bs.low <= 0.0:
             lines[-1] += (" The bootstrap alone has zero width (too few clusters or no discordant pair); it is "
                           "never reported alone.")
+    return lines
+
+
+def render_markdown(
+    report_a: JobReport,
+    report_b: JobReport,
+    comparison: PairedComparison,
+    label_a: str = "A",
+    label_b: str = "B",
+    *,
+    costs: CostComparison | None = None,
+    decision: Decision | None = None,
+    notes: Iterable[str] = (),
+    plot_file: str | None = None,
+) -> str:
+    """A Markdown summary a person reads: per-run counts side by side, then the paired result.
+
+    Args:
+        report_a: Job report of the baseline run.
+        report_b: Job report of the candidate run.
+        comparison: Their paired comparison.
+        label_a: Name of run A in the tables.
+        label_b: Name of run B.
+        costs: Cost ratios (optional table).
+        decision: Promotion decision (optional line).
+        notes: Lines printed under the title (e.g. what each run merges, the split checked).
+        plot_file: Image path (relative to the markdown file) embedded after the tables.
+
+    Returns:
+        Markdown text (two tables, a verdict line, the delta interval, and when present a
+        per-repository table, a cost table and the promotion decision).
+    """
+    lines = [f"## {label_b} vs {label_a}", ""]
+    lines += [f"- {note}" for note in notes]
+    lines += [""] if lines[-1] != "" else []
+    lines += [f"| | {label_a} | {label_b} |", "|---|---:|---:|"]
+    lines += [f"| {name} | {va} | {vb} |" for name, va, vb in _run_rows(report_a, report_b)]
+    c = comparison
+    lines += _paired_lines(c, label_a, label_b)
     if c.per_repo:
         lines += ["", "| repository | pairs | wins | ties | losses |", "|---|---:|---:|---:|---:|"]
         lines += [

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from sqlalchemy.dialects import postgresql
 
 from forgeflow.common.errors import InputError
+from forgeflow.ledger.dialects import upsert_statement
 from forgeflow.ledger.records import (
     ImageRecord,
     ModelArtifactRecord,
@@ -21,7 +22,7 @@ from forgeflow.ledger.records import (
     TaskRecord,
     TrialRecord,
 )
-from forgeflow.ledger.store import Store, upsert_statement
+from forgeflow.ledger.store import Store
 from forgeflow.ledger.tables import Base, Image, ServingGeneration
 
 DIGEST = "sha256:" + "a" * 64

@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 
 from forgeflow.common.errors import GGUFError, InputError
-from forgeflow.packaging.gguf_edit import (
-    EditSnapshot,
-    set_metadata,
-    snapshot_for_edit,
-    verify_edit,
-)
+from forgeflow.packaging.gguf_edit import set_metadata
 from forgeflow.packaging.gguf_reader import (
     read_header_index,
     read_metadata,
     tensor_sha256,
+)
+from forgeflow.packaging.gguf_verify import (
+    EditSnapshot,
+    snapshot_for_edit,
+    verify_edit,
 )
 
 
