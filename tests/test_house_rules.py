@@ -150,3 +150,63 @@ def test_no_test_is_skipped_for_a_busy_port_or_a_missing_component() -> None:
                 if any(w in text for w in words) or (node.args and isinstance(node.args[0], ast.Name)):
                     wrong.append(f"{path.relative_to(ROOT)}:{node.lineno}: {text}")
     assert wrong == []
+
+
+MAX_MODULE_LINES = 600
+MAX_FUNCTION_LINES = 80
+MAX_PARAMETERS = 9
+CODE_FOLDERS = ("forgeflow", "tasks", "flows", "blocks", "deployments")
+SIZE_EXEMPT = {"forgeflow/ledger/tables.py"}
+"""Tables are one declaration per column: long by nature, one job."""
+
+
+def _code_files() -> list[Path]:
+    return sorted(p for folder in CODE_FOLDERS for p in (ROOT / folder).rglob("*.py")
+                  if "migrations" not in p.parts and str(p.relative_to(ROOT)) not in SIZE_EXEMPT)
+
+
+def _functions(path: Path) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
+    return [n for n in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path)))
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+
+
+def _body_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """Lines of a function's body without its docstring."""
+    body = node.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+            and isinstance(body[0].value.value, str):
+        body = body[1:]
+    return 0 if not body else body[-1].end_lineno - body[0].lineno + 1  # type: ignore[operator]
+
+
+def _parameters(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    args = node.args
+    names = [a.arg for a in (*args.posonlyargs, *args.args, *args.kwonlyargs)]
+    return len(names) - (1 if names[:1] in (["self"], ["cls"]) else 0)
+
+
+def _is_cli_command(path: Path, node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    """A typer command: its parameters are the command's options (flags a person types), declared
+    one by one so ``--help`` lists them; they are not an internal call's argument list."""
+    return path.parent.name == "cli" and any(
+        isinstance(d, ast.Call) and isinstance(d.func, ast.Attribute) and d.func.attr == "command"
+        for d in node.decorator_list)
+
+
+def test_no_module_over_the_size_of_one_job() -> None:
+    lines = {str(p.relative_to(ROOT)): p.read_text(encoding="utf-8").count("\n") for p in _code_files()}
+    assert {p: n for p, n in lines.items() if n > MAX_MODULE_LINES} == {}
+
+
+def test_no_function_over_eighty_lines() -> None:
+    long = {f"{p.relative_to(ROOT)}:{n.name}": _body_lines(n) for p in _code_files() for n in _functions(p)
+            if _body_lines(n) > MAX_FUNCTION_LINES}
+    assert long == {}
+
+
+def test_ten_parameters_or_more_take_a_parameter_object() -> None:
+    """Flows included: a stage flow takes its inputs as typed parameter models (nested forms in the
+    Prefect UI), not as a long flat list."""
+    many = {f"{p.relative_to(ROOT)}:{n.name}": _parameters(n) for p in _code_files() for n in _functions(p)
+            if _parameters(n) > MAX_PARAMETERS and not _is_cli_command(p, n)}
+    assert many == {}
