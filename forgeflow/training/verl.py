@@ -33,6 +33,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from forgeflow.common import errors
+from forgeflow.common.fsutil import atomic_output_file
 
 ENTRYPOINT_MODULE = "verl.trainer.main_ppo"
 REWARD_FUNCTION_NAME = "compute_score"
@@ -463,10 +464,8 @@ def write_verl_dataset(data: Any, path: Path) -> Path:
             "extra_info": {"index": i, "verifier": json.dumps(spec, sort_keys=True)},
         })
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    Dataset.from_list(rows).to_parquet(str(tmp))
-    os.replace(tmp, path)
+    with atomic_output_file(path) as tmp:
+        Dataset.from_list(rows).to_parquet(str(tmp))
     return path
 
 
