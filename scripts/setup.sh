@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-time (idempotent) set-up of a Debian 12 machine for forgeflow: system packages, then the
 # Python package with its pinned dependencies. Re-running is fast: apt is skipped when everything
-# is installed, and pip's wheel cache keeps the llama-cpp-python build (20-30 min cold on 2 cores).
+# is installed, and the llama-cpp-python wheel is kept in forgeflow's cache (about 10 min cold on 2 cores).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,6 +23,9 @@ PY=${PYTHON:-python3}
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
 echo "setup: installing forgeflow and its pinned Python dependencies (llama-cpp-python compiles once per machine)"
 "$PY" -m pip install -q --root-user-action=ignore 'torch==2.13.0'
+# llama-cpp-python compiled once per machine with forgeflow's llama.cpp options (a portable instruction set:
+# a native build crashes on CPUs whose AMX the hypervisor does not enable), its wheel cached under them.
+"$PY" scripts/llama_cpp_python.py
 "$PY" -m pip install -q --root-user-action=ignore -e '.[test]'
 # Harbor (interop target, Python >= 3.12) lives in its own cached virtualenv, not in forgeflow's.
 bash scripts/harbor_venv.sh >/dev/null

@@ -11,6 +11,7 @@ All paths come from environment variables with embedded defaults:
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -24,6 +25,24 @@ DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 """The pinned llama-cpp-python release: its sdist ships the Qwen2 vocabulary and the converter."""
+
+LLAMA_CPP_CMAKE_ARGS: tuple[str, ...] = ("-DGGML_NATIVE=OFF",)
+"""CMake options of both llama.cpp builds forgeflow makes (llama-cpp-python's, by
+``scripts/llama_cpp_python.py``, and llama-server's): a portable build (on x86-64 ggml's default
+instruction set, AVX2 + FMA + F16C + BMI2), never ``-march=native``. A native build on a Xeon guest
+whose CPU reports AMX but whose hypervisor does not enable the tile state compiles ggml's AMX
+kernels, and the first matrix multiplication dies with a general protection fault at
+``ldtilecfg`` (``dmesg``: ``traps: ... general protection fault ... in libggml-cpu.so``), taking
+the model server down with it."""
+
+
+def llama_cpp_build_tag(extra_cmake_args: tuple[str, ...] = ()) -> str:
+    """A short name for a llama.cpp build's options: 12 hex of the sha256 of the pinned version and
+    :data:`LLAMA_CPP_CMAKE_ARGS` (plus ``extra_cmake_args``). Cached builds are kept under it, so a
+    build made with other options is never taken for this one (pip's own wheel cache keys a build
+    by the sdist alone)."""
+    text = " ".join((LLAMA_CPP_PYTHON_VERSION, *LLAMA_CPP_CMAKE_ARGS, *extra_cmake_args))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def home_path() -> Path:

@@ -202,19 +202,23 @@ def check_accelerator(log_text: str, n_gpu_layers: int) -> tuple[int, int] | Non
 
 # --- the binary -------------------------------------------------------------------------------
 def build_dir(gpu: bool = False) -> Path:
-    """Where :func:`ensure_llama_server` keeps its build (``-cuda`` suffix for the GPU build)."""
+    """Where :func:`ensure_llama_server` keeps its build: ``llama-server-<version>[-cuda]-<tag>``, the
+    tag naming its options (:func:`forgeflow.common.settings.llama_cpp_build_tag`), so a build made
+    with other options is rebuilt, not reused."""
     suffix = "-cuda" if gpu else ""
-    return settings.cache_dir() / f"llama-server-{settings.LLAMA_CPP_PYTHON_VERSION}{suffix}"
+    tag = settings.llama_cpp_build_tag(tuple(cmake_args(gpu)))
+    return settings.cache_dir() / f"llama-server-{settings.LLAMA_CPP_PYTHON_VERSION}{suffix}-{tag}"
 
 
 def cmake_args(gpu: bool = False) -> list[str]:
     """CMake options of the cached build: a static, server-only, offline build (no web UI download,
-    no OpenSSL, no tests/examples); ``GGML_CUDA`` on for ``gpu``."""
+    no OpenSSL, no tests/examples) with the instruction set of every forgeflow llama.cpp build
+    (:data:`forgeflow.common.settings.LLAMA_CPP_CMAKE_ARGS`); ``GGML_CUDA`` on for ``gpu``."""
     args = [
         "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_SERVER=ON",
         "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
         "-DLLAMA_BUILD_UI=OFF", "-DLLAMA_USE_PREBUILT_UI=OFF", "-DLLAMA_OPENSSL=OFF",
-        "-DLLAMA_BUILD_APP=OFF",
+        "-DLLAMA_BUILD_APP=OFF", *settings.LLAMA_CPP_CMAKE_ARGS,
     ]
     if gpu:
         args.append("-DGGML_CUDA=ON")

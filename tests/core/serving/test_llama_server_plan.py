@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import pytest
 
+from forgeflow.common import settings
 from forgeflow.common.errors import InfraError, InputError
 from forgeflow.serving.llama_server import (
     AcceleratorFallbackError,
     ContextPreflightError,
     ServerProps,
+    build_dir,
     check_accelerator,
+    cmake_args,
     offloaded_layers,
     preflight_context,
     slot_context,
@@ -84,3 +87,17 @@ def test_props_parsing_takes_the_per_slot_context_and_refuses_a_foreign_answer()
     assert (props.per_slot_ctx, props.total_slots, props.has_chat_template) == (2048, 2, True)
     with pytest.raises(InfraError, match="default_generation_settings"):
         ServerProps.from_json({"total_slots": 1})
+
+
+def test_both_llama_cpp_builds_are_portable_and_a_build_with_other_options_is_not_reused(monkeypatch) -> None:
+    """Regression: a ``-march=native`` build on a Xeon guest without AMX tile state compiled ggml's AMX
+    kernels and crashed at the first matrix multiplication (general protection fault at ``ldtilecfg``);
+    the cached builds had been made with those options and were reused."""
+    assert "-DGGML_NATIVE=OFF" in settings.LLAMA_CPP_CMAKE_ARGS
+    assert set(settings.LLAMA_CPP_CMAKE_ARGS) <= set(cmake_args()) and "-DGGML_CUDA=ON" in cmake_args(gpu=True)
+    cpu, gpu = build_dir(), build_dir(gpu=True)
+    assert cpu.name == f"llama-server-{settings.LLAMA_CPP_PYTHON_VERSION}-{settings.llama_cpp_build_tag(tuple(cmake_args()))}"
+    assert gpu.name.startswith(f"llama-server-{settings.LLAMA_CPP_PYTHON_VERSION}-cuda-") and gpu != cpu
+    monkeypatch.setattr(settings, "LLAMA_CPP_CMAKE_ARGS", ("-DGGML_NATIVE=ON",))
+    assert build_dir() != cpu  # other options: another folder, built anew
+    assert settings.llama_cpp_build_tag() != settings.llama_cpp_build_tag(("-DGGML_CUDA=ON",))
