@@ -31,7 +31,7 @@ CMAKE_ARGS: tuple[str, ...] = SETTINGS["LLAMA_CPP_CMAKE_ARGS"]
 
 
 def _pip(*args: str, env: dict[str, str] | None = None) -> None:
-    subprocess.run([sys.executable, "-m", "pip", *args, "-q", "--root-user-action=ignore"], check=True, env=env)
+    subprocess.run([sys.executable, "-m", "pip", *args, "-q"], check=True, env=env)
 
 
 def wheel() -> Path:
@@ -68,7 +68,7 @@ def main() -> int:
     start = time.monotonic()
     built = wheel()
     if installed_from() != built.as_uri():
-        _pip("install", "--no-deps", "--force-reinstall", str(built))
+        _pip("install", "--no-deps", "--force-reinstall", "--root-user-action=ignore", str(built))
         print(f"llama_cpp_python: installed {built.name} ({time.monotonic() - start:.0f} s)")
     else:
         print(f"llama_cpp_python: {built.name} already installed")
