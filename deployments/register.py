@@ -33,7 +33,7 @@ SPECS: list[dict[str, Any]] = [
      "parameters": {}, "cron": "0 2 * * *"},
     {"flow": migrate_images, "entrypoint": "flows/registry.py:migrate_images", "name": "migrate",
      "parameters": {"source": {"address": "127.0.0.1:5701"}, "target": {"address": "127.0.0.1:5702"},
-                    "max_size_bytes": 2_000_000_000, "concurrency_limit": 4}},
+                    "limits": {"max_size_bytes": 2_000_000_000, "concurrency_limit": 4}}},
     {"flow": registry_audit, "entrypoint": "flows/registry.py:registry_audit", "name": "registry-audit",
      "parameters": {"target": {"address": "127.0.0.1:5702"}}, "cron": "0 3 * * 1"},
     {"flow": prewarm_plan, "entrypoint": "flows/registry.py:prewarm_plan", "name": "prewarm-plan",

@@ -253,7 +253,8 @@ def _migrate(run: _Run, envs: dict[str, _Env]) -> dict[str, _Env]:
         try:
             summary = migrate_images_flow(source=RegistryEndpoint(address=config.source_address),
                                           target=RegistryEndpoint(address=config.target_address),
-                                          images=list(names), max_size_bytes=config.max_image_size_bytes,
+                                          images=list(names),
+                                          limits=migrate.TransferLimits(max_size_bytes=config.max_image_size_bytes),
                                           store_url=store.url)
         except MigrationIncompleteError as err:  # the subflow run is Failed; go on with what was migrated
             summary = err.summary

@@ -14,7 +14,7 @@ from flows.stages import serve
 from forgeflow.common.errors import InputError
 from forgeflow.common.fsutil import sha256_file
 from forgeflow.common.settings import home_dir
-from forgeflow.evaluation.compare.gate import GatePolicy
+from forgeflow.evaluation.compare import ComparisonSettings
 from tasks import evaluation as evaluation_tasks
 from tasks import serving as serving_tasks
 
@@ -40,9 +40,9 @@ class PromotionOutcome(BaseModel):
 
 
 @flow(name="promote", log_prints=True)
-def promote(baseline_job: str, candidate_job: str, gguf_path: Path, gate: GatePolicy | None = None,
-            state_path: Path | None = None, ports: tuple[int, int] | None = None, hf_dir: Path | None = None,
-            report_path: Path | None = None, merge_recovery: bool = True, seed: int = 0,
+def promote(baseline_job: str, candidate_job: str, gguf_path: Path,
+            comparison: ComparisonSettings = ComparisonSettings(), state_path: Path | None = None,
+            ports: tuple[int, int] | None = None, hf_dir: Path | None = None,
             serving_block: str | None = None) -> PromotionOutcome:
     """Compare the candidate's canary job with the baseline's under the promotion gate; on
     ``promote`` swap the serving endpoint to ``gguf_path`` (the ``serve`` flow as a subflow: GGUF
@@ -53,15 +53,15 @@ def promote(baseline_job: str, candidate_job: str, gguf_path: Path, gate: GatePo
         baseline_job: the canary job of the model serving now.
         candidate_job: the canary job of ``gguf_path`` (its recorded model sha256 must be the file's).
         gguf_path: the candidate GGUF.
-        gate: the promotion gate's settings (default :class:`forgeflow.evaluation.compare.gate.GatePolicy`:
-            at least 30 pairs from 3 repositories, five points of tolerated drop at alpha 0.05).
+        comparison: :class:`forgeflow.evaluation.compare.ComparisonSettings`: the promotion gate's
+            settings (``gate``, default :class:`forgeflow.evaluation.compare.gate.GatePolicy`: at least
+            30 pairs from 3 repositories, five points of tolerated drop at alpha 0.05), where the
+            report goes (``report_path``, default ``$FORGEFLOW_HOME/compare-<baseline>-vs-<candidate>.md``),
+            whether each job's recovery jobs are merged into it (``merge_recovery``, default yes) and
+            the bootstrap seed (``seed``, default 0).
         state_path: the serving state file (default ``$FORGEFLOW_HOME/serving/state.json``).
         ports: the blue/green ports (default: the serving backend's).
         hf_dir: the HF checkpoint the GGUF was converted from (default: the store's record).
-        report_path: where the comparison report goes (default
-            ``$FORGEFLOW_HOME/compare-<baseline>-vs-<candidate>.md``).
-        merge_recovery: merge each job's recovery jobs into it.
-        seed: the bootstrap seed.
         serving_block: the ``forgeflow-serving`` block the candidate is served with (see the ``serve``
             flow; default llama-cpp-python, 4,096 tokens); loaded before the comparison, so a missing or
             invalid block is refused before any work.
@@ -77,8 +77,9 @@ def promote(baseline_job: str, candidate_job: str, gguf_path: Path, gate: GatePo
     state_path = Path(state_path or home_dir() / "serving" / "state.json")
     serving_tasks.serving_backend(serving_block, tuple(ports) if ports is not None else None)  # refused up front
     evaluation_tasks.check_promotion_jobs(baseline_job, candidate_job, sha256_file(gguf_path), state_path)
-    md_path = Path(report_path or home_dir() / f"compare-{baseline_job}-vs-{candidate_job}.md")
-    result = evaluation_tasks.compare_stored(baseline_job, candidate_job, md_path, merge_recovery, seed, gate)
+    md_path = Path(comparison.report_path or home_dir() / f"compare-{baseline_job}-vs-{candidate_job}.md")
+    result = evaluation_tasks.compare_stored(baseline_job, candidate_job, md_path, comparison.merge_recovery,
+                                             comparison.seed, comparison.gate)
     decision = result.decision
     logger = get_run_logger()
     logger.info("promotion gate: %s (%s); wins %d ties %d losses %d; report %s", decision.verdict, decision.reason,

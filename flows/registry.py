@@ -167,9 +167,7 @@ def _run_count(task_run_id: object) -> int:
 @flow(name="migrate-images", log_prints=True)
 def migrate_images(source: str | RegistryEndpoint, target: str | RegistryEndpoint,
                    images: list[str] | None = None, dataset_path: Path | None = None,
-                   image_column: str = "image", max_size_bytes: int = 2_000_000_000,
-                   concurrency_limit: int = 4, rate_limit_per_s: float | None = None,
-                   retry_delays_s: list[float] | None = None,
+                   image_column: str = "image", limits: migrate.TransferLimits = migrate.TransferLimits(),
                    store_url: str | None = None) -> MigrationSummary:
     """Copy images source -> target (``--all --preserve-digests``, digests verified), one task each.
 
@@ -178,9 +176,9 @@ def migrate_images(source: str | RegistryEndpoint, target: str | RegistryEndpoin
     Images the store records as ``completed`` from the same source are checked in the target
     (one inspection each) and, if it still serves the recorded digest, not copied again; every
     other image is marked ``pending`` and becomes a ``migrate-<name>`` task under the target
-    registry's global concurrency limit (``concurrency_limit`` slots, created/updated here) and
-    optional rate limit. A transient registry error (429, 5xx, timeout) is retried by Prefect
-    with backoff (``retry_delays_s``); a missing image or an auth failure is ``failed`` at once
+    registry's global concurrency limit (``limits.concurrency_limit`` slots, created/updated here)
+    and optional rate limit. A transient registry error (429, 5xx, timeout) is retried by Prefect
+    with backoff (``limits.retry_delays_s``); a missing image or an auth failure is ``failed`` at once
     and named in the summary's ``failed`` list and the log. Artifacts: ``migrate-images`` (state
     and digests per image) and ``migrate-coverage`` (available / missing / errored in the
     target, beside the recorded state; rows the registry contradicts are put back to
@@ -207,11 +205,12 @@ def migrate_images(source: str | RegistryEndpoint, target: str | RegistryEndpoin
         source / target: A saved ``forgeflow-registry`` block name or a RegistryEndpoint.
         images: Image names (see above); or ``dataset_path``: a JSONL file with an ``image_column``.
         image_column: The dataset column holding the image names (default ``image``).
-        max_size_bytes: Images above this (sum of compressed layers) are skipped (``oversize``).
-        concurrency_limit: Concurrent images against the target registry (1-64).
-        rate_limit_per_s: Images started per second (None: no rate limit).
-        retry_delays_s: Seconds before each retry of a transiently failing image (its length is
-            the number of retries); default ``tasks.common.TRANSIENT_RETRY_DELAYS_S``.
+        limits: :class:`forgeflow.registry.migration.TransferLimits`: the size above which an image
+            is skipped (``max_size_bytes``, default 2 GB), concurrent images against the target
+            (``concurrency_limit``, 1-64, default 4), images started per second
+            (``rate_limit_per_s``, None: no rate limit) and the delays in seconds before each retry
+            of a transiently failing image (``retry_delays_s``; default
+            ``tasks.common.TRANSIENT_RETRY_DELAYS_S``).
         store_url: Store URL (default ``settings.store_url()``).
 
     Raises:
@@ -224,6 +223,8 @@ def migrate_images(source: str | RegistryEndpoint, target: str | RegistryEndpoin
     log = get_run_logger()
     src, dst = _endpoint(source, "source"), _endpoint(target, "target")
     names = _names(images, dataset_path, image_column, [(dst.address, dst.namespace), (src.address, src.namespace)])
+    max_size_bytes, retry_delays_s = limits.max_size_bytes, limits.retry_delays_s
+    concurrency_limit, rate_limit_per_s = limits.concurrency_limit, limits.rate_limit_per_s
     if max_size_bytes < 0:
         raise InputError(f"max_size_bytes must be >= 0, got {max_size_bytes}")
     if retry_delays_s is not None and (len(retry_delays_s) > 10 or any(d < 0 for d in retry_delays_s)):

@@ -31,7 +31,7 @@ from forgeflow.ledger import store as ledger
 from forgeflow.sandbox import dispatch
 from forgeflow.sandbox.backends import SandboxTarget
 from forgeflow.training import jsonl, verl
-from forgeflow.training.adapters import AdapterRecord, adapter_matches, adapter_sha256, pin_adapter
+from forgeflow.training.adapters import AdapterRecord, BurstOrigin, adapter_matches, adapter_sha256, pin_adapter
 from forgeflow.training.burst import BurstConfig
 from forgeflow.training.health import BurstHealthError
 from forgeflow.training.ppo import DEFAULT_ADAPTER_GLOB
@@ -305,8 +305,9 @@ def rl_burst(hf_dir: Path, tasks_jsonl: Path, params: RLBurstParams = RLBurstPar
     run_id = _run_id()
     # rl_burst runs the preflight (chat + prompt templates, disk) first, before any model loads
     try:
-        record = training_tasks.rl_burst(hf_dir, base_sha, rl_tasks, work, config, parent_dir, parent_sha, run_id,
-                                         ray=placement)
+        origin = BurstOrigin(base_model_dir=hf_dir, base_model_sha256=base_sha, parent_adapter_dir=parent_dir,
+                             parent_adapter_sha256=parent_sha)
+        record = training_tasks.rl_burst(origin, rl_tasks, work, config, run_id, ray=placement)
     finally:  # a driver outlived by its Ray cluster is ended by Ray: leave it now
         if placement is not None:
             dispatch.disconnect()

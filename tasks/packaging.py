@@ -257,11 +257,10 @@ def publish_gguf(store_block: str, gguf_path: Path, gguf_sha256: str, quantizati
     else:
         logger.info("publishing %s (sha256 %s) to %s/%s@%s (token from Secret block %r)", Path(gguf_path).name,
                     gguf_sha256[:12], store.endpoint, store.repo_id, store.revision, store.token_secret)
-        record = publishing.publish_hub(
-            gguf_path, metadata_path, repo_id=store.repo_id, token=store.hub_token(), endpoint=store.endpoint,
-            revision=store.revision, private=store.private, transfer=store.transfer,  # type: ignore[arg-type]
-            adapter_dir=adapter_dir, checkpoint_dir=checkpoint_dir,
-        )
+        hub = publishing.HubTarget(repo_id=store.repo_id, endpoint=store.endpoint, revision=store.revision,
+                                   private=store.private, transfer=store.transfer)
+        record = publishing.publish_hub(gguf_path, metadata_path, hub, token=store.hub_token(),
+                                        adapter_dir=adapter_dir, checkpoint_dir=checkpoint_dir)
     logger.info("published to %s at revision %s (parent %s); sha256 and size verified", record.location,
                 record.revision, record.parent_revision)
     table_artifact("publish", [

@@ -47,24 +47,36 @@ def sft_burst(base_model_dir: Path, base_sha256: str, samples: list[dict], out_d
 # log_prints off: HF datasets fingerprints functions with dill (see tasks/packaging.py).
 @task(cache_policy=(INPUTS - "run_id" - "ray") + TASK_SOURCE, log_prints=False, retries=TRANSIENT_RETRIES,
       retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S, retry_condition_fn=retry_on_transient)
-def rl_burst(base_model_dir: Path, base_sha256: str, tasks: list[dict], out_dir: Path, config: rl.RLBurstConfig,
-             parent_adapter_dir: Path | None, parent_sha256: str | None, run_id: str | None,
-             prompt_template: Path = rl.DEFAULT_PROMPT_TEMPLATE, ray: RayPlacement | None = None) -> rl.RLBurstRecord:
+def rl_burst(origin: adapters.BurstOrigin, tasks: list[dict], out_dir: Path, config: rl.RLBurstConfig,
+             run_id: str | None, prompt_template: Path = rl.DEFAULT_PROMPT_TEMPLATE,
+             ray: RayPlacement | None = None) -> rl.RLBurstRecord:
     """One RL burst (TRL GRPOTrainer/RLOOTrainer + peft, verifier reward) continuing an adapter.
 
-    ``base_sha256`` and ``parent_sha256`` key the cache (the folders' contents, not their paths);
-    ``run_id`` (recorded in the lineage) and ``ray`` (the cluster the rewards are scored on:
-    where, not what) do not, so a later run reuses a finished burst, as does
+    ``origin``'s digests (``base_model_sha256``, ``parent_adapter_sha256``: the folders' contents)
+    key the cache with its folders, the tasks, ``out_dir``, the config and the prompt template;
+    ``run_id`` (recorded in the lineage) and ``ray`` (the cluster the rewards are scored on: where,
+    not what) do not, so a later run reuses a finished burst, as does
     :func:`forgeflow.training.rl.run_rl_burst` itself from the adapter's ``lineage.json``.
+
+    Args:
+        origin: the base model and the parent adapter (or none), each with its digest.
+        tasks: :class:`forgeflow.training.rl.RLTask` rows.
+        out_dir: the adapter folder to create.
+        config: the burst's hyperparameters and verifier settings.
+        run_id: the Prefect flow run recorded in the lineage (not in the cache key).
+        prompt_template: the prompt template file (problem statement -> prompt).
+        ray: score the rollouts on this Ray cluster's sandbox nodes, or None: here (not in the
+            cache key nor the lineage's inputs).
 
     Raises:
         PreflightError: before any model is loaded, listing every problem of
             :func:`forgeflow.training.preflight.burst_preflight` (chat template, ``prompt_template``, disk space).
     """
+    base_model_dir = origin.base_model_dir
     preflight.burst_preflight(base_model_dir, out_dir, config.lora_r, config.lora_target_modules, [prompt_template])
     data = rl.build_rl_dataset(tasks, prompt_template)
     backend = config.verifier_backend  # its pods carry this run's id (the sweep), not in the lineage
-    record = rl.run_rl_burst(base_model_dir, data, out_dir, config, parent_adapter_dir=parent_adapter_dir,
+    record = rl.run_rl_burst(base_model_dir, data, out_dir, config, parent_adapter_dir=origin.parent_adapter_dir,
                              run_id=run_id, verifier_backend=run_labelled(backend) if isinstance(backend, SandboxTarget)
                              else None, ray=ray)
     if not record.weights_changed:

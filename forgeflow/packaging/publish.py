@@ -133,6 +133,28 @@ class PublishRecord(BaseModel):
     published_at_unix_s: float
 
 
+class HubTarget(BaseModel):
+    """Where on an HF Hub :func:`publish_hub` commits a release (holds no credential: the token
+    travels apart, from the caller's Secret block).
+
+    Attributes:
+        repo_id: ``namespace/name`` of the model repository.
+        endpoint: The Hub's base URL (default the public Hub, :data:`HF_ENDPOINT`).
+        revision: The branch to commit to.
+        private: Visibility of the repository if the publish creates it.
+        transfer: ``auto`` (``huggingface_hub``'s choice: Xet when ``hf_xet`` is installed) or
+            ``lfs`` (the Git LFS batch protocol, for servers without Xet storage).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    repo_id: str = Field(min_length=1, description="HF Hub model repository 'namespace/name'")
+    endpoint: str = Field(HF_ENDPOINT, min_length=1, description="the Hub's base URL")
+    revision: str = Field("main", min_length=1, description="the branch the commit goes to")
+    private: bool = Field(True, description="visibility of the repository if publishing creates it")
+    transfer: Literal["auto", "lfs"] = Field("auto", description="auto (Xet if installed) or lfs (Git LFS)")
+
+
 # --- the artifact ----------------------------------------------------------------------------
 FOLDER_ROLES = ("adapter", "checkpoint")
 """Folders a release may carry beside its GGUF, each under ``<role>/`` in the revision: the LoRA
@@ -384,41 +406,34 @@ def _token_value(token: SecretStr | str | None) -> str | None:
 def publish_hub(
     gguf_path: Path,
     metadata_path: Path,
+    hub: HubTarget,
     *,
-    repo_id: str,
     token: SecretStr | str | None,
-    endpoint: str = HF_ENDPOINT,
-    revision: str = "main",
     parent_commit: str | None = None,
-    private: bool = True,
     commit_message: str | None = None,
-    transfer: Literal["auto", "lfs"] = "auto",
     adapter_dir: Path | None = None,
     checkpoint_dir: Path | None = None,
 ) -> PublishRecord:
     """Publish a GGUF and its metadata JSON to an HF Hub model repository, then verify them.
 
-    Steps (all through :class:`huggingface_hub.HfApi`): ``create_repo(repo_id, private=private,
-    exist_ok=True)``; the parent commit = ``parent_commit`` or the head of ``revision``
-    (``repo_info``); ``create_commit`` of both files with ``parent_commit`` pinned (the Hub
-    answers 412 if the branch moved: nothing is committed); ``get_paths_info(repo_id, paths,
-    revision=<new commit oid>)``: each file must be there with the local size and the local
-    sha256 as its LFS oid (LFS files) or the local git blob id (regular files).
+    Steps (all through :class:`huggingface_hub.HfApi`): ``create_repo(hub.repo_id,
+    private=hub.private, exist_ok=True)``; the parent commit = ``parent_commit`` or the head of
+    ``hub.revision`` (``repo_info``); ``create_commit`` of both files with ``parent_commit``
+    pinned (the Hub answers 412 if the branch moved: nothing is committed);
+    ``get_paths_info(repo_id, paths, revision=<new commit oid>)``: each file must be there with
+    the local size and the local sha256 as its LFS oid (LFS files) or the local git blob id
+    (regular files).
 
     Args:
         gguf_path: The GGUF file (its header must read).
         metadata_path: The lineage/metadata JSON (a JSON object).
-        repo_id: ``namespace/name`` of the model repository.
+        hub: Where the commit goes (:class:`HubTarget`: repository, endpoint, branch, visibility
+            on creation, transfer protocol).
         token: A write token from the caller (a Prefect Secret block), or None for a server that
             needs none. Never read from the environment, never logged or recorded.
-        endpoint: The Hub's base URL (default the public Hub).
-        revision: The branch to commit to.
         parent_commit: The 40-hex commit the branch must still point at; None pins the head read
             at the start of this call.
-        private: Visibility of the repository if this call creates it.
         commit_message: Default ``Publish <gguf name> (sha256 <first 12 hex>)``.
-        transfer: ``auto`` (``huggingface_hub``'s choice: Xet when ``hf_xet`` is installed) or
-            ``lfs`` (the Git LFS batch protocol, for servers without Xet storage).
         adapter_dir: The LoRA adapter folder merged into the GGUF: its files are committed under
             ``adapter/`` in the same commit and verified like the GGUF; or None.
         checkpoint_dir: The HF checkpoint folder the GGUF was converted from, likewise under
@@ -429,8 +444,9 @@ def publish_hub(
         ``parent_revision`` = the pinned parent; equal when the files were already there).
 
     Raises:
-        InputError: ``repo_id`` is not ``namespace/name``, ``transfer`` is unknown, the metadata
-            is not a JSON object, or ``parent_commit`` is not 40 hex digits.
+        InputError: ``hub.repo_id`` is not ``namespace/name``, ``hub.transfer`` is unknown (a
+            target built without validation), the metadata is not a JSON object, or
+            ``parent_commit`` is not 40 hex digits.
         GGUFError: ``gguf_path`` is missing or not a GGUF file.
         StaleParentCommitError: the branch does not point at ``parent_commit`` (checked before
             uploading), or moved during the upload (the Hub's HTTP 412 on the commit).
@@ -442,6 +458,7 @@ def publish_hub(
     from huggingface_hub import CommitOperationAdd, HfApi
     from huggingface_hub.errors import HfHubHTTPError
 
+    repo_id, revision, transfer = hub.repo_id, hub.revision, hub.transfer
     parts = repo_id.split("/")
     if len(parts) != 2 or not all(parts):
         raise InputError(f"repo_id {repo_id!r} must be 'namespace/name'")
@@ -455,14 +472,14 @@ def publish_hub(
     files = [f for _, f in pairs]
     secret = _token_value(token)
     scrub = _Scrubber(secret)
-    endpoint = endpoint.rstrip("/")
+    endpoint = hub.endpoint.rstrip("/")
     where = f"{endpoint}/{repo_id}"
     api = HfApi(endpoint=endpoint, token=secret if secret else False)
     gguf = files[0]
     message = commit_message or f"Publish {gguf.path_in_store} (sha256 {gguf.sha256[:12]})"
 
     try:
-        api.create_repo(repo_id, repo_type="model", private=private, exist_ok=True)
+        api.create_repo(repo_id, repo_type="model", private=hub.private, exist_ok=True)
         head = api.repo_info(repo_id, repo_type="model", revision=revision).sha
     except Exception as exc:
         if _is_hub_failure(exc):

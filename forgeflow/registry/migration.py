@@ -28,7 +28,7 @@ import re
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import select
@@ -46,6 +46,31 @@ from forgeflow.ledger.tables import Image
 from forgeflow.registry.skopeo import Skopeo, digest_or_none
 
 MigrationStatus = Literal["pending", "completed", "skipped", "failed"]
+
+
+class TransferLimits(BaseModel):
+    """How hard a migration may press the registries, and which images it leaves out for size (a
+    parameter group of the ``migrate-images`` flow).
+
+    Attributes:
+        max_size_bytes: images above this (sum of compressed layers) are skipped (``oversize``).
+        concurrency_limit: images copied at once against the target registry (1-64): the slots of
+            its global concurrency limit.
+        rate_limit_per_s: images started per second against the target registry (None: no rate
+            limit).
+        retry_delays_s: seconds before each retry of a transiently failing image (429, 5xx,
+            timeout); its length is the number of retries, at most 10. None: the tasks' default
+            (``tasks.common.TRANSIENT_RETRY_DELAYS_S``).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_size_bytes: int = Field(2_000_000_000, ge=0, description="images above this many bytes are skipped")
+    concurrency_limit: int = Field(4, ge=1, le=64, strict=True,
+                                   description="images copied at once against the target registry")
+    rate_limit_per_s: float | None = Field(None, gt=0, description="images started per second (None: no limit)")
+    retry_delays_s: tuple[Annotated[float, Field(ge=0)], ...] | None = Field(
+        None, max_length=10, description="seconds before each retry of a transient failure (None: the default)")
 
 
 class MigrationRecord(BaseModel):

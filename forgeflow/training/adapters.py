@@ -5,7 +5,8 @@ An adapter folder holds ``adapter_config.json``, ``adapter_model.safetensors`` a
 dataset, the hyperparameters, the run id and the health report). :func:`adapter_sha256` digests
 the weights and config; :func:`pin_adapter` copies an adapter to its content-addressed folder;
 :func:`publish_adapter` renames a staging folder into place once the gates passed;
-:func:`resolve_lineage_inputs` reads what a burst continues.
+:func:`resolve_lineage_inputs` reads what a burst continues; :class:`BurstOrigin` carries it, by
+folder and digest, into a burst's task.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from forgeflow.common.errors import InputError
 from forgeflow.common.fsutil import (
@@ -98,6 +99,34 @@ class Lineage(BaseModel):
     created_at: datetime
     device: str | None = None
     dtype: str | None = None
+
+
+class BurstOrigin(BaseModel):
+    """What a burst starts from: the base model folder and the adapter it continues, each beside
+    the digest of its content (a parameter group of the burst tasks: the digests key their cache,
+    so the same folders with other contents never answer from it).
+
+    Attributes:
+        base_model_dir: HF model folder with tokenizer and chat template.
+        base_model_sha256: :func:`forgeflow.common.fsutil.sha256_tree` of ``base_model_dir``.
+        parent_adapter_dir: the adapter folder the burst continues, or None (a new adapter).
+        parent_adapter_sha256: :func:`adapter_sha256` of ``parent_adapter_dir``; None exactly when
+            there is no parent.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    base_model_dir: Path
+    base_model_sha256: str = Field(min_length=64, max_length=64)
+    parent_adapter_dir: Path | None = None
+    parent_adapter_sha256: str | None = Field(None, min_length=64, max_length=64)
+
+    @model_validator(mode="after")
+    def _parent_with_its_digest(self) -> "BurstOrigin":
+        if (self.parent_adapter_dir is None) != (self.parent_adapter_sha256 is None):
+            raise ValueError("parent_adapter_dir and parent_adapter_sha256 go together (both or neither): "
+                             f"got {self.parent_adapter_dir} and {self.parent_adapter_sha256}")
+        return self
 
 
 class AdapterRecord(BaseModel):

@@ -98,7 +98,8 @@ def test_the_gate_promotes_a_better_candidate_holds_on_a_tie_and_rejects_a_worse
         serving_before = read_state(state_path)
         assert serving_before.gguf_sha256 == baseline_sha
 
-        common = dict(gguf_path=candidate_gguf, gate=GATE, state_path=state_path, ports=ports, hf_dir=hf_dir)
+        common = dict(gguf_path=candidate_gguf, comparison={"gate": GATE}, state_path=state_path,
+                      ports=ports, hf_dir=hf_dir)
         held = promote("base-fixes", "cand-fixes", **common)  # 6 ties: no evidence either way
         assert (held.verdict, held.promoted) == ("hold", False)
         rejected = promote("base-fixes", "cand-fails", **common)  # 6 losses

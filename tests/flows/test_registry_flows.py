@@ -30,6 +30,7 @@ from forgeflow.common.errors import (
 )
 from forgeflow.ledger.records import ImageRecord, TaskRecord
 from forgeflow.ledger.store import Store
+from forgeflow.registry.migration import TransferLimits
 from forgeflow.registry.server import RegistryServer
 from forgeflow.registry.skopeo import Skopeo
 from tests.faultproxy import FaultProxy
@@ -107,8 +108,8 @@ def test_migrate_images_skips_oversize_fails_missing_and_reruns_without_copying(
 
     store_url = f"sqlite:///{tmp_path / 'store.db'}"
     kwargs = dict(source=endpoints["source"], target=endpoints["target"],
-                  images=["env/small:1", "env/big:1", "env/ghost:1"], max_size_bytes=MAX_SIZE_BYTES,
-                  store_url=store_url)
+                  images=["env/small:1", "env/big:1", "env/ghost:1"],
+                  limits=TransferLimits(max_size_bytes=MAX_SIZE_BYTES), store_url=store_url)
     state = migrate_images(**kwargs, return_state=True)
     # a failed image fails the flow run (red in the UI), after every state and the table were written
     assert state.is_failed()
@@ -147,7 +148,7 @@ def test_migrate_images_skips_oversize_fails_missing_and_reruns_without_copying(
     assert "available 1 / missing 2 / errored 0 of 3" in coverage
 
     with pytest.raises(MigrationIncompleteError, match=r"1 of 3 images failed") as caught:
-        migrate_images(**kwargs, rate_limit_per_s=10.0)
+        migrate_images(**{**kwargs, "limits": TransferLimits(max_size_bytes=MAX_SIZE_BYTES, rate_limit_per_s=10.0)})
     second = caught.value.summary
     with get_client(sync_client=True) as client:
         rate = client.read_global_concurrency_limit_by_name(f"registry-127.0.0.1-{TARGET_PORT}-rate")
@@ -193,7 +194,7 @@ def test_503_and_429_are_retried_with_backoff_until_the_migration_completes(
     # 1.9.3), so the flow's task retries do, after 1 s and then 2 s
     proxy.arm(2, status=503)
     summary = migrate_images(source=endpoints["proxy"], target=endpoints["target"], images=["faults/retry-a:1"],
-                             retry_delays_s=[1.0, 2.0, 4.0], store_url=store_url)
+                             limits=TransferLimits(retry_delays_s=[1.0, 2.0, 4.0]), store_url=store_url)
     record = summary.records[0]
     assert (record.status, record.attempts, proxy.injected) == ("completed", 3, 2)
     assert record.target_digest == record.source_digest
@@ -206,7 +207,7 @@ def test_503_and_429_are_retried_with_backoff_until_the_migration_completes(
     # 429 with Retry-After: skopeo honours the header itself; the image completes in one attempt
     proxy.arm(2, status=429, retry_after_s=1)
     summary = migrate_images(source=endpoints["proxy"], target=endpoints["target"], images=["faults/retry-b:1"],
-                             retry_delays_s=[1.0], store_url=store_url)
+                             limits=TransferLimits(retry_delays_s=[1.0]), store_url=store_url)
     record = summary.records[0]
     assert (record.status, proxy.injected) == ("completed", 2)
     faults = [entry for entry in proxy.log if entry.injected]
@@ -219,7 +220,7 @@ def test_auth_failure_is_not_retried_and_is_reported_by_name(prefect_harness, en
     wrong = endpoints["target"].model_copy(update={"password": SecretStr(PASSWORD + "-wrong")})
     with pytest.raises(MigrationIncompleteError, match=r"1 of 1 images failed \(RegistryError 1\)") as caught:
         migrate_images(source=endpoints["source"], target=wrong, images=["env/small:1"],
-                       retry_delays_s=[1.0, 1.0], store_url=f"sqlite:///{tmp_path / 'store.db'}")
+                       limits=TransferLimits(retry_delays_s=[1.0, 1.0]), store_url=f"sqlite:///{tmp_path / 'store.db'}")
     summary = caught.value.summary
     assert PASSWORD not in str(caught.value)
     record = summary.records[0]
@@ -245,14 +246,14 @@ def test_per_registry_concurrency_and_rate_limits_hold(prefect_harness, endpoint
 
     store_url = f"sqlite:///{tmp_path / 'store.db'}"
     one_at_a_time = migrate_images(source=endpoints["proxy"], target=endpoints["target"], images=CONCURRENCY_IMAGES,
-                                   concurrency_limit=1, store_url=store_url)
+                                   limits=TransferLimits(concurrency_limit=1), store_url=store_url)
     assert [r.status for r in one_at_a_time.records] == ["completed"] * 3
     windows = _windows(proxy, CONCURRENCY_IMAGES)
     for (_, end), (start, _) in zip(windows, windows[1:]):
         assert start >= end, f"images overlapped under a limit of 1: {windows}"
 
     rated = migrate_images(source=endpoints["proxy"], target=endpoints["target"], images=RATE_IMAGES,
-                           concurrency_limit=4, rate_limit_per_s=1.0, store_url=store_url)
+                           limits=TransferLimits(concurrency_limit=4, rate_limit_per_s=1.0), store_url=store_url)
     assert [r.status for r in rated.records] == ["completed"] * 3
     starts = [start for start, _ in _windows(proxy, RATE_IMAGES)]
     assert starts[2] - starts[0] >= 1.5, f"3 images at 1/s started within {starts[2] - starts[0]:.2f} s"
@@ -338,6 +339,11 @@ def test_dataset_column_of_local_names_is_refused_and_full_references_are_used(
         (f"docker://{source}/env/small:1", f"docker://{target}/env/small:1", "completed")]
 
 
+def _unchecked_limits(**fields: object) -> TransferLimits:
+    """Limits with ``fields`` set past the model's validation (as ``model_copy(update=...)`` sets them)."""
+    return TransferLimits().model_copy(update=fields)
+
+
 def test_malformed_inputs_are_refused_before_anything_is_recorded(prefect_harness, endpoints, tmp_path: Path) -> None:
     from prefect.exceptions import ParameterTypeError
 
@@ -353,8 +359,12 @@ def test_malformed_inputs_are_refused_before_anything_is_recorded(prefect_harnes
          r"target\.namespace '\.\./x' is not a repository path"),
         (dict(target=target, images=["env/six:1.17.0@sha256:abc"]),
          r"images entry 'env/six:1\.17\.0@sha256:abc': digest 'sha256:abc' is not 'sha256:<64 lowercase hex>'"),
-        (dict(target=target, concurrency_limit=0), r"concurrency_limit must be a whole number of images in 1-64, got 0"),
-        (dict(target=target, rate_limit_per_s=-1), r"rate_limit_per_s must be a positive number .* got -1"),
+        # limits built without validation are still checked by the flow, by name
+        (dict(target=target, limits=_unchecked_limits(concurrency_limit=0)),
+         r"concurrency_limit must be a whole number of images in 1-64, got 0"),
+        (dict(target=target, limits=_unchecked_limits(rate_limit_per_s=-1)),
+         r"rate_limit_per_s must be a positive number .* got -1"),
+        (dict(target=target, limits=_unchecked_limits(max_size_bytes=-1)), r"max_size_bytes must be >= 0, got -1"),
     ]
     for kwargs, message in cases:
         with pytest.raises(InputError, match=message):
@@ -363,6 +373,9 @@ def test_malformed_inputs_are_refused_before_anything_is_recorded(prefect_harnes
     with pytest.raises(ParameterTypeError,
                        match=r"target\.RegistryEndpoint\.address: .*'http://127\.0\.0\.1:5751' has a scheme"):
         migrate_images(**common, target={"address": "http://127.0.0.1:5751"})
+    # limits given as a dict (the UI, the API, a deployment) are validated by Prefect into the model
+    with pytest.raises(ParameterTypeError, match=r"limits\.concurrency_limit: .*less than or equal to 64"):
+        migrate_images(**common, target=target, limits={"concurrency_limit": 65})
     assert not db.exists()  # nothing was recorded
 
 

@@ -29,6 +29,7 @@ from forgeflow.common.errors import (
 from forgeflow.common.fsutil import sha256_file
 from forgeflow.packaging.publish import (
     RECORD_FILE,
+    HubTarget,
     git_blob_sha1,
     publish_hub,
     publish_local,
@@ -69,6 +70,11 @@ def hub() -> Iterator[FakeHub]:
         server.stop()
 
 
+def _lfs(hub: FakeHub) -> HubTarget:
+    """The test repository on the fake Hub, uploaded through Git LFS (the fake has no Xet storage)."""
+    return HubTarget(repo_id=REPO, endpoint=hub.endpoint, transfer="lfs")
+
+
 def test_local_publish_is_atomic_verified_and_idempotent(artifact: tuple[Path, Path], tmp_path: Path) -> None:
     gguf_path, metadata = artifact
     store = tmp_path / "store"
@@ -101,7 +107,7 @@ def test_hub_publish_commits_on_the_pinned_parent_and_verifies(artifact: tuple[P
     from huggingface_hub import HfApi
 
     gguf_path, metadata = artifact
-    record = publish_hub(gguf_path, metadata, repo_id=REPO, token=TOKEN, endpoint=hub.endpoint, transfer="lfs")
+    record = publish_hub(gguf_path, metadata, _lfs(hub), token=TOKEN)
     initial = hub.repos[REPO].commits
     assert record.backend == "hf_hub" and record.repo_id == REPO
     assert record.revision == hub.head(REPO) and record.parent_revision in initial
@@ -124,7 +130,7 @@ def test_hub_sha256_mismatch_is_detected(artifact: tuple[Path, Path], hub: FakeH
     gguf_path, metadata = artifact
     hub.corrupt_uploads = True
     with pytest.raises(PublishDigestMismatchError) as caught:
-        publish_hub(gguf_path, metadata, repo_id=REPO, token=TOKEN, endpoint=hub.endpoint, transfer="lfs")
+        publish_hub(gguf_path, metadata, _lfs(hub), token=TOKEN)
     stored = hub.stored_bytes(REPO, gguf_path.name)
     message = str(caught.value)
     assert gguf_path.name in message and sha256_file(gguf_path) in message
@@ -135,28 +141,28 @@ def test_hub_sha256_mismatch_is_detected(artifact: tuple[Path, Path], hub: FakeH
 
 def test_stale_parent_commit_is_refused(artifact: tuple[Path, Path], hub: FakeHub) -> None:
     gguf_path, metadata = artifact
-    first = publish_hub(gguf_path, metadata, repo_id=REPO, token=TOKEN, endpoint=hub.endpoint, transfer="lfs")
+    first = publish_hub(gguf_path, metadata, _lfs(hub), token=TOKEN)
     metadata.write_text(json.dumps({"adapter_sha256": "c" * 64}))
     # the caller's pinned parent is behind the branch: refused before any upload
     with pytest.raises(StaleParentCommitError) as caught:
-        publish_hub(gguf_path, metadata, repo_id=REPO, token=TOKEN, endpoint=hub.endpoint, transfer="lfs",
+        publish_hub(gguf_path, metadata, _lfs(hub), token=TOKEN,
                     parent_commit=first.parent_revision)
     assert first.parent_revision in str(caught.value) and first.revision in str(caught.value)
     assert hub.head(REPO) == first.revision  # nothing was committed
     # another writer commits while we upload: the Hub answers 412 to our commit
     hub.concurrent_commit = ("README.md", b"written by someone else\n")
     with pytest.raises(StaleParentCommitError) as caught:
-        publish_hub(gguf_path, metadata, repo_id=REPO, token=TOKEN, endpoint=hub.endpoint, transfer="lfs",
+        publish_hub(gguf_path, metadata, _lfs(hub), token=TOKEN,
                     parent_commit=first.revision)
     assert "412" in str(caught.value) and first.revision in str(caught.value)
     racer = hub.head(REPO)
     assert racer != first.revision and hub.stored_bytes(REPO, metadata.name) != metadata.read_bytes()
-    second = publish_hub(gguf_path, metadata, repo_id=REPO, token=TOKEN, endpoint=hub.endpoint, transfer="lfs",
+    second = publish_hub(gguf_path, metadata, _lfs(hub), token=TOKEN,
                          parent_commit=racer)
     assert second.parent_revision == racer and hub.head(REPO) == second.revision
     assert hub.stored_bytes(REPO, metadata.name) == metadata.read_bytes()
     # publishing identical files again makes no commit
-    again = publish_hub(gguf_path, metadata, repo_id=REPO, token=TOKEN, endpoint=hub.endpoint, transfer="lfs")
+    again = publish_hub(gguf_path, metadata, _lfs(hub), token=TOKEN)
     assert again.revision == again.parent_revision == second.revision == hub.head(REPO)
 
 
@@ -166,7 +172,7 @@ def test_the_token_is_in_no_log_exception_or_record(
     gguf_path, metadata = artifact
     caplog.set_level(logging.DEBUG)
     texts: list[str] = []
-    record = publish_hub(gguf_path, metadata, repo_id=REPO, token=TOKEN, endpoint=hub.endpoint, transfer="lfs")
+    record = publish_hub(gguf_path, metadata, _lfs(hub), token=TOKEN)
     texts.append(record.model_dump_json())
     failures = [
         (StaleParentCommitError, {"token": TOKEN, "parent_commit": record.parent_revision}),
@@ -174,7 +180,7 @@ def test_the_token_is_in_no_log_exception_or_record(
     ]
     for error, kwargs in failures:
         with pytest.raises(error) as caught:
-            publish_hub(gguf_path, metadata, repo_id=REPO, endpoint=hub.endpoint, transfer="lfs", **kwargs)
+            publish_hub(gguf_path, metadata, _lfs(hub), **kwargs)
         texts.append("".join(traceback.format_exception(caught.value)))
     assert "401" in texts[-1]
     assert any(path.endswith("/commit/main") for _, path in hub.requests)  # the token was used
@@ -221,7 +227,7 @@ def test_the_adapter_and_checkpoint_are_published_beside_their_gguf_locally_and_
     assert sha256_file(Path(both.location) / "checkpoint" / "model.safetensors") == \
         sha256_file(checkpoint / "model.safetensors")
 
-    pushed = publish_hub(gguf_path, metadata, repo_id=REPO, token=TOKEN, endpoint=hub.endpoint, transfer="lfs",
+    pushed = publish_hub(gguf_path, metadata, _lfs(hub), token=TOKEN,
                          adapter_dir=adapter, checkpoint_dir=checkpoint)
     expected["checkpoint/model.safetensors"] = sha256_file(checkpoint / "model.safetensors")
     for path, sha in expected.items():
@@ -233,7 +239,7 @@ def test_the_adapter_and_checkpoint_are_published_beside_their_gguf_locally_and_
     with pytest.raises(InputError, match="holds no file"):
         publish_local(gguf_path, metadata, tmp_path / "store", "tiny", adapter_dir=tmp_path / "empty")
     with pytest.raises(InputError, match="checkpoint_dir .*nowhere is not a folder"):
-        publish_hub(gguf_path, metadata, repo_id=REPO, token=TOKEN, endpoint=hub.endpoint,
+        publish_hub(gguf_path, metadata, HubTarget(repo_id=REPO, endpoint=hub.endpoint), token=TOKEN,
                     checkpoint_dir=tmp_path / "nowhere")
 
 
@@ -241,3 +247,20 @@ def sha256_file_bytes(data: bytes) -> str:
     import hashlib
 
     return hashlib.sha256(data).hexdigest()
+
+
+def test_a_hub_target_is_checked_before_anything_is_read_or_sent(artifact: tuple[Path, Path]) -> None:
+    """The target's fields are typed (an unknown transfer is refused when it is built), and
+    ``publish_hub`` refuses a target built without validation by name, before any request."""
+    from pydantic import ValidationError
+
+    gguf_path, metadata = artifact
+    with pytest.raises(ValidationError, match="transfer"):
+        HubTarget(repo_id=REPO, transfer="ftp")
+    nowhere = "http://127.0.0.1:9"  # nothing listens: a request would be a ModelStoreUnavailableError
+    for fields, message in [({"repo_id": "no-namespace"}, "repo_id 'no-namespace' must be 'namespace/name'"),
+                            ({"repo_id": REPO, "transfer": "ftp"}, r"transfer 'ftp' is not one of \['auto', 'lfs'\]")]:
+        target = HubTarget.model_construct(**{"endpoint": nowhere, "revision": "main", "private": True,
+                                              "transfer": "auto", **fields})
+        with pytest.raises(InputError, match=message):
+            publish_hub(gguf_path, metadata, target, token=None)

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from forgeflow.evaluation.compare.jobs import (
     CanaryComparison,
+    ComparisonSettings,
     ExcludedTask,
     MergedJob,
     StoredJobsComparison,
@@ -76,6 +77,7 @@ from forgeflow.evaluation.compare.stats import (
 __all__ = [
     "COST_METRICS",
     "CanaryComparison",
+    "ComparisonSettings",
     "CostComparison",
     "CostMetric",
     "ExcludedTask",

@@ -1,11 +1,13 @@
 """Comparisons of jobs recorded in the store: a canary job merged with its recovery jobs
 (:func:`merged_job`), the check that two jobs ran the same frozen split
 (:func:`refuse_unless_same_split`), excluded tasks with reasons, and the whole stored-jobs
-comparison the ``compare`` flow and CLI run (:func:`compare_stored_jobs`)."""
+comparison the ``compare`` flow and CLI run (:func:`compare_stored_jobs`), with the settings a
+flow passes it as one parameter group (:class:`ComparisonSettings`)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -259,6 +261,27 @@ def stored_costs(trial: Any) -> dict[str, float]:
     if "agent_s" in timings:
         out["wall_s"] = float(timings["agent_s"]) + float(timings.get("verifier_s") or 0.0)
     return out
+
+
+class ComparisonSettings(BaseModel):
+    """How two stored canary jobs are compared and where the report goes (a parameter group of
+    the ``promote`` flow; :func:`compare_stored_jobs` reads the first three).
+
+    Attributes:
+        gate: the promotion gate's settings; None: :class:`GatePolicy`'s defaults (at least 30 pairs
+            from 3 repositories, five points of tolerated drop at alpha 0.05).
+        report_path: where the markdown report goes (its PNG beside it, suffix ``.png``); None:
+            ``$FORGEFLOW_HOME/compare-<baseline>-vs-<candidate>.md``.
+        merge_recovery: merge each job's recovery jobs into it before comparing.
+        seed: the seed of the repository-clustered bootstrap (the same seed, the same interval).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    gate: GatePolicy | None = Field(None, description="promotion gate settings (None: the defaults)")
+    report_path: Path | None = Field(None, description="markdown report path (None: under $FORGEFLOW_HOME)")
+    merge_recovery: bool = Field(True, description="merge each job's recovery jobs into it")
+    seed: int = Field(0, description="bootstrap seed")
 
 
 class StoredJobsComparison(BaseModel):

@@ -247,3 +247,20 @@ def test_unreachable_registry_is_an_exception_naming_the_address() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_transfer_limits_are_bounded_where_they_are_built() -> None:
+    """``migrate-images``'s ``limits`` group: the flow's defaults; each bound refused naming its field
+    (a bool is not a number of images; at most 10 retry delays, none negative)."""
+    from pydantic import ValidationError
+
+    limits = migrate.TransferLimits()
+    assert (limits.max_size_bytes, limits.concurrency_limit, limits.rate_limit_per_s, limits.retry_delays_s) == \
+        (2_000_000_000, 4, None, None)
+    assert migrate.TransferLimits(retry_delays_s=[1, 2.5]).retry_delays_s == (1.0, 2.5)
+    for fields, field in [({"concurrency_limit": 0}, "concurrency_limit"), ({"concurrency_limit": 65}, "concurrency_limit"),
+                          ({"concurrency_limit": True}, "concurrency_limit"), ({"max_size_bytes": -1}, "max_size_bytes"),
+                          ({"rate_limit_per_s": 0}, "rate_limit_per_s"), ({"retry_delays_s": [1.0] * 11}, "retry_delays_s"),
+                          ({"retry_delays_s": [-1.0]}, "retry_delays_s"), ({"concurency_limit": 2}, "concurency_limit")]:
+        with pytest.raises(ValidationError, match=field):
+            migrate.TransferLimits(**fields)

@@ -185,3 +185,20 @@ def test_a_validation_job_or_the_same_job_twice_is_refused(store: Store) -> None
         merged_job(store, "validate-0")
     with pytest.raises(InputError, match="both runs are job 'base'"):
         compare_stored_jobs(store, "base", "base")
+
+
+def test_comparison_settings_read_as_a_flow_parameter_group() -> None:
+    """The ``promote`` flow's ``comparison`` group: a JSON dict (UI, API) validates into the gate's
+    own model; an unknown or misspelt setting is refused, naming it; the defaults are the flow's."""
+    from pydantic import ValidationError
+
+    from forgeflow.evaluation.compare import ComparisonSettings
+
+    assert ComparisonSettings() == ComparisonSettings(gate=None, report_path=None, merge_recovery=True, seed=0)
+    settings = ComparisonSettings.model_validate({"gate": {"min_pairs": 6, "max_wall_s_ratio": None},
+                                                  "report_path": "/tmp/r.md", "seed": 3})
+    assert settings.gate == GatePolicy(min_pairs=6, max_wall_s_ratio=None) and settings.report_path == Path("/tmp/r.md")
+    with pytest.raises(ValidationError, match="merge_recovry"):
+        ComparisonSettings.model_validate({"merge_recovry": False})
+    with pytest.raises(ValidationError, match="gate.min_pairs"):
+        ComparisonSettings.model_validate({"gate": {"min_pairs": 0}})
