@@ -71,7 +71,8 @@ def canary_on_freeze(freeze_deployment_id: str, canary_deployment_id: str) -> Au
     freeze deployment (``prefect.deployment.<id>``); the action's ``freeze_name`` is the Jinja
     template ``{{ flow_run.parameters.name }}``, which Prefect renders from the flow run that
     emitted the event (``RunDeployment.render_parameters``), so the canary evaluates the freeze
-    that was just written.
+    that was just written (``freeze_name`` is a top-level parameter of the canary flow for this; its
+    grouped parameters, ``endpoint``, ``run`` and ``source``, keep the deployment's defaults).
     """
     return Automation(
         name=CANARY_ON_FREEZE,

@@ -43,7 +43,7 @@ SPECS: list[dict[str, Any]] = [
     {"flow": freeze, "entrypoint": "flows/stages.py:freeze", "name": "freeze",
      "parameters": {"name": "demo-v1", "quotas": DEMO_FREEZE_QUOTAS.model_dump(), "seed": 0}},
     {"flow": canary, "entrypoint": "flows/canary.py:canary", "name": "canary",
-     "parameters": {"freeze_name": "demo-v1", "split": "test", "concurrency": 1, "profile": "default"}},
+     "parameters": {"freeze_name": "demo-v1", "split": "test", "run": {"concurrency": 1, "profile": "default"}}},
     {"flow": canary_recover, "entrypoint": "flows/canary.py:canary_recover", "name": "canary-recover",
      "parameters": {}},
     {"flow": compare, "entrypoint": "flows/stages.py:compare", "name": "compare",

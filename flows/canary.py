@@ -12,6 +12,12 @@ table. The standalone flow reads its inputs where the lifecycle / curate / freez
 * the endpoint from the serving state file (``serve`` flow, default
   ``$FORGEFLOW_HOME/serving/state.json``) or an explicit ``base_url`` + ``model_sha256``.
 
+Its parameters are grouped (typed models, :mod:`forgeflow.evaluation.canary_params`): ``endpoint``
+(:class:`~forgeflow.evaluation.canary_params.CanaryEndpoint`), ``run``
+(:class:`~forgeflow.evaluation.canary_params.CanaryRunSettings`: concurrency, profile, agent config,
+verifier timeout, sample) and ``source`` (:class:`forgeflow.curation.task_rows.TaskSource`: the task rows);
+``freeze_name`` and ``split`` stay top level (the canary-on-freeze automation renders ``freeze_name``).
+
 Every input is checked before the first trial (:mod:`forgeflow.evaluation.canary`): a concurrency above the
 profile's limit (``default`` 4, ``verified`` 10), an unknown freeze or split, a task without its row
 or image, an endpoint that does not answer are refused with the reason. It leaves a markdown job
@@ -41,7 +47,7 @@ from forgeflow.common.errors import InputError, PreflightError
 from forgeflow.common.fsutil import atomic_write_text
 from forgeflow.common.settings import apply_container_env, home_dir
 from forgeflow.curation.generated import GENERATED_FILE
-from forgeflow.curation.task_rows import DatasetSource, TestSpec, load_task_rows
+from forgeflow.curation.task_rows import DatasetSource, TaskSource, TestSpec, load_task_rows
 from forgeflow.evaluation import agent, compare
 from forgeflow.evaluation.canary import (
     JOB_KIND,
@@ -55,6 +61,7 @@ from forgeflow.evaluation.canary import (
     sample_split,
     trial_row,
 )
+from forgeflow.evaluation.canary_params import CanaryEndpoint, CanaryRunSettings
 from forgeflow.ledger import records
 from forgeflow.ledger import store as ledger
 from forgeflow.sandbox import dispatch
@@ -141,15 +148,20 @@ def run_canary_job(log: StageLog, st: dict[str, Any], stage: str, run: CanaryJob
     return trials, report
 
 
-def resolve_endpoint(state_path: Path | None, base_url: str | None, model_sha256: str | None,
-                     model_alias: str | None) -> tuple[str, str, str]:
+def resolve_endpoint(endpoint: CanaryEndpoint) -> tuple[str, str, str]:
     """``(base_url, model_sha256, model_alias)`` from an explicit endpoint or the serving state file.
+
+    Args:
+        endpoint: ``base_url`` + ``model_sha256``, or the serving state file ``state_path`` (default
+            ``$FORGEFLOW_HOME/serving/state.json``); ``model_alias`` overrides the state's.
 
     Raises:
         InputError: both or neither way given wrongly (``base_url`` without a 64-hex
             ``model_sha256``, or with ``state_path``), no or an invalid state file.
         PreflightError: the recorded server is stopped.
     """
+    state_path, base_url, model_sha256, model_alias = (endpoint.state_path, endpoint.base_url, endpoint.model_sha256,
+                                                       endpoint.model_alias)
     if base_url is not None:
         if state_path is not None:
             raise InputError(f"canary: give state_path ({state_path}) or base_url ({base_url}), not both")
@@ -209,50 +221,42 @@ def _check_reachable(base_url: str) -> None:
 
 @flow(name="canary", log_prints=True, on_cancellation=[sweep_trial_pods("sandbox")],
       on_crashed=[sweep_trial_pods("sandbox")])
-def canary(freeze_name: str, split: str = "test", state_path: Path | None = None, base_url: str | None = None,
-           model_sha256: str | None = None, model_alias: str | None = None, concurrency: int = 1,
-           profile: str = "default", agent_config: agent.AgentConfig = agent.AgentConfig(),
-           verifier_timeout_s: float = 180.0, generated_path: Path | None = None, job_id: str | None = None,
-           out_dir: Path | None = None, sample: int | None = None, sample_seed: int = 0,
-           candidates_path: Path | None = None, test_commands: dict[str, str] | None = None,
-           dataset: DatasetSource | None = None, test_specs: dict[str, TestSpec] | None = None,
-           sandbox: str | None = None, dispatcher: str | None = None) -> dict[str, Any]:
+def canary(freeze_name: str, split: str = "test", endpoint: CanaryEndpoint = CanaryEndpoint(),
+           run: CanaryRunSettings = CanaryRunSettings(), source: TaskSource = TaskSource(),
+           job_id: str | None = None, out_dir: Path | None = None, sandbox: str | None = None,
+           dispatcher: str | None = None) -> dict[str, Any]:
     """Agent trials on ``split`` of freeze ``freeze_name`` against a served model: one canary job.
 
     Args:
-        freeze_name: A freeze recorded in the store (``freeze`` flow or the lifecycle).
+        freeze_name: A freeze recorded in the store (``freeze`` flow or the lifecycle; the
+            ``forgeflow-canary-on-freeze`` automation renders it from the freeze run).
         split: Which split (``test`` by default; ``validation``/``train`` where the freeze has them).
-        state_path: Serving state file (default ``$FORGEFLOW_HOME/serving/state.json``); give it or
-            ``base_url``, not both.
-        base_url: OpenAI-compatible base URL (``http://127.0.0.1:PORT/v1``) instead of the state file.
-        model_sha256: The served GGUF's sha256 (required with ``base_url``; checked against the state).
-        model_alias: Model name sent to the endpoint (default: the state's alias, else ``forgeflow``).
-        concurrency: Agent trials at once; refused above the profile's limit.
-        profile: ``default`` (up to 4 at once) or ``verified`` (up to 10).
-        agent_config: mini-swe-agent limits and sampling (steps, tokens, timeout, temperature...).
-        verifier_timeout_s: Absolute limit of one test run, seconds.
-        generated_path: The candidates file with patches, task images and test commands (default
-            ``$FORGEFLOW_HOME/demo/candidates.jsonl``).
+        endpoint: The model endpoint (:class:`forgeflow.evaluation.canary_params.CanaryEndpoint`): the
+            serving state file (default ``$FORGEFLOW_HOME/serving/state.json``) or ``base_url`` +
+            ``model_sha256`` (checked against the state), and the ``model_alias`` sent (default: the
+            state's alias, else ``forgeflow``).
+        run: How the trials run (:class:`forgeflow.evaluation.canary_params.CanaryRunSettings`):
+            ``concurrency`` (refused above the ``profile``'s limit: ``default`` up to 4 at once,
+            ``verified`` up to 10), ``agent_config`` (mini-swe-agent limits and sampling),
+            ``verifier_timeout_s`` (seconds), and ``sample`` tasks of the split drawn with
+            ``sample_seed`` (:func:`forgeflow.evaluation.canary.sample_split`; None: the whole split).
+        source: The task rows (:class:`forgeflow.curation.task_rows.TaskSource`): patches, task images
+            and test commands from ``generated_path`` (default ``$FORGEFLOW_HOME/demo/candidates.jsonl``),
+            or the user's ``candidates_path`` (the file ``curate`` validated: ``instance_id``,
+            ``repo``, ``patch``, ``image``, ``problem_statement``, optional ``test_command``; the
+            agent gets each row's own problem statement) or ``dataset`` (a HF ``datasets`` split);
+            ``test_commands`` (repo -> test command for repositories that are not pinned projects) and
+            ``test_specs`` (repo -> test command and SWE-bench log parser, by name: the verifier reads
+            non-pytest runners with it).
         job_id: The job's id (default ``canary-<freeze>-<split>-<model sha256[:12]>``, with
             ``-s<sample>x<sample_seed>`` for a sample: a re-run of the same inputs upserts the same
             job and trial rows).
         out_dir: Where ``<job_id>/report.md``, ``summary.json`` and trajectories go (default
             ``$FORGEFLOW_HOME/canary``).
-        sample: Run only this many tasks of the split, drawn with ``sample_seed``
-            (:func:`forgeflow.evaluation.canary.sample_split`); None: the whole split.
-        sample_seed: The draw's seed (same split, sample and seed: the same tasks).
-        candidates_path: The user's candidates JSONL (the file ``curate`` validated: ``instance_id``,
-            ``repo``, ``patch``, ``image``, ``problem_statement``, optional ``test_command``) instead
-            of ``generated_path``; the agent gets each row's own problem statement.
-        test_commands: repo -> test command for repositories that are not pinned projects.
-        dataset: The rows as a HF ``datasets`` split (:class:`forgeflow.curation.task_rows.DatasetSource`)
-            instead of ``candidates_path``.
-        test_specs: repo -> test command and log parser (a SWE-bench parser by name): the
-            verifier reads non-pytest runners with it.
         sandbox: a ``forgeflow-sandbox`` block (:class:`blocks.core.SandboxBackend`: backend kind,
             memory MiB, CPUs) the verifier's containers run with, as ``curate`` and ``rl-burst`` take
-            it; its limits replace ``agent_config``'s ``memory_mb`` / ``cpus`` (the agent's container
-            too) and the job records the result. None: podman with ``agent_config``'s limits.
+            it; its limits replace ``run.agent_config``'s ``memory_mb`` / ``cpus`` (the agent's
+            container too) and the job records the result. None: podman with ``run.agent_config``'s limits.
         dispatcher: a ``forgeflow-dispatcher`` block (:class:`blocks.core.TrialDispatcher`) as curate
             and rl-burst take it: ``ray`` runs each trial's verifier as a Ray task on a sandbox node
             of that cluster (``agent_config.verifier_ray``; the trial's verifier record names the
@@ -267,7 +271,9 @@ def canary(freeze_name: str, split: str = "test", state_path: Path | None = None
             endpoint given both or neither way).
         PreflightError: tasks that cannot run (listed), a stopped or silent endpoint.
     """
+    concurrency, profile, sample, sample_seed = run.concurrency, run.profile, run.sample, run.sample_seed
     check_concurrency(concurrency, profile)
+    agent_config = run.agent_config
     if sandbox is not None:  # a missing block or unknown kind: refused before anything runs
         choice = sandbox_choice(sandbox)
         agent_config = agent_config.model_copy(update={"verifier_backend": choice.backend(),
@@ -281,9 +287,8 @@ def canary(freeze_name: str, split: str = "test", state_path: Path | None = None
     _, ids = frozen_split(store, freeze_name, split)
     sampled = sample is not None and sample < len(ids)
     ids = sample_split(ids, sample, sample_seed)
-    url, sha, alias = resolve_endpoint(state_path, base_url, model_sha256, model_alias)
-    loaded = load_task_rows(candidates_path, generated_path, home_dir() / "demo" / GENERATED_FILE, test_commands,
-                            stage="canary", dataset=dataset, test_specs=test_specs)
+    url, sha, alias = resolve_endpoint(endpoint)
+    loaded = source.load(home_dir() / "demo" / GENERATED_FILE, "canary")
     tasks = canary_tasks(store, ids, loaded.rows, test_commands=loaded.test_commands, log_parsers=loaded.log_parsers)
     _check_reachable(url)
     job_id = job_id or f"canary-{freeze_name}-{split}-{sha[:12]}" + (f"-s{sample}x{sample_seed}" if sampled else "")
@@ -293,20 +298,22 @@ def canary(freeze_name: str, split: str = "test", state_path: Path | None = None
                            run_id=run_id[:64] or None,
                            params={"concurrency": concurrency, "profile": profile, "base_url": url,
                                    "model_alias": alias, "agent_config": agent_config.model_dump(mode="json"),
-                                   "verifier_timeout_s": verifier_timeout_s,
+                                   "verifier_timeout_s": run.verifier_timeout_s,
                                    "trajectories_dir": str(job_dir / "trajectories"),
-                                   **_rows_param(candidates_path is not None, dataset is not None, loaded.source),
-                                   **({"test_commands": test_commands} if test_commands else {}),
-                                   **({"dataset": dataset.model_dump()} if dataset is not None else {}),
-                                   **({"test_specs": {r: v.model_dump() for r, v in test_specs.items()}}
-                                      if test_specs else {}),
+                                   **_rows_param(source.candidates_path is not None, source.dataset is not None,
+                                                 loaded.source),
+                                   **({"test_commands": source.test_commands} if source.test_commands else {}),
+                                   **({"dataset": source.dataset.model_dump()} if source.dataset is not None else {}),
+                                   **({"test_specs": {r: v.model_dump() for r, v in source.test_specs.items()}}
+                                      if source.test_specs else {}),
                                    **({"sample": sample, "sample_seed": sample_seed} if sampled else {})})
     log = StageLog(job_dir / "summary.json", run_id)
     logger.info("canary %s: %d task(s) of %s/%s against %s (%s), %d at a time", job_id, len(tasks), freeze_name,
                 split, url, sha[:12], concurrency)
     with log.stage("canary") as st:
         trials, report = run_canary_job(log, st, "canary", CanaryJobRun(
-            job, tasks, url, alias, agent_config, job_dir / "trajectories", verifier_timeout_s, concurrency), store)
+            job, tasks, url, alias, agent_config, job_dir / "trajectories", run.verifier_timeout_s, concurrency),
+            store)
     markdown = render_job_report(job, report, trials, {"endpoint": url, "model alias": alias,
                                                        "profile": f"{profile} (concurrency {concurrency})"})
     report_path = atomic_write_text(job_dir / "report.md", markdown)
@@ -320,11 +327,10 @@ def canary(freeze_name: str, split: str = "test", state_path: Path | None = None
 
 
 @flow(name="canary-recover", log_prints=True)
-def canary_recover(job_id: str, state_path: Path | None = None, base_url: str | None = None,
-                   model_sha256: str | None = None, model_alias: str | None = None,
-                   exception_types: list[str] | None = None, concurrency: int | None = None,
-                   agent_config: agent.AgentConfig | None = None, generated_path: Path | None = None,
-                   recovery_job_id: str | None = None, out_dir: Path | None = None) -> dict[str, Any]:
+def canary_recover(job_id: str, endpoint: CanaryEndpoint = CanaryEndpoint(), exception_types: list[str] | None = None,
+                   concurrency: int | None = None, agent_config: agent.AgentConfig | None = None,
+                   generated_path: Path | None = None, recovery_job_id: str | None = None,
+                   out_dir: Path | None = None) -> dict[str, Any]:
     """Re-run exactly the exception trials of canary job ``job_id`` as a linked recovery job.
 
     Reads the job's merged view (the original + its recovery jobs so far,
@@ -339,10 +345,10 @@ def canary_recover(job_id: str, state_path: Path | None = None, base_url: str | 
 
     Args:
         job_id: The original canary job (``forgeflow trials`` lists the jobs).
-        state_path: Serving state file (default ``$FORGEFLOW_HOME/serving/state.json``); or ``base_url``.
-        base_url: OpenAI-compatible base URL of the (restarted) model server.
-        model_sha256: The served GGUF's sha256 (default: the job's; it must be the job's model).
-        model_alias: Model name sent (default: the job's, else the state's).
+        endpoint: The (restarted) model server, as for ``canary``
+            (:class:`forgeflow.evaluation.canary_params.CanaryEndpoint`: the serving state file, default
+            ``$FORGEFLOW_HOME/serving/state.json``, or ``base_url``); ``model_sha256`` defaults to the
+            job's (it must be the job's model), ``model_alias`` to the job's, else the state's.
         exception_types: Re-run only trials that ended in one of these exception class names
             (default: every exception in the merged view).
         concurrency: Trials at once (default: the job's), within the job's profile limit.
@@ -383,8 +389,9 @@ def canary_recover(job_id: str, state_path: Path | None = None, base_url: str | 
     concurrency = check_concurrency(concurrency or int(params.get("concurrency", 1)), profile)
     config = _recovery_agent_config(original, agent_config)
     verifier_timeout_s = float(params.get("verifier_timeout_s", 180.0))
-    url, sha, alias = resolve_endpoint(state_path, base_url, model_sha256 or original.model_sha256,
-                                       model_alias or params.get("model_alias"))
+    url, sha, alias = resolve_endpoint(endpoint.model_copy(update={
+        "model_sha256": endpoint.model_sha256 or original.model_sha256,
+        "model_alias": endpoint.model_alias or params.get("model_alias")}))
     if sha != original.model_sha256:
         raise InputError(f"canary-recover: the endpoint serves model {sha}, but job {job_id!r} evaluated "
                          f"{original.model_sha256}: a recovery re-runs the same model")

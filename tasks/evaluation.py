@@ -49,10 +49,8 @@ def _cached_agent_trial(task: CanaryTask, base_url: str, model_alias: str, model
     config = config.model_copy(update={"verifier_ray": ray})
     if isinstance(config.verifier_backend, SandboxTarget):  # its pods carry this run's id (the sweep)
         config = config.model_copy(update={"verifier_backend": run_labelled(config.verifier_backend)})
-    record = agent.run_agent_trial(task.instance_id, task.image_ref, task.problem_statement, task.test_command,
-                                   list(task.fail_to_pass), list(task.pass_to_pass), base_url, model_alias, config,
-                                   out_dir, verifier_timeout_s=verifier_timeout_s, run_key=run_key,
-                                   log_parser=task.log_parser)
+    record = agent.run_agent_trial(agent.AgentTask.model_validate(task, from_attributes=True), base_url, model_alias,
+                                   config, out_dir, verifier_timeout_s=verifier_timeout_s, run_key=run_key)
     if record.exception_type is not None:
         raise UnscoredTrialError(record)
     return record

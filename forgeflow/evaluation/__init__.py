@@ -1,5 +1,6 @@
 """Evaluating a model: the model endpoint client (``model_client``), the agent trial (``agent``) and
-its supervision (``supervision``), canary jobs (``canary``), paired comparison (``compare``,
+its supervision (``supervision``), canary jobs (``canary``; the canary flows' parameter groups:
+``canary_params``), paired comparison (``compare``,
 ``paired_stats``), the promotion gate (``gate``), Harbor interop (``harbor``, ``harbor_import``,
 ``harbor_tasks``) and the answer judge (``judge``).
 

@@ -50,6 +50,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from forgeflow.common import errors
 from forgeflow.common.fsutil import sha256_json
 from forgeflow.evaluation.agent_config import AgentConfig
@@ -283,30 +285,52 @@ def default_run_key(problem_statement: str, model_alias: str, base_url: str, con
     })
 
 
-def run_agent_trial(
-    instance_id: str,
-    image_ref: str,
-    problem_statement: str,
-    test_command: str,
-    fail_to_pass: list[str],
-    pass_to_pass: list[str],
-    base_url: str,
-    model_alias: str,
-    config: AgentConfig,
-    out_dir: Path,
-    verifier_timeout_s: float = 180,
-    run_key: str | None = None,
-    log_parser: str | None = None,
-) -> TrialResult:
-    """Run one agent trial: mini-swe-agent in the task image, then the verifier in a fresh one.
+class AgentTask(BaseModel):
+    """The task side of one agent trial: what the agent is given and what the verifier grades.
 
-    Args:
+    :class:`forgeflow.evaluation.canary.CanaryTask` carries these fields (and the task's repository and
+    image digest), so ``AgentTask.model_validate(canary_task, from_attributes=True)`` makes one.
+    Empty fields are refused by :func:`run_agent_trial` (:class:`~forgeflow.common.errors.InputError`,
+    nothing run), not here.
+
+    Attributes:
         instance_id: the task's id.
         image_ref: the task image (bug applied at /testbed, a git repo with one commit).
         problem_statement: the issue text given to the agent.
         test_command: the verifier's test command (``pytest -rA`` output), run in /testbed.
         fail_to_pass: the task's FAIL_TO_PASS test ids.
         pass_to_pass: the task's PASS_TO_PASS test ids.
+        log_parser: the verifier reads the test output with this SWE-bench log parser
+            (:data:`forgeflow.sandbox.verifier.LOG_PARSERS`, e.g. ``parse_log_django``) instead of
+            forgeflow's pytest report; None: the pytest report.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    instance_id: str = Field(description="The task's id.")
+    image_ref: str = Field(description="The task image (bug applied at /testbed, a git repo with one commit).")
+    problem_statement: str = Field(description="The issue text given to the agent.")
+    test_command: str = Field(description="The verifier's test command, run in /testbed.")
+    fail_to_pass: list[str] = Field(description="The task's FAIL_TO_PASS test ids.")
+    pass_to_pass: list[str] = Field(default_factory=list, description="The task's PASS_TO_PASS test ids.")
+    log_parser: str | None = Field(default=None, description="The SWE-bench log parser the verifier reads the "
+                                   "test output with; None: forgeflow's pytest report.")
+
+
+def run_agent_trial(
+    task: AgentTask,
+    base_url: str,
+    model_alias: str,
+    config: AgentConfig,
+    out_dir: Path,
+    verifier_timeout_s: float = 180,
+    run_key: str | None = None,
+) -> TrialResult:
+    """Run one agent trial: mini-swe-agent in the task image, then the verifier in a fresh one.
+
+    Args:
+        task: the task (:class:`AgentTask`: id, image, problem statement, test command,
+            FAIL_TO_PASS / PASS_TO_PASS, log parser).
         base_url: OpenAI-compatible endpoint, e.g. ``http://127.0.0.1:8801/v1``.
         model_alias: the model name to request.
         config: sampling and budget.
@@ -316,9 +340,6 @@ def run_agent_trial(
         run_key: distinguishes repeated trials of the same inputs (e.g. a sample index, the model
             digest); default :func:`default_run_key`. The trial id is
             :func:`forgeflow.sandbox.trial.make_trial_id` of (instance, "agent", image, run key).
-        log_parser: the verifier reads the test output with this SWE-bench log parser
-            (:data:`forgeflow.sandbox.verifier.LOG_PARSERS`, e.g. ``parse_log_django``) instead of
-            forgeflow's pytest report; None: the pytest report.
 
     Returns:
         TrialRecord with kind ``"agent"``: reward 1.0/0.0 when the verifier ran (format errors, step
@@ -330,10 +351,12 @@ def run_agent_trial(
         stopped the run.
 
     Raises:
-        InputError: an argument is empty or malformed (nothing was run).
+        InputError: an argument or a field of ``task`` is empty or malformed (nothing was run).
         ModelRequestError: the endpoint rejected the request with a 4xx (other than a context
             overflow): a configuration bug, not an outcome.
     """
+    instance_id, image_ref, problem_statement = task.instance_id, task.image_ref, task.problem_statement
+    test_command, fail_to_pass, pass_to_pass = task.test_command, list(task.fail_to_pass), list(task.pass_to_pass)
     for arg_name, value in (("instance_id", instance_id), ("image_ref", image_ref),
                             ("problem_statement", problem_statement), ("test_command", test_command),
                             ("base_url", base_url), ("model_alias", model_alias)):
@@ -366,7 +389,7 @@ def run_agent_trial(
                 config.verifier_ray, image_ref, phase.submission, test_command, fail_to_pass, pass_to_pass,
                 timeout_s=verifier_timeout_s, spec=SandboxSpec(memory_mb=config.memory_mb, cpus=config.cpus),
                 name=container_name(instance_id, "agent", trial_id), tamper_policy=config.tamper_policy,
-                log_parser=log_parser, backend=config.verifier_backend,
+                log_parser=task.log_parser, backend=config.verifier_backend,
             )
             reward = verdict.reward
             notes.extend(verdict.notes)

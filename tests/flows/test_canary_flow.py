@@ -19,13 +19,26 @@ from test_agent import BUG_PATCH, F2P, P2P, TEST_COMMAND, task_image  # noqa: E4
 from test_agent_supervision import scripted_endpoint, text_answer  # noqa: E402
 
 from forgeflow.common.errors import InputError, PreflightError  # noqa: E402
+from forgeflow.curation.task_rows import TaskSource  # noqa: E402
+from forgeflow.evaluation.canary_params import CanaryEndpoint, CanaryRunSettings  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 FIX = "sed -i 's/a - b/a + b/' calc.py && echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 MODEL_SHA = "d" * 64
+AGENT = {"step_limit": 5, "agent_timeout_s": 120, "memory_mb": 512}
 # two repositories, two tasks each: the freeze puts one repository in train and the other in test
 TASKS = {f"calc{r}.func_pm_op_swap__0000000{i}": f"calc{r}" for r, i in (("a", 1), ("a", 2), ("b", 3), ("b", 4))}
+
+
+def _at(url: str, model_sha256: str | None = MODEL_SHA) -> CanaryEndpoint:
+    """The endpoint ``url`` serving ``model_sha256``."""
+    return CanaryEndpoint(base_url=url, model_sha256=model_sha256)
+
+
+def _settings(agent: dict = AGENT, **settings) -> CanaryRunSettings:
+    """The run settings of these tests: ``agent``'s limits, a verifier timeout of 120 s."""
+    return CanaryRunSettings(agent_config=agent, verifier_timeout_s=120.0, **settings)
 
 
 @pytest.fixture()
@@ -69,11 +82,9 @@ def test_canary_records_a_job_with_its_trials_and_publishes_the_job_report(prefe
     store, manifest, generated = recorded_freeze
     test_ids = manifest.splits["test"]
     assert len(test_ids) == 2
-    common = dict(freeze_name="canary-test", model_sha256=MODEL_SHA, generated_path=generated,
-                  out_dir=tmp_path / "canary", agent_config={"step_limit": 5, "agent_timeout_s": 120, "memory_mb": 512},
-                  verifier_timeout_s=120.0)
+    common = dict(freeze_name="canary-test", source=TaskSource(generated_path=generated), out_dir=tmp_path / "canary")
     with scripted_endpoint(lambda i: text_answer(FIX)) as (url, bodies):
-        result = canary(base_url=url, concurrency=2, **common)
+        result = canary(endpoint=_at(url), run=_settings(concurrency=2), **common)
     assert len(bodies) == 2, "one agent run (one model call) per test task"
     job_id = f"canary-canary-test-test-{MODEL_SHA[:12]}"
     assert result["job_id"] == job_id
@@ -94,18 +105,19 @@ def test_canary_records_a_job_with_its_trials_and_publishes_the_job_report(prefe
     with scripted_endpoint(lambda i: text_answer(FIX)) as (url, bodies):
         with pytest.raises(InputError, match=r"concurrency 5 is above the limit 4 of profile 'default'; "
                                              r"profile 'verified' allows up to 10"):
-            canary(base_url=url, concurrency=5, job_id="refused", **common)
+            canary(endpoint=_at(url), run=_settings(concurrency=5), job_id="refused", **common)
         with pytest.raises(InputError, match=r"concurrency 11 is above the limit 10 of profile 'verified'"):
-            canary(base_url=url, concurrency=11, profile="verified", job_id="refused", **common)
+            canary(endpoint=_at(url), run=_settings(concurrency=11, profile="verified"), job_id="refused", **common)
         assert bodies == [] and store.get_job("refused") is None
         # the verified profile allows 5 (a new job: its own trajectories folder, so the trials run again)
-        again = canary(base_url=url, concurrency=5, profile="verified", job_id="verified-5", **common)
+        again = canary(endpoint=_at(url), run=_settings(concurrency=5, profile="verified"), job_id="verified-5",
+                       **common)
     assert len(bodies) == 2 and again["report"]["reward_1"] == 2
     assert store.get_job("verified-5").params["profile"] == "verified"
 
     # a seeded sample of the split: one task, the one sample_split draws, under its own job id
     with scripted_endpoint(lambda i: text_answer(FIX)) as (url, bodies):
-        sampled = canary(base_url=url, sample=1, sample_seed=7, **common)
+        sampled = canary(endpoint=_at(url), run=_settings(sample=1, sample_seed=7), **common)
     assert sampled["job_id"] == f"{job_id}-s1x7" and len(bodies) == 1
     assert [t["instance_id"] for t in sampled["trials"]] == sample_split(test_ids, 1, 7)
     assert store.get_job(sampled["job_id"]).params["sample"] == 1
@@ -127,9 +139,8 @@ def test_canary_on_the_users_candidates_gives_the_agent_each_rows_problem_statem
     path = tmp_path / "team-candidates.jsonl"
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     with scripted_endpoint(lambda i: text_answer(FIX)) as (url, bodies):
-        result = canary(freeze_name="canary-test", base_url=url, model_sha256=MODEL_SHA, candidates_path=path,
-                        job_id="team-rows", out_dir=tmp_path / "canary", verifier_timeout_s=120.0,
-                        agent_config={"step_limit": 5, "agent_timeout_s": 120, "memory_mb": 512})
+        result = canary(freeze_name="canary-test", endpoint=_at(url), source=TaskSource(candidates_path=path),
+                        job_id="team-rows", out_dir=tmp_path / "canary", run=_settings())
     assert result["report"]["reward_1"] == 2
     prompts = [" ".join(m["content"] for m in body["messages"] if m["role"] == "user") for body in bodies]
     statements = {row["instance_id"]: row["problem_statement"] for row in rows}
@@ -143,18 +154,17 @@ def test_canary_refuses_unknown_freeze_split_and_missing_endpoint(prefect_harnes
     from flows.canary import canary
 
     _, _, generated = recorded_freeze
+    rows, dead = TaskSource(generated_path=generated), _at("http://127.0.0.1:9/v1")
     with pytest.raises(InputError, match="freeze 'nope' is not recorded in the store"):
-        canary(freeze_name="nope", base_url="http://127.0.0.1:9/v1", model_sha256=MODEL_SHA, generated_path=generated)
+        canary(freeze_name="nope", endpoint=dead, source=rows)
     with pytest.raises(InputError, match=r"has no split 'dev'; its splits: \["):
-        canary(freeze_name="canary-test", split="dev", base_url="http://127.0.0.1:9/v1", model_sha256=MODEL_SHA,
-               generated_path=generated)
+        canary(freeze_name="canary-test", split="dev", endpoint=dead, source=rows)
     with pytest.raises(InputError, match="no serving state at .*state.json"):
-        canary(freeze_name="canary-test", generated_path=generated)
+        canary(freeze_name="canary-test", source=rows)
     with pytest.raises(InputError, match="needs model_sha256"):
-        canary(freeze_name="canary-test", base_url="http://127.0.0.1:9/v1", generated_path=generated)
+        canary(freeze_name="canary-test", endpoint=_at("http://127.0.0.1:9/v1", None), source=rows)
     with pytest.raises(PreflightError, match=r"the model endpoint http://127.0.0.1:9/v1 does not answer"):
-        canary(freeze_name="canary-test", base_url="http://127.0.0.1:9/v1", model_sha256=MODEL_SHA,
-               generated_path=generated)
+        canary(freeze_name="canary-test", endpoint=dead, source=rows)
 
 
 def test_canary_runs_its_verifier_on_the_sandbox_block(prefect_harness, recorded_freeze, tmp_path: Path,
@@ -171,14 +181,13 @@ def test_canary_runs_its_verifier_on_the_sandbox_block(prefect_harness, recorded
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     SandboxBackend(kind="podman", memory_mb=768, cpus=0.5).save("canary-small", overwrite=True)
     SandboxBackend(kind="kubernetes").save("canary-cluster", overwrite=True)
-    common = dict(freeze_name="canary-test", model_sha256=MODEL_SHA, generated_path=generated,
-                  out_dir=tmp_path / "canary", verifier_timeout_s=120.0,
-                  agent_config={"step_limit": 5, "agent_timeout_s": 120})
+    common = dict(freeze_name="canary-test", source=TaskSource(generated_path=generated), out_dir=tmp_path / "canary",
+                  run=_settings({"step_limit": 5, "agent_timeout_s": 120}))
     with pytest.raises(InputError, match="sandbox block 'nope' does not exist"):
-        canary(base_url="http://127.0.0.1:9/v1", sandbox="nope", **common)
+        canary(endpoint=_at("http://127.0.0.1:9/v1"), sandbox="nope", **common)
     with scripted_endpoint(lambda i: text_answer(FIX)) as (url, _):
-        small = canary(base_url=url, sandbox="canary-small", job_id="small", **common)
-        cluster = canary(base_url=url, sandbox="canary-cluster", job_id="cluster", **common)
+        small = canary(endpoint=_at(url), sandbox="canary-small", job_id="small", **common)
+        cluster = canary(endpoint=_at(url), sandbox="canary-cluster", job_id="cluster", **common)
     assert small["report"]["reward_1"] == 2
     recorded = store.get_job("small").params["agent_config"]
     assert (recorded["verifier_backend"], recorded["memory_mb"], recorded["cpus"]) == ("podman", 768, 0.5)
@@ -200,10 +209,9 @@ def test_canary_verifies_in_pods_through_the_kubernetes_api(prefect_harness, rec
     with kubernetes_api(tmp_path) as fake, scripted_endpoint(lambda i: text_answer(FIX)) as (url, _):
         SandboxBackend(kind="kubernetes", memory_mb=768, kubeconfig=str(fake.kubeconfig)).save(
             "canary-fake-cluster", overwrite=True)
-        result = canary(freeze_name="canary-test", model_sha256=MODEL_SHA, generated_path=generated,
-                        out_dir=tmp_path / "canary", verifier_timeout_s=120.0, base_url=url,
-                        sandbox="canary-fake-cluster", job_id="pods",
-                        agent_config={"step_limit": 5, "agent_timeout_s": 120})
+        result = canary(freeze_name="canary-test", endpoint=_at(url), source=TaskSource(generated_path=generated),
+                        out_dir=tmp_path / "canary", sandbox="canary-fake-cluster", job_id="pods",
+                        run=_settings({"step_limit": 5, "agent_timeout_s": 120}))
         assert fake.pods() == [] and fake.containers() == []
     assert [(t["exception_type"], t["reward"]) for t in result["trials"]] == [(None, 1.0)] * 2
     assert result["report"]["reward_1"] == 2

@@ -25,6 +25,8 @@ from test_canary_flow import recorded_freeze  # noqa: E402,F401 - fixture
 
 from forgeflow.common.errors import InputError, PreflightError  # noqa: E402
 from forgeflow.common.fsutil import sha256_file  # noqa: E402
+from forgeflow.curation.task_rows import TaskSource  # noqa: E402
+from forgeflow.evaluation.canary_params import CanaryEndpoint, CanaryRunSettings  # noqa: E402
 from forgeflow.ledger.store import Store  # noqa: E402
 from forgeflow.serving.server import ModelServer  # noqa: E402
 from tests.helpers import free_port, pid_alive, tiny_ggufs  # noqa: E402
@@ -66,9 +68,9 @@ def test_a_canary_whose_server_died_mid_run_is_recovered_by_a_linked_job(prefect
 
         with monkeypatch.context() as patch:
             patch.setattr(Store, "record_trial", record_then_stop_the_server)
-            result = canary(freeze_name="canary-test", base_url=server.base_url, model_sha256=sha,
-                            generated_path=generated, out_dir=tmp_path / "canary", agent_config=AGENT,
-                            verifier_timeout_s=120.0, concurrency=1)
+            result = canary(freeze_name="canary-test", endpoint=CanaryEndpoint(base_url=server.base_url, model_sha256=sha),
+                            source=TaskSource(generated_path=generated), out_dir=tmp_path / "canary",
+                            run=CanaryRunSettings(agent_config=AGENT, verifier_timeout_s=120.0, concurrency=1))
         assert stopped and not pid_alive(stopped[0])
         job_id = result["job_id"]
         report = result["report"]
@@ -80,15 +82,16 @@ def test_a_canary_whose_server_died_mid_run_is_recovered_by_a_linked_job(prefect
 
         # the endpoint is still down: refused before anything is recorded
         with pytest.raises(PreflightError, match="does not answer"):
-            canary_recover(job_id, base_url=server.base_url)
+            canary_recover(job_id, endpoint=CanaryEndpoint(base_url=server.base_url))
         assert store.jobs(parent_job_id=job_id) == []
 
         restarted = ModelServer(q8, free_port(), "forgeflow", n_ctx=4096, log_path=tmp_path / "server-2.log").start()
+        back = CanaryEndpoint(base_url=restarted.base_url)
         with pytest.raises(InputError, match="a recovery re-runs the same model"):
-            canary_recover(job_id, base_url=restarted.base_url, model_sha256="e" * 64)
+            canary_recover(job_id, endpoint=CanaryEndpoint(base_url=restarted.base_url, model_sha256="e" * 64))
         with pytest.raises(InputError, match="differs from the one job"):
-            canary_recover(job_id, base_url=restarted.base_url, agent_config={**AGENT, "step_limit": 3})
-        out = canary_recover(job_id, base_url=restarted.base_url)
+            canary_recover(job_id, endpoint=back, agent_config={**AGENT, "step_limit": 3})
+        out = canary_recover(job_id, endpoint=back)
 
         # one recovery job, linked to the original, that re-ran exactly the exception trial
         recovery_id = out["job_id"]
@@ -115,10 +118,10 @@ def test_a_canary_whose_server_died_mid_run_is_recovered_by_a_linked_job(prefect
         assert f"original job {job_id} + 1 recovery job" in Path(out["report_path"]).read_text()
 
         # nothing is left to recover: no second recovery job
-        again = canary_recover(job_id, base_url=restarted.base_url)
+        again = canary_recover(job_id, endpoint=back)
         assert again["job_id"] is None and [j.job_id for j in store.jobs(parent_job_id=job_id)] == [recovery_id]
         with pytest.raises(InputError, match=f"is itself a recovery job of '{job_id}'"):
-            canary_recover(recovery_id, base_url=restarted.base_url)
+            canary_recover(recovery_id, endpoint=back)
     finally:
         server.stop()
         if restarted is not None:

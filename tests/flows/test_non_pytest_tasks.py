@@ -81,16 +81,17 @@ def test_unittest_tasks_are_curated_frozen_and_canaried_with_their_log_parser(
     assert all(t.fail_to_pass == [F2P] and t.pass_to_pass == [P2P] for t in accepted)  # unittest's ids, parsed
 
     manifest = freeze("team-unittest-v1", quotas=quotas, instance_ids=[r["instance_id"] for r in rows])
-    common = dict(freeze_name="team-unittest-v1", model_sha256="e" * 64, candidates_path=path, test_specs=specs,
-                  out_dir=tmp_path / "canary", verifier_timeout_s=120.0,
-                  agent_config={"step_limit": 5, "agent_timeout_s": 120, "memory_mb": 512})
+    common = dict(freeze_name="team-unittest-v1", source={"candidates_path": path, "test_specs": specs},
+                  out_dir=tmp_path / "canary",
+                  run={"verifier_timeout_s": 120.0,
+                       "agent_config": {"step_limit": 5, "agent_timeout_s": 120, "memory_mb": 512}})
     with scripted_endpoint(lambda i: text_answer(FIX)) as (url, bodies):
-        fixed = canary(base_url=url, job_id="unittest-fixed", **common)
+        fixed = canary(endpoint={"base_url": url, "model_sha256": "e" * 64}, job_id="unittest-fixed", **common)
     assert fixed["report"]["requested"] == len(manifest.splits["test"]) == 2
     assert fixed["report"]["reward_1"] == 2, fixed["trials"]
     assert any("add(2, 3) returns -1 instead of 5" in json.dumps(body["messages"]) for body in bodies)
     with scripted_endpoint(lambda i: text_answer(NO_FIX)) as (url, _):
-        unfixed = canary(base_url=url, job_id="unittest-unfixed", **common)
+        unfixed = canary(endpoint={"base_url": url, "model_sha256": "e" * 64}, job_id="unittest-unfixed", **common)
     assert unfixed["report"]["scored"] == 2 and unfixed["report"]["reward_1"] == 0  # the parser sees the failure
     trials = store.trials_for(job_id="unittest-fixed")  # each job keeps its own trials
     assert len(trials) == 2 and len(store.trials_for(job_id="unittest-unfixed")) == 2

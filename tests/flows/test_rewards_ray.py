@@ -84,12 +84,13 @@ def test_canary_verifies_on_the_sandbox_nodes(prefect_harness, cluster, recorded
     store, _, generated = recorded_freeze
     head, workers = cluster
     with pytest.raises(InputError, match="dispatcher block 'no-such-dispatcher' does not exist"):
-        canary(freeze_name="canary-test", model_sha256=MODEL_SHA, generated_path=generated, base_url="http://x/v1",
-               dispatcher="no-such-dispatcher")
+        canary(freeze_name="canary-test", endpoint={"base_url": "http://x/v1", "model_sha256": MODEL_SHA},
+               source={"generated_path": generated}, dispatcher="no-such-dispatcher")
     with scripted_endpoint(lambda i: text_answer(FIX)) as (url, _):
-        result = canary(freeze_name="canary-test", model_sha256=MODEL_SHA, generated_path=generated,
-                        out_dir=tmp_path / "canary", verifier_timeout_s=120.0, base_url=url, job_id="on-ray",
-                        dispatcher=_dispatcher(head), agent_config={"step_limit": 5, "agent_timeout_s": 120})
+        result = canary(freeze_name="canary-test", endpoint={"base_url": url, "model_sha256": MODEL_SHA},
+                        source={"generated_path": generated}, out_dir=tmp_path / "canary", job_id="on-ray",
+                        dispatcher=_dispatcher(head),
+                        run={"verifier_timeout_s": 120.0, "agent_config": {"step_limit": 5, "agent_timeout_s": 120}})
     assert [(t["exception_type"], t["reward"]) for t in result["trials"]] == [(None, 1.0)] * 2
     trials = store.trials_for(job_id="on-ray")
     assert len(trials) == 2 and {t.verifier["node_id"] for t in trials} <= workers

@@ -18,6 +18,7 @@ from forgeflow.common.errors import InputError, ModelRequestError
 from forgeflow.common.settings import tool_env
 from forgeflow.evaluation.agent import (
     AgentConfig,
+    AgentTask,
     problem_statement_for,
     run_agent_trial,
 )
@@ -94,6 +95,12 @@ def endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield server.base_url
 
 
+def calc_task(image_ref: str, test_command: str = TEST_COMMAND, instance_id: str = "calc-add-1") -> AgentTask:
+    """The calc task (its bug's problem statement, FAIL_TO_PASS and PASS_TO_PASS) as an agent trial's task."""
+    return AgentTask(instance_id=instance_id, image_ref=image_ref, test_command=test_command,
+                     problem_statement=problem_statement_for(BUG_PATCH, F2P), fail_to_pass=F2P, pass_to_pass=P2P)
+
+
 def _trajectory(out_dir: Path, trial_id: str) -> dict:
     return json.loads((out_dir / f"{trial_id}.traj.json").read_text())
 
@@ -134,8 +141,7 @@ def test_verifier_grades_fix_as_1_bug_as_0_and_bad_patch_as_0_with_note(task_ima
 def test_agent_trial_with_tiny_model_finishes_with_a_reward(task_image: str, endpoint: str, tmp_path: Path) -> None:
     config = AgentConfig(step_limit=3, agent_timeout_s=300, max_tokens=64, memory_mb=512)
     record = run_agent_trial(
-        "calc-add-1", task_image, problem_statement_for(BUG_PATCH, F2P), TEST_COMMAND, F2P, P2P,
-        endpoint, "tiny", config, tmp_path,
+        calc_task(task_image), endpoint, "tiny", config, tmp_path,
     )
     assert record.kind == "agent"
     assert record.exception_type is None, record.exception_message
@@ -156,8 +162,7 @@ def test_agent_trial_with_tiny_model_finishes_with_a_reward(task_image: str, end
 def test_agent_trial_against_dead_endpoint_records_model_endpoint_error(task_image: str, tmp_path: Path) -> None:
     dead = f"http://127.0.0.1:{_free_port()}/v1"
     record = run_agent_trial(
-        "calc-add-1", task_image, problem_statement_for(BUG_PATCH, F2P), TEST_COMMAND, F2P, P2P,
-        dead, "tiny", AgentConfig(agent_timeout_s=120, memory_mb=512), tmp_path,
+        calc_task(task_image), dead, "tiny", AgentConfig(agent_timeout_s=120, memory_mb=512), tmp_path,
     )
     assert record.exception_type == "ModelEndpointError"
     assert record.reward is None and record.verifier_s is None
@@ -212,8 +217,7 @@ CONTEXT_OVERFLOW_BODY = (
 def test_context_overflow_is_the_models_outcome_and_the_verifier_runs(task_image: str, tmp_path: Path) -> None:
     with _stub_endpoint(400, CONTEXT_OVERFLOW_BODY) as url:
         record = run_agent_trial(
-            "calc-add-1", task_image, problem_statement_for(BUG_PATCH, F2P), TEST_COMMAND, F2P, P2P,
-            url, "tiny", AgentConfig(agent_timeout_s=120, memory_mb=512), tmp_path,
+            calc_task(task_image), url, "tiny", AgentConfig(agent_timeout_s=120, memory_mb=512), tmp_path,
         )
     assert record.exception_type is None, record.exception_message
     assert record.reward == 0.0 and record.verifier_s is not None
@@ -225,8 +229,7 @@ def test_other_4xx_is_a_configuration_error_not_an_outcome(task_image: str, tmp_
     body = b'{"error": {"message": "unknown parameter", "type": "invalid_request_error"}}'
     with _stub_endpoint(400, body) as url, pytest.raises(ModelRequestError, match="400"):
         run_agent_trial(
-            "calc-add-1", task_image, problem_statement_for(BUG_PATCH, F2P), TEST_COMMAND, F2P, P2P,
-            url, "tiny", AgentConfig(agent_timeout_s=120, memory_mb=512), tmp_path,
+            calc_task(task_image), url, "tiny", AgentConfig(agent_timeout_s=120, memory_mb=512), tmp_path,
         )
 
 
@@ -235,8 +238,7 @@ def test_agent_trial_against_5xx_endpoint_records_model_endpoint_error(
     task_image: str, failing_endpoint: str, tmp_path: Path
 ) -> None:
     record = run_agent_trial(
-        "calc-add-1", task_image, problem_statement_for(BUG_PATCH, F2P), TEST_COMMAND, F2P, P2P,
-        failing_endpoint, "tiny", AgentConfig(agent_timeout_s=120, memory_mb=512), tmp_path,
+        calc_task(task_image), failing_endpoint, "tiny", AgentConfig(agent_timeout_s=120, memory_mb=512), tmp_path,
     )
     assert record.exception_type == "ModelEndpointError" and record.reward is None
     assert "503" in record.exception_message or "ServiceUnavailable" in record.exception_message
@@ -244,9 +246,11 @@ def test_agent_trial_against_5xx_endpoint_records_model_endpoint_error(
 
 def test_run_agent_trial_rejects_empty_inputs(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="base_url"):
-        run_agent_trial("i", "img", "ps", TEST_COMMAND, F2P, P2P, "localhost:1", "tiny", AgentConfig(), tmp_path)
+        run_agent_trial(AgentTask(instance_id="i", image_ref="img", problem_statement="ps", test_command=TEST_COMMAND,
+                                  fail_to_pass=F2P, pass_to_pass=P2P), "localhost:1", "tiny", AgentConfig(), tmp_path)
     with pytest.raises(InputError, match="nothing to grade"):
-        run_agent_trial("i", "img", "ps", TEST_COMMAND, [], [], "http://x/v1", "tiny", AgentConfig(), tmp_path)
+        run_agent_trial(AgentTask(instance_id="i", image_ref="img", problem_statement="ps", test_command=TEST_COMMAND,
+                                  fail_to_pass=[], pass_to_pass=[]), "http://x/v1", "tiny", AgentConfig(), tmp_path)
 
 
 @pytest.mark.integration
@@ -256,8 +260,7 @@ def test_agent_over_budget_records_agent_timeout_and_still_runs_the_verifier(
 ) -> None:
     config = AgentConfig(step_limit=50, agent_timeout_s=1, max_tokens=256, memory_mb=512)
     record = run_agent_trial(
-        "calc-add-1", task_image, problem_statement_for(BUG_PATCH, F2P), TEST_COMMAND, F2P, P2P,
-        endpoint, "tiny", config, tmp_path,
+        calc_task(task_image), endpoint, "tiny", config, tmp_path,
     )
     assert record.exception_type == "AgentTimeoutError"
     assert record.verifier_s is not None, "the verifier runs after an agent timeout"

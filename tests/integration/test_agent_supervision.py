@@ -19,11 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_agent import BUG_PATCH, F2P, P2P, TASK_IMAGE, TEST_COMMAND, task_image  # noqa: F401 - fixture
+from test_agent import BUG_PATCH, F2P, P2P, TASK_IMAGE, TEST_COMMAND, calc_task, task_image  # noqa: F401 - fixture
 
 from forgeflow.evaluation.agent import (
     AgentConfig,
-    problem_statement_for,
     run_agent_trial,
 )
 from forgeflow.evaluation.supervision import call_signature
@@ -95,8 +94,7 @@ def scripted_endpoint(answer: Answer) -> Iterator[tuple[str, list[dict[str, Any]
 
 def _trial(url: str, tmp_path: Path, **config: Any):
     cfg = AgentConfig(**{"step_limit": 30, "agent_timeout_s": 120, "memory_mb": 512, **config})
-    return run_agent_trial("calc-add-1", task_image_ref, problem_statement_for(BUG_PATCH, F2P), TEST_COMMAND,
-                           F2P, P2P, url, "scripted", cfg, tmp_path)
+    return run_agent_trial(calc_task(task_image_ref), url, "scripted", cfg, tmp_path)
 
 
 def _messages(path: str) -> list[dict[str, Any]]:

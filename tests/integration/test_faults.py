@@ -33,13 +33,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from test_agent import BUG_PATCH, F2P, P2P, TEST_COMMAND, task_image  # noqa: F401 - fixture
+from test_agent import BUG_PATCH, F2P, P2P, TEST_COMMAND, calc_task, task_image  # noqa: F401 - fixture
 
 from forgeflow.common.errors import ModelEndpointError
 from forgeflow.common.settings import tool_env
 from forgeflow.evaluation.agent import (
     AgentConfig,
-    problem_statement_for,
     run_agent_trial,
 )
 from forgeflow.evaluation.model_client import (
@@ -142,9 +141,8 @@ class CuttingProxy:
 
 def _agent_trial(url: str, out: Path, instance_id: str = "calc-add-1", **config):
     cfg = AgentConfig(**{"step_limit": 2, "agent_timeout_s": 120, "max_tokens": 48, "memory_mb": 512, **config})
-    return run_agent_trial(instance_id, "localhost/forgeflow/test-agent-calc:1",
-                           problem_statement_for(BUG_PATCH, F2P), TEST_COMMAND, F2P, P2P, url, "tiny", cfg, out,
-                           run_key=config.get("run_key", "faults"))
+    return run_agent_trial(calc_task("localhost/forgeflow/test-agent-calc:1", instance_id=instance_id), url, "tiny",
+                           cfg, out, run_key=config.get("run_key", "faults"))
 
 
 def test_model_server_killed_mid_trial_is_a_model_endpoint_error(task_image: str, tmp_path: Path) -> None:
@@ -208,8 +206,8 @@ def test_agent_behind_a_cutting_proxy_records_an_exception_not_reward_0(task_ima
 def test_verifier_printing_garbage_is_unparseable_output_not_reward_0(task_image: str, endpoint: str,
                                                                       tmp_path: Path) -> None:
     garbage = "echo 'Segmentation fault (core dumped)'; head -c 600 /dev/urandom | od -An -tx1 | head -20"
-    record = run_agent_trial("calc-add-1", task_image, problem_statement_for(BUG_PATCH, F2P), garbage, F2P, P2P,
-                             endpoint, "tiny", AgentConfig(step_limit=1, max_tokens=32, memory_mb=512), tmp_path)
+    record = run_agent_trial(calc_task(task_image, test_command=garbage), endpoint, "tiny",
+                             AgentConfig(step_limit=1, max_tokens=32, memory_mb=512), tmp_path)
     assert record.exception_type == "VerifierOutputError", record.exception_message
     assert record.reward is None and "Segmentation fault" not in (record.exception_type or "")
     assert "exited" in record.exception_message  # the test command's exit status is in the evidence

@@ -1,0 +1,83 @@
+"""The ``canary`` and ``canary-recover`` flows' parameter groups: the model endpoint and how a canary
+job runs (frozen pydantic models, so a deployment, the UI and a test give them as one JSON object).
+
+* :class:`CanaryEndpoint` — which served model the trials call: the serving state file, or an
+  explicit base URL and model sha256 (both flows).
+* :class:`CanaryRunSettings` — how the job's agent trials run: concurrency within a profile, the
+  agent's limits and sampling, the verifier's timeout and an optional seeded sample of the split.
+
+The task rows come in as :class:`forgeflow.curation.task_rows.TaskSource`. The checks that need the
+store, the serving state or the profile table (:func:`forgeflow.evaluation.canary.check_concurrency`)
+run in the flow before the first trial; the bounds here are the ones a value has on its own.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from forgeflow.evaluation.agent_config import AgentConfig
+
+
+class CanaryEndpoint(BaseModel):
+    """The model endpoint a canary (or its recovery) runs the agent against: the serving state file
+    or an explicit ``base_url`` + ``model_sha256``, not both (refused by the flow, which reads the
+    state file).
+
+    Attributes:
+        state_path: Serving state file (the ``serve`` flow's; default
+            ``$FORGEFLOW_HOME/serving/state.json`` when no ``base_url`` is given).
+        base_url: OpenAI-compatible base URL (``http://127.0.0.1:PORT/v1``) instead of the state file.
+        model_sha256: The served GGUF's sha256, 64 lower-case hex digits (required with ``base_url``;
+            checked against the state file's; ``canary-recover`` defaults it to the job's).
+        model_alias: Model name sent to the endpoint (default: the state's alias, else ``forgeflow``;
+            ``canary-recover``: the job's).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    state_path: Path | None = Field(
+        default=None, description="Serving state file (default $FORGEFLOW_HOME/serving/state.json); give it or "
+        "base_url, not both.")
+    base_url: str | None = Field(
+        default=None, min_length=1,
+        description="OpenAI-compatible base URL (http://127.0.0.1:PORT/v1) instead of the serving state file.")
+    model_sha256: str | None = Field(
+        default=None, pattern=r"^[0-9a-f]{64}$",
+        description="The served GGUF's sha256 (64 lower-case hex digits); required with base_url, checked "
+        "against the serving state.")
+    model_alias: str | None = Field(
+        default=None, description="Model name sent to the endpoint (default: the serving state's alias, else "
+        "'forgeflow'; empty: the default).")
+
+
+class CanaryRunSettings(BaseModel):
+    """How a canary job's agent trials run.
+
+    Attributes:
+        concurrency: Agent trials at once (>= 1); refused above ``profile``'s limit
+            (:data:`forgeflow.evaluation.canary.CANARY_PROFILES`).
+        profile: ``default`` (up to 4 at once) or ``verified`` (up to 10); an unknown one is refused
+            with the valid ones listed.
+        agent_config: mini-swe-agent's limits and sampling (steps, tokens, timeout, temperature...).
+        verifier_timeout_s: Absolute limit of one test run, seconds (> 0).
+        sample: Run only this many tasks of the split (>= 1), drawn with ``sample_seed``
+            (:func:`forgeflow.evaluation.canary.sample_split`); None: the whole split.
+        sample_seed: The draw's seed (same split, sample and seed: the same tasks).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    concurrency: int = Field(default=1, ge=1, description="Agent trials at once; refused above the "
+                             "profile's limit.")
+    profile: str = Field(default="default", min_length=1, description="Concurrency profile: 'default' (up "
+                         "to 4 at once) or 'verified' (up to 10).")
+    agent_config: AgentConfig = Field(default_factory=AgentConfig, description="mini-swe-agent's limits and "
+                                      "sampling (steps, tokens, timeout, temperature...).")
+    verifier_timeout_s: float = Field(default=180.0, gt=0, description="Absolute limit of one test run, "
+                                      "seconds.")
+    sample: int | None = Field(default=None, ge=1, description="Run only this many tasks of the split, "
+                               "drawn with sample_seed; None: the whole split.")
+    sample_seed: int = Field(default=0, ge=0, description="The sample's seed (same split, sample and seed: "
+                             "the same tasks).")
