@@ -51,7 +51,6 @@ from forgeflow.ledger import records, tables
 from forgeflow.ledger.store import Store
 from forgeflow.registry import images, prewarm, projects
 from forgeflow.registry import migration as migrate
-from forgeflow.registry.layout import ShardLayout
 from forgeflow.registry.server import RegistryServer
 from forgeflow.registry.skopeo import Skopeo
 from forgeflow.sandbox.grading import ValidationReport
@@ -60,7 +59,6 @@ from forgeflow.serving import bluegreen
 from forgeflow.serving.backend import BackendConfig
 from forgeflow.training import samples
 from forgeflow.training.adapters import pin_adapter
-from forgeflow.training.burst import BurstConfig
 from tasks import curation
 from tasks import evaluation as evaluation_tasks
 from tasks import packaging as packaging_tasks
@@ -74,8 +72,8 @@ MODEL_ALIAS = "forgeflow"
 
 def _registries(config: LifecycleConfig, out_dir: Path) -> tuple[RegistryServer, RegistryServer]:
     root = out_dir / "registry"
-    return (RegistryServer("source", config.source_port, root / "source"),
-            RegistryServer("target", config.target_port, root / "target"))
+    return (RegistryServer("source", config.registries.source_port, root / "source"),
+            RegistryServer("target", config.registries.target_port, root / "target"))
 
 
 @flow(name="lifecycle", log_prints=True)
@@ -91,10 +89,10 @@ def lifecycle(config: LifecycleConfig = LifecycleConfig()) -> dict[str, Any]:
     out_dir = config.output_dir.resolve()
     # before anything is written: a freeze name already used with other inputs can only end in a
     # FreezeConflictError at the freeze stage, after generation and prewarm rewrote shared files
-    check_freeze_inputs(config.freeze_name, out_dir / "freezes", config.freeze_inputs())
+    check_freeze_inputs(config.freeze.name, out_dir / "freezes", config.freeze_inputs())
     if config.base_model.kind != "tiny":  # the team's checkpoint can be had, before any image is built
         packaging_tasks.base_model_preflight(config.base_model)
-    serving = serving_tasks.serving_backend(config.serving_block, config.serve_ports)  # a missing block: refused now
+    serving = serving_tasks.serving_backend(config.serving.block, config.serving.ports)  # a missing block: refused now
     serving_tasks.preflight_serving(serving, None)  # the slot plan holds required_context_tokens
     out_dir.mkdir(parents=True, exist_ok=True)
     run_id = str(flow_run.get_id() or "")
@@ -111,7 +109,7 @@ def lifecycle(config: LifecycleConfig = LifecycleConfig()) -> dict[str, Any]:
         logger.info("lifecycle finished: %d stages, summary at %s", len(log.stages), log.summary_path)
         return result
     finally:
-        if not config.keep_serving:
+        if not config.serving.keep_running:
             stopped = bluegreen.stop_active(state_path)
             if stopped is not None and stopped.pid is not None:  # it was live: the ledger says so no more
                 store.record_serving_generation(serving_tasks.generation_row(stopped, "retired", run_id))
@@ -181,9 +179,8 @@ def _run_stages(run: _Run) -> dict[str, Any]:
     by_id = {t.instance_id: t for t in accepted}
     test_tasks = [by_id[i] for i in manifest.splits["test"]]
     base_model, base_gguf = _base_model(run)
-    served_base = base_gguf[config.serve_quantization]
-    agent_config = agent.AgentConfig(step_limit=config.agent_step_limit, max_tokens=config.agent_max_tokens,
-                                     agent_timeout_s=config.agent_timeout_s, seed=config.seed)
+    served_base = base_gguf[config.serving.quantization]
+    agent_config = config.canary.agent_config(config.seed)
     with run.log.stage("serve_baseline") as st:  # 8. serve the baseline, 9. canary it on the frozen test split
         swap = run.log.call(serving_tasks.serve_swap, run.state_path, served_base.path, served_base.sha256,
                             run.serving)
@@ -193,16 +190,16 @@ def _run_stages(run: _Run) -> dict[str, Any]:
                               agent_config)
     adapter = _burst(run, base_model, [by_id[i] for i in manifest.splits["train"]], envs)
     ggufs = _package(run, base_model, adapter)
-    comparison, report_path, plot_path = _stage_and_promote(run, ggufs[config.serve_quantization], test_tasks,
+    comparison, report_path, plot_path = _stage_and_promote(run, ggufs[config.serving.quantization], test_tasks,
                                                             baseline_trials, agent_config)
     paired, decision = comparison.paired, comparison.decision
     emit_event("forgeflow.lifecycle.completed",
-               resource={"prefect.resource.id": f"forgeflow.freeze.{config.freeze_name}"},
+               resource={"prefect.resource.id": f"forgeflow.freeze.{config.freeze.name}"},
                payload={"mcnemar_p": paired.mcnemar_p})
     return {
         "images": {"environments": len(envs), "task_images": len(task_images)},
         "tasks": {"generated": len(candidates), "validated": len(task_images), "accepted": len(accepted)},
-        "freeze": {"name": config.freeze_name, "semantic_sha256": manifest.semantic_sha256,
+        "freeze": {"name": config.freeze.name, "semantic_sha256": manifest.semantic_sha256,
                    "bundle_sha256": manifest.bundle_sha256,
                    "splits": {k: len(v) for k, v in manifest.splits.items()}},
         "canary": {"baseline": comparison.report_a.model_dump(mode="json"),
@@ -223,7 +220,7 @@ def _run_stages(run: _Run) -> dict[str, Any]:
 
 def _environments(run: _Run) -> dict[str, _Env]:
     """1. environments: base image (debootstrap), one environment image per project -> source registry."""
-    log, src = run.log, run.config.source_address
+    log, src = run.log, run.config.registries.source_address
     with log.stage("environments") as st:
         base = log.call(registry_tasks.base_image)
         envs: dict[str, _Env] = {}
@@ -251,10 +248,9 @@ def _migrate(run: _Run, envs: dict[str, _Env]) -> dict[str, _Env]:
     with run.log.stage("migrate") as st:
         names = {f"env/{e.project.name}:{e.project.version}": n for n, e in envs.items()}
         try:
-            summary = migrate_images_flow(source=RegistryEndpoint(address=config.source_address),
-                                          target=RegistryEndpoint(address=config.target_address),
-                                          images=list(names),
-                                          limits=migrate.TransferLimits(max_size_bytes=config.max_image_size_bytes),
+            summary = migrate_images_flow(source=RegistryEndpoint(address=config.registries.source_address),
+                                          target=RegistryEndpoint(address=config.registries.target_address),
+                                          images=list(names), limits=config.registries.transfer,
                                           store_url=store.url)
         except MigrationIncompleteError as err:  # the subflow run is Failed; go on with what was migrated
             summary = err.summary
@@ -292,13 +288,13 @@ def _generate(run: _Run, envs: dict[str, _Env]) -> list[tuple[Candidate, str]]:
 
 def _prewarm(run: _Run, envs: dict[str, _Env], candidates: list[tuple[Candidate, str]]) -> dict[str, _TaskImage]:
     """4. prewarm: shard layout plan (tag cap), basecache tags, then task images into their shards."""
-    config, log, dst = run.config, run.log, run.config.target_address
+    config, log, dst = run.config, run.log, run.config.registries.target_address
     with log.stage("prewarm") as st:
-        layout = ShardLayout(shards=config.shards, lanes=config.lanes, tag_cap=config.tag_cap)
+        layout = config.prewarm.layout()
         plan = layout.plan([(c.instance_id, envs[repo].target_digest) for c, repo in candidates])
         base_refs = {e.target_digest: f"docker://{e.target_ref}" for e in envs.values()}
         basecache = log.call(registry_tasks.prewarm, plan, dst, base_refs, run.registry_ids["target"],
-                             config.prewarm_concurrency)
+                             config.prewarm.concurrency)
         placements = {p.task_id: p for p in plan.placements}
         task_images: dict[str, _TaskImage] = {}
         reused_layers = 0  # task images must start with their environment image's layers
@@ -321,7 +317,7 @@ def _prewarm(run: _Run, envs: dict[str, _Env], candidates: list[tuple[Candidate,
                                     registry_digest=t.digest, test_command=t.test_command)
             for t in task_images.values()]))}  # what `curate` and the canary read; earlier runs' rows are kept
         table_artifact("prewarm-plan", [
-            {"repository": r, "projected_tags": n, "cap": config.tag_cap}
+            {"repository": r, "projected_tags": n, "cap": config.prewarm.tag_cap}
             for r, n in sorted(plan.projected_tag_counts.items())
         ], "Projected tags per shard repository (task tags + basecache tags)")
         st["counts"] = {"repositories": len(plan.projected_tag_counts), "basecache_tags": len(basecache),
@@ -331,7 +327,7 @@ def _prewarm(run: _Run, envs: dict[str, _Env], candidates: list[tuple[Candidate,
 
 def _validate(run: _Run, task_images: dict[str, _TaskImage]) -> list[_TaskImage]:
     """5. validate: NOP and Oracle runs in no-network containers, a sliding window of
-    ``validate_concurrency``, the longest validations (as last recorded) first. Sets each task's
+    ``validation.concurrency``, the longest validations (as last recorded) first. Sets each task's
     report; returns the accepted tasks in candidate order.
 
     Raises:
@@ -343,14 +339,15 @@ def _validate(run: _Run, task_images: dict[str, _TaskImage]) -> list[_TaskImage]
         progress_id = create_progress_artifact(progress=0.0, description="NOP/Oracle validation")
         job_id = f"validate-{config.seed}"
         sink = curation.TrialSink(store_url=store.url, job_id=job_id, run_id=run.run_id)
+        settings = config.validation  # timeout, memory and checks: each one keys the validation's cache
         ended: dict[str, ValidationOutcome] = {}
 
         def submit(t: _TaskImage) -> Any:
             return curation.validate_candidate.submit(
-                t.candidate, t.image_ref, t.digest, t.test_command, config.verifier_timeout_s,
-                config.sandbox_memory_mb, checks=config.validation, sink=sink)
+                t.candidate, t.image_ref, t.digest, t.test_command, settings.verifier_timeout_s,
+                settings.memory_mb, checks=settings.checks, sink=sink)
 
-        for t, state in run.log.window([task_images[i] for i in order], submit, config.validate_concurrency):
+        for t, state in run.log.window([task_images[i] for i in order], submit, settings.concurrency):
             ended[t.instance_id] = state.result()
             update_progress_artifact(progress_id, progress=100.0 * len(ended) / max(1, len(task_images)))
         outcomes = [(t, ended[i]) for i, t in task_images.items()]  # candidate order, whatever order they ended in
@@ -402,13 +399,13 @@ def _freeze(run: _Run, accepted: list[_TaskImage]) -> FreezeManifest:
             instance_id=t.instance_id, repo=t.repo, fail_to_pass=t.verdict().FAIL_TO_PASS,
             pass_to_pass=t.verdict().PASS_TO_PASS, image_ref=t.image_ref, image_digest=t.digest,
             patch_sha256=sha256_bytes(t.candidate.patch.encode()), patch=t.candidate.patch) for t in accepted]
-        manifest = run.log.call(curation.freeze_dataset, config.freeze_name, accepted_refs, config.quotas,
+        manifest = run.log.call(curation.freeze_dataset, config.freeze.name, accepted_refs, config.freeze.quotas,
                                 config.seed, run.out_dir / "freezes", {"image_digests": image_digests}, bundle_tasks)
         run.store.record_freeze(records.FreezeRecord(
             name=manifest.name, semantic_sha256=manifest.semantic_sha256, file_sha256=manifest.file_sha256,
             manifest_path=str(manifest.path), counts=manifest.counts, bundle_sha256=manifest.bundle_sha256,
             bundle_path=str(manifest.bundle_path) if manifest.bundle_path else None, run_id=run.run_id))
-        record_freeze_inputs(config.freeze_name, run.out_dir / "freezes", config.freeze_inputs())
+        record_freeze_inputs(config.freeze.name, run.out_dir / "freezes", config.freeze_inputs())
         st["counts"] = {k: len(v) for k, v in manifest.splits.items()}
         st["digests"] = {"semantic_sha256": manifest.semantic_sha256, "file_sha256": manifest.file_sha256,
                          "bundle_sha256": manifest.bundle_sha256}
@@ -431,7 +428,7 @@ def _base_model(run: _Run) -> tuple[Any, dict[str, Any]]:
             st["counts"] = {"source": base_model.source, **({"commit": base_model.commit} if base_model.commit else {})}
         base_gguf_dir = out_dir / "models" / "base-gguf"
         base_gguf = log.call(packaging_tasks.package, base_model.path, base_model.sha256, base_gguf_dir,
-                             (config.serve_quantization,))
+                             (config.serving.quantization,))
         run.store.record_model_artifact(records.ModelArtifactRecord(
             sha256=base_model.sha256, kind="base", path=str(base_model.path), run_id=run.run_id,
             lineage=base_model.provenance))  # where the checkpoint came from (tiny, folder, Hub commit)
@@ -448,8 +445,7 @@ def _burst(run: _Run, base_model: Any, train: list[_TaskImage], envs: dict[str, 
     with run.log.stage("burst") as st:
         sft_samples = samples.oracle_samples([(t.candidate, envs[t.repo].checkout, t.verdict().FAIL_TO_PASS)
                                               for t in train])
-        burst_config = BurstConfig(max_steps=config.burst_max_steps, learning_rate=config.burst_learning_rate,
-                                   lora_r=config.lora_r, max_length=config.burst_max_length, seed=config.seed)
+        burst_config = config.burst.burst_config(config.seed)
         # preflight before any model loads (templates, disk space); a failure fails the stage with every
         # problem listed. A check, not stage work: left out of the stage's run/cached counts.
         training_tasks.burst_preflight(base_model.path, out_dir / "models" / "adapter", burst_config.lora_r,
@@ -474,7 +470,8 @@ def _package(run: _Run, base_model: Any, adapter: Any) -> dict[str, Any]:
     with run.log.stage("package") as st:
         package_dir = run.out_dir / "models" / "candidate-gguf" / adapter.sha256[:16]  # one folder per adapter
         ggufs = run.log.call(packaging_tasks.package, base_model.path, base_model.sha256, package_dir,
-                             config.quantizations, adapter.path, adapter.sha256, config.metadata_edits)
+                             config.package.quantizations, adapter.path, adapter.sha256,
+                             config.package.metadata_edits)
         packaging_tasks.record_package(run.store, ggufs, base_model.sha256, package_dir, adapter.sha256, run.run_id)
         table_artifact("package", [{"type": q, "path": str(a.path), "size_bytes": a.size_bytes, "sha256": a.sha256}
                                    for q, a in ggufs.items()], "GGUF artifacts of the candidate model")
@@ -523,7 +520,7 @@ def _compare(run: _Run, baseline_trials: list, candidate_trials: list,
     with run.log.stage("compare") as st:
         repo_of = {t.instance_id: t.repo for t in test_tasks}
         comparison = run.log.call(evaluation_tasks.compare_jobs, baseline_trials, candidate_trials, "baseline",
-                                  "candidate", repo_of, config.gate_policy, config.seed)
+                                  "candidate", repo_of, config.promotion, config.seed)
         paired, md = comparison.paired, comparison.markdown
         report_path = out_dir / "compare.md"
         plot_path = render_plot(comparison.report_a, comparison.report_b, paired, out_dir / "compare.png",
@@ -554,15 +551,15 @@ def _canary(run: _Run, stage: str, test_tasks: list[_TaskImage], base_url: str, 
         tasks = [CanaryTask.from_row(t.candidate, t.image_ref, t.digest, t.test_command, t.verdict().FAIL_TO_PASS,
                                      t.verdict().PASS_TO_PASS) for t in test_tasks]
         # the params a `canary-recover` run re-runs the job's exception trials with
-        job = records.JobRecord(job_id=job_id, kind="canary", freeze_name=config.freeze_name, split="test",
+        job = records.JobRecord(job_id=job_id, kind="canary", freeze_name=config.freeze.name, split="test",
                                 model_sha256=model_sha256, run_id=run.run_id,
-                                params={"concurrency": config.canary_concurrency, "profile": "default",
+                                params={"concurrency": config.canary.concurrency, "profile": "default",
                                         "base_url": base_url, "model_alias": MODEL_ALIAS,
                                         "agent_config": agent_config.model_dump(mode="json"),
-                                        "verifier_timeout_s": config.verifier_timeout_s,
+                                        "verifier_timeout_s": config.validation.verifier_timeout_s,
                                         "generated_path": str(out_dir / generated.GENERATED_FILE),
                                         "trajectories_dir": str(out_dir / "trajectories" / job_id)})
         trials, _ = run_canary_job(run.log, st, stage, CanaryJobRun(
             job, tasks, base_url, MODEL_ALIAS, agent_config, out_dir / "trajectories" / job_id,
-            config.verifier_timeout_s, config.canary_concurrency), run.store)
+            config.validation.verifier_timeout_s, config.canary.concurrency), run.store)
     return trials

@@ -29,7 +29,7 @@ from tasks import packaging as model_tasks
 from tasks import packaging as publish_tasks
 from tasks import serving as serving_tasks
 
-DEMO_FREEZE_QUOTAS: SplitQuotas = LifecycleConfig().quotas
+DEMO_FREEZE_QUOTAS: SplitQuotas = LifecycleConfig().freeze.quotas
 """The demo's freeze quotas (the lifecycle's defaults), the freeze deployment's default."""
 
 

@@ -1,7 +1,15 @@
 """Typed parameters of the lifecycle (the demo's embedded defaults).
 
-Every field carries its unit and a description; the Prefect flows take these models as
-parameters, so the UI renders them as a form.
+:class:`LifecycleConfig` keeps the run's identity at its top level (projects, candidates, seed,
+output folder, base model) and one typed group per stage; where a stage flow or the core already
+has a parameter model it is reused (:class:`~forgeflow.curation.freeze.SplitQuotas`,
+:class:`~forgeflow.evaluation.compare.gate.GatePolicy`,
+:class:`~forgeflow.registry.migration.TransferLimits`,
+:class:`~forgeflow.sandbox.trial.ValidationChecks`), and each group builds the core object its stage
+passes to its tasks (:meth:`PrewarmSettings.layout`, :meth:`CanarySettings.agent_config`,
+:meth:`BurstSettings.burst_config`). Every field carries its unit and a description; the Prefect
+flows take these models as parameters, so the UI renders them as a form with one section per group.
+Unknown fields are refused at every level.
 """
 
 from __future__ import annotations
@@ -12,112 +20,199 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from forgeflow.curation.freeze import SplitQuotas, feasibility_text, quota_feasibility
+from forgeflow.evaluation.agent_config import AgentConfig
 from forgeflow.evaluation.compare.gate import GatePolicy
 from forgeflow.packaging.checkpoint import BaseModelSource
 from forgeflow.packaging.gguf_metadata import MetadataEdit
+from forgeflow.registry.layout import ShardLayout
+from forgeflow.registry.migration import TransferLimits
 from forgeflow.sandbox.trial import ValidationChecks
+from forgeflow.training.burst import BurstConfig
 
 DEMO_PROJECTS = ("boltons", "cachetools", "inflection", "six", "tabulate", "toolz")
 
+DEMO_QUOTAS = SplitQuotas(train=2, validation=1, test=2, max_per_repo=4, min_repos=2)
+"""The demo's freeze quotas: a few tasks per split from at least two repositories."""
 
-class LifecycleConfig(BaseModel):
-    """Parameters of one lifecycle run (defaults = the demo on this machine).
+_GROUP = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    Checked as a whole before any stage runs: unknown fields are refused (a typo never falls back
-    to a default), numbers are finite, the freeze name follows :func:`forgeflow.curation.freeze.validate_freeze_name`,
-    the served quantization is one of those packaged, the two registry ports and the two serving
-    ports are four distinct ports, and ``lanes <= shards``.
+
+class RegistrySettings(BaseModel):
+    """The two loopback registries and how the migrate stage copies between them.
+
+    Attributes:
+        source_port: Loopback port of the source registry (1024-65535).
+        target_port: Loopback port of the target registry (1024-65535).
+        transfer: What the migrate stage's ``migrate-images`` subflow takes: the size limit
+            (``max_size_bytes``; larger images are skipped), its concurrency, rate and retry delays.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    model_config = _GROUP
 
-    projects: tuple[str, ...] = Field(DEMO_PROJECTS, description="pinned projects (forgeflow/data/projects.json)")
-    candidates_per_project: int = Field(5, ge=1, le=200, description="SWE-smith candidates kept per project")
-    seed: int = Field(0, description="seed for candidate choice, splits and training")
-    output_dir: Path = Field(Path(".forgeflow/demo"), description="where results and summary.json go")
     source_port: int = Field(5701, ge=1024, le=65535, description="loopback port of the source registry")
     target_port: int = Field(5702, ge=1024, le=65535, description="loopback port of the target registry")
-    max_image_size_bytes: int = Field(2_000_000_000, ge=1, description="migration skips images above this size")
-    shards: int = Field(8, ge=1, description="shard repositories (task-00..)")
+    transfer: TransferLimits = Field(TransferLimits(), description="how the migrate stage copies: images above "
+                                     "max_size_bytes are skipped; images at once, per second, retry delays")
+
+    @property
+    def source_address(self) -> str:
+        """``127.0.0.1:PORT`` of the source registry."""
+        return f"127.0.0.1:{self.source_port}"
+
+    @property
+    def target_address(self) -> str:
+        """``127.0.0.1:PORT`` of the target registry."""
+        return f"127.0.0.1:{self.target_port}"
+
+
+class PrewarmSettings(BaseModel):
+    """The shard layout of the task images and how fast basecache tags are copied.
+
+    Attributes:
+        shards: Shard repositories (``task-00..``), >= 1.
+        lanes: Base lanes: neighbouring repositories one base image's tasks spread over (<= shards).
+        tag_cap: Most tags a shard repository may hold (task tags + basecache tags).
+        concurrency: Basecache tags copied at once (1-16).
+    """
+
+    model_config = _GROUP
+
+    shards: int = Field(8, ge=1, le=10_000, description="shard repositories (task-00..)")
     lanes: int = Field(2, ge=1, description="base lanes: repositories a base image's tasks spread over")
     tag_cap: int = Field(100, ge=1, description="maximum tags per shard repository")
-    prewarm_concurrency: int = Field(5, ge=1, le=16, description="basecache tags copied at once")
-    validate_concurrency: int = Field(2, ge=1, le=16, description="NOP/Oracle trials run at once")
-    verifier_timeout_s: float = Field(180.0, gt=0, description="absolute timeout of one test run")
-    sandbox_memory_mb: int = Field(2048, ge=64, description="memory limit of a trial container")
-    validation: ValidationChecks = Field(ValidationChecks(), description="evidence a validation gathers: "
-                                         "Oracle runs per task that would be accepted, flaky policy, log parser")
-    freeze_name: str = Field("demo-v1", description="name of the frozen dataset (immutable)")
-    train_min: int = Field(2, ge=1, description="freeze quota: minimum train tasks")
-    validation_min: int = Field(1, ge=0, description="freeze quota: minimum validation tasks (0: no validation split)")
-    test_min: int = Field(2, ge=1, description="freeze quota: minimum test tasks")
-    max_tasks_per_repo: int = Field(4, ge=1, description="freeze quota: per-repository cap")
-    min_repos: int = Field(2, ge=1, description="freeze quota: repositories overall (split shares in proportion)")
-    agent_step_limit: int = Field(3, ge=1, description="mini-swe-agent steps per canary trial")
-    agent_max_tokens: int = Field(96, ge=1, description="completion tokens per model call")
-    agent_timeout_s: float = Field(300.0, gt=0, description="wall-clock budget of one agent run")
-    canary_concurrency: int = Field(1, ge=1, le=4, description="agent trials at once (at most 4)")
-    base_model: BaseModelSource = Field(BaseModelSource(), description="the base checkpoint: empty = the demo's "
-                                        "tiny model; local_dir = a checkpoint folder; repo_id + revision = an HF Hub "
-                                        "repository (token from the Secret block token_secret)")
-    burst_max_steps: int = Field(4, ge=1, description="optimizer steps of the SFT burst")
-    burst_learning_rate: float = Field(1e-3, gt=0, description="LoRA learning rate")
-    lora_r: int = Field(8, ge=1, description="LoRA rank")
-    burst_max_length: int = Field(4096, ge=64, description="tokens per SFT sample (mini-swe-agent prompts are long)")
-    promotion_max_drop: float = Field(0.05, ge=0, le=1, description="promotion gate: largest tolerated "
-                                      "drop in pass rate (non-inferiority margin)")
-    promotion_alpha: float = Field(0.05, gt=0, le=0.5, description="promotion gate: significance level")
-    promotion_min_pairs: int = Field(30, ge=1, description="promotion gate: fewest pairs (tasks scored by both "
-                                     "models) for a verdict other than hold")
-    promotion_min_repos: int = Field(3, ge=1, description="promotion gate: fewest repositories those pairs come from")
-    promotion_max_wall_s_ratio: float | None = Field(1.5, gt=0, description="promotion gate: largest mean wall "
-                                                     "seconds per trial, candidate / baseline (None: not checked)")
-    promotion_max_input_tokens_ratio: float | None = Field(1.25, gt=0, description="promotion gate: largest mean "
-                                                           "input tokens per trial, candidate / baseline")
-    promotion_max_agent_steps_ratio: float | None = Field(1.25, gt=0, description="promotion gate: largest mean "
-                                                          "agent steps per trial, candidate / baseline")
-    serve_ports: tuple[int, int] = Field((8801, 8802), description="blue/green ports of the model server")
-    serving_block: str | None = Field(None, description="a forgeflow-serving block (llama-cpp-python or "
-                                      "llama-server: context, slots, KV cache type, GPU offload); its ports "
-                                      "are replaced by serve_ports; None: llama-cpp-python, 4,096 tokens")
-    quantizations: tuple[str, ...] = Field(("Q8_0", "Q4_K_M"),
-                                           description="GGUF quantizations (names of gguf.QUANT_PLANS)")
-    metadata_edits: tuple[MetadataEdit, ...] = Field((), description="GGUF metadata set/add/delete edits applied "
-                                                     "to the candidate's GGUFs after their check (package flow's)")
-    serve_quantization: str = Field("Q8_0", description="which quantization is served")
-    keep_serving: bool = Field(False, description="leave the model server running after the run")
+    concurrency: int = Field(5, ge=1, le=16, description="basecache tags copied at once")
 
-    FREEZE_INPUTS: ClassVar[tuple[str, ...]] = (
-        "projects", "candidates_per_project", "seed", "train_min", "validation_min", "test_min",
-        "max_tasks_per_repo", "min_repos", "validation")
-    """The fields that decide what the lifecycle freezes (candidates generated, split quotas)."""
+    @model_validator(mode="after")
+    def _lanes_within_shards(self) -> "PrewarmSettings":
+        if self.lanes > self.shards:
+            raise ValueError(f"lanes ({self.lanes}) cannot exceed shards ({self.shards})")
+        return self
 
-    def freeze_inputs(self) -> dict[str, Any]:
-        """The :attr:`FREEZE_INPUTS` of this config as JSON-able values (recorded beside the
-        freeze; :func:`forgeflow.curation.freeze.check_freeze_inputs`)."""
-        return self.model_dump(mode="json", include=set(self.FREEZE_INPUTS))
+    def layout(self) -> ShardLayout:
+        """The ``base-sharded-tags`` layout the prewarm stage plans with (prefix ``task``)."""
+        return ShardLayout(shards=self.shards, lanes=self.lanes, tag_cap=self.tag_cap)
 
-    @field_validator("projects")
-    @classmethod
-    def _known_projects(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        from forgeflow.registry.projects import load_projects
 
-        known = {p.name for p in load_projects()}
-        unknown = [name for name in value if name not in known]
-        if unknown:
-            raise ValueError(f"unknown project(s) {unknown}; pinned projects: {', '.join(sorted(known))}")
-        if not value:
-            raise ValueError("at least one project is needed")
-        if len(set(value)) != len(value):
-            raise ValueError(f"projects repeat a name: {list(value)}")
-        return value
+class ValidateStageSettings(BaseModel):
+    """How the validate stage runs each candidate's NOP and Oracle trials.
 
-    @field_validator("freeze_name")
+    Attributes:
+        concurrency: NOP/Oracle validations at once (1-16).
+        verifier_timeout_s: Absolute timeout of one test run, seconds; the canary's verifier runs
+            take the same limit (same tasks, same test suites).
+        memory_mb: Memory limit of a trial container, MiB.
+        checks: The evidence a validation gathers: Oracle runs per task that would be accepted,
+            flaky policy, log parser (:class:`~forgeflow.sandbox.trial.ValidationChecks`).
+    """
+
+    model_config = _GROUP
+
+    concurrency: int = Field(2, ge=1, le=16, description="NOP/Oracle validations run at once")
+    verifier_timeout_s: float = Field(180.0, gt=0, description="absolute timeout of one test run, seconds "
+                                      "(validation and canary trials)")
+    memory_mb: int = Field(2048, ge=64, description="memory limit of a trial container, MiB")
+    checks: ValidationChecks = Field(ValidationChecks(), description="evidence a validation gathers: "
+                                     "Oracle runs per task that would be accepted, flaky policy, log parser")
+
+
+class FreezeSettings(BaseModel):
+    """The frozen dataset: its (immutable) name and the quotas its splits must meet.
+
+    Attributes:
+        name: Name of the frozen dataset (:func:`forgeflow.curation.freeze.validate_freeze_name`).
+        quotas: Minimum train/validation/test tasks, the per-repository cap and the repositories
+            overall (:class:`~forgeflow.curation.freeze.SplitQuotas`). The lifecycle needs a train
+            split (the burst) and a test split (the canaries): ``train`` and ``test`` are >= 1;
+            ``validation`` 0 means no validation split.
+    """
+
+    model_config = _GROUP
+
+    name: str = Field("demo-v1", description="name of the frozen dataset (immutable)")
+    quotas: SplitQuotas = Field(DEMO_QUOTAS, description="minimum train/validation/test tasks (validation 0: no "
+                                "validation split), per-repository cap, repositories overall")
+
+    @field_validator("name")
     @classmethod
     def _freeze_name(cls, value: str) -> str:
         from forgeflow.curation.freeze import validate_freeze_name
 
         return validate_freeze_name(value)
+
+    @field_validator("quotas")
+    @classmethod
+    def _train_and_test(cls, value: SplitQuotas) -> SplitQuotas:
+        for split, why in (("train", "the burst trains on it"), ("test", "the canaries run on it")):
+            if value.target(split) < 1:
+                raise ValueError(f"quotas.{split} must be at least 1 ({why}), got {value.target(split)}")
+        return value
+
+
+class CanarySettings(BaseModel):
+    """The agent runs of the two canaries (baseline and candidate on the frozen test split).
+
+    Attributes:
+        step_limit: mini-swe-agent steps (model calls) per canary trial.
+        max_tokens: Completion tokens per model call.
+        agent_timeout_s: Wall-clock budget of one agent run, seconds.
+        concurrency: Agent trials at once (1-4: the ``default`` canary profile's limit).
+    """
+
+    model_config = _GROUP
+
+    step_limit: int = Field(3, ge=1, le=1000, description="mini-swe-agent steps per canary trial")
+    max_tokens: int = Field(96, ge=1, le=32768, description="completion tokens per model call")
+    agent_timeout_s: float = Field(300.0, gt=0, description="wall-clock budget of one agent run, seconds")
+    concurrency: int = Field(1, ge=1, le=4, description="agent trials at once (at most 4)")
+
+    def agent_config(self, seed: int) -> AgentConfig:
+        """The :class:`~forgeflow.evaluation.agent_config.AgentConfig` of each canary trial (sampling
+        ``seed``: the run's; other fields at their defaults)."""
+        return AgentConfig(step_limit=self.step_limit, max_tokens=self.max_tokens,
+                           agent_timeout_s=self.agent_timeout_s, seed=seed)
+
+
+class BurstSettings(BaseModel):
+    """The SFT burst on the train split's Oracle solutions.
+
+    Attributes:
+        max_steps: Optimizer steps.
+        learning_rate: LoRA learning rate.
+        lora_r: LoRA rank (1-256).
+        max_length_tokens: Tokens per SFT sample (mini-swe-agent prompts are long).
+    """
+
+    model_config = _GROUP
+
+    max_steps: int = Field(4, ge=1, description="optimizer steps of the SFT burst")
+    learning_rate: float = Field(1e-3, gt=0, description="LoRA learning rate")
+    lora_r: int = Field(8, ge=1, le=256, description="LoRA rank")
+    max_length_tokens: int = Field(4096, ge=64, description="tokens per SFT sample (mini-swe-agent prompts are long)")
+
+    def burst_config(self, seed: int) -> BurstConfig:
+        """The :class:`~forgeflow.training.burst.BurstConfig` of the burst (training ``seed``: the
+        run's; other fields at their defaults)."""
+        return BurstConfig(max_steps=self.max_steps, learning_rate=self.learning_rate, lora_r=self.lora_r,
+                           max_length=self.max_length_tokens, seed=seed)
+
+
+class PackageSettings(BaseModel):
+    """What the package stage makes of the candidate: GGUF quantizations and metadata fixes.
+
+    Attributes:
+        quantizations: GGUF quantization types (names of ``forgeflow.packaging.gguf.QUANT_PLANS``),
+            distinct, at least one.
+        metadata_edits: GGUF metadata set/add/delete edits applied to the candidate's GGUFs after
+            their check (:func:`forgeflow.packaging.gguf_metadata.validate_metadata_edits`; an edit's
+            ``artifacts`` may name ``f16`` and these quantizations).
+    """
+
+    model_config = _GROUP
+
+    quantizations: tuple[str, ...] = Field(("Q8_0", "Q4_K_M"),
+                                           description="GGUF quantizations (names of gguf.QUANT_PLANS)")
+    metadata_edits: tuple[MetadataEdit, ...] = Field((), description="GGUF metadata set/add/delete edits applied "
+                                                     "to the candidate's GGUFs after their check (package flow's)")
 
     @field_validator("quantizations")
     @classmethod
@@ -134,52 +229,142 @@ class LifecycleConfig(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _consistent(self) -> "LifecycleConfig":
-        if self.serve_quantization not in self.quantizations:
-            raise ValueError(f"serve_quantization {self.serve_quantization!r} is not among quantizations "
-                             f"{list(self.quantizations)}")
-        for port in self.serve_ports:
-            if not 1024 <= port <= 65535:
-                raise ValueError(f"serve_ports must be in 1024..65535, got {list(self.serve_ports)}")
-        ports = [self.source_port, self.target_port, *self.serve_ports]
-        if len(set(ports)) != len(ports):
-            raise ValueError(f"source_port, target_port and serve_ports must be four distinct ports, got {ports}")
+    def _edits_fit(self) -> "PackageSettings":
         from forgeflow.packaging.gguf_metadata import validate_metadata_edits
 
         validate_metadata_edits(self.metadata_edits, ("f16", *self.quantizations))  # InputError names the edit
-        if self.lanes > self.shards:
-            raise ValueError(f"lanes ({self.lanes}) cannot exceed shards ({self.shards})")
+        return self
+
+
+class ServingSettings(BaseModel):
+    """The model server: blue/green ports, its backend block, what it serves, whether it outlives the run.
+
+    Attributes:
+        ports: Blue/green ports of the model server (two, 1024-65535).
+        block: A ``forgeflow-serving`` block (llama-cpp-python or llama-server: context, slots, KV
+            cache type, GPU offload); its ports are replaced by ``ports``. None: llama-cpp-python,
+            4,096 tokens.
+        quantization: Which quantization is served (one of ``package.quantizations``).
+        keep_running: Leave the model server running after the run.
+    """
+
+    model_config = _GROUP
+
+    ports: tuple[int, int] = Field((8801, 8802), description="blue/green ports of the model server")
+    block: str | None = Field(None, description="a forgeflow-serving block (llama-cpp-python or llama-server: "
+                              "context, slots, KV cache type, GPU offload); its ports are replaced by ports; "
+                              "None: llama-cpp-python, 4,096 tokens")
+    quantization: str = Field("Q8_0", description="which quantization is served (one of package.quantizations)")
+    keep_running: bool = Field(False, description="leave the model server running after the run")
+
+    @field_validator("ports")
+    @classmethod
+    def _port_range(cls, value: tuple[int, int]) -> tuple[int, int]:
+        if not all(1024 <= port <= 65535 for port in value):
+            raise ValueError(f"ports must be in 1024..65535, got {list(value)}")
+        return value
+
+
+class LifecycleConfig(BaseModel):
+    """Parameters of one lifecycle run (defaults = the demo on this machine).
+
+    The top level is the run's identity (what is generated, from which seed, into which folder,
+    from which base model); each stage's settings are one group. Checked as a whole before any
+    stage runs: unknown fields are refused at every level (a typo never falls back to a default),
+    numbers are finite, the freeze name follows :func:`forgeflow.curation.freeze.validate_freeze_name`,
+    the freeze quotas can be met by the projects' candidates, the served quantization is one of those
+    packaged, the two registry ports and the two serving ports are four distinct ports, and
+    ``prewarm.lanes <= prewarm.shards``.
+
+    Attributes:
+        projects: Pinned projects (``forgeflow/data/projects.json``), distinct, at least one.
+        candidates_per_project: SWE-smith candidates kept per project (1-200).
+        seed: Seed of candidate choice, splits, agent sampling and training.
+        output_dir: Where results and ``summary.json`` go.
+        base_model: The base checkpoint (:class:`~forgeflow.packaging.checkpoint.BaseModelSource`).
+        registries: :class:`RegistrySettings`.
+        prewarm: :class:`PrewarmSettings`.
+        validation: :class:`ValidateStageSettings`.
+        freeze: :class:`FreezeSettings`.
+        canary: :class:`CanarySettings`.
+        burst: :class:`BurstSettings`.
+        package: :class:`PackageSettings`.
+        promotion: The promotion gate's policy (:class:`~forgeflow.evaluation.compare.gate.GatePolicy`).
+        serving: :class:`ServingSettings`.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    projects: tuple[str, ...] = Field(DEMO_PROJECTS, description="pinned projects (forgeflow/data/projects.json)")
+    candidates_per_project: int = Field(5, ge=1, le=200, description="SWE-smith candidates kept per project")
+    seed: int = Field(0, description="seed for candidate choice, splits, sampling and training")
+    output_dir: Path = Field(Path(".forgeflow/demo"), description="where results and summary.json go")
+    base_model: BaseModelSource = Field(BaseModelSource(), description="the base checkpoint: empty = the demo's "
+                                        "tiny model; local_dir = a checkpoint folder; repo_id + revision = an HF Hub "
+                                        "repository (token from the Secret block token_secret)")
+    registries: RegistrySettings = Field(RegistrySettings(), description="registry ports and the migrate "
+                                         "stage's transfer limits (image size, concurrency, rate, retries)")
+    prewarm: PrewarmSettings = Field(PrewarmSettings(), description="shard layout (shards, lanes, tag cap) and "
+                                     "basecache tags copied at once")
+    validation: ValidateStageSettings = Field(ValidateStageSettings(), description="NOP/Oracle trials: at once, "
+                                              "verifier timeout, container memory, evidence checks")
+    freeze: FreezeSettings = Field(FreezeSettings(), description="name and split quotas of the frozen dataset")
+    canary: CanarySettings = Field(CanarySettings(), description="agent limits and concurrency of the canaries")
+    burst: BurstSettings = Field(BurstSettings(), description="SFT burst hyperparameters")
+    package: PackageSettings = Field(PackageSettings(), description="GGUF quantizations and metadata edits")
+    promotion: GatePolicy = Field(GatePolicy(), description="promotion gate: largest tolerated drop, significance "
+                                  "level, fewest pairs and repositories, largest cost ratios candidate / baseline")
+    serving: ServingSettings = Field(ServingSettings(), description="model server ports, backend block, served "
+                                     "quantization, keep it running")
+
+    FREEZE_INPUTS: ClassVar[tuple[str, ...]] = (
+        "projects", "candidates_per_project", "seed", "validation", "train_min", "validation_min", "test_min",
+        "max_tasks_per_repo", "min_repos")
+    """The recorded names of the inputs that decide what the lifecycle freezes (candidates generated,
+    validation evidence, split quotas); flat, as a freeze's ``NAME.inputs.json`` has them since before
+    the config was grouped."""
+
+    def freeze_inputs(self) -> dict[str, Any]:
+        """The :attr:`FREEZE_INPUTS` of this config as JSON-able values (recorded beside the
+        freeze; :func:`forgeflow.curation.freeze.check_freeze_inputs`). The keys and values are
+        those of the flat config that preceded the groups: ``validation`` is ``validation.checks``,
+        ``train_min`` .. ``min_repos`` are ``freeze.quotas``' ``train`` .. ``min_repos``, so a freeze
+        recorded before still matches a run with the same values."""
+        quotas = self.freeze.quotas
+        identity = self.model_dump(mode="json", include={"projects", "candidates_per_project", "seed"})
+        inputs = {**identity, "validation": self.validation.checks.model_dump(mode="json"),
+                  "train_min": quotas.train, "validation_min": quotas.validation, "test_min": quotas.test,
+                  "max_tasks_per_repo": quotas.max_per_repo, "min_repos": quotas.min_repos}
+        return inputs
+
+    @field_validator("projects")
+    @classmethod
+    def _known_projects(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        from forgeflow.registry.projects import load_projects
+
+        known = {p.name for p in load_projects()}
+        unknown = [name for name in value if name not in known]
+        if unknown:
+            raise ValueError(f"unknown project(s) {unknown}; pinned projects: {', '.join(sorted(known))}")
+        if not value:
+            raise ValueError("at least one project is needed")
+        if len(set(value)) != len(value):
+            raise ValueError(f"projects repeat a name: {list(value)}")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "LifecycleConfig":
+        if self.serving.quantization not in self.package.quantizations:
+            raise ValueError(f"serving.quantization {self.serving.quantization!r} is not among "
+                             f"package.quantizations {list(self.package.quantizations)}")
+        ports = [self.registries.source_port, self.registries.target_port, *self.serving.ports]
+        if len(set(ports)) != len(ports):
+            raise ValueError("registries.source_port, registries.target_port and serving.ports must be four "
+                             f"distinct ports, got {ports}")
         # before any image is built: projects x candidates_per_project bound what validation can accept
-        unmet = quota_feasibility({p: self.candidates_per_project for p in self.projects}, self.quotas)
+        unmet = quota_feasibility({p: self.candidates_per_project for p in self.projects}, self.freeze.quotas)
         if unmet:
-            raise ValueError(f"the freeze quotas cannot be met by {len(self.projects)} project(s) x "
+            raise ValueError(f"freeze.quotas cannot be met by {len(self.projects)} project(s) x "
                              f"{self.candidates_per_project} candidates even if every candidate is accepted: "
                              f"{feasibility_text(unmet)}")
         return self
-
-    @property
-    def quotas(self) -> SplitQuotas:
-        """The freeze quotas (``train_min``, ``validation_min``, ``test_min``, ``max_tasks_per_repo``,
-        ``min_repos``)."""
-        return SplitQuotas(train=self.train_min, validation=self.validation_min, test=self.test_min,
-                           max_per_repo=self.max_tasks_per_repo, min_repos=self.min_repos)
-
-    @property
-    def gate_policy(self) -> GatePolicy:
-        """The promotion gate's settings (the ``promotion_*`` fields) as a
-        :class:`forgeflow.evaluation.compare.gate.GatePolicy`."""
-        return GatePolicy(max_drop=self.promotion_max_drop, alpha=self.promotion_alpha,
-                          min_pairs=self.promotion_min_pairs, min_repos=self.promotion_min_repos,
-                          max_wall_s_ratio=self.promotion_max_wall_s_ratio,
-                          max_input_tokens_ratio=self.promotion_max_input_tokens_ratio,
-                          max_agent_steps_ratio=self.promotion_max_agent_steps_ratio)
-
-    @property
-    def source_address(self) -> str:
-        """``127.0.0.1:PORT`` of the source registry."""
-        return f"127.0.0.1:{self.source_port}"
-
-    @property
-    def target_address(self) -> str:
-        """``127.0.0.1:PORT`` of the target registry."""
-        return f"127.0.0.1:{self.target_port}"

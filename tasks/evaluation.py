@@ -112,7 +112,7 @@ def compare_jobs(baseline: list[TrialResult], candidate: list[TrialResult], labe
     bootstrap), the cost ratios over the paired instances (mean input tokens, agent steps, wall
     seconds), the promotion gate's decision on both under ``policy``
     (:class:`forgeflow.evaluation.compare.gate.GatePolicy`; the lifecycle's is
-    :attr:`forgeflow.config.LifecycleConfig.gate_policy`) and the markdown.
+    :attr:`forgeflow.config.LifecycleConfig.promotion`) and the markdown.
 
     An exception trial enters the pairs as None (excluded, and listed with its reason), never as
     reward 0.

@@ -24,7 +24,12 @@ def demo(
                                     "selection needs a new name)"),
     keep_serving: bool = typer.Option(False, help="leave the candidate model server running"),
 ) -> None:
-    """Run the whole lifecycle on the embedded default and print its summary."""
+    """Run the whole lifecycle on the embedded default and print its summary.
+
+    The options set the lifecycle config's projects, candidates_per_project, output_dir,
+    freeze.name and serving.keep_running; the rest keep the demo's defaults. A refused value is
+    named by its place in the config (e.g. freeze.name).
+    """
     home = prepare_env()
     from pydantic import ValidationError  # noqa: PLC0415
 
@@ -35,13 +40,14 @@ def demo(
 
     names = tuple(p.strip() for p in projects.split(",")) if projects is not None else DEMO_PROJECTS
     try:
-        config = LifecycleConfig(projects=names, candidates_per_project=candidates, freeze_name=freeze_name,
-                                 output_dir=output_dir or home / "demo", keep_serving=keep_serving)
+        config = LifecycleConfig(projects=names, candidates_per_project=candidates,
+                                 output_dir=output_dir or home / "demo", freeze={"name": freeze_name},
+                                 serving={"keep_running": keep_serving})
     except ValidationError as exc:
         messages = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise typer.BadParameter(messages) from None
     try:  # a freeze name made from other inputs: refused here, before a flow run logs a traceback
-        check_freeze_inputs(config.freeze_name, config.output_dir.resolve() / "freezes", config.freeze_inputs())
+        check_freeze_inputs(config.freeze.name, config.output_dir.resolve() / "freezes", config.freeze_inputs())
     except InputError as exc:
         fail(exc)
     try:

@@ -80,7 +80,7 @@ class SplitQuotas(BaseModel):
             (at least 1), i.e. repositories are required in proportion to the split's size.
     """
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     train: int = Field(ge=0)
     validation: int = Field(ge=0)

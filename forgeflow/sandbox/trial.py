@@ -97,7 +97,7 @@ class ValidationChecks(BaseModel):
             parser (by function name, e.g. ``parse_log_django``) for a runner without one.
     """
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     oracle_runs: int = Field(default=DEFAULT_ORACLE_RUNS, ge=1, le=20)
     flaky_policy: FlakyPolicy = "reject"

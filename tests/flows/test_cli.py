@@ -357,3 +357,40 @@ def test_demo_with_an_empty_projects_list_is_refused_not_read_as_all(home):
     result = runner.invoke(app, ["demo", "--projects", ""])
     assert result.exit_code == 2 and "unknown project" in " ".join(result.output.split()), result.output
     assert not (home / "demo").exists()
+
+
+def test_demo_options_set_the_nested_config_fields(home, monkeypatch):
+    """--freeze-name and --keep-serving land in the config's groups (freeze.name,
+    serving.keep_running); everything else keeps the demo's defaults. (The lifecycle is replaced by
+    one that records its config and stops.)"""
+    import flows.lifecycle
+    from forgeflow.common.errors import SandboxError
+    from forgeflow.config import LifecycleConfig
+
+    seen = []
+
+    def recording(config):
+        seen.append(config)
+        raise SandboxError("stopped after the config was seen")
+
+    monkeypatch.setattr(flows.lifecycle, "lifecycle", recording)
+    result = runner.invoke(app, ["demo", "--projects", "six,toolz,boltons", "--candidates", "4",
+                                 "--freeze-name", "demo-v9", "--keep-serving"])
+    assert result.exit_code == 1 and "stopped after the config was seen" in result.output, result.output
+    (config,) = seen
+    assert config.projects == ("six", "toolz", "boltons") and config.candidates_per_project == 4
+    assert config.freeze.name == "demo-v9" and config.serving.keep_running is True
+    assert config.output_dir == home / "demo"
+    defaults = LifecycleConfig()
+    assert config.freeze.quotas == defaults.freeze.quotas
+    assert config.model_dump(exclude={"projects", "candidates_per_project", "output_dir", "freeze", "serving"}) \
+        == defaults.model_dump(exclude={"projects", "candidates_per_project", "output_dir", "freeze", "serving"})
+    assert config.serving.model_dump(exclude={"keep_running"}) \
+        == defaults.serving.model_dump(exclude={"keep_running"})
+
+
+def test_demo_with_a_bad_freeze_name_is_refused_naming_the_nested_field(home):
+    result = runner.invoke(app, ["demo", "--freeze-name", "Demo V1"])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2 and "freeze.name" in text, result.output
+    assert not (home / "demo").exists()

@@ -25,10 +25,16 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 def mini_config(tmp_path_factory):
     return LifecycleConfig(
         projects=("inflection", "cachetools"), candidates_per_project=3, seed=0,
-        output_dir=tmp_path_factory.mktemp("lifecycle"), source_port=5721, target_port=5722,
-        shards=4, lanes=2, validate_concurrency=2, train_min=1, validation_min=0, test_min=1,
-        max_tasks_per_repo=2, min_repos=2, agent_step_limit=2, agent_max_tokens=48, burst_max_steps=2,
-        serve_ports=(8811, 8812), quantizations=("Q8_0",), freeze_name="mini-v1",
+        output_dir=tmp_path_factory.mktemp("lifecycle"),
+        registries={"source_port": 5721, "target_port": 5722},
+        prewarm={"shards": 4, "lanes": 2},
+        validation={"concurrency": 2},
+        freeze={"name": "mini-v1",
+                "quotas": {"train": 1, "validation": 0, "test": 1, "max_per_repo": 2, "min_repos": 2}},
+        canary={"step_limit": 2, "max_tokens": 48},
+        burst={"max_steps": 2},
+        package={"quantizations": ("Q8_0",)},
+        serving={"ports": (8811, 8812)},
     )
 
 
@@ -51,9 +57,9 @@ def test_every_stage_completes_with_real_counts(first_run, mini_config):
     assert first_run["tasks"]["generated"] == 6
     # the canary scored every test task or recorded an exception: never silently dropped
     # the promotion gate holds for lack of evidence and the baseline keeps serving: the mini config's
-    # test split is at most max_tasks_per_repo=2 tasks from the one repository the repository-disjoint
-    # freeze leaves it (two projects, no validation split), far below promotion_min_pairs=30 /
-    # promotion_min_repos=3, whatever the two tiny models score
+    # test split is at most freeze.quotas.max_per_repo=2 tasks from the one repository the repository-disjoint
+    # freeze leaves it (two projects, no validation split), far below promotion.min_pairs=30 /
+    # promotion.min_repos=3, whatever the two tiny models score
     promotion = first_run["promotion"]
     assert promotion["verdict"] == "hold" and promotion["enough_evidence"] is False
     assert promotion["reason"].startswith("not enough evidence: ")
@@ -96,7 +102,7 @@ def test_store_holds_one_row_per_natural_key(first_run):
     accepted = store.accepted_tasks()
     assert len(accepted) == first_run["tasks"]["accepted"]
     assert all(t.fail_to_pass for t in accepted)
-    # keep_serving is off: the flow stopped its server, and the ledger does not claim one is live. The gate
+    # serving.keep_running is off: the flow stopped its server, and the ledger does not claim one is live. The gate
     # held, so the staged candidate was discarded without becoming a generation: only the baseline's is recorded
     generations = store.serving_generations()
     assert [(g.generation, g.status) for g in generations] == [(1, "retired")]

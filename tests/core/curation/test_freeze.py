@@ -180,7 +180,8 @@ def test_a_used_freeze_name_with_other_inputs_is_refused_before_any_work(tmp_pat
     recorded = record_freeze_inputs("demo-v1", tmp_path, made)
     assert recorded == inputs_path("demo-v1", tmp_path) and json.loads(recorded.read_text())["seed"] == 0
     check_freeze_inputs("demo-v1", tmp_path, made)  # same inputs: the run reuses the freeze
-    other = LifecycleConfig(candidates_per_project=3, projects=("six", "toolz"), validation_min=0).freeze_inputs()
+    no_validation = {"quotas": {"train": 2, "validation": 0, "test": 2, "max_per_repo": 4, "min_repos": 2}}
+    other = LifecycleConfig(candidates_per_project=3, projects=("six", "toolz"), freeze=no_validation).freeze_inputs()
     with pytest.raises(FreezeConflictError) as err:
         check_freeze_inputs("demo-v1", tmp_path, other)
     assert "candidates_per_project: 5 then, 3 now" in str(err.value)
@@ -188,6 +189,28 @@ def test_a_used_freeze_name_with_other_inputs_is_refused_before_any_work(tmp_pat
     check_freeze_inputs("demo-v2", tmp_path, other)  # another name is free
     record_freeze_inputs("demo-v1", tmp_path, other)  # a freeze is immutable: its inputs file too
     assert json.loads(recorded.read_text())["candidates_per_project"] == 5
+
+
+def test_a_demo_home_frozen_by_the_flat_config_is_reused_by_the_grouped_one(tmp_path) -> None:
+    """``demo-v1.inputs.json`` as the flat LifecycleConfig (train_min, ..., validation = the checks)
+    recorded it: the grouped config with the same values passes the check and would record the
+    same bytes."""
+    from forgeflow.common.fsutil import atomic_write_json
+    from forgeflow.config import LifecycleConfig
+    from forgeflow.curation.freeze import check_freeze_inputs, inputs_path, manifest_path, record_freeze_inputs
+
+    flat = {"projects": ["boltons", "cachetools", "inflection", "six", "tabulate", "toolz"],
+            "candidates_per_project": 5, "seed": 0,
+            "validation": {"oracle_runs": 2, "flaky_policy": "reject", "log_parser": None},
+            "train_min": 2, "validation_min": 1, "test_min": 2, "max_tasks_per_repo": 4, "min_repos": 2}
+    home, fresh = tmp_path / "home", tmp_path / "fresh"
+    home.mkdir()
+    manifest_path("demo-v1", home).write_text("{}")
+    atomic_write_json(inputs_path("demo-v1", home), flat)
+    check_freeze_inputs("demo-v1", home, LifecycleConfig().freeze_inputs())  # no FreezeConflictError
+    fresh.mkdir()
+    assert record_freeze_inputs("demo-v1", fresh, LifecycleConfig().freeze_inputs()).read_bytes() \
+        == inputs_path("demo-v1", home).read_bytes()
 
 
 def test_quotas_no_validation_can_meet_are_named_before_any_work() -> None:
