@@ -55,7 +55,7 @@ from forgeflow.registry.layout import ShardLayout
 from forgeflow.registry.server import RegistryServer
 from forgeflow.registry.skopeo import Skopeo
 from forgeflow.sandbox.grading import ValidationReport
-from forgeflow.sandbox.trial import ValidationOutcome
+from forgeflow.sandbox.trial import ValidationOutcome, ValidationSettings
 from forgeflow.serving import bluegreen
 from forgeflow.serving.backend import BackendConfig
 from forgeflow.training import samples
@@ -342,12 +342,13 @@ def _validate(run: _Run, task_images: dict[str, _TaskImage]) -> list[_TaskImage]
         progress_id = create_progress_artifact(progress=0.0, description="NOP/Oracle validation")
         job_id = f"validate-{config.seed}"
         sink = curation.TrialSink(store_url=store.url, job_id=job_id, run_id=run.run_id)
+        settings = ValidationSettings(verifier_timeout_s=config.verifier_timeout_s,
+                                      memory_mb=config.sandbox_memory_mb, checks=config.validation)
         ended: dict[str, ValidationOutcome] = {}
 
         def submit(t: _TaskImage) -> Any:
-            return curation.validate_candidate.submit(
-                t.candidate, t.image_ref, t.digest, t.test_command, config.verifier_timeout_s,
-                config.sandbox_memory_mb, checks=config.validation, sink=sink)
+            return curation.validate_candidate.submit(t.candidate, t.image_ref, t.digest, t.test_command, settings,
+                                                      sink=sink)
 
         for t, state in run.log.window([task_images[i] for i in order], submit, config.validate_concurrency):
             ended[t.instance_id] = state.result()
