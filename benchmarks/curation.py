@@ -211,7 +211,9 @@ def bench_flow_vs_loop(per_project: int, concurrency: int) -> dict[str, Any]:
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId  # noqa: PLC0415
 
     from flows.curate import curate  # noqa: PLC0415
+    from forgeflow.curation.curate_settings import CurateSettings  # noqa: PLC0415
     from forgeflow.curation.freeze import SplitQuotas  # noqa: PLC0415
+    from forgeflow.curation.task_rows import TaskSource  # noqa: PLC0415
 
     @flow(name="bench-warmup")
     def warmup() -> None:
@@ -222,8 +224,8 @@ def bench_flow_vs_loop(per_project: int, concurrency: int) -> dict[str, Any]:
     print(f"loop 1: {len(rows)} validations in {loop1_s:.1f} s")
     unreachable = SplitQuotas(train=100_000, validation=0, test=100_000, max_per_repo=100_000, min_repos=1_000)
     start = time.perf_counter()
-    state = curate(generated_path=generated, quotas=unreachable, concurrency=concurrency, max_retries=0,
-                   return_state=True)
+    state = curate(TaskSource(generated_path=generated), quotas=unreachable,
+                   settings=CurateSettings(concurrency=concurrency, max_retries=0), return_state=True)
     flow_s = time.perf_counter() - start
     out = state.result()
     print(f"flow: {len(rows)} validations in {flow_s:.1f} s ({out['status']}, {out['trials_recorded']} trials)")

@@ -2,8 +2,10 @@
 
 * ``forgeflow-freeze-on-ready``: the ``forgeflow.dataset.freeze-ready`` event (emitted by the
   ``curate`` flow, ``flows/curate.py``) runs the ``freeze/freeze`` deployment with the parameters the
-  curate run carried in the event's payload: ``name`` (its ``freeze_name``), ``quotas``, ``seed`` and
-  ``instance_ids`` (its candidates), never the deployment's demo defaults.
+  curate run carried in the event's payload: ``name`` (its ``freeze_name``), ``quotas``, ``seed`` (its
+  ``settings.seed``) and ``instance_ids`` (the candidates its ``tasks`` source gave), never the
+  deployment's demo defaults. The payload is flat whatever shape curate's parameters take, so the
+  freeze deployment's parameters are rendered from it key by key.
 * ``forgeflow-canary-on-freeze``: a ``prefect.flow-run.Completed`` event of a flow run of the
   ``freeze/freeze`` deployment runs the ``canary/canary`` deployment on the freeze that run made
   (``freeze_name`` is rendered from the completed run's ``name`` parameter), its other parameters

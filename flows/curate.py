@@ -1,14 +1,18 @@
 """The ``curate`` flow (validate batches until the dataset is freeze-ready) and the ``recover`` flow.
 
-``curate``: reads candidates in its own JSONL format (``candidates_path``,
-:func:`forgeflow.curation.candidates.load_candidates`) or, by default, the file the lifecycle's
-generate/prewarm stages wrote (``generated_path``, default
-``$FORGEFLOW_HOME/demo/candidates.jsonl``, :mod:`forgeflow.curation.generated`). Before every batch the
+``curate``: takes three parameter groups, the task rows (``tasks``,
+:class:`forgeflow.curation.task_rows.TaskSource`), the freeze ``quotas`` and how it validates
+(``settings``, :class:`forgeflow.curation.curate_settings.CurateSettings`), plus the freeze name and the
+sandbox and dispatcher blocks by name. It reads candidates in its own JSONL format
+(``tasks.candidates_path``, :func:`forgeflow.curation.candidates.load_candidates`), a HF split
+(``tasks.dataset``) or, by default, the file the lifecycle's generate/prewarm stages wrote
+(``tasks.generated_path``, default ``$FORGEFLOW_HOME/demo/candidates.jsonl``,
+:mod:`forgeflow.curation.generated`). Before every batch the
 freeze check (:func:`forgeflow.curation.freeze.freeze_ready`, the very selection the freeze uses) runs on the store's
 accepted tasks. Ready: emit the Prefect event
 ``forgeflow.dataset.freeze-ready`` and stop. Not ready: pick one batch with
-:func:`forgeflow.curation.selection.select_batch`, run NOP/Oracle at most ``concurrency`` at a time (an
-attempt that ends in an infrastructure error is tried again, up to ``max_retries`` times), and
+:func:`forgeflow.curation.selection.select_batch`, run NOP/Oracle at most ``settings.concurrency`` at a time (an
+attempt that ends in an infrastructure error is tried again, up to ``settings.max_retries`` times), and
 record each validation's trials as soon as it ends, then the task statuses and the batch row (with
 the trials again) in one transaction. No candidate left: stop, naming each unmet quota and by how
 much. Batch ids and trial ids are deterministic and validations are cached on their inputs, so a
@@ -37,6 +41,7 @@ from forgeflow.common.errors import InputError, PreflightError
 from forgeflow.common.fsutil import atomic_write_text, sha256_bytes, sha256_json
 from forgeflow.common.settings import apply_container_env, home_dir
 from forgeflow.curation.candidates import CandidateTask, to_candidate_refs
+from forgeflow.curation.curate_settings import CurateSettings
 from forgeflow.curation.freeze import (
     AcceptedTask,
     SplitQuotas,
@@ -54,14 +59,14 @@ from forgeflow.curation.recovery import (
     render_audit,
     render_plan,
 )
-from forgeflow.curation.selection import DEFAULT_BATCH_SIZE, select_batch
-from forgeflow.curation.task_rows import DatasetSource, TaskRows, TestSpec, load_task_rows
+from forgeflow.curation.selection import select_batch
+from forgeflow.curation.task_rows import TaskRows, TaskSource
 from forgeflow.evaluation.canary import trial_row
 from forgeflow.ledger.records import BatchRecord, TaskRecord, TrialRecord
 from forgeflow.ledger.store import Store
 from forgeflow.sandbox import dispatch
 from forgeflow.sandbox.dispatch import RayPlacement
-from forgeflow.sandbox.trial import ValidationChecks
+from forgeflow.sandbox.trial import ValidationSettings
 from tasks import curation as curate_tasks
 from tasks.common import markdown_artifact, sweep_trial_pods, table_artifact
 from tasks.curation import TrialSink, validate_candidate
@@ -73,51 +78,46 @@ JOB_ID = "curate"
 
 @flow(name="curate", log_prints=True, on_cancellation=[sweep_trial_pods("sandbox")],
       on_crashed=[sweep_trial_pods("sandbox")])
-def curate(candidates_path: Path | None = None, quotas: SplitQuotas = DEFAULT_QUOTAS,
-           batch_size: int = DEFAULT_BATCH_SIZE, concurrency: int = 10, max_retries: int = 2,
-           verifier_timeout_s: float = 180.0, memory_mb: int = 2048, seed: int = 0,
-           test_commands: dict[str, str] | None = None, generated_path: Path | None = None,
-           checks: ValidationChecks = ValidationChecks(), freeze_name: str | None = None,
-           sandbox: str | None = None, dataset: DatasetSource | None = None,
-           test_specs: dict[str, TestSpec] | None = None, dispatcher: str | None = None) -> dict[str, Any]:
+def curate(tasks: TaskSource = TaskSource(), quotas: SplitQuotas = DEFAULT_QUOTAS,
+           settings: CurateSettings = CurateSettings(), freeze_name: str | None = None,
+           sandbox: str | None = None, dispatcher: str | None = None) -> dict[str, Any]:
     """Validate candidate batches until the accepted tasks meet ``quotas`` (or none is left).
 
     Args:
-        candidates_path: JSONL of candidate rows (:func:`forgeflow.curation.candidates.load_candidates`);
-            ``image`` is the task image (local name or ``host:port/repo:tag``); an optional
-            ``test_command`` key per row overrides ``test_commands``. None (default): read
-            ``generated_path``.
+        tasks: Where the candidates come from (:class:`forgeflow.curation.task_rows.TaskSource`):
+            ``candidates_path``, a JSONL of candidate rows
+            (:func:`forgeflow.curation.candidates.load_candidates`; ``image`` is the task image, local
+            name or ``host:port/repo:tag``; an optional ``test_command`` key per row overrides
+            ``test_commands``); or ``dataset``, the same rows as a HF ``datasets`` split (SWE-bench /
+            SWE-smith / SWE-Gym rows: a ``save_to_disk`` folder, or a dataset id pinned to a
+            ``revision``; :class:`forgeflow.curation.task_rows.DatasetSource`); or ``generated_path``,
+            the lifecycle's candidates with their task images
+            (:func:`forgeflow.curation.generated.merge_generated`), read when neither other source is
+            given, default ``$FORGEFLOW_HOME/demo/candidates.jsonl`` (what ``forgeflow demo``
+            writes). ``test_commands``: repo -> test command, for repos that are not pinned projects
+            (for generated rows: overrides the row's command). ``test_specs``: repo -> test command
+            and log parser (a SWE-bench parser by name, e.g. ``parse_log_django`` for Django's runner
+            or unittest's verbose output), for repositories that are not pytest or not pinned
+            projects; a row's own ``test_command`` / ``log_parser`` wins, and the parser replaces
+            ``settings.checks.log_parser`` for that repository.
         quotas: What the freeze needs (default: train 350, validation 75, test 75, <= 20 per repo,
             >= 70 repos).
-        batch_size: Candidates per batch (select_batch).
-        concurrency: NOP/Oracle validations in flight at once.
-        max_retries: Extra attempts for a validation that ended in an infrastructure error.
-        verifier_timeout_s: Absolute limit per test run, seconds.
-        memory_mb: Sandbox memory limit, MiB.
-        seed: Orders candidates and splits (same seed, same batches).
-        test_commands: repo -> test command, for repos that are not pinned projects (for
-            ``generated_path`` rows: overrides the row's command).
-        generated_path: The lifecycle's candidates with their task images
-            (:func:`forgeflow.curation.generated.merge_generated`); default
-            ``$FORGEFLOW_HOME/demo/candidates.jsonl`` (what ``forgeflow demo`` writes). Used only
-            when ``candidates_path`` is None.
-        checks: Oracle runs per task that would be accepted (default 2: a task whose runs disagree
-            is flaky), the flaky policy (``reject`` or ``drop_flaky_pass_to_pass``) and the log
-            parser for runners without forgeflow's pytest report
-            (:class:`forgeflow.sandbox.trial.ValidationChecks`).
+        settings: How the run validates (:class:`forgeflow.curation.curate_settings.CurateSettings`):
+            ``batch_size`` (candidates per batch, select_batch), ``concurrency`` (NOP/Oracle
+            validations in flight at once), ``max_retries`` (extra attempts for a validation that
+            ended in an infrastructure error), ``verifier_timeout_s`` (absolute limit per test run,
+            seconds), ``memory_mb`` (sandbox memory limit, MiB), ``seed`` (orders candidates and
+            splits: same seed, same batches) and ``checks`` (Oracle runs per task that would be
+            accepted, default 2: a task whose runs disagree is flaky; the flaky policy, ``reject`` or
+            ``drop_flaky_pass_to_pass``; the log parser for runners without forgeflow's pytest report;
+            :class:`forgeflow.sandbox.trial.ValidationChecks`).
         freeze_name: The name the freeze-on-ready automation freezes under (carried in the
-            freeze-ready event with ``quotas``, ``seed`` and the run's candidate ids); None: ``curate-``
-            + 12 hex digits of the sha256 of (candidate ids, quotas, seed).
-        dataset: The candidates as a HF ``datasets`` split (SWE-bench / SWE-smith / SWE-Gym rows:
-            a ``save_to_disk`` folder, or a dataset id pinned to a ``revision``;
-            :class:`forgeflow.curation.task_rows.DatasetSource`) instead of ``candidates_path``.
-        test_specs: repo -> test command and log parser (a SWE-bench parser by name, e.g.
-            ``parse_log_django`` for Django's runner or unittest's verbose output), for repositories
-            that are not pytest or not pinned projects; a row's own ``test_command`` /
-            ``log_parser`` wins, and the parser replaces ``checks.log_parser`` for that repository.
+            freeze-ready event with ``quotas``, ``settings.seed`` (as ``seed``) and the run's candidate
+            ids); None: ``curate-`` + 12 hex digits of the sha256 of (candidate ids, quotas, seed).
         sandbox: The name of a ``forgeflow-sandbox`` block (:class:`blocks.core.SandboxBackend`):
             every NOP/Oracle trial runs on its backend (``podman``, ``kubernetes``) with its memory
-            and CPU limits (its ``memory_mb`` replaces ``memory_mb``). None: podman, ``memory_mb``.
+            and CPU limits (its ``memory_mb`` replaces ``settings.memory_mb``). None: podman,
+            ``settings.memory_mb``.
         dispatcher: The name of a ``forgeflow-dispatcher`` block (:class:`blocks.core.TrialDispatcher`):
             ``ray`` runs each validation as a Ray task on a cluster node that declares the sandbox
             resource (:mod:`forgeflow.sandbox.dispatch`; each trial records the ``node_id`` it ran on
@@ -135,15 +135,14 @@ def curate(candidates_path: Path | None = None, quotas: SplitQuotas = DEFAULT_QU
         ``freeze_name``.
 
     Raises:
-        InputError: malformed rows, a repo without a test command, bad parameters, no
-            candidates file, both paths given, an invalid ``freeze_name``, a missing ``sandbox``
-            block or one whose kind is not a sandbox backend.
+        InputError: malformed rows, a repo without a test command, no candidates file, more than one
+            source given, an invalid ``freeze_name``, a missing ``sandbox`` block or one whose kind is
+            not a sandbox backend. (Out-of-bounds ``settings``, e.g. ``concurrency`` < 1, are refused
+            when the model is built: pydantic's ValidationError, or Prefect's parameter validation for
+            a run started from a deployment.)
         PreflightError: the candidates cannot meet ``quotas`` even if every one were accepted
             (nothing was validated).
     """
-    if concurrency < 1 or max_retries < 0 or verifier_timeout_s <= 0:
-        raise InputError(f"curate: concurrency >= 1, max_retries >= 0, verifier_timeout_s > 0 needed; got "
-                         f"{concurrency}, {max_retries}, {verifier_timeout_s}")
     if freeze_name is not None:
         validate_freeze_name(freeze_name)
     placement = curate_tasks.sandbox_choice(sandbox) if sandbox is not None else None
@@ -153,8 +152,7 @@ def curate(candidates_path: Path | None = None, quotas: SplitQuotas = DEFAULT_QU
     run_id = str(flow_run.get_id() or "")
     store = Store()
     store.upgrade()
-    loaded = load_task_rows(candidates_path, generated_path, home_dir() / "demo" / GENERATED_FILE, test_commands,
-                            dataset=dataset, test_specs=test_specs)
+    loaded = tasks.load(home_dir() / "demo" / GENERATED_FILE, "curate")
     rows = loaded.rows
     by_id = {row.instance_id: row for row in rows}
     per_repo = Counter(row.repo for row in rows)
@@ -162,6 +160,7 @@ def curate(candidates_path: Path | None = None, quotas: SplitQuotas = DEFAULT_QU
     if unmet:
         raise PreflightError(f"curate: {len(rows)} candidates from {len(per_repo)} repositories cannot meet the quotas "
                              f"even if every one is accepted (nothing validated): {feasibility_text(unmet)}")
+    seed = settings.seed
     digest = sha256_json({"ids": sorted(by_id), "quotas": quotas.model_dump(), "seed": seed})
     name = freeze_name or f"curate-{digest[:12]}"
     available = set(curate_tasks.available_images([row.image for row in rows if row.image]))
@@ -176,7 +175,7 @@ def curate(candidates_path: Path | None = None, quotas: SplitQuotas = DEFAULT_QU
                                                run_id=run_id), [], new_rows)
     logger.info("curate: %d candidates (%d new), %d with an available image", len(rows), len(new_rows),
                 sum(r.image_available for r in refs))
-    validate = validate_candidate.with_options(retries=max_retries)
+    validate = validate_candidate.with_options(retries=settings.max_retries)
     try:
         batches: list[str] = []
         recorded = 0
@@ -201,14 +200,15 @@ def curate(candidates_path: Path | None = None, quotas: SplitQuotas = DEFAULT_QU
                 return {"status": "freeze-ready", "batches": batches, "trials_recorded": recorded,
                         "counts": selection.counts, "unmet": [], "event_id": str(event.id) if event else None,
                         "freeze_name": name}
-            ids = select_batch(refs, store.processed_instance_ids(), store.accepted_per_repo(), batch_size, seed)
+            ids = select_batch(refs, store.processed_instance_ids(), store.accepted_per_repo(), settings.batch_size,
+                               seed)
             if not ids:
                 text = unmet_text(selection.unmet)
                 logger.warning("STOPPED, NOT READY: no candidate left to validate; unmet quotas: %s", text)
                 return {"status": "exhausted", "batches": batches, "trials_recorded": recorded,
                         "counts": selection.counts, "unmet": [text], "event_id": None, "freeze_name": name}
             batch_id = f"curate-{sha256_json({'seed': seed, 'ids': sorted(ids)})[:16]}"
-            limits = _BatchLimits(concurrency, max_retries, verifier_timeout_s, memory_mb, checks, placement,
+            limits = _BatchLimits(settings.concurrency, settings.max_retries, settings.validation(), placement,
                                   ray_placement)
             recorded += _run_batch(store, batch_id, ids, by_id, loaded, validate, limits, run_id)
             batches.append(batch_id)
@@ -222,9 +222,7 @@ def curate(candidates_path: Path | None = None, quotas: SplitQuotas = DEFAULT_QU
 class _BatchLimits:
     concurrency: int
     max_retries: int
-    timeout_s: float
-    memory_mb: int
-    checks: ValidationChecks
+    validation: ValidationSettings
     sandbox: curate_tasks.SandboxChoice | None = None
     ray: RayPlacement | None = None
 
@@ -252,10 +250,12 @@ def _run_batch(store: Store, batch_id: str, ids: list[str], by_id: dict[str, Can
             iid, attempt = pending.popleft()
             row = by_id[iid]
             parser = loaded.log_parsers.get(iid)
-            checks = limits.checks.model_copy(update={"log_parser": parser}) if parser else limits.checks
-            future = validate.submit(row, row.image, loaded.image_ids[iid], loaded.test_commands[iid],
-                                     limits.timeout_s, limits.memory_mb, f"curate-a{earlier[iid] + attempt}", checks,
-                                     sink, limits.sandbox, limits.ray)
+            validation = limits.validation
+            if parser:  # the repository's own log parser replaces the run's
+                validation = validation.model_copy(
+                    update={"checks": validation.checks.model_copy(update={"log_parser": parser})})
+            future = validate.submit(row, row.image, loaded.image_ids[iid], loaded.test_commands[iid], validation,
+                                     f"curate-a{earlier[iid] + attempt}", sink, limits.sandbox, limits.ray)
             future.add_done_callback(lambda f, iid=iid, attempt=attempt: done.put((iid, attempt, f)))
             in_flight += 1
         iid, attempt, future = done.get()

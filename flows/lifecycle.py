@@ -339,15 +339,15 @@ def _validate(run: _Run, task_images: dict[str, _TaskImage]) -> list[_TaskImage]
         progress_id = create_progress_artifact(progress=0.0, description="NOP/Oracle validation")
         job_id = f"validate-{config.seed}"
         sink = curation.TrialSink(store_url=store.url, job_id=job_id, run_id=run.run_id)
-        settings = config.validation  # timeout, memory and checks: each one keys the validation's cache
+        stage = config.validation
+        settings = stage.settings()
         ended: dict[str, ValidationOutcome] = {}
 
         def submit(t: _TaskImage) -> Any:
-            return curation.validate_candidate.submit(
-                t.candidate, t.image_ref, t.digest, t.test_command, settings.verifier_timeout_s,
-                settings.memory_mb, checks=settings.checks, sink=sink)
+            return curation.validate_candidate.submit(t.candidate, t.image_ref, t.digest, t.test_command, settings,
+                                                      sink=sink)
 
-        for t, state in run.log.window([task_images[i] for i in order], submit, settings.concurrency):
+        for t, state in run.log.window([task_images[i] for i in order], submit, stage.concurrency):
             ended[t.instance_id] = state.result()
             update_progress_artifact(progress_id, progress=100.0 * len(ended) / max(1, len(task_images)))
         outcomes = [(t, ended[i]) for i, t in task_images.items()]  # candidate order, whatever order they ended in

@@ -26,7 +26,7 @@ from forgeflow.packaging.checkpoint import BaseModelSource
 from forgeflow.packaging.gguf_metadata import MetadataEdit
 from forgeflow.registry.layout import ShardLayout
 from forgeflow.registry.migration import TransferLimits
-from forgeflow.sandbox.trial import ValidationChecks
+from forgeflow.sandbox.trial import ValidationChecks, ValidationSettings
 from forgeflow.training.burst import BurstConfig
 
 DEMO_PROJECTS = ("boltons", "cachetools", "inflection", "six", "tabulate", "toolz")
@@ -113,6 +113,12 @@ class ValidateStageSettings(BaseModel):
     memory_mb: int = Field(2048, ge=64, description="memory limit of a trial container, MiB")
     checks: ValidationChecks = Field(ValidationChecks(), description="evidence a validation gathers: "
                                      "Oracle runs per task that would be accepted, flaky policy, log parser")
+
+    def settings(self) -> ValidationSettings:
+        """What each validation task takes (timeout, memory, checks: each one keys its cache), as the
+        ``curate`` flow's :meth:`~forgeflow.curation.curate_settings.CurateSettings.validation` gives it."""
+        return ValidationSettings(verifier_timeout_s=self.verifier_timeout_s, memory_mb=self.memory_mb,
+                                  checks=self.checks)
 
 
 class FreezeSettings(BaseModel):

@@ -104,8 +104,7 @@ they run, does not change the validation."""
 @task(cache_policy=_VALIDATION_CACHE, retries=2, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S[:2],
       retry_condition_fn=retry_on_transient, task_run_name="validate-{candidate.instance_id}-{run_key}")
 def validate_candidate(candidate: trial.BugTask, image_ref: str, image_digest: str | None, test_command: str,
-                       timeout_s: float, memory_mb: int, run_key: str = "validate",
-                       checks: trial.ValidationChecks = trial.ValidationChecks(),
+                       settings: trial.ValidationSettings, run_key: str = "validate",
                        sink: TrialSink | None = None, sandbox: SandboxChoice | None = None,
                        ray: RayPlacement | None = None) -> trial.ValidationOutcome:
     """NOP then Oracle runs of one candidate in no-network containers of its task image
@@ -119,18 +118,18 @@ def validate_candidate(candidate: trial.BugTask, image_ref: str, image_digest: s
         image_digest: The image's digest or id when known (keys the cache: a rebuilt image under
             the same name is validated afresh); None when ``image_ref`` is the identity.
         test_command: The task's test command, run in ``/testbed``.
-        timeout_s: Absolute limit per test run, seconds.
-        memory_mb: Sandbox memory limit, MiB.
+        settings: The verifier's limit per test run (seconds), the sandbox memory (MiB) and the Oracle
+            repeats, flaky policy and log parser (:class:`forgeflow.sandbox.trial.ValidationSettings`;
+            part of the cache key).
         run_key: Goes into the trial ids and the cache key. The lifecycle keeps the default; the
             ``curate`` flow passes ``curate-a<N>`` (N = the instance's earlier NOP trials, void ones
             included), so a task requeued by ``recover`` is validated afresh with new trial ids
             (the voided rows stay for audit), while a killed-and-resumed batch reuses the same key:
             Prefect's cache answers and the store upserts the same trial ids (nothing duplicated).
-        checks: Oracle repeats, flaky policy and log parser (:class:`forgeflow.sandbox.trial.ValidationChecks`).
         sink: Where each trial is stored as it ends (not part of the cache key); None: the caller
             records the outcome.
         sandbox: The sandbox backend and its limits (a ``forgeflow-sandbox`` block's,
-            :func:`sandbox_choice`); its ``memory_mb`` replaces ``memory_mb``. None: podman, 1 CPU.
+            :func:`sandbox_choice`); its ``memory_mb`` replaces ``settings.memory_mb``. None: podman, 1 CPU.
         ray: run the validation as a Ray task on a sandbox node of this cluster
             (:func:`forgeflow.sandbox.dispatch.validate_on_ray`); its trials are recorded here once it
             returns, each with the ``node_id`` it ran on. None: in this process.
@@ -151,9 +150,10 @@ def validate_candidate(candidate: trial.BugTask, image_ref: str, image_digest: s
         def on_trial(record: trial.TrialResult) -> None:
             store.record_trial(trial_row(record, sink.job_id, None, sink.run_id, batch_id=sink.batch_id))
 
-    spec = SandboxSpec(memory_mb=memory_mb) if sandbox is None else SandboxSpec(memory_mb=sandbox.memory_mb,
-                                                                                cpus=sandbox.cpus)
+    spec = SandboxSpec(memory_mb=settings.memory_mb) if sandbox is None else SandboxSpec(
+        memory_mb=sandbox.memory_mb, cpus=sandbox.cpus)
     backend = run_labelled(sandbox.target) if sandbox is not None else "podman"
+    timeout_s, checks = settings.verifier_timeout_s, settings.checks
     if ray is not None:
         outcome = dispatch.validate_on_ray(ray, candidate, image_ref, test_command, timeout_s=timeout_s, spec=spec,
                                            run_key=run_key, checks=checks, backend=backend)

@@ -1,5 +1,6 @@
 """From candidates to a frozen dataset: bug generation (``bugs``), candidate rows (``candidates``,
-``generated``), batch selection (``selection``), freezes (``freeze``) and their export bundles (``bundle``),
+``generated``, ``task_rows``), batch selection (``selection``), a curate run's settings
+(``curate_settings``), freezes (``freeze``) and their export bundles (``bundle``),
 derived sets (``derived``)
 and recovery by exact ids (``recovery``).
 

@@ -76,6 +76,7 @@ from forgeflow.sandbox.trial import TrialResult, container_name, make_trial_id
 from forgeflow.sandbox.verifier import (
     LOG_TAIL_CHARS,
     SubmissionVerdict,
+    TaskTests,
 )
 
 # --- problem statements ----------------------------------------------------------------------
@@ -386,10 +387,12 @@ def run_agent_trial(
     if error is None or isinstance(error, errors.AgentTimeoutError):
         try:
             verdict = verify_on(
-                config.verifier_ray, image_ref, phase.submission, test_command, fail_to_pass, pass_to_pass,
+                config.verifier_ray, TaskTests(image_ref=image_ref, test_command=test_command,
+                                               fail_to_pass=list(fail_to_pass), pass_to_pass=list(pass_to_pass),
+                                               log_parser=task.log_parser), phase.submission,
                 timeout_s=verifier_timeout_s, spec=SandboxSpec(memory_mb=config.memory_mb, cpus=config.cpus),
                 name=container_name(instance_id, "agent", trial_id), tamper_policy=config.tamper_policy,
-                log_parser=task.log_parser, backend=config.verifier_backend,
+                backend=config.verifier_backend,
             )
             reward = verdict.reward
             notes.extend(verdict.notes)

@@ -66,15 +66,19 @@ class SandboxTarget(BaseModel):
 def _kubernetes_sandbox(target: SandboxTarget, image: str, spec: SandboxSpec | None = None,
                         name: str | None = None, **kwargs: object) -> Sandbox:
     """A :class:`forgeflow.sandbox.kubernetes.KubernetesSandbox` in ``target``'s cluster and namespace,
-    with its own API client (the client's exec stream is not safe on a shared one)."""
-    from forgeflow.sandbox.kubernetes import KubernetesSandbox
+    with its own API client (the client's exec stream is not safe on a shared one).
+
+    ``kwargs`` go to the sandbox; a ``connection`` (:class:`forgeflow.sandbox.kubernetes.KubernetesConnection`)
+    takes ``target``'s kubeconfig and context where it does not set them itself."""
+    from forgeflow.sandbox.kubernetes import KubernetesConnection, KubernetesSandbox
     from forgeflow.sandbox.kubernetes_manifests import KubernetesSandboxSpec
 
     k8s_spec = KubernetesSandboxSpec.from_sandbox_spec(
         spec or SandboxSpec(), namespace=target.namespace, image_pull_secret=target.image_pull_secret,
         labels=dict(target.labels))
-    kwargs.setdefault("kubeconfig", target.kubeconfig)
-    kwargs.setdefault("context", target.context)
+    given: KubernetesConnection = kwargs.pop("connection", None) or KubernetesConnection()  # type: ignore[assignment]
+    kwargs["connection"] = given.model_copy(update={key: getattr(target, key) for key in ("kubeconfig", "context")
+                                                    if key not in given.model_fields_set})
     return KubernetesSandbox(image, k8s_spec, name, **kwargs)  # type: ignore[arg-type]
 
 

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow.common import errors
 from forgeflow.sandbox import trial
-from forgeflow.sandbox.verifier import SubmissionVerdict, verify_submission
+from forgeflow.sandbox.verifier import SubmissionVerdict, TaskTests, verify_submission
 
 T = TypeVar("T")
 
@@ -157,17 +157,24 @@ def validate_on_ray(placement: RayPlacement, candidate: Any, image_ref: str, tes
     return with_node(outcome, node_id)
 
 
-def verify_on(placement: RayPlacement | None, image_ref: str, submission: str, test_command: str,
-              fail_to_pass: list[str], pass_to_pass: list[str], **kwargs: Any) -> SubmissionVerdict:
+def verify_on(placement: RayPlacement | None, tests: TaskTests, submission: str, **kwargs: Any) -> SubmissionVerdict:
     """:func:`forgeflow.sandbox.verifier.verify_submission` here (``placement`` None) or as a Ray
     task on a sandbox node, whose id the verdict's ``evidence["node_id"]`` then carries.
+
+    Args:
+        placement: the cluster and the resource (:class:`RayPlacement`); None: in this process.
+        tests: the task's image, test command, test ids and log parser
+            (:class:`forgeflow.sandbox.verifier.TaskTests`, pickled to the node).
+        submission: the submission's unified diff.
+        kwargs: as ``verify_submission`` (``timeout_s``, ``spec``, ``name``, ``tamper_policy``,
+            ``backend``).
 
     Raises:
         As ``verify_submission``; on Ray also as :func:`run_on_ray` (a lost node is a
         TransientInfraError: no reward, never 0).
     """
     if placement is None:
-        return verify_submission(image_ref, submission, test_command, fail_to_pass, pass_to_pass, **kwargs)
-    verdict, node_id = run_on_ray(placement, f"verifier of {image_ref}", verify_submission, image_ref, submission,
-                                  test_command, fail_to_pass, pass_to_pass, **kwargs)
+        return verify_submission(tests, submission, **kwargs)
+    verdict, node_id = run_on_ray(placement, f"verifier of {tests.image_ref}", verify_submission, tests, submission,
+                                  **kwargs)
     return verdict.model_copy(update={"evidence": {**verdict.evidence, "node_id": node_id}})

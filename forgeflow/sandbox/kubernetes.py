@@ -42,6 +42,8 @@ from collections.abc import Callable, Mapping
 from functools import lru_cache
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from forgeflow.common import errors
 from forgeflow.sandbox.base import OOM_EXIT_CODE, ExecResult, SandboxSpec
 from forgeflow.sandbox.kubernetes_manifests import (
@@ -100,6 +102,27 @@ def new_core_api(kubeconfig: str | None = None, context: str | None = None) -> A
     return client.CoreV1Api(client.ApiClient(configuration=_configuration(kubeconfig, context)))
 
 
+class KubernetesConnection(BaseModel):
+    """How a :class:`KubernetesSandbox` reaches the API server and how long it waits for its pod.
+
+    Attributes:
+        kubeconfig: the kubeconfig file; None: in-cluster, else ``$KUBECONFIG`` / ``~/.kube/config``.
+        context: the kubeconfig context; None: its current context.
+        start_timeout_s: seconds to wait for the container to become ready.
+        poll_interval_s: seconds between pod status reads while starting.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kubeconfig: str | None = Field(default=None, description="The kubeconfig file; None: in-cluster, else "
+                                                              "$KUBECONFIG / ~/.kube/config.")
+    context: str | None = Field(default=None, description="The kubeconfig context; None: its current context.")
+    start_timeout_s: float = Field(default=600.0, ge=0, description="Seconds to wait for the container to "
+                                                                     "become ready.")
+    poll_interval_s: float = Field(default=1.0, ge=0, description="Seconds between pod status reads while "
+                                                                   "starting.")
+
+
 class KubernetesSandbox:
     """A trial pod kept alive (``sleep infinity``) while commands run in it through the exec API.
 
@@ -113,12 +136,11 @@ class KubernetesSandbox:
         name: the pod name (a DNS label, <= 63 chars, e.g. :func:`forgeflow.sandbox.trial.container_name`);
             default: :func:`pod_name` of the ids.
         api: a ``kubernetes.client.CoreV1Api``; default: one of its own from :func:`new_core_api`
-            (``kubeconfig``, ``context``) at :meth:`start`.
-        kubeconfig, context: the kubeconfig file and context (None: in-cluster, else the default
-            kubeconfig and its current context).
+            (``connection``'s kubeconfig and context) at :meth:`start`.
         instance_id, trial_id: the ids labelled on the pod (default: ``name``, else a fresh uuid).
-        start_timeout_s: seconds to wait for the container to become ready.
-        poll_interval_s: seconds between pod status reads while starting.
+        connection: the kubeconfig and context (None: in-cluster, else the default kubeconfig and its
+            current context), the start timeout and the status poll interval
+            (:class:`KubernetesConnection`; None: its defaults).
 
     Raises (from :meth:`start`/:meth:`exec`):
         ImageNotFoundError / RegistryUnavailableError: the image cannot be pulled.
@@ -136,10 +158,7 @@ class KubernetesSandbox:
         api: Any = None,
         instance_id: str | None = None,
         trial_id: str | None = None,
-        start_timeout_s: float = 600.0,
-        poll_interval_s: float = 1.0,
-        kubeconfig: str | None = None,
-        context: str | None = None,
+        connection: KubernetesConnection | None = None,
     ) -> None:
         if isinstance(spec, SandboxSpec):
             spec = KubernetesSandboxSpec.from_sandbox_spec(spec)
@@ -154,9 +173,9 @@ class KubernetesSandbox:
         self.name: str = self.manifest["metadata"]["name"]
         self.namespace = self.spec.namespace
         self._api = api
-        self._kubeconfig, self._context = kubeconfig, context
-        self.start_timeout_s = start_timeout_s
-        self.poll_interval_s = poll_interval_s
+        self.connection = connection or KubernetesConnection()
+        self.start_timeout_s = self.connection.start_timeout_s
+        self.poll_interval_s = self.connection.poll_interval_s
         self._created = False
         self._oom_kills_seen = 0
 
@@ -170,7 +189,7 @@ class KubernetesSandbox:
     @property
     def api(self) -> Any:
         if self._api is None:
-            self._api = new_core_api(self._kubeconfig, self._context)
+            self._api = new_core_api(self.connection.kubeconfig, self.connection.context)
         return self._api
 
     def _read_status(self) -> dict:

@@ -65,6 +65,7 @@ __all__ = [
     "FlakyPolicy",
     "FLAKY_POLICIES",
     "ValidationChecks",
+    "ValidationSettings",
     "TESTBED",
     "LOG_TAIL_CHARS",
     "sanitize_name",
@@ -102,6 +103,24 @@ class ValidationChecks(BaseModel):
     oracle_runs: int = Field(default=DEFAULT_ORACLE_RUNS, ge=1, le=20)
     flaky_policy: FlakyPolicy = "reject"
     log_parser: str | None = None
+
+
+class ValidationSettings(BaseModel):
+    """How each NOP/Oracle validation of a stage runs: the verifier's limit, the sandbox memory and
+    the evidence it gathers (what every validation of a batch shares, beside its candidate).
+
+    Attributes:
+        verifier_timeout_s: absolute limit per test run, seconds (> 0).
+        memory_mb: sandbox memory limit, MiB (a ``forgeflow-sandbox`` block's own limit replaces it).
+        checks: Oracle repeats, flaky policy and log parser (:class:`ValidationChecks`).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    verifier_timeout_s: float = Field(default=180.0, gt=0, description="Absolute limit per test run, seconds.")
+    memory_mb: int = Field(default=2048, ge=16, description="Sandbox memory limit, MiB.")
+    checks: ValidationChecks = Field(default_factory=ValidationChecks,
+                                     description="Oracle repeats, flaky policy and log parser.")
 
 
 PATCH_PATH_IN_SANDBOX = "/tmp/forgeflow-bug.patch"

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import ast
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from functools import cache
 from importlib import resources
 from typing import Any, Literal
@@ -54,6 +54,7 @@ __all__ = [
     "LOG_TAIL_CHARS",
     "VerifierResult",
     "SubmissionVerdict",
+    "TaskTests",
     "run_tests",
     "cross_check",
     "verify_submission",
@@ -381,24 +382,46 @@ class SubmissionVerdict(BaseModel):
 SUBMISSION_PATH_IN_SANDBOX = "/tmp/forgeflow-submission.patch"
 
 
+class TaskTests(BaseModel):
+    """A task's tests as the verifier runs and grades them: the pristine task image, the command, the
+    test ids the strict resolution rule reads and how the runner's output is read.
+
+    A module-level model, so it pickles by reference (a verifier run dispatched to a Ray node,
+    :func:`forgeflow.sandbox.dispatch.verify_on`).
+
+    Attributes:
+        image_ref: the task image (bug present at /testbed, a git repository).
+        test_command: the task's test command (see :func:`run_tests`).
+        fail_to_pass: the task's FAIL_TO_PASS test ids.
+        pass_to_pass: the task's PASS_TO_PASS test ids.
+        log_parser: a SWE-bench log parser by name (:data:`LOG_PARSERS`) for a runner without
+            forgeflow's pytest report; None: the pytest report (see :func:`run_tests`).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    image_ref: str = Field(description="The task image (bug present at /testbed, a git repository).")
+    test_command: str = Field(description="The task's test command, run in /testbed.")
+    fail_to_pass: list[str] = Field(default_factory=list, description="The task's FAIL_TO_PASS test ids.")
+    pass_to_pass: list[str] = Field(default_factory=list, description="The task's PASS_TO_PASS test ids.")
+    log_parser: str | None = Field(default=None, description="A SWE-bench log parser by name; None: forgeflow's "
+                                                             "pytest report.")
+
+
 def verify_submission(
-    image_ref: str, submission: str, test_command: str, fail_to_pass: Sequence[str], pass_to_pass: Sequence[str],
-    *, timeout_s: float, spec: SandboxSpec, name: str, tamper_policy: TamperPolicy = "reject",
-    log_parser: str | None = None, backend: "str | SandboxTarget" = "podman",
+    tests: TaskTests, submission: str, *, timeout_s: float, spec: SandboxSpec, name: str,
+    tamper_policy: TamperPolicy = "reject", backend: "str | SandboxTarget" = "podman",
 ) -> SubmissionVerdict:
     """Grade a submission: a fresh sandbox of the pristine task image, the screened diff applied, the tests run.
 
     Args:
-        image_ref: the task image (bug present at /testbed, a git repository).
+        tests: the task's image, test command, FAIL_TO_PASS / PASS_TO_PASS ids and log parser
+            (:class:`TaskTests`).
         submission: the submission's unified diff (may be empty).
-        test_command: the task's test command (see :func:`run_tests`).
-        fail_to_pass: the task's FAIL_TO_PASS test ids.
-        pass_to_pass: the task's PASS_TO_PASS test ids.
         timeout_s: limit of the test run, seconds.
         spec: sandbox limits.
         name: sandbox name (a leftover of a crashed run of the same trial is removed first).
         tamper_policy: ``reject`` or ``drop`` (:mod:`forgeflow.sandbox.submission`).
-        log_parser: see :func:`run_tests`.
         backend: sandbox kind, or a :class:`~forgeflow.sandbox.backends.SandboxTarget` (where a
             kubernetes backend runs its pods; :func:`forgeflow.sandbox.backends.get_backend`).
 
@@ -411,6 +434,8 @@ def verify_submission(
         SandboxError and subclasses, VerifierTimeoutError, VerifierOutputError: the verifier broke
             (the caller records an exception, never reward 0).
     """
+    image_ref, test_command, log_parser = tests.image_ref, tests.test_command, tests.log_parser
+    fail_to_pass, pass_to_pass = tests.fail_to_pass, tests.pass_to_pass
     screened = screen_submission(submission, [*fail_to_pass, *pass_to_pass], tamper_policy)
     evidence: dict[str, Any] = {"submission": screened.evidence()}
     if screened.tampering:

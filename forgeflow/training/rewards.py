@@ -24,6 +24,7 @@ from forgeflow.sandbox.backends import SandboxTarget
 from forgeflow.sandbox.base import SandboxSpec
 from forgeflow.sandbox.dispatch import RayPlacement, verify_on
 from forgeflow.sandbox.submission import TamperPolicy
+from forgeflow.sandbox.verifier import TaskTests
 
 _FENCED_DIFF = re.compile(r"```(?:diff|patch)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
 _DIFF_START = re.compile(r"^(diff --git |--- a/|--- /dev/null)", re.MULTILINE)
@@ -149,10 +150,11 @@ def score_completion(
     timeout_s = task.verifier_timeout_s * verifier_timeout_multiplier
     patch = extract_patch(completion_text(completion))
     name = name or sanitize_name(f"ff-rl-{task.instance_id}-{uuid.uuid4().hex[:12]}")
+    tests = TaskTests(image_ref=task.image_ref, test_command=task.test_command,
+                      fail_to_pass=list(task.fail_to_pass), pass_to_pass=list(task.pass_to_pass))
     try:
         verdict = verify_on(
-            ray, task.image_ref, patch, task.test_command, list(task.fail_to_pass), list(task.pass_to_pass),
-            timeout_s=timeout_s, spec=SandboxSpec(memory_mb=memory_mb, cpus=cpus), name=name,
+            ray, tests, patch, timeout_s=timeout_s, spec=SandboxSpec(memory_mb=memory_mb, cpus=cpus), name=name,
             tamper_policy=tamper_policy, backend=backend,
         )
     except errors.InfraError as exc:

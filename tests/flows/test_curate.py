@@ -58,7 +58,9 @@ def test_curate_runs_until_freeze_ready_then_skips_processed_and_recovers(
     from prefect.events.worker import EventsWorker
 
     from flows.curate import FREEZE_READY_EVENT, curate, recover
+    from forgeflow.curation.curate_settings import CurateSettings
     from forgeflow.curation.freeze import SplitQuotas
+    from forgeflow.curation.task_rows import TaskSource
     from forgeflow.ledger.store import Store
 
     monkeypatch.setenv("FORGEFLOW_HOME", str(tmp_path / "home"))
@@ -66,7 +68,9 @@ def test_curate_runs_until_freeze_ready_then_skips_processed_and_recovers(
     quotas = SplitQuotas(train=1, validation=0, test=1, min_repos=1, max_per_repo=3)
     started = datetime.now(UTC) - timedelta(seconds=5)
 
-    first = curate(candidates_jsonl, quotas=quotas, batch_size=2, concurrency=2, verifier_timeout_s=120, seed=0)
+    source = TaskSource(candidates_path=candidates_jsonl)
+    settings = CurateSettings(batch_size=2, concurrency=2, verifier_timeout_s=120, seed=0)
+    first = curate(source, quotas=quotas, settings=settings)
     assert first["status"] == "freeze-ready" and first["batches"] and first["event_id"]
     assert first["counts"]["train"] >= 1 and first["counts"]["test"] >= 1
 
@@ -101,7 +105,7 @@ def test_curate_runs_until_freeze_ready_then_skips_processed_and_recovers(
     assert events[0].payload["instance_ids"] == sorted(json.loads(line)["instance_id"]
                                                        for line in candidates_jsonl.read_text().splitlines())
 
-    second = curate(candidates_jsonl, quotas=quotas, batch_size=2, concurrency=2, verifier_timeout_s=120, seed=0)
+    second = curate(source, quotas=quotas, settings=settings)
     assert second["status"] == "freeze-ready" and second["batches"] == []
     assert len(store.trials_for(include_void=True)) == len(trials)  # processed candidates are skipped
 
@@ -118,7 +122,9 @@ def test_candidates_that_cannot_fill_the_splits_are_refused_before_any_validatio
     it checks an image or runs a trial, and records nothing."""
     from flows.curate import curate
     from forgeflow.common.errors import InputError, PreflightError
+    from forgeflow.curation.curate_settings import CurateSettings
     from forgeflow.curation.freeze import SplitQuotas
+    from forgeflow.curation.task_rows import TaskSource
     from forgeflow.ledger.store import Store
 
     monkeypatch.setenv("FORGEFLOW_HOME", str(tmp_path / "home"))
@@ -135,10 +141,11 @@ def test_candidates_that_cannot_fill_the_splits_are_refused_before_any_validatio
     quotas = SplitQuotas(train=1, validation=1, test=1, max_per_repo=3, min_repos=1)
     with pytest.raises(PreflightError, match=r"6 candidates from 2 repositories cannot meet the quotas .*"
                                              r"repository-disjoint splits .*need 3, at most 2 possible"):
-        curate(path, quotas=quotas, batch_size=2, concurrency=1)
+        curate(TaskSource(candidates_path=path), quotas=quotas, settings=CurateSettings(batch_size=2, concurrency=1))
     assert len(store.tasks()) == before  # nothing recorded, no trial run
     with pytest.raises(InputError, match="freeze name 'Bad Name!' is invalid"):
-        curate(path, quotas=quotas.model_copy(update={"validation": 0}), freeze_name="Bad Name!")
+        curate(TaskSource(candidates_path=path), quotas=quotas.model_copy(update={"validation": 0}),
+               freeze_name="Bad Name!")
 
 
 def test_a_sandbox_block_chooses_where_the_trials_run(prefect_harness, candidates_jsonl: Path, tmp_path: Path,
@@ -150,19 +157,22 @@ def test_a_sandbox_block_chooses_where_the_trials_run(prefect_harness, candidate
     from blocks.core import SandboxBackend
     from flows.curate import curate
     from forgeflow.common.errors import InputError
+    from forgeflow.curation.curate_settings import CurateSettings
     from forgeflow.curation.freeze import SplitQuotas
+    from forgeflow.curation.task_rows import TaskSource
     from forgeflow.ledger.store import Store
 
     monkeypatch.setenv("FORGEFLOW_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("FORGEFLOW_STORE_URL", f"sqlite:///{tmp_path / 'k8s-store.db'}")
+    source = TaskSource(candidates_path=candidates_jsonl)
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-kubeconfig"))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     quotas = SplitQuotas(train=1, validation=0, test=1, min_repos=1, max_per_repo=3)
     with pytest.raises(InputError, match="sandbox block 'no-such-sandbox' does not exist"):
-        curate(candidates_jsonl, quotas=quotas, sandbox="no-such-sandbox")
+        curate(source, quotas=quotas, sandbox="no-such-sandbox")
     SandboxBackend(kind="firecracker").save("test-bad-kind-sandbox", overwrite=True)
     with pytest.raises(InputError, match="unknown sandbox backend 'firecracker'; valid kinds: kubernetes, podman"):
-        curate(candidates_jsonl, quotas=quotas, sandbox="test-bad-kind-sandbox")
+        curate(source, quotas=quotas, sandbox="test-bad-kind-sandbox")
     store = Store()
     store.upgrade()
     assert store.trials_for(include_void=True) == []  # refused before any trial
@@ -171,10 +181,27 @@ def test_a_sandbox_block_chooses_where_the_trials_run(prefect_harness, candidate
     # this test in the same Prefect home cannot answer from its cache
     block = f"test-k8s-sandbox-{uuid.uuid4().hex[:8]}"
     SandboxBackend(kind="kubernetes", memory_mb=512, cpus=0.5).save(block, overwrite=True)
-    out = curate(candidates_jsonl, quotas=quotas, batch_size=4, concurrency=2, max_retries=0, sandbox=block)
+    out = curate(source, quotas=quotas, settings=CurateSettings(batch_size=4, concurrency=2, max_retries=0),
+                 sandbox=block)
     assert out["status"] == "exhausted"
     tasks = store.tasks()
     assert tasks and all(t.status == "error" for t in tasks), [(t.instance_id, t.status) for t in tasks]
     assert all("no Kubernetes configuration" in t.reason for t in tasks), tasks[0].reason
     trials = store.trials_for(include_void=True)
     assert trials and all(t.exception_type == "SandboxError" and t.reward is None for t in trials)
+
+
+def test_the_curate_flow_takes_typed_parameter_groups() -> None:
+    """The flow's signature, read without running it: the task source, quotas and settings as
+    models, the freeze name and block names beside them (fewer than ten parameters)."""
+    import inspect
+
+    from flows.curate import curate
+    from forgeflow.curation.curate_settings import CurateSettings
+    from forgeflow.curation.freeze import SplitQuotas
+    from forgeflow.curation.task_rows import TaskSource
+
+    parameters = inspect.signature(curate.fn).parameters
+    assert list(parameters) == ["tasks", "quotas", "settings", "freeze_name", "sandbox", "dispatcher"]
+    assert parameters["tasks"].default == TaskSource() and parameters["settings"].default == CurateSettings()
+    assert isinstance(parameters["quotas"].default, SplitQuotas)

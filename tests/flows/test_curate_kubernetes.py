@@ -32,13 +32,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _curate(candidates: Path, store_url: str, block: str, monkeypatch) -> tuple[dict, list, list]:
     from flows.curate import curate
+    from forgeflow.curation.curate_settings import CurateSettings
     from forgeflow.curation.freeze import SplitQuotas
+    from forgeflow.curation.task_rows import TaskSource
     from forgeflow.ledger.store import Store
 
     monkeypatch.setenv("FORGEFLOW_STORE_URL", store_url)
     quotas = SplitQuotas(train=2, validation=0, test=2, min_repos=2, max_per_repo=2)
-    out = curate(candidates, quotas=quotas, batch_size=4, concurrency=2, max_retries=0, sandbox=block,
-                 verifier_timeout_s=170.0)
+    out = curate(TaskSource(candidates_path=candidates), quotas=quotas, sandbox=block,
+                 settings=CurateSettings(batch_size=4, concurrency=2, max_retries=0, verifier_timeout_s=170.0))
     store = Store()
     trials, tasks = store.trials_for(include_void=True), store.tasks()
     store.dispose()
@@ -82,8 +84,11 @@ RUN = """
 import sys
 from pathlib import Path
 from flows.curate import curate
+from forgeflow.curation.curate_settings import CurateSettings
 from forgeflow.curation.freeze import SplitQuotas
-curate(Path(sys.argv[1]), batch_size=4, concurrency=2, max_retries=0, sandbox=sys.argv[2], verifier_timeout_s=171.5,
+from forgeflow.curation.task_rows import TaskSource
+curate(TaskSource(candidates_path=Path(sys.argv[1])), sandbox=sys.argv[2],
+       settings=CurateSettings(batch_size=4, concurrency=2, max_retries=0, verifier_timeout_s=171.5),
        quotas=SplitQuotas(train=2, validation=0, test=2, min_repos=2, max_per_repo=2))
 """
 

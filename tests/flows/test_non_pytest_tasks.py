@@ -58,7 +58,9 @@ def test_unittest_tasks_are_curated_frozen_and_canaried_with_their_log_parser(
     from flows.canary import canary
     from flows.curate import curate
     from flows.stages import freeze
+    from forgeflow.curation.curate_settings import CurateSettings
     from forgeflow.curation.freeze import SplitQuotas
+    from forgeflow.curation.task_rows import TaskSource
     from forgeflow.ledger.store import Store
 
     monkeypatch.setenv("FORGEFLOW_HOME", str(tmp_path / "home"))
@@ -72,7 +74,8 @@ def test_unittest_tasks_are_curated_frozen_and_canaried_with_their_log_parser(
     specs = {"team/alpha": UNITTEST, "team/beta": UNITTEST}
     quotas = SplitQuotas(train=1, validation=0, test=1, max_per_repo=2, min_repos=2)
 
-    out = curate(path, quotas=quotas, batch_size=4, concurrency=2, verifier_timeout_s=120, test_specs=specs,
+    out = curate(TaskSource(candidates_path=path, test_specs=specs), quotas=quotas,
+                 settings=CurateSettings(batch_size=4, concurrency=2, verifier_timeout_s=120),
                  freeze_name="team-unittest-v1")
     assert out["status"] == "freeze-ready", out
     store = Store()

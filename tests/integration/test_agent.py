@@ -24,7 +24,7 @@ from forgeflow.evaluation.agent import (
 )
 from forgeflow.registry.images import BASE_IMAGE_TAG, ensure_base_image, image_exists
 from forgeflow.sandbox.base import SandboxSpec
-from forgeflow.sandbox.verifier import verify_submission
+from forgeflow.sandbox.verifier import TaskTests, verify_submission
 from forgeflow.serving.server import ModelServer
 from tests.helpers import free_port as _free_port
 from tests.helpers import tiny_ggufs
@@ -123,8 +123,8 @@ def test_problem_statement_rejects_bad_input() -> None:
 @pytest.mark.integration
 def test_verifier_grades_fix_as_1_bug_as_0_and_bad_patch_as_0_with_note(task_image: str) -> None:
     def verdict(patch: str, name: str):
-        return verify_submission(task_image, patch, TEST_COMMAND, F2P, P2P, timeout_s=120,
-                                 spec=SandboxSpec(memory_mb=512), name=name)
+        tests = TaskTests(image_ref=task_image, test_command=TEST_COMMAND, fail_to_pass=F2P, pass_to_pass=P2P)
+        return verify_submission(tests, patch, timeout_s=120, spec=SandboxSpec(memory_mb=512), name=name)
 
     fixed = verdict(FIX_PATCH, "ff-test-agent-fix")
     assert fixed.reward == 1.0 and fixed.result.tests["tests/test_calc.py::test_add"] == "PASSED"

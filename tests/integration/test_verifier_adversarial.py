@@ -21,7 +21,7 @@ from forgeflow.common.settings import tool_env
 from forgeflow.registry.images import BASE_IMAGE_TAG, ensure_base_image, image_exists
 from forgeflow.sandbox.base import SandboxSpec
 from forgeflow.sandbox.trial import ValidationChecks, validate_candidate
-from forgeflow.sandbox.verifier import verify_submission
+from forgeflow.sandbox.verifier import TaskTests, verify_submission
 
 pytestmark = pytest.mark.integration
 
@@ -115,8 +115,8 @@ def _calc_with(prefix: str) -> str:
 
 
 def _verify(image: str, submission: str, name: str, **kwargs: object):
-    return verify_submission(image, submission, TEST_COMMAND, F2P, P2P, timeout_s=120, spec=SPEC,
-                             name=f"ff-test-adv-{name}", **kwargs)
+    tests = TaskTests(image_ref=image, test_command=TEST_COMMAND, fail_to_pass=F2P, pass_to_pass=P2P)
+    return verify_submission(tests, submission, timeout_s=120, spec=SPEC, name=f"ff-test-adv-{name}", **kwargs)
 
 
 def test_the_fix_scores_1_and_the_unfixed_tree_0_despite_non_utf8_output(task_image: str) -> None:
@@ -264,8 +264,9 @@ def test_log_parser_mode_keeps_the_exit_status_cross_check(task_image: str) -> N
     # SWE-bench's pytest parser splits "test_ids[a b]" at the space
 
     def verdict(submission: str, name: str):
-        return verify_submission(task_image, submission, TEST_COMMAND, F2P, p2p, timeout_s=120, spec=SPEC,
-                                 name=f"ff-test-adv-log-{name}", log_parser="parse_log_pytest")
+        tests = TaskTests(image_ref=task_image, test_command=TEST_COMMAND, fail_to_pass=F2P, pass_to_pass=p2p,
+                          log_parser="parse_log_pytest")
+        return verify_submission(tests, submission, timeout_s=120, spec=SPEC, name=f"ff-test-adv-log-{name}")
 
     fixed = verdict(FIX, "fix")
     assert fixed.reward == 1.0 and fixed.result.report_format == "log" and fixed.result.log_parser == "parse_log_pytest"

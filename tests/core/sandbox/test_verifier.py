@@ -199,3 +199,38 @@ def test_disagreement_ignores_harmless_differences_of_unrelated_tests() -> None:
     # an unrelated test that failed in one run does matter (a clean tree must pass)
     assert disagreeing_tests([AGREE, AGREE | {"t::skip": "ERROR"}], {"t::f2p"}) == ["t::skip"]
     assert disagreeing_tests([AGREE, {k: v for k, v in AGREE.items() if k != "t::p2p"}], {"t::p2p"}) == ["t::p2p"]
+
+
+# --- verify_submission with a scripted sandbox (no container) ------------------------------------
+def test_task_tests_pickle_for_a_ray_node_and_refuse_unknown_fields() -> None:
+    import pickle
+
+    from pydantic import ValidationError
+
+    from forgeflow.sandbox.verifier import TaskTests
+
+    tests = TaskTests(image_ref="img", test_command="pytest", fail_to_pass=["t::f2p"], pass_to_pass=["t::p2p"],
+                      log_parser=None)
+    assert pickle.loads(pickle.dumps(tests)) == tests
+    with pytest.raises(ValidationError):
+        TaskTests(image_ref="img", test_command="pytest", timeout_s=5)
+
+
+def test_verify_submission_grades_the_task_tests_it_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The scripted sandbox of test_trial_validation answers the test run; the verdict follows the
+    TaskTests' FAIL_TO_PASS / PASS_TO_PASS, in process through verify_on as directly."""
+    from forgeflow.sandbox import backends
+    from forgeflow.sandbox.base import SandboxSpec
+    from forgeflow.sandbox.dispatch import verify_on
+    from forgeflow.sandbox.verifier import TaskTests, verify_submission
+    from tests.core.sandbox.test_trial_validation import Script
+
+    script = Script([{"t::f2p": "PASSED", "t::p2p": "PASSED"}, {"t::f2p": "FAILED", "t::p2p": "PASSED"}])
+    monkeypatch.setitem(backends.BACKENDS, "scripted", lambda target: script.factory)
+    tests = TaskTests(image_ref="img", test_command="pytest", fail_to_pass=["t::f2p"], pass_to_pass=["t::p2p"])
+    fix = "diff --git a/x.py b/x.py\n--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a\n+b\n"
+    kwargs = {"timeout_s": 30, "spec": SandboxSpec(), "name": "ff-agent-x", "backend": "scripted"}
+    fixed = verify_submission(tests, fix, **kwargs)
+    assert fixed.reward == 1.0 and fixed.result.tests == {"t::f2p": "PASSED", "t::p2p": "PASSED"}
+    unfixed = verify_on(None, tests, fix, **kwargs)
+    assert unfixed.reward == 0.0 and "node_id" not in unfixed.evidence
