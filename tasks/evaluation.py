@@ -49,7 +49,7 @@ def _cached_agent_trial(task: CanaryTask, base_url: str, model_alias: str, model
     config = config.model_copy(update={"verifier_ray": ray})
     if isinstance(config.verifier_backend, SandboxTarget):  # its pods carry this run's id (the sweep)
         config = config.model_copy(update={"verifier_backend": run_labelled(config.verifier_backend)})
-    record = agent.run_agent_trial(agent.AgentTask.model_validate(task, from_attributes=True), base_url, model_alias,
+    record = agent.run_agent_trial(task, base_url, model_alias,
                                    config, out_dir, verifier_timeout_s=verifier_timeout_s, run_key=run_key)
     if record.exception_type is not None:
         raise UnscoredTrialError(record)

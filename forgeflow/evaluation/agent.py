@@ -289,10 +289,7 @@ def default_run_key(problem_statement: str, model_alias: str, base_url: str, con
 class AgentTask(BaseModel):
     """The task side of one agent trial: what the agent is given and what the verifier grades.
 
-    :class:`forgeflow.evaluation.canary.CanaryTask` carries these fields (and the task's repository and
-    image digest), so ``AgentTask.model_validate(canary_task, from_attributes=True)`` makes one.
-    Empty fields are refused by :func:`run_agent_trial` (:class:`~forgeflow.common.errors.InputError`,
-    nothing run), not here.
+    :class:`forgeflow.evaluation.canary.CanaryTask` is one (plus the task's repository and image digest).
 
     Attributes:
         instance_id: the task's id.
@@ -300,7 +297,8 @@ class AgentTask(BaseModel):
         problem_statement: the issue text given to the agent.
         test_command: the verifier's test command (``pytest -rA`` output), run in /testbed.
         fail_to_pass: the task's FAIL_TO_PASS test ids.
-        pass_to_pass: the task's PASS_TO_PASS test ids.
+        pass_to_pass: the task's PASS_TO_PASS test ids (:func:`run_agent_trial` refuses a task with
+            neither: nothing to grade).
         log_parser: the verifier reads the test output with this SWE-bench log parser
             (:data:`forgeflow.sandbox.verifier.LOG_PARSERS`, e.g. ``parse_log_django``) instead of
             forgeflow's pytest report; None: the pytest report.
@@ -308,14 +306,20 @@ class AgentTask(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    instance_id: str = Field(description="The task's id.")
-    image_ref: str = Field(description="The task image (bug applied at /testbed, a git repo with one commit).")
-    problem_statement: str = Field(description="The issue text given to the agent.")
-    test_command: str = Field(description="The verifier's test command, run in /testbed.")
-    fail_to_pass: list[str] = Field(description="The task's FAIL_TO_PASS test ids.")
+    instance_id: str = Field(min_length=1, description="The task's id.")
+    image_ref: str = Field(min_length=1, description="The task image (bug applied at /testbed, a git repo with one "
+                           "commit).")
+    problem_statement: str = Field(min_length=1, description="The issue text given to the agent.")
+    test_command: str = Field(min_length=1, description="The verifier's test command, run in /testbed.")
+    fail_to_pass: list[str] = Field(default_factory=list, description="The task's FAIL_TO_PASS test ids.")
     pass_to_pass: list[str] = Field(default_factory=list, description="The task's PASS_TO_PASS test ids.")
     log_parser: str | None = Field(default=None, description="The SWE-bench log parser the verifier reads the "
                                    "test output with; None: forgeflow's pytest report.")
+
+    def tests(self) -> TaskTests:
+        """What the verifier runs and grades for this task (:class:`forgeflow.sandbox.verifier.TaskTests`)."""
+        return TaskTests(image_ref=self.image_ref, test_command=self.test_command, fail_to_pass=list(self.fail_to_pass),
+                         pass_to_pass=list(self.pass_to_pass), log_parser=self.log_parser)
 
 
 def run_agent_trial(
@@ -352,20 +356,19 @@ def run_agent_trial(
         stopped the run.
 
     Raises:
-        InputError: an argument or a field of ``task`` is empty or malformed (nothing was run).
+        InputError: ``base_url`` or ``model_alias`` is empty or malformed, or ``task`` has neither
+            FAIL_TO_PASS nor PASS_TO_PASS tests (nothing was run; empty task fields are refused by
+            :class:`AgentTask` itself).
         ModelRequestError: the endpoint rejected the request with a 4xx (other than a context
             overflow): a configuration bug, not an outcome.
     """
     instance_id, image_ref, problem_statement = task.instance_id, task.image_ref, task.problem_statement
-    test_command, fail_to_pass, pass_to_pass = task.test_command, list(task.fail_to_pass), list(task.pass_to_pass)
-    for arg_name, value in (("instance_id", instance_id), ("image_ref", image_ref),
-                            ("problem_statement", problem_statement), ("test_command", test_command),
-                            ("base_url", base_url), ("model_alias", model_alias)):
+    for arg_name, value in (("base_url", base_url), ("model_alias", model_alias)):
         if not isinstance(value, str) or not value.strip():
             raise errors.InputError(f"{arg_name} must be a non-empty string, got {value!r}")
     if not base_url.startswith(("http://", "https://")):
         raise errors.InputError(f"base_url must be an http(s) URL, got {base_url!r}")
-    if not fail_to_pass and not pass_to_pass:
+    if not task.fail_to_pass and not task.pass_to_pass:
         raise errors.InputError("fail_to_pass and pass_to_pass are both empty: nothing to grade")
     if verifier_timeout_s <= 0:
         raise errors.InputError(f"verifier_timeout_s must be > 0, got {verifier_timeout_s}")
@@ -387,9 +390,7 @@ def run_agent_trial(
     if error is None or isinstance(error, errors.AgentTimeoutError):
         try:
             verdict = verify_on(
-                config.verifier_ray, TaskTests(image_ref=image_ref, test_command=test_command,
-                                               fail_to_pass=list(fail_to_pass), pass_to_pass=list(pass_to_pass),
-                                               log_parser=task.log_parser), phase.submission,
+                config.verifier_ray, task.tests(), phase.submission,
                 timeout_s=verifier_timeout_s, spec=SandboxSpec(memory_mb=config.memory_mb, cpus=config.cpus),
                 name=container_name(instance_id, "agent", trial_id), tamper_policy=config.tamper_policy,
                 backend=config.verifier_backend,

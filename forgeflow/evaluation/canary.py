@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from forgeflow.common.errors import InputError, PreflightError
 from forgeflow.curation.freeze import FreezeManifest, stable_key, verify_freeze
 from forgeflow.evaluation import compare
-from forgeflow.evaluation.agent import problem_statement_for
+from forgeflow.evaluation.agent import AgentTask, problem_statement_for
 from forgeflow.ledger import records
 from forgeflow.ledger import store as ledger
 from forgeflow.registry import images
@@ -79,33 +79,19 @@ def check_concurrency(concurrency: int, profile: str = "default") -> int:
     return concurrency
 
 
-class CanaryTask(BaseModel):
-    """Everything one agent trial of a canary needs about its task.
+class CanaryTask(AgentTask):
+    """Everything one agent trial of a canary needs about its task: the trial's
+    :class:`~forgeflow.evaluation.agent.AgentTask` plus the task's repository and image digest.
 
     Attributes:
-        instance_id: The task.
         repo: Its repository (project name).
-        image_ref: The task image the sandbox starts (local name or ``host:port/repo:tag``).
         image_digest: The image's digest (``sha256:<hex>``); part of the trial's cache key.
-        problem_statement: The text the agent gets (:func:`forgeflow.evaluation.agent.problem_statement_for`).
-        test_command: The verifier's test command (``pytest -rA`` output).
-        fail_to_pass: Tests the fix must make pass (>= 1).
-        pass_to_pass: Tests that must keep passing.
-        log_parser: The SWE-bench log parser the verifier reads the test output with (e.g.
-            ``parse_log_django``); None: forgeflow's pytest report.
+        fail_to_pass: Tests the fix must make pass (>= 1: a canary task is a validated task).
     """
 
-    model_config = ConfigDict(frozen=True)
-
-    instance_id: str = Field(min_length=1)
     repo: str = Field(min_length=1)
-    image_ref: str = Field(min_length=1)
     image_digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
-    problem_statement: str = Field(min_length=1)
-    test_command: str = Field(min_length=1)
     fail_to_pass: list[str] = Field(min_length=1)
-    pass_to_pass: list[str] = Field(default_factory=list)
-    log_parser: str | None = None
 
     @classmethod
     def from_row(cls, row: Any, image_ref: str, image_digest: str, test_command: str, fail_to_pass: list[str],

@@ -1,4 +1,5 @@
-"""The task side of an agent trial (forgeflow.evaluation.agent.AgentTask): made from a canary task."""
+"""The task side of an agent trial (forgeflow.evaluation.agent.AgentTask): a canary task is one, and
+what its verifier runs comes from it."""
 
 from __future__ import annotations
 
@@ -7,20 +8,32 @@ from pydantic import ValidationError
 
 from forgeflow.evaluation.agent import AgentTask
 from forgeflow.evaluation.canary import CanaryTask
+from forgeflow.sandbox.verifier import TaskTests
 
 
-def test_an_agent_task_is_read_from_a_canary_tasks_fields():
-    canary_task = CanaryTask(instance_id="calc-add-1", repo="calc", image_ref="localhost/calc:1",
-                             image_digest="sha256:" + "1" * 64, problem_statement="fix add",
-                             test_command="pytest -rA", fail_to_pass=["t::a"], pass_to_pass=["t::b"],
-                             log_parser="parse_log_django")
-    task = AgentTask.model_validate(canary_task, from_attributes=True)
-    assert task.model_dump() == {"instance_id": "calc-add-1", "image_ref": "localhost/calc:1",
-                                 "problem_statement": "fix add", "test_command": "pytest -rA",
-                                 "fail_to_pass": ["t::a"], "pass_to_pass": ["t::b"], "log_parser": "parse_log_django"}
+def _canary_task(**changes: object) -> CanaryTask:
+    fields = {"instance_id": "calc-add-1", "repo": "calc", "image_ref": "localhost/calc:1",
+              "image_digest": "sha256:" + "1" * 64, "problem_statement": "fix add", "test_command": "pytest -rA",
+              "fail_to_pass": ["t::a"], "pass_to_pass": ["t::b"], "log_parser": "parse_log_django"}
+    return CanaryTask(**{**fields, **changes})
 
 
-def test_an_agent_task_is_frozen_and_takes_no_unknown_field():
+def test_a_canary_task_is_an_agent_task_and_its_tests_are_what_the_verifier_grades():
+    canary_task = _canary_task()
+    assert isinstance(canary_task, AgentTask)
+    assert canary_task.tests() == TaskTests(image_ref="localhost/calc:1", test_command="pytest -rA",
+                                            fail_to_pass=["t::a"], pass_to_pass=["t::b"],
+                                            log_parser="parse_log_django")
+
+
+def test_a_canary_task_needs_a_fail_to_pass_test_and_a_digest():
+    with pytest.raises(ValidationError, match="fail_to_pass"):
+        _canary_task(fail_to_pass=[])
+    with pytest.raises(ValidationError, match="image_digest"):
+        _canary_task(image_digest="latest")
+
+
+def test_an_agent_task_is_frozen_and_refuses_unknown_or_empty_fields():
     task = AgentTask(instance_id="i", image_ref="img", problem_statement="ps", test_command="pytest",
                      fail_to_pass=["t::a"])
     assert task.pass_to_pass == [] and task.log_parser is None
@@ -29,3 +42,7 @@ def test_an_agent_task_is_frozen_and_takes_no_unknown_field():
     with pytest.raises(ValidationError):
         AgentTask(instance_id="i", image_ref="img", problem_statement="ps", test_command="pytest",
                   fail_to_pass=["t::a"], repo="calc")
+    for field in ("instance_id", "image_ref", "problem_statement", "test_command"):
+        with pytest.raises(ValidationError, match=field):
+            AgentTask(**{"instance_id": "i", "image_ref": "img", "problem_statement": "ps", "test_command": "pytest",
+                         field: ""})
