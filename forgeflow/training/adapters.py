@@ -25,6 +25,7 @@ from forgeflow.common.errors import InputError
 from forgeflow.common.fsutil import (
     atomic_folder,
     atomic_write_json,
+    atomic_write_text,
     sha256_file,
     sha256_json,
     sha256_tree,
@@ -70,6 +71,41 @@ such files are still verified with that older scheme)."""
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 """The files that are the trained adapter (peft ``save_pretrained`` with safetensors)."""
+
+
+UNORDERED_CONFIG_FIELDS = ("target_modules", "exclude_modules")
+"""``adapter_config.json`` lists that peft holds as Python sets (``LoraConfig.__post_init__``) and
+writes in set iteration order, which follows the process's string hash seed (``PYTHONHASHSEED``):
+the same config reloaded and saved by another process can list them in another order."""
+
+
+def canonicalize_adapter_config(adapter_dir: Path) -> None:
+    """Rewrite ``adapter_dir/adapter_config.json`` with the :data:`UNORDERED_CONFIG_FIELDS` sorted.
+
+    Without it the digest of an unchanged adapter depended on the hash seed of the process that
+    saved it: an RL burst whose every group got equal rewards (no gradient) re-saved its parent's
+    weights byte for byte but its ``target_modules`` in another order, and looked like a new
+    adapter. The file keeps peft's layout (keys sorted, indent 2); other fields are left as written.
+
+    Raises:
+        InputError: the file is missing or not a JSON object.
+    """
+    path = Path(adapter_dir) / "adapter_config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise InputError(f"adapter config {path} could not be read as JSON: {exc}") from exc
+    if not isinstance(config, dict):
+        raise InputError(f"adapter config {path} is not a JSON object")
+    changed = False
+    for key in UNORDERED_CONFIG_FIELDS:
+        value = config.get(key)
+        if isinstance(value, list) and all(isinstance(v, str) for v in value) and value != sorted(value):
+            config[key], changed = sorted(value), True
+    if changed:
+        # peft's own serialisation (``PeftConfigMixin.save_pretrained``), so a file peft happened to write
+        # sorted and a rewritten one are the same bytes
+        atomic_write_text(path, json.dumps(config, indent=2, sort_keys=True))
 
 
 class Lineage(BaseModel):
@@ -327,6 +363,7 @@ def publish_adapter(
     # the rename, and a staging folder without a lock file is never removed by another burst
     (tmp / STAGING_LOCK_FILE).unlink(missing_ok=True)
     trainer.model.save_pretrained(str(tmp))
+    canonicalize_adapter_config(tmp)
     digest = adapter_sha256(tmp)
     final_loss, steps = float(losses[-1][1]), int(trainer.state.global_step)
     atomic_write_json(
