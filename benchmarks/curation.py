@@ -228,7 +228,7 @@ def bench_flow_vs_loop(per_project: int, concurrency: int) -> dict[str, Any]:
                    settings=CurateSettings(concurrency=concurrency, max_retries=0), return_state=True)
     flow_s = time.perf_counter() - start
     out = state.result()
-    print(f"flow: {len(rows)} validations in {flow_s:.1f} s ({out['status']}, {out['trials_recorded']} trials)")
+    print(f"flow: {len(rows)} validations in {flow_s:.1f} s ({out.status}, {out.trials_recorded} trials)")
     loop2_s, calls2 = _loop_validations(rows, concurrency, f"bench-loop2-{nonce}")
     print(f"loop 2: {len(rows)} validations in {loop2_s:.1f} s")
 
@@ -254,7 +254,7 @@ def bench_flow_vs_loop(per_project: int, concurrency: int) -> dict[str, Any]:
             "flow_after_last_validation_s": round((run.end_time - last_end).total_seconds(), 2),
             "flow_validation_task_runs_sum_s": round(task_s, 2),
             "loop_validation_calls_sum_s": round(loop_call_s, 2),
-            "status": out["status"], "trials_recorded": out["trials_recorded"],
+            "status": out.status, "trials_recorded": out.trials_recorded,
         },
     }
 

@@ -62,6 +62,13 @@ from forgeflow.evaluation.canary import (
     trial_row,
 )
 from forgeflow.evaluation.canary_params import CanaryEndpoint, CanaryRunSettings
+from forgeflow.evaluation.canary_result import (
+    CanaryRecoveryResult,
+    CanaryResult,
+    CanaryTrialOutcome,
+    MergedView,
+    RecoveredTrial,
+)
 from forgeflow.ledger import records
 from forgeflow.ledger import store as ledger
 from forgeflow.sandbox import dispatch
@@ -224,7 +231,7 @@ def _check_reachable(base_url: str) -> None:
 def canary(freeze_name: str, split: str = "test", endpoint: CanaryEndpoint = CanaryEndpoint(),
            run: CanaryRunSettings = CanaryRunSettings(), source: TaskSource = TaskSource(),
            job_id: str | None = None, out_dir: Path | None = None, sandbox: str | None = None,
-           dispatcher: str | None = None) -> dict[str, Any]:
+           dispatcher: str | None = None) -> CanaryResult:
     """Agent trials on ``split`` of freeze ``freeze_name`` against a served model: one canary job.
 
     Args:
@@ -263,8 +270,9 @@ def canary(freeze_name: str, split: str = "test", endpoint: CanaryEndpoint = Can
             node, the job records the placement). None or ``in-process``: here.
 
     Returns:
-        ``job_id``, ``report`` (:class:`forgeflow.evaluation.compare.JobReport` as JSON), ``report_path``,
-        ``trials`` (instance id, reward, exception type).
+        A :class:`forgeflow.evaluation.canary_result.CanaryResult`: ``job_id``, ``report`` (the
+        :class:`forgeflow.evaluation.compare.JobReport`), ``report_path`` and ``trials`` (instance id,
+        reward, exception type; in report order).
 
     Raises:
         InputError: a bad parameter (concurrency above the limit, unknown profile/freeze/split,
@@ -321,16 +329,16 @@ def canary(freeze_name: str, split: str = "test", endpoint: CanaryEndpoint = Can
     log.write({"job_id": job_id, "report": report.model_dump(mode="json")})
     logger.info("canary %s: scored %d/%d, reward 1: %d, exceptions %s", job_id, report.scored, report.requested,
                 report.reward_1, report.exceptions_by_type or "none")
-    return {"job_id": job_id, "report": report.model_dump(mode="json"), "report_path": str(report_path),
-            "trials": [{"instance_id": t.instance_id, "reward": t.reward, "exception_type": t.exception_type}
-                       for t in trials]}
+    return CanaryResult(job_id=job_id, report=report, report_path=report_path,
+                        trials=[CanaryTrialOutcome(instance_id=t.instance_id, reward=t.reward,
+                                                   exception_type=t.exception_type) for t in trials])
 
 
 @flow(name="canary-recover", log_prints=True)
 def canary_recover(job_id: str, endpoint: CanaryEndpoint = CanaryEndpoint(), exception_types: list[str] | None = None,
                    concurrency: int | None = None, agent_config: agent.AgentConfig | None = None,
                    generated_path: Path | None = None, recovery_job_id: str | None = None,
-                   out_dir: Path | None = None) -> dict[str, Any]:
+                   out_dir: Path | None = None) -> CanaryRecoveryResult:
     """Re-run exactly the exception trials of canary job ``job_id`` as a linked recovery job.
 
     Reads the job's merged view (the original + its recovery jobs so far,
@@ -360,10 +368,11 @@ def canary_recover(job_id: str, endpoint: CanaryEndpoint = CanaryEndpoint(), exc
             ``$FORGEFLOW_HOME/canary``).
 
     Returns:
-        ``job_id`` (the recovery job; None when nothing was left to recover), ``parent_job_id``,
-        ``recovered`` (instance id, original trial id, new trial id, reward, exception type),
-        ``report`` (the recovery job's JobReport), ``merged`` (``view`` label, ``recovery_job_ids``,
-        ``report``: the merged view's JobReport), ``report_path``.
+        A :class:`forgeflow.evaluation.canary_result.CanaryRecoveryResult`: ``job_id`` (the recovery
+        job; None when nothing was left to recover), ``parent_job_id``, ``recovered`` (instance id,
+        original trial id, new trial id, reward, exception type), ``report`` (the recovery job's
+        JobReport), ``merged`` (``view`` label, ``recovery_job_ids``, ``report``: the merged view's
+        JobReport), ``report_path``.
 
     Raises:
         InputError: the job is unknown, a recovery job, not a canary job; the endpoint serves another
@@ -381,9 +390,9 @@ def canary_recover(job_id: str, endpoint: CanaryEndpoint = CanaryEndpoint(), exc
         report = compare.JobReport.from_trials(merged.trials)
         logger.info("canary-recover %s: nothing to recover (%s: %d scored, no exception%s)", job_id, merged.label,
                     report.scored, f" of type {exception_types}" if exception_types else "")
-        return {"job_id": None, "parent_job_id": job_id, "recovered": [], "report": None, "report_path": None,
-                "merged": {"view": merged.label, "recovery_job_ids": merged.recovery_job_ids,
-                           "report": report.model_dump(mode="json")}}
+        return CanaryRecoveryResult(job_id=None, parent_job_id=job_id, recovered=[], report=None, report_path=None,
+                                    merged=MergedView(view=merged.label, recovery_job_ids=merged.recovery_job_ids,
+                                                      report=report))
     params = original.params
     profile = str(params.get("profile", "default"))
     concurrency = check_concurrency(concurrency or int(params.get("concurrency", 1)), profile)
@@ -439,12 +448,12 @@ def canary_recover(job_id: str, endpoint: CanaryEndpoint = CanaryEndpoint(), exc
     logger.info("canary-recover %s: %s; scored %d/%d in the merged view, exceptions %s", new_id, merged.label,
                 merged_report.scored, merged_report.requested, merged_report.exceptions_by_type or "none")
     by_instance = {t.instance_id: t for t in trials}
-    return {"job_id": new_id, "parent_job_id": job_id,
-            "recovered": [{"instance_id": old.instance_id, "original_trial_id": old.trial_id,
-                           "trial_id": by_instance[old.instance_id].trial_id,
-                           "reward": by_instance[old.instance_id].reward,
-                           "exception_type": by_instance[old.instance_id].exception_type}
-                          for old in plan.exception_trials if old.instance_id in by_instance],
-            "report": report.model_dump(mode="json"), "report_path": str(report_path),
-            "merged": {"view": merged.label, "recovery_job_ids": merged.recovery_job_ids,
-                       "report": merged_report.model_dump(mode="json")}}
+    recovered = [RecoveredTrial(instance_id=old.instance_id, original_trial_id=old.trial_id,
+                                trial_id=by_instance[old.instance_id].trial_id,
+                                reward=by_instance[old.instance_id].reward,
+                                exception_type=by_instance[old.instance_id].exception_type)
+                 for old in plan.exception_trials if old.instance_id in by_instance]
+    return CanaryRecoveryResult(job_id=new_id, parent_job_id=job_id, recovered=recovered, report=report,
+                                report_path=report_path,
+                                merged=MergedView(view=merged.label, recovery_job_ids=merged.recovery_job_ids,
+                                                  report=merged_report))

@@ -41,6 +41,7 @@ from forgeflow.common.errors import InputError, PreflightError
 from forgeflow.common.fsutil import atomic_write_text, sha256_bytes, sha256_json
 from forgeflow.common.settings import apply_container_env, home_dir
 from forgeflow.curation.candidates import CandidateTask, to_candidate_refs
+from forgeflow.curation.curate_result import CurateResult, RecoverResult
 from forgeflow.curation.curate_settings import CurateSettings
 from forgeflow.curation.freeze import (
     AcceptedTask,
@@ -80,7 +81,7 @@ JOB_ID = "curate"
       on_crashed=[sweep_trial_pods("sandbox")])
 def curate(tasks: TaskSource = TaskSource(), quotas: SplitQuotas = DEFAULT_QUOTAS,
            settings: CurateSettings = CurateSettings(), freeze_name: str | None = None,
-           sandbox: str | None = None, dispatcher: str | None = None) -> dict[str, Any]:
+           sandbox: str | None = None, dispatcher: str | None = None) -> CurateResult:
     """Validate candidate batches until the accepted tasks meet ``quotas`` (or none is left).
 
     Args:
@@ -130,9 +131,9 @@ def curate(tasks: TaskSource = TaskSource(), quotas: SplitQuotas = DEFAULT_QUOTA
     3 repository-disjoint splits).
 
     Returns:
-        ``status`` (``freeze-ready`` or ``exhausted``), ``batches`` (ids run), ``trials_recorded``,
-        ``counts`` (per split), ``unmet`` (quota texts), ``event_id`` (the freeze-ready event),
-        ``freeze_name``.
+        A :class:`forgeflow.curation.curate_result.CurateResult`: ``status`` (``freeze-ready`` or
+        ``exhausted``), ``batches`` (ids run), ``trials_recorded``, ``counts`` (accepted tasks per
+        split), ``unmet`` (quota texts), ``event_id`` (the freeze-ready event), ``freeze_name``.
 
     Raises:
         InputError: malformed rows, a repo without a test command, no candidates file, more than one
@@ -197,16 +198,16 @@ def curate(tasks: TaskSource = TaskSource(), quotas: SplitQuotas = DEFAULT_QUOTA
                             ", ".join(f"{s} {n}/{quotas.target(s)}" for s, n in selection.counts.items()),
                             sum(len(r) for r in selection.repos_per_split.values()), len(batches),
                             FREEZE_READY_EVENT, resource_id)
-                return {"status": "freeze-ready", "batches": batches, "trials_recorded": recorded,
-                        "counts": selection.counts, "unmet": [], "event_id": str(event.id) if event else None,
-                        "freeze_name": name}
+                return CurateResult(status="freeze-ready", batches=batches, trials_recorded=recorded,
+                                    counts=selection.counts, unmet=[], event_id=str(event.id) if event else None,
+                                    freeze_name=name)
             ids = select_batch(refs, store.processed_instance_ids(), store.accepted_per_repo(), settings.batch_size,
                                seed)
             if not ids:
                 text = unmet_text(selection.unmet)
                 logger.warning("STOPPED, NOT READY: no candidate left to validate; unmet quotas: %s", text)
-                return {"status": "exhausted", "batches": batches, "trials_recorded": recorded,
-                        "counts": selection.counts, "unmet": [text], "event_id": None, "freeze_name": name}
+                return CurateResult(status="exhausted", batches=batches, trials_recorded=recorded,
+                                    counts=selection.counts, unmet=[text], event_id=None, freeze_name=name)
             batch_id = f"curate-{sha256_json({'seed': seed, 'ids': sorted(ids)})[:16]}"
             limits = _BatchLimits(settings.concurrency, settings.max_retries, settings.validation(), placement,
                                   ray_placement)
@@ -300,7 +301,7 @@ def _run_batch(store: Store, batch_id: str, ids: list[str], by_id: dict[str, Can
 @flow(name="recover", log_prints=True)
 def recover(reason: str, batch_ids: list[str] | None = None, trial_ids: list[str] | None = None,
             exception_type: str | None = None, since: datetime | None = None, until: datetime | None = None,
-            dry_run: bool = True, backup_dir: Path | None = None, include_rejections: bool = False) -> dict[str, Any]:
+            dry_run: bool = True, backup_dir: Path | None = None, include_rejections: bool = False) -> RecoverResult:
     """Void exactly the trials an infrastructure fault broke and requeue their tasks.
 
     Select by ``batch_ids`` and/or ``trial_ids``, or by ``exception_type`` with BOTH ``since`` and
@@ -314,6 +315,12 @@ def recover(reason: str, batch_ids: list[str] | None = None, trial_ids: list[str
     audit and count check: the selected rewarded NOP/Oracle trials of a rejected task whose every
     live NOP/Oracle trial is selected (:mod:`forgeflow.curation.recovery`). Accepted tasks and rejections
     outside the ids stay.
+
+    Returns:
+        A :class:`forgeflow.curation.curate_result.RecoverResult`: a dry run's ``void`` (trial ids),
+        ``requeue`` (instance ids) and ``kept`` (trial ids); an applied recovery's ``recovery_id``,
+        ``voided`` and ``requeued`` (counts), ``backup_path``, ``backup_sha256`` and ``after`` (the
+        store's counts after it).
 
     Raises:
         InputError: bad selection (``include_rejections`` with an exception type included),
@@ -335,8 +342,8 @@ def recover(reason: str, batch_ids: list[str] | None = None, trial_ids: list[str
     logger.info("%s", text)
     if dry_run:
         markdown_artifact("recover-dry-run", f"```\n{text}\n```\n", "recover: what would be voided/requeued")
-        return {"dry_run": True, "void": [t.trial_id for t in plan.void],
-                "requeue": [t.instance_id for t in plan.requeue], "kept": [k.trial_id for k in plan.kept]}
+        return RecoverResult(dry_run=True, void=[t.trial_id for t in plan.void],
+                             requeue=[t.instance_id for t in plan.requeue], kept=[k.trial_id for k in plan.kept])
     result = apply_recovery(store, plan, backup_dir or home_dir() / "recovery", run_id=str(flow_run.get_id() or ""))
     audit = render_audit(result)
     if result.backup_path is not None:
@@ -344,6 +351,6 @@ def recover(reason: str, batch_ids: list[str] | None = None, trial_ids: list[str
     markdown_artifact("recover-audit", audit, f"recovery {result.recovery_id}")
     logger.info("recovered: %d trial(s) voided, %d task(s) requeued; backup %s (sha256 %s)",
                 result.voided, result.requeued, result.backup_path, result.backup_sha256)
-    return {"dry_run": False, "recovery_id": result.recovery_id, "voided": result.voided, "requeued": result.requeued,
-            "backup_path": str(result.backup_path) if result.backup_path else None,
-            "backup_sha256": result.backup_sha256, "after": result.after.model_dump()}
+    return RecoverResult(dry_run=False, recovery_id=result.recovery_id, voided=result.voided,
+                         requeued=result.requeued, backup_path=result.backup_path,
+                         backup_sha256=result.backup_sha256, after=result.after)

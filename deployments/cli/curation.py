@@ -133,10 +133,10 @@ def recover(
     except ForgeflowError as exc:
         fail(exc)
     if as_json:
-        print(json.dumps(out, indent=2, default=str))
+        print(out.model_dump_json(indent=2))
         return
-    console.print(f"recovery {out['recovery_id']}: {out['voided']} trial(s) voided, {out['requeued']} task(s) "
-                  f"requeued; backup {out['backup_path']} sha256 {out['backup_sha256']}", highlight=False,
+    console.print(f"recovery {out.recovery_id}: {out.voided} trial(s) voided, {out.requeued} task(s) "
+                  f"requeued; backup {out.backup_path} sha256 {out.backup_sha256}", highlight=False,
                   soft_wrap=True)
 
 

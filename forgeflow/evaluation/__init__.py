@@ -1,6 +1,7 @@
 """Evaluating a model: the model endpoint client (``model_client``), the agent trial (``agent``) and
 its supervision (``supervision``), canary jobs (``canary``; the canary flows' parameter groups:
-``canary_params``), paired comparison (``compare``,
+``canary_params``; what they return:
+``canary_result``), paired comparison (``compare``,
 ``paired_stats``), the promotion gate (``gate``), Harbor interop (``harbor``, ``harbor_import``,
 ``harbor_tasks``) and the answer judge (``judge``).
 

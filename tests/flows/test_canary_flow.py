@@ -87,15 +87,15 @@ def test_canary_records_a_job_with_its_trials_and_publishes_the_job_report(prefe
         result = canary(endpoint=_at(url), run=_settings(concurrency=2), **common)
     assert len(bodies) == 2, "one agent run (one model call) per test task"
     job_id = f"canary-canary-test-test-{MODEL_SHA[:12]}"
-    assert result["job_id"] == job_id
-    assert (result["report"]["requested"], result["report"]["scored"], result["report"]["reward_1"]) == (2, 2, 2)
+    assert result.job_id == job_id
+    assert (result.report.requested, result.report.scored, result.report.reward_1) == (2, 2, 2)
     job = store.get_job(job_id)
     assert (job.kind, job.freeze_name, job.split, job.model_sha256) == ("canary", "canary-test", "test", MODEL_SHA)
     assert job.params["concurrency"] == 2 and job.params["profile"] == "default"
     trials = store.trials_for(job_id=job_id)
     assert sorted(t.instance_id for t in trials) == sorted(test_ids)
     assert all(t.kind == "agent" and t.reward == 1.0 and t.model_sha256 == MODEL_SHA for t in trials)
-    report = Path(result["report_path"]).read_text()
+    report = result.report_path.read_text()
     assert "| 2 | 2 | 0 | 2 | 0 | 100.0% | 100.0% |" in report  # requested, scored, exceptions, reward 1/0, rates
     with get_client(sync_client=True) as client:
         artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[REPORT_ARTIFACT_KEY])))
@@ -112,15 +112,15 @@ def test_canary_records_a_job_with_its_trials_and_publishes_the_job_report(prefe
         # the verified profile allows 5 (a new job: its own trajectories folder, so the trials run again)
         again = canary(endpoint=_at(url), run=_settings(concurrency=5, profile="verified"), job_id="verified-5",
                        **common)
-    assert len(bodies) == 2 and again["report"]["reward_1"] == 2
+    assert len(bodies) == 2 and again.report.reward_1 == 2
     assert store.get_job("verified-5").params["profile"] == "verified"
 
     # a seeded sample of the split: one task, the one sample_split draws, under its own job id
     with scripted_endpoint(lambda i: text_answer(FIX)) as (url, bodies):
         sampled = canary(endpoint=_at(url), run=_settings(sample=1, sample_seed=7), **common)
-    assert sampled["job_id"] == f"{job_id}-s1x7" and len(bodies) == 1
-    assert [t["instance_id"] for t in sampled["trials"]] == sample_split(test_ids, 1, 7)
-    assert store.get_job(sampled["job_id"]).params["sample"] == 1
+    assert sampled.job_id == f"{job_id}-s1x7" and len(bodies) == 1
+    assert [t.instance_id for t in sampled.trials] == sample_split(test_ids, 1, 7)
+    assert store.get_job(sampled.job_id).params["sample"] == 1
 
 
 def test_canary_on_the_users_candidates_gives_the_agent_each_rows_problem_statement(
@@ -141,7 +141,7 @@ def test_canary_on_the_users_candidates_gives_the_agent_each_rows_problem_statem
     with scripted_endpoint(lambda i: text_answer(FIX)) as (url, bodies):
         result = canary(freeze_name="canary-test", endpoint=_at(url), source=TaskSource(candidates_path=path),
                         job_id="team-rows", out_dir=tmp_path / "canary", run=_settings())
-    assert result["report"]["reward_1"] == 2
+    assert result.report.reward_1 == 2
     prompts = [" ".join(m["content"] for m in body["messages"] if m["role"] == "user") for body in bodies]
     statements = {row["instance_id"]: row["problem_statement"] for row in rows}
     for instance_id in manifest.splits["test"]:
@@ -188,12 +188,12 @@ def test_canary_runs_its_verifier_on_the_sandbox_block(prefect_harness, recorded
     with scripted_endpoint(lambda i: text_answer(FIX)) as (url, _):
         small = canary(endpoint=_at(url), sandbox="canary-small", job_id="small", **common)
         cluster = canary(endpoint=_at(url), sandbox="canary-cluster", job_id="cluster", **common)
-    assert small["report"]["reward_1"] == 2
+    assert small.report.reward_1 == 2
     recorded = store.get_job("small").params["agent_config"]
     assert (recorded["verifier_backend"], recorded["memory_mb"], recorded["cpus"]) == ("podman", 768, 0.5)
     assert store.get_job("cluster").params["agent_config"]["verifier_backend"]["kind"] == "kubernetes"
-    assert [(t["exception_type"], t["reward"]) for t in cluster["trials"]] == [("SandboxError", None)] * 2
-    assert cluster["report"]["reward_0"] == 0
+    assert [(t.exception_type, t.reward) for t in cluster.trials] == [("SandboxError", None)] * 2
+    assert cluster.report.reward_0 == 0
 
 
 def test_canary_verifies_in_pods_through_the_kubernetes_api(prefect_harness, recorded_freeze, tmp_path: Path) -> None:
@@ -213,8 +213,8 @@ def test_canary_verifies_in_pods_through_the_kubernetes_api(prefect_harness, rec
                         out_dir=tmp_path / "canary", sandbox="canary-fake-cluster", job_id="pods",
                         run=_settings({"step_limit": 5, "agent_timeout_s": 120}))
         assert fake.pods() == [] and fake.containers() == []
-    assert [(t["exception_type"], t["reward"]) for t in result["trials"]] == [(None, 1.0)] * 2
-    assert result["report"]["reward_1"] == 2
+    assert [(t.exception_type, t.reward) for t in result.trials] == [(None, 1.0)] * 2
+    assert result.report.reward_1 == 2
     recorded = store.get_job("pods").params["agent_config"]["verifier_backend"]
     assert (recorded["kind"], recorded["namespace"], recorded["kubeconfig"]) == \
         ("kubernetes", "forgeflow", str(fake.kubeconfig))

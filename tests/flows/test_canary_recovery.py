@@ -72,11 +72,11 @@ def test_a_canary_whose_server_died_mid_run_is_recovered_by_a_linked_job(prefect
                             source=TaskSource(generated_path=generated), out_dir=tmp_path / "canary",
                             run=CanaryRunSettings(agent_config=AGENT, verifier_timeout_s=120.0, concurrency=1))
         assert stopped and not pid_alive(stopped[0])
-        job_id = result["job_id"]
-        report = result["report"]
-        assert (report["requested"], report["scored"], report["exceptions_by_type"]) == (2, 1, {"ModelEndpointError": 1})
-        first, second = result["trials"]
-        assert first["exception_type"] is None and second["exception_type"] == "ModelEndpointError"
+        job_id = result.job_id
+        report = result.report
+        assert (report.requested, report.scored, report.exceptions_by_type) == (2, 1, {"ModelEndpointError": 1})
+        first, second = result.trials
+        assert first.exception_type is None and second.exception_type == "ModelEndpointError"
         original_rows = _raw_rows(store, job_id)
         (broken,) = [t for t in store.trials_for(job_id=job_id) if t.exception_type is not None]
 
@@ -94,7 +94,7 @@ def test_a_canary_whose_server_died_mid_run_is_recovered_by_a_linked_job(prefect
         out = canary_recover(job_id, endpoint=back)
 
         # one recovery job, linked to the original, that re-ran exactly the exception trial
-        recovery_id = out["job_id"]
+        recovery_id = out.job_id
         job = store.get_job(recovery_id)
         assert (job.kind, job.parent_job_id, job.freeze_name, job.split, job.model_sha256) == (
             "recovery", job_id, "canary-test", "test", sha)
@@ -102,7 +102,7 @@ def test_a_canary_whose_server_died_mid_run_is_recovered_by_a_linked_job(prefect
         recovered = store.trials_for(job_id=recovery_id)
         assert [t.instance_id for t in recovered] == [broken.instance_id]
         assert recovered[0].trial_id != broken.trial_id and recovered[0].reward is not None
-        assert [r["original_trial_id"] for r in out["recovered"]] == [broken.trial_id]
+        assert [r.original_trial_id for r in out.recovered] == [broken.trial_id]
         # the original's rows are exactly as they were
         assert _raw_rows(store, job_id) == original_rows
 
@@ -114,12 +114,12 @@ def test_a_canary_whose_server_died_mid_run_is_recovered_by_a_linked_job(prefect
         assert view["recovery_job_ids"] == [recovery_id] and view["from_recovery"] == {broken.instance_id: recovery_id}
         assert sorted(t["instance_id"] for t in view["trials"]) == sorted(test_ids)  # every task once
         assert all(t["exception_type"] is None and t["reward"] is not None for t in view["trials"])
-        assert out["merged"]["report"]["scored"] == 2 and out["merged"]["report"]["exceptions_by_type"] == {}
-        assert f"original job {job_id} + 1 recovery job" in Path(out["report_path"]).read_text()
+        assert out.merged.report.scored == 2 and out.merged.report.exceptions_by_type == {}
+        assert f"original job {job_id} + 1 recovery job" in out.report_path.read_text()
 
         # nothing is left to recover: no second recovery job
         again = canary_recover(job_id, endpoint=back)
-        assert again["job_id"] is None and [j.job_id for j in store.jobs(parent_job_id=job_id)] == [recovery_id]
+        assert again.job_id is None and [j.job_id for j in store.jobs(parent_job_id=job_id)] == [recovery_id]
         with pytest.raises(InputError, match=f"is itself a recovery job of '{job_id}'"):
             canary_recover(recovery_id, endpoint=back)
     finally:

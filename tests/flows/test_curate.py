@@ -71,18 +71,18 @@ def test_curate_runs_until_freeze_ready_then_skips_processed_and_recovers(
     source = TaskSource(candidates_path=candidates_jsonl)
     settings = CurateSettings(batch_size=2, concurrency=2, verifier_timeout_s=120, seed=0)
     first = curate(source, quotas=quotas, settings=settings)
-    assert first["status"] == "freeze-ready" and first["batches"] and first["event_id"]
-    assert first["counts"]["train"] >= 1 and first["counts"]["test"] >= 1
+    assert first.status == "freeze-ready" and first.batches and first.event_id
+    assert first.counts["train"] >= 1 and first.counts["test"] >= 1
 
     store = Store()
     trials = store.trials_for(job_id="curate")
     per_task = Counter((t.instance_id, t.kind) for t in trials)
-    assert len({t.trial_id for t in trials}) == len(trials) == first["trials_recorded"]  # each trial recorded once
+    assert len({t.trial_id for t in trials}) == len(trials) == first.trials_recorded  # each trial recorded once
     assert all(n == 1 for (_, kind), n in per_task.items() if kind == "nop")  # one NOP, up to 2 Oracle runs each
     assert all(n <= 2 for (_, kind), n in per_task.items() if kind == "oracle")
     accepted = {t.instance_id for t in store.accepted_tasks()}
     assert all(per_task[(iid, "oracle")] == 2 for iid in accepted)  # every accepted task ran its Oracle twice
-    assert {t.batch_id for t in trials} == set(first["batches"])
+    assert {t.batch_id for t in trials} == set(first.batches)
     assert len(store.accepted_tasks()) >= 2
     patches = {json.loads(line)["instance_id"]: json.loads(line)["patch"]
                for line in candidates_jsonl.read_text().splitlines()}
@@ -92,28 +92,28 @@ def test_curate_runs_until_freeze_ready_then_skips_processed_and_recovers(
     deadline = time.monotonic() + 60
     events = []
     while time.monotonic() < deadline:
-        events = [e for e in _read_events(FREEZE_READY_EVENT, started) if str(e.id) == first["event_id"]]
+        events = [e for e in _read_events(FREEZE_READY_EVENT, started) if str(e.id) == first.event_id]
         if events:
             break
         time.sleep(1)
     assert events, "the freeze-ready event was not found through the events API"
     assert events[0].resource.id.startswith("forgeflow.store.")
-    assert events[0].payload["counts"] == first["counts"]
+    assert events[0].payload["counts"] == first.counts
     # what the freeze-on-ready automation freezes with: this run's name, quotas, seed and candidates
-    assert events[0].payload["freeze_name"] == first["freeze_name"] and first["freeze_name"].startswith("curate-")
+    assert events[0].payload["freeze_name"] == first.freeze_name and first.freeze_name.startswith("curate-")
     assert events[0].payload["quotas"] == quotas.model_dump() and events[0].payload["seed"] == 0
     assert events[0].payload["instance_ids"] == sorted(json.loads(line)["instance_id"]
                                                        for line in candidates_jsonl.read_text().splitlines())
 
     second = curate(source, quotas=quotas, settings=settings)
-    assert second["status"] == "freeze-ready" and second["batches"] == []
+    assert second.status == "freeze-ready" and second.batches == []
     assert len(store.trials_for(include_void=True)) == len(trials)  # processed candidates are skipped
 
     # recovery of a batch that had no infrastructure fault voids nothing: real outcomes stay
-    dry = recover("test: nothing broke", batch_ids=first["batches"][:1])
-    assert dry["dry_run"] and dry["void"] == [] and dry["requeue"] == [] and dry["kept"]
-    done = recover("test: nothing broke", batch_ids=first["batches"][:1], dry_run=False)
-    assert done["voided"] == 0 and len(store.accepted_tasks()) >= 2
+    dry = recover("test: nothing broke", batch_ids=first.batches[:1])
+    assert dry.dry_run and dry.void == [] and dry.requeue == [] and dry.kept
+    done = recover("test: nothing broke", batch_ids=first.batches[:1], dry_run=False)
+    assert done.voided == 0 and len(store.accepted_tasks()) >= 2
 
 
 def test_candidates_that_cannot_fill_the_splits_are_refused_before_any_validation(
@@ -183,7 +183,7 @@ def test_a_sandbox_block_chooses_where_the_trials_run(prefect_harness, candidate
     SandboxBackend(kind="kubernetes", memory_mb=512, cpus=0.5).save(block, overwrite=True)
     out = curate(source, quotas=quotas, settings=CurateSettings(batch_size=4, concurrency=2, max_retries=0),
                  sandbox=block)
-    assert out["status"] == "exhausted"
+    assert out.status == "exhausted"
     tasks = store.tasks()
     assert tasks and all(t.status == "error" for t in tasks), [(t.instance_id, t.status) for t in tasks]
     assert all("no Kubernetes configuration" in t.reason for t in tasks), tasks[0].reason

@@ -34,7 +34,7 @@ from forgeflow.curation.task_rows import TaskSource
 out = curate(TaskSource(generated_path=Path(sys.argv[1])),
              settings=CurateSettings(batch_size=3, concurrency=2, max_retries=0, verifier_timeout_s=120, seed=0),
              quotas=SplitQuotas(train=3, validation=0, test=0, min_repos=1, max_per_repo=4))
-print("RESULT " + __import__("json").dumps(out))
+print("RESULT " + out.model_dump_json())
 """
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from forgeflow.curation.curate_result import CurateResult
 from tests.flows.test_curate import candidates_jsonl  # noqa: F401 - the module fixture
 from tests.kubefake import kubernetes_api
 
@@ -30,7 +31,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _curate(candidates: Path, store_url: str, block: str, monkeypatch) -> tuple[dict, list, list]:
+def _curate(candidates: Path, store_url: str, block: str, monkeypatch) -> tuple[CurateResult, list, list]:
     from flows.curate import curate
     from forgeflow.curation.curate_settings import CurateSettings
     from forgeflow.curation.freeze import SplitQuotas
@@ -72,7 +73,7 @@ def test_curate_on_kubernetes_pods_gives_the_same_accounting_as_podman(
         out, trials, tasks = _curate(candidates_jsonl, f"sqlite:///{tmp_path / 'k8s.db'}", f"k8s-{tag}", monkeypatch)
         assert fake.pods() == [], "a trial pod was left behind"
         assert fake.containers() == []
-    assert out["status"] in ("exhausted", "freeze-ready") and out["trials_recorded"] == len(trials) > 0
+    assert out.status in ("exhausted", "freeze-ready") and out.trials_recorded == len(trials) > 0
     assert len(tasks) == 4 and all(t.status in ("accepted", "rejected") for t in tasks), \
         [(t.instance_id, t.status, (t.reason or "")[:600]) for t in tasks if t.status not in ("accepted", "rejected")]
     assert _accounting(trials, tasks) == _accounting(podman_trials, podman_tasks)

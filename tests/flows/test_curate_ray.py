@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from forgeflow.curation.curate_result import CurateResult
 from tests.flows.test_curate import candidates_jsonl  # noqa: F401 - the module fixture
 from tests.raycluster import ray_head, ray_worker
 
@@ -38,7 +39,7 @@ def _running_on(dashboard_url: str, node_id: str) -> bool:
     return any(t.name.startswith("validation of ") for t in tasks)
 
 
-def _curate(candidates: Path, store_url: str, block: str, monkeypatch) -> tuple[dict, list]:
+def _curate(candidates: Path, store_url: str, block: str, monkeypatch) -> tuple[CurateResult, list]:
     from flows.curate import curate
     from forgeflow.curation.curate_settings import CurateSettings
     from forgeflow.curation.freeze import SplitQuotas
@@ -74,8 +75,8 @@ def test_curate_spreads_validations_over_ray_nodes_and_survives_losing_one(
         TrialDispatcher(kind="ray", address=head.address).save(block, overwrite=True)
 
         out, trials = _curate(candidates_jsonl, f"sqlite:///{tmp_path / 'spread.db'}", block, monkeypatch)
-        assert out["status"] in ("exhausted", "freeze-ready") and len(out["batches"]) == 1
-        assert out["trials_recorded"] == len(trials) > 0
+        assert out.status in ("exhausted", "freeze-ready") and len(out.batches) == 1
+        assert out.trials_recorded == len(trials) > 0
         nodes = Counter(t.verifier["node_id"] for t in trials if t.verifier)
         assert set(nodes) == {one.node_id, two.node_id}, nodes  # both sandbox nodes, never the head
 

@@ -86,7 +86,7 @@ def test_the_gate_promotes_a_better_candidate_holds_on_a_tie_and_rejects_a_worse
                             run={"concurrency": 2, "verifier_timeout_s": 120.0,
                                  "agent_config": {"step_limit": 5, "agent_timeout_s": 120, "memory_mb": 512}})
         expected = 6 if command == FIX else 0
-        assert (result["report"]["scored"], result["report"]["reward_1"]) == (6, expected)
+        assert (result.report.scored, result.report.reward_1) == (6, expected)
 
     run_canary("base-fixes", baseline_sha, FIX)
     run_canary("base-fails", baseline_sha, NO_FIX)

@@ -91,7 +91,7 @@ def test_canary_verifies_on_the_sandbox_nodes(prefect_harness, cluster, recorded
                         source={"generated_path": generated}, out_dir=tmp_path / "canary", job_id="on-ray",
                         dispatcher=_dispatcher(head),
                         run={"verifier_timeout_s": 120.0, "agent_config": {"step_limit": 5, "agent_timeout_s": 120}})
-    assert [(t["exception_type"], t["reward"]) for t in result["trials"]] == [(None, 1.0)] * 2
+    assert [(t.exception_type, t.reward) for t in result.trials] == [(None, 1.0)] * 2
     trials = store.trials_for(job_id="on-ray")
     assert len(trials) == 2 and {t.verifier["node_id"] for t in trials} <= workers
     assert store.get_job("on-ray").params["agent_config"]["verifier_ray"]["address"] == head.address

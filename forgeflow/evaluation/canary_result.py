@@ -1,0 +1,122 @@
+"""What the ``canary`` and ``canary-recover`` flows return (``flows/canary.py``): frozen pydantic
+models whose field names are the keys those flows returned as dicts before, so the data a user reads
+is unchanged; the job reports are :class:`forgeflow.evaluation.compare.JobReport` itself.
+
+* :class:`CanaryTrialOutcome` — one agent trial of a canary job: its task, reward, exception type.
+* :class:`CanaryResult` — one canary job: its id, report, report file and trials.
+* :class:`RecoveredTrial` — one exception trial a recovery job re-ran, with its new outcome.
+* :class:`MergedView` — a job merged with its recovery jobs ("original job X + N recovery jobs").
+* :class:`CanaryRecoveryResult` — one ``canary-recover`` run (or the finding that nothing was left).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from forgeflow.evaluation.compare import JobReport
+
+
+class CanaryTrialOutcome(BaseModel):
+    """One agent trial of a canary job, as the flow reports it.
+
+    Attributes:
+        instance_id: The task.
+        reward: The verifier's reward (1.0 pass, 0.0 fail); None when the trial ended in an exception.
+        exception_type: The exception's class name (e.g. ``ModelEndpointError``); None when scored.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    instance_id: str = Field(min_length=1, description="The task.")
+    reward: float | None = Field(default=None, description="The verifier's reward; None after an exception.")
+    exception_type: str | None = Field(default=None, description="The exception's class name; None when scored.")
+
+
+class CanaryResult(BaseModel):
+    """One canary job, as the ``canary`` flow returns it.
+
+    Attributes:
+        job_id: The job (its ``jobs`` row and its trials' ``job_id``).
+        report: The job's outcome counts, pass rates and Wilson interval.
+        report_path: The markdown job report (``<out_dir>/<job_id>/report.md``).
+        trials: The job's trials, in report order.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    job_id: str = Field(min_length=1, description="The job's id.")
+    report: JobReport = Field(description="The job's outcome counts, pass rates and Wilson interval.")
+    report_path: Path = Field(description="The markdown job report (<out_dir>/<job_id>/report.md).")
+    trials: list[CanaryTrialOutcome] = Field(description="The job's trials, in report order.")
+
+
+class RecoveredTrial(BaseModel):
+    """An exception trial of the original job and the recovery job's trial of the same task.
+
+    Attributes:
+        instance_id: The task.
+        original_trial_id: The trial that ended in an exception (never rewritten).
+        trial_id: The recovery job's trial of the task.
+        reward: Its reward (1.0 pass, 0.0 fail); None when it ended in an exception again.
+        exception_type: Its exception's class name; None when scored.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    instance_id: str = Field(min_length=1, description="The task.")
+    original_trial_id: str = Field(min_length=1, description="The original job's exception trial.")
+    trial_id: str = Field(min_length=1, description="The recovery job's trial of the task.")
+    reward: float | None = Field(default=None, description="The new trial's reward; None after an exception.")
+    exception_type: str | None = Field(default=None, description="The new trial's exception class name.")
+
+
+class MergedView(BaseModel):
+    """A canary job merged with its recovery jobs (:func:`forgeflow.evaluation.compare.merged_job`).
+
+    Attributes:
+        view: Its label: ``job X`` or ``original job X + N recovery jobs (ids)``.
+        recovery_job_ids: The recovery jobs, oldest first.
+        report: The merged trials' report (each task's standing trial).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    view: str = Field(min_length=1, description="The merged view's label.")
+    recovery_job_ids: list[str] = Field(description="The recovery jobs, oldest first.")
+    report: JobReport = Field(description="The merged trials' report.")
+
+
+class CanaryRecoveryResult(BaseModel):
+    """One ``canary-recover`` run: the recovery job it ran, or None when nothing was left to recover.
+
+    Attributes:
+        job_id: The recovery job; None when the merged view had no exception trial to re-run.
+        parent_job_id: The original canary job.
+        recovered: Each re-run exception trial and its new outcome (empty when nothing was re-run).
+        report: The recovery job's report; None when nothing was re-run.
+        report_path: The recovery job's markdown report (``<out_dir>/<recovery job id>/report.md``);
+            None when nothing was re-run.
+        merged: The original job merged with all its recovery jobs, this one included.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    job_id: str | None = Field(default=None, description="The recovery job; None: nothing to recover.")
+    parent_job_id: str = Field(min_length=1, description="The original canary job.")
+    recovered: list[RecoveredTrial] = Field(default_factory=list,
+                                            description="Each re-run exception trial and its new outcome.")
+    report: JobReport | None = Field(default=None, description="The recovery job's report; None: nothing re-run.")
+    report_path: Path | None = Field(default=None, description="The recovery job's markdown report.")
+    merged: MergedView = Field(description="The original job merged with its recovery jobs.")
+
+    @model_validator(mode="after")
+    def _ran_or_not(self) -> CanaryRecoveryResult:
+        """A recovery job has its report and report file; no job has neither and recovered nothing."""
+        ran = (self.report is not None, self.report_path is not None)
+        if self.job_id is not None and not all(ran):
+            raise ValueError(f"recovery job {self.job_id!r} needs its report and report_path")
+        if self.job_id is None and (any(ran) or self.recovered):
+            raise ValueError("a result without a recovery job has no report, report_path or recovered trials")
+        return self
