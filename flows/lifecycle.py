@@ -1,4 +1,5 @@
-"""The ``lifecycle`` flow: every stage of the lifecycle (docs/architecture.md), end to end, on the embedded default.
+"""The ``lifecycle`` flow: every stage of the lifecycle (docs/architecture.md), end to end: on the embedded
+default (loopback registries, generated tasks, the tiny model), or on the team's registries (blocks) and checkpoint.
 
 environments -> migrate -> generate -> prewarm (+ task images) -> validate (NOP/Oracle) -> freeze
 -> base model (+ GGUF) -> serve -> canary (baseline) -> burst -> package -> serve stage
@@ -9,14 +10,18 @@ the baseline and promoted by the promotion gate (non-inferiority, ``forgeflow.ev
 the recorded endpoint moves (``serve_swap``); a hold/reject or any failure stops the staged server
 and the baseline keeps serving.
 
-Every stage is a group of Prefect tasks with the resumable cache policy, so a second run of the
-same inputs is answered from Prefect's cache; the store (SQL) records the domain facts with
+Every stage is a subflow run (flow ``lifecycle-stage``, run named after the stage; the four stages of the
+promotion transaction share the run ``promote``) whose tasks have the resumable cache policy, so a second
+run of the same inputs is answered from Prefect's cache; the store (SQL) records the domain facts with
 natural keys (upserts), and ``summary.json`` records each stage's status, counts, digests and
 wall seconds.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,8 +34,9 @@ from prefect.transactions import transaction
 
 from blocks.core import RegistryEndpoint
 from flows.registry import migrate_images as migrate_images_flow
-from flows.stagekit import StageLog
-from forgeflow.common.errors import MigrationIncompleteError, PreflightError
+from flows.registry import registry_endpoint
+from flows.stagekit import StageLog, run_stage_flow
+from forgeflow.common.errors import InputError, MigrationIncompleteError, PreflightError
 from forgeflow.common.fsutil import atomic_write_text, sha256_bytes, sha256_file
 from forgeflow.common.settings import apply_container_env
 from forgeflow.config import LifecycleConfig
@@ -49,6 +55,7 @@ from forgeflow.evaluation import canary as canary_core
 from forgeflow.evaluation.compare import render_plot
 from forgeflow.ledger import records, tables
 from forgeflow.ledger.store import Store
+from forgeflow.registry import auth as registry_auth
 from forgeflow.registry import images, prewarm, projects
 from forgeflow.registry import migration as migrate
 from forgeflow.registry.server import RegistryServer
@@ -70,10 +77,61 @@ from tasks.common import markdown_artifact, table_artifact
 MODEL_ALIAS = "forgeflow"
 
 
-def _registries(config: LifecycleConfig, out_dir: Path) -> tuple[RegistryServer, RegistryServer]:
-    root = out_dir / "registry"
-    return (RegistryServer("source", config.registries.source_port, root / "source"),
-            RegistryServer("target", config.registries.target_port, root / "target"))
+def _registry_blocks(config: LifecycleConfig) -> dict[str, RegistryEndpoint]:
+    """The team's registries by role (``source``/``target``), loaded from their ``forgeflow-registry`` blocks.
+
+    Raises:
+        InputError: a block is not saved or holds a bad address/namespace, or credentials are half set
+            (a user without a password or the reverse), each naming the block's role.
+    """
+    names = {"source": config.registries.source_block, "target": config.registries.target_block}
+    blocks = {role: registry_endpoint(name, role) for role, name in names.items() if name is not None}
+    for role, endpoint in blocks.items():
+        has_password = endpoint.password is not None and bool(endpoint.password.get_secret_value())
+        if bool(endpoint.username) != has_password:
+            raise InputError(f"{role} registry block {names[role]!r} ({endpoint.address}): set both username and "
+                             "password, or neither")
+    return blocks
+
+
+@contextmanager
+def _registries(config: LifecycleConfig, out_dir: Path, run_id: str,
+                blocks: dict[str, RegistryEndpoint]) -> Iterator[tuple[dict[str, RegistryEndpoint], dict[str, str]]]:
+    """The run's source and target registries: the team's (``blocks``) or embedded loopback ones started here.
+
+    Embedded registries (``registries.source_port``/``target_port``) are stopped, by PID, when the ``with``
+    ends. Credentials of the blocks go into one containers-auth.json (mode 600) for the run, exported as
+    ``REGISTRY_AUTH_FILE`` (containers-auth.json(5)), which every skopeo and podman command of the run reads
+    (pushes, prewarm copies, the sandboxes' pulls); the file is deleted and the variable restored at exit.
+
+    Yields:
+        ``(endpoints, registry_ids)`` by role. An embedded registry's id is its instance id (a wiped one is
+        filled again); a block's is ``<address>/<namespace>@<run id>``: the lifecycle cannot see whether the
+        team's registry was wiped, so each run pushes again (skopeo skips the blobs already there).
+    """
+    endpoints, ids = dict(blocks), {role: f"{e.address}/{e.namespace}@{run_id}" for role, e in blocks.items()}
+    ports = {"source": config.registries.source_port, "target": config.registries.target_port}
+    servers = [RegistryServer(role, port, out_dir / "registry" / role) for role, port in ports.items()
+               if role not in blocks]
+    credentials = {e.address: (e.username, e.password) for e in blocks.values() if e.username and e.password}
+    with ExitStack() as stack:
+        stack.callback(lambda: [server.stop() for server in servers])
+        if credentials:
+            path = stack.enter_context(registry_auth.authfile(credentials))
+            previous = os.environ.get("REGISTRY_AUTH_FILE")
+            os.environ["REGISTRY_AUTH_FILE"] = str(path)
+            stack.callback(lambda: os.environ.pop("REGISTRY_AUTH_FILE", None) if previous is None
+                           else os.environ.__setitem__("REGISTRY_AUTH_FILE", previous))
+        for server in servers:
+            ids[server.name] = registry_tasks.start_registry(server.name, server.port, server.storage_dir)
+            endpoints[server.name] = RegistryEndpoint(address=f"127.0.0.1:{server.port}")
+        yield endpoints, ids
+
+
+def _repository_prefix(endpoint: RegistryEndpoint) -> str:
+    """``host:port`` or ``host:port/namespace``: what this registry's repository references start with."""
+    namespace = endpoint.namespace.strip("/")
+    return f"{endpoint.address}/{namespace}" if namespace else endpoint.address
 
 
 @flow(name="lifecycle", log_prints=True)
@@ -92,6 +150,7 @@ def lifecycle(config: LifecycleConfig = LifecycleConfig()) -> dict[str, Any]:
     check_freeze_inputs(config.freeze.name, out_dir / "freezes", config.freeze_inputs())
     if config.base_model.kind != "tiny":  # the team's checkpoint can be had, before any image is built
         packaging_tasks.base_model_preflight(config.base_model)
+    blocks = _registry_blocks(config)  # the team's registries: a missing or half-set block is refused now
     serving = serving_tasks.serving_backend(config.serving.block, config.serving.ports)  # a missing block: refused now
     serving_tasks.preflight_serving(serving, None)  # the slot plan holds required_context_tokens
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -99,13 +158,12 @@ def lifecycle(config: LifecycleConfig = LifecycleConfig()) -> dict[str, Any]:
     log = StageLog(out_dir / "summary.json", run_id)
     store = Store()
     store.upgrade()
-    source, target = _registries(config, out_dir)
     state_path = out_dir / "serving" / "state.json"
     result: dict[str, Any] = {}
     try:
-        registry_ids = {server.name: registry_tasks.start_registry(server.name, server.port, server.storage_dir)
-                        for server in (source, target)}
-        result = _run_stages(_Run(config, out_dir, run_id, log, store, state_path, registry_ids, serving))
+        with _registries(config, out_dir, run_id, blocks) as (endpoints, registry_ids):
+            result = _run_stages(_Run(config, out_dir, run_id, log, store, state_path, registry_ids, serving,
+                                      endpoints))
         logger.info("lifecycle finished: %d stages, summary at %s", len(log.stages), log.summary_path)
         return result
     finally:
@@ -113,8 +171,6 @@ def lifecycle(config: LifecycleConfig = LifecycleConfig()) -> dict[str, Any]:
             stopped = bluegreen.stop_active(state_path)
             if stopped is not None and stopped.pid is not None:  # it was live: the ledger says so no more
                 store.record_serving_generation(serving_tasks.generation_row(stopped, "retired", run_id))
-        for server in (source, target):
-            server.stop()
         log.finish(result)  # summary.json + the stage table artifact
 
 
@@ -130,6 +186,7 @@ class _Run:
     state_path: Path
     registry_ids: dict[str, str]
     serving: BackendConfig
+    registries: dict[str, RegistryEndpoint]
 
 
 @dataclass
@@ -170,28 +227,28 @@ class _TaskImage:
 
 
 def _run_stages(run: _Run) -> dict[str, Any]:
+    """Every stage as a subflow run (:func:`flows.stagekit.run_stage_flow`), in lifecycle order."""
     config = run.config
-    envs = _migrate(run, _environments(run))
-    candidates = _generate(run, envs)
-    task_images = _prewarm(run, envs, candidates)
-    accepted = _validate(run, task_images)
-    manifest = _freeze(run, accepted)
+    envs = run_stage_flow("environments", _environments, run)
+    envs = run_stage_flow("migrate", _migrate, run, envs)
+    candidates = run_stage_flow("generate", _generate, run, envs)
+    task_images = run_stage_flow("prewarm", _prewarm, run, envs, candidates)
+    accepted = run_stage_flow("validate", _validate, run, task_images)
+    manifest = run_stage_flow("freeze", _freeze, run, accepted)
     by_id = {t.instance_id: t for t in accepted}
     test_tasks = [by_id[i] for i in manifest.splits["test"]]
-    base_model, base_gguf = _base_model(run)
+    base_model, base_gguf = run_stage_flow("base_model", _base_model, run)
     served_base = base_gguf[config.serving.quantization]
     agent_config = config.canary.agent_config(config.seed)
-    with run.log.stage("serve_baseline") as st:  # 8. serve the baseline, 9. canary it on the frozen test split
-        swap = run.log.call(serving_tasks.serve_swap, run.state_path, served_base.path, served_base.sha256,
-                            run.serving)
-        serving_tasks.record_swap(run.store, swap.previous, swap.current, run.run_id)
-        st["counts"] = {"generation": swap.current.generation, "port": swap.current.active_port}
-    baseline_trials = _canary(run, "canary_baseline", test_tasks, swap.current.base_url, served_base.sha256,
-                              agent_config)
-    adapter = _burst(run, base_model, [by_id[i] for i in manifest.splits["train"]], envs)
-    ggufs = _package(run, base_model, adapter)
-    comparison, report_path, plot_path = _stage_and_promote(run, ggufs[config.serving.quantization], test_tasks,
-                                                            baseline_trials, agent_config)
+    swap = run_stage_flow("serve_baseline", _serve_baseline, run, served_base)
+    baseline_trials = run_stage_flow("canary_baseline", _canary, run, "canary_baseline", test_tasks,
+                                     swap.current.base_url, served_base.sha256, agent_config)
+    adapter = run_stage_flow("burst", _burst, run, base_model, [by_id[i] for i in manifest.splits["train"]], envs)
+    ggufs = run_stage_flow("package", _package, run, base_model, adapter)
+    # serve_stage, canary_candidate, compare and serve_swap: one transaction, one subflow run
+    comparison, report_path, plot_path = run_stage_flow("promote", _stage_and_promote, run,
+                                                        ggufs[config.serving.quantization], test_tasks,
+                                                        baseline_trials, agent_config)
     paired, decision = comparison.paired, comparison.decision
     emit_event("forgeflow.lifecycle.completed",
                resource={"prefect.resource.id": f"forgeflow.freeze.{config.freeze.name}"},
@@ -218,9 +275,19 @@ def _run_stages(run: _Run) -> dict[str, Any]:
     }
 
 
+def _serve_baseline(run: _Run, served_base: Any) -> Any:
+    """8. serve the baseline GGUF (blue/green swap onto the recorded endpoint); the swap result."""
+    with run.log.stage("serve_baseline") as st:
+        swap = run.log.call(serving_tasks.serve_swap, run.state_path, served_base.path, served_base.sha256,
+                            run.serving)
+        serving_tasks.record_swap(run.store, swap.previous, swap.current, run.run_id)
+        st["counts"] = {"generation": swap.current.generation, "port": swap.current.active_port}
+    return swap
+
+
 def _environments(run: _Run) -> dict[str, _Env]:
     """1. environments: base image (debootstrap), one environment image per project -> source registry."""
-    log, src = run.log, run.config.registries.source_address
+    log, src = run.log, _repository_prefix(run.registries["source"])
     with log.stage("environments") as st:
         base = log.call(registry_tasks.base_image)
         envs: dict[str, _Env] = {}
@@ -248,8 +315,7 @@ def _migrate(run: _Run, envs: dict[str, _Env]) -> dict[str, _Env]:
     with run.log.stage("migrate") as st:
         names = {f"env/{e.project.name}:{e.project.version}": n for n, e in envs.items()}
         try:
-            summary = migrate_images_flow(source=RegistryEndpoint(address=config.registries.source_address),
-                                          target=RegistryEndpoint(address=config.registries.target_address),
+            summary = migrate_images_flow(source=run.registries["source"], target=run.registries["target"],
                                           images=list(names), limits=config.registries.transfer,
                                           store_url=store.url)
         except MigrationIncompleteError as err:  # the subflow run is Failed; go on with what was migrated
@@ -288,9 +354,10 @@ def _generate(run: _Run, envs: dict[str, _Env]) -> list[tuple[Candidate, str]]:
 
 def _prewarm(run: _Run, envs: dict[str, _Env], candidates: list[tuple[Candidate, str]]) -> dict[str, _TaskImage]:
     """4. prewarm: shard layout plan (tag cap), basecache tags, then task images into their shards."""
-    config, log, dst = run.config, run.log, run.config.registries.target_address
+    config, log, target = run.config, run.log, run.registries["target"]
+    dst = target.address
     with log.stage("prewarm") as st:
-        layout = config.prewarm.layout()
+        layout = config.prewarm.layout(target.namespace)
         plan = layout.plan([(c.instance_id, envs[repo].target_digest) for c, repo in candidates])
         base_refs = {e.target_digest: f"docker://{e.target_ref}" for e in envs.values()}
         basecache = log.call(registry_tasks.prewarm, plan, dst, base_refs, run.registry_ids["target"],

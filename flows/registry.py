@@ -56,7 +56,7 @@ def _validation_text(err: ValidationError) -> str:
                      for e in err.errors())
 
 
-def _endpoint(value: str | RegistryEndpoint, what: str) -> RegistryEndpoint:
+def registry_endpoint(value: str | RegistryEndpoint, what: str) -> RegistryEndpoint:
     """The endpoint of a flow parameter, its address and namespace checked (InputError naming
     ``<what>.address`` / ``<what>.namespace``; also for an endpoint built without validation)."""
     if isinstance(value, RegistryEndpoint):
@@ -221,7 +221,7 @@ def migrate_images(source: str | RegistryEndpoint, target: str | RegistryEndpoin
     """
     apply_container_env()
     log = get_run_logger()
-    src, dst = _endpoint(source, "source"), _endpoint(target, "target")
+    src, dst = registry_endpoint(source, "source"), registry_endpoint(target, "target")
     names = _names(images, dataset_path, image_column, [(dst.address, dst.namespace), (src.address, src.namespace)])
     max_size_bytes, retry_delays_s = limits.max_size_bytes, limits.retry_delays_s
     concurrency_limit, rate_limit_per_s = limits.concurrency_limit, limits.rate_limit_per_s
@@ -314,7 +314,7 @@ def registry_audit(target: str | RegistryEndpoint, images: list[str] | None = No
         RegistryUnavailableError: the target does not answer ``GET /v2/`` (200 or 401).
     """
     apply_container_env()
-    dst = _endpoint(target, "target")
+    dst = registry_endpoint(target, "target")
     names = _names(images, dataset_path, image_column, [(dst.address, dst.namespace)])
     registry_ops.image_refs(dst, names)
     migrate.check_reachable(dst.address, dst.tls_verify, what="target")

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
+from prefect import flow
 from prefect.futures import PrefectFuture
 from prefect.states import State
 
@@ -27,6 +28,31 @@ Item = TypeVar("Item")
 
 STAGE_TABLE_KEY = "lifecycle-stages"
 """Key of the stage table artifact (Prefect keys: lowercase letters, digits and dashes)."""
+
+STAGE_FLOW_NAME = "lifecycle-stage"
+"""The flow name of a lifecycle stage's subflow runs (:func:`run_stage_flow`); the run is named after the stage."""
+
+
+def run_stage_flow(name: str, body: Callable[..., T], *args: Any) -> T:
+    """Run ``body(*args)`` as a subflow run of the calling flow run: flow :data:`STAGE_FLOW_NAME`,
+    run name ``name`` (e.g. ``validate``), and return what ``body`` returned.
+
+    In the Prefect UI the lifecycle's run then shows one subflow run per stage, each with its own
+    task runs, logs, progress and table artifacts, instead of every task on one flat timeline. The
+    subflow takes no parameters (``body`` and ``args`` are the calling flow's in-memory objects, not
+    JSON) and does not persist its result (``persist_result=False``): the tasks inside cache and
+    record their own results, and the store holds the domain facts.
+
+    Raises:
+        whatever ``body`` raised (the subflow run is then Failed, and so is the stage).
+    """
+
+    def stage_body() -> T:
+        return body(*args)
+
+    stage_flow = flow(name=STAGE_FLOW_NAME, flow_run_name=name, log_prints=True, validate_parameters=False,
+                      persist_result=False)(stage_body)
+    return stage_flow()
 
 
 class StageLog:

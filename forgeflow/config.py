@@ -38,11 +38,17 @@ _GROUP = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class RegistrySettings(BaseModel):
-    """The two loopback registries and how the migrate stage copies between them.
+    """The two registries (the team's, or embedded loopback ones) and how the migrate stage copies between them.
 
     Attributes:
-        source_port: Loopback port of the source registry (1024-65535).
-        target_port: Loopback port of the target registry (1024-65535).
+        source_port: Loopback port of the embedded source registry (1024-65535); unused with ``source_block``.
+        target_port: Loopback port of the embedded target registry (1024-65535); unused with ``target_block``.
+        source_block: Name of a saved ``forgeflow-registry`` block (``blocks.core.RegistryEndpoint``: address,
+            namespace, credentials) the environment images are pushed to instead of the embedded source
+            registry; None: the embedded one on ``source_port``.
+        target_block: The same for the target registry: the migrate stage copies into it, the prewarm stage
+            writes the shard repositories (``<namespace>/task-NN``) there, and validation and the canary
+            pull the task images from it. None: the embedded one on ``target_port``.
         transfer: What the migrate stage's ``migrate-images`` subflow takes: the size limit
             (``max_size_bytes``; larger images are skipped), its concurrency, rate and retry delays.
     """
@@ -51,17 +57,21 @@ class RegistrySettings(BaseModel):
 
     source_port: int = Field(5701, ge=1024, le=65535, description="loopback port of the source registry")
     target_port: int = Field(5702, ge=1024, le=65535, description="loopback port of the target registry")
+    source_block: str | None = Field(None, min_length=1, description="a forgeflow-registry block for the source "
+                                     "registry (None: the embedded one on source_port)")
+    target_block: str | None = Field(None, min_length=1, description="a forgeflow-registry block for the target "
+                                     "registry (None: the embedded one on target_port)")
     transfer: TransferLimits = Field(TransferLimits(), description="how the migrate stage copies: images above "
                                      "max_size_bytes are skipped; images at once, per second, retry delays")
 
     @property
     def source_address(self) -> str:
-        """``127.0.0.1:PORT`` of the source registry."""
+        """``127.0.0.1:PORT`` of the embedded source registry."""
         return f"127.0.0.1:{self.source_port}"
 
     @property
     def target_address(self) -> str:
-        """``127.0.0.1:PORT`` of the target registry."""
+        """``127.0.0.1:PORT`` of the embedded target registry."""
         return f"127.0.0.1:{self.target_port}"
 
 
@@ -88,9 +98,13 @@ class PrewarmSettings(BaseModel):
             raise ValueError(f"lanes ({self.lanes}) cannot exceed shards ({self.shards})")
         return self
 
-    def layout(self) -> ShardLayout:
-        """The ``base-sharded-tags`` layout the prewarm stage plans with (prefix ``task``)."""
-        return ShardLayout(shards=self.shards, lanes=self.lanes, tag_cap=self.tag_cap)
+    def layout(self, namespace: str = "") -> ShardLayout:
+        """The ``base-sharded-tags`` layout the prewarm stage plans with: prefix ``task``, or
+        ``<namespace>/task`` in a target registry with a namespace (``team/agents`` gives
+        ``team/agents/task-00`` ..)."""
+        namespace = namespace.strip("/")
+        prefix = f"{namespace}/task" if namespace else "task"
+        return ShardLayout(shards=self.shards, lanes=self.lanes, tag_cap=self.tag_cap, prefix=prefix)
 
 
 class ValidateStageSettings(BaseModel):
@@ -363,10 +377,13 @@ class LifecycleConfig(BaseModel):
         if self.serving.quantization not in self.package.quantizations:
             raise ValueError(f"serving.quantization {self.serving.quantization!r} is not among "
                              f"package.quantizations {list(self.package.quantizations)}")
-        ports = [self.registries.source_port, self.registries.target_port, *self.serving.ports]
+        registries = self.registries
+        embedded = [port for port, block in ((registries.source_port, registries.source_block),
+                                             (registries.target_port, registries.target_block)) if block is None]
+        ports = [*embedded, *self.serving.ports]
         if len(set(ports)) != len(ports):
-            raise ValueError("registries.source_port, registries.target_port and serving.ports must be four "
-                             f"distinct ports, got {ports}")
+            raise ValueError("the embedded registries' ports (registries.source_port, registries.target_port) and "
+                             f"serving.ports must be distinct, got {ports}")
         # before any image is built: projects x candidates_per_project bound what validation can accept
         unmet = quota_feasibility({p: self.candidates_per_project for p in self.projects}, self.freeze.quotas)
         if unmet:

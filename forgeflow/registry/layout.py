@@ -174,7 +174,8 @@ class ShardLayout(BaseModel):
         name: Layout name recorded with each plan.
         shards: Number of task repositories.
         lanes: Neighbouring shards one base's tasks spread over (at most ``shards``).
-        prefix: Repository name prefix (``task`` gives ``task-00`` .. ``task-79``).
+        prefix: Repository name prefix (``task`` gives ``task-00`` .. ``task-79``); a repository path, so a
+            registry namespace may lead it (``team/agents/task`` gives ``team/agents/task-00`` ..).
         tag_cap: Most tags a repository may hold (task tags + basecache tags).
     """
 
@@ -183,7 +184,7 @@ class ShardLayout(BaseModel):
     name: Literal["base-sharded-tags"] = "base-sharded-tags"
     shards: int = Field(default=80, ge=1, le=10_000)
     lanes: int = Field(default=5, ge=1)
-    prefix: str = Field(default="task", pattern=r"^[a-z0-9]+(?:[._-][a-z0-9]+)*$")
+    prefix: str = Field(default="task", pattern=r"^(?:[a-z0-9]+(?:[._-][a-z0-9]+)*/)*[a-z0-9]+(?:[._-][a-z0-9]+)*$")
     tag_cap: int = Field(default=100, ge=1)
 
     @model_validator(mode="after")
@@ -294,7 +295,8 @@ def shard_layout(shards: int, lanes: int, prefix: str, tag_cap: int) -> ShardLay
     Args:
         shards: Number of task repositories (1-10000).
         lanes: Neighbouring shards one base's tasks spread over (1..shards).
-        prefix: Repository name prefix (``[a-z0-9]+`` parts joined by ``.``, ``_`` or ``-``).
+        prefix: Repository name prefix (``[a-z0-9]+`` parts joined by ``.``, ``_`` or ``-``; ``/``-separated
+            path components for a namespace).
         tag_cap: Most tags a repository may hold (>= 1).
 
     Returns:

@@ -44,10 +44,14 @@ def test_unknown_project_is_refused_listing_the_pinned_ones():
     ({"package": {"quantizations": ("BOGUS",)}}, "package.quantizations", "unknown quantization"),
     ({"package": {"quantizations": ("Q8_0",)}, "serving": {"quantization": "Q4_K_M"}}, "",
      "serving.quantization 'Q4_K_M' is not among package.quantizations ['Q8_0']"),
-    ({"serving": {"ports": (8801, 8801)}}, "", "registries.source_port, registries.target_port and serving.ports "
-                                               "must be four distinct ports"),
-    ({"registries": {"source_port": 5701, "target_port": 5701}}, "", "four distinct ports, got [5701, 5701, 8801"),
-    ({"registries": {"target_port": 8801}}, "", "four distinct ports"),
+    ({"serving": {"ports": (8801, 8801)}}, "", "the embedded registries' ports (registries.source_port, "
+                                               "registries.target_port) and serving.ports must be distinct"),
+    ({"registries": {"source_port": 5701, "target_port": 5701}}, "", "must be distinct, got [5701, 5701, 8801"),
+    ({"registries": {"target_port": 8801}}, "", "must be distinct, got [5701, 8801, 8801, 8802]"),
+    # the team's target registry: its unused embedded port may be anything, the source's still counts
+    ({"registries": {"target_port": 8801, "target_block": "team", "source_port": 8802}}, "",
+     "must be distinct, got [8802, 8801, 8802]"),
+    ({"registries": {"target_block": ""}}, "registries.target_block", "at least 1 character"),
     ({"serving": {"ports": (80, 8802)}}, "serving.ports", "ports must be in 1024..65535, got [80, 8802]"),
     ({"prewarm": {"lanes": 9, "shards": 8}}, "prewarm", "lanes (9) cannot exceed shards (8)"),
     ({"validation": {"verifier_timeout_s": float("inf")}}, "validation.verifier_timeout_s", "finite"),
@@ -63,6 +67,12 @@ def test_unknown_project_is_refused_listing_the_pinned_ones():
 def test_inconsistent_parameters_are_refused_naming_the_nested_field(kwargs, place, message) -> None:
     where, msg = _refusal(**kwargs)
     assert where == place and message in msg, (where, msg)
+
+
+def test_a_registry_block_frees_the_embedded_registrys_port() -> None:
+    config = LifecycleConfig(registries={"source_block": "team-src", "target_block": "team-dst",
+                                         "source_port": 8801, "target_port": 8802})
+    assert (config.registries.source_block, config.registries.target_block) == ("team-src", "team-dst")
 
 
 @pytest.mark.parametrize(("kwargs", "place"), [

@@ -77,6 +77,41 @@ def test_every_stage_completes_with_real_counts(first_run, mini_config):
         assert counts["scored"] + counts["exceptions"] == counts["requested"] >= 1
 
 
+def test_the_run_shows_each_stage_as_a_subflow_run_with_its_own_task_runs(first_run):
+    """What a person sees in the Prefect UI: the lifecycle run's stages as subflow runs, each holding its
+    tasks (not every task run on the lifecycle's own timeline)."""
+    from uuid import UUID
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterParentFlowRunId
+
+    from flows.stagekit import STAGE_FLOW_NAME
+
+    lifecycle_id = UUID(first_run["prefect_flow_run_id"])
+    with get_client(sync_client=True) as client:
+        children = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[lifecycle_id])))
+        stage_runs = {run.name: run for run in children if client.read_flow(run.flow_id).name == STAGE_FLOW_NAME}
+        assert sorted(stage_runs) == sorted(["environments", "migrate", "generate", "prewarm", "validate", "freeze",
+                                             "base_model", "serve_baseline", "canary_baseline", "burst", "package",
+                                             "promote"])
+        assert all(run.state.is_completed() for run in stage_runs.values())
+
+        def task_runs(flow_run_id):
+            return client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+
+        # the validation tasks ran inside the validate stage's run: one per candidate
+        validations = [t for t in task_runs(stage_runs["validate"].id) if t.name.startswith("validate-")]
+        assert len(validations) == first_run["stages"]["validate"]["counts"]["candidates"]
+        # the lifecycle's own run keeps only its registries and the stage runs (their parent task runs)
+        own = task_runs(lifecycle_id)
+        assert not [t for t in own if t.name.startswith(("validate-", "sft_burst-", "package-"))]
+        # the migrate stage still runs the migrate-images flow, now one level down
+        migrate_children = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[stage_runs["migrate"].id])))
+        assert [client.read_flow(run.flow_id).name for run in migrate_children] == ["migrate-images"]
+
+
 def test_artifacts_on_disk_match_their_recorded_sha256(first_run):
     from forgeflow.training.adapters import adapter_sha256
 

@@ -131,8 +131,12 @@ def test_plan_rejects_repeated_task_ids_and_bad_layouts() -> None:
         ShardLayout().plan([("a", _digest("1")), ("a", _digest("2"))])
     with pytest.raises(ValidationError, match="lanes"):
         ShardLayout(shards=3, lanes=4)
-    with pytest.raises(ValidationError):
-        ShardLayout(prefix="Bad/Prefix")
+    for bad in ("Bad/Prefix", "team//task", "/task", "team/task/", "../task"):
+        with pytest.raises(ValidationError):
+            ShardLayout(prefix=bad)
+    # a registry namespace may lead the prefix: the shard repositories are then paths under it
+    layout = ShardLayout(shards=2, lanes=1, prefix="team/agents/task")
+    assert [layout.repository(i) for i in range(2)] == ["team/agents/task-00", "team/agents/task-01"]
 
 
 def test_an_id_whose_sanitized_tag_equals_another_valid_id_is_rejected() -> None:

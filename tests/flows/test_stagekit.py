@@ -1,0 +1,89 @@
+"""The lifecycle's stage kit: the sliding window (``StageLog.window``: the next task run starts when any one
+ends, not when a whole wave has ended) and stages as subflow runs (``run_stage_flow``)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+
+def test_the_window_refills_a_slot_as_soon_as_one_task_run_ends(prefect_harness, tmp_path: Path) -> None:
+    from prefect import flow, task
+    from prefect.cache_policies import NO_CACHE
+
+    from flows.stagekit import StageLog
+
+    @task(cache_policy=NO_CACHE)
+    def work(name: str, seconds: float) -> tuple[str, float, float]:
+        start = time.monotonic()
+        time.sleep(seconds)
+        return name, start, time.monotonic()
+
+    @flow
+    def run() -> tuple[list[str], dict[str, tuple[float, float]], dict]:
+        log = StageLog(tmp_path / "summary.json", None)
+        with log.stage("window") as st:
+            items = [("slow", 3.0), ("a", 0.2), ("b", 0.2), ("c", 0.2)]
+            ended = [(name, state.result()) for (name, _), state in
+                     log.window(items, lambda item: work.submit(*item), concurrency=2)]
+        return [n for n, _ in ended], {n: (r[1], r[2]) for n, r in ended}, st
+
+    order, spans, stage = run()
+    # with waves of 2, "b" would wait for "slow"; in a window it runs while "slow" still runs
+    assert order[-1] == "slow"
+    assert spans["b"][0] < spans["slow"][1] and spans["c"][0] < spans["slow"][1]
+    assert stage["tasks_run"] == 4 and stage["status"] == "completed"
+
+
+def test_the_window_refuses_a_concurrency_below_one(tmp_path: Path) -> None:
+    from flows.stagekit import StageLog
+
+    with pytest.raises(ValueError, match="concurrency must be >= 1"):
+        list(StageLog(tmp_path / "s.json", None).window([1], lambda item: None, concurrency=0))
+
+
+def test_a_stage_runs_as_a_named_subflow_run_and_its_failure_fails_the_stage(prefect_harness, tmp_path: Path) -> None:
+    from prefect import flow, task
+    from prefect.cache_policies import NO_CACHE
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterParentFlowRunId
+    from prefect.runtime import flow_run
+
+    from flows.stagekit import STAGE_FLOW_NAME, StageLog, run_stage_flow
+
+    @task(cache_policy=NO_CACHE)
+    def double(x: int) -> int:
+        return 2 * x
+
+    log = StageLog(tmp_path / "summary.json", None)
+
+    def counting(xs: list[int]) -> list[int]:
+        with log.stage("counting") as st:
+            out = [log.call(double, x) for x in xs]
+            st["counts"] = {"items": len(out)}
+        return out
+
+    def broken(lock: object) -> None:  # an argument that is not JSON: the subflow takes no parameters
+        with log.stage("broken"):
+            raise RuntimeError(f"stage body failed holding {type(lock).__name__}")
+
+    @flow
+    def parent() -> tuple[str, list[int]]:
+        doubled = run_stage_flow("counting", counting, [1, 2, 3])
+        with pytest.raises(RuntimeError, match="stage body failed holding"):
+            run_stage_flow("broken", broken, object())
+        return str(flow_run.get_id()), doubled
+
+    parent_id, doubled = parent()
+    assert doubled == [2, 4, 6]
+    assert log.stages["counting"]["tasks_run"] == 3 and log.stages["broken"]["status"] == "failed"
+    with get_client(sync_client=True) as client:
+        children = {run.name: run for run in client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[parent_id])))}
+        assert set(children) == {"counting", "broken"}
+        assert {client.read_flow(run.flow_id).name for run in children.values()} == {STAGE_FLOW_NAME}
+        assert children["counting"].state.is_completed() and children["broken"].state.is_failed()
+        tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[children["counting"].id])))
+        assert sorted(t.name.split("-")[0] for t in tasks) == ["double"] * 3
