@@ -19,9 +19,6 @@ wall seconds.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,9 +31,9 @@ from prefect.transactions import transaction
 
 from blocks.core import RegistryEndpoint
 from flows.registry import migrate_images as migrate_images_flow
-from flows.registry import registry_endpoint
+from flows.registry import registry_blocks, repository_prefix, run_registries
 from flows.stagekit import StageLog, run_stage_flow
-from forgeflow.common.errors import InputError, MigrationIncompleteError, PreflightError
+from forgeflow.common.errors import MigrationIncompleteError, PreflightError
 from forgeflow.common.fsutil import atomic_write_text, sha256_bytes, sha256_file
 from forgeflow.common.settings import apply_container_env
 from forgeflow.config import LifecycleConfig
@@ -55,10 +52,8 @@ from forgeflow.evaluation import canary as canary_core
 from forgeflow.evaluation.compare import render_plot
 from forgeflow.ledger import records, tables
 from forgeflow.ledger.store import Store
-from forgeflow.registry import auth as registry_auth
 from forgeflow.registry import images, prewarm, projects
 from forgeflow.registry import migration as migrate
-from forgeflow.registry.server import RegistryServer
 from forgeflow.registry.skopeo import Skopeo
 from forgeflow.sandbox.grading import ValidationReport
 from forgeflow.sandbox.trial import ValidationOutcome
@@ -77,63 +72,6 @@ from tasks.common import markdown_artifact, table_artifact
 MODEL_ALIAS = "forgeflow"
 
 
-def _registry_blocks(config: LifecycleConfig) -> dict[str, RegistryEndpoint]:
-    """The team's registries by role (``source``/``target``), loaded from their ``forgeflow-registry`` blocks.
-
-    Raises:
-        InputError: a block is not saved or holds a bad address/namespace, or credentials are half set
-            (a user without a password or the reverse), each naming the block's role.
-    """
-    names = {"source": config.registries.source_block, "target": config.registries.target_block}
-    blocks = {role: registry_endpoint(name, role) for role, name in names.items() if name is not None}
-    for role, endpoint in blocks.items():
-        has_password = endpoint.password is not None and bool(endpoint.password.get_secret_value())
-        if bool(endpoint.username) != has_password:
-            raise InputError(f"{role} registry block {names[role]!r} ({endpoint.address}): set both username and "
-                             "password, or neither")
-    return blocks
-
-
-@contextmanager
-def _registries(config: LifecycleConfig, out_dir: Path, run_id: str,
-                blocks: dict[str, RegistryEndpoint]) -> Iterator[tuple[dict[str, RegistryEndpoint], dict[str, str]]]:
-    """The run's source and target registries: the team's (``blocks``) or embedded loopback ones started here.
-
-    Embedded registries (``registries.source_port``/``target_port``) are stopped, by PID, when the ``with``
-    ends. Credentials of the blocks go into one containers-auth.json (mode 600) for the run, exported as
-    ``REGISTRY_AUTH_FILE`` (containers-auth.json(5)), which every skopeo and podman command of the run reads
-    (pushes, prewarm copies, the sandboxes' pulls); the file is deleted and the variable restored at exit.
-
-    Yields:
-        ``(endpoints, registry_ids)`` by role. An embedded registry's id is its instance id (a wiped one is
-        filled again); a block's is ``<address>/<namespace>@<run id>``: the lifecycle cannot see whether the
-        team's registry was wiped, so each run pushes again (skopeo skips the blobs already there).
-    """
-    endpoints, ids = dict(blocks), {role: f"{e.address}/{e.namespace}@{run_id}" for role, e in blocks.items()}
-    ports = {"source": config.registries.source_port, "target": config.registries.target_port}
-    servers = [RegistryServer(role, port, out_dir / "registry" / role) for role, port in ports.items()
-               if role not in blocks]
-    credentials = {e.address: (e.username, e.password) for e in blocks.values() if e.username and e.password}
-    with ExitStack() as stack:
-        stack.callback(lambda: [server.stop() for server in servers])
-        if credentials:
-            path = stack.enter_context(registry_auth.authfile(credentials))
-            previous = os.environ.get("REGISTRY_AUTH_FILE")
-            os.environ["REGISTRY_AUTH_FILE"] = str(path)
-            stack.callback(lambda: os.environ.pop("REGISTRY_AUTH_FILE", None) if previous is None
-                           else os.environ.__setitem__("REGISTRY_AUTH_FILE", previous))
-        for server in servers:
-            ids[server.name] = registry_tasks.start_registry(server.name, server.port, server.storage_dir)
-            endpoints[server.name] = RegistryEndpoint(address=f"127.0.0.1:{server.port}")
-        yield endpoints, ids
-
-
-def _repository_prefix(endpoint: RegistryEndpoint) -> str:
-    """``host:port`` or ``host:port/namespace``: what this registry's repository references start with."""
-    namespace = endpoint.namespace.strip("/")
-    return f"{endpoint.address}/{namespace}" if namespace else endpoint.address
-
-
 @flow(name="lifecycle", log_prints=True)
 def lifecycle(config: LifecycleConfig = LifecycleConfig()) -> dict[str, Any]:
     """Run the whole post-training lifecycle once; returns the summary written to summary.json.
@@ -150,7 +88,7 @@ def lifecycle(config: LifecycleConfig = LifecycleConfig()) -> dict[str, Any]:
     check_freeze_inputs(config.freeze.name, out_dir / "freezes", config.freeze_inputs())
     if config.base_model.kind != "tiny":  # the team's checkpoint can be had, before any image is built
         packaging_tasks.base_model_preflight(config.base_model)
-    blocks = _registry_blocks(config)  # the team's registries: a missing or half-set block is refused now
+    blocks = registry_blocks(config.registries)  # the team's registries: a missing or half-set block is refused now
     serving = serving_tasks.serving_backend(config.serving.block, config.serving.ports)  # a missing block: refused now
     serving_tasks.preflight_serving(serving, None)  # the slot plan holds required_context_tokens
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -161,7 +99,7 @@ def lifecycle(config: LifecycleConfig = LifecycleConfig()) -> dict[str, Any]:
     state_path = out_dir / "serving" / "state.json"
     result: dict[str, Any] = {}
     try:
-        with _registries(config, out_dir, run_id, blocks) as (endpoints, registry_ids):
+        with run_registries(config.registries, out_dir / "registry", run_id, blocks) as (endpoints, registry_ids):
             result = _run_stages(_Run(config, out_dir, run_id, log, store, state_path, registry_ids, serving,
                                       endpoints))
         logger.info("lifecycle finished: %d stages, summary at %s", len(log.stages), log.summary_path)
@@ -287,7 +225,7 @@ def _serve_baseline(run: _Run, served_base: Any) -> Any:
 
 def _environments(run: _Run) -> dict[str, _Env]:
     """1. environments: base image (debootstrap), one environment image per project -> source registry."""
-    log, src = run.log, _repository_prefix(run.registries["source"])
+    log, src = run.log, repository_prefix(run.registries["source"])
     with log.stage("environments") as st:
         base = log.call(registry_tasks.base_image)
         envs: dict[str, _Env] = {}

@@ -1,6 +1,7 @@
 """Registry flows: migrate images between registries, audit a target's coverage, rewrite recorded
 references, plan the sharded prewarm. Thin: they resolve blocks and inputs, map the tasks of
-``tasks/registry.py`` and publish artifacts.
+``tasks/registry.py`` and publish artifacts. Also the registries of a lifecycle run
+(:func:`registry_blocks`, :func:`run_registries`): the team's blocks or embedded loopback registries.
 
 Entry points (``prefect.yaml`` deployments are registered by the lead):
 
@@ -12,7 +13,10 @@ Entry points (``prefect.yaml`` deployments are registered by the lead):
 
 from __future__ import annotations
 
+import os
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 from prefect import flow, get_run_logger, unmapped
@@ -24,10 +28,13 @@ from blocks.core import RegistryEndpoint
 from forgeflow.common.errors import InputError, MigrationIncompleteError
 from forgeflow.common.fsutil import read_jsonl_objects
 from forgeflow.common.settings import apply_container_env, home_dir
+from forgeflow.config import RegistrySettings
 from forgeflow.ledger.store import Store
+from forgeflow.registry import auth as registry_auth
 from forgeflow.registry import coverage, imageref
 from forgeflow.registry import migration as migrate
 from forgeflow.registry.layout import PrewarmPlan, shard_layout
+from forgeflow.registry.server import RegistryServer
 from tasks import registry as registry_ops
 from tasks.common import markdown_artifact, table_artifact
 
@@ -395,3 +402,63 @@ def prewarm_plan(tasks_path: Path | None = None, shards: int = 80, lanes: int = 
         markdown_artifact("prewarm-plan-histogram", f"![projected tags per repository]({uri})\n\n{png}",
                           "Projected tags per repository")
     return plan.check()
+
+
+def registry_blocks(settings: RegistrySettings) -> dict[str, RegistryEndpoint]:
+    """The team's registries of a lifecycle run by role (``source``/``target``), loaded from the
+    ``forgeflow-registry`` blocks ``settings.source_block`` / ``target_block`` names (roles without one: absent).
+
+    Raises:
+        InputError: a block is not saved or holds a bad address/namespace, or credentials are half set
+            (a user without a password or the reverse), each naming the block's role.
+    """
+    names = {"source": settings.source_block, "target": settings.target_block}
+    blocks = {role: registry_endpoint(name, role) for role, name in names.items() if name is not None}
+    for role, endpoint in blocks.items():
+        has_password = endpoint.password is not None and bool(endpoint.password.get_secret_value())
+        if bool(endpoint.username) != has_password:
+            raise InputError(f"{role} registry block {names[role]!r} ({endpoint.address}): set both username and "
+                             "password, or neither")
+    return blocks
+
+
+@contextmanager
+def run_registries(settings: RegistrySettings, storage_root: Path, run_id: str,
+                   blocks: dict[str, RegistryEndpoint]) -> Iterator[tuple[dict[str, RegistryEndpoint], dict[str, str]]]:
+    """A lifecycle run's source and target registries: the team's (``blocks``, from :func:`registry_blocks`)
+    or embedded loopback ones started here, on ``settings.source_port``/``target_port`` with their storage
+    under ``storage_root/<role>``.
+
+    Embedded registries are stopped, by PID, when the ``with``
+    ends. Credentials of the blocks go into one containers-auth.json (mode 600) for the run, exported as
+    ``REGISTRY_AUTH_FILE`` (containers-auth.json(5)), which every skopeo and podman command of the run reads
+    (pushes, prewarm copies, the sandboxes' pulls); the file is deleted and the variable restored at exit.
+
+    Yields:
+        ``(endpoints, registry_ids)`` by role. An embedded registry's id is its instance id (a wiped one is
+        filled again); a block's is ``<address>/<namespace>@<run id>``: the lifecycle cannot see whether the
+        team's registry was wiped, so each run pushes again (skopeo skips the blobs already there).
+    """
+    endpoints, ids = dict(blocks), {role: f"{e.address}/{e.namespace}@{run_id}" for role, e in blocks.items()}
+    ports = {"source": settings.source_port, "target": settings.target_port}
+    servers = [RegistryServer(role, port, storage_root / role) for role, port in ports.items()
+               if role not in blocks]
+    credentials = {e.address: (e.username, e.password) for e in blocks.values() if e.username and e.password}
+    with ExitStack() as stack:
+        stack.callback(lambda: [server.stop() for server in servers])
+        if credentials:
+            path = stack.enter_context(registry_auth.authfile(credentials))
+            previous = os.environ.get("REGISTRY_AUTH_FILE")
+            os.environ["REGISTRY_AUTH_FILE"] = str(path)
+            stack.callback(lambda: os.environ.pop("REGISTRY_AUTH_FILE", None) if previous is None
+                           else os.environ.__setitem__("REGISTRY_AUTH_FILE", previous))
+        for server in servers:
+            ids[server.name] = registry_ops.start_registry(server.name, server.port, server.storage_dir)
+            endpoints[server.name] = RegistryEndpoint(address=f"127.0.0.1:{server.port}")
+        yield endpoints, ids
+
+
+def repository_prefix(endpoint: RegistryEndpoint) -> str:
+    """``host:port`` or ``host:port/namespace``: what this registry's repository references start with."""
+    namespace = endpoint.namespace.strip("/")
+    return f"{endpoint.address}/{namespace}" if namespace else endpoint.address
