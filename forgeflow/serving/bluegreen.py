@@ -356,6 +356,7 @@ def swap(state_path: Path, new_gguf: Path, gguf_sha256: str, backend: BackendCon
     """Blue/green swap in one call: :func:`stage` (start on the idle port of ``backend.ports``, gate)
     then :func:`promote` (record generation + 1, at least ``min_generation``, and stop the old server
     by its recorded PID).
+    ``api_key`` goes to an external endpoint (see :func:`stage`).
 
     Returns:
         SwapResult with ``rolled_back`` False.
