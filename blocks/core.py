@@ -233,12 +233,18 @@ def secret_token(name: str, what: str) -> SecretStr:
 class ServingBackend(Block):
     """The model server a swap starts: llama-cpp-python's OpenAI server (the embedded default) or
     llama.cpp's own ``llama-server`` with slots, a KV cache type and GPU offload, blue/green on two
-    ports of one address (loopback by default). The fields are
-    :class:`forgeflow.serving.backend.BackendConfig`'s; the ``serve`` and ``promote`` flows and the
-    lifecycle take the block's name (``serving_block``)."""
+    ports of one address (loopback by default); or ``kind="external"``, an OpenAI-compatible endpoint
+    forgeflow does not start (``base_url`` with its ``/v1``, ``model_alias`` it serves, optionally
+    ``api_key_secret``: the *name* of a Prefect ``Secret`` block holding its key, read with
+    :func:`secret_token` only when a swap calls the endpoint). The fields are
+    :class:`forgeflow.serving.backend.BackendConfig`'s (a started server's option set with kind
+    external is refused naming it, by :meth:`config`); the ``serve`` and ``promote`` flows take the
+    block's name (``serving_block``), and so does the lifecycle (which refuses kind external: it serves
+    GGUFs it makes itself)."""
 
     _block_type_name = "forgeflow-serving"
-    kind: str = Field("llama-cpp-python", description="llama-cpp-python or llama-server")
+    kind: str = Field("llama-cpp-python", description="llama-cpp-python, llama-server or external (an "
+                      "OpenAI-compatible endpoint forgeflow does not start)")
     ports: tuple[int, int] = Field((8801, 8802), description="blue/green ports")
     host: str = Field("127.0.0.1", description="IPv4 address the servers bind: 127.0.0.1 (this machine), an "
                       "interface's address, or 0.0.0.0 (every interface)")
@@ -254,6 +260,10 @@ class ServingBackend(Block):
     startup_timeout_s: float = Field(120.0, description="seconds a start may take")
     binary: str | None = Field(None, description="a llama-server executable on the worker (default: the build "
                                "cached once per machine, with CUDA when n_gpu_layers > 0)")
+    base_url: str | None = Field(None, description="external: the endpoint's API root with its version path, "
+                                 "e.g. http://10.0.0.5:8000/v1 (/models and /chat/completions are appended)")
+    api_key_secret: str | None = Field(None, description="external: name of the Prefect Secret block holding the "
+                                       "endpoint's API key (never the key); none: no key")
 
     def config(self) -> BackendConfig:
         """The block as a :class:`forgeflow.serving.backend.BackendConfig`.

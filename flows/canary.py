@@ -181,7 +181,7 @@ def resolve_endpoint(endpoint: CanaryEndpoint) -> tuple[str, str, str]:
     if state is None:
         raise InputError(f"canary: no serving state at {path}: run the serve flow first, or give base_url and "
                          "model_sha256")
-    if state.pid is None or not state.base_url:
+    if not state.live or not state.base_url:
         raise PreflightError(f"canary: the server recorded in {path} (generation {state.generation}) is stopped")
     if model_sha256 is not None and model_sha256 != state.gguf_sha256:
         raise InputError(f"canary: model_sha256 {model_sha256} differs from the served GGUF {state.gguf_sha256} "

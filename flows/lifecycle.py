@@ -89,7 +89,8 @@ def lifecycle(config: LifecycleConfig = LifecycleConfig()) -> dict[str, Any]:
     if config.base_model.kind != "tiny":  # the team's checkpoint can be had, before any image is built
         packaging_tasks.base_model_preflight(config.base_model)
     blocks = registry_blocks(config.registries)  # the team's registries: a missing or half-set block is refused now
-    serving = serving_tasks.serving_backend(config.serving.block, config.serving.ports)  # a missing block: refused now
+    # a missing block, or an external endpoint (it cannot load the GGUFs this run makes): refused now
+    serving = serving_tasks.serving_backend(config.serving.block, config.serving.ports, started_only=True)
     serving_tasks.preflight_serving(serving, None)  # the slot plan holds required_context_tokens
     out_dir.mkdir(parents=True, exist_ok=True)
     run_id = str(flow_run.get_id() or "")
@@ -107,7 +108,7 @@ def lifecycle(config: LifecycleConfig = LifecycleConfig()) -> dict[str, Any]:
     finally:
         if not config.serving.keep_running:
             stopped = bluegreen.stop_active(state_path)
-            if stopped is not None and stopped.pid is not None:  # it was live: the ledger says so no more
+            if stopped is not None and stopped.live:  # it was live: the ledger says so no more
                 store.record_serving_generation(serving_tasks.generation_row(stopped, "retired", run_id))
         log.finish(result)  # summary.json + the stage table artifact
 

@@ -63,8 +63,9 @@ def promote(baseline_job: str, candidate_job: str, gguf_path: Path,
         ports: the blue/green ports (default: the serving backend's).
         hf_dir: the HF checkpoint the GGUF was converted from (default: the store's record).
         serving_block: the ``forgeflow-serving`` block the candidate is served with (see the ``serve``
-            flow; default llama-cpp-python, 4,096 tokens); loaded before the comparison, so a missing or
-            invalid block is refused before any work.
+            flow; default llama-cpp-python, 4,096 tokens; ``kind="external"``: the endpoint that already
+            serves the candidate is checked and recorded, nothing starts); loaded before the comparison,
+            so a missing or invalid block is refused before any work.
 
     Raises:
         InputError: ``gguf_path`` is missing, a job is missing, the candidate job canaried another

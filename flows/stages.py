@@ -23,6 +23,7 @@ from forgeflow.packaging.checkpoint import BaseModelSource, CheckpointRecord
 from forgeflow.packaging.gguf import QuantSpec, quant_plan
 from forgeflow.packaging.gguf_metadata import MetadataEdit, recorded_edited_values, validate_metadata_edits
 from forgeflow.packaging.release import ReleaseSources
+from forgeflow.serving.external import EndpointCheck
 from tasks import curation
 from tasks import evaluation as evaluation_tasks
 from tasks import packaging as model_tasks
@@ -275,8 +276,17 @@ def serve(gguf_path: Path, state_path: Path | None = None, ports: tuple[int, int
     ``rolled_back`` generation (numbered above every generation, so numbers stay unique; the state
     file and the old server are untouched).
 
+    With an external endpoint (a block of ``kind="external"``: vLLM, a llama-server the team runs, a
+    hosted API) nothing starts or stops: ``gguf_path`` is the model file the user says the endpoint
+    serves, and its sha256 is the ``model_sha256`` recorded (in the state file and the store, what the
+    canary and ``promote`` compare against). A GGUF is checked against its HF config as above; another
+    file (e.g. the checkpoint a vLLM endpoint loaded) is not, and ``checks`` says so. The endpoint must
+    list ``model_alias`` on ``/models`` and answer a smoke completion; if it answers llama-server's
+    ``/props``, the file it loaded and its per-slot context are checked too; the result's ``checks``
+    name each check and whether it ran (the accelerator check never does).
+
     Args:
-        gguf_path: the GGUF to serve.
+        gguf_path: the GGUF to serve (external: the model file the endpoint serves; required).
         state_path: the serving state file.
         ports: the two blue/green ports on 127.0.0.1 (default: the serving backend's, 8801/8802).
         hf_dir: the HF checkpoint folder (``config.json``) the GGUF was converted from; default: the one
@@ -285,10 +295,11 @@ def serve(gguf_path: Path, state_path: Path | None = None, ports: tuple[int, int
             server (llama-cpp-python, or llama-server with slots, KV cache type and GPU offload),
             context, alias; default: llama-cpp-python with a 4,096-token context. Its slot plan is
             checked against ``required_context_tokens`` and the GGUF's training context before any
-            server starts.
+            server starts. ``kind="external"``: the endpoint at the block's ``base_url`` is used instead.
 
     Returns:
-        :class:`tasks.serving.SwapOutcome` as JSON (``promoted``, ``verdict``, ``state``, ``previous``).
+        :class:`tasks.serving.SwapOutcome` as JSON (``promoted``, ``verdict``, ``state``, ``previous``,
+        ``checks``: external endpoints' checks, each ``passed``, ``partial`` or ``not_run``).
 
     Raises:
         InputError: ``gguf_path`` is not a file, no config to check it against (no ``hf_dir`` and the
@@ -299,7 +310,10 @@ def serve(gguf_path: Path, state_path: Path | None = None, ports: tuple[int, int
         GGUFError: the GGUF is unreadable or differs from its config (nothing started).
         SwapRolledBackError: the new server did not start or failed its gate, ``/props`` (llama-server:
             another file, a smaller slot) or its accelerator check (the old one serves on; the attempt
-            is recorded as ``rolled_back``).
+            is recorded as ``rolled_back``); external: its smoke completion failed.
+        PreflightError: external: the endpoint does not answer (the URL named; nothing recorded).
+        InputError: external: it answered 401/403, does not list ``model_alias``, or its ``/props``
+            names another model file (the URL named; nothing recorded).
     """
     from forgeflow.common.fsutil import sha256_file
 
@@ -307,11 +321,16 @@ def serve(gguf_path: Path, state_path: Path | None = None, ports: tuple[int, int
         raise InputError(f"gguf_path {str(gguf_path)!r} is not a file")
     backend = serving_tasks.serving_backend(serving_block, tuple(ports) if ports is not None else None)
     gguf_sha256 = sha256_file(gguf_path)
-    check = serving_tasks.check_serving_gguf(gguf_path, gguf_sha256, hf_dir)
-    serving_tasks.preflight_serving(backend, check.context_length)
+    check = serving_tasks.check_serving_gguf(gguf_path, gguf_sha256, hf_dir, external=backend.kind == "external")
+    serving_tasks.preflight_serving(backend, check.context_length if check is not None else None)
     outcome = serving_tasks.swap_transaction(state_path or home_dir() / "serving" / "state.json", gguf_path,
                                              gguf_sha256, backend, lambda staged: "promote")
     serving_tasks.record_promotion(outcome, str(flow_run.get_id() or "") or None)
+    if backend.kind == "external":
+        metadata = (EndpointCheck(name="gguf_metadata", status="not_run", detail=f"{gguf_path} is not a GGUF")
+                    if check is None else EndpointCheck(name="gguf_metadata", status="passed",
+                                                        detail=f"{Path(gguf_path).name} matches its HF config"))
+        outcome = outcome.model_copy(update={"checks": (metadata, *outcome.checks)})
     return outcome.model_dump(mode="json")
 
 

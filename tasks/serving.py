@@ -19,19 +19,27 @@ from forgeflow.packaging import gguf
 from forgeflow.packaging.gguf_metadata import recorded_edited_values
 from forgeflow.serving import bluegreen
 from forgeflow.serving.backend import BackendConfig, backend_config
+from forgeflow.serving.external import EndpointCheck
 from forgeflow.serving.llama_server import ContextPlan
 from tasks.common import flow_run_id, load_block, run_logger
 
 
 @task(cache_policy=NO_CACHE)
-def serving_backend(block_name: str | None, ports: tuple[int, int] | None = None) -> BackendConfig:
+def serving_backend(block_name: str | None, ports: tuple[int, int] | None = None,
+                    started_only: bool = False) -> BackendConfig:
     """The serving backend of the ``forgeflow-serving`` block ``block_name``
     (:class:`blocks.core.ServingBackend`), or the embedded default when None (llama-cpp-python, a
-    4,096-token context, ports 8801/8802); ``ports``, when given, replaces the backend's two ports.
+    4,096-token context, ports 8801/8802); ``ports``, when given, replaces the backend's two ports
+    (refused for ``kind="external"``, which has none).
+
+    Args:
+        started_only: refuse ``kind="external"`` (the lifecycle: it serves the GGUFs it makes, which
+            only a server forgeflow starts can load).
 
     Raises:
-        InputError: no such block, its fields are not a valid backend, or ``ports`` are not two
-            distinct ports in 1024..65535 (the field named).
+        InputError: no such block, its fields are not a valid backend, ``ports`` are not two
+            distinct ports in 1024..65535 or are given for an external endpoint (the field named), or
+            ``started_only`` and the block is external.
     """
     if block_name is None:
         backend = BackendConfig()
@@ -39,22 +47,46 @@ def serving_backend(block_name: str | None, ports: tuple[int, int] | None = None
         from blocks.core import ServingBackend
 
         backend = load_block(ServingBackend, block_name, "serving").config()
+    if started_only and backend.kind == "external":
+        raise errors.InputError(f"serving block {block_name!r} is kind 'external' ({backend.base_url}): the lifecycle "
+                                "serves the GGUFs it makes and needs a server it starts (llama-cpp-python or "
+                                "llama-server); use the serve or promote flow for an external endpoint")
     if ports is not None:
         backend = backend_config({**backend.model_dump(), "ports": tuple(ports)}, "ports")
     run_logger().info("serving backend%s: %s", f" {block_name!r}" if block_name else "", backend.describe())
     return backend
 
 
+def endpoint_api_key(backend: BackendConfig | None) -> str | None:
+    """The key of an external endpoint, read now from the Prefect Secret block its ``api_key_secret``
+    names (:func:`blocks.core.secret_token`); None without one. Read inside the task that calls the
+    endpoint, so the key is never a task parameter, a result or a log line.
+
+    Raises:
+        InputError: the Secret block does not exist or holds an empty value.
+    """
+    if backend is None or not backend.api_key_secret:
+        return None
+    from blocks.core import secret_token
+
+    return secret_token(backend.api_key_secret, "serving api_key_secret").get_secret_value()
+
+
 @task(cache_policy=NO_CACHE)
-def preflight_serving(backend: BackendConfig, n_ctx_train: int | None) -> ContextPlan:
+def preflight_serving(backend: BackendConfig, n_ctx_train: int | None) -> ContextPlan | None:
     """Refuse, before any server starts, a backend whose slots cannot hold the context a request
     needs (:meth:`forgeflow.serving.backend.BackendConfig.preflight`, capped by the GGUF's training
     context ``n_ctx_train``, tokens).
+
+    An external endpoint has no plan here (None): its slots are read from ``/props`` when it answers it.
 
     Raises:
         ContextPreflightError: a slot holds fewer tokens than ``backend.required_context_tokens``.
     """
     plan = backend.preflight(n_ctx_train)
+    if plan is None:
+        run_logger().info("external endpoint: no slot plan before the swap (read from /props if it answers)")
+        return None
     run_logger().info("serving plan: %d slot(s) of %d tokens (pool %d%s)", plan.n_parallel, plan.per_slot,
                       plan.n_ctx, ", unified" if plan.kv_unified else "")
     return plan
@@ -69,7 +101,8 @@ def serve_swap(state_path: Path, gguf_path: Path, gguf_sha256: str,
     SwapRolledBackError. The new generation is numbered above every one the store records
     (:func:`store_min_generation`). Never cached: a server is a live process, not a result."""
     try:
-        return bluegreen.swap(state_path, gguf_path, gguf_sha256, backend, min_generation=store_min_generation())
+        return bluegreen.swap(state_path, gguf_path, gguf_sha256, backend, min_generation=store_min_generation(),
+                              api_key=endpoint_api_key(backend))
     except errors.SwapRolledBackError as exc:
         record_rollback(exc.result, flow_run_id())
         raise
@@ -98,7 +131,8 @@ def record_rollback(result: bluegreen.SwapResult | None, run_id: str | None) -> 
 
 
 @task(cache_policy=NO_CACHE)
-def check_serving_gguf(gguf_path: Path, gguf_sha256: str, hf_dir: Path | None = None) -> gguf.GGUFCheck:
+def check_serving_gguf(gguf_path: Path, gguf_sha256: str, hf_dir: Path | None = None,
+                       external: bool = False) -> gguf.GGUFCheck | None:
     """Check a GGUF's metadata against its HF config before any server starts (the package stage's
     :func:`forgeflow.packaging.gguf.check_gguf`: architecture, layers, context, widths, heads, vocabulary,
     chat template). The config is ``hf_dir``'s, else the checkpoint the store records the GGUF was
@@ -106,12 +140,20 @@ def check_serving_gguf(gguf_path: Path, gguf_sha256: str, hf_dir: Path | None = 
     metadata edit set on this GGUF (the package flow's ``metadata_edits``) are checked against the edit.
     Reads the GGUF header and the config only; never cached (the file at the path can change).
 
+    With ``external`` (the model file an external endpoint serves) a file that is not a GGUF (e.g. the
+    checkpoint file a vLLM endpoint loaded) is not checked: None, and a warning says so; its sha256 is
+    still what the swap records.
+
     Raises:
         GGUFError (an InputError): the file is not a readable GGUF, or a key differs from the config
             (the message names the file, the key, the expected and the found value).
         InputError: ``hf_dir`` is not a folder with a ``config.json``, or none is given and the store
             records no checkpoint (with a ``config.json``) the GGUF was converted from.
     """
+    if external and not _is_gguf(Path(gguf_path)):
+        run_logger().warning("%s is not a GGUF: its metadata is not checked against an HF config; the swap records "
+                             "its sha256 %s as the served model's", gguf_path, gguf_sha256)
+        return None
     store = ledger.Store()
     try:
         store.upgrade()
@@ -131,6 +173,12 @@ def check_serving_gguf(gguf_path: Path, gguf_sha256: str, hf_dir: Path | None = 
     run_logger().info("%s matches the config of %s (%s, %d blocks, context %d, vocabulary %d)", Path(gguf_path).name,
                    hf_dir, check.architecture, check.block_count, check.context_length, check.vocab_size)
     return check
+
+
+def _is_gguf(path: Path) -> bool:
+    """True when the file starts with the GGUF magic ``GGUF``."""
+    with open(path, "rb") as fh:
+        return fh.read(4) == b"GGUF"
 
 
 def store_min_generation() -> int:
@@ -165,12 +213,18 @@ def stage_server(state_path: Path, gguf_path: Path, gguf_sha256: str,
 
     Inside a Prefect transaction (:func:`swap_transaction`, the lifecycle's serve stages) the staged
     server is remembered in the task's transaction, and the ``on_rollback`` hook stops it when any
-    later step of the transaction fails (and records that swap as rolled back too)."""
+    later step of the transaction fails (and records that swap as rolled back too).
+
+    ``backend.kind == "external"``: nothing starts; the endpoint is probed and gated with the key of
+    its ``api_key_secret`` (:func:`endpoint_api_key`), and its checks are logged, those that could not
+    run named (:func:`forgeflow.serving.bluegreen._stage_external`)."""
     try:
-        staged = bluegreen.stage(state_path, gguf_path, gguf_sha256, backend)
+        staged = bluegreen.stage(state_path, gguf_path, gguf_sha256, backend, endpoint_api_key(backend))
     except errors.SwapRolledBackError as exc:
         record_rollback(exc.result, flow_run_id())
         raise
+    for check in staged.checks:
+        run_logger().info("%s check %s: %s", check.name, check.status.replace("_", " "), check.detail)
     txn = get_transaction()
     if txn is not None:
         txn.set(STAGED_SERVER_KEY, staged.model_dump(mode="json"))
@@ -213,6 +267,9 @@ class SwapOutcome(BaseModel):
         state: the serving state afterwards (the old one when not promoted).
         previous: the serving state the promotion replaced (None when there was none or when
             not promoted).
+        checks: the staged endpoint's checks and whether each ran (external endpoints:
+            :class:`forgeflow.serving.external.EndpointCheck`; empty for a server forgeflow started,
+            whose checks are part of its start).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -221,6 +278,7 @@ class SwapOutcome(BaseModel):
     verdict: str
     state: bluegreen.ServingState | None
     previous: bluegreen.ServingState | None = None
+    checks: tuple[EndpointCheck, ...] = ()
 
 
 def swap_transaction(state_path: Path, gguf_path: Path, gguf_sha256: str, backend: BackendConfig | None,
@@ -243,9 +301,11 @@ def swap_transaction(state_path: Path, gguf_path: Path, gguf_sha256: str, backen
         verdict = gate(staged)
         if verdict == "promote":
             swap = promote_server(state_path, staged)
-            return SwapOutcome(promoted=True, verdict=verdict, state=swap.current, previous=swap.previous)
+            return SwapOutcome(promoted=True, verdict=verdict, state=swap.current, previous=swap.previous,
+                               checks=staged.checks)
         discard_server(staged)
-        return SwapOutcome(promoted=False, verdict=verdict, state=bluegreen.read_state(state_path))
+        return SwapOutcome(promoted=False, verdict=verdict, state=bluegreen.read_state(state_path),
+                           checks=staged.checks)
 
 
 @task(cache_policy=NO_CACHE)

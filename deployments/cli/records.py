@@ -260,7 +260,7 @@ def _serving_status(store: "Store", home: Path) -> Optional[dict]:
             continue
         if state is not None and (state.generation, state.active_port, state.gguf_sha256) == (
                 row.generation, row.port, row.gguf_sha256):
-            return {**out, "live": state.pid is not None, "state_path": str(home / relative)}
+            return {**out, "live": state.live, "state_path": str(home / relative)}
     return out
 
 

@@ -6,16 +6,22 @@ embedded default is llama-cpp-python's server with a 4,096-token context on port
 ``kind="llama-server"`` starts llama.cpp's own server with slots (``-np``), a unified or split KV
 pool, a KV cache type and GPU offload, and :meth:`BackendConfig.preflight` refuses a plan whose
 slots cannot hold the context a request needs before anything starts
-(:func:`forgeflow.serving.llama_server.preflight_context`). Any other OpenAI-compatible endpoint is
-used by URL (the health gate and the canary take a base URL) and is not started by forgeflow.
+(:func:`forgeflow.serving.llama_server.preflight_context`). ``kind="external"`` is an
+OpenAI-compatible endpoint forgeflow does not start (vLLM, a llama-server a team runs itself, a hosted
+API): ``base_url`` is its API root *including* the version path (``http://10.0.0.5:8000/v1``, the
+form of :attr:`forgeflow.serving.server.ModelServer.base_url`, of the serving state's ``base_url`` and
+of the canary's: forgeflow appends ``/models`` and ``/chat/completions``), ``api_key_secret`` the name
+of a Prefect Secret block holding its key, and a swap only checks and re-points to it
+(:mod:`forgeflow.serving.external`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from forgeflow.common import errors
 from forgeflow.serving.llama_server import (
@@ -31,20 +37,55 @@ from forgeflow.serving.server import DEFAULT_ALIAS, LOOPBACK_HOST, ModelServer, 
 
 DEFAULT_PORTS: tuple[int, int] = (8801, 8802)
 _LLAMA_SERVER_ONLY = ("n_parallel", "kv_unified", "n_gpu_layers", "cache_type", "binary")
+_STARTED_ONLY = ("ports", "host", "n_ctx", "n_parallel", "kv_unified", "cache_type", "n_gpu_layers", "n_threads",
+                 "startup_timeout_s", "binary")
+"""Fields that only make sense for a server forgeflow starts: refused (named) with ``kind="external"``."""
+_EXTERNAL_ONLY = ("base_url", "api_key_secret")
+BACKEND_KINDS = ("llama-cpp-python", "llama-server", "external")
+
+
+def check_base_url(url: str) -> str:
+    """``url`` without a trailing ``/`` if it is an ``http``/``https`` URL with a host and no query,
+    fragment or credentials (the API root of an OpenAI-compatible endpoint, e.g.
+    ``http://10.0.0.5:8000/v1``).
+
+    Raises:
+        ValueError: anything else (the reason named; :func:`backend_config` turns it into an InputError).
+    """
+    try:
+        parts = urlsplit(url)
+        _ = parts.port  # raises for a port that is not a number in 0..65535
+    except ValueError as exc:
+        raise ValueError(f"base_url {url!r} is not a URL: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"base_url {url!r} must be an http:// or https:// URL with a host "
+                         "(the API root, e.g. http://10.0.0.5:8000/v1)")
+    if parts.query or parts.fragment or parts.username or parts.password:
+        raise ValueError(f"base_url {url!r} must carry no query, fragment or credentials (the key goes in a "
+                         "Secret block named by api_key_secret)")
+    return url.rstrip("/")
 
 
 class BackendConfig(BaseModel):
     """How a GGUF is served.
 
     Attributes:
-        kind: ``llama-cpp-python`` (``python -m llama_cpp.server``, the embedded default) or
-            ``llama-server`` (llama.cpp's binary, :class:`forgeflow.serving.llama_server.LlamaServer`).
+        kind: ``llama-cpp-python`` (``python -m llama_cpp.server``, the embedded default),
+            ``llama-server`` (llama.cpp's binary, :class:`forgeflow.serving.llama_server.LlamaServer`) or
+            ``external`` (an OpenAI-compatible endpoint forgeflow does not start; only ``base_url``,
+            ``api_key_secret``, ``model_alias`` and ``required_context_tokens`` apply).
+        base_url: ``external`` only (and required there): the endpoint's API root with its version path,
+            ``http(s)://host[:port]/v1``; ``/models`` and ``/chat/completions`` are appended to it, and
+            llama-server's ``/props`` is asked at it less a trailing ``/v1``.
+        api_key_secret: ``external`` only: the name of a Prefect ``Secret`` block holding the key sent as
+            ``Authorization: Bearer`` (never the key itself); None: no key.
         ports: the two blue/green TCP ports (distinct, 1024-65535).
         host: the IPv4 address both servers bind: ``127.0.0.1`` (this machine only, the default),
             an interface's address, or ``0.0.0.0`` (every interface: pods, Ray nodes or canaries on
             other machines reach it at this machine's address; the recorded endpoint stays
             ``127.0.0.1``).
-        model_alias: the model name clients send (one word).
+        model_alias: the model name clients send (one word); ``external``: the name the endpoint's
+            ``/models`` must list.
         n_ctx: the context (llama-server: the whole KV pool ``-c``), tokens (>= 16).
         n_parallel: llama-server slots ``-np`` (-1: auto, 4 slots on a unified cache).
         kv_unified: llama-server ``--kv-unified`` (every slot may use the whole pool).
@@ -53,19 +94,22 @@ class BackendConfig(BaseModel):
         n_gpu_layers: llama-server ``-ngl``; > 0 makes a server that offloads nothing a failed start.
         required_context_tokens: the context one request needs (prompt + completion), tokens;
             checked before the start against the slot plan (and the GGUF's training context when
-            known) and after it against ``/props``. None: no check.
+            known) and after it against ``/props`` (``external``: against the GGUF's training context,
+            and ``/props`` when the endpoint answers it). None: no check.
         n_threads: CPU threads for generation (None: llama.cpp's default).
         startup_timeout_s: seconds a start may take before it is a failed start.
         binary: a llama-server executable to use instead of the cached build.
 
     Raises:
-        pydantic.ValidationError: a field out of range, two equal ports, or a llama-server option
-            (named) set with ``kind="llama-cpp-python"``, which cannot honour it.
+        pydantic.ValidationError: a field out of range, two equal ports, a llama-server option
+            (named) set with ``kind="llama-cpp-python"``, which cannot honour it, a started server's
+            option (named) set with ``kind="external"``, ``external`` without a valid ``base_url``, or
+            ``base_url``/``api_key_secret`` with another kind.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    kind: Literal["llama-cpp-python", "llama-server"] = "llama-cpp-python"
+    kind: Literal["llama-cpp-python", "llama-server", "external"] = "llama-cpp-python"
     ports: tuple[int, int] = DEFAULT_PORTS
     host: str = LOOPBACK_HOST
     model_alias: str = Field(DEFAULT_ALIAS, pattern=r"^\S+$")
@@ -78,9 +122,17 @@ class BackendConfig(BaseModel):
     n_threads: int | None = Field(None, ge=1)
     startup_timeout_s: float = Field(120.0, gt=0)
     binary: Path | None = None
+    base_url: str | None = None
+    api_key_secret: str | None = Field(None, min_length=1)
+
+    @field_validator("base_url")
+    @classmethod
+    def _check_base_url(cls, value: str | None) -> str | None:
+        return None if value is None else check_base_url(value)
 
     @model_validator(mode="after")
     def _check(self) -> "BackendConfig":
+        self._check_external()
         for port in self.ports:
             if not 1024 <= port <= 65535:
                 raise ValueError(f"ports: {port} is outside 1024..65535")
@@ -102,6 +154,30 @@ class BackendConfig(BaseModel):
                                  "has one slot, no KV cache type and no offload check here)")
         return self
 
+    def _check_external(self) -> None:
+        """``external`` needs a valid ``base_url`` and none of a started server's options; other kinds
+        take neither ``base_url`` nor ``api_key_secret`` (raises ValueError naming the fields)."""
+        defaults = BackendConfig.model_fields
+        if self.kind != "external":
+            given = [name for name in _EXTERNAL_ONLY if getattr(self, name) is not None]
+            if given:
+                raise ValueError(f"{', '.join(given)} need kind 'external' (kind {self.kind!r} starts its own "
+                                 "server on ports)")
+            return
+        changed = [name for name in _STARTED_ONLY if getattr(self, name) != defaults[name].default]
+        if changed:
+            raise ValueError(f"{', '.join(changed)} cannot be set with kind 'external': forgeflow does not start "
+                             "that server (set them where it runs); give base_url, model_alias, api_key_secret, "
+                             "required_context_tokens")
+        if not self.base_url:
+            raise ValueError("kind 'external' needs base_url (the endpoint's API root, e.g. http://10.0.0.5:8000/v1)")
+
+    @property
+    def external_port(self) -> int:
+        """The TCP port of ``base_url`` (explicit, else 80 for http and 443 for https); ``external`` only."""
+        parts = urlsplit(self.base_url or "")
+        return parts.port or (443 if parts.scheme == "https" else 80)
+
     def server_options(self) -> LlamaServerOptions:
         """The :class:`forgeflow.serving.llama_server.LlamaServerOptions` of this configuration
         (llama-server's slots, KV cache, offload and binary; the defaults for llama-cpp-python)."""
@@ -113,16 +189,19 @@ class BackendConfig(BaseModel):
         """The (not yet started) server of this configuration for ``gguf_path`` on ``port``.
 
         Raises:
-            InputError: the GGUF is missing or a value is out of range (named);
-                ContextPreflightError: a slot cannot hold ``required_context_tokens``.
+            InputError: the GGUF is missing or a value is out of range (named), or the kind is
+                ``external`` (forgeflow starts no server for it); ContextPreflightError: a slot cannot
+                hold ``required_context_tokens``.
         """
+        if self.kind == "external":
+            raise errors.InputError(f"kind 'external' ({self.base_url}) is not started by forgeflow; it has no server")
         if self.kind == "llama-server":
             return LlamaServer(gguf_path, port, self.model_alias, self.n_ctx, self.server_options(), log_path=log_path,
                                startup_timeout_s=self.startup_timeout_s, n_threads=self.n_threads, host=self.host)
         return ModelServer(gguf_path, port, self.model_alias, n_ctx=self.n_ctx, log_path=log_path,
                            startup_timeout_s=self.startup_timeout_s, n_threads=self.n_threads, host=self.host)
 
-    def preflight(self, n_ctx_train: int | None = None) -> ContextPlan:
+    def preflight(self, n_ctx_train: int | None = None) -> ContextPlan | None:
         """The slot plan, refused before anything starts when a slot cannot hold
         ``required_context_tokens``.
 
@@ -132,12 +211,19 @@ class BackendConfig(BaseModel):
 
         Returns:
             The :class:`~forgeflow.serving.llama_server.ContextPlan` (llama-cpp-python: one slot of
-            ``n_ctx``, capped by ``n_ctx_train``).
+            ``n_ctx``, capped by ``n_ctx_train``); None for ``external`` (its slots are not forgeflow's
+            to plan: they are read from ``/props`` when the endpoint answers it).
 
         Raises:
             ContextPreflightError: a slot holds fewer than ``required_context_tokens`` (the message
-                gives the numbers and the fixes).
+                gives the numbers and the fixes); ``external``: the model's training context is smaller.
         """
+        if self.kind == "external":
+            if self.required_context_tokens is not None and n_ctx_train and n_ctx_train < self.required_context_tokens:
+                raise ContextPreflightError(
+                    f"a request needs {self.required_context_tokens} tokens of context but the model was trained "
+                    f"for {n_ctx_train} (its context_length caps every slot of {self.base_url})")
+            return None
         if self.kind == "llama-server":
             if self.required_context_tokens is not None:
                 return preflight_context(self.required_context_tokens, self.n_ctx, self.n_parallel, self.kv_unified,
@@ -152,7 +238,10 @@ class BackendConfig(BaseModel):
         return ContextPlan(n_ctx=max(self.n_ctx, 256), n_parallel=1, kv_unified=False, per_slot=per_slot)
 
     def describe(self) -> str:
-        """One line for logs: kind, ports, context and slots."""
+        """One line for logs: kind, ports, context and slots (``external``: the URL and alias)."""
+        if self.kind == "external":
+            key = f", key from Secret block {self.api_key_secret!r}" if self.api_key_secret else ""
+            return f"external endpoint {self.base_url} serving {self.model_alias!r}{key}"
         where = f"{self.host} ports {list(self.ports)}"
         if self.kind == "llama-cpp-python":
             return f"llama-cpp-python on {where}, n_ctx {self.n_ctx}"

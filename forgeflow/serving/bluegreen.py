@@ -6,6 +6,11 @@ generation in the state file (written atomically, under a lock); the old server 
 recorded PID. A failed start or gate stops the new server, leaves the state file and the old server
 untouched and raises :class:`~forgeflow.common.errors.SwapRolledBackError` carrying the gate
 evidence.
+
+An external endpoint (``BackendConfig(kind="external")``) is never started or stopped: :func:`stage`
+probes it (:func:`forgeflow.serving.external.probe`) and gates it, :func:`promote` re-points the state
+file to it (``external`` True, no PID) and stops the old server only if forgeflow started it, and
+:func:`stop_active` marks an external generation ``stopped`` without signalling anything.
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow.common import errors
 from forgeflow.common.fsutil import atomic_write_json, file_lock, sha256_file
+from forgeflow.serving import external
 from forgeflow.serving.backend import BackendConfig
+from forgeflow.serving.external import EndpointCheck
 from forgeflow.serving.health import ServingGateResult, gate
 from forgeflow.serving.server import DEFAULT_ALIAS, LOOPBACK_HOST, _is_our_server, _port_is_open, stop_pid
 
@@ -34,26 +41,37 @@ class ServingState(BaseModel):
     Attributes:
         generation: 1 for the first swap, +1 per successful swap (or more: :func:`promote`'s
             ``min_generation`` keeps numbers unique among several state files).
-        active_port: the port the active server listens on.
-        gguf_path: the GGUF it serves.
+        active_port: the port the active server listens on (external: the port of ``base_url``).
+        gguf_path: the GGUF it serves (external: the model file the user says it serves).
         gguf_sha256: that file's sha256.
-        pid: the server's PID (None after :func:`stop_active`).
+        pid: the server's PID (None after :func:`stop_active`, and always for an external endpoint).
         model_alias: the model name clients send.
-        base_url: ``http://127.0.0.1:PORT/v1``.
+        base_url: ``http://127.0.0.1:PORT/v1`` (external: the block's ``base_url``).
         started_at: UTC time the generation went live (ISO 8601).
+        external: an endpoint forgeflow did not start (``kind="external"``): nothing to signal.
+        stopped: external only: :func:`stop_active` took it out of use (nothing was killed).
+        api_key_secret: external only: the Prefect Secret block holding its key (a name, never the key).
     """
 
     model_config = ConfigDict(frozen=True)
 
     schema_version: int = STATE_SCHEMA_VERSION
     generation: int = Field(ge=1)
-    active_port: int = Field(ge=1024, le=65535)
+    active_port: int = Field(ge=1, le=65535)
     gguf_path: Path
     gguf_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     pid: int | None = Field(default=None, ge=1)
     model_alias: str = DEFAULT_ALIAS
     base_url: str = ""
     started_at: str = ""
+    external: bool = False
+    stopped: bool = False
+    api_key_secret: str | None = None
+
+    @property
+    def live(self) -> bool:
+        """Recorded as serving: a started server with its PID, or an external endpoint not stopped."""
+        return not self.stopped if self.external else self.pid is not None
 
 
 class SwapResult(BaseModel):
@@ -109,21 +127,28 @@ class StagedServer(BaseModel):
     """A new server started on the idle port and gated, not yet the recorded endpoint.
 
     Attributes:
-        port / pid / base_url: where it answers.
+        port / pid / base_url: where it answers (pid None for an external endpoint).
         gguf_path / gguf_sha256: what it serves.
         model_alias: the model name clients send.
         gate: the health + smoke evidence.
+        external: an endpoint forgeflow did not start (never stopped by :func:`discard`).
+        api_key_secret: external only: the Secret block holding its key (a name).
+        checks: external only: every check and whether it ran
+            (:class:`forgeflow.serving.external.EndpointCheck`); empty for a started server.
     """
 
     model_config = ConfigDict(frozen=True)
 
     port: int
-    pid: int
+    pid: int | None
     base_url: str
     gguf_path: Path
     gguf_sha256: str
     model_alias: str
     gate: ServingGateResult
+    external: bool = False
+    api_key_secret: str | None = None
+    checks: tuple[EndpointCheck, ...] = ()
 
 
 def reap_orphans(log_path: Path, port: int, keep_pid: int | None = None) -> list[int]:
@@ -184,7 +209,8 @@ def _pick_port(state_path: Path, previous: ServingState | None, ports: tuple[int
                             f"by other processes on {LOOPBACK_HOST}; free one or give other ports")
 
 
-def stage(state_path: Path, new_gguf: Path, gguf_sha256: str, backend: BackendConfig | None = None) -> StagedServer:
+def stage(state_path: Path, new_gguf: Path, gguf_sha256: str, backend: BackendConfig | None = None,
+          api_key: str | None = None) -> StagedServer:
     """First half of a blue/green swap: serve ``new_gguf`` on the idle port and gate it.
 
     The recorded endpoint does not change, so callers can run more gates (canary tasks, the
@@ -195,7 +221,10 @@ def stage(state_path: Path, new_gguf: Path, gguf_sha256: str, backend: BackendCo
         new_gguf: the GGUF to serve.
         gguf_sha256: its sha256 (checked against the file before anything starts).
         backend: which server, on which two ports, with which context and slots
-            (:class:`forgeflow.serving.backend.BackendConfig`; default llama-cpp-python on 8801/8802).
+            (:class:`forgeflow.serving.backend.BackendConfig`; default llama-cpp-python on 8801/8802);
+            ``kind="external"``: nothing starts, the endpoint is probed and gated (:func:`_stage_external`).
+        api_key: external only: the key sent to the endpoint (read from ``backend.api_key_secret`` by
+            the caller); None: no key.
 
     Raises:
         InputError: the GGUF is missing or its sha256 differs from ``gguf_sha256``, or nothing is
@@ -204,6 +233,7 @@ def stage(state_path: Path, new_gguf: Path, gguf_sha256: str, backend: BackendCo
             ``backend.required_context_tokens`` cannot fit one slot (checked before anything starts).
         SwapRolledBackError: the new server did not start, failed its gate, its ``/props`` or its
             accelerator check (it is stopped; the old server still serves); ``.result`` holds the evidence.
+        PreflightError / InputError / ContextPreflightError: external only, see :func:`_stage_external`.
     """
     backend = backend or BackendConfig()
     new_gguf = Path(new_gguf).resolve()
@@ -212,6 +242,8 @@ def stage(state_path: Path, new_gguf: Path, gguf_sha256: str, backend: BackendCo
     actual = sha256_file(new_gguf)
     if actual != gguf_sha256:
         raise errors.InputError(f"gguf_sha256 {gguf_sha256!r} does not match {new_gguf} (sha256 {actual})")
+    if backend.kind == "external":
+        return _stage_external(state_path, new_gguf, gguf_sha256, backend, api_key)
     with _state_lock(state_path):
         previous = read_state(state_path)
     new_port = _pick_port(state_path, previous, backend.ports)
@@ -237,6 +269,37 @@ def stage(state_path: Path, new_gguf: Path, gguf_sha256: str, backend: BackendCo
                         gguf_sha256=gguf_sha256, model_alias=backend.model_alias, gate=gate_result)
 
 
+def _stage_external(state_path: Path, model_path: Path, model_sha256: str, backend: BackendConfig,
+                    api_key: str | None) -> StagedServer:
+    """:func:`stage` for an external endpoint: probe it (:func:`forgeflow.serving.external.probe`),
+    then the health gate's smoke completion; nothing is started and nothing is recorded.
+
+    Raises:
+        PreflightError: the endpoint does not answer ``/models`` (URL named).
+        InputError: 401/403, ``model_alias`` not listed, or ``/props`` names another model file.
+        ContextPreflightError: ``/props`` reports slots smaller than ``required_context_tokens``.
+        SwapRolledBackError: the smoke completion failed (``.result`` holds the gate evidence; the
+            recorded endpoint did not move).
+    """
+    url = str(backend.base_url)
+    found = external.probe(url, backend.model_alias, model_path, model_sha256,
+                           required_context_tokens=backend.required_context_tokens, api_key=api_key)
+    gate_result = gate(url, backend.model_alias, api_key=api_key)
+    if not gate_result.passed:
+        with _state_lock(state_path):
+            previous = read_state(state_path)
+        result = SwapResult(previous=previous, current=previous, rolled_back=True, gate=gate_result,
+                            error=f"gate failed: {gate_result.error}", new_port=backend.external_port,
+                            new_gguf_sha256=model_sha256)
+        raise errors.SwapRolledBackError(f"swap to the external endpoint {url} rolled back (the recorded endpoint "
+                                         f"did not move): gate failed: {gate_result.error}", result=result)
+    smoke = EndpointCheck(name="smoke", status="passed", detail=f"{gate_result.smoke_tokens} token(s) in "
+                          f"{gate_result.latency_s:.2f} s from {url}/chat/completions")
+    return StagedServer(port=backend.external_port, pid=None, base_url=url, gguf_path=model_path,
+                        gguf_sha256=model_sha256, model_alias=backend.model_alias, gate=gate_result, external=True,
+                        api_key_secret=backend.api_key_secret, checks=(*found.checks, smoke))
+
+
 def promote(state_path: Path, staged: StagedServer, min_generation: int = 1) -> SwapResult:
     """Second half of a swap: record ``staged`` as the next generation, then stop the old server.
 
@@ -250,6 +313,9 @@ def promote(state_path: Path, staged: StagedServer, min_generation: int = 1) -> 
         staged: the server :func:`stage` started and gated.
         min_generation: the lowest generation number the new generation may get (>= 1).
 
+    An external ``staged`` (no PID) is recorded as it is (``external`` True); the old server is stopped
+    only when it has a PID (forgeflow started it), so external -> external just re-points the state.
+
     Raises:
         InputError: ``min_generation`` < 1 (nothing is recorded).
         ServerStartError: the staged server is no longer running (nothing is recorded then).
@@ -257,7 +323,7 @@ def promote(state_path: Path, staged: StagedServer, min_generation: int = 1) -> 
     if min_generation < 1:
         raise errors.InputError(f"min_generation must be >= 1, got {min_generation}")
     with _state_lock(state_path):
-        if not _is_our_server(staged.pid, staged.port):
+        if staged.pid is not None and not _is_our_server(staged.pid, staged.port):
             raise errors.ServerStartError(f"staged server pid {staged.pid} on port {staged.port} is gone")
         previous = read_state(state_path)
         current = ServingState(
@@ -269,6 +335,8 @@ def promote(state_path: Path, staged: StagedServer, min_generation: int = 1) -> 
             model_alias=staged.model_alias,
             base_url=staged.base_url,
             started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            external=staged.external,
+            api_key_secret=staged.api_key_secret,
         )
         _write_state(state_path, current)
         if previous is not None and previous.pid is not None:
@@ -278,15 +346,17 @@ def promote(state_path: Path, staged: StagedServer, min_generation: int = 1) -> 
 
 
 def discard(staged: StagedServer) -> None:
-    """Roll a staged server back: stop it; the recorded endpoint never changed."""
-    stop_pid(staged.pid, staged.port)
+    """Roll a staged server back: stop it (an external one is left alone); the recorded endpoint never changed."""
+    if staged.pid is not None:
+        stop_pid(staged.pid, staged.port)
 
 
 def swap(state_path: Path, new_gguf: Path, gguf_sha256: str, backend: BackendConfig | None = None,
-         min_generation: int = 1) -> SwapResult:
+         min_generation: int = 1, api_key: str | None = None) -> SwapResult:
     """Blue/green swap in one call: :func:`stage` (start on the idle port of ``backend.ports``, gate)
     then :func:`promote` (record generation + 1, at least ``min_generation``, and stop the old server
     by its recorded PID).
+    ``api_key`` goes to an external endpoint (see :func:`stage`).
 
     Returns:
         SwapResult with ``rolled_back`` False.
@@ -298,7 +368,7 @@ def swap(state_path: Path, new_gguf: Path, gguf_sha256: str, backend: BackendCon
     """
     if min_generation < 1:
         raise errors.InputError(f"min_generation must be >= 1, got {min_generation}")
-    return promote(state_path, stage(state_path, new_gguf, gguf_sha256, backend), min_generation)
+    return promote(state_path, stage(state_path, new_gguf, gguf_sha256, backend, api_key), min_generation)
 
 
 def recorded_config_dir(store: Any, gguf_sha256: str) -> Path | None:
@@ -332,7 +402,8 @@ def recorded_config_dir(store: Any, gguf_sha256: str) -> Path | None:
 
 
 def stop_active(state_path: Path) -> ServingState | None:
-    """Stop the active server by its recorded PID and record it as stopped (``pid`` None).
+    """Stop the active server by its recorded PID and record it as stopped (``pid`` None). An external
+    endpoint is never signalled (it has no PID of ours): it is recorded as ``stopped`` (out of use).
 
     Returns:
         The state before stopping, or None if there is no state file.
@@ -341,7 +412,10 @@ def stop_active(state_path: Path) -> ServingState | None:
         state = read_state(state_path)
         if state is None:
             return None
-        if state.pid is not None:
+        if state.external:
+            if not state.stopped:
+                _write_state(state_path, state.model_copy(update={"stopped": True}))
+        elif state.pid is not None:
             stop_pid(state.pid, state.active_port)
             _write_state(state_path, state.model_copy(update={"pid": None}))
         return state

@@ -37,7 +37,7 @@ class ServingGateResult(BaseModel):
     error: str = ""
 
 
-def gate(base_url: str, model_alias: str, timeout_s: float = 60.0) -> ServingGateResult:
+def gate(base_url: str, model_alias: str, timeout_s: float = 60.0, api_key: str | None = None) -> ServingGateResult:
     """Check an OpenAI-compatible endpoint: the alias is listed and a smoke completion answers.
 
     A failed check is a result (``passed`` False with ``error``), not an exception, so a swap can
@@ -47,6 +47,7 @@ def gate(base_url: str, model_alias: str, timeout_s: float = 60.0) -> ServingGat
         base_url: e.g. ``http://127.0.0.1:8801/v1``.
         model_alias: the model name that must be listed and is sent in the smoke request.
         timeout_s: per-request timeout in seconds.
+        api_key: sent as ``Authorization: Bearer`` (an external endpoint's key); None: no header.
     """
     base = base_url.rstrip("/")
     model_ids: list[str] = []
@@ -54,7 +55,8 @@ def gate(base_url: str, model_alias: str, timeout_s: float = 60.0) -> ServingGat
     smoke_tokens = 0
     latency_s = 0.0
     problems: list[str] = []
-    with httpx.Client(timeout=timeout_s) as client:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    with httpx.Client(timeout=timeout_s, headers=headers) as client:
         try:
             resp = client.get(f"{base}/models")
             if resp.status_code == 200:

@@ -108,3 +108,34 @@ def test_the_block_offers_every_backend_field_with_the_same_default() -> None:
     for name, field in block_fields.items():
         default = field.default
         assert (default if name != "binary" or default is None else Path(default)) == getattr(defaults, name), name
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"n_parallel": 2}, "n_parallel cannot be set with kind 'external'"),
+    ({"cache_type": "q8_0", "n_gpu_layers": 99}, "cache_type, n_gpu_layers cannot be set with kind 'external'"),
+    ({"binary": "/opt/llama/bin/llama-server"}, "binary cannot be set with kind 'external'"),
+    ({"host": "0.0.0.0", "ports": (9001, 9002)}, "ports, host cannot be set with kind 'external'"),  # noqa: S104
+    ({"n_ctx": 8192, "n_threads": 4}, "n_ctx, n_threads cannot be set with kind 'external'"),
+    ({"base_url": None}, "kind 'external' needs base_url"),
+    ({"base_url": "10.0.0.5:8000/v1"}, "must be an http:// or https:// URL with a host"),
+    ({"base_url": "http://user:pw@10.0.0.5/v1"}, "no query, fragment or credentials"),
+])
+def test_the_block_refuses_a_started_servers_fields_for_an_external_endpoint(fields: dict, message: str) -> None:
+    block = ServingBackend(**{"kind": "external", "base_url": "http://10.0.0.5:8000/v1", **fields})
+    with pytest.raises(InputError, match=f"forgeflow-serving block .* is not a valid serving backend: .*{message}"):
+        block.config()
+
+
+def test_an_external_endpoint_keeps_its_url_alias_and_key_name_and_other_kinds_refuse_them() -> None:
+    config = ServingBackend(kind="external", base_url="https://api.example.com/v1/", model_alias="coder-v3",
+                            api_key_secret="endpoint-key", required_context_tokens=6000).config()
+    assert (config.base_url, config.external_port, config.model_alias, config.api_key_secret) == (
+        "https://api.example.com/v1", 443, "coder-v3", "endpoint-key")
+    assert config.preflight(n_ctx_train=32768) is None  # no slot plan: /props is read once it answers
+    with pytest.raises(ContextPreflightError, match="needs 6000 tokens .* trained for 4096"):
+        config.preflight(n_ctx_train=4096)
+    with pytest.raises(InputError, match="is not started by forgeflow"):
+        config.server(tiny_ggufs()[0], 8801, Path("unused.log"))
+    for kind in ("llama-cpp-python", "llama-server"):
+        with pytest.raises(InputError, match="base_url, api_key_secret need kind 'external'"):
+            ServingBackend(kind=kind, base_url="http://10.0.0.5:8000/v1", api_key_secret="k").config()
