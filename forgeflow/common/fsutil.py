@@ -214,6 +214,27 @@ def read_digested_json(path: str | os.PathLike[str], what: str, schema_version: 
     return document
 
 
+def read_json_object(path: str | os.PathLike[str], what: str) -> dict[str, Any]:
+    """The JSON object in the file ``path``.
+
+    Raises:
+        InputError: naming ``what`` and the path: the file does not exist or cannot be read, is not
+            valid UTF-8 JSON, or holds something other than an object.
+    """
+    path = Path(path)
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise InputError(f"{what} {path} does not exist") from exc
+    except OSError as exc:
+        raise InputError(f"{what} {path} could not be read: {exc}") from exc
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"{what} {path} is not valid JSON: {exc}") from exc
+    if not isinstance(document, dict):
+        raise InputError(f"{what} {path} is not a JSON object")
+    return document
+
+
 def read_jsonl_objects(path: str | os.PathLike[str], what: str) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield ``(line number, object)`` for each non-blank line of a JSON-lines file.
 

@@ -14,7 +14,6 @@ The export of a frozen split as Harbor tasks is :mod:`forgeflow.evaluation.harbo
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from datetime import datetime, timezone
 from pathlib import Path
@@ -23,9 +22,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from forgeflow.common import errors
-from forgeflow.common.fsutil import (
-    sha256_json,
-)
+from forgeflow.common.fsutil import read_json_object, sha256_json
 from forgeflow.evaluation.harbor import HARBOR_AGENT_OUTCOMES, map_harbor_exception
 from forgeflow.ledger.records import TrialRecord
 from forgeflow.ledger.store import Store
@@ -121,18 +118,6 @@ class HarborJobImport(BaseModel):
         return out
 
 
-def _read_json(path: Path, what: str) -> dict[str, Any]:
-    try:
-        document = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError as exc:
-        raise errors.InputError(f"{what} {path} does not exist") from exc
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise errors.InputError(f"{what} {path} is not valid JSON: {exc}") from exc
-    if not isinstance(document, dict):
-        raise errors.InputError(f"{what} {path} is not a JSON object")
-    return document
-
-
 def _kind(agent_name: str) -> Literal["nop", "oracle", "agent"]:
     return agent_name if agent_name in ("nop", "oracle") else "agent"  # type: ignore[return-value]
 
@@ -223,7 +208,7 @@ def read_harbor_job(
             (child / "result.json").is_file() for child in job_dir.iterdir() if child.is_dir()
         ) else ""
         raise errors.InputError(f"{job_dir} is not a Harbor job folder: it has no result.json{hint}")
-    job_document = _read_json(job_result_path, "Harbor job result")
+    job_document = read_json_object(job_result_path, "Harbor job result")
     harbor_job_id = job_document.get("id")
     if not isinstance(harbor_job_id, str) or "n_total_trials" not in job_document:
         raise errors.InputError(
@@ -239,7 +224,7 @@ def read_harbor_job(
                 unfinished.append(trial_dir.name)
             continue
         try:
-            result = _TrialResult.model_validate(_read_json(path, "Harbor trial result"))
+            result = _TrialResult.model_validate(read_json_object(path, "Harbor trial result"))
         except ValidationError as exc:
             first = exc.errors(include_url=False)[0]
             field = ".".join(str(part) for part in first["loc"]) or "?"

@@ -26,6 +26,7 @@ from forgeflow.common.fsutil import (
     atomic_folder,
     atomic_write_json,
     atomic_write_text,
+    read_json_object,
     sha256_file,
     sha256_json,
     sha256_tree,
@@ -91,12 +92,7 @@ def canonicalize_adapter_config(adapter_dir: Path) -> None:
         InputError: the file is missing or not a JSON object.
     """
     path = Path(adapter_dir) / "adapter_config.json"
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise InputError(f"adapter config {path} could not be read as JSON: {exc}") from exc
-    if not isinstance(config, dict):
-        raise InputError(f"adapter config {path} is not a JSON object")
+    config = read_json_object(path, "adapter config")
     changed = False
     for key in UNORDERED_CONFIG_FIELDS:
         value = config.get(key)

@@ -63,7 +63,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from forgeflow.common.errors import InputError
-from forgeflow.common.fsutil import atomic_write_text, sha256_file, sha256_json
+from forgeflow.common.fsutil import atomic_write_text, read_json_object, sha256_file, sha256_json
 from forgeflow.evaluation.supervision import (
     DEFAULT_LOOP_THRESHOLD,
     LoopDetection,
@@ -225,14 +225,7 @@ class ParsedTrajectory:
 def _load(trajectory: Mapping[str, Any] | str | Path) -> Mapping[str, Any]:
     if isinstance(trajectory, Mapping):
         return trajectory
-    path = Path(trajectory)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise InputError(f"trajectory {path} is not a readable JSON file: {exc}") from exc
-    if not isinstance(data, Mapping):
-        raise InputError(f"trajectory {path} is not a JSON object")
-    return data
+    return read_json_object(trajectory, "trajectory")
 
 
 def _text(message: Mapping[str, Any], where: str) -> str:

@@ -245,7 +245,7 @@ def test_parameters_and_inputs_are_validated(tmp_path: Path) -> None:
         build_windows([{"messages": []}])
     with pytest.raises(InputError, match="messages"):
         build_windows([{"instance_id": "x"}])
-    with pytest.raises(InputError, match="not a readable JSON"):
+    with pytest.raises(InputError, match="missing.traj.json does not exist"):
         build_windows([tmp_path / "missing.traj.json"])
     trajectory = text_trajectory(["ls", "ls", "ls"])
     path = tmp_path / "t.traj.json"
