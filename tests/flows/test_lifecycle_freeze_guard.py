@@ -1,4 +1,5 @@
-"""The lifecycle refuses a freeze name already used with other inputs before it writes anything.
+"""The lifecycle refuses, before it writes anything, inputs that cannot reach its goal: a freeze name already
+used with other inputs, a base model folder that is no checkpoint, a serving endpoint it cannot start.
 
 Found by a new-user trial: `forgeflow demo --candidates 3` after a default demo ran generation and
 prewarm for a minute, rewrote the shared candidates file (the canary of the existing freeze then
@@ -41,3 +42,18 @@ def test_a_base_model_folder_that_is_no_checkpoint_fails_before_any_stage(prefec
     with pytest.raises(InputError, match=r"team-model.*no weights.*no tokenizer"):
         lifecycle(LifecycleConfig(output_dir=out, base_model={"local_dir": str(folder)}))
     assert not out.exists()  # no registry, image, candidate or summary was made
+
+
+def test_an_external_serving_block_is_refused_before_any_stage(prefect_harness, tmp_path: Path) -> None:
+    """The lifecycle serves the GGUFs it builds: an endpoint it does not start cannot load them."""
+    from blocks.core import ServingBackend
+    from flows.lifecycle import lifecycle
+    from forgeflow.common.errors import InputError
+    from forgeflow.config import LifecycleConfig
+
+    ServingBackend(kind="external", base_url="http://127.0.0.1:9/v1", model_alias="team-model").save(
+        "team-endpoint", overwrite=True)
+    out = tmp_path / "run"
+    with pytest.raises(InputError, match=r"serving block 'team-endpoint' is kind 'external' \(http://127.0.0.1:9/v1\)"):
+        lifecycle(LifecycleConfig(output_dir=out, serving={"block": "team-endpoint"}))
+    assert not out.exists()
