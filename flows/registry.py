@@ -433,6 +433,8 @@ def run_registries(settings: RegistrySettings, storage_root: Path, run_id: str,
     ends. Credentials of the blocks go into one containers-auth.json (mode 600) for the run, exported as
     ``REGISTRY_AUTH_FILE`` (containers-auth.json(5)), which every skopeo and podman command of the run reads
     (pushes, prewarm copies, the sandboxes' pulls); the file is deleted and the variable restored at exit.
+    While the run lasts, an auth file the environment named before is not read (its entries are not merged):
+    the run reaches the registries of its blocks, and public ones.
 
     Yields:
         ``(endpoints, registry_ids)`` by role. An embedded registry's id is its instance id (a wiped one is
