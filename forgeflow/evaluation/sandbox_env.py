@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import os
 import platform
-from collections.abc import Callable
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -105,8 +104,7 @@ class SandboxEnvironment:
         self._stopped = False
 
     @classmethod
-    def start(cls, backend: "str | SandboxTarget", config: SandboxEnvironmentConfig,
-              factory: Callable[..., Sandbox] | None = None) -> "SandboxEnvironment":
+    def start(cls, backend: "str | SandboxTarget", config: SandboxEnvironmentConfig) -> "SandboxEnvironment":
         """Start the container of ``config.image`` on ``backend`` (no network, ``config``'s memory and
         CPU limits, named ``config.name``) and record the processes it holds before any command.
 
@@ -114,7 +112,6 @@ class SandboxEnvironment:
             backend: a kind (``podman``, ``kubernetes``) or a :class:`~forgeflow.sandbox.backends.SandboxTarget`
                 (the cluster and namespace; ``config.backend`` records its kind).
             config: the environment's settings (:class:`SandboxEnvironmentConfig`).
-            factory: the sandbox factory ``(image, spec, name)`` (default ``get_backend(backend)``).
 
         Raises:
             InputError: an unknown backend kind.
@@ -123,7 +120,7 @@ class SandboxEnvironment:
             SandboxError: the container could not start (nothing is left running).
         """
         spec = SandboxSpec(memory_mb=config.memory_mb, cpus=config.cpus, network=False)
-        sandbox = (factory or get_backend(backend))(config.image, spec, config.name)
+        sandbox = get_backend(backend)(config.image, spec, config.name)
         sandbox.start()
         try:
             listed = sandbox.exec(["sh", "-c", _LIST_PIDS], timeout_s=GIT_TIMEOUT_S)
