@@ -261,9 +261,11 @@ def canary(freeze_name: str, split: str = "test", endpoint: CanaryEndpoint = Can
         out_dir: Where ``<job_id>/report.md``, ``summary.json`` and trajectories go (default
             ``$FORGEFLOW_HOME/canary``).
         sandbox: a ``forgeflow-sandbox`` block (:class:`blocks.core.SandboxBackend`: backend kind,
-            memory MiB, CPUs) the verifier's containers run with, as ``curate`` and ``rl-burst`` take
-            it; its limits replace ``run.agent_config``'s ``memory_mb`` / ``cpus`` (the agent's
-            container too) and the job records the result. None: podman with ``run.agent_config``'s limits.
+            memory MiB, CPUs) the trials' containers run with, as ``curate`` and ``rl-burst`` take
+            it: its backend becomes ``run.agent_config``'s ``sandbox_backend`` (the agent's own
+            container, where its commands run) and ``verifier_backend`` (the verifier's fresh one),
+            its limits replace ``memory_mb`` / ``cpus`` (both containers), and the job records the
+            result. None: ``run.agent_config`` as given (default: both on podman).
         dispatcher: a ``forgeflow-dispatcher`` block (:class:`blocks.core.TrialDispatcher`) as curate
             and rl-burst take it: ``ray`` runs each trial's verifier as a Ray task on a sandbox node
             of that cluster (``agent_config.verifier_ray``; the trial's verifier record names the
@@ -285,6 +287,7 @@ def canary(freeze_name: str, split: str = "test", endpoint: CanaryEndpoint = Can
     if sandbox is not None:  # a missing block or unknown kind: refused before anything runs
         choice = sandbox_choice(sandbox)
         agent_config = agent_config.model_copy(update={"verifier_backend": choice.backend(),
+                                                       "sandbox_backend": choice.backend(),
                                                        "memory_mb": choice.memory_mb, "cpus": choice.cpus})
     if dispatcher is not None:  # a missing block: refused before anything runs
         agent_config = agent_config.model_copy(update={"verifier_ray": trial_dispatcher(dispatcher)})

@@ -47,8 +47,10 @@ def _cached_agent_trial(task: CanaryTask, base_url: str, model_alias: str, model
     ``run_key`` names the trial (:func:`forgeflow.sandbox.trial.make_trial_id`) and is part of the cache key;
     ``ray`` (the config's ``verifier_ray``, passed apart) is not: where the verifier runs is not what it computes."""
     config = config.model_copy(update={"verifier_ray": ray})
-    if isinstance(config.verifier_backend, SandboxTarget):  # its pods carry this run's id (the sweep)
-        config = config.model_copy(update={"verifier_backend": run_labelled(config.verifier_backend)})
+    for field in ("verifier_backend", "sandbox_backend"):  # the agent's and verifier's pods carry this run's id
+        target = getattr(config, field)
+        if isinstance(target, SandboxTarget):  # (the sweep of a cancelled run)
+            config = config.model_copy(update={field: run_labelled(target)})
     record = agent.run_agent_trial(task, base_url, model_alias,
                                    config, out_dir, verifier_timeout_s=verifier_timeout_s, run_key=run_key)
     if record.exception_type is not None:
@@ -60,8 +62,9 @@ def _cached_agent_trial(task: CanaryTask, base_url: str, model_alias: str, model
 def agent_trial(task: CanaryTask, base_url: str, model_alias: str, model_sha256: str, config: agent.AgentConfig,
                 out_dir: Path, verifier_timeout_s: float, job_id: str | None = None,
                 run_key: str | None = None) -> trial.TrialResult:
-    """One canary trial: mini-swe-agent on the host, commands in a no-network container, then the
-    verifier. An infrastructure failure is recorded as the trial's exception, never as reward 0.
+    """One canary trial: mini-swe-agent on the host, commands in a no-network container on the
+    config's ``sandbox_backend`` (podman or a Kubernetes pod), then the verifier on its
+    ``verifier_backend``. An infrastructure failure is recorded as the trial's exception, never as reward 0.
 
     Caching: the trial runs in ``_cached_agent_trial``, keyed on model sha256 + image digest +
     agent/sampling config + the task's tests (not the endpoint URL: blue/green alternates ports for

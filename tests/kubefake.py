@@ -43,6 +43,13 @@ class FakeKubernetesAPI:
         response.raise_for_status()
         return response.json()["items"]
 
+    def calls(self) -> list[dict]:
+        """Every pod create, exec and delete the fake answered, in order (``GET /fake/calls``:
+        ``verb``, ``namespace``, ``name``; an exec's ``command`` argv and ``stdin``; a create's ``labels``)."""
+        response = httpx.get(f"{self.url}/fake/calls", timeout=30)
+        response.raise_for_status()
+        return response.json()
+
     def evict(self, name: str, namespace: str = "forgeflow") -> None:
         """Evict a pod as the kubelet does under node pressure (its container killed, ``Evicted``)."""
         httpx.post(f"{self.url}/fake/evict/{namespace}/{name}", timeout=60).raise_for_status()

@@ -1,4 +1,5 @@
-"""Evaluating a model: the model endpoint client (``model_client``), the agent trial (``agent``) and
+"""Evaluating a model: the model endpoint client (``model_client``), the agent trial (``agent``; its
+mini-swe-agent wiring ``mswea`` and its container on the sandbox backend ``sandbox_env``) and
 its supervision (``supervision``), canary jobs (``canary``; the canary flows' parameter groups:
 ``canary_params``; what they return:
 ``canary_result``), paired comparison (``compare``,

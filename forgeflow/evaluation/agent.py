@@ -5,13 +5,17 @@ One agent trial (Harbor's and SWE-bench's shape):
 1. **agent** — mini-swe-agent 2.4.6's ``DefaultAgent`` with its text-based model (its
    ``mswea_bash_command`` action parsing and format-error handling) whose chat calls go through
    :class:`forgeflow.evaluation.model_client.ModelClient` (transient-only retries, a total budget equal to the
-   agent's remaining time, a circuit breaker) instead of LiteLLM, and its ``docker`` environment
-   driven by podman: the loop and the model calls stay on the host, every command runs in a
-   container of the task image with ``--network none`` and ``cwd /testbed``. Prompts
+   agent's remaining time, a circuit breaker) instead of LiteLLM, and
+   :class:`forgeflow.evaluation.sandbox_env.SandboxEnvironment` as its environment: the loop and the
+   model calls stay on the host, every command runs in a container of the task image on
+   ``AgentConfig.sandbox_backend`` (a podman container, or a Kubernetes pod through the API's exec
+   subresource: the backend the verifier's ``verifier_backend`` names too), no network, the
+   config's memory and CPU limits, ``cwd /testbed``. Prompts
    come from mini-swe-agent's own ``swebench_backticks.yaml``. The trajectory JSON is written
    atomically after every step. One ModelClient (hence one circuit breaker) serves one agent run.
 2. **submission** — ``git diff`` of ``/testbed`` against the image's commit, taken from the agent's
-   container before it is removed (tracked files only: reproduction scripts are not submitted).
+   container (an exec through its sandbox) before it is removed (``Sandbox.stop``); tracked files
+   only: reproduction scripts are not submitted.
 3. **verifier** — :func:`forgeflow.sandbox.verifier.verify_submission`: a fresh container of the pristine
    task image (nothing the agent did in its own container carries over), the submission screened
    (changes to the task's tests, conftest, test configuration or start-up hooks are tampering, or
@@ -33,13 +37,17 @@ Outcomes versus breakage (docs/architecture.md, the rules every stage keeps):
   :func:`forgeflow.evaluation.supervision.detect_loop` (``loop_threshold``, default: blocked at the 3rd
   repeat, before it runs); a :class:`~forgeflow.evaluation.supervision.HangWatchdog` thread flags the run
   when no new message or model call happened for ``hang_idle_s`` (default 11 minutes), kills the
-  command running in the agent's container and abandons a model call in flight. Either stops the
+  commands running in the agent's container (every process the agent's commands started, through
+  an exec of the sandbox: :meth:`~forgeflow.evaluation.sandbox_env.SandboxEnvironment.interrupt`)
+  and abandons a model call in flight. Either stops the
   run with :class:`~forgeflow.common.errors.AgentLoopError` / :class:`~forgeflow.common.errors.AgentHangError`
   (subclasses of AgentTimeoutError): the trajectory is saved, the verifier still runs, and the
   trial carries ``supervision = {kind, evidence, trajectory_path}`` for the store's
   ``supervision_events`` (recorded by ``tasks.evaluation.agent_trial``);
-* sandbox failures (image missing, OOM, verifier timeout, unparseable test output) are recorded as
-  the exception with reward None.
+* sandbox failures (image missing, the agent's container or pod gone or evicted, verifier OOM,
+  verifier timeout, unparseable test output) are recorded as the exception with reward None; an
+  agent command that times out, is OOM-killed or hits the process limit is the model's outcome
+  (it sees returncode -1 and the reason).
 """
 
 from __future__ import annotations
@@ -54,18 +62,16 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow.common import errors
 from forgeflow.common.fsutil import sha256_json
+from forgeflow.common.names import sanitize_name
 from forgeflow.evaluation.agent_config import AgentConfig
 from forgeflow.evaluation.mswea import (
-    container_git,
     endpoint_model_class,
-    interrupt_commands,
     mswea_config,
     prepare_mswea_env,
-    remove_environment,
-    start_environment,
     supervised_agent_class,
     usage_totals,
 )
+from forgeflow.evaluation.sandbox_env import SandboxEnvironment, environment_config
 from forgeflow.evaluation.supervision import (
     HangCheck,
     HangWatchdog,
@@ -147,11 +153,20 @@ class _AgentPhase:
     supervision: dict[str, Any] | None = None
 
 
+def agent_container_name(instance_id: str, trial_id: str) -> str:
+    """The agent's container (pod) name: ``ff-agentenv-<instance id>-<trial id[:10]>``, sanitized (a
+    DNS label of <= 63 chars; distinct from the verifier's
+    :func:`forgeflow.sandbox.trial.container_name`)."""
+    return sanitize_name(f"ff-agentenv-{instance_id}-{trial_id[:10]}")
+
+
 def _run_agent_phase(
     trial_id: str, instance_id: str, image_ref: str, problem_statement: str, base_url: str,
     model_alias: str, config: AgentConfig, traj_path: Path,
 ) -> _AgentPhase:
-    """Run mini-swe-agent in a container of ``image_ref``; take the submission; remove the container.
+    """Run mini-swe-agent with its commands in a container of ``image_ref`` on ``config.sandbox_backend``
+    (:class:`forgeflow.evaluation.sandbox_env.SandboxEnvironment`: no network, ``config.memory_mb`` /
+    ``config.cpus``, ``/testbed``); take the submission; remove the container.
 
     Endpoint failures, agent overruns and sandbox failures are caught into ``_AgentPhase.error``.
     """
@@ -159,20 +174,23 @@ def _run_agent_phase(
     t0 = time.monotonic()
     deadline = t0 + config.agent_timeout_s
     cfg = mswea_config(image_ref, base_url, model_alias, config)
+    env_config = environment_config(cfg["environment"], image=image_ref, backend=config.sandbox_backend,
+                                    name=agent_container_name(instance_id, trial_id), memory_mb=config.memory_mb,
+                                    cpus=config.cpus)
     watchdog = HangWatchdog(config.hang_idle_s)
     model = endpoint_model_class()(deadline_monotonic=deadline, action_format=config.action_format,
                                     watchdog=watchdog, **cfg["model"])
     agent = None
     env = None
     try:
-        env = start_environment(cfg["environment"])
-        base_commit = container_git(env.container_id, "rev-parse", "HEAD").strip()
+        env = SandboxEnvironment.start(config.sandbox_backend, env_config)
+        base_commit = env.git("rev-parse", "HEAD").strip()
         phase.env_setup_s = time.monotonic() - t0
         agent = supervised_agent_class()(model, env, output_path=traj_path, loop_threshold=config.loop_threshold,
                                       watchdog=watchdog, **cfg["agent"])
 
         def on_hang(check: HangCheck) -> None:
-            interrupt_commands(env)
+            env.interrupt()
 
         watchdog.on_hang = on_hang
         watchdog.start()
@@ -200,37 +218,46 @@ def _run_agent_phase(
             )
         if not isinstance(phase.error, errors.ModelEndpointError):
             try:
-                phase.submission = container_git(env.container_id, "diff", "--no-color", "--binary", base_commit)
+                phase.submission = env.git("diff", "--no-color", "--binary", base_commit)
             except errors.SandboxError as exc:  # the agent broke the repository: its outcome
                 phase.notes.append(f"could not take the submission: {exc}")
     except errors.ModelRequestError:  # a malformed request is a configuration bug, not an outcome
         raise
-    except errors.InfraError as exc:  # sandbox broke (image missing, podman failure)
+    except errors.InfraError as exc:  # sandbox broke (image missing, container or pod gone, podman failure)
         phase.error = exc
     finally:
         watchdog.stop()
         model.close()
         if env is not None:
-            remove_environment(env)
+            try:
+                env.stop()
+            except errors.InfraError as exc:  # the trial's result stands; the pod's deadline bounds a leftover
+                phase.notes.append(f"could not remove the agent's container: {type(exc).__name__}: {exc}")
         phase.agent_s = phase.agent_s or time.monotonic() - t0
         if agent is not None:
-            phase.n_steps = int(agent.n_calls)
-            phase.n_input_tokens, phase.n_output_tokens = usage_totals(agent.messages)
-            agent.save(traj_path, {
-                "info": {
-                    "exit_status": phase.exit_status,
-                    "submission": phase.submission,
-                    "forgeflow": {
-                        "trial_id": trial_id, "instance_id": instance_id, "image_ref": image_ref,
-                        "n_steps": phase.n_steps, "n_input_tokens": phase.n_input_tokens,
-                        "n_output_tokens": phase.n_output_tokens, "agent_s": phase.agent_s,
-                        "error": f"{type(phase.error).__name__}: {phase.error}" if phase.error else None,
-                        "supervision": phase.supervision,
-                    },
-                },
-                "instance_id": instance_id,
-            })
+            _save_trajectory(agent, phase, traj_path, {"trial_id": trial_id, "instance_id": instance_id,
+                                                       "image_ref": image_ref})
     return phase
+
+
+def _save_trajectory(agent: Any, phase: _AgentPhase, traj_path: Path, ids: dict[str, str]) -> None:
+    """Count the run's steps and tokens into ``phase`` and save the trajectory with forgeflow's
+    ``info`` (exit status, submission, ``forgeflow``: ``ids`` plus the counts, time, error, supervision)."""
+    phase.n_steps = int(agent.n_calls)
+    phase.n_input_tokens, phase.n_output_tokens = usage_totals(agent.messages)
+    agent.save(traj_path, {
+        "info": {
+            "exit_status": phase.exit_status,
+            "submission": phase.submission,
+            "forgeflow": {
+                **ids, "n_steps": phase.n_steps, "n_input_tokens": phase.n_input_tokens,
+                "n_output_tokens": phase.n_output_tokens, "agent_s": phase.agent_s,
+                "error": f"{type(phase.error).__name__}: {phase.error}" if phase.error else None,
+                "supervision": phase.supervision,
+            },
+        },
+        "instance_id": ids["instance_id"],
+    })
 
 
 def _record(
@@ -279,10 +306,15 @@ def supervision_event(record: TrialResult, job_id: str | None = None, run_id: st
 
 
 def default_run_key(problem_statement: str, model_alias: str, base_url: str, config: AgentConfig) -> str:
-    """The run key of an agent trial: sha256 of everything that changes its result but the image."""
+    """The run key of an agent trial: sha256 of everything that changes its result but the image.
+
+    ``verifier_ray`` (where the verifier runs) is left out; ``sandbox_backend`` is left out when it is
+    ``podman`` (the default, and where every agent ran before the field existed), so the keys (hence
+    the trial ids) of those configs are what they were."""
+    exclude = {"verifier_ray"} | ({"sandbox_backend"} if config.sandbox_backend == "podman" else set())
     return sha256_json({
         "problem_statement": problem_statement, "model_alias": model_alias, "base_url": base_url,
-        "config": config.model_dump(mode="json", exclude={"verifier_ray"}),  # where it runs is not what
+        "config": config.model_dump(mode="json", exclude=exclude),  # where it runs is not what
     })
 
 

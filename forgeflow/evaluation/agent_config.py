@@ -47,8 +47,13 @@ class AgentConfig(BaseModel):
             ``reject`` (tampering, reward 0) or ``drop`` (those parts removed, the rest graded).
         verifier_backend: the sandbox backend the verifier's fresh container runs on
             (:data:`forgeflow.sandbox.backends.BACKENDS`: ``podman`` or ``kubernetes``, or a
-            :class:`~forgeflow.sandbox.backends.SandboxTarget`: a kubernetes cluster and namespace); the agent's
-            own container is mini-swe-agent's podman environment.
+            :class:`~forgeflow.sandbox.backends.SandboxTarget`: a kubernetes cluster and namespace).
+        sandbox_backend: the sandbox backend the agent's own container runs on (the same kinds and
+            targets; :class:`forgeflow.evaluation.sandbox_env.SandboxEnvironment`: every command of
+            the agent, its submission's ``git diff`` and the hang watchdog's kill go through it).
+            The canary flow's ``sandbox`` block sets it and ``verifier_backend`` alike; a config
+            recorded before this field existed (a job's params) reads as ``podman``, where its agent ran.
+            Default ``podman``.
         verifier_ray: run each verifier as a Ray task on a sandbox node of this cluster
             (:class:`forgeflow.sandbox.dispatch.RayPlacement`, a ``forgeflow-dispatcher`` block's);
             the trial's verifier record names the node. Where it runs, not what: it is not part of
@@ -71,4 +76,5 @@ class AgentConfig(BaseModel):
     hang_idle_s: float = Field(default=DEFAULT_HANG_IDLE_S, gt=0)
     tamper_policy: TamperPolicy = "reject"
     verifier_backend: Literal["podman", "kubernetes"] | SandboxTarget = "podman"
+    sandbox_backend: Literal["podman", "kubernetes"] | SandboxTarget = "podman"
     verifier_ray: RayPlacement | None = None

@@ -1,13 +1,14 @@
-"""mini-swe-agent wiring: its config, its model class on forgeflow's ModelClient, its podman environment.
+"""mini-swe-agent wiring: its config, its model class on forgeflow's ModelClient, its supervised agent.
 
 mini-swe-agent 2.4.6's ``DefaultAgent`` with its text-based model (``mswea_bash_command`` action
 parsing and format-error handling) whose chat calls go through
 :class:`forgeflow.evaluation.model_client.ModelClient` (transient-only retries, a total budget
-equal to the agent's remaining time, a circuit breaker) instead of LiteLLM, and its ``docker``
-environment driven by podman: the loop and the model calls stay on the host, every command runs in
-a container of the task image with ``--network none`` and ``cwd /testbed``. The agent's trajectory
-is written atomically after every step, and the supervisor (:mod:`forgeflow.evaluation.supervision`)
-sees every call. The trial built on it is :mod:`forgeflow.evaluation.agent`.
+equal to the agent's remaining time, a circuit breaker) instead of LiteLLM. Its environment is
+:class:`forgeflow.evaluation.sandbox_env.SandboxEnvironment` (not mini-swe-agent's ``docker``
+environment): the loop and the model calls stay on the host, every command runs in a container of
+the task image on the trial's sandbox backend (podman or Kubernetes), no network, ``cwd /testbed``.
+The agent's trajectory is written atomically after every step, and the supervisor
+(:mod:`forgeflow.evaluation.supervision`) sees every call. The trial built on it is :mod:`forgeflow.evaluation.agent`.
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import shutil
-import subprocess
 import tempfile
 import threading
 import time
@@ -26,7 +25,7 @@ from typing import Any
 
 from forgeflow.common import errors
 from forgeflow.common.fsutil import atomic_write_json
-from forgeflow.common.settings import apply_container_env, tool_env
+from forgeflow.common.settings import apply_container_env
 from forgeflow.evaluation.agent_config import AgentConfig
 from forgeflow.evaluation.model_client import ChatResponse, ModelClient, chat_request
 from forgeflow.evaluation.supervision import (
@@ -48,9 +47,6 @@ llama-cpp-python's ``context_length_exceeded`` ("This model's maximum context le
 ``llama_cpp/server/errors.py``) and llama.cpp server's "exceeds the available context size"; the
 same strings LiteLLM maps to ``ContextWindowExceededError``."""
 
-
-_PODMAN_TIMEOUT_S = 120
-
 _MSWEA_DIR: Path | None = None
 """The folder mini-swe-agent keeps its global config in when MSWEA_GLOBAL_CONFIG_DIR is not set."""
 
@@ -61,7 +57,7 @@ def prepare_mswea_env() -> None:
     ``MSWEA_CONFIGURED`` skips the interactive setup, ``MSWEA_GLOBAL_CONFIG_DIR`` keeps its ``.env``
     out of the home directory, ``LITELLM_LOCAL_MODEL_COST_MAP`` stops LiteLLM (which mini-swe-agent's
     model module imports, though no call goes through it) fetching its price list from GitHub (the
-    machine is offline), and the container variables make the podman that mini-swe-agent spawns use
+    machine is offline), and the container variables make the podman of the agent's sandbox use
     runc and the lowered ulimits.
     """
     global _MSWEA_DIR
@@ -98,9 +94,11 @@ def mswea_config(
     """The mini-swe-agent config dict (agent / environment / model sections) for one trial.
 
     Starts from mini-swe-agent's built-in ``config.config_name`` yaml and overrides the budget, the
-    podman environment (``executable: podman``, ``cwd: /testbed``,
-    ``run_args: ["--rm", "--network", "none"]``, plus ``--init`` so stopping is immediate and the
-    memory/CPU limits) and the model (``model_name`` is the alias sent to the endpoint;
+    environment section (``image``, ``cwd: /testbed``, ``timeout``: ``config.command_timeout_s``; its
+    ``env`` and ``interpreter`` are the yaml's; read by
+    :func:`forgeflow.evaluation.sandbox_env.environment_config`, which also takes the backend and the
+    memory/CPU limits; ``environment_class`` is dropped: mini-swe-agent builds no environment) and
+    the model (``model_name`` is the alias sent to the endpoint;
     ``model_kwargs`` holds ``api_base`` and the sampling parameters ModelClient sends; the API key
     is not in the config — it is read from ``$FORGEFLOW_MODEL_API_KEY`` when the model is built, so
     it never lands in a trajectory).
@@ -116,19 +114,7 @@ def mswea_config(
             "cost_limit": 0.0,
             "wall_time_limit_seconds": max(1, int(config.agent_timeout_s)),
         },
-        "environment": {
-            "environment_class": "docker",
-            "executable": shutil.which("podman") or "podman",
-            "image": image_ref,
-            "cwd": TESTBED,
-            "timeout": config.command_timeout_s,
-            "pull_timeout": _PODMAN_TIMEOUT_S,
-            "run_args": [
-                "--rm", "--network", "none", "--init",
-                "--memory", f"{config.memory_mb}m", "--memory-swap", f"{config.memory_mb}m",
-                "--cpus", str(config.cpus),
-            ],
-        },
+        "environment": {"image": image_ref, "cwd": TESTBED, "timeout": config.command_timeout_s},
         "model": {
             "model_name": model_alias,
             "cost_tracking": "ignore_errors",
@@ -142,6 +128,7 @@ def mswea_config(
     }
     merged = recursive_merge(base, overrides)
     merged["agent"].pop("mode", None)  # interactive-agent key, unknown to DefaultAgent
+    merged["environment"].pop("environment_class", None)  # the environment is forgeflow's SandboxEnvironment
     return merged
 
 
@@ -365,54 +352,6 @@ def supervised_agent_class() -> type:
     return SupervisedAgent
 
 
-def start_environment(env_config: dict[str, Any]) -> Any:
-    """Start mini-swe-agent's container environment; podman failures become sandbox errors."""
-    from minisweagent.environments import get_environment
-
-    try:
-        return get_environment(env_config)
-    except subprocess.CalledProcessError as exc:
-        msg = (exc.stderr or exc.stdout or "").strip() if isinstance(exc.stderr, str) else str(exc)
-        image = env_config.get("image")
-        if any(s in msg for s in ("manifest unknown", "not found", "name unknown", "no such image")):
-            raise errors.ImageNotFoundError(f"agent image {image!r} not found: {msg}") from exc
-        raise errors.SandboxError(f"podman could not start the agent container for {image!r}: {msg}") from exc
-    except subprocess.TimeoutExpired as exc:
-        raise errors.SandboxError(f"starting the agent container timed out: {exc}") from exc
-
-
-def _podman(*args: str, timeout_s: float = _PODMAN_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
-    exe = shutil.which("podman")
-    if exe is None:
-        raise errors.ToolMissingError("podman is not installed (apt-get install podman)")
-    return subprocess.run([exe, *args], capture_output=True, text=True, env=tool_env(), timeout=timeout_s)
-
-
-def container_git(container_id: str, *git_args: str) -> str:
-    proc = _podman("exec", "-w", TESTBED, container_id, "git", "-c", "core.fileMode=false", *git_args)
-    if proc.returncode != 0:
-        raise errors.SandboxError(f"git {' '.join(git_args)} failed in the agent container: {proc.stderr.strip()}")
-    return proc.stdout
-
-
-def interrupt_commands(env: Any) -> None:
-    """Kill every process of the agent's container but its init (``kill -KILL -1``): a command
-    stuck past the hang limit returns (exit 137) and the container stays for the submission."""
-    container_id = getattr(env, "container_id", None)
-    if container_id:
-        try:
-            _podman("exec", container_id, "sh", "-c", "kill -KILL -1", timeout_s=30)
-        except (OSError, subprocess.SubprocessError):
-            pass  # the run stops anyway; the container is removed by the phase's cleanup
-
-
-def remove_environment(env: Any) -> None:
-    container_id = getattr(env, "container_id", None)
-    if container_id:
-        _podman("rm", "-f", "-t", "0", container_id)
-        env.container_id = None  # mini-swe-agent's __del__ would otherwise spawn its own stop
-
-
 def usage_totals(messages: list[dict[str, Any]]) -> tuple[int, int]:
     """Sum prompt/completion tokens over the model responses (ChatResponse dicts) in a trajectory."""
     n_in = n_out = 0
@@ -422,5 +361,3 @@ def usage_totals(messages: list[dict[str, Any]]) -> tuple[int, int]:
         n_out += int(response.get("completion_tokens") or 0)
     return n_in, n_out
 
-
-# --- mini-swe-agent wiring -------------------------------------------------------------------

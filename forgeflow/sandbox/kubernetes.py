@@ -36,6 +36,7 @@ container with podman (``tests/fakes/kubernetes_api.py``); it was not run agains
 from __future__ import annotations
 
 import re
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -178,6 +179,11 @@ class KubernetesSandbox:
         self.poll_interval_s = self.connection.poll_interval_s
         self._created = False
         self._oom_kills_seen = 0
+        self._api_lock = threading.RLock()
+        """Held around every call on the API client: ``kubernetes.stream.stream`` swaps the client's
+        ``call_api`` while an exec connects, so an exec from another thread (the agent's hang watchdog,
+        :meth:`forgeflow.evaluation.sandbox_env.SandboxEnvironment.interrupt`) must not overlap a REST
+        call or another connect on the same client."""
 
     def __enter__(self) -> "KubernetesSandbox":
         self.start()
@@ -195,7 +201,8 @@ class KubernetesSandbox:
     def _read_status(self) -> dict:
         """The pod's status (camelCase); SandboxError when the pod is gone or the API fails."""
         try:
-            pod = self.api.read_namespaced_pod_status(name=self.name, namespace=self.namespace)
+            with self._api_lock:
+                pod = self.api.read_namespaced_pod_status(name=self.name, namespace=self.namespace)
         except Exception as exc:  # kubernetes.client.ApiException and urllib3 errors
             status, reason = _api_error(exc)
             if status == 404:
@@ -212,7 +219,8 @@ class KubernetesSandbox:
         deadline = time.monotonic() + self.start_timeout_s
         while True:
             try:
-                api.create_namespaced_pod(namespace=self.namespace, body=self.manifest)
+                with self._api_lock:
+                    api.create_namespaced_pod(namespace=self.namespace, body=self.manifest)
                 break
             except Exception as exc:  # kubernetes.client.ApiException and urllib3 errors
                 status, reason = _api_error(exc)
@@ -287,11 +295,12 @@ class KubernetesSandbox:
             raise errors.SandboxError(f"sandbox {self.name} is not started")
         t0 = time.monotonic()
         try:
-            resp = stream(
-                self.api.connect_get_namespaced_pod_exec, self.name, self.namespace,
-                command=argv, container=CONTAINER_NAME,
-                stdin=stdin is not None, stdout=True, stderr=True, tty=False, _preload_content=False,
-            )
+            with self._api_lock:  # the connect only: the stream itself has a websocket of its own
+                resp = stream(
+                    self.api.connect_get_namespaced_pod_exec, self.name, self.namespace,
+                    command=argv, container=CONTAINER_NAME,
+                    stdin=stdin is not None, stdout=True, stderr=True, tty=False, _preload_content=False,
+                )
         except Exception as exc:
             self._raise_if_pod_broken()
             raise errors.SandboxError(f"exec in pod {self.name} failed: {exc}") from exc
@@ -363,9 +372,10 @@ class KubernetesSandbox:
         if not self._created:
             return
         try:
-            self.api.delete_namespaced_pod(
-                name=self.name, namespace=self.namespace, grace_period_seconds=0, propagation_policy="Background"
-            )
+            with self._api_lock:
+                self.api.delete_namespaced_pod(
+                    name=self.name, namespace=self.namespace, grace_period_seconds=0, propagation_policy="Background"
+                )
         except Exception as exc:
             status, reason = _api_error(exc)
             if status != 404:

@@ -21,6 +21,9 @@ client, with the shapes the real API server answers:
   the upgrade with 400, as the API server does.
 * ``POST /fake/evict/{ns}/{name}`` (not Kubernetes: the test's handle on the kubelet) — kill the
   container and mark the pod ``Failed``/``Evicted`` with a node-pressure message.
+* ``GET /fake/calls`` (not Kubernetes: the test's record of what was asked) — every pod create,
+  exec and delete the fake answered, in order: ``{"verb", "namespace", "name"}`` plus the exec's
+  ``command`` (argv) and ``stdin`` flag, and the created pod's ``labels``.
 
 Run: ``python -m tests.fakes.kubernetes_api --port N --label L``; every container it starts carries the
 podman label ``forgeflow-k8s-fake=L`` and is removed when the process gets SIGTERM.
@@ -98,6 +101,7 @@ class FakeKubernetes:
         self.label = label
         self.pods: dict[tuple[str, str], Pod] = {}
         self.env = tool_env()
+        self.calls: list[dict[str, Any]] = []
 
     async def _podman(self, *args: str) -> tuple[int, str, str]:
         proc = await asyncio.create_subprocess_exec("podman", *args, env=self.env, stdout=subprocess.PIPE,
@@ -118,6 +122,8 @@ class FakeKubernetes:
             return _error(409, "AlreadyExists", f'pods "{name}" already exists',
                           {"name": name, "kind": "pods"})
         body.setdefault("metadata", {}).update(namespace=ns, uid=f"fake-{name}", creationTimestamp=_now())
+        self.calls.append({"verb": "create", "namespace": ns, "name": name,
+                           "labels": dict(body["metadata"].get("labels") or {})})
         pod = Pod(body, f"k8sfake-{self.label}-{ns}-{name}"[:250])
         self.pods[(ns, name)] = pod
         pod.start_task = asyncio.create_task(self._start(pod, spec))
@@ -184,6 +190,7 @@ class FakeKubernetes:
         if pod is None:
             return _error(404, "NotFound", f'pods "{name}" not found', {"name": name, "kind": "pods"})
         del self.pods[(ns, name)]
+        self.calls.append({"verb": "delete", "namespace": ns, "name": name})
         if pod.start_task is not None:
             await pod.start_task  # a container being started is removed once it exists
         await self._podman("rm", "-f", "-t", "0", pod.container)
@@ -213,6 +220,7 @@ class FakeKubernetes:
         ws = web.WebSocketResponse(protocols=(V4_CHANNEL,))
         await ws.prepare(request)
         with_stdin = request.query.get("stdin") in ("true", "1", "True")
+        self.calls.append({"verb": "exec", "namespace": ns, "name": name, "command": list(argv), "stdin": with_stdin})
         proc = await asyncio.create_subprocess_exec("podman", "exec", *(["-i"] if with_stdin else []), pod.container,
                                                     *argv, env=self.env, cwd=conmon_cwd(),  # conmon's oom file
                                                     stdin=subprocess.PIPE if with_stdin else subprocess.DEVNULL,
@@ -263,6 +271,9 @@ class FakeKubernetes:
         await self._podman("kill", pod.container)
         return web.json_response({"evicted": name})
 
+    async def recorded_calls(self, request: web.Request) -> web.Response:
+        return web.json_response(self.calls)
+
     async def healthz(self, request: web.Request) -> web.Response:
         return web.Response(text="ok")
 
@@ -284,6 +295,7 @@ def make_app(label: str) -> web.Application:
     app.router.add_get(base + "/{name}/exec", fake.exec)
     app.router.add_post(base + "/{name}/exec", fake.exec)
     app.router.add_post("/fake/evict/{ns}/{name}", fake.evict)
+    app.router.add_get("/fake/calls", fake.recorded_calls)
     app.router.add_get("/healthz", fake.healthz)
     app.on_cleanup.append(fake.cleanup)
     return app

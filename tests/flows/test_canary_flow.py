@@ -170,9 +170,9 @@ def test_canary_refuses_unknown_freeze_split_and_missing_endpoint(prefect_harnes
 def test_canary_runs_its_verifier_on_the_sandbox_block(prefect_harness, recorded_freeze, tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """``sandbox`` names a ``forgeflow-sandbox`` block: its limits are the job's (recorded), and its
-    backend runs the verifier. With ``kind: kubernetes`` and no cluster reachable from here (no
-    kubeconfig), every verifier container fails to start: each trial is a SandboxError exception
-    with no reward, never a 0."""
+    backend runs the agent's container and the verifier. With ``kind: kubernetes`` and no cluster
+    reachable from here (no kubeconfig), every trial's first container (the agent's) fails to start:
+    each trial is a SandboxError exception with no reward, never a 0."""
     from blocks.core import SandboxBackend
     from flows.canary import canary
 
@@ -218,3 +218,55 @@ def test_canary_verifies_in_pods_through_the_kubernetes_api(prefect_harness, rec
     recorded = store.get_job("pods").params["agent_config"]["verifier_backend"]
     assert (recorded["kind"], recorded["namespace"], recorded["kubeconfig"]) == \
         ("kubernetes", "forgeflow", str(fake.kubeconfig))
+
+
+def test_canary_runs_the_agents_commands_in_pods_through_the_kubernetes_api(prefect_harness, recorded_freeze,
+                                                                            tmp_path: Path) -> None:
+    """The ``kubernetes`` sandbox block runs the agent's own container as a pod too, not only the
+    verifier's. The Kubernetes side is the loopback fake of the API (tests/fakes/kubernetes_api.py):
+    a fake of the API that runs each pod's container with podman, not a cluster; every call goes
+    through the official client. What the fake recorded: per trial one agent pod (created, exec'd:
+    the process listing, ``git rev-parse``, the scripted model's fix, ``git diff``) and one verifier
+    pod, both labelled with the flow run (the cancel sweep finds them), every pod deleted; the
+    trials score 1 because the fix made in the agent's pod is the submission."""
+    import json
+
+    from blocks.core import SandboxBackend
+    from flows.canary import canary
+    from forgeflow.sandbox.kubernetes_manifests import FLOW_RUN_LABEL
+    from tests.kubefake import kubernetes_api
+
+    store, _, generated = recorded_freeze
+    with kubernetes_api(tmp_path) as fake, scripted_endpoint(lambda i: text_answer(FIX)) as (url, bodies):
+        SandboxBackend(kind="kubernetes", memory_mb=768, kubeconfig=str(fake.kubeconfig)).save(
+            "canary-agent-pods", overwrite=True)
+        result = canary(freeze_name="canary-test", endpoint=_at(url), source=TaskSource(generated_path=generated),
+                        out_dir=tmp_path / "canary", sandbox="canary-agent-pods", job_id="agent-pods",
+                        run=_settings({"step_limit": 5, "agent_timeout_s": 120}, concurrency=2))
+        calls = fake.calls()
+        assert fake.pods() == [] and fake.containers() == []
+    assert len(bodies) == 2, "one model call per trial"
+    assert [(t.exception_type, t.reward) for t in result.trials] == [(None, 1.0)] * 2
+    created = {c["name"]: c["labels"] for c in calls if c["verb"] == "create"}
+    agent_pods = sorted(n for n in created if n.startswith("ff-agentenv-"))
+    verifier_pods = sorted(n for n in created if n.startswith("ff-agent-") and n not in agent_pods)
+    assert len(agent_pods) == 2 and len(verifier_pods) == 2 and len(created) == 4, sorted(created)
+    job = store.get_job("agent-pods")
+    assert all(labels[FLOW_RUN_LABEL] == job.run_id for labels in created.values())
+    assert sorted(c["name"] for c in calls if c["verb"] == "delete") == sorted(created), "every pod deleted"
+    for pod in agent_pods:
+        argvs = [" ".join(c["command"]) for c in calls if c["verb"] == "exec" and c["name"] == pod]
+        assert any("sed -i 's/a - b/a + b/' calc.py" in a for a in argvs), f"the model's command ran in {pod}"
+        assert any("rev-parse HEAD" in a for a in argvs) and any(" diff --no-color" in a for a in argvs)
+        order = [(c["verb"], c["name"]) for c in calls]
+        assert order.index(("create", pod)) < order.index(("delete", pod))
+    for pod in verifier_pods:  # the submission is sent to the verifier's own pod (stdin) and applied there
+        execs = [c for c in calls if c["verb"] == "exec" and c["name"] == pod]
+        assert any(c["stdin"] for c in execs) and any("git apply" in " ".join(c["command"]) for c in execs)
+    recorded = job.params["agent_config"]
+    assert recorded["sandbox_backend"]["kind"] == recorded["verifier_backend"]["kind"] == "kubernetes"
+    trajectories = sorted(Path(job.params["trajectories_dir"]).glob("*.traj.json"))
+    assert len(trajectories) == 2
+    for path in trajectories:
+        environment = json.loads(path.read_text())["info"]["config"]["environment"]
+        assert environment["backend"] == "kubernetes" and environment["name"] in agent_pods

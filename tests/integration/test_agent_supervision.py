@@ -181,3 +181,22 @@ def test_command_stuck_past_the_idle_limit_is_a_hang(task_image: str, tmp_path: 
     assert len(bodies) == 1, "the run stopped before asking the model again"
     assert time.monotonic() - started < 60, "the watchdog killed the stuck command"
     assert record.verifier_s is not None
+
+
+def test_the_watchdogs_kill_leaves_the_container_for_the_submission(task_image: str, tmp_path: Path) -> None:
+    """Regression: the hang kill used to be ``kill -KILL -1`` in mini-swe-agent's ``--init``
+    container, which also killed the container's ``sleep`` (so the container exited and the
+    submission was lost). Now only the processes the agent's commands started are killed: the fix
+    made before the stuck command is submitted and graded."""
+    def answer(i: int):  # the scripted endpoint's reply to call i: fix (no submit), then get stuck
+        return text_answer("sed -i 's/a - b/a + b/' calc.py") if i == 0 else text_answer("sleep 100")
+    with scripted_endpoint(answer) as (url, bodies):
+        record = _trial(url, tmp_path, hang_idle_s=2.0, command_timeout_s=100)
+    assert record.exception_type == "AgentHangError", record.exception_message
+    assert record.supervision["evidence"]["during"] == "a command" and len(bodies) == 2
+    assert "could not take the submission" not in (record.exception_message or "")
+    assert record.reward == 1.0, "the fix in the agent's container was submitted after the kill"
+    traj = json.loads(Path(record.supervision["trajectory_path"]).read_text())
+    assert "a + b" in traj["info"]["submission"]
+    assert traj["info"]["config"]["environment_type"] == "forgeflow.evaluation.sandbox_env.SandboxEnvironment"
+    assert traj["info"]["config"]["environment"]["backend"] == "podman"
