@@ -33,7 +33,10 @@ job (the model endpoint failed mid-run) as a new job of kind ``recovery`` linked
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -69,6 +72,7 @@ from forgeflow.evaluation.canary_result import (
     MergedView,
     RecoveredTrial,
 )
+from forgeflow.evaluation.mswea import MODEL_API_KEY_ENV
 from forgeflow.ledger import records
 from forgeflow.ledger import store as ledger
 from forgeflow.sandbox import dispatch
@@ -217,13 +221,58 @@ def _rows_param(own_candidates: bool, from_dataset: bool, source: str) -> dict[s
     return {"candidates_path" if own_candidates else "generated_path": source}
 
 
-def _check_reachable(base_url: str) -> None:
-    """Any HTTP answer from ``GET base_url/models`` counts; a refused or timed-out connection does not."""
+def _check_reachable(base_url: str, api_key: str | None = None) -> None:
+    """Any HTTP answer from ``GET base_url/models`` counts but a refusal of the key (401/403); a refused or
+    timed-out connection does not.
+
+    Raises:
+        PreflightError: no answer.
+        InputError: 401/403: the endpoint wants a key (none was sent) or refuses the one sent.
+    """
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        httpx.get(f"{base_url}/models", timeout=10.0)
+        response = httpx.get(f"{base_url}/models", timeout=10.0, headers=headers)
     except httpx.HTTPError as exc:
         raise PreflightError(f"canary: the model endpoint {base_url} does not answer: "
                              f"{type(exc).__name__}: {exc}") from None
+    if response.status_code in (401, 403):
+        raise InputError(f"canary: the model endpoint {base_url} answered HTTP {response.status_code} to "
+                         + ("the key of endpoint.api_key_secret" if api_key else "a request without a key: give "
+                            "endpoint.api_key_secret (a Secret block holding its key)"))
+
+
+def _endpoint_key(endpoint: CanaryEndpoint) -> str | None:
+    """The API key of the canary's endpoint: its ``api_key_secret`` block's value, else the one the serving
+    state records for an external endpoint (read now), else None (``$FORGEFLOW_MODEL_API_KEY`` then applies).
+
+    Raises:
+        InputError: the Secret block does not exist or is empty.
+    """
+    from blocks.core import secret_token
+
+    name = endpoint.api_key_secret
+    if name is None and endpoint.base_url is None:
+        state = bluegreen.read_state(Path(endpoint.state_path or home_dir() / "serving" / "state.json"))
+        name = state.api_key_secret if state is not None else None
+    return secret_token(name, "canary endpoint api_key_secret").get_secret_value() if name else None
+
+
+@contextmanager
+def _model_key(api_key: str | None) -> Iterator[None]:
+    """For the ``with``: the agent's model client sends ``api_key`` (``$FORGEFLOW_MODEL_API_KEY``, which
+    :mod:`forgeflow.evaluation.mswea` reads when a trial builds its model; restored after). None: unchanged."""
+    if api_key is None:
+        yield
+        return
+    previous = os.environ.get(MODEL_API_KEY_ENV)
+    os.environ[MODEL_API_KEY_ENV] = api_key
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(MODEL_API_KEY_ENV, None)
+        else:
+            os.environ[MODEL_API_KEY_ENV] = previous
 
 
 @flow(name="canary", log_prints=True, on_cancellation=[sweep_trial_pods("sandbox")],
@@ -301,7 +350,8 @@ def canary(freeze_name: str, split: str = "test", endpoint: CanaryEndpoint = Can
     url, sha, alias = resolve_endpoint(endpoint)
     loaded = source.load(home_dir() / "demo" / GENERATED_FILE, "canary")
     tasks = canary_tasks(store, ids, loaded.rows, test_commands=loaded.test_commands, log_parsers=loaded.log_parsers)
-    _check_reachable(url)
+    key = _endpoint_key(endpoint)
+    _check_reachable(url, key)
     job_id = job_id or f"canary-{freeze_name}-{split}-{sha[:12]}" + (f"-s{sample}x{sample_seed}" if sampled else "")
     run_id = str(flow_run.get_id() or "")
     job_dir = Path(out_dir or home_dir() / "canary") / job_id
@@ -321,7 +371,7 @@ def canary(freeze_name: str, split: str = "test", endpoint: CanaryEndpoint = Can
     log = StageLog(job_dir / "summary.json", run_id)
     logger.info("canary %s: %d task(s) of %s/%s against %s (%s), %d at a time", job_id, len(tasks), freeze_name,
                 split, url, sha[:12], concurrency)
-    with log.stage("canary") as st:
+    with _model_key(key), log.stage("canary") as st:
         trials, report = run_canary_job(log, st, "canary", CanaryJobRun(
             job, tasks, url, alias, agent_config, job_dir / "trajectories", run.verifier_timeout_s, concurrency),
             store)
@@ -417,7 +467,8 @@ def canary_recover(job_id: str, endpoint: CanaryEndpoint = CanaryEndpoint(), exc
                                                          (params.get("test_specs") or {}).items()})
     tasks = canary_tasks(store, plan.instance_ids, loaded.rows, test_commands=loaded.test_commands,
                          log_parsers=loaded.log_parsers)
-    _check_reachable(url)
+    key = _endpoint_key(endpoint)
+    _check_reachable(url, key)
     run_id = str(flow_run.get_id() or "")
     new_id = plan.recovery_job_id
     job_dir = Path(out_dir or home_dir() / "canary") / new_id
@@ -435,7 +486,7 @@ def canary_recover(job_id: str, endpoint: CanaryEndpoint = CanaryEndpoint(), exc
     log = StageLog(job_dir / "summary.json", run_id)
     logger.info("canary-recover %s: re-running %d exception trial(s) of %s (%s) as %s against %s", job_id,
                 len(tasks), job_id, plan.merged_label, new_id, url)
-    with log.stage("canary_recover") as st:
+    with _model_key(key), log.stage("canary_recover") as st:
         trials, report = run_canary_job(log, st, "canary_recover", CanaryJobRun(
             job, tasks, url, alias, config, job_dir / "trajectories", verifier_timeout_s, concurrency, run_key=new_id),
             store)

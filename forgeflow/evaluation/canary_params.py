@@ -33,6 +33,9 @@ class CanaryEndpoint(BaseModel):
             checked against the state file's; ``canary-recover`` defaults it to the job's).
         model_alias: Model name sent to the endpoint (default: the state's alias, else ``forgeflow``;
             ``canary-recover``: the job's).
+        api_key_secret: Name of a Prefect ``Secret`` block holding the endpoint's API key (sent as
+            ``Authorization: Bearer``; never recorded). Default: the one the serving state records for an
+            external endpoint (the ``serve`` flow's ``forgeflow-serving`` block), else none.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -50,6 +53,9 @@ class CanaryEndpoint(BaseModel):
     model_alias: str | None = Field(
         default=None, description="Model name sent to the endpoint (default: the serving state's alias, else "
         "'forgeflow'; empty: the default).")
+    api_key_secret: str | None = Field(
+        default=None, min_length=1, description="A Secret block holding the endpoint's API key (default: the "
+        "serving state's, for an external endpoint; else none).")
 
 
 class CanaryRunSettings(BaseModel):

@@ -47,6 +47,10 @@ llama-cpp-python's ``context_length_exceeded`` ("This model's maximum context le
 ``llama_cpp/server/errors.py``) and llama.cpp server's "exceeds the available context size"; the
 same strings LiteLLM maps to ``ContextWindowExceededError``."""
 
+MODEL_API_KEY_ENV = "FORGEFLOW_MODEL_API_KEY"
+"""The variable the agent's model client reads its endpoint's API key from when a trial builds it (the
+canary flow sets it from the endpoint's Secret block for the run); never written into a config or trajectory."""
+
 _MSWEA_DIR: Path | None = None
 """The folder mini-swe-agent keeps its global config in when MSWEA_GLOBAL_CONFIG_DIR is not set."""
 
@@ -253,7 +257,7 @@ def endpoint_model_class() -> type:
                 params["tools"] = [BASH_TOOL]
             self.sampling = params
             read_timeout_s = 600.0 if watchdog is None else min(600.0, watchdog.idle_limit_s + 5.0)
-            self.client = ModelClient(self.api_base, api_key=os.environ.get("FORGEFLOW_MODEL_API_KEY"),
+            self.client = ModelClient(self.api_base, api_key=os.environ.get(MODEL_API_KEY_ENV),
                                       read_timeout_s=read_timeout_s)
 
         def query(self, messages: list[dict[str, Any]], **kwargs: Any) -> dict:

@@ -270,3 +270,45 @@ def test_canary_runs_the_agents_commands_in_pods_through_the_kubernetes_api(pref
     for path in trajectories:
         environment = json.loads(path.read_text())["info"]["config"]["environment"]
         assert environment["backend"] == "kubernetes" and environment["name"] in agent_pods
+
+
+def test_canary_sends_the_key_of_an_endpoint_that_needs_one_and_records_it_nowhere(
+        prefect_harness, recorded_freeze, tmp_path: Path) -> None:
+    """An endpoint started with an API key (as vLLM or llama-server with --api-key): without a key the canary is
+    refused before any trial; with the endpoint's Secret block (given, or recorded by the serve flow in the serving
+    state of an external endpoint) every trial's model calls carry it and the key lands in no record."""
+    import json
+    import os
+
+    from prefect.blocks.system import Secret
+
+    from flows.canary import canary
+    from forgeflow.common.fsutil import atomic_write_json
+    from forgeflow.serving.bluegreen import ServingState
+
+    key = "sk-team-" + "7f3a" * 6
+    Secret(value=key).save("canary-endpoint-key", overwrite=True)
+    store, _, generated = recorded_freeze
+    common = {"freeze_name": "canary-test", "run": _settings(), "source": TaskSource(generated_path=generated),
+              "out_dir": tmp_path / "out"}
+    with scripted_endpoint(lambda i: text_answer(FIX), api_key=key) as (url, bodies):
+        with pytest.raises(InputError, match=r"answered HTTP 401 to a request without a key: give endpoint.api_key_secret"):
+            canary(endpoint=_at(url), job_id="no-key", **common)
+        assert bodies == [] and store.get_job("no-key") is None  # refused before any trial
+        given = canary(endpoint=CanaryEndpoint(base_url=url, model_sha256=MODEL_SHA,
+                                               api_key_secret="canary-endpoint-key"), job_id="given-key", **common)
+        # the serve flow's record of an external endpoint names the key's Secret block: the canary's default
+        state_path = tmp_path / "serving" / "state.json"
+        atomic_write_json(state_path, ServingState(
+            generation=1, active_port=int(url.split(":")[-1].split("/")[0]), gguf_path=generated,
+            gguf_sha256=MODEL_SHA, model_alias="scripted", base_url=url, external=True,
+            api_key_secret="canary-endpoint-key").model_dump(mode="json"))
+        recorded = canary(endpoint=CanaryEndpoint(state_path=state_path), job_id="state-key", **common)
+    for result in (given, recorded):
+        assert (result.report.requested, result.report.scored, result.report.reward_1) == (2, 2, 2)
+    assert len(bodies) == 4 and "FORGEFLOW_MODEL_API_KEY" not in os.environ  # restored after each run
+    for job_id in ("given-key", "state-key"):
+        assert key not in json.dumps(store.get_job(job_id).params)
+    for path in (tmp_path / "out").rglob("*"):
+        if path.is_file():
+            assert key.encode() not in path.read_bytes(), path

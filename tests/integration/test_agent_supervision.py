@@ -50,8 +50,10 @@ def tool_answer(index: int, arguments: str) -> dict[str, Any]:
 
 
 @contextmanager
-def scripted_endpoint(answer: Answer) -> Iterator[tuple[str, list[dict[str, Any]]]]:
-    """Serve ``answer`` on /v1/chat/completions; yields (base_url, received request bodies)."""
+def scripted_endpoint(answer: Answer, api_key: str | None = None) -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """Serve ``answer`` on /v1/chat/completions; yields (base_url, received request bodies). With ``api_key``,
+    as an OpenAI-compatible server started with a key: a request (``GET /v1/models`` too) without
+    ``Authorization: Bearer <api_key>`` gets 401 and is not recorded."""
     bodies: list[dict[str, Any]] = []
     release = threading.Event()
     lock = threading.Lock()
@@ -60,8 +62,31 @@ def scripted_endpoint(answer: Answer) -> Iterator[tuple[str, list[dict[str, Any]
         def log_message(self, *args: object) -> None:
             pass
 
+        def _refused(self) -> bool:
+            if api_key is None or self.headers.get("Authorization") == f"Bearer {api_key}":
+                return False
+            data = json.dumps({"error": {"message": "invalid api key", "type": "invalid_request_error"}}).encode()
+            self.send_response(401)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return True
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's naming
+            if self._refused():
+                return
+            data = json.dumps({"object": "list", "data": [{"id": "scripted", "object": "model"}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
         def do_POST(self) -> None:  # noqa: N802 - http.server's naming
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if self._refused():
+                return
             with lock:
                 bodies.append(body)
                 index = len(bodies) - 1
