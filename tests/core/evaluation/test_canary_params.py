@@ -13,7 +13,7 @@ from forgeflow.evaluation.canary_params import CanaryEndpoint, CanaryRunSettings
 
 def test_defaults_are_the_flows_former_defaults():
     assert CanaryEndpoint().model_dump() == {"state_path": None, "base_url": None, "model_sha256": None,
-                                             "model_alias": None}
+                                             "model_alias": None, "api_key_secret": None}
     run = CanaryRunSettings()
     assert (run.concurrency, run.profile, run.verifier_timeout_s, run.sample, run.sample_seed) == \
         (1, "default", 180.0, None, 0)
