@@ -124,7 +124,7 @@ def run_canary_job(log: StageLog, st: dict[str, Any], stage: str, run: CanaryJob
     ends), records each trial as it comes back (:func:`forgeflow.evaluation.canary.trial_row`, upsert
     by trial id), publishes the table artifact ``stage`` with dashes and fills ``st``'s counts
     (requested, scored, reward_1, exceptions) and digests (model). With
-    ``run.agent_config.verifier_ray`` the verifiers run on that Ray cluster and this process leaves
+    ``run.agent_config.verifier_ray`` the trials run on that Ray cluster and this process leaves
     it once the job's trials are in.
 
     Returns:
@@ -316,9 +316,10 @@ def canary(freeze_name: str, split: str = "test", endpoint: CanaryEndpoint = Can
             its limits replace ``memory_mb`` / ``cpus`` (both containers), and the job records the
             result. None: ``run.agent_config`` as given (default: both on podman).
         dispatcher: a ``forgeflow-dispatcher`` block (:class:`blocks.core.TrialDispatcher`) as curate
-            and rl-burst take it: ``ray`` runs each trial's verifier as a Ray task on a sandbox node
-            of that cluster (``agent_config.verifier_ray``; the trial's verifier record names the
-            node, the job records the placement). None or ``in-process``: here.
+            and rl-burst take it: ``ray`` runs each agent trial (its loop, container and verifier) as
+            one Ray task on a sandbox node of that cluster (``agent_config.verifier_ray``; the trial's
+            verifier record names the node, the job records the placement; the node must reach the
+            endpoint and ``out_dir``). None or ``in-process``: here.
 
     Returns:
         A :class:`forgeflow.evaluation.canary_result.CanaryResult`: ``job_id``, ``report`` (the

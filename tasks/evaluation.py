@@ -45,14 +45,15 @@ def _cached_agent_trial(task: CanaryTask, base_url: str, model_alias: str, model
     """The trial itself; only a trial without an exception completes (and is cached), any other
     ends this task run Failed with :class:`UnscoredTrialError` (never cached, retried next run).
     ``run_key`` names the trial (:func:`forgeflow.sandbox.trial.make_trial_id`) and is part of the cache key;
-    ``ray`` (the config's ``verifier_ray``, passed apart) is not: where the verifier runs is not what it computes."""
-    config = config.model_copy(update={"verifier_ray": ray})
+    ``ray`` (the config's ``verifier_ray``, passed apart) is not: where the trial runs is not what it computes.
+    With ``ray`` the whole trial (agent, its container, the verifier) runs as one Ray task on a sandbox node
+    (:func:`forgeflow.evaluation.agent.run_agent_trial_on`)."""
     for field in ("verifier_backend", "sandbox_backend"):  # the agent's and verifier's pods carry this run's id
         target = getattr(config, field)
         if isinstance(target, SandboxTarget):  # (the sweep of a cancelled run)
             config = config.model_copy(update={field: run_labelled(target)})
-    record = agent.run_agent_trial(task, base_url, model_alias,
-                                   config, out_dir, verifier_timeout_s=verifier_timeout_s, run_key=run_key)
+    record = agent.run_agent_trial_on(ray, task, base_url, model_alias, config, out_dir,
+                                      verifier_timeout_s=verifier_timeout_s, run_key=run_key)
     if record.exception_type is not None:
         raise UnscoredTrialError(record)
     return record
@@ -64,7 +65,8 @@ def agent_trial(task: CanaryTask, base_url: str, model_alias: str, model_sha256:
                 run_key: str | None = None) -> trial.TrialResult:
     """One canary trial: mini-swe-agent on the host, commands in a no-network container on the
     config's ``sandbox_backend`` (podman or a Kubernetes pod), then the verifier on its
-    ``verifier_backend``. An infrastructure failure is recorded as the trial's exception, never as reward 0.
+    ``verifier_backend``; with ``config.verifier_ray`` all of it as one Ray task on a sandbox node of
+    that cluster. An infrastructure failure is recorded as the trial's exception, never as reward 0.
 
     Caching: the trial runs in ``_cached_agent_trial``, keyed on model sha256 + image digest +
     agent/sampling config + the task's tests (not the endpoint URL: blue/green alternates ports for

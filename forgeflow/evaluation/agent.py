@@ -52,6 +52,7 @@ Outcomes versus breakage (docs/architecture.md, the rules every stage keeps):
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -65,6 +66,7 @@ from forgeflow.common.fsutil import sha256_json
 from forgeflow.common.names import sanitize_name
 from forgeflow.evaluation.agent_config import AgentConfig
 from forgeflow.evaluation.mswea import (
+    MODEL_API_KEY_ENV,
     endpoint_model_class,
     mswea_config,
     prepare_mswea_env,
@@ -77,7 +79,7 @@ from forgeflow.evaluation.supervision import (
     HangWatchdog,
 )
 from forgeflow.sandbox.base import SandboxSpec
-from forgeflow.sandbox.dispatch import verify_on
+from forgeflow.sandbox.dispatch import RayPlacement, run_on_ray, verify_on
 from forgeflow.sandbox.trial import TrialResult, container_name, make_trial_id
 from forgeflow.sandbox.verifier import (
     LOG_TAIL_CHARS,
@@ -437,3 +439,57 @@ def run_agent_trial(
                  f"input tokens {phase.n_input_tokens}")
     return _record(trial_id=trial_id, instance_id=instance_id, started_at=started_at, phase=phase,
                    reward=reward, error=error, verdict=verdict, notes=notes)
+
+
+def run_agent_trial_on(placement: RayPlacement | None, task: AgentTask, base_url: str, model_alias: str,
+                       config: AgentConfig, out_dir: Path, verifier_timeout_s: float = 180,
+                       run_key: str | None = None) -> TrialResult:
+    """:func:`run_agent_trial` here (``placement`` None) or, whole, as one Ray task on a sandbox node.
+
+    On Ray the trial's every part runs on the node the task lands on (``placement.resource``,
+    :func:`forgeflow.sandbox.dispatch.run_on_ray`): mini-swe-agent's loop and its model calls, the agent's
+    container and the verifier (in that node's process: ``config.verifier_ray`` is not used there). The
+    node must reach ``base_url`` and write ``out_dir`` (the trajectory): on a cluster of several machines, a
+    path on storage the nodes share. An endpoint key in ``$FORGEFLOW_MODEL_API_KEY`` here goes with the task
+    (:data:`forgeflow.evaluation.mswea.MODEL_API_KEY_ENV` is set on the node for the trial only).
+
+    Returns:
+        The trial record; on Ray its ``verifier`` record carries the ``node_id`` it ran on. The cluster
+        unreachable, or the node lost past ``placement.max_retries``: the trial's exception
+        (``TransientInfraError``, no reward, never 0) under the trial id it would have had.
+
+    Raises:
+        As :func:`run_agent_trial` (``InputError``, ``ModelRequestError``), also when raised on the node.
+    """
+    if placement is None:
+        return run_agent_trial(task, base_url, model_alias, config, out_dir, verifier_timeout_s, run_key)
+    local = config.model_copy(update={"verifier_ray": None})
+    started_at = datetime.now(timezone.utc)
+    try:
+        record, node_id = run_on_ray(placement, f"agent trial of {task.instance_id}", _agent_trial_with_key,
+                                     os.environ.get(MODEL_API_KEY_ENV), task, base_url, model_alias, local,
+                                     Path(out_dir), verifier_timeout_s, run_key)
+    except (errors.InputError, errors.ModelRequestError):
+        raise
+    except errors.InfraError as exc:  # cluster or node lost: the trial's exception
+        key = run_key or default_run_key(task.problem_statement, model_alias, base_url, local)
+        return TrialResult(trial_id=make_trial_id(task.instance_id, "agent", task.image_ref, key),
+                           instance_id=task.instance_id, kind="agent", exception_type=type(exc).__name__,
+                           exception_message=str(exc), started_at=started_at, env_setup_s=0.0)
+    return record.model_copy(update={"verifier": {**(record.verifier or {}), "node_id": node_id}})
+
+
+def _agent_trial_with_key(api_key: str | None, *args: Any) -> TrialResult:
+    """:func:`run_agent_trial` with ``$FORGEFLOW_MODEL_API_KEY`` = ``api_key`` for its duration (a Ray
+    task's body: the driver's environment does not reach the node's worker process)."""
+    previous = os.environ.get(MODEL_API_KEY_ENV)
+    if api_key is not None:
+        os.environ[MODEL_API_KEY_ENV] = api_key
+    try:
+        return run_agent_trial(*args)
+    finally:
+        if api_key is not None:
+            if previous is None:
+                os.environ.pop(MODEL_API_KEY_ENV, None)
+            else:
+                os.environ[MODEL_API_KEY_ENV] = previous

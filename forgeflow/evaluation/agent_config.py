@@ -54,10 +54,13 @@ class AgentConfig(BaseModel):
             The canary flow's ``sandbox`` block sets it and ``verifier_backend`` alike; a config
             recorded before this field existed (a job's params) reads as ``podman``, where its agent ran.
             Default ``podman``.
-        verifier_ray: run each verifier as a Ray task on a sandbox node of this cluster
-            (:class:`forgeflow.sandbox.dispatch.RayPlacement`, a ``forgeflow-dispatcher`` block's);
-            the trial's verifier record names the node. Where it runs, not what: it is not part of
-            the trial's run key. None: in this process.
+        verifier_ray: a Ray cluster (:class:`forgeflow.sandbox.dispatch.RayPlacement`, a
+            ``forgeflow-dispatcher`` block's). The canary's trial task
+            (:func:`tasks.evaluation.agent_trial`, through
+            :func:`forgeflow.evaluation.agent.run_agent_trial_on`) runs the whole trial there as one Ray
+            task on a sandbox node (agent, container, verifier); :func:`run_agent_trial` called with it
+            runs only the verifier there. Either way the trial's verifier record names the node. Where
+            it runs, not what: it is not part of the trial's run key. None: in this process.
     """
 
     model_config = ConfigDict(frozen=True)

@@ -1,7 +1,7 @@
-"""Agent-trial verifiers and RL rewards on a real local Ray cluster: a head node without sandboxes and
-two worker nodes declaring ``{"sandbox": 1}`` (``ray start --address`` processes, tests/raycluster.py,
-stopped by PID). The ``forgeflow-dispatcher`` block sends each verifier run there as a Ray task; the
-trial's verifier record, and the RL burst's counts per step, name the node it ran on.
+"""Agent trials and RL rewards on a real local Ray cluster: a head node without sandboxes and two worker
+nodes declaring ``{"sandbox": 1}`` (``ray start --address`` processes, tests/raycluster.py, stopped by
+PID). The ``forgeflow-dispatcher`` block sends each canary trial (whole) and each RL reward's verifier run
+there as a Ray task; the trial's verifier record, and the RL burst's counts per step, name the node.
 
 The canary's model is the scripted loopback endpoint of tests/flows/test_canary_flow.py (it replays
 the fix), the RL rewards are the verifier's on the calc task image of tests/integration/test_agent.py.
@@ -72,30 +72,43 @@ def test_rl_rewards_are_scored_on_the_sandbox_nodes(prefect_harness, cluster, ta
     assert not ray.is_initialized()
 
 
-def test_canary_verifies_on_the_sandbox_nodes(prefect_harness, cluster, recorded_freeze, tmp_path: Path) -> None:  # noqa: F811
-    """The canary flow with a ``ray`` dispatcher block: same rewards as in-process, each trial's
-    verifier record (in the store too) names a sandbox node, the job records the placement, and the
-    flow leaves the cluster when its trials are in. A missing block is refused before any trial."""
+def test_canary_trials_run_on_the_sandbox_nodes(prefect_harness, cluster, recorded_freeze, tmp_path: Path) -> None:  # noqa: F811
+    """The canary flow with a ``ray`` dispatcher block: each agent trial runs whole as one Ray task on a sandbox
+    node (Ray's own task list says where: never the head), with the same rewards as in-process; the verifier
+    ran there too (no separate verifier task), the trial's verifier record (in the store too) names the node,
+    the job records the placement, and the flow leaves the cluster when its trials are in. The endpoint needs
+    an API key: the node's agent sends the key of the endpoint's Secret block. A missing block is refused
+    before any trial."""
     import ray
+    from prefect.blocks.system import Secret
+    from ray.util.state import list_tasks
 
     from flows.canary import canary
     from forgeflow.common.errors import InputError
 
-    store, _, generated = recorded_freeze
+    store, manifest, generated = recorded_freeze
     head, workers = cluster
     with pytest.raises(InputError, match="dispatcher block 'no-such-dispatcher' does not exist"):
         canary(freeze_name="canary-test", endpoint={"base_url": "http://x/v1", "model_sha256": MODEL_SHA},
                source={"generated_path": generated}, dispatcher="no-such-dispatcher")
-    with scripted_endpoint(lambda i: text_answer(FIX)) as (url, _):
-        result = canary(freeze_name="canary-test", endpoint={"base_url": url, "model_sha256": MODEL_SHA},
-                        source={"generated_path": generated}, out_dir=tmp_path / "canary", job_id="on-ray",
-                        dispatcher=_dispatcher(head),
+    key = "sk-ray-" + uuid.uuid4().hex
+    Secret(value=key).save("ray-endpoint-key", overwrite=True)
+    with scripted_endpoint(lambda i: text_answer(FIX), api_key=key) as (url, bodies):
+        result = canary(freeze_name="canary-test", source={"generated_path": generated}, out_dir=tmp_path / "canary",
+                        endpoint={"base_url": url, "model_sha256": MODEL_SHA, "api_key_secret": "ray-endpoint-key"},
+                        job_id="on-ray", dispatcher=_dispatcher(head),
                         run={"verifier_timeout_s": 120.0, "agent_config": {"step_limit": 5, "agent_timeout_s": 120}})
     assert [(t.exception_type, t.reward) for t in result.trials] == [(None, 1.0)] * 2
+    assert len(bodies) == 2  # the model calls came with the key (the endpoint refuses any other)
     trials = store.trials_for(job_id="on-ray")
     assert len(trials) == 2 and {t.verifier["node_id"] for t in trials} <= workers
     assert store.get_job("on-ray").params["agent_config"]["verifier_ray"]["address"] == head.address
     assert not ray.is_initialized()
+    ran = list_tasks(address=head.dashboard_url, filters=[("name", "=", f"agent trial of {manifest.splits['test'][0]}")],
+                     raise_on_missing_output=False)
+    assert len(ran) == 1 and ran[0].node_id in workers and ran[0].state == "FINISHED", ran
+    assert ran[0].node_id == next(t.verifier["node_id"] for t in trials
+                                  if t.instance_id == manifest.splits["test"][0])
 
 
 def test_rl_burst_flow_scores_its_rollouts_on_ray(prefect_harness, cluster, task_image: str, tmp_path: Path,  # noqa: F811
