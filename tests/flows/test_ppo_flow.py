@@ -83,11 +83,16 @@ def test_ppo_follows_the_ray_job_and_ingests_its_newest_checkpoint(prefect_harne
     assert production.parent_sha256 == result.base_model_sha256
     assert production.lineage["algorithm"] == "ppo" and production.lineage["ray_job"] == result.submission_id
     assert production.lineage["global_step"] == 2
-    # the job's log lines are the Prefect run's
-    with get_client(sync_client=True) as client:
-        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(
-            any_=[state.state_details.flow_run_id])))
-    messages = "\n".join(log.message for log in logs)
+    # the job's log lines are the Prefect run's. Prefect ships a run's logs to its API in batches after the
+    # records were made (CI saw the last lines missing right after the run ended on a loaded machine): wait
+    # for them, up to 60 s
+    deadline, messages = time.monotonic() + 60, ""
+    while not ("stand-in step 2/2" in messages and "stand-in done" in messages) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        with get_client(sync_client=True) as client:
+            logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(
+                any_=[state.state_details.flow_run_id])))
+        messages = "\n".join(log.message for log in logs)
     assert "stand-in step 2/2" in messages and "stand-in done" in messages
 
     # a job that fails fails the run, with its log
