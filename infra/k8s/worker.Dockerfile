@@ -40,7 +40,7 @@ COPY prefect.yaml ./
 RUN pip install --no-cache-dir --extra-index-url "${TORCH_INDEX_URL}" \
         "prefect==${PREFECT_VERSION}" "prefect-kubernetes==${PREFECT_KUBERNETES_VERSION}" "s3fs==${S3FS_VERSION}" -e . \
     && python -c "import forgeflow.sandbox.kubernetes, deployments.work_pool, prefect_kubernetes" \
-    && python -c "import fsspec; fsspec.get_filesystem_class('s3')" \
+    && python -c "__import__('fsspec').get_filesystem_class('s3')" \
     && skopeo --version
 
 USER 1000:1000

@@ -273,7 +273,7 @@ def test_worker_image_has_the_fsspec_driver_of_the_shared_result_storage() -> No
     assert f"ARG S3FS_VERSION={importlib.metadata.version('fsspec')}" in text.splitlines()
     runs = _dockerfile_runs(text)
     assert any('"s3fs==${S3FS_VERSION}"' in run and "pip install" in run for run in runs)
-    assert any("fsspec.get_filesystem_class('s3')" in run for run in runs)
+    assert any("__import__('fsspec').get_filesystem_class('s3')" in run for run in runs)
 
 
 def test_worker_image_import_check_imports_modules_that_exist() -> None:
