@@ -13,6 +13,7 @@ FROM python:3.11-slim-bookworm
 ARG PREFECT_VERSION=3.9.1
 ARG PREFECT_KUBERNETES_VERSION=0.8.0
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ARG S3FS_VERSION=2026.9.0
 
 # git/patch: task generation and patch checks; build-essential/cmake: llama-cpp-python builds from source;
 # skopeo: the registry flows copy and inspect images with it (forgeflow/registry/skopeo.py). No podman:
@@ -34,9 +35,12 @@ COPY infra ./infra
 COPY prefect.yaml ./
 # editable: forgeflow.settings finds infra/ beside the package
 
+# s3fs: the fsspec driver of the result storage block every flow-run pod shares (README: a RemoteFileSystem on
+# s3://...); another object store needs its own driver (gcsfs, adlfs) added here
 RUN pip install --no-cache-dir --extra-index-url "${TORCH_INDEX_URL}" \
-        "prefect==${PREFECT_VERSION}" "prefect-kubernetes==${PREFECT_KUBERNETES_VERSION}" -e . \
+        "prefect==${PREFECT_VERSION}" "prefect-kubernetes==${PREFECT_KUBERNETES_VERSION}" "s3fs==${S3FS_VERSION}" -e . \
     && python -c "import forgeflow.sandbox.kubernetes, deployments.work_pool, prefect_kubernetes" \
+    && python -c "__import__('fsspec').get_filesystem_class('s3')" \
     && skopeo --version
 
 USER 1000:1000

@@ -265,6 +265,17 @@ def test_worker_image_installs_skopeo_and_no_podman() -> None:
     assert any(re.search(r"\bskopeo --version\b", run) for run in runs)
 
 
+def test_worker_image_has_the_fsspec_driver_of_the_shared_result_storage() -> None:
+    """The flow-run pods share Prefect's result storage through a RemoteFileSystem block on s3:// (README):
+    the image installs s3fs at the release of the fsspec installed with forgeflow (s3fs pins fsspec to its own
+    release) and its build checks that fsspec finds the s3 filesystem."""
+    text = (K8S_DIR / "worker.Dockerfile").read_text()
+    assert f"ARG S3FS_VERSION={importlib.metadata.version('fsspec')}" in text.splitlines()
+    runs = _dockerfile_runs(text)
+    assert any('"s3fs==${S3FS_VERSION}"' in run and "pip install" in run for run in runs)
+    assert any("__import__('fsspec').get_filesystem_class('s3')" in run for run in runs)
+
+
 def test_worker_image_import_check_imports_modules_that_exist() -> None:
     runs = _dockerfile_runs((K8S_DIR / "worker.Dockerfile").read_text())
     checks = [m for run in runs for m in re.findall(r'python -c "import ([^"]+)"', run)]
