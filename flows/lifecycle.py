@@ -33,15 +33,17 @@ from blocks.core import RegistryEndpoint
 from flows.registry import migrate_images as migrate_images_flow
 from flows.registry import registry_blocks, repository_prefix, run_registries
 from flows.stagekit import StageLog, run_stage_flow
+from flows.stages import base_model as base_model_flow
+from flows.stages import freeze as freeze_flow
+from flows.stages import package as package_flow
+from flows.stages import serve as serve_flow
 from forgeflow.common.errors import MigrationIncompleteError, PreflightError
-from forgeflow.common.fsutil import atomic_write_text, sha256_bytes, sha256_file
+from forgeflow.common.fsutil import atomic_write_text, sha256_file
 from forgeflow.common.settings import apply_container_env
 from forgeflow.config import LifecycleConfig
 from forgeflow.curation import generated
 from forgeflow.curation.bugs import Candidate
-from forgeflow.curation.bundle import BundleTask
 from forgeflow.curation.freeze import (
-    AcceptedTask,
     FreezeManifest,
     check_freeze_inputs,
     record_freeze_inputs,
@@ -179,9 +181,9 @@ def _run_stages(run: _Run) -> dict[str, Any]:
     base_model, base_gguf = run_stage_flow("base_model", _base_model, run)
     served_base = base_gguf[config.serving.quantization]
     agent_config = config.canary.agent_config(config.seed)
-    swap = run_stage_flow("serve_baseline", _serve_baseline, run, served_base)
+    serving = run_stage_flow("serve_baseline", _serve_baseline, run, served_base, base_model.path)
     baseline_trials = run_stage_flow("canary_baseline", _canary, run, "canary_baseline", test_tasks,
-                                     swap.current.base_url, served_base.sha256, agent_config)
+                                     serving.base_url, served_base.sha256, agent_config)
     adapter = run_stage_flow("burst", _burst, run, base_model, [by_id[i] for i in manifest.splits["train"]], envs)
     ggufs = run_stage_flow("package", _package, run, base_model, adapter)
     # serve_stage, canary_candidate, compare and serve_swap: one transaction, one subflow run
@@ -214,14 +216,15 @@ def _run_stages(run: _Run) -> dict[str, Any]:
     }
 
 
-def _serve_baseline(run: _Run, served_base: Any) -> Any:
-    """8. serve the baseline GGUF (blue/green swap onto the recorded endpoint); the swap result."""
+def _serve_baseline(run: _Run, served_base: Any, hf_dir: Path) -> bluegreen.ServingState:
+    """8. serve the baseline GGUF: the ``serve`` flow (as a subflow): the GGUF checked against ``hf_dir``'s
+    config, a blue/green swap onto the recorded endpoint, recorded in the store; the serving state now."""
+    config = run.config
     with run.log.stage("serve_baseline") as st:
-        swap = run.log.call(serving_tasks.serve_swap, run.state_path, served_base.path, served_base.sha256,
-                            run.serving)
-        serving_tasks.record_swap(run.store, swap.previous, swap.current, run.run_id)
-        st["counts"] = {"generation": swap.current.generation, "port": swap.current.active_port}
-    return swap
+        outcome = serve_flow(served_base.path, run.state_path, config.serving.ports, hf_dir, config.serving.block)
+        assert outcome.state is not None  # the serve flow promotes or raises
+        st["counts"] = {"generation": outcome.state.generation, "port": outcome.state.active_port}
+    return outcome.state
 
 
 def _environments(run: _Run) -> dict[str, _Env]:
@@ -396,21 +399,13 @@ def _record_verdict(run: _Run, t: _TaskImage, out: ValidationOutcome) -> dict[st
 
 
 def _freeze(run: _Run, accepted: list[_TaskImage]) -> FreezeManifest:
-    """6. freeze: repository-disjoint splits with per-repo caps, manifest written atomically."""
+    """6. freeze: the ``freeze`` flow (as a subflow) on this run's accepted tasks, which the validate stage
+    recorded in the store: repository-disjoint splits with per-repo caps, the manifest (image digests in its
+    inputs) and the export bundle written atomically."""
     config = run.config
     with run.log.stage("freeze") as st:
-        accepted_refs = [AcceptedTask(instance_id=t.instance_id, repo=t.repo) for t in accepted]
-        image_digests = {t.instance_id: t.digest for t in accepted}
-        bundle_tasks = [BundleTask(
-            instance_id=t.instance_id, repo=t.repo, fail_to_pass=t.verdict().FAIL_TO_PASS,
-            pass_to_pass=t.verdict().PASS_TO_PASS, image_ref=t.image_ref, image_digest=t.digest,
-            patch_sha256=sha256_bytes(t.candidate.patch.encode()), patch=t.candidate.patch) for t in accepted]
-        manifest = run.log.call(curation.freeze_dataset, config.freeze.name, accepted_refs, config.freeze.quotas,
-                                config.seed, run.out_dir / "freezes", {"image_digests": image_digests}, bundle_tasks)
-        run.store.record_freeze(records.FreezeRecord(
-            name=manifest.name, semantic_sha256=manifest.semantic_sha256, file_sha256=manifest.file_sha256,
-            manifest_path=str(manifest.path), counts=manifest.counts, bundle_sha256=manifest.bundle_sha256,
-            bundle_path=str(manifest.bundle_path) if manifest.bundle_path else None, run_id=run.run_id))
+        manifest = freeze_flow(config.freeze.name, config.freeze.quotas, config.seed,
+                               instance_ids=[t.instance_id for t in accepted], out_dir=run.out_dir / "freezes")
         record_freeze_inputs(config.freeze.name, run.out_dir / "freezes", config.freeze_inputs())
         st["counts"] = {k: len(v) for k, v in manifest.splits.items()}
         st["digests"] = {"semantic_sha256": manifest.semantic_sha256, "file_sha256": manifest.file_sha256,
@@ -420,8 +415,9 @@ def _freeze(run: _Run, accepted: list[_TaskImage]) -> FreezeManifest:
 
 
 def _base_model(run: _Run) -> tuple[Any, dict[str, Any]]:
-    """7. base model: the team's checkpoint (a folder, a Hub revision) or the tiny Qwen2 with the real
-    Qwen2 tokenizer; packaged as GGUF. Returns the checkpoint and its GGUF artifacts by quantization."""
+    """7. base model: the team's checkpoint (a folder, a Hub revision: the ``base-model`` flow) or the tiny
+    Qwen2 with the real Qwen2 tokenizer; packaged as GGUF by the ``package`` flow. Returns the checkpoint
+    and its GGUF artifacts by quantization."""
     config, log, out_dir = run.config, run.log, run.out_dir
     with log.stage("base_model") as st:
         if config.base_model.kind == "tiny":
@@ -429,16 +425,15 @@ def _base_model(run: _Run) -> tuple[Any, dict[str, Any]]:
                                                    config.seed)
             st["counts"] = {"tokenizer_vectors_matched": tokenizer_check.matched,
                             "tokenizer_vectors_total": tokenizer_check.total}
-        else:
-            base_model = log.call(packaging_tasks.base_checkpoint, config.base_model, out_dir / "models" / "hub")
+            run.store.record_model_artifact(records.ModelArtifactRecord(
+                sha256=base_model.sha256, kind="base", path=str(base_model.path), run_id=run.run_id,
+                lineage=base_model.provenance))
+        else:  # the base-model flow checks the team's checkpoint and records it with where it came from
+            base_model = base_model_flow(config.base_model, out_dir / "models" / "hub")
             st["counts"] = {"source": base_model.source, **({"commit": base_model.commit} if base_model.commit else {})}
         base_gguf_dir = out_dir / "models" / "base-gguf"
-        base_gguf = log.call(packaging_tasks.package, base_model.path, base_model.sha256, base_gguf_dir,
-                             (config.serving.quantization,))
-        run.store.record_model_artifact(records.ModelArtifactRecord(
-            sha256=base_model.sha256, kind="base", path=str(base_model.path), run_id=run.run_id,
-            lineage=base_model.provenance))  # where the checkpoint came from (tiny, folder, Hub commit)
-        packaging_tasks.record_package(run.store, base_gguf, base_model.sha256, base_gguf_dir, None, run.run_id)
+        # the package flow: convert, quantize, check, load, record each GGUF with the checkpoint as parent
+        base_gguf = package_flow(base_model.path, base_gguf_dir, (config.serving.quantization,)).artifacts
         st["counts"] = {"parameters": base_model.num_parameters, **st["counts"]}
         st["digests"] = {"hf": base_model.sha256, **{q: a.sha256 for q, a in base_gguf.items()}}
     return base_model, base_gguf
@@ -471,16 +466,13 @@ def _burst(run: _Run, base_model: Any, train: list[_TaskImage], envs: dict[str, 
 
 
 def _package(run: _Run, base_model: Any, adapter: Any) -> dict[str, Any]:
-    """11. package: merge -> GGUF f16 -> quantize -> check -> load; the GGUFs by quantization type."""
+    """11. package: the ``package`` flow (as a subflow): merge -> GGUF f16 -> quantize -> check -> load
+    [-> metadata edits -> check -> load], each artifact recorded; the GGUFs by quantization type."""
     config = run.config
     with run.log.stage("package") as st:
         package_dir = run.out_dir / "models" / "candidate-gguf" / adapter.sha256[:16]  # one folder per adapter
-        ggufs = run.log.call(packaging_tasks.package, base_model.path, base_model.sha256, package_dir,
-                             config.package.quantizations, adapter.path, adapter.sha256,
-                             config.package.metadata_edits)
-        packaging_tasks.record_package(run.store, ggufs, base_model.sha256, package_dir, adapter.sha256, run.run_id)
-        table_artifact("package", [{"type": q, "path": str(a.path), "size_bytes": a.size_bytes, "sha256": a.sha256}
-                                   for q, a in ggufs.items()], "GGUF artifacts of the candidate model")
+        ggufs = package_flow(base_model.path, package_dir, config.package.quantizations, adapter.path,
+                             metadata_edits=list(config.package.metadata_edits)).artifacts
         st["digests"] = {q: a.sha256 for q, a in ggufs.items()}
         st["paths"] = {q: str(a.path) for q, a in ggufs.items()}
     return ggufs

@@ -17,6 +17,7 @@ from forgeflow.common.settings import home_dir
 from forgeflow.evaluation.compare import ComparisonSettings
 from tasks import evaluation as evaluation_tasks
 from tasks import serving as serving_tasks
+from tasks.serving import SwapOutcome
 
 
 class PromotionOutcome(BaseModel):
@@ -36,7 +37,7 @@ class PromotionOutcome(BaseModel):
     reason: str
     promoted: bool
     report_path: Path
-    serving: dict | None = None
+    serving: SwapOutcome | None = None
 
 
 @flow(name="promote", log_prints=True)
@@ -89,5 +90,5 @@ def promote(baseline_job: str, candidate_job: str, gguf_path: Path,
         logger.info("the recorded endpoint stays where it is (%s)", state_path)
         return PromotionOutcome(verdict=decision.verdict, reason=decision.reason, promoted=False, report_path=md_path)
     outcome = serve(gguf_path, state_path, ports, hf_dir, serving_block)
-    return PromotionOutcome(verdict=decision.verdict, reason=decision.reason, promoted=bool(outcome["promoted"]),
+    return PromotionOutcome(verdict=decision.verdict, reason=decision.reason, promoted=outcome.promoted,
                             report_path=md_path, serving=outcome)

@@ -13,6 +13,7 @@ import queue
 import time
 from collections import deque
 from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, TypeVar
 
@@ -31,6 +32,22 @@ STAGE_TABLE_KEY = "lifecycle-stages"
 
 STAGE_FLOW_NAME = "lifecycle-stage"
 """The flow name of a lifecycle stage's subflow runs (:func:`run_stage_flow`); the run is named after the stage."""
+
+_ACTIVE_STAGE: ContextVar[StageLog | None] = ContextVar("forgeflow_active_stage_log", default=None)
+"""The :class:`StageLog` whose stage is running in this context (set by :meth:`StageLog.stage`)."""
+
+
+def run_task(task: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run a Prefect task from a stage flow (``freeze``, ``package``, ``base-model``, ...) and return
+    its result. When the flow runs inside a lifecycle stage (a subflow of it), the task's state is
+    noted in that stage's counts (:meth:`StageLog.call`), so the stage is ``cached`` exactly when every
+    task it ran, its stage flows' included, came from Prefect's cache; run alone it is a plain call.
+
+    Raises:
+        whatever the task raised.
+    """
+    log = _ACTIVE_STAGE.get()
+    return task(*args, **kwargs) if log is None else log.call(task, *args, **kwargs)
 
 
 def run_stage_flow(name: str, body: Callable[..., T], *args: Any) -> T:
@@ -71,7 +88,9 @@ class StageLog:
         record: dict[str, Any] = {"status": "running", "counts": {}, "digests": {}, "paths": {},
                                   "tasks_run": 0, "tasks_cached": 0}
         self.stages[name] = record
+        outer = self._current
         self._current = record
+        active = _ACTIVE_STAGE.set(self)
         t0 = time.monotonic()
         try:
             yield record
@@ -84,7 +103,8 @@ class StageLog:
             record["status"] = "cached" if ran > 0 and cached == ran else "completed"
         finally:
             record["wall_s"] = round(time.monotonic() - t0, 3)
-            self._current = None
+            self._current = outer
+            _ACTIVE_STAGE.reset(active)
             self.write()
 
     def _note(self, state: State) -> None:

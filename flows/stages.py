@@ -9,19 +9,21 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
+from pydantic import BaseModel, ConfigDict
 
+from flows.stagekit import run_task
 from forgeflow.common.errors import InputError
 from forgeflow.common.settings import home_dir
 from forgeflow.config import LifecycleConfig
-from forgeflow.curation.bundle import BundleTask
 from forgeflow.curation.freeze import AcceptedTask, FreezeManifest, SplitQuotas, validate_freeze_name
 from forgeflow.evaluation import compare as comparison
 from forgeflow.evaluation.compare.gate import GatePolicy
 from forgeflow.ledger import records
 from forgeflow.ledger import store as ledger
 from forgeflow.packaging.checkpoint import BaseModelSource, CheckpointRecord
-from forgeflow.packaging.gguf import QuantSpec, quant_plan
+from forgeflow.packaging.gguf import GGUFArtifact, QuantSpec, quant_plan
 from forgeflow.packaging.gguf_metadata import MetadataEdit, recorded_edited_values, validate_metadata_edits
+from forgeflow.packaging.publish import PublishRecord
 from forgeflow.packaging.release import ReleaseSources
 from forgeflow.serving.external import EndpointCheck
 from tasks import curation
@@ -29,6 +31,7 @@ from tasks import evaluation as evaluation_tasks
 from tasks import packaging as model_tasks
 from tasks import packaging as publish_tasks
 from tasks import serving as serving_tasks
+from tasks.common import table_artifact
 
 DEMO_FREEZE_QUOTAS: SplitQuotas = LifecycleConfig().freeze.quotas
 """The demo's freeze quotas (the lifecycle's defaults), the freeze deployment's default."""
@@ -50,6 +53,9 @@ def freeze(name: str, quotas: SplitQuotas = DEMO_FREEZE_QUOTAS, seed: int = 0,
             freeze-on-ready automation passes them); None: every accepted task in the store.
         out_dir: where the manifest and bundle are written; default ``$FORGEFLOW_HOME/freezes``.
 
+    The manifest's ``inputs`` pin each task's image: ``image_digests`` (instance id -> manifest digest)
+    for every task whose image the store records (the lifecycle runs this flow as its freeze stage).
+
     Returns:
         The manifest, with ``bundle_path`` and ``bundle_sha256`` of the bundle's tarball.
 
@@ -61,25 +67,15 @@ def freeze(name: str, quotas: SplitQuotas = DEMO_FREEZE_QUOTAS, seed: int = 0,
     validate_freeze_name(name)
     if instance_ids is not None and not instance_ids:
         raise InputError(f"freeze {name!r}: instance_ids is empty (None freezes every accepted task)")
-    store = ledger.Store()
-    store.upgrade()
-    wanted = set(instance_ids) if instance_ids is not None else None
-    rows = [t for t in store.accepted_tasks() if wanted is None or t.instance_id in wanted]
-    accepted = [AcceptedTask(instance_id=t.instance_id, repo=t.repo) for t in rows]
+    bundle_tasks = curation.accepted_for_freeze(instance_ids)
+    accepted = [AcceptedTask(instance_id=t.instance_id, repo=t.repo) for t in bundle_tasks]
     get_run_logger().info("freeze %r: %d accepted task(s)%s; quotas %s, seed %d", name, len(accepted),
-                          f" among {len(wanted)} candidates" if wanted is not None else "", quotas.model_dump(), seed)
-    digests = {image.ref: image.digest for image in store.images()}
-    bundle_tasks = [BundleTask(instance_id=t.instance_id, repo=t.repo, fail_to_pass=t.fail_to_pass,
-                               pass_to_pass=t.pass_to_pass, image_ref=t.image_ref,
-                               image_digest=digests.get(t.image_ref) if t.image_ref else None,
-                               patch_sha256=t.patch_sha256, patch=t.patch) for t in rows]
-    manifest = curation.freeze_dataset(name, accepted, quotas, seed, out_dir or home_dir() / "freezes", {},
-                                       bundle_tasks)
-    store.record_freeze(records.FreezeRecord(name=manifest.name, semantic_sha256=manifest.semantic_sha256,
-                                            file_sha256=manifest.file_sha256, manifest_path=str(manifest.path),
-                                            counts=manifest.counts, bundle_sha256=manifest.bundle_sha256,
-                                            bundle_path=str(manifest.bundle_path) if manifest.bundle_path else None,
-                                            run_id=str(flow_run.get_id() or "") or None))
+                          f" among {len(set(instance_ids))} candidates" if instance_ids is not None else "",
+                          quotas.model_dump(), seed)
+    image_digests = {t.instance_id: t.image_digest for t in bundle_tasks if t.image_digest}
+    manifest = run_task(curation.freeze_dataset, name, accepted, quotas, seed, out_dir or home_dir() / "freezes",
+                        {"image_digests": image_digests} if image_digests else {}, bundle_tasks)
+    curation.record_freeze(manifest, str(flow_run.get_id() or "") or None)
     return manifest
 
 
@@ -107,12 +103,28 @@ def compare(job_a: str, job_b: str, report_path: Path | None = None, merge_recov
     return paired
 
 
+class PackageResult(BaseModel):
+    """What the ``package`` flow made: the checked GGUFs, and the release when it published one.
+
+    Attributes:
+        artifacts: the GGUFs by artifact key (``f16`` and each quantization's
+            :attr:`forgeflow.packaging.gguf.QuantSpec.key`), each checked against the HF config and loaded.
+        published: the release record (:class:`forgeflow.packaging.publish.PublishRecord`) when the flow
+            published (``publish``); None otherwise.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    artifacts: dict[str, GGUFArtifact]
+    published: PublishRecord | None = None
+
+
 @flow(name="package", log_prints=True)
 def package(hf_dir: Path, out_dir: Path, quantizations: tuple[str | QuantSpec, ...] = ("Q8_0", "Q4_K_M"),
             adapter_dir: Path | None = None, publish: str | None = None, publish_quantization: str | None = None,
             model_name: str = "forgeflow",
             metadata_edits: list[MetadataEdit | dict[str, Any]] | None = None,
-            publish_checkpoint: bool = False) -> dict:
+            publish_checkpoint: bool = False) -> PackageResult:
     """Merge (optional adapter) -> GGUF f16 -> quantize -> metadata check -> load [-> metadata edits ->
     verify -> check -> load] [-> publish].
 
@@ -141,7 +153,10 @@ def package(hf_dir: Path, out_dir: Path, quantizations: tuple[str | QuantSpec, .
     ``<stem>.lineage.json`` are published once every artifact passed the GGUF check and loaded
     (:func:`tasks.packaging.publish_gguf`), with the merged adapter's files (``adapter/``) and,
     with ``publish_checkpoint``, the checkpoint the GGUF was converted from (``checkpoint/``: the
-    merged one when an adapter was merged); the result then also holds ``published`` (the record).
+    merged one when an adapter was merged); the result's ``published`` is then the record.
+
+    The run shows the artifacts as a table artifact (``package``: key, path, size, sha256). The
+    lifecycle's base-model and package stages run this flow.
 
     Every artifact is recorded in the store as the lifecycle's package stage records it
     (:func:`tasks.packaging.record_package`: the merged checkpoint from the adapter, the f16 GGUF from the
@@ -168,8 +183,8 @@ def package(hf_dir: Path, out_dir: Path, quantizations: tuple[str | QuantSpec, .
                                 ("f16", *keys)) if publish else None
     hf_sha = sha256_tree(hf_dir)
     adapter_sha = adapter_digest(adapter_dir) if adapter_dir else None
-    artifacts = model_tasks.package(hf_dir, hf_sha, out_dir, tuple(quantizations), adapter_dir,
-                                    sha256_tree(adapter_dir) if adapter_dir else None, edits)
+    artifacts = run_task(model_tasks.package, hf_dir, hf_sha, out_dir, tuple(quantizations), adapter_dir,
+                         sha256_tree(adapter_dir) if adapter_dir else None, edits)
     store = ledger.Store()
     store.upgrade()
     run_id = str(flow_run.get_id() or "") or None
@@ -181,6 +196,9 @@ def package(hf_dir: Path, out_dir: Path, quantizations: tuple[str | QuantSpec, .
                                     sha256=adapter_sha, kind="adapter", path=str(adapter_dir),
                                                                parent_sha256=hf_sha, run_id=run_id))
     model_tasks.record_package(store, artifacts, hf_sha, Path(out_dir), adapter_sha, run_id)
+    table_artifact("package", [{"type": q, "path": str(a.path), "size_bytes": a.size_bytes, "sha256": a.sha256}
+                               for q, a in artifacts.items()], f"GGUF artifacts of {hf_dir}"
+                   + (f" merged with the adapter {adapter_dir}" if adapter_dir else ""))
     if publish and target:
         art = artifacts[target]
         source = Path(out_dir) / "merged" if adapter_dir else Path(hf_dir)  # what the GGUF was converted from
@@ -188,8 +206,8 @@ def package(hf_dir: Path, out_dir: Path, quantizations: tuple[str | QuantSpec, .
                                  checkpoint_dir=source if publish_checkpoint else None)
         record = publish_tasks.publish_gguf(publish, art.path, art.sha256, art.type, model_name, sources,
                                             art.tensor_types, str(flow_run.get_id() or ""))
-        return {**artifacts, "published": record}
-    return artifacts
+        return PackageResult(artifacts=artifacts, published=record)
+    return PackageResult(artifacts=artifacts)
 
 
 def _publish_preflight(store_block: str, quantization: str, produced: tuple[str, ...]) -> str:
@@ -202,7 +220,7 @@ def _publish_preflight(store_block: str, quantization: str, produced: tuple[str,
 
 @flow(name="publish", log_prints=True)
 def publish(gguf_path: Path, store: str, hf_dir: Path, adapter_dir: Path | None = None,
-            model_name: str = "forgeflow", include_checkpoint: bool = False) -> dict:
+            model_name: str = "forgeflow", include_checkpoint: bool = False) -> PublishRecord:
     """Publish a GGUF the package stage wrote (e.g. once the promotion gate chose it) to a model store.
 
     The GGUF is checked against ``hf_dir`` again (:func:`forgeflow.packaging.gguf.check_gguf`; keys the store
@@ -253,14 +271,13 @@ def publish(gguf_path: Path, store: str, hf_dir: Path, adapter_dir: Path | None 
                           hf_dir, check.file_type, check.block_count, check.vocab_size)
     sources = ReleaseSources(hf_sha256=hf_sha, adapter_dir=adapter_dir,
                              checkpoint_dir=Path(hf_dir) if include_checkpoint else None)
-    record = publish_tasks.publish_gguf(store, gguf_path, gguf_sha, check.file_type, model_name, sources, None,
-                                        str(flow_run.get_id() or ""))
-    return record.model_dump(mode="json")
+    return publish_tasks.publish_gguf(store, gguf_path, gguf_sha, check.file_type, model_name, sources, None,
+                                      str(flow_run.get_id() or ""))
 
 
 @flow(name="serve", log_prints=True)
 def serve(gguf_path: Path, state_path: Path | None = None, ports: tuple[int, int] | None = None,
-          hf_dir: Path | None = None, serving_block: str | None = None) -> dict:
+          hf_dir: Path | None = None, serving_block: str | None = None) -> serving_tasks.SwapOutcome:
     """Blue/green swap of the serving endpoint to ``gguf_path`` (check, gate, switch, stop the old one).
 
     Before any server starts, the GGUF's metadata is checked against its HF config
@@ -298,8 +315,9 @@ def serve(gguf_path: Path, state_path: Path | None = None, ports: tuple[int, int
             server starts. ``kind="external"``: the endpoint at the block's ``base_url`` is used instead.
 
     Returns:
-        :class:`tasks.serving.SwapOutcome` as JSON (``promoted``, ``verdict``, ``state``, ``previous``,
-        ``checks``: external endpoints' checks, each ``passed``, ``partial`` or ``not_run``).
+        :class:`tasks.serving.SwapOutcome` (``promoted``, ``verdict``, ``state``: the endpoint now
+        recorded, ``previous``, ``checks``: external endpoints' checks, each ``passed``, ``partial`` or
+        ``not_run``). The lifecycle's ``serve_baseline`` stage runs this flow.
 
     Raises:
         InputError: ``gguf_path`` is not a file, no config to check it against (no ``hf_dir`` and the
@@ -331,7 +349,7 @@ def serve(gguf_path: Path, state_path: Path | None = None, ports: tuple[int, int
                     if check is None else EndpointCheck(name="gguf_metadata", status="passed",
                                                         detail=f"{Path(gguf_path).name} matches its HF config"))
         outcome = outcome.model_copy(update={"checks": (metadata, *outcome.checks)})
-    return outcome.model_dump(mode="json")
+    return outcome
 
 
 @flow(name="base-model", log_prints=True)
@@ -357,7 +375,7 @@ def base_model(source: BaseModelSource, hub_dir: Path | None = None) -> Checkpoi
     """
     if source.kind == "tiny":
         raise InputError("base-model: give source.local_dir or source.repo_id + source.revision")
-    record = model_tasks.base_checkpoint(source, hub_dir or home_dir() / "models" / "hub")
+    record = run_task(model_tasks.base_checkpoint, source, hub_dir or home_dir() / "models" / "hub")
     store = ledger.Store()
     store.upgrade()
     provenance = record.provenance

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict
 from forgeflow.common.errors import ImageNotFoundError, PreflightError
 from forgeflow.curation import bugs, bundle, freeze
 from forgeflow.evaluation.canary import trial_row
+from forgeflow.ledger import records
 from forgeflow.ledger.store import Store
 from forgeflow.registry import images
 from forgeflow.registry.skopeo import Skopeo
@@ -200,6 +201,48 @@ def freeze_dataset(name: str, accepted: list[freeze.AcceptedTask], quotas: freez
     rows = bundle_tasks if bundle_tasks is not None else [
         bundle.BundleTask(instance_id=t.instance_id, repo=t.repo) for t in accepted]
     return bundle.with_bundle(manifest, bundle.write_bundle(manifest, rows, out_dir))
+
+
+@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S[:2],
+      retry_condition_fn=retry_on_transient)
+def accepted_for_freeze(instance_ids: list[str] | None) -> list[bundle.BundleTask]:
+    """The accepted tasks the store records (``settings.store_url()``, upgraded first), among
+    ``instance_ids`` when given, as rows of a freeze's export bundle: instance id, repository,
+    FAIL_TO_PASS / PASS_TO_PASS, image reference and the digest the store records for it (None when
+    it records none), patch and its sha256. Never cached: the store is read as it is now.
+
+    Returns:
+        One row per accepted task, in the store's order (instance id).
+    """
+    store = Store()
+    try:
+        store.upgrade()
+        wanted = set(instance_ids) if instance_ids is not None else None
+        rows = [t for t in store.accepted_tasks() if wanted is None or t.instance_id in wanted]
+        digests = {image.ref: image.digest for image in store.images()}
+    finally:
+        store.dispose()
+    return [bundle.BundleTask(instance_id=t.instance_id, repo=t.repo, fail_to_pass=t.fail_to_pass,
+                              pass_to_pass=t.pass_to_pass, image_ref=t.image_ref,
+                              image_digest=digests.get(t.image_ref) if t.image_ref else None,
+                              patch_sha256=t.patch_sha256, patch=t.patch) for t in rows]
+
+
+@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S[:2],
+      retry_condition_fn=retry_on_transient)
+def record_freeze(manifest: freeze.FreezeManifest, run_id: str | None) -> None:
+    """Record a written freeze in the store (``settings.store_url()``): name, the manifest's semantic
+    and file sha256, its path and split counts, the bundle's sha256 and path, and ``run_id`` (the flow
+    run that froze). An upsert by name: recording the same freeze again changes nothing else."""
+    store = Store()
+    try:
+        store.upgrade()
+        store.record_freeze(records.FreezeRecord(
+            name=manifest.name, semantic_sha256=manifest.semantic_sha256, file_sha256=manifest.file_sha256,
+            manifest_path=str(manifest.path), counts=manifest.counts, bundle_sha256=manifest.bundle_sha256,
+            bundle_path=str(manifest.bundle_path) if manifest.bundle_path else None, run_id=run_id))
+    finally:
+        store.dispose()
 
 
 def _registry_repo(ref: str) -> tuple[str, str] | None:

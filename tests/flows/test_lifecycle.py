@@ -106,10 +106,20 @@ def test_the_run_shows_each_stage_as_a_subflow_run_with_its_own_task_runs(first_
         # the lifecycle's own run keeps only its registries and the stage runs (their parent task runs)
         own = task_runs(lifecycle_id)
         assert not [t for t in own if t.name.startswith(("validate-", "sft_burst-", "package-"))]
-        # the migrate stage still runs the migrate-images flow, now one level down
-        migrate_children = client.read_flow_runs(flow_run_filter=FlowRunFilter(
-            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[stage_runs["migrate"].id])))
-        assert [client.read_flow(run.flow_id).name for run in migrate_children] == ["migrate-images"]
+        # one code path: each of these stages runs the flow a user runs alone (the deployment's), one level down
+        def child_flows(stage):
+            runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[stage_runs[stage].id])))
+            assert all(run.state.is_completed() for run in runs), stage
+            return sorted(client.read_flow(run.flow_id).name for run in runs)
+
+        assert child_flows("migrate") == ["migrate-images"]
+        assert child_flows("freeze") == ["freeze"]
+        assert child_flows("base_model") == ["package"]  # the tiny model: built by a task, packaged by the flow
+        assert child_flows("serve_baseline") == ["serve"]
+        assert child_flows("package") == ["package"]
+        # the package flow's own task ran inside it: the stage's counts include it (cached on the second run)
+        assert first_run["stages"]["package"]["tasks_run"] >= 1
 
 
 def test_artifacts_on_disk_match_their_recorded_sha256(first_run):

@@ -1,5 +1,7 @@
-"""The lifecycle on the team's own registries: ``registries.source_block`` / ``target_block`` name saved
-``forgeflow-registry`` blocks, and no embedded registry starts.
+"""The lifecycle on the team's own registries and checkpoint: ``registries.source_block`` / ``target_block`` name
+saved ``forgeflow-registry`` blocks, and no embedded registry starts; ``base_model.local_dir`` is a checkpoint
+folder of the team's (a copy of the tiny Qwen2 checkpoint, outside the run's folder), which the base-model flow
+checks and every model artifact descends from.
 
 Real components: two docker-registry instances with htpasswd (basic) auth on loopback ports 5717/5718 (listed
 insecure in infra/registries.conf, as podman's pulls need), the target with a namespace; skopeo, podman, the
@@ -11,6 +13,7 @@ from __future__ import annotations
 import crypt  # deprecated in 3.11, still present; bcrypt for htpasswd
 import json
 import os
+import shutil
 import subprocess
 import uuid
 from pathlib import Path
@@ -20,13 +23,14 @@ from pydantic import SecretStr
 
 from blocks.core import RegistryEndpoint
 from forgeflow.common.errors import InputError
+from forgeflow.common.fsutil import sha256_tree
 from forgeflow.common.settings import tool_env
 from forgeflow.config import LifecycleConfig
 from forgeflow.ledger.store import Store
 from forgeflow.registry.auth import authfile
 from forgeflow.registry.server import RegistryServer
 from forgeflow.registry.skopeo import Skopeo
-from tests.helpers import free_port
+from tests.helpers import free_port, tiny_ggufs
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -54,6 +58,8 @@ def team_run(prefect_harness, tmp_path_factory):
                RegistryServer("team-target", TARGET_PORT, root / "target", htpasswd_path=htpasswd)]
     mp = pytest.MonkeyPatch()
     mp.setenv("FORGEFLOW_STORE_URL", f"sqlite:///{root / 'store.db'}")  # this run's own ledger
+    checkpoint = root / "team-checkpoint"  # the team's base model: a checkpoint folder, used in place
+    shutil.copytree(tiny_ggufs()[0].parent / "hf", checkpoint)
     try:
         for server in servers:
             server.start()
@@ -68,7 +74,7 @@ def team_run(prefect_harness, tmp_path_factory):
             freeze={"name": "team-v1",
                     "quotas": {"train": 1, "validation": 0, "test": 1, "max_per_repo": 2, "min_repos": 2}},
             canary={"step_limit": 2, "max_tokens": 32}, burst={"max_steps": 1}, package={"quantizations": ("Q8_0",)},
-            serving={"ports": (free_port(), free_port())})
+            serving={"ports": (free_port(), free_port())}, base_model={"local_dir": checkpoint})
         lifecycle(config=config)
         yield config, json.loads((config.output_dir / "summary.json").read_text())
     finally:
@@ -93,6 +99,26 @@ def test_every_stage_runs_on_the_teams_registries_and_no_embedded_one_starts(tea
     assert refs["task"] and all(r.startswith(f"127.0.0.1:{TARGET_PORT}/{NAMESPACE}/task-") for r in refs["task"])
     accepted = store.accepted_tasks()
     assert accepted and all(t.image_ref.startswith(f"127.0.0.1:{TARGET_PORT}/{NAMESPACE}/task-") for t in accepted)
+
+
+def test_every_model_descends_from_the_teams_checkpoint_folder(team_run) -> None:
+    """The base-model stage used the folder in place (nothing copied into the run), and the served baseline
+    GGUF, the adapter and the candidate GGUF all trace back to it in the ledger."""
+    from forgeflow.packaging.lineage import lineage_of
+
+    config, summary = team_run
+    folder = config.base_model.local_dir
+    assert summary["stages"]["base_model"]["counts"]["source"] == "local"
+    assert summary["stages"]["base_model"]["digests"]["hf"] == sha256_tree(folder)
+    assert not (config.output_dir / "models" / "base").exists()  # the tiny model was not built
+    store = Store()
+    base = [a for a in store.model_artifacts() if a.kind == "base"]
+    assert [(a.path, a.sha256) for a in base] == [(str(folder), sha256_tree(folder))]
+    for name in ("base-Q8_0", "candidate-Q8_0"):
+        chain = lineage_of(store, summary["artifacts"][name]["sha256"]).chain
+        assert chain[0].kind == "base" and chain[0].sha256 == sha256_tree(folder), name
+    candidate = lineage_of(store, summary["artifacts"]["candidate-Q8_0"]["sha256"]).chain
+    assert "adapter" in [step.kind for step in candidate]
 
 
 def test_the_images_need_the_blocks_credentials_and_the_password_is_nowhere_else(team_run, tmp_path: Path) -> None:

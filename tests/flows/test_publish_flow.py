@@ -72,21 +72,21 @@ def test_publish_to_local_store_and_hub_without_leaking_the_token(prefect_harnes
     ModelStore(path=tmp_path / "models").save("test-local-store", overwrite=True)
     state = publish(gguf, "test-local-store", hf_dir, model_name="tiny", return_state=True)
     local = state.result()
-    folder = Path(local["location"])
+    folder = Path(local.location)
     assert folder.parent == (tmp_path / "models" / "tiny").resolve()
     assert sha256_file(folder / gguf.name) == sha256_file(q8)
     lineage = json.loads((folder / "tiny-Q8_0.lineage.json").read_text())
     assert lineage["gguf_sha256"] == sha256_file(q8) and lineage["quantization"] == "Q8_0"
     assert lineage["hf_sha256"] == sha256_tree(hf_dir) and lineage["adapter_sha256"] is None
     assert lineage["run_id"] == str(state.state_details.flow_run_id)
-    assert {f["role"] for f in local["files"]} == {"gguf", "metadata"}
+    assert {f.role for f in local.files} == {"gguf", "metadata"}
     # with the checkpoint: the weights the GGUF came from travel in the same revision, each verified
     carried = publish(gguf, "test-local-store", hf_dir, model_name="tiny", include_checkpoint=True)
-    checkpoint = {f["path_in_store"]: f["sha256"] for f in carried["files"] if f["role"] == "checkpoint"}
+    checkpoint = {f.path_in_store: f.sha256 for f in carried.files if f.role == "checkpoint"}
     assert checkpoint == {f"checkpoint/{p.relative_to(hf_dir).as_posix()}": sha256_file(p)
                           for p in sorted(hf_dir.rglob("*")) if p.is_file() and not p.name.startswith(".")}
-    assert sha256_tree(Path(carried["location"]) / "checkpoint") == sha256_tree(hf_dir)
-    assert carried["revision"] != local["revision"]
+    assert sha256_tree(Path(carried.location) / "checkpoint") == sha256_tree(hf_dir)
+    assert carried.revision != local.revision
 
     # HF Hub store: the token only in a Secret block
     hub = FakeHub(token=TOKEN)
@@ -97,7 +97,7 @@ def test_publish_to_local_store_and_hub_without_leaking_the_token(prefect_harnes
                    transfer="lfs").save("test-hub-store", overwrite=True)
         state = publish(gguf, "test-hub-store", hf_dir, model_name="tiny", return_state=True)
         record = state.result()
-        assert record["backend"] == "hf_hub" and record["revision"] == hub.head(REPO)
+        assert record.backend == "hf_hub" and record.revision == hub.head(REPO)
         assert hub.stored_bytes(REPO, gguf.name) == q8.read_bytes()
         stored = json.loads(hub.stored_bytes(REPO, "tiny-Q8_0.lineage.json"))
         assert stored["gguf_sha256"] == sha256_file(q8) and stored["run_id"] == str(state.state_details.flow_run_id)
@@ -115,7 +115,7 @@ def test_publish_to_local_store_and_hub_without_leaking_the_token(prefect_harnes
 
     texts = _run_records(state.state_details.flow_run_id)
     assert any("test-hub-token" in t for t in texts)  # the logs name the Secret block...
-    assert any(record["revision"] in t for t in texts)  # ...and what was published
+    assert any(record.revision in t for t in texts)  # ...and what was published
     assert not [t for t in texts if TOKEN in t or TOKEN[3:] in t]  # ...never the token
     texts = _run_records(failed.state_details.flow_run_id)
     assert any("401" in t for t in texts)  # the failure and its traceback are in the run's logs...

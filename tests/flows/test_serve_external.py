@@ -23,6 +23,7 @@ from forgeflow.ledger.store import Store
 from forgeflow.serving import bluegreen
 from forgeflow.serving.llama_server import ContextPreflightError, LlamaServer, LlamaServerOptions, ensure_llama_server
 from forgeflow.serving.server import ModelServer, stop_pid
+from tasks.serving import SwapOutcome
 from tests.helpers import free_port, pid_alive, tiny_ggufs
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -50,8 +51,8 @@ def _generations() -> list[tuple[int, int, str, str]]:
         store.dispose()
 
 
-def _checks(outcome: dict) -> dict[str, str]:
-    return {check["name"]: check["status"] for check in outcome["checks"]}
+def _checks(outcome: SwapOutcome) -> dict[str, str]:
+    return {check.name: check.status for check in outcome.checks}
 
 
 def test_serve_records_an_external_endpoint_the_canary_resolves(prefect_harness, flow_home: Path,
@@ -84,7 +85,7 @@ def test_serve_records_an_external_endpoint_the_canary_resolves(prefect_harness,
         assert not state_path.exists() and _generations() == []
 
         first = serve(q8, hf_dir=hf_dir, serving_block="ext")
-        assert first["promoted"]
+        assert first.promoted
         assert _checks(first) == {"gguf_metadata": "passed", "models": "passed", "identity": "not_run",
                                   "slot_context": "not_run", "accelerator": "not_run", "smoke": "passed"}
         state = bluegreen.read_state(state_path)
@@ -104,7 +105,7 @@ def test_serve_records_an_external_endpoint_the_canary_resolves(prefect_harness,
 
         # external -> external: the state is re-pointed (the file the user names), nothing is stopped
         second = serve(f16, hf_dir=hf_dir, serving_block="ext")
-        assert second["promoted"] and second["previous"]["generation"] == 1 and pid_alive(server.pid)
+        assert second.promoted and second.previous.generation == 1 and pid_alive(server.pid)
         assert bluegreen.read_state(state_path).gguf_sha256 == sha256_file(f16)
         assert _generations() == [(1, server.port, sha256_file(q8), "retired"),
                                   (2, server.port, sha256_file(f16), "active")]

@@ -64,13 +64,13 @@ def test_serve_records_its_generations_and_status_shows_the_live_one(prefect_har
     try:
         first = serve(q8, ports=ports, hf_dir=hf_dir, return_state=True)
         # nothing was serving and a foreign process held the first port: the other one is used
-        assert first.result()["state"]["active_port"] == ports[1]
+        assert first.result().state.active_port == ports[1]
     finally:
         busy.close()
     try:
         second = serve(f16, ports=ports, hf_dir=hf_dir, return_state=True)
         out = second.result()
-        assert out["promoted"] and out["state"]["generation"] == 2 and out["state"]["active_port"] == ports[0]
+        assert out.promoted and out.state.generation == 2 and out.state.active_port == ports[0]
         rows = Store().serving_generations()
         assert [(g.generation, g.status, g.gguf_sha256) for g in rows] == [
             (1, "retired", sha256_file(q8)), (2, "active", sha256_file(f16))]
@@ -88,14 +88,14 @@ def test_serve_records_its_generations_and_status_shows_the_live_one(prefect_har
         # `down` only names a model server (`up` did not start it); `down --serving` stops it
         said = CliRunner().invoke(app, ["down"]).output
         assert f"generation 2 on port {ports[0]}" in said and "`forgeflow down --serving` stops it" in said
-        assert pid_alive(out["state"]["pid"])
+        assert pid_alive(out.state.pid)
         said = CliRunner().invoke(app, ["down", "--serving"]).output
-        assert f"model server: generation 2 on port {ports[0]} (pid {out['state']['pid']}) stopped" in said, said
-        assert not pid_alive(out["state"]["pid"])
+        assert f"model server: generation 2 on port {ports[0]} (pid {out.state.pid}) stopped" in said, said
+        assert not pid_alive(out.state.pid)
         assert [g.status for g in Store().serving_generations()] == ["retired", "retired"]
     finally:
         bluegreen.stop_active(state_path)
-    assert not pid_alive(out["state"]["pid"])
+    assert not pid_alive(out.state.pid)
     shown = json.loads(CliRunner().invoke(app, ["status", "--json"]).output)["serving"]
     assert shown["generation"] == 2 and shown["live"] is False  # stopped: the state file says so
 
@@ -147,11 +147,11 @@ def test_generation_numbers_never_repeat_across_state_files(prefect_harness, hom
     busy = socket.socket()
     try:
         demo = serve(q8, state_path=demo_state, ports=demo_ports)
-        assert demo["state"]["generation"] == 1 and demo["state"]["active_port"] == demo_ports[0]
+        assert demo.state.generation == 1 and demo.state.active_port == demo_ports[0]
         # the serve flow's own state file is empty, but the store already records generation 1
         standalone = serve(f16, ports=serve_ports)
-        assert standalone["state"]["generation"] == 2 and standalone["previous"] is None
-        assert standalone["state"]["active_port"] == serve_ports[0]
+        assert standalone.state.generation == 2 and standalone.previous is None
+        assert standalone.state.active_port == serve_ports[0]
         rows = store.serving_generations()
 
         # a GGUF that fails its check starts nothing and records nothing
@@ -180,7 +180,7 @@ def test_generation_numbers_never_repeat_across_state_files(prefect_harness, hom
 
         # the demo's next swap is numbered above every recorded number
         again = serve(f16, state_path=demo_state, ports=demo_ports)
-        assert again["state"]["generation"] == 5 and again["previous"]["generation"] == 1
+        assert again.state.generation == 5 and again.previous.generation == 1
         assert [(g.generation, g.gguf_sha256, g.status) for g in store.serving_generations()] == [
             (1, q8_sha, "retired"), (2, f16_sha, "active"), (3, q8_sha, "rolled_back"),
             (4, sha256_file(broken), "rolled_back"), (5, f16_sha, "active")]
@@ -308,7 +308,7 @@ def test_publish_of_the_recorded_pair_works_and_a_wrong_hf_dir_is_refused(prefec
     assert not models.exists()
 
     record = publish(gguf, "test-ledger-store-2", hf_dir, model_name="tiny")
-    lineage = json.loads((Path(record["location"]) / "tiny-Q8_0.lineage.json").read_text())
+    lineage = json.loads((Path(record.location) / "tiny-Q8_0.lineage.json").read_text())
     assert lineage["hf_sha256"] == base_sha and lineage["adapter_sha256"] is None
 
 
@@ -318,7 +318,7 @@ def test_package_records_its_artifacts_with_its_run_as_producer(prefect_harness,
 
     hf_dir = tiny_ggufs()[0].parent / "hf"
     state = package(hf_dir, tmp_path / "out", ("Q8_0",), return_state=True)
-    artifacts = state.result()
+    artifacts = state.result().artifacts
     run_id = str(state.state_details.flow_run_id)
     report = lineage_of(Store(), artifacts["Q8_0"].sha256)
     assert [(s.kind, s.quantization, s.sha256) for s in report.chain] == [
@@ -343,7 +343,7 @@ def test_package_takes_a_quantization_plan_with_mixed_per_tensor_types(prefect_h
         package(hf_dir, tmp_path / "refused", ("Q8_0", {"preset": "Q8_0"}))
     assert not (tmp_path / "refused").exists()  # refused before any compute
 
-    artifacts = package(hf_dir, tmp_path / "out", ("Q4_K_M+attn-embd-output-Q8_0", custom))
+    artifacts = package(hf_dir, tmp_path / "out", ("Q4_K_M+attn-embd-output-Q8_0", custom)).artifacts
     assert set(artifacts) == {"f16", "Q4_K_M+attn-embd-output-Q8_0", "q8-ffn-f16"}
     mixed = artifacts["Q4_K_M+attn-embd-output-Q8_0"]
     assert mixed.type == "Q4_K_M+mixed" and mixed.tensor_types == MIXED_ATTN_EMBD_OUTPUT_Q8_0
@@ -385,7 +385,7 @@ def test_package_applies_metadata_edits_and_records_the_edited_files(prefect_har
         {"op": "delete", "key": "general.size_label"},
         {"op": "add", "key": "forgeflow.quantized_only", "value": True, "artifacts": ["Q8_0"]},
     ]
-    artifacts = package(hf_dir, tmp_path / "out", ("Q8_0",), metadata_edits=edits)
+    artifacts = package(hf_dir, tmp_path / "out", ("Q8_0",), metadata_edits=edits).artifacts
     recorded = {a.quantization: a for a in Store().model_artifacts() if a.kind == "gguf"}
     for key, unedited in (("Q8_0", q8_unedited), ("f16", f16_unedited)):
         art = artifacts[key]
@@ -410,4 +410,4 @@ def test_package_applies_metadata_edits_and_records_the_edited_files(prefect_har
     # the recorded edit set, not the checkpoint's, and is accepted
     ModelStore(path=tmp_path / "models").save("test-ledger-store-edits", overwrite=True)
     record = publish(artifacts["Q8_0"].path, "test-ledger-store-edits", hf_dir, model_name="edited")
-    assert [f["sha256"] for f in record["files"] if f["role"] == "gguf"] == [artifacts["Q8_0"].sha256]
+    assert [f.sha256 for f in record.files if f.role == "gguf"] == [artifacts["Q8_0"].sha256]
