@@ -14,9 +14,12 @@ previous output deleted:
 * :func:`~forgeflow.packaging.gguf_edit.set_metadata` growing ``general.name`` by 4 KiB (so the data section
   moves: the streaming path) in a child process, three times: default verification
   (``"sampled"``), ``verify="full"`` (sha256 of every tensor, source and result) and
-  ``verify="none"``. Edit times are the child's wall time, interpreter start included. Peak RSS
-  is the largest ``VmHWM`` (``/proc/self/status``) of the edit children (``ru_maxrss`` of
-  children is printed too, but it can include pages shared with this parent before ``exec``).
+  ``verify="none"``, in an order rotated each round (round 1 sampled/full/none, round 2
+  full/none/sampled, ...), so no mode always runs first after the ``cp`` runs or after the same
+  other edit (the page cache and the disk's queue carry over from one run to the next). Edit
+  times are the child's wall time, interpreter start included. Peak RSS is the largest
+  ``VmHWM`` (``/proc/self/status``) of the edit children (``ru_maxrss`` of children is printed
+  too, but it can include pages shared with this parent before ``exec``).
 
 Times are medians over the rounds (seconds). Prints human lines, then as the last line one JSON
 object: ``file_gb``; ``peak_rss_mb``; ``time_vs_cp`` (default edit / (``cp`` + ``sync FILE``));
@@ -168,10 +171,12 @@ def main(argv: list[str] | None = None) -> dict:
         (work / "warm.gguf").unlink()
         runs: dict[str, list[float]] = {k: [] for k in ("cp_sync", "cp", "sampled", "full", "none")}
         reports: list[dict] = []
-        for _ in range(args.repeats):
+        modes = ("sampled", "full", "none")
+        for round_no in range(args.repeats):
             runs["cp_sync"].append(_run_cp(src, work / "copy.gguf", fsync=True))
             runs["cp"].append(_run_cp(src, work / "copy.gguf", fsync=False))
-            for mode in ("sampled", "full", "none"):
+            first = round_no % len(modes)
+            for mode in modes[first:] + modes[:first]:
                 wall, report = _run_edit(src, work / f"edited-{mode}.gguf", mode)
                 assert report["verification"] == mode and not report["in_place"], report
                 runs[mode].append(wall)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -77,3 +79,23 @@ def test_atomic_output_file_for_a_tool_that_writes_a_path(tmp_path: Path) -> Non
     with atomic_output_file(out) as tmp:
         tmp.write_bytes(b"GGUF")
     assert out.read_bytes() == b"GGUF" and oct(out.stat().st_mode & 0o777) == "0o644"
+
+
+def test_start_writeback_is_an_advice_that_changes_no_bytes(tmp_path: Path) -> None:
+    path = tmp_path / "blob"
+    data = bytes(range(256)) * 4096  # 1 MiB, dirty in the page cache
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, data)
+        assert fsutil.start_writeback(fd, 0, len(data)) is sys.platform.startswith("linux")
+        assert fsutil.start_writeback(fd, 0, 0) is False  # nothing to write
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == data
+    read_end, write_end = os.pipe()
+    try:  # a pipe has no page cache to write back: refused, not raised
+        assert fsutil.start_writeback(write_end, 0, 4096) is False
+    finally:
+        os.close(read_end)
+        os.close(write_end)

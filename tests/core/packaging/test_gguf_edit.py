@@ -249,3 +249,40 @@ def test_data_larger_than_the_copy_buffer_survives_both_copy_paths(
     assert tensor_sha256(out) == tensor_sha256(src)
     data_bytes = src.stat().st_size - result.data_offset_before
     assert out.stat().st_size - result.data_offset_after == data_bytes
+
+
+@pytest.mark.parametrize("name", ["big", "a much longer model name " * 20])
+def test_writeback_is_started_behind_both_copy_paths_over_the_whole_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """Every ``_WRITEBACK_BYTES`` of output the copy hands what it wrote since the last time to
+    writeback (the header included, from byte 0): the ranges follow each other without a gap
+    and the result still verifies in full."""
+    import gguf
+
+    from forgeflow.packaging import gguf_edit
+
+    src = tmp_path / "big.gguf"
+    writer = gguf.GGUFWriter(str(src), arch="llama")
+    writer.add_name("big")
+    writer.add_tensor("x.weight", np.random.default_rng(2).random((777, 1031), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    ranges: list[tuple[int, int]] = []
+    started = gguf_edit.start_writeback
+
+    def record(fd: int, offset: int, n: int) -> bool:
+        ranges.append((offset, n))
+        return started(fd, offset, n)
+
+    monkeypatch.setattr(gguf_edit, "_WRITEBACK_BYTES", 1 << 20)
+    monkeypatch.setattr(gguf_edit, "start_writeback", record)
+    out = tmp_path / "out.gguf"
+    result = set_metadata(src, "general.name", name, out_path=out, verify="full")
+    assert (result.data_offset_after != result.data_offset_before) is (name != "big")
+    assert len(ranges) == 3  # 3.2 MB of output in 1 MiB steps; the fsync writes the rest
+    assert ranges[0][0] == 0 and all(n >= 1 << 20 for _, n in ranges)
+    assert all(a + n == b for (a, n), (b, _) in zip(ranges, ranges[1:]))
+    assert tensor_sha256(out) == tensor_sha256(src)
