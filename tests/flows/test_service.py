@@ -185,6 +185,59 @@ def test_runs_from_run_deployment_and_rest_complete_and_freeze_ready_triggers_fr
     assert "of flow freeze failed" in messages[0]["body"]
 
 
+def test_a_team_runs_the_model_deployments_on_its_checkpoint_folder_and_llama_server(running, tmp_path):
+    """What a team does first with its own model, through the deployments ``up`` registered and the process
+    worker: ``base-model`` on a checkpoint folder, ``package`` of that folder, ``serve`` of its Q8_0 on a
+    ``forgeflow-serving`` block of llama.cpp's llama-server with 2 slots. Each run completes, the store traces
+    the served GGUF to the folder, and the server answers with the block's slots."""
+    import shutil
+
+    from prefect.deployments import run_deployment
+
+    from blocks.core import ServingBackend
+    from forgeflow.common.fsutil import sha256_file, sha256_tree
+    from forgeflow.packaging.lineage import lineage_of
+    from forgeflow.serving import bluegreen
+    from forgeflow.serving.llama_server import ensure_llama_server
+    from tests.helpers import tiny_ggufs
+
+    home, state = running
+    ensure_llama_server()  # the cached CPU build
+    folder = tmp_path / "team-checkpoint"
+    shutil.copytree(tiny_ggufs()[0].parent / "hf", folder)
+    ports = [free_port(), free_port()]
+
+    def run(name: str, parameters: dict) -> dict:
+        with _settings(state):
+            flow_run = run_deployment(name, parameters=parameters, timeout=0)
+        finished = _wait_state(state.api_url, str(flow_run.id), timeout_s=400)
+        assert finished["state"]["type"] == "COMPLETED", (name, finished["state"])
+        assert finished["work_pool_name"] == "local" and finished["infrastructure_pid"], "not run by the worker"
+        return finished
+
+    with _settings(state):
+        ServingBackend(kind="llama-server", ports=tuple(ports), n_ctx=2048, n_parallel=2, n_threads=2,
+                       required_context_tokens=1000).save("team-two-slots", overwrite=True)
+    run("base-model/base-model", {"source": {"local_dir": str(folder)}})
+    run("package/package", {"hf_dir": str(folder), "out_dir": str(tmp_path / "gguf"), "quantizations": ["Q8_0"]})
+    store = Store(f"sqlite:///{home / 'store.db'}")
+    try:
+        q8 = next(a for a in store.model_artifacts() if a.kind == "gguf" and a.quantization == "Q8_0")
+        assert lineage_of(store, q8.sha256).chain[0].sha256 == sha256_tree(folder)  # the folder is the root
+        run("serve/serve", {"gguf_path": q8.path, "serving_block": "team-two-slots",
+                            "state_path": str(tmp_path / "serving" / "state.json")})
+        serving = bluegreen.read_state(tmp_path / "serving" / "state.json")
+        try:
+            assert serving.gguf_sha256 == sha256_file(q8.path) and serving.active_port in ports
+            props = httpx.get(f"http://127.0.0.1:{serving.active_port}/props", timeout=10).json()
+            assert (props["total_slots"], props["default_generation_settings"]["n_ctx"]) == (2, 1024)
+            assert [(g.generation, g.status) for g in store.serving_generations()] == [(1, "active")]
+        finally:
+            bluegreen.stop_active(tmp_path / "serving" / "state.json")
+    finally:
+        store.dispose()
+
+
 def test_second_up_reuses_the_running_processes(running, webhook):
     home, state = running
     again = service.up(home, port=state.port, pool="local", notify_url=webhook[0])
