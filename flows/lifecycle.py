@@ -38,7 +38,7 @@ from flows.stages import freeze as freeze_flow
 from flows.stages import package as package_flow
 from flows.stages import serve as serve_flow
 from forgeflow.common.errors import MigrationIncompleteError, PreflightError
-from forgeflow.common.fsutil import atomic_write_text, sha256_file
+from forgeflow.common.fsutil import sha256_file
 from forgeflow.common.settings import apply_container_env
 from forgeflow.config import LifecycleConfig
 from forgeflow.curation import generated
@@ -46,30 +46,25 @@ from forgeflow.curation.bugs import Candidate
 from forgeflow.curation.freeze import (
     FreezeManifest,
     check_freeze_inputs,
-    record_freeze_inputs,
 )
 from forgeflow.curation.selection import longest_first
 from forgeflow.evaluation import agent
 from forgeflow.evaluation import canary as canary_core
-from forgeflow.evaluation.compare import render_plot
-from forgeflow.ledger import records, tables
+from forgeflow.ledger import records
 from forgeflow.ledger.store import Store
-from forgeflow.registry import images, prewarm, projects
+from forgeflow.registry import images, projects
 from forgeflow.registry import migration as migrate
-from forgeflow.registry.skopeo import Skopeo
 from forgeflow.sandbox.grading import ValidationReport
 from forgeflow.sandbox.trial import ValidationOutcome
 from forgeflow.serving import bluegreen
 from forgeflow.serving.backend import BackendConfig
-from forgeflow.training import samples
-from forgeflow.training.adapters import pin_adapter
 from tasks import curation
 from tasks import evaluation as evaluation_tasks
 from tasks import packaging as packaging_tasks
 from tasks import registry as registry_tasks
 from tasks import serving as serving_tasks
 from tasks import training as training_tasks
-from tasks.common import markdown_artifact, table_artifact
+from tasks.common import record_rows, table_artifact
 
 MODEL_ALIAS = "forgeflow"
 
@@ -108,10 +103,8 @@ def lifecycle(config: LifecycleConfig = LifecycleConfig()) -> dict[str, Any]:
         logger.info("lifecycle finished: %d stages, summary at %s", len(log.stages), log.summary_path)
         return result
     finally:
-        if not config.serving.keep_running:
-            stopped = bluegreen.stop_active(state_path)
-            if stopped is not None and stopped.live:  # it was live: the ledger says so no more
-                store.record_serving_generation(serving_tasks.generation_row(stopped, "retired", run_id))
+        if not config.serving.keep_running:  # stopped; retired in the ledger if it was live
+            serving_tasks.retire_serving(state_path, run_id)
         log.finish(result)  # summary.json + the stage table artifact
 
 
@@ -137,6 +130,7 @@ class _Env:
 
     project: projects.Project
     local: str
+    local_id: str
     checkout: Path
     source_ref: str
     source_digest: str
@@ -236,14 +230,15 @@ def _environments(run: _Run) -> dict[str, _Env]:
         for name in run.config.projects:
             project = projects.get_project(name)
             local_name, checkout = log.call(registry_tasks.environment_image, name, base.image_id, run.out_dir)
-            local_id = images.image_id(local_name)
+            local_id = registry_tasks.local_image_id(local_name)
             source_ref = f"{src}/env/{project.name}:{project.version}"
             digest = log.call(registry_tasks.push_local_image, local_name, local_id, source_ref,
                               run.registry_ids["source"])
-            envs[name] = _Env(project=project, local=local_name, checkout=Path(checkout), source_ref=source_ref,
-                              source_digest=digest)
-            run.store.record_image(records.ImageRecord(ref=source_ref, digest=digest, role="source", project=name,
-                                                       run_id=run.run_id))
+            envs[name] = _Env(project=project, local=local_name, local_id=local_id, checkout=Path(checkout),
+                              source_ref=source_ref, source_digest=digest)
+        record_rows(run.store.url, "images", [
+            records.ImageRecord(ref=e.source_ref, digest=e.source_digest, role="source", project=n, run_id=run.run_id)
+            for n, e in envs.items()])
         st["counts"] = {"projects": len(envs)}
         st["digests"] = {"base_image_id": base.image_id, **{n: e.source_digest for n, e in envs.items()}}
     return envs
@@ -264,10 +259,10 @@ def _migrate(run: _Run, envs: dict[str, _Env]) -> dict[str, _Env]:
             summary = err.summary
         for name, rec in zip(names.values(), summary.records):
             if rec.status == "completed":
-                target_ref = migrate.store_ref(rec.target_ref)
-                envs[name].target_ref, envs[name].target_digest = target_ref, rec.target_digest
-                # the flow wrote the row (role target, state, digests); the lifecycle adds the project
-                store.upsert(tables.Image, {"ref": target_ref}, {"role": "target", "project": name})
+                envs[name].target_ref, envs[name].target_digest = migrate.store_ref(rec.target_ref), rec.target_digest
+        # the flow wrote the rows (role target, state, digests); the lifecycle adds each one's project
+        record_rows(store.url, "image_roles", [records.ImageRecord(ref=e.target_ref, role="target", project=n)
+                                               for n, e in envs.items() if e.target_ref])
         envs = {n: e for n, e in envs.items() if e.target_ref}
         # StageLog's "cached": an image the store recorded as completed (and the target still serves) was not
         # copied again, i.e. answered from the ledger as a cached task would be
@@ -287,9 +282,9 @@ def _generate(run: _Run, envs: dict[str, _Env]) -> list[tuple[Candidate, str]]:
             found = run.log.call(curation.generate_candidates, name, env.checkout, env.project.source_path,
                                  run.config.candidates_per_project, run.config.seed)
             candidates.extend((c, name) for c in found)
-            for c in found:
-                run.store.record_task(records.TaskRecord(instance_id=c.instance_id, repo=name, patch=c.patch,
-                                                         status="candidate", run_id=run.run_id))
+        record_rows(run.store.url, "tasks", [records.TaskRecord(instance_id=c.instance_id, repo=name, patch=c.patch,
+                                                                status="candidate", run_id=run.run_id)
+                                             for c, name in candidates])
         st["counts"] = {"candidates": len(candidates)}
     return candidates
 
@@ -309,18 +304,18 @@ def _prewarm(run: _Run, envs: dict[str, _Env], candidates: list[tuple[Candidate,
         reused_layers = 0  # task images must start with their environment image's layers
         for c, repo in candidates:
             env = envs[repo]
-            image = log.call(registry_tasks.task_image, env.local, images.image_id(env.local), c.instance_id, c.patch)
+            image = log.call(registry_tasks.task_image, env.local, env.local_id, c.instance_id, c.patch)
             place = placements[c.instance_id]
             ref = f"{dst}/{place.repository}:{place.tag}"
             digest = log.call(registry_tasks.push_local_image, image.name, image.image_id, ref,
                               run.registry_ids["target"])
-            reuse = prewarm.verify_layer_reuse(Skopeo(), f"docker://{ref}", f"docker://{env.target_ref}")
-            reused_layers += len(reuse.base_layers)
+            reused_layers += registry_tasks.layer_reuse(ref, env.target_ref)
             task_images[c.instance_id] = _TaskImage(candidate=c, repo=repo, test_command=env.project.test_command,
                                                     image_ref=ref, digest=digest, local_image=image)
-            run.store.record_image(records.ImageRecord(ref=ref, digest=digest, role="task", project=repo,
-                                                       run_id=run.run_id))
-        st["paths"] = {"candidates": str(generated.merge_generated(run.out_dir / generated.GENERATED_FILE, [
+        record_rows(run.store.url, "images", [
+            records.ImageRecord(ref=t.image_ref, digest=t.digest, role="task", project=t.repo, run_id=run.run_id)
+            for t in task_images.values()])
+        st["paths"] = {"candidates": str(curation.write_generated(run.out_dir / generated.GENERATED_FILE, [
             generated.GeneratedTask(**t.candidate.model_dump(), image=t.local_image.name,
                                     image_id=t.local_image.image_id, registry_ref=t.image_ref,
                                     registry_digest=t.digest, test_command=t.test_command)
@@ -344,7 +339,7 @@ def _validate(run: _Run, task_images: dict[str, _TaskImage]) -> list[_TaskImage]
     """
     config, store = run.config, run.store
     with run.log.stage("validate") as st:
-        order = longest_first(list(task_images), store.validation_seconds(list(task_images)))
+        order = longest_first(list(task_images), curation.recorded_validation_seconds(store.url, list(task_images)))
         progress_id = create_progress_artifact(progress=0.0, description="NOP/Oracle validation")
         job_id = f"validate-{config.seed}"
         sink = curation.TrialSink(store_url=store.url, job_id=job_id, run_id=run.run_id)
@@ -361,14 +356,12 @@ def _validate(run: _Run, task_images: dict[str, _TaskImage]) -> list[_TaskImage]
             update_progress_artifact(progress_id, progress=100.0 * len(ended) / max(1, len(task_images)))
         outcomes = [(t, ended[i]) for i, t in task_images.items()]  # candidate order, whatever order they ended in
         # each trial was stored as it ended (the sink); again here, for validations answered from cache
-        store.record_trials([canary_core.trial_row(tr, job_id, None, run.run_id)
-                             for _, out in outcomes for tr in out.trials])
-        accepted, rows = [], []
-        for t, out in outcomes:
-            row = _record_verdict(run, t, out)
-            rows.append(row)
-            if row["status"] == "accepted":
-                accepted.append(t)
+        record_rows(store.url, "trials", [canary_core.trial_row(tr, job_id, None, run.run_id)
+                                          for _, out in outcomes for tr in out.trials])
+        verdicts = [_verdict(run, t, out) for t, out in outcomes]
+        record_rows(store.url, "tasks", [task for task, _ in verdicts])
+        rows = [row for _, row in verdicts]
+        accepted = [t for (t, _), row in zip(outcomes, rows) if row["status"] == "accepted"]
         table_artifact("validate", rows, "NOP/Oracle validation of every candidate")
         st["counts"] = {"candidates": len(outcomes), "trials": sum(len(out.trials) for _, out in outcomes),
                         "accepted": len(accepted),
@@ -380,18 +373,18 @@ def _validate(run: _Run, task_images: dict[str, _TaskImage]) -> list[_TaskImage]
     return accepted
 
 
-def _record_verdict(run: _Run, t: _TaskImage, out: ValidationOutcome) -> dict[str, Any]:
-    """Record one candidate's verdict in the store (status accepted / rejected / error) and set its
-    report; returns its row of the validate table."""
+def _verdict(run: _Run, t: _TaskImage, out: ValidationOutcome) -> tuple[records.TaskRecord, dict[str, Any]]:
+    """One candidate's verdict (status accepted / rejected / error): sets its report; returns its task row for
+    the store and its row of the validate table."""
     c, report = t.candidate, out.report
     status = "accepted" if report is not None and report.accepted else ("error" if report is None else "rejected")
     reason = report.reason if report is not None else ((out.failed_trial or out.nop).exception_type or "")
-    run.store.record_task(records.TaskRecord(
+    task = records.TaskRecord(
         instance_id=c.instance_id, repo=t.repo, patch=c.patch, image_ref=t.image_ref, status=status, reason=reason,
         fail_to_pass=report.FAIL_TO_PASS if report else [],
-        pass_to_pass=report.PASS_TO_PASS if report else [], run_id=run.run_id))
+        pass_to_pass=report.PASS_TO_PASS if report else [], run_id=run.run_id)
     t.report = report
-    return {"instance_id": c.instance_id, "status": status, "reason": reason,
+    return task, {"instance_id": c.instance_id, "status": status, "reason": reason,
             "FAIL_TO_PASS": len(report.FAIL_TO_PASS) if report else 0,
             "nop_reward": out.nop.reward, "oracle_reward": out.oracle.reward if out.oracle else None,
             "oracle_runs": len([tr for tr in out.trials if tr.kind == "oracle"]),
@@ -406,7 +399,7 @@ def _freeze(run: _Run, accepted: list[_TaskImage]) -> FreezeManifest:
     with run.log.stage("freeze") as st:
         manifest = freeze_flow(config.freeze.name, config.freeze.quotas, config.seed,
                                instance_ids=[t.instance_id for t in accepted], out_dir=run.out_dir / "freezes")
-        record_freeze_inputs(config.freeze.name, run.out_dir / "freezes", config.freeze_inputs())
+        curation.keep_freeze_inputs(config.freeze.name, run.out_dir / "freezes", config.freeze_inputs())
         st["counts"] = {k: len(v) for k, v in manifest.splits.items()}
         st["digests"] = {"semantic_sha256": manifest.semantic_sha256, "file_sha256": manifest.file_sha256,
                          "bundle_sha256": manifest.bundle_sha256}
@@ -425,9 +418,9 @@ def _base_model(run: _Run) -> tuple[Any, dict[str, Any]]:
                                                    config.seed)
             st["counts"] = {"tokenizer_vectors_matched": tokenizer_check.matched,
                             "tokenizer_vectors_total": tokenizer_check.total}
-            run.store.record_model_artifact(records.ModelArtifactRecord(
+            record_rows(run.store.url, "model_artifacts", [records.ModelArtifactRecord(
                 sha256=base_model.sha256, kind="base", path=str(base_model.path), run_id=run.run_id,
-                lineage=base_model.provenance))
+                lineage=base_model.provenance)])
         else:  # the base-model flow checks the team's checkpoint and records it with where it came from
             base_model = base_model_flow(config.base_model, out_dir / "models" / "hub")
             st["counts"] = {"source": base_model.source, **({"commit": base_model.commit} if base_model.commit else {})}
@@ -444,7 +437,7 @@ def _burst(run: _Run, base_model: Any, train: list[_TaskImage], envs: dict[str, 
     the adapter pinned under its content address (models/adapters/<sha256>)."""
     config, out_dir = run.config, run.out_dir
     with run.log.stage("burst") as st:
-        sft_samples = samples.oracle_samples([(t.candidate, envs[t.repo].checkout, t.verdict().FAIL_TO_PASS)
+        sft_samples = training_tasks.oracle_samples([(t.candidate, envs[t.repo].checkout, t.verdict().FAIL_TO_PASS)
                                               for t in train])
         burst_config = config.burst.burst_config(config.seed)
         # preflight before any model loads (templates, disk space); a failure fails the stage with every
@@ -455,10 +448,10 @@ def _burst(run: _Run, base_model: Any, train: list[_TaskImage], envs: dict[str, 
                                out_dir / "models" / "adapter", burst_config, None, run.run_id)
         # models/adapter is the burst's working folder, reused by the next burst: the ledger and the
         # package stage use the adapter's content-addressed copy models/adapters/<sha256> instead
-        adapter = pin_adapter(adapter, out_dir / "models" / "adapters")
-        run.store.record_model_artifact(records.ModelArtifactRecord(
+        adapter = training_tasks.pin_adapter(adapter, out_dir / "models" / "adapters")
+        record_rows(run.store.url, "model_artifacts", [records.ModelArtifactRecord(
             sha256=adapter.sha256, kind="adapter", path=str(adapter.path), parent_sha256=base_model.sha256,
-            lineage=adapter.lineage.model_dump(mode="json"), run_id=run.run_id))
+            lineage=adapter.lineage.model_dump(mode="json"), run_id=run.run_id)])
         st["counts"] = {"samples": len(sft_samples), "steps": adapter.steps}
         st["digests"] = {"adapter": adapter.sha256, "dataset": adapter.lineage.dataset_sha256}
         st["paths"] = {"adapter": str(adapter.path)}
@@ -519,14 +512,8 @@ def _compare(run: _Run, baseline_trials: list, candidate_trials: list,
         repo_of = {t.instance_id: t.repo for t in test_tasks}
         comparison = run.log.call(evaluation_tasks.compare_jobs, baseline_trials, candidate_trials, "baseline",
                                   "candidate", repo_of, config.promotion, config.seed)
-        paired, md = comparison.paired, comparison.markdown
-        report_path = out_dir / "compare.md"
-        plot_path = render_plot(comparison.report_a, comparison.report_b, paired, out_dir / "compare.png",
-                                "baseline", "candidate")
-        md += f"\n![pass rates with Wilson intervals; wins/losses per repository]({plot_path.name})\n"
-        atomic_write_text(report_path, md)
-        markdown_artifact("compare", md.replace(f"]({plot_path.name})", f"]({plot_path.resolve().as_uri()})"),
-                          "Paired comparison baseline vs candidate on the frozen test split")
+        paired, report_path = comparison.paired, out_dir / "compare.md"
+        plot_path = evaluation_tasks.write_comparison(comparison, report_path, ("baseline", "candidate"))
         st["counts"] = {"pairs": paired.n_pairs, "wins": paired.wins, "ties": paired.ties, "losses": paired.losses}
         st["decision"] = comparison.decision.model_dump(mode="json")
         st["digests"] = {"report": sha256_file(report_path), "plot": sha256_file(plot_path)}

@@ -12,6 +12,7 @@ from prefect.runtime import flow_run
 from pydantic import BaseModel, ConfigDict
 
 from flows.stagekit import run_task
+from forgeflow.common import settings
 from forgeflow.common.errors import InputError
 from forgeflow.common.settings import home_dir
 from forgeflow.config import LifecycleConfig
@@ -31,7 +32,7 @@ from tasks import evaluation as evaluation_tasks
 from tasks import packaging as model_tasks
 from tasks import packaging as publish_tasks
 from tasks import serving as serving_tasks
-from tasks.common import table_artifact
+from tasks.common import record_rows, table_artifact
 
 DEMO_FREEZE_QUOTAS: SplitQuotas = LifecycleConfig().freeze.quotas
 """The demo's freeze quotas (the lifecycle's defaults), the freeze deployment's default."""
@@ -175,27 +176,16 @@ def package(hf_dir: Path, out_dir: Path, quantizations: tuple[str | QuantSpec, .
             absent key, an add of a present one); nothing is published.
     """
     from forgeflow.common.fsutil import sha256_tree
-    from forgeflow.training.adapters import adapter_sha256 as adapter_digest
 
     keys = [spec.key for spec in quant_plan(quantizations)]  # refused before any compute
     edits = validate_metadata_edits(metadata_edits, ("f16", *keys))
     target = _publish_preflight(publish, publish_quantization or (keys[0] if keys else "f16"),
                                 ("f16", *keys)) if publish else None
-    hf_sha = sha256_tree(hf_dir)
-    adapter_sha = adapter_digest(adapter_dir) if adapter_dir else None
-    artifacts = run_task(model_tasks.package, hf_dir, hf_sha, out_dir, tuple(quantizations), adapter_dir,
-                         sha256_tree(adapter_dir) if adapter_dir else None, edits)
-    store = ledger.Store()
-    store.upgrade()
-    run_id = str(flow_run.get_id() or "") or None
-    if not store.producers(hf_sha):  # a base checkpoint the store has not seen: record it as a root
-        store.record_model_artifact(records.ModelArtifactRecord(sha256=hf_sha, kind="base", path=str(hf_dir),
-                                                               run_id=run_id))
-    if adapter_dir and not store.producers(adapter_sha):
-        store.record_model_artifact(records.ModelArtifactRecord(
-                                    sha256=adapter_sha, kind="adapter", path=str(adapter_dir),
-                                                               parent_sha256=hf_sha, run_id=run_id))
-    model_tasks.record_package(store, artifacts, hf_sha, Path(out_dir), adapter_sha, run_id)
+    inputs = model_tasks.package_inputs(hf_dir, adapter_dir)
+    artifacts = run_task(model_tasks.package, hf_dir, inputs.hf_sha256, out_dir, tuple(quantizations), adapter_dir,
+                         inputs.adapter_tree_sha256, edits)
+    model_tasks.record_packaged(artifacts, hf_dir, adapter_dir, inputs, Path(out_dir),
+                                str(flow_run.get_id() or "") or None)
     table_artifact("package", [{"type": q, "path": str(a.path), "size_bytes": a.size_bytes, "sha256": a.sha256}
                                for q, a in artifacts.items()], f"GGUF artifacts of {hf_dir}"
                    + (f" merged with the adapter {adapter_dir}" if adapter_dir else ""))
@@ -376,12 +366,10 @@ def base_model(source: BaseModelSource, hub_dir: Path | None = None) -> Checkpoi
     if source.kind == "tiny":
         raise InputError("base-model: give source.local_dir or source.repo_id + source.revision")
     record = run_task(model_tasks.base_checkpoint, source, hub_dir or home_dir() / "models" / "hub")
-    store = ledger.Store()
-    store.upgrade()
     provenance = record.provenance
-    store.record_model_artifact(records.ModelArtifactRecord(sha256=record.sha256, kind="base", path=str(record.path),
-                                                           lineage=provenance,
-                                                           run_id=str(flow_run.get_id() or "") or None))
+    record_rows(settings.store_url(), "model_artifacts", [records.ModelArtifactRecord(
+        sha256=record.sha256, kind="base", path=str(record.path), lineage=provenance,
+        run_id=str(flow_run.get_id() or "") or None)])
     get_run_logger().info("base model %s: sha256 %s, %d parameters (%s)", record.path, record.sha256,
                           record.num_parameters, ", ".join(f"{k}={v}" for k, v in provenance.items()))
     return record

@@ -11,15 +11,17 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, TypeVar
 
-from prefect import Task, get_run_logger
+from prefect import Task, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
-from prefect.cache_policies import INPUTS, TASK_SOURCE
+from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE
 from prefect.client.schemas.objects import State, TaskRun
 
 from forgeflow.common.errors import InputError, is_transient
+from forgeflow.ledger import tables
+from forgeflow.ledger.store import Store
 from forgeflow.sandbox.backends import SandboxTarget
 from forgeflow.sandbox.kubernetes_manifests import FLOW_RUN_LABEL
 
@@ -126,3 +128,46 @@ def sweep_trial_pods(parameter: str) -> Callable[[Any, Any, Any], None]:
             get_run_logger().warning("could not sweep the trial pods of run %s: %s", run.id, exc)
 
     return hook
+
+
+LedgerKind = Literal["images", "image_roles", "tasks", "trials", "model_artifacts", "serving_generations"]
+"""What :func:`record_rows` writes: rows of ``images`` (whole), ``image_roles`` (the role and project of an
+image another flow recorded), ``tasks``, ``trials``, ``model_artifacts`` or ``serving_generations``."""
+
+
+@task(cache_policy=NO_CACHE, retries=TRANSIENT_RETRIES, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S,
+      retry_condition_fn=retry_on_transient, task_run_name="record-{kind}")
+def record_rows(store_url: str, kind: LedgerKind, rows: Sequence[Any]) -> int:
+    """Write a flow's domain facts to the store at ``store_url`` (upgraded first: idempotent, about 10 ms on
+    SQLite) as one task run: each row is upserted by
+    its natural key (:class:`forgeflow.ledger.store.Store`'s ``record_*``), so a retry after a transient
+    failure writes nothing twice; ``trials`` are written in one transaction. ``image_roles`` rows are
+    :class:`forgeflow.ledger.records.ImageRecord` of which only ``role`` and ``project`` are written (the
+    row's digests and migration state belong to the flow that recorded it).
+
+    Returns:
+        The number of rows written.
+
+    Raises:
+        InputError: an unknown ``kind``, or a row the store refuses (named by the store).
+    """
+    store = Store(store_url)
+    try:
+        store.upgrade()
+        if kind == "trials":
+            store.record_trials(list(rows))
+        elif kind == "image_roles":
+            for row in rows:
+                store.upsert(tables.Image, {"ref": row.ref}, {"role": row.role, "project": row.project})
+        else:
+            writers = {"images": store.record_image, "tasks": store.record_task,
+                       "model_artifacts": store.record_model_artifact,
+                       "serving_generations": store.record_serving_generation}
+            if kind not in writers:
+                known = sorted([*writers, "trials", "image_roles"])
+                raise InputError(f"record_rows: kind {kind!r} is not one of {known}")
+            for row in rows:
+                writers[kind](row)
+    finally:
+        store.dispose()
+    return len(rows)

@@ -12,7 +12,7 @@ from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE
 from pydantic import BaseModel, ConfigDict
 
 from forgeflow.common.errors import ImageNotFoundError, PreflightError
-from forgeflow.curation import bugs, bundle, freeze
+from forgeflow.curation import bugs, bundle, freeze, generated
 from forgeflow.evaluation.canary import trial_row
 from forgeflow.ledger import records
 from forgeflow.ledger.store import Store
@@ -243,6 +243,31 @@ def record_freeze(manifest: freeze.FreezeManifest, run_id: str | None) -> None:
             bundle_path=str(manifest.bundle_path) if manifest.bundle_path else None, run_id=run_id))
     finally:
         store.dispose()
+
+
+@task(cache_policy=NO_CACHE)
+def write_generated(path: Path, rows: list[generated.GeneratedTask]) -> Path:
+    """Add ``rows`` to the generated-candidates file ``path`` (what ``curate`` and the canary read),
+    atomically, keeping earlier runs' rows (:func:`forgeflow.curation.generated.merge_generated`); the path."""
+    return generated.merge_generated(path, rows)
+
+
+@task(cache_policy=NO_CACHE)
+def recorded_validation_seconds(store_url: str, instance_ids: list[str]) -> dict[str, float]:
+    """How long each candidate's last recorded validation took (seconds; candidates never validated are
+    absent), read from the store at ``store_url``: what orders a validation window longest first."""
+    store = Store(store_url)
+    try:
+        return store.validation_seconds(instance_ids)
+    finally:
+        store.dispose()
+
+
+@task(cache_policy=NO_CACHE)
+def keep_freeze_inputs(name: str, out_dir: Path, inputs: dict) -> Path:
+    """Write the inputs that made freeze ``name`` beside its manifest (kept if already there);
+    :func:`forgeflow.curation.freeze.record_freeze_inputs`. Returns the path."""
+    return freeze.record_freeze_inputs(name, out_dir, inputs)
 
 
 def _registry_repo(ref: str) -> tuple[str, str] | None:

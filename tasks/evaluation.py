@@ -247,18 +247,39 @@ def compare_stored(job_a: str, job_b: str, md_path: Path, merge_recovery: bool =
     Raises:
         InputError: as :func:`~forgeflow.evaluation.compare.compare_stored_jobs` (missing jobs, other splits).
     """
+    png_path = md_path.with_suffix(".png")
+    result = compare.compare_stored_jobs(_store(), job_a, job_b, merge_recovery=merge_recovery, seed=seed,
+                                         plot_file=png_path.name, gate=gate_policy)
+    _write_report(result, result.markdown, md_path, (job_a, job_b), "compare-standalone",
+                  f"{result.job_a.label} vs {result.job_b.label}", f"\nReport: `{md_path}`; plot: `{png_path}`\n")
+    return result
+
+
+def _write_report(result: Any, markdown: str, md_path: Path, labels: tuple[str, str], artifact_key: str,
+                  description: str, artifact_tail: str = "") -> Path:
+    """Draw ``result``'s plot (pass rates, wins/losses per repository) as ``md_path`` with suffix ``.png``,
+    write ``markdown`` (which embeds it by file name) atomically at ``md_path`` and publish it as the
+    markdown artifact ``artifact_key`` (the plot linked by its file URI). Returns the plot's path."""
     from forgeflow.common.fsutil import atomic_write_text
     from tasks.common import markdown_artifact
 
     png_path = md_path.with_suffix(".png")
-    result = compare.compare_stored_jobs(_store(), job_a, job_b, merge_recovery=merge_recovery, seed=seed,
-                                         plot_file=png_path.name, gate=gate_policy)
-    compare.render_plot(result.report_a, result.report_b, result.paired, png_path, job_a, job_b)
-    atomic_write_text(md_path, result.markdown)
-    artifact_md = result.markdown.replace(f"]({png_path.name})", f"]({png_path.resolve().as_uri()})")
-    markdown_artifact("compare-standalone", artifact_md + f"\nReport: `{md_path}`; plot: `{png_path}`\n",
-                      f"{result.job_a.label} vs {result.job_b.label}")
-    return result
+    compare.render_plot(result.report_a, result.report_b, result.paired, png_path, *labels)
+    atomic_write_text(md_path, markdown)
+    artifact_md = markdown.replace(f"]({png_path.name})", f"]({png_path.resolve().as_uri()})")
+    markdown_artifact(artifact_key, artifact_md + artifact_tail, description)
+    return png_path
+
+
+@task(cache_policy=NO_CACHE)
+def write_comparison(comparison: compare.CanaryComparison, md_path: Path, labels: tuple[str, str]) -> Path:
+    """Write the lifecycle's comparison report: the markdown of :func:`compare_jobs` with its plot embedded,
+    at ``md_path`` (the PNG beside it, suffix ``.png``), and the ``compare`` markdown artifact. The plot's
+    path."""
+    markdown = (comparison.markdown + "\n![pass rates with Wilson intervals; wins/losses per repository]"
+                f"({md_path.with_suffix('.png').name})\n")
+    return _write_report(comparison, markdown, md_path, labels, "compare",
+                         f"Paired comparison {labels[0]} vs {labels[1]} on the frozen test split")
 
 
 @task(cache_policy=NO_CACHE)

@@ -8,6 +8,7 @@ from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
+from pydantic import BaseModel, ConfigDict
 
 from blocks.core import ModelStore, secret_token
 from forgeflow.common.errors import InputError, PreflightError
@@ -145,6 +146,60 @@ def _edit_artifact(artifact: gguf.GGUFArtifact, edits: list[metadata.MetadataEdi
                 ", ".join(f"{e.op} {e.key}" for e in result.edits), result.verification, result.duration_s,
                 artifact.sha256[:12], edited.sha256[:12])
     return edited
+
+
+class PackageInputs(BaseModel):
+    """The digests of what the ``package`` flow packages.
+
+    Attributes:
+        hf_sha256: ``sha256_tree`` of the HF checkpoint.
+        adapter_sha256: the adapter's digest (:func:`forgeflow.training.adapters.adapter_sha256`: its
+            lineage's name); None without an adapter.
+        adapter_tree_sha256: ``sha256_tree`` of the adapter folder (every file: the package task's cache
+            key); None without an adapter.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    hf_sha256: str
+    adapter_sha256: str | None = None
+    adapter_tree_sha256: str | None = None
+
+
+@task(cache_policy=NO_CACHE)
+def package_inputs(hf_dir: Path, adapter_dir: Path | None) -> PackageInputs:
+    """Hash the checkpoint ``hf_dir`` and the adapter ``adapter_dir`` (if any) as they are now."""
+    from forgeflow.training.adapters import adapter_sha256
+
+    return PackageInputs(hf_sha256=sha256_tree(hf_dir),
+                         adapter_sha256=adapter_sha256(adapter_dir) if adapter_dir else None,
+                         adapter_tree_sha256=sha256_tree(adapter_dir) if adapter_dir else None)
+
+
+@task(cache_policy=NO_CACHE, retries=TRANSIENT_RETRIES, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S,
+      retry_condition_fn=retry_on_transient)
+def record_packaged(artifacts: dict[str, gguf.GGUFArtifact], hf_dir: Path, adapter_dir: Path | None,
+                    inputs: PackageInputs, out_dir: Path, run_id: str | None) -> None:
+    """Record a ``package`` run in the store (``settings.store_url()``, upgraded first): the checkpoint as a
+    ``base`` root and the adapter (parent: the checkpoint) when the store has not seen them, then the
+    artifacts as :func:`record_package` records them, with ``run_id`` as their producer.
+
+    Raises:
+        InputError: a digest is already recorded with another kind or quantization.
+    """
+    store = ledger.Store()
+    try:
+        store.upgrade()
+        if not store.producers(inputs.hf_sha256):  # a base checkpoint the store has not seen: a root
+            store.record_model_artifact(records.ModelArtifactRecord(sha256=inputs.hf_sha256, kind="base",
+                                                                   path=str(hf_dir), run_id=run_id))
+        if adapter_dir and inputs.adapter_sha256 and not store.producers(inputs.adapter_sha256):
+            store.record_model_artifact(records.ModelArtifactRecord(
+                sha256=inputs.adapter_sha256, kind="adapter", path=str(adapter_dir), parent_sha256=inputs.hf_sha256,
+                run_id=run_id))
+        record_package(store, artifacts, inputs.hf_sha256, Path(out_dir), inputs.adapter_sha256, run_id)
+    finally:
+        store.dispose()
 
 
 def record_package(store: ledger.Store, artifacts: dict[str, gguf.GGUFArtifact], hf_sha256: str, out_dir: Path,

@@ -106,6 +106,30 @@ SKOPEO_RETRY_TIMES = 2
 """skopeo's own ``--retry-times`` inside one attempt (Prefect retries the task on top)."""
 
 
+@task(cache_policy=NO_CACHE)
+def local_image_id(name: str) -> str:
+    """The id (``sha256:...``) of the local image ``name`` in podman's store, as it is now.
+
+    Raises:
+        ImageNotFoundError: no local image has that name.
+    """
+    return images.image_id(name)
+
+
+@task(cache_policy=NO_CACHE, retries=TRANSIENT_RETRIES, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S,
+      retry_condition_fn=retry_on_transient, task_run_name="layer-reuse-{task_ref}")
+def layer_reuse(task_ref: str, base_ref: str) -> int:
+    """Check that the task image ``task_ref`` starts with the layers of its base ``base_ref`` (registry
+    references without transport: :func:`forgeflow.registry.prewarm.verify_layer_reuse`); returns how
+    many base layers it reuses.
+
+    Raises:
+        DigestMismatchError: it does not start with the base's layers.
+        ImageNotFoundError, RegistryError, RegistryUnavailableError: from skopeo (transient ones retried).
+    """
+    return len(basecache.verify_layer_reuse(Skopeo(), f"docker://{task_ref}", f"docker://{base_ref}").base_layers)
+
+
 def limit_name(address: str) -> str:
     """Name of the global concurrency limit of a registry: ``registry-<host>-<port>``."""
     return "registry-" + re.sub(r"[^A-Za-z0-9.-]", "-", address)

@@ -322,6 +322,21 @@ def record_promotion(outcome: SwapOutcome, run_id: str | None) -> None:
         store.dispose()
 
 
+@task(cache_policy=NO_CACHE)
+def retire_serving(state_path: Path, run_id: str | None) -> bluegreen.ServingState | None:
+    """Stop the server the serving state ``state_path`` records (:func:`forgeflow.serving.bluegreen.stop_active`)
+    and, when it was live, record its generation as ``retired`` with ``run_id`` in the store; the state
+    it stopped (None when nothing was recorded)."""
+    stopped = bluegreen.stop_active(state_path)
+    if stopped is not None and stopped.live:  # it was live: the ledger says so no more
+        store = ledger.Store()
+        try:
+            store.record_serving_generation(generation_row(stopped, "retired", run_id))
+        finally:
+            store.dispose()
+    return stopped
+
+
 def generation_row(state: bluegreen.ServingState, status: tables.ServingStatus,
                    run_id: str | None) -> records.ServingGenerationRecord:
     """The ``serving_generations`` row of a serving state (generation, port, GGUF sha256) with

@@ -4,13 +4,14 @@ rewards) and verl PPO jobs on a Ray cluster (submitted, followed, stopped with t
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE
 
 from forgeflow.sandbox.backends import SandboxTarget
 from forgeflow.sandbox.dispatch import RayPlacement
-from forgeflow.training import adapters, burst, preflight, ray_jobs, rl, verl
+from forgeflow.training import adapters, burst, preflight, ray_jobs, rl, samples, verl
 from tasks.common import (
     TRANSIENT_RETRIES,
     TRANSIENT_RETRY_DELAYS_S,
@@ -119,3 +120,17 @@ def follow_ray_job(dashboard_url: str, submission_id: str, poll_s: float = 5.0,
     logger.info("Ray job %s %s after %.1f s (%d log lines)", submission_id, outcome.status, outcome.wall_s,
                 outcome.log_lines)
     return outcome
+
+
+@task(cache_policy=NO_CACHE)
+def oracle_samples(tasks: list[tuple[Any, Path, list[str]]]) -> list[dict[str, Any]]:
+    """SFT rows from the Oracle solutions of accepted tasks (candidate, its project checkout, its
+    FAIL_TO_PASS): :func:`forgeflow.training.samples.oracle_samples`."""
+    return samples.oracle_samples(tasks)
+
+
+@task(cache_policy=NO_CACHE)
+def pin_adapter(record: adapters.AdapterRecord, adapters_dir: Path) -> adapters.AdapterRecord:
+    """Copy an adapter into its content-addressed folder ``<adapters_dir>/<sha256>`` (kept if already
+    there and intact): :func:`forgeflow.training.adapters.pin_adapter`. The pinned record."""
+    return adapters.pin_adapter(record, adapters_dir)
