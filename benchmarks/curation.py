@@ -1,12 +1,13 @@
 """Curation at scale: batch selection, the freeze check and recording a batch of trials.
 
-Run ``python -m benchmarks.curation [--seed N] [--repeats N] [--flow-per-project N] [--skip-flow]``. It prints one human
-line per
-figure (the median wall time of ``--repeats`` runs and its ratio to its target) and,
-as the LAST line, one JSON object::
+Run ``python -m benchmarks.curation [--seed N] [--repeats N] [--flow-per-project N] [--concurrency N]
+[--c8-candidates N] [--c8-concurrency N] [--c8-sleep-s S] [--skip-flow]``. It prints one human line per
+figure (the median wall time of ``--repeats`` runs and its ratio to its target) and, as the LAST
+line, one JSON object::
 
     {"select_batch_50k_s": ..., "freeze_check_3k_s": ..., "record_batch_40_s": ...,
-     "flow_vs_loop_ratio": ..., "flow_vs_loop": {...}, ...}
+     "flow_vs_loop_ratio": ..., "flow_vs_loop": {...},
+     "flow_vs_loop_ratio_c8": ..., "flow_vs_loop_c8": {...}, ...}
 
 Targets: selecting one batch of 40 from 50,000 candidates over 120 repositories
 < 0.5 s; the freeze check on 3,000 accepted tasks over 120 repositories with the default quotas
@@ -21,13 +22,19 @@ loop (a thread pool of the same size calling :func:`forgeflow.sandbox.trial.vali
 the same NOP/Oracle sandbox runs on the demo's tasks: ``--flow-per-project`` generated candidates
 (default 2) of each demo project, task images built as the lifecycle builds them
 (:func:`forgeflow.curation.generated.build_generated`; reused when they exist), ``--concurrency`` at a time
-(default 2: this machine's cores). Order: loop, flow, loop; the baseline is the mean of the two
-loops. The flow runs in-process on a fresh PREFECT_HOME (no cache hit), a fresh SQLite store and
-unreachable quotas (it validates every candidate, one batch), after a warm-up flow has started
-the Prefect API (its start-up is not counted). ``flow_vs_loop`` says where the flow's extra time
-goes, from Prefect's own task-run times: before the first validation starts (load, image check,
-freeze check), inside validation task runs (engine overhead per task run, vs. the loop's calls),
-and after the last one ends (recording, artifacts, the final freeze check).
+(default 2: this machine's cores). ``flow_vs_loop_ratio_c8`` (same goal): ``--c8-candidates`` (default 16,
+0 skips it) spread over the demo projects, ``--c8-concurrency`` (default 8) at a time, each test
+command prefixed with ``sleep S &&`` (``--c8-sleep-s``, default 12 s): real containers and the real
+grading, but waiting, so 8 validations in flight are not capped by 2 cores. Order per measurement:
+loop, flow, loop; the baseline is the mean of the two loops. The flow runs in-process on a fresh
+PREFECT_HOME (no cache hit), a fresh SQLite store per measurement and quotas met only if every
+candidate is accepted (it validates every candidate, one batch), after a warm-up flow has started
+the Prefect API (its start-up is not counted). ``flow_vs_loop`` / ``flow_vs_loop_c8`` say where the
+flow's extra time goes, from Prefect's own task-run times: before the first validation starts (load,
+image check, freeze check), inside validation task runs (``task_run_overhead_s``: engine overhead per
+task run, vs. the loop's calls), and after the last one ends (recording, artifacts, the final freeze
+check); ``overhead_per_validation_s`` is the flow's extra wall time over the validations, and
+``load_avg_1m`` the load average before and after (:mod:`benchmarks.curation_flow`).
 
 The catalogue of the first three figures is synthetic and seeded, so every run measures the same input.
 """
@@ -35,10 +42,8 @@ The catalogue of the first three figures is synthetic and seeded, so every run m
 from __future__ import annotations
 
 import argparse
-import atexit
 import json
 import random
-import shutil
 import statistics
 import sys
 import tempfile
@@ -47,7 +52,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.options import int_option
+from benchmarks.curation_flow import FlowBenchOptions, bench_flow_vs_loop
+from benchmarks.options import int_option, number_option
 from forgeflow.curation.freeze import AcceptedTask, SplitQuotas, freeze_ready
 from forgeflow.curation.selection import CandidateRef, select_batch
 from forgeflow.ledger.records import TrialRecord
@@ -153,112 +159,6 @@ def bench_record_batch(repeats: int) -> tuple[float, float]:
             store.dispose()
 
 
-def _loop_validations(rows: list[Any], concurrency: int, run_key: str) -> tuple[float, list[float]]:
-    """The plain loop: a thread pool of ``concurrency`` calling trial.validate_candidate on each row.
-
-    Returns:
-        (wall seconds, per-call seconds).
-    """
-    from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
-
-    from forgeflow.sandbox import trial
-    from forgeflow.sandbox.base import SandboxSpec
-
-    def one(row: Any) -> float:
-        start = time.perf_counter()
-        outcome = trial.validate_candidate(row, row.image, row.test_command, timeout_s=180.0,
-                                           spec=SandboxSpec(memory_mb=2048), run_key=run_key)
-        if outcome.report is None:
-            raise RuntimeError(f"loop: infrastructure error validating {row.instance_id}: "
-                               f"{outcome.nop.exception_type} {outcome.nop.exception_message}")
-        return time.perf_counter() - start
-
-    start = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        calls = list(pool.map(one, rows))
-    return time.perf_counter() - start, calls
-
-
-def bench_flow_vs_loop(per_project: int, concurrency: int) -> dict[str, Any]:
-    """Wall time of the curate flow vs. a plain loop over the same sandbox runs (module docstring).
-
-    Raises:
-        RuntimeError: a validation hit an infrastructure error (the figure would be meaningless).
-    """
-    import os  # noqa: PLC0415
-    import uuid  # noqa: PLC0415
-
-    from forgeflow.common.settings import apply_container_env  # noqa: PLC0415
-    from forgeflow.config import DEMO_PROJECTS  # noqa: PLC0415
-    from forgeflow.curation.generated import build_generated, write_generated  # noqa: PLC0415
-
-    apply_container_env()
-    tmp = Path(tempfile.mkdtemp(prefix="forgeflow-bench-flow-"))
-    # removed at interpreter exit, success or failure: after Prefect's own exit handlers (registered
-    # later, run earlier) have stopped the ephemeral API server that keeps its database in here
-    atexit.register(shutil.rmtree, tmp, ignore_errors=True)
-    os.environ.update({"PREFECT_HOME": str(tmp / "prefect"), "FORGEFLOW_HOME": str(tmp / "home"),
-                       "FORGEFLOW_STORE_URL": f"sqlite:///{tmp / 'store.db'}",
-                       "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-                       "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "240"})
-    (tmp / "prefect").mkdir(parents=True)
-    rows = build_generated(DEMO_PROJECTS, tmp / "work", per_project)
-    generated = write_generated(tmp / "candidates.jsonl", rows)
-    nonce = uuid.uuid4().hex[:8]
-
-    from prefect import flow  # noqa: PLC0415 - after PREFECT_HOME is set
-    from prefect.client.orchestration import get_client  # noqa: PLC0415
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId  # noqa: PLC0415
-
-    from flows.curate import curate  # noqa: PLC0415
-    from forgeflow.curation.curate_settings import CurateSettings  # noqa: PLC0415
-    from forgeflow.curation.freeze import SplitQuotas  # noqa: PLC0415
-    from forgeflow.curation.task_rows import TaskSource  # noqa: PLC0415
-
-    @flow(name="bench-warmup")
-    def warmup() -> None:
-        """Starts the Prefect API (ephemeral server) before anything is timed."""
-
-    warmup()
-    loop1_s, calls1 = _loop_validations(rows, concurrency, f"bench-loop1-{nonce}")
-    print(f"loop 1: {len(rows)} validations in {loop1_s:.1f} s")
-    unreachable = SplitQuotas(train=100_000, validation=0, test=100_000, max_per_repo=100_000, min_repos=1_000)
-    start = time.perf_counter()
-    state = curate(TaskSource(generated_path=generated), quotas=unreachable,
-                   settings=CurateSettings(concurrency=concurrency, max_retries=0), return_state=True)
-    flow_s = time.perf_counter() - start
-    out = state.result()
-    print(f"flow: {len(rows)} validations in {flow_s:.1f} s ({out.status}, {out.trials_recorded} trials)")
-    loop2_s, calls2 = _loop_validations(rows, concurrency, f"bench-loop2-{nonce}")
-    print(f"loop 2: {len(rows)} validations in {loop2_s:.1f} s")
-
-    with get_client(sync_client=True) as client:
-        run = client.read_flow_run(state.state_details.flow_run_id)
-        tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
-    validations = [t for t in tasks if t.name.startswith("validate-") and t.start_time and t.end_time]
-    if len(validations) != len(rows):
-        raise RuntimeError(f"flow: {len(validations)} validation task runs for {len(rows)} candidates")
-    first_start = min(t.start_time for t in validations)
-    last_end = max(t.end_time for t in validations)
-    task_s = sum((t.end_time - t.start_time).total_seconds() for t in validations)
-    loop_s = (loop1_s + loop2_s) / 2
-    loop_call_s = (sum(calls1) + sum(calls2)) / 2
-    return {
-        "flow_vs_loop_ratio": round(flow_s / loop_s, 3),
-        "flow_vs_loop": {
-            "tasks": len(rows), "projects": len(DEMO_PROJECTS), "concurrency": concurrency,
-            "flow_wall_s": round(flow_s, 2), "loop_wall_s": [round(loop1_s, 2), round(loop2_s, 2)],
-            "flow_run_s": round((run.end_time - run.start_time).total_seconds(), 2),
-            "flow_before_first_validation_s": round((first_start - run.start_time).total_seconds(), 2),
-            "flow_validations_window_s": round((last_end - first_start).total_seconds(), 2),
-            "flow_after_last_validation_s": round((run.end_time - last_end).total_seconds(), 2),
-            "flow_validation_task_runs_sum_s": round(task_s, 2),
-            "loop_validation_calls_sum_s": round(loop_call_s, 2),
-            "status": out.status, "trials_recorded": out.trials_recorded,
-        },
-    }
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the three benchmarks, print human lines then the JSON object (last line).
 
@@ -273,7 +173,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="generated candidates per demo project for flow_vs_loop_ratio (1-100)")
     parser.add_argument("--concurrency", type=int_option(1, 64), default=2,
                         help="validations at once (flow and loop; 1-64)")
-    parser.add_argument("--skip-flow", action="store_true", help="leave flow_vs_loop_ratio null (no podman)")
+    parser.add_argument("--c8-candidates", type=int_option(0, 600), default=16,
+                        help="candidates of the concurrency-8 measurement (0 skips it; 0-600)")
+    parser.add_argument("--c8-concurrency", type=int_option(1, 64), default=8,
+                        help="validations at once in that measurement (1-64)")
+    parser.add_argument("--c8-sleep-s", type=number_option(0.0, 600.0, "seconds"), default=12.0,
+                        help="seconds each of its test runs sleeps before the tests (0-600)")
+    parser.add_argument("--skip-flow", action="store_true",
+                        help="leave both flow_vs_loop ratios null (no podman)")
     args = parser.parse_args(argv)
 
     refs, processed, accepted_per_repo = synthetic_catalogue(args.seed)
@@ -332,16 +239,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "ratios_to_target": {k: round(v / TARGETS_S[k], 3) for k, v in figures.items()},
         "record_batch_40_one_by_one_s": round(record_one_by_one_s, 4),
         "flow_vs_loop_ratio": None,
+        "flow_vs_loop_ratio_c8": None,
         "repeats": args.repeats,
         "seed": args.seed,
         "python": sys.version.split()[0],
     }
     if not args.skip_flow:
-        flow = bench_flow_vs_loop(args.flow_per_project, args.concurrency)
+        flow = bench_flow_vs_loop(FlowBenchOptions(
+            per_project=args.flow_per_project, concurrency=args.concurrency, c8_candidates=args.c8_candidates,
+            c8_concurrency=args.c8_concurrency, c8_sleep_s=args.c8_sleep_s))
         result.update(flow)
-        ratio = flow["flow_vs_loop_ratio"]
-        print(f"flow_vs_loop_ratio: {ratio:.3f} (goal <= 1.10: {'meets' if ratio <= 1.10 else 'MISSES'}); "
-              f"{json.dumps(flow['flow_vs_loop'])}")
+        for key, ratio_key in (("flow_vs_loop", "flow_vs_loop_ratio"), ("flow_vs_loop_c8", "flow_vs_loop_ratio_c8")):
+            ratio = flow[ratio_key]
+            if ratio is not None:
+                print(f"{key}: ratio {ratio:.3f} (goal <= 1.10: {'meets' if ratio <= 1.10 else 'MISSES'}); "
+                      f"{json.dumps(flow[key])}")
     print(json.dumps(result, sort_keys=True))
     return result
 

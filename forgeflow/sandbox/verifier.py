@@ -33,6 +33,7 @@ printing (structured report), and a forged report must also forge the process's 
 from __future__ import annotations
 
 import ast
+import threading
 import uuid
 from collections.abc import Callable, Mapping
 from functools import cache
@@ -226,16 +227,24 @@ def _wrapped_command(test_command: str, nonce: str) -> tuple[str, str]:
     return script, marker
 
 
+_AST_LOCK = threading.Lock()
+"""One ``ast.literal_eval`` at a time in this process: CPython 3.11 keeps the AST constructor's
+recursion depth per interpreter, not per thread, so two threads building ASTs at once (validations
+in flight in one flow run) can fail with ``SystemError: AST constructor recursion depth mismatch``
+(CPython issue gh-106905)."""
+
+
 def _read_report(stdout: str, marker: str) -> tuple[str, dict[str, Any] | None]:
     """Split stdout at the last marker: (the test run's own output, the parsed report or None).
 
     The report is a Python literal of dicts, lists, strings and ints (``ast.literal_eval``: data,
-    never code)."""
+    never code), parsed under :data:`_AST_LOCK` (one parse at a time; a few ms per report)."""
     head, sep, tail = stdout.rpartition(f"\n{marker}\n")
     if not sep:
         return stdout, None
     try:
-        report = ast.literal_eval(tail.strip()) if tail.strip() else None
+        with _AST_LOCK:
+            report = ast.literal_eval(tail.strip()) if tail.strip() else None
     except (ValueError, SyntaxError, MemoryError, RecursionError):
         report = None
     if not isinstance(report, dict) or not isinstance(report.get("tests"), dict):

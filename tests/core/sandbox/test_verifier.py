@@ -135,6 +135,41 @@ def test_report_after_the_last_marker_wins_over_what_the_tests_print() -> None:
     assert _read_report(f"x\n{marker}\nnot json", marker)[1] is None
 
 
+def test_reports_are_parsed_one_at_a_time_cpython_gh_106905(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Eight validations in flight read their reports in eight threads; CPython 3.11's AST constructor
+    keeps one recursion depth per interpreter, so parses overlapping in time can raise SystemError
+    (seen at concurrency 8 in the curation benchmark): at most one ``literal_eval`` runs at a time."""
+    import threading  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    from forgeflow.sandbox import verifier  # noqa: PLC0415
+
+    inside, most = [0], [0]
+    guard = threading.Lock()
+    real = ast.literal_eval
+
+    def counting(text: str) -> object:
+        with guard:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        time.sleep(0.01)  # a parse long enough for the other threads to arrive
+        with guard:
+            inside[0] -= 1
+        return real(text)
+
+    monkeypatch.setattr(verifier.ast, "literal_eval", counting)
+    marker = "FORGEFLOW-VERIFIER-REPORT-abc"
+    stdout = f"out\n{marker}\n{{'tests': {{'t::a': 'PASSED'}}, 'exitstatus': 0}}\n"
+    reports: list[object] = []
+    threads = [threading.Thread(target=lambda: reports.append(_read_report(stdout, marker)[1])) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert reports == [{"tests": {"t::a": "PASSED"}, "exitstatus": 0}] * 8
+    assert most[0] == 1
+
+
 def test_wrapped_command_keeps_the_test_command_and_installs_the_plugin() -> None:
     script, marker = _wrapped_command("python3 -m pytest -rA tests", "n0nce")
     assert marker == "FORGEFLOW-VERIFIER-REPORT-n0nce"
