@@ -92,22 +92,6 @@ def preflight_serving(backend: BackendConfig, n_ctx_train: int | None) -> Contex
     return plan
 
 
-@task(cache_policy=NO_CACHE)
-def serve_swap(state_path: Path, gguf_path: Path, gguf_sha256: str,
-               backend: BackendConfig | None = None) -> bluegreen.SwapResult:
-    """Start the GGUF on the idle port, gate it (models endpoint + smoke completion), switch the
-    recorded endpoint and stop the old server; a failed start or gate keeps the old one, is
-    recorded in the store as a ``rolled_back`` generation (:func:`record_rollback`) and raises
-    SwapRolledBackError. The new generation is numbered above every one the store records
-    (:func:`store_min_generation`). Never cached: a server is a live process, not a result."""
-    try:
-        return bluegreen.swap(state_path, gguf_path, gguf_sha256, backend, min_generation=store_min_generation(),
-                              api_key=endpoint_api_key(backend))
-    except errors.SwapRolledBackError as exc:
-        record_rollback(exc.result, flow_run_id())
-        raise
-
-
 def record_rollback(result: bluegreen.SwapResult | None, run_id: str | None) -> records.ServingGenerationRecord | None:
     """Record a rolled-back swap in the store (``settings.store_url()``, upgraded first) as a
     ``serving_generations`` row with status ``rolled_back``: the port and GGUF the failed server

@@ -127,7 +127,7 @@ def test_generation_numbers_never_repeat_across_state_files(prefect_harness, hom
     from deployments.cli import app
     from flows.stages import serve
     from forgeflow.common.errors import GGUFError, SwapRolledBackError
-    from tasks.serving import serve_swap
+    from tasks.serving import stage_server
 
     q8, f16 = tiny_ggufs()
     q8_sha, f16_sha = sha256_file(q8), sha256_file(f16)
@@ -170,10 +170,10 @@ def test_generation_numbers_never_repeat_across_state_files(prefect_harness, hom
         assert [(g.generation, g.gguf_sha256, g.port, g.status, g.run_id) for g in store.serving_generations()][2:] \
             == [(3, q8_sha, serve_ports[1], "rolled_back", str(failed.state_details.flow_run_id))]
         assert bluegreen.read_state(serve_state).generation == 2 and pid_alive(bluegreen.read_state(serve_state).pid)
-        # the lifecycle's swap task records its rollbacks the same way (a GGUF no server can load)
+        # the lifecycle's stage task (its promote stage) records its rollbacks the same way (a GGUF no server loads)
         with pytest.raises(SwapRolledBackError, match=r"\(nothing was serving\)"):
-            serve_swap.fn(tmp_path / "fresh" / "state.json", broken, sha256_file(broken),
-                          BackendConfig(ports=(free_port(), free_port())))
+            stage_server.fn(tmp_path / "fresh" / "state.json", broken, sha256_file(broken),
+                            BackendConfig(ports=(free_port(), free_port())))
         assert [(g.generation, g.gguf_sha256, g.status) for g in store.serving_generations()][3:] == [
             (4, sha256_file(broken), "rolled_back")]
         assert not (tmp_path / "fresh" / "state.json").exists()
