@@ -103,8 +103,11 @@ def lifecycle(config: LifecycleConfig = LifecycleConfig()) -> dict[str, Any]:
         logger.info("lifecycle finished: %d stages, summary at %s", len(log.stages), log.summary_path)
         return result
     finally:
-        if not config.serving.keep_running:  # stopped; retired in the ledger if it was live
-            serving_tasks.retire_serving(state_path, run_id)
+        if not config.serving.keep_running:
+            stopped = serving_tasks.stop_serving(state_path)
+            if stopped is not None and stopped.live:  # it was live: the ledger says so no more
+                retired = serving_tasks.generation_row(stopped, "retired", run_id)
+                record_rows(store.url, "serving_generations", [retired])
         log.finish(result)  # summary.json + the stage table artifact
 
 

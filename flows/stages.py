@@ -76,7 +76,11 @@ def freeze(name: str, quotas: SplitQuotas = DEMO_FREEZE_QUOTAS, seed: int = 0,
     image_digests = {t.instance_id: t.image_digest for t in bundle_tasks if t.image_digest}
     manifest = run_task(curation.freeze_dataset, name, accepted, quotas, seed, out_dir or home_dir() / "freezes",
                         {"image_digests": image_digests} if image_digests else {}, bundle_tasks)
-    curation.record_freeze(manifest, str(flow_run.get_id() or "") or None)
+    record_rows(settings.store_url(), "freezes", [records.FreezeRecord(
+        name=manifest.name, semantic_sha256=manifest.semantic_sha256, file_sha256=manifest.file_sha256,
+        manifest_path=str(manifest.path), counts=manifest.counts, bundle_sha256=manifest.bundle_sha256,
+        bundle_path=str(manifest.bundle_path) if manifest.bundle_path else None,
+        run_id=str(flow_run.get_id() or "") or None)])
     return manifest
 
 

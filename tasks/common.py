@@ -130,9 +130,11 @@ def sweep_trial_pods(parameter: str) -> Callable[[Any, Any, Any], None]:
     return hook
 
 
-LedgerKind = Literal["images", "image_roles", "tasks", "trials", "model_artifacts", "serving_generations"]
+LedgerKind = Literal["images", "image_roles", "tasks", "trials", "model_artifacts", "serving_generations",
+                     "freezes"]
 """What :func:`record_rows` writes: rows of ``images`` (whole), ``image_roles`` (the role and project of an
-image another flow recorded), ``tasks``, ``trials``, ``model_artifacts`` or ``serving_generations``."""
+image another flow recorded), ``tasks``, ``trials``, ``model_artifacts``, ``serving_generations`` or
+``freezes``."""
 
 
 @task(cache_policy=NO_CACHE, retries=TRANSIENT_RETRIES, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S,
@@ -162,7 +164,7 @@ def record_rows(store_url: str, kind: LedgerKind, rows: Sequence[Any]) -> int:
         else:
             writers = {"images": store.record_image, "tasks": store.record_task,
                        "model_artifacts": store.record_model_artifact,
-                       "serving_generations": store.record_serving_generation}
+                       "serving_generations": store.record_serving_generation, "freezes": store.record_freeze}
             if kind not in writers:
                 known = sorted([*writers, "trials", "image_roles"])
                 raise InputError(f"record_rows: kind {kind!r} is not one of {known}")

@@ -14,7 +14,6 @@ from pydantic import BaseModel, ConfigDict
 from forgeflow.common.errors import ImageNotFoundError, PreflightError
 from forgeflow.curation import bugs, bundle, freeze, generated
 from forgeflow.evaluation.canary import trial_row
-from forgeflow.ledger import records
 from forgeflow.ledger.store import Store
 from forgeflow.registry import images
 from forgeflow.registry.skopeo import Skopeo
@@ -226,23 +225,6 @@ def accepted_for_freeze(instance_ids: list[str] | None) -> list[bundle.BundleTas
                               pass_to_pass=t.pass_to_pass, image_ref=t.image_ref,
                               image_digest=digests.get(t.image_ref) if t.image_ref else None,
                               patch_sha256=t.patch_sha256, patch=t.patch) for t in rows]
-
-
-@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S[:2],
-      retry_condition_fn=retry_on_transient)
-def record_freeze(manifest: freeze.FreezeManifest, run_id: str | None) -> None:
-    """Record a written freeze in the store (``settings.store_url()``): name, the manifest's semantic
-    and file sha256, its path and split counts, the bundle's sha256 and path, and ``run_id`` (the flow
-    run that froze). An upsert by name: recording the same freeze again changes nothing else."""
-    store = Store()
-    try:
-        store.upgrade()
-        store.record_freeze(records.FreezeRecord(
-            name=manifest.name, semantic_sha256=manifest.semantic_sha256, file_sha256=manifest.file_sha256,
-            manifest_path=str(manifest.path), counts=manifest.counts, bundle_sha256=manifest.bundle_sha256,
-            bundle_path=str(manifest.bundle_path) if manifest.bundle_path else None, run_id=run_id))
-    finally:
-        store.dispose()
 
 
 @task(cache_policy=NO_CACHE)

@@ -307,18 +307,10 @@ def record_promotion(outcome: SwapOutcome, run_id: str | None) -> None:
 
 
 @task(cache_policy=NO_CACHE)
-def retire_serving(state_path: Path, run_id: str | None) -> bluegreen.ServingState | None:
-    """Stop the server the serving state ``state_path`` records (:func:`forgeflow.serving.bluegreen.stop_active`)
-    and, when it was live, record its generation as ``retired`` with ``run_id`` in the store; the state
-    it stopped (None when nothing was recorded)."""
-    stopped = bluegreen.stop_active(state_path)
-    if stopped is not None and stopped.live:  # it was live: the ledger says so no more
-        store = ledger.Store()
-        try:
-            store.record_serving_generation(generation_row(stopped, "retired", run_id))
-        finally:
-            store.dispose()
-    return stopped
+def stop_serving(state_path: Path) -> bluegreen.ServingState | None:
+    """Stop the server the serving state ``state_path`` records (:func:`forgeflow.serving.bluegreen.stop_active`);
+    the state it stopped (None when nothing was recorded; ``live`` says whether it was still serving)."""
+    return bluegreen.stop_active(state_path)
 
 
 def generation_row(state: bluegreen.ServingState, status: tables.ServingStatus,
