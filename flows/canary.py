@@ -34,34 +34,28 @@ job (the model endpoint failed mid-run) as a new job of kind ``recovery`` linked
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-import httpx
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
 from flows.stagekit import StageLog
-from forgeflow.common.errors import InputError, PreflightError
-from forgeflow.common.fsutil import atomic_write_text
+from forgeflow.common import settings
+from forgeflow.common.errors import InputError
 from forgeflow.common.settings import apply_container_env, home_dir
 from forgeflow.curation.generated import GENERATED_FILE
-from forgeflow.curation.task_rows import DatasetSource, TaskSource, TestSpec, load_task_rows
+from forgeflow.curation.task_rows import DatasetSource, TaskSource, TestSpec
 from forgeflow.evaluation import agent, compare
 from forgeflow.evaluation.canary import (
     JOB_KIND,
     RECOVERY_JOB_KIND,
     CanaryTask,
-    canary_tasks,
     check_concurrency,
-    frozen_split,
-    plan_canary_recovery,
     render_job_report,
-    sample_split,
     trial_row,
 )
 from forgeflow.evaluation.canary_params import CanaryEndpoint, CanaryRunSettings
@@ -74,14 +68,11 @@ from forgeflow.evaluation.canary_result import (
 )
 from forgeflow.evaluation.mswea import MODEL_API_KEY_ENV
 from forgeflow.ledger import records
-from forgeflow.ledger import store as ledger
 from forgeflow.sandbox import dispatch
-from forgeflow.serving import bluegreen
 from tasks import evaluation as evaluation_tasks
-from tasks.common import markdown_artifact, sweep_trial_pods, table_artifact
+from tasks.common import record_rows, sweep_trial_pods, table_artifact
 from tasks.curation import sandbox_choice, trial_dispatcher
 
-DEFAULT_ALIAS = "forgeflow"
 REPORT_ARTIFACT_KEY = "canary-job-report"
 RECOVERY_REPORT_ARTIFACT_KEY = "canary-recovery-report"
 
@@ -116,14 +107,15 @@ class CanaryJobRun:
 
 
 def run_canary_job(log: StageLog, st: dict[str, Any], stage: str, run: CanaryJobRun,
-                   store: ledger.Store) -> tuple[list, compare.JobReport]:
+                   store_url: str) -> tuple[list, compare.JobReport]:
     """Run one canary job inside the open stage ``st`` of ``log`` (the lifecycle's and this flow's).
 
-    Records ``run.job``, then runs :func:`tasks.evaluation.agent_trial` in a sliding window of
+    Records ``run.job`` in the store at ``store_url`` (:func:`tasks.common.record_rows`), then runs
+    :func:`tasks.evaluation.agent_trial` in a sliding window of
     ``run.concurrency`` (:meth:`flows.stagekit.StageLog.window`: the next trial starts when any one
     ends), records each trial as it comes back (:func:`forgeflow.evaluation.canary.trial_row`, upsert
-    by trial id), publishes the table artifact ``stage`` with dashes and fills ``st``'s counts
-    (requested, scored, reward_1, exceptions) and digests (model). With
+    by trial id, one ``record-trials`` task run each), publishes the table artifact ``stage`` with dashes
+    and fills ``st``'s counts (requested, scored, reward_1, exceptions) and digests (model). With
     ``run.agent_config.verifier_ray`` the trials run on that Ray cluster and this process leaves
     it once the job's trials are in.
 
@@ -131,7 +123,7 @@ def run_canary_job(log: StageLog, st: dict[str, Any], stage: str, run: CanaryJob
         The trials (:class:`forgeflow.sandbox.trial.TrialResult`, in task order) and their JobReport.
     """
     job, tasks, agent_config = run.job, run.tasks, run.agent_config
-    store.record_job(job)
+    record_rows(store_url, "jobs", [job])
     model_sha256, run_id = job.model_sha256, job.run_id or ""
 
     def submit(t: CanaryTask) -> Any:
@@ -143,7 +135,7 @@ def run_canary_job(log: StageLog, st: dict[str, Any], stage: str, run: CanaryJob
     try:
         for t, state in log.window(tasks, submit, run.concurrency):
             tr = state.result()
-            store.record_trial(trial_row(tr, job.job_id, model_sha256, run_id))
+            record_rows(store_url, "trials", [trial_row(tr, job.job_id, model_sha256, run_id)])
             ended[t.instance_id] = tr
     finally:  # a driver outlived by its Ray cluster is ended by Ray: leave it now
         if agent_config.verifier_ray is not None:
@@ -157,40 +149,6 @@ def run_canary_job(log: StageLog, st: dict[str, Any], stage: str, run: CanaryJob
                     "exceptions": sum(report.exceptions_by_type.values())}
     st["digests"] = {"model": model_sha256}
     return trials, report
-
-
-def resolve_endpoint(endpoint: CanaryEndpoint) -> tuple[str, str, str]:
-    """``(base_url, model_sha256, model_alias)`` from an explicit endpoint or the serving state file.
-
-    Args:
-        endpoint: ``base_url`` + ``model_sha256``, or the serving state file ``state_path`` (default
-            ``$FORGEFLOW_HOME/serving/state.json``); ``model_alias`` overrides the state's.
-
-    Raises:
-        InputError: both or neither way given wrongly (``base_url`` without a 64-hex
-            ``model_sha256``, or with ``state_path``), no or an invalid state file.
-        PreflightError: the recorded server is stopped.
-    """
-    state_path, base_url, model_sha256, model_alias = (endpoint.state_path, endpoint.base_url, endpoint.model_sha256,
-                                                       endpoint.model_alias)
-    if base_url is not None:
-        if state_path is not None:
-            raise InputError(f"canary: give state_path ({state_path}) or base_url ({base_url}), not both")
-        if model_sha256 is None or not re.fullmatch(r"[0-9a-f]{64}", model_sha256):
-            raise InputError(f"canary: base_url {base_url} needs model_sha256 (64 lower-case hex digits, the served "
-                             f"GGUF's sha256), got {model_sha256!r}")
-        return base_url.rstrip("/"), model_sha256, model_alias or DEFAULT_ALIAS
-    path = Path(state_path or home_dir() / "serving" / "state.json")
-    state = bluegreen.read_state(path)
-    if state is None:
-        raise InputError(f"canary: no serving state at {path}: run the serve flow first, or give base_url and "
-                         "model_sha256")
-    if not state.live or not state.base_url:
-        raise PreflightError(f"canary: the server recorded in {path} (generation {state.generation}) is stopped")
-    if model_sha256 is not None and model_sha256 != state.gguf_sha256:
-        raise InputError(f"canary: model_sha256 {model_sha256} differs from the served GGUF {state.gguf_sha256} "
-                         f"recorded in {path}")
-    return state.base_url.rstrip("/"), state.gguf_sha256, model_alias or state.model_alias
 
 
 def _recovery_agent_config(original: records.JobRecord, given: agent.AgentConfig | None) -> agent.AgentConfig:
@@ -219,42 +177,6 @@ def _rows_param(own_candidates: bool, from_dataset: bool, source: str) -> dict[s
     if from_dataset:
         return {}
     return {"candidates_path" if own_candidates else "generated_path": source}
-
-
-def _check_reachable(base_url: str, api_key: str | None = None) -> None:
-    """Any HTTP answer from ``GET base_url/models`` counts but a refusal of the key (401/403); a refused or
-    timed-out connection does not.
-
-    Raises:
-        PreflightError: no answer.
-        InputError: 401/403: the endpoint wants a key (none was sent) or refuses the one sent.
-    """
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    try:
-        response = httpx.get(f"{base_url}/models", timeout=10.0, headers=headers)
-    except httpx.HTTPError as exc:
-        raise PreflightError(f"canary: the model endpoint {base_url} does not answer: "
-                             f"{type(exc).__name__}: {exc}") from None
-    if response.status_code in (401, 403):
-        raise InputError(f"canary: the model endpoint {base_url} answered HTTP {response.status_code} to "
-                         + ("the key of endpoint.api_key_secret" if api_key else "a request without a key: give "
-                            "endpoint.api_key_secret (a Secret block holding its key)"))
-
-
-def _endpoint_key(endpoint: CanaryEndpoint) -> str | None:
-    """The API key of the canary's endpoint: its ``api_key_secret`` block's value, else the one the serving
-    state records for an external endpoint (read now), else None (``$FORGEFLOW_MODEL_API_KEY`` then applies).
-
-    Raises:
-        InputError: the Secret block does not exist or is empty.
-    """
-    from blocks.core import secret_token
-
-    name = endpoint.api_key_secret
-    if name is None and endpoint.base_url is None:
-        state = bluegreen.read_state(Path(endpoint.state_path or home_dir() / "serving" / "state.json"))
-        name = state.api_key_secret if state is not None else None
-    return secret_token(name, "canary endpoint api_key_secret").get_secret_value() if name else None
 
 
 @contextmanager
@@ -343,16 +265,11 @@ def canary(freeze_name: str, split: str = "test", endpoint: CanaryEndpoint = Can
         agent_config = agent_config.model_copy(update={"verifier_ray": trial_dispatcher(dispatcher)})
     logger = get_run_logger()
     apply_container_env()
-    store = ledger.Store()
-    store.upgrade()
-    _, ids = frozen_split(store, freeze_name, split)
-    sampled = sample is not None and sample < len(ids)
-    ids = sample_split(ids, sample, sample_seed)
-    url, sha, alias = resolve_endpoint(endpoint)
-    loaded = source.load(home_dir() / "demo" / GENERATED_FILE, "canary")
-    tasks = canary_tasks(store, ids, loaded.rows, test_commands=loaded.test_commands, log_parsers=loaded.log_parsers)
-    key = _endpoint_key(endpoint)
-    _check_reachable(url, key)
+    key = evaluation_tasks.endpoint_api_key(endpoint)
+    inputs = evaluation_tasks.canary_inputs(freeze_name, split, sample, sample_seed, source, endpoint,
+                                            home_dir() / "demo" / GENERATED_FILE, key)
+    tasks, url, sha, alias, sampled = (inputs.tasks, inputs.base_url, inputs.model_sha256, inputs.model_alias,
+                                       inputs.sampled)
     job_id = job_id or f"canary-{freeze_name}-{split}-{sha[:12]}" + (f"-s{sample}x{sample_seed}" if sampled else "")
     run_id = str(flow_run.get_id() or "")
     job_dir = Path(out_dir or home_dir() / "canary") / job_id
@@ -363,7 +280,7 @@ def canary(freeze_name: str, split: str = "test", endpoint: CanaryEndpoint = Can
                                    "verifier_timeout_s": run.verifier_timeout_s,
                                    "trajectories_dir": str(job_dir / "trajectories"),
                                    **_rows_param(source.candidates_path is not None, source.dataset is not None,
-                                                 loaded.source),
+                                                 inputs.rows_source),
                                    **({"test_commands": source.test_commands} if source.test_commands else {}),
                                    **({"dataset": source.dataset.model_dump()} if source.dataset is not None else {}),
                                    **({"test_specs": {r: v.model_dump() for r, v in source.test_specs.items()}}
@@ -375,11 +292,11 @@ def canary(freeze_name: str, split: str = "test", endpoint: CanaryEndpoint = Can
     with _model_key(key), log.stage("canary") as st:
         trials, report = run_canary_job(log, st, "canary", CanaryJobRun(
             job, tasks, url, alias, agent_config, job_dir / "trajectories", run.verifier_timeout_s, concurrency),
-            store)
+            settings.store_url())
     markdown = render_job_report(job, report, trials, {"endpoint": url, "model alias": alias,
                                                        "profile": f"{profile} (concurrency {concurrency})"})
-    report_path = atomic_write_text(job_dir / "report.md", markdown)
-    markdown_artifact(REPORT_ARTIFACT_KEY, markdown, f"canary job {job_id}: {freeze_name}/{split}")
+    report_path = evaluation_tasks.write_job_report(markdown, job_dir / "report.md", REPORT_ARTIFACT_KEY,
+                                                    f"canary job {job_id}: {freeze_name}/{split}")
     log.write({"job_id": job_id, "report": report.model_dump(mode="json")})
     logger.info("canary %s: scored %d/%d, reward 1: %d, exceptions %s", job_id, report.scored, report.requested,
                 report.reward_1, report.exceptions_by_type or "none")
@@ -435,41 +352,30 @@ def canary_recover(job_id: str, endpoint: CanaryEndpoint = CanaryEndpoint(), exc
     """
     logger = get_run_logger()
     apply_container_env()
-    store = ledger.Store()
-    store.upgrade()
-    plan = plan_canary_recovery(store, job_id, exception_types, recovery_job_id)
+    plan = evaluation_tasks.plan_recovery(job_id, exception_types, recovery_job_id)
     original = plan.original
     if plan.empty:
-        merged = compare.merged_job(store, job_id)
-        report = compare.JobReport.from_trials(merged.trials)
-        logger.info("canary-recover %s: nothing to recover (%s: %d scored, no exception%s)", job_id, merged.label,
+        label, recovery_ids, report = evaluation_tasks.merged_view(job_id)
+        logger.info("canary-recover %s: nothing to recover (%s: %d scored, no exception%s)", job_id, label,
                     report.scored, f" of type {exception_types}" if exception_types else "")
         return CanaryRecoveryResult(job_id=None, parent_job_id=job_id, recovered=[], report=None, report_path=None,
-                                    merged=MergedView(view=merged.label, recovery_job_ids=merged.recovery_job_ids,
-                                                      report=report))
+                                    merged=MergedView(view=label, recovery_job_ids=recovery_ids, report=report))
     params = original.params
     profile = str(params.get("profile", "default"))
     concurrency = check_concurrency(concurrency or int(params.get("concurrency", 1)), profile)
     config = _recovery_agent_config(original, agent_config)
     verifier_timeout_s = float(params.get("verifier_timeout_s", 180.0))
-    url, sha, alias = resolve_endpoint(endpoint.model_copy(update={
-        "model_sha256": endpoint.model_sha256 or original.model_sha256,
-        "model_alias": endpoint.model_alias or params.get("model_alias")}))
-    if sha != original.model_sha256:
-        raise InputError(f"canary-recover: the endpoint serves model {sha}, but job {job_id!r} evaluated "
-                         f"{original.model_sha256}: a recovery re-runs the same model")
     dataset = DatasetSource(**params["dataset"]) if generated_path is None and params.get("dataset") else None
     own_candidates = generated_path is None and dataset is None and params.get("candidates_path")
-    loaded = load_task_rows(Path(params["candidates_path"]) if own_candidates else None,
-                            None if own_candidates or dataset else Path(generated_path or params.get("generated_path")
-                                                                        or home_dir() / "demo" / GENERATED_FILE),
-                            home_dir() / "demo" / GENERATED_FILE, params.get("test_commands"), stage="canary-recover",
-                            dataset=dataset, test_specs={r: TestSpec(**v) for r, v in
-                                                         (params.get("test_specs") or {}).items()})
-    tasks = canary_tasks(store, plan.instance_ids, loaded.rows, test_commands=loaded.test_commands,
-                         log_parsers=loaded.log_parsers)
-    key = _endpoint_key(endpoint)
-    _check_reachable(url, key)
+    default_generated = home_dir() / "demo" / GENERATED_FILE
+    key = evaluation_tasks.endpoint_api_key(endpoint)
+    inputs, loaded = evaluation_tasks.recovery_inputs(
+        plan, endpoint, Path(params["candidates_path"]) if own_candidates else None,
+        None if own_candidates or dataset else Path(generated_path or params.get("generated_path")
+                                                    or default_generated),
+        default_generated, dataset, params.get("test_commands"),
+        {r: TestSpec(**v) for r, v in (params.get("test_specs") or {}).items()}, key)
+    tasks, url, sha, alias = inputs.tasks, inputs.base_url, inputs.model_sha256, inputs.model_alias
     run_id = str(flow_run.get_id() or "")
     new_id = plan.recovery_job_id
     job_dir = Path(out_dir or home_dir() / "canary") / new_id
@@ -490,17 +396,16 @@ def canary_recover(job_id: str, endpoint: CanaryEndpoint = CanaryEndpoint(), exc
     with _model_key(key), log.stage("canary_recover") as st:
         trials, report = run_canary_job(log, st, "canary_recover", CanaryJobRun(
             job, tasks, url, alias, config, job_dir / "trajectories", verifier_timeout_s, concurrency, run_key=new_id),
-            store)
-    merged = compare.merged_job(store, job_id)
-    merged_report = compare.JobReport.from_trials(merged.trials)
+            settings.store_url())
+    label, recovery_ids, merged_report = evaluation_tasks.merged_view(job_id)
     extra = {"recovers": f"{len(tasks)} exception trial(s) of job `{job_id}`", "endpoint": url, "model alias": alias,
-             "merged view": f"{merged.label}: scored {merged_report.scored}/{merged_report.requested}, "
+             "merged view": f"{label}: scored {merged_report.scored}/{merged_report.requested}, "
                             f"exceptions {merged_report.exceptions_by_type or 'none'}"}
     markdown = render_job_report(job, report, trials, extra)
-    report_path = atomic_write_text(job_dir / "report.md", markdown)
-    markdown_artifact(RECOVERY_REPORT_ARTIFACT_KEY, markdown, f"canary recovery {new_id} of {job_id}")
+    report_path = evaluation_tasks.write_job_report(markdown, job_dir / "report.md", RECOVERY_REPORT_ARTIFACT_KEY,
+                                                    f"canary recovery {new_id} of {job_id}")
     log.write({"job_id": new_id, "parent_job_id": job_id, "report": report.model_dump(mode="json")})
-    logger.info("canary-recover %s: %s; scored %d/%d in the merged view, exceptions %s", new_id, merged.label,
+    logger.info("canary-recover %s: %s; scored %d/%d in the merged view, exceptions %s", new_id, label,
                 merged_report.scored, merged_report.requested, merged_report.exceptions_by_type or "none")
     by_instance = {t.instance_id: t for t in trials}
     recovered = [RecoveredTrial(instance_id=old.instance_id, original_trial_id=old.trial_id,
@@ -510,5 +415,4 @@ def canary_recover(job_id: str, endpoint: CanaryEndpoint = CanaryEndpoint(), exc
                  for old in plan.exception_trials if old.instance_id in by_instance]
     return CanaryRecoveryResult(job_id=new_id, parent_job_id=job_id, recovered=recovered, report=report,
                                 report_path=report_path,
-                                merged=MergedView(view=merged.label, recovery_job_ids=merged.recovery_job_ids,
-                                                  report=merged_report))
+                                merged=MergedView(view=label, recovery_job_ids=recovery_ids, report=merged_report))

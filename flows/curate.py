@@ -37,14 +37,14 @@ from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.events import emit_event
 from prefect.runtime import flow_run
 
+from forgeflow.common import settings as store_settings
 from forgeflow.common.errors import InputError, PreflightError
-from forgeflow.common.fsutil import atomic_write_text, sha256_bytes, sha256_json
+from forgeflow.common.fsutil import sha256_bytes, sha256_json
 from forgeflow.common.settings import apply_container_env, home_dir
 from forgeflow.curation.candidates import CandidateTask, to_candidate_refs
 from forgeflow.curation.curate_result import CurateResult, RecoverResult
 from forgeflow.curation.curate_settings import CurateSettings
 from forgeflow.curation.freeze import (
-    AcceptedTask,
     SplitQuotas,
     feasibility_text,
     freeze_ready,
@@ -55,21 +55,18 @@ from forgeflow.curation.freeze import (
 from forgeflow.curation.generated import GENERATED_FILE, GeneratedTask
 from forgeflow.curation.recovery import (
     RecoveryRequest,
-    apply_recovery,
-    plan_recovery,
-    render_audit,
     render_plan,
 )
 from forgeflow.curation.selection import select_batch
 from forgeflow.curation.task_rows import TaskRows, TaskSource
 from forgeflow.evaluation.canary import trial_row
 from forgeflow.ledger.records import BatchRecord, TaskRecord, TrialRecord
-from forgeflow.ledger.store import Store
+from forgeflow.ledger.store import masked_url
 from forgeflow.sandbox import dispatch
 from forgeflow.sandbox.dispatch import RayPlacement
 from forgeflow.sandbox.trial import ValidationSettings
 from tasks import curation as curate_tasks
-from tasks.common import markdown_artifact, sweep_trial_pods, table_artifact
+from tasks.common import markdown_artifact, record_rows, sweep_trial_pods, table_artifact
 from tasks.curation import TrialSink, validate_candidate
 
 FREEZE_READY_EVENT = "forgeflow.dataset.freeze-ready"
@@ -151,9 +148,8 @@ def curate(tasks: TaskSource = TaskSource(), quotas: SplitQuotas = DEFAULT_QUOTA
     logger = get_run_logger()
     apply_container_env()
     run_id = str(flow_run.get_id() or "")
-    store = Store()
-    store.upgrade()
-    loaded = tasks.load(home_dir() / "demo" / GENERATED_FILE, "curate")
+    store_url = store_settings.store_url()
+    loaded = curate_tasks.load_rows(tasks, home_dir() / "demo" / GENERATED_FILE, "curate")
     rows = loaded.rows
     by_id = {row.instance_id: row for row in rows}
     per_repo = Counter(row.repo for row in rows)
@@ -166,31 +162,24 @@ def curate(tasks: TaskSource = TaskSource(), quotas: SplitQuotas = DEFAULT_QUOTA
     name = freeze_name or f"curate-{digest[:12]}"
     available = set(curate_tasks.available_images([row.image for row in rows if row.image]))
     refs = to_candidate_refs(rows, available)
-    known = {t.instance_id for t in store.tasks()}
-    new_rows = [TaskRecord(instance_id=r.instance_id, repo=r.repo, patch=r.patch, image_ref=r.image,
-                           status="candidate", run_id=run_id)
-                 for r in rows if r.instance_id not in known]
-    if new_rows:
-        store.record_batch_results(BatchRecord(batch_id=f"load-{sha256_json(sorted(by_id))[:16]}", kind="load",
-                                               instance_ids=[t.instance_id for t in new_rows], concurrency=1,
-                                               run_id=run_id), [], new_rows)
-    logger.info("curate: %d candidates (%d new), %d with an available image", len(rows), len(new_rows),
+    new_count = curate_tasks.register_candidates(store_url, rows, run_id)
+    logger.info("curate: %d candidates (%d new), %d with an available image", len(rows), new_count,
                 sum(r.image_available for r in refs))
     validate = validate_candidate.with_options(retries=settings.max_retries)
     try:
         batches: list[str] = []
         recorded = 0
         while True:
-            accepted = [AcceptedTask(instance_id=t.instance_id, repo=t.repo) for t in store.accepted_tasks()
-                        if t.instance_id in by_id]
+            state = curate_tasks.curation_state(store_url, sorted(by_id))
+            accepted = state.accepted
             selection = freeze_ready(accepted, quotas, seed)
             if selection.ready:
-                resource_id = (f"forgeflow.store.{sha256_bytes(store.url.encode())[:12]}"
+                resource_id = (f"forgeflow.store.{sha256_bytes(store_url.encode())[:12]}"
                                f".quotas.{sha256_json(quotas.model_dump())[:12]}")
                 event = emit_event(FREEZE_READY_EVENT,
                                    resource={"prefect.resource.id": resource_id,
                                              "prefect.resource.name": "curated dataset"},
-                                   payload={"store_url": store.display_url, "freeze_name": name,
+                                   payload={"store_url": masked_url(store_url), "freeze_name": name,
                                             "quotas": quotas.model_dump(), "seed": seed,
                                             "instance_ids": sorted(by_id), "counts": selection.counts,
                                             "accepted": len(accepted), "batches": batches})
@@ -201,8 +190,7 @@ def curate(tasks: TaskSource = TaskSource(), quotas: SplitQuotas = DEFAULT_QUOTA
                 return CurateResult(status="freeze-ready", batches=batches, trials_recorded=recorded,
                                     counts=selection.counts, unmet=[], event_id=str(event.id) if event else None,
                                     freeze_name=name)
-            ids = select_batch(refs, store.processed_instance_ids(), store.accepted_per_repo(), settings.batch_size,
-                               seed)
+            ids = select_batch(refs, state.processed, state.accepted_per_repo, settings.batch_size, seed)
             if not ids:
                 text = unmet_text(selection.unmet)
                 logger.warning("STOPPED, NOT READY: no candidate left to validate; unmet quotas: %s", text)
@@ -211,7 +199,7 @@ def curate(tasks: TaskSource = TaskSource(), quotas: SplitQuotas = DEFAULT_QUOTA
             batch_id = f"curate-{sha256_json({'seed': seed, 'ids': sorted(ids)})[:16]}"
             limits = _BatchLimits(settings.concurrency, settings.max_retries, settings.validation(), placement,
                                   ray_placement)
-            recorded += _run_batch(store, batch_id, ids, by_id, loaded, validate, limits, run_id)
+            recorded += _run_batch(store_url, batch_id, ids, by_id, loaded, validate, limits, run_id)
             batches.append(batch_id)
             logger.info("batch %s: %d candidates; unmet before it: %s", batch_id, len(ids), unmet_text(selection.unmet))
     finally:  # a driver outlived by its Ray cluster is ended by Ray: leave it now
@@ -228,18 +216,17 @@ class _BatchLimits:
     ray: RayPlacement | None = None
 
 
-def _run_batch(store: Store, batch_id: str, ids: list[str], by_id: dict[str, CandidateTask | GeneratedTask],
+def _run_batch(store_url: str, batch_id: str, ids: list[str], by_id: dict[str, CandidateTask | GeneratedTask],
                loaded: TaskRows, validate: Any, limits: _BatchLimits, run_id: str) -> int:
     """Validate one batch (sliding window of ``concurrency``): each trial is stored the moment it
     ends (by the validation task, through its sink), again with its validation's others when the
     validation ends, and the statuses and the batch row in one transaction at the end."""
     logger = get_run_logger()
     concurrency, max_retries = limits.concurrency, limits.max_retries
-    sink = TrialSink(store_url=store.url, job_id=JOB_ID, batch_id=batch_id, run_id=run_id)
+    sink = TrialSink(store_url=store_url, job_id=JOB_ID, batch_id=batch_id, run_id=run_id)
     # attempt numbers continue after voided attempts: a task requeued by `recover` gets new trial ids;
     # live trials of a killed run keep theirs (same key: cache hit, same ids upserted)
-    earlier = {iid: sum(t.voided_at is not None for t in store.trials_for(kind="nop", instance_id=iid,
-                                                                          include_void=True)) for iid in ids}
+    earlier = curate_tasks.voided_attempts(store_url, ids)
     progress = create_progress_artifact(progress=0.0, description=f"batch {batch_id}: {len(ids)} candidates")
     done: queue.Queue = queue.Queue()
     pending = deque((iid, 0) for iid in ids)
@@ -268,7 +255,7 @@ def _run_batch(store: Store, batch_id: str, ids: list[str], by_id: dict[str, Can
             final[iid] = ("error", f"validation raised {type(exc).__name__}: {exc}"[:2000], None)
         else:
             ended = [trial_row(tr, JOB_ID, None, run_id, batch_id=batch_id) for tr in outcome.trials]
-            store.record_trials(ended)  # a cached validation's trials too: a kill from here on loses none of them
+            record_rows(store_url, "trials", ended)  # a cached validation's too: a kill from here on loses none
             trials.extend(ended)
             if outcome.report is None:
                 failed = outcome.failed_trial or outcome.nop
@@ -290,8 +277,8 @@ def _run_batch(store: Store, batch_id: str, ids: list[str], by_id: dict[str, Can
                                 status=status, reason=reason,
                                 fail_to_pass=report.FAIL_TO_PASS if report else [],
                                 pass_to_pass=report.PASS_TO_PASS if report else [], run_id=run_id))
-    store.record_batch_results(BatchRecord(batch_id=batch_id, kind="curate", instance_ids=ids, concurrency=concurrency,
-                                           run_id=run_id), trials, tasks)
+    curate_tasks.record_batch(store_url, BatchRecord(batch_id=batch_id, kind="curate", instance_ids=ids,
+                                                     concurrency=concurrency, run_id=run_id), trials, tasks)
     table_artifact(f"curate-{batch_id[-16:].lower()}", [
         {"instance_id": t.instance_id, "status": t.status, "reason": t.reason, "FAIL_TO_PASS": len(t.fail_to_pass)}
         for t in tasks], f"curate batch {batch_id}")
@@ -335,19 +322,16 @@ def recover(reason: str, batch_ids: list[str] | None = None, trial_ids: list[str
     except ValidationError as exc:
         problems = "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
         raise InputError(f"recover: {problems}") from None
-    store = Store()
-    store.upgrade()
-    plan = plan_recovery(store, request)
+    store_url = store_settings.store_url()
+    plan = curate_tasks.plan_trial_recovery(store_url, request)
     text = render_plan(plan)
     logger.info("%s", text)
     if dry_run:
         markdown_artifact("recover-dry-run", f"```\n{text}\n```\n", "recover: what would be voided/requeued")
         return RecoverResult(dry_run=True, void=[t.trial_id for t in plan.void],
                              requeue=[t.instance_id for t in plan.requeue], kept=[k.trial_id for k in plan.kept])
-    result = apply_recovery(store, plan, backup_dir or home_dir() / "recovery", run_id=str(flow_run.get_id() or ""))
-    audit = render_audit(result)
-    if result.backup_path is not None:
-        atomic_write_text(result.backup_path.with_suffix(".md"), audit)
+    result, audit = curate_tasks.apply_trial_recovery(store_url, plan, backup_dir or home_dir() / "recovery",
+                                                      str(flow_run.get_id() or ""))
     markdown_artifact("recover-audit", audit, f"recovery {result.recovery_id}")
     logger.info("recovered: %d trial(s) voided, %d task(s) requeued; backup %s (sha256 %s)",
                 result.voided, result.requeued, result.backup_path, result.backup_sha256)

@@ -38,8 +38,8 @@ from flows.stages import freeze as freeze_flow
 from flows.stages import package as package_flow
 from flows.stages import serve as serve_flow
 from forgeflow.common.errors import MigrationIncompleteError, PreflightError
-from forgeflow.common.fsutil import sha256_file
 from forgeflow.common.settings import apply_container_env
+from forgeflow.common.settings import store_url as default_store_url
 from forgeflow.config import LifecycleConfig
 from forgeflow.curation import generated
 from forgeflow.curation.bugs import Candidate
@@ -51,7 +51,6 @@ from forgeflow.curation.selection import longest_first
 from forgeflow.evaluation import agent
 from forgeflow.evaluation import canary as canary_core
 from forgeflow.ledger import records
-from forgeflow.ledger.store import Store
 from forgeflow.registry import images, projects
 from forgeflow.registry import migration as migrate
 from forgeflow.sandbox.grading import ValidationReport
@@ -64,7 +63,8 @@ from tasks import packaging as packaging_tasks
 from tasks import registry as registry_tasks
 from tasks import serving as serving_tasks
 from tasks import training as training_tasks
-from tasks.common import record_rows, table_artifact
+from tasks.common import record_rows, table_artifact, upgrade_store
+from tasks.evaluation import ComparisonFiles
 
 MODEL_ALIAS = "forgeflow"
 
@@ -92,13 +92,13 @@ def lifecycle(config: LifecycleConfig = LifecycleConfig()) -> dict[str, Any]:
     out_dir.mkdir(parents=True, exist_ok=True)
     run_id = str(flow_run.get_id() or "")
     log = StageLog(out_dir / "summary.json", run_id)
-    store = Store()
-    store.upgrade()
+    store_url = default_store_url()
+    upgrade_store(store_url)
     state_path = out_dir / "serving" / "state.json"
     result: dict[str, Any] = {}
     try:
         with run_registries(config.registries, out_dir / "registry", run_id, blocks) as (endpoints, registry_ids):
-            result = _run_stages(_Run(config, out_dir, run_id, log, store, state_path, registry_ids, serving,
+            result = _run_stages(_Run(config, out_dir, run_id, log, store_url, state_path, registry_ids, serving,
                                       endpoints))
         logger.info("lifecycle finished: %d stages, summary at %s", len(log.stages), log.summary_path)
         return result
@@ -107,7 +107,7 @@ def lifecycle(config: LifecycleConfig = LifecycleConfig()) -> dict[str, Any]:
             stopped = serving_tasks.stop_serving(state_path)
             if stopped is not None and stopped.live:  # it was live: the ledger says so no more
                 retired = serving_tasks.generation_row(stopped, "retired", run_id)
-                record_rows(store.url, "serving_generations", [retired])
+                record_rows(store_url, "serving_generations", [retired])
         log.finish(result)  # summary.json + the stage table artifact
 
 
@@ -119,7 +119,7 @@ class _Run:
     out_dir: Path
     run_id: str
     log: StageLog
-    store: Store
+    store_url: str
     state_path: Path
     registry_ids: dict[str, str]
     serving: BackendConfig
@@ -184,7 +184,7 @@ def _run_stages(run: _Run) -> dict[str, Any]:
     adapter = run_stage_flow("burst", _burst, run, base_model, [by_id[i] for i in manifest.splits["train"]], envs)
     ggufs = run_stage_flow("package", _package, run, base_model, adapter)
     # serve_stage, canary_candidate, compare and serve_swap: one transaction, one subflow run
-    comparison, report_path, plot_path = run_stage_flow("promote", _stage_and_promote, run,
+    comparison, files = run_stage_flow("promote", _stage_and_promote, run,
                                                         ggufs[config.serving.quantization], test_tasks,
                                                         baseline_trials, agent_config)
     paired, decision = comparison.paired, comparison.decision
@@ -208,8 +208,8 @@ def _run_stages(run: _Run) -> dict[str, Any]:
         | {"adapter": {"path": str(adapter.path), "sha256": adapter.sha256},
            "freeze_manifest": {"path": str(manifest.path), "sha256": manifest.file_sha256},
            "freeze_bundle": {"path": str(manifest.bundle_path), "sha256": manifest.bundle_sha256},
-           "compare_report": {"path": str(report_path), "sha256": sha256_file(report_path)},
-           "compare_plot": {"path": str(plot_path), "sha256": sha256_file(plot_path)}},
+           "compare_report": {"path": str(files.report_path), "sha256": files.report_sha256},
+           "compare_plot": {"path": str(files.plot_path), "sha256": files.plot_sha256}},
     }
 
 
@@ -239,7 +239,7 @@ def _environments(run: _Run) -> dict[str, _Env]:
                               run.registry_ids["source"])
             envs[name] = _Env(project=project, local=local_name, local_id=local_id, checkout=Path(checkout),
                               source_ref=source_ref, source_digest=digest)
-        record_rows(run.store.url, "images", [
+        record_rows(run.store_url, "images", [
             records.ImageRecord(ref=e.source_ref, digest=e.source_digest, role="source", project=n, run_id=run.run_id)
             for n, e in envs.items()])
         st["counts"] = {"projects": len(envs)}
@@ -251,20 +251,20 @@ def _migrate(run: _Run, envs: dict[str, _Env]) -> dict[str, _Env]:
     """2. migrate: the migrate-images flow as a subflow (the one migration path): state per image in the
     store, digests preserved and verified; a re-run copies only what the store does not record as
     completed. Returns the environments whose migration completed."""
-    config, store = run.config, run.store
+    config, store_url = run.config, run.store_url
     with run.log.stage("migrate") as st:
         names = {f"env/{e.project.name}:{e.project.version}": n for n, e in envs.items()}
         try:
             summary = migrate_images_flow(source=run.registries["source"], target=run.registries["target"],
                                           images=list(names), limits=config.registries.transfer,
-                                          store_url=store.url)
+                                          store_url=store_url)
         except MigrationIncompleteError as err:  # the subflow run is Failed; go on with what was migrated
             summary = err.summary
         for name, rec in zip(names.values(), summary.records):
             if rec.status == "completed":
                 envs[name].target_ref, envs[name].target_digest = migrate.store_ref(rec.target_ref), rec.target_digest
         # the flow wrote the rows (role target, state, digests); the lifecycle adds each one's project
-        record_rows(store.url, "image_roles", [records.ImageRecord(ref=e.target_ref, role="target", project=n)
+        record_rows(store_url, "image_roles", [records.ImageRecord(ref=e.target_ref, role="target", project=n)
                                                for n, e in envs.items() if e.target_ref])
         envs = {n: e for n, e in envs.items() if e.target_ref}
         # StageLog's "cached": an image the store recorded as completed (and the target still serves) was not
@@ -285,7 +285,7 @@ def _generate(run: _Run, envs: dict[str, _Env]) -> list[tuple[Candidate, str]]:
             found = run.log.call(curation.generate_candidates, name, env.checkout, env.project.source_path,
                                  run.config.candidates_per_project, run.config.seed)
             candidates.extend((c, name) for c in found)
-        record_rows(run.store.url, "tasks", [records.TaskRecord(instance_id=c.instance_id, repo=name, patch=c.patch,
+        record_rows(run.store_url, "tasks", [records.TaskRecord(instance_id=c.instance_id, repo=name, patch=c.patch,
                                                                 status="candidate", run_id=run.run_id)
                                              for c, name in candidates])
         st["counts"] = {"candidates": len(candidates)}
@@ -315,7 +315,7 @@ def _prewarm(run: _Run, envs: dict[str, _Env], candidates: list[tuple[Candidate,
             reused_layers += registry_tasks.layer_reuse(ref, env.target_ref)
             task_images[c.instance_id] = _TaskImage(candidate=c, repo=repo, test_command=env.project.test_command,
                                                     image_ref=ref, digest=digest, local_image=image)
-        record_rows(run.store.url, "images", [
+        record_rows(run.store_url, "images", [
             records.ImageRecord(ref=t.image_ref, digest=t.digest, role="task", project=t.repo, run_id=run.run_id)
             for t in task_images.values()])
         st["paths"] = {"candidates": str(curation.write_generated(run.out_dir / generated.GENERATED_FILE, [
@@ -340,12 +340,12 @@ def _validate(run: _Run, task_images: dict[str, _TaskImage]) -> list[_TaskImage]
     Raises:
         PreflightError: no task was accepted (nothing to freeze).
     """
-    config, store = run.config, run.store
+    config, store_url = run.config, run.store_url
     with run.log.stage("validate") as st:
-        order = longest_first(list(task_images), curation.recorded_validation_seconds(store.url, list(task_images)))
+        order = longest_first(list(task_images), curation.recorded_validation_seconds(store_url, list(task_images)))
         progress_id = create_progress_artifact(progress=0.0, description="NOP/Oracle validation")
         job_id = f"validate-{config.seed}"
-        sink = curation.TrialSink(store_url=store.url, job_id=job_id, run_id=run.run_id)
+        sink = curation.TrialSink(store_url=store_url, job_id=job_id, run_id=run.run_id)
         stage = config.validation
         settings = stage.settings()
         ended: dict[str, ValidationOutcome] = {}
@@ -359,10 +359,10 @@ def _validate(run: _Run, task_images: dict[str, _TaskImage]) -> list[_TaskImage]
             update_progress_artifact(progress_id, progress=100.0 * len(ended) / max(1, len(task_images)))
         outcomes = [(t, ended[i]) for i, t in task_images.items()]  # candidate order, whatever order they ended in
         # each trial was stored as it ended (the sink); again here, for validations answered from cache
-        record_rows(store.url, "trials", [canary_core.trial_row(tr, job_id, None, run.run_id)
+        record_rows(store_url, "trials", [canary_core.trial_row(tr, job_id, None, run.run_id)
                                           for _, out in outcomes for tr in out.trials])
         verdicts = [_verdict(run, t, out) for t, out in outcomes]
-        record_rows(store.url, "tasks", [task for task, _ in verdicts])
+        record_rows(store_url, "tasks", [task for task, _ in verdicts])
         rows = [row for _, row in verdicts]
         accepted = [t for (t, _), row in zip(outcomes, rows) if row["status"] == "accepted"]
         table_artifact("validate", rows, "NOP/Oracle validation of every candidate")
@@ -421,7 +421,7 @@ def _base_model(run: _Run) -> tuple[Any, dict[str, Any]]:
                                                    config.seed)
             st["counts"] = {"tokenizer_vectors_matched": tokenizer_check.matched,
                             "tokenizer_vectors_total": tokenizer_check.total}
-            record_rows(run.store.url, "model_artifacts", [records.ModelArtifactRecord(
+            record_rows(run.store_url, "model_artifacts", [records.ModelArtifactRecord(
                 sha256=base_model.sha256, kind="base", path=str(base_model.path), run_id=run.run_id,
                 lineage=base_model.provenance)])
         else:  # the base-model flow checks the team's checkpoint and records it with where it came from
@@ -452,7 +452,7 @@ def _burst(run: _Run, base_model: Any, train: list[_TaskImage], envs: dict[str, 
         # models/adapter is the burst's working folder, reused by the next burst: the ledger and the
         # package stage use the adapter's content-addressed copy models/adapters/<sha256> instead
         adapter = training_tasks.pin_adapter(adapter, out_dir / "models" / "adapters")
-        record_rows(run.store.url, "model_artifacts", [records.ModelArtifactRecord(
+        record_rows(run.store_url, "model_artifacts", [records.ModelArtifactRecord(
             sha256=adapter.sha256, kind="adapter", path=str(adapter.path), parent_sha256=base_model.sha256,
             lineage=adapter.lineage.model_dump(mode="json"), run_id=run.run_id)])
         st["counts"] = {"samples": len(sft_samples), "steps": adapter.steps}
@@ -475,7 +475,7 @@ def _package(run: _Run, base_model: Any, adapter: Any) -> dict[str, Any]:
 
 
 def _stage_and_promote(run: _Run, served_new: Any, test_tasks: list[_TaskImage], baseline_trials: list,
-                       agent_config: agent.AgentConfig) -> tuple[Any, Path, Path]:
+                       agent_config: agent.AgentConfig) -> tuple[Any, ComparisonFiles]:
     """12. stage the candidate on the idle port (health + smoke gate), the recorded endpoint unchanged;
     13. canary it there; 14. compare + promotion gate; 15. promote (switch, stop old) or discard.
 
@@ -491,37 +491,40 @@ def _stage_and_promote(run: _Run, served_new: Any, test_tasks: list[_TaskImage],
             st["counts"] = {"port": staged.port, "smoke_tokens": staged.gate.smoke_tokens}
         candidate_trials = _canary(run, "canary_candidate", test_tasks, staged.base_url, served_new.sha256,
                                    agent_config)
-        comparison, report_path, plot_path = _compare(run, baseline_trials, candidate_trials, test_tasks)
+        comparison, files = _compare(run, baseline_trials, candidate_trials, test_tasks)
         decision = comparison.decision
         with log.stage("serve_swap") as st:
             if decision.verdict == "promote":
                 swap = log.call(serving_tasks.promote_server, run.state_path, staged)
-                serving_tasks.record_swap(run.store, swap.previous, swap.current, run.run_id)
+                record_rows(run.store_url, "serving_generations", [
+                    *([serving_tasks.generation_row(swap.previous, "retired", run.run_id)]
+                      if swap.previous is not None and swap.previous.generation != swap.current.generation else []),
+                    serving_tasks.generation_row(swap.current, "active", run.run_id)])
                 st["counts"] = {"generation": swap.current.generation, "port": swap.current.active_port,
                                 "promoted": 1}
             else:
                 log.call(serving_tasks.discard_server, staged)
                 st["counts"] = {"promoted": 0}
                 st["decision"] = f"{decision.verdict}: {decision.reason}"
-    return comparison, report_path, plot_path
+    return comparison, files
 
 
 def _compare(run: _Run, baseline_trials: list, candidate_trials: list,
-             test_tasks: list[_TaskImage]) -> tuple[Any, Path, Path]:
+             test_tasks: list[_TaskImage]) -> tuple[Any, ComparisonFiles]:
     """14. the paired comparison baseline vs candidate and the promotion gate's decision; writes
-    compare.md and compare.png. Returns the comparison and both paths."""
+    compare.md and compare.png. Returns the comparison and both files with their digests."""
     config, out_dir = run.config, run.out_dir
     with run.log.stage("compare") as st:
         repo_of = {t.instance_id: t.repo for t in test_tasks}
         comparison = run.log.call(evaluation_tasks.compare_jobs, baseline_trials, candidate_trials, "baseline",
                                   "candidate", repo_of, config.promotion, config.seed)
         paired, report_path = comparison.paired, out_dir / "compare.md"
-        plot_path = evaluation_tasks.write_comparison(comparison, report_path, ("baseline", "candidate"))
+        files = evaluation_tasks.write_comparison(comparison, report_path, ("baseline", "candidate"))
         st["counts"] = {"pairs": paired.n_pairs, "wins": paired.wins, "ties": paired.ties, "losses": paired.losses}
         st["decision"] = comparison.decision.model_dump(mode="json")
-        st["digests"] = {"report": sha256_file(report_path), "plot": sha256_file(plot_path)}
-        st["paths"] = {"report": str(report_path), "plot": str(plot_path)}
-    return comparison, report_path, plot_path
+        st["digests"] = {"report": files.report_sha256, "plot": files.plot_sha256}
+        st["paths"] = {"report": str(files.report_path), "plot": str(files.plot_path)}
+    return comparison, files
 
 
 def _canary(run: _Run, stage: str, test_tasks: list[_TaskImage], base_url: str, model_sha256: str,
@@ -549,5 +552,5 @@ def _canary(run: _Run, stage: str, test_tasks: list[_TaskImage], base_url: str, 
                                         "trajectories_dir": str(out_dir / "trajectories" / job_id)})
         trials, _ = run_canary_job(run.log, st, stage, CanaryJobRun(
             job, tasks, base_url, MODEL_ALIAS, agent_config, out_dir / "trajectories" / job_id,
-            config.validation.verifier_timeout_s, config.canary.concurrency), run.store)
+            config.validation.verifier_timeout_s, config.canary.concurrency), run.store_url)
     return trials

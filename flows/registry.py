@@ -26,10 +26,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from blocks.core import RegistryEndpoint
 from forgeflow.common.errors import InputError, MigrationIncompleteError
-from forgeflow.common.fsutil import read_jsonl_objects
 from forgeflow.common.settings import apply_container_env, home_dir
+from forgeflow.common.settings import store_url as default_store_url
 from forgeflow.config import RegistrySettings
-from forgeflow.ledger.store import Store
 from forgeflow.registry import auth as registry_auth
 from forgeflow.registry import coverage, imageref
 from forgeflow.registry import migration as migrate
@@ -83,51 +82,6 @@ def registry_endpoint(value: str | RegistryEndpoint, what: str) -> RegistryEndpo
     imageref.check_address(endpoint.address, f"{what}.address")
     imageref.check_namespace(endpoint.namespace, f"{what}.namespace")
     return endpoint
-
-
-def _fitting_columns(dataset_path: Path, image_column: str, registries: list[tuple[str, str]]) -> list[str]:
-    """Columns of the dataset's first row (other than ``image_column``) whose value would be accepted."""
-    for _, row in read_jsonl_objects(dataset_path, "dataset file"):
-        fitting = []
-        for column, value in row.items():
-            if column == image_column or not isinstance(value, str):
-                continue
-            try:
-                imageref.relative_name(value, registries)
-            except InputError:
-                continue
-            fitting.append(column)
-        return fitting
-    return []
-
-
-def _names(images: list[str] | None, dataset_path: Path | None, image_column: str,
-           registries: list[tuple[str, str]]) -> list[str]:
-    """Distinct image names relative to ``registries`` (``repo:tag[@sha256:...]``), first-seen order.
-
-    A name naming one of ``registries`` is taken as a full reference (host and namespace dropped);
-    a name naming another host, or a malformed one, is an InputError naming where it came from
-    (the ``images`` entry, or the dataset's column and value) and what is expected.
-    """
-    if (images is None) == (dataset_path is None):
-        raise InputError("give exactly one of images (repo:tag names) or dataset_path (a JSONL file)")
-    if dataset_path is not None:
-        raw = coverage.image_names_from_jsonl(dataset_path, image_column)
-        what = f"dataset {dataset_path} column {image_column!r} value"
-    else:
-        raw = list(dict.fromkeys(images or []))
-        what = "images entry"
-    if not raw:
-        raise InputError("images is empty")
-    try:
-        names = [imageref.relative_name(name, registries, what).relative for name in raw]
-    except InputError as err:
-        if dataset_path is None:
-            raise
-        fitting = _fitting_columns(dataset_path, image_column, registries)
-        hint = f" (columns of this file whose values fit: {fitting})" if fitting else ""
-        raise InputError(f"{err}{hint}") from None
-    return list(dict.fromkeys(names))
 
 
 def _check_limits(concurrency_limit: int, rate_limit_per_s: float | None) -> None:
@@ -229,7 +183,8 @@ def migrate_images(source: str | RegistryEndpoint, target: str | RegistryEndpoin
     apply_container_env()
     log = get_run_logger()
     src, dst = registry_endpoint(source, "source"), registry_endpoint(target, "target")
-    names = _names(images, dataset_path, image_column, [(dst.address, dst.namespace), (src.address, src.namespace)])
+    names = registry_ops.image_names(images, dataset_path, image_column,
+                                     [(dst.address, dst.namespace), (src.address, src.namespace)])
     max_size_bytes, retry_delays_s = limits.max_size_bytes, limits.retry_delays_s
     concurrency_limit, rate_limit_per_s = limits.concurrency_limit, limits.rate_limit_per_s
     if max_size_bytes < 0:
@@ -239,13 +194,11 @@ def migrate_images(source: str | RegistryEndpoint, target: str | RegistryEndpoin
     _check_limits(concurrency_limit, rate_limit_per_s)
     pairs = list(zip(registry_ops.image_refs(src, names), registry_ops.image_refs(dst, names, pin_digest=False)))
     migrate.check_pairs(pairs)
-    migrate.check_reachable(src.address, src.tls_verify, what="source")
-    migrate.check_reachable(dst.address, dst.tls_verify, what="target")
+    registry_ops.registries_answer({"source": src, "target": dst})
     limit, rate = registry_ops.ensure_registry_limits(dst.address, concurrency_limit, rate_limit_per_s)
-    store = Store(store_url)
-    store.upgrade()
+    store_url = store_url or default_store_url()
     run_id = str(flow_run.get_id() or "") or None
-    recorded = migrate.completed_in_store(store, pairs)
+    recorded = registry_ops.recorded_migrations(store_url, pairs)
     done: dict[str, migrate.MigrationRecord] = {}
     if recorded:  # the registry is the truth: a completed row counts only if the target serves it
         names_of = {dst_ref: name for name, (_, dst_ref) in zip(names, pairs)}
@@ -253,12 +206,12 @@ def migrate_images(source: str | RegistryEndpoint, target: str | RegistryEndpoin
         done = {row.ref: recorded[row.ref].model_copy(update={"reason": migrate.ALREADY_COMPLETED})
                 for row in check.rows if row.digest is not None and row.digest == recorded[row.ref].target_digest}
     todo = [(name, pair) for name, pair in zip(names, pairs) if pair[1] not in done]
-    migrate.record_pending(store, migrate.pending_records([pair for _, pair in todo]), run_id)
+    registry_ops.record_pending(store_url, migrate.pending_records([pair for _, pair in todo]), run_id)
     task = registry_ops.migrate_one
     if retry_delays_s is not None:
         task = task.with_options(retries=len(retry_delays_s), retry_delay_seconds=list(retry_delays_s))
     futures = task.map([name for name, _ in todo], unmapped(src), unmapped(dst), unmapped(max_size_bytes),
-                       unmapped(limit), unmapped(rate), unmapped(store.url), unmapped(run_id))
+                       unmapped(limit), unmapped(rate), unmapped(store_url), unmapped(run_id))
     by_target = dict(done)
     for (name, (src_ref, dst_ref)), future in zip(todo, futures):
         future.wait()
@@ -267,11 +220,7 @@ def migrate_images(source: str | RegistryEndpoint, target: str | RegistryEndpoin
             by_target[dst_ref] = future.result()
             continue
         err = state.result(raise_on_failure=False)
-        stored = migrate.load_states(store, [dst_ref]).get(dst_ref)
-        if stored is None or stored.status != "failed":  # the task died before writing its state
-            stored = migrate.MigrationRecord(source_ref=src_ref, target_ref=dst_ref, status="failed",
-                                             reason=str(err), error_type=type(err).__name__)
-            migrate.record_state(store, stored, run_id)
+        stored = registry_ops.failed_migration(store_url, src_ref, dst_ref, str(err), type(err).__name__, run_id)
         by_target[dst_ref] = stored.model_copy(update={"attempts": _run_count(future.task_run_id)})
     records = [by_target[dst_ref] for _, dst_ref in pairs]
     failed = [f"{name}: {r.error_type}: {r.reason}" for name, r in zip(names, records) if r.status == "failed"]
@@ -285,13 +234,12 @@ def migrate_images(source: str | RegistryEndpoint, target: str | RegistryEndpoin
          "copied": r.status == "completed" and r.reason == ""}
         for n, r in zip(names, records)], f"{len(records)} images {src.address} -> {dst.address}, "
                                           f"{copied} copied, {len(failed)} failed")
-    report = registry_ops.coverage_check(dst, names, store.url)
-    reset = coverage.reconcile_coverage(store, report, run_id)
+    report = registry_ops.coverage_check(dst, names, store_url)
+    reset = registry_ops.reconcile(store_url, report, run_id)
     if reset:
         log.warning("the target contradicts the recorded state of %d images, put back to pending: %s",
                     len(reset), reset[:10])
     _publish_coverage("migrate-coverage", report, dst)
-    store.dispose()
     summary = MigrationSummary(records=records, coverage=report, copied=copied, failed=failed)
     if failed:
         raise MigrationIncompleteError(_failure_message(names, records), summary)
@@ -322,19 +270,14 @@ def registry_audit(target: str | RegistryEndpoint, images: list[str] | None = No
     """
     apply_container_env()
     dst = registry_endpoint(target, "target")
-    names = _names(images, dataset_path, image_column, [(dst.address, dst.namespace)])
+    names = registry_ops.image_names(images, dataset_path, image_column, [(dst.address, dst.namespace)])
     registry_ops.image_refs(dst, names)
-    migrate.check_reachable(dst.address, dst.tls_verify, what="target")
-    store = None
+    registry_ops.registries_answer({"target": dst})
+    report = registry_ops.coverage_check(dst, names, store_url)
     if store_url is not None:
-        store = Store(store_url)
-        store.upgrade()
-    report = registry_ops.coverage_check(dst, names, store.url if store is not None else None)
-    if store is not None:
-        reset = coverage.reconcile_coverage(store, report, str(flow_run.get_id() or "") or None)
+        reset = registry_ops.reconcile(store_url, report, str(flow_run.get_id() or "") or None)
         if reset:
             get_run_logger().warning("put back to pending (the registry contradicts the store): %s", reset[:10])
-        store.dispose()
     _publish_coverage("registry-coverage", report, dst)
     return report
 
@@ -378,12 +321,7 @@ def prewarm_plan(tasks_path: Path | None = None, shards: int = 80, lanes: int = 
             with its value), before any task is read.
     """
     shard_layout(shards, lanes, prefix, tag_cap)
-    if tasks_path is not None:
-        pairs = coverage.plan_tasks_from_jsonl(tasks_path)
-    else:
-        store = Store(store_url)
-        store.upgrade()
-        pairs = coverage.plan_tasks_from_store(store)
+    pairs = registry_ops.plan_tasks(tasks_path, store_url or default_store_url())
     if not pairs:
         raise InputError("no tasks to plan")
     plan = registry_ops.layout_plan(pairs, shards, lanes, prefix, tag_cap)

@@ -14,7 +14,6 @@ into replay and anti-loop training windows and, given a base model, an SFT burst
 
 from __future__ import annotations
 
-import re
 import uuid
 from pathlib import Path
 from typing import Literal
@@ -23,15 +22,14 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 from pydantic import BaseModel, ConfigDict, Field
 
+from forgeflow.common import settings as store_settings
 from forgeflow.common.errors import InputError
-from forgeflow.common.fsutil import sha256_tree
 from forgeflow.common.settings import home_dir
 from forgeflow.ledger import records
-from forgeflow.ledger import store as ledger
 from forgeflow.sandbox import dispatch
 from forgeflow.sandbox.backends import SandboxTarget
-from forgeflow.training import jsonl, verl
-from forgeflow.training.adapters import AdapterRecord, BurstOrigin, adapter_matches, adapter_sha256, pin_adapter
+from forgeflow.training import verl
+from forgeflow.training.adapters import AdapterRecord, BurstOrigin, pin_adapter
 from forgeflow.training.burst import BurstConfig
 from forgeflow.training.health import BurstHealthError
 from forgeflow.training.ppo import DEFAULT_ADAPTER_GLOB
@@ -40,8 +38,6 @@ from forgeflow.training.windows import WindowConfig
 from tasks import training as training_tasks
 from tasks.common import markdown_artifact, sweep_trial_pods, table_artifact
 from tasks.curation import sandbox_choice, trial_dispatcher
-
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 class SFTBurstParams(BaseModel):
@@ -139,60 +135,25 @@ class BurstResult(BaseModel):
     losses: list[tuple[int, float]]
 
 
-def _check_hf_dir(hf_dir: Path) -> Path:
-    hf_dir = Path(hf_dir)
-    if not hf_dir.is_dir():
-        raise InputError(f"hf_dir {hf_dir} is not a folder")
-    if not (hf_dir / "config.json").is_file():
-        raise InputError(f"hf_dir {hf_dir} holds no config.json: not an HF model folder")
-    return hf_dir.resolve()
-
-
-def _parent_folder(store: ledger.Store, parent_adapter: str | None) -> Path | None:
-    """The folder of ``parent_adapter`` (a folder, or the sha256 of an adapter recorded in the store).
-
-    Raises:
-        InputError: the folder holds no adapter, or the sha256 is no recorded adapter whose recorded
-            folder still holds it.
-    """
-    if parent_adapter is None:
-        return None
-    value = parent_adapter.strip()
-    if _SHA256.match(value.lower()):
-        sha = value.lower()
-        productions = [p for p in store.producers(sha) if p.kind == "adapter"]
-        if not productions:
-            raise InputError(f"parent_adapter {sha} is not an adapter recorded in the store ({store.display_url})")
-        for production in reversed(productions):  # the newest recorded folder first
-            if adapter_matches(Path(production.path), sha):
-                return Path(production.path)
-        raise InputError(f"parent_adapter {sha} is recorded at {productions[-1].path}, which no longer holds it")
-    folder = Path(value)
-    if not (folder / "adapter_config.json").is_file() or not (folder / "lineage.json").is_file():
-        raise InputError(f"parent_adapter {folder} is neither a recorded adapter sha256 nor an adapter folder "
-                         "(adapter_config.json and lineage.json)")
-    return folder.resolve()
-
-
 def _run_id() -> str | None:
     return str(flow_run.get_id() or "") or None
 
 
-def _record_base(store: ledger.Store, base_sha: str, base_path: Path, source: str, run_id: str | None) -> None:
-    """Record the base model (kind ``base``, lineage ``{"source": source}``) unless the store knows it."""
-    if not store.producers(base_sha):
-        store.record_model_artifact(records.ModelArtifactRecord(sha256=base_sha, kind="base", path=str(base_path),
-                                                               lineage={"source": source}, run_id=run_id))
+def _base_row(base_sha: str, base_path: Path, source: str, run_id: str | None) -> records.ModelArtifactRecord:
+    """The base model's row (kind ``base``, lineage ``{"source": source}``), recorded unless the store knows it."""
+    return records.ModelArtifactRecord(sha256=base_sha, kind="base", path=str(base_path), lineage={"source": source},
+                                       run_id=run_id)
 
 
-def _record(store: ledger.Store, adapter: AdapterRecord, base_path: Path, base_sha: str,
+def _record(adapter: AdapterRecord, base_path: Path, base_sha: str,
             run_id: str | None, artifact_key: str, title: str) -> BurstResult:
     """Record the base (if the store does not know it yet) and the pinned adapter; publish artifacts."""
-    _record_base(store, base_sha, base_path, "local", run_id)
     parent = adapter.lineage.parent_adapter_sha256 or base_sha
-    store.record_model_artifact(records.ModelArtifactRecord(
-        sha256=adapter.sha256, kind="adapter", path=str(adapter.path), parent_sha256=parent,
-        lineage=adapter.lineage.model_dump(mode="json"), run_id=run_id))
+    training_tasks.record_adapter(store_settings.store_url(), _base_row(base_sha, base_path, "local", run_id),
+                                  records.ModelArtifactRecord(
+                                      sha256=adapter.sha256, kind="adapter", path=str(adapter.path),
+                                      parent_sha256=parent, lineage=adapter.lineage.model_dump(mode="json"),
+                                      run_id=run_id))
     losses = [(int(s), float(v)) for s, v in (adapter.health.losses if adapter.health else [])]
     table_artifact(f"{artifact_key}-loss", [{"step": s, "loss": round(v, 6)} for s, v in losses],
                    f"{title}: training loss per logged step")
@@ -235,20 +196,17 @@ def sft_burst(hf_dir: Path, samples_jsonl: Path, params: SFTBurstParams = SFTBur
         PreflightError: chat template missing/empty or disk space short (before any model loads).
         BurstDivergedError / BurstHealthError: a health gate failed; no adapter is written.
     """
-    hf_dir = _check_hf_dir(hf_dir)
-    samples = jsonl.read_sft_jsonl(Path(samples_jsonl))
-    store = ledger.Store()
-    store.upgrade()
-    parent_dir = _parent_folder(store, parent_adapter)
+    inputs = training_tasks.burst_inputs(hf_dir, samples_jsonl, "sft", parent_adapter, store_settings.store_url())
+    hf_dir, parent_dir = inputs.hf_dir, inputs.parent_dir
     config = params.burst_config()
     models = Path(out_dir) if out_dir is not None else home_dir() / "models"
     work = models / "sft-adapter"
     training_tasks.burst_preflight(hf_dir, work, config.lora_r, config.lora_target_modules)
-    base_sha = sha256_tree(hf_dir)
+    base_sha = training_tasks.tree_digest(hf_dir, "base-model")
     run_id = _run_id()
-    adapter = training_tasks.sft_burst(hf_dir, base_sha, samples, work, config, parent_dir, run_id)
+    adapter = training_tasks.sft_burst(hf_dir, base_sha, inputs.rows, work, config, parent_dir, run_id)
     adapter = pin_adapter(adapter, models / "adapters")
-    return _record(store, adapter, hf_dir, base_sha, run_id, "sft-burst", "sft-burst")
+    return _record(adapter, hf_dir, base_sha, run_id, "sft-burst", "sft-burst")
 
 
 @flow(name="rl-burst", log_prints=False, on_cancellation=[sweep_trial_pods("sandbox_block")],
@@ -287,11 +245,8 @@ def rl_burst(hf_dir: Path, tasks_jsonl: Path, params: RLBurstParams = RLBurstPar
         BurstDivergedError / BurstHealthError: a gate failed (incl. too few completions scored), or
             every group's rewards were equal so the adapter did not change (nothing new to record).
     """
-    hf_dir = _check_hf_dir(hf_dir)
-    rl_tasks = jsonl.read_rl_jsonl(Path(tasks_jsonl))
-    store = ledger.Store()
-    store.upgrade()
-    parent_dir = _parent_folder(store, parent_adapter)
+    inputs = training_tasks.burst_inputs(hf_dir, tasks_jsonl, "rl", parent_adapter, store_settings.store_url())
+    hf_dir, parent_dir, rl_tasks = inputs.hf_dir, inputs.parent_dir, inputs.rows
     placement = trial_dispatcher(dispatcher) if dispatcher is not None else None
     if sandbox_block is not None:
         choice = sandbox_choice(sandbox_block)
@@ -300,8 +255,8 @@ def rl_burst(hf_dir: Path, tasks_jsonl: Path, params: RLBurstParams = RLBurstPar
         config = params.burst_config("podman", 1024, 1.0)
     models = Path(out_dir) if out_dir is not None else home_dir() / "models"
     work = models / "rl-adapter"
-    base_sha = sha256_tree(hf_dir)
-    parent_sha = adapter_sha256(parent_dir) if parent_dir is not None else None
+    base_sha = training_tasks.tree_digest(hf_dir, "base-model")
+    parent_sha = training_tasks.tree_digest(parent_dir, "adapter") if parent_dir is not None else None
     run_id = _run_id()
     # rl_burst runs the preflight (chat + prompt templates, disk) first, before any model loads
     try:
@@ -316,7 +271,7 @@ def rl_burst(hf_dir: Path, tasks_jsonl: Path, params: RLBurstParams = RLBurstPar
                                "rewards were equal, so no advantage): nothing new to record; give more tasks or "
                                "generations")
     adapter = pin_adapter(record.adapter, models / "adapters")
-    return _record(store, adapter, hf_dir, base_sha, run_id, "rl-burst", f"rl-burst ({config.algorithm})")
+    return _record(adapter, hf_dir, base_sha, run_id, "rl-burst", f"rl-burst ({config.algorithm})")
 
 
 class PPOParams(BaseModel):
@@ -420,7 +375,6 @@ def ppo(settings: verl.VerlPPOSettings, params: PPOParams, submission_id: str | 
         RayJobError: the job ended FAILED or STOPPED or ran past ``params.timeout_s``.
         InfraError: the job succeeded but left no adapter under ``checkpoint_dir``.
     """
-    from forgeflow.training import ppo as ppo_ingest
 
     if settings.lora_rank < 1:
         raise InputError("settings.lora_rank is 0 (all weights trained): the ppo flow ingests a LoRA adapter; "
@@ -429,7 +383,7 @@ def ppo(settings: verl.VerlPPOSettings, params: PPOParams, submission_id: str | 
     if params.base_model_sha256 is None and not model_dir.is_dir():
         raise InputError(f"settings.model_path {settings.model_path!r} is not a folder here: give "
                          "params.base_model_sha256 (the base model's sha256_tree) to record the lineage")
-    base_sha = params.base_model_sha256 or sha256_tree(model_dir)
+    base_sha = params.base_model_sha256 or training_tasks.tree_digest(model_dir, "base-model")
     run_id = _run_id()
     job_id = submission_id or _ppo_submission_id(run_id)
     spec = verl.ray_job_spec(settings, working_dir=params.working_dir, submission_id=job_id, pip=list(params.pip),
@@ -441,18 +395,18 @@ def ppo(settings: verl.VerlPPOSettings, params: PPOParams, submission_id: str | 
     checkpoints = Path(settings.checkpoint_dir)
     if not checkpoints.is_absolute() and params.working_dir:
         checkpoints = Path(params.working_dir) / checkpoints
-    folder, step = ppo_ingest.newest_adapter(checkpoints, params.adapter_glob)
     models = Path(out_dir) if out_dir is not None else home_dir() / "models"
-    lineage = ppo_ingest.ppo_lineage(base_sha, settings.train_files, settings.model_dump(mode="json"), run_id or job_id)
-    adapter = ppo_ingest.ingest_adapter(folder, step, models / "ppo-adapter", lineage,
-                                        {"ray_job": job_id, "checkpoint": str(folder)})
+    folder, step, adapter = training_tasks.ingest_ppo_checkpoint(
+        checkpoints, params.adapter_glob, models / "ppo-adapter", base_sha, tuple(settings.train_files),
+        settings.model_dump(mode="json"), run_id or job_id, {"ray_job": job_id})
+    lineage = adapter.lineage
     adapter = pin_adapter(adapter, models / "adapters")
-    store = ledger.Store()
-    store.upgrade()
-    _record_base(store, base_sha, model_dir, "ppo model_path", run_id)
-    store.record_model_artifact(records.ModelArtifactRecord(
-        sha256=adapter.sha256, kind="adapter", path=str(adapter.path), parent_sha256=base_sha,
-        lineage={**lineage.model_dump(mode="json"), "ray_job": job_id, "global_step": step}, run_id=run_id))
+    training_tasks.record_adapter(store_settings.store_url(), _base_row(base_sha, model_dir, "ppo model_path", run_id),
+                                  records.ModelArtifactRecord(
+                                      sha256=adapter.sha256, kind="adapter", path=str(adapter.path),
+                                      parent_sha256=base_sha, run_id=run_id,
+                                      lineage={**lineage.model_dump(mode="json"), "ray_job": job_id,
+                                               "global_step": step}))
     markdown_artifact("ppo-summary", "\n".join([
         "# ppo", "", "| field | value |", "|---|---|", f"| Ray job | `{job_id}` ({outcome.status}, "
         f"{outcome.wall_s:.1f} s) |", f"| adapter | `{adapter.sha256}` |", f"| path | `{adapter.path}` |",
@@ -489,36 +443,6 @@ class WindowsResult(BaseModel):
     burst: BurstResult | None = None
 
 
-def _trajectory_files(store: ledger.Store, job_id: str | None, trajectories_dir: Path | None) -> list[Path]:
-    """The ``*.traj.json`` files of canary job ``job_id`` (one per agent trial, in the job's recorded
-    ``trajectories_dir``, default ``$FORGEFLOW_HOME/canary/<job>/trajectories``) or of a folder.
-
-    Raises:
-        InputError: both or neither given, an unknown job, a job without trajectories, a recorded
-            trajectory that is gone (named), or a folder without ``*.traj.json``.
-    """
-    if (job_id is None) == (trajectories_dir is None):
-        raise InputError("give job_id (a canary job in the store) or trajectories_dir (a folder of *.traj.json), "
-                         "not both or neither")
-    if trajectories_dir is not None:
-        files = sorted(Path(trajectories_dir).glob("*.traj.json"))
-        if not files:
-            raise InputError(f"trajectories_dir {trajectories_dir} holds no *.traj.json")
-        return files
-    job = store.get_job(job_id)
-    if job is None:
-        raise InputError(f"job {job_id!r} is not recorded in the store ({store.display_url})")
-    folder = Path(job.params.get("trajectories_dir") or home_dir() / "canary" / job_id / "trajectories")
-    files = [folder / f"{t.trial_id}.traj.json" for t in store.trials_for(job_id=job_id) if t.kind == "agent"]
-    if not files:
-        raise InputError(f"job {job_id!r} recorded no agent trial: no trajectory to cut into windows")
-    gone = [str(f) for f in files if not f.is_file()]
-    if gone:
-        raise InputError(f"job {job_id!r}: {len(gone)} of its {len(files)} trajectories are not in {folder}: "
-                         f"{', '.join(gone[:5])}")
-    return files
-
-
 @flow(name="windows", log_prints=False)
 def windows(job_id: str | None = None, trajectories_dir: Path | None = None,
             config: WindowConfig = WindowConfig(), samples_jsonl: Path | None = None, hf_dir: Path | None = None,
@@ -545,25 +469,20 @@ def windows(job_id: str | None = None, trajectories_dir: Path | None = None,
         The :class:`WindowsResult`.
 
     Raises:
-        InputError: see :func:`_trajectory_files`; a malformed trajectory (named); no window at all.
+        InputError: see :func:`tasks.training.window_dataset`; a malformed trajectory (named); no window at all.
         Whatever ``sft-burst`` raises when training.
     """
-    from forgeflow.training.windows import build_windows, write_window_jsonl
-
-    store = ledger.Store()
-    store.upgrade()
-    files = _trajectory_files(store, job_id, trajectories_dir)
-    built = build_windows(files, config)
     name = job_id or Path(trajectories_dir or "trajectories").name
     path = Path(samples_jsonl) if samples_jsonl is not None else home_dir() / "windows" / f"{name}.jsonl"
-    digest = write_window_jsonl(built, path)
-    stats = built.stats.model_dump(mode="json")
-    table_artifact("windows", [{"kind": k, "windows": v} for k, v in built.stats.windows_by_kind.items()],
-                   f"training windows from {len(files)} trajectories ({name})")
-    get_run_logger().info("windows: %d trajectories -> %s in %s (sha256 %s)", len(files), built.stats.windows_by_kind,
+    n_files, window_stats, digest = training_tasks.window_dataset(store_settings.store_url(), job_id, trajectories_dir,
+                                                                  config, path)
+    stats = window_stats.model_dump(mode="json")
+    table_artifact("windows", [{"kind": k, "windows": v} for k, v in window_stats.windows_by_kind.items()],
+                   f"training windows from {n_files} trajectories ({name})")
+    get_run_logger().info("windows: %d trajectories -> %s in %s (sha256 %s)", n_files, window_stats.windows_by_kind,
                           path, digest[:12])
     burst = None
     if hf_dir is not None:
         burst = sft_burst(hf_dir, path, params, parent_adapter, out_dir)
-    return WindowsResult(samples_jsonl=path, samples_sha256=digest, trajectories=len(files),
-                         windows_by_kind=dict(built.stats.windows_by_kind), stats=stats, burst=burst)
+    return WindowsResult(samples_jsonl=path, samples_sha256=digest, trajectories=n_files,
+                         windows_by_kind=dict(window_stats.windows_by_kind), stats=stats, burst=burst)

@@ -130,11 +130,29 @@ def sweep_trial_pods(parameter: str) -> Callable[[Any, Any, Any], None]:
     return hook
 
 
-LedgerKind = Literal["images", "image_roles", "tasks", "trials", "model_artifacts", "serving_generations",
+LedgerKind = Literal["images", "image_roles", "tasks", "trials", "jobs", "model_artifacts", "serving_generations",
                      "freezes"]
 """What :func:`record_rows` writes: rows of ``images`` (whole), ``image_roles`` (the role and project of an
-image another flow recorded), ``tasks``, ``trials``, ``model_artifacts``, ``serving_generations`` or
-``freezes``."""
+image another flow recorded), ``tasks``, ``trials``, ``jobs`` (canary and recovery jobs), ``model_artifacts``,
+``serving_generations`` or ``freezes``."""
+
+
+@task(cache_policy=NO_CACHE, retries=TRANSIENT_RETRIES, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S,
+      retry_condition_fn=retry_on_transient, task_run_name="upgrade-store")
+def upgrade_store(store_url: str) -> str:
+    """Bring the store at ``store_url`` to this forgeflow's schema (Alembic, idempotent) before a flow's first
+    read; retried on transient errors. Returns the URL with any password masked, for logs.
+
+    Raises:
+        StoreUnavailableError / StoreInvalidError: the database cannot be reached, is not a forgeflow store,
+            or a newer forgeflow made it.
+    """
+    store = Store(store_url)
+    try:
+        store.upgrade()
+        return store.display_url
+    finally:
+        store.dispose()
 
 
 @task(cache_policy=NO_CACHE, retries=TRANSIENT_RETRIES, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S,
@@ -162,7 +180,7 @@ def record_rows(store_url: str, kind: LedgerKind, rows: Sequence[Any]) -> int:
             for row in rows:
                 store.upsert(tables.Image, {"ref": row.ref}, {"role": row.role, "project": row.project})
         else:
-            writers = {"images": store.record_image, "tasks": store.record_task,
+            writers = {"images": store.record_image, "tasks": store.record_task, "jobs": store.record_job,
                        "model_artifacts": store.record_model_artifact,
                        "serving_generations": store.record_serving_generation, "freezes": store.record_freeze}
             if kind not in writers:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from prefect import task
 from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE
@@ -290,3 +291,125 @@ def available_images(refs: list[str]) -> list[str]:
             present = set()
         found.extend(f"{repo}:{tag}" for tag in tags & present)
     return sorted(found)
+
+
+class CurationState(BaseModel):
+    """What the store says about a curate run's candidates before a batch (:func:`curation_state`).
+
+    Attributes:
+        accepted: the accepted tasks among the run's candidates (instance id, repository).
+        processed: every instance id the store has a final status for (accepted, rejected or error).
+        accepted_per_repo: repository -> accepted tasks, over the whole store (what batch selection balances).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    accepted: list[freeze.AcceptedTask]
+    processed: set[str]
+    accepted_per_repo: dict[str, int]
+
+
+@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S[:2],
+      retry_condition_fn=retry_on_transient, task_run_name="curation-state")
+def curation_state(store_url: str, instance_ids: list[str]) -> CurationState:
+    """The store's accepted tasks among ``instance_ids``, its processed ids and accepted tasks per repository,
+    read now (never cached: the run itself changes them batch by batch)."""
+    store = _store(store_url)
+    wanted = set(instance_ids)
+    return CurationState(accepted=[freeze.AcceptedTask(instance_id=t.instance_id, repo=t.repo)
+                                   for t in store.accepted_tasks() if t.instance_id in wanted],
+                         processed=store.processed_instance_ids(), accepted_per_repo=store.accepted_per_repo())
+
+
+@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S[:2],
+      retry_condition_fn=retry_on_transient)
+def register_candidates(store_url: str, rows: list[Any], run_id: str) -> int:
+    """Record the candidates of ``rows`` the store does not know yet (status ``candidate``) in one ``load``
+    batch, its id the digest of every row's instance id (a re-run upserts the same batch). The store is
+    upgraded first. Returns how many were new."""
+    from forgeflow.common.fsutil import sha256_json
+    from forgeflow.ledger.records import BatchRecord, TaskRecord
+
+    store = _store(store_url)
+    store.upgrade()
+    known = {t.instance_id for t in store.tasks()}
+    new_rows = [TaskRecord(instance_id=r.instance_id, repo=r.repo, patch=r.patch, image_ref=r.image,
+                           status="candidate", run_id=run_id) for r in rows if r.instance_id not in known]
+    if new_rows:
+        ids = sorted(r.instance_id for r in rows)
+        store.record_batch_results(BatchRecord(batch_id=f"load-{sha256_json(ids)[:16]}", kind="load",
+                                               instance_ids=[t.instance_id for t in new_rows], concurrency=1,
+                                               run_id=run_id), [], new_rows)
+    return len(new_rows)
+
+
+@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S[:2],
+      retry_condition_fn=retry_on_transient)
+def voided_attempts(store_url: str, instance_ids: list[str]) -> dict[str, int]:
+    """Instance id -> how many of its NOP trials ``recover`` voided: where its attempt numbers continue, so a
+    requeued task gets new trial ids while a killed run's live trials keep theirs."""
+    store = _store(store_url)
+    return {iid: sum(t.voided_at is not None for t in store.trials_for(kind="nop", instance_id=iid,
+                                                                       include_void=True)) for iid in instance_ids}
+
+
+@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S[:2],
+      retry_condition_fn=retry_on_transient, task_run_name="record-batch-{batch.batch_id}")
+def record_batch(store_url: str, batch: Any, trials: list[Any], tasks: list[Any]) -> int:
+    """Upsert a batch's trials, its tasks' statuses and the batch row in one transaction
+    (:meth:`forgeflow.ledger.store.Store.record_batch_results`; a retry writes the same rows). Returns the
+    number of trials."""
+    _store(store_url).record_batch_results(batch, trials, tasks)
+    return len(trials)
+
+
+@task(cache_policy=NO_CACHE, task_run_name="load-task-rows-{stage}")
+def load_rows(source: Any, default_generated: Path, stage: str) -> Any:
+    """The task rows of ``source`` (:class:`forgeflow.curation.task_rows.TaskSource`:
+    :meth:`~forgeflow.curation.task_rows.TaskSource.load`; ``stage`` names the caller in errors). Not cached:
+    the file or dataset may change between runs.
+
+    Raises:
+        InputError: as :func:`forgeflow.curation.task_rows.load_task_rows`.
+    """
+    return source.load(default_generated, stage)
+
+
+@task(cache_policy=NO_CACHE, task_run_name="plan-recovery")
+def plan_trial_recovery(store_url: str, request: Any) -> Any:
+    """:func:`forgeflow.curation.recovery.plan_recovery` of ``request`` on the store (upgraded first; reads only,
+    never cached). Raises as that function (unknown ids, a bad selection)."""
+    from forgeflow.curation.recovery import plan_recovery
+
+    store = Store(store_url)
+    try:
+        store.upgrade()
+        return plan_recovery(store, request)
+    finally:
+        store.dispose()
+
+
+@task(cache_policy=NO_CACHE, task_run_name="apply-recovery")
+def apply_trial_recovery(store_url: str, plan: Any, backup_dir: Path, run_id: str) -> tuple[Any, str]:
+    """:func:`forgeflow.curation.recovery.apply_recovery` of ``plan`` (backup, void, requeue, counts verified in
+    one transaction; not retried: a second attempt would plan against a changed store), then the markdown audit
+    (:func:`~forgeflow.curation.recovery.render_audit`) written atomically beside the backup (``.md``).
+
+    Returns:
+        ``(RecoveryResult, audit markdown)``.
+
+    Raises:
+        CountMismatchError: the store changed under the recovery (rolled back, nothing written).
+    """
+    from forgeflow.common.fsutil import atomic_write_text
+    from forgeflow.curation.recovery import apply_recovery, render_audit
+
+    store = Store(store_url)
+    try:
+        result = apply_recovery(store, plan, backup_dir, run_id=run_id)
+    finally:
+        store.dispose()
+    audit = render_audit(result)
+    if result.backup_path is not None:
+        atomic_write_text(result.backup_path.with_suffix(".md"), audit)
+    return result, audit

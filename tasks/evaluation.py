@@ -1,20 +1,33 @@
 """Prefect tasks of evaluation: agent (canary) trials with their supervision events, the compare
 stage (paired statistics, the promotion gate, the markdown report), Harbor export/import and the
-answer judge (the store and file I/O of ``flows/evaluation.py``)."""
+answer judge (the store and file I/O of ``flows/evaluation.py``), and the canary flows' inputs, records and
+reports (the store, file and endpoint I/O of ``flows/canary.py``)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
+import httpx
 from prefect import task
 from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE
 from prefect.states import Completed
+from pydantic import BaseModel, ConfigDict
 
+from forgeflow.common.errors import InputError, PreflightError
 from forgeflow.common.fsutil import sha256_file
-from forgeflow.curation.task_rows import DatasetSource, TestSpec, load_task_rows
+from forgeflow.curation.task_rows import DatasetSource, TaskRows, TaskSource, TestSpec, load_task_rows
 from forgeflow.evaluation import agent, compare, harbor, harbor_import, harbor_tasks, judge
-from forgeflow.evaluation.canary import CanaryTask, frozen_split
+from forgeflow.evaluation.canary import (
+    CanaryRecoveryPlan,
+    CanaryTask,
+    canary_tasks,
+    frozen_split,
+    plan_canary_recovery,
+    sample_split,
+)
+from forgeflow.evaluation.canary_params import CanaryEndpoint
 from forgeflow.evaluation.compare import gate
 from forgeflow.ledger import records
 from forgeflow.ledger import store as ledger
@@ -271,15 +284,33 @@ def _write_report(result: Any, markdown: str, md_path: Path, labels: tuple[str, 
     return png_path
 
 
+class ComparisonFiles(BaseModel):
+    """The comparison report and plot the lifecycle's compare stage wrote (:func:`write_comparison`).
+
+    Attributes:
+        report_path / report_sha256: the markdown report and its sha256 (64 hex).
+        plot_path / plot_sha256: the PNG beside it and its sha256.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    report_path: Path
+    report_sha256: str
+    plot_path: Path
+    plot_sha256: str
+
+
 @task(cache_policy=NO_CACHE)
-def write_comparison(comparison: compare.CanaryComparison, md_path: Path, labels: tuple[str, str]) -> Path:
+def write_comparison(comparison: compare.CanaryComparison, md_path: Path, labels: tuple[str, str]) -> ComparisonFiles:
     """Write the lifecycle's comparison report: the markdown of :func:`compare_jobs` with its plot embedded,
-    at ``md_path`` (the PNG beside it, suffix ``.png``), and the ``compare`` markdown artifact. The plot's
-    path."""
+    at ``md_path`` (the PNG beside it, suffix ``.png``), and the ``compare`` markdown artifact. Both files
+    with their digests."""
     markdown = (comparison.markdown + "\n![pass rates with Wilson intervals; wins/losses per repository]"
                 f"({md_path.with_suffix('.png').name})\n")
-    return _write_report(comparison, markdown, md_path, labels, "compare",
+    plot = _write_report(comparison, markdown, md_path, labels, "compare",
                          f"Paired comparison {labels[0]} vs {labels[1]} on the frozen test split")
+    return ComparisonFiles(report_path=md_path, report_sha256=sha256_file(md_path), plot_path=plot,
+                           plot_sha256=sha256_file(plot))
 
 
 @task(cache_policy=NO_CACHE)
@@ -308,3 +339,204 @@ def check_promotion_jobs(baseline_job: str, candidate_job: str, gguf_sha256: str
         raise InputError(f"promote: baseline job {baseline_job!r} canaried model {jobs['baseline'].model_sha256}, but "
                          f"{state_path} serves {active.gguf_sha256} ({active.gguf_path}): the gate would compare "
                          "the candidate with a model that is not the one it replaces")
+
+
+def resolve_endpoint(endpoint: CanaryEndpoint) -> tuple[str, str, str]:
+    """``(base_url, model_sha256, model_alias)`` from an explicit endpoint or the serving state file.
+
+    Args:
+        endpoint: ``base_url`` + ``model_sha256``, or the serving state file ``state_path`` (default
+            ``$FORGEFLOW_HOME/serving/state.json``); ``model_alias`` overrides the state's.
+
+    Raises:
+        InputError: both or neither way given wrongly (``base_url`` without a 64-hex
+            ``model_sha256``, or with ``state_path``), no or an invalid state file.
+        PreflightError: the recorded server is stopped.
+    """
+    from forgeflow.common.settings import home_dir
+    from forgeflow.serving import bluegreen
+    from forgeflow.serving.server import DEFAULT_ALIAS
+
+    state_path, base_url, model_sha256, model_alias = (endpoint.state_path, endpoint.base_url, endpoint.model_sha256,
+                                                       endpoint.model_alias)
+    if base_url is not None:
+        if state_path is not None:
+            raise InputError(f"canary: give state_path ({state_path}) or base_url ({base_url}), not both")
+        if model_sha256 is None or not re.fullmatch(r"[0-9a-f]{64}", model_sha256):
+            raise InputError(f"canary: base_url {base_url} needs model_sha256 (64 lower-case hex digits, the served "
+                             f"GGUF's sha256), got {model_sha256!r}")
+        return base_url.rstrip("/"), model_sha256, model_alias or DEFAULT_ALIAS  # the server's default name
+    path = Path(state_path or home_dir() / "serving" / "state.json")
+    state = bluegreen.read_state(path)
+    if state is None:
+        raise InputError(f"canary: no serving state at {path}: run the serve flow first, or give base_url and "
+                         "model_sha256")
+    if not state.live or not state.base_url:
+        raise PreflightError(f"canary: the server recorded in {path} (generation {state.generation}) is stopped")
+    if model_sha256 is not None and model_sha256 != state.gguf_sha256:
+        raise InputError(f"canary: model_sha256 {model_sha256} differs from the served GGUF {state.gguf_sha256} "
+                         f"recorded in {path}")
+    return state.base_url.rstrip("/"), state.gguf_sha256, model_alias or state.model_alias
+
+
+def check_reachable(base_url: str, api_key: str | None = None) -> None:
+    """Any HTTP answer from ``GET base_url/models`` counts but a refusal of the key (401/403); a refused or
+    timed-out connection does not.
+
+    Raises:
+        PreflightError: no answer.
+        InputError: 401/403: the endpoint wants a key (none was sent) or refuses the one sent.
+    """
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        response = httpx.get(f"{base_url}/models", timeout=10.0, headers=headers)
+    except httpx.HTTPError as exc:
+        raise PreflightError(f"canary: the model endpoint {base_url} does not answer: "
+                             f"{type(exc).__name__}: {exc}") from None
+    if response.status_code in (401, 403):
+        raise InputError(f"canary: the model endpoint {base_url} answered HTTP {response.status_code} to "
+                         + ("the key of endpoint.api_key_secret" if api_key else "a request without a key: give "
+                            "endpoint.api_key_secret (a Secret block holding its key)"))
+
+
+class CanaryInputs(BaseModel):
+    """What a canary job runs on, read and checked before its first trial (:func:`canary_inputs`).
+
+    Attributes:
+        instance_ids: the split's ids, sampled when asked, in the split's order.
+        sampled: True when ``sample`` kept fewer ids than the split has.
+        tasks: one :class:`forgeflow.evaluation.canary.CanaryTask` per id, in order.
+        rows_source: the task rows' file, folder or dataset (:attr:`TaskRows.source`).
+        base_url: the OpenAI-compatible endpoint, no trailing slash.
+        model_sha256: the served model's sha256 (64 hex).
+        model_alias: the model name sent to the endpoint.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    instance_ids: list[str]
+    sampled: bool
+    tasks: list[CanaryTask]
+    rows_source: str
+    base_url: str
+    model_sha256: str
+    model_alias: str
+
+
+@task(cache_policy=NO_CACHE, task_run_name="canary-inputs-{freeze_name}-{split}")
+def canary_inputs(freeze_name: str, split: str, sample: int | None, sample_seed: int, source: TaskSource,
+                  endpoint: CanaryEndpoint, default_generated: Path, api_key: str | None = None) -> CanaryInputs:
+    """Everything the ``canary`` flow checks before its first trial, in the order a user fixes it: the freeze
+    (verified against the store's digest) and its split (sampled with ``sample_seed``), the endpoint (the
+    serving state file or ``base_url`` + ``model_sha256``), the task rows and each task's accepted
+    validation and image, then an answer of the endpoint (sent ``api_key``). Not cached: the store, the
+    files and the endpoint may change between runs.
+
+    Raises:
+        InputError: an unknown freeze or split, an endpoint given wrongly, rows that cannot be read, a
+            401/403 from the endpoint.
+        PreflightError: tasks that cannot run (listed), a stopped or silent endpoint.
+    """
+    store = _store()
+    try:
+        _, ids = frozen_split(store, freeze_name, split)
+        kept = sample_split(ids, sample, sample_seed)
+        url, sha, alias = resolve_endpoint(endpoint)
+        loaded = source.load(default_generated, "canary")
+        tasks = canary_tasks(store, kept, loaded.rows, test_commands=loaded.test_commands,
+                             log_parsers=loaded.log_parsers)
+    finally:
+        store.dispose()
+    check_reachable(url, api_key)
+    return CanaryInputs(instance_ids=kept, sampled=len(kept) < len(ids), tasks=tasks, rows_source=loaded.source,
+                        base_url=url, model_sha256=sha, model_alias=alias)
+
+
+@task(cache_policy=NO_CACHE, task_run_name="plan-recovery-{job_id}")
+def plan_recovery(job_id: str, exception_types: Sequence[str] | None,
+                  recovery_job_id: str | None) -> CanaryRecoveryPlan:
+    """:func:`forgeflow.evaluation.canary.plan_canary_recovery` on the store (reads only; not cached: the
+    job may have gained recovery jobs). Raises as that function."""
+    store = _store()
+    try:
+        return plan_canary_recovery(store, job_id, list(exception_types) if exception_types else None,
+                                    recovery_job_id)
+    finally:
+        store.dispose()
+
+
+@task(cache_policy=NO_CACHE, task_run_name="merged-view-{job_id}")
+def merged_view(job_id: str) -> tuple[str, list[str], compare.JobReport]:
+    """The merged view of canary job ``job_id`` now (the original + its recovery jobs,
+    :func:`forgeflow.evaluation.compare.merged_job`): ``(label, recovery job ids, JobReport)``."""
+    store = _store()
+    try:
+        merged = compare.merged_job(store, job_id)
+        return merged.label, list(merged.recovery_job_ids), compare.JobReport.from_trials(merged.trials)
+    finally:
+        store.dispose()
+
+
+@task(cache_policy=NO_CACHE)
+def recovery_inputs(plan: CanaryRecoveryPlan, endpoint: CanaryEndpoint, candidates_path: Path | None,
+                    generated_path: Path | None, default_generated: Path, dataset: DatasetSource | None,
+                    test_commands: dict[str, str] | None, test_specs: dict[str, TestSpec],
+                    api_key: str | None = None) -> tuple[CanaryInputs, TaskRows]:
+    """What a ``canary-recover`` run re-runs, checked before its first trial: the endpoint (which must serve the
+    original job's model: ``endpoint.model_sha256`` defaults to the job's, ``model_alias`` to the job's), the
+    task rows the original read, each re-run task's accepted validation and image, an answer of the endpoint.
+
+    Raises:
+        InputError: the endpoint serves another model than the job's, rows that cannot be read, a 401/403.
+        PreflightError: a task cannot run (listed), the endpoint does not answer.
+    """
+    original = plan.original
+    url, sha, alias = resolve_endpoint(endpoint.model_copy(update={
+        "model_sha256": endpoint.model_sha256 or original.model_sha256,
+        "model_alias": endpoint.model_alias or original.params.get("model_alias")}))
+    if sha != original.model_sha256:
+        raise InputError(f"canary-recover: the endpoint serves model {sha}, but job {original.job_id!r} evaluated "
+                         f"{original.model_sha256}: a recovery re-runs the same model")
+    loaded = load_task_rows(candidates_path, generated_path, default_generated, test_commands,
+                            stage="canary-recover", dataset=dataset, test_specs=test_specs)
+    store = _store()
+    try:
+        tasks = canary_tasks(store, plan.instance_ids, loaded.rows, test_commands=loaded.test_commands,
+                             log_parsers=loaded.log_parsers)
+    finally:
+        store.dispose()
+    check_reachable(url, api_key)
+    return CanaryInputs(instance_ids=plan.instance_ids, sampled=False, tasks=tasks, rows_source=loaded.source,
+                        base_url=url, model_sha256=sha, model_alias=alias), loaded
+
+
+@task(cache_policy=NO_CACHE)
+def write_job_report(markdown: str, report_path: Path, artifact_key: str, description: str) -> Path:
+    """Write a canary (or recovery) job's markdown report atomically at ``report_path`` and publish it as the
+    markdown artifact ``artifact_key``. Returns ``report_path``."""
+    from forgeflow.common.fsutil import atomic_write_text
+    from tasks.common import markdown_artifact
+
+    path = atomic_write_text(report_path, markdown)
+    markdown_artifact(artifact_key, markdown, description)
+    return path
+
+
+@task(cache_policy=NO_CACHE, persist_result=False)
+def endpoint_api_key(endpoint: CanaryEndpoint) -> str | None:
+    """The API key of a canary's endpoint: its ``api_key_secret`` block's value, else the one the serving state
+    records for an external endpoint (read now), else None (``$FORGEFLOW_MODEL_API_KEY`` then applies). The
+    result is never persisted.
+
+    Raises:
+        InputError: the Secret block does not exist or is empty.
+    """
+    from blocks.core import secret_token
+    from forgeflow.common.settings import home_dir
+    from forgeflow.serving import bluegreen
+
+    name = endpoint.api_key_secret
+    if name is None and endpoint.base_url is None:
+        state = bluegreen.read_state(Path(endpoint.state_path or home_dir() / "serving" / "state.json"))
+        name = state.api_key_secret if state is not None else None
+    return secret_token(name, "canary endpoint api_key_secret").get_secret_value() if name else None

@@ -331,3 +331,137 @@ def render_tag_histogram(counts: dict[str, int], tag_cap: int, path: Path) -> Pa
 def tag_histogram(plan: PrewarmPlan, path: Path) -> Path:
     """:func:`render_tag_histogram` of the plan's projected tag counts."""
     return render_tag_histogram(plan.projected_tag_counts, plan.layout.tag_cap, path)
+
+
+def _fitting_columns(dataset_path: Path, image_column: str, registries: list[tuple[str, str]]) -> list[str]:
+    """Columns of the dataset's first row (other than ``image_column``) whose value would be accepted."""
+    from forgeflow.common.fsutil import read_jsonl_objects
+
+    for _, row in read_jsonl_objects(dataset_path, "dataset file"):
+        fitting = []
+        for column, value in row.items():
+            if column == image_column or not isinstance(value, str):
+                continue
+            try:
+                imageref.relative_name(value, registries)
+            except InputError:
+                continue
+            fitting.append(column)
+        return fitting
+    return []
+
+
+@task(cache_policy=NO_CACHE)
+def image_names(images: list[str] | None, dataset_path: Path | None, image_column: str,
+                registries: list[tuple[str, str]]) -> list[str]:
+    """Distinct image names relative to ``registries`` (``(address, namespace)`` pairs), as ``repo:tag[@sha256:...]``,
+    first-seen order, from ``images`` or the ``image_column`` of the JSONL file ``dataset_path``.
+
+    A name naming one of ``registries`` is taken as a full reference (host and namespace dropped).
+
+    Raises:
+        InputError: neither or both sources given, no name, or a name naming another host or malformed:
+            where it came from (the ``images`` entry, or the dataset's column and value), what is expected
+            and, for a dataset, the columns of its first row whose values would fit.
+    """
+    if (images is None) == (dataset_path is None):
+        raise InputError("give exactly one of images (repo:tag names) or dataset_path (a JSONL file)")
+    if dataset_path is not None:
+        raw = coverage.image_names_from_jsonl(dataset_path, image_column)
+        what = f"dataset {dataset_path} column {image_column!r} value"
+    else:
+        raw = list(dict.fromkeys(images or []))
+        what = "images entry"
+    if not raw:
+        raise InputError("images is empty")
+    try:
+        names = [imageref.relative_name(name, registries, what).relative for name in raw]
+    except InputError as err:
+        if dataset_path is None:
+            raise
+        fitting = _fitting_columns(dataset_path, image_column, registries)
+        hint = f" (columns of this file whose values fit: {fitting})" if fitting else ""
+        raise InputError(f"{err}{hint}") from None
+    return list(dict.fromkeys(names))
+
+
+@task(cache_policy=NO_CACHE, task_run_name="registries-answer")
+def registries_answer(endpoints: dict[str, RegistryEndpoint]) -> None:
+    """Each registry (role -> endpoint, e.g. ``source`` / ``target``) answers ``GET /v2/`` (200 or 401).
+
+    Raises:
+        RegistryUnavailableError: one does not answer (its role and address named).
+    """
+    for role, endpoint in endpoints.items():
+        migrate.check_reachable(endpoint.address, endpoint.tls_verify, what=role)
+
+
+@task(cache_policy=NO_CACHE, retries=TRANSIENT_RETRIES, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S,
+      retry_condition_fn=retry_on_transient)
+def recorded_migrations(store_url: str, pairs: list[tuple[str, str]]) -> dict[str, migrate.MigrationRecord]:
+    """The targets of ``pairs`` (source ref, target ref) the store at ``store_url`` (upgraded first) records as
+    ``completed`` from the same source, with a digest (:func:`forgeflow.registry.migration.completed_in_store`)."""
+    store = Store(store_url)
+    try:
+        store.upgrade()
+        return migrate.completed_in_store(store, pairs)
+    finally:
+        store.dispose()
+
+
+@task(cache_policy=NO_CACHE, retries=TRANSIENT_RETRIES, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S,
+      retry_condition_fn=retry_on_transient)
+def record_pending(store_url: str, records: list[migrate.MigrationRecord], run_id: str | None) -> int:
+    """Mark each record's target ``pending`` in one transaction
+    (:func:`forgeflow.registry.migration.record_pending`)."""
+    store = Store(store_url)
+    try:
+        return migrate.record_pending(store, records, run_id)
+    finally:
+        store.dispose()
+
+
+@task(cache_policy=NO_CACHE, retries=TRANSIENT_RETRIES, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S,
+      retry_condition_fn=retry_on_transient)
+def failed_migration(store_url: str, source_ref: str, target_ref: str, reason: str, error_type: str,
+                     run_id: str | None) -> migrate.MigrationRecord:
+    """The ``failed`` state of an image whose migrate task failed: the one it recorded, or, when it died before
+    writing it, one recorded now with ``reason`` and ``error_type``."""
+    store = Store(store_url)
+    try:
+        stored = migrate.load_states(store, [target_ref]).get(target_ref)
+        if stored is None or stored.status != "failed":
+            stored = migrate.MigrationRecord(source_ref=source_ref, target_ref=target_ref, status="failed",
+                                             reason=reason, error_type=error_type)
+            migrate.record_state(store, stored, run_id)
+        return stored
+    finally:
+        store.dispose()
+
+
+@task(cache_policy=NO_CACHE, retries=TRANSIENT_RETRIES, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S,
+      retry_condition_fn=retry_on_transient)
+def reconcile(store_url: str, report: coverage.CoverageReport, run_id: str | None) -> list[str]:
+    """Put every ``completed`` row the registry contradicts back to ``pending`` in one transaction
+    (:func:`forgeflow.registry.coverage.reconcile_coverage`; the store upgraded first). The refs put back."""
+    store = Store(store_url)
+    try:
+        store.upgrade()
+        return coverage.reconcile_coverage(store, report, run_id)
+    finally:
+        store.dispose()
+
+
+@task(cache_policy=NO_CACHE)
+def plan_tasks(tasks_path: Path | None, store_url: str) -> list[tuple[str, str]]:
+    """``(task id, base digest)`` pairs a prewarm plan lays out: from the JSONL ``tasks_path`` (``task_id``,
+    ``base_digest``), else from the store's recorded tasks
+    (:func:`forgeflow.registry.coverage.plan_tasks_from_store`)."""
+    if tasks_path is not None:
+        return coverage.plan_tasks_from_jsonl(tasks_path)
+    store = Store(store_url)
+    try:
+        store.upgrade()
+        return coverage.plan_tasks_from_store(store)
+    finally:
+        store.dispose()

@@ -1,17 +1,24 @@
 """Prefect tasks of training: the burst preflight, SFT bursts, RL bursts (TRL GRPO/RLOO with verifier
-rewards) and verl PPO jobs on a Ray cluster (submitted, followed, stopped with the run)."""
+rewards) and verl PPO jobs on a Ray cluster (submitted, followed, stopped with the run), and the
+training flows' input checks, digests, records and window datasets (their store and file I/O)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE
+from pydantic import BaseModel, ConfigDict
 
+from forgeflow.common.errors import InputError
+from forgeflow.common.fsutil import sha256_tree
+from forgeflow.ledger.records import ModelArtifactRecord
+from forgeflow.ledger.store import Store
 from forgeflow.sandbox.backends import SandboxTarget
 from forgeflow.sandbox.dispatch import RayPlacement
-from forgeflow.training import adapters, burst, preflight, ray_jobs, rl, samples, verl
+from forgeflow.training import adapters, burst, jsonl, preflight, ray_jobs, rl, samples, verl
 from tasks.common import (
     TRANSIENT_RETRIES,
     TRANSIENT_RETRY_DELAYS_S,
@@ -134,3 +141,183 @@ def pin_adapter(record: adapters.AdapterRecord, adapters_dir: Path) -> adapters.
     """Copy an adapter into its content-addressed folder ``<adapters_dir>/<sha256>`` (kept if already
     there and intact): :func:`forgeflow.training.adapters.pin_adapter`. The pinned record."""
     return adapters.pin_adapter(record, adapters_dir)
+
+
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+def _check_hf_dir(hf_dir: Path) -> Path:
+    hf_dir = Path(hf_dir)
+    if not hf_dir.is_dir():
+        raise InputError(f"hf_dir {hf_dir} is not a folder")
+    if not (hf_dir / "config.json").is_file():
+        raise InputError(f"hf_dir {hf_dir} holds no config.json: not an HF model folder")
+    return hf_dir.resolve()
+
+
+def _parent_folder(store: Store, parent_adapter: str | None) -> Path | None:
+    """The folder of ``parent_adapter`` (a folder, or the sha256 of an adapter recorded in the store).
+
+    Raises:
+        InputError: the folder holds no adapter, or the sha256 is no recorded adapter whose recorded
+            folder still holds it.
+    """
+    if parent_adapter is None:
+        return None
+    value = parent_adapter.strip()
+    if _SHA256.match(value.lower()):
+        sha = value.lower()
+        productions = [p for p in store.producers(sha) if p.kind == "adapter"]
+        if not productions:
+            raise InputError(f"parent_adapter {sha} is not an adapter recorded in the store ({store.display_url})")
+        for production in reversed(productions):  # the newest recorded folder first
+            if adapters.adapter_matches(Path(production.path), sha):
+                return Path(production.path)
+        raise InputError(f"parent_adapter {sha} is recorded at {productions[-1].path}, which no longer holds it")
+    folder = Path(value)
+    if not (folder / "adapter_config.json").is_file() or not (folder / "lineage.json").is_file():
+        raise InputError(f"parent_adapter {folder} is neither a recorded adapter sha256 nor an adapter folder "
+                         "(adapter_config.json and lineage.json)")
+    return folder.resolve()
+
+
+class BurstInputs(BaseModel):
+    """A burst flow's inputs, read and checked before any model loads (:func:`burst_inputs`).
+
+    Attributes:
+        hf_dir: the base model folder, resolved.
+        rows: the JSONL's rows (SFT samples or RL tasks), in file order.
+        parent_dir: the parent adapter's folder (None: the burst starts from the base model).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    hf_dir: Path
+    rows: list[dict[str, Any]]
+    parent_dir: Path | None
+
+
+@task(cache_policy=NO_CACHE)
+def burst_inputs(hf_dir: Path, rows_jsonl: Path, kind: Literal["sft", "rl"], parent_adapter: str | None,
+                 store_url: str) -> BurstInputs:
+    """Check and read a burst flow's inputs: ``hf_dir`` is an HF model folder (``config.json``), the JSONL
+    rows are valid (:func:`forgeflow.training.jsonl.read_sft_jsonl` for ``sft``, ``read_rl_jsonl`` for
+    ``rl``), and ``parent_adapter`` (an adapter folder, or the sha256 of an adapter the store at
+    ``store_url`` records, whose recorded folder still holds it) resolves to a folder. Not cached.
+
+    Raises:
+        InputError: ``hf_dir`` is not a model folder, a JSONL line is invalid (named), the parent is unknown.
+    """
+    folder = _check_hf_dir(hf_dir)
+    rows = (jsonl.read_sft_jsonl if kind == "sft" else jsonl.read_rl_jsonl)(Path(rows_jsonl))
+    store = Store(store_url)
+    try:
+        store.upgrade()
+        parent_dir = _parent_folder(store, parent_adapter)
+    finally:
+        store.dispose()
+    return BurstInputs(hf_dir=folder, rows=rows, parent_dir=parent_dir)
+
+
+@task(cache_policy=NO_CACHE, task_run_name="digest-{what}")
+def tree_digest(folder: Path, what: str = "folder") -> str:
+    """:func:`forgeflow.common.fsutil.sha256_tree` of ``folder`` (every file's path and content; 64 hex), or of an
+    adapter folder (``what="adapter"``: :func:`forgeflow.training.adapters.adapter_sha256`, weights + config).
+    Not cached: the folder may change between runs."""
+    if what == "adapter":
+        return adapters.adapter_sha256(Path(folder))
+    return sha256_tree(Path(folder))
+
+
+@task(cache_policy=NO_CACHE, retries=TRANSIENT_RETRIES, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S,
+      retry_condition_fn=retry_on_transient)
+def record_adapter(store_url: str, base: ModelArtifactRecord, adapter: ModelArtifactRecord) -> None:
+    """Record a burst's base model (unless the store already knows its sha256: a known base keeps its
+    recorded path and provenance) and the adapter (upsert by sha256 and producer), in the store at
+    ``store_url`` (upgraded first)."""
+    store = Store(store_url)
+    try:
+        store.upgrade()
+        if not store.producers(base.sha256):
+            store.record_model_artifact(base)
+        store.record_model_artifact(adapter)
+    finally:
+        store.dispose()
+
+
+@task(cache_policy=NO_CACHE)
+def ingest_ppo_checkpoint(checkpoints: Path, adapter_glob: str, out_dir: Path, base_sha256: str,
+                          train_files: tuple[str, ...], hyperparameters: dict[str, Any], run_id: str,
+                          extra: dict[str, Any]) -> tuple[Path, int, adapters.AdapterRecord]:
+    """The newest LoRA checkpoint of a PPO run (:func:`forgeflow.training.ppo.newest_adapter` under
+    ``checkpoints``), copied into ``out_dir`` as an adapter with its lineage (the training files' digest,
+    :func:`forgeflow.training.ppo.ppo_lineage`; ``extra`` written beside it).
+
+    Returns:
+        ``(checkpoint folder, global step, adapter record)``.
+
+    Raises:
+        InputError: no checkpoint matches ``adapter_glob``, or it holds no adapter.
+    """
+    from forgeflow.training import ppo as ppo_ingest
+
+    folder, step = ppo_ingest.newest_adapter(Path(checkpoints), adapter_glob)
+    lineage = ppo_ingest.ppo_lineage(base_sha256, train_files, hyperparameters, run_id)
+    return folder, step, ppo_ingest.ingest_adapter(folder, step, Path(out_dir), lineage, extra)
+
+
+def _trajectory_files(store: Store, job_id: str | None, trajectories_dir: Path | None) -> list[Path]:
+    """The ``*.traj.json`` files of canary job ``job_id`` (one per agent trial, in the job's recorded
+    ``trajectories_dir``, default ``$FORGEFLOW_HOME/canary/<job>/trajectories``) or of a folder.
+
+    Raises:
+        InputError: both or neither given, an unknown job, a job without trajectories, a recorded
+            trajectory that is gone (named), or a folder without ``*.traj.json``.
+    """
+    from forgeflow.common.settings import home_dir
+
+    if (job_id is None) == (trajectories_dir is None):
+        raise InputError("give job_id (a canary job in the store) or trajectories_dir (a folder of *.traj.json), "
+                         "not both or neither")
+    if trajectories_dir is not None:
+        files = sorted(Path(trajectories_dir).glob("*.traj.json"))
+        if not files:
+            raise InputError(f"trajectories_dir {trajectories_dir} holds no *.traj.json")
+        return files
+    job = store.get_job(job_id)
+    if job is None:
+        raise InputError(f"job {job_id!r} is not recorded in the store ({store.display_url})")
+    folder = Path(job.params.get("trajectories_dir") or home_dir() / "canary" / job_id / "trajectories")
+    files = [folder / f"{t.trial_id}.traj.json" for t in store.trials_for(job_id=job_id) if t.kind == "agent"]
+    if not files:
+        raise InputError(f"job {job_id!r} recorded no agent trial: no trajectory to cut into windows")
+    gone = [str(f) for f in files if not f.is_file()]
+    if gone:
+        raise InputError(f"job {job_id!r}: {len(gone)} of its {len(files)} trajectories are not in {folder}: "
+                         f"{', '.join(gone[:5])}")
+    return files
+
+
+@task(cache_policy=NO_CACHE)
+def window_dataset(store_url: str, job_id: str | None, trajectories_dir: Path | None, config: Any,
+                   path: Path) -> tuple[int, Any, str]:
+    """Cut the trajectories of canary job ``job_id`` (as the store at ``store_url`` records it) or of the folder
+    ``trajectories_dir`` into training windows (:func:`forgeflow.training.windows.build_windows` with
+    ``config``) and write them as JSONL at ``path`` (atomically).
+
+    Returns:
+        ``(trajectories read, WindowStats, the JSONL's sha256)``.
+
+    Raises:
+        InputError: see :func:`_trajectory_files`; a malformed trajectory (named); no window at all.
+    """
+    from forgeflow.training.windows import build_windows, write_window_jsonl
+
+    store = Store(store_url)
+    try:
+        store.upgrade()
+        files = _trajectory_files(store, job_id, trajectories_dir)
+    finally:
+        store.dispose()
+    built = build_windows(files, config)
+    return len(files), built.stats, write_window_jsonl(built, Path(path))

@@ -210,3 +210,26 @@ def test_ten_parameters_or_more_take_a_parameter_object() -> None:
     many = {f"{p.relative_to(ROOT)}:{n.name}": _parameters(n) for p in _code_files() for n in _functions(p)
             if _parameters(n) > MAX_PARAMETERS and not _is_cli_command(p, n)}
     assert many == {}
+
+
+IO_CALLS = frozenset({"Store", "sha256_file", "sha256_tree", "atomic_write_text", "atomic_write_bytes", "read_state",
+                      "read_jsonl_objects", "open", "upgrade", "read_text", "write_text", "read_bytes", "write_bytes"})
+"""Calls that read or write the store or files: in ``flows/`` only inside tasks (``tasks/``), where they are
+retried, cached or at least shown as task runs."""
+
+
+def test_no_store_or_file_io_in_a_flow_body() -> None:
+    """DESIGN.md's rule "no I/O in a flow body outside a task", read from the calls of ``flows/``: the store
+    (``Store(...)``, ``.upgrade()``), file digests and atomic writes, the serving state file and raw file reads
+    go through a task. ``flows/stagekit.py`` is exempt: it writes the run's own ``summary.json``."""
+    found = []
+    for path in sorted((ROOT / "flows").glob("*.py")):
+        if path.name == "stagekit.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call):
+                name = (node.func.id if isinstance(node.func, ast.Name)
+                        else node.func.attr if isinstance(node.func, ast.Attribute) else None)
+                if name in IO_CALLS:
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {name}(...)")
+    assert found == []

@@ -545,3 +545,9 @@ def _store_setting_hint(from_settings: bool) -> str:
     if "FORGEFLOW_STORE_URL" in os.environ:
         return "fix FORGEFLOW_STORE_URL"
     return f"set FORGEFLOW_HOME (now {settings.home_path()})"
+
+
+def masked_url(url: str) -> str:
+    """``url`` (a SQLAlchemy store URL) with any password masked (``***``), as :attr:`Store.display_url`
+    renders it, without connecting."""
+    return make_url(url).render_as_string(hide_password=True)

@@ -57,17 +57,17 @@ def test_a_canary_whose_server_died_mid_run_is_recovered_by_a_linked_job(prefect
     server = ModelServer(q8, free_port(), "forgeflow", n_ctx=4096, log_path=tmp_path / "server-1.log").start()
     restarted = None
     try:
-        record_trial = Store.record_trial
+        record_trials = Store.record_trials
         stopped: list[int] = []
 
-        def record_then_stop_the_server(self: Store, record) -> None:
-            record_trial(self, record)
-            if record.kind == "agent" and not stopped:  # the model server dies after the first trial
+        def record_then_stop_the_server(self: Store, rows) -> None:  # the canary records each trial as it ends
+            record_trials(self, rows)
+            if any(r.kind == "agent" for r in rows) and not stopped:  # the model server dies after the first trial
                 stopped.append(server.pid)
                 server.stop()
 
         with monkeypatch.context() as patch:
-            patch.setattr(Store, "record_trial", record_then_stop_the_server)
+            patch.setattr(Store, "record_trials", record_then_stop_the_server)
             result = canary(freeze_name="canary-test", endpoint=CanaryEndpoint(base_url=server.base_url, model_sha256=sha),
                             source=TaskSource(generated_path=generated), out_dir=tmp_path / "canary",
                             run=CanaryRunSettings(agent_config=AGENT, verifier_timeout_s=120.0, concurrency=1))

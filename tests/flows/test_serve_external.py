@@ -60,8 +60,8 @@ def test_serve_records_an_external_endpoint_the_canary_resolves(prefect_harness,
     from prefect.blocks.system import Secret
 
     from blocks.core import ServingBackend
-    from flows.canary import resolve_endpoint
     from flows.stages import serve
+    from tasks.evaluation import resolve_endpoint
 
     q8, f16 = tiny_ggufs()
     hf_dir = q8.parent / "hf"
