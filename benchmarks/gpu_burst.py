@@ -1,13 +1,15 @@
-"""Benchmark: forgeflow's SFT burst path (TRL 1.16) vs a naive transformers + peft training loop.
+"""Benchmark: forgeflow's SFT burst (TRL 1.16) vs a naive transformers + peft training loop.
 
 ``python -m benchmarks.gpu_burst [--small] [--steps N] [--warmup N]`` trains LoRA adapters on the same
 model and the same synthetic SFT data twice, in one process:
 
 * **model**: a Qwen2.5-0.5B-shaped ``Qwen2ForCausalLM`` with random weights (transformers
   ``Qwen2Config``: hidden 896, 24 layers, 14 attention heads, 2 KV heads, intermediate 4864,
-  vocabulary 151,936, tied embeddings; the shape of ``Qwen/Qwen2.5-0.5B``'s ``config.json``), bf16 on
-  CUDA; LoRA r=16, alpha 32 on every linear layer of the blocks (peft ``target_modules="all-linear"``:
-  q/k/v/o and gate/up/down projections; the LM head is not adapted).
+  vocabulary 151,936, tied embeddings; the shape of ``Qwen/Qwen2.5-0.5B``'s ``config.json``), in the
+  dtype of forgeflow's device plan (bf16 on CUDA); LoRA r=16, alpha 32 on every linear layer of the
+  blocks (:data:`QWEN2_LINEAR`: q/k/v/o and gate/up/down projections, what peft's ``all-linear`` picks;
+  the LM head is not adapted), the same ``peft.LoraConfig`` for both paths
+  (:func:`forgeflow.training.adapters.lora_config`).
 * **data**: token sequences of random ids whose lengths are drawn uniformly from
   [``seq_len`` / 8, ``seq_len``] (``seq_len`` 2048), like SFT samples of mixed length; loss on every token.
   Throughput counts only real tokens (never padding), so both paths are measured in the same unit.
@@ -16,19 +18,22 @@ model and the same synthetic SFT data twice, in one process:
   ``(batch, seq, 151936)`` logits to fp32 for the cross-entropy), ``torch.optim.AdamW``, SDPA
   attention, at batch 8; then one step at batch 16, where the fp32 logits are expected to run out
   of memory on one H200 (the OOM is caught and reported).
-* **burst**: the path of :func:`forgeflow.training.burst.run_sft_burst`, TRL ``SFTTrainer`` with
-  ``packing=True, packing_strategy="bfd", padding_free=True`` (best-fit-decreasing packing into rows
-  of ``seq_len`` tokens, the batch flattened into one sequence with per-document ``position_ids``
-  and ``cu_seq_lens``; no pad token is computed) and TRL 1.16's default loss: ``loss_type="nll"``
-  computes the per-token log-probabilities through the fused LM head (``trl.trainer.utils
-  .add_fused_lm_head``: tiles of 4096 tokens, Triton on CUDA), never materializing the full logits
-  (``"chunked_nll"`` is its deprecated alias in 1.16; Liger's fused cross-entropy is refused by the
-  trainer). That frees the memory for ``--burst-batch`` (default 16) packed rows per step. Attention
-  on CUDA: ``flash_attention_2`` when the ``flash_attn`` package is installed, else PyTorch's own
-  FlashAttention varlen kernel (``torch.nn.attention.varlen.varlen_attn``, registered as a
-  transformers attention function ``torch_varlen`` that reads TRL's ``cu_seq_lens``), so packed
-  documents never attend to each other. On CPU (``--small``) SDPA with the block-causal mask
-  transformers derives from the packed ``position_ids``.
+* **burst**: the flows' own training path, :func:`forgeflow.training.burst.sft_trainer` (which
+  :func:`~forgeflow.training.burst.run_sft_burst` wraps with preflight, lineage and health gates),
+  given a :class:`~forgeflow.training.burst.BurstConfig` and forgeflow's device plan
+  (:func:`forgeflow.training.device.device_plan`; the model loaded with its ``model_kwargs()``): no
+  trainer configuration of its own here. That is TRL ``SFTTrainer`` with bfd packing into rows of
+  ``seq_len`` tokens and padding-free batches (one flattened sequence with per-document
+  ``position_ids`` and ``cu_seq_lens``; no pad token is computed), TRL 1.16's fused chunked
+  ``loss_type="nll"`` (log-probabilities through the fused LM head, ``trl.trainer.utils
+  .add_fused_lm_head``: tiles of tokens, Triton on CUDA, never the full logits), bf16 and gradient
+  checkpointing on CUDA, at ``--burst-batch`` (default 16) packed rows per step. The rows are token
+  ids, so the loss is on every token (:func:`forgeflow.training.burst.loss_scope`; a flow's chat rows
+  mask all but the assistant turns). Attention is the plan's (:mod:`forgeflow.training.attention`):
+  on CUDA ``flash_attention_2`` when ``flash_attn`` is installed, else PyTorch's varlen FlashAttention
+  (``torch_varlen``), so packed documents never attend to each other; on CPU (``--small``) SDPA with
+  the block-causal mask transformers derives from the packed ``position_ids``. Per-step time and
+  TRL's token count come from a ``TrainerCallback`` passed through ``sft_trainer``'s ``callbacks``.
 
 Each path runs ``--warmup`` untimed steps, then ``--steps`` timed steps (CUDA synchronized at the
 edges); peak memory is ``torch.cuda.max_memory_allocated`` since that path started (0 on CPU).
@@ -49,6 +54,7 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 QWEN25_05B = dict(
@@ -64,8 +70,8 @@ SMALL = dict(
 )
 """A tiny model of the same architecture for ``--small`` (CPU smoke test)."""
 
-VARLEN_ATTENTION = "torch_varlen"
-"""Name under which :func:`register_torch_varlen_attention` registers PyTorch's varlen FlashAttention."""
+QWEN2_LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""Every linear layer of a Qwen2 block (peft's ``all-linear`` for this model: the LM head left out)."""
 
 
 @dataclass
@@ -94,23 +100,27 @@ class PathResult:
     losses: list[float]
 
 
-def build_model(dims: dict[str, Any], device: str, dtype: Any, attn: str, seed: int) -> Any:
-    """A randomly initialized ``Qwen2ForCausalLM`` of ``dims`` on ``device`` (same weights for a seed)."""
+def build_model(dims: dict[str, Any], device: str, seed: int, **model_kwargs: Any) -> Any:
+    """A randomly initialized ``Qwen2ForCausalLM`` of ``dims`` on ``device`` (same weights for a seed);
+    ``model_kwargs`` (``dtype``, ``attn_implementation``) go to ``from_config``."""
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     config = Qwen2Config(**dims, bos_token_id=0, eos_token_id=1, pad_token_id=0)
     torch.manual_seed(seed)
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn)
+        model = AutoModelForCausalLM.from_config(config, **model_kwargs)
     return model
 
 
-def lora_config(r: int) -> Any:
-    """LoRA on every linear layer of the blocks (peft ``all-linear`` leaves the LM head out)."""
-    from peft import LoraConfig
+def burst_config(*, lora_r: int, batch: int, seq_len: int, max_steps: int, seed: int, device: str) -> Any:
+    """The :class:`~forgeflow.training.burst.BurstConfig` both paths train with (LoRA on
+    :data:`QWEN2_LINEAR`, learning rate 1e-4); the burst packs ``batch`` rows of ``seq_len`` tokens."""
+    from forgeflow.training.burst import BurstConfig
 
-    return LoraConfig(r=r, lora_alpha=2 * r, lora_dropout=0.0, target_modules="all-linear", task_type="CAUSAL_LM")
+    return BurstConfig(lora_r=lora_r, lora_alpha=2 * lora_r, lora_dropout=0.0, lora_target_modules=QWEN2_LINEAR,
+                       learning_rate=1e-4, max_steps=max_steps, per_device_train_batch_size=batch, max_length=seq_len,
+                       seed=seed, device=device)
 
 
 def synthetic_samples(n: int, seq_len: int, vocab_size: int, seed: int) -> list[list[int]]:
@@ -124,99 +134,6 @@ def synthetic_samples(n: int, seq_len: int, vocab_size: int, seed: int) -> list[
         length = rng.randint(max(2, seq_len // 8), seq_len)
         samples.append([rng.randrange(2, vocab_size) for _ in range(length - 1)] + [1])
     return samples
-
-
-def varlen_call_options(params: frozenset[str], q_heads: int, kv_heads: int, head_dim: int,
-                        scale: float | None) -> tuple[dict[str, Any], int]:
-    """Keyword arguments for ``torch.nn.attention.varlen.varlen_attn`` as this torch spells them.
-
-    torch 2.10 takes ``is_causal`` and has no grouped-query option; later versions take
-    ``window_size=(-1, 0)`` for causal attention, ``scale`` and ``enable_gqa`` (torch's
-    ``torch/nn/attention/varlen.py`` of each release).
-
-    Args:
-        params: the parameter names of this torch's ``varlen_attn``.
-        q_heads: query heads; kv_heads: key/value heads (``q_heads`` a multiple of it).
-        head_dim: features per head.
-        scale: the softmax scale the model asks for (None: the kernel's default 1/sqrt(head_dim)).
-
-    Returns:
-        (keyword arguments, how many times to repeat each key/value head before the call: 1 when
-        the kernel handles grouped-query attention itself or there is none).
-
-    Raises:
-        RuntimeError: ``q_heads`` is not a multiple of ``kv_heads``, or the model asks for a scale
-            other than 1/sqrt(head_dim) from a ``varlen_attn`` that takes none.
-    """
-    if kv_heads <= 0 or q_heads % kv_heads:
-        raise RuntimeError(f"{q_heads} query heads are not a multiple of {kv_heads} key/value heads")
-    options: dict[str, Any] = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
-    if "scale" in params:
-        options["scale"] = scale
-    elif scale is not None and abs(scale - head_dim ** -0.5) > 1e-6 * head_dim ** -0.5:
-        raise RuntimeError(f"this torch's varlen_attn takes no scale; the model asks for {scale} "
-                           f"instead of 1/sqrt({head_dim})")
-    repeat = q_heads // kv_heads
-    if repeat > 1 and "enable_gqa" in params:
-        options["enable_gqa"] = True
-        repeat = 1
-    return options, repeat
-
-
-def register_torch_varlen_attention() -> str:
-    """Register PyTorch's FlashAttention varlen kernel as the transformers attention ``torch_varlen``.
-
-    The function reads the ``cu_seq_lens_q/k`` and ``max_length_q/k`` that TRL's padding-free collator
-    passes through the model (``DataCollatorForLanguageModeling``), so each packed document attends
-    only to itself (causal); grouped-query attention is native (``enable_gqa``) where this torch has
-    it, else the key/value heads are repeated (:func:`varlen_call_options`). No attention mask is
-    built (a name outside transformers' mask registry gets none). CUDA, bf16/fp16 only.
-
-    Returns:
-        The name to pass as ``attn_implementation``.
-
-    Raises:
-        RuntimeError: this torch has no ``torch.nn.attention.varlen``.
-    """
-    import inspect
-
-    import torch
-    from transformers import AttentionInterface
-
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError as exc:  # torch < 2.10
-        raise RuntimeError(f"torch {torch.__version__} has no torch.nn.attention.varlen") from exc
-    params = frozenset(inspect.signature(varlen_attn).parameters)
-
-    def attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, scaling: float | None = None,
-                  dropout: float = 0.0, **kwargs: Any) -> tuple[Any, None]:
-        # query/key/value: (1, heads, total_tokens, head_dim) -> (total_tokens, heads, head_dim)
-        cu_q, cu_k = kwargs.get("cu_seq_lens_q"), kwargs.get("cu_seq_lens_k")
-        if cu_q is None or query.shape[0] != 1:
-            raise RuntimeError("torch_varlen attention needs a padding-free batch (cu_seq_lens_q from TRL's collator)")
-        q, k, v = (t[0].transpose(0, 1).contiguous() for t in (query, key, value))
-        options, repeat = varlen_call_options(params, q.shape[1], k.shape[1], q.shape[2], scaling)
-        if repeat > 1:
-            k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
-        out = varlen_attn(q, k, v, cu_q.to(torch.int32), cu_k.to(torch.int32), int(kwargs["max_length_q"]),
-                          int(kwargs["max_length_k"]), **options)
-        return out.unsqueeze(0), None  # (1, total_tokens, heads, head_dim), like transformers' flash path
-
-    AttentionInterface.register(VARLEN_ATTENTION, attention)
-    return VARLEN_ATTENTION
-
-
-def burst_attention(device: str) -> str:
-    """The attention implementation of the burst path: flash_attention_2 (flash_attn installed) or
-    :data:`VARLEN_ATTENTION` on CUDA; SDPA (block-causal mask from position_ids) on CPU."""
-    import importlib.util
-
-    if device != "cuda":
-        return "sdpa"
-    if importlib.util.find_spec("flash_attn") is not None:
-        return "flash_attention_2"
-    return register_torch_varlen_attention()
 
 
 def _sync(device: str) -> None:
@@ -269,20 +186,25 @@ def naive_step(model: Any, optimizer: Any, batch: list[list[int]], device: str) 
     return float(loss.detach()), n_tokens, ids.numel()
 
 
-def run_naive(dims: dict[str, Any], samples: list[list[int]], *, batch: int, oom_batch: int | None, warmup: int,
-              steps: int, lora_r: int, device: str, dtype: Any, seed: int) -> tuple[PathResult, bool | None]:
-    """The naive transformers + peft loop at ``batch``; then one step at ``oom_batch`` (OOM caught).
+def run_naive(dims: dict[str, Any], samples: list[list[int]], *, config: Any, oom_batch: int | None, warmup: int,
+              steps: int, plan: Any) -> tuple[PathResult, bool | None]:
+    """The naive transformers + peft loop at ``config.per_device_train_batch_size`` samples per step (SDPA,
+    padded batches, the plan's dtype, ``config``'s LoRA); then one step at ``oom_batch`` (OOM caught).
 
     Returns:
-        (the measurement at ``batch``, whether ``oom_batch`` ran out of CUDA memory; None if not tried).
+        (the measurement at that batch, whether ``oom_batch`` ran out of CUDA memory; None if not tried).
     """
     import torch
     from peft import get_peft_model
 
+    from forgeflow.training.adapters import lora_config
+
+    device, batch = plan.device, config.per_device_train_batch_size
     _reset_memory(device)
-    model = get_peft_model(build_model(dims, device, dtype, "sdpa", seed), lora_config(lora_r))
+    model = get_peft_model(build_model(dims, device, config.seed, dtype=plan.torch_dtype(), attn_implementation="sdpa"),
+                           lora_config(config))
     model.train()
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.learning_rate)
     losses, tokens, positions, start = [], 0, 0, 0.0
     for step in range(warmup + steps):
         if step == warmup:
@@ -313,17 +235,20 @@ def run_naive(dims: dict[str, Any], samples: list[list[int]], *, batch: int, oom
     return result, oom
 
 
-def run_burst(dims: dict[str, Any], samples: list[list[int]], *, batch: int, warmup: int, steps: int,
-              lora_r: int, seq_len: int, device: str, dtype: Any, seed: int, attn: str) -> PathResult:
-    """forgeflow's burst path: TRL ``SFTTrainer`` with bfd packing, padding-free batches and the fused
-    (chunked) log-probability loss, at ``batch`` packed rows of ``seq_len`` tokens per step."""
-    import torch
+def run_burst(dims: dict[str, Any], samples: list[list[int]], *, config: Any, warmup: int, steps: int,
+              plan: Any) -> PathResult:
+    """forgeflow's burst: :func:`forgeflow.training.burst.sft_trainer` (bfd packing, padding-free batches, the
+    fused chunked log-probability loss, the plan's dtype, attention and gradient checkpointing) at
+    ``config.per_device_train_batch_size`` packed rows of ``config.max_length`` tokens per step, timed by a
+    callback."""
     from datasets import Dataset
     from transformers import TrainerCallback
-    from trl import SFTConfig, SFTTrainer
 
+    from forgeflow.training.burst import sft_trainer
+
+    device, batch = plan.device, config.per_device_train_batch_size
     _reset_memory(device)
-    model = build_model(dims, device, dtype, attn, seed)
+    model = build_model(dims, device, config.seed, **plan.model_kwargs())
     marks: dict[str, Any] = {}
 
     class Timer(TrainerCallback):
@@ -342,16 +267,8 @@ def run_burst(dims: dict[str, Any], samples: list[list[int]], *, batch: int, war
                 marks["tokens_at_end"] = marks["trainer"]._total_train_tokens
 
     with tempfile.TemporaryDirectory(prefix="gpu-burst-") as out:
-        config = SFTConfig(
-            output_dir=out, max_steps=warmup + steps, per_device_train_batch_size=batch, learning_rate=1e-4,
-            lr_scheduler_type="constant", warmup_steps=0, max_length=seq_len, packing=True, packing_strategy="bfd",
-            padding_free=True, loss_type="nll", bf16=device == "cuda" and dtype == torch.bfloat16, fp16=False,
-            use_cpu=device != "cuda", gradient_checkpointing=False, logging_steps=1, logging_nan_inf_filter=False,
-            save_strategy="no", report_to="none", disable_tqdm=True, dataloader_num_workers=0, seed=seed,
-            data_seed=seed, optim="adamw_torch",
-        )
-        trainer = SFTTrainer(model=model, args=config, train_dataset=Dataset.from_dict({"input_ids": samples}),
-                             processing_class=_tokenizer(), peft_config=lora_config(lora_r), callbacks=[Timer()])
+        trainer = sft_trainer(model, _tokenizer(), Dataset.from_dict({"input_ids": samples}), config, plan, Path(out),
+                              callbacks=[Timer()])
         marks["trainer"] = trainer  # TRL's count of real tokens (``_total_train_tokens``) is read by the Timer
         rows = len(trainer.train_dataset)
         if rows < batch * (warmup + steps):
@@ -383,6 +300,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run both paths and print the comparison (last line: one JSON object). Returns that object."""
     import torch
 
+    from forgeflow.training.burst import packing_label
+    from forgeflow.training.device import device_plan
+
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_burst", description=__doc__.split("\n\n")[0])
     parser.add_argument("--small", action="store_true", help="tiny model on the CPU, a few steps (smoke test)")
     parser.add_argument("--seq-len", type=int, default=None, help="sequence length (default 2048; --small 64)")
@@ -396,33 +316,35 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
 
     if args.small:
-        dims, device, dtype = SMALL, "cpu", torch.float32
+        dims, device = SMALL, "cpu"
         seq_len, warmup, steps = args.seq_len or 64, 1 if args.warmup is None else args.warmup, args.steps or 2
         naive_batch, burst_batch = min(args.naive_batch, 4), min(args.burst_batch, 4)
         oom_batch = None
     else:
         if not torch.cuda.is_available():
             raise SystemExit("no CUDA device: run with --small on a CPU machine (see the README, 'GPU check')")
-        dims, device, dtype = QWEN25_05B, "cuda", torch.bfloat16
+        dims, device = QWEN25_05B, "cuda"
         seq_len, warmup, steps = args.seq_len or 2048, 3 if args.warmup is None else args.warmup, args.steps or 10
         naive_batch, burst_batch = args.naive_batch, args.burst_batch
         oom_batch = args.oom_batch or None
-    attn = burst_attention(device)
+    plan = device_plan(device)
+    naive_config, config = (burst_config(lora_r=args.lora_r, batch=batch, seq_len=seq_len, max_steps=warmup + steps,
+                                         seed=args.seed, device=device) for batch in (naive_batch, burst_batch))
     # Enough samples that bfd packing fills every burst step: a sample averages 0.56 seq_len tokens, so
     # 2.5 samples per packed row leave a margin of 40%.
     n_samples = max(naive_batch * (warmup + steps), int(2.5 * burst_batch * (warmup + steps)) + 8, oom_batch or 0)
     samples = synthetic_samples(n_samples, seq_len, dims["vocab_size"], args.seed)
     where = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
     print(f"device {where}; torch {torch.__version__}; model {dims}; seq_len {seq_len}; {n_samples} samples; "
-          f"burst attention {attn}", flush=True)
+          f"plan {plan.device}/{plan.dtype}, burst attention {plan.attention}, "
+          f"gradient checkpointing {plan.trainer_args['gradient_checkpointing']}", flush=True)
 
-    naive, oom = run_naive(dims, samples, batch=naive_batch, oom_batch=oom_batch, warmup=warmup, steps=steps,
-                           lora_r=args.lora_r, device=device, dtype=dtype, seed=args.seed)
+    naive, oom = run_naive(dims, samples, config=naive_config, oom_batch=oom_batch, warmup=warmup, steps=steps,
+                           plan=plan)
     print(f"naive: batch {naive.batch_size}: {naive.tokens_per_s:,.0f} tokens/s "
           f"({naive.positions / naive.seconds:,.0f} positions/s with padding), peak {naive.peak_gb:.1f} GB; "
           f"batch {oom_batch}: {'out of memory' if oom else 'fits' if oom is False else 'not tried'}", flush=True)
-    burst = run_burst(dims, samples, batch=burst_batch, warmup=warmup, steps=steps, lora_r=args.lora_r,
-                      seq_len=seq_len, device=device, dtype=dtype, seed=args.seed, attn=attn)
+    burst = run_burst(dims, samples, config=config, warmup=warmup, steps=steps, plan=plan)
     print(f"burst: {burst.batch_size} packed rows of {seq_len}: {burst.tokens_per_s:,.0f} tokens/s, "
           f"peak {burst.peak_gb:.1f} GB", flush=True)
     ratio = burst.tokens_per_s / naive.tokens_per_s
@@ -433,7 +355,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "ratio": round(ratio, 3), "naive_peak_gb": round(naive.peak_gb, 2), "burst_peak_gb": round(burst.peak_gb, 2),
         "naive_batch16_oom": oom, "goal_ratio": 1.5, "losses_finite": finite, "small": args.small,
         "device": where, "seq_len": seq_len, "n_samples": n_samples, "warmup_steps": warmup,
-        "burst_attention": attn,
+        "burst_attention": plan.attention, "dtype": plan.dtype,
+        "gradient_checkpointing": plan.trainer_args["gradient_checkpointing"], "packing": packing_label(config),
         "naive": asdict(naive), "burst": asdict(burst),
     }
     print(json.dumps(summary), flush=True)

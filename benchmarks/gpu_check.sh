@@ -3,8 +3,9 @@
 #
 #   benchmarks/gpu_check.sh --prepare [--with-gguf]
 #       on this (CPU) machine: download the wheels the GPU machine lacks into build/gpu-check/wheels
-#       (trl, datasets, dill, multiprocess, transformers, peft at this machine's installed versions,
-#       for CPython 3.12 manylinux; ~16 MB); --with-gguf also copies the tiny Q8_0 GGUF for the
+#       (trl, datasets, dill, multiprocess, transformers, peft, and pydantic with pydantic-core,
+#       annotated-types and typing-inspection for forgeflow's training modules, at this machine's
+#       installed versions, for CPython 3.12 manylinux; ~18 MB); --with-gguf also copies the tiny Q8_0 GGUF for the
 #       serving part (49 MB: together over the device tool's 64 MiB carry limit with the wheels).
 #   benchmarks/gpu_check.sh
 #       on the GPU machine, from the repository root, with build/gpu-check carried along.
@@ -15,8 +16,9 @@
 # $PYTHON overrides the interpreter.
 #
 # 1. benchmarks.gpu_burst: Qwen2.5-0.5B-shaped model, LoRA r=16 all-linear, seq 2048, bf16: naive
-#    transformers+peft loop (batch 8; batch 16 expected OOM) vs TRL SFTTrainer with bfd packing,
-#    padding-free batches and the fused chunked log-prob loss. Last line: JSON with the ratio (goal >= 1.5).
+#    transformers+peft loop (batch 8; batch 16 expected OOM) vs the flows' own burst trainer
+#    (forgeflow.training.burst.sft_trainer: bfd packing, padding-free batches, the fused chunked log-prob
+#    loss, gradient checkpointing, the device plan's attention). Last line: JSON with the ratio (goal >= 1.5).
 # 2. benchmarks.gpu_serve: llama-server with all layers offloaded vs llama-cpp-python directly,
 #    decode tokens/s. Needs llama-cpp-python and a llama-server built with CUDA on that machine
 #    ($FORGEFLOW_LLAMA_SERVER or the cached build) and the GGUF; skipped with the reason in serve.json
@@ -32,7 +34,8 @@ WHEELS=build/gpu-check/wheels
 if [[ "${1:-}" == "--prepare" ]]; then
   mkdir -p "$WHEELS"
   pins=$("$PY" -c 'from importlib.metadata import version
-print(" ".join(f"{n}=={version(n)}" for n in ("trl", "datasets", "dill", "multiprocess", "transformers", "peft")))') \
+print(" ".join(f"{n}=={version(n)}" for n in ("trl", "datasets", "dill", "multiprocess", "transformers", "peft",
+                                              "pydantic", "pydantic-core", "annotated-types", "typing-inspection")))') \
     || exit 1
   # shellcheck disable=SC2086  # one argument per pin
   "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -64,7 +67,7 @@ fi
 { echo "python: $("$PY" --version 2>&1)"; "$PY" -m pip check 2>&1 | head -20; } | tee "$out/versions.txt"
 "$PY" - <<'EOF' 2>&1 | tee -a "$out/versions.txt"
 import importlib
-for name in ("torch", "transformers", "trl", "peft", "datasets", "triton", "flash_attn", "llama_cpp"):
+for name in ("torch", "transformers", "trl", "peft", "datasets", "pydantic", "triton", "flash_attn", "llama_cpp"):
     try:
         module = importlib.import_module(name)
         print(name, getattr(module, "__version__", "?"))

@@ -29,7 +29,7 @@ from forgeflow.ledger import records
 from forgeflow.sandbox import dispatch
 from forgeflow.sandbox.backends import SandboxTarget
 from forgeflow.training import verl
-from forgeflow.training.adapters import AdapterRecord, BurstOrigin, pin_adapter
+from forgeflow.training.adapters import AdapterRecord, BurstOrigin, Lineage, pin_adapter
 from forgeflow.training.burst import BurstConfig
 from forgeflow.training.health import BurstHealthError
 from forgeflow.training.ppo import DEFAULT_ADAPTER_GLOB
@@ -47,7 +47,8 @@ class SFTBurstParams(BaseModel):
         steps: optimizer steps.
         learning_rate: constant learning rate (no warm-up).
         lora_r: LoRA rank; a continued adapter must have the same rank.
-        max_length: tokens per sample; a longer sample is refused, not truncated.
+        max_length: tokens per sample and per packed row (the burst packs samples, bfd); a longer
+            sample is refused, not truncated.
         seed: training and data-order seed.
         device: ``auto`` (CUDA in bfloat16 when the worker has a GPU, else the CPU in float32),
             ``cpu`` or ``cuda``; the lineage records what was used.
@@ -145,6 +146,12 @@ def _base_row(base_sha: str, base_path: Path, source: str, run_id: str | None) -
                                        run_id=run_id)
 
 
+def _training_setup(lineage: Lineage) -> str:
+    """Device, dtype, attention and packing of a burst as its lineage records them ("-" where it does not)."""
+    return (f"{lineage.device or '-'} / {lineage.dtype or '-'}; attention {lineage.attention or '-'}; "
+            f"packing {lineage.packing or '-'}")
+
+
 def _record(adapter: AdapterRecord, base_path: Path, base_sha: str,
             run_id: str | None, artifact_key: str, title: str) -> BurstResult:
     """Record the base (if the store does not know it yet) and the pinned adapter; publish artifacts."""
@@ -163,6 +170,7 @@ def _record(adapter: AdapterRecord, base_path: Path, base_sha: str,
         f"| adapter | `{adapter.sha256}` |", f"| path | `{adapter.path}` |",
         f"| parent | `{parent}` ({'adapter' if adapter.lineage.parent_adapter_sha256 else 'base model'}) |",
         f"| dataset sha256 | `{adapter.lineage.dataset_sha256}` |",
+        f"| trained on | {_training_setup(adapter.lineage)} |",
         f"| steps | {adapter.steps} |", f"| final loss | {adapter.final_loss:.4f} |",
         "", f"`forgeflow lineage {adapter.sha256[:12]}` shows the chain."]), f"{title}: the adapter and its lineage")
     get_run_logger().info("%s: adapter %s (parent %s), %d steps, final loss %.4f", title, adapter.sha256[:12],

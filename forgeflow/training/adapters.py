@@ -63,11 +63,12 @@ def lora_config(config: LoraSettings) -> Any:
 LINEAGE_FILE = "lineage.json"
 
 
-LINEAGE_SCHEMA_VERSION = 3
+LINEAGE_SCHEMA_VERSION = 4
 """2: adds ``lineage.algorithm`` and ``health`` (version 1 files read as algorithm ``sft``
 without a health report, hence not reusable). 3: ``sha256`` is :func:`adapter_sha256` of the
 weights and config only (versions 1-2 digested every file but ``lineage.json``, README included;
-such files are still verified with that older scheme)."""
+such files are still verified with that older scheme). 4: adds ``lineage.attention`` and
+``lineage.packing`` (None in older files)."""
 
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
@@ -118,6 +119,11 @@ class Lineage(BaseModel):
         device / dtype: where and in which precision it was trained (``cpu``/``float32``,
             ``cuda``/``bfloat16``; :func:`forgeflow.training.device.device_plan`); None when not
             recorded (older adapters, verl checkpoints).
+        attention / packing: for SFT bursts, the model's attention implementation (``sdpa``,
+            ``flash_attention_2``, ``torch_varlen``; :mod:`forgeflow.training.attention`) and how
+            samples were batched (``bfd``: packed, padding-free; ``none``: padded;
+            :func:`forgeflow.training.burst.packing_label`); None when not recorded (RL bursts,
+            older adapters, verl checkpoints).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -131,6 +137,8 @@ class Lineage(BaseModel):
     created_at: datetime
     device: str | None = None
     dtype: str | None = None
+    attention: str | None = None
+    packing: str | None = None
 
 
 class BurstOrigin(BaseModel):

@@ -1,14 +1,36 @@
 """SFT bursts: short LoRA training runs that continue an adapter lineage.
 
-A burst trains a LoRA adapter on a chat dataset with TRL's ``SFTTrainer`` and peft on CPU, with
-the loss on assistant tokens only (TRL 1.x recognises the official Qwen2.5 chat template and swaps
-in its ``{% generation %}``-tagged training template). A burst may continue a parent adapter
+A burst trains a LoRA adapter on a chat dataset with TRL's ``SFTTrainer`` and peft, with the loss
+on assistant tokens only (TRL 1.x recognises the official Qwen2.5 chat template and swaps in its
+``{% generation %}``-tagged training template). A burst may continue a parent adapter
 (``PeftModel.from_pretrained(..., is_trainable=True)``); its lineage records the digests of the
-base model, the parent adapter and the dataset, the hyperparameters and the run id, in
-``lineage.json`` inside the adapter folder.
+base model, the parent adapter and the dataset, the hyperparameters, the run id, and how it
+trained (device, dtype, attention, packing), in ``lineage.json`` inside the adapter folder.
+
+One training path for every device (:func:`sft_trainer`, which :func:`run_sft_burst` and the GPU
+benchmark ``benchmarks/gpu_burst.py`` both call): the device plan
+(:func:`forgeflow.training.device.device_plan`: CUDA in bfloat16 with gradient checkpointing, else the
+CPU in float32) and, unless ``BurstConfig.packing`` is off,
+
+* **bfd packing, padding-free**: TRL's best-fit-decreasing packing (``packing_strategy="bfd"``) puts
+  whole samples into rows of ``max_length`` tokens, and the padding-free collator flattens a batch
+  into one sequence with per-document ``position_ids`` and ``cu_seq_lens``: no pad token is computed,
+  and the attention of :attr:`DevicePlan.attention` keeps each document to itself
+  (:mod:`forgeflow.training.attention`; TRL docs, "Packing" in the SFTTrainer guide).
+* **the fused, chunked loss**: TRL 1.16's ``loss_type="nll"`` projects only the positions that carry
+  a label through the LM head, in tiles, and never builds the ``(tokens, vocabulary)`` logits
+  (``trl.trainer.utils.add_fused_lm_head``), so a 150k vocabulary does not dominate memory.
+
+Packing keeps the loss masks of both dataset formats: TRL 1.16 folds the assistant mask
+(``messages`` rows) and the completion mask (``prompt``/``completion`` rows) into a ``labels``
+column (-100 off the target) while it tokenizes, before ``pack_dataset`` moves ``input_ids`` and
+``labels`` together into rows; the collator then sets the label of each packed document's first
+token to -100, so no document is trained to follow another's last token. A packed first step has
+the loss of the same samples trained unpacked (``tests/core/training/test_burst_packing.py``).
 
 The TRL-style flat options of :class:`BurstConfig` (``lora_r``, ``lora_alpha``, ...) are turned
-into ``peft.LoraConfig`` and ``trl.SFTConfig`` in one place, :func:`_trl_objects`.
+into ``peft.LoraConfig`` and ``trl.SFTConfig`` in one place, :func:`sft_arguments` and
+:func:`_trl_objects`.
 
 The pieces shared with RL bursts live beside it: health gates (:mod:`forgeflow.training.health`),
 the preflight (:mod:`forgeflow.training.preflight`), staging folders
@@ -19,6 +41,7 @@ the preflight (:mod:`forgeflow.training.preflight`), staging folders
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -39,6 +62,7 @@ from forgeflow.training.adapters import (
     read_adapter_record,
     resolve_lineage_inputs,
 )
+from forgeflow.training.attention import VARLEN_ATTENTION
 from forgeflow.training.device import DeviceChoice, DevicePlan, device_plan
 from forgeflow.training.health import (
     HealthGates,
@@ -75,7 +99,9 @@ class BurstConfig(LoraSettings):
     steps at a high learning rate. ``gates`` are the :class:`HealthGates` the burst must pass for
     its adapter to be written. ``device``: ``auto`` (CUDA in bfloat16 when available, else the CPU in
     float32), ``cpu`` or ``cuda`` (:func:`forgeflow.training.device.device_plan`); the lineage records
-    what was used.
+    what was used. ``packing``: True (default) packs samples into rows of ``max_length`` tokens
+    (TRL's bfd packing, padding-free batches; ``per_device_train_batch_size`` counts packed rows);
+    False trains one sample per row, padded to the longest of its batch.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -87,6 +113,12 @@ class BurstConfig(LoraSettings):
     seed: int = 0
     gates: HealthGates = Field(default_factory=HealthGates)
     device: DeviceChoice = "auto"
+    packing: bool = True
+
+
+PACKING_STRATEGY = "bfd"
+"""TRL's packing strategy of a packed burst: best-fit decreasing, whole samples per row (a sample
+longer than a row would be truncated; :func:`_check_lengths` refuses one first)."""
 
 
 # --- data ------------------------------------------------------------------------------------
@@ -203,24 +235,112 @@ step with real NaN/inf values, no checkpoints or reporting, a constant learning 
 fields come from :func:`forgeflow.training.device.device_plan`."""
 
 
-def _trl_objects(config: BurstConfig, output_dir: Path, with_lora: bool,
-                 plan: DevicePlan | None = None) -> tuple[Any, Any]:
+def loss_scope(columns: Sequence[str]) -> dict[str, bool]:
+    """The ``SFTConfig`` loss-mask options for a dataset with these training columns.
+
+    * ``messages`` (conversational): ``assistant_only_loss`` (TRL's assistant mask).
+    * ``prompt`` + ``completion`` (conversational prompt-completion): ``completion_only_loss`` and
+      ``assistant_only_loss`` (the completion holds assistant messages only, so both masks agree).
+    * ``input_ids`` (already tokenized language-modeling rows, e.g. the GPU benchmark's synthetic
+      tokens): the loss on every token.
+
+    Raises:
+        InputError: the columns are none of these.
+    """
+    names = set(columns)
+    if "messages" in names:
+        return {"assistant_only_loss": True, "completion_only_loss": False}
+    if {"prompt", "completion"} <= names:
+        return {"assistant_only_loss": True, "completion_only_loss": True}
+    if "input_ids" in names:
+        return {"assistant_only_loss": False, "completion_only_loss": False}
+    raise InputError(f"an SFT dataset has 'messages', 'prompt' + 'completion' or 'input_ids' columns; "
+                     f"got {sorted(names)}")
+
+
+def packing_label(config: BurstConfig) -> str:
+    """How a burst of ``config`` batches samples, as its lineage records it: :data:`PACKING_STRATEGY`
+    (packed, padding-free) or ``none`` (one sample per row, padded)."""
+    return PACKING_STRATEGY if config.packing else "none"
+
+
+def sft_arguments(config: BurstConfig, plan: DevicePlan, columns: Sequence[str]) -> dict[str, Any]:
+    """The ``trl.SFTConfig`` keyword arguments (all but ``output_dir``) of a burst.
+
+    ``config``'s hyperparameters, :data:`TRAINER_RUN_ARGS`, the device fields of ``plan``
+    (``use_cpu``, ``bf16``, ``gradient_checkpointing``), the loss masks of :func:`loss_scope`, TRL's
+    fused chunked ``loss_type="nll"``, and with ``config.packing`` bfd packing into rows of
+    ``max_length`` tokens with padding-free batches (``packing=False``: neither).
+
+    Raises:
+        InputError: ``columns`` are no SFT format (:func:`loss_scope`).
+    """
+    return {
+        "learning_rate": config.learning_rate,
+        "max_steps": config.max_steps,
+        "per_device_train_batch_size": config.per_device_train_batch_size,
+        "max_length": config.max_length,
+        "seed": config.seed,
+        "data_seed": config.seed,
+        "loss_type": "nll",
+        "packing": config.packing,
+        "packing_strategy": PACKING_STRATEGY,
+        "padding_free": config.packing,
+        **loss_scope(columns),
+        **TRAINER_RUN_ARGS,
+        **plan.trainer_args,
+    }
+
+
+def _trl_objects(config: BurstConfig, output_dir: Path, with_lora: bool, plan: DevicePlan,
+                 columns: Sequence[str]) -> tuple[Any, Any]:
     """Translate :class:`BurstConfig` into ``(trl.SFTConfig, peft.LoraConfig | None)``."""
     from trl import SFTConfig
 
-    sft = SFTConfig(
-        output_dir=str(output_dir),
-        learning_rate=config.learning_rate,
-        max_steps=config.max_steps,
-        per_device_train_batch_size=config.per_device_train_batch_size,
-        max_length=config.max_length,
-        seed=config.seed,
-        data_seed=config.seed,
-        assistant_only_loss=True,
-        **TRAINER_RUN_ARGS,
-        **(plan or device_plan(config.device)).trainer_args,
-    )
+    sft = SFTConfig(output_dir=str(output_dir), **sft_arguments(config, plan, columns))
     return sft, (lora_config(config) if with_lora else None)
+
+
+def burst_plan(config: BurstConfig, plan: DevicePlan | None = None) -> DevicePlan:
+    """The device plan of a burst: :func:`device_plan` of ``config.device`` (or ``plan``), with SDPA
+    instead of ``torch_varlen`` for an unpacked burst (that kernel reads the boundaries of a
+    padding-free batch; a padded batch has none)."""
+    plan = plan or device_plan(config.device)
+    if not config.packing and plan.attention == VARLEN_ATTENTION:
+        return plan.model_copy(update={"attention": "sdpa"})
+    return plan
+
+
+def sft_trainer(model: Any, tokenizer: Any, dataset: Any, config: BurstConfig, plan: DevicePlan,
+                output_dir: Path, *, with_lora: bool = True, callbacks: Sequence[Any] = ()) -> Any:
+    """The ``trl.SFTTrainer`` of a burst, ready to ``train()``: the one training path of SFT.
+
+    :func:`run_sft_burst` wraps it (preflight, lineage, health gates, staging); the GPU benchmark
+    (``benchmarks/gpu_burst.py``) times it against a naive loop.
+
+    Args:
+        model: a causal LM loaded with ``plan.model_kwargs()`` (dtype and attention), or a peft model
+            continuing an adapter (then ``with_lora=False``).
+        tokenizer: its tokenizer (chat template for conversational rows; pad and eos ids always).
+        dataset: a ``datasets.Dataset`` with only training columns: ``messages``, ``prompt`` +
+            ``completion``, or ``input_ids`` (:func:`loss_scope`).
+        config: hyperparameters (``packing``, ``max_length``: tokens per packed row or per sample).
+        plan: the device plan (:func:`burst_plan`).
+        output_dir: the trainer's scratch folder (no checkpoints are saved).
+        with_lora: add a new LoRA adapter of ``config`` (peft ``LoraConfig``).
+        callbacks: ``transformers.TrainerCallback`` objects (health gates, timers).
+
+    Returns:
+        The trainer (its ``train_dataset`` is the tokenized, packed dataset).
+
+    Raises:
+        InputError: the dataset's columns are no SFT format.
+    """
+    from trl import SFTTrainer
+
+    sft_config, lora = _trl_objects(config, output_dir, with_lora, plan, dataset.column_names)
+    return SFTTrainer(model=model, args=sft_config, train_dataset=dataset, processing_class=tokenizer,
+                      peft_config=lora, callbacks=list(callbacks))
 
 
 def _reusable(out_dir: Path, expected: dict[str, Any]) -> AdapterRecord | None:
@@ -277,7 +397,9 @@ def run_sft_burst(
 ) -> AdapterRecord:
     """Train a LoRA adapter on ``data`` with TRL ``SFTTrainer`` (assistant-only loss) on the device
     ``config.device`` resolves to (:func:`forgeflow.training.device.device_plan`: CUDA in bfloat16
-    with gradient checkpointing when available, else the CPU in float32; recorded in the lineage).
+    with gradient checkpointing when available, else the CPU in float32), through :func:`sft_trainer`:
+    bfd-packed padding-free rows (``config.packing``) and TRL's fused chunked loss. The lineage
+    records device, dtype, attention implementation and packing.
 
     With ``parent_adapter_dir`` the burst continues that adapter
     (``PeftModel.from_pretrained(base, parent, is_trainable=True)``); its LoRA rank must equal
@@ -313,7 +435,6 @@ def run_sft_burst(
             (the message carries the logged values). No adapter is written in either case.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import SFTTrainer
 
     base_model_dir, out_dir = Path(base_model_dir), Path(out_dir).resolve()
     base_sha, parent_sha = resolve_lineage_inputs(base_model_dir, parent_adapter_dir, config.lora_r)
@@ -331,25 +452,19 @@ def run_sft_burst(
     remove_dead_staging_dirs(out_dir)  # a killed burst's leftovers: free their disk before measuring it
     burst_preflight(base_model_dir, out_dir, config.lora_r, config.lora_target_modules)
 
-    plan = device_plan(config.device)
+    plan = burst_plan(config)
     tokenizer = AutoTokenizer.from_pretrained(str(base_model_dir))
     _check_lengths(tokenizer, data, config.max_length)
-    model = AutoModelForCausalLM.from_pretrained(str(base_model_dir), dtype=plan.torch_dtype())
+    model = AutoModelForCausalLM.from_pretrained(str(base_model_dir), **plan.model_kwargs())
     if parent_adapter_dir is not None:
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, str(parent_adapter_dir), is_trainable=True)
     with StagingDir(out_dir) as tmp:
-        sft_config, lora = _trl_objects(config, tmp / "trainer", with_lora=parent_adapter_dir is None, plan=plan)
-        trainer = SFTTrainer(
-            model=model,
-            args=sft_config,
-            train_dataset=data.dataset.select_columns(
-                ["messages"] if "messages" in data.dataset.column_names else ["prompt", "completion"]),
-            processing_class=tokenizer,
-            peft_config=lora,
-            callbacks=[health_callback(config.gates)],
-        )
+        columns = ["messages"] if "messages" in data.dataset.column_names else ["prompt", "completion"]
+        trainer = sft_trainer(model, tokenizer, data.dataset.select_columns(columns), config, plan,
+                              tmp / "trainer", with_lora=parent_adapter_dir is None,
+                              callbacks=[health_callback(config.gates)])
         trainer.train()
         report = check_health(trainer.state.log_history, config.gates)
         enforce_health(report, hyperparameters)
@@ -363,6 +478,8 @@ def run_sft_burst(
             created_at=datetime.now(timezone.utc),
             device=plan.device,
             dtype=plan.dtype,
+            attention=plan.attention,
+            packing=packing_label(config),
         )
         return publish_adapter(trainer, tmp, out_dir, lineage, report)
 

@@ -4,8 +4,11 @@
 :class:`forgeflow.training.rl.RLBurstConfig`) takes CUDA when ``torch.cuda.is_available()``, else
 the CPU. On CUDA the model loads and trains in bfloat16 where the GPU supports it (``bf16=True``,
 gradient checkpointing on, so activations of long agent samples fit); on the CPU in float32 with
-``use_cpu=True``. The chosen device and dtype go into the adapter's lineage (``Lineage.device`` /
-``Lineage.dtype``), and the merge of that adapter runs in the same dtype
+``use_cpu=True``. The plan also names the attention implementation an SFT burst's padding-free
+(packed) batches need on that device (:func:`forgeflow.training.attention.choose_attention`:
+``flash_attention_2`` or PyTorch's varlen FlashAttention on CUDA in bf16, SDPA otherwise). The chosen
+device, dtype and attention go into the adapter's lineage (``Lineage.device`` / ``Lineage.dtype`` /
+``Lineage.attention``), and the merge of that adapter runs in the same dtype
 (:func:`forgeflow.packaging.gguf.merge_adapter`).
 """
 
@@ -16,6 +19,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from forgeflow.common.errors import PreflightError
+from forgeflow.training.attention import (
+    VARLEN_ATTENTION,
+    choose_attention,
+    flash_attn_installed,
+    register_torch_varlen_attention,
+    torch_varlen_available,
+)
 
 DeviceChoice = Literal["auto", "cpu", "cuda"]
 """What a burst config asks for."""
@@ -29,6 +39,10 @@ class DevicePlan(BaseModel):
         dtype: ``float32`` or ``bfloat16`` (the model's weights and the training precision).
         trainer_args: the ``transformers.TrainingArguments`` fields that follow from it
             (``use_cpu``, ``bf16``, ``fp16``, ``gradient_checkpointing``).
+        attention: the ``attn_implementation`` an SFT burst loads its model with
+            (``flash_attention_2``, ``torch_varlen`` or ``sdpa``;
+            :func:`forgeflow.training.attention.choose_attention`). RL bursts keep transformers'
+            default: their batches are padded, not packed.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -36,6 +50,7 @@ class DevicePlan(BaseModel):
     device: Literal["cpu", "cuda"]
     dtype: Literal["float32", "bfloat16"]
     trainer_args: dict[str, Any]
+    attention: Literal["sdpa", "flash_attention_2", "torch_varlen"] = "sdpa"
 
     def torch_dtype(self) -> Any:
         """The ``torch.dtype`` of :attr:`dtype`."""
@@ -43,15 +58,31 @@ class DevicePlan(BaseModel):
 
         return getattr(torch, self.dtype)
 
+    def model_kwargs(self) -> dict[str, Any]:
+        """``from_pretrained`` / ``from_config`` keyword arguments of this plan: ``dtype`` and
+        ``attn_implementation``. Registers :data:`~forgeflow.training.attention.VARLEN_ATTENTION`
+        with transformers first when the plan uses it.
+
+        Raises:
+            RuntimeError: the plan names ``torch_varlen`` and this torch lacks ``varlen_attn``.
+        """
+        if self.attention == VARLEN_ATTENTION:
+            register_torch_varlen_attention()
+        return {"dtype": self.torch_dtype(), "attn_implementation": self.attention}
+
 
 def device_plan(requested: DeviceChoice = "auto", cuda_available: bool | None = None,
-                bf16_supported: bool | None = None) -> DevicePlan:
+                bf16_supported: bool | None = None, flash_attn: bool | None = None,
+                torch_varlen: bool | None = None) -> DevicePlan:
     """The :class:`DevicePlan` for ``requested`` on this machine.
 
     Args:
         requested: ``auto`` (CUDA when available), ``cpu`` or ``cuda``.
         cuda_available / bf16_supported: the machine's answers (default: ``torch.cuda.is_available()``
             and ``torch.cuda.is_bf16_supported()``); given explicitly by tests.
+        flash_attn / torch_varlen: whether ``flash_attn`` is importable and this torch has
+            ``varlen_attn`` (default: :func:`~forgeflow.training.attention.flash_attn_installed`,
+            :func:`~forgeflow.training.attention.torch_varlen_available`; asked only on CUDA).
 
     Raises:
         PreflightError: ``cuda`` was asked for and CUDA is not available (nothing is loaded).
@@ -67,8 +98,13 @@ def device_plan(requested: DeviceChoice = "auto", cuda_available: bool | None = 
         raise PreflightError("device 'cuda' was asked for but torch.cuda.is_available() is False "
                              "(no GPU, or a CPU build of torch)")
     if requested == "cpu" or not cuda_available:
-        return DevicePlan(device="cpu", dtype="float32", trainer_args={
+        return DevicePlan(device="cpu", dtype="float32", attention="sdpa", trainer_args={
             "use_cpu": True, "bf16": False, "fp16": False, "gradient_checkpointing": False})
-    bf16 = bool(bf16_supported)
-    return DevicePlan(device="cuda", dtype="bfloat16" if bf16 else "float32", trainer_args={
-        "use_cpu": False, "bf16": bf16, "fp16": False, "gradient_checkpointing": True})
+    dtype = "bfloat16" if bf16_supported else "float32"
+    if flash_attn is None:
+        flash_attn = flash_attn_installed()
+    if torch_varlen is None:
+        torch_varlen = torch_varlen_available()
+    return DevicePlan(device="cuda", dtype=dtype, attention=choose_attention("cuda", dtype, flash_attn, torch_varlen),
+                      trainer_args={"use_cpu": False, "bf16": dtype == "bfloat16", "fp16": False,
+                                    "gradient_checkpointing": True})

@@ -76,6 +76,8 @@ def test_windows_from_a_canary_job_train_an_sft_burst(prefect_harness, flow_home
     (production,) = [p for p in Store().producers(burst.adapter_sha256) if p.kind == "adapter"]
     assert production.lineage["dataset_sha256"] == burst.dataset_sha256
     assert (production.lineage["device"], production.lineage["dtype"]) == ("cpu", "float32")  # no GPU here
+    # prompt/completion windows are packed too (their completion masks survive packing)
+    assert (production.lineage["attention"], production.lineage["packing"]) == ("sdpa", "bfd")
 
     # a trajectory the job recorded but that is gone is named, not skipped
     (tmp_path / "trajectories" / "t-loop.traj.json").unlink()

@@ -1,9 +1,11 @@
 """``python -m benchmarks.gpu_burst --small``: both training paths of the GPU benchmark run on the CPU.
 
 The small mode trains a tiny Qwen2 (random weights) with the naive transformers + peft loop and with
-TRL's SFTTrainer (bfd packing, padding-free batches, fused chunked log-probability loss) for a few
-steps; the numbers are not a measurement (that needs the GPU machine: ``benchmarks/gpu_check.sh``),
-but every key of the GPU run's JSON is there and both paths really trained.
+the flows' own burst trainer (:func:`forgeflow.training.burst.sft_trainer`: bfd packing, padding-free
+batches, fused chunked log-probability loss) for a few steps; the numbers are not a measurement (that
+needs the GPU machine: ``benchmarks/gpu_check.sh``), but every key of the GPU run's JSON is there and
+both paths really trained. The varlen attention's options are tested with the attention module
+(``tests/core/training/test_attention.py``).
 """
 
 from __future__ import annotations
@@ -51,29 +53,7 @@ def test_small_mode_trains_both_paths_and_prints_the_json_line() -> None:
     capacity = steps * burst["batch_size"] * seq_len
     assert 0.8 * capacity <= burst["tokens"] <= capacity
     assert summary["naive_batch16_oom"] is None and summary["naive_peak_gb"] == summary["burst_peak_gb"] == 0.0
+    # the burst ran as the flows' bursts do on this machine (forgeflow's device plan)
+    assert (summary["burst_attention"], summary["dtype"], summary["packing"]) == ("sdpa", "float32", "bfd")
+    assert summary["gradient_checkpointing"] is False
 
-
-def test_varlen_options_follow_this_torch_and_older_signatures() -> None:
-    """The GPU machine's torch may differ from this one's (2.11 there, 2.13 here): the options for
-    ``varlen_attn`` are read from its signature. This torch's real one, then torch 2.10's (``is_causal``,
-    no ``scale``/``enable_gqa``; its varlen.py), whose grouped-query heads must be repeated."""
-    import inspect
-
-    from torch.nn.attention.varlen import varlen_attn
-
-    from benchmarks.gpu_burst import varlen_call_options
-
-    here = frozenset(inspect.signature(varlen_attn).parameters)
-    options, repeat = varlen_call_options(here, 14, 2, 64, 64 ** -0.5)
-    assert options == {"window_size": (-1, 0), "scale": 64 ** -0.5, "enable_gqa": True} and repeat == 1
-    assert varlen_call_options(here, 4, 4, 64, None) == ({"window_size": (-1, 0), "scale": None}, 1)
-
-    def torch_2_10(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None):  # noqa: ANN001,ANN202
-        raise AssertionError("signature only")
-
-    old = frozenset(inspect.signature(torch_2_10).parameters)
-    assert varlen_call_options(old, 14, 2, 64, 64 ** -0.5) == ({"is_causal": True}, 7)
-    with pytest.raises(RuntimeError, match="takes no scale"):
-        varlen_call_options(old, 14, 2, 64, 0.5)
-    with pytest.raises(RuntimeError, match="not a multiple"):
-        varlen_call_options(here, 14, 4, 64, None)
