@@ -19,13 +19,17 @@
 #    transformers+peft loop (batch 8; batch 16 expected OOM) vs the flows' own burst trainer
 #    (forgeflow.training.burst.sft_trainer: bfd packing, padding-free batches, the fused chunked log-prob
 #    loss, gradient checkpointing, the device plan's attention). Last line: JSON with the ratio (goal >= 1.5).
-# 2. benchmarks.gpu_serve: llama-server with all layers offloaded vs llama-cpp-python directly,
+# 2. benchmarks.gpu_lineage: the flows' run_sft_burst itself (preflight, device plan, packing, gates,
+#    lineage) on a small random Qwen2 with the carried tokenizer (build/gpu-check/tokenizer, which --prepare
+#    copies from the tiny model, 11 MB): the lineage must say cuda / bfloat16 and the attention it used.
+# 3. benchmarks.gpu_serve: llama-server with all layers offloaded vs llama-cpp-python directly,
 #    decode tokens/s. Needs llama-cpp-python and a llama-server built with CUDA on that machine
 #    ($FORGEFLOW_LLAMA_SERVER or the cached build) and the GGUF; skipped with the reason in serve.json
 #    when one is missing (building them with CUDA does not fit the budget; GPU_CHECK_BUILD=1 tries).
 #
-# Results: $OUT (the device runner's output folder) or build/gpu-check/: burst.json, serve.json, logs.
-# Budget: GPU_CHECK_BUDGET_S (default 470 s) for both parts together; each runs under `timeout`.
+# Results: $OUT (the device runner's output folder) or build/gpu-check/: burst.json, lineage.json, serve.json,
+# logs.
+# Budget: GPU_CHECK_BUDGET_S (default 470 s) for the three parts together; each runs under `timeout`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -42,6 +46,14 @@ print(" ".join(f"{n}=={version(n)}" for n in ("trl", "datasets", "dill", "multip
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     -d "$WHEELS" $pins || { echo "pip download of $pins failed" >&2; exit 1; }
   echo "wheels for the GPU machine in $WHEELS: $pins ($(du -sh "$WHEELS" | cut -f1))"
+  tok=$("$PY" -c 'from forgeflow.common.settings import cache_dir; print(cache_dir() / "test-fixtures" / "tiny-seed0" / "hf")')
+  if [[ -f "$tok/tokenizer.json" ]]; then
+    mkdir -p build/gpu-check/tokenizer
+    cp "$tok/tokenizer.json" "$tok/tokenizer_config.json" "$tok/chat_template.jinja" build/gpu-check/tokenizer/
+    echo "copied the tiny model's Qwen2 tokenizer -> build/gpu-check/tokenizer (11 MB)"
+  else
+    echo "no tiny model at $tok (run tests/integration/test_serving.py once): the lineage part will be skipped" >&2
+  fi
   if [[ "${2:-}" == "--with-gguf" ]]; then
     src=$("$PY" -c 'from forgeflow.common.settings import cache_dir; print(cache_dir() / "test-fixtures" / "tiny-seed0" / "tiny-q8_0.gguf")')
     [[ -f "$src" ]] || { echo "no tiny GGUF at $src: run tests/integration/test_serving.py once to build it" >&2; exit 1; }
@@ -83,6 +95,17 @@ timeout --kill-after=10 "$(( $(left) - 60 ))" "$PY" -m benchmarks.gpu_burst 2>&1
 rc=${PIPESTATUS[0]}
 if [[ $rc -ne 0 ]]; then echo "gpu_burst failed with $rc (124: over budget)"; status=1; fi
 tail -n 1 "$out/burst.log" > "$out/burst.json"
+
+if [[ -f build/gpu-check/tokenizer/tokenizer.json ]] && (( $(left) > 90 )); then
+  echo "== the flows' run_sft_burst on CUDA and its lineage ($(left) s left)"
+  timeout --kill-after=10 60 "$PY" -m benchmarks.gpu_lineage --tokenizer-dir build/gpu-check/tokenizer --device cuda \
+    2>&1 | tee "$out/lineage.log"
+  rc=${PIPESTATUS[0]}
+  if [[ $rc -ne 0 ]]; then echo "gpu_lineage failed with $rc (124: over 60 s)"; status=1; fi
+  tail -n 1 "$out/lineage.log" > "$out/lineage.json"
+else
+  echo "== lineage part skipped: no build/gpu-check/tokenizer (--prepare copies it) or under 90 s left"
+fi
 
 remaining=$(left)
 if (( remaining < 45 )); then
