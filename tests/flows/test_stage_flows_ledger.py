@@ -339,7 +339,7 @@ def test_package_takes_a_quantization_plan_with_mixed_per_tensor_types(prefect_h
     custom = {"preset": "Q8_0", "tensor_types": {r"ffn_(up|gate)\.weight$": "F16"}, "name": "q8-ffn-f16"}
     with pytest.raises(InputError, match=r"params\.quantizations: quantization 'Q3_K' is not a named plan; valid: \["):
         package(PackageParams(hf_dir=hf_dir, out_dir=tmp_path / "refused", quantizations=("Q3_K",)))
-    with pytest.raises(InputError, match=r"params\.quantizations: quantizations repeat the artifact key\(s\) \['Q8_0'\]"):
+    with pytest.raises(InputError, match=r"params\.quantizations repeat the artifact key\(s\) \['Q8_0'\]"):
         package(PackageParams(hf_dir=hf_dir, out_dir=tmp_path / "refused", quantizations=("Q8_0", {"preset": "Q8_0"})))
     assert not (tmp_path / "refused").exists()  # refused before any compute
 
