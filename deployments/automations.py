@@ -1,14 +1,16 @@
 """forgeflow's Prefect automations, in code (created by ``forgeflow up``).
 
 * ``forgeflow-freeze-on-ready``: the ``forgeflow.dataset.freeze-ready`` event (emitted by the
-  ``curate`` flow, ``flows/curate.py``) runs the ``freeze/freeze`` deployment with the parameters the
-  curate run carried in the event's payload: ``name`` (its ``freeze_name``), ``quotas``, ``seed`` (its
-  ``settings.seed``) and ``instance_ids`` (the candidates its ``tasks`` source gave), never the
-  deployment's demo defaults. The payload is flat whatever shape curate's parameters take, so the
-  freeze deployment's parameters are rendered from it key by key.
+  ``curate`` flow, ``flows/curate.py``) runs the ``freeze/freeze`` deployment with one ``params``
+  object (:class:`flows.stages.FreezeParams`) whose fields the curate run carried in the event's
+  payload: ``name`` (its ``freeze_name``), ``quotas``, ``seed`` (its ``settings.seed``) and
+  ``instance_ids`` (the candidates its ``tasks`` source gave), never the deployment's demo defaults
+  (the run's ``params`` replaces the deployment's whole object; ``out_dir`` keeps the model's
+  default). The payload is flat whatever shape curate's parameters take, so ``params`` is rendered
+  from it field by field.
 * ``forgeflow-canary-on-freeze``: a ``prefect.flow-run.Completed`` event of a flow run of the
   ``freeze/freeze`` deployment runs the ``canary/canary`` deployment on the freeze that run made
-  (``freeze_name`` is rendered from the completed run's ``name`` parameter), its other parameters
+  (``freeze_name`` is rendered from the completed run's ``params.name``), its other parameters
   the deployment's defaults.
 * ``forgeflow-notify-on-failure``: any ``prefect.flow-run.Failed`` event sends a message through a
   ``CustomWebhookNotificationBlock`` (saved as ``forgeflow-failures``) to the given webhook URL.
@@ -47,13 +49,25 @@ def _from_payload(key: str) -> dict[str, Any]:
 
 FREEZE_PARAMETERS_FROM_PAYLOAD: dict[str, str] = {"name": "freeze_name", "quotas": "quotas", "seed": "seed",
                                                   "instance_ids": "instance_ids"}
-"""freeze flow parameter -> the freeze-ready event's payload key it is rendered from."""
+"""field of the freeze flow's ``params`` (:class:`flows.stages.FreezeParams`) -> the freeze-ready event's
+payload key it is rendered from."""
+
+FREEZE_NAME_OF_COMPLETED_RUN = "{{ flow_run.parameters.params.name }}"
+"""The canary's ``freeze_name``: the ``params.name`` of the freeze run whose completion fired the automation
+(the freeze deployment gives its ``params`` in full, so a run that gives none still records a name)."""
+
+
+def freeze_run_parameters() -> dict[str, Any]:
+    """The freeze deployment's run parameters the freeze-on-ready automation renders: ``{"params":
+    {field: <payload[key] as JSON>}}`` for :data:`FREEZE_PARAMETERS_FROM_PAYLOAD` (Prefect hydrates nested
+    values, so each field is rendered on its own and keeps its JSON type)."""
+    return {"params": {field: _from_payload(key) for field, key in FREEZE_PARAMETERS_FROM_PAYLOAD.items()}}
 
 
 def freeze_on_ready(freeze_deployment_id: str) -> Automation:
     """The automation that runs the freeze deployment on each freeze-ready event, with the name,
-    quotas, seed and candidate ids of the curate run that emitted it
-    (:data:`FREEZE_PARAMETERS_FROM_PAYLOAD`)."""
+    quotas, seed and candidate ids of the curate run that emitted it as its ``params``
+    (:func:`freeze_run_parameters`)."""
     return Automation(
         name=FREEZE_ON_READY,
         description=f"{FREEZE_READY_EVENT} -> run the {FREEZE_DEPLOYMENT} deployment with the curate run's "
@@ -61,8 +75,7 @@ def freeze_on_ready(freeze_deployment_id: str) -> Automation:
         trigger=EventTrigger(expect={FREEZE_READY_EVENT}, match={"prefect.resource.id": "*"},
                              posture=Posture.Reactive, threshold=1, within=0),
         actions=[RunDeployment(source="selected", deployment_id=freeze_deployment_id,
-                               parameters={param: _from_payload(key)
-                                           for param, key in FREEZE_PARAMETERS_FROM_PAYLOAD.items()})],
+                               parameters=freeze_run_parameters())],
     )
 
 
@@ -71,7 +84,8 @@ def canary_on_freeze(freeze_deployment_id: str, canary_deployment_id: str) -> Au
 
     The trigger matches ``prefect.flow-run.Completed`` events whose related resources include the
     freeze deployment (``prefect.deployment.<id>``); the action's ``freeze_name`` is the Jinja
-    template ``{{ flow_run.parameters.name }}``, which Prefect renders from the flow run that
+    template :data:`FREEZE_NAME_OF_COMPLETED_RUN` (``{{ flow_run.parameters.params.name }}``: the
+    freeze flow's one parameter is ``params``), which Prefect renders from the flow run that
     emitted the event (``RunDeployment.render_parameters``), so the canary evaluates the freeze
     that was just written (``freeze_name`` is a top-level parameter of the canary flow for this; its
     grouped parameters, ``endpoint``, ``run`` and ``source``, keep the deployment's defaults).
@@ -84,7 +98,7 @@ def canary_on_freeze(freeze_deployment_id: str, canary_deployment_id: str) -> Au
                              match_related={"prefect.resource.id": f"prefect.deployment.{freeze_deployment_id}"},
                              posture=Posture.Reactive, threshold=1, within=0),
         actions=[RunDeployment(source="selected", deployment_id=canary_deployment_id,
-                               parameters={"freeze_name": "{{ flow_run.parameters.name }}"})],
+                               parameters={"freeze_name": FREEZE_NAME_OF_COMPLETED_RUN})],
     )
 
 

@@ -41,7 +41,7 @@ SPECS: list[dict[str, Any]] = [
     {"flow": rewrite_image_refs, "entrypoint": "flows/registry.py:rewrite_image_refs", "name": "rewrite-image-refs",
      "parameters": {"dry_run": True}},
     {"flow": freeze, "entrypoint": "flows/stages.py:freeze", "name": "freeze",
-     "parameters": {"name": "demo-v1", "quotas": DEMO_FREEZE_QUOTAS.model_dump(), "seed": 0}},
+     "parameters": {"params": {"name": "demo-v1", "quotas": DEMO_FREEZE_QUOTAS.model_dump(), "seed": 0}}},
     {"flow": canary, "entrypoint": "flows/canary.py:canary", "name": "canary",
      "parameters": {"freeze_name": "demo-v1", "split": "test", "run": {"concurrency": 1, "profile": "default"}}},
     {"flow": canary_recover, "entrypoint": "flows/canary.py:canary_recover", "name": "canary-recover",
@@ -54,18 +54,15 @@ SPECS: list[dict[str, Any]] = [
     {"flow": recover, "entrypoint": "flows/curate.py:recover", "name": "recover",
      "parameters": {"dry_run": True, "include_rejections": False}},
     {"flow": base_model, "entrypoint": "flows/stages.py:base_model", "name": "base-model", "parameters": {}},
-    {"flow": package, "entrypoint": "flows/stages.py:package", "name": "package",
-     "parameters": {"quantizations": ["Q8_0", "Q4_K_M"]}},
-    {"flow": publish, "entrypoint": "flows/stages.py:publish", "name": "publish",
-     "parameters": {"store": "forgeflow-models"}},
+    {"flow": package, "entrypoint": "flows/stages.py:package", "name": "package", "parameters": {}},
+    {"flow": publish, "entrypoint": "flows/stages.py:publish", "name": "publish", "parameters": {}},
     {"flow": promote, "entrypoint": "flows/promote.py:promote", "name": "promote", "parameters": {}},
     {"flow": serve, "entrypoint": "flows/stages.py:serve", "name": "serve", "parameters": {}},
     {"flow": harbor_export, "entrypoint": "flows/evaluation.py:harbor_export", "name": "harbor-export",
-     "parameters": {"freeze_name": "demo-v1", "split": "test"}},
+     "parameters": {}},
     {"flow": harbor_import, "entrypoint": "flows/evaluation.py:harbor_import", "name": "harbor-import",
-     "parameters": {"freeze_name": "demo-v1", "split": "test"}},
-    {"flow": judge, "entrypoint": "flows/evaluation.py:judge", "name": "judge",
-     "parameters": {"rel_tol": 1e-6, "abs_tol": 1e-9}},
+     "parameters": {}},
+    {"flow": judge, "entrypoint": "flows/evaluation.py:judge", "name": "judge", "parameters": {}},
     {"flow": sft_burst, "entrypoint": "flows/training.py:sft_burst", "name": "sft-burst",
      "parameters": {"params": {"steps": 2, "learning_rate": 0.001, "lora_r": 8, "max_length": 512, "seed": 0}}},
     {"flow": rl_burst, "entrypoint": "flows/training.py:rl_burst", "name": "rl-burst",
@@ -76,7 +73,13 @@ SPECS: list[dict[str, Any]] = [
 ]
 """One entry per deployment of prefect.yaml; schedules (nightly lifecycle, weekly registry audit)
 are created paused. A parameter a flow requires and that has no working default here (a job id, a
-GGUF path, a prefix) is left out: Prefect asks for it at run time."""
+GGUF path, a prefix) is left out: Prefect asks for it at run time.
+
+A stage flow takes one parameter model, ``params`` (flows.stagekit.StageParams); its working defaults
+are the model's field defaults, not deployment-level nested values: Prefect merges a run's parameters
+over the deployment's shallowly, so a run that gives ``params`` replaces the deployment's whole
+object. The ``freeze`` deployment still gives its (default) ``params`` in full, so every freeze run's
+recorded parameters carry ``params.name``, which the canary-on-freeze automation renders."""
 
 
 def build_deployments(work_pool_name: str | None = None) -> list[RunnerDeployment]:

@@ -9,8 +9,9 @@
 * ``judge`` (:func:`judge`): GAIA-style question/answer rows judged by normalised matching into the
   store's ``judgments`` table.
 
-The store and file I/O happens in the tasks of :mod:`tasks.evaluation`; the flows check their
-parameters, call them and publish an artifact.
+Each flow takes one parameter model (``params``: :class:`HarborExportParams`,
+:class:`HarborImportParams`, :class:`JudgeParams`). The store and file I/O happens in the tasks of
+:mod:`tasks.evaluation`; the flows check their parameters, call them and publish an artifact.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
+from pydantic import Field
 
+from flows.stagekit import StageParams
 from forgeflow.common.errors import InputError
 from forgeflow.common.settings import home_dir
 from forgeflow.curation.freeze import validate_freeze_name
@@ -40,41 +43,66 @@ def _run_id() -> str | None:
     return str(flow_run.get_id() or "")[:64] or None
 
 
-@flow(name="harbor-export", log_prints=True)
-def harbor_export(freeze_name: str, split: str = "test", out_dir: Path | None = None,
-                  limits: HarborTaskLimits = HarborTaskLimits(), candidates_path: Path | None = None,
-                  generated_path: Path | None = None, dataset: DatasetSource | None = None,
-                  test_commands: dict[str, str] | None = None,
-                  test_specs: dict[str, TestSpec] | None = None) -> HarborExport:
-    """Export ``split`` of freeze ``freeze_name`` as a Harbor dataset folder (one task folder per instance).
+class HarborExportParams(StageParams):
+    """The ``harbor-export`` flow's parameters.
 
-    Args:
+    Attributes:
         freeze_name: a freeze recorded in the store (``freeze`` flow or the lifecycle).
         split: ``train``, ``validation`` or ``test`` (a split of that freeze).
-        out_dir: the dataset folder to create (default ``$FORGEFLOW_HOME/harbor/<freeze>-<split>``); the
+        out_dir: the dataset folder to create; None: ``$FORGEFLOW_HOME/harbor/<freeze>-<split>``. The
             same export again is a no-op, a different one is refused.
         limits: timeouts (seconds) and resources written to every ``task.toml``.
         candidates_path: the user's candidates JSONL (patch, image, problem statement, test command).
-        generated_path: a generated-candidates file (default ``$FORGEFLOW_HOME/demo/candidates.jsonl``).
+        generated_path: a generated-candidates file; None: ``$FORGEFLOW_HOME/demo/candidates.jsonl``.
         dataset: the rows as a HF ``datasets`` split instead of a file.
         test_commands: repo -> test command for repositories that are not pinned projects.
         test_specs: repo -> test command and log parser (only pytest's can be exported).
+    """
+
+    freeze_name: str = Field("demo-v1", description="a freeze recorded in the store")
+    split: str = Field("test", description="the split of that freeze: train, validation or test")
+    out_dir: Path | None = Field(None, description="the dataset folder to create; None: "
+                                                   "$FORGEFLOW_HOME/harbor/<freeze>-<split>")
+    limits: HarborTaskLimits = Field(HarborTaskLimits(), description="timeouts (seconds), memory (MB) and CPUs "
+                                                                     "written to every task.toml")
+    candidates_path: Path | None = Field(None, description="a candidates JSONL with patch, image, problem "
+                                                           "statement and test command per task")
+    generated_path: Path | None = Field(None, description="a generated-candidates file; None: "
+                                                          "$FORGEFLOW_HOME/demo/candidates.jsonl")
+    dataset: DatasetSource | None = Field(None, description="the task rows as a HF datasets split instead of a file")
+    test_commands: dict[str, str] | None = Field(None, description="repo -> test command for repositories that "
+                                                                   "are not pinned projects")
+    test_specs: dict[str, TestSpec] | None = Field(None, description="repo -> test command and log parser "
+                                                                     "(only pytest's can be exported)")
+
+
+@flow(name="harbor-export", log_prints=True)
+def harbor_export(params: HarborExportParams = HarborExportParams()) -> HarborExport:
+    """Export ``params.split`` of freeze ``params.freeze_name`` as a Harbor dataset folder (one task folder
+    per instance).
+
+    Args:
+        params: :class:`HarborExportParams` (freeze, split, folder, limits, where the task rows come from).
 
     Returns:
         The :class:`~forgeflow.evaluation.harbor.HarborExport` (path, instance ids, digests).
 
     Raises:
         InputError: an invalid or unrecorded freeze, an unknown or empty split, unreadable task rows,
-            an ``out_dir`` holding something else.
+            a ``params.out_dir`` holding something else.
         PreflightError: tasks that cannot be exported (no row, not accepted, no image, a non-pytest
             log parser), every one listed, before anything is written.
     """
-    validate_freeze_name(freeze_name)
-    target = Path(out_dir) if out_dir is not None else home_dir() / "harbor" / f"{freeze_name}-{split}"
+    freeze_name, split = params.freeze_name, params.split
+    try:
+        validate_freeze_name(freeze_name)
+    except InputError as exc:
+        raise InputError(f"params.freeze_name: {exc}") from None
+    target = Path(params.out_dir) if params.out_dir is not None else home_dir() / "harbor" / f"{freeze_name}-{split}"
     manifest_path, export_tasks = evaluation_tasks.harbor_export_inputs(
-        freeze_name, split, candidates_path, generated_path, home_dir() / "demo" / GENERATED_FILE, dataset,
-        test_commands, test_specs)
-    export = evaluation_tasks.write_harbor_export(manifest_path, split, export_tasks, target, limits)
+        freeze_name, split, params.candidates_path, params.generated_path, home_dir() / "demo" / GENERATED_FILE,
+        params.dataset, params.test_commands, params.test_specs)
+    export = evaluation_tasks.write_harbor_export(manifest_path, split, export_tasks, target, params.limits)
     image_of = {t.instance_id: t.image_ref for t in export_tasks}
     rows = "\n".join(f"| `{iid}` | `{image_of[iid]}` |" for iid in export.instance_ids)
     markdown_artifact(EXPORT_ARTIFACT_KEY, (
@@ -82,41 +110,55 @@ def harbor_export(freeze_name: str, split: str = "test", out_dir: Path | None = 
         f"{len(export.instance_ids)} task(s) in `{export.path}` (export sha256 `{export.semantic_sha256[:16]}`, "
         f"freeze sha256 `{export.freeze_semantic_sha256[:16]}`).\n\n| task | image |\n|---|---|\n{rows}\n\n"
         f"Run: `harbor run -p {export.path} -a oracle -e {HARBOR_ENV_IMPORT_PATH} -o JOBS --job-name J`, then the "
-        "`harbor-import` deployment with `job_dir=JOBS/J`.\n"), f"Harbor export of {freeze_name}/{split}")
+        "`harbor-import` deployment with `params.job_dir=JOBS/J`.\n"), f"Harbor export of {freeze_name}/{split}")
     get_run_logger().info("harbor-export %s/%s: %d task(s) in %s", freeze_name, split, len(export.instance_ids),
                           export.path)
     return export
 
 
-@flow(name="harbor-import", log_prints=True)
-def harbor_import(job_dir: Path, job_id: str | None = None, freeze_name: str | None = None,
-                  split: str = "test") -> HarborImportSummary:
-    """Record a Harbor job folder's trial results in the store as one job.
+class HarborImportParams(StageParams):
+    """The ``harbor-import`` flow's parameters.
 
-    Args:
+    Attributes:
         job_dir: ``<jobs dir>/<job name>`` as ``harbor run -o <jobs dir> --job-name <job name>`` wrote it.
-        job_id: the job id the trials get (default ``harbor-<Harbor's job UUID>``).
+        job_id: the job id the trials get; None: ``harbor-<Harbor's job UUID>``.
         freeze_name: the freeze whose split the job ran (the export's); checked, every trial's task must
             be in the split, and a ``jobs`` row names it so ``compare`` pairs the job with others of the
             same frozen split. None: only the trials are recorded.
         split: the split of ``freeze_name``.
+    """
+
+    job_dir: Path = Field(description="the Harbor job folder <jobs dir>/<job name>")
+    job_id: str | None = Field(None, description="the job id the trials get; None: harbor-<Harbor's job UUID>")
+    freeze_name: str | None = Field(None, description="the freeze whose split the job ran (checked; pairs the job "
+                                                      "in compare); None: only the trials are recorded")
+    split: str = Field("test", description="the split of freeze_name: train, validation or test")
+
+
+@flow(name="harbor-import", log_prints=True)
+def harbor_import(params: HarborImportParams) -> HarborImportSummary:
+    """Record a Harbor job folder's trial results in the store as one job.
+
+    Args:
+        params: :class:`HarborImportParams` (job folder, job id, freeze and split).
 
     Returns:
         :class:`~forgeflow.evaluation.harbor_import.HarborImportSummary` (trials, scored, reward 1,
         exceptions by forgeflow type, unfinished trial folders).
 
     Raises:
-        InputError: ``job_dir`` missing or not a Harbor job folder, an invalid or unrecorded freeze, an
-            unknown split, a bad trial result (file and field named), a trial outside the split.
+        InputError: ``params.job_dir`` missing or not a Harbor job folder, an invalid or unrecorded freeze,
+            an unknown split, a bad trial result (file and field named), a trial outside the split.
     """
-    job_dir = Path(job_dir)
-    if not job_dir.is_dir():
-        raise InputError(f"harbor-import: job_dir {job_dir} does not exist (give <jobs dir>/<job name>)")
+    job_dir, job_id, freeze_name = Path(params.job_dir), params.job_id, params.freeze_name
     if freeze_name is not None:
-        validate_freeze_name(freeze_name)
+        try:
+            validate_freeze_name(freeze_name)
+        except InputError as exc:
+            raise InputError(f"params.freeze_name: {exc}") from None
     if job_id is not None and not job_id.strip():
-        raise InputError("harbor-import: job_id is empty (None: harbor-<Harbor's job UUID>)")
-    summary = evaluation_tasks.import_harbor(job_dir, job_id, freeze_name, split, _run_id())
+        raise InputError("harbor-import: params.job_id is empty (None: harbor-<Harbor's job UUID>)")
+    summary = evaluation_tasks.import_harbor(job_dir, job_id, freeze_name, params.split, _run_id())
     trials = evaluation_tasks.job_trial_rows(summary.job_id)
     table_artifact(IMPORT_ARTIFACT_KEY, trials, f"Harbor job {job_dir} imported as {summary.job_id}: "
                    f"{summary.scored}/{summary.trials} scored, reward 1: {summary.reward_1}")
@@ -126,30 +168,45 @@ def harbor_import(job_dir: Path, job_id: str | None = None, freeze_name: str | N
     return summary
 
 
+class JudgeParams(StageParams):
+    """The ``judge`` flow's parameters.
+
+    Attributes:
+        path: a JSONL file (or parquet / CSV, read with HF ``datasets``) of rows ``{question_id, answer,
+            reference}`` (:func:`forgeflow.evaluation.judge.load_answer_rows`).
+        job_id: the evaluation job the judgments belong to; None: ``judge-<file sha256[:12]>`` (the same
+            file again updates its rows).
+        rel_tol: relative tolerance for numeric references (``math.isclose``; a fraction, unitless).
+        abs_tol: absolute tolerance for numeric references (in the reference's own units).
+    """
+
+    path: Path = Field(description="the answers file: JSONL (or parquet / CSV) rows {question_id, answer, reference}")
+    job_id: str | None = Field(None, description="the evaluation job id; None: judge-<file sha256[:12]>")
+    rel_tol: float = Field(1e-6, description="relative tolerance for numeric references (a fraction, >= 0)")
+    abs_tol: float = Field(1e-9, description="absolute tolerance for numeric references (the reference's units, "
+                                             ">= 0)")
+
+
 @flow(name="judge", log_prints=True)
-def judge(path: Path, job_id: str | None = None, rel_tol: float = 1e-6, abs_tol: float = 1e-9) -> JudgeSummary:
+def judge(params: JudgeParams) -> JudgeSummary:
     """Judge a file of GAIA-style answers and record the verdicts in the store's ``judgments`` table.
 
     Args:
-        path: a JSONL file (or parquet / CSV, read with HF ``datasets``) of rows ``{question_id, answer,
-            reference}`` (:func:`forgeflow.evaluation.judge.load_answer_rows`).
-        job_id: the evaluation job the judgments belong to (default ``judge-<file sha256[:12]>``: the
-            same file again updates its rows).
-        rel_tol: relative tolerance for numeric references (``math.isclose``).
-        abs_tol: absolute tolerance for numeric references.
+        params: :class:`JudgeParams` (answers file, job id, numeric tolerances).
 
     Returns:
         :class:`~forgeflow.evaluation.judge.JudgeSummary` (judged, correct, incorrect, rows per rule).
 
     Raises:
-        InputError: a negative tolerance, an empty job id, no file at ``path``, a bad row (its line and
-            field named): nothing is recorded.
+        InputError: a negative tolerance, an empty job id, no file at ``params.path``, a bad row (its line
+            and field named): nothing is recorded.
     """
+    rel_tol, abs_tol, job_id = params.rel_tol, params.abs_tol, params.job_id
     if rel_tol < 0 or abs_tol < 0:
-        raise InputError(f"judge: tolerances must be >= 0, got rel_tol={rel_tol}, abs_tol={abs_tol}")
+        raise InputError(f"judge: tolerances must be >= 0, got params.rel_tol={rel_tol}, params.abs_tol={abs_tol}")
     if job_id is not None and not job_id.strip():
-        raise InputError("judge: job_id is empty (None: judge-<file sha256[:12]>)")
-    path = Path(path)
+        raise InputError("judge: params.job_id is empty (None: judge-<file sha256[:12]>)")
+    path = Path(params.path)
     items, file_sha256 = evaluation_tasks.read_answers(path)
     job = job_id or f"judge-{file_sha256[:12]}"
     recorded = evaluation_tasks.record_judgments(items, job, rel_tol, abs_tol, _run_id())

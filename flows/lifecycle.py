@@ -33,6 +33,7 @@ from blocks.core import RegistryEndpoint
 from flows.registry import migrate_images as migrate_images_flow
 from flows.registry import registry_blocks, repository_prefix, run_registries
 from flows.stagekit import StageLog, run_stage_flow
+from flows.stages import BaseModelParams, FreezeParams, PackageParams, ServeParams
 from flows.stages import base_model as base_model_flow
 from flows.stages import freeze as freeze_flow
 from flows.stages import package as package_flow
@@ -218,7 +219,8 @@ def _serve_baseline(run: _Run, served_base: Any, hf_dir: Path) -> bluegreen.Serv
     config, a blue/green swap onto the recorded endpoint, recorded in the store; the serving state now."""
     config = run.config
     with run.log.stage("serve_baseline") as st:
-        outcome = serve_flow(served_base.path, run.state_path, config.serving.ports, hf_dir, config.serving.block)
+        outcome = serve_flow(ServeParams(gguf_path=served_base.path, state_path=run.state_path,
+                                         ports=config.serving.ports, hf_dir=hf_dir, serving_block=config.serving.block))
         assert outcome.state is not None  # the serve flow promotes or raises
         st["counts"] = {"generation": outcome.state.generation, "port": outcome.state.active_port}
     return outcome.state
@@ -400,8 +402,9 @@ def _freeze(run: _Run, accepted: list[_TaskImage]) -> FreezeManifest:
     inputs) and the export bundle written atomically."""
     config = run.config
     with run.log.stage("freeze") as st:
-        manifest = freeze_flow(config.freeze.name, config.freeze.quotas, config.seed,
-                               instance_ids=[t.instance_id for t in accepted], out_dir=run.out_dir / "freezes")
+        manifest = freeze_flow(FreezeParams(name=config.freeze.name, quotas=config.freeze.quotas, seed=config.seed,
+                                            instance_ids=tuple(t.instance_id for t in accepted),
+                                            out_dir=run.out_dir / "freezes"))
         curation.keep_freeze_inputs(config.freeze.name, run.out_dir / "freezes", config.freeze_inputs())
         st["counts"] = {k: len(v) for k, v in manifest.splits.items()}
         st["digests"] = {"semantic_sha256": manifest.semantic_sha256, "file_sha256": manifest.file_sha256,
@@ -425,11 +428,12 @@ def _base_model(run: _Run) -> tuple[Any, dict[str, Any]]:
                 sha256=base_model.sha256, kind="base", path=str(base_model.path), run_id=run.run_id,
                 lineage=base_model.provenance)])
         else:  # the base-model flow checks the team's checkpoint and records it with where it came from
-            base_model = base_model_flow(config.base_model, out_dir / "models" / "hub")
+            base_model = base_model_flow(BaseModelParams(source=config.base_model, hub_dir=out_dir / "models" / "hub"))
             st["counts"] = {"source": base_model.source, **({"commit": base_model.commit} if base_model.commit else {})}
         base_gguf_dir = out_dir / "models" / "base-gguf"
         # the package flow: convert, quantize, check, load, record each GGUF with the checkpoint as parent
-        base_gguf = package_flow(base_model.path, base_gguf_dir, (config.serving.quantization,)).artifacts
+        base_gguf = package_flow(PackageParams(hf_dir=base_model.path, out_dir=base_gguf_dir,
+                                               quantizations=(config.serving.quantization,))).artifacts
         st["counts"] = {"parameters": base_model.num_parameters, **st["counts"]}
         st["digests"] = {"hf": base_model.sha256, **{q: a.sha256 for q, a in base_gguf.items()}}
     return base_model, base_gguf
@@ -467,8 +471,9 @@ def _package(run: _Run, base_model: Any, adapter: Any) -> dict[str, Any]:
     config = run.config
     with run.log.stage("package") as st:
         package_dir = run.out_dir / "models" / "candidate-gguf" / adapter.sha256[:16]  # one folder per adapter
-        ggufs = package_flow(base_model.path, package_dir, config.package.quantizations, adapter.path,
-                             metadata_edits=list(config.package.metadata_edits)).artifacts
+        ggufs = package_flow(PackageParams(hf_dir=base_model.path, out_dir=package_dir,
+                                           quantizations=config.package.quantizations, adapter_dir=adapter.path,
+                                           metadata_edits=config.package.metadata_edits)).artifacts
         st["digests"] = {q: a.sha256 for q, a in ggufs.items()}
         st["paths"] = {q: str(a.path) for q, a in ggufs.items()}
     return ggufs

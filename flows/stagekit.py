@@ -1,4 +1,5 @@
-"""Bookkeeping shared by the flows: per-stage wall time, cached/completed status, summary.json.
+"""Bookkeeping shared by the flows: per-stage wall time, cached/completed status, summary.json; and
+:class:`StageParams`, the base of every stage flow's one parameter model.
 
 A stage is *cached* when every task it ran came back from Prefect's cache (state name
 ``Cached``); it is *completed* otherwise. The summary is written atomically after every stage, so
@@ -20,6 +21,7 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 from prefect import flow
 from prefect.futures import PrefectFuture
 from prefect.states import State
+from pydantic import BaseModel, ConfigDict
 
 import forgeflow
 from forgeflow.common.fsutil import atomic_write_text
@@ -35,6 +37,20 @@ STAGE_FLOW_NAME = "lifecycle-stage"
 
 _ACTIVE_STAGE: ContextVar[StageLog | None] = ContextVar("forgeflow_active_stage_log", default=None)
 """The :class:`StageLog` whose stage is running in this context (set by :meth:`StageLog.stage`)."""
+
+
+class StageParams(BaseModel):
+    """Base of a stage flow's parameter model (the flow's one parameter, named ``params``): frozen, and
+    an unknown field is refused (``extra="forbid"``), so a misspelt key fails the run before any
+    work instead of being ignored. Prefect validates a run's ``params`` against the model before the
+    flow body runs; the refusal names the field (e.g. ``params.gguf_path``).
+
+    A run's parameters are merged over its deployment's shallowly (top-level keys): a run that
+    gives ``params`` replaces the deployment's whole ``params`` object, so the working defaults live
+    in the model's fields, not in the deployment.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 def run_task(task: Callable[..., T], *args: Any, **kwargs: Any) -> T:

@@ -1,5 +1,9 @@
 """Stage flows that run on their own (from the UI, a schedule or the API), reading their inputs
-from the store where the lifecycle left them. Each is a deployment in ``prefect.yaml``.
+from the store where the lifecycle left them. Each is a deployment in ``prefect.yaml``, takes one
+parameter model (``params``, a :class:`flows.stagekit.StageParams`: :class:`FreezeParams`,
+:class:`CompareParams`, :class:`PackageParams`, :class:`PublishParams`, :class:`ServeParams`,
+:class:`BaseModelParams`) and returns one typed result; the lifecycle runs the same flows as subflows.
+File digests and store reads happen in tasks (:mod:`tasks.packaging`, :mod:`tasks.serving`).
 """
 
 from __future__ import annotations
@@ -9,9 +13,9 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
-from flows.stagekit import run_task
+from flows.stagekit import StageParams, run_task
 from forgeflow.common import settings
 from forgeflow.common.errors import InputError
 from forgeflow.common.settings import home_dir
@@ -20,10 +24,9 @@ from forgeflow.curation.freeze import AcceptedTask, FreezeManifest, SplitQuotas,
 from forgeflow.evaluation import compare as comparison
 from forgeflow.evaluation.compare.gate import GatePolicy
 from forgeflow.ledger import records
-from forgeflow.ledger import store as ledger
 from forgeflow.packaging.checkpoint import BaseModelSource, CheckpointRecord
 from forgeflow.packaging.gguf import GGUFArtifact, QuantSpec, quant_plan
-from forgeflow.packaging.gguf_metadata import MetadataEdit, recorded_edited_values, validate_metadata_edits
+from forgeflow.packaging.gguf_metadata import MetadataEdit, validate_metadata_edits
 from forgeflow.packaging.publish import PublishRecord
 from forgeflow.packaging.release import ReleaseSources
 from forgeflow.serving.external import EndpointCheck
@@ -38,21 +41,45 @@ DEMO_FREEZE_QUOTAS: SplitQuotas = LifecycleConfig().freeze.quotas
 """The demo's freeze quotas (the lifecycle's defaults), the freeze deployment's default."""
 
 
+def _param_error(exc: InputError, field: str) -> InputError:
+    """``exc`` with its message naming ``params.<field>`` (a core check names the bare field or a value)."""
+    message = str(exc)
+    return type(exc)(f"params.{message}" if message.startswith(field) else f"params.{field}: {message}")
+
+
+class FreezeParams(StageParams):
+    """The ``freeze`` flow's parameters (the freeze deployment's defaults are the demo's).
+
+    Attributes:
+        name: the freeze name (:func:`forgeflow.curation.freeze.validate_freeze_name`); a freeze is immutable.
+        quotas: split minimums (tasks), the per-repository cap (tasks) and repositories overall.
+        seed: orders the selection (same accepted tasks + seed, same freeze).
+        instance_ids: freeze only accepted tasks among these (a curate run's candidates, as the
+            freeze-on-ready automation passes them); None: every accepted task in the store.
+        out_dir: where the manifest and bundle are written; None: ``$FORGEFLOW_HOME/freezes``.
+    """
+
+    name: str = Field("demo-v1", description="the freeze name: lower-case letters, digits, '.', '_', '-', at most "
+                                             "128 characters; an existing name with other content is refused")
+    quotas: SplitQuotas = Field(DEMO_FREEZE_QUOTAS, description="split minimums (tasks), the per-repository cap "
+                                                                "(tasks) and the minimum number of repositories")
+    seed: int = Field(0, description="orders the selection: the same accepted tasks and seed give the same freeze")
+    instance_ids: tuple[str, ...] | None = Field(
+        None, description="freeze only accepted tasks among these instance ids (a curate run's candidates); "
+                          "None: every accepted task in the store")
+    out_dir: Path | None = Field(None, description="folder for the manifest and bundle; None: "
+                                                   "$FORGEFLOW_HOME/freezes")
+
+
 @flow(name="freeze", log_prints=True)
-def freeze(name: str, quotas: SplitQuotas = DEMO_FREEZE_QUOTAS, seed: int = 0,
-           instance_ids: list[str] | None = None, out_dir: Path | None = None) -> FreezeManifest:
-    """Freeze the accepted tasks recorded in the store under ``name`` (immutable), with its export
+def freeze(params: FreezeParams = FreezeParams()) -> FreezeManifest:
+    """Freeze the accepted tasks recorded in the store under ``params.name`` (immutable), with its export
     bundle: a HF ``datasets`` DatasetDict per split (rows: instance id, repository, split,
     FAIL_TO_PASS, PASS_TO_PASS, image reference and digest, patch sha256 — what the store holds)
     and its deterministic tarball, whose sha256 the store records beside the manifest's digests.
 
     Args:
-        name: the freeze name (:func:`forgeflow.curation.freeze.validate_freeze_name`).
-        quotas: split minimums, per-repository cap, repositories overall.
-        seed: orders the selection (same accepted tasks + seed, same freeze).
-        instance_ids: freeze only accepted tasks among these (a curate run's candidates, as the
-            freeze-on-ready automation passes them); None: every accepted task in the store.
-        out_dir: where the manifest and bundle are written; default ``$FORGEFLOW_HOME/freezes``.
+        params: :class:`FreezeParams` (name, quotas, seed, instance ids, output folder).
 
     The manifest's ``inputs`` pin each task's image: ``image_digests`` (instance id -> manifest digest)
     for every task whose image the store records (the lifecycle runs this flow as its freeze stage).
@@ -61,20 +88,24 @@ def freeze(name: str, quotas: SplitQuotas = DEMO_FREEZE_QUOTAS, seed: int = 0,
         The manifest, with ``bundle_path`` and ``bundle_sha256`` of the bundle's tarball.
 
     Raises:
-        InputError: an invalid name, or ``instance_ids`` given but empty.
+        InputError: an invalid name, or ``params.instance_ids`` given but empty.
         PreflightError: the quotas are not met (each unmet quota is named).
-        FreezeConflictError: ``name`` exists with different content.
+        FreezeConflictError: ``params.name`` exists with different content.
     """
-    validate_freeze_name(name)
+    name, quotas, seed, instance_ids = params.name, params.quotas, params.seed, params.instance_ids
+    try:
+        validate_freeze_name(name)
+    except InputError as exc:
+        raise _param_error(exc, "name") from None
     if instance_ids is not None and not instance_ids:
-        raise InputError(f"freeze {name!r}: instance_ids is empty (None freezes every accepted task)")
-    bundle_tasks = curation.accepted_for_freeze(instance_ids)
+        raise InputError(f"freeze {name!r}: params.instance_ids is empty (None freezes every accepted task)")
+    bundle_tasks = curation.accepted_for_freeze(list(instance_ids) if instance_ids is not None else None)
     accepted = [AcceptedTask(instance_id=t.instance_id, repo=t.repo) for t in bundle_tasks]
     get_run_logger().info("freeze %r: %d accepted task(s)%s; quotas %s, seed %d", name, len(accepted),
                           f" among {len(set(instance_ids))} candidates" if instance_ids is not None else "",
                           quotas.model_dump(), seed)
     image_digests = {t.instance_id: t.image_digest for t in bundle_tasks if t.image_digest}
-    manifest = run_task(curation.freeze_dataset, name, accepted, quotas, seed, out_dir or home_dir() / "freezes",
+    manifest = run_task(curation.freeze_dataset, name, accepted, quotas, seed, params.out_dir or home_dir() / "freezes",
                         {"image_digests": image_digests} if image_digests else {}, bundle_tasks)
     record_rows(settings.store_url(), "freezes", [records.FreezeRecord(
         name=manifest.name, semantic_sha256=manifest.semantic_sha256, file_sha256=manifest.file_sha256,
@@ -84,23 +115,48 @@ def freeze(name: str, quotas: SplitQuotas = DEMO_FREEZE_QUOTAS, seed: int = 0,
     return manifest
 
 
+class CompareParams(StageParams):
+    """The ``compare`` flow's parameters.
+
+    Attributes:
+        job_a: the first canary job (the baseline), as recorded in the store.
+        job_b: the second canary job (the candidate), on the same frozen split.
+        report_path: the markdown report (its PNG beside it); None: ``$FORGEFLOW_HOME/compare-<a>-vs-<b>.md``.
+        merge_recovery: merge each job's recovery jobs into it before comparing.
+        seed: the repository-clustered bootstrap's seed.
+        gate: the promotion gate's settings; None: :class:`~forgeflow.evaluation.compare.gate.GatePolicy`'s defaults.
+    """
+
+    job_a: str = Field(description="the first (baseline) canary job id, as recorded in the store")
+    job_b: str = Field(description="the second (candidate) canary job id, on the same frozen split")
+    report_path: Path | None = Field(None, description="markdown report path (PNG beside it); None: "
+                                                       "$FORGEFLOW_HOME/compare-<job_a>-vs-<job_b>.md")
+    merge_recovery: bool = Field(True, description="merge each job's recovery jobs into it before comparing")
+    seed: int = Field(0, description="seed of the repository-clustered bootstrap (same seed, same interval)")
+    gate: GatePolicy | None = Field(None, description="promotion gate settings; None: the defaults (30 pairs "
+                                                      "from 3 repositories, 5 points of tolerated drop, alpha 0.05)")
+
+
 @flow(name="compare", log_prints=True)
-def compare(job_a: str, job_b: str, report_path: Path | None = None, merge_recovery: bool = True,
-            seed: int = 0, gate: GatePolicy | None = None) -> comparison.PairedComparison:
+def compare(params: CompareParams) -> comparison.PairedComparison:
     """Paired comparison of two canary jobs recorded in the store, on the same frozen split.
 
     Writes the markdown report (wins/ties/losses, exact McNemar, the delta interval — Newcombe's
     paired interval united with the repository-clustered bootstrap —, excluded tasks with reasons,
-    cost ratios and the promotion gate's verdict under ``gate``'s settings, default
+    cost ratios and the promotion gate's verdict under ``params.gate``'s settings, default
     :class:`forgeflow.evaluation.compare.gate.GatePolicy`; each job merged with its recovery jobs unless
-    ``merge_recovery`` is False, and said so) and beside it a PNG (pass rates with Wilson
+    ``params.merge_recovery`` is False, and said so) and beside it a PNG (pass rates with Wilson
     intervals, wins/losses per repository) that the report and the markdown artifact show.
+
+    Args:
+        params: :class:`CompareParams` (the two jobs, report path, recovery merge, seed, gate).
 
     Raises:
         InputError: a job has no trials in the store, or the jobs ran different frozen splits.
     """
-    md_path = Path(report_path or home_dir() / f"compare-{job_a}-vs-{job_b}.md")
-    result = evaluation_tasks.compare_stored(job_a, job_b, md_path, merge_recovery, seed, gate)
+    job_a, job_b = params.job_a, params.job_b
+    md_path = Path(params.report_path or home_dir() / f"compare-{job_a}-vs-{job_b}.md")
+    result = evaluation_tasks.compare_stored(job_a, job_b, md_path, params.merge_recovery, params.seed, params.gate)
     paired = result.paired
     get_run_logger().info("wins %d ties %d losses %d, McNemar p %.3g; excluded %d; promotion gate: %s (%s); report %s",
                           paired.wins, paired.ties, paired.losses, paired.mcnemar_p, len(result.excluded),
@@ -124,22 +180,52 @@ class PackageResult(BaseModel):
     published: PublishRecord | None = None
 
 
+class PackageParams(StageParams):
+    """The ``package`` flow's parameters (see :func:`package` for the quantization plan, metadata edits
+    and publishing).
+
+    Attributes:
+        hf_dir: the HF checkpoint folder to package (``config.json``, weights, tokenizer).
+        out_dir: where the GGUFs (``model-<key>.gguf``) and, with an adapter, ``merged/`` are written.
+        quantizations: the quantization plan: names of :data:`forgeflow.packaging.gguf.QUANT_PLANS`
+            and/or :class:`forgeflow.packaging.gguf.QuantSpec` objects.
+        adapter_dir: a LoRA adapter folder merged into ``hf_dir`` first; None: nothing merged.
+        publish: a ModelStore block to publish to; None: nothing published.
+        publish_quantization: the artifact key published; None: the first of ``quantizations``.
+        model_name: the model's name in a local store.
+        metadata_edits: GGUF metadata edits (:class:`forgeflow.packaging.gguf_metadata.MetadataEdit`).
+        publish_checkpoint: publish the checkpoint the GGUF was converted from too.
+    """
+
+    hf_dir: Path = Field(description="the HF checkpoint folder to package (config.json, weights, tokenizer)")
+    out_dir: Path = Field(description="output folder for model-<key>.gguf files (and merged/ with an adapter)")
+    quantizations: tuple[str | QuantSpec, ...] = Field(
+        ("Q8_0", "Q4_K_M"), description="quantization plan: QUANT_PLANS names (Q8_0, Q4_K_M, "
+                                        "Q4_K_M+attn-embd-output-Q8_0) and/or {preset, tensor_types, name} specs")
+    adapter_dir: Path | None = Field(None, description="LoRA adapter folder merged into hf_dir first; None: no merge")
+    publish: str | None = Field(None, description="ModelStore block name to publish to; None: nothing published")
+    publish_quantization: str | None = Field(None, description="artifact key to publish; None: the first of "
+                                                               "quantizations")
+    model_name: str = Field("forgeflow", description="the model's name in a local store (one path component)")
+    metadata_edits: tuple[MetadataEdit | dict[str, Any], ...] = Field(
+        (), description="GGUF metadata edits {op: set|add|delete, key, value, type, sub_type, artifacts}, applied "
+                        "after every artifact passed its check and loaded")
+    publish_checkpoint: bool = Field(False, description="publish the checkpoint the GGUF was converted from too "
+                                                        "(under checkpoint/)")
+
+
 @flow(name="package", log_prints=True)
-def package(hf_dir: Path, out_dir: Path, quantizations: tuple[str | QuantSpec, ...] = ("Q8_0", "Q4_K_M"),
-            adapter_dir: Path | None = None, publish: str | None = None, publish_quantization: str | None = None,
-            model_name: str = "forgeflow",
-            metadata_edits: list[MetadataEdit | dict[str, Any]] | None = None,
-            publish_checkpoint: bool = False) -> PackageResult:
+def package(params: PackageParams) -> PackageResult:
     """Merge (optional adapter) -> GGUF f16 -> quantize -> metadata check -> load [-> metadata edits ->
     verify -> check -> load] [-> publish].
 
-    ``quantizations`` is the quantization plan: names of :data:`forgeflow.packaging.gguf.QUANT_PLANS`
+    ``params.quantizations`` is the quantization plan: names of :data:`forgeflow.packaging.gguf.QUANT_PLANS`
     (``Q8_0``, ``Q4_K_M``, ``Q4_K_M+attn-embd-output-Q8_0``: attention, embedding and output at Q8_0,
     the rest Q4_K_M, as the hand-run pipeline served) and/or specs ``{"preset": "Q4_K_M",
     "tensor_types": {regex: ggml type}, "name": ...}``; each mixed artifact is checked tensor by
     tensor after quantization. The result is keyed by :attr:`forgeflow.packaging.gguf.QuantSpec.key`.
 
-    ``metadata_edits`` fixes GGUF metadata as the hand-run pipeline patched it: a list of
+    ``params.metadata_edits`` fixes GGUF metadata as the hand-run pipeline patched it: a list of
     ``{"op": "set"|"add"|"delete", "key": ..., "value": ..., "type": <GGUFValueType name, optional>,
     "sub_type": <ARRAY element type>, "artifacts": [<artifact keys>, optional]}``
     (:class:`forgeflow.packaging.gguf_metadata.MetadataEdit`), e.g. ``[{"op": "set", "key":
@@ -153,11 +239,11 @@ def package(hf_dir: Path, out_dir: Path, quantizations: tuple[str | QuantSpec, .
     keys against their edits) and the load run again on the edited file. The store records the edited
     file's sha256 with ``lineage`` = ``{"edited_from_sha256": ..., "metadata_edits": [...]}``.
 
-    With ``publish`` (the name of a ModelStore block: local directory or HF Hub), the GGUF of
-    ``publish_quantization`` (default: the first of ``quantizations``) and its
+    With ``params.publish`` (the name of a ModelStore block: local directory or HF Hub), the GGUF of
+    ``params.publish_quantization`` (default: the first of ``quantizations``) and its
     ``<stem>.lineage.json`` are published once every artifact passed the GGUF check and loaded
     (:func:`tasks.packaging.publish_gguf`), with the merged adapter's files (``adapter/``) and,
-    with ``publish_checkpoint``, the checkpoint the GGUF was converted from (``checkpoint/``: the
+    with ``params.publish_checkpoint``, the checkpoint the GGUF was converted from (``checkpoint/``: the
     merged one when an adapter was merged); the result's ``published`` is then the record.
 
     The run shows the artifacts as a table artifact (``package``: key, path, size, sha256). The
@@ -169,22 +255,31 @@ def package(hf_dir: Path, out_dir: Path, quantizations: tuple[str | QuantSpec, .
     id), so ``forgeflow lineage`` lists this run as their producer; the base checkpoint ``hf_dir`` and
     the adapter are recorded too when the store does not know them yet.
 
+    Args:
+        params: :class:`PackageParams`.
+
     Raises:
         InputError: before any compute: the store block is missing or inconsistent, or
-            ``publish_quantization`` is not among the artifacts this run makes, an unknown
-            quantization plan name or preset, repeated artifact keys, an invalid metadata edit
-            (``metadata_edits[i] (key ...)``: unknown op, empty key, a value that does not fit its
-            type, a repeated key, a delete of a key the architecture needs such as
+            ``params.publish_quantization`` is not among the artifacts this run makes, an unknown
+            quantization plan name or preset, repeated artifact keys (``params.quantizations``), an
+            invalid metadata edit (``params.metadata_edits[i] (key ...)``: unknown op, empty key, a value
+            that does not fit its type, a repeated key, a delete of a key the architecture needs such as
             ``general.architecture``, an unknown artifact key).
         GGUFError: a GGUF fails its check, or an edit does not fit the file (a set/delete of an
             absent key, an add of a present one); nothing is published.
     """
-    from forgeflow.common.fsutil import sha256_tree
-
-    keys = [spec.key for spec in quant_plan(quantizations)]  # refused before any compute
-    edits = validate_metadata_edits(metadata_edits, ("f16", *keys))
-    target = _publish_preflight(publish, publish_quantization or (keys[0] if keys else "f16"),
-                                ("f16", *keys)) if publish else None
+    hf_dir, out_dir, adapter_dir = params.hf_dir, params.out_dir, params.adapter_dir
+    quantizations = params.quantizations
+    try:
+        keys = [spec.key for spec in quant_plan(quantizations)]  # refused before any compute
+    except InputError as exc:
+        raise _param_error(exc, "quantizations") from None
+    try:
+        edits = validate_metadata_edits(params.metadata_edits, ("f16", *keys))
+    except InputError as exc:
+        raise _param_error(exc, "metadata_edits") from None
+    target = _publish_preflight(params.publish, params.publish_quantization or (keys[0] if keys else "f16"),
+                                ("f16", *keys)) if params.publish else None
     inputs = model_tasks.package_inputs(hf_dir, adapter_dir)
     artifacts = run_task(model_tasks.package, hf_dir, inputs.hf_sha256, out_dir, tuple(quantizations), adapter_dir,
                          inputs.adapter_tree_sha256, edits)
@@ -193,13 +288,13 @@ def package(hf_dir: Path, out_dir: Path, quantizations: tuple[str | QuantSpec, .
     table_artifact("package", [{"type": q, "path": str(a.path), "size_bytes": a.size_bytes, "sha256": a.sha256}
                                for q, a in artifacts.items()], f"GGUF artifacts of {hf_dir}"
                    + (f" merged with the adapter {adapter_dir}" if adapter_dir else ""))
-    if publish and target:
+    if params.publish and target:
         art = artifacts[target]
         source = Path(out_dir) / "merged" if adapter_dir else Path(hf_dir)  # what the GGUF was converted from
-        sources = ReleaseSources(hf_sha256=sha256_tree(source), adapter_dir=adapter_dir,
-                                 checkpoint_dir=source if publish_checkpoint else None)
-        record = publish_tasks.publish_gguf(publish, art.path, art.sha256, art.type, model_name, sources,
-                                            art.tensor_types, str(flow_run.get_id() or ""))
+        sources = ReleaseSources(hf_sha256=model_tasks.checkpoint_sha256(source), adapter_dir=adapter_dir,
+                                 checkpoint_dir=source if params.publish_checkpoint else None)
+        record = publish_tasks.publish_gguf(params.publish, art.path, art.sha256, art.type, params.model_name,
+                                            sources, art.tensor_types, str(flow_run.get_id() or ""))
         return PackageResult(artifacts=artifacts, published=record)
     return PackageResult(artifacts=artifacts)
 
@@ -207,79 +302,107 @@ def package(hf_dir: Path, out_dir: Path, quantizations: tuple[str | QuantSpec, .
 def _publish_preflight(store_block: str, quantization: str, produced: tuple[str, ...]) -> str:
     """Fail before compute when the store block or the quantization to publish cannot work."""
     if quantization not in produced:
-        raise InputError(f"publish_quantization {quantization!r} is not one of the artifacts {list(produced)}")
+        raise InputError(f"params.publish_quantization {quantization!r} is not one of the artifacts {list(produced)}")
     publish_tasks.load_model_store(store_block)
     return quantization
 
 
-@flow(name="publish", log_prints=True)
-def publish(gguf_path: Path, store: str, hf_dir: Path, adapter_dir: Path | None = None,
-            model_name: str = "forgeflow", include_checkpoint: bool = False) -> PublishRecord:
-    """Publish a GGUF the package stage wrote (e.g. once the promotion gate chose it) to a model store.
+class PublishParams(StageParams):
+    """The ``publish`` flow's parameters.
 
-    The GGUF is checked against ``hf_dir`` again (:func:`forgeflow.packaging.gguf.check_gguf`; keys the store
-    records a ``package`` run's metadata edits set on it against those edits) before anything is sent; its
-    ``<stem>.lineage.json`` names ``hf_dir``'s digest and, with ``adapter_dir``, the adapter's lineage.
-
-    Args:
-        gguf_path: the GGUF.
-        store: name of a ModelStore block.
+    Attributes:
+        gguf_path: the GGUF (as the package stage wrote it).
+        store: name of a ModelStore block (``forgeflow up`` saves a local one as ``forgeflow-models``).
         hf_dir: the HF checkpoint the GGUF was converted from (the merged one when an adapter was merged).
         adapter_dir: the adapter merged into it, if any (its files are published with the GGUF,
             under ``adapter/``).
         model_name: the model's name in a local store.
         include_checkpoint: publish ``hf_dir`` itself too (under ``checkpoint/``, every file
             sha256-verified like the GGUF): the release then holds the weights the GGUF came from.
+    """
 
-    When the store (the ledger) knows the GGUF, ``hf_dir`` must be the checkpoint its recorded chain
-    was converted from and ``adapter_dir`` the adapter merged into it (required when the chain has
+    gguf_path: Path = Field(description="the GGUF file to publish")
+    store: str = Field("forgeflow-models", description="name of the ModelStore block to publish to")
+    hf_dir: Path = Field(description="the HF checkpoint folder the GGUF was converted from (the merged one "
+                                     "when an adapter was merged)")
+    adapter_dir: Path | None = Field(None, description="the adapter folder merged into hf_dir, if any "
+                                                       "(published under adapter/)")
+    model_name: str = Field("forgeflow", description="the model's name in a local store (one path component)")
+    include_checkpoint: bool = Field(False, description="publish hf_dir too (under checkpoint/, every file "
+                                                        "sha256-verified)")
+
+
+@flow(name="publish", log_prints=True)
+def publish(params: PublishParams) -> PublishRecord:
+    """Publish a GGUF the package stage wrote (e.g. once the promotion gate chose it) to a model store.
+
+    The GGUF is checked against ``params.hf_dir`` again (:func:`forgeflow.packaging.gguf.check_gguf`; keys
+    the store records a ``package`` run's metadata edits set on it against those edits) before anything is
+    sent; its ``<stem>.lineage.json`` names ``hf_dir``'s digest and, with ``adapter_dir``, the adapter's
+    lineage.
+
+    Args:
+        params: :class:`PublishParams` (GGUF, store block, checkpoint, adapter, name, checkpoint publishing).
+
+    When the store (the ledger) knows the GGUF, ``params.hf_dir`` must be the checkpoint its recorded chain
+    was converted from and ``params.adapter_dir`` the adapter merged into it (required when the chain has
     one; :func:`forgeflow.packaging.lineage.check_release_sources`), checked before anything is written or
     sent: the GGUF metadata check cannot tell a LoRA-merged checkpoint from its base. When the
     store does not know the GGUF, it is published as given and a warning says the lineage was not
-    cross-checked.
+    cross-checked. The files are hashed and the store read in a task (:func:`tasks.packaging.release_inputs`).
 
     Raises:
-        InputError: the store block is missing or inconsistent; ``gguf_path``/``hf_dir`` is missing;
-            ``hf_dir``/``adapter_dir`` is not what the store records the GGUF was converted from.
+        InputError: the store block is missing or inconsistent; ``params.gguf_path``/``params.hf_dir`` is
+            missing; ``hf_dir``/``adapter_dir`` is not what the store records the GGUF was converted from.
         GGUFError: the check failed.
     """
-    from forgeflow.common.fsutil import sha256_file, sha256_tree
-    from forgeflow.packaging.lineage import check_release_sources
+    publish_tasks.load_model_store(params.store)
+    inputs = publish_tasks.release_inputs(params.gguf_path, params.hf_dir, params.adapter_dir)
+    check = publish_tasks.check_release(params.gguf_path, inputs.gguf_sha256, params.hf_dir, inputs.hf_sha256,
+                                        inputs.edited or None)
+    get_run_logger().info("%s passed the GGUF check against %s (%s, %d blocks, vocabulary %d)",
+                          Path(params.gguf_path).name, params.hf_dir, check.file_type, check.block_count,
+                          check.vocab_size)
+    sources = ReleaseSources(hf_sha256=inputs.hf_sha256, adapter_dir=params.adapter_dir,
+                             checkpoint_dir=Path(params.hf_dir) if params.include_checkpoint else None)
+    return publish_tasks.publish_gguf(params.store, params.gguf_path, inputs.gguf_sha256, check.file_type,
+                                      params.model_name, sources, None, str(flow_run.get_id() or ""))
 
-    publish_tasks.load_model_store(store)
-    if not Path(gguf_path).is_file():
-        raise InputError(f"gguf_path {str(gguf_path)!r} is not a file")
-    if not Path(hf_dir).is_dir():
-        raise InputError(f"hf_dir {str(hf_dir)!r} is not a folder")
-    if adapter_dir is not None and not Path(adapter_dir).is_dir():
-        raise InputError(f"adapter_dir {str(adapter_dir)!r} is not a folder")
-    gguf_sha, hf_sha = sha256_file(gguf_path), sha256_tree(hf_dir)
-    ledger_store = ledger.Store()
-    ledger_store.upgrade()
-    if check_release_sources(ledger_store, gguf_sha, hf_sha, Path(hf_dir), adapter_dir) is None:
-        get_run_logger().warning("the store (%s) does not know GGUF %s: its lineage (hf_dir %s, adapter_dir %s) "
-                                 "could not be cross-checked", ledger_store.display_url, gguf_sha, hf_dir, adapter_dir)
-    edited = recorded_edited_values(ledger_store, gguf_sha)  # keys the package run's metadata edits set
-    check = publish_tasks.check_release(gguf_path, gguf_sha, hf_dir, hf_sha, edited or None)
-    get_run_logger().info("%s passed the GGUF check against %s (%s, %d blocks, vocabulary %d)", Path(gguf_path).name,
-                          hf_dir, check.file_type, check.block_count, check.vocab_size)
-    sources = ReleaseSources(hf_sha256=hf_sha, adapter_dir=adapter_dir,
-                             checkpoint_dir=Path(hf_dir) if include_checkpoint else None)
-    return publish_tasks.publish_gguf(store, gguf_path, gguf_sha, check.file_type, model_name, sources, None,
-                                      str(flow_run.get_id() or ""))
+
+class ServeParams(StageParams):
+    """The ``serve`` flow's parameters.
+
+    Attributes:
+        gguf_path: the GGUF to serve (external: the model file the endpoint serves).
+        state_path: the serving state file; None: ``$FORGEFLOW_HOME/serving/state.json``.
+        ports: the two blue/green ports on 127.0.0.1; None: the serving backend's (8801/8802).
+        hf_dir: the HF checkpoint folder (``config.json``) the GGUF was converted from; None: the one
+            the store records for it.
+        serving_block: a ``forgeflow-serving`` block (:class:`blocks.core.ServingBackend`); None:
+            llama-cpp-python with a 4,096-token context.
+    """
+
+    gguf_path: Path = Field(description="the GGUF to serve (external endpoint: the model file it serves)")
+    state_path: Path | None = Field(None, description="the serving state file; None: "
+                                                      "$FORGEFLOW_HOME/serving/state.json")
+    ports: tuple[int, int] | None = Field(None, description="the two blue/green TCP ports on 127.0.0.1 "
+                                                            "(1024..65535, distinct); None: the backend's")
+    hf_dir: Path | None = Field(None, description="the HF checkpoint folder (config.json) the GGUF was converted "
+                                                  "from; None: the one the store records")
+    serving_block: str | None = Field(None, description="a forgeflow-serving block name; None: llama-cpp-python, "
+                                                        "4,096-token context")
 
 
 @flow(name="serve", log_prints=True)
-def serve(gguf_path: Path, state_path: Path | None = None, ports: tuple[int, int] | None = None,
-          hf_dir: Path | None = None, serving_block: str | None = None) -> serving_tasks.SwapOutcome:
-    """Blue/green swap of the serving endpoint to ``gguf_path`` (check, gate, switch, stop the old one).
+def serve(params: ServeParams) -> serving_tasks.SwapOutcome:
+    """Blue/green swap of the serving endpoint to ``params.gguf_path`` (check, gate, switch, stop the old one).
 
     Before any server starts, the GGUF's metadata is checked against its HF config
-    (:func:`tasks.serving.check_serving_gguf`, the package stage's check): the config of ``hf_dir``,
+    (:func:`tasks.serving.check_serving_gguf`, the package stage's check): the config of ``params.hf_dir``,
     or by default of the checkpoint the store records the GGUF was converted from. A GGUF that fails
     is refused with the file and the mismatching key named, and nothing starts.
 
-    The endpoint is the state file ``state_path`` (default ``$FORGEFLOW_HOME/serving/state.json``,
+    The endpoint is the state file ``params.state_path`` (default ``$FORGEFLOW_HOME/serving/state.json``,
     the one the ``canary`` flow reads by default). A promotion is recorded in the store as the
     lifecycle records its swaps (:func:`tasks.serving.record_swap`): the new generation active, the
     one it replaced retired, with this flow run's id; ``forgeflow status`` and ``forgeflow lineage``
@@ -288,7 +411,7 @@ def serve(gguf_path: Path, state_path: Path | None = None, ports: tuple[int, int
     file and the old server are untouched).
 
     With an external endpoint (a block of ``kind="external"``: vLLM, a llama-server the team runs, a
-    hosted API) nothing starts or stops: ``gguf_path`` is the model file the user says the endpoint
+    hosted API) nothing starts or stops: ``params.gguf_path`` is the model file the user says the endpoint
     serves, and its sha256 is the ``model_sha256`` recorded (in the state file and the store, what the
     canary and ``promote`` compare against). A GGUF is checked against its HF config as above; another
     file (e.g. the checkpoint a vLLM endpoint loaded) is not, and ``checks`` says so. The endpoint must
@@ -297,16 +420,9 @@ def serve(gguf_path: Path, state_path: Path | None = None, ports: tuple[int, int
     name each check and whether it ran (the accelerator check never does).
 
     Args:
-        gguf_path: the GGUF to serve (external: the model file the endpoint serves; required).
-        state_path: the serving state file.
-        ports: the two blue/green ports on 127.0.0.1 (default: the serving backend's, 8801/8802).
-        hf_dir: the HF checkpoint folder (``config.json``) the GGUF was converted from; default: the one
-            the store records for it.
-        serving_block: a ``forgeflow-serving`` block (:class:`blocks.core.ServingBackend`): which
-            server (llama-cpp-python, or llama-server with slots, KV cache type and GPU offload),
-            context, alias; default: llama-cpp-python with a 4,096-token context. Its slot plan is
-            checked against ``required_context_tokens`` and the GGUF's training context before any
-            server starts. ``kind="external"``: the endpoint at the block's ``base_url`` is used instead.
+        params: :class:`ServeParams` (GGUF, state file, ports, HF checkpoint, serving block). The
+            ``serving_block``'s slot plan is checked against ``required_context_tokens`` and the GGUF's
+            training context before any server starts.
 
     Returns:
         :class:`tasks.serving.SwapOutcome` (``promoted``, ``verdict``, ``state``: the endpoint now
@@ -314,9 +430,10 @@ def serve(gguf_path: Path, state_path: Path | None = None, ports: tuple[int, int
         ``not_run``). The lifecycle's ``serve_baseline`` stage runs this flow.
 
     Raises:
-        InputError: ``gguf_path`` is not a file, no config to check it against (no ``hf_dir`` and the
-            store records none), ``ports`` are not two distinct ports, ``serving_block`` does not exist
-            or is not a valid backend, or nothing serves and both ports are held by other processes.
+        InputError: ``params.gguf_path`` is not a file, no config to check it against (no ``params.hf_dir``
+            and the store records none), ``params.ports`` are not two distinct ports, ``params.serving_block``
+            does not exist or is not a valid backend, or nothing serves and both ports are held by other
+            processes.
         ContextPreflightError: a slot of the backend cannot hold ``required_context_tokens`` (nothing
             started).
         GGUFError: the GGUF is unreadable or differs from its config (nothing started).
@@ -327,15 +444,13 @@ def serve(gguf_path: Path, state_path: Path | None = None, ports: tuple[int, int
         InputError: external: it answered 401/403, does not list ``model_alias``, or its ``/props``
             names another model file (the URL named; nothing recorded).
     """
-    from forgeflow.common.fsutil import sha256_file
-
-    if not Path(gguf_path).is_file():
-        raise InputError(f"gguf_path {str(gguf_path)!r} is not a file")
-    backend = serving_tasks.serving_backend(serving_block, tuple(ports) if ports is not None else None)
-    gguf_sha256 = sha256_file(gguf_path)
-    check = serving_tasks.check_serving_gguf(gguf_path, gguf_sha256, hf_dir, external=backend.kind == "external")
+    gguf_path = params.gguf_path
+    gguf_sha256 = serving_tasks.model_file_sha256(gguf_path)  # refuses a missing file
+    backend = serving_tasks.serving_backend(params.serving_block, params.ports, ports_field="params.ports")
+    check = serving_tasks.check_serving_gguf(gguf_path, gguf_sha256, params.hf_dir,
+                                             external=backend.kind == "external")
     serving_tasks.preflight_serving(backend, check.context_length if check is not None else None)
-    outcome = serving_tasks.swap_transaction(state_path or home_dir() / "serving" / "state.json", gguf_path,
+    outcome = serving_tasks.swap_transaction(params.state_path or home_dir() / "serving" / "state.json", gguf_path,
                                              gguf_sha256, backend, lambda staged: "promote")
     serving_tasks.record_promotion(outcome, str(flow_run.get_id() or "") or None)
     if backend.kind == "external":
@@ -346,20 +461,33 @@ def serve(gguf_path: Path, state_path: Path | None = None, ports: tuple[int, int
     return outcome
 
 
+class BaseModelParams(StageParams):
+    """The ``base-model`` flow's parameters.
+
+    Attributes:
+        source: where the checkpoint is (:class:`forgeflow.packaging.checkpoint.BaseModelSource`: a local
+            folder, or a Hub repository at a revision; the tiny model is the lifecycle's own default, not a
+            source for this flow).
+        hub_dir: where Hub snapshots go; None: ``$FORGEFLOW_HOME/models/hub``.
+    """
+
+    source: BaseModelSource = Field(description="the checkpoint: {local_dir} or {repo_id, revision, token_secret, "
+                                                "endpoint}")
+    hub_dir: Path | None = Field(None, description="folder for Hub snapshots; None: $FORGEFLOW_HOME/models/hub")
+
+
 @flow(name="base-model", log_prints=True)
-def base_model(source: BaseModelSource, hub_dir: Path | None = None) -> CheckpointRecord:
+def base_model(params: BaseModelParams) -> CheckpointRecord:
     """Check the team's base checkpoint and record it in the store as a ``base`` artifact.
 
-    ``source`` is a local folder (used in place) or an HF Hub repository at a revision (fetched with
+    ``params.source`` is a local folder (used in place) or an HF Hub repository at a revision (fetched with
     ``huggingface_hub.snapshot_download`` at the commit the revision resolves to now, token from
     the Secret block ``source.token_secret``). The record (path, sha256 over every file, parameter
     count, provenance: repo id, revision, commit) is what ``package`` (its ``hf_dir``) and the
     lifecycle's ``base_model`` take; ``forgeflow lineage <sha256>`` shows it as a root.
 
     Args:
-        source: where the checkpoint is (:class:`forgeflow.packaging.checkpoint.BaseModelSource`;
-            the tiny model is the lifecycle's own default, not a source for this flow).
-        hub_dir: where Hub snapshots go; default ``$FORGEFLOW_HOME/models/hub``.
+        params: :class:`BaseModelParams` (source, Hub snapshot folder).
 
     Raises:
         InputError: no source given (the tiny model), the folder is not an HF checkpoint (each
@@ -367,9 +495,11 @@ def base_model(source: BaseModelSource, hub_dir: Path | None = None) -> Checkpoi
             the Secret block is missing.
         TransientInfraError: the Hub did not answer after retries.
     """
+    source = params.source
     if source.kind == "tiny":
-        raise InputError("base-model: give source.local_dir or source.repo_id + source.revision")
-    record = run_task(model_tasks.base_checkpoint, source, hub_dir or home_dir() / "models" / "hub")
+        raise InputError("base-model: give params.source.local_dir or params.source.repo_id + "
+                         "params.source.revision")
+    record = run_task(model_tasks.base_checkpoint, source, params.hub_dir or home_dir() / "models" / "hub")
     provenance = record.provenance
     record_rows(settings.store_url(), "model_artifacts", [records.ModelArtifactRecord(
         sha256=record.sha256, kind="base", path=str(record.path), lineage=provenance,

@@ -201,9 +201,12 @@ def import_harbor(job_dir: Path, job_id: str | None, freeze_name: str | None, sp
     it, only the trials are recorded.
 
     Raises:
-        InputError: an unknown freeze or split, a folder that is not a Harbor job folder, a bad trial
+        InputError: ``job_dir`` does not exist (named as the ``harbor-import`` flow's ``params.job_dir``), an
+            unknown freeze or split, a folder that is not a Harbor job folder, a bad trial
             result (file and field named), a trial of a task outside the split.
     """
+    if not Path(job_dir).is_dir():
+        raise InputError(f"harbor-import: params.job_dir {job_dir} does not exist (give <jobs dir>/<job name>)")
     store = _store()
     ids = frozen_split(store, freeze_name, split)[1] if freeze_name is not None else None
     found = harbor_import.read_harbor_job(job_dir, job_id=job_id, instance_ids=ids, run_id=run_id)
@@ -322,7 +325,6 @@ def check_promotion_jobs(baseline_job: str, candidate_job: str, gguf_sha256: str
     Raises:
         InputError: a job is not in the store, or either digest differs (both named).
     """
-    from forgeflow.common.errors import InputError
     from forgeflow.serving.bluegreen import read_state
 
     store = _store()
@@ -333,7 +335,7 @@ def check_promotion_jobs(baseline_job: str, candidate_job: str, gguf_sha256: str
             raise InputError(f"promote: {role} job {ids[role]!r} is not in the store ({store.display_url})")
     if jobs["candidate"].model_sha256 != gguf_sha256:
         raise InputError(f"promote: candidate job {candidate_job!r} canaried model {jobs['candidate'].model_sha256}, "
-                         f"not gguf_path's {gguf_sha256}: canary the GGUF to promote first")
+                         f"not params.gguf_path's {gguf_sha256}: canary the GGUF to promote first")
     active = read_state(state_path)
     if active is not None and jobs["baseline"].model_sha256 != active.gguf_sha256:
         raise InputError(f"promote: baseline job {baseline_job!r} canaried model {jobs['baseline'].model_sha256}, but "

@@ -176,6 +176,71 @@ def package_inputs(hf_dir: Path, adapter_dir: Path | None) -> PackageInputs:
                          adapter_tree_sha256=sha256_tree(adapter_dir) if adapter_dir else None)
 
 
+@task(cache_policy=NO_CACHE)
+def checkpoint_sha256(hf_dir: Path) -> str:
+    """``sha256_tree`` of the checkpoint folder ``hf_dir`` as it is now (what a release names as the
+    checkpoint its GGUF was converted from). Never cached, like :func:`package_inputs`: a folder's files
+    can change under the same path."""
+    return sha256_tree(hf_dir)
+
+
+class ReleaseInputs(BaseModel):
+    """What the ``publish`` flow checks a release against, read by :func:`release_inputs`.
+
+    Attributes:
+        gguf_sha256: the GGUF's sha256 now.
+        hf_sha256: ``sha256_tree`` of the checkpoint folder now.
+        edited: key -> value the store records metadata edits set on the GGUF ({} when none).
+        cross_checked: the store knows the GGUF and its recorded chain matched the sources; False: the
+            store does not know it (nothing to cross-check).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    gguf_sha256: str
+    hf_sha256: str
+    edited: dict[str, Any] = {}
+    cross_checked: bool
+
+
+@task(cache_policy=NO_CACHE, retries=TRANSIENT_RETRIES, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S,
+      retry_condition_fn=retry_on_transient)
+def release_inputs(gguf_path: Path, hf_dir: Path, adapter_dir: Path | None) -> ReleaseInputs:
+    """Before a release is written or sent: the files exist, their digests now, and what the store
+    (``settings.store_url()``, upgraded first) records about the GGUF: its recorded chain must have been
+    converted from ``hf_dir`` (and ``adapter_dir``) (:func:`forgeflow.packaging.lineage.check_release_sources`;
+    a GGUF the store does not know is logged as not cross-checked), and the metadata edits a ``package``
+    run set on it (:func:`forgeflow.packaging.gguf_metadata.recorded_edited_values`).
+
+    Never cached: the files and the store can change between runs. Transient store failures are retried.
+
+    Raises:
+        InputError: ``gguf_path`` is not a file, ``hf_dir``/``adapter_dir`` is not a folder (each named as the
+            ``publish`` flow's ``params`` field), or they are not what the store records the GGUF was
+            converted from.
+    """
+    from forgeflow.packaging.lineage import check_release_sources
+
+    if not Path(gguf_path).is_file():
+        raise InputError(f"params.gguf_path {str(gguf_path)!r} is not a file")
+    if not Path(hf_dir).is_dir():
+        raise InputError(f"params.hf_dir {str(hf_dir)!r} is not a folder")
+    if adapter_dir is not None and not Path(adapter_dir).is_dir():
+        raise InputError(f"params.adapter_dir {str(adapter_dir)!r} is not a folder")
+    gguf_sha, hf_sha = sha256_file(gguf_path), sha256_tree(hf_dir)
+    store = ledger.Store()
+    try:
+        store.upgrade()
+        known = check_release_sources(store, gguf_sha, hf_sha, Path(hf_dir), adapter_dir) is not None
+        if not known:
+            get_run_logger().warning("the store (%s) does not know GGUF %s: its lineage (hf_dir %s, adapter_dir %s) "
+                                     "could not be cross-checked", store.display_url, gguf_sha, hf_dir, adapter_dir)
+        edited = metadata.recorded_edited_values(store, gguf_sha)  # keys the package run's metadata edits set
+    finally:
+        store.dispose()
+    return ReleaseInputs(gguf_sha256=gguf_sha, hf_sha256=hf_sha, edited=edited, cross_checked=known)
+
+
 @task(cache_policy=NO_CACHE, retries=TRANSIENT_RETRIES, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S,
       retry_condition_fn=retry_on_transient)
 def record_packaged(artifacts: dict[str, gguf.GGUFArtifact], hf_dir: Path, adapter_dir: Path | None,

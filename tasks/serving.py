@@ -13,6 +13,7 @@ from prefect.transactions import get_transaction, transaction
 from pydantic import BaseModel, ConfigDict
 
 from forgeflow.common import errors
+from forgeflow.common.fsutil import sha256_file
 from forgeflow.ledger import records, tables
 from forgeflow.ledger import store as ledger
 from forgeflow.packaging import gguf
@@ -26,7 +27,7 @@ from tasks.common import flow_run_id, load_block, run_logger
 
 @task(cache_policy=NO_CACHE)
 def serving_backend(block_name: str | None, ports: tuple[int, int] | None = None,
-                    started_only: bool = False) -> BackendConfig:
+                    started_only: bool = False, ports_field: str = "ports") -> BackendConfig:
     """The serving backend of the ``forgeflow-serving`` block ``block_name``
     (:class:`blocks.core.ServingBackend`), or the embedded default when None (llama-cpp-python, a
     4,096-token context, ports 8801/8802); ``ports``, when given, replaces the backend's two ports
@@ -35,6 +36,7 @@ def serving_backend(block_name: str | None, ports: tuple[int, int] | None = None
     Args:
         started_only: refuse ``kind="external"`` (the lifecycle: it serves the GGUFs it makes, which
             only a server forgeflow starts can load).
+        ports_field: how the caller's user names ``ports`` (e.g. ``params.ports``), in messages.
 
     Raises:
         InputError: no such block, its fields are not a valid backend, ``ports`` are not two
@@ -52,7 +54,7 @@ def serving_backend(block_name: str | None, ports: tuple[int, int] | None = None
                                 "serves the GGUFs it makes and needs a server it starts (llama-cpp-python or "
                                 "llama-server); use the serve or promote flow for an external endpoint")
     if ports is not None:
-        backend = backend_config({**backend.model_dump(), "ports": tuple(ports)}, "ports")
+        backend = backend_config({**backend.model_dump(), "ports": tuple(ports)}, ports_field)
     run_logger().info("serving backend%s: %s", f" {block_name!r}" if block_name else "", backend.describe())
     return backend
 
@@ -115,6 +117,20 @@ def record_rollback(result: bluegreen.SwapResult | None, run_id: str | None) -> 
 
 
 @task(cache_policy=NO_CACHE)
+def model_file_sha256(gguf_path: Path) -> str:
+    """The sha256 of the model file to serve (``params.gguf_path`` of the ``serve`` and ``promote`` flows) as
+    it is now. Never cached: the file at the path can change between runs (and a digest cached on the path
+    alone would name the old bytes).
+
+    Raises:
+        InputError: ``gguf_path`` is not a file.
+    """
+    if not Path(gguf_path).is_file():
+        raise errors.InputError(f"params.gguf_path {str(gguf_path)!r} is not a file")
+    return sha256_file(gguf_path)
+
+
+@task(cache_policy=NO_CACHE)
 def check_serving_gguf(gguf_path: Path, gguf_sha256: str, hf_dir: Path | None = None,
                        external: bool = False) -> gguf.GGUFCheck | None:
     """Check a GGUF's metadata against its HF config before any server starts (the package stage's
@@ -150,9 +166,9 @@ def check_serving_gguf(gguf_path: Path, gguf_sha256: str, hf_dir: Path | None = 
         raise errors.InputError(
             f"serve: {gguf_path} (sha256 {gguf_sha256}) cannot be checked against its HF config: the store "
             f"({store.display_url}) records no checkpoint with a config.json it was converted from; give "
-            "hf_dir (the HF checkpoint folder the GGUF was converted from)")
+            "params.hf_dir (the HF checkpoint folder the GGUF was converted from)")
     elif not Path(hf_dir).is_dir():
-        raise errors.InputError(f"hf_dir {str(hf_dir)!r} is not a folder")
+        raise errors.InputError(f"params.hf_dir {str(hf_dir)!r} is not a folder")
     check = gguf.check_gguf(gguf_path, hf_dir, edited=edited)
     run_logger().info("%s matches the config of %s (%s, %d blocks, context %d, vocabulary %d)", Path(gguf_path).name,
                    hf_dir, check.architecture, check.block_count, check.context_length, check.vocab_size)

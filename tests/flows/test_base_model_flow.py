@@ -39,12 +39,12 @@ def _tiny_checkpoint() -> Path:
 
 def test_local_folder_is_checked_recorded_and_refused_when_incomplete(prefect_harness, home: Path,
                                                                       tmp_path: Path) -> None:
-    from flows.stages import base_model
+    from flows.stages import BaseModelParams, base_model
     from forgeflow.packaging.checkpoint import BaseModelSource
 
     folder = tmp_path / "team-model"
     shutil.copytree(_tiny_checkpoint(), folder)
-    record = base_model(BaseModelSource(local_dir=folder))
+    record = base_model(BaseModelParams(source=BaseModelSource(local_dir=folder)))
     assert record.path == folder.resolve() and record.source == "local"
     assert record.sha256 == sha256_tree(folder) and record.model_type == "qwen2"
     assert 40_000_000 < record.num_parameters < 41_000_000  # the tiny model: 40.5 M (tied embedding once)
@@ -56,11 +56,11 @@ def test_local_folder_is_checked_recorded_and_refused_when_incomplete(prefect_ha
     for weights in folder.glob("*.safetensors"):
         weights.unlink()
     with pytest.raises(InputError, match=r"team-model.*no config\.json.*no weights"):
-        base_model(BaseModelSource(local_dir=folder))
+        base_model(BaseModelParams(source=BaseModelSource(local_dir=folder)))
     with pytest.raises(InputError, match="does not exist"):
-        base_model(BaseModelSource(local_dir=tmp_path / "missing"))
-    with pytest.raises(InputError, match="local_dir or source.repo_id"):
-        base_model(BaseModelSource())
+        base_model(BaseModelParams(source=BaseModelSource(local_dir=tmp_path / "missing")))
+    with pytest.raises(InputError, match=r"give params\.source\.local_dir or params\.source\.repo_id"):
+        base_model(BaseModelParams(source=BaseModelSource()))
 
 
 def test_hub_repository_at_a_revision_is_fetched_with_the_secret_token(prefect_harness, home: Path) -> None:
@@ -68,7 +68,7 @@ def test_hub_repository_at_a_revision_is_fetched_with_the_secret_token(prefect_h
     from prefect.blocks.system import Secret
     from pydantic import ValidationError
 
-    from flows.stages import base_model
+    from flows.stages import BaseModelParams, base_model
     from forgeflow.packaging.checkpoint import BaseModelSource
 
     source_dir = _tiny_checkpoint()
@@ -83,8 +83,8 @@ def test_hub_repository_at_a_revision_is_fetched_with_the_secret_token(prefect_h
         api.upload_file(repo_id=REPO, path_or_fileobj=b"{}", path_in_repo="extra.json")  # main moves on
         Secret(value=TOKEN).save("test-base-model-token", overwrite=True)
 
-        record = base_model(BaseModelSource(repo_id=REPO, revision=first, token_secret="test-base-model-token",
-                                            endpoint=hub.endpoint))
+        record = base_model(BaseModelParams(source=BaseModelSource(
+            repo_id=REPO, revision=first, token_secret="test-base-model-token", endpoint=hub.endpoint)))
         assert record.source == "hub" and record.commit == first and record.revision == first
         fetched = {p.relative_to(record.path).as_posix() for p in record.path.rglob("*") if p.is_file()}
         assert "extra.json" not in fetched  # exactly the pinned commit, not main
@@ -96,20 +96,20 @@ def test_hub_repository_at_a_revision_is_fetched_with_the_secret_token(prefect_h
         assert stored.lineage["commit"] == first and stored.lineage["repo_id"] == REPO
 
         # a branch resolves to the commit it points at now
-        on_main = base_model(BaseModelSource(repo_id=REPO, revision="main", token_secret="test-base-model-token",
-                                             endpoint=hub.endpoint))
+        on_main = base_model(BaseModelParams(source=BaseModelSource(
+            repo_id=REPO, revision="main", token_secret="test-base-model-token", endpoint=hub.endpoint)))
         assert on_main.commit == hub.head(REPO) != first and on_main.sha256 != record.sha256
 
         with pytest.raises(InputError, match="no such revision"):
-            base_model(BaseModelSource(repo_id=REPO, revision="v9", token_secret="test-base-model-token",
-                                       endpoint=hub.endpoint))
+            base_model(BaseModelParams(source=BaseModelSource(
+            repo_id=REPO, revision="v9", token_secret="test-base-model-token", endpoint=hub.endpoint)))
         Secret(value="hf_" + secrets.token_hex(16)).save("test-base-model-bad-token", overwrite=True)
         with pytest.raises(InputError, match="HTTP 401"):
-            base_model(BaseModelSource(repo_id=REPO, revision="main", token_secret="test-base-model-bad-token",
-                                       endpoint=hub.endpoint))
+            base_model(BaseModelParams(source=BaseModelSource(
+            repo_id=REPO, revision="main", token_secret="test-base-model-bad-token", endpoint=hub.endpoint)))
         with pytest.raises(InputError, match="no-such-secret"):
-            base_model(BaseModelSource(repo_id=REPO, revision="main", token_secret="no-such-secret",
-                                       endpoint=hub.endpoint))
+            base_model(BaseModelParams(source=BaseModelSource(
+            repo_id=REPO, revision="main", token_secret="no-such-secret", endpoint=hub.endpoint)))
         with pytest.raises(ValidationError, match="needs a revision"):
             BaseModelSource(repo_id=REPO)
     finally:

@@ -5,8 +5,8 @@ automations, a process worker) on a free loopback port.
 * The ``freeze/freeze`` deployment is run through the API on a store holding accepted tasks; the
   worker runs it to Completed, its ``prefect.flow-run.Completed`` event fires the
   ``forgeflow-canary-on-freeze`` automation, and the ``canary/canary`` deployment gets a flow run whose
-  ``freeze_name`` is the freeze just written. (No model is served here, so that canary run ends
-  Failed by its own preflight, naming the missing serving state: the check that it ran our flow.)
+  ``freeze_name`` is the freeze just written (rendered from the freeze run's ``params.name``). (No model
+  is served here, so that canary run ends Failed by its own preflight, naming the missing serving state: the check that it ran our flow.)
 * The nightly ``lifecycle`` schedule (paused as shipped) is activated through the client; the
   server's scheduler service creates Scheduled flow runs at the cron's next 02:00 UTC times.
 """
@@ -90,7 +90,8 @@ def test_completed_freeze_run_starts_the_canary_on_that_freeze(running):
     canary_id, freeze_id = state.deployments["canary/canary"], state.deployments["freeze/freeze"]
     assert _runs_of(state.api_url, canary_id) == []
     with temporary_settings(updates={PREFECT_API_URL: state.api_url}):
-        freeze_run = run_deployment("freeze/freeze", parameters={"name": "trigger-v1"}, timeout=0)
+        # params replaces the deployment's whole object: the rest are FreezeParams' defaults (the demo quotas)
+        freeze_run = run_deployment("freeze/freeze", parameters={"params": {"name": "trigger-v1"}}, timeout=0)
     run = _wait(lambda: _final(state.api_url, str(freeze_run.id)), 120, "the freeze run did not finish")
     assert run["state"]["type"] == "COMPLETED", run["state"]
     assert run["infrastructure_pid"], "not run by the process worker"

@@ -116,10 +116,10 @@ def test_trials_json_flags_and_merged_view(home: Path) -> None:
 
 @pytest.mark.slow
 def test_compare_flow_writes_report_and_plot_and_references_the_plot(home: Path, prefect_harness) -> None:
-    from flows.stages import compare
+    from flows.stages import CompareParams, compare
 
     report = home / "reports" / "base-vs-cand.md"
-    paired = compare("base", "cand", report_path=report)
+    paired = compare(CompareParams(job_a="base", job_b="cand", report_path=report))
     assert (paired.wins, paired.losses) == (1, 1)
     png = report.with_suffix(".png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -48,9 +48,9 @@ def home(tmp_path: Path, flow_store_url: str, monkeypatch: pytest.MonkeyPatch) -
 
 def test_the_freeze_flow_writes_records_and_verifies_its_export_bundle(prefect_harness, home: Path) -> None:
     from deployments.cli import app
-    from flows.stages import freeze
+    from flows.stages import FreezeParams, freeze
 
-    manifest = freeze("team-v1", quotas=QUOTAS)
+    manifest = freeze(FreezeParams(name="team-v1", quotas=QUOTAS))
     assert manifest.bundle_path == home / "freezes" / "team-v1.bundle.tar"
     assert manifest.bundle_sha256 == sha256_file(manifest.bundle_path)
     recorded = Store().get_freeze("team-v1")
@@ -68,7 +68,7 @@ def test_the_freeze_flow_writes_records_and_verifies_its_export_bundle(prefect_h
     assert row["patch"] == _patch(repo, i) and row["patch_sha256"] == sha256_bytes(row["patch"].encode())
     assert "team__alpha-9" not in sum(manifest.splits.values(), [])
 
-    again = freeze("team-v1", quotas=QUOTAS)  # re-freezing the same inputs: the same three digests
+    again = freeze(FreezeParams(name="team-v1", quotas=QUOTAS))  # re-freezing the same inputs: the same three digests
     assert (again.semantic_sha256, again.file_sha256, again.bundle_sha256) == (
         manifest.semantic_sha256, manifest.file_sha256, manifest.bundle_sha256)
 

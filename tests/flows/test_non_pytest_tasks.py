@@ -57,7 +57,7 @@ def test_unittest_tasks_are_curated_frozen_and_canaried_with_their_log_parser(
         prefect_harness, unittest_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from flows.canary import canary
     from flows.curate import curate
-    from flows.stages import freeze
+    from flows.stages import FreezeParams, freeze
     from forgeflow.curation.curate_settings import CurateSettings
     from forgeflow.curation.freeze import SplitQuotas
     from forgeflow.curation.task_rows import TaskSource
@@ -83,7 +83,7 @@ def test_unittest_tasks_are_curated_frozen_and_canaried_with_their_log_parser(
     assert len(accepted) == 4
     assert all(t.fail_to_pass == [F2P] and t.pass_to_pass == [P2P] for t in accepted)  # unittest's ids, parsed
 
-    manifest = freeze("team-unittest-v1", quotas=quotas, instance_ids=[r["instance_id"] for r in rows])
+    manifest = freeze(FreezeParams(name="team-unittest-v1", quotas=quotas, instance_ids=[r["instance_id"] for r in rows]))
     common = dict(freeze_name="team-unittest-v1", source={"candidates_path": path, "test_specs": specs},
                   out_dir=tmp_path / "canary",
                   run={"verifier_timeout_s": 120.0,

@@ -68,8 +68,8 @@ def frozen(task_image: str, tmp_path: Path, flow_store_url: str, monkeypatch: py
 def test_the_gate_promotes_a_better_candidate_holds_on_a_tie_and_rejects_a_worse_one(
         prefect_harness, frozen, tmp_path: Path) -> None:
     from flows.canary import canary
-    from flows.promote import promote
-    from flows.stages import serve
+    from flows.promote import PromoteParams, promote
+    from flows.stages import ServeParams, serve
     from forgeflow.serving.bluegreen import read_state, stop_active
 
     store, generated = frozen
@@ -93,24 +93,24 @@ def test_the_gate_promotes_a_better_candidate_holds_on_a_tie_and_rejects_a_worse
     run_canary("cand-fixes", candidate_sha, FIX)
     run_canary("cand-fails", candidate_sha, NO_FIX)
 
-    serve(baseline_gguf, state_path, ports, hf_dir)
+    serve(ServeParams(gguf_path=baseline_gguf, state_path=state_path, ports=ports, hf_dir=hf_dir))
     try:
         serving_before = read_state(state_path)
         assert serving_before.gguf_sha256 == baseline_sha
 
         common = dict(gguf_path=candidate_gguf, comparison={"gate": GATE}, state_path=state_path,
                       ports=ports, hf_dir=hf_dir)
-        held = promote("base-fixes", "cand-fixes", **common)  # 6 ties: no evidence either way
+        held = promote(PromoteParams(baseline_job="base-fixes", candidate_job="cand-fixes", **common))  # 6 ties: no evidence either way
         assert (held.verdict, held.promoted) == ("hold", False)
-        rejected = promote("base-fixes", "cand-fails", **common)  # 6 losses
+        rejected = promote(PromoteParams(baseline_job="base-fixes", candidate_job="cand-fails", **common))  # 6 losses
         assert (rejected.verdict, rejected.promoted) == ("reject", False)
         assert read_state(state_path) == serving_before  # nothing moved, nothing was started
         assert "reject" in rejected.report_path.read_text()
 
-        with pytest.raises(InputError, match="canaried model .* not gguf_path's"):
-            promote("base-fails", "cand-fixes", **{**common, "gguf_path": baseline_gguf})
+        with pytest.raises(InputError, match="canaried model .* not params.gguf_path's"):
+            promote(PromoteParams(baseline_job="base-fails", candidate_job="cand-fixes", **{**common, "gguf_path": baseline_gguf}))
 
-        promoted = promote("base-fails", "cand-fixes", **common)  # 6 wins
+        promoted = promote(PromoteParams(baseline_job="base-fails", candidate_job="cand-fixes", **common))  # 6 wins
         assert (promoted.verdict, promoted.promoted) == ("promote", True)
         serving_after = read_state(state_path)
         assert serving_after.gguf_sha256 == candidate_sha and serving_after.generation == serving_before.generation + 1
@@ -121,6 +121,6 @@ def test_the_gate_promotes_a_better_candidate_holds_on_a_tie_and_rejects_a_worse
 
         # the baseline must be what serves now: base-fails canaried f16, the Q8_0 serves
         with pytest.raises(InputError, match="not the one it replaces"):
-            promote("base-fails", "cand-fixes", **common)
+            promote(PromoteParams(baseline_job="base-fails", candidate_job="cand-fixes", **common))
     finally:
         stop_active(state_path)

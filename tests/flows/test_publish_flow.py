@@ -60,7 +60,7 @@ def test_publish_to_local_store_and_hub_without_leaking_the_token(prefect_harnes
     from prefect.blocks.system import Secret
 
     from blocks.core import ModelStore
-    from flows.stages import publish
+    from flows.stages import PublishParams, publish
 
     q8, _ = tiny_ggufs()
     hf_dir = q8.parent / "hf"
@@ -70,7 +70,7 @@ def test_publish_to_local_store_and_hub_without_leaking_the_token(prefect_harnes
 
     # local directory store (the default kind)
     ModelStore(path=tmp_path / "models").save("test-local-store", overwrite=True)
-    state = publish(gguf, "test-local-store", hf_dir, model_name="tiny", return_state=True)
+    state = publish(PublishParams(gguf_path=gguf, store="test-local-store", hf_dir=hf_dir, model_name="tiny"), return_state=True)
     local = state.result()
     folder = Path(local.location)
     assert folder.parent == (tmp_path / "models" / "tiny").resolve()
@@ -81,7 +81,7 @@ def test_publish_to_local_store_and_hub_without_leaking_the_token(prefect_harnes
     assert lineage["run_id"] == str(state.state_details.flow_run_id)
     assert {f.role for f in local.files} == {"gguf", "metadata"}
     # with the checkpoint: the weights the GGUF came from travel in the same revision, each verified
-    carried = publish(gguf, "test-local-store", hf_dir, model_name="tiny", include_checkpoint=True)
+    carried = publish(PublishParams(gguf_path=gguf, store="test-local-store", hf_dir=hf_dir, model_name="tiny", include_checkpoint=True))
     checkpoint = {f.path_in_store: f.sha256 for f in carried.files if f.role == "checkpoint"}
     assert checkpoint == {f"checkpoint/{p.relative_to(hf_dir).as_posix()}": sha256_file(p)
                           for p in sorted(hf_dir.rglob("*")) if p.is_file() and not p.name.startswith(".")}
@@ -95,7 +95,7 @@ def test_publish_to_local_store_and_hub_without_leaking_the_token(prefect_harnes
         Secret(value=TOKEN).save("test-hub-token", overwrite=True)
         ModelStore(kind="hf_hub", repo_id=REPO, endpoint=hub.endpoint, token_secret="test-hub-token",
                    transfer="lfs").save("test-hub-store", overwrite=True)
-        state = publish(gguf, "test-hub-store", hf_dir, model_name="tiny", return_state=True)
+        state = publish(PublishParams(gguf_path=gguf, store="test-hub-store", hf_dir=hf_dir, model_name="tiny"), return_state=True)
         record = state.result()
         assert record.backend == "hf_hub" and record.revision == hub.head(REPO)
         assert hub.stored_bytes(REPO, gguf.name) == q8.read_bytes()
@@ -106,7 +106,7 @@ def test_publish_to_local_store_and_hub_without_leaking_the_token(prefect_harnes
         Secret(value=BAD_TOKEN).save("test-hub-bad-token", overwrite=True)
         ModelStore(kind="hf_hub", repo_id=REPO, endpoint=hub.endpoint, token_secret="test-hub-bad-token",
                    transfer="lfs").save("test-hub-store-bad", overwrite=True)
-        failed = publish(gguf, "test-hub-store-bad", hf_dir, model_name="tiny", return_state=True)
+        failed = publish(PublishParams(gguf_path=gguf, store="test-hub-store-bad", hf_dir=hf_dir, model_name="tiny"), return_state=True)
         assert failed.is_failed()
         with pytest.raises(ModelStoreError, match="401"):
             failed.result()
@@ -124,16 +124,16 @@ def test_publish_to_local_store_and_hub_without_leaking_the_token(prefect_harnes
 
 def test_package_publish_preflight_fails_before_any_compute(prefect_harness, tmp_path: Path) -> None:
     from blocks.core import ModelStore
-    from flows.stages import package
+    from flows.stages import PackageParams, package
 
     out_dir = tmp_path / "out"
     hf_dir = tiny_ggufs()[0].parent / "hf"
     with pytest.raises(InputError, match="no-such-store"):
-        package(hf_dir, out_dir, ("Q8_0",), publish="no-such-store")
+        package(PackageParams(hf_dir=hf_dir, out_dir=out_dir, quantizations=("Q8_0",), publish="no-such-store"))
     ModelStore(kind="hf_hub", endpoint="http://127.0.0.1:9").save("test-hub-no-repo", overwrite=True)
     with pytest.raises(InputError, match="repo_id"):
-        package(hf_dir, out_dir, ("Q8_0",), publish="test-hub-no-repo")
+        package(PackageParams(hf_dir=hf_dir, out_dir=out_dir, quantizations=("Q8_0",), publish="test-hub-no-repo"))
     ModelStore(path=tmp_path / "models").save("test-local-store-2", overwrite=True)
-    with pytest.raises(InputError, match="Q4_K_M"):
-        package(hf_dir, out_dir, ("Q8_0",), publish="test-local-store-2", publish_quantization="Q4_K_M")
+    with pytest.raises(InputError, match="params.publish_quantization 'Q4_K_M' is not one of"):
+        package(PackageParams(hf_dir=hf_dir, out_dir=out_dir, quantizations=("Q8_0",), publish="test-local-store-2", publish_quantization="Q4_K_M"))
     assert not out_dir.exists()  # nothing was converted

@@ -28,8 +28,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 def test_serve_starts_the_blocks_llama_server_and_refuses_what_it_cannot_serve(prefect_harness,
                                                                                 flow_home: Path) -> None:
     from blocks.core import ServingBackend
-    from flows.promote import promote
-    from flows.stages import serve
+    from flows.promote import PromoteParams, promote
+    from flows.stages import ServeParams, serve
 
     binary = ensure_llama_server()  # the cached CPU build (minutes the first time on a machine)
     q8, _ = tiny_ggufs()
@@ -44,15 +44,15 @@ def test_serve_starts_the_blocks_llama_server_and_refuses_what_it_cannot_serve(p
 
     # 2 048 tokens over 2 slots is 1 024 a slot: a request of 1 500 cannot fit; nothing starts
     with pytest.raises(ContextPreflightError, match="needs 1500 tokens .* each slot holds 1024"):
-        serve(q8, hf_dir=hf_dir, serving_block="too-small")
+        serve(ServeParams(gguf_path=q8, hf_dir=hf_dir, serving_block="too-small"))
     assert not state_path.exists() and not list(state_path.parent.glob("server-*.log"))
     with pytest.raises(InputError, match="serving block 'nope' does not exist"):
-        serve(q8, hf_dir=hf_dir, serving_block="nope")
+        serve(ServeParams(gguf_path=q8, hf_dir=hf_dir, serving_block="nope"))
     with pytest.raises(InputError, match="serving block 'nope' does not exist"):
-        promote("no-such-job", "nor-this", q8, serving_block="nope")
+        promote(PromoteParams(baseline_job="no-such-job", candidate_job="nor-this", gguf_path=q8, serving_block="nope"))
 
     try:
-        first = serve(q8, hf_dir=hf_dir, serving_block="two-slots")
+        first = serve(ServeParams(gguf_path=q8, hf_dir=hf_dir, serving_block="two-slots"))
         assert first.promoted
         state = bluegreen.read_state(state_path)
         assert state.active_port in ports and pid_alive(state.pid)
@@ -65,7 +65,7 @@ def test_serve_starts_the_blocks_llama_server_and_refuses_what_it_cannot_serve(p
 
         # -ngl 99 on a CPU-only build: the server would run on the CPU without saying so
         with pytest.raises(SwapRolledBackError, match="AcceleratorFallbackError"):
-            serve(q8, hf_dir=hf_dir, serving_block="gpu")
+            serve(ServeParams(gguf_path=q8, hf_dir=hf_dir, serving_block="gpu"))
         assert bluegreen.read_state(state_path) == state and pid_alive(state.pid)  # generation 1 serves on
         store = Store()
         rows = [(g.generation, g.status) for g in store.serving_generations()]

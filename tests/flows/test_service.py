@@ -130,11 +130,11 @@ def test_runs_from_run_deployment_and_rest_complete_and_freeze_ready_triggers_fr
     from prefect.events.clients import get_events_client
 
     home, state = running
-    params = {"job_a": "a", "job_b": "b"}
+    params = {"job_a": "a", "job_b": "b"}  # the compare flow's CompareParams
     quotas = {"train": 5, "validation": 0, "test": 3, "max_per_repo": 7, "min_repos": 2}  # not the deployment's
     with _settings(state):
-        api_run = run_deployment("compare/compare", parameters={**params, "report_path": str(home / "api.md")},
-                                 timeout=0)
+        api_run = run_deployment("compare/compare",
+                                 parameters={"params": {**params, "report_path": str(home / "api.md")}}, timeout=0)
         freeze_runs_before = httpx.post(
             f"{state.api_url}/flow_runs/filter", timeout=10,
             json={"deployments": {"id": {"any_": [state.deployments["freeze/freeze"]]}}}).json()
@@ -148,7 +148,8 @@ def test_runs_from_run_deployment_and_rest_complete_and_freeze_ready_triggers_fr
         asyncio.run(emit())
     for _ in range(30):  # SQLite busy under concurrent writers answers 503: a REST client retries
         rest = httpx.post(f"{state.api_url}/deployments/{state.deployments['compare/compare']}/create_flow_run",
-                          json={"parameters": {**params, "report_path": str(home / "rest.md")}}, timeout=10)
+                          json={"parameters": {"params": {**params, "report_path": str(home / "rest.md")}}},
+                          timeout=10)
         if rest.status_code != 503:
             break
         time.sleep(1)
@@ -168,11 +169,10 @@ def test_runs_from_run_deployment_and_rest_complete_and_freeze_ready_triggers_fr
             "deployments": {"id": {"any_": [state.deployments["freeze/freeze"]]}}}).json()
         time.sleep(2)
     assert len(freeze_runs) == 1, "the freeze-ready event did not start the freeze deployment"
-    # the freeze runs with what the curate run carried in its event, not the deployment's demo defaults
-    assert freeze_runs[0]["parameters"]["name"] == "team-v7"
-    assert freeze_runs[0]["parameters"]["quotas"] == quotas
-    assert freeze_runs[0]["parameters"]["seed"] == 3
-    assert freeze_runs[0]["parameters"]["instance_ids"] == ["repo-a.x1", "repo-b.y2"]
+    # the freeze runs with one params object of what the curate run carried in its event, not the
+    # deployment's demo defaults
+    assert freeze_runs[0]["parameters"] == {"params": {"name": "team-v7", "quotas": quotas, "seed": 3,
+                                                       "instance_ids": ["repo-a.x1", "repo-b.y2"]}}
     # the store has no accepted tasks: the freeze fails (PreflightError) and the failure is notified
     run = _wait_state(state.api_url, freeze_runs[0]["id"])
     assert run["state"]["type"] == "FAILED"
@@ -218,14 +218,15 @@ def test_a_team_runs_the_model_deployments_on_its_checkpoint_folder_and_llama_se
     with _settings(state):
         ServingBackend(kind="llama-server", ports=tuple(ports), n_ctx=2048, n_parallel=2, n_threads=2,
                        required_context_tokens=1000).save("team-two-slots", overwrite=True)
-    run("base-model/base-model", {"source": {"local_dir": str(folder)}})
-    run("package/package", {"hf_dir": str(folder), "out_dir": str(tmp_path / "gguf"), "quantizations": ["Q8_0"]})
+    run("base-model/base-model", {"params": {"source": {"local_dir": str(folder)}}})
+    run("package/package", {"params": {"hf_dir": str(folder), "out_dir": str(tmp_path / "gguf"),
+                                       "quantizations": ["Q8_0"]}})
     store = Store(f"sqlite:///{home / 'store.db'}")
     try:
         q8 = next(a for a in store.model_artifacts() if a.kind == "gguf" and a.quantization == "Q8_0")
         assert lineage_of(store, q8.sha256).chain[0].sha256 == sha256_tree(folder)  # the folder is the root
-        run("serve/serve", {"gguf_path": q8.path, "serving_block": "team-two-slots",
-                            "state_path": str(tmp_path / "serving" / "state.json")})
+        run("serve/serve", {"params": {"gguf_path": q8.path, "serving_block": "team-two-slots",
+                                       "state_path": str(tmp_path / "serving" / "state.json")}})
         serving = bluegreen.read_state(tmp_path / "serving" / "state.json")
         try:
             assert serving.gguf_sha256 == sha256_file(q8.path) and serving.active_port in ports

@@ -45,7 +45,7 @@ def home(tmp_path: Path, flow_store_url: str, monkeypatch: pytest.MonkeyPatch) -
 
 def test_serve_records_its_generations_and_status_shows_the_live_one(prefect_harness, home: Path) -> None:
     from deployments.cli import app
-    from flows.stages import serve
+    from flows.stages import ServeParams, serve
 
     q8, f16 = tiny_ggufs()
     hf_dir = q8.parent / "hf"  # the checkpoint both GGUFs were converted from (the store does not know them)
@@ -56,19 +56,19 @@ def test_serve_records_its_generations_and_status_shows_the_live_one(prefect_har
                                       "gguf_sha256": "d" * 64, "pid": None}))
     state_path = home / "serving" / "state.json"
     ports = (free_port(), free_port())
-    with pytest.raises(InputError, match="gguf_path"):
-        serve(home / "nope.gguf", ports=ports)
+    with pytest.raises(InputError, match=r"params\.gguf_path '.*nope\.gguf' is not a file"):
+        serve(ServeParams(gguf_path=home / "nope.gguf", ports=ports))
     busy = socket.socket()
     busy.bind(("127.0.0.1", ports[0]))
     busy.listen()
     try:
-        first = serve(q8, ports=ports, hf_dir=hf_dir, return_state=True)
+        first = serve(ServeParams(gguf_path=q8, ports=ports, hf_dir=hf_dir), return_state=True)
         # nothing was serving and a foreign process held the first port: the other one is used
         assert first.result().state.active_port == ports[1]
     finally:
         busy.close()
     try:
-        second = serve(f16, ports=ports, hf_dir=hf_dir, return_state=True)
+        second = serve(ServeParams(gguf_path=f16, ports=ports, hf_dir=hf_dir), return_state=True)
         out = second.result()
         assert out.promoted and out.state.generation == 2 and out.state.active_port == ports[0]
         rows = Store().serving_generations()
@@ -101,7 +101,7 @@ def test_serve_records_its_generations_and_status_shows_the_live_one(prefect_har
 
 
 def test_serve_with_both_ports_taken_and_nothing_serving_names_them(prefect_harness, home: Path) -> None:
-    from flows.stages import serve
+    from flows.stages import ServeParams, serve
 
     q8, _ = tiny_ggufs()
     sockets = []
@@ -113,7 +113,7 @@ def test_serve_with_both_ports_taken_and_nothing_serving_names_them(prefect_harn
             sockets.append(sock)
         ports = tuple(s.getsockname()[1] for s in sockets)
         with pytest.raises(InputError, match=rf"ports \[{ports[0]}, {ports[1]}\].*in use"):
-            serve(q8, ports=ports, hf_dir=q8.parent / "hf")
+            serve(ServeParams(gguf_path=q8, ports=ports, hf_dir=q8.parent / "hf"))
     finally:
         for sock in sockets:
             sock.close()
@@ -125,7 +125,7 @@ def test_generation_numbers_never_repeat_across_state_files(prefect_harness, hom
     flow's generation N overwrote the demo's row N in the store (key: the generation alone). A
     rolled-back swap is recorded too (status ``rolled_back``), under a number of its own."""
     from deployments.cli import app
-    from flows.stages import serve
+    from flows.stages import ServeParams, serve
     from forgeflow.common.errors import GGUFError, SwapRolledBackError
     from tasks.serving import stage_server
 
@@ -146,24 +146,24 @@ def test_generation_numbers_never_repeat_across_state_files(prefect_harness, hom
     broken.write_bytes(q8.read_bytes()[: q8.stat().st_size // 2])
     busy = socket.socket()
     try:
-        demo = serve(q8, state_path=demo_state, ports=demo_ports)
+        demo = serve(ServeParams(gguf_path=q8, state_path=demo_state, ports=demo_ports))
         assert demo.state.generation == 1 and demo.state.active_port == demo_ports[0]
         # the serve flow's own state file is empty, but the store already records generation 1
-        standalone = serve(f16, ports=serve_ports)
+        standalone = serve(ServeParams(gguf_path=f16, ports=serve_ports))
         assert standalone.state.generation == 2 and standalone.previous is None
         assert standalone.state.active_port == serve_ports[0]
         rows = store.serving_generations()
 
         # a GGUF that fails its check starts nothing and records nothing
         with pytest.raises(GGUFError, match=rf"{broken} is not a readable GGUF file"):
-            serve(broken, ports=serve_ports, hf_dir=hf_dir)
+            serve(ServeParams(gguf_path=broken, ports=serve_ports, hf_dir=hf_dir))
         assert store.serving_generations() == rows
 
         # a swap whose new server cannot start (its port is taken) is rolled back, says what serves
         # on, and is recorded as rolled back under the next number; the state file keeps generation 2
         busy.bind(("127.0.0.1", serve_ports[1]))
         busy.listen()
-        failed = serve(q8, ports=serve_ports, return_state=True)
+        failed = serve(ServeParams(gguf_path=q8, ports=serve_ports), return_state=True)
         assert failed.is_failed()
         with pytest.raises(SwapRolledBackError, match=r"\(generation 2 keeps serving\)"):
             failed.result()
@@ -179,7 +179,7 @@ def test_generation_numbers_never_repeat_across_state_files(prefect_harness, hom
         assert not (tmp_path / "fresh" / "state.json").exists()
 
         # the demo's next swap is numbered above every recorded number
-        again = serve(f16, state_path=demo_state, ports=demo_ports)
+        again = serve(ServeParams(gguf_path=f16, state_path=demo_state, ports=demo_ports))
         assert again.state.generation == 5 and again.previous.generation == 1
         assert [(g.generation, g.gguf_sha256, g.status) for g in store.serving_generations()] == [
             (1, q8_sha, "retired"), (2, f16_sha, "active"), (3, q8_sha, "rolled_back"),
@@ -203,7 +203,7 @@ def test_generation_numbers_never_repeat_across_state_files(prefect_harness, hom
 
 def test_serve_checks_the_gguf_against_its_config_before_starting_a_server(prefect_harness, home: Path,
                                                                             tmp_path: Path) -> None:
-    from flows.stages import serve
+    from flows.stages import ServeParams, serve
     from forgeflow.common.errors import GGUFError
 
     q8, _ = tiny_ggufs()
@@ -221,13 +221,13 @@ def test_serve_checks_the_gguf_against_its_config_before_starting_a_server(prefe
                 assert sock.connect_ex(("127.0.0.1", port)) != 0, f"something listens on {port}"
 
     with pytest.raises(GGUFError) as refused:
-        serve(q8, ports=ports, hf_dir=wrong)
+        serve(ServeParams(gguf_path=q8, ports=ports, hf_dir=wrong))
     message = str(refused.value)
     assert str(q8) in message and "'qwen2.block_count' expected 3" in message and "found 2" in message
     nothing_started()
     # no hf_dir and a GGUF the store does not know: refused, naming what to give
-    with pytest.raises(InputError, match=r"cannot be checked against its HF config.*give hf_dir"):
-        serve(q8, ports=ports)
+    with pytest.raises(InputError, match=r"cannot be checked against its HF config.*give params\.hf_dir"):
+        serve(ServeParams(gguf_path=q8, ports=ports))
     nothing_started()
     # the config comes from the chain the store records (here: the wrong checkpoint) when hf_dir is left out
     store = Store()
@@ -235,7 +235,7 @@ def test_serve_checks_the_gguf_against_its_config_before_starting_a_server(prefe
     store.record_model_artifact(ModelArtifactRecord(sha256=sha256_file(q8), kind="gguf", quantization="Q8_0",
                                                     path=str(q8), parent_sha256=sha256_tree(wrong)))
     with pytest.raises(GGUFError, match=rf"'qwen2.block_count' expected 3 \(from {wrong / 'config.json'}\)"):
-        serve(q8, ports=ports)
+        serve(ServeParams(gguf_path=q8, ports=ports))
     nothing_started()
 
 
@@ -258,7 +258,7 @@ def _release_inputs(tmp_path: Path) -> tuple[Path, Path, Path, Path]:
 def test_publish_refuses_a_checkpoint_the_store_did_not_convert_the_gguf_from(prefect_harness, home: Path,
                                                                               tmp_path: Path) -> None:
     from blocks.core import ModelStore
-    from flows.stages import publish
+    from flows.stages import PublishParams, publish
 
     q8, f16, hf_dir, gguf = _release_inputs(tmp_path)
     merged = _merged_copy(hf_dir, tmp_path / "merged")
@@ -277,19 +277,19 @@ def test_publish_refuses_a_checkpoint_the_store_did_not_convert_the_gguf_from(pr
 
     # the store says: converted from the merged checkpoint (base + adapter); the base is refused
     with pytest.raises(InputError) as refused:
-        publish(gguf, "test-ledger-store", hf_dir, model_name="tiny")
+        publish(PublishParams(gguf_path=gguf, store="test-ledger-store", hf_dir=hf_dir, model_name="tiny"))
     message = str(refused.value)
     assert str(hf_dir) in message and base_sha in message and merged_sha in message and adapter_sha in message
     # the merged checkpoint without the adapter the chain has is refused too
     with pytest.raises(InputError, match="adapter_dir none"):
-        publish(gguf, "test-ledger-store", merged, model_name="tiny")
+        publish(PublishParams(gguf_path=gguf, store="test-ledger-store", hf_dir=merged, model_name="tiny"))
     assert not models.exists() and not (gguf.parent / "tiny-Q8_0.lineage.json").exists()  # nothing published
 
 
 def test_publish_of_the_recorded_pair_works_and_a_wrong_hf_dir_is_refused(prefect_harness, home: Path,
                                                                           tmp_path: Path) -> None:
     from blocks.core import ModelStore
-    from flows.stages import publish
+    from flows.stages import PublishParams, publish
 
     q8, f16, hf_dir, gguf = _release_inputs(tmp_path)
     store = Store()
@@ -304,20 +304,20 @@ def test_publish_of_the_recorded_pair_works_and_a_wrong_hf_dir_is_refused(prefec
 
     other = _merged_copy(hf_dir, tmp_path / "other")
     with pytest.raises(InputError, match=f"hf_dir {other}"):
-        publish(gguf, "test-ledger-store-2", other, model_name="tiny")
+        publish(PublishParams(gguf_path=gguf, store="test-ledger-store-2", hf_dir=other, model_name="tiny"))
     assert not models.exists()
 
-    record = publish(gguf, "test-ledger-store-2", hf_dir, model_name="tiny")
+    record = publish(PublishParams(gguf_path=gguf, store="test-ledger-store-2", hf_dir=hf_dir, model_name="tiny"))
     lineage = json.loads((Path(record.location) / "tiny-Q8_0.lineage.json").read_text())
     assert lineage["hf_sha256"] == base_sha and lineage["adapter_sha256"] is None
 
 
 def test_package_records_its_artifacts_with_its_run_as_producer(prefect_harness, home: Path, tmp_path: Path) -> None:
-    from flows.stages import package
+    from flows.stages import PackageParams, package
     from forgeflow.packaging.lineage import lineage_of
 
     hf_dir = tiny_ggufs()[0].parent / "hf"
-    state = package(hf_dir, tmp_path / "out", ("Q8_0",), return_state=True)
+    state = package(PackageParams(hf_dir=hf_dir, out_dir=tmp_path / "out", quantizations=("Q8_0",)), return_state=True)
     artifacts = state.result().artifacts
     run_id = str(state.state_details.flow_run_id)
     report = lineage_of(Store(), artifacts["Q8_0"].sha256)
@@ -332,18 +332,18 @@ def test_package_takes_a_quantization_plan_with_mixed_per_tensor_types(prefect_h
                                                                        tmp_path: Path) -> None:
     """The hand-run pipeline's served mix by name, and a team's own spec: every tensor a pattern
     names carries that type in the file, the rest the preset's, and the ledger keeps each key."""
-    from flows.stages import package
+    from flows.stages import PackageParams, package
     from forgeflow.packaging.gguf import MIXED_ATTN_EMBD_OUTPUT_Q8_0, tensor_types_of
 
     hf_dir = tiny_ggufs()[0].parent / "hf"
     custom = {"preset": "Q8_0", "tensor_types": {r"ffn_(up|gate)\.weight$": "F16"}, "name": "q8-ffn-f16"}
-    with pytest.raises(InputError, match=r"quantization 'Q3_K' is not a named plan; valid: \["):
-        package(hf_dir, tmp_path / "refused", ("Q3_K",))
-    with pytest.raises(InputError, match=r"repeat the artifact key\(s\) \['Q8_0'\]"):
-        package(hf_dir, tmp_path / "refused", ("Q8_0", {"preset": "Q8_0"}))
+    with pytest.raises(InputError, match=r"params\.quantizations: quantization 'Q3_K' is not a named plan; valid: \["):
+        package(PackageParams(hf_dir=hf_dir, out_dir=tmp_path / "refused", quantizations=("Q3_K",)))
+    with pytest.raises(InputError, match=r"params\.quantizations repeat the artifact key\(s\) \['Q8_0'\]"):
+        package(PackageParams(hf_dir=hf_dir, out_dir=tmp_path / "refused", quantizations=("Q8_0", {"preset": "Q8_0"})))
     assert not (tmp_path / "refused").exists()  # refused before any compute
 
-    artifacts = package(hf_dir, tmp_path / "out", ("Q4_K_M+attn-embd-output-Q8_0", custom)).artifacts
+    artifacts = package(PackageParams(hf_dir=hf_dir, out_dir=tmp_path / "out", quantizations=("Q4_K_M+attn-embd-output-Q8_0", custom))).artifacts
     assert set(artifacts) == {"f16", "Q4_K_M+attn-embd-output-Q8_0", "q8-ffn-f16"}
     mixed = artifacts["Q4_K_M+attn-embd-output-Q8_0"]
     assert mixed.type == "Q4_K_M+mixed" and mixed.tensor_types == MIXED_ATTN_EMBD_OUTPUT_Q8_0
@@ -365,16 +365,16 @@ def test_package_applies_metadata_edits_and_records_the_edited_files(prefect_har
     import gguf
 
     from blocks.core import ModelStore
-    from flows.stages import package, publish
+    from flows.stages import PackageParams, PublishParams, package, publish
     from forgeflow.packaging.gguf_reader import tensor_sha256
 
     q8_unedited, f16_unedited = tiny_ggufs()
     hf_dir = q8_unedited.parent / "hf"
-    with pytest.raises(InputError, match=r"metadata_edits\[1\] \(key 'general.architecture'\): cannot delete"):
-        package(hf_dir, tmp_path / "refused", ("Q8_0",), metadata_edits=[
-            {"op": "set", "key": "general.name", "value": "x"}, {"op": "delete", "key": "general.architecture"}])
-    with pytest.raises(InputError, match=r"metadata_edits\[0\] \(key 'general.name'\): op 'patch' is not one of"):
-        package(hf_dir, tmp_path / "refused", ("Q8_0",), metadata_edits=[{"op": "patch", "key": "general.name"}])
+    with pytest.raises(InputError, match=r"params\.metadata_edits\[1\] \(key 'general.architecture'\): cannot delete"):
+        package(PackageParams(hf_dir=hf_dir, out_dir=tmp_path / "refused", quantizations=("Q8_0",), metadata_edits=[
+            {"op": "set", "key": "general.name", "value": "x"}, {"op": "delete", "key": "general.architecture"}]))
+    with pytest.raises(InputError, match=r"params\.metadata_edits\[0\] \(key 'general.name'\): op 'patch' is not one of"):
+        package(PackageParams(hf_dir=hf_dir, out_dir=tmp_path / "refused", quantizations=("Q8_0",), metadata_edits=[{"op": "patch", "key": "general.name"}]))
     assert not (tmp_path / "refused").exists()  # refused before any compute
 
     template = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -385,7 +385,7 @@ def test_package_applies_metadata_edits_and_records_the_edited_files(prefect_har
         {"op": "delete", "key": "general.size_label"},
         {"op": "add", "key": "forgeflow.quantized_only", "value": True, "artifacts": ["Q8_0"]},
     ]
-    artifacts = package(hf_dir, tmp_path / "out", ("Q8_0",), metadata_edits=edits).artifacts
+    artifacts = package(PackageParams(hf_dir=hf_dir, out_dir=tmp_path / "out", quantizations=("Q8_0",), metadata_edits=edits)).artifacts
     recorded = {a.quantization: a for a in Store().model_artifacts() if a.kind == "gguf"}
     for key, unedited in (("Q8_0", q8_unedited), ("f16", f16_unedited)):
         art = artifacts[key]
@@ -409,5 +409,5 @@ def test_package_applies_metadata_edits_and_records_the_edited_files(prefect_har
     # publish checks the edited GGUF against its checkpoint again: the patched chat template is what
     # the recorded edit set, not the checkpoint's, and is accepted
     ModelStore(path=tmp_path / "models").save("test-ledger-store-edits", overwrite=True)
-    record = publish(artifacts["Q8_0"].path, "test-ledger-store-edits", hf_dir, model_name="edited")
+    record = publish(PublishParams(gguf_path=artifacts["Q8_0"].path, store="test-ledger-store-edits", hf_dir=hf_dir, model_name="edited"))
     assert [f.sha256 for f in record.files if f.role == "gguf"] == [artifacts["Q8_0"].sha256]

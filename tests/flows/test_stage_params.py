@@ -1,0 +1,64 @@
+"""Every stage flow takes one parameter model, ``params`` (issue 16): frozen, unknown fields refused, every
+field documented; a bad ``params`` (an unknown field, a wrong type) given to the flow is refused by Prefect's
+parameter validation before the flow body runs, the field named as the user wrote it (``params.<field>``)."""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from flows.evaluation import harbor_export, harbor_import, judge
+from flows.promote import promote
+from flows.stagekit import StageParams
+from flows.stages import base_model, compare, freeze, package, publish, serve
+
+STAGE_FLOWS = [freeze, compare, package, publish, serve, base_model, promote, harbor_export, harbor_import, judge]
+
+
+@pytest.mark.parametrize("stage_flow", STAGE_FLOWS, ids=lambda f: f.name)
+def test_a_stage_flow_takes_one_documented_frozen_strict_parameter_model(stage_flow) -> None:
+    signature = inspect.signature(stage_flow.fn)
+    assert list(signature.parameters) == ["params"]
+    model = typing.get_type_hints(stage_flow.fn)["params"]
+    assert issubclass(model, StageParams)
+    assert model.model_config["frozen"] is True and model.model_config["extra"] == "forbid"
+    undocumented = [name for name, field in model.model_fields.items() if not (field.description or "").strip()]
+    assert undocumented == [], f"{model.__name__}: fields without a description: {undocumented}"
+    assert model.__name__ in (stage_flow.fn.__doc__ or ""), "the flow's docstring names its parameter model"
+    default = signature.parameters["params"].default
+    if default is not inspect.Parameter.empty:  # a model whose every field has a default: the flow's default
+        assert default == model()
+
+
+def test_a_parameter_model_refuses_unknown_fields_and_is_frozen() -> None:
+    from flows.stages import ServeParams
+
+    params = ServeParams(gguf_path="/m/model.gguf")
+    with pytest.raises(ValidationError, match="gguf_pth"):
+        ServeParams(gguf_pth="/m/model.gguf")
+    with pytest.raises(ValidationError, match="frozen"):
+        params.gguf_path = Path("/m/other.gguf")
+
+
+@pytest.mark.parametrize(("stage_flow", "params", "field", "reason"), [
+    (judge, {"path": "/tmp/answers.jsonl", "rel_tol": "tight"}, "params.rel_tol", "valid number"),
+    (judge, {"path": "/tmp/answers.jsonl", "relative_tol": 0.1}, "params.relative_tol", "Extra inputs"),
+    (serve, {"gguf_path": "/m/model.gguf", "ports": [8801, 8802, 8803]}, "params.ports", "at most 2"),
+    (serve, {"gguf": "/m/model.gguf"}, "params.gguf_path", "Field required"),
+    (package, {"hf_dir": "/m/hf", "out_dir": "/m/out", "quantisations": ["Q8_0"]}, "params.quantisations",
+     "Extra inputs"),
+    (freeze, {"name": "v1", "quotas": {"train": "many", "validation": 0, "test": 1, "max_per_repo": 2}},
+     "params.quotas.train", "valid integer"),
+], ids=["judge-type", "judge-unknown", "serve-type", "serve-missing", "package-unknown", "freeze-nested-type"])
+def test_a_bad_params_is_refused_through_the_flow_with_the_field_named(prefect_harness, flow_home, stage_flow,
+                                                                       params, field, reason) -> None:
+    from prefect.exceptions import ParameterTypeError
+
+    with pytest.raises(ParameterTypeError) as refused:
+        stage_flow(params=params)
+    message = str(refused.value)
+    assert field in message and reason in message, message
