@@ -192,16 +192,18 @@ def test_a_sandbox_block_chooses_where_the_trials_run(prefect_harness, candidate
 
 
 def test_the_curate_flow_takes_typed_parameter_groups() -> None:
-    """The flow's signature, read without running it: the task source, quotas and settings as
-    models, the freeze name and block names beside them (fewer than ten parameters)."""
+    """The flow's signature, read without running it: one ``params`` (:class:`flows.curate.CurateParams`) whose
+    fields are the task source, quotas and settings as models, the freeze name and block names beside them."""
     import inspect
 
-    from flows.curate import curate
+    from flows.curate import CurateParams, curate
     from forgeflow.curation.curate_settings import CurateSettings
     from forgeflow.curation.freeze import SplitQuotas
     from forgeflow.curation.task_rows import TaskSource
 
     parameters = inspect.signature(curate.fn).parameters
-    assert list(parameters) == ["tasks", "quotas", "settings", "freeze_name", "sandbox", "dispatcher"]
-    assert parameters["tasks"].default == TaskSource() and parameters["settings"].default == CurateSettings()
-    assert isinstance(parameters["quotas"].default, SplitQuotas)
+    assert list(parameters) == ["params"] and parameters["params"].default == CurateParams()
+    assert list(CurateParams.model_fields) == ["tasks", "quotas", "settings", "freeze_name", "sandbox", "dispatcher"]
+    defaults = CurateParams()
+    assert defaults.tasks == TaskSource() and defaults.settings == CurateSettings()
+    assert isinstance(defaults.quotas, SplitQuotas)
