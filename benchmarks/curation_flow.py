@@ -173,7 +173,7 @@ def measure(rows: list[Any], concurrency: int, tag: str, tmp: Path) -> dict[str,
     Raises:
         RuntimeError: a validation hit an infrastructure error (the figure would be meaningless).
     """
-    from flows.curate import curate  # noqa: PLC0415 - after PREFECT_HOME is set
+    from flows.curate import CurateParams, curate  # noqa: PLC0415 - after PREFECT_HOME is set
     from forgeflow.curation.curate_settings import CurateSettings  # noqa: PLC0415
     from forgeflow.curation.freeze import SplitQuotas  # noqa: PLC0415
     from forgeflow.curation.generated import write_generated  # noqa: PLC0415
@@ -190,7 +190,8 @@ def measure(rows: list[Any], concurrency: int, tag: str, tmp: Path) -> dict[str,
     loop1_s, calls1 = _loop_validations(rows, concurrency, f"bench-{tag}-loop1-{nonce}")
     print(f"[{tag}] loop 1: {len(rows)} validations at concurrency {concurrency} in {loop1_s:.1f} s")
     start = time.perf_counter()
-    state = curate(TaskSource(generated_path=generated), quotas=quotas, settings=settings, return_state=True)
+    state = curate(CurateParams(tasks=TaskSource(generated_path=generated), quotas=quotas, settings=settings),
+                   return_state=True)
     flow_s = time.perf_counter() - start
     out = state.result()
     print(f"[{tag}] flow: {len(rows)} validations in {flow_s:.1f} s ({out.status}, {out.trials_recorded} trials)")

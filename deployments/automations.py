@@ -10,8 +10,10 @@
   from it field by field.
 * ``forgeflow-canary-on-freeze``: a ``prefect.flow-run.Completed`` event of a flow run of the
   ``freeze/freeze`` deployment runs the ``canary/canary`` deployment on the freeze that run made
-  (``freeze_name`` is rendered from the completed run's ``params.name``), its other parameters
-  the deployment's defaults.
+  with one ``params`` object (:class:`flows.canary.CanaryParams`) whose only field is ``freeze_name``,
+  rendered from the completed run's ``params.name``; its other fields (split, endpoint, run, source, ...)
+  keep the model's defaults, which are the canary deployment's (the run's ``params`` replaces the
+  deployment's whole object, so the defaults that must hold live in the model).
 * ``forgeflow-notify-on-failure``: any ``prefect.flow-run.Failed`` event sends a message through a
   ``CustomWebhookNotificationBlock`` (saved as ``forgeflow-failures``) to the given webhook URL.
 
@@ -53,8 +55,15 @@ FREEZE_PARAMETERS_FROM_PAYLOAD: dict[str, str] = {"name": "freeze_name", "quotas
 payload key it is rendered from."""
 
 FREEZE_NAME_OF_COMPLETED_RUN = "{{ flow_run.parameters.params.name }}"
-"""The canary's ``freeze_name``: the ``params.name`` of the freeze run whose completion fired the automation
+"""The canary's ``params.freeze_name``: the ``params.name`` of the freeze run whose completion fired the automation
 (the freeze deployment gives its ``params`` in full, so a run that gives none still records a name)."""
+
+
+def canary_run_parameters() -> dict[str, Any]:
+    """The canary deployment's run parameters the canary-on-freeze automation renders: ``{"params":
+    {"freeze_name": FREEZE_NAME_OF_COMPLETED_RUN}}`` (a Jinja string nested in ``params`` is rendered as the
+    server renders a top-level one); every other field of :class:`flows.canary.CanaryParams` keeps its default."""
+    return {"params": {"freeze_name": FREEZE_NAME_OF_COMPLETED_RUN}}
 
 
 def freeze_run_parameters() -> dict[str, Any]:
@@ -83,12 +92,13 @@ def canary_on_freeze(freeze_deployment_id: str, canary_deployment_id: str) -> Au
     """The automation that runs the canary deployment when a freeze deployment run completes.
 
     The trigger matches ``prefect.flow-run.Completed`` events whose related resources include the
-    freeze deployment (``prefect.deployment.<id>``); the action's ``freeze_name`` is the Jinja
-    template :data:`FREEZE_NAME_OF_COMPLETED_RUN` (``{{ flow_run.parameters.params.name }}``: the
-    freeze flow's one parameter is ``params``), which Prefect renders from the flow run that
-    emitted the event (``RunDeployment.render_parameters``), so the canary evaluates the freeze
-    that was just written (``freeze_name`` is a top-level parameter of the canary flow for this; its
-    grouped parameters, ``endpoint``, ``run`` and ``source``, keep the deployment's defaults).
+    freeze deployment (``prefect.deployment.<id>``); the action gives the canary one ``params`` object
+    (:func:`canary_run_parameters`) whose ``freeze_name`` is the Jinja template
+    :data:`FREEZE_NAME_OF_COMPLETED_RUN` (``{{ flow_run.parameters.params.name }}``: the freeze flow's one
+    parameter is ``params``), which Prefect renders from the flow run that emitted the event
+    (``RunDeployment.render_parameters``), so the canary evaluates the freeze that was just written; its
+    other fields (``split``, ``endpoint``, ``run``, ``source``, ...) keep the model's defaults, the same as
+    the deployment's (``split`` test, ``run`` one trial at a time on the ``default`` profile).
     """
     return Automation(
         name=CANARY_ON_FREEZE,
@@ -98,7 +108,7 @@ def canary_on_freeze(freeze_deployment_id: str, canary_deployment_id: str) -> Au
                              match_related={"prefect.resource.id": f"prefect.deployment.{freeze_deployment_id}"},
                              posture=Posture.Reactive, threshold=1, within=0),
         actions=[RunDeployment(source="selected", deployment_id=canary_deployment_id,
-                               parameters={"freeze_name": FREEZE_NAME_OF_COMPLETED_RUN})],
+                               parameters=canary_run_parameters())],
     )
 
 

@@ -43,16 +43,17 @@ SPECS: list[dict[str, Any]] = [
     {"flow": freeze, "entrypoint": "flows/stages.py:freeze", "name": "freeze",
      "parameters": {"params": {"name": "demo-v1", "quotas": DEMO_FREEZE_QUOTAS.model_dump(), "seed": 0}}},
     {"flow": canary, "entrypoint": "flows/canary.py:canary", "name": "canary",
-     "parameters": {"freeze_name": "demo-v1", "split": "test", "run": {"concurrency": 1, "profile": "default"}}},
+     "parameters": {"params": {"freeze_name": "demo-v1", "split": "test",
+                               "run": {"concurrency": 1, "profile": "default"}}}},
     {"flow": canary_recover, "entrypoint": "flows/canary.py:canary_recover", "name": "canary-recover",
      "parameters": {}},
     {"flow": compare, "entrypoint": "flows/stages.py:compare", "name": "compare",
      "parameters": {}},
     {"flow": curate, "entrypoint": "flows/curate.py:curate", "name": "curate",
-     "parameters": {"settings": {"batch_size": 40, "concurrency": 10, "max_retries": 2,
-                                 "verifier_timeout_s": 180.0, "seed": 0}}},
+     "parameters": {"params": {"settings": {"batch_size": 40, "concurrency": 10, "max_retries": 2,
+                                            "verifier_timeout_s": 180.0, "seed": 0}}}},
     {"flow": recover, "entrypoint": "flows/curate.py:recover", "name": "recover",
-     "parameters": {"dry_run": True, "include_rejections": False}},
+     "parameters": {}},
     {"flow": base_model, "entrypoint": "flows/stages.py:base_model", "name": "base-model", "parameters": {}},
     {"flow": package, "entrypoint": "flows/stages.py:package", "name": "package", "parameters": {}},
     {"flow": publish, "entrypoint": "flows/stages.py:publish", "name": "publish", "parameters": {}},
@@ -79,7 +80,11 @@ A stage flow takes one parameter model, ``params`` (flows.stagekit.StageParams);
 are the model's field defaults, not deployment-level nested values: Prefect merges a run's parameters
 over the deployment's shallowly, so a run that gives ``params`` replaces the deployment's whole
 object. The ``freeze`` deployment still gives its (default) ``params`` in full, so every freeze run's
-recorded parameters carry ``params.name``, which the canary-on-freeze automation renders."""
+recorded parameters carry ``params.name``, which the canary-on-freeze automation renders. The ``canary``
+deployment shows its working defaults (freeze ``demo-v1``, split ``test``, one trial at a time on the
+``default`` profile) as its ``params``; they are the model's defaults too, so a run that gives its own
+``params`` (the canary-on-freeze automation gives only ``freeze_name``) keeps them; so does ``curate``'s
+(its validation settings). ``recover`` needs ``params.reason``, so it gives none (a dry run by default)."""
 
 
 def build_deployments(work_pool_name: str | None = None) -> list[RunnerDeployment]:

@@ -12,11 +12,12 @@ table. The standalone flow reads its inputs where the lifecycle / curate / freez
 * the endpoint from the serving state file (``serve`` flow, default
   ``$FORGEFLOW_HOME/serving/state.json``) or an explicit ``base_url`` + ``model_sha256``.
 
-Its parameters are grouped (typed models, :mod:`forgeflow.evaluation.canary_params`): ``endpoint``
+It takes one parameter model, ``params`` (:class:`CanaryParams`, a :class:`flows.stagekit.StageParams`),
+whose grouped fields are typed models (:mod:`forgeflow.evaluation.canary_params`): ``endpoint``
 (:class:`~forgeflow.evaluation.canary_params.CanaryEndpoint`), ``run``
 (:class:`~forgeflow.evaluation.canary_params.CanaryRunSettings`: concurrency, profile, agent config,
-verifier timeout, sample) and ``source`` (:class:`forgeflow.curation.task_rows.TaskSource`: the task rows);
-``freeze_name`` and ``split`` stay top level (the canary-on-freeze automation renders ``freeze_name``).
+verifier timeout, sample) and ``source`` (:class:`forgeflow.curation.task_rows.TaskSource`: the task rows),
+beside ``freeze_name`` (the canary-on-freeze automation renders it into ``params``) and ``split``.
 
 Every input is checked before the first trial (:mod:`forgeflow.evaluation.canary`): a concurrency above the
 profile's limit (``default`` 4, ``verified`` 10), an unknown freeze or split, a task without its row
@@ -25,9 +26,9 @@ report artifact (``canary-job-report``: requested, scored, exceptions by type, r
 rates, Wilson 95% interval, one row per trial) and the same report under
 ``out_dir/<job_id>/report.md``.
 
-The ``canary-recover`` flow (:func:`canary_recover`) re-runs exactly the exception trials of a canary
-job (the model endpoint failed mid-run) as a new job of kind ``recovery`` linked to it by
-``parent_job_id``; the original's rows are never rewritten and the merged view
+The ``canary-recover`` flow (:func:`canary_recover`, ``params``: :class:`CanaryRecoverParams`) re-runs
+exactly the exception trials of a canary job (the model endpoint failed mid-run) as a new job of kind
+``recovery`` linked to it by ``parent_job_id``; the original's rows are never rewritten and the merged view
 (``forgeflow trials --job X --merged``, ``forgeflow compare``) reads "original job X + N recovery jobs".
 """
 
@@ -42,8 +43,9 @@ from typing import Any, Sequence
 
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
+from pydantic import Field
 
-from flows.stagekit import StageLog
+from flows.stagekit import StageLog, StageParams
 from forgeflow.common import settings
 from forgeflow.common.errors import InputError
 from forgeflow.common.settings import apply_container_env, home_dir
@@ -162,13 +164,14 @@ def _recovery_agent_config(original: records.JobRecord, given: agent.AgentConfig
     if recorded is not None:
         config = agent.AgentConfig.model_validate(recorded)
         if given is not None and agent.AgentConfig.model_validate(given) != config:
-            raise InputError(f"canary-recover: agent_config {agent.AgentConfig.model_validate(given).model_dump()} "
-                             f"differs from the one job {original.job_id!r} ran with ({config.model_dump()}): a "
-                             "recovery re-runs the same trials; leave agent_config out")
+            raise InputError(f"canary-recover: params.agent_config "
+                             f"{agent.AgentConfig.model_validate(given).model_dump()} differs from the one job "
+                             f"{original.job_id!r} ran with ({config.model_dump()}): a recovery re-runs the same "
+                             "trials; leave params.agent_config out")
         return config
     if given is None:
         raise InputError(f"canary-recover: job {original.job_id!r} records no agent_config (params "
-                         f"{sorted(original.params)}); give agent_config, the one the job ran with")
+                         f"{sorted(original.params)}); give params.agent_config, the one the job ran with")
     return agent.AgentConfig.model_validate(given)
 
 
@@ -177,6 +180,16 @@ def _rows_param(own_candidates: bool, from_dataset: bool, source: str) -> dict[s
     if from_dataset:
         return {}
     return {"candidates_path" if own_candidates else "generated_path": source}
+
+
+@contextmanager
+def _naming(field: str) -> Iterator[None]:
+    """For the ``with``: an InputError raised inside names ``params.<field>`` (a core check names the bare
+    value: ``canary concurrency 5 is above ...``), as the user wrote it."""
+    try:
+        yield
+    except InputError as exc:
+        raise type(exc)(f"params.{field}: {exc}") from None
 
 
 @contextmanager
@@ -197,51 +210,91 @@ def _model_key(api_key: str | None) -> Iterator[None]:
             os.environ[MODEL_API_KEY_ENV] = previous
 
 
-@flow(name="canary", log_prints=True, on_cancellation=[sweep_trial_pods("sandbox")],
-      on_crashed=[sweep_trial_pods("sandbox")])
-def canary(freeze_name: str, split: str = "test", endpoint: CanaryEndpoint = CanaryEndpoint(),
-           run: CanaryRunSettings = CanaryRunSettings(), source: TaskSource = TaskSource(),
-           job_id: str | None = None, out_dir: Path | None = None, sandbox: str | None = None,
-           dispatcher: str | None = None) -> CanaryResult:
-    """Agent trials on ``split`` of freeze ``freeze_name`` against a served model: one canary job.
+class CanaryParams(StageParams):
+    """The ``canary`` flow's parameters (the canary deployment's defaults are the model's: freeze
+    ``demo-v1``, split ``test``, one trial at a time on the ``default`` profile).
+
+    Attributes:
+        freeze_name: a freeze recorded in the store (the ``forgeflow-canary-on-freeze`` automation
+            renders it from the completed freeze run).
+        split: the freeze's split the trials run on.
+        endpoint: the model endpoint (:class:`~forgeflow.evaluation.canary_params.CanaryEndpoint`).
+        run: how the trials run (:class:`~forgeflow.evaluation.canary_params.CanaryRunSettings`).
+        source: the task rows (:class:`forgeflow.curation.task_rows.TaskSource`).
+        job_id: the job's id; None: derived from the inputs.
+        out_dir: where the report, summary and trajectories go; None: ``$FORGEFLOW_HOME/canary``.
+        sandbox: a ``forgeflow-sandbox`` block the trials' containers run with; None: ``run.agent_config``'s.
+        dispatcher: a ``forgeflow-dispatcher`` block (``ray``: each trial a Ray task); None: here.
+    """
+
+    freeze_name: str = Field("demo-v1", min_length=1, description="a freeze recorded in the store (freeze flow "
+                             "or the lifecycle; the canary-on-freeze automation renders it from the freeze run)")
+    split: str = Field("test", min_length=1, description="the freeze's split the trials run on: test, validation "
+                                                         "or train (where the freeze has it)")
+    endpoint: CanaryEndpoint = Field(CanaryEndpoint(), description="the model endpoint: the serving state file "
+                                     "(default $FORGEFLOW_HOME/serving/state.json) or base_url + model_sha256, "
+                                     "the model alias sent, the API key's Secret block")
+    run: CanaryRunSettings = Field(CanaryRunSettings(), description="how the trials run: concurrency (trials at "
+                                   "once, default 1) within the profile's limit (default: up to 4, verified: up to "
+                                   "10), agent config, verifier timeout (seconds), a seeded sample of the split")
+    source: TaskSource = Field(TaskSource(), description="the task rows: candidates_path, dataset or "
+                               "generated_path (default $FORGEFLOW_HOME/demo/candidates.jsonl), test_commands and "
+                               "test_specs per repository")
+    job_id: str | None = Field(None, min_length=1, description="the job's id; None: canary-<freeze>-<split>-"
+                               "<model sha256[:12]> (with -s<sample>x<sample_seed> for a sample)")
+    out_dir: Path | None = Field(None, description="folder for <job_id>/report.md, summary.json and trajectories; "
+                                                   "None: $FORGEFLOW_HOME/canary")
+    sandbox: str | None = Field(None, min_length=1, description="a forgeflow-sandbox block: its backend runs the "
+                                "agent's and the verifier's containers with its memory (MiB) and CPU limits; "
+                                "None: run.agent_config's (podman)")
+    dispatcher: str | None = Field(None, min_length=1, description="a forgeflow-dispatcher block: ray runs each "
+                                   "agent trial as a Ray task on a sandbox node; None or in-process: here")
+
+
+@flow(name="canary", log_prints=True, on_cancellation=[sweep_trial_pods("params.sandbox")],
+      on_crashed=[sweep_trial_pods("params.sandbox")])
+def canary(params: CanaryParams = CanaryParams()) -> CanaryResult:
+    """Agent trials on ``params.split`` of freeze ``params.freeze_name`` against a served model: one canary job.
 
     Args:
-        freeze_name: A freeze recorded in the store (``freeze`` flow or the lifecycle; the
-            ``forgeflow-canary-on-freeze`` automation renders it from the freeze run).
-        split: Which split (``test`` by default; ``validation``/``train`` where the freeze has them).
-        endpoint: The model endpoint (:class:`forgeflow.evaluation.canary_params.CanaryEndpoint`): the
-            serving state file (default ``$FORGEFLOW_HOME/serving/state.json``) or ``base_url`` +
-            ``model_sha256`` (checked against the state), and the ``model_alias`` sent (default: the
-            state's alias, else ``forgeflow``).
-        run: How the trials run (:class:`forgeflow.evaluation.canary_params.CanaryRunSettings`):
-            ``concurrency`` (refused above the ``profile``'s limit: ``default`` up to 4 at once,
-            ``verified`` up to 10), ``agent_config`` (mini-swe-agent limits and sampling),
-            ``verifier_timeout_s`` (seconds), and ``sample`` tasks of the split drawn with
-            ``sample_seed`` (:func:`forgeflow.evaluation.canary.sample_split`; None: the whole split).
-        source: The task rows (:class:`forgeflow.curation.task_rows.TaskSource`): patches, task images
-            and test commands from ``generated_path`` (default ``$FORGEFLOW_HOME/demo/candidates.jsonl``),
-            or the user's ``candidates_path`` (the file ``curate`` validated: ``instance_id``,
-            ``repo``, ``patch``, ``image``, ``problem_statement``, optional ``test_command``; the
-            agent gets each row's own problem statement) or ``dataset`` (a HF ``datasets`` split);
-            ``test_commands`` (repo -> test command for repositories that are not pinned projects) and
-            ``test_specs`` (repo -> test command and SWE-bench log parser, by name: the verifier reads
-            non-pytest runners with it).
-        job_id: The job's id (default ``canary-<freeze>-<split>-<model sha256[:12]>``, with
-            ``-s<sample>x<sample_seed>`` for a sample: a re-run of the same inputs upserts the same
-            job and trial rows).
-        out_dir: Where ``<job_id>/report.md``, ``summary.json`` and trajectories go (default
-            ``$FORGEFLOW_HOME/canary``).
-        sandbox: a ``forgeflow-sandbox`` block (:class:`blocks.core.SandboxBackend`: backend kind,
-            memory MiB, CPUs) the trials' containers run with, as ``curate`` and ``rl-burst`` take
-            it: its backend becomes ``run.agent_config``'s ``sandbox_backend`` (the agent's own
-            container, where its commands run) and ``verifier_backend`` (the verifier's fresh one),
-            its limits replace ``memory_mb`` / ``cpus`` (both containers), and the job records the
-            result. None: ``run.agent_config`` as given (default: both on podman).
-        dispatcher: a ``forgeflow-dispatcher`` block (:class:`blocks.core.TrialDispatcher`) as curate
-            and rl-burst take it: ``ray`` runs each agent trial (its loop, container and verifier) as
-            one Ray task on a sandbox node of that cluster (``agent_config.verifier_ray``; the trial's
-            verifier record names the node, the job records the placement; the node must reach the
-            endpoint and ``out_dir``). None or ``in-process``: here.
+        params: :class:`CanaryParams`:
+
+            * ``freeze_name``: a freeze recorded in the store (``freeze`` flow or the lifecycle; the
+              ``forgeflow-canary-on-freeze`` automation renders it from the freeze run).
+            * ``split``: which split (``test`` by default; ``validation``/``train`` where the freeze has them).
+            * ``endpoint``: the model endpoint (:class:`forgeflow.evaluation.canary_params.CanaryEndpoint`): the
+              serving state file (default ``$FORGEFLOW_HOME/serving/state.json``) or ``base_url`` +
+              ``model_sha256`` (checked against the state), and the ``model_alias`` sent (default: the
+              state's alias, else ``forgeflow``).
+            * ``run``: how the trials run (:class:`forgeflow.evaluation.canary_params.CanaryRunSettings`):
+              ``concurrency`` (refused above the ``profile``'s limit: ``default`` up to 4 at once,
+              ``verified`` up to 10), ``agent_config`` (mini-swe-agent limits and sampling),
+              ``verifier_timeout_s`` (seconds), and ``sample`` tasks of the split drawn with
+              ``sample_seed`` (:func:`forgeflow.evaluation.canary.sample_split`; None: the whole split).
+            * ``source``: the task rows (:class:`forgeflow.curation.task_rows.TaskSource`): patches, task images
+              and test commands from ``generated_path`` (default ``$FORGEFLOW_HOME/demo/candidates.jsonl``),
+              or the user's ``candidates_path`` (the file ``curate`` validated: ``instance_id``,
+              ``repo``, ``patch``, ``image``, ``problem_statement``, optional ``test_command``; the
+              agent gets each row's own problem statement) or ``dataset`` (a HF ``datasets`` split);
+              ``test_commands`` (repo -> test command for repositories that are not pinned projects) and
+              ``test_specs`` (repo -> test command and SWE-bench log parser, by name: the verifier reads
+              non-pytest runners with it).
+            * ``job_id``: the job's id (default ``canary-<freeze>-<split>-<model sha256[:12]>``, with
+              ``-s<sample>x<sample_seed>`` for a sample: a re-run of the same inputs upserts the same
+              job and trial rows).
+            * ``out_dir``: where ``<job_id>/report.md``, ``summary.json`` and trajectories go (default
+              ``$FORGEFLOW_HOME/canary``).
+            * ``sandbox``: a ``forgeflow-sandbox`` block (:class:`blocks.core.SandboxBackend`: backend kind,
+              memory MiB, CPUs) the trials' containers run with, as ``curate`` and ``rl-burst`` take
+              it: its backend becomes ``run.agent_config``'s ``sandbox_backend`` (the agent's own
+              container, where its commands run) and ``verifier_backend`` (the verifier's fresh one),
+              its limits replace ``memory_mb`` / ``cpus`` (both containers), and the job records the
+              result. None: ``run.agent_config`` as given (default: both on podman).
+            * ``dispatcher``: a ``forgeflow-dispatcher`` block (:class:`blocks.core.TrialDispatcher`) as curate
+              and rl-burst take it: ``ray`` runs each agent trial (its loop, container and verifier) as
+              one Ray task on a sandbox node of that cluster (``agent_config.verifier_ray``; the trial's
+              verifier record names the node, the job records the placement; the node must reach the
+              endpoint and ``out_dir``). None or ``in-process``: here.
 
     Returns:
         A :class:`forgeflow.evaluation.canary_result.CanaryResult`: ``job_id``, ``report`` (the
@@ -250,19 +303,26 @@ def canary(freeze_name: str, split: str = "test", endpoint: CanaryEndpoint = Can
 
     Raises:
         InputError: a bad parameter (concurrency above the limit, unknown profile/freeze/split,
-            endpoint given both or neither way).
+            endpoint given both or neither way), the field named (``params.run.concurrency``, ...).
         PreflightError: tasks that cannot run (listed), a stopped or silent endpoint.
     """
+    freeze_name, split, endpoint, run, source = params.freeze_name, params.split, params.endpoint, params.run, \
+        params.source
+    job_id, out_dir, sandbox, dispatcher = params.job_id, params.out_dir, params.sandbox, params.dispatcher
     concurrency, profile, sample, sample_seed = run.concurrency, run.profile, run.sample, run.sample_seed
-    check_concurrency(concurrency, profile)
+    with _naming("run.concurrency"):
+        check_concurrency(concurrency, profile)
     agent_config = run.agent_config
     if sandbox is not None:  # a missing block or unknown kind: refused before anything runs
-        choice = sandbox_choice(sandbox)
+        with _naming("sandbox"):
+            choice = sandbox_choice(sandbox)
         agent_config = agent_config.model_copy(update={"verifier_backend": choice.backend(),
                                                        "sandbox_backend": choice.backend(),
                                                        "memory_mb": choice.memory_mb, "cpus": choice.cpus})
     if dispatcher is not None:  # a missing block: refused before anything runs
-        agent_config = agent_config.model_copy(update={"verifier_ray": trial_dispatcher(dispatcher)})
+        with _naming("dispatcher"):
+            ray = trial_dispatcher(dispatcher)
+        agent_config = agent_config.model_copy(update={"verifier_ray": ray})
     logger = get_run_logger()
     apply_container_env()
     key = evaluation_tasks.endpoint_api_key(endpoint)
@@ -305,12 +365,42 @@ def canary(freeze_name: str, split: str = "test", endpoint: CanaryEndpoint = Can
                                                    exception_type=t.exception_type) for t in trials])
 
 
+class CanaryRecoverParams(StageParams):
+    """The ``canary-recover`` flow's parameters.
+
+    Attributes:
+        job_id: the original canary job (``forgeflow trials`` lists the jobs).
+        endpoint: the (restarted) model server; ``model_sha256`` and ``model_alias`` default to the job's.
+        exception_types: re-run only trials that ended in one of these exception class names; None: every one.
+        concurrency: trials at once; None: the job's.
+        agent_config: only for a job that did not record its agent config (the lifecycle's).
+        generated_path: the candidates file; None: the job's, else ``$FORGEFLOW_HOME/demo/candidates.jsonl``.
+        recovery_job_id: the recovery job's id; None: derived from the job and its exception trials.
+        out_dir: where the recovery job's report, summary and trajectories go; None: ``$FORGEFLOW_HOME/canary``.
+    """
+
+    job_id: str = Field(min_length=1, description="the original canary job (forgeflow trials lists the jobs)")
+    endpoint: CanaryEndpoint = Field(CanaryEndpoint(), description="the (restarted) model server, as for canary: "
+                                     "the serving state file or base_url; model_sha256 defaults to the job's (it "
+                                     "must be the job's model), model_alias to the job's, else the state's")
+    exception_types: list[str] | None = Field(None, description="re-run only trials that ended in one of these "
+                                              "exception class names; None: every exception in the merged view")
+    concurrency: int | None = Field(None, ge=1, description="trials at once, within the job's profile limit; "
+                                    "None: the job's")
+    agent_config: agent.AgentConfig | None = Field(None, description="only for a job that did not record its "
+                                                   "agent config (the lifecycle's); another than the recorded "
+                                                   "one is refused")
+    generated_path: Path | None = Field(None, description="the candidates file; None: the job's, else "
+                                                          "$FORGEFLOW_HOME/demo/candidates.jsonl")
+    recovery_job_id: str | None = Field(None, min_length=1, description="the recovery job's id; None: "
+                                        "<job_id>-recovery-<digest of the trial ids>")
+    out_dir: Path | None = Field(None, description="folder for <recovery job id>/report.md, summary.json and "
+                                                   "trajectories; None: $FORGEFLOW_HOME/canary")
+
+
 @flow(name="canary-recover", log_prints=True)
-def canary_recover(job_id: str, endpoint: CanaryEndpoint = CanaryEndpoint(), exception_types: list[str] | None = None,
-                   concurrency: int | None = None, agent_config: agent.AgentConfig | None = None,
-                   generated_path: Path | None = None, recovery_job_id: str | None = None,
-                   out_dir: Path | None = None) -> CanaryRecoveryResult:
-    """Re-run exactly the exception trials of canary job ``job_id`` as a linked recovery job.
+def canary_recover(params: CanaryRecoverParams) -> CanaryRecoveryResult:
+    """Re-run exactly the exception trials of canary job ``params.job_id`` as a linked recovery job.
 
     Reads the job's merged view (the original + its recovery jobs so far,
     :func:`forgeflow.evaluation.compare.merged_job`) and re-runs the tasks whose standing trial ended in an
@@ -323,20 +413,23 @@ def canary_recover(job_id: str, endpoint: CanaryEndpoint = CanaryEndpoint(), exc
     id>/report.md``.
 
     Args:
-        job_id: The original canary job (``forgeflow trials`` lists the jobs).
-        endpoint: The (restarted) model server, as for ``canary``
-            (:class:`forgeflow.evaluation.canary_params.CanaryEndpoint`: the serving state file, default
-            ``$FORGEFLOW_HOME/serving/state.json``, or ``base_url``); ``model_sha256`` defaults to the
-            job's (it must be the job's model), ``model_alias`` to the job's, else the state's.
-        exception_types: Re-run only trials that ended in one of these exception class names
-            (default: every exception in the merged view).
-        concurrency: Trials at once (default: the job's), within the job's profile limit.
-        agent_config: Only for a job that did not record its agent config (the lifecycle's); a config
-            other than the recorded one is refused.
-        generated_path: The candidates file (default: the job's, else ``$FORGEFLOW_HOME/demo/candidates.jsonl``).
-        recovery_job_id: The recovery job's id (default ``<job_id>-recovery-<digest of the trial ids>``).
-        out_dir: Where ``<recovery job id>/report.md``, ``summary.json`` and trajectories go (default
-            ``$FORGEFLOW_HOME/canary``).
+        params: :class:`CanaryRecoverParams`:
+
+            * ``job_id``: the original canary job (``forgeflow trials`` lists the jobs).
+            * ``endpoint``: the (restarted) model server, as for ``canary``
+              (:class:`forgeflow.evaluation.canary_params.CanaryEndpoint`: the serving state file, default
+              ``$FORGEFLOW_HOME/serving/state.json``, or ``base_url``); ``model_sha256`` defaults to the
+              job's (it must be the job's model), ``model_alias`` to the job's, else the state's.
+            * ``exception_types``: re-run only trials that ended in one of these exception class names
+              (default: every exception in the merged view).
+            * ``concurrency``: trials at once (default: the job's), within the job's profile limit.
+            * ``agent_config``: only for a job that did not record its agent config (the lifecycle's); a
+              config other than the recorded one is refused.
+            * ``generated_path``: the candidates file (default: the job's, else
+              ``$FORGEFLOW_HOME/demo/candidates.jsonl``).
+            * ``recovery_job_id``: the recovery job's id (default ``<job_id>-recovery-<digest of the trial ids>``).
+            * ``out_dir``: where ``<recovery job id>/report.md``, ``summary.json`` and trajectories go
+              (default ``$FORGEFLOW_HOME/canary``).
 
     Returns:
         A :class:`forgeflow.evaluation.canary_result.CanaryRecoveryResult`: ``job_id`` (the recovery
@@ -350,6 +443,10 @@ def canary_recover(job_id: str, endpoint: CanaryEndpoint = CanaryEndpoint(), exc
             model; a bad concurrency; an agent_config that differs from the job's; no candidates file.
         PreflightError: a task cannot run (listed), the endpoint does not answer.
     """
+    job_id, endpoint, exception_types, concurrency = (params.job_id, params.endpoint, params.exception_types,
+                                                      params.concurrency)
+    agent_config, generated_path, recovery_job_id, out_dir = (params.agent_config, params.generated_path,
+                                                              params.recovery_job_id, params.out_dir)
     logger = get_run_logger()
     apply_container_env()
     plan = evaluation_tasks.plan_recovery(job_id, exception_types, recovery_job_id)
@@ -360,21 +457,22 @@ def canary_recover(job_id: str, endpoint: CanaryEndpoint = CanaryEndpoint(), exc
                     report.scored, f" of type {exception_types}" if exception_types else "")
         return CanaryRecoveryResult(job_id=None, parent_job_id=job_id, recovered=[], report=None, report_path=None,
                                     merged=MergedView(view=label, recovery_job_ids=recovery_ids, report=report))
-    params = original.params
-    profile = str(params.get("profile", "default"))
-    concurrency = check_concurrency(concurrency or int(params.get("concurrency", 1)), profile)
+    recorded = original.params
+    profile = str(recorded.get("profile", "default"))
+    with _naming("concurrency"):
+        concurrency = check_concurrency(concurrency or int(recorded.get("concurrency", 1)), profile)
     config = _recovery_agent_config(original, agent_config)
-    verifier_timeout_s = float(params.get("verifier_timeout_s", 180.0))
-    dataset = DatasetSource(**params["dataset"]) if generated_path is None and params.get("dataset") else None
-    own_candidates = generated_path is None and dataset is None and params.get("candidates_path")
+    verifier_timeout_s = float(recorded.get("verifier_timeout_s", 180.0))
+    dataset = DatasetSource(**recorded["dataset"]) if generated_path is None and recorded.get("dataset") else None
+    own_candidates = generated_path is None and dataset is None and recorded.get("candidates_path")
     default_generated = home_dir() / "demo" / GENERATED_FILE
     key = evaluation_tasks.endpoint_api_key(endpoint)
     inputs, loaded = evaluation_tasks.recovery_inputs(
-        plan, endpoint, Path(params["candidates_path"]) if own_candidates else None,
-        None if own_candidates or dataset else Path(generated_path or params.get("generated_path")
+        plan, endpoint, Path(recorded["candidates_path"]) if own_candidates else None,
+        None if own_candidates or dataset else Path(generated_path or recorded.get("generated_path")
                                                     or default_generated),
-        default_generated, dataset, params.get("test_commands"),
-        {r: TestSpec(**v) for r, v in (params.get("test_specs") or {}).items()}, key)
+        default_generated, dataset, recorded.get("test_commands"),
+        {r: TestSpec(**v) for r, v in (recorded.get("test_specs") or {}).items()}, key)
     tasks, url, sha, alias = inputs.tasks, inputs.base_url, inputs.model_sha256, inputs.model_alias
     run_id = str(flow_run.get_id() or "")
     new_id = plan.recovery_job_id
@@ -387,8 +485,8 @@ def canary_recover(job_id: str, endpoint: CanaryEndpoint = CanaryEndpoint(), exc
                                    "verifier_timeout_s": verifier_timeout_s,
                                    "trajectories_dir": str(job_dir / "trajectories"),
                                    **_rows_param(bool(own_candidates), dataset is not None, loaded.source),
-                                   **{k: params[k] for k in ("test_commands", "dataset", "test_specs")
-                                      if params.get(k)},
+                                   **{k: recorded[k] for k in ("test_commands", "dataset", "test_specs")
+                                      if recorded.get(k)},
                                    "recovers": {t.instance_id: t.trial_id for t in plan.exception_trials}})
     log = StageLog(job_dir / "summary.json", run_id)
     logger.info("canary-recover %s: re-running %d exception trial(s) of %s (%s) as %s against %s", job_id,

@@ -1,8 +1,9 @@
 """The ``curate`` flow (validate batches until the dataset is freeze-ready) and the ``recover`` flow.
 
-``curate``: takes three parameter groups, the task rows (``tasks``,
+``curate``: takes one parameter model, ``params`` (:class:`CurateParams`, a
+:class:`flows.stagekit.StageParams`), whose fields group the task rows (``tasks``,
 :class:`forgeflow.curation.task_rows.TaskSource`), the freeze ``quotas`` and how it validates
-(``settings``, :class:`forgeflow.curation.curate_settings.CurateSettings`), plus the freeze name and the
+(``settings``, :class:`forgeflow.curation.curate_settings.CurateSettings`), beside the freeze name and the
 sandbox and dispatcher blocks by name. It reads candidates in its own JSONL format
 (``tasks.candidates_path``, :func:`forgeflow.curation.candidates.load_candidates`), a HF split
 (``tasks.dataset``) or, by default, the file the lifecycle's generate/prewarm stages wrote
@@ -20,7 +21,8 @@ killed run resumed re-selects the same batch, gets the finished validations from
 and upserts the same trial ids: it loses no finished trial and duplicates none
 (tests/flows/test_curate_kill.py).
 
-``recover``: :mod:`forgeflow.curation.recovery` behind a flow (dry run by default), with an audit artifact.
+``recover`` (``params``: :class:`RecoverParams`): :mod:`forgeflow.curation.recovery` behind a flow (dry run
+by default), with an audit artifact.
 """
 
 from __future__ import annotations
@@ -36,7 +38,9 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.events import emit_event
 from prefect.runtime import flow_run
+from pydantic import Field
 
+from flows.stagekit import StageParams
 from forgeflow.common import settings as store_settings
 from forgeflow.common.errors import InputError, PreflightError
 from forgeflow.common.fsutil import sha256_bytes, sha256_json
@@ -74,53 +78,111 @@ DEFAULT_QUOTAS = SplitQuotas(train=350, validation=75, test=75, max_per_repo=20,
 JOB_ID = "curate"
 
 
-@flow(name="curate", log_prints=True, on_cancellation=[sweep_trial_pods("sandbox")],
-      on_crashed=[sweep_trial_pods("sandbox")])
-def curate(tasks: TaskSource = TaskSource(), quotas: SplitQuotas = DEFAULT_QUOTAS,
-           settings: CurateSettings = CurateSettings(), freeze_name: str | None = None,
-           sandbox: str | None = None, dispatcher: str | None = None) -> CurateResult:
-    """Validate candidate batches until the accepted tasks meet ``quotas`` (or none is left).
+class CurateParams(StageParams):
+    """The ``curate`` flow's parameters (the curate deployment's defaults are the model's).
+
+    Attributes:
+        tasks: where the candidates come from (:class:`forgeflow.curation.task_rows.TaskSource`).
+        quotas: what the freeze needs (tasks per split, per repository, repositories).
+        settings: how the run validates (:class:`forgeflow.curation.curate_settings.CurateSettings`).
+        freeze_name: the name the freeze-on-ready automation freezes under; None: derived from the inputs.
+        sandbox: a ``forgeflow-sandbox`` block every NOP/Oracle trial runs on; None: podman.
+        dispatcher: a ``forgeflow-dispatcher`` block (``ray``: each validation a Ray task); None: here.
+    """
+
+    tasks: TaskSource = Field(TaskSource(), description="the candidates: candidates_path, dataset or "
+                              "generated_path (default $FORGEFLOW_HOME/demo/candidates.jsonl), test_commands and "
+                              "test_specs per repository")
+    quotas: SplitQuotas = Field(DEFAULT_QUOTAS, description="what the freeze needs: minimum tasks per split, at "
+                                "most max_per_repo tasks per repository, at least min_repos repositories")
+    settings: CurateSettings = Field(CurateSettings(), description="how the run validates: batch_size (candidates), "
+                                     "concurrency (validations at once), max_retries, verifier_timeout_s (seconds), "
+                                     "memory_mb (MiB), seed, checks")
+    freeze_name: str | None = Field(None, description="the name the freeze-on-ready automation freezes under; "
+                                    "None: curate- + 12 hex digits of the sha256 of (candidate ids, quotas, seed)")
+    sandbox: str | None = Field(None, min_length=1, description="a forgeflow-sandbox block: every NOP/Oracle trial "
+                                "runs on its backend with its memory (MiB) and CPU limits; None: podman, "
+                                "settings.memory_mb")
+    dispatcher: str | None = Field(None, min_length=1, description="a forgeflow-dispatcher block: ray runs each "
+                                   "validation as a Ray task on a sandbox node; None or in-process: here")
+
+
+def _param_error(exc: InputError, field: str) -> InputError:
+    """``exc`` with its message naming ``params.<field>``, as the user wrote it."""
+    return type(exc)(f"params.{field}: {exc}")
+
+
+def _blocks(freeze_name: str | None, sandbox: str | None,
+            dispatcher: str | None) -> tuple[curate_tasks.SandboxChoice | None, RayPlacement | None]:
+    """The checks ``curate`` makes before anything runs: the freeze name, and the sandbox and dispatcher
+    blocks loaded (None where not given).
+
+    Raises:
+        InputError: an invalid ``params.freeze_name``, a missing ``params.sandbox`` block or one whose kind is
+            not a sandbox backend, a missing ``params.dispatcher`` block (the field named).
+    """
+    try:
+        if freeze_name is not None:
+            validate_freeze_name(freeze_name)
+    except InputError as exc:
+        raise _param_error(exc, "freeze_name") from None
+    try:
+        placement = curate_tasks.sandbox_choice(sandbox) if sandbox is not None else None
+    except InputError as exc:
+        raise _param_error(exc, "sandbox") from None
+    try:
+        return placement, curate_tasks.trial_dispatcher(dispatcher) if dispatcher is not None else None
+    except InputError as exc:
+        raise _param_error(exc, "dispatcher") from None
+
+
+@flow(name="curate", log_prints=True, on_cancellation=[sweep_trial_pods("params.sandbox")],
+      on_crashed=[sweep_trial_pods("params.sandbox")])
+def curate(params: CurateParams = CurateParams()) -> CurateResult:
+    """Validate candidate batches until the accepted tasks meet ``params.quotas`` (or none is left).
 
     Args:
-        tasks: Where the candidates come from (:class:`forgeflow.curation.task_rows.TaskSource`):
-            ``candidates_path``, a JSONL of candidate rows
-            (:func:`forgeflow.curation.candidates.load_candidates`; ``image`` is the task image, local
-            name or ``host:port/repo:tag``; an optional ``test_command`` key per row overrides
-            ``test_commands``); or ``dataset``, the same rows as a HF ``datasets`` split (SWE-bench /
-            SWE-smith / SWE-Gym rows: a ``save_to_disk`` folder, or a dataset id pinned to a
-            ``revision``; :class:`forgeflow.curation.task_rows.DatasetSource`); or ``generated_path``,
-            the lifecycle's candidates with their task images
-            (:func:`forgeflow.curation.generated.merge_generated`), read when neither other source is
-            given, default ``$FORGEFLOW_HOME/demo/candidates.jsonl`` (what ``forgeflow demo``
-            writes). ``test_commands``: repo -> test command, for repos that are not pinned projects
-            (for generated rows: overrides the row's command). ``test_specs``: repo -> test command
-            and log parser (a SWE-bench parser by name, e.g. ``parse_log_django`` for Django's runner
-            or unittest's verbose output), for repositories that are not pytest or not pinned
-            projects; a row's own ``test_command`` / ``log_parser`` wins, and the parser replaces
-            ``settings.checks.log_parser`` for that repository.
-        quotas: What the freeze needs (default: train 350, validation 75, test 75, <= 20 per repo,
-            >= 70 repos).
-        settings: How the run validates (:class:`forgeflow.curation.curate_settings.CurateSettings`):
-            ``batch_size`` (candidates per batch, select_batch), ``concurrency`` (NOP/Oracle
-            validations in flight at once), ``max_retries`` (extra attempts for a validation that
-            ended in an infrastructure error), ``verifier_timeout_s`` (absolute limit per test run,
-            seconds), ``memory_mb`` (sandbox memory limit, MiB), ``seed`` (orders candidates and
-            splits: same seed, same batches) and ``checks`` (Oracle runs per task that would be
-            accepted, default 2: a task whose runs disagree is flaky; the flaky policy, ``reject`` or
-            ``drop_flaky_pass_to_pass``; the log parser for runners without forgeflow's pytest report;
-            :class:`forgeflow.sandbox.trial.ValidationChecks`).
-        freeze_name: The name the freeze-on-ready automation freezes under (carried in the
-            freeze-ready event with ``quotas``, ``settings.seed`` (as ``seed``) and the run's candidate
-            ids); None: ``curate-`` + 12 hex digits of the sha256 of (candidate ids, quotas, seed).
-        sandbox: The name of a ``forgeflow-sandbox`` block (:class:`blocks.core.SandboxBackend`):
-            every NOP/Oracle trial runs on its backend (``podman``, ``kubernetes``) with its memory
-            and CPU limits (its ``memory_mb`` replaces ``settings.memory_mb``). None: podman,
-            ``settings.memory_mb``.
-        dispatcher: The name of a ``forgeflow-dispatcher`` block (:class:`blocks.core.TrialDispatcher`):
-            ``ray`` runs each validation as a Ray task on a cluster node that declares the sandbox
-            resource (:mod:`forgeflow.sandbox.dispatch`; each trial records the ``node_id`` it ran on
-            in its ``verifier`` record; a node lost mid-validation makes Ray run it again elsewhere).
-            None or ``in-process``: here.
+        params: :class:`CurateParams`:
+
+            * ``tasks``: Where the candidates come from (:class:`forgeflow.curation.task_rows.TaskSource`):
+              ``candidates_path``, a JSONL of candidate rows
+              (:func:`forgeflow.curation.candidates.load_candidates`; ``image`` is the task image, local
+              name or ``host:port/repo:tag``; an optional ``test_command`` key per row overrides
+              ``test_commands``); or ``dataset``, the same rows as a HF ``datasets`` split (SWE-bench /
+              SWE-smith / SWE-Gym rows: a ``save_to_disk`` folder, or a dataset id pinned to a
+              ``revision``; :class:`forgeflow.curation.task_rows.DatasetSource`); or ``generated_path``,
+              the lifecycle's candidates with their task images
+              (:func:`forgeflow.curation.generated.merge_generated`), read when neither other source is
+              given, default ``$FORGEFLOW_HOME/demo/candidates.jsonl`` (what ``forgeflow demo``
+              writes). ``test_commands``: repo -> test command, for repos that are not pinned projects
+              (for generated rows: overrides the row's command). ``test_specs``: repo -> test command
+              and log parser (a SWE-bench parser by name, e.g. ``parse_log_django`` for Django's runner
+              or unittest's verbose output), for repositories that are not pytest or not pinned
+              projects; a row's own ``test_command`` / ``log_parser`` wins, and the parser replaces
+              ``settings.checks.log_parser`` for that repository.
+            * ``quotas``: What the freeze needs (default: train 350, validation 75, test 75, <= 20 per repo,
+              >= 70 repos).
+            * ``settings``: How the run validates (:class:`forgeflow.curation.curate_settings.CurateSettings`):
+              ``batch_size`` (candidates per batch, select_batch), ``concurrency`` (NOP/Oracle
+              validations in flight at once), ``max_retries`` (extra attempts for a validation that
+              ended in an infrastructure error), ``verifier_timeout_s`` (absolute limit per test run,
+              seconds), ``memory_mb`` (sandbox memory limit, MiB), ``seed`` (orders candidates and
+              splits: same seed, same batches) and ``checks`` (Oracle runs per task that would be
+              accepted, default 2: a task whose runs disagree is flaky; the flaky policy, ``reject`` or
+              ``drop_flaky_pass_to_pass``; the log parser for runners without forgeflow's pytest report;
+              :class:`forgeflow.sandbox.trial.ValidationChecks`).
+            * ``freeze_name``: The name the freeze-on-ready automation freezes under (carried in the
+              freeze-ready event with ``quotas``, ``settings.seed`` (as ``seed``) and the run's candidate
+              ids); None: ``curate-`` + 12 hex digits of the sha256 of (candidate ids, quotas, seed).
+            * ``sandbox``: The name of a ``forgeflow-sandbox`` block (:class:`blocks.core.SandboxBackend`):
+              every NOP/Oracle trial runs on its backend (``podman``, ``kubernetes``) with its memory
+              and CPU limits (its ``memory_mb`` replaces ``settings.memory_mb``). None: podman,
+              ``settings.memory_mb``.
+            * ``dispatcher``: The name of a ``forgeflow-dispatcher`` block (:class:`blocks.core.TrialDispatcher`):
+              ``ray`` runs each validation as a Ray task on a cluster node that declares the sandbox
+              resource (:mod:`forgeflow.sandbox.dispatch`; each trial records the ``node_id`` it ran on
+              in its ``verifier`` record; a node lost mid-validation makes Ray run it again elsewhere).
+              None or ``in-process``: here.
 
     Only this run's candidates count: readiness is checked on the accepted tasks among them, and
     before any image is checked or trial run the quotas are checked against the candidates
@@ -134,17 +196,15 @@ def curate(tasks: TaskSource = TaskSource(), quotas: SplitQuotas = DEFAULT_QUOTA
 
     Raises:
         InputError: malformed rows, a repo without a test command, no candidates file, more than one
-            source given, an invalid ``freeze_name``, a missing ``sandbox`` block or one whose kind is
-            not a sandbox backend. (Out-of-bounds ``settings``, e.g. ``concurrency`` < 1, are refused
-            when the model is built: pydantic's ValidationError, or Prefect's parameter validation for
-            a run started from a deployment.)
+            source given, an invalid ``params.freeze_name``, a missing ``params.sandbox`` block or one
+            whose kind is not a sandbox backend. (Out-of-bounds ``params.settings``, e.g. ``concurrency`` < 1,
+            are refused when the model is built: pydantic's ValidationError, or Prefect's parameter
+            validation before the flow runs, naming ``params.settings.concurrency``.)
         PreflightError: the candidates cannot meet ``quotas`` even if every one were accepted
             (nothing was validated).
     """
-    if freeze_name is not None:
-        validate_freeze_name(freeze_name)
-    placement = curate_tasks.sandbox_choice(sandbox) if sandbox is not None else None
-    ray_placement = curate_tasks.trial_dispatcher(dispatcher) if dispatcher is not None else None
+    tasks, quotas, settings, freeze_name = params.tasks, params.quotas, params.settings, params.freeze_name
+    placement, ray_placement = _blocks(freeze_name, params.sandbox, params.dispatcher)
     logger = get_run_logger()
     apply_container_env()
     run_id = str(flow_run.get_id() or "")
@@ -285,14 +345,44 @@ def _run_batch(store_url: str, batch_id: str, ids: list[str], by_id: dict[str, C
     return len(trials)
 
 
+class RecoverParams(StageParams):
+    """The ``recover`` flow's parameters (the recover deployment's defaults are the model's: a dry run).
+
+    Attributes:
+        reason: why the trials are voided (recorded in the audit).
+        batch_ids: void the broken trials of these batches.
+        trial_ids: void these trials.
+        exception_type: void the trials that ended in this exception type between ``since`` and ``until``.
+        since: the window's start (timezone-aware), with ``exception_type``.
+        until: the window's end (timezone-aware), with ``exception_type``.
+        dry_run: only list what would be voided and requeued.
+        backup_dir: where the affected rows are backed up; None: ``$FORGEFLOW_HOME/recovery``.
+        include_rejections: void and requeue the rejections the fault caused (only with ids).
+    """
+
+    reason: str = Field(min_length=1, description="why the trials are voided (recorded in the audit)")
+    batch_ids: list[str] | None = Field(None, description="void the trials of these batches an infrastructure "
+                                        "fault broke")
+    trial_ids: list[str] | None = Field(None, description="void these trials")
+    exception_type: str | None = Field(None, description="void the trials that ended in this exception type "
+                                       "(e.g. SandboxError) between since and until; both required")
+    since: datetime | None = Field(None, description="start of the exception_type window (timezone-aware)")
+    until: datetime | None = Field(None, description="end of the exception_type window (timezone-aware)")
+    dry_run: bool = Field(True, description="only list what would be voided and requeued; False: back up, void, "
+                                            "requeue and audit")
+    backup_dir: Path | None = Field(None, description="folder for the backup of the affected rows (JSON + "
+                                                      ".sha256); None: $FORGEFLOW_HOME/recovery")
+    include_rejections: bool = Field(False, description="also void and requeue the rejections the fault caused "
+                                                        "(only with batch_ids / trial_ids)")
+
+
 @flow(name="recover", log_prints=True)
-def recover(reason: str, batch_ids: list[str] | None = None, trial_ids: list[str] | None = None,
-            exception_type: str | None = None, since: datetime | None = None, until: datetime | None = None,
-            dry_run: bool = True, backup_dir: Path | None = None, include_rejections: bool = False) -> RecoverResult:
+def recover(params: RecoverParams) -> RecoverResult:
     """Void exactly the trials an infrastructure fault broke and requeue their tasks.
 
-    Select by ``batch_ids`` and/or ``trial_ids``, or by ``exception_type`` with BOTH ``since`` and
-    ``until`` (timezone-aware; refused without a window). ``dry_run`` (default) only lists what
+    ``params`` is a :class:`RecoverParams`. Select by ``batch_ids`` and/or ``trial_ids``, or by
+    ``exception_type`` with BOTH ``since`` and ``until`` (timezone-aware; refused without a window).
+    ``dry_run`` (default) only lists what
     would be voided/requeued; otherwise the affected rows are backed up (``backup_dir``, default
     ``$FORGEFLOW_HOME/recovery``; JSON + ``.sha256``), voided/requeued in one transaction with the
     counts verified, and an audit markdown artifact (and file beside the backup) is written.
@@ -316,11 +406,14 @@ def recover(reason: str, batch_ids: list[str] | None = None, trial_ids: list[str
     from pydantic import ValidationError
 
     logger = get_run_logger()
+    dry_run, backup_dir = params.dry_run, params.backup_dir
     try:
-        request = RecoveryRequest(batch_ids=batch_ids or [], trial_ids=trial_ids or [], exception_type=exception_type,
-                                  since=since, until=until, reason=reason, include_rejections=include_rejections)
+        request = RecoveryRequest(batch_ids=params.batch_ids or [], trial_ids=params.trial_ids or [],
+                                  exception_type=params.exception_type, since=params.since, until=params.until,
+                                  reason=params.reason, include_rejections=params.include_rejections)
     except ValidationError as exc:
-        problems = "; ".join(e["msg"].removeprefix("Value error, ") for e in exc.errors())
+        problems = "; ".join(f"{'params.' + '.'.join(map(str, e['loc'])) + ': ' if e['loc'] else ''}"
+                             f"{e['msg'].removeprefix('Value error, ')}" for e in exc.errors())
         raise InputError(f"recover: {problems}") from None
     store_url = store_settings.store_url()
     plan = curate_tasks.plan_trial_recovery(store_url, request)

@@ -106,15 +106,17 @@ def run_labelled(target: SandboxTarget) -> SandboxTarget:
 
 def sweep_trial_pods(parameter: str) -> Callable[[Any, Any, Any], None]:
     """A flow hook (``on_cancellation`` / ``on_crashed``) deleting the trial pods of the run whose
-    ``forgeflow-sandbox`` block (the flow parameter ``parameter``) is of kind ``kubernetes``: a
-    cancelled or killed run leaves no pod behind (pods of trials still unwinding are deleted by
-    their own sandbox; ``activeDeadlineSeconds`` bounds the rest)."""
+    ``forgeflow-sandbox`` block (the flow parameter ``parameter``, or a field of one by a dotted path:
+    ``params.sandbox``) is of kind ``kubernetes``: a cancelled or killed run leaves no pod behind (pods
+    of trials still unwinding are deleted by their own sandbox; ``activeDeadlineSeconds`` bounds the rest)."""
 
     def hook(flow: Any, run: Any, state: Any) -> None:
         from blocks.core import SandboxBackend
         from forgeflow.sandbox.kubernetes import delete_trial_pods, new_core_api
 
-        name = (getattr(run, "parameters", None) or {}).get(parameter)
+        name: Any = getattr(run, "parameters", None) or {}
+        for part in parameter.split("."):  # a run's parameters as JSON, or the parameter model itself
+            name = name.get(part) if isinstance(name, dict) else getattr(name, part, None)
         if not name:
             return
         try:

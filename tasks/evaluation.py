@@ -363,21 +363,22 @@ def resolve_endpoint(endpoint: CanaryEndpoint) -> tuple[str, str, str]:
                                                        endpoint.model_alias)
     if base_url is not None:
         if state_path is not None:
-            raise InputError(f"canary: give state_path ({state_path}) or base_url ({base_url}), not both")
+            raise InputError(f"canary: give params.endpoint.state_path ({state_path}) or params.endpoint.base_url "
+                             f"({base_url}), not both")
         if model_sha256 is None or not re.fullmatch(r"[0-9a-f]{64}", model_sha256):
-            raise InputError(f"canary: base_url {base_url} needs model_sha256 (64 lower-case hex digits, the served "
-                             f"GGUF's sha256), got {model_sha256!r}")
+            raise InputError(f"canary: params.endpoint.base_url {base_url} needs params.endpoint.model_sha256 (64 "
+                             f"lower-case hex digits, the served GGUF's sha256), got {model_sha256!r}")
         return base_url.rstrip("/"), model_sha256, model_alias or DEFAULT_ALIAS  # the server's default name
     path = Path(state_path or home_dir() / "serving" / "state.json")
     state = bluegreen.read_state(path)
     if state is None:
-        raise InputError(f"canary: no serving state at {path}: run the serve flow first, or give base_url and "
-                         "model_sha256")
+        raise InputError(f"canary: no serving state at {path}: run the serve flow first, or give "
+                         "params.endpoint.base_url and params.endpoint.model_sha256")
     if not state.live or not state.base_url:
         raise PreflightError(f"canary: the server recorded in {path} (generation {state.generation}) is stopped")
     if model_sha256 is not None and model_sha256 != state.gguf_sha256:
-        raise InputError(f"canary: model_sha256 {model_sha256} differs from the served GGUF {state.gguf_sha256} "
-                         f"recorded in {path}")
+        raise InputError(f"canary: params.endpoint.model_sha256 {model_sha256} differs from the served GGUF "
+                         f"{state.gguf_sha256} recorded in {path}")
     return state.base_url.rstrip("/"), state.gguf_sha256, model_alias or state.model_alias
 
 
@@ -397,8 +398,8 @@ def check_reachable(base_url: str, api_key: str | None = None) -> None:
                              f"{type(exc).__name__}: {exc}") from None
     if response.status_code in (401, 403):
         raise InputError(f"canary: the model endpoint {base_url} answered HTTP {response.status_code} to "
-                         + ("the key of endpoint.api_key_secret" if api_key else "a request without a key: give "
-                            "endpoint.api_key_secret (a Secret block holding its key)"))
+                         + ("the key of params.endpoint.api_key_secret" if api_key else "a request without a key: "
+                            "give params.endpoint.api_key_secret (a Secret block holding its key)"))
 
 
 class CanaryInputs(BaseModel):

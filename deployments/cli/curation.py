@@ -124,12 +124,14 @@ def recover(
         console.print(render_plan(plan), highlight=False, soft_wrap=True)
         console.print("dry run: nothing changed; add --apply --reason TEXT to do it")
         return
+    from flows.curate import RecoverParams  # noqa: PLC0415
     from flows.curate import recover as recover_flow  # noqa: PLC0415
 
     try:
-        out = recover_flow(reason=request.reason, batch_ids=request.batch_ids, trial_ids=request.trial_ids,
-                           exception_type=request.exception_type, since=request.since, until=request.until,
-                           dry_run=False, backup_dir=backup_dir, include_rejections=request.include_rejections)
+        out = recover_flow(RecoverParams(
+            reason=request.reason, batch_ids=request.batch_ids, trial_ids=request.trial_ids,
+            exception_type=request.exception_type, since=request.since, until=request.until, dry_run=False,
+            backup_dir=backup_dir, include_rejections=request.include_rejections))
     except ForgeflowError as exc:
         fail(exc)
     if as_json:

@@ -1,7 +1,8 @@
 """The automations' run parameters, rendered as Prefect's server renders them (hydration + Jinja), without a
 server: the freeze-on-ready automation gives the freeze deployment one ``params`` object that the freeze
-flow's model accepts, and the canary-on-freeze automation reads the freeze name from the completed run's
-``params``. (tests/flows/test_service.py and test_canary_trigger.py run both through a real server.)"""
+flow's model accepts, and the canary-on-freeze automation gives the canary one ``params`` object whose
+freeze name it reads from the completed run's ``params``. (tests/flows/test_service.py and
+test_canary_trigger.py run both through a real server.)"""
 
 from __future__ import annotations
 
@@ -41,12 +42,28 @@ def test_freeze_on_ready_renders_one_params_object_the_freeze_flow_accepts():
     assert params.out_dir is None  # the model's default, not a payload key
 
 
-def test_canary_on_freeze_renders_the_freeze_name_from_the_completed_runs_params():
+def test_canary_on_freeze_renders_one_params_object_with_the_freeze_name_of_the_completed_run():
+    """The canary gets ``params`` with only ``freeze_name`` (the completed freeze run's ``params.name``); the
+    run's params replace the deployment's whole object, and the model's defaults are the deployment's, so the
+    canary still runs split ``test``, one trial at a time on the ``default`` profile."""
     from prefect.server.schemas.core import FlowRun
+
+    from deployments.register import SPECS
+    from flows.canary import CanaryParams
+    from forgeflow.evaluation.canary_params import CanaryEndpoint, CanaryRunSettings
 
     (action,) = automations.canary_on_freeze(str(uuid4()), str(uuid4())).actions
     run = FlowRun(flow_id=uuid4(), parameters={"params": {"name": "trigger-v1", "seed": 0}})
-    assert _render(action.parameters, {"flow_run": run}) == {"freeze_name": "trigger-v1"}
+    rendered = _render(action.parameters, {"flow_run": run})
+    assert rendered == {"params": {"freeze_name": "trigger-v1"}}
+    params = CanaryParams.model_validate(rendered["params"])
+    assert params.freeze_name == "trigger-v1"
+    assert (params.split, params.run, params.endpoint) == ("test", CanaryRunSettings(), CanaryEndpoint())
+    (spec,) = [s for s in SPECS if s["name"] == "canary"]
+    deployed = CanaryParams.model_validate(spec["parameters"]["params"])
+    assert (params.run.concurrency, params.run.profile) == (deployed.run.concurrency, deployed.run.profile) == \
+        (1, "default")
+    assert params.model_copy(update={"freeze_name": deployed.freeze_name}) == deployed  # the rest: the same
 
 
 def test_freeze_deployment_records_a_name_even_when_a_run_gives_no_params():

@@ -76,7 +76,7 @@ def test_canary_records_a_job_with_its_trials_and_publishes_the_job_report(prefe
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
-    from flows.canary import REPORT_ARTIFACT_KEY, canary
+    from flows.canary import REPORT_ARTIFACT_KEY, CanaryParams, canary
     from forgeflow.evaluation.canary import sample_split
 
     store, manifest, generated = recorded_freeze
@@ -84,7 +84,7 @@ def test_canary_records_a_job_with_its_trials_and_publishes_the_job_report(prefe
     assert len(test_ids) == 2
     common = dict(freeze_name="canary-test", source=TaskSource(generated_path=generated), out_dir=tmp_path / "canary")
     with scripted_endpoint(lambda i: text_answer(FIX)) as (url, bodies):
-        result = canary(endpoint=_at(url), run=_settings(concurrency=2), **common)
+        result = canary(CanaryParams(endpoint=_at(url), run=_settings(concurrency=2), **common))
     assert len(bodies) == 2, "one agent run (one model call) per test task"
     job_id = f"canary-canary-test-test-{MODEL_SHA[:12]}"
     assert result.job_id == job_id
@@ -103,21 +103,22 @@ def test_canary_records_a_job_with_its_trials_and_publishes_the_job_report(prefe
 
     # the guard: 5 at once is above the default profile's 4, and refused before any work
     with scripted_endpoint(lambda i: text_answer(FIX)) as (url, bodies):
-        with pytest.raises(InputError, match=r"concurrency 5 is above the limit 4 of profile 'default'; "
+        with pytest.raises(InputError, match=r"params.run.concurrency: canary concurrency 5 is above the limit 4 of "
+                                             r"profile 'default'; "
                                              r"profile 'verified' allows up to 10"):
-            canary(endpoint=_at(url), run=_settings(concurrency=5), job_id="refused", **common)
+            canary(CanaryParams(endpoint=_at(url), run=_settings(concurrency=5), job_id="refused", **common))
         with pytest.raises(InputError, match=r"concurrency 11 is above the limit 10 of profile 'verified'"):
-            canary(endpoint=_at(url), run=_settings(concurrency=11, profile="verified"), job_id="refused", **common)
+            canary(CanaryParams(endpoint=_at(url), run=_settings(concurrency=11, profile="verified"), job_id="refused", **common))
         assert bodies == [] and store.get_job("refused") is None
         # the verified profile allows 5 (a new job: its own trajectories folder, so the trials run again)
-        again = canary(endpoint=_at(url), run=_settings(concurrency=5, profile="verified"), job_id="verified-5",
-                       **common)
+        again = canary(CanaryParams(endpoint=_at(url), run=_settings(concurrency=5, profile="verified"), job_id="verified-5",
+                       **common))
     assert len(bodies) == 2 and again.report.reward_1 == 2
     assert store.get_job("verified-5").params["profile"] == "verified"
 
     # a seeded sample of the split: one task, the one sample_split draws, under its own job id
     with scripted_endpoint(lambda i: text_answer(FIX)) as (url, bodies):
-        sampled = canary(endpoint=_at(url), run=_settings(sample=1, sample_seed=7), **common)
+        sampled = canary(CanaryParams(endpoint=_at(url), run=_settings(sample=1, sample_seed=7), **common))
     assert sampled.job_id == f"{job_id}-s1x7" and len(bodies) == 1
     assert [t.instance_id for t in sampled.trials] == sample_split(test_ids, 1, 7)
     assert store.get_job(sampled.job_id).params["sample"] == 1
@@ -129,7 +130,7 @@ def test_canary_on_the_users_candidates_gives_the_agent_each_rows_problem_statem
     command, no generated file): the agent is prompted with the row's problem statement."""
     import json
 
-    from flows.canary import canary
+    from flows.canary import CanaryParams, canary
 
     store, manifest, _ = recorded_freeze
     rows = [{"instance_id": i, "repo": r, "patch": BUG_PATCH, "image": task_image, "FAIL_TO_PASS": F2P,
@@ -139,8 +140,8 @@ def test_canary_on_the_users_candidates_gives_the_agent_each_rows_problem_statem
     path = tmp_path / "team-candidates.jsonl"
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     with scripted_endpoint(lambda i: text_answer(FIX)) as (url, bodies):
-        result = canary(freeze_name="canary-test", endpoint=_at(url), source=TaskSource(candidates_path=path),
-                        job_id="team-rows", out_dir=tmp_path / "canary", run=_settings())
+        result = canary(CanaryParams(freeze_name="canary-test", endpoint=_at(url), source=TaskSource(candidates_path=path),
+                        job_id="team-rows", out_dir=tmp_path / "canary", run=_settings()))
     assert result.report.reward_1 == 2
     prompts = [" ".join(m["content"] for m in body["messages"] if m["role"] == "user") for body in bodies]
     statements = {row["instance_id"]: row["problem_statement"] for row in rows}
@@ -151,20 +152,20 @@ def test_canary_on_the_users_candidates_gives_the_agent_each_rows_problem_statem
 
 def test_canary_refuses_unknown_freeze_split_and_missing_endpoint(prefect_harness, recorded_freeze,
                                                                   tmp_path: Path) -> None:
-    from flows.canary import canary
+    from flows.canary import CanaryParams, canary
 
     _, _, generated = recorded_freeze
     rows, dead = TaskSource(generated_path=generated), _at("http://127.0.0.1:9/v1")
     with pytest.raises(InputError, match="freeze 'nope' is not recorded in the store"):
-        canary(freeze_name="nope", endpoint=dead, source=rows)
+        canary(CanaryParams(freeze_name="nope", endpoint=dead, source=rows))
     with pytest.raises(InputError, match=r"has no split 'dev'; its splits: \["):
-        canary(freeze_name="canary-test", split="dev", endpoint=dead, source=rows)
+        canary(CanaryParams(freeze_name="canary-test", split="dev", endpoint=dead, source=rows))
     with pytest.raises(InputError, match="no serving state at .*state.json"):
-        canary(freeze_name="canary-test", source=rows)
-    with pytest.raises(InputError, match="needs model_sha256"):
-        canary(freeze_name="canary-test", endpoint=_at("http://127.0.0.1:9/v1", None), source=rows)
+        canary(CanaryParams(freeze_name="canary-test", source=rows))
+    with pytest.raises(InputError, match="needs params.endpoint.model_sha256"):
+        canary(CanaryParams(freeze_name="canary-test", endpoint=_at("http://127.0.0.1:9/v1", None), source=rows))
     with pytest.raises(PreflightError, match=r"the model endpoint http://127.0.0.1:9/v1 does not answer"):
-        canary(freeze_name="canary-test", endpoint=dead, source=rows)
+        canary(CanaryParams(freeze_name="canary-test", endpoint=dead, source=rows))
 
 
 def test_canary_runs_its_verifier_on_the_sandbox_block(prefect_harness, recorded_freeze, tmp_path: Path,
@@ -174,7 +175,7 @@ def test_canary_runs_its_verifier_on_the_sandbox_block(prefect_harness, recorded
     reachable from here (no kubeconfig), every trial's first container (the agent's) fails to start:
     each trial is a SandboxError exception with no reward, never a 0."""
     from blocks.core import SandboxBackend
-    from flows.canary import canary
+    from flows.canary import CanaryParams, canary
 
     store, _, generated = recorded_freeze
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-kubeconfig"))
@@ -183,11 +184,11 @@ def test_canary_runs_its_verifier_on_the_sandbox_block(prefect_harness, recorded
     SandboxBackend(kind="kubernetes").save("canary-cluster", overwrite=True)
     common = dict(freeze_name="canary-test", source=TaskSource(generated_path=generated), out_dir=tmp_path / "canary",
                   run=_settings({"step_limit": 5, "agent_timeout_s": 120}))
-    with pytest.raises(InputError, match="sandbox block 'nope' does not exist"):
-        canary(endpoint=_at("http://127.0.0.1:9/v1"), sandbox="nope", **common)
+    with pytest.raises(InputError, match="params.sandbox: sandbox block 'nope' does not exist"):
+        canary(CanaryParams(endpoint=_at("http://127.0.0.1:9/v1"), sandbox="nope", **common))
     with scripted_endpoint(lambda i: text_answer(FIX)) as (url, _):
-        small = canary(endpoint=_at(url), sandbox="canary-small", job_id="small", **common)
-        cluster = canary(endpoint=_at(url), sandbox="canary-cluster", job_id="cluster", **common)
+        small = canary(CanaryParams(endpoint=_at(url), sandbox="canary-small", job_id="small", **common))
+        cluster = canary(CanaryParams(endpoint=_at(url), sandbox="canary-cluster", job_id="cluster", **common))
     assert small.report.reward_1 == 2
     recorded = store.get_job("small").params["agent_config"]
     assert (recorded["verifier_backend"], recorded["memory_mb"], recorded["cpus"]) == ("podman", 768, 0.5)
@@ -202,16 +203,16 @@ def test_canary_verifies_in_pods_through_the_kubernetes_api(prefect_harness, rec
     each verifier runs in a pod created, exec'd and deleted through the official client, with the
     same rewards as on podman, and no pod is left."""
     from blocks.core import SandboxBackend
-    from flows.canary import canary
+    from flows.canary import CanaryParams, canary
     from tests.kubefake import kubernetes_api
 
     store, _, generated = recorded_freeze
     with kubernetes_api(tmp_path) as fake, scripted_endpoint(lambda i: text_answer(FIX)) as (url, _):
         SandboxBackend(kind="kubernetes", memory_mb=768, kubeconfig=str(fake.kubeconfig)).save(
             "canary-fake-cluster", overwrite=True)
-        result = canary(freeze_name="canary-test", endpoint=_at(url), source=TaskSource(generated_path=generated),
+        result = canary(CanaryParams(freeze_name="canary-test", endpoint=_at(url), source=TaskSource(generated_path=generated),
                         out_dir=tmp_path / "canary", sandbox="canary-fake-cluster", job_id="pods",
-                        run=_settings({"step_limit": 5, "agent_timeout_s": 120}))
+                        run=_settings({"step_limit": 5, "agent_timeout_s": 120})))
         assert fake.pods() == [] and fake.containers() == []
     assert [(t.exception_type, t.reward) for t in result.trials] == [(None, 1.0)] * 2
     assert result.report.reward_1 == 2
@@ -232,7 +233,7 @@ def test_canary_runs_the_agents_commands_in_pods_through_the_kubernetes_api(pref
     import json
 
     from blocks.core import SandboxBackend
-    from flows.canary import canary
+    from flows.canary import CanaryParams, canary
     from forgeflow.sandbox.kubernetes_manifests import FLOW_RUN_LABEL
     from tests.kubefake import kubernetes_api
 
@@ -240,9 +241,9 @@ def test_canary_runs_the_agents_commands_in_pods_through_the_kubernetes_api(pref
     with kubernetes_api(tmp_path) as fake, scripted_endpoint(lambda i: text_answer(FIX)) as (url, bodies):
         SandboxBackend(kind="kubernetes", memory_mb=768, kubeconfig=str(fake.kubeconfig)).save(
             "canary-agent-pods", overwrite=True)
-        result = canary(freeze_name="canary-test", endpoint=_at(url), source=TaskSource(generated_path=generated),
+        result = canary(CanaryParams(freeze_name="canary-test", endpoint=_at(url), source=TaskSource(generated_path=generated),
                         out_dir=tmp_path / "canary", sandbox="canary-agent-pods", job_id="agent-pods",
-                        run=_settings({"step_limit": 5, "agent_timeout_s": 120}, concurrency=2))
+                        run=_settings({"step_limit": 5, "agent_timeout_s": 120}, concurrency=2)))
         calls = fake.calls()
         assert fake.pods() == [] and fake.containers() == []
     assert len(bodies) == 2, "one model call per trial"
@@ -282,7 +283,7 @@ def test_canary_sends_the_key_of_an_endpoint_that_needs_one_and_records_it_nowhe
 
     from prefect.blocks.system import Secret
 
-    from flows.canary import canary
+    from flows.canary import CanaryParams, canary
     from forgeflow.common.fsutil import atomic_write_json
     from forgeflow.serving.bluegreen import ServingState
 
@@ -292,18 +293,18 @@ def test_canary_sends_the_key_of_an_endpoint_that_needs_one_and_records_it_nowhe
     common = {"freeze_name": "canary-test", "run": _settings(), "source": TaskSource(generated_path=generated),
               "out_dir": tmp_path / "out"}
     with scripted_endpoint(lambda i: text_answer(FIX), api_key=key) as (url, bodies):
-        with pytest.raises(InputError, match=r"answered HTTP 401 to a request without a key: give endpoint.api_key_secret"):
-            canary(endpoint=_at(url), job_id="no-key", **common)
+        with pytest.raises(InputError, match=r"answered HTTP 401 to a request without a key: give params.endpoint.api_key_secret"):
+            canary(CanaryParams(endpoint=_at(url), job_id="no-key", **common))
         assert bodies == [] and store.get_job("no-key") is None  # refused before any trial
-        given = canary(endpoint=CanaryEndpoint(base_url=url, model_sha256=MODEL_SHA,
-                                               api_key_secret="canary-endpoint-key"), job_id="given-key", **common)
+        given = canary(CanaryParams(endpoint=CanaryEndpoint(base_url=url, model_sha256=MODEL_SHA,
+                                               api_key_secret="canary-endpoint-key"), job_id="given-key", **common))
         # the serve flow's record of an external endpoint names the key's Secret block: the canary's default
         state_path = tmp_path / "serving" / "state.json"
         atomic_write_json(state_path, ServingState(
             generation=1, active_port=int(url.split(":")[-1].split("/")[0]), gguf_path=generated,
             gguf_sha256=MODEL_SHA, model_alias="scripted", base_url=url, external=True,
             api_key_secret="canary-endpoint-key").model_dump(mode="json"))
-        recorded = canary(endpoint=CanaryEndpoint(state_path=state_path), job_id="state-key", **common)
+        recorded = canary(CanaryParams(endpoint=CanaryEndpoint(state_path=state_path), job_id="state-key", **common))
     for result in (given, recorded):
         assert (result.report.requested, result.report.scored, result.report.reward_1) == (2, 2, 2)
     assert len(bodies) == 4 and "FORGEFLOW_MODEL_API_KEY" not in os.environ  # restored after each run

@@ -47,7 +47,7 @@ def test_a_canary_whose_server_died_mid_run_is_recovered_by_a_linked_job(prefect
                                                                           tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     from deployments.cli import app
-    from flows.canary import canary, canary_recover
+    from flows.canary import CanaryParams, CanaryRecoverParams, canary, canary_recover
 
     store, manifest, generated = recorded_freeze
     q8, _ = tiny_ggufs()
@@ -68,9 +68,9 @@ def test_a_canary_whose_server_died_mid_run_is_recovered_by_a_linked_job(prefect
 
         with monkeypatch.context() as patch:
             patch.setattr(Store, "record_trials", record_then_stop_the_server)
-            result = canary(freeze_name="canary-test", endpoint=CanaryEndpoint(base_url=server.base_url, model_sha256=sha),
+            result = canary(CanaryParams(freeze_name="canary-test", endpoint=CanaryEndpoint(base_url=server.base_url, model_sha256=sha),
                             source=TaskSource(generated_path=generated), out_dir=tmp_path / "canary",
-                            run=CanaryRunSettings(agent_config=AGENT, verifier_timeout_s=120.0, concurrency=1))
+                            run=CanaryRunSettings(agent_config=AGENT, verifier_timeout_s=120.0, concurrency=1)))
         assert stopped and not pid_alive(stopped[0])
         job_id = result.job_id
         report = result.report
@@ -82,16 +82,16 @@ def test_a_canary_whose_server_died_mid_run_is_recovered_by_a_linked_job(prefect
 
         # the endpoint is still down: refused before anything is recorded
         with pytest.raises(PreflightError, match="does not answer"):
-            canary_recover(job_id, endpoint=CanaryEndpoint(base_url=server.base_url))
+            canary_recover(CanaryRecoverParams(job_id=job_id, endpoint=CanaryEndpoint(base_url=server.base_url)))
         assert store.jobs(parent_job_id=job_id) == []
 
         restarted = ModelServer(q8, free_port(), "forgeflow", n_ctx=4096, log_path=tmp_path / "server-2.log").start()
         back = CanaryEndpoint(base_url=restarted.base_url)
         with pytest.raises(InputError, match="a recovery re-runs the same model"):
-            canary_recover(job_id, endpoint=CanaryEndpoint(base_url=restarted.base_url, model_sha256="e" * 64))
-        with pytest.raises(InputError, match="differs from the one job"):
-            canary_recover(job_id, endpoint=back, agent_config={**AGENT, "step_limit": 3})
-        out = canary_recover(job_id, endpoint=back)
+            canary_recover(CanaryRecoverParams(job_id=job_id, endpoint=CanaryEndpoint(base_url=restarted.base_url, model_sha256="e" * 64)))
+        with pytest.raises(InputError, match="params.agent_config .* differs from the one job"):
+            canary_recover(CanaryRecoverParams(job_id=job_id, endpoint=back, agent_config={**AGENT, "step_limit": 3}))
+        out = canary_recover(CanaryRecoverParams(job_id=job_id, endpoint=back))
 
         # one recovery job, linked to the original, that re-ran exactly the exception trial
         recovery_id = out.job_id
@@ -118,10 +118,10 @@ def test_a_canary_whose_server_died_mid_run_is_recovered_by_a_linked_job(prefect
         assert f"original job {job_id} + 1 recovery job" in out.report_path.read_text()
 
         # nothing is left to recover: no second recovery job
-        again = canary_recover(job_id, endpoint=back)
+        again = canary_recover(CanaryRecoverParams(job_id=job_id, endpoint=back))
         assert again.job_id is None and [j.job_id for j in store.jobs(parent_job_id=job_id)] == [recovery_id]
         with pytest.raises(InputError, match=f"is itself a recovery job of '{job_id}'"):
-            canary_recover(recovery_id, endpoint=back)
+            canary_recover(CanaryRecoverParams(job_id=recovery_id, endpoint=back))
     finally:
         server.stop()
         if restarted is not None:

@@ -100,8 +100,8 @@ def test_completed_freeze_run_starts_the_canary_on_that_freeze(running):
     canary_runs = _wait(lambda: _runs_of(state.api_url, canary_id), 60,
                         "the completed freeze did not start the canary deployment")
     assert len(canary_runs) == 1
-    assert canary_runs[0]["parameters"]["freeze_name"] == "trigger-v1"  # rendered from the freeze run
-    assert canary_runs[0]["parameters"]["split"] == "test"  # the deployment's defaults for the rest
+    # one params object, its freeze name rendered from the freeze run; the rest: CanaryParams' defaults
+    assert canary_runs[0]["parameters"] == {"params": {"freeze_name": "trigger-v1"}}
     ended = _wait(lambda: _final(state.api_url, canary_runs[0]["id"]), 120, "the canary run did not finish")
     assert ended["state"]["type"] == "FAILED" and "no serving state" in ended["state"]["message"], ended["state"]
     assert len(_runs_of(state.api_url, freeze_id)) == 1  # the canary's failure started no other freeze

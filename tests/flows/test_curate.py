@@ -57,7 +57,7 @@ def test_curate_runs_until_freeze_ready_then_skips_processed_and_recovers(
         prefect_harness, candidates_jsonl: Path, tmp_path: Path, monkeypatch, flow_store_url: str) -> None:
     from prefect.events.worker import EventsWorker
 
-    from flows.curate import FREEZE_READY_EVENT, curate, recover
+    from flows.curate import FREEZE_READY_EVENT, CurateParams, RecoverParams, curate, recover
     from forgeflow.curation.curate_settings import CurateSettings
     from forgeflow.curation.freeze import SplitQuotas
     from forgeflow.curation.task_rows import TaskSource
@@ -70,7 +70,7 @@ def test_curate_runs_until_freeze_ready_then_skips_processed_and_recovers(
 
     source = TaskSource(candidates_path=candidates_jsonl)
     settings = CurateSettings(batch_size=2, concurrency=2, verifier_timeout_s=120, seed=0)
-    first = curate(source, quotas=quotas, settings=settings)
+    first = curate(CurateParams(tasks=source, quotas=quotas, settings=settings))
     assert first.status == "freeze-ready" and first.batches and first.event_id
     assert first.counts["train"] >= 1 and first.counts["test"] >= 1
 
@@ -105,14 +105,14 @@ def test_curate_runs_until_freeze_ready_then_skips_processed_and_recovers(
     assert events[0].payload["instance_ids"] == sorted(json.loads(line)["instance_id"]
                                                        for line in candidates_jsonl.read_text().splitlines())
 
-    second = curate(source, quotas=quotas, settings=settings)
+    second = curate(CurateParams(tasks=source, quotas=quotas, settings=settings))
     assert second.status == "freeze-ready" and second.batches == []
     assert len(store.trials_for(include_void=True)) == len(trials)  # processed candidates are skipped
 
     # recovery of a batch that had no infrastructure fault voids nothing: real outcomes stay
-    dry = recover("test: nothing broke", batch_ids=first.batches[:1])
+    dry = recover(RecoverParams(reason="test: nothing broke", batch_ids=first.batches[:1]))
     assert dry.dry_run and dry.void == [] and dry.requeue == [] and dry.kept
-    done = recover("test: nothing broke", batch_ids=first.batches[:1], dry_run=False)
+    done = recover(RecoverParams(reason="test: nothing broke", batch_ids=first.batches[:1], dry_run=False))
     assert done.voided == 0 and len(store.accepted_tasks()) >= 2
 
 
@@ -120,7 +120,7 @@ def test_candidates_that_cannot_fill_the_splits_are_refused_before_any_validatio
         prefect_harness, tmp_path: Path, monkeypatch, flow_store_url: str) -> None:
     """Two repositories cannot fill three repository-disjoint splits: curate says so at once, before
     it checks an image or runs a trial, and records nothing."""
-    from flows.curate import curate
+    from flows.curate import CurateParams, curate
     from forgeflow.common.errors import InputError, PreflightError
     from forgeflow.curation.curate_settings import CurateSettings
     from forgeflow.curation.freeze import SplitQuotas
@@ -141,11 +141,11 @@ def test_candidates_that_cannot_fill_the_splits_are_refused_before_any_validatio
     quotas = SplitQuotas(train=1, validation=1, test=1, max_per_repo=3, min_repos=1)
     with pytest.raises(PreflightError, match=r"6 candidates from 2 repositories cannot meet the quotas .*"
                                              r"repository-disjoint splits .*need 3, at most 2 possible"):
-        curate(TaskSource(candidates_path=path), quotas=quotas, settings=CurateSettings(batch_size=2, concurrency=1))
+        curate(CurateParams(tasks=TaskSource(candidates_path=path), quotas=quotas, settings=CurateSettings(batch_size=2, concurrency=1)))
     assert len(store.tasks()) == before  # nothing recorded, no trial run
-    with pytest.raises(InputError, match="freeze name 'Bad Name!' is invalid"):
-        curate(TaskSource(candidates_path=path), quotas=quotas.model_copy(update={"validation": 0}),
-               freeze_name="Bad Name!")
+    with pytest.raises(InputError, match="params.freeze_name: freeze name 'Bad Name!' is invalid"):
+        curate(CurateParams(tasks=TaskSource(candidates_path=path), quotas=quotas.model_copy(update={"validation": 0}),
+               freeze_name="Bad Name!"))
 
 
 def test_a_sandbox_block_chooses_where_the_trials_run(prefect_harness, candidates_jsonl: Path, tmp_path: Path,
@@ -155,7 +155,7 @@ def test_a_sandbox_block_chooses_where_the_trials_run(prefect_harness, candidate
     infrastructure error naming Kubernetes (never a rejection, never podman instead); a missing
     block or an unknown kind is refused before any trial."""
     from blocks.core import SandboxBackend
-    from flows.curate import curate
+    from flows.curate import CurateParams, curate
     from forgeflow.common.errors import InputError
     from forgeflow.curation.curate_settings import CurateSettings
     from forgeflow.curation.freeze import SplitQuotas
@@ -168,11 +168,11 @@ def test_a_sandbox_block_chooses_where_the_trials_run(prefect_harness, candidate
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-kubeconfig"))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     quotas = SplitQuotas(train=1, validation=0, test=1, min_repos=1, max_per_repo=3)
-    with pytest.raises(InputError, match="sandbox block 'no-such-sandbox' does not exist"):
-        curate(source, quotas=quotas, sandbox="no-such-sandbox")
+    with pytest.raises(InputError, match="params.sandbox: sandbox block 'no-such-sandbox' does not exist"):
+        curate(CurateParams(tasks=source, quotas=quotas, sandbox="no-such-sandbox"))
     SandboxBackend(kind="firecracker").save("test-bad-kind-sandbox", overwrite=True)
     with pytest.raises(InputError, match="unknown sandbox backend 'firecracker'; valid kinds: kubernetes, podman"):
-        curate(source, quotas=quotas, sandbox="test-bad-kind-sandbox")
+        curate(CurateParams(tasks=source, quotas=quotas, sandbox="test-bad-kind-sandbox"))
     store = Store()
     store.upgrade()
     assert store.trials_for(include_void=True) == []  # refused before any trial
@@ -181,8 +181,8 @@ def test_a_sandbox_block_chooses_where_the_trials_run(prefect_harness, candidate
     # this test in the same Prefect home cannot answer from its cache
     block = f"test-k8s-sandbox-{uuid.uuid4().hex[:8]}"
     SandboxBackend(kind="kubernetes", memory_mb=512, cpus=0.5).save(block, overwrite=True)
-    out = curate(source, quotas=quotas, settings=CurateSettings(batch_size=4, concurrency=2, max_retries=0),
-                 sandbox=block)
+    out = curate(CurateParams(tasks=source, quotas=quotas, settings=CurateSettings(batch_size=4, concurrency=2, max_retries=0),
+                 sandbox=block))
     assert out.status == "exhausted"
     tasks = store.tasks()
     assert tasks and all(t.status == "error" for t in tasks), [(t.instance_id, t.status) for t in tasks]
@@ -192,16 +192,18 @@ def test_a_sandbox_block_chooses_where_the_trials_run(prefect_harness, candidate
 
 
 def test_the_curate_flow_takes_typed_parameter_groups() -> None:
-    """The flow's signature, read without running it: the task source, quotas and settings as
-    models, the freeze name and block names beside them (fewer than ten parameters)."""
+    """The flow's signature, read without running it: one ``params`` (:class:`flows.curate.CurateParams`) whose
+    fields are the task source, quotas and settings as models, the freeze name and block names beside them."""
     import inspect
 
-    from flows.curate import curate
+    from flows.curate import CurateParams, curate
     from forgeflow.curation.curate_settings import CurateSettings
     from forgeflow.curation.freeze import SplitQuotas
     from forgeflow.curation.task_rows import TaskSource
 
     parameters = inspect.signature(curate.fn).parameters
-    assert list(parameters) == ["tasks", "quotas", "settings", "freeze_name", "sandbox", "dispatcher"]
-    assert parameters["tasks"].default == TaskSource() and parameters["settings"].default == CurateSettings()
-    assert isinstance(parameters["quotas"].default, SplitQuotas)
+    assert list(parameters) == ["params"] and parameters["params"].default == CurateParams()
+    assert list(CurateParams.model_fields) == ["tasks", "quotas", "settings", "freeze_name", "sandbox", "dispatcher"]
+    defaults = CurateParams()
+    assert defaults.tasks == TaskSource() and defaults.settings == CurateSettings()
+    assert isinstance(defaults.quotas, SplitQuotas)

@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _curate(candidates: Path, store_url: str, block: str, monkeypatch) -> tuple[CurateResult, list, list]:
-    from flows.curate import curate
+    from flows.curate import CurateParams, curate
     from forgeflow.curation.curate_settings import CurateSettings
     from forgeflow.curation.freeze import SplitQuotas
     from forgeflow.curation.task_rows import TaskSource
@@ -40,8 +40,8 @@ def _curate(candidates: Path, store_url: str, block: str, monkeypatch) -> tuple[
 
     monkeypatch.setenv("FORGEFLOW_STORE_URL", store_url)
     quotas = SplitQuotas(train=2, validation=0, test=2, min_repos=2, max_per_repo=2)
-    out = curate(TaskSource(candidates_path=candidates), quotas=quotas, sandbox=block,
-                 settings=CurateSettings(batch_size=4, concurrency=2, max_retries=0, verifier_timeout_s=170.0))
+    out = curate(CurateParams(tasks=TaskSource(candidates_path=candidates), quotas=quotas, sandbox=block,
+                 settings=CurateSettings(batch_size=4, concurrency=2, max_retries=0, verifier_timeout_s=170.0)))
     store = Store()
     trials, tasks = store.trials_for(include_void=True), store.tasks()
     store.dispose()
@@ -84,13 +84,13 @@ def test_curate_on_kubernetes_pods_gives_the_same_accounting_as_podman(
 RUN = """
 import sys
 from pathlib import Path
-from flows.curate import curate
+from flows.curate import CurateParams, curate
 from forgeflow.curation.curate_settings import CurateSettings
 from forgeflow.curation.freeze import SplitQuotas
 from forgeflow.curation.task_rows import TaskSource
-curate(TaskSource(candidates_path=Path(sys.argv[1])), sandbox=sys.argv[2],
+curate(CurateParams(tasks=TaskSource(candidates_path=Path(sys.argv[1])), sandbox=sys.argv[2],
        settings=CurateSettings(batch_size=4, concurrency=2, max_retries=0, verifier_timeout_s=171.5),
-       quotas=SplitQuotas(train=2, validation=0, test=2, min_repos=2, max_per_repo=2))
+       quotas=SplitQuotas(train=2, validation=0, test=2, min_repos=2, max_per_repo=2)))
 """
 
 

@@ -40,7 +40,7 @@ def _running_on(dashboard_url: str, node_id: str) -> bool:
 
 
 def _curate(candidates: Path, store_url: str, block: str, monkeypatch) -> tuple[CurateResult, list]:
-    from flows.curate import curate
+    from flows.curate import CurateParams, curate
     from forgeflow.curation.curate_settings import CurateSettings
     from forgeflow.curation.freeze import SplitQuotas
     from forgeflow.curation.task_rows import TaskSource
@@ -51,8 +51,8 @@ def _curate(candidates: Path, store_url: str, block: str, monkeypatch) -> tuple[
     quotas = SplitQuotas(train=2, validation=0, test=2, min_repos=2, max_per_repo=2)
     # a timeout of this run's own keeps Prefect's cache (keyed by the validation's inputs) from answering
     timeout_s = 170.0 + int(uuid.uuid4().hex[:4], 16) / 65536
-    out = curate(TaskSource(candidates_path=candidates), quotas=quotas, dispatcher=block,
-                 settings=CurateSettings(batch_size=4, concurrency=2, max_retries=0, verifier_timeout_s=timeout_s))
+    out = curate(CurateParams(tasks=TaskSource(candidates_path=candidates), quotas=quotas, dispatcher=block,
+                 settings=CurateSettings(batch_size=4, concurrency=2, max_retries=0, verifier_timeout_s=timeout_s)))
     store = Store()
     trials = store.trials_for(include_void=True)
     store.dispose()
@@ -62,13 +62,13 @@ def _curate(candidates: Path, store_url: str, block: str, monkeypatch) -> tuple[
 def test_curate_spreads_validations_over_ray_nodes_and_survives_losing_one(
         prefect_harness, candidates_jsonl: Path, tmp_path: Path, monkeypatch) -> None:  # noqa: F811
     from blocks.core import TrialDispatcher
-    from flows.curate import curate
+    from flows.curate import CurateParams, curate
     from forgeflow.common.errors import InputError
     from forgeflow.curation.task_rows import TaskSource
 
     monkeypatch.setenv("FORGEFLOW_HOME", str(tmp_path / "home"))
     with pytest.raises(InputError, match="dispatcher block 'no-such-dispatcher' does not exist"):
-        curate(TaskSource(candidates_path=candidates_jsonl), dispatcher="no-such-dispatcher")
+        curate(CurateParams(tasks=TaskSource(candidates_path=candidates_jsonl), dispatcher="no-such-dispatcher"))
     with ray_head(num_cpus=1) as head, ray_worker(head, {"sandbox": 1}) as one, \
             ray_worker(head, {"sandbox": 1}) as two:
         block = f"test-ray-{uuid.uuid4().hex[:8]}"

@@ -55,8 +55,8 @@ def unittest_image(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 def test_unittest_tasks_are_curated_frozen_and_canaried_with_their_log_parser(
         prefect_harness, unittest_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from flows.canary import canary
-    from flows.curate import curate
+    from flows.canary import CanaryParams, canary
+    from flows.curate import CurateParams, curate
     from flows.stages import FreezeParams, freeze
     from forgeflow.curation.curate_settings import CurateSettings
     from forgeflow.curation.freeze import SplitQuotas
@@ -74,9 +74,9 @@ def test_unittest_tasks_are_curated_frozen_and_canaried_with_their_log_parser(
     specs = {"team/alpha": UNITTEST, "team/beta": UNITTEST}
     quotas = SplitQuotas(train=1, validation=0, test=1, max_per_repo=2, min_repos=2)
 
-    out = curate(TaskSource(candidates_path=path, test_specs=specs), quotas=quotas,
+    out = curate(CurateParams(tasks=TaskSource(candidates_path=path, test_specs=specs), quotas=quotas,
                  settings=CurateSettings(batch_size=4, concurrency=2, verifier_timeout_s=120),
-                 freeze_name="team-unittest-v1")
+                 freeze_name="team-unittest-v1"))
     assert out.status == "freeze-ready", out
     store = Store()
     accepted = store.accepted_tasks()
@@ -89,12 +89,12 @@ def test_unittest_tasks_are_curated_frozen_and_canaried_with_their_log_parser(
                   run={"verifier_timeout_s": 120.0,
                        "agent_config": {"step_limit": 5, "agent_timeout_s": 120, "memory_mb": 512}})
     with scripted_endpoint(lambda i: text_answer(FIX)) as (url, bodies):
-        fixed = canary(endpoint={"base_url": url, "model_sha256": "e" * 64}, job_id="unittest-fixed", **common)
+        fixed = canary(CanaryParams(endpoint={"base_url": url, "model_sha256": "e" * 64}, job_id="unittest-fixed", **common))
     assert fixed.report.requested == len(manifest.splits["test"]) == 2
     assert fixed.report.reward_1 == 2, fixed.trials
     assert any("add(2, 3) returns -1 instead of 5" in json.dumps(body["messages"]) for body in bodies)
     with scripted_endpoint(lambda i: text_answer(NO_FIX)) as (url, _):
-        unfixed = canary(endpoint={"base_url": url, "model_sha256": "e" * 64}, job_id="unittest-unfixed", **common)
+        unfixed = canary(CanaryParams(endpoint={"base_url": url, "model_sha256": "e" * 64}, job_id="unittest-unfixed", **common))
     assert unfixed.report.scored == 2 and unfixed.report.reward_1 == 0  # the parser sees the failure
     trials = store.trials_for(job_id="unittest-fixed")  # each job keeps its own trials
     assert len(trials) == 2 and len(store.trials_for(job_id="unittest-unfixed")) == 2

@@ -67,7 +67,7 @@ def frozen(task_image: str, tmp_path: Path, flow_store_url: str, monkeypatch: py
 
 def test_the_gate_promotes_a_better_candidate_holds_on_a_tie_and_rejects_a_worse_one(
         prefect_harness, frozen, tmp_path: Path) -> None:
-    from flows.canary import canary
+    from flows.canary import CanaryParams, canary
     from flows.promote import PromoteParams, promote
     from flows.stages import ServeParams, serve
     from forgeflow.serving.bluegreen import read_state, stop_active
@@ -81,10 +81,10 @@ def test_the_gate_promotes_a_better_candidate_holds_on_a_tie_and_rejects_a_worse
 
     def run_canary(job_id: str, model_sha256: str, command: str) -> None:
         with scripted_endpoint(lambda i: text_answer(command)) as (url, _):
-            result = canary(freeze_name="promote-test", endpoint={"base_url": url, "model_sha256": model_sha256},
+            result = canary(CanaryParams(freeze_name="promote-test", endpoint={"base_url": url, "model_sha256": model_sha256},
                             source={"generated_path": generated}, out_dir=tmp_path / "canary", job_id=job_id,
                             run={"concurrency": 2, "verifier_timeout_s": 120.0,
-                                 "agent_config": {"step_limit": 5, "agent_timeout_s": 120, "memory_mb": 512}})
+                                 "agent_config": {"step_limit": 5, "agent_timeout_s": 120, "memory_mb": 512}}))
         expected = 6 if command == FIX else 0
         assert (result.report.scored, result.report.reward_1) == (6, expected)
 

@@ -83,21 +83,21 @@ def test_canary_trials_run_on_the_sandbox_nodes(prefect_harness, cluster, record
     from prefect.blocks.system import Secret
     from ray.util.state import list_tasks
 
-    from flows.canary import canary
+    from flows.canary import CanaryParams, canary
     from forgeflow.common.errors import InputError
 
     store, manifest, generated = recorded_freeze
     head, workers = cluster
     with pytest.raises(InputError, match="dispatcher block 'no-such-dispatcher' does not exist"):
-        canary(freeze_name="canary-test", endpoint={"base_url": "http://x/v1", "model_sha256": MODEL_SHA},
-               source={"generated_path": generated}, dispatcher="no-such-dispatcher")
+        canary(CanaryParams(freeze_name="canary-test", endpoint={"base_url": "http://x/v1", "model_sha256": MODEL_SHA},
+               source={"generated_path": generated}, dispatcher="no-such-dispatcher"))
     key = "sk-ray-" + uuid.uuid4().hex
     Secret(value=key).save("ray-endpoint-key", overwrite=True)
     with scripted_endpoint(lambda i: text_answer(FIX), api_key=key) as (url, bodies):
-        result = canary(freeze_name="canary-test", source={"generated_path": generated}, out_dir=tmp_path / "canary",
+        result = canary(CanaryParams(freeze_name="canary-test", source={"generated_path": generated}, out_dir=tmp_path / "canary",
                         endpoint={"base_url": url, "model_sha256": MODEL_SHA, "api_key_secret": "ray-endpoint-key"},
                         job_id="on-ray", dispatcher=_dispatcher(head),
-                        run={"verifier_timeout_s": 120.0, "agent_config": {"step_limit": 5, "agent_timeout_s": 120}})
+                        run={"verifier_timeout_s": 120.0, "agent_config": {"step_limit": 5, "agent_timeout_s": 120}}))
     assert [(t.exception_type, t.reward) for t in result.trials] == [(None, 1.0)] * 2
     assert len(bodies) == 2  # the model calls came with the key (the endpoint refuses any other)
     trials = store.trials_for(job_id="on-ray")

@@ -11,12 +11,15 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from flows.canary import canary, canary_recover
+from flows.curate import curate, recover
 from flows.evaluation import harbor_export, harbor_import, judge
 from flows.promote import promote
 from flows.stagekit import StageParams
 from flows.stages import base_model, compare, freeze, package, publish, serve
 
-STAGE_FLOWS = [freeze, compare, package, publish, serve, base_model, promote, harbor_export, harbor_import, judge]
+STAGE_FLOWS = [freeze, compare, package, publish, serve, base_model, promote, harbor_export, harbor_import, judge,
+               canary, canary_recover, curate, recover]
 
 
 @pytest.mark.parametrize("stage_flow", STAGE_FLOWS, ids=lambda f: f.name)
@@ -53,7 +56,22 @@ def test_a_parameter_model_refuses_unknown_fields_and_is_frozen() -> None:
      "Extra inputs"),
     (freeze, {"name": "v1", "quotas": {"train": "many", "validation": 0, "test": 1, "max_per_repo": 2}},
      "params.quotas.train", "valid integer"),
-], ids=["judge-type", "judge-unknown", "serve-type", "serve-missing", "package-unknown", "freeze-nested-type"])
+    (canary, {"freeze_name": "v1", "run": {"concurrency": 0}}, "params.run.concurrency", "greater than or equal to 1"),
+    (canary, {"freeze_name": "v1", "endpoint": {"base_url": "http://x/v1", "model_sha": "e" * 64}},
+     "params.endpoint.model_sha", "Extra inputs"),
+    (canary, {"freeze": "v1"}, "params.freeze", "Extra inputs"),
+    (canary_recover, {"endpoint": {"base_url": "http://x/v1"}}, "params.job_id", "Field required"),
+    (canary_recover, {"job_id": "j", "concurrency": "two"}, "params.concurrency", "valid integer"),
+    (curate, {"settings": {"concurrency": 0}}, "params.settings.concurrency", "greater than or equal to 1"),
+    (curate, {"quotas": {"train": 1, "validation": 0, "test": 1, "max_per_repo": 2, "min_repo": 1}},
+     "params.quotas.min_repo", "Extra inputs"),
+    (curate, {"task": {"candidates_path": "/tmp/c.jsonl"}}, "params.task", "Extra inputs"),
+    (recover, {"batch_ids": ["b1"]}, "params.reason", "Field required"),
+    (recover, {"reason": "r", "dry_run": "perhaps"}, "params.dry_run", "valid boolean"),
+], ids=["judge-type", "judge-unknown", "serve-type", "serve-missing", "package-unknown", "freeze-nested-type",
+        "canary-nested-bound", "canary-nested-unknown", "canary-unknown", "canary-recover-missing",
+        "canary-recover-type", "curate-nested-bound", "curate-nested-unknown", "curate-unknown",
+        "recover-missing", "recover-type"])
 def test_a_bad_params_is_refused_through_the_flow_with_the_field_named(prefect_harness, flow_home, stage_flow,
                                                                        params, field, reason) -> None:
     from prefect.exceptions import ParameterTypeError
