@@ -117,8 +117,8 @@ def test_a_run_deployment_run_completes_and_is_recorded_in_postgresql(running, c
     home, _, state = running
     report = home / "compare.md"
     with temporary_settings(updates={PREFECT_API_URL: state.api_url}):
-        run = run_deployment("compare/compare", parameters={"job_a": "a", "job_b": "b", "report_path": str(report)},
-                             timeout=0)
+        run = run_deployment("compare/compare", timeout=0,  # the compare flow's one CompareParams
+                             parameters={"params": {"job_a": "a", "job_b": "b", "report_path": str(report)}})
     deadline = time.monotonic() + 150
     while time.monotonic() < deadline:
         rows = _psql(cluster, "prefect", "SELECT state_type, infrastructure_pid FROM flow_run WHERE id = %s",
