@@ -2,8 +2,8 @@
 # One-time (idempotent) set-up of a Debian 12 machine for forgeflow: system packages, then the
 # Python package with its pinned dependencies. Re-running is fast: apt is skipped when everything
 # is installed, and llama.cpp is compiled once per machine for both llama-cpp-python and llama-server
-# (one build, kept in forgeflow's cache; about 10 min cold on 2 cores). The compile runs in the
-# background while torch and the Harbor venv are installed (they need neither it nor each other).
+# (one build, kept in forgeflow's cache; 5-8 min cold on 2 cores). The compile runs in the background
+# while torch, the Harbor venv and forgeflow's other dependencies are installed (none needs it).
 # Prints how long each step took, and the total, when it ends (also when a step fails).
 # PYTHON names the interpreter to install into (default python3).
 set -euo pipefail
@@ -92,6 +92,21 @@ step "torch (cpu)" "$PY" -m pip install -q --root-user-action=ignore 'torch==2.1
 # Harbor (interop target, Python >= 3.12) lives in its own cached virtualenv, not in forgeflow's.
 harbor_venv() { bash scripts/harbor_venv.sh >/dev/null; }
 step "harbor venv" harbor_venv
+# forgeflow's pinned dependencies but llama-cpp-python (its wheel is still compiling; pip would compile
+# it a second time): the full install below then only adds llama-cpp-python and its [server] extras.
+forgeflow_dependencies() {
+  "$PY" - <<'PYTHON' > "$FORGEFLOW_REQUIREMENTS"
+import re, tomllib
+project = tomllib.load(open("pyproject.toml", "rb"))["project"]
+for requirement in project["dependencies"] + project["optional-dependencies"]["test"]:
+    if re.sub(r"[-_.]+", "_", re.split(r"[\[<>=!~; ]", requirement)[0].lower()) != "llama_cpp_python":
+        print(requirement)
+PYTHON
+  "$PY" -m pip install -q --root-user-action=ignore -r "$FORGEFLOW_REQUIREMENTS"
+}
+FORGEFLOW_REQUIREMENTS=$(mktemp)
+step "forgeflow dependencies" forgeflow_dependencies
+rm -f "$FORGEFLOW_REQUIREMENTS"
 finish_background
 # installs the wheel the compile left (before forgeflow, whose llama_cpp_python pin it then satisfies)
 step "llama-cpp-python" "$PY" scripts/llama_cpp_python.py

@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS = ["debian packages", "torch (cpu)", "harbor venv", "llama.cpp compile", "  (waited for it)", "llama-cpp-python",
-         "forgeflow [test]", "llama-server"]
+STEPS = ["debian packages", "torch (cpu)", "harbor venv", "forgeflow dependencies", "llama.cpp compile",
+         "  (waited for it)", "llama-cpp-python", "forgeflow [test]", "llama-server"]
 
 
 def _executable(path: Path, text: str) -> None:
@@ -52,7 +52,25 @@ def test_setup_prints_each_steps_time_and_the_total(tmp_path: Path) -> None:
     assert [name for name, _ in table] == [*STEPS, "total"]
     assert float(table[-1][1]) >= sum(float(s) for _, s in took) - 0.1 * len(took)  # rounding only
     calls = (tmp_path / "calls.txt").read_text()
-    assert "scripts/llama_cpp_python.py" in calls and "ensure_llama_server" in calls
+    assert "scripts/llama_cpp_python.py --build-only" in calls and "ensure_llama_server" in calls
+    # forgeflow's other dependencies are installed while llama.cpp compiles: every one but llama-cpp-python
+    requirements = re.search(r"-r (\S+)", calls)
+    assert requirements is not None and "-e .[test]" in calls
+
+
+def test_forgeflow_dependencies_but_llama_cpp_python_are_listed_for_the_early_install(tmp_path: Path) -> None:
+    """The snippet setup.sh runs to list forgeflow's requirements without llama-cpp-python (pip would
+    compile it from the sdist while the shared build is still running)."""
+    import sys
+    import tomllib
+
+    script = (ROOT / "scripts" / "setup.sh").read_text()
+    snippet = script.split("<<'PYTHON'", 1)[1].split("\n", 1)[1].split("\nPYTHON\n", 1)[0]
+    out = subprocess.run([sys.executable, "-"], input=snippet, capture_output=True, text=True, cwd=ROOT,
+                         check=True).stdout.split()
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = project["dependencies"] + project["optional-dependencies"]["test"]
+    assert [r for r in wanted if r.replace(" ", "") not in out] == ["llama_cpp_python[server]==0.3.36"]
 
 
 def test_a_failed_compile_fails_the_setup_when_it_is_waited_for(tmp_path: Path) -> None:
@@ -60,7 +78,7 @@ def test_a_failed_compile_fails_the_setup_when_it_is_waited_for(tmp_path: Path) 
     assert proc.returncode == 3
     assert "setup: timings (s) until a step failed with exit 3:" in proc.stdout
     table = re.findall(r"setup:   (.+?) +(\d+\.\d)$", proc.stdout, re.MULTILINE)
-    assert [name for name, _ in table] == [*STEPS[:5], "total"]
+    assert [name for name, _ in table] == [*STEPS[:6], "total"]
     assert "-e .[test]" not in (tmp_path / "calls.txt").read_text()  # nothing after the wait ran
 
 

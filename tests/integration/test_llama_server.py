@@ -1,7 +1,8 @@
 """llama.cpp's ``llama-server`` (built once per machine from the pinned sdist) as a serving backend.
 
-Real binary, real tiny GGUF (Q8_0), free loopback ports; every server is stopped by PID. The build
-takes minutes on 2 cores the first time (cached under ``cache_dir()/llama-server-<version>``).
+Real binary, real tiny GGUF (Q8_0), free loopback ports; every server is stopped by PID. The binary
+comes from the llama.cpp build shared with llama-cpp-python (``forgeflow.common.llama_cpp_build``;
+minutes on 2 cores the first time, then cached under ``cache_dir()/llama-server-<version>-<tag>``).
 """
 
 from __future__ import annotations
