@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,8 +16,10 @@ PIP_DOWNLOAD_TIMEOUT_S = 600
 def pip_download_sdist(requirement: str, filename: str, into: Path, timeout_s: float = PIP_DOWNLOAD_TIMEOUT_S) -> Path:
     """Download the sdist of ``requirement`` (``name==version``) into the folder ``into``.
 
-    Runs ``python -m pip download --no-deps --no-binary :all: --no-input``: the package index (or the
-    configured mirror) must serve an sdist; nothing is installed.
+    Runs ``python -m pip download --no-deps --no-binary <name> --no-input``: the package index (or the
+    configured mirror) must serve an sdist of ``name``; nothing is installed. Only ``name`` is refused as a
+    wheel: the build requirements pip installs to read the sdist's metadata come as wheels (with
+    ``:all:`` pip compiled scikit-build-core and its own build tools from source first: minutes).
 
     Args:
         requirement: the pinned requirement, e.g. ``boltons==26.2.0``.
@@ -31,7 +34,8 @@ def pip_download_sdist(requirement: str, filename: str, into: Path, timeout_s: f
         TransientInfraError: pip failed or timed out (index unreachable, 5xx); a retry may cure it.
         InputError: pip succeeded but left another file name (the message names both).
     """
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+    name = re.split(r"[<>=!~;\[ ]", requirement, maxsplit=1)[0].strip()
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", name,
            "--disable-pip-version-check", "--no-input", "-d", str(into), requirement]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False)

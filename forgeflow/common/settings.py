@@ -27,13 +27,13 @@ LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 """The pinned llama-cpp-python release: its sdist ships the Qwen2 vocabulary and the converter."""
 
 LLAMA_CPP_CMAKE_ARGS: tuple[str, ...] = ("-DGGML_NATIVE=OFF",)
-"""CMake options of both llama.cpp builds forgeflow makes (llama-cpp-python's, by
-``scripts/llama_cpp_python.py``, and llama-server's): a portable build (on x86-64 ggml's default
-instruction set, AVX2 + FMA + F16C + BMI2), never ``-march=native``. A native build on a Xeon guest
-whose CPU reports AMX but whose hypervisor does not enable the tile state compiles ggml's AMX
-kernels, and the first matrix multiplication dies with a general protection fault at
-``ldtilecfg`` (``dmesg``: ``traps: ... general protection fault ... in libggml-cpu.so``), taking
-the model server down with it."""
+"""CMake options of every llama.cpp build forgeflow makes (the one shared by llama-cpp-python and the
+CPU ``llama-server``, :mod:`forgeflow.common.llama_cpp_build`, and the CUDA ``llama-server``'s): a
+portable build (on x86-64 ggml's default instruction set, AVX2 + FMA + F16C + BMI2), never
+``-march=native``. A native build on a Xeon guest whose CPU reports AMX but whose hypervisor does
+not enable the tile state compiles ggml's AMX kernels, and the first matrix multiplication dies
+with a general protection fault at ``ldtilecfg`` (``dmesg``: ``traps: ... general protection
+fault ... in libggml-cpu.so``), taking the model server down with it."""
 
 
 def llama_cpp_build_tag(extra_cmake_args: tuple[str, ...] = ()) -> str:

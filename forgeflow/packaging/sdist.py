@@ -22,10 +22,9 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from forgeflow.common import settings
+from forgeflow.common import llama_cpp_build, settings
 from forgeflow.common.errors import InfraError, InputError
 from forgeflow.common.fsutil import atomic_write_json, sha256_file
-from forgeflow.common.sdists import pip_download_sdist
 
 _VENDOR = "vendor/llama.cpp"
 _MEMBER_FILES = (
@@ -48,24 +47,17 @@ def sdist_root() -> Path:
 
 
 def download_sdist(version: str) -> Path:
-    """Fetch the sdist tarball into ``cache_dir()/sdist`` with ``pip download`` (once).
+    """Fetch the sdist tarball into ``cache_dir()/sdist`` with ``pip download`` (once; the same file the
+    shared llama.cpp build compiles, :func:`forgeflow.common.llama_cpp_build.download_sdist`).
 
     Raises:
         TransientInfraError: pip failed (index unreachable, timeout).
         SdistError: pip succeeded but no tarball for ``version`` appeared.
     """
-    dest = settings.cache_dir() / "sdist"
-    dest.mkdir(parents=True, exist_ok=True)
-    name = f"llama_cpp_python-{version}.tar.gz"
-    if (dest / name).is_file():
-        return dest / name
-    with tempfile.TemporaryDirectory(dir=dest, prefix=".pip-download-") as tmp:
-        try:
-            got = pip_download_sdist(f"llama-cpp-python=={version}", name, Path(tmp))
-        except InputError as exc:
-            raise SdistError(str(exc)) from exc
-        os.replace(got, dest / name)
-    return dest / name
+    try:
+        return llama_cpp_build.download_sdist(version)
+    except InputError as exc:
+        raise SdistError(str(exc)) from exc
 
 
 def _wanted(member_path: str) -> bool:

@@ -15,11 +15,14 @@ Three things a release needs from the server that a generic OpenAI endpoint cann
 * **Accelerator use.** When layers are requested on a GPU (``-ngl``), the load log's
   ``offloaded X/Y layers to GPU`` line (``src/llama-model.cpp``) must report ``X > 0``; a server
   that silently fell back to the CPU is stopped with :class:`AcceleratorFallbackError`.
-* **The binary.** :func:`ensure_llama_server` builds ``llama-server`` from the pinned
-  llama-cpp-python sdist's ``vendor/llama.cpp`` (``tools/server``) with CMake once per machine
-  into ``cache_dir()/llama-server-<version>[-cuda]/`` (built in a temporary folder, then renamed:
-  a crash never leaves a half-built binary under the final name). Users may point to their own
-  binary instead (``FORGEFLOW_LLAMA_SERVER`` or the ``binary`` argument).
+* **The binary.** :func:`ensure_llama_server` takes ``llama-server`` from the one llama.cpp build
+  it shares with llama-cpp-python (:mod:`forgeflow.common.llama_cpp_build`: the pinned sdist
+  compiled once with the server on; ``cache_dir()/llama-server-<version>-<tag>/bin/``, the binary
+  beside its shared libraries), running that build when it is missing. The CUDA build (``gpu=True``)
+  stays its own static CMake build of ``vendor/llama.cpp`` into
+  ``cache_dir()/llama-server-<version>-cuda-<tag>/``. Both are built in a temporary folder, then
+  renamed: a crash never leaves a half-built binary under the final name. Users may point to their
+  own binary instead (``FORGEFLOW_LLAMA_SERVER`` or the ``binary`` argument).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
-from forgeflow.common import errors, settings
+from forgeflow.common import errors, llama_cpp_build, settings
 from forgeflow.packaging.sdist import download_sdist
 from forgeflow.serving.server import LOOPBACK_HOST, ModelServer, client_host
 
@@ -202,18 +205,23 @@ def check_accelerator(log_text: str, n_gpu_layers: int) -> tuple[int, int] | Non
 
 # --- the binary -------------------------------------------------------------------------------
 def build_dir(gpu: bool = False) -> Path:
-    """Where :func:`ensure_llama_server` keeps its build: ``llama-server-<version>[-cuda]-<tag>``, the
-    tag naming its options (:func:`forgeflow.common.settings.llama_cpp_build_tag`), so a build made
+    """Where :func:`ensure_llama_server` keeps its build (``bin/llama-server`` inside): for the CPU the
+    shared llama.cpp build's :func:`forgeflow.common.llama_cpp_build.server_dir`
+    (``llama-server-<version>-<tag>``); for ``gpu`` ``llama-server-<version>-cuda-<tag>``. Each tag
+    names the build's options (:func:`forgeflow.common.settings.llama_cpp_build_tag`), so a build made
     with other options is rebuilt, not reused."""
-    suffix = "-cuda" if gpu else ""
+    if not gpu:
+        return llama_cpp_build.server_dir()
     tag = settings.llama_cpp_build_tag(tuple(cmake_args(gpu)))
-    return settings.cache_dir() / f"llama-server-{settings.LLAMA_CPP_PYTHON_VERSION}{suffix}-{tag}"
+    return settings.cache_dir() / f"llama-server-{settings.LLAMA_CPP_PYTHON_VERSION}-cuda-{tag}"
 
 
 def cmake_args(gpu: bool = False) -> list[str]:
-    """CMake options of the cached build: a static, server-only, offline build (no web UI download,
-    no OpenSSL, no tests/examples) with the instruction set of every forgeflow llama.cpp build
-    (:data:`forgeflow.common.settings.LLAMA_CPP_CMAKE_ARGS`); ``GGML_CUDA`` on for ``gpu``."""
+    """CMake options of the standalone build (what ``gpu=True`` builds): a static, server-only, offline
+    build (no web UI download, no OpenSSL, no tests/examples) with the instruction set of every forgeflow
+    llama.cpp build (:data:`forgeflow.common.settings.LLAMA_CPP_CMAKE_ARGS`); ``GGML_CUDA`` on for
+    ``gpu``. The CPU binary comes from the shared build instead
+    (:data:`forgeflow.common.llama_cpp_build.SERVER_CMAKE_ARGS`)."""
     args = [
         "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_SERVER=ON",
         "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
@@ -228,8 +236,13 @@ def cmake_args(gpu: bool = False) -> list[str]:
 def ensure_llama_server(gpu: bool = False, jobs: int | None = None) -> Path:
     """The ``llama-server`` binary: ``$FORGEFLOW_LLAMA_SERVER``, else the cached build (built once).
 
+    On the CPU the binary comes from the llama.cpp build shared with llama-cpp-python
+    (:func:`forgeflow.common.llama_cpp_build.build`): ``scripts/setup.sh`` makes it; where it did not,
+    the first call compiles it (and keeps the wheel too). It runs from its cache folder in any process
+    (its shared libraries lie beside it, RPATH ``$ORIGIN``).
+
     Args:
-        gpu: build with CUDA (needs the CUDA toolkit; for GPU machines).
+        gpu: build with CUDA (needs the CUDA toolkit; for GPU machines): a separate static build.
         jobs: parallel compile jobs (default: CPU count).
 
     Returns:
@@ -238,6 +251,7 @@ def ensure_llama_server(gpu: bool = False, jobs: int | None = None) -> Path:
     Raises:
         ToolMissingError: ``cmake`` or a C++ compiler is missing, or ``$FORGEFLOW_LLAMA_SERVER`` does not
             name an executable file.
+        TransientInfraError: the pinned sdist could not be downloaded.
         InfraError: the build failed (the message carries the tail of the build log, kept beside the
             cache folder).
     """
@@ -247,6 +261,13 @@ def ensure_llama_server(gpu: bool = False, jobs: int | None = None) -> Path:
         if not (path.is_file() and os.access(path, os.X_OK)):
             raise errors.ToolMissingError(f"{BINARY_ENV}={override!r} is not an executable file")
         return path
+    if not gpu:
+        return llama_cpp_build.build(jobs).server
+    return _ensure_standalone(gpu, jobs)
+
+
+def _ensure_standalone(gpu: bool, jobs: int | None) -> Path:
+    """The standalone static build of :func:`cmake_args` into :func:`build_dir` (built once)."""
     final = build_dir(gpu)
     binary = final / "bin" / "llama-server"
     if binary.is_file():

@@ -1,7 +1,8 @@
 """llama.cpp's ``llama-server`` (built once per machine from the pinned sdist) as a serving backend.
 
-Real binary, real tiny GGUF (Q8_0), free loopback ports; every server is stopped by PID. The build
-takes minutes on 2 cores the first time (cached under ``cache_dir()/llama-server-<version>``).
+Real binary, real tiny GGUF (Q8_0), free loopback ports; every server is stopped by PID. The binary
+comes from the llama.cpp build shared with llama-cpp-python (``forgeflow.common.llama_cpp_build``;
+minutes on 2 cores the first time, then cached under ``cache_dir()/llama-server-<version>-<tag>``).
 """
 
 from __future__ import annotations
@@ -86,6 +87,32 @@ def test_swap_to_llama_server_then_a_cpu_fallback_is_rolled_back(binary: Path, q
     finally:
         stop_active(state_path)
     assert not _alive(read_state(state_path).pid or first.current.pid)
+
+
+def test_the_cpu_binary_comes_from_the_shared_build_and_runs_from_any_folder(binary: Path, tmp_path: Path) -> None:
+    """One llama.cpp compile serves llama-cpp-python and llama-server: the binary lies beside the shared
+    libraries it links (RPATH ``$ORIGIN``), so it starts in any process without LD_LIBRARY_PATH, even
+    from a copy of its folder elsewhere."""
+    import shutil
+    import subprocess
+
+    from forgeflow.common import llama_cpp_build
+
+    if os.environ.get("FORGEFLOW_LLAMA_SERVER"):
+        pytest.fail("unset FORGEFLOW_LLAMA_SERVER: this test checks forgeflow's own build")
+    assert binary == llama_cpp_build.server_dir() / "bin" / "llama-server"
+    assert llama_cpp_build.cached_wheel() is not None  # the same build left the llama-cpp-python wheel
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    linked = subprocess.run(["ldd", str(binary)], capture_output=True, text=True, env=env, check=True).stdout
+    ours = {fields[0]: fields[2] for fields in map(str.split, linked.splitlines())
+            if fields and fields[0].startswith(("libllama", "libggml", "libmtmd"))}
+    assert {"libllama.so.0", "libggml.so.0", "libggml-base.so.0", "libmtmd.so.0"} <= set(ours)
+    assert {Path(p).parent for p in ours.values()} == {binary.parent}, linked
+    copy = tmp_path / "elsewhere"
+    shutil.copytree(binary.parent, copy, symlinks=True)
+    out = subprocess.run([str(copy / "llama-server"), "--version"], capture_output=True, text=True, env=env,
+                         timeout=60, check=False)
+    assert out.returncode == 0 and "version" in (out.stdout + out.stderr), out.stderr
 
 
 def test_a_binary_named_by_the_environment_must_exist(monkeypatch, tmp_path: Path) -> None:

@@ -93,11 +93,16 @@ def test_both_llama_cpp_builds_are_portable_and_a_build_with_other_options_is_no
     """Regression: a ``-march=native`` build on a Xeon guest without AMX tile state compiled ggml's AMX
     kernels and crashed at the first matrix multiplication (general protection fault at ``ldtilecfg``);
     the cached builds had been made with those options and were reused."""
+    from forgeflow.common import llama_cpp_build
+
     assert "-DGGML_NATIVE=OFF" in settings.LLAMA_CPP_CMAKE_ARGS
     assert set(settings.LLAMA_CPP_CMAKE_ARGS) <= set(cmake_args()) and "-DGGML_CUDA=ON" in cmake_args(gpu=True)
     cpu, gpu = build_dir(), build_dir(gpu=True)
-    assert cpu.name == f"llama-server-{settings.LLAMA_CPP_PYTHON_VERSION}-{settings.llama_cpp_build_tag(tuple(cmake_args()))}"
-    assert gpu.name.startswith(f"llama-server-{settings.LLAMA_CPP_PYTHON_VERSION}-cuda-") and gpu != cpu
+    # the CPU binary is the shared llama.cpp build's (one compile for llama-cpp-python and llama-server)
+    assert cpu == llama_cpp_build.server_dir()
+    assert cpu.name == f"llama-server-{settings.LLAMA_CPP_PYTHON_VERSION}-{llama_cpp_build.build_tag()}"
+    assert gpu.name == (f"llama-server-{settings.LLAMA_CPP_PYTHON_VERSION}-cuda-"
+                        f"{settings.llama_cpp_build_tag(tuple(cmake_args(gpu=True)))}") and gpu != cpu
     monkeypatch.setattr(settings, "LLAMA_CPP_CMAKE_ARGS", ("-DGGML_NATIVE=ON",))
-    assert build_dir() != cpu  # other options: another folder, built anew
+    assert build_dir() != cpu and build_dir(gpu=True) != gpu  # other options: another folder, built anew
     assert settings.llama_cpp_build_tag() != settings.llama_cpp_build_tag(("-DGGML_CUDA=ON",))
