@@ -501,10 +501,8 @@ def _stage_and_promote(run: _Run, served_new: Any, test_tasks: list[_TaskImage],
         with log.stage("serve_swap") as st:
             if decision.verdict == "promote":
                 swap = log.call(serving_tasks.promote_server, run.state_path, staged)
-                record_rows(run.store_url, "serving_generations", [
-                    *([serving_tasks.generation_row(swap.previous, "retired", run.run_id)]
-                      if swap.previous is not None and swap.previous.generation != swap.current.generation else []),
-                    serving_tasks.generation_row(swap.current, "active", run.run_id)])
+                record_rows(run.store_url, "serving_generations",
+                            serving_tasks.swap_rows(swap.previous, swap.current, run.run_id))
                 st["counts"] = {"generation": swap.current.generation, "port": swap.current.active_port,
                                 "promoted": 1}
             else:

@@ -337,13 +337,20 @@ def generation_row(state: bluegreen.ServingState, status: tables.ServingStatus,
                                           gguf_sha256=state.gguf_sha256, status=status, run_id=run_id)
 
 
+def swap_rows(previous: bluegreen.ServingState | None, current: bluegreen.ServingState,
+              run_id: str | None) -> list[records.ServingGenerationRecord]:
+    """The ``serving_generations`` rows of a promotion: ``previous`` (if any, and another generation) as
+    retired, then ``current`` as active, both with ``run_id`` (the flow run that swapped). What the
+    lifecycle's serve stages and the standalone ``serve`` flow record alike."""
+    retired = ([generation_row(previous, "retired", run_id)]
+               if previous is not None and previous.generation != current.generation else [])
+    return [*retired, generation_row(current, "active", run_id)]
+
+
 def record_swap(store: ledger.Store, previous: bluegreen.ServingState | None, current: bluegreen.ServingState,
                 run_id: str | None) -> None:
-    """Record a promotion in the store: ``current`` as the active generation and ``previous`` (if
-    any, and another generation) as retired, both with ``run_id`` (the flow run that swapped).
-    Used by the lifecycle's serve stages and the standalone ``serve`` flow alike."""
-    if previous is not None and previous.generation != current.generation:
-        store.record_serving_generation(generation_row(previous, "retired", run_id))
-    store.record_serving_generation(generation_row(current, "active", run_id))
+    """Record a promotion in the store: the rows of :func:`swap_rows`."""
+    for row in swap_rows(previous, current, run_id):
+        store.record_serving_generation(row)
 
 
