@@ -3,14 +3,15 @@
 Run ``python -m benchmarks.trial [--per-project N] [--repeats N] [--concurrency N]``. It prints one
 human line per figure and, as the LAST line, one JSON object::
 
-    {"trial_overhead_s": ..., "validation_s": ..., "raw_validation_s": ..., "throughput_per_min": ...,
+    {"overhead_per_trial_s": ..., "validation_s": ..., "raw_validation_s": ..., "throughput_per_min": ...,
      "throughput_limit_per_min": ..., "throughput_vs_limit": ..., ...}
 
 What is compared, candidate by candidate (the demo's generated candidates, ``--per-project`` of each
 demo project, task images built as the lifecycle builds them and reused when they exist):
 
 * forgeflow: :func:`forgeflow.sandbox.trial.validate_candidate` (NOP in a fresh container, then the
-  Oracle in another: bug patch reverted, tests run, both graded from forgeflow's report plugin), as
+  Oracle in another: bug patch reverted, tests run, both graded from forgeflow's report plugin; on
+  podman each run is the container's own process, ``PodmanSandbox.run_once``), as
   the ``curate`` flow's validation task calls it, without Prefect, with one Oracle run
   (``oracle_runs=1``; the default repeats an accepted task's Oracle once for flakiness).
 * raw: the same two container runs as plain ``podman run --rm`` commands with the same limits
@@ -19,7 +20,7 @@ demo project, task images built as the lifecycle builds them and reused when the
   stdin and is reverted with ``git apply -R`` in the same command.
 
 The two alternate which goes first, candidate by candidate, ``--repeats`` times, one at a time.
-``trial_overhead_s`` = (mean forgeflow validation − mean raw validation) / 2 trials: what forgeflow
+``overhead_per_trial_s`` = (mean forgeflow validation − mean raw validation) / 2 trials: what forgeflow
 adds per trial beyond the container (goal <= 0.05 s). ``bare_run_s`` is ``podman run --rm IMAGE
 true`` for scale; ``sandbox_steps_s`` says where forgeflow's extra time goes (:func:`sandbox_steps`).
 
@@ -114,17 +115,29 @@ def bare_run(image: str, repeats: int) -> float:
 
 
 def sandbox_steps(image: str, spec: Any, repeats: int) -> dict[str, float]:
-    """Median wall seconds of each step a forgeflow trial adds around its test command, on
-    :class:`forgeflow.sandbox.podman.PodmanSandbox`: ``start`` (``podman run -d`` + cgroup lookup),
-    ``exec_true`` (one ``podman exec`` of ``true``), ``write_file`` (the Oracle's patch) and
-    ``remove`` (``podman rm -f -t 0``, off the critical path for all but a validation's last trial)."""
+    """Median wall seconds of the steps of a forgeflow trial on
+    :class:`forgeflow.sandbox.podman.PodmanSandbox`: ``run_once`` (the trial's own path: ``podman run
+    -i --rm`` of ``true`` under the wrapper, to the result), ``of_which_start`` (its container start,
+    ``setup_s``), ``removal_wait`` (waiting for the background removal afterwards, off the critical
+    path for all but a validation's last trial); and, for comparison, the path for backends without
+    ``run_once``: ``start`` (``podman run -d`` + cgroup lookup), ``exec_true`` (one ``podman exec``)
+    and ``remove`` (``podman rm -f -t 0``)."""
     from forgeflow.sandbox.podman import PodmanSandbox  # noqa: PLC0415
 
-    steps: dict[str, list[float]] = {"start": [], "exec_true": [], "write_file": [], "remove": []}
+    steps: dict[str, list[float]] = {"run_once": [], "of_which_start": [], "removal_wait": [], "start": [],
+                                     "exec_true": [], "remove": []}
     for _ in range(repeats):
         box = PodmanSandbox(image, spec)
+        start = time.perf_counter()
+        box.run_once("true", timeout_s=60)
+        steps["run_once"].append(time.perf_counter() - start)
+        steps["of_which_start"].append(box.setup_s or 0.0)
+        wait = box.stop_async()
+        start = time.perf_counter()
+        wait()
+        steps["removal_wait"].append(time.perf_counter() - start)
+        box = PodmanSandbox(image, spec)
         for step, call in (("start", box.start), ("exec_true", lambda b=box: b.exec(["true"], timeout_s=60)),
-                           ("write_file", lambda b=box: b.write_file("/tmp/forgeflow-bench", "x" * 4096)),
                            ("remove", box.stop)):
             start = time.perf_counter()
             call()
@@ -189,7 +202,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"{limit:.2f} (= {min(cores, args.concurrency)} cores x 60 / raw validation {raw_s:.2f} s): "
           f"{throughput / limit:.0%} (goal >= 90 %)")
     result = {
-        "trial_overhead_s": round(overhead, 3), "trial_overhead_median_s": round(statistics.median(deltas), 3),
+        "overhead_per_trial_s": round(overhead, 3),
+        "overhead_per_trial_median_s": round(statistics.median(deltas), 3),
         "validation_s": round(ours_s, 3), "raw_validation_s": round(raw_s, 3), "pairs": len(ours),
         "bare_run_s": round(bare, 3), "sandbox_steps_s": steps, "throughput_per_min": round(throughput, 2),
         "throughput_limit_per_min": round(limit, 2), "throughput_vs_limit": round(throughput / limit, 3),

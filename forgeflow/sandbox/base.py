@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Mapping
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -108,3 +108,17 @@ class Sandbox(Protocol):
         """Start the removal and return a callable that waits until it is done (for backends whose
         removal is slow: the next trial starts meanwhile). ``stop`` is ``stop_async()()``."""
         ...
+
+
+@runtime_checkable
+class OneShotSandbox(Sandbox, Protocol):
+    """A sandbox that can also run one command as its container's own process, instead of
+    ``start`` + ``exec``: one container start per run that needs no interaction (a NOP or Oracle
+    run), with the same limits and the same evidence (:meth:`PodmanSandbox.run_once
+    <forgeflow.sandbox.podman.PodmanSandbox.run_once>`). ``setup_s`` is then the container's start
+    time in seconds."""
+
+    setup_s: float | None
+
+    def run_once(self, command: str, timeout_s: float, workdir: str | None = None,
+                 env: Mapping[str, str] | None = None) -> ExecResult: ...

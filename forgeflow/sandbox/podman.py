@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -47,6 +48,8 @@ class PodmanSandbox:
         self._started = False
         self._pids_events: Path | None = None
         self._oom_events: Path | None = None
+        self._once: list[subprocess.Popen[bytes]] = []
+        self.setup_s: float | None = None
 
     def __enter__(self) -> "PodmanSandbox":
         self.start()
@@ -260,6 +263,150 @@ class PodmanSandbox:
         if proc.returncode != 0:
             raise errors.SandboxError(f"could not write {path} in {self.name}: {proc.stderr.strip()}")
 
+    def run_once(self, command: str, timeout_s: float, workdir: str | None = None,
+                 env: Mapping[str, str] | None = None) -> ExecResult:
+        """Run one shell ``command`` as the container's own process (``podman run -i --rm``) instead
+        of ``start`` + ``exec``: one podman call per trial, as a plain ``podman run --rm`` of the same
+        command costs, for runs that need no interaction (a NOP or Oracle run).
+
+        The container's process is a small wrapper under ``--init``: it reads a random nonce on
+        stdin (never in its argv or environment), prints it, runs ``bash -c command`` with stdin
+        from ``/dev/null`` (as ``exec`` does), prints the nonce and the exit status on stdout and
+        stderr, and then waits for stdin to close. While it waits the container and its cgroup
+        still exist, so the kernel's counters (OOM kills, refused forks) are read exactly as after
+        an ``exec`` (a fresh container's counters start at 0); only then is stdin closed, and the
+        container ends and is removed in the background (:meth:`stop_async` returns the wait). The
+        time to the first nonce, the container's start, is kept in :attr:`setup_s` (seconds).
+
+        Args:
+            command: one shell string (``bash -c``).
+            timeout_s: wall-clock limit in seconds for the command, from the container's start.
+            workdir: working directory inside the container.
+            env: variables set for the command (``podman run --env``), on top of the image's.
+
+        Returns:
+            The command's result, as :meth:`exec` returns it (``duration_s``: the command alone).
+
+        Raises:
+            SandboxError: the sandbox is already started, podman could not start the container, or
+                the container's process ended without reporting the command's end (the message
+                holds podman's exit status and stderr as evidence).
+            ImageNotFoundError, ToolMissingError: as :meth:`start`.
+            SandboxOOMError, SandboxPidsLimitError, VerifierTimeoutError: as :meth:`exec`.
+        """
+        if self._started or self._once:
+            raise errors.SandboxError(f"sandbox {self.name} is already started: run_once starts its own container")
+        nonce = uuid.uuid4().hex
+        wrapper = ('IFS= read -r n || exit 125; printf "%s start\\n" "$n"; printf "%s start\\n" "$n" >&2\n'
+                   'bash -c "$1" forgeflow-run </dev/null; rc=$?\n'
+                   'printf "\\n%s end %d\\n" "$n" "$rc"; printf "\\n%s end %d\\n" "$n" "$rc" >&2\n'
+                   'IFS= read -r _; exit "$rc"\n')
+        for attempt in (1, 2):
+            pidfile = Path(tempfile.gettempdir()) / f"forgeflow-{self.name}-{uuid.uuid4().hex[:8]}.pid"
+            args = [self._podman(), "run", "-i", "--rm", "--init", "--name", self.name, "--pidfile", str(pidfile),
+                    *self._limit_args()]
+            if workdir:
+                args += ["--workdir", workdir]
+            for key, value in (env or {}).items():
+                args += ["--env", f"{key}={value}"]
+            args += [self.image, "bash", "-c", wrapper, "forgeflow-once", command]
+            try:
+                return self._run_once(args, nonce, pidfile, command, timeout_s)
+            except _NameInUse:
+                if attempt == 2:
+                    raise errors.SandboxError(f"podman could not start {self.image!r}: the name {self.name} "
+                                              "stays in use after removing the container left under it") from None
+                remove_podman_container(self.name)  # left by a crashed run of the same trial
+            finally:
+                pidfile.unlink(missing_ok=True)
+        raise AssertionError("unreachable")
+
+    def _limit_args(self) -> list[str]:
+        args = ["--memory", f"{self.spec.memory_mb}m", "--memory-swap", f"{self.spec.memory_mb}m",
+                "--cpus", str(self.spec.cpus)]
+        if self.spec.pids_limit is not None:
+            args += ["--pids-limit", str(self.spec.pids_limit)]
+        if not self.spec.network:
+            args += ["--network", "none"]
+        return args
+
+    def _run_once(self, args: list[str], nonce: str, pidfile: Path, command: str, timeout_s: float) -> ExecResult:
+        """One attempt of :meth:`run_once` (raises :class:`_NameInUse` when the name is taken)."""
+        t0 = time.monotonic()
+        proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                env=tool_env(), cwd=conmon_cwd())
+        assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+        self._once.append(proc)
+        start_mark = re.compile(re.escape(nonce.encode()) + rb" start\n")
+        end_mark = re.compile(rb"\n" + re.escape(nonce.encode()) + rb" end (\d+)\n")
+        out, err = _Stream(proc.stdout, start_mark, end_mark), _Stream(proc.stderr, start_mark, end_mark)
+        try:
+            proc.stdin.write(nonce.encode() + b"\n")
+            proc.stdin.flush()
+        except OSError:
+            pass  # podman ended before reading it: its exit status and stderr below say why
+        out.started.wait(timeout=600)  # set at the start mark, or when podman ends without one
+        if out.start_s is not None:
+            out.ended.wait(timeout=max(0.0, timeout_s - (time.monotonic() - out.start_s)))
+            if out.exit_code is not None:
+                err.ended.wait(timeout=30)  # the same mark on stderr follows at once
+        if out.start_s is None or out.exit_code is None or err.exit_code is None:
+            return self._once_failed(proc, out, err, command, timeout_s, t0)
+        self.setup_s = out.start_s - t0
+        duration = time.monotonic() - out.start_s
+        exit_code = out.exit_code
+        init_pid = pidfile.read_text().strip() if pidfile.is_file() else ""
+        self._find_cgroup_files(init_pid)  # the container still runs: its wrapper waits on stdin
+        try:
+            self._check_oom(0, ["bash", "-c", command], exit_code)
+            self._check_pids_limit(0, ["bash", "-c", command])
+        finally:
+            _close(proc.stdin)  # the wrapper exits, podman removes the container (waited in stop_async)
+        return ExecResult.from_bytes(exit_code, out.body(), err.body(), duration)
+
+    def _once_failed(self, proc: "subprocess.Popen[bytes]", out: "_Stream", err: "_Stream", command: str,
+                     timeout_s: float, t0: float) -> ExecResult:
+        """What a :meth:`run_once` attempt that saw no end of the command is: a timeout (the
+        container still runs: its pids counter read, then it is removed), a start podman refused,
+        or a container process that died without reporting (an infrastructure error)."""
+        argv = ["bash", "-c", command]
+        if proc.poll() is None and out.start_s is not None:  # still running: the command's own clock ran out
+            self._find_cgroup_files(self._inspect_pid())
+            try:
+                self._check_pids_limit(0, argv)
+            finally:
+                _close(proc.stdin)
+                self._once.append(subprocess.Popen([self._podman(), "rm", "-f", "-t", "0", self.name],
+                                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                                   env=tool_env()))
+            raise errors.VerifierTimeoutError(
+                f"command {argv!r} in {self.image!r} exceeded {timeout_s:g} s (evidence: forgeflow's wall clock, "
+                f"{time.monotonic() - out.start_s:.1f} s)")
+        _close(proc.stdin)
+        try:
+            code = proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = proc.wait()
+        out.done.wait(timeout=5)
+        err.done.wait(timeout=5)
+        msg = bytes(err.data).decode("utf-8", errors="replace").strip()
+        if out.start_s is None:
+            self._once.remove(proc)
+            if _name_in_use(msg):
+                raise _NameInUse()
+            if "manifest unknown" in msg or "not found" in msg or "name unknown" in msg:
+                raise errors.ImageNotFoundError(f"image {self.image!r} not found (evidence: podman run said: {msg})")
+            raise errors.SandboxError(f"podman could not start {self.image!r} (evidence: podman run exited {code} "
+                                      f"after {time.monotonic() - t0:.1f} s: {msg[-500:]})")
+        raise errors.SandboxError(
+            f"the container of {self.image!r} ended without reporting the end of command {argv!r} (evidence: "
+            f"podman run exited {code}; stderr ends {msg[-300:]!r})")
+
+    def _inspect_pid(self) -> str:
+        return subprocess.run([self._podman(), "inspect", "--format", "{{.State.Pid}}", self.name],
+                              capture_output=True, text=True, env=tool_env(), timeout=60).stdout.strip()
+
     def stop(self) -> None:
         """Remove the container (idempotent)."""
         self.stop_async()()
@@ -268,22 +415,83 @@ class PodmanSandbox:
         """Start removing the container and return at once; the returned callable waits until it is
         removed (at most 120 s, then the removal is killed and the next run of the same trial
         removes the container by name). Lets the next trial start while ``podman rm`` (0.16-0.33 s
-        on 2 cores) runs; callers wait before they report the trials done. Idempotent.
+        on 2 cores) runs; callers wait before they report the trials done. Idempotent. After
+        :meth:`run_once` the container is already on its way out: the callable waits for that.
         """
-        if not self._started:
-            return lambda: None
-        self._started = False
-        proc = subprocess.Popen([self._podman(), "rm", "-f", "-t", "0", self.name], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, env=tool_env())
+        procs, self._once = self._once, []
+        if self._started:
+            self._started = False
+            procs.append(subprocess.Popen([self._podman(), "rm", "-f", "-t", "0", self.name],
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=tool_env()))
+        for proc in procs:
+            _close(proc.stdin)
 
         def wait() -> None:
-            try:
-                proc.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            for proc in procs:
+                try:
+                    proc.wait(timeout=120)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
 
         return wait
+
+
+class _NameInUse(Exception):
+    """``podman run`` of :meth:`PodmanSandbox.run_once` refused the name: a container holds it."""
+
+
+def _close(stream: object) -> None:
+    try:
+        if stream is not None:
+            stream.close()  # type: ignore[attr-defined]
+    except OSError:
+        pass
+
+
+_MARK_MAX = 128
+"""Bytes an end mark of :meth:`PodmanSandbox.run_once` can span (newline, 32-hex nonce, status)."""
+
+
+class _Stream:
+    """Reads one output pipe of a :meth:`PodmanSandbox.run_once` container in a thread: the bytes
+    between the wrapper's start and end marks are the command's own output."""
+
+    def __init__(self, pipe: object, start: "re.Pattern[bytes]", end: "re.Pattern[bytes]") -> None:
+        self.data = bytearray()
+        self.started, self.ended, self.done = threading.Event(), threading.Event(), threading.Event()
+        self.start_s: float | None = None
+        self.exit_code: int | None = None
+        self._begin = -1
+        self._end = -1
+        self._start, self._end_mark = start, end
+        threading.Thread(target=self._read, args=(pipe,), daemon=True).start()
+
+    def _read(self, pipe: object) -> None:
+        scanned = 0  # marks are searched from a little before the new bytes only
+        try:
+            while chunk := pipe.read1(65536):  # type: ignore[attr-defined]
+                self.data += chunk
+                if self._begin < 0 and (match := self._start.search(self.data)) is not None:
+                    self._begin, self.start_s = match.end(), time.monotonic()
+                    scanned = self._begin
+                    self.started.set()
+                if self._begin >= 0 and self._end < 0:
+                    match = self._end_mark.search(self.data, max(self._begin, scanned - _MARK_MAX))
+                    scanned = len(self.data)
+                    if match is not None:
+                        self._end, self.exit_code = match.start(), int(match.group(1))
+                        self.ended.set()
+        except (OSError, ValueError):
+            pass
+        finally:
+            self.started.set()
+            self.ended.set()
+            self.done.set()
+
+    def body(self) -> bytes:
+        """The command's output: the bytes between the start mark and the end mark."""
+        return bytes(self.data[self._begin:self._end]) if self._begin >= 0 and self._end >= 0 else b""
 
 
 def conmon_cwd() -> Path:

@@ -40,7 +40,7 @@ from forgeflow.common.fsutil import sha256_json
 from forgeflow.common.names import sanitize_name
 from forgeflow.ledger.tables import TrialKind
 from forgeflow.sandbox.backends import SandboxTarget, get_backend
-from forgeflow.sandbox.base import Sandbox, SandboxSpec
+from forgeflow.sandbox.base import OneShotSandbox, Sandbox, SandboxSpec
 from forgeflow.sandbox.grading import (
     ValidationReport,
     failed,
@@ -254,14 +254,15 @@ def container_name(instance_id: str, kind: TrialKind, trial_id: str) -> str:
 
 
 def verify(sandbox: Sandbox, test_command: str, timeout_s: float, *, log_parser: str | None = None,
-           setup: str | None = None) -> VerifierResult:
+           setup: str | None = None, one_shot: bool = False) -> VerifierResult:
     """Run the tests of pristine test infrastructure (a NOP or Oracle run) and return the result.
 
     :func:`forgeflow.sandbox.verifier.run_tests`, with a report that cannot be trusted raised: on pristine
     test infrastructure a missing report or one that disagrees with the exit status means the
     verifier broke, which is never a verdict on the task.
 
-    ``setup`` runs before the tests in the same exec (:func:`forgeflow.sandbox.verifier.run_tests`).
+    ``setup`` runs before the tests in the same exec (:func:`forgeflow.sandbox.verifier.run_tests`);
+    with ``one_shot`` the whole run is the container's own process (``sandbox`` not started).
 
     Raises:
         InputError: ``timeout_s`` <= 0, an empty command, an unknown log parser.
@@ -270,7 +271,7 @@ def verify(sandbox: Sandbox, test_command: str, timeout_s: float, *, log_parser:
         VerifierOutputError: the command could not run, or ``problem`` (the message names the
             evidence and ends with the log's tail).
     """
-    result = run_tests(sandbox, test_command, timeout_s, log_parser=log_parser, setup=setup)
+    result = run_tests(sandbox, test_command, timeout_s, log_parser=log_parser, setup=setup, one_shot=one_shot)
     if result.problem is not None:
         raise errors.VerifierOutputError(
             f"verifier report not trusted: {result.problem} (evidence: exit {result.exit_code}, report exit "
@@ -306,6 +307,12 @@ def _run_trial(instance_id: str, kind: TrialKind, tests: _Tests, run_key: str,
     """Start a fresh sandbox, run the verifier (after reverting ``revert``'s bug patch, in the same
     exec: :func:`_revert_setup`); catch what a trial records.
 
+    A backend that can run one command as its container's own process
+    (:class:`~forgeflow.sandbox.base.OneShotSandbox`: podman) runs the whole trial that way, one
+    container start and no ``exec`` (the revert inline; a patch over :data:`INLINE_PATCH_MAX_BYTES`
+    needs a started sandbox to be written into, so it takes ``start`` + ``exec``); its
+    ``env_setup_s`` is then the container's start.
+
     With ``removals``, the container is removed in the background (``stop_async``)
     and the wait is appended there: the caller waits before it returns, so the next trial of the
     same validation starts without waiting for ``podman rm``; without it the removal is waited for.
@@ -317,16 +324,22 @@ def _run_trial(instance_id: str, kind: TrialKind, tests: _Tests, run_key: str,
     t0 = time.monotonic()
     env_setup_s = 0.0
     sandbox = sandbox_cls(tests.image_ref, tests.spec, name)
+    one_shot = isinstance(sandbox, OneShotSandbox) and (revert is None or _patch_inline(revert))
     try:
         try:
-            sandbox.start()
-            env_setup_s = time.monotonic() - t0
+            if not one_shot:
+                sandbox.start()
+                env_setup_s = time.monotonic() - t0
             try:
                 result = verify(sandbox, tests.command, tests.timeout_s, log_parser=tests.log_parser,
-                                setup=_revert_setup(revert, sandbox) if revert is not None else None)
+                                setup=_revert_setup(revert, sandbox) if revert is not None else None,
+                                one_shot=one_shot)
             except SetupError as exc:  # only a revert is a setup
                 assert revert is not None
                 raise _revert_error(revert, exc) from exc
+            finally:
+                if one_shot:
+                    env_setup_s = getattr(sandbox, "setup_s", None) or time.monotonic() - t0
         finally:
             try:
                 if removals is not None:
@@ -371,6 +384,15 @@ are written to the sandbox first (:meth:`Sandbox.write_file`, bytes on stdin), s
 command is one argv string and Linux caps one at 128 KiB (MAX_ARG_STRLEN, 32 pages; execve(2))."""
 
 
+def _patch_body(candidate: "BugTask") -> str:
+    return candidate.patch if candidate.patch.endswith("\n") else candidate.patch + "\n"
+
+
+def _patch_inline(candidate: "BugTask") -> bool:
+    """Whether :func:`_revert_setup` writes ``candidate``'s patch inline (no write into a started sandbox)."""
+    return len(_patch_body(candidate).encode()) <= INLINE_PATCH_MAX_BYTES
+
+
 def _revert_setup(candidate: "BugTask", sandbox: Sandbox) -> str:
     """The shell fragment that reverts ``candidate``'s bug patch with ``git apply -R`` in
     :data:`~forgeflow.sandbox.verifier.TESTBED` from :data:`PATCH_PATH_IN_SANDBOX` and removes the
@@ -381,9 +403,9 @@ def _revert_setup(candidate: "BugTask", sandbox: Sandbox) -> str:
     Raises:
         SandboxError: writing a large patch into the sandbox failed.
     """
-    body = candidate.patch if candidate.patch.endswith("\n") else candidate.patch + "\n"
+    body = _patch_body(candidate)
     revert = f"git apply -R {PATCH_PATH_IN_SANDBOX}; rc=$?; rm -f {PATCH_PATH_IN_SANDBOX}; exit $rc"
-    if len(body.encode()) > INLINE_PATCH_MAX_BYTES:
+    if not _patch_inline(candidate):
         sandbox.write_file(PATCH_PATH_IN_SANDBOX, body)
         return revert
     eof = f"FORGEFLOW_PATCH_EOF_{uuid.uuid4().hex}"

@@ -44,7 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow.common import errors
 from forgeflow.sandbox.backends import SandboxTarget, get_backend
-from forgeflow.sandbox.base import ExecResult, Sandbox, SandboxSpec
+from forgeflow.sandbox.base import ExecResult, OneShotSandbox, Sandbox, SandboxSpec
 from forgeflow.sandbox.grading import failed, grade_resolved, parse_test_log
 from forgeflow.sandbox.submission import TamperPolicy, screen_submission
 
@@ -277,7 +277,7 @@ def _with_setup(script: str, setup: str, nonce: str) -> tuple[str, str]:
 
 
 def run_tests(sandbox: Sandbox, test_command: str, timeout_s: float, *, log_parser: str | None = None,
-              setup: str | None = None) -> VerifierResult:
+              setup: str | None = None, one_shot: bool = False) -> VerifierResult:
     """Run a task's tests in :data:`TESTBED` of a started sandbox and read their outcomes.
 
     Args:
@@ -291,6 +291,9 @@ def run_tests(sandbox: Sandbox, test_command: str, timeout_s: float, *, log_pars
         setup: a shell fragment run in :data:`TESTBED` before the tests, in the same exec (e.g. the
             Oracle's revert of the bug patch: one ``exec`` per trial instead of three); a non-zero
             exit ends the run with :class:`SetupError` before any test runs.
+        one_shot: run the script as the container's own process (``sandbox.run_once``, a
+            :class:`~forgeflow.sandbox.base.OneShotSandbox` not yet started) instead of an ``exec`` in
+            a started sandbox: the same script, limits and evidence, one container start fewer.
 
     Returns:
         The :class:`VerifierResult`; ``problem`` is set when the report is missing although the
@@ -323,7 +326,12 @@ def run_tests(sandbox: Sandbox, test_command: str, timeout_s: float, *, log_pars
     setup_marker = ""
     if setup is not None:
         script, setup_marker = _with_setup(script, setup, nonce)
-    res: ExecResult = sandbox.exec(script, timeout_s=timeout_s, workdir=TESTBED, env=VERIFIER_ENV)
+    if one_shot:
+        if not isinstance(sandbox, OneShotSandbox):
+            raise errors.InputError(f"one_shot needs a sandbox with run_once; {type(sandbox).__name__} has none")
+        res: ExecResult = sandbox.run_once(script, timeout_s=timeout_s, workdir=TESTBED, env=VERIFIER_ENV)
+    else:
+        res = sandbox.exec(script, timeout_s=timeout_s, workdir=TESTBED, env=VERIFIER_ENV)
     if setup_marker:
         _, found, rest = res.stdout.rpartition(f"\n{setup_marker} ")
         if found:
