@@ -107,8 +107,8 @@ class MigrateParams(StageParams):
                                               "(images at once against the target, 1-64), rate_limit_per_s (images "
                                               "started per second; None: no limit), retry_delays_s (seconds before "
                                               "each retry of a transient failure, at most 10; None: the default)")
-    store_url: str | None = Field(None, min_length=1, description="the store's SQLAlchemy URL; None: "
-                                                                  "$FORGEFLOW_STORE_URL or $FORGEFLOW_HOME/store.db")
+    store_url: str | None = Field(None, description="the store's SQLAlchemy URL; None: $FORGEFLOW_STORE_URL or "
+                                                    "$FORGEFLOW_HOME/store.db")
 
 
 class RegistryAuditParams(StageParams):
@@ -132,9 +132,9 @@ class RegistryAuditParams(StageParams):
     dataset_path: Path | None = Field(None, description="a JSONL file whose image_column holds the image names; "
                                                         "None: images")
     image_column: str = Field("image", min_length=1, description="the dataset_path column holding the image names")
-    store_url: str | None = Field(None, min_length=1, description="the store's SQLAlchemy URL: recorded states "
-                                                                  "beside the registry's, contradicted rows put back "
-                                                                  "to pending; None: the registry only")
+    store_url: str | None = Field(None, description="the store's SQLAlchemy URL: recorded states beside the "
+                                                    "registry's, contradicted rows put back to pending; None: the "
+                                                    "registry only")
 
 
 class RewriteImageRefsParams(StageParams):
@@ -153,8 +153,8 @@ class RewriteImageRefsParams(StageParams):
     new_prefix: str = Field(description="host[:port][/path] that replaces old_prefix")
     dry_run: bool = Field(True, description="only publish the diff (the rewrite-image-refs table); False: rewrite "
                                             "in one transaction")
-    store_url: str | None = Field(None, min_length=1, description="the store's SQLAlchemy URL; None: "
-                                                                  "$FORGEFLOW_STORE_URL or $FORGEFLOW_HOME/store.db")
+    store_url: str | None = Field(None, description="the store's SQLAlchemy URL; None: $FORGEFLOW_STORE_URL or "
+                                                    "$FORGEFLOW_HOME/store.db")
 
 
 class PrewarmPlanParams(StageParams):
@@ -185,9 +185,8 @@ class PrewarmPlanParams(StageParams):
                                                                     "basecache tags)")
     plot_path: Path | None = Field(None, description="where the histogram PNG is written; None: "
                                                      "$FORGEFLOW_HOME/registry/prewarm-plan.png")
-    store_url: str | None = Field(None, min_length=1, description="the store's SQLAlchemy URL, read without "
-                                                                  "tasks_path; None: $FORGEFLOW_STORE_URL or "
-                                                                  "$FORGEFLOW_HOME/store.db")
+    store_url: str | None = Field(None, description="the store's SQLAlchemy URL, read without tasks_path; None: "
+                                                    "$FORGEFLOW_STORE_URL or $FORGEFLOW_HOME/store.db")
 
 
 def _validation_text(err: ValidationError) -> str:
