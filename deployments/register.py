@@ -32,14 +32,13 @@ SPECS: list[dict[str, Any]] = [
     {"flow": lifecycle, "entrypoint": "flows/lifecycle.py:lifecycle", "name": "lifecycle",
      "parameters": {}, "cron": "0 2 * * *"},
     {"flow": migrate_images, "entrypoint": "flows/registry.py:migrate_images", "name": "migrate",
-     "parameters": {"source": {"address": "127.0.0.1:5701"}, "target": {"address": "127.0.0.1:5702"},
-                    "limits": {"max_size_bytes": 2_000_000_000, "concurrency_limit": 4}}},
+     "parameters": {}},
     {"flow": registry_audit, "entrypoint": "flows/registry.py:registry_audit", "name": "registry-audit",
-     "parameters": {"target": {"address": "127.0.0.1:5702"}}, "cron": "0 3 * * 1"},
+     "parameters": {}, "cron": "0 3 * * 1"},
     {"flow": prewarm_plan, "entrypoint": "flows/registry.py:prewarm_plan", "name": "prewarm-plan",
-     "parameters": {"shards": 80, "lanes": 5, "prefix": "task", "tag_cap": 100}},
+     "parameters": {}},
     {"flow": rewrite_image_refs, "entrypoint": "flows/registry.py:rewrite_image_refs", "name": "rewrite-image-refs",
-     "parameters": {"dry_run": True}},
+     "parameters": {}},
     {"flow": freeze, "entrypoint": "flows/stages.py:freeze", "name": "freeze",
      "parameters": {"params": {"name": "demo-v1", "quotas": DEMO_FREEZE_QUOTAS.model_dump(), "seed": 0}}},
     {"flow": canary, "entrypoint": "flows/canary.py:canary", "name": "canary",
@@ -84,7 +83,11 @@ recorded parameters carry ``params.name``, which the canary-on-freeze automation
 deployment shows its working defaults (freeze ``demo-v1``, split ``test``, one trial at a time on the
 ``default`` profile) as its ``params``; they are the model's defaults too, so a run that gives its own
 ``params`` (the canary-on-freeze automation gives only ``freeze_name``) keeps them; so does ``curate``'s
-(its validation settings). ``recover`` needs ``params.reason``, so it gives none (a dry run by default)."""
+(its validation settings). ``recover`` needs ``params.reason``, so it gives none (a dry run by default).
+The registry flows' working defaults (the demo's loopback registries ``127.0.0.1:5701`` / ``:5702``, transfer
+limits, the 80-shard layout, a dry-run rewrite) are their models' (:class:`flows.registry.MigrateParams`, ...),
+so their deployments give none; ``registry-audit`` and ``migrate`` need ``params.images`` or
+``params.dataset_path``, ``rewrite-image-refs`` needs ``params.old_prefix`` and ``params.new_prefix``."""
 
 
 def build_deployments(work_pool_name: str | None = None) -> list[RunnerDeployment]:

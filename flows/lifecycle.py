@@ -30,8 +30,8 @@ from prefect.runtime import flow_run
 from prefect.transactions import transaction
 
 from blocks.core import RegistryEndpoint
+from flows.registry import MigrateParams, registry_blocks, repository_prefix, run_registries
 from flows.registry import migrate_images as migrate_images_flow
-from flows.registry import registry_blocks, repository_prefix, run_registries
 from flows.stagekit import StageLog, run_stage_flow
 from flows.stages import BaseModelParams, FreezeParams, PackageParams, ServeParams
 from flows.stages import base_model as base_model_flow
@@ -257,9 +257,9 @@ def _migrate(run: _Run, envs: dict[str, _Env]) -> dict[str, _Env]:
     with run.log.stage("migrate") as st:
         names = {f"env/{e.project.name}:{e.project.version}": n for n, e in envs.items()}
         try:
-            summary = migrate_images_flow(source=run.registries["source"], target=run.registries["target"],
-                                          images=list(names), limits=config.registries.transfer,
-                                          store_url=store_url)
+            summary = migrate_images_flow(MigrateParams(
+                source=run.registries["source"], target=run.registries["target"], images=tuple(names),
+                limits=config.registries.transfer, store_url=store_url))
         except MigrationIncompleteError as err:  # the subflow run is Failed; go on with what was migrated
             summary = err.summary
         for name, rec in zip(names.values(), summary.records):

@@ -9,6 +9,11 @@ Entry points (``prefect.yaml`` deployments are registered by the lead):
 * ``flows/registry.py:registry_audit`` (flow ``registry-audit``)
 * ``flows/registry.py:rewrite_image_refs`` (flow ``rewrite-image-refs``)
 * ``flows/registry.py:prewarm_plan`` (flow ``prewarm-plan``)
+
+Each takes one parameter model, ``params`` (a :class:`flows.stagekit.StageParams`): :class:`MigrateParams`,
+:class:`RegistryAuditParams`, :class:`RewriteImageRefsParams`, :class:`PrewarmPlanParams`. Their field defaults
+are the deployments' working defaults (the demo's loopback registries ``127.0.0.1:5701`` / ``:5702``, the
+80-shard layout); an error names the field as the user wrote it (``params.target.address``).
 """
 
 from __future__ import annotations
@@ -22,9 +27,10 @@ from pathlib import Path
 from prefect import flow, get_run_logger, unmapped
 from prefect.artifacts import create_image_artifact
 from prefect.runtime import flow_run
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from blocks.core import RegistryEndpoint
+from flows.stagekit import StageParams
 from forgeflow.common.errors import InputError, MigrationIncompleteError
 from forgeflow.common.settings import apply_container_env, home_dir
 from forgeflow.common.settings import store_url as default_store_url
@@ -32,7 +38,7 @@ from forgeflow.config import RegistrySettings
 from forgeflow.registry import auth as registry_auth
 from forgeflow.registry import coverage, imageref
 from forgeflow.registry import migration as migrate
-from forgeflow.registry.layout import PrewarmPlan, shard_layout
+from forgeflow.registry.layout import MAX_SHARDS, PREFIX_PATTERN, PrewarmPlan, ShardLayout, shard_layout
 from forgeflow.registry.server import RegistryServer
 from tasks import registry as registry_ops
 from tasks.common import markdown_artifact, table_artifact
@@ -55,6 +61,132 @@ class MigrationSummary(BaseModel):
     coverage: coverage.CoverageReport
     copied: int
     failed: list[str]
+
+
+_DEMO_REGISTRIES = RegistrySettings()
+"""The demo's embedded loopback registries (source ``127.0.0.1:5701``, target ``127.0.0.1:5702``)."""
+
+_DEFAULT_LAYOUT = ShardLayout()
+"""The default shard layout (80 ``task-NN`` repositories, 5 lanes, 100 tags each)."""
+
+_ENDPOINT_FORMS = ("a saved forgeflow-registry block name, or an endpoint {address: host[:port], namespace, "
+                   "username, password, tls_verify}")
+_IMAGES_TEXT = ("image names repo:tag[@sha256:<64 hex>] relative to the registry, or full references whose host is "
+                "the registry's address; give exactly one of images or dataset_path")
+
+
+class MigrateParams(StageParams):
+    """The ``migrate-images`` flow's parameters (the migrate deployment's defaults are the model's).
+
+    Attributes:
+        source: the registry copied from: a saved ``forgeflow-registry`` block name or a RegistryEndpoint;
+            default the demo's embedded source registry ``127.0.0.1:5701``.
+        target: the registry copied into (the same forms); default the demo's target ``127.0.0.1:5702``.
+        images: image names (``repo:tag``, optionally ``@sha256:<64 hex>``, relative to both registries, or a
+            full reference whose host is the source's or target's address); None: ``dataset_path``.
+        dataset_path: a JSONL file whose ``image_column`` holds the image names; None: ``images``.
+        image_column: the dataset column holding the image names.
+        limits: the size above which an image is skipped (bytes), images at once against the target,
+            images started per second and the retry delays (seconds)
+            (:class:`forgeflow.registry.migration.TransferLimits`).
+        store_url: the store's SQLAlchemy URL; None: ``$FORGEFLOW_STORE_URL`` or ``$FORGEFLOW_HOME/store.db``.
+    """
+
+    source: str | RegistryEndpoint = Field(RegistryEndpoint(address=_DEMO_REGISTRIES.source_address),
+                                           description=f"the registry copied from: {_ENDPOINT_FORMS}; default "
+                                                       f"the demo's source {_DEMO_REGISTRIES.source_address}")
+    target: str | RegistryEndpoint = Field(RegistryEndpoint(address=_DEMO_REGISTRIES.target_address),
+                                           description=f"the registry copied into: {_ENDPOINT_FORMS}; default "
+                                                       f"the demo's target {_DEMO_REGISTRIES.target_address}")
+    images: tuple[str, ...] | None = Field(None, description=_IMAGES_TEXT)
+    dataset_path: Path | None = Field(None, description="a JSONL file whose image_column holds the image names; "
+                                                        "None: images")
+    image_column: str = Field("image", min_length=1, description="the dataset_path column holding the image names")
+    limits: migrate.TransferLimits = Field(
+        migrate.TransferLimits(), description="max_size_bytes (larger images are skipped, bytes), concurrency_limit "
+                                              "(images at once against the target, 1-64), rate_limit_per_s (images "
+                                              "started per second; None: no limit), retry_delays_s (seconds before "
+                                              "each retry of a transient failure, at most 10; None: the default)")
+    store_url: str | None = Field(None, description="the store's SQLAlchemy URL; None: $FORGEFLOW_STORE_URL or "
+                                                    "$FORGEFLOW_HOME/store.db")
+
+
+class RegistryAuditParams(StageParams):
+    """The ``registry-audit`` flow's parameters (the registry-audit deployment's defaults are the model's).
+
+    Attributes:
+        target: the registry audited: a saved ``forgeflow-registry`` block name or a RegistryEndpoint;
+            default the demo's target ``127.0.0.1:5702``.
+        images: image names (``repo:tag``, optionally ``@sha256:<64 hex>``: that manifest is checked, or a full
+            reference whose host is the target's address); None: ``dataset_path``.
+        dataset_path: a JSONL file whose ``image_column`` holds the image names; None: ``images``.
+        image_column: the dataset column holding the image names.
+        store_url: the store's SQLAlchemy URL: each image is shown beside its recorded migration state and
+            rows the registry contradicts are put back to ``pending``; None: the registry only, no store.
+    """
+
+    target: str | RegistryEndpoint = Field(RegistryEndpoint(address=_DEMO_REGISTRIES.target_address),
+                                           description=f"the registry audited: {_ENDPOINT_FORMS}; default "
+                                                       f"the demo's target {_DEMO_REGISTRIES.target_address}")
+    images: tuple[str, ...] | None = Field(None, description=_IMAGES_TEXT)
+    dataset_path: Path | None = Field(None, description="a JSONL file whose image_column holds the image names; "
+                                                        "None: images")
+    image_column: str = Field("image", min_length=1, description="the dataset_path column holding the image names")
+    store_url: str | None = Field(None, description="the store's SQLAlchemy URL: recorded states beside the "
+                                                    "registry's, contradicted rows put back to pending; None: the "
+                                                    "registry only")
+
+
+class RewriteImageRefsParams(StageParams):
+    """The ``rewrite-image-refs`` flow's parameters.
+
+    Attributes:
+        old_prefix: ``host[:port][/path]`` the recorded references start with now (``127.0.0.1:5701``, or a
+            repository ``127.0.0.1:5702/task-01``).
+        new_prefix: what replaces it (the same form).
+        dry_run: only publish the diff; False: rewrite in one transaction.
+        store_url: the store's SQLAlchemy URL; None: ``$FORGEFLOW_STORE_URL`` or ``$FORGEFLOW_HOME/store.db``.
+    """
+
+    old_prefix: str = Field(description="host[:port][/path] the recorded image references start with now, matched "
+                                        "at a name boundary (e.g. 127.0.0.1:5702/task-01)")
+    new_prefix: str = Field(description="host[:port][/path] that replaces old_prefix")
+    dry_run: bool = Field(True, description="only publish the diff (the rewrite-image-refs table); False: rewrite "
+                                            "in one transaction")
+    store_url: str | None = Field(None, description="the store's SQLAlchemy URL; None: $FORGEFLOW_STORE_URL or "
+                                                    "$FORGEFLOW_HOME/store.db")
+
+
+class PrewarmPlanParams(StageParams):
+    """The ``prewarm-plan`` flow's parameters (the prewarm-plan deployment's defaults are the model's).
+
+    Attributes:
+        tasks_path: a JSONL file of ``task_id`` and ``base_digest`` rows; None: the store's recorded tasks
+            (each task's base = its repository's target image).
+        shards: task repositories (``<prefix>-00`` ..), 1-10,000.
+        lanes: neighbouring shards one base's tasks spread over (1..``shards``).
+        prefix: the repositories' name prefix (``task`` gives ``task-00`` ..; ``/`` for a namespace).
+        tag_cap: most tags a repository may hold (task tags + basecache tags).
+        plot_path: where the histogram PNG is written; None: ``$FORGEFLOW_HOME/registry/prewarm-plan.png``.
+        store_url: the store's SQLAlchemy URL, read without ``tasks_path``; None: ``$FORGEFLOW_STORE_URL`` or
+            ``$FORGEFLOW_HOME/store.db``.
+    """
+
+    tasks_path: Path | None = Field(None, description="a JSONL file of task_id and base_digest rows; None: the "
+                                                      "store's recorded tasks")
+    shards: int = Field(_DEFAULT_LAYOUT.shards, ge=1, le=MAX_SHARDS,
+                        description=f"task repositories (<prefix>-00 ..), 1-{MAX_SHARDS}")
+    lanes: int = Field(_DEFAULT_LAYOUT.lanes, ge=1, description="neighbouring shards one base's tasks spread over, "
+                                                                "1..shards")
+    prefix: str = Field(_DEFAULT_LAYOUT.prefix, pattern=PREFIX_PATTERN,
+                        description="the repositories' name prefix: lower-case [a-z0-9] parts joined by '.', '_' or "
+                                    "'-', '/' between namespace components (task gives task-00 ..)")
+    tag_cap: int = Field(_DEFAULT_LAYOUT.tag_cap, ge=1, description="most tags a repository may hold (task tags + "
+                                                                    "basecache tags)")
+    plot_path: Path | None = Field(None, description="where the histogram PNG is written; None: "
+                                                     "$FORGEFLOW_HOME/registry/prewarm-plan.png")
+    store_url: str | None = Field(None, description="the store's SQLAlchemy URL, read without tasks_path; None: "
+                                                    "$FORGEFLOW_STORE_URL or $FORGEFLOW_HOME/store.db")
 
 
 def _validation_text(err: ValidationError) -> str:
@@ -84,13 +216,39 @@ def registry_endpoint(value: str | RegistryEndpoint, what: str) -> RegistryEndpo
     return endpoint
 
 
-def _check_limits(concurrency_limit: int, rate_limit_per_s: float | None) -> None:
+def _check_limits(limits: migrate.TransferLimits) -> None:
+    """The limits checked again (a model built without validation, ``model_copy(update=...)``, skips its bounds).
+
+    Raises:
+        InputError: naming the field as ``params.limits.<field>`` with its value.
+    """
+    concurrency_limit, rate_limit_per_s = limits.concurrency_limit, limits.rate_limit_per_s
+    max_size_bytes, retry_delays_s = limits.max_size_bytes, limits.retry_delays_s
+    if max_size_bytes < 0:
+        raise InputError(f"params.limits.max_size_bytes must be >= 0, got {max_size_bytes}")
+    if retry_delays_s is not None and (len(retry_delays_s) > 10 or any(d < 0 for d in retry_delays_s)):
+        raise InputError(f"params.limits.retry_delays_s must be at most 10 non-negative delays, got {retry_delays_s}")
     if isinstance(concurrency_limit, bool) or not isinstance(concurrency_limit, int) \
             or not 1 <= concurrency_limit <= 64:
-        raise InputError(f"concurrency_limit must be a whole number of images in 1-64, got {concurrency_limit!r}")
+        raise InputError(f"params.limits.concurrency_limit must be a whole number of images in 1-64, "
+                         f"got {concurrency_limit!r}")
     if rate_limit_per_s is not None and not rate_limit_per_s > 0:
-        raise InputError(f"rate_limit_per_s must be a positive number of images per second (or None: "
+        raise InputError(f"params.limits.rate_limit_per_s must be a positive number of images per second (or None: "
                          f"no rate limit), got {rate_limit_per_s!r}")
+
+
+def _names(images: tuple[str, ...] | None) -> list[str] | None:
+    return None if images is None else list(images)
+
+
+def _prefix_error(exc: InputError) -> InputError:
+    """``exc`` of the rewrite's prefix checks, which name the bare fields (``old_prefix 'x' is not ...``,
+    ``old_prefix 'x' and new_prefix 'y' must not contain each other``), naming ``params.<field>``; another
+    message unchanged."""
+    message = str(exc)
+    if message.startswith(("old_prefix ", "new_prefix ")):
+        message = "params." + message.replace(" and new_prefix '", " and params.new_prefix '", 1)
+    return type(exc)(message)
 
 
 def _failure_message(names: list[str], records: list[migrate.MigrationRecord]) -> str:
@@ -126,10 +284,7 @@ def _run_count(task_run_id: object) -> int:
 
 
 @flow(name="migrate-images", log_prints=True)
-def migrate_images(source: str | RegistryEndpoint, target: str | RegistryEndpoint,
-                   images: list[str] | None = None, dataset_path: Path | None = None,
-                   image_column: str = "image", limits: migrate.TransferLimits = migrate.TransferLimits(),
-                   store_url: str | None = None) -> MigrationSummary:
+def migrate_images(params: MigrateParams = MigrateParams()) -> MigrationSummary:
     """Copy images source -> target (``--all --preserve-digests``, digests verified), one task each.
 
     The state of every image lives in the store's ``images`` table (role ``target``: status
@@ -137,9 +292,9 @@ def migrate_images(source: str | RegistryEndpoint, target: str | RegistryEndpoin
     Images the store records as ``completed`` from the same source are checked in the target
     (one inspection each) and, if it still serves the recorded digest, not copied again; every
     other image is marked ``pending`` and becomes a ``migrate-<name>`` task under the target
-    registry's global concurrency limit (``limits.concurrency_limit`` slots, created/updated here)
+    registry's global concurrency limit (``params.limits.concurrency_limit`` slots, created/updated here)
     and optional rate limit. A transient registry error (429, 5xx, timeout) is retried by Prefect
-    with backoff (``limits.retry_delays_s``); a missing image or an auth failure is ``failed`` at once
+    with backoff (``params.limits.retry_delays_s``); a missing image or an auth failure is ``failed`` at once
     and named in the summary's ``failed`` list and the log. Artifacts: ``migrate-images`` (state
     and digests per image) and ``migrate-coverage`` (available / missing / errored in the
     target, beside the recorded state; rows the registry contradicts are put back to
@@ -152,10 +307,12 @@ def migrate_images(source: str | RegistryEndpoint, target: str | RegistryEndpoin
     grammar's rule) is taken as a full reference when that host is the source's or the target's
     address (``127.0.0.1:5702/task-02:x`` means ``task-02:x``), and refused otherwise (a local
     podman name such as ``localhost/forgeflow/task:x`` is not a registry path): one InputError
-    naming the column or entry, the value and the expected form, before anything runs.
+    naming the column or entry (``params.images entry ...``), the value and the expected form, before
+    anything runs.
 
     Before any state is written, every input is checked (endpoint addresses ``host[:port]``,
-    namespaces, every image name, limits) and both registries must answer ``GET /v2/`` (200 or
+    namespaces, every image name, limits; a bad one named as ``params.target.address``,
+    ``params.limits.concurrency_limit``, ...) and both registries must answer ``GET /v2/`` (200 or
     401): an unreachable one is a RegistryUnavailableError naming its address, not a retry per
     image. The flow run ends Failed (MigrationIncompleteError, counting failed images by
     exception type and naming a few) when any image failed, after every image's state, the
@@ -163,16 +320,22 @@ def migrate_images(source: str | RegistryEndpoint, target: str | RegistryEndpoin
     The exception's ``summary`` holds the :class:`MigrationSummary`.
 
     Args:
-        source / target: A saved ``forgeflow-registry`` block name or a RegistryEndpoint.
-        images: Image names (see above); or ``dataset_path``: a JSONL file with an ``image_column``.
-        image_column: The dataset column holding the image names (default ``image``).
-        limits: :class:`forgeflow.registry.migration.TransferLimits`: the size above which an image
-            is skipped (``max_size_bytes``, default 2 GB), concurrent images against the target
-            (``concurrency_limit``, 1-64, default 4), images started per second
-            (``rate_limit_per_s``, None: no rate limit) and the delays in seconds before each retry
-            of a transiently failing image (``retry_delays_s``; default
-            ``tasks.common.TRANSIENT_RETRY_DELAYS_S``).
-        store_url: Store URL (default ``settings.store_url()``).
+        params: :class:`MigrateParams`:
+
+            * ``source`` / ``target``: A saved ``forgeflow-registry`` block name or a RegistryEndpoint
+              (default: the demo's embedded registries ``127.0.0.1:5701`` / ``127.0.0.1:5702``).
+            * ``images``: Image names (see above); or ``dataset_path``: a JSONL file with an ``image_column``.
+            * ``image_column``: The dataset column holding the image names (default ``image``).
+            * ``limits``: :class:`forgeflow.registry.migration.TransferLimits`: the size above which an image
+              is skipped (``max_size_bytes``, default 2 GB), concurrent images against the target
+              (``concurrency_limit``, 1-64, default 4), images started per second
+              (``rate_limit_per_s``, None: no rate limit) and the delays in seconds before each retry
+              of a transiently failing image (``retry_delays_s``; default
+              ``tasks.common.TRANSIENT_RETRY_DELAYS_S``).
+            * ``store_url``: Store URL (default ``settings.store_url()``).
+
+    Returns:
+        The :class:`MigrationSummary` (records, coverage, copied, failed).
 
     Raises:
         InputError: bad inputs (nothing is copied or recorded then).
@@ -182,21 +345,18 @@ def migrate_images(source: str | RegistryEndpoint, target: str | RegistryEndpoin
     """
     apply_container_env()
     log = get_run_logger()
-    src, dst = registry_endpoint(source, "source"), registry_endpoint(target, "target")
-    names = registry_ops.image_names(images, dataset_path, image_column,
-                                     [(dst.address, dst.namespace), (src.address, src.namespace)])
+    src, dst = registry_endpoint(params.source, "params.source"), registry_endpoint(params.target, "params.target")
+    names = registry_ops.image_names(_names(params.images), params.dataset_path, params.image_column,
+                                     [(dst.address, dst.namespace), (src.address, src.namespace)], "params.")
+    limits = params.limits
+    _check_limits(limits)
     max_size_bytes, retry_delays_s = limits.max_size_bytes, limits.retry_delays_s
     concurrency_limit, rate_limit_per_s = limits.concurrency_limit, limits.rate_limit_per_s
-    if max_size_bytes < 0:
-        raise InputError(f"max_size_bytes must be >= 0, got {max_size_bytes}")
-    if retry_delays_s is not None and (len(retry_delays_s) > 10 or any(d < 0 for d in retry_delays_s)):
-        raise InputError(f"retry_delays_s must be at most 10 non-negative delays, got {retry_delays_s}")
-    _check_limits(concurrency_limit, rate_limit_per_s)
     pairs = list(zip(registry_ops.image_refs(src, names), registry_ops.image_refs(dst, names, pin_digest=False)))
     migrate.check_pairs(pairs)
     registry_ops.registries_answer({"source": src, "target": dst})
     limit, rate = registry_ops.ensure_registry_limits(dst.address, concurrency_limit, rate_limit_per_s)
-    store_url = store_url or default_store_url()
+    store_url = params.store_url or default_store_url()
     run_id = str(flow_run.get_id() or "") or None
     recorded = registry_ops.recorded_migrations(store_url, pairs)
     done: dict[str, migrate.MigrationRecord] = {}
@@ -247,13 +407,11 @@ def migrate_images(source: str | RegistryEndpoint, target: str | RegistryEndpoin
 
 
 @flow(name="registry-audit", log_prints=True)
-def registry_audit(target: str | RegistryEndpoint, images: list[str] | None = None,
-                   dataset_path: Path | None = None, image_column: str = "image",
-                   store_url: str | None = None) -> coverage.CoverageReport:
+def registry_audit(params: RegistryAuditParams = RegistryAuditParams()) -> coverage.CoverageReport:
     """Coverage of a dataset's images (or a list) in a registry: available / missing / errored,
     published as the ``registry-coverage`` table artifact.
 
-    With ``store_url``, each image is shown beside its recorded migration state (the store's
+    With ``params.store_url``, each image is shown beside its recorded migration state (the store's
     ``images`` rows, as ``migrate-images`` writes them), and rows the registry contradicts (a
     ``completed`` image missing or serving another digest) are put back to ``pending`` in one
     transaction, so the next ``migrate-images`` run copies them again.
@@ -264,13 +422,22 @@ def registry_audit(target: str | RegistryEndpoint, images: list[str] | None = No
     podman name ``localhost/forgeflow/task:x``) is refused with an InputError naming the column,
     the value and the expected form (and the dataset columns that would fit) before anything runs.
 
+    Args:
+        params: :class:`RegistryAuditParams`: ``target`` (a ``forgeflow-registry`` block name or a
+            RegistryEndpoint; default the demo's ``127.0.0.1:5702``), ``images`` or ``dataset_path`` with its
+            ``image_column``, ``store_url`` (None: the registry only, nothing recorded).
+
+    Returns:
+        The :class:`forgeflow.registry.coverage.CoverageReport`.
+
     Raises:
         InputError: bad inputs (nothing is checked or recorded then).
         RegistryUnavailableError: the target does not answer ``GET /v2/`` (200 or 401).
     """
     apply_container_env()
-    dst = registry_endpoint(target, "target")
-    names = registry_ops.image_names(images, dataset_path, image_column, [(dst.address, dst.namespace)])
+    dst, store_url = registry_endpoint(params.target, "params.target"), params.store_url
+    names = registry_ops.image_names(_names(params.images), params.dataset_path, params.image_column,
+                                     [(dst.address, dst.namespace)], "params.")
     registry_ops.image_refs(dst, names)
     registry_ops.registries_answer({"target": dst})
     report = registry_ops.coverage_check(dst, names, store_url)
@@ -283,17 +450,30 @@ def registry_audit(target: str | RegistryEndpoint, images: list[str] | None = No
 
 
 @flow(name="rewrite-image-refs", log_prints=True)
-def rewrite_image_refs(old_prefix: str, new_prefix: str, dry_run: bool = True,
-                       store_url: str | None = None) -> coverage.RewritePlan:
-    """Rewrite recorded image references (``images.ref``, ``task_instances.image_ref``) from one
-    registry prefix to another in one transaction; ``dry_run`` only publishes the diff
-    (``rewrite-image-refs`` table artifact). Reverse it with the prefixes swapped.
+def rewrite_image_refs(params: RewriteImageRefsParams) -> coverage.RewritePlan:
+    """Rewrite recorded image references (``images.ref``, ``task_instances.image_ref``) from
+    ``params.old_prefix`` to ``params.new_prefix`` in one transaction; ``params.dry_run`` (the default)
+    only publishes the diff (``rewrite-image-refs`` table artifact). Reverse it with the prefixes swapped.
 
     A prefix matches at a name boundary: ``<prefix>/...``, and for a prefix ending in a repository
     also ``<prefix>:tag`` / ``<prefix>@digest``, so ``127.0.0.1:5702/task-01`` ->
     ``127.0.0.1:5702/task-02`` moves that repository's references. When nothing matches, the
-    log warns, naming the prefix and a recorded reference as an example."""
-    plan = registry_ops.rewrite_refs(old_prefix, new_prefix, dry_run, store_url)
+    log warns, naming the prefix and a recorded reference as an example.
+
+    Args:
+        params: :class:`RewriteImageRefsParams` (``old_prefix``, ``new_prefix``, ``dry_run``, ``store_url``).
+
+    Returns:
+        The :class:`forgeflow.registry.coverage.RewritePlan` (rows, applied, an unmatched example).
+
+    Raises:
+        InputError: a prefix is not ``host[:port][/path]``, or the prefixes are equal or nest.
+    """
+    old_prefix, new_prefix, dry_run = params.old_prefix, params.new_prefix, params.dry_run
+    try:
+        plan = registry_ops.rewrite_refs(old_prefix, new_prefix, dry_run, params.store_url)
+    except InputError as exc:
+        raise _prefix_error(exc) from None
     if not plan.rows:
         seen = (f"recorded references look like {plan.unmatched_example!r}" if plan.unmatched_example
                 else "no image references are recorded in the store")
@@ -305,23 +485,32 @@ def rewrite_image_refs(old_prefix: str, new_prefix: str, dry_run: bool = True,
 
 
 @flow(name="prewarm-plan", log_prints=True)
-def prewarm_plan(tasks_path: Path | None = None, shards: int = 80, lanes: int = 5, prefix: str = "task",
-                 tag_cap: int = 100, plot_path: Path | None = None,
-                 store_url: str | None = None) -> PrewarmPlan:
+def prewarm_plan(params: PrewarmPlanParams = PrewarmPlanParams()) -> PrewarmPlan:
     """Plan the ``base-sharded-tags`` layout and check it against the tag cap; copies nothing.
 
-    Tasks come from ``tasks_path`` (JSONL with ``task_id`` and ``base_digest``) or, without it, from
+    Tasks come from ``params.tasks_path`` (JSONL with ``task_id`` and ``base_digest``) or, without it, from
     the store (each task's base = its repository's target image). Publishes the ``prewarm-plan``
     table (projected tags per repository) and the histogram PNG (``prewarm-plan-histogram``;
-    written to ``plot_path``, default ``$FORGEFLOW_HOME/registry/prewarm-plan.png``) BEFORE the check.
+    written to ``params.plot_path``, default ``$FORGEFLOW_HOME/registry/prewarm-plan.png``) BEFORE the check.
+
+    Args:
+        params: :class:`PrewarmPlanParams` (``tasks_path``, ``shards``, ``lanes``, ``prefix``, ``tag_cap``,
+            ``plot_path``, ``store_url``).
+
+    Returns:
+        The checked :class:`forgeflow.registry.layout.PrewarmPlan`.
 
     Raises:
-        PlanRejectedError: a repository would exceed ``tag_cap`` (names repositories and counts).
-        InputError: bad inputs (a bad ``shards`` / ``lanes`` / ``prefix`` / ``tag_cap`` is named
-            with its value), before any task is read.
+        PlanRejectedError: a repository would exceed ``params.tag_cap`` (names repositories and counts).
+        InputError: ``params.lanes`` exceeds ``params.shards``, or no task to plan; before any task is read
+            for the former. (A ``shards`` / ``lanes`` / ``prefix`` / ``tag_cap`` out of its bounds is refused
+            by Prefect's parameter validation before the flow runs, ``params.<field>`` named.)
     """
+    shards, lanes, prefix, tag_cap = params.shards, params.lanes, params.prefix, params.tag_cap
+    if lanes > shards:
+        raise InputError(f"params.lanes ({lanes}) must not exceed params.shards ({shards})")
     shard_layout(shards, lanes, prefix, tag_cap)
-    pairs = registry_ops.plan_tasks(tasks_path, store_url or default_store_url())
+    pairs = registry_ops.plan_tasks(params.tasks_path, params.store_url or default_store_url())
     if not pairs:
         raise InputError("no tasks to plan")
     plan = registry_ops.layout_plan(pairs, shards, lanes, prefix, tag_cap)
@@ -330,7 +519,7 @@ def prewarm_plan(tasks_path: Path | None = None, shards: int = 80, lanes: int = 
          "cap": tag_cap, "over_cap": repo in plan.rejected_repositories}
         for repo, n in sorted(plan.projected_tag_counts.items())],
         f"{len(pairs)} tasks over {len(plan.projected_tag_counts)} repositories")
-    png = registry_ops.tag_histogram(plan, Path(plot_path or home_dir() / "registry" / "prewarm-plan.png"))
+    png = registry_ops.tag_histogram(plan, Path(params.plot_path or home_dir() / "registry" / "prewarm-plan.png"))
     uri = png.resolve().as_uri()
     try:
         create_image_artifact(image_url=uri, key="prewarm-plan-histogram",

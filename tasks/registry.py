@@ -353,11 +353,12 @@ def _fitting_columns(dataset_path: Path, image_column: str, registries: list[tup
 
 @task(cache_policy=NO_CACHE)
 def image_names(images: list[str] | None, dataset_path: Path | None, image_column: str,
-                registries: list[tuple[str, str]]) -> list[str]:
+                registries: list[tuple[str, str]], field_prefix: str = "") -> list[str]:
     """Distinct image names relative to ``registries`` (``(address, namespace)`` pairs), as ``repo:tag[@sha256:...]``,
     first-seen order, from ``images`` or the ``image_column`` of the JSONL file ``dataset_path``.
 
     A name naming one of ``registries`` is taken as a full reference (host and namespace dropped).
+    ``field_prefix`` leads the parameter names in the messages (``params.``: ``params.images entry ...``).
 
     Raises:
         InputError: neither or both sources given, no name, or a name naming another host or malformed:
@@ -365,15 +366,16 @@ def image_names(images: list[str] | None, dataset_path: Path | None, image_colum
             and, for a dataset, the columns of its first row whose values would fit.
     """
     if (images is None) == (dataset_path is None):
-        raise InputError("give exactly one of images (repo:tag names) or dataset_path (a JSONL file)")
+        raise InputError(f"give exactly one of {field_prefix}images (repo:tag names) or {field_prefix}dataset_path "
+                         "(a JSONL file)")
     if dataset_path is not None:
         raw = coverage.image_names_from_jsonl(dataset_path, image_column)
-        what = f"dataset {dataset_path} column {image_column!r} value"
+        what = f"{field_prefix}dataset_path {dataset_path} column {image_column!r} value"
     else:
         raw = list(dict.fromkeys(images or []))
-        what = "images entry"
+        what = f"{field_prefix}images entry"
     if not raw:
-        raise InputError("images is empty")
+        raise InputError(f"{field_prefix}images is empty")
     try:
         names = [imageref.relative_name(name, registries, what).relative for name in raw]
     except InputError as err:

@@ -164,6 +164,14 @@ class PrewarmPlan(BaseModel):
         return self
 
 
+MAX_SHARDS = 10_000
+"""Most task repositories a layout spreads over."""
+
+PREFIX_PATTERN = r"^(?:[a-z0-9]+(?:[._-][a-z0-9]+)*/)*[a-z0-9]+(?:[._-][a-z0-9]+)*$"
+"""A layout's repository name prefix: ``[a-z0-9]+`` parts joined by ``.``, ``_`` or ``-``, ``/``-separated
+path components for a namespace (the OCI repository grammar, lower case)."""
+
+
 class ShardLayout(BaseModel):
     """The ``base-sharded-tags`` layout.
 
@@ -182,9 +190,9 @@ class ShardLayout(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     name: Literal["base-sharded-tags"] = "base-sharded-tags"
-    shards: int = Field(default=80, ge=1, le=10_000)
+    shards: int = Field(default=80, ge=1, le=MAX_SHARDS)
     lanes: int = Field(default=5, ge=1)
-    prefix: str = Field(default="task", pattern=r"^(?:[a-z0-9]+(?:[._-][a-z0-9]+)*/)*[a-z0-9]+(?:[._-][a-z0-9]+)*$")
+    prefix: str = Field(default="task", pattern=PREFIX_PATTERN)
     tag_cap: int = Field(default=100, ge=1)
 
     @model_validator(mode="after")

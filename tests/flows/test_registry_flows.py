@@ -103,14 +103,14 @@ def test_migrate_images_skips_oversize_fails_missing_and_reruns_without_copying(
         prefect_harness, endpoints, tmp_path: Path) -> None:
     from prefect.client.orchestration import get_client
 
-    from flows.registry import migrate_images
+    from flows.registry import MigrateParams, migrate_images
     from forgeflow.registry.migration import ALREADY_COMPLETED, load_states
 
     store_url = f"sqlite:///{tmp_path / 'store.db'}"
-    kwargs = dict(source=endpoints["source"], target=endpoints["target"],
-                  images=["env/small:1", "env/big:1", "env/ghost:1"],
-                  limits=TransferLimits(max_size_bytes=MAX_SIZE_BYTES), store_url=store_url)
-    state = migrate_images(**kwargs, return_state=True)
+    params = MigrateParams(source=endpoints["source"], target=endpoints["target"],
+                           images=["env/small:1", "env/big:1", "env/ghost:1"],
+                           limits=TransferLimits(max_size_bytes=MAX_SIZE_BYTES), store_url=store_url)
+    state = migrate_images(params, return_state=True)
     # a failed image fails the flow run (red in the UI), after every state and the table were written
     assert state.is_failed()
     assert "1 of 3 images failed (ImageNotFoundError 1): env/ghost:1 (ImageNotFoundError)" in state.message
@@ -148,7 +148,8 @@ def test_migrate_images_skips_oversize_fails_missing_and_reruns_without_copying(
     assert "available 1 / missing 2 / errored 0 of 3" in coverage
 
     with pytest.raises(MigrationIncompleteError, match=r"1 of 3 images failed") as caught:
-        migrate_images(**{**kwargs, "limits": TransferLimits(max_size_bytes=MAX_SIZE_BYTES, rate_limit_per_s=10.0)})
+        migrate_images(params.model_copy(update={"limits": TransferLimits(max_size_bytes=MAX_SIZE_BYTES,
+                                                                          rate_limit_per_s=10.0)}))
     second = caught.value.summary
     with get_client(sync_client=True) as client:
         rate = client.read_global_concurrency_limit_by_name(f"registry-127.0.0.1-{TARGET_PORT}-rate")
@@ -162,12 +163,12 @@ def test_migrate_images_skips_oversize_fails_missing_and_reruns_without_copying(
     # the registry is the truth: a completed image deleted from the target is seen by the audit,
     # put back to pending, and copied again by the next run
     _delete_manifest(target, "env/small", small.target_digest)
-    from flows.registry import registry_audit
-    audit = registry_audit(target=endpoints["target"], images=["env/small:1"], store_url=store_url)
+    from flows.registry import RegistryAuditParams, registry_audit
+    audit = registry_audit(RegistryAuditParams(target=endpoints["target"], images=["env/small:1"], store_url=store_url))
     assert audit.drifted == 1 and "missing from the registry" in audit.rows[0].drift
     assert store.get_image(f"{target}/env/small:1").status == "pending"
     with pytest.raises(MigrationIncompleteError) as caught:
-        migrate_images(**kwargs)
+        migrate_images(params)
     third = caught.value.summary
     assert (third.records[0].status, third.records[0].reason, third.copied) == ("completed", "", 1)
     store.dispose()
@@ -187,14 +188,15 @@ def _delete_manifest(address: str, repository: str, digest: str) -> None:
 
 def test_503_and_429_are_retried_with_backoff_until_the_migration_completes(
         prefect_harness, endpoints, proxy: FaultProxy, tmp_path: Path) -> None:
-    from flows.registry import migrate_images
+    from flows.registry import MigrateParams, migrate_images
 
     store_url = f"sqlite:///{tmp_path / 'store.db'}"
     # 503 on the first two manifest/blob requests: skopeo does not retry a 503 itself (skopeo
     # 1.9.3), so the flow's task retries do, after 1 s and then 2 s
     proxy.arm(2, status=503)
-    summary = migrate_images(source=endpoints["proxy"], target=endpoints["target"], images=["faults/retry-a:1"],
-                             limits=TransferLimits(retry_delays_s=[1.0, 2.0, 4.0]), store_url=store_url)
+    summary = migrate_images(MigrateParams(source=endpoints["proxy"], target=endpoints["target"],
+                                           images=["faults/retry-a:1"],
+                                           limits=TransferLimits(retry_delays_s=[1.0, 2.0, 4.0]), store_url=store_url))
     record = summary.records[0]
     assert (record.status, record.attempts, proxy.injected) == ("completed", 3, 2)
     assert record.target_digest == record.source_digest
@@ -206,8 +208,9 @@ def test_503_and_429_are_retried_with_backoff_until_the_migration_completes(
 
     # 429 with Retry-After: skopeo honours the header itself; the image completes in one attempt
     proxy.arm(2, status=429, retry_after_s=1)
-    summary = migrate_images(source=endpoints["proxy"], target=endpoints["target"], images=["faults/retry-b:1"],
-                             limits=TransferLimits(retry_delays_s=[1.0]), store_url=store_url)
+    summary = migrate_images(MigrateParams(source=endpoints["proxy"], target=endpoints["target"],
+                                           images=["faults/retry-b:1"], limits=TransferLimits(retry_delays_s=[1.0]),
+                                           store_url=store_url))
     record = summary.records[0]
     assert (record.status, proxy.injected) == ("completed", 2)
     faults = [entry for entry in proxy.log if entry.injected]
@@ -215,12 +218,13 @@ def test_503_and_429_are_retried_with_backoff_until_the_migration_completes(
 
 
 def test_auth_failure_is_not_retried_and_is_reported_by_name(prefect_harness, endpoints, tmp_path: Path) -> None:
-    from flows.registry import migrate_images
+    from flows.registry import MigrateParams, migrate_images
 
     wrong = endpoints["target"].model_copy(update={"password": SecretStr(PASSWORD + "-wrong")})
     with pytest.raises(MigrationIncompleteError, match=r"1 of 1 images failed \(RegistryError 1\)") as caught:
-        migrate_images(source=endpoints["source"], target=wrong, images=["env/small:1"],
-                       limits=TransferLimits(retry_delays_s=[1.0, 1.0]), store_url=f"sqlite:///{tmp_path / 'store.db'}")
+        migrate_images(MigrateParams(source=endpoints["source"], target=wrong, images=["env/small:1"],
+                                     limits=TransferLimits(retry_delays_s=[1.0, 1.0]),
+                                     store_url=f"sqlite:///{tmp_path / 'store.db'}"))
     summary = caught.value.summary
     assert PASSWORD not in str(caught.value)
     record = summary.records[0]
@@ -242,29 +246,31 @@ def _windows(proxy: FaultProxy, names: list[str]) -> list[tuple[float, float]]:
 
 def test_per_registry_concurrency_and_rate_limits_hold(prefect_harness, endpoints, proxy: FaultProxy,
                                                        tmp_path: Path) -> None:
-    from flows.registry import migrate_images
+    from flows.registry import MigrateParams, migrate_images
 
     store_url = f"sqlite:///{tmp_path / 'store.db'}"
-    one_at_a_time = migrate_images(source=endpoints["proxy"], target=endpoints["target"], images=CONCURRENCY_IMAGES,
-                                   limits=TransferLimits(concurrency_limit=1), store_url=store_url)
+    one_at_a_time = migrate_images(MigrateParams(source=endpoints["proxy"], target=endpoints["target"],
+                                                 images=CONCURRENCY_IMAGES, limits=TransferLimits(concurrency_limit=1),
+                                                 store_url=store_url))
     assert [r.status for r in one_at_a_time.records] == ["completed"] * 3
     windows = _windows(proxy, CONCURRENCY_IMAGES)
     for (_, end), (start, _) in zip(windows, windows[1:]):
         assert start >= end, f"images overlapped under a limit of 1: {windows}"
 
-    rated = migrate_images(source=endpoints["proxy"], target=endpoints["target"], images=RATE_IMAGES,
-                           limits=TransferLimits(concurrency_limit=4, rate_limit_per_s=1.0), store_url=store_url)
+    rated = migrate_images(MigrateParams(source=endpoints["proxy"], target=endpoints["target"], images=RATE_IMAGES,
+                                         limits=TransferLimits(concurrency_limit=4, rate_limit_per_s=1.0),
+                                         store_url=store_url))
     assert [r.status for r in rated.records] == ["completed"] * 3
     starts = [start for start, _ in _windows(proxy, RATE_IMAGES)]
     assert starts[2] - starts[0] >= 1.5, f"3 images at 1/s started within {starts[2] - starts[0]:.2f} s"
 
 
 def test_registry_audit_counts_a_dataset(prefect_harness, endpoints, tmp_path: Path) -> None:
-    from flows.registry import registry_audit
+    from flows.registry import RegistryAuditParams, registry_audit
 
     dataset = tmp_path / "ds.jsonl"
     dataset.write_text("".join(json.dumps({"image": n}) + "\n" for n in ["env/small:1", "env/nope:2"]))
-    report = registry_audit(target=endpoints["source"], dataset_path=dataset)
+    report = registry_audit(RegistryAuditParams(target=endpoints["source"], dataset_path=dataset))
     assert (report.total, report.available, report.missing) == (2, 1, 1)
     assert [r.availability for r in report.rows] == ["available", "missing"]
 
@@ -280,34 +286,37 @@ def _store_with_task_image(tmp_path: Path, ref: str) -> tuple[str, Store]:
 
 
 def test_rewrite_image_refs_flow_and_revert(prefect_harness, tmp_path: Path) -> None:
-    from flows.registry import rewrite_image_refs
+    from flows.registry import RewriteImageRefsParams, rewrite_image_refs
 
     store_url, store = _store_with_task_image(tmp_path, "127.0.0.1:5750/task-00:t1")
-    dry = rewrite_image_refs("127.0.0.1:5750", "127.0.0.1:5751", store_url=store_url)
+    dry = rewrite_image_refs(RewriteImageRefsParams(old_prefix="127.0.0.1:5750", new_prefix="127.0.0.1:5751",
+                                                    store_url=store_url))
     assert len(dry.rows) == 2 and store.get_task("t1").image_ref == "127.0.0.1:5750/task-00:t1"
-    rewrite_image_refs("127.0.0.1:5750", "127.0.0.1:5751", dry_run=False, store_url=store_url)
+    rewrite_image_refs(RewriteImageRefsParams(old_prefix="127.0.0.1:5750", new_prefix="127.0.0.1:5751",
+                                              dry_run=False, store_url=store_url))
     assert store.get_task("t1").image_ref == "127.0.0.1:5751/task-00:t1"
-    rewrite_image_refs("127.0.0.1:5751", "127.0.0.1:5750", dry_run=False, store_url=store_url)
+    rewrite_image_refs(RewriteImageRefsParams(old_prefix="127.0.0.1:5751", new_prefix="127.0.0.1:5750",
+                                              dry_run=False, store_url=store_url))
     assert store.get_task("t1").image_ref == "127.0.0.1:5750/task-00:t1"
     assert store.get_image("127.0.0.1:5750/task-00:t1") is not None
     store.dispose()
 
 
 def test_prewarm_plan_histogram_and_rejection_at_the_cap(prefect_harness, tmp_path: Path) -> None:
-    from flows.registry import prewarm_plan
+    from flows.registry import PrewarmPlanParams, prewarm_plan
 
     tasks = tmp_path / "tasks.jsonl"
     base = "sha256:" + hashlib.sha256(b"base").hexdigest()
     tasks.write_text("".join(json.dumps({"task_id": f"t-{i}", "base_digest": base}) + "\n" for i in range(20)))
     plot = tmp_path / "plan.png"
-    plan = prewarm_plan(tasks_path=tasks, shards=4, lanes=2, tag_cap=100, plot_path=plot)
+    plan = prewarm_plan(PrewarmPlanParams(tasks_path=tasks, shards=4, lanes=2, tag_cap=100, plot_path=plot))
     assert sum(plan.projected_tag_counts.values()) == 20 + len(plan.projected_tag_counts)
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     image = _artifact("prewarm-plan-histogram")
     assert image.type == "image" and image.data == plot.resolve().as_uri()
     plot.unlink()
     with pytest.raises(PlanRejectedError, match=r"task-\d\d \(2[01] tags\)"):
-        prewarm_plan(tasks_path=tasks, shards=4, lanes=1, tag_cap=20, plot_path=plot)
+        prewarm_plan(PrewarmPlanParams(tasks_path=tasks, shards=4, lanes=1, tag_cap=20, plot_path=plot))
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the plot shows what was rejected
 
 
@@ -315,26 +324,29 @@ def test_dataset_column_of_local_names_is_refused_and_full_references_are_used(
         prefect_harness, endpoints, tmp_path: Path) -> None:
     # regression: the demo's candidates.jsonl: 'image' holds local podman names, 'registry_ref' full
     # references; both gave 'docker://host/host/...' refs and wrong answers
-    from flows.registry import migrate_images, registry_audit
+    from flows.registry import MigrateParams, RegistryAuditParams, migrate_images, registry_audit
 
     source, target = endpoints["source"].address, endpoints["target"].address
     dataset = tmp_path / "candidates.jsonl"
     rows = [{"image": f"localhost/forgeflow/task:{tag}", "registry_ref": f"{source}/{ref}"}
             for tag, ref in [("small", "env/small:1"), ("nope", "env/nope:2")]]
     dataset.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    with pytest.raises(InputError, match=r"column 'image' value 'localhost/forgeflow/task:small' names registry host "
-                                         r"'localhost'.*expected 'repo:tag' relative to the registry.*\['registry_ref'\]"):
-        registry_audit(target=endpoints["source"], dataset_path=dataset)
-    report = registry_audit(target=endpoints["source"], dataset_path=dataset, image_column="registry_ref")
+    with pytest.raises(InputError, match=r"params\.dataset_path \S+ column 'image' value 'localhost/forgeflow/task:small' "
+                                         r"names registry host 'localhost'.*expected 'repo:tag' relative to the "
+                                         r"registry.*\['registry_ref'\]"):
+        registry_audit(RegistryAuditParams(target=endpoints["source"], dataset_path=dataset))
+    report = registry_audit(RegistryAuditParams(target=endpoints["source"], dataset_path=dataset,
+                                                image_column="registry_ref"))
     assert [(r.ref, r.availability) for r in report.rows] == [
         (f"docker://{source}/env/small:1", "available"), (f"docker://{source}/env/nope:2", "missing")]
-    with pytest.raises(InputError, match=rf"names registry host '127.0.0.1:9', which is not '{target}' or '{source}'"):
-        migrate_images(source=endpoints["source"], target=endpoints["target"], images=["127.0.0.1:9/env/small:1"],
-                       store_url=f"sqlite:///{tmp_path / 'store.db'}")
+    with pytest.raises(InputError, match=rf"params\.images entry .*names registry host '127.0.0.1:9', which is not "
+                                         rf"'{target}' or '{source}'"):
+        migrate_images(MigrateParams(source=endpoints["source"], target=endpoints["target"],
+                                     images=["127.0.0.1:9/env/small:1"], store_url=f"sqlite:///{tmp_path / 'store.db'}"))
     # a full reference in the target names the same image as its repo:tag
-    summary = migrate_images(source=endpoints["source"], target=endpoints["target"],
-                             images=[f"{target}/env/small:1", "env/small:1"],
-                             store_url=f"sqlite:///{tmp_path / 'store.db'}")
+    summary = migrate_images(MigrateParams(source=endpoints["source"], target=endpoints["target"],
+                                           images=[f"{target}/env/small:1", "env/small:1"],
+                                           store_url=f"sqlite:///{tmp_path / 'store.db'}"))
     assert [(r.source_ref, r.target_ref, r.status) for r in summary.records] == [
         (f"docker://{source}/env/small:1", f"docker://{target}/env/small:1", "completed")]
 
@@ -347,35 +359,40 @@ def _unchecked_limits(**fields: object) -> TransferLimits:
 def test_malformed_inputs_are_refused_before_anything_is_recorded(prefect_harness, endpoints, tmp_path: Path) -> None:
     from prefect.exceptions import ParameterTypeError
 
-    from flows.registry import migrate_images
+    from flows.registry import MigrateParams, migrate_images
 
     db = tmp_path / "store.db"
     common = dict(source=endpoints["source"], images=["env/small:1"], store_url=f"sqlite:///{db}")
     target = endpoints["target"]
+    # each error names the field as the user wrote it: params.<field>
     cases = [
         (dict(target=target.model_copy(update={"address": "127.0.0.1:99999"})),
-         r"target\.address '127\.0\.0\.1:99999': port '99999' is not a number in 1-65535"),
+         r"params\.target\.address '127\.0\.0\.1:99999': port '99999' is not a number in 1-65535"),
         (dict(target=target.model_copy(update={"namespace": "../x"})),
-         r"target\.namespace '\.\./x' is not a repository path"),
+         r"params\.target\.namespace '\.\./x' is not a repository path"),
+        (dict(target="no-such-registry"), r"params\.target registry block 'no-such-registry' is not saved"),
         (dict(target=target, images=["env/six:1.17.0@sha256:abc"]),
-         r"images entry 'env/six:1\.17\.0@sha256:abc': digest 'sha256:abc' is not 'sha256:<64 lowercase hex>'"),
+         r"params\.images entry 'env/six:1\.17\.0@sha256:abc': digest 'sha256:abc' is not 'sha256:<64 lowercase hex>'"),
+        (dict(target=target, images=None),
+         r"give exactly one of params\.images \(repo:tag names\) or params\.dataset_path"),
         # limits built without validation are still checked by the flow, by name
         (dict(target=target, limits=_unchecked_limits(concurrency_limit=0)),
-         r"concurrency_limit must be a whole number of images in 1-64, got 0"),
+         r"params\.limits\.concurrency_limit must be a whole number of images in 1-64, got 0"),
         (dict(target=target, limits=_unchecked_limits(rate_limit_per_s=-1)),
-         r"rate_limit_per_s must be a positive number .* got -1"),
-        (dict(target=target, limits=_unchecked_limits(max_size_bytes=-1)), r"max_size_bytes must be >= 0, got -1"),
+         r"params\.limits\.rate_limit_per_s must be a positive number .* got -1"),
+        (dict(target=target, limits=_unchecked_limits(max_size_bytes=-1)),
+         r"params\.limits\.max_size_bytes must be >= 0, got -1"),
     ]
     for kwargs, message in cases:
         with pytest.raises(InputError, match=message):
-            migrate_images(**(common | kwargs))
+            migrate_images(MigrateParams(**(common | kwargs)))
     # a dict endpoint is validated by Prefect into the block, whose validator names the field
     with pytest.raises(ParameterTypeError,
-                       match=r"target\.RegistryEndpoint\.address: .*'http://127\.0\.0\.1:5751' has a scheme"):
-        migrate_images(**common, target={"address": "http://127.0.0.1:5751"})
+                       match=r"params\.target\.RegistryEndpoint\.address: .*'http://127\.0\.0\.1:5751' has a scheme"):
+        migrate_images(params={**common, "target": {"address": "http://127.0.0.1:5751"}})
     # limits given as a dict (the UI, the API, a deployment) are validated by Prefect into the model
-    with pytest.raises(ParameterTypeError, match=r"limits\.concurrency_limit: .*less than or equal to 64"):
-        migrate_images(**common, target=target, limits={"concurrency_limit": 65})
+    with pytest.raises(ParameterTypeError, match=r"params\.limits\.concurrency_limit: .*less than or equal to 64"):
+        migrate_images(params={**common, "target": target, "limits": {"concurrency_limit": 65}})
     assert not db.exists()  # nothing was recorded
 
 
@@ -394,45 +411,62 @@ def test_unreachable_registry_fails_fast_before_anything_is_recorded(prefect_har
     # regression: a wrong target address took 71 s of retries per image and ended Completed, 'copied 0'
     import time
 
-    from flows.registry import migrate_images, registry_audit
+    from flows.registry import MigrateParams, RegistryAuditParams, migrate_images, registry_audit
     from tests.helpers import free_port
 
     db = tmp_path / "store.db"
     nowhere = RegistryEndpoint(address=f"127.0.0.1:{free_port()}")
     started = time.monotonic()
     with pytest.raises(RegistryUnavailableError, match=rf"target registry {nowhere.address} is not reachable"):
-        migrate_images(source=endpoints["source"], target=nowhere, images=["env/small:1"], store_url=f"sqlite:///{db}")
+        migrate_images(MigrateParams(source=endpoints["source"], target=nowhere, images=["env/small:1"],
+                                     store_url=f"sqlite:///{db}"))
     with pytest.raises(RegistryUnavailableError, match=rf"source registry {nowhere.address} is not reachable"):
-        migrate_images(source=nowhere, target=endpoints["target"], images=["env/small:1"], store_url=f"sqlite:///{db}")
+        migrate_images(MigrateParams(source=nowhere, target=endpoints["target"], images=["env/small:1"],
+                                     store_url=f"sqlite:///{db}"))
     with pytest.raises(RegistryUnavailableError, match=rf"target registry {nowhere.address}"):
-        registry_audit(target=nowhere, images=["env/small:1"], store_url=f"sqlite:///{db}")
+        registry_audit(RegistryAuditParams(target=nowhere, images=["env/small:1"], store_url=f"sqlite:///{db}"))
     assert time.monotonic() - started < 30
     assert not db.exists()
 
 
 def test_rewrite_moves_a_repository_and_says_when_nothing_matches(prefect_harness, tmp_path: Path) -> None:
-    from flows.registry import rewrite_image_refs
+    from flows.registry import RewriteImageRefsParams, rewrite_image_refs
+
+    def rewrite(old_prefix: str, new_prefix: str):
+        return rewrite_image_refs(RewriteImageRefsParams(old_prefix=old_prefix, new_prefix=new_prefix, dry_run=False,
+                                                         store_url=store_url))
 
     store_url, store = _store_with_task_image(tmp_path, "127.0.0.1:5750/task-01:t1")
-    moved = rewrite_image_refs("127.0.0.1:5750/task-01", "127.0.0.1:5750/task-02", dry_run=False, store_url=store_url)
+    moved = rewrite("127.0.0.1:5750/task-01", "127.0.0.1:5750/task-02")
     assert moved.applied and len(moved.rows) == 2
     assert store.get_task("t1").image_ref == "127.0.0.1:5750/task-02:t1"
-    nothing = rewrite_image_refs("127.0.0.1:5750/task-07", "127.0.0.1:5750/task-08", dry_run=False, store_url=store_url)
+    nothing = rewrite("127.0.0.1:5750/task-07", "127.0.0.1:5750/task-08")
     assert nothing.rows == [] and nothing.unmatched_example == "127.0.0.1:5750/task-02:t1"
-    rewrite_image_refs("127.0.0.1:5750/task-02", "127.0.0.1:5750/task-01", dry_run=False, store_url=store_url)
+    rewrite("127.0.0.1:5750/task-02", "127.0.0.1:5750/task-01")
     assert store.get_task("t1").image_ref == "127.0.0.1:5750/task-01:t1"
+    # a prefix check names the field as the user wrote it
+    with pytest.raises(InputError, match=r"params\.old_prefix 'http://x' is not host\[:port\]\[/path\]"):
+        rewrite("http://x", "127.0.0.1:5750/task-09")
+    with pytest.raises(InputError, match=r"params\.old_prefix '127\.0\.0\.1:5750' and params\.new_prefix "
+                                         r"'127\.0\.0\.1:5750/task-01' must not contain each other"):
+        rewrite("127.0.0.1:5750", "127.0.0.1:5750/task-01")
     store.dispose()
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(shards=0), r"shards=0: Input should be greater than or equal to 1"),
-    (dict(shards=4, lanes=5), r"lanes \(5\) must not exceed shards \(4\)"),
-    (dict(tag_cap=0), r"tag_cap=0"),
-    (dict(prefix="Task"), r"prefix='Task'"),
+@pytest.mark.parametrize("fields,refused,message", [
+    (dict(shards=0), "ParameterTypeError", r"params\.shards: Input should be greater than or equal to 1"),
+    (dict(shards=4, lanes=5), "InputError", r"params\.lanes \(5\) must not exceed params\.shards \(4\)"),
+    (dict(tag_cap=0), "ParameterTypeError", r"params\.tag_cap: Input should be greater than or equal to 1"),
+    (dict(prefix="Task"), "ParameterTypeError", r"params\.prefix: String should match pattern"),
 ])
-def test_prewarm_plan_names_a_bad_layout_parameter(prefect_harness, tmp_path: Path, kwargs: dict, message: str) -> None:
+def test_prewarm_plan_names_a_bad_layout_parameter(prefect_harness, tmp_path: Path, fields: dict, refused: str,
+                                                   message: str) -> None:
+    from prefect.exceptions import ParameterTypeError
+
     from flows.registry import prewarm_plan
 
-    with pytest.raises(InputError, match=message):
-        prewarm_plan(tasks_path=tmp_path / "absent.jsonl", plot_path=tmp_path / "plan.png", **kwargs)
+    error = {"ParameterTypeError": ParameterTypeError, "InputError": InputError}[refused]
+    with pytest.raises(error, match=message):
+        prewarm_plan(params={"tasks_path": str(tmp_path / "absent.jsonl"), "plot_path": str(tmp_path / "plan.png"),
+                             **fields})
     assert not (tmp_path / "plan.png").exists()

@@ -15,11 +15,12 @@ from flows.canary import canary, canary_recover
 from flows.curate import curate, recover
 from flows.evaluation import harbor_export, harbor_import, judge
 from flows.promote import promote
+from flows.registry import migrate_images, prewarm_plan, registry_audit, rewrite_image_refs
 from flows.stagekit import StageParams
 from flows.stages import base_model, compare, freeze, package, publish, serve
 
 STAGE_FLOWS = [freeze, compare, package, publish, serve, base_model, promote, harbor_export, harbor_import, judge,
-               canary, canary_recover, curate, recover]
+               canary, canary_recover, curate, recover, migrate_images, registry_audit, rewrite_image_refs, prewarm_plan]
 
 
 @pytest.mark.parametrize("stage_flow", STAGE_FLOWS, ids=lambda f: f.name)
@@ -68,10 +69,25 @@ def test_a_parameter_model_refuses_unknown_fields_and_is_frozen() -> None:
     (curate, {"task": {"candidates_path": "/tmp/c.jsonl"}}, "params.task", "Extra inputs"),
     (recover, {"batch_ids": ["b1"]}, "params.reason", "Field required"),
     (recover, {"reason": "r", "dry_run": "perhaps"}, "params.dry_run", "valid boolean"),
+    (migrate_images, {"images": ["env/a:1"], "limits": {"concurrency_limit": 65}}, "params.limits.concurrency_limit",
+     "less than or equal to 64"),
+    (migrate_images, {"image": ["env/a:1"]}, "params.image", "Extra inputs"),
+    (migrate_images, {"images": ["env/a:1"], "limits": {"retry_delays_s": [-1.0]}}, "params.limits.retry_delays_s.0",
+     "greater than or equal to 0"),
+    (registry_audit, {"images": ["env/a:1"], "image_column": ""}, "params.image_column", "at least 1 character"),
+    (registry_audit, {"images": ["env/a:1"], "store": "sqlite:///x.db"}, "params.store", "Extra inputs"),
+    (rewrite_image_refs, {"old_prefix": "127.0.0.1:5701"}, "params.new_prefix", "Field required"),
+    (rewrite_image_refs, {"old_prefix": "a", "new_prefix": "b", "dry_run": "perhaps"}, "params.dry_run",
+     "valid boolean"),
+    (prewarm_plan, {"shards": 0}, "params.shards", "greater than or equal to 1"),
+    (prewarm_plan, {"tag_cap": "many"}, "params.tag_cap", "valid integer"),
+    (prewarm_plan, {"prefix": "Task"}, "params.prefix", "should match pattern"),
 ], ids=["judge-type", "judge-unknown", "serve-type", "serve-missing", "package-unknown", "freeze-nested-type",
         "canary-nested-bound", "canary-nested-unknown", "canary-unknown", "canary-recover-missing",
         "canary-recover-type", "curate-nested-bound", "curate-nested-unknown", "curate-unknown",
-        "recover-missing", "recover-type"])
+        "recover-missing", "recover-type", "migrate-nested-bound", "migrate-unknown", "migrate-nested-item-bound",
+        "audit-bound", "audit-unknown", "rewrite-missing", "rewrite-type", "prewarm-bound", "prewarm-type",
+        "prewarm-pattern"])
 def test_a_bad_params_is_refused_through_the_flow_with_the_field_named(prefect_harness, flow_home, stage_flow,
                                                                        params, field, reason) -> None:
     from prefect.exceptions import ParameterTypeError
