@@ -63,11 +63,8 @@ SPECS: list[dict[str, Any]] = [
     {"flow": harbor_import, "entrypoint": "flows/evaluation.py:harbor_import", "name": "harbor-import",
      "parameters": {}},
     {"flow": judge, "entrypoint": "flows/evaluation.py:judge", "name": "judge", "parameters": {}},
-    {"flow": sft_burst, "entrypoint": "flows/training.py:sft_burst", "name": "sft-burst",
-     "parameters": {"params": {"steps": 2, "learning_rate": 0.001, "lora_r": 8, "max_length": 512, "seed": 0}}},
-    {"flow": rl_burst, "entrypoint": "flows/training.py:rl_burst", "name": "rl-burst",
-     "parameters": {"params": {"algorithm": "grpo", "steps": 2, "num_generations": 2,
-                               "verifier_timeout_multiplier": 0.06, "seed": 0}}},
+    {"flow": sft_burst, "entrypoint": "flows/training.py:sft_burst", "name": "sft-burst", "parameters": {}},
+    {"flow": rl_burst, "entrypoint": "flows/training.py:rl_burst", "name": "rl-burst", "parameters": {}},
     {"flow": ppo, "entrypoint": "flows/training.py:ppo", "name": "ppo", "parameters": {}},
     {"flow": windows, "entrypoint": "flows/training.py:windows", "name": "windows", "parameters": {}},
 ]
@@ -83,7 +80,10 @@ recorded parameters carry ``params.name``, which the canary-on-freeze automation
 deployment shows its working defaults (freeze ``demo-v1``, split ``test``, one trial at a time on the
 ``default`` profile) as its ``params``; they are the model's defaults too, so a run that gives its own
 ``params`` (the canary-on-freeze automation gives only ``freeze_name``) keeps them; so does ``curate``'s
-(its validation settings). ``recover`` needs ``params.reason``, so it gives none (a dry run by default).
+(its validation settings). ``recover`` needs ``params.reason``, so it gives none (a dry run by default); nor
+do the training flows (``sft-burst``, ``rl-burst``, ``ppo``, ``windows``), whose ``params`` need the run's
+inputs (``hf_dir``, ``samples_jsonl``/``tasks_jsonl``, verl's ``settings`` and the Ray ``job``, a job id or
+folder): their hyper-parameters' defaults are ``params.training``'s.
 The registry flows' working defaults (the demo's loopback registries ``127.0.0.1:5701`` / ``:5702``, transfer
 limits, the 80-shard layout, a dry-run rewrite) are their models' (:class:`flows.registry.MigrateParams`, ...),
 so their deployments give none; ``registry-audit`` and ``migrate`` need ``params.images`` or

@@ -286,14 +286,14 @@ def _trajectory_files(store: Store, job_id: str | None, trajectories_dir: Path |
         return files
     job = store.get_job(job_id)
     if job is None:
-        raise InputError(f"job {job_id!r} is not recorded in the store ({store.display_url})")
+        raise InputError(f"job_id {job_id!r} is not recorded in the store ({store.display_url})")
     folder = Path(job.params.get("trajectories_dir") or home_dir() / "canary" / job_id / "trajectories")
     files = [folder / f"{t.trial_id}.traj.json" for t in store.trials_for(job_id=job_id) if t.kind == "agent"]
     if not files:
-        raise InputError(f"job {job_id!r} recorded no agent trial: no trajectory to cut into windows")
+        raise InputError(f"job_id {job_id!r} recorded no agent trial: no trajectory to cut into windows")
     gone = [str(f) for f in files if not f.is_file()]
     if gone:
-        raise InputError(f"job {job_id!r}: {len(gone)} of its {len(files)} trajectories are not in {folder}: "
+        raise InputError(f"job_id {job_id!r}: {len(gone)} of its {len(files)} trajectories are not in {folder}: "
                          f"{', '.join(gone[:5])}")
     return files
 

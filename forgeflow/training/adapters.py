@@ -63,12 +63,13 @@ def lora_config(config: LoraSettings) -> Any:
 LINEAGE_FILE = "lineage.json"
 
 
-LINEAGE_SCHEMA_VERSION = 4
+LINEAGE_SCHEMA_VERSION = 5
 """2: adds ``lineage.algorithm`` and ``health`` (version 1 files read as algorithm ``sft``
 without a health report, hence not reusable). 3: ``sha256`` is :func:`adapter_sha256` of the
 weights and config only (versions 1-2 digested every file but ``lineage.json``, README included;
 such files are still verified with that older scheme). 4: adds ``lineage.attention`` and
-``lineage.packing`` (None in older files)."""
+``lineage.packing`` (None in older files). 5: adds ``lineage.gradient_checkpointing`` (None in older
+files)."""
 
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
@@ -124,6 +125,9 @@ class Lineage(BaseModel):
             samples were batched (``bfd``: packed, padding-free; ``none``: padded;
             :func:`forgeflow.training.burst.packing_label`); None when not recorded (RL bursts,
             older adapters, verl checkpoints).
+        gradient_checkpointing: for SFT bursts, whether activations were recomputed in the backward
+            pass (:attr:`forgeflow.training.burst.BurstConfig.gradient_checkpointing`, else the device
+            plan's); None when not recorded (RL bursts, older adapters, verl checkpoints).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -139,6 +143,7 @@ class Lineage(BaseModel):
     dtype: str | None = None
     attention: str | None = None
     packing: str | None = None
+    gradient_checkpointing: bool | None = None
 
 
 class BurstOrigin(BaseModel):

@@ -5,7 +5,7 @@ on assistant tokens only (TRL 1.x recognises the official Qwen2.5 chat template 
 ``{% generation %}``-tagged training template). A burst may continue a parent adapter
 (``PeftModel.from_pretrained(..., is_trainable=True)``); its lineage records the digests of the
 base model, the parent adapter and the dataset, the hyperparameters, the run id, and how it
-trained (device, dtype, attention, packing), in ``lineage.json`` inside the adapter folder.
+trained (device, dtype, attention, packing, gradient checkpointing), in ``lineage.json`` inside the adapter folder.
 
 One training path for every device (:func:`sft_trainer`, which :func:`run_sft_burst` and the GPU
 benchmark ``benchmarks/gpu_burst.py`` both call): the device plan
@@ -101,7 +101,10 @@ class BurstConfig(LoraSettings):
     float32), ``cpu`` or ``cuda`` (:func:`forgeflow.training.device.device_plan`); the lineage records
     what was used. ``packing``: True (default) packs samples into rows of ``max_length`` tokens
     (TRL's bfd packing, padding-free batches; ``per_device_train_batch_size`` counts packed rows);
-    False trains one sample per row, padded to the longest of its batch.
+    False trains one sample per row, padded to the longest of its batch. ``gradient_checkpointing``:
+    recompute activations in the backward pass (less memory, about a third more compute); None (default)
+    takes the device plan's (on with CUDA, off on the CPU), True or False overrides it; the lineage
+    records what was used.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -114,6 +117,7 @@ class BurstConfig(LoraSettings):
     gates: HealthGates = Field(default_factory=HealthGates)
     device: DeviceChoice = "auto"
     packing: bool = True
+    gradient_checkpointing: bool | None = None
 
 
 PACKING_STRATEGY = "bfd"
@@ -268,7 +272,8 @@ def sft_arguments(config: BurstConfig, plan: DevicePlan, columns: Sequence[str])
     """The ``trl.SFTConfig`` keyword arguments (all but ``output_dir``) of a burst.
 
     ``config``'s hyperparameters, :data:`TRAINER_RUN_ARGS`, the device fields of ``plan``
-    (``use_cpu``, ``bf16``, ``gradient_checkpointing``), the loss masks of :func:`loss_scope`, TRL's
+    (``use_cpu``, ``bf16``, ``gradient_checkpointing``; ``config.gradient_checkpointing`` wins when set), the
+    loss masks of :func:`loss_scope`, TRL's
     fused chunked ``loss_type="nll"``, and with ``config.packing`` bfd packing into rows of
     ``max_length`` tokens with padding-free batches (``packing=False``: neither).
 
@@ -289,7 +294,13 @@ def sft_arguments(config: BurstConfig, plan: DevicePlan, columns: Sequence[str])
         **loss_scope(columns),
         **TRAINER_RUN_ARGS,
         **plan.trainer_args,
+        **_checkpointing(config),
     }
+
+
+def _checkpointing(config: BurstConfig) -> dict[str, bool]:
+    """``{"gradient_checkpointing": ...}`` where ``config`` sets it; empty where the device plan decides."""
+    return {} if config.gradient_checkpointing is None else {"gradient_checkpointing": config.gradient_checkpointing}
 
 
 def _trl_objects(config: BurstConfig, output_dir: Path, with_lora: bool, plan: DevicePlan,
@@ -304,10 +315,13 @@ def _trl_objects(config: BurstConfig, output_dir: Path, with_lora: bool, plan: D
 def burst_plan(config: BurstConfig, plan: DevicePlan | None = None) -> DevicePlan:
     """The device plan of a burst: :func:`device_plan` of ``config.device`` (or ``plan``), with SDPA
     instead of ``torch_varlen`` for an unpacked burst (that kernel reads the boundaries of a
-    padding-free batch; a padded batch has none)."""
+    padding-free batch; a padded batch has none), and ``config.gradient_checkpointing`` in its
+    ``trainer_args`` when set."""
     plan = plan or device_plan(config.device)
     if not config.packing and plan.attention == VARLEN_ATTENTION:
-        return plan.model_copy(update={"attention": "sdpa"})
+        plan = plan.model_copy(update={"attention": "sdpa"})
+    if config.gradient_checkpointing is not None:
+        plan = plan.model_copy(update={"trainer_args": {**plan.trainer_args, **_checkpointing(config)}})
     return plan
 
 
@@ -399,7 +413,7 @@ def run_sft_burst(
     ``config.device`` resolves to (:func:`forgeflow.training.device.device_plan`: CUDA in bfloat16
     with gradient checkpointing when available, else the CPU in float32), through :func:`sft_trainer`:
     bfd-packed padding-free rows (``config.packing``) and TRL's fused chunked loss. The lineage
-    records device, dtype, attention implementation and packing.
+    records device, dtype, attention implementation, packing and gradient checkpointing.
 
     With ``parent_adapter_dir`` the burst continues that adapter
     (``PeftModel.from_pretrained(base, parent, is_trainable=True)``); its LoRA rank must equal
@@ -480,6 +494,7 @@ def run_sft_burst(
             dtype=plan.dtype,
             attention=plan.attention,
             packing=packing_label(config),
+            gradient_checkpointing=bool(plan.trainer_args.get("gradient_checkpointing")),
         )
         return publish_adapter(trainer, tmp, out_dir, lineage, report)
 

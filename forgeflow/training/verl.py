@@ -79,9 +79,11 @@ class VerlPPOSettings(BaseModel):
         reward_function_path: this module's path *on the cluster* (relative to the job's
             working_dir), loaded by verl as ``custom_reward_function.path``.
         verifier_timeout_multiplier: training verifier timeout = task timeout x this.
+
+    An unknown field is refused (a misspelt key would otherwise fall back to its default unseen).
     """
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     model_path: str = Field(min_length=1)
     critic_model_path: str | None = None

@@ -111,9 +111,11 @@ class WindowConfig(BaseModel):
         loop_variants: Anti-loop window kinds to build (non-empty, no repeats).
         conclude_command: Action of the conclude target.
         include_system: Start each prompt with the trajectory's system message.
+
+    An unknown field is refused (a misspelt key would otherwise fall back to its default unseen).
     """
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     replay_steps: int = Field(4, ge=1, le=64)
     stride_steps: int = Field(4, ge=1)

@@ -58,15 +58,16 @@ def test_ppo_follows_the_ray_job_and_ingests_its_newest_checkpoint(prefect_harne
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
 
-    from flows.training import PPOParams, ppo
+    from flows.training import PPOJob, PPOParams, ppo
     from forgeflow.ledger.store import Store
     from forgeflow.training.ray_jobs import RayJobError
     from forgeflow.training.verl import settings
 
     checkpoints = tmp_path / "ckpt"
-    state = ppo(settings(**_settings(tmp_path, checkpoints)),
-                PPOParams(dashboard_url=cluster.dashboard_url, entrypoint=_entrypoint(checkpoints, 2), poll_s=0.5),
-                submission_id=f"ff-ppo-{uuid.uuid4().hex[:8]}", return_state=True)
+    state = ppo(PPOParams(settings=settings(**_settings(tmp_path, checkpoints)),
+                          job=PPOJob(dashboard_url=cluster.dashboard_url, entrypoint=_entrypoint(checkpoints, 2),
+                                     poll_s=0.5),
+                          submission_id=f"ff-ppo-{uuid.uuid4().hex[:8]}"), return_state=True)
     result = state.result()
     assert (result.status, result.global_step) == ("SUCCEEDED", 2)
     assert ray_jobs.status(cluster.dashboard_url, result.submission_id)[0] == "SUCCEEDED"
@@ -97,9 +98,10 @@ def test_ppo_follows_the_ray_job_and_ingests_its_newest_checkpoint(prefect_harne
 
     # a job that fails fails the run, with its log
     with pytest.raises(RayJobError, match=r"ended FAILED.*no such step"):
-        ppo(settings(**_settings(tmp_path, tmp_path / "ckpt-failed")),
-            PPOParams(dashboard_url=cluster.dashboard_url, entrypoint="echo no such step; exit 3", poll_s=0.5),
-            submission_id=f"ff-ppo-{uuid.uuid4().hex[:8]}")
+        ppo(PPOParams(settings=settings(**_settings(tmp_path, tmp_path / "ckpt-failed")),
+                      job=PPOJob(dashboard_url=cluster.dashboard_url, entrypoint="echo no such step; exit 3",
+                                 poll_s=0.5),
+                      submission_id=f"ff-ppo-{uuid.uuid4().hex[:8]}"))
 
 
 def test_a_killed_ppo_run_leaves_no_ray_job_running(prefect_harness, flow_home: Path, cluster, tmp_path: Path) -> None:
@@ -107,13 +109,14 @@ def test_a_killed_ppo_run_leaves_no_ray_job_running(prefect_harness, flow_home: 
 
     checkpoints = tmp_path / "ckpt"
     job_id = f"ff-ppo-{uuid.uuid4().hex[:8]}"
-    params = {"dashboard_url": cluster.dashboard_url, "entrypoint": _entrypoint(checkpoints, 5, 30.0), "poll_s": 0.5}
+    params = {"settings": _settings(tmp_path, checkpoints), "submission_id": job_id,
+              "job": {"dashboard_url": cluster.dashboard_url, "entrypoint": _entrypoint(checkpoints, 5, 30.0),
+                      "poll_s": 0.5}}
+    # the run's parameters as the API holds them (JSON): the cancel hook reads params.job and params.submission_id
     script = ("import json, sys\n"
-              "from flows.training import PPOParams, ppo\n"
-              "from forgeflow.training.verl import settings\n"
-              "ppo(settings(**json.loads(sys.argv[1])), PPOParams(**json.loads(sys.argv[2])), submission_id=sys.argv[3])\n")
-    proc = subprocess.Popen([sys.executable, "-c", script, json.dumps(_settings(tmp_path, checkpoints)),
-                             json.dumps(params), job_id], cwd=Path(__file__).parents[2],
+              "from flows.training import ppo\n"
+              "ppo(params=json.loads(sys.argv[1]))\n")
+    proc = subprocess.Popen([sys.executable, "-c", script, json.dumps(params)], cwd=Path(__file__).parents[2],
                             env={**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:

@@ -122,7 +122,7 @@ def test_rl_burst_flow_scores_its_rollouts_on_ray(prefect_harness, cluster, task
     import ray
     from ray.util.state import list_tasks
 
-    from flows.training import RLBurstParams, rl_burst
+    from flows.training import RLBurstParams, RLHyperParams, rl_burst
     from forgeflow.common.settings import cache_dir
     from forgeflow.ledger.store import Store
     from forgeflow.packaging.base_model import build_tiny_model
@@ -136,9 +136,10 @@ def test_rl_burst_flow_scores_its_rollouts_on_ray(prefect_harness, cluster, task
             "test_command": TEST_COMMAND, "fail_to_pass": F2P, "pass_to_pass": P2P, "verifier_timeout_s": 120.0}
     tasks_jsonl = tmp_path / "tasks.jsonl"
     tasks_jsonl.write_text(json.dumps(task) + "\n")
-    params = RLBurstParams(steps=1, num_generations=2, max_completion_length=4, verifier_timeout_multiplier=0.5,
-                           verifier_concurrency=2)
-    result = rl_burst(base.path, tasks_jsonl, params, dispatcher=_dispatcher(head), out_dir=tmp_path / "models")
+    training = RLHyperParams(steps=1, num_generations=2, max_completion_length=4, verifier_timeout_multiplier=0.5,
+                             verifier_concurrency=2)
+    result = rl_burst(RLBurstParams(hf_dir=base.path, tasks_jsonl=tasks_jsonl, training=training,
+                                    dispatcher=_dispatcher(head), out_dir=tmp_path / "models"))
     assert not ray.is_initialized()
     (counts,) = json.loads((result.adapter_path / LINEAGE_FILE).read_text())["reward_counts"]
     assert (counts["completions"], counts["unresolved"], counts["exceptions"]) == (2, 2, 0), counts

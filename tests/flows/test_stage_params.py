@@ -18,9 +18,15 @@ from flows.promote import promote
 from flows.registry import migrate_images, prewarm_plan, registry_audit, rewrite_image_refs
 from flows.stagekit import StageParams
 from flows.stages import base_model, compare, freeze, package, publish, serve
+from flows.training import ppo, rl_burst, sft_burst, windows
 
 STAGE_FLOWS = [freeze, compare, package, publish, serve, base_model, promote, harbor_export, harbor_import, judge,
-               canary, canary_recover, curate, recover, migrate_images, registry_audit, rewrite_image_refs, prewarm_plan]
+               canary, canary_recover, curate, recover, migrate_images, registry_audit, rewrite_image_refs, prewarm_plan,
+               sft_burst, rl_burst, ppo, windows]
+SFT = {"hf_dir": "/m/hf", "samples_jsonl": "/d/chats.jsonl"}
+RL = {"hf_dir": "/m/hf", "tasks_jsonl": "/d/tasks.jsonl"}
+VERL = {"model_path": "/m/hf", "train_files": ["/d/train.parquet"], "val_files": ["/d/val.parquet"], "lora_rank": 4}
+PPO = {"settings": VERL, "job": {"dashboard_url": "http://127.0.0.1:8265"}}
 
 
 @pytest.mark.parametrize("stage_flow", STAGE_FLOWS, ids=lambda f: f.name)
@@ -82,12 +88,37 @@ def test_a_parameter_model_refuses_unknown_fields_and_is_frozen() -> None:
     (prewarm_plan, {"shards": 0}, "params.shards", "greater than or equal to 1"),
     (prewarm_plan, {"tag_cap": "many"}, "params.tag_cap", "valid integer"),
     (prewarm_plan, {"prefix": "Task"}, "params.prefix", "should match pattern"),
-], ids=["judge-type", "judge-unknown", "serve-type", "serve-missing", "package-unknown", "freeze-nested-type",
-        "canary-nested-bound", "canary-nested-unknown", "canary-unknown", "canary-recover-missing",
-        "canary-recover-type", "curate-nested-bound", "curate-nested-unknown", "curate-unknown",
-        "recover-missing", "recover-type", "migrate-nested-bound", "migrate-unknown", "migrate-nested-item-bound",
-        "audit-bound", "audit-unknown", "rewrite-missing", "rewrite-type", "prewarm-bound", "prewarm-type",
-        "prewarm-pattern"])
+    (sft_burst, {**SFT, "params": {"steps": 2}}, "params.params", "Extra inputs"),
+    (sft_burst, {**SFT, "training": {"packing": "perhaps"}}, "params.training.packing", "valid boolean"),
+    (sft_burst, {**SFT, "training": {"steps": 0}}, "params.training.steps", "greater than or equal to 1"),
+    (sft_burst, {**SFT, "training": {"gradient_checkpoint": True}}, "params.training.gradient_checkpoint",
+     "Extra inputs"),
+    (sft_burst, {"samples_jsonl": "/d/chats.jsonl"}, "params.hf_dir", "Field required"),
+    (rl_burst, {**RL, "sandbox_block": "k8s"}, "params.sandbox_block", "Extra inputs"),
+    (rl_burst, {**RL, "training": {"algorithm": "ppo"}}, "params.training.algorithm", "'grpo' or 'rloo'"),
+    (rl_burst, {**RL, "training": {"num_generations": 1}}, "params.training.num_generations",
+     "greater than or equal to 2"),
+    (rl_burst, {"hf_dir": "/m/hf"}, "params.tasks_jsonl", "Field required"),
+    (ppo, {**PPO, "dashboard_url": "http://x"}, "params.dashboard_url", "Extra inputs"),
+    (ppo, {**PPO, "job": {"dashboard_url": "http://x", "poll_s": "soon"}}, "params.job.poll_s", "valid number"),
+    (ppo, {**PPO, "settings": {**VERL, "lora_rank": -1}}, "params.settings.lora_rank", "greater than or equal to 0"),
+    (ppo, {**PPO, "settings": {**VERL, "lora_rnk": 4}}, "params.settings.lora_rnk", "Extra inputs"),
+    (ppo, {"settings": VERL}, "params.job", "Field required"),
+    (windows, {"job_id": "j", "config": {"replay_steps": 2}}, "params.config", "Extra inputs"),
+    (windows, {"job_id": "j", "windows": {"replay_steps": 0}}, "params.windows.replay_steps",
+     "greater than or equal to 1"),
+    (windows, {"job_id": "j", "training": {"max_length": "long"}}, "params.training.max_length", "valid integer"),
+    (windows, {"hf_dir": "/m/hf"}, "params", "give job_id"),
+], ids=["judge-type", "judge-unknown", "serve-type", "serve-missing", "package-unknown",
+        "freeze-nested-type", "canary-nested-bound", "canary-nested-unknown", "canary-unknown",
+        "canary-recover-missing", "canary-recover-type", "curate-nested-bound", "curate-nested-unknown",
+        "curate-unknown", "recover-missing", "recover-type", "migrate-nested-bound", "migrate-unknown",
+        "migrate-nested-item-bound", "audit-bound", "audit-unknown", "rewrite-missing", "rewrite-type",
+        "prewarm-bound", "prewarm-type", "prewarm-pattern", "sft-burst-unknown", "sft-burst-nested-type",
+        "sft-burst-nested-bound", "sft-burst-nested-unknown", "sft-burst-missing", "rl-burst-unknown",
+        "rl-burst-nested-type", "rl-burst-nested-bound", "rl-burst-missing", "ppo-unknown",
+        "ppo-nested-type", "ppo-nested-bound", "ppo-nested-unknown", "ppo-missing", "windows-unknown",
+        "windows-nested-bound", "windows-nested-type", "windows-no-source"])
 def test_a_bad_params_is_refused_through_the_flow_with_the_field_named(prefect_harness, flow_home, stage_flow,
                                                                        params, field, reason) -> None:
     from prefect.exceptions import ParameterTypeError
@@ -96,3 +127,29 @@ def test_a_bad_params_is_refused_through_the_flow_with_the_field_named(prefect_h
         stage_flow(params=params)
     message = str(refused.value)
     assert field in message and reason in message, message
+
+
+def test_the_ppo_flow_names_the_settings_field_it_refuses(prefect_harness, flow_home, tmp_path: Path) -> None:
+    """Refused before anything is submitted (no Ray cluster here), the field named as the user wrote it."""
+    from forgeflow.common.errors import InputError
+
+    with pytest.raises(InputError, match=r"^params.settings.lora_rank is 0"):
+        ppo(params={**PPO, "settings": {**VERL, "lora_rank": 0}})
+    with pytest.raises(InputError, match=r"^params.settings.model_path '/m/hf' is not a folder here: give "
+                                         r"params.job.base_model_sha256"):
+        ppo(params=PPO)
+
+
+def test_the_ppo_cancel_hook_stops_the_job_its_params_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_stop_ppo_job`` reads ``params.job.dashboard_url`` and ``params.submission_id`` from the run's
+    parameters (JSON, as the API holds them, or the model), default id ``forgeflow-ppo-<run id>``."""
+    from types import SimpleNamespace
+
+    from flows.training import PPOParams, _stop_ppo_job
+    from forgeflow.training import ray_jobs
+
+    stopped: list[tuple[str, str]] = []
+    monkeypatch.setattr(ray_jobs, "stop", lambda url, submission_id: stopped.append((url, submission_id)))
+    _stop_ppo_job(None, SimpleNamespace(id="r1", parameters={"params": {**PPO, "submission_id": "job-7"}}), None)
+    _stop_ppo_job(None, SimpleNamespace(id="r2", parameters={"params": PPOParams(**PPO)}), None)
+    assert stopped == [("http://127.0.0.1:8265", "job-7"), ("http://127.0.0.1:8265", "forgeflow-ppo-r2")]

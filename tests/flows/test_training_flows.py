@@ -52,20 +52,21 @@ def _jsonl(path: Path, rows: list) -> Path:
 
 def test_two_sft_bursts_continue_one_lineage_in_the_store(prefect_harness, home: Path, tiny_model: Path,
                                                           tmp_path: Path) -> None:
-    from flows.training import SFTBurstParams, sft_burst
+    from flows.training import SFTBurstParams, SFTHyperParams, sft_burst
     from forgeflow.packaging.lineage import lineage_of
     from forgeflow.training.adapters import adapter_sha256
 
     samples = _jsonl(tmp_path / "chats.jsonl", [{"messages": m} for m in CHATS])
-    params = SFTBurstParams(steps=2, learning_rate=5e-3, lora_r=4, max_length=256, seed=1)
-    first = sft_burst(tiny_model, samples, params)
+    training = SFTHyperParams(steps=2, learning_rate=5e-3, lora_r=4, max_length=256, seed=1)
+    params = SFTBurstParams(hf_dir=tiny_model, samples_jsonl=samples, training=training)
+    first = sft_burst(params)
     base_sha = sha256_tree(tiny_model)
     assert first.parent_sha256 == base_sha == first.base_model_sha256
     assert first.adapter_path == home / "models" / "adapters" / first.adapter_sha256
     assert adapter_sha256(first.adapter_path) == first.adapter_sha256
     assert [s for s, _ in first.losses] == [1, 2] and all(loss > 0 for _, loss in first.losses)
 
-    second = sft_burst(tiny_model, samples, params, parent_adapter=first.adapter_sha256)
+    second = sft_burst(params.model_copy(update={"parent_adapter": first.adapter_sha256}))
     assert second.parent_sha256 == first.adapter_sha256 != second.adapter_sha256
     w1 = (first.adapter_path / "adapter_model.safetensors").read_bytes()
     w2 = (second.adapter_path / "adapter_model.safetensors").read_bytes()
@@ -84,58 +85,84 @@ def test_two_sft_bursts_continue_one_lineage_in_the_store(prefect_harness, home:
 
     # a third burst continuing the folder (not the sha256) with another rank is refused before training
     with pytest.raises(InputError, match=r"lora_r 8 differs from the parent adapter's r 4"):
-        sft_burst(tiny_model, samples, SFTBurstParams(), parent_adapter=str(second.adapter_path))
+        sft_burst(SFTBurstParams(hf_dir=tiny_model, samples_jsonl=samples, parent_adapter=str(second.adapter_path)))
+
+
+def test_an_unpacked_checkpointed_sft_burst_trains_and_its_lineage_says_so(prefect_harness, home: Path,
+                                                                         tiny_model: Path, tmp_path: Path) -> None:
+    """Issue 17: ``params.training.packing=False`` (one sample per row, padded) and
+    ``gradient_checkpointing=True`` reach the burst; it trains, and the store's lineage records both."""
+    from flows.training import SFTBurstParams, SFTHyperParams, sft_burst
+
+    samples = _jsonl(tmp_path / "chats.jsonl", [{"messages": m} for m in CHATS])
+    training = SFTHyperParams(steps=1, lora_r=4, max_length=256, packing=False, gradient_checkpointing=True)
+    result = sft_burst(SFTBurstParams(hf_dir=tiny_model, samples_jsonl=samples, training=training))
+    assert result.steps == 1 and result.final_loss > 0
+    (production,) = [p for p in Store().producers(result.adapter_sha256) if p.kind == "adapter"]
+    lineage = production.lineage
+    assert (lineage["packing"], lineage["attention"], lineage["gradient_checkpointing"]) == ("none", "sdpa", True)
+    assert (lineage["hyperparameters"]["packing"], lineage["hyperparameters"]["gradient_checkpointing"]) == (False, True)
 
 
 def test_sft_burst_refuses_bad_input_before_any_model_loads(prefect_harness, home: Path, tiny_model: Path,
                                                             tmp_path: Path) -> None:
-    from flows.training import sft_burst
+    from flows.training import SFTBurstParams, sft_burst
+
+    def burst(hf_dir: Path, samples: Path, parent_adapter: str | None = None):
+        return sft_burst(SFTBurstParams(hf_dir=hf_dir, samples_jsonl=samples, parent_adapter=parent_adapter))
 
     good = _jsonl(tmp_path / "good.jsonl", [{"messages": CHATS[0]}])
-    with pytest.raises(InputError, match=rf"hf_dir {tmp_path / 'nope'} is not a folder"):
-        sft_burst(tmp_path / "nope", good)
+    with pytest.raises(InputError, match=rf"^params.hf_dir {tmp_path / 'nope'} is not a folder"):
+        burst(tmp_path / "nope", good)
     bad_row = _jsonl(tmp_path / "bad.jsonl", [{"messages": CHATS[0]}, {"messages": [{"role": "user", "content": "hi"}]}])
-    with pytest.raises(InputError, match=rf"samples_jsonl {bad_row} line 2: messages has no assistant turn"):
-        sft_burst(tiny_model, bad_row)
+    with pytest.raises(InputError, match=rf"^params.samples_jsonl {bad_row} line 2: messages has no assistant turn"):
+        burst(tiny_model, bad_row)
     (tmp_path / "broken.jsonl").write_text(json.dumps({"messages": CHATS[0]}) + "\n\n{not json\n")
-    with pytest.raises(InputError, match=r"broken.jsonl line 3 is not JSON"):
-        sft_burst(tiny_model, tmp_path / "broken.jsonl")
+    with pytest.raises(InputError, match=r"^params.samples_jsonl .*broken.jsonl line 3 is not JSON"):
+        burst(tiny_model, tmp_path / "broken.jsonl")
     (tmp_path / "empty.jsonl").write_text("\n")
     with pytest.raises(InputError, match=r"empty.jsonl is empty"):
-        sft_burst(tiny_model, tmp_path / "empty.jsonl")
-    with pytest.raises(InputError, match=r"parent_adapter 0{64} is not an adapter recorded in the store"):
-        sft_burst(tiny_model, good, parent_adapter="0" * 64)
-    with pytest.raises(InputError, match=r"is neither a recorded adapter sha256 nor an adapter folder"):
-        sft_burst(tiny_model, good, parent_adapter=str(tmp_path))
+        burst(tiny_model, tmp_path / "empty.jsonl")
+    with pytest.raises(InputError, match=r"^params.parent_adapter 0{64} is not an adapter recorded in the store"):
+        burst(tiny_model, good, parent_adapter="0" * 64)
+    with pytest.raises(InputError, match=r"^params.parent_adapter .* is neither a recorded adapter sha256 nor an "
+                                         r"adapter folder"):
+        burst(tiny_model, good, parent_adapter=str(tmp_path))
     # a model folder without a chat template fails the preflight, listing it
     no_template = tmp_path / "base"
     no_template.mkdir()
     (no_template / "config.json").write_text((tiny_model / "config.json").read_text())
     with pytest.raises(PreflightError, match=r"chat_template.jinja does not exist"):
-        sft_burst(no_template, good)
+        burst(no_template, good)
     assert not (home / "models").exists()  # nothing trained, pinned or staged
 
 
 def test_rl_burst_refuses_bad_tasks_parent_and_sandbox_before_any_model_loads(
         prefect_harness, home: Path, tiny_model: Path, tmp_path: Path) -> None:
-    from flows.training import RLBurstParams, rl_burst
+    from flows.training import RLBurstParams, RLHyperParams, rl_burst
+
+    def burst(tasks_jsonl: Path, **fields):
+        return rl_burst(RLBurstParams(hf_dir=tiny_model, tasks_jsonl=tasks_jsonl, **fields))
 
     task = {"instance_id": "calc-1", "image_ref": "localhost/calc:1", "problem_statement": "add fails",
             "test_command": "pytest -rA", "fail_to_pass": ["tests/test_calc.py::test_add"], "verifier_timeout_s": 60.0}
     good = _jsonl(tmp_path / "tasks.jsonl", [task])
     no_timeout = _jsonl(tmp_path / "t1.jsonl", [task, {k: v for k, v in task.items() if k != "verifier_timeout_s"}])
-    with pytest.raises(InputError, match=rf"tasks_jsonl {no_timeout} line 2 is not an RL task: verifier_timeout_s"):
-        rl_burst(tiny_model, no_timeout)
+    with pytest.raises(InputError, match=rf"^params.tasks_jsonl {no_timeout} line 2 is not an RL task: "
+                                         "verifier_timeout_s"):
+        burst(no_timeout)
     repeated = _jsonl(tmp_path / "t2.jsonl", [task, task])
     with pytest.raises(InputError, match=r"line 2: instance_id 'calc-1' repeats line 1"):
-        rl_burst(tiny_model, repeated)
-    with pytest.raises(InputError, match=r"parent_adapter f{64} is not an adapter recorded"):
-        rl_burst(tiny_model, good, parent_adapter="f" * 64)
-    with pytest.raises(InputError, match=r"sandbox block 'no-such-sandbox' does not exist"):
-        rl_burst(tiny_model, good, sandbox_block="no-such-sandbox")
+        burst(repeated)
+    with pytest.raises(InputError, match=r"^params.parent_adapter f{64} is not an adapter recorded"):
+        burst(good, parent_adapter="f" * 64)
+    with pytest.raises(InputError, match=r"^params.sandbox: sandbox block 'no-such-sandbox' does not exist"):
+        burst(good, sandbox="no-such-sandbox")
+    with pytest.raises(InputError, match=r"^params.dispatcher: .*'no-such-dispatcher'"):
+        burst(good, dispatcher="no-such-dispatcher")
     with pytest.raises(ValueError, match=r"verifier_timeout_multiplier"):
-        RLBurstParams(verifier_timeout_multiplier=0)
+        RLHyperParams(verifier_timeout_multiplier=0)
     # the training verifier's timeout comes from the multiplier, apart from the task's (curation's)
-    config = RLBurstParams(verifier_timeout_multiplier=0.5).burst_config("kubernetes", 2048, 2.0)
+    config = RLHyperParams(verifier_timeout_multiplier=0.5).burst_config("kubernetes", 2048, 2.0)
     assert (config.verifier_timeout_multiplier, config.verifier_backend, config.verifier_memory_mb) == (0.5, "kubernetes", 2048)
     assert not (home / "models").exists()

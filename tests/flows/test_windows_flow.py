@@ -34,7 +34,7 @@ def _record_job(store, job_id: str, folder: Path, trajectories: dict[str, dict])
 
 
 def test_windows_from_a_canary_job_train_an_sft_burst(prefect_harness, flow_home: Path, tmp_path: Path) -> None:
-    from flows.training import SFTBurstParams, windows
+    from flows.training import SFTHyperParams, WindowsParams, windows
     from forgeflow.ledger.store import Store
     from forgeflow.training.jsonl import read_sft_jsonl
     from forgeflow.training.windows import WindowConfig
@@ -47,13 +47,16 @@ def test_windows_from_a_canary_job_train_an_sft_burst(prefect_harness, flow_home
         "t-tools": toolcall_trajectory([["ls"], ["pytest"], ["pytest"], ["pytest"], ["git diff"]]),
     })
     config = WindowConfig(replay_steps=2, stride_steps=3, min_steps=6, include_system=False)
-    with pytest.raises(InputError, match="give job_id .* or trajectories_dir"):
-        windows()
-    with pytest.raises(InputError, match="job 'nope' is not recorded"):
-        windows(job_id="nope")
+    with pytest.raises(ValueError, match="give job_id .* or trajectories_dir"):
+        WindowsParams()
+    with pytest.raises(InputError, match="^params.job_id 'nope' is not recorded"):
+        windows(WindowsParams(job_id="nope"))
+    with pytest.raises(InputError, match=rf"^params.trajectories_dir {tmp_path} holds no \*.traj.json"):
+        windows(WindowsParams(trajectories_dir=tmp_path))
 
-    result = windows(job_id="canary-job-1", config=config, hf_dir=tiny_ggufs()[0].parent / "hf",
-                     params=SFTBurstParams(steps=2, learning_rate=5e-3, lora_r=4, max_length=2048, seed=0))
+    training = SFTHyperParams(steps=2, learning_rate=5e-3, lora_r=4, max_length=2048, seed=0)
+    result = windows(WindowsParams(job_id="canary-job-1", windows=config, hf_dir=tiny_ggufs()[0].parent / "hf",
+                                   training=training))
     assert result.trajectories == 3
     assert result.windows_by_kind["replay"] >= 2
     assert all(result.windows_by_kind[k] >= 1 for k in ("stop_and_conclude", "early_switch", "one_call_quota"))
@@ -81,5 +84,6 @@ def test_windows_from_a_canary_job_train_an_sft_burst(prefect_harness, flow_home
 
     # a trajectory the job recorded but that is gone is named, not skipped
     (tmp_path / "trajectories" / "t-loop.traj.json").unlink()
-    with pytest.raises(InputError, match=r"1 of its 3 trajectories are not in .*t-loop.traj.json"):
-        windows(job_id="canary-job-1", config=config)
+    with pytest.raises(InputError, match=r"^params.job_id 'canary-job-1': 1 of its 3 trajectories are not in "
+                                         r".*t-loop.traj.json"):
+        windows(WindowsParams(job_id="canary-job-1", windows=config))

@@ -58,6 +58,19 @@ def test_packed_first_step_loss_equals_the_unpacked_one(base: Path, tmp_path: Pa
     assert packed.lineage.hyperparameters["packing"] is True and unpacked.lineage.hyperparameters["packing"] is False
 
 
+def test_gradient_checkpointing_trains_the_same_loss_and_the_lineage_records_it(base: Path, tmp_path: Path) -> None:
+    """Recomputing activations changes memory and time, not the math: a checkpointed burst's first step has
+    the plain burst's loss; each lineage records what was used (the CPU's default: off)."""
+    data = build_sft_dataset(_samples("messages"))
+    plain = run_sft_burst(base, data, tmp_path / "plain", BurstConfig(max_steps=1, max_length=512))
+    checkpointed = run_sft_burst(base, data, tmp_path / "checkpointed",
+                                 BurstConfig(max_steps=1, max_length=512, gradient_checkpointing=True))
+    assert checkpointed.health.losses[0][1] == pytest.approx(plain.health.losses[0][1], rel=1e-5, abs=1e-5)
+    assert (plain.lineage.gradient_checkpointing, checkpointed.lineage.gradient_checkpointing) == (False, True)
+    assert checkpointed.lineage.hyperparameters["gradient_checkpointing"] is True
+    assert plain.lineage.hyperparameters["gradient_checkpointing"] is None  # the device plan decided
+
+
 def test_the_packed_row_holds_every_sample_and_isolates_them(base: Path, tmp_path: Path) -> None:
     """The same trainer ``run_sft_burst`` uses: one row of three documents, labels -100 off the
     assistant turns and at each document's first token; the loss of that row with the block-causal

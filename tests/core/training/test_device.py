@@ -62,6 +62,22 @@ def test_the_cuda_burst_packs_padding_free_with_the_fused_loss_in_bf16() -> None
         sft_arguments(BurstConfig(), plan, ["text"])
 
 
+def test_gradient_checkpointing_follows_the_device_unless_the_config_sets_it() -> None:
+    """``BurstConfig.gradient_checkpointing`` None keeps the device plan's (on with CUDA, off on the CPU);
+    True or False overrides it in the plan (which the lineage records) and in the trainer arguments, even
+    for a plan not made by :func:`burst_plan` (the GPU benchmark's)."""
+    cuda = device_plan("cuda", cuda_available=True, bf16_supported=True, flash_attn=False, torch_varlen=False)
+    cpu = device_plan("cpu", cuda_available=False)
+    for plan, default in ((cuda, True), (cpu, False)):
+        assert burst_plan(BurstConfig(), plan).trainer_args["gradient_checkpointing"] is default
+        assert sft_arguments(BurstConfig(), plan, ["messages"])["gradient_checkpointing"] is default
+        for switch in (True, False):
+            config = BurstConfig(gradient_checkpointing=switch)
+            assert burst_plan(config, plan).trainer_args["gradient_checkpointing"] is switch
+            assert sft_arguments(config, plan, ["messages"])["gradient_checkpointing"] is switch
+    assert burst_plan(BurstConfig(gradient_checkpointing=False), cuda).trainer_args["bf16"] is True  # rest kept
+
+
 def test_auto_is_the_cpu_in_float32_without_a_gpu_and_cuda_is_refused() -> None:
     plan = device_plan("auto", cuda_available=False, flash_attn=True)
     assert (plan.device, plan.dtype, plan.attention) == ("cpu", "float32", "sdpa")
