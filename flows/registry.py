@@ -75,7 +75,17 @@ _IMAGES_TEXT = ("image names repo:tag[@sha256:<64 hex>] relative to the registry
                 "the registry's address; give exactly one of images or dataset_path")
 
 
-class MigrateParams(StageParams):
+class ImageSelection(StageParams):
+    """The images a registry flow works on: ``images``, or the ``image_column`` of ``dataset_path``
+    (exactly one of the two; the base of :class:`MigrateParams` and :class:`RegistryAuditParams`)."""
+
+    images: tuple[str, ...] | None = Field(None, description=_IMAGES_TEXT)
+    dataset_path: Path | None = Field(None, description="a JSONL file whose image_column holds the image names; "
+                                                        "None: images")
+    image_column: str = Field("image", min_length=1, description="the dataset_path column holding the image names")
+
+
+class MigrateParams(ImageSelection):
     """The ``migrate-images`` flow's parameters (the migrate deployment's defaults are the model's).
 
     Attributes:
@@ -98,10 +108,6 @@ class MigrateParams(StageParams):
     target: str | RegistryEndpoint = Field(RegistryEndpoint(address=_DEMO_REGISTRIES.target_address),
                                            description=f"the registry copied into: {_ENDPOINT_FORMS}; default "
                                                        f"the demo's target {_DEMO_REGISTRIES.target_address}")
-    images: tuple[str, ...] | None = Field(None, description=_IMAGES_TEXT)
-    dataset_path: Path | None = Field(None, description="a JSONL file whose image_column holds the image names; "
-                                                        "None: images")
-    image_column: str = Field("image", min_length=1, description="the dataset_path column holding the image names")
     limits: migrate.TransferLimits = Field(
         migrate.TransferLimits(), description="max_size_bytes (larger images are skipped, bytes), concurrency_limit "
                                               "(images at once against the target, 1-64), rate_limit_per_s (images "
@@ -111,7 +117,7 @@ class MigrateParams(StageParams):
                                                     "$FORGEFLOW_HOME/store.db")
 
 
-class RegistryAuditParams(StageParams):
+class RegistryAuditParams(ImageSelection):
     """The ``registry-audit`` flow's parameters (the registry-audit deployment's defaults are the model's).
 
     Attributes:
@@ -128,10 +134,6 @@ class RegistryAuditParams(StageParams):
     target: str | RegistryEndpoint = Field(RegistryEndpoint(address=_DEMO_REGISTRIES.target_address),
                                            description=f"the registry audited: {_ENDPOINT_FORMS}; default "
                                                        f"the demo's target {_DEMO_REGISTRIES.target_address}")
-    images: tuple[str, ...] | None = Field(None, description=_IMAGES_TEXT)
-    dataset_path: Path | None = Field(None, description="a JSONL file whose image_column holds the image names; "
-                                                        "None: images")
-    image_column: str = Field("image", min_length=1, description="the dataset_path column holding the image names")
     store_url: str | None = Field(None, description="the store's SQLAlchemy URL: recorded states beside the "
                                                     "registry's, contradicted rows put back to pending; None: the "
                                                     "registry only")
