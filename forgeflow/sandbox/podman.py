@@ -347,13 +347,13 @@ class PodmanSandbox:
             pass  # podman ended before reading it: its exit status and stderr below say why
         out.started.wait(timeout=600)  # set at the start mark, or when podman ends without one
         if out.start_s is not None:
+            self.setup_s = out.start_s - t0
             out.ended.wait(timeout=max(0.0, timeout_s - (time.monotonic() - out.start_s)))
             if out.exit_code is not None:
                 err.ended.wait(timeout=30)  # the same mark on stderr follows at once
         if out.start_s is None or out.exit_code is None or err.exit_code is None:
             return self._once_failed(proc, out, err, command, timeout_s, t0)
-        self.setup_s = out.start_s - t0
-        duration = time.monotonic() - out.start_s
+        duration = (out.end_s or time.monotonic()) - out.start_s
         exit_code = out.exit_code
         init_pid = pidfile.read_text().strip() if pidfile.is_file() else ""
         self._find_cgroup_files(init_pid)  # the container still runs: its wrapper waits on stdin
@@ -461,6 +461,7 @@ class _Stream:
         self.data = bytearray()
         self.started, self.ended, self.done = threading.Event(), threading.Event(), threading.Event()
         self.start_s: float | None = None
+        self.end_s: float | None = None
         self.exit_code: int | None = None
         self._begin = -1
         self._end = -1
@@ -481,6 +482,7 @@ class _Stream:
                     scanned = len(self.data)
                     if match is not None:
                         self._end, self.exit_code = match.start(), int(match.group(1))
+                        self.end_s = time.monotonic()
                         self.ended.set()
         except (OSError, ValueError):
             pass
