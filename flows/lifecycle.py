@@ -12,7 +12,9 @@ and the baseline keeps serving.
 
 Every stage is a subflow run (flow ``lifecycle-stage``, run named after the stage; the four stages of the
 promotion transaction share the run ``promote``) whose tasks have the resumable cache policy, so a second
-run of the same inputs is answered from Prefect's cache; the store (SQL) records the domain facts with
+run of the same inputs is answered from Prefect's cache. The migrate, freeze, base model, serve, burst and package
+stages run the flow a user runs alone (``migrate-images``, ``freeze``, ``base-model``, ``serve``, ``sft-burst``,
+``package``) as a subflow of their stage run: one code path. The store (SQL) records the domain facts with
 natural keys (upserts), and ``summary.json`` records each stage's status, counts, digests and
 wall seconds.
 """
@@ -38,6 +40,8 @@ from flows.stages import base_model as base_model_flow
 from flows.stages import freeze as freeze_flow
 from flows.stages import package as package_flow
 from flows.stages import serve as serve_flow
+from flows.training import BurstResult, SFTBurstParams, SFTHyperParams
+from flows.training import sft_burst as sft_burst_flow
 from forgeflow.common.errors import MigrationIncompleteError, PreflightError
 from forgeflow.common.settings import apply_container_env
 from forgeflow.common.settings import store_url as default_store_url
@@ -206,7 +210,7 @@ def _run_stages(run: _Run) -> dict[str, Any]:
         "artifacts": {name: {"path": str(a.path), "sha256": a.sha256} for name, a in
                       {**{f"base-{q}": a for q, a in base_gguf.items()},
                        **{f"candidate-{q}": a for q, a in ggufs.items()}}.items()}
-        | {"adapter": {"path": str(adapter.path), "sha256": adapter.sha256},
+        | {"adapter": {"path": str(adapter.adapter_path), "sha256": adapter.adapter_sha256},
            "freeze_manifest": {"path": str(manifest.path), "sha256": manifest.file_sha256},
            "freeze_bundle": {"path": str(manifest.bundle_path), "sha256": manifest.bundle_sha256},
            "compare_report": {"path": str(files.report_path), "sha256": files.report_sha256},
@@ -439,40 +443,35 @@ def _base_model(run: _Run) -> tuple[Any, dict[str, Any]]:
     return base_model, base_gguf
 
 
-def _burst(run: _Run, base_model: Any, train: list[_TaskImage], envs: dict[str, _Env]) -> Any:
-    """10. burst: SFT samples from the Oracle solutions of the train split, one LoRA burst; returns
-    the adapter pinned under its content address (models/adapters/<sha256>)."""
+def _burst(run: _Run, base_model: Any, train: list[_TaskImage], envs: dict[str, _Env]) -> BurstResult:
+    """10. burst: SFT samples from the Oracle solutions of the train split, written as JSONL
+    (``samples/oracle-sft.jsonl``), then the ``sft-burst`` flow (as a subflow) on them: preflight, one LoRA burst
+    in ``models/sft-adapter``, the adapter pinned under its content address (``models/adapters/<sha256>``) and
+    recorded in the store with the base model as its parent. Returns the flow's :class:`BurstResult`."""
     config, out_dir = run.config, run.out_dir
     with run.log.stage("burst") as st:
         sft_samples = training_tasks.oracle_samples([(t.candidate, envs[t.repo].checkout, t.verdict().FAIL_TO_PASS)
-                                              for t in train])
-        burst_config = config.burst.burst_config(config.seed)
-        # preflight before any model loads (templates, disk space); a failure fails the stage with every
-        # problem listed. A check, not stage work: left out of the stage's run/cached counts.
-        training_tasks.burst_preflight(base_model.path, out_dir / "models" / "adapter", burst_config.lora_r,
-                                       burst_config.lora_target_modules)
-        adapter = run.log.call(training_tasks.sft_burst, base_model.path, base_model.sha256, sft_samples,
-                               out_dir / "models" / "adapter", burst_config, None, run.run_id)
-        # models/adapter is the burst's working folder, reused by the next burst: the ledger and the
-        # package stage use the adapter's content-addressed copy models/adapters/<sha256> instead
-        adapter = training_tasks.pin_adapter(adapter, out_dir / "models" / "adapters")
-        record_rows(run.store_url, "model_artifacts", [records.ModelArtifactRecord(
-            sha256=adapter.sha256, kind="adapter", path=str(adapter.path), parent_sha256=base_model.sha256,
-            lineage=adapter.lineage.model_dump(mode="json"), run_id=run.run_id)])
+                                                     for t in train])
+        samples_jsonl = training_tasks.write_sft_jsonl(sft_samples, out_dir / "samples" / "oracle-sft.jsonl")
+        burst = config.burst
+        adapter = sft_burst_flow(SFTBurstParams(
+            hf_dir=base_model.path, samples_jsonl=samples_jsonl, out_dir=out_dir / "models",
+            training=SFTHyperParams(steps=burst.max_steps, learning_rate=burst.learning_rate, lora_r=burst.lora_r,
+                                    max_length=burst.max_length_tokens, seed=config.seed)))
         st["counts"] = {"samples": len(sft_samples), "steps": adapter.steps}
-        st["digests"] = {"adapter": adapter.sha256, "dataset": adapter.lineage.dataset_sha256}
-        st["paths"] = {"adapter": str(adapter.path)}
+        st["digests"] = {"adapter": adapter.adapter_sha256, "dataset": adapter.dataset_sha256}
+        st["paths"] = {"adapter": str(adapter.adapter_path), "samples": str(samples_jsonl)}
     return adapter
 
 
-def _package(run: _Run, base_model: Any, adapter: Any) -> dict[str, Any]:
+def _package(run: _Run, base_model: Any, adapter: BurstResult) -> dict[str, Any]:
     """11. package: the ``package`` flow (as a subflow): merge -> GGUF f16 -> quantize -> check -> load
     [-> metadata edits -> check -> load], each artifact recorded; the GGUFs by quantization type."""
     config = run.config
     with run.log.stage("package") as st:
-        package_dir = run.out_dir / "models" / "candidate-gguf" / adapter.sha256[:16]  # one folder per adapter
+        package_dir = run.out_dir / "models" / "candidate-gguf" / adapter.adapter_sha256[:16]  # one folder per adapter
         ggufs = package_flow(PackageParams(hf_dir=base_model.path, out_dir=package_dir,
-                                           quantizations=config.package.quantizations, adapter_dir=adapter.path,
+                                           quantizations=config.package.quantizations, adapter_dir=adapter.adapter_path,
                                            metadata_edits=config.package.metadata_edits)).artifacts
         st["digests"] = {q: a.sha256 for q, a in ggufs.items()}
         st["paths"] = {q: str(a.path) for q, a in ggufs.items()}

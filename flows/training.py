@@ -26,6 +26,7 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 from pydantic import BaseModel, ConfigDict
 
+from flows.stagekit import run_task
 from flows.training_params import (
     PPOJob,
     PPOParams,
@@ -163,6 +164,11 @@ def sft_burst(params: SFTBurstParams) -> BurstResult:
             * ``out_dir``: default ``$FORGEFLOW_HOME/models``; the burst trains in ``<out_dir>/sft-adapter``
               and pins the result to ``<out_dir>/adapters/<sha256>``.
 
+    The lifecycle's burst stage runs this flow as a subflow (``out_dir`` = the run's ``models`` folder); the burst
+    task runs through :func:`flows.stagekit.run_task`, so that stage is ``cached`` when the burst came from
+    Prefect's cache (its key: the base model's digest and folder, the rows, ``<out_dir>/sft-adapter``, the
+    hyper-parameters, the parent; not the run id).
+
     Returns:
         The :class:`BurstResult`.
 
@@ -182,8 +188,12 @@ def sft_burst(params: SFTBurstParams) -> BurstResult:
     training_tasks.burst_preflight(hf_dir, work, config.lora_r, config.lora_target_modules)
     base_sha = training_tasks.tree_digest(hf_dir, "base-model")
     run_id = _run_id()
-    adapter = training_tasks.sft_burst(hf_dir, base_sha, inputs.rows, work, config, parent_dir, run_id)
-    adapter = pin_adapter(adapter, models / "adapters")
+    # run_task: inside a lifecycle stage the burst is counted (cached on a re-run of the same inputs); the
+    # checks, digests, pin and record above and below are not cached, so they stay out of the stage's counts
+    adapter = run_task(training_tasks.sft_burst, hf_dir, base_sha, inputs.rows, work, config, parent_dir, run_id)
+    # <out_dir>/sft-adapter is the working folder, reused by the next burst: the store and whoever packages
+    # the adapter use its content-addressed copy <out_dir>/adapters/<sha256>
+    adapter = training_tasks.pin_adapter(adapter, models / "adapters")
     return _record(adapter, hf_dir, base_sha, run_id, "sft-burst", "sft-burst")
 
 

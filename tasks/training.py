@@ -4,6 +4,7 @@ training flows' input checks, digests, records and window datasets (their store 
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -13,7 +14,7 @@ from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE
 from pydantic import BaseModel, ConfigDict
 
 from forgeflow.common.errors import InputError
-from forgeflow.common.fsutil import sha256_tree
+from forgeflow.common.fsutil import atomic_write_text, sha256_tree
 from forgeflow.ledger.records import ModelArtifactRecord
 from forgeflow.ledger.store import Store
 from forgeflow.sandbox.backends import SandboxTarget
@@ -134,6 +135,16 @@ def oracle_samples(tasks: list[tuple[Any, Path, list[str]]]) -> list[dict[str, A
     """SFT rows from the Oracle solutions of accepted tasks (candidate, its project checkout, its
     FAIL_TO_PASS): :func:`forgeflow.training.samples.oracle_samples`."""
     return samples.oracle_samples(tasks)
+
+
+@task(cache_policy=NO_CACHE)
+def write_sft_jsonl(rows: list[dict[str, Any]], path: Path) -> Path:
+    """Write SFT rows (``{"messages": [...], ...}``, e.g. :func:`oracle_samples`') to ``path`` as JSONL, one
+    row per line (atomically), the file the ``sft-burst`` flow reads
+    (:func:`forgeflow.training.jsonl.read_sft_jsonl`). Not cached: the file is rewritten each run. Returns ``path``."""
+    path = Path(path)
+    atomic_write_text(path, "".join(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n" for row in rows))
+    return path
 
 
 @task(cache_policy=NO_CACHE)

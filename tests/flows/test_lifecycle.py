@@ -117,6 +117,7 @@ def test_the_run_shows_each_stage_as_a_subflow_run_with_its_own_task_runs(first_
         assert child_flows("freeze") == ["freeze"]
         assert child_flows("base_model") == ["package"]  # the tiny model: built by a task, packaged by the flow
         assert child_flows("serve_baseline") == ["serve"]
+        assert child_flows("burst") == ["sft-burst"]  # the flow records the adapter (parent: the base model)
         assert child_flows("package") == ["package"]
         # the package flow's own task ran inside it: the stage's counts include it (cached on the second run)
         assert first_run["stages"]["package"]["tasks_run"] >= 1
@@ -153,6 +154,17 @@ def test_store_holds_one_row_per_natural_key(first_run):
     assert [(g.generation, g.status) for g in generations] == [(1, "retired")]
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", generations[-1].port), timeout=1)
+
+    # the sft-burst flow recorded the adapter with the base model as its parent (one base row, not a second one):
+    # the candidate GGUF traces back through the adapter to the base model
+    from forgeflow.packaging.lineage import lineage_of
+
+    base_sha, adapter_sha = first_run["stages"]["base_model"]["digests"]["hf"], first_run["artifacts"]["adapter"]["sha256"]
+    assert [a.sha256 for a in store.model_artifacts() if a.kind == "base"] == [base_sha]
+    assert [p.parent_sha256 for p in store.producers(adapter_sha)] == [base_sha]
+    chain = [(step.sha256, step.kind) for step in lineage_of(store, first_run["artifacts"]["candidate-Q8_0"]["sha256"]).chain]
+    assert chain[0] == (base_sha, "base") and (adapter_sha, "adapter") in chain
+    assert chain[-1][0] == first_run["artifacts"]["candidate-Q8_0"]["sha256"]
 
 
 def test_second_run_is_answered_from_cache(first_run, mini_config):
