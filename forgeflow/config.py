@@ -27,7 +27,6 @@ from forgeflow.packaging.gguf_metadata import MetadataEdit
 from forgeflow.registry.layout import ShardLayout
 from forgeflow.registry.migration import TransferLimits
 from forgeflow.sandbox.trial import ValidationChecks, ValidationSettings
-from forgeflow.training.burst import BurstConfig
 
 DEMO_PROJECTS = ("boltons", "cachetools", "inflection", "six", "tabulate", "toolz")
 
@@ -193,7 +192,8 @@ class CanarySettings(BaseModel):
 
 
 class BurstSettings(BaseModel):
-    """The SFT burst on the train split's Oracle solutions.
+    """The SFT burst on the train split's Oracle solutions (the lifecycle runs the ``sft-burst`` flow with
+    these as its ``params.training``, the run's seed as the training seed).
 
     Attributes:
         max_steps: Optimizer steps.
@@ -208,12 +208,6 @@ class BurstSettings(BaseModel):
     learning_rate: float = Field(1e-3, gt=0, description="LoRA learning rate")
     lora_r: int = Field(8, ge=1, le=256, description="LoRA rank")
     max_length_tokens: int = Field(4096, ge=64, description="tokens per SFT sample (mini-swe-agent prompts are long)")
-
-    def burst_config(self, seed: int) -> BurstConfig:
-        """The :class:`~forgeflow.training.burst.BurstConfig` of the burst (training ``seed``: the
-        run's; other fields at their defaults)."""
-        return BurstConfig(max_steps=self.max_steps, learning_rate=self.learning_rate, lora_r=self.lora_r,
-                           max_length=self.max_length_tokens, seed=seed)
 
 
 class PackageSettings(BaseModel):

@@ -121,7 +121,6 @@ def test_what_the_stages_pass_to_their_tasks_is_unchanged_for_the_demo_defaults(
     from forgeflow.registry.layout import ShardLayout
     from forgeflow.registry.migration import TransferLimits
     from forgeflow.sandbox.trial import ValidationChecks
-    from forgeflow.training.burst import BurstConfig
 
     config = LifecycleConfig()
     made = {
@@ -132,15 +131,13 @@ def test_what_the_stages_pass_to_their_tasks_is_unchanged_for_the_demo_defaults(
         "layout": (config.prewarm.layout(), ShardLayout(shards=8, lanes=2, tag_cap=100)),
         "agent": (config.canary.agent_config(config.seed),
                   AgentConfig(step_limit=3, max_tokens=96, agent_timeout_s=300.0, seed=0)),
-        "burst": (config.burst.burst_config(config.seed),
-                  BurstConfig(max_steps=4, learning_rate=1e-3, lora_r=8, max_length=4096, seed=0)),
         "transfer": (config.registries.transfer, TransferLimits(max_size_bytes=2_000_000_000)),
         "checks": (config.validation.checks, ValidationChecks()),
     }
     for name, (now, flat) in made.items():
         assert type(now) is type(flat), name
         assert now.model_dump(mode="json") == flat.model_dump(mode="json"), name
-    assert config.canary.agent_config(7).seed == 7 and config.burst.burst_config(7).seed == 7
+    assert config.canary.agent_config(7).seed == 7
 
 
 def test_freeze_inputs_keep_the_flat_keys_and_values_recorded_before_the_groups() -> None:
