@@ -12,11 +12,11 @@ and the baseline keeps serving.
 
 Every stage is a subflow run (flow ``lifecycle-stage``, run named after the stage; the four stages of the
 promotion transaction share the run ``promote``) whose tasks have the resumable cache policy, so a second
-run of the same inputs is answered from Prefect's cache. The migrate, freeze, base model, serve, burst and package
-stages run the flow a user runs alone (``migrate-images``, ``freeze``, ``base-model``, ``serve``, ``sft-burst``,
-``package``) as a subflow of their stage run: one code path. The store (SQL) records the domain facts with
-natural keys (upserts), and ``summary.json`` records each stage's status, counts, digests and
-wall seconds.
+run of the same inputs is answered from Prefect's cache. The migrate, freeze, base model, serve, burst, package and
+compare stages run the flow a user runs alone (``migrate-images``, ``freeze``, ``base-model``, ``serve``, ``sft-burst``,
+``package``, ``compare``: the last on the two canary jobs as stored) as a subflow of their stage run: one
+code path. The store (SQL) records the domain facts with natural keys (upserts), and ``summary.json`` records
+each stage's status, counts, digests and wall seconds.
 """
 
 from __future__ import annotations
@@ -35,8 +35,9 @@ from blocks.core import RegistryEndpoint
 from flows.registry import MigrateParams, registry_blocks, repository_prefix, run_registries
 from flows.registry import migrate_images as migrate_images_flow
 from flows.stagekit import StageLog, run_stage_flow
-from flows.stages import BaseModelParams, FreezeParams, PackageParams, ServeParams
+from flows.stages import BaseModelParams, CompareParams, CompareResult, FreezeParams, PackageParams, ServeParams
 from flows.stages import base_model as base_model_flow
+from flows.stages import compare as compare_flow
 from flows.stages import freeze as freeze_flow
 from flows.stages import package as package_flow
 from flows.stages import serve as serve_flow
@@ -63,13 +64,11 @@ from forgeflow.sandbox.trial import ValidationOutcome
 from forgeflow.serving import bluegreen
 from forgeflow.serving.backend import BackendConfig
 from tasks import curation
-from tasks import evaluation as evaluation_tasks
 from tasks import packaging as packaging_tasks
 from tasks import registry as registry_tasks
 from tasks import serving as serving_tasks
 from tasks import training as training_tasks
 from tasks.common import record_rows, table_artifact, upgrade_store
-from tasks.evaluation import ComparisonFiles
 
 MODEL_ALIAS = "forgeflow"
 
@@ -184,15 +183,14 @@ def _run_stages(run: _Run) -> dict[str, Any]:
     served_base = base_gguf[config.serving.quantization]
     agent_config = config.canary.agent_config(config.seed)
     serving = run_stage_flow("serve_baseline", _serve_baseline, run, served_base, base_model.path)
-    baseline_trials = run_stage_flow("canary_baseline", _canary, run, "canary_baseline", test_tasks,
+    baseline_job = run_stage_flow("canary_baseline", _canary, run, "canary_baseline", test_tasks,
                                      serving.base_url, served_base.sha256, agent_config)
     adapter = run_stage_flow("burst", _burst, run, base_model, [by_id[i] for i in manifest.splits["train"]], envs)
     ggufs = run_stage_flow("package", _package, run, base_model, adapter)
     # serve_stage, canary_candidate, compare and serve_swap: one transaction, one subflow run
-    comparison, files = run_stage_flow("promote", _stage_and_promote, run,
-                                                        ggufs[config.serving.quantization], test_tasks,
-                                                        baseline_trials, agent_config)
-    paired, decision = comparison.paired, comparison.decision
+    comparison = run_stage_flow("promote", _stage_and_promote, run, ggufs[config.serving.quantization], test_tasks,
+                                baseline_job, agent_config)
+    paired, decision, files = comparison.paired, comparison.decision, comparison.files
     emit_event("forgeflow.lifecycle.completed",
                resource={"prefect.resource.id": f"forgeflow.freeze.{config.freeze.name}"},
                payload={"mcnemar_p": paired.mcnemar_p})
@@ -478,14 +476,14 @@ def _package(run: _Run, base_model: Any, adapter: BurstResult) -> dict[str, Any]
     return ggufs
 
 
-def _stage_and_promote(run: _Run, served_new: Any, test_tasks: list[_TaskImage], baseline_trials: list,
-                       agent_config: agent.AgentConfig) -> tuple[Any, ComparisonFiles]:
+def _stage_and_promote(run: _Run, served_new: Any, test_tasks: list[_TaskImage], baseline_job: str,
+                       agent_config: agent.AgentConfig) -> CompareResult:
     """12. stage the candidate on the idle port (health + smoke gate), the recorded endpoint unchanged;
     13. canary it there; 14. compare + promotion gate; 15. promote (switch, stop old) or discard.
 
     One Prefect transaction: any failure after staging rolls back (the stage task's rollback hook
-    stops the staged server; the recorded endpoint never moved). Returns the comparison and the
-    paths of its report and plot.
+    stops the staged server; the recorded endpoint never moved). Returns the ``compare`` flow's
+    result (the comparison, the gate's decision, the report and plot with their digests).
     """
     log = run.log
     with transaction():
@@ -493,9 +491,9 @@ def _stage_and_promote(run: _Run, served_new: Any, test_tasks: list[_TaskImage],
             staged = log.call(serving_tasks.stage_server, run.state_path, served_new.path, served_new.sha256,
                               run.serving)
             st["counts"] = {"port": staged.port, "smoke_tokens": staged.gate.smoke_tokens}
-        candidate_trials = _canary(run, "canary_candidate", test_tasks, staged.base_url, served_new.sha256,
-                                   agent_config)
-        comparison, files = _compare(run, baseline_trials, candidate_trials, test_tasks)
+        candidate_job = _canary(run, "canary_candidate", test_tasks, staged.base_url, served_new.sha256,
+                                agent_config)
+        comparison = _compare(run, baseline_job, candidate_job)
         decision = comparison.decision
         with log.stage("serve_swap") as st:
             if decision.verdict == "promote":
@@ -508,30 +506,31 @@ def _stage_and_promote(run: _Run, served_new: Any, test_tasks: list[_TaskImage],
                 log.call(serving_tasks.discard_server, staged)
                 st["counts"] = {"promoted": 0}
                 st["decision"] = f"{decision.verdict}: {decision.reason}"
-    return comparison, files
+    return comparison
 
 
-def _compare(run: _Run, baseline_trials: list, candidate_trials: list,
-             test_tasks: list[_TaskImage]) -> tuple[Any, ComparisonFiles]:
-    """14. the paired comparison baseline vs candidate and the promotion gate's decision; writes
-    compare.md and compare.png. Returns the comparison and both files with their digests."""
-    config, out_dir = run.config, run.out_dir
+def _compare(run: _Run, baseline_job: str, candidate_job: str) -> CompareResult:
+    """14. the paired comparison baseline vs candidate and the promotion gate's decision: the ``compare``
+    flow (as a subflow) on the two canary jobs as recorded in the store, each job's own trials (no
+    recovery jobs merged: the gate decides on what this run canaried); writes compare.md and
+    compare.png. Returns the flow's result (the comparison and both files with their digests)."""
+    config = run.config
     with run.log.stage("compare") as st:
-        repo_of = {t.instance_id: t.repo for t in test_tasks}
-        comparison = run.log.call(evaluation_tasks.compare_jobs, baseline_trials, candidate_trials, "baseline",
-                                  "candidate", repo_of, config.promotion, config.seed)
-        paired, report_path = comparison.paired, out_dir / "compare.md"
-        files = evaluation_tasks.write_comparison(comparison, report_path, ("baseline", "candidate"))
+        result = compare_flow(CompareParams(job_a=baseline_job, job_b=candidate_job,
+                                            report_path=run.out_dir / "compare.md", merge_recovery=False,
+                                            seed=config.seed, gate=config.promotion))
+        paired, files = result.paired, result.files
         st["counts"] = {"pairs": paired.n_pairs, "wins": paired.wins, "ties": paired.ties, "losses": paired.losses}
-        st["decision"] = comparison.decision.model_dump(mode="json")
+        st["decision"] = result.decision.model_dump(mode="json")
         st["digests"] = {"report": files.report_sha256, "plot": files.plot_sha256}
         st["paths"] = {"report": str(files.report_path), "plot": str(files.plot_path)}
-    return comparison, files
+    return result
 
 
 def _canary(run: _Run, stage: str, test_tasks: list[_TaskImage], base_url: str, model_sha256: str,
-            agent_config: agent.AgentConfig) -> list:
-    """Agent trials on the frozen test split against the active endpoint (one job)."""
+            agent_config: agent.AgentConfig) -> str:
+    """Agent trials on the frozen test split against the active endpoint (one job, recorded in the
+    store with its trials); returns the job id (``<stage>-<model sha256[:12]>``)."""
     from flows.canary import (  # the standalone canary flow runs the same job
         CanaryJobRun,
         run_canary_job,
@@ -552,7 +551,7 @@ def _canary(run: _Run, stage: str, test_tasks: list[_TaskImage], base_url: str, 
                                         "verifier_timeout_s": config.validation.verifier_timeout_s,
                                         "generated_path": str(out_dir / generated.GENERATED_FILE),
                                         "trajectories_dir": str(out_dir / "trajectories" / job_id)})
-        trials, _ = run_canary_job(run.log, st, stage, CanaryJobRun(
+        run_canary_job(run.log, st, stage, CanaryJobRun(
             job, tasks, base_url, MODEL_ALIAS, agent_config, out_dir / "trajectories" / job_id,
             config.validation.verifier_timeout_s, config.canary.concurrency), run.store_url)
-    return trials
+    return job_id

@@ -22,7 +22,7 @@ from forgeflow.common.settings import home_dir
 from forgeflow.config import LifecycleConfig
 from forgeflow.curation.freeze import AcceptedTask, FreezeManifest, SplitQuotas, validate_freeze_name
 from forgeflow.evaluation import compare as comparison
-from forgeflow.evaluation.compare.gate import GatePolicy
+from forgeflow.evaluation.compare.gate import Decision, GatePolicy
 from forgeflow.ledger import records
 from forgeflow.packaging.checkpoint import BaseModelSource, CheckpointRecord
 from forgeflow.packaging.gguf import GGUFArtifact, QuantSpec, quant_plan
@@ -137,8 +137,34 @@ class CompareParams(StageParams):
                                                       "from 3 repositories, 5 points of tolerated drop, alpha 0.05)")
 
 
+class CompareResult(BaseModel):
+    """What the ``compare`` flow found and wrote.
+
+    Attributes:
+        job_a / job_b: the two jobs compared (merged with their recovery jobs when asked: see the labels).
+        paired: wins/ties/losses, exact McNemar and the delta interval.
+        decision: the promotion gate's verdict under the run's gate settings.
+        report_a / report_b: each job's accounting (scored, passed, exceptions, pass rate).
+        costs: mean input tokens, agent steps and wall seconds over the pairs, ratios B / A.
+        excluded: instances left out of the pairs, with reasons.
+        files: the markdown report and its PNG, with their sha256.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    job_a: comparison.MergedJob
+    job_b: comparison.MergedJob
+    paired: comparison.PairedComparison
+    decision: Decision
+    report_a: comparison.JobReport
+    report_b: comparison.JobReport
+    costs: comparison.CostComparison
+    excluded: list[comparison.ExcludedTask]
+    files: evaluation_tasks.ComparisonFiles
+
+
 @flow(name="compare", log_prints=True)
-def compare(params: CompareParams) -> comparison.PairedComparison:
+def compare(params: CompareParams) -> CompareResult:
     """Paired comparison of two canary jobs recorded in the store, on the same frozen split.
 
     Writes the markdown report (wins/ties/losses, exact McNemar, the delta interval — Newcombe's
@@ -148,20 +174,31 @@ def compare(params: CompareParams) -> comparison.PairedComparison:
     ``params.merge_recovery`` is False, and said so) and beside it a PNG (pass rates with Wilson
     intervals, wins/losses per repository) that the report and the markdown artifact show.
 
+    The comparison is cached on what it reads from the store (``tasks.evaluation.compare_stored_jobs``);
+    the report, plot and artifact are written on every run. The lifecycle's compare stage runs this
+    flow as a subflow on its two canary jobs.
+
     Args:
         params: :class:`CompareParams` (the two jobs, report path, recovery merge, seed, gate).
+
+    Returns:
+        :class:`CompareResult`: the comparison, the gate's decision, and the files with their digests.
 
     Raises:
         InputError: a job has no trials in the store, or the jobs ran different frozen splits.
     """
     job_a, job_b = params.job_a, params.job_b
     md_path = Path(params.report_path or home_dir() / f"compare-{job_a}-vs-{job_b}.md")
-    result = evaluation_tasks.compare_stored(job_a, job_b, md_path, params.merge_recovery, params.seed, params.gate)
+    result = run_task(evaluation_tasks.compare_stored_jobs, job_a, job_b, params.merge_recovery, params.seed,
+                      params.gate, md_path.with_suffix(".png").name)
+    files = evaluation_tasks.write_stored_comparison(result, md_path)
     paired = result.paired
     get_run_logger().info("wins %d ties %d losses %d, McNemar p %.3g; excluded %d; promotion gate: %s (%s); report %s",
                           paired.wins, paired.ties, paired.losses, paired.mcnemar_p, len(result.excluded),
                           result.decision.verdict, result.decision.reason, md_path)
-    return paired
+    return CompareResult(job_a=result.job_a, job_b=result.job_b, paired=paired, decision=result.decision,
+                         report_a=result.report_a, report_b=result.report_b, costs=result.costs,
+                         excluded=result.excluded, files=files)
 
 
 class PackageResult(BaseModel):

@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 import httpx
 from prefect import task
-from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE
+from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE, CacheKeyFnPolicy
 from prefect.states import Completed
 from pydantic import BaseModel, ConfigDict
 
@@ -250,12 +250,55 @@ def job_trial_rows(job_id: str) -> list[dict[str, Any]]:
              "verifier_s": (t.timings or {}).get("verifier_s")} for t in _store().trials_for(job_id=job_id)]
 
 
+def _stored_jobs_key(_context: Any, parameters: dict[str, Any]) -> str:
+    """Cache key part of :func:`compare_stored_jobs`: a digest of what it reads from the store — both
+    jobs as merged (label, freeze, split, model, recovery jobs; per trial the instance, reward,
+    exception, tokens, steps and timings) and the repository of each of their tasks — so a recovery
+    job, a voided trial or a changed task row is a new key. A job it cannot read gives a key that
+    never hits: the task runs and raises the store's error."""
+    import hashlib
+    import json
+    import uuid
+
+    store = _store()
+    try:
+        jobs = [compare.merged_job(store, parameters[k], include_recovery=parameters.get("merge_recovery", True))
+                for k in ("job_a", "job_b")]
+    except InputError:
+        return uuid.uuid4().hex
+    facts = [{"label": j.label, "freeze": j.freeze_name, "split": j.split, "model": j.model_sha256,
+              "recorded": j.recorded, "from_recovery": j.from_recovery,
+              "trials": [[t.instance_id, t.reward, t.exception_type, t.exception_message, t.input_tokens,
+                          t.agent_steps, t.timings] for t in j.trials]} for j in jobs]
+    ids = sorted({t.instance_id for j in jobs for t in j.trials})
+    repos = {i: getattr(store.get_task(i), "repo", None) for i in ids}
+    return hashlib.sha256(json.dumps([facts, repos], sort_keys=True, default=str).encode()).hexdigest()
+
+
+@task(cache_policy=RESUMABLE + CacheKeyFnPolicy(cache_key_fn=_stored_jobs_key),
+      task_run_name="compare-{job_a}-vs-{job_b}")
+def compare_stored_jobs(job_a: str, job_b: str, merge_recovery: bool = True, seed: int = 0,
+                        gate_policy: gate.GatePolicy | None = None,
+                        plot_file: str | None = None) -> compare.StoredJobsComparison:
+    """Compare two stored canary jobs (:func:`forgeflow.evaluation.compare.compare_stored_jobs`; the
+    markdown embeds ``plot_file``). Cached on its inputs, its source and what it reads from the store
+    (:func:`_stored_jobs_key`): the same jobs with the same trials give the same comparison; a job that
+    gained a recovery job (when merged) or a voided trial is compared anew.
+
+    Raises:
+        InputError: as :func:`~forgeflow.evaluation.compare.compare_stored_jobs` (missing jobs, other splits).
+    """
+    return compare.compare_stored_jobs(_store(), job_a, job_b, merge_recovery=merge_recovery, seed=seed,
+                                       plot_file=plot_file, gate=gate_policy)
+
+
 @task(cache_policy=NO_CACHE, task_run_name="compare-{job_a}-vs-{job_b}")
 def compare_stored(job_a: str, job_b: str, md_path: Path, merge_recovery: bool = True, seed: int = 0,
                    gate_policy: gate.GatePolicy | None = None) -> compare.StoredJobsComparison:
     """Compare two stored canary jobs (:func:`forgeflow.evaluation.compare.compare_stored_jobs`) and write
     the markdown report at ``md_path`` with its PNG beside it (``md_path`` with suffix ``.png``), and
-    the ``compare-standalone`` markdown artifact. Not cached: the jobs may have gained recovery jobs.
+    the ``compare-standalone`` markdown artifact (:func:`write_stored_comparison`'s). Not cached: the
+    jobs may have gained recovery jobs.
 
     Returns:
         The comparison, with the promotion gate's decision under ``gate_policy``.
@@ -263,12 +306,16 @@ def compare_stored(job_a: str, job_b: str, md_path: Path, merge_recovery: bool =
     Raises:
         InputError: as :func:`~forgeflow.evaluation.compare.compare_stored_jobs` (missing jobs, other splits).
     """
-    png_path = md_path.with_suffix(".png")
-    result = compare.compare_stored_jobs(_store(), job_a, job_b, merge_recovery=merge_recovery, seed=seed,
-                                         plot_file=png_path.name, gate=gate_policy)
-    _write_report(result, result.markdown, md_path, (job_a, job_b), "compare-standalone",
-                  f"{result.job_a.label} vs {result.job_b.label}", f"\nReport: `{md_path}`; plot: `{png_path}`\n")
+    result = compare_stored_jobs.fn(job_a, job_b, merge_recovery, seed, gate_policy, md_path.with_suffix(".png").name)
+    _write_stored_report(result, md_path)
     return result
+
+
+def _write_stored_report(result: compare.StoredJobsComparison, md_path: Path) -> Path:
+    png_path = md_path.with_suffix(".png")
+    return _write_report(result, result.markdown, md_path, (result.job_a.job_id, result.job_b.job_id),
+                         "compare-standalone", f"{result.job_a.label} vs {result.job_b.label}",
+                         f"\nReport: `{md_path}`; plot: `{png_path}`\n")
 
 
 def _write_report(result: Any, markdown: str, md_path: Path, labels: tuple[str, str], artifact_key: str,
@@ -288,7 +335,7 @@ def _write_report(result: Any, markdown: str, md_path: Path, labels: tuple[str, 
 
 
 class ComparisonFiles(BaseModel):
-    """The comparison report and plot the lifecycle's compare stage wrote (:func:`write_comparison`).
+    """The comparison report and plot the ``compare`` flow wrote (:func:`write_stored_comparison`).
 
     Attributes:
         report_path / report_sha256: the markdown report and its sha256 (64 hex).
@@ -304,14 +351,12 @@ class ComparisonFiles(BaseModel):
 
 
 @task(cache_policy=NO_CACHE)
-def write_comparison(comparison: compare.CanaryComparison, md_path: Path, labels: tuple[str, str]) -> ComparisonFiles:
-    """Write the lifecycle's comparison report: the markdown of :func:`compare_jobs` with its plot embedded,
-    at ``md_path`` (the PNG beside it, suffix ``.png``), and the ``compare`` markdown artifact. Both files
-    with their digests."""
-    markdown = (comparison.markdown + "\n![pass rates with Wilson intervals; wins/losses per repository]"
-                f"({md_path.with_suffix('.png').name})\n")
-    plot = _write_report(comparison, markdown, md_path, labels, "compare",
-                         f"Paired comparison {labels[0]} vs {labels[1]} on the frozen test split")
+def write_stored_comparison(result: compare.StoredJobsComparison, md_path: Path) -> ComparisonFiles:
+    """Write :func:`compare_stored_jobs`'s report at ``md_path`` (the PNG beside it, suffix ``.png``)
+    and the ``compare-standalone`` markdown artifact; both files with their digests. Not cached: it
+    writes the files and the artifact anew on every run (what the ``compare`` flow's cached
+    comparison stands for)."""
+    plot = _write_stored_report(result, md_path)
     return ComparisonFiles(report_path=md_path, report_sha256=sha256_file(md_path), plot_path=plot,
                            plot_sha256=sha256_file(plot))
 

@@ -12,6 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from deployments.cli import app
+from forgeflow.common.fsutil import sha256_file
 from forgeflow.ledger.records import (
     JobRecord,
     SupervisionEventRecord,
@@ -119,10 +120,18 @@ def test_compare_flow_writes_report_and_plot_and_references_the_plot(home: Path,
     from flows.stages import CompareParams, compare
 
     report = home / "reports" / "base-vs-cand.md"
-    paired = compare(CompareParams(job_a="base", job_b="cand", report_path=report))
-    assert (paired.wins, paired.losses) == (1, 1)
+    result = compare(CompareParams(job_a="base", job_b="cand", report_path=report))
+    assert (result.paired.wins, result.paired.losses) == (1, 1)
     png = report.with_suffix(".png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the report and plot with their digests, and the gate's decision on the pairs
+    assert result.files.report_path == report and result.files.report_sha256 == sha256_file(report)
+    assert result.files.plot_path == png and result.files.plot_sha256 == sha256_file(png)
+    assert result.decision.verdict == "hold" and result.job_a.recovery_job_ids == ["base-r1"]
+    # the comparison is cached on what it read from the store; the files are written anew
+    report.unlink()
+    again = compare(CompareParams(job_a="base", job_b="cand", report_path=report), return_state=True)
+    assert again.result().paired == result.paired and report.exists()
     text = report.read_text()
     assert f"]({png.name})" in text and "original job base + 1 recovery job (base-r1)" in text
 

@@ -116,7 +116,7 @@ def test_export_a_frozen_split_import_two_harbor_jobs_and_compare_them(frozen, h
     assert len(store.trials_for(job_id="harbor-base")) == 2
     assert any("harbor-base" in (a.description or "") for a in _artifact(IMPORT_ARTIFACT_KEY))
 
-    paired = compare(CompareParams(job_a="harbor-base", job_b=second.job_id, report_path=tmp_path / "report.md"))
+    paired = compare(CompareParams(job_a="harbor-base", job_b=second.job_id, report_path=tmp_path / "report.md")).paired
     assert (paired.wins, paired.ties, paired.losses) == (1, 1, 0)
     assert "freeze harbor-flow, split test" in (tmp_path / "report.md").read_text()
     listed = CliRunner().invoke(app, ["trials", "--job", "harbor-base", "--json"])

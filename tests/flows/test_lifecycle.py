@@ -65,6 +65,10 @@ def test_every_stage_completes_with_real_counts(first_run, mini_config):
     assert promotion["reason"].startswith("not enough evidence: ")
     assert promotion["n_pairs"] <= 2 and promotion["repos_needed"] == 3
     assert stages["compare"]["decision"]["verdict"] == "hold"
+    assert stages["compare"]["decision"] == promotion
+    # the compare flow clusters by the store's task rows: every paired task has its repository there
+    report = (mini_config.output_dir / "compare.md").read_text()
+    assert "clustered by instance" not in report and "canary_baseline-" in report and "canary_candidate-" in report
     assert stages["serve_swap"]["counts"]["promoted"] == 0
     assert stages["serve_swap"]["decision"].startswith("hold: not enough evidence")
     if promotion["n_pairs"]:  # a wide interval, never the bootstrap's zero width
@@ -119,6 +123,9 @@ def test_the_run_shows_each_stage_as_a_subflow_run_with_its_own_task_runs(first_
         assert child_flows("serve_baseline") == ["serve"]
         assert child_flows("burst") == ["sft-burst"]  # the flow records the adapter (parent: the base model)
         assert child_flows("package") == ["package"]
+        # the compare stage runs inside the promote stage's run (one transaction with serve_stage, the
+        # candidate's canary and serve_swap): the compare flow on the two canary jobs as stored
+        assert child_flows("promote") == ["compare"]
         # the package flow's own task ran inside it: the stage's counts include it (cached on the second run)
         assert first_run["stages"]["package"]["tasks_run"] >= 1
 
