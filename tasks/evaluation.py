@@ -34,7 +34,6 @@ from forgeflow.ledger import store as ledger
 from forgeflow.sandbox import trial
 from forgeflow.sandbox.backends import SandboxTarget
 from forgeflow.sandbox.dispatch import RayPlacement
-from forgeflow.sandbox.trial import TrialResult
 from tasks.common import RESUMABLE, run_labelled, run_logger, task_run_id
 
 
@@ -120,37 +119,6 @@ def record_supervision(record: trial.TrialResult, job_id: str | None, run_id: st
         store.record_supervision_event(event)
         run_logger().warning("supervisor stopped %s: %s (%s)", record.instance_id, event.kind, record.exception_message)
     return event
-
-
-@task(cache_policy=RESUMABLE)
-def compare_jobs(baseline: list[TrialResult], candidate: list[TrialResult], label_a: str, label_b: str,
-                 repo_of: dict[str, str], policy: gate.GatePolicy, seed: int) -> compare.CanaryComparison:
-    """Job reports of both canaries, their paired comparison (exact McNemar; the delta interval at
-    confidence ``1 - policy.alpha``: Newcombe's paired interval united with the repository-clustered
-    bootstrap), the cost ratios over the paired instances (mean input tokens, agent steps, wall
-    seconds), the promotion gate's decision on both under ``policy``
-    (:class:`forgeflow.evaluation.compare.gate.GatePolicy`; the lifecycle's is
-    :attr:`forgeflow.config.LifecycleConfig.promotion`) and the markdown.
-
-    An exception trial enters the pairs as None (excluded, and listed with its reason), never as
-    reward 0.
-
-    """
-    report_a = compare.JobReport.from_trials(baseline)
-    report_b = compare.JobReport.from_trials(candidate)
-    rewards_a, rewards_b = compare.rewards_by_instance(baseline), compare.rewards_by_instance(candidate)
-    paired = compare.paired_compare(rewards_a, rewards_b, repo_of, seed=seed, confidence=1.0 - policy.alpha)
-    paired_ids = [i for i in rewards_a if rewards_a[i] is not None and rewards_b.get(i) is not None]
-    costs = compare.cost_ratios({t.instance_id: t.costs() for t in baseline},
-                                {t.instance_id: t.costs() for t in candidate}, paired_ids)
-    decision = gate.promotion_decision(paired, policy, costs=costs)
-    excluded = compare.excluded_tasks(baseline, candidate)
-    notes = (["excluded from the pairs: " + "; ".join(f"{e.instance_id} ({e.reason})" for e in excluded)]
-             if excluded else [])
-    markdown = compare.render_markdown(report_a, report_b, paired, label_a, label_b, costs=costs,
-                                       decision=decision, notes=notes)
-    return compare.CanaryComparison(report_a=report_a, report_b=report_b, paired=paired, decision=decision,
-                                    costs=costs, markdown=markdown, excluded=excluded)
 
 
 def _store() -> ledger.Store:

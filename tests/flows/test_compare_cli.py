@@ -136,23 +136,35 @@ def test_compare_flow_writes_report_and_plot_and_references_the_plot(home: Path,
     assert f"]({png.name})" in text and "original job base + 1 recovery job (base-r1)" in text
 
 
-def test_lifecycle_compare_task_lists_exclusions_and_counts_flagged_trials() -> None:
+def test_lifecycle_compare_task_lists_exclusions_and_counts_flagged_trials(flow_store_url: str,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The compare stage's cached comparison (``tasks.evaluation.compare_stored_jobs``, what the
+    ``compare`` flow runs) on two canary jobs recorded as the canary records them (``trial_row``)."""
     from datetime import UTC, datetime
 
+    from forgeflow.evaluation.canary import trial_row
     from forgeflow.evaluation.compare.gate import GatePolicy
     from forgeflow.sandbox.trial import TrialResult as CoreTrial
-    from tasks.evaluation import compare_jobs
+    from tasks.evaluation import compare_stored_jobs
 
     def core(iid: str, reward: float | None, exc: str | None = None, agent_s: float = 4.0) -> CoreTrial:
         return CoreTrial(trial_id=f"t-{iid}-{agent_s}", instance_id=iid, kind="agent", reward=reward,
                          exception_type=exc, exception_message=exc and "stopped", started_at=datetime.now(UTC),
                          env_setup_s=0.1, agent_s=agent_s, verifier_s=1.0, agent_steps=2, input_tokens=100)
 
-    base = [core("six.t1", 1.0), core("six.t2", 0.0), core("toolz.t1", 0.0, agent_s=100.0)]
-    cand = [core("six.t1", 1.0, agent_s=2.0), core("six.t2", 1.0, agent_s=2.0),
-            core("toolz.t1", 1.0, "AgentHangError", agent_s=700.0)]
-    result = compare_jobs.fn(base, cand, "baseline", "candidate", {"six.t1": "six", "six.t2": "six",
-                             "toolz.t1": "toolz"}, GatePolicy(), 0)
+    monkeypatch.setenv("FORGEFLOW_STORE_URL", flow_store_url)
+    store = Store(flow_store_url)
+    store.upgrade()
+    for iid in ("six.t1", "six.t2", "toolz.t1"):
+        store.record_task(TaskRecord(instance_id=iid, repo=iid.split(".")[0], status="accepted"))
+    jobs = {"lc-base": [core("six.t1", 1.0), core("six.t2", 0.0), core("toolz.t1", 0.0, agent_s=100.0)],
+            "lc-cand": [core("six.t1", 1.0, agent_s=2.0), core("six.t2", 1.0, agent_s=2.0),
+                        core("toolz.t1", 1.0, "AgentHangError", agent_s=700.0)]}
+    for job_id, trials in jobs.items():
+        store.record_job(JobRecord(job_id=job_id, kind="canary", freeze_name="demo-v1", split="test"))
+        for t in trials:
+            store.record_trial(trial_row(t, job_id, None, None))
+    result = compare_stored_jobs.fn("lc-base", "lc-cand", False, 0, GatePolicy())
     assert [(e.instance_id, e.reason) for e in result.excluded] == [("toolz.t1", "exception in B: AgentHangError")]
     assert result.report_b.flagged == 1 and result.report_b.scored == 2
     assert result.costs.wall_s.n == 2 and result.costs.wall_s.ratio == pytest.approx(3.0 / 5.0)  # pairs only

@@ -5,8 +5,10 @@ the pages a user opens after a lifecycle run and the test reads what they render
 prefect wheel (``prefect/server/ui`` and ``ui-v2``; V2 is the default, under ``/v2``). A small flow
 runs against that server with the lifecycle's own artifact code on recorded data (the two canaries'
 agent trials of a demo run, ``tests/flows/data/demo_canary_trials.json``): per-stage bookkeeping
-with ``flows.stagekit.StageLog`` whose ``finish`` publishes the stage table artifact, and the compare
-stage's ``tasks.evaluation.compare_jobs`` + the ``compare`` markdown artifact. Chromium (``--headless
+with ``flows.stagekit.StageLog`` whose ``finish`` publishes the stage table artifact; the canary stages
+record both jobs and their trials in the store (as the canary does), and the compare stage runs the
+``compare`` flow on them as a subflow (as flows/lifecycle.py's), which publishes the
+``compare-standalone`` markdown artifact. Chromium (``--headless
 --no-sandbox``: the tests run as root) is driven over the DevTools protocol, one browser for all
 pages, each page read once its single-page app has rendered the expected text (instead of a fixed
 ``--virtual-time-budget`` per ``--dump-dom`` process). The rendered DOM and a PNG screenshot of each
@@ -152,38 +154,48 @@ def browser(tmp_path):
 
 
 def _run_demo_flow(out_dir: Path):
-    """The lifecycle's stage bookkeeping and compare-stage artifacts on the recorded canary trials."""
+    """The lifecycle's stage bookkeeping and compare stage on the recorded canary trials: the canary
+    stages record each job and its trials in the store (``settings.store_url()``), the compare stage
+    runs the ``compare`` flow on the two jobs as a subflow."""
     from prefect import flow
     from prefect.runtime import flow_run
 
     from flows.stagekit import StageLog
-    from forgeflow.evaluation.compare.gate import GatePolicy
+    from flows.stages import CompareParams
+    from flows.stages import compare as compare_flow
+    from forgeflow.evaluation.canary import trial_row
+    from forgeflow.ledger.records import JobRecord, TaskRecord
+    from forgeflow.ledger.store import Store
     from forgeflow.sandbox.trial import TrialResult
-    from tasks import evaluation as report_tasks
-    from tasks.common import markdown_artifact
 
     data = json.loads(DATA.read_text())
+    store = Store()
+    store.upgrade()
+    for instance_id, repo in data["repo_of"].items():  # the freeze's task rows: the repositories
+        store.record_task(TaskRecord(instance_id=instance_id, repo=repo, status="accepted"))
 
     @flow(name="lifecycle-ui-demo")
     def lifecycle_ui_demo() -> dict:
         log = StageLog(out_dir / "summary.json", str(flow_run.get_id()))
-        trials = {}
+        job_ids = {}
         for label in ("baseline", "candidate"):
             with log.stage(f"canary_{label}") as st:
-                trials[label] = [TrialResult.model_validate(t) for t in data["jobs"][label]["trials"]]
-                st["counts"] = {"scored": sum(t.reward is not None for t in trials[label]),
-                                "reward_1": sum(t.reward == 1.0 for t in trials[label])}
+                job_ids[label] = job_id = data["jobs"][label]["job_id"]
+                trials = [TrialResult.model_validate(t) for t in data["jobs"][label]["trials"]]
+                store.record_job(JobRecord(job_id=job_id, kind="canary", freeze_name="demo-v1", split="test"))
+                for t in trials:
+                    store.record_trial(trial_row(t, job_id, None, str(flow_run.get_id())))
+                st["counts"] = {"scored": sum(t.reward is not None for t in trials),
+                                "reward_1": sum(t.reward == 1.0 for t in trials)}
         with log.stage("compare") as st:  # as flows/lifecycle.py's compare stage
-            comparison = log.call(report_tasks.compare_jobs, trials["baseline"], trials["candidate"], "baseline",
-                                  "candidate", data["repo_of"], GatePolicy(), 0)
-            markdown_artifact("compare", comparison.markdown,
-                              "Paired comparison baseline vs candidate on the frozen test split")
+            comparison = compare_flow(CompareParams(job_a=job_ids["baseline"], job_b=job_ids["candidate"],
+                                                    report_path=out_dir / "compare.md", merge_recovery=False))
             paired = comparison.paired
             st["counts"] = {"pairs": paired.n_pairs, "wins": paired.wins, "ties": paired.ties,
                             "losses": paired.losses}
         log.finish({"comparison": {"verdict": comparison.decision.verdict}})
-        return {"run_id": str(flow_run.get_id()), "markdown": comparison.markdown,
-                "n_pairs": paired.n_pairs, "verdict": comparison.decision.verdict, "rows": log.table_rows()}
+        return {"run_id": str(flow_run.get_id()), "jobs": job_ids, "n_pairs": paired.n_pairs,
+                "verdict": comparison.decision.verdict, "rows": log.table_rows()}
 
     return lifecycle_ui_demo()
 
@@ -197,14 +209,24 @@ def test_the_flow_run_and_its_stage_table_and_comparison_report_render_in_chromi
     run_id = result["run_id"]
     run = httpx.get(f"{state.api_url}/flow_runs/{run_id}", timeout=10).json()
     assert run["state"]["type"] == "COMPLETED"
+    # the compare stage's subflow run (the ``compare`` flow) holds the report artifact
+    children = httpx.post(f"{state.api_url}/flow_runs/filter", timeout=10, json={
+        "flow_runs": {"parent_flow_run_id": {"operator": "and_", "any_": [run_id]}}}).json()
+    flows = {f["id"]: f["name"] for f in httpx.post(f"{state.api_url}/flows/filter", timeout=10, json={}).json()}
+    compare_runs = [c for c in children if flows.get(c["flow_id"]) == "compare"]
+    assert len(compare_runs) == 1 and compare_runs[0]["state"]["type"] == "COMPLETED", children
+    compare_run = compare_runs[0]
     artifacts = {a["key"]: a for a in httpx.post(f"{state.api_url}/artifacts/filter", timeout=10, json={
-        "artifacts": {"flow_run_id": {"any_": [run_id]}}}).json()}
-    assert {"lifecycle-stages", "compare"} <= set(artifacts)
+        "artifacts": {"flow_run_id": {"any_": [run_id, compare_run["id"]]}}}).json()}
+    assert artifacts["lifecycle-stages"]["flow_run_id"] == run_id
+    assert artifacts["compare-standalone"]["flow_run_id"] == compare_run["id"]
 
-    # the flow run page, Artifacts tab: the run, its state and both artifacts listed
+    # the flow run pages, Artifacts tab: the run, its state and its artifact listed
     page = browser.open(f"{state.ui_url}/v2/runs/flow-run/{run_id}?tab=Artifacts",
-                        [run["name"], "Completed", "lifecycle-stages", "compare"], tmp_path / "flow-run")
+                        [run["name"], "Completed", "lifecycle-stages"], tmp_path / "flow-run")
     assert "Can't connect to Server API" not in page
+    browser.open(f"{state.ui_url}/v2/runs/flow-run/{compare_run['id']}?tab=Artifacts",
+                 [compare_run["name"], "Completed", "compare-standalone"], tmp_path / "compare-run")
 
     # the stage table: every stage of summary.json with its status and counts
     rows = result["rows"]
@@ -221,8 +243,9 @@ def test_the_flow_run_and_its_stage_table_and_comparison_report_render_in_chromi
     assert {k: v["status"] for k, v in summary["stages"].items()} == {r["stage"]: r["status"] for r in rows}
 
     # the comparison report: its headline, the paired table and the promotion verdict, rendered
-    report = browser.open(f"{state.ui_url}/v2/artifacts/artifact/{artifacts['compare']['id']}",
-                          ["candidate vs baseline", f"Paired on {result['n_pairs']} instances scored in both runs",
+    jobs = result["jobs"]
+    report = browser.open(f"{state.ui_url}/v2/artifacts/artifact/{artifacts['compare-standalone']['id']}",
+                          [f"{jobs['candidate']} vs {jobs['baseline']}", f"Paired on {result['n_pairs']} instances scored in both runs",
                            "McNemar exact p", f"Promotion gate: {result['verdict']}"], tmp_path / "compare-report")
     assert "| pairs |" not in report, "the markdown was shown as source, not rendered"
     for repo in sorted(set(json.loads(DATA.read_text())["repo_of"].values())):
