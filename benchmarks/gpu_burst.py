@@ -88,6 +88,8 @@ class PathResult:
             padding-free burst).
         seconds: wall time of the timed steps.
         losses: training loss of every step (warm-up included), in nats per token.
+        gradient_checkpointing: whether the trainer checkpointed activations (its own arguments; None for
+            the naive loop, which never does).
     """
 
     tokens_per_s: float
@@ -98,6 +100,7 @@ class PathResult:
     positions: int
     seconds: float
     losses: list[float]
+    gradient_checkpointing: bool | None = None
 
 
 def build_model(dims: dict[str, Any], device: str, seed: int, **model_kwargs: Any) -> Any:
@@ -113,14 +116,16 @@ def build_model(dims: dict[str, Any], device: str, seed: int, **model_kwargs: An
     return model
 
 
-def burst_config(*, lora_r: int, batch: int, seq_len: int, max_steps: int, seed: int, device: str) -> Any:
+def burst_config(*, lora_r: int, batch: int, seq_len: int, max_steps: int, seed: int, device: str,
+                 gradient_checkpointing: bool | None = None) -> Any:
     """The :class:`~forgeflow.training.burst.BurstConfig` both paths train with (LoRA on
-    :data:`QWEN2_LINEAR`, learning rate 1e-4); the burst packs ``batch`` rows of ``seq_len`` tokens."""
+    :data:`QWEN2_LINEAR`, learning rate 1e-4); the burst packs ``batch`` rows of ``seq_len`` tokens.
+    ``gradient_checkpointing`` None: the device plan's choice (on with CUDA), else forced."""
     from forgeflow.training.burst import BurstConfig
 
     return BurstConfig(lora_r=lora_r, lora_alpha=2 * lora_r, lora_dropout=0.0, lora_target_modules=QWEN2_LINEAR,
                        learning_rate=1e-4, max_steps=max_steps, per_device_train_batch_size=batch, max_length=seq_len,
-                       seed=seed, device=device)
+                       seed=seed, device=device, gradient_checkpointing=gradient_checkpointing)
 
 
 def synthetic_samples(n: int, seq_len: int, vocab_size: int, seed: int) -> list[list[int]]:
@@ -275,10 +280,12 @@ def run_burst(dims: dict[str, Any], samples: list[list[int]], *, config: Any, wa
             raise ValueError(f"{rows} packed rows cannot feed {warmup + steps} steps of {batch}: pass more samples")
         trainer.train()
         losses = [float(h["loss"]) for h in trainer.state.log_history if "loss" in h]
+        checkpointing = bool(trainer.args.gradient_checkpointing)
     tokens = int(marks["tokens_at_end"] - marks["tokens_at_start"])
     seconds = marks["end"] - marks["start"]
     result = PathResult(tokens_per_s=tokens / seconds, peak_gb=_peak_gb(device), batch_size=batch, timed_steps=steps,
-                        tokens=tokens, positions=tokens, seconds=seconds, losses=losses)
+                        tokens=tokens, positions=tokens, seconds=seconds, losses=losses,
+                        gradient_checkpointing=checkpointing)
     marks.clear()
     del trainer, model
     _reset_memory(device)
@@ -313,6 +320,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--steps", type=int, default=None, help="timed steps per path (default 10; --small 2)")
     parser.add_argument("--lora-r", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--gradient-checkpointing", choices=("auto", "on", "off"), default="auto",
+                        help="the burst's gradient checkpointing (the flows' BurstConfig.gradient_checkpointing): "
+                             "auto = the device plan's (on with CUDA)")
     args = parser.parse_args(argv)
 
     if args.small:
@@ -328,8 +338,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         naive_batch, burst_batch = args.naive_batch, args.burst_batch
         oom_batch = args.oom_batch or None
     plan = device_plan(device)
-    naive_config, config = (burst_config(lora_r=args.lora_r, batch=batch, seq_len=seq_len, max_steps=warmup + steps,
-                                         seed=args.seed, device=device) for batch in (naive_batch, burst_batch))
+    checkpointing = {"auto": None, "on": True, "off": False}[args.gradient_checkpointing]
+    naive_config = burst_config(lora_r=args.lora_r, batch=naive_batch, seq_len=seq_len, max_steps=warmup + steps,
+                                seed=args.seed, device=device)
+    config = burst_config(lora_r=args.lora_r, batch=burst_batch, seq_len=seq_len, max_steps=warmup + steps,
+                          seed=args.seed, device=device, gradient_checkpointing=checkpointing)
+
     # Enough samples that bfd packing fills every burst step: a sample averages 0.56 seq_len tokens, so
     # 2.5 samples per packed row leave a margin of 40%.
     n_samples = max(naive_batch * (warmup + steps), int(2.5 * burst_batch * (warmup + steps)) + 8, oom_batch or 0)
@@ -337,7 +351,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     where = torch.cuda.get_device_name(0) if device == "cuda" else "cpu"
     print(f"device {where}; torch {torch.__version__}; model {dims}; seq_len {seq_len}; {n_samples} samples; "
           f"plan {plan.device}/{plan.dtype}, burst attention {plan.attention}, "
-          f"gradient checkpointing {plan.trainer_args['gradient_checkpointing']}", flush=True)
+          f"burst gradient checkpointing {args.gradient_checkpointing}", flush=True)
 
     naive, oom = run_naive(dims, samples, config=naive_config, oom_batch=oom_batch, warmup=warmup, steps=steps,
                            plan=plan)
@@ -356,7 +370,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "naive_batch16_oom": oom, "goal_ratio": 1.5, "losses_finite": finite, "small": args.small,
         "device": where, "seq_len": seq_len, "n_samples": n_samples, "warmup_steps": warmup,
         "burst_attention": plan.attention, "dtype": plan.dtype,
-        "gradient_checkpointing": plan.trainer_args["gradient_checkpointing"], "packing": packing_label(config),
+        "gradient_checkpointing": burst.gradient_checkpointing, "packing": packing_label(config),
         "naive": asdict(naive), "burst": asdict(burst),
     }
     print(json.dumps(summary), flush=True)

@@ -91,7 +91,9 @@ EOF
 
 status=0
 echo "== burst vs naive ($(left) s left)"
-timeout --kill-after=10 "$(( $(left) - 60 ))" "$PY" -m benchmarks.gpu_burst 2>&1 | tee "$out/burst.log"
+# GPU_CHECK_BURST_ARGS: more options for benchmarks.gpu_burst (e.g. "--gradient-checkpointing off --burst-batch 32")
+# shellcheck disable=SC2086
+timeout --kill-after=10 "$(( $(left) - 60 ))" "$PY" -m benchmarks.gpu_burst ${GPU_CHECK_BURST_ARGS:-} 2>&1 | tee "$out/burst.log"
 rc=${PIPESTATUS[0]}
 if [[ $rc -ne 0 ]]; then echo "gpu_burst failed with $rc (124: over budget)"; status=1; fi
 tail -n 1 "$out/burst.log" > "$out/burst.json"

@@ -57,3 +57,14 @@ def test_small_mode_trains_both_paths_and_prints_the_json_line() -> None:
     assert (summary["burst_attention"], summary["dtype"], summary["packing"]) == ("sdpa", "float32", "bfd")
     assert summary["gradient_checkpointing"] is False
 
+
+
+def test_the_burst_takes_the_flows_gradient_checkpointing_switch() -> None:
+    """``--gradient-checkpointing on`` reaches the burst's trainer through BurstConfig (the flows'
+    ``params.training`` switch): the CPU plan would leave it off; the burst still trains with a finite loss."""
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_burst", "--small", "--gradient-checkpointing", "on"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["gradient_checkpointing"] is True  # the trainer's own arguments
+    assert all(math.isfinite(x) for x in summary["burst"]["losses"])
