@@ -80,16 +80,8 @@ class PodmanSandbox:
             SandboxError: podman could not start the container (its message as evidence).
         """
         pidfile = Path(tempfile.gettempdir()) / f"forgeflow-{self.name}-{uuid.uuid4().hex[:8]}.pid"
-        args = [
-            self._podman(), "run", "-d", "--init", "--name", self.name, "--pidfile", str(pidfile),
-            "--memory", f"{self.spec.memory_mb}m", "--memory-swap", f"{self.spec.memory_mb}m",
-            "--cpus", str(self.spec.cpus),
-        ]
-        if self.spec.pids_limit is not None:
-            args += ["--pids-limit", str(self.spec.pids_limit)]
-        if not self.spec.network:
-            args += ["--network", "none"]
-        args += [self.image, "sleep", "infinity"]
+        args = [self._podman(), "run", "-d", "--init", "--name", self.name, "--pidfile", str(pidfile),
+                *self._limit_args(), self.image, "sleep", "infinity"]
         try:
             proc = subprocess.run(args, capture_output=True, text=True, env=tool_env(), timeout=600,
                                   cwd=conmon_cwd())
@@ -322,6 +314,7 @@ class PodmanSandbox:
         raise AssertionError("unreachable")
 
     def _limit_args(self) -> list[str]:
+        """``podman run`` options of ``spec``'s limits (memory without swap, CPUs, pids, no network)."""
         args = ["--memory", f"{self.spec.memory_mb}m", "--memory-swap", f"{self.spec.memory_mb}m",
                 "--cpus", str(self.spec.cpus)]
         if self.spec.pids_limit is not None:
