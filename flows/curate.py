@@ -61,7 +61,7 @@ from forgeflow.curation.recovery import (
     RecoveryRequest,
     render_plan,
 )
-from forgeflow.curation.selection import select_batch
+from forgeflow.curation.selection import longest_first, select_batch
 from forgeflow.curation.task_rows import TaskRows, TaskSource
 from forgeflow.evaluation.canary import trial_row
 from forgeflow.ledger.records import BatchRecord, TaskRecord, TrialRecord
@@ -88,6 +88,8 @@ class CurateParams(StageParams):
         freeze_name: the name the freeze-on-ready automation freezes under; None: derived from the inputs.
         sandbox: a ``forgeflow-sandbox`` block every NOP/Oracle trial runs on; None: podman.
         dispatcher: a ``forgeflow-dispatcher`` block (``ray``: each validation a Ray task); None: here.
+        instance_ids: only these candidates of ``tasks``; None: all of them.
+        emit_freeze_ready: emit the freeze-ready event when ready (false: the caller freezes itself).
     """
 
     tasks: TaskSource = Field(TaskSource(), description="the candidates: candidates_path, dataset or "
@@ -105,11 +107,32 @@ class CurateParams(StageParams):
                                 "settings.memory_mb")
     dispatcher: str | None = Field(None, min_length=1, description="a forgeflow-dispatcher block: ray runs each "
                                    "validation as a Ray task on a sandbox node; None or in-process: here")
+    instance_ids: tuple[str, ...] | None = Field(None, min_length=1, description="validate only these candidates "
+                                                 "of tasks (each must be there); None: every candidate")
+    emit_freeze_ready: bool = Field(True, description="emit the forgeflow.dataset.freeze-ready event when ready "
+                                    "(the freeze-on-ready automation freezes on it); false: the caller freezes "
+                                    "itself (the lifecycle)")
 
 
 def _param_error(exc: InputError, field: str) -> InputError:
     """``exc`` with its message naming ``params.<field>``, as the user wrote it."""
     return type(exc)(f"params.{field}: {exc}")
+
+
+def _only(rows: list[Any], instance_ids: tuple[str, ...] | None, source: str) -> list[Any]:
+    """The rows whose instance id is in ``instance_ids`` (all rows for None), in the source's order.
+
+    Raises:
+        InputError: an id of ``params.instance_ids`` that ``source`` does not have (up to 10 named).
+    """
+    if instance_ids is None:
+        return rows
+    wanted = set(instance_ids)
+    missing = sorted(wanted - {row.instance_id for row in rows})
+    if missing:
+        raise InputError(f"params.instance_ids: {len(missing)} id(s) not among the candidates of {source}: "
+                         f"{', '.join(missing[:10])}")
+    return [row for row in rows if row.instance_id in wanted]
 
 
 def _blocks(freeze_name: str | None, sandbox: str | None,
@@ -183,6 +206,10 @@ def curate(params: CurateParams = CurateParams()) -> CurateResult:
               resource (:mod:`forgeflow.sandbox.dispatch`; each trial records the ``node_id`` it ran on
               in its ``verifier`` record; a node lost mid-validation makes Ray run it again elsewhere).
               None or ``in-process``: here.
+            * ``instance_ids``: Validate only these candidates of ``tasks`` (an id that is not there is refused
+              before anything runs); None: every candidate. The lifecycle's validate stage passes its run's.
+            * ``emit_freeze_ready``: When ready, emit the freeze-ready event (default); false: the caller
+              freezes itself (the lifecycle's freeze stage), so no automation freezes a second time.
 
     Only this run's candidates count: readiness is checked on the accepted tasks among them, and
     before any image is checked or trial run the quotas are checked against the candidates
@@ -210,7 +237,7 @@ def curate(params: CurateParams = CurateParams()) -> CurateResult:
     run_id = str(flow_run.get_id() or "")
     store_url = store_settings.store_url()
     loaded = curate_tasks.load_rows(tasks, home_dir() / "demo" / GENERATED_FILE, "curate")
-    rows = loaded.rows
+    rows = _only(loaded.rows, params.instance_ids, loaded.source)
     by_id = {row.instance_id: row for row in rows}
     per_repo = Counter(row.repo for row in rows)
     unmet = quota_feasibility(per_repo, quotas)
@@ -228,11 +255,18 @@ def curate(params: CurateParams = CurateParams()) -> CurateResult:
     validate = validate_candidate.with_options(retries=settings.max_retries)
     try:
         batches: list[str] = []
+        validated: list[str] = []
         recorded = 0
         while True:
             state = curate_tasks.curation_state(store_url, sorted(by_id))
             accepted = state.accepted
             selection = freeze_ready(accepted, quotas, seed)
+            if selection.ready and not params.emit_freeze_ready:
+                logger.info("FREEZE READY: %s after %d batch(es); no event (the caller freezes)",
+                            ", ".join(f"{s} {n}/{quotas.target(s)}" for s, n in selection.counts.items()), len(batches))
+                return CurateResult(status="freeze-ready", batches=batches, trials_recorded=recorded,
+                                    counts=selection.counts, unmet=[], event_id=None, freeze_name=name,
+                                    validated=validated)
             if selection.ready:
                 resource_id = (f"forgeflow.store.{sha256_bytes(store_url.encode())[:12]}"
                                f".quotas.{sha256_json(quotas.model_dump())[:12]}")
@@ -249,18 +283,20 @@ def curate(params: CurateParams = CurateParams()) -> CurateResult:
                             FREEZE_READY_EVENT, resource_id)
                 return CurateResult(status="freeze-ready", batches=batches, trials_recorded=recorded,
                                     counts=selection.counts, unmet=[], event_id=str(event.id) if event else None,
-                                    freeze_name=name)
+                                    freeze_name=name, validated=validated)
             ids = select_batch(refs, state.processed, state.accepted_per_repo, settings.batch_size, seed)
             if not ids:
                 text = unmet_text(selection.unmet)
                 logger.warning("STOPPED, NOT READY: no candidate left to validate; unmet quotas: %s", text)
                 return CurateResult(status="exhausted", batches=batches, trials_recorded=recorded,
-                                    counts=selection.counts, unmet=[text], event_id=None, freeze_name=name)
+                                    counts=selection.counts, unmet=[text], event_id=None, freeze_name=name,
+                                    validated=validated)
             batch_id = f"curate-{sha256_json({'seed': seed, 'ids': sorted(ids)})[:16]}"
             limits = _BatchLimits(settings.concurrency, settings.max_retries, settings.validation(), placement,
                                   ray_placement)
             recorded += _run_batch(store_url, batch_id, ids, by_id, loaded, validate, limits, run_id)
             batches.append(batch_id)
+            validated.extend(ids)
             logger.info("batch %s: %d candidates; unmet before it: %s", batch_id, len(ids), unmet_text(selection.unmet))
     finally:  # a driver outlived by its Ray cluster is ended by Ray: leave it now
         if ray_placement is not None:
@@ -287,6 +323,8 @@ def _run_batch(store_url: str, batch_id: str, ids: list[str], by_id: dict[str, C
     # attempt numbers continue after voided attempts: a task requeued by `recover` gets new trial ids;
     # live trials of a killed run keep theirs (same key: cache hit, same ids upserted)
     earlier = curate_tasks.voided_attempts(store_url, ids)
+    # the longest validations (as last recorded) start first: a long one started last would idle the other slots
+    ids = longest_first(ids, curate_tasks.recorded_validation_seconds(store_url, ids))
     progress = create_progress_artifact(progress=0.0, description=f"batch {batch_id}: {len(ids)} candidates")
     done: queue.Queue = queue.Queue()
     pending = deque((iid, 0) for iid in ids)

@@ -12,26 +12,28 @@ and the baseline keeps serving.
 
 Every stage is a subflow run (flow ``lifecycle-stage``, run named after the stage; the four stages of the
 promotion transaction share the run ``promote``) whose tasks have the resumable cache policy, so a second
-run of the same inputs is answered from Prefect's cache. The migrate, freeze, base model, serve, burst, package and
-compare stages run the flow a user runs alone (``migrate-images``, ``freeze``, ``base-model``, ``serve``, ``sft-burst``,
-``package``, ``compare``: the last on the two canary jobs as stored) as a subflow of their stage run: one
-code path. The store (SQL) records the domain facts with natural keys (upserts), and ``summary.json`` records
+run of the same inputs is answered from Prefect's cache (the validate stage: from the store's verdicts). The
+migrate, validate, freeze, base model, serve, burst, package and compare stages run the flow a user runs alone
+(``migrate-images``, ``curate`` on this run's pushed candidates, ``freeze``, ``base-model``, ``serve``,
+``sft-burst``, ``package``, ``compare``: the last on the two canary jobs as stored) as a subflow of their stage
+run: one code path. The store (SQL) records the domain facts with natural keys (upserts), and ``summary.json`` records
 each stage's status, counts, digests and wall seconds.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
-from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.events import emit_event
 from prefect.runtime import flow_run
 from prefect.transactions import transaction
 
 from blocks.core import RegistryEndpoint
+from flows.curate import CurateParams
+from flows.curate import curate as curate_flow
 from flows.registry import MigrateParams, registry_blocks, repository_prefix, run_registries
 from flows.registry import migrate_images as migrate_images_flow
 from flows.stagekit import StageLog, run_stage_flow
@@ -49,18 +51,16 @@ from forgeflow.common.settings import store_url as default_store_url
 from forgeflow.config import LifecycleConfig
 from forgeflow.curation import generated
 from forgeflow.curation.bugs import Candidate
+from forgeflow.curation.curate_settings import CurateSettings
 from forgeflow.curation.freeze import (
     FreezeManifest,
     check_freeze_inputs,
 )
-from forgeflow.curation.selection import longest_first
+from forgeflow.curation.task_rows import TaskSource
 from forgeflow.evaluation import agent
-from forgeflow.evaluation import canary as canary_core
 from forgeflow.ledger import records
 from forgeflow.registry import images, projects
 from forgeflow.registry import migration as migrate
-from forgeflow.sandbox.grading import ValidationReport
-from forgeflow.sandbox.trial import ValidationOutcome
 from forgeflow.serving import bluegreen
 from forgeflow.serving.backend import BackendConfig
 from tasks import curation
@@ -147,8 +147,8 @@ class _Env:
 
 @dataclass
 class _TaskImage:
-    """One candidate's task image in its shard of the target registry, and (after the validate
-    stage) its NOP/Oracle verdict."""
+    """One candidate's task image in its shard of the target registry, and (once the validate stage
+    accepted it) its FAIL_TO_PASS / PASS_TO_PASS tests."""
 
     candidate: Candidate
     repo: str
@@ -156,16 +156,12 @@ class _TaskImage:
     image_ref: str
     digest: str
     local_image: images.ImageRef
-    report: ValidationReport | None = None
+    fail_to_pass: list[str] = field(default_factory=list)
+    pass_to_pass: list[str] = field(default_factory=list)
 
     @property
     def instance_id(self) -> str:
         return self.candidate.instance_id
-
-    def verdict(self) -> ValidationReport:
-        """The report of an accepted task (only accepted tasks reach the freeze)."""
-        assert self.report is not None, self.instance_id
-        return self.report
 
 
 def _run_stages(run: _Run) -> dict[str, Any]:
@@ -337,65 +333,42 @@ def _prewarm(run: _Run, envs: dict[str, _Env], candidates: list[tuple[Candidate,
 
 
 def _validate(run: _Run, task_images: dict[str, _TaskImage]) -> list[_TaskImage]:
-    """5. validate: NOP and Oracle runs in no-network containers, a sliding window of
-    ``validation.concurrency``, the longest validations (as last recorded) first. Sets each task's
-    report; returns the accepted tasks in candidate order.
+    """5. validate: the ``curate`` flow (as a subflow) on this run's candidates, as the prewarm stage pushed them
+    (``images="registry"``): NOP and Oracle runs in no-network containers, one batch of every candidate the
+    store holds no verdict for, a sliding window of ``validation.concurrency``, the longest validations (as last
+    recorded) first, each trial and verdict recorded; it stops once the accepted tasks can fill the freeze.
+    Sets each accepted task's FAIL_TO_PASS / PASS_TO_PASS from the store; returns them in candidate order.
 
     Raises:
-        PreflightError: no task was accepted (nothing to freeze).
+        PreflightError: the accepted tasks cannot fill the freeze's quotas (each unmet quota named).
     """
-    config, store_url = run.config, run.store_url
+    config, stage = run.config, run.config.validation
     with run.log.stage("validate") as st:
-        order = longest_first(list(task_images), curation.recorded_validation_seconds(store_url, list(task_images)))
-        progress_id = create_progress_artifact(progress=0.0, description="NOP/Oracle validation")
-        job_id = f"validate-{config.seed}"
-        sink = curation.TrialSink(store_url=store_url, job_id=job_id, run_id=run.run_id)
-        stage = config.validation
-        settings = stage.settings()
-        ended: dict[str, ValidationOutcome] = {}
-
-        def submit(t: _TaskImage) -> Any:
-            return curation.validate_candidate.submit(t.candidate, t.image_ref, t.digest, t.test_command, settings,
-                                                      sink=sink)
-
-        for t, state in run.log.window([task_images[i] for i in order], submit, stage.concurrency):
-            ended[t.instance_id] = state.result()
-            update_progress_artifact(progress_id, progress=100.0 * len(ended) / max(1, len(task_images)))
-        outcomes = [(t, ended[i]) for i, t in task_images.items()]  # candidate order, whatever order they ended in
-        # each trial was stored as it ended (the sink); again here, for validations answered from cache
-        record_rows(store_url, "trials", [canary_core.trial_row(tr, job_id, None, run.run_id)
-                                          for _, out in outcomes for tr in out.trials])
-        verdicts = [_verdict(run, t, out) for t, out in outcomes]
-        record_rows(store_url, "tasks", [task for task, _ in verdicts])
-        rows = [row for _, row in verdicts]
-        accepted = [t for (t, _), row in zip(outcomes, rows) if row["status"] == "accepted"]
-        table_artifact("validate", rows, "NOP/Oracle validation of every candidate")
-        st["counts"] = {"candidates": len(outcomes), "trials": sum(len(out.trials) for _, out in outcomes),
-                        "accepted": len(accepted),
-                        "rejected": sum(r["status"] == "rejected" for r in rows),
-                        "flaky": sum(r["flaky_tests"] > 0 for r in rows),
-                        "errors": sum(r["status"] == "error" for r in rows)}
-        if not accepted:
-            raise PreflightError("validation accepted no task: nothing to freeze")
+        ids = tuple(task_images)
+        result = curate_flow(CurateParams(
+            tasks=TaskSource(generated_path=run.out_dir / generated.GENERATED_FILE, images="registry"),
+            instance_ids=ids, quotas=config.freeze.quotas, freeze_name=config.freeze.name, emit_freeze_ready=False,
+            settings=CurateSettings(batch_size=len(ids), concurrency=stage.concurrency,
+                                    verifier_timeout_s=stage.verifier_timeout_s, memory_mb=stage.memory_mb,
+                                    seed=config.seed, checks=stage.checks)))
+        verdicts = curation.task_verdicts(run.store_url, list(ids))
+        accepted = []
+        for iid, t in task_images.items():
+            if verdicts[iid].status == "accepted":
+                t.fail_to_pass, t.pass_to_pass = verdicts[iid].fail_to_pass, verdicts[iid].pass_to_pass
+                accepted.append(t)
+        # StageLog's "cached": a candidate whose verdict the store already held was not validated again,
+        # i.e. answered from the ledger as a cached task would be
+        st["tasks_run"] += len(ids)
+        st["tasks_cached"] += len(ids) - len(result.validated)
+        statuses = [v.status for v in verdicts.values()]
+        st["counts"] = {"candidates": len(ids), "validated": len(result.validated),
+                        "trials": result.trials_recorded, "accepted": len(accepted),
+                        "rejected": statuses.count("rejected"), "errors": statuses.count("error")}
+        if result.status != "freeze-ready":
+            raise PreflightError(f"validate: the accepted tasks cannot fill freeze {config.freeze.name!r}: "
+                                 f"{'; '.join(result.unmet)}")
     return accepted
-
-
-def _verdict(run: _Run, t: _TaskImage, out: ValidationOutcome) -> tuple[records.TaskRecord, dict[str, Any]]:
-    """One candidate's verdict (status accepted / rejected / error): sets its report; returns its task row for
-    the store and its row of the validate table."""
-    c, report = t.candidate, out.report
-    status = "accepted" if report is not None and report.accepted else ("error" if report is None else "rejected")
-    reason = report.reason if report is not None else ((out.failed_trial or out.nop).exception_type or "")
-    task = records.TaskRecord(
-        instance_id=c.instance_id, repo=t.repo, patch=c.patch, image_ref=t.image_ref, status=status, reason=reason,
-        fail_to_pass=report.FAIL_TO_PASS if report else [],
-        pass_to_pass=report.PASS_TO_PASS if report else [], run_id=run.run_id)
-    t.report = report
-    return task, {"instance_id": c.instance_id, "status": status, "reason": reason,
-            "FAIL_TO_PASS": len(report.FAIL_TO_PASS) if report else 0,
-            "nop_reward": out.nop.reward, "oracle_reward": out.oracle.reward if out.oracle else None,
-            "oracle_runs": len([tr for tr in out.trials if tr.kind == "oracle"]),
-            "flaky_tests": len(report.flaky_tests) if report else 0}
 
 
 def _freeze(run: _Run, accepted: list[_TaskImage]) -> FreezeManifest:
@@ -448,7 +421,7 @@ def _burst(run: _Run, base_model: Any, train: list[_TaskImage], envs: dict[str, 
     recorded in the store with the base model as its parent. Returns the flow's :class:`BurstResult`."""
     config, out_dir = run.config, run.out_dir
     with run.log.stage("burst") as st:
-        sft_samples = training_tasks.oracle_samples([(t.candidate, envs[t.repo].checkout, t.verdict().FAIL_TO_PASS)
+        sft_samples = training_tasks.oracle_samples([(t.candidate, envs[t.repo].checkout, t.fail_to_pass)
                                                      for t in train])
         samples_jsonl = training_tasks.write_sft_jsonl(sft_samples, out_dir / "samples" / "oracle-sft.jsonl")
         burst = config.burst
@@ -540,8 +513,8 @@ def _canary(run: _Run, stage: str, test_tasks: list[_TaskImage], base_url: str, 
     config, out_dir = run.config, run.out_dir
     job_id = f"{stage}-{model_sha256[:12]}"
     with run.log.stage(stage) as st:
-        tasks = [CanaryTask.from_row(t.candidate, t.image_ref, t.digest, t.test_command, t.verdict().FAIL_TO_PASS,
-                                     t.verdict().PASS_TO_PASS) for t in test_tasks]
+        tasks = [CanaryTask.from_row(t.candidate, t.image_ref, t.digest, t.test_command, t.fail_to_pass,
+                                     t.pass_to_pass) for t in test_tasks]
         # the params a `canary-recover` run re-runs the job's exception trials with
         job = records.JobRecord(job_id=job_id, kind="canary", freeze_name=config.freeze.name, split="test",
                                 model_sha256=model_sha256, run_id=run.run_id,

@@ -12,7 +12,7 @@ from prefect import task
 from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE
 from pydantic import BaseModel, ConfigDict
 
-from forgeflow.common.errors import ImageNotFoundError, PreflightError
+from forgeflow.common.errors import ImageNotFoundError, InputError, PreflightError
 from forgeflow.curation import bugs, bundle, freeze, generated
 from forgeflow.evaluation.canary import trial_row
 from forgeflow.ledger.store import Store
@@ -244,6 +244,43 @@ def recorded_validation_seconds(store_url: str, instance_ids: list[str]) -> dict
         return store.validation_seconds(instance_ids)
     finally:
         store.dispose()
+
+
+class TaskVerdict(BaseModel):
+    """A candidate's verdict as the store records it (:func:`task_verdicts`).
+
+    Attributes:
+        status: ``candidate`` (no verdict yet), ``accepted``, ``rejected`` or ``error``.
+        reason: why, in words (empty for a candidate).
+        fail_to_pass: FAIL_TO_PASS test ids (empty unless accepted).
+        pass_to_pass: PASS_TO_PASS test ids (empty unless accepted).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    status: str
+    reason: str = ""
+    fail_to_pass: list[str] = []
+    pass_to_pass: list[str] = []
+
+
+@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S[:2],
+      retry_condition_fn=retry_on_transient, task_run_name="task-verdicts")
+def task_verdicts(store_url: str, instance_ids: list[str]) -> dict[str, TaskVerdict]:
+    """Each of ``instance_ids``' verdict in the store at ``store_url``, read now (never cached).
+
+    Raises:
+        InputError: an id the store has no task row for (up to 10 named).
+    """
+    store = _store(store_url)
+    wanted = set(instance_ids)
+    rows = {t.instance_id: t for t in store.tasks() if t.instance_id in wanted}
+    missing = sorted(wanted - set(rows))
+    if missing:
+        raise InputError(f"the store holds no task row for {len(missing)} id(s): {', '.join(missing[:10])}")
+    return {iid: TaskVerdict(status=rows[iid].status, reason=rows[iid].reason or "",
+                             fail_to_pass=list(rows[iid].fail_to_pass), pass_to_pass=list(rows[iid].pass_to_pass))
+            for iid in instance_ids}
 
 
 @task(cache_policy=NO_CACHE)

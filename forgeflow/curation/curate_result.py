@@ -24,7 +24,8 @@ class CurateResult(BaseModel):
     """How one ``curate`` run ended.
 
     Attributes:
-        status: ``freeze-ready`` (the freeze check passed; the freeze-ready event was emitted) or
+        status: ``freeze-ready`` (the freeze check passed; the freeze-ready event was emitted unless the caller
+            freezes itself) or
             ``exhausted`` (no candidate left to validate; ``unmet`` says what is missing).
         batches: The ids of the batches this run validated, in order (empty: ready before any batch).
         trials_recorded: NOP/Oracle trials this run recorded (count, >= 0; a cached validation's
@@ -32,8 +33,10 @@ class CurateResult(BaseModel):
         counts: Split name -> accepted tasks the freeze selection puts in it (tasks).
         unmet: The unmet quotas as text (one entry; empty when ``freeze-ready``).
         event_id: The id of the ``forgeflow.dataset.freeze-ready`` event (None when ``exhausted``, or
-            when no event was emitted).
+            when no event was emitted: ``emit_freeze_ready`` false).
         freeze_name: The name the freeze-on-ready automation freezes under.
+        validated: The instance ids this run validated, in batch order (empty: the store already held a
+            verdict for every candidate it needed).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -45,6 +48,8 @@ class CurateResult(BaseModel):
     unmet: list[str] = Field(description="Unmet quotas as text (empty when freeze-ready).")
     event_id: str | None = Field(default=None, description="The freeze-ready event's id (None when exhausted).")
     freeze_name: str = Field(min_length=1, description="The name the freeze-on-ready automation freezes under.")
+    validated: list[str] = Field(default_factory=list, description="Instance ids this run validated, in batch "
+                                 "order.")
 
     @model_validator(mode="after")
     def _status_agrees(self) -> CurateResult:

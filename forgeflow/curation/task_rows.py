@@ -11,7 +11,9 @@ Three sources, one loader (the ``curate`` and ``canary`` flows read them the sam
   ``save_to_disk``, read with ``datasets.load_from_disk``, or a dataset ``datasets.load_dataset``
   reads, pinned to a revision);
 * the lifecycle's generated candidates (:mod:`forgeflow.curation.generated`), which carry their
-  task image, image id and test command.
+  task image, image id and test command; with ``images="registry"`` their trials run the copy the
+  lifecycle pushed into its shard of the target registry (``registry_ref``, keyed by
+  ``registry_digest``) instead of the local image.
 
 A row's test specification (the command run in ``/testbed`` and the log parser that reads its
 output) is the row's own, else the ``test_specs`` entry for its repository (``test_commands`` for
@@ -26,7 +28,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -78,7 +80,8 @@ class TaskRows(BaseModel):
         rows: the rows, in file order.
         test_commands: instance id -> the test command its trials run in ``/testbed``.
         log_parsers: instance id -> its log parser name, or None (forgeflow's pytest report).
-        image_ids: instance id -> the local image id (64 hex) when the file records it, else None.
+        image_ids: instance id -> what keys its image (the local image id, 64 hex, or the registry digest) when
+            the file records it, else None.
         source: the file, folder or dataset read.
     """
 
@@ -103,6 +106,9 @@ class TaskSource(BaseModel):
             only when neither of the two above is given.
         test_commands: repo -> test command, for repositories that are not pinned projects.
         test_specs: repo -> test command and SWE-bench log parser; wins over ``test_commands``.
+        images: for generated rows, which task image the trials run: ``local`` (the image the lifecycle
+            built, present after its registries stop) or ``registry`` (the copy it pushed into its shard
+            of the target registry: ``registry_ref``, keyed by ``registry_digest``).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -112,6 +118,8 @@ class TaskSource(BaseModel):
     generated_path: Path | None = None
     test_commands: dict[str, str] | None = None
     test_specs: dict[str, TestSpec] | None = None
+    images: Literal["local", "registry"] = Field("local", description="generated rows only: run the local task "
+                                                 "image (local) or the lifecycle's pushed copy (registry)")
 
     def load(self, default_generated: Path, stage: str) -> TaskRows:
         """The rows (:func:`load_task_rows`; ``stage`` names the caller in errors).
@@ -120,7 +128,7 @@ class TaskSource(BaseModel):
             InputError: as :func:`load_task_rows`.
         """
         return load_task_rows(self.candidates_path, self.generated_path, default_generated, self.test_commands,
-                              stage=stage, dataset=self.dataset, test_specs=self.test_specs)
+                              stage=stage, dataset=self.dataset, test_specs=self.test_specs, images=self.images)
 
 
 def _dataset_rows(source: DatasetSource) -> list[dict[str, Any]]:
@@ -200,7 +208,8 @@ def _candidate_specs(label: str, raw_rows: list[dict[str, Any]], rows: list[Cand
 def load_task_rows(candidates_path: Path | None, generated_path: Path | None, default_generated: Path,
                    test_commands: Mapping[str, str] | None = None, stage: str = "curate",
                    dataset: DatasetSource | None = None,
-                   test_specs: Mapping[str, TestSpec] | None = None) -> TaskRows:
+                   test_specs: Mapping[str, TestSpec] | None = None,
+                   images: Literal["local", "registry"] = "local") -> TaskRows:
     """Read the rows of ``candidates_path`` (the user's JSONL), of ``dataset`` (a HF split) or of
     ``generated_path`` (default ``default_generated``, what ``forgeflow demo`` writes).
 
@@ -214,11 +223,15 @@ def load_task_rows(candidates_path: Path | None, generated_path: Path | None, de
         stage: the stage named in error messages.
         dataset: a HF ``datasets`` split of the user's rows.
         test_specs: repo -> :class:`TestSpec` (command and log parser); wins over ``test_commands``.
+        images: generated rows only: ``local`` keeps each row's local task image (keyed by its image id);
+            ``registry`` makes each row's ``image`` its ``registry_ref`` (keyed by ``registry_digest``).
 
     Raises:
         InputError: more than one source given, no file at the path, a dataset that cannot be read
             or lacks the split, a malformed row (named by row/line), a repository without a test
-            command, an unknown log parser (the valid ones listed).
+            command, an unknown log parser (the valid ones listed), ``images="registry"`` with the
+            user's rows (they name their own images) or for generated rows the lifecycle never pushed
+            (listed).
     """
     given = [name for name, value in (("candidates_path", candidates_path), ("dataset", dataset),
                                       ("generated_path", generated_path)) if value is not None]
@@ -226,6 +239,9 @@ def load_task_rows(candidates_path: Path | None, generated_path: Path | None, de
         raise InputError(f"{stage}: give one of candidates_path, dataset, generated_path; got {', '.join(given)}")
     specs = {repo: TestSpec(test_command=command) for repo, command in (test_commands or {}).items()}
     specs.update(test_specs or {})
+    if images == "registry" and (candidates_path is not None or dataset is not None):
+        raise InputError(f"{stage}: images='registry' applies to generated rows only (the lifecycle's pushed "
+                         f"task images); {given[0]} rows name their own image")
     if candidates_path is not None or dataset is not None:
         if dataset is not None:
             raw_rows, label = _dataset_rows(dataset), f"dataset {dataset.path}[{dataset.split}]"
@@ -245,9 +261,17 @@ def load_task_rows(candidates_path: Path | None, generated_path: Path | None, de
         raise InputError(f"{stage}: no candidates file at {path}: run the lifecycle (`forgeflow demo`) to write it, "
                          "or give candidates_path (the candidates JSONL), dataset or generated_path")
     generated = load_generated(path)
+    image_ids = {r.instance_id: r.image_id for r in generated}
+    if images == "registry":
+        unpushed = [r.instance_id for r in generated if r.registry_ref is None]
+        if unpushed:
+            raise InputError(f"{stage}: images='registry', but {len(unpushed)} row(s) of {path} have no registry_ref "
+                             f"(never pushed by the lifecycle): {', '.join(unpushed[:10])}")
+        generated = [r.model_copy(update={"image": r.registry_ref}) for r in generated]
+        image_ids = {r.instance_id: r.registry_digest for r in generated}
     return TaskRows(rows=list(generated),
                     test_commands={r.instance_id: specs[r.repo].test_command if r.repo in specs else r.test_command
                                    for r in generated},
                     log_parsers={r.instance_id: specs[r.repo].log_parser if r.repo in specs else None
                                  for r in generated},
-                    image_ids={r.instance_id: r.image_id for r in generated}, source=str(path))
+                    image_ids=image_ids, source=str(path))

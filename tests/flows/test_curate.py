@@ -105,8 +105,11 @@ def test_curate_runs_until_freeze_ready_then_skips_processed_and_recovers(
     assert events[0].payload["instance_ids"] == sorted(json.loads(line)["instance_id"]
                                                        for line in candidates_jsonl.read_text().splitlines())
 
-    second = curate(CurateParams(tasks=source, quotas=quotas, settings=settings))
-    assert second.status == "freeze-ready" and second.batches == []
+    assert set(first.validated) == {t.instance_id for t in trials}  # what this run validated, nothing else
+    # a caller that freezes itself (the lifecycle) asks for no event: ready, nothing validated, no event
+    second = curate(CurateParams(tasks=source, quotas=quotas, settings=settings, emit_freeze_ready=False))
+    assert second.status == "freeze-ready" and second.batches == [] and second.validated == []
+    assert second.event_id is None
     assert len(store.trials_for(include_void=True)) == len(trials)  # processed candidates are skipped
 
     # recovery of a batch that had no infrastructure fault voids nothing: real outcomes stay
@@ -143,6 +146,16 @@ def test_candidates_that_cannot_fill_the_splits_are_refused_before_any_validatio
                                              r"repository-disjoint splits .*need 3, at most 2 possible"):
         curate(CurateParams(tasks=TaskSource(candidates_path=path), quotas=quotas, settings=CurateSettings(batch_size=2, concurrency=1)))
     assert len(store.tasks()) == before  # nothing recorded, no trial run
+    # only the given candidates count: one repository's three cannot fill two repository-disjoint splits
+    alpha = tuple(row["instance_id"] for row in rows if row["repo"] == "team/alpha")
+    with pytest.raises(PreflightError, match=r"3 candidates from 1 repositories cannot meet the quotas"):
+        curate(CurateParams(tasks=TaskSource(candidates_path=path), instance_ids=alpha,
+                            quotas=quotas.model_copy(update={"validation": 0})))
+    with pytest.raises(InputError, match=r"params.instance_ids: 1 id\(s\) not among the candidates of .*"
+                                         r"two-repos.jsonl: team__alpha.bug9"):
+        curate(CurateParams(tasks=TaskSource(candidates_path=path), instance_ids=(*alpha, "team__alpha.bug9"),
+                            quotas=quotas.model_copy(update={"validation": 0})))
+    assert len(store.tasks()) == before
     with pytest.raises(InputError, match="params.freeze_name: freeze name 'Bad Name!' is invalid"):
         curate(CurateParams(tasks=TaskSource(candidates_path=path), quotas=quotas.model_copy(update={"validation": 0}),
                freeze_name="Bad Name!"))
@@ -203,7 +216,8 @@ def test_the_curate_flow_takes_typed_parameter_groups() -> None:
 
     parameters = inspect.signature(curate.fn).parameters
     assert list(parameters) == ["params"] and parameters["params"].default == CurateParams()
-    assert list(CurateParams.model_fields) == ["tasks", "quotas", "settings", "freeze_name", "sandbox", "dispatcher"]
+    assert list(CurateParams.model_fields) == ["tasks", "quotas", "settings", "freeze_name", "sandbox", "dispatcher",
+                                               "instance_ids", "emit_freeze_ready"]
     defaults = CurateParams()
     assert defaults.tasks == TaskSource() and defaults.settings == CurateSettings()
     assert isinstance(defaults.quotas, SplitQuotas)

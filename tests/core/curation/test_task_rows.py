@@ -107,3 +107,33 @@ def test_a_task_source_parameter_group_loads_as_the_loader_does_and_refuses_two_
     assert loaded.log_parsers == {"acme__widgets-1": "parse_log_django"}
     with pytest.raises(InputError, match="canary: give one of candidates_path, dataset, generated_path"):
         TaskSource(candidates_path=path, generated_path=path).load(NOT_THERE, "canary")
+
+
+def test_generated_rows_run_the_local_image_or_the_lifecycles_pushed_copy(tmp_path: Path) -> None:
+    """The lifecycle's validate stage reads its generated rows with ``images="registry"``: the trials pull
+    the copy it pushed into its shard (keyed by the registry's digest), not the local build."""
+    from forgeflow.curation.generated import GeneratedTask, write_generated
+
+    def row(instance_id: str, pushed: bool) -> GeneratedTask:
+        return GeneratedTask(instance_id=instance_id, repo="toolz", patch=PATCH, modifier="func_pm_remove_assign",
+                             file_path="toolz/itertoolz.py", func_name="take", image=f"localhost/forgeflow/task:{instance_id}", image_id="a" * 64,
+                             registry_ref=f"127.0.0.1:5722/task-03:{instance_id}" if pushed else None,
+                             registry_digest="sha256:" + "b" * 64 if pushed else None, test_command="pytest -rA")
+
+    path = write_generated(tmp_path / "candidates.jsonl", [row("toolz.func_pm_remove_assign__0000aaa1", True)])
+    local = TaskSource(generated_path=path).load(NOT_THERE, "curate")
+    assert [r.image for r in local.rows] == ["localhost/forgeflow/task:toolz.func_pm_remove_assign__0000aaa1"]
+    assert local.image_ids == {"toolz.func_pm_remove_assign__0000aaa1": "a" * 64}
+    pushed = TaskSource(generated_path=path, images="registry").load(NOT_THERE, "curate")
+    assert [r.image for r in pushed.rows] == ["127.0.0.1:5722/task-03:toolz.func_pm_remove_assign__0000aaa1"]
+    assert pushed.image_ids == {"toolz.func_pm_remove_assign__0000aaa1": "sha256:" + "b" * 64}
+    assert pushed.test_commands == {"toolz.func_pm_remove_assign__0000aaa1": "pytest -rA"}
+
+    write_generated(path, [row("toolz.func_pm_remove_assign__0000aaa1", True), row("toolz.func_pm_remove_assign__0000aaa2", False)])
+    with pytest.raises(InputError, match=r"curate: images='registry', but 1 row\(s\) of .* have no registry_ref "
+                                         r"\(never pushed by the lifecycle\): toolz.func_pm_remove_assign__0000aaa2"):
+        TaskSource(generated_path=path, images="registry").load(NOT_THERE, "curate")
+    users = tmp_path / "rows.jsonl"
+    users.write_text(json.dumps(_swebench_row("acme__widgets-1", "acme/widgets")) + "\n")
+    with pytest.raises(InputError, match="images='registry' applies to generated rows only"):
+        TaskSource(candidates_path=users, images="registry").load(NOT_THERE, "canary")
