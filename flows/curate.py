@@ -40,7 +40,7 @@ from prefect.events import emit_event
 from prefect.runtime import flow_run
 from pydantic import Field
 
-from flows.stagekit import StageParams
+from flows.stagekit import StageParams, note_task_state
 from forgeflow.common import settings as store_settings
 from forgeflow.common.errors import InputError, PreflightError
 from forgeflow.common.fsutil import sha256_bytes, sha256_json
@@ -352,6 +352,7 @@ def _run_batch(store_url: str, batch_id: str, ids: list[str], by_id: dict[str, C
             logger.error("validation of %s raised (no trial recorded): %r", iid, exc)
             final[iid] = ("error", f"validation raised {type(exc).__name__}: {exc}"[:2000], None)
         else:
+            note_task_state(future.state)  # inside a lifecycle stage: ran or answered from cache
             ended = [trial_row(tr, JOB_ID, None, run_id, batch_id=batch_id) for tr in outcome.trials]
             record_rows(store_url, "trials", ended)  # a cached validation's too: a kill from here on loses none
             trials.extend(ended)

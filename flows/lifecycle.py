@@ -12,12 +12,11 @@ and the baseline keeps serving.
 
 Every stage is a subflow run (flow ``lifecycle-stage``, run named after the stage; the four stages of the
 promotion transaction share the run ``promote``) whose tasks have the resumable cache policy, so a second
-run of the same inputs is answered from Prefect's cache (the validate stage: from the store's verdicts). The
-migrate, validate, freeze, base model, serve, burst, package and compare stages run the flow a user runs alone
-(``migrate-images``, ``curate`` on this run's pushed candidates, ``freeze``, ``base-model``, ``serve``,
-``sft-burst``, ``package``, ``compare``: the last on the two canary jobs as stored) as a subflow of their stage
-run: one code path. The store (SQL) records the domain facts with natural keys (upserts), and ``summary.json`` records
-each stage's status, counts, digests and wall seconds.
+run of the same inputs is answered from Prefect's cache. The migrate, validate, freeze, base model, serve, burst,
+package and compare stages run the flow a user runs alone (``migrate-images``, ``curate`` on this run's pushed
+candidates, ``freeze``, ``base-model``, ``serve``, ``sft-burst``, ``package``, ``compare``: the last on the two
+canary jobs as stored) as a subflow of their stage run: one code path. The store (SQL) records the domain facts
+with natural keys (upserts), and ``summary.json`` records each stage's status, counts, digests and wall seconds.
 """
 
 from __future__ import annotations
@@ -357,10 +356,6 @@ def _validate(run: _Run, task_images: dict[str, _TaskImage]) -> list[_TaskImage]
             if verdicts[iid].status == "accepted":
                 t.fail_to_pass, t.pass_to_pass = verdicts[iid].fail_to_pass, verdicts[iid].pass_to_pass
                 accepted.append(t)
-        # StageLog's "cached": a candidate whose verdict the store already held was not validated again,
-        # i.e. answered from the ledger as a cached task would be
-        st["tasks_run"] += len(ids)
-        st["tasks_cached"] += len(ids) - len(result.validated)
         statuses = [v.status for v in verdicts.values()]
         st["counts"] = {"candidates": len(ids), "validated": len(result.validated),
                         "trials": result.trials_recorded, "accepted": len(accepted),

@@ -66,6 +66,15 @@ def run_task(task: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     return task(*args, **kwargs) if log is None else log.call(task, *args, **kwargs)
 
 
+def note_task_state(state: State) -> None:
+    """Note a submitted task run's final ``state`` in the lifecycle stage the calling stage flow runs inside
+    (as :func:`run_task` does for a call), so a flow that submits its own task runs (``curate``'s
+    validations) counts in that stage's ``tasks_run`` / ``tasks_cached``; run alone: nothing."""
+    log = _ACTIVE_STAGE.get()
+    if log is not None:
+        log._note(state)
+
+
 def run_stage_flow(name: str, body: Callable[..., T], *args: Any) -> T:
     """Run ``body(*args)`` as a subflow run of the calling flow run: flow :data:`STAGE_FLOW_NAME`,
     run name ``name`` (e.g. ``validate``), and return what ``body`` returned.

@@ -21,6 +21,7 @@ import pytest
 from deployments import service
 from forgeflow.ledger.records import TrialRecord
 from forgeflow.ledger.store import Store
+from tests.flows.test_non_pytest_tasks import F2P, FIX, P2P, UNITTEST, unittest_image  # noqa: F401 - fixture
 from tests.helpers import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -235,6 +236,70 @@ def test_a_team_runs_the_model_deployments_on_its_checkpoint_folder_and_llama_se
             assert [(g.generation, g.status) for g in store.serving_generations()] == [(1, "active")]
         finally:
             bluegreen.stop_active(tmp_path / "serving" / "state.json")
+    finally:
+        store.dispose()
+
+
+def test_a_team_curates_freezes_and_canaries_its_unittest_rows_through_the_deployments(running, unittest_image,
+                                                                                      tmp_path):
+    """A team's own tasks through the deployments ``up`` registered, run by the process worker: a JSONL of
+    SWE-bench-format rows whose tests are unittest (read by SWE-bench's ``parse_log_django`` through a
+    per-repository test specification) goes to ``curate``; its freeze-ready event makes the freeze-on-ready
+    automation run ``freeze`` with the curate run's name, quotas and candidates; ``canary`` then grades a
+    model's fix on the frozen test split (the model: the scripted OpenAI-compatible loopback server that
+    replays the fix, since the tiny model cannot fix a bug on demand)."""
+    from prefect.deployments import run_deployment
+    from test_agent import BUG_PATCH
+    from test_agent_supervision import scripted_endpoint, text_answer
+
+    home, state = running
+    rows = [{"instance_id": f"team__{repo}-{n}", "repo": f"team/{repo}", "patch": BUG_PATCH, "image": unittest_image,
+             "FAIL_TO_PASS": json.dumps([F2P]), "PASS_TO_PASS": json.dumps([P2P]),
+             "problem_statement": f"Issue {repo}-{n}: add(2, 3) returns -1 instead of 5."}
+            for repo in ("alpha", "beta") for n in range(2)]
+    path = tmp_path / "team.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    source = {"candidates_path": str(path), "test_specs": {"team/alpha": UNITTEST, "team/beta": UNITTEST}}
+    quotas = {"train": 1, "validation": 0, "test": 1, "max_per_repo": 2, "min_repos": 2}
+
+    def run(name: str, parameters: dict) -> dict:
+        with _settings(state):
+            flow_run = run_deployment(name, parameters=parameters, timeout=0)
+        finished = _wait_state(state.api_url, str(flow_run.id), timeout_s=400)
+        assert finished["state"]["type"] == "COMPLETED", (name, finished["state"])
+        assert finished["work_pool_name"] == "local" and finished["infrastructure_pid"], "not run by the worker"
+        return finished
+
+    run("curate/curate", {"params": {"tasks": source, "quotas": quotas, "freeze_name": "team-unittest-v1",
+                                     "settings": {"batch_size": 4, "concurrency": 2, "verifier_timeout_s": 120}}})
+    store = Store(f"sqlite:///{home / 'store.db'}")
+    try:
+        accepted = {t.instance_id: t for t in store.accepted_tasks() if t.repo.startswith("team/")}
+        assert sorted(accepted) == sorted(r["instance_id"] for r in rows)
+        assert all(t.fail_to_pass == [F2P] and t.pass_to_pass == [P2P] for t in accepted.values())  # unittest's ids
+
+        deadline, freeze_runs = time.monotonic() + 120, []
+        while not freeze_runs and time.monotonic() < deadline:
+            freeze_runs = [r for r in httpx.post(f"{state.api_url}/flow_runs/filter", timeout=10, json={
+                "deployments": {"id": {"any_": [state.deployments["freeze/freeze"]]}}}).json()
+                if r["parameters"]["params"]["name"] == "team-unittest-v1"]
+            time.sleep(2)
+        assert len(freeze_runs) == 1, "the curate run's freeze-ready event did not start the freeze deployment"
+        assert freeze_runs[0]["parameters"]["params"]["quotas"] == quotas
+        assert sorted(freeze_runs[0]["parameters"]["params"]["instance_ids"]) == sorted(accepted)
+        assert _wait_state(state.api_url, freeze_runs[0]["id"], timeout_s=300)["state"]["type"] == "COMPLETED"
+        assert [f.name for f in store.freezes() if f.name == "team-unittest-v1"] == ["team-unittest-v1"]
+
+        with scripted_endpoint(lambda i: text_answer(FIX)) as (url, bodies):
+            run("canary/canary", {"params": {
+                "freeze_name": "team-unittest-v1", "source": source, "job_id": "team-unittest-fixed",
+                "endpoint": {"base_url": url, "model_sha256": "e" * 64}, "out_dir": str(tmp_path / "canary"),
+                "run": {"verifier_timeout_s": 120.0,
+                        "agent_config": {"step_limit": 5, "agent_timeout_s": 120, "memory_mb": 512}}}})
+        trials = store.trials_for(job_id="team-unittest-fixed")
+        assert len(trials) == 2 and all(t.reward == 1.0 for t in trials), trials  # the test split: 2 tasks
+        assert all(t.verifier["run"]["log_parser"] == "parse_log_django" for t in trials)
+        assert any("add(2, 3) returns -1 instead of 5" in json.dumps(body["messages"]) for body in bodies)
     finally:
         store.dispose()
 
