@@ -299,8 +299,9 @@ def sft_arguments(config: BurstConfig, plan: DevicePlan, columns: Sequence[str])
 
 
 def _checkpointing(config: BurstConfig) -> dict[str, bool]:
-    """``{"gradient_checkpointing": ...}`` where ``config`` sets it; empty where the device plan decides."""
-    return {} if config.gradient_checkpointing is None else {"gradient_checkpointing": config.gradient_checkpointing}
+    """``{"activation_checkpointing": ...}`` (transformers 5's name for gradient checkpointing; its
+    ``gradient_checkpointing`` is a deprecated alias) where ``config`` sets it; empty where the device plan decides."""
+    return {} if config.gradient_checkpointing is None else {"activation_checkpointing": config.gradient_checkpointing}
 
 
 def _trl_objects(config: BurstConfig, output_dir: Path, with_lora: bool, plan: DevicePlan,
@@ -494,7 +495,7 @@ def run_sft_burst(
             dtype=plan.dtype,
             attention=plan.attention,
             packing=packing_label(config),
-            gradient_checkpointing=bool(plan.trainer_args.get("gradient_checkpointing")),
+            gradient_checkpointing=bool(plan.trainer_args.get("activation_checkpointing")),
         )
         return publish_adapter(trainer, tmp, out_dir, lineage, report)
 

@@ -38,7 +38,8 @@ class DevicePlan(BaseModel):
         device: ``cpu`` or ``cuda``.
         dtype: ``float32`` or ``bfloat16`` (the model's weights and the training precision).
         trainer_args: the ``transformers.TrainingArguments`` fields that follow from it
-            (``use_cpu``, ``bf16``, ``fp16``, ``gradient_checkpointing``).
+            (``use_cpu``, ``bf16``, ``fp16``, ``activation_checkpointing``: transformers 5's name for gradient
+            checkpointing, whose ``gradient_checkpointing`` is a deprecated alias).
         attention: the ``attn_implementation`` an SFT burst loads its model with
             (``flash_attention_2``, ``torch_varlen`` or ``sdpa``;
             :func:`forgeflow.training.attention.choose_attention`). RL bursts keep transformers'
@@ -99,7 +100,7 @@ def device_plan(requested: DeviceChoice = "auto", cuda_available: bool | None = 
                              "(no GPU, or a CPU build of torch)")
     if requested == "cpu" or not cuda_available:
         return DevicePlan(device="cpu", dtype="float32", attention="sdpa", trainer_args={
-            "use_cpu": True, "bf16": False, "fp16": False, "gradient_checkpointing": False})
+            "use_cpu": True, "bf16": False, "fp16": False, "activation_checkpointing": False})
     dtype = "bfloat16" if bf16_supported else "float32"
     if flash_attn is None:
         flash_attn = flash_attn_installed()
@@ -107,4 +108,4 @@ def device_plan(requested: DeviceChoice = "auto", cuda_available: bool | None = 
         torch_varlen = torch_varlen_available()
     return DevicePlan(device="cuda", dtype=dtype, attention=choose_attention("cuda", dtype, flash_attn, torch_varlen),
                       trainer_args={"use_cpu": False, "bf16": dtype == "bfloat16", "fp16": False,
-                                    "gradient_checkpointing": True})
+                                    "activation_checkpointing": True})

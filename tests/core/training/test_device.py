@@ -20,7 +20,7 @@ from forgeflow.training.rl import RLBurstConfig
 def test_auto_is_cuda_in_bfloat16_with_checkpointing_when_a_gpu_is_there() -> None:
     plan = device_plan("auto", cuda_available=True, bf16_supported=True, flash_attn=True)
     assert (plan.device, plan.dtype, plan.attention) == ("cuda", "bfloat16", "flash_attention_2")
-    assert plan.trainer_args == {"use_cpu": False, "bf16": True, "fp16": False, "gradient_checkpointing": True}
+    assert plan.trainer_args == {"use_cpu": False, "bf16": True, "fp16": False, "activation_checkpointing": True}
     older = device_plan("auto", cuda_available=True, bf16_supported=False, flash_attn=True)  # e.g. a V100: no bf16
     assert (older.dtype, older.trainer_args["bf16"], older.attention) == ("float32", False, "sdpa")
 
@@ -51,8 +51,8 @@ def test_the_cuda_burst_packs_padding_free_with_the_fused_loss_in_bf16() -> None
         assert (args["packing"], args["packing_strategy"], args["padding_free"], args["loss_type"]) == (
             True, "bfd", True, "nll")
         assert (args["assistant_only_loss"], args["completion_only_loss"]) == (True, False)
-    assert (cuda["bf16"], cuda["gradient_checkpointing"], cuda["use_cpu"]) == (True, True, False)
-    assert (cpu["bf16"], cpu["gradient_checkpointing"], cpu["use_cpu"]) == (False, False, True)
+    assert (cuda["bf16"], cuda["activation_checkpointing"], cuda["use_cpu"]) == (True, True, False)
+    assert (cpu["bf16"], cpu["activation_checkpointing"], cpu["use_cpu"]) == (False, False, True)
     unpacked = sft_arguments(BurstConfig(packing=False), plan, ["prompt", "completion"])
     assert (unpacked["packing"], unpacked["padding_free"]) == (False, False)
     assert (unpacked["assistant_only_loss"], unpacked["completion_only_loss"]) == (True, True)
@@ -69,12 +69,12 @@ def test_gradient_checkpointing_follows_the_device_unless_the_config_sets_it() -
     cuda = device_plan("cuda", cuda_available=True, bf16_supported=True, flash_attn=False, torch_varlen=False)
     cpu = device_plan("cpu", cuda_available=False)
     for plan, default in ((cuda, True), (cpu, False)):
-        assert burst_plan(BurstConfig(), plan).trainer_args["gradient_checkpointing"] is default
-        assert sft_arguments(BurstConfig(), plan, ["messages"])["gradient_checkpointing"] is default
+        assert burst_plan(BurstConfig(), plan).trainer_args["activation_checkpointing"] is default
+        assert sft_arguments(BurstConfig(), plan, ["messages"])["activation_checkpointing"] is default
         for switch in (True, False):
             config = BurstConfig(gradient_checkpointing=switch)
-            assert burst_plan(config, plan).trainer_args["gradient_checkpointing"] is switch
-            assert sft_arguments(config, plan, ["messages"])["gradient_checkpointing"] is switch
+            assert burst_plan(config, plan).trainer_args["activation_checkpointing"] is switch
+            assert sft_arguments(config, plan, ["messages"])["activation_checkpointing"] is switch
     assert burst_plan(BurstConfig(gradient_checkpointing=False), cuda).trainer_args["bf16"] is True  # rest kept
 
 
@@ -82,7 +82,7 @@ def test_auto_is_the_cpu_in_float32_without_a_gpu_and_cuda_is_refused() -> None:
     plan = device_plan("auto", cuda_available=False, flash_attn=True)
     assert (plan.device, plan.dtype, plan.attention) == ("cpu", "float32", "sdpa")
     assert plan.model_kwargs()["attn_implementation"] == "sdpa"
-    assert plan.trainer_args == {"use_cpu": True, "bf16": False, "fp16": False, "gradient_checkpointing": False}
+    assert plan.trainer_args == {"use_cpu": True, "bf16": False, "fp16": False, "activation_checkpointing": False}
     assert device_plan("cpu", cuda_available=True, bf16_supported=True).device == "cpu"
     with pytest.raises(PreflightError, match="device 'cuda' was asked for but torch.cuda.is_available"):
         device_plan("cuda", cuda_available=False)
