@@ -12,11 +12,12 @@ and the baseline keeps serving.
 
 Every stage is a subflow run (flow ``lifecycle-stage``, run named after the stage; the four stages of the
 promotion transaction share the run ``promote``) whose tasks have the resumable cache policy, so a second
-run of the same inputs is answered from Prefect's cache. The migrate, validate, freeze, base model, serve, burst,
-package and compare stages run the flow a user runs alone (``migrate-images``, ``curate`` on this run's pushed
-candidates, ``freeze``, ``base-model``, ``serve``, ``sft-burst``, ``package``, ``compare``: the last on the two
-canary jobs as stored) as a subflow of their stage run: one code path. The store (SQL) records the domain facts
-with natural keys (upserts), and ``summary.json`` records each stage's status, counts, digests and wall seconds.
+run of the same inputs is answered from Prefect's cache. The migrate, prewarm, validate, freeze, base model, serve,
+burst, package and compare stages run the flow a user runs alone (``migrate-images``, ``prewarm-plan``: the shard plan
+the stage then copies by, ``curate`` on this run's pushed candidates, ``freeze``, ``base-model``, ``serve``,
+``sft-burst``, ``package``, ``compare``: the last on the two canary jobs as stored) as a subflow of their stage run:
+one code path. The store (SQL) records the domain facts with natural keys (upserts), and ``summary.json`` records
+each stage's status, counts, digests and wall seconds.
 """
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ from prefect.transactions import transaction
 from blocks.core import RegistryEndpoint
 from flows.curate import CurateParams
 from flows.curate import curate as curate_flow
-from flows.registry import MigrateParams, registry_blocks, repository_prefix, run_registries
+from flows.registry import MigrateParams, PrewarmPlanParams, registry_blocks, repository_prefix, run_registries
 from flows.registry import migrate_images as migrate_images_flow
+from flows.registry import prewarm_plan as prewarm_plan_flow
 from flows.stagekit import StageLog, run_stage_flow
 from flows.stages import BaseModelParams, CompareParams, CompareResult, FreezeParams, PackageParams, ServeParams
 from flows.stages import base_model as base_model_flow
@@ -292,12 +294,23 @@ def _generate(run: _Run, envs: dict[str, _Env]) -> list[tuple[Candidate, str]]:
 
 
 def _prewarm(run: _Run, envs: dict[str, _Env], candidates: list[tuple[Candidate, str]]) -> dict[str, _TaskImage]:
-    """4. prewarm: shard layout plan (tag cap), basecache tags, then task images into their shards."""
+    """4. prewarm: the ``prewarm-plan`` flow (as a subflow) plans the shard layout of this run's candidates
+    (each on its environment's target digest; ``prewarm/plan-tasks.jsonl``, its histogram beside it) and checks
+    the tag cap; then the basecache tags and the task images go into their planned shards. Returns the task
+    images by instance id.
+
+    Raises:
+        PlanRejectedError: a shard repository would hold more than ``prewarm.tag_cap`` tags (nothing copied).
+    """
     config, log, target = run.config, run.log, run.registries["target"]
-    dst = target.address
+    dst, plot_path = target.address, run.out_dir / "prewarm" / "prewarm-plan.png"
     with log.stage("prewarm") as st:
-        layout = config.prewarm.layout(target.namespace)
-        plan = layout.plan([(c.instance_id, envs[repo].target_digest) for c, repo in candidates])
+        layout = config.prewarm.layout(target.namespace)  # the target's namespace leads the prefix
+        rows = [(c.instance_id, envs[repo].target_digest) for c, repo in candidates]
+        tasks_path = registry_tasks.write_plan_tasks(rows, plot_path.with_name("plan-tasks.jsonl"))
+        plan = prewarm_plan_flow(PrewarmPlanParams(tasks_path=tasks_path, shards=layout.shards, lanes=layout.lanes,
+                                                   prefix=layout.prefix, tag_cap=layout.tag_cap,
+                                                   plot_path=plot_path))
         base_refs = {e.target_digest: f"docker://{e.target_ref}" for e in envs.values()}
         basecache = log.call(registry_tasks.prewarm, plan, dst, base_refs, run.registry_ids["target"],
                              config.prewarm.concurrency)
@@ -321,11 +334,8 @@ def _prewarm(run: _Run, envs: dict[str, _Env], candidates: list[tuple[Candidate,
             generated.GeneratedTask(**t.candidate.model_dump(), image=t.local_image.name,
                                     image_id=t.local_image.image_id, registry_ref=t.image_ref,
                                     registry_digest=t.digest, test_command=t.test_command)
-            for t in task_images.values()]))}  # what `curate` and the canary read; earlier runs' rows are kept
-        table_artifact("prewarm-plan", [
-            {"repository": r, "projected_tags": n, "cap": config.prewarm.tag_cap}
-            for r, n in sorted(plan.projected_tag_counts.items())
-        ], "Projected tags per shard repository (task tags + basecache tags)")
+            for t in task_images.values()])),  # what `curate` and the canary read; earlier runs' rows are kept
+            "plan_tasks": str(tasks_path), "plan_plot": str(plot_path)}
         st["counts"] = {"repositories": len(plan.projected_tag_counts), "basecache_tags": len(basecache),
                         "task_images": len(task_images), "base_layers_reused": reused_layers}
     return task_images

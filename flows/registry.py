@@ -30,7 +30,7 @@ from prefect.runtime import flow_run
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from blocks.core import RegistryEndpoint
-from flows.stagekit import StageParams
+from flows.stagekit import StageParams, run_task
 from forgeflow.common.errors import InputError, MigrationIncompleteError
 from forgeflow.common.settings import apply_container_env, home_dir
 from forgeflow.common.settings import store_url as default_store_url
@@ -494,13 +494,16 @@ def prewarm_plan(params: PrewarmPlanParams = PrewarmPlanParams()) -> PrewarmPlan
     the store (each task's base = its repository's target image). Publishes the ``prewarm-plan``
     table (projected tags per repository) and the histogram PNG (``prewarm-plan-histogram``;
     written to ``params.plot_path``, default ``$FORGEFLOW_HOME/registry/prewarm-plan.png``) BEFORE the check.
+    The plan itself is a task cached on the tasks and the layout (:func:`tasks.registry.layout_plan`). The
+    lifecycle's prewarm stage runs this flow on its candidates, then copies by the plan it returns.
 
     Args:
         params: :class:`PrewarmPlanParams` (``tasks_path``, ``shards``, ``lanes``, ``prefix``, ``tag_cap``,
             ``plot_path``, ``store_url``).
 
     Returns:
-        The checked :class:`forgeflow.registry.layout.PrewarmPlan`.
+        The checked :class:`forgeflow.registry.layout.PrewarmPlan` (placements in input order, basecache tags and
+        projected tag counts per repository; ``rejected_repositories`` empty).
 
     Raises:
         PlanRejectedError: a repository would exceed ``params.tag_cap`` (names repositories and counts).
@@ -515,7 +518,8 @@ def prewarm_plan(params: PrewarmPlanParams = PrewarmPlanParams()) -> PrewarmPlan
     pairs = registry_ops.plan_tasks(params.tasks_path, params.store_url or default_store_url())
     if not pairs:
         raise InputError("no tasks to plan")
-    plan = registry_ops.layout_plan(pairs, shards, lanes, prefix, tag_cap)
+    # run_task: inside a lifecycle stage the plan is counted (cached on a re-run of the same tasks)
+    plan = run_task(registry_ops.layout_plan, pairs, shards, lanes, prefix, tag_cap)
     table_artifact("prewarm-plan", [
         {"repository": repo, "projected_tags": n, "basecache_tags": len(plan.basecache.get(repo, {})),
          "cap": tag_cap, "over_cap": repo in plan.rejected_repositories}

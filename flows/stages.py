@@ -296,8 +296,8 @@ def package(params: PackageParams) -> PackageResult:
         params: :class:`PackageParams`.
 
     Raises:
-        InputError: before any compute: the store block is missing or inconsistent, or
-            ``params.publish_quantization`` is not among the artifacts this run makes, an unknown
+        InputError: before any compute: the store block is missing or inconsistent (``params.publish: ...``, read
+            in a task), or ``params.publish_quantization`` is not among the artifacts this run makes, an unknown
             quantization plan name or preset, repeated artifact keys (``params.quantizations``), an
             invalid metadata edit (``params.metadata_edits[i] (key ...)``: unknown op, empty key, a value
             that does not fit its type, a repeated key, a delete of a key the architecture needs such as
@@ -337,10 +337,18 @@ def package(params: PackageParams) -> PackageResult:
 
 
 def _publish_preflight(store_block: str, quantization: str, produced: tuple[str, ...]) -> str:
-    """Fail before compute when the store block or the quantization to publish cannot work."""
+    """Fail before compute when the store block or the quantization to publish cannot work; returns ``quantization``.
+
+    Raises:
+        InputError: ``params.publish_quantization`` is not in ``produced``, or ``params.publish: ...`` the block
+            is missing or inconsistent (:func:`tasks.packaging.model_store_preflight`, a task run).
+    """
     if quantization not in produced:
         raise InputError(f"params.publish_quantization {quantization!r} is not one of the artifacts {list(produced)}")
-    publish_tasks.load_model_store(store_block)
+    try:
+        publish_tasks.model_store_preflight(store_block)
+    except InputError as exc:
+        raise _param_error(exc, "publish") from None
     return quantization
 
 
@@ -389,11 +397,15 @@ def publish(params: PublishParams) -> PublishRecord:
     cross-checked. The files are hashed and the store read in a task (:func:`tasks.packaging.release_inputs`).
 
     Raises:
-        InputError: the store block is missing or inconsistent; ``params.gguf_path``/``params.hf_dir`` is
-            missing; ``hf_dir``/``adapter_dir`` is not what the store records the GGUF was converted from.
+        InputError: the store block is missing or inconsistent (``params.store: ...``, read in a task);
+            ``params.gguf_path``/``params.hf_dir`` is missing; ``hf_dir``/``adapter_dir`` is not what the store
+            records the GGUF was converted from.
         GGUFError: the check failed.
     """
-    publish_tasks.load_model_store(params.store)
+    try:
+        publish_tasks.model_store_preflight(params.store)
+    except InputError as exc:
+        raise _param_error(exc, "store") from None
     inputs = publish_tasks.release_inputs(params.gguf_path, params.hf_dir, params.adapter_dir)
     check = publish_tasks.check_release(params.gguf_path, inputs.gguf_sha256, params.hf_dir, inputs.hf_sha256,
                                         inputs.edited or None)

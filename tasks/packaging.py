@@ -316,6 +316,21 @@ def load_model_store(block_name: str) -> ModelStore:
     return load_block(ModelStore, block_name, "model store").validate_kind()
 
 
+@task(cache_policy=NO_CACHE, task_run_name="model-store-{block_name}")
+def model_store_preflight(block_name: str) -> str:
+    """Before any compute of a publishing flow: the ModelStore block ``block_name`` is saved and its
+    fields fit its kind (:func:`load_model_store`; no token read). Not cached: a block can be saved
+    again between runs.
+
+    Returns:
+        The block's kind (``local`` or ``hf_hub``).
+
+    Raises:
+        InputError: no such block, or its fields do not fit its kind.
+    """
+    return load_model_store(block_name).kind
+
+
 @task(cache_policy=RESUMABLE)
 def check_release(gguf_path: Path, gguf_sha256: str, hf_dir: Path, hf_sha256: str,
                   edited: dict[str, Any] | None = None) -> gguf.GGUFCheck:

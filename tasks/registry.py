@@ -1,5 +1,5 @@
 """Prefect tasks of the registry stages and flows: registries, environment and task images, push,
-prewarm; one image's migration, coverage, reference rewrite, prewarm plan and its histogram (thin
+prewarm; one image's migration, coverage, reference rewrite, prewarm plan (its tasks file) and its histogram (thin
 wrappers over :mod:`forgeflow.registry`).
 
 Per-registry limits are Prefect *global concurrency limits* (``registry-<host>-<port>``) and,
@@ -11,6 +11,7 @@ rather than failing the migration.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,7 +25,7 @@ from prefect.context import TaskRunContext
 
 from blocks.core import RegistryEndpoint
 from forgeflow.common.errors import InputError, is_transient
-from forgeflow.common.fsutil import atomic_write_bytes
+from forgeflow.common.fsutil import atomic_write_bytes, atomic_write_text
 from forgeflow.ledger.store import Store
 from forgeflow.registry import auth as registry_auth
 from forgeflow.registry import coverage, imageref, images, projects
@@ -284,9 +285,17 @@ def rewrite_refs(old_prefix: str, new_prefix: str, dry_run: bool, store_url: str
     return coverage.rewrite_refs(store, old_prefix, new_prefix, dry_run=dry_run)
 
 
-@task(cache_policy=NO_CACHE)
+@task(cache_policy=RESUMABLE)
 def layout_plan(tasks: list[tuple[str, str]], shards: int, lanes: int, prefix: str, tag_cap: int) -> PrewarmPlan:
-    """The ``base-sharded-tags`` plan of ``tasks`` (not yet checked against the cap)."""
+    """The ``base-sharded-tags`` plan of ``tasks`` (``(task id, base digest)`` pairs), not yet checked
+    against the cap (:meth:`forgeflow.registry.layout.ShardLayout.plan`).
+
+    Cached on the pairs and the layout (with this task's source): the plan is a pure function of them,
+    so the same tasks read again from a rewritten file are answered from the cache.
+
+    Raises:
+        InputError: a repeated task id, a malformed digest, or two tasks on one image tag (never cached).
+    """
     layout = ShardLayout(shards=shards, lanes=lanes, prefix=prefix, tag_cap=tag_cap)
     return layout.plan(tasks)
 
@@ -452,6 +461,16 @@ def reconcile(store_url: str, report: coverage.CoverageReport, run_id: str | Non
         return coverage.reconcile_coverage(store, report, run_id)
     finally:
         store.dispose()
+
+
+@task(cache_policy=NO_CACHE)
+def write_plan_tasks(tasks: list[tuple[str, str]], path: Path) -> Path:
+    """Write ``(task id, base digest)`` pairs to ``path`` as JSONL, one ``{"task_id", "base_digest"}`` object a
+    line (atomically): the ``tasks_path`` the ``prewarm-plan`` flow reads
+    (:func:`forgeflow.registry.coverage.plan_tasks_from_jsonl`). Not cached: the file is rewritten each run.
+    Returns ``path``."""
+    return atomic_write_text(path, "".join(json.dumps({"task_id": task_id, "base_digest": digest}) + "\n"
+                                           for task_id, digest in tasks))
 
 
 @task(cache_policy=NO_CACHE)

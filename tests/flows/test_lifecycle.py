@@ -125,6 +125,7 @@ def test_the_run_shows_each_stage_as_a_subflow_run_with_its_own_task_runs(first_
             return sorted(client.read_flow(run.flow_id).name for run in runs)
 
         assert child_flows("migrate") == ["migrate-images"]
+        assert child_flows("prewarm") == ["prewarm-plan"]  # the plan (tag cap checked) the stage copies by
         assert child_flows("freeze") == ["freeze"]
         assert child_flows("base_model") == ["package"]  # the tiny model: built by a task, packaged by the flow
         assert child_flows("serve_baseline") == ["serve"]

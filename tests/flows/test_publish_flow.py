@@ -128,12 +128,32 @@ def test_package_publish_preflight_fails_before_any_compute(prefect_harness, tmp
 
     out_dir = tmp_path / "out"
     hf_dir = tiny_ggufs()[0].parent / "hf"
-    with pytest.raises(InputError, match="no-such-store"):
+    with pytest.raises(InputError, match="^params.publish: model store block 'no-such-store' does not exist"):
         package(PackageParams(hf_dir=hf_dir, out_dir=out_dir, quantizations=("Q8_0",), publish="no-such-store"))
     ModelStore(kind="hf_hub", endpoint="http://127.0.0.1:9").save("test-hub-no-repo", overwrite=True)
-    with pytest.raises(InputError, match="repo_id"):
+    with pytest.raises(InputError, match="^params.publish: model store kind hf_hub needs repo_id"):
         package(PackageParams(hf_dir=hf_dir, out_dir=out_dir, quantizations=("Q8_0",), publish="test-hub-no-repo"))
     ModelStore(path=tmp_path / "models").save("test-local-store-2", overwrite=True)
     with pytest.raises(InputError, match="params.publish_quantization 'Q4_K_M' is not one of"):
         package(PackageParams(hf_dir=hf_dir, out_dir=out_dir, quantizations=("Q8_0",), publish="test-local-store-2", publish_quantization="Q4_K_M"))
     assert not out_dir.exists()  # nothing was converted
+
+
+def test_publish_reads_its_store_block_in_a_task_and_names_the_field(prefect_harness, tmp_path: Path) -> None:
+    """The block is a Prefect API read: a task run of the flow run (``model-store-<name>``), before any file is
+    hashed; a missing block fails the run naming ``params.store``."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    from flows.stages import PublishParams, publish
+
+    gguf = tiny_ggufs()[0]
+    state = publish(PublishParams(gguf_path=gguf, store="no-such-store", hf_dir=gguf.parent / "hf"),
+                    return_state=True)
+    assert state.is_failed()
+    with pytest.raises(InputError, match="^params.store: model store block 'no-such-store' does not exist"):
+        state.result()
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(
+            id=FlowRunFilterId(any_=[state.state_details.flow_run_id])))
+    assert [(t.name, t.state.type.value) for t in runs] == [("model-store-no-such-store", "FAILED")]

@@ -320,6 +320,38 @@ def test_prewarm_plan_histogram_and_rejection_at_the_cap(prefect_harness, tmp_pa
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the plot shows what was rejected
 
 
+def test_prewarm_plan_in_a_lifecycle_stage_counts_its_plan_and_a_rerun_is_cached(prefect_harness,
+                                                                                   tmp_path: Path) -> None:
+    """The lifecycle's prewarm stage writes its tasks file (rewritten each run) and runs this flow: the plan
+    task counts in the stage, and the same tasks read again come from the cache, so a re-run stays ``cached``."""
+    import secrets
+
+    from prefect import flow
+
+    from flows.registry import PrewarmPlanParams, prewarm_plan
+    from flows.stagekit import StageLog, run_stage_flow
+    from tasks.registry import write_plan_tasks
+
+    base = "sha256:" + secrets.token_hex(32)  # no earlier plan of these tasks in Prefect's cache
+    pairs = [(f"t-{i}", base) for i in range(5)]
+    log = StageLog(tmp_path / "summary.json", None)
+
+    def stage(name: str):
+        with log.stage(name):
+            tasks_path = write_plan_tasks(pairs, tmp_path / "plan-tasks.jsonl")
+            return prewarm_plan(PrewarmPlanParams(tasks_path=tasks_path, shards=4, lanes=2,
+                                                  plot_path=tmp_path / "plan.png"))
+
+    @flow
+    def parent():
+        return run_stage_flow("first", stage, "first"), run_stage_flow("second", stage, "second")
+
+    first, second = parent()
+    assert [(p.task_id, p.base_digest) for p in first.placements] == pairs and second == first
+    assert (log.stages["first"]["status"], log.stages["first"]["tasks_run"]) == ("completed", 1)
+    assert (log.stages["second"]["status"], log.stages["second"]["tasks_cached"]) == ("cached", 1)
+
+
 def test_dataset_column_of_local_names_is_refused_and_full_references_are_used(
         prefect_harness, endpoints, tmp_path: Path) -> None:
     # regression: the demo's candidates.jsonl: 'image' holds local podman names, 'registry_ref' full
