@@ -69,7 +69,7 @@ from tasks import packaging as packaging_tasks
 from tasks import registry as registry_tasks
 from tasks import serving as serving_tasks
 from tasks import training as training_tasks
-from tasks.common import record_rows, table_artifact, upgrade_store
+from tasks.common import record_rows, upgrade_store
 
 MODEL_ALIAS = "forgeflow"
 
