@@ -1,16 +1,19 @@
 """The ``canary`` flow: agent trials on one split of a recorded freeze against a served model.
 
-The same trials as the lifecycle's canary stages (``flows/lifecycle.py``): both call
-:func:`run_canary_job`, which submits :func:`tasks.evaluation.agent_trial` ``concurrency`` at a time,
-records every trial in the store under one ``jobs`` row (kind ``canary``) and publishes the trial
-table. The standalone flow reads its inputs where the lifecycle / curate / freeze left them:
+The lifecycle's canary stages (``canary_baseline``, ``canary_candidate``: ``flows/lifecycle.py``) run this
+flow as a subflow: one code path. :func:`run_canary_job` (this flow's and ``canary-recover``'s) submits
+:func:`tasks.evaluation.agent_trial` ``concurrency`` at a time, records every trial in the store under one
+``jobs`` row (kind ``canary``) and publishes the trial table. The flow reads its inputs where the lifecycle /
+curate / freeze left them:
 
 * the freeze (``freezes`` row -> manifest, verified against the recorded file digest) and its split;
 * each task's FAIL_TO_PASS / PASS_TO_PASS from the store (accepted tasks only);
 * each task's patch, task image and test command from the generated-candidates file
   (:mod:`forgeflow.curation.generated`, default ``$FORGEFLOW_HOME/demo/candidates.jsonl``);
 * the endpoint from the serving state file (``serve`` flow, default
-  ``$FORGEFLOW_HOME/serving/state.json``) or an explicit ``base_url`` + ``model_sha256``.
+  ``$FORGEFLOW_HOME/serving/state.json``) or an explicit ``base_url`` + ``model_sha256`` (refused when that
+  state file records a live server at ``base_url`` serving another model;
+  :func:`tasks.evaluation.resolve_endpoint`).
 
 It takes one parameter model, ``params`` (:class:`CanaryParams`, a :class:`flows.stagekit.StageParams`),
 whose grouped fields are typed models (:mod:`forgeflow.evaluation.canary_params`): ``endpoint``
@@ -108,49 +111,55 @@ class CanaryJobRun:
     run_key: str | None = None
 
 
-def run_canary_job(log: StageLog, st: dict[str, Any], stage: str, run: CanaryJobRun,
-                   store_url: str) -> tuple[list, compare.JobReport]:
-    """Run one canary job inside the open stage ``st`` of ``log`` (the lifecycle's and this flow's).
+def run_canary_job(log: StageLog, stage: str, run: CanaryJobRun) -> tuple[list, compare.JobReport]:
+    """Run one canary job as stage ``stage`` of ``log`` (``canary``'s and ``canary-recover``'s).
 
-    Records ``run.job`` in the store at ``store_url`` (:func:`tasks.common.record_rows`), then runs
-    :func:`tasks.evaluation.agent_trial` in a sliding window of
+    Records ``run.job`` in the store (:func:`forgeflow.common.settings.store_url`, through
+    :func:`tasks.common.record_rows`), then runs :func:`tasks.evaluation.agent_trial` in a sliding window of
     ``run.concurrency`` (:meth:`flows.stagekit.StageLog.window`: the next trial starts when any one
     ends), records each trial as it comes back (:func:`forgeflow.evaluation.canary.trial_row`, upsert
     by trial id, one ``record-trials`` task run each), publishes the table artifact ``stage`` with dashes
-    and fills ``st``'s counts (requested, scored, reward_1, exceptions) and digests (model). With
+    and fills the stage's counts (requested, scored, reward_1, exceptions) and digests (model). With
     ``run.agent_config.verifier_ray`` the trials run on that Ray cluster and this process leaves
     it once the job's trials are in.
 
     Returns:
         The trials (:class:`forgeflow.sandbox.trial.TrialResult`, in task order) and their JobReport.
+
+    Raises:
+        InputError / InfraError: recording the job or a trial row failed (the stage is then failed). A trial
+            that ended in an exception is recorded with it, not raised.
     """
-    job, tasks, agent_config = run.job, run.tasks, run.agent_config
-    record_rows(store_url, "jobs", [job])
-    model_sha256, run_id = job.model_sha256, job.run_id or ""
+    store_url = settings.store_url()
+    with log.stage(stage) as st:
+        job, tasks, agent_config = run.job, run.tasks, run.agent_config
+        record_rows(store_url, "jobs", [job])
+        model_sha256, run_id = job.model_sha256, job.run_id or ""
 
-    def submit(t: CanaryTask) -> Any:
-        return evaluation_tasks.agent_trial.submit(t, run.base_url, run.model_alias, model_sha256, agent_config,
-                                                   run.trajectories_dir, run.verifier_timeout_s, job_id=job.job_id,
-                                                   run_key=run.run_key or job.job_id)
+        def submit(t: CanaryTask) -> Any:
+            return evaluation_tasks.agent_trial.submit(t, run.base_url, run.model_alias, model_sha256, agent_config,
+                                                       run.trajectories_dir, run.verifier_timeout_s, job_id=job.job_id,
+                                                       run_key=run.run_key or job.job_id)
 
-    ended = {}
-    try:
-        for t, state in log.window(tasks, submit, run.concurrency):
-            tr = state.result()
-            record_rows(store_url, "trials", [trial_row(tr, job.job_id, model_sha256, run_id)])
-            ended[t.instance_id] = tr
-    finally:  # a driver outlived by its Ray cluster is ended by Ray: leave it now
-        if agent_config.verifier_ray is not None:
-            dispatch.disconnect()
-    trials = [ended[t.instance_id] for t in tasks]
-    report = compare.JobReport.from_trials(trials)
-    table_artifact(stage.replace("_", "-"), [
-        {"instance_id": tr.instance_id, "reward": tr.reward, "exception": tr.exception_type,
-         "agent_s": tr.agent_s, "verifier_s": tr.verifier_s} for tr in trials], f"{stage}: agent trials ({job.job_id})")
-    st["counts"] = {"requested": report.requested, "scored": report.scored, "reward_1": report.reward_1,
-                    "exceptions": sum(report.exceptions_by_type.values())}
-    st["digests"] = {"model": model_sha256}
-    return trials, report
+        ended = {}
+        try:
+            for t, state in log.window(tasks, submit, run.concurrency):
+                tr = state.result()
+                record_rows(store_url, "trials", [trial_row(tr, job.job_id, model_sha256, run_id)])
+                ended[t.instance_id] = tr
+        finally:  # a driver outlived by its Ray cluster is ended by Ray: leave it now
+            if agent_config.verifier_ray is not None:
+                dispatch.disconnect()
+        trials = [ended[t.instance_id] for t in tasks]
+        report = compare.JobReport.from_trials(trials)
+        table_artifact(stage.replace("_", "-"), [
+            {"instance_id": tr.instance_id, "reward": tr.reward, "exception": tr.exception_type,
+             "agent_s": tr.agent_s, "verifier_s": tr.verifier_s} for tr in trials],
+            f"{stage}: agent trials ({job.job_id})")
+        st["counts"] = {"requested": report.requested, "scored": report.scored, "reward_1": report.reward_1,
+                        "exceptions": sum(report.exceptions_by_type.values())}
+        st["digests"] = {"model": model_sha256}
+        return trials, report
 
 
 def _recovery_agent_config(original: records.JobRecord, given: agent.AgentConfig | None) -> agent.AgentConfig:
@@ -263,9 +272,10 @@ def canary(params: CanaryParams = CanaryParams()) -> CanaryResult:
               ``forgeflow-canary-on-freeze`` automation renders it from the freeze run).
             * ``split``: which split (``test`` by default; ``validation``/``train`` where the freeze has them).
             * ``endpoint``: the model endpoint (:class:`forgeflow.evaluation.canary_params.CanaryEndpoint`): the
-              serving state file (default ``$FORGEFLOW_HOME/serving/state.json``) or ``base_url`` +
-              ``model_sha256`` (checked against the state), and the ``model_alias`` sent (default: the
-              state's alias, else ``forgeflow``).
+              serving state file's active server (default ``$FORGEFLOW_HOME/serving/state.json``) or ``base_url`` +
+              ``model_sha256`` (refused when that state file records a live server at ``base_url`` serving
+              another GGUF; a URL it does not record as serving, e.g. a server staged on the idle port, is taken
+              with the sha256 given), and the ``model_alias`` sent (default: the state's alias, else ``forgeflow``).
             * ``run``: how the trials run (:class:`forgeflow.evaluation.canary_params.CanaryRunSettings`):
               ``concurrency`` (refused above the ``profile``'s limit: ``default`` up to 4 at once,
               ``verified`` up to 10), ``agent_config`` (mini-swe-agent limits and sampling),
@@ -303,7 +313,8 @@ def canary(params: CanaryParams = CanaryParams()) -> CanaryResult:
 
     Raises:
         InputError: a bad parameter (concurrency above the limit, unknown profile/freeze/split,
-            endpoint given both or neither way), the field named (``params.run.concurrency``, ...).
+            ``base_url`` without ``model_sha256``, or a ``base_url`` the serving state records serving another
+            model), the field named (``params.run.concurrency``, ...).
         PreflightError: tasks that cannot run (listed), a stopped or silent endpoint.
     """
     freeze_name, split, endpoint, run, source = params.freeze_name, params.split, params.endpoint, params.run, \
@@ -349,10 +360,9 @@ def canary(params: CanaryParams = CanaryParams()) -> CanaryResult:
     log = StageLog(job_dir / "summary.json", run_id)
     logger.info("canary %s: %d task(s) of %s/%s against %s (%s), %d at a time", job_id, len(tasks), freeze_name,
                 split, url, sha[:12], concurrency)
-    with _model_key(key), log.stage("canary") as st:
-        trials, report = run_canary_job(log, st, "canary", CanaryJobRun(
-            job, tasks, url, alias, agent_config, job_dir / "trajectories", run.verifier_timeout_s, concurrency),
-            settings.store_url())
+    with _model_key(key):
+        trials, report = run_canary_job(log, "canary", CanaryJobRun(
+            job, tasks, url, alias, agent_config, job_dir / "trajectories", run.verifier_timeout_s, concurrency))
     markdown = render_job_report(job, report, trials, {"endpoint": url, "model alias": alias,
                                                        "profile": f"{profile} (concurrency {concurrency})"})
     report_path = evaluation_tasks.write_job_report(markdown, job_dir / "report.md", REPORT_ARTIFACT_KEY,
@@ -491,10 +501,9 @@ def canary_recover(params: CanaryRecoverParams) -> CanaryRecoveryResult:
     log = StageLog(job_dir / "summary.json", run_id)
     logger.info("canary-recover %s: re-running %d exception trial(s) of %s (%s) as %s against %s", job_id,
                 len(tasks), job_id, plan.merged_label, new_id, url)
-    with _model_key(key), log.stage("canary_recover") as st:
-        trials, report = run_canary_job(log, st, "canary_recover", CanaryJobRun(
-            job, tasks, url, alias, config, job_dir / "trajectories", verifier_timeout_s, concurrency, run_key=new_id),
-            settings.store_url())
+    with _model_key(key):
+        trials, report = run_canary_job(log, "canary_recover", CanaryJobRun(
+            job, tasks, url, alias, config, job_dir / "trajectories", verifier_timeout_s, concurrency, run_key=new_id))
     label, recovery_ids, merged_report = evaluation_tasks.merged_view(job_id)
     extra = {"recovers": f"{len(tasks)} exception trial(s) of job `{job_id}`", "endpoint": url, "model alias": alias,
              "merged view": f"{label}: scored {merged_report.scored}/{merged_report.requested}, "

@@ -13,11 +13,12 @@ and the baseline keeps serving.
 Every stage is a subflow run (flow ``lifecycle-stage``, run named after the stage; the four stages of the
 promotion transaction share the run ``promote``) whose tasks have the resumable cache policy, so a second
 run of the same inputs is answered from Prefect's cache. The migrate, prewarm, validate, freeze, base model, serve,
-burst, package and compare stages run the flow a user runs alone (``migrate-images``, ``prewarm-plan``: the shard plan
-the stage then copies by, ``curate`` on this run's pushed candidates, ``freeze``, ``base-model``, ``serve``,
-``sft-burst``, ``package``, ``compare``: the last on the two canary jobs as stored) as a subflow of their stage run:
-one code path. The store (SQL) records the domain facts with natural keys (upserts), and ``summary.json`` records
-each stage's status, counts, digests and wall seconds.
+canary, burst, package and compare stages run the flow a user runs alone (``migrate-images``, ``prewarm-plan``: the
+shard plan the stage then copies by, ``curate`` on this run's pushed candidates, ``freeze``, ``base-model``,
+``serve``, ``canary``, ``sft-burst``, ``package``, ``compare``: the last on the two canary jobs as stored) as a
+subflow of their stage run: one code path. The store (SQL) records the domain facts with natural keys (upserts),
+and ``summary.json`` records each stage's status, counts, digests and wall seconds (a stage flow's task runs
+counted in its stage: cached when every one was).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from prefect.runtime import flow_run
 from prefect.transactions import transaction
 
 from blocks.core import RegistryEndpoint
+from flows.canary import CanaryParams
+from flows.canary import canary as canary_flow
 from flows.curate import CurateParams
 from flows.curate import curate as curate_flow
 from flows.registry import MigrateParams, PrewarmPlanParams, registry_blocks, repository_prefix, run_registries
@@ -58,7 +61,7 @@ from forgeflow.curation.freeze import (
     check_freeze_inputs,
 )
 from forgeflow.curation.task_rows import TaskSource
-from forgeflow.evaluation import agent
+from forgeflow.evaluation.canary_params import CanaryEndpoint, CanaryRunSettings
 from forgeflow.ledger import records
 from forgeflow.registry import images, projects
 from forgeflow.registry import migration as migrate
@@ -175,18 +178,15 @@ def _run_stages(run: _Run) -> dict[str, Any]:
     accepted = run_stage_flow("validate", _validate, run, task_images)
     manifest = run_stage_flow("freeze", _freeze, run, accepted)
     by_id = {t.instance_id: t for t in accepted}
-    test_tasks = [by_id[i] for i in manifest.splits["test"]]
     base_model, base_gguf = run_stage_flow("base_model", _base_model, run)
     served_base = base_gguf[config.serving.quantization]
-    agent_config = config.canary.agent_config(config.seed)
     serving = run_stage_flow("serve_baseline", _serve_baseline, run, served_base, base_model.path)
-    baseline_job = run_stage_flow("canary_baseline", _canary, run, "canary_baseline", test_tasks,
-                                     serving.base_url, served_base.sha256, agent_config)
+    baseline_job = run_stage_flow("canary_baseline", _canary, run, "canary_baseline", serving.base_url,
+                                  served_base.sha256)
     adapter = run_stage_flow("burst", _burst, run, base_model, [by_id[i] for i in manifest.splits["train"]], envs)
     ggufs = run_stage_flow("package", _package, run, base_model, adapter)
     # serve_stage, canary_candidate, compare and serve_swap: one transaction, one subflow run
-    comparison = run_stage_flow("promote", _stage_and_promote, run, ggufs[config.serving.quantization], test_tasks,
-                                baseline_job, agent_config)
+    comparison = run_stage_flow("promote", _stage_and_promote, run, ggufs[config.serving.quantization], baseline_job)
     paired, decision, files = comparison.paired, comparison.decision, comparison.files
     emit_event("forgeflow.lifecycle.completed",
                resource={"prefect.resource.id": f"forgeflow.freeze.{config.freeze.name}"},
@@ -454,10 +454,10 @@ def _package(run: _Run, base_model: Any, adapter: BurstResult) -> dict[str, Any]
     return ggufs
 
 
-def _stage_and_promote(run: _Run, served_new: Any, test_tasks: list[_TaskImage], baseline_job: str,
-                       agent_config: agent.AgentConfig) -> CompareResult:
+def _stage_and_promote(run: _Run, served_new: Any, baseline_job: str) -> CompareResult:
     """12. stage the candidate on the idle port (health + smoke gate), the recorded endpoint unchanged;
-    13. canary it there; 14. compare + promotion gate; 15. promote (switch, stop old) or discard.
+    13. canary it there (the ``canary`` flow, :func:`_canary`); 14. compare + promotion gate (the ``compare``
+    flow); 15. promote (switch, stop old) or discard.
 
     One Prefect transaction: any failure after staging rolls back (the stage task's rollback hook
     stops the staged server; the recorded endpoint never moved). Returns the ``compare`` flow's
@@ -469,8 +469,7 @@ def _stage_and_promote(run: _Run, served_new: Any, test_tasks: list[_TaskImage],
             staged = log.call(serving_tasks.stage_server, run.state_path, served_new.path, served_new.sha256,
                               run.serving)
             st["counts"] = {"port": staged.port, "smoke_tokens": staged.gate.smoke_tokens}
-        candidate_job = _canary(run, "canary_candidate", test_tasks, staged.base_url, served_new.sha256,
-                                agent_config)
+        candidate_job = _canary(run, "canary_candidate", staged.base_url, served_new.sha256)
         comparison = _compare(run, baseline_job, candidate_job)
         decision = comparison.decision
         with log.stage("serve_swap") as st:
@@ -505,31 +504,36 @@ def _compare(run: _Run, baseline_job: str, candidate_job: str) -> CompareResult:
     return result
 
 
-def _canary(run: _Run, stage: str, test_tasks: list[_TaskImage], base_url: str, model_sha256: str,
-            agent_config: agent.AgentConfig) -> str:
-    """Agent trials on the frozen test split against the active endpoint (one job, recorded in the
-    store with its trials); returns the job id (``<stage>-<model sha256[:12]>``)."""
-    from flows.canary import (  # the standalone canary flow runs the same job
-        CanaryJobRun,
-        run_canary_job,
-    )
-    from forgeflow.evaluation.canary import CanaryTask
+def _canary(run: _Run, stage: str, base_url: str, model_sha256: str) -> str:
+    """9. / 13. canary: the ``canary`` flow (as a subflow) on the frozen test split, against the model
+    ``model_sha256`` (64 hex) served at ``base_url`` (the baseline on the recorded endpoint, or the candidate
+    staged on the idle port: the flow checks the URL and model against ``run.state_path``), with the
+    lifecycle's agent config, concurrency and verifier timeout, on the rows the prewarm stage wrote
+    (``<output_dir>/candidates.jsonl``). One job, recorded in the store with its trials and params (what a
+    ``canary-recover`` re-runs with); its report, summary.json and trajectories under
+    ``<output_dir>/canary/<job id>/``. The stage counts the flow's trials (cached when every one was) and
+    takes its counts (requested, scored, reward_1, exceptions) from the job's report.
 
-    config, out_dir = run.config, run.out_dir
-    job_id = f"{stage}-{model_sha256[:12]}"
+    Returns:
+        The job id, ``<stage>-<model sha256[:12]>``.
+
+    Raises:
+        InputError / PreflightError: as the ``canary`` flow (a task without its row or image, an endpoint that
+            does not answer or is recorded serving another model).
+    """
+    config = run.config
     with run.log.stage(stage) as st:
-        tasks = [CanaryTask.from_row(t.candidate, t.image_ref, t.digest, t.test_command, t.fail_to_pass,
-                                     t.pass_to_pass) for t in test_tasks]
-        # the params a `canary-recover` run re-runs the job's exception trials with
-        job = records.JobRecord(job_id=job_id, kind="canary", freeze_name=config.freeze.name, split="test",
-                                model_sha256=model_sha256, run_id=run.run_id,
-                                params={"concurrency": config.canary.concurrency, "profile": "default",
-                                        "base_url": base_url, "model_alias": MODEL_ALIAS,
-                                        "agent_config": agent_config.model_dump(mode="json"),
-                                        "verifier_timeout_s": config.validation.verifier_timeout_s,
-                                        "generated_path": str(out_dir / generated.GENERATED_FILE),
-                                        "trajectories_dir": str(out_dir / "trajectories" / job_id)})
-        run_canary_job(run.log, st, stage, CanaryJobRun(
-            job, tasks, base_url, MODEL_ALIAS, agent_config, out_dir / "trajectories" / job_id,
-            config.validation.verifier_timeout_s, config.canary.concurrency), run.store_url)
-    return job_id
+        result = canary_flow(CanaryParams(
+            freeze_name=config.freeze.name, split="test",
+            endpoint=CanaryEndpoint(state_path=run.state_path, base_url=base_url, model_sha256=model_sha256,
+                                    model_alias=MODEL_ALIAS),
+            run=CanaryRunSettings(concurrency=config.canary.concurrency, agent_config=config.canary.agent_config(
+                config.seed), verifier_timeout_s=config.validation.verifier_timeout_s),
+            source=TaskSource(generated_path=run.out_dir / generated.GENERATED_FILE, images="registry"),
+            job_id=f"{stage}-{model_sha256[:12]}", out_dir=run.out_dir / "canary"))
+        report = result.report
+        st["counts"] = {"requested": report.requested, "scored": report.scored, "reward_1": report.reward_1,
+                        "exceptions": sum(report.exceptions_by_type.values())}
+        st["digests"] = {"model": model_sha256}
+        st["paths"] = {"report": str(result.report_path)}
+    return result.job_id

@@ -2,7 +2,10 @@
 :class:`StageParams`, the base of every stage flow's one parameter model.
 
 A stage is *cached* when every task it ran came back from Prefect's cache (state name
-``Cached``); it is *completed* otherwise. The summary is written atomically after every stage, so
+``Cached``); it is *completed* otherwise. A stage opened while another :class:`StageLog`'s stage is
+active (a stage flow with its own log, e.g. ``canary``, run inside a lifecycle stage) counts its task runs
+in its own log and in that enclosing stage too, so the enclosing stage is cached exactly when the nested
+flow's tasks were. The summary is written atomically after every stage, so
 an interrupted run still leaves what it did. :meth:`StageLog.finish` also publishes the stages as
 one Prefect table artifact (key :data:`STAGE_TABLE_KEY`), the table a person opens in the UI.
 """
@@ -105,15 +108,24 @@ class StageLog:
         self.run_id = run_id
         self.stages: dict[str, dict[str, Any]] = {}
         self._current: dict[str, Any] | None = None
+        self._enclosing: StageLog | None = None  # another log's active stage, while one of ours is open
         self._t0 = time.monotonic()
 
     @contextmanager
     def stage(self, name: str) -> Iterator[dict[str, Any]]:
-        """Time one stage; the yielded dict takes ``counts``/``digests``/``paths`` entries."""
+        """Time one stage; the yielded dict takes ``counts``/``digests``/``paths`` entries.
+
+        Opened while another log's stage is active in this context (this log belongs to a stage flow run
+        inside it), the task runs noted here are noted in that stage too, until this stage ends. A stage
+        opened inside one of this log's own stages counts only in the inner one, as before.
+        """
         record: dict[str, Any] = {"status": "running", "counts": {}, "digests": {}, "paths": {},
                                   "tasks_run": 0, "tasks_cached": 0}
         self.stages[name] = record
-        outer = self._current
+        outer, enclosing = self._current, self._enclosing
+        active_log = _ACTIVE_STAGE.get()
+        if active_log is not None and active_log is not self:
+            self._enclosing = active_log
         self._current = record
         active = _ACTIVE_STAGE.set(self)
         t0 = time.monotonic()
@@ -128,15 +140,19 @@ class StageLog:
             record["status"] = "cached" if ran > 0 and cached == ran else "completed"
         finally:
             record["wall_s"] = round(time.monotonic() - t0, 3)
-            self._current = outer
+            self._current, self._enclosing = outer, enclosing
             _ACTIVE_STAGE.reset(active)
             self.write()
 
     def _note(self, state: State) -> None:
+        """Count one ended task run in the open stage (cached when its state is named ``Cached``) and in
+        the enclosing log's active stage, if any (:meth:`stage`)."""
         if self._current is not None:
             self._current["tasks_run"] += 1
             if state.name == "Cached":
                 self._current["tasks_cached"] += 1
+            if self._enclosing is not None:
+                self._enclosing._note(state)
 
     def call(self, task: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run a Prefect task, note whether it was cached, return its result (raises on failure)."""

@@ -360,13 +360,17 @@ def resolve_endpoint(endpoint: CanaryEndpoint) -> tuple[str, str, str]:
     """``(base_url, model_sha256, model_alias)`` from an explicit endpoint or the serving state file.
 
     Args:
-        endpoint: ``base_url`` + ``model_sha256``, or the serving state file ``state_path`` (default
-            ``$FORGEFLOW_HOME/serving/state.json``); ``model_alias`` overrides the state's.
+        endpoint: the serving state file ``state_path`` (default ``$FORGEFLOW_HOME/serving/state.json``): its
+            active server; or ``base_url`` + ``model_sha256``, checked against that state file when it
+            records a live server at ``base_url`` (the same model, or refused). A ``base_url`` the state
+            does not record as serving (a server staged on the idle port, an endpoint of another state
+            file or of none) is taken with the ``model_sha256`` given. ``model_alias`` overrides the
+            state's (with ``base_url``: the server's default, ``forgeflow``).
 
     Raises:
-        InputError: both or neither way given wrongly (``base_url`` without a 64-hex
-            ``model_sha256``, or with ``state_path``), no or an invalid state file.
-        PreflightError: the recorded server is stopped.
+        InputError: ``base_url`` without a 64-hex ``model_sha256``; ``model_sha256`` differs from the GGUF the
+            state file records serving at that URL; no state file (without ``base_url``) or an invalid one.
+        PreflightError: the recorded server is stopped (without ``base_url``).
     """
     from forgeflow.common.settings import home_dir
     from forgeflow.serving import bluegreen
@@ -374,15 +378,19 @@ def resolve_endpoint(endpoint: CanaryEndpoint) -> tuple[str, str, str]:
 
     state_path, base_url, model_sha256, model_alias = (endpoint.state_path, endpoint.base_url, endpoint.model_sha256,
                                                        endpoint.model_alias)
+    path = Path(state_path or home_dir() / "serving" / "state.json")
     if base_url is not None:
-        if state_path is not None:
-            raise InputError(f"canary: give params.endpoint.state_path ({state_path}) or params.endpoint.base_url "
-                             f"({base_url}), not both")
         if model_sha256 is None or not re.fullmatch(r"[0-9a-f]{64}", model_sha256):
             raise InputError(f"canary: params.endpoint.base_url {base_url} needs params.endpoint.model_sha256 (64 "
                              f"lower-case hex digits, the served GGUF's sha256), got {model_sha256!r}")
-        return base_url.rstrip("/"), model_sha256, model_alias or DEFAULT_ALIAS  # the server's default name
-    path = Path(state_path or home_dir() / "serving" / "state.json")
+        url = base_url.rstrip("/")
+        state = bluegreen.read_state(path)
+        if (state is not None and state.live and state.base_url.rstrip("/") == url
+                and state.gguf_sha256 != model_sha256):
+            raise InputError(f"canary: params.endpoint.model_sha256 {model_sha256} differs from the GGUF "
+                             f"{state.gguf_sha256} ({state.gguf_path}) that {path} records serving at {url} "
+                             f"(generation {state.generation})")
+        return url, model_sha256, model_alias or DEFAULT_ALIAS  # the server's default name
     state = bluegreen.read_state(path)
     if state is None:
         raise InputError(f"canary: no serving state at {path}: run the serve flow first, or give "
@@ -449,8 +457,8 @@ def canary_inputs(freeze_name: str, split: str, sample: int | None, sample_seed:
     files and the endpoint may change between runs.
 
     Raises:
-        InputError: an unknown freeze or split, an endpoint given wrongly, rows that cannot be read, a
-            401/403 from the endpoint.
+        InputError: an unknown freeze or split, an endpoint given wrongly or recorded serving another model
+            (:func:`resolve_endpoint`), rows that cannot be read, a 401/403 from the endpoint.
         PreflightError: tasks that cannot run (listed), a stopped or silent endpoint.
     """
     store = _store()

@@ -1,8 +1,9 @@
 """The ``canary`` and ``canary-recover`` flows' parameter groups: the model endpoint and how a canary
 job runs (frozen pydantic models, so a deployment, the UI and a test give them as one JSON object).
 
-* :class:`CanaryEndpoint` — which served model the trials call: the serving state file, or an
-  explicit base URL and model sha256 (both flows).
+* :class:`CanaryEndpoint` — which served model the trials call: the serving state file's active server,
+  or an explicit base URL and model sha256 (checked against the state file when it records that URL; both
+  flows).
 * :class:`CanaryRunSettings` — how the job's agent trials run: concurrency within a profile, the
   agent's limits and sampling, the verifier's timeout and an optional seeded sample of the split.
 
@@ -21,16 +22,20 @@ from forgeflow.evaluation.agent_config import AgentConfig
 
 
 class CanaryEndpoint(BaseModel):
-    """The model endpoint a canary (or its recovery) runs the agent against: the serving state file
-    or an explicit ``base_url`` + ``model_sha256``, not both (refused by the flow, which reads the
-    state file).
+    """The model endpoint a canary (or its recovery) runs the agent against: the serving state file's
+    active server, or an explicit ``base_url`` + ``model_sha256`` (checked by the flow,
+    :func:`tasks.evaluation.resolve_endpoint`: when the state file records a live server at ``base_url``,
+    ``model_sha256`` must be the GGUF it records; a URL it does not record as serving, such as a server
+    staged on the idle port, is taken with the ``model_sha256`` given).
 
     Attributes:
         state_path: Serving state file (the ``serve`` flow's; default
-            ``$FORGEFLOW_HOME/serving/state.json`` when no ``base_url`` is given).
-        base_url: OpenAI-compatible base URL (``http://127.0.0.1:PORT/v1``) instead of the state file.
+            ``$FORGEFLOW_HOME/serving/state.json``): the endpoint without ``base_url``, the record
+            ``base_url`` is checked against with it.
+        base_url: OpenAI-compatible base URL (``http://127.0.0.1:PORT/v1``) instead of the state's active server.
         model_sha256: The served GGUF's sha256, 64 lower-case hex digits (required with ``base_url``;
-            checked against the state file's; ``canary-recover`` defaults it to the job's).
+            checked against the state file's record of that URL, or of its active server without
+            ``base_url``; ``canary-recover`` defaults it to the job's).
         model_alias: Model name sent to the endpoint (default: the state's alias, else ``forgeflow``;
             ``canary-recover``: the job's).
         api_key_secret: Name of a Prefect ``Secret`` block holding the endpoint's API key (sent as
@@ -41,15 +46,16 @@ class CanaryEndpoint(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     state_path: Path | None = Field(
-        default=None, description="Serving state file (default $FORGEFLOW_HOME/serving/state.json); give it or "
-        "base_url, not both.")
+        default=None, description="Serving state file (default $FORGEFLOW_HOME/serving/state.json): the endpoint "
+        "without base_url; with base_url, the record base_url is checked against.")
     base_url: str | None = Field(
         default=None, min_length=1,
-        description="OpenAI-compatible base URL (http://127.0.0.1:PORT/v1) instead of the serving state file.")
+        description="OpenAI-compatible base URL (http://127.0.0.1:PORT/v1) instead of the serving state's "
+        "active server.")
     model_sha256: str | None = Field(
         default=None, pattern=r"^[0-9a-f]{64}$",
         description="The served GGUF's sha256 (64 lower-case hex digits); required with base_url, checked "
-        "against the serving state.")
+        "against the serving state when it records a live server at base_url.")
     model_alias: str | None = Field(
         default=None, description="Model name sent to the endpoint (default: the serving state's alias, else "
         "'forgeflow'; empty: the default).")

@@ -166,6 +166,16 @@ def test_canary_refuses_unknown_freeze_split_and_missing_endpoint(prefect_harnes
         canary(CanaryParams(freeze_name="canary-test", endpoint=_at("http://127.0.0.1:9/v1", None), source=rows))
     with pytest.raises(PreflightError, match=r"the model endpoint http://127.0.0.1:9/v1 does not answer"):
         canary(CanaryParams(freeze_name="canary-test", endpoint=dead, source=rows))
+    # a serving state that records another model at that URL: refused before the endpoint is asked
+    from forgeflow.common.fsutil import atomic_write_json
+    from forgeflow.serving.bluegreen import ServingState
+
+    state_path = atomic_write_json(tmp_path / "serving" / "state.json", ServingState(
+        generation=1, active_port=9, gguf_path=tmp_path / "other.gguf", gguf_sha256="e" * 64, pid=4242,
+        base_url="http://127.0.0.1:9/v1").model_dump(mode="json"))
+    with pytest.raises(InputError, match=f"model_sha256 {MODEL_SHA} differs from the GGUF {'e' * 64}"):
+        canary(CanaryParams(freeze_name="canary-test", source=rows, endpoint=CanaryEndpoint(
+            state_path=state_path, base_url="http://127.0.0.1:9/v1", model_sha256=MODEL_SHA)))
 
 
 def test_canary_runs_its_verifier_on_the_sandbox_block(prefect_harness, recorded_freeze, tmp_path: Path,

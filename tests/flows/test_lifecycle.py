@@ -129,11 +129,12 @@ def test_the_run_shows_each_stage_as_a_subflow_run_with_its_own_task_runs(first_
         assert child_flows("freeze") == ["freeze"]
         assert child_flows("base_model") == ["package"]  # the tiny model: built by a task, packaged by the flow
         assert child_flows("serve_baseline") == ["serve"]
+        assert child_flows("canary_baseline") == ["canary"]  # the canary flow on the frozen test split
         assert child_flows("burst") == ["sft-burst"]  # the flow records the adapter (parent: the base model)
         assert child_flows("package") == ["package"]
-        # the compare stage runs inside the promote stage's run (one transaction with serve_stage, the
-        # candidate's canary and serve_swap): the compare flow on the two canary jobs as stored
-        assert child_flows("promote") == ["compare"]
+        # the candidate's canary and the compare stage run inside the promote stage's run (one transaction with
+        # serve_stage and serve_swap): the canary flow on the staged model, the compare flow on the two jobs as stored
+        assert child_flows("promote") == ["canary", "compare"]
         # the package flow's own task ran inside it: the stage's counts include it (cached on the second run)
         assert first_run["stages"]["package"]["tasks_run"] >= 1
 

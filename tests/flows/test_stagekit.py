@@ -109,3 +109,57 @@ def test_a_stage_flow_notes_the_task_runs_it_submits_in_the_enclosing_stage(tmp_
         note_task_state(Cached())
         note_task_state(Completed())
     assert (log.stages["validate-again"]["tasks_cached"], log.stages["validate-again"]["status"]) == (1, "completed")
+
+
+def test_a_nested_stage_logs_task_runs_count_in_the_enclosing_stage(prefect_harness, tmp_path: Path) -> None:
+    """A stage flow with its own StageLog (the canary's) run inside a lifecycle stage: its task runs count in
+    its own stage and in the enclosing one, so the enclosing stage is cached when the nested tasks were; a
+    stage nested in the same log counts only in the inner stage, and nothing is forwarded once it ended."""
+    from uuid import uuid4
+
+    from prefect import flow, task
+    from prefect.cache_policies import NO_CACHE
+
+    from flows.stagekit import StageLog
+
+    token = uuid4().hex  # this test's own cache keys
+
+    @task(cache_key_fn=lambda _context, parameters: f"nested-{token}-{parameters['x']}")
+    def cached(x: int) -> int:
+        return x + 1
+
+    @task(cache_policy=NO_CACHE)
+    def plain(x: int) -> int:
+        return x
+
+    @flow
+    def stage_flow(summary: Path) -> dict:  # a user's flow: its own log, one stage
+        own = StageLog(summary, None)
+        with own.stage("canary"):
+            own.call(cached, 1)
+            own.call(cached, 2)
+        own.call(plain, 3)  # no stage of its own open: counted nowhere
+        return own.stages["canary"]
+
+    def lifecycle_run(n: int) -> tuple[StageLog, dict]:
+        outer = StageLog(tmp_path / f"outer-{n}.json", None)
+
+        @flow
+        def parent() -> dict:
+            with outer.stage("canary_baseline"):
+                nested = stage_flow(tmp_path / f"inner-{n}.json")
+            with outer.stage("promote"):
+                with outer.stage("serve_stage"):  # the same log: the inner stage counts, not the outer
+                    outer.call(plain, 4)
+            return nested
+
+        return outer, parent()
+
+    first, nested = lifecycle_run(1)
+    counts = {name: (st["tasks_run"], st["tasks_cached"], st["status"]) for name, st in first.stages.items()}
+    assert (nested["tasks_run"], nested["tasks_cached"], nested["status"]) == (2, 0, "completed")
+    assert counts == {"canary_baseline": (2, 0, "completed"), "promote": (0, 0, "completed"),
+                      "serve_stage": (1, 0, "completed")}
+    second, nested = lifecycle_run(2)  # the same inputs: both nested task runs answered from the cache
+    assert (nested["tasks_run"], nested["tasks_cached"], nested["status"]) == (2, 2, "cached")
+    assert second.stages["canary_baseline"]["tasks_run"] == 2 and second.stages["canary_baseline"]["status"] == "cached"
