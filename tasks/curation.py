@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -12,12 +11,11 @@ from prefect import task
 from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE
 from pydantic import BaseModel, ConfigDict
 
-from forgeflow.common.errors import ImageNotFoundError, InputError, PreflightError
+from forgeflow.common.errors import InputError, PreflightError
 from forgeflow.curation import bugs, bundle, freeze, generated
 from forgeflow.evaluation.canary import trial_row
 from forgeflow.ledger.store import Store
 from forgeflow.registry import images
-from forgeflow.registry.skopeo import Skopeo
 from forgeflow.sandbox import dispatch, trial
 from forgeflow.sandbox.backends import SandboxTarget
 from forgeflow.sandbox.base import SandboxSpec
@@ -290,44 +288,16 @@ def keep_freeze_inputs(name: str, out_dir: Path, inputs: dict) -> Path:
     return freeze.record_freeze_inputs(name, out_dir, inputs)
 
 
-def _registry_repo(ref: str) -> tuple[str, str] | None:
-    """``host[:port]/repo:tag`` -> (``host[:port]/repo``, tag); None for local or digest refs."""
-    first, _, rest = ref.partition("/")
-    if not rest or "@" in ref or first == "localhost" or not ("." in first or ":" in first):
-        return None
-    repo, sep, tag = rest.rpartition(":")
-    return (f"{first}/{repo}", tag) if sep and "/" not in tag else None
-
-
 @task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S[:2],
       retry_condition_fn=retry_on_transient)
 def available_images(refs: list[str]) -> list[str]:
-    """Which image references exist, checked cheaply: one ``skopeo list-tags`` per registry
-    repository (``host:port/repo:tag``); ``podman image exists`` for local names and digest refs.
-
-    Returns:
-        The existing references, sorted.
+    """Which image references exist (:func:`forgeflow.registry.images.available`: one ``skopeo list-tags``
+    per registry repository, ``podman image exists`` for local names and digest refs); sorted.
 
     Raises:
         RegistryUnavailableError: a registry does not answer (transient: retried).
     """
-    by_repo: dict[str, set[str]] = defaultdict(set)
-    local: list[str] = []
-    for ref in set(refs):
-        split = _registry_repo(ref)
-        if split is None:
-            local.append(ref)
-        else:
-            by_repo[split[0]].add(split[1])
-    found = [ref for ref in local if images.image_exists(ref)]
-    skopeo = Skopeo()
-    for repo, tags in by_repo.items():
-        try:
-            present = set(skopeo.list_tags(f"docker://{repo}"))
-        except ImageNotFoundError:
-            present = set()
-        found.extend(f"{repo}:{tag}" for tag in tags & present)
-    return sorted(found)
+    return images.available(refs)
 
 
 class CurationState(BaseModel):

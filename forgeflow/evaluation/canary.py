@@ -35,6 +35,7 @@ from forgeflow.evaluation.agent import AgentTask, problem_statement_for
 from forgeflow.ledger import records
 from forgeflow.ledger import store as ledger
 from forgeflow.registry import images
+from forgeflow.registry.skopeo import Skopeo
 
 CANARY_PROFILES: dict[str, int] = {"default": 4, "verified": 10}
 """Profile name -> the most agent trials a canary may run at once."""
@@ -169,9 +170,11 @@ def canary_tasks(store: ledger.Store, instance_ids: Sequence[str], rows: Iterabl
     rows (the user's candidates, :class:`forgeflow.curation.candidates.CandidateTask`, or the
     lifecycle's :class:`forgeflow.curation.generated.GeneratedTask`: patch, task image, test command).
 
-    The sandbox image is the row's task image; its digest is the registry digest the lifecycle
-    pushed it under when known (the same content, so the lifecycle's cached scored trials are
-    reused), else ``sha256:<image id>`` (recorded in the row, or read from podman for a local image).
+    The sandbox image is the row's task image: a local name, or a ``host[:port]/repo:tag`` that podman pulls
+    when the sandbox starts (checked in its registry, no local copy needed). Its digest is the registry
+    digest the lifecycle pushed it under when known (the same content, so the lifecycle's cached scored
+    trials are reused), else ``sha256:<image id>`` (recorded in the row, or read from podman for a local
+    image), else the manifest digest its registry serves.
     The problem statement is the row's own ``problem_statement`` (a SWE-bench-style issue text)
     when it has one, else one written from the patch and FAIL_TO_PASS
     (:func:`forgeflow.evaluation.agent.problem_statement_for`).
@@ -180,7 +183,8 @@ def canary_tasks(store: ledger.Store, instance_ids: Sequence[str], rows: Iterabl
         store: The ledger holding the tasks' validation (FAIL_TO_PASS / PASS_TO_PASS).
         instance_ids: The split's ids, in order.
         rows: The task rows.
-        check_images: Check with podman that every task image exists (one ``image exists`` each).
+        check_images: Check that every task image exists (:func:`forgeflow.registry.images.available`: podman
+            for local names, the registry for registry refs).
         test_commands: instance id -> test command, overriding a row's ``test_command``
             (:func:`forgeflow.curation.task_rows.load_task_rows`).
         log_parsers: instance id -> the verifier's log parser (None or missing: the pytest report).
@@ -191,23 +195,29 @@ def canary_tasks(store: ledger.Store, instance_ids: Sequence[str], rows: Iterabl
     Raises:
         PreflightError: ids without a row, not accepted in the store (status given), without a
             test command, or whose image is missing: every problem listed, before any trial runs.
+        RegistryUnavailableError: a task image's registry does not answer.
     """
     by_id = {row.instance_id: row for row in rows}
     problems: list[str] = []
     out: list[CanaryTask] = []
+    found_rows = {i: accepted_row(store, i, by_id, test_commands or {}, "candidates file") for i in instance_ids}
+    present = set(images.available([f.image for f in found_rows.values() if not isinstance(f, str)])) \
+        if check_images else set()
     for instance_id in instance_ids:
-        found = accepted_row(store, instance_id, by_id, test_commands or {}, "candidates file")
+        found = found_rows[instance_id]
         if isinstance(found, str):
             problems.append(found)
             continue
         row, task, image, command = found
-        if check_images and not images.image_exists(image):
-            problems.append(f"{instance_id}: task image {image} does not exist (podman image exists)")
+        if check_images and image not in present:
+            where = "in its registry (skopeo list-tags)" if images.registry_repo(image) else "(podman image exists)"
+            problems.append(f"{instance_id}: task image {image} does not exist {where}")
             continue
         digest = getattr(row, "registry_digest", None) or (
             f"sha256:{row.image_id}" if getattr(row, "image_id", None) else None)
         if digest is None and check_images:
-            digest = f"sha256:{images.image_id(image)}"
+            digest = (Skopeo().inspect_digest(f"docker://{image}") if images.registry_repo(image)
+                      else f"sha256:{images.image_id(image)}")
         if digest is None:
             problems.append(f"{instance_id}: no image digest (registry_digest or image_id) in its row")
             continue

@@ -23,6 +23,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -48,6 +49,7 @@ from forgeflow.registry.projects import (
     git_commit_all,
     prepare_checkout,
 )
+from forgeflow.registry.skopeo import Skopeo
 
 BASE_IMAGE_TAG = "localhost/forgeflow/base:bookworm"
 """The default tag of the imported base image."""
@@ -254,6 +256,47 @@ def image_exists(ref: str) -> bool:
         ToolMissingError: podman is not installed.
     """
     return _podman("image", "exists", ref, check=False, timeout_s=60).returncode == 0
+
+
+def registry_repo(ref: str) -> tuple[str, str] | None:
+    """``host[:port]/repo:tag`` -> (``host[:port]/repo``, tag); None for a local name (no registry host, or
+    ``localhost/...``) or a digest reference."""
+    first, _, rest = ref.partition("/")
+    if not rest or "@" in ref or first == "localhost" or not ("." in first or ":" in first):
+        return None
+    repo, sep, tag = rest.rpartition(":")
+    return (f"{first}/{repo}", tag) if sep and "/" not in tag else None
+
+
+def available(refs: Iterable[str]) -> list[str]:
+    """Which of ``refs`` exist, checked cheaply: one ``skopeo list-tags`` per registry repository
+    (``host[:port]/repo:tag``, read with the registry's credentials from ``REGISTRY_AUTH_FILE``), one
+    ``podman image exists`` per local name or digest reference. A registry ref needs no local copy: podman
+    pulls it when a sandbox starts.
+
+    Returns:
+        The existing references, sorted.
+
+    Raises:
+        RegistryUnavailableError: a registry does not answer. ToolMissingError: skopeo or podman is missing.
+    """
+    by_repo: dict[str, set[str]] = {}
+    local: list[str] = []
+    for ref in set(refs):
+        split = registry_repo(ref)
+        if split is None:
+            local.append(ref)
+        else:
+            by_repo.setdefault(split[0], set()).add(split[1])
+    found = [ref for ref in local if image_exists(ref)]
+    skopeo = Skopeo()
+    for repo, tags in by_repo.items():
+        try:
+            present = set(skopeo.list_tags(f"docker://{repo}"))
+        except ImageNotFoundError:
+            present = set()
+        found.extend(f"{repo}:{tag}" for tag in tags & present)
+    return sorted(found)
 
 
 def image_id(ref: str) -> str:

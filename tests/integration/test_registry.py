@@ -346,3 +346,33 @@ def test_core_migration_retries_a_503_with_backoff_and_names_what_it_cannot_fix(
     states = load_states(store)
     assert states[pairs[0][1]].status == "completed" and states[pairs[1][1]].error_type == "ImageNotFoundError"
     store.dispose()
+
+
+def test_the_canary_takes_a_task_image_that_lives_only_in_a_registry(
+    registries: dict[str, RegistryServer], pushed_env: tuple[str, str], tmp_path: Path
+) -> None:
+    """A team's row may name its task image in a registry (``host:port/repo:tag``) that podman pulls when the
+    sandbox starts: the canary's preflight finds it there (no local copy) and takes the digest the registry
+    serves; a tag the registry does not have is named as missing there, before any trial."""
+    from types import SimpleNamespace
+
+    from forgeflow.common.errors import PreflightError
+    from forgeflow.evaluation.canary import canary_tasks
+    from forgeflow.ledger.records import TaskRecord
+    from forgeflow.ledger.store import Store
+    from forgeflow.registry import images
+
+    ref, digest = pushed_env[0].removeprefix("docker://"), pushed_env[1]
+    assert not images.image_exists(ref)  # only in the registry
+    store = Store(f"sqlite:///{tmp_path / 'store.db'}")
+    store.upgrade()
+    rows = []
+    for iid, image in (("team__a-1", ref), ("team__a-2", ref.replace(":1.0", ":no-such-tag"))):
+        store.record_task(TaskRecord(instance_id=iid, repo="team/a", status="accepted", fail_to_pass=["t::f"]))
+        rows.append(SimpleNamespace(instance_id=iid, repo="team/a", patch="p", image=image, test_command="pytest -rA",
+                                    problem_statement="add() is wrong"))
+    (task,) = canary_tasks(store, ["team__a-1"], rows)
+    assert (task.image_ref, task.image_digest) == (ref, digest)
+    with pytest.raises(PreflightError, match=r"team__a-2: task image .*:no-such-tag does not exist in its registry"):
+        canary_tasks(store, ["team__a-1", "team__a-2"], rows)
+    store.dispose()
