@@ -188,9 +188,10 @@ def test_runs_from_run_deployment_and_rest_complete_and_freeze_ready_triggers_fr
 
 def test_a_team_runs_the_model_deployments_on_its_checkpoint_folder_and_llama_server(running, tmp_path):
     """What a team does first with its own model, through the deployments ``up`` registered and the process
-    worker: ``base-model`` on a checkpoint folder, ``package`` of that folder, ``serve`` of its Q8_0 on a
-    ``forgeflow-serving`` block of llama.cpp's llama-server with 2 slots. Each run completes, the store traces
-    the served GGUF to the folder, and the server answers with the block's slots."""
+    worker: ``base-model`` on a checkpoint folder, ``package`` of that folder, ``sft-burst`` on it (2 steps),
+    ``serve`` of its Q8_0 on a ``forgeflow-serving`` block of llama.cpp's llama-server with 2 slots. Each run
+    completes, the store traces the served GGUF and the adapter to the folder, and the server answers with
+    the block's slots."""
     import shutil
 
     from prefect.deployments import run_deployment
@@ -226,6 +227,16 @@ def test_a_team_runs_the_model_deployments_on_its_checkpoint_folder_and_llama_se
     try:
         q8 = next(a for a in store.model_artifacts() if a.kind == "gguf" and a.quantization == "Q8_0")
         assert lineage_of(store, q8.sha256).chain[0].sha256 == sha256_tree(folder)  # the folder is the root
+        # an SFT burst on the same folder: the adapter's lineage starts at the folder
+        samples = tmp_path / "chats.jsonl"
+        samples.write_text("".join(json.dumps({"messages": [
+            {"role": "user", "content": f"add(2, {n}) returns {2 - n}; fix it"},
+            {"role": "assistant", "content": "--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,2 @@\n def add(a, b):\n"
+                                             "-    return a - b\n+    return a + b\n"}]}) + "\n" for n in range(4)))
+        run("sft-burst/sft-burst", {"params": {"hf_dir": str(folder), "samples_jsonl": str(samples),
+                                               "out_dir": str(tmp_path / "models"), "training": {"steps": 2}}})
+        adapter = next(a for a in store.model_artifacts() if a.kind == "adapter")
+        assert [p.parent_sha256 for p in store.producers(adapter.sha256)] == [sha256_tree(folder)]
         run("serve/serve", {"params": {"gguf_path": q8.path, "serving_block": "team-two-slots",
                                        "state_path": str(tmp_path / "serving" / "state.json")}})
         serving = bluegreen.read_state(tmp_path / "serving" / "state.json")
@@ -302,6 +313,67 @@ def test_a_team_curates_freezes_and_canaries_its_unittest_rows_through_the_deplo
         assert any("add(2, 3) returns -1 instead of 5" in json.dumps(body["messages"]) for body in bodies)
     finally:
         store.dispose()
+
+
+def test_a_team_migrates_and_plans_its_images_on_its_registries_through_the_deployments(running, tmp_path):
+    """The registry deployments on a team's own registries, named by ``forgeflow-registry`` blocks (the target
+    with htpasswd credentials in the block): ``migrate-images`` copies an environment image with its digest
+    and records it; ``prewarm-plan`` plans the team's tasks from a JSONL over the shard repositories and
+    writes its histogram. Both run by the process worker ``up`` started."""
+    import crypt  # deprecated in 3.11, still present; bcrypt for htpasswd
+
+    from prefect.deployments import run_deployment
+    from pydantic import SecretStr
+
+    from blocks.core import RegistryEndpoint
+    from forgeflow.registry.server import RegistryServer
+    from forgeflow.registry.skopeo import Skopeo
+    from tests.helpers import oci_image
+
+    home, state = running
+    htpasswd = tmp_path / "htpasswd"
+    htpasswd.write_text(f"mover:{crypt.crypt('team-pw-1', crypt.mksalt(crypt.METHOD_BLOWFISH, rounds=16))}\n")
+    servers = [RegistryServer("team-src", free_port(), tmp_path / "src"),
+               RegistryServer("team-dst", free_port(), tmp_path / "dst", htpasswd_path=htpasswd)]
+    try:
+        for server in servers:
+            server.start()
+        source, target = (server.address for server in servers)
+        digest = Skopeo(retry_times=0).copy(oci_image(tmp_path / "oci", "1", os.urandom(4_000)),
+                                           f"docker://{source}/env/team:1")
+        with _settings(state):
+            RegistryEndpoint(address=source).save("team-src", overwrite=True)
+            RegistryEndpoint(address=target, username="mover", password=SecretStr("team-pw-1")).save(
+                "team-dst", overwrite=True)
+
+        def run(name: str, parameters: dict) -> dict:
+            with _settings(state):
+                flow_run = run_deployment(name, parameters=parameters, timeout=0)
+            finished = _wait_state(state.api_url, str(flow_run.id), timeout_s=300)
+            assert finished["state"]["type"] == "COMPLETED", (name, finished["state"])
+            assert finished["work_pool_name"] == "local" and finished["infrastructure_pid"], "not run by the worker"
+            return finished
+
+        migrated = run("migrate-images/migrate",
+                       {"params": {"source": "team-src", "target": "team-dst", "images": ["env/team:1"]}})
+        assert "team-pw-1" not in json.dumps(migrated["parameters"])
+        store = Store(f"sqlite:///{home / 'store.db'}")
+        try:
+            row = store.get_image(f"{target}/env/team:1")
+            assert row is not None and row.status == "completed" and row.digest == digest
+        finally:
+            store.dispose()
+        tasks = tmp_path / "tasks.jsonl"
+        tasks.write_text("".join(json.dumps({"task_id": f"team__calc-{n}", "base_digest": digest}) + "\n"
+                                 for n in range(12)))
+        plot = tmp_path / "plan.png"
+        run("prewarm-plan/prewarm-plan", {"params": {"tasks_path": str(tasks), "shards": 4, "lanes": 2,
+                                                     "prefix": "team/task", "tag_cap": 20,
+                                                     "plot_path": str(plot)}})
+        assert plot.read_bytes().startswith(b"\x89PNG")
+    finally:
+        for server in servers:
+            server.stop()
 
 
 def test_second_up_reuses_the_running_processes(running, webhook):
