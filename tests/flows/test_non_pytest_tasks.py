@@ -53,6 +53,15 @@ def unittest_image(tmp_path_factory: pytest.TempPathFactory) -> str:
     return IMAGE
 
 
+def team_rows(image: str) -> list[dict]:
+    """Four SWE-bench-format rows (test lists as JSON strings, their own problem statements) of two repositories,
+    ``team/alpha`` and ``team/beta``, whose tests are the unittest suite of ``image``."""
+    return [{"instance_id": f"team__{repo}-{n}", "repo": f"team/{repo}", "patch": BUG_PATCH, "image": image,
+             "FAIL_TO_PASS": json.dumps([F2P]), "PASS_TO_PASS": json.dumps([P2P]),
+             "problem_statement": f"Issue {repo}-{n}: add(2, 3) returns -1 instead of 5."}
+            for repo in ("alpha", "beta") for n in range(2)]
+
+
 def test_unittest_tasks_are_curated_frozen_and_canaried_with_their_log_parser(
         prefect_harness, unittest_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from flows.canary import CanaryParams, canary
@@ -65,10 +74,7 @@ def test_unittest_tasks_are_curated_frozen_and_canaried_with_their_log_parser(
 
     monkeypatch.setenv("FORGEFLOW_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("FORGEFLOW_STORE_URL", f"sqlite:///{tmp_path / 'store.db'}")
-    rows = [{"instance_id": f"team__{repo}-{n}", "repo": f"team/{repo}", "patch": BUG_PATCH, "image": unittest_image,
-             "FAIL_TO_PASS": json.dumps([F2P]), "PASS_TO_PASS": json.dumps([P2P]),
-             "problem_statement": f"Issue {repo}-{n}: add(2, 3) returns -1 instead of 5."}
-            for repo in ("alpha", "beta") for n in range(2)]
+    rows = team_rows(unittest_image)
     path = tmp_path / "team.jsonl"
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     specs = {"team/alpha": UNITTEST, "team/beta": UNITTEST}

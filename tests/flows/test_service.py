@@ -21,7 +21,7 @@ import pytest
 from deployments import service
 from forgeflow.ledger.records import TrialRecord
 from forgeflow.ledger.store import Store
-from tests.flows.test_non_pytest_tasks import F2P, FIX, P2P, UNITTEST, unittest_image  # noqa: F401 - fixture
+from tests.flows.test_non_pytest_tasks import F2P, FIX, P2P, UNITTEST, team_rows, unittest_image  # noqa: F401 - fixture
 from tests.helpers import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -85,6 +85,19 @@ def _settings(state):
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
     return temporary_settings(updates={PREFECT_API_URL: state.api_url})
+
+
+def _run_completed(state, name: str, parameters: dict, timeout_s: float = 400.0) -> dict:
+    """Run deployment ``name`` with ``parameters`` through the API of ``up``'s server; wait until it ends and
+    check it completed, run by ``up``'s process worker. Returns the flow run as the API reads it."""
+    from prefect.deployments import run_deployment
+
+    with _settings(state):
+        flow_run = run_deployment(name, parameters=parameters, timeout=0)
+    finished = _wait_state(state.api_url, str(flow_run.id), timeout_s=timeout_s)
+    assert finished["state"]["type"] == "COMPLETED", (name, finished["state"])
+    assert finished["work_pool_name"] == "local" and finished["infrastructure_pid"], "not run by the worker"
+    return finished
 
 
 def _wait_state(api_url: str, flow_run_id: str, timeout_s: float = 150.0) -> dict:
@@ -194,8 +207,6 @@ def test_a_team_runs_the_model_deployments_on_its_checkpoint_folder_and_llama_se
     the block's slots."""
     import shutil
 
-    from prefect.deployments import run_deployment
-
     from blocks.core import ServingBackend
     from forgeflow.common.fsutil import sha256_file, sha256_tree
     from forgeflow.packaging.lineage import lineage_of
@@ -209,20 +220,12 @@ def test_a_team_runs_the_model_deployments_on_its_checkpoint_folder_and_llama_se
     shutil.copytree(tiny_ggufs()[0].parent / "hf", folder)
     ports = [free_port(), free_port()]
 
-    def run(name: str, parameters: dict) -> dict:
-        with _settings(state):
-            flow_run = run_deployment(name, parameters=parameters, timeout=0)
-        finished = _wait_state(state.api_url, str(flow_run.id), timeout_s=400)
-        assert finished["state"]["type"] == "COMPLETED", (name, finished["state"])
-        assert finished["work_pool_name"] == "local" and finished["infrastructure_pid"], "not run by the worker"
-        return finished
-
     with _settings(state):
         ServingBackend(kind="llama-server", ports=tuple(ports), n_ctx=2048, n_parallel=2, n_threads=2,
                        required_context_tokens=1000).save("team-two-slots", overwrite=True)
-    run("base-model/base-model", {"params": {"source": {"local_dir": str(folder)}}})
-    run("package/package", {"params": {"hf_dir": str(folder), "out_dir": str(tmp_path / "gguf"),
-                                       "quantizations": ["Q8_0"]}})
+    _run_completed(state, "base-model/base-model", {"params": {"source": {"local_dir": str(folder)}}})
+    _run_completed(state, "package/package", {"params": {
+        "hf_dir": str(folder), "out_dir": str(tmp_path / "gguf"), "quantizations": ["Q8_0"]}})
     store = Store(f"sqlite:///{home / 'store.db'}")
     try:
         q8 = next(a for a in store.model_artifacts() if a.kind == "gguf" and a.quantization == "Q8_0")
@@ -233,12 +236,14 @@ def test_a_team_runs_the_model_deployments_on_its_checkpoint_folder_and_llama_se
             {"role": "user", "content": f"add(2, {n}) returns {2 - n}; fix it"},
             {"role": "assistant", "content": "--- a/calc.py\n+++ b/calc.py\n@@ -1,2 +1,2 @@\n def add(a, b):\n"
                                              "-    return a - b\n+    return a + b\n"}]}) + "\n" for n in range(4)))
-        run("sft-burst/sft-burst", {"params": {"hf_dir": str(folder), "samples_jsonl": str(samples),
-                                               "out_dir": str(tmp_path / "models"), "training": {"steps": 2}}})
+        _run_completed(state, "sft-burst/sft-burst", {"params": {
+            "hf_dir": str(folder), "samples_jsonl": str(samples), "out_dir": str(tmp_path / "models"),
+            "training": {"steps": 2}}})
         adapter = next(a for a in store.model_artifacts() if a.kind == "adapter")
         assert [p.parent_sha256 for p in store.producers(adapter.sha256)] == [sha256_tree(folder)]
-        run("serve/serve", {"params": {"gguf_path": q8.path, "serving_block": "team-two-slots",
-                                       "state_path": str(tmp_path / "serving" / "state.json")}})
+        _run_completed(state, "serve/serve", {"params": {
+            "gguf_path": q8.path, "serving_block": "team-two-slots",
+            "state_path": str(tmp_path / "serving" / "state.json")}})
         serving = bluegreen.read_state(tmp_path / "serving" / "state.json")
         try:
             assert serving.gguf_sha256 == sha256_file(q8.path) and serving.active_port in ports
@@ -259,30 +264,18 @@ def test_a_team_curates_freezes_and_canaries_its_unittest_rows_through_the_deplo
     automation run ``freeze`` with the curate run's name, quotas and candidates; ``canary`` then grades a
     model's fix on the frozen test split (the model: the scripted OpenAI-compatible loopback server that
     replays the fix, since the tiny model cannot fix a bug on demand)."""
-    from prefect.deployments import run_deployment
-    from test_agent import BUG_PATCH
     from test_agent_supervision import scripted_endpoint, text_answer
 
     home, state = running
-    rows = [{"instance_id": f"team__{repo}-{n}", "repo": f"team/{repo}", "patch": BUG_PATCH, "image": unittest_image,
-             "FAIL_TO_PASS": json.dumps([F2P]), "PASS_TO_PASS": json.dumps([P2P]),
-             "problem_statement": f"Issue {repo}-{n}: add(2, 3) returns -1 instead of 5."}
-            for repo in ("alpha", "beta") for n in range(2)]
+    rows = team_rows(unittest_image)
     path = tmp_path / "team.jsonl"
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
     source = {"candidates_path": str(path), "test_specs": {"team/alpha": UNITTEST, "team/beta": UNITTEST}}
     quotas = {"train": 1, "validation": 0, "test": 1, "max_per_repo": 2, "min_repos": 2}
 
-    def run(name: str, parameters: dict) -> dict:
-        with _settings(state):
-            flow_run = run_deployment(name, parameters=parameters, timeout=0)
-        finished = _wait_state(state.api_url, str(flow_run.id), timeout_s=400)
-        assert finished["state"]["type"] == "COMPLETED", (name, finished["state"])
-        assert finished["work_pool_name"] == "local" and finished["infrastructure_pid"], "not run by the worker"
-        return finished
-
-    run("curate/curate", {"params": {"tasks": source, "quotas": quotas, "freeze_name": "team-unittest-v1",
-                                     "settings": {"batch_size": 4, "concurrency": 2, "verifier_timeout_s": 120}}})
+    _run_completed(state, "curate/curate", {"params": {
+        "tasks": source, "quotas": quotas, "freeze_name": "team-unittest-v1",
+        "settings": {"batch_size": 4, "concurrency": 2, "verifier_timeout_s": 120}}})
     store = Store(f"sqlite:///{home / 'store.db'}")
     try:
         accepted = {t.instance_id: t for t in store.accepted_tasks() if t.repo.startswith("team/")}
@@ -302,7 +295,7 @@ def test_a_team_curates_freezes_and_canaries_its_unittest_rows_through_the_deplo
         assert [f.name for f in store.freezes() if f.name == "team-unittest-v1"] == ["team-unittest-v1"]
 
         with scripted_endpoint(lambda i: text_answer(FIX)) as (url, bodies):
-            run("canary/canary", {"params": {
+            _run_completed(state, "canary/canary", {"params": {
                 "freeze_name": "team-unittest-v1", "source": source, "job_id": "team-unittest-fixed",
                 "endpoint": {"base_url": url, "model_sha256": "e" * 64}, "out_dir": str(tmp_path / "canary"),
                 "run": {"verifier_timeout_s": 120.0,
@@ -322,7 +315,6 @@ def test_a_team_migrates_and_plans_its_images_on_its_registries_through_the_depl
     writes its histogram. Both run by the process worker ``up`` started."""
     import crypt  # deprecated in 3.11, still present; bcrypt for htpasswd
 
-    from prefect.deployments import run_deployment
     from pydantic import SecretStr
 
     from blocks.core import RegistryEndpoint
@@ -346,16 +338,8 @@ def test_a_team_migrates_and_plans_its_images_on_its_registries_through_the_depl
             RegistryEndpoint(address=target, username="mover", password=SecretStr("team-pw-1")).save(
                 "team-dst", overwrite=True)
 
-        def run(name: str, parameters: dict) -> dict:
-            with _settings(state):
-                flow_run = run_deployment(name, parameters=parameters, timeout=0)
-            finished = _wait_state(state.api_url, str(flow_run.id), timeout_s=300)
-            assert finished["state"]["type"] == "COMPLETED", (name, finished["state"])
-            assert finished["work_pool_name"] == "local" and finished["infrastructure_pid"], "not run by the worker"
-            return finished
-
-        migrated = run("migrate-images/migrate",
-                       {"params": {"source": "team-src", "target": "team-dst", "images": ["env/team:1"]}})
+        migrated = _run_completed(state, "migrate-images/migrate", {"params": {
+            "source": "team-src", "target": "team-dst", "images": ["env/team:1"]}}, timeout_s=300)
         assert "team-pw-1" not in json.dumps(migrated["parameters"])
         store = Store(f"sqlite:///{home / 'store.db'}")
         try:
@@ -367,9 +351,9 @@ def test_a_team_migrates_and_plans_its_images_on_its_registries_through_the_depl
         tasks.write_text("".join(json.dumps({"task_id": f"team__calc-{n}", "base_digest": digest}) + "\n"
                                  for n in range(12)))
         plot = tmp_path / "plan.png"
-        run("prewarm-plan/prewarm-plan", {"params": {"tasks_path": str(tasks), "shards": 4, "lanes": 2,
-                                                     "prefix": "team/task", "tag_cap": 20,
-                                                     "plot_path": str(plot)}})
+        _run_completed(state, "prewarm-plan/prewarm-plan", {"params": {
+            "tasks_path": str(tasks), "shards": 4, "lanes": 2, "prefix": "team/task", "tag_cap": 20,
+            "plot_path": str(plot)}}, timeout_s=300)
         assert plot.read_bytes().startswith(b"\x89PNG")
     finally:
         for server in servers:
