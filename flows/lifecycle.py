@@ -509,10 +509,11 @@ def _canary(run: _Run, stage: str, base_url: str, model_sha256: str) -> str:
     ``model_sha256`` (64 hex) served at ``base_url`` (the baseline on the recorded endpoint, or the candidate
     staged on the idle port: the flow checks the URL and model against ``run.state_path``), with the
     lifecycle's agent config, concurrency and verifier timeout, on the rows the prewarm stage wrote
-    (``<output_dir>/candidates.jsonl``). One job, recorded in the store with its trials and params (what a
-    ``canary-recover`` re-runs with); its report, summary.json and trajectories under
-    ``<output_dir>/canary/<job id>/``. The stage counts the flow's trials (cached when every one was) and
-    takes its counts (requested, scored, reward_1, exceptions) from the job's report.
+    (``<output_dir>/candidates.jsonl``, each with the task image it pushed: ``images="registry"``). One job,
+    recorded in the store with its trials and params (what a ``canary-recover`` re-runs with); its report,
+    summary.json and trajectories under ``<output_dir>/canary/<job id>/``. The stage counts the flow's trials
+    (cached when every one was) and takes its counts (requested, scored, reward_1, exceptions) from the job's
+    report.
 
     Returns:
         The job id, ``<stage>-<model sha256[:12]>``.
