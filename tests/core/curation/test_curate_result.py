@@ -13,14 +13,15 @@ from forgeflow.curation.curate_result import CurateResult, RecoverResult
 from forgeflow.curation.recovery import Summary
 
 READY = {"status": "freeze-ready", "batches": ["curate-ab"], "trials_recorded": 6, "counts": {"train": 2, "test": 1},
-         "unmet": [], "event_id": "e-1", "freeze_name": "curate-0123456789ab"}
+         "unmet": [], "event_id": "e-1", "freeze_name": "curate-0123456789ab",
+         "validated": ["repo.a", "repo.b", "repo.c"]}
 
 
 def test_curate_result_dumps_the_keys_the_flow_returned_as_a_dict():
     assert json.loads(CurateResult.model_validate(READY).model_dump_json()) == READY
     exhausted = CurateResult(status="exhausted", batches=[], trials_recorded=0, counts={"train": 0},
                              unmet=["train 0/2"], freeze_name="f")
-    assert exhausted.event_id is None
+    assert exhausted.event_id is None and exhausted.validated == []  # no batch ran: none validated
 
 
 @pytest.mark.parametrize("change", [{"status": "ready"}, {"trials_recorded": -1}, {"unmet": ["test 1/2"]},
