@@ -261,12 +261,6 @@ def curate(params: CurateParams = CurateParams()) -> CurateResult:
             state = curate_tasks.curation_state(store_url, sorted(by_id))
             accepted = state.accepted
             selection = freeze_ready(accepted, quotas, seed)
-            if selection.ready and not params.emit_freeze_ready:
-                logger.info("FREEZE READY: %s after %d batch(es); no event (the caller freezes)",
-                            ", ".join(f"{s} {n}/{quotas.target(s)}" for s, n in selection.counts.items()), len(batches))
-                return CurateResult(status="freeze-ready", batches=batches, trials_recorded=recorded,
-                                    counts=selection.counts, unmet=[], event_id=None, freeze_name=name,
-                                    validated=validated)
             if selection.ready:
                 resource_id = (f"forgeflow.store.{sha256_bytes(store_url.encode())[:12]}"
                                f".quotas.{sha256_json(quotas.model_dump())[:12]}")
@@ -276,11 +270,13 @@ def curate(params: CurateParams = CurateParams()) -> CurateResult:
                                    payload={"store_url": masked_url(store_url), "freeze_name": name,
                                             "quotas": quotas.model_dump(), "seed": seed,
                                             "instance_ids": sorted(by_id), "counts": selection.counts,
-                                            "accepted": len(accepted), "batches": batches})
-                logger.info("FREEZE READY: %s over %d repos after %d batch(es); event %s on %s",
+                                            "accepted": len(accepted), "batches": batches}) \
+                    if params.emit_freeze_ready else None
+                logger.info("FREEZE READY: %s over %d repos after %d batch(es); %s",
                             ", ".join(f"{s} {n}/{quotas.target(s)}" for s, n in selection.counts.items()),
                             sum(len(r) for r in selection.repos_per_split.values()), len(batches),
-                            FREEZE_READY_EVENT, resource_id)
+                            f"event {FREEZE_READY_EVENT} on {resource_id}" if params.emit_freeze_ready
+                            else "no event (the caller freezes)")
                 return CurateResult(status="freeze-ready", batches=batches, trials_recorded=recorded,
                                     counts=selection.counts, unmet=[], event_id=str(event.id) if event else None,
                                     freeze_name=name, validated=validated)
