@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict
 from forgeflow.common.errors import InputError, PreflightError
 from forgeflow.curation import bugs, bundle, freeze, generated
 from forgeflow.evaluation.canary import trial_row
+from forgeflow.ledger.records import TaskRecord
 from forgeflow.ledger.store import Store
 from forgeflow.registry import images
 from forgeflow.sandbox import dispatch, trial
@@ -244,28 +245,11 @@ def recorded_validation_seconds(store_url: str, instance_ids: list[str]) -> dict
         store.dispose()
 
 
-class TaskVerdict(BaseModel):
-    """A candidate's verdict as the store records it (:func:`task_verdicts`).
-
-    Attributes:
-        status: ``candidate`` (no verdict yet), ``accepted``, ``rejected`` or ``error``.
-        reason: why, in words (empty for a candidate).
-        fail_to_pass: FAIL_TO_PASS test ids (empty unless accepted).
-        pass_to_pass: PASS_TO_PASS test ids (empty unless accepted).
-    """
-
-    model_config = ConfigDict(frozen=True)
-
-    status: str
-    reason: str = ""
-    fail_to_pass: list[str] = []
-    pass_to_pass: list[str] = []
-
-
 @task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S[:2],
       retry_condition_fn=retry_on_transient, task_run_name="task-verdicts")
-def task_verdicts(store_url: str, instance_ids: list[str]) -> dict[str, TaskVerdict]:
-    """Each of ``instance_ids``' verdict in the store at ``store_url``, read now (never cached).
+def task_verdicts(store_url: str, instance_ids: list[str]) -> dict[str, TaskRecord]:
+    """Each of ``instance_ids``' task row in the store at ``store_url`` (``status`` candidate / accepted /
+    rejected / error, ``reason``, ``fail_to_pass`` / ``pass_to_pass``), read now (never cached), in the order given.
 
     Raises:
         InputError: an id the store has no task row for (up to 10 named).
@@ -276,9 +260,7 @@ def task_verdicts(store_url: str, instance_ids: list[str]) -> dict[str, TaskVerd
     missing = sorted(wanted - set(rows))
     if missing:
         raise InputError(f"the store holds no task row for {len(missing)} id(s): {', '.join(missing[:10])}")
-    return {iid: TaskVerdict(status=rows[iid].status, reason=rows[iid].reason or "",
-                             fail_to_pass=list(rows[iid].fail_to_pass), pass_to_pass=list(rows[iid].pass_to_pass))
-            for iid in instance_ids}
+    return {iid: rows[iid] for iid in instance_ids}
 
 
 @task(cache_policy=NO_CACHE)
@@ -335,7 +317,7 @@ def register_candidates(store_url: str, rows: list[Any], run_id: str) -> int:
     batch, its id the digest of every row's instance id (a re-run upserts the same batch). The store is
     upgraded first. Returns how many were new."""
     from forgeflow.common.fsutil import sha256_json
-    from forgeflow.ledger.records import BatchRecord, TaskRecord
+    from forgeflow.ledger.records import BatchRecord
 
     store = _store(store_url)
     store.upgrade()

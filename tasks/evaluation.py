@@ -379,19 +379,18 @@ def resolve_endpoint(endpoint: CanaryEndpoint) -> tuple[str, str, str]:
     state_path, base_url, model_sha256, model_alias = (endpoint.state_path, endpoint.base_url, endpoint.model_sha256,
                                                        endpoint.model_alias)
     path = Path(state_path or home_dir() / "serving" / "state.json")
+    state = bluegreen.read_state(path)
     if base_url is not None:
         if model_sha256 is None or not re.fullmatch(r"[0-9a-f]{64}", model_sha256):
             raise InputError(f"canary: params.endpoint.base_url {base_url} needs params.endpoint.model_sha256 (64 "
                              f"lower-case hex digits, the served GGUF's sha256), got {model_sha256!r}")
         url = base_url.rstrip("/")
-        state = bluegreen.read_state(path)
         if (state is not None and state.live and state.base_url.rstrip("/") == url
                 and state.gguf_sha256 != model_sha256):
             raise InputError(f"canary: params.endpoint.model_sha256 {model_sha256} differs from the GGUF "
                              f"{state.gguf_sha256} ({state.gguf_path}) that {path} records serving at {url} "
                              f"(generation {state.generation})")
         return url, model_sha256, model_alias or DEFAULT_ALIAS  # the server's default name
-    state = bluegreen.read_state(path)
     if state is None:
         raise InputError(f"canary: no serving state at {path}: run the serve flow first, or give "
                          "params.endpoint.base_url and params.endpoint.model_sha256")
