@@ -156,8 +156,9 @@ def sft_burst(params: SFTBurstParams) -> BurstResult:
             * ``samples_jsonl``: one ``{"messages": [...]}`` row per line (see
               :func:`forgeflow.training.jsonl.read_sft_jsonl`).
             * ``training``: :class:`SFTHyperParams`: steps, learning rate, LoRA rank, max length (tokens),
-              seed, device, ``packing`` (bfd packing, padding-free; False: one sample per row) and
-              ``gradient_checkpointing`` (None: on with CUDA, off on the CPU); the lineage records device,
+              batch size (rows per step), seed, device, ``packing`` (bfd packing, padding-free; False: one
+              sample per row) and ``gradient_checkpointing`` (None: on CUDA only where a step's activations
+              would not fit the GPU, off on the CPU); the lineage records device,
               dtype, attention, packing and gradient checkpointing.
             * ``parent_adapter``: an adapter to continue (``is_trainable=True``): its folder, or its
               sha256 as recorded in the store; same base model and LoRA rank. None starts a new adapter.

@@ -43,13 +43,17 @@ class SFTHyperParams(BaseModel):
         learning_rate: constant learning rate (no warm-up).
         lora_r: LoRA rank; a continued adapter must have the same rank.
         max_length: tokens per sample and per packed row; a longer sample is refused, not truncated.
+        batch_size: rows per optimizer step (packed rows of ``max_length`` tokens; unpacked: samples).
+            Tokens per step = ``batch_size`` x ``max_length`` at most; on a GPU more rows per step
+            use it better (the GPU check measures 16 rows of 2,048 tokens).
         seed: training and data-order seed.
         device: ``auto``, ``cpu`` or ``cuda`` (:data:`Device`); the lineage records what was used.
         packing: True: TRL's bfd packing of whole samples into rows of ``max_length`` tokens,
             padding-free batches; False: one sample per row, padded. The lineage records it.
         gradient_checkpointing: recompute activations in the backward pass (less GPU memory, more
-            compute); None: the device's default (on with CUDA, off on the CPU). The lineage records
-            what was used.
+            compute); None: decided by the machine (on CUDA only when a step's activations would not fit
+            the GPU's free memory, :func:`forgeflow.training.burst.resolve_checkpointing`; off on the
+            CPU). The lineage records what was used.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -60,19 +64,23 @@ class SFTHyperParams(BaseModel):
                                                      "must have the same rank")
     max_length: int = Field(512, ge=16, le=131_072, description="tokens per sample and per packed row; a longer "
                                                                 "sample is refused, not truncated")
+    batch_size: int = Field(1, ge=1, le=4096, description="rows per optimizer step: packed rows of max_length "
+                                                          "tokens (unpacked: samples)")
     seed: int = Field(0, description="training and data-order seed")
     device: Device = Field("auto", description="auto: CUDA in bfloat16 when the worker has a GPU, else the CPU in "
                                                "float32; cpu; or cuda (refused where CUDA is not available)")
     packing: bool = Field(True, description="true: bfd packing of whole samples into rows of max_length tokens, "
                                             "padding-free batches; false: one sample per row, padded")
     gradient_checkpointing: bool | None = Field(None, description="recompute activations in the backward pass "
-                                                "(less GPU memory, more compute); null: the device's default (on "
-                                                "with CUDA, off on the CPU)")
+                                                "(less GPU memory, more compute); null: decided by the machine (on "
+                                                "CUDA only when a step's activations would not fit the GPU's "
+                                                "free memory; off on the CPU)")
 
     def burst_config(self) -> BurstConfig:
         """The :class:`BurstConfig` these hyper-parameters stand for (other fields at their defaults)."""
         return BurstConfig(max_steps=self.steps, learning_rate=self.learning_rate, lora_r=self.lora_r,
-                           lora_alpha=2 * self.lora_r, max_length=self.max_length, seed=self.seed,
+                           lora_alpha=2 * self.lora_r, max_length=self.max_length,
+                           per_device_train_batch_size=self.batch_size, seed=self.seed,
                            device=self.device, packing=self.packing,
                            gradient_checkpointing=self.gradient_checkpointing)
 
@@ -144,7 +152,8 @@ class SFTBurstParams(StageParams):
     samples_jsonl: Path = Field(description="the chat samples: one {\"messages\": [...]} or {\"prompt\", "
                                             "\"completion\"} row per line (one format per file)")
     training: SFTHyperParams = Field(SFTHyperParams(), description="steps, learning_rate, lora_r, max_length "
-                                     "(tokens), seed, device, packing, gradient_checkpointing")
+                                     "(tokens), batch_size (rows per step), seed, device, packing, "
+                                     "gradient_checkpointing")
     parent_adapter: str | None = Field(None, min_length=1, description=_PARENT)
     out_dir: Path | None = Field(None, description=_OUT_DIR.format(kind="sft"))
 

@@ -9,8 +9,9 @@ trained (device, dtype, attention, packing, gradient checkpointing), in ``lineag
 
 One training path for every device (:func:`sft_trainer`, which :func:`run_sft_burst` and the GPU
 benchmark ``benchmarks/gpu_burst.py`` both call): the device plan
-(:func:`forgeflow.training.device.device_plan`: CUDA in bfloat16 with gradient checkpointing, else the
-CPU in float32) and, unless ``BurstConfig.packing`` is off,
+(:func:`forgeflow.training.device.device_plan`: CUDA in bfloat16, with gradient checkpointing where a
+step's activations would not fit the GPU's free memory (:mod:`forgeflow.training.memory`), else the CPU
+in float32) and, unless ``BurstConfig.packing`` is off,
 
 * **bfd packing, padding-free**: TRL's best-fit-decreasing packing (``packing_strategy="bfd"``) puts
   whole samples into rows of ``max_length`` tokens, and the padding-free collator flattens a batch
@@ -40,6 +41,7 @@ the preflight (:mod:`forgeflow.training.preflight`), staging folders
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Sequence
 from datetime import datetime, timezone
@@ -70,8 +72,11 @@ from forgeflow.training.health import (
     enforce_health,
     health_callback,
 )
+from forgeflow.training.memory import CheckpointingDecision, checkpointing_decision
 from forgeflow.training.preflight import burst_preflight
 from forgeflow.training.staging import StagingDir, remove_dead_staging_dirs
+
+log = logging.getLogger(__name__)
 
 _ROLES = frozenset({"system", "user", "assistant", "tool"})
 
@@ -103,7 +108,8 @@ class BurstConfig(LoraSettings):
     (TRL's bfd packing, padding-free batches; ``per_device_train_batch_size`` counts packed rows);
     False trains one sample per row, padded to the longest of its batch. ``gradient_checkpointing``:
     recompute activations in the backward pass (less memory, about a third more compute); None (default)
-    takes the device plan's (on with CUDA, off on the CPU), True or False overrides it; the lineage
+    decides by the machine (on CUDA: on only when a step's activations would not fit the GPU's free
+    memory, :func:`resolve_checkpointing`; off on the CPU), True or False overrides it; the lineage
     records what was used.
     """
 
@@ -326,6 +332,45 @@ def burst_plan(config: BurstConfig, plan: DevicePlan | None = None) -> DevicePla
     return plan
 
 
+def tokens_per_step(config: BurstConfig) -> int:
+    """Most tokens one step of ``config`` trains on: ``per_device_train_batch_size`` rows of at most
+    ``max_length`` tokens (a packed row, or an unpacked batch padded to its longest sample)."""
+    return config.per_device_train_batch_size * config.max_length
+
+
+def resolve_checkpointing(model: Any, config: BurstConfig, plan: DevicePlan,
+                          free_bytes: int | None = None) -> tuple[DevicePlan, CheckpointingDecision | None]:
+    """The plan with gradient checkpointing decided for this model and step size.
+
+    ``config.gradient_checkpointing`` set, or a CPU plan: ``plan`` as it is and no decision. On CUDA
+    with ``config.gradient_checkpointing`` None: :func:`forgeflow.training.memory.checkpointing_decision`
+    on ``model.config``, :func:`tokens_per_step` and the GPU memory free now (the model loaded), which
+    turns checkpointing off where the activations of a step fit.
+
+    Args:
+        model: the loaded model (or peft model); its ``config`` gives the shape.
+        config: the burst's hyperparameters.
+        plan: the device plan (:func:`burst_plan`).
+        free_bytes: GPU memory free (default: ``torch.cuda.mem_get_info()[0]``); given by tests.
+
+    Returns:
+        (the plan with ``trainer_args["activation_checkpointing"]`` decided, the decision or None).
+
+    Raises:
+        ValueError: the model's config lacks a field the estimate needs.
+    """
+    if config.gradient_checkpointing is not None or plan.device != "cuda":
+        return plan, None
+    if free_bytes is None:
+        import torch
+
+        free_bytes = int(torch.cuda.mem_get_info()[0])
+    decision = checkpointing_decision(model.config, tokens_per_step(config), plan.dtype, config.lora_r, free_bytes)
+    log.info("burst %s", decision.describe())
+    args = {**plan.trainer_args, "activation_checkpointing": decision.checkpointing}
+    return plan.model_copy(update={"trainer_args": args}), decision
+
+
 def sft_trainer(model: Any, tokenizer: Any, dataset: Any, config: BurstConfig, plan: DevicePlan,
                 output_dir: Path, *, with_lora: bool = True, callbacks: Sequence[Any] = ()) -> Any:
     """The ``trl.SFTTrainer`` of a burst, ready to ``train()``: the one training path of SFT.
@@ -340,19 +385,22 @@ def sft_trainer(model: Any, tokenizer: Any, dataset: Any, config: BurstConfig, p
         dataset: a ``datasets.Dataset`` with only training columns: ``messages``, ``prompt`` +
             ``completion``, or ``input_ids`` (:func:`loss_scope`).
         config: hyperparameters (``packing``, ``max_length``: tokens per packed row or per sample).
-        plan: the device plan (:func:`burst_plan`).
+        plan: the device plan (:func:`burst_plan`); on CUDA with ``config.gradient_checkpointing`` None,
+            gradient checkpointing is decided here by memory (:func:`resolve_checkpointing`).
         output_dir: the trainer's scratch folder (no checkpoints are saved).
         with_lora: add a new LoRA adapter of ``config`` (peft ``LoraConfig``).
         callbacks: ``transformers.TrainerCallback`` objects (health gates, timers).
 
     Returns:
-        The trainer (its ``train_dataset`` is the tokenized, packed dataset).
+        The trainer (its ``train_dataset`` is the tokenized, packed dataset; ``args.activation_checkpointing``
+        says whether it recomputes activations).
 
     Raises:
         InputError: the dataset's columns are no SFT format.
     """
     from trl import SFTTrainer
 
+    plan, _ = resolve_checkpointing(model, config, plan)
     sft_config, lora = _trl_objects(config, output_dir, with_lora, plan, dataset.column_names)
     return SFTTrainer(model=model, args=sft_config, train_dataset=dataset, processing_class=tokenizer,
                       peft_config=lora, callbacks=list(callbacks))
@@ -412,7 +460,8 @@ def run_sft_burst(
 ) -> AdapterRecord:
     """Train a LoRA adapter on ``data`` with TRL ``SFTTrainer`` (assistant-only loss) on the device
     ``config.device`` resolves to (:func:`forgeflow.training.device.device_plan`: CUDA in bfloat16
-    with gradient checkpointing when available, else the CPU in float32), through :func:`sft_trainer`:
+    when available, gradient checkpointing where a step's activations would not fit the GPU
+    (:func:`resolve_checkpointing`), else the CPU in float32), through :func:`sft_trainer`:
     bfd-packed padding-free rows (``config.packing``) and TRL's fused chunked loss. The lineage
     records device, dtype, attention implementation, packing and gradient checkpointing.
 
@@ -495,7 +544,7 @@ def run_sft_burst(
             dtype=plan.dtype,
             attention=plan.attention,
             packing=packing_label(config),
-            gradient_checkpointing=bool(plan.trainer_args.get("activation_checkpointing")),
+            gradient_checkpointing=bool(trainer.args.activation_checkpointing),
         )
         return publish_adapter(trainer, tmp, out_dir, lineage, report)
 

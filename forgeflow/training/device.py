@@ -3,9 +3,10 @@
 ``auto`` (the default of :class:`forgeflow.training.burst.BurstConfig` and
 :class:`forgeflow.training.rl.RLBurstConfig`) takes CUDA when ``torch.cuda.is_available()``, else
 the CPU. On CUDA the model loads and trains in bfloat16 where the GPU supports it (``bf16=True``,
-gradient checkpointing on, so activations of long agent samples fit); on the CPU in float32 with
-``use_cpu=True``. The plan also names the attention implementation an SFT burst's padding-free
-(packed) batches need on that device (:func:`forgeflow.training.attention.choose_attention`:
+gradient checkpointing on, so activations of long agent samples fit; an SFT burst turns it off where a
+step's activations fit the GPU's free memory, :func:`forgeflow.training.burst.resolve_checkpointing`);
+on the CPU in float32 with ``use_cpu=True``. The plan also names the attention implementation an SFT
+burst's padding-free (packed) batches need on that device (:func:`forgeflow.training.attention.choose_attention`:
 ``flash_attention_2`` or PyTorch's varlen FlashAttention on CUDA in bf16, SDPA otherwise). The chosen
 device, dtype and attention go into the adapter's lineage (``Lineage.device`` / ``Lineage.dtype`` /
 ``Lineage.attention``), and the merge of that adapter runs in the same dtype

@@ -91,6 +91,7 @@ def test_a_parameter_model_refuses_unknown_fields_and_is_frozen() -> None:
     (sft_burst, {**SFT, "params": {"steps": 2}}, "params.params", "Extra inputs"),
     (sft_burst, {**SFT, "training": {"packing": "perhaps"}}, "params.training.packing", "valid boolean"),
     (sft_burst, {**SFT, "training": {"steps": 0}}, "params.training.steps", "greater than or equal to 1"),
+    (sft_burst, {**SFT, "training": {"batch_size": 0}}, "params.training.batch_size", "greater than or equal to 1"),
     (sft_burst, {**SFT, "training": {"gradient_checkpoint": True}}, "params.training.gradient_checkpoint",
      "Extra inputs"),
     (sft_burst, {"samples_jsonl": "/d/chats.jsonl"}, "params.hf_dir", "Field required"),
@@ -115,7 +116,7 @@ def test_a_parameter_model_refuses_unknown_fields_and_is_frozen() -> None:
         "curate-unknown", "recover-missing", "recover-type", "migrate-nested-bound", "migrate-unknown",
         "migrate-nested-item-bound", "audit-bound", "audit-unknown", "rewrite-missing", "rewrite-type",
         "prewarm-bound", "prewarm-type", "prewarm-pattern", "sft-burst-unknown", "sft-burst-nested-type",
-        "sft-burst-nested-bound", "sft-burst-nested-unknown", "sft-burst-missing", "rl-burst-unknown",
+        "sft-burst-nested-bound", "sft-burst-batch-bound", "sft-burst-nested-unknown", "sft-burst-missing", "rl-burst-unknown",
         "rl-burst-nested-type", "rl-burst-nested-bound", "rl-burst-missing", "ppo-unknown",
         "ppo-nested-type", "ppo-nested-bound", "ppo-nested-unknown", "ppo-missing", "windows-unknown",
         "windows-nested-bound", "windows-nested-type", "windows-no-source"])

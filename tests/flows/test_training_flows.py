@@ -90,18 +90,21 @@ def test_two_sft_bursts_continue_one_lineage_in_the_store(prefect_harness, home:
 
 def test_an_unpacked_checkpointed_sft_burst_trains_and_its_lineage_says_so(prefect_harness, home: Path,
                                                                          tiny_model: Path, tmp_path: Path) -> None:
-    """Issue 17: ``params.training.packing=False`` (one sample per row, padded) and
-    ``gradient_checkpointing=True`` reach the burst; it trains, and the store's lineage records both."""
+    """Issue 17: ``params.training.packing=False`` (one sample per row, padded),
+    ``gradient_checkpointing=True`` and ``batch_size=2`` reach the burst; it trains, and the store's lineage
+    records them."""
     from flows.training import SFTBurstParams, SFTHyperParams, sft_burst
 
     samples = _jsonl(tmp_path / "chats.jsonl", [{"messages": m} for m in CHATS])
-    training = SFTHyperParams(steps=1, lora_r=4, max_length=256, packing=False, gradient_checkpointing=True)
+    training = SFTHyperParams(steps=1, lora_r=4, max_length=256, batch_size=2, packing=False,
+                              gradient_checkpointing=True)
     result = sft_burst(SFTBurstParams(hf_dir=tiny_model, samples_jsonl=samples, training=training))
     assert result.steps == 1 and result.final_loss > 0
     (production,) = [p for p in Store().producers(result.adapter_sha256) if p.kind == "adapter"]
     lineage = production.lineage
     assert (lineage["packing"], lineage["attention"], lineage["gradient_checkpointing"]) == ("none", "sdpa", True)
     assert (lineage["hyperparameters"]["packing"], lineage["hyperparameters"]["gradient_checkpointing"]) == (False, True)
+    assert lineage["hyperparameters"]["per_device_train_batch_size"] == 2
 
 
 def test_sft_burst_refuses_bad_input_before_any_model_loads(prefect_harness, home: Path, tiny_model: Path,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.gpu_burst import SMALL, synthetic_samples
+from benchmarks.gpu_burst import SMALL, parse_variants, synthetic_samples
 
 pytestmark = [pytest.mark.slow]
 
@@ -59,12 +59,34 @@ def test_small_mode_trains_both_paths_and_prints_the_json_line() -> None:
 
 
 
-def test_the_burst_takes_the_flows_gradient_checkpointing_switch() -> None:
+def test_the_burst_takes_the_flows_gradient_checkpointing_switch_and_runs_each_variant() -> None:
     """``--gradient-checkpointing on`` reaches the burst's trainer through BurstConfig (the flows'
-    ``params.training`` switch): the CPU plan would leave it off; the burst still trains with a finite loss."""
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_burst", "--small", "--gradient-checkpointing", "on"],
+    ``params.training`` switch): the CPU plan would leave it off; the burst still trains with a finite loss.
+    ``--variants off:2,auto:3`` trains the burst twice more with those switches and rows per step, each
+    reported with what its trainer used and its activation estimate; ``best`` is the fastest of all."""
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_burst", "--small", "--gradient-checkpointing", "on",
+                           "--variants", "off:2,auto:3"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["gradient_checkpointing"] is True  # the trainer's own arguments
     assert all(math.isfinite(x) for x in summary["burst"]["losses"])
+    variants = summary["variants"]
+    assert [(v["requested"], v["batch_size"], v["gradient_checkpointing"], v["oom"]) for v in variants] == [
+        ("off", 2, False, False), ("auto", 3, False, False)]  # auto on the CPU: off
+    for variant in variants:
+        assert variant["tokens"] > 0 and all(math.isfinite(x) for x in variant["losses"])
+    # the estimate is per token: 2 and 3 rows of the same length against the burst's 4
+    estimates = [run["activation_estimate_gb"] for run in (summary["burst"], *variants)]
+    assert estimates[0] > 0 and estimates[1:] == pytest.approx([estimates[0] / 2, estimates[0] * 3 / 4], rel=1e-3)
+    fastest = max([summary["burst"], *variants], key=lambda run: run["tokens_per_s"])
+    assert summary["best"]["tokens_per_s"] == pytest.approx(fastest["tokens_per_s"], abs=0.1)
+    assert summary["anchor_ratio"] == pytest.approx(summary["burst_tokens_per_s"] / 52_000, rel=1e-2)
+
+
+def test_a_malformed_variant_is_refused_naming_it() -> None:
+    with pytest.raises(SystemExit, match="'fast:2' is not CHECKPOINTING:ROWS"):
+        parse_variants("on:16,fast:2")
+    with pytest.raises(SystemExit, match="'off:0'"):
+        parse_variants("off:0")
+    assert parse_variants("on:16, off:32,") == [("on", 16), ("off", 32)]
