@@ -45,7 +45,7 @@ from forgeflow.training import verl
 from forgeflow.training.adapters import AdapterRecord, BurstOrigin, Lineage, pin_adapter
 from forgeflow.training.health import BurstHealthError
 from tasks import training as training_tasks
-from tasks.common import markdown_artifact, sweep_trial_pods, table_artifact
+from tasks.common import hook_logger, markdown_artifact, sweep_trial_pods, table_artifact
 from tasks.curation import sandbox_choice, trial_dispatcher
 
 __all__ = ["BurstResult", "PPOJob", "PPOParams", "PPOResult", "RLBurstParams", "RLHyperParams", "SFTBurstParams",
@@ -304,20 +304,24 @@ def _ppo_submission_id(run_id: str | None) -> str:
     return f"forgeflow-ppo-{run_id or uuid.uuid4().hex}"
 
 
-def _stop_ppo_job(flow: object, run: object, state: object) -> None:
+def _stop_ppo_job(flow: object, flow_run: object, state: object) -> None:
     """Flow hook (cancelled / crashed): stop the run's Ray job if it still runs (the run's
-    ``params.job.dashboard_url`` and ``params.submission_id``, default ``forgeflow-ppo-<run id>``)."""
+    ``params.job.dashboard_url`` and ``params.submission_id``, default ``forgeflow-ppo-<run id>``).
+    Prefect's runner calls hooks by keyword (``flow=``, ``flow_run=``, ``state=``), its flow engine by
+    position: the parameter names are Prefect's."""
     from forgeflow.training import ray_jobs
 
+    run, logger = flow_run, hook_logger(flow, flow_run)
     parameters = getattr(run, "parameters", {}) or {}
     given = parameters.get("params") or {}  # the run's parameters as JSON, or the model itself
     given = given.model_dump(mode="json") if isinstance(given, BaseModel) else given
     submission_id = given.get("submission_id") or _ppo_submission_id(str(getattr(run, "id", "")))
     try:
         job = PPOJob.model_validate(given.get("job") or {})
-        ray_jobs.stop(job.dashboard_url, submission_id)
+        ended = ray_jobs.stop(job.dashboard_url, submission_id)
+        logger.info("Ray job %s at %s: %s", submission_id, job.dashboard_url, ended)
     except Exception as exc:  # noqa: BLE001 - a hook must not mask the run's own end
-        get_run_logger().warning("could not stop Ray job %s: %s", submission_id, exc)
+        logger.warning("could not stop Ray job %s: %s", submission_id, exc)
 
 
 @flow(name="ppo", log_prints=False, on_cancellation=[_stop_ppo_job], on_crashed=[_stop_ppo_job])

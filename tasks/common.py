@@ -104,15 +104,31 @@ def run_labelled(target: SandboxTarget) -> SandboxTarget:
     return target.model_copy(update={"labels": {**target.labels, FLOW_RUN_LABEL: run}})
 
 
+def hook_logger(flow: Any, flow_run: Any) -> Any:
+    """The logger of a flow hook: Prefect's ``flow_run_logger`` for ``flow_run`` (its lines go to the run's
+    log), since the runner calls ``on_cancellation`` / ``on_crashed`` hooks outside the run's context,
+    where ``get_run_logger`` has no run; this module's logger when ``flow_run`` is no Prefect flow run."""
+    from prefect.client.schemas.objects import FlowRun
+    from prefect.logging.loggers import flow_run_logger
+
+    if isinstance(flow_run, FlowRun):
+        return flow_run_logger(flow_run, flow)
+    return logging.getLogger(__name__)
+
+
 def sweep_trial_pods(parameter: str) -> Callable[[Any, Any, Any], None]:
     """A flow hook (``on_cancellation`` / ``on_crashed``) deleting the trial pods of the run whose
     ``forgeflow-sandbox`` block (the flow parameter ``parameter``, or a field of one by a dotted path:
     ``params.sandbox``) is of kind ``kubernetes``: a cancelled or killed run leaves no pod behind (pods
-    of trials still unwinding are deleted by their own sandbox; ``activeDeadlineSeconds`` bounds the rest)."""
+    of trials still unwinding are deleted by their own sandbox; ``activeDeadlineSeconds`` bounds the rest).
+    Prefect's runner calls hooks by keyword (``flow=``, ``flow_run=``, ``state=``), its flow engine by
+    position: the parameter names are Prefect's."""
 
-    def hook(flow: Any, run: Any, state: Any) -> None:
+    def hook(flow: Any, flow_run: Any, state: Any) -> None:
         from blocks.core import SandboxBackend
         from forgeflow.sandbox.kubernetes import delete_trial_pods, new_core_api
+
+        run, logger = flow_run, hook_logger(flow, flow_run)
 
         name: Any = getattr(run, "parameters", None) or {}
         for part in parameter.split("."):  # a run's parameters as JSON, or the parameter model itself
@@ -125,9 +141,9 @@ def sweep_trial_pods(parameter: str) -> Callable[[Any, Any, Any], None]:
                 return
             deleted = delete_trial_pods(new_core_api(target.kubeconfig, target.context), target.namespace,
                                         {FLOW_RUN_LABEL: str(run.id)})
-            get_run_logger().info("deleted %d trial pod(s) of run %s: %s", len(deleted), run.id, ", ".join(deleted))
+            logger.info("deleted %d trial pod(s) of run %s: %s", len(deleted), run.id, ", ".join(deleted))
         except Exception as exc:  # noqa: BLE001 - a hook must not mask the run's own end
-            get_run_logger().warning("could not sweep the trial pods of run %s: %s", run.id, exc)
+            logger.warning("could not sweep the trial pods of run %s: %s", run.id, exc)
 
     return hook
 
