@@ -334,8 +334,9 @@ def ppo(params: PPOParams) -> PPOResult:
         params: :class:`PPOParams`:
 
             * ``settings``: verl's PPO settings (:class:`forgeflow.training.verl.VerlPPOSettings`; rendered to
-              verl's Hydra overrides). ``lora_rank`` must be > 0 (an adapter is what is ingested) and
-              ``checkpoint_dir`` readable here (a shared filesystem) once the job ends.
+              verl's Hydra overrides). ``lora_rank`` must be > 0 (an adapter is what is ingested),
+              ``save_freq_steps`` > 0 (verl saves nothing otherwise; with it, the last step is always saved)
+              and ``checkpoint_dir`` readable here (a shared filesystem) once the job ends.
             * ``job``: the cluster and the job (:class:`PPOJob`: ``dashboard_url``, ``working_dir``, ``pip``,
               ``entrypoint``, ``poll_s``, ``timeout_s``, ``adapter_glob``, ``base_model_sha256``).
             * ``submission_id``: the Ray job's id (default ``forgeflow-ppo-<flow run id>``).
@@ -346,8 +347,9 @@ def ppo(params: PPOParams) -> PPOResult:
         The :class:`PPOResult`.
 
     Raises:
-        InputError: ``params.settings.lora_rank`` 0, or no base model digest (``params.settings.model_path``
-            not a folder here and no ``params.job.base_model_sha256``) — before anything is submitted.
+        InputError: ``params.settings.lora_rank`` 0, ``params.settings.save_freq_steps`` < 1, or no base
+            model digest (``params.settings.model_path`` not a folder here and no
+            ``params.job.base_model_sha256``) — before anything is submitted.
         TransientInfraError: the job server does not answer (after retries).
         RayJobError: the job ended FAILED or STOPPED or ran past ``params.job.timeout_s``.
         InfraError: the job succeeded but left no adapter under ``checkpoint_dir``.
@@ -356,6 +358,10 @@ def ppo(params: PPOParams) -> PPOResult:
     if settings.lora_rank < 1:
         raise InputError("params.settings.lora_rank is 0 (all weights trained): the ppo flow ingests a LoRA "
                          "adapter; give lora_rank > 0")
+    if settings.save_freq_steps < 1:
+        raise InputError(f"params.settings.save_freq_steps is {settings.save_freq_steps}: verl would save no "
+                         "checkpoint and the ppo flow would have no adapter to ingest after the whole run; give "
+                         "save_freq_steps > 0 (verl then also saves after the last step)")
     model_dir = Path(settings.model_path)
     if job.base_model_sha256 is None and not model_dir.is_dir():
         raise InputError(f"params.settings.model_path {settings.model_path!r} is not a folder here: give "

@@ -75,7 +75,10 @@ class VerlPPOSettings(BaseModel):
         total_epochs / total_training_steps: run length (steps override epochs when set).
         nnodes / n_gpus_per_node: the cluster.
         project_name / experiment_name: logging names; ``checkpoint_dir``: where verl saves.
-        save_freq_steps / test_freq_steps: -1 disables.
+        save_freq_steps: verl saves a checkpoint every this many steps and, when > 0, always after the
+            last one (default 100); -1 or 0 never saves (the ``ppo`` flow refuses that: it ingests the
+            newest checkpoint).
+        test_freq_steps: validation every this many steps; -1 disables.
         reward_function_path: this module's path *on the cluster* (relative to the job's
             working_dir), loaded by verl as ``custom_reward_function.path``.
         verifier_timeout_multiplier: training verifier timeout = task timeout x this.
@@ -113,7 +116,7 @@ class VerlPPOSettings(BaseModel):
     project_name: str = Field(default="forgeflow", min_length=1)
     experiment_name: str = Field(default="ppo", min_length=1)
     checkpoint_dir: str = Field(default="checkpoints/forgeflow/ppo", min_length=1)
-    save_freq_steps: int = Field(default=-1, ge=-1)
+    save_freq_steps: int = Field(default=100, ge=-1)
     test_freq_steps: int = Field(default=-1, ge=-1)
     reward_function_path: str = Field(default="forgeflow/training/verl.py", min_length=1)
     verifier_timeout_multiplier: float = Field(default=0.06, gt=0, le=10)

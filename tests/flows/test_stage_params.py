@@ -136,6 +136,9 @@ def test_the_ppo_flow_names_the_settings_field_it_refuses(prefect_harness, flow_
 
     with pytest.raises(InputError, match=r"^params.settings.lora_rank is 0"):
         ppo(params={**PPO, "settings": {**VERL, "lora_rank": 0}})
+    for never in (-1, 0):  # verl saves no checkpoint: nothing to ingest after the whole run
+        with pytest.raises(InputError, match=rf"^params.settings.save_freq_steps is {never}: verl would save no"):
+            ppo(params={**PPO, "settings": {**VERL, "save_freq_steps": never}})
     with pytest.raises(InputError, match=r"^params.settings.model_path '/m/hf' is not a folder here: give "
                                          r"params.job.base_model_sha256"):
         ppo(params=PPO)

@@ -38,6 +38,7 @@ def test_rendered_config_is_ppo_with_a_critic_and_the_forgeflow_reward() -> None
     assert config["actor_rollout_ref"]["model"]["lora_rank"] == 16
     assert config["custom_reward_function"] == {"path": "forgeflow/training/verl.py", "name": "compute_score"}
     assert config["reward_model"] == {"enable": False}
+    assert config["trainer"]["save_freq"] == 100  # by default verl saves, so the ppo flow has a checkpoint to ingest
     assert yaml.safe_load(render_yaml(config)) == config  # the YAML is the same config
     overrides = hydra_overrides(config)
     assert "algorithm.adv_estimator=gae" in overrides and "trainer.n_gpus_per_node=4" in overrides
