@@ -92,11 +92,17 @@ def trials(job: Optional[str] = typer.Option(None, help="job id (omit to list th
             for name, n in sorted(counts.items()):
                 console.print(f"{name}\t{n} trials")
         return
-    try:
-        view = merged_job(store, job, include_recovery=merged)
-    except InputError as exc:
-        fail(exc)
-    rows = view.trials if merged else store.trials_for(job_id=job)
+    if merged:
+        try:
+            view = merged_job(store, job)
+        except InputError as exc:
+            fail(exc)
+        rows = view.trials
+    else:  # any job, validation (nop/oracle) jobs too: the merged view takes agent jobs only
+        rows = store.trials_for(job_id=job)
+        if not rows:
+            known = sorted({t.job_id for t in store.trials_for() if t.job_id})
+            fail(f"job {job!r} has no trials in {store.url}; jobs with trials: {', '.join(known) or 'none'}")
     events = {e.trial_id: e for e in store.supervision_events()}
     out = [{"trial_id": t.trial_id, "instance_id": t.instance_id, "kind": t.kind, "job_id": t.job_id,
             "reward": t.reward, "exception_type": t.exception_type, "exception_message": t.exception_message,

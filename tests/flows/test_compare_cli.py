@@ -115,6 +115,27 @@ def test_trials_json_flags_and_merged_view(home: Path) -> None:
     assert plain["toolz.t2"]["exception_type"] == "ModelEndpointError", "the original is never rewritten"
 
 
+def test_trials_lists_a_validation_job_and_only_the_merged_view_refuses_it(home: Path, flow_store_url: str) -> None:
+    """``forgeflow trials`` names a curate job among the jobs; ``--job`` on it lists its NOP and Oracle trials
+    (a paired view of them is what ``--merged`` and ``compare`` refuse, not a listing); an unknown job is
+    refused naming the jobs there are."""
+    store = Store(flow_store_url)
+    for kind, reward in (("nop", 0.0), ("oracle", 1.0)):
+        store.record_trial(TrialRecord(trial_id=f"curate-b1-six.t1-{kind}", instance_id="six.t1", kind=kind,
+                                       job_id="curate-b1", reward=reward))
+    store.dispose()
+    assert "curate-b1 2 trials" in " ".join(runner.invoke(app, ["trials"]).output.split())  # rich expands tabs
+    listed = runner.invoke(app, ["trials", "--job", "curate-b1", "--json"])
+    assert listed.exit_code == 0, listed.output
+    assert sorted((r["kind"], r["reward"]) for r in json.loads(listed.output)) == [("nop", 0.0), ("oracle", 1.0)]
+    table = runner.invoke(app, ["trials", "--job", "curate-b1"])
+    assert table.exit_code == 0 and "oracle" in table.output and "nop" in table.output, table.output
+    merged = runner.invoke(app, ["trials", "--job", "curate-b1", "--merged"])
+    assert merged.exit_code == 2 and "holds nop/oracle trials" in merged.output
+    unknown = runner.invoke(app, ["trials", "--job", "nope"])
+    assert unknown.exit_code == 2 and "job 'nope' has no trials" in unknown.output and "curate-b1" in unknown.output
+
+
 @pytest.mark.slow
 def test_compare_flow_writes_report_and_plot_and_references_the_plot(home: Path, prefect_harness) -> None:
     from flows.stages import CompareParams, compare
