@@ -55,16 +55,22 @@ INPUT_FIELDS = ("hf_dir", "samples_jsonl", "tasks_jsonl", "parent_adapter", "job
 """The ``params`` fields whose checks (:func:`tasks.training.burst_inputs`, :func:`tasks.training.window_dataset`)
 raise an InputError whose message begins with the field's name."""
 
+TRAINING_FIELDS = ("lora_r ",)
+"""The ``params.training`` fields a burst's checks name the same way (a parent adapter of another rank)."""
+
 
 @contextmanager
 def _params_named() -> Iterator[None]:
     """Re-raise an InputError whose message begins with one of :data:`INPUT_FIELDS` (``hf_dir /x is not a
-    folder``) naming the field as the user wrote it (``params.hf_dir /x is not a folder``)."""
+    folder``) or :data:`TRAINING_FIELDS` (``lora_r 16 differs ...``) naming the field as the user wrote it
+    (``params.hf_dir /x is not a folder``, ``params.training.lora_r 16 differs ...``)."""
     try:
         yield
     except InputError as exc:
         if str(exc).startswith(INPUT_FIELDS):
             raise type(exc)(f"params.{exc}") from None
+        if str(exc).startswith(TRAINING_FIELDS):
+            raise type(exc)(f"params.training.{exc}") from None
         raise
 
 
@@ -191,7 +197,8 @@ def sft_burst(params: SFTBurstParams) -> BurstResult:
     run_id = _run_id()
     # run_task: inside a lifecycle stage the burst is counted (cached on a re-run of the same inputs); the
     # checks, digests, pin and record above and below are not cached, so they stay out of the stage's counts
-    adapter = run_task(training_tasks.sft_burst, hf_dir, base_sha, inputs.rows, work, config, parent_dir, run_id)
+    with _params_named():
+        adapter = run_task(training_tasks.sft_burst, hf_dir, base_sha, inputs.rows, work, config, parent_dir, run_id)
     # <out_dir>/sft-adapter is the working folder, reused by the next burst: the store and whoever packages
     # the adapter use its content-addressed copy <out_dir>/adapters/<sha256>
     adapter = training_tasks.pin_adapter(adapter, models / "adapters")
@@ -409,6 +416,8 @@ class WindowsResult(BaseModel):
     Attributes:
         samples_jsonl: the training windows as JSONL (``sft-burst``'s ``samples_jsonl``).
         samples_sha256: that file's sha256.
+        dataset_sha256: the digest of its samples that an ``sft-burst`` on it records as the adapter's
+            ``dataset_sha256`` (``forgeflow lineage`` shows it).
         trajectories: trajectories read (their sha256 in each sample's provenance).
         windows_by_kind: windows per kind (``replay``, ``stop_and_conclude``, ``early_switch``,
             ``one_call_quota``).
@@ -420,6 +429,7 @@ class WindowsResult(BaseModel):
 
     samples_jsonl: Path
     samples_sha256: str
+    dataset_sha256: str
     trajectories: int
     windows_by_kind: dict[str, int]
     stats: dict
@@ -443,8 +453,9 @@ def windows(params: WindowsParams) -> WindowsResult:
             * ``job_id``: a canary (or recovery) job recorded in the store; or
             * ``trajectories_dir``: a folder of mini-swe-agent ``*.traj.json`` (exactly one of the two).
             * ``windows``: window layout and kinds (:class:`forgeflow.training.windows.WindowConfig`).
-            * ``samples_jsonl``: where the JSONL goes (default
-              ``$FORGEFLOW_HOME/windows/<job id or folder>.jsonl``).
+            * ``samples_jsonl``: where the JSONL goes; a file there with other samples is refused (it may
+              be an adapter's training data). Default ``$FORGEFLOW_HOME/windows/<job id or folder>-<sha12>.jsonl``,
+              named by its content, so nothing is overwritten.
             * ``hf_dir``: the base model to train (the ``sft-burst`` flow as a subflow); None: only the dataset.
             * ``training`` / ``parent_adapter`` / ``out_dir``: as the ``sft-burst`` flow's
               (:class:`SFTBurstParams`).
@@ -455,22 +466,23 @@ def windows(params: WindowsParams) -> WindowsResult:
     Raises:
         InputError: an unknown ``params.job_id``, a job without trajectories or one gone (named), a
             ``params.trajectories_dir`` without ``*.traj.json``; a malformed trajectory (named); no window
-            at all (see :func:`tasks.training.window_dataset`).
+            at all; a ``params.samples_jsonl`` holding other samples (see :func:`tasks.training.window_dataset`).
         Whatever ``sft-burst`` raises when training.
     """
     name = params.job_id or Path(params.trajectories_dir or "trajectories").name
-    path = Path(params.samples_jsonl) if params.samples_jsonl is not None else home_dir() / "windows" / f"{name}.jsonl"
     with _params_named():
-        n_files, window_stats, digest = training_tasks.window_dataset(
-            store_settings.store_url(), params.job_id, params.trajectories_dir, params.windows, path)
+        written = training_tasks.window_dataset(store_settings.store_url(), params.job_id, params.trajectories_dir,
+                                                params.windows, params.samples_jsonl, name)
+    path, window_stats, n_files = written.path, written.stats, written.trajectories
     stats = window_stats.model_dump(mode="json")
     table_artifact("windows", [{"kind": k, "windows": v} for k, v in window_stats.windows_by_kind.items()],
                    f"training windows from {n_files} trajectories ({name})")
-    get_run_logger().info("windows: %d trajectories -> %s in %s (sha256 %s)", n_files, window_stats.windows_by_kind,
-                          path, digest[:12])
+    get_run_logger().info("windows: %d trajectories -> %s in %s (file sha256 %s, dataset sha256 %s)", n_files,
+                          window_stats.windows_by_kind, path, written.file_sha256[:12], written.dataset_sha256[:12])
     burst = None
     if params.hf_dir is not None:
         burst = sft_burst(SFTBurstParams(hf_dir=params.hf_dir, samples_jsonl=path, training=params.training,
                                          parent_adapter=params.parent_adapter, out_dir=params.out_dir))
-    return WindowsResult(samples_jsonl=path, samples_sha256=digest, trajectories=n_files,
+    return WindowsResult(samples_jsonl=path, samples_sha256=written.file_sha256,
+                         dataset_sha256=written.dataset_sha256, trajectories=n_files,
                          windows_by_kind=dict(window_stats.windows_by_kind), stats=stats, burst=burst)

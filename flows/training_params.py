@@ -62,8 +62,10 @@ class SFTHyperParams(BaseModel):
     learning_rate: float = Field(1e-3, gt=0.0, le=1.0, description="constant learning rate (no warm-up)")
     lora_r: int = Field(8, ge=1, le=256, description="LoRA rank (lora_alpha = 2 x rank); a continued adapter "
                                                      "must have the same rank")
-    max_length: int = Field(512, ge=16, le=131_072, description="tokens per sample and per packed row; a longer "
-                                                                "sample is refused, not truncated")
+    max_length: int = Field(2048, ge=16, le=131_072, description="tokens per sample and per packed row; a longer "
+                                                                 "sample is refused, not truncated (the windows "
+                                                                 "flow's default layout makes windows of about "
+                                                                 "1,300-1,500 tokens)")
     batch_size: int = Field(1, ge=1, le=4096, description="rows per optimizer step: packed rows of max_length "
                                                           "tokens (unpacked: samples)")
     seed: int = Field(0, description="training and data-order seed")
@@ -252,7 +254,8 @@ class WindowsParams(StageParams):
         job_id: a canary (or recovery) job recorded in the store.
         trajectories_dir: a folder of mini-swe-agent ``*.traj.json`` instead.
         windows: the window layout and kinds (:class:`forgeflow.training.windows.WindowConfig`).
-        samples_jsonl: where the JSONL goes; None: ``$FORGEFLOW_HOME/windows/<job id or folder>.jsonl``.
+        samples_jsonl: where the JSONL goes (a file there with other samples is refused); None:
+            ``$FORGEFLOW_HOME/windows/<job id or folder>-<sha12>.jsonl``, named by its content.
         hf_dir: the base model an SFT burst on the windows trains; None: only the dataset.
         training / parent_adapter / out_dir: as :class:`SFTBurstParams`'.
     """
@@ -263,8 +266,9 @@ class WindowsParams(StageParams):
     windows: WindowConfig = Field(WindowConfig(), description="window layout and kinds: replay_steps, "
                                   "stride_steps, min_steps (steps), task_excerpt_chars, recap_command_chars "
                                   "(characters), loop_threshold, loop_variants, conclude_command, include_system")
-    samples_jsonl: Path | None = Field(None, description="where the JSONL goes; null: "
-                                                         "$FORGEFLOW_HOME/windows/<job id or folder>.jsonl")
+    samples_jsonl: Path | None = Field(None, description="where the JSONL goes (a file there with other samples "
+                                                         "is refused); null: $FORGEFLOW_HOME/windows/<job id or "
+                                                         "folder>-<sha12>.jsonl, named by its content")
     hf_dir: Path | None = Field(None, description="the base model an SFT burst on the windows trains (the "
                                                   "sft-burst flow as a subflow); null: only the dataset")
     training: SFTHyperParams = Field(SFTHyperParams(), description="the burst's hyper-parameters, as sft-burst's "

@@ -291,6 +291,8 @@ def _trajectory_files(store: Store, job_id: str | None, trajectories_dir: Path |
         raise InputError("give job_id (a canary job in the store) or trajectories_dir (a folder of *.traj.json), "
                          "not both or neither")
     if trajectories_dir is not None:
+        if not Path(trajectories_dir).is_dir():
+            raise InputError(f"trajectories_dir {trajectories_dir} does not exist or is not a folder")
         files = sorted(Path(trajectories_dir).glob("*.traj.json"))
         if not files:
             raise InputError(f"trajectories_dir {trajectories_dir} holds no *.traj.json")
@@ -309,19 +311,41 @@ def _trajectory_files(store: Store, job_id: str | None, trajectories_dir: Path |
     return files
 
 
+class WindowDataset(BaseModel):
+    """What :func:`window_dataset` wrote.
+
+    Attributes:
+        path: the JSONL file.
+        file_sha256: its bytes' sha256.
+        dataset_sha256: the digest an ``sft-burst`` on it records as the adapter's ``dataset_sha256``
+            (:func:`forgeflow.training.burst.sft_rows` of the file's samples).
+        trajectories: trajectories read.
+        stats: the :class:`forgeflow.training.windows.WindowStats`.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    path: Path
+    file_sha256: str
+    dataset_sha256: str
+    trajectories: int
+    stats: Any
+
+
 @task(cache_policy=NO_CACHE)
 def window_dataset(store_url: str, job_id: str | None, trajectories_dir: Path | None, config: Any,
-                   path: Path) -> tuple[int, Any, str]:
+                   path: Path | None, name: str) -> WindowDataset:
     """Cut the trajectories of canary job ``job_id`` (as the store at ``store_url`` records it) or of the folder
     ``trajectories_dir`` into training windows (:func:`forgeflow.training.windows.build_windows` with
-    ``config``) and write them as JSONL at ``path`` (atomically).
-
-    Returns:
-        ``(trajectories read, WindowStats, the JSONL's sha256)``.
+    ``config``) and write them as JSONL (atomically) at ``path``, or, when None, at
+    ``$FORGEFLOW_HOME/windows/<name>-<sha256[:12]>.jsonl`` (named by its content: never overwritten).
 
     Raises:
-        InputError: see :func:`_trajectory_files`; a malformed trajectory (named); no window at all.
+        InputError: see :func:`_trajectory_files`; a malformed trajectory (named); no window at all; ``path``
+            holding other samples (:func:`forgeflow.training.windows.write_window_jsonl`).
     """
+    from forgeflow.common.fsutil import sha256_json
+    from forgeflow.common.settings import home_dir
     from forgeflow.training.windows import build_windows, write_window_jsonl
 
     store = Store(store_url)
@@ -331,4 +355,7 @@ def window_dataset(store_url: str, job_id: str | None, trajectories_dir: Path | 
     finally:
         store.dispose()
     built = build_windows(files, config)
-    return len(files), built.stats, write_window_jsonl(built, Path(path))
+    written, digest = write_window_jsonl(built, path, folder=home_dir() / "windows", name=name)
+    rows = burst.sft_rows(jsonl.read_sft_jsonl(written))
+    return WindowDataset(path=written, file_sha256=digest, dataset_sha256=sha256_json(rows), trajectories=len(files),
+                         stats=built.stats)

@@ -196,6 +196,11 @@ def lineage(artifact_sha256: str, as_json: bool = typer.Option(False, "--json", 
             runs = ", ".join(r or "-" for r in step.run_ids)
             console.print(f"{step.kind:>8} {step.quantization or '':<7} {step.sha256[:16]}  {step.path}{flag}  "
                           f"(runs: {runs})", highlight=False, soft_wrap=True)
+            trained = step.lineage
+            if trained.get("dataset_sha256"):  # an adapter: what it was trained on, and how
+                how = "/".join(str(trained[k]) for k in ("algorithm", "device", "dtype") if trained.get(k))
+                console.print(f"{'':>17}dataset {trained['dataset_sha256'][:16]}  ({how})", highlight=False,
+                              soft_wrap=True)
     for g in report.serving_generations:
         console.print(f"  served as generation {g.generation} on port {g.port} ({g.status})")
     for warning in report.warnings:

@@ -349,7 +349,7 @@ def resolve_lineage_inputs(
         )
     parent_r = json.loads((parent_adapter_dir / "adapter_config.json").read_text())["r"]
     if parent_r != lora_r:
-        raise InputError(f"config.lora_r {lora_r} differs from the parent adapter's r {parent_r}")
+        raise InputError(f"lora_r {lora_r} differs from the parent adapter's r {parent_r}")
     return base_sha, parent.sha256
 
 

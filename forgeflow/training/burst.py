@@ -200,6 +200,17 @@ def build_sft_dataset(samples: list[dict]) -> SFTData:
     """
     from datasets import Dataset
 
+    rows = sft_rows(samples)
+    return SFTData(dataset=Dataset.from_list(rows), sha256=sha256_json(rows))
+
+
+def sft_rows(samples: list[dict]) -> list[dict[str, Any]]:
+    """The checked, cleaned rows of :func:`build_sft_dataset` (whose sha256 is ``sha256_json`` of them:
+    the ``dataset_sha256`` an adapter's lineage records), without building the dataset.
+
+    Raises:
+        InputError: as :func:`build_sft_dataset`.
+    """
     if not samples:
         raise InputError("samples is empty: an SFT dataset needs at least one sample")
     rows = []
@@ -224,7 +235,7 @@ def build_sft_dataset(samples: list[dict]) -> SFTData:
             raise InputError(f"samples[{i}] is in another format than samples[0]: one dataset is either "
                              "'messages' rows or 'prompt' + 'completion' rows")
         rows.append({**row, "instance_id": sample["instance_id"], "source": sample["source"]})
-    return SFTData(dataset=Dataset.from_list(rows), sha256=sha256_json(rows))
+    return rows
 
 
 def _conversation(row: dict[str, Any]) -> list[dict[str, Any]]:
@@ -435,18 +446,22 @@ def _check_lengths(tokenizer: Any, data: SFTData, max_length: int) -> None:
     (the training target) and, when every sample does, trains on nothing. Fail before training.
 
     Raises:
-        InputError: names each sample (instance_id, token count) that does not fit.
+        InputError: how many samples do not fit, the longest's token count (the ``max_length`` that
+            would take them all) and the first five (instance_id, token count), then how many more.
     """
-    too_long = []
+    too_long: list[tuple[str, int]] = []
     for row in data.dataset:
         text = tokenizer.apply_chat_template(_conversation(row), tokenize=False)
         n_tokens = len(tokenizer(text)["input_ids"])
         if n_tokens > max_length:
-            too_long.append(f"{row['instance_id']} ({n_tokens} tokens)")
+            too_long.append((row["instance_id"], n_tokens))
     if too_long:
+        named = ", ".join(f"{instance_id} ({n} tokens)" for instance_id, n in too_long[:5])
+        more = f" and {len(too_long) - 5} more" if len(too_long) > 5 else ""
         raise InputError(
-            f"{len(too_long)} of {len(data.dataset)} SFT samples exceed max_length={max_length} "
-            f"tokens and would lose their assistant turns to truncation: {', '.join(too_long[:5])}"
+            f"{len(too_long)} of {len(data.dataset)} SFT samples exceed max_length={max_length} tokens and would "
+            f"lose their assistant turns to truncation (the longest has {max(n for _, n in too_long)} tokens: give "
+            f"max_length at least that): {named}{more}"
         )
 
 

@@ -63,7 +63,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from forgeflow.common.errors import InputError
-from forgeflow.common.fsutil import atomic_write_text, read_json_object, sha256_file, sha256_json
+from forgeflow.common.fsutil import atomic_write_text, read_json_object, sha256_bytes, sha256_file, sha256_json
 from forgeflow.evaluation.supervision import (
     DEFAULT_LOOP_THRESHOLD,
     LoopDetection,
@@ -273,9 +273,20 @@ def parse_trajectory(trajectory: Mapping[str, Any] | str | Path) -> ParsedTrajec
 
     Raises:
         InputError: unreadable file, no ``messages`` list, no ``instance_id``, no user (task)
-            message before the first assistant message, or non-text content.
+            message before the first assistant message, or non-text content (a file's message begins
+            with its path).
     """
     data = _load(trajectory)
+    try:
+        return _parse_loaded(data)
+    except InputError as exc:
+        if isinstance(trajectory, (str, Path)):
+            raise InputError(f"{trajectory}: {exc}") from None
+        raise
+
+
+def _parse_loaded(data: Mapping[str, Any]) -> ParsedTrajectory:
+    """:func:`parse_trajectory` of a loaded trajectory."""
     messages = data.get("messages")
     if not isinstance(messages, list):
         raise InputError("trajectory has no 'messages' list")
@@ -548,12 +559,24 @@ def window_samples(windows: TrainingWindows) -> list[dict[str, Any]]:
     return samples
 
 
-def write_window_jsonl(windows: TrainingWindows, path: Path) -> str:
+def write_window_jsonl(windows: TrainingWindows, path: Path | None = None, *, folder: Path | None = None,
+                       name: str = "windows") -> tuple[Path, str]:
     """Write :func:`window_samples` as JSONL (one sample per line, the ``sft-burst`` flow's
-    ``samples_jsonl``) atomically; returns the file's sha256.
+    ``samples_jsonl``) atomically, never over other samples: a dataset an adapter was trained on stays.
+
+    Args:
+        windows: from :func:`build_windows`.
+        path: where to write; a file there with other content is refused (the same content is
+            written again, idempotent). None: ``folder / "<name>-<sha256[:12]>.jsonl"``, named by
+            its content, so two sources of the same ``name`` never overwrite each other.
+        folder / name: the folder and name stem of that default (``folder`` required when ``path`` is None).
+
+    Returns:
+        ``(the file written, its sha256)``.
 
     Raises:
-        InputError: there is no window to write (the stats say why: short trajectories, no loop).
+        InputError: there is no window to write (the stats say why: short trajectories, no loop), or
+            ``path`` holds other samples (both digests named).
     """
     samples = window_samples(windows)
     if not samples:
@@ -561,5 +584,16 @@ def write_window_jsonl(windows: TrainingWindows, path: Path) -> str:
         raise InputError(f"no training window in {stats.trajectories} trajectories ({stats.aligned_steps} aligned "
                          f"steps, {stats.short_trajectories} shorter than min_steps, {stats.loops_detected} with a "
                          "loop): nothing to write")
-    atomic_write_text(Path(path), "".join(json.dumps(s, sort_keys=True) + "\n" for s in samples))
-    return sha256_file(Path(path))
+    text = "".join(json.dumps(s, sort_keys=True) + "\n" for s in samples)
+    digest = sha256_bytes(text.encode())
+    if path is None:
+        if folder is None:
+            raise ValueError("write_window_jsonl needs a path or a folder")
+        path = Path(folder) / f"{name}-{digest[:12]}.jsonl"
+    path = Path(path)
+    if path.is_file() and (held := sha256_file(path)) != digest:
+        raise InputError(f"samples_jsonl {path} already holds other samples (sha256 {held[:12]}; these windows "
+                         f"would be {digest[:12]}): an adapter may have been trained on it; give another path, or "
+                         "leave samples_jsonl unset for a file named by its content")
+    atomic_write_text(path, text)
+    return path, digest

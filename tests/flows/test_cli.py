@@ -191,7 +191,9 @@ def test_lineage_walks_from_the_served_gguf_to_the_base_model(home):
     base, adapter, gguf = "a" * 64, "b" * 64, "c" * 64
     store.record_model_artifact(ModelArtifactRecord(sha256=base, kind="base", path="/m/base"))
     store.record_model_artifact(ModelArtifactRecord(sha256=adapter, kind="adapter", path="/m/adapter",
-                                                    parent_sha256=base, lineage={"dataset_sha256": "d" * 64}))
+                                                    parent_sha256=base, lineage={"dataset_sha256": "d" * 64,
+                                                                                 "algorithm": "sft", "device": "cpu",
+                                                                                 "dtype": "float32"}))
     store.record_model_artifact(ModelArtifactRecord(sha256=gguf, kind="gguf", path="/m/q8.gguf",
                                                     quantization="Q8_0", parent_sha256=adapter))
     store.record_serving_generation(ServingGenerationRecord(generation=2, port=8802, gguf_sha256=gguf,
@@ -202,6 +204,10 @@ def test_lineage_walks_from_the_served_gguf_to_the_base_model(home):
     assert [step["kind"] for step in out["chain"]] == ["base", "adapter", "gguf"]
     assert out["chain"][1]["lineage"]["dataset_sha256"] == "d" * 64
     assert [g["generation"] for g in out["serving_generations"]] == [2]
+    text = runner.invoke(app, ["lineage", gguf[:12], "--no-verify"]).output
+    lines = text.splitlines()  # the adapter's line, then what it was trained on
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith("adapter"))
+    assert f"dataset {'d' * 16}  (sft/cpu/float32)" in lines[at + 1], text
 
 
 def test_lineage_json_keeps_both_adapters_that_made_the_same_gguf(home, tmp_path):

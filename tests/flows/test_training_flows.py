@@ -84,7 +84,7 @@ def test_two_sft_bursts_continue_one_lineage_in_the_store(prefect_harness, home:
     assert production.run_id != Store().producers(first.adapter_sha256)[0].run_id
 
     # a third burst continuing the folder (not the sha256) with another rank is refused before training
-    with pytest.raises(InputError, match=r"lora_r 8 differs from the parent adapter's r 4"):
+    with pytest.raises(InputError, match=r"^params.training.lora_r 8 differs from the parent adapter's r 4"):
         sft_burst(SFTBurstParams(hf_dir=tiny_model, samples_jsonl=samples, parent_adapter=str(second.adapter_path)))
 
 

@@ -53,6 +53,13 @@ def test_windows_from_a_canary_job_train_an_sft_burst(prefect_harness, flow_home
         windows(WindowsParams(job_id="nope"))
     with pytest.raises(InputError, match=rf"^params.trajectories_dir {tmp_path} holds no \*.traj.json"):
         windows(WindowsParams(trajectories_dir=tmp_path))
+    with pytest.raises(InputError, match=rf"^params.trajectories_dir {tmp_path / 'nope'} does not exist"):
+        windows(WindowsParams(trajectories_dir=tmp_path / "nope"))
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "t-1.traj.json").write_text(json.dumps({"instance_id": "x", "steps": []}))
+    with pytest.raises(InputError, match=rf"{broken / 't-1.traj.json'}: trajectory has no 'messages' list"):
+        windows(WindowsParams(trajectories_dir=broken))
 
     training = SFTHyperParams(steps=2, learning_rate=5e-3, lora_r=4, max_length=2048, seed=0)
     result = windows(WindowsParams(job_id="canary-job-1", windows=config, hf_dir=tiny_ggufs()[0].parent / "hf",
@@ -77,10 +84,25 @@ def test_windows_from_a_canary_job_train_an_sft_burst(prefect_harness, flow_home
     assert burst is not None and burst.steps == 2
     assert burst.dataset_sha256 == build_sft_dataset(read_sft_jsonl(result.samples_jsonl)).sha256
     (production,) = [p for p in Store().producers(burst.adapter_sha256) if p.kind == "adapter"]
-    assert production.lineage["dataset_sha256"] == burst.dataset_sha256
+    assert production.lineage["dataset_sha256"] == burst.dataset_sha256 == result.dataset_sha256
+    # the file is named by its content in $FORGEFLOW_HOME/windows
+    assert result.samples_jsonl == flow_home / "windows" / f"canary-job-1-{result.samples_sha256[:12]}.jsonl"
     assert (production.lineage["device"], production.lineage["dtype"]) == ("cpu", "float32")  # no GPU here
     # prompt/completion windows are packed too (their completion masks survive packing)
     assert (production.lineage["attention"], production.lineage["packing"]) == ("sdpa", "bfd")
+
+    # an adapter's training data is never overwritten: other windows go to another file by default, and a
+    # samples_jsonl holding other samples is refused; the same windows to the same file are written again
+    trained_on = result.samples_jsonl.read_bytes()
+    other_config = WindowConfig(replay_steps=3, stride_steps=2, min_steps=6, include_system=False)
+    other = windows(WindowsParams(job_id="canary-job-1", windows=other_config))
+    assert other.samples_jsonl != result.samples_jsonl and other.samples_sha256 != result.samples_sha256
+    with pytest.raises(InputError, match=rf"^params.samples_jsonl {result.samples_jsonl} already holds other "
+                                         rf"samples \(sha256 {result.samples_sha256[:12]}"):
+        windows(WindowsParams(job_id="canary-job-1", windows=other_config, samples_jsonl=result.samples_jsonl))
+    assert result.samples_jsonl.read_bytes() == trained_on
+    again = windows(WindowsParams(job_id="canary-job-1", windows=config, samples_jsonl=result.samples_jsonl))
+    assert again.samples_sha256 == result.samples_sha256 and again.dataset_sha256 == result.dataset_sha256
 
     # a trajectory the job recorded but that is gone is named, not skipped
     (tmp_path / "trajectories" / "t-loop.traj.json").unlink()

@@ -7,6 +7,7 @@ FORGEFLOW_CACHE after the first run), the tiny model, or train.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -204,3 +205,9 @@ def test_burst_refuses_samples_that_truncation_would_strip_of_their_target(tmp_p
     with pytest.raises(InputError, match=r"2 of 2 SFT samples exceed max_length=16 tokens.*proj__0 \(\d+ tokens\)"):
         run_sft_burst(base.path, data, tmp_path / "adapter", BurstConfig(max_length=16))
     assert not (tmp_path / "adapter").exists()
+    # seven samples: five named, the rest counted, and the max_length that would take them all
+    with pytest.raises(InputError) as refused:
+        run_sft_burst(base.path, build_sft_dataset(_samples(7)), tmp_path / "adapter", BurstConfig(max_length=16))
+    named = re.findall(r"\((\d+) tokens\)", str(refused.value))
+    longest = int(re.search(r"the longest has (\d+) tokens: give max_length at least that", str(refused.value))[1])
+    assert len(named) == 5 and str(refused.value).endswith(" and 2 more") and longest >= max(map(int, named))
