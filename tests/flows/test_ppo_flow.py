@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,32 @@ def _entrypoint(checkpoint_dir: Path, steps: int, sleep_s: float = 0.0) -> str:
     base = tiny_ggufs()[0].parent / "hf"
     return (f"{sys.executable} {STANDIN} --base {base} --checkpoint-dir {checkpoint_dir} --steps {steps} "
             f"--sleep {sleep_s}")
+
+
+def wait_first_step(dashboard_url: str, job_id: str, checkpoints: Path, timeout_s: float,
+                    alive: Callable[[], None] = lambda: None) -> None:
+    """Until Ray job ``job_id`` runs and has written its first checkpoint; ``alive`` asserts its submitter
+    still runs."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive()
+        try:
+            running = ray_jobs.status(dashboard_url, job_id)[0] == "RUNNING"
+        except Exception:  # noqa: BLE001 - not submitted yet
+            running = False
+        if running and (checkpoints / "global_step_1").is_dir():
+            return
+        assert time.monotonic() < deadline, "the Ray job never took its first step"
+        time.sleep(0.5)
+
+
+def wait_stopped(dashboard_url: str, job_id: str, timeout_s: float) -> None:
+    """Until Ray job ``job_id`` has ended; it must have been stopped."""
+    deadline = time.monotonic() + timeout_s
+    while ray_jobs.status(dashboard_url, job_id)[0] not in ray_jobs.TERMINAL_STATES:
+        assert time.monotonic() < deadline, "the Ray job outlived its flow run"
+        time.sleep(0.5)
+    assert ray_jobs.status(dashboard_url, job_id)[0] == "STOPPED"
 
 
 def test_ppo_follows_the_ray_job_and_ingests_its_newest_checkpoint(prefect_harness, flow_home: Path, cluster,
@@ -119,26 +146,15 @@ def test_a_killed_ppo_run_leaves_no_ray_job_running(prefect_harness, flow_home: 
     proc = subprocess.Popen([sys.executable, "-c", script, json.dumps(params)], cwd=Path(__file__).parents[2],
                             env={**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    def alive() -> None:
+        assert proc.poll() is None, proc.communicate()[0].decode(errors="replace")[-3000:]
+
     try:
-        deadline = time.monotonic() + 180
-        while True:  # the job runs and has taken its first step
-            assert proc.poll() is None, proc.communicate()[0].decode(errors="replace")[-3000:]
-            try:
-                running = ray_jobs.status(cluster.dashboard_url, job_id)[0] == "RUNNING"
-            except Exception:  # noqa: BLE001 - not submitted yet
-                running = False
-            if running and (checkpoints / "global_step_1").is_dir():
-                break
-            assert time.monotonic() < deadline, "the Ray job never took its first step"
-            time.sleep(0.5)
+        wait_first_step(cluster.dashboard_url, job_id, checkpoints, 180, alive)
         proc.send_signal(signal.SIGTERM)  # what a worker does to cancel a flow run
         proc.wait(timeout=90)
     finally:
         if proc.poll() is None:
             proc.kill()
-    deadline = time.monotonic() + 60
-    while ray_jobs.status(cluster.dashboard_url, job_id)[0] not in ray_jobs.TERMINAL_STATES:
-        assert time.monotonic() < deadline, "the Ray job outlived its flow run"
-        time.sleep(0.5)
-    assert ray_jobs.status(cluster.dashboard_url, job_id)[0] == "STOPPED"
+    wait_stopped(cluster.dashboard_url, job_id, 60)
     assert not (checkpoints / "global_step_5").exists()
