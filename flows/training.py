@@ -268,7 +268,8 @@ def rl_burst(params: RLBurstParams) -> BurstResult:
     try:
         origin = BurstOrigin(base_model_dir=hf_dir, base_model_sha256=base_sha, parent_adapter_dir=parent_dir,
                              parent_adapter_sha256=parent_sha)
-        record = training_tasks.rl_burst(origin, rl_tasks, work, config, run_id, ray=placement)
+        with _params_named():  # a parent of another rank: params.training.lora_r
+            record = training_tasks.rl_burst(origin, rl_tasks, work, config, run_id, ray=placement)
     finally:  # a driver outlived by its Ray cluster is ended by Ray: leave it now
         if placement is not None:
             dispatch.disconnect()
