@@ -29,6 +29,17 @@ VERL = {"model_path": "/m/hf", "train_files": ["/d/train.parquet"], "val_files":
 PPO = {"settings": VERL, "job": {"dashboard_url": "http://127.0.0.1:8265"}}
 
 
+@pytest.mark.parametrize("stage_flow", [f for f in STAGE_FLOWS if f.on_cancellation_hooks or f.on_crashed_hooks],
+                         ids=lambda f: f.name)
+def test_a_stage_flows_hooks_take_the_keywords_prefects_runner_passes(stage_flow) -> None:
+    """The process worker's runner calls ``on_cancellation`` / ``on_crashed`` hooks by keyword (``flow=``,
+    ``flow_run=``, ``state=``; ``prefect.runner._hook_runner``); a hook with other parameter names raises
+    TypeError there and a killed run's Ray job or trial pods outlive it (the ppo case is run for real in
+    ``tests/flows/test_service.py``)."""
+    for hook in [*stage_flow.on_cancellation_hooks, *stage_flow.on_crashed_hooks]:
+        inspect.signature(hook).bind(flow=stage_flow, flow_run=None, state=None)
+
+
 @pytest.mark.parametrize("stage_flow", STAGE_FLOWS, ids=lambda f: f.name)
 def test_a_stage_flow_takes_one_documented_frozen_strict_parameter_model(stage_flow) -> None:
     signature = inspect.signature(stage_flow.fn)
