@@ -30,8 +30,8 @@ from pydantic import BaseModel, ConfigDict
 ACTIVATION_BUDGET = 0.7
 """Share of the GPU memory free after the model is loaded that a step's activations may take without
 gradient checkpointing. The rest is for the backward pass's transient gradients, the optimizer's state,
-the allocator's fragmentation and the estimate's error (it leaves out small tensors such as the rotary
-tables and the fused loss's tiles)."""
+the allocator's fragmentation and what the estimate leaves out (the fused loss's tiles, the embedding's
+token ids)."""
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 """Bytes per element of the training dtypes a device plan names."""
