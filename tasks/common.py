@@ -11,7 +11,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, Literal, TypeVar
 
 from prefect import Task, get_run_logger, task
@@ -62,6 +63,28 @@ def run_logger() -> Any:
         return get_run_logger()
     except MissingContextError:  # called as .fn outside a run (tests, scripts)
         return logging.getLogger("forgeflow.tasks")
+
+
+@contextmanager
+def forwarded_logs(name: str, level: int = logging.INFO) -> Iterator[None]:
+    """While the block runs, records of ``level`` and above on the stdlib logger ``name`` (the core's, which
+    knows nothing of Prefect) also go to :func:`run_logger`, so a user reads them in the run's log."""
+    target = run_logger()
+
+    class Forward(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            target.log(record.levelno, record.getMessage())
+
+    source, handler = logging.getLogger(name), Forward(level)
+    previous = source.level
+    source.addHandler(handler)
+    if source.getEffectiveLevel() > level:
+        source.setLevel(level)
+    try:
+        yield
+    finally:
+        source.removeHandler(handler)
+        source.setLevel(previous)
 
 
 def task_run_id() -> str | None:

@@ -23,6 +23,7 @@ from forgeflow.training import adapters, burst, jsonl, preflight, ray_jobs, rl, 
 from tasks.common import (
     TRANSIENT_RETRIES,
     TRANSIENT_RETRY_DELAYS_S,
+    forwarded_logs,
     retry_on_transient,
     run_labelled,
 )
@@ -49,8 +50,9 @@ def sft_burst(base_model_dir: Path, base_sha256: str, samples: list[dict], out_d
     """One LoRA SFT burst (TRL SFTTrainer + peft). ``base_sha256`` keys the cache; ``run_id`` (the
     Prefect run recorded in the lineage) does not, so a later run reuses the adapter."""
     data = burst.build_sft_dataset(samples)
-    return burst.run_sft_burst(base_model_dir, data, out_dir, config, parent_adapter_dir=parent_adapter_dir,
-                               run_id=run_id)
+    with forwarded_logs("forgeflow.training.burst"):  # e.g. why gradient checkpointing is on or off
+        return burst.run_sft_burst(base_model_dir, data, out_dir, config, parent_adapter_dir=parent_adapter_dir,
+                                   run_id=run_id)
 
 
 # log_prints off: HF datasets fingerprints functions with dill (see tasks/packaging.py).

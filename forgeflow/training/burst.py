@@ -356,7 +356,8 @@ def resolve_checkpointing(model: Any, config: BurstConfig, plan: DevicePlan,
     ``config.gradient_checkpointing`` set, or a CPU plan: ``plan`` as it is and no decision. On CUDA
     with ``config.gradient_checkpointing`` None: :func:`forgeflow.training.memory.checkpointing_decision`
     on ``model.config``, :func:`tokens_per_step` and the GPU memory free now (the model loaded), which
-    turns checkpointing off where the activations of a step fit.
+    turns checkpointing off where the activations of a step fit. Each case logs one line on this module's
+    logger (the burst flows forward it to the run's log).
 
     Args:
         model: the loaded model (or peft model); its ``config`` gives the shape.
@@ -370,7 +371,12 @@ def resolve_checkpointing(model: Any, config: BurstConfig, plan: DevicePlan,
     Raises:
         ValueError: the model's config lacks a field the estimate needs.
     """
-    if config.gradient_checkpointing is not None or plan.device != "cuda":
+    if config.gradient_checkpointing is not None:
+        log.info("burst: gradient checkpointing %s, as the burst's config sets it",
+                 "on" if config.gradient_checkpointing else "off")
+        return plan, None
+    if plan.device != "cuda":
+        log.info("burst: gradient checkpointing off on the %s", plan.device)
         return plan, None
     if free_bytes is None:
         import torch

@@ -98,7 +98,13 @@ def test_an_unpacked_checkpointed_sft_burst_trains_and_its_lineage_says_so(prefe
     samples = _jsonl(tmp_path / "chats.jsonl", [{"messages": m} for m in CHATS])
     training = SFTHyperParams(steps=1, lora_r=4, max_length=256, batch_size=2, packing=False,
                               gradient_checkpointing=True)
-    result = sft_burst(SFTBurstParams(hf_dir=tiny_model, samples_jsonl=samples, training=training))
+    state = sft_burst(SFTBurstParams(hf_dir=tiny_model, samples_jsonl=samples, training=training), return_state=True)
+    result = state.result()
+    # the core's line on checkpointing reaches the run's log (forwarded from forgeflow.training.burst)
+    from tests.flows.test_publish_flow import _run_records
+
+    said = "burst: gradient checkpointing on, as the burst's config sets it"
+    assert said in _run_records(state.state_details.flow_run_id)
     assert result.steps == 1 and result.final_loss > 0
     (production,) = [p for p in Store().producers(result.adapter_sha256) if p.kind == "adapter"]
     lineage = production.lineage
