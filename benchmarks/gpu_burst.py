@@ -274,14 +274,12 @@ def run_burst(dims: dict[str, Any], samples: list[list[int]], *, config: Any, wa
     from datasets import Dataset
     from transformers import TrainerCallback
 
-    from forgeflow.training.burst import sft_trainer, tokens_per_step
-    from forgeflow.training.memory import activation_bytes
+    from forgeflow.training.burst import sft_trainer
 
     device, batch = plan.device, config.per_device_train_batch_size
     _reset_memory(device)
     model = build_model(dims, device, config.seed, **plan.model_kwargs())
-    estimate = activation_bytes(model.config, tokens_per_step(config), plan.dtype, config.lora_r) / 1e9
-    requested = {value: key for key, value in CHECKPOINTING_SWITCH.items()}[config.gradient_checkpointing]
+    requested, estimate_gb = _labels(dims, config, plan)
     marks: dict[str, Any] = {}
 
     class Timer(TrainerCallback):
@@ -314,11 +312,21 @@ def run_burst(dims: dict[str, Any], samples: list[list[int]], *, config: Any, wa
     result = PathResult(tokens_per_s=tokens / seconds, peak_gb=_peak_gb(device), batch_size=batch, timed_steps=steps,
                         tokens=tokens, positions=tokens, seconds=seconds, losses=losses,
                         gradient_checkpointing=checkpointing, requested=requested,
-                        activation_estimate_gb=round(estimate, 6))
+                        activation_estimate_gb=estimate_gb)
     marks.clear()
     del trainer, model
     _reset_memory(device)
     return result
+
+
+def _labels(dims: dict[str, Any], config: Any, plan: Any) -> tuple[str, float]:
+    """A burst's ``--gradient-checkpointing`` choice (``auto``/``on``/``off``) and the activations one of its
+    steps would keep without checkpointing (:func:`forgeflow.training.memory.activation_bytes`, GB)."""
+    from forgeflow.training.burst import tokens_per_step
+    from forgeflow.training.memory import activation_bytes
+
+    requested = {value: key for key, value in CHECKPOINTING_SWITCH.items()}[config.gradient_checkpointing]
+    return requested, round(activation_bytes(dims, tokens_per_step(config), plan.dtype, config.lora_r) / 1e9, 6)
 
 
 def parse_variants(text: str) -> list[tuple[str, int]]:
@@ -344,20 +352,16 @@ def run_burst_variant(dims: dict[str, Any], samples: list[list[int]], *, config:
     raised, so one variant that does not fit does not end the GPU check."""
     import torch
 
-    from forgeflow.training.burst import tokens_per_step
-    from forgeflow.training.memory import activation_bytes
-
     try:
         return run_burst(dims, samples, config=config, warmup=warmup, steps=steps, plan=plan)
     except torch.OutOfMemoryError:
         _reset_memory(plan.device)
-        requested = {value: key for key, value in CHECKPOINTING_SWITCH.items()}[config.gradient_checkpointing]
-        estimate = activation_bytes(dims, tokens_per_step(config), plan.dtype, config.lora_r) / 1e9
+        requested, estimate_gb = _labels(dims, config, plan)
         return PathResult(tokens_per_s=0.0, peak_gb=_peak_gb(plan.device),
                           batch_size=config.per_device_train_batch_size, timed_steps=0, tokens=0, positions=0,
                           seconds=0.0, losses=[],
                           gradient_checkpointing=config.gradient_checkpointing, requested=requested,
-                          activation_estimate_gb=round(estimate, 6), oom=True)
+                          activation_estimate_gb=estimate_gb, oom=True)
 
 
 def _tokenizer() -> Any:

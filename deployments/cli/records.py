@@ -75,7 +75,7 @@ def trials(job: Optional[str] = typer.Option(None, help="job id (omit to list th
     submission; with --json the verifier's evidence) of a job recorded in the store."""
     prepare_env(create=False)
     from forgeflow.common.errors import SCORED_DESPITE_EXCEPTION, InputError  # noqa: PLC0415
-    from forgeflow.evaluation.compare import merged_job  # noqa: PLC0415
+    from forgeflow.evaluation.compare import job_trials, merged_job  # noqa: PLC0415
 
     if job is not None and not job.strip():
         fail("--job is empty: give a job id (omit --job to list the jobs in the store)")
@@ -92,17 +92,14 @@ def trials(job: Optional[str] = typer.Option(None, help="job id (omit to list th
             for name, n in sorted(counts.items()):
                 console.print(f"{name}\t{n} trials")
         return
-    if merged:
-        try:
+    try:
+        if merged:
             view = merged_job(store, job)
-        except InputError as exc:
-            fail(exc)
-        rows = view.trials
-    else:  # any job, validation (nop/oracle) jobs too: the merged view takes agent jobs only
-        rows = store.trials_for(job_id=job)
-        if not rows:
-            known = sorted({t.job_id for t in store.trials_for() if t.job_id})
-            fail(f"job {job!r} has no trials in {store.url}; jobs with trials: {', '.join(known) or 'none'}")
+            rows = view.trials
+        else:  # any job, validation (nop/oracle) jobs too: the merged view takes agent jobs only
+            rows = job_trials(store, job)
+    except InputError as exc:
+        fail(exc)
     events = {e.trial_id: e for e in store.supervision_events()}
     out = [{"trial_id": t.trial_id, "instance_id": t.instance_id, "kind": t.kind, "job_id": t.job_id,
             "reward": t.reward, "exception_type": t.exception_type, "exception_message": t.exception_message,

@@ -161,6 +161,19 @@ def _is_exception(trial: Any) -> bool:
     return trial.exception_type is not None
 
 
+def job_trials(store: Any, job_id: str) -> list[Any]:
+    """The trials ``store`` records for ``job_id`` (any kind), oldest first.
+
+    Raises:
+        InputError: there are none (the message names the store URL and the jobs that have trials).
+    """
+    own = store.trials_for(job_id=job_id)
+    if not own:
+        known = sorted({t.job_id for t in store.trials_for() if t.job_id})
+        raise InputError(f"job {job_id!r} has no trials in {store.url}; jobs with trials: {', '.join(known) or 'none'}")
+    return own
+
+
 def merged_job(store: Any, job_id: str, *, include_recovery: bool = True) -> MergedJob:
     """The merged view of ``job_id`` and its recovery jobs (see :class:`MergedJob`).
 
@@ -173,10 +186,7 @@ def merged_job(store: Any, job_id: str, *, include_recovery: bool = True) -> Mer
         InputError: the job has no trials in the store (the message names the store URL), or it holds
             nop/oracle (validation) trials rather than agent trials.
     """
-    own = store.trials_for(job_id=job_id)
-    if not own:
-        known = sorted({t.job_id for t in store.trials_for() if t.job_id})
-        raise InputError(f"job {job_id!r} has no trials in {store.url}; jobs with trials: {', '.join(known) or 'none'}")
+    own = job_trials(store, job_id)
     kinds = sorted({t.kind for t in own})
     if kinds != ["agent"]:
         # a validation job holds a NOP and an Oracle trial per instance: "the latest trial of an
