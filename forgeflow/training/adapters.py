@@ -125,9 +125,10 @@ class Lineage(BaseModel):
             samples were batched (``bfd``: packed, padding-free; ``none``: padded;
             :func:`forgeflow.training.burst.packing_label`); None when not recorded (RL bursts,
             older adapters, verl checkpoints).
-        gradient_checkpointing: for SFT bursts, whether activations were recomputed in the backward
-            pass (:attr:`forgeflow.training.burst.BurstConfig.gradient_checkpointing`, else the device
-            plan's); None when not recorded (RL bursts, older adapters, verl checkpoints).
+        gradient_checkpointing: whether the trainer recomputed activations in the backward pass (SFT:
+            :attr:`forgeflow.training.burst.BurstConfig.gradient_checkpointing`, else decided by memory on
+            CUDA; RL: the device plan's, on with CUDA); None when not recorded (older adapters, verl
+            checkpoints).
     """
 
     model_config = ConfigDict(frozen=True)

@@ -397,7 +397,8 @@ def run_rl_burst(
         lineage = Lineage(algorithm=config.algorithm, base_model_sha256=base_sha, parent_adapter_sha256=parent_sha,
                           dataset_sha256=data.sha256, hyperparameters=hyperparameters,
                           run_id=run_id or uuid.uuid4().hex, created_at=datetime.now(timezone.utc),
-                          device=plan.device, dtype=plan.dtype)
+                          device=plan.device, dtype=plan.dtype,
+                          gradient_checkpointing=bool(trainer.args.activation_checkpointing))
         adapter = publish_adapter(trainer, tmp, out_dir, lineage, report,
                                   extra={"reward_counts": [c.model_dump(mode="json") for c in counts]})
     return RLBurstRecord(adapter=adapter, reward_counts=counts)

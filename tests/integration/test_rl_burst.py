@@ -125,6 +125,8 @@ def test_grpo_burst_continues_an_sft_adapter_and_records_reward_counts(task_imag
     assert record.weights_changed == spread == (record.adapter.sha256 != parent.sha256)
     assert lineage["base_model_sha256"] == base.sha256 and lineage["dataset_sha256"] == data.sha256
     assert lineage["hyperparameters"]["verifier_timeout_multiplier"] == 0.5
+    # what the trainer did on this machine: float32 on the CPU, no recomputation of activations
+    assert (lineage["device"], lineage["dtype"], lineage["gradient_checkpointing"]) == ("cpu", "float32", False)
     assert written["sha256"] == adapter_sha256(tmp_path / "grpo") == record.adapter.sha256
     assert record.adapter.steps == 2 and record.adapter.promotable
     assert [c.step for c in record.reward_counts] == [1, 2]
