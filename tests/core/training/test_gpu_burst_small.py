@@ -81,7 +81,8 @@ def test_the_burst_takes_the_flows_gradient_checkpointing_switch_and_runs_each_v
     assert estimates[0] > 0 and estimates[1:] == pytest.approx([estimates[0] / 2, estimates[0] * 3 / 4], rel=1e-3)
     fastest = max([summary["burst"], *variants], key=lambda run: run["tokens_per_s"])
     assert summary["best"]["tokens_per_s"] == pytest.approx(fastest["tokens_per_s"], abs=0.1)
-    assert summary["anchor_ratio"] == pytest.approx(summary["burst_tokens_per_s"] / 52_000, rel=1e-2)
+    # the JSON rounds the ratio to 3 decimals: at CPU speeds (a few hundred tokens/s) that is all its precision
+    assert summary["anchor_ratio"] == pytest.approx(summary["burst_tokens_per_s"] / 52_000, abs=5e-4)
 
 
 def test_a_malformed_variant_is_refused_naming_it() -> None:
