@@ -24,13 +24,19 @@ def _rows(path: Path, what: str) -> list[tuple[int, dict[str, Any]]]:
     """``(line number, object)`` of every non-blank line of ``path``.
 
     Raises:
-        InputError: the file is missing, holds no rows, a line is not JSON or not an object.
+        InputError: the file is missing, is not UTF-8, holds no rows, a line is not JSON or not an object.
     """
     path = Path(path)
     if not path.is_file():
         raise InputError(f"{what} {path} is not a file")
     rows = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        line = path.read_bytes()[: exc.start].count(b"\n") + 1
+        raise InputError(f"{what} {path} line {line} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at "
+                         f"offset {exc.start}): JSONL files are UTF-8") from None
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         try:
@@ -82,20 +88,34 @@ def read_sft_jsonl(path: Path) -> list[dict[str, Any]]:
     return samples
 
 
+def _field_error(error: Any) -> str:
+    """One pydantic error of an RL task row as ``field: message``; an unknown field spelt like a known
+    one in another case (``FAIL_TO_PASS``, SWE-bench's spelling) says which field it means."""
+    where = ".".join(str(p) for p in error["loc"]) or "row"
+    text = f"{where}: {error['msg']}"
+    if error["type"] == "extra_forbidden":
+        known = {name.lower(): name for name in RLTask.model_fields}
+        if where.lower() in known:
+            text += f" (the field is {known[where.lower()]})"
+    return text
+
+
 def read_rl_jsonl(path: Path) -> list[dict[str, Any]]:
     """RL tasks from a JSONL file of :class:`~forgeflow.training.rl.RLTask` rows.
 
     Args:
         path: one JSON object per line: ``instance_id``, ``image_ref`` (the task image),
-            ``problem_statement``, ``test_command``, ``fail_to_pass``/``pass_to_pass`` (test ids)
-            and ``verifier_timeout_s`` (the task's own verifier timeout, seconds).
+            ``problem_statement``, ``test_command``, ``fail_to_pass`` (test ids, at least one),
+            ``pass_to_pass`` (test ids) and ``verifier_timeout_s`` (the task's own verifier timeout,
+            seconds); no other field.
 
     Returns:
         The tasks as dicts (validated), in file order.
 
     Raises:
         InputError: the file is missing or empty, a line is not a valid task (file, line and the
-            fields named), or an ``instance_id`` repeats.
+            fields named: an unknown or misspelt field, an empty ``fail_to_pass``), or an
+            ``instance_id`` repeats.
     """
     tasks: list[dict[str, Any]] = []
     seen: dict[str, int] = {}
@@ -103,7 +123,7 @@ def read_rl_jsonl(path: Path) -> list[dict[str, Any]]:
         try:
             task = RLTask.model_validate(row)
         except ValidationError as exc:
-            fields = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'row'}: {e['msg']}" for e in exc.errors())
+            fields = "; ".join(_field_error(e) for e in exc.errors())
             raise InputError(f"tasks_jsonl {path} line {number} is not an RL task: {fields}") from None
         if task.instance_id in seen:
             raise InputError(f"tasks_jsonl {path} line {number}: instance_id {task.instance_id!r} repeats line "

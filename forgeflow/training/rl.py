@@ -42,7 +42,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from forgeflow.common import errors
 from forgeflow.common.fsutil import sha256_file, sha256_json
@@ -81,9 +81,30 @@ PROMPT_PLACEHOLDER = "{problem_statement}"
 # --- tasks and data ----------------------------------------------------------------------------
 class RLTask(VerifierSpec):
     """One task an RL burst samples fixes for: the verifier's spec plus the problem statement
-    the model sees (never the patch)."""
+    the model sees (never the patch).
+
+    Stricter than :class:`~forgeflow.training.rewards.VerifierSpec`, because a reward is credited on it:
+    ``fail_to_pass`` must name at least one test (without one, a completion that changes nothing passes
+    every remaining test and is rewarded 1), and an unknown field is refused (a misspelt
+    ``FAIL_TO_PASS`` would otherwise leave ``fail_to_pass`` empty, unseen).
+
+    Raises:
+        pydantic.ValidationError: a missing or empty ``fail_to_pass``, an unknown field, or any
+            field of the verifier's spec out of bounds.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     problem_statement: str = Field(min_length=1)
+    fail_to_pass: tuple[str, ...]
+
+    @field_validator("fail_to_pass")
+    @classmethod
+    def _a_failing_test(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if not value:
+            raise ValueError("no test: an RL task needs at least one FAIL_TO_PASS test (without one, a completion "
+                             "that changes nothing is rewarded)")
+        return value
 
 
 class RLData(BaseModel):

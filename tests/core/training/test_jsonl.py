@@ -44,11 +44,38 @@ def test_a_bad_sft_line_is_named(tmp_path: Path, line: str, message: str) -> Non
 def test_rl_rows_validate_as_tasks(tmp_path: Path) -> None:
     path = _write(tmp_path / "tasks.jsonl", [json.dumps(TASK), json.dumps({**TASK, "instance_id": "calc-2"})])
     assert [t["instance_id"] for t in read_rl_jsonl(path)] == ["calc-1", "calc-2"]
-    bad = _write(tmp_path / "bad.jsonl", [json.dumps({**TASK, "fail_to_pass": []})])
-    with pytest.raises(InputError, match="bad.jsonl line 1 is not an RL task: .*nothing to grade"):
+    bad = _write(tmp_path / "bad.jsonl", [json.dumps({**TASK, "fail_to_pass": [], "pass_to_pass": []})])
+    with pytest.raises(InputError, match="bad.jsonl line 1 is not an RL task: fail_to_pass: Value error, no test"):
         read_rl_jsonl(bad)
     with pytest.raises(InputError, match="is not a file"):
         read_rl_jsonl(tmp_path / "missing.jsonl")
+
+
+def test_an_rl_task_that_would_reward_doing_nothing_is_refused(tmp_path: Path) -> None:
+    """A task with no FAIL_TO_PASS test rewards a completion that changes nothing (every remaining test
+    passes): refused, whether the list is empty, missing, or misspelt in SWE-bench's capitals (an unknown
+    field is refused, naming the field it means)."""
+    only_p2p = {**TASK, "fail_to_pass": [], "pass_to_pass": ["t::b"]}
+    capitals = {k: v for k, v in TASK.items() if k != "fail_to_pass"} | {"FAIL_TO_PASS": ["t::a"],
+                                                                          "pass_to_pass": ["t::b"]}
+    for name, row, message in [
+            ("empty", only_p2p, r"line 2 is not an RL task: fail_to_pass: Value error, no test: an RL task needs "
+                                r"at least one FAIL_TO_PASS test"),
+            ("capitals", capitals, r"line 2 is not an RL task: fail_to_pass: Field required; "
+                                   r"FAIL_TO_PASS: Extra inputs are not permitted \(the field is fail_to_pass\)"),
+            ("unknown", {**TASK, "timeout": 5}, r"line 2 is not an RL task: timeout: Extra inputs are not permitted$")]:
+        path = _write(tmp_path / f"{name}.jsonl", [json.dumps({**TASK, "instance_id": "ok"}), json.dumps(row)])
+        with pytest.raises(InputError, match=rf"{name}.jsonl {message}"):
+            read_rl_jsonl(path)
+
+
+def test_a_file_that_is_not_utf8_is_named_with_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "binary.jsonl"
+    path.write_bytes(json.dumps({"messages": CHAT}).encode() + b"\n\xff\xfe{}\n")
+    with pytest.raises(InputError, match=rf"^samples_jsonl {path} line 2 is not UTF-8 text \(byte 0xff at offset"):
+        read_sft_jsonl(path)
+    with pytest.raises(InputError, match=rf"^tasks_jsonl {path} line 2 is not UTF-8"):
+        read_rl_jsonl(path)
 
 
 def test_prompt_completion_rows_keep_tool_calls_and_one_format_per_file(tmp_path: Path) -> None:
