@@ -274,9 +274,10 @@ def rl_burst(params: RLBurstParams) -> BurstResult:
         if placement is not None:
             dispatch.disconnect()
     if not record.weights_changed:
-        raise BurstHealthError(f"rl-burst left adapter {record.adapter.sha256[:12]} unchanged (every group's "
-                               "rewards were equal, so no advantage): nothing new to record; give more tasks or "
-                               "generations")
+        what = (f"left adapter {record.adapter.sha256[:12]} unchanged" if parent_dir is not None
+                else "left its new adapter at peft's initial weights")
+        raise BurstHealthError(f"rl-burst {what} (every group's rewards were equal, so no advantage): nothing "
+                               "learned, nothing new to record; give more tasks or generations")
     adapter = pin_adapter(record.adapter, models / "adapters")
     return _record(adapter, hf_dir, base_sha, run_id, "rl-burst", f"rl-burst ({config.algorithm})")
 

@@ -94,7 +94,8 @@ def rl_burst(origin: adapters.BurstOrigin, tasks: list[dict], out_dir: Path, con
         totals = record.totals()
         get_run_logger().warning(
             "RL burst left adapter %s unchanged: every group's rewards were equal (%d resolved, %d unresolved, "
-            "%d exceptions over %d completions), so no advantage and no update; it is its parent, not a new step",
+            "%d exceptions over %d completions), so no advantage and no update; it is its parent (or peft's "
+            "initialisation), not a new step",
             record.adapter.sha256[:12], totals.resolved, totals.unresolved, totals.exceptions, totals.completions)
     return record
 

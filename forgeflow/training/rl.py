@@ -235,21 +235,20 @@ class RLBurstRecord(BaseModel):
     Attributes:
         adapter: the :class:`~forgeflow.training.burst.AdapterRecord` (lineage algorithm ``grpo``/``rloo``).
         reward_counts: one :class:`StepRewardCounts` per optimizer step, in step order.
+        weights_changed: False when training left the trainable weights exactly as they started (the
+            parent adapter's, or a new adapter's initialisation): every group of generations got equal
+            rewards, so every GRPO/RLOO advantage was 0 and no gradient flowed (TRL's default ``beta`` 0
+            adds no KL term). Such an adapter learned nothing: for a parent it is the parent, for a new
+            adapter it is peft's initialisation (the same for any dataset of that seed), not a lineage
+            step. Measured by :func:`trainable_digest` before and after training, kept in
+            ``lineage.json``.
     """
 
     model_config = ConfigDict(frozen=True)
 
     adapter: AdapterRecord
     reward_counts: list[StepRewardCounts]
-
-    @property
-    def weights_changed(self) -> bool:
-        """False when the burst left its parent adapter's weights as they were (same
-        :func:`~forgeflow.training.adapters.adapter_sha256`): every group of generations got equal rewards, so
-        every GRPO/RLOO advantage was 0 and no gradient flowed (TRL's default ``beta`` 0 adds no KL
-        term). Such an adapter is its parent, not a new lineage step. True for a burst that
-        started a new adapter."""
-        return self.adapter.lineage.parent_adapter_sha256 != self.adapter.sha256
+    weights_changed: bool
 
     def totals(self) -> StepRewardCounts:
         """The counts summed over steps (``step`` is the last step)."""
@@ -303,7 +302,8 @@ def _reusable_rl(out_dir: Path, expected: dict[str, Any]) -> RLBurstRecord | Non
         return None
     try:
         record = read_adapter_record(out_dir)
-        counts = json.loads((out_dir / LINEAGE_FILE).read_text(encoding="utf-8")).get("reward_counts")
+        written = json.loads((out_dir / LINEAGE_FILE).read_text(encoding="utf-8"))
+        counts = written.get("reward_counts")
     except (errors.InputError, KeyError, ValueError):
         return None
     lineage = record.lineage
@@ -312,7 +312,25 @@ def _reusable_rl(out_dir: Path, expected: dict[str, Any]) -> RLBurstRecord | Non
              "hyperparameters": lineage.hyperparameters}
     if found != expected or not record.promotable or counts is None:
         return None
-    return RLBurstRecord(adapter=record, reward_counts=[StepRewardCounts.model_validate(c) for c in counts])
+    changed = written.get("weights_changed")
+    if changed is None:  # written before the burst measured it: only a parent's digest tells
+        changed = lineage.parent_adapter_sha256 != record.sha256
+    return RLBurstRecord(adapter=record, reward_counts=[StepRewardCounts.model_validate(c) for c in counts],
+                         weights_changed=bool(changed))
+
+
+def trainable_digest(model: Any) -> str:
+    """sha256 (64 hex) of a model's trainable parameters (``requires_grad``): each name and its values as
+    float32, in ``named_parameters`` order. Two digests of one model are equal exactly when no trainable
+    weight moved between them (bfloat16 and float16 values are exact in float32)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name, param in model.named_parameters():
+        if param.requires_grad:
+            digest.update(name.encode())
+            digest.update(param.detach().float().cpu().numpy().tobytes())
+    return digest.hexdigest()
 
 
 def _check_scored(counts: list[StepRewardCounts], config: RLBurstConfig, report: Any) -> None:
@@ -410,7 +428,9 @@ def run_rl_burst(
         args, lora = _trl_objects(config, tmp / "trainer", with_lora=parent_adapter_dir is None, plan=plan)
         trainer = Trainer(model=model, reward_funcs=reward, args=args, train_dataset=data.dataset,
                           processing_class=tokenizer, peft_config=lora, callbacks=[health_callback(config.gates)])
+        before = trainable_digest(trainer.model)
         trainer.train()
+        changed = trainable_digest(trainer.model) != before
         report = check_health(trainer.state.log_history, config.gates)
         enforce_health(report, hyperparameters)
         counts = [reward.counts[s] for s in sorted(reward.counts)]
@@ -421,5 +441,6 @@ def run_rl_burst(
                           device=plan.device, dtype=plan.dtype,
                           gradient_checkpointing=bool(trainer.args.activation_checkpointing))
         adapter = publish_adapter(trainer, tmp, out_dir, lineage, report,
-                                  extra={"reward_counts": [c.model_dump(mode="json") for c in counts]})
-    return RLBurstRecord(adapter=adapter, reward_counts=counts)
+                                  extra={"reward_counts": [c.model_dump(mode="json") for c in counts],
+                                         "weights_changed": changed})
+    return RLBurstRecord(adapter=adapter, reward_counts=counts, weights_changed=changed)

@@ -115,8 +115,9 @@ def test_rl_burst_flow_scores_its_rollouts_on_ray(prefect_harness, cluster, task
                                                   monkeypatch) -> None:
     """The rl-burst flow end to end with a ``ray`` dispatcher block, on the tiny model: its rollouts
     (no patch from a random model: the tests run on the bugged tree, reward 0) are verified as Ray
-    tasks on the sandbox nodes (Ray's own task list says where, and so do the adapter's
-    ``lineage.json`` counts per step); the new adapter is pinned and recorded with its lineage."""
+    tasks on the sandbox nodes (Ray's own task list says where, and so do the burst's
+    ``lineage.json`` counts per step). Every reward 0 means no advantage and no update: the new adapter
+    is peft's initialisation, so the flow fails saying nothing was learned and records no adapter."""
     import json
 
     import ray
@@ -127,6 +128,7 @@ def test_rl_burst_flow_scores_its_rollouts_on_ray(prefect_harness, cluster, task
     from forgeflow.ledger.store import Store
     from forgeflow.packaging.base_model import build_tiny_model
     from forgeflow.training.adapters import LINEAGE_FILE
+    from forgeflow.training.health import BurstHealthError
 
     head, workers = cluster
     monkeypatch.setenv("FORGEFLOW_HOME", str(tmp_path / "home"))
@@ -138,13 +140,16 @@ def test_rl_burst_flow_scores_its_rollouts_on_ray(prefect_harness, cluster, task
     tasks_jsonl.write_text(json.dumps(task) + "\n")
     training = RLHyperParams(steps=1, num_generations=2, max_completion_length=4, verifier_timeout_multiplier=0.5,
                              verifier_concurrency=2)
-    result = rl_burst(RLBurstParams(hf_dir=base.path, tasks_jsonl=tasks_jsonl, training=training,
-                                    dispatcher=_dispatcher(head), out_dir=tmp_path / "models"))
+    with pytest.raises(BurstHealthError, match=r"left its new adapter at peft's initial weights .*nothing learned"):
+        rl_burst(RLBurstParams(hf_dir=base.path, tasks_jsonl=tasks_jsonl, training=training,
+                               dispatcher=_dispatcher(head), out_dir=tmp_path / "models"))
     assert not ray.is_initialized()
-    (counts,) = json.loads((result.adapter_path / LINEAGE_FILE).read_text())["reward_counts"]
+    written = json.loads((tmp_path / "models" / "rl-adapter" / LINEAGE_FILE).read_text())
+    (counts,) = written["reward_counts"]
     assert (counts["completions"], counts["unresolved"], counts["exceptions"]) == (2, 2, 0), counts
     assert sum(counts["nodes"].values()) == 2 and set(counts["nodes"]) <= workers
-    assert Store().producers(result.adapter_sha256)  # recorded with its lineage
+    assert written["weights_changed"] is False
+    assert not Store().producers(written["sha256"])  # nothing learned: no adapter recorded
     ran = list_tasks(address=head.dashboard_url, filters=[("name", "=", f"verifier of {task_image}")],
                      raise_on_missing_output=False)
     assert len(ran) >= 2 and {t.node_id for t in ran} <= workers and {t.state for t in ran} == {"FINISHED"}, ran

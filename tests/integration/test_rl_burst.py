@@ -150,8 +150,25 @@ def test_grpo_burst_continues_an_sft_adapter_and_records_reward_counts(task_imag
     assert [step for step, _ in rloo.adapter.health.losses] == [1] and len(rloo.adapter.health.grad_norms) == 1
     (counts,) = rloo.reward_counts  # one prompt x 2 generations, scored by the verifier
     assert (counts.step, counts.completions, counts.resolved + counts.unresolved, counts.exceptions) == (1, 2, 2, 0)
+    assert rloo.weights_changed == (0 < counts.resolved < 2) == (rloo.adapter.sha256 != record.adapter.sha256)
     assert [p.name for p in tmp_path.glob(".rloo.*")] == []  # the staging folder went with the burst
 
     written["health"]["passed"] = False  # a record that does not show passing gates is never promotable
     (tmp_path / "grpo" / LINEAGE_FILE).write_text(json.dumps(written))
     assert not read_adapter_record(tmp_path / "grpo").promotable
+
+
+def test_a_new_adapter_whose_rewards_never_differ_learned_nothing(task_image: str, tmp_path: Path) -> None:  # noqa: F811
+    """Without a parent, an RL burst whose every group got equal rewards (the random tiny model writes no
+    fix: all 0) leaves peft's initial adapter as it was: ``weights_changed`` is False (measured on the
+    trainable weights, not from a parent's digest), kept in ``lineage.json`` and read back on reuse."""
+    base = build_tiny_model(cache_dir() / "test-fixtures" / "tiny-seed0" / "hf", seed=0)
+    data = build_rl_dataset([_task(task_image)])
+    config = RLBurstConfig(algorithm="rloo", max_steps=1, num_generations=2, max_completion_length=4,
+                           verifier_memory_mb=512, verifier_timeout_multiplier=0.5, verifier_concurrency=2)
+    fresh = run_rl_burst(base.path, data, tmp_path / "fresh", config, run_id="fresh")
+    (counts,) = fresh.reward_counts
+    assert (counts.completions, counts.unresolved, counts.exceptions) == (2, 2, 0)
+    assert fresh.adapter.lineage.parent_adapter_sha256 is None and fresh.weights_changed is False
+    assert json.loads((tmp_path / "fresh" / LINEAGE_FILE).read_text())["weights_changed"] is False
+    assert run_rl_burst(base.path, data, tmp_path / "fresh", config, run_id="again") == fresh  # reused as it was
