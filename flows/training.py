@@ -67,6 +67,9 @@ def _params_named() -> Iterator[None]:
     try:
         yield
     except InputError as exc:
+        if str(exc).startswith("parent_adapter_dir "):  # the core's name for the folder params.parent_adapter gave
+            raise type(exc)(f"params.parent_adapter: the adapter at {str(exc).removeprefix('parent_adapter_dir ')}") \
+                from None
         if str(exc).startswith(INPUT_FIELDS):
             raise type(exc)(f"params.{exc}") from None
         if str(exc).startswith(TRAINING_FIELDS):

@@ -158,6 +158,7 @@ def pin_adapter(record: adapters.AdapterRecord, adapters_dir: Path) -> adapters.
 
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_SHA256_PREFIX = re.compile(r"^[0-9a-f]{8,63}$")
 
 
 def _check_hf_dir(hf_dir: Path) -> Path:
@@ -170,15 +171,24 @@ def _check_hf_dir(hf_dir: Path) -> Path:
 
 
 def _parent_folder(store: Store, parent_adapter: str | None) -> Path | None:
-    """The folder of ``parent_adapter`` (a folder, or the sha256 of an adapter recorded in the store).
+    """The folder of ``parent_adapter`` (a folder, or the sha256 of an adapter recorded in the store, whole or
+    a unique prefix of at least 8 hex characters as the flows' logs and ``forgeflow lineage`` show them).
 
     Raises:
-        InputError: the folder holds no adapter, or the sha256 is no recorded adapter whose recorded
-            folder still holds it.
+        InputError: the folder holds no adapter, the sha256 is no recorded adapter whose recorded
+            folder still holds it, or the prefix matches no recorded adapter or several.
     """
     if parent_adapter is None:
         return None
     value = parent_adapter.strip()
+    if _SHA256_PREFIX.match(value.lower()) and not Path(value).exists():
+        from forgeflow.packaging.lineage import resolve_sha256
+
+        known = {a.sha256 for a in store.model_artifacts("adapter")}
+        try:
+            value = resolve_sha256(store, value, known)
+        except InputError as exc:
+            raise InputError(f"parent_adapter: {str(exc).replace('artifact ', 'adapter ', 1)}") from None
     if _SHA256.match(value.lower()):
         sha = value.lower()
         productions = [p for p in store.producers(sha) if p.kind == "adapter"]

@@ -11,6 +11,7 @@ the second adapter's weights differ from the first's. Bad input is refused befor
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -66,7 +67,8 @@ def test_two_sft_bursts_continue_one_lineage_in_the_store(prefect_harness, home:
     assert adapter_sha256(first.adapter_path) == first.adapter_sha256
     assert [s for s, _ in first.losses] == [1, 2] and all(loss > 0 for _, loss in first.losses)
 
-    second = sft_burst(params.model_copy(update={"parent_adapter": first.adapter_sha256}))
+    # the 12-character prefix the flow's log and `forgeflow lineage` show names the parent as well as the whole digest
+    second = sft_burst(params.model_copy(update={"parent_adapter": first.adapter_sha256[:12]}))
     assert second.parent_sha256 == first.adapter_sha256 != second.adapter_sha256
     w1 = (first.adapter_path / "adapter_model.safetensors").read_bytes()
     w2 = (second.adapter_path / "adapter_model.safetensors").read_bytes()
@@ -86,6 +88,16 @@ def test_two_sft_bursts_continue_one_lineage_in_the_store(prefect_harness, home:
     # a third burst continuing the folder (not the sha256) with another rank is refused before training
     with pytest.raises(InputError, match=r"^params.training.lora_r 8 differs from the parent adapter's r 4"):
         sft_burst(SFTBurstParams(hf_dir=tiny_model, samples_jsonl=samples, parent_adapter=str(second.adapter_path)))
+    # a parent trained on another base model is refused naming the field as written, not the core's name
+    other_base = tmp_path / "other-base"
+    shutil.copytree(tiny_model, other_base)
+    (other_base / "README.md").write_text("another base model\n")
+    with pytest.raises(InputError, match=rf"^params.parent_adapter: the adapter at {second.adapter_path} was trained "
+                                         rf"on base model {base_sha}, not {sha256_tree(other_base)}"):
+        sft_burst(SFTBurstParams(hf_dir=other_base, samples_jsonl=samples, training=training,
+                                 parent_adapter=second.adapter_sha256[:12]))
+    with pytest.raises(InputError, match=r"^params.parent_adapter: adapter '0123456789ab' is not in the store"):
+        sft_burst(params.model_copy(update={"parent_adapter": "0123456789ab"}))
 
 
 def test_an_unpacked_checkpointed_sft_burst_trains_and_its_lineage_says_so(prefect_harness, home: Path,
