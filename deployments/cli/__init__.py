@@ -34,10 +34,12 @@ def main() -> None:
     folder, unreadable or not UTF-8; a file that does not validate) prints one ``error:`` line and
     exits 2; an infrastructure failure (:class:`~forgeflow.common.errors.InfraError`,
     or a database the store URL points to that cannot be reached) prints one line and exits 1.
+    A store that answers but cannot be read (a damaged SQLite file: "database disk image is malformed")
+    prints one ``StoreInvalidError`` line naming the store and how SQLite recovers one, and exits 2.
     Anything else is a bug and keeps its traceback.
     """
     from pydantic import ValidationError
-    from sqlalchemy.exc import OperationalError
+    from sqlalchemy.exc import DatabaseError, OperationalError
 
     from forgeflow.common.errors import InfraError, InputError
 
@@ -54,3 +56,22 @@ def main() -> None:
     except (InputError, ValidationError, UnicodeDecodeError, OSError) as exc:
         # a path that is a folder, missing, unreadable or not UTF-8 text, or a file of the wrong kind
         raise one_line(exc, 2) from None
+    except DatabaseError as exc:  # after OperationalError, its subclass: the database answered, its data did not
+        raise one_line(_damaged_store(exc), 2) from None
+
+
+def _damaged_store(exc: BaseException) -> Exception:
+    """A :class:`~forgeflow.common.errors.StoreInvalidError` naming the store (password masked) that raised
+    ``exc`` while being read, what the database said, and for SQLite the way back (a backup, or SQLite's
+    ``.recover``: https://www.sqlite.org/recovery.html)."""
+    from sqlalchemy.engine import make_url
+
+    from forgeflow.common.errors import StoreInvalidError
+    from forgeflow.common.settings import store_url
+
+    url = make_url(store_url())
+    said = str(getattr(exc, "orig", None) or exc).splitlines()[0]
+    if url.get_backend_name() == "sqlite":
+        return StoreInvalidError(f"the forgeflow store {url.database} cannot be read: {said}; restore it from a "
+                                 f"backup, or copy out what is left with `sqlite3 {url.database} .recover`")
+    return StoreInvalidError(f"the forgeflow store {url.render_as_string(hide_password=True)} cannot be read: {said}")

@@ -153,3 +153,43 @@ def test_up_on_an_unreachable_prefect_database_is_one_line_exit_1_and_leaves_not
     if recorded.exists():  # whatever was recorded names no live process
         server = json.loads(recorded.read_text()).get("server") or {}
         assert not server or not pid_alive(server["pid"])
+
+
+def _damage(store_db) -> None:
+    """Overwrite the b-tree page type of every table's root page but ``alembic_version``'s (the schema and
+    the revision stay readable, as in a file a crash or a failing disk damaged mid-way)."""
+    import sqlite3
+
+    connection = sqlite3.connect(store_db)
+    try:
+        page_size = connection.execute("PRAGMA page_size").fetchone()[0]
+        roots = [page for name, page in connection.execute(
+            "SELECT name, rootpage FROM sqlite_master WHERE type = 'table'") if name != "alembic_version" and page > 1]
+    finally:
+        connection.close()
+    with open(store_db, "r+b") as handle:
+        for page in roots:
+            handle.seek((page - 1) * page_size)
+            handle.write(b"\x00")  # not one of the four b-tree page types (2, 5, 10, 13)
+
+
+@pytest.mark.parametrize("command", [["status"], ["trials"], ["lineage", "deadbeefdeadbeef"]], ids=" ".join)
+def test_a_damaged_store_is_one_line_naming_it_and_how_to_recover(tmp_path, command) -> None:
+    """A new-user trial's store was damaged ("database disk image is malformed"); every read printed a
+    150-line traceback. Now one line: the store, what SQLite said, and the way back."""
+    from forgeflow.ledger.records import TaskRecord
+    from forgeflow.ledger.store import Store
+
+    store_db = tmp_path / "store.db"
+    store = Store(f"sqlite:///{store_db}")
+    store.upgrade()
+    for n in range(20):
+        store.record_task(TaskRecord(instance_id=f"calc-{n}", repo="calc", patch="x" * 500, status="candidate"))
+    store.dispose()
+    _damage(store_db)
+    done = _run(*command, FORGEFLOW_HOME=str(tmp_path), FORGEFLOW_STORE_URL=f"sqlite:///{store_db}")
+    assert done.returncode == 2, done.stdout + done.stderr
+    said = " ".join(done.stderr.split())
+    assert f"error: StoreInvalidError: the forgeflow store {store_db} cannot be read: database disk image is " \
+           f"malformed; restore it from a backup, or copy out what is left with `sqlite3 {store_db} .recover`" in said
+    assert "Traceback" not in done.stderr + done.stdout
