@@ -102,7 +102,7 @@ def freeze(params: FreezeParams = FreezeParams()) -> FreezeManifest:
     bundle_tasks = curation.accepted_for_freeze(list(instance_ids) if instance_ids is not None else None)
     accepted = [AcceptedTask(instance_id=t.instance_id, repo=t.repo) for t in bundle_tasks]
     get_run_logger().info("freeze %r: %d accepted task(s)%s; quotas %s, seed %d", name, len(accepted),
-                          f" among {len(set(instance_ids))} candidates" if instance_ids is not None else "",
+                          f" among the {len(set(instance_ids))} instance id(s) given" if instance_ids is not None else "",
                           quotas.model_dump(), seed)
     image_digests = {t.instance_id: t.image_digest for t in bundle_tasks if t.image_digest}
     manifest = run_task(curation.freeze_dataset, name, accepted, quotas, seed, params.out_dir or home_dir() / "freezes",
