@@ -9,11 +9,11 @@ File digests and store reads happen in tasks (:mod:`tasks.packaging`, :mod:`task
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from flows.stagekit import StageParams, run_task
 from forgeflow.common import settings
@@ -27,7 +27,7 @@ from forgeflow.ledger import records
 from forgeflow.packaging.checkpoint import BaseModelSource, CheckpointRecord
 from forgeflow.packaging.gguf import GGUFArtifact, QuantSpec, quant_plan
 from forgeflow.packaging.gguf_metadata import MetadataEdit, validate_metadata_edits
-from forgeflow.packaging.publish import PublishRecord
+from forgeflow.packaging.publish import PublishRecord, check_model_name
 from forgeflow.packaging.release import ReleaseSources
 from forgeflow.serving.external import EndpointCheck
 from tasks import curation
@@ -46,6 +46,10 @@ def _param_error(exc: InputError, field: str) -> InputError:
     message = str(exc)
     return type(exc)(f"params.{message}" if message.startswith(field) else f"params.{field}: {message}")
 
+
+ModelName = Annotated[str, AfterValidator(check_model_name)]
+"""A model's name in a local store: refused when the parameters are validated (``params.model_name``), before
+anything is packaged, if it is not one path component (:func:`forgeflow.packaging.publish.check_model_name`)."""
 
 class FreezeParams(StageParams):
     """The ``freeze`` flow's parameters (the freeze deployment's defaults are the demo's).
@@ -101,8 +105,8 @@ def freeze(params: FreezeParams = FreezeParams()) -> FreezeManifest:
         raise InputError(f"freeze {name!r}: params.instance_ids is empty (None freezes every accepted task)")
     bundle_tasks = curation.accepted_for_freeze(list(instance_ids) if instance_ids is not None else None)
     accepted = [AcceptedTask(instance_id=t.instance_id, repo=t.repo) for t in bundle_tasks]
-    get_run_logger().info("freeze %r: %d accepted task(s)%s; quotas %s, seed %d", name, len(accepted),
-                          f" among the {len(set(instance_ids))} instance id(s) given" if instance_ids is not None else "",
+    given = f" among the {len(set(instance_ids))} instance id(s) given" if instance_ids is not None else ""
+    get_run_logger().info("freeze %r: %d accepted task(s)%s; quotas %s, seed %d", name, len(accepted), given,
                           quotas.model_dump(), seed)
     image_digests = {t.instance_id: t.image_digest for t in bundle_tasks if t.image_digest}
     manifest = run_task(curation.freeze_dataset, name, accepted, quotas, seed, params.out_dir or home_dir() / "freezes",
@@ -243,7 +247,7 @@ class PackageParams(StageParams):
     publish: str | None = Field(None, description="ModelStore block name to publish to; None: nothing published")
     publish_quantization: str | None = Field(None, description="artifact key to publish; None: the first of "
                                                                "quantizations")
-    model_name: str = Field("forgeflow", description="the model's name in a local store (one path component)")
+    model_name: ModelName = Field("forgeflow", description="the model's name in a local store (one path component)")
     metadata_edits: tuple[MetadataEdit | dict[str, Any], ...] = Field(
         (), description="GGUF metadata edits {op: set|add|delete, key, value, type, sub_type, artifacts}, applied "
                         "after every artifact passed its check and loaded")
@@ -372,7 +376,7 @@ class PublishParams(StageParams):
                                      "when an adapter was merged)")
     adapter_dir: Path | None = Field(None, description="the adapter folder merged into hf_dir, if any "
                                                        "(published under adapter/)")
-    model_name: str = Field("forgeflow", description="the model's name in a local store (one path component)")
+    model_name: ModelName = Field("forgeflow", description="the model's name in a local store (one path component)")
     include_checkpoint: bool = Field(False, description="publish hf_dir too (under checkpoint/, every file "
                                                         "sha256-verified)")
 

@@ -93,13 +93,15 @@ def resolve_sha256(store: Store, prefix: str, known: Iterable[str] | None = None
     ``known`` is every recorded digest when the caller has already read them (else read here).
 
     Raises:
-        InputError: the prefix is empty, shorter than 8 characters ("too short", whatever it
+        InputError: the prefix is empty, not hex, shorter than 8 characters ("too short", whatever it
             matches), matches no artifact, or matches several ("is ambiguous").
     """
     prefix = prefix.strip().lower()
     if not prefix:
         raise InputError(f"artifact sha256 is empty: give at least {MIN_PREFIX_CHARS} hex characters of a "
                          "recorded sha256")
+    if prefix.strip("0123456789abcdef"):
+        raise InputError(f"artifact {prefix!r} is not a sha256 prefix: a sha256 is hex characters (0-9, a-f) only")
     if len(prefix) < MIN_PREFIX_CHARS:
         raise InputError(f"artifact {prefix!r} is too short: give at least {MIN_PREFIX_CHARS} hex characters "
                          "of a recorded sha256")

@@ -268,6 +268,18 @@ def read_local_record(folder: Path) -> PublishRecord:
     return record
 
 
+
+def check_model_name(name: str) -> str:
+    """``name`` when it is one safe path component of a local model store (letters, digits, ``._-``; not
+    ``.`` or ``..``), the folder a release goes under.
+
+    Raises:
+        InputError: it is not (a path such as ``../x`` would leave the store).
+    """
+    if not name or name in (".", "..") or not all(c.isalnum() or c in "._-" for c in name):
+        raise InputError(f"name {name!r} must be one path component of letters, digits and '._-'")
+    return name
+
 def publish_local(gguf_path: Path, metadata_path: Path, store_root: Path, name: str,
                   adapter_dir: Path | None = None, checkpoint_dir: Path | None = None) -> PublishRecord:
     """Publish a GGUF and its metadata JSON (and the adapter merged into it, the checkpoint it was
@@ -302,8 +314,7 @@ def publish_local(gguf_path: Path, metadata_path: Path, store_root: Path, name: 
         PublishDigestMismatchError: a copy differs from its source, or an existing folder of the
             same revision holds different bytes (corruption).
     """
-    if not name or name in (".", "..") or not all(c.isalnum() or c in "._-" for c in name):
-        raise InputError(f"name {name!r} must be one path component of letters, digits and '._-'")
+    check_model_name(name)
     pairs = _check_artifact(gguf_path, metadata_path, adapter_dir, checkpoint_dir)
     files = [f for _, f in pairs]
     revision = local_revision(files)

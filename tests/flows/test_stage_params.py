@@ -121,6 +121,10 @@ def test_a_parameter_model_refuses_unknown_fields_and_is_frozen() -> None:
      "greater than or equal to 1"),
     (windows, {"job_id": "j", "training": {"max_length": "long"}}, "params.training.max_length", "valid integer"),
     (windows, {"hf_dir": "/m/hf"}, "params", "give job_id"),
+    (publish, {"gguf_path": "/m/a.gguf", "hf_dir": "/m/hf", "model_name": "../../escape"}, "params.model_name",
+     "must be one path component"),
+    (package, {"hf_dir": "/m/hf", "out_dir": "/m/out", "model_name": ".."}, "params.model_name",
+     "must be one path component"),
 ], ids=["judge-type", "judge-unknown", "serve-type", "serve-missing", "package-unknown",
         "freeze-nested-type", "canary-nested-bound", "canary-nested-unknown", "canary-unknown",
         "canary-recover-missing", "canary-recover-type", "curate-nested-bound", "curate-nested-unknown",
@@ -130,7 +134,8 @@ def test_a_parameter_model_refuses_unknown_fields_and_is_frozen() -> None:
         "sft-burst-nested-bound", "sft-burst-batch-bound", "sft-burst-nested-unknown", "sft-burst-missing", "rl-burst-unknown",
         "rl-burst-nested-type", "rl-burst-nested-bound", "rl-burst-missing", "ppo-unknown",
         "ppo-nested-type", "ppo-nested-bound", "ppo-nested-unknown", "ppo-missing", "windows-unknown",
-        "windows-nested-bound", "windows-nested-type", "windows-no-source"])
+        "windows-nested-bound", "windows-nested-type", "windows-no-source", "publish-name-path",
+        "package-name-dots"])
 def test_a_bad_params_is_refused_through_the_flow_with_the_field_named(prefect_harness, flow_home, stage_flow,
                                                                        params, field, reason) -> None:
     from prefect.exceptions import ParameterTypeError

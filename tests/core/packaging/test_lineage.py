@@ -165,3 +165,6 @@ def test_a_short_or_empty_prefix_says_so_not_ambiguous(store: Store) -> None:
         with pytest.raises(InputError, match="is empty: give at least 8 hex characters") as none:
             lineage_of(store, empty)
         assert "ambiguous" not in str(none.value)
+    for typo in ("zzzzzzzzzz", "2a2cd76-0000", "/m/x.gguf"):  # not "not in the store": it could never be
+        with pytest.raises(InputError, match=rf"artifact '{typo}' is not a sha256 prefix: a sha256 is hex characters"):
+            lineage_of(store, typo)
