@@ -1,9 +1,13 @@
 """The ``forgeflow`` typer app, its sub-apps and what every command shares: the environment set
-before Prefect is imported, the store opened read-only, one-line failures."""
+before Prefect is imported, the store opened read-only, one-line failures, stop signals."""
 
 from __future__ import annotations
 
 import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import typer
@@ -69,3 +73,58 @@ def fail(problem: object, status: int = 2) -> None:
     text = f"{type(problem).__name__}: {problem}" if isinstance(problem, Exception) else str(problem)
     Console(stderr=True).print(f"[red]error:[/red] {text}", highlight=False, soft_wrap=True)
     raise typer.Exit(status)
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+"""The signals that stop a long-running command (``forgeflow ui``, ``forgeflow demo``)."""
+
+
+class Stopped(KeyboardInterrupt):
+    """A stop signal, raised in the main thread so the command unwinds as on Ctrl-C: its context
+    managers (and Prefect's flow engine, which reports the run as crashed) and, at exit, the atexit
+    handlers (Prefect's temporary server) run. SIGTERM's default action would skip all of them."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+    def __str__(self) -> str:
+        return f"stopped by {signal.Signals(self.signum).name}"
+
+
+def raise_stopped(signum: int) -> None:
+    """The ``on_first`` of :func:`stop_signals` for a command that unwinds: raise :class:`Stopped`."""
+    raise Stopped(signum)
+
+
+@contextmanager
+def stop_signals(on_first: Callable[[int], None]) -> Iterator[list[tuple[float, int]]]:
+    """Catch :data:`STOP_SIGNALS` in the main thread while inside.
+
+    The first one calls ``on_first(signum)`` (it may raise, e.g. :func:`raise_stopped`); every one is
+    recorded. A handler another library installs inside (Prefect's flow engine turns SIGTERM into
+    ``TerminationSignal`` while a flow runs, then re-sends it to the handler it found: this one)
+    comes back to this one. On leaving, the previous handlers come back when no signal came; after
+    one, this handler stays (it only records), so a second signal cannot cut the exit path
+    (atexit handlers) short.
+
+    Args:
+        on_first: called with the first signal's number.
+
+    Yields:
+        The signals received: (``time.monotonic()`` s, signal number), first first.
+    """
+    received: list[tuple[float, int]] = []
+
+    def handler(signum: int, _frame: object) -> None:
+        received.append((time.monotonic(), signum))
+        if len(received) == 1:
+            on_first(signum)
+
+    previous = {signum: signal.signal(signum, handler) for signum in STOP_SIGNALS}
+    try:
+        yield received
+    finally:
+        if not received:
+            for signum, old in previous.items():
+                signal.signal(signum, old)

@@ -12,7 +12,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from deployments.cli.app import app, console, fail, prepare_env
+from deployments.cli.app import Stopped, app, console, fail, prepare_env, raise_stopped, stop_signals
 
 
 @app.command()
@@ -28,7 +28,9 @@ def demo(
 
     The options set the lifecycle config's projects, candidates_per_project, output_dir,
     freeze.name and serving.keep_running; the rest keep the demo's defaults. A refused value is
-    named by its place in the config (e.g. freeze.name).
+    named by its place in the config (e.g. freeze.name). SIGTERM, SIGINT or SIGHUP stops the run as
+    Ctrl-C does: what it started (registries, model server, Prefect's temporary server) stops, and
+    it exits 128 + the signal's number with one line saying so.
     """
     home = prepare_env()
     from pydantic import ValidationError  # noqa: PLC0415
@@ -50,16 +52,23 @@ def demo(
         check_freeze_inputs(config.freeze.name, config.output_dir.resolve() / "freezes", config.freeze_inputs())
     except InputError as exc:
         fail(exc)
-    try:
-        lifecycle(config=config)
-    except InputError as exc:  # bad input (e.g. a freeze name reused): one line, exit 2
-        fail(f"lifecycle failed: {type(exc).__name__}: {exc} (what was done so far: "
-              f"{config.output_dir.resolve() / 'summary.json'})")
-    except ForgeflowError as exc:  # infrastructure: exit 1
-        console.print(f"[red]lifecycle failed: {type(exc).__name__}: {exc}[/red]")
-        console.print(f"what was done so far: {config.output_dir.resolve() / 'summary.json'}")
-        raise typer.Exit(1) from None
-    _print_summary(config.output_dir.resolve() / "summary.json")
+    summary_path = config.output_dir.resolve() / "summary.json"
+    # a stop signal unwinds the run: its registries and model server stop on the way out, Prefect's
+    # temporary server (a child of this process, stopped by atexit) at exit
+    with stop_signals(raise_stopped) as stopping:
+        try:
+            lifecycle(config=config)
+            if stopping:  # it came as the flow ended, and Prefect kept the run's outcome
+                raise Stopped(stopping[0][1])
+            _print_summary(summary_path)
+        except Stopped as exc:
+            fail(f"forgeflow demo {exc} (what was done so far: {summary_path})", status=128 + exc.signum)
+        except InputError as exc:  # bad input (e.g. a freeze name reused): one line, exit 2
+            fail(f"lifecycle failed: {type(exc).__name__}: {exc} (what was done so far: {summary_path})")
+        except ForgeflowError as exc:  # infrastructure: exit 1
+            console.print(f"[red]lifecycle failed: {type(exc).__name__}: {exc}[/red]")
+            console.print(f"what was done so far: {summary_path}")
+            raise typer.Exit(1) from None
 
 
 def _print_summary(path: Path) -> None:
@@ -108,28 +117,23 @@ def ui(port: int = typer.Option(4200, help="UI/API port on 127.0.0.1 (1..65535, 
     server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
                                "--port", str(port)], start_new_session=True)
 
-    stopping: list[tuple[float, int]] = []  # (when, which) stop signal came; the handler only signals
-
-    def stop(signum: int, _frame: object) -> None:
-        if not stopping:
-            stopping.append((time.monotonic(), signum))
+    def stop(_signum: int) -> None:
         try:
             os.killpg(server.pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
 
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, stop)
-    while True:
-        try:
-            code = server.wait(timeout=0.5)
-            break
-        except subprocess.TimeoutExpired:
-            if stopping and time.monotonic() - stopping[0][0] > 10:  # SIGTERM not heeded in 10 s
-                try:
-                    os.killpg(server.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+    with stop_signals(stop) as stopping:
+        while True:
+            try:
+                code = server.wait(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                if stopping and time.monotonic() - stopping[0][0] > 10:  # SIGTERM not heeded in 10 s
+                    try:
+                        os.killpg(server.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
     if stopping:
         try:  # what the server started in its group and left behind
             os.killpg(server.pid, signal.SIGKILL)
