@@ -44,6 +44,7 @@ from forgeflow.sandbox import dispatch
 from forgeflow.training import verl
 from forgeflow.training.adapters import AdapterRecord, BurstOrigin, Lineage, pin_adapter
 from forgeflow.training.health import BurstHealthError
+from forgeflow.training.ppo import local_checkpoint_dir
 from tasks import training as training_tasks
 from tasks.common import hook_logger, markdown_artifact, sweep_trial_pods, table_artifact
 from tasks.curation import sandbox_choice, trial_dispatcher
@@ -348,7 +349,9 @@ def ppo(params: PPOParams) -> PPOResult:
             * ``settings``: verl's PPO settings (:class:`forgeflow.training.verl.VerlPPOSettings`; rendered to
               verl's Hydra overrides). ``lora_rank`` must be > 0 (an adapter is what is ingested),
               ``save_freq_steps`` > 0 (verl saves nothing otherwise; with it, the last step is always saved)
-              and ``checkpoint_dir`` readable here (a shared filesystem) once the job ends.
+              and ``checkpoint_dir`` readable here (a shared filesystem) once the job ends. Left unset,
+              ``checkpoint_dir`` is ``checkpoints/forgeflow/ppo/<submission id>`` (under ``working_dir``): a
+              folder per job. Only a checkpoint the job itself wrote there is ingested.
             * ``job``: the cluster and the job (:class:`PPOJob`: ``dashboard_url``, ``working_dir``, ``pip``,
               ``entrypoint``, ``poll_s``, ``timeout_s``, ``adapter_glob``, ``base_model_sha256``).
             * ``submission_id``: the Ray job's id (default ``forgeflow-ppo-<flow run id>``).
@@ -364,7 +367,8 @@ def ppo(params: PPOParams) -> PPOResult:
             ``params.job.base_model_sha256``) — before anything is submitted.
         TransientInfraError: the job server does not answer (after retries).
         RayJobError: the job ended FAILED or STOPPED or ran past ``params.job.timeout_s``.
-        InfraError: the job succeeded but left no adapter under ``checkpoint_dir``.
+        InfraError: the job succeeded but wrote no adapter under ``checkpoint_dir`` (one there from before the
+            job, unchanged, is not its own).
     """
     settings, job = params.settings, params.job
     if settings.lora_rank < 1:
@@ -381,19 +385,19 @@ def ppo(params: PPOParams) -> PPOResult:
     base_sha = job.base_model_sha256 or training_tasks.tree_digest(model_dir, "base-model")
     run_id = _run_id()
     job_id = params.submission_id or _ppo_submission_id(run_id)
+    if "checkpoint_dir" not in settings.model_fields_set:  # the default folder: one per job, never shared
+        settings = settings.model_copy(update={"checkpoint_dir": f"{settings.checkpoint_dir}/{job_id}"})
     spec = verl.ray_job_spec(settings, working_dir=job.working_dir, submission_id=job_id, pip=list(job.pip),
                              metadata={"prefect_flow_run_id": run_id or ""})
     spec = spec.model_copy(update={"entrypoint": job.entrypoint or spec.entrypoint,
                                    "entrypoint_num_cpus": job.entrypoint_num_cpus})
     training_tasks.submit_ray_job(spec, job.dashboard_url)
     outcome = training_tasks.follow_ray_job(job.dashboard_url, job_id, job.poll_s, job.timeout_s)
-    checkpoints = Path(settings.checkpoint_dir)
-    if not checkpoints.is_absolute() and job.working_dir:
-        checkpoints = Path(job.working_dir) / checkpoints
+    checkpoints = local_checkpoint_dir(settings.checkpoint_dir, job.working_dir)
     models = Path(params.out_dir) if params.out_dir is not None else home_dir() / "models"
     folder, step, adapter = training_tasks.ingest_ppo_checkpoint(
         checkpoints, job.adapter_glob, models / "ppo-adapter", base_sha, tuple(settings.train_files),
-        settings.model_dump(mode="json"), run_id or job_id, {"ray_job": job_id})
+        settings.model_dump(mode="json"), run_id or job_id, {"ray_job": job_id}, submission_id=job_id)
     lineage = adapter.lineage
     adapter = pin_adapter(adapter, models / "adapters")
     training_tasks.record_adapter(store_settings.store_url(), _base_row(base_sha, model_dir, "ppo model_path", run_id),

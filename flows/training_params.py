@@ -202,7 +202,7 @@ class PPOJob(BaseModel):
         poll_s: seconds between status polls (the job's new log lines are logged at each).
         timeout_s: stop the job after this many seconds (None: no limit).
         adapter_glob: where the LoRA adapter of a step lies under ``settings.checkpoint_dir``
-            (default verl's ``global_step_*/actor/lora_adapter``); the highest step is ingested.
+            (default verl's ``global_step_*/actor/lora_adapter``); the highest step the job wrote is ingested.
         base_model_sha256: the base model's digest, when ``settings.model_path`` is not a folder
             readable here (an HF id or a cluster path); else computed from the folder.
     """
@@ -221,7 +221,7 @@ class PPOJob(BaseModel):
     poll_s: float = Field(5.0, gt=0, description="seconds between status polls (new log lines logged at each)")
     timeout_s: float | None = Field(None, gt=0, description="stop the job after this many seconds; null: no limit")
     adapter_glob: str = Field(DEFAULT_ADAPTER_GLOB, min_length=1, description="where a step's LoRA adapter lies "
-                              "under settings.checkpoint_dir; the highest step is ingested")
+                              "under settings.checkpoint_dir; the highest step the job wrote is ingested")
     base_model_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$", description="the base model's "
                                           "sha256_tree, when settings.model_path is not a folder readable here; "
                                           "null: computed from the folder")

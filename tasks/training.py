@@ -105,14 +105,40 @@ def rl_burst(origin: adapters.BurstOrigin, tasks: list[dict], out_dir: Path, con
 def submit_ray_job(spec: verl.RayJobSpec, dashboard_url: str) -> str:
     """Submit a Ray job (:func:`forgeflow.training.ray_jobs.submit`); returns its submission id.
 
+    A job whose metadata names its checkpoint folder (:data:`forgeflow.training.verl.CHECKPOINT_DIR_LABEL`,
+    relative: under ``spec.runtime_env.working_dir``) has what that folder holds stamped just before it is
+    submitted and, once Ray accepted it, recorded at ``$FORGEFLOW_HOME/ppo/<submission id>/checkpoints-before.json``
+    (:func:`forgeflow.training.ppo.kept_if_accepted`), so :func:`ingest_ppo_checkpoint` takes only a
+    checkpoint the job wrote. A refused submission records nothing.
+
     Not cached: a submission is an action. Ray refuses a reused ``submission_id``, so a retry after
     a lost answer cannot start the job twice.
+
+    Raises:
+        InputError / ToolMissingError / TransientInfraError / InfraError: :func:`forgeflow.training.ray_jobs.submit`'s.
     """
+    from forgeflow.common.settings import home_dir
+    from forgeflow.training import ppo as ppo_ingest
+
+    logger = get_run_logger()
+    labelled = spec.metadata.get(verl.CHECKPOINT_DIR_LABEL)
+    before = None
+    if labelled is not None:
+        folder = ppo_ingest.local_checkpoint_dir(labelled, spec.runtime_env.working_dir)
+        before = ppo_ingest.checkpoints_before(folder, spec.submission_id)
     env = spec.runtime_env.model_dump(exclude_none=True)
     runtime_env = {k: v for k, v in env.items() if v not in ([], {})}
-    submission_id = ray_jobs.submit(dashboard_url, spec.entrypoint, spec.submission_id, runtime_env, spec.metadata,
-                                    spec.entrypoint_num_cpus)
-    get_run_logger().info("Ray job %s submitted to %s: %s", submission_id, dashboard_url, spec.entrypoint[:200])
+    with ppo_ingest.kept_if_accepted(ppo_ingest.record_path(home_dir(), spec.submission_id), before):
+        submission_id = ray_jobs.submit(dashboard_url, spec.entrypoint, spec.submission_id, runtime_env,
+                                        spec.metadata, spec.entrypoint_num_cpus)
+    logger.info("Ray job %s submitted to %s: %s", submission_id, dashboard_url, spec.entrypoint[:200])
+    if before is not None:
+        older = before.step_folders()
+        if older:
+            shown = ", ".join(older[:5]) + (", ..." if len(older) > 5 else "")
+            logger.warning("checkpoint folder %s already holds %d checkpoints of earlier jobs (%s): only one that "
+                           "Ray job %s writes or rewrites will be ingested; give each run its own checkpoint_dir",
+                           before.checkpoint_dir, len(older), shown, submission_id)
     return submission_id
 
 
@@ -272,20 +298,34 @@ def record_adapter(store_url: str, base: ModelArtifactRecord, adapter: ModelArti
 @task(cache_policy=NO_CACHE)
 def ingest_ppo_checkpoint(checkpoints: Path, adapter_glob: str, out_dir: Path, base_sha256: str,
                           train_files: tuple[str, ...], hyperparameters: dict[str, Any], run_id: str,
-                          extra: dict[str, Any]) -> tuple[Path, int, adapters.AdapterRecord]:
-    """The newest LoRA checkpoint of a PPO run (:func:`forgeflow.training.ppo.newest_adapter` under
-    ``checkpoints``), copied into ``out_dir`` as an adapter with its lineage (the training files' digest,
+                          extra: dict[str, Any], submission_id: str | None = None
+                          ) -> tuple[Path, int, adapters.AdapterRecord]:
+    """The newest LoRA checkpoint a PPO job wrote (:func:`forgeflow.training.ppo.newest_adapter` under
+    ``checkpoints``, told from older ones there by the record :func:`submit_ray_job` kept of the folder),
+    copied into ``out_dir`` as an adapter with its lineage (the training files' digest,
     :func:`forgeflow.training.ppo.ppo_lineage`; ``extra`` written beside it).
+
+    Args:
+        submission_id: the Ray job; None: ``extra["ray_job"]``.
 
     Returns:
         ``(checkpoint folder, global step, adapter record)``.
 
     Raises:
-        InputError: no checkpoint matches ``adapter_glob``, or it holds no adapter.
+        InfraError: no checkpoint matches ``adapter_glob``, every match predates the job (left there by an
+            earlier run, unchanged), the newest it wrote holds no adapter, or there is no record of the
+            folder before the job (:func:`submit_ray_job` did not submit it with this ``$FORGEFLOW_HOME``).
+        InputError: no submission id, or the record is of another folder or was altered.
     """
+    from forgeflow.common.settings import home_dir
     from forgeflow.training import ppo as ppo_ingest
 
-    folder, step = ppo_ingest.newest_adapter(Path(checkpoints), adapter_glob)
+    job_id = submission_id or extra.get("ray_job")
+    if not job_id:
+        raise InputError("ingest_ppo_checkpoint needs the Ray job's submission id (submission_id or "
+                         "extra['ray_job']) to tell its checkpoints from older ones")
+    before = ppo_ingest.read_checkpoints_before(ppo_ingest.record_path(home_dir(), job_id), job_id)
+    folder, step = ppo_ingest.newest_adapter(Path(checkpoints), adapter_glob, before)
     lineage = ppo_ingest.ppo_lineage(base_sha256, train_files, hyperparameters, run_id)
     return folder, step, ppo_ingest.ingest_adapter(folder, step, Path(out_dir), lineage, extra)
 

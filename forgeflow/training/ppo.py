@@ -7,18 +7,40 @@ layout). :func:`ingest_adapter` copies the adapter files of the highest step int
 writes forgeflow's ``lineage.json`` (algorithm ``ppo``, base model, dataset digest, the verl
 settings, the Ray job, the step) and renames it into place, so the adapter continues a lineage like
 any burst's (:func:`forgeflow.training.adapters.pin_adapter`, the store's ``model_artifacts``).
+
+A checkpoint folder outlives its job (the default ``checkpoint_dir`` is one fixed path), so the
+checkpoints of an earlier job may lie where this one saves. Only what *this* job wrote is ingested:
+:func:`checkpoints_before` stamps every file and folder there (size, mtime, inode) just before the
+job is submitted, :func:`kept_if_accepted` keeps that record under the job's submission id once Ray
+has accepted the job (:func:`record_path`), and :func:`newest_adapter` skips a checkpoint whose stamps are those
+of the record (it predates the job). A checkpoint the job rewrote in place, even with the same bytes,
+has new stamps and counts as the job's.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from forgeflow.common import errors
-from forgeflow.common.fsutil import atomic_folder, atomic_write_json, sha256_file, sha256_json
+from forgeflow.common.fsutil import (
+    SEMANTIC_KEY,
+    atomic_folder,
+    atomic_write_json,
+    fsync_dir,
+    read_digested_json,
+    sha256_file,
+    sha256_json,
+    with_semantic_digest,
+)
 from forgeflow.training.adapters import (
     ADAPTER_FILES,
     LINEAGE_FILE,
@@ -33,23 +55,191 @@ DEFAULT_ADAPTER_GLOB = "global_step_*/actor/lora_adapter"
 _STEP = re.compile(r"global_step_(\d+)")
 
 
-def newest_adapter(checkpoint_dir: Path, pattern: str = DEFAULT_ADAPTER_GLOB) -> tuple[Path, int]:
-    """The adapter folder of the highest ``global_step_<N>`` under ``checkpoint_dir`` matching ``pattern``.
+CHECKPOINTS_BEFORE_SCHEMA_VERSION = 1
+CHECKPOINTS_BEFORE_FILE = "checkpoints-before.json"
+"""The record of a checkpoint folder before a job, kept at ``<home>/ppo/<submission id>/`` (:func:`record_path`)."""
+
+
+class CheckpointsBefore(BaseModel):
+    """What a checkpoint folder held just before a Ray job was submitted.
+
+    Attributes:
+        schema_version: of this record (1).
+        checkpoint_dir: the folder, absolute, as read here.
+        submission_id: the Ray job.
+        taken_at: when the stamps were taken (UTC).
+        stamps: every file and folder under ``checkpoint_dir`` (path relative to it, ``/``-separated)
+            -> ``(size_bytes, mtime_ns, inode)``; empty when the folder did not exist.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_version: Literal[1] = CHECKPOINTS_BEFORE_SCHEMA_VERSION
+    checkpoint_dir: Path
+    submission_id: str = Field(min_length=1)
+    taken_at: datetime
+    stamps: dict[str, tuple[int, int, int]]
+
+    def step_folders(self) -> list[str]:
+        """The ``global_step_<N>`` folders the record holds, by step."""
+        steps = {key.split("/")[0] for key in self.stamps if _STEP.fullmatch(key.split("/")[0])}
+        return sorted(steps, key=lambda name: int(_STEP.fullmatch(name).group(1)))
+
+
+def local_checkpoint_dir(checkpoint_dir: str, working_dir: str | None) -> Path:
+    """Where the ``ppo`` flow reads a job's checkpoints: ``checkpoint_dir`` itself when absolute, else
+    under the job's ``working_dir`` (when given; else relative to this process's directory)."""
+    path = Path(checkpoint_dir)
+    if not path.is_absolute() and working_dir:
+        path = Path(working_dir) / path
+    return path
+
+
+def _stamps(root: Path) -> dict[str, tuple[int, int, int]]:
+    """Every file and folder under ``root`` (not ``root`` itself; symlinked folders not entered) ->
+    ``(size_bytes, mtime_ns, inode)``, keyed by its ``/``-separated path relative to ``root``; {} when
+    ``root`` is not a folder. An entry removed while walking is left out."""
+    out: dict[str, tuple[int, int, int]] = {}
+    if not root.is_dir():
+        return out
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in (*dirnames, *filenames):
+            path = Path(dirpath) / name
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                continue
+            out[path.relative_to(root).as_posix()] = (st.st_size, st.st_mtime_ns, st.st_ino)
+    return out
+
+
+def checkpoints_before(checkpoint_dir: Path, submission_id: str) -> CheckpointsBefore:
+    """Stamp what ``checkpoint_dir`` holds now, before job ``submission_id`` is submitted (stat only: no
+    file is read, so a folder of large checkpoints is quick)."""
+    root = Path(checkpoint_dir).resolve()
+    return CheckpointsBefore(checkpoint_dir=root, submission_id=submission_id,
+                             taken_at=datetime.now(timezone.utc), stamps=_stamps(root))
+
+
+def record_path(home: Path, submission_id: str) -> Path:
+    """``<home>/ppo/<submission_id>/checkpoints-before.json``.
+
+    Raises:
+        InputError: ``submission_id`` is not a plain name (empty, ``.``, ``..`` or holds a ``/``).
+    """
+    if submission_id in ("", ".", "..") or "/" in submission_id or "\\" in submission_id:
+        raise errors.InputError(f"Ray submission id {submission_id!r} is not a plain name")
+    return Path(home) / "ppo" / submission_id / CHECKPOINTS_BEFORE_FILE
+
+
+def write_checkpoints_before(path: Path, record: CheckpointsBefore) -> Path:
+    """Write ``record`` to ``path`` atomically (schema version and ``semantic_sha256`` inside), replacing
+    an older record of the same submission id: write it only for a job Ray has *accepted* (Ray refuses a
+    known id, so an older record is of a job the cluster no longer knows); :func:`kept_if_accepted` does."""
+    return atomic_write_json(path, with_semantic_digest(record.model_dump(mode="json")))
+
+
+@contextmanager
+def kept_if_accepted(path: Path, record: CheckpointsBefore | None) -> Iterator[None]:
+    """Around a job's submission: ``record`` is written first beside ``path`` (a full disk fails before
+    anything is submitted) and renamed to ``path`` when the block ends normally (the job was accepted);
+    when the block raises (refused, or no answer) it is removed and ``path`` is left as it was.
+    ``record`` None: nothing is written."""
+    if record is None:
+        yield
+        return
+    path = Path(path)
+    pending = write_checkpoints_before(path.with_name(f".{path.name}.pending"), record)
+    try:
+        yield
+    except BaseException:
+        pending.unlink(missing_ok=True)
+        raise
+    os.replace(pending, path)
+    fsync_dir(path.parent)
+
+
+def read_checkpoints_before(path: Path, submission_id: str) -> CheckpointsBefore:
+    """The record of what the checkpoint folder held before job ``submission_id``.
+
+    Raises:
+        InfraError: there is none at ``path`` (the job was not submitted by :func:`write_checkpoints_before`'s
+            caller with this home): without it the job's checkpoints cannot be told from older ones.
+        InputError: the record is not valid JSON, was altered, is of another schema version or another job.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise errors.InfraError(f"no record of what the checkpoint folder held before Ray job {submission_id} was "
+                                f"submitted ({path} is missing): its checkpoints cannot be told from older ones, "
+                                "so none is ingested")
+    document = read_digested_json(path, "checkpoint record", CHECKPOINTS_BEFORE_SCHEMA_VERSION)
+    document.pop(SEMANTIC_KEY)
+    try:
+        record = CheckpointsBefore.model_validate(document)
+    except ValidationError as exc:
+        raise errors.InputError(f"checkpoint record {path} is not one: {exc}") from exc
+    if record.submission_id != submission_id:
+        raise errors.InputError(f"checkpoint record {path} is of Ray job {record.submission_id}, not {submission_id}")
+    return record
+
+
+def written_since(folder: Path, before: CheckpointsBefore, relative: str | None = None) -> bool:
+    """Whether ``folder`` (under ``before.checkpoint_dir``) or anything in it was created, rewritten,
+    replaced or removed since ``before`` was taken: its stamps and its contents' differ from the record.
+
+    Args:
+        folder: a folder under the checkpoint folder.
+        before: the record.
+        relative: ``folder``'s path relative to the checkpoint folder (``/``-separated); None: worked out
+            from the resolved paths.
+    """
+    rel = relative if relative is not None else Path(folder).resolve().relative_to(before.checkpoint_dir).as_posix()
+    then = {k: v for k, v in before.stamps.items() if k == rel or k.startswith(rel + "/")}
+    st = Path(folder).stat()
+    now = {rel: (st.st_size, st.st_mtime_ns, st.st_ino)}
+    now.update({f"{rel}/{k}": v for k, v in _stamps(Path(folder)).items()})
+    return now != then
+
+
+def newest_adapter(checkpoint_dir: Path, pattern: str = DEFAULT_ADAPTER_GLOB,
+                   before: CheckpointsBefore | None = None) -> tuple[Path, int]:
+    """The adapter folder of the highest ``global_step_<N>`` under ``checkpoint_dir`` matching ``pattern``;
+    with ``before``, the highest among those the job wrote (:func:`written_since`): a checkpoint an
+    earlier job left there, unchanged, is never taken for this job's.
 
     Returns:
         ``(folder, N)``.
 
     Raises:
-        InfraError: no folder matches, or the newest lacks a peft adapter file (the job succeeded
-            but left nothing to ingest; the message names the folder and the pattern).
+        InfraError: no folder matches, every match predates the job (the message names the folder, the
+            job and the steps found), or the newest lacks a peft adapter file (the job succeeded but left
+            nothing to ingest; the message names the folder and the pattern).
+        InputError: ``before`` is the record of another folder.
     """
+    checkpoint_dir = Path(checkpoint_dir)
+    if before is not None and checkpoint_dir.resolve() != before.checkpoint_dir:
+        raise errors.InputError(f"the checkpoint record of Ray job {before.submission_id} is of "
+                                f"{before.checkpoint_dir}, not of {checkpoint_dir}")
     found = []
-    for folder in Path(checkpoint_dir).glob(pattern):
+    for folder in checkpoint_dir.glob(pattern):
         match = _STEP.search(folder.as_posix())
         if folder.is_dir() and match:
             found.append((int(match.group(1)), folder))
     if not found:
         raise errors.InfraError(f"no checkpoint matches {pattern!r} under {checkpoint_dir}: the job wrote no adapter")
+    if before is not None:
+        written = [(step, folder) for step, folder in found
+                   if written_since(folder, before, folder.relative_to(checkpoint_dir).as_posix())]
+        if not written:
+            steps = ", ".join(str(step) for step, _ in sorted(found))
+            plural = "s" if len(found) > 1 else ""
+            raise errors.InfraError(
+                f"no checkpoint matching {pattern!r} under {checkpoint_dir} was written by Ray job "
+                f"{before.submission_id}: the job wrote no adapter. The {len(found)} checkpoint{plural} there "
+                f"(step{plural} {steps}) {'predate' if plural else 'predates'} the job (unchanged since "
+                f"{before.taken_at:%Y-%m-%d %H:%M:%S} UTC, just before it was submitted) "
+                "and are not ingested; check that the job saves there, and give each run its own checkpoint_dir")
+        found = written
     step, folder = max(found)
     missing = [name for name in ADAPTER_FILES if not (folder / name).is_file()]
     if missing:

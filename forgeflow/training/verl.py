@@ -41,6 +41,9 @@ TIMEOUT_MULTIPLIER_ENV = "FORGEFLOW_VERIFIER_TIMEOUT_MULTIPLIER"
 """Environment variable (set in the Ray job's ``runtime_env``) carrying the training verifier
 timeout multiplier to :func:`compute_score` on the cluster."""
 DATA_SOURCE = "forgeflow"
+CHECKPOINT_DIR_LABEL = "checkpoint_dir"
+"""The Ray job's metadata label that holds ``settings.checkpoint_dir`` (:func:`ray_job_spec`): where the job
+saves, so what the folder held before it can be recorded when it is submitted."""
 
 
 def _field_error(exc: ValidationError, prefix: str = "") -> errors.InputError:
@@ -74,7 +77,12 @@ class VerlPPOSettings(BaseModel):
         kl_coef: KL penalty coefficient in the reward (fixed controller).
         total_epochs / total_training_steps: run length (steps override epochs when set).
         nnodes / n_gpus_per_node: the cluster.
-        project_name / experiment_name: logging names; ``checkpoint_dir``: where verl saves.
+        project_name / experiment_name: logging names.
+        checkpoint_dir: where verl saves (``trainer.default_local_dir``; relative: under the job's
+            working_dir). The ``ppo`` flow ingests only a checkpoint the job itself wrote there: one that
+            predates the job, unchanged (an earlier run's in the same folder), is never taken for its own
+            (:func:`forgeflow.training.ppo.newest_adapter`). Left unset, the ``ppo`` flow adds the job's submission
+            id to the default (a folder per job); two runs at once in one folder cannot be told apart.
         save_freq_steps: verl saves a checkpoint every this many steps and, when > 0, always after the
             last one (default 100); -1 or 0 never saves (the ``ppo`` flow refuses that: it ingests the
             newest checkpoint).
@@ -428,7 +436,8 @@ def ray_job_spec(
         pip: packages the job installs (e.g. a pinned ``verl``); default none (a cluster image
             with verl).
         env_vars: extra environment; :data:`TIMEOUT_MULTIPLIER_ENV` is always set from ``s``.
-        metadata: labels (e.g. the Prefect run id, the dataset digest).
+        metadata: labels (e.g. the Prefect run id, the dataset digest); ``forgeflow`` is ``verl-ppo``
+            unless given, :data:`CHECKPOINT_DIR_LABEL` is always ``s.checkpoint_dir``.
 
     Raises:
         InputError: a bad field (named).
@@ -440,7 +449,7 @@ def ray_job_spec(
         return RayJobSpec(
             entrypoint=entrypoint, submission_id=submission_id,
             runtime_env=RuntimeEnv(working_dir=working_dir, pip=list(pip or []), env_vars=env),
-            metadata={"forgeflow": "verl-ppo", **(metadata or {})},
+            metadata={"forgeflow": "verl-ppo", **(metadata or {}), CHECKPOINT_DIR_LABEL: s.checkpoint_dir},
         )
     except ValidationError as exc:
         raise _field_error(exc) from exc

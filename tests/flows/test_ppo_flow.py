@@ -131,6 +131,81 @@ def test_ppo_follows_the_ray_job_and_ingests_its_newest_checkpoint(prefect_harne
                       submission_id=f"ff-ppo-{uuid.uuid4().hex[:8]}"))
 
 
+def test_ppo_never_credits_a_run_with_an_earlier_jobs_checkpoint(prefect_harness, flow_home: Path, cluster,
+                                                                 tmp_path: Path) -> None:
+    """Regression (new-user trial): a second run into the same checkpoint_dir whose job wrote nothing
+    completed with the first job's ``global_step_2`` adapter. Only a checkpoint the job wrote is ingested."""
+    import torch
+    from safetensors.torch import load_file
+    from sqlalchemy import select
+
+    from flows.training import PPOJob, PPOParams, ppo
+    from forgeflow.common.errors import InfraError
+    from forgeflow.ledger.store import Store
+    from forgeflow.ledger.tables import ArtifactProduction
+    from forgeflow.training.verl import settings
+
+    checkpoints = tmp_path / "ckpt"  # one folder for every run, as the default checkpoint_dir is
+
+    def run(entrypoint: str):
+        return ppo(PPOParams(settings=settings(**_settings(tmp_path, checkpoints)),
+                             job=PPOJob(dashboard_url=cluster.dashboard_url, entrypoint=entrypoint, poll_s=0.5),
+                             submission_id=f"ff-ppo-{uuid.uuid4().hex[:8]}"))
+
+    def productions() -> list[tuple[str, str]]:
+        store = Store()
+        try:
+            with store.session() as session:
+                rows = session.execute(select(ArtifactProduction.sha256, ArtifactProduction.lineage)).all()
+        finally:
+            store.dispose()
+        return sorted((sha, lineage["ray_job"]) for sha, lineage in rows if (lineage or {}).get("algorithm") == "ppo")
+
+    first = run(_entrypoint(checkpoints, 2))
+    assert first.global_step == 2 and (checkpoints / "global_step_2").is_dir()
+    assert productions() == [(first.adapter_sha256, first.submission_id)]
+
+    with pytest.raises(InfraError) as info:
+        run("echo I trained nothing")
+    message = str(info.value)
+    assert f"under {checkpoints} was written by Ray job ff-ppo-" in message and "the job wrote no adapter" in message
+    assert "The 2 checkpoints there (steps 1, 2) predate the job" in message
+    assert productions() == [(first.adapter_sha256, first.submission_id)]  # no adapter recorded for it
+
+    # a job that saves only step 1 there is credited with its own step 1, not the older step 2
+    third = run(_entrypoint(checkpoints, 1))
+    assert third.global_step == 1 and third.adapter_sha256 != first.adapter_sha256
+    weights = load_file(str(third.adapter_path / "adapter_model.safetensors"))
+    assert all(torch.allclose(t, torch.full_like(t, 0.01)) for k, t in weights.items() if "lora_B" in k)
+    assert productions() == sorted([(first.adapter_sha256, first.submission_id),
+                                    (third.adapter_sha256, third.submission_id)])
+
+
+def test_the_default_checkpoint_dir_is_a_folder_per_job(prefect_harness, flow_home: Path, cluster,
+                                                        tmp_path: Path) -> None:
+    """Left unset, ``settings.checkpoint_dir`` is ``checkpoints/forgeflow/ppo/<submission id>`` under the job's
+    working_dir: two default runs never share a folder (the trial's stale ingest needed a shared one). The job
+    gets it in its metadata, the lineage records it, and the adapter is ingested from there."""
+    from flows.training import PPOJob, PPOParams, ppo
+    from forgeflow.ledger.store import Store
+    from forgeflow.training import ray_jobs
+    from forgeflow.training.verl import CHECKPOINT_DIR_LABEL, settings
+
+    given = {k: v for k, v in _settings(tmp_path, tmp_path / "unused").items() if k != "checkpoint_dir"}
+    work = tmp_path / "work"
+    work.mkdir()
+    job_id = f"ff-ppo-{uuid.uuid4().hex[:8]}"
+    own = work / "checkpoints" / "forgeflow" / "ppo" / job_id
+    result = ppo(PPOParams(settings=settings(**given), submission_id=job_id,
+                           job=PPOJob(dashboard_url=cluster.dashboard_url, working_dir=str(work),
+                                      entrypoint=_entrypoint(own, 1), poll_s=0.5)))
+    assert result.global_step == 1 and (own / "global_step_1").is_dir()
+    metadata = ray_jobs.client(cluster.dashboard_url).get_job_info(job_id).metadata
+    assert metadata[CHECKPOINT_DIR_LABEL] == f"checkpoints/forgeflow/ppo/{job_id}"
+    (production,) = [p for p in Store().producers(result.adapter_sha256) if p.kind == "adapter"]
+    assert production.lineage["hyperparameters"]["checkpoint_dir"] == f"checkpoints/forgeflow/ppo/{job_id}"
+
+
 def test_a_killed_ppo_run_leaves_no_ray_job_running(prefect_harness, flow_home: Path, cluster, tmp_path: Path) -> None:
     from prefect.settings import PREFECT_API_URL
 

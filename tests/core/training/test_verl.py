@@ -14,6 +14,7 @@ import yaml
 
 from forgeflow.common.errors import InputError
 from forgeflow.training.verl import (
+    CHECKPOINT_DIR_LABEL,
     ENTRYPOINT_MODULE,
     TIMEOUT_MULTIPLIER_ENV,
     compute_score,
@@ -55,6 +56,8 @@ def test_ray_job_runs_verl_main_ppo_with_every_override() -> None:
     assert argv[3:] == hydra_overrides(render_ppo_config(s))  # quoting round-trips through a shell
     assert spec.runtime_env.env_vars[TIMEOUT_MULTIPLIER_ENV] == "0.1"
     assert spec.runtime_env.pip == ["verl==0.5.0"] and spec.metadata["run_id"] == "r1"
+    # where the job saves, so the ppo flow can record what the folder held before it (only its own are ingested)
+    assert spec.metadata[CHECKPOINT_DIR_LABEL] == s.checkpoint_dir == "checkpoints/forgeflow/ppo"
     body = spec.model_dump(mode="json")
     assert set(body) <= {"entrypoint", "submission_id", "runtime_env", "metadata", "entrypoint_num_cpus",
                          "entrypoint_num_gpus"}  # Ray JobSubmitRequest fields
