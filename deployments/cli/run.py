@@ -48,6 +48,12 @@ def demo(
     except ValidationError as exc:
         messages = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise typer.BadParameter(messages) from None
+    try:  # a results folder that cannot be made or written: refused before the lifecycle starts anything
+        config.output_dir.mkdir(parents=True, exist_ok=True)
+        if not os.access(config.output_dir, os.W_OK | os.X_OK):
+            raise PermissionError(f"{config.output_dir} is not writable")
+    except OSError as exc:
+        fail(f"--output-dir {config.output_dir}: cannot hold the demo's results ({exc.strerror or exc})")
     try:  # a freeze name made from other inputs: refused here, before a flow run logs a traceback
         check_freeze_inputs(config.freeze.name, config.output_dir.resolve() / "freezes", config.freeze_inputs())
     except InputError as exc:

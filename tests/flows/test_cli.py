@@ -345,6 +345,18 @@ def test_demo_with_a_used_freeze_name_and_other_inputs_exits_2_before_any_stage(
     assert sorted(p.name for p in (home / "demo").iterdir()) == ["freezes"]
 
 
+def test_demo_with_an_output_dir_it_cannot_make_is_refused_naming_it_before_any_stage(home, tmp_path):
+    """Regression (new-user trial): `--output-dir /proc/forbidden` started the flow, then failed with a
+    bare FileNotFoundError. Now one `error:` line naming --output-dir, exit 2, before anything starts."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder\n")
+    result = runner.invoke(app, ["demo", "--output-dir", str(blocker / "results")])
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.split())
+    assert f"--output-dir {blocker / 'results'}: cannot hold the demo's results (Not a directory)" in said, said
+    assert blocker.read_text() == "not a folder\n" and not (home / "demo").exists()
+
+
 def test_demo_exits_1_on_infrastructure_failure(home, monkeypatch):
     """An infrastructure failure stays exit 1. (The lifecycle is replaced by one that raises
     SandboxError: a real one would need podman broken on purpose for the whole machine.)"""
