@@ -8,8 +8,9 @@ writes forgeflow's ``lineage.json`` (algorithm ``ppo``, base model, dataset dige
 settings, the Ray job, the step) and renames it into place, so the adapter continues a lineage like
 any burst's (:func:`forgeflow.training.adapters.pin_adapter`, the store's ``model_artifacts``).
 
-A checkpoint folder outlives its job (the default ``checkpoint_dir`` is one fixed path), so the
-checkpoints of an earlier job may lie where this one saves. Only what *this* job wrote is ingested:
+A checkpoint folder outlives its job (the ``ppo`` flow's default is a folder per job, but a
+``checkpoint_dir`` a user sets may serve many), so the checkpoints of an earlier job may lie where
+this one saves. Only what *this* job wrote is ingested:
 :func:`checkpoints_before` stamps every file and folder there (size, mtime, inode) just before the
 job is submitted, :func:`kept_if_accepted` keeps that record under the job's submission id once Ray
 has accepted the job (:func:`record_path`), and :func:`newest_adapter` skips a checkpoint whose stamps are those
