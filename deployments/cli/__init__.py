@@ -57,6 +57,8 @@ def main() -> None:
         # a path that is a folder, missing, unreadable or not UTF-8 text, or a file of the wrong kind
         raise one_line(exc, 2) from None
     except DatabaseError as exc:  # after OperationalError, its subclass: the database answered, its data did not
+        if type(exc) is not DatabaseError:  # IntegrityError, ProgrammingError...: a bug, with its traceback
+            raise
         raise one_line(_damaged_store(exc), 2) from None
 
 
