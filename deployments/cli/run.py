@@ -69,12 +69,18 @@ def demo(
             _print_summary(summary_path)
         except Stopped as exc:
             fail(f"forgeflow demo {exc} (what was done so far: {summary_path})", status=128 + exc.signum)
-        except InputError as exc:  # bad input (e.g. a freeze name reused): one line, exit 2
-            fail(f"lifecycle failed: {type(exc).__name__}: {exc} (what was done so far: {summary_path})")
-        except ForgeflowError as exc:  # infrastructure: exit 1
-            console.print(f"[red]lifecycle failed: {type(exc).__name__}: {exc}[/red]")
-            console.print(f"what was done so far: {summary_path}")
-            raise typer.Exit(1) from None
+        except Exception as exc:
+            if stopping:  # the signal came out as another error: Prefect's task engine, stopped while it created
+                # a task run, raises its own ValueError("Task run is not set") over the KeyboardInterrupt
+                stopped = Stopped(stopping[0][1])
+                fail(f"forgeflow demo {stopped} (what was done so far: {summary_path})", status=128 + stopped.signum)
+            if isinstance(exc, InputError):  # bad input (e.g. a freeze name reused): one line, exit 2
+                fail(f"lifecycle failed: {type(exc).__name__}: {exc} (what was done so far: {summary_path})")
+            if isinstance(exc, ForgeflowError):  # infrastructure: exit 1
+                console.print(f"[red]lifecycle failed: {type(exc).__name__}: {exc}[/red]")
+                console.print(f"what was done so far: {summary_path}")
+                raise typer.Exit(1) from None
+            raise
 
 
 def _print_summary(path: Path) -> None:
