@@ -298,15 +298,14 @@ def record_adapter(store_url: str, base: ModelArtifactRecord, adapter: ModelArti
 @task(cache_policy=NO_CACHE)
 def ingest_ppo_checkpoint(checkpoints: Path, adapter_glob: str, out_dir: Path, base_sha256: str,
                           train_files: tuple[str, ...], hyperparameters: dict[str, Any], run_id: str,
-                          extra: dict[str, Any], submission_id: str | None = None
-                          ) -> tuple[Path, int, adapters.AdapterRecord]:
+                          extra: dict[str, Any], submission_id: str) -> tuple[Path, int, adapters.AdapterRecord]:
     """The newest LoRA checkpoint a PPO job wrote (:func:`forgeflow.training.ppo.newest_adapter` under
     ``checkpoints``, told from older ones there by the record :func:`submit_ray_job` kept of the folder),
     copied into ``out_dir`` as an adapter with its lineage (the training files' digest,
     :func:`forgeflow.training.ppo.ppo_lineage`; ``extra`` written beside it).
 
     Args:
-        submission_id: the Ray job; None: ``extra["ray_job"]``.
+        submission_id: the Ray job (its record of the folder is read by this id).
 
     Returns:
         ``(checkpoint folder, global step, adapter record)``.
@@ -315,16 +314,12 @@ def ingest_ppo_checkpoint(checkpoints: Path, adapter_glob: str, out_dir: Path, b
         InfraError: no checkpoint matches ``adapter_glob``, every match predates the job (left there by an
             earlier run, unchanged), the newest it wrote holds no adapter, or there is no record of the
             folder before the job (:func:`submit_ray_job` did not submit it with this ``$FORGEFLOW_HOME``).
-        InputError: no submission id, or the record is of another folder or was altered.
+        InputError: the record is of another folder or job, or was altered.
     """
     from forgeflow.common.settings import home_dir
     from forgeflow.training import ppo as ppo_ingest
 
-    job_id = submission_id or extra.get("ray_job")
-    if not job_id:
-        raise InputError("ingest_ppo_checkpoint needs the Ray job's submission id (submission_id or "
-                         "extra['ray_job']) to tell its checkpoints from older ones")
-    before = ppo_ingest.read_checkpoints_before(ppo_ingest.record_path(home_dir(), job_id), job_id)
+    before = ppo_ingest.read_checkpoints_before(ppo_ingest.record_path(home_dir(), submission_id), submission_id)
     folder, step = ppo_ingest.newest_adapter(Path(checkpoints), adapter_glob, before)
     lineage = ppo_ingest.ppo_lineage(base_sha256, train_files, hyperparameters, run_id)
     return folder, step, ppo_ingest.ingest_adapter(folder, step, Path(out_dir), lineage, extra)
