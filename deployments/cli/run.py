@@ -67,11 +67,9 @@ def demo(
             if stopping:  # it came as the flow ended, and Prefect kept the run's outcome
                 raise Stopped(stopping[0][1])
             _print_summary(summary_path)
-        except Stopped as exc:
-            fail(f"forgeflow demo {exc} (what was done so far: {summary_path})", status=128 + exc.signum)
-        except Exception as exc:
-            if stopping:  # the signal came out as another error: Prefect's task engine, stopped while it created
-                # a task run, raises its own ValueError("Task run is not set") over the KeyboardInterrupt
+        except (Stopped, Exception) as exc:
+            if stopping:  # Stopped, or the signal as another error: Prefect's task engine, stopped while it
+                # created a task run, raises its own ValueError("Task run is not set") over the KeyboardInterrupt
                 stopped = Stopped(stopping[0][1])
                 fail(f"forgeflow demo {stopped} (what was done so far: {summary_path})", status=128 + stopped.signum)
             if isinstance(exc, InputError):  # bad input (e.g. a freeze name reused): one line, exit 2
