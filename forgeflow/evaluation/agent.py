@@ -16,7 +16,7 @@ One agent trial (Harbor's and SWE-bench's shape):
 2. **submission** — ``git diff`` of ``/testbed`` against the image's commit, taken from the agent's
    container (an exec through its sandbox) before it is removed (``Sandbox.stop``); tracked files
    only: reproduction scripts are not submitted.
-3. **verifier** — :func:`forgeflow.sandbox.verifier.verify_submission`: a fresh container of the pristine
+3. **verifier** — :func:`forgeflow.sandbox.scoring.verify_submission`: a fresh container of the pristine
    task image (nothing the agent did in its own container carries over), the submission screened
    (changes to the task's tests, conftest, test configuration or start-up hooks are tampering, or
    dropped, by ``AgentConfig.tamper_policy``) and applied with ``git apply``, the tests run with the
@@ -80,12 +80,9 @@ from forgeflow.evaluation.supervision import (
 )
 from forgeflow.sandbox.base import SandboxSpec
 from forgeflow.sandbox.dispatch import RayPlacement, run_on_ray, verify_on
+from forgeflow.sandbox.scoring import SubmissionVerdict
 from forgeflow.sandbox.trial import TrialResult, container_name, make_trial_id
-from forgeflow.sandbox.verifier import (
-    LOG_TAIL_CHARS,
-    SubmissionVerdict,
-    TaskTests,
-)
+from forgeflow.sandbox.verifier import LOG_TAIL_CHARS, TaskTests
 
 # --- problem statements ----------------------------------------------------------------------
 MAX_TESTS_LISTED = 10

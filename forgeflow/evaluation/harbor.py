@@ -20,7 +20,7 @@ verified freeze manifest (the layout of ``harbor.models.task.paths.TaskPaths``):
     <out_dir>/<instance_id>/solution/solve.sh       the Oracle: ``git apply -R`` of the bug patch
     <out_dir>/<instance_id>/solution/bug.patch
 
-The verifier is weaker than forgeflow's own (:func:`forgeflow.sandbox.verifier.verify_submission`, a
+The verifier is weaker than forgeflow's own (:func:`forgeflow.sandbox.scoring.verify_submission`, a
 fresh container with only the screened diff applied): Harbor runs ``test.sh`` in the agent's own
 container, so the script can only reset the test files named by FAIL_TO_PASS/PASS_TO_PASS to
 ``HEAD`` (the agent's edits to tests do not count), run the task's test command in ``/testbed`` and

@@ -24,7 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow.common import errors
 from forgeflow.sandbox import trial
-from forgeflow.sandbox.verifier import SubmissionVerdict, TaskTests, verify_submission
+from forgeflow.sandbox.scoring import SubmissionVerdict, verify_submission
+from forgeflow.sandbox.verifier import TaskTests
 
 T = TypeVar("T")
 
@@ -158,7 +159,7 @@ def validate_on_ray(placement: RayPlacement, candidate: Any, image_ref: str, tes
 
 
 def verify_on(placement: RayPlacement | None, tests: TaskTests, submission: str, **kwargs: Any) -> SubmissionVerdict:
-    """:func:`forgeflow.sandbox.verifier.verify_submission` here (``placement`` None) or as a Ray
+    """:func:`forgeflow.sandbox.scoring.verify_submission` here (``placement`` None) or as a Ray
     task on a sandbox node, whose id the verdict's ``evidence["node_id"]`` then carries.
 
     Args:

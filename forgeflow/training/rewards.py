@@ -1,5 +1,5 @@
 """The verifier's reward for RL rollouts: a completion parsed into a patch (:func:`extract_patch`),
-graded by :func:`forgeflow.sandbox.verifier.verify_submission` in a fresh container of the task
+graded by :func:`forgeflow.sandbox.scoring.verify_submission` in a fresh container of the task
 image (:func:`score_completion`), here or as a Ray task on a sandbox node
 (:func:`forgeflow.sandbox.dispatch.verify_on`), and the TRL reward function that scores a batch and
 counts rewards, exceptions and the nodes they ran on per optimizer step (:class:`VerifierReward`).
@@ -120,7 +120,7 @@ def score_completion(
 ) -> RewardOutcome:
     """Apply a completion's patch in a fresh container of the task image and grade the tests.
 
-    Runs :func:`forgeflow.sandbox.verifier.verify_submission` (the agent trials' verifier: screening by
+    Runs :func:`forgeflow.sandbox.scoring.verify_submission` (the agent trials' verifier: screening by
     ``tamper_policy``, ``git apply`` in a fresh container of the pristine image, the pinned test
     run, the strict resolution rule) with a timeout of
     ``task.verifier_timeout_s * verifier_timeout_multiplier`` seconds.

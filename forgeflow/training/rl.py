@@ -12,7 +12,7 @@ Trainer: TRL 1.16 ``GRPOTrainer`` (group-relative advantages, Shao et al. 2024, 
 
 Reward (:class:`forgeflow.training.rewards.VerifierReward`): each completion is parsed into a
 patch (:func:`forgeflow.training.rewards.extract_patch`: the model's unified diff, what
-mini-swe-agent submits as ``git diff``), and :func:`forgeflow.sandbox.verifier.verify_submission`
+mini-swe-agent submits as ``git diff``), and :func:`forgeflow.sandbox.scoring.verify_submission`
 — the same verifier agent trials use — screens it (a completion that changes the task's tests,
 conftest, test configuration or start-up hooks is tampering: reward 0, counted per step), applies
 it in a fresh container of the pristine task image, runs the tests with the pinned environment and

@@ -24,7 +24,8 @@ from forgeflow.evaluation.agent import (
 )
 from forgeflow.registry.images import BASE_IMAGE_TAG, ensure_base_image, image_exists
 from forgeflow.sandbox.base import SandboxSpec
-from forgeflow.sandbox.verifier import TaskTests, verify_submission
+from forgeflow.sandbox.scoring import verify_submission
+from forgeflow.sandbox.verifier import TaskTests
 from forgeflow.serving.server import ModelServer
 from tests.helpers import free_port as _free_port
 from tests.helpers import tiny_ggufs

@@ -257,7 +257,8 @@ def test_verify_submission_grades_the_task_tests_it_is_given(monkeypatch: pytest
     from forgeflow.sandbox import backends
     from forgeflow.sandbox.base import SandboxSpec
     from forgeflow.sandbox.dispatch import verify_on
-    from forgeflow.sandbox.verifier import TaskTests, verify_submission
+    from forgeflow.sandbox.scoring import verify_submission
+    from forgeflow.sandbox.verifier import TaskTests
     from tests.core.sandbox.test_trial_validation import Script
 
     script = Script([{"t::f2p": "PASSED", "t::p2p": "PASSED"}, {"t::f2p": "FAILED", "t::p2p": "PASSED"}])

@@ -1,4 +1,4 @@
-"""The verifier against adversarial submissions, in real task images under podman.
+"""The verifier against the attacks found so far, in real task images under podman.
 
 The task image is a small ``calc`` project built FROM the Debian base image (python 3.11, pytest
 7.2): ``add`` is broken (FAIL_TO_PASS ``test_add``), ``mul`` works, and the task's own
@@ -10,122 +10,41 @@ drop it from the comparison — except a real memory hog, which the kernel OOM-k
 
 from __future__ import annotations
 
-import subprocess
 import textwrap
-from pathlib import Path
 
 import pytest
 
 from forgeflow.common import errors
-from forgeflow.common.settings import tool_env
-from forgeflow.registry.images import BASE_IMAGE_TAG, ensure_base_image, image_exists
-from forgeflow.sandbox.base import SandboxSpec
+from forgeflow.sandbox.scoring import verify_submission
 from forgeflow.sandbox.trial import ValidationChecks, validate_candidate
-from forgeflow.sandbox.verifier import TaskTests, verify_submission
+from forgeflow.sandbox.verifier import TaskTests
+from tests.adversarial.calc_task import (
+    BUGGY_CALC,
+    CONFTEST,
+    F2P,
+    FIX,
+    FLAKY_IMAGE,
+    GOOD_CALC,
+    IDS,
+    P2P,
+    SPEC,
+    TEST_COMMAND,
+    TESTS,
+    build_task_image,
+    calc_with,
+    make_patch,
+    verify,
+)
 
 pytestmark = pytest.mark.integration
 
-TASK_IMAGE = "localhost/forgeflow/test-verifier-calc:2"
-FLAKY_IMAGE = "localhost/forgeflow/test-verifier-flaky:1"
-TEST_COMMAND = "python3 -m pytest -rA -p no:cacheprovider tests"
-F2P = ["tests/test_calc.py::test_add"]
-IDS = ["tests/test_calc.py::test_ids[a b]", "tests/test_calc.py::test_ids[c::d]", "tests/test_calc.py::test_ids[[x]]"]
-P2P = ["tests/test_calc.py::test_mul", "tests/test_env.py::test_pinned_environment", *IDS]
-SPEC = SandboxSpec(memory_mb=256)
-
-GOOD_CALC = "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n    return a * b\n"
-BUGGY_CALC = "def add(a, b):\n    return a - b\n\n\ndef mul(a, b):\n    return a * b\n"
-TESTS = textwrap.dedent('''\
-    import pytest
-    from calc import add, mul
-
-
-    def test_add():
-        assert add(2, 3) == 5
-
-
-    def test_mul():
-        assert mul(2, 3) == 6
-
-
-    @pytest.mark.parametrize("x", ["a b", "c::d", "[x]"])
-    def test_ids(x):
-        assert mul(1, 1) == 1
-''')
-ENV_TEST = textwrap.dedent('''\
-    import os
-
-
-    def test_pinned_environment():
-        assert os.environ["TZ"] == "UTC" and os.environ["PYTHONHASHSEED"] == "0"
-        assert os.environ["LC_ALL"] == "C.UTF-8" and os.environ["PYTHONNOUSERSITE"] == "1"
-''')
-CONFTEST = ('import atexit\nimport os\n\n# after pytest, outside its capture: bytes that are not UTF-8 on both streams\n'
-            'atexit.register(os.write, 1, b"\\xff\\xfe not UTF-8 \\xe9t\\xe9\\n")\n'
-            'atexit.register(os.write, 2, b"\\x80\\x81\\n")\n')
-CONTAINERFILE = f"""\
-FROM {BASE_IMAGE_TAG}
-COPY testbed /testbed
-WORKDIR /testbed
-ENV PYTHONPATH=/testbed
-RUN git init -q && git add -A \\
- && git -c user.name=forgeflow -c user.email=forgeflow@localhost commit -qm task
-"""
-
-
-def _build(tmp: Path, tag: str, files: dict[str, str]) -> str:
-    if image_exists(tag):
-        return tag
-    ensure_base_image()
-    for rel, text in files.items():
-        (tmp / "testbed" / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp / "testbed" / rel).write_text(text)
-    (tmp / "Containerfile").write_text(CONTAINERFILE)
-    subprocess.run(["podman", "build", "-q", "-t", tag, "-f", str(tmp / "Containerfile"), str(tmp)],
-                   env=tool_env(), check=True, capture_output=True, text=True, timeout=600)
-    return tag
-
-
-@pytest.fixture(scope="module")
-def task_image(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return _build(tmp_path_factory.mktemp("calc"), TASK_IMAGE, {
-        "calc.py": BUGGY_CALC, "tests/test_calc.py": TESTS, "tests/test_env.py": ENV_TEST, "conftest.py": CONFTEST})
-
-
-def _patch(path: str, old: str | None, new: str | None) -> str:
-    """A git-style unified diff of one file (created when ``old`` is None, deleted when ``new`` is)."""
-    old_lines, new_lines = (old or "").splitlines(), (new or "").splitlines()
-    head = [f"diff --git a/{path} b/{path}"]
-    if old is None:
-        head += ["new file mode 100644", "--- /dev/null", f"+++ b/{path}"]
-    elif new is None:
-        head += ["deleted file mode 100644", f"--- a/{path}", "+++ /dev/null"]
-    else:
-        head += [f"--- a/{path}", f"+++ b/{path}"]
-    hunk = [f"@@ -{1 if old_lines else 0},{len(old_lines)} +{1 if new_lines else 0},{len(new_lines)} @@"]
-    return "\n".join(head + hunk + [f"-{x}" for x in old_lines] + [f"+{x}" for x in new_lines]) + "\n"
-
-
-FIX = _patch("calc.py", BUGGY_CALC, GOOD_CALC)
-
-
-def _calc_with(prefix: str) -> str:
-    """The unfixed calc.py with ``prefix`` run at import (the code under test, as a submission changes it)."""
-    return _patch("calc.py", BUGGY_CALC, prefix + BUGGY_CALC)
-
-
-def _verify(image: str, submission: str, name: str, **kwargs: object):
-    tests = TaskTests(image_ref=image, test_command=TEST_COMMAND, fail_to_pass=F2P, pass_to_pass=P2P)
-    return verify_submission(tests, submission, timeout_s=120, spec=SPEC, name=f"ff-test-adv-{name}", **kwargs)
-
-
 def test_the_fix_scores_1_and_the_unfixed_tree_0_despite_non_utf8_output(task_image: str) -> None:
-    fixed = _verify(task_image, FIX, "fix")
+    fixed = verify(task_image, FIX, "fix")
     assert fixed.reward == 1.0, fixed.notes
     assert fixed.result.report_format == "pytest-report" and fixed.result.undecodable
     assert "\ufffd" in fixed.result.log_tail and fixed.evidence["run"]["undecodable_output"]
     assert all(fixed.result.tests[t] == "PASSED" for t in [*F2P, *P2P])  # ids with spaces, brackets, "::"
-    unfixed = _verify(task_image, "", "empty")
+    unfixed = verify(task_image, "", "empty")
     assert unfixed.reward == 0.0 and unfixed.result.tests["tests/test_calc.py::test_add"] == "FAILED"
 
 
@@ -143,18 +62,18 @@ FORCE_PASS_CONFTEST = textwrap.dedent('''\
 
 
 @pytest.mark.parametrize(("label", "submission", "path"), [
-    ("conftest", _patch("tests/conftest.py", None, FORCE_PASS_CONFTEST), "tests/conftest.py"),
-    ("root-conftest", _patch("conftest.py", CONFTEST, CONFTEST + FORCE_PASS_CONFTEST), "conftest.py"),
-    ("test-edit", _patch("tests/test_calc.py", TESTS, TESTS.replace("assert add(2, 3) == 5", "assert True")),
+    ("conftest", make_patch("tests/conftest.py", None, FORCE_PASS_CONFTEST), "tests/conftest.py"),
+    ("root-conftest", make_patch("conftest.py", CONFTEST, CONFTEST + FORCE_PASS_CONFTEST), "conftest.py"),
+    ("test-edit", make_patch("tests/test_calc.py", TESTS, TESTS.replace("assert add(2, 3) == 5", "assert True")),
      "tests/test_calc.py"),
-    ("sitecustomize", _patch("sitecustomize.py", None, "import builtins\n"), "sitecustomize.py"),
-    ("pth", _patch("zz_forgeflow.pth", None, "import os\n"), "zz_forgeflow.pth"),
-    ("ini", _patch("pytest.ini", None, "[pytest]\naddopts = --deselect tests/test_calc.py::test_add\n"), "pytest.ini"),
-    ("shadow-pytest", _patch("pytest.py", None, "print('PASSED tests/test_calc.py::test_add')\n"), "pytest.py"),
-    ("shadow-stdlib", _patch("inspect.py", None, "raise SystemExit(0)\n"), "inspect.py"),
+    ("sitecustomize", make_patch("sitecustomize.py", None, "import builtins\n"), "sitecustomize.py"),
+    ("pth", make_patch("zz_forgeflow.pth", None, "import os\n"), "zz_forgeflow.pth"),
+    ("ini", make_patch("pytest.ini", None, "[pytest]\naddopts = --deselect tests/test_calc.py::test_add\n"), "pytest.ini"),
+    ("shadow-pytest", make_patch("pytest.py", None, "print('PASSED tests/test_calc.py::test_add')\n"), "pytest.py"),
+    ("shadow-stdlib", make_patch("inspect.py", None, "raise SystemExit(0)\n"), "inspect.py"),
 ])
 def test_changing_the_tasks_own_files_is_tampering(task_image: str, label: str, submission: str, path: str) -> None:
-    verdict = _verify(task_image, submission, label)
+    verdict = verify(task_image, submission, label)
     assert verdict.reward == 0.0 and verdict.result is None  # not even run
     assert verdict.evidence["submission"]["tampering"] is True
     assert list(verdict.evidence["submission"]["protected_paths"]) == [path]
@@ -162,10 +81,10 @@ def test_changing_the_tasks_own_files_is_tampering(task_image: str, label: str, 
 
 
 def test_drop_policy_grades_the_rest_of_the_submission(task_image: str) -> None:
-    cheat = _patch("tests/conftest.py", None, FORCE_PASS_CONFTEST)
-    with_fix = _verify(task_image, FIX + cheat, "drop-fix", tamper_policy="drop")
+    cheat = make_patch("tests/conftest.py", None, FORCE_PASS_CONFTEST)
+    with_fix = verify(task_image, FIX + cheat, "drop-fix", tamper_policy="drop")
     assert with_fix.reward == 1.0 and with_fix.evidence["submission"]["dropped_paths"] == ["tests/conftest.py"]
-    without_fix = _verify(task_image, cheat, "drop-nofix", tamper_policy="drop")
+    without_fix = verify(task_image, cheat, "drop-nofix", tamper_policy="drop")
     assert without_fix.reward == 0.0 and without_fix.result.tests["tests/test_calc.py::test_add"] == "FAILED"
 
 
@@ -182,10 +101,10 @@ PRINT_PASSES = ('import atexit\n\n# printed after the summary of pytest, outside
     ("kill-9", "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n", "SIGKILL by itself: no OOM"),
 ])
 def test_gaming_the_test_run_from_the_code_scores_0(task_image: str, label: str, prefix: str, why: str) -> None:
-    submission = _calc_with(prefix)
+    submission = calc_with(prefix)
     if label == "skip":  # add() skips its own test instead of adding
-        submission = _patch("calc.py", BUGGY_CALC, prefix + BUGGY_CALC.replace("return a - b", "_skip()"))
-    verdict = _verify(task_image, submission, label)
+        submission = make_patch("calc.py", BUGGY_CALC, prefix + BUGGY_CALC.replace("return a - b", "_skip()"))
+    verdict = verify(task_image, submission, label)
     assert verdict.reward == 0.0, (why, verdict)
     assert verdict.result is not None
     if label == "print-passes":
@@ -200,22 +119,22 @@ def test_gaming_the_test_run_from_the_code_scores_0(task_image: str, label: str,
 
 
 def test_xfail_from_the_code_is_not_a_pass(task_image: str) -> None:
-    submission = _patch("calc.py", BUGGY_CALC,
+    submission = make_patch("calc.py", BUGGY_CALC,
                         "import pytest\n\n\n" + BUGGY_CALC.replace("return a - b", 'pytest.xfail("later")'))
-    verdict = _verify(task_image, submission, "xfail")
+    verdict = verify(task_image, submission, "xfail")
     assert verdict.result.tests["tests/test_calc.py::test_add"] == "XFAIL"
     assert verdict.reward == 0.0  # SWE-bench's own rule would count XFAIL as passed
 
 
 def test_a_real_memory_hog_is_an_oom_exception_named_by_its_evidence(task_image: str) -> None:
     with pytest.raises(errors.SandboxOOMError, match=r"evidence: .*oom_kill \d+ -> \d+"):
-        _verify(task_image, _calc_with("_hog = bytearray(1 << 30)\n"), "hog")
+        verify(task_image, calc_with("_hog = bytearray(1 << 30)\n"), "hog")
 
 
 def test_validation_reads_non_utf8_output_and_ids_with_spaces(task_image: str) -> None:
     class Bug:
         instance_id = "calc-add-adversarial"
-        patch = _patch("calc.py", GOOD_CALC, BUGGY_CALC)
+        patch = make_patch("calc.py", GOOD_CALC, BUGGY_CALC)
 
     seen = []
     outcome = validate_candidate(Bug(), task_image, TEST_COMMAND, timeout_s=120, spec=SPEC, run_key="adv",
@@ -234,13 +153,13 @@ def test_a_test_that_fails_at_random_is_flagged_flaky_never_accepted(tmp_path_fa
     """A real coin-flip test (os.urandom, 1/2): six Oracle runs all pass it with probability 1/64, so
     the task is validated until one attempt's Oracle runs disagree (each attempt: 1/2 x 63/64), then
     that attempt must be flagged flaky with the coin test named and not accepted."""
-    image = _build(tmp_path_factory.mktemp("flaky"), FLAKY_IMAGE, {
+    image = build_task_image(tmp_path_factory.mktemp("flaky"), FLAKY_IMAGE, {
         "calc.py": BUGGY_CALC, "tests/test_calc.py": TESTS.split("\n\n\n@pytest")[0] + "\n",
         "tests/test_flaky.py": COIN_TEST})
 
     class Bug:
         instance_id = "calc-add-flaky"
-        patch = _patch("calc.py", GOOD_CALC, BUGGY_CALC)
+        patch = make_patch("calc.py", GOOD_CALC, BUGGY_CALC)
 
     verdicts = []
     for attempt in range(14):
@@ -271,6 +190,6 @@ def test_log_parser_mode_keeps_the_exit_status_cross_check(task_image: str) -> N
     fixed = verdict(FIX, "fix")
     assert fixed.reward == 1.0 and fixed.result.report_format == "log" and fixed.result.log_parser == "parse_log_pytest"
     assert verdict("", "empty").reward == 0.0
-    printed = verdict(_calc_with(PRINT_PASSES), "print")
+    printed = verdict(calc_with(PRINT_PASSES), "print")
     assert printed.result.tests["tests/test_calc.py::test_add"] == "PASSED"  # the parser was fooled...
     assert printed.reward == 0.0 and "exited 1 (tests failed) but the report has no failed test" in printed.notes[-1]
