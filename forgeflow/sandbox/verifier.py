@@ -385,6 +385,9 @@ class TaskTests(BaseModel):
         pass_to_pass: the task's PASS_TO_PASS test ids.
         log_parser: a SWE-bench log parser by name (:data:`LOG_PARSERS`) for a runner without
             forgeflow's pytest report; None: the pytest report (see :func:`run_tests`).
+        pristine_duration_s: the longest recorded run of the task's pristine tests (its Oracle runs),
+            seconds; None when not recorded. A submission's run that overruns the limit while this
+            fits well inside it is the submission's outcome (:mod:`forgeflow.sandbox.scoring`).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -395,3 +398,5 @@ class TaskTests(BaseModel):
     pass_to_pass: list[str] = Field(default_factory=list, description="The task's PASS_TO_PASS test ids.")
     log_parser: str | None = Field(default=None, description="A SWE-bench log parser by name; None: forgeflow's "
                                                              "pytest report.")
+    pristine_duration_s: float | None = Field(default=None, ge=0, description="The longest recorded pristine "
+                                              "(Oracle) run of the tests, seconds; None: not recorded.")
