@@ -23,6 +23,7 @@ from flows.registry import (
     registry_audit,
     rewrite_image_refs,
 )
+from flows.rescore import rescore
 from flows.stages import DEMO_FREEZE_QUOTAS, base_model, compare, freeze, package, publish, serve
 from flows.training import ppo, rl_burst, sft_burst, windows
 
@@ -45,6 +46,8 @@ SPECS: list[dict[str, Any]] = [
      "parameters": {"params": {"freeze_name": "demo-v1", "split": "test",
                                "run": {"concurrency": 1, "profile": "default"}}}},
     {"flow": canary_recover, "entrypoint": "flows/canary.py:canary_recover", "name": "canary-recover",
+     "parameters": {}},
+    {"flow": rescore, "entrypoint": "flows/rescore.py:rescore", "name": "rescore",
      "parameters": {}},
     {"flow": compare, "entrypoint": "flows/stages.py:compare", "name": "compare",
      "parameters": {}},
@@ -80,8 +83,9 @@ recorded parameters carry ``params.name``, which the canary-on-freeze automation
 deployment shows its working defaults (freeze ``demo-v1``, split ``test``, one trial at a time on the
 ``default`` profile) as its ``params``; they are the model's defaults too, so a run that gives its own
 ``params`` (the canary-on-freeze automation gives only ``freeze_name``) keeps them; so does ``curate``'s
-(its validation settings). ``recover`` needs ``params.reason``, so it gives none (a dry run by default); nor
-do the training flows (``sft-burst``, ``rl-burst``, ``ppo``, ``windows``), whose ``params`` need the run's
+(its validation settings). ``rescore`` needs ``params.job_id`` and ``recover`` ``params.reason``, so they
+give none (``recover``: a dry run by default); nor do the training flows (``sft-burst``, ``rl-burst``, ``ppo``,
+``windows``), whose ``params`` need the run's
 inputs (``hf_dir``, ``samples_jsonl``/``tasks_jsonl``, verl's ``settings`` and the Ray ``job``, a job id or
 folder): their hyper-parameters' defaults are ``params.training``'s.
 The registry flows' working defaults (the demo's loopback registries ``127.0.0.1:5701`` / ``:5702``, transfer

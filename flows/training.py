@@ -45,6 +45,7 @@ from forgeflow.training import verl
 from forgeflow.training.adapters import AdapterRecord, BurstOrigin, Lineage, pin_adapter
 from forgeflow.training.health import BurstHealthError
 from forgeflow.training.ppo import local_checkpoint_dir
+from forgeflow.training.rewards import StepRewardCounts
 from tasks import training as training_tasks
 from tasks.common import hook_logger, markdown_artifact, sweep_trial_pods, table_artifact
 from tasks.curation import sandbox_choice, trial_dispatcher
@@ -107,6 +108,20 @@ class BurstResult(BaseModel):
     steps: int
     final_loss: float
     losses: list[tuple[int, float]]
+
+
+def _kinds(counts: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in counts.items()) or "-"
+
+
+def reward_rows(counts: list[StepRewardCounts]) -> list[dict[str, object]]:
+    """The RL burst's reward counts as table rows: one per optimizer step, then ``total``; the
+    submission's own failures by kind apart from infrastructure exceptions by type."""
+    labelled = [(str(c.step), c) for c in counts] + ([("total", StepRewardCounts.total(counts))] if counts else [])
+    return [{"step": label, "completions": c.completions, "resolved": c.resolved, "unresolved": c.unresolved,
+             "submission failures": c.submission_failures, "by kind": _kinds(c.submission_failure_kinds),
+             "exceptions": c.exceptions, "by type": _kinds(c.exception_types), "tampering": c.tampering}
+            for label, c in labelled]
 
 
 def _run_id() -> str | None:
@@ -215,8 +230,13 @@ def rl_burst(params: RLBurstParams) -> BurstResult:
     """One RL burst (TRL GRPO or RLOO + LoRA) on the user's tasks, rewarded by the verifier in a sandbox.
 
     The reward of a completion is the verifier's verdict on its patch in a fresh sandbox of the task
-    image (1 resolved, 0 not); an infrastructure failure gives no reward (None), never 0. The
-    verifier's timeout is each task's ``verifier_timeout_s`` x ``params.training.verifier_timeout_multiplier``.
+    image (1 resolved, 0 not: also a completion with no diff or one git cannot apply, and a run the
+    submission itself hung or exhausted); an infrastructure failure gives no reward (None), never 0,
+    and one completion never loses the batch. The verifier's timeout is each task's ``task_timeout_s``
+    (default 3000 s) x ``params.training.verifier_timeout_multiplier``, never below 5 x its
+    ``pristine_duration_s`` (:func:`forgeflow.training.rewards.training_timeout_s`). The table artifact
+    ``rl-burst-rewards`` shows each step's counts (resolved, unresolved, the submission's own failures
+    by kind, exceptions by type, tampering), as ``lineage.json`` keeps them.
 
     Args:
         params: :class:`RLBurstParams`:
@@ -277,6 +297,8 @@ def rl_burst(params: RLBurstParams) -> BurstResult:
     finally:  # a driver outlived by its Ray cluster is ended by Ray: leave it now
         if placement is not None:
             dispatch.disconnect()
+    table_artifact("rl-burst-rewards", reward_rows(record.reward_counts),
+                   f"rl-burst ({config.algorithm}): the verifier's rewards per optimizer step")
     if not record.weights_changed:
         what = (f"left adapter {record.adapter.sha256[:12]} unchanged" if parent_dir is not None
                 else "left its new adapter at peft's initial weights")

@@ -98,8 +98,9 @@ class RLHyperParams(BaseModel):
         num_generations: completions sampled per prompt (the group), >= 2.
         max_completion_length: tokens per completion.
         seed: training and sampling seed.
-        verifier_timeout_multiplier: the training verifier's timeout = each task's own
-            ``verifier_timeout_s`` x this (kept apart from curation's timeout).
+        verifier_timeout_multiplier: the training verifier's timeout = each task's original per-task
+            timeout (``task_timeout_s``, default SWE-smith's 3000 s) x this, never below 5 x its recorded
+            pristine run (:func:`forgeflow.training.rewards.training_timeout_s`); curation's timeout plays no part.
         verifier_concurrency: verifier sandboxes at once.
         device: as :class:`SFTHyperParams`'.
     """
@@ -115,7 +116,8 @@ class RLHyperParams(BaseModel):
     max_completion_length: int = Field(128, ge=1, le=32_768, description="tokens per completion")
     seed: int = Field(0, description="training and sampling seed")
     verifier_timeout_multiplier: float = Field(0.06, gt=0.0, le=10.0, description="the training verifier's "
-                                               "timeout = each task's verifier_timeout_s (seconds) x this")
+                                               "timeout = each task's task_timeout_s (seconds, default 3000) x "
+                                               "this, never below 5 x its pristine_duration_s")
     verifier_concurrency: int = Field(1, ge=1, le=32, description="verifier sandboxes at once")
     device: Device = Field("auto", description="auto: CUDA in bfloat16 when the worker has a GPU, else the CPU in "
                                                "float32; cpu; or cuda")
@@ -175,8 +177,9 @@ class RLBurstParams(StageParams):
 
     hf_dir: Path = Field(description=_HF_DIR)
     tasks_jsonl: Path = Field(description="the tasks: one RLTask row per line (instance_id, image_ref, "
-                                          "problem_statement, test_command, fail_to_pass, pass_to_pass, "
-                                          "verifier_timeout_s)")
+                                          "problem_statement, test_command, fail_to_pass, pass_to_pass; "
+                                          "optional task_timeout_s (seconds, default 3000) and "
+                                          "pristine_duration_s (seconds))")
     training: RLHyperParams = Field(RLHyperParams(), description="algorithm, steps, learning_rate, lora_r, "
                                     "num_generations, max_completion_length (tokens), seed, verifier timeout "
                                     "multiplier and concurrency, device")

@@ -93,10 +93,11 @@ def rl_burst(origin: adapters.BurstOrigin, tasks: list[dict], out_dir: Path, con
     if not record.weights_changed:
         totals = record.totals()
         get_run_logger().warning(
-            "RL burst left adapter %s unchanged: every group's rewards were equal (%d resolved, %d unresolved, "
-            "%d exceptions over %d completions), so no advantage and no update; it is its parent (or peft's "
-            "initialisation), not a new step",
-            record.adapter.sha256[:12], totals.resolved, totals.unresolved, totals.exceptions, totals.completions)
+            "RL burst left adapter %s unchanged: every group's rewards were equal (%d resolved, %d unresolved of "
+            "which %d the submission's own failures, %d exceptions over %d completions), so no advantage and no "
+            "update; it is its parent (or peft's initialisation), not a new step",
+            record.adapter.sha256[:12], totals.resolved, totals.unresolved, totals.submission_failures,
+            totals.exceptions, totals.completions)
     return record
 
 

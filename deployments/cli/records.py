@@ -140,11 +140,17 @@ def compare(job_a: str, job_b: str,
             max_wall_ratio: float = typer.Option(1.5, help="promotion gate: largest mean wall seconds ratio B/A"),
             max_tokens_ratio: float = typer.Option(1.25, help="promotion gate: largest mean input tokens ratio B/A"),
             max_steps_ratio: float = typer.Option(1.25, help="promotion gate: largest mean agent steps ratio B/A"),
+            max_exception_rate: float = typer.Option(
+                0.2, help="promotion gate: largest fraction of a job's trials excluded as exceptions (or missing); "
+                "a job above it is unusable: not compared, the gate holds"),
             ) -> None:
     """Paired comparison of two jobs on the same frozen split: wins/ties/losses, exact McNemar p, the
     delta interval (Newcombe's paired interval united with the repository-clustered bootstrap),
-    excluded tasks with reasons, cost ratios and the promotion gate's verdict and reason (JSON:
-    ``promotion``). Each job is merged with its recovery jobs (said in the output) unless --no-recovery."""
+    excluded tasks with reasons, each job's trials excluded as exceptions per type with the rate (JSON:
+    ``exclusions``), cost ratios and the promotion gate's verdict and reason (JSON: ``promotion``). A job
+    whose excluded fraction is above --max-exception-rate is marked unusable (job, rate, limit named) and the
+    gate holds. Each job is merged with its recovery jobs (said in the output) unless --no-recovery; a
+    re-scored job (``forgeflow rescore``) is compared by its own id like any other."""
     prepare_env(create=False)
     from forgeflow.common.errors import InputError  # noqa: PLC0415
     from forgeflow.evaluation import compare as comparison
@@ -154,7 +160,8 @@ def compare(job_a: str, job_b: str,
     try:
         gate = GatePolicy.build(max_drop=max_drop, alpha=alpha, min_pairs=min_pairs, min_repos=min_repos,
                                            max_wall_s_ratio=max_wall_ratio, max_input_tokens_ratio=max_tokens_ratio,
-                                           max_agent_steps_ratio=max_steps_ratio)
+                                           max_agent_steps_ratio=max_steps_ratio,
+                                           max_exception_rate=max_exception_rate)
         result = comparison.compare_stored_jobs(store, job_a, job_b, merge_recovery=not no_recovery, gate=gate)
     except InputError as exc:
         fail(exc)

@@ -1,76 +1,203 @@
-"""forgeflow's pytest report plugin: the verifier's structured record of one test run.
+"""forgeflow's pytest report plugin: the verifier's record of one test run, streamed as it happens.
 
 Shipped into the sandbox by :mod:`forgeflow.sandbox.verifier` (never imported by forgeflow itself) and
-loaded with ``-p forgeflow_pytest_report`` through ``PYTEST_ADDOPTS``, so it is imported before
-pytest starts capturing and before any code of the repository under test runs. It then:
+loaded with ``-p forgeflow_pytest_report`` through ``PYTEST_ADDOPTS``, so it is imported while pytest
+parses its options: before pytest captures output and before any code of the repository under test
+runs. At its import it takes its settings from the environment and removes them (so a pytest that a
+test starts in a subprocess stays silent), and takes a private duplicate (``os.dup``, not inherited
+by child processes) of the descriptor named by ``FORGEFLOW_VERIFIER_FD`` (the wrapper's copy of
+its standard output; fd 1 without it). On that descriptor it writes one line per event, **as the
+event happens** (nothing is kept for the end)::
 
-* writes a start line, ``FORGEFLOW-VERIFIER-STARTED-<nonce>`` (nonce from
-  ``FORGEFLOW_VERIFIER_NONCE``), straight to the process's standard output: the proof that pytest
-  really started with the plugin, which no later code can take back;
-* at the end of the session writes the report to the path in ``FORGEFLOW_VERIFIER_REPORT``
-  (outside the repository), as a Python literal (read back with ``ast.literal_eval``)::
+    \\n@forgeflow-verifier-<nonce> {"seq": 0, "kind": "start", ...}\\n
 
-    {"schema_version": 1, "exitstatus": int, "tests": {nodeid: status}, "collect_errors": [nodeid]}
+``seq`` counts the records from 0; the payload is JSON (ASCII, one line). A pipe is append-only: a
+record already written cannot be changed by anything that runs later, so the reader
+(:mod:`forgeflow.sandbox.verifier_channel`) can tell a forgery (a second outcome for a test, a
+record after the session's end, an outcome of a test never collected) from the run. Kinds:
 
-``status`` is one of PASSED, FAILED, ERROR, SKIPPED, XFAIL, XPASS, from pytest's own reports
-(``pytest_runtest_logreport``): a failure in setup or teardown is ERROR, an ``xfail`` that failed is
-XFAIL, an ``xfail`` that passed (not strict) is XPASS (strict XPASS is reported failed by pytest).
-Node ids are pytest's, verbatim (spaces, brackets, ``::`` and unicode in parameters included).
+* ``start`` (at import): pid, ``sys_path``, ``modules`` (every module already imported, with its
+  file: what the interpreter and pytest read before the repository's code), pytest's version;
+* ``deselected``: ``ids`` deselected (``-k``, ``-m``, ``--deselect``, the repeat selection);
+* ``collect``: a collector that failed or was skipped (``nodeid``, ``outcome``);
+* ``inputs`` (after collection): what the runner read: ``inipath``, ``rootpath``, ``args``,
+  ``plugins`` (name -> module file), ``conftests`` (files), ``entry_points`` (plugins loaded from
+  package metadata, with the distribution's path);
+* ``collected`` (after collection): the ``ids`` of every item that will run, in order;
+* ``report``: one per pytest report (``nodeid``, ``when``, ``outcome``, ``xfail``: the report has
+  ``wasxfail``; ``rep``: the repetition, see below; ``duration_s``: pytest's own duration of the phase);
+* ``end`` (``pytest_sessionfinish``): ``exitstatus`` and the terminal's ``verbosity``.
 
-It imports nothing but ``os`` (frozen into the interpreter, so no file of the repository can shadow
-it). Works with pytest 6 and later.
+Tripwires: when ``FORGEFLOW_VERIFIER_TRIPWIRES`` names a test file (written by the verifier outside
+the repository), its tests (one that must pass, one that must fail; their names carry the nonce) are
+appended after collection, after every ``-k``/``--deselect``/conftest selection (a ``tryfirst``
+hook wrapper's second half runs last). A hook that forces every outcome to one value cannot keep
+both right.
+
+Repeats (flaky-gold detection): ``FORGEFLOW_VERIFIER_SELECT`` names a file of node ids, one a line;
+``FORGEFLOW_VERIFIER_REPEAT`` = N runs each of those items N times in one process through
+``_pytest.runner.runtestprotocol`` (as pytest-rerunfailures does), each report tagged with its
+repetition ``rep`` (0..N-1); the other items run once (rep 0), or, with
+``FORGEFLOW_VERIFIER_ONLY_SELECTED=1``, are deselected.
+
+It imports only ``os`` and ``sys`` at its import (both are loaded before any file of the repository
+can be: ``os`` is frozen into the interpreter, ``sys`` built in) and pytest's own modules, already
+loaded by then; it writes JSON with its own few lines rather than the ``json`` module, which a
+repository file could shadow. Works with pytest 7 and later.
 """
 
 import os
+import sys
 
-_REPORT_ENV = "FORGEFLOW_VERIFIER_REPORT"
-_NONCE_ENV = "FORGEFLOW_VERIFIER_NONCE"
-_results = {}
-_collect_errors = []
+import pytest
 
-if os.environ.get(_NONCE_ENV):
-    os.write(1, ("\nFORGEFLOW-VERIFIER-STARTED-" + os.environ[_NONCE_ENV] + "\n").encode("ascii"))
-
-
-def _status(report):
-    xfail = hasattr(report, "wasxfail")
-    if report.when in ("setup", "teardown"):
-        if report.failed:
-            return "ERROR"
-        if report.skipped:
-            return "XFAIL" if xfail else "SKIPPED"
-        return None
-    if report.passed:
-        return "XPASS" if xfail else "PASSED"
-    if report.skipped:
-        return "XFAIL" if xfail else "SKIPPED"
-    return "FAILED"
+_PREFIX = "@forgeflow-verifier-"
+_NONCE = os.environ.pop("FORGEFLOW_VERIFIER_NONCE", "")
+_FD_TEXT = os.environ.pop("FORGEFLOW_VERIFIER_FD", "")
+_TRIPWIRES = os.environ.pop("FORGEFLOW_VERIFIER_TRIPWIRES", "")
+_SELECT = os.environ.pop("FORGEFLOW_VERIFIER_SELECT", "")
+_REPEAT_TEXT = os.environ.pop("FORGEFLOW_VERIFIER_REPEAT", "")
+_ONLY_SELECTED = os.environ.pop("FORGEFLOW_VERIFIER_ONLY_SELECTED", "") == "1"
 
 
-def pytest_runtest_logreport(report):
-    status = _status(report)
-    if status is None:
-        return
-    previous = _results.get(report.nodeid)
-    if previous == "ERROR" or (report.when == "teardown" and status != "ERROR"):
-        return  # an error in setup or teardown stands; a clean teardown changes nothing
-    _results[report.nodeid] = status
+def _json(value):
+    """``value`` (str, int, bool, None, list, tuple, dict with str keys) as one line of ASCII JSON."""
+    if value is None or value is True or value is False:
+        return {None: "null", True: "true", False: "false"}[value]
+    if isinstance(value, int):
+        return str(int(value))
+    if isinstance(value, float):
+        return repr(value) if value - value == 0 else "null"  # finite floats only
+    if isinstance(value, str):
+        out = ['"']
+        for ch in value:
+            code = ord(ch)
+            if ch in '"\\':
+                out.append("\\" + ch)
+            elif 0x20 <= code < 0x7F:
+                out.append(ch)
+            elif code < 0x10000:
+                out.append("\\u%04x" % code)
+            else:
+                code -= 0x10000
+                out.append("\\u%04x\\u%04x" % (0xD800 + (code >> 10), 0xDC00 + (code & 0x3FF)))
+        out.append('"')
+        return "".join(out)
+    if isinstance(value, dict):
+        return "{" + ", ".join(_json(str(k)) + ": " + _json(v) for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_json(v) for v in value) + "]"
+    return _json(str(value))
 
 
-def pytest_collectreport(report):
-    if report.failed:
-        _collect_errors.append(report.nodeid)
+class _Channel:
+    """The private descriptor and the record counter."""
+
+    def __init__(self, nonce, source_fd):
+        self.prefix = "\n" + _PREFIX + nonce + " "
+        self.fd = os.dup(source_fd)
+        self.seq = 0
+
+    def emit(self, kind, **fields):
+        data = (self.prefix + _json({"seq": self.seq, "kind": kind, **fields}) + "\n").encode("ascii")
+        self.seq += 1
+        while data:
+            data = data[os.write(self.fd, data):]
 
 
-def pytest_sessionfinish(session, exitstatus):
-    path = os.environ.get(_REPORT_ENV)
-    if not path:
-        return
-    payload = {"schema_version": 1, "exitstatus": int(exitstatus), "tests": dict(_results),
-               "collect_errors": sorted(set(_collect_errors))}
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(repr(payload))
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
+def _file_of(obj):
+    path = getattr(obj, "__file__", None)
+    if path is None:
+        path = getattr(sys.modules.get(getattr(type(obj), "__module__", ""), None), "__file__", None)
+    return path if isinstance(path, str) else None
+
+
+_CHANNEL = None
+if _NONCE:
+    _source = int(_FD_TEXT) if _FD_TEXT.isdigit() else 1
+    _CHANNEL = _Channel(_NONCE, _source)
+    if _source != 1:
+        os.close(_source)  # the private duplicate stays; children of the tests do not get the wrapper's copy
+    _CHANNEL.emit("start", pid=os.getpid(), sys_path=list(sys.path),
+                  modules={name: _file_of(m) for name, m in sorted(sys.modules.items()) if _file_of(m)},
+                  pytest=getattr(pytest, "__version__", None))
+
+
+class _Reporter:
+    """The hooks of the one pytest session this process reports (a pytest run inside a test, e.g.
+    ``pytester``'s in-process runs, registers its own config and is not reported)."""
+
+    def __init__(self, config, channel):
+        self.config, self.channel = config, channel
+        self.rep = 0
+        self.repeat = int(_REPEAT_TEXT) if _REPEAT_TEXT.isdigit() and int(_REPEAT_TEXT) > 1 else 1
+        self.tripwires = set()
+        self.selected = set()
+
+    @pytest.hookimpl(hookwrapper=True, tryfirst=True)
+    def pytest_collection_modifyitems(self, session, config, items):
+        yield  # every other selection first
+        if _SELECT:
+            with open(_SELECT, encoding="utf-8") as handle:
+                self.selected = set(handle.read().splitlines())
+            dropped = [item for item in items if item.nodeid not in self.selected]
+            if dropped and _ONLY_SELECTED:
+                config.hook.pytest_deselected(items=dropped)
+                items[:] = [item for item in items if item.nodeid in self.selected]
+        if _TRIPWIRES and os.path.isfile(_TRIPWIRES):
+            import pathlib
+
+            module = pytest.Module.from_parent(session, path=pathlib.Path(_TRIPWIRES))
+            wires = list(session.genitems(module))
+            self.tripwires.update(item.nodeid for item in wires)
+            items.extend(wires)
+
+    def pytest_deselected(self, items):
+        self.channel.emit("deselected", ids=[item.nodeid for item in items])
+
+    def pytest_collectreport(self, report):
+        if report.failed or report.skipped:
+            self.channel.emit("collect", nodeid=report.nodeid, outcome=report.outcome)
+
+    def pytest_collection_finish(self, session):
+        config = self.config
+        manager = config.pluginmanager
+        plugins = {str(name): _file_of(plugin) for name, plugin in manager.list_name_plugin() if plugin is not None}
+        conftests = sorted({_file_of(mod) for mod in getattr(manager, "_conftest_plugins", ()) if _file_of(mod)})
+        entry_points = [{"plugin": _file_of(plugin), "dist": str(getattr(dist, "_path", None) or dist)}
+                        for plugin, dist in manager.list_plugin_distinfo()]
+        inipath = getattr(config, "inipath", None)
+        self.channel.emit("inputs", inipath=str(inipath) if inipath else None, rootpath=str(config.rootpath),
+                          args=[str(a) for a in config.invocation_params.args], plugins=plugins,
+                          conftests=conftests, entry_points=entry_points)
+        self.channel.emit("collected", ids=[item.nodeid for item in session.items])
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_protocol(self, item, nextitem):
+        if self.repeat == 1 or item.nodeid not in self.selected:
+            return None
+        from _pytest.runner import runtestprotocol
+
+        item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+        for rep in range(self.repeat):
+            self.rep = rep
+            runtestprotocol(item, nextitem=nextitem, log=True)
+        self.rep = 0
+        item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+        return True
+
+    def pytest_runtest_logreport(self, report):
+        self.channel.emit("report", nodeid=report.nodeid, when=report.when, outcome=report.outcome,
+                          xfail=hasattr(report, "wasxfail"), rep=self.rep, duration_s=float(report.duration))
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session, exitstatus):
+        self.channel.emit("end", exitstatus=int(exitstatus), verbosity=int(getattr(self.config.option, "verbose", 0)))
+
+
+def pytest_configure(config):
+    """Register the reporter for the first config of this process (the session the verifier runs)."""
+    global _CHANNEL
+    if _CHANNEL is not None:
+        channel, _CHANNEL = _CHANNEL, None
+        config.pluginmanager.register(_Reporter(config, channel), "forgeflow-verifier-reporter")

@@ -13,15 +13,21 @@ One agent trial (Harbor's and SWE-bench's shape):
    config's memory and CPU limits, ``cwd /testbed``. Prompts
    come from mini-swe-agent's own ``swebench_backticks.yaml``. The trajectory JSON is written
    atomically after every step. One ModelClient (hence one circuit breaker) serves one agent run.
-2. **submission** — ``git diff`` of ``/testbed`` against the image's commit, taken from the agent's
-   container (an exec through its sandbox) before it is removed (``Sandbox.stop``); tracked files
-   only: reproduction scripts are not submitted.
+2. **submission** — where the agent has no hand: on podman the agent's container is stopped and its
+   ``/testbed`` (without ``.git``) copied out from the host (:func:`forgeflow.sandbox.tree.export_tree`),
+   and the verifier's git diffs it against the pristine image; the trajectory's ``info.submission`` is
+   then that diff. New files the task would read (a scratch ``test_*.py``, a ``conftest.py``) are removed
+   before the tests run. On Kubernetes, ``git diff`` in the pod with hardened options. A container that
+   vanished before its tree was taken is an infrastructure exception, never reward 0.
 3. **verifier** — :func:`forgeflow.sandbox.scoring.verify_submission`: a fresh container of the pristine
-   task image (nothing the agent did in its own container carries over), the submission screened
-   (changes to the task's tests, conftest, test configuration or start-up hooks are tampering, or
-   dropped, by ``AgentConfig.tamper_policy``) and applied with ``git apply``, the tests run with the
-   pinned environment and read from the structured report, and the strict resolution rule gives
-   reward 1.0 or 0.0. Here, or as a Ray task on a sandbox node (``AgentConfig.verifier_ray``,
+   task image (nothing the agent did in its own container carries over), the submission put in place
+   and judged on git's own list of what changed (changes to the task's tests, conftest, test
+   configuration, start-up hooks or compiled code are tampering, or put back, by
+   ``AgentConfig.tamper_policy``; added lines that reach into the test run by
+   ``AgentConfig.screen_policy``), the tests run with the pinned environment and read from the
+   verifier's report, and the strict resolution rule gives reward 1.0 or 0.0; the agent's own
+   timeout, OOM or broken runner in the test run is reward 0 with its evidence. Here, or as a Ray task
+   on a sandbox node (``AgentConfig.verifier_ray``,
    :func:`forgeflow.sandbox.dispatch.verify_on`); the trial's verifier record names the node.
 
 Outcomes versus breakage (docs/architecture.md, the rules every stage keeps):
@@ -52,6 +58,7 @@ Outcomes versus breakage (docs/architecture.md, the rules every stage keeps):
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from dataclasses import dataclass, field
@@ -62,7 +69,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow.common import errors
-from forgeflow.common.fsutil import sha256_json
+from forgeflow.common.fsutil import atomic_write_text, sha256_json
 from forgeflow.common.names import sanitize_name
 from forgeflow.evaluation.agent_config import AgentConfig
 from forgeflow.evaluation.mswea import (
@@ -73,7 +80,7 @@ from forgeflow.evaluation.mswea import (
     supervised_agent_class,
     usage_totals,
 )
-from forgeflow.evaluation.sandbox_env import SandboxEnvironment, environment_config
+from forgeflow.evaluation.sandbox_env import GIT_TIMEOUT_S, SandboxEnvironment, environment_config
 from forgeflow.evaluation.supervision import (
     HangCheck,
     HangWatchdog,
@@ -81,6 +88,7 @@ from forgeflow.evaluation.supervision import (
 from forgeflow.sandbox.base import SandboxSpec
 from forgeflow.sandbox.dispatch import RayPlacement, run_on_ray, verify_on
 from forgeflow.sandbox.scoring import SubmissionVerdict
+from forgeflow.sandbox.tree import AGENT_GIT_DIFF, TreeTooLargeError, export_tree
 from forgeflow.sandbox.trial import TrialResult, container_name, make_trial_id
 from forgeflow.sandbox.verifier import LOG_TAIL_CHARS, TaskTests
 
@@ -142,6 +150,7 @@ class _AgentPhase:
 
     exit_status: str = ""
     submission: str = ""
+    tree: bytes | None = None
     error: BaseException | None = None
     env_setup_s: float = 0.0
     agent_s: float = 0.0
@@ -216,10 +225,7 @@ def _run_agent_phase(
                 f"agent exceeded its {config.agent_timeout_s:.0f} s budget ({phase.agent_s:.1f} s)"
             )
         if not isinstance(phase.error, errors.ModelEndpointError):
-            try:
-                phase.submission = env.git("diff", "--no-color", "--binary", base_commit)
-            except errors.SandboxError as exc:  # the agent broke the repository: its outcome
-                phase.notes.append(f"could not take the submission: {exc}")
+            _take_submission(env, base_commit, phase)
     except errors.ModelRequestError:  # a malformed request is a configuration bug, not an outcome
         raise
     except errors.InfraError as exc:  # sandbox broke (image missing, container or pod gone, podman failure)
@@ -237,6 +243,44 @@ def _run_agent_phase(
             _save_trajectory(agent, phase, traj_path, {"trial_id": trial_id, "instance_id": instance_id,
                                                        "image_ref": image_ref})
     return phase
+
+
+def _take_submission(env: SandboxEnvironment, base_commit: str, phase: _AgentPhase) -> None:
+    """Take the agent's submission into ``phase`` where the agent has no hand.
+
+    On podman the agent's tree is copied out of its stopped container from the host
+    (:func:`forgeflow.sandbox.tree.export_tree`); the verifier diffs it against the pristine image with its
+    own git. A container that vanished meanwhile is an infrastructure fault (``phase.error``), never
+    the agent's outcome. On other backends ``git diff`` runs in the agent's container with the hardened
+    options of :data:`forgeflow.sandbox.tree.AGENT_GIT_DIFF` (a failure there is the agent's outcome: it
+    broke its repository).
+    """
+    if env.config.backend == "podman":
+        try:
+            phase.tree = export_tree(env.config.name)
+        except TreeTooLargeError as exc:  # the agent's own doing: graded as no change
+            phase.notes.append(f"could not take the submission: {exc}")
+        except errors.SandboxError as exc:  # the container vanished: infrastructure
+            phase.error = exc
+        return
+    result = env.sandbox.exec([*AGENT_GIT_DIFF, base_commit], timeout_s=GIT_TIMEOUT_S, workdir=env.config.cwd)
+    if result.exit_code != 0:
+        phase.notes.append(f"could not take the submission: git diff exited {result.exit_code}: "
+                           f"{result.stderr.strip()[-300:]}")
+    else:
+        phase.submission = result.stdout
+
+
+def _record_submission(traj_path: Path, patch: str) -> None:
+    """Replace the trajectory's ``info.submission`` with the submission as the verifier's git wrote it."""
+    try:
+        data = json.loads(traj_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    info = data.setdefault("info", {})
+    info["submission"] = patch
+    info.setdefault("forgeflow", {})["submission_source"] = "git diff in the verifier's pristine sandbox"
+    atomic_write_text(traj_path, json.dumps(data, indent=2))
 
 
 def _save_trajectory(agent: Any, phase: _AgentPhase, traj_path: Path, ids: dict[str, str]) -> None:
@@ -280,8 +324,19 @@ def _record(
         "log_tail": (verifier.log_tail if verifier else "") or "\n".join(notes)[-LOG_TAIL_CHARS:],
         "agent_steps": phase.n_steps, "input_tokens": phase.n_input_tokens,
         "output_tokens": phase.n_output_tokens, "supervision": phase.supervision, "verifier": evidence,
+        "submission": _graded_submission(phase, verdict),
     }
     return TrialResult(**fields)
+
+
+def _graded_submission(phase: _AgentPhase, verdict: SubmissionVerdict | None) -> str | None:
+    """The submission as the verifier graded it: git's own patch when it put the agent's tree in place,
+    else the diff taken from the agent (None when the verifier never ran and no diff was taken)."""
+    if verdict is not None and (phase.tree is not None or verdict.submission_patch):
+        return verdict.submission_patch
+    if phase.tree is None and (verdict is not None or phase.submission):
+        return phase.submission
+    return None
 
 
 def supervision_event(record: TrialResult, job_id: str | None = None, run_id: str | None = None) -> Any:
@@ -308,9 +363,11 @@ def default_run_key(problem_statement: str, model_alias: str, base_url: str, con
     """The run key of an agent trial: sha256 of everything that changes its result but the image.
 
     ``verifier_ray`` (where the verifier runs) is left out; ``sandbox_backend`` is left out when it is
-    ``podman`` (the default, and where every agent ran before the field existed), so the keys (hence
-    the trial ids) of those configs are what they were."""
-    exclude = {"verifier_ray"} | ({"sandbox_backend"} if config.sandbox_backend == "podman" else set())
+    ``podman`` (the default, and where every agent ran before the field existed) and ``screen_policy``
+    when it is ``reject`` (the default), so the keys (hence the trial ids) of those configs are what
+    they were."""
+    exclude = ({"verifier_ray"} | ({"sandbox_backend"} if config.sandbox_backend == "podman" else set())
+               | ({"screen_policy"} if config.screen_policy == "reject" else set()))
     return sha256_json({
         "problem_statement": problem_statement, "model_alias": model_alias, "base_url": base_url,
         "config": config.model_dump(mode="json", exclude=exclude),  # where it runs is not what
@@ -424,10 +481,12 @@ def run_agent_trial(
                 config.verifier_ray, task.tests(), phase.submission,
                 timeout_s=verifier_timeout_s, spec=SandboxSpec(memory_mb=config.memory_mb, cpus=config.cpus),
                 name=container_name(instance_id, "agent", trial_id), tamper_policy=config.tamper_policy,
-                backend=config.verifier_backend,
+                screen_policy=config.screen_policy, backend=config.verifier_backend, tree=phase.tree,
             )
             reward = verdict.reward
             notes.extend(verdict.notes)
+            if phase.tree is not None:
+                _record_submission(traj_path, verdict.submission_patch)
         except errors.InfraError as exc:  # the verifier broke: no reward, never 0
             reward = None
             notes.append(f"verifier failed: {type(exc).__name__}: {exc}")

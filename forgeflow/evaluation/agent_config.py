@@ -13,7 +13,7 @@ from forgeflow.evaluation.supervision import (
 )
 from forgeflow.sandbox.backends import SandboxTarget
 from forgeflow.sandbox.dispatch import RayPlacement
-from forgeflow.sandbox.submission import TamperPolicy
+from forgeflow.sandbox.submission import ScreenPolicy, TamperPolicy
 
 MSWEA_CONFIG_NAME = "swebench_backticks"
 """mini-swe-agent's built-in SWE-bench config with the text (``mswea_bash_command`` fence) format;
@@ -44,7 +44,12 @@ class AgentConfig(BaseModel):
             the run (default 660 = 11 minutes).
         tamper_policy: what the verifier does with a submission that changes the task's own files
             (tests, conftest, test configuration, start-up hooks; :mod:`forgeflow.sandbox.submission`):
-            ``reject`` (tampering, reward 0) or ``drop`` (those parts removed, the rest graded).
+            ``reject`` (tampering, reward 0) or ``drop`` (those paths put back as the image has them,
+            the rest graded).
+        screen_policy: what the verifier does when the lines a submission added reach into the test
+            run (the test framework's internals, exit hooks, interpreter introspection;
+            :func:`forgeflow.sandbox.submission.screen_added_lines`): ``reject`` (tampering, reward 0),
+            ``flag`` (recorded only: for a repository that is itself a test framework) or ``off``.
         verifier_backend: the sandbox backend the verifier's fresh container runs on
             (:data:`forgeflow.sandbox.backends.BACKENDS`: ``podman`` or ``kubernetes``, or a
             :class:`~forgeflow.sandbox.backends.SandboxTarget`: a kubernetes cluster and namespace).
@@ -78,6 +83,7 @@ class AgentConfig(BaseModel):
     loop_threshold: int = Field(default=DEFAULT_LOOP_THRESHOLD, ge=2, le=1000)
     hang_idle_s: float = Field(default=DEFAULT_HANG_IDLE_S, gt=0)
     tamper_policy: TamperPolicy = "reject"
+    screen_policy: ScreenPolicy = "reject"
     verifier_backend: Literal["podman", "kubernetes"] | SandboxTarget = "podman"
     sandbox_backend: Literal["podman", "kubernetes"] | SandboxTarget = "podman"
     verifier_ray: RayPlacement | None = None

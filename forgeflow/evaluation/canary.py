@@ -280,7 +280,8 @@ def trial_row(tr: Any, job_id: str | None, model_sha256: str | None, run_id: str
                               exception_message=tr.exception_message, timings=timings,
                               model_sha256=model_sha256, created_at=tr.started_at, run_id=run_id,
                               agent_steps=tr.agent_steps, input_tokens=tr.input_tokens,
-                              output_tokens=tr.output_tokens, verifier=tr.verifier)
+                              output_tokens=tr.output_tokens, verifier=tr.verifier,
+                              submission=tr.submission)
 
 
 def render_job_report(job: records.JobRecord, report: compare.JobReport, trials: Sequence[Any],
@@ -308,6 +309,7 @@ def render_job_report(job: records.JobRecord, report: compare.JobReport, trials:
               f"| {report.requested} | {report.scored} | {report.exceptions} | {report.reward_1} | {report.reward_0} "
               f"| {report.pass_rate_scored:.1%} | {report.pass_rate_attempts:.1%} | [{w.low:.1%}, {w.high:.1%}] |",
               "", f"Exceptions by type: {exceptions}.", "",
+              *compare.exclusion_lines(compare.job_exclusions(report, job.job_id)), "",
               "| instance_id | reward | exception | agent s | verifier s |", "|---|---|---|---|---|"]
     for tr in trials:
         lines.append(f"| {tr.instance_id} | {'' if tr.reward is None else tr.reward} | {tr.exception_type or ''} "

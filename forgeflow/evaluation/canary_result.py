@@ -3,7 +3,8 @@ models whose field names are the keys those flows returned as dicts before, so t
 is unchanged; the job reports are :class:`forgeflow.evaluation.compare.JobReport` itself.
 
 * :class:`CanaryTrialOutcome` — one agent trial of a canary job: its task, reward, exception type.
-* :class:`CanaryResult` — one canary job: its id, report, report file and trials.
+* :class:`CanaryResult` — one canary job: its id, report, report file, trials and exclusions (the trials
+  excluded as exceptions per type with the rate, and whether the job is unusable for a comparison).
 * :class:`RecoveredTrial` — one exception trial a recovery job re-ran, with its new outcome.
 * :class:`MergedView` — a job merged with its recovery jobs ("original job X + N recovery jobs").
 * :class:`CanaryRecoveryResult` — one ``canary-recover`` run (or the finding that nothing was left).
@@ -12,10 +13,22 @@ is unchanged; the job reports are :class:`forgeflow.evaluation.compare.JobReport
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from forgeflow.evaluation.compare import JobReport
+from forgeflow.evaluation.compare import JobExclusions, JobReport, job_exclusions
+
+
+def _with_exclusions(data: Any, job_field: str | None = None, label_field: str | None = None) -> Any:
+    """``data`` (a result's fields) with ``exclusions`` counted from its ``report`` when not given (the flows
+    build their results without it; the default limit applies, ``forgeflow compare`` takes another); the
+    job named by ``data[job_field]`` or labelled ``data[label_field]``."""
+    if not isinstance(data, dict) or data.get("exclusions") is not None or data.get("report") is None:
+        return data
+    report = JobReport.model_validate(data["report"])
+    return {**data, "exclusions": job_exclusions(report, data.get(job_field) if job_field else None,
+                                                 label=data.get(label_field) if label_field else None)}
 
 
 class CanaryTrialOutcome(BaseModel):
@@ -42,6 +55,10 @@ class CanaryResult(BaseModel):
         report: The job's outcome counts, pass rates and Wilson interval.
         report_path: The markdown job report (``<out_dir>/<job_id>/report.md``).
         trials: The job's trials, in report order.
+        exclusions: The trials excluded from the pass rates as exceptions, per exception type with the rate
+            of the requested trials, and whether the job is unusable for a comparison (above the default
+            limit, :data:`forgeflow.evaluation.compare.DEFAULT_MAX_EXCEPTION_RATE`); counted from ``report``
+            when not given.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -50,6 +67,13 @@ class CanaryResult(BaseModel):
     report: JobReport = Field(description="The job's outcome counts, pass rates and Wilson interval.")
     report_path: Path = Field(description="The markdown job report (<out_dir>/<job_id>/report.md).")
     trials: list[CanaryTrialOutcome] = Field(description="The job's trials, in report order.")
+    exclusions: JobExclusions = Field(description="Trials excluded as exceptions, per type with the rate; "
+                                      "unusable above the limit.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _count_exclusions(cls, data: Any) -> Any:
+        return _with_exclusions(data, "job_id")
 
 
 class RecoveredTrial(BaseModel):
@@ -79,6 +103,8 @@ class MergedView(BaseModel):
         view: Its label: ``job X`` or ``original job X + N recovery jobs (ids)``.
         recovery_job_ids: The recovery jobs, oldest first.
         report: The merged trials' report (each task's standing trial).
+        exclusions: What the merged view still excludes as exceptions, per type with the rate (counted from
+            ``report`` when not given), and whether it is unusable for a comparison at the default limit.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -86,6 +112,13 @@ class MergedView(BaseModel):
     view: str = Field(min_length=1, description="The merged view's label.")
     recovery_job_ids: list[str] = Field(description="The recovery jobs, oldest first.")
     report: JobReport = Field(description="The merged trials' report.")
+    exclusions: JobExclusions = Field(description="Trials the merged view excludes as exceptions, per type with "
+                                      "the rate; unusable above the limit.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _count_exclusions(cls, data: Any) -> Any:
+        return _with_exclusions(data, label_field="view")
 
 
 class CanaryRecoveryResult(BaseModel):

@@ -44,6 +44,10 @@ SUBMIT_MARKER = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 GIT_TIMEOUT_S = 120.0
 """Seconds a ``git`` command in the agent's container (base commit, submission diff) may take."""
 
+PODMAN_EXEC_FAILED = 125
+"""Exit status ``podman exec`` gives for its own failure (no such container, the runtime refused), not the
+command's."""
+
 INTERRUPT_TIMEOUT_S = 30.0
 """Seconds the watchdog's kill of the agent's commands (:meth:`SandboxEnvironment.interrupt`) may take."""
 
@@ -159,6 +163,8 @@ class SandboxEnvironment:
         limit_s = timeout or self.config.timeout
         try:
             result = self.sandbox.exec(argv, timeout_s=limit_s, workdir=cwd or self.config.cwd, env=env or None)
+            if result.exit_code == PODMAN_EXEC_FAILED:
+                self._check_alive(result.stderr)
             output: dict[str, Any] = {"output": result.stdout + result.stderr, "returncode": result.exit_code,
                                       "exception_info": ""}
         except errors.VerifierTimeoutError as exc:  # the command's timeout (the sandbox's name for it)
@@ -167,6 +173,18 @@ class SandboxEnvironment:
             output = self._failed(str(exc), exc)
         self._check_finished(output)
         return output
+
+    def _check_alive(self, stderr: str) -> None:
+        """Raise SandboxError when the agent's podman container is gone (an exec answered 125, podman's own
+        failure, and ``podman container exists`` says no): an operator, conmon or the runtime removed it;
+        the agent would otherwise see exit 125 for every command and be scored on a tree it never had."""
+        if self.config.backend != "podman":
+            return
+        from forgeflow.sandbox.tree import container_exists
+
+        if not container_exists(self.config.name):
+            raise errors.SandboxError(f"the agent's container {self.config.name} vanished mid-run (evidence: podman "
+                                      f"exec exited 125: {stderr.strip()[-200:]!r}; podman container exists: no)")
 
     @staticmethod
     def _failed(what: str, exc: BaseException) -> dict[str, Any]:

@@ -108,6 +108,15 @@ class TrialRecord(_Record):
     usage (None where not recorded, e.g. nop/oracle trials). ``verifier``: what the verdict rests
     on (:attr:`forgeflow.sandbox.trial.TrialResult.verifier`: report format, exit status, output digests,
     a report problem, a submission's screening with ``tampering`` and the protected paths).
+    ``submission``: an agent trial's submission as the verifier got it (the unified diff, ``""`` for an
+    empty one; None when none was recorded: a trial from before migration 0008, whose diff is in its
+    trajectory file, or an agent run that ended before it made one); ``submission_sha256`` the hex sha256
+    of its UTF-8 bytes, computed when absent and checked when given (what :mod:`forgeflow.evaluation.rescore`
+    checks again before it re-verifies the text).
+
+    Raises:
+        pydantic.ValidationError: a field out of shape, a ``submission_sha256`` that is not the submission's,
+            or one without its submission.
     """
 
     trial_id: str = Field(min_length=1, max_length=_ID)
@@ -127,6 +136,25 @@ class TrialRecord(_Record):
     input_tokens: int | None = Field(default=None, ge=0)
     output_tokens: int | None = Field(default=None, ge=0)
     verifier: dict[str, Any] | None = None
+    submission: str | None = None
+    submission_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _submission_digest(cls, data: Any) -> Any:
+        if not isinstance(data, dict):  # a row read from the store: its digest is checked where it is used
+            return data
+        if data.get("submission") is None:
+            if data.get("submission_sha256") is not None:
+                raise ValueError(f"trial {data.get('trial_id')!r}: submission_sha256 without its submission")
+            return data
+        digest = sha256_bytes(data["submission"].encode())
+        if data.get("submission_sha256") is None:
+            return {**data, "submission_sha256": digest}
+        if data["submission_sha256"] != digest:
+            raise ValueError(f"trial {data.get('trial_id')!r}: submission_sha256 {data['submission_sha256']} is not "
+                             f"the sha256 of its submission ({digest})")
+        return data
 
 
 TRIAL_VOID_FIELDS = frozenset({"voided_at", "void_reason"})

@@ -319,7 +319,8 @@ class Store(StoreReads):
         self.record_trials([record])
 
     def record_trials(self, records: Sequence[TrialRecord]) -> None:
-        """Upsert a batch of trials in one transaction (a crash leaves all or none of them).
+        """Upsert a batch of trials in one transaction (a crash leaves all or none of them). A record without
+        a ``submission`` keeps the submission already recorded for its trial id.
 
         Raises:
             InputError: as :meth:`record_trial`, naming the first bad trial; nothing is written.
@@ -328,9 +329,18 @@ class Store(StoreReads):
             _check_outcome(record)
         rows = []
         for record in records:
-            key, values = self._row(["trial_id"], record)
-            rows.append((key, {k: v for k, v in values.items() if k not in TRIAL_VOID_FIELDS}))
+            rows.append(self._trial_row(record))
         self.upsert_many(Trial, rows)
+
+    def _trial_row(self, record: TrialRecord) -> tuple[dict[str, Any], dict[str, Any]]:
+        """A trial's upsert row: never the void columns (:data:`TRIAL_VOID_FIELDS`), and a record without a
+        submission keeps the one recorded (a resumed run re-recording the verdict loses no diff)."""
+        key, values = self._row(["trial_id"], record)
+        values = {k: v for k, v in values.items() if k not in TRIAL_VOID_FIELDS}
+        if values.get("submission") is None:
+            values.pop("submission", None)
+            values.pop("submission_sha256", None)
+        return key, values
 
     def record_batch_results(
         self, batch: BatchRecord, trials: Sequence[TrialRecord], tasks: Sequence[TaskRecord]
@@ -348,9 +358,7 @@ class Store(StoreReads):
         dialect = self.engine.dialect.name
         with self.engine.begin() as connection:
             for record in trials:
-                key, values = self._row(["trial_id"], record)
-                values = {k: v for k, v in values.items() if k not in TRIAL_VOID_FIELDS}
-                connection.execute(upsert_statement(dialect, Trial, key, values))
+                connection.execute(upsert_statement(dialect, Trial, *self._trial_row(record)))
             for record in tasks:
                 connection.execute(upsert_statement(dialect, TaskInstance, *self._task_row(record)))
             connection.execute(upsert_statement(dialect, Batch, *self._row(["batch_id"], batch)))

@@ -141,7 +141,10 @@ class Batch(_Stamped, Base):
 
 
 class Trial(_Stamped, Base):
-    """One trial: an agent (nop, oracle or a model) on one instance, with reward or exception."""
+    """One trial: an agent (nop, oracle or a model) on one instance, with reward or exception, and for an
+    agent trial the submission it was scored on (``submission``: the unified diff; ``submission_sha256``:
+    its UTF-8 bytes' sha256; NULL for trials recorded before migration 0008, whose diff is in their
+    trajectory file)."""
 
     __tablename__ = "trials"
     __table_args__ = (CheckConstraint(_check_in("kind", TrialKind.__args__), name="kind"),)
@@ -162,6 +165,8 @@ class Trial(_Stamped, Base):
     input_tokens: Mapped[int | None] = mapped_column(Integer)
     output_tokens: Mapped[int | None] = mapped_column(Integer)
     verifier: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    submission: Mapped[str | None] = mapped_column(Text, nullable=True)
+    submission_sha256: Mapped[str | None] = mapped_column(String(_SHA), nullable=True)
 
 
 class Freeze(_Stamped, Base):

@@ -10,10 +10,11 @@ chosen by kind in :mod:`forgeflow.sandbox.backends`.
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Callable, Mapping
 from typing import Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 OOM_EXIT_CODE = 137
 """Exit status of a process killed by SIGKILL (128 + 9). The kernel's OOM killer under a memory
@@ -23,6 +24,18 @@ never evidence of an OOM (see :meth:`PodmanSandbox.exec`)."""
 
 DEFAULT_PIDS_LIMIT = 1024
 """Default of :attr:`SandboxSpec.pids_limit` (processes + threads per container)."""
+
+
+DEFAULT_USER_NAMESPACE = "0:1879048192:65536"
+"""Default of :attr:`SandboxSpec.user_namespace`: container ids 0..65535 are host ids
+1879048192.. (0x70000000): root in the sandbox is no host user."""
+
+
+UNSAFE_CAPABILITIES = ("DAC_OVERRIDE", "DAC_READ_SEARCH", "SYS_PTRACE", "SYS_ADMIN")
+"""Capabilities a sandbox never gets: with any of them a command could read or write the memory of
+the process that reports its end and exit status (:meth:`PodmanSandbox.run_once
+<forgeflow.sandbox.podman.PodmanSandbox.run_once>` keeps that process out of reach of root without
+them), or mount over what the verifier reads."""
 
 
 class SandboxSpec(BaseModel):
@@ -37,6 +50,26 @@ class SandboxSpec(BaseModel):
             podman's own default (``pids_limit`` in containers.conf) is 2048. ``None`` leaves
             podman's default. The Kubernetes backend ignores it (a pod's PID limit is the
             kubelet's ``podPidsLimit``).
+        capabilities: Linux capabilities added back after all are dropped (``--cap-drop=all``,
+            then ``--cap-add`` each; names without ``CAP_``, e.g. ``("CHOWN",)``). Empty by
+            default: ``git apply``, pytest and an agent's shell work as root without any (the
+            files of ``/testbed`` are root's own; root needs no ``CAP_DAC_OVERRIDE`` for them).
+            Every container also gets ``no-new-privileges`` (no setuid or file-capability gain).
+            :data:`UNSAFE_CAPABILITIES` are refused (ValueError).
+        user_namespace: the container's user namespace: ``"CONTAINER:HOST:SIZE"`` maps container
+            uids and gids ``CONTAINER..`` to host ids ``HOST..`` (``--uidmap``/``--gidmap``; root
+            in the sandbox is an unprivileged host uid), ``"auto"`` lets podman pick a range
+            (``--userns=auto``: needs a ``containers`` entry in /etc/subuid and /etc/subgid),
+            ``None`` shares the host's (root in the sandbox is host root). The default maps
+            65,536 ids at host uid/gid 1879048192 (0x70000000), far above the ranges
+            ``useradd`` hands out for subordinate ids. The Kubernetes backend ignores it
+            (``KubernetesSandboxSpec.host_users``).
+        read_only_root: True makes the container's root filesystem read-only (``--read-only``)
+            except ``/tmp``, ``/var/tmp`` and ``/run`` (podman's tmpfs) and ``writable_paths``,
+            each a tmpfs filled with the image's content at that path (``tmpcopyup``; its bytes
+            count against ``memory_mb``). False by default: the repository's copy costs memory,
+            and a suite that writes elsewhere (``$HOME``) would fail where its pristine runs passed.
+        writable_paths: absolute paths kept writable when ``read_only_root`` is True.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -45,6 +78,29 @@ class SandboxSpec(BaseModel):
     cpus: float = Field(default=1.0, gt=0)
     network: bool = False
     pids_limit: int | None = Field(default=DEFAULT_PIDS_LIMIT, ge=8)
+    capabilities: tuple[str, ...] = Field(default=(), max_length=41)
+    user_namespace: str | None = Field(default=DEFAULT_USER_NAMESPACE, pattern=r"^(auto|\d+:\d+:\d+)$")
+    read_only_root: bool = False
+    writable_paths: tuple[str, ...] = ("/testbed",)
+
+    @field_validator("capabilities")
+    @classmethod
+    def _capability_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for name in value:
+            if not re.fullmatch(r"[A-Z][A-Z_]*", name) or name.startswith("CAP_"):
+                raise ValueError(f"capability {name!r} is not a capability name without CAP_ (e.g. 'CHOWN')")
+            if name in UNSAFE_CAPABILITIES:
+                raise ValueError(f"capability {name!r} would let a command reach the process that reports its "
+                                 f"exit (one of {', '.join(UNSAFE_CAPABILITIES)})")
+        return value
+
+    @field_validator("writable_paths")
+    @classmethod
+    def _absolute_paths(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for path in value:
+            if not path.startswith("/") or "," in path or ":" in path or ".." in path.split("/"):
+                raise ValueError(f"writable path {path!r} is not an absolute path without ',', ':' or '..'")
+        return value
 
 
 class ExecResult(BaseModel):

@@ -108,6 +108,11 @@ class ValidationReport(BaseModel):
         flaky_tests: tests whose status differed between repeated Oracle runs (sorted; empty when
             they agreed or were not repeated).
         oracle_runs: Oracle runs the verdict rests on (0 when no Oracle ran).
+        known_tests: every test id the pristine runs (NOP, Oracle) collected, sorted (the task's
+            known tests: :attr:`forgeflow.sandbox.verifier.TaskTests.known_tests`); empty when not
+            recorded.
+        repeat_s: seconds pytest spent repeating the FAIL_TO_PASS and sampled PASS_TO_PASS tests in
+            the second Oracle run (the flaky-gold check's cost beyond a plain run); None: no repeats.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -118,6 +123,8 @@ class ValidationReport(BaseModel):
     reason: str = Field(min_length=1)
     flaky_tests: list[str] = Field(default_factory=list)
     oracle_runs: int = Field(default=0, ge=0)
+    known_tests: list[str] = Field(default_factory=list)
+    repeat_s: float | None = Field(default=None, ge=0.0)
 
 
 def _check_map(name: str, status_map: dict[str, str]) -> None:

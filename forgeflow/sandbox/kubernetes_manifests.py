@@ -48,15 +48,6 @@ RESERVED_LABELS = frozenset({MANAGED_BY_LABEL, ROLE_LABEL, INSTANCE_LABEL, TRIAL
 NETWORK_POLICY_NAME = "forgeflow-trial-deny-egress"
 
 
-PODMAN_DEFAULT_CAPABILITIES = (
-    "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "NET_BIND_SERVICE",
-    "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT",
-)
-"""The capabilities podman grants a root container by default (containers.conf ``default_capabilities``
-of containers-common); a trial pod drops ALL and adds back exactly these, so it behaves like the
-podman sandbox."""
-
-
 LABEL_VALUE_RE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 """Label value grammar (Kubernetes docs, "Labels and Selectors"); length <= 63 checked apart."""
 
@@ -121,6 +112,11 @@ class KubernetesSandboxSpec(BaseModel):
             the backstop that ends a trial whose owner died.
         termination_grace_period_s: seconds between SIGTERM and SIGKILL on deletion.
         labels: extra labels (keys must be valid label keys; values are sanitized).
+        capabilities: capabilities added back after ``drop: [ALL]`` (none by default, as in the
+            podman sandbox: :attr:`SandboxSpec.capabilities <forgeflow.sandbox.base.SandboxSpec>`).
+        host_users: False runs the pod in its own user namespace (``hostUsers: false``; Kubernetes
+            1.33+ or the ``UserNamespacesSupport`` feature gate, and a runtime with idmapped mounts).
+            True by default: a cluster without that support would not start the pod.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -135,6 +131,8 @@ class KubernetesSandboxSpec(BaseModel):
     active_deadline_s: int = Field(default=7200, ge=1)
     termination_grace_period_s: int = Field(default=5, ge=0)
     labels: dict[str, str] = Field(default_factory=dict)
+    capabilities: tuple[str, ...] = ()
+    host_users: bool = True
 
     @field_validator("namespace")
     @classmethod
@@ -162,8 +160,9 @@ class KubernetesSandboxSpec(BaseModel):
 
     @classmethod
     def from_sandbox_spec(cls, spec: SandboxSpec, **overrides: Any) -> "KubernetesSandboxSpec":
-        """The Kubernetes spec with the memory, CPU and network of a podman :class:`SandboxSpec`."""
-        return cls(memory_mb=spec.memory_mb, cpus=spec.cpus, network=spec.network, **overrides)
+        """The Kubernetes spec with the memory, CPU, network and capabilities of a podman :class:`SandboxSpec`."""
+        return cls(memory_mb=spec.memory_mb, cpus=spec.cpus, network=spec.network,
+                   **{"capabilities": spec.capabilities, **overrides})
 
 
 def pod_name(instance_id: str, trial_id: str) -> str:
@@ -222,6 +221,7 @@ def render_trial_pod(instance_id: str, trial_id: str, image_ref: str, spec: Kube
         "activeDeadlineSeconds": spec.active_deadline_s,
         "terminationGracePeriodSeconds": spec.termination_grace_period_s,
         "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+        **({} if spec.host_users else {"hostUsers": False}),
         "containers": [
             {
                 "name": CONTAINER_NAME,
@@ -232,7 +232,8 @@ def render_trial_pod(instance_id: str, trial_id: str, image_ref: str, spec: Kube
                 "securityContext": {
                     "privileged": False,
                     "allowPrivilegeEscalation": False,
-                    "capabilities": {"drop": ["ALL"], "add": list(PODMAN_DEFAULT_CAPABILITIES)},
+                    "capabilities": {"drop": ["ALL"],
+                                     **({"add": list(spec.capabilities)} if spec.capabilities else {})},
                 },
             }
         ],

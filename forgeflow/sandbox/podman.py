@@ -1,6 +1,7 @@
 """The podman sandbox backend: a daemonless container per trial (runc runtime, lowered ulimits via
-``infra/containers.conf``), ``--network none``, memory, CPU and pids limits, and the kernel's own
-evidence of an OOM kill or a refused fork (the container's cgroup counters)."""
+``infra/containers.conf``), ``--network none``, memory, CPU and pids limits, no capability,
+``no-new-privileges`` and its own user namespace (:class:`~forgeflow.sandbox.base.SandboxSpec`), and
+the kernel's own evidence of an OOM kill or a refused fork (the container's cgroup counters)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from pathlib import Path
 from forgeflow.common import errors
 from forgeflow.common.settings import tool_env
 from forgeflow.sandbox.base import OOM_EXIT_CODE, ExecResult, SandboxSpec
+from forgeflow.sandbox.podman_layers import NAME_ANNOTATION, container_exit_code, end_orphans, sweep_containers
 
 _PIDS_MAX_EVENT = re.compile(r"^max (\d+)$", re.MULTILINE)
 _OOM_KILL_EVENT = re.compile(r"^oom_kill (\d+)$", re.MULTILINE)
@@ -72,16 +74,20 @@ class PodmanSandbox:
         (:meth:`_find_cgroup_files`) without a ``podman inspect`` on the trial's critical path.
         A container that already holds the name (names are per trial, so it was left by a crashed
         run of the same trial, or by a Ray node killed mid-trial on the same host) is removed
-        (:func:`remove_podman_container`) and the start tried once more.
+        (:func:`remove_podman_container`) and the start tried once more; one left under the name at
+        a layer below podman (a conmon naming it, its runtime container) is ended first
+        (:func:`sweep_containers`). The container has no capability, ``no-new-privileges`` and the
+        user namespace of ``spec`` (:meth:`_hardening_args`).
 
         Raises:
             ToolMissingError: podman is not installed.
             ImageNotFoundError: the registry does not have the image.
             SandboxError: podman could not start the container (its message as evidence).
         """
+        end_orphans(self.name)  # a runtime container of this name podman no longer lists
         pidfile = Path(tempfile.gettempdir()) / f"forgeflow-{self.name}-{uuid.uuid4().hex[:8]}.pid"
         args = [self._podman(), "run", "-d", "--init", "--name", self.name, "--pidfile", str(pidfile),
-                *self._limit_args(), self.image, "sleep", "infinity"]
+                *self._limit_args(), *self._hardening_args(), self.image, "sleep", "infinity"]
         try:
             proc = subprocess.run(args, capture_output=True, text=True, env=tool_env(), timeout=600,
                                   cwd=conmon_cwd())
@@ -165,8 +171,8 @@ class PodmanSandbox:
         )
         return proc.returncode == 0 and proc.stdout.strip() == "true"
 
-    def _check_pids_limit(self, before: int | None, argv: list[str]) -> None:
-        after = self._pids_max_events()
+    def _check_pids_limit(self, before: int | None, argv: list[str], after: int | None = None) -> None:
+        after = self._pids_max_events() if after is None else after
         if before is not None and after is not None and after > before:
             raise errors.SandboxPidsLimitError(
                 f"command {argv!r} in {self.image!r} hit the process limit "
@@ -174,14 +180,14 @@ class PodmanSandbox:
                 f"(evidence: {self._pids_events} max {before} -> {after})"
             )
 
-    def _check_oom(self, before: int | None, argv: list[str], exit_code: int) -> None:
+    def _check_oom(self, before: int | None, argv: list[str], exit_code: int, after: int | None = None) -> None:
         """Raise SandboxOOMError iff the kernel says a process was OOM-killed during the command.
 
         Evidence, in order: the memory cgroup's ``oom_kill`` counter grew while the command ran, or
         (counter unreadable) podman's ``State.OOMKilled``. An exit status of 137 without either is
         the command's own exit, a result like any other.
         """
-        after = self._oom_kills()
+        after = self._oom_kills() if after is None else after
         if before is not None and after is not None:
             if after > before:
                 raise errors.SandboxOOMError(
@@ -261,14 +267,26 @@ class PodmanSandbox:
         of ``start`` + ``exec``: one podman call per trial, as a plain ``podman run --rm`` of the same
         command costs, for runs that need no interaction (a NOP or Oracle run).
 
-        The container's process is a small wrapper under ``--init``: it reads a random nonce on
-        stdin (never in its argv or environment), prints it, runs ``bash -c command`` with stdin
-        from ``/dev/null`` (as ``exec`` does), prints the nonce and the exit status on stdout and
-        stderr, and then waits for stdin to close. While it waits the container and its cgroup
-        still exist, so the kernel's counters (OOM kills, refused forks) are read exactly as after
-        an ``exec`` (a fresh container's counters start at 0); only then is stdin closed, and the
-        container ends and is removed in the background (:meth:`stop_async` returns the wait). The
-        time to the first nonce, the container's start, is kept in :attr:`setup_s` (seconds).
+        The command's exit status is the container's (the status conmon reports and ``podman run``
+        exits with), never text the command could print. The container's first process (PID 1, no
+        ``--init``) is a wrapper that makes itself unreachable from the command: it re-executes an
+        execute-only copy of the image's bash (mode 0111 in ``/tmp``), which the kernel marks not
+        dumpable because root without ``CAP_DAC_OVERRIDE`` cannot read it (``--cap-drop=all``), so
+        the command, with no ``CAP_SYS_PTRACE``, can open neither ``/proc/1/mem`` nor ``/proc/1/fd``
+        (ptrace access mode checks, see ptrace(2)); PID 1 also ignores every signal sent from inside
+        its namespace but those it handles. The wrapper reads a random nonce on stdin (never in its
+        argv or environment), prints it (the start mark), runs ``bash -c command`` with stdin from
+        ``/dev/null`` (as ``exec`` does), prints the nonce again (the end mark), then waits for
+        stdin to close and exits with the command's status. While it waits the container and its
+        cgroup still exist, so the kernel's counters (OOM kills, refused forks) are read exactly as
+        after an ``exec`` (a fresh container's counters start at 0); only then is stdin closed. A
+        mark the command prints itself (it would have to guess 128 random bits) changes neither the
+        exit status nor the output kept: the output is every byte between the start mark and the
+        last end mark. The exit status is read from conmon's exit file the moment conmon reaps the
+        wrapper (:func:`~forgeflow.sandbox.podman_layers.container_exit_code`), so ``--rm``'s
+        removal runs after :meth:`run_once` returns (:meth:`stop_async` waits for it). The time to
+        the start mark, the container's start, is kept in
+        :attr:`setup_s` (seconds).
 
         Args:
             command: one shell string (``bash -c``).
@@ -281,7 +299,7 @@ class PodmanSandbox:
 
         Raises:
             SandboxError: the sandbox is already started, podman could not start the container, or
-                the container's process ended without reporting the command's end (the message
+                the container ended without its wrapper reporting the command's end (the message
                 holds podman's exit status and stderr as evidence).
             ImageNotFoundError, ToolMissingError: as :meth:`start`.
             SandboxOOMError, SandboxPidsLimitError, VerifierTimeoutError: as :meth:`exec`.
@@ -289,21 +307,20 @@ class PodmanSandbox:
         if self._started or self._once:
             raise errors.SandboxError(f"sandbox {self.name} is already started: run_once starts its own container")
         nonce = uuid.uuid4().hex
-        wrapper = ('IFS= read -r n || exit 125; printf "%s start\\n" "$n"; printf "%s start\\n" "$n" >&2\n'
-                   'bash -c "$1" forgeflow-run </dev/null; rc=$?\n'
-                   'printf "\\n%s end %d\\n" "$n" "$rc"; printf "\\n%s end %d\\n" "$n" "$rc" >&2\n'
-                   'IFS= read -r _; exit "$rc"\n')
         for attempt in (1, 2):
+            if attempt == 1:
+                end_orphans(self.name)  # a runtime container of this name podman no longer lists
             pidfile = Path(tempfile.gettempdir()) / f"forgeflow-{self.name}-{uuid.uuid4().hex[:8]}.pid"
-            args = [self._podman(), "run", "-i", "--rm", "--init", "--name", self.name, "--pidfile", str(pidfile),
-                    *self._limit_args()]
+            cidfile = pidfile.with_suffix(".cid")
+            args = [self._podman(), "run", "-i", "--rm", "--name", self.name, "--pidfile", str(pidfile),
+                    "--cidfile", str(cidfile), *self._limit_args(), *self._hardening_args()]
             if workdir:
                 args += ["--workdir", workdir]
             for key, value in (env or {}).items():
                 args += ["--env", f"{key}={value}"]
-            args += [self.image, "bash", "-c", wrapper, "forgeflow-once", command]
+            args += [self.image, "bash", "-c", _ONCE_WRAPPER, "forgeflow-once", command]
             try:
-                return self._run_once(args, nonce, pidfile, command, timeout_s)
+                return self._run_once(args, nonce, pidfile, cidfile, command, timeout_s)
             except _NameInUse:
                 if attempt == 2:
                     raise errors.SandboxError(f"podman could not start {self.image!r}: the name {self.name} "
@@ -311,7 +328,28 @@ class PodmanSandbox:
                 remove_podman_container(self.name)  # left by a crashed run of the same trial
             finally:
                 pidfile.unlink(missing_ok=True)
+                cidfile.unlink(missing_ok=True)
         raise AssertionError("unreachable")
+
+    def _hardening_args(self) -> list[str]:
+        """``podman run`` options that take privileges away: every capability dropped but
+        ``spec.capabilities``, ``no-new-privileges``, the user namespace of ``spec.user_namespace``,
+        a read-only root (``spec.read_only_root``), and the annotation ``NAME_ANNOTATION`` that names
+        the container for :func:`~forgeflow.sandbox.podman_layers.sweep_containers` where podman's own
+        record is gone."""
+        args = ["--cap-drop=all", *(f"--cap-add={cap}" for cap in self.spec.capabilities),
+                "--security-opt=no-new-privileges", "--annotation", f"{NAME_ANNOTATION}={self.name}"]
+        userns = self.spec.user_namespace
+        if userns == "auto":
+            args.append("--userns=auto")
+        elif userns is not None:
+            inside, host, size = userns.split(":")
+            args += ["--uidmap", f"{inside}:{host}:{size}", "--gidmap", f"{inside}:{host}:{size}"]
+        if self.spec.read_only_root:
+            args += ["--read-only", "--read-only-tmpfs"]
+            for path in self.spec.writable_paths:
+                args += ["--mount", f"type=tmpfs,destination={path},tmpfs-mode=0755,tmpcopyup"]
+        return args
 
     def _limit_args(self) -> list[str]:
         """``podman run`` options of ``spec``'s limits (memory without swap, CPUs, pids, no network)."""
@@ -323,15 +361,16 @@ class PodmanSandbox:
             args += ["--network", "none"]
         return args
 
-    def _run_once(self, args: list[str], nonce: str, pidfile: Path, command: str, timeout_s: float) -> ExecResult:
+    def _run_once(self, args: list[str], nonce: str, pidfile: Path, cidfile: Path, command: str,
+                  timeout_s: float) -> ExecResult:
         """One attempt of :meth:`run_once` (raises :class:`_NameInUse` when the name is taken)."""
         t0 = time.monotonic()
         proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 env=tool_env(), cwd=conmon_cwd())
         assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
         self._once.append(proc)
-        start_mark = re.compile(re.escape(nonce.encode()) + rb" start\n")
-        end_mark = re.compile(rb"\n" + re.escape(nonce.encode()) + rb" end (\d+)\n")
+        start_mark = nonce.encode() + b" start\n"
+        end_mark = b"\n" + nonce.encode() + b" end\n"
         out, err = _Stream(proc.stdout, start_mark, end_mark), _Stream(proc.stderr, start_mark, end_mark)
         try:
             proc.stdin.write(nonce.encode() + b"\n")
@@ -342,19 +381,25 @@ class PodmanSandbox:
         if out.start_s is not None:
             self.setup_s = out.start_s - t0
             out.ended.wait(timeout=max(0.0, timeout_s - (time.monotonic() - out.start_s)))
-            if out.exit_code is not None:
+            if out.end_s is not None:
                 err.ended.wait(timeout=30)  # the same mark on stderr follows at once
-        if out.start_s is None or out.exit_code is None or err.exit_code is None:
+        if out.start_s is None or out.end_s is None or err.end_s is None:
             return self._once_failed(proc, out, err, command, timeout_s, t0)
-        duration = (out.end_s or time.monotonic()) - out.start_s
-        exit_code = out.exit_code
+        duration = out.end_s - out.start_s
+        argv = ["bash", "-c", command]
         init_pid = pidfile.read_text().strip() if pidfile.is_file() else ""
         self._find_cgroup_files(init_pid)  # the container still runs: its wrapper waits on stdin
-        try:
-            self._check_oom(0, ["bash", "-c", command], exit_code)
-            self._check_pids_limit(0, ["bash", "-c", command])
-        finally:
-            _close(proc.stdin)  # the wrapper exits, podman removes the container (waited in stop_async)
+        oom_kills, pids_refused = self._oom_kills(), self._pids_max_events()
+        cid = cidfile.read_text().strip() if cidfile.is_file() else ""
+        _close(proc.stdin)  # the wrapper exits with the command's status
+        exit_code = container_exit_code(proc, cid)
+        if exit_code is None:
+            proc.kill()
+            proc.wait()
+            raise errors.SandboxError(f"podman run of {self.image!r} did not end within 120 s of the end of "
+                                      f"command {argv!r} (evidence: forgeflow's wall clock)") from None
+        self._check_oom(0, argv, exit_code, after=oom_kills)
+        self._check_pids_limit(0, argv, after=pids_refused)
         return ExecResult.from_bytes(exit_code, out.body(), err.body(), duration)
 
     def _once_failed(self, proc: "subprocess.Popen[bytes]", out: "_Stream", err: "_Stream", command: str,
@@ -442,22 +487,32 @@ def _close(stream: object) -> None:
         pass
 
 
+_ONCE_WRAPPER = (
+    # an execute-only copy of bash: exec'd by root without CAP_DAC_OVERRIDE it leaves PID 1 not dumpable
+    'w=$(mktemp /tmp/.forgeflow-once.XXXXXX) && cat "$BASH" > "$w" && chmod 0111 "$w" '
+    '|| { echo "forgeflow: cannot write the wrapper to /tmp" >&2; exit 125; }\n'
+    'exec -a forgeflow-once "$w" -c \''
+    'rm -f -- "$2"; IFS= read -r n || exit 125; printf "%s start\\n" "$n"; printf "%s start\\n" "$n" >&2\n'
+    'bash -c "$1" forgeflow-run </dev/null; rc=$?\n'
+    'printf "\\n%s end\\n" "$n"; printf "\\n%s end\\n" "$n" >&2\n'
+    'IFS= read -r _; exit "$rc"\' forgeflow-once "$1" "$w"\n')
+"""The process of a :meth:`PodmanSandbox.run_once` container (``bash -c`` with the command as ``$1``)."""
+
+
 _MARK_MAX = 128
-"""Bytes an end mark of :meth:`PodmanSandbox.run_once` can span (newline, 32-hex nonce, status)."""
+"""Bytes a mark of :meth:`PodmanSandbox.run_once` can span (newline, 32-hex nonce, word)."""
 
 
 class _Stream:
-    """Reads one output pipe of a :meth:`PodmanSandbox.run_once` container in a thread: the bytes
-    between the wrapper's start and end marks are the command's own output."""
+    """Reads one output pipe of a :meth:`PodmanSandbox.run_once` container in a thread: every byte
+    after the wrapper's start mark is the command's, but the wrapper's end mark (the last one)."""
 
-    def __init__(self, pipe: object, start: "re.Pattern[bytes]", end: "re.Pattern[bytes]") -> None:
+    def __init__(self, pipe: object, start: bytes, end: bytes) -> None:
         self.data = bytearray()
         self.started, self.ended, self.done = threading.Event(), threading.Event(), threading.Event()
         self.start_s: float | None = None
         self.end_s: float | None = None
-        self.exit_code: int | None = None
         self._begin = -1
-        self._end = -1
         self._start, self._end_mark = start, end
         threading.Thread(target=self._read, args=(pipe,), daemon=True).start()
 
@@ -466,17 +521,15 @@ class _Stream:
         try:
             while chunk := pipe.read1(65536):  # type: ignore[attr-defined]
                 self.data += chunk
-                if self._begin < 0 and (match := self._start.search(self.data)) is not None:
-                    self._begin, self.start_s = match.end(), time.monotonic()
+                if self._begin < 0 and (at := self.data.find(self._start, max(0, scanned - _MARK_MAX))) >= 0:
+                    self._begin, self.start_s = at + len(self._start), time.monotonic()
                     scanned = self._begin
                     self.started.set()
-                if self._begin >= 0 and self._end < 0:
-                    match = self._end_mark.search(self.data, max(self._begin, scanned - _MARK_MAX))
-                    scanned = len(self.data)
-                    if match is not None:
-                        self._end, self.exit_code = match.start(), int(match.group(1))
+                if self._begin >= 0 and self.end_s is None:
+                    if self.data.find(self._end_mark, max(self._begin, scanned - _MARK_MAX)) >= 0:
                         self.end_s = time.monotonic()
                         self.ended.set()
+                scanned = len(self.data)
         except (OSError, ValueError):
             pass
         finally:
@@ -485,8 +538,12 @@ class _Stream:
             self.done.set()
 
     def body(self) -> bytes:
-        """The command's output: the bytes between the start mark and the end mark."""
-        return bytes(self.data[self._begin:self._end]) if self._begin >= 0 and self._end >= 0 else b""
+        """The command's output: the bytes between the start mark and the last end mark read so far
+        (the wrapper prints its end mark after the command's own output; bytes a leftover background
+        process writes after it are not the command's result)."""
+        data = bytes(self.data)
+        at = data.rfind(self._end_mark, self._begin) if self._begin >= 0 else -1
+        return data[self._begin:at] if at >= 0 else b""
 
 
 def conmon_cwd() -> Path:
@@ -512,8 +569,10 @@ def remove_podman_container(name: str) -> None:
     After a SIGKILL of the flow's process group the left container's conmon can race the removal
     and leave an entry in state "Removing" that no longer holds the name (podman 4.3; seen in
     tests/flows/test_curate_kill.py): entries still listed under the name are removed again by
-    id, up to three rounds.
+    id, up to three rounds. First every layer is swept for the name (:func:`sweep_containers`: the
+    runtime's container and conmon too, which podman may no longer know).
     """
+    sweep_containers(lambda n: n == name)
     for round_no in range(3):
         subprocess.run(["podman", "rm", "-f", "-t", "0", name], capture_output=True, text=True, env=tool_env(),
                        timeout=120)
@@ -525,5 +584,3 @@ def remove_podman_container(name: str) -> None:
             subprocess.run(["podman", "rm", "-f", "-t", "0", *listed.stdout.split()], capture_output=True,
                            text=True, env=tool_env(), timeout=120)
         time.sleep(0.5 * (round_no + 1))
-
-

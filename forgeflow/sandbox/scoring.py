@@ -1,21 +1,72 @@
-"""A submission scored: a fresh sandbox of the pristine task image, the submission applied, the task's tests run.
+"""A submission scored: put in place in a fresh sandbox of the pristine task image, judged on what git saw
+change, the task's tests run, the submission's own failures scored as its own.
 
-:func:`verify_submission` is the verifier of agent trials and RL rewards (and of a re-score).
+:func:`verify_submission` is the verifier of agent trials, RL rewards and re-scores:
+
+1. a fresh container of the pristine task image (nothing of the agent's container carries over);
+2. the submission put in place there (``git apply`` of a diff, or the agent's tree copied out of its
+   container, :mod:`forgeflow.sandbox.tree`) and git's own list of what changed
+   (:mod:`forgeflow.sandbox.changes`): a diff git refuses is reward 0 (the submission's outcome);
+3. the task's own files among the changed paths (:func:`forgeflow.sandbox.submission.classify_changes`)
+   by ``tamper_policy`` (``reject``: tampering, reward 0, no test run; ``drop``: put back as the image
+   has them), and the static screen of the added lines by ``screen_policy``;
+4. :func:`forgeflow.sandbox.verifier.run_tests`, the files the runner reported it read checked against
+   git's list, and the strict resolution rule (:func:`forgeflow.sandbox.grading.grade_resolved`).
+
+**The submission's own failures are its outcome.** A test run that overruns the limit, is OOM-killed,
+hits the process limit, or breaks the runner before it reports (exit 126/127 at import, a module that
+shadows one the runner needs) is reward 0 with its evidence (``evidence["submission_failure"]``) when
+the task's pristine tests fit the same limits: a recorded pristine run well inside the timeout
+(``TaskTests.pristine_duration_s`` at most :data:`PRISTINE_FRACTION` of it), or else a re-run of the
+pristine tests in a fresh container under the same limits that completes. Only when that re-run fails
+too is it an infrastructure exception (raised, never reward 0). A sandbox that breaks otherwise (the
+container gone, podman failing) is always an exception.
 """
 
 from __future__ import annotations
 
+import hashlib
+import threading
+import uuid
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from forgeflow.common import errors
+from forgeflow.common.names import sanitize_name
 from forgeflow.sandbox.backends import SandboxTarget, get_backend
-from forgeflow.sandbox.base import SandboxSpec
+from forgeflow.sandbox.base import Sandbox, SandboxSpec
+from forgeflow.sandbox.changes import TreeChanges, changes_script, parse_changes, restore_script
 from forgeflow.sandbox.grading import grade_resolved
-from forgeflow.sandbox.submission import TamperPolicy, screen_submission
-from forgeflow.sandbox.verifier import TESTBED, TaskTests, VerifierResult, run_tests
+from forgeflow.sandbox.submission import (
+    SCREEN_POLICIES,
+    TAMPER_POLICIES,
+    ScreenPolicy,
+    TamperPolicy,
+    classify_changes,
+    screen_added_lines,
+)
+from forgeflow.sandbox.verifier import TESTBED, VERIFIER_ENV, TaskTests, VerifierResult, run_tests
 
-__all__ = ["SubmissionVerdict", "verify_submission"]
+__all__ = ["PRISTINE_FRACTION", "SUBMISSION_FAILURES", "SubmissionVerdict", "verify_submission"]
+
+PRISTINE_FRACTION = 0.5
+"""A recorded pristine run at most this fraction of the timeout "fits well inside" it: a submission's
+run that overruns is then the submission's doing without a pristine re-run."""
+
+CHANGES_TIMEOUT_S = 600.0
+"""Seconds listing what the submission changed may take (two snapshots of the repository)."""
+
+SUBMISSION_FAILURES: dict[type[BaseException], str] = {
+    errors.VerifierTimeoutError: "timeout",
+    errors.SandboxOOMError: "oom",
+    errors.SandboxPidsLimitError: "pids_limit",
+    errors.VerifierOutputError: "runner_broken",
+}
+"""Test-run failures a submission can cause by itself, by the kind recorded in its evidence."""
+
+SUBMISSION_PATH_IN_SANDBOX = "/tmp/forgeflow-submission.patch"
+TREE_PATH_IN_SANDBOX = "/tmp/forgeflow-agent-tree.tar"
 
 
 class SubmissionVerdict(BaseModel):
@@ -23,11 +74,16 @@ class SubmissionVerdict(BaseModel):
 
     Attributes:
         reward: 1.0 (every FAIL_TO_PASS and PASS_TO_PASS test PASSED) or 0.0.
-        result: the test run (None when no test ran: tampering, a patch that does not apply).
+        result: the test run (None when no test ran: tampering, a patch git refused, a submission failure).
         notes: why, for a person (tampering with the paths, a patch that did not apply, a report
-            that could not be trusted, an empty submission).
-        evidence: what the trial record keeps (``submission``: the screening; ``run``: the run's
-            evidence, see :meth:`VerifierResult.evidence`).
+            that could not be trusted, the submission's own timeout, an empty submission).
+        evidence: what the trial record keeps (``submission``: git's list and the policies' findings;
+            ``run``: the run's evidence, see :meth:`VerifierResult.evidence`; ``submission_failure``:
+            the kind and evidence of the submission's own failure, when there was one).
+        submission_patch: the submission as git wrote it in the sandbox (``git diff-tree -p --binary``
+            of the pristine and submitted snapshots; empty when nothing changed or git refused it): what
+            a re-score re-applies.
+        submission_failure: the kind of the submission's own failure (:data:`SUBMISSION_FAILURES`), or None.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -36,69 +92,240 @@ class SubmissionVerdict(BaseModel):
     result: VerifierResult | None = None
     notes: list[str] = Field(default_factory=list)
     evidence: dict[str, Any] = Field(default_factory=dict)
+    submission_patch: str = ""
+    submission_failure: str | None = None
 
 
-SUBMISSION_PATH_IN_SANDBOX = "/tmp/forgeflow-submission.patch"
+def _put_in_place(sandbox: Sandbox, submission: str, tree: bytes | None) -> TreeChanges:
+    """Write the submission into ``sandbox``, put it in place and read git's list of what changed."""
+    nonce = uuid.uuid4().hex[:16]
+    patch_path = tree_path = None
+    if tree is not None:
+        from forgeflow.sandbox.tree import put_bytes
+
+        name = getattr(sandbox, "name", None)
+        if not isinstance(name, str) or type(sandbox).__name__ != "PodmanSandbox":
+            raise errors.InputError(f"an agent's tree can be verified only in a podman sandbox, not in "
+                                    f"{type(sandbox).__name__}")
+        put_bytes(name, TREE_PATH_IN_SANDBOX, tree)
+        tree_path = TREE_PATH_IN_SANDBOX
+    elif submission.strip():
+        sandbox.write_file(SUBMISSION_PATH_IN_SANDBOX, submission if submission.endswith("\n") else submission + "\n")
+        patch_path = SUBMISSION_PATH_IN_SANDBOX
+    res = sandbox.exec(changes_script(TESTBED, nonce, patch_path=patch_path, tree_path=tree_path),
+                       timeout_s=CHANGES_TIMEOUT_S, workdir=TESTBED, env=VERIFIER_ENV)
+    return parse_changes(res.stdout, res.exit_code, nonce)
+
+
+def _restore(sandbox: Sandbox, changes: TreeChanges, paths: list[str]) -> None:
+    """Put ``paths`` back as the pristine snapshot has them.
+
+    Raises:
+        SandboxError: the restore failed (the sandbox broke: nothing is graded).
+    """
+    listing = f"/tmp/forgeflow-restore-{uuid.uuid4().hex[:12]}.list"
+    sandbox.write_file(listing, "".join(f"{p}\0" for p in paths))
+    res = sandbox.exec(restore_script(TESTBED, changes.base_tree, listing), timeout_s=CHANGES_TIMEOUT_S,
+                       workdir=TESTBED, env=VERIFIER_ENV)
+    if res.exit_code != 0:
+        raise errors.SandboxError(f"putting the task's own files back failed (exit {res.exit_code}): "
+                                  f"{(res.stderr or res.stdout).strip()[-400:]}")
+
+
+_PRISTINE_LOCK = threading.Lock()
+_PRISTINE_OK: dict[str, float] = {}
+"""Pristine re-runs that completed, by what they ran (image, command, parser, limits): their seconds.
+Only completions are kept (an exception is never cached)."""
+
+
+def _pristine_key(tests: TaskTests, timeout_s: float, spec: SandboxSpec, backend: "str | SandboxTarget") -> str:
+    kind = backend if isinstance(backend, str) else type(backend).__name__
+    raw = repr((tests.image_ref, tests.test_command, tests.log_parser, timeout_s, spec.model_dump_json(), kind))
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+def _attribute(exc: errors.InfraError, tests: TaskTests, *, timeout_s: float, spec: SandboxSpec, name: str,
+               backend: "str | SandboxTarget") -> dict[str, Any]:
+    """The evidence that a failed test run is the submission's doing, or ``exc`` re-raised when the
+    pristine tests fail the same limits too (infrastructure)."""
+    kind = next(k for t, k in SUBMISSION_FAILURES.items() if isinstance(exc, t))
+    message = f"{type(exc).__name__}: {exc}"
+    failure: dict[str, Any] = {"kind": kind, "error": message if len(message) <= 1200 else
+                               f"{message[:400]} ... {message[-800:]}", "timeout_s": timeout_s,
+                               "memory_mb": spec.memory_mb}
+    recorded = tests.pristine_duration_s
+    if kind == "timeout" and recorded is not None and recorded <= PRISTINE_FRACTION * timeout_s:
+        failure["pristine"] = {"source": "recorded", "duration_s": recorded}
+        return failure
+    key = _pristine_key(tests, timeout_s, spec, backend)
+    with _PRISTINE_LOCK:
+        known = _PRISTINE_OK.get(key)
+    if known is not None:
+        failure["pristine"] = {"source": "re-run (cached)", "duration_s": known}
+        return failure
+    sandbox = get_backend(backend)(tests.image_ref, spec, sanitize_name(f"{name[:44]}-pristine-{uuid.uuid4().hex[:6]}"))
+    try:
+        sandbox.start()
+        try:
+            pristine = run_tests(sandbox, tests.test_command, timeout_s, log_parser=tests.log_parser)
+        finally:
+            sandbox.stop()
+    except errors.InfraError as again:
+        raise type(exc)(f"{exc} (a re-run of the task's pristine tests under the same limits failed too: "
+                        f"{type(again).__name__}: {str(again)[:300]})") from exc
+    with _PRISTINE_LOCK:
+        _PRISTINE_OK[key] = pristine.duration_s
+    failure["pristine"] = {"source": "re-run", "duration_s": pristine.duration_s, "exit_code": pristine.exit_code}
+    return failure
 
 
 def verify_submission(
     tests: TaskTests, submission: str, *, timeout_s: float, spec: SandboxSpec, name: str,
-    tamper_policy: TamperPolicy = "reject", backend: "str | SandboxTarget" = "podman",
+    tamper_policy: TamperPolicy = "reject", screen_policy: ScreenPolicy = "reject",
+    backend: "str | SandboxTarget" = "podman", tree: bytes | None = None,
 ) -> SubmissionVerdict:
-    """Grade a submission: a fresh sandbox of the pristine task image, the screened diff applied, the tests run.
+    """Grade a submission in a fresh sandbox of the pristine task image (see the module docstring).
 
     Args:
-        tests: the task's image, test command, FAIL_TO_PASS / PASS_TO_PASS ids and log parser
-            (:class:`TaskTests`).
-        submission: the submission's unified diff (may be empty).
+        tests: the task's image, test command, FAIL_TO_PASS / PASS_TO_PASS ids, log parser and
+            recorded pristine duration (:class:`~forgeflow.sandbox.verifier.TaskTests`).
+        submission: a unified diff (may be empty); ignored when ``tree`` is given.
         timeout_s: limit of the test run, seconds.
         spec: sandbox limits.
         name: sandbox name (a leftover of a crashed run of the same trial is removed first).
         tamper_policy: ``reject`` or ``drop`` (:mod:`forgeflow.sandbox.submission`).
-        backend: sandbox kind, or a :class:`~forgeflow.sandbox.backends.SandboxTarget` (where a
-            kubernetes backend runs its pods; :func:`forgeflow.sandbox.backends.get_backend`).
+        screen_policy: ``reject``, ``flag`` or ``off``: the static screen of the added lines.
+        backend: sandbox kind, or a :class:`~forgeflow.sandbox.backends.SandboxTarget`.
+        tree: the agent's work tree as a tar archive (:func:`forgeflow.sandbox.tree.export_tree`), put in
+            place of every path but ``.git`` (podman only). New protected files in an agent's tree
+            (scratch tests, a conftest of its own) are always removed rather than rejected: they are its
+            working state, never submitted before either.
 
     Returns:
-        The :class:`SubmissionVerdict`: reward 0 for tampering (no test run), a patch that does not
-        apply, failing tests, or a report that disagrees with the exit status.
+        The :class:`SubmissionVerdict`: reward 0 for tampering or a screen finding (no test run), a
+        patch git refuses, failing tests, a report that cannot be trusted, or the submission's own
+        timeout / OOM / process limit / broken runner (``submission_failure``).
 
     Raises:
-        InputError: an unknown policy, parser or backend; nothing graded.
-        SandboxError and subclasses, VerifierTimeoutError, VerifierOutputError: the verifier broke
-            (the caller records an exception, never reward 0).
+        InputError: an unknown policy, parser or backend, or a tree for a backend other than podman.
+        SandboxError and subclasses, VerifierTimeoutError, VerifierOutputError: the verifier broke, or
+            the pristine tests fail the same limits (the caller records an exception, never reward 0).
     """
-    image_ref, test_command, log_parser = tests.image_ref, tests.test_command, tests.log_parser
-    fail_to_pass, pass_to_pass = tests.fail_to_pass, tests.pass_to_pass
-    screened = screen_submission(submission, [*fail_to_pass, *pass_to_pass], tamper_policy)
-    evidence: dict[str, Any] = {"submission": screened.evidence()}
-    if screened.tampering:
-        paths = ", ".join(f"{p} ({why})" for p, why in screened.protected_paths.items())
-        return SubmissionVerdict(reward=0.0, notes=[f"tampering: the submission changes the task's own files: {paths}"],
-                                 evidence=evidence)
-    notes = []
-    if screened.dropped_paths:
-        notes.append(f"dropped the submission's changes to the task's own files: {', '.join(screened.dropped_paths)}")
-    sandbox = get_backend(backend)(image_ref, spec, name)
+    if tamper_policy not in TAMPER_POLICIES:
+        raise errors.InputError(f"unknown tamper policy {tamper_policy!r}; valid: {', '.join(TAMPER_POLICIES)}")
+    if screen_policy not in SCREEN_POLICIES:
+        raise errors.InputError(f"unknown screen policy {screen_policy!r}; valid: {', '.join(SCREEN_POLICIES)}")
+    if not isinstance(submission, str):
+        raise errors.InputError(f"submission must be a string (a unified diff), got {type(submission).__name__}")
+    test_ids = [*tests.fail_to_pass, *tests.pass_to_pass]
+    sandbox = get_backend(backend)(tests.image_ref, spec, name)
     sandbox.start()
     try:
-        diff = screened.diff
-        if diff.strip():
-            sandbox.write_file(SUBMISSION_PATH_IN_SANDBOX, diff if diff.endswith("\n") else diff + "\n")
-            applied = sandbox.exec(["git", "apply", "--verbose", "--whitespace=nowarn", SUBMISSION_PATH_IN_SANDBOX],
-                                   timeout_s=60, workdir=TESTBED)
-            sandbox.exec(["rm", "-f", SUBMISSION_PATH_IN_SANDBOX], timeout_s=60)
-            if applied.exit_code != 0:
-                detail = (applied.stderr or applied.stdout).strip()[-1000:]
-                return SubmissionVerdict(reward=0.0, notes=[*notes, f"submission patch did not apply (the model's "
-                                                                   f"fault): {detail}"], evidence=evidence)
-        else:
+        changes = _put_in_place(sandbox, submission, tree)
+        record: dict[str, Any] = {"policy": tamper_policy, "screen_policy": screen_policy,
+                                  "source": "tree" if tree is not None else "diff"}
+        evidence: dict[str, Any] = {"submission": record}
+        if not changes.applied:
+            what = "the agent's tree could not be put in place" if tree is not None else "the patch did not apply"
+            record["applied"] = False
+            return SubmissionVerdict(reward=0.0, evidence=evidence,
+                                     notes=[f"{what} (the model's fault): {changes.apply_output[-1000:]}"])
+        record.update({"changed_paths": len(changes.changes),
+                       "patch_sha256": hashlib.sha256(changes.patch.encode("utf-8", "surrogateescape")).hexdigest()})
+        verdict = _judge_changes(changes, test_ids, tamper_policy, screen_policy, tree is not None, record)
+        if verdict is not None:
+            return verdict.model_copy(update={"evidence": evidence, "submission_patch": changes.patch})
+        notes = list(record.pop("_notes", []))
+        if record.get("dropped_paths"):
+            _restore(sandbox, changes, record["dropped_paths"])
+        if not changes.changes:
             notes.append("empty submission (no change to /testbed)")
-        result = run_tests(sandbox, test_command, timeout_s, log_parser=log_parser)
+        try:
+            result = run_tests(sandbox, tests.test_command, timeout_s, log_parser=tests.log_parser,
+                               expect=tests.expectations())
+        except tuple(SUBMISSION_FAILURES) as exc:
+            failure = _attribute(exc, tests, timeout_s=timeout_s, spec=spec, name=name, backend=backend)
+            evidence["submission_failure"] = failure
+            return SubmissionVerdict(
+                reward=0.0, evidence=evidence, submission_patch=changes.patch, submission_failure=failure["kind"],
+                notes=[*notes, f"the submission's own {failure['kind']} (the pristine tests fit the same limits: "
+                               f"{failure['pristine']['source']}, {failure['pristine']['duration_s']:.1f} s): "
+                               f"{failure['error'][-300:]}"])
     finally:
         sandbox.stop()
     evidence["run"] = result.evidence()
-    if result.problem is not None:
-        return SubmissionVerdict(reward=0.0, result=result, evidence=evidence,
-                                 notes=[*notes, f"not credited: {result.problem}"])
-    return SubmissionVerdict(reward=grade_resolved(result.tests, list(fail_to_pass), list(pass_to_pass)),
-                             result=result, notes=notes, evidence=evidence)
+    common = {"result": result, "evidence": evidence, "submission_patch": changes.patch}
+    read = _runner_read_changed(result, changes, record.get("dropped_paths", []))
+    if read:
+        record.update({"tampering": True, "runner_read": read})
+        return SubmissionVerdict(reward=0.0, notes=[*notes, "tampering: the test runner read files the submission "
+                                                            f"changed: {', '.join(read)}"], **common)
+    if result.tampering:
+        record["tampering"] = True
+    if result.credit_blocker is not None:
+        return SubmissionVerdict(reward=0.0, notes=[*notes, f"not credited: {result.credit_blocker}"], **common)
+    return SubmissionVerdict(reward=grade_resolved(result.tests, list(tests.fail_to_pass), list(tests.pass_to_pass)),
+                             notes=notes, **common)
+
+
+def _judge_changes(changes: TreeChanges, test_ids: list[str], tamper_policy: TamperPolicy,
+                   screen_policy: ScreenPolicy, from_tree: bool, record: dict[str, Any]) -> SubmissionVerdict | None:
+    """Apply the tamper and screen policies to git's list; fill ``record``. A verdict (reward 0, no test
+    run) when a policy rejects; None when the tests are to run (``record["dropped_paths"]`` to put back)."""
+    protected = classify_changes(changes, test_ids, TESTBED)
+    status = {c.path: c.status for c in changes.changes}
+    notes: list[str] = []
+    dropped = [p for p in protected if from_tree and status.get(p) == "A"]  # an agent's scratch files
+    judged = {p: why for p, why in protected.items() if p not in dropped}
+    if protected:
+        record["protected_paths"] = dict(protected)
+    if judged and tamper_policy == "reject":
+        record["tampering"] = True
+        paths = ", ".join(f"{p} ({why})" for p, why in judged.items())
+        return SubmissionVerdict(reward=0.0, notes=[f"tampering: the submission changes the task's own files: {paths}"])
+    dropped = sorted({*dropped, *judged})
+    if dropped:
+        record["dropped_paths"] = dropped
+        notes.append(f"dropped the submission's changes to the task's own files: {', '.join(dropped)}")
+    if screen_policy != "off":
+        findings = screen_added_lines(changes.patch, skip=protected)
+        if findings:
+            record["screen_findings"] = [f.model_dump() for f in findings[:20]]
+            shown = "; ".join(f"{f.path}: {f.kind}: {f.line.strip()[:80]!r}" for f in findings[:5])
+            if screen_policy == "reject":
+                record["tampering"] = True
+                return SubmissionVerdict(reward=0.0, notes=[*notes, f"tampering: the submission's added lines reach "
+                                                                    f"into the test run ({shown})"])
+            notes.append(f"flagged by the static screen: {shown}")
+    record["_notes"] = notes
+    return None
+
+
+def _runner_read_changed(result: VerifierResult, changes: TreeChanges, restored: list[str]) -> list[str]:
+    """Files under the repository the test runner reported reading before any test ran that the
+    submission changed and that were not put back: its configuration file, its plugins (by name and from
+    package metadata, with the metadata's folder), its conftest modules, and every module already
+    imported when the verifier's plugin was (nothing of the repository should be: such a module ran
+    before the report channel existed)."""
+    inputs = result.runner_inputs or {}
+    files: set[str] = set()
+    if isinstance(inputs.get("inipath"), str):
+        files.add(inputs["inipath"])
+    for key in ("conftests",):
+        files.update(f for f in inputs.get(key) or [] if isinstance(f, str))
+    for key in ("plugins", "modules"):
+        value = inputs.get(key) or {}
+        files.update(f for f in (value.values() if isinstance(value, dict) else value) if isinstance(f, str))
+    folders: set[str] = set()
+    for entry in inputs.get("entry_points") or []:
+        if isinstance(entry, dict):
+            files.update(v for v in (entry.get("plugin"),) if isinstance(v, str))
+            folders.update(v for v in (entry.get("dist"),) if isinstance(v, str))
+    changed = set(changes.paths) - set(restored)
+    prefix = TESTBED.rstrip("/") + "/"
+    hits = {f[len(prefix):] for f in files if f.startswith(prefix) and f[len(prefix):] in changed}
+    for folder in folders:
+        if folder.startswith(prefix):
+            rel = folder[len(prefix):].rstrip("/") + "/"
+            hits.update(p for p in changed if p.startswith(rel))
+    return sorted(hits)

@@ -1,15 +1,15 @@
-"""What of a submission reaches the verifier: the task's test infrastructure is the task's.
+"""What of a submission may reach the tests: the task's own files stay the task's, judged on git's list.
 
-A submission is a unified diff of ``/testbed`` (``git diff`` of the agent's working tree, or the
-patch an RL completion holds). Files that configure or extend the test run belong to the task, not
-to the submission: a change to one of them could make failing tests pass without fixing anything.
-:func:`screen_submission` splits the diff into its per-file parts, finds the *protected* paths it
-touches (:func:`protected_reason`, both sides of a rename or copy), and applies a named policy:
+A submission changes ``/testbed``; what it changed is what git saw change in the sandbox
+(:mod:`forgeflow.sandbox.changes`), never a parse of the submission's text. Each changed path is
+classified (:func:`classify_changes`): files that configure, extend or replace the test run belong to
+the task, not to the submission, since a change to one of them could make failing tests pass without
+fixing anything. A named policy then acts on the *protected* paths found:
 
-* ``reject`` (default): the submission is recorded as **tampering**: reward 0, the protected paths
-  named, the tests not even run;
-* ``drop``: the parts that touch protected paths are removed and the rest is graded (the task's
-  files stay exactly as the image has them); the dropped paths are recorded.
+* ``reject`` (default): the submission is **tampering**: reward 0, the protected paths named, the
+  tests not even run;
+* ``drop``: those paths are put back as the pristine image has them (content, mode and type; a path
+  the image lacks is removed) and the rest is graded; the dropped paths are recorded.
 
 Protected, anywhere in the repository (:data:`PROTECTED_NAMES`, :data:`TEST_DIR_NAMES`):
 
@@ -17,17 +17,29 @@ Protected, anywhere in the repository (:data:`PROTECTED_NAMES`, :data:`TEST_DIR_
   ``tests.py``, and everything under a directory named ``test``, ``tests`` or ``testing``;
 * pytest configuration and plugins: every ``conftest.py``, ``pytest.ini``, ``.pytest.ini``,
   ``tox.ini``, ``setup.cfg``, ``pyproject.toml`` (the whole file: it can hold
-  ``[tool.pytest.ini_options]``), ``noxfile.py``, and packaging metadata that registers plugins
-  (``entry_points.txt``, anything under ``*.egg-info`` / ``*.dist-info``);
+  ``[tool.pytest.ini_options]``), ``noxfile.py``, ``.coveragerc``, pytest's cache folder
+  ``.pytest_cache/``, and packaging metadata that registers plugins (``entry_points.txt``, anything
+  under ``*.egg-info`` / ``*.dist-info``: importlib.metadata reads them from every ``sys.path`` entry);
 * interpreter start-up hooks: ``sitecustomize.py``, ``usercustomize.py`` and every ``*.pth``;
-* a *new* top-level module (in the repository root or under ``src/``) named like a module of the
-  test runner (``pytest``, ``_pytest``, ``py``, ``pluggy``, ``iniconfig``) or of the standard
-  library (``sys.stdlib_module_names``): the repository is on ``sys.path`` ahead of them, so such a
-  file would replace the runner or a module it imports (:func:`shadowed_module`). A file of that name
-  the pristine repository already has may be edited.
+* compiled code the importer or pytest could load instead of a source file: anything under
+  ``__pycache__/``, ``*.pyc`` / ``*.pyo`` (a sourceless ``.pyc`` is importable), compiled extension
+  modules (``*.so``, ``*.pyd``: they win over a ``.py`` of the same name);
+* symbolic links (a link makes the runner read whatever it points to);
+* a *new* top-level module or package, in a ``sys.path`` entry inside the repository, whose name the
+  task's interpreter can also import from outside it: the standard library, built-ins, pytest and its
+  dependencies, and every installed distribution (measured in the pristine sandbox,
+  :class:`~forgeflow.sandbox.changes.RunnerProbe`): the repository comes first on ``sys.path``, so such a
+  file would replace the runner, a module it imports, or a library the tests check results with
+  (:func:`shadowed_module`). A module of that name the pristine repository already has may be edited.
 
-The verifier also runs with user site-packages disabled (``PYTHONNOUSERSITE``, see
-:data:`forgeflow.sandbox.verifier.VERIFIER_ENV`), in a fresh container of the pristine task image.
+**Static screen** (:func:`screen_added_lines`): the lines the submission *added* (read from git's own
+patch of the two snapshots) are searched for the test framework's internals, process-exit hooks,
+introspection of the running interpreter and the runner's descriptors (:data:`SCREEN_PATTERNS`): code
+under test that reaches those can rewrite outcomes inside the test process, which no report channel
+prevents. Policy (:data:`SCREEN_POLICIES`): ``reject`` (default: tampering, reward 0, the lines named),
+``flag`` (recorded, graded as usual: for a repository that *is* a test framework), ``off``. An
+obfuscated reference passes the screen: it raises the cost of the attack, the verifier's tripwire
+tests catch a blanket one (:mod:`forgeflow.sandbox.verifier`).
 """
 
 from __future__ import annotations
@@ -40,194 +52,81 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from forgeflow.common.errors import InputError
+from forgeflow.sandbox.changes import RunnerProbe, TreeChanges
 
 __all__ = [
     "TamperPolicy",
     "TAMPER_POLICIES",
-    "FileDiff",
-    "ScreenedSubmission",
-    "split_diff",
+    "ScreenPolicy",
+    "SCREEN_POLICIES",
+    "SCREEN_PATTERNS",
+    "ScreenFinding",
+    "classify_changes",
     "protected_reason",
-    "screen_submission",
+    "screen_added_lines",
     "shadowed_module",
     "test_files",
 ]
 
 TamperPolicy = Literal["reject", "drop"]
-"""``reject``: a submission that touches a protected path is tampering (reward 0); ``drop``: those
-parts are removed and the rest is graded."""
+"""``reject``: a submission that changes a protected path is tampering (reward 0); ``drop``: those
+paths are put back as the pristine image has them and the rest is graded."""
 
 TAMPER_POLICIES: tuple[str, ...] = TamperPolicy.__args__
 
+ScreenPolicy = Literal["reject", "flag", "off"]
+"""What a static-screen finding does: ``reject`` (tampering, reward 0), ``flag`` (recorded only),
+``off`` (the screen does not run)."""
+
+SCREEN_POLICIES: tuple[str, ...] = ScreenPolicy.__args__
+
 PROTECTED_NAMES = frozenset({
     "conftest.py", "pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", "noxfile.py",
-    "sitecustomize.py", "usercustomize.py", "entry_points.txt", "tests.py",
+    "sitecustomize.py", "usercustomize.py", "entry_points.txt", "tests.py", ".coveragerc",
 })
 """File names protected wherever they are (test configuration, plugins, start-up hooks)."""
 
 TEST_DIR_NAMES = frozenset({"test", "tests", "testing"})
 """Directory names whose whole content is test infrastructure."""
 
-RUNNER_MODULES = frozenset({"pytest", "_pytest", "py", "pluggy", "iniconfig", "forgeflow_pytest_report"})
+RUNNER_MODULES = frozenset({"pytest", "_pytest", "py", "pluggy", "iniconfig", "packaging", "exceptiongroup",
+                            "tomli", "forgeflow_pytest_report"})
 """Modules the test run imports besides the standard library (pytest and its dependencies, the
-verifier's report plugin)."""
+verifier's report plugin): shadowing them is refused even where the probe did not run."""
 
-_MODULE_SUFFIXES = (".py", ".pyc", ".pyw", ".so", ".pyd")
+_MODULE_SUFFIXES = (".py", ".pyc", ".pyo", ".pyw", ".so", ".pyd")
+_COMPILED_SUFFIXES = (".pyc", ".pyo", ".so", ".pyd")
 _TEST_FILE = re.compile(r"^(test_.*|.*_test)\.py$")
-_PATH_HEADERS = (("rename from ", "old"), ("copy from ", "old"), ("rename to ", "new"), ("copy to ", "new"))
-_DIFF_HEADER = re.compile(r"^diff --git ", re.MULTILINE)
-_C_ESCAPES = {"n": "\n", "t": "\t", '"': '"', "\\": "\\", "a": "\a", "b": "\b", "f": "\f", "r": "\r", "v": "\v"}
+
+SCREEN_PATTERNS: dict[str, str] = {
+    "test framework internals": r"\b_pytest\b|\bpluggy\b|\bpytest_[a-z_]+\b|hookimpl|hookwrapper|pluginmanager"
+                                r"|forgeflow|FORGEFLOW",
+    "process exit hooks": r"\bos\._exit\b|\bos\.(?:kill|killpg|abort)\b|\bsignal\.(?:signal|SIG[A-Z]+)\b|\batexit\b"
+                          r"|\bfaulthandler\b",
+    "interpreter introspection": r"\bgc\.get_(?:objects|referrers|referents)\b|\bsys\._getframe\b"
+                                 r"|\bsys\.(?:settrace|setprofile|modules)\b|\binspect\.(?:stack|currentframe)\b"
+                                 r"|\bctypes\b",
+    "the runner's descriptors": r"/proc/|/dev/fd|\bos\.dup2?\b",
+}
+"""What the static screen looks for in added lines, by what it reaches (regular expressions)."""
+
+_SCREEN = {kind: re.compile(pattern) for kind, pattern in SCREEN_PATTERNS.items()}
 
 
-class FileDiff(BaseModel):
-    """One file's part of a ``git diff``.
+class ScreenFinding(BaseModel):
+    """One added line the static screen matched.
 
     Attributes:
-        old_path: path before (None for a new file), relative to the repository root.
-        new_path: path after (None for a deleted file).
-        text: the part's text, from its ``diff --git`` line to the next one.
+        path: the file (repository-relative).
+        kind: what it reaches (a key of :data:`SCREEN_PATTERNS`).
+        line: the added line (at most 200 characters).
     """
 
     model_config = ConfigDict(frozen=True)
 
-    old_path: str | None
-    new_path: str | None
-    text: str
-
-    @property
-    def paths(self) -> list[str]:
-        """Every path the part touches (both sides of a rename or copy), without duplicates."""
-        return sorted({p for p in (self.old_path, self.new_path) if p is not None})
-
-
-class ScreenedSubmission(BaseModel):
-    """A submission after :func:`screen_submission`.
-
-    Attributes:
-        policy: the policy applied.
-        diff: what the verifier applies (the whole diff when clean; without the protected parts
-            under ``drop``; empty under ``reject`` when tampering was found).
-        protected_paths: protected paths the submission touched, each with why it is protected
-            (``{path: reason}``), sorted by path; empty when clean.
-        tampering: True when ``policy == "reject"`` and a protected path was touched: reward 0.
-        dropped_paths: paths whose parts were removed (``drop``).
-    """
-
-    model_config = ConfigDict(frozen=True)
-
-    policy: TamperPolicy
-    diff: str
-    protected_paths: dict[str, str] = Field(default_factory=dict)
-    tampering: bool = False
-    dropped_paths: list[str] = Field(default_factory=list)
-
-    def evidence(self) -> dict[str, object]:
-        """The record a trial keeps: policy, and the protected paths when there were any."""
-        out: dict[str, object] = {"policy": self.policy}
-        if self.protected_paths:
-            out["protected_paths"] = dict(self.protected_paths)
-            out["tampering"] = self.tampering
-            out["dropped_paths"] = list(self.dropped_paths)
-        return out
-
-
-def _unquote(token: str) -> str:
-    """A git path token: C-quoted (``"a/caf\\303\\251.py"``) or plain; trailing TAB removed."""
-    token = token.rstrip("\n").rstrip("\t")
-    if not (token.startswith('"') and token.endswith('"') and len(token) >= 2):
-        return token
-    body, out, i = token[1:-1], bytearray(), 0
-    while i < len(body):
-        ch = body[i]
-        if ch == "\\" and i + 1 < len(body):
-            nxt = body[i + 1]
-            if re.fullmatch(r"[0-7]{3}", body[i + 1:i + 4]):
-                out.append(int(body[i + 1:i + 4], 8))
-                i += 4
-                continue
-            out.extend(_C_ESCAPES.get(nxt, nxt).encode())
-            i += 2
-            continue
-        out.extend(ch.encode())
-        i += 1
-    return out.decode("utf-8", errors="replace")
-
-
-def _strip_prefix(path: str) -> str | None:
-    if path == "/dev/null":
-        return None
-    return path[2:] if path[:2] in ("a/", "b/") else path
-
-
-def _header_paths(first_line: str) -> tuple[str | None, str | None]:
-    """Paths from ``diff --git a/X b/Y`` (for parts without ---/+++ lines: mode changes, binaries)."""
-    rest = first_line[len("diff --git "):].rstrip("\n")
-    if rest.startswith('"'):
-        match = re.match(r'^("(?:[^"\\]|\\.)*")\s+(.*)$', rest)
-        if match:
-            return _strip_prefix(_unquote(match.group(1))), _strip_prefix(_unquote(match.group(2)))
-    # unquoted: "a/X b/X" with the same X on both sides unless renamed (then rename lines tell)
-    half = (len(rest) - 1) // 2
-    if rest[half] == " " and rest[:half][2:] == rest[half + 1:][2:]:
-        return _strip_prefix(rest[:half]), _strip_prefix(rest[half + 1:])
-    parts = rest.split(" b/", 1)
-    return _strip_prefix(parts[0]), (parts[1] if len(parts) == 2 else None)
-
-
-def split_diff(diff: str) -> list[FileDiff]:
-    """Split a ``git diff`` into its per-file parts, with the paths each part touches.
-
-    Paths come from ``rename from``/``rename to``, ``copy from``/``copy to``, ``---``/``+++`` lines
-    (C-quoted paths unquoted), else the ``diff --git`` line; ``/dev/null`` sides are None.
-
-    Args:
-        diff: a unified diff in git's format (``git diff``; plain ``---``/``+++`` diffs without
-            ``diff --git`` lines are taken as one part).
-
-    Returns:
-        The parts in order; empty for an empty diff.
-
-    Raises:
-        InputError: ``diff`` is not a string, or a part names no path.
-    """
-    if not isinstance(diff, str):
-        raise InputError(f"submission diff must be a string, got {type(diff).__name__}")
-    if not diff.strip():
-        return []
-    starts = [m.start() for m in _DIFF_HEADER.finditer(diff)]
-    if not starts or diff[:starts[0]].strip():
-        starts = [0, *starts] if starts else [0]
-    chunks = [diff[a:b] for a, b in zip(starts, [*starts[1:], len(diff)])]
-    parts = []
-    for chunk in chunks:
-        lines = chunk.splitlines(keepends=True)
-        old = new = None
-        seen_old = seen_new = False
-        for line in lines:
-            if line.startswith("@@"):
-                break
-            for key, setter in _PATH_HEADERS:
-                if line.startswith(key):
-                    value = _unquote(line[len(key):])
-                    if setter == "old":
-                        old, seen_old = value, True
-                    else:
-                        new, seen_new = value, True
-            if line.startswith("--- ") and not seen_old:
-                old, seen_old = _strip_prefix(_unquote(line[4:])), True
-            elif line.startswith("+++ ") and not seen_new:
-                new, seen_new = _strip_prefix(_unquote(line[4:])), True
-        if lines and lines[0].startswith("diff --git ") and not (seen_old and seen_new):
-            head_old, head_new = _header_paths(lines[0])
-            is_new = any(line.startswith("new file mode") for line in lines)
-            is_deleted = any(line.startswith("deleted file mode") for line in lines)
-            old = old if seen_old else (None if is_new else head_old)
-            new = new if seen_new else (None if is_deleted else head_new)
-        if old is None and new is None:
-            raise InputError(f"submission diff has a part that names no file: {chunk[:200]!r}")
-        parts.append(FileDiff(old_path=old, new_path=new, text=chunk))
-    return parts
+    path: str
+    kind: str
+    line: str = Field(max_length=200)
 
 
 def test_files(test_ids: Iterable[str]) -> set[str]:
@@ -261,65 +160,122 @@ def protected_reason(path: str, task_test_files: Iterable[str] = ()) -> str | No
             return f"test directory {part}/"
         if part.endswith((".egg-info", ".dist-info")):
             return "packaging metadata (plugin entry points)"
+        if part == "__pycache__":
+            return "bytecode cache (__pycache__/)"
+        if part == ".pytest_cache":
+            return "pytest's cache (.pytest_cache/)"
+    if name.endswith((".egg-info", ".dist-info")):
+        return "packaging metadata (plugin entry points)"
+    if name.endswith(_COMPILED_SUFFIXES):
+        return "compiled module (loaded instead of, or without, a source file)"
     if _TEST_FILE.match(name):
         return "test file"
     return None
 
 
-def shadowed_module(path: str) -> str | None:
-    """The module of the test runner or standard library that a top-level ``path`` would shadow.
+def shadowed_module(path: str, probe: RunnerProbe | None = None, repo: str = "/testbed") -> str | None:
+    """The module outside the repository that a *new* ``path`` would shadow, or None.
 
-    Top-level means in the repository root or directly under ``src/`` (where the repository puts
-    itself on ``sys.path``): ``json.py``, ``src/inspect/__init__.py``, ``pytest.py``. Returns None for
-    anything else (``pkg/json.py`` is ``pkg.json``, shadowing nothing).
-    """
-    parts = PurePosixPath(path).parts
-    if len(parts) > 1 and parts[0] == "src":
-        parts = parts[1:]
-    if not parts:
-        return None
-    if len(parts) == 1:
-        if not parts[0].endswith(_MODULE_SUFFIXES):
-            return None
-        name = parts[0].split(".", 1)[0]
-    else:
-        name = parts[0]
-    return name if name in RUNNER_MODULES or name in sys.stdlib_module_names else None
-
-
-def screen_submission(diff: str, test_ids: Iterable[str], policy: TamperPolicy = "reject") -> ScreenedSubmission:
-    """Find the protected paths a submission touches and apply ``policy``.
+    ``path`` becomes a top-level module or package when it lies directly in a ``sys.path`` entry inside
+    the repository (``probe.repo_entries``: the repository root when the tests run from it, ``src/``
+    when the image puts it on ``PYTHONPATH``, ...): ``json.py``, ``src/inspect/__init__.py``, ``six.py``.
+    It shadows when the interpreter can also import that name from outside the repository
+    (``probe.names``: standard library, built-ins, site-packages) or it is one of the test runner's own
+    modules (:data:`RUNNER_MODULES`). Without a probe: the repository root and ``src/`` against the
+    standard library and the runner's modules.
 
     Args:
-        diff: the submission (``git diff`` text; may be empty).
-        test_ids: the task's FAIL_TO_PASS and PASS_TO_PASS test ids (their files are protected).
-        policy: ``reject`` or ``drop`` (see the module docstring).
+        path: a repository-relative POSIX path of an added file.
+        probe: the interpreter's measured import paths (:class:`~forgeflow.sandbox.changes.RunnerProbe`).
+        repo: the repository's absolute path in the sandbox.
 
     Returns:
-        The :class:`ScreenedSubmission`.
-
-    Raises:
-        InputError: an unknown policy (the valid ones are listed) or a malformed diff.
+        The shadowed module's name, or None.
     """
-    if policy not in TAMPER_POLICIES:
-        raise InputError(f"unknown tamper policy {policy!r}; valid: {', '.join(TAMPER_POLICIES)}")
+    entries = list(probe.repo_entries) if probe is not None and probe.repo_entries else [repo, f"{repo}/src"]
+    names = set(RUNNER_MODULES) | (set(probe.names) if probe is not None and probe.names
+                                   else set(sys.stdlib_module_names) | set(sys.builtin_module_names))
+    absolute = PurePosixPath(repo) / path
+    for entry in entries:
+        try:
+            parts = absolute.relative_to(PurePosixPath(entry)).parts
+        except ValueError:
+            continue
+        if not parts:
+            continue
+        if len(parts) == 1:
+            if not parts[0].endswith(_MODULE_SUFFIXES):
+                continue
+            name = parts[0].split(".", 1)[0]
+        else:
+            name = parts[0]
+        if name in names:
+            return name
+    return None
+
+
+def classify_changes(changes: TreeChanges, test_ids: Iterable[str], repo: str = "/testbed") -> dict[str, str]:
+    """The protected paths among what git saw the submission change, each with why, sorted by path.
+
+    Args:
+        changes: git's list of changed paths and the interpreter's probe (:class:`TreeChanges`).
+        test_ids: the task's FAIL_TO_PASS and PASS_TO_PASS ids (their files are protected).
+        repo: the repository's absolute path in the sandbox.
+
+    Returns:
+        ``{path: reason}`` for every changed path that is the task's (see the module docstring).
+    """
     files = test_files(test_ids)
-    parts = split_diff(diff)
-    protected: dict[str, str] = {}
-    kept: list[FileDiff] = []
-    for part in parts:
-        reasons = {p: r for p in part.paths if (r := protected_reason(p, files)) is not None}
-        if part.new_path is not None and part.new_path != part.old_path:  # a new file (or a rename onto one)
-            module = shadowed_module(part.new_path)
+    out: dict[str, str] = {}
+    for change in changes.changes:
+        reason = protected_reason(change.path, files)
+        if reason is None and change.is_symlink:
+            reason = "symbolic link (the runner would read whatever it points to)"
+        if reason is None and change.status == "A":
+            module = shadowed_module(change.path, changes.probe, repo)
             if module is not None:
-                reasons[part.new_path] = f"new module shadowing {module!r} (test runner or standard library)"
-        protected.update(reasons)
-        if not reasons:
-            kept.append(part)
-    protected = dict(sorted(protected.items()))
-    if not protected:
-        return ScreenedSubmission(policy=policy, diff=diff)
-    if policy == "reject":
-        return ScreenedSubmission(policy=policy, diff="", protected_paths=protected, tampering=True)
-    return ScreenedSubmission(policy=policy, diff="".join(p.text for p in kept), protected_paths=protected,
-                              dropped_paths=sorted(protected))
+                reason = (f"new module shadowing {module!r} (importable from outside the repository: the "
+                          "standard library, the test runner or an installed package)")
+        if reason is not None:
+            out[change.path] = reason
+    return dict(sorted(out.items()))
+
+
+def screen_added_lines(patch: str, skip: Iterable[str] = ()) -> list[ScreenFinding]:
+    """Search the lines a submission added for what :data:`SCREEN_PATTERNS` names.
+
+    Args:
+        patch: git's own patch of the pristine and the submitted snapshots
+            (:attr:`TreeChanges.patch <forgeflow.sandbox.changes.TreeChanges.patch>`), read with
+            ``unidiff``; binary parts carry no lines and are not searched.
+        skip: paths not to search (protected paths the policy already handles).
+
+    Returns:
+        The findings, in patch order (at most one per added line).
+    """
+    from unidiff import PatchSet
+    from unidiff.errors import UnidiffParseError
+
+    if not patch.strip():
+        return []
+    try:
+        parsed = PatchSet(patch)
+    except UnidiffParseError as exc:  # git's own output: a parse failure is a finding, never a pass
+        return [ScreenFinding(path="", kind="unreadable patch", line=str(exc)[:200])]
+    skipped = set(skip)
+    out: list[ScreenFinding] = []
+    for pfile in parsed:
+        path = pfile.path
+        if path in skipped:
+            continue
+        for hunk in pfile:
+            for line in hunk:
+                if not line.is_added:
+                    continue
+                for kind, pattern in _SCREEN.items():
+                    if pattern.search(line.value):
+                        out.append(ScreenFinding(path=path, kind=kind, line=line.value.rstrip("\n")[:200]))
+                        break
+    return out
+
+

@@ -17,10 +17,20 @@ the trial's ``exception_type`` (the class name) and ``exception_message`` naming
 environment, structured report, exit-status cross-check).
 
 Validation you can repeat: the Oracle run is repeated (``oracle_runs``, default 2) for every task
-that would be accepted — a rejected task pays no repeat, the NOP runs once — and a task whose
-Oracle runs disagree is flagged flaky with the disagreeing tests (:data:`FLAKY_POLICIES`: not
-accepted, or its flaky PASS_TO_PASS tests dropped). Each trial is handed to ``on_trial`` the moment
-it ends, so a caller records it before the next one starts.
+that would be accepted — a rejected task pays no repeat, the NOP runs once — and the second Oracle
+run also runs every FAIL_TO_PASS test and a sample of PASS_TO_PASS tests several times in its one
+pytest process (:mod:`forgeflow.sandbox.flaky_gold`); a task whose runs disagree is flagged flaky with
+the disagreeing tests (:data:`FLAKY_POLICIES`: not accepted, or its flaky PASS_TO_PASS tests
+dropped). The report carries the repeats' cost (``repeat_s``) and the task's known tests (every id
+its pristine runs collected). Each trial is handed to ``on_trial`` the moment it ends (a NOP run that
+hung or exhausted memory waits for the Oracle run, which decides what it was), so a caller records
+it before the next one starts.
+
+A NOP run that hangs (VerifierTimeoutError), is OOM-killed (SandboxOOMError) or hits the process limit
+(SandboxPidsLimitError) while the Oracle run completes is the task's own outcome: the candidate is
+rejected for it (the reason names it: such a task would cost the limit on every later use) and the
+NOP trial is recorded with reward 0 and the error as evidence. If the Oracle run fails too, both stay
+infrastructure exceptions.
 """
 
 from __future__ import annotations
@@ -31,7 +41,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -41,6 +51,18 @@ from forgeflow.common.names import sanitize_name
 from forgeflow.ledger.tables import TrialKind
 from forgeflow.sandbox.backends import SandboxTarget, get_backend
 from forgeflow.sandbox.base import OneShotSandbox, Sandbox, SandboxSpec
+from forgeflow.sandbox.flaky_gold import (
+    DEFAULT_FLAKY_REPEAT_RUNS,
+    DEFAULT_FLAKY_SAMPLE_PASS_TO_PASS,
+    DEFAULT_ORACLE_RUNS,
+    FLAKY_POLICIES,
+    FlakyPolicy,
+    ValidationChecks,
+    disagreeing_tests,
+    judge_repeats,
+    repeat_plan,
+    with_repetitions,
+)
 from forgeflow.sandbox.grading import (
     ValidationReport,
     failed,
@@ -52,6 +74,7 @@ from forgeflow.sandbox.verifier import (
     LOG_PARSERS,
     LOG_TAIL_CHARS,
     TESTBED,
+    RepeatPlan,
     SetupError,
     VerifierResult,
     run_tests,
@@ -66,6 +89,11 @@ __all__ = [
     "FLAKY_POLICIES",
     "ValidationChecks",
     "ValidationSettings",
+    "DEFAULT_ORACLE_RUNS",
+    "DEFAULT_FLAKY_REPEAT_RUNS",
+    "DEFAULT_FLAKY_SAMPLE_PASS_TO_PASS",
+    "disagreeing_tests",
+    "judge_repeats",
     "TESTBED",
     "LOG_TAIL_CHARS",
     "sanitize_name",
@@ -74,36 +102,6 @@ __all__ = [
     "verify",
     "validate_candidate",
 ]
-
-FlakyPolicy = Literal["reject", "drop_flaky_pass_to_pass"]
-"""What a disagreement between Oracle runs does: ``reject`` — the task is not accepted (reason
-``flaky: ...``, the tests named); ``drop_flaky_pass_to_pass`` — PASS_TO_PASS tests that disagree
-are dropped and the task accepted, unless a FAIL_TO_PASS test disagrees (then rejected as flaky)."""
-
-FLAKY_POLICIES: tuple[str, ...] = FlakyPolicy.__args__
-
-DEFAULT_ORACLE_RUNS = 2
-"""Oracle runs of a task that would be accepted (the first and one repeat)."""
-
-
-class ValidationChecks(BaseModel):
-    """How much evidence a validation gathers before it accepts a task.
-
-    Attributes:
-        oracle_runs: Oracle runs of a task the first Oracle run would accept (>= 1; 2 by default:
-            a task whose runs disagree is flaky). A rejected task pays no repeat; the NOP runs once.
-        flaky_policy: ``reject`` (a flaky task is not accepted) or ``drop_flaky_pass_to_pass``
-            (its disagreeing PASS_TO_PASS tests are dropped; a disagreeing FAIL_TO_PASS still rejects).
-        log_parser: None: pytest, read from forgeflow's structured report; else the SWE-bench log
-            parser (by function name, e.g. ``parse_log_django``) for a runner without one.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    oracle_runs: int = Field(default=DEFAULT_ORACLE_RUNS, ge=1, le=20)
-    flaky_policy: FlakyPolicy = "reject"
-    log_parser: str | None = None
-
 
 class ValidationSettings(BaseModel):
     """How each NOP/Oracle validation of a stage runs: the verifier's limit, the sandbox memory and
@@ -156,6 +154,7 @@ class TrialResult(BaseModel):
             status, output digests, a ``problem`` with the report), and for a submission its
             screening (``submission``: policy, protected paths touched, ``tampering``); None
             when no verifier ran.
+        submission: an agent trial's submission as graded (``forgeflow rescore`` re-verifies it); else None.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -177,6 +176,7 @@ class TrialResult(BaseModel):
     output_tokens: int | None = Field(default=None, ge=0)
     supervision: dict[str, Any] | None = None
     verifier: dict[str, Any] | None = None
+    submission: str | None = None
 
     def costs(self) -> dict[str, float]:
         """``{"input_tokens", "agent_steps", "wall_s"}`` where recorded (for
@@ -217,7 +217,8 @@ class ValidationOutcome(BaseModel):
 
     Attributes:
         nop: the NOP trial (always run).
-        oracle: the first Oracle trial; None when the NOP had an infra error or no test failed with the bug.
+        oracle: the first Oracle trial; None when the NOP had an infra error or no test failed with the bug
+            (a NOP that hung or exhausted memory or processes is followed by an Oracle trial).
         oracle_repeats: the repeated Oracle trials (run only for a task the first Oracle would accept).
         report: the verdict; None when a trial had an infra error (no verdict: retry, do not reject).
     """
@@ -254,7 +255,7 @@ def container_name(instance_id: str, kind: TrialKind, trial_id: str) -> str:
 
 
 def verify(sandbox: Sandbox, test_command: str, timeout_s: float, *, log_parser: str | None = None,
-           setup: str | None = None, one_shot: bool = False) -> VerifierResult:
+           setup: str | None = None, one_shot: bool = False, repeat: RepeatPlan | None = None) -> VerifierResult:
     """Run the tests of pristine test infrastructure (a NOP or Oracle run) and return the result.
 
     :func:`forgeflow.sandbox.verifier.run_tests`, with a report that cannot be trusted raised: on pristine
@@ -262,7 +263,8 @@ def verify(sandbox: Sandbox, test_command: str, timeout_s: float, *, log_parser:
     verifier broke, which is never a verdict on the task.
 
     ``setup`` runs before the tests in the same exec (:func:`forgeflow.sandbox.verifier.run_tests`);
-    with ``one_shot`` the whole run is the container's own process (``sandbox`` not started).
+    with ``one_shot`` the whole run is the container's own process (``sandbox`` not started);
+    ``repeat`` repeats some tests in the run (flaky-gold detection).
 
     Raises:
         InputError: ``timeout_s`` <= 0, an empty command, an unknown log parser.
@@ -271,7 +273,8 @@ def verify(sandbox: Sandbox, test_command: str, timeout_s: float, *, log_parser:
         VerifierOutputError: the command could not run, or ``problem`` (the message names the
             evidence and ends with the log's tail).
     """
-    result = run_tests(sandbox, test_command, timeout_s, log_parser=log_parser, setup=setup, one_shot=one_shot)
+    result = run_tests(sandbox, test_command, timeout_s, log_parser=log_parser, setup=setup, one_shot=one_shot,
+                       repeat=repeat)
     if result.problem is not None:
         raise errors.VerifierOutputError(
             f"verifier report not trusted: {result.problem} (evidence: exit {result.exit_code}, report exit "
@@ -303,7 +306,7 @@ class _Tests:
 
 def _run_trial(instance_id: str, kind: TrialKind, tests: _Tests, run_key: str,
                revert: "BugTask | None" = None,
-               removals: list[Callable[[], None]] | None = None) -> _Run:
+               removals: list[Callable[[], None]] | None = None, repeat: RepeatPlan | None = None) -> _Run:
     """Start a fresh sandbox, run the verifier (after reverting ``revert``'s bug patch, in the same
     exec: :func:`_revert_setup`); catch what a trial records.
 
@@ -333,7 +336,7 @@ def _run_trial(instance_id: str, kind: TrialKind, tests: _Tests, run_key: str,
             try:
                 result = verify(sandbox, tests.command, tests.timeout_s, log_parser=tests.log_parser,
                                 setup=_revert_setup(revert, sandbox) if revert is not None else None,
-                                one_shot=one_shot)
+                                one_shot=one_shot, repeat=repeat)
             except SetupError as exc:  # only a revert is a setup
                 assert revert is not None
                 raise _revert_error(revert, exc) from exc
@@ -356,17 +359,28 @@ def _run_trial(instance_id: str, kind: TrialKind, tests: _Tests, run_key: str,
 
 
 def _record(instance_id: str, kind: TrialKind, run: _Run, reward: float | None) -> TrialResult:
-    if run.error is not None:
+    """The trial record of ``run``: its reward and evidence, or its exception. A run that ended in an
+    error but is scored (``reward`` given: the task's own NOP hang or OOM) keeps the error as evidence."""
+    if run.error is not None and reward is None:
         return TrialResult(
             trial_id=run.trial_id, instance_id=instance_id, kind=kind, reward=None,
             exception_type=type(run.error).__name__, exception_message=str(run.error) or repr(run.error),
             started_at=run.started_at, env_setup_s=run.env_setup_s,
         )
+    if run.error is not None:
+        return TrialResult(
+            trial_id=run.trial_id, instance_id=instance_id, kind=kind, reward=reward, started_at=run.started_at,
+            env_setup_s=run.env_setup_s, verifier={"outcome": {
+                "error_type": type(run.error).__name__, "error_message": str(run.error) or repr(run.error)}})
     assert run.result is not None
+    evidence: dict[str, Any] = {"run": run.result.evidence()}
+    if run.result.repeat_s is not None:
+        evidence["repeat"] = {"repeat_s": run.result.repeat_s, "runs": len(run.result.repeat_runs),
+                              "tests": len(run.result.repeat_runs[-1]) if run.result.repeat_runs else 0}
     return TrialResult(
         trial_id=run.trial_id, instance_id=instance_id, kind=kind, reward=reward,
         started_at=run.started_at, env_setup_s=run.env_setup_s, verifier_s=run.result.duration_s,
-        tests=run.result.tests, log_tail=run.result.log_tail, verifier={"run": run.result.evidence()},
+        tests=run.result.tests, log_tail=run.result.log_tail, verifier=evidence,
     )
 
 
@@ -432,57 +446,6 @@ class BugTask(Protocol):
     def patch(self) -> str: ...
 
 
-def disagreeing_tests(runs: list[dict[str, str]], relevant: set[str]) -> list[str]:
-    """Tests whose status is not the same in every run (a missing test counts as ``MISSING``).
-
-    Args:
-        runs: status maps of repeated runs of the same tree.
-        relevant: tests that always matter (FAIL_TO_PASS and PASS_TO_PASS); any other test
-            matters only when it failed in some run (a clean tree must pass).
-
-    Returns:
-        The disagreeing tests, sorted.
-    """
-    ids = set().union(*runs) if runs else set()
-    out = []
-    for test in ids:
-        statuses = [run.get(test, "MISSING") for run in runs]
-        if len(set(statuses)) > 1 and (test in relevant or any(failed(s) for s in statuses)):
-            out.append(test)
-    return sorted(out)
-
-
-def judge_repeats(first: ValidationReport, runs: list[dict[str, str]], policy: FlakyPolicy) -> ValidationReport:
-    """The verdict on a task the first Oracle run accepted, given every Oracle run's status map.
-
-    Args:
-        first: the report of the NOP run against the first Oracle run (accepted).
-        runs: the status maps of every Oracle run, the first included.
-        policy: one of :data:`FLAKY_POLICIES`.
-
-    Returns:
-        ``first`` with ``oracle_runs`` set when every run agrees; otherwise a report with the
-        disagreeing tests in ``flaky_tests``: rejected (``reject``, or a FAIL_TO_PASS test
-        disagrees) or accepted with those PASS_TO_PASS tests dropped (``drop_flaky_pass_to_pass``).
-    """
-    flaky = disagreeing_tests(runs, set(first.FAIL_TO_PASS) | set(first.PASS_TO_PASS))
-    base = first.model_copy(update={"oracle_runs": len(runs)})
-    if not flaky:
-        return base
-    shown = ", ".join(repr(t) for t in flaky[:5]) + (f" and {len(flaky) - 5} more" if len(flaky) > 5 else "")
-    flaky_f2p = [t for t in flaky if t in first.FAIL_TO_PASS]
-    if policy == "drop_flaky_pass_to_pass" and not flaky_f2p:
-        kept = [t for t in first.PASS_TO_PASS if t not in set(flaky)]
-        return base.model_copy(update={
-            "PASS_TO_PASS": kept, "flaky_tests": flaky,
-            "reason": f"accepted: {len(first.FAIL_TO_PASS)} FAIL_TO_PASS, {len(kept)} PASS_TO_PASS after dropping "
-                      f"{len(flaky)} flaky test(s) that disagree across {len(runs)} Oracle runs: {shown}"})
-    what = f"{len(flaky_f2p)} FAIL_TO_PASS" if flaky_f2p else f"{len(flaky)}"
-    return base.model_copy(update={
-        "accepted": False, "flaky_tests": flaky,
-        "reason": f"flaky: {what} test(s) disagree across {len(runs)} Oracle runs: {shown}"})
-
-
 def validate_candidate(
     candidate: BugTask,
     image_ref: str,
@@ -503,8 +466,12 @@ def validate_candidate(
     2. Oracle: write the bug patch into a fresh sandbox, ``git apply -R`` it, run the tests;
        :func:`~forgeflow.sandbox.grading.grade_validation` gives the report.
     3. Only when that report accepts: ``oracle_runs - 1`` more Oracle runs, each in a fresh
-       sandbox, and :func:`judge_repeats` flags disagreement by ``flaky_policy``. An infra error
-       in a repeat leaves no verdict (``report=None``), as in step 1.
+       sandbox, the first of them repeating the FAIL_TO_PASS and sampled PASS_TO_PASS tests
+       (``checks.flaky_repeat_runs``), and :func:`judge_repeats` flags disagreement by
+       ``flaky_policy``. An infra error in a repeat leaves no verdict (``report=None``), as in step 1.
+
+    A NOP run that hangs or exhausts memory or processes is followed by the Oracle run: the
+    candidate is rejected for it when the Oracle completes (see the module's docstring).
 
     Rewards follow the module's convention (a valid task: nop 0.0, every oracle 1.0).
 
@@ -546,11 +513,47 @@ def validate_candidate(
             wait()
 
 
+_TASK_OUTCOME_ERRORS: tuple[type[errors.SandboxError], ...] = (
+    errors.VerifierTimeoutError, errors.SandboxOOMError, errors.SandboxPidsLimitError)
+"""A NOP run that ends in one of these while the Oracle run completes is the task's own outcome (the bug
+hangs or exhausts memory or processes), not the infrastructure's: the candidate is rejected for it."""
+
+_NOP_BROKE = {"VerifierTimeoutError": "hung past the verifier's limit", "SandboxOOMError": "ran out of memory",
+              "SandboxPidsLimitError": "hit the sandbox's process limit"}
+
+_Ended = Callable[[TrialKind, _Run, "float | None"], TrialResult]
+
+
+def _collected(result: VerifierResult) -> set[str]:
+    """The ids a pristine run collected (its status map's ids when a log was parsed)."""
+    return set(result.collected if result.collected is not None else result.tests)
+
+
+def _nop_broke(candidate: BugTask, tests: _Tests, run_key: str, nop_run: _Run, ended: _Ended,
+               removals: list[Callable[[], None]]) -> ValidationOutcome:
+    """The NOP run hung or exhausted memory/processes: run the Oracle. If it completes, the candidate is
+    rejected for the NOP's failure (recorded as the NOP's outcome, reward 0, the error as evidence);
+    if it fails too, both stay infrastructure exceptions (no verdict)."""
+    iid = candidate.instance_id
+    oracle_run = _run_trial(iid, "oracle", tests, run_key, candidate, removals)
+    if oracle_run.result is None:
+        return ValidationOutcome(nop=ended("nop", nop_run, None), oracle=ended("oracle", oracle_run, None))
+    error = nop_run.error
+    name = type(error).__name__
+    reason = (f"the NOP run (bug present) {_NOP_BROKE[name]} while the Oracle run completed in "
+              f"{oracle_run.result.duration_s:.1f} s: every later use of the task would pay it "
+              f"({name}: {str(error)[:300]})")
+    report = ValidationReport(accepted=False, reason=reason, oracle_runs=1,
+                              known_tests=sorted(_collected(oracle_run.result)))
+    nop = ended("nop", nop_run, 0.0)
+    return ValidationOutcome(nop=nop, oracle=ended("oracle", oracle_run, _reward(oracle_run.result.tests, None)),
+                             report=report)
+
+
 def _validate(candidate: BugTask, tests: _Tests, run_key: str, checks: ValidationChecks,
               on_trial: Callable[[TrialResult], None] | None, removals: list[Callable[[], None]]) -> ValidationOutcome:
     """The NOP / Oracle / repeats sequence of :func:`validate_candidate` (containers removed in the
     background, their waits appended to ``removals``)."""
-    oracle_runs, flaky_policy = checks.oracle_runs, checks.flaky_policy
     iid = candidate.instance_id
 
     def ended(kind: TrialKind, run: _Run, reward: float | None) -> TrialResult:
@@ -561,6 +564,8 @@ def _validate(candidate: BugTask, tests: _Tests, run_key: str, checks: Validatio
 
     nop_run = _run_trial(iid, "nop", tests, run_key, None, removals)
     if nop_run.result is None:
+        if isinstance(nop_run.error, _TASK_OUTCOME_ERRORS):
+            return _nop_broke(candidate, tests, run_key, nop_run, ended, removals)
         return ValidationOutcome(nop=ended("nop", nop_run, None))
     nop_tests = nop_run.result.tests
     if not any(failed(s) for s in nop_tests.values()):
@@ -573,16 +578,23 @@ def _validate(candidate: BugTask, tests: _Tests, run_key: str, checks: Validatio
         return ValidationOutcome(nop=nop, oracle=ended("oracle", oracle_run, None))
     report = grade_validation(nop_tests, oracle_run.result.tests)
     oracle = ended("oracle", oracle_run, _reward(oracle_run.result.tests, report))
-    if not report.accepted or oracle_runs == 1:
-        return ValidationOutcome(nop=nop, oracle=oracle, report=report.model_copy(update={"oracle_runs": 1}))
+    known = _collected(nop_run.result) | _collected(oracle_run.result)
+    if not report.accepted or checks.oracle_runs == 1:
+        return ValidationOutcome(nop=nop, oracle=oracle, report=report.model_copy(
+            update={"oracle_runs": 1, "known_tests": sorted(known)}))
+    plan = repeat_plan(iid, report, checks)
     repeats: list[TrialResult] = []
     runs = [oracle_run.result.tests]
-    for k in range(2, oracle_runs + 1):
-        run = _run_trial(iid, "oracle", tests, f"{run_key}/oracle-{k}", candidate, removals)
+    repeat_s = None
+    for k in range(2, checks.oracle_runs + 1):
+        run = _run_trial(iid, "oracle", tests, f"{run_key}/oracle-{k}", candidate, removals, plan if k == 2 else None)
         if run.result is None:
             repeats.append(ended("oracle", run, None))
             return ValidationOutcome(nop=nop, oracle=oracle, oracle_repeats=repeats)
-        runs.append(run.result.tests)
+        known |= _collected(run.result)
+        runs += with_repetitions(run.result)
+        repeat_s = run.result.repeat_s if k == 2 else repeat_s
         repeats.append(ended("oracle", run, _reward(run.result.tests, report)))
+    judged = judge_repeats(report, runs, checks.flaky_policy, oracle_runs=checks.oracle_runs)
     return ValidationOutcome(nop=nop, oracle=oracle, oracle_repeats=repeats,
-                             report=judge_repeats(report, runs, flaky_policy))
+                             report=judged.model_copy(update={"known_tests": sorted(known), "repeat_s": repeat_s}))

@@ -1,4 +1,5 @@
-"""The verifier: a task's tests, run from pristine test infrastructure, read from a structured report.
+"""The verifier: a task's tests run from pristine test infrastructure, read from a channel the code
+under test cannot rewrite.
 
 Every reward and every NOP/Oracle verdict comes from :func:`run_tests` in a sandbox of the task
 image:
@@ -6,33 +7,62 @@ image:
 * **pinned environment** — the test command runs with :data:`VERIFIER_ENV` (UTC, a fixed hash
   seed, a UTF-8 C locale, no user site-packages, no colours, a fixed terminal width), the one place
   that lists it, so a task gives the same result on every machine;
-* **structured report** — for pytest (the default), forgeflow's own report plugin
-  (``forgeflow/data/forgeflow_pytest_report.py``, loaded with ``-p`` through ``PYTEST_ADDOPTS``)
-  writes pytest's outcomes per node id to a file outside the repository; the outcome is read from
-  that report, never scraped from the text the code under test can print. Runners without a
-  structured report are parsed from their log by a SWE-bench parser chosen by name
-  (:data:`LOG_PARSERS`, e.g. ``parse_log_django``, ``parse_log_sympy``);
-* **cross-check with the exit status** — the report must agree with how the command ended
-  (:func:`cross_check`): pytest's own exit status equals the command's, exit 0 means no failed
-  test, exit 1 means at least one. A disagreement is recorded as the run's ``problem``: a verifier
-  run of pristine infrastructure (NOP, Oracle) raises it as
-  :class:`~forgeflow.common.errors.VerifierOutputError`; a submission's run is not credited (reward 0,
-  the evidence kept).
+* **hardened invocation** — a fresh, empty bytecode cache outside the repository per run
+  (``PYTHONPYCACHEPREFIX``: CPython reads and writes every ``.pyc`` there, and pytest's assertion
+  rewriter keeps its rewritten test modules there too, so a ``.pyc`` a submission plants in a
+  ``__pycache__`` is never read), no ``.pyc`` written (``PYTHONDONTWRITEBYTECODE``); the report
+  plugin records what the runner actually read (``sys.path`` and the modules loaded before any
+  repository code, the ini file, the root, every registered plugin with its file, every conftest
+  file, plugins loaded from package metadata: :attr:`VerifierResult.runner_inputs`), so
+  :mod:`forgeflow.sandbox.scoring` can check each file under the repository is one the submission
+  did not change;
+* **a report channel the code under test cannot rewrite** — forgeflow's pytest plugin
+  (``forgeflow/data/forgeflow_pytest_report.py``, loaded with ``-p`` through ``PYTEST_ADDOPTS``,
+  imported before any repository code runs) takes a private duplicate of the wrapper's output
+  descriptor at its import and writes each event on it *as it happens*: the collected ids, every
+  outcome, collection errors, the session's end with pytest's exit status
+  (:mod:`forgeflow.sandbox.verifier_channel`). A pipe is append-only: nothing written can be
+  changed afterwards, so a forgery can only add records, and :func:`run_tests` treats any
+  contradiction as tampering: a second outcome for a test, a record after the session's end, an
+  outcome of a test never collected, no session end although the command exited 0 or 1;
+* **three cross-checks** — the streamed outcomes must agree with (1) the exit status
+  (:func:`cross_check`: exit 0 means no failure, exit 1 at least one), (2) pytest's own final
+  summary line, count by count (:data:`~forgeflow.sandbox.verifier_channel.SUMMARY_CATEGORIES`), and
+  (3) the task's known tests (:class:`RunExpectations`: every collected id known, the collected
+  set the known one, each FAIL_TO_PASS/PASS_TO_PASS id collected exactly once);
+* **tripwires** — two tests the verifier owns, written outside the repository with the run's
+  nonce in their names and appended after every selection: one must pass, one must fail. A hook
+  that forces every outcome (to "passed") cannot keep both right. They are left out of the task's
+  outcomes; the must-fail one makes exit 1 the normal end of a clean run. A run cut short before
+  them (``-x``) is not tampering, but is never credited (:attr:`VerifierResult.credit_blocker`).
+
+Any disagreement is recorded as the run's ``problem`` (with ``tampering`` naming each
+contradiction): a verifier run of pristine infrastructure (NOP, Oracle) raises it as
+:class:`~forgeflow.common.errors.VerifierOutputError`; a submission's run is not credited (reward 0,
+the evidence kept). Runners without forgeflow's plugin are parsed from their log by a SWE-bench
+parser chosen by name (:data:`LOG_PARSERS`), with the same exit-status check and, for pytest logs,
+the summary check (exactly one summary line, no status line after it, no more of a status than the
+summary counts).
 
 :func:`forgeflow.sandbox.scoring.verify_submission` (agent trials, RL rewards) applies a submission in a
 fresh container of the pristine task image, then runs :func:`run_tests` and the strict resolution rule
 (:func:`forgeflow.sandbox.grading.grade_resolved`).
 
-Threat model, said plainly: the submission's code runs inside the test process, so no in-process
-record is beyond its reach; what it cannot do is change the tests, their configuration, plugins or
-start-up hooks (screened), leave state from the agent's container (fresh container), or pass by
-printing (structured report), and a forged report must also forge the process's exit status.
+Threat model, said plainly. The submission is hostile, and its code runs inside the test process.
+What the channel prevents: rewriting or deleting an outcome after it happened (a report file, the
+log, an exit hook: the records are already in the pipe), adding outcomes unnoticed (sequence
+numbers, one outcome per test, nothing after the end, only collected ids) and printing a result
+(the text of the log is not read in the default mode). What it does not prevent: code in the test
+process that intercepts outcomes *before* they are written — it can patch pytest's internals or
+this plugin, or write on the private descriptor itself (the nonce is in the process's memory). The
+tripwires (a blanket override flips one of them), the summary cross-check (pytest's terminal must
+be forged consistently too), the known-test check and the static screen of the submission for
+test-framework internals (:mod:`forgeflow.sandbox.scoring`) raise the cost of such an attack; none
+makes it impossible.
 """
 
 from __future__ import annotations
 
-import ast
-import threading
 import uuid
 from collections.abc import Callable, Mapping
 from functools import cache
@@ -44,6 +74,20 @@ from pydantic import BaseModel, ConfigDict, Field
 from forgeflow.common import errors
 from forgeflow.sandbox.base import ExecResult, OneShotSandbox, Sandbox
 from forgeflow.sandbox.grading import failed, parse_test_log
+from forgeflow.sandbox.verifier_channel import (
+    RECORD_PREFIX,
+    SUMMARY_CATEGORIES,
+    TRIPWIRE_MUST_FAIL,
+    TRIPWIRE_MUST_PASS,
+    count_problems,
+    digest_records,
+    find_summary_lines,
+    known_test_problems,
+    log_summary_problems,
+    read_channel,
+    summary_counts,
+    tripwire_problems,
+)
 
 __all__ = [
     "TESTBED",
@@ -51,6 +95,8 @@ __all__ = [
     "LOG_PARSERS",
     "LOG_TAIL_CHARS",
     "VerifierResult",
+    "RunExpectations",
+    "RepeatPlan",
     "TaskTests",
     "run_tests",
     "cross_check",
@@ -84,6 +130,7 @@ REPORT_PLUGIN = "forgeflow_pytest_report"
 """Module name of the report plugin inside the sandbox (``-p forgeflow_pytest_report``)."""
 
 _SANDBOX_DIR = "/tmp/forgeflow-verifier"
+_CHANNEL_FD = 9  # the wrapper's copy of its stdout for the plugin (it keeps a private duplicate)
 _RESERVED_EXIT = (126, 127)  # the command could not run at all: the test command is broken
 
 ReportFormat = Literal["pytest-report", "log"]
@@ -124,17 +171,31 @@ class VerifierResult(BaseModel):
     """One verifier run: the test outcomes and the raw evidence.
 
     Attributes:
-        tests: status map ``{test_id: status}`` (statuses of :data:`forgeflow.sandbox.grading.STATUSES`).
-        log_tail: the end of stdout+stderr (at most :data:`LOG_TAIL_CHARS` characters; bytes that
-            are not UTF-8 replaced by U+FFFD).
+        tests: status map ``{test_id: status}`` (statuses of :data:`forgeflow.sandbox.grading.STATUSES`;
+            the verifier's tripwires left out).
+        log_tail: the end of stdout+stderr without the channel's records (at most
+            :data:`LOG_TAIL_CHARS` characters; bytes that are not UTF-8 replaced by U+FFFD).
         exit_code: the test command's exit status (pytest: 0 all passed, 1 some failed, 2
-            interrupted, 3 internal error, 4 usage error, 5 no test collected).
+            interrupted, 3 internal error, 4 usage error, 5 no test collected; with the tripwires a
+            complete run that reports ends 1, the must-fail tripwire's failure).
         duration_s: wall-clock seconds of the run.
         report_format: ``pytest-report`` (forgeflow's plugin) or ``log`` (a log parser).
         log_parser: the parser's name in ``log`` format.
-        report_exit_code: pytest's exit status as its report recorded it (None without a report).
-        problem: why the report cannot be trusted (missing, or disagreeing with the exit status);
-            None when it was consistent.
+        report_exit_code: pytest's exit status as its session-end record gave it (None without one).
+        problem: why the outcomes cannot be trusted (every contradiction, ``; ``-joined); None when
+            they were consistent.
+        tampering: each contradiction that is evidence of tampering, named for a person (a second
+            outcome for a test, a record after the end, pytest's summary disagreeing, an unknown
+            test, a tripwire with the wrong outcome, ...); empty when none.
+        tripwires: the tripwires' statuses (``must_pass``, ``must_fail``) where they reported.
+        collected: the collected test ids (tripwires left out; None: collection never finished or
+            a log was parsed).
+        repeat_runs: with a :class:`RepeatPlan`, one status map per repetition (else empty): the
+            first holds every test that ran, the others the repeated tests only.
+        repeat_s: with a :class:`RepeatPlan`, pytest's seconds in the repetitions after the first
+            (setup, call and teardown of each); None otherwise.
+        summary_counts: the counts of pytest's own final summary line (None: none was read).
+        runner_inputs: what the runner read (see :class:`~forgeflow.sandbox.verifier_channel.StreamDigest`).
         stdout_sha256: sha256 of the raw stdout bytes.
         stderr_sha256: sha256 of the raw stderr bytes.
         undecodable: True when the output held bytes that are not UTF-8.
@@ -150,12 +211,31 @@ class VerifierResult(BaseModel):
     log_parser: str | None = None
     report_exit_code: int | None = None
     problem: str | None = None
+    tampering: list[str] = Field(default_factory=list)
+    tripwires: dict[str, str] = Field(default_factory=dict)
+    collected: list[str] | None = None
+    repeat_runs: list[dict[str, str]] = Field(default_factory=list)
+    repeat_s: float | None = Field(default=None, ge=0.0)
+    summary_counts: dict[str, int] | None = None
+    runner_inputs: dict[str, Any] = Field(default_factory=dict)
     stdout_sha256: str | None = None
     stderr_sha256: str | None = None
     undecodable: bool = False
 
+    @property
+    def credit_blocker(self) -> str | None:
+        """Why this run may not earn a reward whatever its statuses: its ``problem``, or (pytest
+        report) tripwires that did not both report (a run cut short before them: ``-x``, an
+        interruption); None when it may."""
+        if self.problem is not None:
+            return self.problem
+        if self.report_format == "pytest-report" and set(self.tripwires) != {"must_pass", "must_fail"}:
+            return f"the verifier's tripwires did not both run (reported: {sorted(self.tripwires) or 'none'})"
+        return None
+
     def evidence(self) -> dict[str, Any]:
-        """What a trial record keeps of the run besides its statuses."""
+        """What a trial record keeps of the run besides its statuses (not the runner's inputs: see
+        :attr:`runner_inputs`)."""
         out: dict[str, Any] = {"report_format": self.report_format, "exit_code": self.exit_code,
                                "report_exit_code": self.report_exit_code, "stdout_sha256": self.stdout_sha256,
                                "stderr_sha256": self.stderr_sha256}
@@ -165,26 +245,67 @@ class VerifierResult(BaseModel):
             out["undecodable_output"] = True
         if self.problem:
             out["problem"] = self.problem
+        if self.tampering:
+            out["tampering"] = list(self.tampering)
+        if self.tripwires:
+            out["tripwires"] = dict(self.tripwires)
+        if self.summary_counts is not None:
+            out["summary_counts"] = dict(self.summary_counts)
         return out
 
 
+class RunExpectations(BaseModel):
+    """What the verifier knows of a task's tests before the run (the known-tests cross-check).
+
+    Attributes:
+        known_tests: every test id the task's pristine runs (NOP, Oracle) collected; None: not
+            recorded (the check is skipped).
+        graded_tests: the FAIL_TO_PASS and PASS_TO_PASS ids: each must be collected exactly once.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    known_tests: list[str] | None = None
+    graded_tests: list[str] = Field(default_factory=list)
+
+
+class RepeatPlan(BaseModel):
+    """A run that repeats some tests (flaky-gold detection): each of ``tests`` runs ``repeat_count``
+    times in one pytest process, back to back; the other tests run once, or not at all with
+    ``only_selected`` (the plugin deselects them after collection).
+
+    Attributes:
+        tests: node ids to repeat (one a line in the sandbox; ids hold no newline: pytest escapes them).
+        repeat_count: runs of each of them (>= 2).
+        only_selected: deselect every other test.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tests: list[str] = Field(min_length=1)
+    repeat_count: int = Field(ge=2, le=100)
+    only_selected: bool = False
+
+
 def cross_check(tests: Mapping[str, str], exit_code: int, report_exit_code: int | None,
-                report_found: bool) -> str | None:
+                report_found: bool, *, extra_failure: bool = False) -> str | None:
     """Does a test report agree with how the test command ended? None if so, else why not.
 
     Rules (pytest's exit statuses: 0 all passed, 1 tests failed, 2-5 interrupted / internal error /
     usage error / nothing collected; anything else: the process was killed or exited on its own):
 
     * a report was expected but is missing while the command exited 0 or 1 (a completed pytest run
-      always writes one);
+      always writes its session end);
     * the report's own exit status differs from the command's;
-    * exit 0 with a FAILED/ERROR test, or exit 1 with none.
+    * exit 0 with a FAILED/ERROR test (or with ``extra_failure``), or exit 1 with none and no
+      ``extra_failure``.
 
     Args:
         tests: the status map read from the report (or log).
         exit_code: the command's exit status.
         report_exit_code: the exit status the report recorded (None: not recorded).
-        report_found: whether a report was found at all.
+        report_found: whether a report (the session-end record) was found at all.
+        extra_failure: a failure outside ``tests`` that pytest counted (the must-fail tripwire).
     """
     any_failed = any(failed(s) for s in tests.values())
     if not report_found:
@@ -193,58 +314,52 @@ def cross_check(tests: Mapping[str, str], exit_code: int, report_exit_code: int 
         return None
     if report_exit_code is not None and report_exit_code != exit_code:
         return f"the test report says pytest exited {report_exit_code} but the test command exited {exit_code}"
-    if exit_code == 0 and any_failed:
-        bad = sorted(t for t, s in tests.items() if failed(s))
+    if exit_code == 0 and (any_failed or extra_failure):
+        bad = sorted(t for t, s in tests.items() if failed(s)) or ["the must-fail tripwire"]
         return f"the test command exited 0 but the report has {len(bad)} failed test(s), e.g. {bad[0]!r}"
-    if exit_code == 1 and not any_failed:
+    if exit_code == 1 and not any_failed and not extra_failure:
         return "the test command exited 1 (tests failed) but the report has no failed test"
     return None
 
 
-def _wrapped_command(test_command: str, nonce: str) -> tuple[str, str]:
-    """The shell script that installs the report plugin, runs the tests and prints the report after a
-    marker; returns ``(script, marker)``."""
+def _tripwire_source(nonce: str) -> str:
+    return (f"def {TRIPWIRE_MUST_PASS}{nonce}():\n    pass\n\n\n"
+            f"def {TRIPWIRE_MUST_FAIL}{nonce}():\n"
+            "    raise AssertionError(\"forgeflow verifier tripwire: this test must fail (it is left out of the "
+            "task's outcomes)\")\n")
+
+
+def _wrapped_command(test_command: str, nonce: str, repeat: RepeatPlan | None = None) -> tuple[str, str]:
+    """The shell script that installs the report plugin and the tripwires outside the repository and
+    runs the tests with the channel's descriptor and a fresh bytecode cache; returns ``(script,
+    record prefix)``."""
     folder = f"{_SANDBOX_DIR}-{nonce}"
-    marker = f"FORGEFLOW-VERIFIER-REPORT-{nonce}"
     eof = f"FORGEFLOW_PLUGIN_EOF_{nonce}"
+    wires = f"{folder}/tripwires/forgeflow_tripwire_{nonce}.py"
+    env = (f'export PYTHONPATH="{folder}/plugin${{PYTHONPATH:+:$PYTHONPATH}}" '
+           f'PYTEST_ADDOPTS="-p {REPORT_PLUGIN}${{PYTEST_ADDOPTS:+ $PYTEST_ADDOPTS}}" '
+           f'PYTHONPYCACHEPREFIX="{folder}/pycache" FORGEFLOW_VERIFIER_NONCE="{nonce}" '
+           f'FORGEFLOW_VERIFIER_FD="{_CHANNEL_FD}" FORGEFLOW_VERIFIER_TRIPWIRES="{wires}"')
+    select = ""
+    if repeat is not None:
+        select = f"cat > {folder}/select <<'{eof}'\n" + "".join(t + "\n" for t in repeat.tests) + f"{eof}\n"
+        env += (f' FORGEFLOW_VERIFIER_SELECT="{folder}/select" FORGEFLOW_VERIFIER_REPEAT="{repeat.repeat_count}" '
+                f'FORGEFLOW_VERIFIER_ONLY_SELECTED="{int(repeat.only_selected)}"')
     script = (
-        f"mkdir -p {folder} && cat > {folder}/{REPORT_PLUGIN}.py <<'{eof}'\n{_plugin_source()}\n{eof}\n"
-        f'export PYTHONPATH="{folder}${{PYTHONPATH:+:$PYTHONPATH}}" '
-        f'PYTEST_ADDOPTS="-p {REPORT_PLUGIN}${{PYTEST_ADDOPTS:+ $PYTEST_ADDOPTS}}" '
-        f'FORGEFLOW_VERIFIER_REPORT="{folder}/report" FORGEFLOW_VERIFIER_NONCE="{nonce}"\n'
+        f"mkdir -p {folder}/plugin {folder}/tripwires {folder}/pycache || exit 126\n"
+        f"cat > {folder}/plugin/{REPORT_PLUGIN}.py <<'{eof}'\n{_plugin_source()}\n{eof}\n"
+        f"cat > {wires} <<'{eof}'\n{_tripwire_source(nonce)}{eof}\n{select}{env}\n"
         f"cd {TESTBED} || exit 126\n"
-        f"(\n{test_command}\n) </dev/null\n"
-        "rc=$?\n"
-        f"printf '\\n%s\\n' '{marker}'\n"
-        f"cat {folder}/report 2>/dev/null\n"
-        "exit $rc\n"
+        f"(\n{test_command}\n) </dev/null {_CHANNEL_FD}>&1\n"
+        "exit $?\n"
     )
-    return script, marker
+    return script, RECORD_PREFIX + nonce
 
 
-_AST_LOCK = threading.Lock()
-"""One ``ast.literal_eval`` at a time in this process: CPython 3.11 keeps the AST constructor's
-recursion depth per interpreter, not per thread, so two threads building ASTs at once (validations
-in flight in one flow run) can fail with ``SystemError: AST constructor recursion depth mismatch``
-(CPython issue gh-106905)."""
-
-
-def _read_report(stdout: str, marker: str) -> tuple[str, dict[str, Any] | None]:
-    """Split stdout at the last marker: (the test run's own output, the parsed report or None).
-
-    The report is a Python literal of dicts, lists, strings and ints (``ast.literal_eval``: data,
-    never code), parsed under :data:`_AST_LOCK` (one parse at a time; a few ms per report)."""
-    head, sep, tail = stdout.rpartition(f"\n{marker}\n")
-    if not sep:
-        return stdout, None
-    try:
-        with _AST_LOCK:
-            report = ast.literal_eval(tail.strip()) if tail.strip() else None
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
-        report = None
-    if not isinstance(report, dict) or not isinstance(report.get("tests"), dict):
-        return head, None
-    return head, report
+def _log_command(test_command: str, nonce: str) -> str:
+    """The script of a log-parser run: the test command with a fresh bytecode cache."""
+    return (f'export PYTHONPYCACHEPREFIX="{_SANDBOX_DIR}-{nonce}/pycache"\n'
+            f"cd {TESTBED} || exit 126\n(\n{test_command}\n) </dev/null\n")
 
 
 class SetupError(errors.SandboxError):
@@ -272,40 +387,44 @@ def _with_setup(script: str, setup: str, nonce: str) -> tuple[str, str]:
 
 
 def run_tests(sandbox: Sandbox, test_command: str, timeout_s: float, *, log_parser: str | None = None,
-              setup: str | None = None, one_shot: bool = False) -> VerifierResult:
+              setup: str | None = None, one_shot: bool = False, expect: RunExpectations | None = None,
+              repeat: RepeatPlan | None = None) -> VerifierResult:
     """Run a task's tests in :data:`TESTBED` of a started sandbox and read their outcomes.
 
     Args:
         sandbox: a started sandbox of the task image (a submission, if any, already applied).
-        test_command: the task's shell command running its tests (pytest: any ``pytest`` or
-            ``python -m pytest`` invocation; it must keep ``$PYTHONPATH`` if it sets its own,
-            since the report plugin is found there).
+        test_command: the task's shell command running its tests (pytest: one pytest session, any
+            ``pytest`` or ``python -m pytest`` invocation; it must keep ``$PYTHONPATH`` and
+            ``$PYTEST_ADDOPTS`` if it sets its own, since the report plugin is found there; pytest's
+            final summary line must reach stdout; pytest-xdist is not supported).
         timeout_s: wall-clock limit in seconds (> 0).
-        log_parser: None (default) reads forgeflow's pytest report; a name of :data:`LOG_PARSERS`
-            parses the log instead, for runners without a structured report.
+        log_parser: None (default) reads forgeflow's pytest report channel; a name of
+            :data:`LOG_PARSERS` parses the log instead, for runners without one.
         setup: a shell fragment run in :data:`TESTBED` before the tests, in the same exec (e.g. the
             Oracle's revert of the bug patch: one ``exec`` per trial instead of three); a non-zero
             exit ends the run with :class:`SetupError` before any test runs.
         one_shot: run the script as the container's own process (``sandbox.run_once``, a
             :class:`~forgeflow.sandbox.base.OneShotSandbox` not yet started) instead of an ``exec`` in
             a started sandbox: the same script, limits and evidence, one container start fewer.
+        expect: the task's known and graded tests (the known-tests cross-check); None: only the
+            channel's own checks.
+        repeat: run only some tests, each several times (:class:`RepeatPlan`; pytest report only).
 
     Returns:
-        The :class:`VerifierResult`; ``problem`` is set when the report is missing although the
-        run completed, or disagrees with the exit status (:func:`cross_check`). A run that crashed
-        before reporting (killed, interrupted) has whatever tests were reported, others missing.
+        The :class:`VerifierResult`; ``problem`` (and ``tampering``) set when the outcomes
+        contradict themselves, the exit status, pytest's summary or the known tests. A run that
+        crashed before reporting (killed, interrupted) has whatever tests were reported.
 
     Raises:
-        InputError: ``timeout_s`` <= 0, an empty command or an unknown ``log_parser`` (the valid
-            names are listed).
+        InputError: ``timeout_s`` <= 0, an empty command, an unknown ``log_parser`` (the valid
+            names are listed), or ``repeat`` with a ``log_parser``.
         VerifierTimeoutError: the run exceeded ``timeout_s``.
         SandboxOOMError: the kernel OOM-killed the run (see the sandbox backend).
         SetupError: ``setup`` exited non-zero (its status and output attached).
         VerifierOutputError: the command could not run at all (exit 126/127: not found or not
-            executable), or (pytest) pytest never started with the report plugin (its start line
+            executable), or (pytest) pytest never started with the report plugin (its start record
             is missing: the test command is broken, whatever the submission); in ``log`` format,
-            a command that exited 0 or 1 with a log in which the parser finds no test (the parser
-            cannot tell a broken command from a cut-short run: the structured report can).
+            a command that exited 0 or 1 with a log in which the parser finds no test.
     """
     if timeout_s <= 0:
         raise errors.InputError(f"timeout_s must be > 0, got {timeout_s}")
@@ -313,11 +432,13 @@ def run_tests(sandbox: Sandbox, test_command: str, timeout_s: float, *, log_pars
         raise errors.InputError("test_command must not be empty")
     if log_parser is not None and log_parser not in LOG_PARSERS:
         raise errors.InputError(f"unknown log_parser {log_parser!r}; valid: {', '.join(LOG_PARSERS)}")
+    if log_parser is not None and repeat is not None:
+        raise errors.InputError("a repeat run needs forgeflow's pytest report (no log_parser)")
     nonce = uuid.uuid4().hex[:16]
     if log_parser is None:
-        script, marker = _wrapped_command(test_command, nonce)
+        script = _wrapped_command(test_command, nonce, repeat)[0]
     else:
-        script, marker = f"cd {TESTBED} || exit 126\n(\n{test_command}\n) </dev/null\n", ""
+        script = _log_command(test_command, nonce)
     setup_marker = ""
     if setup is not None:
         script, setup_marker = _with_setup(script, setup, nonce)
@@ -332,43 +453,87 @@ def run_tests(sandbox: Sandbox, test_command: str, timeout_s: float, *, log_pars
         if found:
             code, _, output = rest.partition("\n")
             raise SetupError(int(code) if code.strip().isdigit() else -1, output + res.stderr)
-    own_stdout, report = _read_report(res.stdout, marker) if marker else (res.stdout, None)
-    own_stdout = own_stdout.replace(f"\nFORGEFLOW-VERIFIER-STARTED-{nonce}\n", "\n", 1)
-    log = own_stdout + ("\n" if own_stdout and not own_stdout.endswith("\n") else "") + res.stderr
+    if log_parser is not None:
+        return _read_log_run(res, log_parser, expect)
+    return _read_pytest_run(res, nonce, expect, repeat)
+
+
+def _joined_log(stdout: str, stderr: str) -> str:
+    return stdout + ("\n" if stdout and not stdout.endswith("\n") else "") + stderr
+
+
+def _common(res: ExecResult, log: str) -> dict[str, Any]:
     if res.exit_code in _RESERVED_EXIT:
         raise errors.VerifierOutputError(
             f"the test command could not run (exit {res.exit_code}; evidence: {log.strip()[-300:]!r})")
-    common = {"log_tail": log[-LOG_TAIL_CHARS:], "exit_code": res.exit_code, "duration_s": res.duration_s,
-              "stdout_sha256": res.stdout_sha256, "stderr_sha256": res.stderr_sha256,
-              "undecodable": res.undecodable}
-    if log_parser is not None:
-        try:
-            tests = parse_test_log(log, parser=LOG_PARSERS[log_parser])
-        except errors.VerifierOutputError as exc:  # not the runner's output
-            if res.exit_code in (0, 1):
-                raise errors.VerifierOutputError(f"test command exited {res.exit_code}: {exc}") from exc
-            tests = {}
-        if not tests and res.exit_code in (0, 1):
-            raise errors.VerifierOutputError(
-                f"the test command exited {res.exit_code} but {log_parser} found no test in its log (evidence: "
-                f"the log ends {log.strip()[-300:]!r})")
-        return VerifierResult(tests=tests, report_format="log", log_parser=log_parser,
-                              problem=cross_check(tests, res.exit_code, None, True), **common)
-    if report is None:
-        if f"FORGEFLOW-VERIFIER-STARTED-{nonce}" not in res.stdout:
-            # pytest never started with the report plugin: the test command is not a pytest run that
-            # keeps PYTEST_ADDOPTS / PYTHONPATH, or the interpreter failed. No submission reaches that
-            # far (its code runs only after the plugin is imported): the verifier broke
-            raise errors.VerifierOutputError(
-                f"the test command exited {res.exit_code} without starting pytest with forgeflow's report plugin "
-                f"(a pytest command that keeps $PYTHONPATH and $PYTEST_ADDOPTS is needed, or give a log_parser); "
-                f"evidence: the output ends {log.strip()[-300:]!r}")
-        return VerifierResult(tests={}, problem=cross_check({}, res.exit_code, None, False), **common)
-    tests = {str(k): str(v) for k, v in report["tests"].items()}
-    tests.update({nodeid: "ERROR" for nodeid in report.get("collect_errors") or [] if nodeid not in tests})
-    report_exit = report.get("exitstatus") if isinstance(report.get("exitstatus"), int) else None
-    return VerifierResult(tests=tests, report_exit_code=report_exit,
-                          problem=cross_check(tests, res.exit_code, report_exit, True), **common)
+    return {"log_tail": log[-LOG_TAIL_CHARS:], "exit_code": res.exit_code, "duration_s": res.duration_s,
+            "stdout_sha256": res.stdout_sha256, "stderr_sha256": res.stderr_sha256, "undecodable": res.undecodable}
+
+
+def _read_pytest_run(res: ExecResult, nonce: str, expect: RunExpectations | None,
+                     repeat: RepeatPlan | None) -> VerifierResult:
+    """The outcome of a run with forgeflow's plugin: its records, checked three ways."""
+    reading = read_channel(res.stdout, nonce)
+    log = _joined_log(reading.log, res.stderr)
+    common = _common(res, log)
+    if not reading.records and not reading.corrupt:
+        # pytest never started with the report plugin: the test command is not a pytest run that
+        # keeps PYTEST_ADDOPTS / PYTHONPATH, or the interpreter failed. No submission reaches that
+        # far (its code runs only after the plugin is imported): the verifier broke
+        raise errors.VerifierOutputError(
+            f"the test command exited {res.exit_code} without starting pytest with forgeflow's report plugin "
+            f"(a pytest command that keeps $PYTHONPATH and $PYTEST_ADDOPTS is needed, or give a log_parser); "
+            f"evidence: the output ends {log.strip()[-300:]!r}")
+    digest = digest_records(reading.records, nonce, repeat.repeat_count if repeat else 1)
+    tampering = [f"a corrupt record on the channel: {c!r}" for c in reading.corrupt] + list(digest.tampering)
+    exit_problem = cross_check(digest.tests, res.exit_code, digest.exitstatus, digest.ended,
+                               extra_failure=digest.tripwires.get("must_fail") == "FAILED")
+    tampering += [exit_problem] if exit_problem else []
+    tampering += tripwire_problems(digest.tripwires)
+    counts = None
+    if digest.ended and (digest.verbosity or 0) >= -1 and digest.exitstatus in (0, 1, 2, 5):
+        lines = find_summary_lines(reading.log[reading.end_offset or 0:])
+        if not lines:
+            tampering.append("pytest's final summary line is missing after its session end")
+        else:
+            counts = summary_counts(lines[0][1])
+            tampering += count_problems(counts, digest.counts, SUMMARY_CATEGORIES, exact=True)
+    if expect is not None:
+        tampering += known_test_problems(digest, expect.known_tests, expect.graded_tests)
+    return VerifierResult(tests=digest.tests, report_exit_code=digest.exitstatus, tampering=tampering,
+                          problem="; ".join(tampering) or None, tripwires=digest.tripwires,
+                          collected=digest.collected, repeat_runs=digest.repeat_runs, summary_counts=counts,
+                          repeat_s=digest.repeat_s if repeat else None,
+                          runner_inputs=digest.runner_inputs, **common)
+
+
+def _read_log_run(res: ExecResult, log_parser: str, expect: RunExpectations | None) -> VerifierResult:
+    """The outcome of a log-parser run, with the exit-status check and, for pytest logs, the summary check."""
+    log = _joined_log(res.stdout, res.stderr)
+    common = _common(res, log)
+    parser = LOG_PARSERS[log_parser]
+    try:
+        tests = parse_test_log(log, parser=parser)
+    except errors.VerifierOutputError as exc:  # not the runner's output
+        if res.exit_code in (0, 1):
+            raise errors.VerifierOutputError(f"test command exited {res.exit_code}: {exc}") from exc
+        tests = {}
+    if not tests and res.exit_code in (0, 1):
+        raise errors.VerifierOutputError(
+            f"the test command exited {res.exit_code} but {log_parser} found no test in its log (evidence: "
+            f"the log ends {log.strip()[-300:]!r})")
+    problems = [p for p in [cross_check(tests, res.exit_code, None, True)] if p]
+    counts = None
+    if log_parser.startswith("parse_log_pytest") and res.exit_code in (0, 1):
+        counts, found = log_summary_problems(res.stdout, tests, parser)
+        problems += found
+    if expect is not None and expect.known_tests is not None:
+        known = set(expect.known_tests)
+        unknown = sorted(t for t, s in tests.items() if s in ("PASSED", "FAILED", "ERROR") and t not in known)
+        if unknown:
+            problems.append(f"{len(unknown)} test(s) the task does not know in the log, e.g. {unknown[0]!r}")
+    return VerifierResult(tests=tests, report_format="log", log_parser=log_parser, summary_counts=counts,
+                          problem="; ".join(problems) or None, tampering=problems, **common)
 
 
 class TaskTests(BaseModel):
@@ -388,6 +553,8 @@ class TaskTests(BaseModel):
         pristine_duration_s: the longest recorded run of the task's pristine tests (its Oracle runs),
             seconds; None when not recorded. A submission's run that overruns the limit while this
             fits well inside it is the submission's outcome (:mod:`forgeflow.sandbox.scoring`).
+        known_tests: every test id the task's pristine runs collected; None when not recorded. With
+            it, a run that collects another set is tampering (:class:`RunExpectations`).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -400,3 +567,9 @@ class TaskTests(BaseModel):
                                                              "pytest report.")
     pristine_duration_s: float | None = Field(default=None, ge=0, description="The longest recorded pristine "
                                               "(Oracle) run of the tests, seconds; None: not recorded.")
+    known_tests: list[str] | None = Field(default=None, description="Every test id the task's pristine NOP/Oracle "
+                                          "runs collected (ValidationReport.known_tests); None: not recorded.")
+
+    def expectations(self) -> RunExpectations:
+        """The known-tests cross-check of a run of these tests (:class:`RunExpectations`)."""
+        return RunExpectations(known_tests=self.known_tests, graded_tests=[*self.fail_to_pass, *self.pass_to_pass])

@@ -106,8 +106,9 @@ def read_rl_jsonl(path: Path) -> list[dict[str, Any]]:
     Args:
         path: one JSON object per line: ``instance_id``, ``image_ref`` (the task image),
             ``problem_statement``, ``test_command``, ``fail_to_pass`` (test ids, at least one),
-            ``pass_to_pass`` (test ids) and ``verifier_timeout_s`` (the task's own verifier timeout,
-            seconds); no other field.
+            ``pass_to_pass`` (test ids), optionally ``task_timeout_s`` (the task's original per-task
+            timeout, seconds, default SWE-smith's 3000; its former name ``verifier_timeout_s`` is read
+            too) and ``pristine_duration_s`` (its longest recorded pristine run, seconds); no other field.
 
     Returns:
         The tasks as dicts (validated), in file order.

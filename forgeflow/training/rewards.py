@@ -5,7 +5,14 @@ image (:func:`score_completion`), here or as a Ray task on a sandbox node
 counts rewards, exceptions and the nodes they ran on per optimizer step (:class:`VerifierReward`).
 
 An infrastructure failure gives reward None, never 0 (the burst's docstring,
-:mod:`forgeflow.training.rl`, says how TRL leaves such a completion out of the advantages).
+:mod:`forgeflow.training.rl`, says how TRL leaves such a completion out of the advantages). A
+completion's own failure is reward 0 with a note: no text, no diff, a diff git cannot apply, a run the
+submission itself timed out or exhausted (the verdict's ``evidence["submission_failure"]``). One
+completion never loses the batch: whatever goes wrong while scoring it is its own outcome.
+
+The training verifier's timeout (:func:`training_timeout_s`) is the task's original per-task
+timeout times a multiplier (the seeds' rule: SWE-smith's 3000 s x 0.06 = 180 s), never below
+:data:`PRISTINE_SAFETY_FACTOR` times the task's recorded pristine (Oracle) run.
 """
 
 from __future__ import annotations
@@ -14,17 +21,32 @@ import re
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 from forgeflow.common import errors
 from forgeflow.common.names import sanitize_name
-from forgeflow.sandbox.backends import SandboxTarget
+from forgeflow.sandbox.backends import SandboxTarget, backend_kind
 from forgeflow.sandbox.base import SandboxSpec
 from forgeflow.sandbox.dispatch import RayPlacement, verify_on
 from forgeflow.sandbox.submission import TamperPolicy
 from forgeflow.sandbox.verifier import TaskTests
+
+TASK_TIMEOUT_S = 3000.0
+"""A task's original per-task timeout when its row gives none, seconds: SWE-smith's tasks carry 3000 s
+(their Harbor export's ``[verifier] timeout_sec = 3000``, https://harborframework.com/docs); the seeds'
+training timeout was it x 0.06 = 180 s (issue 33). Not curation's cap, which is a separate limit."""
+
+PRISTINE_SAFETY_FACTOR = 5.0
+"""The training timeout is never below this many times the task's pristine (Oracle) run.
+
+Why 5: the pristine duration is one run measured at curation, the training run is the same suite
+with a submission applied, on a machine that may be busier. On the 2-core machines of FACTS.md the
+demo's tabulate suite takes 2.6 s alone and its correct fixes took 8.3-9.8 s under the shared load of
+a training step (issue 33): a 3-4x slowdown. 5x covers that, and a run cut at 5x its pristine time
+is one the verifier attributes to the submission without a pristine re-run (:mod:`forgeflow.sandbox.scoring`
+reads ``TaskTests.pristine_duration_s``: a pristine run within half the timeout fits well inside it)."""
 
 _FENCED_DIFF = re.compile(r"```(?:diff|patch)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
 _DIFF_START = re.compile(r"^(diff --git |--- a/|--- /dev/null)", re.MULTILINE)
@@ -38,18 +60,26 @@ class VerifierSpec(BaseModel):
         image_ref: the task image (bug applied at ``/testbed``, a git repository).
         test_command: the verifier's command (``pytest -rA`` output), run in ``/testbed``.
         fail_to_pass / pass_to_pass: the task's test ids (SWE-bench grading); not both empty.
-        verifier_timeout_s: the task's own verifier timeout in seconds (the one curation used);
-            training uses it times :attr:`forgeflow.training.rl.RLBurstConfig.verifier_timeout_multiplier`.
+        task_timeout_s: the task's original per-task timeout, seconds (default
+            :data:`TASK_TIMEOUT_S`, SWE-smith's 3000 s; not curation's cap). Also read under its former
+            name ``verifier_timeout_s``. Training runs the tests for it x
+            :attr:`forgeflow.training.rl.RLBurstConfig.verifier_timeout_multiplier` (:func:`training_timeout_s`).
+        pristine_duration_s: the longest recorded pristine (Oracle) run of the task's tests, seconds
+            (the Oracle trials' ``verifier_s``); None: not recorded. The training timeout is never below
+            :data:`PRISTINE_SAFETY_FACTOR` x this, and the verifier reads it to attribute a timeout to the
+            submission (``TaskTests.pristine_duration_s``).
     """
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, populate_by_name=True)
 
     instance_id: str = Field(min_length=1)
     image_ref: str = Field(min_length=1)
     test_command: str = Field(min_length=1)
     fail_to_pass: tuple[str, ...] = ()
     pass_to_pass: tuple[str, ...] = ()
-    verifier_timeout_s: float = Field(gt=0)
+    task_timeout_s: float = Field(default=TASK_TIMEOUT_S, gt=0, le=7 * 24 * 3600,
+                                  validation_alias=AliasChoices("task_timeout_s", "verifier_timeout_s"))
+    pristine_duration_s: float | None = Field(default=None, ge=0, le=7 * 24 * 3600)
 
     @model_validator(mode="after")
     def _something_to_grade(self) -> "VerifierSpec":
@@ -58,9 +88,43 @@ class VerifierSpec(BaseModel):
         return self
 
 
+def training_timeout_s(task_timeout_s: float, multiplier: float, pristine_duration_s: float | None = None,
+                       pristine_factor: float = PRISTINE_SAFETY_FACTOR) -> float:
+    """The training verifier's timeout of one task, seconds.
+
+    ``task_timeout_s x multiplier`` (the seeds' rule: 3000 s x 0.06 = 180 s), raised to
+    ``pristine_factor x pristine_duration_s`` where the task's pristine run is recorded and longer, so
+    a correct fix never times out for want of the time the task's own tests need.
+
+    Args:
+        task_timeout_s: the task's original per-task timeout, seconds (> 0).
+        multiplier: training timeout / task timeout (> 0; default of the burst 0.06).
+        pristine_duration_s: the task's longest recorded pristine (Oracle) run, seconds; None: not recorded.
+        pristine_factor: the floor, in pristine runs (>= 1; :data:`PRISTINE_SAFETY_FACTOR`).
+
+    Raises:
+        InputError: a timeout or multiplier <= 0, a negative pristine duration, or a factor < 1.
+    """
+    if task_timeout_s <= 0 or multiplier <= 0:
+        raise errors.InputError(f"task_timeout_s ({task_timeout_s}) and verifier_timeout_multiplier ({multiplier}) "
+                                "must be > 0")
+    if pristine_factor < 1 or (pristine_duration_s is not None and pristine_duration_s < 0):
+        raise errors.InputError(f"pristine_factor must be >= 1 (got {pristine_factor}) and pristine_duration_s >= 0 "
+                                f"(got {pristine_duration_s})")
+    timeout_s = task_timeout_s * multiplier
+    if pristine_duration_s is not None:
+        timeout_s = max(timeout_s, pristine_factor * pristine_duration_s)
+    return timeout_s
+
+
 def completion_text(completion: Any) -> str:
     """The text of a TRL completion: a string, or a conversational list of messages (the
-    assistant contents joined)."""
+    assistant contents joined).
+
+    Raises:
+        InputError: the completion is neither (the completion's outcome: :func:`score_completion`
+            scores it 0).
+    """
     if isinstance(completion, str):
         return completion
     if isinstance(completion, list):
@@ -91,14 +155,16 @@ class RewardOutcome(BaseModel):
     """The verifier's verdict on one completion.
 
     Attributes:
-        reward: 1.0 resolved, 0.0 not resolved (or no patch, or a patch that does not apply);
-            None iff ``exception_type`` is set.
+        reward: 1.0 resolved, 0.0 not resolved (or no text, no diff, a diff that does not apply, a
+            run the submission itself failed); None iff ``exception_type`` is set.
         exception_type: class name of the infrastructure error (``ImageNotFoundError``,
-            ``VerifierTimeoutError``, ...), else None.
+            ``VerifierTimeoutError``, ...) or of an unexpected error while scoring this completion, else None.
         exception_message: its message.
-        note: the verifier's notes (``empty submission``, ``did not apply``, ``tampering: ...``), if any.
-        verifier_timeout_s: the timeout the test run had (task timeout x multiplier), seconds.
+        note: why, for a person (``no diff in the completion``, ``did not apply``, ``tampering: ...``), if any.
+        verifier_timeout_s: the timeout the test run had (:func:`training_timeout_s`), seconds.
         tampering: True when the completion changed the task's own files (reward 0).
+        submission_failure: the kind of the submission's own failure (``timeout``, ``oom``, ...) when
+            the verifier attributed the run's failure to the submission (reward 0), else None.
         node_id: the Ray node the verifier ran on; None when it ran in this process.
     """
 
@@ -110,7 +176,19 @@ class RewardOutcome(BaseModel):
     note: str = ""
     verifier_timeout_s: float = Field(gt=0)
     tampering: bool = False
+    submission_failure: str | None = None
     node_id: str | None = None
+
+
+def _failure_kind(evidence: dict[str, Any]) -> str | None:
+    """The kind of the submission's own failure in a verdict's evidence (``evidence["submission_failure"]``:
+    a kind, or a record with ``kind``), or None when the verdict names none."""
+    failure = evidence.get("submission_failure")
+    if not failure:
+        return None
+    if isinstance(failure, dict):
+        return str(failure.get("kind") or failure.get("type") or "unknown")
+    return str(failure)
 
 
 def score_completion(
@@ -120,10 +198,17 @@ def score_completion(
 ) -> RewardOutcome:
     """Apply a completion's patch in a fresh container of the task image and grade the tests.
 
-    Runs :func:`forgeflow.sandbox.scoring.verify_submission` (the agent trials' verifier: screening by
-    ``tamper_policy``, ``git apply`` in a fresh container of the pristine image, the pinned test
-    run, the strict resolution rule) with a timeout of
-    ``task.verifier_timeout_s * verifier_timeout_multiplier`` seconds.
+    Runs :func:`forgeflow.sandbox.scoring.verify_submission` (the agent trials' verifier: the patch
+    applied with ``git apply`` in a fresh container of the pristine image, the tampering policy, the
+    pinned test run, the strict resolution rule) with the timeout :func:`training_timeout_s` gives
+    (the task's timeout x ``verifier_timeout_multiplier``, never below :data:`PRISTINE_SAFETY_FACTOR`
+    x its pristine run), and the pristine duration passed on for attributing a timeout.
+
+    Whatever this one completion brings is its own outcome, never an error of the batch: a completion
+    that is not text or holds no diff is reward 0 without a container; an
+    :class:`~forgeflow.common.errors.InputError` while screening or applying its diff is reward 0 with
+    the error as the note; an infrastructure error (a lost Ray node included) is ``reward=None`` with
+    its class name, never 0; any other exception is likewise this completion's exception (None).
 
     Args:
         completion: a TRL completion (string or list of messages).
@@ -138,30 +223,46 @@ def score_completion(
             (:func:`forgeflow.sandbox.dispatch.verify_on`); None: here.
 
     Returns:
-        The outcome (with the Ray ``node_id`` it was scored on); an
-        :class:`~forgeflow.common.errors.InfraError` (a lost Ray node included) becomes
-        ``reward=None`` with its class name, never 0.
+        The outcome (with the Ray ``node_id`` it was scored on and, for a run the submission itself
+        failed, its ``submission_failure`` kind).
 
     Raises:
-        InputError: ``verifier_timeout_multiplier`` <= 0 or a malformed completion.
+        InputError: the scorer's own settings are wrong (``verifier_timeout_multiplier`` <= 0, an
+            unknown ``tamper_policy`` or ``backend``): checked before the completion is looked at.
     """
-    if verifier_timeout_multiplier <= 0:
-        raise errors.InputError(f"verifier_timeout_multiplier must be > 0, got {verifier_timeout_multiplier}")
-    timeout_s = task.verifier_timeout_s * verifier_timeout_multiplier
-    patch = extract_patch(completion_text(completion))
+    timeout_s = training_timeout_s(task.task_timeout_s, verifier_timeout_multiplier, task.pristine_duration_s)
+    if tamper_policy not in get_args(TamperPolicy):
+        raise errors.InputError(f"unknown tamper policy {tamper_policy!r}; valid: {', '.join(get_args(TamperPolicy))}")
+    backend_kind(backend)  # an unknown kind is the scorer's error, not this completion's
+
+    def zero(note: str) -> RewardOutcome:
+        return RewardOutcome(reward=0.0, note=note, verifier_timeout_s=timeout_s)
+
+    try:
+        text = completion_text(completion)
+    except errors.InputError as exc:
+        return zero(f"not credited: the completion is not text ({exc})")
+    patch = extract_patch(text)
+    if not patch:
+        return zero("not credited: no diff in the completion")
     name = name or sanitize_name(f"ff-rl-{task.instance_id}-{uuid.uuid4().hex[:12]}")
     tests = TaskTests(image_ref=task.image_ref, test_command=task.test_command,
-                      fail_to_pass=list(task.fail_to_pass), pass_to_pass=list(task.pass_to_pass))
+                      fail_to_pass=list(task.fail_to_pass), pass_to_pass=list(task.pass_to_pass),
+                      pristine_duration_s=task.pristine_duration_s)
     try:
         verdict = verify_on(
             ray, tests, patch, timeout_s=timeout_s, spec=SandboxSpec(memory_mb=memory_mb, cpus=cpus), name=name,
             tamper_policy=tamper_policy, backend=backend,
         )
-    except errors.InfraError as exc:
+    except errors.InputError as exc:  # the completion's diff: refused by the screen or by git
+        return zero(f"not credited: the completion's diff did not apply: {exc}")
+    except Exception as exc:  # infrastructure, or anything else: this completion's, never the batch's
         return RewardOutcome(exception_type=type(exc).__name__, exception_message=str(exc) or repr(exc),
                              verifier_timeout_s=timeout_s)
     return RewardOutcome(reward=verdict.reward, note="; ".join(verdict.notes), verifier_timeout_s=timeout_s,
                          tampering=bool(verdict.evidence.get("submission", {}).get("tampering")),
+                         submission_failure=(getattr(verdict, "submission_failure", None)
+                                             or _failure_kind(verdict.evidence)) if verdict.reward == 0.0 else None,
                          node_id=verdict.evidence.get("node_id"))
 
 
@@ -172,8 +273,12 @@ class StepRewardCounts(BaseModel):
         step: the optimizer step the completions trained (1-based).
         completions: completions scored.
         resolved: reward 1.0.
-        unresolved: reward 0.0 (tests fail, no patch, or a patch that does not apply).
-        exceptions: infrastructure errors (no reward).
+        unresolved: reward 0.0 (tests fail, no diff, a diff that does not apply, or the submission's own
+            failure).
+        submission_failures: completions whose run the submission itself failed (a hang past the
+            timeout, OOM, ...: reward 0, among ``unresolved``).
+        submission_failure_kinds: failure kind (``timeout``, ``oom``, ...) -> count.
+        exceptions: infrastructure errors, or unexpected errors while scoring one completion (no reward).
         exception_types: exception class name -> count.
         tampering: completions that changed the task's own files (among ``unresolved``).
         nodes: Ray node id -> completions scored there (empty when the verifier ran in-process).
@@ -185,10 +290,48 @@ class StepRewardCounts(BaseModel):
     completions: int = Field(default=0, ge=0)
     resolved: int = Field(default=0, ge=0)
     unresolved: int = Field(default=0, ge=0)
+    submission_failures: int = Field(default=0, ge=0)
     exceptions: int = Field(default=0, ge=0)
     tampering: int = Field(default=0, ge=0)
+    submission_failure_kinds: dict[str, int] = Field(default_factory=dict)
     exception_types: dict[str, int] = Field(default_factory=dict)
     nodes: dict[str, int] = Field(default_factory=dict)
+
+    @classmethod
+    def total(cls, counts: "list[StepRewardCounts]", step: int | None = None) -> "StepRewardCounts":
+        """``counts`` summed (per-kind and per-node maps merged); ``step``: the result's step, default the
+        last of ``counts`` (1 when empty)."""
+        maps: dict[str, dict[str, int]] = {"submission_failure_kinds": {}, "exception_types": {}, "nodes": {}}
+        for c in counts:
+            for field, merged in maps.items():
+                for k, v in getattr(c, field).items():
+                    merged[k] = merged.get(k, 0) + v
+        numbers = ("completions", "resolved", "unresolved", "submission_failures", "exceptions", "tampering")
+        return cls(step=step if step is not None else max((c.step for c in counts), default=1),
+                   **{n: sum(getattr(c, n) for c in counts) for n in numbers},
+                   **{f: dict(sorted(m.items())) for f, m in maps.items()})
+
+    @classmethod
+    def of(cls, step: int, outcomes: "list[RewardOutcome]") -> "StepRewardCounts":
+        """The counts of ``outcomes`` scored for ``step``."""
+        def tally(keys: list[str | None]) -> dict[str, int]:
+            out: dict[str, int] = {}
+            for k in keys:
+                if k:
+                    out[k] = out.get(k, 0) + 1
+            return dict(sorted(out.items()))
+
+        return cls(step=step, completions=len(outcomes), resolved=sum(o.reward == 1.0 for o in outcomes),
+                   unresolved=sum(o.reward == 0.0 for o in outcomes),
+                   submission_failures=sum(o.submission_failure is not None for o in outcomes),
+                   exceptions=sum(o.reward is None for o in outcomes), tampering=sum(o.tampering for o in outcomes),
+                   submission_failure_kinds=tally([o.submission_failure for o in outcomes]),
+                   exception_types=tally([o.exception_type for o in outcomes]),
+                   nodes=tally([o.node_id for o in outcomes]))
+
+
+def _column(values: list | None, i: int) -> Any:
+    return values[i] if values is not None and i < len(values) else None
 
 
 class VerifierReward:
@@ -196,13 +339,18 @@ class VerifierReward:
 
     Called with the batch's ``completions`` and the dataset columns of :class:`forgeflow.training.rl.RLData` (TRL passes
     every extra column as a keyword list, plus ``trainer_state``); returns one reward per
-    completion: 1.0, 0.0 or None (see :func:`score_completion`). Up to ``concurrency`` verifier
-    containers run at once, here or (``ray``) as Ray tasks on the cluster's sandbox nodes.
-    ``counts`` holds a :class:`StepRewardCounts` per optimizer step and ``outcomes`` every
-    :class:`RewardOutcome` with its step and instance id.
+    completion, in order: 1.0, 0.0 or None (see :func:`score_completion`). One completion never
+    loses the batch: an error while scoring it (its task row included) is that completion's outcome.
+    Up to ``concurrency`` verifier containers run at once, here or (``ray``) as Ray tasks on the
+    cluster's sandbox nodes. ``counts`` holds a :class:`StepRewardCounts` per optimizer step and
+    ``outcomes`` every :class:`RewardOutcome` with its step and instance id.
+
+    The task's timeout column is ``task_timeout_s`` (its former name ``verifier_timeout_s`` is read
+    too; neither: :data:`TASK_TIMEOUT_S`), its pristine run ``pristine_duration_s`` (optional).
 
     Raises:
-        InputError: ``verifier_timeout_multiplier`` <= 0 or ``concurrency`` < 1.
+        InputError: ``verifier_timeout_multiplier`` <= 0 or ``concurrency`` < 1 (at construction); an
+            unknown ``tamper_policy`` or ``backend`` (at the first call, before any completion is scored).
     """
 
     __name__ = "verifier"
@@ -224,13 +372,26 @@ class VerifierReward:
 
     def __call__(self, prompts: list, completions: list, *, instance_id: list[str], image_ref: list[str],
                  test_command: list[str], fail_to_pass: list[list[str]], pass_to_pass: list[list[str]],
-                 verifier_timeout_s: list[float], trainer_state: Any = None, **_: Any) -> list[float | None]:
+                 trainer_state: Any = None, **columns: Any) -> list[float | None]:
         step = int(getattr(trainer_state, "global_step", 0)) + 1
+        timeouts = columns.get("task_timeout_s", columns.get("verifier_timeout_s"))
+        pristine_duration_s = columns.get("pristine_duration_s")
+        if self.tamper_policy not in get_args(TamperPolicy):
+            raise errors.InputError(f"unknown tamper policy {self.tamper_policy!r}; valid: "
+                                    f"{', '.join(get_args(TamperPolicy))}")
+        backend_kind(self.backend)
 
         def one(i: int) -> RewardOutcome:
-            task = VerifierSpec(instance_id=instance_id[i], image_ref=image_ref[i],
-                                test_command=test_command[i], fail_to_pass=tuple(fail_to_pass[i]),
-                                pass_to_pass=tuple(pass_to_pass[i]), verifier_timeout_s=verifier_timeout_s[i])
+            timeout = _column(timeouts, i)
+            try:
+                task = VerifierSpec(instance_id=instance_id[i], image_ref=image_ref[i],
+                                    test_command=test_command[i], fail_to_pass=tuple(fail_to_pass[i]),
+                                    pass_to_pass=tuple(pass_to_pass[i]),
+                                    task_timeout_s=TASK_TIMEOUT_S if timeout is None else timeout,
+                                    pristine_duration_s=_column(pristine_duration_s, i))
+            except Exception as exc:  # a bad task row: this completion's exception, never the batch's
+                return RewardOutcome(exception_type=type(exc).__name__, exception_message=str(exc) or repr(exc),
+                                     verifier_timeout_s=TASK_TIMEOUT_S * self.verifier_timeout_multiplier)
             name = sanitize_name(f"ff-rl-{instance_id[i]}-{self.nonce}-s{step}-{i}")
             return score_completion(completions[i], task, verifier_timeout_multiplier=self.verifier_timeout_multiplier,
                                     memory_mb=self.memory_mb, cpus=self.cpus, name=name,
@@ -238,24 +399,11 @@ class VerifierReward:
 
         with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
             outcomes = list(pool.map(one, range(len(completions))))
-        self._count(step, [instance_id[i] for i in range(len(outcomes))], outcomes)
+        self._count(step, [str(_column(instance_id, i)) for i in range(len(outcomes))], outcomes)
         return [o.reward for o in outcomes]
 
     def _count(self, step: int, ids: list[str], outcomes: list[RewardOutcome]) -> None:
         with self._lock:
-            old = self.counts.get(step) or StepRewardCounts(step=step)
-            types, nodes = dict(old.exception_types), dict(old.nodes)
-            for o in outcomes:
-                if o.exception_type:
-                    types[o.exception_type] = types.get(o.exception_type, 0) + 1
-                if o.node_id:
-                    nodes[o.node_id] = nodes.get(o.node_id, 0) + 1
-            self.counts[step] = StepRewardCounts(
-                step=step, completions=old.completions + len(outcomes),
-                resolved=old.resolved + sum(o.reward == 1.0 for o in outcomes),
-                unresolved=old.unresolved + sum(o.reward == 0.0 for o in outcomes),
-                exceptions=old.exceptions + sum(o.reward is None for o in outcomes),
-                tampering=old.tampering + sum(o.tampering for o in outcomes),
-                exception_types=dict(sorted(types.items())), nodes=dict(sorted(nodes.items())),
-            )
+            earlier = [self.counts[step]] if step in self.counts else []
+            self.counts[step] = StepRewardCounts.total([*earlier, StepRewardCounts.of(step, outcomes)], step)
             self.outcomes.extend((step, iid, o) for iid, o in zip(ids, outcomes))

@@ -18,18 +18,23 @@ conftest, test configuration or start-up hooks is tampering: reward 0, counted p
 it in a fresh container of the pristine task image, runs the tests with the pinned environment and
 reads the structured report, graded with the strict resolution rule: reward 1.0 (resolved) or 0.0
 (not resolved, patch empty or not applying, a report that disagrees with the exit status: the
-model's outcomes). An infrastructure failure (podman failure, missing image, OOM, verifier
-timeout, unparseable output, a lost Ray node) gives **None**, never 0: TRL 1.16 turns None into NaN
+model's outcomes; so is a completion that is not text or holds no diff, and a run the submission
+itself hung or exhausted, which the verifier attributes to it on evidence: reward 0, counted per kind).
+An infrastructure failure (podman failure, missing image, OOM or timeout without the submission's
+evidence, unparseable output, a lost Ray node) gives **None**, never 0: TRL 1.16 turns None into NaN
 (``GRPOTrainer._calculate_rewards``: ``reward if reward is not None else torch.nan``), marks a
 completion whose every reward is NaN as unscorable (``unscorable_mask``), leaves it out of the
 group mean/std or leave-one-out baseline (``nanmean``/``nanstd``) and sets its advantage to 0
 (``torch.nan_to_num(advantages, nan=0.0)``), so it does not move the policy. ``RLOOTrainer``
-does the same.
+does the same. One completion never loses the batch (:class:`forgeflow.training.rewards.VerifierReward`).
 
-The verifier timeout for training is the task's own (curation) verifier timeout times
-:attr:`RLBurstConfig.verifier_timeout_multiplier` (default 0.06): a training rollout whose
-tests are slow is cut short and counted as an exception, without changing the timeout
-curation used to accept the task. Rewards and exceptions are counted per optimizer step
+The verifier timeout for training (:func:`forgeflow.training.rewards.training_timeout_s`) is the task's
+original per-task timeout (:attr:`RLTask.task_timeout_s`, default SWE-smith's 3000 s) times
+:attr:`RLBurstConfig.verifier_timeout_multiplier` (default 0.06: the seeds' 180 s), never below
+:data:`forgeflow.training.rewards.PRISTINE_SAFETY_FACTOR` (5) times the task's recorded pristine
+(Oracle) run (:attr:`RLTask.pristine_duration_s`), which the verifier also reads to attribute a
+timeout to the submission. Curation's own timeout is a separate cap and plays no part. Rewards,
+the submission's own failures by kind and exceptions by type are counted per optimizer step
 (:class:`forgeflow.training.rewards.StepRewardCounts`, with the Ray nodes they ran on) and stored
 in ``lineage.json`` and the returned :class:`RLBurstRecord`.
 """
@@ -88,6 +93,12 @@ class RLTask(VerifierSpec):
     every remaining test and is rewarded 1), and an unknown field is refused (a misspelt
     ``FAIL_TO_PASS`` would otherwise leave ``fail_to_pass`` empty, unseen).
 
+    Its timeouts (seconds): ``task_timeout_s``, the task's original per-task timeout (default SWE-smith's
+    3000 s; a row may still name it ``verifier_timeout_s``, its former name), and ``pristine_duration_s``,
+    the longest recorded pristine (Oracle) run of its tests (the Oracle trials' ``verifier_s``), if
+    known. Training runs the tests for ``task_timeout_s`` x the burst's multiplier, never below 5 x the
+    pristine run (:func:`forgeflow.training.rewards.training_timeout_s`).
+
     Raises:
         pydantic.ValidationError: a missing or empty ``fail_to_pass``, an unknown field, or any
             field of the verifier's spec out of bounds.
@@ -113,7 +124,8 @@ class RLData(BaseModel):
     Attributes:
         dataset: a ``datasets.Dataset`` with ``prompt`` (one user message, conversational) and the
             task columns TRL hands to the reward function: ``instance_id``, ``image_ref``,
-            ``test_command``, ``fail_to_pass``, ``pass_to_pass``, ``verifier_timeout_s``.
+            ``test_command``, ``fail_to_pass``, ``pass_to_pass``, ``task_timeout_s`` (seconds),
+            ``pristine_duration_s`` (seconds, None where not recorded).
         sha256: sha256 of the canonical JSON of the rows, in order (covers the rendered prompts,
             hence the template).
         prompt_template: the template file the prompts were rendered from.
@@ -168,7 +180,8 @@ def build_rl_dataset(tasks: Sequence[RLTask | dict], prompt_template: Path = DEF
             "test_command": task.test_command,
             "fail_to_pass": list(task.fail_to_pass),
             "pass_to_pass": list(task.pass_to_pass),
-            "verifier_timeout_s": float(task.verifier_timeout_s),
+            "task_timeout_s": float(task.task_timeout_s),
+            "pristine_duration_s": None if task.pristine_duration_s is None else float(task.pristine_duration_s),
         })
     return RLData(dataset=Dataset.from_list(rows), sha256=sha256_json(rows), prompt_template=Path(prompt_template),
                   prompt_template_sha256=sha256_file(prompt_template))
@@ -196,8 +209,9 @@ class RLBurstConfig(LoraSettings):
         temperature: sampling temperature of the rollouts.
         beta: KL coefficient against the base policy (0: no reference model).
         seed: training and sampling seed.
-        verifier_timeout_multiplier: training verifier timeout = the task's verifier timeout x this
-            (kept apart from the curation timeout).
+        verifier_timeout_multiplier: training verifier timeout = the task's original per-task timeout
+            (:attr:`RLTask.task_timeout_s`) x this, never below 5 x its pristine run
+            (:func:`forgeflow.training.rewards.training_timeout_s`); the seeds' 0.06.
         verifier_memory_mb / verifier_cpus: limits of each verifier container.
         verifier_concurrency: verifier containers at once.
         verifier_backend: the sandbox backend kind of the verifier containers
@@ -252,22 +266,7 @@ class RLBurstRecord(BaseModel):
 
     def totals(self) -> StepRewardCounts:
         """The counts summed over steps (``step`` is the last step)."""
-        types: dict[str, int] = {}
-        nodes: dict[str, int] = {}
-        for c in self.reward_counts:
-            for k, v in c.exception_types.items():
-                types[k] = types.get(k, 0) + v
-            for k, v in c.nodes.items():
-                nodes[k] = nodes.get(k, 0) + v
-        return StepRewardCounts(
-            step=max((c.step for c in self.reward_counts), default=1),
-            completions=sum(c.completions for c in self.reward_counts),
-            resolved=sum(c.resolved for c in self.reward_counts),
-            unresolved=sum(c.unresolved for c in self.reward_counts),
-            exceptions=sum(c.exceptions for c in self.reward_counts),
-            tampering=sum(c.tampering for c in self.reward_counts),
-            exception_types=dict(sorted(types.items())), nodes=dict(sorted(nodes.items())),
-        )
+        return StepRewardCounts.total(self.reward_counts)
 
 
 def _trl_objects(config: RLBurstConfig, output_dir: Path, with_lora: bool,

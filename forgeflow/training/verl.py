@@ -19,14 +19,20 @@ Pieces:
 * :func:`write_verl_dataset` — the RL prompts as verl's parquet rows (``data_source``, ``prompt``,
   ``ability``, ``reward_model``, ``extra_info``), carrying each task's verifier spec.
 * :func:`compute_score` — the ``custom_reward_function`` verl calls: the same verifier as
-  :mod:`forgeflow.training.rl` (patch applied in the task container, tests graded). verl has no "no
-  reward" value, so an infrastructure failure raises (the job fails loudly) instead of scoring 0.
+  :mod:`forgeflow.training.rl` (patch applied in the task container, tests graded). It never raises
+  for one answer: the submission's own failure (a hang past the timeout, OOM, a diff git refuses) is
+  0.0; an infrastructure failure of one answer is 0.0 flagged ``infra_exception`` (verl has no "no
+  reward" value: its reward tensor takes a float per answer, and its own reward managers score a
+  timed-out or failed reward computation 0.0 with a flag, ``RateLimitedRewardManager``), until
+  infrastructure failures pass :data:`MAX_INFRA_FRACTION_ENV` of the answers this process scored,
+  when it raises: a job on a broken cluster fails loudly rather than training on zeros.
 """
 
 from __future__ import annotations
 
 import os
 import shlex
+import threading
 from pathlib import Path
 from typing import Any, Literal
 
@@ -40,6 +46,12 @@ REWARD_FUNCTION_NAME = "compute_score"
 TIMEOUT_MULTIPLIER_ENV = "FORGEFLOW_VERIFIER_TIMEOUT_MULTIPLIER"
 """Environment variable (set in the Ray job's ``runtime_env``) carrying the training verifier
 timeout multiplier to :func:`compute_score` on the cluster."""
+MAX_INFRA_FRACTION_ENV = "FORGEFLOW_VERIFIER_MAX_INFRA_FRACTION"
+"""Environment variable (set in the Ray job's ``runtime_env``) carrying
+:attr:`VerlPPOSettings.verifier_max_infra_fraction` to :func:`compute_score` on the cluster."""
+INFRA_MIN_ANSWERS = 16
+"""Answers a process scores before :func:`compute_score` judges its infrastructure-failure fraction (a
+first unlucky answer does not end a job)."""
 DATA_SOURCE = "forgeflow"
 CHECKPOINT_DIR_LABEL = "checkpoint_dir"
 """The Ray job's metadata label that holds ``settings.checkpoint_dir`` (:func:`ray_job_spec`): where the job
@@ -89,7 +101,11 @@ class VerlPPOSettings(BaseModel):
         test_freq_steps: validation every this many steps; -1 disables.
         reward_function_path: this module's path *on the cluster* (relative to the job's
             working_dir), loaded by verl as ``custom_reward_function.path``.
-        verifier_timeout_multiplier: training verifier timeout = task timeout x this.
+        verifier_timeout_multiplier: training verifier timeout = task timeout x this (never below 5 x the
+            task's pristine run: :func:`forgeflow.training.rewards.training_timeout_s`).
+        verifier_max_infra_fraction: the most infrastructure failures, as a fraction of the answers a
+            reward process scored (after :data:`INFRA_MIN_ANSWERS`), that :func:`compute_score` scores 0.0
+            flagged before it raises and ends the job (default 0.25).
 
     An unknown field is refused (a misspelt key would otherwise fall back to its default unseen).
     """
@@ -128,6 +144,7 @@ class VerlPPOSettings(BaseModel):
     test_freq_steps: int = Field(default=-1, ge=-1)
     reward_function_path: str = Field(default="forgeflow/training/verl.py", min_length=1)
     verifier_timeout_multiplier: float = Field(default=0.06, gt=0, le=10)
+    verifier_max_infra_fraction: float = Field(default=0.25, ge=0, le=1)
 
     @model_validator(mode="after")
     def _batch_arithmetic(self) -> "VerlPPOSettings":
@@ -435,7 +452,8 @@ def ray_job_spec(
         submission_id: unique job id (letters, digits, ``_.-``).
         pip: packages the job installs (e.g. a pinned ``verl``); default none (a cluster image
             with verl).
-        env_vars: extra environment; :data:`TIMEOUT_MULTIPLIER_ENV` is always set from ``s``.
+        env_vars: extra environment; :data:`TIMEOUT_MULTIPLIER_ENV` and :data:`MAX_INFRA_FRACTION_ENV` are
+            always set from ``s``.
         metadata: labels (e.g. the Prefect run id, the dataset digest); ``forgeflow`` is ``verl-ppo``
             unless given, :data:`CHECKPOINT_DIR_LABEL` is always ``s.checkpoint_dir``.
 
@@ -444,7 +462,8 @@ def ray_job_spec(
     """
     overrides = hydra_overrides(render_ppo_config(s))
     entrypoint = " ".join(["python3", "-m", ENTRYPOINT_MODULE, *(shlex.quote(o) for o in overrides)])
-    env = {**(env_vars or {}), TIMEOUT_MULTIPLIER_ENV: repr(s.verifier_timeout_multiplier)}
+    env = {**(env_vars or {}), TIMEOUT_MULTIPLIER_ENV: repr(s.verifier_timeout_multiplier),
+           MAX_INFRA_FRACTION_ENV: repr(s.verifier_max_infra_fraction)}
     try:
         return RayJobSpec(
             entrypoint=entrypoint, submission_id=submission_id,
@@ -471,7 +490,7 @@ def write_verl_dataset(data: Any, path: Path) -> Path:
     rows = []
     for i, row in enumerate(data.dataset):
         spec = {k: row[k] for k in ("instance_id", "image_ref", "test_command", "fail_to_pass",
-                                    "pass_to_pass", "verifier_timeout_s")}
+                                    "pass_to_pass", "task_timeout_s", "pristine_duration_s")}
         rows.append({
             "data_source": DATA_SOURCE, "prompt": row["prompt"], "ability": "swe",
             "reward_model": {"style": "rule", "ground_truth": row["instance_id"]},
@@ -483,17 +502,44 @@ def write_verl_dataset(data: Any, path: Path) -> Path:
     return path
 
 
-def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None,
-                  **_: Any) -> float:
-    """verl's ``custom_reward_function``: 1.0 or 0.0 from the task's verifier.
+class _InfraTally:
+    """Answers scored and infrastructure failures among them, in this process (verl's reward workers)."""
 
-    Same verifier as :func:`forgeflow.training.rewards.score_completion`, with the timeout multiplier from
-    :data:`TIMEOUT_MULTIPLIER_ENV` (default 0.06).
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.answers = 0
+        self.infra = 0
+
+    def add(self, infra: bool) -> tuple[int, int]:
+        with self.lock:
+            self.answers += 1
+            self.infra += int(infra)
+            return self.answers, self.infra
+
+
+_TALLY = _InfraTally()
+
+
+def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None,
+                  **_: Any) -> dict[str, float]:
+    """verl's ``custom_reward_function``: the task's verifier on one answer.
+
+    Same verifier as :func:`forgeflow.training.rewards.score_completion` (which never raises for one
+    answer's content), with the timeout multiplier from :data:`TIMEOUT_MULTIPLIER_ENV` (default 0.06).
+
+    Returns:
+        ``{"score", "resolved", "submission_failure", "infra_exception"}`` (floats; the same keys for
+        every answer, as verl collects them into ``reward_extra_info`` lists): ``score`` 1.0 resolved,
+        0.0 otherwise — including a run the submission itself failed (``submission_failure`` 1.0) and an
+        infrastructure failure of this answer (``infra_exception`` 1.0: verl has no "no reward"; its own
+        ``RateLimitedRewardManager`` scores a failed reward computation 0.0 with a flag).
 
     Raises:
-        InputError: the row is not a forgeflow row (no verifier spec in ``extra_info``).
-        InfraError: the verifier broke (verl has no "no reward": failing the job is the honest
-            answer, never a 0).
+        InputError: the row is not a forgeflow row (no verifier spec in ``extra_info``), or the
+            scorer's settings are wrong.
+        InfraError: infrastructure failures passed :data:`MAX_INFRA_FRACTION_ENV` (default 0.25) of the
+            answers this process scored, after :data:`INFRA_MIN_ANSWERS`: the job ends rather than
+            train on a broken cluster's zeros.
     """
     import json
 
@@ -504,7 +550,13 @@ def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_
     spec = VerifierSpec.model_validate(json.loads(extra_info["verifier"]))
     outcome = score_completion(solution_str, spec,
                                verifier_timeout_multiplier=float(os.environ.get(TIMEOUT_MULTIPLIER_ENV, "0.06")))
-    if outcome.reward is None:
-        raise errors.InfraError(f"verifier of {spec.instance_id} failed: {outcome.exception_type}: "
-                                f"{outcome.exception_message}")
-    return outcome.reward
+    infra = outcome.reward is None
+    answers, failures = _TALLY.add(infra)
+    if infra:
+        limit = float(os.environ.get(MAX_INFRA_FRACTION_ENV, "0.25"))
+        if answers >= INFRA_MIN_ANSWERS and failures / answers > limit:
+            raise errors.InfraError(
+                f"verifier infrastructure failed on {failures} of {answers} answers (> {limit:g}); last: "
+                f"{spec.instance_id}: {outcome.exception_type}: {outcome.exception_message}")
+    return {"score": outcome.reward or 0.0, "resolved": float(outcome.reward == 1.0),
+            "submission_failure": float(outcome.submission_failure is not None), "infra_exception": float(infra)}

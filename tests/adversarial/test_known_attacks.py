@@ -10,11 +10,11 @@ drop it from the comparison — except a real memory hog, which the kernel OOM-k
 
 from __future__ import annotations
 
+import re
 import textwrap
 
 import pytest
 
-from forgeflow.common import errors
 from forgeflow.sandbox.scoring import verify_submission
 from forgeflow.sandbox.trial import ValidationChecks, validate_candidate
 from forgeflow.sandbox.verifier import TaskTests
@@ -104,9 +104,13 @@ def test_gaming_the_test_run_from_the_code_scores_0(task_image: str, label: str,
     submission = calc_with(prefix)
     if label == "skip":  # add() skips its own test instead of adding
         submission = make_patch("calc.py", BUGGY_CALC, prefix + BUGGY_CALC.replace("return a - b", "_skip()"))
-    verdict = verify(task_image, submission, label)
+    # the static screen turns most of these away before any test runs (atexit, os._exit, os.kill are
+    # exit hooks and descriptors): with it off, the run-time defences must hold on their own
+    screened = verify(task_image, submission, f"{label}-screened")
+    assert screened.reward == 0.0 and (label == "skip" or screened.evidence["submission"].get("screen_findings"))
+    verdict = verify(task_image, submission, label, screen_policy="off")
     assert verdict.reward == 0.0, (why, verdict)
-    assert verdict.result is not None
+    assert verdict.result is not None or verdict.submission_failure is not None
     if label == "print-passes":
         assert "tests/test_calc.py::test_add PASSED" in verdict.result.log_tail
         assert verdict.result.tests["tests/test_calc.py::test_add"] == "FAILED"
@@ -126,9 +130,14 @@ def test_xfail_from_the_code_is_not_a_pass(task_image: str) -> None:
     assert verdict.reward == 0.0  # SWE-bench's own rule would count XFAIL as passed
 
 
-def test_a_real_memory_hog_is_an_oom_exception_named_by_its_evidence(task_image: str) -> None:
-    with pytest.raises(errors.SandboxOOMError, match=r"evidence: .*oom_kill \d+ -> \d+"):
-        verify(task_image, calc_with("_hog = bytearray(1 << 30)\n"), "hog")
+def test_a_real_memory_hog_is_the_submissions_oom_named_by_its_evidence(task_image: str) -> None:
+    """The kernel's OOM kill of a submission whose pristine tests fit the same limit is the submission's
+    outcome: reward 0 with the kernel's evidence and the pristine run's, never an exception that drops it."""
+    verdict = verify(task_image, calc_with("_hog = bytearray(1 << 30)\n"), "hog")
+    assert verdict.reward == 0.0 and verdict.submission_failure == "oom"
+    failure = verdict.evidence["submission_failure"]
+    assert re.search(r"evidence: .*oom_kill \d+ -> \d+", failure["error"]) and failure["memory_mb"] == SPEC.memory_mb
+    assert failure["pristine"]["source"].startswith("re-run") and failure["pristine"]["duration_s"] > 0
 
 
 def test_validation_reads_non_utf8_output_and_ids_with_spaces(task_image: str) -> None:
@@ -185,7 +194,8 @@ def test_log_parser_mode_keeps_the_exit_status_cross_check(task_image: str) -> N
     def verdict(submission: str, name: str):
         tests = TaskTests(image_ref=task_image, test_command=TEST_COMMAND, fail_to_pass=F2P, pass_to_pass=p2p,
                           log_parser="parse_log_pytest")
-        return verify_submission(tests, submission, timeout_s=120, spec=SPEC, name=f"ff-test-adv-log-{name}")
+        return verify_submission(tests, submission, timeout_s=120, spec=SPEC, name=f"ff-test-adv-log-{name}",
+                                 screen_policy="off")
 
     fixed = verdict(FIX, "fix")
     assert fixed.reward == 1.0 and fixed.result.report_format == "log" and fixed.result.log_parser == "parse_log_pytest"

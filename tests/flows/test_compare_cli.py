@@ -83,16 +83,21 @@ def test_compare_json_carries_the_gate_verdict_reason_and_interval_method(home: 
     assert ci["n_clusters"] == 2 and ci["low"] < 0.0 < ci["high"]
     gate = out["promotion"]
     assert gate["verdict"] == "hold" and gate["n_repos"] == 2 and gate["interval_method"] == ci["method"]
-    assert gate["reason"].startswith("not enough evidence: 3 pairs < 30, 2 repositories < 3; delta +0.0 pp")
+    # cand's hang took 1 of its 4 trials (25%), above the default limit of 20%: not compared, the gate holds
+    assert gate["reason"].startswith("not compared: job cand is unusable: 1 of 4 trials (25.0%): AgentHangError 1 "
+                                     "(25.0%) excluded as exceptions, above the limit 20.0%")
+    assert "the pairs alone: hold (not enough evidence: 3 pairs < 30, 2 repositories < 3; delta +0.0 pp" in gate["reason"]
     assert gate["repos_needed"] == 3 and gate["pairs_needed"] > 30
-    # the gate's settings are options; a drop allowance of 100 points on 1 pair from 1 repository promotes
+    # the gate's settings are options; a drop allowance of 100 points on 1 pair from 1 repository, with a quarter
+    # of a job's trials allowed to be exceptions (25% is not above 0.25), promotes
     lenient = runner.invoke(app, ["compare", "base", "cand", "--json", "--min-pairs", "1", "--min-repos", "1",
-                                  "--max-drop", "1.0"])
+                                  "--max-drop", "1.0", "--max-exception-rate", "0.25"])
     assert lenient.exit_code == 0, lenient.output
     assert json.loads(lenient.output)["promotion"]["verdict"] == "promote"
     bad = runner.invoke(app, ["compare", "base", "cand", "--alpha", "0.9"])
     assert bad.exit_code == 2 and "alpha" in bad.output
-    assert "**Promotion gate: hold** (not enough evidence" in runner.invoke(app, ["compare", "base", "cand"]).output
+    assert "**Promotion gate: hold** (not compared: job cand is unusable" in runner.invoke(
+        app, ["compare", "base", "cand"]).output
 
 
 def test_compare_refuses_jobs_on_different_freezes(home: Path) -> None:
@@ -190,4 +195,9 @@ def test_lifecycle_compare_task_lists_exclusions_and_counts_flagged_trials(flow_
     assert result.report_b.flagged == 1 and result.report_b.scored == 2
     assert result.costs.wall_s.n == 2 and result.costs.wall_s.ratio == pytest.approx(3.0 / 5.0)  # pairs only
     assert "toolz.t1 (exception in B: AgentHangError)" in result.markdown
-    assert result.decision.verdict == "hold" and result.decision.reason.startswith("not enough evidence: 2 pairs < 30")
+    # 1 of lc-cand's 3 trials excluded (33%): unusable at the default 20%, said with its count and rate
+    assert result.exclusions_b.unusable and not result.exclusions_a.unusable
+    assert result.decision.verdict == "hold" and result.decision.reason.startswith(
+        "not compared: job lc-cand is unusable: 1 of 3 trials (33.3%): AgentHangError 1 (33.3%)")
+    assert "the pairs alone: hold (not enough evidence: 2 pairs < 30" in result.decision.reason
+    assert "| AgentHangError | 1 | 33.3% |" in result.markdown

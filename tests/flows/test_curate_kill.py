@@ -39,16 +39,20 @@ print("RESULT " + out.model_dump_json())
 
 
 def _our_containers(names: set[str]) -> list[str]:
-    listed = subprocess.run(["podman", "ps", "-a", "--format", "{{.Names}}"], capture_output=True, text=True,
-                            check=True, timeout=60).stdout.split()
-    return sorted(set(listed) & names)
+    """Names of ours left at any layer: podman's records, the OCI runtime's containers (a SIGKILLed
+    ``podman run`` can leave one in state "created" that ``podman ps -a`` does not list) and conmon."""
+    from forgeflow.sandbox.podman_layers import find_leftovers
+
+    left = find_leftovers(names.__contains__)
+    return sorted({*left.podman, *(name for *_, name in left.runtime), *(name for _, name in left.conmon)})
 
 
 def _remove_containers(names: set[str]) -> None:
-    """Remove containers of these names (trial ids are deterministic: an earlier failed run of this
-    test may have left some, and a failing assertion here must not leave any)."""
-    for name in _our_containers(names):
-        subprocess.run(["podman", "rm", "-f", "-t", "0", name], capture_output=True, timeout=120)
+    """Remove containers of these names at every layer (trial ids are deterministic: an earlier failed
+    run of this test may have left some, and a failing assertion here must not leave any)."""
+    from forgeflow.sandbox.podman_layers import sweep_containers
+
+    sweep_containers(names.__contains__)
 
 
 def test_curate_killed_mid_batch_resumes_without_loss_or_duplicates(prefect_harness, tmp_path: Path) -> None:

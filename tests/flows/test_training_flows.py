@@ -166,11 +166,11 @@ def test_rl_burst_refuses_bad_tasks_parent_and_sandbox_before_any_model_loads(
         return rl_burst(RLBurstParams(hf_dir=tiny_model, tasks_jsonl=tasks_jsonl, **fields))
 
     task = {"instance_id": "calc-1", "image_ref": "localhost/calc:1", "problem_statement": "add fails",
-            "test_command": "pytest -rA", "fail_to_pass": ["tests/test_calc.py::test_add"], "verifier_timeout_s": 60.0}
+            "test_command": "pytest -rA", "fail_to_pass": ["tests/test_calc.py::test_add"], "task_timeout_s": 60.0}
     good = _jsonl(tmp_path / "tasks.jsonl", [task])
-    no_timeout = _jsonl(tmp_path / "t1.jsonl", [task, {k: v for k, v in task.items() if k != "verifier_timeout_s"}])
+    no_timeout = _jsonl(tmp_path / "t1.jsonl", [task, {**task, "instance_id": "calc-2", "task_timeout_s": 0}])
     with pytest.raises(InputError, match=rf"^params.tasks_jsonl {no_timeout} line 2 is not an RL task: "
-                                         "verifier_timeout_s"):
+                                         "task_timeout_s: Input should be greater than 0"):
         burst(no_timeout)
     repeated = _jsonl(tmp_path / "t2.jsonl", [task, task])
     with pytest.raises(InputError, match=r"line 2: instance_id 'calc-1' repeats line 1"):
@@ -183,7 +183,22 @@ def test_rl_burst_refuses_bad_tasks_parent_and_sandbox_before_any_model_loads(
         burst(good, dispatcher="no-such-dispatcher")
     with pytest.raises(ValueError, match=r"verifier_timeout_multiplier"):
         RLHyperParams(verifier_timeout_multiplier=0)
-    # the training verifier's timeout comes from the multiplier, apart from the task's (curation's)
+    # the training verifier's timeout: the task's own timeout x the multiplier (curation's timeout plays no part)
     config = RLHyperParams(verifier_timeout_multiplier=0.5).burst_config("kubernetes", 2048, 2.0)
     assert (config.verifier_timeout_multiplier, config.verifier_backend, config.verifier_memory_mb) == (0.5, "kubernetes", 2048)
     assert not (home / "models").exists()
+
+
+def test_the_rl_reward_table_counts_the_submissions_own_failures_apart_from_exceptions() -> None:
+    from flows.training import reward_rows
+    from forgeflow.training.rewards import StepRewardCounts
+
+    counts = [StepRewardCounts(step=1, completions=4, resolved=1, unresolved=2, submission_failures=1, exceptions=1,
+                               submission_failure_kinds={"timeout": 1}, exception_types={"SandboxError": 1}),
+              StepRewardCounts(step=2, completions=4, resolved=0, unresolved=4, submission_failures=2,
+                               submission_failure_kinds={"oom": 1, "timeout": 1}, tampering=1)]
+    rows = reward_rows(counts)
+    assert [r["step"] for r in rows] == ["1", "2", "total"]
+    assert rows[-1] == {"step": "total", "completions": 8, "resolved": 1, "unresolved": 6, "submission failures": 3,
+                        "by kind": "oom 1, timeout 2", "exceptions": 1, "by type": "SandboxError 1", "tampering": 1}
+    assert reward_rows([]) == []

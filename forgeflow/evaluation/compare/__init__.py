@@ -25,8 +25,10 @@ and :func:`promotion_decision` (:mod:`forgeflow.evaluation.compare.gate`) turns 
 promote / hold / reject: it needs enough pairs, repositories and an interval that excludes the
 allowed drop, and it holds when a cost ratio is over its limit.
 
-Modules: :mod:`.stats` (pass rates, paired comparison, cost ratios), :mod:`.jobs` (stored jobs,
-merged with their recovery jobs), :mod:`.report` (markdown), :mod:`.plot` (the figure); their public
+Modules: :mod:`.stats` (pass rates, paired comparison, cost ratios), :mod:`.exclusions` (the trials
+a job's numbers leave out, per exception type with the rate, and the limit above which a job is unusable
+for a comparison), :mod:`.jobs` (stored jobs, merged with their recovery jobs), :mod:`.report`
+(markdown), :mod:`.plot` (the figure); their public
 names are re-exported here.
 
 Jobs recorded in the store are compared by :func:`compare_stored_jobs`: each job is read as a
@@ -39,6 +41,13 @@ Wilson intervals and the wins/losses per repository (matplotlib, Agg canvas).
 
 from __future__ import annotations
 
+from forgeflow.evaluation.compare.exclusions import (
+    DEFAULT_MAX_EXCEPTION_RATE,
+    ExclusionCount,
+    JobExclusions,
+    exclusion_lines,
+    job_exclusions,
+)
 from forgeflow.evaluation.compare.jobs import (
     CanaryComparison,
     ComparisonSettings,
@@ -77,12 +86,15 @@ from forgeflow.evaluation.compare.stats import (
 
 __all__ = [
     "COST_METRICS",
+    "DEFAULT_MAX_EXCEPTION_RATE",
     "CanaryComparison",
     "ComparisonSettings",
     "CostComparison",
     "CostMetric",
     "ExcludedTask",
+    "ExclusionCount",
     "Interval",
+    "JobExclusions",
     "JobReport",
     "MergedJob",
     "PASS_REWARD",
@@ -93,6 +105,8 @@ __all__ = [
     "compare_stored_jobs",
     "cost_ratios",
     "excluded_tasks",
+    "exclusion_lines",
+    "job_exclusions",
     "job_trials",
     "merged_job",
     "paired_compare",

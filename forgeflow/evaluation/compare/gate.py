@@ -11,15 +11,20 @@ otherwise the answer is hold"):
   "not enough evidence", with the pairs and repositories that would be needed.
 * **cost** — the candidate's mean wall seconds, input tokens and agent steps per paired trial, as
   ratios B / A, within the largest allowed ratios; beyond one, the verdict is hold, naming it.
+* **usable jobs** — a job whose trials were excluded as exceptions (or never came back) above
+  ``max_exception_rate`` of its requested trials is unusable (:mod:`forgeflow.evaluation.compare.exclusions`):
+  the verdict is hold, naming the job, its rate and the limit, whatever the pairs say.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from forgeflow.common.errors import InputError
+from forgeflow.evaluation.compare.exclusions import DEFAULT_MAX_EXCEPTION_RATE
 from forgeflow.evaluation.compare.stats import CostComparison, PairedComparison
 from forgeflow.evaluation.paired_stats import pairs_needed
 
@@ -47,6 +52,10 @@ class GatePolicy(BaseModel):
         max_wall_s_ratio: Largest mean wall seconds per trial, B / A (None: not checked).
         max_input_tokens_ratio: Largest mean model input tokens per trial, B / A (None: not checked).
         max_agent_steps_ratio: Largest mean agent steps per trial, B / A (None: not checked).
+        max_exception_rate: Largest fraction of a job's requested trials excluded as exceptions (or missing)
+            for the job to be compared, in [0, 1]; above it the job is unusable and the verdict is hold
+            (default 0.2: :data:`forgeflow.evaluation.compare.exclusions.DEFAULT_MAX_EXCEPTION_RATE`, where
+            the choice is explained).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
@@ -58,6 +67,7 @@ class GatePolicy(BaseModel):
     max_wall_s_ratio: float | None = Field(1.5, gt=0.0)
     max_input_tokens_ratio: float | None = Field(1.25, gt=0.0)
     max_agent_steps_ratio: float | None = Field(1.25, gt=0.0)
+    max_exception_rate: float = Field(DEFAULT_MAX_EXCEPTION_RATE, ge=0.0, le=1.0)
 
     @classmethod
     def build(cls, base: GatePolicy | None = None, **settings: Any) -> GatePolicy:
@@ -124,6 +134,8 @@ class Decision(BaseModel):
             would because the observed delta is itself below ``-max_drop``).
         repos_needed: Repositories it would need (None: enough).
         costs: Each cost ratio against its limit.
+        unusable: Why a job was not compared (its exclusion rate above ``max_exception_rate``: job, rate and
+            limit named); empty when both jobs were usable.
         max_drop / alpha / min_pairs / min_repos: The settings used.
     """
 
@@ -142,6 +154,7 @@ class Decision(BaseModel):
     pairs_needed: int | None = None
     repos_needed: int | None = None
     costs: list[CostCheck] = Field(default_factory=list)
+    unusable: list[str] = Field(default_factory=list)
     max_drop: float
     alpha: float
     min_pairs: int = 30
@@ -170,13 +183,16 @@ def _pp(value: float) -> str:
 
 def promotion_decision(
     comparison: PairedComparison, policy: GatePolicy | None = None, *, costs: CostComparison | None = None,
-    **settings: Any,
+    unusable: Sequence[str] = (), **settings: Any,
 ) -> Decision:
     """Decide whether candidate B may replace baseline A.
 
     Rule (``[low, high]`` is ``comparison.delta_interval``, the union of Newcombe's interval and the
     repository bootstrap, at confidence ``1 - alpha``; ``k`` the repositories of the pairs):
 
+    0. **hold, not compared** when a job is unusable (``unusable`` names why: its trials excluded as
+       exceptions above ``max_exception_rate``, :func:`forgeflow.evaluation.compare.exclusions.job_exclusions`);
+       the reason starts with it and goes on with what rules 1-5 would have said of the pairs;
     1. **hold, not enough evidence** when fewer than ``min_pairs`` pairs or ``min_repos``
        repositories were scored (repositories unknown count as too few), whatever the interval
        says; the reason adds when the pairs so far already point to a drop;
@@ -197,6 +213,7 @@ def promotion_decision(
         policy: The gate's settings (default :class:`GatePolicy`).
         costs: Mean costs and their ratios over the pairs (:func:`forgeflow.evaluation.compare.cost_ratios`);
             None: every cost ratio is unknown (said in the reason).
+        unusable: Why a job may not be compared (one reason per unusable job); empty: both usable.
         **settings: :class:`GatePolicy` fields that replace ``policy``'s (``max_drop=0.02``).
 
     Returns:
@@ -207,6 +224,16 @@ def promotion_decision(
             confidence ``1 - alpha`` (recompute it with ``paired_compare(confidence=1 - alpha)``).
     """
     p = GatePolicy.build(policy, **settings)
+    decision = _pairs_decision(comparison, p, costs)
+    if not unusable:
+        return decision
+    return decision.model_copy(update={
+        "verdict": "hold", "enough_evidence": False, "unusable": list(unusable),
+        "reason": f"not compared: {'; '.join(unusable)}; the pairs alone: {decision.verdict} ({decision.reason})"})
+
+
+def _pairs_decision(comparison: PairedComparison, p: GatePolicy, costs: CostComparison | None) -> Decision:
+    """Rules 1-5 of :func:`promotion_decision` (the pairs and the costs; usable jobs assumed)."""
     c = comparison
     ci = c.delta_interval
     n_repos = len(c.per_repo) if c.per_repo else None

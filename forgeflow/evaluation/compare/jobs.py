@@ -13,6 +13,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow.common.errors import InputError
+from forgeflow.evaluation.compare.exclusions import JobExclusions, exclusion_lines, job_exclusions
 from forgeflow.evaluation.compare.gate import (
     Decision,
     GatePolicy,
@@ -114,8 +115,10 @@ class CanaryComparison(BaseModel):
 class MergedJob(BaseModel):
     """A job as stored, merged with the recovery jobs that re-ran its exception trials.
 
-    A recovery job names its original in ``jobs.parent_job_id`` (recoveries of a recovery count
-    too). Each instance keeps the original's trial unless that trial ended in an exception and a
+    A recovery job (``jobs.kind`` :data:`RECOVERY_JOB_KIND`) names its original in ``jobs.parent_job_id``
+    (recoveries of a recovery count too); a job of another kind linked the same way (a re-score,
+    :mod:`forgeflow.evaluation.rescore`) is a job of its own, never merged.
+    Each instance keeps the original's trial unless that trial ended in an exception and a
     recovery job has a trial for the instance: then the latest recovery trial stands, and the
     instance is listed in ``from_recovery``. The original's rows are never rewritten.
 
@@ -155,6 +158,11 @@ class MergedJob(BaseModel):
                 "recovery_job_ids": self.recovery_job_ids, "freeze_name": self.freeze_name, "split": self.split,
                 "model_sha256": self.model_sha256, "recorded_in_jobs_table": self.recorded,
                 "from_recovery": self.from_recovery}
+
+
+RECOVERY_JOB_KIND = "recovery"
+"""``jobs.kind`` of the jobs a merged view takes in: they re-ran their parent's exception trials
+(:data:`forgeflow.evaluation.canary.RECOVERY_JOB_KIND`)."""
 
 
 def _is_exception(trial: Any) -> bool:
@@ -197,7 +205,7 @@ def merged_job(store: Any, job_id: str, *, include_recovery: bool = True) -> Mer
     recovery: list[str] = []
     frontier = [job_id]
     while frontier:  # recoveries of recoveries, breadth first, oldest first
-        children = [j.job_id for parent in frontier for j in store.jobs(parent_job_id=parent)
+        children = [j.job_id for parent in frontier for j in store.jobs(parent_job_id=parent, kind=RECOVERY_JOB_KIND)
                     if j.job_id not in recovery and j.job_id != job_id]
         recovery += children
         frontier = children
@@ -305,8 +313,10 @@ class StoredJobsComparison(BaseModel):
             paired instance has a ``task_instances`` row, else by instance).
         excluded: instances left out of the pairs, with reasons.
         costs: mean input tokens, agent steps and wall seconds over the pairs, ratios B / A.
-        decision: the promotion gate's verdict on the pairs and the cost ratios.
+        decision: the promotion gate's verdict on the pairs and the cost ratios (hold when a job is unusable).
         markdown: the report a person reads.
+        exclusions_a / exclusions_b: each job's trials excluded as exceptions, per type with the rate, and
+            whether the job is unusable (:func:`forgeflow.evaluation.compare.exclusions.job_exclusions`).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -321,12 +331,16 @@ class StoredJobsComparison(BaseModel):
     costs: CostComparison
     decision: Decision
     markdown: str
+    exclusions_a: JobExclusions | None = None
+    exclusions_b: JobExclusions | None = None
 
     def to_json(self) -> dict[str, Any]:
         """What ``forgeflow compare --json`` prints: the paired fields at the top level (the
         ``delta_interval`` with its ``method``, ``source`` and ``n_clusters``), then the runs, the
-        split, the reports, the excluded tasks with reasons, the cost ratios and ``promotion``, the
-        gate's decision (``verdict``, ``reason``, ...; the shape of the lifecycle summary's)."""
+        split, the reports, the excluded tasks with reasons, ``exclusions`` (per job: each exception
+        type's count and rate, the total rate, the limit, ``unusable`` and its reason), the cost ratios
+        and ``promotion``, the gate's decision (``verdict``, ``reason``, ``unusable``, ...; the shape of the
+        lifecycle summary's)."""
         return {
             "job_a": self.job_a.job_id, "job_b": self.job_b.job_id,
             **self.paired.model_dump(mode="json"),
@@ -334,6 +348,8 @@ class StoredJobsComparison(BaseModel):
             "split_checked": self.split_checked,
             "report_a": self.report_a.model_dump(mode="json"), "report_b": self.report_b.model_dump(mode="json"),
             "excluded_tasks": [e.model_dump(mode="json") for e in self.excluded],
+            "exclusions": {run: None if ex is None else ex.model_dump(mode="json")
+                           for run, ex in (("a", self.exclusions_a), ("b", self.exclusions_b))},
             "costs": self.costs.model_dump(mode="json"),
             "promotion": self.decision.model_dump(mode="json"),
         }
@@ -375,7 +391,11 @@ def compare_stored_jobs(
        listed with its reason), clustered by repository (``task_instances.repo``) when every
        paired instance has a task row, else by instance (said in the report).
     4. :func:`cost_ratios` on the stored trial columns over the paired instances.
-    5. :func:`promotion_decision` on both, with ``gate``'s settings.
+    5. Each job's exclusions (:func:`~forgeflow.evaluation.compare.exclusions.job_exclusions`): the trials
+       excluded as exceptions per type with the rate; a job above ``gate.max_exception_rate`` is
+       unusable: the report says so first (job, rate, limit) and the gate holds.
+    6. :func:`promotion_decision` on the pairs, the cost ratios and the unusable jobs, with ``gate``'s
+       settings.
 
     Args:
         store: the store.
@@ -417,15 +437,24 @@ def compare_stored_jobs(
     costs = cost_ratios({t.instance_id: stored_costs(t) for t in a.trials},
                         {t.instance_id: stored_costs(t) for t in b.trials}, paired_ids)
     excluded = excluded_tasks(a.trials, b.trials)
-    decision = promotion_decision(paired, gate, costs=costs)
-    notes = [f"A = {a.label}", f"B = {b.label}", f"same frozen split: {split_checked}"]
+    exclusions_a = job_exclusions(report_a, job_a, gate.max_exception_rate)
+    exclusions_b = job_exclusions(report_b, job_b, gate.max_exception_rate)
+    unusable = [ex.reason for ex in (exclusions_a, exclusions_b) if ex.reason is not None]
+    decision = promotion_decision(paired, gate, costs=costs, unusable=unusable)
+    notes = [f"**not compared: {reason}**" for reason in unusable]
+    notes += [f"A = {a.label}", f"B = {b.label}", f"same frozen split: {split_checked}"]
     if repo_of is None and paired_ids:
         notes.append("delta interval clustered by instance: some paired instances have no task_instances row "
                      "(no repository known)")
     if excluded:
         notes.append("excluded from the pairs: " + "; ".join(f"{e.instance_id} ({e.reason})" for e in excluded))
+    notes += [f"exclusions of {label} ({job}): {ex.describe()}" for label, job, ex in
+              (("A", job_a, exclusions_a), ("B", job_b, exclusions_b))]
     markdown = render_markdown(report_a, report_b, paired, job_a, job_b, costs=costs, decision=decision,
                                notes=notes, plot_file=plot_file)
+    markdown += "".join(f"\n### Exclusions of {job}\n\n" + "\n".join(exclusion_lines(ex)) + "\n"
+                        for job, ex in ((job_a, exclusions_a), (job_b, exclusions_b)))
     return StoredJobsComparison(job_a=a, job_b=b, split_checked=split_checked, report_a=report_a,
                                 report_b=report_b, paired=paired, excluded=excluded, costs=costs,
-                                decision=decision, markdown=markdown)
+                                decision=decision, markdown=markdown, exclusions_a=exclusions_a,
+                                exclusions_b=exclusions_b)

@@ -31,10 +31,14 @@ def test_canary_result_dumps_the_keys_the_flow_returned_as_a_dict():
                           trials=[CanaryTrialOutcome(instance_id="i0", reward=1.0),
                                   CanaryTrialOutcome(instance_id="i1", exception_type="ModelEndpointError")])
     dumped = json.loads(result.model_dump_json())
+    exclusions = dumped.pop("exclusions")  # added beside the keys the flow returned: its exclusions with the rate
     assert dumped == {"job_id": "canary-x", "report": report.model_dump(mode="json"),
                       "report_path": "/c/canary-x/report.md",
                       "trials": [{"instance_id": "i0", "reward": 1.0, "exception_type": None},
                                  {"instance_id": "i1", "reward": None, "exception_type": "ModelEndpointError"}]}
+    assert exclusions["by_type"] == [{"exception_type": "ModelEndpointError", "count": 1, "rate": 0.5}]
+    assert exclusions["unusable"] and "job canary-x is unusable: 1 of 2 trials (50.0%)" in exclusions["reason"]
+    dumped["exclusions"] = exclusions
     assert CanaryResult.model_validate(dumped) == result  # the JSON reads back into the same result
     assert result.report.exceptions == 1
 

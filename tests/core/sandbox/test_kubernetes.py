@@ -98,9 +98,20 @@ def test_trial_pod_validates_as_v1pod_and_is_locked_down() -> None:
     assert container.resources.limits["cpu"] == "1000m"
     sc = container.security_context
     assert sc.privileged is False and sc.allow_privilege_escalation is False
-    assert sc.capabilities.drop == ["ALL"] and "SYS_ADMIN" not in sc.capabilities.add
+    assert sc.capabilities.drop == ["ALL"] and not sc.capabilities.add  # no capability, as the podman sandbox
+    assert ps.host_users is None  # the host's user namespace unless asked (a cluster may lack support)
     assert pod.metadata.labels["team"] == kubernetes_manifests.label_value("RL Evals")
     assert pod.metadata.labels[kubernetes_manifests.EGRESS_LABEL] == "deny"
+
+
+def test_capabilities_and_a_user_namespace_are_parameters() -> None:
+    spec = kubernetes_manifests.KubernetesSandboxSpec.from_sandbox_spec(SandboxSpec(capabilities=("CHOWN",)),
+                                                                         host_users=False)
+    pod = kubernetes_manifests.validate_manifest(kubernetes_manifests.render_trial_pod("a", TRIAL, IMAGE, spec))
+    assert pod.spec.host_users is False
+    sc = pod.spec.containers[0].security_context
+    assert sc.capabilities.drop == ["ALL"] and sc.capabilities.add == ["CHOWN"]
+    assert sc.allow_privilege_escalation is False
 
 
 def test_memory_cpu_and_network_are_parameters() -> None:

@@ -16,3 +16,32 @@ def test_both_wordings_of_a_taken_name_are_recognised() -> None:
 def test_other_start_failures_are_not_a_taken_name() -> None:
     assert not _name_in_use("Error: localhost/forgeflow/task:x: image not known")
     assert not _name_in_use("Error: OCI runtime error: runc: container_linux.go: starting container process")
+
+
+def test_every_container_drops_all_capabilities_gains_no_privilege_and_maps_root_away_from_host_root() -> None:
+    from forgeflow.sandbox.base import SandboxSpec
+    from forgeflow.sandbox.podman import PodmanSandbox
+
+    args = PodmanSandbox("img", SandboxSpec(), name="ff-x")._hardening_args()
+    assert args[:2] == ["--cap-drop=all", "--security-opt=no-new-privileges"]  # nothing added back
+    assert args[args.index("--uidmap") + 1] == args[args.index("--gidmap") + 1] == "0:1879048192:65536"
+    assert args[args.index("--annotation") + 1] == "dev.forgeflow.name=ff-x"
+    assert "--read-only" not in args
+    spec = SandboxSpec(capabilities=("CHOWN",), user_namespace="auto", read_only_root=True)
+    args = PodmanSandbox("img", spec, name="ff-x")._hardening_args()
+    assert "--cap-add=CHOWN" in args and "--userns=auto" in args and "--uidmap" not in args
+    assert "--read-only" in args and "type=tmpfs,destination=/testbed,tmpfs-mode=0755,tmpcopyup" in args
+    assert "--userns" not in " ".join(PodmanSandbox("img", SandboxSpec(user_namespace=None))._hardening_args())
+
+
+def test_capabilities_that_reach_the_reporting_process_are_refused() -> None:
+    import pytest
+    from pydantic import ValidationError
+
+    from forgeflow.sandbox.base import UNSAFE_CAPABILITIES, SandboxSpec
+
+    for cap in UNSAFE_CAPABILITIES:
+        with pytest.raises(ValidationError, match="would let a command reach"):
+            SandboxSpec(capabilities=(cap,))
+    with pytest.raises(ValidationError, match="without CAP_"):
+        SandboxSpec(capabilities=("CAP_CHOWN",))

@@ -1,18 +1,21 @@
-"""Screening submissions: which paths of a diff are the task's, and the tamper policies.
+"""What a submission changed, as git sees it, and which of those paths are the task's.
 
-The diffs are real ``git diff`` output of a scratch repository (git on the host), so renames,
-new, deleted and binary files and C-quoted paths are what git really prints.
+No container: :func:`forgeflow.sandbox.changes.changes_script` runs with the host's bash, git and python3
+on a scratch repository (the same script the verifier runs in the sandbox), so every list below is
+what git really reported after really applying the submission.
 """
 
 from __future__ import annotations
 
 import subprocess
+import uuid
 from pathlib import Path
 
 import pytest
 
 from forgeflow.common import errors
-from forgeflow.sandbox.submission import protected_reason, screen_submission, split_diff
+from forgeflow.sandbox.changes import Change, RunnerProbe, TreeChanges, changes_script, parse_changes, restore_script
+from forgeflow.sandbox.submission import classify_changes, protected_reason, screen_added_lines, shadowed_module
 
 F2P = ["tests/test_core.py::test_fix[a b]"]
 P2P = ["tests/test_core.py::test_other", "pkg/test_inline.py::test_x"]
@@ -33,125 +36,169 @@ def repo(tmp_path: Path) -> Path:
     (root / "tests" / "test_core.py").write_text("def test_other():\n    pass\n")
     (root / "setup.cfg").write_text("[tool:pytest]\naddopts = -q\n")
     (root / "old name.py").write_text("x = 1\n")
+    (root / ".gitignore").write_text("*.egg-info/\n__pycache__/\n")
     _git(root, "init", "-q")
     _git(root, "add", "-A")
     _git(root, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "base")
+    (root / "pkg.egg-info").mkdir()  # an ignored file the image holds (pip install -e at build time)
+    (root / "pkg.egg-info" / "entry_points.txt").write_text("[console_scripts]\npkg = pkg.core:f\n")
     return root
 
 
-def _diff(repo: Path) -> str:
-    _git(repo, "add", "-A")
-    return _git(repo, "diff", "--cached", "--binary", "-M", "HEAD")
+def changes_of(repo: Path, patch: str) -> TreeChanges:
+    """Apply ``patch`` to ``repo`` with the verifier's own script and return what git saw change."""
+    nonce = uuid.uuid4().hex[:16]
+    patch_file = repo.parent / f"{nonce}.patch"
+    patch_file.write_text(patch)
+    proc = subprocess.run(["bash", "-c", changes_script(str(repo), nonce, patch_path=str(patch_file))],
+                          capture_output=True, text=True, timeout=120)
+    return parse_changes(proc.stdout, proc.returncode, nonce)
 
 
-def test_a_fix_of_the_source_is_clean(repo: Path) -> None:
-    (repo / "pkg" / "core.py").write_text("def f():\n    return 2\n")
-    diff = _diff(repo)
-    screened = screen_submission(diff, [*F2P, *P2P])
-    assert not screened.tampering and screened.protected_paths == {} and screened.diff == diff
+def _diff_of(repo: Path, edit) -> str:  # noqa: ANN001 - a callable editing the work tree
+    """The ``git diff`` (binary, renames on) of ``edit`` applied to a copy of ``repo``'s commit."""
+    scratch = repo.parent / f"scratch-{uuid.uuid4().hex[:6]}"
+    subprocess.run(["git", "clone", "-q", str(repo), str(scratch)], check=True)
+    edit(scratch)
+    _git(scratch, "add", "-A")
+    return _git(scratch, "diff", "--cached", "--binary", "-M", "HEAD")
 
 
-@pytest.mark.parametrize(("path", "content", "why"), [
-    ("tests/test_core.py", "def test_other():\n    assert True\n", "test file of FAIL_TO_PASS/PASS_TO_PASS"),
-    ("conftest.py", "def pytest_collection_modifyitems(items):\n    items.clear()\n", "conftest"),
-    ("pkg/conftest.py", "import pytest\n", "conftest"),
-    ("setup.cfg", "[tool:pytest]\naddopts = --deselect tests\n", "configuration"),
-    ("pytest.ini", "[pytest]\naddopts = -p no:python\n", "configuration"),
-    ("pyproject.toml", "[tool.pytest.ini_options]\naddopts = '-k nothing'\n", "configuration"),
-    ("sitecustomize.py", "import os\n", "start-up hook"),
-    ("pkg/zz_hook.pth", "import os\n", "start-up hook"),
-    ("usercustomize.py", "import os\n", "start-up hook"),
-    ("pkg.egg-info/entry_points.txt", "[pytest11]\nx = pkg.plugin\n", "plugin registration"),
-    ("pkg.egg-info/top_level.txt", "pkg\n", "packaging metadata"),
-    ("tests/helpers/new_util.py", "X = 1\n", "test directory tests/"),
-    ("pkg/core_test.py", "def test_y():\n    pass\n", "test file"),
-])
-def test_changes_to_the_tasks_own_files_are_tampering(repo: Path, path: str, content: str, why: str) -> None:
-    (repo / path).parent.mkdir(parents=True, exist_ok=True)
-    (repo / path).write_text(content)
-    (repo / "pkg" / "core.py").write_text("def f():\n    return 2\n")
-    screened = screen_submission(_diff(repo), [*F2P, *P2P])
-    assert screened.tampering and screened.diff == ""
-    assert list(screened.protected_paths) == [path]
-    assert why in screened.protected_paths[path]
-    assert screened.evidence()["protected_paths"] == {path: screened.protected_paths[path]}
+FIX = ("diff --git a/pkg/core.py b/pkg/core.py\n--- a/pkg/core.py\n+++ b/pkg/core.py\n@@ -1,2 +1,2 @@\n"
+       " def f():\n-    return 1\n+    return 2\n")
 
 
-def test_drop_policy_keeps_the_fix_and_removes_the_protected_parts(repo: Path) -> None:
-    (repo / "pkg" / "core.py").write_text("def f():\n    return 2\n")
-    (repo / "conftest.py").write_text("import pytest\n")
-    (repo / "tests" / "test_core.py").unlink()
-    screened = screen_submission(_diff(repo), [*F2P, *P2P], "drop")
-    assert not screened.tampering
-    assert screened.dropped_paths == ["conftest.py", "tests/test_core.py"]
-    assert [p.paths for p in split_diff(screened.diff)] == [["pkg/core.py"]]
-    # what is left still applies to the pristine tree
-    (repo / "out.patch").write_text(screened.diff)
-    _git(repo, "reset", "-q", "--hard")
-    _git(repo, "apply", "--check", "out.patch")
+def test_a_plain_part_after_a_git_part_is_seen_by_git_and_is_tampering(repo: Path) -> None:
+    """The issue's attack: the old screen read only the first (git-format) part; git applies both."""
+    cheat = "--- /dev/null\n+++ conftest.py\n@@ -0,0 +1,2 @@\n+import pytest\n+pytest.skip_all = True\n"
+    changes = changes_of(repo, FIX + cheat)
+    assert changes.applied and changes.paths == ["conftest.py", "pkg/core.py"]
+    assert classify_changes(changes, [*F2P, *P2P], str(repo)) == {
+        "conftest.py": "pytest conftest (fixtures, hooks, plugins)"}
+    assert (repo / "conftest.py").is_file()  # git really wrote it
 
 
-def test_a_rename_onto_a_protected_path_is_seen_on_both_sides(repo: Path) -> None:
-    _git(repo, "mv", "pkg/core.py", "pkg/conftest.py")
-    parts = split_diff(_diff(repo))
-    assert [p.paths for p in parts] == [["pkg/conftest.py", "pkg/core.py"]]
-    assert screen_submission(_diff(repo), []).tampering
+def test_git_lists_every_kind_of_change(repo: Path) -> None:
+    def edit(tree: Path) -> None:
+        (tree / "pkg" / "core.py").write_text("def f():\n    return 2\n")
+        (tree / "old name.py").rename(tree / "new näme.py")
+        (tree / "pkg" / "blob.pyc").write_bytes(bytes(range(256)))
+        (tree / "pkg" / "link.py").symlink_to("/usr/lib/python3/dist-packages")
+        (tree / "tests" / "test_core.py").chmod(0o755)
+
+    changes = changes_of(repo, _diff_of(repo, edit))
+    by_path = {c.path: c for c in changes.changes}
+    assert set(by_path) == {"pkg/core.py", "old name.py", "new näme.py", "pkg/blob.pyc", "pkg/link.py",
+                            "tests/test_core.py"}
+    assert by_path["old name.py"].status == "D" and by_path["new näme.py"].status == "A"  # a rename: both sides
+    assert by_path["pkg/link.py"].is_symlink and by_path["tests/test_core.py"].new_mode == "100755"
+    protected = classify_changes(changes, [*F2P, *P2P], str(repo))
+    assert set(protected) == {"pkg/blob.pyc", "pkg/link.py", "tests/test_core.py"}
+    assert "symbolic link" in protected["pkg/link.py"] and "compiled" in protected["pkg/blob.pyc"]
 
 
-def test_quoted_paths_with_spaces_and_unicode_are_unquoted(repo: Path) -> None:
-    (repo / "old name.py").write_text("x = 2\n")
-    (repo / "pkg" / "café.py").write_text("y = 1\n")
-    (repo / "pkg" / "tests é").mkdir()
-    (repo / "pkg" / "tests é" / "a b.py").write_text("z = 1\n")
-    paths = sorted(p for part in split_diff(_diff(repo)) for p in part.paths)
-    assert paths == ["old name.py", "pkg/café.py", "pkg/tests é/a b.py"]
-    # a directory "tests é" is not a test directory; "a b.py" is not a test file name
-    assert not screen_submission(_diff(repo), []).tampering
+def test_a_change_to_an_ignored_file_the_image_holds_is_seen(repo: Path) -> None:
+    """``git status`` without --ignored would miss it: the snapshots hash ignored files too."""
+    patch = ("--- a/pkg.egg-info/entry_points.txt\n+++ b/pkg.egg-info/entry_points.txt\n@@ -1,2 +1,4 @@\n"
+             " [console_scripts]\n pkg = pkg.core:f\n+[pytest11]\n+evil = pkg.core\n")
+    changes = changes_of(repo, patch)
+    assert changes.paths == ["pkg.egg-info/entry_points.txt"]
+    assert "plugin registration" in classify_changes(changes, [], str(repo))["pkg.egg-info/entry_points.txt"]
 
 
-def test_binary_new_and_deleted_files_name_their_paths(repo: Path) -> None:
-    (repo / "pkg" / "blob.bin").write_bytes(bytes(range(256)))
-    (repo / "old name.py").unlink()
-    (repo / "tests" / "data.bin").write_bytes(b"\x00\x01")
-    parts = {tuple(p.paths): p for p in split_diff(_diff(repo))}
-    assert set(parts) == {("pkg/blob.bin",), ("old name.py",), ("tests/data.bin",)}
-    assert parts[("old name.py",)].new_path is None and parts[("pkg/blob.bin",)].old_path is None
-    screened = screen_submission(_diff(repo), [], "drop")
-    assert screened.dropped_paths == ["tests/data.bin"]
+def test_a_patch_git_refuses_changes_nothing_and_says_why(repo: Path) -> None:
+    for patch in ("text before\n```diff\ndiff --git a/pkg/core.py b/pkg/core.py\n--- a/pkg/core.py\n",
+                  "--- a/../outside.py\n+++ b/../outside.py\n@@ -0,0 +1 @@\n+x\n",
+                  "--- /dev/null\n+++ b/.git/hooks/post-checkout\n@@ -0,0 +1 @@\n+x\n"):
+        changes = changes_of(repo, patch)
+        assert not changes.applied and changes.apply_output and changes.changes == [], patch
+    assert not (repo.parent / "outside.py").exists() and not (repo / ".git" / "hooks" / "post-checkout").exists()
 
 
-def test_empty_submission_and_bad_input() -> None:
-    assert split_diff("") == [] and not screen_submission("", F2P).tampering
-    with pytest.raises(errors.InputError, match="unknown tamper policy 'lenient'; valid: reject, drop"):
-        screen_submission("", F2P, "lenient")  # type: ignore[arg-type]
-    with pytest.raises(errors.InputError, match="must be a string"):
-        split_diff(b"diff")  # type: ignore[arg-type]
+def test_what_git_accepts_is_what_counts_even_where_a_text_parser_would_refuse(repo: Path) -> None:
+    """A diff between two /dev/nulls made the old screen raise; git applies it as a new file dev/null."""
+    changes = changes_of(repo, "--- /dev/null\n+++ /dev/null\n@@ -0,0 +1 @@\n+x\n")
+    assert changes.applied and changes.paths == ["dev/null"] and (repo / "dev" / "null").read_text() == "x\n"
+
+
+def test_drop_puts_the_task_files_back_and_removes_new_ones(repo: Path) -> None:
+    def edit(tree: Path) -> None:
+        (tree / "pkg" / "core.py").write_text("def f():\n    return 2\n")
+        (tree / "tests" / "test_core.py").write_text("def test_other():\n    assert True\n")
+        (tree / "conftest.py").write_text("import pytest\n")
+        (tree / "setup.cfg").unlink()
+
+    changes = changes_of(repo, _diff_of(repo, edit))
+    protected = sorted(classify_changes(changes, [*F2P, *P2P], str(repo)))
+    assert protected == ["conftest.py", "setup.cfg", "tests/test_core.py"]
+    listing = repo.parent / "restore.list"
+    listing.write_text("".join(f"{p}\0" for p in protected))
+    subprocess.run(["bash", "-c", restore_script(str(repo), changes.base_tree, str(listing))], check=True)
+    assert not (repo / "conftest.py").exists()
+    assert (repo / "setup.cfg").read_text() == "[tool:pytest]\naddopts = -q\n"
+    assert (repo / "tests" / "test_core.py").read_text() == "def test_other():\n    pass\n"
+    assert (repo / "pkg" / "core.py").read_text() == "def f():\n    return 2\n"  # the fix stays
+
+
+def test_an_empty_submission_changes_nothing(repo: Path) -> None:
+    nonce = uuid.uuid4().hex[:16]
+    proc = subprocess.run(["bash", "-c", changes_script(str(repo), nonce)], capture_output=True, text=True)
+    changes = parse_changes(proc.stdout, proc.returncode, nonce)
+    assert changes.applied and changes.changes == [] and changes.patch.strip() == ""
+    assert str(repo) in changes.probe.repo_entries and "json" in changes.probe.names
+
+
+def test_a_broken_sandbox_is_an_error_not_a_verdict() -> None:
+    with pytest.raises(errors.SandboxError, match="listing what the submission changed failed"):
+        parse_changes("cd: /testbed: No such file or directory\n", 126, "0123456789abcdef")
+    with pytest.raises(errors.InputError, match="patch or a tree"):
+        changes_script("/testbed", "0123456789abcdef", patch_path="/tmp/a", tree_path="/tmp/b")
 
 
 @pytest.mark.parametrize(("path", "protected"), [
     ("src/pkg/module.py", False), ("src/testing_utils.py", False), ("docs/conf.py", False),
     ("src/pkg/testing/helpers.py", True), ("test/unit.py", True), ("a/b/tests.py", True),
     ("src/pkg/test_module.py", True), ("lib/x.pth", True), ("setup.py", False),
+    ("pkg/__pycache__/m.cpython-311.pyc", True),
+    ("pkg/_speedups.cpython-311-x86_64-linux-gnu.so", True), (".pytest_cache/v/cache/lastfailed", True),
+    ("pkg.dist-info", True), (".coveragerc", True),
 ])
 def test_protected_reason(path: str, protected: bool) -> None:
     assert (protected_reason(path) is not None) is protected
 
 
-@pytest.mark.parametrize(("path", "module"), [
-    ("pytest.py", "pytest"), ("_pytest/__init__.py", "_pytest"), ("json.py", "json"), ("src/inspect.py", "inspect"),
-    ("src/re/__init__.py", "re"), ("pluggy/_hooks.py", "pluggy"), ("pkg/json.py", None), ("mymod.py", None),
-    ("README.md", None), ("docs/json.py", None),
-])
-def test_shadowed_module(path: str, module: str | None) -> None:
-    from forgeflow.sandbox.submission import shadowed_module
+def test_shadowing_is_measured_against_what_the_interpreter_can_import() -> None:
+    probe = RunnerProbe(sys_path=["/testbed", "/testbed/lib", "/usr/lib/python3.11", "/venv/site-packages"],
+                        repo_entries=["/testbed", "/testbed/lib"], names=frozenset({"json", "numpy", "six"}))
+    assert shadowed_module("numpy/__init__.py", probe) == "numpy"  # an installed library the tests use
+    assert shadowed_module("lib/six.py", probe) == "six"  # in another sys.path entry inside the repository
+    assert shadowed_module("json.py", probe) == "json"
+    assert shadowed_module("pytest.py", probe) == "pytest"  # the runner's own, even where the probe missed it
+    assert shadowed_module("pkg/json.py", probe) is None and shadowed_module("mymod.py", probe) is None
+    assert shadowed_module("README.md", probe) is None
+    # without a probe: the repository root and src/ against the standard library
+    assert shadowed_module("src/inspect.py") == "inspect" and shadowed_module("numpy/__init__.py") is None
 
-    assert shadowed_module(path) == module
+
+def test_an_edit_of_an_existing_module_of_that_name_is_not_shadowing() -> None:
+    probe = RunnerProbe(repo_entries=["/testbed"], names=frozenset({"json"}))
+    edited = TreeChanges(changes=[Change(status="M", path="json.py", old_mode="100644", new_mode="100644")],
+                         probe=probe)
+    added = TreeChanges(changes=[Change(status="A", path="json.py", old_mode="000000", new_mode="100644")],
+                        probe=probe)
+    assert classify_changes(edited, []) == {}
+    assert "shadowing 'json'" in classify_changes(added, [])["json.py"]
 
 
-def test_a_new_module_that_shadows_the_runner_is_tampering_but_editing_an_existing_one_is_not(repo: Path) -> None:
-    (repo / "pytest.py").write_text("import sys\nsys.exit(0)\n")
-    screened = screen_submission(_diff(repo), [])
-    assert screened.tampering and "shadowing 'pytest'" in screened.protected_paths["pytest.py"]
-    _git(repo, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "project ships a top-level json.py")
-    (repo / "pytest.py").write_text("import sys\nsys.exit(1)\n")  # now the pristine tree has it: an edit
-    assert not screen_submission(_diff(repo), []).tampering
+def test_the_static_screen_reads_only_added_lines_of_gits_patch(repo: Path) -> None:
+    def edit(tree: Path) -> None:
+        (tree / "pkg" / "core.py").write_text("import atexit\nimport _pytest.runner\n\ndef f():\n    return 2\n")
+        (tree / "pkg" / "util.py").write_text("# removed: os._exit\nVALUE = 1\n")
+
+    changes = changes_of(repo, _diff_of(repo, edit))
+    findings = screen_added_lines(changes.patch)
+    assert [(f.path, f.kind) for f in findings] == [("pkg/core.py", "process exit hooks"),
+                                                    ("pkg/core.py", "test framework internals"),
+                                                    ("pkg/util.py", "process exit hooks")]
+    assert screen_added_lines("") == []
+    assert screen_added_lines(changes.patch, skip=["pkg/core.py", "pkg/util.py"]) == []

@@ -1,9 +1,10 @@
 """validate_candidate's bookkeeping with a scripted sandbox backend (no container).
 
 The scripted sandbox answers the verifier's wrapped test command the way forgeflow's report plugin
-does (its marker, then the report JSON) with the status map its script holds for that run, so the
-NOP / Oracle / repeated-Oracle sequence, what each trial records and when ``on_trial`` sees it are
-checked exactly. The same flow in real podman containers: tests/integration/test_verifier_adversarial.py.
+does (its records on the channel, the tripwires, pytest's summary line) with the status map its
+script holds for that run, so the NOP / Oracle / repeated-Oracle sequence, what each trial records
+and when ``on_trial`` sees it are checked exactly. The same flow in real podman containers:
+tests/adversarial/test_known_attacks.py and tests/adversarial/test_flaky_gold.py.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class Script:
     def __init__(self, runs: list[dict[str, str] | BaseException]) -> None:
         self.runs: Iterator = iter(runs)
         self.events: list[str] = []
+        self.repeats: list[int] = []
 
     def factory(self, image: str, spec: object, name: str) -> "ScriptedSandbox":
         return ScriptedSandbox(self, name)
@@ -58,13 +60,57 @@ class ScriptedSandbox:
     def exec(self, command, timeout_s, workdir=None, env=None) -> ExecResult:
         if not isinstance(command, str):  # git apply -R, rm: fine
             return ExecResult(exit_code=0, stdout="", stderr="", duration_s=0.0)
+        if (mark := re.search(r"@@FF-([0-9a-f]+) %s@@", command)) is not None:  # scoring's list of changes
+            return ExecResult(exit_code=0, stdout=changes_stdout(mark.group(1)), stderr="", duration_s=0.0)
         run = next(self.script.runs)
         if isinstance(run, BaseException):
             raise run
-        marker = re.search(r"FORGEFLOW-VERIFIER-REPORT-[0-9a-f]+", command).group(0)
-        code = 1 if any(s in ("FAILED", "ERROR") for s in run.values()) else 0
-        out = f"collected {len(run)} items\n\n{marker}\n" + json.dumps({"exitstatus": code, "tests": run})
-        return ExecResult.from_bytes(code, out.encode(), b"", 0.5)
+        again: list[dict[str, str]] = []
+        if isinstance(run, tuple):  # (the run's map, the maps of its further repetitions)
+            run, again = run
+        nonce = re.search(r'FORGEFLOW_VERIFIER_NONCE="([0-9a-f]+)"', command).group(1)
+        repeat = re.search(r'FORGEFLOW_VERIFIER_REPEAT="(\d+)"', command)
+        self.script.repeats.append(int(repeat.group(1)) if repeat else 1)
+        return ExecResult.from_bytes(1, channel_stdout(nonce, run, again=again).encode(), b"", 0.5)
+
+
+def changes_stdout(nonce: str, path: str = "x.py") -> str:
+    """What the verifier's changes script prints when the submission modified ``path`` (one line)."""
+    parts = {"probe": json.dumps({"executable": "python3", "sys_path": ["/testbed"], "repo_entries": ["/testbed"],
+                                  "names": ["json"]}),
+             "trees": f"{'a' * 40} {'b' * 40}",
+             "raw": f":100644 100644 {'1' * 40} {'2' * 40} M\0{path}\0",
+             "patch": f"diff --git a/{path} b/{path}\n--- a/{path}\n+++ b/{path}\n@@ -1 +1 @@\n-a\n+b\n", "end": ""}
+    return "".join(f"\n@@FF-{nonce} {name}@@\n{body}" for name, body in parts.items())
+
+
+_PHASE = {"PASSED": ("call", "passed", False), "FAILED": ("call", "failed", False),
+          "ERROR": ("setup", "failed", False), "SKIPPED": ("setup", "skipped", False),
+          "XFAIL": ("call", "skipped", True), "XPASS": ("call", "passed", True)}
+_WORD = {"PASSED": "passed", "FAILED": "failed", "ERROR": "error", "SKIPPED": "skipped", "XFAIL": "xfailed",
+         "XPASS": "xpassed"}
+
+
+def channel_stdout(nonce: str, run: dict[str, str], *, tripwires: bool = True, exitstatus: int = 1,
+                   again: list[dict[str, str]] = ()) -> str:
+    """What pytest with forgeflow's plugin prints for ``run`` (one report per test and repetition in
+    ``again``, the tripwires last, the session end, then pytest's summary line)."""
+    wires = {f"/tmp/w.py::test_forgeflow_must_pass_{nonce}": "PASSED",
+             f"/tmp/w.py::test_forgeflow_must_fail_{nonce}": "FAILED"} if tripwires else {}
+    every = {**run, **wires}
+    records = [{"kind": "start", "sys_path": ["/testbed"], "modules": {}}, {"kind": "collected", "ids": list(every)}]
+    reported = [(rep, nodeid, status) for rep, statuses in enumerate([every, *again]) for nodeid, status in statuses.items()]
+    for rep, nodeid, status in reported:
+        when, outcome, xfail = _PHASE[status]
+        records.append({"kind": "report", "nodeid": nodeid, "when": when, "outcome": outcome, "xfail": xfail,
+                        "rep": rep, "duration_s": 0.25})
+    records.append({"kind": "end", "exitstatus": exitstatus, "verbosity": 0})
+    lines = [f"\n@forgeflow-verifier-{nonce} " + json.dumps({"seq": i, **r}) + "\n" for i, r in enumerate(records)]
+    counts: dict[str, int] = {}
+    for _, _, status in reported:
+        counts[_WORD[status]] = counts.get(_WORD[status], 0) + 1
+    summary = ", ".join(f"{n} {word}" for word, n in counts.items()) or "no tests ran"
+    return f"collected {len(every)} items\n" + "".join(lines) + f"==== {summary} in 0.50s ====\n"
 
 
 @pytest.fixture()
@@ -97,6 +143,52 @@ def test_a_valid_task_runs_the_oracle_twice_and_records_each_trial_as_it_ends(sc
     assert [t.reward for t in seen] == [0.0, 1.0, 1.0]
     assert len({t.trial_id for t in seen}) == 3 and seen == outcome.trials
     assert seen[0].verifier["run"]["report_format"] == "pytest-report"
+    assert seen[0].verifier["run"]["tripwires"] == {"must_pass": "PASSED", "must_fail": "FAILED"}
+    # the task's known tests: every id its pristine runs collected (the tripwires left out)
+    assert outcome.report.known_tests == ["t::f2p", "t::p2p"]
+    # only the second Oracle run repeats (FAIL_TO_PASS + the PASS_TO_PASS sample), 6 runs by default
+    assert s.repeats == [1, 1, 6] and outcome.report.repeat_s == 0.0
+
+
+def test_a_fail_to_pass_test_that_fails_in_one_repetition_is_flaky_and_its_cost_reported(script) -> None:
+    """The second Oracle run repeats FAIL_TO_PASS back to back; one failing repetition of six flags it
+    (under every policy), and the report says what the repetitions cost (pytest's own durations)."""
+    again = [GOOD, GOOD, GOOD | {"t::f2p": "FAILED"}, GOOD, GOOD]
+    for policy in ("reject", "drop_flaky_pass_to_pass"):
+        s = script([BUGGY, GOOD, (GOOD, again)])
+        outcome, seen = _validate(s, ValidationChecks(flaky_policy=policy))
+        report = outcome.report
+        assert not report.accepted and report.flaky_tests == ["t::f2p"] and report.oracle_runs == 2
+        assert report.reason == "flaky: 1 FAIL_TO_PASS test(s) disagree across 2 Oracle runs (7 runs of the tests): " \
+                                "'t::f2p'"
+        assert report.repeat_s == pytest.approx(5 * 2 * 0.25)  # 5 further repetitions of 2 tests
+        assert seen[-1].verifier["repeat"] == {"repeat_s": report.repeat_s, "runs": 6, "tests": 2}
+    off = script([BUGGY, GOOD, GOOD])
+    outcome, _ = _validate(off, ValidationChecks(flaky_repeat_runs=0))
+    assert outcome.report.accepted and off.repeats == [1, 1, 1] and outcome.report.repeat_s is None
+
+
+def test_a_nop_run_that_hangs_or_exhausts_memory_rejects_the_task_when_the_oracle_completes(script) -> None:
+    """Such a task would cost the limit on every later use: rejected, its NOP scored 0 with the error
+    as evidence (recorded once the Oracle has decided), never an exception; when the Oracle fails too,
+    both stay infrastructure exceptions."""
+    for error in (errors.VerifierTimeoutError("exceeded 180 s"), errors.SandboxOOMError("oom_kill 0 -> 1"),
+                  errors.SandboxPidsLimitError("pids max 0 -> 3")):
+        s = script([error, GOOD])
+        outcome, seen = _validate(s)
+        assert outcome.report is not None and not outcome.report.accepted
+        assert type(error).__name__ in outcome.report.reason and "NOP run (bug present)" in outcome.report.reason
+        assert [t.kind for t in seen] == ["nop", "oracle"] and s.events[:2] == ["start nop", "start oracle"]
+        nop = seen[0]
+        assert nop.reward == 0.0 and nop.exception_type is None
+        assert nop.verifier["outcome"]["error_type"] == type(error).__name__
+        assert outcome.failed_trial is None and outcome.report.known_tests == ["t::f2p", "t::p2p"]
+    s = script([errors.VerifierTimeoutError("exceeded 180 s"), errors.VerifierTimeoutError("exceeded 180 s")])
+    outcome, seen = _validate(s)
+    assert outcome.report is None and [t.exception_type for t in seen] == ["VerifierTimeoutError"] * 2
+    s = script([errors.ImageNotFoundError("no such image")])
+    outcome, seen = _validate(s)
+    assert outcome.report is None and outcome.oracle is None and seen[0].exception_type == "ImageNotFoundError"
 
 
 def test_a_rejected_task_pays_no_repeat(script) -> None:
@@ -167,7 +259,8 @@ def test_a_command_that_never_started_pytest_is_an_exception_not_a_rejection(scr
     def cut_short(self, command, timeout_s, workdir=None, env=None):
         next(self.script.runs)
         nonce = re.search(r'FORGEFLOW_VERIFIER_NONCE="([0-9a-f]+)"', command).group(1)
-        return ExecResult.from_bytes(0, f"\nFORGEFLOW-VERIFIER-STARTED-{nonce}\ncollected 2\n".encode(), b"", 0.1)
+        start = f'\n@forgeflow-verifier-{nonce} {{"seq": 0, "kind": "start"}}\ncollected 2\n'
+        return ExecResult.from_bytes(0, start.encode(), b"", 0.1)
 
     monkeypatch.setattr(ScriptedSandbox, "exec", cut_short)
     outcome, seen = _validate(s)

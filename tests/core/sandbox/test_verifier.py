@@ -1,28 +1,31 @@
-"""The verifier's pieces that need no container: the pytest report plugin (run here with this
-machine's pytest on a tiny project), the exit-status cross-check, and the repeated-Oracle verdict.
-The whole verifier in real task images is tested in tests/integration/test_verifier_adversarial.py."""
+"""The verifier's pieces that need no container: the pytest report plugin and its channel (run here
+with this machine's pytest on tiny projects, through run_tests and a local stand-in for the sandbox),
+the channel's tamper checks, the cross-checks with the exit status, pytest's summary and the known
+tests, and the repeated-Oracle verdict. The whole verifier in real task images: tests/adversarial/."""
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import subprocess
-import sys
 import textwrap
-from importlib import resources
 from pathlib import Path
 
 import pytest
 
+from forgeflow.sandbox.base import ExecResult
 from forgeflow.sandbox.grading import ValidationReport
 from forgeflow.sandbox.trial import disagreeing_tests, judge_repeats
 from forgeflow.sandbox.verifier import (
     VERIFIER_ENV,
-    _read_report,
+    RepeatPlan,
+    RunExpectations,
+    _read_pytest_run,
     _wrapped_command,
     cross_check,
+    run_tests,
 )
+from forgeflow.sandbox.verifier_channel import digest_records, find_summary_lines, read_channel, summary_counts
 
 TESTS = textwrap.dedent(
     '''
@@ -76,31 +79,41 @@ TESTS = textwrap.dedent(
 )
 
 
-def _run_plugin(tmp_path: Path, tests: str = TESTS, extra: str = "") -> tuple[int, dict, str]:
-    plugin_dir = tmp_path / "plugin"
-    plugin_dir.mkdir(exist_ok=True)
-    source = resources.files("forgeflow").joinpath("data/forgeflow_pytest_report.py").read_text()
-    (plugin_dir / "forgeflow_pytest_report.py").write_text(source)
+class LocalSandbox:
+    """Runs the verifier's script with bash on this machine: ``/testbed`` is ``project`` and the
+    verifier's folder lives under ``tmp`` (this machine's pytest; entry-point plugins off for speed)."""
+
+    def __init__(self, project: Path, tmp: Path) -> None:
+        self.project, self.tmp = project, tmp
+
+    def exec(self, command, timeout_s, workdir=None, env=None) -> ExecResult:
+        script = command.replace("/tmp/forgeflow-verifier", str(self.tmp / "verifier")).replace(
+            "/testbed", str(self.project))
+        full = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "FORGEFLOW_VERIFIER"))}
+        full.update(env or {}, PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
+        proc = subprocess.run(["bash", "-c", script], env=full, capture_output=True, timeout=timeout_s)
+        return ExecResult.from_bytes(proc.returncode, proc.stdout, proc.stderr, 0.1)
+
+
+def _project(tmp_path: Path, files: dict[str, str]) -> LocalSandbox:
     project = tmp_path / "project"
-    project.mkdir(exist_ok=True)
-    (project / "test_things.py").write_text(tests)
-    if extra:
-        (project / "test_broken.py").write_text(extra)
-    report = tmp_path / "report.json"
-    env = {**os.environ, "PYTHONPATH": str(plugin_dir), "FORGEFLOW_VERIFIER_REPORT": str(report),
-           "FORGEFLOW_VERIFIER_NONCE": "n0nce", "PYTEST_ADDOPTS": "-p forgeflow_pytest_report",
-           "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"], cwd=project, env=env,
-                          capture_output=True, text=True, timeout=120)
-    return proc.returncode, ast.literal_eval(report.read_text(encoding="utf-8")), proc.stdout
+    for rel, text in files.items():
+        (project / rel).parent.mkdir(parents=True, exist_ok=True)
+        (project / rel).write_text(text)
+    return LocalSandbox(project, tmp_path)
 
 
-def test_plugin_reports_every_outcome_by_exact_node_id(tmp_path: Path) -> None:
-    exit_code, report, stdout = _run_plugin(tmp_path)
-    assert exit_code == 1 and report["exitstatus"] == 1 and report["schema_version"] == 1
-    # the start line reaches the real stdout, before pytest's own header (it is not captured)
-    assert stdout.index("FORGEFLOW-VERIFIER-STARTED-n0nce") < stdout.index("test_things.py")
-    tests = report["tests"]
+COMMAND = "python3 -m pytest -rA -p no:cacheprovider"
+
+
+def test_the_plugin_streams_every_outcome_by_exact_node_id_and_what_the_runner_read(tmp_path: Path) -> None:
+    sandbox = _project(tmp_path, {"test_things.py": TESTS, "conftest.py": "", "pytest.ini": "[pytest]\n"})
+    result = run_tests(sandbox, COMMAND, 120)
+    assert result.problem is None and result.tampering == [], result.log_tail
+    # the must-fail tripwire ends a clean run with exit 1; the task's outcomes leave both tripwires out
+    assert result.exit_code == 1 == result.report_exit_code
+    assert result.tripwires == {"must_pass": "PASSED", "must_fail": "FAILED"} and result.credit_blocker is None
+    tests = result.tests
     assert tests["test_things.py::test_pass"] == "PASSED"
     assert tests["test_things.py::test_fail"] == "FAILED"
     assert tests["test_things.py::test_skip"] == "SKIPPED"
@@ -113,70 +126,154 @@ def test_plugin_reports_every_outcome_by_exact_node_id(tmp_path: Path) -> None:
     # spaces, "::" and brackets in parameters survive verbatim (pytest escapes non-ASCII ids itself)
     ids = sorted(t for t in tests if "test_ids" in t)
     assert "test_things.py::test_ids[a b]" in ids and "test_things.py::test_ids[c::d]" in ids
-    assert "test_things.py::test_ids[[x]]" in ids and len(ids) == 4
-    assert all(tests[t] == "PASSED" for t in ids)
+    assert "test_things.py::test_ids[[x]]" in ids and len(ids) == 4 and all(tests[t] == "PASSED" for t in ids)
+    assert len(tests) == 13 and result.collected == list(tests)
+    # pytest's own summary agrees count by count (a failed test with a teardown error counts in both)
+    assert result.summary_counts == {"failed": 3, "passed": 8, "skipped": 1, "xfailed": 1, "xpassed": 1, "error": 2}
+    assert "@forgeflow-verifier-" not in result.log_tail and "short test summary info" in result.log_tail
+    inputs = result.runner_inputs
+    project = str(tmp_path / "project")
+    assert inputs["rootpath"] == project and inputs["inipath"] == f"{project}/pytest.ini"
+    assert inputs["conftests"] == [f"{project}/conftest.py"]
+    assert inputs["plugins"]["forgeflow-verifier-reporter"].endswith("/plugin/forgeflow_pytest_report.py")
+    assert inputs["sys_path"][0] == project and inputs["modules"]["pytest"].endswith("pytest/__init__.py")
+    assert all(not f.startswith(project) for f in inputs["modules"].values())  # nothing of the repository yet
 
 
-def test_plugin_reports_collection_errors(tmp_path: Path) -> None:
-    exit_code, report, _ = _run_plugin(tmp_path, extra="import nonexistent_module_xyz\n")
-    assert exit_code == 2 and report["exitstatus"] == 2
-    assert report["collect_errors"] == ["test_broken.py"]
+def test_collection_errors_are_errors_under_the_collectors_id(tmp_path: Path) -> None:
+    sandbox = _project(tmp_path, {"test_things.py": "def test_a():\n    pass\n",
+                                  "test_broken.py": "import nonexistent_module_xyz\n"})
+    result = run_tests(sandbox, COMMAND, 120)
+    assert result.exit_code == 2 == result.report_exit_code and result.problem is None
+    assert result.tests == {"test_broken.py": "ERROR"} and result.summary_counts == {"error": 1}
+    assert result.credit_blocker.startswith("the verifier's tripwires did not both run")
 
 
-def test_report_after_the_last_marker_wins_over_what_the_tests_print() -> None:
-    marker = "FORGEFLOW-VERIFIER-REPORT-abc"
-    fake = json.dumps({"tests": {"t::a": "PASSED"}, "exitstatus": 0})
-    real = json.dumps({"tests": {"t::a": "FAILED"}, "exitstatus": 1})
-    stdout = f"collected 1\n\n{marker}\n{fake}\nmore output\n\n{marker}\n{real}\n"
-    head, report = _read_report(stdout, marker)
-    assert report == {"tests": {"t::a": "FAILED"}, "exitstatus": 1}
-    assert fake in head and real not in head
-    assert _read_report("no marker at all", marker) == ("no marker at all", None)
-    assert _read_report(f"x\n{marker}\nnot json", marker)[1] is None
+COUNTER_TEST = textwrap.dedent('''\
+    from pathlib import Path
 
 
-def test_reports_are_parsed_one_at_a_time_cpython_gh_106905(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Eight validations in flight read their reports in eight threads; CPython 3.11's AST constructor
-    keeps one recursion depth per interpreter, so parses overlapping in time can raise SystemError
-    (seen at concurrency 8 in the curation benchmark): at most one ``literal_eval`` runs at a time."""
-    import threading  # noqa: PLC0415
-    import time  # noqa: PLC0415
-
-    from forgeflow.sandbox import verifier  # noqa: PLC0415
-
-    inside, most = [0], [0]
-    guard = threading.Lock()
-    real = ast.literal_eval
-
-    def counting(text: str) -> object:
-        with guard:
-            inside[0] += 1
-            most[0] = max(most[0], inside[0])
-        time.sleep(0.01)  # a parse long enough for the other threads to arrive
-        with guard:
-            inside[0] -= 1
-        return real(text)
-
-    monkeypatch.setattr(verifier.ast, "literal_eval", counting)
-    marker = "FORGEFLOW-VERIFIER-REPORT-abc"
-    stdout = f"out\n{marker}\n{{'tests': {{'t::a': 'PASSED'}}, 'exitstatus': 0}}\n"
-    reports: list[object] = []
-    threads = [threading.Thread(target=lambda: reports.append(_read_report(stdout, marker)[1])) for _ in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert reports == [{"tests": {"t::a": "PASSED"}, "exitstatus": 0}] * 8
-    assert most[0] == 1
+    def test_alternates(tmp_path_factory):
+        count = Path(__file__).with_name("count.txt")
+        n = int(count.read_text()) if count.exists() else 0
+        count.write_text(str(n + 1))
+        assert n % 3 != 2
 
 
-def test_wrapped_command_keeps_the_test_command_and_installs_the_plugin() -> None:
-    script, marker = _wrapped_command("python3 -m pytest -rA tests", "n0nce")
-    assert marker == "FORGEFLOW-VERIFIER-REPORT-n0nce"
-    assert "(\npython3 -m pytest -rA tests\n) </dev/null" in script
+    def test_steady():
+        pass
+
+
+    def test_other():
+        pass
+''')
+
+
+def test_a_repeat_run_runs_the_selected_tests_back_to_back_in_one_process(tmp_path: Path) -> None:
+    sandbox = _project(tmp_path, {"test_c.py": COUNTER_TEST})
+    plan = RepeatPlan(tests=["test_c.py::test_alternates", "test_c.py::test_steady"], repeat_count=4)
+    result = run_tests(sandbox, COMMAND, 120, repeat=plan)
+    assert result.problem is None, result.problem
+    assert [r.get("test_c.py::test_alternates") for r in result.repeat_runs] == ["PASSED", "PASSED", "FAILED", "PASSED"]
+    assert [len(r) for r in result.repeat_runs] == [3, 2, 2, 2]  # the others run once
+    # pytest counts every repetition, and the tripwires
+    assert result.summary_counts == {"failed": 2, "passed": 9} and result.repeat_s is not None
+    only = run_tests(sandbox, COMMAND, 120, repeat=plan.model_copy(update={"only_selected": True}))
+    assert only.problem is None and only.collected == plan.tests and only.summary_counts["deselected"] == 1
+
+
+def _records(nonce: str, *extra: dict, ids=("t::a", "t::b")) -> list[dict]:
+    wires = [f"w.py::test_forgeflow_must_pass_{nonce}", f"w.py::test_forgeflow_must_fail_{nonce}"]
+    body = [{"kind": "start"}, {"kind": "collected", "ids": [*ids, *wires]},
+            {"kind": "report", "nodeid": "t::a", "when": "call", "outcome": "failed"},
+            {"kind": "report", "nodeid": "t::b", "when": "call", "outcome": "passed"},
+            {"kind": "report", "nodeid": wires[0], "when": "call", "outcome": "passed"},
+            {"kind": "report", "nodeid": wires[1], "when": "call", "outcome": "failed"},
+            {"kind": "end", "exitstatus": 1, "verbosity": 0}, *extra]
+    return [{"seq": i, **r} for i, r in enumerate(body)]
+
+
+def test_every_contradiction_in_the_stream_is_named_tampering() -> None:
+    nonce = "n0nce"
+    clean = digest_records(_records(nonce), nonce)
+    assert clean.tampering == [] and clean.tests == {"t::a": "FAILED", "t::b": "PASSED"}
+    assert clean.tripwires == {"must_pass": "PASSED", "must_fail": "FAILED"}
+    assert clean.counts == {"failed": 2, "passed": 2, "deselected": 0}
+    after_end = _records(nonce, {"kind": "report", "nodeid": "t::a", "when": "call", "outcome": "passed"})
+    assert "a 'report' record after the session-end record" in digest_records(after_end, nonce).tampering
+    second = _records(nonce)
+    second.insert(4, {"kind": "report", "nodeid": "t::a", "when": "call", "outcome": "passed"})
+    for i, r in enumerate(second):
+        r["seq"] = i
+    assert "two call outcome records of 't::a' (the second: passed)" in digest_records(second, nonce).tampering
+    stranger = _records(nonce)
+    stranger[2]["nodeid"] = "t::never"
+    assert "an outcome record of 't::never', a test that was never collected" in digest_records(stranger, nonce).tampering
+    gap = _records(nonce)
+    del gap[3]
+    assert any("sequence number" in t for t in digest_records(gap, nonce).tampering)
+    assert any("repetition 3" in t for t in digest_records(
+        [{**r, "rep": 3} if r["kind"] == "report" else r for r in _records(nonce)], nonce).tampering)
+    # the reader: the records come out of the log whatever surrounds them; a corrupt one is named
+    out = f"tests/t.py .\n@forgeflow-verifier-{nonce} {json.dumps(_records(nonce)[0])}\nF\n@forgeflow-verifier-{nonce} {{oops\n"
+    reading = read_channel(out, nonce)
+    assert reading.log == "tests/t.py .F" and reading.records == [_records(nonce)[0]] and reading.corrupt == ["{oops"]
+
+
+def _stdout(nonce: str, records: list[dict], summary: str) -> str:
+    return "".join(f"\n@forgeflow-verifier-{nonce} {json.dumps(r)}\n" for r in records) + summary + "\n"
+
+
+def test_the_stream_must_agree_with_pytests_summary_the_exit_status_and_the_known_tests() -> None:
+    nonce = "n0nce"
+
+    def read(records, summary="==== 2 failed, 2 passed in 0.10s ====", exit_code=1, expect=None):
+        res = ExecResult.from_bytes(exit_code, _stdout(nonce, records, summary).encode(), b"", 0.1)
+        return _read_pytest_run(res, nonce, expect, None)
+
+    assert read(_records(nonce)).problem is None
+    forged = read(_records(nonce), "==== 1 failed, 3 passed in 0.10s ====")
+    assert forged.tampering == ["pytest's own summary line disagrees with the outcomes read (3 passed there, 2 read, "
+                                "1 failed there, 2 read)"]
+    assert "summary line is missing" in read(_records(nonce), "bye").problem
+    early = _stdout(nonce, [], "==== 4 passed in 0.1s ====") + _stdout(nonce, _records(nonce), "done")
+    res = ExecResult.from_bytes(1, early.encode(), b"", 0.1)
+    assert "summary line is missing" in _read_pytest_run(res, nonce, None, None).problem  # only after the end counts
+    says_0 = [{**r, "exitstatus": 0} if r["kind"] == "end" else r for r in _records(nonce)]
+    assert "exited 0 but the report has 1 failed test(s), e.g. 't::a'" in read(says_0, exit_code=0).problem
+    assert "says pytest exited 1 but the test command exited 0" in read(_records(nonce), exit_code=0).problem
+    no_end = read(_records(nonce)[:-1], "")
+    assert no_end.problem == "the test command exited 1 but wrote no test report" and no_end.tampering
+    flipped = [{**r, "outcome": "passed"} if "must_fail" in str(r.get("nodeid")) else r for r in _records(nonce)]
+    assert any("must-fail tripwire reported PASSED" in t for t in read(flipped, "== 1 failed, 3 passed in 0.1s ==").tampering)
+    expect = RunExpectations(known_tests=["t::a", "t::b"], graded_tests=["t::a"])
+    assert read(_records(nonce), expect=expect).problem is None
+    assert "1 known test(s) not collected, e.g. 't::c'" in read(
+        _records(nonce), expect=expect.model_copy(update={"known_tests": ["t::a", "t::b", "t::c"]})).problem
+    extra = read(_records(nonce, ids=("t::a", "t::b", "t::a")), expect=expect).problem
+    assert "'t::a' x2" in extra and "collected exactly once" in extra
+    unknown = expect.model_copy(update={"known_tests": ["t::a"]})
+    assert "1 collected test(s) the task does not know, e.g. 't::b'" in read(_records(nonce), expect=unknown).problem
+
+
+def test_pytest_summary_lines_are_read_in_every_verbosity() -> None:
+    text = "x\n==== 1 failed, 5 passed, 2 errors, 3 warnings in 0.12s ====\n1 passed in 0.05s\n= no tests ran in 61.20s (0:01:01) =\n"
+    lines = [line for _, line in find_summary_lines(text)]
+    assert [summary_counts(line) for line in lines] == [{"failed": 1, "passed": 5, "error": 2, "warning": 3},
+                                                        {"passed": 1}, {}]
+    assert find_summary_lines("!!! Interrupted: 1 error during collection !!!\nshort test summary info") == []
+
+
+def test_wrapped_command_keeps_the_test_command_and_installs_the_plugin_and_tripwires() -> None:
+    script, prefix = _wrapped_command("python3 -m pytest -rA tests", "n0nce")
+    assert prefix == "@forgeflow-verifier-n0nce"
+    assert "(\npython3 -m pytest -rA tests\n) </dev/null 9>&1" in script
     assert 'PYTEST_ADDOPTS="-p forgeflow_pytest_report' in script and "def pytest_sessionfinish" in script
+    assert 'PYTHONPYCACHEPREFIX="/tmp/forgeflow-verifier-n0nce/pycache"' in script
+    assert "def test_forgeflow_must_fail_n0nce():" in script and 'FORGEFLOW_VERIFIER_SELECT="' not in script
     assert VERIFIER_ENV["TZ"] == "UTC" and VERIFIER_ENV["PYTHONHASHSEED"] == "0"
     assert VERIFIER_ENV["PYTHONNOUSERSITE"] == "1" and VERIFIER_ENV["LC_ALL"] == "C.UTF-8"
+    assert VERIFIER_ENV["PYTHONDONTWRITEBYTECODE"] == "1"
 
 
 @pytest.mark.parametrize(("tests", "exit_code", "report_exit", "found", "problem"), [
@@ -198,6 +295,9 @@ def test_cross_check(tests: dict, exit_code: int, report_exit: int | None, found
         assert found_problem is None
     else:
         assert found_problem is not None and problem in found_problem
+    # the must-fail tripwire's failure explains exit 1, and contradicts exit 0
+    assert cross_check({"t::a": "PASSED"}, 1, 1, True, extra_failure=True) is None
+    assert "exited 0 but the report has 1 failed" in cross_check({"t::a": "PASSED"}, 0, 0, True, extra_failure=True)
 
 
 FIRST = ValidationReport(FAIL_TO_PASS=["t::f2p"], PASS_TO_PASS=["t::p2p", "t::p2p_flaky"], accepted=True,

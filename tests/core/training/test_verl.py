@@ -95,11 +95,61 @@ def test_verl_dataset_rows_carry_the_verifier_spec(tmp_path: Path) -> None:
     from forgeflow.training.rl import RLTask, build_rl_dataset
 
     task = RLTask(instance_id="calc-1", image_ref="localhost/x:1", problem_statement="add is wrong",
-                  test_command="pytest -rA", fail_to_pass=("t::a",), verifier_timeout_s=100)
+                  test_command="pytest -rA", fail_to_pass=("t::a",), task_timeout_s=100, pristine_duration_s=2.5)
     path = write_verl_dataset(build_rl_dataset([task]), tmp_path / "train.parquet")
     row = Dataset.from_parquet(str(path))[0]
     assert row["data_source"] == "forgeflow" and row["reward_model"]["ground_truth"] == "calc-1"
     assert "add is wrong" in row["prompt"][0]["content"]
-    assert json.loads(row["extra_info"]["verifier"])["verifier_timeout_s"] == 100
+    spec = json.loads(row["extra_info"]["verifier"])
+    assert (spec["task_timeout_s"], spec["pristine_duration_s"]) == (100, 2.5)  # compute_score's timeout rule reads both
     with pytest.raises(InputError, match="no forgeflow verifier spec"):
         compute_score("openai/gsm8k", "#### 4", "4", {"index": 0})
+
+
+
+def test_compute_score_scores_a_timeout_and_never_ends_the_job_for_one_answer(monkeypatch: pytest.MonkeyPatch,
+                                                                            tmp_path: Path) -> None:
+    """verl has no "no reward": the submission's own hang is 0.0 (flagged), an infrastructure failure
+    of one answer is 0.0 flagged ``infra_exception`` rather than an exception that ends the PPO job;
+    only infrastructure failures past the job's threshold end it."""
+    from datasets import Dataset
+
+    from forgeflow.common.errors import InfraError, VerifierTimeoutError
+    from forgeflow.sandbox.scoring import SubmissionVerdict
+    from forgeflow.training import rewards, verl
+    from forgeflow.training.rl import RLTask, build_rl_dataset
+
+    task = RLTask(instance_id="calc-1", image_ref="localhost/x:1", problem_statement="add is wrong",
+                  test_command="pytest -rA", fail_to_pass=("t::a",), pristine_duration_s=1.5)
+    row = Dataset.from_parquet(str(write_verl_dataset(build_rl_dataset([task]), tmp_path / "t.parquet")))[0]
+    answer = "```diff\n--- a/calc.py\n+++ b/calc.py\n@@ -1 +1 @@\n-a\n+b\n```"
+    seen: list[float] = []
+
+    def hangs(ray, tests, patch, **kwargs):  # noqa: ANN001, ANN202  (the verifier's verdict on a hang)
+        seen.append(kwargs["timeout_s"])
+        return SubmissionVerdict(reward=0.0, notes=["the submission's own timeout"],
+                                 evidence={"submission_failure": {"kind": "timeout"}})
+
+    def lost(ray, tests, patch, **kwargs):  # noqa: ANN001, ANN202  (no evidence against the submission)
+        raise VerifierTimeoutError("the verifier's container vanished")
+
+    monkeypatch.setattr(verl, "_TALLY", verl._InfraTally())
+    monkeypatch.setenv(verl.TIMEOUT_MULTIPLIER_ENV, "0.06")
+    monkeypatch.setattr(rewards, "verify_on", hangs)
+    score = compute_score(row["data_source"], answer, row["reward_model"]["ground_truth"], row["extra_info"])
+    assert score == {"score": 0.0, "resolved": 0.0, "submission_failure": 1.0, "infra_exception": 0.0}
+    assert seen == [pytest.approx(180.0)]  # SWE-smith's 3000 s x 0.06: the row's default task timeout
+    for _ in range(4):  # one answer in four lost (17 answers, past INFRA_MIN_ANSWERS): under 0.25, the job goes on
+        monkeypatch.setattr(rewards, "verify_on", hangs)
+        for _ in range(3):
+            compute_score(row["data_source"], answer, row["reward_model"]["ground_truth"], row["extra_info"])
+        monkeypatch.setattr(rewards, "verify_on", lost)
+        score = compute_score(row["data_source"], answer, row["reward_model"]["ground_truth"], row["extra_info"])
+        assert score == {"score": 0.0, "resolved": 0.0, "submission_failure": 0.0, "infra_exception": 1.0}
+    assert (verl._TALLY.answers, verl._TALLY.infra) == (17, 4) and verl.INFRA_MIN_ANSWERS <= 17
+    # a broken cluster: most answers lost -> the job fails loudly instead of training on zeros
+    monkeypatch.setenv(verl.MAX_INFRA_FRACTION_ENV, "0.1")
+    with pytest.raises(InfraError, match="verifier infrastructure failed on"):
+        compute_score(row["data_source"], answer, row["reward_model"]["ground_truth"], row["extra_info"])
+    spec = ray_job_spec(settings(**BASE, verifier_max_infra_fraction=0.1), working_dir=None, submission_id="ff-1")
+    assert spec.runtime_env.env_vars[verl.MAX_INFRA_FRACTION_ENV] == "0.1"

@@ -1,0 +1,124 @@
+"""The ``rescore`` flow: a canary job's stored submissions re-verified under the current verifier, without
+re-running the model, as a new job linked to the original (:mod:`forgeflow.evaluation.rescore`).
+
+It takes one parameter model, ``params`` (:class:`RescoreParams`), and returns
+:class:`forgeflow.evaluation.rescore_report.RescoreResult`. ``forgeflow rescore JOB`` runs it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import flow, get_run_logger
+from prefect.runtime import flow_run
+from pydantic import Field
+
+from flows.stagekit import StageLog, StageParams
+from forgeflow.common import settings
+from forgeflow.common.settings import apply_container_env, home_dir
+from forgeflow.curation.generated import GENERATED_FILE
+from forgeflow.evaluation.compare import JobReport, job_exclusions
+from forgeflow.evaluation.rescore import RescoreRequest
+from forgeflow.evaluation.rescore_report import RescoreResult, change_rows, render_rescore_report
+from tasks import evaluation as evaluation_tasks
+from tasks import rescore as rescore_tasks
+from tasks.common import record_rows, table_artifact, upgrade_store
+
+REPORT_ARTIFACT_KEY = "rescore-report"
+VERDICTS_ARTIFACT_KEY = "rescore-verdicts"
+
+
+class RescoreParams(StageParams):
+    """The ``rescore`` flow's parameters.
+
+    Attributes:
+        job_id: the canary job to re-score (with its recovery jobs merged in), or an earlier re-score.
+        rescore_job_id: the new job's id; None: ``<job_id>-rescore-<12 hex>`` of the standing trials and the
+            verifier's source digest (the same re-score again upserts the same rows).
+        verifier_timeout_s: limit of one test run, seconds; None: the job's recorded one.
+        concurrency: verifier sandboxes at once (1 to 10, the ``verified`` canary profile's limit).
+        generated_path: the task-rows file; None: the job's recorded source, else the demo's candidates file.
+        out_dir: where ``<rescore job id>/report.md`` and ``summary.json`` go; None: ``$FORGEFLOW_HOME/canary``.
+    """
+
+    job_id: str = Field(min_length=1, description="the canary job to re-score (forgeflow trials lists the jobs)")
+    rescore_job_id: str | None = Field(None, min_length=1, max_length=512, description="the new job's id; None: "
+                                       "<job_id>-rescore-<digest of the standing trials and the verifier source>")
+    verifier_timeout_s: float | None = Field(None, gt=0, description="limit of one test run, seconds; None: the "
+                                             "job's recorded one")
+    concurrency: int = Field(1, ge=1, le=10, description="verifier sandboxes at once (1 to 10)")
+    generated_path: Path | None = Field(None, description="the task-rows file; None: the job's recorded source, "
+                                                          "else $FORGEFLOW_HOME/demo/candidates.jsonl")
+    out_dir: Path | None = Field(None, description="folder for <rescore job id>/report.md and summary.json; None: "
+                                                   "$FORGEFLOW_HOME/canary")
+
+
+@flow(name="rescore", log_prints=True)
+def rescore(params: RescoreParams) -> RescoreResult:
+    """Re-verify every stored submission of canary job ``params.job_id`` under the current verifier, as a new job.
+
+    The job's merged view (the original and its recovery jobs) gives one standing trial per task; each one's
+    submission is read from its trial row, else from its trajectory file, and re-verified in a fresh sandbox of
+    the pristine task image with the job's recorded limits (:func:`forgeflow.evaluation.rescore.plan_rescore`). A
+    trial whose agent run made no submission keeps its exception; one whose submission is lost is recorded as
+    ``SubmissionMissingError``, never reward 0. The new job (kind ``rescore``, ``parent_job_id`` the original, the
+    original's freeze, split and model) is recorded with a trial per task; the original's rows are never
+    rewritten. ``forgeflow compare`` and the ``promote`` flow take the new job by its id. Leaves the markdown
+    report artifact ``rescore-report`` (both jobs' accounting, the changed verdicts first, every task's old and
+    new verdict and why, each job's exclusions per exception type with the rate), the table artifact
+    ``rescore-verdicts`` and ``out_dir/<rescore job id>/report.md``.
+
+    Args:
+        params: :class:`RescoreParams` (the job, the new job's id, the verifier timeout, concurrency, the task rows,
+            where the report goes).
+
+    Returns:
+        :class:`forgeflow.evaluation.rescore_report.RescoreResult`: the new job's id, counts (re-verified,
+        carried over, missing, changed), both reports, the new job's exclusions and the verdict table.
+
+    Raises:
+        InputError: the job is unknown (the canary jobs are listed), a recovery job, not a canary job; the re-score
+            id is taken; the task rows cannot be read.
+        PreflightError: a task to re-verify cannot run (listed).
+    """
+    logger = get_run_logger()
+    apply_container_env()
+    store_url = settings.store_url()
+    upgrade_store(store_url)
+    plan = rescore_tasks.plan_rescore(RescoreRequest(
+        job_id=params.job_id, rescore_job_id=params.rescore_job_id, verifier_timeout_s=params.verifier_timeout_s,
+        generated_path=params.generated_path, default_generated=home_dir() / "demo" / GENERATED_FILE))
+    run_id = str(flow_run.get_id() or "")
+    new_id = plan.rescore_job_id
+    job_dir = Path(params.out_dir or home_dir() / "canary") / new_id
+    log = StageLog(job_dir / "summary.json", run_id)
+    counts = plan.counts()
+    logger.info("rescore %s: %s, %d task(s): %d to re-verify, %d carried over, %d missing, as job %s",
+                params.job_id, plan.merged_label, counts["trials"], counts["reverify"], counts["carried"],
+                counts["missing"], new_id)
+    done = {}
+    with log.stage("rescore") as st:
+        record_rows(store_url, "jobs", [plan.job_record(run_id)])
+        for item, state in log.window(plan.items, lambda item: rescore_tasks.rescore_trial.submit(
+                item, plan.settings, new_id, run_id), params.concurrency):
+            out = state.result()
+            record_rows(store_url, "trials", [out.row])
+            done[item.original.instance_id] = out
+        changes = [done[item.original.instance_id].change for item in plan.items]
+        counts["changed"] = sum(c.changed for c in changes)
+        st["counts"] = counts
+    report = JobReport.from_trials([done[item.original.instance_id].row for item in plan.items])
+    original_report = JobReport.from_trials([item.original for item in plan.items])
+    markdown = render_rescore_report(plan, report, original_report, changes)
+    report_path = evaluation_tasks.write_job_report(markdown, job_dir / "report.md", REPORT_ARTIFACT_KEY,
+                                                    f"re-score {new_id} of {params.job_id}")
+    table_artifact(VERDICTS_ARTIFACT_KEY, change_rows(changes), f"re-score {new_id} of {params.job_id}: verdicts")
+    log.write({"job_id": new_id, "parent_job_id": params.job_id, "counts": counts,
+               "report": report.model_dump(mode="json")})
+    logger.info("rescore %s: %d verdict(s) changed; scored %d/%d (was %d/%d), exceptions %s", new_id,
+                counts["changed"], report.scored, report.requested, original_report.scored,
+                original_report.requested, report.exceptions_by_type or "none")
+    return RescoreResult(job_id=new_id, parent_job_id=params.job_id, view=plan.merged_label,
+                         verifier_sha256=plan.verifier_sha256, counts=counts, report=report,
+                         original_report=original_report, exclusions=job_exclusions(report, new_id), changes=changes,
+                         report_path=report_path)

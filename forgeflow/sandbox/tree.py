@@ -1,0 +1,114 @@
+"""An agent's work tree, copied out of its container where the agent has no hand, and into a verifier's.
+
+The agent controls everything inside its own container: the git binary, ``.git/config`` (external
+diff drivers, aliases), ``PATH``, background processes. So its submission is not taken by running
+anything there: the container is stopped (no agent process runs on), its root file system is mounted
+on the host by podman (``podman mount``) and the host's own ``tar`` archives ``/testbed`` without its
+``.git`` (symbolic links archived as links, never followed). The verifier puts that tree in place in
+a fresh container of the pristine task image and asks git there what changed
+(:mod:`forgeflow.sandbox.changes`).
+
+Backends: podman (rootful: ``podman mount`` needs root or ``podman unshare``). The Kubernetes backend
+has no host-side view of a pod's file system; there the agent path keeps ``git diff`` in the pod,
+with the hardened git options of :data:`AGENT_GIT_DIFF` (the pod's git binary remains the agent's).
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+from forgeflow.common import errors
+from forgeflow.common.settings import tool_env
+from forgeflow.sandbox.changes import GIT_ENV
+
+__all__ = ["TREE_MAX_BYTES", "AGENT_GIT_DIFF", "TreeTooLargeError", "export_tree", "container_exists", "put_bytes"]
+
+TREE_MAX_BYTES = 512 * 1024 * 1024
+"""Largest agent tree copied out (bytes of tar): more is the agent's outcome (it wrote that much)."""
+
+AGENT_GIT_DIFF = ["env", *(f"{k}={v}" for k, v in GIT_ENV.items()), "git", "-c", "core.hooksPath=/dev/null",
+                  "-c", "core.fsmonitor=false", "-c", "core.attributesFile=/dev/null", "-c", "diff.external=",
+                  "diff", "--no-ext-diff", "--no-textconv", "--no-color", "--binary"]
+"""``git diff`` in an agent's pod (backends without a host-side view): no system or global config, no
+hooks, external diff drivers or text conversion. The base commit is appended."""
+
+
+class TreeTooLargeError(errors.InputError):
+    """The agent's tree is over :data:`TREE_MAX_BYTES` (its own doing: the trial's outcome, reward 0)."""
+
+
+def container_exists(name: str) -> bool:
+    """Whether podman still has a container called ``name`` (``podman container exists``).
+
+    Raises:
+        ToolMissingError: podman is not installed.
+    """
+    try:
+        proc = subprocess.run(["podman", "container", "exists", name], capture_output=True, env=tool_env(),
+                              timeout=60)
+    except FileNotFoundError as exc:
+        raise errors.ToolMissingError("podman is not installed (apt-get install podman)") from exc
+    return proc.returncode == 0
+
+
+def _podman(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["podman", *args], capture_output=True, text=True, env=tool_env(), timeout=timeout_s)
+
+
+def export_tree(container: str, repo: str = "/testbed", max_bytes: int = TREE_MAX_BYTES) -> bytes:
+    """Stop ``container`` and copy ``repo`` out of it (without ``.git``) as a tar archive, from the host.
+
+    Args:
+        container: the podman container's name (the agent's).
+        repo: the repository inside it.
+        max_bytes: the most bytes of tar taken.
+
+    Returns:
+        The tar archive (members relative to ``repo``: ``./calc.py``, ...).
+
+    Raises:
+        SandboxError: the container is gone (removed by an operator, conmon or the runtime: an
+            infrastructure fault, never the agent's) or podman could not mount it.
+        TreeTooLargeError: the tree is over ``max_bytes``.
+    """
+    if not container_exists(container):
+        raise errors.SandboxError(f"the agent's container {container} vanished before its tree was taken "
+                                  "(evidence: podman container exists says it is gone)")
+    _podman("stop", "-t", "0", container)
+    mounted = _podman("mount", container)
+    if mounted.returncode != 0:
+        gone = not container_exists(container)
+        raise errors.SandboxError(f"could not mount the agent's container {container}"
+                                  f"{' (it vanished)' if gone else ''}: {mounted.stderr.strip()[-300:]}")
+    try:
+        root = Path(mounted.stdout.strip()) / repo.lstrip("/")
+        if not root.is_dir() or root.is_symlink():
+            raise errors.SandboxError(f"the agent's container {container} has no directory {repo}")
+        proc = subprocess.Popen(["tar", "-C", str(root), "--exclude=./.git", "--numeric-owner", "-cf", "-", "."],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert proc.stdout is not None and proc.stderr is not None
+        data = proc.stdout.read(max_bytes + 1)
+        if len(data) > max_bytes:
+            proc.kill()
+            proc.wait()
+            raise TreeTooLargeError(f"the agent's tree {repo} is over {max_bytes} bytes of tar")
+        err = proc.stderr.read().decode("utf-8", errors="replace")
+        if proc.wait() not in (0, 1):  # 1: a file changed while read (nothing runs: not expected)
+            raise errors.SandboxError(f"tar of the agent's tree failed: {err.strip()[-300:]}")
+        return data
+    finally:
+        _podman("unmount", container)
+
+
+def put_bytes(container: str, path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` inside a running podman container (``podman exec -i``, bytes on stdin).
+
+    Raises:
+        SandboxError: the write failed (podman's message as evidence).
+    """
+    proc = subprocess.run(["podman", "exec", "-i", container, "sh", "-c", 'cat > "$1"', "sh", path], input=data,
+                          capture_output=True, env=tool_env(), timeout=600)
+    if proc.returncode != 0:
+        raise errors.SandboxError(f"could not write {path} in {container}: "
+                                  f"{proc.stderr.decode('utf-8', errors='replace').strip()[-300:]}")

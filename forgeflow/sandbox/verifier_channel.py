@@ -1,0 +1,433 @@
+"""The verifier's channel, read back: the records forgeflow's pytest plugin streamed during a test
+run, checked for tampering, and pytest's own final summary line.
+
+The plugin (``forgeflow/data/forgeflow_pytest_report.py``) writes one framed line per event on a
+private duplicate of the run's output pipe, as the event happens::
+
+    \\n@forgeflow-verifier-<nonce> {"seq": N, "kind": ..., ...}\\n
+
+A pipe is append-only: what was written cannot be rewritten later, so a forgery can only add
+records, and an added record contradicts the real ones. :func:`read_channel` splits the records from
+the run's own output; :func:`digest_records` turns them into status maps and names every
+contradiction (:attr:`StreamDigest.tampering`); :func:`find_summary_lines` and
+:func:`summary_counts` read pytest's terminal summary ("== 1 failed, 5 passed in 0.12s ==") for the
+count cross-check of :mod:`forgeflow.sandbox.verifier`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Callable, Collection, Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "RECORD_PREFIX",
+    "TRIPWIRE_MUST_PASS",
+    "TRIPWIRE_MUST_FAIL",
+    "SUMMARY_CATEGORIES",
+    "ChannelReading",
+    "StreamDigest",
+    "read_channel",
+    "digest_records",
+    "find_summary_lines",
+    "summary_counts",
+    "tripwire_problems",
+    "count_problems",
+    "known_test_problems",
+    "log_summary_problems",
+]
+
+RECORD_PREFIX = "@forgeflow-verifier-"
+"""Start of every record line, followed by the run's nonce and a space."""
+
+TRIPWIRE_MUST_PASS = "test_forgeflow_must_pass_"
+"""Name of the verifier's tripwire test that must pass, before the nonce."""
+
+TRIPWIRE_MUST_FAIL = "test_forgeflow_must_fail_"
+"""Name of the verifier's tripwire test that must fail, before the nonce."""
+
+SUMMARY_CATEGORIES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed", "deselected")
+"""The categories of pytest's final summary line the channel's counts are compared on (warnings,
+reruns and plugins' own categories are not outcomes of the task's tests)."""
+
+_COUNT = re.compile(r"(\d+) ([a-z][a-z ]*)")
+_SUMMARY_LINE = re.compile(
+    r"^(?:=+ )?((?:\d+ [a-z][a-z ]*)(?:, \d+ [a-z][a-z ]*)*|no tests ran)"
+    r" in \d+(?:\.\d+)?s(?: \([^)]*\))?(?: =+)?$", re.MULTILINE)
+_PLURALS = {"errors": "error", "warnings": "warning"}
+
+
+class ChannelReading(BaseModel):
+    """The records of one run, split from its output.
+
+    Attributes:
+        records: the parsed records, in the order they were written.
+        log: the run's stdout without the record lines.
+        end_offset: index in ``log`` where the session-end record stood (pytest's summary follows
+            it); None without one.
+        corrupt: one entry per framed line that is not a JSON object with an int ``seq``.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    records: list[dict[str, Any]]
+    log: str
+    end_offset: int | None = None
+    corrupt: list[str] = Field(default_factory=list)
+
+
+def read_channel(stdout: str, nonce: str) -> ChannelReading:
+    """Split ``stdout`` into the plugin's records (framed with ``nonce``) and the run's own output.
+
+    Args:
+        stdout: the run's standard output, decoded.
+        nonce: the run's nonce (hex).
+
+    Returns:
+        The :class:`ChannelReading`; a framed line that does not parse is listed in ``corrupt``.
+    """
+    frame = re.compile(r"\n" + re.escape(RECORD_PREFIX + nonce) + r" ([^\n]*)(?:\n|$)")
+    records: list[dict[str, Any]] = []
+    corrupt: list[str] = []
+    parts: list[str] = []
+    end_offset: int | None = None
+    last, size = 0, 0
+    for match in frame.finditer(stdout):
+        parts.append(stdout[last:match.start()])
+        size += match.start() - last
+        last = match.end()
+        try:
+            record = json.loads(match.group(1))
+        except ValueError:
+            record = None
+        if not isinstance(record, dict) or not isinstance(record.get("seq"), int):
+            corrupt.append(match.group(1)[:200])
+            continue
+        records.append(record)
+        if record.get("kind") == "end" and end_offset is None:
+            end_offset = size
+    parts.append(stdout[last:])
+    return ChannelReading(records=records, log="".join(parts), end_offset=end_offset, corrupt=corrupt)
+
+
+class StreamDigest(BaseModel):
+    """What the records say about the run, and every way they contradict themselves.
+
+    Attributes:
+        started: a start record was read (pytest ran with the plugin).
+        ended: a session-end record was read.
+        exitstatus: pytest's exit status from the session-end record (None without one).
+        verbosity: the terminal's verbosity from the session-end record (below -1: no summary line).
+        tests: status map of the task's tests (first repetition; tripwires left out; a collector
+            that failed is an ERROR under its own id).
+        repeat_runs: one status map per repetition when items were repeated (else empty).
+        repeat_s: pytest's seconds in repetitions after the first (every phase's ``duration``).
+        collected: the collected item ids without the tripwires, in order (None: collection never
+            finished).
+        deselected: ids deselected before the run.
+        collect_errors: ids of collectors that failed.
+        tripwires: ``{"must_pass": status, "must_fail": status}`` for the tripwires that reported.
+        counts: reports per summary category (:data:`SUMMARY_CATEGORIES`), tripwires included, as
+            pytest's terminal counts them.
+        runner_inputs: what the runner read: ``sys_path`` and ``modules`` at the plugin's import,
+            ``inipath``, ``rootpath``, ``args``, ``plugins``, ``conftests``, ``entry_points``.
+        tampering: every contradiction found, for a person (empty: none).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    started: bool = False
+    ended: bool = False
+    exitstatus: int | None = None
+    verbosity: int | None = None
+    tests: dict[str, str] = Field(default_factory=dict)
+    repeat_runs: list[dict[str, str]] = Field(default_factory=list)
+    repeat_s: float = Field(default=0.0, ge=0.0)
+    collected: list[str] | None = None
+    deselected: list[str] = Field(default_factory=list)
+    collect_errors: list[str] = Field(default_factory=list)
+    tripwires: dict[str, str] = Field(default_factory=dict)
+    counts: dict[str, int] = Field(default_factory=dict)
+    runner_inputs: dict[str, Any] = Field(default_factory=dict)
+    tampering: list[str] = Field(default_factory=list)
+
+
+def _status(when: str, outcome: str, xfail: bool) -> str | None:
+    """A report's status (:data:`forgeflow.sandbox.grading.STATUSES`); None: a clean setup/teardown."""
+    if when in ("setup", "teardown"):
+        if outcome == "failed":
+            return "ERROR"
+        if outcome == "skipped":
+            return "XFAIL" if xfail else "SKIPPED"
+        return None
+    if outcome == "passed":
+        return "XPASS" if xfail else "PASSED"
+    if outcome == "skipped":
+        return "XFAIL" if xfail else "SKIPPED"
+    return "FAILED"
+
+
+def _category(when: str, outcome: str, xfail: bool) -> str | None:
+    """The summary category pytest's terminal files a report under (``pytest_report_teststatus`` of
+    its skipping, runner and terminal plugins, in that order); None: not counted."""
+    if xfail and outcome in ("skipped", "passed"):
+        return "xfailed" if outcome == "skipped" else "xpassed"
+    if when in ("setup", "teardown", "collect"):
+        return {"failed": "error", "skipped": "skipped"}.get(outcome)
+    return outcome if outcome in ("passed", "failed", "skipped") else None
+
+
+def _tripwire(nodeid: str, nonce: str) -> str | None:
+    name = nodeid.rpartition("::")[2]
+    return {TRIPWIRE_MUST_PASS + nonce: "must_pass", TRIPWIRE_MUST_FAIL + nonce: "must_fail"}.get(name)
+
+
+class _Digest:
+    """The state of :func:`digest_records` while it walks the records."""
+
+    def __init__(self, nonce: str, repeat: int) -> None:
+        self.nonce, self.repeat = nonce, repeat
+        self.fields: dict[str, Any] = {"runner_inputs": {}, "deselected": [], "collect_errors": []}
+        self.runs: dict[int, dict[str, str]] = {}
+        self.tripwires: dict[str, str] = {}
+        self.counts: Counter[str] = Counter()
+        self.phases: Counter[tuple[str, int, str]] = Counter()
+        self.collected: Counter[str] | None = None
+        self.tampering: list[str] = []
+        self.repeat_s = 0.0
+
+    def report(self, record: dict[str, Any]) -> None:
+        nodeid, when, outcome = str(record.get("nodeid")), str(record.get("when")), str(record.get("outcome"))
+        rep, xfail = record.get("rep", 0), bool(record.get("xfail"))
+        if not isinstance(rep, int) or not 0 <= rep < self.repeat:
+            self.tampering.append(f"an outcome record of {nodeid!r} for repetition {rep!r} (the run repeats "
+                                  f"{self.repeat} time(s))")
+            return
+        if self.collected is None or nodeid not in self.collected:
+            self.tampering.append(f"an outcome record of {nodeid!r}, a test that was never collected")
+            return
+        self.phases[(nodeid, rep, when)] += 1
+        if self.phases[(nodeid, rep, when)] > self.collected[nodeid]:
+            self.tampering.append(f"two {when} outcome records of {nodeid!r} (the second: {outcome})")
+            return
+        category = _category(when, outcome, xfail)
+        if category:
+            self.counts[category] += 1
+        duration = record.get("duration_s")
+        if rep and isinstance(duration, (int, float)) and duration >= 0:
+            self.repeat_s += duration
+        status = _status(when, outcome, xfail)
+        wire = _tripwire(nodeid, self.nonce)
+        target = self.tripwires if wire else self.runs.setdefault(rep, {})
+        key = wire or nodeid
+        if status is None or target.get(key) == "ERROR" or (when == "teardown" and status != "ERROR"):
+            return  # an error in setup or teardown stands; a clean teardown changes nothing
+        target[key] = status
+
+    def collect(self, record: dict[str, Any]) -> None:
+        nodeid, outcome = str(record.get("nodeid")), str(record.get("outcome"))
+        category = _category("collect", outcome, False)
+        if category:
+            self.counts[category] += 1
+        if outcome == "failed":
+            self.fields["collect_errors"].append(nodeid)
+
+    def collected_ids(self, record: dict[str, Any]) -> None:
+        if self.collected is not None:
+            self.tampering.append("a second record of the collected tests")
+            return
+        ids = [str(i) for i in record.get("ids") or []]
+        self.collected = Counter(ids)
+        self.fields["collected"] = [i for i in ids if not _tripwire(i, self.nonce)]
+
+
+def digest_records(records: list[dict[str, Any]], nonce: str, repeat: int = 1) -> StreamDigest:
+    """Turn a run's records into status maps, counts and the runner's inputs; name every contradiction.
+
+    Tampering (each named in :attr:`StreamDigest.tampering`): a record out of sequence (``seq`` is
+    not its index: a record inserted or lost), a second start or collected record, any record after
+    the session-end record, an outcome record of a test never collected, a second outcome record of
+    the same test, phase and repetition (more than it was collected), a repetition outside ``repeat``.
+
+    Args:
+        records: the records, in the order they were read (:func:`read_channel`).
+        nonce: the run's nonce (names the tripwires).
+        repeat: how many times each item was to run (1: no repeats).
+
+    Returns:
+        The :class:`StreamDigest`.
+    """
+    state = _Digest(nonce, max(1, repeat))
+    ended = started = False
+    for index, record in enumerate(records):
+        kind = record.get("kind")
+        if record.get("seq") != index:
+            state.tampering.append(f"record {index} carries sequence number {record.get('seq')!r} (a record was "
+                                   "inserted or lost)")
+        if ended:
+            state.tampering.append(f"a {kind!r} record after the session-end record")
+            continue
+        if kind == "start":
+            if started:
+                state.tampering.append("a second start record")
+            started = True
+            state.fields["runner_inputs"].update({k: record.get(k) for k in ("sys_path", "modules", "pytest")})
+        elif kind == "inputs":
+            state.fields["runner_inputs"].update({k: v for k, v in record.items() if k not in ("seq", "kind")})
+        elif kind == "deselected":
+            state.fields["deselected"].extend(str(i) for i in record.get("ids") or [])
+        elif kind == "collected":
+            state.collected_ids(record)
+        elif kind == "collect":
+            state.collect(record)
+        elif kind == "report":
+            state.report(record)
+        elif kind == "end":
+            ended = True
+            status, verbosity = record.get("exitstatus"), record.get("verbosity")
+            state.fields["exitstatus"] = status if isinstance(status, int) else None
+            state.fields["verbosity"] = verbosity if isinstance(verbosity, int) else None
+        else:
+            state.tampering.append(f"a record of unknown kind {kind!r}")
+    state.counts["deselected"] = len(state.fields["deselected"])
+    tests = dict(state.runs.get(0, {}))
+    tests.update({nodeid: "ERROR" for nodeid in state.fields["collect_errors"] if nodeid not in tests})
+    repeat_runs = [state.runs.get(rep, {}) for rep in range(state.repeat)] if state.repeat > 1 else []
+    return StreamDigest(started=started, ended=ended, tests=tests, repeat_runs=repeat_runs,
+                        tripwires=state.tripwires, counts=dict(state.counts), tampering=state.tampering,
+                        repeat_s=state.repeat_s,
+                        **state.fields)
+
+
+def summary_counts(line: str) -> dict[str, int]:
+    """The counts of one pytest final summary line (``"== 1 failed, 5 passed, 2 errors in 0.12s =="``,
+    or without the ``=`` under ``-q``): ``{"failed": 1, "passed": 5, "error": 2}`` (plurals made
+    singular: ``errors``, ``warnings``); ``{}`` for "no tests ran".
+
+    Args:
+        line: the line (a match of :func:`find_summary_lines`).
+
+    Returns:
+        Counts by category as pytest names them.
+    """
+    head = line.strip().strip("=").strip().rsplit(" in ", 1)[0]
+    return {_PLURALS.get(word.strip(), word.strip()): int(count) for count, word in _COUNT.findall(head)}
+
+
+def find_summary_lines(text: str) -> list[tuple[int, str]]:
+    """Every line of ``text`` shaped like pytest's final summary line, as ``(offset, line)``.
+
+    pytest 7-9 (``terminal.py``, ``summary_stats``): the counts joined by ``", "``, then
+    ``" in <seconds>s"`` (``" (h:mm:ss)"`` past a minute), framed by ``=`` unless verbosity is below 0.
+    """
+    return [(m.start(), m.group(0)) for m in _SUMMARY_LINE.finditer(text)]
+
+
+def tripwire_problems(tripwires: Mapping[str, str]) -> list[str]:
+    """Tripwires that reported the wrong status (a missing one is no problem here: see
+    :attr:`forgeflow.sandbox.verifier.VerifierResult.credit_blocker`).
+
+    Args:
+        tripwires: ``{"must_pass": status, "must_fail": status}`` as far as they reported.
+
+    Returns:
+        One sentence per tripwire with the wrong status (must-fail not FAILED, must-pass not PASSED).
+    """
+    out = []
+    for wire, want in (("must_fail", "FAILED"), ("must_pass", "PASSED")):
+        if tripwires.get(wire, want) != want:
+            out.append(f"the verifier's {wire.replace('_', '-')} tripwire reported {tripwires[wire]}: something "
+                       "forces test outcomes")
+    return out
+
+
+def count_problems(summary: Mapping[str, int], seen: Mapping[str, int], categories: Collection[str], *,
+                   exact: bool) -> list[str]:
+    """Where pytest's summary counts and the outcomes read disagree.
+
+    Args:
+        summary: pytest's counts (:func:`summary_counts`).
+        seen: the outcomes' counts by the same categories.
+        categories: the categories compared (a missing one counts 0).
+        exact: equal counts required; else the outcomes may hold fewer (a log parser merges ids it
+            cannot tell apart, e.g. SWE-bench's pytest parser splits ids at spaces).
+
+    Returns:
+        ``[]`` when they agree, else one sentence naming each disagreeing category.
+    """
+    bad = [c for c in categories if seen.get(c, 0) > summary.get(c, 0)
+           or (exact and seen.get(c, 0) < summary.get(c, 0))]
+    if not bad:
+        return []
+    shown = ", ".join(f"{summary.get(c, 0)} {c} there, {seen.get(c, 0)} read" for c in bad)
+    return [f"pytest's own summary line disagrees with the outcomes read ({shown})"]
+
+
+def known_test_problems(digest: StreamDigest, known_tests: Collection[str] | None,
+                        graded_tests: Collection[str]) -> list[str]:
+    """The known-tests cross-check of a run.
+
+    Rules: every graded (FAIL_TO_PASS / PASS_TO_PASS) id collected exactly once (at most once when a
+    collector failed: a broken import is a wrong answer, not tampering); with ``known_tests``, every
+    collected id known and every known id collected unless deselected (or a collector failed).
+
+    Args:
+        digest: the run's records (:func:`digest_records`); without a collected record nothing is checked.
+        known_tests: the ids the task's pristine runs collected; None: not recorded.
+        graded_tests: the FAIL_TO_PASS and PASS_TO_PASS ids.
+
+    Returns:
+        One sentence per broken rule (``[]``: none).
+    """
+    if digest.collected is None:
+        return []
+    out = []
+    times = Counter(digest.collected)
+    wrong = {t: times[t] for t in graded_tests if times[t] > 1 or (times[t] == 0 and not digest.collect_errors)}
+    if wrong:
+        out.append("FAIL_TO_PASS/PASS_TO_PASS tests not collected exactly once: "
+                   + ", ".join(f"{t!r} x{n}" for t, n in sorted(wrong.items())[:5]))
+    if known_tests is not None:
+        known = set(known_tests)
+        unknown = sorted(set(digest.collected) - known)
+        missing = sorted(known - set(digest.collected) - set(digest.deselected))
+        if unknown:
+            out.append(f"{len(unknown)} collected test(s) the task does not know, e.g. {unknown[0]!r}")
+        if missing and not digest.collect_errors:
+            out.append(f"{len(missing)} known test(s) not collected, e.g. {missing[0]!r}")
+    return out
+
+
+def log_summary_problems(stdout: str, tests: Mapping[str, str],
+                         parser: Callable[..., dict[str, str]]) -> tuple[dict[str, int] | None, list[str]]:
+    """The summary cross-check of a pytest log read by a SWE-bench parser.
+
+    Rules: exactly one final summary line (pytest prints one; a second is printed by someone else);
+    no test status the parser reads after it (pytest prints nothing after it); no more tests of a
+    status (passed, failed, error, xfailed, xpassed) than it counts (skips are left out: ``-rA``
+    groups them by reason, without ids).
+
+    Args:
+        stdout: the run's standard output.
+        tests: the status map the parser read from the log.
+        parser: the SWE-bench parser (``(log, test_spec) -> status map``).
+
+    Returns:
+        ``(the summary's counts or None, problems)``.
+    """
+    lines = find_summary_lines(stdout)
+    if len(lines) != 1:
+        return None, [f"the log holds {len(lines)} pytest summary lines (pytest prints one)"]
+    offset, line = lines[0]
+    counts = summary_counts(line)
+    out = []
+    if parser(stdout[offset + len(line):], None):
+        out.append("test statuses printed after pytest's own summary line")
+    names = {"ERROR": "error", "XFAIL": "xfailed", "XPASS": "xpassed"}
+    seen = Counter(names.get(status, status.lower()) for status in tests.values())
+    out += count_problems(counts, seen, ("passed", "failed", "error", "xfailed", "xpassed"), exact=False)
+    return counts, out
