@@ -346,7 +346,12 @@ class LifecycleConfig(BaseModel):
         recorded before still matches a run with the same values."""
         quotas = self.freeze.quotas
         identity = self.model_dump(mode="json", include={"projects", "candidates_per_project", "seed"})
-        inputs = {**identity, "validation": self.validation.checks.model_dump(mode="json"),
+        checks = self.validation.checks
+        # settings added since (the flaky-gold repeats) are recorded only when they differ from their
+        # defaults, so a freeze recorded before them still matches a run with the same values
+        later = {k for k in ("flaky_repeat_runs", "flaky_sample_pass_to_pass_tests")
+                 if getattr(checks, k) == type(checks).model_fields[k].default}
+        inputs = {**identity, "validation": checks.model_dump(mode="json", exclude=later),
                   "train_min": quotas.train, "validation_min": quotas.validation, "test_min": quotas.test,
                   "max_tasks_per_repo": quotas.max_per_repo, "min_repos": quotas.min_repos}
         return inputs

@@ -17,9 +17,10 @@ Protected, anywhere in the repository (:data:`PROTECTED_NAMES`, :data:`TEST_DIR_
   ``tests.py``, and everything under a directory named ``test``, ``tests`` or ``testing``;
 * pytest configuration and plugins: every ``conftest.py``, ``pytest.ini``, ``.pytest.ini``,
   ``tox.ini``, ``setup.cfg``, ``pyproject.toml`` (the whole file: it can hold
-  ``[tool.pytest.ini_options]``), ``noxfile.py``, ``.coveragerc``, pytest's cache folder
-  ``.pytest_cache/``, and packaging metadata that registers plugins (``entry_points.txt``, anything
-  under ``*.egg-info`` / ``*.dist-info``: importlib.metadata reads them from every ``sys.path`` entry);
+  ``[tool.pytest.ini_options]``), ``pytest.toml`` (pytest 9), ``noxfile.py``, ``.coveragerc``,
+  pytest's cache folder ``.pytest_cache/``, and packaging metadata that registers plugins
+  (``entry_points.txt``, anything under ``*.egg-info`` / ``*.dist-info``: importlib.metadata reads them
+  from every ``sys.path`` entry);
 * interpreter start-up hooks: ``sitecustomize.py``, ``usercustomize.py`` and every ``*.pth``;
 * compiled code the importer or pytest could load instead of a source file: anything under
   ``__pycache__/``, ``*.pyc`` / ``*.pyo`` (a sourceless ``.pyc`` is importable), compiled extension
@@ -82,7 +83,8 @@ SCREEN_POLICIES: tuple[str, ...] = ScreenPolicy.__args__
 
 PROTECTED_NAMES = frozenset({
     "conftest.py", "pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", "noxfile.py",
-    "sitecustomize.py", "usercustomize.py", "entry_points.txt", "tests.py", ".coveragerc",
+    "sitecustomize.py", "usercustomize.py", "entry_points.txt", "tests.py", ".coveragerc", "pytest.toml",
+    ".pytest.toml",
 })
 """File names protected wherever they are (test configuration, plugins, start-up hooks)."""
 
@@ -90,7 +92,7 @@ TEST_DIR_NAMES = frozenset({"test", "tests", "testing"})
 """Directory names whose whole content is test infrastructure."""
 
 RUNNER_MODULES = frozenset({"pytest", "_pytest", "py", "pluggy", "iniconfig", "packaging", "exceptiongroup",
-                            "tomli", "forgeflow_pytest_report"})
+                            "tomli", "attr", "attrs", "forgeflow_pytest_report"})
 """Modules the test run imports besides the standard library (pytest and its dependencies, the
 verifier's report plugin): shadowing them is refused even where the probe did not run."""
 

@@ -163,6 +163,10 @@ def test_freeze_inputs_keep_the_flat_keys_and_values_recorded_before_the_groups(
     assert tuple(inputs) == LifecycleConfig.FREEZE_INPUTS  # the order the flat config wrote them in
     # what does not decide the freeze's content is not recorded
     assert other.freeze_inputs() == other.model_copy(update={"canary": LifecycleConfig().canary}).freeze_inputs()
+    # settings added since the flat config are recorded when they differ from their defaults (they change
+    # which candidates validation accepts), and only then (older freezes keep matching)
+    repeats = LifecycleConfig(validation={"checks": {"flaky_repeat_runs": 3}}).freeze_inputs()["validation"]
+    assert repeats == {"oracle_runs": 2, "flaky_policy": "reject", "log_parser": None, "flaky_repeat_runs": 3}
 
 
 def test_projects_that_cannot_fill_the_splits_are_refused_before_any_work() -> None:

@@ -268,12 +268,16 @@ def test_canary_runs_the_agents_commands_in_pods_through_the_kubernetes_api(pref
     for pod in agent_pods:
         argvs = [" ".join(c["command"]) for c in calls if c["verb"] == "exec" and c["name"] == pod]
         assert any("sed -i 's/a - b/a + b/' calc.py" in a for a in argvs), f"the model's command ran in {pod}"
-        assert any("rev-parse HEAD" in a for a in argvs) and any(" diff --no-color" in a for a in argvs)
+        # the submission: git diff in the pod with the hardened options (no external diff, no text conversion)
+        assert any("rev-parse HEAD" in a for a in argvs) and any(" diff --no-ext-diff --no-textconv" in a for a in argvs)
         order = [(c["verb"], c["name"]) for c in calls]
         assert order.index(("create", pod)) < order.index(("delete", pod))
-    for pod in verifier_pods:  # the submission is sent to the verifier's own pod (stdin) and applied there
+    for pod in verifier_pods:  # the submission is sent to the verifier's own pod (stdin), applied there and
+        # what changed read from git's own listing
         execs = [c for c in calls if c["verb"] == "exec" and c["name"] == pod]
-        assert any(c["stdin"] for c in execs) and any("git apply" in " ".join(c["command"]) for c in execs)
+        assert any(c["stdin"] for c in execs)
+        assert any(" apply " in a and "diff-tree -r -z --no-renames --raw" in a for a in (" ".join(c["command"])
+                                                                                         for c in execs))
     recorded = job.params["agent_config"]
     assert recorded["sandbox_backend"]["kind"] == recorded["verifier_backend"]["kind"] == "kubernetes"
     trajectories = sorted(Path(job.params["trajectories_dir"]).glob("*.traj.json"))

@@ -55,7 +55,10 @@ def test_rescore_of_a_canary_job_gives_its_verdicts_as_a_new_linked_job(prefect_
     result = rescore(RescoreParams(job_id=job.job_id, out_dir=tmp_path / "canary"))
     assert result.counts == {"trials": 2, "reverify": 2, "carried": 0, "missing": 0, "changed": 0}
     assert {c.instance_id: (c.new_reward, c.new_exception) for c in result.changes} == verdicts
-    assert {c.source for c in result.changes} == {"trajectory"}  # the canary's trials predate stored submissions
+    assert {c.source for c in result.changes} == {"store"}  # the canary stores each trial's graded submission
+    stored = {t.instance_id: t.submission for t in store.trials_for(job_id=job.job_id)}
+    fixed = next(i for i, (reward, _) in verdicts.items() if reward == 1.0)
+    assert "a + b" in stored[fixed] and "a - b" in stored[fixed]  # git's own diff of the agent's tree, as the verifier graded it
     new = store.get_job(result.job_id)
     assert (new.kind, new.parent_job_id, new.freeze_name, new.split, new.model_sha256) == (
         "rescore", job.job_id, "canary-test", "test", MODEL_SHA)

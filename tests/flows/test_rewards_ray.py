@@ -147,7 +147,9 @@ def test_rl_burst_flow_scores_its_rollouts_on_ray(prefect_harness, cluster, task
     written = json.loads((tmp_path / "models" / "rl-adapter" / LINEAGE_FILE).read_text())
     (counts,) = written["reward_counts"]
     assert (counts["completions"], counts["unresolved"], counts["exceptions"]) == (2, 2, 0), counts
-    assert sum(counts["nodes"].values()) == 2 and set(counts["nodes"]) <= workers
+    # the tiny model's 4-token completions hold no diff: each is its own 0 without a container; a completion
+    # that reaches the verifier is scored on a sandbox node (test_rl_rewards_are_scored_on_the_sandbox_nodes)
+    assert set(counts["nodes"]) <= workers and sum(counts["nodes"].values()) <= 2
     assert written["weights_changed"] is False
     assert not Store().producers(written["sha256"])  # nothing learned: no adapter recorded
     ran = list_tasks(address=head.dashboard_url, filters=[("name", "=", f"verifier of {task_image}")],
