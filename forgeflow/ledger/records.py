@@ -55,6 +55,21 @@ class ImageRecord(_Record):
     source_digest: str | None = Field(default=None, pattern=r"^sha256:[0-9a-f]{64}$")
 
 
+def _with_digest(data: dict[str, Any], field: str, what: str) -> dict[str, Any]:
+    """``data`` with ``<field>_sha256`` filled from ``data[field]`` (UTF-8 bytes), or checked against it.
+
+    Raises:
+        ValueError: the given digest is not the sha256 of the field (``what`` names the row).
+    """
+    digest = sha256_bytes(data[field].encode())
+    given = data.get(f"{field}_sha256")
+    if given is None:
+        return {**data, f"{field}_sha256": digest}
+    if given != digest:
+        raise ValueError(f"{what}: {field}_sha256 {given} is not the sha256 of its {field} ({digest})")
+    return data
+
+
 class TaskRecord(_Record):
     """A row of ``task_instances``; ``reason`` says why a task was rejected or errored.
 
@@ -80,13 +95,7 @@ class TaskRecord(_Record):
     def _patch_digest(cls, data: Any) -> Any:
         if not isinstance(data, dict) or data.get("patch") is None:
             return data
-        digest = sha256_bytes(data["patch"].encode())
-        if data.get("patch_sha256") is None:
-            return {**data, "patch_sha256": digest}
-        if data["patch_sha256"] != digest:
-            raise ValueError(f"task {data.get('instance_id')!r}: patch_sha256 {data['patch_sha256']} is not the "
-                             f"sha256 of its patch ({digest})")
-        return data
+        return _with_digest(data, "patch", f"task {data.get('instance_id')!r}")
 
 
 class BatchRecord(_Record):
@@ -148,13 +157,7 @@ class TrialRecord(_Record):
             if data.get("submission_sha256") is not None:
                 raise ValueError(f"trial {data.get('trial_id')!r}: submission_sha256 without its submission")
             return data
-        digest = sha256_bytes(data["submission"].encode())
-        if data.get("submission_sha256") is None:
-            return {**data, "submission_sha256": digest}
-        if data["submission_sha256"] != digest:
-            raise ValueError(f"trial {data.get('trial_id')!r}: submission_sha256 {data['submission_sha256']} is not "
-                             f"the sha256 of its submission ({digest})")
-        return data
+        return _with_digest(data, "submission", f"trial {data.get('trial_id')!r}")
 
 
 TRIAL_VOID_FIELDS = frozenset({"voided_at", "void_reason"})
