@@ -20,7 +20,10 @@ machine-readable output there:
 
 git runs with a configuration the submission cannot change: no system or global configuration
 (``GIT_CONFIG_NOSYSTEM``, ``GIT_CONFIG_GLOBAL=/dev/null``), no hooks, no fsmonitor, no external diff
-drivers or text conversion, literal pathspecs; the repository's own ``.git`` is the pristine image's
+drivers or text conversion, literal pathspecs, and attributes pinned by :data:`NEUTRAL_ATTRIBUTES` in
+``.git/info/attributes`` (a ``.gitattributes`` of the submission's cannot re-encode, filter or hide a
+file from the snapshots: found by a red-team run, a UTF-7 ``working-tree-encoding`` made an edited test
+file hash as the pristine one); the repository's own ``.git`` is the pristine image's
 (``git apply`` refuses paths under ``.git`` and outside the work tree, and an agent's ``.git`` is never
 copied in).
 """
@@ -60,6 +63,13 @@ _GIT = ("git --literal-pathspecs -c core.hooksPath=/dev/null -c core.fsmonitor=f
         "-c core.symlinks=true -c core.autocrlf=false -c core.safecrlf=false -c core.attributesFile=/dev/null "
         "-c core.excludesFile=/dev/null -c diff.external= -c diff.noprefix=false -c diff.mnemonicprefix=false")
 """git with the verifier's fixed options (the repository's own config is the pristine image's)."""
+
+NEUTRAL_ATTRIBUTES = ("* !working-tree-encoding !ident !text !eol !crlf !filter !diff !merge !export-subst "
+                      "!whitespace")
+"""Written to the sandbox's ``.git/info/attributes`` (which outranks every ``.gitattributes`` of the work
+tree) before any snapshot: a submission's ``.gitattributes`` cannot make git hash a file other than as
+its bytes (``working-tree-encoding``, ``ident``, ``eol`` conversions, a ``filter``) nor turn a text file
+into a binary diff (``-diff``) that the static screen cannot read. ``!attr`` leaves each unspecified."""
 
 ChangeStatus = Literal["A", "M", "D", "T"]
 """git's status letters without renames or copies (``--no-renames``): added, modified, deleted,
@@ -186,6 +196,8 @@ d={folder}; mkdir -p "$d" || exit 125
 g() {{ {_GIT} "$@"; }}
 mark() {{ printf '\\n@@FF-{nonce} %s@@\\n' "$1"; }}
 snap() {{ GIT_INDEX_FILE="$d/index" g add -A -f -- . >"$d/add.log" 2>&1 && GIT_INDEX_FILE="$d/index" g write-tree; }}
+gd=$(g rev-parse --absolute-git-dir) && mkdir -p "$gd/info" && printf '%s\\n' '{NEUTRAL_ATTRIBUTES}' \\
+  > "$gd/info/attributes" || exit 125
 mark probe
 python3 - <<'FORGEFLOW_PROBE_{nonce}' 2>/dev/null
 {_PROBE}

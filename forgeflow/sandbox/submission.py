@@ -25,7 +25,8 @@ Protected, anywhere in the repository (:data:`PROTECTED_NAMES`, :data:`TEST_DIR_
 * compiled code the importer or pytest could load instead of a source file: anything under
   ``__pycache__/``, ``*.pyc`` / ``*.pyo`` (a sourceless ``.pyc`` is importable), compiled extension
   modules (``*.so``, ``*.pyd``: they win over a ``.py`` of the same name);
-* symbolic links (a link makes the runner read whatever it points to);
+* symbolic links (a link makes the runner read whatever it points to), and ``.gitattributes`` (it
+  changes how git reads the tree the verifier judges);
 * a *new* top-level module or package, in a ``sys.path`` entry inside the repository, whose name the
   task's interpreter can also import from outside it: the standard library, built-ins, pytest and its
   dependencies, and every installed distribution (measured in the pristine sandbox,
@@ -34,7 +35,8 @@ Protected, anywhere in the repository (:data:`PROTECTED_NAMES`, :data:`TEST_DIR_
   (:func:`shadowed_module`). A module of that name the pristine repository already has may be edited.
 
 **Static screen** (:func:`screen_added_lines`): the lines the submission *added* (read from git's own
-patch of the two snapshots) are searched for the test framework's internals, process-exit hooks,
+patch of the two snapshots; a binary part of a code or text file is itself a finding) are searched for
+the test framework's internals, process-exit hooks,
 introspection of the running interpreter and the runner's descriptors (:data:`SCREEN_PATTERNS`): code
 under test that reaches those can rewrite outcomes inside the test process, which no report channel
 prevents. Policy (:data:`SCREEN_POLICIES`): ``reject`` (default: tampering, reward 0, the lines named),
@@ -84,7 +86,7 @@ SCREEN_POLICIES: tuple[str, ...] = ScreenPolicy.__args__
 PROTECTED_NAMES = frozenset({
     "conftest.py", "pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", "noxfile.py",
     "sitecustomize.py", "usercustomize.py", "entry_points.txt", "tests.py", ".coveragerc", "pytest.toml",
-    ".pytest.toml",
+    ".pytest.toml", ".gitattributes",
 })
 """File names protected wherever they are (test configuration, plugins, start-up hooks)."""
 
@@ -97,6 +99,7 @@ RUNNER_MODULES = frozenset({"pytest", "_pytest", "py", "pluggy", "iniconfig", "p
 verifier's report plugin): shadowing them is refused even where the probe did not run."""
 
 _MODULE_SUFFIXES = (".py", ".pyc", ".pyo", ".pyw", ".so", ".pyd")
+_TEXT_SUFFIXES = (".py", ".pyw", ".pyi", ".pth", ".cfg", ".ini", ".toml", ".txt", ".json", ".yaml", ".yml", ".sh")
 _COMPILED_SUFFIXES = (".pyc", ".pyo", ".so", ".pyd")
 _TEST_FILE = re.compile(r"^(test_.*|.*_test)\.py$")
 
@@ -155,6 +158,8 @@ def protected_reason(path: str, task_test_files: Iterable[str] = ()) -> str | No
         return "interpreter start-up hook"
     if name == "conftest.py":
         return "pytest conftest (fixtures, hooks, plugins)"
+    if name == ".gitattributes":
+        return "git attributes (how git reads the tree the verifier judges)"
     if name in PROTECTED_NAMES:
         return "test-run configuration or plugin registration"
     for part in pure.parts[:-1]:
@@ -269,6 +274,9 @@ def screen_added_lines(patch: str, skip: Iterable[str] = ()) -> list[ScreenFindi
     for pfile in parsed:
         path = pfile.path
         if path in skipped:
+            continue
+        if pfile.is_binary_file and path.endswith(_TEXT_SUFFIXES):  # code git would not show as text
+            out.append(ScreenFinding(path=path, kind="binary change of a text file", line="GIT binary patch"))
             continue
         for hunk in pfile:
             for line in hunk:
