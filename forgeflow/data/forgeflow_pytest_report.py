@@ -26,6 +26,11 @@ record after the session's end, an outcome of a test never collected) from the r
 * ``collected`` (after collection): the ``ids`` of every item that will run, in order;
 * ``report``: one per pytest report (``nodeid``, ``when``, ``outcome``, ``xfail``: the report has
   ``wasxfail``; ``rep``: the repetition, see below; ``duration_s``: pytest's own duration of the phase);
+* ``integrity`` (before a report record and at the end, only when it finds one): ``replaced``, the
+  functions pytest builds and reports outcomes with (``TestReport.from_item_and_call``,
+  ``runner.call_and_report``, ``CallInfo.from_call``, ``Function.runtest``, pluggy's hook calls, the
+  plugin manager's hook executor, this plugin's own writers, ...) that are no longer the objects taken
+  at this plugin's import: code in the test process patched them;
 * ``end`` (``pytest_sessionfinish``): ``exitstatus`` and the terminal's ``verbosity``.
 
 Tripwires: when ``FORGEFLOW_VERIFIER_TRIPWIRES`` names a test file (written by the verifier outside
@@ -52,6 +57,7 @@ import sys
 import pytest
 
 _PREFIX = "@forgeflow-verifier-"
+_WRITE = os.write  # taken before any repository code runs: a later os.write replaced changes nothing here
 _NONCE = os.environ.pop("FORGEFLOW_VERIFIER_NONCE", "")
 _FD_TEXT = os.environ.pop("FORGEFLOW_VERIFIER_FD", "")
 _TRIPWIRES = os.environ.pop("FORGEFLOW_VERIFIER_TRIPWIRES", "")
@@ -102,7 +108,7 @@ class _Channel:
         data = (self.prefix + _json({"seq": self.seq, "kind": kind, **fields}) + "\n").encode("ascii")
         self.seq += 1
         while data:
-            data = data[os.write(self.fd, data):]
+            data = data[_WRITE(self.fd, data):]
 
 
 def _file_of(obj):
@@ -133,6 +139,8 @@ class _Reporter:
         self.repeat = int(_REPEAT_TEXT) if _REPEAT_TEXT.isdigit() and int(_REPEAT_TEXT) > 1 else 1
         self.tripwires = set()
         self.selected = set()
+        self.flagged = set()
+        self.hookexec = vars(config.pluginmanager).get("_inner_hookexec")
 
     @pytest.hookimpl(hookwrapper=True, tryfirst=True)
     def pytest_collection_modifyitems(self, session, config, items):
@@ -186,13 +194,54 @@ class _Reporter:
         item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
         return True
 
+    def _integrity(self):
+        """Emit an ``integrity`` record naming the pytest functions replaced since the plugin's import
+        (once per new name): code in the test process that patched how outcomes are built or reported."""
+        manager = self.config.pluginmanager
+        extra = [(manager, "_inner_hookexec", self.hookexec)] if self.hookexec is not None else []
+        bad = [name for name in _replaced(_WATCHED, extra) if name not in self.flagged]
+        if bad:
+            self.flagged.update(bad)
+            self.channel.emit("integrity", replaced=bad)
+
     def pytest_runtest_logreport(self, report):
+        self._integrity()
         self.channel.emit("report", nodeid=report.nodeid, when=report.when, outcome=report.outcome,
                           xfail=hasattr(report, "wasxfail"), rep=self.rep, duration_s=float(report.duration))
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session, exitstatus):
+        self._integrity()
         self.channel.emit("end", exitstatus=int(exitstatus), verbosity=int(getattr(self.config.option, "verbose", 0)))
+
+
+def _watch_list():
+    """The functions pytest builds and reports outcomes with, each as (owner, name, the object found now):
+    taken at the plugin's import, before any repository code runs (integrity check, see :func:`_replaced`)."""
+    import _pytest.python
+    import _pytest.reports
+    import _pytest.runner
+    import _pytest.terminal
+    import pluggy._hooks
+
+    hook_caller = getattr(pluggy._hooks, "HookCaller", None) or getattr(pluggy._hooks, "_HookCaller", None)
+    owners = ((_pytest.reports.TestReport, ("from_item_and_call", "__init__", "_to_json", "_from_json")),
+              (_pytest.runner, ("call_and_report", "call_runtest_hook", "runtestprotocol", "pytest_runtest_makereport",
+                                "check_interactive_exception", "show_test_item")),
+              (_pytest.runner.CallInfo, ("from_call",)), (_pytest.python.Function, ("runtest",)),
+              (_pytest.python, ("pytest_pyfunc_call",)), (_pytest.terminal.TerminalReporter,
+                                                          ("pytest_runtest_logreport", "summary_stats")),
+              (_Channel, ("emit",)), (_Reporter, ("pytest_runtest_logreport", "pytest_sessionfinish")),
+              (hook_caller, ("__call__", "call_historic", "_hookexec")))
+    return [(owner, name, vars(owner)[name]) for owner, names in owners if owner is not None
+            for name in names if name in vars(owner)]
+
+
+def _replaced(watched, extra=()):
+    """Names of the watched functions no longer the ones taken at import (replaced in the process)."""
+    out = [f"{getattr(owner, '__qualname__', getattr(owner, '__name__', owner))}.{name}"
+           for owner, name, original in [*watched, *extra] if vars(owner).get(name) is not original]
+    return sorted(out)
 
 
 def pytest_configure(config):
@@ -201,3 +250,6 @@ def pytest_configure(config):
     if _CHANNEL is not None:
         channel, _CHANNEL = _CHANNEL, None
         config.pluginmanager.register(_Reporter(config, channel), "forgeflow-verifier-reporter")
+
+
+_WATCHED = _watch_list() if _NONCE else []

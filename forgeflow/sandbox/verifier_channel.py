@@ -248,8 +248,10 @@ class _Digest:
 def digest_records(records: list[dict[str, Any]], nonce: str, repeat: int = 1) -> StreamDigest:
     """Turn a run's records into status maps, counts and the runner's inputs; name every contradiction.
 
-    Tampering (each named in :attr:`StreamDigest.tampering`): a record out of sequence (``seq`` is
-    not its index: a record inserted or lost), a second start or collected record, any record after
+    Tampering (each named in :attr:`StreamDigest.tampering`): an ``integrity`` record (the plugin found
+    a function pytest builds or reports outcomes with replaced since its import: code in the test
+    process patched it), a record out of sequence (``seq`` is not its index: a record inserted or lost),
+    a second start or collected record, any record after
     the session-end record, an outcome record of a test never collected, a second outcome record of
     the same test, phase and repetition (more than it was collected), a repetition outside ``repeat``.
 
@@ -286,6 +288,9 @@ def digest_records(records: list[dict[str, Any]], nonce: str, repeat: int = 1) -
             state.collect(record)
         elif kind == "report":
             state.report(record)
+        elif kind == "integrity":  # the plugin saw pytest's outcome functions replaced in the process
+            names = ", ".join(str(n) for n in record.get("replaced") or [])
+            state.tampering.append(f"pytest's own functions were replaced while the tests ran: {names}")
         elif kind == "end":
             ended = True
             status, verbosity = record.get("exitstatus"), record.get("verbosity")

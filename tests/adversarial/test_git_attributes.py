@@ -80,3 +80,4 @@ def test_a_binary_diff_attribute_does_not_blind_the_screen(task_image: str) -> N
     record = verdict.evidence["submission"]
     assert record["dropped_paths"] == [".gitattributes"] and record["tampering"]
     assert [(f["path"], f["kind"]) for f in record["screen_findings"]][:1] == [("calc.py", "test framework internals")]
+
