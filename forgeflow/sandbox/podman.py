@@ -252,14 +252,19 @@ class PodmanSandbox:
         self._check_pids_limit(pids_before, argv)
         return ExecResult.from_bytes(proc.returncode, proc.stdout, proc.stderr, duration)
 
-    def write_file(self, path: str, content: str) -> None:
-        """Write a text file inside the container (through ``podman exec -i ... tee``)."""
-        proc = subprocess.run(
-            [self._podman(), "exec", "-i", self.name, "bash", "-c", f"cat > {path!s}"],
-            input=content, capture_output=True, text=True, env=tool_env(), timeout=60,
-        )
+    def write_file(self, path: str, content: str | bytes) -> None:
+        """Write a file inside the container (``podman exec -i ... cat``; text as UTF-8, bytes as given,
+        e.g. an agent's tree as a tar archive).
+
+        Raises:
+            SandboxError: the write failed (podman's message as evidence).
+        """
+        data = content.encode() if isinstance(content, str) else content
+        proc = subprocess.run([self._podman(), "exec", "-i", self.name, "sh", "-c", 'cat > "$1"', "sh", path],
+                              input=data, capture_output=True, env=tool_env(), timeout=600)
         if proc.returncode != 0:
-            raise errors.SandboxError(f"could not write {path} in {self.name}: {proc.stderr.strip()}")
+            raise errors.SandboxError(f"could not write {path} in {self.name}: "
+                                      f"{proc.stderr.decode('utf-8', errors='replace').strip()[-300:]}")
 
     def run_once(self, command: str, timeout_s: float, workdir: str | None = None,
                  env: Mapping[str, str] | None = None) -> ExecResult:

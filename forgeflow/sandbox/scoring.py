@@ -101,13 +101,12 @@ def _put_in_place(sandbox: Sandbox, submission: str, tree: bytes | None) -> Tree
     nonce = uuid.uuid4().hex[:16]
     patch_path = tree_path = None
     if tree is not None:
-        from forgeflow.sandbox.tree import put_bytes
+        from forgeflow.sandbox.podman import PodmanSandbox
 
-        name = getattr(sandbox, "name", None)
-        if not isinstance(name, str) or type(sandbox).__name__ != "PodmanSandbox":
+        if not isinstance(sandbox, PodmanSandbox):
             raise errors.InputError(f"an agent's tree can be verified only in a podman sandbox, not in "
                                     f"{type(sandbox).__name__}")
-        put_bytes(name, TREE_PATH_IN_SANDBOX, tree)
+        sandbox.write_file(TREE_PATH_IN_SANDBOX, tree)
         tree_path = TREE_PATH_IN_SANDBOX
     elif submission.strip():
         sandbox.write_file(SUBMISSION_PATH_IN_SANDBOX, submission if submission.endswith("\n") else submission + "\n")
@@ -232,10 +231,9 @@ def verify_submission(
                                      notes=[f"{what} (the model's fault): {changes.apply_output[-1000:]}"])
         record.update({"changed_paths": len(changes.changes),
                        "patch_sha256": hashlib.sha256(changes.patch.encode("utf-8", "surrogateescape")).hexdigest()})
-        verdict = _judge_changes(changes, test_ids, tamper_policy, screen_policy, tree is not None, record)
+        verdict, notes = _judge_changes(changes, test_ids, tamper_policy, screen_policy, tree is not None, record)
         if verdict is not None:
             return verdict.model_copy(update={"evidence": evidence, "submission_patch": changes.patch})
-        notes = list(record.pop("_notes", []))
         if record.get("dropped_paths"):
             _restore(sandbox, changes, record["dropped_paths"])
         if not changes.changes:
@@ -269,9 +267,11 @@ def verify_submission(
 
 
 def _judge_changes(changes: TreeChanges, test_ids: list[str], tamper_policy: TamperPolicy,
-                   screen_policy: ScreenPolicy, from_tree: bool, record: dict[str, Any]) -> SubmissionVerdict | None:
-    """Apply the tamper and screen policies to git's list; fill ``record``. A verdict (reward 0, no test
-    run) when a policy rejects; None when the tests are to run (``record["dropped_paths"]`` to put back)."""
+                   screen_policy: ScreenPolicy, from_tree: bool,
+                   record: dict[str, Any]) -> tuple[SubmissionVerdict | None, list[str]]:
+    """Apply the tamper and screen policies to git's list; fill ``record``. Returns ``(verdict, notes)``: a
+    verdict (reward 0, no test run) when a policy rejects, else None and the notes of a run that goes on
+    (``record["dropped_paths"]``: the paths to put back first)."""
     protected = classify_changes(changes, test_ids, TESTBED)
     status = {c.path: c.status for c in changes.changes}
     notes: list[str] = []
@@ -282,7 +282,8 @@ def _judge_changes(changes: TreeChanges, test_ids: list[str], tamper_policy: Tam
     if judged and tamper_policy == "reject":
         record["tampering"] = True
         paths = ", ".join(f"{p} ({why})" for p, why in judged.items())
-        return SubmissionVerdict(reward=0.0, notes=[f"tampering: the submission changes the task's own files: {paths}"])
+        return SubmissionVerdict(reward=0.0, notes=[f"tampering: the submission changes the task's own files: "
+                                                    f"{paths}"]), notes
     dropped = sorted({*dropped, *judged})
     if dropped:
         record["dropped_paths"] = dropped
@@ -295,10 +296,9 @@ def _judge_changes(changes: TreeChanges, test_ids: list[str], tamper_policy: Tam
             if screen_policy == "reject":
                 record["tampering"] = True
                 return SubmissionVerdict(reward=0.0, notes=[*notes, f"tampering: the submission's added lines reach "
-                                                                    f"into the test run ({shown})"])
+                                                                    f"into the test run ({shown})"]), notes
             notes.append(f"flagged by the static screen: {shown}")
-    record["_notes"] = notes
-    return None
+    return None, notes
 
 
 def _runner_read_changed(result: VerifierResult, changes: TreeChanges, restored: list[str]) -> list[str]:
@@ -311,8 +311,7 @@ def _runner_read_changed(result: VerifierResult, changes: TreeChanges, restored:
     files: set[str] = set()
     if isinstance(inputs.get("inipath"), str):
         files.add(inputs["inipath"])
-    for key in ("conftests",):
-        files.update(f for f in inputs.get(key) or [] if isinstance(f, str))
+    files.update(f for f in inputs.get("conftests") or [] if isinstance(f, str))
     for key in ("plugins", "modules"):
         value = inputs.get(key) or {}
         files.update(f for f in (value.values() if isinstance(value, dict) else value) if isinstance(f, str))

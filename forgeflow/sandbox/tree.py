@@ -22,7 +22,7 @@ from forgeflow.common import errors
 from forgeflow.common.settings import tool_env
 from forgeflow.sandbox.changes import GIT_ENV
 
-__all__ = ["TREE_MAX_BYTES", "AGENT_GIT_DIFF", "TreeTooLargeError", "export_tree", "container_exists", "put_bytes"]
+__all__ = ["TREE_MAX_BYTES", "AGENT_GIT_DIFF", "TreeTooLargeError", "export_tree", "container_exists"]
 
 TREE_MAX_BYTES = 512 * 1024 * 1024
 """Largest agent tree copied out (bytes of tar): more is the agent's outcome (it wrote that much)."""
@@ -100,15 +100,3 @@ def export_tree(container: str, repo: str = "/testbed", max_bytes: int = TREE_MA
     finally:
         _podman("unmount", container)
 
-
-def put_bytes(container: str, path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` inside a running podman container (``podman exec -i``, bytes on stdin).
-
-    Raises:
-        SandboxError: the write failed (podman's message as evidence).
-    """
-    proc = subprocess.run(["podman", "exec", "-i", container, "sh", "-c", 'cat > "$1"', "sh", path], input=data,
-                          capture_output=True, env=tool_env(), timeout=600)
-    if proc.returncode != 0:
-        raise errors.SandboxError(f"could not write {path} in {container}: "
-                                  f"{proc.stderr.decode('utf-8', errors='replace').strip()[-300:]}")
