@@ -70,7 +70,7 @@ from forgeflow.sandbox import dispatch
 from forgeflow.sandbox.dispatch import RayPlacement
 from forgeflow.sandbox.trial import ValidationSettings
 from tasks import curation as curate_tasks
-from tasks.common import markdown_artifact, record_rows, sweep_trial_pods, table_artifact
+from tasks.common import markdown_artifact, record_rows, sweep_trial_sandboxes, table_artifact
 from tasks.curation import TrialSink, validate_candidate
 
 FREEZE_READY_EVENT = "forgeflow.dataset.freeze-ready"
@@ -159,8 +159,8 @@ def _blocks(freeze_name: str | None, sandbox: str | None,
         raise _param_error(exc, "dispatcher") from None
 
 
-@flow(name="curate", log_prints=True, on_cancellation=[sweep_trial_pods("params.sandbox")],
-      on_crashed=[sweep_trial_pods("params.sandbox")])
+@flow(name="curate", log_prints=True, on_cancellation=[sweep_trial_sandboxes("params.sandbox")],
+      on_crashed=[sweep_trial_sandboxes("params.sandbox")])
 def curate(params: CurateParams = CurateParams()) -> CurateResult:
     """Validate candidate batches until the accepted tasks meet ``params.quotas`` (or none is left).
 

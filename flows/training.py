@@ -47,7 +47,7 @@ from forgeflow.training.health import BurstHealthError
 from forgeflow.training.ppo import local_checkpoint_dir
 from forgeflow.training.rewards import StepRewardCounts
 from tasks import training as training_tasks
-from tasks.common import hook_logger, markdown_artifact, sweep_trial_pods, table_artifact
+from tasks.common import hook_logger, markdown_artifact, sweep_trial_sandboxes, table_artifact
 from tasks.curation import sandbox_choice, trial_dispatcher
 
 __all__ = ["BurstResult", "PPOJob", "PPOParams", "PPOResult", "RLBurstParams", "RLHyperParams", "SFTBurstParams",
@@ -224,8 +224,8 @@ def sft_burst(params: SFTBurstParams) -> BurstResult:
     return _record(adapter, hf_dir, base_sha, run_id, "sft-burst", "sft-burst")
 
 
-@flow(name="rl-burst", log_prints=False, on_cancellation=[sweep_trial_pods("params.sandbox")],
-      on_crashed=[sweep_trial_pods("params.sandbox")])
+@flow(name="rl-burst", log_prints=False, on_cancellation=[sweep_trial_sandboxes("params.sandbox")],
+      on_crashed=[sweep_trial_sandboxes("params.sandbox")])
 def rl_burst(params: RLBurstParams) -> BurstResult:
     """One RL burst (TRL GRPO or RLOO + LoRA) on the user's tasks, rewarded by the verifier in a sandbox.
 

@@ -117,12 +117,14 @@ def load_block(block_cls: type[_BlockT], name: str, what: str) -> _BlockT:
         raise InputError(f"{what} block {name!r} does not exist: {exc}") from exc
 
 
-def run_labelled(target: SandboxTarget) -> SandboxTarget:
-    """``target`` with the current flow run's id as the :data:`FLOW_RUN_LABEL` of its pods (kubernetes;
-    a podman target unchanged), so :func:`sweep_trial_pods` can delete a cancelled run's pods. Called
-    inside task bodies: the label is no part of any cache key."""
+def run_labelled(target: SandboxTarget | str) -> SandboxTarget:
+    """``target`` (a :class:`SandboxTarget` or a backend kind) with the current flow run's id as the
+    :data:`FLOW_RUN_LABEL` of its pods (kubernetes) or containers (podman: a label and an OCI annotation),
+    so :func:`sweep_trial_sandboxes` can end a cancelled or crashed run's sandboxes. Outside a flow run
+    the target is returned unlabelled. Called inside task bodies: the label is no part of any cache key."""
+    target = SandboxTarget.of(target)
     run = flow_run_id()
-    if target.kind != "kubernetes" or run is None:
+    if run is None:
         return target
     return target.model_copy(update={"labels": {**target.labels, FLOW_RUN_LABEL: run}})
 
@@ -139,34 +141,38 @@ def hook_logger(flow: Any, flow_run: Any) -> Any:
     return logging.getLogger(__name__)
 
 
-def sweep_trial_pods(parameter: str) -> Callable[[Any, Any, Any], None]:
-    """A flow hook (``on_cancellation`` / ``on_crashed``) deleting the trial pods of the run whose
-    ``forgeflow-sandbox`` block (the flow parameter ``parameter``, or a field of one by a dotted path:
-    ``params.sandbox``) is of kind ``kubernetes``: a cancelled or killed run leaves no pod behind (pods
-    of trials still unwinding are deleted by their own sandbox; ``activeDeadlineSeconds`` bounds the rest).
-    Prefect's runner calls hooks by keyword (``flow=``, ``flow_run=``, ``state=``), its flow engine by
-    position: the parameter names are Prefect's."""
+def sweep_trial_sandboxes(parameter: str) -> Callable[[Any, Any, Any], None]:
+    """A flow hook (``on_cancellation`` / ``on_crashed``) ending the trial sandboxes of the run: on the
+    ``forgeflow-sandbox`` block the flow parameter ``parameter`` names (or a field of one by a dotted path:
+    ``params.sandbox``), its ``kubernetes`` pods labelled with the run are deleted; with no block, or a
+    ``podman`` one, this host's containers labelled with the run are ended at every layer (podman's
+    records, the runtime's containers, conmon: :func:`forgeflow.sandbox.podman_layers.sweep_labelled`). A
+    cancelled or crashed run leaves no sandbox behind (those of trials still unwinding are removed by
+    their own sandbox; ``activeDeadlineSeconds`` bounds pods). Containers a Ray dispatcher started on
+    other nodes are those nodes' to end (the trial's own cleanup). Prefect's runner calls hooks by keyword
+    (``flow=``, ``flow_run=``, ``state=``), its flow engine by position: the parameter names are Prefect's."""
 
     def hook(flow: Any, flow_run: Any, state: Any) -> None:
         from blocks.core import SandboxBackend
         from forgeflow.sandbox.kubernetes import delete_trial_pods, new_core_api
+        from forgeflow.sandbox.podman_layers import sweep_labelled
 
         run, logger = flow_run, hook_logger(flow, flow_run)
 
         name: Any = getattr(run, "parameters", None) or {}
         for part in parameter.split("."):  # a run's parameters as JSON, or the parameter model itself
             name = name.get(part) if isinstance(name, dict) else getattr(name, part, None)
-        if not name:
-            return
         try:
-            target = load_block(SandboxBackend, name, "sandbox").target()
-            if target.kind != "kubernetes":
-                return
-            deleted = delete_trial_pods(new_core_api(target.kubeconfig, target.context), target.namespace,
-                                        {FLOW_RUN_LABEL: str(run.id)})
-            logger.info("deleted %d trial pod(s) of run %s: %s", len(deleted), run.id, ", ".join(deleted))
+            target = load_block(SandboxBackend, name, "sandbox").target() if name else SandboxTarget()
+            if target.kind == "kubernetes":
+                deleted = delete_trial_pods(new_core_api(target.kubeconfig, target.context), target.namespace,
+                                            {FLOW_RUN_LABEL: str(run.id)})
+            else:
+                found = sweep_labelled(FLOW_RUN_LABEL, str(run.id))
+                deleted = sorted({*found.podman, *(n for *_, n in found.runtime), *(n for _, n in found.conmon)})
+            logger.info("ended %d trial sandbox(es) of run %s: %s", len(deleted), run.id, ", ".join(deleted))
         except Exception as exc:  # noqa: BLE001 - a hook must not mask the run's own end
-            logger.warning("could not sweep the trial pods of run %s: %s", run.id, exc)
+            logger.warning("could not sweep the trial sandboxes of run %s: %s", run.id, exc)
 
     return hook
 

@@ -152,7 +152,7 @@ def validate_candidate(candidate: trial.BugTask, image_ref: str, image_digest: s
 
     spec = SandboxSpec(memory_mb=settings.memory_mb) if sandbox is None else SandboxSpec(
         memory_mb=sandbox.memory_mb, cpus=sandbox.cpus)
-    backend = run_labelled(sandbox.target) if sandbox is not None else "podman"
+    backend = run_labelled(sandbox.target if sandbox is not None else "podman")
     timeout_s, checks = settings.verifier_timeout_s, settings.checks
     if ray is not None:
         outcome = dispatch.validate_on_ray(ray, candidate, image_ref, test_command, timeout_s=timeout_s, spec=spec,

@@ -32,7 +32,6 @@ from forgeflow.evaluation.compare import gate
 from forgeflow.ledger import records
 from forgeflow.ledger import store as ledger
 from forgeflow.sandbox import trial
-from forgeflow.sandbox.backends import SandboxTarget
 from forgeflow.sandbox.dispatch import RayPlacement
 from tasks.common import RESUMABLE, run_labelled, run_logger, task_run_id
 
@@ -60,10 +59,9 @@ def _cached_agent_trial(task: CanaryTask, base_url: str, model_alias: str, model
     ``ray`` (the config's ``verifier_ray``, passed apart) is not: where the trial runs is not what it computes.
     With ``ray`` the whole trial (agent, its container, the verifier) runs as one Ray task on a sandbox node
     (:func:`forgeflow.evaluation.agent.run_agent_trial_on`)."""
-    for field in ("verifier_backend", "sandbox_backend"):  # the agent's and verifier's pods carry this run's id
-        target = getattr(config, field)
-        if isinstance(target, SandboxTarget):  # (the sweep of a cancelled run)
-            config = config.model_copy(update={field: run_labelled(target)})
+    # the agent's and verifier's sandboxes carry this run's id (the sweep of a cancelled or crashed run)
+    config = config.model_copy(update={field: run_labelled(getattr(config, field))
+                                       for field in ("verifier_backend", "sandbox_backend")})
     record = agent.run_agent_trial_on(ray, task, base_url, model_alias, config, out_dir,
                                       verifier_timeout_s=verifier_timeout_s, run_key=run_key)
     if record.exception_type is not None:

@@ -17,7 +17,6 @@ from forgeflow.common.errors import InputError
 from forgeflow.common.fsutil import atomic_write_text, sha256_tree
 from forgeflow.ledger.records import ModelArtifactRecord
 from forgeflow.ledger.store import Store
-from forgeflow.sandbox.backends import SandboxTarget
 from forgeflow.sandbox.dispatch import RayPlacement
 from forgeflow.training import adapters, burst, jsonl, preflight, ray_jobs, rl, samples, verl
 from tasks.common import (
@@ -88,8 +87,7 @@ def rl_burst(origin: adapters.BurstOrigin, tasks: list[dict], out_dir: Path, con
     data = rl.build_rl_dataset(tasks, prompt_template)
     backend = config.verifier_backend  # its pods carry this run's id (the sweep), not in the lineage
     record = rl.run_rl_burst(base_model_dir, data, out_dir, config, parent_adapter_dir=origin.parent_adapter_dir,
-                             run_id=run_id, verifier_backend=run_labelled(backend) if isinstance(backend, SandboxTarget)
-                             else None, ray=ray)
+                             run_id=run_id, verifier_backend=run_labelled(backend), ray=ray)
     if not record.weights_changed:
         totals = record.totals()
         get_run_logger().warning(

@@ -29,8 +29,8 @@ class SandboxTarget(BaseModel):
         context: kubeconfig context; None: its current context.
         image_pull_secret: a ``kubernetes.io/dockerconfigjson`` Secret in ``namespace`` for the task
             images, or None.
-        labels: extra labels on every trial pod (e.g. the flow run that made it, so a cancelled run's
-            pods can be swept).
+        labels: extra labels on every trial pod or podman container (e.g. the flow run that made it,
+            so a cancelled run's sandboxes can be swept).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -94,7 +94,7 @@ def get_backend(backend: "str | SandboxTarget") -> Callable[..., Sandbox]:
 
 
 BACKENDS: dict[str, Callable[[SandboxTarget], Callable[..., Sandbox]]] = {
-    "podman": lambda target: PodmanSandbox,
+    "podman": lambda target: partial(PodmanSandbox, labels=dict(target.labels)) if target.labels else PodmanSandbox,
     "kubernetes": lambda target: partial(_kubernetes_sandbox, target),
 }
 """Sandbox backends by kind: each maps a :class:`SandboxTarget` to its factory ``(image, spec, name)``."""

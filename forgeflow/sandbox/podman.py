@@ -31,6 +31,7 @@ class PodmanSandbox:
         image: image reference (local name or ``127.0.0.1:PORT/repo:tag``; pulled if missing).
         spec: resource limits.
         name: container name (sanitized by the caller to the backend's alphabet, <= 63 chars).
+        labels: labels (and OCI annotations) of the container, e.g. the flow run that started it.
 
     Raises (from :meth:`start`/:meth:`exec`):
         ToolMissingError: podman is not installed.
@@ -43,10 +44,12 @@ class PodmanSandbox:
         VerifierTimeoutError: a command exceeded ``timeout_s``.
     """
 
-    def __init__(self, image: str, spec: SandboxSpec | None = None, name: str | None = None) -> None:
+    def __init__(self, image: str, spec: SandboxSpec | None = None, name: str | None = None,
+                 labels: dict[str, str] | None = None) -> None:
         self.image = image
         self.spec = spec or SandboxSpec()
         self.name = name or f"ff-{uuid.uuid4().hex[:12]}"
+        self.labels = dict(labels or {})  # label + OCI annotation each: e.g. the flow run, for its sweep
         self._started = False
         self._pids_events: Path | None = None
         self._oom_events: Path | None = None
@@ -341,9 +344,11 @@ class PodmanSandbox:
         ``spec.capabilities``, ``no-new-privileges``, the user namespace of ``spec.user_namespace``,
         a read-only root (``spec.read_only_root``), and the annotation ``NAME_ANNOTATION`` that names
         the container for :func:`~forgeflow.sandbox.podman_layers.sweep_containers` where podman's own
-        record is gone."""
+        record is gone; ``labels`` each as a label and an annotation (the runtime keeps the latter)."""
         args = ["--cap-drop=all", *(f"--cap-add={cap}" for cap in self.spec.capabilities),
-                "--security-opt=no-new-privileges", "--annotation", f"{NAME_ANNOTATION}={self.name}"]
+                "--security-opt=no-new-privileges", "--annotation", f"{NAME_ANNOTATION}={self.name}",
+                *(arg for k, v in sorted(self.labels.items()) for arg in ("--label", f"{k}={v}", "--annotation",
+                                                                           f"{k}={v}"))]
         userns = self.spec.user_namespace
         if userns == "auto":
             args.append("--userns=auto")

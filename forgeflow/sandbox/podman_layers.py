@@ -211,3 +211,24 @@ def end_orphans(name: str) -> None:
     state "created" with its conmon and no podman record). Reading ``/proc`` only when none is left."""
     if any(c.name == name for c in _conmons()):
         sweep_containers(lambda n: n == name)
+
+
+def sweep_labelled(key: str, value: str) -> Leftovers:
+    """End every container labelled ``key=value`` (e.g. the flow run that started it) at every layer:
+    the names come from podman's records (``podman ps -a --filter label=...``) and from the OCI
+    runtime's containers whose annotation ``key`` is ``value`` (:class:`~forgeflow.sandbox.podman.PodmanSandbox`
+    gives each label as an annotation too, which the runtime keeps where podman's record is gone);
+    then :func:`sweep_containers` ends those names at every layer.
+
+    Returns:
+        What was found (:class:`Leftovers`); empty when no container carries the label.
+    """
+    listed = subprocess.run(["podman", "ps", "-a", "--filter", f"label={key}={value}", "--format", "{{.Names}}"],
+                            capture_output=True, text=True, env=tool_env(), timeout=60)
+    names = set(listed.stdout.split())
+    for root, binary in sorted(_runtime_roots(_conmons()).items()):
+        for ctr in _runtime_containers(binary, root):
+            annotations = ctr.get("annotations") or {}
+            if annotations.get(key) == value and annotations.get(NAME_ANNOTATION):
+                names.add(annotations[NAME_ANNOTATION])
+    return sweep_containers(names.__contains__) if names else Leftovers()

@@ -6,7 +6,9 @@ the pod endpoints the official ``kubernetes`` client calls (create, status, exec
 The same candidates (test_curate.py's: two swesmith bugs of two pinned projects) are curated once on
 podman and once as pods: the verdicts, the trials per candidate and the measured FAIL_TO_PASS /
 PASS_TO_PASS are the same, and no pod is left. A curate run whose process gets SIGTERM (how a
-worker cancels a flow run) in the middle of a batch leaves no pod behind either.
+worker cancels a flow run) in the middle of a batch leaves no pod behind either; on podman (no block)
+a run SIGKILLed mid-batch leaves no container of its own at any layer (podman's records, the
+runtime's, conmon) once its crash hook ran.
 """
 
 from __future__ import annotations
@@ -88,7 +90,7 @@ from flows.curate import CurateParams, curate
 from forgeflow.curation.curate_settings import CurateSettings
 from forgeflow.curation.freeze import SplitQuotas
 from forgeflow.curation.task_rows import TaskSource
-curate(CurateParams(tasks=TaskSource(candidates_path=Path(sys.argv[1])), sandbox=sys.argv[2],
+curate(CurateParams(tasks=TaskSource(candidates_path=Path(sys.argv[1])), sandbox=sys.argv[2] or None,
        settings=CurateSettings(batch_size=4, concurrency=2, max_retries=0, verifier_timeout_s=171.5),
        quotas=SplitQuotas(train=2, validation=0, test=2, min_repos=2, max_per_repo=2)))
 """
@@ -124,3 +126,54 @@ def test_a_cancelled_curate_run_leaves_no_pod(prefect_harness, candidates_jsonl:
                 proc.kill()
         assert fake.pods() == [], f"pods left after the run ended: {fake.pods()}\n{log.read_text()[-3000:]}"
         assert fake.containers() == []
+
+
+def test_a_killed_curate_run_on_podman_leaves_no_container_after_its_crash_hook(
+        prefect_harness, candidates_jsonl: Path, tmp_path: Path) -> None:  # noqa: F811
+    """SIGKILL to the run's process group (no cleanup of its own runs), then the flow's ``on_crashed``
+    hook as Prefect's runner calls it for a run whose process died: every container the run labelled
+    is ended at every layer."""
+    from uuid import UUID
+
+    from prefect.client.orchestration import get_client
+    from prefect.settings import PREFECT_API_URL
+
+    from flows.curate import curate
+    from forgeflow.common.settings import tool_env
+    from forgeflow.sandbox.podman_layers import find_leftovers, sweep_containers
+
+    def labelled() -> dict[str, str]:  # name -> flow run of the podman containers a flow run labelled
+        out = subprocess.run(["podman", "ps", "-a", "--filter", "label=forgeflow.dev/flow-run", "--format",
+                              '{{.Names}} {{index .Labels "forgeflow.dev/flow-run"}}'], capture_output=True,
+                             text=True, env=tool_env(), check=True).stdout
+        return dict(line.split() for line in out.splitlines() if line.strip())
+
+    before = labelled()
+    env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value()), "PREFECT_HOME": str(tmp_path / "p"),
+           "FORGEFLOW_HOME": str(tmp_path / "home"), "FORGEFLOW_STORE_URL": f"sqlite:///{tmp_path / 's.db'}"}
+    log = tmp_path / "killed.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-c", RUN, str(candidates_jsonl), ""], env=env, stdout=out,
+                                stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (ours := {n: r for n, r in labelled().items() if n not in before}):
+            assert proc.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, "no trial container was started"
+            time.sleep(0.2)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    runs = set(ours.values())
+    assert len(runs) == 1, ours  # every container names the one flow run
+    assert set(labelled()) & set(ours), "the kill left no container: nothing for the hook to do"
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_run(UUID(runs.pop()))
+    try:
+        for hook in curate.on_crashed_hooks:
+            hook(flow=curate, flow_run=run, state=run.state)
+        left = {n for n, r in labelled().items() if r == str(run.id)}
+        below = find_leftovers(lambda n: n in ours)  # runtime containers and conmons of those names too
+        assert not left and below.empty(), f"left after the hook: {left} {below}\n{log.read_text()[-3000:]}"
+    finally:  # a failure above must not leave them to the next test
+        sweep_containers(lambda n: n in ours)
