@@ -18,6 +18,8 @@ record after the session's end, an outcome of a test never collected) from the r
 
 * ``start`` (at import): pid, ``sys_path``, ``modules`` (every module already imported, with its
   file: what the interpreter and pytest read before the repository's code), pytest's version;
+* ``distributed`` (at configure, only under pytest-xdist's ``-n``/``--dist``): ``dist``, ``workers``: the
+  tests would run in worker processes this plugin does not report from (the verifier refuses the run);
 * ``deselected``: ``ids`` deselected (``-k``, ``-m``, ``--deselect``, the repeat selection);
 * ``collect``: a collector that failed or was skipped (``nodeid``, ``outcome``);
 * ``inputs`` (after collection): what the runner read: ``inipath``, ``rootpath``, ``args``,
@@ -141,6 +143,9 @@ class _Reporter:
         self.selected = set()
         self.flagged = set()
         self.hookexec = vars(config.pluginmanager).get("_inner_hookexec")
+        dist = getattr(config.option, "dist", None)  # pytest-xdist's mode, set from -n before configure
+        if dist not in (None, "no"):
+            channel.emit("distributed", dist=str(dist), workers=str(getattr(config.option, "numprocesses", None)))
 
     @pytest.hookimpl(hookwrapper=True, tryfirst=True)
     def pytest_collection_modifyitems(self, session, config, items):

@@ -396,7 +396,8 @@ def run_tests(sandbox: Sandbox, test_command: str, timeout_s: float, *, log_pars
         test_command: the task's shell command running its tests (pytest: one pytest session, any
             ``pytest`` or ``python -m pytest`` invocation; it must keep ``$PYTHONPATH`` and
             ``$PYTEST_ADDOPTS`` if it sets its own, since the report plugin is found there; pytest's
-            final summary line must reach stdout; pytest-xdist is not supported).
+            final summary line must reach stdout; a pristine run under pytest-xdist's ``-n`` raises
+            VerifierOutputError, a scored one that became distributed is tampering).
         timeout_s: wall-clock limit in seconds (> 0).
         log_parser: None (default) reads forgeflow's pytest report channel; a name of
             :data:`LOG_PARSERS` parses the log instead, for runners without one.
@@ -486,6 +487,14 @@ def _read_pytest_run(res: ExecResult, nonce: str, expect: RunExpectations | None
             f"evidence: the output ends {log.strip()[-300:]!r}")
     digest = digest_records(reading.records, nonce, repeat.repeat_count if repeat else 1)
     tampering = [f"a corrupt record on the channel: {c!r}" for c in reading.corrupt] + list(digest.tampering)
+    if digest.distributed and expect is None:  # the task's own command (a pristine run): not gradable
+        raise errors.VerifierOutputError(
+            f"the test command runs pytest-xdist ({digest.distributed}): forgeflow's report channel reads one "
+            f"pytest process; drop -n/--dist from the task's test command, or give a log_parser (evidence: the "
+            f"plugin's distributed record)")
+    if digest.distributed:  # a validated task's pristine runs were not distributed: the submission made it so
+        tampering.append(f"the run became distributed by pytest-xdist ({digest.distributed}), which the task's "
+                         "validated command is not")
     exit_problem = cross_check(digest.tests, res.exit_code, digest.exitstatus, digest.ended,
                                extra_failure=digest.tripwires.get("must_fail") == "FAILED")
     tampering += [exit_problem] if exit_problem else []

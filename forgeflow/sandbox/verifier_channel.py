@@ -133,6 +133,7 @@ class StreamDigest(BaseModel):
         tripwires: ``{"must_pass": status, "must_fail": status}`` for the tripwires that reported.
         counts: reports per summary category (:data:`SUMMARY_CATEGORIES`), tripwires included, as
             pytest's terminal counts them.
+        distributed: pytest-xdist's mode and workers when the run was distributed (``-n``), else None.
         runner_inputs: what the runner read: ``sys_path`` and ``modules`` at the plugin's import,
             ``inipath``, ``rootpath``, ``args``, ``plugins``, ``conftests``, ``entry_points``.
         tampering: every contradiction found, for a person (empty: none).
@@ -152,6 +153,7 @@ class StreamDigest(BaseModel):
     collect_errors: list[str] = Field(default_factory=list)
     tripwires: dict[str, str] = Field(default_factory=dict)
     counts: dict[str, int] = Field(default_factory=dict)
+    distributed: str | None = None
     runner_inputs: dict[str, Any] = Field(default_factory=dict)
     tampering: list[str] = Field(default_factory=list)
 
@@ -291,6 +293,8 @@ def digest_records(records: list[dict[str, Any]], nonce: str, repeat: int = 1) -
         elif kind == "integrity":  # the plugin saw pytest's outcome functions replaced in the process
             names = ", ".join(str(n) for n in record.get("replaced") or [])
             state.tampering.append(f"pytest's own functions were replaced while the tests ran: {names}")
+        elif kind == "distributed":  # pytest-xdist: outcomes come from workers the plugin does not report from
+            state.fields["distributed"] = f"{record.get('dist')} with {record.get('workers')} workers"
         elif kind == "end":
             ended = True
             status, verbosity = record.get("exitstatus"), record.get("verbosity")
