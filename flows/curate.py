@@ -68,7 +68,7 @@ from forgeflow.ledger.records import BatchRecord, TaskRecord, TrialRecord
 from forgeflow.ledger.store import masked_url
 from forgeflow.sandbox import dispatch
 from forgeflow.sandbox.dispatch import RayPlacement
-from forgeflow.sandbox.trial import ValidationSettings
+from forgeflow.sandbox.trial import ValidationOutcome, ValidationSettings
 from tasks import curation as curate_tasks
 from tasks.common import markdown_artifact, record_rows, sweep_trial_sandboxes, table_artifact
 from tasks.curation import TrialSink, validate_candidate
@@ -308,6 +308,16 @@ class _BatchLimits:
     ray: RayPlacement | None = None
 
 
+def _pristine_duration_s(outcome: ValidationOutcome) -> float | None:
+    """The longest test run of a validation's Oracle trials (the first and its repeats), seconds: what the
+    verifier reads as the task's pristine duration (:attr:`forgeflow.sandbox.verifier.TaskTests.pristine_duration_s`);
+    None when no Oracle run completed. A repeat that also re-ran the FAIL_TO_PASS tests counts whole: an
+    upper bound, the safe side for attributing a later timeout to a submission."""
+    runs = [t.verifier_s for t in ([outcome.oracle] if outcome.oracle else []) + outcome.oracle_repeats
+            if t.verifier_s is not None]
+    return max(runs) if runs else None
+
+
 def _run_batch(store_url: str, batch_id: str, ids: list[str], by_id: dict[str, CandidateTask | GeneratedTask],
                loaded: TaskRows, validate: Any, limits: _BatchLimits, run_id: str) -> int:
     """Validate one batch (sliding window of ``concurrency``): each trial is stored the moment it
@@ -327,6 +337,7 @@ def _run_batch(store_url: str, batch_id: str, ids: list[str], by_id: dict[str, C
     in_flight, finished = 0, 0
     trials: list[TrialRecord] = []
     final: dict[str, tuple[str, str, Any]] = {}
+    pristine: dict[str, float | None] = {}  # the longest Oracle run of each task with a verdict, seconds
     while pending or in_flight:
         while pending and in_flight < concurrency:
             iid, attempt = pending.popleft()
@@ -362,6 +373,7 @@ def _run_batch(store_url: str, batch_id: str, ids: list[str], by_id: dict[str, C
             else:
                 verdict = "accepted" if outcome.report.accepted else "rejected"
                 final[iid] = (verdict, outcome.report.reason, outcome.report)
+                pristine[iid] = _pristine_duration_s(outcome)
         finished += 1
         update_progress_artifact(progress, progress=100.0 * finished / len(ids))
     tasks = []
@@ -371,7 +383,9 @@ def _run_batch(store_url: str, batch_id: str, ids: list[str], by_id: dict[str, C
         tasks.append(TaskRecord(instance_id=iid, repo=row.repo, patch=row.patch, image_ref=row.image,
                                 status=status, reason=reason,
                                 fail_to_pass=report.FAIL_TO_PASS if report else [],
-                                pass_to_pass=report.PASS_TO_PASS if report else [], run_id=run_id))
+                                pass_to_pass=report.PASS_TO_PASS if report else [],
+                                known_tests=report.known_tests if report else [],
+                                pristine_duration_s=pristine.get(iid), run_id=run_id))
     curate_tasks.record_batch(store_url, BatchRecord(batch_id=batch_id, kind="curate", instance_ids=ids,
                                                      concurrency=concurrency, run_id=run_id), trials, tasks)
     table_artifact(f"curate-{batch_id[-16:].lower()}", [

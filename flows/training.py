@@ -53,7 +53,8 @@ from tasks.curation import sandbox_choice, trial_dispatcher
 __all__ = ["BurstResult", "PPOJob", "PPOParams", "PPOResult", "RLBurstParams", "RLHyperParams", "SFTBurstParams",
            "SFTHyperParams", "WindowsParams", "WindowsResult", "ppo", "rl_burst", "sft_burst", "windows"]
 
-INPUT_FIELDS = ("hf_dir", "samples_jsonl", "tasks_jsonl", "parent_adapter", "job_id", "trajectories_dir")
+INPUT_FIELDS = ("hf_dir", "samples_jsonl", "tasks_jsonl", "freeze_name", "parent_adapter", "job_id",
+                "trajectories_dir")
 """The ``params`` fields whose checks (:func:`tasks.training.burst_inputs`, :func:`tasks.training.window_dataset`)
 raise an InputError whose message begins with the field's name."""
 
@@ -243,7 +244,11 @@ def rl_burst(params: RLBurstParams) -> BurstResult:
 
             * ``hf_dir``: the base model folder.
             * ``tasks_jsonl``: one :class:`~forgeflow.training.rl.RLTask` row per line (prompt = problem
-              statement; verifier = image, test command, FAIL_TO_PASS/PASS_TO_PASS, timeout).
+              statement; verifier = image, test command, FAIL_TO_PASS/PASS_TO_PASS, timeout, known tests); or
+            * ``freeze_name`` + ``split`` (default ``train``) + ``source`` (the canary flow's names and types):
+              the tasks of that split of a recorded freeze, each with the FAIL_TO_PASS/PASS_TO_PASS, known tests
+              and pristine duration its validation recorded
+              (:func:`forgeflow.training.freeze_tasks.rl_tasks_from_freeze`). Exactly one of the two.
             * ``training``: :class:`RLHyperParams`: algorithm, steps, learning rate, LoRA rank, group size,
               completion length, seed, verifier timeout multiplier and concurrency, device.
             * ``parent_adapter``: an adapter (folder or recorded sha256) to continue, or None.
@@ -261,15 +266,15 @@ def rl_burst(params: RLBurstParams) -> BurstResult:
 
     Raises:
         InputError: a bad ``params.hf_dir``, an invalid line of ``params.tasks_jsonl`` (named), an unknown
-            ``params.parent_adapter``, ``params.sandbox`` or ``params.dispatcher`` block — before any
-            model loads.
-        PreflightError: templates or disk space (before any model loads).
+            ``params.freeze_name`` or split, an unknown ``params.parent_adapter``, ``params.sandbox`` or
+            ``params.dispatcher`` block — before any model loads.
+        PreflightError: templates or disk space, tasks of the freeze that cannot run (before any model loads).
         BurstDivergedError / BurstHealthError: a gate failed (incl. too few completions scored), or
             every group's rewards were equal so the adapter did not change (nothing new to record).
     """
     with _params_named():
         inputs = training_tasks.burst_inputs(params.hf_dir, params.tasks_jsonl, "rl", params.parent_adapter,
-                                             store_settings.store_url())
+                                             store_settings.store_url(), params.freeze())
     hf_dir, parent_dir, rl_tasks = inputs.hf_dir, inputs.parent_dir, inputs.rows
     try:
         placement = trial_dispatcher(params.dispatcher) if params.dispatcher is not None else None

@@ -23,8 +23,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from flows.stagekit import StageParams
+from forgeflow.curation.task_rows import TaskSource
 from forgeflow.sandbox.backends import SandboxTarget
 from forgeflow.training.burst import BurstConfig
+from forgeflow.training.freeze_tasks import FreezeSplit
 from forgeflow.training.ppo import DEFAULT_ADAPTER_GLOB
 from forgeflow.training.rl import RLBurstConfig
 from forgeflow.training.verl import VerlPPOSettings
@@ -165,9 +167,18 @@ class SFTBurstParams(StageParams):
 class RLBurstParams(StageParams):
     """The ``rl-burst`` flow's parameters.
 
+    The tasks come from exactly one of ``tasks_jsonl`` and ``freeze_name`` (with ``split`` and ``source``: the
+    canary flow's names and types, ``flows.canary.CanaryParams``).
+
     Attributes:
         hf_dir: the base model folder.
-        tasks_jsonl: one :class:`~forgeflow.training.rl.RLTask` row per line.
+        tasks_jsonl: one :class:`~forgeflow.training.rl.RLTask` row per line; None: the tasks of ``freeze_name``.
+        freeze_name: a freeze recorded in the store whose ``split`` the burst trains on (each task with the
+            FAIL_TO_PASS / PASS_TO_PASS, known tests and pristine duration its validation recorded,
+            :func:`forgeflow.training.freeze_tasks.rl_tasks_from_freeze`); None: ``tasks_jsonl``.
+        split: the freeze's split (default ``train``).
+        source: the freeze's task rows (:class:`forgeflow.curation.task_rows.TaskSource`: patches, task images,
+            test commands; default the demo's generated-candidates file).
         training: the hyper-parameters (:class:`RLHyperParams`).
         parent_adapter: an adapter to continue (its folder, or its recorded sha256); None: a new one.
         sandbox: a ``forgeflow-sandbox`` block the verifier runs on; None: podman, 1024 MiB, 1 CPU.
@@ -176,10 +187,17 @@ class RLBurstParams(StageParams):
     """
 
     hf_dir: Path = Field(description=_HF_DIR)
-    tasks_jsonl: Path = Field(description="the tasks: one RLTask row per line (instance_id, image_ref, "
-                                          "problem_statement, test_command, fail_to_pass, pass_to_pass; "
-                                          "optional task_timeout_s (seconds, default 3000) and "
-                                          "pristine_duration_s (seconds))")
+    tasks_jsonl: Path | None = Field(None, description="the tasks: one RLTask row per line (instance_id, image_ref, "
+                                     "problem_statement, test_command, fail_to_pass, pass_to_pass; optional "
+                                     "task_timeout_s (seconds, default 3000), pristine_duration_s (seconds) and "
+                                     "known_tests); null: the tasks of freeze_name")
+    freeze_name: str | None = Field(None, min_length=1, description="instead of tasks_jsonl: a freeze recorded in "
+                                    "the store; the burst trains on its split, each task with the test lists, known "
+                                    "tests and pristine duration its validation recorded")
+    split: str = Field("train", min_length=1, description="the freeze's split the burst trains on (with freeze_name)")
+    source: TaskSource = Field(TaskSource(), description="the freeze's task rows (with freeze_name): candidates_path, "
+                               "dataset or generated_path (default $FORGEFLOW_HOME/demo/candidates.jsonl), "
+                               "test_commands and test_specs per repository")
     training: RLHyperParams = Field(RLHyperParams(), description="algorithm, steps, learning_rate, lora_r, "
                                     "num_generations, max_completion_length (tokens), seed, verifier timeout "
                                     "multiplier and concurrency, device")
@@ -189,6 +207,19 @@ class RLBurstParams(StageParams):
     out_dir: Path | None = Field(None, description=_OUT_DIR.format(kind="rl"))
     dispatcher: str | None = Field(None, min_length=1, description="a forgeflow-dispatcher block: ray scores each "
                                    "rollout as a Ray task on a sandbox node; null or in-process: here")
+
+    @model_validator(mode="after")
+    def _one_task_source(self) -> RLBurstParams:
+        if (self.tasks_jsonl is None) == (self.freeze_name is None):
+            raise ValueError("give tasks_jsonl (a JSONL of RLTask rows) or freeze_name (a freeze recorded in the "
+                             "store, with split and source), not both and not neither")
+        return self
+
+    def freeze(self) -> FreezeSplit | None:
+        """The freeze split the tasks come from, or None when they come from ``tasks_jsonl``."""
+        if self.freeze_name is None:
+            return None
+        return FreezeSplit(freeze_name=self.freeze_name, split=self.split, source=self.source)
 
 
 class PPOJob(BaseModel):

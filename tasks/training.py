@@ -15,10 +15,13 @@ from pydantic import BaseModel, ConfigDict
 
 from forgeflow.common.errors import InputError
 from forgeflow.common.fsutil import atomic_write_text, sha256_tree
+from forgeflow.common.settings import home_dir
+from forgeflow.curation.generated import GENERATED_FILE
 from forgeflow.ledger.records import ModelArtifactRecord
 from forgeflow.ledger.store import Store
 from forgeflow.sandbox.dispatch import RayPlacement
-from forgeflow.training import adapters, burst, jsonl, preflight, ray_jobs, rl, samples, verl
+from forgeflow.training import adapters, burst, freeze_tasks, jsonl, preflight, ray_jobs, rl, samples, verl
+from forgeflow.training.freeze_tasks import FreezeSplit
 from tasks.common import (
     TRANSIENT_RETRIES,
     TRANSIENT_RETRY_DELAYS_S,
@@ -235,7 +238,7 @@ class BurstInputs(BaseModel):
 
     Attributes:
         hf_dir: the base model folder, resolved.
-        rows: the JSONL's rows (SFT samples or RL tasks), in file order.
+        rows: the JSONL's rows (SFT samples or RL tasks), in file order; or a freeze split's RL tasks, in its order.
         parent_dir: the parent adapter's folder (None: the burst starts from the base model).
     """
 
@@ -247,21 +250,32 @@ class BurstInputs(BaseModel):
 
 
 @task(cache_policy=NO_CACHE)
-def burst_inputs(hf_dir: Path, rows_jsonl: Path, kind: Literal["sft", "rl"], parent_adapter: str | None,
-                 store_url: str) -> BurstInputs:
-    """Check and read a burst flow's inputs: ``hf_dir`` is an HF model folder (``config.json``), the JSONL
-    rows are valid (:func:`forgeflow.training.jsonl.read_sft_jsonl` for ``sft``, ``read_rl_jsonl`` for
-    ``rl``), and ``parent_adapter`` (an adapter folder, or the sha256 of an adapter the store at
-    ``store_url`` records, whose recorded folder still holds it) resolves to a folder. Not cached.
+def burst_inputs(hf_dir: Path, rows_jsonl: Path | None, kind: Literal["sft", "rl"], parent_adapter: str | None,
+                 store_url: str, freeze: FreezeSplit | None = None) -> BurstInputs:
+    """Check and read a burst flow's inputs: ``hf_dir`` is an HF model folder (``config.json``), the rows are
+    valid (the JSONL's: :func:`forgeflow.training.jsonl.read_sft_jsonl` for ``sft``, ``read_rl_jsonl`` for
+    ``rl``; or, for ``rl`` with ``freeze`` instead of a JSONL, the RL tasks of a freeze's split with what
+    validation recorded for their verifier: :func:`forgeflow.training.freeze_tasks.rl_tasks_from_freeze`),
+    and ``parent_adapter`` (an adapter folder, or the sha256 of an adapter the store at ``store_url``
+    records, whose recorded folder still holds it) resolves to a folder. Not cached.
 
     Raises:
-        InputError: ``hf_dir`` is not a model folder, a JSONL line is invalid (named), the parent is unknown.
+        InputError: ``hf_dir`` is not a model folder, a JSONL line is invalid (named), an unknown freeze or
+            split (the message begins with ``freeze_name``), the parent is unknown.
+        PreflightError: tasks of the freeze that cannot run (each named).
     """
     folder = _check_hf_dir(hf_dir)
-    rows = (jsonl.read_sft_jsonl if kind == "sft" else jsonl.read_rl_jsonl)(Path(rows_jsonl))
     store = Store(store_url)
     try:
         store.upgrade()
+        if freeze is not None and kind == "rl":
+            try:
+                rows = freeze_tasks.rl_tasks_from_freeze(store, freeze.freeze_name, freeze.split, freeze.source,
+                                                         home_dir() / "demo" / GENERATED_FILE)
+            except InputError as exc:
+                raise InputError(f"freeze_name {freeze.freeze_name!r} (split {freeze.split!r}): {exc}") from None
+        else:
+            rows = (jsonl.read_sft_jsonl if kind == "sft" else jsonl.read_rl_jsonl)(Path(rows_jsonl))
         parent_dir = _parent_folder(store, parent_adapter)
     finally:
         store.dispose()

@@ -3,13 +3,14 @@
 ``forgeflow demo`` runs the lifecycle flow on the embedded default and prints its summary;
 ``forgeflow ui`` starts the Prefect UI on the same Prefect database; ``forgeflow freeze verify``
 recomputes a freeze's digests; ``forgeflow rescore JOB`` re-verifies a canary job's stored submissions
-under the current verifier as a new linked job (:mod:`.rescore`); ``forgeflow recover`` lists (dry run)
+under the current verifier as a new linked job (:mod:`.rescore`); ``forgeflow rl-tasks FREEZE`` writes a freeze
+split's RL task rows with their recorded known tests (:mod:`.rl_tasks`); ``forgeflow recover`` lists (dry run)
 or, with ``--apply``, voids the trials an infrastructure fault broke and requeues their tasks;
 ``forgeflow derived build|verify`` writes and checks derived task sets (:mod:`forgeflow.curation.derived`);
 ``forgeflow work-pool template|apply`` writes the Kubernetes work pools' base job templates or creates/updates a pool
 (:mod:`deployments.work_pool`). The app and what the
 commands share is :mod:`deployments.cli.app`; the commands are in :mod:`.run`, :mod:`.records`,
-:mod:`.rescore`, :mod:`.curation`, :mod:`.up_down` and :mod:`.work_pool`. Prefect's environment
+:mod:`.rescore`, :mod:`.rl_tasks`, :mod:`.curation`, :mod:`.up_down` and :mod:`.work_pool`. Prefect's environment
 (PREFECT_HOME under FORGEFLOW_HOME, analytics off, a startup timeout that suits a 2-core machine)
 is set before Prefect is imported.
 """
@@ -22,7 +23,7 @@ from deployments.cli.app import app
 
 # the command modules register their commands on the app when imported, in the order of --help
 # isort: off
-from deployments.cli import run, records, rescore, curation, up_down, work_pool  # noqa: F401, E402
+from deployments.cli import run, records, rescore, rl_tasks, curation, up_down, work_pool  # noqa: F401, E402
 # isort: on
 
 __all__ = ["app", "main"]

@@ -390,6 +390,15 @@ class AgentTask(BaseModel):
         log_parser: the verifier reads the test output with this SWE-bench log parser
             (:data:`forgeflow.sandbox.verifier.LOG_PARSERS`, e.g. ``parse_log_django``) instead of
             forgeflow's pytest report; None: the pytest report.
+        known_tests: every test id the task's pristine NOP/Oracle runs collected (the store's
+            :attr:`forgeflow.ledger.records.TaskRecord.known_tests`); None or empty: not recorded. With
+            it, a run that reports or collects another test is tampering (reward 0).
+        pristine_duration_s: the longest recorded Oracle run of the task's tests, seconds; None: not
+            recorded. A timeout while it fits well inside the limit is the submission's outcome.
+
+    Neither of the last two is dumped while not recorded, so the model's dump (a Prefect cache key of
+    the trial, :func:`tasks.evaluation.agent_trial`) of a task without them is what it was before
+    they existed: its cached trials stay valid.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -403,11 +412,18 @@ class AgentTask(BaseModel):
     pass_to_pass: list[str] = Field(default_factory=list, description="The task's PASS_TO_PASS test ids.")
     log_parser: str | None = Field(default=None, description="The SWE-bench log parser the verifier reads the "
                                    "test output with; None: forgeflow's pytest report.")
+    known_tests: list[str] | None = Field(default=None, exclude_if=lambda v: not v, description="Every test id "
+                                          "the task's pristine runs collected; None or empty: not recorded.")
+    pristine_duration_s: float | None = Field(default=None, ge=0, exclude_if=lambda v: v is None, description="The "
+                                              "longest recorded Oracle run of the tests, seconds; None: not recorded.")
 
     def tests(self) -> TaskTests:
-        """What the verifier runs and grades for this task (:class:`forgeflow.sandbox.verifier.TaskTests`)."""
+        """What the verifier runs and grades for this task (:class:`forgeflow.sandbox.verifier.TaskTests`), with
+        its known tests and pristine duration where recorded (an empty ``known_tests`` is not recorded)."""
         return TaskTests(image_ref=self.image_ref, test_command=self.test_command, fail_to_pass=list(self.fail_to_pass),
-                         pass_to_pass=list(self.pass_to_pass), log_parser=self.log_parser)
+                         pass_to_pass=list(self.pass_to_pass), log_parser=self.log_parser,
+                         known_tests=list(self.known_tests) if self.known_tests else None,
+                         pristine_duration_s=self.pristine_duration_s)
 
 
 def run_agent_trial(

@@ -96,9 +96,11 @@ class CanaryTask(AgentTask):
 
     @classmethod
     def from_row(cls, row: Any, image_ref: str, image_digest: str, test_command: str, fail_to_pass: list[str],
-                 pass_to_pass: list[str], log_parser: str | None = None) -> CanaryTask:
+                 pass_to_pass: list[str], log_parser: str | None = None, known_tests: list[str] | None = None,
+                 pristine_duration_s: float | None = None) -> CanaryTask:
         """The task of a task row (anything with ``instance_id``, ``repo``, ``patch`` and optionally
-        ``problem_statement``: a candidate row, a generated row, a lifecycle candidate).
+        ``problem_statement``: a candidate row, a generated row, a lifecycle candidate), with the task's
+        known tests and pristine duration (seconds) where its validation recorded them (None: not recorded).
 
         The problem statement is the row's own when it has one, else one written from the patch and
         FAIL_TO_PASS (:func:`forgeflow.evaluation.agent.problem_statement_for`).
@@ -110,7 +112,8 @@ class CanaryTask(AgentTask):
         statement = getattr(row, "problem_statement", None) or problem_statement_for(row.patch, fail_to_pass)
         return cls(instance_id=row.instance_id, repo=row.repo, image_ref=image_ref, image_digest=image_digest,
                    problem_statement=statement, test_command=test_command, fail_to_pass=fail_to_pass,
-                   pass_to_pass=pass_to_pass, log_parser=log_parser)
+                   pass_to_pass=pass_to_pass, log_parser=log_parser, known_tests=known_tests or None,
+                   pristine_duration_s=pristine_duration_s)
 
 
 def frozen_split(store: ledger.Store, freeze_name: str, split: str) -> tuple[FreezeManifest, list[str]]:
@@ -165,7 +168,7 @@ def sample_split(instance_ids: Sequence[str], sample: int | None, seed: int = 0)
 
 def canary_tasks(store: ledger.Store, instance_ids: Sequence[str], rows: Iterable[Any],
                  check_images: bool = True, test_commands: Mapping[str, str] | None = None,
-                 log_parsers: Mapping[str, str | None] | None = None) -> list[CanaryTask]:
+                 log_parsers: Mapping[str, str | None] | None = None, stage: str = "canary") -> list[CanaryTask]:
     """The :class:`CanaryTask` of each instance, from the store's validated task rows and the task
     rows (the user's candidates, :class:`forgeflow.curation.candidates.CandidateTask`, or the
     lifecycle's :class:`forgeflow.curation.generated.GeneratedTask`: patch, task image, test command).
@@ -178,6 +181,9 @@ def canary_tasks(store: ledger.Store, instance_ids: Sequence[str], rows: Iterabl
     The problem statement is the row's own ``problem_statement`` (a SWE-bench-style issue text)
     when it has one, else one written from the patch and FAIL_TO_PASS
     (:func:`forgeflow.evaluation.agent.problem_statement_for`).
+    The verifier's known tests and pristine duration are the store's (what validation recorded:
+    :attr:`forgeflow.ledger.records.TaskRecord.known_tests`, ``pristine_duration_s``); a task validated
+    before they were recorded has neither.
 
     Args:
         store: The ledger holding the tasks' validation (FAIL_TO_PASS / PASS_TO_PASS).
@@ -188,6 +194,7 @@ def canary_tasks(store: ledger.Store, instance_ids: Sequence[str], rows: Iterabl
         test_commands: instance id -> test command, overriding a row's ``test_command``
             (:func:`forgeflow.curation.task_rows.load_task_rows`).
         log_parsers: instance id -> the verifier's log parser (None or missing: the pytest report).
+        stage: the caller, named in the error (``canary``, ``rl-burst``).
 
     Returns:
         One task per id, in order.
@@ -222,8 +229,9 @@ def canary_tasks(store: ledger.Store, instance_ids: Sequence[str], rows: Iterabl
             problems.append(f"{instance_id}: no image digest (registry_digest or image_id) in its row")
             continue
         out.append(CanaryTask.from_row(row, image, digest, command, task.fail_to_pass, task.pass_to_pass,
-                                       (log_parsers or {}).get(instance_id)))
-    refuse_problems(problems, f"canary: {len(problems)} of {len(instance_ids)} task(s) cannot run")
+                                       (log_parsers or {}).get(instance_id), task.known_tests,
+                                       task.pristine_duration_s))
+    refuse_problems(problems, f"{stage}: {len(problems)} of {len(instance_ids)} task(s) cannot run")
     return out
 
 

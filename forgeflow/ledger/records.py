@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from forgeflow.common.errors import (
     SCORED_DESPITE_EXCEPTION,
@@ -76,6 +76,14 @@ class TaskRecord(_Record):
     ``patch`` is the bug patch (unified diff) and ``patch_sha256`` the hex sha256 of its UTF-8
     bytes; given the patch, the digest is computed when absent and must match when given.
 
+    ``known_tests`` (every test id the task's pristine NOP/Oracle runs collected,
+    :attr:`forgeflow.sandbox.grading.ValidationReport.known_tests`; empty: not recorded) and
+    ``pristine_duration_s`` (the longest Oracle run of its tests, seconds; None: not recorded) are what
+    the verifier checks a submission's run against (:class:`forgeflow.sandbox.verifier.TaskTests`): a run
+    that reports another test is tampering, and a timeout while the pristine run fits well inside the
+    limit is the submission's. Recorded at validation (migration 0009); rows of older stores read as
+    not recorded.
+
     Raises:
         pydantic.ValidationError: a field out of shape, or a ``patch_sha256`` that is not the patch's.
     """
@@ -89,6 +97,13 @@ class TaskRecord(_Record):
     reason: str | None = None
     fail_to_pass: list[str] = Field(default_factory=list)
     pass_to_pass: list[str] = Field(default_factory=list)
+    known_tests: list[str] = Field(default_factory=list)
+    pristine_duration_s: float | None = Field(default=None, ge=0)
+
+    @field_validator("known_tests", mode="before")
+    @classmethod
+    def _not_recorded(cls, value: Any) -> Any:
+        return [] if value is None else value  # NULL: a row from before migration 0009
 
     @model_validator(mode="before")
     @classmethod

@@ -301,7 +301,8 @@ class Store(StoreReads):
         return key, values
 
     def record_task(self, record: TaskRecord) -> None:
-        """Upsert a task by ``instance_id`` (status, reason and test lists are replaced; a record
+        """Upsert a task by ``instance_id`` (status, reason, test lists, ``known_tests`` and
+        ``pristine_duration_s`` are replaced: the row says what the latest validation measured; a record
         without ``patch`` keeps the patch text already recorded)."""
         self.upsert_many(TaskInstance, [self._task_row(record)])
 

@@ -127,6 +127,10 @@ class TaskInstance(_Stamped, Base):
     reason: Mapped[str | None] = mapped_column(Text)
     fail_to_pass: Mapped[list[str]] = mapped_column(default=list)
     pass_to_pass: Mapped[list[str]] = mapped_column(default=list)
+    # every test id the pristine NOP/Oracle runs collected, and the longest Oracle run (seconds);
+    # NULL: not recorded (a task validated before migration 0009)
+    known_tests: Mapped[list[str] | None] = mapped_column(JSON)
+    pristine_duration_s: Mapped[float | None] = mapped_column(Float)
 
 
 class Batch(_Stamped, Base):

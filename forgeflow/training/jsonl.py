@@ -108,7 +108,8 @@ def read_rl_jsonl(path: Path) -> list[dict[str, Any]]:
             ``problem_statement``, ``test_command``, ``fail_to_pass`` (test ids, at least one),
             ``pass_to_pass`` (test ids), optionally ``task_timeout_s`` (the task's original per-task
             timeout, seconds, default SWE-smith's 3000; its former name ``verifier_timeout_s`` is read
-            too) and ``pristine_duration_s`` (its longest recorded pristine run, seconds); no other field.
+            too), ``pristine_duration_s`` (its longest recorded pristine run, seconds) and ``known_tests``
+            (every test id its pristine runs collected); no other field.
 
     Returns:
         The tasks as dicts (validated), in file order.

@@ -68,6 +68,9 @@ class VerifierSpec(BaseModel):
             (the Oracle trials' ``verifier_s``); None: not recorded. The training timeout is never below
             :data:`PRISTINE_SAFETY_FACTOR` x this, and the verifier reads it to attribute a timeout to the
             submission (``TaskTests.pristine_duration_s``).
+        known_tests: every test id the task's pristine NOP/Oracle runs collected (what validation recorded:
+            ``TaskRecord.known_tests``); None or empty: not recorded. With it, a run that reports or collects
+            another test is tampering, reward 0 (``TaskTests.known_tests``).
     """
 
     model_config = ConfigDict(frozen=True, populate_by_name=True)
@@ -80,6 +83,8 @@ class VerifierSpec(BaseModel):
     task_timeout_s: float = Field(default=TASK_TIMEOUT_S, gt=0, le=7 * 24 * 3600,
                                   validation_alias=AliasChoices("task_timeout_s", "verifier_timeout_s"))
     pristine_duration_s: float | None = Field(default=None, ge=0, le=7 * 24 * 3600)
+    # not dumped while not recorded: the task rows an RL burst is cached on stay what they were before it existed
+    known_tests: list[str] | None = Field(default=None, exclude_if=lambda v: not v)
 
     @model_validator(mode="after")
     def _something_to_grade(self) -> "VerifierSpec":
@@ -248,7 +253,8 @@ def score_completion(
     name = name or sanitize_name(f"ff-rl-{task.instance_id}-{uuid.uuid4().hex[:12]}")
     tests = TaskTests(image_ref=task.image_ref, test_command=task.test_command,
                       fail_to_pass=list(task.fail_to_pass), pass_to_pass=list(task.pass_to_pass),
-                      pristine_duration_s=task.pristine_duration_s)
+                      pristine_duration_s=task.pristine_duration_s,
+                      known_tests=list(task.known_tests) if task.known_tests else None)
     try:
         verdict = verify_on(
             ray, tests, patch, timeout_s=timeout_s, spec=SandboxSpec(memory_mb=memory_mb, cpus=cpus), name=name,
@@ -346,7 +352,8 @@ class VerifierReward:
     ``outcomes`` every :class:`RewardOutcome` with its step and instance id.
 
     The task's timeout column is ``task_timeout_s`` (its former name ``verifier_timeout_s`` is read
-    too; neither: :data:`TASK_TIMEOUT_S`), its pristine run ``pristine_duration_s`` (optional).
+    too; neither: :data:`TASK_TIMEOUT_S`), its pristine run ``pristine_duration_s`` and its known tests
+    ``known_tests`` (both optional: None where not recorded).
 
     Raises:
         InputError: ``verifier_timeout_multiplier`` <= 0 or ``concurrency`` < 1 (at construction); an
@@ -376,6 +383,7 @@ class VerifierReward:
         step = int(getattr(trainer_state, "global_step", 0)) + 1
         timeouts = columns.get("task_timeout_s", columns.get("verifier_timeout_s"))
         pristine_duration_s = columns.get("pristine_duration_s")
+        known_tests = columns.get("known_tests")
         if self.tamper_policy not in get_args(TamperPolicy):
             raise errors.InputError(f"unknown tamper policy {self.tamper_policy!r}; valid: "
                                     f"{', '.join(get_args(TamperPolicy))}")
@@ -388,7 +396,8 @@ class VerifierReward:
                                     test_command=test_command[i], fail_to_pass=tuple(fail_to_pass[i]),
                                     pass_to_pass=tuple(pass_to_pass[i]),
                                     task_timeout_s=TASK_TIMEOUT_S if timeout is None else timeout,
-                                    pristine_duration_s=_column(pristine_duration_s, i))
+                                    pristine_duration_s=_column(pristine_duration_s, i),
+                                    known_tests=_column(known_tests, i))
             except Exception as exc:  # a bad task row: this completion's exception, never the batch's
                 return RewardOutcome(exception_type=type(exc).__name__, exception_message=str(exc) or repr(exc),
                                      verifier_timeout_s=TASK_TIMEOUT_S * self.verifier_timeout_multiplier)

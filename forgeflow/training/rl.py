@@ -98,6 +98,9 @@ class RLTask(VerifierSpec):
     the longest recorded pristine (Oracle) run of its tests (the Oracle trials' ``verifier_s``), if
     known. Training runs the tests for ``task_timeout_s`` x the burst's multiplier, never below 5 x the
     pristine run (:func:`forgeflow.training.rewards.training_timeout_s`).
+    ``known_tests``: every test id the task's pristine runs collected, if recorded (a run that reports
+    another is tampering). :func:`forgeflow.training.freeze_tasks.rl_tasks_from_freeze` fills both from
+    the store for the tasks of a freeze.
 
     Raises:
         pydantic.ValidationError: a missing or empty ``fail_to_pass``, an unknown field, or any
@@ -125,7 +128,9 @@ class RLData(BaseModel):
         dataset: a ``datasets.Dataset`` with ``prompt`` (one user message, conversational) and the
             task columns TRL hands to the reward function: ``instance_id``, ``image_ref``,
             ``test_command``, ``fail_to_pass``, ``pass_to_pass``, ``task_timeout_s`` (seconds),
-            ``pristine_duration_s`` (seconds, None where not recorded).
+            ``pristine_duration_s`` (seconds, None where not recorded), and ``known_tests`` (the task's
+            known test ids, None where not recorded) when any task has them (without, the rows and their
+            digest are what they were before the column existed).
         sha256: sha256 of the canonical JSON of the rows, in order (covers the rendered prompts,
             hence the template).
         prompt_template: the template file the prompts were rendered from.
@@ -162,7 +167,7 @@ def build_rl_dataset(tasks: Sequence[RLTask | dict], prompt_template: Path = DEF
     template = Path(prompt_template).read_text(encoding="utf-8")
     if PROMPT_PLACEHOLDER not in template:
         raise errors.InputError(f"prompt_template {prompt_template} does not contain {PROMPT_PLACEHOLDER}")
-    rows, seen = [], set()
+    rows, seen, valid = [], set(), []
     for i, raw in enumerate(tasks):
         try:
             task = raw if isinstance(raw, RLTask) else RLTask.model_validate(raw)
@@ -173,6 +178,7 @@ def build_rl_dataset(tasks: Sequence[RLTask | dict], prompt_template: Path = DEF
         if task.instance_id in seen:
             raise errors.InputError(f"tasks[{i}].instance_id {task.instance_id!r} repeats")
         seen.add(task.instance_id)
+        valid.append(task)
         rows.append({
             "prompt": [{"role": "user", "content": template.replace(PROMPT_PLACEHOLDER, task.problem_statement)}],
             "instance_id": task.instance_id,
@@ -183,6 +189,9 @@ def build_rl_dataset(tasks: Sequence[RLTask | dict], prompt_template: Path = DEF
             "task_timeout_s": float(task.task_timeout_s),
             "pristine_duration_s": None if task.pristine_duration_s is None else float(task.pristine_duration_s),
         })
+    if any(task.known_tests for task in valid):  # the column only where recorded: older datasets keep their digest
+        for task, row in zip(valid, rows):
+            row["known_tests"] = list(task.known_tests) if task.known_tests else None
     return RLData(dataset=Dataset.from_list(rows), sha256=sha256_json(rows), prompt_template=Path(prompt_template),
                   prompt_template_sha256=sha256_file(prompt_template))
 

@@ -491,6 +491,8 @@ def write_verl_dataset(data: Any, path: Path) -> Path:
     for i, row in enumerate(data.dataset):
         spec = {k: row[k] for k in ("instance_id", "image_ref", "test_command", "fail_to_pass",
                                     "pass_to_pass", "task_timeout_s", "pristine_duration_s")}
+        if row.get("known_tests"):  # the column exists only when some task recorded its known tests
+            spec["known_tests"] = list(row["known_tests"])
         rows.append({
             "data_source": DATA_SOURCE, "prompt": row["prompt"], "ability": "swe",
             "reward_model": {"style": "rule", "ground_truth": row["instance_id"]},

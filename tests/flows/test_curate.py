@@ -82,6 +82,11 @@ def test_curate_runs_until_freeze_ready_then_skips_processed_and_recovers(
     assert all(n <= 2 for (_, kind), n in per_task.items() if kind == "oracle")
     accepted = {t.instance_id for t in store.accepted_tasks()}
     assert all(per_task[(iid, "oracle")] == 2 for iid in accepted)  # every accepted task ran its Oracle twice
+    for task in store.accepted_tasks():  # what the canary and RL verifiers check a submission's run against
+        graded = {*task.fail_to_pass, *task.pass_to_pass}
+        assert graded and graded <= set(task.known_tests) and task.known_tests == sorted(task.known_tests)
+        oracle_s = [t.timings["verifier_s"] for t in trials if t.instance_id == task.instance_id and t.kind == "oracle"]
+        assert len(oracle_s) == 2 and task.pristine_duration_s == max(oracle_s) > 0
     assert {t.batch_id for t in trials} == set(first.batches)
     assert len(store.accepted_tasks()) >= 2
     patches = {json.loads(line)["instance_id"]: json.loads(line)["patch"]

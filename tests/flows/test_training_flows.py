@@ -181,6 +181,10 @@ def test_rl_burst_refuses_bad_tasks_parent_and_sandbox_before_any_model_loads(
         burst(good, sandbox="no-such-sandbox")
     with pytest.raises(InputError, match=r"^params.dispatcher: .*'no-such-dispatcher'"):
         burst(good, dispatcher="no-such-dispatcher")
+    # tasks from a freeze instead of a JSONL: an unknown one is named as the user wrote it
+    with pytest.raises(InputError, match=r"^params.freeze_name 'no-such-freeze' \(split 'train'\): freeze "
+                                         r"'no-such-freeze' is not recorded in the store"):
+        rl_burst(RLBurstParams(hf_dir=tiny_model, freeze_name="no-such-freeze"))
     with pytest.raises(ValueError, match=r"verifier_timeout_multiplier"):
         RLHyperParams(verifier_timeout_multiplier=0)
     # the training verifier's timeout: the task's own timeout x the multiplier (curation's timeout plays no part)

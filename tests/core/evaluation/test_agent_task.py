@@ -46,3 +46,19 @@ def test_an_agent_task_is_frozen_and_refuses_unknown_or_empty_fields():
         with pytest.raises(ValidationError, match=field):
             AgentTask(**{"instance_id": "i", "image_ref": "img", "problem_statement": "ps", "test_command": "pytest",
                          field: ""})
+
+
+def test_known_tests_reach_the_verifier_and_a_task_without_them_keeps_its_cache_key():
+    plain = _canary_task()
+    # the trial's Prefect cache key hashes the task's JSON dump (prefect.utilities.hashing.hash_objects ->
+    # model_dump(mode="json")): without the new fields it is the dump, hence the key, of before they existed
+    assert set(plain.model_dump(mode="json")) == {"instance_id", "repo", "image_ref", "image_digest",
+                                                  "problem_statement", "test_command", "fail_to_pass",
+                                                  "pass_to_pass", "log_parser"}
+    assert _canary_task(known_tests=[]).model_dump(mode="json") == plain.model_dump(mode="json")
+    recorded = _canary_task(known_tests=["t::a", "t::b", "t::c"], pristine_duration_s=2.5)
+    dumped = recorded.model_dump(mode="json")  # a stricter verifier is a new trial: a new key
+    assert dumped["known_tests"] == ["t::a", "t::b", "t::c"] and dumped["pristine_duration_s"] == 2.5
+    assert recorded.tests().known_tests == ["t::a", "t::b", "t::c"] and recorded.tests().pristine_duration_s == 2.5
+    assert _canary_task(known_tests=[]).tests().known_tests is None  # empty: not recorded, never "no test known"
+    assert CanaryTask.model_validate(dumped) == recorded

@@ -90,3 +90,22 @@ def test_a_seeded_sample_is_the_same_every_time_and_nested_in_larger_ones():
         sample_split(ids, 0)
     with pytest.raises(InputError, match="repeats an instance id"):
         sample_split(["a", "a"], 1)
+
+
+def test_canary_tasks_carry_the_known_tests_and_pristine_duration_the_store_recorded(store_url: str):
+    store = Store(store_url)
+    store.upgrade()
+    known = ["t::other", "tests/test_calc.py::test_add", "t::p"]
+    store.record_task(TaskRecord(instance_id="calc.k__1", repo="calc", status="accepted",
+                                 fail_to_pass=["tests/test_calc.py::test_add"], pass_to_pass=["t::p"],
+                                 known_tests=known, pristine_duration_s=1.25))
+    store.record_task(TaskRecord(instance_id="calc.old__2", repo="calc", status="accepted",  # validated before 0009
+                                 fail_to_pass=["tests/test_calc.py::test_add"]))
+    recorded, old = canary_tasks(store, ["calc.k__1", "calc.old__2"], [_row("calc.k__1"), _row("calc.old__2")],
+                                 check_images=False)
+    assert recorded.known_tests == known and recorded.pristine_duration_s == 1.25
+    tests = recorded.tests()  # what the canary's (and a re-score's) verifier checks the run against
+    assert tests.known_tests == known and tests.pristine_duration_s == 1.25
+    assert tests.expectations().known_tests == known
+    assert old.known_tests is None and old.pristine_duration_s is None
+    assert old.tests().known_tests is None and old.tests().pristine_duration_s is None

@@ -26,7 +26,7 @@ from forgeflow.ledger.store import Store
 from forgeflow.ledger.tables import Base, Image, ServingGeneration
 
 DIGEST = "sha256:" + "a" * 64
-HEAD = "0008"
+HEAD = "0009"
 """The newest migration (forgeflow/ledger/migrations/versions)."""
 
 SHA = "b" * 64
@@ -563,3 +563,33 @@ def test_migration_0007_keeps_old_tasks_without_a_patch(store: Store) -> None:
     store.upgrade()
     (old,) = store.tasks()
     assert old.patch is None and old.patch_sha256 == "1" * 64
+
+
+def test_a_task_keeps_its_known_tests_and_pristine_duration_and_0009_reads_old_tasks_as_not_recorded(
+        store: Store) -> None:
+    from alembic import command
+    from sqlalchemy import text
+
+    known = ["tests/test_a.py::test_one", "tests/test_a.py::test_two[1-x]"]
+    store.record_task(TaskRecord(instance_id="n__1", repo="n", status="accepted", fail_to_pass=known[:1],
+                                 known_tests=known, pristine_duration_s=2.75))
+    (row,) = store.tasks()
+    assert row.known_tests == known and row.pristine_duration_s == 2.75
+    with pytest.raises(ValidationError, match="pristine_duration_s"):
+        TaskRecord(instance_id="n__2", repo="n", status="accepted", pristine_duration_s=-1.0)
+
+    with store.engine.begin() as connection:
+        command.downgrade(store.alembic_config(connection), "0008")
+    assert store.current_revision() == "0008"
+    with store.engine.begin() as connection:  # a task as a 0008 store wrote it (neither column)
+        connection.execute(text(
+            "INSERT INTO task_instances (instance_id, repo, status, fail_to_pass, pass_to_pass, created_at, "
+            "updated_at) VALUES ('old__1', 'old', 'accepted', '[\"t::a\"]', '[]', '2026-11-01 00:00:00', "
+            "'2026-11-01 00:00:00')"))
+    store.upgrade()
+    new, old = store.tasks()  # by instance id
+    assert old.instance_id == "old__1" and old.known_tests == [] and old.pristine_duration_s is None
+    assert old.fail_to_pass == ["t::a"] and old.status == "accepted"
+    assert new.known_tests == [] and new.pristine_duration_s is None  # the columns went with the downgrade
+    store.record_task(new.model_copy(update={"known_tests": known, "pristine_duration_s": 3.5}))
+    assert store.get_task("n__1").known_tests == known and store.get_task("n__1").pristine_duration_s == 3.5

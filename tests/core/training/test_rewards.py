@@ -59,6 +59,35 @@ def test_score_completion_runs_the_verifier_with_that_timeout_and_passes_the_pri
     assert seen["tests"].pristine_duration_s == 4.0  # the verifier attributes a timeout with it
 
 
+def test_the_tasks_known_tests_reach_the_verifier_from_a_spec_a_dataset_row_and_a_reward_column(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from forgeflow.training.rl import build_rl_dataset
+
+    seen = []
+
+    def verify_on(ray, tests, patch, **kwargs):  # noqa: ANN001, ANN202
+        seen.append(tests)
+        return SubmissionVerdict(reward=1.0)
+
+    monkeypatch.setattr(rewards, "verify_on", verify_on)
+    known = ["t.py::test_add", "t.py::test_mul"]
+    diff = "```diff\n--- a/a.py\n+++ b/a.py\n@@ -1 +1 @@\n-x\n+y\n```"
+    score_completion(diff, RLTask(**TASK, known_tests=known))
+    score_completion(diff, RLTask(**TASK))  # not recorded: the verifier skips the check (None, never "none known")
+    score_completion(diff, RLTask(**TASK, known_tests=[]))
+    assert [t.known_tests for t in seen] == [known, None, None]
+    assert seen[0].expectations().known_tests == known  # what RunExpectations checks every reported id against
+
+    rows = [{**TASK, "known_tests": known}, {**TASK, "instance_id": "calc-2"}]
+    data = build_rl_dataset(rows)  # TRL hands the dataset's columns to the reward function
+    assert data.dataset["known_tests"] == [known, None]
+    assert "known_tests" not in build_rl_dataset(rows[1:]).dataset.column_names  # older datasets keep their digest
+    seen.clear()
+    columns = {c: data.dataset[c] for c in data.dataset.column_names if c != "prompt"}
+    assert VerifierReward()(prompts=["p"] * 2, completions=[diff] * 2, **columns) == [1.0, 1.0]
+    assert sorted(t.known_tests or [] for t in seen) == [[], known]
+
+
 GOOD = "```diff\ndiff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n@@ -1 +1 @@\n-a - b\n+a + b\n```"
 
 

@@ -102,6 +102,10 @@ def test_verl_dataset_rows_carry_the_verifier_spec(tmp_path: Path) -> None:
     assert "add is wrong" in row["prompt"][0]["content"]
     spec = json.loads(row["extra_info"]["verifier"])
     assert (spec["task_timeout_s"], spec["pristine_duration_s"]) == (100, 2.5)  # compute_score's timeout rule reads both
+    assert "known_tests" not in spec  # not recorded: not written
+    known = task.model_copy(update={"known_tests": ["t::a", "t::b"]})
+    row = Dataset.from_parquet(str(write_verl_dataset(build_rl_dataset([known]), tmp_path / "k.parquet")))[0]
+    assert json.loads(row["extra_info"]["verifier"])["known_tests"] == ["t::a", "t::b"]  # the verifier's known-ids check
     with pytest.raises(InputError, match="no forgeflow verifier spec"):
         compute_score("openai/gsm8k", "#### 4", "4", {"index": 0})
 
