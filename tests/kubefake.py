@@ -1,5 +1,6 @@
 """Start the loopback fake of the Kubernetes API (tests/fakes/kubernetes_api.py: a fake of the API that
-runs pods with podman, not a cluster) on a free port, write a kubeconfig for it, stop it by PID.
+runs pods with podman, not a cluster: init containers, several containers, emptyDir volumes as podman
+volumes) on a free port, write a kubeconfig for it, stop it by PID.
 
 The official ``kubernetes`` client is pointed at it through that kubeconfig, so every call forgeflow
 makes (create, read status, exec over the websocket, delete, list by label) goes through the
@@ -60,6 +61,12 @@ class FakeKubernetesAPI:
                               "--format", "{{.Names}}"], capture_output=True, text=True, env=tool_env(), check=True)
         return out.stdout.split()
 
+    def volumes(self) -> list[str]:
+        """Names of the podman volumes (a pod's ``emptyDir``) this fake made that still exist."""
+        out = subprocess.run(["podman", "volume", "ls", "--filter", f"label={FAKE_LABEL}={self.label}",
+                              "--format", "{{.Name}}"], capture_output=True, text=True, env=tool_env(), check=True)
+        return out.stdout.split()
+
 
 def write_kubeconfig(path: Path, url: str, namespace: str = "forgeflow") -> Path:
     """A kubeconfig with one context ``fake`` (server ``url``, a bearer token the fake ignores)."""
@@ -76,7 +83,7 @@ def write_kubeconfig(path: Path, url: str, namespace: str = "forgeflow") -> Path
 @contextmanager
 def kubernetes_api(tmp_path: Path) -> Iterator[FakeKubernetesAPI]:
     """Run the fake for the block: started on a free port, stopped by PID (SIGTERM, then SIGKILL),
-    and every container it started removed."""
+    and every container and volume it made removed."""
     port, label = free_port(), uuid.uuid4().hex[:10]
     log = (tmp_path / f"kubefake-{port}.log").open("wb")
     proc = subprocess.Popen([sys.executable, "-m", "tests.fakes.kubernetes_api", "--port", str(port),
@@ -108,3 +115,6 @@ def kubernetes_api(tmp_path: Path) -> Iterator[FakeKubernetesAPI]:
         leftover = fake.containers()
         if leftover:
             subprocess.run(["podman", "rm", "-f", "-t", "0", *leftover], capture_output=True, env=tool_env())
+        volumes = fake.volumes()
+        if volumes:
+            subprocess.run(["podman", "volume", "rm", "-f", *volumes], capture_output=True, env=tool_env())

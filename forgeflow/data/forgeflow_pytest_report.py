@@ -24,8 +24,12 @@ record after the session's end, an outcome of a test never collected) from the r
 * ``collect``: a collector that failed or was skipped (``nodeid``, ``outcome``);
 * ``inputs`` (after collection): what the runner read: ``inipath``, ``rootpath``, ``args``,
   ``plugins`` (name -> module file), ``conftests`` (files), ``entry_points`` (plugins loaded from
-  package metadata, with the distribution's path);
+  package metadata, with the distribution's path), ``hook_files`` (the files of every registered
+  plugin's ``pytest_*`` functions' code);
 * ``collected`` (after collection): the ``ids`` of every item that will run, in order;
+* ``registered``: a plugin registered after the reporter (a conftest's, or one code under test
+  registered, at any time): ``name``, ``file``, ``hook_files`` (the files of its ``pytest_*``
+  functions' code, whatever its ``__module__`` claims);
 * ``report``: one per pytest report (``nodeid``, ``when``, ``outcome``, ``xfail``: the report has
   ``wasxfail``; ``rep``: the repetition, see below; ``duration_s``: pytest's own duration of the phase);
 * ``integrity`` (before a report record and at the end, only when it finds one): ``replaced``, the
@@ -99,7 +103,10 @@ def _json(value):
 
 
 class _Channel:
-    """The private descriptor and the record counter."""
+    """The private descriptor and the record counter (``__slots__``: no attribute of an instance can
+    stand in for :meth:`emit`, which the hooks call as the function taken at import, ``_EMIT``)."""
+
+    __slots__ = ("prefix", "fd", "seq")
 
     def __init__(self, nonce, source_fd):
         self.prefix = "\n" + _PREFIX + nonce + " "
@@ -111,6 +118,25 @@ class _Channel:
         self.seq += 1
         while data:
             data = data[_WRITE(self.fd, data):]
+
+
+_EMIT = _Channel.emit
+
+
+def _hook_files(plugin):
+    """The source files of ``plugin``'s hook functions (``pytest_*``), by their code objects: where the code
+    that pytest calls lives, whatever the plugin's ``__module__`` claims."""
+    files = set()
+    for name in dir(plugin):
+        if name.startswith("pytest_"):
+            try:
+                function = getattr(plugin, name)
+            except Exception:
+                continue
+            code = getattr(getattr(function, "__func__", function), "__code__", None)
+            if code is not None and isinstance(code.co_filename, str):
+                files.add(code.co_filename)
+    return sorted(files)
 
 
 def _file_of(obj):
@@ -126,7 +152,7 @@ if _NONCE:
     _CHANNEL = _Channel(_NONCE, _source)
     if _source != 1:
         os.close(_source)  # the private duplicate stays; children of the tests do not get the wrapper's copy
-    _CHANNEL.emit("start", pid=os.getpid(), sys_path=list(sys.path),
+    _EMIT(_CHANNEL, "start", pid=os.getpid(), sys_path=list(sys.path),
                   modules={name: _file_of(m) for name, m in sorted(sys.modules.items()) if _file_of(m)},
                   pytest=getattr(pytest, "__version__", None))
 
@@ -143,9 +169,10 @@ class _Reporter:
         self.selected = set()
         self.flagged = set()
         self.hookexec = vars(config.pluginmanager).get("_inner_hookexec")
+        self.live = False  # set once registered: the historic replay of earlier registrations is not recorded
         dist = getattr(config.option, "dist", None)  # pytest-xdist's mode, set from -n before configure
         if dist not in (None, "no"):
-            channel.emit("distributed", dist=str(dist), workers=str(getattr(config.option, "numprocesses", None)))
+            _EMIT(channel, "distributed", dist=str(dist), workers=str(getattr(config.option, "numprocesses", None)))
 
     @pytest.hookimpl(hookwrapper=True, tryfirst=True)
     def pytest_collection_modifyitems(self, session, config, items):
@@ -165,12 +192,19 @@ class _Reporter:
             self.tripwires.update(item.nodeid for item in wires)
             items.extend(wires)
 
+    def pytest_plugin_registered(self, plugin, manager):
+        """Every plugin registered after this reporter (by a conftest, or by code under test, at any time:
+        one registered and removed again between two tests is recorded too), with its hook functions' files."""
+        if self.live:
+            _EMIT(self.channel, "registered", name=str(manager.get_name(plugin)), file=_file_of(plugin),
+                  hook_files=_hook_files(plugin))
+
     def pytest_deselected(self, items):
-        self.channel.emit("deselected", ids=[item.nodeid for item in items])
+        _EMIT(self.channel, "deselected", ids=[item.nodeid for item in items])
 
     def pytest_collectreport(self, report):
         if report.failed or report.skipped:
-            self.channel.emit("collect", nodeid=report.nodeid, outcome=report.outcome)
+            _EMIT(self.channel, "collect", nodeid=report.nodeid, outcome=report.outcome)
 
     def pytest_collection_finish(self, session):
         config = self.config
@@ -180,10 +214,12 @@ class _Reporter:
         entry_points = [{"plugin": _file_of(plugin), "dist": str(getattr(dist, "_path", None) or dist)}
                         for plugin, dist in manager.list_plugin_distinfo()]
         inipath = getattr(config, "inipath", None)
-        self.channel.emit("inputs", inipath=str(inipath) if inipath else None, rootpath=str(config.rootpath),
-                          args=[str(a) for a in config.invocation_params.args], plugins=plugins,
-                          conftests=conftests, entry_points=entry_points)
-        self.channel.emit("collected", ids=[item.nodeid for item in session.items])
+        hook_files = sorted({f for _, plugin in manager.list_name_plugin() if plugin is not None
+                             for f in _hook_files(plugin)})
+        _EMIT(self.channel, "inputs", inipath=str(inipath) if inipath else None, rootpath=str(config.rootpath),
+              args=[str(a) for a in config.invocation_params.args], plugins=plugins,
+              conftests=conftests, entry_points=entry_points, hook_files=hook_files)
+        _EMIT(self.channel, "collected", ids=[item.nodeid for item in session.items])
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_protocol(self, item, nextitem):
@@ -207,17 +243,17 @@ class _Reporter:
         bad = [name for name in _replaced(_WATCHED, extra) if name not in self.flagged]
         if bad:
             self.flagged.update(bad)
-            self.channel.emit("integrity", replaced=bad)
+            _EMIT(self.channel, "integrity", replaced=bad)
 
     def pytest_runtest_logreport(self, report):
         self._integrity()
-        self.channel.emit("report", nodeid=report.nodeid, when=report.when, outcome=report.outcome,
+        _EMIT(self.channel, "report", nodeid=report.nodeid, when=report.when, outcome=report.outcome,
                           xfail=hasattr(report, "wasxfail"), rep=self.rep, duration_s=float(report.duration))
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session, exitstatus):
         self._integrity()
-        self.channel.emit("end", exitstatus=int(exitstatus), verbosity=int(getattr(self.config.option, "verbose", 0)))
+        _EMIT(self.channel, "end", exitstatus=int(exitstatus), verbosity=int(getattr(self.config.option, "verbose", 0)))
 
 
 def _watch_list():
@@ -236,7 +272,8 @@ def _watch_list():
               (_pytest.runner.CallInfo, ("from_call",)), (_pytest.python.Function, ("runtest",)),
               (_pytest.python, ("pytest_pyfunc_call",)), (_pytest.terminal.TerminalReporter,
                                                           ("pytest_runtest_logreport", "summary_stats")),
-              (_Channel, ("emit",)), (_Reporter, ("pytest_runtest_logreport", "pytest_sessionfinish")),
+              (_Channel, ("emit",)), (_Reporter, ("pytest_runtest_logreport", "pytest_sessionfinish",
+                                                   "pytest_plugin_registered")),
               (hook_caller, ("__call__", "call_historic", "_hookexec")))
     return [(owner, name, vars(owner)[name]) for owner, names in owners if owner is not None
             for name in names if name in vars(owner)]
@@ -254,7 +291,9 @@ def pytest_configure(config):
     global _CHANNEL
     if _CHANNEL is not None:
         channel, _CHANNEL = _CHANNEL, None
-        config.pluginmanager.register(_Reporter(config, channel), "forgeflow-verifier-reporter")
+        reporter = _Reporter(config, channel)
+        config.pluginmanager.register(reporter, "forgeflow-verifier-reporter")
+        reporter.live = True
 
 
 _WATCHED = _watch_list() if _NONCE else []

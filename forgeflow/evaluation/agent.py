@@ -17,8 +17,9 @@ One agent trial (Harbor's and SWE-bench's shape):
    ``/testbed`` (without ``.git``) copied out from the host (:func:`forgeflow.sandbox.tree.export_tree`),
    and the verifier's git diffs it against the pristine image; the trajectory's ``info.submission`` is
    then that diff. New files the task would read (a scratch ``test_*.py``, a ``conftest.py``) are removed
-   before the tests run. On Kubernetes, ``git diff`` in the pod with hardened options. A container that
-   vanished before its tree was taken is an infrastructure exception, never reward 0.
+   before the tests run. On Kubernetes the same ``tar`` runs in the agent pod's ``tree`` sidecar (the
+   pristine image, the repository on a shared volume). A container or pod that vanished before its tree
+   was taken is an infrastructure exception, never reward 0.
 3. **verifier** — :func:`forgeflow.sandbox.scoring.verify_submission`: a fresh container of the pristine
    task image (nothing the agent did in its own container carries over), the submission put in place
    and judged on git's own list of what changed (changes to the task's tests, conftest, test
@@ -80,7 +81,7 @@ from forgeflow.evaluation.mswea import (
     supervised_agent_class,
     usage_totals,
 )
-from forgeflow.evaluation.sandbox_env import GIT_TIMEOUT_S, SandboxEnvironment, environment_config
+from forgeflow.evaluation.sandbox_env import SandboxEnvironment, environment_config
 from forgeflow.evaluation.supervision import (
     HangCheck,
     HangWatchdog,
@@ -88,7 +89,7 @@ from forgeflow.evaluation.supervision import (
 from forgeflow.sandbox.base import SandboxSpec
 from forgeflow.sandbox.dispatch import RayPlacement, run_on_ray, verify_on
 from forgeflow.sandbox.scoring import SubmissionVerdict
-from forgeflow.sandbox.tree import AGENT_GIT_DIFF, TreeTooLargeError, export_tree
+from forgeflow.sandbox.tree import TreeTooLargeError, export_tree
 from forgeflow.sandbox.trial import TrialResult, container_name, make_trial_id
 from forgeflow.sandbox.verifier import LOG_TAIL_CHARS, TaskTests
 
@@ -192,7 +193,7 @@ def _run_agent_phase(
     env = None
     try:
         env = SandboxEnvironment.start(config.sandbox_backend, env_config)
-        base_commit = env.git("rev-parse", "HEAD").strip()
+        env.git("rev-parse", "HEAD")  # the task's repository is a git work tree: fails before the agent starts
         phase.env_setup_s = time.monotonic() - t0
         agent = supervised_agent_class()(model, env, output_path=traj_path, loop_threshold=config.loop_threshold,
                                       watchdog=watchdog, **cfg["agent"])
@@ -225,7 +226,7 @@ def _run_agent_phase(
                 f"agent exceeded its {config.agent_timeout_s:.0f} s budget ({phase.agent_s:.1f} s)"
             )
         if not isinstance(phase.error, errors.ModelEndpointError):
-            _take_submission(env, base_commit, phase)
+            _take_submission(env, phase)
     except errors.ModelRequestError:  # a malformed request is a configuration bug, not an outcome
         raise
     except errors.InfraError as exc:  # sandbox broke (image missing, container or pod gone, podman failure)
@@ -245,30 +246,29 @@ def _run_agent_phase(
     return phase
 
 
-def _take_submission(env: SandboxEnvironment, base_commit: str, phase: _AgentPhase) -> None:
-    """Take the agent's submission into ``phase`` where the agent has no hand.
+def _take_submission(env: SandboxEnvironment, phase: _AgentPhase) -> None:
+    """Take the agent's submission into ``phase.tree`` where the agent has no hand.
 
     On podman the agent's tree is copied out of its stopped container from the host
-    (:func:`forgeflow.sandbox.tree.export_tree`); the verifier diffs it against the pristine image with its
-    own git. A container that vanished meanwhile is an infrastructure fault (``phase.error``), never
-    the agent's outcome. On other backends ``git diff`` runs in the agent's container with the hardened
-    options of :data:`forgeflow.sandbox.tree.AGENT_GIT_DIFF` (a failure there is the agent's outcome: it
-    broke its repository).
+    (:func:`forgeflow.sandbox.tree.export_tree`); on Kubernetes the agent's commands still running are
+    killed (:meth:`SandboxEnvironment.interrupt`, best effort: it runs the agent's own ``sh``) and the
+    same ``tar`` runs in the pod's ``tree`` sidecar, the pristine image's binaries on the shared
+    repository volume (:meth:`forgeflow.sandbox.kubernetes.KubernetesSandbox.export_tree`). Either way the
+    verifier diffs the tree against the pristine image with its own git.
+    A container or pod that vanished (or was evicted) meanwhile is an infrastructure fault
+    (``phase.error``), never the agent's outcome; a tree over the size (or time) bound is the agent's
+    (a note; graded as no change).
     """
-    if env.config.backend == "podman":
-        try:
-            phase.tree = export_tree(env.config.name)
-        except TreeTooLargeError as exc:  # the agent's own doing: graded as no change
-            phase.notes.append(f"could not take the submission: {exc}")
-        except errors.SandboxError as exc:  # the container vanished: infrastructure
-            phase.error = exc
-        return
-    result = env.sandbox.exec([*AGENT_GIT_DIFF, base_commit], timeout_s=GIT_TIMEOUT_S, workdir=env.config.cwd)
-    if result.exit_code != 0:
-        phase.notes.append(f"could not take the submission: git diff exited {result.exit_code}: "
-                           f"{result.stderr.strip()[-300:]}")
-    else:
-        phase.submission = result.stdout
+    try:
+        if env.config.backend == "podman":
+            phase.tree = export_tree(env.config.name, env.config.cwd)
+        else:
+            env.interrupt()
+            phase.tree = env.sandbox.export_tree()  # type: ignore[attr-defined]
+    except TreeTooLargeError as exc:  # the agent's own doing: graded as no change
+        phase.notes.append(f"could not take the submission: {exc}")
+    except errors.SandboxError as exc:  # the container or pod vanished: infrastructure
+        phase.error = exc
 
 
 def _record_submission(traj_path: Path, patch: str) -> None:

@@ -5,8 +5,10 @@
 :class:`forgeflow.sandbox.base.Sandbox` of the trial's backend
 (:func:`forgeflow.sandbox.backends.get_backend`: a podman container, or a Kubernetes pod through the
 API's exec subresource), the same backend choice the verifier takes. It replaces mini-swe-agent's
-``docker`` environment (driven by podman) for every backend, so the agent's commands, the submission's
-``git diff``, the hang watchdog's kill and the container's removal go through one code path.
+``docker`` environment (driven by podman) for every backend, so the agent's commands, the hang
+watchdog's kill and the container's removal go through one code path. On Kubernetes the agent's pod
+carries a ``tree`` sidecar sharing the repository (``cwd``) on a volume, where the submission is taken
+(:meth:`forgeflow.sandbox.kubernetes.KubernetesSandbox.export_tree`).
 
 What ``execute`` returns matches mini-swe-agent's ``DockerEnvironment.execute``: ``{"output",
 "returncode", "exception_info"}`` with stderr merged into ``output`` in order (``2>&1`` inside the
@@ -110,7 +112,8 @@ class SandboxEnvironment:
     @classmethod
     def start(cls, backend: "str | SandboxTarget", config: SandboxEnvironmentConfig) -> "SandboxEnvironment":
         """Start the container of ``config.image`` on ``backend`` (no network, ``config``'s memory and
-        CPU limits, named ``config.name``) and record the processes it holds before any command.
+        CPU limits, named ``config.name``) and record the processes it holds before any command. On
+        Kubernetes the pod shares ``config.cwd`` with a ``tree`` sidecar (``tree_repo``) for the submission.
 
         Args:
             backend: a kind (``podman``, ``kubernetes``) or a :class:`~forgeflow.sandbox.backends.SandboxTarget`
@@ -124,7 +127,9 @@ class SandboxEnvironment:
             SandboxError: the container could not start (nothing is left running).
         """
         spec = SandboxSpec(memory_mb=config.memory_mb, cpus=config.cpus, network=False)
-        sandbox = get_backend(backend)(config.image, spec, config.name)
+        # on Kubernetes the repository is shared with a tree sidecar, where the agent's tree is taken
+        extra = {"tree_repo": config.cwd} if backend_kind(backend) == "kubernetes" else {}
+        sandbox = get_backend(backend)(config.image, spec, config.name, **extra)
         sandbox.start()
         try:
             listed = sandbox.exec(["sh", "-c", _LIST_PIDS], timeout_s=GIT_TIMEOUT_S)

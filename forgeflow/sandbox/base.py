@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Callable, Mapping
+import subprocess
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -118,6 +120,7 @@ class ExecResult(BaseModel):
         stdout_sha256: hex sha256 of the raw stdout bytes (None when a backend did not record it).
         stderr_sha256: hex sha256 of the raw stderr bytes.
         undecodable: True when either stream held bytes that are not UTF-8 (they were replaced).
+        dropped_bytes: output bytes past :data:`OUTPUT_MAX_BYTES` per stream, read and not kept.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -129,15 +132,61 @@ class ExecResult(BaseModel):
     stdout_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     stderr_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     undecodable: bool = False
+    dropped_bytes: int = Field(default=0, ge=0)
 
     @classmethod
-    def from_bytes(cls, exit_code: int, stdout: bytes, stderr: bytes, duration_s: float) -> "ExecResult":
+    def from_bytes(cls, exit_code: int, stdout: bytes, stderr: bytes, duration_s: float,
+                   dropped_bytes: int = 0) -> "ExecResult":
         """Build a result from raw output: decode with replacement, digest the bytes."""
         out, out_bad = decode_output(stdout)
         err, err_bad = decode_output(stderr)
         return cls(exit_code=exit_code, stdout=out, stderr=err, duration_s=max(0.0, duration_s),
-                   stdout_sha256=hashlib.sha256(stdout).hexdigest(),
+                   stdout_sha256=hashlib.sha256(stdout).hexdigest(), dropped_bytes=dropped_bytes,
                    stderr_sha256=hashlib.sha256(stderr).hexdigest(), undecodable=out_bad or err_bad)
+
+
+OUTPUT_MAX_BYTES = 64 << 20
+"""The most bytes of each output stream of one command kept on the host (64 MiB): a command that
+floods its output cannot exhaust the host's memory (a red-team run took a scorer to 416 MB with 300 MiB);
+the rest is read and dropped (:attr:`ExecResult.dropped_bytes`)."""
+
+
+def run_bounded(args: Sequence[str], *, timeout_s: float, env: Mapping[str, str] | None = None,
+                cwd: str | None = None, max_bytes: int = OUTPUT_MAX_BYTES) -> tuple[int, bytes, bytes, int]:
+    """Run ``args`` (stdin closed) and keep at most ``max_bytes`` of each of its output streams.
+
+    Returns:
+        ``(exit status, stdout, stderr, bytes dropped past the bound, both streams together)``.
+
+    Raises:
+        subprocess.TimeoutExpired: the process ran past ``timeout_s`` seconds (it is killed first).
+        OSError: the process could not be started.
+    """
+    proc = subprocess.Popen(list(args), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=dict(env) if env is not None else None, cwd=cwd)
+    kept: list[bytearray] = [bytearray(), bytearray()]
+    dropped = [0, 0]
+
+    def drain(index: int, pipe: object) -> None:
+        while chunk := pipe.read1(1 << 16):  # type: ignore[attr-defined]
+            room = max_bytes - len(kept[index])
+            kept[index] += chunk[:room]
+            dropped[index] += max(0, len(chunk) - room)
+
+    readers = [threading.Thread(target=drain, args=(i, pipe), daemon=True)
+               for i, pipe in enumerate((proc.stdout, proc.stderr))]
+    for reader in readers:
+        reader.start()
+    try:
+        code = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
+    finally:
+        for reader in readers:
+            reader.join(timeout=10)
+    return code, bytes(kept[0]), bytes(kept[1]), sum(dropped)
 
 
 def decode_output(raw: bytes) -> tuple[str, bool]:
@@ -156,7 +205,7 @@ class Sandbox(Protocol):
     def exec(self, command: list[str] | str, timeout_s: float, workdir: str | None = None,
              env: Mapping[str, str] | None = None) -> ExecResult: ...
 
-    def write_file(self, path: str, content: str) -> None: ...
+    def write_file(self, path: str, content: str | bytes) -> None: ...
 
     def stop(self) -> None: ...
 

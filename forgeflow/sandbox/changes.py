@@ -6,15 +6,18 @@ place in a fresh container of the pristine task image, and what it changed is th
 machine-readable output there:
 
 1. **probe** (before anything of the submission is in place): the task's interpreter prints its
-   ``sys.path`` and the top-level module names it can import from outside the repository (the
-   standard library, built-ins, site-packages): what a new module in the repository could shadow;
+   ``sys.path``, the top-level module names it can import from outside the repository (the
+   standard library, built-ins, site-packages) and every top-level name pytest's start-up looks
+   for before the verifier's report plugin is imported (found or not: ``copy`` tries ``org`` for
+   Jython): what a new module in the repository could shadow, or run as before the plugin;
 2. **base snapshot**: every file under the repository (tracked, untracked and ignored alike:
    ``git add -A -f`` into a private index, ``git write-tree``), so files the image holds outside git's
    history (build outputs, ``*.egg-info``) are part of the baseline;
 3. the submission is put in place: ``git apply`` of the diff (git decides what it accepts; a diff it
    refuses is the submission's outcome, reward 0), or the agent's tree replaces every path but ``.git``;
 4. **after snapshot**, then ``git diff-tree -r -z --no-renames --raw BASE AFTER``: every path whose
-   content, mode or type changed (additions, deletions, mode changes, symlinks), NUL-separated, and
+   content, mode or type changed (additions, deletions, mode changes, symlinks), NUL-separated and
+   sent as hex (a path's bytes stay exact, UTF-8 or not), and
    ``git diff-tree -p --binary`` of the same trees: the submission as git wrote it (what a re-score
    re-applies, and what the static screen reads the added lines of).
 
@@ -48,6 +51,7 @@ __all__ = [
     "parse_changes",
     "restore_script",
     "parse_raw_diff",
+    "os_path_bytes",
 ]
 
 GIT_ENV: dict[str, str] = {
@@ -83,8 +87,29 @@ inside = [p for p in entries if p == repo or p.startswith(repo + os.sep)]
 outside = [p for p in entries if p not in inside]
 names = set(sys.stdlib_module_names) | set(sys.builtin_module_names)
 names.update(m.name for m in pkgutil.iter_modules([p for p in outside if os.path.isdir(p)]))
+tried, mark = set(), "forgeflow_probe_mark_" + os.urandom(6).hex()
+
+
+class _Tried:  # every top-level name pytest's start-up looks for, up to where the report plugin is imported
+    done = False
+
+    def find_spec(self, name, path=None, target=None):
+        top = name.partition(".")[0]
+        if top == mark:
+            _Tried.done = True
+        elif not _Tried.done:
+            tried.add(top)
+
+
+sys.meta_path.insert(0, _Tried())
+try:  # pytest's start-up with the task's own configuration, as the test command's, to the plugin's import
+    import pytest
+    from _pytest.config import _prepareconfig
+    _prepareconfig(["-p", mark, "-p", "no:cacheprovider"])
+except BaseException:
+    pass
 print(json.dumps({"executable": sys.executable, "sys_path": entries, "repo_entries": inside,
-                  "names": sorted(names)}))
+                  "names": sorted(names), "startup_names": sorted(tried)}))
 '''
 
 
@@ -93,7 +118,9 @@ class Change(BaseModel):
 
     Attributes:
         status: ``A`` added, ``M`` modified (content or mode), ``D`` deleted, ``T`` type changed.
-        path: repository-relative POSIX path (as git stores it: bytes that are not UTF-8 replaced).
+        path: repository-relative POSIX path, for rules and people: bytes that are not UTF-8 written as
+            ``\\xNN`` (two different paths can look alike here; :attr:`raw_path` tells them apart).
+        raw_path_hex: the path's bytes as git stores them, hex; empty: ``path`` encoded as UTF-8.
         old_mode: git's octal mode before (``000000`` for an added path).
         new_mode: after (``000000`` for a deleted path; ``120000`` a symbolic link, ``100755`` executable).
     """
@@ -102,13 +129,26 @@ class Change(BaseModel):
 
     status: ChangeStatus
     path: str = Field(min_length=1)
+    raw_path_hex: str = Field(default="", pattern=r"^([0-9a-f]{2})*$")
     old_mode: str = Field(pattern=r"^[0-7]{6}$")
     new_mode: str = Field(pattern=r"^[0-7]{6}$")
+
+    @property
+    def raw_path(self) -> bytes:
+        """The path's exact bytes (what a restore removes and checks out, what a runner's file name is
+        compared with: a directory named ``\\xff`` is not ``\\ufffd``, found by a red-team run)."""
+        return bytes.fromhex(self.raw_path_hex) if self.raw_path_hex else self.path.encode("utf-8")
 
     @property
     def is_symlink(self) -> bool:
         """True when the path is a symbolic link after the change."""
         return self.new_mode == "120000"
+
+
+def os_path_bytes(path: str) -> bytes:
+    """A file name as Python's ``os`` functions give it (undecodable bytes as lone surrogates, PEP 383) as
+    the bytes on disk, comparable with :attr:`Change.raw_path`."""
+    return path.encode("utf-8", errors="surrogateescape")
 
 
 class RunnerProbe(BaseModel):
@@ -120,6 +160,11 @@ class RunnerProbe(BaseModel):
         repo_entries: the entries at or under the repository (where a new file becomes a module).
         names: top-level module names importable from outside the repository: the standard
             library, built-ins and every module or package in the other ``sys.path`` entries.
+        startup_names: every top-level name the interpreter looked for while pytest started with the
+            task's configuration, up to where the verifier's report plugin is imported (a meta-path
+            finder that records and finds nothing): a new module of such a name in the repository
+            would run before the plugin (a red-team run: a new ``org`` package, which ``copy`` tries
+            to import, patched pytest before the plugin's integrity snapshot).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -128,6 +173,7 @@ class RunnerProbe(BaseModel):
     sys_path: list[str] = Field(default_factory=list)
     repo_entries: list[str] = Field(default_factory=list)
     names: frozenset[str] = Field(default_factory=frozenset)
+    startup_names: frozenset[str] = Field(default_factory=frozenset)
 
 
 class TreeChanges(BaseModel):
@@ -141,6 +187,9 @@ class TreeChanges(BaseModel):
         changes: every changed path, in git's order.
         patch: ``git diff-tree -p --binary`` of the two snapshots (the submission as git wrote it).
         probe: the interpreter's measured import paths (:class:`RunnerProbe`).
+        put_failure: with ``applied=False``, the submission's own limit hit while it was put in place
+            (``timeout``, ``oom``, ``pids_limit``: its patch inflated past the memory limit, ...); empty
+            when git refused it or it was put in place.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -152,6 +201,7 @@ class TreeChanges(BaseModel):
     changes: list[Change] = Field(default_factory=list)
     patch: str = ""
     probe: RunnerProbe = Field(default_factory=RunnerProbe)
+    put_failure: str = ""
 
     @property
     def paths(self) -> list[str]:
@@ -159,7 +209,8 @@ class TreeChanges(BaseModel):
         return sorted(c.path for c in self.changes)
 
 
-def changes_script(repo: str, nonce: str, *, patch_path: str | None = None, tree_path: str | None = None) -> str:
+def changes_script(repo: str, nonce: str, *, patch_path: str | None = None, tree_path: str | None = None,
+                   part: Literal["all", "base", "put"] = "all") -> str:
     """The bash script that probes the interpreter, snapshots ``repo``, puts the submission in place and
     prints what git saw change, each part after a line ``@@FF-<nonce> <part>@@`` (:func:`parse_changes`).
 
@@ -169,14 +220,20 @@ def changes_script(repo: str, nonce: str, *, patch_path: str | None = None, tree
         patch_path: a diff to ``git apply`` (removed after); None: no diff.
         tree_path: a tar of the agent's work tree to put in place of every path but ``.git`` (removed
             after); None: no tree. At most one of ``patch_path`` and ``tree_path``.
+        part: ``all``; or ``base`` (the probe and the pristine snapshot: nothing of the submission's
+            runs) then ``put`` (the submission put in place and listed), two runs in the same sandbox
+            with the same nonce: a limit hit in ``put`` is the submission's doing (its patch inflates
+            past the memory limit, ...), one in ``base`` the sandbox's.
 
     Raises:
-        InputError: both a patch and a tree, or a nonce that is not hex.
+        InputError: both a patch and a tree, a nonce that is not hex, or an unknown part.
     """
     if patch_path and tree_path:
         raise errors.InputError("changes_script takes a patch or a tree, not both")
     if not re.fullmatch(r"[0-9a-f]{8,64}", nonce):
         raise errors.InputError(f"nonce must be 8-64 lowercase hex, got {nonce!r}")
+    if part not in ("all", "base", "put"):
+        raise errors.InputError(f"part must be all, base or put, got {part!r}")
     env = " ".join(f"{k}={v}" for k, v in GIT_ENV.items())
     folder = f"/tmp/forgeflow-changes-{nonce}"
     put = ":"
@@ -189,14 +246,15 @@ def changes_script(repo: str, nonce: str, *, patch_path: str | None = None, tree
                f'rc=$?; rm -f "{tree_path}"\n'
                'if [ "$rc" -ne 0 ]; then mark treefail; tail -c 4000 "$d/tar.log"; exit 0; fi\n'
                "chmod -R u+rwX . 2>/dev/null")
-    return f"""cd {repo} || exit 126
+    head = f"""cd {repo} || exit 126
 export {env}
 unset GIT_DIR GIT_WORK_TREE GIT_INDEX_FILE GIT_EXTERNAL_DIFF GIT_DIFF_OPTS GIT_CEILING_DIRECTORIES
 d={folder}; mkdir -p "$d" || exit 125
 g() {{ {_GIT} "$@"; }}
 mark() {{ printf '\\n@@FF-{nonce} %s@@\\n' "$1"; }}
 snap() {{ GIT_INDEX_FILE="$d/index" g add -A -f -- . >"$d/add.log" 2>&1 && GIT_INDEX_FILE="$d/index" g write-tree; }}
-gd=$(g rev-parse --absolute-git-dir) && mkdir -p "$gd/info" && printf '%s\\n' '{NEUTRAL_ATTRIBUTES}' \\
+"""
+    base = f"""gd=$(g rev-parse --absolute-git-dir) && mkdir -p "$gd/info" && printf '%s\\n' '{NEUTRAL_ATTRIBUTES}' \\
   > "$gd/info/attributes" || exit 125
 mark probe
 python3 - <<'FORGEFLOW_PROBE_{nonce}' 2>/dev/null
@@ -204,14 +262,19 @@ python3 - <<'FORGEFLOW_PROBE_{nonce}' 2>/dev/null
 FORGEFLOW_PROBE_{nonce}
 [ -f .git/index ] && cp .git/index "$d/index"
 if ! base=$(snap); then mark basefail; tail -c 4000 "$d/add.log"; exit 125; fi
+printf '%s' "$base" > "$d/base" || exit 125
+"""
+    after = f"""base=$(cat "$d/base") || exit 125
 {put}
 if ! after=$(snap); then mark afterfail; tail -c 4000 "$d/add.log"; exit 0; fi
 mark trees; printf '%s %s\\n' "$base" "$after"
-mark raw; g diff-tree -r -z --no-renames --raw "$base" "$after" || exit 125
+mark raw; (set -o pipefail; g diff-tree -r -z --no-renames --raw "$base" "$after" | od -An -v -tx1 | tr -dc 0-9a-f) \\
+  || exit 125
 mark patch; g diff-tree -r -p --binary --full-index --no-renames --no-ext-diff --no-textconv --no-color \\
   "$base" "$after" || exit 125
 mark end
 """
+    return head + {"all": base + after, "base": base, "put": after}[part]
 
 
 def _parts(stdout: str, nonce: str) -> dict[str, str]:
@@ -219,27 +282,30 @@ def _parts(stdout: str, nonce: str) -> dict[str, str]:
     return {pieces[i]: pieces[i + 1] for i in range(1, len(pieces) - 1, 2)}
 
 
-def parse_raw_diff(raw: str) -> list[Change]:
+def parse_raw_diff(raw: bytes | str) -> list[Change]:
     """Parse ``git diff-tree -r -z --no-renames --raw`` output into changes.
 
-    Each record is ``:<old mode> <new mode> <old sha> <new sha> <status>`` NUL ``<path>`` NUL.
+    Each record is ``:<old mode> <new mode> <old sha> <new sha> <status>`` NUL ``<path>`` NUL. Paths
+    keep their exact bytes (:attr:`Change.raw_path`); text is read as UTF-8 with undecodable bytes
+    escaped (PEP 383).
 
     Raises:
         VerifierOutputError: a record that is not in git's raw format.
     """
-    fields = raw.split("\0")
+    fields = (raw if isinstance(raw, bytes) else raw.encode("utf-8", errors="surrogateescape")).split(b"\0")
     out: list[Change] = []
     i = 0
     while i < len(fields):
-        head = fields[i].lstrip("\n")
+        head = fields[i].lstrip(b"\n").decode("ascii", errors="replace")
         if not head:
             i += 1
             continue
         match = re.fullmatch(r":([0-7]{6}) ([0-7]{6}) [0-9a-f]+ [0-9a-f]+ ([AMDT])", head)
         if match is None or i + 1 >= len(fields):
             raise errors.VerifierOutputError(f"git diff-tree printed a record that is not git's raw format: {head!r}")
-        out.append(Change(status=match.group(3), path=fields[i + 1], old_mode=match.group(1),
-                          new_mode=match.group(2)))
+        path = fields[i + 1]
+        out.append(Change(status=match.group(3), path=path.decode("utf-8", errors="backslashreplace"),
+                          raw_path_hex=path.hex(), old_mode=match.group(1), new_mode=match.group(2)))
         i += 2
     return out
 
@@ -254,7 +320,8 @@ def _probe(text: str) -> RunnerProbe:
             return RunnerProbe(executable=str(data.get("executable", "")),
                                sys_path=[str(p) for p in data.get("sys_path", [])],
                                repo_entries=[str(p) for p in data.get("repo_entries", [])],
-                               names=frozenset(str(n) for n in data.get("names", [])))
+                               names=frozenset(str(n) for n in data.get("names", [])),
+                               startup_names=frozenset(str(n) for n in data.get("startup_names", [])))
     return RunnerProbe()
 
 
@@ -284,7 +351,12 @@ def parse_changes(stdout: str, exit_code: int, nonce: str) -> TreeChanges:
         raise errors.SandboxError(f"listing what the submission changed failed in the sandbox (exit {exit_code}; "
                                   f"evidence: {detail[-600:]!r})")
     trees = parts["trees"].split()
-    return TreeChanges(base_tree=trees[0], after_tree=trees[1], changes=parse_raw_diff(parts["raw"]),
+    try:
+        raw = bytes.fromhex(parts["raw"].strip())
+    except ValueError as exc:
+        raise errors.SandboxError(f"git's list of changed paths came back garbled (evidence: "
+                                  f"{parts['raw'][:200]!r})") from exc
+    return TreeChanges(base_tree=trees[0], after_tree=trees[1], changes=parse_raw_diff(raw),
                        patch=parts["patch"], probe=probe)
 
 

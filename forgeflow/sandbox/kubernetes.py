@@ -12,10 +12,14 @@ The pod (:func:`render_trial_pod`):
 * one container ``sandbox`` running ``sleep infinity``; the pod sets ``shareProcessNamespace: true``
   so the pod's pause process is PID 1 and reaps the zombies that exec'd commands leave behind (the
   role of ``podman run --init``). ``tini`` was not chosen because it must exist in every task image.
+  An agent's pod (``tree_repo``) differs: the repository on a volume shared with a sleeping ``tree``
+  sidecar of the same image, no shared process namespace, where :meth:`KubernetesSandbox.export_tree`
+  takes the agent's tree (:mod:`forgeflow.sandbox.kubernetes_manifests`);
 * memory and CPU requests == limits (Guaranteed QoS, the last class the kubelet evicts), plus an
   ephemeral-storage limit;
 * ``automountServiceAccountToken: false`` and ``enableServiceLinks: false``: the trial sees no API
-  token and no service addresses; no volumes at all (so no host mounts), no host network/PID/IPC;
+  token and no service addresses; no volumes (an agent's pod: one ``emptyDir``), so no host mounts,
+  no host network/PID/IPC;
 * non-privileged, no privilege escalation, RuntimeDefault seccomp, capabilities dropped to podman's
   default set (root inside the container stays, as the task images and ``/testbed`` expect);
 * labels sanitized to the label-value grammar (<= 63 chars, alphanumeric at both ends) with
@@ -40,6 +44,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -50,6 +55,7 @@ from forgeflow.sandbox.base import OOM_EXIT_CODE, ExecResult, SandboxSpec
 from forgeflow.sandbox.kubernetes_manifests import (
     _DNS_LABEL_RE,
     CONTAINER_NAME,
+    TREE_CONTAINER_NAME,
     TRIAL_SELECTOR,
     KubernetesSandboxSpec,
     _pod_ready,
@@ -57,9 +63,22 @@ from forgeflow.sandbox.kubernetes_manifests import (
     pod_status_to_exception,
     render_trial_pod,
 )
+from forgeflow.sandbox.tree import TREE_MAX_BYTES, TREE_TIMEOUT_S, TreeTooLargeError, tree_tar_argv
 
 STDIN_FRAME_BYTES = 256 * 1024
 """Bytes of file content per stdin frame of :meth:`KubernetesSandbox.write_file`."""
+
+
+@dataclass(frozen=True)
+class _Streamed:
+    """What one exec stream gave: the exit code (None: the stream ended without a status), the raw
+    bytes of stdout and stderr, seconds, and whether stdout was cut at the caller's byte cap."""
+
+    exit_code: int | None
+    stdout: bytes
+    stderr: bytes
+    duration_s: float
+    truncated: bool = False
 
 
 # --- the sandbox ---------------------------------------------------------------------------------
@@ -142,6 +161,8 @@ class KubernetesSandbox:
         connection: the kubeconfig and context (None: in-cluster, else the default kubeconfig and its
             current context), the start timeout and the status poll interval
             (:class:`KubernetesConnection`; None: its defaults).
+        tree_repo: an agent's pod: the repository (``/testbed``) on a volume shared with a sleeping
+            ``tree`` sidecar, for :meth:`export_tree`; None (verifier pods): one container.
 
     Raises (from :meth:`start`/:meth:`exec`):
         ImageNotFoundError / RegistryUnavailableError: the image cannot be pulled.
@@ -160,13 +181,16 @@ class KubernetesSandbox:
         instance_id: str | None = None,
         trial_id: str | None = None,
         connection: KubernetesConnection | None = None,
+        tree_repo: str | None = None,
     ) -> None:
         if isinstance(spec, SandboxSpec):
             spec = KubernetesSandboxSpec.from_sandbox_spec(spec)
         self.spec = spec or KubernetesSandboxSpec()
         self.image = image
         fallback = name or f"ff-{uuid.uuid4().hex[:12]}"
-        self.manifest = render_trial_pod(instance_id or fallback, trial_id or fallback, image, self.spec)
+        self.tree_repo = tree_repo
+        self.manifest = render_trial_pod(instance_id or fallback, trial_id or fallback, image, self.spec,
+                                         tree_repo=tree_repo)
         if name is not None:
             if len(name) > 63 or not _DNS_LABEL_RE.match(name):
                 raise errors.InputError(f"pod name {name!r} is not a DNS label of <= 63 chars")
@@ -289,6 +313,30 @@ class KubernetesSandbox:
     def _exec(self, argv: list[str], timeout_s: float, stdin: bytes | None = None) -> ExecResult:
         """:meth:`exec` of ``argv``, with ``stdin`` sent on the stdin channel (the command must stop
         reading by itself: ``v4.channel.k8s.io`` cannot close a channel)."""
+        got = self._stream(argv, timeout_s, stdin=stdin)
+        if got.exit_code is None:
+            self._raise_if_pod_broken()
+            raise errors.SandboxError(f"exec in pod {self.name} ended without an exit status")
+        if got.exit_code != 0:  # evicted, OOMKilled or deleted while it ran: the pod status says so
+            self._raise_if_pod_broken()
+        if got.exit_code == OOM_EXIT_CODE:
+            evidence = self._oom_kill_evidence()
+            if evidence is not None:
+                raise errors.SandboxOOMError(
+                    f"command {argv!r} in pod {self.name} was OOM-killed (exit 137, memory limit "
+                    f"{self.spec.memory_mb} MiB; evidence: {evidence})"
+                )
+        return ExecResult.from_bytes(got.exit_code, got.stdout, got.stderr, got.duration_s)
+
+    def _stream(self, argv: list[str], timeout_s: float, *, stdin: bytes | None = None,
+                container: str = CONTAINER_NAME, max_stdout_bytes: int | None = None) -> _Streamed:
+        """Run ``argv`` in ``container`` through the exec subresource and collect its raw output
+        (the client in binary mode: bytes as the command wrote them).
+
+        Raises:
+            SandboxError: the exec could not start (the pod status is read first: evicted, gone).
+            VerifierTimeoutError: ``timeout_s`` passed (the stream is closed; the process dies with the pod).
+        """
         from kubernetes.stream import stream
 
         if not self._created:
@@ -298,18 +346,19 @@ class KubernetesSandbox:
             with self._api_lock:  # the connect only: the stream itself has a websocket of its own
                 resp = stream(
                     self.api.connect_get_namespaced_pod_exec, self.name, self.namespace,
-                    command=argv, container=CONTAINER_NAME,
+                    command=argv, container=container, binary=True,
                     stdin=stdin is not None, stdout=True, stderr=True, tty=False, _preload_content=False,
                 )
         except Exception as exc:
             self._raise_if_pod_broken()
-            raise errors.SandboxError(f"exec in pod {self.name} failed: {exc}") from exc
-        out: list[str] = []
-        err: list[str] = []
+            raise errors.SandboxError(f"exec in pod {self.name} (container {container}) failed: {exc}") from exc
+        out: list[bytes] = []
+        err: list[bytes] = []
+        size, truncated, exit_code = 0, False, None
         try:
             for i in range(0, len(stdin or b""), STDIN_FRAME_BYTES):
                 resp.write_stdin(stdin[i : i + STDIN_FRAME_BYTES])  # type: ignore[index]
-            while resp.is_open():
+            while resp.is_open() and not truncated:
                 remaining = timeout_s - (time.monotonic() - t0)
                 if remaining <= 0:
                     raise errors.VerifierTimeoutError(
@@ -318,29 +367,59 @@ class KubernetesSandbox:
                 resp.update(timeout=min(remaining, 1.0))
                 if resp.peek_stdout():
                     out.append(resp.read_stdout())
+                    size += len(out[-1])
+                    truncated = max_stdout_bytes is not None and size > max_stdout_bytes
                 if resp.peek_stderr():
                     err.append(resp.read_stderr())
-            try:
-                exit_code = resp.returncode
-            except (KeyError, IndexError, TypeError, ValueError, AttributeError):
-                exit_code = None  # a status without an exit code: the stream broke, not the command
+            if not truncated:
+                try:
+                    exit_code = resp.returncode
+                except (KeyError, IndexError, TypeError, ValueError, AttributeError):
+                    exit_code = None  # a status without an exit code: the stream broke, not the command
         finally:
             resp.close()
-        if exit_code is None:
-            self._raise_if_pod_broken()
-            raise errors.SandboxError(f"exec in pod {self.name} ended without an exit status")
-        duration_s = time.monotonic() - t0
-        if exit_code != 0:  # evicted, OOMKilled or deleted while it ran: the pod status says so
-            self._raise_if_pod_broken()
-        if exit_code == OOM_EXIT_CODE:
-            evidence = self._oom_kill_evidence()
-            if evidence is not None:
-                raise errors.SandboxOOMError(
-                    f"command {argv!r} in pod {self.name} was OOM-killed (exit 137, memory limit "
-                    f"{self.spec.memory_mb} MiB; evidence: {evidence})"
-                )
-        # the client hands decoded text: digests are of its UTF-8 re-encoding
-        return ExecResult.from_bytes(exit_code, "".join(out).encode(), "".join(err).encode(), duration_s)
+        return _Streamed(exit_code, b"".join(out), b"".join(err), time.monotonic() - t0, truncated)
+
+    def export_tree(self, max_bytes: int = TREE_MAX_BYTES, timeout_s: float = TREE_TIMEOUT_S) -> bytes:
+        """The agent's tree as a tar archive, taken in the pod's ``tree`` sidecar where the agent has no hand.
+
+        The Kubernetes twin of :func:`forgeflow.sandbox.tree.export_tree`: the same ``tar``
+        (:func:`forgeflow.sandbox.tree.tree_tar_argv`) of ``tree_repo`` on the volume the agent's
+        container shares, run with the pristine image's binaries in a container the agent's shares no
+        process namespace with. Exercised against the loopback fake of the API, not a cluster.
+
+        Args:
+            max_bytes: the most bytes of tar taken.
+            timeout_s: seconds the ``tar`` may take.
+
+        Returns:
+            The tar archive (members relative to the repository: ``./calc.py``, ...).
+
+        Raises:
+            InputError: the pod was made without ``tree_repo`` (no sidecar).
+            SandboxError: the pod is gone, evicted or failed, or the sidecar cannot run ``tar``
+                (infrastructure, never the agent's outcome).
+            TreeTooLargeError: the tree is over ``max_bytes``, or its ``tar`` took over ``timeout_s``
+                while the pod stayed healthy (the agent's outcome).
+        """
+        if self.tree_repo is None:
+            raise errors.InputError(f"pod {self.name} has no tree sidecar (made without tree_repo)")
+        self._raise_if_tree_broken()  # gone (404), evicted, failed: before any exec
+        try:
+            got = self._stream(tree_tar_argv(self.tree_repo), timeout_s, container=TREE_CONTAINER_NAME,
+                               max_stdout_bytes=max_bytes)
+        except errors.VerifierTimeoutError as exc:
+            self._raise_if_tree_broken()
+            raise TreeTooLargeError(f"the agent's tree {self.tree_repo} took over {timeout_s:.0f} s to archive "
+                                    f"(pod {self.name} healthy)") from exc
+        if got.truncated:
+            raise TreeTooLargeError(f"the agent's tree {self.tree_repo} is over {max_bytes} bytes of tar")
+        if got.exit_code not in (0, 1):  # 1: a file changed while read
+            self._raise_if_tree_broken()
+            raise errors.SandboxError(f"tar of the agent's tree in pod {self.name} (container "
+                                      f"{TREE_CONTAINER_NAME}) exited {got.exit_code}: "
+                                      f"{got.stderr.decode(errors='replace').strip()[-300:]}")
+        return got.stdout
 
     def _oom_kill_evidence(self) -> str | None:
         """A new ``oom_kill`` count in the container's memory cgroup since the last check, or None."""
@@ -358,10 +437,28 @@ class KubernetesSandbox:
         if problem is not None:
             raise problem
 
-    def write_file(self, path: str, content: str) -> None:
-        """Write a text file inside the container in one exec: its bytes sent on the stdin channel to
-        ``head -c <size>``, which stops at the size (``v4.channel.k8s.io`` has no end-of-stdin)."""
-        data = content.encode()
+    def _raise_if_tree_broken(self) -> None:
+        """SandboxError when the pod is gone, evicted or past its deadline, or its tree sidecar is not
+        running; the agent's own container may have ended (its tree is on the volume all the same)."""
+        status = self._read_status()
+        others = [cs for cs in status.get("containerStatuses") or [] if cs.get("name") != CONTAINER_NAME]
+        problem = pod_status_to_exception({**status, "containerStatuses": others})
+        if problem is not None:
+            raise errors.SandboxError(f"the agent's tree in pod {self.name} cannot be taken: "
+                                      f"{type(problem).__name__}: {problem}") from problem
+        tree = next((cs for cs in others if cs.get("name") == TREE_CONTAINER_NAME), {})
+        if "running" not in (tree.get("state") or {}):
+            raise errors.SandboxError(f"the tree sidecar of pod {self.name} is not running: {tree.get('state')}")
+
+    def write_file(self, path: str, content: str | bytes) -> None:
+        """Write a file (text as UTF-8, or bytes as they are) inside the container in one exec: its bytes
+        sent on the stdin channel to ``head -c <size>``, which stops at the size (``v4.channel.k8s.io``
+        has no end-of-stdin).
+
+        Raises:
+            SandboxError: the write failed (its stderr in the message) or the pod broke.
+        """
+        data = content.encode() if isinstance(content, str) else bytes(content)
         result = self._exec(["sh", "-c", 'head -c "$2" > "$1"', "sh", path, str(len(data))], timeout_s=120,
                             stdin=data)
         if result.exit_code != 0:

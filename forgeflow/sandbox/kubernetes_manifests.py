@@ -1,11 +1,29 @@
 """Kubernetes manifests of trials, validated with the official client's models, and pod statuses
 read as exceptions.
 
-:func:`render_trial_pod` (one pod per trial from the task image, labels, limits, a deadline),
+:func:`render_trial_pod` (one pod per trial from the task image, labels, limits, a deadline; for an
+agent's pod, a tree sidecar: see below),
 :func:`render_network_policy` (egress denied to trial pods), :func:`validate_manifest` (every field
 known to the ``kubernetes`` client's models) and :func:`pod_status_to_exception` (OOMKilled,
 Evicted, ImagePullBackOff, ... as forgeflow's exceptions, each naming the status it read). The
 sandbox that creates the pods is :mod:`forgeflow.sandbox.kubernetes`.
+
+**The agent's pod** (``tree_repo`` given) takes the agent's submission where the agent has no hand,
+as podman's ``export_tree`` does from the host (:mod:`forgeflow.sandbox.tree`). The repository lives
+on an ``emptyDir`` volume, filled from the image by an init container (``cp -a``: modes, owners,
+times, links and ``.git`` kept), mounted at ``tree_repo`` in the agent's container (it sees the repo
+as before) and read-only in a second container, ``tree``, from the same pristine image, which only
+sleeps; after the agent, forgeflow runs ``tar`` there (the exec API's ``container``). That pod does
+**not** share its process namespace: with ``shareProcessNamespace`` the agent's root could signal the
+sidecar's processes and write the sidecar's root file system through ``/proc/<pid>/root`` (measured
+under podman with a shared PID namespace), so the agent's container reaps its own orphans with a
+shell as PID 1 (:data:`AGENT_INIT_SCRIPT`). Requests == limits in every container (Guaranteed QoS):
+the init container takes the agent's quantities (a pod's request is the larger of its init
+containers' and the sum of its containers': no extra), the sidecar :data:`TREE_CPU_M` /
+:data:`TREE_MEMORY_MB`. Capabilities beyond ``drop: [ALL]`` (all within the PodSecurity *baseline*
+profile): the init container ``CHOWN DAC_OVERRIDE FOWNER FSETID`` (a faithful copy of files any user
+owns; it runs before the agent, nothing else runs there), the sidecar ``DAC_OVERRIDE`` on a read-only
+mount (it reads files the agent made unreadable to itself).
 """
 
 from __future__ import annotations
@@ -20,7 +38,39 @@ from forgeflow.common.names import sanitize_name
 from forgeflow.sandbox.base import SandboxSpec
 
 CONTAINER_NAME = "sandbox"
-"""Name of the one container of a trial pod (the exec target)."""
+"""Name of the container of a trial pod that runs the trial's commands (the exec target)."""
+
+TREE_CONTAINER_NAME = "tree"
+"""Name of an agent pod's second container: the pristine task image, sleeping; the agent's tree is read there."""
+
+REPO_INIT_CONTAINER_NAME = "repo-init"
+"""Name of an agent pod's init container that copies the repository from the image onto the shared volume."""
+
+REPO_VOLUME_NAME = "repo"
+"""Name of an agent pod's ``emptyDir`` volume holding the repository."""
+
+REPO_STAGING_PATH = "/forgeflow-repo"
+"""Where the init container mounts the repository volume (a path no task image uses)."""
+
+AGENT_INIT_SCRIPT = "while :; do sleep infinity & wait; done"
+"""PID 1 of an agent pod's container (it has its own PID namespace): the shell reaps the agent's orphans in
+``wait`` and starts ``sleep`` again if the agent kills it; signals from inside the namespace do not reach an
+init without handlers, so the agent cannot end its own container."""
+
+TREE_CPU_M = 100
+"""CPU request and limit of the tree sidecar, millicores (``tar`` of a large tree at 10m would take minutes)."""
+
+TREE_MEMORY_MB = 64
+"""Memory request and limit of the tree sidecar, MiB (``sleep`` and one ``tar``)."""
+
+TREE_EPHEMERAL_STORAGE_MB = 64
+"""Ephemeral-storage request and limit of the tree sidecar, MiB (it writes nothing)."""
+
+INIT_CAPABILITIES = ("CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID")
+"""Capabilities of the repository's init container: ``cp -a`` keeps any owner, mode and time."""
+
+TREE_CAPABILITIES = ("DAC_OVERRIDE",)
+"""Capabilities of the tree sidecar (its mount is read-only): it reads what the agent made unreadable."""
 
 
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
@@ -176,7 +226,42 @@ def _check_id(name: str, value: str) -> None:
         raise errors.InputError(f"{name} must be a non-empty string, got {value!r}")
 
 
-def render_trial_pod(instance_id: str, trial_id: str, image_ref: str, spec: KubernetesSandboxSpec) -> dict:
+def _security_context(capabilities: tuple[str, ...], read_only_root: bool = False) -> dict[str, Any]:
+    return {
+        "privileged": False,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"], **({"add": list(capabilities)} if capabilities else {})},
+        **({"readOnlyRootFilesystem": True} if read_only_root else {}),
+    }
+
+
+def _tree_parts(image_ref: str, spec: KubernetesSandboxSpec, repo: str, quantities: dict[str, str]) -> dict[str, Any]:
+    """The init container, sidecar and volume an agent's pod adds (see the module docstring)."""
+    if not repo.startswith("/") or repo.rstrip("/") == "" or any(ch.isspace() for ch in repo) or ".." in repo:
+        raise errors.InputError(f"tree_repo {repo!r} must be an absolute directory other than / (no spaces, no ..)")
+    tiny = {"cpu": f"{TREE_CPU_M}m", "memory": f"{TREE_MEMORY_MB}Mi",
+            "ephemeral-storage": f"{TREE_EPHEMERAL_STORAGE_MB}Mi"}
+    return {
+        "initContainers": [{
+            "name": REPO_INIT_CONTAINER_NAME, "image": image_ref, "imagePullPolicy": "IfNotPresent",
+            "command": ["cp", "-a", f"{repo.rstrip('/')}/.", f"{REPO_STAGING_PATH}/"],
+            "resources": {"requests": dict(quantities), "limits": dict(quantities)},
+            "securityContext": _security_context(INIT_CAPABILITIES),
+            "volumeMounts": [{"name": REPO_VOLUME_NAME, "mountPath": REPO_STAGING_PATH}],
+        }],
+        "sidecar": {
+            "name": TREE_CONTAINER_NAME, "image": image_ref, "imagePullPolicy": "IfNotPresent",
+            "command": ["sleep", "infinity"],
+            "resources": {"requests": dict(tiny), "limits": dict(tiny)},
+            "securityContext": _security_context(TREE_CAPABILITIES, read_only_root=True),
+            "volumeMounts": [{"name": REPO_VOLUME_NAME, "mountPath": repo, "readOnly": True}],
+        },
+        "volumes": [{"name": REPO_VOLUME_NAME, "emptyDir": {"sizeLimit": f"{spec.ephemeral_storage_mb}Mi"}}],
+    }
+
+
+def render_trial_pod(instance_id: str, trial_id: str, image_ref: str, spec: KubernetesSandboxSpec,
+                     tree_repo: str | None = None) -> dict:
     """Render the Pod manifest of one trial (see the module docstring for every choice).
 
     Args:
@@ -184,13 +269,17 @@ def render_trial_pod(instance_id: str, trial_id: str, image_ref: str, spec: Kube
         trial_id: the trial's id (unique per trial; sanitized into the name and a label).
         image_ref: the task image, e.g. ``registry.example/task-03:lane1-<hash>`` or ``...@sha256:...``.
         spec: namespace, resources, pull secret, labels.
+        tree_repo: an agent's pod: the repository (``/testbed``) moves onto a volume shared with a
+            sleeping ``tree`` sidecar of the same image, where the agent's tree is taken (module
+            docstring). None (verifier pods): one container, no volume.
 
     Returns:
         A JSON-able dict in the API's camelCase form (``kubectl apply -f`` or
         ``CoreV1Api.create_namespaced_pod(body=...)``); validated by :func:`validate_manifest`.
 
     Raises:
-        InputError: an empty id or image reference, or one containing whitespace.
+        InputError: an empty id or image reference, or one containing whitespace; a ``tree_repo``
+            that is not an absolute directory other than ``/``.
     """
     _check_id("instance_id", instance_id)
     _check_id("trial_id", trial_id)
@@ -229,15 +318,19 @@ def render_trial_pod(instance_id: str, trial_id: str, image_ref: str, spec: Kube
                 "imagePullPolicy": "IfNotPresent",
                 "command": ["sleep", "infinity"],
                 "resources": {"requests": dict(quantities), "limits": dict(quantities)},
-                "securityContext": {
-                    "privileged": False,
-                    "allowPrivilegeEscalation": False,
-                    "capabilities": {"drop": ["ALL"],
-                                     **({"add": list(spec.capabilities)} if spec.capabilities else {})},
-                },
+                "securityContext": _security_context(tuple(spec.capabilities)),
             }
         ],
     }
+    if tree_repo is not None:
+        tree = _tree_parts(image_ref, spec, tree_repo, quantities)
+        pod_spec["shareProcessNamespace"] = False  # the agent must not reach the sidecar's processes
+        main = pod_spec["containers"][0]
+        main["command"] = ["sh", "-c", AGENT_INIT_SCRIPT]
+        main["volumeMounts"] = [{"name": REPO_VOLUME_NAME, "mountPath": tree_repo}]
+        pod_spec["containers"].append(tree["sidecar"])
+        pod_spec["initContainers"] = tree["initContainers"]
+        pod_spec["volumes"] = tree["volumes"]
     if spec.image_pull_secret:
         pod_spec["imagePullSecrets"] = [{"name": spec.image_pull_secret}]
     return {
@@ -324,9 +417,11 @@ def pod_status_to_exception(pod_status: dict) -> errors.InfraError | None:
         its last state); ``RegistryUnavailableError`` (an image pull failing because the registry is
         unreachable or throttling: transient); ``ImageNotFoundError`` (``ErrImagePull``,
         ``ImagePullBackOff``, ``InvalidImageName``); ``SandboxError`` (``CreateContainerConfigError``
-        and the other container-creation failures, a pod ``Failed``, or a ``Succeeded`` pod: its
-        ``sleep infinity`` ended); None while the pod is Pending without such a reason (scheduling,
-        pulling) or Running. The message carries the kubelet's reason and message.
+        and the other container-creation failures, a pod ``Failed`` (naming a failed init container),
+        a ``Succeeded`` pod: its ``sleep infinity`` ended, or one container of a ``Running`` pod
+        terminated: an agent pod's tree sidecar or the agent's container); None while the pod is
+        Pending without such a reason (scheduling, pulling) or Running. The message carries the
+        kubelet's reason and message.
 
     Raises:
         InputError: ``pod_status`` is not a dict.
@@ -357,18 +452,28 @@ def pod_status_to_exception(pod_status: dict) -> errors.InfraError | None:
         if w_reason in CONTAINER_BROKEN_REASONS:
             return errors.SandboxError(f"container {cs.get('name')!r} cannot run ({w_reason}): {w_message}")
     if phase == "Failed":
-        return errors.SandboxError(f"pod failed ({reason or 'no reason'}): {message}")
+        failed_init = [f"{cs.get('name')!r} exited {t.get('exitCode')} ({t.get('reason')}): {t.get('message') or ''}"
+                       for cs in status.get("initContainerStatuses") or []
+                       if (t := (cs.get("state") or {}).get("terminated") or {}) and t.get("exitCode")]
+        return errors.SandboxError(f"pod failed ({reason or 'no reason'}): {message}"
+                                   + "".join(f"; init container {f}" for f in failed_init))
     if phase == "Succeeded":
         return errors.SandboxError("pod succeeded: its sleep infinity ended, the sandbox is gone")
+    if phase == "Running":  # a pod of two containers runs on when one ends: each must sleep forever
+        for cs in status.get("containerStatuses") or []:
+            terminated = (cs.get("state") or {}).get("terminated")
+            if terminated:
+                return errors.SandboxError(f"container {cs.get('name')!r} of the running pod terminated "
+                                           f"(exit {terminated.get('exitCode')}, {terminated.get('reason')})")
     return None
 
 
 def _pod_ready(status: dict) -> bool:
+    """Running, and every container (the trial's, an agent pod's tree sidecar) ready."""
     if status.get("phase") != "Running":
         return False
-    return any(
-        cs.get("name") == CONTAINER_NAME and cs.get("ready") for cs in status.get("containerStatuses") or []
-    )
+    statuses = status.get("containerStatuses") or []
+    return any(cs.get("name") == CONTAINER_NAME for cs in statuses) and all(cs.get("ready") for cs in statuses)
 
 
 _PRIMITIVES = {"str": str, "int": int, "float": (int, float), "bool": bool}

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from forgeflow.common import errors
 from forgeflow.common.settings import tool_env
-from forgeflow.sandbox.base import OOM_EXIT_CODE, ExecResult, SandboxSpec
+from forgeflow.sandbox.base import OOM_EXIT_CODE, ExecResult, SandboxSpec, run_bounded
 from forgeflow.sandbox.podman_layers import NAME_ANNOTATION, container_exit_code, end_orphans, sweep_containers
 
 _PIDS_MAX_EVENT = re.compile(r"^max (\d+)$", re.MULTILINE)
@@ -239,7 +239,7 @@ class PodmanSandbox:
         pids_before, oom_before = self._pids_max_events(), self._oom_kills()
         t0 = time.monotonic()
         try:
-            proc = subprocess.run(args, capture_output=True, env=tool_env(), timeout=timeout_s, cwd=conmon_cwd())
+            code, out, err, dropped = run_bounded(args, env=tool_env(), timeout_s=timeout_s, cwd=conmon_cwd())
         except subprocess.TimeoutExpired as exc:
             # the runaway process tree dies with the container in stop()
             self._check_pids_limit(pids_before, argv)
@@ -251,9 +251,9 @@ class PodmanSandbox:
             raise errors.SandboxError(f"podman exec in {self.name} could not be started: {exc} "
                                       f"(command of {sum(len(a) for a in args)} characters)") from exc
         duration = time.monotonic() - t0
-        self._check_oom(oom_before, argv, proc.returncode)
+        self._check_oom(oom_before, argv, code)
         self._check_pids_limit(pids_before, argv)
-        return ExecResult.from_bytes(proc.returncode, proc.stdout, proc.stderr, duration)
+        return ExecResult.from_bytes(code, out, err, duration, dropped)
 
     def write_file(self, path: str, content: str | bytes) -> None:
         """Write a file inside the container (``podman exec -i ... cat``; text as UTF-8, bytes as given,

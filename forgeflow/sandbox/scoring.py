@@ -36,7 +36,7 @@ from forgeflow.common import errors
 from forgeflow.common.names import sanitize_name
 from forgeflow.sandbox.backends import SandboxTarget, get_backend
 from forgeflow.sandbox.base import Sandbox, SandboxSpec
-from forgeflow.sandbox.changes import TreeChanges, changes_script, parse_changes, restore_script
+from forgeflow.sandbox.changes import TreeChanges, changes_script, os_path_bytes, parse_changes, restore_script
 from forgeflow.sandbox.grading import grade_resolved
 from forgeflow.sandbox.submission import (
     SCREEN_POLICIES,
@@ -55,7 +55,9 @@ PRISTINE_FRACTION = 0.5
 run that overruns is then the submission's doing without a pristine re-run."""
 
 CHANGES_TIMEOUT_S = 600.0
-"""Seconds listing what the submission changed may take (two snapshots of the repository)."""
+"""Seconds each half of listing what the submission changed may take (the probe and pristine snapshot;
+the submission put in place, the second snapshot and git's lists): over it in the second half is the
+submission's own timeout."""
 
 SUBMISSION_FAILURES: dict[type[BaseException], str] = {
     errors.VerifierTimeoutError: "timeout",
@@ -101,19 +103,22 @@ def _put_in_place(sandbox: Sandbox, submission: str, tree: bytes | None) -> Tree
     nonce = uuid.uuid4().hex[:16]
     patch_path = tree_path = None
     if tree is not None:
-        from forgeflow.sandbox.podman import PodmanSandbox
-
-        if not isinstance(sandbox, PodmanSandbox):
-            raise errors.InputError(f"an agent's tree can be verified only in a podman sandbox, not in "
-                                    f"{type(sandbox).__name__}")
         sandbox.write_file(TREE_PATH_IN_SANDBOX, tree)
         tree_path = TREE_PATH_IN_SANDBOX
     elif submission.strip():
         sandbox.write_file(SUBMISSION_PATH_IN_SANDBOX, submission if submission.endswith("\n") else submission + "\n")
         patch_path = SUBMISSION_PATH_IN_SANDBOX
-    res = sandbox.exec(changes_script(TESTBED, nonce, patch_path=patch_path, tree_path=tree_path),
-                       timeout_s=CHANGES_TIMEOUT_S, workdir=TESTBED, env=VERIFIER_ENV)
-    return parse_changes(res.stdout, res.exit_code, nonce)
+    base = sandbox.exec(changes_script(TESTBED, nonce, part="base"), timeout_s=CHANGES_TIMEOUT_S, workdir=TESTBED,
+                        env=VERIFIER_ENV)  # nothing of the submission's yet: a limit hit here is the sandbox's
+    if base.exit_code != 0:
+        return parse_changes(base.stdout, base.exit_code, nonce)  # raises SandboxError with the evidence
+    try:
+        put = sandbox.exec(changes_script(TESTBED, nonce, patch_path=patch_path, tree_path=tree_path, part="put"),
+                           timeout_s=CHANGES_TIMEOUT_S, workdir=TESTBED, env=VERIFIER_ENV)
+    except tuple(k for k in SUBMISSION_FAILURES if k is not errors.VerifierOutputError) as exc:
+        kind = next(k for t, k in SUBMISSION_FAILURES.items() if isinstance(exc, t))
+        return TreeChanges(applied=False, put_failure=kind, apply_output=f"{type(exc).__name__}: {exc}"[-4000:])
+    return parse_changes(base.stdout + put.stdout, put.exit_code, nonce)
 
 
 def _restore(sandbox: Sandbox, changes: TreeChanges, paths: list[str]) -> None:
@@ -123,7 +128,8 @@ def _restore(sandbox: Sandbox, changes: TreeChanges, paths: list[str]) -> None:
         SandboxError: the restore failed (the sandbox broke: nothing is graded).
     """
     listing = f"/tmp/forgeflow-restore-{uuid.uuid4().hex[:12]}.list"
-    sandbox.write_file(listing, "".join(f"{p}\0" for p in paths))
+    wanted = set(paths)  # every change shown as one of them: its exact bytes (two may look alike)
+    sandbox.write_file(listing, b"".join(c.raw_path + b"\0" for c in changes.changes if c.path in wanted))
     res = sandbox.exec(restore_script(TESTBED, changes.base_tree, listing), timeout_s=CHANGES_TIMEOUT_S,
                        workdir=TESTBED, env=VERIFIER_ENV)
     if res.exit_code != 0:
@@ -196,7 +202,7 @@ def verify_submission(
         screen_policy: ``reject``, ``flag`` or ``off``: the static screen of the added lines.
         backend: sandbox kind, or a :class:`~forgeflow.sandbox.backends.SandboxTarget`.
         tree: the agent's work tree as a tar archive (:func:`forgeflow.sandbox.tree.export_tree`), put in
-            place of every path but ``.git`` (podman only). New protected files in an agent's tree
+            place of every path but ``.git``. New protected files in an agent's tree
             (scratch tests, a conftest of its own) are always removed rather than rejected: they are its
             working state, never submitted before either.
 
@@ -206,7 +212,7 @@ def verify_submission(
         timeout / OOM / process limit / broken runner (``submission_failure``).
 
     Raises:
-        InputError: an unknown policy, parser or backend, or a tree for a backend other than podman.
+        InputError: an unknown policy, parser or backend.
         SandboxError and subclasses, VerifierTimeoutError, VerifierOutputError: the verifier broke, or
             the pristine tests fail the same limits (the caller records an exception, never reward 0).
     """
@@ -227,6 +233,14 @@ def verify_submission(
         if not changes.applied:
             what = "the agent's tree could not be put in place" if tree is not None else "the patch did not apply"
             record["applied"] = False
+            if changes.put_failure:  # its own limit hit while git took it in: the pristine snapshot fitted
+                evidence["submission_failure"] = {
+                    "kind": changes.put_failure, "error": changes.apply_output[-1200:], "memory_mb": spec.memory_mb,
+                    "pristine": {"source": "the pristine probe and snapshot in the same sandbox", "duration_s": 0.0}}
+                return SubmissionVerdict(reward=0.0, evidence=evidence, submission_failure=changes.put_failure,
+                                         notes=[f"{what}: the submission's own {changes.put_failure} while git "
+                                                f"took it in (the pristine snapshot fitted the same limits): "
+                                                f"{changes.apply_output[-300:]}"])
             return SubmissionVerdict(reward=0.0, evidence=evidence,
                                      notes=[f"{what} (the model's fault): {changes.apply_output[-1000:]}"])
         record.update({"changed_paths": len(changes.changes),
@@ -304,7 +318,8 @@ def _judge_changes(changes: TreeChanges, test_ids: list[str], tamper_policy: Tam
 def _runner_read_changed(result: VerifierResult, changes: TreeChanges, restored: list[str]) -> list[str]:
     """Files under the repository the test runner reported reading before any test ran that the
     submission changed and that were not put back: its configuration file, its plugins (by name and from
-    package metadata, with the metadata's folder), its conftest modules, and every module already
+    package metadata, with the metadata's folder; by the files of their hook functions' code, and those
+    registered at any later time, by code under test too), its conftest modules, and every module already
     imported when the verifier's plugin was (nothing of the repository should be: such a module ran
     before the report channel existed)."""
     inputs = result.runner_inputs or {}
@@ -312,19 +327,24 @@ def _runner_read_changed(result: VerifierResult, changes: TreeChanges, restored:
     if isinstance(inputs.get("inipath"), str):
         files.add(inputs["inipath"])
     files.update(f for f in inputs.get("conftests") or [] if isinstance(f, str))
-    for key in ("plugins", "modules"):
+    for key in ("plugins", "modules", "hook_files"):
         value = inputs.get(key) or {}
         files.update(f for f in (value.values() if isinstance(value, dict) else value) if isinstance(f, str))
+    for plugin in inputs.get("registered") or []:  # registered later, by a conftest or by code under test
+        if isinstance(plugin, dict):
+            files.update(f for f in [plugin.get("file"), *(plugin.get("hook_files") or [])] if isinstance(f, str))
     folders: set[str] = set()
     for entry in inputs.get("entry_points") or []:
         if isinstance(entry, dict):
             files.update(v for v in (entry.get("plugin"),) if isinstance(v, str))
             folders.update(v for v in (entry.get("dist"),) if isinstance(v, str))
-    changed = set(changes.paths) - set(restored)
-    prefix = TESTBED.rstrip("/") + "/"
-    hits = {f[len(prefix):] for f in files if f.startswith(prefix) and f[len(prefix):] in changed}
-    for folder in folders:
+    put_back = set(restored)
+    changed = {c.raw_path: c.path for c in changes.changes if c.path not in put_back}  # exact bytes -> shown
+    prefix = os_path_bytes(TESTBED.rstrip("/") + "/")
+    read = {os_path_bytes(f) for f in files}
+    hits = {changed[f[len(prefix):]] for f in read if f.startswith(prefix) and f[len(prefix):] in changed}
+    for folder in {os_path_bytes(f) for f in folders}:
         if folder.startswith(prefix):
-            rel = folder[len(prefix):].rstrip("/") + "/"
-            hits.update(p for p in changed if p.startswith(rel))
+            rel = folder[len(prefix):].rstrip(b"/") + b"/"
+            hits.update(shown for raw, shown in changed.items() if raw.startswith(rel))
     return sorted(hits)

@@ -187,9 +187,10 @@ def shadowed_module(path: str, probe: RunnerProbe | None = None, repo: str = "/t
     the repository (``probe.repo_entries``: the repository root when the tests run from it, ``src/``
     when the image puts it on ``PYTHONPATH``, ...): ``json.py``, ``src/inspect/__init__.py``, ``six.py``.
     It shadows when the interpreter can also import that name from outside the repository
-    (``probe.names``: standard library, built-ins, site-packages) or it is one of the test runner's own
-    modules (:data:`RUNNER_MODULES`). Without a probe: the repository root and ``src/`` against the
-    standard library and the runner's modules.
+    (``probe.names``: standard library, built-ins, site-packages), pytest's start-up looks for it before
+    the verifier's plugin is imported (``probe.startup_names``, found or not: it would run first) or it
+    is one of the test runner's own modules (:data:`RUNNER_MODULES`). Without a probe: the repository
+    root and ``src/`` against the standard library and the runner's modules.
 
     Args:
         path: a repository-relative POSIX path of an added file.
@@ -200,7 +201,7 @@ def shadowed_module(path: str, probe: RunnerProbe | None = None, repo: str = "/t
         The shadowed module's name, or None.
     """
     entries = list(probe.repo_entries) if probe is not None and probe.repo_entries else [repo, f"{repo}/src"]
-    names = set(RUNNER_MODULES) | (set(probe.names) if probe is not None and probe.names
+    names = set(RUNNER_MODULES) | (set(probe.names) | set(probe.startup_names) if probe is not None and probe.names
                                    else set(sys.stdlib_module_names) | set(sys.builtin_module_names))
     absolute = PurePosixPath(repo) / path
     for entry in entries:

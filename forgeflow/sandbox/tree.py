@@ -8,9 +8,14 @@ on the host by podman (``podman mount``) and the host's own ``tar`` archives ``/
 a fresh container of the pristine task image and asks git there what changed
 (:mod:`forgeflow.sandbox.changes`).
 
-Backends: podman (rootful: ``podman mount`` needs root or ``podman unshare``). The Kubernetes backend
-has no host-side view of a pod's file system; there the agent path keeps ``git diff`` in the pod,
-with the hardened git options of :data:`AGENT_GIT_DIFF` (the pod's git binary remains the agent's).
+Backends: podman (rootful: ``podman mount`` needs root or ``podman unshare``), and Kubernetes, which
+has no host-side view of a pod's file system: there the agent's pod carries a second container from
+the same pristine image that only sleeps, the repository on a volume both mount
+(:func:`forgeflow.sandbox.kubernetes_manifests.render_trial_pod` with ``tree_repo``), and the same
+``tar`` (:func:`tree_tar_argv`) runs in that container
+(:meth:`forgeflow.sandbox.kubernetes.KubernetesSandbox.export_tree`): its binaries are the image's,
+and the agent's container shares no process namespace with it. Both are bounded by
+:data:`TREE_MAX_BYTES`; a container or pod gone before its tree is taken is a SandboxError.
 """
 
 from __future__ import annotations
@@ -20,18 +25,33 @@ from pathlib import Path
 
 from forgeflow.common import errors
 from forgeflow.common.settings import tool_env
-from forgeflow.sandbox.changes import GIT_ENV
 
-__all__ = ["TREE_MAX_BYTES", "AGENT_GIT_DIFF", "TreeTooLargeError", "export_tree", "container_exists"]
+__all__ = ["TREE_MAX_BYTES", "TREE_TIMEOUT_S", "TreeTooLargeError", "export_tree", "container_exists",
+           "tree_tar_argv"]
 
 TREE_MAX_BYTES = 512 * 1024 * 1024
 """Largest agent tree copied out (bytes of tar): more is the agent's outcome (it wrote that much)."""
 
-AGENT_GIT_DIFF = ["env", *(f"{k}={v}" for k, v in GIT_ENV.items()), "git", "-c", "core.hooksPath=/dev/null",
-                  "-c", "core.fsmonitor=false", "-c", "core.attributesFile=/dev/null", "-c", "diff.external=",
-                  "diff", "--no-ext-diff", "--no-textconv", "--no-color", "--binary"]
-"""``git diff`` in an agent's pod (backends without a host-side view): no system or global config, no
-hooks, external diff drivers or text conversion. The base commit is appended."""
+TREE_TIMEOUT_S = 600.0
+"""Seconds the ``tar`` of an agent's tree may take in a pod's tree sidecar (a tree that takes longer is
+the agent's outcome, as one over :data:`TREE_MAX_BYTES`)."""
+
+
+def tree_tar_argv(root: str) -> list[str]:
+    """The ``tar`` that archives an agent's tree: ``root`` without its ``.git``, every member owned by
+    0:0 (the verifier extracts with ``--no-same-owner``; a host-side view of a container in a user
+    namespace would otherwise record shifted host ids, so both backends give the same archive), links
+    archived as links (never followed), files unreadable or removed while read skipped with a warning
+    (``--ignore-failed-read``: they are not part of the submission) rather than failing the archive.
+
+    Args:
+        root: the repository directory (``/testbed``, or where podman mounted it on the host).
+
+    Returns:
+        The argv; the archive goes to stdout, members relative to ``root`` (``./calc.py``, ...).
+    """
+    return ["tar", "-C", root, "--exclude=./.git", "--numeric-owner", "--owner=0", "--group=0", "--ignore-failed-read",
+            "-cf", "-", "."]
 
 
 class TreeTooLargeError(errors.InputError):
@@ -85,8 +105,7 @@ def export_tree(container: str, repo: str = "/testbed", max_bytes: int = TREE_MA
         root = Path(mounted.stdout.strip()) / repo.lstrip("/")
         if not root.is_dir() or root.is_symlink():
             raise errors.SandboxError(f"the agent's container {container} has no directory {repo}")
-        proc = subprocess.Popen(["tar", "-C", str(root), "--exclude=./.git", "--numeric-owner", "-cf", "-", "."],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(tree_tar_argv(str(root)), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         assert proc.stdout is not None and proc.stderr is not None
         data = proc.stdout.read(max_bytes + 1)
         if len(data) > max_bytes:

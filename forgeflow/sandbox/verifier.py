@@ -72,7 +72,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow.common import errors
-from forgeflow.sandbox.base import ExecResult, OneShotSandbox, Sandbox
+from forgeflow.sandbox.base import OUTPUT_MAX_BYTES, ExecResult, OneShotSandbox, Sandbox
 from forgeflow.sandbox.grading import failed, parse_test_log
 from forgeflow.sandbox.verifier_channel import (
     RECORD_PREFIX,
@@ -464,6 +464,10 @@ def _joined_log(stdout: str, stderr: str) -> str:
 
 
 def _common(res: ExecResult, log: str) -> dict[str, Any]:
+    if res.dropped_bytes:  # the run flooded its output: what it reported cannot all be read
+        raise errors.VerifierOutputError(
+            f"the test command's output passed the {OUTPUT_MAX_BYTES >> 20} MiB kept per stream "
+            f"({res.dropped_bytes} bytes more were dropped): its report cannot be read whole")
     if res.exit_code in _RESERVED_EXIT:
         raise errors.VerifierOutputError(
             f"the test command could not run (exit {res.exit_code}; evidence: {log.strip()[-300:]!r})")

@@ -135,7 +135,9 @@ class StreamDigest(BaseModel):
             pytest's terminal counts them.
         distributed: pytest-xdist's mode and workers when the run was distributed (``-n``), else None.
         runner_inputs: what the runner read: ``sys_path`` and ``modules`` at the plugin's import,
-            ``inipath``, ``rootpath``, ``args``, ``plugins``, ``conftests``, ``entry_points``.
+            ``inipath``, ``rootpath``, ``args``, ``plugins``, ``conftests``, ``entry_points``,
+            ``hook_files`` (the files of every plugin's hook functions), ``registered`` (plugins
+            registered later: ``name``, ``file``, ``hook_files``).
         tampering: every contradiction found, for a person (empty: none).
     """
 
@@ -293,6 +295,9 @@ def digest_records(records: list[dict[str, Any]], nonce: str, repeat: int = 1) -
         elif kind == "integrity":  # the plugin saw pytest's outcome functions replaced in the process
             names = ", ".join(str(n) for n in record.get("replaced") or [])
             state.tampering.append(f"pytest's own functions were replaced while the tests ran: {names}")
+        elif kind == "registered":  # a plugin registered after the reporter: its files are runner inputs
+            state.fields["runner_inputs"].setdefault("registered", []).append(
+                {k: record.get(k) for k in ("name", "file", "hook_files")})
         elif kind == "distributed":  # pytest-xdist: outcomes come from workers the plugin does not report from
             state.fields["distributed"] = f"{record.get('dist')} with {record.get('workers')} workers"
         elif kind == "end":

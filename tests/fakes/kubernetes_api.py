@@ -5,28 +5,37 @@ enforced; every container runs with ``--network none``, which is what forgeflow'
 It serves exactly what forgeflow's Kubernetes sandbox calls through the official ``kubernetes``
 client, with the shapes the real API server answers:
 
-* ``POST /api/v1/namespaces/{ns}/pods`` — create (409 ``AlreadyExists``); the container is started
-  in the background (``podman run -d``: the image pulled, memory/CPU limits from the container's
-  ``resources.limits``, its ``command``/``args``), the pod ``Pending`` until it runs; a failed pull
-  becomes ``waiting: ErrImagePull`` with podman's message, as the kubelet reports it.
-* ``GET .../pods/{name}`` and ``.../pods/{name}/status`` — the status read from ``podman inspect``:
-  ``Running`` with a ready container, or ``terminated`` (``OOMKilled`` when podman says the
-  container was OOM-killed) and the pod ``Failed``/``Succeeded``.
-* ``DELETE .../pods/{name}`` — ``podman rm -f`` (404 ``NotFound`` for an unknown pod).
+* ``POST /api/v1/namespaces/{ns}/pods`` — create (409 ``AlreadyExists``); in the background, as a
+  kubelet would: each ``emptyDir`` volume becomes a podman named volume (empty: ``nocopy``), the
+  ``initContainers`` run one after another to completion (``podman run``), then every container
+  starts (``podman run -d``: the image pulled, memory/CPU limits from its ``resources.limits``, its
+  ``command``/``args``, its ``volumeMounts`` (``readOnly`` kept), ``readOnlyRootFilesystem`` as
+  ``--read-only``; with ``shareProcessNamespace`` the later containers join the first one's PID
+  namespace, else each has its own); the pod ``Pending`` until they run. A failed pull becomes
+  ``waiting: ErrImagePull`` with podman's message, as the kubelet reports it; an init container that
+  exits non-zero fails the pod (``restartPolicy: Never``), its status ``terminated`` with the exit code.
+  Capabilities and the rest of ``securityContext`` are not applied (podman's defaults).
+* ``GET .../pods/{name}`` and ``.../pods/{name}/status`` — the status read from ``podman inspect``,
+  one ``containerStatuses`` entry per container (``initContainerStatuses`` too): ``Running`` with
+  ready containers, or ``terminated`` (``OOMKilled`` when podman says the container was OOM-killed);
+  the pod ``Running`` while any container runs, else ``Failed``/``Succeeded``.
+* ``DELETE .../pods/{name}`` — ``podman rm -f`` of its containers, then its volumes (404
+  ``NotFound`` for an unknown pod).
 * ``GET .../pods?labelSelector=k=v,...`` — equality selectors.
 * ``GET .../pods/{name}/exec?command=...`` — a websocket speaking ``v4.channel.k8s.io``: binary
   frames whose first byte is the channel (1 stdout, 2 stderr, 3 the status), the status a
   ``metav1.Status`` (``Success``, or ``Failure`` with ``NonZeroExitCode`` and the exit code as the
-  ``ExitCode`` cause); the command runs through ``podman exec``. A pod that is not running answers
-  the upgrade with 400, as the API server does.
+  ``ExitCode`` cause); the command runs through ``podman exec`` in the container the ``container``
+  parameter names (default: the first). A container that is not running answers the upgrade with
+  400, an unknown one too, as the API server does.
 * ``POST /fake/evict/{ns}/{name}`` (not Kubernetes: the test's handle on the kubelet) — kill the
   container and mark the pod ``Failed``/``Evicted`` with a node-pressure message.
 * ``GET /fake/calls`` (not Kubernetes: the test's record of what was asked) — every pod create,
   exec and delete the fake answered, in order: ``{"verb", "namespace", "name"}`` plus the exec's
-  ``command`` (argv) and ``stdin`` flag, and the created pod's ``labels``.
+  ``command`` (argv), ``container`` and ``stdin`` flag, and the created pod's ``labels``.
 
-Run: ``python -m tests.fakes.kubernetes_api --port N --label L``; every container it starts carries the
-podman label ``forgeflow-k8s-fake=L`` and is removed when the process gets SIGTERM.
+Run: ``python -m tests.fakes.kubernetes_api --port N --label L``; every container and volume it creates
+carries the podman label ``forgeflow-k8s-fake=L`` and is removed when the process gets SIGTERM.
 """
 
 from __future__ import annotations
@@ -83,15 +92,31 @@ def _cpus(quantity: str) -> float:
 
 
 class Pod:
-    """One pod: its manifest, its podman container and what the fake kubelet did to it."""
+    """One pod: its manifest, its podman containers and volumes, and what the fake kubelet did to it."""
 
-    def __init__(self, manifest: dict, container: str) -> None:
+    def __init__(self, manifest: dict, base: str) -> None:
         self.manifest = manifest
-        self.container = container
+        spec = manifest["spec"]
+        self.specs: list[dict] = list(spec["containers"])
+        self.init_specs: list[dict] = list(spec.get("initContainers") or [])
+        self.containers = {c["name"]: base if i == 0 else f"{base}--{c['name']}"[:250]
+                           for i, c in enumerate(self.specs)}
+        """Container name -> podman container (the first keeps the pod's base name)."""
+        self.init_containers = {c["name"]: f"{base}--init-{c['name']}"[:250] for c in self.init_specs}
+        self.volumes = {v["name"]: f"{base}--vol-{v['name']}"[:250] for v in spec.get("volumes") or []}
         self.started = asyncio.Event()
         self.waiting: dict | None = {"reason": "ContainerCreating"}
+        self.init_terminated: dict[str, dict] = {}  # init container -> its terminated state
         self.override: dict | None = None  # the status after an eviction
         self.start_task: asyncio.Task | None = None
+
+    @property
+    def container(self) -> str:
+        """The first container's podman name."""
+        return self.containers[self.specs[0]["name"]]
+
+    def all_containers(self) -> list[str]:
+        return [*self.init_containers.values(), *self.containers.values()]
 
 
 class FakeKubernetes:
@@ -115,8 +140,9 @@ class FakeKubernetes:
         try:
             body = await request.json()
             name = body["metadata"]["name"]
-            spec = body["spec"]["containers"][0]
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            assert body["spec"]["containers"][0]["name"]
+            pod = Pod(body, f"k8sfake-{self.label}-{ns}-{name}"[:250])
+        except (ValueError, KeyError, IndexError, TypeError, AssertionError) as exc:
             return _error(422, "Invalid", f"Pod is invalid: {exc}")
         if (ns, name) in self.pods:
             return _error(409, "AlreadyExists", f'pods "{name}" already exists',
@@ -124,55 +150,117 @@ class FakeKubernetes:
         body.setdefault("metadata", {}).update(namespace=ns, uid=f"fake-{name}", creationTimestamp=_now())
         self.calls.append({"verb": "create", "namespace": ns, "name": name,
                            "labels": dict(body["metadata"].get("labels") or {})})
-        pod = Pod(body, f"k8sfake-{self.label}-{ns}-{name}"[:250])
         self.pods[(ns, name)] = pod
-        pod.start_task = asyncio.create_task(self._start(pod, spec))
+        pod.start_task = asyncio.create_task(self._start(pod))
         return web.json_response(self._pod_json(ns, name, pod, await self._inspect(pod)), status=201)
 
-    async def _start(self, pod: Pod, spec: dict) -> None:
+    def _run_args(self, pod: Pod, spec: dict, podman_name: str) -> list[str]:
+        """``podman run`` options and image + argv of one container spec (no ``-d``)."""
         limits = (spec.get("resources") or {}).get("limits") or {}
-        args = ["run", "-d", "--name", pod.container, "--label", f"{FAKE_LABEL}={self.label}", "--network", "none"]
+        args = ["--name", podman_name, "--label", f"{FAKE_LABEL}={self.label}", "--network", "none"]
         if "memory" in limits:
             args += ["--memory", str(_memory_bytes(limits["memory"]))]
         if "cpu" in limits:
             args += ["--cpus", str(_cpus(limits["cpu"]))]
+        if (spec.get("securityContext") or {}).get("readOnlyRootFilesystem"):
+            args += ["--read-only"]
+        for mount in spec.get("volumeMounts") or []:
+            options = "ro,nocopy" if mount.get("readOnly") else "nocopy"  # an emptyDir starts empty
+            args += ["-v", f"{pod.volumes[mount['name']]}:{mount['mountPath']}:{options}"]
+        first = pod.container
+        if pod.manifest["spec"].get("shareProcessNamespace") and podman_name != first and podman_name in \
+                pod.containers.values():
+            args += ["--pid", f"container:{first}"]
         command = list(spec.get("command") or [])
         if command:
             args += ["--entrypoint", command[0]]
-        args += [spec["image"], *command[1:], *(spec.get("args") or [])]
-        code, _, err = await self._podman(*args)
-        if code == 0:
+        return [*args, spec["image"], *command[1:], *(spec.get("args") or [])]
+
+    @staticmethod
+    def _waiting_for(err: str) -> dict:
+        if _UNREACHABLE.search(err) or "manifest unknown" in err or "not found" in err or "pull" in err:
+            return {"reason": "ErrImagePull", "message": err.strip()[-400:]}
+        return {"reason": "CreateContainerError", "message": err.strip()[-400:]}
+
+    async def _start(self, pod: Pod) -> None:
+        try:
+            for vol_name, volume in pod.volumes.items():
+                vol = next(v for v in pod.manifest["spec"]["volumes"] if v["name"] == vol_name)
+                if "emptyDir" not in vol:
+                    pod.waiting = {"reason": "CreateContainerConfigError",
+                                   "message": f"the fake supports emptyDir volumes only, not {sorted(vol)}"}
+                    return
+                code, _, err = await self._podman("volume", "create", "--label", f"{FAKE_LABEL}={self.label}", volume)
+                if code != 0:
+                    pod.waiting = {"reason": "CreateContainerConfigError", "message": err.strip()[-400:]}
+                    return
+            for spec in pod.init_specs:  # one after another, each to completion
+                podman_name = pod.init_containers[spec["name"]]
+                code, _, err = await self._podman("run", *self._run_args(pod, spec, podman_name))
+                await self._podman("rm", "-f", "-t", "0", podman_name)
+                if code == 125:  # podman's own failure: the pull or the container's creation
+                    pod.waiting = self._waiting_for(err)
+                    return
+                pod.init_terminated[spec["name"]] = {"exitCode": code, "reason": "Completed" if code == 0 else "Error",
+                                                     "message": err.strip()[-400:]}
+                if code != 0:  # restartPolicy Never: the pod failed
+                    pod.waiting = None
+                    return
+            for spec in pod.specs:
+                code, _, err = await self._podman("run", "-d", *self._run_args(pod, spec, pod.containers[spec["name"]]))
+                if code != 0:
+                    pod.waiting = self._waiting_for(err)
+                    return
             pod.waiting = None
-        elif _UNREACHABLE.search(err) or "manifest unknown" in err or "not found" in err or "pull" in err:
-            pod.waiting = {"reason": "ErrImagePull", "message": err.strip()[-400:]}
-        else:
-            pod.waiting = {"reason": "CreateContainerError", "message": err.strip()[-400:]}
-        pod.started.set()
+        finally:
+            pod.started.set()
 
-    async def _inspect(self, pod: Pod) -> dict | None:
-        if not pod.started.is_set() or pod.waiting is not None:
+    async def _inspect(self, pod: Pod) -> dict[str, dict] | None:
+        """Each started container's podman ``State`` by container name; None before they all started."""
+        if not pod.started.is_set() or pod.waiting is not None or len(pod.init_terminated) < len(pod.init_specs) \
+                or any(t["exitCode"] for t in pod.init_terminated.values()):
             return None
-        code, out, _ = await self._podman("inspect", "--type", "container", pod.container)
-        return json.loads(out)[0]["State"] if code == 0 else None
+        _, out, _ = await self._podman("inspect", "--type", "container", *pod.containers.values())
+        try:  # a container removed behind the fake's back is missing from the list (podman exits 125)
+            by_podman = {item["Name"]: item["State"] for item in json.loads(out or "[]")}
+        except (ValueError, KeyError, TypeError):
+            return None
+        return {name: by_podman[podman] for name, podman in pod.containers.items() if podman in by_podman}
 
-    def _pod_json(self, ns: str, name: str, pod: Pod, state: dict | None) -> dict:
-        spec = pod.manifest["spec"]["containers"][0]
-        cs: dict[str, Any] = {"name": spec["name"], "image": spec["image"], "ready": False, "restartCount": 0,
-                              "imageID": "", "state": {}}
-        status: dict[str, Any] = {"phase": "Pending", "conditions": [], "containerStatuses": [cs]}
+    def _pod_json(self, ns: str, name: str, pod: Pod, states: dict[str, dict] | None) -> dict:
+        statuses = []
+        for spec in pod.specs:
+            cs: dict[str, Any] = {"name": spec["name"], "image": spec["image"], "ready": False, "restartCount": 0,
+                                  "imageID": "", "state": {}}
+            state = (states or {}).get(spec["name"])
+            if pod.override is not None:
+                cs["state"] = {"terminated": {"exitCode": 137, "reason": "Error"}}
+            elif state is None:
+                cs["state"] = {"waiting": dict(pod.waiting or {"reason": "ContainerCreating"})}
+            elif state.get("Running"):
+                cs.update(ready=True, started=True, state={"running": {"startedAt": _now()}})
+            else:
+                code = int(state.get("ExitCode") or 0)
+                reason = "OOMKilled" if state.get("OOMKilled") else ("Completed" if code == 0 else "Error")
+                cs["state"] = {"terminated": {"exitCode": code, "reason": reason}}
+            statuses.append(cs)
+        status: dict[str, Any] = {"phase": "Pending", "conditions": [], "containerStatuses": statuses}
+        if pod.init_specs:
+            status["initContainerStatuses"] = [
+                {"name": spec["name"], "image": spec["image"], "ready": False, "restartCount": 0, "imageID": "",
+                 "state": {"terminated": pod.init_terminated[spec["name"]]} if spec["name"] in pod.init_terminated
+                 else {"waiting": {"reason": "PodInitializing"}}} for spec in pod.init_specs]
+        terminated = [cs["state"]["terminated"] for cs in statuses if "terminated" in cs["state"]]
         if pod.override is not None:
             status.update(pod.override)
-            cs["state"] = {"terminated": {"exitCode": 137, "reason": "Error"}}
-        elif state is None:
-            cs["state"] = {"waiting": dict(pod.waiting or {"reason": "ContainerCreating"})}
-        elif state.get("Running"):
-            cs.update(ready=True, started=True, state={"running": {"startedAt": _now()}})
-            status.update(phase="Running", conditions=[{"type": "Ready", "status": "True"}])
-        else:
-            code = int(state.get("ExitCode") or 0)
-            reason = "OOMKilled" if state.get("OOMKilled") else ("Completed" if code == 0 else "Error")
-            cs["state"] = {"terminated": {"exitCode": code, "reason": reason}}
-            status["phase"] = "Succeeded" if code == 0 else "Failed"
+        elif any(t["exitCode"] for t in pod.init_terminated.values()):
+            status["phase"] = "Failed"
+        elif states is not None and any("running" in cs["state"] for cs in statuses):
+            status["phase"] = "Running"
+            if all(cs["ready"] for cs in statuses):
+                status["conditions"] = [{"type": "Ready", "status": "True"}]
+        elif states is not None and terminated and len(terminated) == len(statuses):
+            status["phase"] = "Failed" if any(t["exitCode"] for t in terminated) else "Succeeded"
         return {**pod.manifest, "kind": "Pod", "apiVersion": "v1", "status": status}
 
     def _pod(self, request: web.Request) -> tuple[str, str, Pod | None]:
@@ -185,6 +273,14 @@ class FakeKubernetes:
             return _error(404, "NotFound", f'pods "{name}" not found', {"name": name, "kind": "pods"})
         return web.json_response(self._pod_json(ns, name, pod, await self._inspect(pod)))
 
+    async def _remove(self, pods: list[Pod]) -> None:
+        containers = [c for pod in pods for c in pod.all_containers()]
+        if containers:  # --ignore: an init container is gone already (one missing name would stop the rest)
+            await self._podman("rm", "-f", "--ignore", "-t", "0", *containers)
+        volumes = [v for pod in pods for v in pod.volumes.values()]
+        if volumes:
+            await self._podman("volume", "rm", "-f", *volumes)
+
     async def delete(self, request: web.Request) -> web.Response:
         ns, name, pod = self._pod(request)
         if pod is None:
@@ -193,7 +289,7 @@ class FakeKubernetes:
         self.calls.append({"verb": "delete", "namespace": ns, "name": name})
         if pod.start_task is not None:
             await pod.start_task  # a container being started is removed once it exists
-        await self._podman("rm", "-f", "-t", "0", pod.container)
+        await self._remove([pod])
         return web.json_response(self._pod_json(ns, name, pod, None))
 
     async def list(self, request: web.Request) -> web.Response:
@@ -211,17 +307,22 @@ class FakeKubernetes:
         ns, name, pod = self._pod(request)
         if pod is None:
             return _error(404, "NotFound", f'pods "{name}" not found')
-        state = await self._inspect(pod)
+        container = request.query.get("container") or pod.specs[0]["name"]
+        if container not in pod.containers:
+            return _error(400, "BadRequest", f"container {container} is not valid for pod {name}")
+        state = (await self._inspect(pod) or {}).get(container)
         if pod.override is not None or not (state or {}).get("Running"):
-            return _error(400, "BadRequest", f"container sandbox is not running in pod {name}")
+            return _error(400, "BadRequest", f"container {container} is not running in pod {name}")
         argv = request.query.getall("command", [])
         if not argv:
             return _error(400, "BadRequest", "you must specify at least 1 command")
         ws = web.WebSocketResponse(protocols=(V4_CHANNEL,))
         await ws.prepare(request)
         with_stdin = request.query.get("stdin") in ("true", "1", "True")
-        self.calls.append({"verb": "exec", "namespace": ns, "name": name, "command": list(argv), "stdin": with_stdin})
-        proc = await asyncio.create_subprocess_exec("podman", "exec", *(["-i"] if with_stdin else []), pod.container,
+        self.calls.append({"verb": "exec", "namespace": ns, "name": name, "command": list(argv), "stdin": with_stdin,
+                           "container": container})
+        proc = await asyncio.create_subprocess_exec("podman", "exec", *(["-i"] if with_stdin else []),
+                                                    pod.containers[container],
                                                     *argv, env=self.env, cwd=conmon_cwd(),  # conmon's oom file
                                                     stdin=subprocess.PIPE if with_stdin else subprocess.DEVNULL,
                                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -268,7 +369,7 @@ class FakeKubernetes:
             return _error(404, "NotFound", f'pods "{name}" not found')
         pod.override = {"phase": "Failed", "reason": "Evicted",
                         "message": "The node was low on resource: memory. Threshold quantity: 100Mi."}
-        await self._podman("kill", pod.container)
+        await self._podman("kill", *pod.containers.values())
         return web.json_response({"evicted": name})
 
     async def recorded_calls(self, request: web.Request) -> web.Response:
@@ -279,7 +380,7 @@ class FakeKubernetes:
 
     async def cleanup(self, app: web.Application) -> None:
         if self.pods:  # the pods still held when the fake stops
-            await self._podman("rm", "-f", "-t", "0", *[p.container for p in self.pods.values()])
+            await self._remove(list(self.pods.values()))
 
 
 def make_app(label: str) -> web.Application:

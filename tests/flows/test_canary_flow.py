@@ -237,7 +237,7 @@ def test_canary_runs_the_agents_commands_in_pods_through_the_kubernetes_api(pref
     verifier's. The Kubernetes side is the loopback fake of the API (tests/fakes/kubernetes_api.py):
     a fake of the API that runs each pod's container with podman, not a cluster; every call goes
     through the official client. What the fake recorded: per trial one agent pod (created, exec'd:
-    the process listing, ``git rev-parse``, the scripted model's fix, ``git diff``) and one verifier
+    the process listing, ``git rev-parse``, the scripted model's fix, ``tar`` in its ``tree`` sidecar) and one verifier
     pod, both labelled with the flow run (the cancel sweep finds them), every pod deleted; the
     trials score 1 because the fix made in the agent's pod is the submission."""
     import json
@@ -268,15 +268,17 @@ def test_canary_runs_the_agents_commands_in_pods_through_the_kubernetes_api(pref
     for pod in agent_pods:
         argvs = [" ".join(c["command"]) for c in calls if c["verb"] == "exec" and c["name"] == pod]
         assert any("sed -i 's/a - b/a + b/' calc.py" in a for a in argvs), f"the model's command ran in {pod}"
-        # the submission: git diff in the pod with the hardened options (no external diff, no text conversion)
-        assert any("rev-parse HEAD" in a for a in argvs) and any(" diff --no-ext-diff --no-textconv" in a for a in argvs)
+        # the submission: the tree taken by tar in the pod's pristine "tree" sidecar, never the agent's git
+        assert not any(" diff " in a for a in argvs), argvs
+        assert [c["container"] for c in calls if c["verb"] == "exec" and c["name"] == pod
+                and c["command"][0] == "tar"] == ["tree"]
         order = [(c["verb"], c["name"]) for c in calls]
         assert order.index(("create", pod)) < order.index(("delete", pod))
-    for pod in verifier_pods:  # the submission is sent to the verifier's own pod (stdin), applied there and
-        # what changed read from git's own listing
+    for pod in verifier_pods:  # the agent's tree is sent to the verifier's own pod (stdin), put in place there
+        # and what changed read from git's own listing
         execs = [c for c in calls if c["verb"] == "exec" and c["name"] == pod]
         assert any(c["stdin"] for c in execs)
-        assert any(" apply " in a and "diff-tree -r -z --no-renames --raw" in a for a in (" ".join(c["command"])
+        assert any("tar -x" in a and "diff-tree -r -z --no-renames --raw" in a for a in (" ".join(c["command"])
                                                                                          for c in execs))
     recorded = job.params["agent_config"]
     assert recorded["sandbox_backend"]["kind"] == recorded["verifier_backend"]["kind"] == "kubernetes"

@@ -104,6 +104,63 @@ def test_trial_pod_validates_as_v1pod_and_is_locked_down() -> None:
     assert pod.metadata.labels[kubernetes_manifests.EGRESS_LABEL] == "deny"
 
 
+def test_an_agent_pod_shares_its_repository_with_a_tree_sidecar_the_agent_cannot_reach() -> None:
+    spec = kubernetes_manifests.KubernetesSandboxSpec(memory_mb=2048, cpus=0.5)
+    pod = kubernetes_manifests.validate_manifest(
+        kubernetes_manifests.render_trial_pod("a", TRIAL, IMAGE, spec, tree_repo="/testbed"))
+    ps = pod.spec
+    assert ps.share_process_namespace is False  # else the agent's root reaches the sidecar through /proc
+    (volume,) = ps.volumes
+    assert volume.empty_dir.size_limit == "10240Mi" and volume.host_path is None
+    (init,) = ps.init_containers
+    assert init.image == IMAGE and init.command == ["cp", "-a", "/testbed/.", "/forgeflow-repo/"]
+    assert [(m.name, m.mount_path) for m in init.volume_mounts] == [(volume.name, "/forgeflow-repo")]
+    main, tree = ps.containers
+    assert main.name == "sandbox" and main.command == ["sh", "-c", "while :; do sleep infinity & wait; done"]
+    assert [(m.name, m.mount_path, m.read_only) for m in main.volume_mounts] == [(volume.name, "/testbed", None)]
+    assert tree.name == "tree" and tree.image == IMAGE and tree.command == ["sleep", "infinity"]
+    assert [(m.name, m.mount_path, m.read_only) for m in tree.volume_mounts] == [(volume.name, "/testbed", True)]
+    for container in (init, main, tree):  # Guaranteed QoS: requests == limits everywhere
+        assert container.resources.requests == container.resources.limits
+        sc = container.security_context
+        assert sc.privileged is False and sc.allow_privilege_escalation is False and sc.capabilities.drop == ["ALL"]
+    assert init.resources.limits == main.resources.limits == {"cpu": "500m", "memory": "2048Mi",
+                                                              "ephemeral-storage": "10240Mi"}
+    assert tree.resources.limits == {"cpu": "100m", "memory": "64Mi", "ephemeral-storage": "64Mi"}
+    assert tree.security_context.capabilities.add == ["DAC_OVERRIDE"] and tree.security_context.read_only_root_filesystem
+    assert not main.security_context.capabilities.add and not main.security_context.read_only_root_filesystem
+    # a verifier's pod (no tree_repo) stays one container, no volume, the shared process namespace
+    plain = kubernetes_manifests.validate_manifest(kubernetes_manifests.render_trial_pod("a", TRIAL, IMAGE, spec)).spec
+    assert plain.share_process_namespace is True and len(plain.containers) == 1
+    assert not plain.volumes and not plain.init_containers and plain.containers[0].command == ["sleep", "infinity"]
+    for bad in ("", "testbed", "/", "/a b", "/x/../y"):
+        with pytest.raises(errors.InputError, match="tree_repo"):
+            kubernetes_manifests.render_trial_pod("a", TRIAL, IMAGE, spec, tree_repo=bad)
+    with pytest.raises(errors.InputError, match="no tree sidecar"):
+        k8s.KubernetesSandbox(IMAGE, spec, "ff-plain", api=object()).export_tree()
+
+
+def test_a_pod_with_a_sidecar_is_ready_and_healthy_only_with_both_containers_running() -> None:
+    running = {"running": {"startedAt": "2026-01-01T00:00:00Z"}}
+    ended = {"terminated": {"exitCode": 137, "reason": "Error"}}
+
+    def status(tree_state: dict, tree_ready: bool) -> dict:
+        return {"phase": "Running", "containerStatuses": [
+            {"name": "sandbox", "ready": True, "state": running},
+            {"name": "tree", "ready": tree_ready, "state": tree_state}]}
+
+    assert kubernetes_manifests._pod_ready(status(running, True))
+    assert not kubernetes_manifests._pod_ready(status({"waiting": {"reason": "ContainerCreating"}}, False))
+    assert kubernetes_manifests.pod_status_to_exception(status(running, True)) is None
+    problem = kubernetes_manifests.pod_status_to_exception(status(ended, False))
+    assert type(problem) is errors.SandboxError and "'tree' of the running pod terminated (exit 137" in str(problem)
+    failed_init = {"phase": "Failed", "initContainerStatuses": [
+        {"name": "repo-init", "state": {"terminated": {"exitCode": 1, "reason": "Error",
+                                                       "message": "cp: cannot stat '/testbed/.'"}}}]}
+    problem = kubernetes_manifests.pod_status_to_exception(failed_init)
+    assert type(problem) is errors.SandboxError and "init container 'repo-init' exited 1" in str(problem)
+
+
 def test_capabilities_and_a_user_namespace_are_parameters() -> None:
     spec = kubernetes_manifests.KubernetesSandboxSpec.from_sandbox_spec(SandboxSpec(capabilities=("CHOWN",)),
                                                                          host_users=False)

@@ -45,3 +45,21 @@ def test_capabilities_that_reach_the_reporting_process_are_refused() -> None:
             SandboxSpec(capabilities=(cap,))
     with pytest.raises(ValidationError, match="without CAP_"):
         SandboxSpec(capabilities=("CAP_CHOWN",))
+
+
+def test_a_command_that_floods_its_output_is_kept_to_the_bound_and_its_report_refused() -> None:
+    """A flood of output (a submission's own, red-team run: 300 MiB took a scorer to 416 MB) is read and
+    dropped past the bound, counted; the verifier then refuses to read such a run's report (an error the
+    scorer attributes by a pristine re-run, never a pass)."""
+    import pytest
+
+    from forgeflow.common import errors
+    from forgeflow.sandbox.base import ExecResult, run_bounded
+    from forgeflow.sandbox.verifier import _common
+
+    code, out, err, dropped = run_bounded(["bash", "-c", "head -c 3000000 /dev/zero; echo tail >&2; exit 3"],
+                                          timeout_s=60, max_bytes=1 << 20)
+    assert (code, len(out), err, dropped) == (3, 1 << 20, b"tail\n", 3000000 - (1 << 20))
+    flooded = ExecResult.from_bytes(0, out, err, 1.0, dropped)
+    with pytest.raises(errors.VerifierOutputError, match="output passed the 64 MiB kept per stream"):
+        _common(flooded, "")

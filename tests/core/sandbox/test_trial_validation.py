@@ -79,7 +79,7 @@ def changes_stdout(nonce: str, path: str = "x.py") -> str:
     parts = {"probe": json.dumps({"executable": "python3", "sys_path": ["/testbed"], "repo_entries": ["/testbed"],
                                   "names": ["json"]}),
              "trees": f"{'a' * 40} {'b' * 40}",
-             "raw": f":100644 100644 {'1' * 40} {'2' * 40} M\0{path}\0",
+             "raw": f":100644 100644 {'1' * 40} {'2' * 40} M\0{path}\0".encode().hex(),  # sent as hex
              "patch": f"diff --git a/{path} b/{path}\n--- a/{path}\n+++ b/{path}\n@@ -1 +1 @@\n-a\n+b\n", "end": ""}
     return "".join(f"\n@@FF-{nonce} {name}@@\n{body}" for name, body in parts.items())
 
