@@ -4,7 +4,8 @@
   ``curate`` flow, ``flows/curate.py``) runs the ``freeze/freeze`` deployment with one ``params``
   object (:class:`flows.stages.FreezeParams`) whose fields the curate run carried in the event's
   payload: ``name`` (its ``freeze_name``), ``quotas``, ``seed`` (its ``settings.seed``) and
-  ``instance_ids`` (the candidates its ``tasks`` source gave), never the deployment's demo defaults
+  ``candidate_set`` (the store's record of the candidates its ``tasks`` source gave: a reference of fixed
+  size, the ids are read from the store by the freeze), never the deployment's demo defaults
   (the run's ``params`` replaces the deployment's whole object; ``out_dir`` keeps the model's
   default). The payload is flat whatever shape curate's parameters take, so ``params`` is rendered
   from it field by field.
@@ -50,7 +51,7 @@ def _from_payload(key: str) -> dict[str, Any]:
 
 
 FREEZE_PARAMETERS_FROM_PAYLOAD: dict[str, str] = {"name": "freeze_name", "quotas": "quotas", "seed": "seed",
-                                                  "instance_ids": "instance_ids"}
+                                                  "candidate_set": "candidate_set"}
 """field of the freeze flow's ``params`` (:class:`flows.stages.FreezeParams`) -> the freeze-ready event's
 payload key it is rendered from."""
 

@@ -10,16 +10,19 @@ sandbox and dispatcher blocks by name. It reads candidates in its own JSONL form
 (``tasks.generated_path``, default ``$FORGEFLOW_HOME/demo/candidates.jsonl``,
 :mod:`forgeflow.curation.generated`). Before every batch the
 freeze check (:func:`forgeflow.curation.freeze.freeze_ready`, the very selection the freeze uses) runs on the store's
-accepted tasks. Ready: emit the Prefect event
-``forgeflow.dataset.freeze-ready`` and stop. Not ready: pick one batch with
-:func:`forgeflow.curation.selection.select_batch`, run NOP/Oracle at most ``settings.concurrency`` at a time (an
-attempt that ends in an infrastructure error is tried again, up to ``settings.max_retries`` times), and
-record each validation's trials as soon as it ends, then the task statuses and the batch row (with
-the trials again) in one transaction. No candidate left: stop, naming each unmet quota and by how
-much. Batch ids and trial ids are deterministic and validations are cached on their inputs, so a
-killed run resumed re-selects the same batch, gets the finished validations from Prefect's cache
-and upserts the same trial ids: it loses no finished trial and duplicates none
-(tests/flows/test_curate_kill.py).
+accepted tasks (read for this run's candidates only: :mod:`forgeflow.curation.run_reads`). Ready: emit the
+Prefect event ``forgeflow.dataset.freeze-ready`` (its payload names the run's candidate set recorded in the
+store, :func:`freeze_ready_payload`: a fixed size at any number of candidates) and stop. Not ready: pick
+one batch with :func:`forgeflow.curation.selection.select_batch` and validate it in its own subflow run,
+``curate-batch`` named by the batch id (:func:`curate_batch`: one run graph and one progress bar per batch,
+so no run's graph grows past what the UI draws at 30,000 candidates): NOP/Oracle at most
+``settings.concurrency`` at a time (an attempt that ends in an infrastructure error is tried again, up to
+``settings.max_retries`` times), each trial stored as it ends, then the batch's trials, task statuses and
+batch row in one transaction. No candidate left: stop, naming each unmet quota and by how much. Batch ids
+and trial ids are deterministic and validations are cached on their inputs, so a killed run resumed
+re-selects the same batch, gets the finished validations from Prefect's cache and upserts the same trial
+ids: it loses no finished trial and duplicates none (tests/flows/test_curate_kill.py). Once a batch is
+recorded its validations' cached results are deleted unless ``settings.keep_validation_results``.
 
 ``recover`` (``params``: :class:`RecoverParams`): :mod:`forgeflow.curation.recovery` behind a flow (dry run
 by default), with an audit artifact.
@@ -28,8 +31,8 @@ by default), with an audit artifact.
 from __future__ import annotations
 
 import queue
+import time
 from collections import Counter, deque
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -38,14 +41,14 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.events import emit_event
 from prefect.runtime import flow_run
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from flows.stagekit import StageParams, note_task_state
 from forgeflow.common import settings as store_settings
 from forgeflow.common.errors import InputError, PreflightError
 from forgeflow.common.fsutil import sha256_bytes, sha256_json
 from forgeflow.common.settings import apply_container_env, home_dir
-from forgeflow.curation.candidates import CandidateTask, to_candidate_refs
+from forgeflow.curation.candidates import to_candidate_refs
 from forgeflow.curation.curate_result import CurateResult, RecoverResult
 from forgeflow.curation.curate_settings import CurateSettings
 from forgeflow.curation.freeze import (
@@ -56,13 +59,13 @@ from forgeflow.curation.freeze import (
     unmet_text,
     validate_freeze_name,
 )
-from forgeflow.curation.generated import GENERATED_FILE, GeneratedTask
+from forgeflow.curation.generated import GENERATED_FILE
 from forgeflow.curation.recovery import (
     RecoveryRequest,
     render_plan,
 )
 from forgeflow.curation.selection import longest_first, select_batch
-from forgeflow.curation.task_rows import TaskRows, TaskSource
+from forgeflow.curation.task_rows import TaskSource
 from forgeflow.evaluation.canary import trial_row
 from forgeflow.ledger.records import BatchRecord, TaskRecord, TrialRecord
 from forgeflow.ledger.store import masked_url
@@ -70,7 +73,7 @@ from forgeflow.sandbox import dispatch
 from forgeflow.sandbox.dispatch import RayPlacement
 from forgeflow.sandbox.trial import ValidationOutcome, ValidationSettings
 from tasks import curation as curate_tasks
-from tasks.common import markdown_artifact, record_rows, sweep_trial_sandboxes, table_artifact
+from tasks.common import markdown_artifact, sweep_trial_sandboxes, table_artifact
 from tasks.curation import TrialSink, validate_candidate
 
 FREEZE_READY_EVENT = "forgeflow.dataset.freeze-ready"
@@ -112,6 +115,24 @@ class CurateParams(StageParams):
     emit_freeze_ready: bool = Field(True, description="emit the forgeflow.dataset.freeze-ready event when ready "
                                     "(the freeze-on-ready automation freezes on it); false: the caller freezes "
                                     "itself (the lifecycle)")
+
+
+def freeze_ready_payload(store_url: str, freeze_name: str, quotas: SplitQuotas, seed: int,
+                         registered: curate_tasks.Registration, run_id: str, counts: dict[str, int], accepted: int,
+                         batches: int) -> dict[str, Any]:
+    """The freeze-ready event's payload: a reference to the run's candidates, never the ids themselves, so its
+    size does not grow with the run (a Prefect event is refused above ``PREFECT_EVENTS_MAXIMUM_SIZE_BYTES``).
+
+    Returns:
+        ``store_url`` (password masked), ``freeze_name``, ``quotas``, ``seed``, ``run_id`` (the curate run),
+        ``candidate_set`` (the batch row holding the run's candidate ids, what the freeze-on-ready automation
+        hands the freeze flow), ``candidates_sha256`` (their digest) and ``candidates`` (how many), ``counts``
+        (accepted tasks per split), ``accepted`` and ``batches`` (how many this run validated).
+    """
+    return {"store_url": store_url, "freeze_name": freeze_name, "quotas": quotas.model_dump(), "seed": seed,
+            "run_id": run_id, "candidate_set": registered.candidate_set,
+            "candidates_sha256": registered.candidates_sha256, "candidates": registered.candidates,
+            "counts": counts, "accepted": accepted, "batches": batches}
 
 
 def _param_error(exc: InputError, field: str) -> InputError:
@@ -196,7 +217,7 @@ def curate(params: CurateParams = CurateParams()) -> CurateResult:
               :class:`forgeflow.sandbox.trial.ValidationChecks`).
             * ``freeze_name``: The name the freeze-on-ready automation freezes under (carried in the
               freeze-ready event with ``quotas``, ``settings.seed`` (as ``seed``) and the run's candidate
-              ids); None: ``curate-`` + 12 hex digits of the sha256 of (candidate ids, quotas, seed).
+              set, ``candidate_set``); None: ``curate-`` + 12 hex digits of the sha256 of (candidate ids, quotas, seed).
             * ``sandbox``: The name of a ``forgeflow-sandbox`` block (:class:`blocks.core.SandboxBackend`):
               every NOP/Oracle trial runs on its backend (``podman``, ``kubernetes``) with its memory
               and CPU limits (its ``memory_mb`` replaces ``settings.memory_mb``). None: podman,
@@ -249,29 +270,29 @@ def curate(params: CurateParams = CurateParams()) -> CurateResult:
     name = freeze_name or f"curate-{digest[:12]}"
     available = set(curate_tasks.available_images([row.image for row in rows if row.image]))
     refs = to_candidate_refs(rows, available)
-    new_count = curate_tasks.register_candidates(store_url, rows, run_id)
-    logger.info("curate: %d candidates (%d new), %d with an available image", len(rows), new_count,
-                sum(r.image_available for r in refs))
-    validate = validate_candidate.with_options(retries=settings.max_retries)
+    registered = curate_tasks.register_candidates(store_url, rows, run_id)
+    logger.info("curate: %d candidates (%d new; candidate set %s), %d with an available image", len(rows),
+                registered.new, registered.candidate_set, sum(r.image_available for r in refs))
+    progress = create_progress_artifact(progress=0.0, description=f"curate: {len(rows)} candidates, batches of "
+                                                                  f"{settings.batch_size}")
     try:
         batches: list[str] = []
         validated: list[str] = []
         recorded = 0
         while True:
             state = curate_tasks.curation_state(store_url, sorted(by_id))
+            update_progress_artifact(progress, progress=100.0 * len(state.processed) / len(by_id))
             accepted = state.accepted
             selection = freeze_ready(accepted, quotas, seed)
             if selection.ready:
                 resource_id = (f"forgeflow.store.{sha256_bytes(store_url.encode())[:12]}"
                                f".quotas.{sha256_json(quotas.model_dump())[:12]}")
+                payload = freeze_ready_payload(masked_url(store_url), name, quotas, seed, registered, run_id,
+                                               selection.counts, len(accepted), len(batches))
                 event = emit_event(FREEZE_READY_EVENT,
                                    resource={"prefect.resource.id": resource_id,
                                              "prefect.resource.name": "curated dataset"},
-                                   payload={"store_url": masked_url(store_url), "freeze_name": name,
-                                            "quotas": quotas.model_dump(), "seed": seed,
-                                            "instance_ids": sorted(by_id), "counts": selection.counts,
-                                            "accepted": len(accepted), "batches": batches}) \
-                    if params.emit_freeze_ready else None
+                                   payload=payload) if params.emit_freeze_ready else None
                 logger.info("FREEZE READY: %s over %d repos after %d batch(es); %s",
                             ", ".join(f"{s} {n}/{quotas.target(s)}" for s, n in selection.counts.items()),
                             sum(len(r) for r in selection.repos_per_split.values()), len(batches),
@@ -288,9 +309,14 @@ def curate(params: CurateParams = CurateParams()) -> CurateResult:
                                     counts=selection.counts, unmet=[text], event_id=None, freeze_name=name,
                                     validated=validated)
             batch_id = f"curate-{sha256_json({'seed': seed, 'ids': sorted(ids)})[:16]}"
-            limits = _BatchLimits(settings.concurrency, settings.max_retries, settings.validation(), placement,
-                                  ray_placement)
-            recorded += _run_batch(store_url, batch_id, ids, by_id, loaded, validate, limits, run_id)
+            plan = BatchPlan(store_url=store_url, run_id=run_id, ids=ids, rows={i: by_id[i] for i in ids},
+                             image_ids={i: loaded.image_ids[i] for i in ids},
+                             test_commands={i: loaded.test_commands[i] for i in ids},
+                             log_parsers={i: loaded.log_parsers[i] for i in ids if loaded.log_parsers.get(i)},
+                             concurrency=settings.concurrency, max_retries=settings.max_retries,
+                             validation=settings.validation(), sandbox=placement, ray=ray_placement,
+                             keep_validation_results=settings.keep_validation_results)
+            recorded += curate_batch(batch_id, plan)
             batches.append(batch_id)
             validated.extend(ids)
             logger.info("batch %s: %d candidates; unmet before it: %s", batch_id, len(ids), unmet_text(selection.unmet))
@@ -299,13 +325,40 @@ def curate(params: CurateParams = CurateParams()) -> CurateResult:
             dispatch.disconnect()
 
 
-@dataclass(frozen=True)
-class _BatchLimits:
+class BatchPlan(BaseModel):
+    """One batch of a ``curate`` run, as its ``curate-batch`` subflow (:func:`curate_batch`) validates it.
+
+    Attributes:
+        store_url: the store's SQLAlchemy URL.
+        run_id: the ``curate`` flow run (its trials' ``run_id`` and its sandboxes' label).
+        ids: the batch's instance ids, in selection order.
+        rows: instance id -> its candidate row (not sent to the API with the subflow's parameters).
+        image_ids: instance id -> what keys its image (a local image id or registry digest), or None.
+        test_commands: instance id -> its test command.
+        log_parsers: instance id -> its repository's log parser (absent: the run's).
+        concurrency: validations in flight at once.
+        max_retries: extra attempts for a validation that ended in an infrastructure error.
+        validation: each validation's limits and checks.
+        sandbox: the ``forgeflow-sandbox`` block's choice, or None (podman).
+        ray: the Ray placement, or None (in this process).
+        keep_validation_results: keep each validation's persisted result once the batch is recorded.
+    """
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    store_url: str
+    run_id: str
+    ids: list[str]
+    rows: dict[str, Any] = Field(exclude=True)
+    image_ids: dict[str, str | None] = Field(exclude=True)
+    test_commands: dict[str, str] = Field(exclude=True)
+    log_parsers: dict[str, str] = Field(exclude=True)
     concurrency: int
     max_retries: int
     validation: ValidationSettings
     sandbox: curate_tasks.SandboxChoice | None = None
     ray: RayPlacement | None = None
+    keep_validation_results: bool = False
 
 
 def _pristine_duration_s(outcome: ValidationOutcome) -> float | None:
@@ -318,37 +371,62 @@ def _pristine_duration_s(outcome: ValidationOutcome) -> float | None:
     return max(runs) if runs else None
 
 
-def _run_batch(store_url: str, batch_id: str, ids: list[str], by_id: dict[str, CandidateTask | GeneratedTask],
-               loaded: TaskRows, validate: Any, limits: _BatchLimits, run_id: str) -> int:
-    """Validate one batch (sliding window of ``concurrency``): each trial is stored the moment it
-    ends (by the validation task, through its sink), again with its validation's others when the
-    validation ends, and the statuses and the batch row in one transaction at the end."""
+PROGRESS_UPDATE_S = 2.0
+"""Least seconds between two updates of a batch's progress artifact (one API call each)."""
+
+
+def _drop_results(states: list[Any]) -> int:
+    """Delete the persisted results of ``states`` (validation task runs whose batch is recorded) where they are
+    files of this machine (Prefect's default local result storage keys results by absolute path); results in
+    other storages are kept. Returns how many files were deleted."""
+    dropped = 0
+    for state in states:
+        key = getattr(getattr(getattr(state, "data", None), "metadata", None), "storage_key", None)
+        if isinstance(key, str) and Path(key).is_absolute() and Path(key).is_file():
+            Path(key).unlink(missing_ok=True)
+            dropped += 1
+    return dropped
+
+
+@flow(name="curate-batch", flow_run_name="{batch_id}", validate_parameters=False, persist_result=False,
+      log_prints=True)
+def curate_batch(batch_id: str, plan: BatchPlan) -> int:
+    """Validate one batch of a ``curate`` run (its own run in the UI: its validations, its progress, its table):
+    a sliding window of ``plan.concurrency`` validations, each handled as it ends (its trials were stored by the
+    validation as they ended), then the trials, the task statuses and the batch row in one transaction.
+    Unless ``plan.keep_validation_results``, the validations' persisted results (what a resumed run would
+    reuse) are deleted once the batch is recorded: a recorded candidate is never validated again.
+
+    Returns:
+        The number of trials recorded.
+    """
     logger = get_run_logger()
-    concurrency, max_retries = limits.concurrency, limits.max_retries
-    sink = TrialSink(store_url=store_url, job_id=JOB_ID, batch_id=batch_id, run_id=run_id)
+    ids, concurrency, max_retries, run_id = plan.ids, plan.concurrency, plan.max_retries, plan.run_id
+    validate = validate_candidate.with_options(retries=max_retries)
+    sink = TrialSink(store_url=plan.store_url, job_id=JOB_ID, batch_id=batch_id, run_id=run_id)
     # attempt numbers continue after voided attempts: a task requeued by `recover` gets new trial ids;
     # live trials of a killed run keep theirs (same key: cache hit, same ids upserted)
-    earlier = curate_tasks.voided_attempts(store_url, ids)
+    earlier = curate_tasks.voided_attempts(plan.store_url, ids)
     # the longest validations (as last recorded) start first: a long one started last would idle the other slots
-    ids = longest_first(ids, curate_tasks.recorded_validation_seconds(store_url, ids))
+    ids = longest_first(ids, curate_tasks.recorded_validation_seconds(plan.store_url, ids))
     progress = create_progress_artifact(progress=0.0, description=f"batch {batch_id}: {len(ids)} candidates")
     done: queue.Queue = queue.Queue()
     pending = deque((iid, 0) for iid in ids)
-    in_flight, finished = 0, 0
+    in_flight, finished, shown_at = 0, 0, time.monotonic()
     trials: list[TrialRecord] = []
     final: dict[str, tuple[str, str, Any]] = {}
     pristine: dict[str, float | None] = {}  # the longest Oracle run of each task with a verdict, seconds
+    states: list[Any] = []
     while pending or in_flight:
         while pending and in_flight < concurrency:
             iid, attempt = pending.popleft()
-            row = by_id[iid]
-            parser = loaded.log_parsers.get(iid)
-            validation = limits.validation
-            if parser:  # the repository's own log parser replaces the run's
+            row = plan.rows[iid]
+            validation = plan.validation
+            if parser := plan.log_parsers.get(iid):  # the repository's own log parser replaces the run's
                 validation = validation.model_copy(
                     update={"checks": validation.checks.model_copy(update={"log_parser": parser})})
-            future = validate.submit(row, row.image, loaded.image_ids[iid], loaded.test_commands[iid], validation,
-                                     f"curate-a{earlier[iid] + attempt}", sink, limits.sandbox, limits.ray)
+            future = validate.submit(row, row.image, plan.image_ids[iid], plan.test_commands[iid], validation,
+                                     f"curate-a{earlier[iid] + attempt}", sink, plan.sandbox, plan.ray)
             future.add_done_callback(lambda f, iid=iid, attempt=attempt: done.put((iid, attempt, f)))
             in_flight += 1
         iid, attempt, future = done.get()
@@ -359,10 +437,10 @@ def _run_batch(store_url: str, batch_id: str, ids: list[str], by_id: dict[str, C
             logger.error("validation of %s raised (no trial recorded): %r", iid, exc)
             final[iid] = ("error", f"validation raised {type(exc).__name__}: {exc}"[:2000], None)
         else:
+            states.append(future.state)
             note_task_state(future.state)  # inside a lifecycle stage: ran or answered from cache
-            ended = [trial_row(tr, JOB_ID, None, run_id, batch_id=batch_id) for tr in outcome.trials]
-            record_rows(store_url, "trials", ended)  # a cached validation's too: a kill from here on loses none
-            trials.extend(ended)
+            # stored by the validation as each ended (a cached one's in the run that ran it); again below
+            trials.extend(trial_row(tr, JOB_ID, None, run_id, batch_id=batch_id) for tr in outcome.trials)
             if outcome.report is None:
                 failed = outcome.failed_trial or outcome.nop
                 if attempt < max_retries:
@@ -375,19 +453,23 @@ def _run_batch(store_url: str, batch_id: str, ids: list[str], by_id: dict[str, C
                 final[iid] = (verdict, outcome.report.reason, outcome.report)
                 pristine[iid] = _pristine_duration_s(outcome)
         finished += 1
-        update_progress_artifact(progress, progress=100.0 * finished / len(ids))
+        if finished == len(ids) or time.monotonic() - shown_at >= PROGRESS_UPDATE_S:
+            update_progress_artifact(progress, progress=100.0 * finished / len(ids))
+            shown_at = time.monotonic()
     tasks = []
     for iid in ids:
         status, reason, report = final[iid]
-        row = by_id[iid]
+        row = plan.rows[iid]
         tasks.append(TaskRecord(instance_id=iid, repo=row.repo, patch=row.patch, image_ref=row.image,
                                 status=status, reason=reason,
                                 fail_to_pass=report.FAIL_TO_PASS if report else [],
                                 pass_to_pass=report.PASS_TO_PASS if report else [],
                                 known_tests=report.known_tests if report else [],
                                 pristine_duration_s=pristine.get(iid), run_id=run_id))
-    curate_tasks.record_batch(store_url, BatchRecord(batch_id=batch_id, kind="curate", instance_ids=ids,
-                                                     concurrency=concurrency, run_id=run_id), trials, tasks)
+    curate_tasks.record_batch(plan.store_url, BatchRecord(batch_id=batch_id, kind="curate", instance_ids=ids,
+                                                          concurrency=concurrency, run_id=run_id), trials, tasks)
+    if not plan.keep_validation_results:
+        _drop_results(states)
     table_artifact(f"curate-{batch_id[-16:].lower()}", [
         {"instance_id": t.instance_id, "status": t.status, "reason": t.reason, "FAIL_TO_PASS": len(t.fail_to_pass)}
         for t in tasks], f"curate batch {batch_id}")

@@ -58,8 +58,11 @@ class FreezeParams(StageParams):
         name: the freeze name (:func:`forgeflow.curation.freeze.validate_freeze_name`); a freeze is immutable.
         quotas: split minimums (tasks), the per-repository cap (tasks) and repositories overall.
         seed: orders the selection (same accepted tasks + seed, same freeze).
-        instance_ids: freeze only accepted tasks among these (a curate run's candidates, as the
-            freeze-on-ready automation passes them); None: every accepted task in the store.
+        instance_ids: freeze only accepted tasks among these (a curate run's candidates); None: every
+            accepted task in the store.
+        candidate_set: a curate run's candidate set, as the freeze-on-ready automation passes it (a
+            reference: its ids are read from the store and checked against its digest); not with
+            ``instance_ids``.
         out_dir: where the manifest and bundle are written; None: ``$FORGEFLOW_HOME/freezes``.
     """
 
@@ -71,6 +74,9 @@ class FreezeParams(StageParams):
     instance_ids: tuple[str, ...] | None = Field(
         None, description="freeze only accepted tasks among these instance ids (a curate run's candidates); "
                           "None: every accepted task in the store")
+    candidate_set: str | None = Field(
+        None, pattern=r"^candidates-[0-9a-f]{32}$", description="a curate run's candidate set (candidates-<32 hex>, "
+        "as its freeze-ready event names it): freeze only accepted tasks among its ids; not with instance_ids")
     out_dir: Path | None = Field(None, description="folder for the manifest and bundle; None: "
                                                    "$FORGEFLOW_HOME/freezes")
 
@@ -92,7 +98,9 @@ def freeze(params: FreezeParams = FreezeParams()) -> FreezeManifest:
         The manifest, with ``bundle_path`` and ``bundle_sha256`` of the bundle's tarball.
 
     Raises:
-        InputError: an invalid name, or ``params.instance_ids`` given but empty.
+        InputError: an invalid name, ``params.instance_ids`` given but empty, both it and
+            ``params.candidate_set``, or a candidate set the store does not hold (or whose ids do not
+            match its digest).
         PreflightError: the quotas are not met (each unmet quota is named).
         FreezeConflictError: ``params.name`` exists with different content.
     """
@@ -101,6 +109,10 @@ def freeze(params: FreezeParams = FreezeParams()) -> FreezeManifest:
         validate_freeze_name(name)
     except InputError as exc:
         raise _param_error(exc, "name") from None
+    if params.candidate_set is not None:
+        if instance_ids is not None:
+            raise InputError(f"freeze {name!r}: give params.instance_ids or params.candidate_set, not both")
+        instance_ids = tuple(curation.candidate_set_ids(params.candidate_set))
     if instance_ids is not None and not instance_ids:
         raise InputError(f"freeze {name!r}: params.instance_ids is empty (None freezes every accepted task)")
     bundle_tasks = curation.accepted_for_freeze(list(instance_ids) if instance_ids is not None else None)

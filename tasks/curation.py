@@ -12,7 +12,7 @@ from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE
 from pydantic import BaseModel, ConfigDict
 
 from forgeflow.common.errors import InputError, PreflightError
-from forgeflow.curation import bugs, bundle, freeze, generated
+from forgeflow.curation import bugs, bundle, freeze, generated, run_reads
 from forgeflow.evaluation.canary import trial_row
 from forgeflow.ledger.records import TaskRecord
 from forgeflow.ledger.store import Store
@@ -21,6 +21,7 @@ from forgeflow.sandbox import dispatch, trial
 from forgeflow.sandbox.backends import SandboxTarget
 from forgeflow.sandbox.base import SandboxSpec
 from forgeflow.sandbox.dispatch import RayPlacement
+from forgeflow.sandbox.kubernetes_manifests import FLOW_RUN_LABEL
 from tasks.common import RESUMABLE, TRANSIENT_RETRY_DELAYS_S, load_block, retry_on_transient, run_labelled
 
 
@@ -153,6 +154,8 @@ def validate_candidate(candidate: trial.BugTask, image_ref: str, image_digest: s
     spec = SandboxSpec(memory_mb=settings.memory_mb) if sandbox is None else SandboxSpec(
         memory_mb=sandbox.memory_mb, cpus=sandbox.cpus)
     backend = run_labelled(sandbox.target if sandbox is not None else "podman")
+    if sink is not None and sink.run_id:  # a curate batch's subflow: labelled with the curate run, swept with it
+        backend = backend.model_copy(update={"labels": {**backend.labels, FLOW_RUN_LABEL: sink.run_id[:64]}})
     timeout_s, checks = settings.verifier_timeout_s, settings.checks
     if ray is not None:
         outcome = dispatch.validate_on_ray(ray, candidate, image_ref, test_command, timeout_s=timeout_s, spec=spec,
@@ -282,64 +285,89 @@ def available_images(refs: list[str]) -> list[str]:
     return images.available(refs)
 
 
-class CurationState(BaseModel):
-    """What the store says about a curate run's candidates before a batch (:func:`curation_state`).
+CurationState = run_reads.CurationState
+"""What the store says about a curate run's candidates (:class:`forgeflow.curation.run_reads.CurationState`)."""
+
+
+@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S[:2],
+      retry_condition_fn=retry_on_transient, task_run_name="curation-state", persist_result=False)
+def curation_state(store_url: str, instance_ids: list[str]) -> CurationState:
+    """The store's accepted tasks among ``instance_ids`` (a run's candidates), which of them are processed and
+    the accepted ones per repository, read now (never cached: the run itself changes them batch by batch) and
+    only for those ids (:func:`forgeflow.curation.run_reads.curation_state`: primary-key lookups in chunks, so
+    the cost is the run's, not the whole store's)."""
+    return run_reads.curation_state(_store(store_url).engine, instance_ids)
+
+
+class Registration(BaseModel):
+    """What :func:`register_candidates` recorded.
 
     Attributes:
-        accepted: the accepted tasks among the run's candidates (instance id, repository).
-        processed: every instance id the store has a final status for (accepted, rejected or error).
-        accepted_per_repo: repository -> accepted tasks, over the whole store (what batch selection balances).
+        new: how many of the run's candidates the store did not know (recorded with status ``candidate``).
+        candidates: how many candidates the run has (distinct ids).
+        candidate_set: the batch id of the run's candidate set
+            (:func:`forgeflow.curation.run_reads.candidate_set_record`): what the freeze-ready event names.
+        candidates_sha256: the hex sha256 of the sorted candidate ids (the set's digest).
     """
 
     model_config = ConfigDict(frozen=True)
 
-    accepted: list[freeze.AcceptedTask]
-    processed: set[str]
-    accepted_per_repo: dict[str, int]
+    new: int
+    candidates: int
+    candidate_set: str
+    candidates_sha256: str
 
 
 @task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S[:2],
-      retry_condition_fn=retry_on_transient, task_run_name="curation-state")
-def curation_state(store_url: str, instance_ids: list[str]) -> CurationState:
-    """The store's accepted tasks among ``instance_ids``, its processed ids and accepted tasks per repository,
-    read now (never cached: the run itself changes them batch by batch)."""
-    store = _store(store_url)
-    wanted = set(instance_ids)
-    return CurationState(accepted=[freeze.AcceptedTask(instance_id=t.instance_id, repo=t.repo)
-                                   for t in store.accepted_tasks() if t.instance_id in wanted],
-                         processed=store.processed_instance_ids(), accepted_per_repo=store.accepted_per_repo())
-
-
-@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S[:2],
-      retry_condition_fn=retry_on_transient)
-def register_candidates(store_url: str, rows: list[Any], run_id: str) -> int:
+      retry_condition_fn=retry_on_transient, persist_result=False)
+def register_candidates(store_url: str, rows: list[Any], run_id: str) -> Registration:
     """Record the candidates of ``rows`` the store does not know yet (status ``candidate``) in one ``load``
-    batch, its id the digest of every row's instance id (a re-run upserts the same batch). The store is
-    upgraded first. Returns how many were new."""
+    batch, its id the digest of every row's instance id (a re-run upserts the same batch), and the run's
+    candidate set (every row's id, :func:`forgeflow.curation.run_reads.candidate_set_record`). The store is
+    upgraded first; only the rows' own ids are looked up. Returns a :class:`Registration`."""
     from forgeflow.common.fsutil import sha256_json
     from forgeflow.ledger.records import BatchRecord
 
     store = _store(store_url)
     store.upgrade()
-    known = {t.instance_id for t in store.tasks()}
+    ids = sorted(r.instance_id for r in rows)
+    known = run_reads.known_instance_ids(store.engine, ids)
     new_rows = [TaskRecord(instance_id=r.instance_id, repo=r.repo, patch=r.patch, image_ref=r.image,
                            status="candidate", run_id=run_id) for r in rows if r.instance_id not in known]
+    candidate_set = run_reads.candidate_set_record(ids, run_id or None)
     if new_rows:
-        ids = sorted(r.instance_id for r in rows)
         store.record_batch_results(BatchRecord(batch_id=f"load-{sha256_json(ids)[:16]}", kind="load",
                                                instance_ids=[t.instance_id for t in new_rows], concurrency=1,
                                                run_id=run_id), [], new_rows)
-    return len(new_rows)
+    store.record_batch(candidate_set)
+    return Registration(new=len(new_rows), candidates=len(set(ids)), candidate_set=candidate_set.batch_id,
+                        candidates_sha256=run_reads.candidate_set_digest(ids))
 
 
 @task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S[:2],
-      retry_condition_fn=retry_on_transient)
+      retry_condition_fn=retry_on_transient, persist_result=False)
+def candidate_set_ids(candidate_set: str) -> list[str]:
+    """The instance ids of the candidate set ``candidate_set`` (a freeze-ready event's ``candidate_set``) in the
+    store (``settings.store_url()``, upgraded first), sorted; what the freeze freezes among.
+
+    Raises:
+        InputError: no such candidate set, or its ids do not match its digest.
+    """
+    store = Store()
+    try:
+        store.upgrade()
+        return run_reads.candidate_set_ids(store.engine, candidate_set)
+    finally:
+        store.dispose()
+
+
+@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S[:2],
+      retry_condition_fn=retry_on_transient, persist_result=False)
 def voided_attempts(store_url: str, instance_ids: list[str]) -> dict[str, int]:
     """Instance id -> how many of its NOP trials ``recover`` voided: where its attempt numbers continue, so a
-    requeued task gets new trial ids while a killed run's live trials keep theirs."""
-    store = _store(store_url)
-    return {iid: sum(t.voided_at is not None for t in store.trials_for(kind="nop", instance_id=iid,
-                                                                       include_void=True)) for iid in instance_ids}
+    requeued task gets new trial ids while a killed run's live trials keep theirs (one grouped count per chunk
+    of ids, :func:`forgeflow.curation.run_reads.voided_nop_attempts`)."""
+    return run_reads.voided_nop_attempts(_store(store_url).engine, instance_ids)
 
 
 @task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S[:2],

@@ -8,6 +8,7 @@ imported on first use (the ``kubernetes`` client is only needed there).
 
 from __future__ import annotations
 
+import re
 from functools import partial
 from typing import Callable
 
@@ -98,6 +99,27 @@ BACKENDS: dict[str, Callable[[SandboxTarget], Callable[..., Sandbox]]] = {
     "kubernetes": lambda target: partial(_kubernetes_sandbox, target),
 }
 """Sandbox backends by kind: each maps a :class:`SandboxTarget` to its factory ``(image, spec, name)``."""
+
+
+BUILT_IN_BACKENDS = frozenset(BACKENDS)
+"""The kinds forgeflow itself provides (:func:`register_backend` never replaces one)."""
+
+
+def register_backend(kind: str, factory: Callable[[SandboxTarget], Callable[..., Sandbox]]) -> None:
+    """Add a sandbox backend kind from outside forgeflow (a plugin, a benchmark's stand-in): from then on, in
+    this process, a ``forgeflow-sandbox`` block or a :class:`SandboxTarget` may name ``kind``.
+
+    Args:
+        kind: the new kind's name (lower-case letters, digits and ``-``).
+        factory: maps a :class:`SandboxTarget` to the sandbox factory ``(image, spec, name)``, as
+            :data:`BACKENDS`' values do.
+
+    Raises:
+        InputError: ``kind`` is a built-in kind or not such a name.
+    """
+    if kind in BUILT_IN_BACKENDS or not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,62}", kind):
+        raise errors.InputError(f"sandbox backend kind {kind!r} is built in or not a lower-case name")
+    BACKENDS[kind] = factory
 
 
 def backend_kind(backend: "str | SandboxTarget") -> str:

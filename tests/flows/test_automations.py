@@ -29,16 +29,18 @@ def test_freeze_on_ready_renders_one_params_object_the_freeze_flow_accepts():
     from forgeflow.curation.freeze import SplitQuotas
 
     quotas = {"train": 5, "validation": 0, "test": 3, "max_per_repo": 7, "min_repos": 2}
+    candidate_set = "candidates-" + "ab" * 16  # a reference to the run's candidates, never every id
     payload = {"store_url": "sqlite:///x.db", "freeze_name": "team-v7", "quotas": quotas, "seed": 3,
-               "instance_ids": ["repo-a.x1", "repo-b.y2"], "counts": {"train": 2}, "accepted": 2, "batches": []}
+               "candidate_set": candidate_set, "counts": {"train": 2}, "accepted": 2, "batches": 1}
     (action,) = automations.freeze_on_ready(str(uuid4())).actions
     rendered = _render(action.parameters, {"event": {"payload": payload}})
 
     assert list(rendered) == ["params"]  # one parameter: a run's params replaces the deployment's whole object
     assert rendered["params"] == {"name": "team-v7", "quotas": quotas, "seed": 3,
-                                  "instance_ids": ["repo-a.x1", "repo-b.y2"]}  # JSON types kept
+                                  "candidate_set": candidate_set}  # JSON types kept
     params = FreezeParams.model_validate(rendered["params"])
-    assert params.quotas == SplitQuotas(**quotas) and params.instance_ids == ("repo-a.x1", "repo-b.y2")
+    assert params.quotas == SplitQuotas(**quotas) and params.candidate_set == candidate_set
+    assert params.instance_ids is None
     assert params.out_dir is None  # the model's default, not a payload key
 
 

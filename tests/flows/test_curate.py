@@ -107,8 +107,9 @@ def test_curate_runs_until_freeze_ready_then_skips_processed_and_recovers(
     # what the freeze-on-ready automation freezes with: this run's name, quotas, seed and candidates
     assert events[0].payload["freeze_name"] == first.freeze_name and first.freeze_name.startswith("curate-")
     assert events[0].payload["quotas"] == quotas.model_dump() and events[0].payload["seed"] == 0
-    assert events[0].payload["instance_ids"] == sorted(json.loads(line)["instance_id"]
-                                                       for line in candidates_jsonl.read_text().splitlines())
+    from forgeflow.curation.run_reads import candidate_set_ids  # the event names the run's candidates by reference
+    assert candidate_set_ids(store.engine, events[0].payload["candidate_set"]) == sorted(
+        json.loads(line)["instance_id"] for line in candidates_jsonl.read_text().splitlines())
 
     assert set(first.validated) == {t.instance_id for t in trials}  # what this run validated, nothing else
     # a caller that freezes itself (the lifecycle) asks for no event: ready, nothing validated, no event

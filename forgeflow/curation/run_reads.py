@@ -1,0 +1,138 @@
+"""A curate run's reads of the store, scoped to the run's own candidates (never the whole store).
+
+Every query here filters on the run's instance ids (``IN`` over chunks of :data:`IDS_PER_QUERY`, answered
+from the primary key of ``tasks`` and the ``instance_id`` index of ``trials``), so what one batch costs
+does not grow with everything the store ever held. A run's candidate set is recorded once as a batch row
+of kind :data:`CANDIDATE_SET_KIND` (:func:`candidate_set_record`): the freeze-ready event names it (a
+reference of fixed size, whatever the run's size) and the freeze reads the ids back
+(:func:`candidate_set_ids`, checked against its digest).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from pydantic import BaseModel, ConfigDict
+from sqlalchemy import Engine, func, select
+from sqlalchemy.orm import Session
+
+from forgeflow.common.errors import InputError
+from forgeflow.common.fsutil import sha256_json
+from forgeflow.curation.freeze import AcceptedTask
+from forgeflow.ledger.records import BatchRecord
+from forgeflow.ledger.tables import Batch, TaskInstance, Trial
+
+IDS_PER_QUERY = 500
+"""Instance ids per ``IN`` list (well under SQLite's oldest bound of 999 bound parameters)."""
+
+CANDIDATE_SET_KIND = "candidates"
+"""The ``batches.kind`` of a curate run's candidate set (:func:`candidate_set_record`)."""
+
+
+def _chunks(ids: Sequence[str]) -> Iterator[list[str]]:
+    """``ids`` (deduplicated, sorted) in lists of at most :data:`IDS_PER_QUERY`."""
+    unique = sorted(set(ids))
+    for start in range(0, len(unique), IDS_PER_QUERY):
+        yield unique[start:start + IDS_PER_QUERY]
+
+
+class CurationState(BaseModel):
+    """What the store says about a curate run's candidates before a batch (:func:`curation_state`).
+
+    Attributes:
+        accepted: the accepted tasks among the run's candidates (instance id, repository), by instance id.
+        processed: the run's candidates the store has a final status for (accepted, rejected or error).
+        accepted_per_repo: repository -> accepted tasks among the run's candidates (what batch selection
+            balances; repositories with none are absent).
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    accepted: list[AcceptedTask]
+    processed: set[str]
+    accepted_per_repo: dict[str, int]
+
+
+def curation_state(engine: Engine, instance_ids: Sequence[str]) -> CurationState:
+    """The state of the run whose candidates are ``instance_ids``: one primary-key lookup per
+    :data:`IDS_PER_QUERY` ids, reading only their rows' id, repository and status.
+
+    Args:
+        engine: the store's SQLAlchemy engine (:attr:`forgeflow.ledger.store.Store.engine`).
+        instance_ids: the run's candidates (any order; duplicates ignored).
+
+    Returns:
+        A :class:`CurationState`; ids the store has no row for count as not processed.
+    """
+    accepted: list[AcceptedTask] = []
+    processed: set[str] = set()
+    per_repo: dict[str, int] = {}
+    with Session(engine) as session:
+        for chunk in _chunks(instance_ids):
+            statement = (select(TaskInstance.instance_id, TaskInstance.repo, TaskInstance.status)
+                         .where(TaskInstance.instance_id.in_(chunk), TaskInstance.status != "candidate"))
+            for instance_id, repo, status in session.execute(statement):
+                processed.add(instance_id)
+                if status == "accepted":
+                    accepted.append(AcceptedTask(instance_id=instance_id, repo=repo))
+                    per_repo[repo] = per_repo.get(repo, 0) + 1
+    accepted.sort(key=lambda task: task.instance_id)
+    return CurationState(accepted=accepted, processed=processed, accepted_per_repo=per_repo)
+
+
+def known_instance_ids(engine: Engine, instance_ids: Sequence[str]) -> set[str]:
+    """Which of ``instance_ids`` the store has a task row for (primary-key lookups in chunks)."""
+    known: set[str] = set()
+    with Session(engine) as session:
+        for chunk in _chunks(instance_ids):
+            known.update(session.scalars(select(TaskInstance.instance_id).where(TaskInstance.instance_id.in_(chunk))))
+    return known
+
+
+def voided_nop_attempts(engine: Engine, instance_ids: Sequence[str]) -> dict[str, int]:
+    """Instance id -> how many of its NOP trials were voided (``recover``), for every id given (0 when none):
+    one grouped count per chunk on the ``trials.instance_id`` index."""
+    counts = dict.fromkeys(instance_ids, 0)
+    with Session(engine) as session:
+        for chunk in _chunks(instance_ids):
+            statement = (select(Trial.instance_id, func.count()).where(
+                Trial.instance_id.in_(chunk), Trial.kind == "nop", Trial.voided_at.is_not(None))
+                .group_by(Trial.instance_id))
+            counts.update({instance_id: n for instance_id, n in session.execute(statement)})
+    return counts
+
+
+def candidate_set_digest(instance_ids: Sequence[str]) -> str:
+    """The hex sha256 of the sorted, deduplicated ``instance_ids`` (canonical JSON): what names a candidate set."""
+    return sha256_json(sorted(set(instance_ids)))
+
+
+def candidate_set_record(instance_ids: Sequence[str], run_id: str | None) -> BatchRecord:
+    """The batch row that records a curate run's candidate set: id ``candidates-<32 hex of its digest>``, kind
+    :data:`CANDIDATE_SET_KIND`, the sorted ids (``concurrency`` 1: nothing runs under it).
+
+    Raises:
+        InputError: ``instance_ids`` is empty.
+    """
+    if not instance_ids:
+        raise InputError("a candidate set needs at least one instance id")
+    ids = sorted(set(instance_ids))
+    return BatchRecord(batch_id=f"{CANDIDATE_SET_KIND}-{candidate_set_digest(ids)[:32]}", kind=CANDIDATE_SET_KIND,
+                       instance_ids=ids, concurrency=1, run_id=run_id)
+
+
+def candidate_set_ids(engine: Engine, batch_id: str) -> list[str]:
+    """The instance ids of the candidate set ``batch_id`` (:func:`candidate_set_record`), sorted.
+
+    Raises:
+        InputError: no candidate set of that id in the store, or its ids do not match its digest.
+    """
+    with Session(engine) as session:
+        row = session.execute(select(Batch.kind, Batch.instance_ids).where(Batch.batch_id == batch_id)).first()
+    if row is None or row.kind != CANDIDATE_SET_KIND:
+        raise InputError(f"the store holds no candidate set {batch_id!r} (a curate run's freeze-ready event names "
+                         f"one: {CANDIDATE_SET_KIND}-<32 hex>)")
+    ids = sorted(row.instance_ids)
+    if f"{CANDIDATE_SET_KIND}-{candidate_set_digest(ids)[:32]}" != batch_id:
+        raise InputError(f"candidate set {batch_id!r}: its {len(ids)} recorded ids do not match its digest")
+    return ids
