@@ -9,12 +9,12 @@ the rest by label).
 
 The pod (:func:`render_trial_pod`):
 
-* one container ``sandbox`` running ``sleep infinity``; the pod sets ``shareProcessNamespace: true``
-  so the pod's pause process is PID 1 and reaps the zombies that exec'd commands leave behind (the
-  role of ``podman run --init``). ``tini`` was not chosen because it must exist in every task image.
-  An agent's pod (``tree_repo``) differs: the repository on a volume shared with a sleeping ``tree``
-  sidecar of the same image, no shared process namespace, where :meth:`KubernetesSandbox.export_tree`
-  takes the agent's tree (:mod:`forgeflow.sandbox.kubernetes_manifests`);
+* one container ``sandbox`` whose PID 1 is a shell that reaps the zombies exec'd commands leave behind
+  and keeps ``sleep infinity`` running (the role of ``podman run --init``; ``tini`` was not chosen
+  because it must exist in every task image); no shared process namespace, so nothing in the pod can
+  end it from inside. An agent's pod (``tree_repo``) adds: the repository on a volume shared with a
+  sleeping ``tree`` sidecar of the same image, where :meth:`KubernetesSandbox.export_tree` takes the
+  agent's tree (:mod:`forgeflow.sandbox.kubernetes_manifests`);
 * memory and CPU requests == limits (Guaranteed QoS, the last class the kubelet evicts), plus an
   ephemeral-storage limit;
 * ``automountServiceAccountToken: false`` and ``enableServiceLinks: false``: the trial sees no API

@@ -13,11 +13,12 @@ as podman's ``export_tree`` does from the host (:mod:`forgeflow.sandbox.tree`). 
 on an ``emptyDir`` volume, filled from the image by an init container (``cp -a``: modes, owners,
 times, links and ``.git`` kept), mounted at ``tree_repo`` in the agent's container (it sees the repo
 as before) and read-only in a second container, ``tree``, from the same pristine image, which only
-sleeps; after the agent, forgeflow runs ``tar`` there (the exec API's ``container``). That pod does
-**not** share its process namespace: with ``shareProcessNamespace`` the agent's root could signal the
+sleeps; after the agent, forgeflow runs ``tar`` there (the exec API's ``container``). No trial pod
+shares its process namespace: with ``shareProcessNamespace`` the agent's root could signal the
 sidecar's processes and write the sidecar's root file system through ``/proc/<pid>/root`` (measured
-under podman with a shared PID namespace), so the agent's container reaps its own orphans with a
-shell as PID 1 (:data:`AGENT_INIT_SCRIPT`). Requests == limits in every container (Guaranteed QoS):
+under podman with a shared PID namespace), and code under test in a verifier's pod could end the
+pod's pause process (its trial an exception instead of its own 0); each trial container reaps its
+own orphans with a shell as PID 1 (:data:`INIT_SCRIPT`). Requests == limits in every container (Guaranteed QoS):
 the init container takes the agent's quantities (a pod's request is the larger of its init
 containers' and the sum of its containers': no extra), the sidecar :data:`TREE_CPU_M` /
 :data:`TREE_MEMORY_MB`. Capabilities beyond ``drop: [ALL]`` (all within the PodSecurity *baseline*
@@ -52,10 +53,10 @@ REPO_VOLUME_NAME = "repo"
 REPO_STAGING_PATH = "/forgeflow-repo"
 """Where the init container mounts the repository volume (a path no task image uses)."""
 
-AGENT_INIT_SCRIPT = "while :; do sleep infinity & wait; done"
-"""PID 1 of an agent pod's container (it has its own PID namespace): the shell reaps the agent's orphans in
-``wait`` and starts ``sleep`` again if the agent kills it; signals from inside the namespace do not reach an
-init without handlers, so the agent cannot end its own container."""
+INIT_SCRIPT = "while :; do sleep infinity & wait; done"
+"""PID 1 of a trial pod's container (it has its own PID namespace): the shell reaps orphans in ``wait`` and
+starts ``sleep`` again if something kills it; signals from inside the namespace do not reach an init
+without handlers, so neither the agent nor code under test can end its own container."""
 
 TREE_CPU_M = 100
 """CPU request and limit of the tree sidecar, millicores (``tar`` of a large tree at 10m would take minutes)."""
@@ -303,7 +304,7 @@ def render_trial_pod(instance_id: str, trial_id: str, image_ref: str, spec: Kube
         "restartPolicy": "Never",
         "automountServiceAccountToken": spec.automount_service_account_token,
         "enableServiceLinks": False,
-        "shareProcessNamespace": True,
+        "shareProcessNamespace": False,  # see the module docstring
         "hostNetwork": False,
         "hostPID": False,
         "hostIPC": False,
@@ -316,7 +317,7 @@ def render_trial_pod(instance_id: str, trial_id: str, image_ref: str, spec: Kube
                 "name": CONTAINER_NAME,
                 "image": image_ref,
                 "imagePullPolicy": "IfNotPresent",
-                "command": ["sleep", "infinity"],
+                "command": ["sh", "-c", INIT_SCRIPT],
                 "resources": {"requests": dict(quantities), "limits": dict(quantities)},
                 "securityContext": _security_context(tuple(spec.capabilities)),
             }
@@ -324,9 +325,7 @@ def render_trial_pod(instance_id: str, trial_id: str, image_ref: str, spec: Kube
     }
     if tree_repo is not None:
         tree = _tree_parts(image_ref, spec, tree_repo, quantities)
-        pod_spec["shareProcessNamespace"] = False  # the agent must not reach the sidecar's processes
         main = pod_spec["containers"][0]
-        main["command"] = ["sh", "-c", AGENT_INIT_SCRIPT]
         main["volumeMounts"] = [{"name": REPO_VOLUME_NAME, "mountPath": tree_repo}]
         pod_spec["containers"].append(tree["sidecar"])
         pod_spec["initContainers"] = tree["initContainers"]

@@ -122,11 +122,10 @@ def _members(tree: bytes) -> dict[str, tuple]:
 def test_on_kubernetes_the_agents_tools_cannot_hide_its_change(task_image: str, kube) -> None:
     env = _kube_env(kube, task_image, "ff-test-adv-k8s-agent-fix")
     try:
-        base = env.git("rev-parse", "HEAD").strip()
         _run(env, [FIX, "printf 'def test_repro():\\n    pass\\n' > test_repro.py", *HIDE, *ESCAPES])
         assert env.execute({"command": "git diff"})["output"] == "", "the agent's own git hides the fix"
         phase = _AgentPhase()
-        _take_submission(env, base, phase)
+        _take_submission(env, phase)
         assert phase.error is None and phase.tree is not None, (phase.error, phase.notes)
         with pytest.raises(TreeTooLargeError):  # the same bound as podman's
             env.sandbox.export_tree(max_bytes=1024)
@@ -146,7 +145,7 @@ def test_the_tree_taken_on_kubernetes_equals_the_tree_taken_on_podman(task_image
     try:
         _run(env, EDITS)
         phase = _AgentPhase()
-        _take_submission(env, "", phase)
+        _take_submission(env, phase)
         assert phase.error is None and phase.tree is not None
         # the bytes reach a pod as they are (a verifier's pod puts the tree in place this way)
         env.sandbox.write_file("/tmp/tree.tar", phase.tree)
@@ -169,7 +168,7 @@ def test_on_kubernetes_a_pod_gone_or_evicted_before_its_tree_is_an_exception_not
                                                                  grace_period_seconds=0)
         for env, evidence in zip(envs, ("evicted", "gone")):
             phase = _AgentPhase()
-            _take_submission(env, "", phase)
+            _take_submission(env, phase)
             assert isinstance(phase.error, errors.SandboxError) and evidence in str(phase.error), phase.error
             assert phase.tree is None and not phase.notes
     finally:

@@ -85,14 +85,14 @@ def test_trial_pod_validates_as_v1pod_and_is_locked_down() -> None:
     assert type(pod).__name__ == "V1Pod"
     ps = pod.spec
     assert ps.automount_service_account_token is False
-    assert ps.share_process_namespace is True  # the pause process is PID 1 and reaps zombies
+    assert ps.share_process_namespace is False  # nothing in the pod reaches another container's processes
     assert ps.restart_policy == "Never"
     assert not ps.volumes and not ps.host_network and not ps.host_pid and not ps.host_ipc
     assert ps.enable_service_links is False
     assert ps.active_deadline_seconds == 7200
     assert [s.name for s in ps.image_pull_secrets] == ["forgeflow-registry"]
     (container,) = ps.containers
-    assert container.image == IMAGE and container.command == ["sleep", "infinity"]
+    assert container.image == IMAGE and container.command == ["sh", "-c", kubernetes_manifests.INIT_SCRIPT]
     assert not container.volume_mounts
     assert container.resources.limits["memory"] == "8192Mi" == container.resources.requests["memory"]
     assert container.resources.limits["cpu"] == "1000m"
@@ -129,10 +129,10 @@ def test_an_agent_pod_shares_its_repository_with_a_tree_sidecar_the_agent_cannot
     assert tree.resources.limits == {"cpu": "100m", "memory": "64Mi", "ephemeral-storage": "64Mi"}
     assert tree.security_context.capabilities.add == ["DAC_OVERRIDE"] and tree.security_context.read_only_root_filesystem
     assert not main.security_context.capabilities.add and not main.security_context.read_only_root_filesystem
-    # a verifier's pod (no tree_repo) stays one container, no volume, the shared process namespace
+    # a verifier's pod (no tree_repo) stays one container, no volume, its own process namespace
     plain = kubernetes_manifests.validate_manifest(kubernetes_manifests.render_trial_pod("a", TRIAL, IMAGE, spec)).spec
-    assert plain.share_process_namespace is True and len(plain.containers) == 1
-    assert not plain.volumes and not plain.init_containers and plain.containers[0].command == ["sleep", "infinity"]
+    assert plain.share_process_namespace is False and len(plain.containers) == 1
+    assert not plain.volumes and not plain.init_containers and plain.containers[0].command == main.command
     for bad in ("", "testbed", "/", "/a b", "/x/../y"):
         with pytest.raises(errors.InputError, match="tree_repo"):
             kubernetes_manifests.render_trial_pod("a", TRIAL, IMAGE, spec, tree_repo=bad)
