@@ -61,7 +61,6 @@ from forgeflow.evaluation.canary import (
     CanaryTask,
     check_concurrency,
     render_job_report,
-    trial_row,
 )
 from forgeflow.evaluation.canary_params import CanaryEndpoint, CanaryRunSettings
 from forgeflow.evaluation.canary_result import (
@@ -117,8 +116,9 @@ def run_canary_job(log: StageLog, stage: str, run: CanaryJobRun) -> tuple[list, 
     Records ``run.job`` in the store (:func:`forgeflow.common.settings.store_url`, through
     :func:`tasks.common.record_rows`), then runs :func:`tasks.evaluation.agent_trial` in a sliding window of
     ``run.concurrency`` (:meth:`flows.stagekit.StageLog.window`: the next trial starts when any one
-    ends), records each trial as it comes back (:func:`forgeflow.evaluation.canary.trial_row`, upsert
-    by trial id, one ``record-trials`` task run each), publishes the table artifact ``stage`` with dashes
+    ends); each trial is recorded once, by its own task as it ends (:func:`tasks.evaluation.record_agent_trial`:
+    the trial row and any supervision event in one transaction, upsert by trial id; no task run per row),
+    publishes the table artifact ``stage`` with dashes
     and fills the stage's counts (requested, scored, reward_1, exceptions) and digests (model). With
     ``run.agent_config.verifier_ray`` the trials run on that Ray cluster and this process leaves
     it once the job's trials are in.
@@ -134,7 +134,7 @@ def run_canary_job(log: StageLog, stage: str, run: CanaryJobRun) -> tuple[list, 
     with log.stage(stage) as st:
         job, tasks, agent_config = run.job, run.tasks, run.agent_config
         record_rows(store_url, "jobs", [job])
-        model_sha256, run_id = job.model_sha256, job.run_id or ""
+        model_sha256 = job.model_sha256
 
         def submit(t: CanaryTask) -> Any:
             return evaluation_tasks.agent_trial.submit(t, run.base_url, run.model_alias, model_sha256, agent_config,
@@ -144,9 +144,7 @@ def run_canary_job(log: StageLog, stage: str, run: CanaryJobRun) -> tuple[list, 
         ended = {}
         try:
             for t, state in log.window(tasks, submit, run.concurrency):
-                tr = state.result()
-                record_rows(store_url, "trials", [trial_row(tr, job.job_id, model_sha256, run_id)])
-                ended[t.instance_id] = tr
+                ended[t.instance_id] = state.result()  # recorded by its task (record_agent_trial)
         finally:  # a driver outlived by its Ray cluster is ended by Ray: leave it now
             if agent_config.verifier_ray is not None:
                 dispatch.disconnect()

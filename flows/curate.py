@@ -14,7 +14,7 @@ accepted tasks (read for this run's candidates only: :mod:`forgeflow.curation.ru
 Prefect event ``forgeflow.dataset.freeze-ready`` (its payload names the run's candidate set recorded in the
 store, :func:`freeze_ready_payload`: a fixed size at any number of candidates) and stop. Not ready: pick
 one batch with :func:`forgeflow.curation.selection.select_batch` and validate it in its own subflow run,
-``curate-batch`` named by the batch id (:func:`curate_batch`: one run graph and one progress bar per batch,
+``curate-batch`` named by the batch id (:func:`_curate_batch`: one run graph and one progress bar per batch,
 so no run's graph grows past what the UI draws at 30,000 candidates): NOP/Oracle at most
 ``settings.concurrency`` at a time (an attempt that ends in an infrastructure error is tried again, up to
 ``settings.max_retries`` times), each trial stored as it ends, then the batch's trials, task statuses and
@@ -316,7 +316,7 @@ def curate(params: CurateParams = CurateParams()) -> CurateResult:
                              concurrency=settings.concurrency, max_retries=settings.max_retries,
                              validation=settings.validation(), sandbox=placement, ray=ray_placement,
                              keep_validation_results=settings.keep_validation_results)
-            recorded += curate_batch(batch_id, plan)
+            recorded += _curate_batch(batch_id, plan)
             batches.append(batch_id)
             validated.extend(ids)
             logger.info("batch %s: %d candidates; unmet before it: %s", batch_id, len(ids), unmet_text(selection.unmet))
@@ -326,7 +326,7 @@ def curate(params: CurateParams = CurateParams()) -> CurateResult:
 
 
 class BatchPlan(BaseModel):
-    """One batch of a ``curate`` run, as its ``curate-batch`` subflow (:func:`curate_batch`) validates it.
+    """One batch of a ``curate`` run, as its ``curate-batch`` subflow (:func:`_curate_batch`) validates it.
 
     Attributes:
         store_url: the store's SQLAlchemy URL.
@@ -390,7 +390,7 @@ def _drop_results(states: list[Any]) -> int:
 
 @flow(name="curate-batch", flow_run_name="{batch_id}", validate_parameters=False, persist_result=False,
       log_prints=True)
-def curate_batch(batch_id: str, plan: BatchPlan) -> int:
+def _curate_batch(batch_id: str, plan: BatchPlan) -> int:
     """Validate one batch of a ``curate`` run (its own run in the UI: its validations, its progress, its table):
     a sliding window of ``plan.concurrency`` validations, each handled as it ends (its trials were stored by the
     validation as they ended), then the trials, the task statuses and the batch row in one transaction.

@@ -26,6 +26,7 @@ from forgeflow.evaluation.canary import (
     frozen_split,
     plan_canary_recovery,
     sample_split,
+    trial_row,
 )
 from forgeflow.evaluation.canary_params import CanaryEndpoint
 from forgeflow.evaluation.compare import gate
@@ -33,7 +34,7 @@ from forgeflow.ledger import records
 from forgeflow.ledger import store as ledger
 from forgeflow.sandbox import trial
 from forgeflow.sandbox.dispatch import RayPlacement
-from tasks.common import RESUMABLE, run_labelled, run_logger, task_run_id
+from tasks.common import RESUMABLE, flow_run_id, run_labelled, run_logger, shared_store, task_run_id
 
 
 class UnscoredTrialError(Exception):
@@ -85,9 +86,11 @@ def agent_trial(task: CanaryTask, base_url: str, model_alias: str, model_sha256:
     the next flow run (exceptions are never cached). A cache hit ends this task in a
     ``Cached`` state too, so stage bookkeeping sees it.
 
-    When the supervisor stopped the run (dead loop or hang: ``AgentLoopError`` /
-    ``AgentHangError``, the verifier's reward kept beside it), a ``supervision_events`` row is
-    recorded in the store with the evidence and the trajectory path (``job_id`` names the job).
+    The trial is recorded here, once, as it ends (cached or not; :func:`record_agent_trial`): its ``trials``
+    row (:func:`forgeflow.evaluation.canary.trial_row`: ``job_id``, ``model_sha256``, the flow run's id) and,
+    when the supervisor stopped the run (dead loop or hang: ``AgentLoopError`` / ``AgentHangError``, the
+    verifier's reward kept beside it), its ``supervision_events`` row with the evidence and the trajectory
+    path, in one transaction of the store (``settings.store_url()``).
 
     ``task`` (:class:`forgeflow.evaluation.canary.CanaryTask`) is the task: its image and digest,
     problem statement, test command, FAIL_TO_PASS / PASS_TO_PASS and the log parser the verifier
@@ -101,20 +104,51 @@ def agent_trial(task: CanaryTask, base_url: str, model_alias: str, model_sha256:
         record = state.result()
     except UnscoredTrialError as exc:
         record = exc.record
-    record_supervision(record, job_id, task_run_id())
+    record_agent_trial(None, record, job_id, model_sha256, flow_run_id(), task_run_id())
     if state.name == "Cached":  # the trial came from the cache: say so (the stage log counts it)
         return Completed(data=record, name="Cached")
     return record
 
 
+def record_agent_trial(store_url: str | None, record: trial.TrialResult, job_id: str | None,
+                       model_sha256: str | None, run_id: str | None, task_run: str | None = None) -> Any:
+    """Record an agent trial as it ends: its ``trials`` row and, when the supervisor stopped it, its
+    ``supervision_events`` row, in ONE transaction of the store at ``store_url`` (None:
+    ``settings.store_url()``; this process's :func:`tasks.common.shared_store`: no migration, no new
+    connection per trial). The canary's only write of a trial.
+
+    Args:
+        store_url: the store's SQLAlchemy URL, or None.
+        record: the trial (:class:`forgeflow.sandbox.trial.TrialResult`).
+        job_id: the job the trial belongs to.
+        model_sha256: the model's digest (64 hex), stored on the row.
+        run_id: the flow run stamped on the trial row.
+        task_run: the task run stamped on the supervision event.
+
+    Returns:
+        The supervision event recorded, or None when the supervisor did not stop the run.
+
+    Raises:
+        InputError: the store refuses the row (a trial with neither reward nor exception).
+    """
+    from forgeflow.common import settings
+
+    event = agent.supervision_event(record, job_id, task_run)
+    store = shared_store(store_url or settings.store_url())
+    store.record_trials([trial_row(record, job_id, model_sha256, run_id)], [event] if event is not None else [])
+    if event is not None:
+        run_logger().warning("supervisor stopped %s: %s (%s)", record.instance_id, event.kind, record.exception_message)
+    return event
+
+
 def record_supervision(record: trial.TrialResult, job_id: str | None, run_id: str | None = None) -> Any:
     """Record the supervisor's stop of ``record`` (if any) as a ``supervision_events`` row in the
     store (``settings.store_url()``); returns the row, or None when the supervisor did not stop it."""
+    from forgeflow.common import settings
+
     event = agent.supervision_event(record, job_id, run_id)
     if event is not None:
-        store = ledger.Store()
-        store.upgrade()
-        store.record_supervision_event(event)
+        shared_store(settings.store_url()).record_supervision_event(event)
         run_logger().warning("supervisor stopped %s: %s (%s)", record.instance_id, event.kind, record.exception_message)
     return event
 

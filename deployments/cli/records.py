@@ -64,18 +64,31 @@ def _tampering(verifier: dict | None) -> list[str] | None:
     return sorted(screening.get("protected_paths", {})) if screening.get("tampering") else None
 
 
+TRIALS_PAGE_DEFAULT = 50
+"""Trials ``forgeflow trials --job`` shows unless ``--limit`` says otherwise (the rest: ``--offset``)."""
+
+def unknown_job(store: "Store", job: str) -> str:
+    """The message for a job id with no live trials in ``store`` (:meth:`Store.unknown_job_message`)."""
+    return store.unknown_job_message(job)
+
+
 @app.command()
 def trials(job: Optional[str] = typer.Option(None, help="job id (omit to list the jobs in the store)"),
            merged: bool = typer.Option(False, "--merged", help="the job merged with its recovery jobs: prints "
                                        "{view, job_id, recovery_job_ids, trials} (the view says "
                                        "'original job + N recovery jobs')"),
-           as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table")) -> None:
+           as_json: bool = typer.Option(False, "--json", help="print JSON instead of a table"),
+           limit: int = typer.Option(TRIALS_PAGE_DEFAULT, min=1, help="with --job: most trials shown, oldest first "
+                                     "(how many more there are is said after them)"),
+           offset: int = typer.Option(0, min=0, help="with --job: trials to skip first (the next page: the "
+                                      "offset the output names)")) -> None:
     """Each trial's outcome (reward or exception type; flagged when an agent timeout, dead loop or
     hang kept the verifier's reward beside the exception; the protected paths of a tampering
-    submission; with --json the verifier's evidence) of a job recorded in the store."""
+    submission; with --json the verifier's evidence) of a job recorded in the store, a page at a time
+    (--limit, --offset), after the job's counts per verdict and per repository. Without --job: the jobs
+    and their trials per verdict (with --json: {job: trials})."""
     prepare_env(create=False)
     from forgeflow.common.errors import SCORED_DESPITE_EXCEPTION, InputError  # noqa: PLC0415
-    from forgeflow.evaluation.compare import job_trials, merged_job  # noqa: PLC0415
 
     if job is not None and not job.strip():
         fail("--job is empty: give a job id (omit --job to list the jobs in the store)")
@@ -83,24 +96,28 @@ def trials(job: Optional[str] = typer.Option(None, help="job id (omit to list th
         fail("--merged needs --job JOB (the job to merge with its recovery jobs)")
     store = read_store()
     if job is None:
-        counts: dict[str, int] = {}
-        for t in store.trials_for():
-            counts[t.job_id or "-"] = counts.get(t.job_id or "-", 0) + 1
+        summaries = store.job_summaries()
         if as_json:
-            console.print_json(json.dumps(counts))
+            console.print_json(json.dumps({s.job_id or "-": s.trials for s in summaries}))
         else:
-            for name, n in sorted(counts.items()):
-                console.print(f"{name}\t{n} trials")
+            for s in summaries:
+                console.print(f"{s.job_id or '-'}\t{s.trials} trials (reward 1: {s.reward_1}, reward 0: {s.reward_0}, "
+                              f"exceptions: {s.exceptions})", highlight=False, soft_wrap=True)
         return
+    if not store.has_trials(job):
+        fail(unknown_job(store, job))
     try:
-        if merged:
+        if merged:  # the compare package (statistics) is imported only here: 1.3 s
+            from forgeflow.evaluation.compare import merged_job  # noqa: PLC0415
+
             view = merged_job(store, job)
-            rows = view.trials
+            total, rows = len(view.trials), view.trials[offset:offset + limit]
         else:  # any job, validation (nop/oracle) jobs too: the merged view takes agent jobs only
-            rows = job_trials(store, job)
+            page = store.job_trial_page(job, limit=limit, offset=offset)
+            total, rows = page.total, page.trials
     except InputError as exc:
         fail(exc)
-    events = {e.trial_id: e for e in store.supervision_events()}
+    events = {e.trial_id: e for e in store.supervision_events(trial_ids=[t.trial_id for t in rows])}
     out = [{"trial_id": t.trial_id, "instance_id": t.instance_id, "kind": t.kind, "job_id": t.job_id,
             "reward": t.reward, "exception_type": t.exception_type, "exception_message": t.exception_message,
             "flagged": t.exception_type in SCORED_DESPITE_EXCEPTION and t.reward is not None,
@@ -108,14 +125,25 @@ def trials(job: Optional[str] = typer.Option(None, help="job id (omit to list th
             "agent_steps": t.agent_steps, "input_tokens": t.input_tokens, "output_tokens": t.output_tokens,
             "timings": t.timings, "tampering": _tampering(t.verifier), "verifier": t.verifier}
            for t in rows]
+    remaining = max(0, total - offset - len(rows))
+    more = (f"{remaining} more trial(s) after these (of {total}): --offset {offset + len(rows)}" if remaining
+            else None)
     if as_json:
         body: object = out
         if merged:
             body = {"view": view.label, "job_id": view.job_id, "recovery_job_ids": view.recovery_job_ids,
                     "from_recovery": view.from_recovery, "trials": out}
         print(json.dumps(body, indent=2))
+        if more:
+            typer.echo(more, err=True)
         return
-    table = Table(title=f"trials of {view.label if merged else 'job ' + job}")
+    counts = store.job_verdict_counts(job)
+    repos = store.job_repository_counts(job)
+    console.print(f"job {job}: {counts.trials} trials (reward 1: {counts.reward_1}, reward 0: {counts.reward_0}, "
+                  f"exceptions: {counts.exceptions}); per repository: "
+                  + ", ".join(f"{repo} {n}" for repo, n in repos.items()), highlight=False, soft_wrap=True)
+    shown = f"{offset + 1}-{offset + len(rows)} of {total}" if rows else f"none of {total} (offset {offset})"
+    table = Table(title=f"trials of {view.label if merged else 'job ' + job}: {shown}")
     for col in ("instance_id", "job", "kind", "reward", "exception"):
         table.add_column(col)
     for t in out:
@@ -125,6 +153,8 @@ def trials(job: Optional[str] = typer.Option(None, help="job id (omit to list th
         table.add_row(t["instance_id"], t["job_id"] or "", t["kind"], "" if t["reward"] is None else f"{t['reward']:g}",
                       exc)
     console.print(table)
+    if more:
+        console.print(more, highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -157,6 +187,9 @@ def compare(job_a: str, job_b: str,
     from forgeflow.evaluation.compare.gate import GatePolicy  # noqa: PLC0415
 
     store = read_store()
+    for job in (job_a, job_b):  # an unknown id is answered from the index, before any trial is read
+        if not store.has_trials(job):
+            fail(unknown_job(store, job))
     try:
         gate = GatePolicy.build(max_drop=max_drop, alpha=alpha, min_pairs=min_pairs, min_repos=min_repos,
                                            max_wall_s_ratio=max_wall_ratio, max_input_tokens_ratio=max_tokens_ratio,

@@ -1,6 +1,7 @@
 """The store: the SQL ledger of domain facts (``tables``: the schema; ``records``: the typed rows;
-``store``: the Store API; ``queries``: its reads; ``dialects``: the upsert statement and the
-SQLite file checks) and its Alembic ``migrations``.
+``store``: the Store API; ``queries``: its reads; ``batched``: its batched upserts; ``dialects``: the upsert
+statement and the SQLite file checks; ``migrating``: migrations once per process, safe across threads and
+processes) and its Alembic ``migrations``.
 
 May import: ``forgeflow.common``. The packages of ``forgeflow`` import one way, in this order:
 common < ledger < registry < sandbox < curation < evaluation < training < packaging < serving.

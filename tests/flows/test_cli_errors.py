@@ -156,15 +156,17 @@ def test_up_on_an_unreachable_prefect_database_is_one_line_exit_1_and_leaves_not
 
 
 def _damage(store_db) -> None:
-    """Overwrite the b-tree page type of every table's root page but ``alembic_version``'s (the schema and
-    the revision stay readable, as in a file a crash or a failing disk damaged mid-way)."""
+    """Overwrite the b-tree page type of every table's and index's root page but ``alembic_version``'s (the
+    schema and the revision stay readable, as in a file a crash or a failing disk damaged mid-way; the job list
+    reads an index alone)."""
     import sqlite3
 
     connection = sqlite3.connect(store_db)
     try:
         page_size = connection.execute("PRAGMA page_size").fetchone()[0]
-        roots = [page for name, page in connection.execute(
-            "SELECT name, rootpage FROM sqlite_master WHERE type = 'table'") if name != "alembic_version" and page > 1]
+        roots = [page for table, page in connection.execute(
+            "SELECT tbl_name, rootpage FROM sqlite_master WHERE type IN ('table', 'index')")
+            if table != "alembic_version" and page > 1]
     finally:
         connection.close()
     with open(store_db, "r+b") as handle:

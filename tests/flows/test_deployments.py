@@ -13,7 +13,8 @@ def _yaml_deployments():
 
 
 def _all_flows() -> set[str]:
-    """``path:function`` of every Prefect flow defined in ``flows/``."""
+    """``path:function`` of every Prefect flow defined in ``flows/`` but the private subflows (a leading ``_``:
+    run only by their parent flow with in-memory inputs, e.g. ``curate``'s ``curate-batch``)."""
     import importlib
 
     from prefect import Flow
@@ -22,7 +23,7 @@ def _all_flows() -> set[str]:
     for path in sorted((REPO_ROOT / "flows").glob("*.py")):
         module = importlib.import_module(f"flows.{path.stem}")
         out |= {f"flows/{path.name}:{obj.fn.__name__}" for obj in vars(module).values()
-                if isinstance(obj, Flow) and obj.fn.__module__ == module.__name__}
+                if isinstance(obj, Flow) and obj.fn.__module__ == module.__name__ and not obj.fn.__name__.startswith("_")}
     return out
 
 

@@ -26,6 +26,8 @@ from tests.helpers import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
+CANDIDATE_SET = "candidates-" + "ab" * 16
+"""A curate run's candidate set as a freeze-ready event names it (the store holds none of this name)."""
 
 
 class _Webhook(BaseHTTPRequestHandler):
@@ -158,7 +160,7 @@ def test_runs_from_run_deployment_and_rest_complete_and_freeze_ready_triggers_fr
                 await client.emit(Event(event="forgeflow.dataset.freeze-ready",
                                         resource={"prefect.resource.id": "forgeflow.store.test"},
                                         payload={"freeze_name": "team-v7", "quotas": quotas, "seed": 3,
-                                                 "instance_ids": ["repo-a.x1", "repo-b.y2"], "counts": {"train": 2}}))
+                                                 "candidate_set": CANDIDATE_SET, "counts": {"train": 2}}))
         asyncio.run(emit())
     for _ in range(30):  # SQLite busy under concurrent writers answers 503: a REST client retries
         rest = httpx.post(f"{state.api_url}/deployments/{state.deployments['compare/compare']}/create_flow_run",
@@ -186,11 +188,11 @@ def test_runs_from_run_deployment_and_rest_complete_and_freeze_ready_triggers_fr
     # the freeze runs with one params object of what the curate run carried in its event, not the
     # deployment's demo defaults
     assert freeze_runs[0]["parameters"] == {"params": {"name": "team-v7", "quotas": quotas, "seed": 3,
-                                                       "instance_ids": ["repo-a.x1", "repo-b.y2"]}}
-    # the store has no accepted tasks: the freeze fails (PreflightError) and the failure is notified
+                                                       "candidate_set": CANDIDATE_SET}}
+    # the store holds no such candidate set (no curate run recorded it): the freeze fails naming it, notified
     run = _wait_state(state.api_url, freeze_runs[0]["id"])
     assert run["state"]["type"] == "FAILED"
-    assert "freeze 'team-v7' is not ready" in run["state"]["message"] and "need 5" in run["state"]["message"]
+    assert f"the store holds no candidate set {CANDIDATE_SET!r}" in run["state"]["message"], run["state"]
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not any(freeze_runs[0]["id"] in m.get("body", "") for m in webhook[1]):
         time.sleep(1)
@@ -290,7 +292,10 @@ def test_a_team_curates_freezes_and_canaries_its_unittest_rows_through_the_deplo
             time.sleep(2)
         assert len(freeze_runs) == 1, "the curate run's freeze-ready event did not start the freeze deployment"
         assert freeze_runs[0]["parameters"]["params"]["quotas"] == quotas
-        assert sorted(freeze_runs[0]["parameters"]["params"]["instance_ids"]) == sorted(accepted)
+        from forgeflow.curation.run_reads import candidate_set_ids  # the event names the run's candidates
+
+        assert candidate_set_ids(store.engine, freeze_runs[0]["parameters"]["params"]["candidate_set"]) == sorted(
+            r["instance_id"] for r in rows)
         assert _wait_state(state.api_url, freeze_runs[0]["id"], timeout_s=300)["state"]["type"] == "COMPLETED"
         assert [f.name for f in store.freezes() if f.name == "team-unittest-v1"] == ["team-unittest-v1"]
 

@@ -173,12 +173,12 @@ def job_trials(store: Any, job_id: str) -> list[Any]:
     """The trials ``store`` records for ``job_id`` (any kind), oldest first.
 
     Raises:
-        InputError: there are none (the message names the store URL and the jobs that have trials).
+        InputError: there are none (the message names the store and the jobs that have trials, or the
+            closest ids: :meth:`forgeflow.ledger.store.Store.unknown_job_message`).
     """
     own = store.trials_for(job_id=job_id)
     if not own:
-        known = sorted({t.job_id for t in store.trials_for() if t.job_id})
-        raise InputError(f"job {job_id!r} has no trials in {store.url}; jobs with trials: {', '.join(known) or 'none'}")
+        raise InputError(store.unknown_job_message(job_id))
     return own
 
 
@@ -424,13 +424,8 @@ def compare_stored_jobs(
     rewards_a, rewards_b = rewards_by_instance(a.trials), rewards_by_instance(b.trials)
     paired_ids = [i for i in sorted(set(rewards_a) & set(rewards_b))
                   if rewards_a[i] is not None and rewards_b[i] is not None]
-    repo_of: dict[str, str] | None = {}
-    for instance_id in paired_ids:
-        task = store.get_task(instance_id)
-        if task is None:
-            repo_of = None
-            break
-        repo_of[instance_id] = task.repo
+    repos = store.task_repos(paired_ids)  # one read per 500 ids, not one per task
+    repo_of: dict[str, str] | None = repos if all(i in repos for i in paired_ids) else None
     paired = paired_compare(rewards_a, rewards_b, repo_of, n_resamples=n_resamples, seed=seed,
                             confidence=confidence)
     report_a, report_b = JobReport.from_trials(a.trials), JobReport.from_trials(b.trials)

@@ -26,7 +26,7 @@ from forgeflow.ledger.store import Store
 from forgeflow.ledger.tables import Base, Image, ServingGeneration
 
 DIGEST = "sha256:" + "a" * 64
-HEAD = "0009"
+HEAD = "0010"
 """The newest migration (forgeflow/ledger/migrations/versions)."""
 
 SHA = "b" * 64
