@@ -11,8 +11,12 @@ One agent trial (Harbor's and SWE-bench's shape):
    ``AgentConfig.sandbox_backend`` (a podman container, or a Kubernetes pod through the API's exec
    subresource: the backend the verifier's ``verifier_backend`` names too), no network, the
    config's memory and CPU limits, ``cwd /testbed``. Prompts
-   come from mini-swe-agent's own ``swebench_backticks.yaml``. The trajectory JSON is written
-   atomically after every step. One ModelClient (hence one circuit breaker) serves one agent run.
+   come from mini-swe-agent's own ``swebench_backticks.yaml``. Each step's messages are appended to
+   ``<trial_id>.messages.jsonl`` as the step ends (never the whole trajectory again); the trajectory
+   JSON (mini-swe-agent's format) is written atomically once, when the run ends, and the stream removed.
+   A request that cannot fit the endpoint's slot is refused before it is sent
+   (:mod:`forgeflow.evaluation.context_budget`). One ModelClient (hence one circuit breaker) serves one
+   agent run.
 2. **submission** — where the agent has no hand: on podman the agent's container is stopped and its
    ``/testbed`` (without ``.git``) copied out from the host (:func:`forgeflow.sandbox.tree.export_tree`),
    and the verifier's git diffs it against the pristine image; the trajectory's ``info.submission`` is
@@ -40,9 +44,10 @@ Outcomes versus breakage (docs/architecture.md, the rules every stage keeps):
   with reward None and no verifier run;
 * the agent overrunning ``agent_timeout_s`` is an :class:`~forgeflow.common.errors.AgentTimeoutError`
   recorded with the exception *and* the verifier's reward (Harbor's convention);
-* **supervision** (long-horizon runs): after every model answer the calls so far go through
-  :func:`forgeflow.evaluation.supervision.detect_loop` (``loop_threshold``, default: blocked at the 3rd
-  repeat, before it runs); a :class:`~forgeflow.evaluation.supervision.HangWatchdog` thread flags the run
+* **supervision** (long-horizon runs): every call goes through a
+  :class:`forgeflow.evaluation.supervision.LoopDetector` as it is added (``loop_threshold``, default: blocked
+  at the 3rd repeat, before it runs; a window of the last calls, so its cost per step is flat); a
+  :class:`~forgeflow.evaluation.supervision.HangWatchdog` thread flags the run
   when no new message or model call happened for ``hang_idle_s`` (default 11 minutes), kills the
   commands running in the agent's container (every process the agent's commands started, through
   an exec of the sandbox: :meth:`~forgeflow.evaluation.sandbox_env.SandboxEnvironment.interrupt`)
@@ -297,6 +302,10 @@ def _save_trajectory(agent: Any, phase: _AgentPhase, traj_path: Path, ids: dict[
                 "n_output_tokens": phase.n_output_tokens, "agent_s": phase.agent_s,
                 "error": f"{type(phase.error).__name__}: {phase.error}" if phase.error else None,
                 "supervision": phase.supervision,
+                "supervision_work": {"calls_checked": agent.loop_detector.n_calls,
+                                     "signatures_computed": agent.loop_detector.signatures_computed,
+                                     "comparisons": agent.loop_detector.comparisons},
+                "stream": dict(agent.stream_stats),
             },
         },
         "instance_id": ids["instance_id"],
@@ -443,8 +452,10 @@ def run_agent_trial(
         base_url: OpenAI-compatible endpoint, e.g. ``http://127.0.0.1:8801/v1``.
         model_alias: the model name to request.
         config: sampling and budget.
-        out_dir: where ``<trial_id>.traj.json`` is written (atomically, after every step); its
-            ``info.forgeflow`` holds ``n_steps``, ``n_input_tokens``, ``n_output_tokens``.
+        out_dir: where ``<trial_id>.traj.json`` is written (atomically, when the run ends; meanwhile
+            each step's messages are appended to ``<trial_id>.messages.jsonl``); its ``info.forgeflow``
+            holds ``n_steps``, ``n_input_tokens``, ``n_output_tokens``, ``supervision_work`` (calls
+            checked, signatures computed, comparisons) and ``stream`` (messages, bytes, writes).
         verifier_timeout_s: timeout of the test run in seconds.
         run_key: distinguishes repeated trials of the same inputs (e.g. a sample index, the model
             digest); default :func:`default_run_key`. The trial id is

@@ -7,12 +7,15 @@ equal to the agent's remaining time, a circuit breaker) instead of LiteLLM. Its 
 :class:`forgeflow.evaluation.sandbox_env.SandboxEnvironment` (not mini-swe-agent's ``docker``
 environment): the loop and the model calls stay on the host, every command runs in a container of
 the task image on the trial's sandbox backend (podman or Kubernetes), no network, ``cwd /testbed``.
-The agent's trajectory is written atomically after every step, and the supervisor
+The agent's messages are streamed to disk as they happen (a JSON-lines file beside the trajectory, which
+is written whole in mini-swe-agent's format when the run ends), and the supervisor
 (:mod:`forgeflow.evaluation.supervision`) sees every call. The trial built on it is :mod:`forgeflow.evaluation.agent`.
 """
 
 from __future__ import annotations
 
+import errno
+import json
 import logging
 import os
 import re
@@ -24,15 +27,16 @@ from types import SimpleNamespace
 from typing import Any
 
 from forgeflow.common import errors
-from forgeflow.common.fsutil import atomic_write_json
+from forgeflow.common.fsutil import atomic_output_file
 from forgeflow.common.settings import apply_container_env
 from forgeflow.evaluation.agent_config import AgentConfig
+from forgeflow.evaluation.context_budget import ContextBudget, endpoint_counter, read_slot_tokens
 from forgeflow.evaluation.model_client import ChatResponse, ModelClient, chat_request
 from forgeflow.evaluation.supervision import (
     DEFAULT_LOOP_THRESHOLD,
     HangWatchdog,
-    detect_loop,
-    tool_calls_from_trajectory,
+    LoopDetector,
+    tool_calls_of_message,
 )
 from forgeflow.sandbox.verifier import (
     TESTBED,
@@ -143,6 +147,7 @@ class _SupervisedChat:
 
     client: ModelClient
     watchdog: HangWatchdog | None
+    budget: ContextBudget
     deadline_monotonic: float
     sampling: dict[str, Any]
     config: Any
@@ -160,17 +165,22 @@ class _SupervisedChat:
         if self.watchdog is None:
             return self.client.chat(request)
         box: dict[str, Any] = {}
+        done = threading.Event()
 
         def call() -> None:
             try:
                 box["response"] = self.client.chat(request)
             except BaseException as exc:  # noqa: BLE001 - handed to the agent's thread
                 box["error"] = exc
+            finally:
+                done.set()
 
         worker = threading.Thread(target=call, name="forgeflow-model-call", daemon=True)
         worker.start()
-        while worker.is_alive():
-            if self.watchdog.hung_event.wait(0.1):
+        # wake on the answer at once (not at the next 0.1 s tick: that cost up to 100 ms a step); look at the
+        # watchdog between waits
+        while not done.wait(0.1):
+            if self.watchdog.hung:
                 raise self._hang_error("a model call")
         if "error" in box:
             raise box["error"]
@@ -185,11 +195,18 @@ class _SupervisedChat:
         if remaining_s <= 0:
             raise errors.AgentTimeoutError("agent budget spent before the model call")
         self.client.retry = self.client.retry.model_copy(update={"total_budget_s": remaining_s})
+        account = self.budget.check(messages)
+        if not account.fits:  # the model's outcome, decided before anything is sent
+            self._context_exceeded(
+                f"request not sent: its prompt holds at least {account.floor_tokens} tokens and max_tokens is "
+                f"{account.max_completion_tokens}, over the slot's {account.slot_tokens} tokens (context window "
+                f"exceeded; GET /props)", None)
         request = chat_request(self.config.model_name, messages, **self.sampling)
         try:
             response = self._send(request)
             if self.watchdog is not None:
                 self.watchdog.touch_model_call()
+            self.budget.observe(len(messages), response.prompt_tokens, response.completion_tokens)
             return response
         except errors.ModelEndpointError as exc:
             if self.watchdog is not None and self.watchdog.hung:
@@ -199,14 +216,18 @@ class _SupervisedChat:
             raise
         except errors.ModelRequestError as exc:
             if CONTEXT_OVERFLOW_PATTERN.search(str(exc)):  # the model's outcome, not a fault
-                from minisweagent.exceptions import InterruptAgentFlow
-
-                raise InterruptAgentFlow({
-                    "role": "exit", "content": "ContextWindowExceeded",
-                    "extra": {"exit_status": "ContextWindowExceeded", "submission": "",
-                              "exception_str": str(exc)},
-                }) from exc
+                self._context_exceeded(str(exc), exc)
             raise
+
+    @staticmethod
+    def _context_exceeded(why: str, cause: BaseException | None) -> None:
+        """End the run with mini-swe-agent's ``ContextWindowExceeded`` exit (the model's outcome)."""
+        from minisweagent.exceptions import InterruptAgentFlow
+
+        raise InterruptAgentFlow({
+            "role": "exit", "content": "ContextWindowExceeded",
+            "extra": {"exit_status": "ContextWindowExceeded", "submission": "", "exception_str": why},
+        }) from cause
 
 
 def endpoint_model_class() -> type:
@@ -257,8 +278,12 @@ def endpoint_model_class() -> type:
                 params["tools"] = [BASH_TOOL]
             self.sampling = params
             read_timeout_s = 600.0 if watchdog is None else min(600.0, watchdog.idle_limit_s + 5.0)
-            self.client = ModelClient(self.api_base, api_key=os.environ.get(MODEL_API_KEY_ENV),
-                                      read_timeout_s=read_timeout_s)
+            api_key = os.environ.get(MODEL_API_KEY_ENV)
+            self.client = ModelClient(self.api_base, api_key=api_key, read_timeout_s=read_timeout_s)
+            slot_tokens = read_slot_tokens(self.api_base, api_key) if self.api_base else None
+            self.budget = ContextBudget(slot_tokens, int(params.get("max_tokens") or 0),
+                                        endpoint_counter(self.api_base, self.config.model_name, api_key)
+                                        if slot_tokens else None)
 
         def query(self, messages: list[dict[str, Any]], **kwargs: Any) -> dict:
             response = self._chat(self._prepare_messages_for_api(messages))
@@ -303,16 +328,59 @@ def endpoint_model_class() -> type:
     return EndpointModel
 
 
-def supervised_agent_class() -> type:
-    """mini-swe-agent's DefaultAgent, supervised, with its per-step trajectory save made atomic.
+STREAM_SUFFIX = ".messages.jsonl"
+"""The streamed trajectory beside ``<trial>.traj.json``: ``<trial>.messages.jsonl``, one message a line."""
 
-    * every new message is reported to the watchdog (``touch_message``);
-    * after each model answer (before its action runs) the tool calls of the whole trajectory
-      go through :func:`detect_loop` with ``loop_threshold``: a loop raises
+
+def stream_path(traj_path: Path) -> Path:
+    """Where the messages of the run whose final trajectory is ``traj_path`` are streamed as they happen."""
+    return traj_path.with_name(traj_path.name.removesuffix(".traj.json") + STREAM_SUFFIX)
+
+
+def write_trajectory(path: Path, data: dict[str, Any]) -> int:
+    """Write a trajectory (mini-swe-agent's format) atomically, one message at a time; returns its bytes.
+
+    Every key but ``messages`` is one JSON value; ``messages`` is written message by message, so the
+    file's text is never held whole next to the messages themselves.
+
+    Raises:
+        DiskFullError: the filesystem ran out of space (``path`` keeps its previous content, if any).
+    """
+    head = {k: v for k, v in data.items() if k != "messages"}
+    written = 0
+    with atomic_output_file(path) as tmp:
+        try:
+            with open(tmp, "w", encoding="utf-8") as fh:
+                opening = json.dumps(head, ensure_ascii=False, indent=1)[:-1].rstrip() + ",\n" if head else "{\n"
+                fh.write(opening + ' "messages": [')
+                for i, message in enumerate(data.get("messages") or []):
+                    fh.write(("," if i else "") + "\n  " + json.dumps(message, ensure_ascii=False))
+                fh.write("\n ]\n}\n")
+                written = fh.tell()
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise errors.DiskFullError(f"no space left writing the trajectory {path}: {exc}") from exc
+            raise
+    return written
+
+
+def supervised_agent_class() -> type:
+    """mini-swe-agent's DefaultAgent, supervised, with its trajectory streamed to disk as steps happen.
+
+    * every new message is reported to the watchdog (``touch_message``) and its tool calls are added to a
+      :class:`~forgeflow.evaluation.supervision.LoopDetector` (one signature per call, a window of the last
+      ``2 * loop_threshold`` calls: the check's cost is flat in the step count);
+    * after each model answer (before its action runs) a loop found so far raises
       :class:`~forgeflow.common.errors.AgentLoopError` whose ``evidence`` is the
       :class:`~forgeflow.evaluation.supervision.LoopDetection` (the looping answer stays in the trajectory,
       its command is not run);
-    * after each step's commands, a hang flagged meanwhile raises AgentHangError.
+    * after each step's commands, a hang flagged meanwhile raises AgentHangError;
+    * mini-swe-agent's save after every step (``save(path)``) appends the step's new messages to
+      :func:`stream_path` (JSON lines, flushed) instead of rewriting the whole trajectory; a save with
+      extra data (forgeflow's final save) writes ``path`` whole in mini-swe-agent's format
+      (:func:`write_trajectory`) and removes the stream. :attr:`stream_stats` counts what was streamed.
     """
     from minisweagent.agents.default import DefaultAgent
 
@@ -322,17 +390,28 @@ def supervised_agent_class() -> type:
             super().__init__(*args, **kwargs)
             self.loop_threshold = loop_threshold
             self.watchdog = watchdog
+            self.loop_detector = LoopDetector(loop_threshold)
+            self.stream_stats = {"messages": 0, "bytes": 0, "writes": 0}
+            self._streamed = 0
+            self._stream: Any = None
 
         def add_messages(self, *messages: dict) -> list[dict]:
+            if not self.messages:  # a new run (mini-swe-agent's run() resets the messages)
+                self.loop_detector = LoopDetector(self.loop_threshold)
+                self._streamed = 0
+            first = len(self.messages)
             added = super().add_messages(*messages)
+            for offset, message in enumerate(added):
+                for call in tool_calls_of_message(message, first + offset):
+                    self.loop_detector.add(call)
             if self.watchdog is not None:
                 self.watchdog.touch_message()
             return added
 
         def query(self) -> dict:
             message = super().query()
-            verdict = detect_loop(tool_calls_from_trajectory({"messages": self.messages}), self.loop_threshold)
-            if verdict.detected:
+            verdict = self.loop_detector.detection
+            if verdict is not None:
                 raise errors.AgentLoopError(
                     f"dead loop: the same {'call' if verdict.period == 1 else 'two calls'} repeated "
                     f"{verdict.repeats} times (period {verdict.period}; calls {verdict.indices}); "
@@ -347,10 +426,38 @@ def supervised_agent_class() -> type:
                 raise self.model._hang_error("a command")
             return observations
 
+        def _append_stream(self, path: Path) -> None:
+            new = self.messages[self._streamed:]
+            if not new:
+                return
+            if self._stream is None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                self._stream = open(stream_path(path), "a", encoding="utf-8")  # noqa: SIM115 - held for the run
+            text = "".join(json.dumps(m, ensure_ascii=False) + "\n" for m in new)
+            self._stream.write(text)
+            self._stream.flush()
+            self._streamed = len(self.messages)
+            self.stream_stats["messages"] += len(new)
+            self.stream_stats["bytes"] += len(text.encode("utf-8"))
+            self.stream_stats["writes"] += 1
+
+        def close_stream(self) -> None:
+            """Close the stream file (idempotent)."""
+            if self._stream is not None:
+                self._stream.close()
+                self._stream = None
+
         def save(self, path: Path | None, *extra_dicts: dict) -> dict:
+            if not extra_dicts:  # mini-swe-agent's save after every step: append the step's messages
+                if path:
+                    self._append_stream(Path(path))
+                return {}
             data = self.serialize(*extra_dicts)
             if path:
-                atomic_write_json(path, data)
+                self._append_stream(Path(path))
+                self.close_stream()
+                write_trajectory(Path(path), data)
+                stream_path(Path(path)).unlink(missing_ok=True)
             return data
 
     return SupervisedAgent

@@ -23,6 +23,7 @@ import math
 import re
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -115,19 +116,81 @@ class LoopDetection(BaseModel):
     blocked_at: int | None = None
 
 
-def _tail_loop(sigs: Sequence[str], end: int, period: int, threshold: int) -> bool:
-    span = period * threshold
-    if end < span:
-        return False
-    tail = sigs[end - span : end]
-    block = tail[:period]
-    if period == 2 and block[0] == block[1]:
-        return False  # that is a period-1 loop
-    return all(tail[i] == block[i % period] for i in range(span))
+class LoopDetector:
+    """:func:`detect_loop` applied as calls arrive, with a cost per call that does not grow with the run.
+
+    Keeps only the last ``2 * threshold`` signatures (the longest block a loop of period 2 spans), so
+    each :meth:`add` hashes one call and compares at most ``3 * threshold`` signatures, at step 10 as at
+    step 10,000. The first loop found is kept in :attr:`detection` (later calls do not replace it).
+
+    Args:
+        threshold: Repetitions of the block that make a loop (>= 2; default 3).
+
+    Attributes:
+        n_calls: Calls added so far.
+        signatures_computed: Call signatures computed (one per call added).
+        comparisons: Signature comparisons made (the detector's work, for tests and benchmarks).
+        detection: The first :class:`LoopDetection` with ``detected=True``, or None.
+
+    Raises:
+        InputError: ``threshold < 2``.
+    """
+
+    def __init__(self, threshold: int = DEFAULT_LOOP_THRESHOLD) -> None:
+        if threshold < 2:
+            raise InputError(f"threshold must be >= 2 (a call is not a loop with itself), got {threshold}")
+        self.threshold = threshold
+        self._sigs: deque[str] = deque(maxlen=2 * threshold)
+        self._message_indices: deque[int] = deque(maxlen=2 * threshold)
+        self.n_calls = 0
+        self.signatures_computed = 0
+        self.comparisons = 0
+        self.detection: LoopDetection | None = None
+
+    def _tail_loop(self, period: int) -> bool:
+        span = period * self.threshold
+        if len(self._sigs) < span:
+            return False
+        tail = list(self._sigs)[-span:]
+        self.comparisons += 1
+        if period == 2 and tail[0] == tail[1]:
+            return False  # that is a period-1 loop
+        for i in range(span):
+            self.comparisons += 1
+            if tail[i] != tail[i % period]:
+                return False
+        return True
+
+    def add(self, call: ToolCall) -> LoopDetection:
+        """Add the next call; the verdict on the calls so far ending in a loop (period 1 checked first).
+
+        Returns:
+            :class:`LoopDetection` whose positions count every call added; ``detected=False`` when the
+            calls so far do not end in a loop.
+        """
+        self._sigs.append(call.signature)
+        self._message_indices.append(call.message_index)
+        self.signatures_computed += 1
+        self.n_calls += 1
+        for period in (1, 2):
+            if self._tail_loop(period):
+                span = period * self.threshold
+                verdict = LoopDetection(
+                    detected=True, period=period, repeats=self.threshold, signatures=list(self._sigs)[-span:][:period],
+                    indices=list(range(self.n_calls - span, self.n_calls)),
+                    message_indices=list(self._message_indices)[-span:], blocked_at=self.n_calls - 1,
+                )
+                if self.detection is None:
+                    self.detection = verdict
+                return verdict
+        return LoopDetection(detected=False)
 
 
 def detect_loop(calls: Sequence[ToolCall], threshold: int = DEFAULT_LOOP_THRESHOLD) -> LoopDetection:
     """Find the first point where the calls end in a period-1 or period-2 loop.
+
+    A :class:`LoopDetector` fed the calls in order (each call's check bounded by a window of
+    ``2 * threshold`` calls, so a whole trajectory costs time linear in its length).
 
     Args:
         calls: Tool calls in order (see :func:`tool_calls_from_trajectory`).
@@ -139,22 +202,11 @@ def detect_loop(calls: Sequence[ToolCall], threshold: int = DEFAULT_LOOP_THRESHO
     Raises:
         InputError: ``threshold < 2``.
     """
-    if threshold < 2:
-        raise InputError(f"threshold must be >= 2 (a call is not a loop with itself), got {threshold}")
-    sigs = [call.signature for call in calls]
-    for end in range(1, len(sigs) + 1):
-        for period in (1, 2):
-            if _tail_loop(sigs, end, period, threshold):
-                indices = list(range(end - period * threshold, end))
-                return LoopDetection(
-                    detected=True,
-                    period=period,
-                    repeats=threshold,
-                    signatures=sigs[indices[0] : indices[0] + period],
-                    indices=indices,
-                    message_indices=[calls[i].message_index for i in indices],
-                    blocked_at=end - 1,
-                )
+    detector = LoopDetector(threshold)
+    for call in calls:
+        verdict = detector.add(call)
+        if verdict.detected:
+            return verdict
     return LoopDetection(detected=False)
 
 
@@ -380,44 +432,39 @@ def tool_calls_from_trajectory(trajectory: Mapping[str, Any] | str | Path) -> li
         raise InputError("trajectory has no 'messages' list")
     calls: list[ToolCall] = []
     for index, message in enumerate(messages):
-        if not isinstance(message, Mapping) or message.get("role") != "assistant":
-            continue
-        stamp = _extra(message).get("timestamp")
-        stamp = float(stamp) if isinstance(stamp, int | float) else None
-        tool_calls = message.get("tool_calls") or []
-        actions = _extra(message).get("actions") or []
-        if tool_calls:
-            for call in tool_calls:
-                function = call.get("function") or {}
-                calls.append(
-                    ToolCall(
-                        name=function.get("name") or "unknown",
-                        arguments=function.get("arguments"),
-                        message_index=index,
-                        timestamp_unix_s=stamp,
-                    )
-                )
-        elif actions:
-            for action in actions:
-                calls.append(
-                    ToolCall(
-                        name=BASH_TOOL,
-                        arguments={"command": str(action.get("command", "")).strip()},
-                        message_index=index,
-                        timestamp_unix_s=stamp,
-                    )
-                )
-        else:
-            for command in re.findall(MSWEA_ACTION_REGEX, str(message.get("content") or ""), re.DOTALL):
-                calls.append(
-                    ToolCall(
-                        name=BASH_TOOL,
-                        arguments={"command": command.strip()},
-                        message_index=index,
-                        timestamp_unix_s=stamp,
-                    )
-                )
+        calls.extend(tool_calls_of_message(message, index))
     return calls
+
+
+def tool_calls_of_message(message: Any, index: int = -1) -> list[ToolCall]:
+    """The tool calls of one trajectory message (none unless it is an assistant message), in order.
+
+    The same reading as :func:`tool_calls_from_trajectory` (``tool_calls``, else ``extra.actions``, else
+    every ``mswea_bash_command`` fence of the content), for a run that checks each message as it is added.
+
+    Args:
+        message: One mini-swe-agent message (a mapping; anything else has no calls).
+        index: Its index in the trajectory (recorded on each call; -1 when unknown).
+
+    Returns:
+        The calls, each with ``message_index=index`` and the message's ``extra.timestamp`` when recorded.
+    """
+    if not isinstance(message, Mapping) or message.get("role") != "assistant":
+        return []
+    stamp = _extra(message).get("timestamp")
+    stamp = float(stamp) if isinstance(stamp, int | float) else None
+    tool_calls = message.get("tool_calls") or []
+    actions = _extra(message).get("actions") or []
+    if tool_calls:
+        return [ToolCall(name=(call.get("function") or {}).get("name") or "unknown",
+                         arguments=(call.get("function") or {}).get("arguments"), message_index=index,
+                         timestamp_unix_s=stamp) for call in tool_calls]
+    if actions:
+        return [ToolCall(name=BASH_TOOL, arguments={"command": str(action.get("command", "")).strip()},
+                         message_index=index, timestamp_unix_s=stamp) for action in actions]
+    return [ToolCall(name=BASH_TOOL, arguments={"command": command.strip()}, message_index=index,
+                     timestamp_unix_s=stamp)
+            for command in re.findall(MSWEA_ACTION_REGEX, str(message.get("content") or ""), re.DOTALL)]
 
 
 def last_activity_unix_s(trajectory: Mapping[str, Any]) -> float | None:

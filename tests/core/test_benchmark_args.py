@@ -57,6 +57,12 @@ CASES = [
     ("benchmarks.trial", ["--concurrency", "99"], "--concurrency", "99"),
     ("benchmarks.dispatch", ["--repeats", "0"], "--repeats", "0"),
     ("benchmarks.dispatch", ["--per-project", "x"], "--per-project", "x"),
+    ("benchmarks.scale", ["--parts", "ledger,gpu"], "--parts", "gpu"),
+    ("benchmarks.scale", ["--trials", "0"], "--trials", "0"),
+    ("benchmarks.scale", ["--steps", "3"], "--steps", "3"),
+    ("benchmarks.scale_ledger", ["--trials", "0"], "--trials", "0"),
+    ("benchmarks.scale_curate", ["--sizes", "5"], "--sizes", "5"),
+    ("benchmarks.scale_agent", ["--steps", "x"], "--steps", "x"),
 ]
 
 
