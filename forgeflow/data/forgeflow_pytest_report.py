@@ -29,11 +29,13 @@ record after the session's end, an outcome of a test never collected) from the r
 * ``collected`` (after collection): the ``ids`` of every item that will run, in order;
 * ``registered``: a plugin registered after the reporter (a conftest's, or one code under test
   registered, at any time): ``name``, ``file``, ``hook_files`` (the files of its ``pytest_*``
-  functions' code, whatever its ``__module__`` claims);
+  functions' code, whatever its ``__module__`` claims), ``conftest`` (a conftest module) and
+  ``collecting`` (collection had started: code under test registered it);
 * ``report``: one per pytest report (``nodeid``, ``when``, ``outcome``, ``xfail``: the report has
   ``wasxfail``; ``rep``: the repetition, see below; ``duration_s``: pytest's own duration of the phase);
 * ``integrity`` (before a report record and at the end, only when it finds one): ``replaced``, the
-  functions pytest builds and reports outcomes with (``TestReport.from_item_and_call``,
+  hook implementations no registration added (appended to a hook caller's lists) or whose function was
+  swapped since, and the functions pytest builds and reports outcomes with (``TestReport.from_item_and_call``,
   ``runner.call_and_report``, ``CallInfo.from_call``, ``Function.runtest``, pluggy's hook calls, the
   plugin manager's hook executor, this plugin's own writers, ...) that are no longer the objects taken
   at this plugin's import: code in the test process patched them;
@@ -157,6 +159,18 @@ if _NONCE:
                   pytest=getattr(pytest, "__version__", None))
 
 
+def _hook_callers(manager):
+    """Every hook caller of ``manager`` (pluggy's ``HookCaller`` objects on ``manager.hook``)."""
+    return [caller for caller in vars(manager.hook).values() if hasattr(caller, "get_hookimpls")]
+
+
+def _replaced(watched, extra=()):
+    """Names of the watched functions no longer the ones taken at import (replaced in the process)."""
+    out = [f"{getattr(owner, '__qualname__', getattr(owner, '__name__', owner))}.{name}"
+           for owner, name, original in [*watched, *extra] if vars(owner).get(name) is not original]
+    return sorted(out)
+
+
 class _Reporter:
     """The hooks of the one pytest session this process reports (a pytest run inside a test, e.g.
     ``pytester``'s in-process runs, registers its own config and is not reported)."""
@@ -170,6 +184,8 @@ class _Reporter:
         self.flagged = set()
         self.hookexec = vars(config.pluginmanager).get("_inner_hookexec")
         self.live = False  # set once registered: the historic replay of earlier registrations is not recorded
+        self.collecting = False  # set when collection starts: code under test runs from then on
+        self.impls = {}  # id(HookImpl) -> (the HookImpl, its function): every implementation a registration added
         dist = getattr(config.option, "dist", None)  # pytest-xdist's mode, set from -n before configure
         if dist not in (None, "no"):
             _EMIT(channel, "distributed", dist=str(dist), workers=str(getattr(config.option, "numprocesses", None)))
@@ -192,12 +208,27 @@ class _Reporter:
             self.tripwires.update(item.nodeid for item in wires)
             items.extend(wires)
 
+    def learn_impls(self, plugin=None):
+        """Note the hook implementations registration added (of ``plugin``; None: of every plugin so far),
+        each with its function: the integrity check's baseline (:meth:`_integrity`)."""
+        for caller in _hook_callers(self.config.pluginmanager):
+            for impl in caller.get_hookimpls():
+                if plugin is None or impl.plugin is plugin:
+                    self.impls.setdefault(id(impl), (impl, impl.function))
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_collection(self, session):
+        self.collecting = True
+
     def pytest_plugin_registered(self, plugin, manager):
         """Every plugin registered after this reporter (by a conftest, or by code under test, at any time:
-        one registered and removed again between two tests is recorded too), with its hook functions' files."""
+        one registered and removed again between two tests is recorded too), with its hook functions' files,
+        whether it is a conftest module, and whether collection (code under test) had started."""
         if self.live:
+            self.learn_impls(plugin)
             _EMIT(self.channel, "registered", name=str(manager.get_name(plugin)), file=_file_of(plugin),
-                  hook_files=_hook_files(plugin))
+                  hook_files=_hook_files(plugin), collecting=self.collecting,
+                  conftest=plugin in getattr(manager, "_conftest_plugins", ()))
 
     def pytest_deselected(self, items):
         _EMIT(self.channel, "deselected", ids=[item.nodeid for item in items])
@@ -235,12 +266,22 @@ class _Reporter:
         item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
         return True
 
-    def _integrity(self):
-        """Emit an ``integrity`` record naming the pytest functions replaced since the plugin's import
-        (once per new name): code in the test process that patched how outcomes are built or reported."""
+    def _integrity(self, _callers=_hook_callers, _replaced=_replaced):  # bound here: a later rebinding of the
+        # module's names changes nothing
+        """Emit an ``integrity`` record naming the pytest functions replaced since the plugin's import, and
+        the hook implementations no registration added or whose function was swapped since (once per new
+        name): code in the test process that patched how outcomes are built or reported."""
         manager = self.config.pluginmanager
         extra = [(manager, "_inner_hookexec", self.hookexec)] if self.hookexec is not None else []
-        bad = [name for name in _replaced(_WATCHED, extra) if name not in self.flagged]
+        found = _replaced(_WATCHED, extra)
+        for caller in _callers(manager):
+            for impl in caller.get_hookimpls():
+                known = self.impls.get(id(impl))
+                if known is None or known[0] is not impl:
+                    found.append(f"{caller.name}: an implementation added without registering a plugin")
+                elif impl.function is not known[1]:
+                    found.append(f"{caller.name}: an implementation's function swapped")
+        bad = [name for name in dict.fromkeys(found) if name not in self.flagged]
         if bad:
             self.flagged.update(bad)
             _EMIT(self.channel, "integrity", replaced=bad)
@@ -266,6 +307,7 @@ def _watch_list():
     import pluggy._hooks
 
     hook_caller = getattr(pluggy._hooks, "HookCaller", None) or getattr(pluggy._hooks, "_HookCaller", None)
+    hook_impl = getattr(pluggy._hooks, "HookImpl", None)
     owners = ((_pytest.reports.TestReport, ("from_item_and_call", "__init__", "_to_json", "_from_json")),
               (_pytest.runner, ("call_and_report", "call_runtest_hook", "runtestprotocol", "pytest_runtest_makereport",
                                 "check_interactive_exception", "show_test_item")),
@@ -273,17 +315,11 @@ def _watch_list():
               (_pytest.python, ("pytest_pyfunc_call",)), (_pytest.terminal.TerminalReporter,
                                                           ("pytest_runtest_logreport", "summary_stats")),
               (_Channel, ("emit",)), (_Reporter, ("pytest_runtest_logreport", "pytest_sessionfinish",
-                                                   "pytest_plugin_registered")),
-              (hook_caller, ("__call__", "call_historic", "_hookexec")))
-    return [(owner, name, vars(owner)[name]) for owner, names in owners if owner is not None
-            for name in names if name in vars(owner)]
-
-
-def _replaced(watched, extra=()):
-    """Names of the watched functions no longer the ones taken at import (replaced in the process)."""
-    out = [f"{getattr(owner, '__qualname__', getattr(owner, '__name__', owner))}.{name}"
-           for owner, name, original in [*watched, *extra] if vars(owner).get(name) is not original]
-    return sorted(out)
+                                                   "pytest_plugin_registered", "learn_impls", "_integrity")),
+              (hook_caller, ("__call__", "call_historic", "_hookexec", "get_hookimpls", "_add_hookimpl")),
+              (hook_impl, ("__init__",)))
+    return tuple((owner, name, vars(owner)[name]) for owner, names in owners if owner is not None
+                 for name in names if name in vars(owner))
 
 
 def pytest_configure(config):
@@ -293,7 +329,8 @@ def pytest_configure(config):
         channel, _CHANNEL = _CHANNEL, None
         reporter = _Reporter(config, channel)
         config.pluginmanager.register(reporter, "forgeflow-verifier-reporter")
+        reporter.learn_impls()
         reporter.live = True
 
 
-_WATCHED = _watch_list() if _NONCE else []
+_WATCHED = _watch_list() if _NONCE else ()

@@ -13,6 +13,7 @@ import hashlib
 import re
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, runtime_checkable
 
@@ -177,15 +178,19 @@ def run_bounded(args: Sequence[str], *, timeout_s: float, env: Mapping[str, str]
                for i, pipe in enumerate((proc.stdout, proc.stderr))]
     for reader in readers:
         reader.start()
-    try:
-        code = proc.wait(timeout=timeout_s)
+    deadline = time.monotonic() + timeout_s
+    try:  # the pipes close when the process ends: joining the readers waits without polling
+        for reader in readers:
+            reader.join(max(0.0, deadline - time.monotonic()))
+        if any(reader.is_alive() for reader in readers):
+            raise subprocess.TimeoutExpired(list(args), timeout_s)
+        code = proc.wait(timeout=max(0.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-        raise
-    finally:
         for reader in readers:
             reader.join(timeout=10)
+        raise
     return code, bytes(kept[0]), bytes(kept[1]), sum(dropped)
 
 

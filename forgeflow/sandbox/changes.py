@@ -188,8 +188,9 @@ class TreeChanges(BaseModel):
         patch: ``git diff-tree -p --binary`` of the two snapshots (the submission as git wrote it).
         probe: the interpreter's measured import paths (:class:`RunnerProbe`).
         put_failure: with ``applied=False``, the submission's own limit hit while it was put in place
-            (``timeout``, ``oom``, ``pids_limit``: its patch inflated past the memory limit, ...); empty
-            when git refused it or it was put in place.
+            (``timeout``, ``oom``, ``pids_limit``: its patch inflated past the memory limit, ...;
+            ``output_limit``: git's listing of its changes passed the output bound); empty when git
+            refused it or it was put in place.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -240,10 +241,13 @@ def changes_script(repo: str, nonce: str, *, patch_path: str | None = None, tree
     if patch_path:
         put = (f'g apply --whitespace=nowarn "{patch_path}" >"$d/apply.log" 2>&1; rc=$?; rm -f "{patch_path}"\n'
                'if [ "$rc" -ne 0 ]; then mark applyfail; tail -c 4000 "$d/apply.log"; exit 0; fi')
-    elif tree_path:
-        put = ("find . -mindepth 1 -maxdepth 1 ! -name .git -exec rm -rf {} + || exit 125\n"
+    elif tree_path:  # the repository's .git is out of the work tree while the agent's tar is extracted: a
+        # member behind a link to it (lnk -> .git, lnk/config) finds nothing there to write (a red-team run)
+        put = ('mv .git "$d/dotgit" || exit 125\n'
+               "find . -mindepth 1 -maxdepth 1 -exec rm -rf {} + || exit 125\n"
                f'tar -x --no-same-owner --exclude=./.git --exclude=.git -f "{tree_path}" -C . >"$d/tar.log" 2>&1; '
                f'rc=$?; rm -f "{tree_path}"\n'
+               'rm -rf .git && mv "$d/dotgit" .git || exit 125\n'
                'if [ "$rc" -ne 0 ]; then mark treefail; tail -c 4000 "$d/tar.log"; exit 0; fi\n'
                "chmod -R u+rwX . 2>/dev/null")
     head = f"""cd {repo} || exit 126

@@ -22,13 +22,15 @@ a missing test counting as failed).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from functools import cache
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow.common import errors
 
 __all__ = [
+    "LOG_PARSERS",
     "STATUSES",
     "ValidationReport",
     "parse_test_log",
@@ -213,3 +215,29 @@ def grade_resolved(status: dict[str, str], fail_to_pass: list[str], pass_to_pass
     if not fail_to_pass and not pass_to_pass:
         raise errors.InputError("grade_resolved: FAIL_TO_PASS and PASS_TO_PASS are both empty; nothing to grade")
     return 1.0 if all(passed(status.get(t)) for t in [*fail_to_pass, *pass_to_pass]) else 0.0
+
+
+@cache
+def _log_parsers() -> dict[str, Callable[..., dict[str, str]]]:
+    from swebench.harness.log_parsers import python as python_parsers
+
+    return {name: fn for name, fn in sorted(vars(python_parsers).items())
+            if name.startswith("parse_log_") and callable(fn)}
+
+
+class _LogParsers(Mapping[str, Callable[..., dict[str, str]]]):
+    """SWE-bench's Python log parsers by function name (``parse_log_pytest``, ``parse_log_django``,
+    ``parse_log_sympy``, ...), read from ``swebench.harness.log_parsers.python`` on first use."""
+
+    def __getitem__(self, name: str) -> Callable[..., dict[str, str]]:
+        return _log_parsers()[name]
+
+    def __iter__(self):  # noqa: ANN204 - Mapping protocol
+        return iter(_log_parsers())
+
+    def __len__(self) -> int:
+        return len(_log_parsers())
+
+
+LOG_PARSERS: Mapping[str, Callable[..., dict[str, str]]] = _LogParsers()
+"""Log parsers for runners without a structured report, by SWE-bench's function name."""

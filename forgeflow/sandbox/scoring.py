@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from forgeflow.common import errors
 from forgeflow.common.names import sanitize_name
 from forgeflow.sandbox.backends import SandboxTarget, get_backend
-from forgeflow.sandbox.base import Sandbox, SandboxSpec
+from forgeflow.sandbox.base import OUTPUT_MAX_BYTES, Sandbox, SandboxSpec
 from forgeflow.sandbox.changes import TreeChanges, changes_script, os_path_bytes, parse_changes, restore_script
 from forgeflow.sandbox.grading import grade_resolved
 from forgeflow.sandbox.submission import (
@@ -118,6 +118,10 @@ def _put_in_place(sandbox: Sandbox, submission: str, tree: bytes | None) -> Tree
     except tuple(k for k in SUBMISSION_FAILURES if k is not errors.VerifierOutputError) as exc:
         kind = next(k for t, k in SUBMISSION_FAILURES.items() if isinstance(exc, t))
         return TreeChanges(applied=False, put_failure=kind, apply_output=f"{type(exc).__name__}: {exc}"[-4000:])
+    if put.dropped_bytes:  # git's listing of what it changed passed the bound: the submission's own size
+        return TreeChanges(applied=False, put_failure="output_limit", apply_output=(
+            f"git's listing of the submission's changes passed the {OUTPUT_MAX_BYTES >> 20} MiB read per stream "
+            f"({put.dropped_bytes} bytes more)"))
     return parse_changes(base.stdout + put.stdout, put.exit_code, nonce)
 
 

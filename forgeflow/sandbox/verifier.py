@@ -64,7 +64,7 @@ makes it impossible.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from functools import cache
 from importlib import resources
 from typing import Any, Literal
@@ -73,7 +73,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow.common import errors
 from forgeflow.sandbox.base import OUTPUT_MAX_BYTES, ExecResult, OneShotSandbox, Sandbox
-from forgeflow.sandbox.grading import failed, parse_test_log
+from forgeflow.sandbox.grading import LOG_PARSERS, failed, parse_test_log
 from forgeflow.sandbox.verifier_channel import (
     RECORD_PREFIX,
     SUMMARY_CATEGORIES,
@@ -139,32 +139,6 @@ ReportFormat = Literal["pytest-report", "log"]
 @cache
 def _plugin_source() -> str:
     return resources.files("forgeflow").joinpath(f"data/{REPORT_PLUGIN}.py").read_text(encoding="utf-8")
-
-
-@cache
-def _log_parsers() -> dict[str, Callable[..., dict[str, str]]]:
-    from swebench.harness.log_parsers import python as python_parsers
-
-    return {name: fn for name, fn in sorted(vars(python_parsers).items())
-            if name.startswith("parse_log_") and callable(fn)}
-
-
-class _LogParsers(Mapping[str, Callable[..., dict[str, str]]]):
-    """SWE-bench's Python log parsers by function name (``parse_log_pytest``, ``parse_log_django``,
-    ``parse_log_sympy``, ...), read from ``swebench.harness.log_parsers.python`` on first use."""
-
-    def __getitem__(self, name: str) -> Callable[..., dict[str, str]]:
-        return _log_parsers()[name]
-
-    def __iter__(self):  # noqa: ANN204 - Mapping protocol
-        return iter(_log_parsers())
-
-    def __len__(self) -> int:
-        return len(_log_parsers())
-
-
-LOG_PARSERS: Mapping[str, Callable[..., dict[str, str]]] = _LogParsers()
-"""Log parsers for runners without a structured report, by SWE-bench's function name."""
 
 
 class VerifierResult(BaseModel):
@@ -436,10 +410,8 @@ def run_tests(sandbox: Sandbox, test_command: str, timeout_s: float, *, log_pars
     if log_parser is not None and repeat is not None:
         raise errors.InputError("a repeat run needs forgeflow's pytest report (no log_parser)")
     nonce = uuid.uuid4().hex[:16]
-    if log_parser is None:
-        script = _wrapped_command(test_command, nonce, repeat)[0]
-    else:
-        script = _log_command(test_command, nonce)
+    channel = log_parser is None or log_parser.startswith("parse_log_pytest")  # a pytest log: the plugin too
+    script = _wrapped_command(test_command, nonce, repeat)[0] if channel else _log_command(test_command, nonce)
     setup_marker = ""
     if setup is not None:
         script, setup_marker = _with_setup(script, setup, nonce)
@@ -455,7 +427,7 @@ def run_tests(sandbox: Sandbox, test_command: str, timeout_s: float, *, log_pars
             code, _, output = rest.partition("\n")
             raise SetupError(int(code) if code.strip().isdigit() else -1, output + res.stderr)
     if log_parser is not None:
-        return _read_log_run(res, log_parser, expect)
+        return _read_log_run(res, log_parser, expect, nonce if channel else None)
     return _read_pytest_run(res, nonce, expect, repeat)
 
 
@@ -520,13 +492,21 @@ def _read_pytest_run(res: ExecResult, nonce: str, expect: RunExpectations | None
                           runner_inputs=digest.runner_inputs, **common)
 
 
-def _read_log_run(res: ExecResult, log_parser: str, expect: RunExpectations | None) -> VerifierResult:
-    """The outcome of a log-parser run, with the exit-status check and, for pytest logs, the summary check."""
-    log = _joined_log(res.stdout, res.stderr)
+def _read_log_run(res: ExecResult, log_parser: str, expect: RunExpectations | None,
+                  nonce: str | None = None) -> VerifierResult:
+    """The outcome of a log-parser run, with the exit-status check and, for pytest logs, the summary check and
+    the report plugin's (run beside the log: ``nonce``) tripwires, integrity and registration checks; the
+    outcomes are the log's. A pytest command that drops the plugin leaves the log alone to read."""
+    reading = read_channel(res.stdout, nonce) if nonce else None
+    digest = digest_records(reading.records, nonce) if reading is not None and reading.records else None
+    digest = None if digest is not None and digest.distributed else digest  # xdist: the log alone (no collection)
+    stdout = reading.log if reading is not None else res.stdout
+    log = _joined_log(stdout, res.stderr)
     common = _common(res, log)
     parser = LOG_PARSERS[log_parser]
     try:
-        tests = parse_test_log(log, parser=parser)
+        tests = {t: s for t, s in parse_test_log(log, parser=parser).items()
+                 if not (nonce and (f"{TRIPWIRE_MUST_PASS}{nonce}" in t or f"{TRIPWIRE_MUST_FAIL}{nonce}" in t))}
     except errors.VerifierOutputError as exc:  # not the runner's output
         if res.exit_code in (0, 1):
             raise errors.VerifierOutputError(f"test command exited {res.exit_code}: {exc}") from exc
@@ -535,10 +515,21 @@ def _read_log_run(res: ExecResult, log_parser: str, expect: RunExpectations | No
         raise errors.VerifierOutputError(
             f"the test command exited {res.exit_code} but {log_parser} found no test in its log (evidence: "
             f"the log ends {log.strip()[-300:]!r})")
-    problems = [p for p in [cross_check(tests, res.exit_code, None, True)] if p]
+    wires = digest.tripwires if digest is not None else {}
+    problems = [p for p in [cross_check(tests, res.exit_code, None, True,
+                                        extra_failure=wires.get("must_fail") == "FAILED")] if p]
+    if digest is not None:
+        problems += [f"a corrupt record on the channel: {c!r}" for c in reading.corrupt] + list(digest.tampering)
+        problems += tripwire_problems(wires) + ([] if set(wires) == {"must_pass", "must_fail"} else [
+            f"the verifier's tripwires did not both run (reported: {sorted(wires) or 'none'})"])
+        forged = sorted(t for t, status in tests.items()
+                        if status == "PASSED" and digest.tests.get(t, status) != status)
+        if forged:  # the log reads PASSED where the report channel saw the test's own outcome
+            problems.append(f"{len(forged)} test(s) PASSED in the log but not on the report channel, e.g. "
+                            f"{forged[0]!r} ({digest.tests[forged[0]]})")
     counts = None
     if log_parser.startswith("parse_log_pytest") and res.exit_code in (0, 1):
-        counts, found = log_summary_problems(res.stdout, tests, parser)
+        counts, found = log_summary_problems(stdout, tests, parser)
         problems += found
     if expect is not None and expect.known_tests is not None:
         known = set(expect.known_tests)
@@ -546,7 +537,8 @@ def _read_log_run(res: ExecResult, log_parser: str, expect: RunExpectations | No
         if unknown:
             problems.append(f"{len(unknown)} test(s) the task does not know in the log, e.g. {unknown[0]!r}")
     return VerifierResult(tests=tests, report_format="log", log_parser=log_parser, summary_counts=counts,
-                          problem="; ".join(problems) or None, tampering=problems, **common)
+                          problem="; ".join(problems) or None, tampering=problems, tripwires=wires,
+                          runner_inputs=digest.runner_inputs if digest is not None else {}, **common)
 
 
 class TaskTests(BaseModel):

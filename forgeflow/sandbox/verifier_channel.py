@@ -297,7 +297,10 @@ def digest_records(records: list[dict[str, Any]], nonce: str, repeat: int = 1) -
             state.tampering.append(f"pytest's own functions were replaced while the tests ran: {names}")
         elif kind == "registered":  # a plugin registered after the reporter: its files are runner inputs
             state.fields["runner_inputs"].setdefault("registered", []).append(
-                {k: record.get(k) for k in ("name", "file", "hook_files")})
+                {k: record.get(k) for k in ("name", "file", "hook_files", "conftest", "collecting")})
+            if record.get("collecting") is True and record.get("conftest") is not True:
+                state.tampering.append(f"a plugin was registered while the tests were collected or ran, by code "
+                                       f"that is not a conftest: {record.get('name')!r}")
         elif kind == "distributed":  # pytest-xdist: outcomes come from workers the plugin does not report from
             state.fields["distributed"] = f"{record.get('dist')} with {record.get('workers')} workers"
         elif kind == "end":

@@ -186,8 +186,9 @@ def test_a_test_that_fails_at_random_is_flagged_flaky_never_accepted(tmp_path_fa
 
 
 def test_log_parser_mode_keeps_the_exit_status_cross_check(task_image: str) -> None:
-    """A runner without forgeflow's report is read by a SWE-bench log parser by name; printing fake
-    PASSED lines then meets the exit status (1: a test failed) and is not credited."""
+    """A task read by a SWE-bench log parser by name; printing fake PASSED lines fools the parser, but a
+    pytest log is read beside forgeflow's report channel (the plugin runs there too), which saw the test
+    fail: not credited."""
     p2p = ["tests/test_calc.py::test_mul", "tests/test_env.py::test_pinned_environment"]  # no ids with spaces:
     # SWE-bench's pytest parser splits "test_ids[a b]" at the space
 
@@ -202,4 +203,5 @@ def test_log_parser_mode_keeps_the_exit_status_cross_check(task_image: str) -> N
     assert verdict("", "empty").reward == 0.0
     printed = verdict(calc_with(PRINT_PASSES), "print")
     assert printed.result.tests["tests/test_calc.py::test_add"] == "PASSED"  # the parser was fooled...
-    assert printed.reward == 0.0 and "exited 1 (tests failed) but the report has no failed test" in printed.notes[-1]
+    # ...not the report plugin, which runs beside a pytest log too: its channel saw test_add fail
+    assert printed.reward == 0.0 and "PASSED in the log but not on the report channel" in printed.notes[-1]
