@@ -67,8 +67,9 @@ _UNAVAILABLE = re.compile(
     r"deadline exceeded|too many requests|toomanyrequests|unexpected EOF|"
     r"server misbehaving|temporary failure|service unavailable|bad gateway|"
     # an HTTP status 429 or 5xx as skopeo words it ("received unexpected HTTP status: 503 ...",
-    # "invalid status code from registry 502 (Bad Gateway)"), not any 3 digits (a port, a tag)
-    r"(?:status|code)\D{0,20}\b(?:429|5\d\d)\b|\b(?:429|5\d\d) (?:Too Many|Internal Server|Bad Gateway|"
+    # "invalid status code from registry 502 (Bad Gateway)", "... task-06: 500 (Internal Server Error)"),
+    # not any 3 digits (a port, a tag)
+    r"(?:status|code)\D{0,20}\b(?:429|5\d\d)\b|\b(?:429|5\d\d) \(?(?:Too Many|Internal Server|Bad Gateway|"
     r"Service Unavailable|Gateway Time)",
     re.IGNORECASE,
 )

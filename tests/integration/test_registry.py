@@ -246,6 +246,9 @@ def test_registry_restart_keeps_stored_images(
         ('level=fatal msg="dial tcp 127.0.0.1:5714: connect: connection refused"', RegistryUnavailableError),
         ('level=fatal msg="received unexpected HTTP status: 503 Service Unavailable"', RegistryUnavailableError),
         ('level=fatal msg="toomanyrequests: rate limit exceeded (429)"', RegistryUnavailableError),
+        # seen in a demo run's prewarm (a transient error the registry answered while a blob was mounted)
+        ('level=fatal msg="trying to reuse blob sha256:e281 at destination: failed to read from destination '
+         'repository task-06: 500 (Internal Server Error)"', RegistryUnavailableError),
         ('level=fatal msg="copying: Digest of blob changes, --preserve-digests refused"', RegistryError),
     ],
 )
