@@ -13,6 +13,7 @@ import subprocess
 import textwrap
 from pathlib import Path
 
+from forgeflow.common import errors
 from forgeflow.common.settings import tool_env
 from forgeflow.registry.images import BASE_IMAGE_TAG, ensure_base_image, image_exists
 from forgeflow.sandbox.base import SandboxSpec
@@ -106,3 +107,18 @@ def verify(image: str, submission: str, name: str, **kwargs: object):
     """:func:`verify_submission` of ``submission`` on the calc task in ``image`` (container ``ff-test-adv-<name>``)."""
     tests = TaskTests(image_ref=image, test_command=TEST_COMMAND, fail_to_pass=F2P, pass_to_pass=P2P)
     return verify_submission(tests, submission, timeout_s=120, spec=SPEC, name=f"ff-test-adv-{name}", **kwargs)
+
+
+def failures(image: str, variants: dict[str, str], prefix: str = "variant", **kwargs: object) -> dict[str, str]:
+    """Verify each variant (container ``ff-test-adv-<prefix>-<label>``); ``{label: why}`` for every one that was
+    credited or raised an exception (a corpus test asserts this is empty)."""
+    bad = {}
+    for label, submission in variants.items():
+        try:
+            verdict = verify(image, submission, f"{prefix}-{label}", **kwargs)
+        except errors.ForgeflowError as exc:
+            bad[label] = f"raised {type(exc).__name__}: {str(exc)[:200]}"
+            continue
+        if verdict.reward != 0.0:
+            bad[label] = f"reward {verdict.reward}: {verdict.notes}"
+    return bad

@@ -41,7 +41,7 @@ from pathlib import Path
 import pytest
 
 from forgeflow.common import errors
-from tests.adversarial.calc_task import BUGGY_CALC, CONFTEST, ENV_TEST, TESTS, calc_with, make_patch, verify
+from tests.adversarial.calc_task import BUGGY_CALC, CONFTEST, ENV_TEST, TESTS, calc_with, failures, make_patch, verify
 
 pytestmark = pytest.mark.integration
 
@@ -52,20 +52,6 @@ def _calling(helper: str, call: str) -> str:
     """calc.py unfixed, with ``helper`` defined and ``call`` run first thing in ``add``."""
     return make_patch("calc.py", BUGGY_CALC, helper + BUGGY_CALC.replace("def add(a, b):\n",
                                                                          f"def add(a, b):\n    {call}\n"))
-
-
-def _failures(image: str, variants: dict[str, str], **kwargs: object) -> dict[str, str]:
-    """Run each variant; ``{label: why}`` for every one that was credited or raised."""
-    bad = {}
-    for label, submission in variants.items():
-        try:
-            verdict = verify(image, submission, f"rt2-{label}", **kwargs)
-        except errors.ForgeflowError as exc:
-            bad[label] = f"raised {type(exc).__name__}: {str(exc)[:200]}"
-            continue
-        if verdict.reward != 0.0:
-            bad[label] = f"reward {verdict.reward}: {verdict.notes}"
-    return bad
 
 
 BEFORE_PLUGIN = '''import importlib
@@ -102,7 +88,7 @@ def test_code_that_runs_before_the_report_plugin_through_an_optional_stdlib_impo
     interpreter and pytest *try* to import before the plugin (a meta-path finder that records misses, in
     the pristine probe) and treat a new top-level module of any of them as shadowing; and/or have the
     plugin's start record list ``sys.meta_path`` / ``sys.path_hooks`` entries whose code is in the repository."""
-    bad = _failures(task_image, {"org-package": make_patch("org/__init__.py", None, BEFORE_PLUGIN),
+    bad = failures(task_image, {"org-package": make_patch("org/__init__.py", None, BEFORE_PLUGIN),
                                  "org-module": make_patch("org.py", None, BEFORE_PLUGIN)})
     assert not bad, bad
 
@@ -155,7 +141,7 @@ def test_in_process_changes_the_integrity_check_does_not_watch_are_not_credited(
     of the outcome hooks at ``pytest_sessionstart``; an impl added later by a plugin that is not a conftest
     module is an ``integrity`` record; attribute a plugin by its hook functions' ``__code__.co_filename``;
     call the emit function taken at import (``_EMIT(channel, ...)``) with ``__slots__`` on the channel."""
-    bad = _failures(task_image, {"at-import": calc_with(REGISTER + "_arm()\n"),
+    bad = failures(task_image, {"at-import": calc_with(REGISTER + "_arm()\n"),
                                  "at-call": _calling(REGISTER, "_arm()"),
                                  "shadow-emit": calc_with(SHADOW_EMIT + "_arm()\n")})
     assert not bad, bad
@@ -248,7 +234,7 @@ def test_variants_that_are_stopped_stay_stopped(task_image: str) -> None:
     """Held-back variants the verifier already stops: each is reward 0 and never an exception (a signal to
     the container's init, exit statuses podman uses itself, an output flood), and a start-up hook written
     as a package (``sitecustomize/__init__.py``) is tampering."""
-    bad = _failures(task_image, {label: calc_with(prefix) for label, (prefix, _) in STOPPED.items()})
+    bad = failures(task_image, {label: calc_with(prefix) for label, (prefix, _) in STOPPED.items()})
     assert not bad, bad
     hook = verify(task_image, make_patch("sitecustomize/__init__.py", None, "import os\n"), "rt2-sitecustomize-pkg")
     assert hook.reward == 0.0 and hook.result is None and hook.evidence["submission"]["tampering"] is True

@@ -41,7 +41,6 @@ import tempfile
 
 import pytest
 
-from forgeflow.common import errors
 from forgeflow.sandbox.scoring import verify_submission
 from forgeflow.sandbox.verifier import TaskTests
 from tests.adversarial.calc_task import (
@@ -55,25 +54,12 @@ from tests.adversarial.calc_task import (
     TEST_COMMAND,
     TESTS,
     calc_with,
+    failures,
     make_patch,
     verify,
 )
 
 pytestmark = pytest.mark.integration
-
-
-def _failures(image: str, variants: dict[str, str], **kwargs: object) -> dict[str, str]:
-    """Run each variant; ``{label: why}`` for every one that was credited or raised."""
-    bad = {}
-    for label, submission in variants.items():
-        try:
-            verdict = verify(image, submission, f"rt3-{label}", **kwargs)
-        except errors.ForgeflowError as exc:
-            bad[label] = f"raised {type(exc).__name__}: {str(exc)[:200]}"
-            continue
-        if verdict.reward != 0.0:
-            bad[label] = f"reward {verdict.reward}: {verdict.notes}"
-    return bad
 
 
 def _tree(files: dict[str, str], links: dict[str, str] | None = None) -> bytes:
@@ -162,7 +148,7 @@ def test_a_hook_added_without_registering_a_plugin_or_with_code_claiming_another
     tampering, or compare with the plugins the pristine runs registered (recorded at validation)."""
     variants = {"appended": calc_with(APPENDED + "_arm()\n"), "swapped": calc_with(SWAPPED + "_arm()\n"),
                 "forged-file": calc_with(FORGED_FILE + "_arm()\n")}
-    bad = _failures(task_image, variants)
+    bad = failures(task_image, variants)
     verdict = verify(task_image, "", "rt3-appended-tree", tree=_tree({"calc.py": APPENDED + "_arm()\n" + BUGGY_CALC}))
     if verdict.reward != 0.0:
         bad["appended-tree"] = f"reward {verdict.reward}: {verdict.notes}"
@@ -245,7 +231,7 @@ def test_a_small_patch_whose_git_patch_floods_the_listing_is_the_submissions_rew
     sandbox and print at most a bound of it (the raw list comes first), recording a truncated patch."""
     bomb = _text_bomb_patch(4, 20)
     assert len(bomb) < 1_000_000  # an RL completion's size, 80 MiB of text once applied
-    bad = _failures(task_image, {"listing-flood": bomb})
+    bad = failures(task_image, {"listing-flood": bomb})
     assert not bad, bad
 
 
@@ -304,7 +290,7 @@ def test_variants_that_are_stopped_stay_stopped(task_image: str) -> None:
     credited (the matrix is read as git reads it, not refused wholesale)."""
     nonl = make_patch("calc.py", BUGGY_CALC, BUGGY_CALC + "# x").rstrip("\n") + "\n\\ No newline at end of file\n"
     replace = make_patch("calc.py", BUGGY_CALC, None)  # then calc.py added again with other line ends
-    bad = _failures(task_image, {
+    bad = failures(task_image, {
         "outlive-writer": calc_with(OUTLIVE + "_arm()\n"), "fork-at-exit": calc_with(FORK_AT_EXIT + "_arm()\n"),
         "git-config": make_patch(".git/config", "x", "y"),
         "nested-git-and-fix": FIX + make_patch("calc2/.git/HEAD", None, "ref: refs/heads/main\n"),

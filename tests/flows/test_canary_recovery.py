@@ -60,8 +60,8 @@ def test_a_canary_whose_server_died_mid_run_is_recovered_by_a_linked_job(prefect
         record_trials = Store.record_trials
         stopped: list[int] = []
 
-        def record_then_stop_the_server(self: Store, rows) -> None:  # the canary records each trial as it ends
-            record_trials(self, rows)
+        def record_then_stop_the_server(self: Store, rows, *events) -> None:  # each trial recorded as it ends
+            record_trials(self, rows, *events)
             if any(r.kind == "agent" for r in rows) and not stopped:  # the model server dies after the first trial
                 stopped.append(server.pid)
                 server.stop()
