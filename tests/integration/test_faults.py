@@ -19,7 +19,6 @@ dead/503/400 endpoint (test_agent.py), the stream completeness rule on a scripte
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -47,6 +46,7 @@ from forgeflow.evaluation.model_client import (
     RetryPolicy,
     chat_request,
 )
+from forgeflow.evaluation.mswea import stream_path
 from forgeflow.sandbox.trial import container_name, make_trial_id
 from forgeflow.serving.server import ModelServer
 from tests.helpers import free_port as _free_port
@@ -154,9 +154,9 @@ def test_model_server_killed_mid_trial_is_a_model_endpoint_error(task_image: str
         def kill_after_first_answer() -> None:
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
-                try:
-                    messages = json.loads(traj.read_text())["messages"]
-                except (OSError, ValueError, KeyError):
+                try:  # the trajectory is streamed as it grows, one message a line
+                    messages = stream_path(traj).read_text().splitlines()
+                except OSError:
                     messages = []
                 if len(messages) > 2:  # system, task, then the first answer (or its format error)
                     os.kill(server.pid, signal.SIGKILL)
