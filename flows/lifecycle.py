@@ -286,10 +286,12 @@ def _generate(run: _Run, envs: dict[str, _Env]) -> list[tuple[Candidate, str]]:
             found = run.log.call(curation.generate_candidates, name, env.checkout, env.project.source_path,
                                  run.config.candidates_per_project, run.config.seed)
             candidates.extend((c, name) for c in found)
+        # a candidate the store already holds a verdict for keeps it (a later run does not validate it again)
+        judged = set(curation.curation_state(run.store_url, [c.instance_id for c, _ in candidates]).processed)
         record_rows(run.store_url, "tasks", [records.TaskRecord(instance_id=c.instance_id, repo=name, patch=c.patch,
                                                                 status="candidate", run_id=run.run_id)
-                                             for c, name in candidates])
-        st["counts"] = {"candidates": len(candidates)}
+                                             for c, name in candidates if c.instance_id not in judged])
+        st["counts"] = {"candidates": len(candidates), "judged_before": len(judged)}
     return candidates
 
 

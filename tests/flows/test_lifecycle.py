@@ -195,7 +195,10 @@ def test_second_run_is_answered_from_cache(first_run, mini_config):
     second = json.loads((mini_config.output_dir / "summary.json").read_text())
     live = {"serve_baseline", "serve_stage", "serve_swap"}  # servers are processes, started anew each run
     for name, stage in second["stages"].items():
-        if name not in live:
+        if name == "validate":  # answered from the store: every candidate has its verdict, none validated again
+            assert (stage["counts"]["validated"], stage["counts"]["trials"]) == (0, 0), (name, stage)
+            assert stage["counts"]["accepted"] == first_run["stages"]["validate"]["counts"]["accepted"]
+        elif name not in live:
             assert stage["status"] == "cached", (name, stage)
     assert second["freeze"]["semantic_sha256"] == first_run["freeze"]["semantic_sha256"]
     assert second["freeze"]["bundle_sha256"] == first_run["freeze"]["bundle_sha256"]
