@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,14 @@ from forgeflow.sandbox.backends import SandboxTarget
 from forgeflow.sandbox.base import SandboxSpec
 from forgeflow.sandbox.dispatch import RayPlacement
 from forgeflow.sandbox.kubernetes_manifests import FLOW_RUN_LABEL
-from tasks.common import RESUMABLE, TRANSIENT_RETRY_DELAYS_S, load_block, retry_on_transient, run_labelled
+from tasks.common import (
+    RESUMABLE,
+    TRANSIENT_RETRY_DELAYS_S,
+    load_block,
+    retry_on_transient,
+    run_labelled,
+    shared_store,
+)
 
 
 @task(cache_policy=RESUMABLE, task_run_name="candidates-{repo}")
@@ -92,11 +98,6 @@ def sandbox_choice(block_name: str) -> SandboxChoice:
                          target=block.target())
 
 
-@lru_cache(maxsize=8)
-def _store(url: str) -> Store:
-    return Store(url)
-
-
 _VALIDATION_CACHE = (INPUTS - "sink" - "ray") + TASK_SOURCE
 """RESUMABLE without the sink and the Ray placement: where trials are recorded, or on which node
 they run, does not change the validation."""
@@ -146,7 +147,7 @@ def validate_candidate(candidate: trial.BugTask, image_ref: str, image_digest: s
     """
     on_trial = None
     if sink is not None:
-        store = _store(sink.store_url)
+        store = shared_store(sink.store_url)
 
         def on_trial(record: trial.TrialResult) -> None:
             store.record_trial(trial_row(record, sink.job_id, None, sink.run_id, batch_id=sink.batch_id))
@@ -257,7 +258,7 @@ def task_verdicts(store_url: str, instance_ids: list[str]) -> dict[str, TaskReco
     Raises:
         InputError: an id the store has no task row for (up to 10 named).
     """
-    store = _store(store_url)
+    store = shared_store(store_url)
     wanted = set(instance_ids)
     rows = {t.instance_id: t for t in store.tasks() if t.instance_id in wanted}
     missing = sorted(wanted - set(rows))
@@ -296,7 +297,7 @@ def curation_state(store_url: str, instance_ids: list[str]) -> CurationState:
     the accepted ones per repository, read now (never cached: the run itself changes them batch by batch) and
     only for those ids (:func:`forgeflow.curation.run_reads.curation_state`: primary-key lookups in chunks, so
     the cost is the run's, not the whole store's)."""
-    return run_reads.curation_state(_store(store_url).engine, instance_ids)
+    return run_reads.curation_state(shared_store(store_url).engine, instance_ids)
 
 
 class Registration(BaseModel):
@@ -328,7 +329,7 @@ def register_candidates(store_url: str, rows: list[Any], run_id: str) -> Registr
     from forgeflow.common.fsutil import sha256_json
     from forgeflow.ledger.records import BatchRecord
 
-    store = _store(store_url)
+    store = shared_store(store_url)
     store.upgrade()
     ids = sorted(r.instance_id for r in rows)
     known = run_reads.known_instance_ids(store.engine, ids)
@@ -367,7 +368,7 @@ def voided_attempts(store_url: str, instance_ids: list[str]) -> dict[str, int]:
     """Instance id -> how many of its NOP trials ``recover`` voided: where its attempt numbers continue, so a
     requeued task gets new trial ids while a killed run's live trials keep theirs (one grouped count per chunk
     of ids, :func:`forgeflow.curation.run_reads.voided_nop_attempts`)."""
-    return run_reads.voided_nop_attempts(_store(store_url).engine, instance_ids)
+    return run_reads.voided_nop_attempts(shared_store(store_url).engine, instance_ids)
 
 
 @task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S[:2],
@@ -376,7 +377,7 @@ def record_batch(store_url: str, batch: Any, trials: list[Any], tasks: list[Any]
     """Upsert a batch's trials, its tasks' statuses and the batch row in one transaction
     (:meth:`forgeflow.ledger.store.Store.record_batch_results`; a retry writes the same rows). Returns the
     number of trials."""
-    _store(store_url).record_batch_results(batch, trials, tasks)
+    shared_store(store_url).record_batch_results(batch, trials, tasks)
     return len(trials)
 
 
