@@ -12,10 +12,11 @@ of its kind: the trial runner, grading, flaky repeat and store writes are the pr
 container is left out), each on a fresh SQLite store, with quotas met only when every candidate is
 accepted (every candidate is validated, then the freeze-ready event is emitted):
 
-* ``loop``: a plain loop doing the same reads and writes: per batch the run-scoped state
-  (:func:`forgeflow.curation.run_reads.curation_state`), :func:`forgeflow.curation.selection.select_batch`,
-  a thread pool of ``concurrency`` validations each storing its trials as they end, then the batch's
-  trials, statuses and row in one transaction.
+* ``loop``: a plain loop doing the same reads and writes without Prefect: the run-scoped state once
+  (:func:`forgeflow.curation.run_reads.curation_state`), then per batch the same incremental selection
+  (:class:`forgeflow.curation.selection.BatchSelector`), the same readiness check and the same thread pool
+  of ``concurrency`` validations (:func:`forgeflow.curation.batch_run.run_batch`), each trial stored as it
+  ends and each verdict as it is known, then the batch row.
 * ``flow``: the ``curate`` flow (real Prefect: an ephemeral API started before anything is timed).
 
 ``flow_s_per_candidate`` / ``loop_s_per_candidate``: wall seconds over N (with an instant sandbox the
@@ -30,7 +31,6 @@ import json
 import os
 import subprocess
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -70,8 +70,10 @@ def write_candidates(path: Path, count: int) -> Path:
 def run_loop(candidates: Path, store_url: str, batch_size: int, concurrency: int, kind: str) -> dict[str, Any]:
     """The plain loop (module docstring) on a fresh store at ``store_url``; wall seconds and counts."""
     from forgeflow.curation import run_reads  # noqa: PLC0415
+    from forgeflow.curation.batch_run import BatchJob, run_batch  # noqa: PLC0415
     from forgeflow.curation.candidates import load_candidates, to_candidate_refs  # noqa: PLC0415
-    from forgeflow.curation.selection import select_batch  # noqa: PLC0415
+    from forgeflow.curation.freeze import AcceptedTask, SplitQuotas, freeze_ready  # noqa: PLC0415
+    from forgeflow.curation.selection import BatchSelector  # noqa: PLC0415
     from forgeflow.evaluation.canary import trial_row  # noqa: PLC0415
     from forgeflow.ledger.records import BatchRecord, TaskRecord  # noqa: PLC0415
     from forgeflow.ledger.store import Store  # noqa: PLC0415
@@ -87,34 +89,43 @@ def run_loop(candidates: Path, store_url: str, batch_size: int, concurrency: int
                                            concurrency=1), [], [
         TaskRecord(instance_id=r.instance_id, repo=r.repo, patch=r.patch, image_ref=r.image, status="candidate")
         for r in rows])
-    trials = batches = 0
-    with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        while True:
-            state = run_reads.curation_state(store.engine, list(by_id))
-            ids = select_batch(refs, state.processed, state.accepted_per_repo, batch_size, 0)
-            if not ids:
-                break
-            batch_id = f"loop-{batches}"
+    trials: list[str] = []
+    batches = 0
+    state = run_reads.curation_state(store.engine, list(by_id))
+    processed, per_repo = set(state.processed), dict(state.accepted_per_repo)
+    accepted = {task.instance_id: task for task in state.accepted}
+    selector = BatchSelector(refs, 0)
+    selector.mark_processed(processed)
+    while True:  # as the flow: readiness checked once enough tasks are accepted (here: after the last batch)
+        if len(accepted) >= len(by_id) and freeze_ready(sorted(accepted.values(), key=lambda t: t.instance_id),
+                                                        SplitQuotas(train=len(by_id), validation=0, test=0,
+                                                                    max_per_repo=REPO_SIZE,
+                                                                    min_repos=len(by_id) // REPO_SIZE), 0).ready:
+            break
+        ids = selector.select(per_repo, batch_size)
+        if not ids:
+            break
+        batch_id = f"loop-{batches}"
 
-            def one(iid: str, batch_id: str = batch_id) -> tuple[str, Any]:
-                def on_trial(record: Any) -> None:
-                    store.record_trial(trial_row(record, "curate", None, None, batch_id=batch_id))
-                return iid, trial.validate_candidate(by_id[iid], IMAGE, "pytest -q", backend=kind, run_key="loop",
-                                                     on_trial=on_trial)
+        def validate(iid: str, run_key: str, batch_id: str = batch_id) -> Any:
+            def on_trial(record: Any) -> None:
+                store.record_trial(trial_row(record, "curate", None, None, batch_id=batch_id))
+                trials.append(record.trial_id)
+            return trial.validate_candidate(by_id[iid], IMAGE, "pytest -q", backend=kind, run_key=run_key,
+                                            on_trial=on_trial)
 
-            outcomes = dict(pool.map(one, ids))
-            ended = [trial_row(t, "curate", None, None, batch_id=batch_id) for o in outcomes.values() for t in o.trials]
-            tasks = [TaskRecord(instance_id=iid, repo=by_id[iid].repo, patch=by_id[iid].patch, image_ref=IMAGE,
-                                status="accepted" if o.report and o.report.accepted else "rejected",
-                                fail_to_pass=o.report.FAIL_TO_PASS if o.report else [],
-                                pass_to_pass=o.report.PASS_TO_PASS if o.report else [])
-                     for iid, o in outcomes.items()]
-            store.record_batch_results(BatchRecord(batch_id=batch_id, kind="curate", instance_ids=ids,
-                                                   concurrency=concurrency), ended, tasks)
-            trials += len(ended)
-            batches += 1
+        job = BatchJob(batch_id=batch_id, run_id="loop", ids=ids, rows={i: by_id[i] for i in ids},
+                       concurrency=concurrency, max_retries=0)
+        selector.mark_processed(ids)
+        for verdict in run_batch(job, validate, lambda verdict, _outcome: store.record_task(verdict)):
+            processed.add(verdict.instance_id)
+            if verdict.status == "accepted":
+                per_repo[verdict.repo] = per_repo.get(verdict.repo, 0) + 1
+                accepted[verdict.instance_id] = AcceptedTask(instance_id=verdict.instance_id, repo=verdict.repo)
+        store.record_batch(BatchRecord(batch_id=batch_id, kind="curate", instance_ids=ids, concurrency=concurrency))
+        batches += 1
     store.dispose()
-    return {"wall_s": time.perf_counter() - start, "trials": trials, "batches": batches}
+    return {"wall_s": time.perf_counter() - start, "trials": len(trials), "batches": batches}
 
 
 def run_flow(candidates: Path, batch_size: int, concurrency: int, count: int) -> dict[str, Any]:

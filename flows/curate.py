@@ -10,19 +10,21 @@ sandbox and dispatcher blocks by name. It reads candidates in its own JSONL form
 (``tasks.generated_path``, default ``$FORGEFLOW_HOME/demo/candidates.jsonl``,
 :mod:`forgeflow.curation.generated`). Before every batch the
 freeze check (:func:`forgeflow.curation.freeze.freeze_ready`, the very selection the freeze uses) runs on the store's
-accepted tasks (read for this run's candidates only: :mod:`forgeflow.curation.run_reads`). Ready: emit the
+accepted tasks of this run's candidates (read from the store once, scoped to the run's ids:
+:mod:`forgeflow.curation.run_reads`; then each batch's verdicts are added as it returns). Ready: emit the
 Prefect event ``forgeflow.dataset.freeze-ready`` (its payload names the run's candidate set recorded in the
 store, :func:`freeze_ready_payload`: a fixed size at any number of candidates) and stop. Not ready: pick
-one batch with :func:`forgeflow.curation.selection.select_batch` and validate it in its own subflow run,
-``curate-batch`` named by the batch id (:func:`_curate_batch`: one run graph and one progress bar per batch,
-so no run's graph grows past what the UI draws at 30,000 candidates): NOP/Oracle at most
-``settings.concurrency`` at a time (an attempt that ends in an infrastructure error is tried again, up to
-``settings.max_retries`` times), each trial stored as it ends, then the batch's trials, task statuses and
-batch row in one transaction. No candidate left: stop, naming each unmet quota and by how much. Batch ids
-and trial ids are deterministic and validations are cached on their inputs, so a killed run resumed
-re-selects the same batch, gets the finished validations from Prefect's cache and upserts the same trial
-ids: it loses no finished trial and duplicates none (tests/flows/test_curate_kill.py). Once a batch is
-recorded its validations' cached results are deleted unless ``settings.keep_validation_results``.
+one batch with :func:`forgeflow.curation.selection.select_batch` and validate it in ONE task run,
+``validate-batch-<batch id>`` (:func:`tasks.curation.validate_batch`): NOP/Oracle at most
+``settings.concurrency`` at a time in the task's threads, each handled as it ends (an attempt that ends in
+an infrastructure error is tried again, up to ``settings.max_retries`` times), each trial stored as it ends
+and each verdict the moment it is known; then a table artifact per batch. No per-candidate task run: the
+run's graph holds ~2 nodes per batch (30,000 candidates in batches of 50: ~1,200 nodes, under the UI's
+10,000), and the orchestration per candidate stays flat (``python -m benchmarks.scale_curate``). No
+candidate left: stop, naming each unmet quota and by how much. Nothing is cached or persisted per
+validation: a killed run resumed reads the verdicts already recorded and validates only the rest (a
+half-done validation again, under the same deterministic trial ids: upserted, never duplicated;
+tests/flows/test_curate_kill.py).
 
 ``recover`` (``params``: :class:`RecoverParams`): :mod:`forgeflow.curation.recovery` behind a flow (dry run
 by default), with an audit artifact.
@@ -30,9 +32,7 @@ by default), with an audit artifact.
 
 from __future__ import annotations
 
-import queue
-import time
-from collections import Counter, deque
+from collections import Counter
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -41,9 +41,9 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.events import emit_event
 from prefect.runtime import flow_run
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-from flows.stagekit import StageParams, note_task_state
+from flows.stagekit import StageParams
 from forgeflow.common import settings as store_settings
 from forgeflow.common.errors import InputError, PreflightError
 from forgeflow.common.fsutil import sha256_bytes, sha256_json
@@ -52,6 +52,8 @@ from forgeflow.curation.candidates import to_candidate_refs
 from forgeflow.curation.curate_result import CurateResult, RecoverResult
 from forgeflow.curation.curate_settings import CurateSettings
 from forgeflow.curation.freeze import (
+    SPLITS,
+    AcceptedTask,
     SplitQuotas,
     feasibility_text,
     freeze_ready,
@@ -64,17 +66,14 @@ from forgeflow.curation.recovery import (
     RecoveryRequest,
     render_plan,
 )
-from forgeflow.curation.selection import longest_first, select_batch
+from forgeflow.curation.selection import BatchSelector
 from forgeflow.curation.task_rows import TaskSource
-from forgeflow.evaluation.canary import trial_row
-from forgeflow.ledger.records import BatchRecord, TaskRecord, TrialRecord
+from forgeflow.ledger.records import TaskRecord
 from forgeflow.ledger.store import masked_url
 from forgeflow.sandbox import dispatch
 from forgeflow.sandbox.dispatch import RayPlacement
-from forgeflow.sandbox.trial import ValidationOutcome, ValidationSettings
 from tasks import curation as curate_tasks
 from tasks.common import markdown_artifact, sweep_trial_sandboxes, table_artifact
-from tasks.curation import TrialSink, validate_candidate
 
 FREEZE_READY_EVENT = "forgeflow.dataset.freeze-ready"
 DEFAULT_QUOTAS = SplitQuotas(train=350, validation=75, test=75, max_per_repo=20, min_repos=70)
@@ -185,71 +184,23 @@ def _blocks(freeze_name: str | None, sandbox: str | None,
 def curate(params: CurateParams = CurateParams()) -> CurateResult:
     """Validate candidate batches until the accepted tasks meet ``params.quotas`` (or none is left).
 
+    Only this run's candidates count: readiness is checked on the accepted tasks among them, and before any
+    image is checked or trial run the quotas are checked against the candidates themselves
+    (:func:`forgeflow.curation.freeze.quota_feasibility`: e.g. 2 repositories cannot fill 3
+    repository-disjoint splits).
+
     Args:
-        params: :class:`CurateParams`:
-
-            * ``tasks``: Where the candidates come from (:class:`forgeflow.curation.task_rows.TaskSource`):
-              ``candidates_path``, a JSONL of candidate rows
-              (:func:`forgeflow.curation.candidates.load_candidates`; ``image`` is the task image, local
-              name or ``host:port/repo:tag``; an optional ``test_command`` key per row overrides
-              ``test_commands``); or ``dataset``, the same rows as a HF ``datasets`` split (SWE-bench /
-              SWE-smith / SWE-Gym rows: a ``save_to_disk`` folder, or a dataset id pinned to a
-              ``revision``; :class:`forgeflow.curation.task_rows.DatasetSource`); or ``generated_path``,
-              the lifecycle's candidates with their task images
-              (:func:`forgeflow.curation.generated.merge_generated`), read when neither other source is
-              given, default ``$FORGEFLOW_HOME/demo/candidates.jsonl`` (what ``forgeflow demo``
-              writes). ``test_commands``: repo -> test command, for repos that are not pinned projects
-              (for generated rows: overrides the row's command). ``test_specs``: repo -> test command
-              and log parser (a SWE-bench parser by name, e.g. ``parse_log_django`` for Django's runner
-              or unittest's verbose output), for repositories that are not pytest or not pinned
-              projects; a row's own ``test_command`` / ``log_parser`` wins, and the parser replaces
-              ``settings.checks.log_parser`` for that repository.
-            * ``quotas``: What the freeze needs (default: train 350, validation 75, test 75, <= 20 per repo,
-              >= 70 repos).
-            * ``settings``: How the run validates (:class:`forgeflow.curation.curate_settings.CurateSettings`):
-              ``batch_size`` (candidates per batch, select_batch), ``concurrency`` (NOP/Oracle
-              validations in flight at once), ``max_retries`` (extra attempts for a validation that
-              ended in an infrastructure error), ``verifier_timeout_s`` (absolute limit per test run,
-              seconds), ``memory_mb`` (sandbox memory limit, MiB), ``seed`` (orders candidates and
-              splits: same seed, same batches) and ``checks`` (Oracle runs per task that would be
-              accepted, default 2: a task whose runs disagree is flaky; the flaky policy, ``reject`` or
-              ``drop_flaky_pass_to_pass``; the log parser for runners without forgeflow's pytest report;
-              :class:`forgeflow.sandbox.trial.ValidationChecks`).
-            * ``freeze_name``: The name the freeze-on-ready automation freezes under (carried in the
-              freeze-ready event with ``quotas``, ``settings.seed`` (as ``seed``) and the run's candidate
-              set, ``candidate_set``); None: ``curate-`` + 12 hex digits of the sha256 of (candidate ids, quotas, seed).
-            * ``sandbox``: The name of a ``forgeflow-sandbox`` block (:class:`blocks.core.SandboxBackend`):
-              every NOP/Oracle trial runs on its backend (``podman``, ``kubernetes``) with its memory
-              and CPU limits (its ``memory_mb`` replaces ``settings.memory_mb``). None: podman,
-              ``settings.memory_mb``.
-            * ``dispatcher``: The name of a ``forgeflow-dispatcher`` block (:class:`blocks.core.TrialDispatcher`):
-              ``ray`` runs each validation as a Ray task on a cluster node that declares the sandbox
-              resource (:mod:`forgeflow.sandbox.dispatch`; each trial records the ``node_id`` it ran on
-              in its ``verifier`` record; a node lost mid-validation makes Ray run it again elsewhere).
-              None or ``in-process``: here.
-            * ``instance_ids``: Validate only these candidates of ``tasks`` (an id that is not there is refused
-              before anything runs); None: every candidate. The lifecycle's validate stage passes its run's.
-            * ``emit_freeze_ready``: When ready, emit the freeze-ready event (default); false: the caller
-              freezes itself (the lifecycle's freeze stage), so no automation freezes a second time.
-
-    Only this run's candidates count: readiness is checked on the accepted tasks among them, and
-    before any image is checked or trial run the quotas are checked against the candidates
-    themselves (:func:`forgeflow.curation.freeze.quota_feasibility`: e.g. 2 repositories cannot fill
-    3 repository-disjoint splits).
+        params: The run's inputs; each field is described in the run form.
 
     Returns:
-        A :class:`forgeflow.curation.curate_result.CurateResult`: ``status`` (``freeze-ready`` or
-        ``exhausted``), ``batches`` (ids run), ``trials_recorded``, ``counts`` (accepted tasks per
-        split), ``unmet`` (quota texts), ``event_id`` (the freeze-ready event), ``freeze_name``.
+        The run's status (freeze-ready or exhausted), batches, trials recorded, counts per split, unmet quotas,
+        the freeze-ready event id and the freeze name (:class:`forgeflow.curation.curate_result.CurateResult`).
 
     Raises:
-        InputError: malformed rows, a repo without a test command, no candidates file, more than one
-            source given, an invalid ``params.freeze_name``, a missing ``params.sandbox`` block or one
-            whose kind is not a sandbox backend. (Out-of-bounds ``params.settings``, e.g. ``concurrency`` < 1,
-            are refused when the model is built: pydantic's ValidationError, or Prefect's parameter
-            validation before the flow runs, naming ``params.settings.concurrency``.)
-        PreflightError: the candidates cannot meet ``quotas`` even if every one were accepted
-            (nothing was validated).
+        InputError: malformed rows, a repo without a test command, no candidates file, more than one source,
+            an invalid freeze name, a missing sandbox block or one that is not a sandbox backend.
+        PreflightError: the candidates cannot meet the quotas even if every one were accepted (nothing
+            was validated).
     """
     tasks, quotas, settings, freeze_name = params.tasks, params.quotas, params.settings, params.freeze_name
     placement, ray_placement = _blocks(freeze_name, params.sandbox, params.dispatcher)
@@ -279,201 +230,106 @@ def curate(params: CurateParams = CurateParams()) -> CurateResult:
         batches: list[str] = []
         validated: list[str] = []
         recorded = 0
+        run = _RunState(curate_tasks.curation_state(store_url, sorted(by_id)), refs, quotas, seed)
         while True:
-            state = curate_tasks.curation_state(store_url, sorted(by_id))
-            update_progress_artifact(progress, progress=100.0 * len(state.processed) / len(by_id))
-            accepted = state.accepted
-            selection = freeze_ready(accepted, quotas, seed)
-            if selection.ready:
-                resource_id = (f"forgeflow.store.{sha256_bytes(store_url.encode())[:12]}"
-                               f".quotas.{sha256_json(quotas.model_dump())[:12]}")
-                payload = freeze_ready_payload(masked_url(store_url), name, quotas, seed, registered, run_id,
-                                               selection.counts, len(accepted), len(batches))
-                event = emit_event(FREEZE_READY_EVENT,
-                                   resource={"prefect.resource.id": resource_id,
-                                             "prefect.resource.name": "curated dataset"},
-                                   payload=payload) if params.emit_freeze_ready else None
-                logger.info("FREEZE READY: %s over %d repos after %d batch(es); %s",
-                            ", ".join(f"{s} {n}/{quotas.target(s)}" for s, n in selection.counts.items()),
-                            sum(len(r) for r in selection.repos_per_split.values()), len(batches),
-                            f"event {FREEZE_READY_EVENT} on {resource_id}" if params.emit_freeze_ready
-                            else "no event (the caller freezes)")
+            update_progress_artifact(progress, progress=100.0 * len(run.processed) / len(by_id))
+            selection = run.selection()
+            if selection is not None and selection.ready:
+                event_id = _announce_ready(params, store_url, name, registered, run_id, selection, run, len(batches))
                 return CurateResult(status="freeze-ready", batches=batches, trials_recorded=recorded,
-                                    counts=selection.counts, unmet=[], event_id=str(event.id) if event else None,
-                                    freeze_name=name, validated=validated)
-            ids = select_batch(refs, state.processed, state.accepted_per_repo, settings.batch_size, seed)
+                                    counts=selection.counts, unmet=[], event_id=event_id, freeze_name=name,
+                                    validated=validated)
+            ids = run.selector.select(run.per_repo, settings.batch_size)
             if not ids:
+                selection = selection or run.selection(always=True)
                 text = unmet_text(selection.unmet)
                 logger.warning("STOPPED, NOT READY: no candidate left to validate; unmet quotas: %s", text)
                 return CurateResult(status="exhausted", batches=batches, trials_recorded=recorded,
                                     counts=selection.counts, unmet=[text], event_id=None, freeze_name=name,
                                     validated=validated)
             batch_id = f"curate-{sha256_json({'seed': seed, 'ids': sorted(ids)})[:16]}"
-            plan = BatchPlan(store_url=store_url, run_id=run_id, ids=ids, rows={i: by_id[i] for i in ids},
-                             image_ids={i: loaded.image_ids[i] for i in ids},
-                             test_commands={i: loaded.test_commands[i] for i in ids},
-                             log_parsers={i: loaded.log_parsers[i] for i in ids if loaded.log_parsers.get(i)},
-                             concurrency=settings.concurrency, max_retries=settings.max_retries,
-                             validation=settings.validation(), sandbox=placement, ray=ray_placement,
-                             keep_validation_results=settings.keep_validation_results)
-            recorded += _curate_batch(batch_id, plan)
+            plan = curate_tasks.BatchPlan(
+                store_url=store_url, run_id=run_id, ids=ids, rows={i: by_id[i] for i in ids},
+                image_ids={i: loaded.image_ids[i] for i in ids},
+                test_commands={i: loaded.test_commands[i] for i in ids},
+                log_parsers={i: loaded.log_parsers[i] for i in ids if loaded.log_parsers.get(i)},
+                concurrency=settings.concurrency, max_retries=settings.max_retries, validation=settings.validation(),
+                sandbox=placement, ray=ray_placement)
+            out = curate_tasks.validate_batch(batch_id, plan, curate_tasks.BatchProgress(
+                artifact_id=progress, done=len(run.processed), total=len(by_id)))
+            run.add(ids, out.tasks)
+            recorded += out.trials
             batches.append(batch_id)
             validated.extend(ids)
-            logger.info("batch %s: %d candidates; unmet before it: %s", batch_id, len(ids), unmet_text(selection.unmet))
+            table_artifact(f"curate-{batch_id[-16:].lower()}", [
+                {"instance_id": t.instance_id, "status": t.status, "reason": t.reason,
+                 "FAIL_TO_PASS": len(t.fail_to_pass)} for t in out.tasks], f"curate batch {batch_id}")
+            logger.info("batch %s: %d candidates, %d accepted; %d of the run's %d accepted so far (the quotas need "
+                        ">= %d)", batch_id, len(ids), sum(t.status == "accepted" for t in out.tasks),
+                        len(run.accepted), len(by_id), run.needed)
     finally:  # a driver outlived by its Ray cluster is ended by Ray: leave it now
         if ray_placement is not None:
             dispatch.disconnect()
 
 
-class BatchPlan(BaseModel):
-    """One batch of a ``curate`` run, as its ``curate-batch`` subflow (:func:`_curate_batch`) validates it.
+class _RunState:
+    """A ``curate`` run's candidates as the run knows them: what the store held when it started (read once,
+    scoped to the run's ids), plus each batch's verdicts as the batch returns them.
 
     Attributes:
-        store_url: the store's SQLAlchemy URL.
-        run_id: the ``curate`` flow run (its trials' ``run_id`` and its sandboxes' label).
-        ids: the batch's instance ids, in selection order.
-        rows: instance id -> its candidate row (not sent to the API with the subflow's parameters).
-        image_ids: instance id -> what keys its image (a local image id or registry digest), or None.
-        test_commands: instance id -> its test command.
-        log_parsers: instance id -> its repository's log parser (absent: the run's).
-        concurrency: validations in flight at once.
-        max_retries: extra attempts for a validation that ended in an infrastructure error.
-        validation: each validation's limits and checks.
-        sandbox: the ``forgeflow-sandbox`` block's choice, or None (podman).
-        ray: the Ray placement, or None (in this process).
-        keep_validation_results: keep each validation's persisted result once the batch is recorded.
+        processed: the run's candidates with a verdict.
+        accepted: instance id -> the accepted task (id, repository).
+        per_repo: repository -> accepted tasks (what batch selection balances).
+        selector: the run's incremental batch selection (:class:`forgeflow.curation.selection.BatchSelector`).
+        needed: the quotas' task total: fewer accepted tasks can never be freeze-ready (so the freeze check,
+            O(accepted tasks), runs only from there on).
     """
 
-    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+    def __init__(self, state: curate_tasks.CurationState, refs: list[Any], quotas: SplitQuotas, seed: int) -> None:
+        """Start from the store's ``state`` of the run's candidates ``refs``."""
+        self.processed = set(state.processed)
+        self.accepted = {task.instance_id: task for task in state.accepted}
+        self.per_repo = dict(state.accepted_per_repo)
+        self.selector = BatchSelector(refs, seed)
+        self.selector.mark_processed(self.processed)
+        self.quotas, self.seed = quotas, seed
+        self.needed = sum(quotas.target(split) for split in SPLITS)
 
-    store_url: str
-    run_id: str
-    ids: list[str]
-    rows: dict[str, Any] = Field(exclude=True)
-    image_ids: dict[str, str | None] = Field(exclude=True)
-    test_commands: dict[str, str] = Field(exclude=True)
-    log_parsers: dict[str, str] = Field(exclude=True)
-    concurrency: int
-    max_retries: int
-    validation: ValidationSettings
-    sandbox: curate_tasks.SandboxChoice | None = None
-    ray: RayPlacement | None = None
-    keep_validation_results: bool = False
+    def selection(self, always: bool = False) -> Any:
+        """The freeze check on the accepted tasks (:func:`forgeflow.curation.freeze.freeze_ready`); None while
+        fewer than :attr:`needed` are accepted, unless ``always``."""
+        if not always and len(self.accepted) < self.needed:
+            return None
+        return freeze_ready(sorted(self.accepted.values(), key=lambda t: t.instance_id), self.quotas, self.seed)
 
-
-def _pristine_duration_s(outcome: ValidationOutcome) -> float | None:
-    """The longest test run of a validation's Oracle trials (the first and its repeats), seconds: what the
-    verifier reads as the task's pristine duration (:attr:`forgeflow.sandbox.verifier.TaskTests.pristine_duration_s`);
-    None when no Oracle run completed. A repeat that also re-ran the FAIL_TO_PASS tests counts whole: an
-    upper bound, the safe side for attributing a later timeout to a submission."""
-    runs = [t.verifier_s for t in ([outcome.oracle] if outcome.oracle else []) + outcome.oracle_repeats
-            if t.verifier_s is not None]
-    return max(runs) if runs else None
-
-
-PROGRESS_UPDATE_S = 2.0
-"""Least seconds between two updates of a batch's progress artifact (one API call each)."""
+    def add(self, ids: list[str], verdicts: list[TaskRecord]) -> None:
+        """Count a batch: its ``ids`` processed, its accepted ``verdicts`` accepted."""
+        self.selector.mark_processed(ids)
+        for verdict in verdicts:
+            self.processed.add(verdict.instance_id)
+            if verdict.status == "accepted" and verdict.instance_id not in self.accepted:
+                self.accepted[verdict.instance_id] = AcceptedTask(instance_id=verdict.instance_id, repo=verdict.repo)
+                self.per_repo[verdict.repo] = self.per_repo.get(verdict.repo, 0) + 1
 
 
-def _drop_results(states: list[Any]) -> int:
-    """Delete the persisted results of ``states`` (validation task runs whose batch is recorded) where they are
-    files of this machine (Prefect's default local result storage keys results by absolute path); results in
-    other storages are kept. Returns how many files were deleted."""
-    dropped = 0
-    for state in states:
-        key = getattr(getattr(getattr(state, "data", None), "metadata", None), "storage_key", None)
-        if isinstance(key, str) and Path(key).is_absolute() and Path(key).is_file():
-            Path(key).unlink(missing_ok=True)
-            dropped += 1
-    return dropped
-
-
-@flow(name="curate-batch", flow_run_name="{batch_id}", validate_parameters=False, persist_result=False,
-      log_prints=True)
-def _curate_batch(batch_id: str, plan: BatchPlan) -> int:
-    """Validate one batch of a ``curate`` run (its own run in the UI: its validations, its progress, its table):
-    a sliding window of ``plan.concurrency`` validations, each handled as it ends (its trials were stored by the
-    validation as they ended), then the trials, the task statuses and the batch row in one transaction.
-    Unless ``plan.keep_validation_results``, the validations' persisted results (what a resumed run would
-    reuse) are deleted once the batch is recorded: a recorded candidate is never validated again.
-
-    Returns:
-        The number of trials recorded.
-    """
-    logger = get_run_logger()
-    ids, concurrency, max_retries, run_id = plan.ids, plan.concurrency, plan.max_retries, plan.run_id
-    validate = validate_candidate.with_options(retries=max_retries)
-    sink = TrialSink(store_url=plan.store_url, job_id=JOB_ID, batch_id=batch_id, run_id=run_id)
-    # attempt numbers continue after voided attempts: a task requeued by `recover` gets new trial ids;
-    # live trials of a killed run keep theirs (same key: cache hit, same ids upserted)
-    earlier = curate_tasks.voided_attempts(plan.store_url, ids)
-    # the longest validations (as last recorded) start first: a long one started last would idle the other slots
-    ids = longest_first(ids, curate_tasks.recorded_validation_seconds(plan.store_url, ids))
-    progress = create_progress_artifact(progress=0.0, description=f"batch {batch_id}: {len(ids)} candidates")
-    done: queue.Queue = queue.Queue()
-    pending = deque((iid, 0) for iid in ids)
-    in_flight, finished, shown_at = 0, 0, time.monotonic()
-    trials: list[TrialRecord] = []
-    final: dict[str, tuple[str, str, Any]] = {}
-    pristine: dict[str, float | None] = {}  # the longest Oracle run of each task with a verdict, seconds
-    states: list[Any] = []
-    while pending or in_flight:
-        while pending and in_flight < concurrency:
-            iid, attempt = pending.popleft()
-            row = plan.rows[iid]
-            validation = plan.validation
-            if parser := plan.log_parsers.get(iid):  # the repository's own log parser replaces the run's
-                validation = validation.model_copy(
-                    update={"checks": validation.checks.model_copy(update={"log_parser": parser})})
-            future = validate.submit(row, row.image, plan.image_ids[iid], plan.test_commands[iid], validation,
-                                     f"curate-a{earlier[iid] + attempt}", sink, plan.sandbox, plan.ray)
-            future.add_done_callback(lambda f, iid=iid, attempt=attempt: done.put((iid, attempt, f)))
-            in_flight += 1
-        iid, attempt, future = done.get()
-        in_flight -= 1
-        try:  # the callback can run before the Prefect state is final: result() waits for it
-            outcome = future.result()
-        except Exception as exc:  # noqa: BLE001 - this task's failure must not sink the batch
-            logger.error("validation of %s raised (no trial recorded): %r", iid, exc)
-            final[iid] = ("error", f"validation raised {type(exc).__name__}: {exc}"[:2000], None)
-        else:
-            states.append(future.state)
-            note_task_state(future.state)  # inside a lifecycle stage: ran or answered from cache
-            # stored by the validation as each ended (a cached one's in the run that ran it); again below
-            trials.extend(trial_row(tr, JOB_ID, None, run_id, batch_id=batch_id) for tr in outcome.trials)
-            if outcome.report is None:
-                failed = outcome.failed_trial or outcome.nop
-                if attempt < max_retries:
-                    logger.warning("%s: %s on attempt %d; trying again", iid, failed.exception_type, attempt + 1)
-                    pending.append((iid, attempt + 1))
-                    continue
-                final[iid] = ("error", f"{failed.exception_type}: {failed.exception_message}"[:2000], None)
-            else:
-                verdict = "accepted" if outcome.report.accepted else "rejected"
-                final[iid] = (verdict, outcome.report.reason, outcome.report)
-                pristine[iid] = _pristine_duration_s(outcome)
-        finished += 1
-        if finished == len(ids) or time.monotonic() - shown_at >= PROGRESS_UPDATE_S:
-            update_progress_artifact(progress, progress=100.0 * finished / len(ids))
-            shown_at = time.monotonic()
-    tasks = []
-    for iid in ids:
-        status, reason, report = final[iid]
-        row = plan.rows[iid]
-        tasks.append(TaskRecord(instance_id=iid, repo=row.repo, patch=row.patch, image_ref=row.image,
-                                status=status, reason=reason,
-                                fail_to_pass=report.FAIL_TO_PASS if report else [],
-                                pass_to_pass=report.PASS_TO_PASS if report else [],
-                                known_tests=report.known_tests if report else [],
-                                pristine_duration_s=pristine.get(iid), run_id=run_id))
-    curate_tasks.record_batch(plan.store_url, BatchRecord(batch_id=batch_id, kind="curate", instance_ids=ids,
-                                                          concurrency=concurrency, run_id=run_id), trials, tasks)
-    if not plan.keep_validation_results:
-        _drop_results(states)
-    table_artifact(f"curate-{batch_id[-16:].lower()}", [
-        {"instance_id": t.instance_id, "status": t.status, "reason": t.reason, "FAIL_TO_PASS": len(t.fail_to_pass)}
-        for t in tasks], f"curate batch {batch_id}")
-    return len(trials)
+def _announce_ready(params: CurateParams, store_url: str, name: str, registered: curate_tasks.Registration,
+                    run_id: str, selection: Any, run: _RunState, batches: int) -> str | None:
+    """Log the freeze-ready selection and, unless ``params.emit_freeze_ready`` is false, emit the freeze-ready
+    event (its payload: :func:`freeze_ready_payload`); returns the event id, or None."""
+    quotas, seed = params.quotas, params.settings.seed
+    resource_id = (f"forgeflow.store.{sha256_bytes(store_url.encode())[:12]}"
+                   f".quotas.{sha256_json(quotas.model_dump())[:12]}")
+    payload = freeze_ready_payload(masked_url(store_url), name, quotas, seed, registered, run_id, selection.counts,
+                                   len(run.accepted), batches)
+    event = emit_event(FREEZE_READY_EVENT, resource={"prefect.resource.id": resource_id,
+                                                     "prefect.resource.name": "curated dataset"},
+                       payload=payload) if params.emit_freeze_ready else None
+    get_run_logger().info("FREEZE READY: %s over %d repos after %d batch(es); %s",
+                          ", ".join(f"{s} {n}/{quotas.target(s)}" for s, n in selection.counts.items()),
+                          sum(len(r) for r in selection.repos_per_split.values()), batches,
+                          f"event {FREEZE_READY_EVENT} on {resource_id}" if params.emit_freeze_ready
+                          else "no event (the caller freezes)")
+    return str(event.id) if event else None
 
 
 class RecoverParams(StageParams):
@@ -523,6 +379,9 @@ def recover(params: RecoverParams) -> RecoverResult:
     audit and count check: the selected rewarded NOP/Oracle trials of a rejected task whose every
     live NOP/Oracle trial is selected (:mod:`forgeflow.curation.recovery`). Accepted tasks and rejections
     outside the ids stay.
+
+    Args:
+        params: the trials to void and requeue (batch ids, trial ids, or an exception type in a window); dry run first.
 
     Returns:
         A :class:`forgeflow.curation.curate_result.RecoverResult`: a dry run's ``void`` (trial ids),

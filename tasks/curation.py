@@ -1,19 +1,22 @@
-"""Prefect tasks of curation: candidate generation, which task images exist, NOP/Oracle validation
-(the one task the lifecycle's validate stage and the ``curate`` flow share), freeze."""
+"""Prefect tasks of curation: candidate generation, which task images exist, NOP/Oracle validation of a
+``curate`` batch (one task run per batch: :func:`validate_batch`), freeze."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
 from prefect import task
-from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE
-from pydantic import BaseModel, ConfigDict
+from prefect.artifacts import update_progress_artifact
+from prefect.cache_policies import NO_CACHE
+from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow.common.errors import InputError, PreflightError
-from forgeflow.curation import bugs, bundle, freeze, generated, run_reads
+from forgeflow.curation import batch_run, bugs, bundle, freeze, generated, run_reads
+from forgeflow.curation.selection import longest_first
 from forgeflow.evaluation.canary import trial_row
-from forgeflow.ledger.records import TaskRecord
+from forgeflow.ledger.records import BatchRecord, TaskRecord
 from forgeflow.ledger.store import Store
 from forgeflow.registry import images
 from forgeflow.sandbox import dispatch, trial
@@ -36,25 +39,6 @@ def generate_candidates(repo: str, checkout_dir: Path, source_dir: str, max_cand
                         seed: int) -> list[bugs.Candidate]:
     """SWE-smith procedural candidates for one project, statically checked (patch applies)."""
     return bugs.generate_candidates(repo, checkout_dir, source_dir, max_candidates, seed)
-
-
-class TrialSink(BaseModel):
-    """Where :func:`validate_candidate` stores each trial the moment it ends (a store row per trial,
-    upserted by trial id: a killed validation loses no finished trial).
-
-    Attributes:
-        store_url: the store's SQLAlchemy URL.
-        job_id: the trials' job id (e.g. ``curate``), or None.
-        batch_id: the trials' batch id, or None.
-        run_id: the Prefect flow run that ran them.
-    """
-
-    model_config = ConfigDict(frozen=True)
-
-    store_url: str
-    job_id: str | None = None
-    batch_id: str | None = None
-    run_id: str | None = None
 
 
 class SandboxChoice(BaseModel):
@@ -98,74 +82,143 @@ def sandbox_choice(block_name: str) -> SandboxChoice:
                          target=block.target())
 
 
-_VALIDATION_CACHE = (INPUTS - "sink" - "ray") + TASK_SOURCE
-"""RESUMABLE without the sink and the Ray placement: where trials are recorded, or on which node
-they run, does not change the validation."""
+CURATE_JOB_ID = "curate"
+"""The job id of every trial a ``curate`` run stores, and the kind of its batch rows."""
 
 
-@task(cache_policy=_VALIDATION_CACHE, retries=2, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S[:2],
-      retry_condition_fn=retry_on_transient, task_run_name="validate-{candidate.instance_id}-{run_key}")
-def validate_candidate(candidate: trial.BugTask, image_ref: str, image_digest: str | None, test_command: str,
-                       settings: trial.ValidationSettings, run_key: str = "validate",
-                       sink: TrialSink | None = None, sandbox: SandboxChoice | None = None,
-                       ray: RayPlacement | None = None) -> trial.ValidationOutcome:
-    """NOP then Oracle runs of one candidate in no-network containers of its task image
-    (:func:`forgeflow.sandbox.trial.validate_candidate`); the one validation task of the lifecycle's
-    validate stage and of the ``curate`` flow.
+class BatchPlan(BaseModel):
+    """One batch of a ``curate`` run, as :func:`validate_batch` validates it.
 
-    Args:
-        candidate: A :class:`forgeflow.curation.bugs.Candidate`, :class:`forgeflow.curation.candidates.CandidateTask`
-            or :class:`forgeflow.curation.generated.GeneratedTask` (its ``instance_id`` and bug ``patch``).
-        image_ref: The task image (local name or ``host:port/repo:tag``).
-        image_digest: The image's digest or id when known (keys the cache: a rebuilt image under
-            the same name is validated afresh); None when ``image_ref`` is the identity.
-        test_command: The task's test command, run in ``/testbed``.
-        settings: The verifier's limit per test run (seconds), the sandbox memory (MiB) and the Oracle
-            repeats, flaky policy and log parser (:class:`forgeflow.sandbox.trial.ValidationSettings`;
-            part of the cache key).
-        run_key: Goes into the trial ids and the cache key. The lifecycle keeps the default; the
-            ``curate`` flow passes ``curate-a<N>`` (N = the instance's earlier NOP trials, void ones
-            included), so a task requeued by ``recover`` is validated afresh with new trial ids
-            (the voided rows stay for audit), while a killed-and-resumed batch reuses the same key:
-            Prefect's cache answers and the store upserts the same trial ids (nothing duplicated).
-        sink: Where each trial is stored as it ends (not part of the cache key); None: the caller
-            records the outcome.
-        sandbox: The sandbox backend and its limits (a ``forgeflow-sandbox`` block's,
-            :func:`sandbox_choice`); its ``memory_mb`` replaces ``settings.memory_mb``. None: podman, 1 CPU.
-        ray: run the validation as a Ray task on a sandbox node of this cluster
-            (:func:`forgeflow.sandbox.dispatch.validate_on_ray`); its trials are recorded here once it
-            returns, each with the ``node_id`` it ran on. None: in this process.
-
-    Returns:
-        The outcome. Infrastructure failures come back as trials with an exception type (never
-        a rejection), so one broken trial never sinks the batch.
-
-    Raises:
-        InputError: bad input (fails only this task run, never retried). A transient
-            :class:`~forgeflow.common.errors.InfraError` escaping the trial runner is retried by Prefect
-            (twice by default; callers override with ``with_options(retries=...)``).
+    Attributes:
+        store_url: the store's SQLAlchemy URL.
+        run_id: the ``curate`` flow run (its trials' and verdicts' ``run_id`` and its sandboxes' label).
+        ids: the batch's instance ids, in selection order.
+        rows: instance id -> its candidate row (not sent to the API with the task's parameters).
+        image_ids: instance id -> what keys its image (a local image id or registry digest), or None.
+        test_commands: instance id -> its test command.
+        log_parsers: instance id -> its repository's log parser (absent: the run's).
+        concurrency: validations in flight at once.
+        max_retries: extra attempts for a validation that ended in an infrastructure error.
+        validation: each validation's limits and checks.
+        sandbox: the ``forgeflow-sandbox`` block's choice, or None (podman).
+        ray: the Ray placement, or None (in this process).
     """
-    on_trial = None
-    if sink is not None:
-        store = shared_store(sink.store_url)
 
-        def on_trial(record: trial.TrialResult) -> None:
-            store.record_trial(trial_row(record, sink.job_id, None, sink.run_id, batch_id=sink.batch_id))
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
 
-    spec = SandboxSpec(memory_mb=settings.memory_mb) if sandbox is None else SandboxSpec(
+    store_url: str
+    run_id: str
+    ids: list[str]
+    rows: dict[str, Any] = Field(exclude=True)
+    image_ids: dict[str, str | None] = Field(exclude=True)
+    test_commands: dict[str, str] = Field(exclude=True)
+    log_parsers: dict[str, str] = Field(exclude=True)
+    concurrency: int
+    max_retries: int
+    validation: trial.ValidationSettings
+    sandbox: SandboxChoice | None = None
+    ray: RayPlacement | None = None
+
+
+class BatchVerdicts(BaseModel):
+    """What :func:`validate_batch` recorded.
+
+    Attributes:
+        tasks: each candidate's verdict (its task row as stored), in the batch's order.
+        trials: how many trials the batch's validations stored.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    tasks: list[TaskRecord]
+    trials: int
+
+
+class BatchProgress(BaseModel):
+    """A progress artifact :func:`validate_batch` moves as candidates finish (at most every
+    :data:`PROGRESS_UPDATE_S`): ``(done + finished) / total`` percent."""
+
+    artifact_id: Any
+    done: int
+    total: int
+
+
+PROGRESS_UPDATE_S = 2.0
+"""Least seconds between two updates of a run's progress artifact from inside a batch (one API call each)."""
+
+
+def _validator(plan: BatchPlan, batch_id: str, stored: list[str]) -> batch_run.Validate:
+    """``validate(instance_id, run_key)`` for ``plan``'s candidates: NOP then Oracle runs in no-network
+    containers of the task image (:func:`forgeflow.sandbox.trial.validate_candidate`), on the sandbox block's
+    backend (labelled with the curate run, swept with it) or as a Ray task on a sandbox node
+    (:func:`forgeflow.sandbox.dispatch.validate_on_ray`, each trial recorded here once it returns, with the
+    ``node_id`` it ran on); every trial upserted in the store by its id the moment it ends (a killed
+    validation loses no finished trial), its id appended to ``stored``."""
+    store = shared_store(plan.store_url)
+    sandbox = plan.sandbox
+    spec = SandboxSpec(memory_mb=plan.validation.memory_mb) if sandbox is None else SandboxSpec(
         memory_mb=sandbox.memory_mb, cpus=sandbox.cpus)
     backend = run_labelled(sandbox.target if sandbox is not None else "podman")
-    if sink is not None and sink.run_id:  # a curate batch's subflow: labelled with the curate run, swept with it
-        backend = backend.model_copy(update={"labels": {**backend.labels, FLOW_RUN_LABEL: sink.run_id[:64]}})
-    timeout_s, checks = settings.verifier_timeout_s, settings.checks
-    if ray is not None:
-        outcome = dispatch.validate_on_ray(ray, candidate, image_ref, test_command, timeout_s=timeout_s, spec=spec,
-                                           run_key=run_key, checks=checks, backend=backend)
-        for record in outcome.trials if on_trial is not None else ():
-            on_trial(record)
-        return outcome
-    return trial.validate_candidate(candidate, image_ref, test_command, timeout_s=timeout_s, spec=spec,
-                                    run_key=run_key, checks=checks, on_trial=on_trial, backend=backend)
+    if plan.run_id:
+        backend = backend.model_copy(update={"labels": {**backend.labels, FLOW_RUN_LABEL: plan.run_id[:64]}})
+
+    def on_trial(record: trial.TrialResult) -> None:
+        store.record_trial(trial_row(record, CURATE_JOB_ID, None, plan.run_id, batch_id=batch_id))
+        stored.append(record.trial_id)
+
+    def validate(instance_id: str, run_key: str) -> trial.ValidationOutcome:
+        row, command, settings = plan.rows[instance_id], plan.test_commands[instance_id], plan.validation
+        if parser := plan.log_parsers.get(instance_id):  # the repository's own log parser replaces the run's
+            settings = settings.model_copy(update={"checks": settings.checks.model_copy(
+                update={"log_parser": parser})})
+        if plan.ray is not None:
+            outcome = dispatch.validate_on_ray(plan.ray, row, row.image, command, timeout_s=settings.verifier_timeout_s,
+                                               spec=spec, run_key=run_key, checks=settings.checks, backend=backend)
+            for record in outcome.trials:
+                on_trial(record)
+            return outcome
+        return trial.validate_candidate(row, row.image, command, timeout_s=settings.verifier_timeout_s, spec=spec,
+                                        run_key=run_key, checks=settings.checks, on_trial=on_trial, backend=backend)
+
+    return validate
+
+
+@task(cache_policy=NO_CACHE, persist_result=False, task_run_name="validate-batch-{batch_id}")
+def validate_batch(batch_id: str, plan: BatchPlan, progress: BatchProgress | None = None) -> BatchVerdicts:
+    """Validate one batch of a ``curate`` run: NOP then Oracle runs of each candidate, ``plan.concurrency`` at a
+    time in this task's threads (:func:`forgeflow.curation.batch_run.run_batch`), longest recorded validation
+    first; each trial stored as it ends, each verdict (the task's status, test lists, pristine duration) the
+    moment it is known, then the batch row. One task run per batch: no per-candidate orchestration, so a run's
+    cost per candidate stays flat and its graph small at any size. Not cached and nothing persisted: a killed
+    run resumed reads what has a verdict from the store and validates only the rest (a half-done validation
+    again, under the same trial ids).
+
+    Args:
+        batch_id: the batch's id (trials' ``batch_id``, the batch row, the task run's name).
+        plan: what to validate and how (:class:`BatchPlan`).
+        progress: the run's progress artifact to move as candidates finish, or None.
+
+    Returns:
+        The verdicts and the number of trials stored (:class:`BatchVerdicts`).
+    """
+    store = shared_store(plan.store_url)
+    stored: list[str] = []  # the trial ids stored (list.append is atomic: the pool's threads append)
+    ids = longest_first(plan.ids, store.validation_seconds(plan.ids))
+    job = batch_run.BatchJob(batch_id=batch_id, run_id=plan.run_id, ids=ids, rows=plan.rows,
+                             concurrency=plan.concurrency, max_retries=plan.max_retries,
+                             first_attempt=run_reads.voided_nop_attempts(store.engine, plan.ids))
+    shown_at = [time.monotonic()]
+
+    def on_finished(finished: int) -> None:
+        if progress is not None and time.monotonic() - shown_at[0] >= PROGRESS_UPDATE_S:
+            update_progress_artifact(progress.artifact_id, progress=100.0 * (progress.done + finished) / progress.total)
+            shown_at[0] = time.monotonic()
+
+    verdicts = {verdict.instance_id: verdict for verdict in batch_run.run_batch(
+        job, _validator(plan, batch_id, stored), lambda verdict, _outcome: store.record_task(verdict), on_finished)}
+    store.record_batch(BatchRecord(batch_id=batch_id, kind=CURATE_JOB_ID, instance_ids=plan.ids,
+                                   concurrency=plan.concurrency, run_id=plan.run_id))
+    return BatchVerdicts(tasks=[verdicts[i] for i in plan.ids], trials=len(stored))
 
 
 @task(cache_policy=NO_CACHE)
@@ -217,14 +270,12 @@ def accepted_for_freeze(instance_ids: list[str] | None) -> list[bundle.BundleTas
     Returns:
         One row per accepted task, in the store's order (instance id).
     """
-    store = Store()
-    try:
-        store.upgrade()
-        wanted = set(instance_ids) if instance_ids is not None else None
-        rows = [t for t in store.accepted_tasks() if wanted is None or t.instance_id in wanted]
-        digests = {image.ref: image.digest for image in store.images()}
-    finally:
-        store.dispose()
+    from forgeflow.common import settings
+
+    store = shared_store(settings.store_url())  # scoped reads: the ids asked for, the images they name
+    rows = (store.accepted_tasks() if instance_ids is None
+            else list(store.tasks_by_id(instance_ids, status="accepted").values()))
+    digests = store.image_digests([t.image_ref for t in rows if t.image_ref])
     return [bundle.BundleTask(instance_id=t.instance_id, repo=t.repo, fail_to_pass=t.fail_to_pass,
                               pass_to_pass=t.pass_to_pass, image_ref=t.image_ref,
                               image_digest=digests.get(t.image_ref) if t.image_ref else None,
@@ -238,17 +289,6 @@ def write_generated(path: Path, rows: list[generated.GeneratedTask]) -> Path:
     return generated.merge_generated(path, rows)
 
 
-@task(cache_policy=NO_CACHE)
-def recorded_validation_seconds(store_url: str, instance_ids: list[str]) -> dict[str, float]:
-    """How long each candidate's last recorded validation took (seconds; candidates never validated are
-    absent), read from the store at ``store_url``: what orders a validation window longest first."""
-    store = Store(store_url)
-    try:
-        return store.validation_seconds(instance_ids)
-    finally:
-        store.dispose()
-
-
 @task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S[:2],
       retry_condition_fn=retry_on_transient, task_run_name="task-verdicts")
 def task_verdicts(store_url: str, instance_ids: list[str]) -> dict[str, TaskRecord]:
@@ -258,10 +298,8 @@ def task_verdicts(store_url: str, instance_ids: list[str]) -> dict[str, TaskReco
     Raises:
         InputError: an id the store has no task row for (up to 10 named).
     """
-    store = shared_store(store_url)
-    wanted = set(instance_ids)
-    rows = {t.instance_id: t for t in store.tasks() if t.instance_id in wanted}
-    missing = sorted(wanted - set(rows))
+    rows = shared_store(store_url).tasks_by_id(instance_ids)  # primary-key reads of these ids alone
+    missing = sorted(set(instance_ids) - set(rows))
     if missing:
         raise InputError(f"the store holds no task row for {len(missing)} id(s): {', '.join(missing[:10])}")
     return {iid: rows[iid] for iid in instance_ids}
@@ -360,25 +398,6 @@ def candidate_set_ids(candidate_set: str) -> list[str]:
         return run_reads.candidate_set_ids(store.engine, candidate_set)
     finally:
         store.dispose()
-
-
-@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S[:2],
-      retry_condition_fn=retry_on_transient, persist_result=False)
-def voided_attempts(store_url: str, instance_ids: list[str]) -> dict[str, int]:
-    """Instance id -> how many of its NOP trials ``recover`` voided: where its attempt numbers continue, so a
-    requeued task gets new trial ids while a killed run's live trials keep theirs (one grouped count per chunk
-    of ids, :func:`forgeflow.curation.run_reads.voided_nop_attempts`)."""
-    return run_reads.voided_nop_attempts(shared_store(store_url).engine, instance_ids)
-
-
-@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S[:2],
-      retry_condition_fn=retry_on_transient, task_run_name="record-batch-{batch.batch_id}")
-def record_batch(store_url: str, batch: Any, trials: list[Any], tasks: list[Any]) -> int:
-    """Upsert a batch's trials, its tasks' statuses and the batch row in one transaction
-    (:meth:`forgeflow.ledger.store.Store.record_batch_results`; a retry writes the same rows). Returns the
-    number of trials."""
-    shared_store(store_url).record_batch_results(batch, trials, tasks)
-    return len(trials)
 
 
 @task(cache_policy=NO_CACHE, task_run_name="load-task-rows-{stage}")

@@ -28,11 +28,6 @@ class CurateSettings(BaseModel):
         checks: Oracle runs per task that would be accepted (default 2: a task whose runs disagree is
             flaky), the flaky policy (``reject`` or ``drop_flaky_pass_to_pass``) and the log parser
             for runners without forgeflow's pytest report (:class:`forgeflow.sandbox.trial.ValidationChecks`).
-        keep_validation_results: keep each validation's persisted Prefect result (its cache entry, ~36 KB) after
-            its batch is recorded in the store. False (default): a batch's results are deleted as soon as the
-            batch is recorded, since only an unrecorded batch needs them (a resumed run answers its finished
-            validations from them); a recorded candidate is never validated again. Results in a
-            non-local result storage are kept either way.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -48,11 +43,6 @@ class CurateSettings(BaseModel):
     seed: int = Field(default=0, description="Orders candidates and splits (same seed, same batches).")
     checks: ValidationChecks = Field(default_factory=ValidationChecks,
                                      description="Oracle repeats, flaky policy and log parser.")
-    keep_validation_results: bool = Field(
-        default=False, description="Keep each validation's persisted Prefect result (what a resumed run reuses "
-                                   "instead of validating again) after its batch is recorded in the store; false: "
-                                   "deleted once the batch is recorded (a recorded candidate is never validated "
-                                   "again).")
 
     def validation(self) -> ValidationSettings:
         """What each validation of the run takes: the verifier's limit, the memory and the checks."""

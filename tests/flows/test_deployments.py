@@ -14,7 +14,7 @@ def _yaml_deployments():
 
 def _all_flows() -> set[str]:
     """``path:function`` of every Prefect flow defined in ``flows/`` but the private subflows (a leading ``_``:
-    run only by their parent flow with in-memory inputs, e.g. ``curate``'s ``curate-batch``)."""
+    run only by their parent flow with in-memory inputs)."""
     import importlib
 
     from prefect import Flow

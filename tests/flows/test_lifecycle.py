@@ -104,21 +104,20 @@ def test_the_run_shows_each_stage_as_a_subflow_run_with_its_own_task_runs(first_
         def task_runs(flow_run_id):
             return client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
 
-        # the validate stage is the curate flow one level down; its validation tasks ran in its curate-batch
-        # subflow runs (one per batch), one per candidate validated (a fresh store: every candidate of the run),
-        # none on the stage's own run nor on the curate run's
+        # the validate stage is the curate flow one level down; its validations ran in its validate-batch task
+        # runs (one per batch, every candidate of the run in one of them: a fresh store), none on the stage's run
         validate_counts = first_run["stages"]["validate"]["counts"]
         assert validate_counts["validated"] == validate_counts["candidates"] == first_run["tasks"]["generated"]
         (curate_run,) = client.read_flow_runs(flow_run_filter=FlowRunFilter(
             parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[stage_runs["validate"].id])))
         assert client.read_flow(curate_run.flow_id).name == "curate" and curate_run.state.is_completed()
-        batches = client.read_flow_runs(flow_run_filter=FlowRunFilter(
-            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[curate_run.id])))
-        assert batches and {client.read_flow(b.flow_id).name for b in batches} == {"curate-batch"}
-        validations = [t for b in batches for t in task_runs(b.id) if t.name.startswith("validate-")]
-        assert len(validations) == validate_counts["validated"]
-        assert not [t for run in (stage_runs["validate"].id, curate_run.id) for t in task_runs(run)
-                    if t.name.startswith("validate-")]
+        batches = [t for t in task_runs(curate_run.id) if t.name.startswith("validate-batch-")]
+        assert batches and all(t.state.is_completed() for t in batches)
+        batch_rows = {b.batch_id: b for b in Store().batches(kind="curate")}
+        assert {t.name.removeprefix("validate-batch-") for t in batches} <= set(batch_rows)
+        assert sum(len(batch_rows[t.name.removeprefix("validate-batch-")].instance_ids) for t in batches) \
+            == validate_counts["validated"]
+        assert not [t for t in task_runs(stage_runs["validate"].id) if t.name.startswith("validate-")]
         # the lifecycle's own run keeps only its registries and the stage runs (their parent task runs)
         own = task_runs(lifecycle_id)
         assert not [t for t in own if t.name.startswith(("validate-", "sft_burst-", "package-"))]

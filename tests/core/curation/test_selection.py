@@ -74,3 +74,31 @@ def test_longest_first_starts_the_longest_known_validation_and_puts_unknown_ones
     seconds = {"slow": 35.0, "quick": 1.0, "mid": 5.0}
     assert longest_first(["quick", "new", "mid", "slow"], seconds) == ["slow", "new", "mid", "quick"]
     assert longest_first(["b", "a", "c"], {}) == ["b", "a", "c"]  # nothing known: the given order
+
+
+def test_the_incremental_selector_picks_exactly_what_select_batch_picks_batch_after_batch() -> None:
+    """The curate flow keeps one BatchSelector per run and marks each batch's candidates processed; every
+    batch it picks must be select_batch's for the same processed set (random runs: repositories, missing
+    images, a resumed run's processed ids, acceptances, batch sizes)."""
+    import random
+
+    from forgeflow.curation.selection import BatchSelector
+
+    rng = random.Random(3)
+    for _ in range(30):
+        cands = [CandidateRef(instance_id=f"c{i}", repo=f"r{rng.randrange(15)}", image_available=rng.random() > 0.1)
+                 for i in range(rng.randrange(1, 300))]
+        seed = rng.randrange(5)
+        selector = BatchSelector(cands, seed)
+        processed = {c.instance_id for c in cands if rng.random() < 0.2}
+        selector.mark_processed(processed)
+        accepted: dict[str, int] = {}
+        repo_of = {c.instance_id: c.repo for c in cands}
+        while batch := select_batch(cands, processed, accepted, size := rng.randrange(1, 40), seed):
+            assert selector.select(accepted, size) == batch
+            for instance_id in batch:
+                if rng.random() < 0.5:
+                    accepted[repo_of[instance_id]] = accepted.get(repo_of[instance_id], 0) + 1
+            processed |= set(batch)
+            selector.mark_processed(batch)
+        assert selector.select(accepted, 5) == []

@@ -1,0 +1,155 @@
+"""One curate batch's validations, run as they finish: a pool of threads, no per-candidate orchestration.
+
+The ``curate`` flow hands a whole batch to one Prefect task (``tasks.curation.validate_batch``), which calls
+:func:`run_batch` here: up to ``concurrency`` NOP/Oracle validations run at once in a thread pool, in the
+order given (longest known first); each ends in a verdict that is handed to ``on_verdict`` the moment it is
+known (the task records it in the store at once, so a killed run resumed validates only what has no verdict),
+and an attempt that ended in an infrastructure error is queued again, up to ``max_retries`` times. What one
+candidate costs beyond its own validation is a dictionary update and the caller's store writes: the same at
+1,000 candidates as at 30,000 (``python -m benchmarks.scale_curate``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from forgeflow.common.errors import is_transient
+from forgeflow.ledger.records import TaskRecord
+from forgeflow.sandbox.trial import ValidationOutcome
+
+TRANSIENT_RETRY_DELAYS_S = (2.0, 8.0)
+"""Seconds slept before each new try of a validation that raised a transient
+:class:`~forgeflow.common.errors.InfraError` (a registry or API hiccup); a third one raises."""
+
+RUN_KEY_PREFIX = "curate-a"
+"""A validation's run key is this prefix + its attempt number: it goes into the trial ids, so a task requeued
+by ``recover`` (its earlier NOP attempts voided) gets new trial ids, while a killed run's half-done validation
+runs again under the same ids (upserted, never duplicated)."""
+
+Validate = Callable[[str, str], ValidationOutcome]
+"""``validate(instance_id, run_key) -> outcome``: one NOP/Oracle validation (trials stored by the callee as
+they end); raises only for what is not an outcome (bad input, a transient infrastructure failure)."""
+
+
+class BatchJob(BaseModel):
+    """What :func:`run_batch` validates.
+
+    Attributes:
+        batch_id: the batch's id (in log lines).
+        run_id: the ``curate`` flow run (each verdict's ``run_id``).
+        ids: instance ids in the order to start them (longest known validation first).
+        rows: instance id -> its candidate row (``repo``, ``patch``, ``image``).
+        concurrency: validations in flight at once, >= 1.
+        max_retries: extra attempts for a validation that ended in an infrastructure error, >= 0.
+        first_attempt: instance id -> its first attempt number (its voided NOP attempts; absent: 0).
+    """
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    batch_id: str
+    run_id: str
+    ids: list[str]
+    rows: dict[str, Any] = Field(repr=False)
+    concurrency: int = Field(ge=1)
+    max_retries: int = Field(ge=0)
+    first_attempt: dict[str, int] = Field(default_factory=dict)
+
+
+def pristine_duration_s(outcome: ValidationOutcome) -> float | None:
+    """The longest test run of a validation's Oracle trials (the first and its repeats), seconds: what the
+    verifier reads as the task's pristine duration (:attr:`forgeflow.sandbox.verifier.TaskTests.pristine_duration_s`);
+    None when no Oracle run completed. A repeat that also re-ran the FAIL_TO_PASS tests counts whole: an
+    upper bound, the safe side for attributing a later timeout to a submission."""
+    runs = [t.verifier_s for t in ([outcome.oracle] if outcome.oracle else []) + outcome.oracle_repeats
+            if t.verifier_s is not None]
+    return max(runs) if runs else None
+
+
+def task_verdict(row: Any, run_id: str, outcome: ValidationOutcome | None, error: str | None = None) -> TaskRecord:
+    """The task row a validation decides: ``accepted`` / ``rejected`` with the report's test lists, or ``error``
+    (``error`` given, or an outcome without a report: its failed trial's exception) with the reason.
+
+    Args:
+        row: the candidate row (``instance_id``, ``repo``, ``patch``, ``image``).
+        run_id: the ``curate`` flow run.
+        outcome: the validation's outcome, or None when it raised.
+        error: why the validation raised (with ``outcome`` None).
+    """
+    common = {"instance_id": row.instance_id, "repo": row.repo, "patch": row.patch, "image_ref": row.image,
+              "run_id": run_id}
+    report = outcome.report if outcome is not None else None
+    if report is None:
+        if error is None and outcome is not None:
+            failed = outcome.failed_trial or outcome.nop
+            error = f"{failed.exception_type}: {failed.exception_message}"
+        return TaskRecord(**common, status="error", reason=(error or "no outcome")[:2000])
+    return TaskRecord(**common, status="accepted" if report.accepted else "rejected", reason=report.reason,
+                      fail_to_pass=report.FAIL_TO_PASS, pass_to_pass=report.PASS_TO_PASS,
+                      known_tests=report.known_tests, pristine_duration_s=pristine_duration_s(outcome))
+
+
+def _try(validate: Validate, instance_id: str, run_key: str) -> ValidationOutcome:
+    """``validate`` once more after each transient failure (:data:`TRANSIENT_RETRY_DELAYS_S`)."""
+    for delay in (*TRANSIENT_RETRY_DELAYS_S, None):
+        try:
+            return validate(instance_id, run_key)
+        except Exception as exc:
+            if delay is None or not is_transient(exc):
+                raise
+            time.sleep(delay)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def run_batch(job: BatchJob, validate: Validate, on_verdict: Callable[[TaskRecord, ValidationOutcome | None], None],
+              on_finished: Callable[[int], None] | None = None) -> list[TaskRecord]:
+    """Validate ``job.ids``, ``job.concurrency`` at a time, handling each as it ends.
+
+    An outcome without a report (an infrastructure error the trial runner recorded) is tried again as a new
+    attempt (new run key) while attempts remain; then, or when ``validate`` raised, the task's verdict is
+    ``error``. A raising validation never sinks the batch.
+
+    Args:
+        job: the batch.
+        validate: one validation (:data:`Validate`).
+        on_verdict: called in this thread with each verdict and its outcome (None when it raised), the moment
+            it is known (the caller records it).
+        on_finished: called in this thread with the number of candidates finished so far, after each.
+
+    Returns:
+        The verdicts, in ``job.ids``' order.
+    """
+    verdicts: dict[str, TaskRecord] = {}
+    with ThreadPoolExecutor(max_workers=job.concurrency, thread_name_prefix=f"validate-{job.batch_id[-8:]}") as pool:
+        running: dict[Future, tuple[str, int]] = {}
+
+        def start(instance_id: str, attempt: int) -> None:
+            run_key = f"{RUN_KEY_PREFIX}{job.first_attempt.get(instance_id, 0) + attempt}"
+            running[pool.submit(_try, validate, instance_id, run_key)] = (instance_id, attempt)
+
+        for instance_id in job.ids:
+            start(instance_id, 0)
+        while running:
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                instance_id, attempt = running.pop(future)
+                row = job.rows[instance_id]
+                try:
+                    outcome = future.result()
+                except Exception as exc:  # noqa: BLE001 - this validation's failure must not sink the batch
+                    outcome, verdict = None, task_verdict(row, job.run_id, None,
+                                                          f"validation raised {type(exc).__name__}: {exc}")
+                else:
+                    if outcome.report is None and attempt < job.max_retries:
+                        start(instance_id, attempt + 1)
+                        continue
+                    verdict = task_verdict(row, job.run_id, outcome)
+                verdicts[instance_id] = verdict
+                on_verdict(verdict, outcome)
+                if on_finished is not None:
+                    on_finished(len(verdicts))
+    return [verdicts[instance_id] for instance_id in job.ids]
