@@ -264,45 +264,7 @@ def canary(params: CanaryParams = CanaryParams()) -> CanaryResult:
     """Agent trials on ``params.split`` of freeze ``params.freeze_name`` against a served model: one canary job.
 
     Args:
-        params: :class:`CanaryParams`:
-
-            * ``freeze_name``: a freeze recorded in the store (``freeze`` flow or the lifecycle; the
-              ``forgeflow-canary-on-freeze`` automation renders it from the freeze run).
-            * ``split``: which split (``test`` by default; ``validation``/``train`` where the freeze has them).
-            * ``endpoint``: the model endpoint (:class:`forgeflow.evaluation.canary_params.CanaryEndpoint`): the
-              serving state file's active server (default ``$FORGEFLOW_HOME/serving/state.json``) or ``base_url`` +
-              ``model_sha256`` (refused when that state file records a live server at ``base_url`` serving
-              another GGUF; a URL it does not record as serving, e.g. a server staged on the idle port, is taken
-              with the sha256 given), and the ``model_alias`` sent (default: the state's alias, else ``forgeflow``).
-            * ``run``: how the trials run (:class:`forgeflow.evaluation.canary_params.CanaryRunSettings`):
-              ``concurrency`` (refused above the ``profile``'s limit: ``default`` up to 4 at once,
-              ``verified`` up to 10), ``agent_config`` (mini-swe-agent limits and sampling),
-              ``verifier_timeout_s`` (seconds), and ``sample`` tasks of the split drawn with
-              ``sample_seed`` (:func:`forgeflow.evaluation.canary.sample_split`; None: the whole split).
-            * ``source``: the task rows (:class:`forgeflow.curation.task_rows.TaskSource`): patches, task images
-              and test commands from ``generated_path`` (default ``$FORGEFLOW_HOME/demo/candidates.jsonl``),
-              or the user's ``candidates_path`` (the file ``curate`` validated: ``instance_id``,
-              ``repo``, ``patch``, ``image``, ``problem_statement``, optional ``test_command``; the
-              agent gets each row's own problem statement) or ``dataset`` (a HF ``datasets`` split);
-              ``test_commands`` (repo -> test command for repositories that are not pinned projects) and
-              ``test_specs`` (repo -> test command and SWE-bench log parser, by name: the verifier reads
-              non-pytest runners with it).
-            * ``job_id``: the job's id (default ``canary-<freeze>-<split>-<model sha256[:12]>``, with
-              ``-s<sample>x<sample_seed>`` for a sample: a re-run of the same inputs upserts the same
-              job and trial rows).
-            * ``out_dir``: where ``<job_id>/report.md``, ``summary.json`` and trajectories go (default
-              ``$FORGEFLOW_HOME/canary``).
-            * ``sandbox``: a ``forgeflow-sandbox`` block (:class:`blocks.core.SandboxBackend`: backend kind,
-              memory MiB, CPUs) the trials' containers run with, as ``curate`` and ``rl-burst`` take
-              it: its backend becomes ``run.agent_config``'s ``sandbox_backend`` (the agent's own
-              container, where its commands run) and ``verifier_backend`` (the verifier's fresh one),
-              its limits replace ``memory_mb`` / ``cpus`` (both containers), and the job records the
-              result. None: ``run.agent_config`` as given (default: both on podman).
-            * ``dispatcher``: a ``forgeflow-dispatcher`` block (:class:`blocks.core.TrialDispatcher`) as curate
-              and rl-burst take it: ``ray`` runs each agent trial (its loop, container and verifier) as
-              one Ray task on a sandbox node of that cluster (``agent_config.verifier_ray``; the trial's
-              verifier record names the node, the job records the placement; the node must reach the
-              endpoint and ``out_dir``). None or ``in-process``: here.
+        params: the freeze split the agent runs on, the model endpoint, how the trials run and the task rows.
 
     Returns:
         A :class:`forgeflow.evaluation.canary_result.CanaryResult`: ``job_id``, ``report`` (the
@@ -421,23 +383,7 @@ def canary_recover(params: CanaryRecoverParams) -> CanaryRecoveryResult:
     id>/report.md``.
 
     Args:
-        params: :class:`CanaryRecoverParams`:
-
-            * ``job_id``: the original canary job (``forgeflow trials`` lists the jobs).
-            * ``endpoint``: the (restarted) model server, as for ``canary``
-              (:class:`forgeflow.evaluation.canary_params.CanaryEndpoint`: the serving state file, default
-              ``$FORGEFLOW_HOME/serving/state.json``, or ``base_url``); ``model_sha256`` defaults to the
-              job's (it must be the job's model), ``model_alias`` to the job's, else the state's.
-            * ``exception_types``: re-run only trials that ended in one of these exception class names
-              (default: every exception in the merged view).
-            * ``concurrency``: trials at once (default: the job's), within the job's profile limit.
-            * ``agent_config``: only for a job that did not record its agent config (the lifecycle's); a
-              config other than the recorded one is refused.
-            * ``generated_path``: the candidates file (default: the job's, else
-              ``$FORGEFLOW_HOME/demo/candidates.jsonl``).
-            * ``recovery_job_id``: the recovery job's id (default ``<job_id>-recovery-<digest of the trial ids>``).
-            * ``out_dir``: where ``<recovery job id>/report.md``, ``summary.json`` and trajectories go
-              (default ``$FORGEFLOW_HOME/canary``).
+        params: the canary job whose exception trials re-run, the endpoint serving its model, what to retry.
 
     Returns:
         A :class:`forgeflow.evaluation.canary_result.CanaryRecoveryResult`: ``job_id`` (the recovery

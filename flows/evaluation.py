@@ -82,7 +82,7 @@ def harbor_export(params: HarborExportParams = HarborExportParams()) -> HarborEx
     per instance).
 
     Args:
-        params: :class:`HarborExportParams` (freeze, split, folder, limits, where the task rows come from).
+        params: the freeze split to export, the output folder, the task limits and the task rows' source.
 
     Returns:
         The :class:`~forgeflow.evaluation.harbor.HarborExport` (path, instance ids, digests).
@@ -140,7 +140,7 @@ def harbor_import(params: HarborImportParams) -> HarborImportSummary:
     """Record a Harbor job folder's trial results in the store as one job.
 
     Args:
-        params: :class:`HarborImportParams` (job folder, job id, freeze and split).
+        params: the Harbor job folder to import, the job id to record it under, its freeze and split.
 
     Returns:
         :class:`~forgeflow.evaluation.harbor_import.HarborImportSummary` (trials, scored, reward 1,
@@ -192,7 +192,7 @@ def judge(params: JudgeParams) -> JudgeSummary:
     """Judge a file of GAIA-style answers and record the verdicts in the store's ``judgments`` table.
 
     Args:
-        params: :class:`JudgeParams` (answers file, job id, numeric tolerances).
+        params: the answers file to judge, the job id for its verdicts and the numeric tolerances.
 
     Returns:
         :class:`~forgeflow.evaluation.judge.JudgeSummary` (judged, correct, incorrect, rows per rule).

@@ -322,19 +322,7 @@ def migrate_images(params: MigrateParams = MigrateParams()) -> MigrationSummary:
     The exception's ``summary`` holds the :class:`MigrationSummary`.
 
     Args:
-        params: :class:`MigrateParams`:
-
-            * ``source`` / ``target``: A saved ``forgeflow-registry`` block name or a RegistryEndpoint
-              (default: the demo's embedded registries ``127.0.0.1:5701`` / ``127.0.0.1:5702``).
-            * ``images``: Image names (see above); or ``dataset_path``: a JSONL file with an ``image_column``.
-            * ``image_column``: The dataset column holding the image names (default ``image``).
-            * ``limits``: :class:`forgeflow.registry.migration.TransferLimits`: the size above which an image
-              is skipped (``max_size_bytes``, default 2 GB), concurrent images against the target
-              (``concurrency_limit``, 1-64, default 4), images started per second
-              (``rate_limit_per_s``, None: no rate limit) and the delays in seconds before each retry
-              of a transiently failing image (``retry_delays_s``; default
-              ``tasks.common.TRANSIENT_RETRY_DELAYS_S``).
-            * ``store_url``: Store URL (default ``settings.store_url()``).
+        params: the source and target registries, the images (a list or a dataset column), the transfer limits.
 
     Returns:
         The :class:`MigrationSummary` (records, coverage, copied, failed).
@@ -425,9 +413,7 @@ def registry_audit(params: RegistryAuditParams = RegistryAuditParams()) -> cover
     the value and the expected form (and the dataset columns that would fit) before anything runs.
 
     Args:
-        params: :class:`RegistryAuditParams`: ``target`` (a ``forgeflow-registry`` block name or a
-            RegistryEndpoint; default the demo's ``127.0.0.1:5702``), ``images`` or ``dataset_path`` with its
-            ``image_column``, ``store_url`` (None: the registry only, nothing recorded).
+        params: the registry to audit, the images (a list or a dataset column), a store URL to record them.
 
     Returns:
         The :class:`forgeflow.registry.coverage.CoverageReport`.
@@ -463,7 +449,7 @@ def rewrite_image_refs(params: RewriteImageRefsParams) -> coverage.RewritePlan:
     log warns, naming the prefix and a recorded reference as an example.
 
     Args:
-        params: :class:`RewriteImageRefsParams` (``old_prefix``, ``new_prefix``, ``dry_run``, ``store_url``).
+        params: the image prefix to replace, its replacement, and whether to only report (dry run).
 
     Returns:
         The :class:`forgeflow.registry.coverage.RewritePlan` (rows, applied, an unmatched example).
@@ -498,8 +484,7 @@ def prewarm_plan(params: PrewarmPlanParams = PrewarmPlanParams()) -> PrewarmPlan
     lifecycle's prewarm stage runs this flow on its candidates, then copies by the plan it returns.
 
     Args:
-        params: :class:`PrewarmPlanParams` (``tasks_path``, ``shards``, ``lanes``, ``prefix``, ``tag_cap``,
-            ``plot_path``, ``store_url``).
+        params: the task rows to plan, the shard, lane and tag-cap sizes, and where the plot goes.
 
     Returns:
         The checked :class:`forgeflow.registry.layout.PrewarmPlan` (placements in input order, basecache tags and

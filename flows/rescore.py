@@ -69,8 +69,7 @@ def rescore(params: RescoreParams) -> RescoreResult:
     ``rescore-verdicts`` and ``out_dir/<rescore job id>/report.md``.
 
     Args:
-        params: :class:`RescoreParams` (the job, the new job's id, the verifier timeout, concurrency, the task rows,
-            where the report goes).
+        params: the canary job to re-verify, the new job's id, the verifier timeout, concurrency, task rows.
 
     Returns:
         :class:`forgeflow.evaluation.rescore_report.RescoreResult`: the new job's id, counts (re-verified,

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from deployments.cli.app import app
+from deployments.cli.app import app, readable_help
 
 # the command modules register their commands on the app when imported, in the order of --help
 # isort: off
 from deployments.cli import run, records, rescore, rl_tasks, curation, up_down, work_pool  # noqa: F401, E402
 # isort: on
+
+readable_help(app)
 
 __all__ = ["app", "main"]
 

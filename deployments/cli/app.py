@@ -3,7 +3,9 @@ before Prefect is imported, the store opened read-only, one-line failures, stop 
 
 from __future__ import annotations
 
+import inspect
 import os
+import re
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -12,6 +14,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from forgeflow.ledger.store import Store
 
@@ -128,3 +131,62 @@ def stop_signals(on_first: Callable[[int], None]) -> Iterator[list[tuple[float, 
         if not received:
             for signum, old in previous.items():
                 signal.signal(signum, old)
+
+
+_LIST_ITEM = re.compile(r"^\s*([-*]|\d+[.)])\s|^\s{2,}")
+_SENTENCE_END = re.compile(r"(?<!\be\.g)(?<!\bi\.e)(?<!\bvs)\.(?=\s|$)")
+
+
+def reflow(doc: str) -> str:
+    """A docstring as help text that rich can wrap: each prose paragraph on one line (so it wraps at the
+    terminal's width, never mid-sentence at the source's line breaks), lists and indented blocks kept
+    line by line, rich markup escaped (a literal ``[x]`` stays visible).
+
+    Args:
+        doc: the docstring (indented or not).
+
+    Returns:
+        The paragraphs, separated by one blank line.
+    """
+    paragraphs = inspect.cleandoc(doc).split("\n\n")
+    out = []
+    for para in paragraphs:
+        lines = para.splitlines()
+        keep = any(_LIST_ITEM.match(line) for line in lines)
+        out.append(escape("\n".join(lines) if keep else " ".join(line.strip() for line in lines)))
+    return "\n\n".join(out)
+
+
+def first_sentence(doc: str) -> str:
+    """The first sentence of a docstring's first paragraph, on one line (a command's line in ``--help``).
+
+    Args:
+        doc: the docstring.
+
+    Returns:
+        The text up to and including the first full stop that ends a sentence (not "e.g."), or the
+        whole first paragraph when it has none.
+    """
+    para = " ".join(line.strip() for line in inspect.cleandoc(doc).split("\n\n")[0].splitlines())
+    end = _SENTENCE_END.search(para)
+    return para if end is None else para[:end.end()]
+
+
+def readable_help(typer_app: typer.Typer) -> None:
+    """Make ``--help`` readable for every command of ``typer_app`` and its sub-apps, in place: a
+    command's help is its docstring reflowed (:func:`reflow`; typer's rich mode keeps the source's
+    line breaks), its line in the command list its ``short_help`` or else its docstring's first
+    sentence (:func:`first_sentence`; typer lists the whole first paragraph). Call it once every
+    command is registered.
+
+    Args:
+        typer_app: the app whose ``registered_commands`` and ``registered_groups`` are changed.
+    """
+    for info in typer_app.registered_commands:
+        doc = info.help if info.help is not None else inspect.getdoc(info.callback)
+        if doc:
+            info.help = reflow(doc)
+            info.short_help = info.short_help or escape(first_sentence(doc))
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            readable_help(group.typer_instance)

@@ -174,7 +174,7 @@ def _derived_json(item: "object", path: Path) -> dict:
                        for k, v in item.inputs.items()}}
 
 
-@derived_app.command("build")
+@derived_app.command("build", short_help="Build a derived task set (set algebra) and record its inputs' digests.")
 def derived_build(
     name: str,
     definitions: Optional[Path] = typer.Option(None, help="file of 'name = expression' lines "

@@ -41,7 +41,7 @@ def _plan_lines(plan: object) -> list[str]:
     return lines
 
 
-@app.command()
+@app.command(short_help="Re-verify a canary job's stored submissions under the current verifier, as a new job.")
 def rescore(
     job: str = typer.Argument(..., help="the canary job to re-score (`forgeflow trials` lists the jobs)"),
     rescore_job_id: Optional[str] = typer.Option(None, help="the new job's id (default <JOB>-rescore-<digest of the "

@@ -12,7 +12,7 @@ import typer
 from deployments.cli.app import app, console, fail, prepare_env, read_store
 
 
-@app.command("rl-tasks")
+@app.command("rl-tasks", short_help="Write a freeze split's RL task rows (JSONL) with their recorded known tests.")
 def rl_tasks(
     freeze: str = typer.Argument(..., help="a freeze recorded in the store (`forgeflow status` names the latest)"),
     out: Path = typer.Option(..., help="the JSONL to write (atomically; an existing file is replaced)"),

@@ -82,26 +82,52 @@ def demo(
 
 
 def _print_summary(path: Path) -> None:
+    """Print a lifecycle's summary.json: the stage table, then one line per fact. The lines that hold
+    paths and digests are never wrapped (``soft_wrap``), whatever the width of stdout (a log, a pipe,
+    a narrow terminal): a copied path or sha256 is whole."""
     summary = json.loads(path.read_text())
-    table = Table(title=f"forgeflow lifecycle — {path}")
+    table = Table(title="forgeflow lifecycle")
     for col in ("stage", "status", "wall s", "counts"):
         table.add_column(col)
     for name, st in summary["stages"].items():
         counts = ", ".join(f"{k}={v}" for k, v in st.get("counts", {}).items())
         table.add_row(name, st["status"], f"{st.get('wall_s', 0):.1f}", counts)
     console.print(table)
+    lines = [f"summary: {path}"]
     if "freeze" in summary:
-        console.print(f"freeze {summary['freeze']['name']}: semantic sha256 {summary['freeze']['semantic_sha256']}")
+        lines.append(f"freeze {summary['freeze']['name']}: semantic sha256 {summary['freeze']['semantic_sha256']}")
     if "comparison" in summary:
         c = summary["comparison"]
-        console.print(f"compare: wins {c['wins']} ties {c['ties']} losses {c['losses']}, "
-                      f"exact McNemar p = {c['mcnemar_p']:.3g}")
+        lines.append(f"compare: wins {c['wins']} ties {c['ties']} losses {c['losses']}, "
+                     f"exact McNemar p = {c['mcnemar_p']:.3g}")
     if "promotion" in summary:
         d = summary["promotion"]
-        console.print(f"promotion gate: {d['verdict']} ({d['reason']})")
-    for name, art in summary.get("artifacts", {}).items():
-        console.print(f"  {name}: {art['path']}  sha256 {art['sha256']}")
-    console.print(f"total wall time {summary['total_wall_s']:.1f} s")
+        lines.append(f"promotion gate: {d['verdict']} ({d['reason']})")
+    lines += [f"  {name}: {art['path']}  sha256 {art['sha256']}" for name, art in summary.get("artifacts", {}).items()]
+    lines.append(f"total wall time {summary['total_wall_s']:.1f} s")
+    for line in lines:
+        console.print(line, soft_wrap=True, highlight=False, markup=False)
+
+
+def ui_server_env(port: int) -> dict[str, str]:
+    """The environment of ``prefect server start --port PORT`` whose UI calls this server's API.
+
+    ``--port`` alone moves the API but not the UI: the UI page calls PREFECT_UI_API_URL, which
+    defaults to PREFECT_API_URL or else to PREFECT_SERVER_API_HOST:PREFECT_SERVER_API_PORT (default
+    4200), and shows "Can't connect to Server API" on any other port. Here the server's host and port
+    settings are this server's and PREFECT_UI_API_URL is ``http://127.0.0.1:PORT/api`` unless the user
+    set it (a server behind a proxy).
+
+    Args:
+        port: the server's TCP port on 127.0.0.1.
+
+    Returns:
+        A copy of ``os.environ`` with those settings.
+    """
+    env = dict(os.environ)
+    env.update(PREFECT_SERVER_API_HOST="127.0.0.1", PREFECT_SERVER_API_PORT=str(port))
+    env.setdefault("PREFECT_UI_API_URL", f"http://127.0.0.1:{port}/api")
+    return env
 
 
 @app.command()
@@ -125,7 +151,7 @@ def ui(port: int = typer.Option(4200, help="UI/API port on 127.0.0.1 (1..65535, 
     prepare_env()
     console.print(f"Prefect UI on http://127.0.0.1:{port} (PREFECT_HOME={os.environ['PREFECT_HOME']})")
     server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
-                               "--port", str(port)], start_new_session=True)
+                               "--port", str(port)], env=ui_server_env(port), start_new_session=True)
 
     def stop(_signum: int) -> None:
         try:

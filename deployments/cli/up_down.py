@@ -10,7 +10,7 @@ from deployments.cli.app import app, console, fail, prepare_env, read_store
 from deployments.cli.records import SERVING_STATE_FILES
 
 
-@app.command()
+@app.command(short_help="Start the Prefect server, work pool, deployments, automations and a worker.")
 def up(port: int = typer.Option(4200, min=1, max=65535, help="Prefect API/UI port on 127.0.0.1"),
        pool: str = typer.Option("local", help="process work pool the deployments target"),
        notify_url: Optional[str] = typer.Option(None, envvar="FORGEFLOW_NOTIFY_URL",
@@ -55,7 +55,7 @@ def up(port: int = typer.Option(4200, min=1, max=65535, help="Prefect API/UI por
     console.print(f"Prefect UI: {state.ui_url}  (API {state.api_url}; stop with `forgeflow down`)")
 
 
-@app.command()
+@app.command(short_help="Stop what `forgeflow up` started (with --serving: the model servers too).")
 def down(grace_s: float = typer.Option(10.0, min=0.0, help="seconds between SIGTERM and SIGKILL"),
          serving: bool = typer.Option(False, "--serving", help="also stop the model servers that the serve flow "
                                       "or the demo left serving (the store records their generations retired)")

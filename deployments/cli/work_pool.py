@@ -9,8 +9,8 @@ import typer
 
 from deployments.cli.app import app, console, fail, prepare_env
 
-work_pool_app = typer.Typer(help="forgeflow's Kubernetes work pools (k8s, k8s-gpu): base job templates from "
-                                 "prefect-kubernetes, validated by it.", no_args_is_help=True)
+work_pool_app = typer.Typer(help="Kubernetes work pools (k8s, k8s-gpu): base job templates and their pools.",
+                            no_args_is_help=True)
 app.add_typer(work_pool_app, name="work-pool")
 
 _POOL = typer.Option("k8s", "--pool", help="k8s (CPU) or k8s-gpu")
@@ -19,7 +19,7 @@ _BLOCK = typer.Option(None, "--result-storage-block",
                            "remote-file-system/forgeflow-results)")
 
 
-@work_pool_app.command("template")
+@work_pool_app.command("template", short_help="Print or write a Kubernetes work pool's base job template.")
 def template(pool: str = _POOL, result_storage_block: Optional[str] = _BLOCK,
              out: Optional[Path] = typer.Option(None, "--out", help="write here instead of printing"),
              write_infra: bool = typer.Option(False, "--write-infra",

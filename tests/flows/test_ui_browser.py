@@ -22,6 +22,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -29,6 +30,7 @@ import httpx
 import pytest
 
 from deployments import service
+from forgeflow.common.settings import REPO_ROOT
 from tests.helpers import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -251,3 +253,45 @@ def test_the_flow_run_and_its_stage_table_and_comparison_report_render_in_chromi
     for repo in sorted(set(json.loads(DATA.read_text())["repo_of"].values())):
         assert repo in report
     assert (tmp_path / "flow-run.png").stat().st_size > 10_000
+
+
+def test_forgeflow_ui_on_a_non_default_port_shows_the_flow_runs_of_its_own_server(browser, tmp_path):
+    """``forgeflow ui --port P`` (P not 4200): the UI page calls the API on P, so it lists the server's
+    flow runs instead of "Can't connect to Server API" (the UI called 127.0.0.1:4200 before)."""
+    port = free_port()
+    assert port != 4200
+    env = {**os.environ, "FORGEFLOW_HOME": str(tmp_path / "home"), "PREFECT_HOME": str(tmp_path / "prefect"),
+           "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    for name in ("PREFECT_API_URL", "PREFECT_UI_API_URL", "PREFECT_SERVER_API_PORT",
+                 "PREFECT_SERVER_DATABASE_CONNECTION_URL"):
+        env.pop(name, None)
+    ui = subprocess.Popen([sys.executable, "-m", "deployments.cli", "ui", "--port", str(port)], cwd=REPO_ROOT,
+                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    api = f"http://127.0.0.1:{port}/api"
+    try:
+        deadline = time.monotonic() + 180
+        while ui.poll() is None and time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{api}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        else:
+            pytest.fail(f"forgeflow ui --port {port} did not answer {api}/health (exit {ui.poll()})")
+        # a flow with one completed run, made through the REST API (no flow engine in this process)
+        flow_id = httpx.post(f"{api}/flows/", json={"name": "ui-port-check"}, timeout=10).json()["id"]
+        run = httpx.post(f"{api}/flow_runs/", timeout=10, json={
+            "flow_id": flow_id, "name": "non-default-port-run", "state": {"type": "COMPLETED", "name": "Completed"}})
+        assert run.status_code in (200, 201), run.text
+        page = browser.open(f"http://127.0.0.1:{port}/v2/runs", ["non-default-port-run"], tmp_path / "runs")
+        assert "Can't connect to Server API" not in page and "Unable to connect to Prefect server" not in page
+        ui_settings = httpx.get(f"http://127.0.0.1:{port}/ui-settings", timeout=10).json()
+        assert ui_settings["api_url"] == api, ui_settings
+    finally:
+        os.killpg(ui.pid, 15)
+        try:
+            ui.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(ui.pid, 9)
+            ui.wait()
