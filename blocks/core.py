@@ -253,6 +253,12 @@ class ServingBackend(Block):
     n_parallel: int = Field(1, description="llama-server slots (-np; -1: auto, 4 on a unified cache)")
     kv_unified: bool = Field(False, description="llama-server --kv-unified: every slot may use the whole pool")
     cache_type: str | None = Field(None, description=f"llama-server KV cache type: {', '.join(KV_CACHE_TYPES)}")
+    cache_type_k: str | None = Field(None, description="llama-server -ctk alone (over cache_type)")
+    cache_type_v: str | None = Field(None, description="llama-server -ctv alone (over cache_type)")
+    flash_attn: str | None = Field(None, description="llama-server -fa: on, off or auto (default: the server's)")
+    mmproj: str | None = Field(None, description="llama-server --mmproj: the vision projector GGUF served with the "
+                               "model; the gate then sends an image and requires the server to use it")
+    image_min_tokens: int | None = Field(None, description="llama-server --image-min-tokens (needs mmproj)")
     n_gpu_layers: int = Field(0, description="llama-server -ngl (0: CPU; > 0 refuses a silent CPU fallback)")
     required_context_tokens: int | None = Field(
         None, description="tokens one request needs; a plan whose slots cannot hold it is refused before a start")

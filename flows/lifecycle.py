@@ -81,6 +81,9 @@ MODEL_ALIAS = "forgeflow"
 def lifecycle(config: LifecycleConfig = LifecycleConfig()) -> dict[str, Any]:
     """Run the whole post-training lifecycle once; returns the summary written to summary.json.
 
+    Args:
+        config: the whole run: projects, candidates, freeze, canary, training, packaging and serving.
+
     Raises:
         PreflightError: a stage's prerequisites are missing (e.g. no accepted task to freeze).
         InfraError: the infrastructure failed (registry, podman, model server) after retries.

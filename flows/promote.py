@@ -58,7 +58,9 @@ class PromoteParams(StageParams):
         hf_dir: the HF checkpoint the GGUF was converted from; None: the store's record.
         serving_block: the ``forgeflow-serving`` block the candidate is served with (see the ``serve``
             flow; None: llama-cpp-python, 4,096 tokens; ``kind="external"``: the endpoint that already
-            serves the candidate is checked and recorded, nothing starts).
+            serves the candidate is checked and recorded, nothing starts). A multimodal candidate (packaged
+            with a projector) needs a ``llama-server`` block with ``mmproj``: the gate then sends an image and
+            a server that did not use it rolls the swap back; without ``mmproj`` the swap is refused first.
     """
 
     baseline_job: str = Field(description="the canary job id of the model serving now")
@@ -84,9 +86,11 @@ def promote(params: PromoteParams) -> PromotionOutcome:
     check, staged server, health gate, switch, old server stopped, swap recorded); on ``hold`` or
     ``reject`` nothing starts and the recorded endpoint stays where it is.
 
+    The serving block is loaded before the comparison, so a missing or invalid block is refused before
+    any comparison runs.
+
     Args:
-        params: :class:`PromoteParams`. The serving block is loaded before the comparison, so a missing
-            or invalid block is refused before any comparison runs.
+        params: the two canary jobs to compare, the gate policy and the serving block that swaps the candidate in.
 
     Raises:
         InputError: ``params.gguf_path`` is missing, a job is missing, the candidate job canaried another

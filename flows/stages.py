@@ -88,11 +88,11 @@ def freeze(params: FreezeParams = FreezeParams()) -> FreezeManifest:
     FAIL_TO_PASS, PASS_TO_PASS, image reference and digest, patch sha256 — what the store holds)
     and its deterministic tarball, whose sha256 the store records beside the manifest's digests.
 
-    Args:
-        params: :class:`FreezeParams` (name, quotas, seed, instance ids, output folder).
-
     The manifest's ``inputs`` pin each task's image: ``image_digests`` (instance id -> manifest digest)
     for every task whose image the store records (the lifecycle runs this flow as its freeze stage).
+
+    Args:
+        params: the freeze's name, split quotas, seed and the accepted tasks it draws from.
 
     Returns:
         The manifest, with ``bundle_path`` and ``bundle_sha256`` of the bundle's tarball.
@@ -195,7 +195,7 @@ def compare(params: CompareParams) -> CompareResult:
     flow as a subflow on its two canary jobs.
 
     Args:
-        params: :class:`CompareParams` (the two jobs, report path, recovery merge, seed, gate).
+        params: the two jobs to compare (baseline, candidate), the report path, the seed and the gate policy.
 
     Returns:
         :class:`CompareResult`: the comparison, the gate's decision, and the files with their digests.
@@ -309,7 +309,7 @@ def package(params: PackageParams) -> PackageResult:
     the adapter are recorded too when the store does not know them yet.
 
     Args:
-        params: :class:`PackageParams`.
+        params: the checkpoint or adapter to merge, convert and quantize; the quantizations, metadata edits.
 
     Raises:
         InputError: before any compute: the store block is missing or inconsistent (``params.publish: ...``, read
@@ -402,15 +402,15 @@ def publish(params: PublishParams) -> PublishRecord:
     sent; its ``<stem>.lineage.json`` names ``hf_dir``'s digest and, with ``adapter_dir``, the adapter's
     lineage.
 
-    Args:
-        params: :class:`PublishParams` (GGUF, store block, checkpoint, adapter, name, checkpoint publishing).
-
     When the store (the ledger) knows the GGUF, ``params.hf_dir`` must be the checkpoint its recorded chain
     was converted from and ``params.adapter_dir`` the adapter merged into it (required when the chain has
     one; :func:`forgeflow.packaging.lineage.check_release_sources`), checked before anything is written or
     sent: the GGUF metadata check cannot tell a LoRA-merged checkpoint from its base. When the
     store does not know the GGUF, it is published as given and a warning says the lineage was not
     cross-checked. The files are hashed and the store read in a task (:func:`tasks.packaging.release_inputs`).
+
+    Args:
+        params: the GGUF (and optional checkpoint, adapter) to publish, the model store block, the name.
 
     Raises:
         InputError: the store block is missing or inconsistent (``params.store: ...``, read in a task);
@@ -484,10 +484,11 @@ def serve(params: ServeParams) -> serving_tasks.SwapOutcome:
     ``/props``, the file it loaded and its per-slot context are checked too; the result's ``checks``
     name each check and whether it ran (the accelerator check never does).
 
+    The ``serving_block``'s slot plan is checked against ``required_context_tokens`` and the GGUF's
+    training context before any server starts.
+
     Args:
-        params: :class:`ServeParams` (GGUF, state file, ports, HF checkpoint, serving block). The
-            ``serving_block``'s slot plan is checked against ``required_context_tokens`` and the GGUF's
-            training context before any server starts.
+        params: the GGUF to serve, the serving state file, the blue/green ports and the serving block.
 
     Returns:
         :class:`tasks.serving.SwapOutcome` (``promoted``, ``verdict``, ``state``: the endpoint now
@@ -552,7 +553,7 @@ def base_model(params: BaseModelParams) -> CheckpointRecord:
     lifecycle's ``base_model`` take; ``forgeflow lineage <sha256>`` shows it as a root.
 
     Args:
-        params: :class:`BaseModelParams` (source, Hub snapshot folder).
+        params: the base model's source (tiny, a local folder or a Hub repository at a revision).
 
     Raises:
         InputError: no source given (the tiny model), the folder is not an HF checkpoint (each

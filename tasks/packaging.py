@@ -16,7 +16,7 @@ from forgeflow.common.fsutil import sha256_file, sha256_tree
 from forgeflow.ledger import records
 from forgeflow.ledger import store as ledger
 from forgeflow.packaging import base_model as model
-from forgeflow.packaging import checkpoint, gguf
+from forgeflow.packaging import checkpoint, gguf, mmproj, vl_model
 from forgeflow.packaging import gguf_metadata as metadata
 from forgeflow.packaging import publish as publishing
 from forgeflow.packaging.release import ReleaseSources, metadata_path_for, write_release_metadata
@@ -26,6 +26,7 @@ from tasks.common import (
     TRANSIENT_RETRY_DELAYS_S,
     load_block,
     retry_on_transient,
+    run_logger,
     table_artifact,
 )
 
@@ -63,13 +64,14 @@ def base_model_preflight(source: checkpoint.BaseModelSource) -> str | None:
       retry_condition_fn=retry_on_transient)
 def base_checkpoint(source: checkpoint.BaseModelSource, hub_dir: Path) -> checkpoint.CheckpointRecord:
     """The team's base checkpoint, checked: a local folder in place, or a Hub repository fetched at the
-    commit its revision resolves to now (the token from the Secret block ``source.token_secret``).
+    commit its revision resolves to now (the token from the Secret block ``source.token_secret``); or the
+    tiny multimodal model (``tiny-vl``), built in ``hub_dir``'s parent folder as ``base-vl``.
 
     Not cached: a folder's files or a branch's commit can change between runs; the record's digest
     and commit say what this run used. Transient Hub failures are retried.
 
     Args:
-        source: a ``local`` or ``hub`` :class:`~forgeflow.packaging.checkpoint.BaseModelSource`.
+        source: a ``local``, ``hub`` or ``tiny-vl`` :class:`~forgeflow.packaging.checkpoint.BaseModelSource`.
         hub_dir: the ``huggingface_hub`` cache folder Hub snapshots go to.
 
     Raises:
@@ -79,6 +81,11 @@ def base_checkpoint(source: checkpoint.BaseModelSource, hub_dir: Path) -> checkp
     """
     if source.kind == "local":
         return checkpoint.check_checkpoint(source.local_dir)  # type: ignore[arg-type]
+    if source.kind == "tiny-vl":  # built beside the Hub snapshots (the run's models folder), once per folder
+        record = checkpoint.tiny_vl_checkpoint(Path(hub_dir).parent / "base-vl")
+        run_logger().info("tiny-vl base model %s: sha256 %s, %d parameters", record.path, record.sha256[:12],
+                              record.num_parameters)
+        return record
     if source.kind != "hub":
         raise InputError("base_checkpoint takes a local folder or a Hub repository; the tiny model is base_model")
     record = checkpoint.download_checkpoint(source, hub_dir, _hub_token(source))
@@ -102,8 +109,13 @@ def package(hf_dir: Path, hf_sha256: str, out_dir: Path, quantizations: tuple[st
             :func:`forgeflow.packaging.gguf_metadata.apply_metadata_edits` (one bounded-memory
             pass, verified), each edited file then checked and loaded again.
 
+    An image-text-to-text checkpoint (a ``vision_config``: ``tiny-vl``, Qwen3.5, Qwen3-VL) is merged through
+    ``AutoModelForImageTextToText``; its language model is converted and quantized as above and its vision
+    projector converted once more (``--mmproj``, kept in its converted type) as the ``mmproj`` artifact,
+    checked tensor by tensor against the vision tower (:func:`forgeflow.packaging.mmproj.check_mmproj`).
+
     Returns:
-        {"f16": artifact, "<key>": artifact, ...} (key: :attr:`QuantSpec.key`); every artifact
+        {"f16": artifact, "<key>": artifact, ..., ["mmproj": projector]} (key: :attr:`QuantSpec.key`); every artifact
         checked against the HF config (a mixed one also tensor by tensor; edited keys against
         their edits) and loaded with llama-cpp-python; an edited one carries the sha256 of the
         edited file and its ``edit_lineage``.
@@ -120,7 +132,9 @@ def package(hf_dir: Path, hf_sha256: str, out_dir: Path, quantizations: tuple[st
     source = hf_dir
     if adapter_dir is not None:
         source = gguf.merge_adapter(hf_dir, adapter_dir, out_dir / "merged")
-    artifacts = {"f16": gguf.convert_to_gguf(source, out_dir / "model-f16.gguf", outtype="f16")}
+    multimodal = vl_model.is_multimodal(source)
+    convert = mmproj.convert_text if multimodal else gguf.convert_to_gguf
+    artifacts = {"f16": convert(source, out_dir / "model-f16.gguf", outtype="f16")}
     for spec in plan:
         artifacts[spec.key] = gguf.quantize(artifacts["f16"].path, out_dir / f"model-{spec.key}.gguf", spec.preset,
                                             tensor_types=dict(spec.tensor_types) or None)
@@ -131,6 +145,13 @@ def package(hf_dir: Path, hf_sha256: str, out_dir: Path, quantizations: tuple[st
         mine = [edit for edit in edits if edit.applies_to(key)]
         if mine:
             artifacts[key] = _edit_artifact(artifact, mine, source)
+    if multimodal:  # the projector, in its converted type, checked against the vision tower it came from
+        projector = mmproj.convert_mmproj(source, out_dir / "mmproj-f16.gguf")
+        check = mmproj.check_mmproj(projector.path, source)
+        run_logger().info("projector %s (%s, %d tensors equal to the vision tower %s): sha256 %s",
+                              projector.path.name, check.projector_type, check.tensors_compared,
+                              check.vision_sha256[:12], projector.sha256[:12])
+        artifacts[mmproj.MMPROJ_KEY] = projector
     return artifacts
 
 
@@ -262,18 +283,21 @@ def record_packaged(artifacts: dict[str, gguf.GGUFArtifact], hf_dir: Path, adapt
             store.record_model_artifact(records.ModelArtifactRecord(
                 sha256=inputs.adapter_sha256, kind="adapter", path=str(adapter_dir), parent_sha256=inputs.hf_sha256,
                 run_id=run_id))
-        record_package(store, artifacts, inputs.hf_sha256, Path(out_dir), inputs.adapter_sha256, run_id)
+        record_package(store, artifacts, inputs.hf_sha256, Path(out_dir), inputs.adapter_sha256, run_id, Path(hf_dir))
     finally:
         store.dispose()
 
 
 def record_package(store: ledger.Store, artifacts: dict[str, gguf.GGUFArtifact], hf_sha256: str, out_dir: Path,
-                   adapter_sha256: str | None, run_id: str | None) -> str:
+                   adapter_sha256: str | None, run_id: str | None, hf_dir: Path | None = None) -> str:
     """Record what :func:`package` made in the store, one production each with ``run_id``: the merged
     checkpoint ``out_dir/merged`` (made from the adapter) when an adapter was merged, the f16 GGUF
     as made from the checkpoint it was converted from, and each quantized GGUF as made from the f16
     one. An artifact whose metadata was edited is recorded with the edited file's sha256 and path and
-    its ``edit_lineage`` (sha256 before the edits, the edits applied) as the record's ``lineage``.
+    its ``edit_lineage`` (sha256 before the edits, the edits applied) as the record's ``lineage``. A
+    projector (``mmproj``) is recorded as made from the checkpoint, its lineage naming its role, the text
+    GGUFs it serves with and the vision tower's digest (``hf_dir``'s, or the merged one's); each text GGUF's
+    lineage names the projector's ``mmproj_sha256`` and path.
     The lifecycle's package stages and the standalone ``package`` flow both record this way.
 
     Args:
@@ -283,6 +307,7 @@ def record_package(store: ledger.Store, artifacts: dict[str, gguf.GGUFArtifact],
         out_dir: :func:`package`'s ``out_dir``.
         adapter_sha256: the merged adapter's digest, or None when nothing was merged.
         run_id: the Prefect flow run id.
+        hf_dir: the checkpoint folder (for the vision tower digest of a projector); None: not recorded.
 
     Returns:
         The digest the f16 GGUF is recorded as made from: ``hf_sha256`` without an adapter, else the
@@ -299,11 +324,20 @@ def record_package(store: ledger.Store, artifacts: dict[str, gguf.GGUFArtifact],
             source_sha = sha256_tree(merged)
             store.record_model_artifact(records.ModelArtifactRecord(
                 sha256=source_sha, kind="merged", path=str(merged), parent_sha256=adapter_sha256, run_id=run_id))
+    projector = artifacts.get(mmproj.MMPROJ_KEY)
     for qtype, art in artifacts.items():
-        parent = source_sha if qtype == "f16" or "f16" not in artifacts else artifacts["f16"].sha256
+        from_source = qtype in ("f16", mmproj.MMPROJ_KEY) or "f16" not in artifacts
+        parent = source_sha if from_source else artifacts["f16"].sha256
+        lineage = dict(art.edit_lineage)
+        if projector is not None and qtype == mmproj.MMPROJ_KEY:
+            source_dir = Path(out_dir) / "merged" if adapter_sha256 is not None else hf_dir
+            vision = vl_model.vision_tower_sha256(source_dir) if source_dir else None
+            lineage.update(role=mmproj.MMPROJ_KEY, vision_sha256=vision,
+                           serves_with={k: a.sha256 for k, a in artifacts.items() if a is not art})
+        elif projector is not None:  # a text GGUF that serves with this projector only
+            lineage.update(mmproj_sha256=projector.sha256, mmproj_path=str(projector.path))
         store.record_model_artifact(records.ModelArtifactRecord(sha256=art.sha256, kind="gguf", path=str(art.path),
-                                    quantization=qtype, parent_sha256=parent, run_id=run_id,
-                                    lineage=art.edit_lineage))
+                                    quantization=qtype, parent_sha256=parent, run_id=run_id, lineage=lineage))
     return source_sha
 
 

@@ -22,6 +22,7 @@ from forgeflow.serving import bluegreen
 from forgeflow.serving.backend import BackendConfig, backend_config
 from forgeflow.serving.external import EndpointCheck
 from forgeflow.serving.llama_server import ContextPlan
+from forgeflow.serving.multimodal import check_projector
 from tasks.common import flow_run_id, load_block, run_logger
 
 
@@ -217,7 +218,15 @@ def stage_server(state_path: Path, gguf_path: Path, gguf_sha256: str,
 
     ``backend.kind == "external"``: nothing starts; the endpoint is probed and gated with the key of
     its ``api_key_secret`` (:func:`endpoint_api_key`), and its checks are logged, those that could not
-    run named (:func:`forgeflow.serving.bluegreen._stage_external`)."""
+    run named (:func:`forgeflow.serving.bluegreen._stage_external`).
+
+    A GGUF the store records as packaged with a vision projector (its lineage's ``mmproj_sha256``) is refused
+    before anything starts unless ``backend.mmproj`` is that projector (:func:`check_projector_pairing`).
+
+    Raises:
+        InputError: the projector pairing is refused (see :func:`check_projector_pairing`).
+        SwapRolledBackError: the server did not start or failed its gate (recorded as rolled back)."""
+    check_projector_pairing(gguf_path, gguf_sha256, backend)
     try:
         staged = bluegreen.stage(state_path, gguf_path, gguf_sha256, backend, endpoint_api_key(backend))
     except errors.SwapRolledBackError as exc:
@@ -229,6 +238,47 @@ def stage_server(state_path: Path, gguf_path: Path, gguf_sha256: str,
     if txn is not None:
         txn.set(STAGED_SERVER_KEY, staged.model_dump(mode="json"))
     return staged
+
+
+def recorded_projector(gguf_sha256: str) -> tuple[bool, str | None]:
+    """Whether the store records the GGUF ``gguf_sha256`` at all, and the sha256 of the projector it records
+    beside it (a package run of an image-text-to-text checkpoint writes ``mmproj_sha256`` into the GGUF's
+    lineage; None: packaged text-only, or unknown)."""
+    store = ledger.Store()
+    try:
+        store.upgrade()
+        producers = store.producers(gguf_sha256)
+    finally:
+        store.dispose()
+    found = [r.lineage.get("mmproj_sha256") for r in producers if r.lineage.get("mmproj_sha256")]
+    return bool(producers), (found[-1] if found else None)
+
+
+def check_projector_pairing(gguf_path: Path, gguf_sha256: str, backend: BackendConfig | None) -> None:
+    """Before a server starts: a GGUF packaged with a projector is served with that projector.
+
+    Raises:
+        InputError: the store records a projector beside the GGUF and ``backend`` serves it without one
+            (a text-only start of a multimodal model), or with another file; ``backend.mmproj`` is set for a
+            GGUF the store records as packaged without a projector (a text-only model); or ``backend.mmproj``
+            does not fit the GGUF (:func:`forgeflow.serving.multimodal.check_projector`).
+    """
+    if backend is None or backend.kind == "external":
+        return
+    known, recorded = recorded_projector(gguf_sha256)
+    if known and recorded is None and backend.mmproj is not None:
+        raise errors.InputError(
+            f"{Path(gguf_path).name} is a text-only GGUF (packaged without a vision projector) but the serving "
+            f"block requires the projector {backend.mmproj}: serve it with a block without mmproj, or package "
+            "the image-text-to-text checkpoint")
+    if recorded is not None and backend.mmproj is None:
+        raise errors.InputError(
+            f"{Path(gguf_path).name} was packaged with a vision projector (mmproj sha256 {recorded}) and is served "
+            "here without one: set the serving block's mmproj (kind llama-server) to that projector")
+    if backend.mmproj is not None:
+        check = check_projector(Path(gguf_path), Path(backend.mmproj), recorded)
+        run_logger().info("projector %s (%s) fits %s (width %d)%s", check.mmproj_path.name, check.projector_type,
+                          check.gguf_path.name, check.embedding_length, ", as recorded" if recorded else "")
 
 
 @stage_server.on_rollback

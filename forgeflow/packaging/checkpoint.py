@@ -36,8 +36,10 @@ T = TypeVar("T")
 
 class BaseModelSource(BaseModel):
     """Where the base checkpoint comes from. Exactly one of: nothing (the demo's tiny model,
-    :func:`forgeflow.packaging.base_model.build_tiny_model`), ``local_dir``, or ``repo_id`` with
-    ``revision``.
+    :func:`forgeflow.packaging.base_model.build_tiny_model`), ``tiny_vl`` (the tiny Qwen3.5-shaped
+    multimodal model, :func:`forgeflow.packaging.vl_model.build_tiny_vl_model`), ``local_dir``, or
+    ``repo_id`` with ``revision``. The strings ``"tiny"`` and ``"tiny-vl"`` stand for the two tiny models
+    (``base_model: tiny-vl`` in a lifecycle config).
 
     Attributes:
         local_dir: a checkpoint folder on this machine (used in place, never copied).
@@ -47,6 +49,7 @@ class BaseModelSource(BaseModel):
         token_secret: name of the Prefect Secret block holding the Hub token (gated or private
             repositories); never the token itself.
         endpoint: the Hub's base URL (a mirror or a Hub-compatible server).
+        tiny_vl: the tiny multimodal model (built in the run's models folder) instead of the tiny text one.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -56,9 +59,21 @@ class BaseModelSource(BaseModel):
     revision: str | None = Field(None, description="Hub revision to fetch (commit sha, tag or branch)")
     token_secret: str | None = Field(None, description="name of the Prefect Secret block with the Hub token")
     endpoint: str = Field(HUB_ENDPOINT, description="HF Hub base URL")
+    tiny_vl: bool = Field(False, description="the tiny Qwen3.5-shaped multimodal model (vision tower + mmproj)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _named_tiny(cls, value: Any) -> Any:
+        if value in ("tiny", "tiny-vl"):
+            return {"tiny_vl": value == "tiny-vl"}
+        if isinstance(value, str):
+            raise ValueError(f"base model {value!r}: give 'tiny', 'tiny-vl', or {{local_dir}} / {{repo_id, revision}}")
+        return value
 
     @model_validator(mode="after")
     def _one_source(self) -> "BaseModelSource":
+        if self.tiny_vl and (self.local_dir is not None or self.repo_id is not None):
+            raise ValueError("base model: tiny_vl is a built model; give it without local_dir or repo_id")
         if self.local_dir is not None and self.repo_id is not None:
             raise ValueError("base model: give local_dir or repo_id, not both")
         if self.repo_id is not None:
@@ -72,9 +87,9 @@ class BaseModelSource(BaseModel):
         return self
 
     @property
-    def kind(self) -> Literal["tiny", "local", "hub"]:
-        """``tiny`` (the demo's model), ``local`` or ``hub``."""
-        return "hub" if self.repo_id else "local" if self.local_dir else "tiny"
+    def kind(self) -> Literal["tiny", "tiny-vl", "local", "hub"]:
+        """``tiny`` (the demo's model), ``tiny-vl`` (the tiny multimodal one), ``local`` or ``hub``."""
+        return "hub" if self.repo_id else "local" if self.local_dir else "tiny-vl" if self.tiny_vl else "tiny"
 
 
 class CheckpointRecord(BaseModel):
@@ -86,7 +101,7 @@ class CheckpointRecord(BaseModel):
         num_parameters: parameters counted from the safetensors headers (tied tensors stored once
             are counted once); 0 when the weights are PyTorch pickles (not opened).
         model_type: ``config.json``'s ``model_type``.
-        source: ``local`` or ``hub``.
+        source: ``local``, ``hub`` or ``tiny-vl`` (built here, :func:`tiny_vl_checkpoint`).
         repo_id, revision, commit: the Hub repository, the requested revision and the commit it
             resolved to (None for a local folder).
     """
@@ -97,7 +112,7 @@ class CheckpointRecord(BaseModel):
     sha256: str = Field(min_length=64, max_length=64)
     num_parameters: int = Field(ge=0)
     model_type: str
-    source: Literal["local", "hub"]
+    source: Literal["local", "hub", "tiny-vl"]
     repo_id: str | None = None
     revision: str | None = None
     commit: str | None = None
@@ -139,7 +154,7 @@ def missing_parts(names: set[str]) -> list[str]:
     return problems
 
 
-def check_checkpoint(folder: Path, *, source: Literal["local", "hub"] = "local", repo_id: str | None = None,
+def check_checkpoint(folder: Path, *, source: Literal["local", "hub", "tiny-vl"] = "local", repo_id: str | None = None,
                      revision: str | None = None, commit: str | None = None) -> CheckpointRecord:
     """Check that ``folder`` is an HF causal-LM checkpoint and record its digest.
 
@@ -185,7 +200,7 @@ def preflight_source(source: BaseModelSource, token: str | None = None) -> str |
     Raises:
         InputError / TransientInfraError: as :func:`download_checkpoint`, or a missing part (named).
     """
-    if source.kind == "tiny":
+    if source.kind in ("tiny", "tiny-vl"):
         return None
     if source.kind == "local":
         folder = Path(source.local_dir).expanduser()  # type: ignore[arg-type]
@@ -275,3 +290,17 @@ def download_checkpoint(source: BaseModelSource, out_root: Path, token: str | No
     local = _hub_call(source, token, lambda api: snapshot_download(
         source.repo_id, revision=commit, cache_dir=Path(out_root), endpoint=source.endpoint, token=token or False))
     return check_checkpoint(Path(local), source="hub", repo_id=source.repo_id, revision=source.revision, commit=commit)
+
+
+def tiny_vl_checkpoint(out_dir: Path, seed: int = 0) -> CheckpointRecord:
+    """Build (or reuse) the tiny multimodal model in ``out_dir`` and check it like a team's folder.
+
+    Returns:
+        :class:`CheckpointRecord` with ``source="tiny-vl"`` and ``model_type`` ``qwen3_5``.
+
+    Raises:
+        InputError: as :func:`forgeflow.packaging.vl_model.build_tiny_vl_model` / :func:`check_checkpoint`.
+    """
+    from forgeflow.packaging.vl_model import build_tiny_vl_model
+
+    return check_checkpoint(build_tiny_vl_model(Path(out_dir), seed=seed).path, source="tiny-vl")

@@ -36,6 +36,7 @@ from forgeflow.common.fsutil import (
     disk_full_error,
     looks_full,
     raise_if_disk_full,
+    sha256_bytes,
     sha256_file,
 )
 from forgeflow.packaging.sdist import convert_script_path
@@ -57,6 +58,9 @@ _DISK_FULL_SIGNS = ("No space left on device", "Not enough free space to write")
 """How the converter reports a full disk: the ENOSPC message, and numpy's ``tofile`` refusing a
 write that ``fallocate`` finds no room for (numpy ``multiarray/convert.c``)."""
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+_PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json", "chat_template.jinja")
+_GGUF_ARCH = {"qwen3_5": "qwen35", "qwen3_5_text": "qwen35"}
+"""HF ``model_type`` -> llama.cpp architecture where the two names differ (the converter's ``MODEL_ARCH``)."""
 
 
 class GGUFArtifact(BaseModel):
@@ -102,17 +106,13 @@ class GGUFCheck(BaseModel):
 
 
 def _artifact(path: Path, type_name: str) -> GGUFArtifact:
-    return GGUFArtifact(
-        path=path, sha256=sha256_file(path), size_bytes=path.stat().st_size, type=type_name
-    )
+    return GGUFArtifact(path=path, sha256=sha256_file(path), size_bytes=path.stat().st_size, type=type_name)
 
 
 # --- merge -----------------------------------------------------------------------------------
 def training_dtype(adapter_dir: Path) -> str:
     """The dtype an adapter was trained in, from its ``lineage.json`` (``lineage.dtype``):
     ``float32`` or ``bfloat16``; ``float32`` when the file or the field is absent or unknown."""
-    import json
-
     try:
         dtype = json.loads((Path(adapter_dir) / "lineage.json").read_text(encoding="utf-8"))["lineage"].get("dtype")
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -123,8 +123,9 @@ def training_dtype(adapter_dir: Path) -> str:
 def merge_adapter(base_model_dir: Path, adapter_dir: Path, out_dir: Path) -> Path:
     """Merge a LoRA adapter into its base model and save the result with the base's tokenizer.
 
-    Uses peft ``PeftModel.from_pretrained(base, adapter).merge_and_unload()`` in the dtype the
-    adapter was trained in (its ``lineage.json``'s ``lineage.dtype``: ``bfloat16`` for a CUDA burst;
+    Uses peft ``PeftModel.from_pretrained(base, adapter).merge_and_unload()`` (the base loaded with
+    ``AutoModelForImageTextToText`` when its config has a ``vision_config``, its processor files copied)
+    in the dtype the adapter was trained in (its ``lineage.json``'s ``lineage.dtype``: ``bfloat16`` for a CUDA burst;
     float32 when it records none) and ``save_pretrained`` (safetensors). The folder is written to a
     temporary sibling and renamed over ``out_dir``, so a crash never leaves a half-written checkpoint.
 
@@ -136,25 +137,30 @@ def merge_adapter(base_model_dir: Path, adapter_dir: Path, out_dir: Path) -> Pat
     """
     import torch
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText, AutoTokenizer
 
     base_model_dir, adapter_dir, out_dir = Path(base_model_dir), Path(adapter_dir), Path(out_dir)
     if not (base_model_dir / "config.json").is_file():
         raise InputError(f"base_model_dir {base_model_dir} holds no config.json")
     if not (adapter_dir / "adapter_config.json").is_file():
         raise InputError(f"adapter_dir {adapter_dir} holds no adapter_config.json")
-    base = AutoModelForCausalLM.from_pretrained(str(base_model_dir), dtype=getattr(torch, training_dtype(adapter_dir)))
+    multimodal = "vision_config" in json.loads((base_model_dir / "config.json").read_text(encoding="utf-8"))
+    auto = AutoModelForImageTextToText if multimodal else AutoModelForCausalLM  # keeps the vision tower
+    base = auto.from_pretrained(str(base_model_dir), dtype=getattr(torch, training_dtype(adapter_dir)))
     merged = PeftModel.from_pretrained(base, str(adapter_dir)).merge_and_unload()
     tokenizer = AutoTokenizer.from_pretrained(str(base_model_dir))
     out_dir = out_dir.resolve()
     with atomic_folder(out_dir) as tmp:
         merged.save_pretrained(str(tmp))
         tokenizer.save_pretrained(str(tmp))
+        for name in _PROCESSOR_FILES:  # an image-text-to-text base's processor and explicit chat template
+            if (base_model_dir / name).is_file():
+                (tmp / name).write_bytes((base_model_dir / name).read_bytes())
     return out_dir
 
 
 # --- convert ---------------------------------------------------------------------------------
-def convert_to_gguf(hf_dir: Path, out_path: Path, outtype: str = "f16") -> GGUFArtifact:
+def convert_to_gguf(hf_dir: Path, out_path: Path, outtype: str = "f16", extra_args: Sequence[str] = ()) -> GGUFArtifact:
     """Convert an HF checkpoint folder to one GGUF file with llama.cpp's converter.
 
     Runs ``python convert_hf_to_gguf.py <hf_dir> --outfile <tmp> --outtype <outtype>`` from the
@@ -165,6 +171,7 @@ def convert_to_gguf(hf_dir: Path, out_path: Path, outtype: str = "f16") -> GGUFA
         hf_dir: folder with ``config.json``, safetensors weights and tokenizer files.
         out_path: the ``.gguf`` file to write (replaced if present).
         outtype: one of :data:`CONVERT_OUTTYPES` (``f16`` by default).
+        extra_args: more converter flags (``--mmproj``: the vision projector; ``--no-mtp``).
 
     Raises:
         InputError: ``outtype`` is unknown or ``hf_dir`` holds no ``config.json``.
@@ -190,7 +197,7 @@ def convert_to_gguf(hf_dir: Path, out_path: Path, outtype: str = "f16") -> GGUFA
     env.pop("NO_LOCAL_GGUF", None)
     try:
         with atomic_output_file(out_path) as tmp:
-            cmd = [sys.executable, str(script), str(hf_dir), "--outfile", str(tmp), "--outtype", outtype]
+            cmd = [sys.executable, str(script), str(hf_dir), "--outfile", str(tmp), "--outtype", outtype, *extra_args]
             try:
                 proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=_CONVERT_TIMEOUT_S,
                                       check=False, cwd=str(script.parent))
@@ -413,10 +420,8 @@ def quantize_mixed(
 
 
 def tensor_types_of(path: Path) -> dict[str, str]:
-    """Return tensor name -> ggml type name of a GGUF file.
-
-    Uses :func:`forgeflow.packaging.gguf_edit.read_header_index` (offsets only: 0.07 s on the tiny
-    model, where gguf-py's ``GGUFReader`` spends about 10 s building its vocabulary arrays).
+    """Return tensor name -> ggml type name of a GGUF file (``read_header_index``: offsets only, 0.07 s on
+    the tiny model, where gguf-py's ``GGUFReader`` spends about 10 s building its vocabulary arrays).
 
     Raises:
         GGUFError: the file is not a readable GGUF.
@@ -500,6 +505,8 @@ def check_gguf(gguf_path: Path, hf_dir: Path, edited: dict[str, Any] | None = No
     if not config_path.is_file():
         raise InputError(f"hf_dir {hf_dir} holds no config.json")
     config = json.loads(config_path.read_text(encoding="utf-8"))
+    config = {**config, **config.get("text_config", {})}  # an image-text-to-text checkpoint: its language model
+    config["model_type"] = _GGUF_ARCH.get(config.get("model_type"), config.get("model_type"))
     try:
         reader = GGUFReader(str(gguf_path))
     except Exception as exc:  # gguf-py raises ValueError/OSError/struct errors on bad files
@@ -545,8 +552,6 @@ def check_gguf(gguf_path: Path, hf_dir: Path, edited: dict[str, Any] | None = No
     if hf_template is not None or "tokenizer.chat_template" in edited:
         expect("tokenizer.chat_template", hf_template, template)
     file_type = _field_value(reader, "general.file_type")
-    from forgeflow.common.fsutil import sha256_bytes
-
     return GGUFCheck(
         path=gguf_path,
         architecture=arch,

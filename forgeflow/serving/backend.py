@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from forgeflow.common import errors
 from forgeflow.serving.llama_server import (
+    FLASH_ATTN_MODES,
     KV_CACHE_TYPES,
     ContextPlan,
     ContextPreflightError,
@@ -36,9 +37,10 @@ from forgeflow.serving.llama_server import (
 from forgeflow.serving.server import DEFAULT_ALIAS, LOOPBACK_HOST, ModelServer, check_bind_host
 
 DEFAULT_PORTS: tuple[int, int] = (8801, 8802)
-_LLAMA_SERVER_ONLY = ("n_parallel", "kv_unified", "n_gpu_layers", "cache_type", "binary")
+_MULTIMODAL = ("cache_type_k", "cache_type_v", "flash_attn", "mmproj", "image_min_tokens")
+_LLAMA_SERVER_ONLY = ("n_parallel", "kv_unified", "n_gpu_layers", "cache_type", "binary", *_MULTIMODAL)
 _STARTED_ONLY = ("ports", "host", "n_ctx", "n_parallel", "kv_unified", "cache_type", "n_gpu_layers", "n_threads",
-                 "startup_timeout_s", "binary")
+                 "startup_timeout_s", "binary", *_MULTIMODAL)
 """Fields that only make sense for a server forgeflow starts: refused (named) with ``kind="external"``."""
 _EXTERNAL_ONLY = ("base_url", "api_key_secret")
 BACKEND_KINDS = ("llama-cpp-python", "llama-server", "external")
@@ -91,6 +93,11 @@ class BackendConfig(BaseModel):
         kv_unified: llama-server ``--kv-unified`` (every slot may use the whole pool).
         cache_type: llama-server KV cache type (``--cache-type-k`` and ``-v``), one of
             :data:`forgeflow.serving.llama_server.KV_CACHE_TYPES`; None: the server's default (f16).
+        cache_type_k / cache_type_v: llama-server ``-ctk`` / ``-ctv`` alone (over ``cache_type``).
+        flash_attn: llama-server ``-fa`` (``on``, ``off``, ``auto``); None: the server's default.
+        mmproj: llama-server ``--mmproj``: the vision projector GGUF served with the model; the gate then sends
+            an image and requires the server to use it (:func:`forgeflow.serving.health.gate`).
+        image_min_tokens: llama-server ``--image-min-tokens`` (needs ``mmproj``).
         n_gpu_layers: llama-server ``-ngl``; > 0 makes a server that offloads nothing a failed start.
         required_context_tokens: the context one request needs (prompt + completion), tokens;
             checked before the start against the slot plan (and the GGUF's training context when
@@ -117,6 +124,11 @@ class BackendConfig(BaseModel):
     n_parallel: int = Field(1, ge=-1)
     kv_unified: bool = False
     cache_type: str | None = None
+    cache_type_k: str | None = None
+    cache_type_v: str | None = None
+    flash_attn: str | None = None
+    mmproj: Path | None = None
+    image_min_tokens: int | None = Field(None, ge=1)
     n_gpu_layers: int = Field(0, ge=0)
     required_context_tokens: int | None = Field(None, ge=1)
     n_threads: int | None = Field(None, ge=1)
@@ -144,8 +156,13 @@ class BackendConfig(BaseModel):
             raise ValueError(str(exc)) from None
         if self.n_parallel == 0:
             raise ValueError("n_parallel must be >= 1 or -1 (auto), got 0")
-        if self.cache_type is not None and self.cache_type not in KV_CACHE_TYPES:
-            raise ValueError(f"cache_type must be one of {', '.join(KV_CACHE_TYPES)}, got {self.cache_type!r}")
+        for name in ("cache_type", "cache_type_k", "cache_type_v"):
+            if getattr(self, name) is not None and getattr(self, name) not in KV_CACHE_TYPES:
+                raise ValueError(f"{name} must be one of {', '.join(KV_CACHE_TYPES)}, got {getattr(self, name)!r}")
+        if self.flash_attn is not None and self.flash_attn not in FLASH_ATTN_MODES:
+            raise ValueError(f"flash_attn must be one of {', '.join(FLASH_ATTN_MODES)}, got {self.flash_attn!r}")
+        if self.image_min_tokens is not None and self.mmproj is None:
+            raise ValueError("image_min_tokens needs mmproj (a text-only server takes no images)")
         if self.kind == "llama-cpp-python":
             defaults = BackendConfig.model_fields
             changed = [name for name in _LLAMA_SERVER_ONLY if getattr(self, name) != defaults[name].default]
@@ -183,7 +200,7 @@ class BackendConfig(BaseModel):
         (llama-server's slots, KV cache, offload and binary; the defaults for llama-cpp-python)."""
         return LlamaServerOptions(n_parallel=self.n_parallel, kv_unified=self.kv_unified, cache_type=self.cache_type,
                                   n_gpu_layers=self.n_gpu_layers, required_ctx=self.required_context_tokens,
-                                  binary=self.binary)
+                                  binary=self.binary, **{name: getattr(self, name) for name in _MULTIMODAL})
 
     def server(self, gguf_path: Path, port: int, log_path: Path) -> ModelServer:
         """The (not yet started) server of this configuration for ``gguf_path`` on ``port``.
@@ -246,6 +263,9 @@ class BackendConfig(BaseModel):
         if self.kind == "llama-cpp-python":
             return f"llama-cpp-python on {where}, n_ctx {self.n_ctx}"
         cache = f", KV {self.cache_type}" if self.cache_type else ""
+        flags = (("-ctk", self.cache_type_k), ("-ctv", self.cache_type_v), ("-fa", self.flash_attn),
+                 ("--mmproj", self.mmproj), ("--image-min-tokens", self.image_min_tokens))
+        cache += "".join(f", {flag} {value}" for flag, value in flags if value is not None)
         return (f"llama-server on {where}, -c {self.n_ctx} -np {self.n_parallel}"
                 f"{' --kv-unified' if self.kv_unified else ''}{cache}, -ngl {self.n_gpu_layers}")
 

@@ -251,7 +251,7 @@ def stage(state_path: Path, new_gguf: Path, gguf_sha256: str, backend: BackendCo
     gate_result: ServingGateResult | None = None
     try:
         server.start()
-        gate_result = gate(server.base_url, backend.model_alias)
+        gate_result = gate(server.base_url, backend.model_alias, image=backend.mmproj is not None)
         failure = "" if gate_result.passed else f"gate failed: {gate_result.error}"
     except (errors.InfraError, errors.InputError) as exc:  # start, /props or accelerator check failed
         failure = f"new server did not start: {type(exc).__name__}: {exc}"

@@ -1,7 +1,8 @@
 """The serving gate: a running endpoint checked the way a client would use it.
 
 :func:`gate` asks the models endpoint for the alias and a smoke chat completion (``max_tokens`` 8)
-for at least one token; :class:`ServingGateResult` is its evidence.
+for at least one token, and, for a multimodal endpoint, that an image really reaches the model
+(:func:`forgeflow.serving.multimodal.image_smoke`); :class:`ServingGateResult` is its evidence.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import time
 
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
+
+from forgeflow.serving.multimodal import ImageSmoke, image_smoke
 
 SMOKE_MAX_TOKENS = 8
 
@@ -23,7 +26,8 @@ class ServingGateResult(BaseModel):
         model_ids: the ids ``/models`` listed.
         smoke_tokens: completion tokens of the smoke chat completion (0 if it failed).
         latency_s: wall time of the smoke completion in seconds.
-        passed: ``models_ok`` and ``smoke_tokens >= 1``.
+        image: the image smoke's evidence (None: the endpoint was not gated with an image).
+        passed: ``models_ok`` and ``smoke_tokens >= 1`` (and, with an image, no image smoke error).
         error: what failed, empty when passed.
     """
 
@@ -33,12 +37,16 @@ class ServingGateResult(BaseModel):
     model_ids: list[str] = Field(default_factory=list)
     smoke_tokens: int = Field(ge=0)
     latency_s: float = Field(ge=0)
+    image: ImageSmoke | None = None
     passed: bool
     error: str = ""
 
 
-def gate(base_url: str, model_alias: str, timeout_s: float = 60.0, api_key: str | None = None) -> ServingGateResult:
-    """Check an OpenAI-compatible endpoint: the alias is listed and a smoke completion answers.
+def gate(base_url: str, model_alias: str, timeout_s: float = 60.0, api_key: str | None = None,
+         image: bool = False) -> ServingGateResult:
+    """Check an OpenAI-compatible endpoint: the alias is listed and a smoke completion answers; with
+    ``image``, a red square sent as an ``image_url`` must add prompt tokens (and ``/props`` must not report
+    the vision modality off): a server that dropped its projector, or refuses images, fails.
 
     A failed check is a result (``passed`` False with ``error``), not an exception, so a swap can
     record it as evidence.
@@ -48,6 +56,7 @@ def gate(base_url: str, model_alias: str, timeout_s: float = 60.0, api_key: str 
         model_alias: the model name that must be listed and is sent in the smoke request.
         timeout_s: per-request timeout in seconds.
         api_key: sent as ``Authorization: Bearer`` (an external endpoint's key); None: no header.
+        image: the endpoint serves a multimodal model: gate it with an image too.
     """
     base = base_url.rstrip("/")
     model_ids: list[str] = []
@@ -89,11 +98,15 @@ def gate(base_url: str, model_alias: str, timeout_s: float = 60.0, api_key: str 
         except (httpx.HTTPError, ValueError) as exc:
             latency_s = time.monotonic() - t0
             problems.append(f"smoke completion failed: {type(exc).__name__}: {exc}")
+        smoke = image_smoke(client, base, model_alias) if image else None
+    if smoke is not None and smoke.error:
+        problems.append(smoke.error)
     return ServingGateResult(
         models_ok=models_ok,
         model_ids=model_ids,
         smoke_tokens=smoke_tokens,
         latency_s=latency_s,
-        passed=models_ok and smoke_tokens >= 1,
+        image=smoke,
+        passed=models_ok and smoke_tokens >= 1 and not (smoke is not None and smoke.error),
         error="; ".join(problems),
     )

@@ -51,6 +51,8 @@ KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0"
 """``--cache-type-k`` / ``--cache-type-v`` values the pinned llama.cpp accepts (``common/arg.cpp``
 ``kv_cache_types``); f16 is its default. A quantized V cache needs flash attention in llama.cpp: a
 server that refuses it fails its start."""
+FLASH_ATTN_MODES = ("on", "off", "auto")
+"""``--flash-attn`` values (``common/arg.cpp``); ``auto`` is the server's default."""
 BINARY_ENV = "FORGEFLOW_LLAMA_SERVER"
 """Environment variable naming a ``llama-server`` binary to use instead of the cached build."""
 _BUILD_TIMEOUT_S = 3600
@@ -320,6 +322,7 @@ class ServerProps(BaseModel):
         total_slots: ``total_slots``.
         model_path: the GGUF it loaded.
         has_chat_template: ``chat_template`` is non-empty.
+        vision: ``modalities.vision`` (a projector is loaded); None when the server does not report it.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -328,6 +331,7 @@ class ServerProps(BaseModel):
     total_slots: int = Field(ge=1)
     model_path: str
     has_chat_template: bool
+    vision: bool | None = None
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> "ServerProps":
@@ -339,7 +343,8 @@ class ServerProps(BaseModel):
         try:
             return cls(per_slot_ctx=int(body["default_generation_settings"]["n_ctx"]),
                        total_slots=int(body["total_slots"]), model_path=str(body.get("model_path", "")),
-                       has_chat_template=bool(body.get("chat_template")))
+                       has_chat_template=bool(body.get("chat_template")),
+                       vision=body["modalities"].get("vision") if isinstance(body.get("modalities"), dict) else None)
         except (KeyError, TypeError, ValueError) as exc:
             raise errors.InfraError(f"/props answer lacks {exc}: {str(body)[:300]}") from exc
 
@@ -355,6 +360,11 @@ class LlamaServerOptions(BaseModel):
         n_gpu_layers: ``-ngl`` (0: CPU; > 0 is checked by :func:`check_accelerator`).
         cache_type: KV cache type for keys and values (``-ctk``/``-ctv``, one of
             :data:`KV_CACHE_TYPES`); None: the server's default.
+        cache_type_k / cache_type_v: the key / value cache type alone (``-ctk`` / ``-ctv``), over ``cache_type``.
+        flash_attn: ``-fa`` (:data:`FLASH_ATTN_MODES`); None: the server's default (auto).
+        mmproj: the vision projector GGUF (``--mmproj``), checked against the model before the start
+            (:func:`forgeflow.serving.multimodal.check_projector`); None: text only.
+        image_min_tokens: ``--image-min-tokens``, the least tokens one image takes (needs ``mmproj``).
         binary: the ``llama-server`` executable (default :func:`ensure_llama_server`).
     """
 
@@ -365,6 +375,11 @@ class LlamaServerOptions(BaseModel):
     required_ctx: int | None = None
     n_gpu_layers: int = 0
     cache_type: str | None = None
+    cache_type_k: str | None = None
+    cache_type_v: str | None = None
+    flash_attn: str | None = None
+    mmproj: Path | None = None
+    image_min_tokens: int | None = Field(None, ge=1)
     binary: Path | None = None
 
 
@@ -383,7 +398,8 @@ class LlamaServer(ModelServer):
         log_path / startup_timeout_s / n_threads / host: as :class:`~forgeflow.serving.server.ModelServer`.
 
     Raises:
-        InputError: bad arguments (named); ContextPreflightError: ``required_ctx`` cannot fit a slot.
+        InputError: bad arguments (named), a projector that is not this model's (checked before the start);
+            ContextPreflightError: ``required_ctx`` cannot fit a slot.
     """
 
     def __init__(self, gguf_path: Path, port: int, model_alias: str, n_ctx: int = 4096,
@@ -394,9 +410,21 @@ class LlamaServer(ModelServer):
         opts = options or LlamaServerOptions()
         if opts.n_gpu_layers < 0:
             raise errors.InputError(f"n_gpu_layers must be >= 0, got {opts.n_gpu_layers}")
-        if opts.cache_type is not None and opts.cache_type not in KV_CACHE_TYPES:
-            raise errors.InputError(
-                f"cache_type must be one of {', '.join(KV_CACHE_TYPES)}, got {opts.cache_type!r}")
+        for name in ("cache_type", "cache_type_k", "cache_type_v"):
+            if getattr(opts, name) is not None and getattr(opts, name) not in KV_CACHE_TYPES:
+                raise errors.InputError(f"{name} must be one of {', '.join(KV_CACHE_TYPES)}, "
+                                        f"got {getattr(opts, name)!r}")
+        if opts.flash_attn is not None and opts.flash_attn not in FLASH_ATTN_MODES:
+            raise errors.InputError(f"flash_attn must be one of {', '.join(FLASH_ATTN_MODES)}, got {opts.flash_attn!r}")
+        if opts.image_min_tokens is not None and opts.mmproj is None:
+            raise errors.InputError("image_min_tokens needs mmproj (a text-only server takes no images)")
+        if opts.mmproj is not None:  # refused before the start: a projector that is not this model's
+            from forgeflow.serving.multimodal import check_projector
+
+            check_projector(Path(gguf_path), Path(opts.mmproj))
+        self.mmproj, self.image_min_tokens, self.flash_attn = opts.mmproj, opts.image_min_tokens, opts.flash_attn
+        self.cache_type_k = opts.cache_type_k or opts.cache_type
+        self.cache_type_v = opts.cache_type_v or opts.cache_type
         self.plan = (preflight_context(opts.required_ctx, n_ctx, opts.n_parallel, opts.kv_unified)
                      if opts.required_ctx else slot_context(n_ctx, opts.n_parallel, opts.kv_unified))
         self.n_parallel, self.kv_unified, self.required_ctx = opts.n_parallel, opts.kv_unified, opts.required_ctx
@@ -413,8 +441,16 @@ class LlamaServer(ModelServer):
                 "--parallel", str(self.n_parallel), "--n-gpu-layers", str(self.n_gpu_layers)]
         if self.kv_unified:
             argv.append("--kv-unified")
-        if self.cache_type is not None:
-            argv += ["--cache-type-k", self.cache_type, "--cache-type-v", self.cache_type]
+        if self.cache_type_k is not None:
+            argv += ["--cache-type-k", self.cache_type_k]
+        if self.cache_type_v is not None:
+            argv += ["--cache-type-v", self.cache_type_v]
+        if self.flash_attn is not None:
+            argv += ["--flash-attn", self.flash_attn]
+        if self.mmproj is not None:
+            argv += ["--mmproj", str(self.mmproj)]
+        if self.image_min_tokens is not None:
+            argv += ["--image-min-tokens", str(self.image_min_tokens)]
         if self.n_threads is not None:
             argv += ["--threads", str(self.n_threads)]
         return argv

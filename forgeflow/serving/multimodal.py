@@ -1,0 +1,175 @@
+"""Serving a multimodal model: the projector that must travel with its GGUF, and the gate's image smoke.
+
+:func:`check_projector` refuses, before a server starts, a pairing that cannot work: a projector that is not a
+vision projector, or whose output width is not the language model's embedding width (a text-only GGUF of
+another model), or that is not the projector the store recorded beside the GGUF. :func:`image_smoke` is the
+gate's check that the server really used an image: the same question is asked with and without a red square
+(drawn with PIL, sent as an OpenAI ``image_url`` data URI) and the prompt must grow by the image's tokens;
+llama-server's ``/props`` ``modalities.vision`` must not say otherwise.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from forgeflow.common import errors
+
+SMOKE_QUESTION = "What shape and colour is in this image?"
+
+
+class ProjectorCheck(BaseModel):
+    """A GGUF and the projector it is served with, found to fit.
+
+    Attributes:
+        gguf_path / mmproj_path: the two files; projector_type: ``clip.projector_type``.
+        embedding_length: the language model's width (``ne[0]`` of ``token_embd.weight``).
+        projection_dim: the projector's output width (``clip.vision.projection_dim``), equal to it.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    gguf_path: Path
+    mmproj_path: Path
+    projector_type: str
+    embedding_length: int = Field(ge=1)
+    projection_dim: int = Field(ge=1)
+
+
+def check_projector(gguf_path: Path, mmproj_path: Path, recorded_mmproj_sha256: str | None = None) -> ProjectorCheck:
+    """Check, before any server starts, that ``mmproj_path`` is a vision projector for ``gguf_path``.
+
+    Args:
+        gguf_path: the language model GGUF.
+        mmproj_path: the projector GGUF (``general.architecture = clip``).
+        recorded_mmproj_sha256: the projector the store records beside the GGUF (its package run's
+            ``mmproj_sha256``); None: not checked.
+
+    Raises:
+        InputError: a file is missing, the projector has no vision encoder, its ``projection_dim`` is not the
+            GGUF's embedding width, or its sha256 is not the recorded one (each named with both values).
+        GGUFError: a file is not a readable GGUF.
+    """
+    from gguf import GGUFReader
+
+    from forgeflow.common.fsutil import sha256_file
+    from forgeflow.packaging.gguf_reader import read_header_index
+
+    gguf_path, mmproj_path = Path(gguf_path), Path(mmproj_path)
+    for path in (gguf_path, mmproj_path):
+        if not path.is_file():
+            raise errors.InputError(f"{path} is not a file")
+    try:
+        reader = GGUFReader(str(mmproj_path))
+    except Exception as exc:  # gguf-py raises ValueError/OSError/struct errors on bad files
+        raise errors.GGUFError(f"mmproj {mmproj_path} is not a readable GGUF file: {exc!r}") from exc
+
+    def value(key: str) -> Any:
+        field = reader.get_field(key)
+        return None if field is None else field.contents()
+
+    if value("general.architecture") != "clip" or not value("clip.has_vision_encoder"):
+        raise errors.InputError(f"mmproj {mmproj_path} is not a vision projector (general.architecture "
+                                f"{value('general.architecture')!r}, clip.has_vision_encoder "
+                                f"{value('clip.has_vision_encoder')!r})")
+    embd = next((t for t in read_header_index(gguf_path).tensors if t.name == "token_embd.weight"), None)
+    if embd is None:
+        raise errors.InputError(f"{gguf_path} has no token_embd.weight: not a language model GGUF")
+    width, projection = int(embd.shape[0]), int(value("clip.vision.projection_dim") or 0)
+    if width != projection:
+        raise errors.InputError(f"mmproj {mmproj_path.name} projects to {projection} but {gguf_path.name} embeds "
+                                f"{width} wide: the projector is not this model's")
+    if recorded_mmproj_sha256 is not None:
+        actual = sha256_file(mmproj_path)
+        if actual != recorded_mmproj_sha256:
+            raise errors.InputError(f"mmproj {mmproj_path} (sha256 {actual}) is not the projector recorded beside "
+                                    f"{gguf_path.name} (sha256 {recorded_mmproj_sha256})")
+    return ProjectorCheck(gguf_path=gguf_path, mmproj_path=mmproj_path,
+                          projector_type=str(value("clip.projector_type")), embedding_length=width,
+                          projection_dim=projection)
+
+
+def red_square_data_uri(size_px: int = 64) -> str:
+    """A red square (``size_px`` x ``size_px``, PNG, drawn with PIL) as an OpenAI ``image_url`` data URI."""
+    from PIL import Image, ImageDraw
+
+    image = Image.new("RGB", (size_px, size_px), (255, 255, 255))
+    ImageDraw.Draw(image).rectangle((size_px // 8, size_px // 8, size_px - size_px // 8, size_px - size_px // 8),
+                                    fill=(255, 0, 0))
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+class ImageSmoke(BaseModel):
+    """What :func:`image_smoke` found.
+
+    Attributes:
+        text_prompt_tokens / image_prompt_tokens: ``usage.prompt_tokens`` without and with the image.
+        image_tokens: their difference (the image's tokens as the server counted them).
+        vision: ``/props`` ``modalities.vision`` (None: the server does not say).
+        error: what failed, empty when the server used the image.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    text_prompt_tokens: int = Field(0, ge=0)
+    image_prompt_tokens: int = Field(0, ge=0)
+    image_tokens: int = 0
+    vision: bool | None = None
+    error: str = ""
+
+
+def _prompt_tokens(client: Any, base: str, model_alias: str, content: Any) -> tuple[int, str]:
+    resp = client.post(f"{base}/chat/completions", json={
+        "model": model_alias, "messages": [{"role": "user", "content": content}], "max_tokens": 1,
+        "temperature": 0.0})
+    if resp.status_code != 200:
+        return 0, f"answered {resp.status_code}: {resp.text[:300]}"
+    return int((resp.json().get("usage") or {}).get("prompt_tokens") or 0), ""
+
+
+def image_smoke(client: Any, base: str, model_alias: str) -> ImageSmoke:
+    """Ask the same question with and without a red square; the server used the image when the prompt grew.
+
+    Args:
+        client: an ``httpx.Client`` (its timeout and headers apply).
+        base: the API root (``.../v1``); ``/props`` is asked at it less ``/v1``.
+        model_alias: the model name sent.
+
+    Returns:
+        The evidence; ``error`` says what failed (``/props`` reports no vision, the image request was refused,
+        or the prompt did not grow: the image was dropped).
+    """
+    import httpx
+
+    vision: bool | None = None
+    try:
+        props = client.get(f"{base.removesuffix('/v1')}/props")
+        if props.status_code == 200 and isinstance((props.json() or {}).get("modalities"), dict):
+            vision = bool(props.json()["modalities"].get("vision"))
+    except (httpx.HTTPError, ValueError):
+        vision = None
+    try:
+        text_tokens, text_error = _prompt_tokens(client, base, model_alias, [{"type": "text", "text": SMOKE_QUESTION}])
+        image_tokens, image_error = _prompt_tokens(client, base, model_alias, [
+            {"type": "image_url", "image_url": {"url": red_square_data_uri()}},
+            {"type": "text", "text": SMOKE_QUESTION}])
+    except (httpx.HTTPError, ValueError) as exc:
+        return ImageSmoke(vision=vision, error=f"image smoke failed: {type(exc).__name__}: {exc}")
+    problems = []
+    if vision is False:
+        problems.append("/props reports modalities.vision false (no projector loaded)")
+    if text_error:
+        problems.append(f"the text-only smoke {text_error}")
+    if image_error:
+        problems.append(f"the image smoke {image_error}")
+    elif not text_error and image_tokens <= text_tokens:
+        problems.append(f"the image added no prompt tokens ({text_tokens} without, {image_tokens} with): "
+                        "the server dropped it")
+    return ImageSmoke(text_prompt_tokens=text_tokens, image_prompt_tokens=image_tokens,
+                      image_tokens=image_tokens - text_tokens, vision=vision, error="; ".join(problems))
