@@ -43,9 +43,12 @@ from forgeflow.ledger import records
 from forgeflow.sandbox import dispatch
 from forgeflow.training import verl
 from forgeflow.training.adapters import AdapterRecord, BurstOrigin, Lineage, pin_adapter
+from forgeflow.training.episodes import EPISODE_PROMPT_TEMPLATE
+from forgeflow.training.episodes_grpo import EpisodeStepStats
 from forgeflow.training.health import BurstHealthError
 from forgeflow.training.ppo import local_checkpoint_dir
 from forgeflow.training.rewards import StepRewardCounts
+from forgeflow.training.rl import DEFAULT_PROMPT_TEMPLATE
 from tasks import training as training_tasks
 from tasks.common import hook_logger, markdown_artifact, sweep_trial_sandboxes, table_artifact
 from tasks.curation import sandbox_choice, trial_dispatcher
@@ -125,6 +128,17 @@ def reward_rows(counts: list[StepRewardCounts]) -> list[dict[str, object]]:
             for label, c in labelled]
 
 
+def episode_rows(stats: list[EpisodeStepStats]) -> list[dict[str, object]]:
+    """The agentic burst's episodes as table rows, one per optimizer step: rewards, exceptions by type, refused
+    prefixes, supervision stops, end reasons, turns, sampled tokens and the step's wall time."""
+    return [{"step": s.step, "episodes": s.episodes, "resolved": s.resolved, "unresolved": s.unresolved,
+             "reward mean": "-" if s.reward_mean is None else f"{s.reward_mean:.3f}", "exceptions": s.exceptions,
+             "by type": _kinds(s.exception_types), "prefix refused": s.prefix_refused,
+             "supervision stops": _kinds(s.supervision_stops), "end reasons": _kinds(s.end_reasons),
+             "turns": s.turns, "turns max": s.turns_max, "policy tokens": s.policy_tokens,
+             "wall s": round(s.wall_s, 1)} for s in stats]
+
+
 def _run_id() -> str | None:
     return str(flow_run.get_id() or "") or None
 
@@ -175,21 +189,23 @@ def _record(adapter: AdapterRecord, base_path: Path, base_sha: str,
 def sft_burst(params: SFTBurstParams) -> BurstResult:
     """One LoRA SFT burst on the user's chat samples, continuing ``params.parent_adapter`` if given.
 
-    Args:
-        params: :class:`SFTBurstParams`:
+    The parameters (``params``, :class:`SFTBurstParams`):
 
-            * ``hf_dir``: the base model folder (HF checkpoint with tokenizer and chat template).
-            * ``samples_jsonl``: one ``{"messages": [...]}`` row per line (see
-              :func:`forgeflow.training.jsonl.read_sft_jsonl`).
-            * ``training``: :class:`SFTHyperParams`: steps, learning rate, LoRA rank, max length (tokens),
-              batch size (rows per step), seed, device, ``packing`` (bfd packing, padding-free; False: one
-              sample per row) and ``gradient_checkpointing`` (None: on CUDA only where a step's activations
-              would not fit the GPU, off on the CPU); the lineage records device,
-              dtype, attention, packing and gradient checkpointing.
-            * ``parent_adapter``: an adapter to continue (``is_trainable=True``): its folder, or its
-              sha256 as recorded in the store; same base model and LoRA rank. None starts a new adapter.
-            * ``out_dir``: default ``$FORGEFLOW_HOME/models``; the burst trains in ``<out_dir>/sft-adapter``
-              and pins the result to ``<out_dir>/adapters/<sha256>``.
+    * ``hf_dir``: the base model folder (HF checkpoint with tokenizer and chat template).
+    * ``samples_jsonl``: one ``{"messages": [...]}`` row per line (see
+      :func:`forgeflow.training.jsonl.read_sft_jsonl`).
+    * ``training``: :class:`SFTHyperParams`: steps, learning rate, LoRA rank, max length (tokens),
+      batch size (rows per step), seed, device, ``packing`` (bfd packing, padding-free; False: one
+      sample per row) and ``gradient_checkpointing`` (None: on CUDA only where a step's activations
+      would not fit the GPU, off on the CPU); the lineage records device,
+      dtype, attention, packing and gradient checkpointing.
+    * ``parent_adapter``: an adapter to continue (``is_trainable=True``): its folder, or its
+      sha256 as recorded in the store; same base model and LoRA rank. None starts a new adapter.
+    * ``out_dir``: default ``$FORGEFLOW_HOME/models``; the burst trains in ``<out_dir>/sft-adapter``
+      and pins the result to ``<out_dir>/adapters/<sha256>``.
+
+    Args:
+        params: the checkpoint (or parent adapter) to train, the SFT samples file, the training settings.
 
     The lifecycle's burst stage runs this flow as a subflow (``out_dir`` = the run's ``models`` folder); the burst
     task runs through :func:`flows.stagekit.run_task`, so that stage is ``cached`` when the burst came from
@@ -239,27 +255,39 @@ def rl_burst(params: RLBurstParams) -> BurstResult:
     ``rl-burst-rewards`` shows each step's counts (resolved, unresolved, the submission's own failures
     by kind, exceptions by type, tampering), as ``lineage.json`` keeps them.
 
-    Args:
-        params: :class:`RLBurstParams`:
+    The parameters (``params``, :class:`RLBurstParams`):
 
-            * ``hf_dir``: the base model folder.
-            * ``tasks_jsonl``: one :class:`~forgeflow.training.rl.RLTask` row per line (prompt = problem
-              statement; verifier = image, test command, FAIL_TO_PASS/PASS_TO_PASS, timeout, known tests); or
-            * ``freeze_name`` + ``split`` (default ``train``) + ``source`` (the canary flow's names and types):
-              the tasks of that split of a recorded freeze, each with the FAIL_TO_PASS/PASS_TO_PASS, known tests
-              and pristine duration its validation recorded
-              (:func:`forgeflow.training.freeze_tasks.rl_tasks_from_freeze`). Exactly one of the two.
-            * ``training``: :class:`RLHyperParams`: algorithm, steps, learning rate, LoRA rank, group size,
-              completion length, seed, verifier timeout multiplier and concurrency, device.
-            * ``parent_adapter``: an adapter (folder or recorded sha256) to continue, or None.
-            * ``sandbox``: a ``forgeflow-sandbox`` block (backend kind, memory MiB, CPUs) as curate takes
-              it; None: podman with 1024 MiB and 1 CPU. A cancelled or crashed run's Kubernetes pods are
-              swept.
-            * ``out_dir``: default ``$FORGEFLOW_HOME/models``; trains in ``<out_dir>/rl-adapter``, pins to
-              ``<out_dir>/adapters/<sha256>``.
-            * ``dispatcher``: a ``forgeflow-dispatcher`` block (:class:`blocks.core.TrialDispatcher`) as
-              curate takes it: ``ray`` scores each rollout as a Ray task on a sandbox node of that cluster
-              (the counts per step name the nodes); None or ``in-process``: here.
+    * ``hf_dir``: the base model folder.
+    * ``tasks_jsonl``: one :class:`~forgeflow.training.rl.RLTask` row per line (prompt = problem
+      statement; verifier = image, test command, FAIL_TO_PASS/PASS_TO_PASS, timeout, known tests); or
+    * ``freeze_name`` + ``split`` (default ``train``) + ``source`` (the canary flow's names and types):
+      the tasks of that split of a recorded freeze, each with the FAIL_TO_PASS/PASS_TO_PASS, known tests
+      and pristine duration its validation recorded
+      (:func:`forgeflow.training.freeze_tasks.rl_tasks_from_freeze`). Exactly one of the two.
+    * ``training``: :class:`RLHyperParams`: algorithm, steps, learning rate, LoRA rank, group size,
+      completion length, seed, verifier timeout multiplier and concurrency, device.
+    * ``parent_adapter``: an adapter (folder or recorded sha256) to continue, or None.
+    * ``sandbox``: a ``forgeflow-sandbox`` block (backend kind, memory MiB, CPUs) as curate takes
+      it; None: podman with 1024 MiB and 1 CPU. A cancelled or crashed run's Kubernetes pods are
+      swept.
+    * ``out_dir``: default ``$FORGEFLOW_HOME/models``; trains in ``<out_dir>/rl-adapter``, pins to
+      ``<out_dir>/adapters/<sha256>``.
+    * ``dispatcher``: a ``forgeflow-dispatcher`` block (:class:`blocks.core.TrialDispatcher`) as
+      curate takes it: ``ray`` scores each rollout as a Ray task on a sandbox node of that cluster
+      (the counts per step name the nodes); None or ``in-process``: here.
+    * ``episode``: the agentic mode (:class:`forgeflow.training.episodes.EpisodeSettings`; ``grpo``
+      only): each rollout a multi-turn episode of the policy (bash in a fresh container of the task
+      image on ``sandbox``'s backend, labelled with the run so a cancelled run's are swept; submit)
+      bounded by ``max_turns``, ``max_tokens``, ``wall_s``, the loop and hang detectors, ``concurrency``
+      episodes at once under ``step_wall_s``; rewarded by the verifier on the episode's final change,
+      token-exact (:mod:`forgeflow.training.episodes_grpo`). Prompts from
+      ``forgeflow/data/rl_episode_prompt.md``; trajectories (canary format) under
+      ``<out_dir>/rl-episodes/<run id>/step-<N>/``; the table artifact ``rl-burst-episodes`` and
+      ``lineage.json``'s ``episode_stats`` count each step's rewards, exceptions, refused prefixes,
+      supervision stops, end reasons and turns. None: single-turn rollouts.
+
+    Args:
+        params: the checkpoint (or parent adapter), the RL task rows or a freeze split, the sandbox, the RL settings.
 
     Returns:
         The :class:`BurstResult`.
@@ -285,9 +313,10 @@ def rl_burst(params: RLBurstParams) -> BurstResult:
             choice = sandbox_choice(params.sandbox)
         except InputError as exc:
             raise _param_error(exc, "sandbox") from None
-        config = params.training.burst_config(choice.backend(), choice.memory_mb, choice.cpus)
+        config = params.training.burst_config(choice.backend(), choice.memory_mb, choice.cpus, params.episode)
     else:
-        config = params.training.burst_config("podman", 1024, 1.0)
+        config = params.training.burst_config("podman", 1024, 1.0, params.episode)
+    template = EPISODE_PROMPT_TEMPLATE if params.episode is not None else DEFAULT_PROMPT_TEMPLATE
     models = Path(params.out_dir) if params.out_dir is not None else home_dir() / "models"
     work = models / "rl-adapter"
     base_sha = training_tasks.tree_digest(hf_dir, "base-model")
@@ -298,12 +327,16 @@ def rl_burst(params: RLBurstParams) -> BurstResult:
         origin = BurstOrigin(base_model_dir=hf_dir, base_model_sha256=base_sha, parent_adapter_dir=parent_dir,
                              parent_adapter_sha256=parent_sha)
         with _params_named():  # a parent of another rank: params.training.lora_r
-            record = training_tasks.rl_burst(origin, rl_tasks, work, config, run_id, ray=placement)
+            record = training_tasks.rl_burst(origin, rl_tasks, work, config, run_id, template, ray=placement)
     finally:  # a driver outlived by its Ray cluster is ended by Ray: leave it now
         if placement is not None:
             dispatch.disconnect()
     table_artifact("rl-burst-rewards", reward_rows(record.reward_counts),
                    f"rl-burst ({config.algorithm}): the verifier's rewards per optimizer step")
+    if record.episode_stats:
+        table_artifact("rl-burst-episodes", episode_rows(record.episode_stats),
+                       "rl-burst (agentic): episodes per optimizer step (rewards, exceptions, refused prefixes, "
+                       "supervision stops, turns)")
     if not record.weights_changed:
         what = (f"left adapter {record.adapter.sha256[:12]} unchanged" if parent_dir is not None
                 else "left its new adapter at peft's initial weights")
@@ -370,20 +403,22 @@ def ppo(params: PPOParams) -> PPOResult:
     into this run, stop it when the run is cancelled or crashes, and ingest its newest LoRA
     checkpoint as an adapter whose parent is the base model (``forgeflow lineage`` shows it).
 
-    Args:
-        params: :class:`PPOParams`:
+    The parameters (``params``, :class:`PPOParams`):
 
-            * ``settings``: verl's PPO settings (:class:`forgeflow.training.verl.VerlPPOSettings`; rendered to
-              verl's Hydra overrides). ``lora_rank`` must be > 0 (an adapter is what is ingested),
-              ``save_freq_steps`` > 0 (verl saves nothing otherwise; with it, the last step is always saved)
-              and ``checkpoint_dir`` readable here (a shared filesystem) once the job ends. Left unset,
-              ``checkpoint_dir`` is ``checkpoints/forgeflow/ppo/<submission id>`` (under ``working_dir``): a
-              folder per job. Only a checkpoint the job itself wrote there is ingested.
-            * ``job``: the cluster and the job (:class:`PPOJob`: ``dashboard_url``, ``working_dir``, ``pip``,
-              ``entrypoint``, ``poll_s``, ``timeout_s``, ``adapter_glob``, ``base_model_sha256``).
-            * ``submission_id``: the Ray job's id (default ``forgeflow-ppo-<flow run id>``).
-            * ``out_dir``: default ``$FORGEFLOW_HOME/models``; the adapter is pinned to
-              ``<out_dir>/adapters/<sha256>``.
+    * ``settings``: verl's PPO settings (:class:`forgeflow.training.verl.VerlPPOSettings`; rendered to
+      verl's Hydra overrides). ``lora_rank`` must be > 0 (an adapter is what is ingested),
+      ``save_freq_steps`` > 0 (verl saves nothing otherwise; with it, the last step is always saved)
+      and ``checkpoint_dir`` readable here (a shared filesystem) once the job ends. Left unset,
+      ``checkpoint_dir`` is ``checkpoints/forgeflow/ppo/<submission id>`` (under ``working_dir``): a
+      folder per job. Only a checkpoint the job itself wrote there is ingested.
+    * ``job``: the cluster and the job (:class:`PPOJob`: ``dashboard_url``, ``working_dir``, ``pip``,
+      ``entrypoint``, ``poll_s``, ``timeout_s``, ``adapter_glob``, ``base_model_sha256``).
+    * ``submission_id``: the Ray job's id (default ``forgeflow-ppo-<flow run id>``).
+    * ``out_dir``: default ``$FORGEFLOW_HOME/models``; the adapter is pinned to
+      ``<out_dir>/adapters/<sha256>``.
+
+    Args:
+        params: the verl PPO settings, the Ray job to submit them as, and where the checkpoint is ingested.
 
     Returns:
         The :class:`PPOResult`.
@@ -483,18 +518,20 @@ def windows(params: WindowsParams) -> WindowsResult:
     provenance (instance id, trajectory sha256, window kind, target step); its ``source`` names them, so
     the dataset digest in the adapter's lineage does too.
 
-    Args:
-        params: :class:`WindowsParams`:
+    The parameters (``params``, :class:`WindowsParams`):
 
-            * ``job_id``: a canary (or recovery) job recorded in the store; or
-            * ``trajectories_dir``: a folder of mini-swe-agent ``*.traj.json`` (exactly one of the two).
-            * ``windows``: window layout and kinds (:class:`forgeflow.training.windows.WindowConfig`).
-            * ``samples_jsonl``: where the JSONL goes; a file there with other samples is refused (it may
-              be an adapter's training data). Default ``$FORGEFLOW_HOME/windows/<job id or folder>-<sha12>.jsonl``,
-              named by its content, so nothing is overwritten.
-            * ``hf_dir``: the base model to train (the ``sft-burst`` flow as a subflow); None: only the dataset.
-            * ``training`` / ``parent_adapter`` / ``out_dir``: as the ``sft-burst`` flow's
-              (:class:`SFTBurstParams`).
+    * ``job_id``: a canary (or recovery) job recorded in the store; or
+    * ``trajectories_dir``: a folder of mini-swe-agent ``*.traj.json`` (exactly one of the two).
+    * ``windows``: window layout and kinds (:class:`forgeflow.training.windows.WindowConfig`).
+    * ``samples_jsonl``: where the JSONL goes; a file there with other samples is refused (it may
+      be an adapter's training data). Default ``$FORGEFLOW_HOME/windows/<job id or folder>-<sha12>.jsonl``,
+      named by its content, so nothing is overwritten.
+    * ``hf_dir``: the base model to train (the ``sft-burst`` flow as a subflow); None: only the dataset.
+    * ``training`` / ``parent_adapter`` / ``out_dir``: as the ``sft-burst`` flow's
+      (:class:`SFTBurstParams`).
+
+    Args:
+        params: the canary job's trajectories to cut into SFT windows, the window sizes, the SFT burst settings.
 
     Returns:
         The :class:`WindowsResult`.

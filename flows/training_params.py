@@ -26,6 +26,7 @@ from flows.stagekit import StageParams
 from forgeflow.curation.task_rows import TaskSource
 from forgeflow.sandbox.backends import SandboxTarget
 from forgeflow.training.burst import BurstConfig
+from forgeflow.training.episodes import EpisodeSettings
 from forgeflow.training.freeze_tasks import FreezeSplit
 from forgeflow.training.ppo import DEFAULT_ADAPTER_GLOB
 from forgeflow.training.rl import RLBurstConfig
@@ -124,10 +125,16 @@ class RLHyperParams(BaseModel):
     device: Device = Field("auto", description="auto: CUDA in bfloat16 when the worker has a GPU, else the CPU in "
                                                "float32; cpu; or cuda")
 
-    def burst_config(self, backend: str | SandboxTarget, memory_mb: int, cpus: float) -> RLBurstConfig:
+    def burst_config(self, backend: str | SandboxTarget, memory_mb: int, cpus: float,
+                     episode: EpisodeSettings | None = None) -> RLBurstConfig:
         """The :class:`RLBurstConfig` with the verifier sandbox ``backend`` (a kind or a target), its memory
-        limit (MiB) and CPUs."""
-        return RLBurstConfig(algorithm=self.algorithm, max_steps=self.steps, learning_rate=self.learning_rate,
+        limit (MiB) and CPUs, and the agentic mode's ``episode`` block (None: single-turn).
+
+        Raises:
+            pydantic.ValidationError: ``episode`` with an algorithm other than ``grpo``.
+        """
+        return RLBurstConfig(episode=episode, algorithm=self.algorithm, max_steps=self.steps,
+                             learning_rate=self.learning_rate,
                              lora_r=self.lora_r, lora_alpha=2 * self.lora_r, num_generations=self.num_generations,
                              max_completion_length=self.max_completion_length, seed=self.seed,
                              verifier_timeout_multiplier=self.verifier_timeout_multiplier,
@@ -184,6 +191,10 @@ class RLBurstParams(StageParams):
         sandbox: a ``forgeflow-sandbox`` block the verifier runs on; None: podman, 1024 MiB, 1 CPU.
         out_dir: the models folder; None: ``$FORGEFLOW_HOME/models``.
         dispatcher: a ``forgeflow-dispatcher`` block (``ray``: each rollout's reward a Ray task); None: here.
+        episode: the agentic mode (:class:`~forgeflow.training.episodes.EpisodeSettings`: ``max_turns``,
+            ``max_tokens`` per episode, ``wall_s`` per episode, ``tools``, ``concurrency``, ``step_wall_s``, ...):
+            each rollout a multi-turn episode in a fresh sandbox of the task image on ``sandbox``'s backend,
+            rewarded by the verifier on its final change; ``grpo`` only. None: single-turn rollouts.
     """
 
     hf_dir: Path = Field(description=_HF_DIR)
@@ -207,12 +218,20 @@ class RLBurstParams(StageParams):
     out_dir: Path | None = Field(None, description=_OUT_DIR.format(kind="rl"))
     dispatcher: str | None = Field(None, min_length=1, description="a forgeflow-dispatcher block: ray scores each "
                                    "rollout as a Ray task on a sandbox node; null or in-process: here")
+    episode: EpisodeSettings | None = Field(None, description="the agentic mode: each rollout a multi-turn episode "
+                                            "(bash in the task's container, submit) in a fresh sandbox, rewarded by "
+                                            "the verifier: max_turns, max_tokens (per episode), wall_s (per "
+                                            "episode), tools, concurrency, step_wall_s, command_timeout_s; grpo "
+                                            "only; null: single-turn rollouts")
 
     @model_validator(mode="after")
     def _one_task_source(self) -> RLBurstParams:
         if (self.tasks_jsonl is None) == (self.freeze_name is None):
             raise ValueError("give tasks_jsonl (a JSONL of RLTask rows) or freeze_name (a freeze recorded in the "
                              "store, with split and source), not both and not neither")
+        if self.episode is not None and self.training.algorithm != "grpo":
+            raise ValueError("episode (the agentic mode) needs training.algorithm grpo: TRL's RLOOTrainer takes no "
+                             "rollout function")
         return self
 
     def freeze(self) -> FreezeSplit | None:

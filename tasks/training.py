@@ -77,7 +77,8 @@ def rl_burst(origin: adapters.BurstOrigin, tasks: list[dict], out_dir: Path, con
         out_dir: the adapter folder to create.
         config: the burst's hyperparameters and verifier settings.
         run_id: the Prefect flow run recorded in the lineage (not in the cache key).
-        prompt_template: the prompt template file (problem statement -> prompt).
+        prompt_template: the prompt template file (problem statement -> prompt); the agentic mode's
+            (``config.episode``) is :data:`forgeflow.training.episodes.EPISODE_PROMPT_TEMPLATE`.
         ray: score the rollouts on this Ray cluster's sandbox nodes, or None: here (not in the
             cache key nor the lineage's inputs).
 

@@ -37,6 +37,12 @@ timeout to the submission. Curation's own timeout is a separate cap and plays no
 the submission's own failures by kind and exceptions by type are counted per optimizer step
 (:class:`forgeflow.training.rewards.StepRewardCounts`, with the Ray nodes they ran on) and stored
 in ``lineage.json`` and the returned :class:`RLBurstRecord`.
+
+Agentic mode (:attr:`RLBurstConfig.episode`): each rollout is a multi-turn episode in a fresh sandbox of
+the task image (:mod:`forgeflow.training.episodes_run`), fed to the same GRPO trainer through its
+``rollout_func`` with the episodes' sampled ids and loss masks (:mod:`forgeflow.training.episodes_grpo`);
+the reward is the verifier's on the episode's final change, and the lineage also keeps the per-step
+``episode_stats``.
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from forgeflow.common import errors
 from forgeflow.common.fsutil import sha256_file, sha256_json
@@ -65,6 +71,8 @@ from forgeflow.training.adapters import (
 )
 from forgeflow.training.burst import TRAINER_RUN_ARGS
 from forgeflow.training.device import DeviceChoice, DevicePlan, device_plan
+from forgeflow.training.episodes import EpisodeSettings, Policy
+from forgeflow.training.episodes_grpo import EpisodeRollout, EpisodeStepStats, episode_reward
 from forgeflow.training.health import (
     BurstHealthError,
     HealthGates,
@@ -73,7 +81,7 @@ from forgeflow.training.health import (
     health_callback,
 )
 from forgeflow.training.preflight import burst_preflight, preflight
-from forgeflow.training.rewards import StepRewardCounts, VerifierReward, VerifierSpec
+from forgeflow.training.rewards import StepRewardCounts, VerifierReward, VerifierSpec, training_timeout_s
 from forgeflow.training.staging import StagingDir, remove_dead_staging_dirs
 
 DEFAULT_PROMPT_TEMPLATE = Path(__file__).resolve().parents[1] / "data" / "rl_prompt.md"
@@ -229,6 +237,11 @@ class RLBurstConfig(LoraSettings):
         min_scored_fraction: least fraction of completions that must get a reward (not an
             exception); below it the burst fails (it learned from too little).
         gates: health gates; by default the loss trend gate is off (see :func:`_rl_gates`).
+        episode: the agentic mode (:class:`forgeflow.training.episodes.EpisodeSettings`: turns, tokens, wall
+            clock, tools, concurrency, the step's wall bound): each rollout a multi-turn episode in a fresh
+            sandbox of the task image, rewarded by the verifier on its final change
+            (:mod:`forgeflow.training.episodes_grpo`; ``grpo`` only: TRL's RLOOTrainer takes no rollout
+            function). None: single-turn rollouts (a completion holding a diff). Not dumped while None.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -250,6 +263,14 @@ class RLBurstConfig(LoraSettings):
     min_scored_fraction: float = Field(default=0.5, ge=0.0, le=1.0)
     gates: HealthGates = Field(default_factory=_rl_gates)
     device: DeviceChoice = "auto"
+    episode: EpisodeSettings | None = Field(default=None, exclude_if=lambda v: v is None)
+
+    @model_validator(mode="after")
+    def _agentic_needs_grpo(self) -> "RLBurstConfig":
+        if self.episode is not None and self.algorithm != "grpo":
+            raise ValueError("episode (the agentic mode) needs algorithm 'grpo': TRL's RLOOTrainer takes no "
+                             "rollout function")
+        return self
 
 
 class RLBurstRecord(BaseModel):
@@ -258,6 +279,8 @@ class RLBurstRecord(BaseModel):
     Attributes:
         adapter: the :class:`~forgeflow.training.burst.AdapterRecord` (lineage algorithm ``grpo``/``rloo``).
         reward_counts: one :class:`StepRewardCounts` per optimizer step, in step order.
+        episode_stats: per step, the agentic mode's :class:`forgeflow.training.episodes_grpo.EpisodeStepStats`
+            (rewards, exceptions, refused prefixes, supervision stops, end reasons, turns); empty otherwise.
         weights_changed: False when training left the trainable weights exactly as they started (the
             parent adapter's, or a new adapter's initialisation): every group of generations got equal
             rewards, so every GRPO/RLOO advantage was 0 and no gradient flowed (TRL's default ``beta`` 0
@@ -272,6 +295,7 @@ class RLBurstRecord(BaseModel):
     adapter: AdapterRecord
     reward_counts: list[StepRewardCounts]
     weights_changed: bool
+    episode_stats: list[EpisodeStepStats] = Field(default_factory=list)
 
     def totals(self) -> StepRewardCounts:
         """The counts summed over steps (``step`` is the last step)."""
@@ -324,7 +348,8 @@ def _reusable_rl(out_dir: Path, expected: dict[str, Any]) -> RLBurstRecord | Non
     if changed is None:  # written before the burst measured it: only a parent's digest tells
         changed = lineage.parent_adapter_sha256 != record.sha256
     return RLBurstRecord(adapter=record, reward_counts=[StepRewardCounts.model_validate(c) for c in counts],
-                         weights_changed=bool(changed))
+                         weights_changed=bool(changed),
+                         episode_stats=[EpisodeStepStats.model_validate(e) for e in written.get("episode_stats", [])])
 
 
 def trainable_digest(model: Any) -> str:
@@ -366,6 +391,7 @@ def run_rl_burst(
     run_id: str | None = None,
     verifier_backend: "str | SandboxTarget | None" = None,
     ray: RayPlacement | None = None,
+    policy: Policy | None = None,
 ) -> RLBurstRecord:
     """Train a LoRA adapter with GRPO or RLOO, rewarded by the verifier in each task's container.
 
@@ -391,6 +417,13 @@ def run_rl_burst(
         ray: score the rollouts as Ray tasks on this cluster's sandbox nodes
             (:class:`forgeflow.sandbox.dispatch.RayPlacement`); where they ran is counted per step
             (``StepRewardCounts.nodes``), not in the lineage's inputs. None: in this process.
+        policy: the agentic mode's policy (a :class:`forgeflow.training.episodes.ScriptedPolicy` checks the
+            mechanics); None: the trainer's own generator. Ignored without ``config.episode``.
+
+    Agentic mode (``config.episode``): ``data`` built with
+    :data:`forgeflow.training.episodes.EPISODE_PROMPT_TEMPLATE`; each rollout an episode
+    (:mod:`forgeflow.training.episodes_grpo`) whose trajectories go to ``<out_dir's parent>/rl-episodes/<run_id>/``;
+    the lineage also keeps ``episode_stats`` per step.
 
     Returns:
         The :class:`RLBurstRecord`.
@@ -427,28 +460,47 @@ def run_rl_burst(
         from trl import GRPOTrainer as Trainer
     else:
         from trl import RLOOTrainer as Trainer
-    reward = VerifierReward(verifier_timeout_multiplier=config.verifier_timeout_multiplier,
-                            memory_mb=config.verifier_memory_mb, cpus=config.verifier_cpus,
-                            concurrency=config.verifier_concurrency,
-                            backend=verifier_backend if verifier_backend is not None else config.verifier_backend,
-                            ray=ray)
+    run_id = run_id or uuid.uuid4().hex
+    backend = verifier_backend if verifier_backend is not None else config.verifier_backend
+    reward, rollout = _reward_source(config, data, backend, ray, out_dir.parent / "rl-episodes" / run_id, policy)
     with StagingDir(out_dir) as tmp:
         args, lora = _trl_objects(config, tmp / "trainer", with_lora=parent_adapter_dir is None, plan=plan)
+        agentic = {"rollout_func": rollout} if rollout is not None else {}
         trainer = Trainer(model=model, reward_funcs=reward, args=args, train_dataset=data.dataset,
-                          processing_class=tokenizer, peft_config=lora, callbacks=[health_callback(config.gates)])
+                          processing_class=tokenizer, peft_config=lora, callbacks=[health_callback(config.gates)],
+                          **agentic)
         before = trainable_digest(trainer.model)
         trainer.train()
         changed = trainable_digest(trainer.model) != before
         report = check_health(trainer.state.log_history, config.gates)
         enforce_health(report, hyperparameters)
-        counts = [reward.counts[s] for s in sorted(reward.counts)]
+        stats = list(rollout.stats) if rollout is not None else []
+        counts = [s.reward_counts() for s in stats] if rollout is not None else [
+            reward.counts[s] for s in sorted(reward.counts)]
         _check_scored(counts, config, report)
         lineage = Lineage(algorithm=config.algorithm, base_model_sha256=base_sha, parent_adapter_sha256=parent_sha,
                           dataset_sha256=data.sha256, hyperparameters=hyperparameters,
-                          run_id=run_id or uuid.uuid4().hex, created_at=datetime.now(timezone.utc),
+                          run_id=run_id, created_at=datetime.now(timezone.utc),
                           device=plan.device, dtype=plan.dtype,
                           gradient_checkpointing=bool(trainer.args.activation_checkpointing))
-        adapter = publish_adapter(trainer, tmp, out_dir, lineage, report,
-                                  extra={"reward_counts": [c.model_dump(mode="json") for c in counts],
-                                         "weights_changed": changed})
-    return RLBurstRecord(adapter=adapter, reward_counts=counts, weights_changed=changed)
+        extra = {"reward_counts": [c.model_dump(mode="json") for c in counts], "weights_changed": changed}
+        if stats:
+            extra["episode_stats"] = [s.model_dump(mode="json") for s in stats]
+        adapter = publish_adapter(trainer, tmp, out_dir, lineage, report, extra=extra)
+    return RLBurstRecord(adapter=adapter, reward_counts=counts, weights_changed=changed, episode_stats=stats)
+
+
+def _reward_source(config: RLBurstConfig, data: RLData, backend: "str | SandboxTarget", ray: RayPlacement | None,
+                   episodes_dir: Path, policy: Policy | None = None) -> tuple[Any, EpisodeRollout | None]:
+    """The trainer's reward function and, in the agentic mode, its rollout function: single-turn, the
+    verifier's reward on each completion's diff (:class:`VerifierReward`); agentic, each episode's own reward
+    (:func:`forgeflow.training.episodes_grpo.episode_reward`) from :class:`EpisodeRollout` (episodes in
+    ``episodes_dir``, their verifier timeouts by :func:`forgeflow.training.rewards.training_timeout_s`)."""
+    if config.episode is None:
+        return VerifierReward(verifier_timeout_multiplier=config.verifier_timeout_multiplier,
+                              memory_mb=config.verifier_memory_mb, cpus=config.verifier_cpus,
+                              concurrency=config.verifier_concurrency, backend=backend, ray=ray), None
+    rows = [{**row, "verifier_timeout_s": training_timeout_s(row["task_timeout_s"], config.verifier_timeout_multiplier,
+                                                             row["pristine_duration_s"])} for row in data.dataset]
+    return episode_reward, EpisodeRollout(rows, config.episode, episodes_dir, {"backend": backend, "ray": ray},
+                                          policy=policy)
