@@ -41,7 +41,15 @@ from flows.registry import MigrateParams, PrewarmPlanParams, registry_blocks, re
 from flows.registry import migrate_images as migrate_images_flow
 from flows.registry import prewarm_plan as prewarm_plan_flow
 from flows.stagekit import StageLog, run_stage_flow
-from flows.stages import BaseModelParams, CompareParams, CompareResult, FreezeParams, PackageParams, ServeParams
+from flows.stages import (
+    BaseModelParams,
+    CompareParams,
+    CompareResult,
+    FreezeParams,
+    PackageParams,
+    ServeParams,
+    with_projector,
+)
 from flows.stages import base_model as base_model_flow
 from flows.stages import compare as compare_flow
 from flows.stages import freeze as freeze_flow
@@ -63,6 +71,7 @@ from forgeflow.curation.freeze import (
 from forgeflow.curation.task_rows import TaskSource
 from forgeflow.evaluation.canary_params import CanaryEndpoint, CanaryRunSettings
 from forgeflow.ledger import records
+from forgeflow.packaging.mmproj import MMPROJ_KEY
 from forgeflow.registry import images, projects
 from forgeflow.registry import migration as migrate
 from forgeflow.serving import bluegreen
@@ -100,6 +109,8 @@ def lifecycle(config: LifecycleConfig = LifecycleConfig()) -> dict[str, Any]:
     # a missing block, or an external endpoint (it cannot load the GGUFs this run makes): refused now
     serving = serving_tasks.serving_backend(config.serving.block, config.serving.ports, started_only=True)
     serving_tasks.preflight_serving(serving, None)  # the slot plan holds required_context_tokens
+    if config.base_model.kind == "tiny-vl":  # its GGUFs serve only beside their projector: a llama-server block
+        with_projector(serving, out_dir / "models" / "base-gguf" / "mmproj-f16.gguf")  # InputError now, not at serve
     out_dir.mkdir(parents=True, exist_ok=True)
     run_id = str(flow_run.get_id() or "")
     log = StageLog(out_dir / "summary.json", run_id)
@@ -183,13 +194,15 @@ def _run_stages(run: _Run) -> dict[str, Any]:
     by_id = {t.instance_id: t for t in accepted}
     base_model, base_gguf = run_stage_flow("base_model", _base_model, run)
     served_base = base_gguf[config.serving.quantization]
-    serving = run_stage_flow("serve_baseline", _serve_baseline, run, served_base, base_model.path)
+    serving = run_stage_flow("serve_baseline", _serve_baseline, run, served_base, base_model.path,
+                             _projector(base_gguf))
     baseline_job = run_stage_flow("canary_baseline", _canary, run, "canary_baseline", serving.base_url,
                                   served_base.sha256)
     adapter = run_stage_flow("burst", _burst, run, base_model, [by_id[i] for i in manifest.splits["train"]], envs)
     ggufs = run_stage_flow("package", _package, run, base_model, adapter)
     # serve_stage, canary_candidate, compare and serve_swap: one transaction, one subflow run
-    comparison = run_stage_flow("promote", _stage_and_promote, run, ggufs[config.serving.quantization], baseline_job)
+    comparison = run_stage_flow("promote", _stage_and_promote, run, ggufs[config.serving.quantization], baseline_job,
+                                _projector(ggufs))
     paired, decision, files = comparison.paired, comparison.decision, comparison.files
     emit_event("forgeflow.lifecycle.completed",
                resource={"prefect.resource.id": f"forgeflow.freeze.{config.freeze.name}"},
@@ -216,13 +229,21 @@ def _run_stages(run: _Run) -> dict[str, Any]:
     }
 
 
-def _serve_baseline(run: _Run, served_base: Any, hf_dir: Path) -> bluegreen.ServingState:
+def _projector(artifacts: dict[str, Any]) -> Path | None:
+    """The vision projector a package run wrote beside its GGUFs (its ``mmproj`` artifact), or None (text-only)."""
+    return artifacts[MMPROJ_KEY].path if MMPROJ_KEY in artifacts else None
+
+
+def _serve_baseline(run: _Run, served_base: Any, hf_dir: Path,
+                    mmproj_path: Path | None = None) -> bluegreen.ServingState:
     """8. serve the baseline GGUF: the ``serve`` flow (as a subflow): the GGUF checked against ``hf_dir``'s
-    config, a blue/green swap onto the recorded endpoint, recorded in the store; the serving state now."""
+    config, a blue/green swap onto the recorded endpoint, recorded in the store; the serving state now.
+    A multimodal base is served with its projector ``mmproj_path`` (the serving block must be llama-server)."""
     config = run.config
     with run.log.stage("serve_baseline") as st:
         outcome = serve_flow(ServeParams(gguf_path=served_base.path, state_path=run.state_path,
-                                         ports=config.serving.ports, hf_dir=hf_dir, serving_block=config.serving.block))
+                                         ports=config.serving.ports, hf_dir=hf_dir, serving_block=config.serving.block,
+                                         mmproj_path=mmproj_path))
         assert outcome.state is not None  # the serve flow promotes or raises
         st["counts"] = {"generation": outcome.state.generation, "port": outcome.state.active_port}
     return outcome.state
@@ -459,8 +480,9 @@ def _package(run: _Run, base_model: Any, adapter: BurstResult) -> dict[str, Any]
     return ggufs
 
 
-def _stage_and_promote(run: _Run, served_new: Any, baseline_job: str) -> CompareResult:
-    """12. stage the candidate on the idle port (health + smoke gate), the recorded endpoint unchanged;
+def _stage_and_promote(run: _Run, served_new: Any, baseline_job: str, mmproj_path: Path | None = None) -> CompareResult:
+    """12. stage the candidate on the idle port (health + smoke gate; with ``mmproj_path``, the candidate's
+    projector, served beside it and the gate sends an image), the recorded endpoint unchanged;
     13. canary it there (the ``canary`` flow, :func:`_canary`); 14. compare + promotion gate (the ``compare``
     flow); 15. promote (switch, stop old) or discard.
 
@@ -472,7 +494,7 @@ def _stage_and_promote(run: _Run, served_new: Any, baseline_job: str) -> Compare
     with transaction():
         with log.stage("serve_stage") as st:
             staged = log.call(serving_tasks.stage_server, run.state_path, served_new.path, served_new.sha256,
-                              run.serving)
+                              with_projector(run.serving, mmproj_path))
             st["counts"] = {"port": staged.port, "smoke_tokens": staged.gate.smoke_tokens}
         candidate_job = _canary(run, "canary_candidate", staged.base_url, served_new.sha256)
         comparison = _compare(run, baseline_job, candidate_job)

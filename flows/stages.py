@@ -27,8 +27,10 @@ from forgeflow.ledger import records
 from forgeflow.packaging.checkpoint import BaseModelSource, CheckpointRecord
 from forgeflow.packaging.gguf import GGUFArtifact, QuantSpec, quant_plan
 from forgeflow.packaging.gguf_metadata import MetadataEdit, validate_metadata_edits
+from forgeflow.packaging.mmproj import MMPROJ_KEY
 from forgeflow.packaging.publish import PublishRecord, check_model_name
 from forgeflow.packaging.release import ReleaseSources
+from forgeflow.serving.backend import BackendConfig, backend_config
 from forgeflow.serving.external import EndpointCheck
 from tasks import curation
 from tasks import evaluation as evaluation_tasks
@@ -345,7 +347,8 @@ def package(params: PackageParams) -> PackageResult:
         art = artifacts[target]
         source = Path(out_dir) / "merged" if adapter_dir else Path(hf_dir)  # what the GGUF was converted from
         sources = ReleaseSources(hf_sha256=model_tasks.checkpoint_sha256(source), adapter_dir=adapter_dir,
-                                 checkpoint_dir=source if params.publish_checkpoint else None)
+                                 checkpoint_dir=source if params.publish_checkpoint else None,  # the projector too:
+                                 mmproj_path=artifacts[MMPROJ_KEY].path if MMPROJ_KEY in artifacts else None)
         record = publish_tasks.publish_gguf(params.publish, art.path, art.sha256, art.type, params.model_name,
                                             sources, art.tensor_types, str(flow_run.get_id() or ""))
         return PackageResult(artifacts=artifacts, published=record)
@@ -380,6 +383,8 @@ class PublishParams(StageParams):
         model_name: the model's name in a local store.
         include_checkpoint: publish ``hf_dir`` itself too (under ``checkpoint/``, every file
             sha256-verified like the GGUF): the release then holds the weights the GGUF came from.
+        mmproj_path: the vision projector GGUF a multimodal model's GGUF serves with (the package stage's
+            ``mmproj-f16.gguf``): published beside it, its sha256 in the release JSON; None: text-only.
     """
 
     gguf_path: Path = Field(description="the GGUF file to publish")
@@ -391,6 +396,8 @@ class PublishParams(StageParams):
     model_name: ModelName = Field("forgeflow", description="the model's name in a local store (one path component)")
     include_checkpoint: bool = Field(False, description="publish hf_dir too (under checkpoint/, every file "
                                                         "sha256-verified)")
+    mmproj_path: Path | None = Field(None, description="the vision projector GGUF the model serves with "
+                                                       "(published beside the GGUF); None: a text-only model")
 
 
 @flow(name="publish", log_prints=True)
@@ -429,7 +436,8 @@ def publish(params: PublishParams) -> PublishRecord:
                           Path(params.gguf_path).name, params.hf_dir, check.file_type, check.block_count,
                           check.vocab_size)
     sources = ReleaseSources(hf_sha256=inputs.hf_sha256, adapter_dir=params.adapter_dir,
-                             checkpoint_dir=Path(params.hf_dir) if params.include_checkpoint else None)
+                             checkpoint_dir=Path(params.hf_dir) if params.include_checkpoint else None,
+                             mmproj_path=params.mmproj_path)
     return publish_tasks.publish_gguf(params.store, params.gguf_path, inputs.gguf_sha256, check.file_type,
                                       params.model_name, sources, None, str(flow_run.get_id() or ""))
 
@@ -445,6 +453,8 @@ class ServeParams(StageParams):
             the store records for it.
         serving_block: a ``forgeflow-serving`` block (:class:`blocks.core.ServingBackend`); None:
             llama-cpp-python with a 4,096-token context.
+        mmproj_path: the vision projector to serve the GGUF with, in place of the block's ``mmproj`` (the
+            package stage's ``mmproj`` artifact of a multimodal model; needs a ``llama-server`` block).
     """
 
     gguf_path: Path = Field(description="the GGUF to serve (external endpoint: the model file it serves)")
@@ -456,6 +466,18 @@ class ServeParams(StageParams):
                                                   "from; None: the one the store records")
     serving_block: str | None = Field(None, description="a forgeflow-serving block name; None: llama-cpp-python, "
                                                         "4,096-token context")
+    mmproj_path: Path | None = Field(None, description="the vision projector GGUF served with it (replaces the "
+                                                       "block's mmproj; llama-server blocks only)")
+
+
+def with_projector(backend: BackendConfig, mmproj_path: Path | None) -> BackendConfig:
+    """``backend`` with its ``mmproj`` replaced by ``mmproj_path``, or ``backend`` when that is None (text-only).
+
+    Raises:
+        InputError: ``backend`` cannot take a projector (not ``kind="llama-server"``; the reason named).
+    """
+    return backend if mmproj_path is None else backend_config(
+        {**backend.model_dump(), "mmproj": Path(mmproj_path)}, f"the serving block with the projector {mmproj_path}")
 
 
 @flow(name="serve", log_prints=True)
@@ -512,7 +534,8 @@ def serve(params: ServeParams) -> serving_tasks.SwapOutcome:
     """
     gguf_path = params.gguf_path
     gguf_sha256 = serving_tasks.model_file_sha256(gguf_path)  # refuses a missing file
-    backend = serving_tasks.serving_backend(params.serving_block, params.ports, ports_field="params.ports")
+    backend = with_projector(serving_tasks.serving_backend(params.serving_block, params.ports,
+                                                           ports_field="params.ports"), params.mmproj_path)
     check = serving_tasks.check_serving_gguf(gguf_path, gguf_sha256, params.hf_dir,
                                              external=backend.kind == "external")
     serving_tasks.preflight_serving(backend, check.context_length if check is not None else None)
@@ -532,7 +555,8 @@ class BaseModelParams(StageParams):
 
     Attributes:
         source: where the checkpoint is (:class:`forgeflow.packaging.checkpoint.BaseModelSource`: a local
-            folder, or a Hub repository at a revision; the tiny model is the lifecycle's own default, not a
+            folder, a Hub repository at a revision, or ``tiny-vl``: the tiny Qwen3.5-shaped multimodal model
+            with its vision tower, built here; the tiny text model is the lifecycle's own default, not a
             source for this flow).
         hub_dir: where Hub snapshots go; None: ``$FORGEFLOW_HOME/models/hub``.
     """
@@ -544,7 +568,8 @@ class BaseModelParams(StageParams):
 
 @flow(name="base-model", log_prints=True)
 def base_model(params: BaseModelParams) -> CheckpointRecord:
-    """Check the team's base checkpoint and record it in the store as a ``base`` artifact.
+    """Check the team's base checkpoint (a text causal LM, or an image-text-to-text one with its vision tower)
+    and record it in the store as a ``base`` artifact.
 
     ``params.source`` is a local folder (used in place) or an HF Hub repository at a revision (fetched with
     ``huggingface_hub.snapshot_download`` at the commit the revision resolves to now, token from
@@ -553,10 +578,10 @@ def base_model(params: BaseModelParams) -> CheckpointRecord:
     lifecycle's ``base_model`` take; ``forgeflow lineage <sha256>`` shows it as a root.
 
     Args:
-        params: the base model's source (tiny, a local folder or a Hub repository at a revision).
+        params: the base model's source (tiny-vl, a local folder or a Hub repository at a revision).
 
     Raises:
-        InputError: no source given (the tiny model), the folder is not an HF checkpoint (each
+        InputError: no source given (the tiny text model), the folder is not an HF checkpoint (each
             missing piece named), the repository/revision does not exist or the token is refused,
             the Secret block is missing.
         TransientInfraError: the Hub did not answer after retries.

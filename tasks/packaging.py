@@ -417,19 +417,21 @@ def publish_gguf(store_block: str, gguf_path: Path, gguf_sha256: str, quantizati
     metadata_path = metadata_path_for(gguf_path)
     adapter_dir, checkpoint_dir = sources.adapter_dir, sources.checkpoint_dir
     write_release_metadata(gguf_path, gguf_sha256, quantization, sources.hf_sha256, metadata_path,
-                           adapter_dir=adapter_dir, tensor_types=tensor_types, run_id=run_id)
+                           adapter_dir=adapter_dir, tensor_types=tensor_types, run_id=run_id,
+                           mmproj_path=sources.mmproj_path)
     if store.kind == "local":
         logger.info("publishing %s (sha256 %s) to local store %s as %r", Path(gguf_path).name,
                     gguf_sha256[:12], store.path, name)
         record = publishing.publish_local(gguf_path, metadata_path, store.path, name, adapter_dir=adapter_dir,
-                                          checkpoint_dir=checkpoint_dir)
+                                          checkpoint_dir=checkpoint_dir, mmproj_path=sources.mmproj_path)
     else:
         logger.info("publishing %s (sha256 %s) to %s/%s@%s (token from Secret block %r)", Path(gguf_path).name,
                     gguf_sha256[:12], store.endpoint, store.repo_id, store.revision, store.token_secret)
         hub = publishing.HubTarget(repo_id=store.repo_id, endpoint=store.endpoint, revision=store.revision,
                                    private=store.private, transfer=store.transfer)
         record = publishing.publish_hub(gguf_path, metadata_path, hub, token=store.hub_token(),
-                                        adapter_dir=adapter_dir, checkpoint_dir=checkpoint_dir)
+                                        adapter_dir=adapter_dir, checkpoint_dir=checkpoint_dir,
+                                        mmproj_path=sources.mmproj_path)
     logger.info("published to %s at revision %s (parent %s); sha256 and size verified", record.location,
                 record.revision, record.parent_revision)
     table_artifact("publish", [

@@ -13,7 +13,7 @@ from deployments.cli.app import app, console, fail, freeze_app, prepare_env, rea
 from forgeflow.ledger.store import Store
 
 
-@freeze_app.command("verify")
+@freeze_app.command("verify", short_help="Recompute a freeze's three digests and check its bundle loads.")
 def freeze_verify(name: str, freezes_dir: Optional[Path] = typer.Option(
         None, help="the folder holding NAME.json and its bundle; default the folder of the manifest the store "
         "recorded (the freeze flow's $FORGEFLOW_HOME/freezes, the demo's $FORGEFLOW_HOME/demo/freezes), else "
@@ -72,7 +72,7 @@ def unknown_job(store: "Store", job: str) -> str:
     return store.unknown_job_message(job)
 
 
-@app.command()
+@app.command(short_help="A job's trials (reward or exception, flags), a page at a time; no --job: the jobs.")
 def trials(job: Optional[str] = typer.Option(None, help="job id (omit to list the jobs in the store)"),
            merged: bool = typer.Option(False, "--merged", help="the job merged with its recovery jobs: prints "
                                        "{view, job_id, recovery_job_ids, trials} (the view says "
@@ -157,7 +157,7 @@ def trials(job: Optional[str] = typer.Option(None, help="job id (omit to list th
         console.print(more, highlight=False, soft_wrap=True)
 
 
-@app.command()
+@app.command(short_help="Paired comparison of two jobs on one frozen split and the promotion verdict.")
 def compare(job_a: str, job_b: str,
             no_recovery: bool = typer.Option(False, "--no-recovery", help="compare the jobs alone, without "
                                              "merging their recovery jobs"),
@@ -204,7 +204,7 @@ def compare(job_a: str, job_b: str,
     print(result.markdown)
 
 
-@app.command()
+@app.command(short_help="Chains from the base model to an artifact, the runs that made them, who served it.")
 def lineage(artifact_sha256: str, as_json: bool = typer.Option(False, "--json", help="print JSON: {artifact_sha256, "
                                      "chain (the newest), chains (one per distinct set of producing parents), "
                                      "serving_generations, warnings}"),
@@ -212,7 +212,10 @@ def lineage(artifact_sha256: str, as_json: bool = typer.Option(False, "--json", 
                                         "when it is gone or now holds other content")) -> None:
     """Every chain from the base model to ARTIFACT_SHA256 (a GGUF, adapter or model: base -> adapter ->
     merged -> GGUF), the runs that recorded each step, and the serving generations that served it,
-    from the store. An artifact made by several producers shows one chain each, newest first."""
+    from the store. An artifact made by several producers shows one chain each, newest first.
+
+    A GGUF packaged from an image-text-to-text checkpoint shows its vision projector (mmproj) on the
+    line below it: the projector's sha256 and path, the file it must be served with."""
     prepare_env(create=False)
     store = read_store()
     from forgeflow.common.errors import InputError  # noqa: PLC0415
@@ -238,13 +241,16 @@ def lineage(artifact_sha256: str, as_json: bool = typer.Option(False, "--json", 
                 how = "/".join(str(trained[k]) for k in ("algorithm", "device", "dtype") if trained.get(k))
                 console.print(f"{'':>17}dataset {trained['dataset_sha256'][:16]}  ({how})", highlight=False,
                               soft_wrap=True)
+            if trained.get("mmproj_sha256"):  # a GGUF packaged with a vision projector: served beside it
+                console.print(f"{'':>17}projector {trained['mmproj_sha256'][:16]}  {trained.get('mmproj_path', '')}",
+                              highlight=False, soft_wrap=True)
     for g in report.serving_generations:
         console.print(f"  served as generation {g.generation} on port {g.port} ({g.status})")
     for warning in report.warnings:
         console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False, soft_wrap=True)
 
 
-@app.command()
+@app.command(short_help="The last lifecycle run, store counts, latest freeze, serving endpoint and service.")
 def status(as_json: bool = typer.Option(False, "--json", help="print one JSON object instead of text: "
                                          "{schema_version, home, store, counts, last_lifecycle, last_freeze, "
                                          "serving, service} (the last four null when there is none)")) -> None:

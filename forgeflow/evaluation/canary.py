@@ -24,13 +24,14 @@ numbers, not measured capacities.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow.common.errors import InputError, PreflightError
 from forgeflow.curation.freeze import FreezeManifest, stable_key, verify_freeze
-from forgeflow.evaluation import compare
+from forgeflow.evaluation import chat_images, compare
 from forgeflow.evaluation.agent import AgentTask, problem_statement_for
 from forgeflow.ledger import records
 from forgeflow.ledger import store as ledger
@@ -88,18 +89,32 @@ class CanaryTask(AgentTask):
         repo: Its repository (project name).
         image_digest: The image's digest (``sha256:<hex>``); part of the trial's cache key.
         fail_to_pass: Tests the fix must make pass (>= 1: a canary task is a validated task).
+        images: The task row's images (screenshots of the problem; file paths or ``data:`` URIs), sent to a
+            multimodal model with the first user turn (:meth:`image_refs`); not dumped while empty, so a
+            text task's dump (its trials' cache key) is what it was.
     """
 
     repo: str = Field(min_length=1)
     image_digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
     fail_to_pass: list[str] = Field(min_length=1)
+    images: list[str] = Field(default_factory=list, exclude_if=lambda v: not v,
+                              description="The task row's images: file paths or data: URIs.")
+
+    def image_refs(self, store_dir: Path) -> list[chat_images.ImageRef]:
+        """The task's images by digest (:func:`forgeflow.evaluation.chat_images.image_ref`; a data URI's
+        bytes written once under ``store_dir``), for :func:`forgeflow.evaluation.chat_images.with_images`.
+
+        Raises:
+            InputError: an image is missing or not a PNG, JPEG, GIF or WebP image.
+        """
+        return [chat_images.image_ref(source, store_dir) for source in self.images]
 
     @classmethod
     def from_row(cls, row: Any, image_ref: str, image_digest: str, test_command: str, fail_to_pass: list[str],
                  pass_to_pass: list[str], log_parser: str | None = None, known_tests: list[str] | None = None,
                  pristine_duration_s: float | None = None) -> CanaryTask:
         """The task of a task row (anything with ``instance_id``, ``repo``, ``patch`` and optionally
-        ``problem_statement``: a candidate row, a generated row, a lifecycle candidate), with the task's
+        ``problem_statement`` and ``images``: a candidate row, a generated row, a lifecycle candidate), with the task's
         known tests and pristine duration (seconds) where its validation recorded them (None: not recorded).
 
         The problem statement is the row's own when it has one, else one written from the patch and
@@ -113,7 +128,7 @@ class CanaryTask(AgentTask):
         return cls(instance_id=row.instance_id, repo=row.repo, image_ref=image_ref, image_digest=image_digest,
                    problem_statement=statement, test_command=test_command, fail_to_pass=fail_to_pass,
                    pass_to_pass=pass_to_pass, log_parser=log_parser, known_tests=known_tests or None,
-                   pristine_duration_s=pristine_duration_s)
+                   pristine_duration_s=pristine_duration_s, images=list(getattr(row, "images", None) or []))
 
 
 def frozen_split(store: ledger.Store, freeze_name: str, split: str) -> tuple[FreezeManifest, list[str]]:

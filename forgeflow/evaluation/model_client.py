@@ -50,6 +50,7 @@ from forgeflow.common.errors import (
     ModelRequestError,
 )
 from forgeflow.common.fsutil import atomic_write_json, sha256_json
+from forgeflow.evaluation.chat_images import api_content
 from forgeflow.evaluation.circuit import CircuitBreaker
 
 CACHE_SCHEMA_VERSION = 1
@@ -80,7 +81,9 @@ class ChatRequest(BaseModel):
     Attributes:
         model: The model name the endpoint serves (an alias; the cache keys on the digest instead).
         messages: Chat messages ``[{"role", "content", ...}]``; only role, content, name,
-            tool_calls and tool_call_id are sent (and keyed).
+            tool_calls and tool_call_id are sent (and keyed). A message's ``images`` (image refs by
+            digest, :func:`forgeflow.evaluation.chat_images.with_images`) are sent inline as OpenAI
+            ``image_url`` content parts after its text (:func:`~forgeflow.evaluation.chat_images.api_content`).
         temperature: Sampling temperature in [0, 2]; 0 is greedy (and drops the epoch from the key).
         top_p: Nucleus sampling mass in (0, 1].
         max_tokens: Completion token limit (None: the server's default).
@@ -121,10 +124,12 @@ class ChatRequest(BaseModel):
         return self
 
     def api_body(self) -> dict[str, Any]:
-        """The JSON body sent to ``/chat/completions`` (without ``stream``); None params omitted."""
+        """The JSON body sent to ``/chat/completions`` (without ``stream``); None params omitted; a message's
+        images inline (raises DigestMismatchError when an image file no longer has its digest)."""
         body: dict[str, Any] = {
             "model": self.model,
-            "messages": [{k: m[k] for k in _MESSAGE_KEYS if k in m} for m in self.messages],
+            "messages": [{k: api_content(m) if k == "content" else m[k] for k in _MESSAGE_KEYS
+                          if k in m or (k == "content" and m.get("images"))} for m in self.messages],
         }
         for name in _NAMED_PARAMS:
             value = getattr(self, name)

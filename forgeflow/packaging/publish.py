@@ -91,10 +91,10 @@ class PublishedFile(BaseModel):
         path_in_store: Name of the file inside the store folder / repository.
         sha256: Hex sha256 of its bytes (64 characters).
         size_bytes: Its size.
-        role: ``gguf`` (the model), ``metadata`` (the lineage/metadata JSON), ``adapter`` (a
-            file of the LoRA adapter merged into the GGUF, under ``adapter/``) or ``checkpoint`` (a
-            file of the HF checkpoint the GGUF was converted from, under ``checkpoint/``): what
-            the lineage names is kept beside it.
+        role: ``gguf`` (the model), ``metadata`` (the lineage/metadata JSON), ``mmproj`` (the vision
+            projector GGUF a multimodal model is served with), ``adapter`` (a file of the LoRA adapter
+            merged into the GGUF, under ``adapter/``) or ``checkpoint`` (a file of the HF checkpoint the
+            GGUF was converted from, under ``checkpoint/``): what the lineage names is kept beside it.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -102,7 +102,7 @@ class PublishedFile(BaseModel):
     path_in_store: str = Field(min_length=1)
     sha256: str = Field(min_length=64, max_length=64)
     size_bytes: int = Field(ge=0)
-    role: Literal["gguf", "metadata", "adapter", "checkpoint"]
+    role: Literal["gguf", "metadata", "mmproj", "adapter", "checkpoint"]
 
 
 class PublishRecord(BaseModel):
@@ -179,10 +179,17 @@ def _folder_files(folder: Path, role: str) -> list[tuple[Path, str]]:
 
 
 def _check_artifact(gguf_path: Path, metadata_path: Path, adapter_dir: Path | None = None,
-                    checkpoint_dir: Path | None = None) -> list[tuple[Path, PublishedFile]]:
+                    checkpoint_dir: Path | None = None,
+                    mmproj_path: Path | None = None) -> list[tuple[Path, PublishedFile]]:
     """Preflight: the GGUF header reads, the metadata is a JSON object, the names differ; the files
     of ``adapter_dir`` and ``checkpoint_dir`` (:func:`_folder_files`) join the release under
-    ``adapter/`` and ``checkpoint/``."""
+    ``adapter/`` and ``checkpoint/``; the projector ``mmproj_path`` (a GGUF) joins it under its own
+    name, and must be the one the metadata names (``mmproj_sha256``) when it names one.
+
+    Raises:
+        InputError: as :func:`publish_local` says; the metadata names a projector and ``mmproj_path``
+            is None or has another sha256.
+    """
     from forgeflow.packaging.gguf_reader import read_header_index
 
     gguf_path, metadata_path = Path(gguf_path), Path(metadata_path)
@@ -195,19 +202,26 @@ def _check_artifact(gguf_path: Path, metadata_path: Path, adapter_dir: Path | No
         raise InputError(f"metadata_path {metadata_path} is not JSON: {exc}") from exc
     if not isinstance(metadata, dict):
         raise InputError(f"metadata_path {metadata_path} holds {type(metadata).__name__}, not a JSON object")
-    if gguf_path.name == metadata_path.name or RECORD_FILE in (gguf_path.name, metadata_path.name):
-        raise InputError(
-            f"file names must differ from each other and from {RECORD_FILE!r}: "
-            f"{gguf_path.name!r}, {metadata_path.name!r}"
-        )
     named = [(gguf_path, gguf_path.name, "gguf"), (metadata_path, metadata_path.name, "metadata")]
+    want = metadata.get("mmproj_sha256")
+    if want and mmproj_path is None:
+        raise InputError(f"{metadata_path} says {gguf_path.name} serves with the vision projector sha256 {want}: "
+                         "give mmproj_path, the projector is published beside the GGUF")
+    if mmproj_path is not None:
+        read_header_index(Path(mmproj_path))  # GGUFError: the projector is not a GGUF
+        named.append((Path(mmproj_path), Path(mmproj_path).name, "mmproj"))
+    names = [in_store for _, in_store, _ in named]
+    if len(set(names)) < len(names) or RECORD_FILE in names:
+        raise InputError(f"file names must differ from each other and from {RECORD_FILE!r}: {names}")
     for role, folder in zip(FOLDER_ROLES, (adapter_dir, checkpoint_dir)):
         named += [(p, in_store, role) for p, in_store in (_folder_files(folder, role) if folder else [])]
-    return [
-        (path, PublishedFile(path_in_store=in_store, sha256=sha256_file(path), size_bytes=path.stat().st_size,
-                             role=role))  # type: ignore[arg-type]
-        for path, in_store, role in named
-    ]
+    pairs = [(path, PublishedFile(path_in_store=in_store, sha256=sha256_file(path), size_bytes=path.stat().st_size,
+                                  role=role)) for path, in_store, role in named]  # type: ignore[arg-type]
+    found = next((f.sha256 for _, f in pairs if f.role == "mmproj"), None)
+    if want and found != want:
+        raise InputError(f"mmproj_path {mmproj_path} has sha256 {found}, not the projector {want} that "
+                         f"{metadata_path} names")
+    return pairs
 
 
 def local_revision(files: list[PublishedFile]) -> str:
@@ -281,11 +295,12 @@ def check_model_name(name: str) -> str:
     return name
 
 def publish_local(gguf_path: Path, metadata_path: Path, store_root: Path, name: str,
-                  adapter_dir: Path | None = None, checkpoint_dir: Path | None = None) -> PublishRecord:
+                  adapter_dir: Path | None = None, checkpoint_dir: Path | None = None,
+                  mmproj_path: Path | None = None) -> PublishRecord:
     """Publish a GGUF and its metadata JSON (and the adapter merged into it, the checkpoint it was
     converted from) into a local store folder (atomic, idempotent).
 
-    Layout: ``<store_root>/<name>/<revision>/{<gguf name>, <metadata name>, [adapter/...,]
+    Layout: ``<store_root>/<name>/<revision>/{<gguf name>, <metadata name>, [<mmproj name>,] [adapter/...,]
     [checkpoint/...,] publish.json}`` with
     ``revision`` = :func:`local_revision` of the files. The files are copied (fsynced) into a
     temporary sibling folder, each copy's sha256 is compared with the source's (a source that
@@ -302,20 +317,22 @@ def publish_local(gguf_path: Path, metadata_path: Path, store_root: Path, name: 
             ``adapter/``, each sha256-verified like the GGUF), or None.
         checkpoint_dir: The HF checkpoint folder the GGUF was converted from (the merged one when an
             adapter was merged; under ``checkpoint/``), or None.
+        mmproj_path: The vision projector GGUF the model is served with (role ``mmproj``), or None;
+            required when the metadata names one (``mmproj_sha256``), and then that file.
 
     Returns:
         The :class:`PublishRecord` (``backend="local"``, ``location`` = the final folder).
 
     Raises:
         InputError: ``name`` is not one safe path component, the metadata is not a JSON object,
-            the two files share a name, or ``adapter_dir`` / ``checkpoint_dir`` is not a folder
-            with files.
-        GGUFError: ``gguf_path`` is missing or not a GGUF file.
+            the files share a name, ``adapter_dir`` / ``checkpoint_dir`` is not a folder
+            with files, or the projector the metadata names is not ``mmproj_path``.
+        GGUFError: ``gguf_path`` or ``mmproj_path`` is missing or not a GGUF file.
         PublishDigestMismatchError: a copy differs from its source, or an existing folder of the
             same revision holds different bytes (corruption).
     """
     check_model_name(name)
-    pairs = _check_artifact(gguf_path, metadata_path, adapter_dir, checkpoint_dir)
+    pairs = _check_artifact(gguf_path, metadata_path, adapter_dir, checkpoint_dir, mmproj_path)
     files = [f for _, f in pairs]
     revision = local_revision(files)
     parent = Path(store_root) / name
@@ -424,6 +441,7 @@ def publish_hub(
     commit_message: str | None = None,
     adapter_dir: Path | None = None,
     checkpoint_dir: Path | None = None,
+    mmproj_path: Path | None = None,
 ) -> PublishRecord:
     """Publish a GGUF and its metadata JSON to an HF Hub model repository, then verify them.
 
@@ -449,6 +467,8 @@ def publish_hub(
             ``adapter/`` in the same commit and verified like the GGUF; or None.
         checkpoint_dir: The HF checkpoint folder the GGUF was converted from, likewise under
             ``checkpoint/``; or None.
+        mmproj_path: The vision projector GGUF, committed beside the GGUF under its own name and
+            verified like it (required when the metadata names one, and then that file); or None.
 
     Returns:
         The :class:`PublishRecord` (``backend="hf_hub"``, ``revision`` = the new commit oid,
@@ -456,8 +476,8 @@ def publish_hub(
 
     Raises:
         InputError: ``hub.repo_id`` is not ``namespace/name``, ``hub.transfer`` is unknown (a
-            target built without validation), the metadata is not a JSON object, or
-            ``parent_commit`` is not 40 hex digits.
+            target built without validation), the metadata is not a JSON object, the projector it
+            names is not ``mmproj_path``, or ``parent_commit`` is not 40 hex digits.
         GGUFError: ``gguf_path`` is missing or not a GGUF file.
         StaleParentCommitError: the branch does not point at ``parent_commit`` (checked before
             uploading), or moved during the upload (the Hub's HTTP 412 on the commit).
@@ -479,7 +499,7 @@ def publish_hub(
         len(parent_commit) != 40 or any(c not in "0123456789abcdef" for c in parent_commit)
     ):
         raise InputError(f"parent_commit {parent_commit!r} is not a 40-hex commit id")
-    pairs = _check_artifact(gguf_path, metadata_path, adapter_dir, checkpoint_dir)
+    pairs = _check_artifact(gguf_path, metadata_path, adapter_dir, checkpoint_dir, mmproj_path)
     files = [f for _, f in pairs]
     secret = _token_value(token)
     scrub = _Scrubber(secret)

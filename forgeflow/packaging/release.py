@@ -5,6 +5,8 @@ A release is the pair a model store receives (:mod:`forgeflow.packaging.publish`
 checkpoint it was converted from (``sha256_tree`` of the HF folder), the adapter merged into it with
 that adapter's own lineage (base model, parent adapter, dataset, hyper-parameters, training run),
 and the run that packaged it, so ``sha256(GGUF)`` leads back to the base model through the chain.
+A multimodal model's GGUF serves only with its vision projector: the JSON names the projector's file
+and sha256 (``mmproj_file``, ``mmproj_sha256``) and the release carries it (role ``mmproj``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ class ReleaseSources(BaseModel):
             JSON and its files into the release (``adapter/``).
         checkpoint_dir: that checkpoint folder (the one ``hf_sha256`` was computed from), when the
             release carries it too (``checkpoint/``, each file sha256-verified on publish), else None.
+        mmproj_path: the vision projector GGUF the model is served with (a package run of an
+            image-text-to-text checkpoint writes it: its ``mmproj`` artifact), else None (text-only).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -38,6 +42,7 @@ class ReleaseSources(BaseModel):
     hf_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     adapter_dir: Path | None = None
     checkpoint_dir: Path | None = None
+    mmproj_path: Path | None = None
 
 
 class ReleaseMetadata(BaseModel):
@@ -54,6 +59,8 @@ class ReleaseMetadata(BaseModel):
             checkpoint when an adapter was merged; the adapter's lineage names the base model).
         adapter_sha256: ``adapter_sha256`` of the merged LoRA adapter, or None (base model only).
         adapter_lineage: the adapter's ``lineage.json`` record (see :class:`forgeflow.training.burst.Lineage`).
+        mmproj_file: file name of the vision projector GGUF served with it, or None (text-only).
+        mmproj_sha256: hex sha256 of that projector's bytes, or None.
         run_id: the Prefect flow run that packaged/published it ("" outside a run).
         created_at: UTC time this metadata was written.
     """
@@ -69,6 +76,8 @@ class ReleaseMetadata(BaseModel):
     hf_sha256: str = Field(min_length=64, max_length=64)
     adapter_sha256: str | None = None
     adapter_lineage: dict[str, Any] | None = None
+    mmproj_file: str | None = None
+    mmproj_sha256: str | None = Field(None, min_length=64, max_length=64)
     run_id: str = ""
     created_at: datetime
 
@@ -76,6 +85,7 @@ class ReleaseMetadata(BaseModel):
 def write_release_metadata(
     gguf_path: Path, gguf_sha256: str, quantization: str, hf_sha256: str, out_path: Path, *,
     adapter_dir: Path | None = None, tensor_types: dict[str, str] | None = None, run_id: str = "",
+    mmproj_path: Path | None = None,
 ) -> ReleaseMetadata:
     """Write the release metadata JSON of a packaged GGUF (atomically) and return it.
 
@@ -91,13 +101,14 @@ def write_release_metadata(
         adapter_dir: the merged adapter folder (its ``lineage.json`` is read and re-digested).
         tensor_types: per-tensor overrides of a mixed quantization.
         run_id: the Prefect run id.
+        mmproj_path: the vision projector GGUF served with it (its name and sha256 are recorded), or None.
 
     Returns:
         The :class:`ReleaseMetadata` written.
 
     Raises:
-        GGUFError / InputError: the GGUF or adapter is missing; the adapter's ``lineage.json`` is
-            missing or does not match its files.
+        GGUFError / InputError: the GGUF, projector or adapter is missing (or not a GGUF); the adapter's
+            ``lineage.json`` is missing or does not match its files.
         DigestMismatchError: the GGUF's bytes no longer have ``gguf_sha256`` (both digests named).
     """
     from forgeflow.packaging.gguf_reader import read_header_index
@@ -116,10 +127,14 @@ def write_release_metadata(
             raise InputError(f"adapter_dir {adapter_dir} is not a folder")
         record = read_adapter_record(Path(adapter_dir))
         adapter_sha, adapter_lineage = record.sha256, record.lineage.model_dump(mode="json")
+    if mmproj_path is not None:
+        read_header_index(Path(mmproj_path))  # GGUFError: missing or not a GGUF
     metadata = ReleaseMetadata(
         gguf_file=gguf_path.name, gguf_sha256=found, gguf_size_bytes=gguf_path.stat().st_size,
         quantization=quantization, tensor_types=tensor_types, hf_sha256=hf_sha256,
         adapter_sha256=adapter_sha, adapter_lineage=adapter_lineage, run_id=run_id,
+        mmproj_file=Path(mmproj_path).name if mmproj_path else None,
+        mmproj_sha256=sha256_file(mmproj_path) if mmproj_path else None,
         created_at=datetime.now(timezone.utc),
     )
     atomic_write_text(out_path, metadata.model_dump_json(indent=2) + "\n")
