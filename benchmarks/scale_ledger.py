@@ -19,8 +19,9 @@ human line per measurement and, as the LAST line, one JSON object::
 * record paths: trials/s as the flows record them: the curate batch write
   (:meth:`~forgeflow.ledger.store.Store.record_batch_results`, a batch of 100 candidates' 300 trials), the
   curate per-trial sink (a trial as it ends, :meth:`~forgeflow.ledger.store.Store.record_trial`) and the
-  canary's per-trial write (:func:`tasks.evaluation.record_agent_trial`: the trial and its supervision event
-  in one transaction), each on a warm store of this process.
+  canary's write (:func:`tasks.evaluation.record_agent_trial`: the trial and its supervision event together,
+  returning once committed) from one thread, and from :data:`CANARY_THREADS` threads at once (a canary at that
+  concurrency: trials that end together share transactions), each on a warm store of this process.
 
 Goals (issue 34): every read <= 2 s and <= 500 MB at a million trials; >= 5,000 trials/s batched.
 """
@@ -203,15 +204,56 @@ def record_paths(tmp: Path) -> dict[str, Any]:
     for record in singles:
         store.record_trial(record)
     out["curate_per_trial"] = {"trials_per_s": round(len(singles) / (time.perf_counter() - started))}
-    results = [TrialResult(trial_id=f"canary-path.{k}", instance_id=task_id(k), kind="agent", reward=1.0,
-                           started_at=START, env_setup_s=0.4, agent_s=60.0, verifier_s=2.0, agent_steps=25,
-                           input_tokens=40_000, output_tokens=900, submission=SUBMISSION) for k in range(300)]
+    def canary_results(prefix: str, count: int) -> list[Any]:
+        return [TrialResult(trial_id=f"{prefix}.{k}", instance_id=task_id(k), kind="agent", reward=1.0,
+                            started_at=START, env_setup_s=0.4, agent_s=60.0, verifier_s=2.0, agent_steps=25,
+                            input_tokens=40_000, output_tokens=900, submission=SUBMISSION) for k in range(count)]
+
+    results = canary_results("canary-path", 300)
     started = time.perf_counter()
     for result in results:
         record_agent_trial(url, result, "canary-path", "c" * 64, "run-1")
     out["canary_per_trial"] = {"trials_per_s": round(len(results) / (time.perf_counter() - started))}
+    for threads in CANARY_THREADS:
+        out[f"canary_concurrency_{threads}"] = _canary_threads(url, canary_results(f"canary-c{threads}", 3000),
+                                                               threads)
     store.dispose()
     return out
+
+
+CANARY_THREADS = (8, 32)
+"""The canary concurrencies the batched record path is measured at (threads recording as their trials end)."""
+
+
+def _canary_threads(url: str, results: list[Any], threads: int) -> dict[str, Any]:
+    """Trials/s of :func:`tasks.evaluation.record_agent_trial` called by ``threads`` threads at once, each
+    recording its share of ``results`` one after another (a canary at that concurrency whose trials end
+    together: they share transactions, :func:`tasks.common.shared_trial_writer`), and the mean trials per
+    transaction."""
+    import threading  # noqa: PLC0415
+
+    from tasks.common import shared_trial_writer  # noqa: PLC0415
+    from tasks.evaluation import record_agent_trial  # noqa: PLC0415
+
+    writer = shared_trial_writer(url)
+    writes, items = writer.writes, writer.items_written
+    gate = threading.Barrier(threads + 1)
+
+    def record(share: list[Any]) -> None:
+        gate.wait()
+        for result in share:
+            record_agent_trial(url, result, "canary-path", "c" * 64, "run-1")
+
+    workers = [threading.Thread(target=record, args=(results[n::threads],)) for n in range(threads)]
+    for worker in workers:
+        worker.start()
+    gate.wait()
+    started = time.perf_counter()
+    for worker in workers:
+        worker.join()
+    wall_s = time.perf_counter() - started
+    return {"trials_per_s": round(len(results) / wall_s),
+            "trials_per_transaction": round((writer.items_written - items) / max(1, writer.writes - writes), 1)}
 
 
 def bench_ledger(trials: int, tasks: int, jobs: int, store_path: Path | None) -> dict[str, Any]:
@@ -246,8 +288,9 @@ def bench_ledger(trials: int, tasks: int, jobs: int, store_path: Path | None) ->
                        "reads": reads, "record_paths": paths},
             "goals": {"read_s_max": worst_s, "read_s_ok": worst_s <= GOAL_READ_S, "peak_rss_mb_max": worst_mb,
                       "peak_rss_ok": worst_mb <= GOAL_READ_MB,
-                      "batched_trials_per_s_ok": min(filled["trials_per_s"],
-                                                     paths["curate_batch"]["trials_per_s"]) >= GOAL_TRIALS_PER_S}}
+                      "batched_trials_per_s_ok": min(filled["trials_per_s"], paths["curate_batch"]["trials_per_s"],
+                                                     paths[f"canary_concurrency_{CANARY_THREADS[0]}"]["trials_per_s"])
+                      >= GOAL_TRIALS_PER_S}}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -117,7 +117,8 @@ def run_canary_job(log: StageLog, stage: str, run: CanaryJobRun) -> tuple[list, 
     :func:`tasks.common.record_rows`), then runs :func:`tasks.evaluation.agent_trial` in a sliding window of
     ``run.concurrency`` (:meth:`flows.stagekit.StageLog.window`: the next trial starts when any one
     ends); each trial is recorded once, by its own task as it ends (:func:`tasks.evaluation.record_agent_trial`:
-    the trial row and any supervision event in one transaction, upsert by trial id; no task run per row),
+    the trial row with its supervision event, upserted by trial id, in a transaction it may share with trials
+    that ended at the same moment: :mod:`forgeflow.ledger.group_commit`; no task run per row),
     publishes the table artifact ``stage`` with dashes
     and fills the stage's counts (requested, scored, reward_1, exceptions) and digests (model). With
     ``run.agent_config.verifier_ray`` the trials run on that Ray cluster and this process leaves

@@ -10,11 +10,14 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from prefect import Task, get_run_logger, task
@@ -24,6 +27,8 @@ from prefect.client.schemas.objects import State, TaskRun
 
 from forgeflow.common.errors import InputError, is_transient
 from forgeflow.ledger import tables
+from forgeflow.ledger.group_commit import GroupCommit
+from forgeflow.ledger.records import SupervisionEventRecord, TrialRecord
 from forgeflow.ledger.store import Store
 from forgeflow.sandbox.backends import SandboxTarget
 from forgeflow.sandbox.kubernetes_manifests import FLOW_RUN_LABEL
@@ -242,6 +247,17 @@ _SHARED_STORES: dict[tuple[int, str, tuple[int, int] | None], Store] = {}
 _SHARED_LOCK = threading.Lock()
 
 
+@functools.lru_cache(maxsize=64)
+def _sqlite_file(store_url: str) -> Path | None:
+    """The SQLite file ``store_url`` names (None: another database, or an in-memory one); parsed once per URL."""
+    from sqlalchemy.engine import make_url
+
+    url = make_url(store_url)
+    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+        return None
+    return Path(url.database).expanduser()
+
+
 def shared_store(store_url: str) -> Store:
     """This process's :class:`~forgeflow.ledger.store.Store` for ``store_url``, migrated (once per process:
     :meth:`~forgeflow.ledger.store.Store.upgrade`), its engine and pooled connections kept between calls, so a
@@ -253,25 +269,63 @@ def shared_store(store_url: str) -> Store:
     Raises:
         StoreUnavailableError / StoreInvalidError / InputError: as :class:`~forgeflow.ledger.store.Store`.
     """
-    from pathlib import Path
-
-    from sqlalchemy.engine import make_url
-
-    database = make_url(store_url).database
-    file_id = None
-    if make_url(store_url).get_backend_name() == "sqlite" and database not in (None, "", ":memory:"):
-        try:
-            found = Path(database).expanduser().stat()
-            file_id = (found.st_dev, found.st_ino)
-        except FileNotFoundError:
-            file_id = None
-    key = (os.getpid(), store_url, file_id)
+    database = _sqlite_file(store_url)
+    key = (os.getpid(), store_url, _file_id(database))
     with _SHARED_LOCK:
         store = _SHARED_STORES.get(key)
         if store is None:
             for stale in [k for k in _SHARED_STORES if k[:2] == key[:2]]:  # the file was replaced
                 _SHARED_STORES.pop(stale).dispose()
             store = Store(store_url)
+            if database is not None and key[2] is None:  # a new file: the migration makes it, key it by its inode
+                store.upgrade()
+                key = (*key[:2], _file_id(database))
             _SHARED_STORES[key] = store
     store.upgrade()
     return store
+
+
+def _file_id(database: Path | None) -> tuple[int, int] | None:
+    """``(device, inode)`` of the SQLite file ``database`` (None: no file, or not SQLite)."""
+    if database is None:
+        return None
+    try:
+        found = database.stat()
+    except FileNotFoundError:
+        return None
+    return found.st_dev, found.st_ino
+
+
+_TRIAL_WRITERS: dict[tuple[int, str], GroupCommit] = {}
+_TRIAL_WRITERS_LOCK = threading.Lock()
+
+STORE_RECHECK_S = 1.0
+"""How often a trial writer asks :func:`shared_store` again (the file replaced? the store off its head revision?)
+rather than per transaction: that check (a ``stat`` and a read of ``alembic_version``) cost a third of a shared
+transaction of the canary's record path."""
+
+
+def shared_trial_writer(store_url: str) -> GroupCommit:
+    """This process's group commit of trials for the store at ``store_url`` (one per process and URL;
+    :class:`~forgeflow.ledger.group_commit.GroupCommit`): ``record((trial, event))`` (a
+    :class:`~forgeflow.ledger.records.TrialRecord` already checked with
+    :func:`~forgeflow.ledger.records.check_outcome`, and its
+    :class:`~forgeflow.ledger.records.SupervisionEventRecord` or None) returns once they are committed, in ONE
+    :meth:`~forgeflow.ledger.store.Store.record_trials` transaction on :func:`shared_store` (asked again at most
+    every :data:`STORE_RECHECK_S`) with whatever other threads queued meanwhile. Thread-safe; keyed by process id
+    (a lock is never shared across a fork)."""
+    key = (os.getpid(), store_url)
+    with _TRIAL_WRITERS_LOCK:
+        writer = _TRIAL_WRITERS.get(key)
+        if writer is None:
+            held: dict[str, Any] = {"store": None, "checked_at_s": 0.0}  # one write at a time: no race on it
+
+            def write(items: Sequence[tuple[TrialRecord, SupervisionEventRecord | None]]) -> None:
+                now_s = time.monotonic()
+                if held["store"] is None or now_s - held["checked_at_s"] >= STORE_RECHECK_S:
+                    held["store"], held["checked_at_s"] = shared_store(store_url), now_s
+                held["store"].record_trials([row for row, _ in items],
+                                            [event for _, event in items if event is not None])
+
+            writer = _TRIAL_WRITERS[key] = GroupCommit(write)
+        return writer

@@ -34,7 +34,15 @@ from forgeflow.ledger import records
 from forgeflow.ledger import store as ledger
 from forgeflow.sandbox import trial
 from forgeflow.sandbox.dispatch import RayPlacement
-from tasks.common import RESUMABLE, flow_run_id, run_labelled, run_logger, shared_store, task_run_id
+from tasks.common import (
+    RESUMABLE,
+    flow_run_id,
+    run_labelled,
+    run_logger,
+    shared_store,
+    shared_trial_writer,
+    task_run_id,
+)
 
 
 class UnscoredTrialError(Exception):
@@ -113,9 +121,10 @@ def agent_trial(task: CanaryTask, base_url: str, model_alias: str, model_sha256:
 def record_agent_trial(store_url: str | None, record: trial.TrialResult, job_id: str | None,
                        model_sha256: str | None, run_id: str | None, task_run: str | None = None) -> Any:
     """Record an agent trial as it ends: its ``trials`` row and, when the supervisor stopped it, its
-    ``supervision_events`` row, in ONE transaction of the store at ``store_url`` (None:
-    ``settings.store_url()``; this process's :func:`tasks.common.shared_store`: no migration, no new
-    connection per trial). The canary's only write of a trial.
+    ``supervision_events`` row, together, in the store at ``store_url`` (None: ``settings.store_url()``),
+    returning once they are committed (a crash loses no trial a caller returned for). The canary's only write of
+    a trial. Trials that end together share transactions (:func:`tasks.common.shared_trial_writer`: a group
+    commit, whichever caller finds no write under way writes every row queued by then).
 
     Args:
         store_url: the store's SQLAlchemy URL, or None.
@@ -129,13 +138,17 @@ def record_agent_trial(store_url: str | None, record: trial.TrialResult, job_id:
         The supervision event recorded, or None when the supervisor did not stop the run.
 
     Raises:
-        InputError: the store refuses the row (a trial with neither reward nor exception).
+        InputError: the store refuses the row (a trial with neither reward nor exception), before anything is
+            queued.
+        StoreUnavailableError and the store's other errors: the transaction that held the row failed (nothing
+            of it was written).
     """
     from forgeflow.common import settings
 
     event = agent.supervision_event(record, job_id, task_run)
-    store = shared_store(store_url or settings.store_url())
-    store.record_trials([trial_row(record, job_id, model_sha256, run_id)], [event] if event is not None else [])
+    row = trial_row(record, job_id, model_sha256, run_id)
+    records.check_outcome(row)  # one bad row must never fail the other callers' shared transaction
+    shared_trial_writer(store_url or settings.store_url()).record((row, event))
     if event is not None:
         run_logger().warning("supervisor stopped %s: %s (%s)", record.instance_id, event.kind, record.exception_message)
     return event
@@ -154,9 +167,11 @@ def record_supervision(record: trial.TrialResult, job_id: str | None, run_id: st
 
 
 def _store() -> ledger.Store:
-    store = ledger.Store()
-    store.upgrade()
-    return store
+    """This process's store at ``settings.store_url()`` (:func:`tasks.common.shared_store`: migrated once, its
+    engine kept; never disposed by a task)."""
+    from forgeflow.common import settings
+
+    return shared_store(settings.store_url())
 
 
 @task(cache_policy=NO_CACHE)
@@ -493,15 +508,12 @@ def canary_inputs(freeze_name: str, split: str, sample: int | None, sample_seed:
         PreflightError: tasks that cannot run (listed), a stopped or silent endpoint.
     """
     store = _store()
-    try:
-        _, ids = frozen_split(store, freeze_name, split)
-        kept = sample_split(ids, sample, sample_seed)
-        url, sha, alias = resolve_endpoint(endpoint)
-        loaded = source.load(default_generated, "canary")
-        tasks = canary_tasks(store, kept, loaded.rows, test_commands=loaded.test_commands,
-                             log_parsers=loaded.log_parsers)
-    finally:
-        store.dispose()
+    _, ids = frozen_split(store, freeze_name, split)
+    kept = sample_split(ids, sample, sample_seed)
+    url, sha, alias = resolve_endpoint(endpoint)
+    loaded = source.load(default_generated, "canary")
+    tasks = canary_tasks(store, kept, loaded.rows, test_commands=loaded.test_commands,
+                         log_parsers=loaded.log_parsers)
     check_reachable(url, api_key)
     return CanaryInputs(instance_ids=kept, sampled=len(kept) < len(ids), tasks=tasks, rows_source=loaded.source,
                         base_url=url, model_sha256=sha, model_alias=alias)
@@ -513,11 +525,8 @@ def plan_recovery(job_id: str, exception_types: Sequence[str] | None,
     """:func:`forgeflow.evaluation.canary.plan_canary_recovery` on the store (reads only; not cached: the
     job may have gained recovery jobs). Raises as that function."""
     store = _store()
-    try:
-        return plan_canary_recovery(store, job_id, list(exception_types) if exception_types else None,
-                                    recovery_job_id)
-    finally:
-        store.dispose()
+    return plan_canary_recovery(store, job_id, list(exception_types) if exception_types else None,
+                                recovery_job_id)
 
 
 @task(cache_policy=NO_CACHE, task_run_name="merged-view-{job_id}")
@@ -525,11 +534,8 @@ def merged_view(job_id: str) -> tuple[str, list[str], compare.JobReport]:
     """The merged view of canary job ``job_id`` now (the original + its recovery jobs,
     :func:`forgeflow.evaluation.compare.merged_job`): ``(label, recovery job ids, JobReport)``."""
     store = _store()
-    try:
-        merged = compare.merged_job(store, job_id)
-        return merged.label, list(merged.recovery_job_ids), compare.JobReport.from_trials(merged.trials)
-    finally:
-        store.dispose()
+    merged = compare.merged_job(store, job_id)
+    return merged.label, list(merged.recovery_job_ids), compare.JobReport.from_trials(merged.trials)
 
 
 @task(cache_policy=NO_CACHE)
@@ -555,11 +561,8 @@ def recovery_inputs(plan: CanaryRecoveryPlan, endpoint: CanaryEndpoint, candidat
     loaded = load_task_rows(candidates_path, generated_path, default_generated, test_commands,
                             stage="canary-recover", dataset=dataset, test_specs=test_specs)
     store = _store()
-    try:
-        tasks = canary_tasks(store, plan.instance_ids, loaded.rows, test_commands=loaded.test_commands,
-                             log_parsers=loaded.log_parsers)
-    finally:
-        store.dispose()
+    tasks = canary_tasks(store, plan.instance_ids, loaded.rows, test_commands=loaded.test_commands,
+                         log_parsers=loaded.log_parsers)
     check_reachable(url, api_key)
     return CanaryInputs(instance_ids=plan.instance_ids, sampled=False, tasks=tasks, rows_source=loaded.source,
                         base_url=url, model_sha256=sha, model_alias=alias), loaded

@@ -84,8 +84,14 @@ def sqlite_revision(path: Path) -> str | None:
 
 
 def sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
-    """WAL journal and a busy timeout so parallel Prefect tasks can share one SQLite file."""
+    """WAL journal and a busy timeout so parallel Prefect tasks can share one SQLite file, and
+    ``synchronous=NORMAL``: a commit appends to the WAL without an fsync (the WAL is synced at each checkpoint),
+    SQLite's advice for WAL mode (https://www.sqlite.org/pragma.html#pragma_synchronous). A process that
+    crashes or is killed loses no committed transaction; only an operating-system crash or a power cut can roll
+    back the last ones (the file stays consistent). Measured with one transaction per trial (2 busy cores, load
+    ~10): 141-190 trials/s with an fsync per commit (``FULL``, SQLite's default), 1,595-1,767 with ``NORMAL``."""
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute("PRAGMA busy_timeout=30000")
     cursor.close()

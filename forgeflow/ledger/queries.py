@@ -55,6 +55,9 @@ _R = TypeVar("_R", bound=_Record)
 
 
 
+IDS_PER_QUERY = 500
+"""Ids per ``IN`` list of a scoped read (well under SQLite's oldest bound of 999 bound parameters)."""
+
 JOBS_LISTED_IN_FULL = 20
 """An unknown job id is answered with every job id when there are at most this many, else the closest."""
 
@@ -156,6 +159,63 @@ class StoreReads:
                     TaskInstance.instance_id.in_(ids[start:start + 500]))
                 out.update({instance_id: repo for instance_id, repo in connection.execute(statement)})
         return out
+
+    def tasks_by_id(self, instance_ids: Sequence[str], status: TaskStatus | None = None) -> dict[str, TaskRecord]:
+        """The task rows of ``instance_ids`` (optionally only those of ``status``), by instance id in id order: ONE
+        primary-key read per :data:`IDS_PER_QUERY` ids, never a row of another task. Ids without a row are absent.
+
+        Args:
+            instance_ids: the ids wanted (any order, duplicates ignored).
+            status: only rows of this status (None: any).
+
+        Returns:
+            ``{instance_id: TaskRecord}``, sorted by instance id.
+        """
+        ids = sorted(set(instance_ids))
+        out: dict[str, TaskRecord] = {}
+        for start in range(0, len(ids), IDS_PER_QUERY):
+            statement = select(TaskInstance).where(TaskInstance.instance_id.in_(ids[start:start + IDS_PER_QUERY]))
+            if status is not None:
+                statement = statement.where(TaskInstance.status == status)
+            out.update((t.instance_id, t) for t in self._all(TaskRecord, statement))
+        return dict(sorted(out.items()))
+
+    def image_digests(self, refs: Sequence[str]) -> dict[str, str | None]:
+        """The digest the store records for each of ``refs`` that has an image row (None: a row without a digest
+        yet): ONE primary-key read per :data:`IDS_PER_QUERY` refs. Refs without a row are absent."""
+        wanted = sorted(set(refs))
+        out: dict[str, str | None] = {}
+        with self.engine.connect() as connection:
+            for start in range(0, len(wanted), IDS_PER_QUERY):
+                statement = select(Image.ref, Image.digest).where(Image.ref.in_(wanted[start:start + IDS_PER_QUERY]))
+                out.update({ref: digest for ref, digest in connection.execute(statement)})
+        return out
+
+    def job_trial_kinds(self, job_id: str) -> list[str]:
+        """The kinds (``agent``, ``nop``, ``oracle``) of job ``job_id``'s live trials, sorted ([]: none): an index
+        range of ``ix_trials_job_verdict`` and the rows it names, nothing built per trial."""
+        statement = (select(Trial.kind).where(Trial.job_id == job_id, Trial.voided_at.is_(None))
+                     .group_by(Trial.kind).order_by(Trial.kind))
+        with self.engine.connect() as connection:
+            return list(connection.scalars(statement))
+
+    def latest_job_trials(self, job_id: str) -> list[TrialRecord]:
+        """The latest live trial of each instance job ``job_id`` ran (the greatest ``created_at``, then
+        ``trial_id``: the trial :meth:`trials_for`'s order puts last), ordered by instance id: what a merged view
+        or a paired compare stands on. Picked in SQL (``row_number()`` over each instance, SQLite >= 3.25 and
+        PostgreSQL alike) from an index range of the job, so only one trial per instance is read and built: a
+        job that ran each of 3,000 tasks seven times builds 3,000 records, not 21,000.
+
+        Returns:
+            One :class:`~forgeflow.ledger.records.TrialRecord` per instance ([]: the job has no live trial).
+        """
+        newest_first = (Trial.created_at.desc(), Trial.trial_id.desc())
+        ranked = (select(Trial.trial_id, func.row_number().over(partition_by=Trial.instance_id,
+                                                                order_by=newest_first).label("rank"))
+                  .where(Trial.job_id == job_id, Trial.voided_at.is_(None)).subquery())
+        statement = (select(Trial).join(ranked, ranked.c.trial_id == Trial.trial_id).where(ranked.c.rank == 1)
+                     .order_by(Trial.instance_id))
+        return self._all(TrialRecord, statement)
 
     def get_image(self, ref: str) -> ImageRecord | None:
         """The image row for ``ref``, or None."""

@@ -273,7 +273,7 @@ class SupervisionEventRecord(_Record):
     trajectory_path: str | None = None
 
 
-def _check_outcome(record: TrialRecord) -> None:
+def check_outcome(record: TrialRecord) -> None:
     """A trial has a reward or an exception, not both (except an agent timeout, whose verifier
     reward is kept: Harbor's convention) and not neither.
 

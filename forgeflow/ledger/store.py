@@ -61,8 +61,8 @@ from forgeflow.ledger.records import (
     SupervisionEventRecord,
     TaskRecord,
     TrialRecord,
-    _check_outcome,
     _Record,
+    check_outcome,
     production_id,
 )
 from forgeflow.ledger.tables import (
@@ -335,7 +335,7 @@ class Store(StoreReads):
             InputError: as :meth:`record_trial`, naming the first bad trial; nothing is written.
         """
         for record in records:
-            _check_outcome(record)
+            check_outcome(record)
         rows = [self._trial_row(record) for record in records]
         with self.engine.begin() as connection:
             self._upsert_rows(connection, Trial, rows)
@@ -365,7 +365,7 @@ class Store(StoreReads):
             InputError: as :meth:`record_trials` (nothing is written).
         """
         for record in trials:
-            _check_outcome(record)
+            check_outcome(record)
         with self.engine.begin() as connection:
             self._upsert_rows(connection, Trial, [self._trial_row(record) for record in trials])
             self._upsert_rows(connection, TaskInstance, [self._task_row(record) for record in tasks])

@@ -169,19 +169,6 @@ def _is_exception(trial: Any) -> bool:
     return trial.exception_type is not None
 
 
-def job_trials(store: Any, job_id: str) -> list[Any]:
-    """The trials ``store`` records for ``job_id`` (any kind), oldest first.
-
-    Raises:
-        InputError: there are none (the message names the store and the jobs that have trials, or the
-            closest ids: :meth:`forgeflow.ledger.store.Store.unknown_job_message`).
-    """
-    own = store.trials_for(job_id=job_id)
-    if not own:
-        raise InputError(store.unknown_job_message(job_id))
-    return own
-
-
 def merged_job(store: Any, job_id: str, *, include_recovery: bool = True) -> MergedJob:
     """The merged view of ``job_id`` and its recovery jobs (see :class:`MergedJob`).
 
@@ -194,8 +181,9 @@ def merged_job(store: Any, job_id: str, *, include_recovery: bool = True) -> Mer
         InputError: the job has no trials in the store (the message names the store URL), or it holds
             nop/oracle (validation) trials rather than agent trials.
     """
-    own = job_trials(store, job_id)
-    kinds = sorted({t.kind for t in own})
+    kinds = store.job_trial_kinds(job_id)  # grouped in SQL: no trial is built to learn the kinds
+    if not kinds:
+        raise InputError(store.unknown_job_message(job_id))
     if kinds != ["agent"]:
         # a validation job holds a NOP and an Oracle trial per instance: "the latest trial of an
         # instance" would silently keep one of them and drop the other
@@ -209,13 +197,12 @@ def merged_job(store: Any, job_id: str, *, include_recovery: bool = True) -> Mer
                     if j.job_id not in recovery and j.job_id != job_id]
         recovery += children
         frontier = children
-    latest: dict[str, Any] = {}
-    for trial in own:  # trials_for orders by created_at: the latest trial of an instance wins
-        latest[trial.instance_id] = trial
+    # the latest live trial of each instance, picked in SQL (one row built per instance)
+    latest: dict[str, Any] = {t.instance_id: t for t in store.latest_job_trials(job_id)}
     from_recovery: dict[str, str] = {}
     if include_recovery:
         for rec_id in recovery:
-            for trial in store.trials_for(job_id=rec_id):
+            for trial in store.latest_job_trials(rec_id):
                 current = latest.get(trial.instance_id)
                 if current is None or _is_exception(current) or trial.instance_id in from_recovery:
                     latest[trial.instance_id] = trial

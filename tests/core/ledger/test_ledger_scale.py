@@ -155,6 +155,49 @@ def test_every_user_facing_read_uses_an_index_and_loads_only_what_it_shows(fille
     assert "job 'canary-6' has no trials" in outputs["compare typo"]
 
 
+def test_scoped_reads_at_100k_use_an_index_and_build_one_record_per_row_shown(filled: dict, monkeypatch) -> None:
+    """The reads compare and curate make beside the CLI's (issue 34): a job's latest trial per instance (picked
+    in SQL: 3,000 records at a million trials, not the job's 20,000), its trial kinds, task rows and image
+    digests of the ids asked for (before: ``task_verdicts`` and ``accepted_for_freeze`` read every task row and
+    every image of the store). Each statement is planned: no SCAN of ``trials``, ``task_instances`` or ``images``."""
+    from forgeflow.ledger import queries
+
+    store = Store(filled["url"])
+    statements: list[tuple[str, object]] = []
+    built = Counter()
+
+    class CountedTrialRecord(TrialRecord):
+        def model_post_init(self, context: object) -> None:
+            built["trials"] += 1
+
+    def on_execute(conn, cursor, statement, parameters, context, executemany) -> None:
+        statements.append((statement, parameters))
+
+    monkeypatch.setattr(queries, "TrialRecord", CountedTrialRecord)
+    event.listen(store.engine, "before_cursor_execute", on_execute)
+    try:
+        latest = store.latest_job_trials(job_id(5))
+        assert built["trials"] == len(latest) == 2040, "one record per instance, nothing else built"
+        kinds = (store.job_trial_kinds(job_id(5)), store.job_trial_kinds(job_id(0)), store.job_trial_kinds("nope"))
+        wanted = [f"repo{n % 30:02d}__bench-{n:05d}" for n in (7, 3, 2999)] + ["unknown__1"]
+        rows = store.tasks_by_id(wanted)
+        accepted = store.tasks_by_id(wanted, status="rejected")
+        digests = store.image_digests(["nowhere/image:1"])
+    finally:
+        event.remove(store.engine, "before_cursor_execute", on_execute)
+    for statement, parameters in statements:
+        for line in _plan(filled["path"], statement, parameters):
+            assert not re.match(r"SCAN (trials|task_instances|images)\b", line), (line, statement)
+    assert kinds == (["agent"], ["nop", "oracle"], [])
+    assert list(rows) == sorted(wanted[:3]) and accepted == {} and digests == {}
+    everything = store.trials_for(job_id=job_id(5))
+    last = {}
+    for trial in everything:  # what merged_job kept from trials_for: the last of each instance wins
+        last[trial.instance_id] = trial
+    assert latest == [last[i] for i in sorted(last)]
+    store.dispose()
+
+
 def _expected(store: Store) -> dict:
     """The aggregates counted one trial at a time from :meth:`~forgeflow.ledger.store.Store.trials_for`."""
     per_job: dict = {}
@@ -187,6 +230,22 @@ def test_aggregate_reads_equal_counting_one_by_one_on_sqlite_and_postgresql(stor
     pages = [store.job_trial_page(job_id(4), limit=30, offset=offset) for offset in range(0, 100, 30)]
     assert [t.trial_id for page in pages for t in page.trials] == [t.trial_id for t in everything]
     assert [page.remaining for page in pages] == [70, 40, 10, 0] and pages[0].total == 100
+    # the latest trial of each instance, a tie on created_at broken by trial id, a void trial never standing
+    tied = everything[-1]  # the job's newest trial: the latest of its instance
+    store.record_trials([tied.model_copy(update={"trial_id": tied.trial_id + "~b", "reward": 1.0,
+                                                 "exception_type": None, "submission": None}),
+                         tied.model_copy(update={"trial_id": tied.trial_id + "~c", "submission": None})])
+    store.void_trials([tied.trial_id + "~c"], "never stands")
+    last: dict = {}
+    for trial in store.trials_for(job_id=job_id(4)):
+        last[trial.instance_id] = trial
+    latest = store.latest_job_trials(job_id(4))
+    assert [t.trial_id for t in latest] == [last[i].trial_id for i in sorted(last)]
+    assert last[tied.instance_id].trial_id == tied.trial_id + "~b" and latest == [last[i] for i in sorted(last)]
+    assert store.job_trial_kinds(job_id(0)) == ["nop", "oracle"] and store.job_trial_kinds("nope") == []
+    ids = [f"repo{n % 30:02d}__bench-{n:05d}" for n in (59, 1, 0)]
+    assert list(store.tasks_by_id([*ids, "nowhere__1", ids[0]])) == sorted(ids)
+    assert store.tasks_by_id(ids, status="rejected") == {}
 
 
 def test_a_batch_with_one_trial_twice_keeps_the_last_and_a_recorded_submission(store: Store) -> None:
