@@ -46,7 +46,8 @@ def _check_confidence(confidence: float) -> None:
         raise InputError(f"confidence must be in (0, 1), got {confidence}")
 
 
-def _z(confidence: float) -> float:
+def normal_quantile(confidence: float) -> float:
+    """The two-sided standard normal quantile of ``confidence`` (1.96 at 0.95)."""
     return NormalDist().inv_cdf(0.5 + confidence / 2.0)
 
 
@@ -172,8 +173,10 @@ class NewcombeInterval(BaseModel):
     source: str = NEWCOMBE_SOURCE
 
 
-def _wilson(successes: float, n: float, z: float) -> tuple[float, float]:
-    """Wilson (1927) score limits of ``successes / n`` (real-valued counts allowed)."""
+def wilson_limits(successes: float, n: float, z: float) -> tuple[float, float]:
+    """Wilson (1927) score limits of ``successes / n`` (``n`` > 0; real-valued counts allowed) at normal
+    quantile ``z``; 0 and 1 exactly at 0 and ``n`` successes. The same limits as statsmodels'
+    ``proportion_confint(..., method="wilson")`` (tests/core/evaluation/test_compare_stats_exact.py)."""
     centre = (successes + z * z / 2.0) / (n + z * z)
     half = z * math.sqrt(max(0.0, successes * (n - successes) / n) + z * z / 4.0) / (n + z * z)
     low = 0.0 if successes <= 0 else max(0.0, centre - half)
@@ -225,11 +228,11 @@ def newcombe_paired_interval(
     n = a + b + c + d
     if n <= 0:
         raise InputError("newcombe_paired_interval needs at least one pair")
-    z = _z(confidence)
+    z = normal_quantile(confidence)
     p1, p2 = (a + b) / n, (a + c) / n
     delta = (b - c) / n
-    l1, u1 = _wilson(a + b, n, z)
-    l2, u2 = _wilson(a + c, n, z)
+    l1, u1 = wilson_limits(a + b, n, z)
+    l2, u2 = wilson_limits(a + c, n, z)
     margins = (a + b) * (c + d) * (a + c) * (b + d)
     numerator = a * d - b * c
     if margins <= 0:

@@ -5,20 +5,21 @@ Sources are named in the package docstring (:mod:`forgeflow.evaluation.compare`)
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
-from statsmodels.stats.contingency_tables import mcnemar
-from statsmodels.stats.proportion import proportion_confint
 
 from forgeflow.common.errors import SCORED_DESPITE_EXCEPTION, InputError
 from forgeflow.evaluation.paired_stats import (
     DeltaInterval,
     cluster_bootstrap_delta,
     newcombe_paired_interval,
+    normal_quantile,
     union_interval,
+    wilson_limits,
 )
 
 PASS_REWARD = 1.0
@@ -51,11 +52,27 @@ def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> Interva
         )
     if n == 0:
         return Interval(low=0.0, high=1.0, confidence=confidence)
-    low, high = proportion_confint(successes, n, alpha=1.0 - confidence, method="wilson")
-    # At 0 or n successes the Wilson bound is exactly 0 or 1; pin it against rounding error.
-    low = 0.0 if successes == 0 else max(0.0, float(low))
-    high = 1.0 if successes == n else min(1.0, float(high))
+    low, high = wilson_limits(successes, n, normal_quantile(confidence))
     return Interval(low=low, high=high, confidence=confidence)
+
+
+def mcnemar_exact_p(wins: int, losses: int) -> float:
+    """Two-sided exact McNemar p-value on the discordant pairs (McNemar 1947): the binomial test of
+    ``min(wins, losses)`` out of ``wins + losses`` at p = 0.5, doubled and capped at 1; 1.0 with no discordant
+    pair. Integer arithmetic (``math.comb``), exact at any count; the same value as statsmodels'
+    ``mcnemar(table, exact=True)`` (tests/core/evaluation/test_compare_stats_exact.py), without its ~1-3 s
+    import on every ``forgeflow compare``.
+
+    Raises:
+        InputError: a negative count.
+    """
+    if wins < 0 or losses < 0:
+        raise InputError(f"mcnemar_exact_p needs counts >= 0, got wins={wins}, losses={losses}")
+    n = wins + losses
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(min(wins, losses) + 1))
+    return min(1.0, 2 * tail / 2 ** n)
 
 
 class TrialOutcome(Protocol):
@@ -267,7 +284,7 @@ def paired_compare(
     if wins + losses == 0:
         p_value = 1.0
     else:
-        p_value = float(mcnemar([[both_pass, losses], [wins, both_fail]], exact=True).pvalue)
+        p_value = mcnemar_exact_p(wins, losses)
 
     per_repo: dict[str, PairCounts] = {}
     if repo_of is not None:
