@@ -34,6 +34,7 @@ from forgeflow.sandbox.backends import SandboxTarget
 from forgeflow.sandbox.kubernetes_manifests import FLOW_RUN_LABEL
 
 _BlockT = TypeVar("_BlockT")
+_R = TypeVar("_R")
 
 RESUMABLE = INPUTS + TASK_SOURCE
 """Cache on inputs + task source: re-running a flow reuses every completed stage."""
@@ -49,6 +50,17 @@ def retry_on_transient(task: Task[..., Any], task_run: TaskRun, state: State) ->
     except Exception as exc:  # noqa: BLE001 - we classify, never swallow: Prefect keeps the state
         return is_transient(exc)
     return False
+
+
+def io_task(**options: Any) -> Callable[[Callable[..., _R]], Task[..., _R]]:
+    """``@task`` for a call to the store, a registry or another service: never cached (its answer is what the
+    service holds now), retried :data:`TRANSIENT_RETRIES` times after :data:`TRANSIENT_RETRY_DELAYS_S` when it
+    failed with a transient :class:`~forgeflow.common.errors.InfraError` (:func:`retry_on_transient`), never on
+    bad input. ``options`` are Prefect's ``@task`` keywords and win (e.g. ``cache_policy=RESUMABLE`` for a copy
+    that may be answered from its cache, ``task_run_name=...``)."""
+    return task(**{"cache_policy": NO_CACHE, "retries": TRANSIENT_RETRIES,
+                   "retry_delay_seconds": TRANSIENT_RETRY_DELAYS_S, "retry_condition_fn": retry_on_transient,
+                   **options})
 
 
 def table_artifact(key: str, rows: list[dict[str, Any]], description: str) -> None:

@@ -15,8 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from forgeflow.common.errors import InputError, PreflightError
 from forgeflow.curation import batch_run, bugs, bundle, freeze, generated, run_reads
 from forgeflow.curation.selection import longest_first
-from forgeflow.evaluation.canary import trial_row
-from forgeflow.ledger.records import BatchRecord, TaskRecord
+from forgeflow.ledger.records import BatchRecord, TaskRecord, TrialRecord
 from forgeflow.ledger.store import Store
 from forgeflow.registry import images
 from forgeflow.sandbox import dispatch, trial
@@ -26,9 +25,8 @@ from forgeflow.sandbox.dispatch import RayPlacement
 from forgeflow.sandbox.kubernetes_manifests import FLOW_RUN_LABEL
 from tasks.common import (
     RESUMABLE,
-    TRANSIENT_RETRY_DELAYS_S,
+    io_task,
     load_block,
-    retry_on_transient,
     run_labelled,
     shared_store,
 )
@@ -163,7 +161,7 @@ def _validator(plan: BatchPlan, batch_id: str, stored: list[str]) -> batch_run.V
         backend = backend.model_copy(update={"labels": {**backend.labels, FLOW_RUN_LABEL: plan.run_id[:64]}})
 
     def on_trial(record: trial.TrialResult) -> None:
-        store.record_trial(trial_row(record, CURATE_JOB_ID, None, plan.run_id, batch_id=batch_id))
+        store.record_trial(TrialRecord.from_trial(record, CURATE_JOB_ID, None, plan.run_id, batch_id=batch_id))
         stored.append(record.trial_id)
 
     def validate(instance_id: str, run_key: str) -> trial.ValidationOutcome:
@@ -259,8 +257,7 @@ def freeze_dataset(name: str, accepted: list[freeze.AcceptedTask], quotas: freez
     return bundle.with_bundle(manifest, bundle.write_bundle(manifest, rows, out_dir))
 
 
-@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S[:2],
-      retry_condition_fn=retry_on_transient)
+@io_task()
 def accepted_for_freeze(instance_ids: list[str] | None) -> list[bundle.BundleTask]:
     """The accepted tasks the store records (``settings.store_url()``, upgraded first), among
     ``instance_ids`` when given, as rows of a freeze's export bundle: instance id, repository,
@@ -289,8 +286,7 @@ def write_generated(path: Path, rows: list[generated.GeneratedTask]) -> Path:
     return generated.merge_generated(path, rows)
 
 
-@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S[:2],
-      retry_condition_fn=retry_on_transient, task_run_name="task-verdicts")
+@io_task(task_run_name="task-verdicts")
 def task_verdicts(store_url: str, instance_ids: list[str]) -> dict[str, TaskRecord]:
     """Each of ``instance_ids``' task row in the store at ``store_url`` (``status`` candidate / accepted /
     rejected / error, ``reason``, ``fail_to_pass`` / ``pass_to_pass``), read now (never cached), in the order given.
@@ -312,8 +308,7 @@ def keep_freeze_inputs(name: str, out_dir: Path, inputs: dict) -> Path:
     return freeze.record_freeze_inputs(name, out_dir, inputs)
 
 
-@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S[:2],
-      retry_condition_fn=retry_on_transient)
+@io_task()
 def available_images(refs: list[str]) -> list[str]:
     """Which image references exist (:func:`forgeflow.registry.images.available`: one ``skopeo list-tags``
     per registry repository, ``podman image exists`` for local names and digest refs); sorted.
@@ -328,8 +323,7 @@ CurationState = run_reads.CurationState
 """What the store says about a curate run's candidates (:class:`forgeflow.curation.run_reads.CurationState`)."""
 
 
-@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S[:2],
-      retry_condition_fn=retry_on_transient, task_run_name="curation-state", persist_result=False)
+@io_task(task_run_name="curation-state", persist_result=False)
 def curation_state(store_url: str, instance_ids: list[str]) -> CurationState:
     """The store's accepted tasks among ``instance_ids`` (a run's candidates), which of them are processed and
     the accepted ones per repository, read now (never cached: the run itself changes them batch by batch) and
@@ -357,8 +351,7 @@ class Registration(BaseModel):
     candidates_sha256: str
 
 
-@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S[:2],
-      retry_condition_fn=retry_on_transient, persist_result=False)
+@io_task(persist_result=False)
 def register_candidates(store_url: str, rows: list[Any], run_id: str) -> Registration:
     """Record the candidates of ``rows`` the store does not know yet (status ``candidate``) in one ``load``
     batch, its id the digest of every row's instance id (a re-run upserts the same batch), and the run's
@@ -383,8 +376,7 @@ def register_candidates(store_url: str, rows: list[Any], run_id: str) -> Registr
                         candidates_sha256=run_reads.candidate_set_digest(ids))
 
 
-@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S[:2],
-      retry_condition_fn=retry_on_transient, persist_result=False)
+@io_task(persist_result=False)
 def candidate_set_ids(candidate_set: str) -> list[str]:
     """The instance ids of the candidate set ``candidate_set`` (a freeze-ready event's ``candidate_set``) in the
     store (``settings.store_url()``, upgraded first), sorted; what the freeze freezes among.

@@ -22,10 +22,8 @@ from forgeflow.packaging import publish as publishing
 from forgeflow.packaging.release import ReleaseSources, metadata_path_for, write_release_metadata
 from tasks.common import (
     RESUMABLE,
-    TRANSIENT_RETRIES,
-    TRANSIENT_RETRY_DELAYS_S,
+    io_task,
     load_block,
-    retry_on_transient,
     run_logger,
     table_artifact,
 )
@@ -50,8 +48,7 @@ def _hub_token(source: checkpoint.BaseModelSource) -> str | None:
     return secret_token(source.token_secret, "base model token_secret").get_secret_value()
 
 
-@task(cache_policy=NO_CACHE, retries=TRANSIENT_RETRIES, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S,
-      retry_condition_fn=retry_on_transient)
+@io_task()
 def base_model_preflight(source: checkpoint.BaseModelSource) -> str | None:
     """Before any compute: the base checkpoint ``source`` names can be had (a local folder with a
     config, weights and a tokenizer; a Hub revision that resolves to such a commit); the Secret
@@ -60,8 +57,7 @@ def base_model_preflight(source: checkpoint.BaseModelSource) -> str | None:
     return checkpoint.preflight_source(source, _hub_token(source))
 
 
-@task(cache_policy=NO_CACHE, retries=TRANSIENT_RETRIES, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S,
-      retry_condition_fn=retry_on_transient)
+@io_task()
 def base_checkpoint(source: checkpoint.BaseModelSource, hub_dir: Path) -> checkpoint.CheckpointRecord:
     """The team's base checkpoint, checked: a local folder in place, or a Hub repository fetched at the
     commit its revision resolves to now (the token from the Secret block ``source.token_secret``); or the
@@ -224,8 +220,7 @@ class ReleaseInputs(BaseModel):
     cross_checked: bool
 
 
-@task(cache_policy=NO_CACHE, retries=TRANSIENT_RETRIES, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S,
-      retry_condition_fn=retry_on_transient)
+@io_task()
 def release_inputs(gguf_path: Path, hf_dir: Path, adapter_dir: Path | None) -> ReleaseInputs:
     """Before a release is written or sent: the files exist, their digests now, and what the store
     (``settings.store_url()``, upgraded first) records about the GGUF: its recorded chain must have been
@@ -262,8 +257,7 @@ def release_inputs(gguf_path: Path, hf_dir: Path, adapter_dir: Path | None) -> R
     return ReleaseInputs(gguf_sha256=gguf_sha, hf_sha256=hf_sha, edited=edited, cross_checked=known)
 
 
-@task(cache_policy=NO_CACHE, retries=TRANSIENT_RETRIES, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S,
-      retry_condition_fn=retry_on_transient)
+@io_task()
 def record_packaged(artifacts: dict[str, gguf.GGUFArtifact], hf_dir: Path, adapter_dir: Path | None,
                     inputs: PackageInputs, out_dir: Path, run_id: str | None) -> None:
     """Record a ``package`` run in the store (``settings.store_url()``, upgraded first): the checkpoint as a
@@ -381,8 +375,7 @@ def check_release(gguf_path: Path, gguf_sha256: str, hf_dir: Path, hf_sha256: st
 
 # Publishing is a side effect, never answered from a cache: a local re-publish is a no-op that
 # returns the stored record, and a Hub re-publish of identical files makes no commit.
-@task(cache_policy=NO_CACHE, retries=TRANSIENT_RETRIES, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S,
-      retry_condition_fn=retry_on_transient)
+@io_task()
 def publish_gguf(store_block: str, gguf_path: Path, gguf_sha256: str, quantization: str, name: str,
                  sources: ReleaseSources, tensor_types: dict[str, str] | None = None,
                  run_id: str = "") -> publishing.PublishRecord:

@@ -36,9 +36,7 @@ from forgeflow.registry.server import RegistryServer
 from forgeflow.registry.skopeo import Skopeo
 from tasks.common import (
     RESUMABLE,
-    TRANSIENT_RETRIES,
-    TRANSIENT_RETRY_DELAYS_S,
-    retry_on_transient,
+    io_task,
 )
 
 
@@ -55,8 +53,7 @@ def start_registry(name: str, port: int, storage_dir: Path) -> str:
     return server.instance_id
 
 
-@task(cache_policy=RESUMABLE, retries=TRANSIENT_RETRIES, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S,
-      retry_condition_fn=retry_on_transient)
+@io_task(cache_policy=RESUMABLE)
 def base_image() -> images.ImageRef:
     """The debootstrap base image (built once per machine, cached under FORGEFLOW_CACHE)."""
     return images.ensure_base_image()
@@ -75,8 +72,7 @@ def environment_image(project_name: str, base_image_id: str, work_dir: Path) -> 
     return ref.name, str(checkout)
 
 
-@task(cache_policy=RESUMABLE, retries=TRANSIENT_RETRIES, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S,
-      retry_condition_fn=retry_on_transient, task_run_name="push-{dest}")
+@io_task(cache_policy=RESUMABLE, task_run_name="push-{dest}")
 def push_local_image(local_name: str, local_image_id: str, dest: str, registry_id: str) -> str:
     """Push a local image (containers-storage) to ``dest`` (``host:port/repo:tag``); returns the
     registry digest (the push recompresses layers: the registry digest is the truth).
@@ -84,8 +80,7 @@ def push_local_image(local_name: str, local_image_id: str, dest: str, registry_i
     return Skopeo().copy(f"containers-storage:{local_name}", f"docker://{dest}", preserve_digests=False)
 
 
-@task(cache_policy=RESUMABLE, retries=TRANSIENT_RETRIES, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S,
-      retry_condition_fn=retry_on_transient)
+@io_task(cache_policy=RESUMABLE)
 def prewarm(plan: PrewarmPlan, target_address: str, base_refs: dict[str, str],
             target_registry_id: str, concurrency: int = 5) -> list[basecache.BasecacheRecord]:
     """Check the plan against the tag cap, copy every ``basecache-*`` tag (``concurrency``
@@ -117,8 +112,7 @@ def local_image_id(name: str) -> str:
     return images.image_id(name)
 
 
-@task(cache_policy=NO_CACHE, retries=TRANSIENT_RETRIES, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S,
-      retry_condition_fn=retry_on_transient, task_run_name="layer-reuse-{task_ref}")
+@io_task(task_run_name="layer-reuse-{task_ref}")
 def layer_reuse(task_ref: str, base_ref: str) -> int:
     """Check that the task image ``task_ref`` starts with the layers of its base ``base_ref`` (registry
     references without transport: :func:`forgeflow.registry.prewarm.verify_layer_reuse`); returns how
@@ -214,8 +208,7 @@ def image_refs(endpoint: RegistryEndpoint, names: list[str], pin_digest: bool = 
     return [image_ref(endpoint, name, pin_digest) for name in names]
 
 
-@task(cache_policy=NO_CACHE, retries=TRANSIENT_RETRIES, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S,
-      retry_condition_fn=retry_on_transient, task_run_name="migrate-{name}")
+@io_task(task_run_name="migrate-{name}")
 def migrate_one(name: str, source: RegistryEndpoint, target: RegistryEndpoint, max_size_bytes: int | None,
                 limit: str, rate: str | None, store_url: str | None = None,
                 run_id: str | None = None) -> migrate.MigrationRecord:
@@ -407,8 +400,7 @@ def registries_answer(endpoints: dict[str, RegistryEndpoint]) -> None:
         migrate.check_reachable(endpoint.address, endpoint.tls_verify, what=role)
 
 
-@task(cache_policy=NO_CACHE, retries=TRANSIENT_RETRIES, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S,
-      retry_condition_fn=retry_on_transient)
+@io_task()
 def recorded_migrations(store_url: str, pairs: list[tuple[str, str]]) -> dict[str, migrate.MigrationRecord]:
     """The targets of ``pairs`` (source ref, target ref) the store at ``store_url`` (upgraded first) records as
     ``completed`` from the same source, with a digest (:func:`forgeflow.registry.migration.completed_in_store`)."""
@@ -420,8 +412,7 @@ def recorded_migrations(store_url: str, pairs: list[tuple[str, str]]) -> dict[st
         store.dispose()
 
 
-@task(cache_policy=NO_CACHE, retries=TRANSIENT_RETRIES, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S,
-      retry_condition_fn=retry_on_transient)
+@io_task()
 def record_pending(store_url: str, records: list[migrate.MigrationRecord], run_id: str | None) -> int:
     """Mark each record's target ``pending`` in one transaction
     (:func:`forgeflow.registry.migration.record_pending`)."""
@@ -432,8 +423,7 @@ def record_pending(store_url: str, records: list[migrate.MigrationRecord], run_i
         store.dispose()
 
 
-@task(cache_policy=NO_CACHE, retries=TRANSIENT_RETRIES, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S,
-      retry_condition_fn=retry_on_transient)
+@io_task()
 def failed_migration(store_url: str, source_ref: str, target_ref: str, reason: str, error_type: str,
                      run_id: str | None) -> migrate.MigrationRecord:
     """The ``failed`` state of an image whose migrate task failed: the one it recorded, or, when it died before
@@ -450,8 +440,7 @@ def failed_migration(store_url: str, source_ref: str, target_ref: str, reason: s
         store.dispose()
 
 
-@task(cache_policy=NO_CACHE, retries=TRANSIENT_RETRIES, retry_delay_seconds=TRANSIENT_RETRY_DELAYS_S,
-      retry_condition_fn=retry_on_transient)
+@io_task()
 def reconcile(store_url: str, report: coverage.CoverageReport, run_id: str | None) -> list[str]:
     """Put every ``completed`` row the registry contradicts back to ``pending`` in one transaction
     (:func:`forgeflow.registry.coverage.reconcile_coverage`; the store upgraded first). The refs put back."""
