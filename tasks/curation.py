@@ -13,8 +13,11 @@ from prefect.cache_policies import NO_CACHE
 from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow.common.errors import InputError, PreflightError
-from forgeflow.curation import batch_run, bugs, bundle, freeze, generated, run_reads
+from forgeflow.curation import batch_run, bugs, bundle, freeze, generated, recovery, run_reads
+from forgeflow.curation.candidates import CandidateTask
+from forgeflow.curation.generated import GeneratedTask
 from forgeflow.curation.selection import longest_first
+from forgeflow.curation.task_rows import TaskRows, TaskSource
 from forgeflow.ledger.records import BatchRecord, TaskRecord, TrialRecord
 from forgeflow.ledger.store import Store
 from forgeflow.registry import images
@@ -352,7 +355,7 @@ class Registration(BaseModel):
 
 
 @io_task(persist_result=False)
-def register_candidates(store_url: str, rows: list[Any], run_id: str) -> Registration:
+def register_candidates(store_url: str, rows: list[CandidateTask | GeneratedTask], run_id: str) -> Registration:
     """Record the candidates of ``rows`` the store does not know yet (status ``candidate``) in one ``load``
     batch, its id the digest of every row's instance id (a re-run upserts the same batch), and the run's
     candidate set (every row's id, :func:`forgeflow.curation.run_reads.candidate_set_record`). The store is
@@ -393,7 +396,7 @@ def candidate_set_ids(candidate_set: str) -> list[str]:
 
 
 @task(cache_policy=NO_CACHE, task_run_name="load-task-rows-{stage}")
-def load_rows(source: Any, default_generated: Path, stage: str) -> Any:
+def load_rows(source: TaskSource, default_generated: Path, stage: str) -> TaskRows:
     """The task rows of ``source`` (:class:`forgeflow.curation.task_rows.TaskSource`:
     :meth:`~forgeflow.curation.task_rows.TaskSource.load`; ``stage`` names the caller in errors). Not cached:
     the file or dataset may change between runs.
@@ -405,21 +408,20 @@ def load_rows(source: Any, default_generated: Path, stage: str) -> Any:
 
 
 @task(cache_policy=NO_CACHE, task_run_name="plan-recovery")
-def plan_trial_recovery(store_url: str, request: Any) -> Any:
+def plan_trial_recovery(store_url: str, request: recovery.RecoveryRequest) -> recovery.RecoveryPlan:
     """:func:`forgeflow.curation.recovery.plan_recovery` of ``request`` on the store (upgraded first; reads only,
     never cached). Raises as that function (unknown ids, a bad selection)."""
-    from forgeflow.curation.recovery import plan_recovery
-
     store = Store(store_url)
     try:
         store.upgrade()
-        return plan_recovery(store, request)
+        return recovery.plan_recovery(store, request)
     finally:
         store.dispose()
 
 
 @task(cache_policy=NO_CACHE, task_run_name="apply-recovery")
-def apply_trial_recovery(store_url: str, plan: Any, backup_dir: Path, run_id: str) -> tuple[Any, str]:
+def apply_trial_recovery(store_url: str, plan: recovery.RecoveryPlan, backup_dir: Path,
+                         run_id: str) -> tuple[recovery.RecoveryResult, str]:
     """:func:`forgeflow.curation.recovery.apply_recovery` of ``plan`` (backup, void, requeue, counts verified in
     one transaction; not retried: a second attempt would plan against a changed store), then the markdown audit
     (:func:`~forgeflow.curation.recovery.render_audit`) written atomically beside the backup (``.md``).
@@ -431,14 +433,12 @@ def apply_trial_recovery(store_url: str, plan: Any, backup_dir: Path, run_id: st
         CountMismatchError: the store changed under the recovery (rolled back, nothing written).
     """
     from forgeflow.common.fsutil import atomic_write_text
-    from forgeflow.curation.recovery import apply_recovery, render_audit
-
     store = Store(store_url)
     try:
-        result = apply_recovery(store, plan, backup_dir, run_id=run_id)
+        result = recovery.apply_recovery(store, plan, backup_dir, run_id=run_id)
     finally:
         store.dispose()
-    audit = render_audit(result)
+    audit = recovery.render_audit(result)
     if result.backup_path is not None:
         atomic_write_text(result.backup_path.with_suffix(".md"), audit)
     return result, audit
