@@ -174,6 +174,17 @@ class AgentHangError(AgentTimeoutError):
         self.evidence = evidence or {}
 
 
+class PrefixMismatchError(InfraError):
+    """An agentic RL episode's policy conditioned on a context that is not the episode's stored token
+    sequence (a re-tokenized history; :func:`forgeflow.training.episodes.prefix_mismatch`): the episode is
+    refused (no reward, no loss) and counted in its step's stats."""
+
+
+class StepWallError(InfraError):
+    """An RL step's aggregate wall bound stopped an episode mid-run or before it started: an exception of
+    the step (no reward, never 0), not the policy's outcome."""
+
+
 SCORED_DESPITE_EXCEPTION = frozenset({"AgentTimeoutError", "AgentLoopError", "AgentHangError"})
 """Exception types after which the verifier still runs and its reward is kept beside the exception
 (Harbor's convention for agent timeouts, extended to the supervisor's loop and hang stops); every
