@@ -13,7 +13,7 @@ from forgeflow.evaluation.compare.stats import mcnemar_exact_p, wilson_interval
 
 
 def test_mcnemar_exact_p_is_statsmodels_value() -> None:
-    cases = [(w, l) for w in range(31) for l in range(31)] + [(1200, 1310), (3, 2997), (0, 5000)]
+    cases = [(w, lost) for w in range(31) for lost in range(31)] + [(1200, 1310), (3, 2997), (0, 5000)]
     for wins, losses in cases:
         expected = 1.0 if wins + losses == 0 else float(mcnemar([[7, losses], [wins, 4]], exact=True).pvalue)
         assert mcnemar_exact_p(wins, losses) == pytest.approx(min(1.0, expected), rel=1e-9, abs=1e-300), (wins, losses)
