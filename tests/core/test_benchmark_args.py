@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -66,10 +67,20 @@ CASES = [
 ]
 
 
+@pytest.fixture(scope="module")
+def refusals() -> dict[tuple[str, tuple[str, ...]], tuple[subprocess.CompletedProcess[str], float]]:
+    """Each case's process and its seconds, the cases run four at a time (each its own interpreter, as a
+    user starts it; a case's seconds are its own process's)."""
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        futures = {(module, tuple(args)): pool.submit(_run, module, *args) for module, args, _, _ in CASES}
+        return {case: future.result() for case, future in futures.items()}
+
+
 @pytest.mark.parametrize(("module", "args", "option", "value"), CASES,
                          ids=[f"{m.split('.')[1]}{' '.join(a)}" for m, a, _, _ in CASES])
-def test_bad_option_exits_2_naming_it(module: str, args: list[str], option: str, value: str) -> None:
-    proc, elapsed = _run(module, *args)
+def test_bad_option_exits_2_naming_it(module: str, args: list[str], option: str, value: str,
+                                      refusals: dict) -> None:
+    proc, elapsed = refusals[(module, tuple(args))]
     assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
     assert "Traceback" not in proc.stderr, proc.stderr
     error_lines = [line for line in proc.stderr.splitlines() if "error:" in line]
