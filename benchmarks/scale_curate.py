@@ -74,8 +74,7 @@ def run_loop(candidates: Path, store_url: str, batch_size: int, concurrency: int
     from forgeflow.curation.candidates import load_candidates, to_candidate_refs  # noqa: PLC0415
     from forgeflow.curation.freeze import AcceptedTask, SplitQuotas, freeze_ready  # noqa: PLC0415
     from forgeflow.curation.selection import BatchSelector  # noqa: PLC0415
-    from forgeflow.evaluation.canary import trial_row  # noqa: PLC0415
-    from forgeflow.ledger.records import BatchRecord, TaskRecord  # noqa: PLC0415
+    from forgeflow.ledger.records import BatchRecord, TaskRecord, TrialRecord  # noqa: PLC0415
     from forgeflow.ledger.store import Store  # noqa: PLC0415
     from forgeflow.sandbox import trial  # noqa: PLC0415
 
@@ -109,7 +108,7 @@ def run_loop(candidates: Path, store_url: str, batch_size: int, concurrency: int
 
         def validate(iid: str, run_key: str, batch_id: str = batch_id) -> Any:
             def on_trial(record: Any) -> None:
-                store.record_trial(trial_row(record, "curate", None, None, batch_id=batch_id))
+                store.record_trial(TrialRecord.from_trial(record, "curate", None, None, batch_id=batch_id))
                 trials.append(record.trial_id)
             return trial.validate_candidate(by_id[iid], IMAGE, "pytest -q", backend=kind, run_key=run_key,
                                             on_trial=on_trial)

@@ -26,7 +26,6 @@ from forgeflow.evaluation.canary import (
     frozen_split,
     plan_canary_recovery,
     sample_split,
-    trial_row,
 )
 from forgeflow.evaluation.canary_params import CanaryEndpoint
 from forgeflow.evaluation.compare import gate
@@ -95,7 +94,7 @@ def agent_trial(task: CanaryTask, base_url: str, model_alias: str, model_sha256:
     ``Cached`` state too, so stage bookkeeping sees it.
 
     The trial is recorded here, once, as it ends (cached or not; :func:`record_agent_trial`): its ``trials``
-    row (:func:`forgeflow.evaluation.canary.trial_row`: ``job_id``, ``model_sha256``, the flow run's id) and,
+    row (:meth:`forgeflow.ledger.records.TrialRecord.from_trial`: ``job_id``, ``model_sha256``, the flow run's id) and,
     when the supervisor stopped the run (dead loop or hang: ``AgentLoopError`` / ``AgentHangError``, the
     verifier's reward kept beside it), its ``supervision_events`` row with the evidence and the trajectory
     path, in one transaction of the store (``settings.store_url()``).
@@ -146,7 +145,7 @@ def record_agent_trial(store_url: str | None, record: trial.TrialResult, job_id:
     from forgeflow.common import settings
 
     event = agent.supervision_event(record, job_id, task_run)
-    row = trial_row(record, job_id, model_sha256, run_id)
+    row = records.TrialRecord.from_trial(record, job_id, model_sha256, run_id)
     records.check_outcome(row)  # one bad row must never fail the other callers' shared transaction
     shared_trial_writer(store_url or settings.store_url()).record((row, event))
     if event is not None:

@@ -95,7 +95,7 @@ from forgeflow.sandbox.base import SandboxSpec
 from forgeflow.sandbox.dispatch import RayPlacement, run_on_ray, verify_on
 from forgeflow.sandbox.scoring import SubmissionVerdict
 from forgeflow.sandbox.tree import TreeTooLargeError, export_tree
-from forgeflow.sandbox.trial import TrialResult, container_name, make_trial_id
+from forgeflow.sandbox.trial import TrialResult, VerifierEvidence, container_name, make_trial_id
 from forgeflow.sandbox.verifier import LOG_TAIL_CHARS, TaskTests
 
 # --- problem statements ----------------------------------------------------------------------
@@ -151,8 +151,21 @@ def problem_statement_for(candidate_patch: str, failing_tests: list[str]) -> str
 
 # --- the trial -------------------------------------------------------------------------------
 @dataclass
-class _AgentPhase:
-    """What the agent phase left behind (internal)."""
+class AgentPhase:
+    """What an agent's run in its container left behind (the canary's agent phase; an RL episode's grading).
+
+    Attributes:
+        exit_status: the agent's exit status (``Submitted``, ``LimitsExceeded``, an exception's class name).
+        submission: the agent's own diff text (the verifier's git diff replaces it when graded).
+        tree: the repository tree taken from the stopped container (a tar, bytes), or None.
+        error: the infrastructure failure that ended the phase (a lost container, the endpoint), or None.
+        env_setup_s: seconds to start the container.
+        agent_s: seconds the agent ran.
+        n_steps: model calls.
+        n_input_tokens / n_output_tokens: token usage the endpoint reported.
+        notes: for a person.
+        supervision: ``{kind, evidence, trajectory_path}`` of a dead-loop or hang stop, or None.
+    """
 
     exit_status: str = ""
     submission: str = ""
@@ -177,14 +190,14 @@ def agent_container_name(instance_id: str, trial_id: str) -> str:
 def _run_agent_phase(
     trial_id: str, instance_id: str, image_ref: str, problem_statement: str, base_url: str,
     model_alias: str, config: AgentConfig, traj_path: Path,
-) -> _AgentPhase:
+) -> AgentPhase:
     """Run mini-swe-agent with its commands in a container of ``image_ref`` on ``config.sandbox_backend``
     (:class:`forgeflow.evaluation.sandbox_env.SandboxEnvironment`: no network, ``config.memory_mb`` /
     ``config.cpus``, ``/testbed``); take the submission; remove the container.
 
-    Endpoint failures, agent overruns and sandbox failures are caught into ``_AgentPhase.error``.
+    Endpoint failures, agent overruns and sandbox failures are caught into ``AgentPhase.error``.
     """
-    phase = _AgentPhase()
+    phase = AgentPhase()
     t0 = time.monotonic()
     deadline = t0 + config.agent_timeout_s
     cfg = mswea_config(image_ref, base_url, model_alias, config)
@@ -231,7 +244,7 @@ def _run_agent_phase(
                 f"agent exceeded its {config.agent_timeout_s:.0f} s budget ({phase.agent_s:.1f} s)"
             )
         if not isinstance(phase.error, errors.ModelEndpointError):
-            _take_submission(env, phase)
+            take_submission(env, phase)
     except errors.ModelRequestError:  # a malformed request is a configuration bug, not an outcome
         raise
     except errors.InfraError as exc:  # sandbox broke (image missing, container or pod gone, podman failure)
@@ -251,8 +264,9 @@ def _run_agent_phase(
     return phase
 
 
-def _take_submission(env: SandboxEnvironment, phase: _AgentPhase) -> None:
-    """Take the agent's submission into ``phase.tree`` where the agent has no hand.
+def take_submission(env: SandboxEnvironment, phase: AgentPhase) -> None:
+    """Take the agent's submission into ``phase.tree`` (a tar of the repository, bytes) where the agent has
+    no hand; raises nothing: a lost sandbox goes to ``phase.error``, an oversized tree to ``phase.notes``.
 
     On podman the agent's tree is copied out of its stopped container from the host
     (:func:`forgeflow.sandbox.tree.export_tree`); on Kubernetes the agent's commands still running are
@@ -288,7 +302,7 @@ def _record_submission(traj_path: Path, patch: str) -> None:
     atomic_write_text(traj_path, json.dumps(data, indent=2))
 
 
-def _save_trajectory(agent: Any, phase: _AgentPhase, traj_path: Path, ids: dict[str, str]) -> None:
+def _save_trajectory(agent: Any, phase: AgentPhase, traj_path: Path, ids: dict[str, str]) -> None:
     """Count the run's steps and tokens into ``phase`` and save the trajectory with forgeflow's
     ``info`` (exit status, submission, ``forgeflow``: ``ids`` plus the counts, time, error, supervision)."""
     phase.n_steps = int(agent.n_calls)
@@ -313,7 +327,7 @@ def _save_trajectory(agent: Any, phase: _AgentPhase, traj_path: Path, ids: dict[
 
 
 def _record(
-    *, trial_id: str, instance_id: str, started_at: datetime, phase: _AgentPhase,
+    *, trial_id: str, instance_id: str, started_at: datetime, phase: AgentPhase,
     reward: float | None, error: BaseException | None, verdict: SubmissionVerdict | None, notes: list[str],
 ) -> TrialResult:
     """Build the agent's TrialRecord (with its costs: steps and tokens, and the verifier's evidence).
@@ -338,7 +352,7 @@ def _record(
     return TrialResult(**fields)
 
 
-def _graded_submission(phase: _AgentPhase, verdict: SubmissionVerdict | None) -> str | None:
+def _graded_submission(phase: AgentPhase, verdict: SubmissionVerdict | None) -> str | None:
     """The submission as the verifier graded it: git's own patch when it put the agent's tree in place,
     else the diff taken from the agent (None when the verifier never ran and no diff was taken)."""
     if verdict is not None and (phase.tree is not None or verdict.submission_patch):
@@ -359,12 +373,12 @@ def supervision_event(record: TrialResult, job_id: str | None = None, run_id: st
 
     if record.supervision is None:
         return None
-    kind = record.supervision["kind"]
+    kind = record.supervision.kind
     return SupervisionEventRecord(
         event_id=f"{record.trial_id}:{kind}", trial_id=record.trial_id, job_id=job_id, kind=kind,
-        evidence={**record.supervision.get("evidence", {}), "exception_type": record.exception_type,
+        evidence={**record.supervision.evidence, "exception_type": record.exception_type,
                   "reward": record.reward},
-        trajectory_path=record.supervision.get("trajectory_path"), run_id=run_id,
+        trajectory_path=record.supervision.trajectory_path, run_id=run_id,
     )
 
 
@@ -559,7 +573,8 @@ def run_agent_trial_on(placement: RayPlacement | None, task: AgentTask, base_url
         return TrialResult(trial_id=make_trial_id(task.instance_id, "agent", task.image_ref, key),
                            instance_id=task.instance_id, kind="agent", exception_type=type(exc).__name__,
                            exception_message=str(exc), started_at=started_at, env_setup_s=0.0)
-    return record.model_copy(update={"verifier": {**(record.verifier or {}), "node_id": node_id}})
+    evidence = (record.verifier or VerifierEvidence()).model_copy(update={"node_id": node_id})
+    return record.model_copy(update={"verifier": evidence})
 
 
 def _agent_trial_with_key(api_key: str | None, *args: Any) -> TrialResult:

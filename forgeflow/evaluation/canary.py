@@ -290,23 +290,6 @@ def refuse_problems(problems: Sequence[str], headline: str, shown: int = 20) -> 
         raise PreflightError(f"{headline}:\n  " + "\n  ".join(problems[:shown]) + more)
 
 
-def trial_row(tr: Any, job_id: str | None, model_sha256: str | None, run_id: str | None,
-              batch_id: str | None = None) -> records.TrialRecord:
-    """The store row of a trial (:class:`forgeflow.sandbox.trial.TrialResult`: agent, nop or oracle), timings
-    flattened to seconds per phase (``env_setup_s``, ``verifier_s``, ``agent_s``); costs where the
-    trial has them. Used by the canary, the lifecycle and curate."""
-    timings = {k: v for k, v in {"env_setup_s": tr.env_setup_s, "verifier_s": tr.verifier_s,
-                                 "agent_s": tr.agent_s}.items() if v is not None}
-    return records.TrialRecord(trial_id=tr.trial_id, instance_id=tr.instance_id, kind=tr.kind, job_id=job_id,
-                              batch_id=batch_id,
-                              reward=tr.reward, exception_type=tr.exception_type,
-                              exception_message=tr.exception_message, timings=timings,
-                              model_sha256=model_sha256, created_at=tr.started_at, run_id=run_id,
-                              agent_steps=tr.agent_steps, input_tokens=tr.input_tokens,
-                              output_tokens=tr.output_tokens, verifier=tr.verifier,
-                              submission=tr.submission)
-
-
 def render_job_report(job: records.JobRecord, report: compare.JobReport, trials: Sequence[Any],
                       extra: Mapping[str, Any] | None = None) -> str:
     """The markdown job report: the job's identity, the accounting a report must always

@@ -25,6 +25,7 @@ from forgeflow.ledger.tables import (
     TaskStatus,
     TrialKind,
 )
+from forgeflow.ledger.trial_result import TrialResult
 
 _Sha256 = Field(pattern=r"^[0-9a-f]{64}$")
 """A lower-case hex sha256 (64 characters)."""
@@ -130,7 +131,7 @@ class TrialRecord(_Record):
     (e.g. ``{"agent_s": 12.5, "verifier_s": 3.1}``).
     ``agent_steps`` / ``input_tokens`` / ``output_tokens``: the agent's model calls and token
     usage (None where not recorded, e.g. nop/oracle trials). ``verifier``: what the verdict rests
-    on (:attr:`forgeflow.sandbox.trial.TrialResult.verifier`: report format, exit status, output digests,
+    on (:attr:`forgeflow.ledger.trial_result.TrialResult.verifier`: report format, exit status, output digests,
     a report problem, a submission's screening with ``tampering`` and the protected paths).
     ``submission``: an agent trial's submission as the verifier got it (the unified diff, ``""`` for an
     empty one; None when none was recorded: a trial from before migration 0008, whose diff is in its
@@ -162,6 +163,26 @@ class TrialRecord(_Record):
     verifier: dict[str, Any] | None = None
     submission: str | None = None
     submission_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+
+    @classmethod
+    def from_trial(cls, trial: TrialResult, job_id: str | None, model_sha256: str | None, run_id: str | None,
+                   batch_id: str | None = None) -> TrialRecord:
+        """The row of ``trial`` (nop, oracle or agent) in job ``job_id`` / batch ``batch_id``: its timings
+        flattened to seconds per phase (``env_setup_s``, ``verifier_s``, ``agent_s``, those recorded), its
+        costs where it has them, its verifier evidence as JSON (the keys its writer gave).
+
+        Raises:
+            pydantic.ValidationError: an id, digest or message out of the row's bounds.
+        """
+        timings = {k: v for k, v in {"env_setup_s": trial.env_setup_s, "verifier_s": trial.verifier_s,
+                                     "agent_s": trial.agent_s}.items() if v is not None}
+        return cls(trial_id=trial.trial_id, instance_id=trial.instance_id, kind=trial.kind, job_id=job_id,
+                   batch_id=batch_id, reward=trial.reward, exception_type=trial.exception_type,
+                   exception_message=trial.exception_message, timings=timings, model_sha256=model_sha256,
+                   created_at=trial.started_at, run_id=run_id, agent_steps=trial.agent_steps,
+                   input_tokens=trial.input_tokens, output_tokens=trial.output_tokens,
+                   verifier=trial.verifier.model_dump(mode="json") if trial.verifier is not None else None,
+                   submission=trial.submission)
 
     @model_validator(mode="before")
     @classmethod

@@ -61,8 +61,14 @@ def _remote_call(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) ->
     return fn(*args, **kwargs), ray.get_runtime_context().get_node_id()
 
 
-def _connect(address: str) -> Any:
-    """Ray, connected to ``address`` as a driver (once per process)."""
+def connect(address: str) -> Any:
+    """Ray, connected to ``address`` as a driver (once per process; the trials' and the RL episodes' one
+    connection).
+
+    Raises:
+        ToolMissingError: Ray is not installed.
+        TransientInfraError: the cluster cannot be reached.
+    """
     try:
         import ray
     except ImportError as exc:  # pragma: no cover - ray is a pinned dependency
@@ -96,7 +102,8 @@ def with_node(outcome: trial.ValidationOutcome, node_id: str) -> trial.Validatio
     def tag(result: trial.TrialResult | None) -> trial.TrialResult | None:
         if result is None:
             return None
-        return result.model_copy(update={"verifier": {**(result.verifier or {}), "node_id": node_id}})
+        evidence = (result.verifier or trial.VerifierEvidence()).model_copy(update={"node_id": node_id})
+        return result.model_copy(update={"verifier": evidence})
 
     return outcome.model_copy(update={"nop": tag(outcome.nop), "oracle": tag(outcome.oracle),
                                       "oracle_repeats": [tag(r) for r in outcome.oracle_repeats]})
@@ -121,7 +128,7 @@ def run_on_ray(placement: RayPlacement, what: str, fn: Callable[..., T], *args: 
         ForgeflowError: what ``fn`` raised on the node (an InputError stays an InputError).
         InfraError: ``fn`` raised something else there.
     """
-    ray = _connect(placement.address)
+    ray = connect(placement.address)
     ref = _REMOTE["call"].options(name=what, resources={placement.resource: placement.per_trial},
                                   max_retries=placement.max_retries, retry_exceptions=False,
                                   num_cpus=0).remote(fn, args, kwargs)

@@ -41,14 +41,15 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any, Protocol
+from typing import Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow.common import errors
 from forgeflow.common.fsutil import sha256_json
 from forgeflow.common.names import sanitize_name
 from forgeflow.ledger.tables import TrialKind
+from forgeflow.ledger.trial_result import ErrorOutcome, RepeatEvidence, RunEvidence, TrialResult, VerifierEvidence
 from forgeflow.sandbox.backends import SandboxTarget, get_backend
 from forgeflow.sandbox.base import OneShotSandbox, Sandbox, SandboxSpec
 from forgeflow.sandbox.flaky_gold import (
@@ -84,6 +85,7 @@ __all__ = [
     "TrialKind",
     "TrialResult",
     "VerifierResult",
+    "VerifierEvidence",
     "ValidationOutcome",
     "FlakyPolicy",
     "FLAKY_POLICIES",
@@ -127,89 +129,6 @@ PATCH_PATH_IN_SANDBOX = "/tmp/forgeflow-bug.patch"
 # exceptions recorded on a trial rather than raised: the infrastructure broke, or the Oracle
 # could not revert the patch (the image does not hold the bug it claims)
 _RECORDED_ERRORS: tuple[type[BaseException], ...] = (errors.InfraError, errors.PatchApplyError)
-
-
-class TrialResult(BaseModel):
-    """One trial's outcome: a reward, or the infrastructure error that prevented one.
-
-    Attributes:
-        trial_id: deterministic id (:func:`make_trial_id`).
-        instance_id: the task.
-        kind: ``nop``, ``oracle`` or ``agent``.
-        reward: 0.0..1.0 (see the module's reward convention); None iff ``exception_type`` is set.
-        exception_type: class name of the error (``SandboxOOMError``, ``VerifierTimeoutError``, ...).
-        exception_message: its message; set iff ``exception_type`` is.
-        started_at: when the trial started (timezone-aware, stored in UTC).
-        env_setup_s: seconds to start the container (the Oracle's revert runs in its test exec).
-        verifier_s: seconds the test run took; None if it never completed.
-        agent_s: seconds the agent ran; None for nop/oracle.
-        tests: status map of the verifier run (empty when it did not complete).
-        log_tail: the last :data:`LOG_TAIL_CHARS` characters of the verifier's output.
-        agent_steps / input_tokens / output_tokens: the agent's model calls and token usage
-            (agent trials only; None for nop/oracle).
-        supervision: set when the agent supervisor stopped the run (``AgentLoopError`` /
-            ``AgentHangError``): ``{"kind": "dead_loop" | "hang", "evidence": {...},
-            "trajectory_path": str}``; None otherwise.
-        verifier: what the verifier's verdict rests on: the run's evidence (report format, exit
-            status, output digests, a ``problem`` with the report), and for a submission its
-            screening (``submission``: policy, protected paths touched, ``tampering``); None
-            when no verifier ran.
-        submission: an agent trial's submission as graded (``forgeflow rescore`` re-verifies it); else None.
-    """
-
-    model_config = ConfigDict(frozen=True)
-
-    trial_id: str = Field(min_length=1)
-    instance_id: str = Field(min_length=1)
-    kind: TrialKind
-    reward: float | None = Field(default=None, ge=0.0, le=1.0)
-    exception_type: str | None = None
-    exception_message: str | None = None
-    started_at: datetime
-    env_setup_s: float = Field(ge=0.0)
-    verifier_s: float | None = Field(default=None, ge=0.0)
-    agent_s: float | None = Field(default=None, ge=0.0)
-    tests: dict[str, str] = Field(default_factory=dict)
-    log_tail: str = ""
-    agent_steps: int | None = Field(default=None, ge=0)
-    input_tokens: int | None = Field(default=None, ge=0)
-    output_tokens: int | None = Field(default=None, ge=0)
-    supervision: dict[str, Any] | None = None
-    verifier: dict[str, Any] | None = None
-    submission: str | None = None
-
-    def costs(self) -> dict[str, float]:
-        """``{"input_tokens", "agent_steps", "wall_s"}`` where recorded (for
-        :func:`forgeflow.evaluation.compare.cost_ratios`); wall time is agent + verifier seconds."""
-        out: dict[str, float] = {}
-        if self.input_tokens is not None:
-            out["input_tokens"] = float(self.input_tokens)
-        if self.agent_steps is not None:
-            out["agent_steps"] = float(self.agent_steps)
-        if self.agent_s is not None:
-            out["wall_s"] = self.agent_s + (self.verifier_s or 0.0)
-        return out
-
-    @field_validator("started_at")
-    @classmethod
-    def _utc(cls, value: datetime) -> datetime:
-        if value.tzinfo is None:
-            raise ValueError("started_at must be timezone-aware (UTC)")
-        return value.astimezone(timezone.utc)
-
-    @model_validator(mode="after")
-    def _one_outcome(self) -> "TrialResult":
-        scored_despite = self.kind == "agent" and self.exception_type in errors.SCORED_DESPITE_EXCEPTION
-        if self.reward is None and self.exception_type is None or (
-            self.reward is not None and self.exception_type is not None and not scored_despite
-        ):
-            raise ValueError(
-                f"trial {self.trial_id}: exactly one of reward ({self.reward!r}) and "
-                f"exception_type ({self.exception_type!r}) must be set"
-            )
-        if (self.exception_type is None) != (self.exception_message is None):
-            raise ValueError(f"trial {self.trial_id}: exception_message is set iff exception_type is")
-        return self
 
 
 class ValidationOutcome(BaseModel):
@@ -370,13 +289,13 @@ def _record(instance_id: str, kind: TrialKind, run: _Run, reward: float | None) 
     if run.error is not None:
         return TrialResult(
             trial_id=run.trial_id, instance_id=instance_id, kind=kind, reward=reward, started_at=run.started_at,
-            env_setup_s=run.env_setup_s, verifier={"outcome": {
-                "error_type": type(run.error).__name__, "error_message": str(run.error) or repr(run.error)}})
+            env_setup_s=run.env_setup_s, verifier=VerifierEvidence(outcome=ErrorOutcome(
+                error_type=type(run.error).__name__, error_message=str(run.error) or repr(run.error))))
     assert run.result is not None
-    evidence: dict[str, Any] = {"run": run.result.evidence()}
-    if run.result.repeat_s is not None:
-        evidence["repeat"] = {"repeat_s": run.result.repeat_s, "runs": len(run.result.repeat_runs),
-                              "tests": len(run.result.repeat_runs[-1]) if run.result.repeat_runs else 0}
+    repeat = None if run.result.repeat_s is None else RepeatEvidence(
+        repeat_s=run.result.repeat_s, runs=len(run.result.repeat_runs),
+        tests=len(run.result.repeat_runs[-1]) if run.result.repeat_runs else 0)
+    evidence = VerifierEvidence(run=RunEvidence.model_validate(run.result.evidence()), repeat=repeat)
     return TrialResult(
         trial_id=run.trial_id, instance_id=instance_id, kind=kind, reward=reward,
         started_at=run.started_at, env_setup_s=run.env_setup_s, verifier_s=run.result.duration_s,

@@ -11,7 +11,7 @@ On Kubernetes (through the loopback fake of the API, tests/fakes/kubernetes_api.
 that runs pods with podman, not a cluster) the agent's pod carries a ``tree`` sidecar of the pristine
 image sharing the repository volume, and the same ``tar`` runs there
 (:meth:`forgeflow.sandbox.kubernetes.KubernetesSandbox.export_tree`), reached through the product's
-``_take_submission``.
+``take_submission``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import tarfile
 import pytest
 
 from forgeflow.common import errors
-from forgeflow.evaluation.agent import _AgentPhase, _take_submission
+from forgeflow.evaluation.agent import AgentPhase, take_submission
 from forgeflow.evaluation.sandbox_env import SandboxEnvironment, SandboxEnvironmentConfig
 from forgeflow.sandbox.backends import SandboxTarget
 from forgeflow.sandbox.kubernetes import new_core_api
@@ -124,8 +124,8 @@ def test_on_kubernetes_the_agents_tools_cannot_hide_its_change(task_image: str, 
     try:
         _run(env, [FIX, "printf 'def test_repro():\\n    pass\\n' > test_repro.py", *HIDE, *ESCAPES])
         assert env.execute({"command": "git diff"})["output"] == "", "the agent's own git hides the fix"
-        phase = _AgentPhase()
-        _take_submission(env, phase)
+        phase = AgentPhase()
+        take_submission(env, phase)
         assert phase.error is None and phase.tree is not None, (phase.error, phase.notes)
         with pytest.raises(TreeTooLargeError):  # the same bound as podman's
             env.sandbox.export_tree(max_bytes=1024)
@@ -144,8 +144,8 @@ def test_the_tree_taken_on_kubernetes_equals_the_tree_taken_on_podman(task_image
     env = _kube_env(kube, task_image, "ff-test-adv-k8s-same")
     try:
         _run(env, EDITS)
-        phase = _AgentPhase()
-        _take_submission(env, phase)
+        phase = AgentPhase()
+        take_submission(env, phase)
         assert phase.error is None and phase.tree is not None
         # the bytes reach a pod as they are (a verifier's pod puts the tree in place this way)
         env.sandbox.write_file("/tmp/tree.tar", phase.tree)
@@ -167,8 +167,8 @@ def test_on_kubernetes_a_pod_gone_or_evicted_before_its_tree_is_an_exception_not
         new_core_api(str(kube.kubeconfig)).delete_namespaced_pod(envs[1].config.name, "forgeflow",
                                                                  grace_period_seconds=0)
         for env, evidence in zip(envs, ("evicted", "gone")):
-            phase = _AgentPhase()
-            _take_submission(env, phase)
+            phase = AgentPhase()
+            take_submission(env, phase)
             assert isinstance(phase.error, errors.SandboxError) and evidence in str(phase.error), phase.error
             assert phase.tree is None and not phase.notes
     finally:

@@ -69,7 +69,7 @@ def test_a_fail_to_pass_test_that_passes_only_once_per_process_is_flagged_flaky(
     assert [t.kind for t in seen] == ["nop", "oracle", "oracle"] and [t.reward for t in seen] == [0.0, 1.0, 1.0]
     # the repeats' cost, from pytest's own durations, is reported with the verdict and the trial
     assert report.repeat_s is not None and 0 <= report.repeat_s < 5
-    assert seen[-1].verifier["repeat"] == {"repeat_s": report.repeat_s, "runs": 6, "tests": 2}
+    assert seen[-1].verifier.repeat.model_dump() == {"repeat_s": report.repeat_s, "runs": 6, "tests": 2}
     assert report.known_tests == ["tests/test_calc.py::test_add", "tests/test_calc.py::test_mul"]
 
 
@@ -85,5 +85,5 @@ def test_a_bug_whose_nop_run_hangs_is_rejected_for_it_not_left_as_an_exception(
     assert report.reason.startswith("the NOP run (bug present) hung past the verifier's limit while the Oracle run "
                                     "completed in") and "VerifierTimeoutError" in report.reason
     nop, oracle = seen
-    assert nop.kind == "nop" and nop.reward == 0.0 and nop.verifier["outcome"]["error_type"] == "VerifierTimeoutError"
+    assert nop.kind == "nop" and nop.reward == 0.0 and nop.verifier.outcome.error_type == "VerifierTimeoutError"
     assert oracle.kind == "oracle" and oracle.reward == 1.0 and oracle.tests["tests/test_calc.py::test_spin"] == "PASSED"

@@ -152,7 +152,7 @@ def test_validation_reads_non_utf8_output_and_ids_with_spaces(task_image: str) -
     assert outcome.report.FAIL_TO_PASS == F2P and set(IDS) <= set(outcome.report.PASS_TO_PASS)
     assert outcome.report.oracle_runs == 2 and [t.kind for t in seen] == ["nop", "oracle", "oracle"]
     assert [t.trial_id for t in seen] == [t.trial_id for t in outcome.trials]
-    assert all(t.verifier["run"]["undecodable_output"] for t in seen)
+    assert all(t.verifier.run.undecodable_output for t in seen)
 
 
 COIN_TEST = "import os\n\n\ndef test_coin():\n    assert os.urandom(1)[0] % 2 == 0\n"

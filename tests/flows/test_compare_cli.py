@@ -165,11 +165,11 @@ def test_compare_flow_writes_report_and_plot_and_references_the_plot(home: Path,
 def test_lifecycle_compare_task_lists_exclusions_and_counts_flagged_trials(flow_store_url: str,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """The compare stage's cached comparison (``tasks.evaluation.compare_stored_jobs``, what the
-    ``compare`` flow runs) on two canary jobs recorded as the canary records them (``trial_row``)."""
+    ``compare`` flow runs) on two canary jobs recorded as the canary records them (``TrialRecord.from_trial``)."""
     from datetime import UTC, datetime
 
-    from forgeflow.evaluation.canary import trial_row
     from forgeflow.evaluation.compare.gate import GatePolicy
+    from forgeflow.ledger.records import TrialRecord
     from forgeflow.sandbox.trial import TrialResult as CoreTrial
     from tasks.evaluation import compare_stored_jobs
 
@@ -189,7 +189,7 @@ def test_lifecycle_compare_task_lists_exclusions_and_counts_flagged_trials(flow_
     for job_id, trials in jobs.items():
         store.record_job(JobRecord(job_id=job_id, kind="canary", freeze_name="demo-v1", split="test"))
         for t in trials:
-            store.record_trial(trial_row(t, job_id, None, None))
+            store.record_trial(TrialRecord.from_trial(t, job_id, None, None))
     result = compare_stored_jobs.fn("lc-base", "lc-cand", False, 0, GatePolicy())
     assert [(e.instance_id, e.reason) for e in result.excluded] == [("toolz.t1", "exception in B: AgentHangError")]
     assert result.report_b.flagged == 1 and result.report_b.scored == 2

@@ -30,8 +30,7 @@ JOBS = ("pod-baseline", "pod-candidate")
 def _record_jobs(store_url: str) -> None:
     """Two canary jobs on one frozen split, three trials each (recorded as the canary records them),
     and the repository of each task, in the store at ``store_url``."""
-    from forgeflow.evaluation.canary import trial_row
-    from forgeflow.ledger.records import JobRecord, TaskRecord
+    from forgeflow.ledger.records import JobRecord, TaskRecord, TrialRecord
     from forgeflow.ledger.store import Store
     from forgeflow.sandbox.trial import TrialResult
 
@@ -45,7 +44,7 @@ def _record_jobs(store_url: str) -> None:
         store.record_job(JobRecord(job_id=job_id, kind="canary", freeze_name="demo-v1", split="test"))
         for instance_id, pair in rewards.items():
             agent_s = 4.0 / (n + 1)
-            store.record_trial(trial_row(TrialResult(
+            store.record_trial(TrialRecord.from_trial(TrialResult(
                 trial_id=f"{job_id}-{instance_id}", instance_id=instance_id, kind="agent", reward=pair[n],
                 started_at=started, env_setup_s=0.1, agent_s=agent_s, verifier_s=1.0, agent_steps=2,
                 input_tokens=100), job_id, None, None))

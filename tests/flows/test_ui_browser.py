@@ -165,8 +165,7 @@ def _run_demo_flow(out_dir: Path):
     from flows.stagekit import StageLog
     from flows.stages import CompareParams
     from flows.stages import compare as compare_flow
-    from forgeflow.evaluation.canary import trial_row
-    from forgeflow.ledger.records import JobRecord, TaskRecord
+    from forgeflow.ledger.records import JobRecord, TaskRecord, TrialRecord
     from forgeflow.ledger.store import Store
     from forgeflow.sandbox.trial import TrialResult
 
@@ -186,7 +185,7 @@ def _run_demo_flow(out_dir: Path):
                 trials = [TrialResult.model_validate(t) for t in data["jobs"][label]["trials"]]
                 store.record_job(JobRecord(job_id=job_id, kind="canary", freeze_name="demo-v1", split="test"))
                 for t in trials:
-                    store.record_trial(trial_row(t, job_id, None, str(flow_run.get_id())))
+                    store.record_trial(TrialRecord.from_trial(t, job_id, None, str(flow_run.get_id())))
                 st["counts"] = {"scored": sum(t.reward is not None for t in trials),
                                 "reward_1": sum(t.reward == 1.0 for t in trials)}
         with log.stage("compare") as st:  # as flows/lifecycle.py's compare stage

@@ -139,15 +139,15 @@ def test_period_1_loop_is_stopped_at_the_third_repeat_and_recorded(task_image: s
     assert len(bodies) == 3, "blocked at the 3rd identical call, not later"
     assert record.reward == 0.0 and record.verifier_s is not None, "the verifier still runs (flagged)"
     sup = record.supervision
-    assert sup["kind"] == "dead_loop" and sup["evidence"]["period"] == 1 and sup["evidence"]["repeats"] == 3
-    assert sup["evidence"]["signatures"] == [call_signature("bash", {"command": "cat calc.py"})]
-    messages = _messages(sup["trajectory_path"])
+    assert sup.kind == "dead_loop" and sup.evidence["period"] == 1 and sup.evidence["repeats"] == 3
+    assert sup.evidence["signatures"] == [call_signature("bash", {"command": "cat calc.py"})]
+    messages = _messages(sup.trajectory_path)
     assert messages[-1]["role"] == "exit" and messages[-1]["extra"]["exit_status"] == "AgentLoopError"
     # only the first two `cat` ran: the looping third answer is in the trajectory, its command is not
     assert sum(1 for m in messages if m["role"] == "user" and "<returncode>" in str(m["content"])) == 2
     store = Store()
     (event,) = store.supervision_events(record.trial_id)
-    assert (event.kind, event.job_id, event.trajectory_path) == ("dead_loop", "canary-loop", sup["trajectory_path"])
+    assert (event.kind, event.job_id, event.trajectory_path) == ("dead_loop", "canary-loop", sup.trajectory_path)
     assert event.evidence["exception_type"] == "AgentLoopError" and event.evidence["period"] == 1
 
 
@@ -164,7 +164,7 @@ def test_period_2_loop_with_reformatted_json_arguments_is_one_loop(task_image: s
         record = _trial(url, tmp_path, action_format="toolcall", config_name="swebench")
     assert record.exception_type == "AgentLoopError", record.exception_message
     assert len(bodies) == 6, "blocked at the end of the third A-B cycle"
-    evidence = record.supervision["evidence"]
+    evidence = record.supervision.evidence
     assert evidence["period"] == 2 and evidence["indices"] == [0, 1, 2, 3, 4, 5]
     assert evidence["signatures"] == [call_signature("bash", json.loads(a_forms[0])),
                                       call_signature("bash", json.loads(b_forms[0]))]
@@ -188,11 +188,11 @@ def test_model_server_that_stops_answering_is_a_hang(task_image: str, tmp_path: 
         record = _trial(url, tmp_path, hang_idle_s=2.0)
     assert record.exception_type == "AgentHangError", record.exception_message
     assert len(bodies) == 2
-    evidence = record.supervision["evidence"]
+    evidence = record.supervision.evidence
     assert evidence["during"] == "a model call" and evidence["idle_s"] > 2.0 and evidence["idle_limit_s"] == 2.0
     assert record.reward == 0.0 and record.verifier_s is not None, "the verifier still runs (flagged)"
     assert time.monotonic() - started < 60, "stopped by the watchdog, not by the 120 s agent budget"
-    assert _messages(record.supervision["trajectory_path"])[-1]["extra"]["exit_status"] == "AgentHangError"
+    assert _messages(record.supervision.trajectory_path)[-1]["extra"]["exit_status"] == "AgentHangError"
 
 
 def test_command_stuck_past_the_idle_limit_is_a_hang(task_image: str, tmp_path: Path) -> None:
@@ -202,7 +202,7 @@ def test_command_stuck_past_the_idle_limit_is_a_hang(task_image: str, tmp_path: 
     with scripted_endpoint(answer) as (url, bodies):
         record = _trial(url, tmp_path, hang_idle_s=2.0, command_timeout_s=100)
     assert record.exception_type == "AgentHangError", record.exception_message
-    assert record.supervision["evidence"]["during"] == "a command"
+    assert record.supervision.evidence["during"] == "a command"
     assert len(bodies) == 1, "the run stopped before asking the model again"
     assert time.monotonic() - started < 60, "the watchdog killed the stuck command"
     assert record.verifier_s is not None
@@ -218,10 +218,10 @@ def test_the_watchdogs_kill_leaves_the_container_for_the_submission(task_image: 
     with scripted_endpoint(answer) as (url, bodies):
         record = _trial(url, tmp_path, hang_idle_s=2.0, command_timeout_s=100)
     assert record.exception_type == "AgentHangError", record.exception_message
-    assert record.supervision["evidence"]["during"] == "a command" and len(bodies) == 2
+    assert record.supervision.evidence["during"] == "a command" and len(bodies) == 2
     assert "could not take the submission" not in (record.exception_message or "")
     assert record.reward == 1.0, "the fix in the agent's container was submitted after the kill"
-    traj = json.loads(Path(record.supervision["trajectory_path"]).read_text())
+    traj = json.loads(Path(record.supervision.trajectory_path).read_text())
     assert "a + b" in traj["info"]["submission"]
     assert traj["info"]["config"]["environment_type"] == "forgeflow.evaluation.sandbox_env.SandboxEnvironment"
     assert traj["info"]["config"]["environment"]["backend"] == "podman"

@@ -142,8 +142,8 @@ def test_a_valid_task_runs_the_oracle_twice_and_records_each_trial_as_it_ends(sc
                         "recorded oracle"]
     assert [t.reward for t in seen] == [0.0, 1.0, 1.0]
     assert len({t.trial_id for t in seen}) == 3 and seen == outcome.trials
-    assert seen[0].verifier["run"]["report_format"] == "pytest-report"
-    assert seen[0].verifier["run"]["tripwires"] == {"must_pass": "PASSED", "must_fail": "FAILED"}
+    assert seen[0].verifier.run.report_format == "pytest-report"
+    assert seen[0].verifier.run.tripwires == {"must_pass": "PASSED", "must_fail": "FAILED"}
     # the task's known tests: every id its pristine runs collected (the tripwires left out)
     assert outcome.report.known_tests == ["t::f2p", "t::p2p"]
     # only the second Oracle run repeats (FAIL_TO_PASS + the PASS_TO_PASS sample), 6 runs by default
@@ -162,7 +162,7 @@ def test_a_fail_to_pass_test_that_fails_in_one_repetition_is_flaky_and_its_cost_
         assert report.reason == "flaky: 1 FAIL_TO_PASS test(s) disagree across 2 Oracle runs (7 runs of the tests): " \
                                 "'t::f2p'"
         assert report.repeat_s == pytest.approx(5 * 2 * 0.25)  # 5 further repetitions of 2 tests
-        assert seen[-1].verifier["repeat"] == {"repeat_s": report.repeat_s, "runs": 6, "tests": 2}
+        assert seen[-1].verifier.repeat.model_dump() == {"repeat_s": report.repeat_s, "runs": 6, "tests": 2}
     off = script([BUGGY, GOOD, GOOD])
     outcome, _ = _validate(off, ValidationChecks(flaky_repeat_runs=0))
     assert outcome.report.accepted and off.repeats == [1, 1, 1] and outcome.report.repeat_s is None
@@ -181,7 +181,7 @@ def test_a_nop_run_that_hangs_or_exhausts_memory_rejects_the_task_when_the_oracl
         assert [t.kind for t in seen] == ["nop", "oracle"] and s.events[:2] == ["start nop", "start oracle"]
         nop = seen[0]
         assert nop.reward == 0.0 and nop.exception_type is None
-        assert nop.verifier["outcome"]["error_type"] == type(error).__name__
+        assert nop.verifier.outcome.error_type == type(error).__name__
         assert outcome.failed_trial is None and outcome.report.known_tests == ["t::f2p", "t::p2p"]
     s = script([errors.VerifierTimeoutError("exceeded 180 s"), errors.VerifierTimeoutError("exceeded 180 s")])
     outcome, seen = _validate(s)
