@@ -146,6 +146,7 @@ class Episode(BaseModel):
         verifier: the verifier's evidence (``notes``, ``evidence``, ``submission_patch``) or None.
         trajectory_path: the episode's ``<episode_id>.traj.json`` (mini-swe-agent's format).
         notes: for a person.
+        node_id: the Ray node the episode's container ran on (a ``ray`` dispatcher), or None: this host.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -166,6 +167,7 @@ class Episode(BaseModel):
     verifier: dict[str, Any] | None = None
     trajectory_path: str | None = None
     notes: list[str] = Field(default_factory=list)
+    node_id: str | None = None
 
     @property
     def policy_tokens(self) -> int:

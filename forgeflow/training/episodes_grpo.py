@@ -61,6 +61,7 @@ class EpisodeStepStats(BaseModel):
         policy_tokens: tokens sampled (loss mask 1) over all episodes.
         wall_s: seconds the step's episodes took together.
         reward_mean: mean reward of the scored episodes (None when none was scored).
+        nodes: Ray node id -> episodes whose container ran there (empty: all on this host).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -79,6 +80,7 @@ class EpisodeStepStats(BaseModel):
     policy_tokens: int = Field(default=0, ge=0)
     wall_s: float = Field(default=0.0, ge=0)
     reward_mean: float | None = None
+    nodes: dict[str, int] = Field(default_factory=dict)
 
     @classmethod
     def of(cls, step: int, episodes: Sequence[Episode], wall_s: float) -> "EpisodeStepStats":
@@ -94,6 +96,7 @@ class EpisodeStepStats(BaseModel):
             turns=sum(len(e.turns) for e in episodes), turns_max=max((len(e.turns) for e in episodes), default=0),
             policy_tokens=sum(e.policy_tokens for e in episodes), wall_s=wall_s,
             reward_mean=sum(scored) / len(scored) if scored else None,
+            nodes=dict(sorted(Counter(e.node_id for e in episodes if e.node_id).items())),
         )
 
     def reward_counts(self) -> StepRewardCounts:

@@ -50,10 +50,9 @@ from forgeflow.common.errors import PrefixMismatchError, StepWallError
 from forgeflow.common.fsutil import atomic_write_text
 from forgeflow.common.names import sanitize_name
 from forgeflow.evaluation.agent import AgentPhase, AgentTask, take_submission
-from forgeflow.evaluation.mswea import prepare_mswea_env, stream_path, write_trajectory
-from forgeflow.evaluation.sandbox_env import SandboxEnvironment, environment_config
+from forgeflow.evaluation.mswea import stream_path, write_trajectory
+from forgeflow.evaluation.sandbox_env import SandboxEnvironment
 from forgeflow.evaluation.supervision import BASH_TOOL, MSWEA_ACTION_REGEX, HangWatchdog, LoopDetector, ToolCall
-from forgeflow.sandbox.backends import SandboxTarget
 from forgeflow.sandbox.base import SandboxSpec
 from forgeflow.sandbox.dispatch import verify_on
 from forgeflow.training.episodes import (
@@ -65,10 +64,8 @@ from forgeflow.training.episodes import (
     Policy,
     prefix_mismatch,
 )
-
-MSWEA_CONFIG = "swebench_backticks.yaml"
-"""mini-swe-agent's config whose ``environment`` section (``env``, ``interpreter``) the episode's commands get,
-as the canary agent's do."""
+from forgeflow.training.episodes_env import start_episode_env
+from forgeflow.training.episodes_ray import RayEpisodeEnv
 
 FORMAT_ERROR = ("Please always provide EXACTLY ONE action in triple backticks, found {n} actions.\n"
                 "Answer with one ```mswea_bash_command block holding one command.")
@@ -128,6 +125,7 @@ class _EpisodeRun:
         self.end: EndReason | None = None
         self.error: BaseException | None = None
         self.supervision: dict[str, Any] | None = None
+        self.node_id: str | None = None
         self.notes: list[str] = []
         self.traj = _Trajectory(out_dir / f"{episode_id}.traj.json")
         for m in self.messages:
@@ -220,33 +218,27 @@ def episode_container_name(instance_id: str, episode_id: str) -> str:
     return sanitize_name(f"ff-episode-{instance_id}-{episode_id[:10]}")
 
 
-def _start_env(task: AgentTask, settings: EpisodeSettings, backend: str | SandboxTarget,
-               name: str) -> SandboxEnvironment:
-    """The episode's container, with mini-swe-agent's command environment (as the canary agent's)."""
-    prepare_mswea_env()
-    from minisweagent.config import get_config_from_spec
-
-    section = {**get_config_from_spec(MSWEA_CONFIG)["environment"], "timeout": settings.command_timeout_s}
-    config = environment_config(section, image=task.image_ref, backend=backend, name=name,
-                                memory_mb=settings.memory_mb, cpus=settings.cpus)
-    env = SandboxEnvironment.start(backend, config)
-    try:
-        env.git("rev-parse", "HEAD")  # the task's repository is a git work tree: fails before any turn
-    except BaseException:
-        env.stop()
-        raise
-    return env
+def _episode_env(task: AgentTask, settings: EpisodeSettings, grading: dict[str, Any], name: str) -> Any:
+    """The episode's container: here, or on a Ray sandbox node when ``grading["ray"]`` names a cluster
+    (:class:`forgeflow.training.episodes_ray.RayEpisodeEnv`: commands there, the policy here)."""
+    if grading.get("ray") is None:
+        return start_episode_env(task, settings, grading["backend"], name)
+    return RayEpisodeEnv(grading["ray"], task, settings, grading["backend"], name)
 
 
-def _grade(run: _EpisodeRun, env: SandboxEnvironment, task: AgentTask, settings: EpisodeSettings,
+def _grade(run: _EpisodeRun, env: Any, task: AgentTask, settings: EpisodeSettings,
            grading: dict[str, Any]) -> tuple[float | None, dict[str, Any] | None]:
     """The reward of a finished episode, taken as the agent trial takes it: the tree out of the stopped
     container (``agent.take_submission``), the verifier on it in a fresh pristine container."""
     phase = AgentPhase()
-    take_submission(env, phase)
+    if isinstance(env, SandboxEnvironment):
+        take_submission(env, phase)
+    else:  # on a Ray node: the tree is taken there
+        env.take_submission(phase)
     run.notes.extend(phase.notes)
     if phase.error is not None:  # the container vanished before its tree was taken: infrastructure
         raise phase.error
+    _stop_env(env, run)  # the tree is out: free the container (and a Ray node's slot) before the verifier
     timeout_s = grading["verifier_timeout_s"]
     timeout_s = timeout_s[task.instance_id] if isinstance(timeout_s, dict) else timeout_s
     verdict = verify_on(grading.get("ray"), task.tests(), phase.submission, timeout_s=float(timeout_s),
@@ -270,8 +262,9 @@ def run_episode(task: AgentTask, messages: list[dict[str, Any]], policy: Policy,
         settings: the bounds and tools (:class:`~forgeflow.training.episodes.EpisodeSettings`).
         out_dir: where the trajectory (``<episode_id>.traj.json``) and tokens (``.tokens.json``) go.
         grading: ``backend`` (kind or SandboxTarget, the episode's and the verifier's containers),
-            ``verifier_timeout_s`` (seconds, or instance id -> seconds), optional ``ray`` (the verifier's
-            :class:`~forgeflow.sandbox.dispatch.RayPlacement`),
+            ``verifier_timeout_s`` (seconds, or instance id -> seconds), optional ``ray`` (a
+            :class:`~forgeflow.sandbox.dispatch.RayPlacement`: the episode's container runs on a sandbox node
+            of that cluster, :mod:`forgeflow.training.episodes_ray`, and the verifier too),
             ``episode_id`` (default a uuid4 hex) and ``deadline_monotonic`` (the step's wall bound).
 
     Returns:
@@ -286,13 +279,14 @@ def run_episode(task: AgentTask, messages: list[dict[str, Any]], policy: Policy,
     step_deadline = grading.get("deadline_monotonic")
     deadline = t0 + settings.wall_s if step_deadline is None else min(t0 + settings.wall_s, step_deadline)
     run = _EpisodeRun(task, messages, tokens, settings, episode_id, Path(out_dir))
-    env: SandboxEnvironment | None = None
+    env: Any = None  # a SandboxEnvironment, or a RayEpisodeEnv on a Ray node
     watchdog = HangWatchdog(settings.hang_idle_s, on_hang=lambda _check: env.interrupt() if env else None)
     reward, verifier = None, None
     try:
         if step_deadline is not None and time.monotonic() >= step_deadline:
             raise StepWallError("the step's wall bound passed before the episode started")
-        env = _start_env(task, settings, grading["backend"], episode_container_name(task.instance_id, episode_id))
+        env = _episode_env(task, settings, grading, episode_container_name(task.instance_id, episode_id))
+        run.node_id = getattr(env, "node_id", None)
         watchdog.start()
         detector = LoopDetector(settings.loop_threshold)
         for index in range(settings.max_turns):
@@ -315,11 +309,16 @@ def run_episode(task: AgentTask, messages: list[dict[str, Any]], policy: Policy,
     finally:
         watchdog.stop()
         if env is not None:
-            try:
-                env.stop()
-            except errors.InfraError as exc:
-                run.notes.append(f"could not remove the episode's container: {type(exc).__name__}: {exc}")
+            _stop_env(env, run)
     return _finish(run, reward, verifier, time.monotonic() - t0)
+
+
+def _stop_env(env: Any, run: _EpisodeRun) -> None:
+    """Remove the episode's container (idempotent); a failure is a note, never the episode's outcome."""
+    try:
+        env.stop()
+    except errors.InfraError as exc:
+        run.notes.append(f"could not remove the episode's container: {type(exc).__name__}: {exc}")
 
 
 def _finish(run: _EpisodeRun, reward: float | None, verifier: dict[str, Any] | None, wall_s: float) -> Episode:
@@ -331,6 +330,7 @@ def _finish(run: _EpisodeRun, reward: float | None, verifier: dict[str, Any] | N
         exception_message=str(error) if error is not None else None, supervision=run.supervision,
         prompt_ids=run.prompt_ids, completion_ids=run.completion, loss_mask=run.mask, logprobs=run.logprobs,
         turns=run.turns, wall_s=wall_s, verifier=verifier, trajectory_path=str(run.traj.path), notes=run.notes,
+        node_id=run.node_id,
     )
     summary = episode.model_dump(mode="json", exclude={"prompt_ids", "completion_ids", "loss_mask", "logprobs",
                                                        "turns", "verifier"})

@@ -3,7 +3,8 @@ scripted policies and the tiny model's tokenizer: the mechanics, not learning.
 
 A solver (its sampled ids a non-canonical tokenization) is rewarded 1.0 by the verifier through the
 multi-turn path while a looper beside it is stopped by the loop detector and rewarded 0 with its evidence;
-a container removed mid-episode is an exception (reward None, never 0); a policy that conditions on a
+a container removed mid-episode is an exception (reward None, never 0); a command that hangs is killed by the
+watchdog and the episode rewarded 0 with reason ``hang``; a policy that conditions on a
 re-tokenized history is refused by the prefix check; a GRPO step trains on a solver's and a looper's
 episodes with the trainer's own loss, and the lineage keeps the step's episode counts.
 """
@@ -143,13 +144,21 @@ def test_a_solver_scores_1_through_the_turns_and_a_looper_is_stopped_with_0(
     assert _episode_containers() == []
 
 
-def test_a_lost_sandbox_is_an_exception_and_a_retokenized_history_is_refused(
+def test_a_lost_sandbox_is_an_exception_a_retokenized_history_is_refused_and_a_hang_is_stopped(
         task_image: str, tokens: EpisodeTokens, tmp_path: Path) -> None:
     policy = _ByTask({"calc-kill": _RemovesItsContainer(tokens),
                       "calc-chat": ScriptedPolicy(tokens, [_act("ls"), _act("ls -a")], split_tokens=True,
-                                                  retokenize_history=True)})
-    lost, refused = run_episodes([_job(task_image, "calc-kill"), _job(task_image, "calc-chat")], policy, tokens,
-                                 SETTINGS, tmp_path, GRADING)
+                                                  retokenize_history=True),
+                      "calc-hang": ScriptedPolicy(tokens, [_act("sleep 300")])})
+    hang_settings = SETTINGS.model_copy(update={"concurrency": 3, "hang_idle_s": 4.0})
+    lost, refused, hung = run_episodes([_job(task_image, "calc-kill"), _job(task_image, "calc-chat"),
+                                        _job(task_image, "calc-hang")], policy, tokens, hang_settings, tmp_path,
+                                       GRADING)
+    # the canary's watchdog, reused: a command that hangs is killed after hang_idle_s (not its 30 s timeout)
+    assert (hung.end_reason, hung.reward, hung.exception_type, hung.verifier) == ("hang", 0.0, None, None)
+    assert hung.supervision["kind"] == "hang" and hung.supervision["evidence"]["idle_s"] >= 4.0
+    assert len(hung.turns) == 1 and hung.turns[0].returncode == 137 and hung.wall_s < 25
+    assert json.loads(Path(hung.trajectory_path).read_text())["info"]["exit_status"] == "hang"
     assert (lost.end_reason, lost.reward, lost.exception_type) == ("exception", None, "SandboxError")
     assert "vanished" in lost.exception_message
     assert (refused.end_reason, refused.reward, refused.exception_type) == ("prefix_mismatch", None,
