@@ -458,8 +458,8 @@ def _burst(run: _Run, base_model: Any, train: list[_TaskImage], envs: dict[str, 
         burst = config.burst
         adapter = sft_burst_flow(SFTBurstParams(
             hf_dir=base_model.path, samples_jsonl=samples_jsonl, out_dir=out_dir / "models",
-            training=SFTHyperParams(steps=burst.max_steps, learning_rate=burst.learning_rate, lora_r=burst.lora_r,
-                                    max_length=burst.max_length_tokens, seed=config.seed)))
+            training=SFTHyperParams(max_steps=burst.max_steps, learning_rate=burst.learning_rate, lora_r=burst.lora_r,
+                                    max_length=burst.max_length, seed=config.seed)))
         st["counts"] = {"samples": len(sft_samples), "steps": adapter.steps}
         st["digests"] = {"adapter": adapter.adapter_sha256, "dataset": adapter.dataset_sha256}
         st["paths"] = {"adapter": str(adapter.adapter_path), "samples": str(samples_jsonl)}

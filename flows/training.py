@@ -45,6 +45,7 @@ from forgeflow.training import verl
 from forgeflow.training.adapters import AdapterRecord, BurstOrigin, Lineage, pin_adapter
 from forgeflow.training.episodes import EPISODE_PROMPT_TEMPLATE
 from forgeflow.training.episodes_grpo import EpisodeStepStats
+from forgeflow.training.episodes_plot import episode_plot_markdown
 from forgeflow.training.health import BurstHealthError
 from forgeflow.training.ppo import local_checkpoint_dir
 from forgeflow.training.rewards import StepRewardCounts
@@ -130,13 +131,15 @@ def reward_rows(counts: list[StepRewardCounts]) -> list[dict[str, object]]:
 
 def episode_rows(stats: list[EpisodeStepStats]) -> list[dict[str, object]]:
     """The agentic burst's episodes as table rows, one per optimizer step: rewards, exceptions by type, refused
-    prefixes, supervision stops, end reasons, turns, sampled tokens and the step's wall time."""
+    prefixes, supervision stops, end reasons, turns, sampled tokens, the step's wall time and the Ray nodes that
+    ran the episodes' containers (``-``: this host)."""
     return [{"step": s.step, "episodes": s.episodes, "resolved": s.resolved, "unresolved": s.unresolved,
              "reward mean": "-" if s.reward_mean is None else f"{s.reward_mean:.3f}", "exceptions": s.exceptions,
              "by type": _kinds(s.exception_types), "prefix refused": s.prefix_refused,
              "supervision stops": _kinds(s.supervision_stops), "end reasons": _kinds(s.end_reasons),
              "turns": s.turns, "turns max": s.turns_max, "policy tokens": s.policy_tokens,
-             "wall s": round(s.wall_s, 1)} for s in stats]
+             "wall s": round(s.wall_s, 1), "ray nodes": _kinds({n[:12]: c for n, c in s.nodes.items()})}
+            for s in stats]
 
 
 def _run_id() -> str | None:
@@ -193,8 +196,10 @@ def sft_burst(params: SFTBurstParams) -> BurstResult:
 
     * ``hf_dir``: the base model folder (HF checkpoint with tokenizer and chat template).
     * ``samples_jsonl``: one ``{"messages": [...]}`` row per line (see
-      :func:`forgeflow.training.jsonl.read_sft_jsonl`).
-    * ``training``: :class:`SFTHyperParams`: steps, learning rate, LoRA rank, max length (tokens),
+      :func:`forgeflow.training.jsonl.read_sft_jsonl`); on an image-text-to-text base (``tiny-vl``, a Qwen3.5 /
+      Qwen3-VL checkpoint) a user turn may hold image parts (:mod:`forgeflow.training.sample_images`): the
+      vision tower is frozen and recorded so in the lineage (:mod:`forgeflow.training.vl_burst`).
+    * ``training``: :class:`SFTHyperParams`: max_steps, learning rate, LoRA rank, max length (tokens),
       batch size (rows per step), seed, device, ``packing`` (bfd packing, padding-free; False: one
       sample per row) and ``gradient_checkpointing`` (None: on CUDA only where a step's activations
       would not fit the GPU, off on the CPU); the lineage records device,
@@ -274,7 +279,8 @@ def rl_burst(params: RLBurstParams) -> BurstResult:
       ``<out_dir>/adapters/<sha256>``.
     * ``dispatcher``: a ``forgeflow-dispatcher`` block (:class:`blocks.core.TrialDispatcher`) as
       curate takes it: ``ray`` scores each rollout as a Ray task on a sandbox node of that cluster
-      (the counts per step name the nodes); None or ``in-process``: here.
+      (the counts per step name the nodes); in the agentic mode each episode's container runs on such a
+      node too, driven from here (:mod:`forgeflow.training.episodes_ray`); None or ``in-process``: here.
     * ``episode``: the agentic mode (:class:`forgeflow.training.episodes.EpisodeSettings`; ``grpo``
       only): each rollout a multi-turn episode of the policy (bash in a fresh container of the task
       image on ``sandbox``'s backend, labelled with the run so a cancelled run's are swept; submit)
@@ -282,7 +288,9 @@ def rl_burst(params: RLBurstParams) -> BurstResult:
       episodes at once under ``step_wall_s``; rewarded by the verifier on the episode's final change,
       token-exact (:mod:`forgeflow.training.episodes_grpo`). Prompts from
       ``forgeflow/data/rl_episode_prompt.md``; trajectories (canary format) under
-      ``<out_dir>/rl-episodes/<run id>/step-<N>/``; the table artifact ``rl-burst-episodes`` and
+      ``<out_dir>/rl-episodes/<run id>/step-<N>/``; the table artifact ``rl-burst-episodes``, the markdown
+      artifact ``rl-burst-episodes-plot`` (reward and turns per step, the PNG also at
+      ``<out_dir>/rl-episodes/<run id>/episodes.png``) and
       ``lineage.json``'s ``episode_stats`` count each step's rewards, exceptions, refused prefixes,
       supervision stops, end reasons and turns. None: single-turn rollouts.
 
@@ -337,6 +345,9 @@ def rl_burst(params: RLBurstParams) -> BurstResult:
         table_artifact("rl-burst-episodes", episode_rows(record.episode_stats),
                        "rl-burst (agentic): episodes per optimizer step (rewards, exceptions, refused prefixes, "
                        "supervision stops, turns)")
+        markdown_artifact("rl-burst-episodes-plot", episode_plot_markdown(
+            record.episode_stats, models / "rl-episodes" / run_id / "episodes.png"),
+            "rl-burst (agentic): reward and turns per optimizer step")
     if not record.weights_changed:
         what = (f"left adapter {record.adapter.sha256[:12]} unchanged" if parent_dir is not None
                 else "left its new adapter at peft's initial weights")

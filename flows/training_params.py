@@ -42,7 +42,7 @@ class SFTHyperParams(BaseModel):
     """Hyper-parameters of an SFT burst (the common subset of :class:`BurstConfig`).
 
     Attributes:
-        steps: optimizer steps.
+        max_steps: optimizer steps.
         learning_rate: constant learning rate (no warm-up).
         lora_r: LoRA rank; a continued adapter must have the same rank.
         max_length: tokens per sample and per packed row; a longer sample is refused, not truncated.
@@ -61,7 +61,7 @@ class SFTHyperParams(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    steps: int = Field(2, ge=1, le=100_000, description="optimizer steps")
+    max_steps: int = Field(2, ge=1, le=100_000, description="optimizer steps")
     learning_rate: float = Field(1e-3, gt=0.0, le=1.0, description="constant learning rate (no warm-up)")
     lora_r: int = Field(8, ge=1, le=256, description="LoRA rank (lora_alpha = 2 x rank); a continued adapter "
                                                      "must have the same rank")
@@ -83,7 +83,7 @@ class SFTHyperParams(BaseModel):
 
     def burst_config(self) -> BurstConfig:
         """The :class:`BurstConfig` these hyper-parameters stand for (other fields at their defaults)."""
-        return BurstConfig(max_steps=self.steps, learning_rate=self.learning_rate, lora_r=self.lora_r,
+        return BurstConfig(max_steps=self.max_steps, learning_rate=self.learning_rate, lora_r=self.lora_r,
                            lora_alpha=2 * self.lora_r, max_length=self.max_length,
                            per_device_train_batch_size=self.batch_size, seed=self.seed,
                            device=self.device, packing=self.packing,
@@ -95,7 +95,7 @@ class RLHyperParams(BaseModel):
 
     Attributes:
         algorithm: ``grpo`` or ``rloo`` (TRL trainers).
-        steps: optimizer steps.
+        max_steps: optimizer steps.
         learning_rate: constant learning rate.
         lora_r: LoRA rank; a continued adapter must have the same rank.
         num_generations: completions sampled per prompt (the group), >= 2.
@@ -111,7 +111,7 @@ class RLHyperParams(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     algorithm: Literal["grpo", "rloo"] = Field("grpo", description="grpo or rloo (TRL trainers)")
-    steps: int = Field(2, ge=1, le=100_000, description="optimizer steps")
+    max_steps: int = Field(2, ge=1, le=100_000, description="optimizer steps")
     learning_rate: float = Field(1e-4, gt=0.0, le=1.0, description="constant learning rate")
     lora_r: int = Field(8, ge=1, le=256, description="LoRA rank (lora_alpha = 2 x rank); a continued adapter "
                                                      "must have the same rank")
@@ -133,7 +133,7 @@ class RLHyperParams(BaseModel):
         Raises:
             pydantic.ValidationError: ``episode`` with an algorithm other than ``grpo``.
         """
-        return RLBurstConfig(episode=episode, algorithm=self.algorithm, max_steps=self.steps,
+        return RLBurstConfig(episode=episode, algorithm=self.algorithm, max_steps=self.max_steps,
                              learning_rate=self.learning_rate,
                              lora_r=self.lora_r, lora_alpha=2 * self.lora_r, num_generations=self.num_generations,
                              max_completion_length=self.max_completion_length, seed=self.seed,
@@ -163,8 +163,11 @@ class SFTBurstParams(StageParams):
 
     hf_dir: Path = Field(description=_HF_DIR)
     samples_jsonl: Path = Field(description="the chat samples: one {\"messages\": [...]} or {\"prompt\", "
-                                            "\"completion\"} row per line (one format per file)")
-    training: SFTHyperParams = Field(SFTHyperParams(), description="steps, learning_rate, lora_r, max_length "
+                                            "\"completion\"} row per line (one format per file); a user turn may "
+                                            "hold image parts {\"type\": \"image\", \"image\": <path relative "
+                                            "to the JSONL, or the sha256 of a file beside it>} on an "
+                                            "image-text-to-text base (tiny-vl)")
+    training: SFTHyperParams = Field(SFTHyperParams(), description="max_steps, learning_rate, lora_r, max_length "
                                      "(tokens), batch_size (rows per step), seed, device, packing, "
                                      "gradient_checkpointing")
     parent_adapter: str | None = Field(None, min_length=1, description=_PARENT)
@@ -209,7 +212,7 @@ class RLBurstParams(StageParams):
     source: TaskSource = Field(TaskSource(), description="the freeze's task rows (with freeze_name): candidates_path, "
                                "dataset or generated_path (default $FORGEFLOW_HOME/demo/candidates.jsonl), "
                                "test_commands and test_specs per repository")
-    training: RLHyperParams = Field(RLHyperParams(), description="algorithm, steps, learning_rate, lora_r, "
+    training: RLHyperParams = Field(RLHyperParams(), description="algorithm, max_steps, learning_rate, lora_r, "
                                     "num_generations, max_completion_length (tokens), seed, verifier timeout "
                                     "multiplier and concurrency, device")
     parent_adapter: str | None = Field(None, min_length=1, description=_PARENT)

@@ -199,7 +199,7 @@ class BurstSettings(BaseModel):
         max_steps: Optimizer steps.
         learning_rate: LoRA learning rate.
         lora_r: LoRA rank (1-256).
-        max_length_tokens: Tokens per SFT sample (mini-swe-agent prompts are long).
+        max_length: Tokens per SFT sample (mini-swe-agent prompts are long).
     """
 
     model_config = _GROUP
@@ -207,7 +207,7 @@ class BurstSettings(BaseModel):
     max_steps: int = Field(4, ge=1, description="optimizer steps of the SFT burst")
     learning_rate: float = Field(1e-3, gt=0, description="LoRA learning rate")
     lora_r: int = Field(8, ge=1, le=256, description="LoRA rank")
-    max_length_tokens: int = Field(4096, ge=64, description="tokens per SFT sample (mini-swe-agent prompts are long)")
+    max_length: int = Field(4096, ge=64, description="tokens per SFT sample (mini-swe-agent prompts are long)")
 
 
 class PackageSettings(BaseModel):

@@ -406,7 +406,6 @@ def window_dataset(store_url: str, job_id: str | None, trajectories_dir: Path | 
         InputError: see :func:`_trajectory_files`; a malformed trajectory (named); no window at all; ``path``
             holding other samples (:func:`forgeflow.training.windows.write_window_jsonl`).
     """
-    from forgeflow.common.fsutil import sha256_json
     from forgeflow.common.settings import home_dir
     from forgeflow.training.windows import build_windows, write_window_jsonl
 
@@ -419,5 +418,6 @@ def window_dataset(store_url: str, job_id: str | None, trajectories_dir: Path | 
     built = build_windows(files, config)
     written, digest = write_window_jsonl(built, path, folder=home_dir() / "windows", name=name)
     rows = burst.sft_rows(jsonl.read_sft_jsonl(written))
-    return WindowDataset(path=written, file_sha256=digest, dataset_sha256=sha256_json(rows), trajectories=len(files),
+    return WindowDataset(path=written, file_sha256=digest, dataset_sha256=burst.dataset_sha256(rows),
+                         trajectories=len(files),
                          stats=built.stats)

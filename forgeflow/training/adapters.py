@@ -63,13 +63,13 @@ def lora_config(config: LoraSettings) -> Any:
 LINEAGE_FILE = "lineage.json"
 
 
-LINEAGE_SCHEMA_VERSION = 5
+LINEAGE_SCHEMA_VERSION = 6
 """2: adds ``lineage.algorithm`` and ``health`` (version 1 files read as algorithm ``sft``
 without a health report, hence not reusable). 3: ``sha256`` is :func:`adapter_sha256` of the
 weights and config only (versions 1-2 digested every file but ``lineage.json``, README included;
 such files are still verified with that older scheme). 4: adds ``lineage.attention`` and
 ``lineage.packing`` (None in older files). 5: adds ``lineage.gradient_checkpointing`` (None in older
-files)."""
+files). 6: adds ``lineage.vision_tower_frozen`` and ``lineage.vision_tower_sha256`` (None in older files)."""
 
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
@@ -129,6 +129,10 @@ class Lineage(BaseModel):
             :attr:`forgeflow.training.burst.BurstConfig.gradient_checkpointing`, else decided by memory on
             CUDA; RL: the device plan's, on with CUDA); None when not recorded (older adapters, verl
             checkpoints).
+        vision_tower_frozen / vision_tower_sha256: for a burst on an image-text-to-text base, True (the tower was
+            frozen and its tensors checked unchanged after training) and the base's vision tower digest
+            (:func:`forgeflow.training.vl_burst.vision_tower_sha256`, the scheme packaging checks a projector
+            against); None for a text-only base and older adapters.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -145,6 +149,8 @@ class Lineage(BaseModel):
     attention: str | None = None
     packing: str | None = None
     gradient_checkpointing: bool | None = None
+    vision_tower_frozen: bool | None = None
+    vision_tower_sha256: str | None = Field(None, min_length=64, max_length=64)
 
 
 class BurstOrigin(BaseModel):

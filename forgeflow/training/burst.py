@@ -51,9 +51,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow.common.errors import InputError
-from forgeflow.common.fsutil import (
-    sha256_json,
-)
+from forgeflow.common.fsutil import sha256_json
+from forgeflow.training import sample_images, vl_burst
 from forgeflow.training.adapters import (
     LINEAGE_FILE,
     AdapterRecord,
@@ -133,7 +132,8 @@ longer than a row would be truncated; :func:`_check_lengths` refuses one first).
 
 # --- data ------------------------------------------------------------------------------------
 def _clean_message(message: Any, where: str) -> dict[str, Any]:
-    """One chat message checked: ``role`` (system/user/assistant/tool), string ``content``; the tool
+    """One chat message checked: ``role`` (system/user/assistant/tool), ``content`` a string or text/image parts
+    (:func:`forgeflow.training.sample_images.clean_content`: image files absolute, checked, by sha256); the tool
     keys are kept when the message has them: ``tool_calls`` (None, or a list of ``{id, type:
     "function", function: {name, arguments}}`` with string name and JSON-string arguments) and
     ``tool_call_id`` (None or a string).
@@ -143,9 +143,8 @@ def _clean_message(message: Any, where: str) -> dict[str, Any]:
     """
     if not isinstance(message, dict) or message.get("role") not in _ROLES:
         raise InputError(f"{where}.role must be one of {sorted(_ROLES)}")
-    if not isinstance(message.get("content"), str):
-        raise InputError(f"{where}.content must be a string")
-    clean: dict[str, Any] = {"role": message["role"], "content": message["content"]}
+    clean: dict[str, Any] = {"role": message["role"],
+                             "content": sample_images.clean_content(message.get("content"), message["role"], where)}
     if "tool_calls" in message:
         calls = message["tool_calls"]
         if calls is not None:
@@ -183,8 +182,10 @@ def build_sft_dataset(samples: list[dict]) -> SFTData:
       :func:`forgeflow.training.windows.window_samples`): the context, and the assistant message(s)
       to learn; the loss is on the completion only.
 
-    A message is ``{"role", "content"}`` (string content), with ``tool_calls`` / ``tool_call_id``
-    kept when present (the chat template renders the calls).
+    A message is ``{"role", "content"}`` (a string, or text and image parts: image turns for an
+    image-text-to-text base, :mod:`forgeflow.training.vl_burst`), with ``tool_calls`` / ``tool_call_id``
+    kept when present (the chat template renders the calls). Rows with parts are stored with every
+    content a list of uniform parts (one Arrow type, :func:`~forgeflow.training.sample_images.uniform_parts`).
 
     Args:
         samples: dicts in one of the formats above, each with ``instance_id`` and ``source``
@@ -192,7 +193,7 @@ def build_sft_dataset(samples: list[dict]) -> SFTData:
 
     Returns:
         The dataset (columns ``messages`` or ``prompt``/``completion``, then ``instance_id``,
-        ``source``, in input order) and the sha256 of the canonical JSON of those rows.
+        ``source``, in input order) and their :func:`dataset_sha256`.
 
     Raises:
         InputError: ``samples`` is empty, mixes the two formats, or a sample is malformed (the
@@ -201,7 +202,14 @@ def build_sft_dataset(samples: list[dict]) -> SFTData:
     from datasets import Dataset
 
     rows = sft_rows(samples)
-    return SFTData(dataset=Dataset.from_list(rows), sha256=sha256_json(rows))
+    table = sample_images.uniform_parts(rows) if sample_images.has_parts(rows) else rows
+    return SFTData(dataset=Dataset.from_list(table), sha256=dataset_sha256(rows))
+
+
+def dataset_sha256(rows: list[dict[str, Any]]) -> str:
+    """The digest of checked rows (:func:`sft_rows`): ``sha256_json`` of them with each image part named by its
+    sha256 only (:func:`forgeflow.training.sample_images.digest_view`); text-only rows: ``sha256_json(rows)``."""
+    return sha256_json(sample_images.digest_view(rows))
 
 
 def sft_rows(samples: list[dict]) -> list[dict[str, Any]]:
@@ -298,16 +306,10 @@ def sft_arguments(config: BurstConfig, plan: DevicePlan, columns: Sequence[str])
         InputError: ``columns`` are no SFT format (:func:`loss_scope`).
     """
     return {
-        "learning_rate": config.learning_rate,
-        "max_steps": config.max_steps,
-        "per_device_train_batch_size": config.per_device_train_batch_size,
-        "max_length": config.max_length,
-        "seed": config.seed,
-        "data_seed": config.seed,
-        "loss_type": "nll",
-        "packing": config.packing,
-        "packing_strategy": PACKING_STRATEGY,
-        "padding_free": config.packing,
+        "learning_rate": config.learning_rate, "max_steps": config.max_steps,
+        "per_device_train_batch_size": config.per_device_train_batch_size, "max_length": config.max_length,
+        "seed": config.seed, "data_seed": config.seed, "loss_type": "nll",
+        "packing": config.packing, "packing_strategy": PACKING_STRATEGY, "padding_free": config.packing,
         **loss_scope(columns),
         **TRAINER_RUN_ARGS,
         **plan.trainer_args,
@@ -322,11 +324,11 @@ def _checkpointing(config: BurstConfig) -> dict[str, bool]:
 
 
 def _trl_objects(config: BurstConfig, output_dir: Path, with_lora: bool, plan: DevicePlan,
-                 columns: Sequence[str]) -> tuple[Any, Any]:
+                 columns: Sequence[str], overrides: dict[str, Any]) -> tuple[Any, Any]:
     """Translate :class:`BurstConfig` into ``(trl.SFTConfig, peft.LoraConfig | None)``."""
     from trl import SFTConfig
 
-    sft = SFTConfig(output_dir=str(output_dir), **sft_arguments(config, plan, columns))
+    sft = SFTConfig(output_dir=str(output_dir), **{**sft_arguments(config, plan, columns), **overrides})
     return sft, (lora_config(config) if with_lora else None)
 
 
@@ -382,14 +384,16 @@ def resolve_checkpointing(model: Any, config: BurstConfig, plan: DevicePlan,
         import torch
 
         free_bytes = int(torch.cuda.mem_get_info()[0])
-    decision = checkpointing_decision(model.config, tokens_per_step(config), plan.dtype, config.lora_r, free_bytes)
+    shape = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    decision = checkpointing_decision(shape, tokens_per_step(config), plan.dtype, config.lora_r, free_bytes)
     log.info("burst %s", decision.describe())
     args = {**plan.trainer_args, "activation_checkpointing": decision.checkpointing}
     return plan.model_copy(update={"trainer_args": args}), decision
 
 
 def sft_trainer(model: Any, tokenizer: Any, dataset: Any, config: BurstConfig, plan: DevicePlan,
-                output_dir: Path, *, with_lora: bool = True, callbacks: Sequence[Any] = ()) -> Any:
+                output_dir: Path, *, with_lora: bool = True, callbacks: Sequence[Any] = (),
+                overrides: dict[str, Any] | None = None) -> Any:
     """The ``trl.SFTTrainer`` of a burst, ready to ``train()``: the one training path of SFT.
 
     :func:`run_sft_burst` wraps it (preflight, lineage, health gates, staging); the GPU benchmark
@@ -407,6 +411,7 @@ def sft_trainer(model: Any, tokenizer: Any, dataset: Any, config: BurstConfig, p
         output_dir: the trainer's scratch folder (no checkpoints are saved).
         with_lora: add a new LoRA adapter of ``config`` (peft ``LoraConfig``).
         callbacks: ``transformers.TrainerCallback`` objects (health gates, timers).
+        overrides: ``trl.SFTConfig`` fields set over :func:`sft_arguments` (a VL burst's loss mask).
 
     Returns:
         The trainer (its ``train_dataset`` is the tokenized, packed dataset; ``args.activation_checkpointing``
@@ -418,7 +423,7 @@ def sft_trainer(model: Any, tokenizer: Any, dataset: Any, config: BurstConfig, p
     from trl import SFTTrainer
 
     plan, _ = resolve_checkpointing(model, config, plan)
-    sft_config, lora = _trl_objects(config, output_dir, with_lora, plan, dataset.column_names)
+    sft_config, lora = _trl_objects(config, output_dir, with_lora, plan, dataset.column_names, overrides or {})
     return SFTTrainer(model=model, args=sft_config, train_dataset=dataset, processing_class=tokenizer,
                       peft_config=lora, callbacks=list(callbacks))
 
@@ -486,6 +491,11 @@ def run_sft_burst(
     bfd-packed padding-free rows (``config.packing``) and TRL's fused chunked loss. The lineage
     records device, dtype, attention implementation, packing and gradient checkpointing.
 
+    A base with a ``vision_config`` (image turns allowed) trains through :mod:`forgeflow.training.vl_burst`:
+    ``AutoModelForImageTextToText``, vision tower frozen (checked unchanged after training), LoRA on the
+    language model only, images through the processor, unpacked rows; the lineage records the tower frozen
+    and its sha256. Image turns on a text-only base are refused (InputError) before any model loads.
+
     With ``parent_adapter_dir`` the burst continues that adapter
     (``PeftModel.from_pretrained(base, parent, is_trainable=True)``); its LoRA rank must equal
     ``config.lora_r`` and its lineage must name the same base model. Staging folders that killed
@@ -535,37 +545,47 @@ def run_sft_burst(
     if existing is not None:
         return existing
     remove_dead_staging_dirs(out_dir)  # a killed burst's leftovers: free their disk before measuring it
-    burst_preflight(base_model_dir, out_dir, config.lora_r, config.lora_target_modules)
-
+    vision = vl_burst.is_image_text_model(base_model_dir)
+    if not vision and any(sample_images.image_count(row) for row in data.dataset):
+        raise InputError(f"the samples carry images but base model {base_model_dir} has no vision_config: "
+                         "image turns need an image-text-to-text base")
+    if vision:  # an image-text-to-text base: unpacked rows through TRL's vision collator (forgeflow.training.vl_burst)
+        config = config.model_copy(update={"packing": False})
+    burst_preflight(base_model_dir, out_dir, config.lora_r, config.lora_target_modules)  # VL shapes: text_config
+    columns = ["messages"] if "messages" in data.dataset.column_names else ["prompt", "completion"]
     plan = burst_plan(config)
-    tokenizer = AutoTokenizer.from_pretrained(str(base_model_dir))
-    _check_lengths(tokenizer, data, config.max_length)
-    model = AutoModelForCausalLM.from_pretrained(str(base_model_dir), **plan.model_kwargs())
-    if parent_adapter_dir is not None:
-        from peft import PeftModel
+    if vision:
+        vl = vl_burst.prepare_vl_burst(base_model_dir, data.dataset.to_list(), config, config.max_length,
+                                       plan.model_kwargs(), parent_adapter_dir)
+        model, tokenizer, dataset = vl.model, vl.processor, vl.dataset
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(str(base_model_dir))
+        _check_lengths(tokenizer, data, config.max_length)
+        model = AutoModelForCausalLM.from_pretrained(str(base_model_dir), **plan.model_kwargs())
+        if parent_adapter_dir is not None:
+            from peft import PeftModel
 
-        model = PeftModel.from_pretrained(model, str(parent_adapter_dir), is_trainable=True)
+            model = PeftModel.from_pretrained(model, str(parent_adapter_dir), is_trainable=True)
+        dataset = data.dataset.select_columns(columns)
     with StagingDir(out_dir) as tmp:
-        columns = ["messages"] if "messages" in data.dataset.column_names else ["prompt", "completion"]
-        trainer = sft_trainer(model, tokenizer, data.dataset.select_columns(columns), config, plan,
-                              tmp / "trainer", with_lora=parent_adapter_dir is None,
-                              callbacks=[health_callback(config.gates)])
+        # VL prompt-completion rows: TRL's vision collator masks by completion (its assistant mask is for messages)
+        overrides = {"assistant_only_loss": False} if vision and "prompt" in columns else {}
+        trainer = sft_trainer(model, tokenizer, dataset, config, plan, tmp / "trainer",
+                              with_lora=parent_adapter_dir is None and not vision,
+                              callbacks=[health_callback(config.gates)], overrides=overrides)
         trainer.train()
         report = check_health(trainer.state.log_history, config.gates)
         enforce_health(report, hyperparameters)
+        if vision:
+            vl_burst.check_tower_unchanged(trainer.model, vl, report)
         lineage = Lineage(
-            algorithm="sft",
-            base_model_sha256=base_sha,
-            parent_adapter_sha256=parent_sha,
-            dataset_sha256=data.sha256,
-            hyperparameters=hyperparameters,
-            run_id=run_id or uuid.uuid4().hex,
-            created_at=datetime.now(timezone.utc),
-            device=plan.device,
-            dtype=plan.dtype,
-            attention=plan.attention,
+            algorithm="sft", base_model_sha256=base_sha, parent_adapter_sha256=parent_sha,
+            dataset_sha256=data.sha256, hyperparameters=hyperparameters, run_id=run_id or uuid.uuid4().hex,
+            created_at=datetime.now(timezone.utc), device=plan.device, dtype=plan.dtype, attention=plan.attention,
             packing=packing_label(config),
             gradient_checkpointing=bool(trainer.args.activation_checkpointing),
+            vision_tower_frozen=True if vision else None,
+            vision_tower_sha256=vl.vision_tower_sha256 if vision else None,
         )
         return publish_adapter(trainer, tmp, out_dir, lineage, report)
 

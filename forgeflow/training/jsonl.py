@@ -1,7 +1,8 @@
 """Training inputs a user brings as JSONL files: SFT chat samples and RL tasks, checked line by line.
 
 :func:`read_sft_jsonl` reads rows ``{"messages": [{"role", "content"}, ...]}`` (optional
-``instance_id``, ``source``) into the samples :func:`forgeflow.training.burst.build_sft_dataset`
+``instance_id``, ``source``; content may hold image parts kept beside the file) into the samples
+:func:`forgeflow.training.burst.build_sft_dataset`
 takes; :func:`read_rl_jsonl` reads :class:`forgeflow.training.rl.RLTask` rows. A bad line is an
 :class:`~forgeflow.common.errors.InputError` naming the file and the line (1-based), raised before
 any model is loaded.
@@ -16,6 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from forgeflow.common.errors import InputError
+from forgeflow.training import sample_images
 from forgeflow.training.burst import build_sft_dataset
 from forgeflow.training.rl import RLTask
 
@@ -56,23 +58,32 @@ def read_sft_jsonl(path: Path) -> list[dict[str, Any]]:
 
     Args:
         path: one JSON object per line with ``messages`` (a non-empty list of ``{"role",
-            "content"}``, roles system/user/assistant/tool, at least one assistant turn; ``tool_calls``
+            "content"}``, content a string or a list of parts ``{"type": "text", "text"}`` / ``{"type": "image",
+            "image": <path relative to the JSONL, or the sha256 of a file beside it>}``, images in user turns;
+            roles system/user/assistant/tool, at least one assistant turn; ``tool_calls``
             / ``tool_call_id`` kept) or with ``prompt`` + ``completion`` (the format the ``windows``
             flow writes: the completion is what is learnt), and optionally ``instance_id`` (default
             ``<file stem>:<line>``) and ``source`` (default ``jsonl``). One format per file. Blank
             lines are skipped.
 
     Returns:
-        Samples ``{"messages" | "prompt", "completion", "instance_id", "source"}`` in file order.
+        Samples ``{"messages" | "prompt", "completion", "instance_id", "source"}`` in file order; each image part
+        ``{"type": "image", "image": <absolute path>, "sha256": <hex>}``
+        (:func:`forgeflow.training.sample_images.resolve_images`).
 
     Raises:
         InputError: the file is missing or empty, or a line is not a valid sample (the message
-            names the file, the line and the field).
+            names the file, the line and the field; an image file missing, not an image, or named by a sha256
+            its bytes do not have).
     """
     samples = []
     for number, row in _rows(path, "samples_jsonl"):
         body = ({"messages": row.get("messages")} if "messages" in row or "prompt" not in row
                 else {"prompt": row.get("prompt"), "completion": row.get("completion")})
+        try:  # image refs: relative to the JSONL's folder, or the sha256 of a file beside it
+            body = sample_images.resolve_images(body, Path(path).resolve().parent)
+        except InputError as exc:
+            raise InputError(f"samples_jsonl {path} line {number}: {exc}") from None
         sample = {**body, "instance_id": row.get("instance_id", f"{Path(path).stem}:{number}"),
                   "source": row.get("source", "jsonl")}
         if samples and ("messages" in samples[0]) != ("messages" in sample):

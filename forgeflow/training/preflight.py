@@ -217,6 +217,10 @@ def lora_parameter_count(base_model_dir: Path, lora_r: int, target_modules: Sequ
     if not path.is_file():
         raise InputError(f"base_model_dir {base_model_dir} holds no config.json")
     cfg = json.loads(path.read_text(encoding="utf-8"))
+    if isinstance(cfg.get("vision_config"), dict):  # an image-text-to-text checkpoint: its text model's shapes
+        from forgeflow.training.vl_burst import vl_lora_parameter_count
+
+        return vl_lora_parameter_count(base_model_dir, lora_r, target_modules)
     hidden, inter = int(cfg["hidden_size"]), int(cfg["intermediate_size"])
     heads = int(cfg["num_attention_heads"])
     kv = int(cfg.get("num_key_value_heads", heads)) * int(cfg.get("head_dim") or hidden // heads)

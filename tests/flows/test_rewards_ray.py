@@ -141,7 +141,7 @@ def test_rl_burst_flow_scores_its_rollouts_on_ray(prefect_harness, cluster, task
             "test_command": TEST_COMMAND, "fail_to_pass": F2P, "pass_to_pass": P2P, "verifier_timeout_s": 120.0}
     tasks_jsonl = tmp_path / "tasks.jsonl"
     tasks_jsonl.write_text(json.dumps(task) + "\n")
-    training = RLHyperParams(steps=1, num_generations=2, max_completion_length=4, verifier_timeout_multiplier=0.5,
+    training = RLHyperParams(max_steps=1, num_generations=2, max_completion_length=4, verifier_timeout_multiplier=0.5,
                              verifier_concurrency=2)
     def verifier_tasks() -> list:
         return list_tasks(address=head.dashboard_url, filters=[("name", "=", f"verifier of {task_image}")],

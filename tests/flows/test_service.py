@@ -240,7 +240,7 @@ def test_a_team_runs_the_model_deployments_on_its_checkpoint_folder_and_llama_se
                                              "-    return a - b\n+    return a + b\n"}]}) + "\n" for n in range(4)))
         _run_completed(state, "sft-burst/sft-burst", {"params": {
             "hf_dir": str(folder), "samples_jsonl": str(samples), "out_dir": str(tmp_path / "models"),
-            "training": {"steps": 2}}})
+            "training": {"max_steps": 2}}})
         adapter = next(a for a in store.model_artifacts() if a.kind == "adapter")
         assert [p.parent_sha256 for p in store.producers(adapter.sha256)] == [sha256_tree(folder)]
         _run_completed(state, "serve/serve", {"params": {

@@ -58,7 +58,7 @@ def test_two_sft_bursts_continue_one_lineage_in_the_store(prefect_harness, home:
     from forgeflow.training.adapters import adapter_sha256
 
     samples = _jsonl(tmp_path / "chats.jsonl", [{"messages": m} for m in CHATS])
-    training = SFTHyperParams(steps=2, learning_rate=5e-3, lora_r=4, max_length=256, seed=1)
+    training = SFTHyperParams(max_steps=2, learning_rate=5e-3, lora_r=4, max_length=256, seed=1)
     params = SFTBurstParams(hf_dir=tiny_model, samples_jsonl=samples, training=training)
     first = sft_burst(params)
     base_sha = sha256_tree(tiny_model)
@@ -108,7 +108,7 @@ def test_an_unpacked_checkpointed_sft_burst_trains_and_its_lineage_says_so(prefe
     from flows.training import SFTBurstParams, SFTHyperParams, sft_burst
 
     samples = _jsonl(tmp_path / "chats.jsonl", [{"messages": m} for m in CHATS])
-    training = SFTHyperParams(steps=1, lora_r=4, max_length=256, batch_size=2, packing=False,
+    training = SFTHyperParams(max_steps=1, lora_r=4, max_length=256, batch_size=2, packing=False,
                               gradient_checkpointing=True)
     state = sft_burst(SFTBurstParams(hf_dir=tiny_model, samples_jsonl=samples, training=training), return_state=True)
     result = state.result()

@@ -61,7 +61,7 @@ def test_windows_from_a_canary_job_train_an_sft_burst(prefect_harness, flow_home
     with pytest.raises(InputError, match=rf"{broken / 't-1.traj.json'}: trajectory has no 'messages' list"):
         windows(WindowsParams(trajectories_dir=broken))
 
-    training = SFTHyperParams(steps=2, learning_rate=5e-3, lora_r=4, max_length=2048, seed=0)
+    training = SFTHyperParams(max_steps=2, learning_rate=5e-3, lora_r=4, max_length=2048, seed=0)
     result = windows(WindowsParams(job_id="canary-job-1", windows=config, hf_dir=tiny_ggufs()[0].parent / "hf",
                                    training=training))
     assert result.trajectories == 3
