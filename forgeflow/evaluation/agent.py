@@ -67,6 +67,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -77,7 +78,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from forgeflow.common import errors
 from forgeflow.common.fsutil import atomic_write_text, sha256_json
 from forgeflow.common.names import sanitize_name
+from forgeflow.evaluation import chat_images
 from forgeflow.evaluation.agent_config import AgentConfig
+from forgeflow.evaluation.chat_images import ImageRef
 from forgeflow.evaluation.mswea import (
     MODEL_API_KEY_ENV,
     endpoint_model_class,
@@ -189,7 +192,7 @@ def agent_container_name(instance_id: str, trial_id: str) -> str:
 
 def _run_agent_phase(
     trial_id: str, instance_id: str, image_ref: str, problem_statement: str, base_url: str,
-    model_alias: str, config: AgentConfig, traj_path: Path,
+    model_alias: str, config: AgentConfig, traj_path: Path, images: Sequence[ImageRef] = (),
 ) -> AgentPhase:
     """Run mini-swe-agent with its commands in a container of ``image_ref`` on ``config.sandbox_backend``
     (:class:`forgeflow.evaluation.sandbox_env.SandboxEnvironment`: no network, ``config.memory_mb`` /
@@ -206,7 +209,7 @@ def _run_agent_phase(
                                     cpus=config.cpus)
     watchdog = HangWatchdog(config.hang_idle_s)
     model = endpoint_model_class()(deadline_monotonic=deadline, action_format=config.action_format,
-                                    watchdog=watchdog, **cfg["model"])
+                                    watchdog=watchdog, images=list(images), **cfg["model"])
     agent = None
     env = None
     try:
@@ -382,7 +385,8 @@ def supervision_event(record: TrialResult, job_id: str | None = None, run_id: st
     )
 
 
-def default_run_key(problem_statement: str, model_alias: str, base_url: str, config: AgentConfig) -> str:
+def default_run_key(problem_statement: str, model_alias: str, base_url: str, config: AgentConfig,
+                    images: Sequence[ImageRef] = ()) -> str:
     """The run key of an agent trial: sha256 of everything that changes its result but the image.
 
     ``verifier_ray`` (where the verifier runs) is left out; ``sandbox_backend`` is left out when it is
@@ -394,6 +398,7 @@ def default_run_key(problem_statement: str, model_alias: str, base_url: str, con
     return sha256_json({
         "problem_statement": problem_statement, "model_alias": model_alias, "base_url": base_url,
         "config": config.model_dump(mode="json", exclude=exclude),  # where it runs is not what
+        **({"images": [ref.sha256 for ref in images]} if images else {}),  # a text task's key is what it was
     })
 
 
@@ -505,13 +510,14 @@ def run_agent_trial(
     prepare_mswea_env()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    key = run_key or default_run_key(problem_statement, model_alias, base_url, config)
+    images = [chat_images.image_ref(source, out_dir / "images") for source in getattr(task, "images", ())]
+    key = run_key or default_run_key(problem_statement, model_alias, base_url, config, images)
     trial_id = make_trial_id(instance_id, "agent", image_ref, key)
     started_at = datetime.now(timezone.utc)
     traj_path = out_dir / f"{trial_id}.traj.json"
 
     phase = _run_agent_phase(trial_id, instance_id, image_ref, problem_statement, base_url,
-                             model_alias, config, traj_path)
+                             model_alias, config, traj_path, images)
     notes = list(phase.notes)
     error = phase.error
     reward: float | None = None

@@ -30,6 +30,7 @@ from forgeflow.common import errors
 from forgeflow.common.fsutil import atomic_output_file
 from forgeflow.common.settings import apply_container_env
 from forgeflow.evaluation.agent_config import AgentConfig
+from forgeflow.evaluation.chat_images import ImageRef, with_images
 from forgeflow.evaluation.context_budget import ContextBudget, endpoint_counter, read_slot_tokens
 from forgeflow.evaluation.model_client import ChatResponse, ModelClient, chat_request
 from forgeflow.evaluation.supervision import (
@@ -201,6 +202,8 @@ class _SupervisedChat:
                 f"request not sent: its prompt holds at least {account.floor_tokens} tokens and max_tokens is "
                 f"{account.max_completion_tokens}, over the slot's {account.slot_tokens} tokens (context window "
                 f"exceeded; GET /props)", None)
+        if getattr(self, "images", None):  # the task's images ride on the first user turn (by digest)
+            messages = with_images(messages, self.images)
         request = chat_request(self.config.model_name, messages, **self.sampling)
         try:
             response = self._send(request)
@@ -267,8 +270,10 @@ def endpoint_model_class() -> type:
 
     class EndpointModel(_SupervisedChat, LitellmTextbasedModel):
         def __init__(self, *, deadline_monotonic: float, action_format: str = "text",
-                     watchdog: HangWatchdog | None = None, **kwargs: Any) -> None:
+                     watchdog: HangWatchdog | None = None, images: list[ImageRef] | None = None,
+                     **kwargs: Any) -> None:
             super().__init__(**kwargs)
+            self.images = images or []  # the task's images, sent with the first user turn of every request
             self.deadline_monotonic = deadline_monotonic
             self.action_format = action_format
             self.watchdog = watchdog

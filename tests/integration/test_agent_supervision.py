@@ -225,3 +225,35 @@ def test_the_watchdogs_kill_leaves_the_container_for_the_submission(task_image: 
     assert "a + b" in traj["info"]["submission"]
     assert traj["info"]["config"]["environment_type"] == "forgeflow.evaluation.sandbox_env.SandboxEnvironment"
     assert traj["info"]["config"]["environment"]["backend"] == "podman"
+
+
+def test_a_task_rows_image_reaches_the_model_with_every_request_and_keys_the_trial(task_image: str,
+                                                                                  tmp_path: Path) -> None:
+    """A canary row with a screenshot (a multimodal task): the model receives it as an OpenAI ``image_url``
+    part of the first user turn in every request (recorded by the scripted endpoint), the bytes inline, and
+    the trial's id depends on the image's digest (another screenshot is another trial)."""
+    import base64
+
+    from PIL import Image
+
+    from forgeflow.evaluation.canary import CanaryTask
+
+    red, blue = tmp_path / "red.png", tmp_path / "blue.png"
+    Image.new("RGB", (8, 8), (255, 0, 0)).save(red)
+    Image.new("RGB", (8, 8), (0, 0, 255)).save(blue)
+    base = calc_task(task_image_ref).model_dump()
+    task = CanaryTask(**base, repo="calc", image_digest="sha256:" + "0" * 64, images=[str(red)])
+    cfg = AgentConfig(step_limit=30, agent_timeout_s=120, memory_mb=512)
+    with scripted_endpoint(lambda i: text_answer("cat calc.py")) as (url, bodies):
+        record = run_agent_trial(task, url, "scripted", cfg, tmp_path / "red")
+    assert record.exception_type == "AgentLoopError" and len(bodies) == 3  # stopped by the loop detector
+    for body in bodies:
+        first_user = next(m for m in body["messages"] if m["role"] == "user")
+        parts = first_user["content"]
+        assert isinstance(parts, list) and parts[0]["type"] == "text", parts
+        (image,) = [p for p in parts if p["type"] == "image_url"]
+        assert base64.b64decode(image["image_url"]["url"].split(",", 1)[1]) == red.read_bytes()
+        assert not any(isinstance(m["content"], list) for m in body["messages"] if m is not first_user)
+    other = CanaryTask(**base, repo="calc", image_digest="sha256:" + "0" * 64, images=[str(blue)])
+    with scripted_endpoint(lambda i: text_answer("cat calc.py")) as (url, _):
+        assert run_agent_trial(other, url, "scripted", cfg, tmp_path / "blue").trial_id != record.trial_id
