@@ -32,6 +32,7 @@ by default), with an audit artifact.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from datetime import datetime
 from pathlib import Path
@@ -41,6 +42,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.events import emit_event
 from prefect.runtime import flow_run
+from prefect.utilities.annotations import quote
 from pydantic import Field
 
 from flows.stagekit import StageParams
@@ -226,13 +228,14 @@ def curate(params: CurateParams = CurateParams()) -> CurateResult:
                 registered.new, registered.candidate_set, sum(r.image_available for r in refs))
     progress = create_progress_artifact(progress=0.0, description=f"curate: {len(rows)} candidates, batches of "
                                                                   f"{settings.batch_size}")
+    run: _RunState | None = None
     try:
         batches: list[str] = []
         validated: list[str] = []
         recorded = 0
         run = _RunState(curate_tasks.curation_state(store_url, sorted(by_id)), refs, quotas, seed)
         while True:
-            update_progress_artifact(progress, progress=100.0 * len(run.processed) / len(by_id))
+            run.show_progress(progress, len(by_id))
             selection = run.selection()
             if selection is not None and selection.ready:
                 event_id = _announce_ready(params, store_url, name, registered, run_id, selection, run, len(batches))
@@ -255,7 +258,8 @@ def curate(params: CurateParams = CurateParams()) -> CurateResult:
                 log_parsers={i: loaded.log_parsers[i] for i in ids if loaded.log_parsers.get(i)},
                 concurrency=settings.concurrency, max_retries=settings.max_retries, validation=settings.validation(),
                 sandbox=placement, ray=ray_placement)
-            out = curate_tasks.validate_batch(batch_id, plan, curate_tasks.BatchProgress(
+            # quote: Prefect would otherwise walk the plan's rows (every candidate's patch) looking for futures
+            out = curate_tasks.validate_batch(batch_id, quote(plan), curate_tasks.BatchProgress(
                 artifact_id=progress, done=len(run.processed), total=len(by_id)))
             run.add(ids, out.tasks)
             recorded += out.trials
@@ -268,6 +272,8 @@ def curate(params: CurateParams = CurateParams()) -> CurateResult:
                         ">= %d)", batch_id, len(ids), sum(t.status == "accepted" for t in out.tasks),
                         len(run.accepted), len(by_id), run.needed)
     finally:  # a driver outlived by its Ray cluster is ended by Ray: leave it now
+        if run is not None:  # the last count, whatever the throttle held back
+            run.show_progress(progress, len(by_id), force=True)
         if ray_placement is not None:
             dispatch.disconnect()
 
@@ -294,6 +300,16 @@ class _RunState:
         self.selector.mark_processed(self.processed)
         self.quotas, self.seed = quotas, seed
         self.needed = sum(quotas.target(split) for split in SPLITS)
+        self._shown_at = float("-inf")
+
+    def show_progress(self, artifact_id: Any, total: int, force: bool = False) -> None:
+        """Move the run's progress artifact to the share of ``total`` processed: at most every
+        :data:`tasks.curation.PROGRESS_UPDATE_S` (one API call each; a batch's task moves it in between), or now
+        with ``force``."""
+        now = time.monotonic()
+        if force or now - self._shown_at >= curate_tasks.PROGRESS_UPDATE_S:
+            update_progress_artifact(artifact_id, progress=100.0 * len(self.processed) / total)
+            self._shown_at = now
 
     def selection(self, always: bool = False) -> Any:
         """The freeze check on the accepted tasks (:func:`forgeflow.curation.freeze.freeze_ready`); None while
