@@ -496,6 +496,8 @@ def _stage_and_promote(run: _Run, served_new: Any, baseline_job: str, mmproj_pat
             staged = log.call(serving_tasks.stage_server, run.state_path, served_new.path, served_new.sha256,
                               with_projector(run.serving, mmproj_path))
             st["counts"] = {"port": staged.port, "smoke_tokens": staged.gate.smoke_tokens}
+            if staged.gate.image is not None:  # the gate's image smoke: the prompt tokens the image added
+                st["counts"]["image_tokens"] = staged.gate.image.image_tokens
         candidate_job = _canary(run, "canary_candidate", staged.base_url, served_new.sha256)
         comparison = _compare(run, baseline_job, candidate_job)
         decision = comparison.decision

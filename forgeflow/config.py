@@ -33,6 +33,39 @@ DEMO_PROJECTS = ("boltons", "cachetools", "inflection", "six", "tabulate", "tool
 DEMO_QUOTAS = SplitQuotas(train=2, validation=1, test=2, max_per_repo=4, min_repos=2)
 """The demo's freeze quotas: a few tasks per split from at least two repositories."""
 
+DEMO_VL_SERVING_BLOCK = "forgeflow-demo-tiny-vl"
+"""Name of the ``forgeflow-serving`` block the ``tiny-vl`` demo profile saves and serves with
+(``forgeflow demo --base-model tiny-vl``): llama-server with :data:`DEMO_VL_SERVING`."""
+
+DEMO_VL_SERVING: dict[str, Any] = {
+    "kind": "llama-server", "n_ctx": 4096, "cache_type_k": "q8_0", "cache_type_v": "q8_0", "flash_attn": "on"}
+"""The ``tiny-vl`` demo's llama-server options: the seeds' ``-ctk q8_0 -ctv q8_0 -fa on`` and a 4,096-token
+context as the text demo's. The projector (``mmproj``) is not here: each serve stage passes the one its
+package run wrote; so no ``image_min_tokens`` either (a backend refuses it without ``mmproj``)."""
+
+DEMO_PROFILES = ("tiny", "tiny-vl")
+"""The demo's base-model profiles: the tiny text model (the default) and the tiny multimodal one."""
+
+
+def demo_profile(base_model: str) -> dict[str, Any]:
+    """The :class:`LifecycleConfig` fields a demo profile sets (``forgeflow demo --base-model``).
+
+    Args:
+        base_model: one of :data:`DEMO_PROFILES`.
+
+    Returns:
+        ``{}`` for ``"tiny"`` (the text demo's defaults); for ``"tiny-vl"``: ``base_model`` and
+        ``serving.block`` (:data:`DEMO_VL_SERVING_BLOCK`, which the caller saves first).
+
+    Raises:
+        ValueError: an unknown profile (the known ones listed).
+    """
+    if base_model not in DEMO_PROFILES:
+        raise ValueError(f"unknown demo profile {base_model!r}; known: {', '.join(DEMO_PROFILES)}")
+    if base_model == "tiny":
+        return {}
+    return {"base_model": base_model, "serving": {"block": DEMO_VL_SERVING_BLOCK}}
+
 _GROUP = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 

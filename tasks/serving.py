@@ -234,6 +234,11 @@ def stage_server(state_path: Path, gguf_path: Path, gguf_sha256: str,
         raise
     for check in staged.checks:
         run_logger().info("%s check %s: %s", check.name, check.status.replace("_", " "), check.detail)
+    if staged.gate is not None and staged.gate.image is not None:  # the evidence that the visual path is used
+        smoke = staged.gate.image
+        run_logger().info("image smoke passed on port %d: the image added %d prompt tokens (%d without, %d with), "
+                          "props vision %s", staged.port, smoke.image_tokens, smoke.text_prompt_tokens,
+                          smoke.image_prompt_tokens, smoke.vision)
     txn = get_transaction()
     if txn is not None:
         txn.set(STAGED_SERVER_KEY, staged.model_dump(mode="json"))

@@ -258,8 +258,9 @@ def status(as_json: bool = typer.Option(False, "--json", help="print one JSON ob
     and what `forgeflow up` started (server address, pool, deployments, whether its processes run)."""
     home = prepare_env(create=False)
     store = read_store()
-    summary_path = home / "demo" / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else None
+    found = [home / folder / "summary.json" for folder in DEMO_FOLDERS if (home / folder / "summary.json").is_file()]
+    summary_path = max(found, key=lambda p: p.stat().st_mtime) if found else None  # the last demo profile run
+    summary = json.loads(summary_path.read_text()) if summary_path is not None else None
     from deployments import service  # noqa: PLC0415
 
     svc = service.read_state(home)
@@ -284,9 +285,14 @@ def status(as_json: bool = typer.Option(False, "--json", help="print one JSON ob
     console.print("\n".join(_status_lines(out)), highlight=False, soft_wrap=True)
 
 
-SERVING_STATE_FILES = (Path("serving") / "state.json", Path("demo") / "serving" / "state.json")
-"""The serving state files ``status`` knows, under ``$FORGEFLOW_HOME``: the ``serve`` flow's (and the
-``canary`` flow's) default, and the demo lifecycle's."""
+DEMO_FOLDERS = ("demo", "demo-tiny-vl")
+"""The results folders of ``forgeflow demo``'s profiles under ``$FORGEFLOW_HOME`` (text, then ``--base-model
+tiny-vl``); ``status`` shows the newer summary."""
+
+SERVING_STATE_FILES = (Path("serving") / "state.json",
+                       *(Path(folder) / "serving" / "state.json" for folder in DEMO_FOLDERS))
+"""The serving state files ``status`` and ``down`` know, under ``$FORGEFLOW_HOME``: the ``serve`` flow's (and
+the ``canary`` flow's) default, and each demo profile's lifecycle's."""
 
 
 def _serving_status(store: "Store", home: Path) -> Optional[dict]:

@@ -23,11 +23,16 @@ def demo(
     freeze_name: str = typer.Option("demo-v1", help="name of the frozen dataset (immutable: a new "
                                     "selection needs a new name)"),
     keep_serving: bool = typer.Option(False, help="leave the candidate model server running"),
+    base_model: str = typer.Option("tiny", help="demo profile: tiny (the text model) or tiny-vl (the multimodal "
+                                   "model served by llama-server with its projector; results default to "
+                                   "$FORGEFLOW_HOME/demo-tiny-vl)"),
 ) -> None:
     """Run the whole lifecycle on the embedded default and print its summary.
 
     The options set the lifecycle config's projects, candidates_per_project, output_dir,
-    freeze.name and serving.keep_running; the rest keep the demo's defaults. A refused value is
+    freeze.name and serving.keep_running; ``--base-model tiny-vl`` also sets base_model and serving.block
+    (a llama-server block it saves first, :data:`forgeflow.config.DEMO_VL_SERVING`); the rest keep the
+    demo's defaults. A refused value is
     named by its place in the config (e.g. freeze.name). SIGTERM, SIGINT or SIGHUP stops the run as
     Ctrl-C does: what it started (registries, model server, Prefect's temporary server) stops, and
     it exits 128 + the signal's number with one line saying so.
@@ -35,16 +40,22 @@ def demo(
     home = prepare_env()
     from pydantic import ValidationError  # noqa: PLC0415
 
+    from deployments.cli.records import DEMO_FOLDERS  # noqa: PLC0415
     from flows.lifecycle import lifecycle  # noqa: PLC0415
     from forgeflow.common.errors import ForgeflowError, InputError  # noqa: PLC0415
-    from forgeflow.config import DEMO_PROJECTS, LifecycleConfig  # noqa: PLC0415 - after the env is set
+    from forgeflow.config import DEMO_PROFILES, DEMO_PROJECTS, LifecycleConfig, demo_profile  # noqa: PLC0415
     from forgeflow.curation.freeze import check_freeze_inputs  # noqa: PLC0415
 
     names = tuple(p.strip() for p in projects.split(",")) if projects is not None else DEMO_PROJECTS
     try:
-        config = LifecycleConfig(projects=names, candidates_per_project=candidates,
-                                 output_dir=output_dir or home / "demo", freeze={"name": freeze_name},
-                                 serving={"keep_running": keep_serving})
+        profile = demo_profile(base_model)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--base-model") from None
+    default_dir = home / DEMO_FOLDERS[DEMO_PROFILES.index(base_model)]  # each profile its own results folder
+    try:
+        config = LifecycleConfig(**{**profile, "projects": names, "candidates_per_project": candidates,
+                                    "output_dir": output_dir or default_dir, "freeze": {"name": freeze_name},
+                                    "serving": {**profile.get("serving", {}), "keep_running": keep_serving}})
     except ValidationError as exc:
         messages = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise typer.BadParameter(messages) from None
@@ -58,6 +69,8 @@ def demo(
         check_freeze_inputs(config.freeze.name, config.output_dir.resolve() / "freezes", config.freeze_inputs())
     except InputError as exc:
         fail(exc)
+    if config.serving.block is not None:  # the profile's llama-server block, saved where the lifecycle reads it
+        _save_demo_serving_block(config.serving.block)
     summary_path = config.output_dir.resolve() / "summary.json"
     # a stop signal unwinds the run: its registries and model server stop on the way out, Prefect's
     # temporary server (a child of this process, stopped by atexit) at exit
@@ -79,6 +92,15 @@ def demo(
                 console.print(f"what was done so far: {summary_path}")
                 raise typer.Exit(1) from None
             raise
+
+
+def _save_demo_serving_block(name: str) -> None:
+    """Save (overwrite) the ``forgeflow-serving`` block ``name`` with the tiny-vl demo's llama-server
+    options (:data:`forgeflow.config.DEMO_VL_SERVING`) on the Prefect API the lifecycle uses."""
+    from blocks.core import ServingBackend  # noqa: PLC0415
+    from forgeflow.config import DEMO_VL_SERVING  # noqa: PLC0415
+
+    ServingBackend(**DEMO_VL_SERVING).save(name, overwrite=True)
 
 
 def _print_summary(path: Path) -> None:

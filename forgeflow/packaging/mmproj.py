@@ -73,7 +73,9 @@ def convert_text(hf_dir: Path, out_path: Path, outtype: str = "f16") -> GGUFArti
 
 
 def convert_mmproj(hf_dir: Path, out_path: Path, outtype: str = "f16") -> GGUFArtifact:
-    """The vision tower + merger of ``hf_dir`` as a projector GGUF (``convert_hf_to_gguf.py --mmproj``).
+    """The vision tower + merger of ``hf_dir`` as a projector GGUF (``convert_hf_to_gguf.py --mmproj``), named
+    ``"<vision model_type> projector"`` rather than after the folder, so one vision tower converts to the same
+    bytes (one sha256) from the base and from every merged checkpoint of its adapter lineage.
 
     Returns:
         The artifact (``type``: the converted type, e.g. ``F16``; 1-D tensors stay F32).
@@ -84,7 +86,11 @@ def convert_mmproj(hf_dir: Path, out_path: Path, outtype: str = "f16") -> GGUFAr
     """
     if not is_multimodal(hf_dir):
         raise InputError(f"{hf_dir} has no vision_config: there is no projector to convert")
-    return convert_to_gguf(hf_dir, out_path, outtype, extra_args=("--mmproj",))
+    # the converter names the GGUF after the checkpoint's folder (``general.name``: "Base Vl", "Merged"), so the
+    # same frozen tower would get another digest at every merge; named after the architecture, it keeps one
+    config = _config(hf_dir)
+    name = f"{config.get('vision_config', {}).get('model_type') or config.get('model_type', 'vision')} projector"
+    return convert_to_gguf(hf_dir, out_path, outtype, extra_args=("--mmproj", "--model-name", name))
 
 
 def _hf_name(name: str) -> tuple[str, int | None] | None:
