@@ -41,7 +41,8 @@ DEMO_VL_SERVING: dict[str, Any] = {
     "kind": "llama-server", "n_ctx": 4096, "cache_type_k": "q8_0", "cache_type_v": "q8_0", "flash_attn": "on"}
 """The ``tiny-vl`` demo's llama-server options: the seeds' ``-ctk q8_0 -ctv q8_0 -fa on`` and a 4,096-token
 context as the text demo's. The projector (``mmproj``) is not here: each serve stage passes the one its
-package run wrote; so no ``image_min_tokens`` either (a backend refuses it without ``mmproj``)."""
+package run wrote. No ``image_min_tokens``: the tiny model's image takes llama-server's default budget (a team's
+block sets the seeds' 1,024 beside its projector-less options; a server started without a projector refuses it)."""
 
 DEMO_PROFILES = ("tiny", "tiny-vl")
 """The demo's base-model profiles: the tiny text model (the default) and the tiny multimodal one."""

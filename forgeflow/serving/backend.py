@@ -97,7 +97,8 @@ class BackendConfig(BaseModel):
         flash_attn: llama-server ``-fa`` (``on``, ``off``, ``auto``); None: the server's default.
         mmproj: llama-server ``--mmproj``: the vision projector GGUF served with the model; the gate then sends
             an image and requires the server to use it (:func:`forgeflow.serving.health.gate`).
-        image_min_tokens: llama-server ``--image-min-tokens`` (needs ``mmproj``).
+        image_min_tokens: llama-server ``--image-min-tokens``; a server started without a projector refuses it
+            (a lifecycle's block carries it before the package stage hands its serve stages the projector).
         n_gpu_layers: llama-server ``-ngl``; > 0 makes a server that offloads nothing a failed start.
         required_context_tokens: the context one request needs (prompt + completion), tokens;
             checked before the start against the slot plan (and the GGUF's training context when
@@ -161,8 +162,6 @@ class BackendConfig(BaseModel):
                 raise ValueError(f"{name} must be one of {', '.join(KV_CACHE_TYPES)}, got {getattr(self, name)!r}")
         if self.flash_attn is not None and self.flash_attn not in FLASH_ATTN_MODES:
             raise ValueError(f"flash_attn must be one of {', '.join(FLASH_ATTN_MODES)}, got {self.flash_attn!r}")
-        if self.image_min_tokens is not None and self.mmproj is None:
-            raise ValueError("image_min_tokens needs mmproj (a text-only server takes no images)")
         if self.kind == "llama-cpp-python":
             defaults = BackendConfig.model_fields
             changed = [name for name in _LLAMA_SERVER_ONLY if getattr(self, name) != defaults[name].default]

@@ -18,7 +18,6 @@ def test_multimodal_options_reach_llama_server_only_and_are_validated(tmp_path) 
             options.flash_attn) == (mm, 1024, "q8_0", "q8_0", "on")
     assert f"--mmproj {mm}" in config.describe() and "-fa on" in config.describe()
     refused = {
-        "image_min_tokens needs mmproj": {"kind": "llama-server", "image_min_tokens": 16},
         "flash_attn must be one of on, off, auto": {"kind": "llama-server", "flash_attn": "yes"},
         "cache_type_v must be one of": {"kind": "llama-server", "cache_type_v": "q3_k"},
         "mmproj need kind 'llama-server'": {"mmproj": str(mm)},
@@ -28,6 +27,14 @@ def test_multimodal_options_reach_llama_server_only_and_are_validated(tmp_path) 
     for message, fields in refused.items():
         with pytest.raises(InputError, match=message):
             backend_config(fields)
+    # a lifecycle's block carries the image budget before the package stage hands the serve stage its projector;
+    # a server started without one refuses it before anything runs
+    budget_only = backend_config({"kind": "llama-server", "image_min_tokens": 1024})
+    from forgeflow.serving.llama_server import LlamaServer
+
+    (tmp_path / "model.gguf").write_bytes(b"GGUF")  # checked for existence (and the port for range) first
+    with pytest.raises(InputError, match="image_min_tokens needs mmproj"):
+        LlamaServer(tmp_path / "model.gguf", 8999, "m", options=budget_only.server_options())
     from blocks.core import ServingBackend
 
     assert set(BackendConfig.model_fields) <= set(ServingBackend.model_fields)  # the block carries every option
