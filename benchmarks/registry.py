@@ -20,7 +20,7 @@ Figures (and their targets):
   layer (no blob of the other contestant is reused). ``copy_overhead_median_ratio`` is the median
   of the per-copy ratios (one slow copy moves it less).
   ``copy_overhead_ratio_flow_process`` is the same measure once the flows are imported, as in a
-  flow-run process (``flow_process_rss_mb``, ~300 MB): a process started with ``fork`` costs more
+  flow-run process (``flow_process_rss_mb``, ~130 MB here): a process started with ``fork`` costs more
   the more memory the parent holds (20-27 ms there, measured), which is why
   :meth:`forgeflow.registry.skopeo.Skopeo._run` uses ``subprocess.run`` (``vfork``, 0.6 ms flat) and no
   longer the ``sh`` package. ``copy_overhead_ratio_tiny`` is the same measure on N tiny images

@@ -33,7 +33,9 @@ def test_registry_benchmark_prints_every_figure() -> None:
     lines = proc.stdout.strip().splitlines()
     summary = json.loads(lines[-1])
     assert 0 < summary["plan_50k_s"] < 30
-    assert summary["flow_process_rss_mb"] > 150  # the flows imported, as in a flow-run process
+    # the flows imported, as in a flow-run process: ~130 MB (Prefect alone ~80 MB; statsmodels left the
+    # compare path's imports on 2026-12-07, ~20 MB less)
+    assert summary["flow_process_rss_mb"] > 110
     for key in ("copy_overhead_ratio", "copy_overhead_median_ratio", "copy_overhead_ratio_tiny",
                 "copy_overhead_ratio_flow_process",
                 "prewarm_parallel_speedup", "prewarm_parallel_speedup_loopback"):
