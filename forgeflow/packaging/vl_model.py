@@ -143,36 +143,16 @@ def is_multimodal(hf_dir: Path) -> bool:
 
 
 def vision_tower_sha256(hf_dir: Path) -> str:
-    """sha256 over the vision tower's tensors of a safetensors checkpoint (names sorted; name, dtype, shape and
-    bytes of each tensor whose name has ``visual.``): equal for a base and every merge of a LoRA that left the
-    tower frozen, whatever the text weights.
+    """sha256 over the vision tower's tensors of a safetensors checkpoint: equal for a base and every merge of a
+    LoRA that left the tower frozen, whatever the text weights (the one scheme,
+    :func:`forgeflow.training.vl_burst.vision_tower_sha256`, which the burst's lineage records).
 
     Raises:
         InputError: no safetensors file, or no vision tensor in them.
     """
-    import hashlib
+    from forgeflow.training.vl_burst import vision_tower_sha256 as tower_sha256
 
-    from safetensors import safe_open
-
-    files = sorted(Path(hf_dir).glob("*.safetensors"))
-    if not files:
-        raise InputError(f"{hf_dir} holds no safetensors file")
-    tensors = {}
-    for file in files:
-        with safe_open(str(file), framework="pt") as handle:
-            for name in handle.keys():
-                if "visual." in name:
-                    tensors[name.split("visual.", 1)[1]] = (file, name)
-    if not tensors:
-        raise InputError(f"{hf_dir} has no vision tower tensors (no name with 'visual.')")
-    digest = hashlib.sha256()
-    for key in sorted(tensors):
-        file, name = tensors[key]
-        with safe_open(str(file), framework="pt") as handle:
-            tensor = handle.get_tensor(name).contiguous()
-        digest.update(f"{key}|{tensor.dtype}|{tuple(tensor.shape)}\n".encode())
-        digest.update(tensor.view(-1).view(__import__("torch").uint8).numpy().tobytes())
-    return digest.hexdigest()
+    return tower_sha256(hf_dir)
 
 
 def _vl_tokenizer(tok_dir: Path) -> object:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -173,15 +173,23 @@ def vision_tower_sha256(hf_dir: Path) -> str:
     from safetensors import safe_open
 
     files = sorted(Path(hf_dir).glob("*.safetensors"))
-    tensors: dict[str, Any] = {}
+    if not files:
+        raise InputError(f"{hf_dir} holds no safetensors file")
+    where: dict[str, tuple[Path, str]] = {}  # tower name -> (file, tensor name): read one at a time below
     for file in files:
         with safe_open(str(file), framework="pt") as handle:
             for name in handle.keys():
                 if "visual." in name:
-                    tensors[name.split("visual.", 1)[1]] = handle.get_tensor(name)
-    if not tensors:
+                    where[name.split("visual.", 1)[1]] = (file, name)
+    if not where:
         raise InputError(f"{hf_dir} has no vision tower tensors (no safetensors tensor named with 'visual.')")
-    return _tensors_sha256(tensors)
+
+    def read(key: str) -> Any:  # one tensor in memory at a time
+        file, name = where[key]
+        with safe_open(str(file), framework="pt") as handle:
+            return handle.get_tensor(name)
+
+    return _tensors_sha256(where, read)
 
 
 def vision_state_sha256(model: Any) -> str:
@@ -195,15 +203,16 @@ def vision_state_sha256(model: Any) -> str:
                if "visual." in name}
     if not tensors:
         raise InputError("the model has no vision tower tensors (no state_dict name with 'visual.')")
-    return _tensors_sha256(tensors)
+    return _tensors_sha256(tensors, tensors.__getitem__)
 
 
-def _tensors_sha256(tensors: dict[str, Any]) -> str:
+def _tensors_sha256(keys: Iterable[str], get: Callable[[str], Any]) -> str:
+    """sha256 over ``get(key)`` for the sorted ``keys``: each key, dtype and shape, then the tensor's bytes."""
     import torch
 
     digest = hashlib.sha256()
-    for key in sorted(tensors):
-        tensor = tensors[key].contiguous()
+    for key in sorted(keys):
+        tensor = get(key).contiguous()
         digest.update(f"{key}|{tensor.dtype}|{tuple(tensor.shape)}\n".encode())
         digest.update(tensor.view(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
