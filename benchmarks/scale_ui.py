@@ -5,8 +5,8 @@ fresh ``PREFECT_HOME``), runs the ``curate`` flow against it on ``--candidates``
 sandbox of :mod:`benchmarks.standin_sandbox`, chosen by a ``forgeflow-sandbox`` block as a user would; a fresh
 SQLite store), then reads the run as the UI does: the run graph's API (``GET /api/flow_runs/<id>/graph-v2``: the
 call that refused a curate run of ~4,750 candidates with "has more than 10000 nodes" when every validation was a
-task run) and, in headless Chromium driven over the DevTools protocol (the browser helper of
-``tests/flows/test_ui_browser.py``), the run's page and one batch's task-run page. Prints one JSON line, last::
+task run) and, in headless Chromium driven over the DevTools protocol
+(:mod:`benchmarks.browser`), the run's page and one batch's task-run page. Prints one JSON line, last::
 
     {"candidates": 30000, "batches": ..., "graph_nodes": ..., "graph_status": 200, "run_page": true,
      "batch_page": true, "curate_wall_s": ..., "s_per_candidate": ...}
@@ -112,7 +112,7 @@ def read_ui(port: int, run_id: str, out_dir: Path) -> dict[str, Any]:
     from prefect.client.orchestration import get_client  # noqa: PLC0415
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId  # noqa: PLC0415
 
-    from tests.flows.test_ui_browser import Browser  # noqa: PLC0415 - the repository's DevTools driver
+    from benchmarks.browser import Browser  # noqa: PLC0415
 
     graph = httpx.get(f"http://127.0.0.1:{port}/api/flow_runs/{run_id}/graph-v2", timeout=120)
     nodes = len(graph.json().get("nodes", [])) if graph.status_code == 200 else None
