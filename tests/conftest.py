@@ -42,6 +42,15 @@ SLOW_TESTS = {
     "tests/core/ledger/test_ledger_scale.py::test_scoped_reads_at_100k_use_an_index_and_build_one_record_per_row_shown",
 }
 """Tests in an otherwise fast folder that take minutes: ``slow``, out of the unit tier."""
+XDIST_GROUPS = {
+    # each starts a Ray head (a dozen processes, a job server that must answer within 180 s) or checks that no
+    # ``ff-episode`` container is left on the machine: one worker runs them one after another
+    "ray-and-episodes": frozenset({"flows/test_curate_ray.py", "flows/test_rewards_ray.py", "flows/test_ppo_flow.py",
+                                   "flows/test_rl_agentic.py", "integration/test_rl_episodes_ray.py",
+                                   "integration/test_rl_episodes.py"}),
+}
+"""Test files that share a pytest-xdist worker (``--dist loadgroup``); every other file is a group of its own,
+so its module-scoped fixtures are built once (scripts/test.sh runs the suite on several workers)."""
 POSTGRESQL_FIXTURES = frozenset({"pg_cluster", "postgres_url"})
 """A test that asks for one of these, or for ``store_url``'s ``postgresql`` parameter (tests/pgfixtures.py),
 runs on a real PostgreSQL server: ``integration`` (its SQLite twin stays ``unit``)."""
@@ -82,7 +91,8 @@ def unit_tier_refusal(args: object) -> str | None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark each test with its tier, by folder, so no test file repeats it.
+    """Mark each test with its tier, by folder, so no test file repeats it, and with its xdist group
+    (:data:`XDIST_GROUPS`, else its file).
 
     tests/flows/ is ``flow``, tests/integration/ and tests/adversarial/ ``integration``, and so is a test
     on a real PostgreSQL server (:data:`POSTGRESQL_FIXTURES`); one of :data:`SLOW_TESTS` is ``slow``; a test with
@@ -94,6 +104,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             parts = Path(str(item.path)).resolve().relative_to(TESTS).parts
         except ValueError:  # a test outside tests/ (e.g. a sub-pytest's tmp tree)
             continue
+        path = "/".join(parts)
+        group = next((name for name, files in XDIST_GROUPS.items() if path in files), path)
+        item.add_marker(pytest.mark.xdist_group(group))
         tier = FOLDER_TIERS.get(parts[0]) if len(parts) > 1 else None
         if tier is not None:
             item.add_marker(tier)

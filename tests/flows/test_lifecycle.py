@@ -17,6 +17,7 @@ from forgeflow.config import LifecycleConfig
 from forgeflow.curation.bundle import verify_bundle
 from forgeflow.curation.freeze import verify_freeze
 from forgeflow.ledger.store import Store
+from tests.helpers import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -26,7 +27,7 @@ def mini_config(tmp_path_factory):
     return LifecycleConfig(
         projects=("inflection", "cachetools"), candidates_per_project=3, seed=0,
         output_dir=tmp_path_factory.mktemp("lifecycle"),
-        registries={"source_port": 5721, "target_port": 5722},
+        registries={"source_port": free_port(), "target_port": free_port()},
         prewarm={"shards": 4, "lanes": 2},
         validation={"concurrency": 2},
         freeze={"name": "mini-v1",
@@ -34,7 +35,7 @@ def mini_config(tmp_path_factory):
         canary={"step_limit": 2, "max_tokens": 48},
         burst={"max_steps": 2},
         package={"quantizations": ("Q8_0",)},
-        serving={"ports": (8811, 8812)},
+        serving={"ports": (free_port(), free_port())},
     )
 
 

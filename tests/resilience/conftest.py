@@ -4,6 +4,7 @@ small task image (the base image plus a ``/testbed`` of escape attempts) for san
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -61,7 +62,9 @@ def escape_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     digest = hashlib.sha256()
     for path in sorted(TESTBED_DIR.rglob("*.py")):
         digest.update(path.relative_to(TESTBED_DIR).as_posix().encode() + b"\0" + path.read_bytes())
-    tag = f"localhost/forgeflow-test/resilience-escape:{digest.hexdigest()[:12]}"
+    # one tag per xdist worker: a worker removes its own at the end while another may still run from its own
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    tag = f"localhost/forgeflow-test/resilience-escape:{digest.hexdigest()[:12]}-{worker}"
     context = tmp_path_factory.mktemp("escape-image")
     shutil.copytree(TESTBED_DIR, context / "testbed", ignore=shutil.ignore_patterns("__pycache__"))
     (context / "Containerfile").write_text(f"FROM {base}\nCOPY testbed /testbed\n")
