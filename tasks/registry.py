@@ -1,12 +1,8 @@
-"""Prefect tasks of the registry stages and flows: registries, environment and task images, push,
-prewarm; one image's migration, coverage, reference rewrite, prewarm plan (its tasks file) and its histogram (thin
-wrappers over :mod:`forgeflow.registry`).
+"""Prefect tasks of the registry stages and flows: registries, images, push, prewarm, one image's migration,
+coverage, reference rewrite, the prewarm plan and its histogram (over :mod:`forgeflow.registry`).
 
-Per-registry limits are Prefect *global concurrency limits* (``registry-<host>-<port>``) and,
-optionally, a rate limit (``registry-<host>-<port>-rate``, a limit with slot decay).
-:func:`ensure_registry_limits` creates or updates them through the client; the tasks acquire them
-with ``strict=False``, so a limit deleted meanwhile lets the task proceed (Prefect logs a warning)
-rather than failing the migration.
+Per-registry limits are Prefect global concurrency limits (``registry-<host>-<port>``, optionally ``...-rate``
+with slot decay), acquired with ``strict=False``: a limit deleted meanwhile lets the task proceed.
 """
 
 from __future__ import annotations
@@ -24,9 +20,9 @@ from prefect.concurrency.sync import concurrency, rate_limit
 from prefect.context import TaskRunContext
 
 from blocks.core import RegistryEndpoint
+from forgeflow.common import settings
 from forgeflow.common.errors import InputError, is_transient
 from forgeflow.common.fsutil import atomic_write_bytes, atomic_write_text
-from forgeflow.ledger.store import Store
 from forgeflow.registry import auth as registry_auth
 from forgeflow.registry import coverage, imageref, images, projects
 from forgeflow.registry import migration as migrate
@@ -34,20 +30,13 @@ from forgeflow.registry import prewarm as basecache
 from forgeflow.registry.layout import PrewarmPlan, ShardLayout
 from forgeflow.registry.server import RegistryServer
 from forgeflow.registry.skopeo import Skopeo
-from tasks.common import (
-    RESUMABLE,
-    io_task,
-)
+from tasks.common import RESUMABLE, io_task, shared_store
 
 
 @task(cache_policy=NO_CACHE)
 def start_registry(name: str, port: int, storage_dir: Path) -> str:
-    """Start (or reuse) a loopback ``docker-registry`` (stopped by the flow, by PID).
-
-    Returns:
-        the registry's instance id (:attr:`RegistryServer.instance_id`): tasks that write into
-        the registry put it in their cache key, so a wiped or different registry is filled again.
-    """
+    """Start (or reuse) a loopback ``docker-registry``; its instance id, which writers put in their cache key
+    (a wiped registry is filled again)."""
     server = RegistryServer(name, port, storage_dir)
     server.ensure_running()
     return server.instance_id
@@ -61,11 +50,7 @@ def base_image() -> images.ImageRef:
 
 @task(cache_policy=RESUMABLE, task_run_name="env-image-{project_name}")
 def environment_image(project_name: str, base_image_id: str, work_dir: Path) -> tuple[str, str]:
-    """Fetch the pinned sdist, make the checkout and build the environment image.
-
-    Returns:
-        (local image name, checkout path as str)
-    """
+    """Fetch the pinned sdist, make the checkout and build the environment image: (image name, checkout path)."""
     project = projects.get_project(project_name)
     checkout = projects.prepare_checkout(project, work_dir / "checkouts" / project.name)
     ref = images.build_env_image(project, checkout, images.BASE_IMAGE_TAG)
@@ -74,18 +59,15 @@ def environment_image(project_name: str, base_image_id: str, work_dir: Path) -> 
 
 @io_task(cache_policy=RESUMABLE, task_run_name="push-{dest}")
 def push_local_image(local_name: str, local_image_id: str, dest: str, registry_id: str) -> str:
-    """Push a local image (containers-storage) to ``dest`` (``host:port/repo:tag``); returns the
-    registry digest (the push recompresses layers: the registry digest is the truth).
-    ``local_image_id`` and the destination's ``registry_id`` are part of the cache key."""
+    """Push a local image to ``dest`` (``host:port/repo:tag``); the registry digest (the push recompresses)."""
     return Skopeo().copy(f"containers-storage:{local_name}", f"docker://{dest}", preserve_digests=False)
 
 
 @io_task(cache_policy=RESUMABLE)
 def prewarm(plan: PrewarmPlan, target_address: str, base_refs: dict[str, str],
             target_registry_id: str, concurrency: int = 5) -> list[basecache.BasecacheRecord]:
-    """Check the plan against the tag cap, copy every ``basecache-*`` tag (``concurrency``
-    skopeo commands at a time, 1-16) and verify its digest (``target_registry_id`` keys the
-    cache: a wiped target is pre-warmed again)."""
+    """Check the plan against the tag cap, copy every ``basecache-*`` tag (``concurrency`` at a time, 1-16) and
+    verify its digest."""
     plan.check()
     records = basecache.prewarm_basecache(Skopeo(), plan, target_address, base_refs, max_workers=concurrency)
     basecache.verify_prewarm(Skopeo(), records, max_workers=concurrency)
@@ -94,7 +76,7 @@ def prewarm(plan: PrewarmPlan, target_address: str, base_refs: dict[str, str],
 
 @task(cache_policy=RESUMABLE, task_run_name="task-image-{instance_id}")
 def task_image(env_image: str, env_image_id: str, instance_id: str, bug_patch: str) -> images.ImageRef:
-    """Build the task image (environment + bug, fresh git history). ``env_image_id`` keys the cache."""
+    """Build the task image (environment + bug, fresh git history)."""
     return images.build_task_image(env_image, instance_id, bug_patch)
 
 
@@ -104,24 +86,16 @@ SKOPEO_RETRY_TIMES = 2
 
 @task(cache_policy=NO_CACHE)
 def local_image_id(name: str) -> str:
-    """The id (``sha256:...``) of the local image ``name`` in podman's store, as it is now.
-
-    Raises:
-        ImageNotFoundError: no local image has that name.
-    """
+    """The id (``sha256:...``) of the local image ``name`` in podman's store, as it is now. Raises ImageNotFoundError:
+    no local image has that name."""
     return images.image_id(name)
 
 
 @io_task(task_run_name="layer-reuse-{task_ref}")
 def layer_reuse(task_ref: str, base_ref: str) -> int:
-    """Check that the task image ``task_ref`` starts with the layers of its base ``base_ref`` (registry
-    references without transport: :func:`forgeflow.registry.prewarm.verify_layer_reuse`); returns how
-    many base layers it reuses.
-
-    Raises:
-        DigestMismatchError: it does not start with the base's layers.
-        ImageNotFoundError, RegistryError, RegistryUnavailableError: from skopeo (transient ones retried).
-    """
+    """How many layers of its base ``base_ref`` the task image ``task_ref`` starts with (both without transport). Raises
+    DigestMismatchError: it does not start with the base's layers; ImageNotFoundError, RegistryError,
+    RegistryUnavailableError: from skopeo (transient ones retried)."""
     return len(basecache.verify_layer_reuse(Skopeo(), f"docker://{task_ref}", f"docker://{base_ref}").base_layers)
 
 
@@ -131,19 +105,9 @@ def limit_name(address: str) -> str:
 
 
 def ensure_registry_limits(address: str, slots: int, rate_per_s: float | None = None) -> tuple[str, str | None]:
-    """Create (or update) the registry's global concurrency limit and optional rate limit.
-
-    Args:
-        address: ``host:port`` of the registry.
-        slots: Concurrent skopeo operations allowed against it (1-64).
-        rate_per_s: Images started per second (slot decay of the rate limit), None = no rate limit.
-
-    Returns:
-        (concurrency limit name, rate limit name or None).
-
-    Raises:
-        InputError: ``slots`` outside 1-64 or ``rate_per_s`` not positive.
-    """
+    """Create (or update) the registry's concurrency limit (``slots``: concurrent skopeo operations, 1-64) and optional
+    rate limit (``rate_per_s``: images started per second); (limit name, rate limit name or None). Raises InputError:
+    ``slots`` outside 1-64 or ``rate_per_s`` not positive."""
     if not 1 <= slots <= 64:
         raise InputError(f"concurrency slots {slots} outside 1-64")
     if rate_per_s is not None and rate_per_s <= 0:
@@ -163,8 +127,7 @@ def ensure_registry_limits(address: str, slots: int, rate_per_s: float | None = 
 
 @contextmanager
 def skopeo_for(*endpoints: RegistryEndpoint) -> Iterator[Skopeo]:
-    """A Skopeo with one temporary auth file (mode 600, deleted afterwards) holding the
-    credentials of every endpoint that has them (:func:`forgeflow.registry.auth.authfile`)."""
+    """A Skopeo with one temporary auth file (mode 600, deleted afterwards) of the endpoints' credentials."""
     entries = {}
     for endpoint in endpoints:
         has_password = endpoint.password is not None and bool(endpoint.password.get_secret_value())
@@ -180,18 +143,9 @@ def skopeo_for(*endpoints: RegistryEndpoint) -> Iterator[Skopeo]:
 
 
 def image_ref(endpoint: RegistryEndpoint, name: str, pin_digest: bool = True) -> str:
-    """Transport reference of a relative image name in ``endpoint``.
-
-    Args:
-        endpoint: The registry.
-        name: ``repo:tag``, ``repo:tag@sha256:<hex>`` or ``repo@sha256:<hex>``, relative to the
-            registry (:func:`forgeflow.registry.imageref.relative_name` makes it so).
-        pin_digest: With a digest in the name, reference the manifest by digest
-            (``docker://host/repo@sha256:...``: a source, or a check); False: by tag (a target).
-
-    Raises:
-        InputError: a malformed name, a name with a registry host, or no tag where one is needed.
-    """
+    """Transport reference of ``name`` (``repo:tag[@sha256:<hex>]`` or ``repo@sha256:<hex>``) in ``endpoint``; by digest
+    when it has one and ``pin_digest`` (a source), else by tag (a target). Raises InputError: a malformed name, a name
+    with a registry host, or no tag where one is needed."""
     parsed = imageref.parse_name(name)
     if parsed.host is not None:
         raise InputError(f"image {name!r} names a registry host; expected 'repo:tag' relative to {endpoint.address}")
@@ -212,45 +166,27 @@ def image_refs(endpoint: RegistryEndpoint, names: list[str], pin_digest: bool = 
 def migrate_one(name: str, source: RegistryEndpoint, target: RegistryEndpoint, max_size_bytes: int | None,
                 limit: str, rate: str | None, store_url: str | None = None,
                 run_id: str | None = None) -> migrate.MigrationRecord:
-    """Migrate one image (inspect, oversize skip, ``copy --all --preserve-digests``, digest check)
-    under the target registry's concurrency (and rate) limit, and write its state into the store.
-
-    One attempt is :func:`forgeflow.registry.migration.attempt_migration`. Its outcome goes to the image's
-    ``images`` row (:func:`forgeflow.registry.migration.record_state`): ``completed`` / ``skipped``, or
-    ``failed`` with the exception once no retry follows; while a transient failure (429, 5xx,
-    timeout) is retried by Prefect the row stays ``pending`` with the failed attempt as reason.
-    The exception is then raised, so the task run fails (and is retried only if transient: a
-    missing image or an auth failure fails at once).
-
-    Not cached: the store and the registry say what is done (the flow does not submit images
-    the store records as completed and the target still serves).
-
-    Returns:
-        The image's record (``attempts`` = this task run's run count).
-
-    Raises:
-        ImageNotFoundError, RegistryError, RegistryUnavailableError, DigestMismatchError: the
-            attempt's failure, after its state was written.
-    """
+    """Migrate one image (inspect, oversize skip, ``copy --all --preserve-digests``, digest check) under the target's
+    limits, and write its ``images`` row (``store_url``, None: ``settings.store_url()``): ``completed`` / ``skipped``,
+    ``failed`` once no retry follows, ``pending`` while a transient failure is retried. Returns the image's record
+    (``attempts`` = this task run's run count). Raises ImageNotFoundError, RegistryError, RegistryUnavailableError,
+    DigestMismatchError: the attempt's failure, after its state was written."""
     src, dst = image_ref(source, name), image_ref(target, name, pin_digest=False)
     context = TaskRunContext.get()
     attempt = context.task_run.run_count if context is not None else 1
     retries = context.task.retries if context is not None else 0
-    store = Store(store_url)
-    try:
-        with concurrency(limit, occupy=1, strict=False):
-            if rate:
-                rate_limit(rate, occupy=1, strict=False)
-            with skopeo_for(source, target) as skopeo:
-                record, error = migrate.attempt_migration(skopeo, src, dst, max_size_bytes, attempt)
-        if error is not None and is_transient(error) and attempt <= retries:
-            migrate.record_state(store, record.model_copy(update={
-                "status": "pending", "reason": f"attempt {attempt} failed, retrying: "
-                                              f"{record.error_type}: {record.reason}"}), run_id)
-        else:
-            migrate.record_state(store, record, run_id)
-    finally:
-        store.dispose()
+    store = shared_store(store_url if store_url is not None else settings.store_url())
+    with concurrency(limit, occupy=1, strict=False):
+        if rate:
+            rate_limit(rate, occupy=1, strict=False)
+        with skopeo_for(source, target) as skopeo:
+            record, error = migrate.attempt_migration(skopeo, src, dst, max_size_bytes, attempt)
+    if error is not None and is_transient(error) and attempt <= retries:
+        migrate.record_state(store, record.model_copy(update={
+            "status": "pending", "reason": f"attempt {attempt} failed, retrying: "
+                                          f"{record.error_type}: {record.reason}"}), run_id)
+    else:
+        migrate.record_state(store, record, run_id)
     get_run_logger().info("%s: %s %s (attempt %d)", name, record.status, record.reason, attempt)
     if error is not None:
         raise error
@@ -259,51 +195,32 @@ def migrate_one(name: str, source: RegistryEndpoint, target: RegistryEndpoint, m
 
 @task(cache_policy=NO_CACHE, task_run_name="coverage-{target.address}")
 def coverage_check(target: RegistryEndpoint, names: list[str], store_url: str | None = None) -> coverage.CoverageReport:
-    """Which of ``names`` the target registry serves (available / missing / errored); with a
-    ``store_url``, beside each image's recorded migration state (:func:`forgeflow.registry.coverage.coverage`)."""
-    store = Store(store_url) if store_url is not None else None
-    try:
-        with skopeo_for(target) as skopeo:
-            return coverage.coverage(skopeo, image_refs(target, names), store=store)
-    finally:
-        if store is not None:
-            store.dispose()
+    """Which of ``names`` the target serves (available / missing / errored), beside each image's recorded
+    migration state when ``store_url`` is given."""
+    store = shared_store(store_url) if store_url is not None else None
+    with skopeo_for(target) as skopeo:
+        return coverage.coverage(skopeo, image_refs(target, names), store=store)
 
 
 @task(cache_policy=NO_CACHE)
 def rewrite_refs(old_prefix: str, new_prefix: str, dry_run: bool, store_url: str | None = None) -> coverage.RewritePlan:
-    """:func:`forgeflow.registry.migration.rewrite_refs` on the store (one transaction; dry run = diff only)."""
-    store = Store(store_url)
-    store.upgrade()
+    """Rewrite recorded image references in one transaction (``dry_run``: the diff only); ``store_url`` None:
+    ``settings.store_url()``."""
+    store = shared_store(store_url if store_url is not None else settings.store_url())
     return coverage.rewrite_refs(store, old_prefix, new_prefix, dry_run=dry_run)
 
 
 @task(cache_policy=RESUMABLE)
 def layout_plan(tasks: list[tuple[str, str]], shards: int, lanes: int, prefix: str, tag_cap: int) -> PrewarmPlan:
-    """The ``base-sharded-tags`` plan of ``tasks`` (``(task id, base digest)`` pairs), not yet checked
-    against the cap (:meth:`forgeflow.registry.layout.ShardLayout.plan`).
-
-    Cached on the pairs and the layout (with this task's source): the plan is a pure function of them,
-    so the same tasks read again from a rewritten file are answered from the cache.
-
-    Raises:
-        InputError: a repeated task id, a malformed digest, or two tasks on one image tag (never cached).
-    """
+    """The ``base-sharded-tags`` plan of ``(task id, base digest)`` pairs, not yet checked against the cap (a pure
+    function: cached). Raises InputError: a repeated task id, a malformed digest, or two tasks on one image tag (never
+    cached)."""
     layout = ShardLayout(shards=shards, lanes=lanes, prefix=prefix, tag_cap=tag_cap)
     return layout.plan(tasks)
 
 
 def render_tag_histogram(counts: dict[str, int], tag_cap: int, path: Path) -> Path:
-    """Plot projected tags per repository (bars, the cap as a line) as a PNG, written atomically.
-
-    Args:
-        counts: repository -> projected tag count.
-        tag_cap: Drawn as a horizontal line; bars above it are red.
-        path: Where the PNG goes.
-
-    Returns:
-        ``path``.
-    """
+    """Plot projected tags per repository (bars above ``tag_cap`` red, the cap a line) as a PNG at ``path``."""
     import io
 
     import matplotlib
@@ -356,17 +273,10 @@ def _fitting_columns(dataset_path: Path, image_column: str, registries: list[tup
 @task(cache_policy=NO_CACHE)
 def image_names(images: list[str] | None, dataset_path: Path | None, image_column: str,
                 registries: list[tuple[str, str]], field_prefix: str = "") -> list[str]:
-    """Distinct image names relative to ``registries`` (``(address, namespace)`` pairs), as ``repo:tag[@sha256:...]``,
-    first-seen order, from ``images`` or the ``image_column`` of the JSONL file ``dataset_path``.
-
-    A name naming one of ``registries`` is taken as a full reference (host and namespace dropped).
-    ``field_prefix`` leads the parameter names in the messages (``params.``: ``params.images entry ...``).
-
-    Raises:
-        InputError: neither or both sources given, no name, or a name naming another host or malformed:
-            where it came from (the ``images`` entry, or the dataset's column and value), what is expected
-            and, for a dataset, the columns of its first row whose values would fit.
-    """
+    """Distinct ``repo:tag[@sha256:...]`` names relative to ``registries`` (``(address, namespace)``), first-seen order,
+    from ``images`` or the ``image_column`` of the JSONL ``dataset_path``. Raises InputError: neither or both sources,
+    no name, a malformed name or one of another host (where it came from; for a dataset, the columns whose values would
+    fit)."""
     if (images is None) == (dataset_path is None):
         raise InputError(f"give exactly one of {field_prefix}images (repo:tag names) or {field_prefix}dataset_path "
                          "(a JSONL file)")
@@ -391,36 +301,22 @@ def image_names(images: list[str] | None, dataset_path: Path | None, image_colum
 
 @task(cache_policy=NO_CACHE, task_run_name="registries-answer")
 def registries_answer(endpoints: dict[str, RegistryEndpoint]) -> None:
-    """Each registry (role -> endpoint, e.g. ``source`` / ``target``) answers ``GET /v2/`` (200 or 401).
-
-    Raises:
-        RegistryUnavailableError: one does not answer (its role and address named).
-    """
+    """Each registry (role -> endpoint) answers ``GET /v2/`` (200 or 401). Raises RegistryUnavailableError: one does not
+    answer (its role and address named)."""
     for role, endpoint in endpoints.items():
         migrate.check_reachable(endpoint.address, endpoint.tls_verify, what=role)
 
 
 @io_task()
 def recorded_migrations(store_url: str, pairs: list[tuple[str, str]]) -> dict[str, migrate.MigrationRecord]:
-    """The targets of ``pairs`` (source ref, target ref) the store at ``store_url`` (upgraded first) records as
-    ``completed`` from the same source, with a digest (:func:`forgeflow.registry.migration.completed_in_store`)."""
-    store = Store(store_url)
-    try:
-        store.upgrade()
-        return migrate.completed_in_store(store, pairs)
-    finally:
-        store.dispose()
+    """The targets of ``(source ref, target ref)`` pairs the store records ``completed`` from that source."""
+    return migrate.completed_in_store(shared_store(store_url), pairs)
 
 
 @io_task()
 def record_pending(store_url: str, records: list[migrate.MigrationRecord], run_id: str | None) -> int:
-    """Mark each record's target ``pending`` in one transaction
-    (:func:`forgeflow.registry.migration.record_pending`)."""
-    store = Store(store_url)
-    try:
-        return migrate.record_pending(store, records, run_id)
-    finally:
-        store.dispose()
+    """Mark each record's target ``pending`` in one transaction; the count."""
+    return migrate.record_pending(shared_store(store_url), records, run_id)
 
 
 @io_task()
@@ -428,50 +324,32 @@ def failed_migration(store_url: str, source_ref: str, target_ref: str, reason: s
                      run_id: str | None) -> migrate.MigrationRecord:
     """The ``failed`` state of an image whose migrate task failed: the one it recorded, or, when it died before
     writing it, one recorded now with ``reason`` and ``error_type``."""
-    store = Store(store_url)
-    try:
-        stored = migrate.load_states(store, [target_ref]).get(target_ref)
-        if stored is None or stored.status != "failed":
-            stored = migrate.MigrationRecord(source_ref=source_ref, target_ref=target_ref, status="failed",
-                                             reason=reason, error_type=error_type)
-            migrate.record_state(store, stored, run_id)
-        return stored
-    finally:
-        store.dispose()
+    store = shared_store(store_url)
+    stored = migrate.load_states(store, [target_ref]).get(target_ref)
+    if stored is None or stored.status != "failed":
+        stored = migrate.MigrationRecord(source_ref=source_ref, target_ref=target_ref, status="failed",
+                                         reason=reason, error_type=error_type)
+        migrate.record_state(store, stored, run_id)
+    return stored
 
 
 @io_task()
 def reconcile(store_url: str, report: coverage.CoverageReport, run_id: str | None) -> list[str]:
-    """Put every ``completed`` row the registry contradicts back to ``pending`` in one transaction
-    (:func:`forgeflow.registry.coverage.reconcile_coverage`; the store upgraded first). The refs put back."""
-    store = Store(store_url)
-    try:
-        store.upgrade()
-        return coverage.reconcile_coverage(store, report, run_id)
-    finally:
-        store.dispose()
+    """Put every ``completed`` row the registry contradicts back to ``pending`` in one transaction; the refs."""
+    return coverage.reconcile_coverage(shared_store(store_url), report, run_id)
 
 
 @task(cache_policy=NO_CACHE)
 def write_plan_tasks(tasks: list[tuple[str, str]], path: Path) -> Path:
-    """Write ``(task id, base digest)`` pairs to ``path`` as JSONL, one ``{"task_id", "base_digest"}`` object a
-    line (atomically): the ``tasks_path`` the ``prewarm-plan`` flow reads
-    (:func:`forgeflow.registry.coverage.plan_tasks_from_jsonl`). Not cached: the file is rewritten each run.
-    Returns ``path``."""
+    """Write ``(task id, base digest)`` pairs to ``path`` as ``{"task_id", "base_digest"}`` JSONL (the
+    ``prewarm-plan`` flow's ``tasks_path``), atomically; returns ``path``."""
     return atomic_write_text(path, "".join(json.dumps({"task_id": task_id, "base_digest": digest}) + "\n"
                                            for task_id, digest in tasks))
 
 
 @task(cache_policy=NO_CACHE)
 def plan_tasks(tasks_path: Path | None, store_url: str) -> list[tuple[str, str]]:
-    """``(task id, base digest)`` pairs a prewarm plan lays out: from the JSONL ``tasks_path`` (``task_id``,
-    ``base_digest``), else from the store's recorded tasks
-    (:func:`forgeflow.registry.coverage.plan_tasks_from_store`)."""
+    """``(task id, base digest)`` pairs a prewarm plan lays out: from the JSONL ``tasks_path``, else the store's."""
     if tasks_path is not None:
         return coverage.plan_tasks_from_jsonl(tasks_path)
-    store = Store(store_url)
-    try:
-        store.upgrade()
-        return coverage.plan_tasks_from_store(store)
-    finally:
-        store.dispose()
+    return coverage.plan_tasks_from_store(shared_store(store_url))

@@ -6,34 +6,22 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from forgeflow.common import settings
 from forgeflow.evaluation import rescore
-from forgeflow.ledger.store import Store
+from tasks.common import shared_store
 
 
 @task(cache_policy=NO_CACHE, task_run_name="plan-rescore-{request.job_id}")
 def plan_rescore(request: rescore.RescoreRequest) -> rescore.RescorePlan:
-    """:func:`forgeflow.evaluation.rescore.plan_rescore` on the store (``$FORGEFLOW_STORE_URL``); reads only. Not
-    cached: the job may have gained recovery jobs, a trajectory may have been restored.
-
-    Raises:
-        InputError, PreflightError: as :func:`~forgeflow.evaluation.rescore.plan_rescore` (an unknown job, its
-            jobs listed; a task that cannot be re-verified).
-    """
-    store = Store()
-    try:
-        return rescore.plan_rescore(store, request)
-    finally:
-        store.dispose()
+    """:func:`forgeflow.evaluation.rescore.plan_rescore` on the store (``settings.store_url()``); reads only, not cached
+    (the job may have gained recovery jobs). Raises InputError, PreflightError: an unknown job (its jobs listed); a task
+    that cannot be re-verified."""
+    return rescore.plan_rescore(shared_store(settings.store_url()), request)
 
 
 @task(cache_policy=NO_CACHE, task_run_name="rescore-{item.original.instance_id}")
 def rescore_trial(item: rescore.RescoreItem, settings: rescore.RescoreSettings, rescore_job_id: str,
                   run_id: str | None = None) -> rescore.RescoredTrial:
-    """:func:`forgeflow.evaluation.rescore.rescore_trial`: one standing trial re-verified (a fresh sandbox), carried
-    over or recorded missing. Never cached (a verifier that broke is an exception, and exceptions are never
-    cached); a re-run upserts the same trial row.
-
-    Raises:
-        InputError: an unknown parser, backend or tamper policy.
-    """
+    """One standing trial re-verified in a fresh sandbox, carried over or recorded missing; a re-run upserts the same
+    trial row. Raises InputError: an unknown parser, backend or tamper policy."""
     return rescore.rescore_trial(item, settings, rescore_job_id, run_id)

@@ -1,18 +1,17 @@
-"""Prefect tasks of serving: blue/green swaps (stage, promote, discard, roll back), their store
-records, and the GGUF check before a server starts."""
+"""Prefect tasks of serving: blue/green swaps (stage, promote, discard, roll back), their store records, and the
+GGUF check before a server starts. The store is ``settings.store_url()``'s."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
-from prefect.transactions import get_transaction, transaction
+from prefect.transactions import Transaction, get_transaction, transaction
 from pydantic import BaseModel, ConfigDict
 
-from forgeflow.common import errors
+from forgeflow.common import errors, settings
 from forgeflow.common.fsutil import sha256_file
 from forgeflow.ledger import records, tables
 from forgeflow.ledger import store as ledger
@@ -23,27 +22,16 @@ from forgeflow.serving.backend import BackendConfig, backend_config
 from forgeflow.serving.external import EndpointCheck
 from forgeflow.serving.llama_server import ContextPlan
 from forgeflow.serving.multimodal import check_projector
-from tasks.common import flow_run_id, load_block, run_logger
+from tasks.common import flow_run_id, load_block, run_logger, shared_store
 
 
 @task(cache_policy=NO_CACHE)
 def serving_backend(block_name: str | None, ports: tuple[int, int] | None = None,
                     started_only: bool = False, ports_field: str = "ports") -> BackendConfig:
-    """The serving backend of the ``forgeflow-serving`` block ``block_name``
-    (:class:`blocks.core.ServingBackend`), or the embedded default when None (llama-cpp-python, a
-    4,096-token context, ports 8801/8802); ``ports``, when given, replaces the backend's two ports
-    (refused for ``kind="external"``, which has none).
-
-    Args:
-        started_only: refuse ``kind="external"`` (the lifecycle: it serves the GGUFs it makes, which
-            only a server forgeflow starts can load).
-        ports_field: how the caller's user names ``ports`` (e.g. ``params.ports``), in messages.
-
-    Raises:
-        InputError: no such block, its fields are not a valid backend, ``ports`` are not two
-            distinct ports in 1024..65535 or are given for an external endpoint (the field named), or
-            ``started_only`` and the block is external.
-    """
+    """The backend of the ``forgeflow-serving`` block ``block_name``, or the default (llama-cpp-python, 4,096 tokens,
+    ports 8801/8802); ``ports`` replace its two ports; ``started_only`` refuses an external endpoint. Raises InputError:
+    no such block, an invalid backend, ``ports`` not two distinct ports in 1024..65535 or given for an external endpoint
+    (named as ``ports_field``), or ``started_only`` and the block is external."""
     if block_name is None:
         backend = BackendConfig()
     else:
@@ -61,13 +49,9 @@ def serving_backend(block_name: str | None, ports: tuple[int, int] | None = None
 
 
 def endpoint_api_key(backend: BackendConfig | None) -> str | None:
-    """The key of an external endpoint, read now from the Prefect Secret block its ``api_key_secret``
-    names (:func:`blocks.core.secret_token`); None without one. Read inside the task that calls the
-    endpoint, so the key is never a task parameter, a result or a log line.
-
-    Raises:
-        InputError: the Secret block does not exist or holds an empty value.
-    """
+    """The key of an external endpoint from its ``api_key_secret`` Secret block, or None. Read inside the task that
+    calls the endpoint: never a task parameter, result or log line. Raises InputError: the Secret block does not exist
+    or holds an empty value."""
     if backend is None or not backend.api_key_secret:
         return None
     from blocks.core import secret_token
@@ -77,15 +61,9 @@ def endpoint_api_key(backend: BackendConfig | None) -> str | None:
 
 @task(cache_policy=NO_CACHE)
 def preflight_serving(backend: BackendConfig, n_ctx_train: int | None) -> ContextPlan | None:
-    """Refuse, before any server starts, a backend whose slots cannot hold the context a request
-    needs (:meth:`forgeflow.serving.backend.BackendConfig.preflight`, capped by the GGUF's training
-    context ``n_ctx_train``, tokens).
-
-    An external endpoint has no plan here (None): its slots are read from ``/props`` when it answers it.
-
-    Raises:
-        ContextPreflightError: a slot holds fewer tokens than ``backend.required_context_tokens``.
-    """
+    """Before any server starts, the backend's slot plan (capped by the GGUF's ``n_ctx_train``, tokens); None for an
+    external endpoint (its ``/props`` tells later). Raises ContextPreflightError: a slot holds fewer tokens than
+    ``backend.required_context_tokens``."""
     plan = backend.preflight(n_ctx_train)
     if plan is None:
         run_logger().info("external endpoint: no slot plan before the swap (read from /props if it answers)")
@@ -96,22 +74,11 @@ def preflight_serving(backend: BackendConfig, n_ctx_train: int | None) -> Contex
 
 
 def record_rollback(result: bluegreen.SwapResult | None, run_id: str | None) -> records.ServingGenerationRecord | None:
-    """Record a rolled-back swap in the store (``settings.store_url()``, upgraded first) as a
-    ``serving_generations`` row with status ``rolled_back``: the port and GGUF the failed server
-    was started with, numbered above every generation recorded
-    (:meth:`forgeflow.ledger.store.Store.record_rolled_back_swap`).
-
-    Returns:
-        The row, or None when ``result`` does not name the attempted port and GGUF (nothing to key it by).
-    """
+    """Record a rolled-back swap (the failed server's port and GGUF) as a ``rolled_back`` generation numbered
+    above every recorded one; None when ``result`` names no port and GGUF."""
     if result is None or result.new_port is None or result.new_gguf_sha256 is None:
         return None
-    store = ledger.Store()
-    try:
-        store.upgrade()
-        row = store.record_rolled_back_swap(result.new_port, result.new_gguf_sha256, run_id)
-    finally:
-        store.dispose()
+    row = shared_store(settings.store_url()).record_rolled_back_swap(result.new_port, result.new_gguf_sha256, run_id)
     run_logger().warning("swap to %s on port %d rolled back: recorded as generation %d (rolled_back); %s",
                       result.new_gguf_sha256[:12], result.new_port, row.generation, result.error or "")
     return row
@@ -119,13 +86,8 @@ def record_rollback(result: bluegreen.SwapResult | None, run_id: str | None) -> 
 
 @task(cache_policy=NO_CACHE)
 def model_file_sha256(gguf_path: Path) -> str:
-    """The sha256 of the model file to serve (``params.gguf_path`` of the ``serve`` and ``promote`` flows) as
-    it is now. Never cached: the file at the path can change between runs (and a digest cached on the path
-    alone would name the old bytes).
-
-    Raises:
-        InputError: ``gguf_path`` is not a file.
-    """
+    """The sha256 of the model file to serve (``params.gguf_path``) as it is now (a path's bytes can change). Raises
+    InputError: ``gguf_path`` is not a file."""
     if not Path(gguf_path).is_file():
         raise errors.InputError(f"params.gguf_path {str(gguf_path)!r} is not a file")
     return sha256_file(gguf_path)
@@ -134,35 +96,20 @@ def model_file_sha256(gguf_path: Path) -> str:
 @task(cache_policy=NO_CACHE)
 def check_serving_gguf(gguf_path: Path, gguf_sha256: str, hf_dir: Path | None = None,
                        external: bool = False) -> gguf.GGUFCheck | None:
-    """Check a GGUF's metadata against its HF config before any server starts (the package stage's
-    :func:`forgeflow.packaging.gguf.check_gguf`: architecture, layers, context, widths, heads, vocabulary,
-    chat template). The config is ``hf_dir``'s, else the checkpoint the store records the GGUF was
-    converted from (:func:`forgeflow.serving.bluegreen.recorded_config_dir`). Keys the store records a
-    metadata edit set on this GGUF (the package flow's ``metadata_edits``) are checked against the edit.
-    Reads the GGUF header and the config only; never cached (the file at the path can change).
-
-    With ``external`` (the model file an external endpoint serves) a file that is not a GGUF (e.g. the
-    checkpoint file a vLLM endpoint loaded) is not checked: None, and a warning says so; its sha256 is
-    still what the swap records.
-
-    Raises:
-        GGUFError (an InputError): the file is not a readable GGUF, or a key differs from the config
-            (the message names the file, the key, the expected and the found value).
-        InputError: ``hf_dir`` is not a folder with a ``config.json``, or none is given and the store
-            records no checkpoint (with a ``config.json``) the GGUF was converted from.
-    """
+    """Before any server starts, :func:`forgeflow.packaging.gguf.check_gguf` of the GGUF against ``hf_dir``'s config,
+    else the checkpoint the store records it was converted from; keys a recorded metadata edit set are checked against
+    the edit. With ``external``, a file that is no GGUF is not checked (None, a warning). Raises GGUFError (an
+    InputError): the file is not a readable GGUF, or a key differs from the config (the message names the file, the key,
+    the expected and the found value); InputError: ``hf_dir`` is not a folder with a ``config.json``, or none is given
+    and the store records no checkpoint (with a ``config.json``) the GGUF was converted from."""
     if external and not _is_gguf(Path(gguf_path)):
         run_logger().warning("%s is not a GGUF: its metadata is not checked against an HF config; the swap records "
                              "its sha256 %s as the served model's", gguf_path, gguf_sha256)
         return None
-    store = ledger.Store()
-    try:
-        store.upgrade()
-        edited = recorded_edited_values(store, gguf_sha256)  # keys the package run's metadata edits set
-        if hf_dir is None:
-            hf_dir = bluegreen.recorded_config_dir(store, gguf_sha256)
-    finally:
-        store.dispose()
+    store = shared_store(settings.store_url())
+    edited = recorded_edited_values(store, gguf_sha256)  # keys the package run's metadata edits set
+    if hf_dir is None:
+        hf_dir = bluegreen.recorded_config_dir(store, gguf_sha256)
     if hf_dir is None:
         raise errors.InputError(
             f"serve: {gguf_path} (sha256 {gguf_sha256}) cannot be checked against its HF config: the store "
@@ -183,19 +130,9 @@ def _is_gguf(path: Path) -> bool:
 
 
 def store_min_generation() -> int:
-    """The lowest number a new serving generation may get: one more than the highest generation the
-    store (``settings.store_url()``, upgraded first) records, 1 when it records none.
-
-    ``serving_generations`` is keyed on the generation number alone while every state file (the
-    demo lifecycle's, the ``serve`` flow's) counts its own: passing this as ``min_generation`` to
-    :func:`forgeflow.serving.bluegreen.promote` keeps a swap through one state file from reusing (and
-    overwriting) a number another one recorded."""
-    store = ledger.Store()
-    try:
-        store.upgrade()
-        return store.highest_serving_generation() + 1
-    finally:
-        store.dispose()
+    """One more than the highest serving generation the store records (1 for none): generations are keyed by
+    number alone while each state file counts its own, so a swap never reuses another file's number."""
+    return shared_store(settings.store_url()).highest_serving_generation() + 1
 
 
 STAGED_SERVER_KEY = "forgeflow.staged_server"
@@ -205,27 +142,11 @@ STAGED_SERVER_KEY = "forgeflow.staged_server"
 @task(cache_policy=NO_CACHE)
 def stage_server(state_path: Path, gguf_path: Path, gguf_sha256: str,
                  backend: BackendConfig | None = None) -> bluegreen.StagedServer:
-    """Start the GGUF on the idle port of ``backend`` (default: llama-cpp-python on 8801/8802) and
-    gate it (health + smoke); the recorded endpoint does not move until :func:`promote_server`. A
-    failed start/gate raises SwapRolledBackError.
-
-    A failed start/gate is recorded in the store as a ``rolled_back`` generation
-    (:func:`record_rollback`) before the error propagates.
-
-    Inside a Prefect transaction (:func:`swap_transaction`, the lifecycle's serve stages) the staged
-    server is remembered in the task's transaction, and the ``on_rollback`` hook stops it when any
-    later step of the transaction fails (and records that swap as rolled back too).
-
-    ``backend.kind == "external"``: nothing starts; the endpoint is probed and gated with the key of
-    its ``api_key_secret`` (:func:`endpoint_api_key`), and its checks are logged, those that could not
-    run named (:func:`forgeflow.serving.bluegreen._stage_external`).
-
-    A GGUF the store records as packaged with a vision projector (its lineage's ``mmproj_sha256``) is refused
-    before anything starts unless ``backend.mmproj`` is that projector (:func:`check_projector_pairing`).
-
-    Raises:
-        InputError: the projector pairing is refused (see :func:`check_projector_pairing`).
-        SwapRolledBackError: the server did not start or failed its gate (recorded as rolled back)."""
+    """Start the GGUF on the idle port of ``backend`` and gate it (health + smoke); the recorded endpoint moves only in
+    :func:`promote_server`. Inside a transaction (:func:`swap_transaction`) a later failure stops it (``on_rollback``).
+    An external endpoint is probed and gated, nothing started. Raises InputError: the projector pairing is refused
+    (:func:`check_projector_pairing`); SwapRolledBackError: the server did not start or failed its gate (recorded as
+    rolled back)."""
     check_projector_pairing(gguf_path, gguf_sha256, backend)
     try:
         staged = bluegreen.stage(state_path, gguf_path, gguf_sha256, backend, endpoint_api_key(backend))
@@ -246,28 +167,16 @@ def stage_server(state_path: Path, gguf_path: Path, gguf_sha256: str,
 
 
 def recorded_projector(gguf_sha256: str) -> tuple[bool, str | None]:
-    """Whether the store records the GGUF ``gguf_sha256`` at all, and the sha256 of the projector it records
-    beside it (a package run of an image-text-to-text checkpoint writes ``mmproj_sha256`` into the GGUF's
-    lineage; None: packaged text-only, or unknown)."""
-    store = ledger.Store()
-    try:
-        store.upgrade()
-        producers = store.producers(gguf_sha256)
-    finally:
-        store.dispose()
+    """Whether the store records the GGUF, and the ``mmproj_sha256`` its lineage names (None: text-only, unknown)."""
+    producers = shared_store(settings.store_url()).producers(gguf_sha256)
     found = [r.lineage.get("mmproj_sha256") for r in producers if r.lineage.get("mmproj_sha256")]
     return bool(producers), (found[-1] if found else None)
 
 
 def check_projector_pairing(gguf_path: Path, gguf_sha256: str, backend: BackendConfig | None) -> None:
-    """Before a server starts: a GGUF packaged with a projector is served with that projector.
-
-    Raises:
-        InputError: the store records a projector beside the GGUF and ``backend`` serves it without one
-            (a text-only start of a multimodal model), or with another file; ``backend.mmproj`` is set for a
-            GGUF the store records as packaged without a projector (a text-only model); or ``backend.mmproj``
-            does not fit the GGUF (:func:`forgeflow.serving.multimodal.check_projector`).
-    """
+    """Before a server starts: a GGUF packaged with a projector is served with that projector. Raises InputError: a
+    recorded projector is missing from ``backend`` or another file; ``backend.mmproj`` is set for a text-only GGUF, or
+    does not fit it (:func:`forgeflow.serving.multimodal.check_projector`)."""
     if backend is None or backend.kind == "external":
         return
     known, recorded = recorded_projector(gguf_sha256)
@@ -287,9 +196,8 @@ def check_projector_pairing(gguf_path: Path, gguf_sha256: str, backend: BackendC
 
 
 @stage_server.on_rollback
-def _stop_staged_server(txn: Any) -> None:
-    """Rollback of a swap transaction: stop the staged server (the recorded endpoint never moved;
-    stopping an already-stopped server is a no-op) and record the swap as ``rolled_back``."""
+def _stop_staged_server(txn: Transaction) -> None:
+    """Rollback of a swap transaction: stop the staged server (idempotent) and record the swap ``rolled_back``."""
     staged = txn.get(STAGED_SERVER_KEY, None)
     if staged is not None:
         server = bluegreen.StagedServer.model_validate(staged)
@@ -302,8 +210,7 @@ def _stop_staged_server(txn: Any) -> None:
 
 @task(cache_policy=NO_CACHE)
 def promote_server(state_path: Path, staged: bluegreen.StagedServer) -> bluegreen.SwapResult:
-    """Record the staged server as the next serving generation and stop the old one; the generation
-    is numbered above every one the store records (:func:`store_min_generation`)."""
+    """Record the staged server as the next generation (above every recorded one) and stop the old one."""
     return bluegreen.promote(state_path, staged, store_min_generation())
 
 
@@ -314,18 +221,8 @@ def discard_server(staged: bluegreen.StagedServer) -> None:
 
 
 class SwapOutcome(BaseModel):
-    """What :func:`swap_transaction` did.
-
-    Attributes:
-        promoted: the staged server became the recorded endpoint.
-        verdict: what the gate callable returned (``promote``, ``hold``, ``reject``, ...).
-        state: the serving state afterwards (the old one when not promoted).
-        previous: the serving state the promotion replaced (None when there was none or when
-            not promoted).
-        checks: the staged endpoint's checks and whether each ran (external endpoints:
-            :class:`forgeflow.serving.external.EndpointCheck`; empty for a server forgeflow started,
-            whose checks are part of its start).
-    """
+    """What :func:`swap_transaction` did: ``verdict`` is the gate's (``promote``, ``hold``, ...), ``state`` the
+    serving state afterwards, ``previous`` the one a promotion replaced, ``checks`` an external endpoint's."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -338,19 +235,10 @@ class SwapOutcome(BaseModel):
 
 def swap_transaction(state_path: Path, gguf_path: Path, gguf_sha256: str, backend: BackendConfig | None,
                      gate: Callable[[bluegreen.StagedServer], str]) -> SwapOutcome:
-    """A blue/green swap as ONE Prefect transaction (call it from a flow): stage the new GGUF on the
-    idle port of ``backend`` (health + smoke gate), run ``gate`` on it (e.g. canary tasks + the promotion gate; it
-    returns a verdict), then promote (switch the serving record, drain and stop the old server) on
-    ``"promote"`` or discard on any other verdict.
-
-    Any exception after staging (in ``gate``, in the promotion, or a crash of the flow) rolls the
-    transaction back: :func:`stage_server`'s rollback hook stops the staged server and the old one
-    keeps serving; the exception propagates.
-
-    Raises:
-        SwapRolledBackError: the new server did not start or failed its health/smoke gate.
-        Whatever ``gate`` raises (after the rollback).
-    """
+    """A blue/green swap as one Prefect transaction (call it from a flow): stage, run ``gate`` on the staged server,
+    promote on ``"promote"``, else discard. An exception after staging rolls back (the staged server stops, the old one
+    keeps serving) and propagates. Raises SwapRolledBackError: the new server did not start or failed its health/smoke
+    gate; Whatever ``gate`` raises (after the rollback)."""
     with transaction():
         staged = stage_server(state_path, gguf_path, gguf_sha256, backend)
         verdict = gate(staged)
@@ -365,38 +253,28 @@ def swap_transaction(state_path: Path, gguf_path: Path, gguf_sha256: str, backen
 
 @task(cache_policy=NO_CACHE)
 def record_promotion(outcome: SwapOutcome, run_id: str | None) -> None:
-    """Record a promoted swap in the store (``settings.store_url()``, upgraded first) as
-    :func:`record_swap` does; nothing for an outcome that did not promote."""
+    """Record a promoted swap (:func:`record_swap`); nothing for an outcome that did not promote."""
     if not outcome.promoted or outcome.state is None:
         return
-    store = ledger.Store()
-    try:
-        store.upgrade()
-        record_swap(store, outcome.previous, outcome.state, run_id)
-    finally:
-        store.dispose()
+    record_swap(shared_store(settings.store_url()), outcome.previous, outcome.state, run_id)
 
 
 @task(cache_policy=NO_CACHE)
 def stop_serving(state_path: Path) -> bluegreen.ServingState | None:
-    """Stop the server the serving state ``state_path`` records (:func:`forgeflow.serving.bluegreen.stop_active`);
-    the state it stopped (None when nothing was recorded; ``live`` says whether it was still serving)."""
+    """Stop the server ``state_path`` records; the state it stopped (None: nothing recorded)."""
     return bluegreen.stop_active(state_path)
 
 
 def generation_row(state: bluegreen.ServingState, status: tables.ServingStatus,
                    run_id: str | None) -> records.ServingGenerationRecord:
-    """The ``serving_generations`` row of a serving state (generation, port, GGUF sha256) with
-    ``status`` (``active``/``retired``/``rolled_back``) and the Prefect run id that recorded it."""
+    """The ``serving_generations`` row of a serving state with ``status`` and the recording run's id."""
     return records.ServingGenerationRecord(generation=state.generation, port=state.active_port,
                                           gguf_sha256=state.gguf_sha256, status=status, run_id=run_id)
 
 
 def swap_rows(previous: bluegreen.ServingState | None, current: bluegreen.ServingState,
               run_id: str | None) -> list[records.ServingGenerationRecord]:
-    """The ``serving_generations`` rows of a promotion: ``previous`` (if any, and another generation) as
-    retired, then ``current`` as active, both with ``run_id`` (the flow run that swapped). What the
-    lifecycle's serve stages and the standalone ``serve`` flow record alike."""
+    """The rows of a promotion: ``previous`` (another generation) retired, then ``current`` active."""
     retired = ([generation_row(previous, "retired", run_id)]
                if previous is not None and previous.generation != current.generation else [])
     return [*retired, generation_row(current, "active", run_id)]

@@ -233,3 +233,46 @@ def test_no_store_or_file_io_in_a_flow_body() -> None:
                 if name in IO_CALLS:
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {name}(...)")
     assert found == []
+
+
+def _names_any(annotation: ast.expr | None) -> bool:
+    """Whether an annotation (a string one parsed too) names ``Any`` or ``typing.Any``."""
+    if annotation is None:
+        return False
+    if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
+        annotation = ast.parse(annotation.value, mode="eval").body
+    return any(isinstance(n, ast.Name) and n.id == "Any" or isinstance(n, ast.Attribute) and n.attr == "Any"
+               for n in ast.walk(annotation))
+
+
+def test_no_any_in_a_task_signature() -> None:
+    """Issue 35: every parameter and return of a function in ``tasks/`` (nested ones too) has a real type
+    (a model, a TypedDict, ``forgeflow.common.fsutil.JSONObject`` for a free-form document), never ``Any``."""
+    found = []
+    for path in sorted((ROOT / "tasks").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                args = node.args
+                params = [*args.posonlyargs, *args.args, *args.kwonlyargs, *filter(None, [args.vararg, args.kwarg])]
+                found += [f"{path.relative_to(ROOT)}:{node.lineno}: {node.name}({a.arg})" for a in params
+                          if _names_any(a.annotation)]
+                if _names_any(node.returns):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.name} -> Any")
+    assert found == []
+
+
+def test_tasks_open_the_store_one_way() -> None:
+    """Issue 35: a task reaches the store through ``tasks.common.shared_store`` only (never ``Store(...)`` nor
+    ``.dispose()``), so one rule says which engine a task uses and who disposes it."""
+    found = []
+    for path in sorted((ROOT / "tasks").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        exempt = {id(n) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) and f.name == "shared_store"
+                  for n in ast.walk(f)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and id(node) not in exempt:
+                name = (node.func.id if isinstance(node.func, ast.Name)
+                        else node.func.attr if isinstance(node.func, ast.Attribute) else None)
+                if name in ("Store", "dispose"):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {name}(...)")
+    assert found == []

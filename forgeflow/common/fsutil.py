@@ -1,9 +1,4 @@
-"""Atomic file writes and digests.
-
-Every file forgeflow records is written with :func:`atomic_write_bytes` (temp file in the same
-directory + fsync + ``os.replace`` + directory fsync), so a crash leaves either the old or the new
-file, never a torn one.
-"""
+"""Atomic file writes and digests: temp file + fsync + ``os.replace`` + directory fsync, never a torn file."""
 
 from __future__ import annotations
 
@@ -19,7 +14,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from pydantic import JsonValue
+
 from forgeflow.common.errors import DiskFullError, InputError
+
+JSONObject = dict[str, JsonValue]
+"""A free-form JSON object (a JSONL row, a recorded lineage): string keys, JSON values (pydantic validates them)."""
 
 _CHUNK_BYTES = 1 << 20
 FILE_MODE = 0o644
@@ -44,9 +44,7 @@ def _mount_point(path: Path) -> Path:
 
 
 def free_bytes(path: str | os.PathLike[str]) -> int:
-    """Bytes this process may still write on the filesystem holding ``path`` (or its nearest
-    existing ancestor): ``statvfs`` ``f_bfree`` for root, which may use the reserved blocks,
-    ``f_bavail`` for anyone else."""
+    """Bytes this process may still write where ``path`` lives (``f_bfree`` for root, else ``f_bavail``)."""
     target = Path(path).resolve()
     while not target.exists():
         target = target.parent
@@ -61,14 +59,7 @@ def looks_full(path: str | os.PathLike[str]) -> bool:
 
 
 def disk_full_error(path: str | os.PathLike[str], what: str, cause: str = "") -> DiskFullError:
-    """A :class:`~forgeflow.common.errors.DiskFullError` for ``path`` naming its filesystem and free bytes.
-
-    Args:
-        path: the file that could not be written (its final name).
-        what: the operation, read before the path: ``"writing"``, ``"quantizing f16.gguf to
-            Q8_0 as"``.
-        cause: the underlying message, if any (e.g. ``[Errno 28] No space left on device``).
-    """
+    """A DiskFullError for ``path`` naming its filesystem and free bytes; ``what`` is read before the path."""
     target = Path(path)
     message = (
         f"no space left on the filesystem at {_mount_point(target.parent)} while {what} {target}: "
@@ -79,10 +70,7 @@ def disk_full_error(path: str | os.PathLike[str], what: str, cause: str = "") ->
 
 
 def raise_if_disk_full(exc: BaseException, path: str | os.PathLike[str], what: str) -> None:
-    """Raise :func:`disk_full_error` (chained to ``exc``) if ``exc`` is an ENOSPC/EDQUOT OSError.
-
-    Call it in an ``except`` block after removing the partial file; it returns for other errors.
-    """
+    """Raise :func:`disk_full_error` (chained) if ``exc`` is an ENOSPC/EDQUOT OSError; else return."""
     if isinstance(exc, OSError) and not isinstance(exc, DiskFullError) and exc.errno in DISK_FULL_ERRNOS:
         raise disk_full_error(path, what, str(exc)) from exc
 
@@ -91,9 +79,7 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     """Write ``data`` to ``path`` atomically and return the path.
 
     Raises:
-        DiskFullError: the filesystem ran out of space or quota (the temp file is removed and
-            ``path`` keeps its previous content, if any).
-        OSError: the directory is not writable.
+        DiskFullError: out of space or quota (``path`` keeps its previous content).
     """
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -114,8 +100,7 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
 
 
 def fsync_dir(directory: str | os.PathLike[str]) -> None:
-    """``fsync`` a directory, so a rename or a new entry in it survives a crash (POSIX: a file's
-    own ``fsync`` does not persist its directory entry)."""
+    """``fsync`` a directory, so an entry in it survives a crash (POSIX: a file's fsync does not)."""
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -129,17 +114,9 @@ _sync_file_range: Any = None
 
 
 def start_writeback(fd: int, offset: int, n: int) -> bool:
-    """Start writing ``n`` bytes of the open file ``fd`` from ``offset`` (bytes) to disk without
-    waiting: Linux ``sync_file_range(fd, offset, n, SYNC_FILE_RANGE_WRITE)`` through libc.
+    """Start writeback of ``n`` bytes of ``fd`` from ``offset`` (Linux ``sync_file_range``), not waiting.
 
-    A writer that calls this behind itself keeps the disk busy while it goes on copying, so the
-    final ``fsync`` only waits for the last stretch instead of the whole file (and the dirty page
-    cache stays small). An advice only: it makes nothing durable (the caller still fsyncs) and
-    does not consume a write error, which the later ``fsync`` still reports.
-
-    Returns:
-        True if writeback was started; False where ``sync_file_range`` is unavailable (not Linux,
-        no libc) or refused (a pipe, a filesystem without it): nothing happened.
+    An advice only; False where unavailable or refused.
     """
     global _sync_file_range
     if _sync_file_range is None:
@@ -183,11 +160,7 @@ def sha256_json(obj: Any) -> str:
 
 
 def sha256_file(path: str | os.PathLike[str]) -> str:
-    """Hex sha256 of a file's bytes, read in 1 MiB chunks.
-
-    Raises:
-        FileNotFoundError: ``path`` does not exist.
-    """
+    """Hex sha256 of a file's bytes, read in 1 MiB chunks (FileNotFoundError when missing)."""
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for chunk in iter(lambda: handle.read(_CHUNK_BYTES), b""):
@@ -196,10 +169,7 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
 
 
 def sha256_tree(root: str | os.PathLike[str]) -> str:
-    """Hex sha256 over a directory: every file's relative path and content digest, sorted.
-
-    Used for model/adapter folders whose identity is their files, not one file.
-    """
+    """Hex sha256 over a directory: every file's relative path and content digest, sorted."""
     base = Path(root)
     entries = sorted(
         (p.relative_to(base).as_posix(), sha256_file(p)) for p in base.rglob("*") if p.is_file()
@@ -220,14 +190,9 @@ def with_semantic_digest(document: dict[str, Any]) -> dict[str, Any]:
 def read_digested_json(path: str | os.PathLike[str], what: str, schema_version: int) -> dict[str, Any]:
     """Read a self-digesting JSON document (freeze manifest, derived set) and check it.
 
-    Args:
-        path: the file.
-        what: how errors name the document ("freeze manifest", "derived set").
-        schema_version: the only ``schema_version`` accepted.
-
     Raises:
-        InputError: the file is missing or not JSON, the schema version differs, or the embedded
-            ``semantic_sha256`` does not match the content (the message names both digests).
+        InputError: missing or not JSON, another ``schema_version``, or an embedded ``semantic_sha256`` that does
+            not match the content (both digests named).
     """
     path = Path(path)
     try:
@@ -249,12 +214,7 @@ def read_digested_json(path: str | os.PathLike[str], what: str, schema_version: 
 
 
 def read_json_object(path: str | os.PathLike[str], what: str) -> dict[str, Any]:
-    """The JSON object in the file ``path``.
-
-    Raises:
-        InputError: naming ``what`` and the path: the file does not exist or cannot be read, is not
-            valid UTF-8 JSON, or holds something other than an object.
-    """
+    """The JSON object in the file ``path`` (InputError naming ``what`` when missing, invalid or no object)."""
     path = Path(path)
     try:
         document = json.loads(path.read_text(encoding="utf-8"))
@@ -270,12 +230,7 @@ def read_json_object(path: str | os.PathLike[str], what: str) -> dict[str, Any]:
 
 
 def read_jsonl_objects(path: str | os.PathLike[str], what: str) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yield ``(line number, object)`` for each non-blank line of a JSON-lines file.
-
-    Raises:
-        InputError: the file is missing, or a line is not a JSON object (file and line named);
-            ``what`` names the file's role in the message ("dataset file", "task file").
-    """
+    """Yield ``(line number, object)`` per non-blank line (InputError: missing file, a line not an object)."""
     source = Path(path)
     if not source.is_file():
         raise InputError(f"{what} {source} does not exist" if not source.exists() else f"{what} {source} is not a file")
@@ -297,11 +252,7 @@ def read_jsonl_objects(path: str | os.PathLike[str], what: str) -> Iterator[tupl
 
 @contextmanager
 def file_lock(path: str | os.PathLike[str]) -> Iterator[None]:
-    """Hold an exclusive advisory ``flock`` on ``path`` (created if missing) while the block runs.
-
-    Serialises writers across processes (image builds, serving swaps); the kernel releases the lock
-    when its holder dies, so a killed process never leaves it held.
-    """
+    """Hold an exclusive advisory ``flock`` on ``path`` while the block runs (released if the holder dies)."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target, "a+") as handle:
@@ -314,12 +265,7 @@ def file_lock(path: str | os.PathLike[str]) -> Iterator[None]:
 
 @contextmanager
 def atomic_folder(target: str | os.PathLike[str]) -> Iterator[Path]:
-    """Build a folder under a temporary sibling name and rename it onto ``target`` when the block ends.
-
-    Yields the temporary folder (mode 0755); when the block returns, an existing ``target`` is
-    replaced by it and the parent directory fsynced. When the block raises, the temporary folder is
-    removed and ``target`` is untouched, so a reader never sees a half-written folder under its name.
-    """
+    """Yield a temporary sibling folder that replaces ``target`` on return (removed if the block raises)."""
     final = Path(target)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
@@ -336,12 +282,7 @@ def atomic_folder(target: str | os.PathLike[str]) -> Iterator[Path]:
 
 @contextmanager
 def atomic_output_file(target: str | os.PathLike[str], mode: int = FILE_MODE) -> Iterator[Path]:
-    """A temporary sibling path for a tool to write ``target`` through (a converter, a quantizer).
-
-    Yields the temporary path (an empty file); when the block returns, the file gets ``mode`` and is
-    renamed onto ``target`` (``os.replace``) and the directory fsynced; when it raises, the file is
-    removed and ``target`` is untouched.
-    """
+    """Yield a temporary sibling path that replaces ``target`` with ``mode`` on return (removed on raise)."""
     final = Path(target)
     final.parent.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(dir=final.parent, prefix=f".{final.name}.", suffix=".tmp")

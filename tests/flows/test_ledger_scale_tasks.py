@@ -118,6 +118,6 @@ def test_curate_reads_only_the_task_rows_and_images_it_asks_for(tmp_path: Path, 
     assert [(r.instance_id, r.image_ref, r.image_digest) for r in rows] == [
         ("repo0__t0000", "reg/task:0", digest), ("repo2__t0002", "reg/task:2", None)]
     assert built == {"tasks": 2}, "every image or accepted task of the store was read"
-    from tasks.evaluation import _store  # the evaluation tasks' store: this process's one, not a new one per call
+    from forgeflow.common import settings  # the tasks' store: this process's one, not a new one per call
 
-    assert _store() is _store() is shared_store(url)
+    assert shared_store(settings.store_url()) is shared_store(settings.store_url()) is shared_store(url)
