@@ -1,26 +1,16 @@
 """Training flows on a user's own data: ``sft-burst``, ``rl-burst``, ``ppo`` and ``windows``, each a deployment.
 
-Each flow takes one parameter model, ``params`` (:mod:`flows.training_params`: :class:`SFTBurstParams`,
-:class:`RLBurstParams`, :class:`PPOParams`, :class:`WindowsParams`, each a :class:`flows.stagekit.StageParams`),
-its hyper-parameters one nested model (``params.training``, ``params.job``). Each flow checks its inputs (the
-base model folder, the JSONL rows, the parent adapter, the sandbox block) and runs the burst preflight before
-any model is loaded, then runs one burst (task), pins the adapter to its content-addressed folder
-``<out_dir>/adapters/<sha256>``, records it in the store (kind ``adapter``, parent = the parent adapter or the
-base model, lineage: dataset sha256, hyper-parameters, run id) so ``forgeflow lineage <sha256>`` shows base ->
-adapter -> adapter, and publishes a table of the logged loss per step plus a markdown summary. Bursts continue
-a lineage by naming the previous adapter (its folder or its recorded sha256) as ``params.parent_adapter``.
-``ppo`` runs verl on a Ray cluster through the Ray Jobs API (submitted, followed, stopped with the run) and
-ingests its newest LoRA checkpoint the same way. ``windows`` turns a canary job's trajectories into replay and
-anti-loop training windows and, given a base model, an SFT burst on them. An input refused names its field as
-the user wrote it (``params.hf_dir``, ``params.sandbox``, ``params.settings.lora_rank``).
+Each flow checks its inputs and runs the burst preflight before any model is loaded, runs one burst, pins the
+adapter to ``<out_dir>/adapters/<sha256>`` and records it in the store (parent: the parent adapter or the base
+model), so ``forgeflow lineage <sha256>`` shows base -> adapter -> adapter. A refused input names its field as
+the user wrote it (``params.hf_dir``, ``params.training.lora_r``).
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
@@ -33,7 +23,6 @@ from flows.training_params import (
     RLBurstParams,
     RLHyperParams,
     SFTBurstParams,
-    SFTHyperParams,
     WindowsParams,
 )
 from forgeflow.common import settings as store_settings
@@ -41,11 +30,13 @@ from forgeflow.common.errors import InputError
 from forgeflow.common.settings import home_dir
 from forgeflow.ledger import records
 from forgeflow.sandbox import dispatch
+from forgeflow.sandbox.kubernetes_manifests import FLOW_RUN_LABEL
 from forgeflow.training import verl
 from forgeflow.training.adapters import AdapterRecord, BurstOrigin, Lineage, pin_adapter
 from forgeflow.training.episodes import EPISODE_PROMPT_TEMPLATE
 from forgeflow.training.episodes_grpo import EpisodeStepStats
 from forgeflow.training.episodes_plot import episode_plot_markdown
+from forgeflow.training.episodes_ray import sweep_ray_nodes
 from forgeflow.training.health import BurstHealthError
 from forgeflow.training.ppo import local_checkpoint_dir
 from forgeflow.training.rewards import StepRewardCounts
@@ -55,34 +46,7 @@ from tasks.common import hook_logger, markdown_artifact, sweep_trial_sandboxes, 
 from tasks.curation import sandbox_choice, trial_dispatcher
 
 __all__ = ["BurstResult", "PPOJob", "PPOParams", "PPOResult", "RLBurstParams", "RLHyperParams", "SFTBurstParams",
-           "SFTHyperParams", "WindowsParams", "WindowsResult", "ppo", "rl_burst", "sft_burst", "windows"]
-
-INPUT_FIELDS = ("hf_dir", "samples_jsonl", "tasks_jsonl", "freeze_name", "parent_adapter", "job_id",
-                "trajectories_dir")
-"""The ``params`` fields whose checks (:func:`tasks.training.burst_inputs`, :func:`tasks.training.window_dataset`)
-raise an InputError whose message begins with the field's name."""
-
-TRAINING_FIELDS = ("lora_r ",)
-"""The ``params.training`` fields a burst's checks name the same way (a parent adapter of another rank)."""
-
-
-@contextmanager
-def _params_named() -> Iterator[None]:
-    """Re-raise an InputError whose message begins with one of :data:`INPUT_FIELDS` (``hf_dir /x is not a
-    folder``) or :data:`TRAINING_FIELDS` (``lora_r 16 differs ...``) naming the field as the user wrote it
-    (``params.hf_dir /x is not a folder``, ``params.training.lora_r 16 differs ...``)."""
-    try:
-        yield
-    except InputError as exc:
-        if str(exc).startswith("parent_adapter_dir "):  # the core's name for the folder params.parent_adapter gave
-            raise type(exc)(f"params.parent_adapter: the adapter at {str(exc).removeprefix('parent_adapter_dir ')}") \
-                from None
-        if str(exc).startswith(INPUT_FIELDS):
-            raise type(exc)(f"params.{exc}") from None
-        if str(exc).startswith(TRAINING_FIELDS):
-            raise type(exc)(f"params.training.{exc}") from None
-        raise
-
+           "WindowsParams", "WindowsResult", "ppo", "rl_burst", "sft_burst", "windows"]
 
 def _param_error(exc: InputError, field: str) -> InputError:
     """``exc`` with its message naming ``params.<field>``, as the user wrote it."""
@@ -94,12 +58,7 @@ class BurstResult(BaseModel):
 
     Attributes:
         adapter_sha256: the pinned adapter's digest (weights + adapter config).
-        adapter_path: its content-addressed folder ``<out_dir>/adapters/<sha256>``.
         parent_sha256: what it continues: the parent adapter's digest, or the base model's.
-        base_model_sha256: the base model folder's digest.
-        dataset_sha256: the training data's digest.
-        steps: optimizer steps run.
-        final_loss: the last logged training loss.
         losses: ``(step, loss)`` as logged.
     """
 
@@ -120,8 +79,7 @@ def _kinds(counts: dict[str, int]) -> str:
 
 
 def reward_rows(counts: list[StepRewardCounts]) -> list[dict[str, object]]:
-    """The RL burst's reward counts as table rows: one per optimizer step, then ``total``; the
-    submission's own failures by kind apart from infrastructure exceptions by type."""
+    """The RL burst's reward counts as table rows: one per optimizer step, then ``total``."""
     labelled = [(str(c.step), c) for c in counts] + ([("total", StepRewardCounts.total(counts))] if counts else [])
     return [{"step": label, "completions": c.completions, "resolved": c.resolved, "unresolved": c.unresolved,
              "submission failures": c.submission_failures, "by kind": _kinds(c.submission_failure_kinds),
@@ -153,8 +111,7 @@ def _base_row(base_sha: str, base_path: Path, source: str, run_id: str | None) -
 
 
 def _training_setup(lineage: Lineage) -> str:
-    """Device, dtype, attention, packing and gradient checkpointing of a burst as its lineage records them
-    ("-" where it does not)."""
+    """Device, dtype, attention, packing and gradient checkpointing as the lineage records them (``-``: not)."""
     checkpointing = "-" if lineage.gradient_checkpointing is None else "on" if lineage.gradient_checkpointing else "off"
     return (f"{lineage.device or '-'} / {lineage.dtype or '-'}; attention {lineage.attention or '-'}; "
             f"packing {lineage.packing or '-'}; gradient checkpointing {checkpointing}")
@@ -192,95 +149,72 @@ def _record(adapter: AdapterRecord, base_path: Path, base_sha: str,
 def sft_burst(params: SFTBurstParams) -> BurstResult:
     """One LoRA SFT burst on the user's chat samples, continuing ``params.parent_adapter`` if given.
 
-    The parameters (``params``, :class:`SFTBurstParams`):
-
-    * ``hf_dir``: the base model folder (HF checkpoint with tokenizer and chat template).
-    * ``samples_jsonl``: one ``{"messages": [...]}`` row per line (see
-      :func:`forgeflow.training.jsonl.read_sft_jsonl`); on an image-text-to-text base (``tiny-vl``, a Qwen3.5 /
-      Qwen3-VL checkpoint) a user turn may hold image parts (:mod:`forgeflow.training.sample_images`): the
-      vision tower is frozen and recorded so in the lineage (:mod:`forgeflow.training.vl_burst`).
-    * ``training``: :class:`SFTHyperParams`: max_steps, learning rate, LoRA rank, max length (tokens),
-      batch size (rows per step), seed, device, ``packing`` (bfd packing, padding-free; False: one
-      sample per row) and ``gradient_checkpointing`` (None: on CUDA only where a step's activations
-      would not fit the GPU, off on the CPU); the lineage records device,
-      dtype, attention, packing and gradient checkpointing.
-    * ``parent_adapter``: an adapter to continue (``is_trainable=True``): its folder, or its
-      sha256 as recorded in the store; same base model and LoRA rank. None starts a new adapter.
-    * ``out_dir``: default ``$FORGEFLOW_HOME/models``; the burst trains in ``<out_dir>/sft-adapter``
-      and pins the result to ``<out_dir>/adapters/<sha256>``.
+    On an image-text-to-text base (``tiny-vl``, Qwen3.5 / Qwen3-VL) a user turn may hold image parts; the vision
+    tower is frozen and recorded so in the lineage. The burst is cached on the base model's digest and folder,
+    the rows, the output folder, the hyper-parameters and the parent (not the run id).
 
     Args:
         params: the checkpoint (or parent adapter) to train, the SFT samples file, the training settings.
 
-    The lifecycle's burst stage runs this flow as a subflow (``out_dir`` = the run's ``models`` folder); the burst
-    task runs through :func:`flows.stagekit.run_task`, so that stage is ``cached`` when the burst came from
-    Prefect's cache (its key: the base model's digest and folder, the rows, ``<out_dir>/sft-adapter``, the
-    hyper-parameters, the parent; not the run id).
-
-    Returns:
-        The :class:`BurstResult`.
-
     Raises:
-        InputError: ``params.hf_dir`` is not a model folder, a line of ``params.samples_jsonl`` is invalid
-            (named), ``params.parent_adapter`` is unknown or does not fit — all before any model loads.
+        InputError: a bad ``params.hf_dir``, an invalid line of ``params.samples_jsonl`` (named), an unknown or
+            unfitting ``params.parent_adapter``, all before any model loads.
         PreflightError: chat template missing/empty or disk space short (before any model loads).
         BurstDivergedError / BurstHealthError: a health gate failed; no adapter is written.
     """
-    with _params_named():
-        inputs = training_tasks.burst_inputs(params.hf_dir, params.samples_jsonl, "sft", params.parent_adapter,
-                                             store_settings.store_url())
-    hf_dir, parent_dir = inputs.hf_dir, inputs.parent_dir
-    config = params.training.burst_config()
+    inputs = training_tasks.burst_inputs(params.hf_dir, params.samples_jsonl, "sft", params.parent_adapter,
+                                         store_settings.store_url())
+    hf_dir, parent_dir, config = inputs.hf_dir, inputs.parent_dir, params.training
     models = Path(params.out_dir) if params.out_dir is not None else home_dir() / "models"
     work = models / "sft-adapter"
     training_tasks.burst_preflight(hf_dir, work, config.lora_r, config.lora_target_modules)
     base_sha = training_tasks.tree_digest(hf_dir, "base-model")
+    if parent_dir is not None:
+        training_tasks.check_parent(parent_dir, hf_dir, base_sha, config.lora_r)
     run_id = _run_id()
     # run_task: inside a lifecycle stage the burst is counted (cached on a re-run of the same inputs); the
     # checks, digests, pin and record above and below are not cached, so they stay out of the stage's counts
-    with _params_named():
-        adapter = run_task(training_tasks.sft_burst, hf_dir, base_sha, inputs.rows, work, config, parent_dir, run_id)
+    adapter = run_task(training_tasks.sft_burst, hf_dir, base_sha, inputs.rows, work, config, parent_dir, run_id)
     # <out_dir>/sft-adapter is the working folder, reused by the next burst: the store and whoever packages
     # the adapter use its content-addressed copy <out_dir>/adapters/<sha256>
     adapter = training_tasks.pin_adapter(adapter, models / "adapters")
     return _record(adapter, hf_dir, base_sha, run_id, "sft-burst", "sft-burst")
 
 
-@flow(name="rl-burst", log_prints=False, on_cancellation=[sweep_trial_sandboxes("params.sandbox")],
-      on_crashed=[sweep_trial_sandboxes("params.sandbox")])
+def sweep_ray_sandboxes(flow: Any, flow_run: Any, state: Any) -> None:
+    """rl-burst's hook (``on_cancellation`` / ``on_crashed``): with a ``ray`` ``params.dispatcher``, the run's
+    labelled containers (episodes', verifiers') are ended on every sandbox node of that cluster, each by a Ray
+    task on its node (:func:`forgeflow.training.episodes_ray.sweep_ray_nodes`); a failure is logged, never raised."""
+    params: Any = getattr(flow_run, "parameters", None) or {}
+    params = params.get("params") if isinstance(params, dict) else params
+    name = params.get("dispatcher") if isinstance(params, dict) else getattr(params, "dispatcher", None)
+    if not name:
+        return
+    logger = hook_logger(flow, flow_run)
+    try:
+        placement = trial_dispatcher(name)
+        if placement is not None:
+            swept = sweep_ray_nodes(placement, FLOW_RUN_LABEL, str(flow_run.id))
+            logger.info("ended the containers of run %s on %d Ray node(s): %s; sweeps failed: %s", flow_run.id,
+                        len(swept.ended), swept.ended, swept.failed or "none")
+    except Exception as exc:  # noqa: BLE001 - a hook must not mask the run's own end
+        logger.warning("could not sweep the Ray nodes of run %s: %s", flow_run.id, exc)
+    finally:
+        dispatch.disconnect()
+
+
+@flow(name="rl-burst", log_prints=False,
+      on_cancellation=[sweep_trial_sandboxes("params.sandbox"), sweep_ray_sandboxes],
+      on_crashed=[sweep_trial_sandboxes("params.sandbox"), sweep_ray_sandboxes])
 def rl_burst(params: RLBurstParams) -> BurstResult:
     """One RL burst (TRL GRPO or RLOO + LoRA) on the user's tasks, rewarded by the verifier in a sandbox.
 
-    The reward of a completion is the verifier's verdict on its patch in a fresh sandbox of the task
-    image (1 resolved, 0 not: also a completion with no diff or one git cannot apply, and a run the
-    submission itself hung or exhausted); an infrastructure failure gives no reward (None), never 0,
-    and one completion never loses the batch. The verifier's timeout is each task's ``task_timeout_s``
-    (default 3000 s) x ``params.training.verifier_timeout_multiplier``, never below 5 x its
-    ``pristine_duration_s`` (:func:`forgeflow.training.rewards.training_timeout_s`). The table artifact
-    ``rl-burst-rewards`` shows each step's counts (resolved, unresolved, the submission's own failures
-    by kind, exceptions by type, tampering), as ``lineage.json`` keeps them.
+    The reward is the verifier's verdict on the completion's patch in a fresh sandbox (1 resolved, 0 not, also
+    for no diff, a patch that does not apply, or a run the submission hung); an infrastructure failure gives no
+    reward (None), never 0. The verifier's timeout is each task's ``task_timeout_s`` x
+    ``verifier_timeout_multiplier``, never below 5 x its ``pristine_duration_s``. A cancelled or crashed run's
+    Kubernetes pods are swept.
 
-    The parameters (``params``, :class:`RLBurstParams`):
-
-    * ``hf_dir``: the base model folder.
-    * ``tasks_jsonl``: one :class:`~forgeflow.training.rl.RLTask` row per line (prompt = problem
-      statement; verifier = image, test command, FAIL_TO_PASS/PASS_TO_PASS, timeout, known tests); or
-    * ``freeze_name`` + ``split`` (default ``train``) + ``source`` (the canary flow's names and types):
-      the tasks of that split of a recorded freeze, each with the FAIL_TO_PASS/PASS_TO_PASS, known tests
-      and pristine duration its validation recorded
-      (:func:`forgeflow.training.freeze_tasks.rl_tasks_from_freeze`). Exactly one of the two.
-    * ``training``: :class:`RLHyperParams`: algorithm, steps, learning rate, LoRA rank, group size,
-      completion length, seed, verifier timeout multiplier and concurrency, device.
-    * ``parent_adapter``: an adapter (folder or recorded sha256) to continue, or None.
-    * ``sandbox``: a ``forgeflow-sandbox`` block (backend kind, memory MiB, CPUs) as curate takes
-      it; None: podman with 1024 MiB and 1 CPU. A cancelled or crashed run's Kubernetes pods are
-      swept.
-    * ``out_dir``: default ``$FORGEFLOW_HOME/models``; trains in ``<out_dir>/rl-adapter``, pins to
-      ``<out_dir>/adapters/<sha256>``.
-    * ``dispatcher``: a ``forgeflow-dispatcher`` block (:class:`blocks.core.TrialDispatcher`) as
-      curate takes it: ``ray`` scores each rollout as a Ray task on a sandbox node of that cluster
-      (the counts per step name the nodes); in the agentic mode each episode's container runs on such a
-      node too, driven from here (:mod:`forgeflow.training.episodes_ray`); None or ``in-process``: here.
     * ``episode``: the agentic mode (:class:`forgeflow.training.episodes.EpisodeSettings`; ``grpo``
       only): each rollout a multi-turn episode of the policy (bash in a fresh container of the task
       image on ``sandbox``'s backend, labelled with the run so a cancelled run's are swept; submit)
@@ -297,20 +231,15 @@ def rl_burst(params: RLBurstParams) -> BurstResult:
     Args:
         params: the checkpoint (or parent adapter), the RL task rows or a freeze split, the sandbox, the RL settings.
 
-    Returns:
-        The :class:`BurstResult`.
-
     Raises:
-        InputError: a bad ``params.hf_dir``, an invalid line of ``params.tasks_jsonl`` (named), an unknown
-            ``params.freeze_name`` or split, an unknown ``params.parent_adapter``, ``params.sandbox`` or
-            ``params.dispatcher`` block — before any model loads.
+        InputError: a bad ``params.hf_dir``, an invalid task line (named), an unknown freeze, split, parent
+            adapter, sandbox or dispatcher block, all before any model loads.
         PreflightError: templates or disk space, tasks of the freeze that cannot run (before any model loads).
-        BurstDivergedError / BurstHealthError: a gate failed (incl. too few completions scored), or
-            every group's rewards were equal so the adapter did not change (nothing new to record).
+        BurstDivergedError / BurstHealthError: a gate failed (incl. too few completions scored), or every
+            group's rewards were equal so the adapter did not change.
     """
-    with _params_named():
-        inputs = training_tasks.burst_inputs(params.hf_dir, params.tasks_jsonl, "rl", params.parent_adapter,
-                                             store_settings.store_url(), params.freeze())
+    inputs = training_tasks.burst_inputs(params.hf_dir, params.tasks_jsonl, "rl", params.parent_adapter,
+                                         store_settings.store_url(), params.freeze())
     hf_dir, parent_dir, rl_tasks = inputs.hf_dir, inputs.parent_dir, inputs.rows
     try:
         placement = trial_dispatcher(params.dispatcher) if params.dispatcher is not None else None
@@ -321,21 +250,22 @@ def rl_burst(params: RLBurstParams) -> BurstResult:
             choice = sandbox_choice(params.sandbox)
         except InputError as exc:
             raise _param_error(exc, "sandbox") from None
-        config = params.training.burst_config(choice.backend(), choice.memory_mb, choice.cpus, params.episode)
+        config = params.training.burst_config(choice.backend(), choice.limits, params.episode)
     else:
-        config = params.training.burst_config("podman", 1024, 1.0, params.episode)
+        config = params.training.burst_config("podman", None, params.episode)
     template = EPISODE_PROMPT_TEMPLATE if params.episode is not None else DEFAULT_PROMPT_TEMPLATE
     models = Path(params.out_dir) if params.out_dir is not None else home_dir() / "models"
     work = models / "rl-adapter"
     base_sha = training_tasks.tree_digest(hf_dir, "base-model")
     parent_sha = training_tasks.tree_digest(parent_dir, "adapter") if parent_dir is not None else None
+    if parent_dir is not None:
+        training_tasks.check_parent(parent_dir, hf_dir, base_sha, config.lora_r)
     run_id = _run_id()
     # rl_burst runs the preflight (chat + prompt templates, disk) first, before any model loads
     try:
         origin = BurstOrigin(base_model_dir=hf_dir, base_model_sha256=base_sha, parent_adapter_dir=parent_dir,
                              parent_adapter_sha256=parent_sha)
-        with _params_named():  # a parent of another rank: params.training.lora_r
-            record = training_tasks.rl_burst(origin, rl_tasks, work, config, run_id, template, ray=placement)
+        record = training_tasks.rl_burst(origin, rl_tasks, work, config, run_id, template, ray=placement)
     finally:  # a driver outlived by its Ray cluster is ended by Ray: leave it now
         if placement is not None:
             dispatch.disconnect()
@@ -361,14 +291,8 @@ class PPOResult(BaseModel):
     """What a ``ppo`` run trained and kept.
 
     Attributes:
-        submission_id: the Ray job.
-        status: how it ended (``SUCCEEDED``).
-        wall_s: seconds the job was followed.
-        log_lines: job log lines logged into the run.
-        adapter_sha256 / adapter_path: the ingested adapter, pinned.
-        base_model_sha256: its base model (its parent in the store).
-        dataset_sha256: digest of ``settings.train_files``.
-        global_step: the checkpoint's step.
+        submission_id: the Ray job; ``status`` how it ended (``SUCCEEDED``), ``wall_s`` seconds followed.
+        dataset_sha256: digest of ``settings.train_files``; ``global_step`` the checkpoint's step.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -389,10 +313,7 @@ def _ppo_submission_id(run_id: str | None) -> str:
 
 
 def _stop_ppo_job(flow: object, flow_run: object, state: object) -> None:
-    """Flow hook (cancelled / crashed): stop the run's Ray job if it still runs (the run's
-    ``params.job.dashboard_url`` and ``params.submission_id``, default ``forgeflow-ppo-<run id>``).
-    Prefect's runner calls hooks by keyword (``flow=``, ``flow_run=``, ``state=``), its flow engine by
-    position: the parameter names are Prefect's."""
+    """Flow hook (cancelled / crashed): stop the run's Ray job (parameter names are Prefect's: it calls by keyword)."""
     from forgeflow.training import ray_jobs
 
     run, logger = flow_run, hook_logger(flow, flow_run)
@@ -410,38 +331,19 @@ def _stop_ppo_job(flow: object, flow_run: object, state: object) -> None:
 
 @flow(name="ppo", log_prints=False, on_cancellation=[_stop_ppo_job], on_crashed=[_stop_ppo_job])
 def ppo(params: PPOParams) -> PPOResult:
-    """PPO with verl on a Ray cluster through the Ray Jobs API: submit, follow its status and log
-    into this run, stop it when the run is cancelled or crashes, and ingest its newest LoRA
-    checkpoint as an adapter whose parent is the base model (``forgeflow lineage`` shows it).
+    """PPO with verl on a Ray cluster through the Ray Jobs API; ingest its newest LoRA checkpoint as an adapter.
 
-    The parameters (``params``, :class:`PPOParams`):
-
-    * ``settings``: verl's PPO settings (:class:`forgeflow.training.verl.VerlPPOSettings`; rendered to
-      verl's Hydra overrides). ``lora_rank`` must be > 0 (an adapter is what is ingested),
-      ``save_freq_steps`` > 0 (verl saves nothing otherwise; with it, the last step is always saved)
-      and ``checkpoint_dir`` readable here (a shared filesystem) once the job ends. Left unset,
-      ``checkpoint_dir`` is ``checkpoints/forgeflow/ppo/<submission id>`` (under ``working_dir``): a
-      folder per job. Only a checkpoint the job itself wrote there is ingested.
-    * ``job``: the cluster and the job (:class:`PPOJob`: ``dashboard_url``, ``working_dir``, ``pip``,
-      ``entrypoint``, ``poll_s``, ``timeout_s``, ``adapter_glob``, ``base_model_sha256``).
-    * ``submission_id``: the Ray job's id (default ``forgeflow-ppo-<flow run id>``).
-    * ``out_dir``: default ``$FORGEFLOW_HOME/models``; the adapter is pinned to
-      ``<out_dir>/adapters/<sha256>``.
+    The job's log is followed into this run and the job stopped when the run is cancelled or crashes. Only a
+    checkpoint the job itself wrote under ``checkpoint_dir`` (readable here: a shared filesystem) is ingested.
 
     Args:
         params: the verl PPO settings, the Ray job to submit them as, and where the checkpoint is ingested.
 
-    Returns:
-        The :class:`PPOResult`.
-
     Raises:
-        InputError: ``params.settings.lora_rank`` 0, ``params.settings.save_freq_steps`` < 1, or no base
-            model digest (``params.settings.model_path`` not a folder here and no
-            ``params.job.base_model_sha256``) — before anything is submitted.
+        InputError: ``lora_rank`` 0, ``save_freq_steps`` < 1, or no base model digest, before anything is submitted.
         TransientInfraError: the job server does not answer (after retries).
         RayJobError: the job ended FAILED or STOPPED or ran past ``params.job.timeout_s``.
-        InfraError: the job succeeded but wrote no adapter under ``checkpoint_dir`` (one there from before the
-            job, unchanged, is not its own).
+        InfraError: the job succeeded but wrote no new adapter under ``checkpoint_dir``.
     """
     settings, job = params.settings, params.job
     if settings.lora_rank < 1:
@@ -497,13 +399,7 @@ class WindowsResult(BaseModel):
 
     Attributes:
         samples_jsonl: the training windows as JSONL (``sft-burst``'s ``samples_jsonl``).
-        samples_sha256: that file's sha256.
-        dataset_sha256: the digest of its samples that an ``sft-burst`` on it records as the adapter's
-            ``dataset_sha256`` (``forgeflow lineage`` shows it).
-        trajectories: trajectories read (their sha256 in each sample's provenance).
-        windows_by_kind: windows per kind (``replay``, ``stop_and_conclude``, ``early_switch``,
-            ``one_call_quota``).
-        stats: every count of :class:`forgeflow.training.windows.WindowStats`.
+        windows_by_kind: windows per kind (``replay``, ``stop_and_conclude``, ``early_switch``, ``one_call_quota``).
         burst: the SFT burst on the windows (None unless ``params.hf_dir`` was given).
     """
 
@@ -520,43 +416,21 @@ class WindowsResult(BaseModel):
 
 @flow(name="windows", log_prints=False)
 def windows(params: WindowsParams) -> WindowsResult:
-    """Agent trajectories -> replay and anti-loop training windows (stop-and-conclude, early switch,
-    one-call quota) -> a prompt-completion chat dataset (tool calls kept, rendered by the model's chat
-    template) -> optionally an SFT burst on it that continues ``params.parent_adapter``.
+    """Agent trajectories -> replay and anti-loop training windows -> a chat dataset -> optionally an SFT burst.
 
-    The trajectories are a canary job's (``params.job_id``: one ``<trial id>.traj.json`` per agent trial
-    in the job's trajectory folder) or a folder's (``params.trajectories_dir``). Each sample keeps its
-    provenance (instance id, trajectory sha256, window kind, target step); its ``source`` names them, so
-    the dataset digest in the adapter's lineage does too.
-
-    The parameters (``params``, :class:`WindowsParams`):
-
-    * ``job_id``: a canary (or recovery) job recorded in the store; or
-    * ``trajectories_dir``: a folder of mini-swe-agent ``*.traj.json`` (exactly one of the two).
-    * ``windows``: window layout and kinds (:class:`forgeflow.training.windows.WindowConfig`).
-    * ``samples_jsonl``: where the JSONL goes; a file there with other samples is refused (it may
-      be an adapter's training data). Default ``$FORGEFLOW_HOME/windows/<job id or folder>-<sha12>.jsonl``,
-      named by its content, so nothing is overwritten.
-    * ``hf_dir``: the base model to train (the ``sft-burst`` flow as a subflow); None: only the dataset.
-    * ``training`` / ``parent_adapter`` / ``out_dir``: as the ``sft-burst`` flow's
-      (:class:`SFTBurstParams`).
+    Each sample keeps its provenance (instance id, trajectory sha256, window kind, target step), so the dataset
+    digest in the adapter's lineage names them. The default output file is named by its content.
 
     Args:
         params: the canary job's trajectories to cut into SFT windows, the window sizes, the SFT burst settings.
 
-    Returns:
-        The :class:`WindowsResult`.
-
     Raises:
-        InputError: an unknown ``params.job_id``, a job without trajectories or one gone (named), a
-            ``params.trajectories_dir`` without ``*.traj.json``; a malformed trajectory (named); no window
-            at all; a ``params.samples_jsonl`` holding other samples (see :func:`tasks.training.window_dataset`).
-        Whatever ``sft-burst`` raises when training.
+        InputError: an unknown job, missing or malformed trajectories (named), no window at all, a
+            ``params.samples_jsonl`` holding other samples; and whatever ``sft-burst`` raises when training.
     """
     name = params.job_id or Path(params.trajectories_dir or "trajectories").name
-    with _params_named():
-        written = training_tasks.window_dataset(store_settings.store_url(), params.job_id, params.trajectories_dir,
-                                                params.windows, params.samples_jsonl, name)
+    written = training_tasks.window_dataset(store_settings.store_url(), params.job_id, params.trajectories_dir,
+                                            params.windows, params.samples_jsonl, name)
     path, window_stats, n_files = written.path, written.stats, written.trajectories
     stats = window_stats.model_dump(mode="json")
     table_artifact("windows", [{"kind": k, "windows": v} for k, v in window_stats.windows_by_kind.items()],

@@ -1,18 +1,7 @@
-"""The parameter models of the training flows: each flow takes one, ``params`` (a
-:class:`flows.stagekit.StageParams`), that holds all its inputs.
+"""The parameter models of the training flows: each flow takes one, ``params``, that holds all its inputs.
 
-* ``sft-burst``: :class:`SFTBurstParams` (base model, samples, ``training``: :class:`SFTHyperParams`,
-  parent adapter, output folder);
-* ``rl-burst``: :class:`RLBurstParams` (base model, tasks, ``training``: :class:`RLHyperParams`, parent
-  adapter, ``sandbox`` and ``dispatcher`` blocks, output folder);
-* ``ppo``: :class:`PPOParams` (verl's ``settings``, the Ray ``job``: :class:`PPOJob`, submission id,
-  output folder);
-* ``windows``: :class:`WindowsParams` (a canary job or a trajectories folder, the ``windows`` layout, the
-  JSONL path and, to train on it, what ``sft-burst`` takes).
-
-A run's ``params`` replaces its deployment's whole object (Prefect merges run parameters shallowly), so
-the working defaults are these fields' defaults; the inputs a run must name (``hf_dir``, ``samples_jsonl``,
-...) are required fields.
+A run's ``params`` replaces its deployment's whole object (Prefect merges run parameters shallowly), so the
+working defaults are these fields' defaults; the inputs a run must name are required fields.
 """
 
 from __future__ import annotations
@@ -25,10 +14,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from flows.stagekit import StageParams
 from forgeflow.curation.task_rows import TaskSource
 from forgeflow.sandbox.backends import SandboxTarget
+from forgeflow.sandbox.limits import LimitOverrides, SandboxLimits
 from forgeflow.training.burst import BurstConfig
 from forgeflow.training.episodes import EpisodeSettings
 from forgeflow.training.freeze_tasks import FreezeSplit
 from forgeflow.training.ppo import DEFAULT_ADAPTER_GLOB
+from forgeflow.training.rewards import RL_VERIFIER_LIMITS
 from forgeflow.training.rl import RLBurstConfig
 from forgeflow.training.verl import VerlPPOSettings
 from forgeflow.training.windows import WindowConfig
@@ -38,74 +29,10 @@ Device = Literal["auto", "cpu", "cuda"]
 ``cpu`` or ``cuda`` (:func:`forgeflow.training.device.device_plan`)."""
 
 
-class SFTHyperParams(BaseModel):
-    """Hyper-parameters of an SFT burst (the common subset of :class:`BurstConfig`).
+class RLHyperParams(LimitOverrides):
+    """Hyper-parameters of an RL burst (the common subset of :class:`RLBurstConfig`) and its verifier limits.
 
-    Attributes:
-        max_steps: optimizer steps.
-        learning_rate: constant learning rate (no warm-up).
-        lora_r: LoRA rank; a continued adapter must have the same rank.
-        max_length: tokens per sample and per packed row; a longer sample is refused, not truncated.
-        batch_size: rows per optimizer step (packed rows of ``max_length`` tokens; unpacked: samples).
-            Tokens per step = ``batch_size`` x ``max_length`` at most; on a GPU more rows per step
-            use it better (the GPU check measures 16 rows of 2,048 tokens).
-        seed: training and data-order seed.
-        device: ``auto``, ``cpu`` or ``cuda`` (:data:`Device`); the lineage records what was used.
-        packing: True: TRL's bfd packing of whole samples into rows of ``max_length`` tokens,
-            padding-free batches; False: one sample per row, padded. The lineage records it.
-        gradient_checkpointing: recompute activations in the backward pass (less GPU memory, more
-            compute); None: decided by the machine (on CUDA only when a step's activations would not fit
-            the GPU's free memory, :func:`forgeflow.training.burst.resolve_checkpointing`; off on the
-            CPU). The lineage records what was used.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    max_steps: int = Field(2, ge=1, le=100_000, description="optimizer steps")
-    learning_rate: float = Field(1e-3, gt=0.0, le=1.0, description="constant learning rate (no warm-up)")
-    lora_r: int = Field(8, ge=1, le=256, description="LoRA rank (lora_alpha = 2 x rank); a continued adapter "
-                                                     "must have the same rank")
-    max_length: int = Field(2048, ge=16, le=131_072, description="tokens per sample and per packed row; a longer "
-                                                                 "sample is refused, not truncated (the windows "
-                                                                 "flow's default layout makes windows of about "
-                                                                 "1,300-1,500 tokens)")
-    batch_size: int = Field(1, ge=1, le=4096, description="rows per optimizer step: packed rows of max_length "
-                                                          "tokens (unpacked: samples)")
-    seed: int = Field(0, description="training and data-order seed")
-    device: Device = Field("auto", description="auto: CUDA in bfloat16 when the worker has a GPU, else the CPU in "
-                                               "float32; cpu; or cuda (refused where CUDA is not available)")
-    packing: bool = Field(True, description="true: bfd packing of whole samples into rows of max_length tokens, "
-                                            "padding-free batches; false: one sample per row, padded")
-    gradient_checkpointing: bool | None = Field(None, description="recompute activations in the backward pass "
-                                                "(less GPU memory, more compute); null: decided by the machine (on "
-                                                "CUDA only when a step's activations would not fit the GPU's "
-                                                "free memory; off on the CPU)")
-
-    def burst_config(self) -> BurstConfig:
-        """The :class:`BurstConfig` these hyper-parameters stand for (other fields at their defaults)."""
-        return BurstConfig(max_steps=self.max_steps, learning_rate=self.learning_rate, lora_r=self.lora_r,
-                           lora_alpha=2 * self.lora_r, max_length=self.max_length,
-                           per_device_train_batch_size=self.batch_size, seed=self.seed,
-                           device=self.device, packing=self.packing,
-                           gradient_checkpointing=self.gradient_checkpointing)
-
-
-class RLHyperParams(BaseModel):
-    """Hyper-parameters of an RL burst (the common subset of :class:`RLBurstConfig`).
-
-    Attributes:
-        algorithm: ``grpo`` or ``rloo`` (TRL trainers).
-        max_steps: optimizer steps.
-        learning_rate: constant learning rate.
-        lora_r: LoRA rank; a continued adapter must have the same rank.
-        num_generations: completions sampled per prompt (the group), >= 2.
-        max_completion_length: tokens per completion.
-        seed: training and sampling seed.
-        verifier_timeout_multiplier: the training verifier's timeout = each task's original per-task
-            timeout (``task_timeout_s``, default SWE-smith's 3000 s) x this, never below 5 x its recorded
-            pristine run (:func:`forgeflow.training.rewards.training_timeout_s`); curation's timeout plays no part.
-        verifier_concurrency: verifier sandboxes at once.
-        device: as :class:`SFTHyperParams`'.
+    Limits: these params', else the sandbox block's, else :data:`~forgeflow.training.rewards.RL_VERIFIER_LIMITS`.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -125,21 +52,21 @@ class RLHyperParams(BaseModel):
     device: Device = Field("auto", description="auto: CUDA in bfloat16 when the worker has a GPU, else the CPU in "
                                                "float32; cpu; or cuda")
 
-    def burst_config(self, backend: str | SandboxTarget, memory_mb: int, cpus: float,
+    def burst_config(self, backend: str | SandboxTarget, block: SandboxLimits | None = None,
                      episode: EpisodeSettings | None = None) -> RLBurstConfig:
-        """The :class:`RLBurstConfig` with the verifier sandbox ``backend`` (a kind or a target), its memory
-        limit (MiB) and CPUs, and the agentic mode's ``episode`` block (None: single-turn).
+        """The :class:`RLBurstConfig` with the verifier sandbox ``backend``, its limits and the ``episode`` block.
 
         Raises:
             pydantic.ValidationError: ``episode`` with an algorithm other than ``grpo``.
         """
+        limits = self.over(block if block is not None else RL_VERIFIER_LIMITS)
         return RLBurstConfig(episode=episode, algorithm=self.algorithm, max_steps=self.max_steps,
                              learning_rate=self.learning_rate,
                              lora_r=self.lora_r, lora_alpha=2 * self.lora_r, num_generations=self.num_generations,
                              max_completion_length=self.max_completion_length, seed=self.seed,
                              verifier_timeout_multiplier=self.verifier_timeout_multiplier,
                              verifier_concurrency=self.verifier_concurrency, verifier_backend=backend,
-                             verifier_memory_mb=memory_mb, verifier_cpus=cpus, device=self.device)
+                             verifier_memory_mb=limits.memory_mb, verifier_cpus=limits.cpus, device=self.device)
 
 
 _HF_DIR = "the base model folder (HF checkpoint with config.json, tokenizer and chat template)"
@@ -150,16 +77,7 @@ _OUT_DIR = ("models folder; null: $FORGEFLOW_HOME/models (trains in <out_dir>/{k
 
 
 class SFTBurstParams(StageParams):
-    """The ``sft-burst`` flow's parameters.
-
-    Attributes:
-        hf_dir: the base model folder (HF checkpoint with tokenizer and chat template).
-        samples_jsonl: one ``{"messages": [...]}`` (or ``{"prompt", "completion"}``) row per line
-            (:func:`forgeflow.training.jsonl.read_sft_jsonl`).
-        training: the hyper-parameters (:class:`SFTHyperParams`).
-        parent_adapter: an adapter to continue (its folder, or its recorded sha256); None: a new one.
-        out_dir: the models folder; None: ``$FORGEFLOW_HOME/models``.
-    """
+    """The ``sft-burst`` flow's parameters."""
 
     hf_dir: Path = Field(description=_HF_DIR)
     samples_jsonl: Path = Field(description="the chat samples: one {\"messages\": [...]} or {\"prompt\", "
@@ -167,33 +85,16 @@ class SFTBurstParams(StageParams):
                                             "hold image parts {\"type\": \"image\", \"image\": <path relative "
                                             "to the JSONL, or the sha256 of a file beside it>} on an "
                                             "image-text-to-text base (tiny-vl)")
-    training: SFTHyperParams = Field(SFTHyperParams(), description="max_steps, learning_rate, lora_r, max_length "
-                                     "(tokens), batch_size (rows per step), seed, device, packing, "
-                                     "gradient_checkpointing")
+    training: BurstConfig = Field(default_factory=BurstConfig, description="the burst's hyper-parameters (each "
+                                  "field described in the form)")
     parent_adapter: str | None = Field(None, min_length=1, description=_PARENT)
     out_dir: Path | None = Field(None, description=_OUT_DIR.format(kind="sft"))
 
 
 class RLBurstParams(StageParams):
-    """The ``rl-burst`` flow's parameters.
-
-    The tasks come from exactly one of ``tasks_jsonl`` and ``freeze_name`` (with ``split`` and ``source``: the
-    canary flow's names and types, ``flows.canary.CanaryParams``).
+    """The ``rl-burst`` flow's parameters: the tasks come from exactly one of ``tasks_jsonl`` and ``freeze_name``.
 
     Attributes:
-        hf_dir: the base model folder.
-        tasks_jsonl: one :class:`~forgeflow.training.rl.RLTask` row per line; None: the tasks of ``freeze_name``.
-        freeze_name: a freeze recorded in the store whose ``split`` the burst trains on (each task with the
-            FAIL_TO_PASS / PASS_TO_PASS, known tests and pristine duration its validation recorded,
-            :func:`forgeflow.training.freeze_tasks.rl_tasks_from_freeze`); None: ``tasks_jsonl``.
-        split: the freeze's split (default ``train``).
-        source: the freeze's task rows (:class:`forgeflow.curation.task_rows.TaskSource`: patches, task images,
-            test commands; default the demo's generated-candidates file).
-        training: the hyper-parameters (:class:`RLHyperParams`).
-        parent_adapter: an adapter to continue (its folder, or its recorded sha256); None: a new one.
-        sandbox: a ``forgeflow-sandbox`` block the verifier runs on; None: podman, 1024 MiB, 1 CPU.
-        out_dir: the models folder; None: ``$FORGEFLOW_HOME/models``.
-        dispatcher: a ``forgeflow-dispatcher`` block (``ray``: each rollout's reward a Ray task); None: here.
         episode: the agentic mode (:class:`~forgeflow.training.episodes.EpisodeSettings`: ``max_turns``,
             ``max_tokens`` per episode, ``wall_s`` per episode, ``tools``, ``concurrency``, ``step_wall_s``, ...):
             each rollout a multi-turn episode in a fresh sandbox of the task image on ``sandbox``'s backend,
@@ -245,23 +146,7 @@ class RLBurstParams(StageParams):
 
 
 class PPOJob(BaseModel):
-    """How the ``ppo`` flow runs verl on a Ray cluster.
-
-    Attributes:
-        dashboard_url: the cluster's dashboard (Ray job server), e.g. ``http://head:8265``.
-        working_dir: the job's working directory (uploaded by Ray; must hold forgeflow for the reward
-            function), or None for a cluster image that has it.
-        pip: packages the job installs (e.g. a pinned ``verl``).
-        entrypoint: a command replacing verl's ``python3 -m verl.trainer.main_ppo <overrides>`` (a
-            wrapper script, or a CPU stand-in that writes a checkpoint); None: verl's own.
-        entrypoint_num_cpus: CPUs reserved for the job's driver.
-        poll_s: seconds between status polls (the job's new log lines are logged at each).
-        timeout_s: stop the job after this many seconds (None: no limit).
-        adapter_glob: where the LoRA adapter of a step lies under ``settings.checkpoint_dir``
-            (default verl's ``global_step_*/actor/lora_adapter``); the highest step the job wrote is ingested.
-        base_model_sha256: the base model's digest, when ``settings.model_path`` is not a folder
-            readable here (an HF id or a cluster path); else computed from the folder.
-    """
+    """How the ``ppo`` flow runs verl on a Ray cluster."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -284,14 +169,7 @@ class PPOJob(BaseModel):
 
 
 class PPOParams(StageParams):
-    """The ``ppo`` flow's parameters.
-
-    Attributes:
-        settings: verl's PPO settings (:class:`forgeflow.training.verl.VerlPPOSettings`), ``lora_rank`` > 0.
-        job: the cluster and the job (:class:`PPOJob`).
-        submission_id: the Ray job's id; None: ``forgeflow-ppo-<flow run id>``.
-        out_dir: the models folder; None: ``$FORGEFLOW_HOME/models``.
-    """
+    """The ``ppo`` flow's parameters."""
 
     settings: VerlPPOSettings = Field(description="verl's PPO settings (model_path, train_files, val_files, batch "
                                       "sizes, learning rates, lora_rank > 0, checkpoint_dir readable here, ...)")
@@ -304,17 +182,7 @@ class PPOParams(StageParams):
 
 
 class WindowsParams(StageParams):
-    """The ``windows`` flow's parameters: exactly one of ``job_id`` and ``trajectories_dir``.
-
-    Attributes:
-        job_id: a canary (or recovery) job recorded in the store.
-        trajectories_dir: a folder of mini-swe-agent ``*.traj.json`` instead.
-        windows: the window layout and kinds (:class:`forgeflow.training.windows.WindowConfig`).
-        samples_jsonl: where the JSONL goes (a file there with other samples is refused); None:
-            ``$FORGEFLOW_HOME/windows/<job id or folder>-<sha12>.jsonl``, named by its content.
-        hf_dir: the base model an SFT burst on the windows trains; None: only the dataset.
-        training / parent_adapter / out_dir: as :class:`SFTBurstParams`'.
-    """
+    """The ``windows`` flow's parameters: exactly one of ``job_id`` and ``trajectories_dir``."""
 
     job_id: str | None = Field(None, min_length=1, description="a canary (or recovery) job recorded in the store")
     trajectories_dir: Path | None = Field(None, description="a folder of mini-swe-agent *.traj.json instead of "
@@ -327,8 +195,8 @@ class WindowsParams(StageParams):
                                                          "folder>-<sha12>.jsonl, named by its content")
     hf_dir: Path | None = Field(None, description="the base model an SFT burst on the windows trains (the "
                                                   "sft-burst flow as a subflow); null: only the dataset")
-    training: SFTHyperParams = Field(SFTHyperParams(), description="the burst's hyper-parameters, as sft-burst's "
-                                     "params.training")
+    training: BurstConfig = Field(default_factory=BurstConfig, description="the burst's hyper-parameters, as "
+                                  "sft-burst's params.training")
     parent_adapter: str | None = Field(None, min_length=1, description=_PARENT)
     out_dir: Path | None = Field(None, description=_OUT_DIR.format(kind="sft"))
 

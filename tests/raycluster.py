@@ -22,6 +22,11 @@ import httpx
 
 from tests.helpers import free_port
 
+NODE_ENV = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
+"""The nodes' environment: no usage stats; no token authentication, which Ray 2.60 turns on for every cluster
+started once ``~/.ray/auth_token`` exists (a local ``ray.init()`` anywhere on the machine writes it), and the
+dashboard would then answer this module's probes 401."""
+
 
 @dataclass(frozen=True)
 class RayCluster:
@@ -63,9 +68,12 @@ class RayNode:
 
 @contextmanager
 def ray_worker(head: RayCluster, resources: dict[str, float], num_cpus: int = 1,
-               startup_timeout_s: float = 120.0, attempts: int = 2) -> Iterator[RayNode]:
+               startup_timeout_s: float = 120.0, attempts: int = 2,
+               env: dict[str, str] | None = None) -> Iterator[RayNode]:
     """Join a worker node to ``head`` (``ray start --address --block --resources``); yield it once the
-    cluster lists it alive; stop its process group afterwards (a no-op when a test killed it).
+    cluster lists it alive; stop its process group afterwards (a no-op when a test killed it). ``env`` is
+    added to the node's environment (its raylet's and workers': ``CONTAINERS_STORAGE_CONF`` gives the node a
+    podman storage of its own, as another machine has).
 
     A ``ray start`` that exits before its node is listed (Ray gives a raylet 30 s to register, which a
     loaded 2-core machine can miss) is started again, up to ``attempts`` times.
@@ -86,7 +94,7 @@ def ray_worker(head: RayCluster, resources: dict[str, float], num_cpus: int = 1,
              "--disable-usage-stats", f"--dashboard-agent-listen-port={free_port()}",
              f"--metrics-export-port={free_port()}"],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
+            env={**os.environ, **NODE_ENV, **(env or {})})
         deadline = time.monotonic() + startup_timeout_s
         new: list[dict] = []
         while proc.poll() is None and time.monotonic() < deadline:
@@ -134,9 +142,9 @@ def ray_head(num_cpus: int = 2, startup_timeout_s: float = 180.0) -> Iterator[Ra
         [str(ray), "start", "--head", "--block", f"--port={gcs_port}", f"--dashboard-port={dashboard_port}",
          "--dashboard-host=127.0.0.1", "--node-ip-address=127.0.0.1", f"--num-cpus={num_cpus}", "--num-gpus=0",
          "--include-dashboard=true", "--disable-usage-stats", f"--temp-dir={temp_dir}",
-         f"--dashboard-agent-listen-port={free_port()}", f"--metrics-export-port={free_port()}"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
+         f"--dashboard-agent-listen-port={free_port()}", f"--metrics-export-port={free_port()}",
+         f"--ray-client-server-port={free_port()}"],  # not 10001: another head may be running beside this one
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **NODE_ENV})
     url = f"http://127.0.0.1:{dashboard_port}"
     try:
         deadline = time.monotonic() + startup_timeout_s
@@ -159,3 +167,23 @@ def ray_head(num_cpus: int = 2, startup_timeout_s: float = 180.0) -> Iterator[Ra
         _stop_group(proc)
         log.close()
         shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+@contextmanager
+def node_storage(parent: Path) -> Iterator[dict[str, str]]:
+    """A podman storage of a node's own (graph and run roots under ``parent``; this host's images visible
+    read-only through ``additionalimagestores``): the environment for :func:`ray_worker`, so the node's
+    containers are not this host's podman's to list or remove, as on another machine. Removed afterwards.
+    """
+    from forgeflow.common.settings import tool_env
+
+    images = subprocess.run(["podman", "info", "--format", "{{.Store.GraphRoot}}"], env=tool_env(), check=True,
+                            capture_output=True, text=True).stdout.strip()
+    root = Path(tempfile.mkdtemp(prefix="ffnode-", dir=parent))
+    conf = root / "storage.conf"
+    conf.write_text(f'[storage]\ndriver = "overlay"\ngraphroot = "{root / "graph"}"\nrunroot = "{root / "run"}"\n'
+                    f'[storage.options]\nadditionalimagestores = ["{images}"]\n')
+    try:
+        yield {"CONTAINERS_STORAGE_CONF": str(conf)}
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

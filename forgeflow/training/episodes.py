@@ -39,6 +39,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from forgeflow.common import errors
 from forgeflow.evaluation.sandbox_env import SUBMIT_MARKER
 from forgeflow.evaluation.supervision import DEFAULT_HANG_IDLE_S, DEFAULT_LOOP_THRESHOLD
+from forgeflow.ledger.trial_result import Supervision, VerifierEvidence
+from forgeflow.sandbox.limits import Cpus, MemoryMb
+from forgeflow.training.rewards import RL_VERIFIER_LIMITS
 
 EPISODE_PROMPT_TEMPLATE = Path(__file__).resolve().parents[1] / "data" / "rl_episode_prompt.md"
 """The first user message of an episode; ``{problem_statement}`` is replaced by the task's text."""
@@ -54,41 +57,37 @@ EndReason = Literal["submitted", "max_turns", "max_tokens", "wall", "dead_loop",
 
 
 class EpisodeSettings(BaseModel):
-    """The ``episode`` block of an agentic RL burst (its presence switches the agentic mode on).
-
-    Attributes:
-        max_turns: policy turns per episode (each turn: one sample, then its tool call).
-        max_tokens: tokens of the episode's whole sequence (prompt, sampled and tool tokens); a sample or
-            a tool output that would pass it ends the episode (``max_tokens``).
-        wall_s: wall-clock seconds per episode (sampling, commands and all); past it the episode ends
-            (``wall``) and is graded on its change, the model's outcome like mini-swe-agent's step limit.
-        tools: the tool set: ``bash`` (a command in the task's container, required) and ``submit``
-            (:data:`SUBMIT_COMMAND` ends the episode). Without ``submit`` only a bound ends an episode.
-        command_timeout_s: seconds one command may run (never beyond the episode's wall clock).
-        output_max_chars: characters of a command's output shown to the policy (head and tail kept).
-        loop_threshold: repeats of a call (or an A-B cycle) at which the loop detector stops the episode.
-        hang_idle_s: seconds without a sample or a command finishing after which the episode is hung.
-        concurrency: episodes running at once (sandboxes, commands, verifiers; sampling is serialized).
-        step_wall_s: the aggregate wall bound of one step's episodes, seconds: an episode still running
-            when it passes is stopped, one not started is not started; both are exceptions (no reward).
-        memory_mb: memory limit of each episode's container, MiB.
-        cpus: CPU quota of each episode's container, cores.
-    """
+    """The ``episode`` block of an agentic RL burst (its presence switches the agentic mode on); each field's
+    description is the one line the run form shows beside it."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    max_turns: int = Field(default=8, ge=1, le=1000)
-    max_tokens: int = Field(default=4096, ge=64)
-    wall_s: float = Field(default=900.0, gt=0)
-    tools: tuple[Tool, ...] = ("bash", "submit")
-    command_timeout_s: int = Field(default=60, ge=1)
-    output_max_chars: int = Field(default=4000, ge=200)
-    loop_threshold: int = Field(default=DEFAULT_LOOP_THRESHOLD, ge=2)
-    hang_idle_s: float = Field(default=DEFAULT_HANG_IDLE_S, gt=0)
-    concurrency: int = Field(default=2, ge=1, le=64)
-    step_wall_s: float = Field(default=3600.0, gt=0)
-    memory_mb: int = Field(default=1024, ge=64)
-    cpus: float = Field(default=1.0, gt=0)
+    max_turns: int = Field(default=8, ge=1, le=1000, description="policy turns per episode (one sample, then its "
+                           "tool call)")
+    max_tokens: int = Field(default=4096, ge=64, description="tokens of the episode's whole sequence (prompt, "
+                            "sampled and tool tokens); passing it ends the episode (max_tokens)")
+    wall_s: float = Field(default=900.0, gt=0, description="wall-clock seconds per episode; past it the episode "
+                          "ends (wall) and is graded on its change")
+    tools: tuple[Tool, ...] = Field(default=("bash", "submit"), description="the tool set: bash (a command in the "
+                                    "task's container, required) and submit (ends the episode); without submit "
+                                    "only a bound ends it")
+    command_timeout_s: int = Field(default=60, ge=1, description="seconds one command may run (never beyond the "
+                                   "episode's wall clock)")
+    output_max_chars: int = Field(default=4000, ge=200, description="characters of a command's output shown to the "
+                                  "policy (head and tail kept)")
+    loop_threshold: int = Field(default=DEFAULT_LOOP_THRESHOLD, ge=2, description="repeats of a call (or an A-B "
+                                "cycle) at which the loop detector stops the episode (reward 0)")
+    hang_idle_s: float = Field(default=DEFAULT_HANG_IDLE_S, gt=0, description="seconds without a sample or a "
+                               "finished command after which the episode is hung (reward 0)")
+    concurrency: int = Field(default=2, ge=1, le=64, description="episodes running at once (sandboxes, commands, "
+                             "verifiers; sampling is serialized)")
+    create_concurrency: int | None = Field(default=None, ge=1, le=64, description="sandboxes being created at once "
+                                           "(start to first command), apart from concurrency; null: no separate "
+                                           "throttle")
+    step_wall_s: float = Field(default=3600.0, gt=0, description="seconds all of one step's episodes may take; "
+                               "an episode running or not started past it is an exception (no reward)")
+    memory_mb: MemoryMb = RL_VERIFIER_LIMITS.memory_mb
+    cpus: Cpus = RL_VERIFIER_LIMITS.cpus
 
     @field_validator("tools")
     @classmethod
@@ -135,7 +134,7 @@ class Episode(BaseModel):
             prefix (never 0).
         exception_type / exception_message: the infrastructure failure (a sandbox lost mid-episode, the
             verifier broken, the step's wall bound), or ``PrefixMismatchError`` for a refused episode.
-        supervision: ``{kind: dead_loop | hang, evidence, trajectory_path}`` of a supervision stop.
+        supervision: a supervision stop's kind (dead loop, hang), evidence and trajectory.
         prompt_ids: the prompt's token ids (the first context).
         completion_ids: every token after the prompt, in order (sampled and tool tokens).
         loss_mask: per ``completion_ids`` token: 1 sampled by the policy, 0 prompt/tool tokens.
@@ -143,7 +142,8 @@ class Episode(BaseModel):
             None when the sampler reported none.
         turns: the turns (:class:`EpisodeTurn`).
         wall_s: seconds from start to the end of grading.
-        verifier: the verifier's evidence (``notes``, ``evidence``, ``submission_patch``) or None.
+        verifier: the verifier's evidence (as a trial's: screening, run, notes, its Ray node) or None.
+        submission: the episode's change as git wrote it in the verifier's sandbox (a unified diff), or None.
         trajectory_path: the episode's ``<episode_id>.traj.json`` (mini-swe-agent's format).
         notes: for a person.
         node_id: the Ray node the episode's container ran on (a ``ray`` dispatcher), or None: this host.
@@ -157,14 +157,15 @@ class Episode(BaseModel):
     reward: float | None = Field(default=None, ge=0.0, le=1.0)
     exception_type: str | None = None
     exception_message: str | None = None
-    supervision: dict[str, Any] | None = None
+    supervision: Supervision | None = None
     prompt_ids: list[int]
     completion_ids: list[int] = Field(default_factory=list)
     loss_mask: list[int] = Field(default_factory=list)
     logprobs: list[float] | None = None
     turns: list[EpisodeTurn] = Field(default_factory=list)
     wall_s: float = Field(default=0.0, ge=0)
-    verifier: dict[str, Any] | None = None
+    verifier: VerifierEvidence | None = None
+    submission: str | None = None
     trajectory_path: str | None = None
     notes: list[str] = Field(default_factory=list)
     node_id: str | None = None

@@ -91,7 +91,7 @@ class EpisodeStepStats(BaseModel):
             unresolved=sum(r == 0.0 for r in scored), exceptions=sum(e.reward is None for e in episodes),
             exception_types=dict(sorted(Counter(e.exception_type for e in episodes if e.exception_type).items())),
             prefix_refused=sum(e.end_reason == "prefix_mismatch" for e in episodes),
-            supervision_stops=dict(sorted(Counter(e.supervision["kind"] for e in episodes if e.supervision).items())),
+            supervision_stops=dict(sorted(Counter(e.supervision.kind for e in episodes if e.supervision).items())),
             end_reasons=dict(sorted(Counter(e.end_reason for e in episodes).items())),
             turns=sum(len(e.turns) for e in episodes), turns_max=max((len(e.turns) for e in episodes), default=0),
             policy_tokens=sum(e.policy_tokens for e in episodes), wall_s=wall_s,

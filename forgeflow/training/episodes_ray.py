@@ -8,14 +8,17 @@ drives it from the trainer's process through :class:`RayEpisodeEnv`: the policy 
 in the trainer), each command runs there, the tree is taken there, and the verifier runs as a Ray task on a
 sandbox node (:func:`forgeflow.sandbox.dispatch.verify_on`), so only the tree's bytes cross the wire.
 
-A node or actor lost mid-episode is a :class:`~forgeflow.common.errors.SandboxError` (no reward, never 0).
-The container carries the run's label on its node; a cancelled run's containers on other nodes are those
-nodes' to end (as for trials: :func:`tasks.common.sweep_trial_sandboxes` sweeps this host only).
+A node or actor lost mid-episode is a :class:`~forgeflow.common.errors.SandboxError` (no reward, never 0), and
+so is an episode no node takes by its deadline. The container carries the run's label on its node;
+:func:`sweep_ray_nodes` ends a cancelled run's containers on every sandbox node of the cluster.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict
 
 from forgeflow.common import errors
 from forgeflow.evaluation.agent import AgentPhase, AgentTask, take_submission
@@ -81,34 +84,40 @@ class RayEpisodeEnv:
     Args:
         placement: the cluster and the sandbox resource.
         task / settings / backend / name: as :class:`NodeEpisodeEnv`.
+        start_timeout_s: seconds the container may wait for a node with the resource free and start there
+            (the episode's deadline); None: no bound.
 
     Attributes:
         node_id: the node the container runs on.
 
     Raises:
         TransientInfraError: the cluster cannot be reached.
-        SandboxError: the container did not start on the node, or the node was lost.
+        SandboxError: the container did not start on the node, no node took it within ``start_timeout_s``,
+            or the node was lost.
     """
 
     def __init__(self, placement: RayPlacement, task: AgentTask, settings: EpisodeSettings,
-                 backend: str | SandboxTarget, name: str) -> None:
+                 backend: str | SandboxTarget, name: str, start_timeout_s: float | None = None) -> None:
         from forgeflow.sandbox import dispatch
 
         self._ray = dispatch.connect(placement.address)  # dispatch's one connection per process
         actor_class = self._ray.remote(NodeEpisodeEnv)
         self._actor = actor_class.options(resources={placement.resource: placement.per_trial}, num_cpus=0,
                                           max_concurrency=4, max_restarts=0).remote(task, settings, backend, name)
-        self.name, self._stopped = name, False
+        self.name, self._stopped, self._resource = name, False, placement.resource
         try:
-            self.node_id = self._call("node_id")
+            self.node_id = self._call("node_id", timeout_s=start_timeout_s)
         except BaseException:
             self._kill()
             raise
 
-    def _call(self, method: str, *args: Any) -> Any:
+    def _call(self, method: str, *args: Any, timeout_s: float | None = None) -> Any:
         ray = self._ray
         try:
-            return ray.get(getattr(self._actor, method).remote(*args))
+            return ray.get(getattr(self._actor, method).remote(*args), timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError as exc:  # no node took it (all lost, or all busy) in time
+            raise errors.SandboxError(f"episode container {self.name}: no Ray node with {self._resource!r} free "
+                                      f"started it within {timeout_s:.0f} s") from exc
         except ray.exceptions.RayTaskError as exc:  # the node's own exception (the container failed)
             cause = getattr(exc, "cause", None)
             if isinstance(cause, errors.ForgeflowError):
@@ -162,5 +171,72 @@ class RayEpisodeEnv:
         self._stopped = True
         try:
             self._call("stop")
+        except errors.SandboxError:  # the actor died (its worker killed): its node, if alive, removes the container
+            if not self._remove_on_node():
+                raise
         finally:
             self._kill()
+
+    def _remove_on_node(self, timeout_s: float = 120.0) -> bool:
+        """End the container by name on :attr:`node_id` by a Ray task pinned there; False when that failed."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        ray = self._ray
+        task = ray.remote(_sweep_node).options(name=f"remove {self.name}", num_cpus=0, max_retries=0,
+                                               scheduling_strategy=NodeAffinitySchedulingStrategy(self.node_id, False))
+        try:
+            ray.get(task.remote(None, self.name), timeout=timeout_s)
+        except ray.exceptions.RayError:
+            return False
+        return True
+
+
+def _sweep_node(key: str | None, value: str) -> list[str]:
+    """A Ray task's body on one node: end the containers labelled ``key=value`` there (``key`` None: the one
+    named ``value``), at every layer; their names."""
+    from forgeflow.common.settings import apply_container_env
+    from forgeflow.sandbox.podman_layers import sweep_containers, sweep_labelled
+
+    apply_container_env()
+    found = sweep_labelled(key, value) if key is not None else sweep_containers(value.__eq__)
+    return sorted({*found.podman, *(n for *_, n in found.runtime), *(n for _, n in found.conmon)})
+
+
+class NodeSweep(BaseModel):
+    """What :func:`sweep_ray_nodes` did: ``ended`` node id -> names of the containers ended there; ``failed``
+    node id -> why its sweep failed (the node died, the task timed out)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    ended: dict[str, list[str]]
+    failed: dict[str, str]
+
+
+def sweep_ray_nodes(placement: RayPlacement, key: str, value: str, timeout_s: float = 120.0) -> NodeSweep:
+    """End the containers labelled ``key=value`` (a cancelled run's) on every alive node of the cluster that
+    declares ``placement.resource``: a Ray task pinned to each node (no resource taken, so busy nodes sweep too).
+
+    Args:
+        placement: the cluster and the sandbox resource.
+        key / value: the label (``forgeflow.dev/flow-run`` = the run's id).
+        timeout_s: seconds to wait for all nodes' sweeps together.
+
+    Raises:
+        TransientInfraError: the cluster cannot be reached.
+    """
+    from forgeflow.sandbox import dispatch
+
+    ray = dispatch.connect(placement.address)
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive") and placement.resource in (n.get("Resources") or {})]
+    task = ray.remote(_sweep_node)
+    refs = {node: task.options(name=f"sweep {key}={value}", num_cpus=0, max_retries=0, scheduling_strategy=
+                               NodeAffinitySchedulingStrategy(node, soft=False)).remote(key, value) for node in nodes}
+    ended, failed, deadline = {}, {}, time.monotonic() + timeout_s
+    for node, ref in refs.items():
+        try:
+            ended[node] = ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+        except ray.exceptions.RayError as exc:  # the node died meanwhile, or its sweep timed out or failed
+            failed[node] = f"{type(exc).__name__}: {exc}"
+    return NodeSweep(ended=ended, failed=failed)

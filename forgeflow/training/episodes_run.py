@@ -38,10 +38,12 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +55,10 @@ from forgeflow.evaluation.agent import AgentPhase, AgentTask, take_submission
 from forgeflow.evaluation.mswea import stream_path, write_trajectory
 from forgeflow.evaluation.sandbox_env import SandboxEnvironment
 from forgeflow.evaluation.supervision import BASH_TOOL, MSWEA_ACTION_REGEX, HangWatchdog, LoopDetector, ToolCall
+from forgeflow.ledger.trial_result import Supervision, VerifierEvidence
 from forgeflow.sandbox.base import SandboxSpec
 from forgeflow.sandbox.dispatch import verify_on
+from forgeflow.sandbox.scoring import SubmissionVerdict
 from forgeflow.training.episodes import (
     EndReason,
     Episode,
@@ -124,7 +128,7 @@ class _EpisodeRun:
         self.turns: list[EpisodeTurn] = []
         self.end: EndReason | None = None
         self.error: BaseException | None = None
-        self.supervision: dict[str, Any] | None = None
+        self.supervision: Supervision | None = None
         self.node_id: str | None = None
         self.notes: list[str] = []
         self.traj = _Trajectory(out_dir / f"{episode_id}.traj.json")
@@ -137,7 +141,7 @@ class _EpisodeRun:
 
     def _stop(self, kind: str, evidence: dict[str, Any]) -> None:
         self.end = "dead_loop" if kind == "dead_loop" else "hang"
-        self.supervision = {"kind": kind, "evidence": evidence, "trajectory_path": str(self.traj.path)}
+        self.supervision = Supervision(kind=self.end, evidence=evidence, trajectory_path=str(self.traj.path))
 
     def turn(self, index: int, policy: Policy, env: SandboxEnvironment, watchdog: HangWatchdog,
              detector: LoopDetector, deadline: float) -> None:
@@ -218,16 +222,19 @@ def episode_container_name(instance_id: str, episode_id: str) -> str:
     return sanitize_name(f"ff-episode-{instance_id}-{episode_id[:10]}")
 
 
-def _episode_env(task: AgentTask, settings: EpisodeSettings, grading: dict[str, Any], name: str) -> Any:
+def _episode_env(task: AgentTask, settings: EpisodeSettings, grading: dict[str, Any], name: str,
+                 deadline: float) -> Any:
     """The episode's container: here, or on a Ray sandbox node when ``grading["ray"]`` names a cluster
-    (:class:`forgeflow.training.episodes_ray.RayEpisodeEnv`: commands there, the policy here)."""
+    (:class:`forgeflow.training.episodes_ray.RayEpisodeEnv`: commands there, the policy here), placed by
+    ``deadline`` (monotonic seconds) or a SandboxError (no node left with the resource, say)."""
     if grading.get("ray") is None:
         return start_episode_env(task, settings, grading["backend"], name)
-    return RayEpisodeEnv(grading["ray"], task, settings, grading["backend"], name)
+    return RayEpisodeEnv(grading["ray"], task, settings, grading["backend"], name,
+                         start_timeout_s=max(0.0, deadline - time.monotonic()))
 
 
 def _grade(run: _EpisodeRun, env: Any, task: AgentTask, settings: EpisodeSettings,
-           grading: dict[str, Any]) -> tuple[float | None, dict[str, Any] | None]:
+           grading: dict[str, Any]) -> SubmissionVerdict:
     """The reward of a finished episode, taken as the agent trial takes it: the tree out of the stopped
     container (``agent.take_submission``), the verifier on it in a fresh pristine container."""
     phase = AgentPhase()
@@ -246,8 +253,7 @@ def _grade(run: _EpisodeRun, env: Any, task: AgentTask, settings: EpisodeSetting
                         name=sanitize_name(f"ff-episodeverify-{task.instance_id}-{run.episode_id[:10]}"),
                         backend=grading["backend"], tree=phase.tree)
     run.notes.extend(verdict.notes)
-    return verdict.reward, {"notes": verdict.notes, "evidence": verdict.evidence,
-                            "submission_patch": verdict.submission_patch}
+    return verdict
 
 
 def run_episode(task: AgentTask, messages: list[dict[str, Any]], policy: Policy, tokens: EpisodeTokens,
@@ -265,7 +271,8 @@ def run_episode(task: AgentTask, messages: list[dict[str, Any]], policy: Policy,
             ``verifier_timeout_s`` (seconds, or instance id -> seconds), optional ``ray`` (a
             :class:`~forgeflow.sandbox.dispatch.RayPlacement`: the episode's container runs on a sandbox node
             of that cluster, :mod:`forgeflow.training.episodes_ray`, and the verifier too),
-            ``episode_id`` (default a uuid4 hex) and ``deadline_monotonic`` (the step's wall bound).
+            ``episode_id`` (default a uuid4 hex), ``deadline_monotonic`` (the step's wall bound) and
+            ``create_gate`` (a semaphore held while the container is created, up to its first command).
 
     Returns:
         The :class:`~forgeflow.training.episodes.Episode` (never raises for a sandbox or verifier failure:
@@ -281,11 +288,13 @@ def run_episode(task: AgentTask, messages: list[dict[str, Any]], policy: Policy,
     run = _EpisodeRun(task, messages, tokens, settings, episode_id, Path(out_dir))
     env: Any = None  # a SandboxEnvironment, or a RayEpisodeEnv on a Ray node
     watchdog = HangWatchdog(settings.hang_idle_s, on_hang=lambda _check: env.interrupt() if env else None)
-    reward, verifier = None, None
+    reward, verdict = None, None
     try:
         if step_deadline is not None and time.monotonic() >= step_deadline:
             raise StepWallError("the step's wall bound passed before the episode started")
-        env = _episode_env(task, settings, grading, episode_container_name(task.instance_id, episode_id))
+        with grading.get("create_gate") or nullcontext():  # settings.create_concurrency creations at once
+            env = _episode_env(task, settings, grading, episode_container_name(task.instance_id, episode_id),
+                               deadline)
         run.node_id = getattr(env, "node_id", None)
         watchdog.start()
         detector = LoopDetector(settings.loop_threshold)
@@ -303,14 +312,15 @@ def run_episode(task: AgentTask, messages: list[dict[str, Any]], policy: Policy,
         if run.end in ("dead_loop", "hang"):
             reward = 0.0
         elif run.end != "prefix_mismatch":
-            reward, verifier = _grade(run, env, task, settings, grading)
+            verdict = _grade(run, env, task, settings, grading)
+            reward = verdict.reward
     except errors.InfraError as exc:  # the sandbox lost, the verifier broken, the step's bound: no reward
         run.error, run.end, reward = exc, "exception", None
     finally:
         watchdog.stop()
         if env is not None:
             _stop_env(env, run)
-    return _finish(run, reward, verifier, time.monotonic() - t0)
+    return _finish(run, reward, verdict, time.monotonic() - t0)
 
 
 def _stop_env(env: Any, run: _EpisodeRun) -> None:
@@ -321,20 +331,22 @@ def _stop_env(env: Any, run: _EpisodeRun) -> None:
         run.notes.append(f"could not remove the episode's container: {type(exc).__name__}: {exc}")
 
 
-def _finish(run: _EpisodeRun, reward: float | None, verifier: dict[str, Any] | None, wall_s: float) -> Episode:
+def _finish(run: _EpisodeRun, reward: float | None, verdict: SubmissionVerdict | None, wall_s: float) -> Episode:
     """The episode's record; its trajectory and tokens written."""
     error = run.error
+    verifier = None if verdict is None else VerifierEvidence.model_validate({**verdict.evidence,
+                                                                             "notes": verdict.notes})
     episode = Episode(
         episode_id=run.episode_id, instance_id=run.task.instance_id, end_reason=run.end or "exception",
         reward=reward, exception_type=type(error).__name__ if error is not None else None,
         exception_message=str(error) if error is not None else None, supervision=run.supervision,
         prompt_ids=run.prompt_ids, completion_ids=run.completion, loss_mask=run.mask, logprobs=run.logprobs,
         turns=run.turns, wall_s=wall_s, verifier=verifier, trajectory_path=str(run.traj.path), notes=run.notes,
-        node_id=run.node_id,
+        node_id=run.node_id, submission=verdict.submission_patch if verdict is not None else None,
     )
     summary = episode.model_dump(mode="json", exclude={"prompt_ids", "completion_ids", "loss_mask", "logprobs",
-                                                       "turns", "verifier"})
-    submission = (verifier or {}).get("submission_patch", "")
+                                                       "turns", "verifier", "submission"})
+    submission = episode.submission or ""
     run.traj.save({"exit_status": episode.end_reason, "submission": submission,
                    "forgeflow": {**summary, "n_steps": len(run.turns), "n_output_tokens": episode.policy_tokens}},
                   run.task.instance_id)
@@ -352,13 +364,16 @@ def run_episodes(jobs: Sequence[tuple[AgentTask, list[dict[str, Any]]]], policy:
         policy: shared by the episodes (a :class:`~forgeflow.training.episodes.TrainerPolicy` serializes
             its sampling; the commands and verifiers run in parallel).
         tokens / settings / out_dir: as :func:`run_episode`.
-        grading: as :func:`run_episode` (``episode_id`` and ``deadline_monotonic`` are set per episode).
+        grading: as :func:`run_episode` (``episode_id``, ``deadline_monotonic`` and ``create_gate``, of
+            ``settings.create_concurrency`` slots, are set here).
 
     Returns:
         One :class:`~forgeflow.training.episodes.Episode` per job, in order.
     """
     deadline = time.monotonic() + settings.step_wall_s
     base = {k: v for k, v in grading.items() if k != "episode_id"}
+    if settings.create_concurrency is not None:
+        base["create_gate"] = threading.BoundedSemaphore(settings.create_concurrency)
 
     def one(job: tuple[AgentTask, list[dict[str, Any]]]) -> Episode:
         return run_episode(job[0], job[1], policy, tokens, settings, out_dir,

@@ -55,8 +55,11 @@ def test_an_agentic_rl_burst_runs_episodes_in_podman_and_tables_them(
         prefect_harness, flow_store_url: str, calc_tasks: Path, tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
+    from prefect.deployments import run_deployment
+    from prefect.flow_engine import run_flow
 
+    from deployments.register import build_deployments
     from flows.training import RLBurstParams, RLHyperParams, rl_burst
     from forgeflow.training.episodes import EpisodeSettings
 
@@ -67,13 +70,28 @@ def test_an_agentic_rl_burst_runs_episodes_in_podman_and_tables_them(
     params = RLBurstParams(hf_dir=tiny_ggufs()[0].parent / "hf", tasks_jsonl=calc_tasks,
                            training=RLHyperParams(max_steps=1, num_generations=2, max_completion_length=16,
                                                   verifier_timeout_multiplier=0.5),
-                           episode=EpisodeSettings(max_turns=2, concurrency=2, memory_mb=256, wall_s=120))
-    with pytest.raises(BurstHealthError, match="nothing learned"):
-        rl_burst(params)
+                           episode=EpisodeSettings(max_turns=2, concurrency=2, memory_mb=256, wall_s=120,
+                                                   create_concurrency=1))
+    # as a user triggers it: the registered rl-burst deployment (deployments/register.py, as prefect.yaml), its
+    # parameters as JSON through the API, checked against the run form's schema, then run as a worker runs it
+    (deployment,) = [d for d in build_deployments() if d.name == "rl-burst"]
+    with get_client(sync_client=True) as client:  # the run form: one plain line beside each episode field
+        form = client.read_deployment(deployment.apply()).parameter_openapi_schema
+    described = {k: f.get("description") for k, f in form["definitions"]["EpisodeSettings"]["properties"].items()}
+    assert "create_concurrency" in described and all(d and "\n" not in d and len(d) < 200 for d in described.values())
+    given = {"params": params.model_dump(mode="json", exclude_defaults=True)}
+    flow_run = run_deployment("rl-burst/rl-burst", parameters=given, timeout=0)
+    assert flow_run.parameters == given
+    state = run_flow(rl_burst, flow_run=flow_run, return_type="state")
+    assert state.is_failed() and "nothing learned" in str(state.message), state
+    with pytest.raises(BurstHealthError):
+        state.result()
     with get_client(sync_client=True) as client:
-        (table,) = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["rl-burst-episodes"])))
+        ours = ArtifactFilterFlowRunId(any_=[flow_run.id])
+        (table,) = client.read_artifacts(artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(any_=["rl-burst-episodes"]), flow_run_id=ours))
         (plot,) = client.read_artifacts(artifact_filter=ArtifactFilter(
-            key=ArtifactFilterKey(any_=["rl-burst-episodes-plot"])))
+            key=ArtifactFilterKey(any_=["rl-burst-episodes-plot"]), flow_run_id=ours))
     (row,) = json.loads(table.data) if isinstance(table.data, str) else table.data
     assert "data:image/png;base64," in plot.data and "2 episode(s): 0 resolved" in plot.data
     assert (row["episodes"], row["unresolved"], row["exceptions"], row["end reasons"]) == (2, 2, 0, "max_turns 2")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import subprocess
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -114,14 +115,35 @@ def _episode_containers() -> list[str]:
                           env=tool_env(), capture_output=True, text=True, check=True).stdout.split()
 
 
+class _CreationSpy:
+    """The real :func:`start_episode_env`, with the times each container's creation began and ended."""
+
+    def __init__(self) -> None:
+        from forgeflow.training import episodes_run
+
+        self.real, self.spans = episodes_run.start_episode_env, []
+
+    def __call__(self, *args: Any) -> Any:
+        began = time.monotonic()
+        try:
+            return self.real(*args)
+        finally:
+            self.spans.append((began, time.monotonic()))
+
+
 def test_a_solver_scores_1_through_the_turns_and_a_looper_is_stopped_with_0(
-        task_image: str, tokens: EpisodeTokens, tmp_path: Path) -> None:
+        task_image: str, tokens: EpisodeTokens, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     policy = _ByTask({"calc-solve": ScriptedPolicy(tokens, SOLVER, split_tokens=True),
                       "calc-loop": ScriptedPolicy(tokens, LOOPER)})
+    spy = _CreationSpy()
+    monkeypatch.setattr("forgeflow.training.episodes_run.start_episode_env", spy)
     solved, looped = run_episodes([_job(task_image, "calc-solve"), _job(task_image, "calc-loop")], policy, tokens,
-                                  SETTINGS, tmp_path, GRADING)
+                                  SETTINGS.model_copy(update={"create_concurrency": 1}), tmp_path, GRADING)
+    # two episodes at once, their sandboxes created one at a time (the creation throttle)
+    (a0, a1), (b0, b1) = sorted(spy.spans)
+    assert b0 >= a1, spy.spans
     assert (solved.end_reason, solved.reward, solved.exception_type, len(solved.turns)) == ("submitted", 1.0, None, 3)
-    assert "+    return a + b" in solved.verifier["submission_patch"]
+    assert "+    return a + b" in solved.submission and solved.verifier.run.report_format == "pytest-report"
     # token-exact: the trained tokens are the sampled ones, turn by turn; the tool turns are masked
     trained = [t for t, m in zip(solved.completion_ids, solved.loss_mask) if m]
     assert trained == [t for turn in solved.turns for t in turn.sampled_ids]
@@ -132,7 +154,7 @@ def test_a_solver_scores_1_through_the_turns_and_a_looper_is_stopped_with_0(
     assert json.loads(Path(solved.trajectory_path).with_name(f"{solved.episode_id}.tokens.json").read_text())[
         "loss_mask"] == solved.loss_mask
     assert (looped.end_reason, looped.reward, looped.exception_type) == ("dead_loop", 0.0, None)
-    assert looped.supervision["kind"] == "dead_loop" and looped.supervision["evidence"]["period"] == 1
+    assert looped.supervision.kind == "dead_loop" and looped.supervision.evidence["period"] == 1
     assert len(looped.turns) == 3 and looped.verifier is None
     # saved as canary trajectories: the stream removed, the windows flow reads them
     traj = json.loads(Path(looped.trajectory_path).read_text())
@@ -156,7 +178,7 @@ def test_a_lost_sandbox_is_an_exception_a_retokenized_history_is_refused_and_a_h
                                        GRADING)
     # the canary's watchdog, reused: a command that hangs is killed after hang_idle_s (not its 30 s timeout)
     assert (hung.end_reason, hung.reward, hung.exception_type, hung.verifier) == ("hang", 0.0, None, None)
-    assert hung.supervision["kind"] == "hang" and hung.supervision["evidence"]["idle_s"] >= 4.0
+    assert hung.supervision.kind == "hang" and hung.supervision.evidence["idle_s"] >= 4.0
     assert len(hung.turns) == 1 and hung.turns[0].returncode == 137 and hung.wall_s < 25
     assert json.loads(Path(hung.trajectory_path).read_text())["info"]["exit_status"] == "hang"
     assert (lost.end_reason, lost.reward, lost.exception_type) == ("exception", None, "SandboxError")
