@@ -149,7 +149,7 @@ def burst_config(*, lora_r: int, batch: int, seq_len: int, max_steps: int, seed:
     from forgeflow.training.burst import BurstConfig
 
     return BurstConfig(lora_r=lora_r, lora_alpha=2 * lora_r, lora_dropout=0.0, lora_target_modules=QWEN2_LINEAR,
-                       learning_rate=1e-4, max_steps=max_steps, per_device_train_batch_size=batch, max_length=seq_len,
+                       learning_rate=1e-4, max_steps=max_steps, batch_size=batch, max_length=seq_len,
                        seed=seed, device=device, gradient_checkpointing=gradient_checkpointing)
 
 
@@ -218,7 +218,7 @@ def naive_step(model: Any, optimizer: Any, batch: list[list[int]], device: str) 
 
 def run_naive(dims: dict[str, Any], samples: list[list[int]], *, config: Any, oom_batch: int | None, warmup: int,
               steps: int, plan: Any) -> tuple[PathResult, bool | None]:
-    """The naive transformers + peft loop at ``config.per_device_train_batch_size`` samples per step (SDPA,
+    """The naive transformers + peft loop at ``config.batch_size`` samples per step (SDPA,
     padded batches, the plan's dtype, ``config``'s LoRA); then one step at ``oom_batch`` (OOM caught).
 
     Returns:
@@ -229,7 +229,7 @@ def run_naive(dims: dict[str, Any], samples: list[list[int]], *, config: Any, oo
 
     from forgeflow.training.adapters import lora_config
 
-    device, batch = plan.device, config.per_device_train_batch_size
+    device, batch = plan.device, config.batch_size
     _reset_memory(device)
     model = get_peft_model(build_model(dims, device, config.seed, dtype=plan.torch_dtype(), attn_implementation="sdpa"),
                            lora_config(config))
@@ -269,14 +269,14 @@ def run_burst(dims: dict[str, Any], samples: list[list[int]], *, config: Any, wa
               plan: Any) -> PathResult:
     """forgeflow's burst: :func:`forgeflow.training.burst.sft_trainer` (bfd packing, padding-free batches, the
     fused chunked log-probability loss, the plan's dtype, attention and gradient checkpointing) at
-    ``config.per_device_train_batch_size`` packed rows of ``config.max_length`` tokens per step, timed by a
+    ``config.batch_size`` packed rows of ``config.max_length`` tokens per step, timed by a
     callback."""
     from datasets import Dataset
     from transformers import TrainerCallback
 
     from forgeflow.training.burst import sft_trainer
 
-    device, batch = plan.device, config.per_device_train_batch_size
+    device, batch = plan.device, config.batch_size
     _reset_memory(device)
     model = build_model(dims, device, config.seed, **plan.model_kwargs())
     requested, estimate_gb = _labels(dims, config, plan)
@@ -358,7 +358,7 @@ def run_burst_variant(dims: dict[str, Any], samples: list[list[int]], *, config:
         _reset_memory(plan.device)
         requested, estimate_gb = _labels(dims, config, plan)
         return PathResult(tokens_per_s=0.0, peak_gb=_peak_gb(plan.device),
-                          batch_size=config.per_device_train_batch_size, timed_steps=0, tokens=0, positions=0,
+                          batch_size=config.batch_size, timed_steps=0, tokens=0, positions=0,
                           seconds=0.0, losses=[],
                           gradient_checkpointing=config.gradient_checkpointing, requested=requested,
                           activation_estimate_gb=estimate_gb, oom=True)

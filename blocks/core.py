@@ -1,8 +1,4 @@
-"""Prefect Block classes: configuration and credentials that hand out clients.
-
-Blocks never run workflow logic; they are saved once (UI or code) and loaded by name in flows, so
-moving to a cluster or another registry is a change of block, not of code.
-"""
+"""Prefect Block classes: configuration and credentials that hand out clients, never workflow logic."""
 
 from __future__ import annotations
 
@@ -22,19 +18,14 @@ from forgeflow.registry.skopeo import Skopeo
 from forgeflow.sandbox import backends
 from forgeflow.sandbox.base import Sandbox, SandboxSpec
 from forgeflow.sandbox.dispatch import RayPlacement
+from forgeflow.sandbox.limits import DEFAULT_CPUS, DEFAULT_MEMORY_MB, Cpus, MemoryMb, SandboxLimits
 from forgeflow.serving.backend import BackendConfig, backend_config
 from forgeflow.serving.llama_server import KV_CACHE_TYPES
 from forgeflow.serving.server import DEFAULT_ALIAS
 
 
 class RegistryEndpoint(Block):
-    """A container registry skopeo can reach (loopback docker-registry, ACR, ECR, Harbor...).
-
-    ``address`` and ``namespace`` are checked when the block is created or loaded
-    (:func:`forgeflow.registry.imageref.check_address` / :func:`~forgeflow.registry.imageref.check_namespace`): a
-    scheme (``http://``), a path, a port outside 1-65535 or a namespace outside the repository
-    path grammar (``../x``) is a pydantic ``ValidationError`` naming the field.
-    """
+    """A registry skopeo can reach; a bad ``address`` or ``namespace`` is a ValidationError naming the field."""
 
     _block_type_name = "forgeflow-registry"
     address: str = Field(description="host:port of the registry, e.g. 127.0.0.1:5702")
@@ -60,21 +51,10 @@ class RegistryEndpoint(Block):
 
     @contextmanager
     def skopeo(self, retry_times: int = 3, command_timeout_s: float = 600.0) -> Iterator[Skopeo]:
-        """A :class:`~forgeflow.registry.skopeo.Skopeo` that can reach this registry.
+        """A :class:`~forgeflow.registry.skopeo.Skopeo` that can reach this registry, valid inside the ``with``.
 
-        With credentials, they go into a temporary containers-auth.json (mode 600, deleted when
-        the ``with`` block ends, also on error; :func:`forgeflow.registry.auth.authfile`): never
-        onto a command line or into a log. Without credentials, a plain Skopeo.
-
-        Args:
-            retry_times: skopeo's ``--retry-times`` for transient registry errors (0-10).
-            command_timeout_s: Wall-clock limit of one skopeo command.
-
-        Yields:
-            The configured Skopeo (valid only inside the ``with`` block).
-
-        Raises:
-            InputError: only one of ``username`` / ``password`` is set, or bad arguments.
+        Credentials go into a temporary containers-auth.json (mode 600), never onto a command line or into a log.
+        InputError: only one of ``username`` / ``password`` is set, or bad arguments.
         """
         has_password = self.password is not None and bool(self.password.get_secret_value())
         if bool(self.username) != has_password:
@@ -95,24 +75,24 @@ class SandboxBackend(Block):
 
     _block_type_name = "forgeflow-sandbox"
     kind: str = Field("podman", description=f"one of: {', '.join(sorted(backends.BACKENDS))}")
-    memory_mb: int = Field(2048, ge=16, description="memory limit per trial container (MiB)")
-    cpus: float = Field(1.0, gt=0, description="CPU quota per trial container (cores)")
+    memory_mb: MemoryMb = DEFAULT_MEMORY_MB  # a stage's own limit wins (forgeflow.sandbox.limits.LimitOverrides)
+    cpus: Cpus = DEFAULT_CPUS
     namespace: str = Field("forgeflow", description="kubernetes: namespace of the trial pods")
     kubeconfig: str | None = Field(None, description="kubernetes: path of a kubeconfig file (none: in-cluster, "
                                    "else $KUBECONFIG or ~/.kube/config)")
     context: str | None = Field(None, description="kubernetes: kubeconfig context (none: its current one)")
     image_pull_secret: str | None = Field(None, description="kubernetes: dockerconfigjson Secret for the task images")
 
+    def limits(self) -> SandboxLimits:
+        """The block's memory and CPUs: what a stage that sets none of its own gets."""
+        return SandboxLimits(memory_mb=self.memory_mb, cpus=self.cpus)
+
     def spec(self) -> SandboxSpec:
         """The resource limits as a SandboxSpec (network always off)."""
-        return SandboxSpec(memory_mb=self.memory_mb, cpus=self.cpus, network=False)
+        return SandboxSpec(**self.limits().model_dump(), network=False)
 
     def target(self) -> backends.SandboxTarget:
-        """The :class:`forgeflow.sandbox.backends.SandboxTarget` (kind and where its pods run).
-
-        Raises:
-            InputError: ``kind`` is not a sandbox backend (the valid kinds listed), or a field is invalid.
-        """
+        """The SandboxTarget (kind, where its pods run); InputError names an invalid kind or field."""
         backends.SandboxTarget.of(self.kind)  # an unknown kind: InputError listing the valid ones
         try:
             return backends.SandboxTarget(kind=self.kind, namespace=self.namespace, kubeconfig=self.kubeconfig,
@@ -126,10 +106,7 @@ class SandboxBackend(Block):
 
 
 class TrialDispatcher(Block):
-    """Where trials run: ``in-process`` (the flow's own worker, the default) or a Ray cluster
-    (``ray``: each validation, agent-trial verifier or RL reward a Ray task on a node that declares
-    ``resource``; :mod:`forgeflow.sandbox.dispatch`). The ``curate``, ``canary`` and ``rl-burst``
-    flows take the block's name (``dispatcher``)."""
+    """Where trials run: ``in-process`` (default) or ``ray`` (each a Ray task on a node with ``resource``)."""
 
     _block_type_name = "forgeflow-dispatcher"
     kind: Literal["in-process", "ray"] = Field("in-process", description="in-process or ray")
@@ -139,11 +116,7 @@ class TrialDispatcher(Block):
     max_retries: int = Field(3, ge=0, description="Ray re-runs of a trial whose node died")
 
     def placement(self) -> RayPlacement | None:
-        """None for ``in-process``; the :class:`forgeflow.sandbox.dispatch.RayPlacement` for ``ray``.
-
-        Raises:
-            InputError: ``kind`` is ``ray`` and ``address`` is missing.
-        """
+        """None for ``in-process``; the RayPlacement for ``ray`` (InputError without ``address``)."""
         if self.kind == "in-process":
             return None
         if not self.address:
@@ -157,12 +130,10 @@ MODEL_STORE_KINDS = ("local", "hf_hub")
 
 
 class ModelStore(Block):
-    """Where released GGUF files and their lineage JSON are published: a local directory (the
-    embedded default) or an HF Hub model repository.
+    """Where released GGUF files and their lineage JSON are published: a local directory or an HF Hub repository.
 
-    The Hub token is not a field of this block: ``token_secret`` names a Prefect ``Secret`` block
-    that holds it, and :meth:`hub_token` reads it only when a publish calls for it, so the token is
-    in neither this block's document, nor a flow's parameters, nor a log.
+    The Hub token is not a field: ``token_secret`` names a Prefect ``Secret`` block read only when a publish
+    needs it, so the token is in neither this block's document, nor a flow's parameters, nor a log.
     """
 
     _block_type_name = "forgeflow-model-store"
@@ -178,15 +149,7 @@ class ModelStore(Block):
     transfer: str = Field("auto", description="auto (huggingface_hub's choice: Xet if installed) or lfs (Git LFS)")
 
     def validate_kind(self) -> "ModelStore":
-        """Check the fields the kind needs (call before any compute).
-
-        Returns:
-            This block.
-
-        Raises:
-            InputError: unknown ``kind`` (the valid ones are listed), or kind ``hf_hub`` without a
-                ``repo_id`` of the form ``namespace/name``, or an unknown ``transfer``.
-        """
+        """Check the fields the kind needs before any compute; returns this block (InputError otherwise)."""
         if self.kind not in MODEL_STORE_KINDS:
             raise InputError(f"model store kind {self.kind!r} is not one of {list(MODEL_STORE_KINDS)}")
         if self.kind == "hf_hub":
@@ -198,26 +161,14 @@ class ModelStore(Block):
         return self
 
     def hub_token(self) -> SecretStr | None:
-        """The Hub token, read from the Secret block named ``token_secret`` now (None when unset).
-
-        Raises:
-            InputError: the Secret block does not exist or holds an empty value.
-        """
+        """The Hub token from the Secret block ``token_secret``, read now (None when unset; InputError: empty)."""
         if not self.token_secret:
             return None
         return secret_token(self.token_secret, "model store token_secret")
 
 
 def secret_token(name: str, what: str) -> SecretStr:
-    """The string a Prefect ``Secret`` block named ``name`` holds, read now.
-
-    Args:
-        name: the Secret block's name.
-        what: the input that named it, for the error (e.g. ``"model store token_secret"``).
-
-    Raises:
-        InputError: the Secret block does not exist or holds an empty value.
-    """
+    """The string the Prefect ``Secret`` block ``name`` holds, read now (InputError naming ``what``: missing/empty)."""
     from prefect.blocks.system import Secret
 
     try:
@@ -231,16 +182,12 @@ def secret_token(name: str, what: str) -> SecretStr:
 
 
 class ServingBackend(Block):
-    """The model server a swap starts: llama-cpp-python's OpenAI server (the embedded default) or
-    llama.cpp's own ``llama-server`` with slots, a KV cache type and GPU offload, blue/green on two
-    ports of one address (loopback by default); or ``kind="external"``, an OpenAI-compatible endpoint
-    forgeflow does not start (``base_url`` with its ``/v1``, ``model_alias`` it serves, optionally
-    ``api_key_secret``: the *name* of a Prefect ``Secret`` block holding its key, read with
-    :func:`secret_token` only when a swap calls the endpoint). The fields are
-    :class:`forgeflow.serving.backend.BackendConfig`'s (a started server's option set with kind
-    external is refused naming it, by :meth:`config`); the ``serve`` and ``promote`` flows take the
-    block's name (``serving_block``), and so does the lifecycle (which refuses kind external: it serves
-    GGUFs it makes itself)."""
+    """The model server a swap starts: llama-cpp-python (default) or ``llama-server``, or an external endpoint.
+
+    ``kind="external"``: an OpenAI-compatible endpoint forgeflow does not start; its key is read from the Secret
+    block ``api_key_secret`` only when a swap calls it. The fields are
+    :class:`forgeflow.serving.backend.BackendConfig`'s; the lifecycle refuses kind external.
+    """
 
     _block_type_name = "forgeflow-serving"
     kind: str = Field("llama-cpp-python", description="llama-cpp-python, llama-server or external (an "
@@ -272,11 +219,7 @@ class ServingBackend(Block):
                                        "endpoint's API key (never the key); none: no key")
 
     def config(self) -> BackendConfig:
-        """The block as a :class:`forgeflow.serving.backend.BackendConfig`.
-
-        Raises:
-            InputError: the fields are not a valid backend (the field and the reason named).
-        """
+        """The block as a BackendConfig (InputError naming the field when it is not a valid backend)."""
         fields = {name: getattr(self, name) for name in BackendConfig.model_fields}
         return backend_config(fields, f"forgeflow-serving block {self._block_document_name or ''!r}")
 

@@ -1,25 +1,10 @@
-"""forgeflow's Prefect automations, in code (created by ``forgeflow up``).
+"""forgeflow's Prefect automations, in code (created by ``forgeflow up``, idempotently: replaced by name).
 
-* ``forgeflow-freeze-on-ready``: the ``forgeflow.dataset.freeze-ready`` event (emitted by the
-  ``curate`` flow, ``flows/curate.py``) runs the ``freeze/freeze`` deployment with one ``params``
-  object (:class:`flows.stages.FreezeParams`) whose fields the curate run carried in the event's
-  payload: ``name`` (its ``freeze_name``), ``quotas``, ``seed`` (its ``settings.seed``) and
-  ``candidate_set`` (the store's record of the candidates its ``tasks`` source gave: a reference of fixed
-  size, the ids are read from the store by the freeze), never the deployment's demo defaults
-  (the run's ``params`` replaces the deployment's whole object; ``out_dir`` keeps the model's
-  default). The payload is flat whatever shape curate's parameters take, so ``params`` is rendered
-  from it field by field.
-* ``forgeflow-canary-on-freeze``: a ``prefect.flow-run.Completed`` event of a flow run of the
-  ``freeze/freeze`` deployment runs the ``canary/canary`` deployment on the freeze that run made
-  with one ``params`` object (:class:`flows.canary.CanaryParams`) whose only field is ``freeze_name``,
-  rendered from the completed run's ``params.name``; its other fields (split, endpoint, run, source, ...)
-  keep the model's defaults, which are the canary deployment's (the run's ``params`` replaces the
-  deployment's whole object, so the defaults that must hold live in the model).
-* ``forgeflow-notify-on-failure``: any ``prefect.flow-run.Failed`` event sends a message through a
-  ``CustomWebhookNotificationBlock`` (saved as ``forgeflow-failures``) to the given webhook URL.
+* ``forgeflow-freeze-on-ready``: a curate run's freeze-ready event runs the freeze deployment on its candidates.
+* ``forgeflow-canary-on-freeze``: a completed freeze deployment run runs the canary deployment on that freeze.
+* ``forgeflow-notify-on-failure``: a failed flow run posts to the given webhook (block ``forgeflow-failures``).
 
-Creation is idempotent: an automation with the same name is deleted and created again, so a changed
-definition replaces the old one and a second ``up`` never duplicates them.
+A run's ``params`` replaces the deployment's whole object, so the defaults that must hold live in the models.
 """
 
 from __future__ import annotations
@@ -43,9 +28,7 @@ FAILURE_BODY = ("Flow run {{ flow_run.name }} ({{ flow_run.id }}) of flow {{ flo
 
 
 def _from_payload(key: str) -> dict[str, Any]:
-    """A RunDeployment parameter taken, as JSON (a number, list or object stays one), from the
-    triggering event's ``payload[key]`` (Prefect's parameter hydration: a ``json`` value whose
-    string is a rendered Jinja template)."""
+    """A RunDeployment parameter taken as JSON from the event's ``payload[key]`` (Prefect's hydration)."""
     return {"__prefect_kind": "json",
             "value": {"__prefect_kind": "jinja", "template": f"{{{{ event.payload.{key} | tojson }}}}"}}
 
@@ -61,23 +44,17 @@ FREEZE_NAME_OF_COMPLETED_RUN = "{{ flow_run.parameters.params.name }}"
 
 
 def canary_run_parameters() -> dict[str, Any]:
-    """The canary deployment's run parameters the canary-on-freeze automation renders: ``{"params":
-    {"freeze_name": FREEZE_NAME_OF_COMPLETED_RUN}}`` (a Jinja string nested in ``params`` is rendered as the
-    server renders a top-level one); every other field of :class:`flows.canary.CanaryParams` keeps its default."""
+    """The canary's run parameters: ``{"params": {"freeze_name": <the completed run's name>}}``."""
     return {"params": {"freeze_name": FREEZE_NAME_OF_COMPLETED_RUN}}
 
 
 def freeze_run_parameters() -> dict[str, Any]:
-    """The freeze deployment's run parameters the freeze-on-ready automation renders: ``{"params":
-    {field: <payload[key] as JSON>}}`` for :data:`FREEZE_PARAMETERS_FROM_PAYLOAD` (Prefect hydrates nested
-    values, so each field is rendered on its own and keeps its JSON type)."""
+    """The freeze's run parameters: each field of :data:`FREEZE_PARAMETERS_FROM_PAYLOAD` from the payload."""
     return {"params": {field: _from_payload(key) for field, key in FREEZE_PARAMETERS_FROM_PAYLOAD.items()}}
 
 
 def freeze_on_ready(freeze_deployment_id: str) -> Automation:
-    """The automation that runs the freeze deployment on each freeze-ready event, with the name,
-    quotas, seed and candidate ids of the curate run that emitted it as its ``params``
-    (:func:`freeze_run_parameters`)."""
+    """The automation that runs the freeze deployment on each freeze-ready event."""
     return Automation(
         name=FREEZE_ON_READY,
         description=f"{FREEZE_READY_EVENT} -> run the {FREEZE_DEPLOYMENT} deployment with the curate run's "
@@ -92,14 +69,8 @@ def freeze_on_ready(freeze_deployment_id: str) -> Automation:
 def canary_on_freeze(freeze_deployment_id: str, canary_deployment_id: str) -> Automation:
     """The automation that runs the canary deployment when a freeze deployment run completes.
 
-    The trigger matches ``prefect.flow-run.Completed`` events whose related resources include the
-    freeze deployment (``prefect.deployment.<id>``); the action gives the canary one ``params`` object
-    (:func:`canary_run_parameters`) whose ``freeze_name`` is the Jinja template
-    :data:`FREEZE_NAME_OF_COMPLETED_RUN` (``{{ flow_run.parameters.params.name }}``: the freeze flow's one
-    parameter is ``params``), which Prefect renders from the flow run that emitted the event
-    (``RunDeployment.render_parameters``), so the canary evaluates the freeze that was just written; its
-    other fields (``split``, ``endpoint``, ``run``, ``source``, ...) keep the model's defaults, the same as
-    the deployment's (``split`` test, ``run`` one trial at a time on the ``default`` profile).
+    The trigger matches ``prefect.flow-run.Completed`` events related to the freeze deployment; Prefect renders
+    ``freeze_name`` from the emitting flow run (``RunDeployment.render_parameters``).
     """
     return Automation(
         name=CANARY_ON_FREEZE,
@@ -126,11 +97,7 @@ def notify_on_failure(block_document_id: str) -> Automation:
 
 
 def save_notification_block(url: str) -> str:
-    """Save (overwrite) the ``forgeflow-failures`` custom webhook block posting JSON to ``url``.
-
-    Returns:
-        The block document id.
-    """
+    """Save (overwrite) the ``forgeflow-failures`` webhook block posting JSON to ``url``; its id."""
     from prefect.blocks.notifications import CustomWebhookNotificationBlock
 
     block = CustomWebhookNotificationBlock(name="forgeflow", url=url, method="POST",
@@ -148,15 +115,11 @@ def _replace(automation: Automation) -> str:
 
 
 def ensure_automations(deployments: dict[str, str], notify_url: str | None) -> dict[str, str]:
-    """Create (or replace) forgeflow's automations on the Prefect API of the current settings.
+    """Create (or replace) forgeflow's automations; automation name -> id.
 
     Args:
         deployments: ``'flow/deployment'`` name -> deployment id, as registered.
-        notify_url: webhook URL for failure notifications; None leaves that automation out (and
-            deletes an old one).
-
-    Returns:
-        Automation name -> id.
+        notify_url: None leaves that automation out (and deletes an old one).
 
     Raises:
         KeyError: the freeze or the canary deployment is not registered.

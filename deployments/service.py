@@ -1,27 +1,13 @@
 """``forgeflow up`` / ``forgeflow down``: a local Prefect service (server, pool, deployments, worker).
 
-``up`` starts ``prefect server start`` on 127.0.0.1 as a background process in its own session
-(its database: SQLite under PREFECT_HOME by default, or PostgreSQL given ``database_url``, passed to
-the server as ``PREFECT_SERVER_DATABASE_CONNECTION_URL`` with the ``asyncpg`` driver), waits for ``GET /api/health``,
-creates the ``local`` process work pool,
-registers every deployment of ``prefect.yaml`` (through ``deployments/register.py``), creates the
-automations (``deployments/automations.py``) and starts a process worker. PIDs, argv and logs go to
-``$FORGEFLOW_HOME/service/``; a second ``up`` reuses the processes that are still alive. ``down``
-stops exactly those processes by PID, after checking ``/proc/PID/cmdline`` against the recorded
-argv, so it never signals a process it did not start.
+PIDs, argv and logs go to ``$FORGEFLOW_HOME/service/``; ``down`` stops exactly those processes by PID after
+checking ``/proc/PID/cmdline`` against the recorded argv, so it never signals a process it did not start.
 
-How the deployments are registered: ``prefect deploy --all`` works with ``prefect.yaml`` as long as
-the server runs FastAPI < 0.151 (Prefect 3.9.1 declares ``fastapi<0.151``; pyproject pins 0.150.0):
-from 0.151.0 FastAPI validates an explicit JSON ``null`` in a non-model Body parameter, and the
-3.9.1 client asks for the pool's online workers with ``limit: null, offset: null`` after the first
-deployment (``read_workers_for_work_pool`` in ``cli/deploy/_core.py``), which then answers 422.
-``up`` does not shell out to it: ``flow.deploy`` refuses to run without an image or remote storage,
-and a bare ``flow.to_deployment(...).apply()`` records the path ``"."``, relative to the process
-worker's temporary directory. So ``up`` applies the
-``RunnerDeployment`` objects of ``deployments/register.py`` with the repository-relative entrypoint
-and a storage whose pull step is ``prefect.yaml``'s own (``set_working_directory`` to
-``{{ $FORGEFLOW_REPO }}``): the flow-run process resolves it from its environment at run time, and
-the worker is started with ``FORGEFLOW_REPO`` set to this checkout.
+Why not ``prefect deploy --all``: from FastAPI 0.151 the 3.9.1 client's ``limit: null`` body is answered 422
+(Prefect 3.9.1 declares ``fastapi<0.151``); ``flow.deploy`` needs an image or remote storage; and
+``to_deployment(...).apply()`` records the path ``"."``. So ``up`` applies the ``RunnerDeployment`` objects of
+``deployments/register.py`` with ``prefect.yaml``'s own pull step (``set_working_directory`` to
+``{{ $FORGEFLOW_REPO }}``), and starts the worker with ``FORGEFLOW_REPO`` set to this checkout.
 """
 
 from __future__ import annotations
@@ -70,11 +56,7 @@ MODEL_STORE_BLOCK = "forgeflow-models"
 
 
 def ensure_model_store(home: Path) -> str:
-    """Save the :data:`MODEL_STORE_BLOCK` block (kind local, ``home/model-store``) unless it exists.
-
-    Returns:
-        Its local folder, or ``"kind <kind>"`` for a block of another kind that was kept.
-    """
+    """Save the :data:`MODEL_STORE_BLOCK` block (local, ``home/model-store``) unless it exists; its folder or kind."""
     from blocks.core import ModelStore
 
     try:
@@ -86,13 +68,7 @@ def ensure_model_store(home: Path) -> str:
 
 
 def register_block_types() -> tuple[str, ...]:
-    """Register forgeflow's block types and schemas (every class in :data:`blocks.__all__`) on the
-    Prefect API, so a user creates them from the UI's Blocks page.
-    Idempotent: a registered type is updated to the current schema.
-
-    Returns:
-        The block type slugs registered, sorted.
-    """
+    """Register (idempotently) the block types of :data:`blocks.__all__` on the API; the slugs, sorted."""
     import blocks
 
     slugs = []
@@ -135,11 +111,7 @@ class StopReport(BaseModel):
 
 
 def check_webhook_url(url: str) -> str:
-    """``url`` if it is an absolute http(s) URL with a host (the failed-run notification's webhook).
-
-    Raises:
-        InputError: anything else (e.g. ``not-a-url``, ``ftp://host``, ``http://``), named.
-    """
+    """``url`` if it is an absolute http(s) URL with a host; InputError naming it otherwise."""
     try:
         parsed = httpx.URL(url)
     except (httpx.InvalidURL, TypeError) as exc:
@@ -150,18 +122,10 @@ def check_webhook_url(url: str) -> str:
 
 
 def prefect_database_url(url: str) -> str:
-    """The SQLAlchemy URL the Prefect server needs for a PostgreSQL (or SQLite) database URL.
+    """The async SQLAlchemy URL the Prefect server needs for a PostgreSQL (or SQLite) database URL.
 
-    Prefect's server is async: PostgreSQL goes through ``asyncpg`` and SQLite through ``aiosqlite``.
-    ``postgresql://``, ``postgres://`` and ``postgresql+psycopg://`` (the store's driver) are rewritten
-    to ``postgresql+asyncpg://``; ``sqlite:///PATH`` to ``sqlite+aiosqlite:///PATH``. Host, port,
-    user, password, database and query are kept as given.
-
-    Args:
-        url: e.g. ``postgresql://forgeflow@127.0.0.1:5432/prefect``.
-
-    Returns:
-        e.g. ``postgresql+asyncpg://forgeflow@127.0.0.1:5432/prefect``.
+    ``postgresql://``, ``postgres://`` and ``postgresql+psycopg://`` become ``postgresql+asyncpg://``;
+    ``sqlite:///PATH`` becomes ``sqlite+aiosqlite:///PATH``; the rest is kept.
 
     Raises:
         InputError: the URL does not parse, names another database kind or driver, or has no database name.
@@ -276,8 +240,7 @@ _EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Refused)\b.*:"
 
 
 def _last_log_line(path: Path) -> str:
-    """What a failed start's log ends with, in one line (at most 300 characters): its last exception
-    line (``ConnectionRefusedError: [Errno 111] ...``) if it has one, else its last non-empty line."""
+    """A failed start's log in one line (<= 300 characters): its last exception line, else last line."""
     try:
         lines = [line.strip() for line in path.read_text(errors="replace")[-20_000:].splitlines() if line.strip()]
     except OSError:
@@ -350,12 +313,7 @@ def _ensure_pool(pool: str) -> None:
 
 
 def _register_deployments(pool: str) -> None:
-    """Register every deployment of ``deployments/register.py`` (mirroring ``prefect.yaml``) on ``pool``.
-
-    Each carries ``prefect.yaml``'s own pull step (``set_working_directory`` to
-    ``{{ $FORGEFLOW_REPO }}``, resolved by the flow-run process from the worker's environment) and
-    the repository-relative entrypoint, exactly what ``prefect deploy --all`` would register.
-    """
+    """Register every deployment of ``deployments/register.py`` on ``pool``, as ``prefect deploy --all``."""
     import yaml
     from prefect.runner.storage import LocalStorage
 
@@ -375,8 +333,7 @@ def _register_deployments(pool: str) -> None:
 
 
 def _read_deployments(api_url: str) -> dict[str, str]:
-    """``'flow/deployment'`` -> id, over REST with explicit limits (Prefect 3.9.1's client sends
-    ``"limit": null`` in filter bodies, which FastAPI >= 0.151 answers with 422)."""
+    """``'flow/deployment'`` -> id, over REST with explicit limits (3.9.1's ``limit: null`` gets 422)."""
     flows = httpx.post(f"{api_url}/flows/filter", json={"limit": 200, "offset": 0}, timeout=30)
     deps = httpx.post(f"{api_url}/deployments/filter", json={"limit": 200, "offset": 0}, timeout=30)
     for response in (flows, deps):
@@ -388,30 +345,17 @@ def _read_deployments(api_url: str) -> dict[str, str]:
 
 def up(home: Path, port: int = 4200, pool: str = "local", notify_url: str | None = None,
        startup_timeout_s: float = 240.0, database_url: str | None = None) -> ServiceState:
-    """Start (or reuse) the Prefect server and worker, create the pool, deploy, create the automations
-    and (when missing) the local ``forgeflow-models`` ModelStore block (:func:`ensure_model_store`);
-    forgeflow's block types are registered for the UI (:func:`register_block_types`).
+    """Start (or reuse) the Prefect server and worker, create the pool, deploy, create the automations and blocks.
 
     Args:
-        home: FORGEFLOW_HOME; PIDs, argv and logs go to ``home/service/``. PREFECT_HOME (the server's
-            SQLite database) comes from the environment (``forgeflow`` sets it under ``home``).
-        port: the API/UI port on 127.0.0.1.
-        pool: the process work pool's name (``prefect.yaml`` targets ``local``).
-        notify_url: webhook URL for the failed-flow-run notification (None: no such automation).
-        startup_timeout_s: how long to wait for ``/api/health`` (a fresh SQLite database needs
-            migrations: 30-60 s on two busy cores).
-        database_url: the Prefect server's database: None for SQLite under PREFECT_HOME, or a
-            PostgreSQL URL (``postgresql://USER[:PASSWORD]@HOST:PORT/DB``; the database must exist,
-            Prefect migrates it on start), rewritten by ``prefect_database_url``. A running server
-            on another database is stopped and started again.
-
-    Returns:
-        The recorded ServiceState (also written to ``home/service/service.json``).
+        home: FORGEFLOW_HOME (PREFECT_HOME comes from the environment).
+        startup_timeout_s: wait for ``/api/health`` (a fresh SQLite database migrates: 30-60 s on two busy cores).
+        database_url: None for SQLite under PREFECT_HOME, or an existing PostgreSQL database (Prefect migrates it);
+            a running server on another database is restarted.
 
     Raises:
         ServerStartError: the port is taken by a foreign process, or the server never became healthy.
-        InputError: the pool exists with another type, ``database_url`` is not a usable URL or
-            ``notify_url`` not an http(s) URL (both checked before anything starts).
+        InputError: the pool exists with another type, or a bad ``database_url``/``notify_url`` (checked first).
     """
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
@@ -486,14 +430,10 @@ def _stop(proc: ManagedProcess, grace_s: float = 10.0) -> str:
 
 
 def down(home: Path, grace_s: float = 10.0) -> list[StopReport]:
-    """Stop what ``up`` started (worker first, then server) by PID and remove the PID/state files.
+    """Stop what ``up`` started (worker first) by PID and remove the PID/state files; one StopReport each.
 
-    A recorded PID whose ``/proc/PID/cmdline`` differs from the recorded argv (the process ended and
-    the PID was reused) is never signalled. Each process leads its own session, so its children
-    (uvicorn, flow-run processes of the worker) are stopped with it via the process group.
-
-    Returns:
-        One StopReport per recorded process (empty when nothing was recorded).
+    A PID whose ``/proc/PID/cmdline`` differs from the recorded argv is never signalled; each process's
+    group (uvicorn, flow-run processes) stops with it.
     """
     home = Path(home).resolve()
     sdir = Path(home) / SERVICE_DIRNAME

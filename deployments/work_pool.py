@@ -1,25 +1,11 @@
 """The ``k8s`` and ``k8s-gpu`` work pools: base job templates made from prefect-kubernetes's own.
 
-:func:`base_job_template` starts from ``KubernetesWorker.get_default_base_job_template()`` (the
-template ``prefect work-pool create --type kubernetes`` would make, prefect_kubernetes/worker.py)
-and merges forgeflow's settings into it: the ``forgeflow`` namespace and ``forgeflow-worker``
-service account (``infra/k8s/rbac.yaml``), the worker image, resource defaults, a non-root pod and
-a locked-down container, image pull secrets, and the environment that puts Prefect's results (and
-so its cache records) in one storage block every flow-run pod reaches. The GPU variant adds an
-``nvidia.com/gpu`` limit, a node selector and a toleration. :func:`validate_template` lets
-prefect-kubernetes judge the result: the Prefect server's own check (every placeholder declared),
-the variable defaults against their JSON schema, then ``KubernetesWorkerJobConfiguration`` built
-with ``from_template_and_values`` and ``prepare_for_flow_run``, exactly as the worker builds a
-flow run's Job. ``infra/k8s/base-job-template*.json`` are this module's output (a test compares
-them); ``forgeflow work-pool template`` writes them and ``forgeflow work-pool apply`` creates or
-updates the pool through the Prefect API (:func:`apply_work_pool`).
+``infra/k8s/base-job-template*.json`` are this module's output (a test compares them).
 
-Why a storage block: a task's cache record is written with its result, under the cache key, in the
-result store's storage (``ResultStore.metadata_storage`` falls back to ``result_storage``,
-prefect/results.py; https://docs.prefect.io/v3/advanced/caching). The default storage is
-``$PREFECT_HOME/storage`` inside the pod, lost with it; ``PREFECT_RESULTS_DEFAULT_STORAGE_BLOCK``
-(alias ``PREFECT_DEFAULT_RESULT_STORAGE_BLOCK``) names a block instead, so a later pod finds the
-record and answers the task as ``Cached``.
+Why a storage block: a task's cache record is written with its result in the result store's storage
+(``ResultStore.metadata_storage`` falls back to ``result_storage``, prefect/results.py;
+https://docs.prefect.io/v3/advanced/caching). The default is ``$PREFECT_HOME/storage`` inside the pod, lost
+with it; ``PREFECT_RESULTS_DEFAULT_STORAGE_BLOCK`` names a block instead, so a later pod finds the record.
 """
 
 from __future__ import annotations
@@ -123,20 +109,13 @@ def _forgeflow_variables(pool: str, result_storage_block: str) -> tuple[dict[str
 
 
 def base_job_template(pool: str = POOL, result_storage_block: str = RESULT_STORAGE_BLOCK) -> dict[str, Any]:
-    """The base job template of forgeflow's ``pool``: prefect-kubernetes's default with forgeflow's merged.
+    """The base job template of ``pool``: prefect-kubernetes's default with forgeflow's settings merged.
 
-    Args:
-        pool: ``"k8s"`` (CPU) or ``"k8s-gpu"``.
-        result_storage_block: default of the ``result_storage_block`` variable (``block-type/block-name``).
-
-    Returns:
-        ``{"job_configuration": ..., "variables": ...}``, as ``prefect work-pool create
-        --base-job-template`` takes it. Not validated here: see :func:`validate_template`.
+    Not validated here: see :func:`validate_template`.
 
     Raises:
         InputError: an unknown pool.
-        KeyError: prefect-kubernetes's default no longer has a variable or manifest field forgeflow
-            changes (a new prefect-kubernetes version: look at its template before regenerating).
+        KeyError: prefect-kubernetes's default lost a variable or field forgeflow changes (a new version).
     """
     if pool not in TEMPLATE_FILES:
         raise InputError(f"unknown work pool {pool!r}; forgeflow's are {sorted(TEMPLATE_FILES)}")
@@ -176,8 +155,7 @@ def template_text(template: dict[str, Any]) -> str:
 
 
 class _OfflineClient:
-    """Stands in for the Prefect client while a template is validated without an API: a template
-    that references a block or variable (``{{ prefect.blocks... }}``) needs the API, and says so."""
+    """Stands in for the Prefect client while a template is validated without an API."""
 
     def __getattr__(self, name: str) -> Any:
         raise InputError(f"the template references Prefect blocks or variables (client.{name}); "
@@ -188,24 +166,9 @@ def validate_template(template: dict[str, Any], values: dict[str, Any] | None = 
                       flow_run_name: str = "forgeflow-validation") -> Any:
     """Validate ``template`` with Prefect's and prefect-kubernetes's own checks; return the job configuration.
 
-    Three checks, in the order a flow run meets them: the Prefect server's
-    ``validate_base_job_template`` (what ``POST /work_pools/`` runs: every placeholder declared as a
-    variable), the variables' defaults merged with ``values`` against the variables' JSON schema
-    (what the server checks a deployment's job variables with), then
-    ``KubernetesWorkerJobConfiguration.from_template_and_values`` and ``prepare_for_flow_run`` for
-    a flow run named ``flow_run_name`` (what the worker does before it creates the Job; its
-    validator insists on the fields prefect-kubernetes needs: one ``prefect-job`` container,
-    ``restartPolicy: Never``, parallelism and completions 1).
-
-    Args:
-        template: a base job template (``job_configuration`` and ``variables``).
-        values: job variables, as a deployment's ``job_variables`` (e.g. ``{"env": {...}}``).
-        flow_run_name: the name of the stand-in flow run.
-
-    Returns:
-        The ``KubernetesWorkerJobConfiguration``; its ``job_manifest`` is the Job the worker would
-        create (env as a list of ``{name, value}``; it includes this process's Prefect settings,
-        as the worker's does).
+    In the order a flow run meets them: the server's ``validate_base_job_template``, the variables' defaults
+    merged with ``values`` against their JSON schema, then ``KubernetesWorkerJobConfiguration``'s
+    ``from_template_and_values`` and ``prepare_for_flow_run`` (as the worker builds a Job).
 
     Raises:
         InputError: any check failed (the check's message).
@@ -240,18 +203,12 @@ def validate_template(template: dict[str, Any], values: dict[str, Any] | None = 
 
 def apply_work_pool(pool: str = POOL, name: str | None = None,
                     result_storage_block: str = RESULT_STORAGE_BLOCK) -> str:
-    """Create or update the Kubernetes work pool ``name`` (default ``pool``) through the Prefect API.
+    """Create or update the Kubernetes work pool ``name`` through the API ``PREFECT_API_URL`` names.
 
-    The template is validated first (:func:`validate_template`), then the storage block is looked up
-    (a preflight: a pool whose runs cannot store their results is refused, not created), then the pool
-    is created, or its base job template and description are replaced when it exists. The API is the
-    one ``PREFECT_API_URL`` names.
-
-    Returns:
-        ``"created"`` or ``"updated"``.
+    The template is validated and the storage block looked up first; returns ``"created"`` or ``"updated"``.
 
     Raises:
-        InputError: no PREFECT_API_URL, an unknown pool, an invalid template, a malformed slug, no block with that slug,
+        InputError: no PREFECT_API_URL, an unknown pool, an invalid template, a bad or unknown block slug,
             or a pool of that name whose type is not ``kubernetes``.
     """
     from prefect.client.orchestration import get_client

@@ -1,38 +1,12 @@
 """The ``canary`` flow: agent trials on one split of a recorded freeze against a served model.
 
-The lifecycle's canary stages (``canary_baseline``, ``canary_candidate``: ``flows/lifecycle.py``) run this
-flow as a subflow: one code path. :func:`run_canary_job` (this flow's and ``canary-recover``'s) submits
-:func:`tasks.evaluation.agent_trial` ``concurrency`` at a time, records every trial in the store under one
-``jobs`` row (kind ``canary``) and publishes the trial table. The flow reads its inputs where the lifecycle /
-curate / freeze left them:
+The lifecycle's canary stages run this flow as a subflow. Every input is checked before the first trial
+(concurrency within the profile's limit: ``default`` 4, ``verified`` 10; the freeze, split, task rows and
+images; the endpoint answers). The endpoint comes from the serving state file, or an explicit ``base_url`` +
+``model_sha256`` (refused when that file records a live server at ``base_url`` serving another model).
 
-* the freeze (``freezes`` row -> manifest, verified against the recorded file digest) and its split;
-* each task's FAIL_TO_PASS / PASS_TO_PASS from the store (accepted tasks only);
-* each task's patch, task image and test command from the generated-candidates file
-  (:mod:`forgeflow.curation.generated`, default ``$FORGEFLOW_HOME/demo/candidates.jsonl``);
-* the endpoint from the serving state file (``serve`` flow, default
-  ``$FORGEFLOW_HOME/serving/state.json``) or an explicit ``base_url`` + ``model_sha256`` (refused when that
-  state file records a live server at ``base_url`` serving another model;
-  :func:`tasks.evaluation.resolve_endpoint`).
-
-It takes one parameter model, ``params`` (:class:`CanaryParams`, a :class:`flows.stagekit.StageParams`),
-whose grouped fields are typed models (:mod:`forgeflow.evaluation.canary_params`): ``endpoint``
-(:class:`~forgeflow.evaluation.canary_params.CanaryEndpoint`), ``run``
-(:class:`~forgeflow.evaluation.canary_params.CanaryRunSettings`: concurrency, profile, agent config,
-verifier timeout, sample) and ``source`` (:class:`forgeflow.curation.task_rows.TaskSource`: the task rows),
-beside ``freeze_name`` (the canary-on-freeze automation renders it into ``params``) and ``split``.
-
-Every input is checked before the first trial (:mod:`forgeflow.evaluation.canary`): a concurrency above the
-profile's limit (``default`` 4, ``verified`` 10), an unknown freeze or split, a task without its row
-or image, an endpoint that does not answer are refused with the reason. It leaves a markdown job
-report artifact (``canary-job-report``: requested, scored, exceptions by type, reward 1/0, pass
-rates, Wilson 95% interval, one row per trial) and the same report under
-``out_dir/<job_id>/report.md``.
-
-The ``canary-recover`` flow (:func:`canary_recover`, ``params``: :class:`CanaryRecoverParams`) re-runs
-exactly the exception trials of a canary job (the model endpoint failed mid-run) as a new job of kind
-``recovery`` linked to it by ``parent_job_id``; the original's rows are never rewritten and the merged view
-(``forgeflow trials --job X --merged``, ``forgeflow compare``) reads "original job X + N recovery jobs".
+``canary-recover`` re-runs exactly the exception trials of a canary job as a new ``recovery`` job linked by
+``parent_job_id``; the original's rows are never rewritten, and the merged view reads "job X + N recovery jobs".
 """
 
 from __future__ import annotations
@@ -83,20 +57,13 @@ RECOVERY_REPORT_ARTIFACT_KEY = "canary-recovery-report"
 
 @dataclass(frozen=True)
 class CanaryJobRun:
-    """One canary job to run: the job row, its tasks and how their agent trials run.
+    """One canary job to run: the job row, its tasks (report order) and how their agent trials run.
 
     Attributes:
-        job: the ``jobs`` row (its ``model_sha256`` names the served model).
-        tasks: the tasks, in report order.
-        base_url: the OpenAI-compatible endpoint (``http://127.0.0.1:PORT/v1``).
-        model_alias: the model name sent to it.
-        agent_config: mini-swe-agent's limits and sampling, where the verifier runs.
-        trajectories_dir: where each trial's ``.traj.json`` goes.
+        base_url: the OpenAI-compatible endpoint (``http://127.0.0.1:PORT/v1``); ``model_alias`` the name sent.
         verifier_timeout_s: absolute limit of one test run, seconds.
-        concurrency: agent trials at once.
-        run_key: names the trials (default: the job id, so two jobs of one model on one split never
-            share a trial id, and a second job re-measures instead of replaying the first one's
-            cached trials); a recovery job passes its own id.
+        run_key: names the trials (default: the job id, so a second job re-measures instead of replaying the
+            first one's cached trials); a recovery job passes its own id.
     """
 
     job: records.JobRecord
@@ -113,23 +80,15 @@ class CanaryJobRun:
 def run_canary_job(log: StageLog, stage: str, run: CanaryJobRun) -> tuple[list, compare.JobReport]:
     """Run one canary job as stage ``stage`` of ``log`` (``canary``'s and ``canary-recover``'s).
 
-    Records ``run.job`` in the store (:func:`forgeflow.common.settings.store_url`, through
-    :func:`tasks.common.record_rows`), then runs :func:`tasks.evaluation.agent_trial` in a sliding window of
-    ``run.concurrency`` (:meth:`flows.stagekit.StageLog.window`: the next trial starts when any one
-    ends); each trial is recorded once, by its own task as it ends (:func:`tasks.evaluation.record_agent_trial`:
-    the trial row with its supervision event, upserted by trial id, in a transaction it may share with trials
-    that ended at the same moment: :mod:`forgeflow.ledger.group_commit`; no task run per row),
-    publishes the table artifact ``stage`` with dashes
-    and fills the stage's counts (requested, scored, reward_1, exceptions) and digests (model). With
-    ``run.agent_config.verifier_ray`` the trials run on that Ray cluster and this process leaves
-    it once the job's trials are in.
+    Trials run in a sliding window of ``run.concurrency``; each is recorded once, by its own task as it ends,
+    in a transaction it may share with trials that ended together (:mod:`forgeflow.ledger.group_commit`). With
+    ``run.agent_config.verifier_ray`` the trials run on that Ray cluster.
 
     Returns:
-        The trials (:class:`forgeflow.sandbox.trial.TrialResult`, in task order) and their JobReport.
+        The trials (in task order) and their JobReport.
 
     Raises:
-        InputError / InfraError: recording the job or a trial row failed (the stage is then failed). A trial
-            that ended in an exception is recorded with it, not raised.
+        InputError / InfraError: recording the job or a trial row failed. A trial's own exception is recorded.
     """
     store_url = settings.store_url()
     with log.stage(stage) as st:
@@ -162,8 +121,7 @@ def run_canary_job(log: StageLog, stage: str, run: CanaryJobRun) -> tuple[list, 
 
 
 def _recovery_agent_config(original: records.JobRecord, given: agent.AgentConfig | None) -> agent.AgentConfig:
-    """The agent config a recovery re-runs with: the one the original job recorded (a different one
-    given is refused), or ``given`` when the job recorded none (the lifecycle's canary jobs).
+    """The agent config the original job recorded, or ``given`` when it recorded none.
 
     Raises:
         InputError: ``given`` differs from the recorded config, or neither exists.
@@ -192,8 +150,7 @@ def _rows_param(own_candidates: bool, from_dataset: bool, source: str) -> dict[s
 
 @contextmanager
 def _naming(field: str) -> Iterator[None]:
-    """For the ``with``: an InputError raised inside names ``params.<field>`` (a core check names the bare
-    value: ``canary concurrency 5 is above ...``), as the user wrote it."""
+    """For the ``with``: an InputError raised inside names ``params.<field>``, as the user wrote it."""
     try:
         yield
     except InputError as exc:
@@ -202,8 +159,7 @@ def _naming(field: str) -> Iterator[None]:
 
 @contextmanager
 def _model_key(api_key: str | None) -> Iterator[None]:
-    """For the ``with``: the agent's model client sends ``api_key`` (``$FORGEFLOW_MODEL_API_KEY``, which
-    :mod:`forgeflow.evaluation.mswea` reads when a trial builds its model; restored after). None: unchanged."""
+    """For the ``with``: ``$FORGEFLOW_MODEL_API_KEY`` set to ``api_key`` (restored after); None: unchanged."""
     if api_key is None:
         yield
         return
@@ -219,21 +175,7 @@ def _model_key(api_key: str | None) -> Iterator[None]:
 
 
 class CanaryParams(StageParams):
-    """The ``canary`` flow's parameters (the canary deployment's defaults are the model's: freeze
-    ``demo-v1``, split ``test``, one trial at a time on the ``default`` profile).
-
-    Attributes:
-        freeze_name: a freeze recorded in the store (the ``forgeflow-canary-on-freeze`` automation
-            renders it from the completed freeze run).
-        split: the freeze's split the trials run on.
-        endpoint: the model endpoint (:class:`~forgeflow.evaluation.canary_params.CanaryEndpoint`).
-        run: how the trials run (:class:`~forgeflow.evaluation.canary_params.CanaryRunSettings`).
-        source: the task rows (:class:`forgeflow.curation.task_rows.TaskSource`).
-        job_id: the job's id; None: derived from the inputs.
-        out_dir: where the report, summary and trajectories go; None: ``$FORGEFLOW_HOME/canary``.
-        sandbox: a ``forgeflow-sandbox`` block the trials' containers run with; None: ``run.agent_config``'s.
-        dispatcher: a ``forgeflow-dispatcher`` block (``ray``: each trial a Ray task); None: here.
-    """
+    """The ``canary`` flow's parameters (the canary deployment's defaults are the model's)."""
 
     freeze_name: str = Field("demo-v1", min_length=1, description="a freeze recorded in the store (freeze flow "
                              "or the lifecycle; the canary-on-freeze automation renders it from the freeze run)")
@@ -253,8 +195,8 @@ class CanaryParams(StageParams):
     out_dir: Path | None = Field(None, description="folder for <job_id>/report.md, summary.json and trajectories; "
                                                    "None: $FORGEFLOW_HOME/canary")
     sandbox: str | None = Field(None, min_length=1, description="a forgeflow-sandbox block: its backend runs the "
-                                "agent's and the verifier's containers with its memory (MiB) and CPU limits; "
-                                "None: run.agent_config's (podman)")
+                                "agent's and the verifier's containers, with its memory (MiB) and CPUs where "
+                                "run.agent_config leaves them none; None: podman")
     dispatcher: str | None = Field(None, min_length=1, description="a forgeflow-dispatcher block: ray runs each "
                                    "agent trial as a Ray task on a sandbox node; None or in-process: here")
 
@@ -267,15 +209,9 @@ def canary(params: CanaryParams = CanaryParams()) -> CanaryResult:
     Args:
         params: the freeze split the agent runs on, the model endpoint, how the trials run and the task rows.
 
-    Returns:
-        A :class:`forgeflow.evaluation.canary_result.CanaryResult`: ``job_id``, ``report`` (the
-        :class:`forgeflow.evaluation.compare.JobReport`), ``report_path`` and ``trials`` (instance id,
-        reward, exception type; in report order).
-
     Raises:
-        InputError: a bad parameter (concurrency above the limit, unknown profile/freeze/split,
-            ``base_url`` without ``model_sha256``, or a ``base_url`` the serving state records serving another
-            model), the field named (``params.run.concurrency``, ...).
+        InputError: a bad parameter, the field named (``params.run.concurrency``, ...), or a ``base_url`` the
+            serving state records serving another model.
         PreflightError: tasks that cannot run (listed), a stopped or silent endpoint.
     """
     freeze_name, split, endpoint, run, source = params.freeze_name, params.split, params.endpoint, params.run, \
@@ -284,13 +220,12 @@ def canary(params: CanaryParams = CanaryParams()) -> CanaryResult:
     concurrency, profile, sample, sample_seed = run.concurrency, run.profile, run.sample, run.sample_seed
     with _naming("run.concurrency"):
         check_concurrency(concurrency, profile)
-    agent_config = run.agent_config
+    agent_config = run.agent_config.resolved()  # its own limits, else the defaults (no sandbox block)
     if sandbox is not None:  # a missing block or unknown kind: refused before anything runs
         with _naming("sandbox"):
             choice = sandbox_choice(sandbox)
-        agent_config = agent_config.model_copy(update={"verifier_backend": choice.backend(),
-                                                       "sandbox_backend": choice.backend(),
-                                                       "memory_mb": choice.memory_mb, "cpus": choice.cpus})
+        agent_config = run.agent_config.resolved(choice.limits).model_copy(  # its own limits, else the block's
+            update={"verifier_backend": choice.backend(), "sandbox_backend": choice.backend()})
     if dispatcher is not None:  # a missing block: refused before anything runs
         with _naming("dispatcher"):
             ray = trial_dispatcher(dispatcher)
@@ -337,18 +272,7 @@ def canary(params: CanaryParams = CanaryParams()) -> CanaryResult:
 
 
 class CanaryRecoverParams(StageParams):
-    """The ``canary-recover`` flow's parameters.
-
-    Attributes:
-        job_id: the original canary job (``forgeflow trials`` lists the jobs).
-        endpoint: the (restarted) model server; ``model_sha256`` and ``model_alias`` default to the job's.
-        exception_types: re-run only trials that ended in one of these exception class names; None: every one.
-        concurrency: trials at once; None: the job's.
-        agent_config: only for a job that did not record its agent config (the lifecycle's).
-        generated_path: the candidates file; None: the job's, else ``$FORGEFLOW_HOME/demo/candidates.jsonl``.
-        recovery_job_id: the recovery job's id; None: derived from the job and its exception trials.
-        out_dir: where the recovery job's report, summary and trajectories go; None: ``$FORGEFLOW_HOME/canary``.
-    """
+    """The ``canary-recover`` flow's parameters."""
 
     job_id: str = Field(min_length=1, description="the original canary job (forgeflow trials lists the jobs)")
     endpoint: CanaryEndpoint = Field(CanaryEndpoint(), description="the (restarted) model server, as for canary: "
@@ -373,29 +297,15 @@ class CanaryRecoverParams(StageParams):
 def canary_recover(params: CanaryRecoverParams) -> CanaryRecoveryResult:
     """Re-run exactly the exception trials of canary job ``params.job_id`` as a linked recovery job.
 
-    Reads the job's merged view (the original + its recovery jobs so far,
-    :func:`forgeflow.evaluation.compare.merged_job`) and re-runs the tasks whose standing trial ended in an
-    exception (e.g. ``ModelEndpointError`` while the model server was down) against the endpoint,
-    which must serve the job's model. The new job has kind ``recovery`` and ``parent_job_id`` =
-    ``job_id``; its trials are named by its own run key, so the original's rows are never rewritten.
-    Scored trials are not re-run; tasks the original never ran are not either (re-run the canary).
-    Leaves the markdown report artifact ``canary-recovery-report`` (the recovery job's trials and the
-    merged view: "original job X + N recovery jobs", scored / requested) and ``out_dir/<recovery job
-    id>/report.md``.
+    The tasks whose standing trial (in the merged view so far) ended in an exception re-run against an
+    endpoint that must serve the job's model; scored trials and tasks never run are not re-run.
 
     Args:
         params: the canary job whose exception trials re-run, the endpoint serving its model, what to retry.
 
-    Returns:
-        A :class:`forgeflow.evaluation.canary_result.CanaryRecoveryResult`: ``job_id`` (the recovery
-        job; None when nothing was left to recover), ``parent_job_id``, ``recovered`` (instance id,
-        original trial id, new trial id, reward, exception type), ``report`` (the recovery job's
-        JobReport), ``merged`` (``view`` label, ``recovery_job_ids``, ``report``: the merged view's
-        JobReport), ``report_path``.
-
     Raises:
-        InputError: the job is unknown, a recovery job, not a canary job; the endpoint serves another
-            model; a bad concurrency; an agent_config that differs from the job's; no candidates file.
+        InputError: an unknown, recovery or non-canary job; an endpoint serving another model; a bad
+            concurrency; an agent_config that differs from the job's; no candidates file.
         PreflightError: a task cannot run (listed), the endpoint does not answer.
     """
     job_id, endpoint, exception_types, concurrency = (params.job_id, params.endpoint, params.exception_types,

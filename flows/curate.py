@@ -1,33 +1,14 @@
 """The ``curate`` flow (validate batches until the dataset is freeze-ready) and the ``recover`` flow.
 
-``curate``: takes one parameter model, ``params`` (:class:`CurateParams`, a
-:class:`flows.stagekit.StageParams`), whose fields group the task rows (``tasks``,
-:class:`forgeflow.curation.task_rows.TaskSource`), the freeze ``quotas`` and how it validates
-(``settings``, :class:`forgeflow.curation.curate_settings.CurateSettings`), beside the freeze name and the
-sandbox and dispatcher blocks by name. It reads candidates in its own JSONL format
-(``tasks.candidates_path``, :func:`forgeflow.curation.candidates.load_candidates`), a HF split
-(``tasks.dataset``) or, by default, the file the lifecycle's generate/prewarm stages wrote
-(``tasks.generated_path``, default ``$FORGEFLOW_HOME/demo/candidates.jsonl``,
-:mod:`forgeflow.curation.generated`). Before every batch the
-freeze check (:func:`forgeflow.curation.freeze.freeze_ready`, the very selection the freeze uses) runs on the store's
-accepted tasks of this run's candidates (read from the store once, scoped to the run's ids:
-:mod:`forgeflow.curation.run_reads`; then each batch's verdicts are added as it returns). Ready: emit the
-Prefect event ``forgeflow.dataset.freeze-ready`` (its payload names the run's candidate set recorded in the
-store, :func:`freeze_ready_payload`: a fixed size at any number of candidates) and stop. Not ready: pick
-one batch with :func:`forgeflow.curation.selection.select_batch` and validate it in ONE task run,
-``validate-batch-<batch id>`` (:func:`tasks.curation.validate_batch`): NOP/Oracle at most
-``settings.concurrency`` at a time in the task's threads, each handled as it ends (an attempt that ends in
-an infrastructure error is tried again, up to ``settings.max_retries`` times), each trial stored as it ends
-and each verdict the moment it is known; then a table artifact per batch. No per-candidate task run: the
-run's graph holds ~2 nodes per batch (30,000 candidates in batches of 50: ~1,200 nodes, under the UI's
-10,000), and the orchestration per candidate stays flat (``python -m benchmarks.scale_curate``). No
-candidate left: stop, naming each unmet quota and by how much. Nothing is cached or persisted per
-validation: a killed run resumed reads the verdicts already recorded and validates only the rest (a
-half-done validation again, under the same deterministic trial ids: upserted, never duplicated;
-tests/flows/test_curate_kill.py).
+``curate``: before every batch the freeze check (the very selection the freeze uses) runs on this run's
+accepted candidates. Ready: emit ``forgeflow.dataset.freeze-ready`` and stop. Not ready: validate one
+selected batch in ONE task run (NOP/Oracle, ``settings.concurrency`` at a time; an infrastructure error is
+retried up to ``settings.max_retries`` times; each trial and verdict stored as it ends). No per-candidate task
+run: ~2 graph nodes per batch (30,000 candidates in batches of 50: ~1,200 nodes, under the UI's 10,000;
+``python -m benchmarks.scale_curate``). Nothing is cached per validation: a killed run resumed validates only
+the rest, under the same deterministic trial ids (tests/flows/test_curate_kill.py).
 
-``recover`` (``params``: :class:`RecoverParams`): :mod:`forgeflow.curation.recovery` behind a flow (dry run
-by default), with an audit artifact.
+``recover``: :mod:`forgeflow.curation.recovery` behind a flow (dry run by default), with an audit artifact.
 """
 
 from __future__ import annotations
@@ -83,18 +64,7 @@ JOB_ID = "curate"
 
 
 class CurateParams(StageParams):
-    """The ``curate`` flow's parameters (the curate deployment's defaults are the model's).
-
-    Attributes:
-        tasks: where the candidates come from (:class:`forgeflow.curation.task_rows.TaskSource`).
-        quotas: what the freeze needs (tasks per split, per repository, repositories).
-        settings: how the run validates (:class:`forgeflow.curation.curate_settings.CurateSettings`).
-        freeze_name: the name the freeze-on-ready automation freezes under; None: derived from the inputs.
-        sandbox: a ``forgeflow-sandbox`` block every NOP/Oracle trial runs on; None: podman.
-        dispatcher: a ``forgeflow-dispatcher`` block (``ray``: each validation a Ray task); None: here.
-        instance_ids: only these candidates of ``tasks``; None: all of them.
-        emit_freeze_ready: emit the freeze-ready event when ready (false: the caller freezes itself).
-    """
+    """The ``curate`` flow's parameters (the curate deployment's defaults are the model's)."""
 
     tasks: TaskSource = Field(TaskSource(), description="the candidates: candidates_path, dataset or "
                               "generated_path (default $FORGEFLOW_HOME/demo/candidates.jsonl), test_commands and "
@@ -103,12 +73,12 @@ class CurateParams(StageParams):
                                 "most max_per_repo tasks per repository, at least min_repos repositories")
     settings: CurateSettings = Field(CurateSettings(), description="how the run validates: batch_size (candidates), "
                                      "concurrency (validations at once), max_retries, verifier_timeout_s (seconds), "
-                                     "memory_mb (MiB), seed, checks")
+                                     "memory_mb (MiB) and cpus (none: the sandbox block's), seed, checks")
     freeze_name: str | None = Field(None, description="the name the freeze-on-ready automation freezes under; "
                                     "None: curate- + 12 hex digits of the sha256 of (candidate ids, quotas, seed)")
     sandbox: str | None = Field(None, min_length=1, description="a forgeflow-sandbox block: every NOP/Oracle trial "
-                                "runs on its backend with its memory (MiB) and CPU limits; None: podman, "
-                                "settings.memory_mb")
+                                "runs on its backend, with its memory and CPUs where settings leaves them none; "
+                                "None: podman")
     dispatcher: str | None = Field(None, min_length=1, description="a forgeflow-dispatcher block: ray runs each "
                                    "validation as a Ray task on a sandbox node; None or in-process: here")
     instance_ids: tuple[str, ...] | None = Field(None, min_length=1, description="validate only these candidates "
@@ -121,14 +91,10 @@ class CurateParams(StageParams):
 def freeze_ready_payload(store_url: str, freeze_name: str, quotas: SplitQuotas, seed: int,
                          registered: curate_tasks.Registration, run_id: str, counts: dict[str, int], accepted: int,
                          batches: int) -> dict[str, Any]:
-    """The freeze-ready event's payload: a reference to the run's candidates, never the ids themselves, so its
-    size does not grow with the run (a Prefect event is refused above ``PREFECT_EVENTS_MAXIMUM_SIZE_BYTES``).
+    """The freeze-ready event's payload: a reference to the run's candidates, never the ids themselves.
 
-    Returns:
-        ``store_url`` (password masked), ``freeze_name``, ``quotas``, ``seed``, ``run_id`` (the curate run),
-        ``candidate_set`` (the batch row holding the run's candidate ids, what the freeze-on-ready automation
-        hands the freeze flow), ``candidates_sha256`` (their digest) and ``candidates`` (how many), ``counts``
-        (accepted tasks per split), ``accepted`` and ``batches`` (how many this run validated).
+    Its size does not grow with the run (Prefect refuses an event above ``PREFECT_EVENTS_MAXIMUM_SIZE_BYTES``);
+    ``candidate_set`` is what the freeze-on-ready automation hands the freeze flow.
     """
     return {"store_url": store_url, "freeze_name": freeze_name, "quotas": quotas.model_dump(), "seed": seed,
             "run_id": run_id, "candidate_set": registered.candidate_set,
@@ -142,11 +108,7 @@ def _param_error(exc: InputError, field: str) -> InputError:
 
 
 def _only(rows: list[Any], instance_ids: tuple[str, ...] | None, source: str) -> list[Any]:
-    """The rows whose instance id is in ``instance_ids`` (all rows for None), in the source's order.
-
-    Raises:
-        InputError: an id of ``params.instance_ids`` that ``source`` does not have (up to 10 named).
-    """
+    """The rows whose instance id is in ``instance_ids`` (all for None), in order; InputError names unknown ids."""
     if instance_ids is None:
         return rows
     wanted = set(instance_ids)
@@ -159,12 +121,10 @@ def _only(rows: list[Any], instance_ids: tuple[str, ...] | None, source: str) ->
 
 def _blocks(freeze_name: str | None, sandbox: str | None,
             dispatcher: str | None) -> tuple[curate_tasks.SandboxChoice | None, RayPlacement | None]:
-    """The checks ``curate`` makes before anything runs: the freeze name, and the sandbox and dispatcher
-    blocks loaded (None where not given).
+    """The checks before anything runs: the freeze name, and the sandbox and dispatcher blocks loaded (or None).
 
     Raises:
-        InputError: an invalid ``params.freeze_name``, a missing ``params.sandbox`` block or one whose kind is
-            not a sandbox backend, a missing ``params.dispatcher`` block (the field named).
+        InputError: an invalid freeze name, a missing or non-sandbox ``sandbox`` block, a missing ``dispatcher``.
     """
     try:
         if freeze_name is not None:
@@ -186,23 +146,16 @@ def _blocks(freeze_name: str | None, sandbox: str | None,
 def curate(params: CurateParams = CurateParams()) -> CurateResult:
     """Validate candidate batches until the accepted tasks meet ``params.quotas`` (or none is left).
 
-    Only this run's candidates count: readiness is checked on the accepted tasks among them, and before any
-    image is checked or trial run the quotas are checked against the candidates themselves
-    (:func:`forgeflow.curation.freeze.quota_feasibility`: e.g. 2 repositories cannot fill 3
-    repository-disjoint splits).
+    Only this run's candidates count; the quotas are first checked against the candidates themselves (e.g. 2
+    repositories cannot fill 3 repository-disjoint splits).
 
     Args:
         params: The run's inputs; each field is described in the run form.
 
-    Returns:
-        The run's status (freeze-ready or exhausted), batches, trials recorded, counts per split, unmet quotas,
-        the freeze-ready event id and the freeze name (:class:`forgeflow.curation.curate_result.CurateResult`).
-
     Raises:
         InputError: malformed rows, a repo without a test command, no candidates file, more than one source,
             an invalid freeze name, a missing sandbox block or one that is not a sandbox backend.
-        PreflightError: the candidates cannot meet the quotas even if every one were accepted (nothing
-            was validated).
+        PreflightError: the candidates cannot meet the quotas even if every one were accepted (nothing validated).
     """
     tasks, quotas, settings, freeze_name = params.tasks, params.quotas, params.settings, params.freeze_name
     placement, ray_placement = _blocks(freeze_name, params.sandbox, params.dispatcher)
@@ -256,8 +209,8 @@ def curate(params: CurateParams = CurateParams()) -> CurateResult:
                 image_ids={i: loaded.image_ids[i] for i in ids},
                 test_commands={i: loaded.test_commands[i] for i in ids},
                 log_parsers={i: loaded.log_parsers[i] for i in ids if loaded.log_parsers.get(i)},
-                concurrency=settings.concurrency, max_retries=settings.max_retries, validation=settings.validation(),
-                sandbox=placement, ray=ray_placement)
+                concurrency=settings.concurrency, max_retries=settings.max_retries, validation=settings.validation(
+                    placement.limits if placement is not None else None), sandbox=placement, ray=ray_placement)
             # quote: Prefect would otherwise walk the plan's rows (every candidate's patch) looking for futures
             out = curate_tasks.validate_batch(batch_id, quote(plan), curate_tasks.BatchProgress(
                 artifact_id=progress, done=len(run.processed), total=len(by_id)))
@@ -279,16 +232,9 @@ def curate(params: CurateParams = CurateParams()) -> CurateResult:
 
 
 class _RunState:
-    """A ``curate`` run's candidates as the run knows them: what the store held when it started (read once,
-    scoped to the run's ids), plus each batch's verdicts as the batch returns them.
+    """A ``curate`` run's candidates: what the store held at the start (read once), plus each batch's verdicts.
 
-    Attributes:
-        processed: the run's candidates with a verdict.
-        accepted: instance id -> the accepted task (id, repository).
-        per_repo: repository -> accepted tasks (what batch selection balances).
-        selector: the run's incremental batch selection (:class:`forgeflow.curation.selection.BatchSelector`).
-        needed: the quotas' task total: fewer accepted tasks can never be freeze-ready (so the freeze check,
-            O(accepted tasks), runs only from there on).
+    ``needed`` is the quotas' task total: the O(accepted) freeze check runs only from there on.
     """
 
     def __init__(self, state: curate_tasks.CurationState, refs: list[Any], quotas: SplitQuotas, seed: int) -> None:
@@ -303,17 +249,14 @@ class _RunState:
         self._shown_at = float("-inf")
 
     def show_progress(self, artifact_id: Any, total: int, force: bool = False) -> None:
-        """Move the run's progress artifact to the share of ``total`` processed: at most every
-        :data:`tasks.curation.PROGRESS_UPDATE_S` (one API call each; a batch's task moves it in between), or now
-        with ``force``."""
+        """Move the progress artifact: at most every :data:`tasks.curation.PROGRESS_UPDATE_S`, or now with ``force``."""
         now = time.monotonic()
         if force or now - self._shown_at >= curate_tasks.PROGRESS_UPDATE_S:
             update_progress_artifact(artifact_id, progress=100.0 * len(self.processed) / total)
             self._shown_at = now
 
     def selection(self, always: bool = False) -> Any:
-        """The freeze check on the accepted tasks (:func:`forgeflow.curation.freeze.freeze_ready`); None while
-        fewer than :attr:`needed` are accepted, unless ``always``."""
+        """The freeze check on the accepted tasks; None while fewer than :attr:`needed`, unless ``always``."""
         if not always and len(self.accepted) < self.needed:
             return None
         return freeze_ready(sorted(self.accepted.values(), key=lambda t: t.instance_id), self.quotas, self.seed)
@@ -330,8 +273,7 @@ class _RunState:
 
 def _announce_ready(params: CurateParams, store_url: str, name: str, registered: curate_tasks.Registration,
                     run_id: str, selection: Any, run: _RunState, batches: int) -> str | None:
-    """Log the freeze-ready selection and, unless ``params.emit_freeze_ready`` is false, emit the freeze-ready
-    event (its payload: :func:`freeze_ready_payload`); returns the event id, or None."""
+    """Log the freeze-ready selection and emit the event unless ``emit_freeze_ready`` is false; its id or None."""
     quotas, seed = params.quotas, params.settings.seed
     resource_id = (f"forgeflow.store.{sha256_bytes(store_url.encode())[:12]}"
                    f".quotas.{sha256_json(quotas.model_dump())[:12]}")
@@ -349,19 +291,7 @@ def _announce_ready(params: CurateParams, store_url: str, name: str, registered:
 
 
 class RecoverParams(StageParams):
-    """The ``recover`` flow's parameters (the recover deployment's defaults are the model's: a dry run).
-
-    Attributes:
-        reason: why the trials are voided (recorded in the audit).
-        batch_ids: void the broken trials of these batches.
-        trial_ids: void these trials.
-        exception_type: void the trials that ended in this exception type between ``since`` and ``until``.
-        since: the window's start (timezone-aware), with ``exception_type``.
-        until: the window's end (timezone-aware), with ``exception_type``.
-        dry_run: only list what would be voided and requeued.
-        backup_dir: where the affected rows are backed up; None: ``$FORGEFLOW_HOME/recovery``.
-        include_rejections: void and requeue the rejections the fault caused (only with ids).
-    """
+    """The ``recover`` flow's parameters (the recover deployment's defaults are the model's: a dry run)."""
 
     reason: str = Field(min_length=1, description="why the trials are voided (recorded in the audit)")
     batch_ids: list[str] | None = Field(None, description="void the trials of these batches an infrastructure "
@@ -383,31 +313,17 @@ class RecoverParams(StageParams):
 def recover(params: RecoverParams) -> RecoverResult:
     """Void exactly the trials an infrastructure fault broke and requeue their tasks.
 
-    ``params`` is a :class:`RecoverParams`. Select by ``batch_ids`` and/or ``trial_ids``, or by
-    ``exception_type`` with BOTH ``since`` and ``until`` (timezone-aware; refused without a window).
-    ``dry_run`` (default) only lists what
-    would be voided/requeued; otherwise the affected rows are backed up (``backup_dir``, default
-    ``$FORGEFLOW_HOME/recovery``; JSON + ``.sha256``), voided/requeued in one transaction with the
-    counts verified, and an audit markdown artifact (and file beside the backup) is written.
-
-    ``include_rejections`` (only with ``batch_ids``/``trial_ids``): tasks an infrastructure fault
-    made ``rejected`` (e.g. a dead build tunnel) are voided and requeued too, with the same backup,
-    audit and count check: the selected rewarded NOP/Oracle trials of a rejected task whose every
-    live NOP/Oracle trial is selected (:mod:`forgeflow.curation.recovery`). Accepted tasks and rejections
-    outside the ids stay.
+    Select by ``batch_ids`` and/or ``trial_ids``, or by ``exception_type`` with BOTH ``since`` and ``until``.
+    Applied: the affected rows are backed up (JSON + ``.sha256``), voided/requeued in one transaction with the
+    counts verified, and an audit artifact written. ``include_rejections`` also requeues the rejected tasks whose
+    every live NOP/Oracle trial is selected; accepted tasks stay.
 
     Args:
         params: the trials to void and requeue (batch ids, trial ids, or an exception type in a window); dry run first.
 
-    Returns:
-        A :class:`forgeflow.curation.curate_result.RecoverResult`: a dry run's ``void`` (trial ids),
-        ``requeue`` (instance ids) and ``kept`` (trial ids); an applied recovery's ``recovery_id``,
-        ``voided`` and ``requeued`` (counts), ``backup_path``, ``backup_sha256`` and ``after`` (the
-        store's counts after it).
-
     Raises:
-        InputError: bad selection (``include_rejections`` with an exception type included),
-            unknown ids; CountMismatchError: the store changed under the recovery (rolled back).
+        InputError: a bad selection, unknown ids.
+        CountMismatchError: the store changed under the recovery (rolled back).
     """
     from pydantic import ValidationError
 

@@ -1,17 +1,6 @@
-"""Evaluation flows a user launches on their own inputs: Harbor export and import, and the answer judge.
+"""Evaluation flows on a user's own inputs: ``harbor-export``, ``harbor-import`` and the answer ``judge``.
 
-* ``harbor-export`` (:func:`harbor_export`): one split of a recorded freeze written as a Harbor
-  dataset folder (``harbor run -p <path>``), tests from the store, patch / image / test command
-  from the task rows (the candidates JSONL, a HF split or the lifecycle's generated file).
-* ``harbor-import`` (:func:`harbor_import`): a Harbor job folder's trial results recorded in the
-  store as one job; with the freeze it ran, the job pairs with canary or other Harbor jobs of the
-  same frozen split in ``compare`` / ``forgeflow compare``, and ``forgeflow trials --job`` lists it.
-* ``judge`` (:func:`judge`): GAIA-style question/answer rows judged by normalised matching into the
-  store's ``judgments`` table.
-
-Each flow takes one parameter model (``params``: :class:`HarborExportParams`,
-:class:`HarborImportParams`, :class:`JudgeParams`). The store and file I/O happens in the tasks of
-:mod:`tasks.evaluation`; the flows check their parameters, call them and publish an artifact.
+An imported Harbor job with its freeze pairs with canary jobs of the same split in ``compare``.
 """
 
 from __future__ import annotations
@@ -44,20 +33,7 @@ def _run_id() -> str | None:
 
 
 class HarborExportParams(StageParams):
-    """The ``harbor-export`` flow's parameters.
-
-    Attributes:
-        freeze_name: a freeze recorded in the store (``freeze`` flow or the lifecycle).
-        split: ``train``, ``validation`` or ``test`` (a split of that freeze).
-        out_dir: the dataset folder to create; None: ``$FORGEFLOW_HOME/harbor/<freeze>-<split>``. The
-            same export again is a no-op, a different one is refused.
-        limits: timeouts (seconds) and resources written to every ``task.toml``.
-        candidates_path: the user's candidates JSONL (patch, image, problem statement, test command).
-        generated_path: a generated-candidates file; None: ``$FORGEFLOW_HOME/demo/candidates.jsonl``.
-        dataset: the rows as a HF ``datasets`` split instead of a file.
-        test_commands: repo -> test command for repositories that are not pinned projects.
-        test_specs: repo -> test command and log parser (only pytest's can be exported).
-    """
+    """The ``harbor-export`` flow's parameters."""
 
     freeze_name: str = Field("demo-v1", description="a freeze recorded in the store")
     split: str = Field("test", description="the split of that freeze: train, validation or test")
@@ -78,20 +54,15 @@ class HarborExportParams(StageParams):
 
 @flow(name="harbor-export", log_prints=True)
 def harbor_export(params: HarborExportParams = HarborExportParams()) -> HarborExport:
-    """Export ``params.split`` of freeze ``params.freeze_name`` as a Harbor dataset folder (one task folder
-    per instance).
+    """Export ``params.split`` of freeze ``params.freeze_name`` as a Harbor dataset folder (``harbor run -p``).
 
     Args:
         params: the freeze split to export, the output folder, the task limits and the task rows' source.
 
-    Returns:
-        The :class:`~forgeflow.evaluation.harbor.HarborExport` (path, instance ids, digests).
-
     Raises:
         InputError: an invalid or unrecorded freeze, an unknown or empty split, unreadable task rows,
             a ``params.out_dir`` holding something else.
-        PreflightError: tasks that cannot be exported (no row, not accepted, no image, a non-pytest
-            log parser), every one listed, before anything is written.
+        PreflightError: tasks that cannot be exported (each listed), before anything is written.
     """
     freeze_name, split = params.freeze_name, params.split
     try:
@@ -117,16 +88,7 @@ def harbor_export(params: HarborExportParams = HarborExportParams()) -> HarborEx
 
 
 class HarborImportParams(StageParams):
-    """The ``harbor-import`` flow's parameters.
-
-    Attributes:
-        job_dir: ``<jobs dir>/<job name>`` as ``harbor run -o <jobs dir> --job-name <job name>`` wrote it.
-        job_id: the job id the trials get; None: ``harbor-<Harbor's job UUID>``.
-        freeze_name: the freeze whose split the job ran (the export's); checked, every trial's task must
-            be in the split, and a ``jobs`` row names it so ``compare`` pairs the job with others of the
-            same frozen split. None: only the trials are recorded.
-        split: the split of ``freeze_name``.
-    """
+    """The ``harbor-import`` flow's parameters."""
 
     job_dir: Path = Field(description="the Harbor job folder <jobs dir>/<job name>")
     job_id: str | None = Field(None, description="the job id the trials get; None: harbor-<Harbor's job UUID>")
@@ -142,13 +104,9 @@ def harbor_import(params: HarborImportParams) -> HarborImportSummary:
     Args:
         params: the Harbor job folder to import, the job id to record it under, its freeze and split.
 
-    Returns:
-        :class:`~forgeflow.evaluation.harbor_import.HarborImportSummary` (trials, scored, reward 1,
-        exceptions by forgeflow type, unfinished trial folders).
-
     Raises:
-        InputError: ``params.job_dir`` missing or not a Harbor job folder, an invalid or unrecorded freeze,
-            an unknown split, a bad trial result (file and field named), a trial outside the split.
+        InputError: not a Harbor job folder, a bad freeze or split, a bad trial result (named), a trial outside the
+            split.
     """
     job_dir, job_id, freeze_name = Path(params.job_dir), params.job_id, params.freeze_name
     if freeze_name is not None:
@@ -169,16 +127,7 @@ def harbor_import(params: HarborImportParams) -> HarborImportSummary:
 
 
 class JudgeParams(StageParams):
-    """The ``judge`` flow's parameters.
-
-    Attributes:
-        path: a JSONL file (or parquet / CSV, read with HF ``datasets``) of rows ``{question_id, answer,
-            reference}`` (:func:`forgeflow.evaluation.judge.load_answer_rows`).
-        job_id: the evaluation job the judgments belong to; None: ``judge-<file sha256[:12]>`` (the same
-            file again updates its rows).
-        rel_tol: relative tolerance for numeric references (``math.isclose``; a fraction, unitless).
-        abs_tol: absolute tolerance for numeric references (in the reference's own units).
-    """
+    """The ``judge`` flow's parameters."""
 
     path: Path = Field(description="the answers file: JSONL (or parquet / CSV) rows {question_id, answer, reference}")
     job_id: str | None = Field(None, description="the evaluation job id; None: judge-<file sha256[:12]>")
@@ -194,12 +143,8 @@ def judge(params: JudgeParams) -> JudgeSummary:
     Args:
         params: the answers file to judge, the job id for its verdicts and the numeric tolerances.
 
-    Returns:
-        :class:`~forgeflow.evaluation.judge.JudgeSummary` (judged, correct, incorrect, rows per rule).
-
     Raises:
-        InputError: a negative tolerance, an empty job id, no file at ``params.path``, a bad row (its line
-            and field named): nothing is recorded.
+        InputError: a negative tolerance, an empty job id, no file, a bad row (line and field named).
     """
     rel_tol, abs_tol, job_id = params.rel_tol, params.abs_tol, params.job_id
     if rel_tol < 0 or abs_tol < 0:

@@ -1,24 +1,13 @@
-"""The ``lifecycle`` flow: every stage of the lifecycle (docs/architecture.md), end to end: on the embedded
-default (loopback registries, generated tasks, the tiny model), or on the team's registries (blocks) and checkpoint.
+"""The ``lifecycle`` flow: every stage of the lifecycle (docs/architecture.md), end to end.
 
 environments -> migrate -> generate -> prewarm (+ task images) -> validate (NOP/Oracle) -> freeze
 -> base model (+ GGUF) -> serve -> canary (baseline) -> burst -> package -> serve stage
 -> canary (candidate) -> compare + promotion gate -> serve swap.
 
-The candidate is served on the idle port first (``serve_stage``), canaried there, compared with
-the baseline and promoted by the promotion gate (non-inferiority, ``forgeflow.evaluation.compare``) before
-the recorded endpoint moves (``serve_swap``); a hold/reject or any failure stops the staged server
-and the baseline keeps serving.
-
-Every stage is a subflow run (flow ``lifecycle-stage``, run named after the stage; the four stages of the
-promotion transaction share the run ``promote``) whose tasks have the resumable cache policy, so a second
-run of the same inputs is answered from Prefect's cache. The migrate, prewarm, validate, freeze, base model, serve,
-canary, burst, package and compare stages run the flow a user runs alone (``migrate-images``, ``prewarm-plan``: the
-shard plan the stage then copies by, ``curate`` on this run's pushed candidates, ``freeze``, ``base-model``,
-``serve``, ``canary``, ``sft-burst``, ``package``, ``compare``: the last on the two canary jobs as stored) as a
-subflow of their stage run: one code path. The store (SQL) records the domain facts with natural keys (upserts),
-and ``summary.json`` records each stage's status, counts, digests and wall seconds (a stage flow's task runs
-counted in its stage: cached when every one was).
+The candidate is canaried on the idle port and promoted by the gate before the recorded endpoint moves; a
+hold/reject or any failure stops the staged server. Every stage is a subflow run whose tasks have the
+resumable cache policy, and runs the flow a user runs alone (``curate``, ``freeze``, ``canary``, ...) as a
+subflow: one code path.
 """
 
 from __future__ import annotations
@@ -55,7 +44,7 @@ from flows.stages import compare as compare_flow
 from flows.stages import freeze as freeze_flow
 from flows.stages import package as package_flow
 from flows.stages import serve as serve_flow
-from flows.training import BurstResult, SFTBurstParams, SFTHyperParams
+from flows.training import BurstResult, SFTBurstParams
 from flows.training import sft_burst as sft_burst_flow
 from forgeflow.common.errors import MigrationIncompleteError, PreflightError
 from forgeflow.common.settings import apply_container_env
@@ -76,6 +65,7 @@ from forgeflow.registry import images, projects
 from forgeflow.registry import migration as migrate
 from forgeflow.serving import bluegreen
 from forgeflow.serving.backend import BackendConfig
+from forgeflow.training.burst import BurstConfig
 from tasks import curation
 from tasks import packaging as packaging_tasks
 from tasks import registry as registry_tasks
@@ -150,8 +140,7 @@ class _Run:
 
 @dataclass
 class _Env:
-    """One project's environment image: built locally, pushed to the source registry and, once the
-    migrate stage completed it, its copy in the target registry."""
+    """One project's environment image: built, pushed to the source registry and, once migrated, its copy."""
 
     project: projects.Project
     local: str
@@ -165,8 +154,7 @@ class _Env:
 
 @dataclass
 class _TaskImage:
-    """One candidate's task image in its shard of the target registry, and (once the validate stage
-    accepted it) its FAIL_TO_PASS / PASS_TO_PASS tests."""
+    """One candidate's task image in its shard of the target registry, and its tests once accepted."""
 
     candidate: Candidate
     repo: str
@@ -236,9 +224,7 @@ def _projector(artifacts: dict[str, Any]) -> Path | None:
 
 def _serve_baseline(run: _Run, served_base: Any, hf_dir: Path,
                     mmproj_path: Path | None = None) -> bluegreen.ServingState:
-    """8. serve the baseline GGUF: the ``serve`` flow (as a subflow): the GGUF checked against ``hf_dir``'s
-    config, a blue/green swap onto the recorded endpoint, recorded in the store; the serving state now.
-    A multimodal base is served with its projector ``mmproj_path`` (the serving block must be llama-server)."""
+    """8. serve the baseline GGUF through the ``serve`` flow (a multimodal base with its projector)."""
     config = run.config
     with run.log.stage("serve_baseline") as st:
         outcome = serve_flow(ServeParams(gguf_path=served_base.path, state_path=run.state_path,
@@ -273,9 +259,7 @@ def _environments(run: _Run) -> dict[str, _Env]:
 
 
 def _migrate(run: _Run, envs: dict[str, _Env]) -> dict[str, _Env]:
-    """2. migrate: the migrate-images flow as a subflow (the one migration path): state per image in the
-    store, digests preserved and verified; a re-run copies only what the store does not record as
-    completed. Returns the environments whose migration completed."""
+    """2. migrate: the migrate-images flow; returns the environments whose migration completed."""
     config, store_url = run.config, run.store_url
     with run.log.stage("migrate") as st:
         names = {f"env/{e.project.name}:{e.project.version}": n for n, e in envs.items()}
@@ -320,10 +304,7 @@ def _generate(run: _Run, envs: dict[str, _Env]) -> list[tuple[Candidate, str]]:
 
 
 def _prewarm(run: _Run, envs: dict[str, _Env], candidates: list[tuple[Candidate, str]]) -> dict[str, _TaskImage]:
-    """4. prewarm: the ``prewarm-plan`` flow (as a subflow) plans the shard layout of this run's candidates
-    (each on its environment's target digest; ``prewarm/plan-tasks.jsonl``, its histogram beside it) and checks
-    the tag cap; then the basecache tags and the task images go into their planned shards. Returns the task
-    images by instance id.
+    """4. prewarm: the ``prewarm-plan`` flow, then basecache tags and task images into their planned shards.
 
     Raises:
         PlanRejectedError: a shard repository would hold more than ``prewarm.tag_cap`` tags (nothing copied).
@@ -368,11 +349,7 @@ def _prewarm(run: _Run, envs: dict[str, _Env], candidates: list[tuple[Candidate,
 
 
 def _validate(run: _Run, task_images: dict[str, _TaskImage]) -> list[_TaskImage]:
-    """5. validate: the ``curate`` flow (as a subflow) on this run's candidates, as the prewarm stage pushed them
-    (``images="registry"``): NOP and Oracle runs in no-network containers, one batch of every candidate the
-    store holds no verdict for, a sliding window of ``validation.concurrency``, the longest validations (as last
-    recorded) first, each trial and verdict recorded; it stops once the accepted tasks can fill the freeze.
-    Sets each accepted task's FAIL_TO_PASS / PASS_TO_PASS from the store; returns them in candidate order.
+    """5. validate: the ``curate`` flow on this run's pushed candidates, longest validations first.
 
     Raises:
         PreflightError: the accepted tasks cannot fill the freeze's quotas (each unmet quota named).
@@ -384,7 +361,7 @@ def _validate(run: _Run, task_images: dict[str, _TaskImage]) -> list[_TaskImage]
             tasks=TaskSource(generated_path=run.out_dir / generated.GENERATED_FILE, images="registry"),
             instance_ids=ids, quotas=config.freeze.quotas, freeze_name=config.freeze.name, emit_freeze_ready=False,
             settings=CurateSettings(batch_size=len(ids), concurrency=stage.concurrency,
-                                    verifier_timeout_s=stage.verifier_timeout_s, memory_mb=stage.memory_mb,
+                                    verifier_timeout_s=stage.verifier_timeout_s, **stage.limits().model_dump(),
                                     seed=config.seed, checks=stage.checks)))
         verdicts = curation.task_verdicts(run.store_url, list(ids))
         accepted = []
@@ -403,9 +380,7 @@ def _validate(run: _Run, task_images: dict[str, _TaskImage]) -> list[_TaskImage]
 
 
 def _freeze(run: _Run, accepted: list[_TaskImage]) -> FreezeManifest:
-    """6. freeze: the ``freeze`` flow (as a subflow) on this run's accepted tasks, which the validate stage
-    recorded in the store: repository-disjoint splits with per-repo caps, the manifest (image digests in its
-    inputs) and the export bundle written atomically."""
+    """6. freeze: the ``freeze`` flow on this run's accepted tasks."""
     config = run.config
     with run.log.stage("freeze") as st:
         manifest = freeze_flow(FreezeParams(name=config.freeze.name, quotas=config.freeze.quotas, seed=config.seed,
@@ -420,9 +395,7 @@ def _freeze(run: _Run, accepted: list[_TaskImage]) -> FreezeManifest:
 
 
 def _base_model(run: _Run) -> tuple[Any, dict[str, Any]]:
-    """7. base model: the team's checkpoint (a folder, a Hub revision: the ``base-model`` flow) or the tiny
-    Qwen2 with the real Qwen2 tokenizer; packaged as GGUF by the ``package`` flow. Returns the checkpoint
-    and its GGUF artifacts by quantization."""
+    """7. base model: the team's checkpoint or the tiny Qwen2, packaged as GGUF by the ``package`` flow."""
     config, log, out_dir = run.config, run.log, run.out_dir
     with log.stage("base_model") as st:
         if config.base_model.kind == "tiny":
@@ -446,10 +419,7 @@ def _base_model(run: _Run) -> tuple[Any, dict[str, Any]]:
 
 
 def _burst(run: _Run, base_model: Any, train: list[_TaskImage], envs: dict[str, _Env]) -> BurstResult:
-    """10. burst: SFT samples from the Oracle solutions of the train split, written as JSONL
-    (``samples/oracle-sft.jsonl``), then the ``sft-burst`` flow (as a subflow) on them: preflight, one LoRA burst
-    in ``models/sft-adapter``, the adapter pinned under its content address (``models/adapters/<sha256>``) and
-    recorded in the store with the base model as its parent. Returns the flow's :class:`BurstResult`."""
+    """10. burst: SFT samples from the train split's Oracle solutions, then the ``sft-burst`` flow on them."""
     config, out_dir = run.config, run.out_dir
     with run.log.stage("burst") as st:
         sft_samples = training_tasks.oracle_samples([(t.candidate, envs[t.repo].checkout, t.fail_to_pass)
@@ -458,8 +428,8 @@ def _burst(run: _Run, base_model: Any, train: list[_TaskImage], envs: dict[str, 
         burst = config.burst
         adapter = sft_burst_flow(SFTBurstParams(
             hf_dir=base_model.path, samples_jsonl=samples_jsonl, out_dir=out_dir / "models",
-            training=SFTHyperParams(max_steps=burst.max_steps, learning_rate=burst.learning_rate, lora_r=burst.lora_r,
-                                    max_length=burst.max_length, seed=config.seed)))
+            training=BurstConfig(max_steps=burst.max_steps, learning_rate=burst.learning_rate, lora_r=burst.lora_r,
+                                 max_length=burst.max_length, seed=config.seed)))
         st["counts"] = {"samples": len(sft_samples), "steps": adapter.steps}
         st["digests"] = {"adapter": adapter.adapter_sha256, "dataset": adapter.dataset_sha256}
         st["paths"] = {"adapter": str(adapter.adapter_path), "samples": str(samples_jsonl)}
@@ -467,8 +437,7 @@ def _burst(run: _Run, base_model: Any, train: list[_TaskImage], envs: dict[str, 
 
 
 def _package(run: _Run, base_model: Any, adapter: BurstResult) -> dict[str, Any]:
-    """11. package: the ``package`` flow (as a subflow): merge -> GGUF f16 -> quantize -> check -> load
-    [-> metadata edits -> check -> load], each artifact recorded; the GGUFs by quantization type."""
+    """11. package: the ``package`` flow; the GGUFs by quantization type."""
     config = run.config
     with run.log.stage("package") as st:
         package_dir = run.out_dir / "models" / "candidate-gguf" / adapter.adapter_sha256[:16]  # one folder per adapter
@@ -481,14 +450,10 @@ def _package(run: _Run, base_model: Any, adapter: BurstResult) -> dict[str, Any]
 
 
 def _stage_and_promote(run: _Run, served_new: Any, baseline_job: str, mmproj_path: Path | None = None) -> CompareResult:
-    """12. stage the candidate on the idle port (health + smoke gate; with ``mmproj_path``, the candidate's
-    projector, served beside it and the gate sends an image), the recorded endpoint unchanged;
-    13. canary it there (the ``canary`` flow, :func:`_canary`); 14. compare + promotion gate (the ``compare``
-    flow); 15. promote (switch, stop old) or discard.
+    """12.-15. stage the candidate on the idle port, canary it, compare + gate, then promote or discard.
 
-    One Prefect transaction: any failure after staging rolls back (the stage task's rollback hook
-    stops the staged server; the recorded endpoint never moved). Returns the ``compare`` flow's
-    result (the comparison, the gate's decision, the report and plot with their digests).
+    One Prefect transaction: any failure after staging rolls back (the staged server stops; the recorded
+    endpoint never moved). Returns the ``compare`` flow's result.
     """
     log = run.log
     with transaction():
@@ -516,10 +481,7 @@ def _stage_and_promote(run: _Run, served_new: Any, baseline_job: str, mmproj_pat
 
 
 def _compare(run: _Run, baseline_job: str, candidate_job: str) -> CompareResult:
-    """14. the paired comparison baseline vs candidate and the promotion gate's decision: the ``compare``
-    flow (as a subflow) on the two canary jobs as recorded in the store, each job's own trials (no
-    recovery jobs merged: the gate decides on what this run canaried); writes compare.md and
-    compare.png. Returns the flow's result (the comparison and both files with their digests)."""
+    """14. the ``compare`` flow on the two canary jobs, no recovery jobs merged (the gate decides on this run)."""
     config = run.config
     with run.log.stage("compare") as st:
         result = compare_flow(CompareParams(job_a=baseline_job, job_b=candidate_job,
@@ -534,22 +496,9 @@ def _compare(run: _Run, baseline_job: str, candidate_job: str) -> CompareResult:
 
 
 def _canary(run: _Run, stage: str, base_url: str, model_sha256: str) -> str:
-    """9. / 13. canary: the ``canary`` flow (as a subflow) on the frozen test split, against the model
-    ``model_sha256`` (64 hex) served at ``base_url`` (the baseline on the recorded endpoint, or the candidate
-    staged on the idle port: the flow checks the URL and model against ``run.state_path``), with the
-    lifecycle's agent config, concurrency and verifier timeout, on the rows the prewarm stage wrote
-    (``<output_dir>/candidates.jsonl``, each with the task image it pushed: ``images="registry"``). One job,
-    recorded in the store with its trials and params (what a ``canary-recover`` re-runs with); its report,
-    summary.json and trajectories under ``<output_dir>/canary/<job id>/``. The stage counts the flow's trials
-    (cached when every one was) and takes its counts (requested, scored, reward_1, exceptions) from the job's
-    report.
+    """9. / 13. canary: the ``canary`` flow on the frozen test split against ``model_sha256`` at ``base_url``.
 
-    Returns:
-        The job id, ``<stage>-<model sha256[:12]>``.
-
-    Raises:
-        InputError / PreflightError: as the ``canary`` flow (a task without its row or image, an endpoint that
-            does not answer or is recorded serving another model).
+    Returns the job id ``<stage>-<model sha256[:12]>``; raises as the ``canary`` flow.
     """
     config = run.config
     with run.log.stage(stage) as st:

@@ -1,8 +1,4 @@
-"""The ``promote`` flow: the promotion gate on two canary jobs, then the blue/green swap only on
-``promote``. The standalone form of the lifecycle's compare + serve-swap stages, for a candidate
-GGUF a team packaged and canaried on its own. It takes one parameter model (:class:`PromoteParams`)
-and returns :class:`PromotionOutcome`.
-"""
+"""The ``promote`` flow: the promotion gate on two canary jobs, then the blue/green swap only on ``promote``."""
 
 from __future__ import annotations
 
@@ -21,47 +17,19 @@ from tasks.serving import SwapOutcome
 
 
 class PromotionOutcome(BaseModel):
-    """What :func:`promote` decided and did.
-
-    Attributes:
-        verdict: the gate's verdict (``promote``, ``hold`` or ``reject``).
-        reason: the gate's reason, in words.
-        promoted: the candidate became the recorded serving endpoint.
-        report_path: the comparison report (markdown; PNG beside it).
-        serving: the ``serve`` flow's result when the swap ran (None on hold/reject).
-    """
+    """What :func:`promote` decided and did."""
 
     model_config = ConfigDict(frozen=True)
 
-    verdict: str
-    reason: str
-    promoted: bool
-    report_path: Path
-    serving: SwapOutcome | None = None
+    verdict: str = Field(description="the gate's verdict: promote, hold or reject")
+    reason: str = Field(description="the gate's reason, in words")
+    promoted: bool = Field(description="the candidate became the recorded serving endpoint")
+    report_path: Path = Field(description="the comparison report (markdown; PNG beside it)")
+    serving: SwapOutcome | None = Field(None, description="the serve flow's result when the swap ran")
 
 
 class PromoteParams(StageParams):
-    """The ``promote`` flow's parameters.
-
-    Attributes:
-        baseline_job: the canary job of the model serving now.
-        candidate_job: the canary job of ``gguf_path`` (its recorded model sha256 must be the file's).
-        gguf_path: the candidate GGUF.
-        comparison: :class:`forgeflow.evaluation.compare.ComparisonSettings`: the promotion gate's
-            settings (``gate``, default :class:`forgeflow.evaluation.compare.gate.GatePolicy`: at least
-            30 pairs from 3 repositories, five points of tolerated drop at alpha 0.05), where the
-            report goes (``report_path``, default ``$FORGEFLOW_HOME/compare-<baseline>-vs-<candidate>.md``),
-            whether each job's recovery jobs are merged into it (``merge_recovery``, default yes) and
-            the bootstrap seed (``seed``, default 0).
-        state_path: the serving state file; None: ``$FORGEFLOW_HOME/serving/state.json``.
-        ports: the blue/green ports; None: the serving backend's.
-        hf_dir: the HF checkpoint the GGUF was converted from; None: the store's record.
-        serving_block: the ``forgeflow-serving`` block the candidate is served with (see the ``serve``
-            flow; None: llama-cpp-python, 4,096 tokens; ``kind="external"``: the endpoint that already
-            serves the candidate is checked and recorded, nothing starts). A multimodal candidate (packaged
-            with a projector) needs a ``llama-server`` block with ``mmproj``: the gate then sends an image and
-            a server that did not use it rolls the swap back; without ``mmproj`` the swap is refused first.
-    """
+    """The ``promote`` flow's parameters."""
 
     baseline_job: str = Field(description="the canary job id of the model serving now")
     candidate_job: str = Field(description="the canary job id of gguf_path (its recorded model sha256 must be "
@@ -81,21 +49,17 @@ class PromoteParams(StageParams):
 
 @flow(name="promote", log_prints=True)
 def promote(params: PromoteParams) -> PromotionOutcome:
-    """Compare the candidate's canary job with the baseline's under the promotion gate; on
-    ``promote`` swap the serving endpoint to ``params.gguf_path`` (the ``serve`` flow as a subflow: GGUF
-    check, staged server, health gate, switch, old server stopped, swap recorded); on ``hold`` or
-    ``reject`` nothing starts and the recorded endpoint stays where it is.
+    """Compare the candidate's canary job with the baseline's; on ``promote`` swap serving to ``params.gguf_path``.
 
-    The serving block is loaded before the comparison, so a missing or invalid block is refused before
-    any comparison runs.
+    The swap is the ``serve`` flow as a subflow; on ``hold`` or ``reject`` nothing starts. The serving
+    block is loaded first, so a bad block is refused before any comparison runs. A multimodal candidate
+    needs a ``llama-server`` block with ``mmproj`` (the gate then sends an image).
 
     Args:
         params: the two canary jobs to compare, the gate policy and the serving block that swaps the candidate in.
 
     Raises:
-        InputError: ``params.gguf_path`` is missing, a job is missing, the candidate job canaried another
-            model, the baseline job canaried another model than the one serving, the jobs ran other
-            frozen splits.
+        InputError: a missing GGUF or job, a job that canaried another model than expected, other frozen splits.
         GGUFError, SwapRolledBackError: see the ``serve`` flow (the old server serves on).
     """
     gguf_sha256 = serving_tasks.model_file_sha256(params.gguf_path)  # refuses a missing file

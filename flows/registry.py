@@ -1,19 +1,7 @@
-"""Registry flows: migrate images between registries, audit a target's coverage, rewrite recorded
-references, plan the sharded prewarm. Thin: they resolve blocks and inputs, map the tasks of
-``tasks/registry.py`` and publish artifacts. Also the registries of a lifecycle run
-(:func:`registry_blocks`, :func:`run_registries`): the team's blocks or embedded loopback registries.
+"""Registry flows: migrate images, audit a target's coverage, rewrite recorded references, plan the prewarm.
 
-Entry points (``prefect.yaml`` deployments are registered by the lead):
-
-* ``flows/registry.py:migrate_images`` (flow ``migrate-images``)
-* ``flows/registry.py:registry_audit`` (flow ``registry-audit``)
-* ``flows/registry.py:rewrite_image_refs`` (flow ``rewrite-image-refs``)
-* ``flows/registry.py:prewarm_plan`` (flow ``prewarm-plan``)
-
-Each takes one parameter model, ``params`` (a :class:`flows.stagekit.StageParams`): :class:`MigrateParams`,
-:class:`RegistryAuditParams`, :class:`RewriteImageRefsParams`, :class:`PrewarmPlanParams`. Their field defaults
-are the deployments' working defaults (the demo's loopback registries ``127.0.0.1:5701`` / ``:5702``, the
-80-shard layout); an error names the field as the user wrote it (``params.target.address``).
+Also the registries of a lifecycle run (:func:`registry_blocks`, :func:`run_registries`). The params models'
+defaults are the deployments' (the demo's loopback registries ``127.0.0.1:5701`` / ``:5702``, 80 shards).
 """
 
 from __future__ import annotations
@@ -45,22 +33,14 @@ from tasks.common import markdown_artifact, table_artifact
 
 
 class MigrationSummary(BaseModel):
-    """What ``migrate-images`` did.
-
-    Attributes:
-        records: One record per image, input order (``already completed``: the store said so and
-            the target still serves the digest; nothing was copied).
-        coverage: The target's coverage of the images afterwards, beside the recorded states.
-        copied: Images copied by this run.
-        failed: ``"<name>: <ExceptionType>: <message>"`` of every failed image, input order.
-    """
+    """What ``migrate-images`` did."""
 
     model_config = ConfigDict(frozen=True)
 
-    records: list[migrate.MigrationRecord]
-    coverage: coverage.CoverageReport
-    copied: int
-    failed: list[str]
+    records: list[migrate.MigrationRecord] = Field(description="one record per image, input order")
+    coverage: coverage.CoverageReport  # the target's coverage afterwards, beside the recorded states
+    copied: int = Field(description="images copied by this run")
+    failed: list[str] = Field(description="'<name>: <ExceptionType>: <message>' per failed image, input order")
 
 
 _DEMO_REGISTRIES = RegistrySettings()
@@ -76,8 +56,7 @@ _IMAGES_TEXT = ("image names repo:tag[@sha256:<64 hex>] relative to the registry
 
 
 class ImageSelection(StageParams):
-    """The images a registry flow works on: ``images``, or the ``image_column`` of ``dataset_path``
-    (exactly one of the two; the base of :class:`MigrateParams` and :class:`RegistryAuditParams`)."""
+    """The images a registry flow works on: ``images``, or the ``image_column`` of ``dataset_path``."""
 
     images: tuple[str, ...] | None = Field(None, description=_IMAGES_TEXT)
     dataset_path: Path | None = Field(None, description="a JSONL file whose image_column holds the image names; "
@@ -86,21 +65,7 @@ class ImageSelection(StageParams):
 
 
 class MigrateParams(ImageSelection):
-    """The ``migrate-images`` flow's parameters (the migrate deployment's defaults are the model's).
-
-    Attributes:
-        source: the registry copied from: a saved ``forgeflow-registry`` block name or a RegistryEndpoint;
-            default the demo's embedded source registry ``127.0.0.1:5701``.
-        target: the registry copied into (the same forms); default the demo's target ``127.0.0.1:5702``.
-        images: image names (``repo:tag``, optionally ``@sha256:<64 hex>``, relative to both registries, or a
-            full reference whose host is the source's or target's address); None: ``dataset_path``.
-        dataset_path: a JSONL file whose ``image_column`` holds the image names; None: ``images``.
-        image_column: the dataset column holding the image names.
-        limits: the size above which an image is skipped (bytes), images at once against the target,
-            images started per second and the retry delays (seconds)
-            (:class:`forgeflow.registry.migration.TransferLimits`).
-        store_url: the store's SQLAlchemy URL; None: ``$FORGEFLOW_STORE_URL`` or ``$FORGEFLOW_HOME/store.db``.
-    """
+    """The ``migrate-images`` flow's parameters (the migrate deployment's defaults are the model's)."""
 
     source: str | RegistryEndpoint = Field(RegistryEndpoint(address=_DEMO_REGISTRIES.source_address),
                                            description=f"the registry copied from: {_ENDPOINT_FORMS}; default "
@@ -118,18 +83,7 @@ class MigrateParams(ImageSelection):
 
 
 class RegistryAuditParams(ImageSelection):
-    """The ``registry-audit`` flow's parameters (the registry-audit deployment's defaults are the model's).
-
-    Attributes:
-        target: the registry audited: a saved ``forgeflow-registry`` block name or a RegistryEndpoint;
-            default the demo's target ``127.0.0.1:5702``.
-        images: image names (``repo:tag``, optionally ``@sha256:<64 hex>``: that manifest is checked, or a full
-            reference whose host is the target's address); None: ``dataset_path``.
-        dataset_path: a JSONL file whose ``image_column`` holds the image names; None: ``images``.
-        image_column: the dataset column holding the image names.
-        store_url: the store's SQLAlchemy URL: each image is shown beside its recorded migration state and
-            rows the registry contradicts are put back to ``pending``; None: the registry only, no store.
-    """
+    """The ``registry-audit`` flow's parameters."""
 
     target: str | RegistryEndpoint = Field(RegistryEndpoint(address=_DEMO_REGISTRIES.target_address),
                                            description=f"the registry audited: {_ENDPOINT_FORMS}; default "
@@ -140,15 +94,7 @@ class RegistryAuditParams(ImageSelection):
 
 
 class RewriteImageRefsParams(StageParams):
-    """The ``rewrite-image-refs`` flow's parameters.
-
-    Attributes:
-        old_prefix: ``host[:port][/path]`` the recorded references start with now (``127.0.0.1:5701``, or a
-            repository ``127.0.0.1:5702/task-01``).
-        new_prefix: what replaces it (the same form).
-        dry_run: only publish the diff; False: rewrite in one transaction.
-        store_url: the store's SQLAlchemy URL; None: ``$FORGEFLOW_STORE_URL`` or ``$FORGEFLOW_HOME/store.db``.
-    """
+    """The ``rewrite-image-refs`` flow's parameters."""
 
     old_prefix: str = Field(description="host[:port][/path] the recorded image references start with now, matched "
                                         "at a name boundary (e.g. 127.0.0.1:5702/task-01)")
@@ -160,19 +106,7 @@ class RewriteImageRefsParams(StageParams):
 
 
 class PrewarmPlanParams(StageParams):
-    """The ``prewarm-plan`` flow's parameters (the prewarm-plan deployment's defaults are the model's).
-
-    Attributes:
-        tasks_path: a JSONL file of ``task_id`` and ``base_digest`` rows; None: the store's recorded tasks
-            (each task's base = its repository's target image).
-        shards: task repositories (``<prefix>-00`` ..), 1-10,000.
-        lanes: neighbouring shards one base's tasks spread over (1..``shards``).
-        prefix: the repositories' name prefix (``task`` gives ``task-00`` ..; ``/`` for a namespace).
-        tag_cap: most tags a repository may hold (task tags + basecache tags).
-        plot_path: where the histogram PNG is written; None: ``$FORGEFLOW_HOME/registry/prewarm-plan.png``.
-        store_url: the store's SQLAlchemy URL, read without ``tasks_path``; None: ``$FORGEFLOW_STORE_URL`` or
-            ``$FORGEFLOW_HOME/store.db``.
-    """
+    """The ``prewarm-plan`` flow's parameters."""
 
     tasks_path: Path | None = Field(None, description="a JSONL file of task_id and base_digest rows; None: the "
                                                       "store's recorded tasks")
@@ -197,8 +131,7 @@ def _validation_text(err: ValidationError) -> str:
 
 
 def registry_endpoint(value: str | RegistryEndpoint, what: str) -> RegistryEndpoint:
-    """The endpoint of a flow parameter, its address and namespace checked (InputError naming
-    ``<what>.address`` / ``<what>.namespace``; also for an endpoint built without validation)."""
+    """The endpoint of a flow parameter, checked (InputError naming ``<what>.address``/``.namespace``)."""
     if isinstance(value, RegistryEndpoint):
         endpoint = value
     elif isinstance(value, dict):
@@ -219,11 +152,7 @@ def registry_endpoint(value: str | RegistryEndpoint, what: str) -> RegistryEndpo
 
 
 def _check_limits(limits: migrate.TransferLimits) -> None:
-    """The limits checked again (a model built without validation, ``model_copy(update=...)``, skips its bounds).
-
-    Raises:
-        InputError: naming the field as ``params.limits.<field>`` with its value.
-    """
+    """The limits checked again (``model_copy(update=...)`` skips bounds); InputError names the field."""
     concurrency_limit, rate_limit_per_s = limits.concurrency_limit, limits.rate_limit_per_s
     max_size_bytes, retry_delays_s = limits.max_size_bytes, limits.retry_delays_s
     if max_size_bytes < 0:
@@ -244,9 +173,7 @@ def _names(images: tuple[str, ...] | None) -> list[str] | None:
 
 
 def _prefix_error(exc: InputError) -> InputError:
-    """``exc`` of the rewrite's prefix checks, which name the bare fields (``old_prefix 'x' is not ...``,
-    ``old_prefix 'x' and new_prefix 'y' must not contain each other``), naming ``params.<field>``; another
-    message unchanged."""
+    """``exc`` of the rewrite's prefix checks naming ``params.<field>``; another message unchanged."""
     message = str(exc)
     if message.startswith(("old_prefix ", "new_prefix ")):
         message = "params." + message.replace(" and new_prefix '", " and params.new_prefix '", 1)
@@ -289,49 +216,20 @@ def _run_count(task_run_id: object) -> int:
 def migrate_images(params: MigrateParams = MigrateParams()) -> MigrationSummary:
     """Copy images source -> target (``--all --preserve-digests``, digests verified), one task each.
 
-    The state of every image lives in the store's ``images`` table (role ``target``: status
-    pending / completed / skipped / failed, reason or exception, source and target digests).
-    Images the store records as ``completed`` from the same source are checked in the target
-    (one inspection each) and, if it still serves the recorded digest, not copied again; every
-    other image is marked ``pending`` and becomes a ``migrate-<name>`` task under the target
-    registry's global concurrency limit (``params.limits.concurrency_limit`` slots, created/updated here)
-    and optional rate limit. A transient registry error (429, 5xx, timeout) is retried by Prefect
-    with backoff (``params.limits.retry_delays_s``); a missing image or an auth failure is ``failed`` at once
-    and named in the summary's ``failed`` list and the log. Artifacts: ``migrate-images`` (state
-    and digests per image) and ``migrate-coverage`` (available / missing / errored in the
-    target, beside the recorded state; rows the registry contradicts are put back to
-    ``pending`` so the next run copies them).
-
-    Image names: ``repo:tag`` relative to the registries (``env/six:1.17.0``; the same path in
-    both, under each endpoint's namespace), optionally pinned by ``@sha256:<64 hex>`` (the source
-    is then read by digest and the target tagged ``repo:tag``). A name whose first component is
-    a registry host (it contains ``.`` or ``:`` or is ``localhost``, the docker reference
-    grammar's rule) is taken as a full reference when that host is the source's or the target's
-    address (``127.0.0.1:5702/task-02:x`` means ``task-02:x``), and refused otherwise (a local
-    podman name such as ``localhost/forgeflow/task:x`` is not a registry path): one InputError
-    naming the column or entry (``params.images entry ...``), the value and the expected form, before
-    anything runs.
-
-    Before any state is written, every input is checked (endpoint addresses ``host[:port]``,
-    namespaces, every image name, limits; a bad one named as ``params.target.address``,
-    ``params.limits.concurrency_limit``, ...) and both registries must answer ``GET /v2/`` (200 or
-    401): an unreachable one is a RegistryUnavailableError naming its address, not a retry per
-    image. The flow run ends Failed (MigrationIncompleteError, counting failed images by
-    exception type and naming a few) when any image failed, after every image's state, the
-    ``migrate-images`` table and the coverage were written; ``oversize`` skips do not fail it.
-    The exception's ``summary`` holds the :class:`MigrationSummary`.
+    Each image's state lives in the store's ``images`` table. An image recorded ``completed`` from the same
+    source is not copied again while the target serves its digest. Copies share the target registry's global
+    concurrency limit; a transient error (429, 5xx, timeout) is retried with backoff, a missing image or an
+    auth failure fails at once. A name whose first component is a registry host (docker reference grammar)
+    is a full reference when the host is the source's or target's address, refused otherwise.
 
     Args:
         params: the source and target registries, the images (a list or a dataset column), the transfer limits.
 
-    Returns:
-        The :class:`MigrationSummary` (records, coverage, copied, failed).
-
     Raises:
         InputError: bad inputs (nothing is copied or recorded then).
-        RegistryUnavailableError: the source or target registry does not answer (nothing is
-            copied or recorded then).
-        MigrationIncompleteError: some images failed (their states are recorded).
+        RegistryUnavailableError: a registry does not answer ``GET /v2/`` (nothing copied or recorded).
+        MigrationIncompleteError: some images failed, after every state and artifact was written; its
+            ``summary`` holds the :class:`MigrationSummary` (``oversize`` skips do not fail the run).
     """
     apply_container_env()
     log = get_run_logger()
@@ -398,25 +296,13 @@ def migrate_images(params: MigrateParams = MigrateParams()) -> MigrationSummary:
 
 @flow(name="registry-audit", log_prints=True)
 def registry_audit(params: RegistryAuditParams = RegistryAuditParams()) -> coverage.CoverageReport:
-    """Coverage of a dataset's images (or a list) in a registry: available / missing / errored,
-    published as the ``registry-coverage`` table artifact.
+    """Coverage of a dataset's images (or a list) in a registry: available / missing / errored.
 
-    With ``params.store_url``, each image is shown beside its recorded migration state (the store's
-    ``images`` rows, as ``migrate-images`` writes them), and rows the registry contradicts (a
-    ``completed`` image missing or serving another digest) are put back to ``pending`` in one
-    transaction, so the next ``migrate-images`` run copies them again.
-
-    Image names are read as by ``migrate-images``: ``repo:tag`` relative to the target (optionally
-    ``@sha256:<64 hex>``: that manifest is checked), or a full reference whose host is the
-    target's address (``127.0.0.1:5702/task-02:x``); a name naming another registry host (a local
-    podman name ``localhost/forgeflow/task:x``) is refused with an InputError naming the column,
-    the value and the expected form (and the dataset columns that would fit) before anything runs.
+    With ``params.store_url``, rows the registry contradicts (a ``completed`` image missing or serving
+    another digest) are put back to ``pending`` in one transaction, so the next migration copies them.
 
     Args:
         params: the registry to audit, the images (a list or a dataset column), a store URL to record them.
-
-    Returns:
-        The :class:`forgeflow.registry.coverage.CoverageReport`.
 
     Raises:
         InputError: bad inputs (nothing is checked or recorded then).
@@ -439,20 +325,13 @@ def registry_audit(params: RegistryAuditParams = RegistryAuditParams()) -> cover
 
 @flow(name="rewrite-image-refs", log_prints=True)
 def rewrite_image_refs(params: RewriteImageRefsParams) -> coverage.RewritePlan:
-    """Rewrite recorded image references (``images.ref``, ``task_instances.image_ref``) from
-    ``params.old_prefix`` to ``params.new_prefix`` in one transaction; ``params.dry_run`` (the default)
-    only publishes the diff (``rewrite-image-refs`` table artifact). Reverse it with the prefixes swapped.
+    """Rewrite recorded image references from ``old_prefix`` to ``new_prefix`` in one transaction.
 
-    A prefix matches at a name boundary: ``<prefix>/...``, and for a prefix ending in a repository
-    also ``<prefix>:tag`` / ``<prefix>@digest``, so ``127.0.0.1:5702/task-01`` ->
-    ``127.0.0.1:5702/task-02`` moves that repository's references. When nothing matches, the
-    log warns, naming the prefix and a recorded reference as an example.
+    A prefix matches at a name boundary (``<prefix>/...``, and ``<prefix>:tag`` / ``<prefix>@digest`` for a
+    repository). Reverse it with the prefixes swapped.
 
     Args:
         params: the image prefix to replace, its replacement, and whether to only report (dry run).
-
-    Returns:
-        The :class:`forgeflow.registry.coverage.RewritePlan` (rows, applied, an unmatched example).
 
     Raises:
         InputError: a prefix is not ``host[:port][/path]``, or the prefixes are equal or nest.
@@ -476,25 +355,14 @@ def rewrite_image_refs(params: RewriteImageRefsParams) -> coverage.RewritePlan:
 def prewarm_plan(params: PrewarmPlanParams = PrewarmPlanParams()) -> PrewarmPlan:
     """Plan the ``base-sharded-tags`` layout and check it against the tag cap; copies nothing.
 
-    Tasks come from ``params.tasks_path`` (JSONL with ``task_id`` and ``base_digest``) or, without it, from
-    the store (each task's base = its repository's target image). Publishes the ``prewarm-plan``
-    table (projected tags per repository) and the histogram PNG (``prewarm-plan-histogram``;
-    written to ``params.plot_path``, default ``$FORGEFLOW_HOME/registry/prewarm-plan.png``) BEFORE the check.
-    The plan itself is a task cached on the tasks and the layout (:func:`tasks.registry.layout_plan`). The
-    lifecycle's prewarm stage runs this flow on its candidates, then copies by the plan it returns.
+    The table and histogram are published BEFORE the check, so a rejected plan still shows.
 
     Args:
         params: the task rows to plan, the shard, lane and tag-cap sizes, and where the plot goes.
 
-    Returns:
-        The checked :class:`forgeflow.registry.layout.PrewarmPlan` (placements in input order, basecache tags and
-        projected tag counts per repository; ``rejected_repositories`` empty).
-
     Raises:
         PlanRejectedError: a repository would exceed ``params.tag_cap`` (names repositories and counts).
-        InputError: ``params.lanes`` exceeds ``params.shards``, or no task to plan; before any task is read
-            for the former. (A ``shards`` / ``lanes`` / ``prefix`` / ``tag_cap`` out of its bounds is refused
-            by Prefect's parameter validation before the flow runs, ``params.<field>`` named.)
+        InputError: ``params.lanes`` exceeds ``params.shards``, or no task to plan.
     """
     shards, lanes, prefix, tag_cap = params.shards, params.lanes, params.prefix, params.tag_cap
     if lanes > shards:
@@ -523,12 +391,10 @@ def prewarm_plan(params: PrewarmPlanParams = PrewarmPlanParams()) -> PrewarmPlan
 
 
 def registry_blocks(settings: RegistrySettings) -> dict[str, RegistryEndpoint]:
-    """The team's registries of a lifecycle run by role (``source``/``target``), loaded from the
-    ``forgeflow-registry`` blocks ``settings.source_block`` / ``target_block`` names (roles without one: absent).
+    """The team's registries of a lifecycle run by role (``source``/``target``), from their blocks.
 
     Raises:
-        InputError: a block is not saved or holds a bad address/namespace, or credentials are half set
-            (a user without a password or the reverse), each naming the block's role.
+        InputError: a block is not saved, holds a bad address/namespace or half-set credentials (role named).
     """
     names = {"source": settings.source_block, "target": settings.target_block}
     blocks = {role: registry_endpoint(name, role) for role, name in names.items() if name is not None}
@@ -543,21 +409,12 @@ def registry_blocks(settings: RegistrySettings) -> dict[str, RegistryEndpoint]:
 @contextmanager
 def run_registries(settings: RegistrySettings, storage_root: Path, run_id: str,
                    blocks: dict[str, RegistryEndpoint]) -> Iterator[tuple[dict[str, RegistryEndpoint], dict[str, str]]]:
-    """A lifecycle run's source and target registries: the team's (``blocks``, from :func:`registry_blocks`)
-    or embedded loopback ones started here, on ``settings.source_port``/``target_port`` with their storage
-    under ``storage_root/<role>``.
+    """A lifecycle run's source and target registries: the team's blocks, or embedded loopback ones.
 
-    Embedded registries are stopped, by PID, when the ``with``
-    ends. Credentials of the blocks go into one containers-auth.json (mode 600) for the run, exported as
-    ``REGISTRY_AUTH_FILE`` (containers-auth.json(5)), which every skopeo and podman command of the run reads
-    (pushes, prewarm copies, the sandboxes' pulls); the file is deleted and the variable restored at exit.
-    While the run lasts, an auth file the environment named before is not read (its entries are not merged):
-    the run reaches the registries of its blocks, and public ones.
-
-    Yields:
-        ``(endpoints, registry_ids)`` by role. An embedded registry's id is its instance id (a wiped one is
-        filled again); a block's is ``<address>/<namespace>@<run id>``: the lifecycle cannot see whether the
-        team's registry was wiped, so each run pushes again (skopeo skips the blobs already there).
+    Embedded registries are stopped by PID when the ``with`` ends. The blocks' credentials go into one
+    containers-auth.json (mode 600) exported as ``REGISTRY_AUTH_FILE`` for the run (containers-auth.json(5));
+    an auth file named before is not read meanwhile. Yields ``(endpoints, registry_ids)`` by role; a block's
+    id is ``<address>/<namespace>@<run id>``, so each run pushes again (skopeo skips blobs already there).
     """
     endpoints, ids = dict(blocks), {role: f"{e.address}/{e.namespace}@{run_id}" for role, e in blocks.items()}
     ports = {"source": settings.source_port, "target": settings.target_port}

@@ -1,9 +1,4 @@
-"""The ``rescore`` flow: a canary job's stored submissions re-verified under the current verifier, without
-re-running the model, as a new job linked to the original (:mod:`forgeflow.evaluation.rescore`).
-
-It takes one parameter model, ``params`` (:class:`RescoreParams`), and returns
-:class:`forgeflow.evaluation.rescore_report.RescoreResult`. ``forgeflow rescore JOB`` runs it.
-"""
+"""The ``rescore`` flow: a canary job's stored submissions re-verified under the current verifier."""
 
 from __future__ import annotations
 
@@ -29,17 +24,7 @@ VERDICTS_ARTIFACT_KEY = "rescore-verdicts"
 
 
 class RescoreParams(StageParams):
-    """The ``rescore`` flow's parameters.
-
-    Attributes:
-        job_id: the canary job to re-score (with its recovery jobs merged in), or an earlier re-score.
-        rescore_job_id: the new job's id; None: ``<job_id>-rescore-<12 hex>`` of the standing trials and the
-            verifier's source digest (the same re-score again upserts the same rows).
-        verifier_timeout_s: limit of one test run, seconds; None: the job's recorded one.
-        concurrency: verifier sandboxes at once (1 to 10, the ``verified`` canary profile's limit).
-        generated_path: the task-rows file; None: the job's recorded source, else the demo's candidates file.
-        out_dir: where ``<rescore job id>/report.md`` and ``summary.json`` go; None: ``$FORGEFLOW_HOME/canary``.
-    """
+    """The ``rescore`` flow's parameters."""
 
     job_id: str = Field(min_length=1, description="the canary job to re-score (forgeflow trials lists the jobs)")
     rescore_job_id: str | None = Field(None, min_length=1, max_length=512, description="the new job's id; None: "
@@ -57,27 +42,16 @@ class RescoreParams(StageParams):
 def rescore(params: RescoreParams) -> RescoreResult:
     """Re-verify every stored submission of canary job ``params.job_id`` under the current verifier, as a new job.
 
-    The job's merged view (the original and its recovery jobs) gives one standing trial per task; each one's
-    submission is read from its trial row, else from its trajectory file, and re-verified in a fresh sandbox of
-    the pristine task image with the job's recorded limits (:func:`forgeflow.evaluation.rescore.plan_rescore`). A
-    trial whose agent run made no submission keeps its exception; one whose submission is lost is recorded as
-    ``SubmissionMissingError``, never reward 0. The new job (kind ``rescore``, ``parent_job_id`` the original, the
-    original's freeze, split and model) is recorded with a trial per task; the original's rows are never
-    rewritten. ``forgeflow compare`` and the ``promote`` flow take the new job by its id. Leaves the markdown
-    report artifact ``rescore-report`` (both jobs' accounting, the changed verdicts first, every task's old and
-    new verdict and why, each job's exclusions per exception type with the rate), the table artifact
-    ``rescore-verdicts`` and ``out_dir/<rescore job id>/report.md``.
+    Each standing trial's submission (its row, else its trajectory) is re-verified in a fresh sandbox of the
+    pristine image with the job's recorded limits. A lost submission is ``SubmissionMissingError``, never
+    reward 0. The new job (kind ``rescore``, ``parent_job_id`` the original) is recorded; the original's
+    rows are never rewritten.
 
     Args:
         params: the canary job to re-verify, the new job's id, the verifier timeout, concurrency, task rows.
 
-    Returns:
-        :class:`forgeflow.evaluation.rescore_report.RescoreResult`: the new job's id, counts (re-verified,
-        carried over, missing, changed), both reports, the new job's exclusions and the verdict table.
-
     Raises:
-        InputError: the job is unknown (the canary jobs are listed), a recovery job, not a canary job; the re-score
-            id is taken; the task rows cannot be read.
+        InputError: an unknown, recovery or non-canary job; a taken re-score id; unreadable task rows.
         PreflightError: a task to re-verify cannot run (listed).
     """
     logger = get_run_logger()

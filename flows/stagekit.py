@@ -1,13 +1,8 @@
 """Bookkeeping shared by the flows: per-stage wall time, cached/completed status, summary.json; and
-:class:`StageParams`, the base of every stage flow's one parameter model.
+:class:`StageParams`, the base of every stage flow's parameter model.
 
-A stage is *cached* when every task it ran came back from Prefect's cache (state name
-``Cached``); it is *completed* otherwise. A stage opened while another :class:`StageLog`'s stage is
-active (a stage flow with its own log, e.g. ``canary``, run inside a lifecycle stage) counts its task runs
-in its own log and in that enclosing stage too, so the enclosing stage is cached exactly when the nested
-flow's tasks were. The summary is written atomically after every stage, so
-an interrupted run still leaves what it did. :meth:`StageLog.finish` also publishes the stages as
-one Prefect table artifact (key :data:`STAGE_TABLE_KEY`), the table a person opens in the UI.
+A stage is *cached* when every task it ran came back from Prefect's cache; a stage flow run inside a
+lifecycle stage counts its task runs in that stage too. The summary is written atomically after every stage.
 """
 
 from __future__ import annotations
@@ -43,53 +38,32 @@ _ACTIVE_STAGE: ContextVar[StageLog | None] = ContextVar("forgeflow_active_stage_
 
 
 class StageParams(BaseModel):
-    """Base of a stage flow's parameter model (the flow's one parameter, named ``params``): frozen, and
-    an unknown field is refused (``extra="forbid"``), so a misspelt key fails the run before any
-    work instead of being ignored. Prefect validates a run's ``params`` against the model before the
-    flow body runs; the refusal names the field (e.g. ``params.gguf_path``).
+    """Base of a stage flow's parameter model: frozen, and an unknown field is refused (``extra="forbid"``).
 
-    A run's parameters are merged over its deployment's shallowly (top-level keys): a run that
-    gives ``params`` replaces the deployment's whole ``params`` object, so the working defaults live
-    in the model's fields, not in the deployment.
+    A run's parameters are merged over its deployment's shallowly: a run that gives ``params`` replaces the
+    deployment's whole object, so the working defaults live in the model's fields.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 def run_task(task: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Run a Prefect task from a stage flow (``freeze``, ``package``, ``base-model``, ...) and return
-    its result. When the flow runs inside a lifecycle stage (a subflow of it), the task's state is
-    noted in that stage's counts (:meth:`StageLog.call`), so the stage is ``cached`` exactly when every
-    task it ran, its stage flows' included, came from Prefect's cache; run alone it is a plain call.
-
-    Raises:
-        whatever the task raised.
-    """
+    """Run a Prefect task from a stage flow, noting its state in the enclosing lifecycle stage, if any."""
     log = _ACTIVE_STAGE.get()
     return task(*args, **kwargs) if log is None else log.call(task, *args, **kwargs)
 
 
 def note_task_state(state: State) -> None:
-    """Note a submitted task run's final ``state`` in the lifecycle stage the calling stage flow runs inside
-    (as :func:`run_task` does for a call), so a flow that submits its own task runs (``curate``'s
-    validations) counts in that stage's ``tasks_run`` / ``tasks_cached``; run alone: nothing."""
+    """Note a submitted task run's final ``state`` in the enclosing lifecycle stage (as :func:`run_task`)."""
     log = _ACTIVE_STAGE.get()
     if log is not None:
         log._note(state)
 
 
 def run_stage_flow(name: str, body: Callable[..., T], *args: Any) -> T:
-    """Run ``body(*args)`` as a subflow run of the calling flow run: flow :data:`STAGE_FLOW_NAME`,
-    run name ``name`` (e.g. ``validate``), and return what ``body`` returned.
+    """Run ``body(*args)`` as a subflow run named ``name`` of the calling flow run; return its result.
 
-    In the Prefect UI the lifecycle's run then shows one subflow run per stage, each with its own
-    task runs, logs, progress and table artifacts, instead of every task on one flat timeline. The
-    subflow takes no parameters (``body`` and ``args`` are the calling flow's in-memory objects, not
-    JSON) and does not persist its result (``persist_result=False``): the tasks inside cache and
-    record their own results, and the store holds the domain facts.
-
-    Raises:
-        whatever ``body`` raised (the subflow run is then Failed, and so is the stage).
+    The subflow takes no parameters and does not persist its result (the tasks inside cache their own).
     """
 
     def stage_body() -> T:
@@ -115,9 +89,7 @@ class StageLog:
     def stage(self, name: str) -> Iterator[dict[str, Any]]:
         """Time one stage; the yielded dict takes ``counts``/``digests``/``paths`` entries.
 
-        Opened while another log's stage is active in this context (this log belongs to a stage flow run
-        inside it), the task runs noted here are noted in that stage too, until this stage ends. A stage
-        opened inside one of this log's own stages counts only in the inner one, as before.
+        Opened while another log's stage is active, its task runs count in that stage too, until this one ends.
         """
         record: dict[str, Any] = {"status": "running", "counts": {}, "digests": {}, "paths": {},
                                   "tasks_run": 0, "tasks_cached": 0}
@@ -145,8 +117,7 @@ class StageLog:
             self.write()
 
     def _note(self, state: State) -> None:
-        """Count one ended task run in the open stage (cached when its state is named ``Cached``) and in
-        the enclosing log's active stage, if any (:meth:`stage`)."""
+        """Count one ended task run in the open stage and in the enclosing log's active stage, if any."""
         if self._current is not None:
             self._current["tasks_run"] += 1
             if state.name == "Cached":
@@ -172,9 +143,7 @@ class StageLog:
 
     def window(self, items: Iterable[Item], submit: Callable[[Item], PrefectFuture[T]],
                concurrency: int) -> Iterator[tuple[Item, State]]:
-        """Run ``submit(item)`` for every item in a sliding window: at most ``concurrency`` task runs in
-        flight, the next one submitted the moment one ends (not in waves that wait for their slowest
-        member). Yields ``(item, final state)`` in completion order, each noted for the stage counts.
+        """Yield ``(item, final state)`` of ``submit(item)`` in completion order, at most ``concurrency`` in flight.
 
         Raises:
             ValueError: ``concurrency`` < 1.
@@ -195,16 +164,14 @@ class StageLog:
             yield item, self.gather([future])[0]
 
     def table_rows(self) -> list[dict[str, Any]]:
-        """One row per stage in run order: stage, status, wall_s, tasks_run, tasks_cached, counts
-        (``k=v`` joined by ``, ``) and error (empty unless the stage failed)."""
+        """One row per stage in run order (``counts`` as ``k=v`` joined by ``, ``)."""
         return [{"stage": name, "status": st["status"], "wall_s": st.get("wall_s"),
                  "tasks_run": st["tasks_run"], "tasks_cached": st["tasks_cached"],
                  "counts": ", ".join(f"{k}={v}" for k, v in st.get("counts", {}).items()),
                  "error": st.get("error", "")} for name, st in self.stages.items()]
 
     def finish(self, extra: dict[str, Any] | None = None) -> None:
-        """Write ``summary.json`` (see :meth:`write`), then publish :meth:`table_rows` as the
-        table artifact :data:`STAGE_TABLE_KEY` of the current flow run."""
+        """Write ``summary.json``, then publish the stage table artifact :data:`STAGE_TABLE_KEY`."""
         from tasks.common import table_artifact
 
         self.write(extra)

@@ -1,9 +1,6 @@
-"""Stage flows that run on their own (from the UI, a schedule or the API), reading their inputs
-from the store where the lifecycle left them. Each is a deployment in ``prefect.yaml``, takes one
-parameter model (``params``, a :class:`flows.stagekit.StageParams`: :class:`FreezeParams`,
-:class:`CompareParams`, :class:`PackageParams`, :class:`PublishParams`, :class:`ServeParams`,
-:class:`BaseModelParams`) and returns one typed result; the lifecycle runs the same flows as subflows.
-File digests and store reads happen in tasks (:mod:`tasks.packaging`, :mod:`tasks.serving`).
+"""Stage flows that run on their own (UI, schedule, API), reading their inputs from the store.
+
+Each takes one ``params`` model and returns one typed result; the lifecycle runs the same flows as subflows.
 """
 
 from __future__ import annotations
@@ -44,7 +41,7 @@ DEMO_FREEZE_QUOTAS: SplitQuotas = LifecycleConfig().freeze.quotas
 
 
 def _param_error(exc: InputError, field: str) -> InputError:
-    """``exc`` with its message naming ``params.<field>`` (a core check names the bare field or a value)."""
+    """``exc`` with its message naming ``params.<field>``."""
     message = str(exc)
     return type(exc)(f"params.{message}" if message.startswith(field) else f"params.{field}: {message}")
 
@@ -54,19 +51,7 @@ ModelName = Annotated[str, AfterValidator(check_model_name)]
 anything is packaged, if it is not one path component (:func:`forgeflow.packaging.publish.check_model_name`)."""
 
 class FreezeParams(StageParams):
-    """The ``freeze`` flow's parameters (the freeze deployment's defaults are the demo's).
-
-    Attributes:
-        name: the freeze name (:func:`forgeflow.curation.freeze.validate_freeze_name`); a freeze is immutable.
-        quotas: split minimums (tasks), the per-repository cap (tasks) and repositories overall.
-        seed: orders the selection (same accepted tasks + seed, same freeze).
-        instance_ids: freeze only accepted tasks among these (a curate run's candidates); None: every
-            accepted task in the store.
-        candidate_set: a curate run's candidate set, as the freeze-on-ready automation passes it (a
-            reference: its ids are read from the store and checked against its digest); not with
-            ``instance_ids``.
-        out_dir: where the manifest and bundle are written; None: ``$FORGEFLOW_HOME/freezes``.
-    """
+    """The ``freeze`` flow's parameters (the freeze deployment's defaults are the demo's)."""
 
     name: str = Field("demo-v1", description="the freeze name: lower-case letters, digits, '.', '_', '-', at most "
                                              "128 characters; an existing name with other content is refused")
@@ -85,24 +70,15 @@ class FreezeParams(StageParams):
 
 @flow(name="freeze", log_prints=True)
 def freeze(params: FreezeParams = FreezeParams()) -> FreezeManifest:
-    """Freeze the accepted tasks recorded in the store under ``params.name`` (immutable), with its export
-    bundle: a HF ``datasets`` DatasetDict per split (rows: instance id, repository, split,
-    FAIL_TO_PASS, PASS_TO_PASS, image reference and digest, patch sha256 — what the store holds)
-    and its deterministic tarball, whose sha256 the store records beside the manifest's digests.
+    """Freeze the accepted tasks in the store under ``params.name`` (immutable), with its export bundle.
 
-    The manifest's ``inputs`` pin each task's image: ``image_digests`` (instance id -> manifest digest)
-    for every task whose image the store records (the lifecycle runs this flow as its freeze stage).
+    The bundle (a HF DatasetDict per split, as a deterministic tarball) has its sha256 in the manifest.
 
     Args:
         params: the freeze's name, split quotas, seed and the accepted tasks it draws from.
 
-    Returns:
-        The manifest, with ``bundle_path`` and ``bundle_sha256`` of the bundle's tarball.
-
     Raises:
-        InputError: an invalid name, ``params.instance_ids`` given but empty, both it and
-            ``params.candidate_set``, or a candidate set the store does not hold (or whose ids do not
-            match its digest).
+        InputError: an invalid name, empty ``instance_ids``, both it and ``candidate_set``, or an unknown set.
         PreflightError: the quotas are not met (each unmet quota is named).
         FreezeConflictError: ``params.name`` exists with different content.
     """
@@ -134,16 +110,7 @@ def freeze(params: FreezeParams = FreezeParams()) -> FreezeManifest:
 
 
 class CompareParams(StageParams):
-    """The ``compare`` flow's parameters.
-
-    Attributes:
-        job_a: the first canary job (the baseline), as recorded in the store.
-        job_b: the second canary job (the candidate), on the same frozen split.
-        report_path: the markdown report (its PNG beside it); None: ``$FORGEFLOW_HOME/compare-<a>-vs-<b>.md``.
-        merge_recovery: merge each job's recovery jobs into it before comparing.
-        seed: the repository-clustered bootstrap's seed.
-        gate: the promotion gate's settings; None: :class:`~forgeflow.evaluation.compare.gate.GatePolicy`'s defaults.
-    """
+    """The ``compare`` flow's parameters."""
 
     job_a: str = Field(description="the first (baseline) canary job id, as recorded in the store")
     job_b: str = Field(description="the second (candidate) canary job id, on the same frozen split")
@@ -156,51 +123,29 @@ class CompareParams(StageParams):
 
 
 class CompareResult(BaseModel):
-    """What the ``compare`` flow found and wrote.
-
-    Attributes:
-        job_a / job_b: the two jobs compared (merged with their recovery jobs when asked: see the labels).
-        paired: wins/ties/losses, exact McNemar and the delta interval.
-        decision: the promotion gate's verdict under the run's gate settings.
-        report_a / report_b: each job's accounting (scored, passed, exceptions, pass rate).
-        costs: mean input tokens, agent steps and wall seconds over the pairs, ratios B / A.
-        excluded: instances left out of the pairs, with reasons.
-        files: the markdown report and its PNG, with their sha256.
-    """
+    """What the ``compare`` flow found and wrote."""
 
     model_config = ConfigDict(frozen=True)
 
-    job_a: comparison.MergedJob
-    job_b: comparison.MergedJob
-    paired: comparison.PairedComparison
-    decision: Decision
-    report_a: comparison.JobReport
-    report_b: comparison.JobReport
-    costs: comparison.CostComparison
-    excluded: list[comparison.ExcludedTask]
-    files: evaluation_tasks.ComparisonFiles
+    job_a: comparison.MergedJob = Field(description="the baseline job (merged with its recovery jobs when asked)")
+    job_b: comparison.MergedJob = Field(description="the candidate job (merged with its recovery jobs when asked)")
+    paired: comparison.PairedComparison = Field(description="wins/ties/losses, exact McNemar, the delta interval")
+    decision: Decision = Field(description="the promotion gate's verdict under the run's gate settings")
+    report_a: comparison.JobReport = Field(description="job A's accounting (scored, passed, exceptions, pass rate)")
+    report_b: comparison.JobReport = Field(description="job B's accounting (scored, passed, exceptions, pass rate)")
+    costs: comparison.CostComparison = Field(description="mean input tokens, agent steps, wall seconds; ratios B/A")
+    excluded: list[comparison.ExcludedTask] = Field(description="instances left out of the pairs, with reasons")
+    files: evaluation_tasks.ComparisonFiles = Field(description="the markdown report and its PNG, with sha256")
 
 
 @flow(name="compare", log_prints=True)
 def compare(params: CompareParams) -> CompareResult:
     """Paired comparison of two canary jobs recorded in the store, on the same frozen split.
 
-    Writes the markdown report (wins/ties/losses, exact McNemar, the delta interval — Newcombe's
-    paired interval united with the repository-clustered bootstrap —, excluded tasks with reasons,
-    cost ratios and the promotion gate's verdict under ``params.gate``'s settings, default
-    :class:`forgeflow.evaluation.compare.gate.GatePolicy`; each job merged with its recovery jobs unless
-    ``params.merge_recovery`` is False, and said so) and beside it a PNG (pass rates with Wilson
-    intervals, wins/losses per repository) that the report and the markdown artifact show.
-
-    The comparison is cached on what it reads from the store (``tasks.evaluation.compare_stored_jobs``);
-    the report, plot and artifact are written on every run. The lifecycle's compare stage runs this
-    flow as a subflow on its two canary jobs.
+    The delta interval is Newcombe's paired interval united with the repository-clustered bootstrap.
 
     Args:
         params: the two jobs to compare (baseline, candidate), the report path, the seed and the gate policy.
-
-    Returns:
-        :class:`CompareResult`: the comparison, the gate's decision, and the files with their digests.
 
     Raises:
         InputError: a job has no trials in the store, or the jobs ran different frozen splits.
@@ -220,37 +165,16 @@ def compare(params: CompareParams) -> CompareResult:
 
 
 class PackageResult(BaseModel):
-    """What the ``package`` flow made: the checked GGUFs, and the release when it published one.
-
-    Attributes:
-        artifacts: the GGUFs by artifact key (``f16`` and each quantization's
-            :attr:`forgeflow.packaging.gguf.QuantSpec.key`), each checked against the HF config and loaded.
-        published: the release record (:class:`forgeflow.packaging.publish.PublishRecord`) when the flow
-            published (``publish``); None otherwise.
-    """
+    """What the ``package`` flow made: the checked GGUFs, and the release when it published one."""
 
     model_config = ConfigDict(frozen=True)
 
-    artifacts: dict[str, GGUFArtifact]
-    published: PublishRecord | None = None
+    artifacts: dict[str, GGUFArtifact] = Field(description="the checked, loaded GGUFs by artifact key (f16, quants)")
+    published: PublishRecord | None = Field(None, description="the release record when the flow published one")
 
 
 class PackageParams(StageParams):
-    """The ``package`` flow's parameters (see :func:`package` for the quantization plan, metadata edits
-    and publishing).
-
-    Attributes:
-        hf_dir: the HF checkpoint folder to package (``config.json``, weights, tokenizer).
-        out_dir: where the GGUFs (``model-<key>.gguf``) and, with an adapter, ``merged/`` are written.
-        quantizations: the quantization plan: names of :data:`forgeflow.packaging.gguf.QUANT_PLANS`
-            and/or :class:`forgeflow.packaging.gguf.QuantSpec` objects.
-        adapter_dir: a LoRA adapter folder merged into ``hf_dir`` first; None: nothing merged.
-        publish: a ModelStore block to publish to; None: nothing published.
-        publish_quantization: the artifact key published; None: the first of ``quantizations``.
-        model_name: the model's name in a local store.
-        metadata_edits: GGUF metadata edits (:class:`forgeflow.packaging.gguf_metadata.MetadataEdit`).
-        publish_checkpoint: publish the checkpoint the GGUF was converted from too.
-    """
+    """The ``package`` flow's parameters."""
 
     hf_dir: Path = Field(description="the HF checkpoint folder to package (config.json, weights, tokenizer)")
     out_dir: Path = Field(description="output folder for model-<key>.gguf files (and merged/ with an adapter)")
@@ -271,57 +195,18 @@ class PackageParams(StageParams):
 
 @flow(name="package", log_prints=True)
 def package(params: PackageParams) -> PackageResult:
-    """Merge (optional adapter) -> GGUF f16 -> quantize -> metadata check -> load [-> metadata edits ->
-    verify -> check -> load] [-> publish].
+    """Merge (optional adapter) -> GGUF f16 -> quantize -> check -> load [-> metadata edits] [-> publish].
 
-    ``params.quantizations`` is the quantization plan: names of :data:`forgeflow.packaging.gguf.QUANT_PLANS`
-    (``Q8_0``, ``Q4_K_M``, ``Q4_K_M+attn-embd-output-Q8_0``: attention, embedding and output at Q8_0,
-    the rest Q4_K_M, as the hand-run pipeline served) and/or specs ``{"preset": "Q4_K_M",
-    "tensor_types": {regex: ggml type}, "name": ...}``; each mixed artifact is checked tensor by
-    tensor after quantization. The result is keyed by :attr:`forgeflow.packaging.gguf.QuantSpec.key`.
-
-    ``params.metadata_edits`` fixes GGUF metadata as the hand-run pipeline patched it: a list of
-    ``{"op": "set"|"add"|"delete", "key": ..., "value": ..., "type": <GGUFValueType name, optional>,
-    "sub_type": <ARRAY element type>, "artifacts": [<artifact keys>, optional]}``
-    (:class:`forgeflow.packaging.gguf_metadata.MetadataEdit`), e.g. ``[{"op": "set", "key":
-    "tokenizer.chat_template", "value": "..."}, {"op": "set", "key": "general.name", "value": "agent-v3"},
-    {"op": "add", "key": "forgeflow.release", "value": "3", "type": "STRING"}, {"op": "delete", "key":
-    "general.url"}]``. A ``set`` keeps the stored type unless ``type`` is given; an ``add`` without
-    ``type`` infers it as gguf-py does (int INT32, float FLOAT32). After every artifact passed its check
-    and loaded, the edits are applied to each GGUF they name (all, f16 included, by default) in one
-    bounded-memory pass (:func:`forgeflow.packaging.gguf_metadata.apply_metadata_edits`; tensor infos,
-    untouched entries and sampled tensor data verified against the source), then the GGUF check (edited
-    keys against their edits) and the load run again on the edited file. The store records the edited
-    file's sha256 with ``lineage`` = ``{"edited_from_sha256": ..., "metadata_edits": [...]}``.
-
-    With ``params.publish`` (the name of a ModelStore block: local directory or HF Hub), the GGUF of
-    ``params.publish_quantization`` (default: the first of ``quantizations``) and its
-    ``<stem>.lineage.json`` are published once every artifact passed the GGUF check and loaded
-    (:func:`tasks.packaging.publish_gguf`), with the merged adapter's files (``adapter/``) and,
-    with ``params.publish_checkpoint``, the checkpoint the GGUF was converted from (``checkpoint/``: the
-    merged one when an adapter was merged); the result's ``published`` is then the record.
-
-    The run shows the artifacts as a table artifact (``package``: key, path, size, sha256). The
-    lifecycle's base-model and package stages run this flow.
-
-    Every artifact is recorded in the store as the lifecycle's package stage records it
-    (:func:`tasks.packaging.record_package`: the merged checkpoint from the adapter, the f16 GGUF from the
-    checkpoint it was converted from, each quantized GGUF from the f16 one, with this flow run's
-    id), so ``forgeflow lineage`` lists this run as their producer; the base checkpoint ``hf_dir`` and
-    the adapter are recorded too when the store does not know them yet.
+    Metadata edits run after every artifact passed its check and loaded, in one bounded-memory pass verified
+    against the source; the check and load then run again on the edited file. Every artifact is recorded in
+    the store with this flow run as its producer.
 
     Args:
         params: the checkpoint or adapter to merge, convert and quantize; the quantizations, metadata edits.
 
     Raises:
-        InputError: before any compute: the store block is missing or inconsistent (``params.publish: ...``, read
-            in a task), or ``params.publish_quantization`` is not among the artifacts this run makes, an unknown
-            quantization plan name or preset, repeated artifact keys (``params.quantizations``), an
-            invalid metadata edit (``params.metadata_edits[i] (key ...)``: unknown op, empty key, a value
-            that does not fit its type, a repeated key, a delete of a key the architecture needs such as
-            ``general.architecture``, an unknown artifact key).
-        GGUFError: a GGUF fails its check, or an edit does not fit the file (a set/delete of an
-            absent key, an add of a present one); nothing is published.
+        InputError: before any compute: a bad store block, quantization plan, artifact key or metadata edit.
+        GGUFError: a GGUF fails its check, or an edit does not fit the file; nothing is published.
     """
     hf_dir, out_dir, adapter_dir = params.hf_dir, params.out_dir, params.adapter_dir
     quantizations = params.quantizations
@@ -356,12 +241,7 @@ def package(params: PackageParams) -> PackageResult:
 
 
 def _publish_preflight(store_block: str, quantization: str, produced: tuple[str, ...]) -> str:
-    """Fail before compute when the store block or the quantization to publish cannot work; returns ``quantization``.
-
-    Raises:
-        InputError: ``params.publish_quantization`` is not in ``produced``, or ``params.publish: ...`` the block
-            is missing or inconsistent (:func:`tasks.packaging.model_store_preflight`, a task run).
-    """
+    """Fail before compute when the store block or the quantization to publish cannot work."""
     if quantization not in produced:
         raise InputError(f"params.publish_quantization {quantization!r} is not one of the artifacts {list(produced)}")
     try:
@@ -372,20 +252,7 @@ def _publish_preflight(store_block: str, quantization: str, produced: tuple[str,
 
 
 class PublishParams(StageParams):
-    """The ``publish`` flow's parameters.
-
-    Attributes:
-        gguf_path: the GGUF (as the package stage wrote it).
-        store: name of a ModelStore block (``forgeflow up`` saves a local one as ``forgeflow-models``).
-        hf_dir: the HF checkpoint the GGUF was converted from (the merged one when an adapter was merged).
-        adapter_dir: the adapter merged into it, if any (its files are published with the GGUF,
-            under ``adapter/``).
-        model_name: the model's name in a local store.
-        include_checkpoint: publish ``hf_dir`` itself too (under ``checkpoint/``, every file
-            sha256-verified like the GGUF): the release then holds the weights the GGUF came from.
-        mmproj_path: the vision projector GGUF a multimodal model's GGUF serves with (the package stage's
-            ``mmproj-f16.gguf``): published beside it, its sha256 in the release JSON; None: text-only.
-    """
+    """The ``publish`` flow's parameters."""
 
     gguf_path: Path = Field(description="the GGUF file to publish")
     store: str = Field("forgeflow-models", description="name of the ModelStore block to publish to")
@@ -402,27 +269,16 @@ class PublishParams(StageParams):
 
 @flow(name="publish", log_prints=True)
 def publish(params: PublishParams) -> PublishRecord:
-    """Publish a GGUF the package stage wrote (e.g. once the promotion gate chose it) to a model store.
+    """Publish a GGUF the package stage wrote to a model store, after checking it against ``params.hf_dir``.
 
-    The GGUF is checked against ``params.hf_dir`` again (:func:`forgeflow.packaging.gguf.check_gguf`; keys
-    the store records a ``package`` run's metadata edits set on it against those edits) before anything is
-    sent; its ``<stem>.lineage.json`` names ``hf_dir``'s digest and, with ``adapter_dir``, the adapter's
-    lineage.
-
-    When the store (the ledger) knows the GGUF, ``params.hf_dir`` must be the checkpoint its recorded chain
-    was converted from and ``params.adapter_dir`` the adapter merged into it (required when the chain has
-    one; :func:`forgeflow.packaging.lineage.check_release_sources`), checked before anything is written or
-    sent: the GGUF metadata check cannot tell a LoRA-merged checkpoint from its base. When the
-    store does not know the GGUF, it is published as given and a warning says the lineage was not
-    cross-checked. The files are hashed and the store read in a task (:func:`tasks.packaging.release_inputs`).
+    When the store knows the GGUF, ``hf_dir`` and ``adapter_dir`` must be what its recorded chain was converted
+    from (the metadata check cannot tell a LoRA-merged checkpoint from its base); otherwise a warning says so.
 
     Args:
         params: the GGUF (and optional checkpoint, adapter) to publish, the model store block, the name.
 
     Raises:
-        InputError: the store block is missing or inconsistent (``params.store: ...``, read in a task);
-            ``params.gguf_path``/``params.hf_dir`` is missing; ``hf_dir``/``adapter_dir`` is not what the store
-            records the GGUF was converted from.
+        InputError: a bad store block, a missing path, or sources other than the store records.
         GGUFError: the check failed.
     """
     try:
@@ -443,19 +299,7 @@ def publish(params: PublishParams) -> PublishRecord:
 
 
 class ServeParams(StageParams):
-    """The ``serve`` flow's parameters.
-
-    Attributes:
-        gguf_path: the GGUF to serve (external: the model file the endpoint serves).
-        state_path: the serving state file; None: ``$FORGEFLOW_HOME/serving/state.json``.
-        ports: the two blue/green ports on 127.0.0.1; None: the serving backend's (8801/8802).
-        hf_dir: the HF checkpoint folder (``config.json``) the GGUF was converted from; None: the one
-            the store records for it.
-        serving_block: a ``forgeflow-serving`` block (:class:`blocks.core.ServingBackend`); None:
-            llama-cpp-python with a 4,096-token context.
-        mmproj_path: the vision projector to serve the GGUF with, in place of the block's ``mmproj`` (the
-            package stage's ``mmproj`` artifact of a multimodal model; needs a ``llama-server`` block).
-    """
+    """The ``serve`` flow's parameters."""
 
     gguf_path: Path = Field(description="the GGUF to serve (external endpoint: the model file it serves)")
     state_path: Path | None = Field(None, description="the serving state file; None: "
@@ -471,11 +315,7 @@ class ServeParams(StageParams):
 
 
 def with_projector(backend: BackendConfig, mmproj_path: Path | None) -> BackendConfig:
-    """``backend`` with its ``mmproj`` replaced by ``mmproj_path``, or ``backend`` when that is None (text-only).
-
-    Raises:
-        InputError: ``backend`` cannot take a projector (not ``kind="llama-server"``; the reason named).
-    """
+    """``backend`` with its ``mmproj`` replaced by ``mmproj_path`` (InputError unless ``kind="llama-server"``)."""
     return backend if mmproj_path is None else backend_config(
         {**backend.model_dump(), "mmproj": Path(mmproj_path)}, f"the serving block with the projector {mmproj_path}")
 
@@ -484,53 +324,19 @@ def with_projector(backend: BackendConfig, mmproj_path: Path | None) -> BackendC
 def serve(params: ServeParams) -> serving_tasks.SwapOutcome:
     """Blue/green swap of the serving endpoint to ``params.gguf_path`` (check, gate, switch, stop the old one).
 
-    Before any server starts, the GGUF's metadata is checked against its HF config
-    (:func:`tasks.serving.check_serving_gguf`, the package stage's check): the config of ``params.hf_dir``,
-    or by default of the checkpoint the store records the GGUF was converted from. A GGUF that fails
-    is refused with the file and the mismatching key named, and nothing starts.
-
-    The endpoint is the state file ``params.state_path`` (default ``$FORGEFLOW_HOME/serving/state.json``,
-    the one the ``canary`` flow reads by default). A promotion is recorded in the store as the
-    lifecycle records its swaps (:func:`tasks.serving.record_swap`): the new generation active, the
-    one it replaced retired, with this flow run's id; ``forgeflow status`` and ``forgeflow lineage``
-    read it from there. A swap whose new server fails to start or gate is recorded as a
-    ``rolled_back`` generation (numbered above every generation, so numbers stay unique; the state
-    file and the old server are untouched).
-
-    With an external endpoint (a block of ``kind="external"``: vLLM, a llama-server the team runs, a
-    hosted API) nothing starts or stops: ``params.gguf_path`` is the model file the user says the endpoint
-    serves, and its sha256 is the ``model_sha256`` recorded (in the state file and the store, what the
-    canary and ``promote`` compare against). A GGUF is checked against its HF config as above; another
-    file (e.g. the checkpoint a vLLM endpoint loaded) is not, and ``checks`` says so. The endpoint must
-    list ``model_alias`` on ``/models`` and answer a smoke completion; if it answers llama-server's
-    ``/props``, the file it loaded and its per-slot context are checked too; the result's ``checks``
-    name each check and whether it ran (the accelerator check never does).
-
-    The ``serving_block``'s slot plan is checked against ``required_context_tokens`` and the GGUF's
-    training context before any server starts.
+    Before any server starts the GGUF is checked against its HF config and the block's slot plan against
+    ``required_context_tokens``. A failed swap is recorded as a ``rolled_back`` generation (the old server serves
+    on). An external endpoint is checked, not started: the result's ``checks`` say which checks ran.
 
     Args:
         params: the GGUF to serve, the serving state file, the blue/green ports and the serving block.
 
-    Returns:
-        :class:`tasks.serving.SwapOutcome` (``promoted``, ``verdict``, ``state``: the endpoint now
-        recorded, ``previous``, ``checks``: external endpoints' checks, each ``passed``, ``partial`` or
-        ``not_run``). The lifecycle's ``serve_baseline`` stage runs this flow.
-
     Raises:
-        InputError: ``params.gguf_path`` is not a file, no config to check it against (no ``params.hf_dir``
-            and the store records none), ``params.ports`` are not two distinct ports, ``params.serving_block``
-            does not exist or is not a valid backend, or nothing serves and both ports are held by other
-            processes.
-        ContextPreflightError: a slot of the backend cannot hold ``required_context_tokens`` (nothing
-            started).
-        GGUFError: the GGUF is unreadable or differs from its config (nothing started).
-        SwapRolledBackError: the new server did not start or failed its gate, ``/props`` (llama-server:
-            another file, a smaller slot) or its accelerator check (the old one serves on; the attempt
-            is recorded as ``rolled_back``); external: its smoke completion failed.
-        PreflightError: external: the endpoint does not answer (the URL named; nothing recorded).
-        InputError: external: it answered 401/403, does not list ``model_alias``, or its ``/props``
-            names another model file (the URL named; nothing recorded).
+        InputError: a missing GGUF or config, bad ports or block, both ports held; external: 401/403, an
+            unlisted ``model_alias`` or ``/props`` naming another file.
+        ContextPreflightError / GGUFError: a slot too small, a GGUF that differs from its config (nothing started).
+        SwapRolledBackError: the new server did not start or failed its gate; external: its smoke completion.
+        PreflightError: external: the endpoint does not answer (nothing recorded).
     """
     gguf_path = params.gguf_path
     gguf_sha256 = serving_tasks.model_file_sha256(gguf_path)  # refuses a missing file
@@ -551,15 +357,7 @@ def serve(params: ServeParams) -> serving_tasks.SwapOutcome:
 
 
 class BaseModelParams(StageParams):
-    """The ``base-model`` flow's parameters.
-
-    Attributes:
-        source: where the checkpoint is (:class:`forgeflow.packaging.checkpoint.BaseModelSource`: a local
-            folder, a Hub repository at a revision, or ``tiny-vl``: the tiny Qwen3.5-shaped multimodal model
-            with its vision tower, built here; the tiny text model is the lifecycle's own default, not a
-            source for this flow).
-        hub_dir: where Hub snapshots go; None: ``$FORGEFLOW_HOME/models/hub``.
-    """
+    """The ``base-model`` flow's parameters."""
 
     source: BaseModelSource = Field(description="the checkpoint: {local_dir} or {repo_id, revision, token_secret, "
                                                 "endpoint}")
@@ -568,22 +366,13 @@ class BaseModelParams(StageParams):
 
 @flow(name="base-model", log_prints=True)
 def base_model(params: BaseModelParams) -> CheckpointRecord:
-    """Check the team's base checkpoint (a text causal LM, or an image-text-to-text one with its vision tower)
-    and record it in the store as a ``base`` artifact.
-
-    ``params.source`` is a local folder (used in place) or an HF Hub repository at a revision (fetched with
-    ``huggingface_hub.snapshot_download`` at the commit the revision resolves to now, token from
-    the Secret block ``source.token_secret``). The record (path, sha256 over every file, parameter
-    count, provenance: repo id, revision, commit) is what ``package`` (its ``hf_dir``) and the
-    lifecycle's ``base_model`` take; ``forgeflow lineage <sha256>`` shows it as a root.
+    """Check the team's base checkpoint (text, or image-text-to-text) and record it as a ``base`` artifact.
 
     Args:
         params: the base model's source (tiny-vl, a local folder or a Hub repository at a revision).
 
     Raises:
-        InputError: no source given (the tiny text model), the folder is not an HF checkpoint (each
-            missing piece named), the repository/revision does not exist or the token is refused,
-            the Secret block is missing.
+        InputError: no source, not an HF checkpoint, unknown repository/revision, token refused, no Secret block.
         TransientInfraError: the Hub did not answer after retries.
     """
     source = params.source

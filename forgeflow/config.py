@@ -1,15 +1,8 @@
 """Typed parameters of the lifecycle (the demo's embedded defaults).
 
-:class:`LifecycleConfig` keeps the run's identity at its top level (projects, candidates, seed,
-output folder, base model) and one typed group per stage; where a stage flow or the core already
-has a parameter model it is reused (:class:`~forgeflow.curation.freeze.SplitQuotas`,
-:class:`~forgeflow.evaluation.compare.gate.GatePolicy`,
-:class:`~forgeflow.registry.migration.TransferLimits`,
-:class:`~forgeflow.sandbox.trial.ValidationChecks`), and each group builds the core object its stage
-passes to its tasks (:meth:`PrewarmSettings.layout`, :meth:`CanarySettings.agent_config`,
-:meth:`BurstSettings.burst_config`). Every field carries its unit and a description; the Prefect
-flows take these models as parameters, so the UI renders them as a form with one section per group.
-Unknown fields are refused at every level.
+:class:`LifecycleConfig` keeps the run's identity at its top level and one typed group per stage; a stage
+flow's or the core's parameter model is reused where one exists, and each group builds the core object its
+stage passes to its tasks. Unknown fields are refused at every level.
 """
 
 from __future__ import annotations
@@ -26,7 +19,8 @@ from forgeflow.packaging.checkpoint import BaseModelSource
 from forgeflow.packaging.gguf_metadata import MetadataEdit
 from forgeflow.registry.layout import ShardLayout
 from forgeflow.registry.migration import TransferLimits
-from forgeflow.sandbox.trial import ValidationChecks, ValidationSettings
+from forgeflow.sandbox.limits import SandboxLimits
+from forgeflow.sandbox.trial import ValidationChecks
 
 DEMO_PROJECTS = ("boltons", "cachetools", "inflection", "six", "tabulate", "toolz")
 
@@ -51,12 +45,8 @@ DEMO_PROFILES = ("tiny", "tiny-vl")
 def demo_profile(base_model: str) -> dict[str, Any]:
     """The :class:`LifecycleConfig` fields a demo profile sets (``forgeflow demo --base-model``).
 
-    Args:
-        base_model: one of :data:`DEMO_PROFILES`.
-
-    Returns:
-        ``{}`` for ``"tiny"`` (the text demo's defaults); for ``"tiny-vl"``: ``base_model`` and
-        ``serving.block`` (:data:`DEMO_VL_SERVING_BLOCK`, which the caller saves first).
+    ``{}`` for ``"tiny"``; for ``"tiny-vl"``: ``base_model`` and ``serving.block`` (:data:`DEMO_VL_SERVING_BLOCK`,
+    which the caller saves first).
 
     Raises:
         ValueError: an unknown profile (the known ones listed).
@@ -71,20 +61,7 @@ _GROUP = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class RegistrySettings(BaseModel):
-    """The two registries (the team's, or embedded loopback ones) and how the migrate stage copies between them.
-
-    Attributes:
-        source_port: Loopback port of the embedded source registry (1024-65535); unused with ``source_block``.
-        target_port: Loopback port of the embedded target registry (1024-65535); unused with ``target_block``.
-        source_block: Name of a saved ``forgeflow-registry`` block (``blocks.core.RegistryEndpoint``: address,
-            namespace, credentials) the environment images are pushed to instead of the embedded source
-            registry; None: the embedded one on ``source_port``.
-        target_block: The same for the target registry: the migrate stage copies into it, the prewarm stage
-            writes the shard repositories (``<namespace>/task-NN``) there, and validation and the canary
-            pull the task images from it. None: the embedded one on ``target_port``.
-        transfer: What the migrate stage's ``migrate-images`` subflow takes: the size limit
-            (``max_size_bytes``; larger images are skipped), its concurrency, rate and retry delays.
-    """
+    """The two registries (the team's, or embedded loopback ones) and how the migrate stage copies between them."""
 
     model_config = _GROUP
 
@@ -109,14 +86,7 @@ class RegistrySettings(BaseModel):
 
 
 class PrewarmSettings(BaseModel):
-    """The shard layout of the task images and how fast basecache tags are copied.
-
-    Attributes:
-        shards: Shard repositories (``task-00..``), >= 1.
-        lanes: Base lanes: neighbouring repositories one base image's tasks spread over (<= shards).
-        tag_cap: Most tags a shard repository may hold (task tags + basecache tags).
-        concurrency: Basecache tags copied at once (1-16).
-    """
+    """The shard layout of the task images and how fast basecache tags are copied."""
 
     model_config = _GROUP
 
@@ -132,24 +102,16 @@ class PrewarmSettings(BaseModel):
         return self
 
     def layout(self, namespace: str = "") -> ShardLayout:
-        """The ``base-sharded-tags`` layout the prewarm stage plans with: prefix ``task``, or
-        ``<namespace>/task`` in a target registry with a namespace (``team/agents`` gives
-        ``team/agents/task-00`` ..)."""
+        """The ``base-sharded-tags`` layout: prefix ``task``, or ``<namespace>/task`` in a namespaced target."""
         namespace = namespace.strip("/")
         prefix = f"{namespace}/task" if namespace else "task"
         return ShardLayout(shards=self.shards, lanes=self.lanes, tag_cap=self.tag_cap, prefix=prefix)
 
 
-class ValidateStageSettings(BaseModel):
-    """How the validate stage runs each candidate's NOP and Oracle trials.
-
-    Attributes:
-        concurrency: NOP/Oracle validations at once (1-16).
-        verifier_timeout_s: Absolute timeout of one test run, seconds; the canary's verifier runs
-            take the same limit (same tasks, same test suites).
-        memory_mb: Memory limit of a trial container, MiB.
-        checks: The evidence a validation gathers: Oracle runs per task that would be accepted,
-            flaky policy, log parser (:class:`~forgeflow.sandbox.trial.ValidationChecks`).
+class ValidateStageSettings(SandboxLimits):
+    """How the validate stage runs each candidate's NOP and Oracle trials, and each trial container's
+    ``memory_mb`` and ``cpus`` (:class:`~forgeflow.sandbox.limits.SandboxLimits`; the lifecycle names no
+    sandbox block: these are the limits).
     """
 
     model_config = _GROUP
@@ -157,26 +119,14 @@ class ValidateStageSettings(BaseModel):
     concurrency: int = Field(2, ge=1, le=16, description="NOP/Oracle validations run at once")
     verifier_timeout_s: float = Field(180.0, gt=0, description="absolute timeout of one test run, seconds "
                                       "(validation and canary trials)")
-    memory_mb: int = Field(2048, ge=64, description="memory limit of a trial container, MiB")
     checks: ValidationChecks = Field(ValidationChecks(), description="evidence a validation gathers: "
                                      "Oracle runs per task that would be accepted, flaky policy, log parser")
-
-    def settings(self) -> ValidationSettings:
-        """What each validation task takes (timeout, memory, checks: each one keys its cache), as the
-        ``curate`` flow's :meth:`~forgeflow.curation.curate_settings.CurateSettings.validation` gives it."""
-        return ValidationSettings(verifier_timeout_s=self.verifier_timeout_s, memory_mb=self.memory_mb,
-                                  checks=self.checks)
 
 
 class FreezeSettings(BaseModel):
     """The frozen dataset: its (immutable) name and the quotas its splits must meet.
 
-    Attributes:
-        name: Name of the frozen dataset (:func:`forgeflow.curation.freeze.validate_freeze_name`).
-        quotas: Minimum train/validation/test tasks, the per-repository cap and the repositories
-            overall (:class:`~forgeflow.curation.freeze.SplitQuotas`). The lifecycle needs a train
-            split (the burst) and a test split (the canaries): ``train`` and ``test`` are >= 1;
-            ``validation`` 0 means no validation split.
+    The lifecycle needs a train split (the burst) and a test split (the canaries); ``validation`` 0: none.
     """
 
     model_config = _GROUP
@@ -202,14 +152,7 @@ class FreezeSettings(BaseModel):
 
 
 class CanarySettings(BaseModel):
-    """The agent runs of the two canaries (baseline and candidate on the frozen test split).
-
-    Attributes:
-        step_limit: mini-swe-agent steps (model calls) per canary trial.
-        max_tokens: Completion tokens per model call.
-        agent_timeout_s: Wall-clock budget of one agent run, seconds.
-        concurrency: Agent trials at once (1-4: the ``default`` canary profile's limit).
-    """
+    """The agent runs of the two canaries (baseline and candidate on the frozen test split)."""
 
     model_config = _GROUP
 
@@ -219,22 +162,13 @@ class CanarySettings(BaseModel):
     concurrency: int = Field(1, ge=1, le=4, description="agent trials at once (at most 4)")
 
     def agent_config(self, seed: int) -> AgentConfig:
-        """The :class:`~forgeflow.evaluation.agent_config.AgentConfig` of each canary trial (sampling
-        ``seed``: the run's; other fields at their defaults)."""
+        """The AgentConfig of each canary trial (sampling ``seed``: the run's; the rest defaults)."""
         return AgentConfig(step_limit=self.step_limit, max_tokens=self.max_tokens,
                            agent_timeout_s=self.agent_timeout_s, seed=seed)
 
 
 class BurstSettings(BaseModel):
-    """The SFT burst on the train split's Oracle solutions (the lifecycle runs the ``sft-burst`` flow with
-    these as its ``params.training``, the run's seed as the training seed).
-
-    Attributes:
-        max_steps: Optimizer steps.
-        learning_rate: LoRA learning rate.
-        lora_r: LoRA rank (1-256).
-        max_length: Tokens per SFT sample (mini-swe-agent prompts are long).
-    """
+    """The SFT burst on the train split's Oracle solutions (the ``sft-burst`` flow's ``params.training``)."""
 
     model_config = _GROUP
 
@@ -245,15 +179,7 @@ class BurstSettings(BaseModel):
 
 
 class PackageSettings(BaseModel):
-    """What the package stage makes of the candidate: GGUF quantizations and metadata fixes.
-
-    Attributes:
-        quantizations: GGUF quantization types (names of ``forgeflow.packaging.gguf.QUANT_PLANS``),
-            distinct, at least one.
-        metadata_edits: GGUF metadata set/add/delete edits applied to the candidate's GGUFs after
-            their check (:func:`forgeflow.packaging.gguf_metadata.validate_metadata_edits`; an edit's
-            ``artifacts`` may name ``f16`` and these quantizations).
-    """
+    """What the package stage makes of the candidate: GGUF quantizations and metadata fixes."""
 
     model_config = _GROUP
 
@@ -285,16 +211,7 @@ class PackageSettings(BaseModel):
 
 
 class ServingSettings(BaseModel):
-    """The model server: blue/green ports, its backend block, what it serves, whether it outlives the run.
-
-    Attributes:
-        ports: Blue/green ports of the model server (two, 1024-65535).
-        block: A ``forgeflow-serving`` block (llama-cpp-python or llama-server: context, slots, KV
-            cache type, GPU offload); its ports are replaced by ``ports``. None: llama-cpp-python,
-            4,096 tokens.
-        quantization: Which quantization is served (one of ``package.quantizations``).
-        keep_running: Leave the model server running after the run.
-    """
+    """The model server: blue/green ports, its backend block, what it serves, whether it outlives the run."""
 
     model_config = _GROUP
 
@@ -316,29 +233,9 @@ class ServingSettings(BaseModel):
 class LifecycleConfig(BaseModel):
     """Parameters of one lifecycle run (defaults = the demo on this machine).
 
-    The top level is the run's identity (what is generated, from which seed, into which folder,
-    from which base model); each stage's settings are one group. Checked as a whole before any
-    stage runs: unknown fields are refused at every level (a typo never falls back to a default),
-    numbers are finite, the freeze name follows :func:`forgeflow.curation.freeze.validate_freeze_name`,
-    the freeze quotas can be met by the projects' candidates, the served quantization is one of those
-    packaged, the two registry ports and the two serving ports are four distinct ports, and
-    ``prewarm.lanes <= prewarm.shards``.
-
-    Attributes:
-        projects: Pinned projects (``forgeflow/data/projects.json``), distinct, at least one.
-        candidates_per_project: SWE-smith candidates kept per project (1-200).
-        seed: Seed of candidate choice, splits, agent sampling and training.
-        output_dir: Where results and ``summary.json`` go.
-        base_model: The base checkpoint (:class:`~forgeflow.packaging.checkpoint.BaseModelSource`).
-        registries: :class:`RegistrySettings`.
-        prewarm: :class:`PrewarmSettings`.
-        validation: :class:`ValidateStageSettings`.
-        freeze: :class:`FreezeSettings`.
-        canary: :class:`CanarySettings`.
-        burst: :class:`BurstSettings`.
-        package: :class:`PackageSettings`.
-        promotion: The promotion gate's policy (:class:`~forgeflow.evaluation.compare.gate.GatePolicy`).
-        serving: :class:`ServingSettings`.
+    Checked as a whole before any stage runs: unknown fields refused at every level, finite numbers, a valid
+    freeze name, quotas the projects' candidates can meet, a served quantization that is packaged, four
+    distinct registry and serving ports, and ``prewarm.lanes <= prewarm.shards``.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
@@ -373,11 +270,11 @@ class LifecycleConfig(BaseModel):
     the config was grouped."""
 
     def freeze_inputs(self) -> dict[str, Any]:
-        """The :attr:`FREEZE_INPUTS` of this config as JSON-able values (recorded beside the
-        freeze; :func:`forgeflow.curation.freeze.check_freeze_inputs`). The keys and values are
-        those of the flat config that preceded the groups: ``validation`` is ``validation.checks``,
-        ``train_min`` .. ``min_repos`` are ``freeze.quotas``' ``train`` .. ``min_repos``, so a freeze
-        recorded before still matches a run with the same values."""
+        """The :attr:`FREEZE_INPUTS` of this config as JSON-able values (recorded beside the freeze).
+
+        Keys and values are those of the flat config that preceded the groups, so a freeze recorded before still
+        matches a run with the same values.
+        """
         quotas = self.freeze.quotas
         identity = self.model_dump(mode="json", include={"projects", "candidates_per_project", "seed"})
         checks = self.validation.checks

@@ -69,3 +69,39 @@ def oci_image(root: Path, tag: str, payload: bytes) -> str:
         {"mediaType": "application/vnd.oci.image.manifest.v1+json", **manifest_desc,
          "annotations": {"org.opencontainers.image.ref.name": tag}}]}))
     return f"oci:{root}:{tag}"
+
+
+def task_status_counts(store) -> dict[str, int]:
+    """Number of tasks per status in ``store`` (statuses with none are absent): what a test checks after a run."""
+    from collections import Counter
+
+    from sqlalchemy import select
+    from sqlalchemy.orm import Session
+
+    from forgeflow.ledger.tables import TaskInstance
+
+    with Session(store.engine) as session:
+        return dict(Counter(session.scalars(select(TaskInstance.status))))
+
+
+def store_revision(store) -> str | None:
+    """The Alembic revision ``store``'s database is at (None before its first upgrade)."""
+    from forgeflow.ledger.migrating import stored_revision
+
+    return stored_revision(store.engine)
+
+
+def ensure_env_image(project):
+    """Fetch, check out and build ``project``'s environment image (each step cached), as the environments stage does."""
+    from forgeflow.common.settings import cache_dir
+    from forgeflow.registry.images import build_env_image, ensure_base_image
+    from forgeflow.registry.projects import prepare_checkout
+
+    return build_env_image(project, prepare_checkout(project, cache_dir() / "checkouts"), ensure_base_image().name)
+
+
+def tensor_types_of(path) -> dict[str, str]:
+    """Tensor name -> ggml type name of a GGUF file, from its header (what a test of per-tensor quantization reads)."""
+    from forgeflow.packaging.gguf_reader import read_header_index
+
+    return {t.name: t.ggml_type for t in read_header_index(path).tensors}

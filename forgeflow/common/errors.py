@@ -1,15 +1,8 @@
-"""The one exception hierarchy of forgeflow.
+"""The one exception hierarchy of forgeflow: two families under one root.
 
-Two families under one root:
-
-* :class:`InfraError` — the infrastructure broke (sandbox OOM, timeout, registry 5xx, image pull,
-  model endpoint down). A trial that hits one records an *exception* with the class name as its
-  type, never a reward of 0. ``transient = True`` marks the kinds a retry may cure; the retry
-  conditions in ``tasks/`` read exactly that flag (:func:`is_transient`).
-* :class:`InputError` and friends — the user's input is wrong (unknown image, a patch that does not
-  apply, a GGUF that does not load, a freeze name reused). Never retried.
-
-Task and model *outcomes* (tests failed, reward 0) are data, not exceptions.
+:class:`InfraError`: the infrastructure broke (a trial records an *exception*, never a reward of 0);
+``transient = True`` marks what a retry may cure (:func:`is_transient`). :class:`InputError`: the user's
+input is wrong, never retried. Task and model *outcomes* (tests failed, reward 0) are data, not exceptions.
 """
 
 from __future__ import annotations
@@ -33,15 +26,11 @@ class FreezeConflictError(InputError):
 
 
 class StoreNotFoundError(InputError):
-    """A command that only reads the store was pointed at a store that does not exist (a
-    mistyped ``FORGEFLOW_HOME`` or store URL); nothing was created."""
+    """A read-only command was pointed at a store that does not exist; nothing was created."""
 
 
 class StoreInvalidError(InputError):
-    """A command that only reads the store was pointed at a file or database that is not a
-    forgeflow store (not SQLite at all, or no forgeflow schema) or whose schema is at another
-    revision than this forgeflow reads; the message names the store and what to do. Nothing was
-    written."""
+    """A read-only command was pointed at something that is not a forgeflow store at this revision."""
 
 
 class DerivedSetConflictError(InputError):
@@ -74,8 +63,7 @@ class TransientInfraError(InfraError):
 
 
 class StoreUnavailableError(TransientInfraError):
-    """The store's database server (PostgreSQL) could not be reached; the message names the
-    masked store URL and the setting it came from."""
+    """The store's database server could not be reached (the masked URL and its setting named)."""
 
 
 class ToolMissingError(InfraError):
@@ -95,8 +83,7 @@ class ImageNotFoundError(InfraError):
 
 
 class MigrationIncompleteError(InfraError):
-    """A migration ended with failed images (each image's state and the table were recorded
-    first). ``summary`` holds the flow's summary (records, coverage, failed lines)."""
+    """A migration ended with failed images (states recorded first); ``summary`` holds the summary."""
 
     def __init__(self, message: str, summary: object = None) -> None:
         super().__init__(message)
@@ -115,10 +102,7 @@ class DigestMismatchError(InfraError):
 
 
 class DiskFullError(InfraError, OSError):
-    """A write ran out of space or quota (``ENOSPC`` / ``EDQUOT``); the message names the file, the
-    filesystem and its free bytes, and the partial file was removed. Also an ``OSError`` (errno set)
-    so callers that caught the raw error still do. Not transient: a retry fails the same way until
-    space is freed."""
+    """Out of space or quota (``ENOSPC``/``EDQUOT``), partial file removed; an ``OSError`` too. Not transient."""
 
 
 class SandboxError(InfraError):
@@ -154,10 +138,7 @@ class ServerStartError(InfraError):
 
 
 class AgentLoopError(AgentTimeoutError):
-    """The supervisor stopped the agent in a dead loop (the same tool call, or two calls alternating,
-    repeated up to the threshold; :func:`forgeflow.evaluation.supervision.detect_loop`). Like a timeout, the
-    run was cut short by the harness: the verifier still runs and both are recorded, flagged.
-    ``evidence`` holds the :class:`~forgeflow.evaluation.supervision.LoopDetection` as a dict."""
+    """The supervisor stopped a dead loop (verifier still runs); ``evidence``: the LoopDetection as a dict."""
 
     def __init__(self, message: str, evidence: dict | None = None) -> None:
         super().__init__(message)
@@ -165,9 +146,7 @@ class AgentLoopError(AgentTimeoutError):
 
 
 class AgentHangError(AgentTimeoutError):
-    """The supervisor's watchdog stopped the agent after no new message or model call for the idle
-    limit (:func:`forgeflow.evaluation.supervision.detect_hang`). Treated like a timeout (the verifier still
-    runs). ``evidence`` holds the :class:`~forgeflow.evaluation.supervision.HangCheck` as a dict."""
+    """The watchdog stopped an idle agent (verifier still runs); ``evidence``: the HangCheck as a dict."""
 
     def __init__(self, message: str, evidence: dict | None = None) -> None:
         super().__init__(message)
@@ -175,14 +154,11 @@ class AgentHangError(AgentTimeoutError):
 
 
 class PrefixMismatchError(InfraError):
-    """An agentic RL episode's policy conditioned on a context that is not the episode's stored token
-    sequence (a re-tokenized history; :func:`forgeflow.training.episodes.prefix_mismatch`): the episode is
-    refused (no reward, no loss) and counted in its step's stats."""
+    """An RL episode's policy saw a context that is not its stored token sequence: refused, no reward."""
 
 
 class StepWallError(InfraError):
-    """An RL step's aggregate wall bound stopped an episode mid-run or before it started: an exception of
-    the step (no reward, never 0), not the policy's outcome."""
+    """An RL step's wall bound stopped an episode: an exception of the step (no reward, never 0)."""
 
 
 SCORED_DESPITE_EXCEPTION = frozenset({"AgentTimeoutError", "AgentLoopError", "AgentHangError"})
@@ -198,10 +174,7 @@ def is_transient(exc: BaseException) -> bool:
 
 # --- serving (added by the serving engineer) -----------------------------------------------------
 class SwapRolledBackError(ServerStartError):
-    """A blue/green swap failed its start or gate; the previous generation keeps serving.
-
-    ``result`` holds the :class:`forgeflow.serving.bluegreen.SwapResult` with the gate evidence.
-    """
+    """A blue/green swap failed its start or gate; the previous generation keeps serving (``result``)."""
 
     def __init__(self, message: str, result: object = None) -> None:
         super().__init__(message)
@@ -210,19 +183,16 @@ class SwapRolledBackError(ServerStartError):
 
 # --- model client ------------------------------------
 class CircuitOpenError(ModelEndpointError):
-    """The model endpoint's circuit breaker is open (or half-open with its one probe in flight):
-    the call was refused without being sent. Transient: the breaker closes after a good probe."""
+    """The model endpoint's circuit breaker is open: the call was not sent. Transient."""
 
 
 class ModelRequestError(InfraError):
-    """The model endpoint rejected the request with a 4xx other than 429 (bad key, unknown model,
-    malformed request). Not transient: the same request fails the same way."""
+    """The model endpoint rejected the request with a 4xx other than 429. Not transient."""
 
 
 # --- model store ----------------------------------------
 class ModelStoreError(InfraError):
-    """The model store (local folder or HF Hub) refused an operation for good: authentication,
-    permission, a bad request. Not transient."""
+    """The model store refused an operation for good (authentication, permission, bad request)."""
 
 
 class ModelStoreUnavailableError(TransientInfraError):
@@ -230,10 +200,8 @@ class ModelStoreUnavailableError(TransientInfraError):
 
 
 class StaleParentCommitError(InputError):
-    """A commit pinned to a parent commit was refused because the branch moved on (HF Hub answers
-    412): nothing was committed; read the new head and decide again."""
+    """A commit pinned to a parent commit was refused (HF Hub 412: the branch moved on)."""
 
 
 class PublishDigestMismatchError(DigestMismatchError):
-    """A published file's sha256 or size, read back from the store at the new revision, differs
-    from the local file (the message names the path, the expected and the found values)."""
+    """A published file's sha256 or size, read back from the store, differs from the local file."""

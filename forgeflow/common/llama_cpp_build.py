@@ -1,26 +1,12 @@
 """One compile of the pinned llama.cpp for both of its users: llama-cpp-python and ``llama-server``.
 
-The pinned llama-cpp-python sdist vendors llama.cpp. Built once with scikit-build-core (``pip
-wheel``), its CMake tree holds the shared libraries (``libllama``, ``libggml*``, ``libmtmd``,
-``libllama-common``) that the wheel ships in ``llama_cpp/lib``. :func:`build` compiles that tree once
-with llama.cpp's server on (:data:`SERVER_CMAKE_ARGS`) in a build directory it chooses (scikit-build-core's
-``build-dir``), then keeps two results:
+:func:`build` compiles the CMake tree of the llama-cpp-python sdist once with the server on and keeps the wheel
+(:func:`wheel_dir`) and ``llama-server`` with its shared libraries, RPATH ``$ORIGIN`` (:func:`server_dir`).
+Each result appears complete or not at all; ``<tag>`` (:func:`build_tag`) names every build option.
 
-* the wheel, in ``cache_dir()/wheels/llama-cpp-python-<version>-<tag>/`` (:func:`wheel_dir`);
-  ``scripts/llama_cpp_python.py`` installs it;
-* ``llama-server`` with the shared libraries it links, side by side in
-  ``cache_dir()/llama-server-<version>-<tag>/bin/`` (:func:`server_dir`), each file's RPATH set to
-  ``$ORIGIN`` (so the binary runs from there in any process, without ``LD_LIBRARY_PATH``);
-
-and removes the build tree. ``<tag>`` is :func:`build_tag`: it names every option of the build, so a
-build made with other options is never taken for this one. Each result appears under its final name
-complete or not at all (built in a temporary sibling, then renamed).
-
-Why the hook: with llama.cpp's tools on (``llama-server`` is one), llama.cpp adds ``tools/mtmd``
-itself, and llama-cpp-python's own ``add_subdirectory(tools/mtmd)`` (``LLAVA_BUILD``) would add it a
-second time, which CMake refuses. So ``LLAVA_BUILD`` is off and :data:`CMAKE_HOOK` (included at the
-end of llama-cpp-python's ``project()`` through ``CMAKE_PROJECT_llama_cpp_INCLUDE``) installs the
-``mtmd`` that llama.cpp's tools built into ``llama_cpp/lib``, as ``LLAVA_BUILD`` does.
+Why the hook: with llama.cpp's tools on, llama.cpp adds ``tools/mtmd`` itself, and llama-cpp-python's
+``add_subdirectory(tools/mtmd)`` (``LLAVA_BUILD``) would add it twice, which CMake refuses. So ``LLAVA_BUILD``
+is off and :data:`CMAKE_HOOK` (``CMAKE_PROJECT_llama_cpp_INCLUDE``) installs the tools' ``mtmd`` into the wheel.
 
 Standard library only: ``scripts/setup.sh`` runs it before forgeflow's dependencies exist.
 """
@@ -70,21 +56,12 @@ _LOG_TAIL_CHARS = 4000
 
 @dataclass(frozen=True)
 class BuildResult:
-    """What :func:`build` left in the cache.
-
-    Attributes:
-        wheel: the llama-cpp-python wheel (in :func:`wheel_dir`).
-        server: the ``llama-server`` executable (in :func:`server_dir` ``/bin``).
-        compile_s: wall-clock seconds of the ``pip wheel`` step (configure + compile + install);
-            0.0 when both were already cached.
-        compile_cpu_s: CPU seconds (user + system) that step and every process it started used: the
-            figure that does not depend on what else the machine runs; 0.0 when cached.
-    """
+    """What :func:`build` left in the cache (compile times 0.0 when both were cached)."""
 
     wheel: Path
     server: Path
-    compile_s: float
-    compile_cpu_s: float = 0.0
+    compile_s: float  # wall seconds of the pip wheel step (configure + compile + install)
+    compile_cpu_s: float = 0.0  # CPU seconds (user + system) of that step and its children
 
 
 def _options() -> tuple[str, ...]:
@@ -95,9 +72,7 @@ def _options() -> tuple[str, ...]:
 
 
 def build_tag() -> str:
-    """12 hex naming the shared build's options (:func:`forgeflow.common.settings.llama_cpp_build_tag`
-    of the pinned version, ``LLAMA_CPP_CMAKE_ARGS`` and :data:`SERVER_CMAKE_ARGS`, targets, wheel
-    exclusions and the hook)."""
+    """12 hex naming the shared build's options (version, CMake args, targets, exclusions, hook)."""
     return settings.llama_cpp_build_tag(_options())
 
 
@@ -129,11 +104,10 @@ def cached_server() -> Path | None:
 
 
 def download_sdist(version: str) -> Path:
-    """Fetch the llama-cpp-python sdist tarball into ``cache_dir()/sdist`` with ``pip download`` (once).
+    """Fetch the llama-cpp-python sdist into ``cache_dir()/sdist`` with ``pip download`` (once).
 
     Raises:
-        TransientInfraError: pip failed (index unreachable, timeout).
-        InputError: pip succeeded but no tarball for ``version`` appeared.
+        TransientInfraError: pip failed. InputError: no tarball for ``version`` appeared.
     """
     dest = settings.cache_dir() / "sdist"
     dest.mkdir(parents=True, exist_ok=True)
@@ -152,14 +126,10 @@ def build(jobs: int | None = None) -> BuildResult:
     Args:
         jobs: parallel compile jobs (default: ``$CMAKE_BUILD_PARALLEL_LEVEL``, else the CPU count).
 
-    Returns:
-        A :class:`BuildResult`; both paths exist.
-
     Raises:
         ToolMissingError: ``cmake`` or a C++ compiler is not on PATH.
         TransientInfraError: the sdist could not be downloaded.
-        InfraError: the build failed, or the built ``llama-server`` does not start from its folder (the
-            message carries the tail of :func:`log_path`).
+        InfraError: the build failed, or ``llama-server`` does not start from its folder (log tail attached).
     """
     wheel, server = cached_wheel(), cached_server()
     if wheel and server:
@@ -216,8 +186,7 @@ def _compile(tarball: Path, work: Path, jobs: int | None) -> None:
 
 
 def _collect_server(built: Path, out: Path) -> None:
-    """Copy ``llama-server`` and the shared libraries beside it (symlinks kept), RPATH ``$ORIGIN``, and
-    check that it starts from there with a clean library path."""
+    """Copy ``llama-server`` and its libraries (RPATH ``$ORIGIN``) and check it starts from there."""
     out.mkdir(parents=True)
     names = ["llama-server", *sorted(p.name for p in built.iterdir() if ".so" in p.name)]
     for name in names:

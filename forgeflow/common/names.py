@@ -20,12 +20,8 @@ _NAME_DASHES = re.compile(r"-{2,}")
 def sanitize_name(raw: str, max_chars: int = MAX_NAME_CHARS) -> str:
     """Turn ``raw`` into a container/pod name: ``[a-z0-9-]``, alphanumeric at both ends, <= max_chars.
 
-    A name that is already valid is returned unchanged. Otherwise it is lowercased, runs of other
-    characters become one ``-``, and an 8-hex digest of ``raw`` is appended (cut to fit), so two
-    different inputs that sanitize alike (``A_b`` / ``a.b``) or share a long prefix stay distinct.
-
-    Raises:
-        InputError: ``raw`` is empty or ``max_chars`` < 16.
+    An invalid name gets an 8-hex digest of ``raw`` appended, so ``A_b`` and ``a.b`` stay distinct. InputError:
+    ``raw`` is empty or ``max_chars`` < 16.
     """
     if not raw:
         raise errors.InputError("sanitize_name: the name must not be empty")

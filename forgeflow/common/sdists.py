@@ -14,25 +14,16 @@ PIP_DOWNLOAD_TIMEOUT_S = 600
 
 
 def pip_download_sdist(requirement: str, filename: str, into: Path, timeout_s: float = PIP_DOWNLOAD_TIMEOUT_S) -> Path:
-    """Download the sdist of ``requirement`` (``name==version``) into the folder ``into``.
+    """Download the sdist of ``requirement`` (``name==version``) into the existing folder ``into``.
 
-    Runs ``python -m pip download --no-deps --no-binary <name> --no-input``: the package index (or the
-    configured mirror) must serve an sdist of ``name``; nothing is installed. Only ``name`` is refused as a
-    wheel: the build requirements pip installs to read the sdist's metadata come as wheels (with
-    ``:all:`` pip compiled scikit-build-core and its own build tools from source first: minutes).
-
-    Args:
-        requirement: the pinned requirement, e.g. ``boltons==26.2.0``.
-        filename: the file pip must leave, e.g. ``boltons-26.2.0.tar.gz``.
-        into: an existing folder (the caller renames the file into its final place).
-        timeout_s: limit of the download, seconds.
+    Only ``name`` is refused as a wheel (``--no-binary <name>``): with ``:all:`` pip compiled the build tools too.
 
     Returns:
         ``into / filename``.
 
     Raises:
-        TransientInfraError: pip failed or timed out (index unreachable, 5xx); a retry may cure it.
-        InputError: pip succeeded but left another file name (the message names both).
+        TransientInfraError: pip failed or timed out (index unreachable, 5xx).
+        InputError: pip succeeded but left another file name (both named).
     """
     name = re.split(r"[<>=!~;\[ ]", requirement, maxsplit=1)[0].strip()
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", name,

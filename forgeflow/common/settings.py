@@ -1,11 +1,7 @@
 """Where forgeflow keeps its state, and the environment its external tools need.
 
-All paths come from environment variables with embedded defaults:
-
 * ``FORGEFLOW_HOME`` (default ``./.forgeflow``): the store, demo outputs, registry storage.
-* ``FORGEFLOW_CACHE`` (default ``~/.cache/forgeflow``): machine-wide caches that outlive a clone
-  (the debootstrap base rootfs, pinned sdists, the llama-cpp-python sdist, the tiny model's
-  tokenizer), so CI and the demo pay for them once per machine.
+* ``FORGEFLOW_CACHE`` (default ``~/.cache/forgeflow``): machine-wide caches that outlive a clone.
 * ``FORGEFLOW_STORE_URL`` (default ``sqlite:///$FORGEFLOW_HOME/store.db``): any SQLAlchemy URL.
 """
 
@@ -37,17 +33,13 @@ fault ... in libggml-cpu.so``), taking the model server down with it."""
 
 
 def llama_cpp_build_tag(extra_cmake_args: tuple[str, ...] = ()) -> str:
-    """A short name for a llama.cpp build's options: 12 hex of the sha256 of the pinned version and
-    :data:`LLAMA_CPP_CMAKE_ARGS` (plus ``extra_cmake_args``). Cached builds are kept under it, so a
-    build made with other options is never taken for this one (pip's own wheel cache keys a build
-    by the sdist alone)."""
+    """12 hex of the sha256 of the pinned version and CMake args (pip's wheel cache keys by sdist alone)."""
     text = " ".join((LLAMA_CPP_PYTHON_VERSION, *LLAMA_CPP_CMAKE_ARGS, *extra_cmake_args))
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def home_path() -> Path:
-    """Return ``$FORGEFLOW_HOME`` (default ``./.forgeflow``) resolved, without creating it
-    (what read-only commands use: a mistyped home must not leave an empty folder behind)."""
+    """``$FORGEFLOW_HOME`` resolved, without creating it (a mistyped home leaves no empty folder)."""
     return Path(os.environ.get("FORGEFLOW_HOME", ".forgeflow")).resolve()
 
 
@@ -66,18 +58,12 @@ def cache_dir() -> Path:
 
 
 def store_url() -> str:
-    """Return the SQLAlchemy URL of the store: ``$FORGEFLOW_STORE_URL``, else
-    ``sqlite:///$FORGEFLOW_HOME/store.db``. Creates nothing (a writing
-    :class:`~forgeflow.ledger.store.Store` creates the SQLite file's folder itself)."""
+    """``$FORGEFLOW_STORE_URL``, else ``sqlite:///$FORGEFLOW_HOME/store.db``; creates nothing."""
     return os.environ.get("FORGEFLOW_STORE_URL", f"sqlite:///{home_path() / 'store.db'}")
 
 
 def container_env() -> dict[str, str]:
-    """Environment variables podman and skopeo need on this kind of machine.
-
-    ``CONTAINERS_CONF`` selects the runc runtime and lowered ulimits; ``CONTAINERS_REGISTRIES_CONF``
-    marks the loopback registries insecure (plain HTTP). Values already set by the user win.
-    """
+    """Podman/skopeo environment: runc and lowered ulimits, loopback registries insecure (user's values win)."""
     return {
         "CONTAINERS_CONF": os.environ.get("CONTAINERS_CONF", str(CONTAINERS_CONF)),
         "CONTAINERS_REGISTRIES_CONF": os.environ.get(
@@ -87,8 +73,7 @@ def container_env() -> dict[str, str]:
 
 
 def apply_container_env() -> None:
-    """Export :func:`container_env` into ``os.environ`` (for tools that spawn podman themselves,
-    such as mini-swe-agent's container environment)."""
+    """Export :func:`container_env` into ``os.environ`` (for tools that spawn podman themselves)."""
     os.environ.update(container_env())
 
 

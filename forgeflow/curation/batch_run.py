@@ -1,12 +1,8 @@
 """One curate batch's validations, run as they finish: a pool of threads, no per-candidate orchestration.
 
-The ``curate`` flow hands a whole batch to one Prefect task (``tasks.curation.validate_batch``), which calls
-:func:`run_batch` here: up to ``concurrency`` NOP/Oracle validations run at once in a thread pool, in the
-order given (longest known first); each ends in a verdict that is handed to ``on_verdict`` the moment it is
-known (the task records it in the store at once, so a killed run resumed validates only what has no verdict),
-and an attempt that ended in an infrastructure error is queued again, up to ``max_retries`` times. What one
-candidate costs beyond its own validation is a dictionary update and the caller's store writes: the same at
-1,000 candidates as at 30,000 (``python -m benchmarks.scale_curate``).
+Each verdict goes to ``on_verdict`` the moment it is known (the caller records it, so a resumed run
+validates only what has no verdict). Per-candidate overhead is the same at 1,000 candidates as at
+30,000 (``python -m benchmarks.scale_curate``).
 """
 
 from __future__ import annotations
@@ -37,48 +33,32 @@ they end); raises only for what is not an outcome (bad input, a transient infras
 
 
 class BatchJob(BaseModel):
-    """What :func:`run_batch` validates.
-
-    Attributes:
-        batch_id: the batch's id (in log lines).
-        run_id: the ``curate`` flow run (each verdict's ``run_id``).
-        ids: instance ids in the order to start them (longest known validation first).
-        rows: instance id -> its candidate row (``repo``, ``patch``, ``image``).
-        concurrency: validations in flight at once, >= 1.
-        max_retries: extra attempts for a validation that ended in an infrastructure error, >= 0.
-        first_attempt: instance id -> its first attempt number (its voided NOP attempts; absent: 0).
-    """
+    """What :func:`run_batch` validates."""
 
     model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
 
     batch_id: str
     run_id: str
-    ids: list[str]
-    rows: dict[str, Any] = Field(repr=False)
-    concurrency: int = Field(ge=1)
-    max_retries: int = Field(ge=0)
-    first_attempt: dict[str, int] = Field(default_factory=dict)
+    ids: list[str] = Field(description="instance ids in start order (longest known validation first)")
+    rows: dict[str, Any] = Field(repr=False, description="instance id -> its candidate row")
+    concurrency: int = Field(ge=1, description="validations in flight at once")
+    max_retries: int = Field(ge=0, description="extra attempts for a validation that ended in an infrastructure error")
+    first_attempt: dict[str, int] = Field(default_factory=dict,
+        description="instance id -> its first attempt number (absent: 0)")
 
 
 def pristine_duration_s(outcome: ValidationOutcome) -> float | None:
-    """The longest test run of a validation's Oracle trials (the first and its repeats), seconds: what the
-    verifier reads as the task's pristine duration (:attr:`forgeflow.sandbox.verifier.TaskTests.pristine_duration_s`);
-    None when no Oracle run completed. A repeat that also re-ran the FAIL_TO_PASS tests counts whole: an
-    upper bound, the safe side for attributing a later timeout to a submission."""
+    """The longest Oracle test run of a validation (the first and its repeats), seconds; None when none
+    completed. An upper bound: the safe side for attributing a later timeout to a submission.
+    """
     runs = [t.verifier_s for t in ([outcome.oracle] if outcome.oracle else []) + outcome.oracle_repeats
             if t.verifier_s is not None]
     return max(runs) if runs else None
 
 
 def task_verdict(row: Any, run_id: str, outcome: ValidationOutcome | None, error: str | None = None) -> TaskRecord:
-    """The task row a validation decides: ``accepted`` / ``rejected`` with the report's test lists, or ``error``
-    (``error`` given, or an outcome without a report: its failed trial's exception) with the reason.
-
-    Args:
-        row: the candidate row (``instance_id``, ``repo``, ``patch``, ``image``).
-        run_id: the ``curate`` flow run.
-        outcome: the validation's outcome, or None when it raised.
-        error: why the validation raised (with ``outcome`` None).
+    """The task row a validation decides: ``accepted`` / ``rejected`` with the report's test lists, or
+    ``error`` (``error`` given, or an outcome without a report) with the reason.
     """
     common = {"instance_id": row.instance_id, "repo": row.repo, "patch": row.patch, "image_ref": row.image,
               "run_id": run_id}
@@ -107,21 +87,14 @@ def _try(validate: Validate, instance_id: str, run_key: str) -> ValidationOutcom
 
 def run_batch(job: BatchJob, validate: Validate, on_verdict: Callable[[TaskRecord, ValidationOutcome | None], None],
               on_finished: Callable[[int], None] | None = None) -> list[TaskRecord]:
-    """Validate ``job.ids``, ``job.concurrency`` at a time, handling each as it ends.
+    """Validate ``job.ids``, ``job.concurrency`` at a time, handling each as it ends; verdicts in ``job.ids``' order.
 
-    An outcome without a report (an infrastructure error the trial runner recorded) is tried again as a new
-    attempt (new run key) while attempts remain; then, or when ``validate`` raised, the task's verdict is
-    ``error``. A raising validation never sinks the batch.
+    An outcome without a report (an infrastructure error) is retried as a new attempt while attempts
+    remain; then, or when ``validate`` raised, the verdict is ``error``: one validation never sinks the batch.
 
     Args:
-        job: the batch.
-        validate: one validation (:data:`Validate`).
-        on_verdict: called in this thread with each verdict and its outcome (None when it raised), the moment
-            it is known (the caller records it).
-        on_finished: called in this thread with the number of candidates finished so far, after each.
-
-    Returns:
-        The verdicts, in ``job.ids``' order.
+        on_verdict: called in this thread with each verdict and its outcome (None when it raised).
+        on_finished: called in this thread with the number of candidates finished so far.
     """
     verdicts: dict[str, TaskRecord] = {}
     with ThreadPoolExecutor(max_workers=job.concurrency, thread_name_prefix=f"validate-{job.batch_id[-8:]}") as pool:

@@ -1,21 +1,13 @@
 """Candidate bugs, SWE-smith style: procedural modifiers applied to a project's own source.
 
-Generation uses the lower-level pieces of swesmith 0.0.9's procedural generator
-(``swesmith.bug_gen.procedural.generate``) on a *local* git checkout, offline:
-
-* entities (functions and classes) are extracted with swesmith's Python adapter
-  (``swesmith.bug_gen.adapters.get_entities_from_file``), skipping test files by swesmith's own
-  rule (``RepoProfile._is_test_path``);
-* each of swesmith's Python modifiers (``MAP_EXT_TO_MODIFIERS[".py"]``: remove assignment, swap
-  operands, invert if/else, ...) that ``can_change`` an entity rewrites it (``modify``);
-* the patch is made with ``swesmith.bug_gen.utils.generate_patch_fast`` (a git-style unified diff);
-* the id is swesmith's: ``<repo>.<modifier name>__<hash8 of the rewrite>``
-  (``swesmith.bug_gen.collect_patches``, ``BugRewrite.get_hash``).
-
-swesmith's ``main()`` is not used: it clones from GitHub and deletes a directory named after the
-repo in the current directory. Its modifiers are module-level singletons with their own RNG, so
-fresh instances seeded with ``seed`` are made per call, and entities are visited in sorted order:
-the result depends only on (checkout content, source_dir, max_candidates, seed).
+Uses the lower-level pieces of swesmith 0.0.9's procedural generator
+(``swesmith.bug_gen.procedural.generate``) on a local checkout, offline: entities from
+``get_entities_from_file`` (test files skipped by ``RepoProfile._is_test_path``), every Python modifier
+of ``MAP_EXT_TO_MODIFIERS[".py"]``, patches by ``generate_patch_fast``, ids as
+``swesmith.bug_gen.collect_patches`` names them. swesmith's ``main()`` is not used (it clones from
+GitHub and deletes a folder in the working directory); its modifiers are singletons with their own
+RNG, so fresh seeded instances are made per call: the result depends only on (checkout content,
+source_dir, max_candidates, seed).
 """
 
 from __future__ import annotations
@@ -44,47 +36,32 @@ _PY_EXT = ".py"
 
 
 class Candidate(BaseModel):
-    """One candidate bug: a patch that breaks a function or class of a project's source.
-
-    FAIL_TO_PASS / PASS_TO_PASS are not here: they exist only after validation
-    (:func:`forgeflow.sandbox.trial.validate_candidate`).
-
-    Attributes:
-        instance_id: ``<repo>.<modifier>__<hash8>`` (swesmith's form), unique within a repo.
-        repo: the project's name (e.g. ``inflection``).
-        patch: a git-style unified diff (``a/`` and ``b/`` prefixes) that introduces the bug.
-        modifier: swesmith's modifier name (e.g. ``func_pm_remove_assign``).
-        file_path: the changed file, relative to the checkout root (POSIX separators).
-        func_name: the function or class the modifier rewrote.
+    """One candidate bug: a patch that breaks a function or class of a project's source (FAIL_TO_PASS /
+    PASS_TO_PASS exist only after validation).
     """
 
     model_config = ConfigDict(frozen=True)
 
-    instance_id: str = Field(pattern=r"^[A-Za-z0-9._-]+\.[A-Za-z0-9_]+__[a-z0-9]{8}$")
-    repo: str = Field(min_length=1)
-    patch: str = Field(min_length=1)
-    modifier: str = Field(min_length=1)
-    file_path: str = Field(min_length=1)
-    func_name: str = Field(min_length=1)
+    instance_id: str = Field(pattern=r"^[A-Za-z0-9._-]+\.[A-Za-z0-9_]+__[a-z0-9]{8}$",
+        description="<repo>.<modifier>__<hash8> (swesmith's form), unique within a repo")
+    repo: str = Field(min_length=1, description="the project's name (e.g. inflection)")
+    patch: str = Field(min_length=1,
+        description="a git-style unified diff (a/ and b/ prefixes) that introduces the bug")
+    modifier: str = Field(min_length=1, description="swesmith's modifier name (e.g. func_pm_remove_assign)")
+    file_path: str = Field(min_length=1,
+        description="the changed file, relative to the checkout root (POSIX separators)")
+    func_name: str = Field(min_length=1, description="the function or class the modifier rewrote")
 
 
 class CandidateSet(BaseModel):
-    """The outcome of one generation: the chosen candidates and what was dropped on the way.
-
-    Attributes:
-        candidates: at most ``max_candidates`` candidates, in rank order (:func:`rank_key`).
-        generated: distinct patches the modifiers produced before the apply check.
-        dropped_unapplicable: patches examined that failed ``git apply --check`` on the clean
-            checkout (dropped, never returned).
-        examined: patches put through the apply check (checking stops once enough passed).
-    """
+    """The outcome of one generation: the chosen candidates and what was dropped on the way."""
 
     model_config = ConfigDict(frozen=True)
 
-    candidates: list[Candidate]
-    generated: int = Field(ge=0)
-    dropped_unapplicable: int = Field(ge=0)
-    examined: int = Field(ge=0)
+    candidates: list[Candidate] = Field(description="at most max_candidates candidates, in rank order")
+    generated: int = Field(ge=0, description="distinct patches the modifiers produced before the apply check")
+    dropped_unapplicable: int = Field(ge=0, description="patches that failed git apply --check on the clean checkout")
+    examined: int = Field(ge=0, description="patches put through the apply check (it stops once enough passed)")
 
 
 def rank_key(seed: int, instance_id: str) -> str:
@@ -93,9 +70,7 @@ def rank_key(seed: int, instance_id: str) -> str:
 
 
 def check_patch_applies(checkout_dir: Path, patch: str, instance_id: str) -> None:
-    """Check that ``patch`` applies to the clean tree at ``checkout_dir`` (``git apply --check``).
-
-    Nothing in the tree is changed.
+    """Check that ``patch`` applies to the clean tree at ``checkout_dir`` (``git apply --check``, nothing changed).
 
     Raises:
         PatchApplyError: the patch does not apply; the message names ``instance_id`` and git's reason.
@@ -185,21 +160,13 @@ def generate_candidate_set(
 ) -> CandidateSet:
     """Generate candidate bugs and report how many were produced and dropped.
 
-    Every swesmith Python modifier is tried on every function/class of the non-test ``.py`` files
-    under ``source_dir``; the distinct patches are ranked by :func:`rank_key` and put through
-    :func:`check_patch_applies` in that order until ``max_candidates`` pass (those that fail are
-    dropped and counted).
+    Every modifier is tried on every function/class of the non-test ``.py`` files under ``source_dir``;
+    distinct patches, ranked by :func:`rank_key`, go through :func:`check_patch_applies` until
+    ``max_candidates`` pass.
 
     Args:
-        repo: project name, the prefix of every instance id (``[A-Za-z0-9._-]+``).
-        checkout_dir: a clean checkout of the project (read only; not modified).
-        source_dir: the package folder or module file relative to ``checkout_dir``
-            (``inflection``, ``src/cachetools``, ``six.py``).
-        max_candidates: how many to return at most (>= 1).
+        source_dir: the package folder or module file relative to ``checkout_dir`` (``src/cachetools``, ``six.py``).
         seed: seeds the modifiers' RNG and the ranking; same inputs, same candidates.
-
-    Returns:
-        A :class:`CandidateSet`.
 
     Raises:
         InputError: a bad argument (named in the message).
@@ -234,12 +201,10 @@ def generate_candidate_set(
 def generate_candidates(
     repo: str, checkout_dir: Path, source_dir: str, max_candidates: int, seed: int
 ) -> list[Candidate]:
-    """Generate up to ``max_candidates`` candidate bugs (see :func:`generate_candidate_set`).
-
-    Returns:
-        Candidates in rank order; each patch passed ``git apply --check`` on ``checkout_dir``.
+    """The candidates of :func:`generate_candidate_set`, in rank order.
 
     Raises:
-        InputError: a bad argument. ToolMissingError: git is missing.
+        InputError: a bad argument.
+        ToolMissingError: git is missing.
     """
     return generate_candidate_set(repo, checkout_dir, source_dir, max_candidates, seed).candidates

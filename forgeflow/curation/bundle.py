@@ -1,21 +1,10 @@
 """The export bundle of a freeze: what a team hands to its trainers.
 
-A freeze (:mod:`forgeflow.curation.freeze`) names its tasks; its bundle carries them. Beside the
-manifest ``<name>.json`` in the freezes folder, :func:`write_bundle` writes
-
-* ``<name>.bundle/`` — a Hugging Face ``datasets.DatasetDict`` saved with ``save_to_disk``: one
-  ``Dataset`` per split of the manifest (empty splits included), one row per task with the
-  columns of :data:`FEATURES` (instance id, repository, split, FAIL_TO_PASS, PASS_TO_PASS, image
-  reference and digest, patch digest, and the patch and problem statement where known);
-* ``<name>.bundle.tar`` — a deterministic tarball of that folder (members sorted by path, mtime
-  0, uid/gid 0, no owner names, modes 0644/0755, PAX format, no compression), so the same freeze
-  gives the same bytes on any machine; its sha256 is the freeze's third digest;
-* ``<name>.bundle.json`` — the sidecar (schema version, the manifest's semantic sha256, the
-  tarball's sha256, row counts, its own ``semantic_sha256``), written last: a bundle without its
-  sidecar was never committed and is rebuilt by the next freeze.
-
-The manifest itself is unchanged (and never rewritten), so a freeze made before bundles keeps its
-digests; :func:`verify_bundle` says such a freeze has no bundle instead of failing.
+Beside the manifest: ``<name>.bundle/`` (a ``datasets.DatasetDict`` via ``save_to_disk``, one split per
+manifest split, columns :data:`FEATURES`), ``<name>.bundle.tar`` (a deterministic tarball: the same
+freeze gives the same bytes anywhere; its sha256 is the freeze's third digest) and ``<name>.bundle.json``
+(the sidecar, written last: a bundle without it was never committed). A freeze made before bundles
+keeps its manifest; :func:`verify_bundle` says it has no bundle.
 """
 
 from __future__ import annotations
@@ -56,56 +45,35 @@ _TAR_FILE_MODE, _TAR_DIR_MODE = 0o644, 0o755
 
 
 class BundleTask(BaseModel):
-    """What the freeze knows of one task, to become one bundle row.
-
-    Attributes:
-        instance_id: the task's id (as in the manifest).
-        repo: its repository.
-        fail_to_pass: FAIL_TO_PASS test ids from validation.
-        pass_to_pass: PASS_TO_PASS test ids from validation.
-        image_ref: the task image reference, if known.
-        image_digest: the task image's manifest digest (``sha256:...``), if known.
-        patch_sha256: hex sha256 of the bug patch, if known.
-        patch: the bug patch (unified diff), if known (the store keeps it since migration 0007;
-            tasks recorded before it have only the digest).
-        problem_statement: the task's issue text, if its source has one.
-    """
+    """What the freeze knows of one task, to become one bundle row."""
 
     model_config = ConfigDict(frozen=True)
 
     instance_id: str = Field(min_length=1)
     repo: str = Field(min_length=1)
-    fail_to_pass: list[str] = Field(default_factory=list)
-    pass_to_pass: list[str] = Field(default_factory=list)
-    image_ref: str | None = None
-    image_digest: str | None = None
-    patch_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
-    patch: str | None = None
-    problem_statement: str | None = None
+    fail_to_pass: list[str] = Field(default_factory=list, description="FAIL_TO_PASS test ids from validation")
+    pass_to_pass: list[str] = Field(default_factory=list, description="PASS_TO_PASS test ids from validation")
+    image_ref: str | None = Field(None, description="the task image reference, if known")
+    image_digest: str | None = Field(None, description="the task image's manifest digest (sha256:...), if known")
+    patch_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$",
+        description="hex sha256 of the bug patch, if known")
+    patch: str | None = Field(None, description="the bug patch (unified diff), if known (stored since migration 0007)")
+    problem_statement: str | None = Field(None, description="the task's issue text, if its source has one")
 
 
 class FreezeBundle(BaseModel):
-    """A written, verified export bundle.
-
-    Attributes:
-        name: the freeze name.
-        dataset_dir: the ``save_to_disk`` folder (``<name>.bundle``).
-        tarball: the deterministic tarball (``<name>.bundle.tar``).
-        sha256: hex sha256 of the tarball's bytes (the freeze's third digest).
-        sidecar: the sidecar JSON (``<name>.bundle.json``).
-        manifest_semantic_sha256: the semantic sha256 of the manifest the bundle was made from.
-        counts: split name -> rows.
-    """
+    """A written, verified export bundle."""
 
     model_config = ConfigDict(frozen=True)
 
     name: str
-    dataset_dir: Path
-    tarball: Path
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    sidecar: Path
-    manifest_semantic_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    counts: dict[str, int]
+    dataset_dir: Path = Field(description="the save_to_disk folder (<name>.bundle)")
+    tarball: Path = Field(description="the deterministic tarball (<name>.bundle.tar)")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="hex sha256 of the tarball (the freeze's third digest)")
+    sidecar: Path = Field(description="the sidecar JSON (<name>.bundle.json)")
+    manifest_semantic_sha256: str = Field(pattern=r"^[0-9a-f]{64}$",
+        description="semantic sha256 of the manifest the bundle was made from")
+    counts: dict[str, int] = Field(description="split name -> rows")
 
 
 def bundle_paths(name: str, out_dir: Path) -> tuple[Path, Path, Path]:
@@ -128,12 +96,10 @@ def _features() -> Any:
 
 
 def bundle_rows(manifest: FreezeManifest, tasks: Iterable[BundleTask]) -> dict[str, list[dict[str, Any]]]:
-    """The bundle's rows: split name -> one dict per task (keys :data:`COLUMNS`), in the manifest's
-    order (sorted instance ids), for every split of the manifest.
+    """The bundle's rows: split name -> one dict per task (keys :data:`COLUMNS`), in the manifest's order.
 
     Raises:
-        InputError: a manifest id has no task (the message names up to five), or a task's id
-            appears twice.
+        InputError: a manifest id has no task (up to five named), or a task's id appears twice.
     """
     by_id: dict[str, BundleTask] = {}
     for task in tasks:
@@ -186,10 +152,8 @@ def _save_dataset_dict(rows: dict[str, list[dict[str, Any]]], folder: Path) -> N
 
 
 def write_deterministic_tar(folder: Path, arcname: str, sink: BinaryIO) -> None:
-    """Write ``folder`` as an uncompressed PAX tarball under ``arcname/`` to ``sink``.
-
-    Members are sorted by path; each has mtime 0, uid/gid 0, empty owner names and mode 0644 (files)
-    or 0755 (folders), so equal folder contents give equal bytes.
+    """Write ``folder`` as an uncompressed PAX tarball under ``arcname/`` to ``sink``: members sorted, mtime 0,
+    uid/gid 0, no owner names, modes 0644/0755, so equal contents give equal bytes.
 
     Raises:
         InputError: ``folder`` holds something other than plain files and folders (a link).
@@ -226,14 +190,9 @@ class _HashSink(io.RawIOBase):
 
 
 def write_bundle(manifest: FreezeManifest, tasks: Iterable[BundleTask], out_dir: Path | None = None) -> FreezeBundle:
-    """Write the export bundle of ``manifest`` (folder, tarball, sidecar) once; never replace it.
-
-    The rows come from :func:`bundle_rows`. The folder and tarball are each written under a
-    temporary name and renamed into place, the sidecar last (atomic), so a crash leaves either no
-    bundle or a whole one.
+    """Write the export bundle of ``manifest`` (folder, tarball, sidecar last) once; never replace it.
 
     Args:
-        manifest: the freeze (from :func:`forgeflow.curation.freeze.write_freeze`).
         tasks: what is known of each task; every manifest id needs one (others are ignored).
         out_dir: where to write; default the manifest's folder.
 
@@ -242,8 +201,7 @@ def write_bundle(manifest: FreezeManifest, tasks: Iterable[BundleTask], out_dir:
 
     Raises:
         InputError: a manifest task has no row, or an existing bundle fails :func:`verify_bundle`.
-        FreezeConflictError: a bundle of this freeze exists with another tarball sha256 (the
-            message names both); a frozen bundle is never replaced.
+        FreezeConflictError: a bundle of this freeze exists with another tarball sha256 (both named).
         DiskFullError: the filesystem filled up (nothing is left under the final names).
     """
     out = Path(out_dir) if out_dir is not None else manifest.path.parent
@@ -295,24 +253,14 @@ def verify_bundle(manifest: FreezeManifest, expected_sha256: str | None,
                   out_dir: Path | None = None) -> FreezeBundle | None:
     """Check the export bundle of ``manifest``: its sidecar, the tarball's sha256, and the dataset.
 
-    Checks, in order: the sidecar's own digest and that it belongs to this manifest (name and
-    semantic sha256); the tarball's sha256 against the sidecar and against ``expected_sha256``
-    (the store's record); that the tarball's ``DatasetDict`` loads with ``datasets.load_from_disk``
-    and has exactly the manifest's splits and, per split, its instance ids in order; that the
-    unpacked folder beside it has the same files as the tarball.
-
-    Args:
-        manifest: a verified manifest (:func:`forgeflow.curation.freeze.verify_freeze`).
-        expected_sha256: the bundle sha256 the store recorded; None if it recorded none.
-        out_dir: the folder holding the bundle; default the manifest's folder.
+    The sidecar's digest and manifest; the tarball's sha256 against the sidecar and ``expected_sha256``
+    (the store's); the ``DatasetDict``'s splits and ids in order; the unpacked folder against the tarball.
 
     Returns:
-        The bundle, or None when the freeze has no bundle (no sidecar) and none was expected (a
-        freeze made before export bundles).
+        The bundle, or None when the freeze has no bundle and none was expected.
 
     Raises:
-        InputError: any check fails; the message starts with ``bundle sha256`` for a tarball
-            digest mismatch and names the file at fault.
+        InputError: any check fails; a tarball digest mismatch starts with ``bundle sha256``.
     """
     out = Path(out_dir) if out_dir is not None else manifest.path.parent
     dataset_dir, tarball, sidecar = bundle_paths(manifest.name, out)

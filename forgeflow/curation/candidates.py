@@ -1,19 +1,7 @@
 """Candidate task rows: load, validate and freeze them before any compute is spent on them.
 
-A candidate row is what a task generator (swesmith, a SWE-bench style dataset) emits: an
-``instance_id``, the ``repo`` it comes from, the bug ``patch``, optionally the environment
-``image`` and a ``problem_statement``, and the test lists ``FAIL_TO_PASS`` / ``PASS_TO_PASS``
-(SWE-bench's field names, kept as the row keys).
-
-Rows come from a JSONL file (one JSON object per line) or any iterable of mappings, such as a
-split of a HF ``datasets.Dataset``. Loading **collects every error** rather than stopping at the
-first one, so a user fixes a generator's output in one pass: :func:`load_candidates` raises one
-:class:`~forgeflow.common.errors.InputError` listing up to :data:`MAX_REPORTED_ERRORS` problems (then
-how many more), each naming the row (1-based; for a file, its line number) and the field.
-
-Test lists may also be given as a JSON-encoded string holding a list of strings, because
-SWE-bench's published datasets store ``FAIL_TO_PASS``/``PASS_TO_PASS`` that way; any other string
-is rejected as "not a list".
+Loading collects every error (up to :data:`MAX_REPORTED_ERRORS`) so a user fixes a generator's output
+in one pass. Test lists may be JSON-encoded strings, as SWE-bench's published datasets store them.
 """
 
 from __future__ import annotations
@@ -52,32 +40,23 @@ _TEST_LIST_FIELDS = ("FAIL_TO_PASS", "PASS_TO_PASS")
 
 
 class CandidateTask(BaseModel):
-    """One validated candidate task (immutable).
+    """One validated candidate task (immutable); SWE-bench's field names.
 
-    Attributes:
-        instance_id: Unique id, at most 128 characters of ``[A-Za-z0-9._-]``, starting with a
-            letter or digit.
-        repo: The source repository (``owner/name`` or a project name), 1..256 characters.
-        patch: The unified diff that introduces the bug (non-empty).
-        image: The environment/task image reference, if the generator knows it.
-        FAIL_TO_PASS: Tests that must fail with the bug and pass without it (at least one).
-        PASS_TO_PASS: Tests that must pass both ways (may be empty).
-        problem_statement: The issue text shown to the agent, if any.
-
-    Test names must be non-blank and unique within each list, and no test may be in both lists
-    (a test cannot both fail and pass with the bug); a violation raises ``ValidationError`` whose
-    message names the test, its position and the instance id.
+    Test names must be non-blank and unique within each list, and no test may be in both lists; a
+    violation raises ``ValidationError`` naming the test, its position and the instance id.
     """
 
     model_config = ConfigDict(frozen=True, extra="ignore", str_strip_whitespace=False)
 
-    instance_id: str = Field(min_length=1, max_length=INSTANCE_ID_MAX_CHARS)
-    repo: str = Field(min_length=1, max_length=256)
-    patch: str = Field(min_length=1)
-    image: str | None = Field(default=None, min_length=1)
-    FAIL_TO_PASS: list[str] = Field(min_length=1)
-    PASS_TO_PASS: list[str] = Field(default_factory=list)
-    problem_statement: str | None = None
+    instance_id: str = Field(min_length=1, max_length=INSTANCE_ID_MAX_CHARS,
+        description="unique id of [A-Za-z0-9._-], starting with a letter or digit")
+    repo: str = Field(min_length=1, max_length=256, description="the source repository (owner/name or a project name)")
+    patch: str = Field(min_length=1, description="the unified diff that introduces the bug")
+    image: str | None = Field(default=None, min_length=1,
+        description="the environment/task image reference, if the generator knows it")
+    FAIL_TO_PASS: list[str] = Field(min_length=1, description="tests that must fail with the bug and pass without it")
+    PASS_TO_PASS: list[str] = Field(default_factory=list, description="tests that must pass both ways")
+    problem_statement: str | None = Field(None, description="the issue text shown to the agent, if any")
 
     @field_validator("instance_id")
     @classmethod
@@ -194,26 +173,15 @@ def load_candidates(
     """Load and validate candidate rows, collecting every error before failing.
 
     Args:
-        source: A JSONL file path (blank lines are skipped; row numbers are line numbers) or an
-            iterable of mappings, e.g. a HF ``datasets`` split (row numbers are 1-based
-            positions). Unknown keys (``base_commit``, ``hints_text``, ...) are ignored.
-        name: How the source is named in the error message (default: the path, or
-            ``"candidates"``).
-
-    Returns:
-        The validated rows, in input order.
+        source: a JSONL file (row numbers are line numbers) or an iterable of mappings such as a HF
+            ``datasets`` split; unknown keys are ignored.
+        name: how the source is named in the error message (default: the path, or ``"candidates"``).
 
     Raises:
-        InputError: one or more rows are malformed. The message names the source and lists up
-            to :data:`MAX_REPORTED_ERRORS` problems as ``row N: field F: what is wrong``
-            (missing ``FAIL_TO_PASS``, a test list that is not a list, a non-string test name,
-            an instance id over 128 characters or outside the safe alphabet, an instance id
-            that duplicates an earlier row, which that message names, a line that is not
-            JSON, a blank or repeated test name within a list, a test in both lists, an
-            instance id that differs from an earlier row's only by case — ids must stay distinct
-            on case-insensitive filesystems and in image tags), then how many more were found.
-            Messages about test names also name the row's instance id. Also raised for a
-            missing file.
+        InputError: a missing file, or malformed rows: up to :data:`MAX_REPORTED_ERRORS` problems as
+            ``row N: field F: what is wrong`` (then how many more), including instance ids that differ
+            from an earlier row's only by case (they must stay distinct on case-insensitive
+            filesystems and in image tags).
     """
     errors: list[str] = []
     rows: Iterable[tuple[int, Any]]
@@ -276,19 +244,11 @@ def to_candidate_refs(
     available_images: Collection[str],
     image_of: Callable[[CandidateTask], str | None] | None = None,
 ) -> list[CandidateRef]:
-    """The selection view of candidates, for :func:`forgeflow.curation.selection.select_batch`.
+    """The selection view of candidates, for :func:`forgeflow.curation.selection.select_batch`, in input order.
 
     Args:
-        candidates: Validated candidates (ids are unique if they came from
-            :func:`load_candidates`).
-        available_images: Image references present in the registry (pass a ``set`` for
-            O(1) lookups).
-        image_of: Maps a candidate to its image reference when the row does not carry one
-            (e.g. a naming scheme such as the prewarm layout's tag); default: ``candidate.image``.
-
-    Returns:
-        One :class:`CandidateRef` per candidate, in input order; ``image_available`` is True
-        only when the candidate's image reference is in ``available_images``.
+        available_images: image references present in the registry (a ``set`` for O(1) lookups).
+        image_of: a candidate's image reference when the row carries none; default ``candidate.image``.
     """
     resolve = image_of or (lambda candidate: candidate.image)
     refs: list[CandidateRef] = []

@@ -1,10 +1,5 @@
-"""What the ``curate`` and ``recover`` flows return (``flows/curate.py``): frozen pydantic models whose
-field names are the keys those flows returned as dicts before, so the data a user reads is unchanged.
-
-* :class:`CurateResult` — how a curate run ended (``freeze-ready`` or ``exhausted``), the batches it
-  ran, the trials it recorded and the accepted tasks per split.
-* :class:`RecoverResult` — a recovery's dry run (what would be voided and requeued) or what it did
-  (counts, backup, the store's summary after).
+"""What the ``curate`` and ``recover`` flows return: frozen models whose field names are the keys those
+flows returned as dicts before.
 """
 
 from __future__ import annotations
@@ -21,23 +16,7 @@ CurateStatus = Literal["freeze-ready", "exhausted"]
 
 
 class CurateResult(BaseModel):
-    """How one ``curate`` run ended.
-
-    Attributes:
-        status: ``freeze-ready`` (the freeze check passed; the freeze-ready event was emitted unless the caller
-            freezes itself) or
-            ``exhausted`` (no candidate left to validate; ``unmet`` says what is missing).
-        batches: The ids of the batches this run validated, in order (empty: ready before any batch).
-        trials_recorded: NOP/Oracle trials this run recorded (count, >= 0; a cached validation's
-            trials count again).
-        counts: Split name -> accepted tasks the freeze selection puts in it (tasks).
-        unmet: The unmet quotas as text (one entry; empty when ``freeze-ready``).
-        event_id: The id of the ``forgeflow.dataset.freeze-ready`` event (None when ``exhausted``, or
-            when no event was emitted: ``emit_freeze_ready`` false).
-        freeze_name: The name the freeze-on-ready automation freezes under.
-        validated: The instance ids this run validated, in batch order (empty: the store already held a
-            verdict for every candidate it needed).
-    """
+    """How one ``curate`` run ended."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -62,25 +41,8 @@ class CurateResult(BaseModel):
 
 
 class RecoverResult(BaseModel):
-    """What one ``recover`` run listed (dry run) or did (applied).
-
-    A dry run fills ``void``, ``requeue`` and ``kept`` and leaves the applied fields None; an applied
-    recovery fills ``recovery_id``, ``voided``, ``requeued``, ``backup_path``, ``backup_sha256`` and
-    ``after`` (``backup_path``/``backup_sha256`` stay None when the plan was empty: nothing written)
-    and leaves the dry run's lists None.
-
-    Attributes:
-        dry_run: True: nothing changed, the lists say what would.
-        void: Dry run: trial ids that would be voided (ordered by creation time, then id).
-        requeue: Dry run: instance ids of the tasks that would be put back to ``candidate``.
-        kept: Dry run: selected trial ids left as they are (a real outcome, already void).
-        recovery_id: Applied: ``recover-<UTC time>-<plan sha256[:8]>``.
-        voided: Applied: trials newly marked void (count).
-        requeued: Applied: tasks put back to ``candidate`` (count).
-        backup_path: Applied: the backup JSON of the affected rows (its audit markdown lies beside it
-            with suffix ``.md``).
-        backup_sha256: Applied: the backup's sha256 (64 hex digits; also in ``<backup>.sha256``).
-        after: Applied: the store's counts after the recovery (live and void trials, tasks per status).
+    """What one ``recover`` run listed (dry run: ``void``, ``requeue``, ``kept``) or did (applied: the other
+    fields); the other group stays None.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")

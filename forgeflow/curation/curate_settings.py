@@ -1,28 +1,27 @@
-"""How a ``curate`` run validates its candidates: batch size, concurrency, retries, the verifier's
-limits, the seed and the checks (one parameter group of the ``curate`` flow, ``flows/curate.py``).
-"""
+"""How a ``curate`` run validates its candidates (one parameter group of the ``curate`` flow)."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from forgeflow.curation.selection import DEFAULT_BATCH_SIZE
+from forgeflow.sandbox.limits import LimitOverrides, SandboxLimits
 from forgeflow.sandbox.trial import ValidationChecks, ValidationSettings
 
 DEFAULT_CONCURRENCY = 10
 """NOP/Oracle validations a curate run keeps in flight by default."""
 
 
-class CurateSettings(BaseModel):
-    """How a curate run validates: its batches, their pace and retries, each validation's limits.
+class CurateSettings(LimitOverrides):
+    """How a curate run validates: its batches, their pace and retries, each validation's limits
+    (``memory_mb`` and ``cpus``: :class:`~forgeflow.sandbox.limits.LimitOverrides`, None leaves them to
+    the run's sandbox block, else the defaults).
 
     Attributes:
         batch_size: candidates per batch (:func:`forgeflow.curation.selection.select_batch`), >= 1.
         concurrency: NOP/Oracle validations in flight at once, >= 1.
         max_retries: extra attempts for a validation that ended in an infrastructure error, >= 0.
         verifier_timeout_s: absolute limit per test run, seconds (> 0).
-        memory_mb: sandbox memory limit per trial container, MiB (a ``forgeflow-sandbox`` block's own
-            limit replaces it).
         seed: orders the candidates and the splits (same seed, same batches; part of the default
             freeze name and of the freeze-ready event).
         checks: Oracle runs per task that would be accepted (default 2: a task whose runs disagree is
@@ -38,13 +37,12 @@ class CurateSettings(BaseModel):
     max_retries: int = Field(default=2, ge=0, description="Extra attempts for a validation that ended in an "
                                                           "infrastructure error.")
     verifier_timeout_s: float = Field(default=180.0, gt=0, description="Absolute limit per test run, seconds.")
-    memory_mb: int = Field(default=2048, ge=16, description="Sandbox memory limit per trial container, MiB (a "
-                                                            "sandbox block's own limit replaces it).")
     seed: int = Field(default=0, description="Orders candidates and splits (same seed, same batches).")
     checks: ValidationChecks = Field(default_factory=ValidationChecks,
                                      description="Oracle repeats, flaky policy and log parser.")
 
-    def validation(self) -> ValidationSettings:
-        """What each validation of the run takes: the verifier's limit, the memory and the checks."""
-        return ValidationSettings(verifier_timeout_s=self.verifier_timeout_s, memory_mb=self.memory_mb,
-                                  checks=self.checks)
+    def validation(self, block: SandboxLimits | None = None) -> ValidationSettings:
+        """What each validation of the run takes: the verifier's limit, the limits (these settings' own,
+        else ``block``'s, the run's sandbox block's; :meth:`LimitOverrides.over`) and the checks."""
+        return ValidationSettings(verifier_timeout_s=self.verifier_timeout_s, checks=self.checks,
+                                  **self.over(block).model_dump())

@@ -1,27 +1,14 @@
 """Declarative derived task sets: named sets of instance ids defined by set algebra.
 
-A *source set* is a named set of instance ids with its provenance:
-
-* :func:`store_status_set` — the store's tasks with one status (e.g. ``accepted``);
-* :func:`store_images_available_set` — the store's tasks whose ``image_ref`` is a recorded image;
-* :func:`frozen_split_sets` — each split of a frozen manifest (``frozen.train``, ...), whose
-  digests are verified with :func:`forgeflow.curation.freeze.verify_freeze`;
-* :func:`id_list_set` — an external list of instance ids pinned to a source revision (e.g. the
-  tasks a strong model solved, from a results file at a given commit);
-* :func:`explicit_set` — any ids computed by the caller (must be passed again to verify).
-
-A *definition* is ``name = expression`` where the expression combines set names with ``&``
-(intersection), ``|`` (union), ``-`` (difference) and parentheses (``∩``, ``∪`` and ``∖`` are
-accepted as spellings of the same). Set names may be dotted (``frozen.test``)::
+A definition is ``name = expression`` over source-set names (dotted allowed, ``frozen.test``) with
+``&``, ``|``, ``-`` (or ``∩``, ``∪``, ``∖``) and parentheses::
 
     filter_pro = static & verified_any
     freeze_pro = filter_pro & frozen.test & images_available
 
-Definitions are parsed with Python's :mod:`ast` (never ``eval``): only names, dotted names and
-the three operators are allowed. Unknown names and cycles are reported before anything is
-evaluated. Every derived set records the sha256 of each input's canonical sorted id list
-(:func:`ids_sha256`), the definitions it depends on and, when a frozen manifest is among its
-inputs, its per-split counts, so :func:`verify_derived` can rebuild it and detect a changed input.
+Parsed with :mod:`ast`, never ``eval``; unknown names and cycles are reported before evaluation.
+A derived set records each input's :func:`ids_sha256`, so :func:`verify_derived` can rebuild it and
+detect a changed input.
 """
 
 from __future__ import annotations
@@ -42,7 +29,7 @@ from forgeflow.common.fsutil import (
 from forgeflow.curation.freeze import SPLITS, verify_freeze
 
 SCHEMA_VERSION = 1
-"""Version of the derived-set document written by :func:`write_derived`."""
+"""Version of the derived-set document written by :func:`forgeflow.curation.derived_store.save_derived`."""
 
 SourceKind = Literal["store_status", "store_images", "frozen_split", "id_list", "explicit"]
 
@@ -56,27 +43,18 @@ def ids_sha256(ids: Iterable[str]) -> str:
 
 
 class SourceSet(BaseModel):
-    """A named input set with the provenance needed to load it again.
-
-    Attributes:
-        name: The name definitions refer to (dotted names allowed, e.g. ``frozen.test``).
-        kind: Where the ids come from (see the module docstring).
-        ids: The instance ids (a frozenset).
-        provenance: JSON-serialisable facts that identify the source: the status, the manifest
-            path and its ``semantic_sha256``, the list file and its sha256, the source revision.
-        freeze_name: For a frozen split: the freeze's name; else None.
-        freeze_splits: For a frozen split: every split of that manifest, split -> ids (used
-            for the per-split counts of derived sets); else None.
-    """
+    """A named input set with the provenance needed to load it again."""
 
     model_config = ConfigDict(frozen=True)
 
-    name: str = Field(min_length=1)
-    kind: SourceKind
+    name: str = Field(min_length=1, description="the name definitions refer to (dotted allowed, e.g. frozen.test)")
+    kind: SourceKind = Field(description="where the ids come from")
     ids: frozenset[str]
-    provenance: dict[str, Any] = Field(default_factory=dict)
-    freeze_name: str | None = None
-    freeze_splits: dict[str, frozenset[str]] | None = None
+    provenance: dict[str, Any] = Field(default_factory=dict,
+        description="JSON facts that identify the source (status, manifest and digest, list file, revision)")
+    freeze_name: str | None = Field(None, description="for a frozen split: the freeze's name")
+    freeze_splits: dict[str, frozenset[str]] | None = Field(None,
+        description="for a frozen split: every split of that manifest, split -> ids")
 
     @property
     def sha256(self) -> str:
@@ -94,8 +72,7 @@ def _check_name(name: str) -> str:
 
 
 def validate_derived_name(name: str) -> str:
-    """Return ``name`` if it can name a derived set and its file ``<name>.json``: a plain
-    identifier (as in a definition's left-hand side), so no path separator, '..' or dot.
+    """Return ``name`` if it is a plain identifier (it also names the file ``<name>.json``).
 
     Raises:
         InputError: the name is invalid; the message names it.
@@ -107,13 +84,7 @@ def validate_derived_name(name: str) -> str:
 
 
 def store_status_set(name: str, store: Any, status: str = "accepted") -> SourceSet:
-    """The ids of the store's tasks with ``status`` (``accepted``, ``rejected``, ...).
-
-    Args:
-        name: The set's name.
-        store: A :class:`forgeflow.ledger.store.Store`.
-        status: A task status of the store.
-    """
+    """The ids of the store's tasks with ``status`` (``accepted``, ``rejected``, ...)."""
     ids = frozenset(task.instance_id for task in store.tasks(status))
     return SourceSet(
         name=_check_name(name), kind="store_status", ids=ids, provenance={"status": status}
@@ -128,12 +99,8 @@ def store_images_available_set(name: str, store: Any) -> SourceSet:
 
 
 def frozen_split_sets(manifest_path: str | Path, prefix: str = "frozen") -> dict[str, SourceSet]:
-    """One set per split of a frozen manifest (``<prefix>.train``, ...) plus ``<prefix>`` (all).
-
-    The manifest's digests are checked first with :func:`forgeflow.curation.freeze.verify_freeze`.
-
-    Returns:
-        Set name -> set; the provenance holds the manifest path, name and ``semantic_sha256``.
+    """One set per split of a frozen manifest (``<prefix>.train``, ...) plus ``<prefix>`` (all), after
+    :func:`forgeflow.curation.freeze.verify_freeze`.
 
     Raises:
         InputError: the manifest is missing, altered or invalid.
@@ -180,10 +147,8 @@ def id_list_set(name: str, source: str | Path | Iterable[str], source_revision: 
     """An external list of instance ids pinned to the revision it was taken from.
 
     Args:
-        name: The set's name.
-        source: A file (``.json``: a list of strings; otherwise one id per line) or the ids.
-        source_revision: The pinned revision of the list's origin (a commit, a dataset
-            revision, a results-run id); required so the set can be traced and rebuilt.
+        source: a file (``.json``: a list of strings; otherwise one id per line) or the ids.
+        source_revision: the list origin's revision (a commit, dataset revision, results-run id).
 
     Raises:
         InputError: empty ``source_revision``, or an unreadable/ill-formed file.
@@ -200,15 +165,6 @@ def id_list_set(name: str, source: str | Path | Iterable[str], source_revision: 
         provenance["ids"] = sorted(set(ids))
     return SourceSet(
         name=_check_name(name), kind="id_list", ids=frozenset(ids), provenance=provenance
-    )
-
-
-def explicit_set(
-    name: str, ids: Iterable[str], provenance: dict[str, Any] | None = None
-) -> SourceSet:
-    """Ids computed by the caller; :func:`verify_derived` needs them passed again in ``inputs``."""
-    return SourceSet(
-        name=_check_name(name), kind="explicit", ids=frozenset(ids), provenance=provenance or {}
     )
 
 
@@ -257,18 +213,11 @@ class Definitions(BaseModel):
 
 
 def parse_definitions(source: str | Mapping[str, str]) -> Definitions:
-    """Parse ``name = expression`` definitions.
-
-    Args:
-        source: Text with one definition per line (blank lines and ``#`` comments allowed), or
-            a mapping name -> expression.
-
-    Returns:
-        The definitions with each expression normalised by ``ast.unparse``.
+    """Parse ``name = expression`` definitions (one per line, blank lines and ``#`` comments allowed, or a mapping).
 
     Raises:
-        InputError: a line is not ``name = expression``, a name is defined twice, or an
-            expression uses anything but set names, ``&``, ``|``, ``-`` and parentheses.
+        InputError: a line is not ``name = expression``, a name is defined twice, or an expression
+            uses anything but set names, ``&``, ``|``, ``-`` and parentheses.
     """
     pairs: list[tuple[str, str]] = []
     if isinstance(source, Mapping):
@@ -318,28 +267,19 @@ class InputDigest(BaseModel):
 
 
 class DerivedSet(BaseModel):
-    """A derived set and everything needed to rebuild and check it.
-
-    Attributes:
-        name: The derived set's name.
-        expression: Its normalised expression.
-        ids: Sorted instance ids.
-        ids_sha256: :func:`ids_sha256` of ``ids``.
-        definitions: The derived definitions it depends on (itself included), name -> expression.
-        inputs: Every source set it depends on, name -> digest and provenance.
-        split_counts: Freeze name -> split -> number of ``ids`` in that split, for each frozen
-            manifest among the inputs (empty when there is none).
-    """
+    """A derived set and everything needed to rebuild and check it."""
 
     model_config = ConfigDict(frozen=True)
 
     name: str
-    expression: str
-    ids: list[str]
+    expression: str = Field(description="its normalised expression")
+    ids: list[str] = Field(description="sorted instance ids")
     ids_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    definitions: dict[str, str]
-    inputs: dict[str, InputDigest]
-    split_counts: dict[str, dict[str, int]] = Field(default_factory=dict)
+    definitions: dict[str, str] = Field(
+        description="the derived definitions it depends on (itself included), name -> expression")
+    inputs: dict[str, InputDigest] = Field(description="every source set it depends on, name -> digest and provenance")
+    split_counts: dict[str, dict[str, int]] = Field(default_factory=dict,
+        description="freeze name -> split -> number of ids in that split")
 
     @property
     def count(self) -> int:
@@ -396,19 +336,11 @@ def derive(
     definitions: str | Mapping[str, str] | Definitions,
     sources: Iterable[SourceSet] | Mapping[str, SourceSet],
 ) -> dict[str, DerivedSet]:
-    """Evaluate every definition over the source sets.
-
-    Args:
-        definitions: Definition text, a mapping name -> expression, or parsed definitions.
-        sources: The source sets (names must be unique).
-
-    Returns:
-        Derived name -> set, in dependency order.
+    """Evaluate every definition over the source sets; derived name -> set, in dependency order.
 
     Raises:
-        InputError: bad definitions (see :func:`parse_definitions`), a name used by two source
-            sets, a derived name equal to a source name, an unknown name (the message lists the
-            known ones) or a cycle (the message shows it, e.g. ``a -> b -> a``).
+        InputError: bad definitions, a name used by two source sets, a derived name equal to a source
+            name, an unknown name (the known ones listed) or a cycle (shown, e.g. ``a -> b -> a``).
     """
     parsed = definitions if isinstance(definitions, Definitions) else parse_definitions(definitions)
     by_name: dict[str, SourceSet] = {}

@@ -1,6 +1,4 @@
-"""Derived sets on disk: written once with their digests, refused or replaced (the old kept), read
-back and verified against their sources (:mod:`forgeflow.curation.derived` defines and evaluates
-them)."""
+"""Derived sets on disk: written once with their digests, replaced only on request, verified against their sources."""
 
 from __future__ import annotations
 
@@ -8,7 +6,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 import forgeflow
 from forgeflow.common.errors import DerivedSetConflictError, InputError
@@ -49,21 +47,15 @@ REPLACED_DIR = "replaced"
 
 
 class DerivedWrite(BaseModel):
-    """What :func:`save_derived` did.
-
-    Attributes:
-        path: ``out_dir/<name>.json``.
-        written: False when the file already held the same content (an identical rebuild).
-        previous: The set the file held before, when it was replaced and still readable.
-        previous_path: Where the replaced file was kept, when one was replaced.
-    """
+    """What :func:`save_derived` did."""
 
     model_config = ConfigDict(frozen=True)
 
     path: Path
-    written: bool
-    previous: DerivedSet | None = None
-    previous_path: Path | None = None
+    written: bool = Field(description="False when the file already held the same content")
+    previous: DerivedSet | None = Field(None,
+        description="the set the file held before, when replaced and still readable")
+    previous_path: Path | None = Field(None, description="where the replaced file was kept")
 
 
 def _differences(old: DerivedSet, new: DerivedSet) -> str:
@@ -83,24 +75,14 @@ def _differences(old: DerivedSet, new: DerivedSet) -> str:
 def save_derived(derived: DerivedSet, out_dir: str | Path, *, replace: bool = False) -> DerivedWrite:
     """Write ``out_dir/<name>.json`` atomically, never silently overwriting other content.
 
-    The document holds ``schema_version``, the :class:`DerivedSet` fields, ``count``,
-    ``forgeflow_version`` and ``semantic_sha256`` (sha256 of the canonical JSON of everything
-    else). When the file exists: the same set (ids, definitions, inputs and split counts; the
-    forgeflow version aside) is a no-op; different content is refused unless ``replace``, and a
-    replaced file is first kept under ``out_dir/replaced/`` (:data:`REPLACED_DIR`).
-
-    Args:
-        derived: The set to write.
-        out_dir: The derived sets' folder (created if missing).
-        replace: Replace a file of this name with different (or unreadable) content.
-
-    Returns:
-        What was done (:class:`DerivedWrite`).
+    The document holds the :class:`DerivedSet` fields and a ``semantic_sha256`` of the rest. The same
+    set again is a no-op; other content is refused unless ``replace``, which first keeps the old file
+    under :data:`REPLACED_DIR`.
 
     Raises:
         DerivedSetConflictError: the file exists with other content (or cannot be read) and
-            ``replace`` is False; the message names the file, what it holds (count and ids
-            sha256), what the rebuild holds and what differs. Nothing is written.
+            ``replace`` is False; the message names the file, both counts and ids sha256 and what
+            differs. Nothing is written.
         DiskFullError: the filesystem is full (the previous file is left as it was).
     """
     path = Path(out_dir) / f"{derived.name}.json"
@@ -129,15 +111,6 @@ def save_derived(derived: DerivedSet, out_dir: str | Path, *, replace: bool = Fa
         return DerivedWrite(path=path, written=True, previous=previous, previous_path=kept)
     atomic_write_json(path, _document(derived))
     return DerivedWrite(path=path, written=True)
-
-
-def write_derived(derived: DerivedSet, out_dir: str | Path, *, replace: bool = False) -> Path:
-    """:func:`save_derived`, returning only the path of ``out_dir/<name>.json``.
-
-    Raises:
-        DerivedSetConflictError: as :func:`save_derived` (other content exists, no ``replace``).
-    """
-    return save_derived(derived, out_dir, replace=replace).path
 
 
 def read_derived(path: str | Path) -> DerivedSet:
@@ -182,25 +155,13 @@ def verify_derived(
     store: Any = None,
     inputs: Iterable[SourceSet] | Mapping[str, SourceSet] | None = None,
 ) -> DerivedSet:
-    """Rebuild a written derived set from its sources and check every digest.
+    """Rebuild a saved derived set from its sources and check every digest.
 
-    Each input is loaded again from its provenance (the store, the frozen manifest — whose own
-    digests :func:`~forgeflow.curation.freeze.verify_freeze` checks —, the id-list file), or taken from
-    ``inputs`` when given there (required for explicit sets). Then the definitions are evaluated
-    again and the result compared with the stored ids.
-
-    Args:
-        path: The file written by :func:`write_derived`.
-        store: The :class:`forgeflow.ledger.store.Store` for store-backed inputs.
-        inputs: Source sets overriding or supplying inputs by name.
-
-    Returns:
-        The verified set.
+    Each input is loaded again from its provenance, or taken from ``inputs`` (required for explicit sets).
 
     Raises:
-        InputError: the file is altered (:func:`read_derived`); an input cannot be loaded;
-            an input's ids changed (the message names each changed input with both digests and
-            counts); or the rebuilt ids differ from the stored ones.
+        InputError: the file is altered; an input cannot be loaded; an input's ids changed (each
+            changed input named with both digests and counts); or the rebuilt ids differ.
     """
     stored = read_derived(path)
     given: dict[str, SourceSet] = {}

@@ -1,18 +1,8 @@
 """Freeze accepted tasks into repository-disjoint train/validation/test splits.
 
-Two steps, split so a preflight can run the first alone:
-
-1. :func:`select_splits` (pure): caps each repository at ``max_per_repo`` tasks, then assigns
-   *whole repositories* to splits, so no repository's code is seen in two splits.
-2. :func:`write_freeze`: writes the selection as a manifest that is never overwritten. The
-   manifest carries a schema version and a ``semantic_sha256`` over its canonical JSON form
-   (everything except that digest), so its identity does not depend on formatting.
-
-The export bundle written beside the manifest (HF ``datasets`` + deterministic tarball, the third
-digest) lives in :mod:`forgeflow.curation.bundle`.
-
-Determinism: every ordering uses the stable key ``sha256(f"{seed}:{id}")``, never Python's
-``hash`` (salted per process) or input order.
+:func:`select_splits` is pure (a preflight runs it alone); :func:`write_freeze` writes a manifest that
+is never overwritten, identified by a ``semantic_sha256`` over its canonical JSON. Every ordering uses
+``sha256(f"{seed}:{id}")``, never Python's salted ``hash`` or input order.
 """
 
 from __future__ import annotations
@@ -67,26 +57,16 @@ class AcceptedTask(BaseModel):
 
 
 class SplitQuotas(BaseModel):
-    """What a freeze needs.
-
-    Attributes:
-        train: Minimum number of tasks in the train split (0 = split not wanted).
-        validation: Minimum number of tasks in the validation split.
-        test: Minimum number of tasks in the test split.
-        max_per_repo: At most this many tasks of one repository enter the freeze.
-        min_repos: Minimum number of distinct repositories over all splits. Each split ``s``
-            with a non-zero target must get at least
-            ``ceil(min_repos * target_s / (train + validation + test))`` repositories
-            (at least 1), i.e. repositories are required in proportion to the split's size.
-    """
+    """What a freeze needs (a split target of 0: split not wanted)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    train: int = Field(ge=0)
-    validation: int = Field(ge=0)
-    test: int = Field(ge=0)
-    max_per_repo: int = Field(ge=1)
-    min_repos: int = Field(default=1, ge=1)
+    train: int = Field(ge=0, description="minimum tasks in the train split (0: not wanted)")
+    validation: int = Field(ge=0, description="minimum tasks in the validation split")
+    test: int = Field(ge=0, description="minimum tasks in the test split")
+    max_per_repo: int = Field(ge=1, description="at most this many tasks of one repository enter the freeze")
+    min_repos: int = Field(default=1, ge=1,
+        description="minimum distinct repositories overall, required per split in proportion to its size")
 
     def target(self, split: str) -> int:
         """The minimum task count of ``split``."""
@@ -113,23 +93,16 @@ class UnmetQuota(BaseModel):
 
 
 class SplitSelection(BaseModel):
-    """The result of :func:`select_splits`.
-
-    Attributes:
-        splits: Split name -> sorted instance ids.
-        repos_per_split: Split name -> sorted repository names.
-        capped: Instance ids left out because their repository exceeded ``max_per_repo``.
-        unmet: Quotas not met (empty when ``ready``).
-        ready: True when every quota is met and a freeze may be written.
-    """
+    """The result of :func:`select_splits`."""
 
     model_config = ConfigDict(frozen=True)
 
-    splits: dict[str, list[str]]
-    repos_per_split: dict[str, list[str]]
-    capped: list[str] = Field(default_factory=list)
-    unmet: list[UnmetQuota] = Field(default_factory=list)
-    ready: bool
+    splits: dict[str, list[str]] = Field(description="split name -> sorted instance ids")
+    repos_per_split: dict[str, list[str]] = Field(description="split name -> sorted repository names")
+    capped: list[str] = Field(default_factory=list,
+        description="instance ids left out because their repository exceeded max_per_repo")
+    unmet: list[UnmetQuota] = Field(default_factory=list, description="quotas not met (empty when ready)")
+    ready: bool = Field(description="every quota is met and a freeze may be written")
 
     @property
     def counts(self) -> dict[str, int]:
@@ -143,26 +116,17 @@ def select_splits(
     """Assign accepted tasks to repository-disjoint splits.
 
     Algorithm:
-        1. Group tasks by repository; order each group by ``stable_key(seed, instance_id)`` and
-           keep the first ``max_per_repo`` (the rest are reported in ``capped``).
-        2. Order repositories by capped size, largest first (ties by ``stable_key(seed, repo)``),
-           so big repositories are placed while the gaps are still large (greedy
-           longest-processing-time first, as in multiprocessor scheduling).
+        1. Per repository, keep the first ``max_per_repo`` tasks by ``stable_key(seed, instance_id)``
+           (the rest in ``capped``).
+        2. Order repositories largest first (ties by ``stable_key(seed, repo)``): greedy
+           longest-processing-time first, as in multiprocessor scheduling.
         3. Give each repository, whole, to the split with the largest remaining relative gap
-           ``1 - min(tasks_s / target_s, repos_s / min_repos_s)``, the repo term only while
-           ``repos_s < min_repos_s``. Splits with a target of 0 get nothing. Ties go to the split
-           missing more tasks, then to the earlier split in ``train, validation, test``. Once
-           every split is full the same rule keeps the splits proportional to their targets, so
-           every capped task is used.
-
-    Args:
-        accepted: Accepted tasks; instance ids must be unique.
-        quotas: Minimum sizes and caps.
-        seed: Changes the orderings (and thus which tasks a capped repository keeps).
+           ``1 - min(tasks_s / target_s, repos_s / min_repos_s)`` (the repo term only while
+           ``repos_s < min_repos_s``); ties to the split missing more tasks, then train, validation,
+           test. Full splits keep growing in proportion, so every capped task is used.
 
     Returns:
-        The selection; ``ready`` is False and ``unmet`` lists each shortfall (per split tasks,
-        per split repositories, overall repositories) when the quotas cannot be met.
+        The selection; ``ready`` is False and ``unmet`` lists each shortfall when the quotas cannot be met.
 
     Raises:
         InputError: duplicate instance ids, or every split target is 0.
@@ -239,22 +203,14 @@ def select_splits(
 
 
 def quota_feasibility(repo_counts: Mapping[str, int], quotas: SplitQuotas) -> list[UnmetQuota]:
-    """What no validation can fix: the quotas that even every candidate accepted could not meet.
+    """The quotas that even every candidate accepted could not meet (a check before any compute).
 
-    A check before any compute (images, validation): splits are repository-disjoint and each
-    repository contributes at most ``max_per_repo`` tasks, so the necessary conditions are
-
-    * ``repos``: distinct repositories >= ``min_repos``;
-    * ``splits.repos``: distinct repositories >= the sum over non-empty splits of
-      :meth:`SplitQuotas.min_repos_for` (each split needs its own repositories, at least one);
-    * ``tasks``: the sum over repositories of ``min(candidates, max_per_repo)`` >= the sum of the
-      split targets.
-
-    Passing is necessary, not sufficient: validation decides which candidates are accepted.
+    Necessary conditions: ``repos`` (distinct repositories >= ``min_repos``), ``splits.repos`` (>= the sum
+    of :meth:`SplitQuotas.min_repos_for` over non-empty splits) and ``tasks`` (the sum of
+    ``min(candidates, max_per_repo)`` >= the split targets). Not sufficient: validation decides.
 
     Args:
-        repo_counts: repository -> number of candidates (an upper bound of its accepted tasks).
-        quotas: the freeze's quotas.
+        repo_counts: repository -> number of candidates.
 
     Returns:
         The unmet conditions (empty: the quotas are reachable).
@@ -295,39 +251,26 @@ def feasibility_text(unmet: Sequence[UnmetQuota]) -> str:
 def freeze_ready(
     accepted: list[AcceptedTask], quotas: SplitQuotas, seed: int = 0
 ) -> SplitSelection:
-    """Preflight for a freeze: exactly :func:`select_splits`, writing nothing.
-
-    Check ``.ready`` and ``.unmet`` before spending compute on a stage that needs the freeze.
-    """
+    """Preflight for a freeze: exactly :func:`select_splits`, writing nothing."""
     return select_splits(accepted, quotas, seed)
 
 
 class FreezeManifest(BaseModel):
-    """A written, verified freeze.
-
-    Attributes:
-        name: The freeze name.
-        path: The manifest file.
-        semantic_sha256: Digest of the manifest's canonical JSON without this field.
-        file_sha256: Digest of the manifest file's bytes.
-        counts: Split name -> number of tasks.
-        splits: Split name -> sorted instance ids.
-        bundle_path: The export bundle's tarball (:mod:`forgeflow.curation.bundle`), when it was
-            written or verified with the manifest; None otherwise (e.g. a freeze made before
-            export bundles, or a manifest read alone by :func:`verify_freeze`).
-        bundle_sha256: Hex sha256 of that tarball (the freeze's third digest), or None.
-    """
+    """A written, verified freeze."""
 
     model_config = ConfigDict(frozen=True)
 
     name: str
     path: Path
-    semantic_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    file_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    counts: dict[str, int]
-    splits: dict[str, list[str]]
-    bundle_path: Path | None = None
-    bundle_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
+    semantic_sha256: str = Field(pattern=r"^[0-9a-f]{64}$",
+        description="digest of the manifest's canonical JSON without this field")
+    file_sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="digest of the manifest file's bytes")
+    counts: dict[str, int] = Field(description="split name -> number of tasks")
+    splits: dict[str, list[str]] = Field(description="split name -> sorted instance ids")
+    bundle_path: Path | None = Field(None,
+        description="the export bundle's tarball when written or verified with the manifest, else None")
+    bundle_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$",
+        description="hex sha256 of that tarball (the freeze's third digest), or None")
 
 
 def validate_freeze_name(name: str) -> str:
@@ -357,22 +300,17 @@ def write_freeze(
     out_dir: Path,
     extra_inputs: dict[str, Any] | None = None,
 ) -> FreezeManifest:
-    """Write the manifest of freeze ``name`` once; never overwrite it.
+    """Write the manifest ``out_dir/<name>.json`` of freeze ``name`` once; never overwrite it.
 
-    The manifest (``out_dir/<name>.json``, indented, key-sorted) holds ``schema_version``,
-    ``name``, ``splits`` (instance ids), ``repos`` (per split), ``counts``, ``quotas``, ``seed``,
-    ``inputs`` (``extra_inputs``, e.g. the store URL's accepted-task digest or source dataset
-    revisions), ``forgeflow_version`` and ``semantic_sha256``. It is written to a temp file and
-    hard-linked into place, which fails if another writer got there first.
+    Written to a temp file and hard-linked into place (fails if another writer got there first).
 
     Returns:
         The manifest; for identical content already on disk, the existing one (a no-op).
 
     Raises:
         InputError: invalid name, or ``extra_inputs`` not JSON-serialisable.
-        PreflightError: ``selection.ready`` is False (the message lists the unmet quotas).
-        FreezeConflictError: a freeze of this name exists with different content; the message
-            names the freeze and both semantic digests.
+        PreflightError: ``selection.ready`` is False (the unmet quotas listed).
+        FreezeConflictError: a freeze of this name exists with different content (both semantic digests named).
     """
     path = manifest_path(name, out_dir)
     if not selection.ready:
@@ -421,9 +359,7 @@ def verify_freeze(path: Path, expected_file_sha256: str | None = None) -> Freeze
     """Read a manifest and recompute its digests.
 
     Args:
-        path: The manifest file.
-        expected_file_sha256: If given (e.g. from the store's ``freezes`` row), the file's bytes
-            must have this digest.
+        expected_file_sha256: if given (e.g. the store's ``freezes`` row), the file's bytes must have it.
 
     Raises:
         InputError: the file is missing or not JSON, its schema version is unknown, its
@@ -464,22 +400,12 @@ def inputs_path(name: str, out_dir: Path) -> Path:
 def check_freeze_inputs(name: str, out_dir: Path, inputs: dict[str, Any]) -> None:
     """Refuse, before any work, a run whose freeze ``name`` already exists from other inputs.
 
-    A frozen manifest is never overwritten, so a run that would freeze other content under the same
-    name can only fail at its freeze stage, after hours of generation and validation that also
-    rewrote shared files. The inputs that decide the content (projects, candidates, seed, quotas:
-    the caller says which) are recorded beside the manifest by :func:`record_freeze_inputs`; this
-    compares them. A freeze without a recorded inputs file (made before this existed, or by the
-    ``freeze`` flow) is not checked here: its freeze stage still refuses other content.
-
-    Args:
-        name: The freeze name.
-        out_dir: The folder holding the manifests.
-        inputs: this run's inputs by name, as JSON values (lists, not tuples: they are compared
-            with what JSON gives back).
+    Compares ``inputs`` (JSON values: lists, not tuples) with those :func:`record_freeze_inputs`
+    recorded; a freeze without a recorded inputs file is not checked here (its freeze stage still
+    refuses other content).
 
     Raises:
-        FreezeConflictError: the freeze exists and its recorded inputs differ; the message names
-            every differing input with both values.
+        FreezeConflictError: the freeze exists and its recorded inputs differ (each input, both values).
         InputError: the recorded inputs file is not a JSON object.
     """
     manifest, recorded_path = manifest_path(name, out_dir), inputs_path(name, out_dir)

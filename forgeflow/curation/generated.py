@@ -1,14 +1,8 @@
 """The candidates the lifecycle generated, with their task images: the file ``curate`` reads.
 
-The lifecycle's generate stage makes SWE-smith candidates (:class:`forgeflow.curation.bugs.Candidate`:
-no FAIL_TO_PASS yet, those exist only after validation) and its prewarm stage builds one task
-image per candidate. :func:`merge_generated` adds both to ``<output_dir>/candidates.jsonl``
-(:data:`GENERATED_FILE`; rows of earlier runs are kept), one :class:`GeneratedTask` per line, so the ``curate`` flow can
-validate them at production rules later (its default input is the demo's file,
-``$FORGEFLOW_HOME/demo/candidates.jsonl``).
-
-:func:`build_generated` makes the same rows without the lifecycle (checkout, environment image,
-generation, local task images), for tests and benchmarks.
+:func:`merge_generated` adds the generate and prewarm stages' rows to ``<output_dir>/candidates.jsonl``
+(:data:`GENERATED_FILE`; earlier runs' rows kept); :func:`build_generated` makes the same rows without
+the lifecycle, for tests and benchmarks.
 """
 
 from __future__ import annotations
@@ -31,22 +25,18 @@ MAX_REPORTED_ERRORS = 20
 
 
 class GeneratedTask(bugs.Candidate):
-    """A generated candidate and the task image that has its bug applied at ``/testbed``.
+    """A generated candidate and the task image that has its bug applied at ``/testbed``."""
 
-    Attributes (besides :class:`forgeflow.curation.bugs.Candidate`'s):
-        image: The local task image (``localhost/forgeflow/task:...``): present after the
-            lifecycle's registries stop.
-        image_id: Its local image id (sha256 hex), when known; keys validation caches.
-        registry_ref: Where the lifecycle pushed it (``host:port/task-NN:tag``), if it did.
-        registry_digest: The registry's manifest digest of that push, if any.
-        test_command: The project's test command (``pytest -rA`` output, run in ``/testbed``).
-    """
-
-    image: str = Field(min_length=1)
-    image_id: str | None = Field(default=None, min_length=1)
-    registry_ref: str | None = Field(default=None, min_length=1)
-    registry_digest: str | None = Field(default=None, min_length=1)
-    test_command: str = Field(min_length=1)
+    image: str = Field(min_length=1,
+        description="the local task image (localhost/forgeflow/task:...), present after the registries stop")
+    image_id: str | None = Field(default=None, min_length=1,
+        description="its local image id (sha256 hex), when known; keys validation caches")
+    registry_ref: str | None = Field(default=None, min_length=1,
+        description="where the lifecycle pushed it (host:port/task-NN:tag), if it did")
+    registry_digest: str | None = Field(default=None, min_length=1,
+        description="the registry's manifest digest of that push, if any")
+    test_command: str = Field(min_length=1,
+        description="the project's test command (pytest -rA output, run in /testbed)")
 
 
 def write_generated(path: str | Path, rows: Iterable[GeneratedTask]) -> Path:
@@ -58,12 +48,11 @@ def write_generated(path: str | Path, rows: Iterable[GeneratedTask]) -> Path:
 def merge_generated(path: str | Path, rows: Iterable[GeneratedTask]) -> Path:
     """Add ``rows`` to the file at ``path`` (created if missing), atomically; returns the path.
 
-    A row whose ``instance_id`` is already in the file replaces it in place (same id = same bug,
-    possibly a rebuilt image); every other row already there is kept, so a later run with other
-    parameters never drops the candidates an earlier run's freeze (and its canary) refers to.
+    A row with an ``instance_id`` already there replaces it in place; every other row is kept, so a later
+    run never drops the candidates an earlier freeze refers to.
 
     Raises:
-        InputError: the existing file is malformed (as :func:`load_generated`; nothing is written).
+        InputError: the existing file is malformed (nothing is written).
     """
     new = {row.instance_id: row for row in rows}
     kept = load_generated(path) if Path(path).exists() else []
@@ -75,9 +64,8 @@ def load_generated(path: str | Path) -> list[GeneratedTask]:
     """Read and validate a file written by :func:`write_generated`, collecting every error.
 
     Raises:
-        InputError: the file is missing, a line is not a JSON object, or rows are malformed:
-            up to :data:`MAX_REPORTED_ERRORS` problems listed as ``row N: field F: what``
-            (a missing field, an instance id that repeats an earlier row, ...).
+        InputError: the file is missing, a line is not a JSON object, or rows are malformed (up to
+            :data:`MAX_REPORTED_ERRORS` problems as ``row N: field F: what``).
     """
     errors: list[str] = []
     rows: list[GeneratedTask] = []
@@ -107,23 +95,14 @@ def build_generated(project_names: Sequence[str], work_dir: str | Path, per_proj
                     seed: int = 0) -> list[GeneratedTask]:
     """Generate candidates and build their local task images the way the lifecycle does.
 
-    Per project: checkout of the pinned sdist (:func:`forgeflow.registry.projects.prepare_checkout`), the
-    environment image on the base image, ``per_project`` SWE-smith candidates
-    (:func:`forgeflow.curation.bugs.generate_candidates`), one task image each. Images are content-keyed,
-    so existing ones are reused (seconds when the demo ran before).
-
-    Args:
-        project_names: Pinned project names (``forgeflow/data/projects.json``).
-        work_dir: Where the checkouts go.
-        per_project: Candidates per project (>= 1).
-        seed: Generation seed.
+    Images are content-keyed, so existing ones are reused (seconds when the demo ran before).
 
     Returns:
         The rows, project by project in rank order (no ``registry_ref``).
 
     Raises:
-        InputError: an unknown project or ``per_project`` < 1; ImageBuildError and other
-            InfraErrors from podman.
+        InputError: an unknown project or ``per_project`` < 1.
+        ImageBuildError / InfraError: from podman.
     """
     if per_project < 1:
         raise InputError(f"per_project must be >= 1, got {per_project}")

@@ -1,30 +1,12 @@
 """Recovery by exact ids: undo the trials an infrastructure fault broke, and nothing else.
 
-When the registry was unreachable, the image build backend was down or the sandbox runtime broke,
-the affected NOP/Oracle trials carry an ``exception_type`` and no reward, and their tasks sit in
-status ``error`` (so :meth:`forgeflow.ledger.store.Store.processed_instance_ids` skips them). Recovery:
-
-1. :func:`plan_recovery` (reads only) selects trials by **batch ids and/or trial ids**, or by an
-   **exception type inside a time window** (an exception type without a window is refused: never
-   across all history). Of the selected trials only those that ended in an exception without a
-   reward are voided; a trial with a reward (a real rejection or acceptance) is listed as kept.
-   A task goes back to ``candidate`` only if its status is ``error`` *and* its latest NOP/Oracle
-   trial is one being voided (its status came from those trials); accepted and rejected tasks are
-   never touched.
-
-   **Rejections an infrastructure fault caused** (``include_rejections``; allowed only with exact
-   batch / trial ids, never with an exception-type window): a dead build tunnel can make NOP and
-   Oracle runs *end* with a reward and the task ``rejected``. With the option, a task whose status
-   is ``rejected`` and ALL of whose live NOP/Oracle trials are selected has those trials voided
-   (rewarded ones included) and goes back to ``candidate``; its whole recorded validation is gone,
-   so the next ``curate`` batch validates it afresh under a new attempt key. A rejected task with a
-   live validation trial outside the selection is kept whole (the unselected trials are named);
-   accepted tasks and every rejection outside the ids stay as they are.
-2. :func:`apply_recovery` writes a JSON backup of every affected row (atomically, with its sha256
-   beside it), then in ONE transaction marks exactly the planned trials void (kept for audit,
-   excluded from reads and counts) and requeues the planned tasks, verifying the rebuilt summary
-   (trial and task-status counts) against the expected one before committing.
-3. :func:`render_audit` gives the markdown audit of what was done.
+Trials an infrastructure fault broke carry an ``exception_type`` and no reward, their tasks status
+``error``. Only such trials are voided (kept for audit, excluded from reads and counts), and a task
+goes back to ``candidate`` only if it is ``error`` and its latest NOP/Oracle trial is being voided;
+accepted and rejected tasks are never touched. With ``include_rejections`` (exact ids only), a
+``rejected`` task whose every live NOP/Oracle trial is selected (a dead build tunnel can reject with
+a reward) has them voided and is validated afresh. :func:`apply_recovery` backs up every affected
+row and applies the plan in one transaction, verifying the counts.
 """
 
 from __future__ import annotations
@@ -58,19 +40,8 @@ VALIDATION_KINDS = ("nop", "oracle")
 
 
 class RecoveryRequest(BaseModel):
-    """What to recover.
-
-    Attributes:
-        batch_ids: Every trial recorded with one of these batch ids is selected.
-        trial_ids: These trials are selected.
-        exception_type: Select trials that ended in this exception class name (e.g.
-            ``RegistryUnavailableError``) ...
-        since: ... created at or after this instant (timezone-aware) ...
-        until: ... and strictly before this one. Both are required with ``exception_type``.
-        reason: Why (stored on every voided trial and requeued task).
-        include_rejections: Also void the selected rewarded NOP/Oracle trials of ``rejected``
-            tasks whose every live validation trial is selected, and requeue those tasks (module
-            docstring). Only with ``batch_ids``/``trial_ids``.
+    """What to recover: batch or trial ids, or an exception type inside a ``[since, until)`` window (never
+    across all history).
 
     Raises:
         ValueError (pydantic ValidationError): no selector; ids mixed with an exception type; an
@@ -80,13 +51,19 @@ class RecoveryRequest(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    batch_ids: list[str] = Field(default_factory=list)
-    trial_ids: list[str] = Field(default_factory=list)
-    exception_type: str | None = Field(default=None, min_length=1, max_length=128)
-    since: datetime | None = None
-    until: datetime | None = None
-    reason: str = Field(min_length=1, max_length=2000)
-    include_rejections: bool = False
+    batch_ids: list[str] = Field(default_factory=list,
+        description="every trial recorded with one of these batch ids is selected")
+    trial_ids: list[str] = Field(default_factory=list, description="these trials are selected")
+    exception_type: str | None = Field(default=None, min_length=1, max_length=128,
+        description="select trials that ended in this exception class (e.g. RegistryUnavailableError)")
+    since: datetime | None = Field(None,
+        description="window start, inclusive (timezone-aware; required with exception_type)")
+    until: datetime | None = Field(None,
+        description="window end, exclusive (timezone-aware; required with exception_type)")
+    reason: str = Field(min_length=1, max_length=2000,
+        description="why (stored on every voided trial and requeued task)")
+    include_rejections: bool = Field(False,
+        description="also requeue rejected tasks whose every live validation trial is selected (ids only)")
 
     @field_validator("since", "until")
     @classmethod
@@ -140,27 +117,18 @@ class Summary(BaseModel):
 
 
 class RecoveryPlan(BaseModel):
-    """What :func:`apply_recovery` would do (the dry run's answer).
-
-    Attributes:
-        request: The request planned.
-        void: Trials to mark void (full rows), ordered by ``created_at`` then id.
-        requeue: Task rows to put back to ``candidate`` (their current state), by instance id.
-        kept: Selected trials left alone (a reward; already void).
-        before: The summary now.
-        expected_after: The summary after applying.
-        plan_sha256: Digest of the request, trial ids and instance ids (names the backup).
-    """
+    """What :func:`apply_recovery` would do (the dry run's answer)."""
 
     model_config = ConfigDict(frozen=True)
 
     request: RecoveryRequest
-    void: list[TrialRecord]
-    requeue: list[TaskRecord]
-    kept: list[KeptTrial]
-    before: Summary
-    expected_after: Summary
-    plan_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    void: list[TrialRecord] = Field(description="trials to mark void, by created_at then id")
+    requeue: list[TaskRecord] = Field(description="task rows to put back to candidate, by instance id")
+    kept: list[KeptTrial] = Field(description="selected trials left alone (a reward; already void)")
+    before: Summary = Field(description="the summary now")
+    expected_after: Summary = Field(description="the summary after applying")
+    plan_sha256: str = Field(pattern=r"^[0-9a-f]{64}$",
+        description="digest of the request, trial ids and instance ids (names the backup)")
 
     @property
     def empty(self) -> bool:
@@ -169,29 +137,18 @@ class RecoveryPlan(BaseModel):
 
 
 class RecoveryResult(BaseModel):
-    """What :func:`apply_recovery` did.
-
-    Attributes:
-        recovery_id: ``recover-<UTC time>-<plan_sha256[:8]>``.
-        plan: The plan applied.
-        voided: Number of trials newly marked void.
-        requeued: Number of tasks put back to ``candidate``.
-        backup_path: The backup JSON (``None`` when the plan was empty: nothing written).
-        backup_sha256: Its sha256 (also in ``<backup>.sha256``, ``sha256sum`` format).
-        after: The summary after applying (equal to ``plan.expected_after``).
-        voided_at: The void timestamp written.
-    """
+    """What :func:`apply_recovery` did."""
 
     model_config = ConfigDict(frozen=True)
 
-    recovery_id: str
+    recovery_id: str = Field(description="recover-<UTC time>-<plan_sha256[:8]>")
     plan: RecoveryPlan
-    voided: int = Field(ge=0)
-    requeued: int = Field(ge=0)
-    backup_path: Path | None
-    backup_sha256: str | None
-    after: Summary
-    voided_at: datetime
+    voided: int = Field(ge=0, description="trials newly marked void")
+    requeued: int = Field(ge=0, description="tasks put back to candidate")
+    backup_path: Path | None = Field(description="the backup JSON (None when the plan was empty)")
+    backup_sha256: str | None = Field(description="its sha256 (also in <backup>.sha256, sha256sum format)")
+    after: Summary = Field(description="the summary after applying (equal to plan.expected_after)")
+    voided_at: datetime = Field(description="the void timestamp written")
 
 
 def summary(session: Session) -> Summary:
@@ -253,13 +210,7 @@ def _task_status(session: Session, instance_id: str, cache: dict[str, str | None
 
 
 def plan_recovery(store: Store, request: RecoveryRequest) -> RecoveryPlan:
-    """Plan a recovery without writing anything (the dry run).
-
-    Rules (module docstring): only selected trials with an exception and no reward are voided;
-    a task is requeued only if its status is ``error`` and its latest live NOP/Oracle trial is one
-    being voided. With ``request.include_rejections`` also: the selected rewarded NOP/Oracle
-    trials of a ``rejected`` task are voided when every live NOP/Oracle trial of that task is
-    selected, and the task is requeued; otherwise they are kept, naming the unselected trials.
+    """Plan a recovery without writing anything (the dry run); the rules are the module docstring's.
 
     Raises:
         InputError: a batch id or trial id given is unknown.
@@ -335,27 +286,13 @@ def apply_recovery(store: Store, plan: RecoveryPlan, backup_dir: Path, run_id: s
                    now: datetime | None = None) -> RecoveryResult:
     """Back up, void and requeue exactly what ``plan`` lists, verifying counts.
 
-    The backup ``backup_dir/<recovery_id>.json`` holds the schema version, the request, the plan
-    digest, the summary before and the expected one after, and every affected row as it was (the
-    voided trials and the requeued tasks); its sha256 is written to ``<backup>.sha256``. Then one
-    transaction voids and requeues; the rebuilt summary is compared with
-    ``plan.expected_after`` inside it, so a concurrent writer or a stale plan rolls it back. A task
-    is requeued only from the status the plan saw (``error``, or ``rejected`` with
-    ``include_rejections``): one accepted since the plan is never touched (and rolls the recovery back).
-
-    Args:
-        store: The store (migrated).
-        plan: From :func:`plan_recovery`.
-        backup_dir: Where the backup goes (created).
-        run_id: The run doing it (stamped on requeued tasks).
-        now: The void timestamp (default: now, UTC).
-
-    Returns:
-        The result; an empty plan writes nothing.
+    The backup ``backup_dir/<recovery_id>.json`` (sha256 in ``<backup>.sha256``) holds every affected row
+    as it was. One transaction then voids and requeues, comparing the rebuilt summary with
+    ``plan.expected_after``, so a concurrent writer or a stale plan rolls it back. An empty plan writes
+    nothing.
 
     Raises:
-        CountMismatchError: the store changed since the plan (nothing committed; the backup
-            stays, naming what was intended).
+        CountMismatchError: the store changed since the plan (nothing committed; the backup stays).
         InputError: a planned row vanished.
     """
     when = (now or datetime.now(UTC)).astimezone(UTC)

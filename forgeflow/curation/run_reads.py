@@ -1,18 +1,15 @@
 """A curate run's reads of the store, scoped to the run's own candidates (never the whole store).
 
-Every query here filters on the run's instance ids (``IN`` over chunks of :data:`IDS_PER_QUERY`, answered
-from the primary key of ``tasks`` and the ``instance_id`` index of ``trials``), so what one batch costs
-does not grow with everything the store ever held. A run's candidate set is recorded once as a batch row
-of kind :data:`CANDIDATE_SET_KIND` (:func:`candidate_set_record`): the freeze-ready event names it (a
-reference of fixed size, whatever the run's size) and the freeze reads the ids back
-(:func:`candidate_set_ids`, checked against its digest).
+Every query filters on the run's ids in chunks of :data:`IDS_PER_QUERY`, so a batch's cost does not
+grow with the store. The candidate set is recorded once as a batch row of kind
+:data:`CANDIDATE_SET_KIND`, which the freeze-ready event names (a fixed-size reference).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
@@ -37,33 +34,18 @@ def _chunks(ids: Sequence[str]) -> Iterator[list[str]]:
 
 
 class CurationState(BaseModel):
-    """What the store says about a curate run's candidates before a batch (:func:`curation_state`).
-
-    Attributes:
-        accepted: the accepted tasks among the run's candidates (instance id, repository), by instance id.
-        processed: the run's candidates the store has a final status for (accepted, rejected or error).
-        accepted_per_repo: repository -> accepted tasks among the run's candidates (what batch selection
-            balances; repositories with none are absent).
-    """
+    """What the store says about a curate run's candidates before a batch."""
 
     model_config = ConfigDict(frozen=True)
 
-    accepted: list[AcceptedTask]
-    processed: set[str]
-    accepted_per_repo: dict[str, int]
+    accepted: list[AcceptedTask] = Field(description="the accepted tasks among the run's candidates, by instance id")
+    processed: set[str] = Field(description="the run's candidates with a final status (accepted, rejected or error)")
+    accepted_per_repo: dict[str, int] = Field(
+        description="repository -> accepted tasks among the run's candidates (none: absent)")
 
 
 def curation_state(engine: Engine, instance_ids: Sequence[str]) -> CurationState:
-    """The state of the run whose candidates are ``instance_ids``: one primary-key lookup per
-    :data:`IDS_PER_QUERY` ids, reading only their rows' id, repository and status.
-
-    Args:
-        engine: the store's SQLAlchemy engine (:attr:`forgeflow.ledger.store.Store.engine`).
-        instance_ids: the run's candidates (any order; duplicates ignored).
-
-    Returns:
-        A :class:`CurationState`; ids the store has no row for count as not processed.
-    """
+    """The state of the run whose candidates are ``instance_ids`` (ids without a store row count as not processed)."""
     accepted: list[AcceptedTask] = []
     processed: set[str] = set()
     per_repo: dict[str, int] = {}
@@ -108,8 +90,8 @@ def candidate_set_digest(instance_ids: Sequence[str]) -> str:
 
 
 def candidate_set_record(instance_ids: Sequence[str], run_id: str | None) -> BatchRecord:
-    """The batch row that records a curate run's candidate set: id ``candidates-<32 hex of its digest>``, kind
-    :data:`CANDIDATE_SET_KIND`, the sorted ids (``concurrency`` 1: nothing runs under it).
+    """The batch row recording a curate run's candidate set: id ``candidates-<32 hex of its digest>``, kind
+    :data:`CANDIDATE_SET_KIND`, the sorted ids.
 
     Raises:
         InputError: ``instance_ids`` is empty.

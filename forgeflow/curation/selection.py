@@ -1,8 +1,6 @@
 """Which candidate tasks to validate next: a repository-balanced batch (pure, no I/O).
 
-Validation (NOP and Oracle runs) is the expensive step, and a freeze needs many repositories
-(see :mod:`forgeflow.curation.freeze`), so each batch favours repositories that have no accepted task
-yet and spreads its slots over repositories round-robin instead of draining one repository.
+Each batch favours repositories with no accepted task yet and spreads its slots round-robin.
 """
 
 from __future__ import annotations
@@ -35,26 +33,15 @@ def select_batch(
     batch_size: int = DEFAULT_BATCH_SIZE,
     seed: int = 0,
 ) -> list[str]:
-    """Pick the next batch of candidates to validate.
+    """Pick the next batch of candidates to validate (up to ``batch_size`` ids, in pick order).
 
     Algorithm:
         1. Drop candidates already ``processed`` and those whose image is not available.
-        2. Group the rest by repository; order each group by ``stable_key(seed, instance_id)``
-           (sha256, so the order is the same in every process and for every input order).
+        2. Group by repository; order each group by ``stable_key(seed, instance_id)`` (sha256: the
+           same in every process and for every input order).
         3. Order repositories: no accepted task first, then fewer accepted tasks, then fewer
            processed candidates, then ``stable_key(seed, repo)``.
-        4. Round-robin: each round takes at most one task per repository, in that order, until
-           ``batch_size`` tasks are taken or nothing is left.
-
-    Args:
-        candidates: All known candidates; instance ids must be unique.
-        processed: Instance ids whose validation finished (any outcome).
-        accepted_per_repo: Repository -> accepted task count (absent means 0).
-        batch_size: Maximum number of ids returned (>= 1).
-        seed: Changes the order inside a repository and between tied repositories.
-
-    Returns:
-        Up to ``batch_size`` instance ids, in pick order (empty when nothing is left).
+        4. Round-robin, at most one task per repository per round, until ``batch_size``.
 
     Raises:
         InputError: ``batch_size`` < 1 or duplicate instance ids.
@@ -65,10 +52,8 @@ def select_batch(
 
 
 class BatchSelector:
-    """:func:`select_batch` kept incrementally over one run's candidates: the candidates are grouped and each
-    repository's ordered by ``stable_key`` once, and :meth:`mark_processed` takes validated ones out, so one
-    batch costs O(repositories + batch), not O(candidates) (a run of 30,000 candidates picks ~750 batches).
-    :meth:`select` returns exactly what :func:`select_batch` returns for the same processed set.
+    """:func:`select_batch` kept incrementally: O(repositories + batch) per batch, not O(candidates) (30,000
+    candidates take ~750 batches); :meth:`select` returns exactly what :func:`select_batch` would.
 
     Raises:
         InputError: duplicate instance ids (from the constructor).
@@ -157,19 +142,10 @@ class BatchSelector:
 
 
 def longest_first(ids: Sequence[str], seconds: Mapping[str, float]) -> list[str]:
-    """``ids`` ordered for a sliding window of validations: longest known first (the longest-
-    processing-time rule: a long task started last leaves the other slots idle at the end; Graham,
-    "Bounds on multiprocessing timing anomalies", SIAM J. Appl. Math. 17(2), 1969).
+    """``ids`` ordered longest known validation first (the longest-processing-time rule; Graham, "Bounds on
+    multiprocessing timing anomalies", SIAM J. Appl. Math. 17(2), 1969).
 
-    A task without a recorded time counts as the median of the known ones (all equal when none is
-    known, so the order is then ``ids``' own); ties keep ``ids``' order.
-
-    Args:
-        ids: instance ids.
-        seconds: recorded validation seconds per instance id (``Store.validation_seconds``).
-
-    Returns:
-        The same ids, reordered.
+    An unknown time counts as the median of the known ones; ties keep ``ids``' order.
     """
     known = sorted(seconds[i] for i in ids if i in seconds)
     typical = known[len(known) // 2] if known else 0.0

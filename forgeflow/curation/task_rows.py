@@ -1,25 +1,9 @@
 """The task rows a stage runs on: the user's candidates (JSONL or a HF dataset) or the lifecycle's
-generated file.
+generated file, read the same way by the ``curate`` and ``canary`` flows.
 
-Three sources, one loader (the ``curate`` and ``canary`` flows read them the same way):
-
-* the user's own rows in a JSONL file (:func:`forgeflow.curation.candidates.load_candidates`:
-  ``instance_id``, ``repo``, ``patch``, ``image`` (or SWE-bench's ``image_name``),
-  ``FAIL_TO_PASS`` / ``PASS_TO_PASS`` (lists or SWE-bench's JSON-encoded strings),
-  ``problem_statement``), with optional ``test_command`` and ``log_parser`` keys per row;
-* the same rows as a HF ``datasets`` split (:class:`DatasetSource`: a folder written by
-  ``save_to_disk``, read with ``datasets.load_from_disk``, or a dataset ``datasets.load_dataset``
-  reads, pinned to a revision);
-* the lifecycle's generated candidates (:mod:`forgeflow.curation.generated`), which carry their
-  task image, image id and test command; with ``images="registry"`` their trials run the copy the
-  lifecycle pushed into its shard of the target registry (``registry_ref``, keyed by
-  ``registry_digest``) instead of the local image.
-
-A row's test specification (the command run in ``/testbed`` and the log parser that reads its
-output) is the row's own, else the ``test_specs`` entry for its repository (``test_commands`` for
-the command alone), else the pinned project's (``forgeflow/data/projects.json``, pytest). A log
-parser is named from SWE-bench's registered parsers (``swebench.harness.log_parsers``:
-``parse_log_pytest``, ``parse_log_django``, ``parse_log_sympy``, ...,
+A row's test specification is the row's own, else the ``test_specs`` entry for its repository
+(``test_commands`` for the command alone), else the pinned project's (``forgeflow/data/projects.json``).
+Log parsers are SWE-bench's registered ones (``swebench.harness.log_parsers``,
 :data:`forgeflow.sandbox.verifier.LOG_PARSERS`); None reads forgeflow's structured pytest report.
 """
 
@@ -39,85 +23,58 @@ from forgeflow.registry import projects
 
 
 class TestSpec(BaseModel):
-    """How one repository's tests run and are read.
-
-    Attributes:
-        test_command: the command run in ``/testbed`` (e.g. ``python3 -m unittest -v``,
-            ``./tests/runtests.py --verbosity 2``).
-        log_parser: a SWE-bench log parser by name (:data:`forgeflow.sandbox.verifier.LOG_PARSERS`)
-            for a runner without forgeflow's pytest report; None: the pytest report.
-    """
+    """How one repository's tests run and are read."""
 
     __test__ = False  # not a pytest test class
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    test_command: str = Field(min_length=1)
-    log_parser: str | None = None
+    test_command: str = Field(min_length=1, description="the command run in /testbed (e.g. python3 -m unittest -v)")
+    log_parser: str | None = Field(None, description="a SWE-bench log parser by name; None: forgeflow's pytest report")
 
 
 class DatasetSource(BaseModel):
-    """A HF ``datasets`` split of SWE-bench / SWE-smith / SWE-Gym style rows.
-
-    Attributes:
-        path: a folder written by ``Dataset(Dict).save_to_disk`` (read with ``load_from_disk``), or
-            what ``datasets.load_dataset`` takes (a Hub id, a builder name, a data folder).
-        split: the split to read (for a saved ``DatasetDict`` or ``load_dataset``).
-        revision: the dataset revision (a Hub commit, tag or branch) for ``load_dataset``; pin it so
-            a re-run reads the same rows. Ignored for a saved folder (its files are the revision).
-    """
+    """A HF ``datasets`` split of SWE-bench / SWE-smith / SWE-Gym style rows."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    path: str = Field(min_length=1)
-    split: str = "test"
-    revision: str | None = None
+    path: str = Field(min_length=1,
+        description="a save_to_disk folder, or what datasets.load_dataset takes (Hub id, builder, data folder)")
+    split: str = Field("test", description="the split to read")
+    revision: str | None = Field(None,
+        description="the dataset revision for load_dataset (pin it); ignored for a saved folder")
 
 
 class TaskRows(BaseModel):
-    """Loaded task rows with what each needs to run.
-
-    Attributes:
-        rows: the rows, in file order.
-        test_commands: instance id -> the test command its trials run in ``/testbed``.
-        log_parsers: instance id -> its log parser name, or None (forgeflow's pytest report).
-        image_ids: instance id -> what keys its image (the local image id, 64 hex, or the registry digest) when
-            the file records it, else None.
-        source: the file, folder or dataset read.
-    """
+    """Loaded task rows with what each needs to run."""
 
     model_config = ConfigDict(frozen=True)
 
-    rows: list[CandidateTask | GeneratedTask]
-    test_commands: dict[str, str]
-    log_parsers: dict[str, str | None] = Field(default_factory=dict)
-    image_ids: dict[str, str | None]
-    source: str
+    rows: list[CandidateTask | GeneratedTask] = Field(description="the rows, in file order")
+    test_commands: dict[str, str] = Field(description="instance id -> the test command its trials run in /testbed")
+    log_parsers: dict[str, str | None] = Field(default_factory=dict,
+        description="instance id -> its log parser name, or None (forgeflow's pytest report)")
+    image_ids: dict[str, str | None] = Field(
+        description="instance id -> the local image id or registry digest keying its image, else None")
+    source: str = Field(description="the file, folder or dataset read")
 
 
 class TaskSource(BaseModel):
-    """Where a stage's task rows come from: one of the user's candidates JSONL, a HF split or a
-    generated-candidates file, plus per-repository test specifications (a flow parameter group).
-
-    Attributes:
-        candidates_path: the user's candidates JSONL (``instance_id``, ``repo``, ``patch``, ``image``,
-            ``problem_statement``, optional ``test_command`` / ``log_parser``).
-        dataset: the same rows as a HF ``datasets`` split, instead of ``candidates_path``.
-        generated_path: a generated-candidates file (default: what ``forgeflow demo`` writes), read
-            only when neither of the two above is given.
-        test_commands: repo -> test command, for repositories that are not pinned projects.
-        test_specs: repo -> test command and SWE-bench log parser; wins over ``test_commands``.
-        images: for generated rows, which task image the trials run: ``local`` (the image the lifecycle
-            built, present after its registries stop) or ``registry`` (the copy it pushed into its shard
-            of the target registry: ``registry_ref``, keyed by ``registry_digest``).
+    """Where a stage's task rows come from: a candidates JSONL, a HF split or a generated-candidates file,
+    plus per-repository test specifications (a flow parameter group).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    candidates_path: Path | None = None
-    dataset: DatasetSource | None = None
-    generated_path: Path | None = None
-    test_commands: dict[str, str] | None = None
-    test_specs: dict[str, TestSpec] | None = None
+    candidates_path: Path | None = Field(None,
+        description="the user's candidates JSONL (instance_id, repo, patch, image, problem_statement, ...)")
+    dataset: DatasetSource | None = Field(None,
+        description="the same rows as a HF datasets split, instead of candidates_path")
+    generated_path: Path | None = Field(None,
+        description="a generated-candidates file (default: forgeflow demo's), when neither above is given")
+    test_commands: dict[str, str] | None = Field(None,
+        description="repo -> test command, for repositories that are not pinned projects")
+    test_specs: dict[str, TestSpec] | None = Field(None,
+        description="repo -> test command and SWE-bench log parser; wins over test_commands")
     images: Literal["local", "registry"] = Field("local", description="generated rows only: run the local task "
                                                  "image (local) or the lifecycle's pushed copy (registry)")
 
@@ -210,28 +167,19 @@ def load_task_rows(candidates_path: Path | None, generated_path: Path | None, de
                    dataset: DatasetSource | None = None,
                    test_specs: Mapping[str, TestSpec] | None = None,
                    images: Literal["local", "registry"] = "local") -> TaskRows:
-    """Read the rows of ``candidates_path`` (the user's JSONL), of ``dataset`` (a HF split) or of
-    ``generated_path`` (default ``default_generated``, what ``forgeflow demo`` writes).
+    """Read the rows of ``candidates_path``, of ``dataset`` or of ``generated_path`` (default ``default_generated``).
 
     Args:
-        candidates_path: the user's candidates JSONL, or None.
-        generated_path: a generated-candidates file, or None for ``default_generated``; only when
-            neither ``candidates_path`` nor ``dataset`` is given.
-        default_generated: the generated file read when no source is given.
-        test_commands: repo -> test command (the pytest report reads it), for repositories that are
-            not pinned projects (for generated rows: overrides the row's command).
+        test_commands: repo -> test command for repositories that are not pinned projects (overrides a
+            generated row's command).
         stage: the stage named in error messages.
-        dataset: a HF ``datasets`` split of the user's rows.
-        test_specs: repo -> :class:`TestSpec` (command and log parser); wins over ``test_commands``.
-        images: generated rows only: ``local`` keeps each row's local task image (keyed by its image id);
-            ``registry`` makes each row's ``image`` its ``registry_ref`` (keyed by ``registry_digest``).
+        images: generated rows only: ``registry`` makes each row's ``image`` its ``registry_ref``.
 
     Raises:
         InputError: more than one source given, no file at the path, a dataset that cannot be read
             or lacks the split, a malformed row (named by row/line), a repository without a test
             command, an unknown log parser (the valid ones listed), ``images="registry"`` with the
-            user's rows (they name their own images) or for generated rows the lifecycle never pushed
-            (listed).
+            user's rows or for generated rows the lifecycle never pushed (listed).
     """
     given = [name for name, value in (("candidates_path", candidates_path), ("dataset", dataset),
                                       ("generated_path", generated_path)) if value is not None]

@@ -1,62 +1,31 @@
 """forgeflow's pytest report plugin: the verifier's record of one test run, streamed as it happens.
 
-Shipped into the sandbox by :mod:`forgeflow.sandbox.verifier` (never imported by forgeflow itself) and
-loaded with ``-p forgeflow_pytest_report`` through ``PYTEST_ADDOPTS``, so it is imported while pytest
-parses its options: before pytest captures output and before any code of the repository under test
-runs. At its import it takes its settings from the environment and removes them (so a pytest that a
-test starts in a subprocess stays silent), and takes a private duplicate (``os.dup``, not inherited
-by child processes) of the descriptor named by ``FORGEFLOW_VERIFIER_FD`` (the wrapper's copy of
-its standard output; fd 1 without it). On that descriptor it writes one line per event, **as the
-event happens** (nothing is kept for the end)::
+Shipped into the sandbox by :mod:`forgeflow.sandbox.verifier` (never imported by forgeflow) and loaded
+with ``-p forgeflow_pytest_report`` through ``PYTEST_ADDOPTS``: imported before pytest captures output
+and before any code under test runs. At import it takes its settings from the environment (and removes
+them, so a nested pytest stays silent) and a private ``os.dup`` of ``FORGEFLOW_VERIFIER_FD`` (fd 1
+without it), on which it writes one record per event as the event happens::
 
     \\n@forgeflow-verifier-<nonce> {"seq": 0, "kind": "start", ...}\\n
 
-``seq`` counts the records from 0; the payload is JSON (ASCII, one line). A pipe is append-only: a
-record already written cannot be changed by anything that runs later, so the reader
-(:mod:`forgeflow.sandbox.verifier_channel`) can tell a forgery (a second outcome for a test, a
-record after the session's end, an outcome of a test never collected) from the run. Kinds:
+A pipe is append-only, so the reader (:mod:`forgeflow.sandbox.verifier_channel`) can tell a forgery
+(a second outcome, a record after the end, an outcome of a test never collected) from the run. Kinds:
+``start`` (pid, ``sys_path``, ``modules`` already imported, pytest's version); ``distributed`` (under
+pytest-xdist: refused); ``deselected``; ``collect`` (a failed or skipped collector); ``inputs`` (ini,
+rootdir, args, plugins, conftests, entry points, hook files); ``collected`` (ids in run order);
+``registered`` (a plugin registered later, its hook files, whether collection had started);
+``report`` (``nodeid``, ``when``, ``outcome``, ``xfail``, ``rep``, ``duration_s``); ``integrity``
+(hook implementations or pytest's reporting functions replaced since import); ``end`` (``exitstatus``,
+``verbosity``).
 
-* ``start`` (at import): pid, ``sys_path``, ``modules`` (every module already imported, with its
-  file: what the interpreter and pytest read before the repository's code), pytest's version;
-* ``distributed`` (at configure, only under pytest-xdist's ``-n``/``--dist``): ``dist``, ``workers``: the
-  tests would run in worker processes this plugin does not report from (the verifier refuses the run);
-* ``deselected``: ``ids`` deselected (``-k``, ``-m``, ``--deselect``, the repeat selection);
-* ``collect``: a collector that failed or was skipped (``nodeid``, ``outcome``);
-* ``inputs`` (after collection): what the runner read: ``inipath``, ``rootpath``, ``args``,
-  ``plugins`` (name -> module file), ``conftests`` (files), ``entry_points`` (plugins loaded from
-  package metadata, with the distribution's path), ``hook_files`` (the files of every registered
-  plugin's ``pytest_*`` functions' code);
-* ``collected`` (after collection): the ``ids`` of every item that will run, in order;
-* ``registered``: a plugin registered after the reporter (a conftest's, or one code under test
-  registered, at any time): ``name``, ``file``, ``hook_files`` (the files of its ``pytest_*``
-  functions' code, whatever its ``__module__`` claims), ``conftest`` (a conftest module) and
-  ``collecting`` (collection had started: code under test registered it);
-* ``report``: one per pytest report (``nodeid``, ``when``, ``outcome``, ``xfail``: the report has
-  ``wasxfail``; ``rep``: the repetition, see below; ``duration_s``: pytest's own duration of the phase);
-* ``integrity`` (before a report record and at the end, only when it finds one): ``replaced``, the
-  hook implementations no registration added (appended to a hook caller's lists) or whose function was
-  swapped since, and the functions pytest builds and reports outcomes with (``TestReport.from_item_and_call``,
-  ``runner.call_and_report``, ``CallInfo.from_call``, ``Function.runtest``, pluggy's hook calls, the
-  plugin manager's hook executor, this plugin's own writers, ...) that are no longer the objects taken
-  at this plugin's import: code in the test process patched them;
-* ``end`` (``pytest_sessionfinish``): ``exitstatus`` and the terminal's ``verbosity``.
+Tripwires: ``FORGEFLOW_VERIFIER_TRIPWIRES`` names a test file whose tests (one must pass, one must fail)
+are appended after every selection, so a hook forcing every outcome cannot keep both right.
+Repeats (flaky-gold detection): ``FORGEFLOW_VERIFIER_SELECT`` names node ids that run
+``FORGEFLOW_VERIFIER_REPEAT`` times through ``_pytest.runner.runtestprotocol`` (as
+pytest-rerunfailures does), tagged ``rep``; ``FORGEFLOW_VERIFIER_ONLY_SELECTED=1`` deselects the rest.
 
-Tripwires: when ``FORGEFLOW_VERIFIER_TRIPWIRES`` names a test file (written by the verifier outside
-the repository), its tests (one that must pass, one that must fail; their names carry the nonce) are
-appended after collection, after every ``-k``/``--deselect``/conftest selection (a ``tryfirst``
-hook wrapper's second half runs last). A hook that forces every outcome to one value cannot keep
-both right.
-
-Repeats (flaky-gold detection): ``FORGEFLOW_VERIFIER_SELECT`` names a file of node ids, one a line;
-``FORGEFLOW_VERIFIER_REPEAT`` = N runs each of those items N times in one process through
-``_pytest.runner.runtestprotocol`` (as pytest-rerunfailures does), each report tagged with its
-repetition ``rep`` (0..N-1); the other items run once (rep 0), or, with
-``FORGEFLOW_VERIFIER_ONLY_SELECTED=1``, are deselected.
-
-It imports only ``os`` and ``sys`` at its import (both are loaded before any file of the repository
-can be: ``os`` is frozen into the interpreter, ``sys`` built in) and pytest's own modules, already
-loaded by then; it writes JSON with its own few lines rather than the ``json`` module, which a
-repository file could shadow. Works with pytest 7 and later.
+It imports only ``os`` and ``sys`` (frozen or built in, so no repository file can shadow them) and
+pytest's own modules, and writes JSON itself rather than with the ``json`` module. pytest 7 and later.
 """
 
 import os

@@ -1,66 +1,16 @@
-"""Agent trials: mini-swe-agent against an OpenAI-compatible endpoint, then the verifier.
+"""One agent trial (Harbor's and SWE-bench's shape): agent, submission, verifier.
 
-One agent trial (Harbor's and SWE-bench's shape):
+1. **agent**: mini-swe-agent 2.4.6 (:mod:`forgeflow.evaluation.mswea`), its commands in a no-network container
+   of the task image on ``AgentConfig.sandbox_backend``; prompts from its ``swebench_backticks.yaml``.
+2. **submission**: taken where the agent has no hand (:func:`take_submission`).
+3. **verifier**: :func:`forgeflow.sandbox.scoring.verify_submission` in a fresh container of the pristine
+   image, here or on a Ray node (``AgentConfig.verifier_ray``).
 
-1. **agent** — mini-swe-agent 2.4.6's ``DefaultAgent`` with its text-based model (its
-   ``mswea_bash_command`` action parsing and format-error handling) whose chat calls go through
-   :class:`forgeflow.evaluation.model_client.ModelClient` (transient-only retries, a total budget equal to the
-   agent's remaining time, a circuit breaker) instead of LiteLLM, and
-   :class:`forgeflow.evaluation.sandbox_env.SandboxEnvironment` as its environment: the loop and the
-   model calls stay on the host, every command runs in a container of the task image on
-   ``AgentConfig.sandbox_backend`` (a podman container, or a Kubernetes pod through the API's exec
-   subresource: the backend the verifier's ``verifier_backend`` names too), no network, the
-   config's memory and CPU limits, ``cwd /testbed``. Prompts
-   come from mini-swe-agent's own ``swebench_backticks.yaml``. Each step's messages are appended to
-   ``<trial_id>.messages.jsonl`` as the step ends (never the whole trajectory again); the trajectory
-   JSON (mini-swe-agent's format) is written atomically once, when the run ends, and the stream removed.
-   A request that cannot fit the endpoint's slot is refused before it is sent
-   (:mod:`forgeflow.evaluation.context_budget`). One ModelClient (hence one circuit breaker) serves one
-   agent run.
-2. **submission** — where the agent has no hand: on podman the agent's container is stopped and its
-   ``/testbed`` (without ``.git``) copied out from the host (:func:`forgeflow.sandbox.tree.export_tree`),
-   and the verifier's git diffs it against the pristine image; the trajectory's ``info.submission`` is
-   then that diff. New files the task would read (a scratch ``test_*.py``, a ``conftest.py``) are removed
-   before the tests run. On Kubernetes the same ``tar`` runs in the agent pod's ``tree`` sidecar (the
-   pristine image, the repository on a shared volume). A container or pod that vanished before its tree
-   was taken is an infrastructure exception, never reward 0.
-3. **verifier** — :func:`forgeflow.sandbox.scoring.verify_submission`: a fresh container of the pristine
-   task image (nothing the agent did in its own container carries over), the submission put in place
-   and judged on git's own list of what changed (changes to the task's tests, conftest, test
-   configuration, start-up hooks or compiled code are tampering, or put back, by
-   ``AgentConfig.tamper_policy``; added lines that reach into the test run by
-   ``AgentConfig.screen_policy``), the tests run with the pinned environment and read from the
-   verifier's report, and the strict resolution rule gives reward 1.0 or 0.0; the agent's own
-   timeout, OOM or broken runner in the test run is reward 0 with its evidence. Here, or as a Ray task
-   on a sandbox node (``AgentConfig.verifier_ray``,
-   :func:`forgeflow.sandbox.dispatch.verify_on`); the trial's verifier record names the node.
-
-Outcomes versus breakage (docs/architecture.md, the rules every stage keeps):
-
-* format errors, the step limit, a context overflow or an empty or non-applying patch are the
-  model's outcomes: the verifier runs and the reward is 0 or 1;
-* the endpoint refusing, resetting, answering 5xx or returning no choice (after ModelClient's
-  retries) is a :class:`~forgeflow.common.errors.ModelEndpointError`: recorded as the trial's exception
-  with reward None and no verifier run;
-* the agent overrunning ``agent_timeout_s`` is an :class:`~forgeflow.common.errors.AgentTimeoutError`
-  recorded with the exception *and* the verifier's reward (Harbor's convention);
-* **supervision** (long-horizon runs): every call goes through a
-  :class:`forgeflow.evaluation.supervision.LoopDetector` as it is added (``loop_threshold``, default: blocked
-  at the 3rd repeat, before it runs; a window of the last calls, so its cost per step is flat); a
-  :class:`~forgeflow.evaluation.supervision.HangWatchdog` thread flags the run
-  when no new message or model call happened for ``hang_idle_s`` (default 11 minutes), kills the
-  commands running in the agent's container (every process the agent's commands started, through
-  an exec of the sandbox: :meth:`~forgeflow.evaluation.sandbox_env.SandboxEnvironment.interrupt`)
-  and abandons a model call in flight. Either stops the
-  run with :class:`~forgeflow.common.errors.AgentLoopError` / :class:`~forgeflow.common.errors.AgentHangError`
-  (subclasses of AgentTimeoutError): the trajectory is saved, the verifier still runs, and the
-  trial carries ``supervision = {kind, evidence, trajectory_path}`` for the store's
-  ``supervision_events`` (recorded by ``tasks.evaluation.agent_trial``);
-* sandbox failures (image missing, the agent's container or pod gone or evicted, verifier OOM,
-  verifier timeout, unparseable test output) are recorded as the exception with reward None; an
-  agent command that times out, is OOM-killed or hits the process limit is the model's outcome
-  (it sees returncode -1 and the reason).
-"""
+Outcomes versus breakage (docs/architecture.md): format errors, the step limit, a context overflow or an
+empty patch are the model's outcomes (reward 0 or 1); an endpoint failure is a ``ModelEndpointError`` (reward
+None, no verifier run); an overrun of ``agent_timeout_s`` is an ``AgentTimeoutError`` recorded *with* the
+verifier's reward (Harbor's convention), as are the supervisor's ``AgentLoopError`` / ``AgentHangError``
+(:mod:`forgeflow.evaluation.supervision`); sandbox failures are the exception with reward None."""
 
 from __future__ import annotations
 
@@ -109,18 +59,8 @@ MAX_TESTS_LISTED = 10
 def problem_statement_for(candidate_patch: str, failing_tests: list[str]) -> str:
     """An issue-like task text naming the failing tests, with nothing of the patch in it.
 
-    Uses SWE-smith's static "failing tests" issue template (``swesmith.issue_gen.get_static``:
-    ``PROMPT_TESTS_F2P`` filled with ``print_list`` of FAIL_TO_PASS). The patch is only validated
-    (it must be a non-empty unified diff) and checked not to leak: no changed code line of the
-    patch may appear in the text.
-
-    Args:
-        candidate_patch: the bug's unified diff (never shown to the agent).
-        failing_tests: the FAIL_TO_PASS test ids (pytest node ids), at least one.
-
-    Returns:
-        The problem statement (plain text, one test per ``- `` line, sorted; at most
-        :data:`MAX_TESTS_LISTED` named, then a line counting the others).
+    SWE-smith's static "failing tests" template (``swesmith.issue_gen.get_static``: ``PROMPT_TESTS_F2P``); no
+    changed code line of the patch may appear in the text. At most :data:`MAX_TESTS_LISTED` tests are named.
 
     Raises:
         InputError: ``failing_tests`` is empty or ``candidate_patch`` is not a unified diff.
@@ -194,19 +134,14 @@ def _run_agent_phase(
     trial_id: str, instance_id: str, image_ref: str, problem_statement: str, base_url: str,
     model_alias: str, config: AgentConfig, traj_path: Path, images: Sequence[ImageRef] = (),
 ) -> AgentPhase:
-    """Run mini-swe-agent with its commands in a container of ``image_ref`` on ``config.sandbox_backend``
-    (:class:`forgeflow.evaluation.sandbox_env.SandboxEnvironment`: no network, ``config.memory_mb`` /
-    ``config.cpus``, ``/testbed``); take the submission; remove the container.
-
-    Endpoint failures, agent overruns and sandbox failures are caught into ``AgentPhase.error``.
-    """
+    """Run mini-swe-agent in a container of ``image_ref``, take the submission, remove the container; endpoint,
+    overrun and sandbox failures go to ``AgentPhase.error``."""
     phase = AgentPhase()
     t0 = time.monotonic()
     deadline = t0 + config.agent_timeout_s
     cfg = mswea_config(image_ref, base_url, model_alias, config)
     env_config = environment_config(cfg["environment"], image=image_ref, backend=config.sandbox_backend,
-                                    name=agent_container_name(instance_id, trial_id), memory_mb=config.memory_mb,
-                                    cpus=config.cpus)
+                                    name=agent_container_name(instance_id, trial_id), **config.over().model_dump())
     watchdog = HangWatchdog(config.hang_idle_s)
     model = endpoint_model_class()(deadline_monotonic=deadline, action_format=config.action_format,
                                     watchdog=watchdog, images=list(images), **cfg["model"])
@@ -271,16 +206,8 @@ def take_submission(env: SandboxEnvironment, phase: AgentPhase) -> None:
     """Take the agent's submission into ``phase.tree`` (a tar of the repository, bytes) where the agent has
     no hand; raises nothing: a lost sandbox goes to ``phase.error``, an oversized tree to ``phase.notes``.
 
-    On podman the agent's tree is copied out of its stopped container from the host
-    (:func:`forgeflow.sandbox.tree.export_tree`); on Kubernetes the agent's commands still running are
-    killed (:meth:`SandboxEnvironment.interrupt`, best effort: it runs the agent's own ``sh``) and the
-    same ``tar`` runs in the pod's ``tree`` sidecar, the pristine image's binaries on the shared
-    repository volume (:meth:`forgeflow.sandbox.kubernetes.KubernetesSandbox.export_tree`). Either way the
-    verifier diffs the tree against the pristine image with its own git.
-    A container or pod that vanished (or was evicted) meanwhile is an infrastructure fault
-    (``phase.error``), never the agent's outcome; a tree over the size (or time) bound is the agent's
-    (a note; graded as no change).
-    """
+    On podman the tree is copied out of the stopped container from the host; on Kubernetes the same ``tar``
+    runs in the pod's ``tree`` sidecar. A vanished container or pod is an infrastructure fault, never the agent's."""
     try:
         if env.config.backend == "podman":
             phase.tree = export_tree(env.config.name, env.config.cwd)
@@ -333,11 +260,7 @@ def _record(
     *, trial_id: str, instance_id: str, started_at: datetime, phase: AgentPhase,
     reward: float | None, error: BaseException | None, verdict: SubmissionVerdict | None, notes: list[str],
 ) -> TrialResult:
-    """Build the agent's TrialRecord (with its costs: steps and tokens, and the verifier's evidence).
-
-    An AgentTimeoutError (AgentLoopError / AgentHangError included) is recorded together with the
-    verifier's reward (Harbor's convention), and a supervisor stop with its ``supervision`` evidence.
-    """
+    """Build the agent's TrialRecord (costs, verifier evidence; an AgentTimeoutError keeps the verifier's reward)."""
     message = "\n".join([str(error) or repr(error), *notes]) if error is not None else None
     verifier = verdict.result if verdict is not None else None
     evidence = {**verdict.evidence, "notes": verdict.notes} if verdict is not None else None
@@ -366,12 +289,8 @@ def _graded_submission(phase: AgentPhase, verdict: SubmissionVerdict | None) -> 
 
 
 def supervision_event(record: TrialResult, job_id: str | None = None, run_id: str | None = None) -> Any:
-    """The store row of a supervisor stop, or None when the supervisor did not stop ``record``.
-
-    Returns:
-        :class:`forgeflow.ledger.store.SupervisionEventRecord` keyed ``<trial_id>:<kind>`` (a re-recorded
-        trial upserts its event) with the evidence and the trajectory path.
-    """
+    """The store row (keyed ``<trial_id>:<kind>``) of a supervisor stop, or None when the supervisor did not stop
+    ``record``."""
     from forgeflow.ledger.records import SupervisionEventRecord
 
     if record.supervision is None:
@@ -389,15 +308,13 @@ def default_run_key(problem_statement: str, model_alias: str, base_url: str, con
                     images: Sequence[ImageRef] = ()) -> str:
     """The run key of an agent trial: sha256 of everything that changes its result but the image.
 
-    ``verifier_ray`` (where the verifier runs) is left out; ``sandbox_backend`` is left out when it is
-    ``podman`` (the default, and where every agent ran before the field existed) and ``screen_policy``
-    when it is ``reject`` (the default), so the keys (hence the trial ids) of those configs are what
-    they were."""
+    ``verifier_ray`` is left out, as are ``sandbox_backend`` ``podman`` and ``screen_policy`` ``reject`` (the
+    defaults), so the trial ids of configs from before those fields existed stay what they were."""
     exclude = ({"verifier_ray"} | ({"sandbox_backend"} if config.sandbox_backend == "podman" else set())
                | ({"screen_policy"} if config.screen_policy == "reject" else set()))
     return sha256_json({
         "problem_statement": problem_statement, "model_alias": model_alias, "base_url": base_url,
-        "config": config.model_dump(mode="json", exclude=exclude),  # where it runs is not what
+        "config": config.resolved().model_dump(mode="json", exclude=exclude),  # where it runs is not what
         **({"images": [ref.sha256 for ref in images]} if images else {}),  # a text task's key is what it was
     })
 
@@ -466,35 +383,20 @@ def run_agent_trial(
     """Run one agent trial: mini-swe-agent in the task image, then the verifier in a fresh one.
 
     Args:
-        task: the task (:class:`AgentTask`: id, image, problem statement, test command,
-            FAIL_TO_PASS / PASS_TO_PASS, log parser).
         base_url: OpenAI-compatible endpoint, e.g. ``http://127.0.0.1:8801/v1``.
-        model_alias: the model name to request.
-        config: sampling and budget.
-        out_dir: where ``<trial_id>.traj.json`` is written (atomically, when the run ends; meanwhile
-            each step's messages are appended to ``<trial_id>.messages.jsonl``); its ``info.forgeflow``
-            holds ``n_steps``, ``n_input_tokens``, ``n_output_tokens``, ``supervision_work`` (calls
-            checked, signatures computed, comparisons) and ``stream`` (messages, bytes, writes).
+        out_dir: where ``<trial_id>.traj.json`` is written when the run ends (each step's messages are
+            appended to ``<trial_id>.messages.jsonl`` meanwhile).
         verifier_timeout_s: timeout of the test run in seconds.
-        run_key: distinguishes repeated trials of the same inputs (e.g. a sample index, the model
-            digest); default :func:`default_run_key`. The trial id is
-            :func:`forgeflow.sandbox.trial.make_trial_id` of (instance, "agent", image, run key).
+        run_key: distinguishes repeated trials of the same inputs; default :func:`default_run_key`.
 
     Returns:
-        TrialRecord with kind ``"agent"``: reward 1.0/0.0 when the verifier ran (format errors, step
-        limit, context overflow, empty or non-applying patches included); reward None with
-        ``exception_type`` ``ModelEndpointError`` (no verifier run) or a sandbox/verifier error;
-        ``exception_type`` ``AgentTimeoutError`` together with the verifier's reward on an overrun;
-        ``AgentLoopError`` / ``AgentHangError`` (with the verifier's reward and ``supervision`` =
-        ``{"kind": "dead_loop" | "hang", "evidence", "trajectory_path"}``) when the supervisor
-        stopped the run.
+        The ``agent`` TrialRecord: reward 1.0/0.0 when the verifier ran; reward None with the exception
+        (``ModelEndpointError``, a sandbox error); an ``AgentTimeoutError`` (or the supervisor's
+        ``AgentLoopError`` / ``AgentHangError`` with ``supervision``) together with the verifier's reward.
 
     Raises:
-        InputError: ``base_url`` or ``model_alias`` is empty or malformed, or ``task`` has neither
-            FAIL_TO_PASS nor PASS_TO_PASS tests (nothing was run; empty task fields are refused by
-            :class:`AgentTask` itself).
-        ModelRequestError: the endpoint rejected the request with a 4xx (other than a context
-            overflow): a configuration bug, not an outcome.
+        InputError: ``base_url`` or ``model_alias`` is malformed, or ``task`` has no test to grade.
+        ModelRequestError: the endpoint rejected the request with a 4xx (other than a context overflow).
     """
     instance_id, image_ref, problem_statement = task.instance_id, task.image_ref, task.problem_statement
     for arg_name, value in (("base_url", base_url), ("model_alias", model_alias)):
@@ -526,7 +428,7 @@ def run_agent_trial(
         try:
             verdict = verify_on(
                 config.verifier_ray, task.tests(), phase.submission,
-                timeout_s=verifier_timeout_s, spec=SandboxSpec(memory_mb=config.memory_mb, cpus=config.cpus),
+                timeout_s=verifier_timeout_s, spec=SandboxSpec(**config.over().model_dump()),
                 name=container_name(instance_id, "agent", trial_id), tamper_policy=config.tamper_policy,
                 screen_policy=config.screen_policy, backend=config.verifier_backend, tree=phase.tree,
             )
@@ -549,20 +451,12 @@ def run_agent_trial_on(placement: RayPlacement | None, task: AgentTask, base_url
                        run_key: str | None = None) -> TrialResult:
     """:func:`run_agent_trial` here (``placement`` None) or, whole, as one Ray task on a sandbox node.
 
-    On Ray the trial's every part runs on the node the task lands on (``placement.resource``,
-    :func:`forgeflow.sandbox.dispatch.run_on_ray`): mini-swe-agent's loop and its model calls, the agent's
-    container and the verifier (in that node's process: ``config.verifier_ray`` is not used there). The
-    node must reach ``base_url`` and write ``out_dir`` (the trajectory): on a cluster of several machines, a
-    path on storage the nodes share. An endpoint key in ``$FORGEFLOW_MODEL_API_KEY`` here goes with the task
-    (:data:`forgeflow.evaluation.mswea.MODEL_API_KEY_ENV` is set on the node for the trial only).
-
-    Returns:
-        The trial record; on Ray its ``verifier`` record carries the ``node_id`` it ran on. The cluster
-        unreachable, or the node lost past ``placement.max_retries``: the trial's exception
-        (``TransientInfraError``, no reward, never 0) under the trial id it would have had.
+    On Ray the node must reach ``base_url`` and write ``out_dir`` (shared storage on a multi-machine cluster);
+    ``$FORGEFLOW_MODEL_API_KEY`` goes with the task. An unreachable cluster or a node lost past
+    ``placement.max_retries`` gives the trial's exception (``TransientInfraError``, no reward, never 0).
 
     Raises:
-        As :func:`run_agent_trial` (``InputError``, ``ModelRequestError``), also when raised on the node.
+        As :func:`run_agent_trial`, also when raised on the node.
     """
     if placement is None:
         return run_agent_trial(task, base_url, model_alias, config, out_dir, verifier_timeout_s, run_key)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from forgeflow.evaluation.supervision import (
     DEFAULT_HANG_IDLE_S,
@@ -13,6 +13,7 @@ from forgeflow.evaluation.supervision import (
 )
 from forgeflow.sandbox.backends import SandboxTarget
 from forgeflow.sandbox.dispatch import RayPlacement
+from forgeflow.sandbox.limits import LimitOverrides, SandboxLimits
 from forgeflow.sandbox.submission import ScreenPolicy, TamperPolicy
 
 MSWEA_CONFIG_NAME = "swebench_backticks"
@@ -20,8 +21,10 @@ MSWEA_CONFIG_NAME = "swebench_backticks"
 tiny local models do not produce tool calls, so the text-based model class is used."""
 
 
-class AgentConfig(BaseModel):
-    """Sampling and budget of one agent trial.
+class AgentConfig(LimitOverrides):
+    """Sampling and budget of one agent trial, and its containers' limits (``memory_mb``, ``cpus``:
+    :class:`~forgeflow.sandbox.limits.LimitOverrides`; None: the canary's sandbox block's, else the
+    defaults; the canary flow records the resolved values, :meth:`resolved`).
 
     Attributes:
         step_limit: maximum model calls (mini-swe-agent's ``step_limit``).
@@ -31,8 +34,6 @@ class AgentConfig(BaseModel):
         max_tokens: completion-token cap per model call.
         seed: sampling seed sent to the endpoint.
         command_timeout_s: timeout of one agent command in the container, seconds.
-        memory_mb: memory limit of the agent's and the verifier's containers, MiB.
-        cpus: CPU quota of those containers, cores.
         config_name: the mini-swe-agent built-in config whose prompts are used.
         action_format: ``text`` (the ``mswea_bash_command`` fence, for models without tool calls)
             or ``toolcall`` (mini-swe-agent's ``bash`` tool is offered as an OpenAI tool and the
@@ -76,8 +77,6 @@ class AgentConfig(BaseModel):
     max_tokens: int = Field(default=256, ge=1, le=32768)
     seed: int = Field(default=0, ge=0)
     command_timeout_s: int = Field(default=60, ge=1)
-    memory_mb: int = Field(default=2048, ge=64)
-    cpus: float = Field(default=1.0, gt=0)
     config_name: str = MSWEA_CONFIG_NAME
     action_format: Literal["text", "toolcall"] = "text"
     loop_threshold: int = Field(default=DEFAULT_LOOP_THRESHOLD, ge=2, le=1000)
@@ -87,3 +86,8 @@ class AgentConfig(BaseModel):
     verifier_backend: Literal["podman", "kubernetes"] | SandboxTarget = "podman"
     sandbox_backend: Literal["podman", "kubernetes"] | SandboxTarget = "podman"
     verifier_ray: RayPlacement | None = None
+
+    def resolved(self, block: SandboxLimits | None = None) -> AgentConfig:
+        """This config with its limits resolved (its own, else ``block``'s, else the defaults): what a
+        trial runs with and a job records (:meth:`LimitOverrides.over`)."""
+        return self.model_copy(update=self.over(block).model_dump())

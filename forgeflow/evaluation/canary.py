@@ -1,25 +1,7 @@
 """The canary's functional core: concurrency profiles, the tasks of a frozen split, the job report.
 
-A canary runs the agent (mini-swe-agent against a served model) on every task of one split of a
-frozen dataset and records one *job* (``jobs`` row, kind ``canary``) with its trials. The
-lifecycle runs it twice (baseline and candidate); the standalone ``canary`` flow
-(``flows/canary.py``) runs it on any recorded freeze against any endpoint. This module holds what
-both need that is not Prefect: the concurrency guard, the assembly of :class:`CanaryTask` rows
-from the store + the generated-candidates file, and the markdown job report.
-
-Recovery: when the model endpoint failed mid-canary, the trials it broke ended in an
-exception (``ModelEndpointError``...). :func:`plan_canary_recovery` reads the job's merged view
-(:func:`forgeflow.evaluation.compare.merged_job`: the original + its recovery jobs so far) and lists the trials
-standing there that ended in an exception; the ``canary-recover`` flow re-runs exactly those tasks
-as a new job of kind :data:`RECOVERY_JOB_KIND` whose ``parent_job_id`` is the original, with the
-recovery job id as the trials' run key, so the new trials have ids of their own and the original's
-rows are never rewritten. The merged view then reads "original job X + N recovery jobs".
-
-Concurrency guard: a canary refuses more than :data:`CANARY_PROFILES` allows for its
-profile: ``default`` 4 trials at once, ``verified`` 10. The limits bound how many sandboxes and
-concurrent model requests one canary puts on a shared endpoint; they are this project's policy
-numbers, not measured capacities.
-"""
+:data:`CANARY_PROFILES` (``default`` 4 trials at once, ``verified`` 10) are this project's policy numbers,
+not measured capacities."""
 
 from __future__ import annotations
 
@@ -63,7 +45,6 @@ def check_concurrency(concurrency: int, profile: str = "default") -> int:
 
     Args:
         concurrency: Agent trials to run at once (>= 1).
-        profile: A key of :data:`CANARY_PROFILES`.
 
     Raises:
         InputError: ``concurrency`` < 1, above the profile's limit (the message names the value,
@@ -83,20 +64,14 @@ def check_concurrency(concurrency: int, profile: str = "default") -> int:
 
 class CanaryTask(AgentTask):
     """Everything one agent trial of a canary needs about its task: the trial's
-    :class:`~forgeflow.evaluation.agent.AgentTask` plus the task's repository and image digest.
+    :class:`~forgeflow.evaluation.agent.AgentTask` plus the task's repository and image digest."""
 
-    Attributes:
-        repo: Its repository (project name).
-        image_digest: The image's digest (``sha256:<hex>``); part of the trial's cache key.
-        fail_to_pass: Tests the fix must make pass (>= 1: a canary task is a validated task).
-        images: The task row's images (screenshots of the problem; file paths or ``data:`` URIs), sent to a
-            multimodal model with the first user turn (:meth:`image_refs`); not dumped while empty, so a
-            text task's dump (its trials' cache key) is what it was.
-    """
-
-    repo: str = Field(min_length=1)
-    image_digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$")
-    fail_to_pass: list[str] = Field(min_length=1)
+    repo: str = Field(min_length=1, description="Its repository (project name).")
+    image_digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$",
+                              description="The image's digest (sha256:<hex>); part of the trial's cache key.")
+    fail_to_pass: list[str] = Field(min_length=1,
+                                    description="Tests the fix must make pass (>= 1: a canary task is a validated "
+                                                "task).")
     images: list[str] = Field(default_factory=list, exclude_if=lambda v: not v,
                               description="The task row's images: file paths or data: URIs.")
 
@@ -113,16 +88,11 @@ class CanaryTask(AgentTask):
     def from_row(cls, row: Any, image_ref: str, image_digest: str, test_command: str, fail_to_pass: list[str],
                  pass_to_pass: list[str], log_parser: str | None = None, known_tests: list[str] | None = None,
                  pristine_duration_s: float | None = None) -> CanaryTask:
-        """The task of a task row (anything with ``instance_id``, ``repo``, ``patch`` and optionally
-        ``problem_statement`` and ``images``: a candidate row, a generated row, a lifecycle candidate), with the task's
-        known tests and pristine duration (seconds) where its validation recorded them (None: not recorded).
-
-        The problem statement is the row's own when it has one, else one written from the patch and
-        FAIL_TO_PASS (:func:`forgeflow.evaluation.agent.problem_statement_for`).
+        """The task of a task row (``instance_id``, ``repo``, ``patch``, optionally ``problem_statement`` and
+        ``images``), with its known tests and pristine duration (seconds) where validation recorded them.
 
         Raises:
-            pydantic.ValidationError: a field out of its bounds (e.g. no FAIL_TO_PASS test, a digest
-                that is not ``sha256:<64 hex>``).
+            pydantic.ValidationError: a field out of its bounds (e.g. no FAIL_TO_PASS test, a bad digest).
         """
         statement = getattr(row, "problem_statement", None) or problem_statement_for(row.patch, fail_to_pass)
         return cls(instance_id=row.instance_id, repo=row.repo, image_ref=image_ref, image_digest=image_digest,
@@ -135,9 +105,8 @@ def frozen_split(store: ledger.Store, freeze_name: str, split: str) -> tuple[Fre
     """The verified manifest of ``freeze_name`` (as the store records it) and the ids of ``split``.
 
     Raises:
-        InputError: the store records no such freeze, the manifest fails verification (digest
-            differs from the store's), ``split`` is not one of its splits (they are listed), or
-            the split is empty.
+        InputError: no such freeze, a manifest that fails verification, an unknown split (listed), or an
+            empty split.
     """
     record = store.get_freeze(freeze_name)
     if record is None:
@@ -155,17 +124,8 @@ def frozen_split(store: ledger.Store, freeze_name: str, split: str) -> tuple[Fre
 def sample_split(instance_ids: Sequence[str], sample: int | None, seed: int = 0) -> list[str]:
     """A seeded subset of a split's ids (the hand-run pipeline drew 30 validation tasks with a fixed seed).
 
-    The ``sample`` ids with the smallest :func:`forgeflow.curation.freeze.stable_key` ``(seed, id)``
-    are kept, in the split's order: the same split, size and seed give the same subset on every
-    machine, and a larger sample contains a smaller one of the same seed.
-
     Args:
-        instance_ids: the split's ids.
         sample: how many to keep; None (or at least the split's size) keeps them all.
-        seed: the draw's seed.
-
-    Returns:
-        The kept ids, in input order.
 
     Raises:
         InputError: ``sample`` < 1, or a repeated id.
@@ -184,39 +144,11 @@ def sample_split(instance_ids: Sequence[str], sample: int | None, seed: int = 0)
 def canary_tasks(store: ledger.Store, instance_ids: Sequence[str], rows: Iterable[Any],
                  check_images: bool = True, test_commands: Mapping[str, str] | None = None,
                  log_parsers: Mapping[str, str | None] | None = None, stage: str = "canary") -> list[CanaryTask]:
-    """The :class:`CanaryTask` of each instance, from the store's validated task rows and the task
-    rows (the user's candidates, :class:`forgeflow.curation.candidates.CandidateTask`, or the
-    lifecycle's :class:`forgeflow.curation.generated.GeneratedTask`: patch, task image, test command).
-
-    The sandbox image is the row's task image: a local name, or a ``host[:port]/repo:tag`` that podman pulls
-    when the sandbox starts (checked in its registry, no local copy needed). Its digest is the registry
-    digest the lifecycle pushed it under when known (the same content, so the lifecycle's cached scored
-    trials are reused), else ``sha256:<image id>`` (recorded in the row, or read from podman for a local
-    image), else the manifest digest its registry serves.
-    The problem statement is the row's own ``problem_statement`` (a SWE-bench-style issue text)
-    when it has one, else one written from the patch and FAIL_TO_PASS
-    (:func:`forgeflow.evaluation.agent.problem_statement_for`).
-    The verifier's known tests and pristine duration are the store's (what validation recorded:
-    :attr:`forgeflow.ledger.records.TaskRecord.known_tests`, ``pristine_duration_s``); a task validated
-    before they were recorded has neither.
-
-    Args:
-        store: The ledger holding the tasks' validation (FAIL_TO_PASS / PASS_TO_PASS).
-        instance_ids: The split's ids, in order.
-        rows: The task rows.
-        check_images: Check that every task image exists (:func:`forgeflow.registry.images.available`: podman
-            for local names, the registry for registry refs).
-        test_commands: instance id -> test command, overriding a row's ``test_command``
-            (:func:`forgeflow.curation.task_rows.load_task_rows`).
-        log_parsers: instance id -> the verifier's log parser (None or missing: the pytest report).
-        stage: the caller, named in the error (``canary``, ``rl-burst``).
-
-    Returns:
-        One task per id, in order.
+    """The :class:`CanaryTask` of each instance, from the store's validated task rows and the task rows.
 
     Raises:
-        PreflightError: ids without a row, not accepted in the store (status given), without a
-            test command, or whose image is missing: every problem listed, before any trial runs.
+        PreflightError: ids without a row, not accepted (status given), without a test command, or whose
+            image is missing: every problem listed, before any trial runs.
         RegistryUnavailableError: a task image's registry does not answer.
     """
     by_id = {row.instance_id: row for row in rows}
@@ -279,12 +211,7 @@ def accepted_row(store: ledger.Store, instance_id: str, by_id: Mapping[str, Any]
 
 
 def refuse_problems(problems: Sequence[str], headline: str, shown: int = 20) -> None:
-    """Raise one PreflightError listing every problem (the first ``shown``, then a count) under
-    ``headline``; nothing when there is none.
-
-    Raises:
-        PreflightError: ``problems`` is not empty.
-    """
+    """Raise one PreflightError listing every problem (the first ``shown``, then a count) under ``headline``."""
     if problems:
         more = f"\n  ... and {len(problems) - shown} more" if len(problems) > shown else ""
         raise PreflightError(f"{headline}:\n  " + "\n  ".join(problems[:shown]) + more)
@@ -292,17 +219,8 @@ def refuse_problems(problems: Sequence[str], headline: str, shown: int = 20) -> 
 
 def render_job_report(job: records.JobRecord, report: compare.JobReport, trials: Sequence[Any],
                       extra: Mapping[str, Any] | None = None) -> str:
-    """The markdown job report: the job's identity, the accounting a report must always
-    show (requested, scored, exceptions by type, reward 1 / reward 0, pass rate over scored trials
-    and over all attempts, Wilson 95% interval) and one row per trial.
-
-    Args:
-        job: The recorded job.
-        report: :meth:`forgeflow.evaluation.compare.JobReport.from_trials` of ``trials``.
-        trials: Objects with ``instance_id``, ``reward``, ``exception_type``, ``agent_s``,
-            ``verifier_s``.
-        extra: More ``key: value`` lines for the header (endpoint, profile...).
-    """
+    """The markdown job report: identity, the accounting (requested, scored, exceptions by type, pass rates
+    over scored trials and all attempts, Wilson 95% interval) and one row per trial."""
     w = report.wilson
     lines = [f"# Canary job `{job.job_id}`", "",
              f"- freeze: `{job.freeze_name}`, split `{job.split}`",
@@ -325,24 +243,21 @@ def render_job_report(job: records.JobRecord, report: compare.JobReport, trials:
 
 
 class CanaryRecoveryPlan(BaseModel):
-    """What a canary recovery re-runs (the dry answer of :func:`plan_canary_recovery`).
-
-    Attributes:
-        original: The original canary job's row (its freeze, split, model and parameters).
-        recovery_job_id: The id the recovery job gets (:func:`recovery_job_id` unless given).
-        exception_trials: The trials standing in the merged view that ended in an exception (one per
-            instance, by instance id) and match the requested exception types: exactly what is re-run.
-        earlier_recovery_job_ids: Recovery jobs the original already has, oldest first.
-        merged_label: The merged view's label now (``job X`` or ``original job X + N recovery jobs``).
-    """
+    """What a canary recovery re-runs (the dry answer of :func:`plan_canary_recovery`)."""
 
     model_config = ConfigDict(frozen=True)
 
-    original: records.JobRecord
-    recovery_job_id: str = Field(min_length=1, max_length=512)
-    exception_trials: list[records.TrialRecord]
-    earlier_recovery_job_ids: list[str] = Field(default_factory=list)
-    merged_label: str
+    original: records.JobRecord = Field(
+        description="The original canary job's row (its freeze, split, model and parameters).")
+    recovery_job_id: str = Field(min_length=1, max_length=512,
+                                 description="The id the recovery job gets (recovery_job_id unless given).")
+    exception_trials: list[records.TrialRecord] = Field(
+        description="The trials standing in the merged view that ended in an exception (one per instance, by "
+                    "instance id) and match the requested exception types: exactly what is re-run.")
+    earlier_recovery_job_ids: list[str] = Field(
+        default_factory=list,
+        description="Recovery jobs the original already has, oldest first.")
+    merged_label: str = Field(description="The merged view's label now (job X or original job X + N recovery jobs).")
 
     @property
     def instance_ids(self) -> list[str]:
@@ -366,23 +281,12 @@ def recovery_job_id(job_id: str, trial_ids: Sequence[str]) -> str:
 
 def plan_canary_recovery(store: ledger.Store, job_id: str, exception_types: Sequence[str] | None = None,
                          job_id_override: str | None = None) -> CanaryRecoveryPlan:
-    """Which tasks of canary job ``job_id`` a recovery re-runs: those whose trial standing in the merged
-    view (the original + its recovery jobs) ended in an exception. Reads only.
-
-    Args:
-        store: The ledger.
-        job_id: The original canary job (kind ``canary``), never a recovery job.
-        exception_types: Re-run only trials that ended in one of these exception class names (e.g.
-            ``["ModelEndpointError"]``); None: every exception.
-        job_id_override: The recovery job's id (default :func:`recovery_job_id`).
-
-    Returns:
-        The plan; ``empty`` when nothing is left to recover.
+    """Which tasks of canary job ``job_id`` a recovery re-runs: those whose standing trial ended in one of
+    ``exception_types`` (None: any exception). Reads only.
 
     Raises:
-        InputError: the store records no job ``job_id`` (the canary jobs it has are listed), the job is
-            a recovery job (its original is named) or not a canary job, it records no model, it has no
-            agent trials, or the override names the original job or an existing job of another parent.
+        InputError: no job ``job_id`` (the canary jobs listed), a recovery job or not a canary job, no model
+            or no agent trials recorded, or an override naming the original or another parent's job.
     """
     original = store.get_job(job_id)
     if original is None:

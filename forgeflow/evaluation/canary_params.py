@@ -1,16 +1,5 @@
 """The ``canary`` and ``canary-recover`` flows' parameter groups: the model endpoint and how a canary
-job runs (frozen pydantic models, so a deployment, the UI and a test give them as one JSON object).
-
-* :class:`CanaryEndpoint` — which served model the trials call: the serving state file's active server,
-  or an explicit base URL and model sha256 (checked against the state file when it records that URL; both
-  flows).
-* :class:`CanaryRunSettings` — how the job's agent trials run: concurrency within a profile, the
-  agent's limits and sampling, the verifier's timeout and an optional seeded sample of the split.
-
-The task rows come in as :class:`forgeflow.curation.task_rows.TaskSource`. The checks that need the
-store, the serving state or the profile table (:func:`forgeflow.evaluation.canary.check_concurrency`)
-run in the flow before the first trial; the bounds here are the ones a value has on its own.
-"""
+job runs (frozen pydantic models, so a deployment, the UI and a test give them as one JSON object)."""
 
 from __future__ import annotations
 
@@ -26,22 +15,7 @@ class CanaryEndpoint(BaseModel):
     active server, or an explicit ``base_url`` + ``model_sha256`` (checked by the flow,
     :func:`tasks.evaluation.resolve_endpoint`: when the state file records a live server at ``base_url``,
     ``model_sha256`` must be the GGUF it records; a URL it does not record as serving, such as a server
-    staged on the idle port, is taken with the ``model_sha256`` given).
-
-    Attributes:
-        state_path: Serving state file (the ``serve`` flow's; default
-            ``$FORGEFLOW_HOME/serving/state.json``): the endpoint without ``base_url``, the record
-            ``base_url`` is checked against with it.
-        base_url: OpenAI-compatible base URL (``http://127.0.0.1:PORT/v1``) instead of the state's active server.
-        model_sha256: The served GGUF's sha256, 64 lower-case hex digits (required with ``base_url``;
-            checked against the state file's record of that URL, or of its active server without
-            ``base_url``; ``canary-recover`` defaults it to the job's).
-        model_alias: Model name sent to the endpoint (default: the state's alias, else ``forgeflow``;
-            ``canary-recover``: the job's).
-        api_key_secret: Name of a Prefect ``Secret`` block holding the endpoint's API key (sent as
-            ``Authorization: Bearer``; never recorded). Default: the one the serving state records for an
-            external endpoint (the ``serve`` flow's ``forgeflow-serving`` block), else none.
-    """
+    staged on the idle port, is taken with the ``model_sha256`` given)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -65,19 +39,7 @@ class CanaryEndpoint(BaseModel):
 
 
 class CanaryRunSettings(BaseModel):
-    """How a canary job's agent trials run.
-
-    Attributes:
-        concurrency: Agent trials at once (>= 1); refused above ``profile``'s limit
-            (:data:`forgeflow.evaluation.canary.CANARY_PROFILES`).
-        profile: ``default`` (up to 4 at once) or ``verified`` (up to 10); an unknown one is refused
-            with the valid ones listed.
-        agent_config: mini-swe-agent's limits and sampling (steps, tokens, timeout, temperature...).
-        verifier_timeout_s: Absolute limit of one test run, seconds (> 0).
-        sample: Run only this many tasks of the split (>= 1), drawn with ``sample_seed``
-            (:func:`forgeflow.evaluation.canary.sample_split`); None: the whole split.
-        sample_seed: The draw's seed (same split, sample and seed: the same tasks).
-    """
+    """How a canary job's agent trials run."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

@@ -1,14 +1,6 @@
 """What the ``canary`` and ``canary-recover`` flows return (``flows/canary.py``): frozen pydantic
 models whose field names are the keys those flows returned as dicts before, so the data a user reads
-is unchanged; the job reports are :class:`forgeflow.evaluation.compare.JobReport` itself.
-
-* :class:`CanaryTrialOutcome` — one agent trial of a canary job: its task, reward, exception type.
-* :class:`CanaryResult` — one canary job: its id, report, report file, trials and exclusions (the trials
-  excluded as exceptions per type with the rate, and whether the job is unusable for a comparison).
-* :class:`RecoveredTrial` — one exception trial a recovery job re-ran, with its new outcome.
-* :class:`MergedView` — a job merged with its recovery jobs ("original job X + N recovery jobs").
-* :class:`CanaryRecoveryResult` — one ``canary-recover`` run (or the finding that nothing was left).
-"""
+is unchanged; the job reports are :class:`forgeflow.evaluation.compare.JobReport` itself."""
 
 from __future__ import annotations
 
@@ -32,13 +24,7 @@ def _with_exclusions(data: Any, job_field: str | None = None, label_field: str |
 
 
 class CanaryTrialOutcome(BaseModel):
-    """One agent trial of a canary job, as the flow reports it.
-
-    Attributes:
-        instance_id: The task.
-        reward: The verifier's reward (1.0 pass, 0.0 fail); None when the trial ended in an exception.
-        exception_type: The exception's class name (e.g. ``ModelEndpointError``); None when scored.
-    """
+    """One agent trial of a canary job, as the flow reports it."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -48,18 +34,7 @@ class CanaryTrialOutcome(BaseModel):
 
 
 class CanaryResult(BaseModel):
-    """One canary job, as the ``canary`` flow returns it.
-
-    Attributes:
-        job_id: The job (its ``jobs`` row and its trials' ``job_id``).
-        report: The job's outcome counts, pass rates and Wilson interval.
-        report_path: The markdown job report (``<out_dir>/<job_id>/report.md``).
-        trials: The job's trials, in report order.
-        exclusions: The trials excluded from the pass rates as exceptions, per exception type with the rate
-            of the requested trials, and whether the job is unusable for a comparison (above the default
-            limit, :data:`forgeflow.evaluation.compare.DEFAULT_MAX_EXCEPTION_RATE`); counted from ``report``
-            when not given.
-    """
+    """One canary job, as the ``canary`` flow returns it."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -77,15 +52,7 @@ class CanaryResult(BaseModel):
 
 
 class RecoveredTrial(BaseModel):
-    """An exception trial of the original job and the recovery job's trial of the same task.
-
-    Attributes:
-        instance_id: The task.
-        original_trial_id: The trial that ended in an exception (never rewritten).
-        trial_id: The recovery job's trial of the task.
-        reward: Its reward (1.0 pass, 0.0 fail); None when it ended in an exception again.
-        exception_type: Its exception's class name; None when scored.
-    """
+    """An exception trial of the original job and the recovery job's trial of the same task."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -97,15 +64,7 @@ class RecoveredTrial(BaseModel):
 
 
 class MergedView(BaseModel):
-    """A canary job merged with its recovery jobs (:func:`forgeflow.evaluation.compare.merged_job`).
-
-    Attributes:
-        view: Its label: ``job X`` or ``original job X + N recovery jobs (ids)``.
-        recovery_job_ids: The recovery jobs, oldest first.
-        report: The merged trials' report (each task's standing trial).
-        exclusions: What the merged view still excludes as exceptions, per type with the rate (counted from
-            ``report`` when not given), and whether it is unusable for a comparison at the default limit.
-    """
+    """A canary job merged with its recovery jobs (:func:`forgeflow.evaluation.compare.merged_job`)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -122,17 +81,7 @@ class MergedView(BaseModel):
 
 
 class CanaryRecoveryResult(BaseModel):
-    """One ``canary-recover`` run: the recovery job it ran, or None when nothing was left to recover.
-
-    Attributes:
-        job_id: The recovery job; None when the merged view had no exception trial to re-run.
-        parent_job_id: The original canary job.
-        recovered: Each re-run exception trial and its new outcome (empty when nothing was re-run).
-        report: The recovery job's report; None when nothing was re-run.
-        report_path: The recovery job's markdown report (``<out_dir>/<recovery job id>/report.md``);
-            None when nothing was re-run.
-        merged: The original job merged with all its recovery jobs, this one included.
-    """
+    """One ``canary-recover`` run: the recovery job it ran, or None when nothing was left to recover."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

@@ -1,16 +1,9 @@
 """Images in chat turns: a task row's screenshots sent to a multimodal model, kept by digest.
 
-A task row may carry images (a problem statement with screenshots): each a file path or a ``data:`` URI.
-:func:`image_ref` turns one into an :class:`ImageRef` (sha256, media type, the file holding the bytes; a
-data URI is written once into a content-addressed folder, ``<sha256>.<ext>``). A chat message carries its
-images as refs under the key ``images`` (:func:`with_images` puts them on the first user turn), so a
-trajectory written from the messages names each image by digest and never holds its bytes. Only the
-request body sent to the endpoint inlines them (:func:`api_content`), in the OpenAI image format: the
-message's ``content`` becomes a list of parts, its text as ``{"type": "text", "text": ...}`` then each image
-as ``{"type": "image_url", "image_url": {"url": "data:<media type>;base64,<bytes>"}}`` (what llama-server
-with ``--mmproj`` and OpenAI's chat API take; OpenAI API reference, "Create chat completion",
-https://platform.openai.com/docs/api-reference/chat/create).
-"""
+Messages and trajectories carry images as refs (sha256, media type, file) under ``images``; only the request
+body inlines them (:func:`api_content`) in the OpenAI image format, ``{"type": "image_url", "image_url":
+{"url": "data:<media type>;base64,<bytes>"}}`` (OpenAI API reference, "Create chat completion",
+https://platform.openai.com/docs/api-reference/chat/create)."""
 
 from __future__ import annotations
 
@@ -35,19 +28,15 @@ _DATA_URI = re.compile(r"^data:(?P<type>[\w.+-]+/[\w.+-]+);base64,(?P<data>.*)$"
 
 
 class ImageRef(BaseModel):
-    """One image of a chat turn, by digest.
-
-    Attributes:
-        sha256: hex sha256 of the image's bytes (64 characters): its identity in a trajectory.
-        media_type: one of :data:`MEDIA_TYPES` (``image/png``...).
-        path: the file holding those bytes (read again, and its digest checked, when a request is sent).
-    """
+    """One image of a chat turn, by digest."""
 
     model_config = ConfigDict(frozen=True)
 
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    media_type: str
-    path: Path
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$",
+                        description="hex sha256 of the image's bytes (64 characters): its identity in a trajectory.")
+    media_type: str = Field(description="one of MEDIA_TYPES (image/png...).")
+    path: Path = Field(
+        description="the file holding those bytes (read again, and its digest checked, when a request is sent).")
 
 
 def media_type_of(data: bytes) -> str:

@@ -27,15 +27,9 @@ class CircuitState(str, Enum):
 class CircuitBreaker:
     """A thread-safe circuit breaker for one endpoint (share one instance per endpoint).
 
-    closed -> open after ``failure_threshold`` consecutive failures; open -> half-open once
-    ``cooldown_s`` have passed, where exactly one caller (the probe) is admitted and every other
-    caller is refused until the probe reports; probe success -> closed, probe failure -> open
-    (the cool-down starts again).
-
     Args:
         failure_threshold: Consecutive failures that open the circuit (>= 1).
         cooldown_s: Seconds the circuit stays open before admitting a probe (>= 0).
-        clock: Monotonic clock in seconds (injectable for tests).
 
     Raises:
         InputError: a bound is violated.

@@ -1,26 +1,10 @@
 """Context accounting of an agent's requests: refuse one that cannot fit the served slot before sending it.
 
-A llama.cpp server splits its KV pool into slots (:mod:`forgeflow.serving.llama_server`); a request whose
-prompt plus completion cap exceeds the slot fails there after its whole prompt was sent and parsed (a 66K
-request on a 65,536-token slot). :class:`ContextBudget` keeps an agent run's token account and refuses such
-a request on the host, as the model's outcome (mini-swe-agent's ``ContextWindowExceeded``).
-
-The account is incremental, so its cost per step is flat in the step count:
-
-* the slot's size: ``GET /props`` (llama-server's ``default_generation_settings.n_ctx``: the context of one
-  slot, the same field :class:`forgeflow.serving.llama_server.ServerProps` reads), once per run; an
-  endpoint that does not answer it (llama-cpp-python's server, a hosted API) has no known slot and nothing
-  is refused here (the server's own 400 still ends the run as ``ContextWindowExceeded``);
-* the previous request's ``usage``: its prompt tokens plus its completion tokens are a floor of the next
-  prompt, which holds all of it;
-* the messages added since (the observations): their UTF-8 bytes plus :data:`TEMPLATE_TOKENS_MAX` a
-  message bound their tokens from above (a byte-level BPE token covers at least one byte); only when that
-  upper bound does not fit are they counted exactly with the endpoint's tokenizer (llama-server's
-  ``POST /tokenize``, else llama-cpp-python's ``POST /extras/tokenize/count``).
-
-A request is refused when its floor (previous prompt + completion + the new messages' counted tokens)
-plus the completion cap (``max_tokens``) exceeds the slot; one whose floor fits is sent.
-"""
+A request over a llama.cpp slot fails there only after its whole prompt was sent and parsed (a 66K request on
+a 65,536-token slot); refusing it on the host is the model's outcome (mini-swe-agent's ``ContextWindowExceeded``).
+The floor is the previous request's ``usage`` plus the new messages (bytes + :data:`TEMPLATE_TOKENS_MAX` bound
+their tokens; counted with the endpoint's tokenizer only when that bound does not fit), so a step costs the
+same at any step count. No ``/props`` answer: no known slot, nothing refused here."""
 
 from __future__ import annotations
 
@@ -42,25 +26,18 @@ TokenCounter = Callable[[str], int | None]
 
 
 class ContextCheck(BaseModel):
-    """One request's account.
-
-    Attributes:
-        floor_tokens: tokens its prompt holds at least.
-        ceiling_tokens: tokens its prompt holds at most (None: unbounded, no previous usage).
-        max_completion_tokens: the completion cap asked for.
-        slot_tokens: the slot's context (None: unknown).
-        counted: the new messages were counted with the tokenizer.
-        fits: False when the floor plus the completion cap exceeds the slot.
-    """
+    """One request's account."""
 
     model_config = ConfigDict(frozen=True)
 
-    floor_tokens: int = Field(ge=0)
-    ceiling_tokens: int | None = Field(default=None, ge=0)
-    max_completion_tokens: int = Field(ge=0)
-    slot_tokens: int | None = Field(default=None, ge=1)
-    counted: bool = False
-    fits: bool = True
+    floor_tokens: int = Field(ge=0, description="tokens its prompt holds at least.")
+    ceiling_tokens: int | None = Field(default=None, ge=0,
+                                       description="tokens its prompt holds at most (None: unbounded, no previous "
+                                                   "usage).")
+    max_completion_tokens: int = Field(ge=0, description="the completion cap asked for.")
+    slot_tokens: int | None = Field(default=None, ge=1, description="the slot's context (None: unknown).")
+    counted: bool = Field(False, description="the new messages were counted with the tokenizer.")
+    fits: bool = Field(True, description="False when the floor plus the completion cap exceeds the slot.")
 
 
 def _content_text(message: Mapping[str, Any]) -> str:
@@ -74,17 +51,8 @@ def _content_text(message: Mapping[str, Any]) -> str:
 
 
 class ContextBudget:
-    """The token account of one agent run against one served slot.
-
-    Args:
-        slot_tokens: the context of one slot, tokens (None: unknown; nothing is refused).
-        max_completion_tokens: the completion cap every request asks for (``max_tokens``).
-        counter: the served model's token count of a text (None: no tokenizer; the floor then holds
-            only the previous usage).
-
-    Attributes:
-        counted_messages: messages counted with ``counter`` so far (the accounting's work).
-    """
+    """The token account of one agent run against one served slot (``slot_tokens`` None: nothing is refused;
+    ``counter`` None: the floor holds only the previous usage; ``counted_messages`` counts its work)."""
 
     def __init__(self, slot_tokens: int | None, max_completion_tokens: int,
                  counter: TokenCounter | None = None) -> None:
@@ -97,9 +65,6 @@ class ContextBudget:
 
     def check(self, messages: Sequence[Mapping[str, Any]]) -> ContextCheck:
         """The account of a request of ``messages`` (the whole conversation, as sent).
-
-        Only the messages after the previous request and its answer are read (bytes, then, where needed,
-        counted), so the cost of a check does not grow with the conversation.
 
         Returns:
             :class:`ContextCheck`; ``fits`` False when the request cannot fit the slot.

@@ -1,39 +1,20 @@
-"""Harbor interop: export a frozen split as Harbor tasks, import Harbor job results as trials.
+"""Harbor interop: export a frozen split as Harbor tasks (import: :mod:`forgeflow.evaluation.harbor_import`).
 
-`Harbor <https://github.com/laude-institute/harbor>`_ (PyPI ``harbor``, pinned 0.25.0) runs
-agents on tasks in many sandbox providers (docker, podman, Daytona, Modal, E2B, Kubernetes).
-This module touches only its *file formats*; it never imports harbor (Harbor needs Python >=
-3.12 and lives in its own virtualenv: ``scripts/harbor_venv.sh``).
-
-**Export** (:func:`export_split`) writes one Harbor task folder per instance id of a split of a
-verified freeze manifest (the layout of ``harbor.models.task.paths.TaskPaths``)::
+`Harbor <https://github.com/laude-institute/harbor>`_ (PyPI ``harbor``, pinned 0.25.0) is touched only through
+its *file formats*; it is never imported (it needs Python >= 3.12: ``scripts/harbor_venv.sh``).
+:func:`export_split` writes one task folder per instance id (the layout of
+``harbor.models.task.paths.TaskPaths``)::
 
     <out_dir>/forgeflow-export.json     schema version, freeze, split, per-task tree digests
-    <out_dir>/<instance_id>/task.toml   Harbor's TaskConfig (schema_version "1.4"): metadata,
-                                        [verifier]/[agent] timeout_sec, [environment] limits,
-                                        network_mode = "no-network", workdir = "/testbed"
-    <out_dir>/<instance_id>/instruction.md          the problem statement
-    <out_dir>/<instance_id>/environment/Dockerfile  FROM <the task image>
-    <out_dir>/<instance_id>/tests/test.sh           the verifier (see below)
-    <out_dir>/<instance_id>/tests/grade.py          SWE-bench's pytest log parser + resolution rule
-    <out_dir>/<instance_id>/tests/config.json       FAIL_TO_PASS / PASS_TO_PASS
-    <out_dir>/<instance_id>/solution/solve.sh       the Oracle: ``git apply -R`` of the bug patch
-    <out_dir>/<instance_id>/solution/bug.patch
+    <out_dir>/<instance_id>/task.toml   Harbor's TaskConfig (schema_version "1.4")
+    <out_dir>/<instance_id>/instruction.md, environment/Dockerfile (FROM the task image)
+    <out_dir>/<instance_id>/tests/test.sh, grade.py, config.json (FAIL_TO_PASS / PASS_TO_PASS)
+    <out_dir>/<instance_id>/solution/solve.sh, bug.patch (the Oracle: ``git apply -R``)
 
-The verifier is weaker than forgeflow's own (:func:`forgeflow.sandbox.scoring.verify_submission`, a
-fresh container with only the screened diff applied): Harbor runs ``test.sh`` in the agent's own
-container, so the script can only reset the test files named by FAIL_TO_PASS/PASS_TO_PASS to
-``HEAD`` (the agent's edits to tests do not count), run the task's test command in ``/testbed`` and
-grade the ``pytest -rA`` log with the strict rule (:func:`forgeflow.sandbox.grading.grade_resolved`: 1 iff
-every FAIL_TO_PASS and PASS_TO_PASS test is PASSED). Numbers that must be trusted come from
-forgeflow's verifier; Harbor exports are for interop. ``grade.py`` carries the source of SWE-bench's
-``parse_log_pytest`` taken from the installed, pinned swebench at export time (the task image has
-python3 but not swebench, and the sandbox has no network to install it). A log that is not
-pytest output writes **no** reward file, so Harbor records ``RewardFileNotFoundError`` — an
-exception, as :func:`forgeflow.sandbox.grading.parse_test_log` makes it one — never a reward of 0.
-
-**Import** of Harbor results is :mod:`forgeflow.evaluation.harbor_import`.
-"""
+The verifier is weaker than forgeflow's: Harbor runs ``test.sh`` in the agent's own container, so it can only
+reset the named test files to ``HEAD`` before grading; trusted numbers come from forgeflow's verifier.
+``grade.py`` embeds SWE-bench's ``parse_log_pytest`` from the pinned swebench; a log that is not pytest output
+writes **no** reward file (Harbor's ``RewardFileNotFoundError``: an exception, never a reward of 0)."""
 
 
 from __future__ import annotations
@@ -62,6 +43,7 @@ from forgeflow.common.fsutil import (
 from forgeflow.common.settings import INFRA_DIR
 from forgeflow.curation.candidates import INSTANCE_ID_PATTERN
 from forgeflow.curation.freeze import verify_freeze
+from forgeflow.sandbox.limits import SandboxLimits
 
 __all__ = [
     "HARBOR_VERSION",
@@ -206,15 +188,14 @@ class HarborTask(BaseModel):
         return value
 
 
-class HarborTaskLimits(BaseModel):
-    """Timeouts and resources written to every exported task.toml.
+class HarborTaskLimits(SandboxLimits):
+    """Timeouts and resources written to every exported task.toml (``memory_mb`` and ``cpus``: forgeflow's
+    sandbox limits, :class:`~forgeflow.sandbox.limits.SandboxLimits`, as ``[environment] memory_mb`` / ``cpus``).
 
     Attributes:
         agent_timeout_s: ``[agent] timeout_sec``.
         verifier_timeout_s: ``[verifier] timeout_sec`` (one run of the tests).
         build_timeout_s: ``[environment] build_timeout_sec``.
-        memory_mb: ``[environment] memory_mb`` (forgeflow's sandbox default, 2048).
-        cpus: ``[environment] cpus``.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -222,8 +203,6 @@ class HarborTaskLimits(BaseModel):
     agent_timeout_s: float = Field(default=600.0, gt=0)
     verifier_timeout_s: float = Field(default=600.0, gt=0)
     build_timeout_s: float = Field(default=600.0, gt=0)
-    memory_mb: int = Field(default=2048, ge=64)
-    cpus: float = Field(default=1.0, gt=0)
 
 
 class HarborExport(BaseModel):
@@ -456,27 +435,14 @@ def export_split(
     out_dir: Path,
     limits: HarborTaskLimits | None = None,
 ) -> HarborExport:
-    """Export one split of a freeze as a Harbor dataset folder (one task folder per instance id).
+    """Export one split of a freeze as a Harbor dataset folder (``harbor run -p out_dir``).
 
-    The folder is built beside ``out_dir`` and renamed into place, so ``out_dir`` either holds a
-    complete export or does not exist. Exporting the same content again is a no-op; an existing
-    ``out_dir`` with other content is never overwritten.
-
-    Args:
-        manifest_path: the freeze manifest (checked with :func:`forgeflow.curation.freeze.verify_freeze`).
-        split: ``train``, ``validation`` or ``test`` (a split of that manifest).
-        tasks: the tasks of the split (more may be given; only the split's are exported).
-        out_dir: the dataset folder to create (``harbor run -p out_dir``).
-        limits: timeouts and resources for every task (default :class:`HarborTaskLimits`).
-
-    Returns:
-        The :class:`HarborExport`.
+    The folder is built beside ``out_dir`` and renamed into place; the same content again is a no-op, an
+    existing ``out_dir`` with other content is never overwritten.
 
     Raises:
-        InputError: the manifest is missing/altered, the split is unknown or empty, a task of the
-            split is missing from ``tasks`` (the message lists them), an instance id appears twice
-            in ``tasks``, or ``out_dir`` exists and is not this export (a different
-            ``forgeflow-export.json`` or none).
+        InputError: the manifest is missing/altered, the split is unknown or empty, a task of the split is
+            missing from ``tasks`` (listed) or given twice, or ``out_dir`` exists and is not this export.
     """
     manifest = verify_freeze(Path(manifest_path))
     if split not in manifest.splits:

@@ -1,16 +1,9 @@
 """Harbor results into the store: a Harbor job folder read as forgeflow trials.
 
-:func:`read_harbor_job` / :func:`import_harbor_job` read a Harbor job folder
-(``<jobs>/<job name>/result.json`` and one ``<trial name>/result.json`` per trial, Harbor's
-``JobResult`` / ``TrialResult``) into :class:`forgeflow.ledger.records.TrialRecord` rows linked by one
-``job_id``: ``verifier_result.rewards["reward"]`` becomes the reward; ``exception_info`` becomes
-the exception, its type mapped into forgeflow's taxonomy by :data:`HARBOR_EXCEPTION_TYPES`
-(the Harbor type and message are kept in ``exception_message``) and its reward dropped — except
-an agent's ``AgentTimeoutError``, whose verifier reward is kept beside it (Harbor's convention,
-:data:`forgeflow.common.errors.SCORED_DESPITE_EXCEPTION`). An exception never becomes a reward of 0.
-
-The export of a frozen split as Harbor tasks is :mod:`forgeflow.evaluation.harbor`.
-"""
+``verifier_result.rewards["reward"]`` becomes the reward; ``exception_info`` becomes the exception, mapped by
+:data:`HARBOR_EXCEPTION_TYPES` (Harbor's type and message kept in ``exception_message``), its reward dropped
+except an agent's ``AgentTimeoutError`` (Harbor's convention, :data:`forgeflow.common.errors.SCORED_DESPITE_EXCEPTION`).
+An exception never becomes a reward of 0."""
 
 from __future__ import annotations
 
@@ -89,21 +82,16 @@ class _TrialResult(BaseModel):
 
 
 class HarborJobImport(BaseModel):
-    """What :func:`read_harbor_job` found.
-
-    Attributes:
-        job_id: the job id the trials carry (Harbor's job UUID unless one was given).
-        job_dir: the job folder.
-        trials: one store record per finished trial, ordered by trial name.
-        unfinished: trial folders without a finished result (job still running or killed).
-    """
+    """What :func:`read_harbor_job` found."""
 
     model_config = ConfigDict(frozen=True)
 
-    job_id: str
-    job_dir: Path
-    trials: list[TrialRecord]
-    unfinished: list[str] = Field(default_factory=list)
+    job_id: str = Field(description="the job id the trials carry (Harbor's job UUID unless one was given).")
+    job_dir: Path = Field(description="the job folder.")
+    trials: list[TrialRecord] = Field(description="one store record per finished trial, ordered by trial name.")
+    unfinished: list[str] = Field(default_factory=list,
+                                  description="trial folders without a finished result (job still running or "
+                                              "killed).")
 
     def summary(self) -> dict[str, Any]:
         """``{kind: {"trials", "rewards": {reward: count}, "exceptions": {type: count}}}``."""
@@ -180,24 +168,13 @@ def read_harbor_job(
     instance_ids: Iterable[str] | None = None,
     run_id: str | None = None,
 ) -> HarborJobImport:
-    """Read a Harbor job folder into forgeflow trial records (nothing is written).
-
-    Args:
-        job_dir: ``<jobs dir>/<job name>`` as written by ``harbor run -o <jobs dir> --job-name
-            <job name>`` (holds the job's ``result.json`` and one folder per trial).
-        job_id: the id linking the trials (default: Harbor's job UUID from its ``result.json``).
-        instance_ids: if given (e.g. the exported split), every trial's task must be one of them.
-        run_id: the Prefect run id to record on each row.
-
-    Returns:
-        The records (see the module docstring for how rewards and exceptions are mapped) and the
-        names of trial folders that hold no finished result.
+    """Read a Harbor job folder into forgeflow trial records and the names of unfinished trial folders (nothing
+    is written; ``job_id`` defaults to Harbor's job UUID; with ``instance_ids`` every task must be one of them).
 
     Raises:
-        InputError: ``job_dir`` is not a Harbor job folder (no ``result.json`` with an ``id``), a
-            trial's ``result.json`` is not JSON or lacks required fields (the message names the
-            file and field), belongs to another job, is multi-step, has a reward outside 0..1 or
-            without the ``reward`` key, or names a task outside ``instance_ids``.
+        InputError: not a Harbor job folder (no ``result.json`` with an ``id``), or a trial's ``result.json``
+            that is not JSON, lacks a field (file and field named), belongs to another job, is multi-step,
+            has no reward in 0..1, or names a task outside ``instance_ids``.
     """
     job_dir = Path(job_dir)
     if not job_dir.is_dir():
@@ -256,9 +233,8 @@ def import_harbor_job(
     instance_ids: Iterable[str] | None = None,
     run_id: str | None = None,
 ) -> HarborJobImport:
-    """Read a Harbor job folder (:func:`read_harbor_job`) and upsert its trials into ``store``
-    (a :class:`forgeflow.ledger.store.Store`) in one transaction; re-importing the same job changes
-    nothing (trial ids derive from Harbor's trial UUIDs).
+    """Read a Harbor job folder (:func:`read_harbor_job`) and upsert its trials into ``store`` in one
+    transaction; re-importing the same job changes nothing (trial ids derive from Harbor's trial UUIDs).
 
     Raises:
         InputError: as :func:`read_harbor_job` (nothing is written).
@@ -273,34 +249,24 @@ HARBOR_JOB_KIND = "harbor"
 
 
 class HarborImportSummary(BaseModel):
-    """What the ``harbor-import`` flow recorded.
-
-    Attributes:
-        job_id: the job the trials were recorded under (``forgeflow trials --job <job_id>``).
-        job_dir: the Harbor job folder read.
-        freeze_name: the freeze whose split the trials ran (recorded in the ``jobs`` row), or None
-            (no ``jobs`` row: a paired compare then checks that the instance sets match).
-        split: that split, or None.
-        trials: finished trials recorded.
-        scored: trials with a reward (an exception with a kept reward counts).
-        reward_1: trials with reward 1.
-        exceptions: forgeflow exception class name -> trials.
-        kinds: trial kind (``agent``, ``nop``, ``oracle``) -> trials.
-        unfinished: trial folders without a finished result (not recorded).
-    """
+    """What the ``harbor-import`` flow recorded."""
 
     model_config = ConfigDict(frozen=True)
 
-    job_id: str
-    job_dir: Path
-    freeze_name: str | None = None
-    split: str | None = None
-    trials: int = Field(ge=0)
-    scored: int = Field(ge=0)
-    reward_1: int = Field(ge=0)
-    exceptions: dict[str, int] = Field(default_factory=dict)
-    kinds: dict[str, int] = Field(default_factory=dict)
-    unfinished: list[str] = Field(default_factory=list)
+    job_id: str = Field(description="the job the trials were recorded under (forgeflow trials --job <job_id>).")
+    job_dir: Path = Field(description="the Harbor job folder read.")
+    freeze_name: str | None = Field(None,
+                                    description="the freeze whose split the trials ran (recorded in the jobs row), "
+                                                "or None (no jobs row: a paired compare then checks that the "
+                                                "instance sets match).")
+    split: str | None = Field(None, description="that split, or None.")
+    trials: int = Field(ge=0, description="finished trials recorded.")
+    scored: int = Field(ge=0, description="trials with a reward (an exception with a kept reward counts).")
+    reward_1: int = Field(ge=0, description="trials with reward 1.")
+    exceptions: dict[str, int] = Field(default_factory=dict, description="forgeflow exception class name -> trials.")
+    kinds: dict[str, int] = Field(default_factory=dict, description="trial kind (agent, nop, oracle) -> trials.")
+    unfinished: list[str] = Field(default_factory=list,
+                                  description="trial folders without a finished result (not recorded).")
 
     @classmethod
     def of(cls, found: HarborJobImport, freeze_name: str | None = None,

@@ -1,13 +1,5 @@
 """The Harbor tasks of a frozen split: what :func:`forgeflow.evaluation.harbor.export_split` needs,
-assembled from the store and the task rows (the ``harbor-export`` flow's inputs).
-
-Each instance of the split needs its validated tests (FAIL_TO_PASS / PASS_TO_PASS of an accepted
-``task_instances`` row, as the canary reads them) and its row of the task rows
-(:func:`forgeflow.curation.task_rows.load_task_rows`: the user's candidates JSONL or HF split, or the
-lifecycle's generated file) for the bug patch, the task image, the test command and the problem
-statement. The exported grader reads ``pytest -rA`` output only, so a task whose tests are read with
-another SWE-bench log parser cannot be exported (it would score nothing, silently).
-"""
+assembled from the store and the task rows (the ``harbor-export`` flow's inputs)."""
 
 from __future__ import annotations
 
@@ -25,21 +17,11 @@ PYTEST_LOG_PARSERS = frozenset({None, "parse_log_pytest"})
 
 
 def harbor_tasks(store: ledger.Store, instance_ids: Sequence[str], loaded: TaskRows) -> list[HarborTask]:
-    """One :class:`~forgeflow.evaluation.harbor.HarborTask` per instance id, in order.
-
-    Args:
-        store: the ledger holding each task's validation (an accepted row with FAIL_TO_PASS).
-        instance_ids: the split's ids.
-        loaded: the task rows (patch, image, problem statement) with their test commands and log
-            parsers per instance id.
-
-    Returns:
-        The tasks; the image is the row's ``image``, else the store's ``image_ref``.
+    """One :class:`~forgeflow.evaluation.harbor.HarborTask` per id, in order (image: the row's, else the store's).
 
     Raises:
-        PreflightError: ids without a row, not accepted in the store (status given), without an
-            image or test command, or read with a log parser other than pytest's: every problem
-            listed, before anything is written.
+        PreflightError: ids without a row, not accepted (status given), without an image or test command, or
+            with a log parser other than pytest's: every problem listed, before anything is written.
     """
     by_id = {row.instance_id: row for row in loaded.rows}
     problems: list[str] = []

@@ -1,14 +1,7 @@
 """The answer judge: GAIA-style question/answer rows judged by normalised matching.
 
-:func:`judge_answer`: GAIA-style quasi-exact match (Mialon et al. 2023, "GAIA: a
-benchmark for General AI Assistants", the scorer of its leaderboard) with SQuAD's article
-removal (Rajpurkar et al. 2016): numbers compared as numbers (``$``, ``%``, thousands separators
-and spaces dropped; equal within a tolerance), comma/semicolon lists element by element in
-order, strings after lowercasing, dropping articles and punctuation and collapsing whitespace.
-:func:`judge_answers` judges a list and appends the verdicts to the store's ``judgments`` table
-in one transaction. :func:`load_answer_rows` reads the rows to judge from a file (JSONL, or a
-parquet/CSV file read with HF ``datasets``), naming the line and field of a bad row.
-"""
+:func:`judge_answer` is GAIA's quasi-exact match (Mialon et al. 2023, "GAIA: a benchmark for General AI
+Assistants", the scorer of its leaderboard) with SQuAD's article removal (Rajpurkar et al. 2016)."""
 
 from __future__ import annotations
 
@@ -28,22 +21,16 @@ from forgeflow.common.fsutil import sha256_json
 
 # --- answer judge -----------------------------------------------------------------------------
 class Judgment(BaseModel):
-    """The verdict of :func:`judge_answer`.
-
-    Attributes:
-        correct: The answer matches the reference under ``rule``.
-        normalized_answer: The answer after normalization (numbers in ``%.15g`` form, lists
-            joined with ``,``).
-        normalized_reference: The reference after the same normalization.
-        rule: ``number``, ``list`` or ``string``: chosen by the reference's form.
-    """
+    """The verdict of :func:`judge_answer`."""
 
     model_config = ConfigDict(frozen=True)
 
-    correct: bool
-    normalized_answer: str
-    normalized_reference: str
-    rule: Literal["number", "list", "string"]
+    correct: bool = Field(description="The answer matches the reference under rule.")
+    normalized_answer: str = Field(
+        description="The answer after normalization (numbers in %.15g form, lists joined with ,).")
+    normalized_reference: str = Field(description="The reference after the same normalization.")
+    rule: Literal["number", "list", "string"] = Field(
+        description="number, list or string: chosen by the reference's form.")
 
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -94,21 +81,6 @@ def _match_element(answer: str, reference: str, rel_tol: float, abs_tol: float) 
 def judge_answer(answer: str, reference: str, *, rel_tol: float = 1e-6, abs_tol: float = 1e-9) -> Judgment:
     """Judge a free-form answer against a reference, GAIA style.
 
-    Rules, chosen by the reference: a number (``1,000.5``, ``$12``, ``45%``) -> ``number``: the
-    answer must parse as a number within ``math.isclose(rel_tol, abs_tol)``; a reference with
-    ``,`` or ``;`` (and not a number with thousands separators) -> ``list``: same length, each
-    element judged by the number or string rule, in order; anything else -> ``string``: equal
-    after :func:`normalize_text`.
-
-    Args:
-        answer: The model's final answer.
-        reference: The ground truth.
-        rel_tol: Relative tolerance for numbers.
-        abs_tol: Absolute tolerance for numbers.
-
-    Returns:
-        :class:`Judgment`.
-
     Raises:
         InputError: ``reference`` is empty or a tolerance is negative.
     """
@@ -155,27 +127,11 @@ def judge_answers(
     rel_tol: float = 1e-6,
     abs_tol: float = 1e-9,
 ) -> list[Any]:
-    """Judge ``(question_id, answer, reference)`` triples and record them in ONE transaction.
-
-    Every item is judged first (:func:`judge_answer`); only when all are valid are the
-    :class:`forgeflow.ledger.store.JudgmentRecord` rows appended to the ``judgments`` table with
-    :meth:`forgeflow.ledger.store.Store.record_judgments` (one transaction: all rows or none). The key is
-    :func:`judgment_id` (job, question), so recording the same job again updates its rows.
-
-    Args:
-        items: ``(question_id, answer, reference)``; question ids unique and non-empty.
-        store: a :class:`forgeflow.ledger.store.Store` (upgraded).
-        job_id: the evaluation job the answers belong to (None: no job).
-        run_id: the Prefect run recording them.
-        rel_tol: relative tolerance for numbers (see :func:`judge_answer`).
-        abs_tol: absolute tolerance for numbers.
-
-    Returns:
-        The recorded ``JudgmentRecord`` s, in the order given.
+    """Judge ``(question_id, answer, reference)`` triples and record them in ONE transaction, in the order given.
 
     Raises:
-        InputError: no items, an empty or repeated question id, an empty reference or a bad
-            tolerance (nothing is recorded).
+        InputError: no items, an empty or repeated question id, an empty reference or a bad tolerance
+            (nothing is recorded).
     """
     from forgeflow.ledger.records import JudgmentRecord
 
@@ -247,20 +203,11 @@ def _row_items(rows: Sequence[tuple[str, Any]]) -> list[tuple[str, str, str]]:
 
 
 def load_answer_rows(path: str | Path) -> list[tuple[str, str, str]]:
-    """Read ``(question_id, answer, reference)`` rows from an answer file.
-
-    ``.jsonl`` / ``.json``: one JSON object per line (blank lines skipped), errors named by line
-    number; ``.parquet`` / ``.csv``: read with ``datasets.load_dataset(<builder>, data_files=path)``,
-    errors named by row number (1-based). Other keys of a row are ignored.
-
-    Returns:
-        The rows in file order (at least one).
+    """Read ``(question_id, answer, reference)`` rows (at least one) from a JSONL, parquet or CSV answer file.
 
     Raises:
-        InputError: no file at ``path``, an unknown suffix (the known ones listed), a line that is not
-            JSON or not an object, a missing, non-string or empty ``question_id`` / ``reference``
-            (an empty ``answer`` is a wrong answer, not a bad row), a repeated ``question_id``, or no
-            rows; the message names the file, the line (or row) and the field.
+        InputError: no file, an unknown suffix, a line not a JSON object, a missing or empty
+            ``question_id`` / ``reference``, a repeated ``question_id``, or no rows (file, line and field named).
     """
     path = Path(path)
     if not path.is_file():
@@ -292,25 +239,16 @@ def load_answer_rows(path: str | Path) -> list[tuple[str, str, str]]:
 
 
 class JudgeSummary(BaseModel):
-    """What the ``judge`` flow recorded.
-
-    Attributes:
-        job_id: the job the judgments were recorded under (``judgments.job_id``).
-        path: the answers file judged.
-        judged: rows judged (= correct + incorrect).
-        correct: rows whose answer matches the reference.
-        incorrect: the others.
-        rules: rule (``number``, ``list``, ``string``) -> rows judged by it.
-    """
+    """What the ``judge`` flow recorded."""
 
     model_config = ConfigDict(frozen=True)
 
-    job_id: str
-    path: Path
-    judged: int = Field(ge=0)
-    correct: int = Field(ge=0)
-    incorrect: int = Field(ge=0)
-    rules: dict[str, int] = Field(default_factory=dict)
+    job_id: str = Field(description="the job the judgments were recorded under (judgments.job_id).")
+    path: Path = Field(description="the answers file judged.")
+    judged: int = Field(ge=0, description="rows judged (= correct + incorrect).")
+    correct: int = Field(ge=0, description="rows whose answer matches the reference.")
+    incorrect: int = Field(ge=0, description="the others.")
+    rules: dict[str, int] = Field(default_factory=dict, description="rule (number, list, string) -> rows judged by it.")
 
     @classmethod
     def of(cls, job_id: str, path: Path, records: Sequence[Any]) -> JudgeSummary:

@@ -1,36 +1,11 @@
 """One client for every OpenAI-compatible chat call: retries, a budget, a circuit breaker, a cache.
 
-Every model call forgeflow makes goes through :class:`ModelClient` (httpx, ``POST
-{base_url}/chat/completions``), so endpoint failures end as one taxonomy:
-
-* **Retried** (backoff, within the total budget): connect errors and connect timeouts (the request
-  was never sent), read errors, remote protocol errors (connection reset, incomplete body), pool
-  timeouts, HTTP 429 and 5xx (``Retry-After`` honoured up to ``backoff_max_s``), a 200 whose body is
-  not a complete chat response, and a streamed response without its terminal event. After the
-  last attempt they raise :class:`~forgeflow.common.errors.ModelEndpointError` (transient: the Prefect
-  task may retry the whole trial).
-* **Not retried here**: a read timeout (the server is alive but slow; retrying doubles the cost, so
-  the caller decides) raises ``ModelEndpointError`` at once; any other 4xx (401, 400, 404) raises
-  :class:`~forgeflow.common.errors.ModelRequestError` (not transient).
-* **Circuit breaker** (:mod:`forgeflow.evaluation.circuit`; Nygard, "Release It!", 2007; the
-  closed/open/half-open states of Fowler's "CircuitBreaker", 2014): after ``failure_threshold``
-  consecutive failed attempts the circuit opens and every call raises
-  :class:`~forgeflow.common.errors.CircuitOpenError` without being sent; after ``cooldown_s`` it is
-  half-open and exactly one caller is let through as the probe while every concurrent caller is
-  refused; the probe's success closes it, its failure re-opens it.
-
-A streamed response (server-sent events) is a result only when it ends with ``data: [DONE]`` or a
-choice carrying a ``finish_reason``; anything shorter raises ``ModelEndpointError`` and is never
-returned or cached.
-
-:class:`ResponseCache` (optional) is a directory of JSON files written atomically. The key is the
-sha256 of the canonical JSON of: the model digest (sha256 of the GGUF, not its alias), the
-messages as sent (role, content, name, tool calls), every sampling parameter as sent (temperature,
-top_p, max_tokens, seed, stop, penalties and any extra parameter), and, when temperature > 0, the
-epoch, so repeated epochs of a sampled canary draw new samples. Entries older than ``ttl_s`` are
-misses. Only complete answers (``finish_reason`` ``stop`` or ``tool_calls``) are stored: never an
-error, a stream cut short or an answer truncated at ``max_tokens`` (``finish_reason == "length"``).
-"""
+Retried within the budget: connect errors and timeouts, read and protocol errors, pool timeouts, 429 and 5xx
+(``Retry-After`` honoured), an incomplete body or stream; then :class:`~forgeflow.common.errors.ModelEndpointError`
+(transient). Not retried: a read timeout (``ModelEndpointError`` at once) and other 4xx
+(:class:`~forgeflow.common.errors.ModelRequestError`). The cache key digests the model file's sha256, the
+messages and every sampling parameter as sent (and the epoch when temperature > 0); only complete answers
+(``finish_reason`` ``stop`` or ``tool_calls``) are stored."""
 
 from __future__ import annotations
 
@@ -76,37 +51,34 @@ _RETRIED_TRANSPORT_ERRORS: tuple[type[Exception], ...] = (
 
 # --- records ------------------------------------------------------------------------------------
 class ChatRequest(BaseModel):
-    """One chat completion request: the messages and every sampling parameter sent.
-
-    Attributes:
-        model: The model name the endpoint serves (an alias; the cache keys on the digest instead).
-        messages: Chat messages ``[{"role", "content", ...}]``; only role, content, name,
-            tool_calls and tool_call_id are sent (and keyed). A message's ``images`` (image refs by
-            digest, :func:`forgeflow.evaluation.chat_images.with_images`) are sent inline as OpenAI
-            ``image_url`` content parts after its text (:func:`~forgeflow.evaluation.chat_images.api_content`).
-        temperature: Sampling temperature in [0, 2]; 0 is greedy (and drops the epoch from the key).
-        top_p: Nucleus sampling mass in (0, 1].
-        max_tokens: Completion token limit (None: the server's default).
-        seed: Sampling seed (None: not sent).
-        stop: Stop strings (None: not sent).
-        presence_penalty: OpenAI presence penalty in [-2, 2] (None: not sent).
-        frequency_penalty: OpenAI frequency penalty in [-2, 2] (None: not sent).
-        extra_params: Further body fields sent verbatim (llama.cpp's ``top_k``, ``min_p``,
-            ``repeat_penalty``...); part of the cache key like every other parameter.
-    """
+    """One chat completion request: the messages and every sampling parameter sent."""
 
     model_config = ConfigDict(frozen=True)
 
-    model: str = Field(min_length=1)
-    messages: list[dict[str, Any]] = Field(min_length=1)
-    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    max_tokens: int | None = Field(default=None, ge=1)
-    seed: int | None = None
-    stop: list[str] | None = None
-    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    extra_params: dict[str, Any] = Field(default_factory=dict)
+    model: str = Field(min_length=1,
+                       description="The model name the endpoint serves (an alias; the cache keys on the digest "
+                                   "instead).")
+    messages: list[dict[str, Any]] = Field(
+        min_length=1,
+        description="Chat messages [{\"role\", \"content\", ...}]; only role, content, name, tool_calls and "
+                    "tool_call_id are sent (and keyed)")
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0,
+                               description="Sampling temperature in [0, 2]; 0 is greedy (and drops the epoch from "
+                                           "the key).")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="Nucleus sampling mass in (0, 1].")
+    max_tokens: int | None = Field(default=None, ge=1,
+                                   description="Completion token limit (None: the server's default).")
+    seed: int | None = Field(None, description="Sampling seed (None: not sent).")
+    stop: list[str] | None = Field(None, description="Stop strings (None: not sent).")
+    presence_penalty: float | None = Field(
+        default=None, ge=-2.0, le=2.0,
+        description="OpenAI presence penalty in [-2, 2] (None: not sent).")
+    frequency_penalty: float | None = Field(
+        default=None, ge=-2.0, le=2.0,
+        description="OpenAI frequency penalty in [-2, 2] (None: not sent).")
+    extra_params: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Further body fields sent verbatim (llama.cpp's top_k, min_p, repeat_penalty...)")
 
     @field_validator("messages")
     @classmethod
@@ -140,32 +112,26 @@ class ChatRequest(BaseModel):
 
 
 class ChatResponse(BaseModel):
-    """A complete chat answer.
-
-    Attributes:
-        content: The assistant text (streamed deltas joined).
-        finish_reason: ``stop``, ``length``, ``tool_calls``... (None only for a stream that ended
-            with ``[DONE]`` and never named one).
-        tool_calls: OpenAI tool calls of a non-streamed answer (streamed tool deltas are not joined).
-        model: The model name the endpoint reported.
-        prompt_tokens: Input tokens, when the endpoint reported usage.
-        completion_tokens: Output tokens, when the endpoint reported usage.
-        attempts: HTTP attempts this call made (0 for a cache hit).
-        cached: True when served from the :class:`ResponseCache`.
-        duration_s: Wall seconds of the call, retries and backoff included.
-    """
+    """A complete chat answer."""
 
     model_config = ConfigDict(frozen=True)
 
-    content: str
-    finish_reason: str | None
-    tool_calls: list[dict[str, Any]] = Field(default_factory=list)
-    model: str = ""
-    prompt_tokens: int | None = Field(default=None, ge=0)
-    completion_tokens: int | None = Field(default=None, ge=0)
-    attempts: int = Field(default=1, ge=0)
-    cached: bool = False
-    duration_s: float = Field(default=0.0, ge=0.0)
+    content: str = Field(description="The assistant text (streamed deltas joined).")
+    finish_reason: str | None = Field(
+        description="stop, length, tool_calls... (None only for a stream that ended with [DONE] and never named "
+                    "one).")
+    tool_calls: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="OpenAI tool calls of a non-streamed answer (streamed tool deltas are not joined).")
+    model: str = Field("", description="The model name the endpoint reported.")
+    prompt_tokens: int | None = Field(default=None, ge=0, description="Input tokens, when the endpoint reported usage.")
+    completion_tokens: int | None = Field(
+        default=None, ge=0,
+        description="Output tokens, when the endpoint reported usage.")
+    attempts: int = Field(default=1, ge=0, description="HTTP attempts this call made (0 for a cache hit).")
+    cached: bool = Field(False, description="True when served from the ResponseCache.")
+    duration_s: float = Field(default=0.0, ge=0.0,
+                              description="Wall seconds of the call, retries and backoff included.")
 
     @property
     def complete(self) -> bool:
@@ -198,15 +164,9 @@ class RetryPolicy(BaseModel):
 
 # --- cache --------------------------------------------------------------------------------------
 def cache_key(model_digest: str, request: ChatRequest, epoch: int = 0) -> str:
-    """The cache key of ``request`` against the model with ``model_digest``.
+    """The cache key (64 hex) of ``request`` against the model whose file has sha256 ``model_digest``.
 
-    Args:
-        model_digest: sha256 (hex) of the served model file; an alias is not a model identity.
-        request: The request; its messages and every sampling parameter as sent are keyed.
-        epoch: Evaluation epoch (>= 0); keyed only when ``request.temperature > 0``.
-
-    Returns:
-        64 hex characters.
+    ``epoch`` is keyed only when ``request.temperature > 0``; an alias is not a model identity.
 
     Raises:
         InputError: ``model_digest`` is empty or ``epoch`` is negative.
@@ -228,12 +188,7 @@ def cache_key(model_digest: str, request: ChatRequest, epoch: int = 0) -> str:
 
 
 class ResponseCache:
-    """Complete chat answers on disk, one JSON file per key (``<root>/<key[:2]>/<key>.json``).
-
-    Args:
-        root: Directory of the cache (created on the first write).
-        ttl_s: Seconds an entry stays valid (> 0).
-        clock: Wall clock in Unix seconds (injectable for tests).
+    """Complete chat answers on disk, one JSON file per key (``<root>/<key[:2]>/<key>.json``), valid ``ttl_s``.
 
     Raises:
         InputError: ``ttl_s <= 0``.
@@ -265,12 +220,9 @@ class ResponseCache:
             return None
 
     def put(self, key: str, response: ChatResponse) -> bool:
-        """Store ``response`` under ``key`` if it is a complete answer.
+        """Store ``response`` under ``key`` if complete (``finish_reason`` in :data:`CACHEABLE_FINISH_REASONS`).
 
-        Returns:
-            True if stored; False for an answer that is not complete (``finish_reason`` not in
-            :data:`CACHEABLE_FINISH_REASONS`, e.g. truncated at ``max_tokens``).
-        """
+        Returns True if stored, False for a truncated answer."""
         if not response.complete:
             return False
         entry = {
@@ -327,14 +279,8 @@ class ModelClient:
 
     Args:
         base_url: Endpoint root including ``/v1`` (e.g. ``http://127.0.0.1:8801/v1``).
-        model_digest: sha256 of the served model file; required when ``cache`` is given.
-        retry: Retry policy (attempts, backoff, total budget).
         breaker: Circuit breaker; share one per endpoint across clients (default: a new one).
-        cache: Optional :class:`ResponseCache`.
-        connect_timeout_s: Seconds to establish a connection.
         read_timeout_s: Seconds to wait for the next bytes of a response (capped by the budget).
-        api_key: Bearer token sent as ``Authorization`` (None: no header).
-        sleep: Sleep function (injectable for tests).
 
     Raises:
         InputError: ``cache`` is given without ``model_digest``, or a timeout is not positive.
@@ -381,21 +327,11 @@ class ModelClient:
         self.close()
 
     def chat(self, request: ChatRequest, *, stream: bool = False, epoch: int = 0) -> ChatResponse:
-        """Send one chat completion, retrying transient failures within the budget.
-
-        Args:
-            request: Messages and sampling parameters.
-            stream: Ask for server-sent events and join the deltas (a stream without its terminal
-                event is a failure, never a result).
-            epoch: Evaluation epoch; with temperature > 0 each epoch has its own cache entries.
-
-        Returns:
-            The complete :class:`ChatResponse` (``cached=True`` on a cache hit).
+        """Send one chat completion, retrying transient failures within the budget (``cached=True`` on a hit).
 
         Raises:
             CircuitOpenError: the breaker refused the call (open, or half-open with a probe out).
-            ModelEndpointError: transient failures outlasted the attempts or the budget, or a read
-                timed out (not retried here).
+            ModelEndpointError: transient failures outlasted the attempts or the budget, or a read timed out.
             ModelRequestError: the endpoint answered a 4xx other than 429 (not retried).
         """
         started = time.monotonic()

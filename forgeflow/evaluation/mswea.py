@@ -1,16 +1,8 @@
 """mini-swe-agent wiring: its config, its model class on forgeflow's ModelClient, its supervised agent.
 
-mini-swe-agent 2.4.6's ``DefaultAgent`` with its text-based model (``mswea_bash_command`` action
-parsing and format-error handling) whose chat calls go through
-:class:`forgeflow.evaluation.model_client.ModelClient` (transient-only retries, a total budget
-equal to the agent's remaining time, a circuit breaker) instead of LiteLLM. Its environment is
-:class:`forgeflow.evaluation.sandbox_env.SandboxEnvironment` (not mini-swe-agent's ``docker``
-environment): the loop and the model calls stay on the host, every command runs in a container of
-the task image on the trial's sandbox backend (podman or Kubernetes), no network, ``cwd /testbed``.
-The agent's messages are streamed to disk as they happen (a JSON-lines file beside the trajectory, which
-is written whole in mini-swe-agent's format when the run ends), and the supervisor
-(:mod:`forgeflow.evaluation.supervision`) sees every call. The trial built on it is :mod:`forgeflow.evaluation.agent`.
-"""
+mini-swe-agent 2.4.6's ``DefaultAgent`` with its text-based model, whose chat calls go through
+:class:`forgeflow.evaluation.model_client.ModelClient` instead of LiteLLM; commands run in the trial's sandbox
+(:class:`forgeflow.evaluation.sandbox_env.SandboxEnvironment`), the loop and model calls on the host."""
 
 from __future__ import annotations
 
@@ -61,14 +53,7 @@ _MSWEA_DIR: Path | None = None
 
 
 def prepare_mswea_env() -> None:
-    """Environment mini-swe-agent reads at import time (set before importing it).
-
-    ``MSWEA_CONFIGURED`` skips the interactive setup, ``MSWEA_GLOBAL_CONFIG_DIR`` keeps its ``.env``
-    out of the home directory, ``LITELLM_LOCAL_MODEL_COST_MAP`` stops LiteLLM (which mini-swe-agent's
-    model module imports, though no call goes through it) fetching its price list from GitHub (the
-    machine is offline), and the container variables make the podman of the agent's sandbox use
-    runc and the lowered ulimits.
-    """
+    """Environment mini-swe-agent reads at import time (set before importing it)."""
     global _MSWEA_DIR
     if _MSWEA_DIR is None and "MSWEA_GLOBAL_CONFIG_DIR" not in os.environ:
         _MSWEA_DIR = Path(tempfile.mkdtemp(prefix="forgeflow-mswea-"))
@@ -100,18 +85,7 @@ def mswea_templates(config_name: str) -> dict[str, str]:
 def mswea_config(
     image_ref: str, base_url: str, model_alias: str, config: AgentConfig
 ) -> dict[str, Any]:
-    """The mini-swe-agent config dict (agent / environment / model sections) for one trial.
-
-    Starts from mini-swe-agent's built-in ``config.config_name`` yaml and overrides the budget, the
-    environment section (``image``, ``cwd: /testbed``, ``timeout``: ``config.command_timeout_s``; its
-    ``env`` and ``interpreter`` are the yaml's; read by
-    :func:`forgeflow.evaluation.sandbox_env.environment_config`, which also takes the backend and the
-    memory/CPU limits; ``environment_class`` is dropped: mini-swe-agent builds no environment) and
-    the model (``model_name`` is the alias sent to the endpoint;
-    ``model_kwargs`` holds ``api_base`` and the sampling parameters ModelClient sends; the API key
-    is not in the config — it is read from ``$FORGEFLOW_MODEL_API_KEY`` when the model is built, so
-    it never lands in a trajectory).
-    """
+    """The mini-swe-agent config dict (agent / environment / model sections) for one trial."""
     prepare_mswea_env()
     from minisweagent.config import get_config_from_spec
     from minisweagent.utils.serialize import recursive_merge
@@ -234,29 +208,7 @@ class _SupervisedChat:
 
 
 def endpoint_model_class() -> type:
-    """mini-swe-agent's text-based model with its chat calls sent through :class:`ModelClient`.
-
-    Only ``query`` is overridden: the request goes to ``ModelClient.chat`` (transient-only retries,
-    a total budget of the agent's remaining time, a circuit breaker; one client, hence one breaker,
-    per agent run), and the answer is parsed by mini-swe-agent's own ``mswea_bash_command`` regex
-    (a FormatError carries the response, as mini-swe-agent's ``query`` does). The message's
-    ``extra.response`` is the :class:`ChatResponse` (``prompt_tokens``/``completion_tokens`` feed
-    the trial's token counts); cost is 0 (a local endpoint has no price).
-
-    With ``action_format="toolcall"`` the request offers mini-swe-agent's ``BASH_TOOL`` and the
-    actions come from the answer's ``tool_calls`` (mini-swe-agent's ``parse_toolcall_actions``;
-    observations are ``tool`` messages answering each call id).
-
-    Supervision: every call start and answer is reported to the run's :class:`HangWatchdog`; the
-    HTTP call runs in a helper thread so that a hang flagged by the watchdog stops the run at once
-    (the abandoned call ends at its read timeout, capped at the idle limit plus 5 s).
-
-    Errors: ModelClient's ModelEndpointError (CircuitOpenError included) propagates; a model call
-    that outlives the agent's deadline is an AgentTimeoutError; a call during which the watchdog
-    flagged a hang is an AgentHangError; a 400 naming a context overflow ends the run with exit
-    status ``ContextWindowExceeded`` (the model's outcome); any other ModelRequestError propagates
-    (a configuration bug).
-    """
+    """mini-swe-agent's text-based model with its chat calls sent through :class:`ModelClient`."""
     logging.getLogger("minisweagent").setLevel(logging.WARNING)  # its DEBUG lines drown the flow log
     from minisweagent.exceptions import FormatError
     from minisweagent.models import GLOBAL_MODEL_STATS
@@ -345,9 +297,6 @@ def stream_path(traj_path: Path) -> Path:
 def write_trajectory(path: Path, data: dict[str, Any]) -> int:
     """Write a trajectory (mini-swe-agent's format) atomically, one message at a time; returns its bytes.
 
-    Every key but ``messages`` is one JSON value; ``messages`` is written message by message, so the
-    file's text is never held whole next to the messages themselves.
-
     Raises:
         DiskFullError: the filesystem ran out of space (``path`` keeps its previous content, if any).
     """
@@ -372,21 +321,7 @@ def write_trajectory(path: Path, data: dict[str, Any]) -> int:
 
 
 def supervised_agent_class() -> type:
-    """mini-swe-agent's DefaultAgent, supervised, with its trajectory streamed to disk as steps happen.
-
-    * every new message is reported to the watchdog (``touch_message``) and its tool calls are added to a
-      :class:`~forgeflow.evaluation.supervision.LoopDetector` (one signature per call, a window of the last
-      ``2 * loop_threshold`` calls: the check's cost is flat in the step count);
-    * after each model answer (before its action runs) a loop found so far raises
-      :class:`~forgeflow.common.errors.AgentLoopError` whose ``evidence`` is the
-      :class:`~forgeflow.evaluation.supervision.LoopDetection` (the looping answer stays in the trajectory,
-      its command is not run);
-    * after each step's commands, a hang flagged meanwhile raises AgentHangError;
-    * mini-swe-agent's save after every step (``save(path)``) appends the step's new messages to
-      :func:`stream_path` (JSON lines, flushed) instead of rewriting the whole trajectory; a save with
-      extra data (forgeflow's final save) writes ``path`` whole in mini-swe-agent's format
-      (:func:`write_trajectory`) and removes the stream. :attr:`stream_stats` counts what was streamed.
-    """
+    """mini-swe-agent's DefaultAgent, supervised, with its trajectory streamed to disk as steps happen."""
     from minisweagent.agents.default import DefaultAgent
 
     class SupervisedAgent(DefaultAgent):

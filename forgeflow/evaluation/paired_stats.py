@@ -1,8 +1,5 @@
 """Intervals on the paired delta of two evaluation runs (candidate B minus baseline A).
 
-Outcomes are binary and paired by instance: each pair is one of both pass, B only (a *win*),
-A only (a *loss*) or both fail. Two intervals are computed and reported as their union:
-
 * **Newcombe's hybrid score interval for the difference of paired proportions** — Newcombe 1998,
   "Improved confidence intervals for the difference between binomial proportions based on paired
   data", Statistics in Medicine 17:2635-2650, method 10: the Wilson score limits of both marginal
@@ -17,8 +14,7 @@ A only (a *loss*) or both fail. Two intervals are computed and reported as their
 
 The union ``[min(lows), max(highs)]`` is never narrower than either, so a zero-width interval from
 resampling is never what is reported. :func:`pairs_needed` says how many pairs at the observed
-rates Newcombe's lower bound would need to clear a non-inferiority margin.
-"""
+rates Newcombe's lower bound would need to clear a non-inferiority margin."""
 
 from __future__ import annotations
 
@@ -53,32 +49,21 @@ def normal_quantile(confidence: float) -> float:
 
 # --- cluster bootstrap ---------------------------------------------------------------------------
 class ClusteredInterval(BaseModel):
-    """A bootstrap interval on the paired delta ``pass_rate_b - pass_rate_a``.
-
-    Attributes:
-        delta: The observed delta over all pairs.
-        low: Lower percentile bound (in [-1, 1]).
-        high: Upper percentile bound.
-        confidence: Level of the interval.
-        clustered_by: ``repository`` (whole repositories resampled) or ``instance`` (no
-            repository map given: every instance is its own cluster, the plain paired bootstrap).
-        n_clusters: Clusters resampled.
-        n_pairs: Pairs in the clusters.
-        n_resamples: Bootstrap resamples drawn.
-        seed: Seed of ``numpy.random.default_rng``.
-    """
+    """A bootstrap interval on the paired delta ``pass_rate_b - pass_rate_a``."""
 
     model_config = ConfigDict(frozen=True)
 
-    delta: float = Field(ge=-1.0, le=1.0)
-    low: float = Field(ge=-1.0, le=1.0)
-    high: float = Field(ge=-1.0, le=1.0)
-    confidence: float = Field(gt=0.0, lt=1.0)
-    clustered_by: Literal["repository", "instance"]
-    n_clusters: int = Field(ge=1)
-    n_pairs: int = Field(ge=1)
-    n_resamples: int = Field(ge=1)
-    seed: int
+    delta: float = Field(ge=-1.0, le=1.0, description="The observed delta over all pairs.")
+    low: float = Field(ge=-1.0, le=1.0, description="Lower percentile bound (in [-1, 1]).")
+    high: float = Field(ge=-1.0, le=1.0, description="Upper percentile bound.")
+    confidence: float = Field(gt=0.0, lt=1.0, description="Level of the interval.")
+    clustered_by: Literal["repository", "instance"] = Field(
+        description="repository (whole repositories resampled) or instance (no repository map given: every instance "
+                    "is its own cluster, the plain paired bootstrap).")
+    n_clusters: int = Field(ge=1, description="Clusters resampled.")
+    n_pairs: int = Field(ge=1, description="Pairs in the clusters.")
+    n_resamples: int = Field(ge=1, description="Bootstrap resamples drawn.")
+    seed: int = Field(description="Seed of numpy.random.default_rng.")
 
 
 def cluster_bootstrap_delta(
@@ -91,24 +76,13 @@ def cluster_bootstrap_delta(
 ) -> ClusteredInterval:
     """Percentile cluster-bootstrap interval on the paired delta (Field and Welsh 2007).
 
-    Each cluster c contributes ``d_c = sum(pass_b - pass_a)`` and ``n_c`` pairs; a resample draws
-    as many clusters as there are, with replacement, and its delta is ``sum d / sum n``. The
-    interval is the ``(1 - confidence) / 2`` and ``(1 + confidence) / 2`` quantiles (numpy's
-    linear interpolation) of the resampled deltas.
-
     Args:
-        pairs: Instance id -> (A passed, B passed), for instances scored in both runs.
         cluster_of: Instance id -> cluster (repository); None: every instance is its own cluster.
         n_resamples: Bootstrap resamples (>= 100).
-        seed: Seed of ``numpy.random.default_rng``.
-        confidence: Interval level in (0, 1).
-
-    Returns:
-        :class:`ClusteredInterval`.
 
     Raises:
-        InputError: no pairs, a paired instance without a cluster, ``n_resamples < 100`` or
-            ``confidence`` outside (0, 1).
+        InputError: no pairs, a paired instance without a cluster, ``n_resamples < 100`` or ``confidence``
+            outside (0, 1).
     """
     if not pairs:
         raise InputError("cluster_bootstrap_delta needs at least one pair")
@@ -149,28 +123,21 @@ def cluster_bootstrap_delta(
 
 # --- Newcombe's hybrid score interval for paired proportions ----------------------------------------
 class NewcombeInterval(BaseModel):
-    """Newcombe's (1998, method 10) interval on ``pass_rate_b - pass_rate_a`` of paired outcomes.
-
-    Attributes:
-        delta: ``(wins - losses) / n_pairs``.
-        low: Lower limit, in [-1, 1].
-        high: Upper limit, in [-1, 1].
-        confidence: Level of the interval.
-        phi: The corrected correlation of the two marginal proportions used (0 when a marginal
-            total is 0).
-        n_pairs: Pairs (may be fractional when computed at expected counts, see :func:`pairs_needed`).
-        source: The paper.
-    """
+    """Newcombe's (1998, method 10) interval on ``pass_rate_b - pass_rate_a`` of paired outcomes."""
 
     model_config = ConfigDict(frozen=True)
 
-    delta: float = Field(ge=-1.0, le=1.0)
-    low: float = Field(ge=-1.0, le=1.0)
-    high: float = Field(ge=-1.0, le=1.0)
-    confidence: float = Field(gt=0.0, lt=1.0)
-    phi: float = Field(ge=-1.0, le=1.0)
-    n_pairs: float = Field(gt=0.0)
-    source: str = NEWCOMBE_SOURCE
+    delta: float = Field(ge=-1.0, le=1.0, description="(wins - losses) / n_pairs.")
+    low: float = Field(ge=-1.0, le=1.0, description="Lower limit, in [-1, 1].")
+    high: float = Field(ge=-1.0, le=1.0, description="Upper limit, in [-1, 1].")
+    confidence: float = Field(gt=0.0, lt=1.0, description="Level of the interval.")
+    phi: float = Field(ge=-1.0, le=1.0,
+                       description="The corrected correlation of the two marginal proportions used (0 when a "
+                                   "marginal total is 0).")
+    n_pairs: float = Field(gt=0.0,
+                           description="Pairs (may be fractional when computed at expected counts, see "
+                                       "pairs_needed).")
+    source: str = Field(NEWCOMBE_SOURCE, description="The paper.")
 
 
 def wilson_limits(successes: float, n: float, z: float) -> tuple[float, float]:
@@ -206,14 +173,7 @@ def newcombe_paired_interval(
     al. 2012, table [[59, 6], [16, 80]]: -0.0621, 95% CI -0.1186 to -0.0046).
 
     Args:
-        both_pass: Pairs where both runs passed (``a``; real-valued counts are allowed).
-        wins: Pairs where only B passed (``b``).
-        losses: Pairs where only A passed (``c``).
-        both_fail: Pairs where neither passed (``d``).
         confidence: Interval level in (0, 1).
-
-    Returns:
-        :class:`NewcombeInterval`.
 
     Raises:
         InputError: a count is negative or not finite, there are no pairs, or ``confidence`` is
@@ -263,43 +223,27 @@ class DeltaInterval(BaseModel):
     ``low = min(newcombe.low, bootstrap.low)``, ``high = max(newcombe.high, bootstrap.high)``: never
     narrower than either, and never of zero width (Newcombe's interval has positive width for any
     n >= 1). The bootstrap's bookkeeping (``clustered_by``, ``n_clusters``, ``n_resamples``,
-    ``seed``) is repeated at the top level.
-
-    Attributes:
-        delta: The observed delta ``(wins - losses) / n_pairs``.
-        low: Lower bound of the union, in [-1, 1].
-        high: Upper bound of the union.
-        confidence: Level of both intervals.
-        method: :data:`UNION_METHOD`.
-        source: The papers of both intervals.
-        low_from: Which interval gave ``low`` (``newcombe`` on a tie).
-        high_from: Which interval gave ``high``.
-        clustered_by: ``repository`` or ``instance`` (the bootstrap's clusters).
-        n_clusters: Clusters the bootstrap resampled (repositories when ``clustered_by`` says so).
-        n_pairs: Pairs.
-        n_resamples: Bootstrap resamples.
-        seed: Bootstrap seed.
-        newcombe: Newcombe's interval alone.
-        bootstrap: The cluster bootstrap alone.
-    """
+    ``seed``) is repeated at the top level."""
 
     model_config = ConfigDict(frozen=True)
 
-    delta: float = Field(ge=-1.0, le=1.0)
-    low: float = Field(ge=-1.0, le=1.0)
-    high: float = Field(ge=-1.0, le=1.0)
-    confidence: float = Field(gt=0.0, lt=1.0)
-    method: str = UNION_METHOD
-    source: str = f"{NEWCOMBE_SOURCE}; {BOOTSTRAP_SOURCE}"
-    low_from: Literal["newcombe", "bootstrap"]
-    high_from: Literal["newcombe", "bootstrap"]
-    clustered_by: Literal["repository", "instance"]
-    n_clusters: int = Field(ge=1)
-    n_pairs: int = Field(ge=1)
-    n_resamples: int = Field(ge=1)
-    seed: int
-    newcombe: NewcombeInterval
-    bootstrap: ClusteredInterval
+    delta: float = Field(ge=-1.0, le=1.0, description="The observed delta (wins - losses) / n_pairs.")
+    low: float = Field(ge=-1.0, le=1.0, description="Lower bound of the union, in [-1, 1].")
+    high: float = Field(ge=-1.0, le=1.0, description="Upper bound of the union.")
+    confidence: float = Field(gt=0.0, lt=1.0, description="Level of both intervals.")
+    method: str = Field(UNION_METHOD, description="UNION_METHOD.")
+    source: str = Field(f"{NEWCOMBE_SOURCE}; {BOOTSTRAP_SOURCE}", description="The papers of both intervals.")
+    low_from: Literal["newcombe", "bootstrap"] = Field(description="Which interval gave low (newcombe on a tie).")
+    high_from: Literal["newcombe", "bootstrap"] = Field(description="Which interval gave high.")
+    clustered_by: Literal["repository", "instance"] = Field(
+        description="repository or instance (the bootstrap's clusters).")
+    n_clusters: int = Field(ge=1,
+                            description="Clusters the bootstrap resampled (repositories when clustered_by says so).")
+    n_pairs: int = Field(ge=1, description="Pairs.")
+    n_resamples: int = Field(ge=1, description="Bootstrap resamples.")
+    seed: int = Field(description="Bootstrap seed.")
+    newcombe: NewcombeInterval = Field(description="Newcombe's interval alone.")
+    bootstrap: ClusteredInterval = Field(description="The cluster bootstrap alone.")
 
 
 def union_interval(newcombe: NewcombeInterval, bootstrap: ClusteredInterval) -> DeltaInterval:
@@ -334,25 +278,13 @@ def pairs_needed(
     both_pass: int, wins: int, losses: int, both_fail: int, max_drop: float, confidence: float = 0.95,
     *, n_max: int = 1_000_000,
 ) -> int | None:
-    """The smallest number of pairs, at the observed cell proportions, for which Newcombe's lower
-    bound would reach ``-max_drop`` (non-inferiority with margin ``max_drop``).
-
-    The four cells are scaled to ``n`` pairs as expected (real-valued) counts
-    ``n * cell / n_observed``; the half-widths of :func:`newcombe_paired_interval` shrink as ``n``
-    grows, so the bound rises monotonically towards the observed delta and a doubling search
-    followed by bisection finds the smallest ``n``. This is a planning figure, not a promise: the
-    rates of a larger sample will differ, and the repository bootstrap (part of the reported
-    interval) needs enough repositories too.
-
-    Args:
-        both_pass / wins / losses / both_fail: The observed paired counts (at least one pair).
-        max_drop: The margin in [0, 1] (0.05 = five points).
-        confidence: Interval level.
-        n_max: Largest n searched.
+    """The smallest number of pairs, at the observed cell proportions, for which Newcombe's lower bound would
+    reach ``-max_drop``: a doubling search then bisection over real-valued expected counts. A planning
+    figure, not a promise.
 
     Returns:
-        The number of pairs (may be <= the observed number when the bound already clears), or
-        None when no n up to ``n_max`` would: the observed delta is itself at or below ``-max_drop``.
+        The number of pairs, or None when no n up to ``n_max`` would (the observed delta is at or below
+        ``-max_drop``).
 
     Raises:
         InputError: a count is negative, there are no pairs, or ``max_drop`` is outside [0, 1].

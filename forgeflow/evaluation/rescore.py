@@ -3,32 +3,14 @@ current verifier, as a new job linked to the original (NeMo Gym's ``gym eval rev
 https://docs.nvidia.com/nemo/gym/tutorials/evaluation-tutorials/reverify-rollouts, and Inspect's
 ``inspect score``, https://inspect.aisi.org.uk/scorers.html, are the anchors).
 
-What is re-verified: the trials *standing* for the job, its merged view
-(:func:`forgeflow.evaluation.compare.merged_job`: the original plus its recovery jobs, one trial per task).
-Each one's submission comes from the most robust source there is:
+The trials *standing* for the job (its merged view) are re-scored. A submission comes from the trial row
+(its ``submission_sha256`` checked again; from ledger migration 0008 on), else from the trial's trajectory
+(``info.submission``). A trial whose agent run made no submission is *carried* (its exception stands); one
+whose submission cannot be found is *missing* (:class:`SubmissionMissingError`, never a reward of 0).
 
-1. the trial row's ``submission`` (the ledger keeps it beside the verdict from migration 0008 on; its
-   ``submission_sha256`` is checked again here, and a mismatch is never scored);
-2. else the trial's trajectory (``<trajectories_dir>/<trial id>.traj.json``, mini-swe-agent's ``info.submission``,
-   written by :mod:`forgeflow.evaluation.agent`), the job's ``params.trajectories_dir`` or the canary's default
-   folder: how older jobs are re-scored.
-
-A submission found is re-verified by :func:`forgeflow.sandbox.scoring.verify_submission` in a fresh sandbox of the
-pristine task image, with the job's recorded limits (memory, CPUs, tamper policy, sandbox backend) and verifier
-timeout. A trial whose agent run ended before it made a submission (the model endpoint failed, the agent's
-container vanished: the trajectory names the agent's error) is *carried over*: its exception stands in the new job,
-not re-verified. A trial whose submission cannot be found (no diff in the row, no or an unreadable trajectory, a
-digest that does not match) is *missing*: recorded as :class:`SubmissionMissingError` with the reason, an
-exclusion the reports count, never a reward of 0.
-
-The new job (``jobs.kind`` :data:`RESCORE_JOB_KIND`, ``parent_job_id`` the original) has a trial per task under
-ids of its own; the original's rows are never rewritten. It carries the original's freeze, split and model, so
-``forgeflow compare`` and the promotion gate take it by its id like any other job (a merged view never takes a
-re-score in as a recovery job). Its trials keep the submission they were scored on, so a re-score of a re-score
-reads the store. Its id defaults to ``<job>-rescore-<12 hex>`` of the standing trials and of the verifier's source
-(:func:`verifier_sha256`): the same re-score started again upserts the same rows; after a verifier change it is a
-new job.
-"""
+The new job (kind :data:`RESCORE_JOB_KIND`, ``parent_job_id`` the original) never rewrites the original's
+rows; its id digests the standing trials and the verifier's source (:func:`verifier_sha256`), so the same
+re-score again upserts the same rows, and a verifier change makes a new job."""
 
 from __future__ import annotations
 
@@ -48,6 +30,7 @@ from forgeflow.evaluation.agent_config import AgentConfig
 from forgeflow.evaluation.canary import JOB_KIND, RECOVERY_JOB_KIND, canary_tasks
 from forgeflow.ledger import records
 from forgeflow.sandbox.base import SandboxSpec
+from forgeflow.sandbox.limits import SandboxLimits
 from forgeflow.sandbox.scoring import verify_submission
 from forgeflow.sandbox.verifier import TaskTests
 
@@ -104,13 +87,12 @@ class RescoreItem(BaseModel):
     tests: TaskTests | None = None
 
 
-class RescoreSettings(BaseModel):
-    """How the re-score's verifier runs: the original job's recorded limits unless overridden.
+class RescoreSettings(SandboxLimits):
+    """How the re-score's verifier runs: the original job's recorded limits unless overridden
+    (``memory_mb`` and ``cpus``, :class:`~forgeflow.sandbox.limits.SandboxLimits`: its ``agent_config``'s).
 
     Attributes:
         timeout_s: limit of one test run, seconds (> 0).
-        memory_mb: memory limit of the verifier's container, MiB.
-        cpus: its CPU quota, cores.
         tamper_policy: ``reject`` or ``drop`` (:mod:`forgeflow.sandbox.submission`).
         screen_policy: what the verifier does with added lines that reach into the test run (the job's
             ``agent_config.screen_policy``); None: the verifier's default.
@@ -120,8 +102,6 @@ class RescoreSettings(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     timeout_s: float = Field(gt=0)
-    memory_mb: int = Field(ge=64)
-    cpus: float = Field(gt=0)
     tamper_policy: str
     screen_policy: str | None = None
     backend: Any = "podman"
@@ -180,8 +160,8 @@ def check_rescorable(store: Any, job_id: str) -> records.JobRecord:
     """The row of the job to re-score (reads only; what ``forgeflow rescore`` checks before anything starts).
 
     Raises:
-        InputError: the store records no job ``job_id`` (its canary and rescore jobs are listed: a typo is answered
-            with the ids there are), the job is a recovery job (its original is named), or of another kind.
+        InputError: no job ``job_id`` (its canary and rescore jobs are listed), a recovery job (its original
+            named), or a job of another kind.
     """
     job = store.get_job(job_id)
     if job is None:
@@ -230,14 +210,8 @@ def _from_trajectory(path: Path) -> tuple[str | None, str | None, str | None]:
 
 
 def plan_item(store: Any, trial: records.TrialRecord, dirs: dict[str, Path]) -> RescoreItem:
-    """What the re-score does with one standing trial (see the module docstring): ``reverify`` with its
-    submission from the store or its trajectory, ``carried`` when its agent run made none, or ``missing``.
-
-    Args:
-        store: the ledger (job rows, for the trajectory folder).
-        trial: the standing trial.
-        dirs: job id -> trajectory folder, filled as jobs are read.
-    """
+    """What the re-score does with one standing trial: ``reverify`` (submission from the store or its
+    trajectory), ``carried`` when its agent run made none, or ``missing``; ``dirs`` caches trajectory folders."""
     if trial.submission is not None:
         digest = sha256_bytes(trial.submission.encode())
         if trial.submission_sha256 not in (None, digest):
@@ -319,17 +293,9 @@ def _tests(store: Any, items: list[RescoreItem], rows: dict[str, Any], default_g
 def plan_rescore(store: Any, request: RescoreRequest) -> RescorePlan:
     """Everything a re-score of ``request.job_id`` does, read before any sandbox starts (reads only).
 
-    Args:
-        store: the ledger (:class:`forgeflow.ledger.store.Store`).
-        request: :class:`RescoreRequest`.
-
-    Returns:
-        The :class:`RescorePlan`: one item per standing trial of the job's merged view.
-
     Raises:
-        InputError: the job is not in the store (its canary and rescore jobs are listed), a recovery job (its
-            original named), of another kind, holds no agent trials; the re-score id is the job's own or another
-            job's; the task rows cannot be read.
+        InputError: the job is unknown, a recovery job, of another kind or without agent trials; the re-score
+            id is the job's own or another job's; the task rows cannot be read.
         PreflightError: a task to re-verify cannot run (listed: no row, not accepted, image gone).
     """
     job = check_rescorable(store, request.job_id)
@@ -346,7 +312,7 @@ def plan_rescore(store: Any, request: RescoreRequest) -> RescorePlan:
     config = _agent_config(job)
     settings = RescoreSettings(timeout_s=request.verifier_timeout_s or float(job.params.get("verifier_timeout_s")
                                                                               or 180.0),
-                               memory_mb=config.memory_mb, cpus=config.cpus, tamper_policy=config.tamper_policy,
+                               **config.over().model_dump(), tamper_policy=config.tamper_policy,
                                screen_policy=getattr(config, "screen_policy", None), backend=config.verifier_backend)
     rows = _rows_params(job, request.generated_path)
     return RescorePlan(original=job, merged_label=view.label, rescore_job_id=new_id, verifier_sha256=digest,
@@ -412,20 +378,9 @@ def _test_why(verdict: Any, tests: TaskTests) -> str:
 
 def rescore_trial(item: RescoreItem, settings: RescoreSettings, rescore_job_id: str,
                   run_id: str | None = None) -> RescoredTrial:
-    """Re-score one standing trial: re-verify its submission (:func:`forgeflow.sandbox.scoring.verify_submission`,
-    a fresh sandbox ``ff-rescore-<instance>-<trial id[:10]>``), or carry its exception over, or record the missing
-    submission. The agent's costs (steps, tokens, agent seconds) are the original's; an agent timeout's exception
-    (a flagged trial) stands beside the new reward.
-
-    Args:
-        item: the planned item (:func:`plan_item`, with its tests when re-verified).
-        settings: how the verifier runs.
-        rescore_job_id: the new job (the trial's ``job_id``).
-        run_id: the run that re-scores (stamped on the row).
-
-    Returns:
-        The new trial row and its verdict-table row. The verifier breaking (an InfraError) is the new trial's
-        exception, never a reward of 0.
+    """Re-score one standing trial: re-verify its submission in a fresh sandbox, carry its exception over, or
+    record the missing submission. The agent's costs stay the original's; an agent timeout's exception stands
+    beside the new reward; a broken verifier is the new trial's exception, never a reward of 0.
 
     Raises:
         InputError: an unknown parser, backend or tamper policy (nothing graded).
@@ -444,7 +399,7 @@ def rescore_trial(item: RescoreItem, settings: RescoreSettings, rescore_job_id: 
         screen = {} if settings.screen_policy is None else {"screen_policy": settings.screen_policy}
         try:
             verdict = verify_submission(item.tests, item.submission or "", timeout_s=settings.timeout_s,
-                                        spec=SandboxSpec(memory_mb=settings.memory_mb, cpus=settings.cpus),
+                                        spec=SandboxSpec(**settings.limits().model_dump()),
                                         name=sanitize_name(f"ff-rescore-{old.instance_id}-{trial_id[:10]}"),
                                         tamper_policy=settings.tamper_policy, backend=settings.backend, **screen)
         except errors.InfraError as exc:  # the verifier broke: no reward, never 0

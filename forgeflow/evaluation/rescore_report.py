@@ -1,10 +1,4 @@
-"""What a re-score returns and the report a person reads (:mod:`forgeflow.evaluation.rescore` does the work).
-
-* :class:`RescoreResult` — the ``rescore`` flow's result: the new job, its report and exclusions beside the
-  original's, and the verdict table (every task: old outcome, new outcome, changed or not, why).
-* :func:`render_rescore_report` — the markdown: both jobs' accounting, the verdicts that changed first, then
-  every task, and what each job excludes as exceptions.
-"""
+"""What a re-score returns and the report a person reads (:mod:`forgeflow.evaluation.rescore` does the work)."""
 
 from __future__ import annotations
 
@@ -75,18 +69,8 @@ def _accounting(report: JobReport) -> str:
 
 def render_rescore_report(plan: RescorePlan, report: JobReport, original_report: JobReport,
                           changes: Sequence[VerdictChange]) -> str:
-    """The markdown report of a re-score.
-
-    Args:
-        plan: what was re-scored (:class:`~forgeflow.evaluation.rescore.RescorePlan`).
-        report: the new job's accounting.
-        original_report: the original view's.
-        changes: the verdict table, in instance-id order.
-
-    Returns:
-        Markdown: the jobs, the verifier digest and settings, both accountings, the changed verdicts, every
-        task's old and new verdict with the reason, and each job's exclusions per exception type with the rate.
-    """
+    """The markdown report of a re-score: the jobs, the verifier digest and settings, both accountings, the
+    changed verdicts first, every task's old and new verdict with the reason, and each job's exclusions."""
     counts = plan.counts()
     changed = [c for c in changes if c.changed]
     s = plan.settings

@@ -1,31 +1,13 @@
 """The agent's container as a mini-swe-agent environment over forgeflow's sandbox backends.
 
-:class:`SandboxEnvironment` is what mini-swe-agent 2.4.6's ``DefaultAgent`` calls on an environment
-(its ``Environment`` protocol: ``execute``, ``get_template_vars``, ``serialize``) on top of one
-:class:`forgeflow.sandbox.base.Sandbox` of the trial's backend
-(:func:`forgeflow.sandbox.backends.get_backend`: a podman container, or a Kubernetes pod through the
-API's exec subresource), the same backend choice the verifier takes. It replaces mini-swe-agent's
-``docker`` environment (driven by podman) for every backend, so the agent's commands, the hang
-watchdog's kill and the container's removal go through one code path. On Kubernetes the agent's pod
-carries a ``tree`` sidecar sharing the repository (``cwd``) on a volume, where the submission is taken
-(:meth:`forgeflow.sandbox.kubernetes.KubernetesSandbox.export_tree`).
+:class:`SandboxEnvironment` implements mini-swe-agent 2.4.6's ``Environment`` protocol (``execute``,
+``get_template_vars``, ``serialize``) over one :class:`forgeflow.sandbox.base.Sandbox` of the trial's backend,
+in place of its ``docker`` environment. ``execute`` returns what ``DockerEnvironment.execute`` does; a timed-out
+command is returncode -1 and is not killed (as in mini-swe-agent's docker environment).
 
-What ``execute`` returns matches mini-swe-agent's ``DockerEnvironment.execute``: ``{"output",
-"returncode", "exception_info"}`` with stderr merged into ``output`` in order (``2>&1`` inside the
-container), ``interpreter + [command]`` run in ``cwd`` with the config's ``env``; a command over its
-timeout is returncode -1 and an ``exception_info`` naming the timeout, plus ``extra``
-(``exception_type``, ``exception``), as mini-swe-agent reports a ``TimeoutExpired``. The timed-out
-command is not killed (nor is it by mini-swe-agent's docker environment): on podman it runs on in
-the container, on Kubernetes the exec stream is closed and the process runs on until the pod is
-deleted. A first output line ``COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT`` with exit 0 raises
-mini-swe-agent's ``Submitted`` (its ``_check_finished``).
-
-Outcomes versus breakage: a failing command, a timeout, or a command the kernel OOM-killed or whose
-forks hit the process limit (:class:`~forgeflow.common.errors.SandboxOOMError`,
-:class:`~forgeflow.common.errors.SandboxPidsLimitError`) are what the agent did: the model sees them.
-A broken sandbox (the container or pod gone, evicted, an exec that cannot start) raises
-:class:`~forgeflow.common.errors.SandboxError` out of the agent's run: the trial's exception.
-"""
+Outcomes versus breakage: a failing, timed-out, OOM-killed or pids-limited command is what the agent did (the
+model sees it); a broken sandbox (container or pod gone, evicted, an exec that cannot start) raises
+:class:`~forgeflow.common.errors.SandboxError` out of the agent's run: the trial's exception."""
 
 from __future__ import annotations
 
@@ -33,11 +15,12 @@ import os
 import platform
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from forgeflow.common import errors
 from forgeflow.sandbox.backends import SandboxTarget, backend_kind, get_backend
 from forgeflow.sandbox.base import Sandbox, SandboxSpec
+from forgeflow.sandbox.limits import SandboxLimits
 from forgeflow.sandbox.verifier import TESTBED
 
 SUBMIT_MARKER = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
@@ -62,15 +45,14 @@ _KILL_NEW_PIDS = ('for round in 1 2 3; do for p in /proc/[0-9]*; do p=${p#/proc/
 forked by a dying shell between the listing and its kill is caught by the next round)."""
 
 
-class SandboxEnvironmentConfig(BaseModel):
-    """The agent's environment: mini-swe-agent's environment settings plus where the container runs.
+class SandboxEnvironmentConfig(SandboxLimits):
+    """The agent's environment: mini-swe-agent's environment settings plus where the container runs and
+    its limits (:class:`~forgeflow.sandbox.limits.SandboxLimits`).
 
     Attributes:
         image: the task image.
         backend: the sandbox backend kind (``podman`` or ``kubernetes``).
         name: the container's (pod's) name.
-        memory_mb: memory limit of the container, MiB.
-        cpus: CPU quota of the container, cores.
         cwd: working directory of every command (``/testbed``).
         env: variables set for every command (mini-swe-agent's config: ``PAGER=cat``, ...).
         forward_env: host variables passed on to every command when they are set (``env`` wins).
@@ -83,8 +65,6 @@ class SandboxEnvironmentConfig(BaseModel):
     image: str = Field(min_length=1)
     backend: str = "podman"
     name: str = Field(min_length=1)
-    memory_mb: int = Field(default=2048, ge=16)
-    cpus: float = Field(default=1.0, gt=0)
     cwd: str = TESTBED
     env: dict[str, str] = Field(default_factory=dict)
     forward_env: list[str] = Field(default_factory=list)
@@ -126,7 +106,7 @@ class SandboxEnvironment:
             ImageNotFoundError / RegistryUnavailableError: the image cannot be pulled.
             SandboxError: the container could not start (nothing is left running).
         """
-        spec = SandboxSpec(memory_mb=config.memory_mb, cpus=config.cpus, network=False)
+        spec = SandboxSpec(**config.limits().model_dump(), network=False)
         # on Kubernetes the repository is shared with a tree sidecar, where the agent's tree is taken
         extra = {"tree_repo": config.cwd} if backend_kind(backend) == "kubernetes" else {}
         sandbox = get_backend(backend)(config.image, spec, config.name, **extra)
@@ -148,15 +128,9 @@ class SandboxEnvironment:
     def execute(self, action: dict, cwd: str = "", *, timeout: int | None = None) -> dict[str, Any]:
         """Run ``action["command"]`` in the container; mini-swe-agent's ``DockerEnvironment.execute``.
 
-        Args:
-            action: mini-swe-agent's action (its ``command`` string).
-            cwd: working directory (default ``config.cwd``).
-            timeout: seconds (default ``config.timeout``).
-
         Returns:
-            ``{"output": stdout+stderr, "returncode": int, "exception_info": str}``; a timeout, OOM
-            kill or process limit gives returncode -1, ``exception_info`` and ``extra``
-            (``exception_type``, ``exception``: forgeflow's evidence).
+            ``{"output": stdout+stderr, "returncode": int, "exception_info": str}``; a timeout, OOM kill or process
+            limit gives returncode -1, ``exception_info`` and ``extra`` (``exception_type``, ``exception``).
 
         Raises:
             Submitted: the output's first line is the submission marker and the exit status 0.
@@ -233,12 +207,8 @@ class SandboxEnvironment:
         return result.stdout
 
     def interrupt(self) -> None:
-        """SIGKILL every process of the container that an agent command started (all but those
-        :meth:`start` found: the init, ``sleep infinity``, a pod's pause process): a command stuck
-        past the hang limit returns (exit 137) and the container stays for the submission. One exec
-        through the backend (``podman exec``; on Kubernetes the exec subresource, from the watchdog's
-        thread while the stuck command's own exec stream is open). Errors are swallowed: the run
-        stops anyway and :meth:`stop` removes the container."""
+        """SIGKILL every process an agent command started (all but those :meth:`start` found), so a stuck command
+        returns (exit 137) and the container stays for the submission; errors are swallowed."""
         if self._stopped:
             return
         try:

@@ -1,20 +1,4 @@
-"""Supervision of long agent runs: dead loops and hangs (the answer judge is :mod:`forgeflow.evaluation.judge`).
-
-* **Dead loops** (:func:`detect_loop`): the tool calls of a trajectory, each reduced to a
-  signature = tool name + arguments parsed (JSON when they parse) and re-serialized canonically
-  (sorted keys, no whitespace, escapes decoded; :func:`forgeflow.common.fsutil.canonical_json`), so a
-  re-indented or re-escaped copy of the same call is the same call. A loop is the tail of the call
-  list made of one block of ``period`` calls repeated ``threshold`` times in a row: period 1 is
-  the same call again and again, period 2 two different calls alternating. With the default
-  ``threshold=3`` the run is blocked at the third identical call (period 1) or at the end of the
-  third A-B cycle (period 2). Calling it after every new call blocks at the first such point; on
-  a recorded trajectory it reports the earliest point where the run would have been blocked.
-* **Hangs** (:func:`detect_hang`): no new message or model call for ``idle_limit_s`` seconds
-  (default 11 minutes). :class:`HangWatchdog` applies it to a live run from a thread and calls
-  back once when the run is hung (the agent stops the run, :mod:`forgeflow.evaluation.agent`).
-* :func:`tool_calls_from_trajectory` reads a mini-swe-agent trajectory (``*.traj.json``; the text
-  format with ```` ```mswea_bash_command ```` fences, or OpenAI ``tool_calls``).
-"""
+"""Supervision of long agent runs: dead loops and hangs (the answer judge is :mod:`forgeflow.evaluation.judge`)."""
 
 from __future__ import annotations
 
@@ -49,22 +33,16 @@ BASH_TOOL = "bash"
 
 # --- tool calls and their signatures -------------------------------------------------------------
 class ToolCall(BaseModel):
-    """One tool call of a trajectory.
-
-    Attributes:
-        name: Tool name (``bash`` for mini-swe-agent commands).
-        arguments: The arguments as recorded: a JSON string, a mapping, or a raw string.
-        message_index: Index of the assistant message holding the call in the trajectory (-1
-            when unknown).
-        timestamp_unix_s: When the call was made, if recorded.
-    """
+    """One tool call of a trajectory."""
 
     model_config = ConfigDict(frozen=True)
 
-    name: str = Field(min_length=1)
-    arguments: Any = None
-    message_index: int = Field(default=-1, ge=-1)
-    timestamp_unix_s: float | None = None
+    name: str = Field(min_length=1, description="Tool name (bash for mini-swe-agent commands).")
+    arguments: Any = Field(None, description="The arguments as recorded: a JSON string, a mapping, or a raw string.")
+    message_index: int = Field(default=-1, ge=-1,
+                               description="Index of the assistant message holding the call in the trajectory (-1 "
+                                           "when unknown).")
+    timestamp_unix_s: float | None = Field(None, description="When the call was made, if recorded.")
 
     @property
     def signature(self) -> str:
@@ -74,11 +52,6 @@ class ToolCall(BaseModel):
 
 def call_signature(name: str, arguments: Any) -> str:
     """The canonical signature of a tool call.
-
-    Args:
-        name: Tool name.
-        arguments: A JSON string (parsed), a JSON-compatible value, or any other string (kept with
-            leading/trailing whitespace stripped; whitespace inside a shell command can matter).
 
     Returns:
         Canonical JSON text ``{"arguments": ..., "tool": name}`` (sorted keys, no whitespace).
@@ -93,44 +66,29 @@ def call_signature(name: str, arguments: Any) -> str:
 
 
 class LoopDetection(BaseModel):
-    """The verdict of :func:`detect_loop`, with its evidence.
-
-    Attributes:
-        detected: True when the run must be blocked.
-        period: 1 (same call repeated) or 2 (two calls alternating); None when not detected.
-        repeats: Times the block was repeated (== the threshold when detected).
-        signatures: The repeated block's call signatures (``period`` of them).
-        indices: Positions in the call list of the calls forming the loop.
-        message_indices: Trajectory message indices of those calls (-1 where unknown).
-        blocked_at: Position in the call list of the call that completed the loop.
-    """
+    """The verdict of :func:`detect_loop`, with its evidence."""
 
     model_config = ConfigDict(frozen=True)
 
-    detected: bool
-    period: Literal[1, 2] | None = None
-    repeats: int = Field(default=0, ge=0)
-    signatures: list[str] = Field(default_factory=list)
-    indices: list[int] = Field(default_factory=list)
-    message_indices: list[int] = Field(default_factory=list)
-    blocked_at: int | None = None
+    detected: bool = Field(description="True when the run must be blocked.")
+    period: Literal[1, 2] | None = Field(
+        None,
+        description="1 (same call repeated) or 2 (two calls alternating); None when not detected.")
+    repeats: int = Field(default=0, ge=0, description="Times the block was repeated (== the threshold when detected).")
+    signatures: list[str] = Field(default_factory=list,
+                                  description="The repeated block's call signatures (period of them).")
+    indices: list[int] = Field(default_factory=list,
+                               description="Positions in the call list of the calls forming the loop.")
+    message_indices: list[int] = Field(default_factory=list,
+                                       description="Trajectory message indices of those calls (-1 where unknown).")
+    blocked_at: int | None = Field(None, description="Position in the call list of the call that completed the loop.")
 
 
 class LoopDetector:
     """:func:`detect_loop` applied as calls arrive, with a cost per call that does not grow with the run.
 
-    Keeps only the last ``2 * threshold`` signatures (the longest block a loop of period 2 spans), so
-    each :meth:`add` hashes one call and compares at most ``3 * threshold`` signatures, at step 10 as at
-    step 10,000. The first loop found is kept in :attr:`detection` (later calls do not replace it).
-
-    Args:
-        threshold: Repetitions of the block that make a loop (>= 2; default 3).
-
-    Attributes:
-        n_calls: Calls added so far.
-        signatures_computed: Call signatures computed (one per call added).
-        comparisons: Signature comparisons made (the detector's work, for tests and benchmarks).
-        detection: The first :class:`LoopDetection` with ``detected=True``, or None.
+    Keeps the last ``2 * threshold`` signatures; ``comparisons`` counts its work, ``detection`` holds the
+    first loop found (later calls do not replace it).
 
     Raises:
         InputError: ``threshold < 2``.
@@ -162,12 +120,7 @@ class LoopDetector:
         return True
 
     def add(self, call: ToolCall) -> LoopDetection:
-        """Add the next call; the verdict on the calls so far ending in a loop (period 1 checked first).
-
-        Returns:
-            :class:`LoopDetection` whose positions count every call added; ``detected=False`` when the
-            calls so far do not end in a loop.
-        """
+        """Add the next call; the verdict on the calls so far (period 1 checked first; positions count every call)."""
         self._sigs.append(call.signature)
         self._message_indices.append(call.message_index)
         self.signatures_computed += 1
@@ -187,17 +140,7 @@ class LoopDetector:
 
 
 def detect_loop(calls: Sequence[ToolCall], threshold: int = DEFAULT_LOOP_THRESHOLD) -> LoopDetection:
-    """Find the first point where the calls end in a period-1 or period-2 loop.
-
-    A :class:`LoopDetector` fed the calls in order (each call's check bounded by a window of
-    ``2 * threshold`` calls, so a whole trajectory costs time linear in its length).
-
-    Args:
-        calls: Tool calls in order (see :func:`tool_calls_from_trajectory`).
-        threshold: Repetitions of the block that make a loop (>= 2; default 3).
-
-    Returns:
-        :class:`LoopDetection`; ``detected=False`` when no prefix of ``calls`` ends in a loop.
+    """Find the first point where the calls end in a period-1 or period-2 loop of ``threshold`` repeats.
 
     Raises:
         InputError: ``threshold < 2``.
@@ -212,21 +155,14 @@ def detect_loop(calls: Sequence[ToolCall], threshold: int = DEFAULT_LOOP_THRESHO
 
 # --- hangs ------------------------------------------------------------------------------------
 class HangCheck(BaseModel):
-    """The verdict of :func:`detect_hang`.
-
-    Attributes:
-        hung: True when nothing happened for longer than ``idle_limit_s``.
-        idle_s: Seconds since the last activity.
-        idle_limit_s: The limit applied.
-        last_activity_unix_s: The latest of the activity timestamps given.
-    """
+    """The verdict of :func:`detect_hang`."""
 
     model_config = ConfigDict(frozen=True)
 
-    hung: bool
-    idle_s: float
-    idle_limit_s: float = Field(gt=0.0)
-    last_activity_unix_s: float
+    hung: bool = Field(description="True when nothing happened for longer than idle_limit_s.")
+    idle_s: float = Field(description="Seconds since the last activity.")
+    idle_limit_s: float = Field(gt=0.0, description="The limit applied.")
+    last_activity_unix_s: float = Field(description="The latest of the activity timestamps given.")
 
 
 def _unix_s(value: float | datetime, name: str) -> float:
@@ -247,18 +183,9 @@ def detect_hang(
     now: float | datetime | None = None,
     idle_limit_s: float = DEFAULT_HANG_IDLE_S,
 ) -> HangCheck:
-    """Flag a running run with no new message or model call for more than ``idle_limit_s``.
+    """Flag a running run with no new message or model call for more than ``idle_limit_s`` (default 660 s).
 
-    Args:
-        last_message_at: Time of the newest trajectory message (Unix seconds or aware datetime).
-        last_model_call_at: Time of the newest model call.
-        started_at: Start of the run (the activity reference before any message).
-        now: The current time (default: ``time.time()``).
-        idle_limit_s: Idle seconds tolerated (default 660 = 11 minutes).
-
-    Returns:
-        :class:`HangCheck` with the idle seconds and the verdict (idle exactly at the limit is not
-        yet hung).
+    Times are Unix seconds or aware datetimes; idle exactly at the limit is not yet hung.
 
     Raises:
         InputError: no timestamp is given, one is naive or not finite, or ``idle_limit_s <= 0``.
@@ -285,18 +212,9 @@ def detect_hang(
 class HangWatchdog:
     """Watch a live run from a daemon thread; call ``on_hang`` once when it is hung.
 
-    The run reports activity with :meth:`touch_message` (a new trajectory message) and
-    :meth:`touch_model_call` (a model call started or answered); every ``poll_s`` the thread applies
-    :func:`detect_hang` to the latest of those and the start time. On the first hung verdict it
-    stores the :class:`HangCheck` in :attr:`hang`, sets :attr:`hung_event` and calls ``on_hang``
-    (in the watchdog thread; an exception there is kept in :attr:`callback_error`, never raised
-    into the run). The run itself checks :attr:`hung` at its safe points and stops.
-
     Args:
         idle_limit_s: Idle seconds tolerated (default 660 = 11 minutes; > 0).
-        on_hang: Called once with the hung :class:`HangCheck` (optional).
         poll_s: Seconds between checks (default ``min(5, idle_limit_s / 10)``, at least 0.05).
-        clock: Unix-seconds clock (injectable for tests).
 
     Raises:
         InputError: ``idle_limit_s <= 0`` or ``poll_s <= 0``.
@@ -404,19 +322,7 @@ def _extra(message: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def tool_calls_from_trajectory(trajectory: Mapping[str, Any] | str | Path) -> list[ToolCall]:
-    """The tool calls of a mini-swe-agent trajectory, in order.
-
-    Per assistant message, in this order of preference: OpenAI ``tool_calls`` (name + JSON
-    arguments, mini-swe-agent's tool-call format), the parsed ``extra.actions`` mini-swe-agent
-    records, else the ```` ```mswea_bash_command ```` fences of the content (every fence counts:
-    a reply with two commands shows both). Shell commands become ``ToolCall("bash",
-    {"command": ...})``.
-
-    Args:
-        trajectory: The trajectory dict (``{"messages": [...], ...}``) or a path to its JSON file.
-
-    Returns:
-        The calls with their message indices and timestamps (``extra.timestamp``, when recorded).
+    """The tool calls of a mini-swe-agent trajectory, in order, with message indices and ``extra.timestamp``.
 
     Raises:
         InputError: the file is not JSON or has no ``messages`` list.
@@ -438,13 +344,6 @@ def tool_calls_from_trajectory(trajectory: Mapping[str, Any] | str | Path) -> li
 
 def tool_calls_of_message(message: Any, index: int = -1) -> list[ToolCall]:
     """The tool calls of one trajectory message (none unless it is an assistant message), in order.
-
-    The same reading as :func:`tool_calls_from_trajectory` (``tool_calls``, else ``extra.actions``, else
-    every ``mswea_bash_command`` fence of the content), for a run that checks each message as it is added.
-
-    Args:
-        message: One mini-swe-agent message (a mapping; anything else has no calls).
-        index: Its index in the trajectory (recorded on each call; -1 when unknown).
 
     Returns:
         The calls, each with ``message_index=index`` and the message's ``extra.timestamp`` when recorded.

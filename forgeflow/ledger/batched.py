@@ -1,5 +1,4 @@
-"""Batched upserts: many rows of one table in one ``INSERT .. ON CONFLICT DO UPDATE`` executed by the driver's
-``executemany`` (SQLite and PostgreSQL), the store's write path for every batch (trials, task statuses)."""
+"""Batched upserts: many rows of one table in one ``INSERT .. ON CONFLICT DO UPDATE`` run by ``executemany``."""
 
 from __future__ import annotations
 
@@ -18,10 +17,7 @@ UPSERT_CHUNK_ROWS = 2000
 @lru_cache(maxsize=256)
 def upsert_many_statement(dialect: str, model_cls: type[Base], key_names: tuple[str, ...],
                           value_names: tuple[str, ...]) -> Any:
-    """``INSERT .. ON CONFLICT (key_names) DO UPDATE SET value_names (+ updated_at)`` with no values bound, for
-    ``connection.execute(statement, [params, ...])`` (the batched form of
-    :func:`forgeflow.ledger.dialects.upsert_statement`; one statement per table and set of columns, so its
-    compiled form is cached)."""
+    """``INSERT .. ON CONFLICT (key_names) DO UPDATE SET value_names`` with no values bound (cached)."""
     if dialect == "postgresql":
         from sqlalchemy.dialects.postgresql import insert
     else:
@@ -35,9 +31,10 @@ def upsert_many_statement(dialect: str, model_cls: type[Base], key_names: tuple[
 
 def upsert_rows(connection: Connection, model_cls: type[Base],
                 rows: Sequence[tuple[dict[str, Any], dict[str, Any]]]) -> None:
-    """Upsert ``(key, values)`` rows (already validated) on ``connection``: one statement per set of columns,
-    executed for :data:`UPSERT_CHUNK_ROWS` rows at a time; ``updated_at`` set to one time for the batch. Rows
-    with the same key keep the last one's values, as one upsert after another would."""
+    """Upsert validated ``(key, values)`` rows, :data:`UPSERT_CHUNK_ROWS` at a time; one ``updated_at`` per batch.
+
+    Rows with the same key keep the last one's values.
+    """
     now = _utcnow()
     stamped = "updated_at" in model_cls.__table__.columns
     groups: dict[tuple[tuple[str, ...], tuple[str, ...]], dict[tuple[Any, ...], dict[str, Any]]] = {}

@@ -1,7 +1,4 @@
-"""What differs between the store's two dialects: the ``INSERT .. ON CONFLICT DO UPDATE`` upsert
-(SQLite and PostgreSQL both support it), and for an SQLite file the checks made before a writer
-opens it (its header, its recorded Alembic revision) and the pragmas each connection gets.
-"""
+"""What differs between the store's two dialects: the upsert statement, and an SQLite file's checks and pragmas."""
 
 from __future__ import annotations
 
@@ -17,8 +14,7 @@ def upsert_statement(
 ) -> Any:
     """The ``INSERT .. ON CONFLICT (key) DO UPDATE SET values`` statement for ``dialect``.
 
-    ``updated_at`` is added to the update (SQLAlchemy does not apply ``onupdate`` inside
-    ON CONFLICT). Arguments are not validated here; :meth:`Store.upsert` does that.
+    ``updated_at`` is added (SQLAlchemy does not apply ``onupdate`` inside ON CONFLICT).
 
     Raises:
         InputError: ``dialect`` is neither ``sqlite`` nor ``postgresql``.
@@ -44,8 +40,7 @@ SQLITE_HEADER = b"SQLite format 3\x00"
 
 
 def check_sqlite_header(path: Path) -> None:
-    """Refuse a non-empty file at ``path`` that is not an SQLite database, before a writer opens it
-    (reads 16 bytes: no lock, nothing written; a missing or empty file becomes a new store).
+    """Refuse a non-empty file at ``path`` that is not an SQLite database (reads 16 bytes).
 
     Raises:
         StoreInvalidError: naming the file.
@@ -62,11 +57,10 @@ def check_sqlite_header(path: Path) -> None:
 
 
 def sqlite_revision(path: Path) -> str | None:
-    """The Alembic revision recorded in the SQLite file ``path`` (None: no forgeflow schema),
-    read with a plain connection (no pragmas), so the file is never written.
+    """The Alembic revision in the SQLite file ``path`` (None: no forgeflow schema), never writing it.
 
     Raises:
-        StoreInvalidError: the file is not an SQLite database (the message names it).
+        StoreInvalidError: the file is not an SQLite database.
     """
     import sqlite3
 
@@ -84,12 +78,11 @@ def sqlite_revision(path: Path) -> str | None:
 
 
 def sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
-    """WAL journal and a busy timeout so parallel Prefect tasks can share one SQLite file, and
-    ``synchronous=NORMAL``: a commit appends to the WAL without an fsync (the WAL is synced at each checkpoint),
-    SQLite's advice for WAL mode (https://www.sqlite.org/pragma.html#pragma_synchronous). A process that
-    crashes or is killed loses no committed transaction; only an operating-system crash or a power cut can roll
-    back the last ones (the file stays consistent). Measured with one transaction per trial (2 busy cores, load
-    ~10): 141-190 trials/s with an fsync per commit (``FULL``, SQLite's default), 1,595-1,767 with ``NORMAL``."""
+    """WAL journal, a busy timeout, and ``synchronous=NORMAL`` (https://www.sqlite.org/pragma.html#pragma_synchronous).
+
+    A killed process loses no committed transaction; an OS crash may roll back the last ones. Measured, one
+    transaction per trial (2 busy cores): 141-190 trials/s with ``FULL``, 1,595-1,767 with ``NORMAL``.
+    """
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA synchronous=NORMAL")

@@ -1,22 +1,10 @@
-"""Group commit: rows that many threads record as their work ends, written in shared transactions, each caller
-returning only once its own row is committed.
+"""Group commit: rows many threads record, written in shared transactions, each caller returning once its row is.
 
-The canary records every agent trial the moment it ends (a crash must lose no trial), from as many threads as it
-runs trials at once. One transaction per trial costs a commit (and its fixed cost) per trial. :class:`GroupCommit`
-keeps the guarantee and shares the commits: a caller queues its rows; when no write is under way it becomes the
-writer and writes everything queued (its own rows and any other thread's) in ONE call of ``write``; callers that
-queued while a write was under way wait on their own event, and when the write ends the oldest of them writes
-next, taking every row queued by then (after yielding the interpreter once, so that the callers the last write
-released can queue their next rows and join it). Nothing is held back by a timer or a size: a lone caller writes
-at once (the latency of one transaction, as before). This is the group commit of database logs (Gray and Reuter,
-*Transaction Processing: Concepts and Techniques*, 1993; PostgreSQL's ``commit_delay`` without the delay:
-https://www.postgresql.org/docs/current/wal-configuration.html). Measured (``benchmarks.scale_ledger``, 8 threads,
-2 busy cores): ~3.5 trials per transaction with a plain condition variable, ~7 with the hand-over and the yield,
-and twice the trials/s.
-
-What a crash can lose: nothing a caller was told is recorded. A process killed while a write is under way loses
-that write's rows with the transaction (all or none of them); their callers had not returned, so their trials had
-not been reported as recorded either.
+The group commit of database logs (Gray and Reuter, *Transaction Processing: Concepts and Techniques*, 1993;
+PostgreSQL's ``commit_delay`` without the delay: https://www.postgresql.org/docs/current/wal-configuration.html).
+A lone caller writes at once. Measured (``benchmarks.scale_ledger``, 8 threads, 2 busy cores): ~7 trials per
+transaction with the hand-over and the yield (~3.5 with a plain condition variable), twice the trials/s.
+A crash loses only rows whose callers had not returned.
 """
 
 from __future__ import annotations
@@ -44,14 +32,12 @@ class _Queued(Generic[_T]):
 class GroupCommit(Generic[_T]):
     """Items recorded by many threads, written together by whichever caller finds no write under way.
 
-    A caller that queues while a write is under way waits on its own event (no thread is woken for another's
-    rows): the writer wakes the callers of the batch it wrote, and hands the next write to the oldest caller
-    still queued, who writes every item queued by then.
+    A caller that queues during a write waits on its own event; the writer hands the next write to the oldest
+    caller still queued.
 
     Args:
-        write: writes a batch of items in ONE transaction (all or none), raising when it cannot; called by one
-            thread at a time with 1 to ``max_batch`` items, oldest first.
-        max_batch: most items one ``write`` takes (>= 1): bounds one transaction's size.
+        write: writes 1 to ``max_batch`` items in ONE transaction (all or none), one thread at a time.
+        max_batch: most items one ``write`` takes (>= 1).
 
     Raises:
         ValueError: ``max_batch`` < 1.
@@ -74,8 +60,7 @@ class GroupCommit(Generic[_T]):
         """Queue ``item`` and return once a write that took it has committed.
 
         Raises:
-            BaseException: whatever ``write`` raised for the batch that held ``item`` (the batch is not written;
-                each of its callers gets the error; later batches are tried afresh).
+            BaseException: whatever ``write`` raised for the batch that held ``item`` (each of its callers gets it).
         """
         mine = _Queued(item)
         with self._lock:
@@ -90,8 +75,7 @@ class GroupCommit(Generic[_T]):
             raise mine.error
 
     def _write_queued(self) -> None:
-        """Write the oldest ``max_batch`` queued items (this thread is the one writer), wake their callers, then
-        hand the next write to the oldest caller left (or end the writing when none is)."""
+        """Write the oldest queued items, wake their callers, hand the next write to the oldest left."""
         time.sleep(0)  # let callers just woken by the last write queue their next rows: they join this one
         with self._lock:
             batch, self._queue = self._queue[:self._max_batch], self._queue[self._max_batch:]

@@ -1,10 +1,7 @@
 """The store's migrations, run once per process and store, safely from many threads and processes.
 
-Alembic's command API keeps the running migration's context in module globals (``alembic.context``,
-``alembic.op``): two threads migrating at once break each other (``KeyError: 'config'``). SQLite runs DDL outside
-any transaction, so two processes creating one store's schema at once collide (``table alembic_version already
-exists``, the store left with an empty ``alembic_version``). :func:`upgrade` serializes both and answers a store
-this process already brought to the head with one read of its ``alembic_version`` row.
+Alembic keeps the running migration in module globals (two threads break each other: ``KeyError: 'config'``),
+and SQLite runs DDL outside transactions (two processes collide): :func:`upgrade` serializes both.
 """
 
 from __future__ import annotations
@@ -48,8 +45,7 @@ def head_revision() -> str:
 
 
 def stored_revision(engine: Engine) -> str | None:
-    """The ``alembic_version`` row of ``engine``'s database, read with one plain query (None: no such table or
-    row)."""
+    """The ``alembic_version`` row of ``engine``'s database (None: no such table or row)."""
     from sqlalchemy.exc import DBAPIError
 
     try:
@@ -61,20 +57,15 @@ def stored_revision(engine: Engine) -> str | None:
 
 def upgrade(engine: Engine, url: str, sqlite_file: Path | None, alembic_config: Callable[[Any], Any],
             revision: str = "head") -> None:
-    """Migrate the store at ``url`` (through ``engine``) to ``revision`` (idempotent).
+    """Migrate the store at ``url`` to ``revision`` (idempotent).
 
-    A store this process already brought to the head (by URL) and still at it costs one read of
-    ``alembic_version``, no Alembic; a store found elsewhere than the head (migrated down, deleted, replaced) is
-    migrated again. Migrations are serialized: across threads by :data:`MIGRATION_LOCK`, across processes by a
-    file lock beside an SQLite file (``<file>.migrate.lock``) and by ``pg_advisory_xact_lock`` inside
-    PostgreSQL's migration transaction; a process that waited then finds the head and changes nothing.
+    A store this process already brought to the head costs one read. Serialized across threads by
+    :data:`MIGRATION_LOCK`, across processes by ``<file>.migrate.lock`` (SQLite) or ``pg_advisory_xact_lock``.
 
     Args:
-        engine: the store's engine.
-        url: its URL (the memo's key).
-        sqlite_file: the SQLite file, or None (a server database or an in-memory one).
+        url: the memo's key.
+        sqlite_file: None for a server or in-memory database.
         alembic_config: ``connection -> alembic.config.Config`` migrating through that connection.
-        revision: ``head`` or a revision id.
 
     Raises:
         sqlalchemy.exc.OperationalError: the database cannot be reached.

@@ -1,6 +1,4 @@
-"""The Store's reads: each returns frozen records (:mod:`forgeflow.ledger.records`) from the tables
-(:mod:`forgeflow.ledger.tables`); void trials are left out unless asked. :class:`StoreReads` is a
-base of :class:`forgeflow.ledger.store.Store` and needs only its ``engine``."""
+"""The Store's reads (a base of :class:`forgeflow.ledger.store.Store`); void trials are left out unless asked."""
 
 from __future__ import annotations
 
@@ -62,44 +60,30 @@ JOBS_LISTED_IN_FULL = 20
 """An unknown job id is answered with every job id when there are at most this many, else the closest."""
 
 class VerdictCounts(BaseModel):
-    """A set of trials counted by verdict (void trials never counted).
-
-    Attributes:
-        trials: every live trial.
-        reward_1: scored 1 (no exception).
-        reward_0: scored below 1 (no exception).
-        exceptions: ended in an exception (flagged ones that kept a reward included).
-    """
+    """A set of trials counted by verdict (void trials never counted)."""
 
     model_config = ConfigDict(frozen=True)
 
-    trials: int = Field(ge=0)
-    reward_1: int = Field(ge=0)
-    reward_0: int = Field(ge=0)
-    exceptions: int = Field(ge=0)
+    trials: int = Field(ge=0, description="every live trial")
+    reward_1: int = Field(ge=0, description="scored 1 (no exception)")
+    reward_0: int = Field(ge=0, description="scored below 1 (no exception)")
+    exceptions: int = Field(ge=0, description="ended in an exception (flagged ones that kept a reward included)")
 
 
 class JobSummary(VerdictCounts):
-    """One job's line of the job list (:meth:`StoreReads.job_summaries`): its id (None: trials recorded without
-    a job) and its trials counted by verdict."""
+    """One job's line of the job list: its id (None: trials recorded without a job) and its verdict counts."""
 
     job_id: str | None
 
 
 class TrialPage(BaseModel):
-    """One page of a job's trials (:meth:`StoreReads.job_trial_page`).
-
-    Attributes:
-        trials: at most ``limit`` trials, oldest first (``created_at``, then ``trial_id``).
-        total: the job's live trials in all.
-        offset: how many were skipped before this page.
-    """
+    """One page of a job's trials (:meth:`StoreReads.job_trial_page`)."""
 
     model_config = ConfigDict(frozen=True)
 
-    trials: list[TrialRecord]
-    total: int = Field(ge=0)
-    offset: int = Field(ge=0)
+    trials: list[TrialRecord] = Field(description="at most limit trials, oldest first (created_at, then trial_id)")
+    total: int = Field(ge=0, description="the job's live trials in all")
+    offset: int = Field(ge=0, description="how many were skipped before this page")
 
     @property
     def remaining(self) -> int:
@@ -135,11 +119,11 @@ class StoreReads:
     engine: Engine
 
     def _all(self, record_cls: type[_R], statement: Any) -> list[_R]:
-        """``statement`` (a ``select`` of one mapped class) run as Core: each row's columns validated into
-        ``record_cls`` with no ORM object in between (a third of the cost of reading 20,000 trials). Rows are
-        read as attributes, as an ORM row would be, so the records' checks on what a caller writes (a
-        digest that must match its text) do not refuse a stored row: its digest is checked where it is used
-        (one damaged row never hides the others)."""
+        """``statement`` run as Core, each row validated into ``record_cls`` (a third of the ORM's cost at 20,000
+        trials).
+
+        Rows are read as attributes, so a stored row's digest is checked where it is used, not here.
+        """
         with self.engine.connect() as connection:
             result = connection.execute(statement)
             wanted = [(i, name) for i, name in enumerate(result.keys()) if name in record_cls.model_fields]
@@ -149,8 +133,7 @@ class StoreReads:
                                               from_attributes=True) for row in result]
 
     def task_repos(self, instance_ids: Sequence[str]) -> dict[str, str]:
-        """The repository of each of ``instance_ids`` that has a task row, in ONE read per 500 ids (primary-key
-        lookups): what a paired compare clusters by."""
+        """The repository of each of ``instance_ids`` that has a task row (ONE read per 500 ids)."""
         ids = list(dict.fromkeys(instance_ids))
         out: dict[str, str] = {}
         with self.engine.connect() as connection:
@@ -161,15 +144,9 @@ class StoreReads:
         return out
 
     def tasks_by_id(self, instance_ids: Sequence[str], status: TaskStatus | None = None) -> dict[str, TaskRecord]:
-        """The task rows of ``instance_ids`` (optionally only those of ``status``), by instance id in id order: ONE
-        primary-key read per :data:`IDS_PER_QUERY` ids, never a row of another task. Ids without a row are absent.
+        """The task rows of ``instance_ids`` (only those of ``status`` if given), sorted by instance id.
 
-        Args:
-            instance_ids: the ids wanted (any order, duplicates ignored).
-            status: only rows of this status (None: any).
-
-        Returns:
-            ``{instance_id: TaskRecord}``, sorted by instance id.
+        ONE primary-key read per :data:`IDS_PER_QUERY` ids; ids without a row are absent.
         """
         ids = sorted(set(instance_ids))
         out: dict[str, TaskRecord] = {}
@@ -181,8 +158,7 @@ class StoreReads:
         return dict(sorted(out.items()))
 
     def image_digests(self, refs: Sequence[str]) -> dict[str, str | None]:
-        """The digest the store records for each of ``refs`` that has an image row (None: a row without a digest
-        yet): ONE primary-key read per :data:`IDS_PER_QUERY` refs. Refs without a row are absent."""
+        """The recorded digest of each of ``refs`` that has an image row (None: not known yet)."""
         wanted = sorted(set(refs))
         out: dict[str, str | None] = {}
         with self.engine.connect() as connection:
@@ -192,22 +168,16 @@ class StoreReads:
         return out
 
     def job_trial_kinds(self, job_id: str) -> list[str]:
-        """The kinds (``agent``, ``nop``, ``oracle``) of job ``job_id``'s live trials, sorted ([]: none): an index
-        range of ``ix_trials_job_verdict`` and the rows it names, nothing built per trial."""
+        """The sorted kinds of job ``job_id``'s live trials, from an index range alone."""
         statement = (select(Trial.kind).where(Trial.job_id == job_id, Trial.voided_at.is_(None))
                      .group_by(Trial.kind).order_by(Trial.kind))
         with self.engine.connect() as connection:
             return list(connection.scalars(statement))
 
     def latest_job_trials(self, job_id: str) -> list[TrialRecord]:
-        """The latest live trial of each instance job ``job_id`` ran (the greatest ``created_at``, then
-        ``trial_id``: the trial :meth:`trials_for`'s order puts last), ordered by instance id: what a merged view
-        or a paired compare stands on. Picked in SQL (``row_number()`` over each instance, SQLite >= 3.25 and
-        PostgreSQL alike) from an index range of the job, so only one trial per instance is read and built: a
-        job that ran each of 3,000 tasks seven times builds 3,000 records, not 21,000.
+        """The latest live trial of each instance job ``job_id`` ran, by instance id.
 
-        Returns:
-            One :class:`~forgeflow.ledger.records.TrialRecord` per instance ([]: the job has no live trial).
+        Picked in SQL (``row_number()``, SQLite >= 3.25 and PostgreSQL), so only one trial per instance is built.
         """
         newest_first = (Trial.created_at.desc(), Trial.trial_id.desc())
         ranked = (select(Trial.trial_id, func.row_number().over(partition_by=Trial.instance_id,
@@ -257,11 +227,7 @@ class StoreReads:
         return self.tasks("accepted")
 
     def processed_instance_ids(self) -> set[str]:
-        """Instance ids whose validation finished (status other than ``candidate``).
-
-        A task to validate again (e.g. after an infrastructure fix) is recorded back as
-        ``candidate``.
-        """
+        """Instance ids whose validation finished (status other than ``candidate``)."""
         with Session(self.engine) as session:
             ids = session.scalars(
                 select(TaskInstance.instance_id).where(TaskInstance.status != "candidate")
@@ -278,12 +244,6 @@ class StoreReads:
         with Session(self.engine) as session:
             return {repo: count for repo, count in session.execute(statement)}
 
-    def task_status_counts(self) -> dict[str, int]:
-        """Number of tasks per status (statuses with none are absent)."""
-        statement = select(TaskInstance.status, func.count()).group_by(TaskInstance.status)
-        with Session(self.engine) as session:
-            return {status: count for status, count in session.execute(statement)}
-
     def trials_for(
         self,
         *,
@@ -294,10 +254,7 @@ class StoreReads:
         trial_ids: Sequence[str] | None = None,
         include_void: bool = False,
     ) -> list[TrialRecord]:
-        """Trials matching every given filter, ordered by ``created_at`` then ``trial_id``.
-
-        Void trials are left out unless ``include_void``.
-        """
+        """Trials matching every given filter, ordered by ``created_at`` then ``trial_id``."""
         statement = select(Trial).order_by(Trial.created_at, Trial.trial_id)
         if not include_void:
             statement = statement.where(Trial.voided_at.is_(None))
@@ -314,9 +271,10 @@ class StoreReads:
         return self._all(TrialRecord, statement)
 
     def job_summaries(self) -> list[JobSummary]:
-        """Every job with live trials, counted by verdict in ONE aggregate read from ``ix_trials_job_verdict``
-        alone (no trial row, no model per trial: ~1 s at a million trials); ordered by job id, trials
-        without a job (``job_id`` None) last."""
+        """Every job with live trials, counted by verdict in ONE aggregate read (~1 s at a million trials).
+
+        Ordered by job id, trials without a job last.
+        """
         statement = (select(Trial.job_id, *_verdict_columns()).where(Trial.voided_at.is_(None))
                      .group_by(Trial.job_id))
         with Session(self.engine) as session:
@@ -330,9 +288,7 @@ class StoreReads:
             return [row[0] for row in connection.execute(_JOB_IDS)]
 
     def unknown_job_message(self, job_id: str) -> str:
-        """The message for a job id with no live trials: every job id there is (up to
-        :data:`JOBS_LISTED_IN_FULL`), else the closest ones (:func:`difflib.get_close_matches` over the job
-        ids alone, read by a loose index scan: milliseconds at a million trials)."""
+        """The message for a job id with no live trials: every job id there is, else the closest."""
         import difflib  # noqa: PLC0415
 
         ids = self.job_ids()
@@ -358,8 +314,7 @@ class StoreReads:
                              exceptions=row.exceptions)
 
     def job_repository_counts(self, job_id: str) -> dict[str, int]:
-        """Job ``job_id``'s live trials per repository (``task_instances.repo``; ``-``: no task row), the
-        repositories in order."""
+        """Job ``job_id``'s live trials per repository (``-``: no task row)."""
         statement = (select(TaskInstance.repo, func.count())
                      .select_from(Trial).outerjoin(TaskInstance, TaskInstance.instance_id == Trial.instance_id)
                      .where(Trial.job_id == job_id, Trial.voided_at.is_(None))
@@ -368,14 +323,7 @@ class StoreReads:
             return dict(sorted((repo or "-", count) for repo, count in connection.execute(statement)))
 
     def job_trial_page(self, job_id: str, *, limit: int, offset: int = 0) -> TrialPage:
-        """One page of job ``job_id``'s live trials, oldest first (``created_at``, then ``trial_id``: the order
-        of :meth:`trials_for`), and how many the job has: reads ``limit`` rows through ``ix_trials_job_created``
-        whatever the job's size.
-
-        Args:
-            job_id: the job.
-            limit: most trials on the page (>= 1).
-            offset: trials to skip first (>= 0).
+        """One page of job ``job_id``'s live trials, oldest first, reading ``limit`` rows whatever the job's size.
 
         Raises:
             ValueError: ``limit`` < 1 or ``offset`` < 0.
@@ -389,10 +337,8 @@ class StoreReads:
         return TrialPage(trials=self._all(TrialRecord, page), total=total, offset=offset)
 
     def validation_seconds(self, instance_ids: Sequence[str]) -> dict[str, float]:
-        """What validating each task took when it last ran: per kind (``nop``, ``oracle``) the newest
-        non-void trial's ``env_setup_s + verifier_s``, summed; tasks with no such trial are absent.
-
-        Used to start the longest validations first (:func:`forgeflow.curation.selection.longest_first`).
+        """Seconds each task's last validation took: per kind the newest live trial's ``env_setup_s + verifier_s``,
+        summed.
         """
         statement = (select(Trial.instance_id, Trial.kind, Trial.timings)
                      .where(Trial.voided_at.is_(None), Trial.kind.in_(["nop", "oracle"]),
@@ -426,19 +372,14 @@ class StoreReads:
         )
 
     def model_artifacts(self, kind: ArtifactKind | None = None) -> list[ModelArtifactRecord]:
-        """Every production of every model artifact, first recorded first, optionally one ``kind``.
-
-        An artifact made by two runs or from two parents appears once per production (same
-        ``sha256``, its own ``parent_sha256``, ``run_id``, ``path`` and ``lineage``).
-        """
+        """Every production of every model artifact (once per production), first recorded first."""
         statement = self._production_select()
         if kind is not None:
             statement = statement.where(ModelArtifact.kind == kind)
         return self._productions(statement)
 
     def producers(self, sha256: str) -> list[ModelArtifactRecord]:
-        """The productions of artifact ``sha256`` (full hex digest), first recorded first; [] when
-        unknown."""
+        """The productions of artifact ``sha256``, first recorded first; [] when unknown."""
         return self._productions(self._production_select().where(ArtifactProduction.sha256 == sha256))
 
     def serving_generations(self) -> list[ServingGenerationRecord]:
@@ -449,9 +390,7 @@ class StoreReads:
         )
 
     def latest_serving_generation(self) -> ServingGenerationRecord | None:
-        """The serving generation recorded most recently as ``active`` (latest ``updated_at``, then the
-        highest generation); when none is active, the most recently updated one of any status; None
-        when no generation is recorded."""
+        """The newest ``active`` serving generation, else the newest of any status; None if none."""
         newest = select(ServingGeneration).order_by(ServingGeneration.updated_at.desc(),
                                                     ServingGeneration.generation.desc()).limit(1)
         for statement in (newest.where(ServingGeneration.status == "active"), newest):
@@ -461,9 +400,7 @@ class StoreReads:
         return None
 
     def highest_serving_generation(self) -> int:
-        """The highest serving generation number recorded (any status), 0 when none is: a new
-        generation, through whichever serving state file, is numbered above it, so generation
-        numbers are unique per store."""
+        """The highest serving generation number recorded (any status), 0 when none is."""
         with Session(self.engine) as session:
             return int(session.scalar(select(func.max(ServingGeneration.generation))) or 0)
 

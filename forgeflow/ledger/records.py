@@ -1,7 +1,4 @@
-"""The ledger's records: one frozen pydantic model per table row (``forgeflow.ledger.tables``), the
-shape every writer hands to :class:`forgeflow.ledger.store.Store` and every reader gets back.
-Each checks its fields on construction (ids, sha256 digests, statuses), so a bad row is refused
-before anything is written."""
+"""The ledger's records: one frozen pydantic model per table row, checked on construction."""
 
 from __future__ import annotations
 
@@ -38,12 +35,7 @@ class _Record(BaseModel):
 
 
 class ImageRecord(_Record):
-    """A row of ``images``; ``digest`` is ``sha256:<64 hex>`` once known.
-
-    For a migration target, ``status`` is its migration state (pending / completed /
-    skipped / failed), ``status_reason`` the skip reason or exception, and ``source_ref`` /
-    ``source_digest`` the image it is copied from; None for other images.
-    """
+    """A row of ``images``; the ``status``/``source_*`` fields are set for a migration target only."""
 
     ref: str = Field(min_length=1, max_length=_ID)
     digest: str | None = Field(default=None, pattern=r"^sha256:[0-9a-f]{64}$")
@@ -60,7 +52,7 @@ def _with_digest(data: dict[str, Any], field: str, what: str) -> dict[str, Any]:
     """``data`` with ``<field>_sha256`` filled from ``data[field]`` (UTF-8 bytes), or checked against it.
 
     Raises:
-        ValueError: the given digest is not the sha256 of the field (``what`` names the row).
+        ValueError: the given digest is not the sha256 of the field.
     """
     digest = sha256_bytes(data[field].encode())
     given = data.get(f"{field}_sha256")
@@ -73,17 +65,6 @@ def _with_digest(data: dict[str, Any], field: str, what: str) -> dict[str, Any]:
 
 class TaskRecord(_Record):
     """A row of ``task_instances``; ``reason`` says why a task was rejected or errored.
-
-    ``patch`` is the bug patch (unified diff) and ``patch_sha256`` the hex sha256 of its UTF-8
-    bytes; given the patch, the digest is computed when absent and must match when given.
-
-    ``known_tests`` (every test id the task's pristine NOP/Oracle runs collected,
-    :attr:`forgeflow.sandbox.grading.ValidationReport.known_tests`; empty: not recorded) and
-    ``pristine_duration_s`` (the longest Oracle run of its tests, seconds; None: not recorded) are what
-    the verifier checks a submission's run against (:class:`forgeflow.sandbox.verifier.TaskTests`): a run
-    that reports another test is tampering, and a timeout while the pristine run fits well inside the
-    limit is the submission's. Recorded at validation (migration 0009); rows of older stores read as
-    not recorded.
 
     Raises:
         pydantic.ValidationError: a field out of shape, or a ``patch_sha256`` that is not the patch's.
@@ -98,8 +79,9 @@ class TaskRecord(_Record):
     reason: str | None = None
     fail_to_pass: list[str] = Field(default_factory=list)
     pass_to_pass: list[str] = Field(default_factory=list)
-    known_tests: list[str] = Field(default_factory=list)
-    pristine_duration_s: float | None = Field(default=None, ge=0)
+    known_tests: list[str] = Field(default_factory=list, description="test ids the pristine runs collected; "
+                                   "[]: not recorded (a submission reporting another test is tampering)")
+    pristine_duration_s: float | None = Field(default=None, ge=0, description="the longest Oracle run, seconds")
 
     @field_validator("known_tests", mode="before")
     @classmethod
@@ -126,22 +108,10 @@ class BatchRecord(_Record):
 class TrialRecord(_Record):
     """A row of ``trials``: ``reward`` is None when the trial ended in an exception.
 
-    A *void* trial (``voided_at`` set, with ``void_reason``) is kept for audit but excluded from
-    reads and counts unless asked (see :mod:`forgeflow.curation.recovery`). ``timings`` maps a phase name to seconds
-    (e.g. ``{"agent_s": 12.5, "verifier_s": 3.1}``).
-    ``agent_steps`` / ``input_tokens`` / ``output_tokens``: the agent's model calls and token
-    usage (None where not recorded, e.g. nop/oracle trials). ``verifier``: what the verdict rests
-    on (:attr:`forgeflow.ledger.trial_result.TrialResult.verifier`: report format, exit status, output digests,
-    a report problem, a submission's screening with ``tampering`` and the protected paths).
-    ``submission``: an agent trial's submission as the verifier got it (the unified diff, ``""`` for an
-    empty one; None when none was recorded: a trial from before migration 0008, whose diff is in its
-    trajectory file, or an agent run that ended before it made one); ``submission_sha256`` the hex sha256
-    of its UTF-8 bytes, computed when absent and checked when given (what :mod:`forgeflow.evaluation.rescore`
-    checks again before it re-verifies the text).
+    A *void* trial is kept for audit but left out of reads and counts unless asked.
 
     Raises:
-        pydantic.ValidationError: a field out of shape, a ``submission_sha256`` that is not the submission's,
-            or one without its submission.
+        pydantic.ValidationError: a field out of shape, or a ``submission_sha256`` that is not the submission's.
     """
 
     trial_id: str = Field(min_length=1, max_length=_ID)
@@ -152,7 +122,7 @@ class TrialRecord(_Record):
     reward: float | None = None
     exception_type: str | None = Field(default=None, max_length=128)
     exception_message: str | None = None
-    timings: dict[str, float] = Field(default_factory=dict)
+    timings: dict[str, float] = Field(default_factory=dict, description="seconds per phase (agent_s, verifier_s)")
     model_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     created_at: datetime | None = None
     voided_at: datetime | None = None
@@ -161,15 +131,13 @@ class TrialRecord(_Record):
     input_tokens: int | None = Field(default=None, ge=0)
     output_tokens: int | None = Field(default=None, ge=0)
     verifier: dict[str, Any] | None = None
-    submission: str | None = None
+    submission: str | None = Field(None, description="the agent's diff as the verifier got it; None: not recorded")
     submission_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
 
     @classmethod
     def from_trial(cls, trial: TrialResult, job_id: str | None, model_sha256: str | None, run_id: str | None,
                    batch_id: str | None = None) -> TrialRecord:
-        """The row of ``trial`` (nop, oracle or agent) in job ``job_id`` / batch ``batch_id``: its timings
-        flattened to seconds per phase (``env_setup_s``, ``verifier_s``, ``agent_s``, those recorded), its
-        costs where it has them, its verifier evidence as JSON (the keys its writer gave).
+        """The row of ``trial`` in job ``job_id`` / batch ``batch_id`` (timings flattened to seconds per phase).
 
         Raises:
             pydantic.ValidationError: an id, digest or message out of the row's bounds.
@@ -201,8 +169,7 @@ TRIAL_VOID_FIELDS = frozenset({"voided_at", "void_reason"})
 
 
 class FreezeRecord(_Record):
-    """A row of ``freezes``; ``counts`` maps split name to task count; ``bundle_sha256`` and
-    ``bundle_path`` are the export bundle's tarball (None for a freeze made before bundles)."""
+    """A row of ``freezes``; ``counts``: split -> tasks; ``bundle_*`` None for a freeze made before bundles."""
 
     name: str = Field(min_length=1, max_length=128)
     semantic_sha256: str = _Sha256
@@ -214,10 +181,7 @@ class FreezeRecord(_Record):
 
 
 class ModelArtifactRecord(_Record):
-    """One production of a model artifact: the artifact (``sha256``, ``kind``, ``quantization``)
-    made from ``parent_sha256`` by run ``run_id`` at ``path``; ``lineage`` holds e.g. an adapter's
-    dataset, hyper-parameters and burst run. ``created_at`` is when that production was first
-    recorded (set by the store on reads; None when recording)."""
+    """One production of a model artifact from ``parent_sha256`` by run ``run_id``."""
 
     sha256: str = _Sha256
     kind: ArtifactKind
@@ -238,8 +202,7 @@ class ModelArtifactRecord(_Record):
 
 
 def production_id(sha256: str, parent_sha256: str | None, run_id: str | None) -> str:
-    """The natural key of one production: hex sha256 of the canonical JSON
-    ``[sha256, parent_sha256, run_id]`` (migration 0004 computes the same for old rows)."""
+    """The natural key of one production: sha256 of JSON ``[sha256, parent_sha256, run_id]`` (as migration 0004)."""
     return sha256_json([sha256, parent_sha256, run_id])
 
 
@@ -253,10 +216,7 @@ class ServingGenerationRecord(_Record):
 
 
 class JobRecord(_Record):
-    """A row of ``jobs``; ``kind`` e.g. ``canary``, ``recovery``, ``harbor``.
-
-    ``parent_job_id`` is set on a recovery job (the job whose exception trials it re-runs).
-    """
+    """A row of ``jobs``; a recovery job's ``parent_job_id`` is the job whose exception trials it re-runs."""
 
     job_id: str = Field(min_length=1, max_length=_ID)
     kind: str = Field(min_length=1, max_length=32)
@@ -283,8 +243,7 @@ class JudgmentRecord(_Record):
 
 
 class SupervisionEventRecord(_Record):
-    """A row of ``supervision_events``; ``evidence`` holds e.g. the loop's signatures and
-    indices or the hang's idle seconds."""
+    """A row of ``supervision_events``."""
 
     event_id: str = Field(min_length=1, max_length=_ID)
     trial_id: str = Field(min_length=1, max_length=_ID)
@@ -295,8 +254,7 @@ class SupervisionEventRecord(_Record):
 
 
 def check_outcome(record: TrialRecord) -> None:
-    """A trial has a reward or an exception, not both (except an agent timeout, whose verifier
-    reward is kept: Harbor's convention) and not neither.
+    """A trial has a reward or an exception, not both (but an agent timeout: Harbor's convention), not neither.
 
     Raises:
         InputError: naming the trial and both fields.

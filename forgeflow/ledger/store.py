@@ -1,21 +1,9 @@
 """The ledger of domain facts: SQLAlchemy 2 tables with natural keys, migrated by Alembic.
 
-Every table's primary key is its *natural key* (an image reference, an instance id, a trial id,
-a freeze name, a file's sha256, a serving generation), so a resumed run that records the same fact
-again *upserts* (``INSERT .. ON CONFLICT (key) DO UPDATE``) and never duplicates a row. Each row
-carries the Prefect run id that made it (``run_id``) and ``created_at``/``updated_at`` timestamps
-(UTC). No foreign keys: stages record facts in whatever order a resumed run reaches them.
-
-SQLite is the embedded default (``settings.store_url()``); PostgreSQL works by URL
-(``FORGEFLOW_STORE_URL=postgresql+psycopg://...``). Both dialects support ON CONFLICT.
-
-The schema is owned by the Alembic migrations in ``forgeflow/ledger/migrations``; :meth:`Store.upgrade`
-runs them programmatically (no ``alembic.ini``, any working directory). The migration creates
-exactly what the models below declare (``tests/core/ledger/test_store.py`` checks this with
-``alembic.autogenerate.compare_metadata``).
-
-Reads return frozen pydantic records (:class:`ImageRecord`, :class:`TaskRecord`, ...); the same
-records are what the ``record_*`` helpers take.
+Every primary key is a natural key, so a resumed run that records a fact again *upserts*
+(``INSERT .. ON CONFLICT (key) DO UPDATE``) and never duplicates a row. No foreign keys: stages record
+facts in whatever order a resumed run reaches them. SQLite is the embedded default; PostgreSQL works by
+URL. The Alembic migrations own the schema (``tests/core/ledger/test_store.py`` compares it to the models).
 """
 
 from __future__ import annotations
@@ -88,25 +76,16 @@ class Store(StoreReads):
     """The ledger: one SQLAlchemy engine plus upsert and read helpers.
 
     Args:
-        url: Any SQLAlchemy URL; default :func:`forgeflow.common.settings.store_url`
-            (``$FORGEFLOW_STORE_URL`` or ``sqlite:///$FORGEFLOW_HOME/store.db``). The parent
-            folder of a SQLite file is created.
-        create: False for commands that only read: a SQLite file that does not exist raises
-            :class:`~forgeflow.common.errors.StoreNotFoundError` instead of being created (and its
-            folder is not made). A server database (PostgreSQL) is never created either way.
-            The store is then opened and checked before anything else, and never written:
-            a file that is not SQLite or has no forgeflow schema (e.g. 0 bytes) is refused,
-            and so is a store at an older schema revision — it is *not* migrated here (a read
-            must never write); any flow, ``forgeflow up`` or :meth:`upgrade` migrates it.
+        url: any SQLAlchemy URL; default :func:`forgeflow.common.settings.store_url`. A SQLite file's folder is
+            created.
+        create: False for commands that only read: a missing SQLite file is refused, never created, and the
+            store is checked and never written or migrated (a read must never write).
 
     Raises:
         InputError: the URL does not parse or names a dialect other than sqlite/postgresql.
-        StoreNotFoundError: ``create`` is False and the SQLite file does not exist; the message
-            names the path and which setting to fix.
-        StoreInvalidError: ``create`` is False and the file or database is not a forgeflow
-            store, or its schema revision is not this forgeflow's head (message names the store).
-        StoreUnavailableError: ``create`` is False and the database server cannot be reached
-            (message names the masked URL and the setting it came from).
+        StoreNotFoundError: ``create`` is False and the SQLite file does not exist (path and setting named).
+        StoreInvalidError: ``create`` is False and it is not a forgeflow store at this forgeflow's head revision.
+        StoreUnavailableError: ``create`` is False and the database server cannot be reached.
     """
 
     SUPPORTED_DIALECTS = ("sqlite", "postgresql")
@@ -171,11 +150,7 @@ class Store(StoreReads):
             raise StoreInvalidError(f"{self.display_url} ({setting}) is not a forgeflow store ({first})") from exc
 
     def _check_revision(self, revision: str | None, where: str) -> None:
-        """Refuse a store whose schema is missing or not at this forgeflow's head (no migration).
-
-        Raises:
-            StoreInvalidError: naming ``where`` and what to do.
-        """
+        """Refuse (StoreInvalidError) a store whose schema is missing or not at this forgeflow's head."""
         from alembic.script import ScriptDirectory
 
         if revision is None:
@@ -211,21 +186,12 @@ class Store(StoreReads):
         return config
 
     def upgrade(self, revision: str = "head") -> None:
-        """Run the Alembic migrations up to ``revision`` (idempotent), once per process and store, safely from
-        many threads and processes (:func:`forgeflow.ledger.migrating.upgrade`: a store this process already
-        brought to the head is answered with one read of ``alembic_version``, no Alembic).
+        """Run the Alembic migrations up to ``revision``: idempotent, once per process and store, thread/process safe.
 
         Raises:
             sqlalchemy.exc.OperationalError: the database cannot be reached.
         """
         migrating.upgrade(self.engine, self.url, self._sqlite_file, self.alembic_config, revision)
-
-    def current_revision(self) -> str | None:
-        """The Alembic revision the database is at (None before :meth:`upgrade`)."""
-        from alembic.runtime.migration import MigrationContext
-
-        with self.engine.connect() as connection:
-            return MigrationContext.configure(connection).get_current_revision()
 
     def dispose(self) -> None:
         """Close the engine's pooled connections."""
@@ -239,16 +205,9 @@ class Store(StoreReads):
 
     # --- writes ----------------------------------------------------------------------------
     def upsert(self, model_cls: type[_M], key: dict[str, Any], values: dict[str, Any]) -> None:
-        """Insert a row, or update ``values`` of the row whose natural key is ``key``.
+        """Insert a row, or update ``values`` of the row whose natural key is ``key`` (atomic: ON CONFLICT).
 
-        Uses the dialect's ``INSERT .. ON CONFLICT (key columns) DO UPDATE``, so it is atomic and
-        a resumed run never duplicates a row. ``updated_at`` is set on every call;
-        ``created_at`` keeps the first insert's value.
-
-        Args:
-            model_cls: One of the mapped classes (``Image``, ``Trial``, ...).
-            key: Exactly the primary-key columns and their values.
-            values: Other columns to set (insert and update).
+        ``updated_at`` is set on every call; ``created_at`` keeps the first insert's value.
 
         Raises:
             InputError: ``key`` is not the table's primary key or a column name is unknown.
@@ -306,9 +265,7 @@ class Store(StoreReads):
         return key, values
 
     def record_task(self, record: TaskRecord) -> None:
-        """Upsert a task by ``instance_id`` (status, reason, test lists, ``known_tests`` and
-        ``pristine_duration_s`` are replaced: the row says what the latest validation measured; a record
-        without ``patch`` keeps the patch text already recorded)."""
+        """Upsert a task by ``instance_id`` (a record without ``patch`` keeps the recorded patch)."""
         self.upsert_many(TaskInstance, [self._task_row(record)])
 
     def record_batch(self, record: BatchRecord) -> None:
@@ -319,17 +276,15 @@ class Store(StoreReads):
         """Upsert a trial by ``trial_id``.
 
         Raises:
-            InputError: the trial has neither a reward nor an exception, or both (allowed only
-                for an agent timeout, whose verifier reward is kept: Harbor's convention).
+            InputError: neither a reward nor an exception, or both (allowed for an agent timeout: Harbor's convention).
         """
         self.record_trials([record])
 
     def record_trials(self, records: Sequence[TrialRecord],
                       supervision_events: Sequence[SupervisionEventRecord] = ()) -> None:
-        """Upsert a batch of trials (and the supervision events of those the supervisor stopped) in one
-        transaction: a crash leaves all or none of them. Written as batched ``executemany`` upserts (8,000-11,000
-        trials/s on SQLite here, ``benchmarks/scale_ledger.py``). A record without a ``submission``
-        keeps the submission already recorded for its trial id.
+        """Upsert trials (and their supervision events) in one transaction, as batched ``executemany`` upserts.
+
+        8,000-11,000 trials/s on SQLite (``benchmarks/scale_ledger.py``).
 
         Raises:
             InputError: as :meth:`record_trial`, naming the first bad trial; nothing is written.
@@ -344,8 +299,7 @@ class Store(StoreReads):
                                   [self._row(["event_id"], event) for event in supervision_events])
 
     def _trial_row(self, record: TrialRecord) -> tuple[dict[str, Any], dict[str, Any]]:
-        """A trial's upsert row: never the void columns (:data:`TRIAL_VOID_FIELDS`), and a record without a
-        submission keeps the one recorded (a resumed run re-recording the verdict loses no diff)."""
+        """A trial's upsert row: never the void columns; without a submission it keeps the recorded one."""
         key, values = self._row(["trial_id"], record)
         values = {k: v for k, v in values.items() if k not in TRIAL_VOID_FIELDS}
         if values.get("submission") is None:
@@ -357,9 +311,6 @@ class Store(StoreReads):
         self, batch: BatchRecord, trials: Sequence[TrialRecord], tasks: Sequence[TaskRecord]
     ) -> None:
         """Upsert a batch's trials, its tasks' statuses and the batch row in ONE transaction.
-
-        A crash leaves all or none of them, so a resumed batch never sees trials without the
-        statuses they decided (or the reverse).
 
         Raises:
             InputError: as :meth:`record_trials` (nothing is written).
@@ -382,31 +333,19 @@ class Store(StoreReads):
         check: Any = None,
         requeue_only_from: dict[str, str] | None = None,
     ) -> int:
-        """Mark trials void and put tasks back to ``candidate``, in ONE transaction.
+        """Mark trials void and put tasks back to ``candidate``, in ONE transaction; returns how many were newly voided.
 
-        Void trials stay in the table (audit) with ``voided_at``/``void_reason``; trials that are
-        already void are left as they are.
+        Void trials stay in the table (audit); trials already void are left as they are.
 
         Args:
-            trial_ids: Trials to void.
-            reason: Why (non-empty; stored in ``void_reason`` and in each requeued task's
-                ``reason``).
-            requeue: Instance ids whose task goes back to status ``candidate`` (test lists
-                cleared).
-            voided_at: The void timestamp (UTC; default now).
-            run_id: The run doing it (stamped on the requeued task rows).
-            check: Optional ``callable(session)`` run after the writes and before the commit; an
-                exception from it rolls everything back (used to verify counts).
-            requeue_only_from: Optional instance id -> the status the task must still have to be
-                requeued (the status a plan saw); a task whose status changed since is left as it
-                is (the ``check`` then sees it).
-
-        Returns:
-            The number of trials newly voided.
+            reason: stored in ``void_reason`` and in each requeued task's ``reason``; non-empty.
+            requeue: instance ids whose task goes back to ``candidate`` (test lists cleared).
+            voided_at: UTC; default now.
+            check: ``callable(session)`` run before the commit; an exception from it rolls everything back.
+            requeue_only_from: instance id -> the status the task must still have to be requeued.
 
         Raises:
-            InputError: ``reason`` is empty or a trial id / instance id is unknown (nothing is
-                written).
+            InputError: ``reason`` is empty or a trial id / instance id is unknown (nothing is written).
         """
         from sqlalchemy import update
 
@@ -454,15 +393,10 @@ class Store(StoreReads):
     def record_model_artifact(self, record: ModelArtifactRecord) -> None:
         """Record one production of a model artifact, in one transaction.
 
-        The artifact row (by ``sha256``) gets the latest ``path``; the production row (by
-        :func:`production_id` of sha256, parent and run) is upserted, so recording the same bytes
-        from another parent or by another run *adds* a producer and never replaces an earlier one
-        (:meth:`producers` lists them all). A resumed run recording the same production again
-        leaves one row.
+        Recording the same bytes from another parent or run *adds* a producer, never replaces one.
 
         Raises:
-            InputError: the digest is already recorded with another ``kind`` or ``quantization``
-                (the same bytes cannot be both; nothing is written).
+            InputError: the digest is recorded with another ``kind`` or ``quantization`` (nothing is written).
         """
         data = record.model_dump(mode="json", exclude={"created_at"})
         dialect = self.engine.dialect.name
@@ -489,22 +423,10 @@ class Store(StoreReads):
 
     def record_rolled_back_swap(self, port: int, gguf_sha256: str, run_id: str | None = None,
                                 attempts: int = 5) -> ServingGenerationRecord:
-        """Record a swap that was rolled back as a new ``serving_generations`` row, status ``rolled_back``.
+        """Record a rolled-back swap as a new ``serving_generations`` row, status ``rolled_back``.
 
-        The row is keyed, like every generation, by its number: one more than the highest number the
-        store records (any status), taken and *inserted* (never upserted) in one transaction, so a
-        rolled-back attempt can neither reuse nor overwrite another generation's row; the next swap is
-        numbered above it. (The state file keeps the generation that still serves: a rollback never
-        moves it.)
-
-        Args:
-            port: the port the new server was started on.
-            gguf_sha256: the GGUF the swap tried to serve (64 hex).
-            run_id: the Prefect run that tried the swap.
-            attempts: how often to take a new number when a concurrent writer took the same one.
-
-        Returns:
-            The recorded row.
+        Its number is one above the highest recorded, *inserted* (never upserted), so it neither reuses nor
+        overwrites another generation; ``attempts`` bounds the retries when a concurrent writer took the number.
 
         Raises:
             InputError: ``port`` or ``gguf_sha256`` is invalid (nothing is written).
@@ -564,6 +486,5 @@ def _store_setting_hint(from_settings: bool) -> str:
 
 
 def masked_url(url: str) -> str:
-    """``url`` (a SQLAlchemy store URL) with any password masked (``***``), as :attr:`Store.display_url`
-    renders it, without connecting."""
+    """``url`` with any password masked (``***``), without connecting."""
     return make_url(url).render_as_string(hide_password=True)

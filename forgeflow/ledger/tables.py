@@ -1,8 +1,6 @@
-"""The ledger's SQL tables (SQLAlchemy 2 declarative models): images, task instances, batches,
-trials, freezes, model artifacts and their productions, serving generations, jobs, judgments and
-supervision events. Natural keys are primary keys (writers upsert); enumerated columns carry CHECK
-constraints; every row is stamped ``created_at`` / ``updated_at`` (UTC). Schema changes go through
-the alembic migrations in ``forgeflow/ledger/migrations``."""
+"""The ledger's SQL tables (SQLAlchemy 2 declarative models): natural keys as primary keys, CHECK constraints
+on enumerated columns, ``created_at`` / ``updated_at`` (UTC) on every row; changed only through the migrations.
+"""
 
 from __future__ import annotations
 
@@ -146,10 +144,7 @@ class Batch(_Stamped, Base):
 
 
 class Trial(_Stamped, Base):
-    """One trial: an agent (nop, oracle or a model) on one instance, with reward or exception, and for an
-    agent trial the submission it was scored on (``submission``: the unified diff; ``submission_sha256``:
-    its UTF-8 bytes' sha256; NULL for trials recorded before migration 0008, whose diff is in their
-    trajectory file)."""
+    """One trial: an agent on one instance, with reward or exception, and an agent trial's scored submission."""
 
     __tablename__ = "trials"
     __table_args__ = (
@@ -182,9 +177,7 @@ class Trial(_Stamped, Base):
 
 
 class Freeze(_Stamped, Base):
-    """A frozen dataset manifest (never overwritten; see :mod:`forgeflow.curation.freeze`) and its
-    export bundle's tarball (``bundle_sha256``/``bundle_path``; NULL for a freeze made before
-    bundles, :mod:`forgeflow.curation.bundle`)."""
+    """A frozen dataset manifest (never overwritten) and its export bundle's tarball (NULL before bundles)."""
 
     __tablename__ = "freezes"
 
@@ -198,9 +191,7 @@ class Freeze(_Stamped, Base):
 
 
 class ModelArtifact(_Stamped, Base):
-    """A model file or folder by content digest: what it is (``kind``, ``quantization``) and the
-    last path it was recorded at. Its parents are in :class:`ArtifactProduction`: the same bytes can
-    be made by more than one run, from more than one parent."""
+    """A model file or folder by content digest; its parents are in :class:`ArtifactProduction`."""
 
     __tablename__ = "model_artifacts"
     __table_args__ = (CheckConstraint(_check_in("kind", ArtifactKind.__args__), name="kind"),)
@@ -212,12 +203,9 @@ class ModelArtifact(_Stamped, Base):
 
 
 class ArtifactProduction(_Stamped, Base):
-    """One production of a model artifact: made from ``parent_sha256`` (None for a root such as a
-    base model) by run ``run_id``, written at ``path``, with that run's lineage record.
+    """One production of a model artifact: from ``parent_sha256`` (None: a root) by run ``run_id``.
 
-    Append-only in effect: the natural key ``production_id`` is :func:`production_id` of
-    ``(sha256, parent_sha256, run_id)``, so a resumed run upserts its own row and another run or
-    another parent adds a row; an earlier producer is never overwritten.
+    Append-only in effect: another run or parent adds a row; an earlier producer is never overwritten.
     """
 
     __tablename__ = "model_artifact_productions"
@@ -230,9 +218,7 @@ class ArtifactProduction(_Stamped, Base):
 
 
 class ServingGeneration(_Stamped, Base):
-    """A blue/green serving generation: which GGUF served on which port (``active``/``retired``), or a
-    swap attempt whose new server failed to start or gate (``rolled_back``, see
-    :meth:`Store.record_rolled_back_swap`). Keyed by the generation number, unique per store."""
+    """A blue/green serving generation (``active``/``retired``) or a ``rolled_back`` swap attempt."""
 
     __tablename__ = "serving_generations"
     __table_args__ = (CheckConstraint(_check_in("status", ServingStatus.__args__), name="status"),)
@@ -244,12 +230,7 @@ class ServingGeneration(_Stamped, Base):
 
 
 class Job(_Stamped, Base):
-    """An evaluation job (a canary run, a recovery re-run, an imported Harbor job).
-
-    A recovery job names the job whose exception trials it re-runs in ``parent_job_id``; the
-    original's trials are never rewritten, so a merged view can always say "original job + N
-    recovery jobs".
-    """
+    """An evaluation job; a recovery job names in ``parent_job_id`` the job whose exception trials it re-runs."""
 
     __tablename__ = "jobs"
 

@@ -1,14 +1,9 @@
 """The tiny Qwen2-shaped model forgeflow trains, packages and serves on a CPU-only machine.
 
-The vocabulary is the real Qwen2 one: llama.cpp's ``models/ggml-vocab-qwen2.gguf`` from the pinned
-llama-cpp-python sdist (:mod:`forgeflow.packaging.sdist`), turned into a Hugging Face tokenizer by
-transformers' GGUF loader. The weights are random (seeded), the shape is small enough to train a
-LoRA step in seconds and to quantize cleanly (row sizes are multiples of 256, as k-quants need).
-
-Known difference (measured, see docs/architecture.md): a tokenizer *reloaded* from ``save_pretrained`` output
-gets transformers' Qwen2 NFC normalizer, which llama.cpp lacks, so texts with decomposed accents
-tokenize differently between the two. Real Qwen2 checkpoints share this. :func:`verify_tokenizer`
-counts such texts in :attr:`TokenizerCheck.nfc_failures` rather than hiding them.
+Real Qwen2 vocabulary (llama.cpp's ``models/ggml-vocab-qwen2.gguf`` from the pinned sdist), random
+seeded weights, row sizes multiples of 256 (as k-quants need). Known difference (docs/architecture.md):
+a tokenizer reloaded from ``save_pretrained`` gets transformers' Qwen2 NFC normalizer, which llama.cpp
+lacks; :func:`verify_tokenizer` counts such texts rather than hiding them.
 """
 
 from __future__ import annotations
@@ -104,22 +99,15 @@ _VECTOR_SEPARATOR = "\n__ggml_vocab_test__\n"
 
 
 class TokenizerFailure(BaseModel):
-    """One llama.cpp test vector the tokenizer did not reproduce.
-
-    Attributes:
-        text: the input text.
-        expected: llama.cpp's token ids (from the ``.out`` file).
-        got: the tokenizer's ids (``add_special_tokens=False``).
-        nfc_changes_text: True when Unicode NFC changes ``text`` — the known, documented cause
-            of differences for a reloaded transformers Qwen2 tokenizer.
-    """
+    """One llama.cpp test vector the tokenizer did not reproduce."""
 
     model_config = ConfigDict(frozen=True)
 
     text: str
-    expected: list[int]
-    got: list[int]
-    nfc_changes_text: bool
+    expected: list[int] = Field(description="llama.cpp's token ids (from the .out file)")
+    got: list[int] = Field(description="the tokenizer's ids (add_special_tokens=False)")
+    nfc_changes_text: bool = Field(
+        description="Unicode NFC changes the text: the known cause for a reloaded Qwen2 tokenizer")
 
 
 class TokenizerCheck(BaseModel):
@@ -162,22 +150,14 @@ class TinyModelConfig(BaseModel):
 
 
 class ModelRecord(BaseModel):
-    """A built model folder (HF format, safetensors + tokenizer).
-
-    Attributes:
-        path: the folder.
-        sha256: :func:`forgeflow.common.fsutil.sha256_tree` of the folder.
-        num_parameters: unique parameters (tied embeddings counted once).
-        seed: the torch seed the weights were drawn with.
-        config: the model's shape.
-    """
+    """A built model folder (HF format, safetensors + tokenizer)."""
 
     model_config = ConfigDict(frozen=True)
 
     path: Path
-    sha256: str = Field(min_length=64, max_length=64)
-    num_parameters: int = Field(ge=1)
-    seed: int
+    sha256: str = Field(min_length=64, max_length=64, description="sha256_tree of the folder")
+    num_parameters: int = Field(ge=1, description="unique parameters (tied embeddings counted once)")
+    seed: int = Field(description="the torch seed the weights were drawn with")
     config: TinyModelConfig
 
     @property
@@ -194,14 +174,10 @@ def tokenizer_dir() -> Path:
 
 
 def read_test_vectors(vocab_gguf: Path) -> list[tuple[str, list[int]]]:
-    """Read llama.cpp's tokenizer test vectors beside ``vocab_gguf``.
+    """Read llama.cpp's tokenizer test vectors beside ``vocab_gguf`` as ``(text, ids)`` pairs in file order.
 
-    Format (llama.cpp ``tests/test-tokenizer-0.cpp``, ``read_tests``): ``<gguf>.inp`` holds the
-    texts, each followed by the separator ``"\\n__ggml_vocab_test__\\n"``; ``<gguf>.out`` holds one
-    line per text with the space-separated token ids (``add_special=False``).
-
-    Returns:
-        ``(text, ids)`` pairs in file order.
+    Format (llama.cpp ``tests/test-tokenizer-0.cpp``, ``read_tests``): ``<gguf>.inp`` texts separated by
+    ``"\\n__ggml_vocab_test__\\n"``; ``<gguf>.out`` one line of space-separated ids per text.
 
     Raises:
         InputError: a file is missing or the two files disagree in the number of tests.
@@ -248,14 +224,7 @@ def _check_tokenizer(tokenizer: Any, vocab_gguf: Path) -> TokenizerCheck:
 
 
 def verify_tokenizer(tokenizer_dir: Path) -> TokenizerCheck:
-    """Tokenize llama.cpp's Qwen2 test vectors with the tokenizer saved in ``tokenizer_dir``.
-
-    Texts are encoded with ``add_special_tokens=False`` (as llama.cpp's test does) and compared
-    with the ids in ``ggml-vocab-qwen2.gguf.out`` from the pinned sdist.
-
-    Returns:
-        The count matched, the total, and each failure with ``nfc_changes_text`` set where the
-        known NFC difference of a reloaded tokenizer explains it.
+    """Tokenize llama.cpp's Qwen2 test vectors (``add_special_tokens=False``) with the tokenizer in ``tokenizer_dir``.
 
     Raises:
         InputError: ``tokenizer_dir`` holds no tokenizer.
@@ -279,18 +248,14 @@ def _configure_qwen25(tokenizer: Any) -> Any:
 
 
 def ensure_tokenizer() -> Path:
-    """Return a folder with the Qwen2 tokenizer built from the sdist's vocabulary (built once).
+    """Return a folder with the Qwen2 tokenizer built from the sdist's vocabulary (built once, 16-20 s).
 
-    The first call runs ``AutoTokenizer.from_pretrained(models_dir,
-    gguf_file="ggml-vocab-qwen2.gguf")`` (16-20 s), checks it against llama.cpp's test vectors
-    (the fresh tokenizer must match all of them; the result is stored in
-    ``forgeflow-tokenizer.json``), sets the Qwen2.5 chat template, eos ``<|im_end|>`` and pad
-    ``<|endoftext|>``, and saves it atomically (temp folder + rename) into ``cache_dir()``.
-    Later calls return the saved folder at once.
+    It must match all of llama.cpp's test vectors when fresh; it gets the Qwen2.5 chat template, eos
+    ``<|im_end|>`` and pad ``<|endoftext|>``, and is saved atomically under ``cache_dir()``.
 
     Raises:
         InputError: the freshly built tokenizer does not reproduce llama.cpp's vectors.
-        InfraError: the sdist could not be fetched (see :func:`forgeflow.packaging.sdist.ensure_llama_sdist`).
+        InfraError: the sdist could not be fetched.
     """
     from transformers import AutoTokenizer
 
@@ -341,18 +306,8 @@ def build_tiny_model(
 ) -> ModelRecord:
     """Build (or reuse) a randomly initialised tiny ``Qwen2ForCausalLM`` with the Qwen2 tokenizer.
 
-    The weights are drawn after ``torch.manual_seed(seed)``, so the same seed and config give the
-    same bytes (the same :attr:`ModelRecord.sha256`). The folder holds ``config.json``,
-    ``generation_config.json``, ``model.safetensors`` (float32, ~162 MB) and the tokenizer from
-    :func:`ensure_tokenizer`. The record is stored in a sidecar ``<out_dir>.forgeflow-model.json``
-    beside the folder; a later call with the same seed and config reuses the folder when its
-    digest still matches, and rebuilds it otherwise.
-
-    Args:
-        out_dir: the model folder to create (its parent is created if missing).
-        seed: torch seed for the weights.
-        config: the shape; defaults to :class:`TinyModelConfig` (hidden 256, intermediate 768,
-            2 layers, 4 heads, 2 KV heads, tied embeddings, vocab 151,936).
+    The same seed and config give the same bytes (float32 safetensors, ~162 MB). A sidecar
+    ``<out_dir>.forgeflow-model.json`` holds the record; a folder whose digest still matches is reused.
 
     Raises:
         InputError: ``config`` is inconsistent (heads do not divide the hidden size, vocab smaller

@@ -1,15 +1,8 @@
 """The base checkpoint a team trains and packages: the demo's tiny model, a local folder, or an HF
-Hub repository at a pinned revision.
+Hub repository at a pinned revision (fetched as exactly one commit, named in the record).
 
-:class:`BaseModelSource` says where it comes from; :func:`check_checkpoint` checks a folder is a
-Hugging Face causal-LM checkpoint (``config.json`` with a ``model_type``, safetensors or PyTorch
-weights, a tokenizer) before any stage spends compute on it; :func:`download_checkpoint` fetches a
-Hub repository with ``huggingface_hub.snapshot_download`` at the commit the revision resolves to,
-so what was fetched is exactly one commit, named in the :class:`CheckpointRecord`.
-
-The Hub token comes only from the caller (a Prefect Secret block in the task layer), never from
-the environment or a local ``huggingface_hub`` login (``token=False`` when there is none), and is
-never written into a message.
+The Hub token comes only from the caller (a Prefect Secret block), never from the environment or a
+local login (``token=False`` when there is none), and is never written into a message.
 """
 
 from __future__ import annotations
@@ -35,21 +28,8 @@ T = TypeVar("T")
 
 
 class BaseModelSource(BaseModel):
-    """Where the base checkpoint comes from. Exactly one of: nothing (the demo's tiny model,
-    :func:`forgeflow.packaging.base_model.build_tiny_model`), ``tiny_vl`` (the tiny Qwen3.5-shaped
-    multimodal model, :func:`forgeflow.packaging.vl_model.build_tiny_vl_model`), ``local_dir``, or
-    ``repo_id`` with ``revision``. The strings ``"tiny"`` and ``"tiny-vl"`` stand for the two tiny models
-    (``base_model: tiny-vl`` in a lifecycle config).
-
-    Attributes:
-        local_dir: a checkpoint folder on this machine (used in place, never copied).
-        repo_id: an HF Hub model repository ``namespace/name``.
-        revision: the Hub revision (a commit sha, tag or branch); the commit it resolves to when the
-            run starts is what is fetched and recorded.
-        token_secret: name of the Prefect Secret block holding the Hub token (gated or private
-            repositories); never the token itself.
-        endpoint: the Hub's base URL (a mirror or a Hub-compatible server).
-        tiny_vl: the tiny multimodal model (built in the run's models folder) instead of the tiny text one.
+    """Where the base checkpoint comes from: nothing (the tiny model), ``tiny_vl``, ``local_dir``, or
+    ``repo_id`` with ``revision``. The strings ``"tiny"`` and ``"tiny-vl"`` stand for the two tiny models.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -93,29 +73,19 @@ class BaseModelSource(BaseModel):
 
 
 class CheckpointRecord(BaseModel):
-    """A checked base checkpoint folder.
-
-    Attributes:
-        path: the folder.
-        sha256: :func:`forgeflow.common.fsutil.sha256_tree` of the folder.
-        num_parameters: parameters counted from the safetensors headers (tied tensors stored once
-            are counted once); 0 when the weights are PyTorch pickles (not opened).
-        model_type: ``config.json``'s ``model_type``.
-        source: ``local``, ``hub`` or ``tiny-vl`` (built here, :func:`tiny_vl_checkpoint`).
-        repo_id, revision, commit: the Hub repository, the requested revision and the commit it
-            resolved to (None for a local folder).
-    """
+    """A checked base checkpoint folder."""
 
     model_config = ConfigDict(frozen=True)
 
     path: Path
-    sha256: str = Field(min_length=64, max_length=64)
-    num_parameters: int = Field(ge=0)
-    model_type: str
-    source: Literal["local", "hub", "tiny-vl"]
-    repo_id: str | None = None
-    revision: str | None = None
-    commit: str | None = None
+    sha256: str = Field(min_length=64, max_length=64, description="sha256_tree of the folder")
+    num_parameters: int = Field(ge=0,
+        description="parameters from the safetensors headers (tied tensors once); 0 for PyTorch pickles")
+    model_type: str = Field(description="config.json's model_type")
+    source: Literal["local", "hub", "tiny-vl"] = Field(description="local, hub or tiny-vl (built here)")
+    repo_id: str | None = Field(None, description="the Hub repository (None for a local folder)")
+    revision: str | None = Field(None, description="the requested Hub revision")
+    commit: str | None = Field(None, description="the commit the revision resolved to")
 
     @property
     def provenance(self) -> dict[str, str]:
@@ -156,19 +126,11 @@ def missing_parts(names: set[str]) -> list[str]:
 
 def check_checkpoint(folder: Path, *, source: Literal["local", "hub", "tiny-vl"] = "local", repo_id: str | None = None,
                      revision: str | None = None, commit: str | None = None) -> CheckpointRecord:
-    """Check that ``folder`` is an HF causal-LM checkpoint and record its digest.
-
-    Args:
-        folder: the checkpoint folder.
-        source, repo_id, revision, commit: provenance copied into the record.
-
-    Returns:
-        :class:`CheckpointRecord` (the digest over every file of the folder).
+    """Check that ``folder`` is an HF causal-LM checkpoint and record its digest (over every file).
 
     Raises:
         InputError: the folder is missing, or lacks a readable ``config.json`` with a ``model_type``,
-            weights or a tokenizer file (:func:`missing_parts`); the message names the folder and
-            every missing piece.
+            weights or a tokenizer file (the folder and every missing piece named).
     """
     folder = Path(folder).expanduser().resolve()
     if not folder.is_dir():
@@ -189,13 +151,10 @@ def check_checkpoint(folder: Path, *, source: Literal["local", "hub", "tiny-vl"]
 
 
 def preflight_source(source: BaseModelSource, token: str | None = None) -> str | None:
-    """Check, before any compute, that ``source`` can give a checkpoint, without reading weights.
-
-    A local folder: it exists and has the files :func:`missing_parts` asks for. A Hub repository:
-    the revision resolves to a commit whose file listing has them (one ``repo_info`` call).
+    """Check, before any compute and without reading weights, that ``source`` can give a checkpoint.
 
     Returns:
-        The commit a Hub revision resolves to now (None for a local folder or the tiny model).
+        The commit a Hub revision resolves to now (one ``repo_info`` call); None for a local or tiny model.
 
     Raises:
         InputError / TransientInfraError: as :func:`download_checkpoint`, or a missing part (named).
@@ -264,18 +223,8 @@ def _hub_call(source: BaseModelSource, token: str | None, call: Callable[[Any], 
 def download_checkpoint(source: BaseModelSource, out_root: Path, token: str | None = None) -> CheckpointRecord:
     """Fetch ``source``'s Hub repository at the commit its revision resolves to, then check it.
 
-    The commit is resolved first (``HfApi.repo_info``) and ``snapshot_download`` fetches that commit
-    into the ``huggingface_hub`` cache layout under ``out_root``
-    (``models--<namespace>--<name>/snapshots/<commit>``; a commit already fetched is not fetched
-    again). The record's digest is over the snapshot's files (``.gitattributes`` included).
-
-    Args:
-        source: a ``hub`` source.
-        out_root: the ``huggingface_hub`` cache folder snapshots go to.
-        token: the Hub token (None: anonymous).
-
-    Returns:
-        :class:`CheckpointRecord` with ``source="hub"``, the repo id, revision and commit.
+    ``snapshot_download`` of that commit into the ``huggingface_hub`` cache layout under ``out_root``
+    (a commit already fetched is not fetched again); the digest covers ``.gitattributes`` too.
 
     Raises:
         InputError: ``source`` is not a Hub source; the repository, the revision or a file does not
@@ -294,9 +243,6 @@ def download_checkpoint(source: BaseModelSource, out_root: Path, token: str | No
 
 def tiny_vl_checkpoint(out_dir: Path, seed: int = 0) -> CheckpointRecord:
     """Build (or reuse) the tiny multimodal model in ``out_dir`` and check it like a team's folder.
-
-    Returns:
-        :class:`CheckpointRecord` with ``source="tiny-vl"`` and ``model_type`` ``qwen3_5``.
 
     Raises:
         InputError: as :func:`forgeflow.packaging.vl_model.build_tiny_vl_model` / :func:`check_checkpoint`.

@@ -1,18 +1,9 @@
 """Packaging: merge a LoRA adapter, convert to GGUF, quantize, check the metadata, load it.
 
-Tools (all real, none re-implemented):
-
-* merge: peft ``PeftModel.merge_and_unload``;
-* convert: llama.cpp's ``convert_hf_to_gguf.py`` from the pinned llama-cpp-python sdist
-  (:mod:`forgeflow.packaging.sdist`), run in a subprocess; it imports its own ``gguf-py`` and
-  recognises the Qwen2 pre-tokenizer (about 9.5 s and 87 MB f16 for the tiny model);
-* quantize: ``llama_cpp.llama_model_quantize`` (ftype numbers from llama.cpp's
-  ``enum llama_ftype`` in ``include/llama.h``), per-tensor types through ``tt_overrides``;
-* check: gguf-py's ``GGUFReader``;
-* load: ``llama_cpp.Llama``.
-
-``llama_cpp`` is imported inside the functions that use it, so importing this module never needs
-the compiled library.
+Real tools only: peft ``merge_and_unload``; llama.cpp's ``convert_hf_to_gguf.py`` from the pinned
+llama-cpp-python sdist (:mod:`forgeflow.packaging.sdist`), in a subprocess; ``llama_cpp.llama_model_quantize``
+(ftype numbers from llama.cpp's ``enum llama_ftype`` in ``include/llama.h``); gguf-py's ``GGUFReader``;
+``llama_cpp.Llama``. ``llama_cpp`` is imported lazily: importing this module needs no compiled library.
 """
 
 from __future__ import annotations
@@ -64,28 +55,19 @@ _GGUF_ARCH = {"qwen3_5": "qwen35", "qwen3_5_text": "qwen35"}
 
 
 class GGUFArtifact(BaseModel):
-    """A GGUF file forgeflow wrote.
-
-    Attributes:
-        path: the file.
-        sha256: hex digest of its bytes.
-        size_bytes: its size.
-        type: tensor type of the bulk of the weights (``F16``, ``Q8_0``, ``Q4_K_M``, ...;
-            ``<preset>+mixed`` for a per-tensor quantization).
-        tensor_types: the per-tensor overrides (regex -> ggml type) of a mixed quantization.
-        edit_lineage: for a file whose metadata was edited after quantization, the sha256 before
-            the edits and the edits applied
-            (:func:`forgeflow.packaging.gguf_metadata.edit_lineage`); empty otherwise.
-    """
+    """A GGUF file forgeflow wrote."""
 
     model_config = ConfigDict(frozen=True)
 
     path: Path
     sha256: str = Field(min_length=64, max_length=64)
     size_bytes: int = Field(ge=1)
-    type: str
-    tensor_types: dict[str, str] | None = None
-    edit_lineage: dict[str, Any] = Field(default_factory=dict)
+    type: str = Field(
+        description="tensor type of the bulk of the weights (F16, Q8_0, Q4_K_M; <preset>+mixed for per-tensor types)")
+    tensor_types: dict[str, str] | None = Field(None,
+        description="the per-tensor overrides (regex -> ggml type) of a mixed quantization")
+    edit_lineage: dict[str, Any] = Field(default_factory=dict,
+        description="for a file edited after quantization: the sha256 before the edits and the edits applied")
 
 
 class GGUFCheck(BaseModel):
@@ -123,14 +105,9 @@ def training_dtype(adapter_dir: Path) -> str:
 def merge_adapter(base_model_dir: Path, adapter_dir: Path, out_dir: Path) -> Path:
     """Merge a LoRA adapter into its base model and save the result with the base's tokenizer.
 
-    Uses peft ``PeftModel.from_pretrained(base, adapter).merge_and_unload()`` (the base loaded with
-    ``AutoModelForImageTextToText`` when its config has a ``vision_config``, its processor files copied)
-    in the dtype the adapter was trained in (its ``lineage.json``'s ``lineage.dtype``: ``bfloat16`` for a CUDA burst;
-    float32 when it records none) and ``save_pretrained`` (safetensors). The folder is written to a
-    temporary sibling and renamed over ``out_dir``, so a crash never leaves a half-written checkpoint.
-
-    Returns:
-        ``out_dir`` (an HF checkpoint folder ready for :func:`convert_to_gguf`).
+    Merges in the dtype the adapter was trained in (``lineage.dtype``; float32 when none), through
+    ``AutoModelForImageTextToText`` for a base with a ``vision_config``; written to a temporary sibling
+    and renamed over ``out_dir``.
 
     Raises:
         InputError: a folder is missing or the adapter has no ``adapter_config.json``.
@@ -161,25 +138,17 @@ def merge_adapter(base_model_dir: Path, adapter_dir: Path, out_dir: Path) -> Pat
 
 # --- convert ---------------------------------------------------------------------------------
 def convert_to_gguf(hf_dir: Path, out_path: Path, outtype: str = "f16", extra_args: Sequence[str] = ()) -> GGUFArtifact:
-    """Convert an HF checkpoint folder to one GGUF file with llama.cpp's converter.
-
-    Runs ``python convert_hf_to_gguf.py <hf_dir> --outfile <tmp> --outtype <outtype>`` from the
-    pinned sdist (the converter puts its own ``gguf-py`` first on ``sys.path``), then renames the
-    temporary file onto ``out_path``.
+    """Convert an HF checkpoint folder to one GGUF file with llama.cpp's converter (replacing ``out_path``).
 
     Args:
-        hf_dir: folder with ``config.json``, safetensors weights and tokenizer files.
-        out_path: the ``.gguf`` file to write (replaced if present).
-        outtype: one of :data:`CONVERT_OUTTYPES` (``f16`` by default).
+        outtype: one of :data:`CONVERT_OUTTYPES`.
         extra_args: more converter flags (``--mmproj``: the vision projector; ``--no-mtp``).
 
     Raises:
         InputError: ``outtype`` is unknown or ``hf_dir`` holds no ``config.json``.
         ToolMissingError: a Python module the converter needs (sentencepiece) is not installed.
-        GGUFError: the converter failed (its exit code and the tail of its log are in the
-            message).
-        DiskFullError: the destination filesystem ran out of space; neither ``out_path`` nor the
-            temporary file is left behind.
+        GGUFError: the converter failed (its exit code and the tail of its log in the message).
+        DiskFullError: the destination ran out of space; no file is left behind.
     """
     hf_dir, out_path = Path(hf_dir), Path(out_path).resolve()
     if outtype not in CONVERT_OUTTYPES:
@@ -225,22 +194,15 @@ preset (for ``Q4_K_M``: Q4_K, with llama.cpp's own Q6_K choices for some ``ffn_d
 
 
 class QuantSpec(BaseModel):
-    """One quantized artifact of a package run: a preset, optionally with per-tensor types.
-
-    Attributes:
-        preset: a :data:`QUANT_PRESETS` name (``Q8_0``, ``Q4_K_M``): the type of the tensors no
-            pattern matches.
-        tensor_types: regex over llama.cpp tensor names -> ggml type name (first match wins; see
-            :func:`quantize`); empty for a uniform preset.
-        name: the artifact's key (its ``model-<name>.gguf`` file and the ledger's quantization);
-            default the preset, ``<preset>+mixed`` with ``tensor_types``.
-    """
+    """One quantized artifact of a package run: a preset, optionally with per-tensor types."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    preset: str
-    tensor_types: dict[str, str] = Field(default_factory=dict)
-    name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$")
+    preset: str = Field(description="a QUANT_PRESETS name (Q8_0, Q4_K_M): the type of tensors no pattern matches")
+    tensor_types: dict[str, str] = Field(default_factory=dict,
+        description="regex over llama.cpp tensor names -> ggml type name (first match wins); empty: uniform")
+    name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,63}$",
+        description="the artifact's key (model-<name>.gguf); default the preset, <preset>+mixed with tensor_types")
 
     @property
     def key(self) -> str:
@@ -259,8 +221,7 @@ served mix (attention, embedding and output at Q8_0, the rest Q4_K_M)."""
 
 
 def quant_spec(value: str | QuantSpec | dict[str, Any]) -> QuantSpec:
-    """A package run's quantization as a :class:`QuantSpec`: a :data:`QUANT_PLANS` name, a spec, or
-    its JSON (``{"preset": ..., "tensor_types": {...}}``, as the Prefect UI sends it).
+    """A :data:`QUANT_PLANS` name, a spec, or its JSON (as the Prefect UI sends it) as a :class:`QuantSpec`.
 
     Raises:
         InputError: an unknown plan name or preset, a malformed spec (the field named).
@@ -319,36 +280,21 @@ def quantize(
 ) -> GGUFArtifact:
     """Quantize a GGUF file with ``llama_cpp.llama_model_quantize``, optionally per tensor.
 
-    ``tensor_types`` maps a regular expression over llama.cpp tensor names to a ggml type name
-    (``Q8_0``, ``Q4_K``, ``Q6_K``, ``F16``, ...), passed as ``llama_model_quantize_params
-    .tt_overrides`` (a ``{pattern, type}`` array ended by a null pattern; llama.cpp
-    ``include/llama.h`` and ``src/llama-quant.cpp``: ``std::regex_search``, first matching
-    pattern wins, applies to quantizable tensors only, ``--tensor-type`` in ``llama-quantize``).
-    The result is read back with gguf-py's ``GGUFReader`` and every quantizable tensor that a
-    pattern matches must carry that pattern's type: llama.cpp falls back to another type for
-    incompatible row sizes, and that is reported instead of shipped silently.
-
-    Args:
-        src: an f16/f32/bf16 GGUF (e.g. from :func:`convert_to_gguf`).
-        dst: the file to write (written to a temporary sibling, then renamed).
-        qtype: a preset name from :data:`QUANT_PRESETS` (``Q8_0``, ``Q4_K_M``): the type of the
-            tensors no pattern matches.
-        tensor_types: pattern -> ggml type name, or None for a uniform preset
-            (see :data:`MIXED_ATTN_EMBD_OUTPUT_Q8_0`).
+    ``tensor_types`` (regex over llama.cpp tensor names -> ggml type) goes to ``tt_overrides``
+    (llama.cpp ``src/llama-quant.cpp``: ``std::regex_search``, first match wins, quantizable tensors only;
+    ``--tensor-type`` in ``llama-quantize``). llama.cpp silently falls back to another type for
+    incompatible row sizes, so every matched tensor is read back and checked.
 
     Returns:
-        The artifact; ``type`` is ``qtype``, plus ``+mixed`` when ``tensor_types`` is given, and
-        ``tensor_types`` records the overrides.
+        The artifact; ``type`` is ``qtype``, plus ``+mixed`` when ``tensor_types`` is given.
 
     Raises:
-        InputError: ``qtype`` is not a known preset, a pattern is not a valid regular expression,
-            a type name is not a ggml type, or ``src`` does not exist.
-        DiskFullError: the destination filesystem ran out of space (llama.cpp only says so on
-            stderr: a failed quantization leaving under 1 MiB free is taken as a full disk);
-            neither ``dst`` nor the temporary file is left behind.
-        GGUFError: llama.cpp refused to quantize ``src`` (non-zero return code), a pattern
-            matched no quantizable tensor, or a matched tensor did not get its type (the message
-            names the tensor, the expected and the found type).
+        InputError: ``qtype`` is not a known preset, a pattern is not a valid regex, a type name is
+            not a ggml type, or ``src`` does not exist.
+        DiskFullError: the destination ran out of space (llama.cpp only says so on stderr: a failure
+            leaving under 1 MiB free is taken as a full disk); no file is left behind.
+        GGUFError: llama.cpp refused (non-zero return code), a pattern matched no quantizable tensor,
+            or a matched tensor did not get its type (tensor, expected and found type named).
     """
     if qtype not in QUANT_PRESETS:
         raise InputError(f"qtype {qtype!r} is not a known preset; valid: {sorted(QUANT_PRESETS)}")
@@ -405,32 +351,6 @@ def quantize(
     )
 
 
-def quantize_mixed(
-    src: Path, dst: Path, base_qtype: str, overrides: dict[str, str]
-) -> GGUFArtifact:
-    """Per-tensor quantization: :func:`quantize` with ``tensor_types=overrides`` (non-empty).
-
-    Raises:
-        InputError: ``overrides`` is empty, or as :func:`quantize`.
-        GGUFError: as :func:`quantize`.
-    """
-    if not overrides:
-        raise InputError("overrides is empty: use quantize() for a uniform preset")
-    return quantize(src, dst, base_qtype, tensor_types=overrides)
-
-
-def tensor_types_of(path: Path) -> dict[str, str]:
-    """Return tensor name -> ggml type name of a GGUF file (``read_header_index``: offsets only, 0.07 s on
-    the tiny model, where gguf-py's ``GGUFReader`` spends about 10 s building its vocabulary arrays).
-
-    Raises:
-        GGUFError: the file is not a readable GGUF.
-    """
-    from forgeflow.packaging.gguf_reader import read_header_index
-
-    return {t.name: t.ggml_type for t in read_header_index(path).tensors}
-
-
 def _check_overrides(tmp: Path, dst: Path, tensor_types: dict[str, str]) -> None:
     from forgeflow.packaging.gguf_reader import read_header_index
 
@@ -476,26 +396,16 @@ def _hf_chat_template(hf_dir: Path) -> str | None:
 def check_gguf(gguf_path: Path, hf_dir: Path, edited: dict[str, Any] | None = None) -> GGUFCheck:
     """Check a GGUF file's metadata against the HF checkpoint it was made from.
 
-    Compared (GGUF key <- HF ``config.json``): ``general.architecture`` <- ``model_type``;
-    ``<arch>.block_count`` <- ``num_hidden_layers``; ``<arch>.context_length`` <-
-    ``max_position_embeddings``; ``<arch>.embedding_length`` <- ``hidden_size``;
-    ``<arch>.attention.head_count`` <- ``num_attention_heads``; ``<arch>.attention.head_count_kv``
-    <- ``num_key_value_heads``; the number of ``tokenizer.ggml.tokens`` and the rows of
-    ``token_embd.weight`` <- ``vocab_size``; ``tokenizer.chat_template`` must be present and, when
-    ``hf_dir`` has a chat template, equal to it.
+    Compared (GGUF <- ``config.json``): ``general.architecture`` <- ``model_type``; ``<arch>.block_count``,
+    ``context_length``, ``embedding_length``, ``attention.head_count(_kv)`` <- the matching sizes; token
+    count and ``token_embd.weight`` rows <- ``vocab_size``; ``tokenizer.chat_template`` present and equal
+    to ``hf_dir``'s when it has one.
 
     Args:
-        gguf_path: the GGUF.
-        hf_dir: the HF checkpoint it was converted from.
-        edited: key -> value a metadata edit set (:mod:`forgeflow.packaging.gguf_metadata`); such a
-            key is expected to hold that value instead of the one derived from ``hf_dir``.
-
-    Returns:
-        The metadata found.
+        edited: key -> value a metadata edit set; such a key must hold that value instead.
 
     Raises:
-        GGUFError: the file cannot be read, or a key differs (the message names the key, the
-            expected and the found value).
+        GGUFError: the file cannot be read, or a key differs (key, expected and found value named).
         InputError: ``hf_dir`` holds no ``config.json``.
     """
     from gguf import GGUFReader
@@ -568,15 +478,12 @@ def check_gguf(gguf_path: Path, hf_dir: Path, edited: dict[str, Any] | None = No
 
 # --- load ------------------------------------------------------------------------------------
 def load_gguf(path: Path, n_ctx: int = 128) -> None:
-    """Load a GGUF with ``llama_cpp.Llama``, generate one token, and close it.
+    """Smoke test before publishing: load a GGUF with ``llama_cpp.Llama``, generate one token, close it.
 
-    A smoke test before publishing: a file that llama.cpp cannot load or run is rejected here,
-    not by the server at swap time. ``close()`` is called explicitly (with torch in the same
-    process ``Llama.__del__`` can raise at exit).
+    ``close()`` is explicit: with torch in the process ``Llama.__del__`` can raise at exit.
 
     Raises:
-        GGUFError: the file does not exist, does not load, or the completion fails (the message
-            names the path).
+        GGUFError: the file does not exist, does not load, or the completion fails (path named).
     """
     path = Path(path)
     if not path.is_file():

@@ -1,60 +1,22 @@
 """Edit one GGUF metadata value with bounded memory: in place when the header keeps its size,
 otherwise by streaming a new file.
 
-Layout (GGUF v2/v3 spec, ggml ``docs/gguf.md``): magic ``GGUF``, ``uint32`` version, ``uint64``
-tensor count, ``uint64`` key/value count, the key/value entries (``gguf_string`` key, ``uint32``
-value type, value), the tensor infos (name, ``uint32`` n_dims, ``uint64`` dims, ``uint32`` ggml
-type, ``uint64`` offset *relative to the data section*), zero padding to ``general.alignment``
-(default 32), then the tensor data. Because tensor offsets are relative to the data section, a
-changed key/value entry never changes a tensor info: the edit copies every other header byte
-verbatim.
+Layout: GGUF v2/v3 (ggml ``docs/gguf.md``); tensor offsets are relative to the data section, so a
+changed key/value entry never changes a tensor info and every other header byte is copied verbatim.
+gguf-py's ``GGUFReader`` builds one numpy array per vocabulary string (10.8 s, 538 MB peak on the tiny
+Qwen2); :func:`read_header_index` keeps only offsets (about 0.5 s, a few MB).
 
-Why not ``gguf.GGUFReader`` for parsing: it builds one numpy array per vocabulary string; on the
-tiny Qwen2 model (151,936 tokens, 151,387 merges) it took 10.8 s and 538 MB peak RSS, more than
-the whole memory budget of an edit. :func:`read_header_index` walks the header once with a
-buffered reader, keeping only offsets (about 0.5 s, a few MB), and uses gguf-py's constants
-(:class:`gguf.GGUFValueType`, :data:`gguf.GGML_QUANT_SIZES`, :class:`gguf.GGMLQuantizationType`).
-The tests check its offsets against ``GGUFReader``.
+In place: only bytes between the entry and the data section are rewritten (not atomic against a
+crash mid-write). Streaming: to a temporary sibling (peak memory: the chunk buffer plus the header's
+tail), fsynced, verified and renamed; writeback starts every 32 MiB behind the copy, so a 2 GB edit
+takes less wall time than ``cp`` + ``sync``.
 
-Paths:
-
-* in place (``EditResult.in_place``): the rewritten entry plus the following header bytes still
-  end inside the old padded header, so the data section does not move; only bytes between the
-  entry and the data section are rewritten (``pwrite`` + ``fsync``). Not atomic against a crash
-  in the middle of that write (a few KB to a few MB of header).
-* streaming: header prefix, the new entry, header suffix and new padding are copied in
-  ``chunk_bytes`` pieces, the data section through one 1 MiB buffer (``pread``/``pwrite``) or,
-  when it keeps its offset modulo 1 MiB, with ``os.copy_file_range`` (in the kernel, as ``cp``
-  does; see :func:`_copy_data` for why not always), to a temporary sibling, which is fsynced,
-  verified and renamed over the destination (``os.replace``): peak memory is the chunk buffer
-  plus the header's tail, independent of the tensor data size. The writeback of the copy is
-  started every 32 MiB behind it (``sync_file_range``), so the disk writes while the copy runs
-  and the fsync only waits for the last stretch: a 2 GB edit then takes less wall time than
-  ``cp`` + ``sync`` of the same file, which copy first and write after.
-
-Verification (``verify=``, checked on the result before the rename on the streaming path):
-
-* ``"sampled"`` (the default; ``True`` means the same): the result's header index is re-read and
-  every tensor's name, type, shape, relative offset and size, the key set and order and the data
-  section length must equal the source's; every header byte outside the edited entry (magic,
-  counts, the other key/value entries, the tensor infos) must hash the same as before; the key
-  must read back as the new value; and for every tensor the first, middle and last
-  ``SAMPLE_BYTES`` (4 KiB) of its data must equal the source's (sha256 of each sample, taken
-  from the source before the edit). A data section copied to a wrong offset, misaligned, cut
-  short or overwritten at a tensor's start or end fails; it reads about 12 KiB per tensor plus
-  the header, so it costs milliseconds whatever the file size (2 GB, 8 tensors: the snapshot
-  under 1 ms, :func:`verify_edit` 1-2 ms, both from the page cache). It cannot see a corrupted
-  byte in the unsampled interior of a tensor.
-* ``"full"``: the sampled checks plus the sha256 of every tensor's whole data region, result vs
-  source (streaming: the source is hashed in a second thread while the result is hashed; in
-  place: the source is hashed before the edit). It reads the data section twice more, and
-  sha256 runs at about 1.7 GB/s on one core here: in ``benchmarks/gguf_edit.py`` (2 GB, 2 cores
-  shared with other work, medians of 3) a fully verified edit took 3.84-4.68 s, a sampled one
-  1.18-1.34 s, an unverified one 1.40-1.50 s, ``cp`` + ``sync`` 1.55-2.03 s.
-* ``"none"`` (or ``False``): only the key is read back (``EditResult.new_value``).
-
-A failed check raises :class:`GGUFError` and leaves the original untouched (streaming path).
-:func:`snapshot_for_edit` and :func:`verify_edit` are the same checks, callable on their own.
+Verification: ``"sampled"`` (default; ``True``): header index, key order, every other header byte
+and the first/middle/last ``SAMPLE_BYTES`` (4 KiB) of every tensor vs the source, milliseconds
+whatever the size, blind to a corrupted byte inside a tensor. ``"full"``: also every tensor's sha256
+(``benchmarks/gguf_edit.py``, 2 GB: full 3.84-4.68 s, sampled 1.18-1.34 s, ``cp`` + ``sync``
+1.55-2.03 s). ``"none"`` (``False``): only the key is read back. A failed check raises
+:class:`GGUFError` and leaves the original untouched (streaming path).
 """
 
 from __future__ import annotations
@@ -103,38 +65,22 @@ _WRITEBACK_BYTES = 32 << 20
 
 
 class EditResult(BaseModel):
-    """Outcome of :func:`set_metadata`.
-
-    Attributes:
-        path: the edited file (``out_path`` or the source itself).
-        key: the key set.
-        value_type: its gguf value type name.
-        old_value: the value before the edit.
-        new_value: the value after the edit (read back from the file).
-        in_place: True when only header bytes were rewritten in the existing file.
-        data_offset_before: start of the data section before the edit (the header size).
-        data_offset_after: start of the data section after the edit.
-        size_bytes: size of the result.
-        verification: ``"sampled"``, ``"full"`` or ``"none"`` (see the module docstring).
-        tensors_verified: tensors whose data was compared, sampled or whole (0 with
-            ``verification="none"``).
-        duration_s: wall seconds of the edit, verification included.
-    """
+    """Outcome of :func:`set_metadata` (offsets and sizes in bytes)."""
 
     model_config = ConfigDict(frozen=True)
 
-    path: Path
+    path: Path = Field(description="the edited file (out_path or the source itself)")
     key: str
-    value_type: str
+    value_type: str = Field(description="its gguf value type name")
     old_value: Any
-    new_value: Any
-    in_place: bool
-    data_offset_before: int = Field(ge=24)
+    new_value: Any = Field(description="the value after the edit (read back from the file)")
+    in_place: bool = Field(description="only header bytes were rewritten in the existing file")
+    data_offset_before: int = Field(ge=24, description="start of the data section before the edit (the header size)")
     data_offset_after: int = Field(ge=24)
     size_bytes: int = Field(ge=24)
-    verification: VerifyMode = "sampled"
-    tensors_verified: int = Field(ge=0)
-    duration_s: float = Field(ge=0)
+    verification: VerifyMode = Field("sampled", description="sampled, full or none")
+    tensors_verified: int = Field(ge=0, description="tensors whose data was compared (0 with none)")
+    duration_s: float = Field(ge=0, description="wall seconds, verification included")
 
 
 def _check_value(path: Path, key: str, vtype: int, value: Any, what: str = "value") -> None:
@@ -206,36 +152,18 @@ def set_metadata(
 ) -> EditResult:
     """Set an existing metadata key of a GGUF file to a new value of the same type.
 
-    In place when ``out_path`` is None (or ``path``) and the new header still fits the old padded
-    header (the data section does not move); otherwise streams a new file to a temporary sibling
-    of the destination (its writeback started behind the copy), fsyncs it, verifies it and
-    renames it atomically (then fsyncs the directory). Peak memory: ``chunk_bytes`` plus a
-    1 MiB data copy buffer plus (in place) the header bytes after the entry, whatever the file
-    size.
-
     Args:
-        path: the GGUF file.
         key: an existing key (``general.alignment`` cannot be changed: it moves every tensor).
-        value: int / float / bool / str, or a list for array keys; must fit the key's stored
-            type (an int for ``UINT32`` within 0..2**32-1, ...).
+        value: must fit the key's stored type (an int for ``UINT32`` within 0..2**32-1, ...).
         out_path: write the result here instead of editing ``path`` (always the streaming path).
-        verify: ``"sampled"`` (default; ``True`` is the same): tensor infos, keys, other header
-            bytes, data section length, the new value and the first/middle/last 4 KiB of every
-            tensor, result vs source (milliseconds); ``"full"``: also the sha256 of every
-            tensor's data (reads the data section twice more); ``"none"`` (or ``False``): only
-            read the key back. See the module docstring.
+        verify: ``"sampled"``, ``"full"`` or ``"none"`` (see the module docstring).
         chunk_bytes: header copy and hash buffer size in bytes (>= 4096).
-
-    Returns:
-        An :class:`EditResult`.
 
     Raises:
         GGUFError: the file is not a readable GGUF, the key is absent, ``value`` does not fit the
-            key's type (the message names the key, the expected type and what was found), or
-            verification failed (the original is untouched on the streaming path; in place, the
-            header was already rewritten).
-        InputError: ``chunk_bytes`` < 4096, ``verify`` is not one of the modes above, or
-            ``key`` is ``general.alignment``.
+            key's type (key, expected type and what was found named), or verification failed (the
+            original is untouched on the streaming path; in place, the header was already rewritten).
+        InputError: ``chunk_bytes`` < 4096, ``verify`` is unknown, or ``key`` is ``general.alignment``.
         DiskFullError: the destination ran out of space on the streaming path (no file is left
             under the destination name; an existing one is untouched).
     """
@@ -341,24 +269,14 @@ def _stream(src: Path, dst: Path, index: HeaderIndex, span: FieldSpan, entry: by
 
 def _copy_data(in_fd: int, out_fd: int, src_offset: int, dst_offset: int, n: int,
                src: Path) -> None:
-    """Copy ``n`` bytes from ``src_offset`` of ``in_fd`` to ``dst_offset`` of ``out_fd``.
+    """Copy ``n`` bytes from ``src_offset`` of ``in_fd`` to ``dst_offset`` of ``out_fd``, starting writeback
+    every ``_WRITEBACK_BYTES``.
 
-    When both offsets agree modulo ``_DATA_COPY_BYTES`` (the data section did not move, or moved
-    by whole MiB) ``os.copy_file_range`` copies in the kernel, as coreutils ``cp`` does;
-    otherwise ``pread``/``pwrite`` through one 1 MiB buffer, reading at 1 MiB boundaries of the
-    source. Measured here (Linux 6.18, ext4, 2 GB from the page cache, copy + fsync, medians of 4):
-    ``copy_file_range`` to an offset shifted by 4064 or 4096 bytes 1.41-1.50 s, unshifted 1.01 s
-    (``cp`` + ``sync`` 1.02 s); the 1 MiB buffer copy 0.96-0.98 s shifted but 2.4 s unshifted
-    (the destination then gets large folios); an 8 MiB buffer (beyond the CPU cache) was slower
-    and erratic. Falls back to the buffer copy where ``copy_file_range`` is refused (EXDEV,
-    ENOSYS, EINVAL, EOPNOTSUPP).
-
-    Either way, every ``_WRITEBACK_BYTES`` (32 MiB) of output the writeback of what was written
-    since the last time (the header included, from byte 0) is started without waiting
-    (:func:`~forgeflow.common.fsutil.start_writeback`), so the disk writes while the copy goes
-    on and the caller's ``fsync`` waits for the last stretch only: the copy and the fsync overlap
-    where ``cp`` + ``sync`` runs them one after the other (2 GB here: copy + fsync 0.81-1.30 s
-    with it, 1.39-1.64 s without, ``cp`` + ``sync`` 1.50-1.92 s in the same runs).
+    ``os.copy_file_range`` when both offsets agree modulo ``_DATA_COPY_BYTES``, else one 1 MiB
+    ``pread``/``pwrite`` buffer (also the fallback on EXDEV, ENOSYS, EINVAL, EOPNOTSUPP). Measured here
+    (Linux 6.18, ext4, 2 GB, medians of 4): ``copy_file_range`` shifted 1.41-1.50 s, unshifted 1.01 s;
+    the buffer 0.96-0.98 s shifted, 2.4 s unshifted; an 8 MiB buffer slower and erratic. Overlapping
+    writeback: 0.81-1.30 s against 1.39-1.64 s without it.
     """
     end = src_offset + n
     pos_in, pos_out = src_offset, dst_offset

@@ -1,23 +1,10 @@
 """Typed GGUF metadata edits (``set`` / ``add`` / ``delete``), validated before any compute and
 applied to a GGUF in one bounded-memory streaming pass, then verified.
 
-An edit is a :class:`MetadataEdit` (``{"op": "set"|"add"|"delete", "key": ..., "value": ...,
-"type": <gguf.GGUFValueType name>, "sub_type": <element type of an ARRAY>, "artifacts": [...]}``).
-:func:`validate_metadata_edits` checks a list of them without a file (unknown op, empty key, a
-value that does not fit its type, a repeated key, a key the architecture needs deleted, an
-artifact key nobody makes) and raises :class:`InputError` naming ``metadata_edits[i]`` and the key.
-
-:func:`apply_metadata_edits` rewrites the header as :mod:`forgeflow.packaging.gguf_edit` streams
-one edit, for any number of edits at once: magic, version and tensor count are copied, the
-key/value count is rewritten, every untouched entry and the tensor infos are copied verbatim
-(tensor offsets are relative to the data section, ggml ``docs/gguf.md``), a ``set`` entry is
-re-encoded (keeping the stored type unless ``type`` is given), an ``add`` entry is appended after
-the last entry, a ``delete`` entry is left out; the data section is copied with
-``gguf_edit._copy_data`` (``copy_file_range`` or one 1 MiB buffer). Peak memory: ``chunk_bytes``
-plus 1 MiB plus the new entries, whatever the file size. The result goes to a temporary sibling,
-is fsynced, verified (:func:`verify_metadata_edits`: the checks of ``gguf_verify.verify_edit``
-generalised to several keys) and renamed over the destination; a failed check leaves the source
-untouched.
+The header is rewritten as :mod:`forgeflow.packaging.gguf_edit` streams one edit, for any number of
+edits: untouched entries and tensor infos are copied verbatim (tensor offsets are relative to the data
+section, ggml ``docs/gguf.md``) and the data section is copied in chunks. Peak memory: ``chunk_bytes``
+plus 1 MiB plus the new entries, whatever the file size. A failed check leaves the source untouched.
 """
 
 from __future__ import annotations
@@ -84,29 +71,20 @@ _HEAD_BYTES = 24  # magic, version, tensor count, key/value count
 
 
 class MetadataEdit(BaseModel):
-    """One metadata edit of the GGUFs a package run makes.
-
-    Attributes:
-        op: ``"set"`` (an existing key gets a new value), ``"add"`` (a new key) or ``"delete"``.
-        key: the GGUF key (``general.name``, ``tokenizer.chat_template``, ...).
-        value: the new value for ``set``/``add`` (int, float, bool, str or a list of them);
-            None for ``delete``.
-        type: a :class:`gguf.GGUFValueType` name (``UINT32``, ``STRING``, ``ARRAY``, ...). For
-            ``set`` None keeps the stored type; for ``add`` None infers it from the value as
-            gguf-py does (``GGUFValueType.get_type``: str STRING, bool BOOL, int INT32, float
-            FLOAT32, list ARRAY).
-        sub_type: the element type of an ``ARRAY`` (None: inferred from the first element).
-        artifacts: apply only to these artifact keys (``f16``, ``Q8_0``, ...); None: to all.
-    """
+    """One metadata edit of the GGUFs a package run makes."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    op: EditOp
-    key: str = Field(min_length=1)
-    value: Any = None
-    type: str | None = None
-    sub_type: str | None = None
-    artifacts: tuple[str, ...] | None = None
+    op: EditOp = Field(description="set (an existing key), add (a new key) or delete")
+    key: str = Field(min_length=1, description="the GGUF key (general.name, tokenizer.chat_template, ...)")
+    value: Any = Field(None,
+        description="the new value for set/add (int, float, bool, str or a list of them); None for delete")
+    type: str | None = Field(None,
+        description="a GGUFValueType name; None: set keeps the stored type, add infers it as gguf-py does")
+    sub_type: str | None = Field(None,
+        description="the element type of an ARRAY (None: inferred from the first element)")
+    artifacts: tuple[str, ...] | None = Field(None,
+        description="apply only to these artifact keys (f16, Q8_0, ...); None: to all")
 
     def applies_to(self, artifact_key: str) -> bool:
         """True when this edit is applied to the artifact ``artifact_key``."""
@@ -114,51 +92,31 @@ class MetadataEdit(BaseModel):
 
 
 class AppliedEdit(BaseModel):
-    """One edit as it landed in a file (values read back from the result).
-
-    Attributes:
-        op: the edit's op.
-        key: the key.
-        value_type: its gguf value type name in the result (``delete``: the type it had).
-        sub_type: element type name of an array, else None.
-        old_value: the value before (None for ``add``).
-        new_value: the value after (None for ``delete``).
-    """
+    """One edit as it landed in a file (values read back from the result)."""
 
     model_config = ConfigDict(frozen=True)
 
     op: EditOp
     key: str
-    value_type: str
-    sub_type: str | None = None
-    old_value: Any = None
-    new_value: Any = None
+    value_type: str = Field(description="its gguf value type name in the result (delete: the type it had)")
+    sub_type: str | None = Field(None, description="element type name of an array, else None")
+    old_value: Any = Field(None, description="the value before (None for add)")
+    new_value: Any = Field(None, description="the value after (None for delete)")
 
 
 class MetadataEditResult(BaseModel):
-    """Outcome of :func:`apply_metadata_edits`.
-
-    Attributes:
-        path: the edited file.
-        edits: the edits applied, in the order given.
-        data_offset_before: start of the data section before, in bytes.
-        data_offset_after: start of the data section after, in bytes.
-        size_bytes: size of the result.
-        verification: ``"sampled"``, ``"full"`` or ``"none"`` (see ``gguf_edit``).
-        tensors_verified: tensors whose data was compared.
-        duration_s: wall seconds, verification included.
-    """
+    """Outcome of :func:`apply_metadata_edits` (offsets and sizes in bytes)."""
 
     model_config = ConfigDict(frozen=True)
 
     path: Path
-    edits: tuple[AppliedEdit, ...]
+    edits: tuple[AppliedEdit, ...] = Field(description="the edits applied, in the order given")
     data_offset_before: int = Field(ge=_HEAD_BYTES)
     data_offset_after: int = Field(ge=_HEAD_BYTES)
     size_bytes: int = Field(ge=_HEAD_BYTES)
-    verification: VerifyMode
-    tensors_verified: int = Field(ge=0)
-    duration_s: float = Field(ge=0)
+    verification: VerifyMode = Field(description="sampled, full or none (see gguf_edit)")
+    tensors_verified: int = Field(ge=0, description="tensors whose data was compared")
+    duration_s: float = Field(ge=0, description="wall seconds, verification included")
 
 
 # --- validation ------------------------------------------------------------------------------
@@ -236,15 +194,10 @@ def _protected(key: str) -> bool:
 
 def validate_metadata_edits(edits: Sequence[MetadataEdit | dict[str, Any]] | None,
                             artifact_keys: Sequence[str] | None = None) -> tuple[MetadataEdit, ...]:
-    """Check metadata edits before any compute; return them as models.
+    """Check metadata edits (models or dicts) before any compute; return them as models, in order.
 
     Args:
-        edits: :class:`MetadataEdit` models or dicts of their fields (None: no edits).
-        artifact_keys: the artifact keys the run makes (``f16``, ``Q8_0``, ...); when given, an
-            edit's ``artifacts`` must name only these.
-
-    Returns:
-        The edits, in order.
+        artifact_keys: the artifact keys the run makes; when given, ``artifacts`` must name only these.
 
     Raises:
         InputError: naming ``metadata_edits[i]`` and the key: an unknown op or field, an empty
@@ -356,23 +309,16 @@ def _kv_end(index: HeaderIndex) -> int:
 
 
 class MetadataSnapshot(BaseModel):
-    """What :func:`verify_metadata_edits` compares a result against, taken from the source.
-
-    Attributes:
-        index: the source's header index.
-        entry_sha256: key -> sha256 (hex) of its whole entry bytes, for the keys left untouched.
-        tensor_infos_sha256: sha256 (hex) of the tensor infos (end of the entries to header end).
-        samples: tensor name -> sha256 of its first/middle/last 4 KiB (``gguf_edit``).
-        tensor_sha256: tensor name -> sha256 of its whole data, or None when not taken.
-    """
+    """What :func:`verify_metadata_edits` compares a result against, taken from the source."""
 
     model_config = ConfigDict(frozen=True)
 
     index: HeaderIndex
-    entry_sha256: dict[str, str]
-    tensor_infos_sha256: str
-    samples: dict[str, tuple[str, ...]]
-    tensor_sha256: dict[str, str] | None = None
+    entry_sha256: dict[str, str] = Field(description="key -> sha256 of its whole entry bytes, for the untouched keys")
+    tensor_infos_sha256: str = Field(description="sha256 of the tensor infos (end of the entries to header end)")
+    samples: dict[str, tuple[str, ...]] = Field(description="tensor name -> sha256 of its first/middle/last 4 KiB")
+    tensor_sha256: dict[str, str] | None = Field(None,
+        description="tensor name -> sha256 of its whole data, or None when not taken")
 
 
 def _entry_digests(fd: int, index: HeaderIndex, keys: Sequence[str], chunk_bytes: int) -> dict[str, str]:
@@ -398,22 +344,17 @@ def verify_metadata_edits(result_path: Path, before: MetadataSnapshot, keys: Seq
     """Check that ``result_path`` is ``before``'s source with only the edited keys changed.
 
     Args:
-        result_path: the edited GGUF.
-        before: the source's snapshot.
-        keys: the result's keys, in the expected order.
         types: edited key -> (value type name, element type name or None) it must have.
         values: edited key -> the value it must hold (FLOAT32 compared after rounding).
-        full: also compare the sha256 of every tensor's data with the source's (hashed in a
-            second thread; the source must be unchanged).
-        chunk_bytes: read size in bytes.
+        full: also compare every tensor's sha256 with the source's (the source must be unchanged).
 
     Returns:
         The result's header index.
 
     Raises:
-        GGUFError: the result differs from the source in anything but the edited keys (key set
-            or order, an untouched entry's bytes, tensor infos, data section length, a data sample
-            or, with ``full``, a tensor's sha256), or an edited key has another type or value.
+        GGUFError: the result differs in anything but the edited keys (key set or order, an untouched
+            entry, tensor infos, data length, a data sample or, with ``full``, a tensor's sha256), or an
+            edited key has another type or value.
     """
     src = before.index
     after = read_header_index(result_path)
@@ -475,23 +416,15 @@ def apply_metadata_edits(path: Path, edits: Sequence[MetadataEdit | dict[str, An
     """Apply ``edits`` to a GGUF in one streaming pass and verify the result.
 
     Args:
-        path: the GGUF file.
-        edits: the edits (validated with :func:`validate_metadata_edits`; ``artifacts`` is
-            ignored here: every edit given is applied).
+        edits: every edit given is applied (``artifacts`` is ignored here).
         out_path: write the result here (None: replace ``path`` atomically).
-        verify: ``"sampled"`` (default), ``"full"`` or ``"none"``, as in
-            :func:`forgeflow.packaging.gguf_edit.set_metadata`.
+        verify: ``"sampled"``, ``"full"`` or ``"none"``, as in :func:`forgeflow.packaging.gguf_edit.set_metadata`.
         chunk_bytes: header copy and hash buffer in bytes (>= 4096).
 
-    Returns:
-        A :class:`MetadataEditResult` (values read back from the result).
-
     Raises:
-        InputError: an edit is invalid (see :func:`validate_metadata_edits`), ``edits`` is
-            empty, ``chunk_bytes`` < 4096 or ``verify`` is unknown.
+        InputError: an edit is invalid, ``edits`` is empty, ``chunk_bytes`` < 4096 or ``verify`` is unknown.
         GGUFError: the file is not a readable GGUF, a set/delete names an absent key, an add a
-            present one, a set value does not fit the stored type, or verification failed (the
-            destination is untouched).
+            present one, a set value does not fit the stored type, or verification failed.
         DiskFullError: the destination ran out of space (no partial file is left).
     """
     started = time.perf_counter()
@@ -564,18 +497,18 @@ def apply_metadata_edits(path: Path, edits: Sequence[MetadataEdit | dict[str, An
 
 
 def edit_lineage(result: MetadataEditResult, source_sha256: str) -> dict[str, Any]:
-    """The lineage a store record keeps for an edited GGUF: the sha256 (hex) of the file before
-    the edits and each edit as ``{"op", "key", "value_type", "value"}`` (the value read back from
-    the result; None for a delete)."""
+    """A store record's lineage of an edited GGUF: the sha256 before the edits and each edit as
+    ``{"op", "key", "value_type", "value"}`` (read back; None for a delete).
+    """
     return {"edited_from_sha256": source_sha256,
             "metadata_edits": [{"op": e.op, "key": e.key, "value_type": e.value_type,
                                 "value": e.new_value} for e in result.edits]}
 
 
 def recorded_edited_values(store: Store, gguf_sha256: str) -> dict[str, Any]:
-    """key -> value the store records metadata edits set on the GGUF ``gguf_sha256`` (from the
-    ``lineage`` :func:`edit_lineage` wrote), for :func:`forgeflow.packaging.gguf.check_gguf`'s
-    ``edited``; {} when the store records no edit of it."""
+    """key -> value the store's recorded edits set on the GGUF ``gguf_sha256`` ({} when none), for
+    :func:`forgeflow.packaging.gguf.check_gguf`'s ``edited``.
+    """
     values: dict[str, Any] = {}
     for record in store.producers(gguf_sha256):
         for edit in record.lineage.get("metadata_edits") or ():

@@ -1,11 +1,7 @@
 """Reading a GGUF file's header without loading it: metadata spans, tensor spans, digests.
 
-:func:`read_header_index` walks the header (magic, version 2 or 3, metadata key/value pairs, tensor
-infos, alignment) once and records where each metadata value and each tensor lies
-(:class:`HeaderIndex`); :func:`read_metadata` reads one value, :func:`tensor_sha256` digests each
-tensor's bytes, streaming in ``chunk_bytes`` pieces. The value type numbers are those of
-``gguf.GGUFValueType`` (ggml's ``docs/gguf.md``, "enum gguf_metadata_value_type"). The editor that
-rewrites a value in bounded memory is :mod:`forgeflow.packaging.gguf_edit`.
+Value type numbers are those of ``gguf.GGUFValueType`` (ggml's ``docs/gguf.md``, "enum
+gguf_metadata_value_type").
 """
 
 from __future__ import annotations
@@ -56,72 +52,43 @@ def type_name(vtype: int) -> str:
 
 
 class FieldSpan(BaseModel):
-    """Where one key/value entry lies in a GGUF file.
-
-    Attributes:
-        key: the metadata key.
-        value_type: gguf value type name (``UINT32``, ``STRING``, ``ARRAY``, ...).
-        sub_type: element type name for arrays, else ``None``.
-        offset: absolute byte offset of the entry (its key's length prefix).
-        size_bytes: bytes of the whole entry (key, type, value).
-    """
+    """Where one key/value entry lies in a GGUF file (offsets and sizes in bytes)."""
 
     model_config = ConfigDict(frozen=True)
 
     key: str
-    value_type: str
-    sub_type: str | None = None
-    offset: int = Field(ge=24)
-    size_bytes: int = Field(ge=13)
+    value_type: str = Field(description="gguf value type name (UINT32, STRING, ARRAY, ...)")
+    sub_type: str | None = Field(None, description="element type name for arrays, else None")
+    offset: int = Field(ge=24, description="absolute offset of the entry (its key's length prefix)")
+    size_bytes: int = Field(ge=13, description="bytes of the whole entry (key, type, value)")
 
 
 class TensorSpan(BaseModel):
-    """Where one tensor's data lies.
-
-    Attributes:
-        name: tensor name.
-        ggml_type: ggml type name (``F16``, ``Q8_0``, ``Q4_K``, ...).
-        shape: dims in ggml order (``ne[0]`` first: the row length).
-        offset: absolute byte offset of the data.
-        relative_offset: offset inside the data section, as stored in the tensor info.
-        size_bytes: data bytes (elements / block size x block bytes, from
-            :data:`gguf.GGML_QUANT_SIZES`).
-    """
+    """Where one tensor's data lies (offsets and sizes in bytes)."""
 
     model_config = ConfigDict(frozen=True)
 
     name: str
-    ggml_type: str
-    shape: tuple[int, ...]
-    offset: int = Field(ge=0)
-    relative_offset: int = Field(ge=0)
-    size_bytes: int = Field(ge=0)
+    ggml_type: str = Field(description="ggml type name (F16, Q8_0, Q4_K, ...)")
+    shape: tuple[int, ...] = Field(description="dims in ggml order (ne[0], the row length, first)")
+    offset: int = Field(ge=0, description="absolute offset of the data")
+    relative_offset: int = Field(ge=0, description="offset inside the data section, as stored in the tensor info")
+    size_bytes: int = Field(ge=0, description="data bytes (from gguf.GGML_QUANT_SIZES)")
 
 
 class HeaderIndex(BaseModel):
-    """Offsets of a GGUF header, found without materializing its values.
-
-    Attributes:
-        path: the file.
-        version: GGUF version (2 or 3).
-        alignment: data alignment in bytes (``general.alignment`` or 32).
-        header_end: offset just after the last tensor info.
-        data_offset: start of the data section (``header_end`` rounded up to ``alignment``).
-        file_size_bytes: size of the file.
-        fields: key -> span, in file order.
-        tensors: tensor spans in file order.
-    """
+    """Offsets of a GGUF header, found without materializing its values."""
 
     model_config = ConfigDict(frozen=True)
 
     path: Path
-    version: int
-    alignment: int = Field(ge=1)
-    header_end: int = Field(ge=24)
-    data_offset: int = Field(ge=24)
+    version: int = Field(description="GGUF version (2 or 3)")
+    alignment: int = Field(ge=1, description="data alignment in bytes (general.alignment or 32)")
+    header_end: int = Field(ge=24, description="offset just after the last tensor info")
+    data_offset: int = Field(ge=24, description="start of the data section (header_end rounded up to alignment)")
     file_size_bytes: int = Field(ge=24)
-    fields: dict[str, FieldSpan]
-    tensors: tuple[TensorSpan, ...]
+    fields: dict[str, FieldSpan] = Field(description="key -> span, in file order")
+    tensors: tuple[TensorSpan, ...] = Field(description="tensor spans in file order")
 
 
 # --- reading ---------------------------------------------------------------------------------
@@ -188,14 +155,11 @@ class HeaderCursor:
 
 
 def read_header_index(path: Path) -> HeaderIndex:
-    """Index a GGUF header: the offset and size of every key/value entry and tensor.
-
-    Reads the header sequentially (1 MiB buffer) and keeps only offsets, so memory stays at a few
-    MB even for a 150k-token vocabulary.
+    """Index a GGUF header (1 MiB buffer, offsets only: a few MB even for a 150k-token vocabulary).
 
     Raises:
         GGUFError: the file is missing, not GGUF, big-endian, of an unsupported version, or its
-            header is truncated or malformed (the message names the path).
+            header is truncated or malformed (the path named).
     """
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
@@ -286,11 +250,7 @@ def read_metadata(path: Path, key: str, index: HeaderIndex | None = None) -> Any
 
 def tensor_sha256(path: Path, index: HeaderIndex | None = None,
                   chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> dict[str, str]:
-    """sha256 (hex) of every tensor's data region, read in ``chunk_bytes`` pieces.
-
-    Returns:
-        tensor name -> hex digest.
-    """
+    """tensor name -> sha256 (hex) of its data region, read in ``chunk_bytes`` pieces."""
     index = index or read_header_index(path)
     buf = bytearray(chunk_bytes)
     out: dict[str, str] = {}

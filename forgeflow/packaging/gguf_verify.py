@@ -1,8 +1,5 @@
-"""Verification of a GGUF metadata edit (:mod:`forgeflow.packaging.gguf_edit`): a snapshot of the
-source taken before the edit (:func:`snapshot_for_edit`: header digests around the edited entry,
-sampled or whole tensor-data digests) and the checks of the result against it (:func:`verify_edit`).
-The modes (``"sampled"``, ``"full"``, ``"none"``) and what each one can and cannot see are described
-in :mod:`forgeflow.packaging.gguf_edit`'s docstring.
+"""Verification of a GGUF metadata edit: a snapshot of the source before the edit and the checks of the
+result against it (the modes are described in :mod:`forgeflow.packaging.gguf_edit`).
 """
 
 from __future__ import annotations
@@ -34,30 +31,19 @@ VerifyMode = Literal["sampled", "full", "none"]
 
 
 class EditSnapshot(BaseModel):
-    """What :func:`verify_edit` compares an edited file against, taken from the source before
-    the edit (see the module docstring for the checks).
-
-    Attributes:
-        index: the source's header index.
-        key: the key about to be edited.
-        sample_bytes: bytes per data sample.
-        header_prefix_sha256: sha256 (hex) of the source bytes ``[0, entry offset)``.
-        header_suffix_sha256: sha256 (hex) of the source bytes from the end of the entry to
-            ``index.header_end`` (the other entries and the tensor infos).
-        samples: tensor name -> sha256 (hex) of its first, middle and last ``sample_bytes`` (one
-            sample when the tensor is at most ``sample_bytes``), in tensor order.
-        tensor_sha256: tensor name -> sha256 (hex) of its whole data, or None when not taken.
-    """
+    """What :func:`verify_edit` compares an edited file against, taken from the source before the edit."""
 
     model_config = ConfigDict(frozen=True)
 
     index: HeaderIndex
-    key: str
-    sample_bytes: int = Field(ge=1)
-    header_prefix_sha256: str
-    header_suffix_sha256: str
-    samples: dict[str, tuple[str, ...]]
-    tensor_sha256: dict[str, str] | None = None
+    key: str = Field(description="the key about to be edited")
+    sample_bytes: int = Field(ge=1, description="bytes per data sample")
+    header_prefix_sha256: str = Field(description="sha256 of the source bytes [0, entry offset)")
+    header_suffix_sha256: str = Field(description="sha256 from the end of the entry to index.header_end")
+    samples: dict[str, tuple[str, ...]] = Field(
+        description="tensor name -> sha256 of its first, middle and last sample_bytes, in tensor order")
+    tensor_sha256: dict[str, str] | None = Field(None,
+        description="tensor name -> sha256 of its whole data, or None when not taken")
 
 
 def _sample_ranges(t: TensorSpan, sample_bytes: int) -> list[tuple[int, int]]:
@@ -125,16 +111,8 @@ def snapshot_for_edit(path: Path, key: str, *, full: bool = False,
                       index: HeaderIndex | None = None) -> EditSnapshot:
     """Record what :func:`verify_edit` needs from the source of an edit of ``key``.
 
-    Reads the header and ``3 * sample_bytes`` per tensor (milliseconds); with ``full`` also
-    hashes every tensor's whole data (the data section read once, about 1.7 GB/s).
-
-    Args:
-        path: the source GGUF.
-        key: the key about to be edited (must exist).
-        full: also take the sha256 of every tensor's data.
-        sample_bytes: bytes per data sample (>= 1).
-        chunk_bytes: read size in bytes for the header and full hashes (>= 4096).
-        index: the source's header index, if already read.
+    Reads the header and ``3 * sample_bytes`` per tensor (milliseconds); ``full`` also hashes every
+    tensor's data (about 1.7 GB/s).
 
     Raises:
         GGUFError: the file is not a readable GGUF or ``key`` is absent.
@@ -163,27 +141,15 @@ def verify_edit(result_path: Path, before: EditSnapshot, value: Any, *, full: bo
                 chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> tuple[HeaderIndex, Any]:
     """Check that ``result_path`` is ``before``'s source with only ``before.key`` set to ``value``.
 
-    The sampled checks always run (module docstring); with ``full`` the sha256 of every tensor's
-    data is compared too, against ``before.tensor_sha256`` or, when that is None, against the
-    source file ``before.index.path`` hashed in a second thread (the source must then be
-    unchanged: the streaming path).
-
-    Args:
-        result_path: the edited GGUF.
-        before: the snapshot of the source, from :func:`snapshot_for_edit`.
-        value: the value the key must now hold (FLOAT32 values are compared after rounding to
-            float32).
-        full: also compare whole-tensor sha256.
-        chunk_bytes: read size in bytes (>= 4096).
+    With ``full`` every tensor's sha256 is compared too, against ``before.tensor_sha256`` or else the
+    source hashed in a second thread (the source must be unchanged). FLOAT32 values compare after rounding.
 
     Returns:
         The result's header index and the key's value read back from it.
 
     Raises:
-        GGUFError: the result is not a readable GGUF, or differs from the source in anything
-            but the key (tensor infos, key set/order, other header bytes, data section length,
-            a data sample or, with ``full``, a tensor's sha256), or the key does not hold
-            ``value``; the message names the result, the key and what differs.
+        GGUFError: the result is not a readable GGUF, differs from the source in anything but the key,
+            or the key does not hold ``value`` (result, key and difference named).
         InputError: ``chunk_bytes`` < 4096.
     """
     if chunk_bytes < 4096:

@@ -1,17 +1,10 @@
 """The lineage of a model artifact from the store: base model -> adapter(s) -> merged checkpoint ->
 GGUF(s) -> the serving generations that served it.
 
-An artifact is named by its content digest and may have more than one producer
-(:meth:`forgeflow.ledger.store.Store.producers`): the same GGUF bytes can come from two adapters (a
-small LoRA delta can vanish in f16/Q8_0 rounding) or be recorded by several runs. The lineage is
-therefore a set of *chains*, one per distinct path of parent digests from a root (an artifact
-without a parent) to the artifact; the runs that recorded each step from the same parent are
-listed on that step, never dropped. Chains are ordered newest first: at every step the parent
-recorded most recently comes first, so :attr:`LineageReport.chain` is the chain of the latest run.
-
-Each step's recorded path is checked against its digest (``path_status``): a folder or file that
-was later overwritten with other content (``changed``) or removed (``missing``) is reported, and
-named in :attr:`LineageReport.warnings`.
+An artifact (a content digest) may have several producers (the same GGUF bytes from two adapters,
+or several runs), so the lineage is a set of chains, one per distinct path of parent digests,
+newest first; every run that recorded a step is listed on it. Each step's path is checked against
+its digest (``path_status``).
 """
 
 from __future__ import annotations
@@ -35,44 +28,33 @@ MIN_PREFIX_CHARS = 8
 
 
 class LineageStep(BaseModel):
-    """One artifact on a chain, as made from ``parent_sha256``.
-
-    Attributes:
-        sha256 / kind / quantization: the artifact.
-        parent_sha256: the parent on this chain (None for a root such as a base model).
-        path: where the latest production from this parent was written.
-        path_status: ``ok`` (the path holds these bytes), ``changed`` (other content now),
-            ``missing``, or ``unchecked`` (not verified).
-        run_ids: every run that recorded this artifact from this parent, first recorded first.
-        lineage: the latest such production's lineage record (e.g. an adapter's dataset and
-            hyper-parameters).
-        recorded_at: when that latest production was first recorded (UTC).
-    """
+    """One artifact on a chain, as made from ``parent_sha256``."""
 
     model_config = ConfigDict(frozen=True)
 
     sha256: str
     kind: str
     quantization: str | None
-    parent_sha256: str | None
-    path: str
-    path_status: PathStatus
-    run_ids: list[str | None]
-    lineage: dict[str, Any] = Field(default_factory=dict)
-    recorded_at: datetime | None = None
+    parent_sha256: str | None = Field(description="the parent on this chain (None for a root such as a base model)")
+    path: str = Field(description="where the latest production from this parent was written")
+    path_status: PathStatus = Field(description="ok (the path holds these bytes), changed, missing, or unchecked")
+    run_ids: list[str | None] = Field(
+        description="every run that recorded this artifact from this parent, first recorded first")
+    lineage: dict[str, Any] = Field(default_factory=dict,
+        description="the latest production's lineage record (e.g. an adapter's dataset and hyperparameters)")
+    recorded_at: datetime | None = Field(None, description="when that latest production was first recorded (UTC)")
 
 
 class LineageReport(BaseModel):
-    """The lineage of ``artifact_sha256``: every chain (base model first), the serving generations
-    that served it, and warnings (several producers, a parent missing from the store, a recorded
-    path that no longer holds its digest)."""
+    """The lineage of ``artifact_sha256``: every chain, the serving generations that served it, warnings."""
 
     model_config = ConfigDict(frozen=True)
 
     artifact_sha256: str
-    chains: list[list[LineageStep]]
+    chains: list[list[LineageStep]] = Field(description="every chain, newest first, each base model first")
     serving_generations: list[ServingGenerationRecord]
-    warnings: list[str] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list,
+        description="several producers, a parent missing from the store, a path no longer holding its digest")
 
     @property
     def chain(self) -> list[LineageStep]:
@@ -89,12 +71,11 @@ class LineageReport(BaseModel):
 
 
 def resolve_sha256(store: Store, prefix: str, known: Iterable[str] | None = None) -> str:
-    """The one recorded artifact digest starting with ``prefix`` (at least 8 hex characters);
-    ``known`` is every recorded digest when the caller has already read them (else read here).
+    """The one recorded artifact digest starting with ``prefix`` (>= 8 hex characters); ``known``: the
+    recorded digests if already read.
 
     Raises:
-        InputError: the prefix is empty, not hex, shorter than 8 characters ("too short", whatever it
-            matches), matches no artifact, or matches several ("is ambiguous").
+        InputError: the prefix is empty, not hex, too short, matches no artifact, or is ambiguous.
     """
     prefix = prefix.strip().lower()
     if not prefix:
@@ -126,14 +107,8 @@ def lineage_of(store: Store, sha256_prefix: str, *, verify_paths: bool = True) -
     """Walk from an artifact up to its roots through every recorded producer.
 
     Args:
-        store: the ledger.
         sha256_prefix: the artifact's sha256 or a prefix of at least 8 hex characters.
-        verify_paths: digest each step's recorded path (a GGUF file, an adapter's weights and
-            config, a model folder's files) and report ``changed``/``missing``; False leaves
-            every step ``unchecked`` (no file is read).
-
-    Returns:
-        The :class:`LineageReport`; chains newest first, each base model first.
+        verify_paths: digest each step's recorded path; False leaves every step ``unchecked``.
 
     Raises:
         InputError: as :func:`resolve_sha256`.
@@ -205,21 +180,14 @@ def lineage_of(store: Store, sha256_prefix: str, *, verify_paths: bool = True) -
 
 
 class RecordedSource(BaseModel):
-    """What the store records a GGUF was converted from, on one of its chains.
-
-    Attributes:
-        checkpoint_sha256: the parent of the chain's first GGUF (the f16 conversion): a base model or
-            merged checkpoint (``sha256_tree``), or an adapter when no merged checkpoint was recorded.
-        checkpoint_kind: that artifact's kind (``base``, ``merged``, ``adapter``).
-        adapter_sha256: the adapter merged into it (the nearest adapter above the GGUF, else a merged
-            checkpoint's recorded parent), or None.
-    """
+    """What the store records a GGUF was converted from, on one of its chains."""
 
     model_config = ConfigDict(frozen=True)
 
-    checkpoint_sha256: str
-    checkpoint_kind: str
-    adapter_sha256: str | None
+    checkpoint_sha256: str = Field(
+        description="parent of the chain's first GGUF: a base or merged checkpoint, or an adapter")
+    checkpoint_kind: str = Field(description="base, merged or adapter")
+    adapter_sha256: str | None = Field(description="the adapter merged into it, or None")
 
 
 def recorded_sources(store: Store, gguf_sha256: str) -> list[RecordedSource]:
@@ -249,19 +217,14 @@ def check_release_sources(store: Store, gguf_sha256: str, hf_sha256: str, hf_dir
                           adapter_dir: Path | None) -> RecordedSource | None:
     """Check the sources a release names against what the store records for the GGUF.
 
-    A GGUF the store knows must be published with the checkpoint its recorded chain was converted
-    from (``hf_sha256``, the ``sha256_tree`` of ``hf_dir``) and, when that chain has an adapter,
-    with that adapter (``adapter_dir``, compared with :func:`forgeflow.training.adapters.adapter_matches`); an
-    ``adapter_dir`` given for a chain without an adapter does not match either. When the recorded
-    chain has no merged checkpoint (the GGUF's parent is the adapter), only the adapter is compared.
-    With several producers, matching any one chain is enough.
+    The checkpoint (``hf_sha256``) and, where the chain has one, the adapter must be the chain's; with
+    several producers any one chain is enough.
 
     Returns:
-        The matching :class:`RecordedSource`, or None when the store does not know the GGUF (the
-        caller cannot cross-check; nothing is raised).
+        The matching :class:`RecordedSource`, or None when the store does not know the GGUF.
 
     Raises:
-        InputError: no recorded chain matches; names what was given and what the store recorded.
+        InputError: no recorded chain matches (what was given and what the store recorded named).
     """
     sources = recorded_sources(store, gguf_sha256)
     if not sources:

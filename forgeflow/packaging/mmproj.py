@@ -1,13 +1,8 @@
 """The vision projector (mmproj) of an image-text-to-text checkpoint: converted, checked, recorded beside its GGUF.
 
-llama.cpp serves a multimodal model as two files: the language model's GGUF (quantized like any text model)
-and the projector GGUF (``general.architecture = clip``: the vision tower and its merger) given to
-``llama-server --mmproj``. :func:`convert_text` and :func:`convert_mmproj` run the pinned sdist's
-``convert_hf_to_gguf.py`` once each (``--mmproj`` for the second); :func:`check_mmproj` checks the projector
-against the vision tower it was converted from (metadata against ``vision_config``, and for the Qwen3-VL /
-Qwen3.5 merger every tensor against the checkpoint's ``visual.*`` tensor); :func:`projector_lineage` is what
-the store records beside each GGUF the projector serves with. The projector keeps the type it was converted
-in: quantization plans apply to the text GGUF only.
+llama.cpp serves a multimodal model as two files: the text GGUF and the projector GGUF
+(``general.architecture = clip``) given to ``llama-server --mmproj``. The projector keeps the type it
+was converted in: quantization plans apply to the text GGUF only.
 """
 
 from __future__ import annotations
@@ -35,24 +30,17 @@ _FIXED_MAP = {"mm.0": "merger.linear_fc1", "mm.2": "merger.linear_fc2", "v.post_
 
 
 class MmprojCheck(BaseModel):
-    """What :func:`check_mmproj` found.
-
-    Attributes:
-        path: the projector GGUF; projector_type: ``clip.projector_type`` (e.g. ``qwen3vl_merger``).
-        block_count / embedding_length / projection_dim: ``clip.vision.*`` (layers, tower width, output width).
-        vision_sha256: :func:`forgeflow.packaging.vl_model.vision_tower_sha256` of the checkpoint.
-        tensors_compared: projector tensors compared value by value with the checkpoint's (0: type not mapped).
-    """
+    """What :func:`check_mmproj` found."""
 
     model_config = ConfigDict(frozen=True)
 
     path: Path
-    projector_type: str
-    block_count: int = Field(ge=1)
-    embedding_length: int = Field(ge=1)
-    projection_dim: int = Field(ge=1)
-    vision_sha256: str
-    tensors_compared: int = Field(ge=0)
+    projector_type: str = Field(description="clip.projector_type (e.g. qwen3vl_merger)")
+    block_count: int = Field(ge=1, description="clip.vision.block_count (layers)")
+    embedding_length: int = Field(ge=1, description="clip.vision.embedding_length (tower width)")
+    projection_dim: int = Field(ge=1, description="clip.vision.projection_dim (output width)")
+    vision_sha256: str = Field(description="vision_tower_sha256 of the checkpoint")
+    tensors_compared: int = Field(ge=0, description="projector tensors compared value by value (0: type not mapped)")
 
 
 def _config(hf_dir: Path) -> dict[str, Any]:
@@ -73,12 +61,10 @@ def convert_text(hf_dir: Path, out_path: Path, outtype: str = "f16") -> GGUFArti
 
 
 def convert_mmproj(hf_dir: Path, out_path: Path, outtype: str = "f16") -> GGUFArtifact:
-    """The vision tower + merger of ``hf_dir`` as a projector GGUF (``convert_hf_to_gguf.py --mmproj``), named
-    ``"<vision model_type> projector"`` rather than after the folder, so one vision tower converts to the same
-    bytes (one sha256) from the base and from every merged checkpoint of its adapter lineage.
+    """The vision tower + merger of ``hf_dir`` as a projector GGUF (``convert_hf_to_gguf.py --mmproj``).
 
-    Returns:
-        The artifact (``type``: the converted type, e.g. ``F16``; 1-D tensors stay F32).
+    Named ``"<vision model_type> projector"`` rather than after the folder, so one tower converts to the
+    same sha256 from the base and every merge of its adapter lineage. 1-D tensors stay F32.
 
     Raises:
         InputError: ``hf_dir`` is not an image-text-to-text checkpoint (no ``vision_config``).
@@ -139,11 +125,9 @@ def _compare_tensors(reader: Any, hf_dir: Path, path: Path) -> int:
 def check_mmproj(mmproj_path: Path, hf_dir: Path) -> MmprojCheck:
     """Check a projector GGUF against the vision tower of the checkpoint it was converted from.
 
-    Compared: ``general.architecture`` is ``clip`` with a vision encoder; ``clip.vision.block_count`` <-
-    ``vision_config.depth``; ``clip.vision.embedding_length`` <- ``vision_config.hidden_size``;
-    ``clip.vision.projection_dim`` <- ``vision_config.out_hidden_size`` (the text model's width); for
-    ``qwen3vl_merger`` every tensor value by value (F32 exactly, F16 to 2e-3) against the ``visual.*`` tensor
-    it maps to, and no vision tensor left out.
+    ``clip.vision.block_count`` / ``embedding_length`` / ``projection_dim`` against ``vision_config``'s
+    ``depth`` / ``hidden_size`` / ``out_hidden_size``; for ``qwen3vl_merger`` every tensor against its
+    ``visual.*`` tensor (F32 exactly, F16 to 2e-3), none left out.
 
     Raises:
         GGUFError: unreadable file, or a key/tensor differs (named, with both values).

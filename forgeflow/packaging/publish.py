@@ -1,39 +1,14 @@
 """Publish a packaged model (a GGUF file plus its lineage/metadata JSON) to a model store.
 
-Two stores, chosen by the caller (the ``ModelStore`` block's kind):
+Local directory (:func:`publish_local`): content-addressed, atomic, idempotent. HF Hub
+(:func:`publish_hub`): one ``create_commit`` pinned to a parent commit (the Hub answers HTTP 412 when
+the branch moved), then every file read back with ``get_paths_info`` and compared (LFS oid = sha256;
+a regular file's git blob id = ``sha1("blob <size>\\0" + bytes)``).
 
-* **local directory** (the embedded default, :func:`publish_local`): the files are copied into
-  ``<store_root>/<name>/<revision>/`` where ``revision`` is the first 16 hex digits of the sha256
-  of the canonical JSON list of ``(file name, sha256)``: the same artifact always lands in the same
-  folder (a re-run is a no-op) and a different one never overwrites it. The copy is made in a
-  temporary sibling folder (each file fsynced, its sha256 re-read and compared), the record
-  ``publish.json`` is written last, and the folder is renamed into place (atomic on one file
-  system).
-* **HF Hub** (:func:`publish_hub`, through ``huggingface_hub``'s :class:`~huggingface_hub.HfApi`):
-  ``create_repo(exist_ok=True)``, then ``create_commit(..., parent_commit=<pinned parent>)``: the
-  Hub refuses the commit (HTTP 412) when the branch no longer points at the parent, which surfaces
-  as :class:`~forgeflow.common.errors.StaleParentCommitError`. The parent is the caller's (e.g. the
-  revision of the last publish it recorded) or, when none is given, the branch head read once
-  before uploading; a caller's parent that is already behind the head is refused before any
-  upload (``create_commit`` drops files identical at the head and would then return the head
-  without sending a commit, so without the server's check). When every file is already identical
-  at the head, no commit is made and the record's ``revision`` equals its ``parent_revision``.
-  After the commit, ``get_paths_info(repo, paths, revision=<new commit>)`` must
-  report, for every file, the local size and: for an LFS file the local sha256 (the LFS oid), for
-  a regular (small text) file the local git blob id (``sha1("blob <size>\\0" + bytes)``, git's
-  object format). A difference raises :class:`~forgeflow.common.errors.PublishDigestMismatchError`.
-
-The Hub token comes only from the caller (a Prefect Secret block in the task layer): it is never
-read from the environment or the local ``huggingface_hub`` login (``HfApi(token=False)`` when the
-caller gives none), never logged, never put into an exception message or the record (messages are
-scrubbed of it in case a server echoes it back).
-
-Transfers: ``huggingface_hub`` uploads LFS content through Xet storage whenever ``hf_xet`` is
-installed (``_commit_api._upload_files``). ``transfer="lfs"`` forces the Git LFS batch protocol
-(``POST <repo>.git/info/lfs/objects/batch`` then a ``PUT`` per object) for servers without Xet
-storage, such as a loopback Hub-compatible server: it sets ``huggingface_hub.constants
-.HF_HUB_DISABLE_XET`` for the duration of the upload, under a module lock (a process-wide
-switch: another thread's concurrent Hub upload would also use LFS meanwhile).
+The Hub token comes only from the caller (a Prefect Secret block): never read from the environment
+or the local login (``HfApi(token=False)``), never logged, recorded or left in a message (scrubbed).
+``transfer="lfs"`` forces the Git LFS batch protocol for servers without Xet storage by setting
+``huggingface_hub.constants.HF_HUB_DISABLE_XET`` under a module lock (a process-wide switch).
 """
 
 from __future__ import annotations
@@ -85,66 +60,36 @@ _XET_LOCK = threading.Lock()
 
 
 class PublishedFile(BaseModel):
-    """One file of a published artifact.
-
-    Attributes:
-        path_in_store: Name of the file inside the store folder / repository.
-        sha256: Hex sha256 of its bytes (64 characters).
-        size_bytes: Its size.
-        role: ``gguf`` (the model), ``metadata`` (the lineage/metadata JSON), ``mmproj`` (the vision
-            projector GGUF a multimodal model is served with), ``adapter`` (a file of the LoRA adapter
-            merged into the GGUF, under ``adapter/``) or ``checkpoint`` (a file of the HF checkpoint the
-            GGUF was converted from, under ``checkpoint/``): what the lineage names is kept beside it.
-    """
+    """One file of a published artifact."""
 
     model_config = ConfigDict(frozen=True)
 
-    path_in_store: str = Field(min_length=1)
-    sha256: str = Field(min_length=64, max_length=64)
+    path_in_store: str = Field(min_length=1, description="name of the file inside the store folder / repository")
+    sha256: str = Field(min_length=64, max_length=64, description="hex sha256 of its bytes")
     size_bytes: int = Field(ge=0)
-    role: Literal["gguf", "metadata", "mmproj", "adapter", "checkpoint"]
+    role: Literal["gguf", "metadata", "mmproj", "adapter", "checkpoint"] = Field(
+        description="gguf, metadata, mmproj (projector), adapter (under adapter/) or checkpoint (under checkpoint/)")
 
 
 class PublishRecord(BaseModel):
-    """What was published where, as verified after publishing (holds no credential).
-
-    Attributes:
-        schema_version: :data:`PUBLISH_SCHEMA_VERSION`.
-        backend: ``local`` or ``hf_hub``.
-        location: The store folder (local) or ``<endpoint>/<repo_id>`` (Hub).
-        repo_id: The Hub repository (None for local).
-        revision: The local revision (16 hex digits of the content digest) or the Hub commit oid
-            (40 hex digits) holding the files.
-        parent_revision: The Hub commit the new commit was pinned to (None for local).
-        files: The published files with their sha256 and size.
-        published_at_unix_s: When the publish finished (an idempotent local re-run keeps the
-            first time).
-    """
+    """What was published where, as verified after publishing (holds no credential)."""
 
     model_config = ConfigDict(frozen=True)
 
     schema_version: int = PUBLISH_SCHEMA_VERSION
     backend: Literal["local", "hf_hub"]
-    location: str
-    repo_id: str | None = None
-    revision: str = Field(min_length=1)
-    parent_revision: str | None = None
+    location: str = Field(description="the store folder (local) or <endpoint>/<repo_id> (Hub)")
+    repo_id: str | None = Field(None, description="the Hub repository (None for local)")
+    revision: str = Field(min_length=1, description="local: 16 hex digits of the content digest; Hub: the commit oid")
+    parent_revision: str | None = Field(None,
+        description="the Hub commit the new commit was pinned to (None for local)")
     files: list[PublishedFile] = Field(min_length=1)
-    published_at_unix_s: float
+    published_at_unix_s: float = Field(
+        description="when the publish finished (an idempotent local re-run keeps the first time)")
 
 
 class HubTarget(BaseModel):
-    """Where on an HF Hub :func:`publish_hub` commits a release (holds no credential: the token
-    travels apart, from the caller's Secret block).
-
-    Attributes:
-        repo_id: ``namespace/name`` of the model repository.
-        endpoint: The Hub's base URL (default the public Hub, :data:`HF_ENDPOINT`).
-        revision: The branch to commit to.
-        private: Visibility of the repository if the publish creates it.
-        transfer: ``auto`` (``huggingface_hub``'s choice: Xet when ``hf_xet`` is installed) or
-            ``lfs`` (the Git LFS batch protocol, for servers without Xet storage).
-    """
+    """Where on an HF Hub :func:`publish_hub` commits a release (holds no credential)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -162,8 +107,7 @@ adapter merged into it and the HF checkpoint it was converted from."""
 
 
 def _folder_files(folder: Path, role: str) -> list[tuple[Path, str]]:
-    """The regular files of a folder as (path, path in store under ``<role>/``), sorted; symlinks
-    and dot-files (staging leftovers) are not part of a release.
+    """The regular files of a folder as (path, path in store under ``<role>/``), sorted; no symlinks or dot-files.
 
     Raises:
         InputError: the folder is missing or holds no file (named as ``<role>_dir``).
@@ -181,14 +125,11 @@ def _folder_files(folder: Path, role: str) -> list[tuple[Path, str]]:
 def _check_artifact(gguf_path: Path, metadata_path: Path, adapter_dir: Path | None = None,
                     checkpoint_dir: Path | None = None,
                     mmproj_path: Path | None = None) -> list[tuple[Path, PublishedFile]]:
-    """Preflight: the GGUF header reads, the metadata is a JSON object, the names differ; the files
-    of ``adapter_dir`` and ``checkpoint_dir`` (:func:`_folder_files`) join the release under
-    ``adapter/`` and ``checkpoint/``; the projector ``mmproj_path`` (a GGUF) joins it under its own
-    name, and must be the one the metadata names (``mmproj_sha256``) when it names one.
+    """Preflight: the GGUF header reads, the metadata is a JSON object, the names differ, and the projector
+    is the one the metadata names (``mmproj_sha256``).
 
     Raises:
-        InputError: as :func:`publish_local` says; the metadata names a projector and ``mmproj_path``
-            is None or has another sha256.
+        InputError: as :func:`publish_local` says.
     """
     from forgeflow.packaging.gguf_reader import read_header_index
 
@@ -284,8 +225,7 @@ def read_local_record(folder: Path) -> PublishRecord:
 
 
 def check_model_name(name: str) -> str:
-    """``name`` when it is one safe path component of a local model store (letters, digits, ``._-``; not
-    ``.`` or ``..``), the folder a release goes under.
+    """``name`` when it is one safe path component (letters, digits, ``._-``; not ``.`` or ``..``).
 
     Raises:
         InputError: it is not (a path such as ``../x`` would leave the store).
@@ -300,28 +240,13 @@ def publish_local(gguf_path: Path, metadata_path: Path, store_root: Path, name: 
     """Publish a GGUF and its metadata JSON (and the adapter merged into it, the checkpoint it was
     converted from) into a local store folder (atomic, idempotent).
 
-    Layout: ``<store_root>/<name>/<revision>/{<gguf name>, <metadata name>, [<mmproj name>,] [adapter/...,]
-    [checkpoint/...,] publish.json}`` with
-    ``revision`` = :func:`local_revision` of the files. The files are copied (fsynced) into a
-    temporary sibling folder, each copy's sha256 is compared with the source's (a source that
-    changes during the copy is caught), ``publish.json`` is written, and the folder is renamed to
-    its final name. When that folder already exists (a re-run), its files are re-checked and its
-    record is returned unchanged.
+    Layout: ``<store_root>/<name>/<revision>/`` with ``revision`` = :func:`local_revision` of the files
+    (adapter files under ``adapter/``, checkpoint files under ``checkpoint/``) and ``publish.json``
+    written last. Copies are fsynced and re-hashed in a temporary sibling, then renamed into place; an
+    existing folder of the revision is re-checked and its record returned.
 
     Args:
-        gguf_path: The GGUF file (its header must read: :func:`forgeflow.packaging.gguf_edit.read_header_index`).
-        metadata_path: The lineage/metadata JSON (a JSON object).
-        store_root: Root folder of the local model store (created if missing).
-        name: Model name: one path component (letters, digits, ``._-``).
-        adapter_dir: The LoRA adapter folder merged into the GGUF (its files go under
-            ``adapter/``, each sha256-verified like the GGUF), or None.
-        checkpoint_dir: The HF checkpoint folder the GGUF was converted from (the merged one when an
-            adapter was merged; under ``checkpoint/``), or None.
-        mmproj_path: The vision projector GGUF the model is served with (role ``mmproj``), or None;
-            required when the metadata names one (``mmproj_sha256``), and then that file.
-
-    Returns:
-        The :class:`PublishRecord` (``backend="local"``, ``location`` = the final folder).
+        mmproj_path: the vision projector GGUF; required when the metadata names one, and then that file.
 
     Raises:
         InputError: ``name`` is not one safe path component, the metadata is not a JSON object,
@@ -395,10 +320,8 @@ class _Scrubber:
 
 
 def _hub_error(exc: BaseException, action: str, where: str, scrub: _Scrubber) -> ForgeflowError:
-    """Map a ``huggingface_hub`` or transport exception to forgeflow's hierarchy (token scrubbed).
-
-    HTTP 429/5xx and transport failures (connection refused or reset, timeouts) are transient;
-    other HTTP errors and malformed answers are not.
+    """Map a ``huggingface_hub`` or transport exception to forgeflow's errors (token scrubbed); HTTP
+    429/5xx and transport failures are transient.
     """
     from huggingface_hub.errors import HfHubHTTPError
 
@@ -443,46 +366,25 @@ def publish_hub(
     checkpoint_dir: Path | None = None,
     mmproj_path: Path | None = None,
 ) -> PublishRecord:
-    """Publish a GGUF and its metadata JSON to an HF Hub model repository, then verify them.
-
-    Steps (all through :class:`huggingface_hub.HfApi`): ``create_repo(hub.repo_id,
-    private=hub.private, exist_ok=True)``; the parent commit = ``parent_commit`` or the head of
-    ``hub.revision`` (``repo_info``); ``create_commit`` of both files with ``parent_commit``
-    pinned (the Hub answers 412 if the branch moved: nothing is committed);
-    ``get_paths_info(repo_id, paths, revision=<new commit oid>)``: each file must be there with
-    the local size and the local sha256 as its LFS oid (LFS files) or the local git blob id
-    (regular files).
+    """Publish a GGUF and its metadata JSON (and adapter, checkpoint, projector files) to an HF Hub model
+    repository in one commit, then verify them at the new commit.
 
     Args:
-        gguf_path: The GGUF file (its header must read).
-        metadata_path: The lineage/metadata JSON (a JSON object).
-        hub: Where the commit goes (:class:`HubTarget`: repository, endpoint, branch, visibility
-            on creation, transfer protocol).
-        token: A write token from the caller (a Prefect Secret block), or None for a server that
-            needs none. Never read from the environment, never logged or recorded.
-        parent_commit: The 40-hex commit the branch must still point at; None pins the head read
-            at the start of this call.
-        commit_message: Default ``Publish <gguf name> (sha256 <first 12 hex>)``.
-        adapter_dir: The LoRA adapter folder merged into the GGUF: its files are committed under
-            ``adapter/`` in the same commit and verified like the GGUF; or None.
-        checkpoint_dir: The HF checkpoint folder the GGUF was converted from, likewise under
-            ``checkpoint/``; or None.
-        mmproj_path: The vision projector GGUF, committed beside the GGUF under its own name and
-            verified like it (required when the metadata names one, and then that file); or None.
+        token: a write token from the caller, or None for a server that needs none.
+        parent_commit: the 40-hex commit the branch must still point at; None pins the head read at the
+            start (``create_commit`` drops unchanged files, so a stale parent is refused before upload).
+        commit_message: default ``Publish <gguf name> (sha256 <first 12 hex>)``.
 
     Returns:
-        The :class:`PublishRecord` (``backend="hf_hub"``, ``revision`` = the new commit oid,
-        ``parent_revision`` = the pinned parent; equal when the files were already there).
+        The :class:`PublishRecord`; ``revision`` equals ``parent_revision`` when every file was already there.
 
     Raises:
-        InputError: ``hub.repo_id`` is not ``namespace/name``, ``hub.transfer`` is unknown (a
-            target built without validation), the metadata is not a JSON object, the projector it
-            names is not ``mmproj_path``, or ``parent_commit`` is not 40 hex digits.
+        InputError: ``hub.repo_id`` is not ``namespace/name``, ``hub.transfer`` is unknown, the metadata
+            is not a JSON object, the projector it names is not ``mmproj_path``, or ``parent_commit`` is
+            not 40 hex digits.
         GGUFError: ``gguf_path`` is missing or not a GGUF file.
-        StaleParentCommitError: the branch does not point at ``parent_commit`` (checked before
-            uploading), or moved during the upload (the Hub's HTTP 412 on the commit).
-        PublishDigestMismatchError: a file read back at the new commit is missing or has another
-            sha256/size than the local file (path, expected and found values in the message).
+        StaleParentCommitError: the branch does not point at ``parent_commit`` (before or during upload).
+        PublishDigestMismatchError: a file read back at the new commit is missing or differs.
         ModelStoreError: the Hub refused a request (401/403/404/4xx).
         ModelStoreUnavailableError: the Hub is unreachable or answered 429/5xx (transient).
     """

@@ -1,12 +1,5 @@
-"""The metadata JSON that travels with a released GGUF: what it is and where it comes from.
-
-A release is the pair a model store receives (:mod:`forgeflow.packaging.publish`): the quantized GGUF and
-``<gguf stem>.lineage.json``, written here. The JSON names the GGUF by sha256 and size, the
-checkpoint it was converted from (``sha256_tree`` of the HF folder), the adapter merged into it with
-that adapter's own lineage (base model, parent adapter, dataset, hyper-parameters, training run),
-and the run that packaged it, so ``sha256(GGUF)`` leads back to the base model through the chain.
-A multimodal model's GGUF serves only with its vision projector: the JSON names the projector's file
-and sha256 (``mmproj_file``, ``mmproj_sha256``) and the release carries it (role ``mmproj``).
+"""The metadata JSON that travels with a released GGUF (``<gguf stem>.lineage.json``): what it is and
+where it comes from, so ``sha256(GGUF)`` leads back to the base model.
 """
 
 from __future__ import annotations
@@ -25,61 +18,43 @@ RELEASE_SCHEMA_VERSION = 1
 
 
 class ReleaseSources(BaseModel):
-    """What a GGUF was made from, as its release names (and optionally carries) it.
-
-    Attributes:
-        hf_sha256: ``sha256_tree`` of the HF checkpoint folder the GGUF was converted from.
-        adapter_dir: the LoRA adapter merged into it, or None; its lineage goes into the metadata
-            JSON and its files into the release (``adapter/``).
-        checkpoint_dir: that checkpoint folder (the one ``hf_sha256`` was computed from), when the
-            release carries it too (``checkpoint/``, each file sha256-verified on publish), else None.
-        mmproj_path: the vision projector GGUF the model is served with (a package run of an
-            image-text-to-text checkpoint writes it: its ``mmproj`` artifact), else None (text-only).
-    """
+    """What a GGUF was made from, as its release names (and optionally carries) it."""
 
     model_config = ConfigDict(frozen=True)
 
-    hf_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    adapter_dir: Path | None = None
-    checkpoint_dir: Path | None = None
-    mmproj_path: Path | None = None
+    hf_sha256: str = Field(pattern=r"^[0-9a-f]{64}$",
+        description="sha256_tree of the HF checkpoint folder the GGUF was converted from")
+    adapter_dir: Path | None = Field(None,
+        description="the LoRA adapter merged into it (lineage in the JSON, files under adapter/), or None")
+    checkpoint_dir: Path | None = Field(None,
+        description="that checkpoint folder when the release carries it (under checkpoint/), else None")
+    mmproj_path: Path | None = Field(None,
+        description="the vision projector GGUF the model is served with, else None (text-only)")
 
 
 class ReleaseMetadata(BaseModel):
-    """The lineage/metadata of one released GGUF (holds no credential).
-
-    Attributes:
-        schema_version: :data:`RELEASE_SCHEMA_VERSION`.
-        gguf_file: file name of the GGUF.
-        gguf_sha256: hex sha256 of its bytes (64 characters).
-        gguf_size_bytes: its size.
-        quantization: its tensor type (``Q8_0``, ``Q4_K_M``, ``F16``, ``<preset>+mixed``...).
-        tensor_types: per-tensor overrides of a mixed quantization (regex -> ggml type), or None.
-        hf_sha256: ``sha256_tree`` of the HF checkpoint folder the GGUF was converted from (the merged
-            checkpoint when an adapter was merged; the adapter's lineage names the base model).
-        adapter_sha256: ``adapter_sha256`` of the merged LoRA adapter, or None (base model only).
-        adapter_lineage: the adapter's ``lineage.json`` record (see :class:`forgeflow.training.burst.Lineage`).
-        mmproj_file: file name of the vision projector GGUF served with it, or None (text-only).
-        mmproj_sha256: hex sha256 of that projector's bytes, or None.
-        run_id: the Prefect flow run that packaged/published it ("" outside a run).
-        created_at: UTC time this metadata was written.
-    """
+    """The lineage/metadata of one released GGUF (holds no credential)."""
 
     model_config = ConfigDict(frozen=True)
 
     schema_version: int = RELEASE_SCHEMA_VERSION
     gguf_file: str = Field(min_length=1)
-    gguf_sha256: str = Field(min_length=64, max_length=64)
+    gguf_sha256: str = Field(min_length=64, max_length=64, description="hex sha256 of the GGUF's bytes")
     gguf_size_bytes: int = Field(ge=1)
-    quantization: str
-    tensor_types: dict[str, str] | None = None
-    hf_sha256: str = Field(min_length=64, max_length=64)
-    adapter_sha256: str | None = None
-    adapter_lineage: dict[str, Any] | None = None
-    mmproj_file: str | None = None
-    mmproj_sha256: str | None = Field(None, min_length=64, max_length=64)
-    run_id: str = ""
-    created_at: datetime
+    quantization: str = Field(description="its tensor type (Q8_0, Q4_K_M, F16, <preset>+mixed, ...)")
+    tensor_types: dict[str, str] | None = Field(None,
+        description="per-tensor overrides of a mixed quantization (regex -> ggml type), or None")
+    hf_sha256: str = Field(min_length=64, max_length=64,
+        description="sha256_tree of the HF checkpoint it was converted from (the merged one after a merge)")
+    adapter_sha256: str | None = Field(None,
+        description="adapter_sha256 of the merged LoRA adapter, or None (base model only)")
+    adapter_lineage: dict[str, Any] | None = Field(None, description="the adapter's lineage.json record")
+    mmproj_file: str | None = Field(None,
+        description="file name of the vision projector GGUF served with it, or None (text-only)")
+    mmproj_sha256: str | None = Field(None, min_length=64, max_length=64,
+        description="hex sha256 of that projector, or None")
+    run_id: str = Field("", description="the Prefect flow run that packaged it (empty outside a run)")
+    created_at: datetime = Field(description="UTC time this metadata was written")
 
 
 def write_release_metadata(
@@ -89,22 +64,11 @@ def write_release_metadata(
 ) -> ReleaseMetadata:
     """Write the release metadata JSON of a packaged GGUF (atomically) and return it.
 
-    The GGUF's bytes are hashed again and must equal ``gguf_sha256`` (the digest of the file the
-    package stage checked): a file changed since then is never described as the checked one.
+    The GGUF is hashed again and must still have ``gguf_sha256`` (the digest the package stage checked).
 
     Args:
-        gguf_path: the GGUF file.
-        gguf_sha256: its sha256 as recorded when it was checked.
-        quantization: its tensor type (``GGUFArtifact.type``).
-        hf_sha256: ``sha256_tree`` of the HF checkpoint the GGUF was converted from.
-        out_path: where the JSON goes (``<gguf stem>.lineage.json`` by convention).
         adapter_dir: the merged adapter folder (its ``lineage.json`` is read and re-digested).
-        tensor_types: per-tensor overrides of a mixed quantization.
-        run_id: the Prefect run id.
-        mmproj_path: the vision projector GGUF served with it (its name and sha256 are recorded), or None.
-
-    Returns:
-        The :class:`ReleaseMetadata` written.
+        mmproj_path: the vision projector GGUF served with it (name and sha256 recorded), or None.
 
     Raises:
         GGUFError / InputError: the GGUF, projector or adapter is missing (or not a GGUF); the adapter's

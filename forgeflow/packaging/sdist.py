@@ -1,17 +1,8 @@
 """The pinned llama-cpp-python sdist: the source of the Qwen2 vocabulary and llama.cpp's converter.
 
-The sdist of llama-cpp-python (version :data:`forgeflow.common.settings.LLAMA_CPP_PYTHON_VERSION`)
-vendors llama.cpp, which ships
-
-* ``models/ggml-vocab-qwen2.gguf`` (the real Qwen2 vocabulary, 151,936 entries) with its tokenizer
-  test vectors ``.inp`` / ``.out``, and
-* ``convert_hf_to_gguf.py`` with its ``conversion/`` package and ``gguf-py/`` (the converter finds
-  its own gguf-py next to itself).
-
-:func:`ensure_llama_sdist` fetches the sdist once with ``pip download`` (pip serves later requests
-from its HTTP cache; the tarball is kept under ``cache_dir()/sdist``) and extracts only those
-members into ``cache_dir()/llama-cpp-python-<version>/`` atomically (extract into a temporary
-folder, then rename), so concurrent callers and crashes never leave a half-extracted tree.
+Only ``models/ggml-vocab-qwen2.gguf`` (with its ``.inp``/``.out`` test vectors) and
+``convert_hf_to_gguf.py`` with ``conversion/`` and ``gguf-py/`` are extracted, atomically, into
+``cache_dir()/llama-cpp-python-<version>/``.
 """
 
 from __future__ import annotations
@@ -47,8 +38,7 @@ def sdist_root() -> Path:
 
 
 def download_sdist(version: str) -> Path:
-    """Fetch the sdist tarball into ``cache_dir()/sdist`` with ``pip download`` (once; the same file the
-    shared llama.cpp build compiles, :func:`forgeflow.common.llama_cpp_build.download_sdist`).
+    """Fetch the sdist tarball into ``cache_dir()/sdist`` with ``pip download`` (once).
 
     Raises:
         TransientInfraError: pip failed (index unreachable, timeout).
@@ -65,14 +55,7 @@ def _wanted(member_path: str) -> bool:
 
 
 def ensure_llama_sdist() -> Path:
-    """Return the folder holding the needed members of the pinned llama-cpp-python sdist.
-
-    The folder is ``cache_dir()/llama-cpp-python-<version>/`` and mirrors the sdist's layout below
-    its top directory (``vendor/llama.cpp/...``). The first call downloads (``pip download --no-deps
-    --no-binary :all:``) and extracts; later calls return at once.
-
-    Returns:
-        The extracted root; see :func:`vocab_gguf_path` and :func:`convert_script_path`.
+    """Return the folder holding the needed members of the pinned sdist (its layout below the top directory).
 
     Raises:
         TransientInfraError: pip could not fetch the sdist.

@@ -1,23 +1,14 @@
 """The tiny Qwen3.5-shaped multimodal model (``base_model: tiny-vl``): a language model with a vision tower.
 
-transformers 5.23's ``Qwen3_5ForConditionalGeneration`` with random (seeded) weights: a two-layer text
-model in Qwen3.5's hybrid layout (one Gated DeltaNet linear-attention layer, one full-attention layer)
-and a one-layer vision tower whose merger projects into the text width. The vocabulary is the real Qwen2
-one from the pinned llama-cpp-python sdist (:func:`forgeflow.packaging.base_model.ensure_tokenizer`); its
-reserved ids 151646-151656 get the names Qwen2-VL/Qwen2.5 give them (``<|vision_start|>`` 151652,
-``<|vision_end|>`` 151653, ``<|image_pad|>`` 151655, ...), which the chat template, the HF processor and
-llama.cpp's ``mtmd`` (it wraps an image's embeddings in ``<|vision_start|>``/``<|vision_end|>``) need.
+transformers 5.23's ``Qwen3_5ForConditionalGeneration``, random seeded weights: two text layers (one
+Gated DeltaNet, one full attention) and a one-layer vision tower. The real Qwen2 vocabulary, with
+reserved ids 151646-151656 named as Qwen2-VL/Qwen2.5 name them (``<|vision_start|>`` 151652, ...), as
+the chat template, the HF processor and llama.cpp's ``mtmd`` need. The chat template is set
+explicitly (a newer ``AutoProcessor`` no longer inherits it from the tokenizer).
 
-The folder is a complete HF checkpoint: ``config.json`` (``model_type: qwen3_5``), safetensors, the
-tokenizer, ``preprocessor_config.json`` / ``processor_config.json`` (``Qwen3VLProcessor``) and the chat
-template set explicitly (a newer transformers' ``AutoProcessor`` no longer inherits it from the tokenizer).
-llama.cpp's ``convert_hf_to_gguf.py`` converts the text model (architecture ``qwen35``) and, with
-``--mmproj``, the vision tower (projector type ``qwen3vl_merger``).
-
-Known difference (measured): for ``model_type: qwen3_5`` transformers 5.23 loads ``Qwen3_5Tokenizer`` whatever
-``tokenizer_class`` says, whose pre-tokenizer keeps combining marks (Unicode category M) with letters; the converter
-labels the GGUF's pre-tokenizer ``qwen2`` (which splits them). The sdist's 46 Qwen2 test vectors tokenize
-identically (46/46); text with combining marks may not.
+Known difference (measured): transformers 5.23 loads ``Qwen3_5Tokenizer`` for ``qwen3_5``, whose
+pre-tokenizer keeps combining marks with letters, while the converter labels the GGUF's pre-tokenizer
+``qwen2``. The sdist's 46 Qwen2 test vectors tokenize identically; text with combining marks may not.
 """
 
 from __future__ import annotations
@@ -76,23 +67,17 @@ _SIDECAR_SUFFIX = ".forgeflow-model.json"
 
 
 class TinyVLConfig(BaseModel):
-    """Shape of the tiny Qwen3.5 multimodal model (row sizes quantize cleanly to Q4_K_M).
-
-    Attributes:
-        hidden_size: text model width (also the vision merger's ``out_hidden_size``).
-        intermediate_size: text MLP width.
-        head_dim: full-attention head width (Qwen3.5's; a quarter of it is rotated, MRoPE sections 11/11/10).
-        vision_hidden_size / vision_intermediate_size / vision_depth / vision_heads: the vision tower.
-        vision_position_embeddings: learned position grid size (``(image_size / patch)^2``; 1024 = 512 px).
-    """
+    """Shape of the tiny Qwen3.5 multimodal model (row sizes quantize cleanly to Q4_K_M)."""
 
     model_config = ConfigDict(frozen=True)
 
-    hidden_size: int = Field(default=256, ge=64)
+    hidden_size: int = Field(default=256, ge=64,
+        description="text model width (also the vision merger's out_hidden_size)")
     intermediate_size: int = Field(default=768, ge=64)
     num_attention_heads: int = Field(default=4, ge=1)
     num_key_value_heads: int = Field(default=2, ge=1)
-    head_dim: int = Field(default=256, ge=32)
+    head_dim: int = Field(default=256, ge=32,
+        description="full-attention head width (a quarter rotated, MRoPE sections 11/11/10)")
     linear_num_heads: int = Field(default=4, ge=1)
     linear_head_dim: int = Field(default=64, ge=16)
     vocab_size: int = Field(default=151936, ge=1)
@@ -101,24 +86,19 @@ class TinyVLConfig(BaseModel):
     vision_intermediate_size: int = Field(default=512, ge=32)
     vision_depth: int = Field(default=1, ge=1, le=4)
     vision_heads: int = Field(default=2, ge=1)
-    vision_position_embeddings: int = Field(default=1024, ge=16)
+    vision_position_embeddings: int = Field(default=1024, ge=16,
+        description="learned position grid size ((image_size / patch)^2; 1024 = 512 px)")
 
 
 class VLModelRecord(BaseModel):
-    """A built multimodal model folder.
-
-    Attributes:
-        path: the folder; sha256: :func:`forgeflow.common.fsutil.sha256_tree` of it.
-        vision_sha256: sha256 over the vision tower's tensors (:func:`vision_tower_sha256`).
-        num_parameters: all parameters (text + vision); seed: the torch seed; config: the shape.
-    """
+    """A built multimodal model folder."""
 
     model_config = ConfigDict(frozen=True)
 
     path: Path
-    sha256: str = Field(min_length=64, max_length=64)
-    vision_sha256: str = Field(min_length=64, max_length=64)
-    num_parameters: int = Field(ge=1)
+    sha256: str = Field(min_length=64, max_length=64, description="sha256_tree of the folder")
+    vision_sha256: str = Field(min_length=64, max_length=64, description="sha256 over the vision tower's tensors")
+    num_parameters: int = Field(ge=1, description="all parameters (text + vision)")
     seed: int
     config: TinyVLConfig
 
@@ -143,9 +123,8 @@ def is_multimodal(hf_dir: Path) -> bool:
 
 
 def vision_tower_sha256(hf_dir: Path) -> str:
-    """sha256 over the vision tower's tensors of a safetensors checkpoint: equal for a base and every merge of a
-    LoRA that left the tower frozen, whatever the text weights (the one scheme,
-    :func:`forgeflow.training.vl_burst.vision_tower_sha256`, which the burst's lineage records).
+    """sha256 over a safetensors checkpoint's vision tower: equal for a base and every merge of a LoRA that
+    left the tower frozen (the scheme of :func:`forgeflow.training.vl_burst.vision_tower_sha256`).
 
     Raises:
         InputError: no safetensors file, or no vision tensor in them.
@@ -181,17 +160,9 @@ def _vl_tokenizer(tok_dir: Path) -> object:
 def build_tiny_vl_model(out_dir: Path, seed: int = 0, config: TinyVLConfig | None = None) -> VLModelRecord:
     """Build (or reuse) a randomly initialised tiny ``Qwen3_5ForConditionalGeneration`` with its processor.
 
-    Like :func:`forgeflow.packaging.base_model.build_tiny_model`: seeded weights (the same seed and config
-    give the same bytes), float32 safetensors, the Qwen2 tokenizer (vision tokens named, see
-    :data:`VISION_TOKENS`), plus a ``Qwen3VLProcessor`` (``Qwen2VLImageProcessor``: 16 px patches, 2x2
-    merge) saved with :data:`VL_CHAT_TEMPLATE` set explicitly on the processor and the tokenizer. The record
-    sits in ``<out_dir>.forgeflow-model.json``; a later call reuses a folder whose digest still matches.
-
-    Args:
-        out_dir: the model folder (its parent is created if missing).
-        seed: torch seed for the weights.
-        config: the shape (default :class:`TinyVLConfig`: text 256 wide, 2 layers, vision 128 wide, 1 layer;
-            81.3 M parameters, 77.8 M of them the untied 151,936-row embedding and head; 325 MB float32).
+    As :func:`forgeflow.packaging.base_model.build_tiny_model`, plus a ``Qwen3VLProcessor`` (16 px patches,
+    2x2 merge) with :data:`VL_CHAT_TEMPLATE`. Default shape: 81.3 M parameters (77.8 M the untied
+    151,936-row embedding and head), 325 MB float32.
 
     Raises:
         InputError: heads do not divide the widths.

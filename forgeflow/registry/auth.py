@@ -1,16 +1,4 @@
-"""Registry credentials for skopeo: a temporary containers auth file, never a command line.
-
-skopeo (like podman) reads credentials from a *containers-auth.json* file, the format that
-``skopeo login`` writes (containers-auth.json(5)):
-
-    {"auths": {"127.0.0.1:5713": {"auth": "<base64 of user:password>"}}}
-
-:func:`authfile` writes such a file into a fresh private temporary folder (folder mode 700, file
-mode 600), yields its path and deletes both afterwards, also when the body raises. Passwords thus
-never appear in ``argv`` (visible to every user through ``/proc/<pid>/cmdline``) nor in a log.
-:func:`secrets_of` reads the secrets back from an auth file so error messages can be scrubbed
-with :func:`scrub` before they are raised or logged.
-"""
+"""Registry credentials for skopeo: a temporary containers auth file, never a command line."""
 
 from __future__ import annotations
 
@@ -43,19 +31,11 @@ def _plain(secret: str | SecretStr) -> str:
 
 
 def auth_json(entries: Mapping[str, tuple[str, str | SecretStr]]) -> dict[str, dict[str, dict[str, str]]]:
-    """The containers-auth.json document for ``entries`` (the format of ``skopeo login``).
-
-    Args:
-        entries: registry address (``host:port``, optionally ``/namespace``) ->
-            (username, password or token).
-
-    Returns:
-        ``{"auths": {address: {"auth": base64("user:password")}}}``.
+    """The containers-auth.json document for ``entries``: ``{"auths": {address: {"auth": base64("user:password")}}}``.
 
     Raises:
-        InputError: an address is not ``host[:port][/path]``, a username is empty or contains
-            ``:`` (the basic-auth separator), or a password is empty. The message names the
-            address, never the password.
+        InputError: a bad address, an empty username or one containing ``:``, or an empty password (the
+            address named, never the password).
     """
     auths: dict[str, dict[str, str]] = {}
     for address, (username, password) in entries.items():
@@ -72,14 +52,8 @@ def auth_json(entries: Mapping[str, tuple[str, str | SecretStr]]) -> dict[str, d
 
 @contextmanager
 def authfile(entries: Mapping[str, tuple[str, str | SecretStr]]) -> Iterator[Path]:
-    """Write a temporary containers-auth.json (mode 600) and delete it on exit.
-
-    Args:
-        entries: registry address -> (username, password); see :func:`auth_json`.
-
-    Yields:
-        Path of the auth file, inside a private temporary folder (mode 700). Both are removed
-        when the ``with`` block ends, also on an exception.
+    """Write a temporary containers-auth.json (mode 600, in a 700 folder) and yield its path; both are removed
+    when the ``with`` block ends, also on an exception.
 
     Raises:
         InputError: bad entries (see :func:`auth_json`), raised before anything is written.
@@ -104,9 +78,6 @@ def authfile(entries: Mapping[str, tuple[str, str | SecretStr]]) -> Iterator[Pat
 def secrets_of(path: Path) -> list[str]:
     """Every secret string an auth file holds: each ``auth`` token, its decoded ``user:password``
     and the password alone (longest first, for :func:`scrub`).
-
-    Args:
-        path: A containers-auth.json file.
 
     Returns:
         The secrets; empty if the file is missing or unreadable (nothing to scrub then).
@@ -133,15 +104,7 @@ def secrets_of(path: Path) -> list[str]:
 
 
 def scrub(text: str, secrets: Iterable[str]) -> str:
-    """Replace every occurrence of each secret in ``text`` with ``***``.
-
-    Args:
-        text: Any text (skopeo's stderr, an exception message).
-        secrets: Secret strings (e.g. from :func:`secrets_of`); empty strings are ignored.
-
-    Returns:
-        ``text`` without any of the secrets.
-    """
+    """Replace every occurrence of each secret (empty ones ignored) in ``text`` with ``***``."""
     for secret in sorted((s for s in secrets if s), key=len, reverse=True):
         text = text.replace(secret, REDACTED)
     return text

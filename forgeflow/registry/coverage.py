@@ -1,12 +1,4 @@
-"""What the registries hold against what the store records: coverage, reference rewrite, image lists.
-
-:func:`coverage` (available / missing / errored in a registry, beside the recorded migration state)
-and :func:`reconcile_coverage` (a completed row the registry contradicts goes back to pending) read
-and write the store's ``images`` rows; :func:`rewrite_refs` moves recorded references between
-registry prefixes in one reversible transaction, with a dry-run diff. Also:
-:func:`image_names_from_jsonl` (a dataset's image column) and the prewarm plan inputs
-:func:`plan_tasks_from_jsonl` / :func:`plan_tasks_from_store`.
-"""
+"""What the registries hold against what the store records: coverage, reference rewrite, image lists."""
 
 from __future__ import annotations
 
@@ -41,18 +33,10 @@ rows are the migration's own record of both sides and stay where they are."""
 
 
 def image_names_from_jsonl(path: str | Path, column: str = "image") -> list[str]:
-    """The image names (``repo:tag``) of a dataset's JSONL file, first occurrence order.
-
-    Args:
-        path: A JSON-lines file, one object per line (blank lines ignored).
-        column: The field holding the image name.
-
-    Returns:
-        Distinct non-empty names in the order they first appear.
+    """The distinct non-empty image names (``repo:tag``) of a dataset's JSONL file, in first-occurrence order.
 
     Raises:
-        InputError: the file is missing, a line is not a JSON object, or a row lacks ``column``
-            (the message names the file and line number).
+        InputError: a missing file, a line not a JSON object, or a row without ``column`` (line named).
     """
     names: dict[str, None] = {}
     for number, row in read_jsonl_objects(path, "dataset file"):
@@ -63,73 +47,47 @@ def image_names_from_jsonl(path: str | Path, column: str = "image") -> list[str]
 
 
 class AvailabilityRow(BaseModel):
-    """Whether one image is in the target registry, beside what the store records for it.
-
-    Attributes:
-        ref: Transport reference checked.
-        availability: ``available`` (the registry serves a manifest), ``missing`` (it answers
-            "not found") or ``errored`` (it could not say: unavailable, auth, ...).
-        digest: The served digest when available.
-        error_type: Exception class name when errored.
-        error: Exception message when errored.
-        recorded_status: The migration status of the image's ``images`` row (None: no row, or
-            no store given).
-        recorded_digest: The digest that row records (None if none).
-        drift: Why the registry contradicts a ``completed`` row (missing, or another digest);
-            empty when they agree or nothing is recorded.
-    """
+    """Whether one image is in the target registry, beside what the store records for it."""
 
     model_config = ConfigDict(frozen=True)
 
-    ref: str
-    availability: ImageAvailability
-    digest: str | None = None
-    error_type: str | None = None
-    error: str = ""
-    recorded_status: str | None = None
-    recorded_digest: str | None = None
-    drift: str = ""
+    ref: str = Field(description="Transport reference checked.")
+    availability: ImageAvailability = Field(
+        description="available (the registry serves a manifest), missing (it answers \"not found\") or errored (it "
+                    "could not say: unavailable, auth, ...).")
+    digest: str | None = Field(None, description="The served digest when available.")
+    error_type: str | None = Field(None, description="Exception class name when errored.")
+    error: str = Field("", description="Exception message when errored.")
+    recorded_status: str | None = Field(None,
+                                        description="The migration status of the image's images row (None: no row, "
+                                                    "or no store given).")
+    recorded_digest: str | None = Field(None, description="The digest that row records (None if none).")
+    drift: str = Field("",
+                       description="Why the registry contradicts a completed row (missing, or another digest); "
+                                   "empty when they agree or nothing is recorded.")
 
 
 class CoverageReport(BaseModel):
     """How much of an image list a registry serves.
 
     Attributes:
-        total: Images checked.
         available / missing / errored: Counts per :data:`ImageAvailability`.
-        drifted: Rows whose ``completed`` store state the registry contradicts.
-        rows: One row per image, input order.
     """
 
     model_config = ConfigDict(frozen=True)
 
-    total: int = Field(ge=0)
+    total: int = Field(ge=0, description="Images checked.")
     available: int = Field(ge=0)
     missing: int = Field(ge=0)
     errored: int = Field(ge=0)
-    drifted: int = Field(default=0, ge=0)
-    rows: list[AvailabilityRow]
+    drifted: int = Field(default=0, ge=0, description="Rows whose completed store state the registry contradicts.")
+    rows: list[AvailabilityRow] = Field(description="One row per image, input order.")
 
 
 def coverage(
     skopeo: Skopeo, refs: Sequence[str], max_workers: int = 4, store: Store | None = None
 ) -> CoverageReport:
-    """Check which of ``refs`` the registry serves (``skopeo inspect --raw``, in parallel).
-
-    An infrastructure failure of one image is an ``errored`` row, not an exception: the report
-    says how much could not be checked. With a ``store``, each row also carries the image's
-    recorded migration status and digest (its ``images`` row), and ``drift`` says where the
-    registry contradicts a ``completed`` row (the registry is the source of truth:
-    :func:`reconcile_coverage` puts such rows back to ``pending``).
-
-    Args:
-        skopeo: The skopeo wrapper (with credentials for the registry).
-        refs: Transport references (``docker://host:port/repo:tag``).
-        max_workers: Parallel inspections (1-16).
-        store: The store whose ``images`` rows to compare with (upgraded), or None.
-
-    Returns:
-        A :class:`CoverageReport`.
+    """Check which of ``refs`` the registry serves (``skopeo inspect --raw``, ``max_workers`` 1-16 at a time).
 
     Raises:
         InputError: bad ``max_workers``.
@@ -179,9 +137,6 @@ def coverage(
 def reconcile_coverage(store: Store, report: CoverageReport, run_id: str | None = None) -> list[str]:
     """Put every ``completed`` row the registry contradicts (``drift``) back to ``pending``.
 
-    The row's digest is cleared and ``status_reason`` says what the coverage check saw, so the
-    next migration run copies the image again. One transaction.
-
     Returns:
         The target references changed, input order.
     """
@@ -199,23 +154,15 @@ def reconcile_coverage(store: Store, report: CoverageReport, run_id: str | None 
 
 
 class RewriteRow(BaseModel):
-    """One reference a rewrite changes.
-
-    Attributes:
-        table: ``images`` or ``task_instances``.
-        key: The row's natural key (``images.ref`` before the change, or the instance id).
-        column: ``ref`` or ``image_ref``.
-        old: The reference before.
-        new: The reference after.
-    """
+    """One reference a rewrite changes."""
 
     model_config = ConfigDict(frozen=True)
 
-    table: Literal["images", "task_instances"]
-    key: str
-    column: Literal["ref", "image_ref"]
-    old: str
-    new: str
+    table: Literal["images", "task_instances"] = Field(description="images or task_instances.")
+    key: str = Field(description="The row's natural key (images.ref before the change, or the instance id).")
+    column: Literal["ref", "image_ref"] = Field(description="ref or image_ref.")
+    old: str = Field(description="The reference before.")
+    new: str = Field(description="The reference after.")
 
 
 class RewritePlan(BaseModel):
@@ -223,22 +170,19 @@ class RewritePlan(BaseModel):
 
     Attributes:
         old_prefix / new_prefix: As given.
-        image_roles: Image roles whose ``images.ref`` rows were in scope.
-        rows: Every change, sorted by table then key.
-        applied: False for a dry run.
-        unmatched_example: When nothing lies under ``old_prefix`` (``rows`` empty): one recorded
-            in-scope reference, to show what the references look like (None when there are rows
-            or nothing is recorded).
     """
 
     model_config = ConfigDict(frozen=True)
 
     old_prefix: str
     new_prefix: str
-    image_roles: tuple[str, ...]
-    rows: list[RewriteRow]
-    applied: bool
-    unmatched_example: str | None = None
+    image_roles: tuple[str, ...] = Field(description="Image roles whose images.ref rows were in scope.")
+    rows: list[RewriteRow] = Field(description="Every change, sorted by table then key.")
+    applied: bool = Field(description="False for a dry run.")
+    unmatched_example: str | None = Field(
+        None,
+        description="When nothing lies under old_prefix (rows empty): one recorded in-scope reference, to show what "
+                    "the references look like (None when there are rows or nothing is recorded).")
 
 
 _PREFIX = re.compile(r"[A-Za-z0-9.-]+(?::\d{1,5})?(?:/[A-Za-z0-9._-]+)*")
@@ -261,36 +205,12 @@ def rewrite_refs(
     *,
     image_roles: Sequence[str] = REWRITE_IMAGE_ROLES,
 ) -> RewritePlan:
-    """Move recorded image references from one registry prefix to another, in ONE transaction.
-
-    ``images.ref`` (rows whose role is in ``image_roles``) and ``task_instances.image_ref`` that
-    lie under ``old_prefix`` get ``new_prefix`` instead. "Under" means at a name boundary:
-    ``<old_prefix>/...``, and, for a prefix that ends in a repository
-    (``127.0.0.1:5702/task-01``), also ``<old_prefix>:tag`` and ``<old_prefix>@digest``, so one
-    repository moves to another (``task-01:t1`` -> ``task-02:t1``); ``task-01`` never matches
-    ``task-010``. The plan is computed and checked inside the same transaction that applies it.
-    When nothing matches, the plan has no rows and ``unmatched_example`` shows a recorded
-    reference.
-
-    Reversible: the rewrite is refused while any in-scope reference already lies under
-    ``new_prefix`` (those would be moved back too, or collide with a moved ``images`` key), so
-    ``rewrite_refs(store, new_prefix, old_prefix, dry_run=False)`` restores exactly what was
-    there.
-
-    Args:
-        store: The store (upgraded).
-        old_prefix: ``host[:port][/path]`` the references start with now (``127.0.0.1:5701``).
-        new_prefix: ``host[:port][/path]`` they should start with.
-        dry_run: Only compute the diff (nothing is written).
-        image_roles: Roles of ``images`` rows in scope (default :data:`REWRITE_IMAGE_ROLES`).
-
-    Returns:
-        A :class:`RewritePlan` with every change (``applied`` False on a dry run).
+    """Move recorded image references from one registry prefix to another, in ONE transaction (a dry run
+    returns the plan with ``applied`` False).
 
     Raises:
-        InputError: a prefix is not ``host[:port][/path]``, the prefixes are equal or one
-            contains the other, an unknown role is named, or in-scope references already lie
-            under ``new_prefix`` (the message names up to 10). Nothing is written then.
+        InputError: a prefix not ``host[:port][/path]``, equal or nested prefixes, an unknown role, or
+            references already under ``new_prefix`` (up to 10 named); nothing is written then.
     """
     old_prefix, new_prefix = old_prefix.rstrip("/"), new_prefix.rstrip("/")
     for name, value in (("old_prefix", old_prefix), ("new_prefix", new_prefix)):
@@ -364,8 +284,7 @@ def plan_tasks_from_jsonl(
     """``(task_id, base_digest)`` pairs of a JSONL file, for :meth:`ShardLayout.plan`.
 
     Raises:
-        InputError: missing file, a line that is not a JSON object, or a row without both
-            columns as non-empty strings (file and line number named).
+        InputError: a missing file, a line not a JSON object, or a column missing or empty (line named).
     """
     pairs = []
     for number, row in read_jsonl_objects(path, "task file"):

@@ -5,19 +5,14 @@ reference grammar's rule for telling a registry host from a path component
 (https://github.com/distribution/reference/blob/main/reference.go, ``splitDockerDomain``): the
 first ``/``-separated component of a name is a registry host when it contains ``.`` or ``:`` or is
 ``localhost``. So ``env/six:1.17.0`` is relative to a registry, while ``127.0.0.1:5702/env/six:1.17.0``
-and ``localhost/forgeflow/task:x`` name a registry host.
-
-:func:`check_address` / :func:`check_namespace` validate a registry endpoint's fields;
-:func:`parse_name` validates one image name; :func:`relative_name` turns a name into the
-``repo:tag`` form relative to one of the registries in question, or refuses it.
-"""
+and ``localhost/forgeflow/task:x`` name a registry host."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow.common.errors import InputError
 
@@ -42,18 +37,10 @@ _ADDRESS_HINT = "host[:port] without a scheme or path, e.g. 127.0.0.1:5702 or re
 
 
 def check_address(address: str, what: str = "address") -> str:
-    """Check a registry address: ``host[:port]``, port 1-65535, no scheme, no path.
-
-    Args:
-        address: e.g. ``127.0.0.1:5702``, ``registry.example.com``, ``[::1]:5000``.
-        what: How the error names the input (``target.address``).
-
-    Returns:
-        ``address`` unchanged.
+    """Check a registry address (``host[:port]``, port 1-65535, no scheme, no path) and return it.
 
     Raises:
-        InputError: the address is empty, has a scheme (``http://``), a path, a bad host, or a port
-            outside 1-65535 (the message names ``what`` and the value).
+        InputError: empty, a scheme, a path, a bad host or port (``what`` and the value named).
     """
     if not isinstance(address, str) or not address:
         raise InputError(f"{what} is empty: give {_ADDRESS_HINT}")
@@ -82,13 +69,7 @@ def check_address(address: str, what: str = "address") -> str:
 
 
 def check_namespace(namespace: str, what: str = "namespace") -> str:
-    """Check a repository namespace (a path prefix inside a registry); ``""`` means none.
-
-    Surrounding ``/`` are dropped; what remains must be a repository path (components
-    ``[a-z0-9]+(?:(?:[._]|__|[-]*)[a-z0-9]+)*`` joined by ``/``).
-
-    Returns:
-        The namespace without surrounding ``/``.
+    """Check a repository namespace (a path prefix inside a registry; ``""``: none); returned without ``/`` ends.
 
     Raises:
         InputError: not a repository path (``../x``, upper case, empty components), naming ``what``.
@@ -105,22 +86,16 @@ def check_namespace(namespace: str, what: str = "namespace") -> str:
 
 
 class ImageName(BaseModel):
-    """A parsed image name.
-
-    Attributes:
-        host: The registry host the name starts with (``127.0.0.1:5702``), None for a name
-            relative to a registry.
-        repository: Repository path (``env/six``).
-        tag: The tag (``1.17.0``), or None.
-        digest: ``sha256:<64 hex>`` pinning the manifest, or None.
-    """
+    """A parsed image name."""
 
     model_config = ConfigDict(frozen=True)
 
-    host: str | None
-    repository: str
-    tag: str | None
-    digest: str | None
+    host: str | None = Field(
+        description="The registry host the name starts with (127.0.0.1:5702), None for a name relative to a "
+                    "registry.")
+    repository: str = Field(description="Repository path (env/six).")
+    tag: str | None = Field(description="The tag (1.17.0), or None.")
+    digest: str | None = Field(description="sha256:<64 hex> pinning the manifest, or None.")
 
     @property
     def relative(self) -> str:
@@ -139,18 +114,10 @@ def has_host(name: str) -> bool:
 
 
 def parse_name(name: str, what: str = "image") -> ImageName:
-    """Parse and validate ``[host/]repository[:tag][@sha256:<hex>]``.
-
-    Args:
-        name: The image name.
-        what: How the error names the input (``dataset column 'image'``).
-
-    Returns:
-        The :class:`ImageName` (at least one of tag and digest is set).
+    """Parse and validate ``[host/]repository[:tag][@sha256:<hex>]`` (at least one of tag and digest).
 
     Raises:
-        InputError: neither tag nor digest, a malformed digest, tag, repository path or host
-            (the message names ``what``, the value and the expected form).
+        InputError: neither tag nor digest, or a malformed digest, tag, repository or host (value named).
     """
     if not isinstance(name, str) or not name:
         raise InputError(f"{what} is empty: expected {_EXPECTED}")
@@ -182,26 +149,10 @@ def parse_name(name: str, what: str = "image") -> ImageName:
 
 
 def relative_name(name: str, registries: Sequence[tuple[str, str]], what: str = "image") -> ImageName:
-    """An image name relative to the registries in question.
-
-    A name without a registry host is taken as it is. A name whose host is one of ``registries``
-    (and, for a registry with a namespace, whose path lies under that namespace) is used as a
-    full reference: the host (and namespace) are dropped. A name naming any other host is refused,
-    so a local podman name (``localhost/forgeflow/task:x``) or another registry's reference is
-    never copied or audited under a wrong path.
-
-    Args:
-        name: ``repo:tag`` or ``host[:port]/repo:tag`` (either with an optional ``@sha256:<hex>``).
-        registries: ``(address, namespace)`` of every registry in question (source and target).
-        what: How the error names the input.
-
-    Returns:
-        The :class:`ImageName` with ``host`` None and the repository relative to the namespace.
+    """``name`` (``[host[:port]/]repo:tag[@sha256:<hex>]``) with ``host`` None, relative to the namespace.
 
     Raises:
-        InputError: a malformed name (:func:`parse_name`), or a host that is none of
-            ``registries`` / a path outside the registry's namespace (names the value, the
-            registries and the expected form).
+        InputError: a malformed name, a host none of ``registries``, or a path outside the namespace.
     """
     parsed = parse_name(name, what)
     if parsed.host is None:

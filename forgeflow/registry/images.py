@@ -1,19 +1,8 @@
 """Container images for real projects: the Debian base image, environment images and task images.
 
-Three layers, each built with podman (daemonless, ``env=tool_env()``):
-
-* **base** — a Debian bookworm ``minbase`` rootfs made by ``debootstrap`` with python3, pytest, git
-  and patch (57 s, ~166 MB after cleaning on a 2-core machine), imported with ``podman import``.
-  The rootfs tarball is built once per machine and cached in ``cache_dir()/base/``.
-* **env** — base + one project's pristine checkout at ``/testbed`` (a git repo at the ``pristine``
-  commit), ``WORKDIR /testbed`` and the project's ``PYTHONPATH``.
-* **task** — env + one bug applied, with the git history re-initialised so ``git log -p`` inside
-  the image does not reveal the bug. The patch is applied on a host-side copy of ``/testbed``, so
-  the patch file is in no layer.
-
-Tags are derived from input digests, so building the same inputs again is an ``image_exists``
-check, not a build.
-"""
+base (a debootstrap bookworm ``minbase`` rootfs with python3, pytest, git: 57 s, ~166 MB on 2 cores, cached
+per machine), env (base + a project's pristine checkout at ``/testbed``), task (env + one bug, git history
+re-initialised). Tags derive from input digests, so a rebuild of the same inputs is an existence check."""
 
 from __future__ import annotations
 
@@ -47,7 +36,6 @@ from forgeflow.registry.projects import (
     GIT_IDENTITY_ENV,
     Project,
     git_commit_all,
-    prepare_checkout,
 )
 from forgeflow.registry.skopeo import Skopeo
 
@@ -78,17 +66,13 @@ _CLEAN_PATHS = (
 
 
 class ImageRef(BaseModel):
-    """A local container image.
-
-    Attributes:
-        name: the tag it is known by (``localhost/forgeflow/...:...``).
-        image_id: podman's image id (64 hex characters, the config digest without ``sha256:``).
-    """
+    """A local container image."""
 
     model_config = ConfigDict(frozen=True)
 
-    name: str = Field(min_length=1)
-    image_id: str = Field(pattern=r"^[0-9a-f]{64}$")
+    name: str = Field(min_length=1, description="the tag it is known by (localhost/forgeflow/...:...).")
+    image_id: str = Field(pattern=r"^[0-9a-f]{64}$",
+                          description="podman's image id (64 hex characters, the config digest without sha256:).")
 
 
 # --- helpers -----------------------------------------------------------------------------------
@@ -118,9 +102,6 @@ def _podman(
 
 def debian_mirror(sources_dir: Path = Path("/etc/apt")) -> str:
     """Return the Debian mirror URL configured for ``bookworm`` on this machine.
-
-    Reads ``sources.list`` (one-line format) and ``sources.list.d/*.list`` / ``*.sources``
-    (deb822 format) and returns the first URI that serves the ``bookworm`` suite.
 
     Raises:
         InputError: no apt source serves ``bookworm``.
@@ -166,18 +147,7 @@ def _verify_sidecar(tarball: Path) -> bool:
 
 
 def ensure_base_rootfs() -> Path:
-    """Build (once per machine) the Debian bookworm minbase rootfs tarball and return its path.
-
-    Runs ``debootstrap --variant=minbase --include=python3,python3-pytest,git,patch bookworm``
-    against the mirror configured in ``/etc/apt`` (:func:`debian_mirror`), removes apt caches,
-    package lists, docs, man pages and locales, and writes an uncompressed tar with entries in
-    sorted order, numeric owners and mtimes clamped to :data:`SOURCE_DATE_EPOCH`, plus a
-    ``<tar>.sha256`` sidecar. The build happens in a temporary directory beside the cache and is
-    renamed into place at the end; concurrent callers wait on a lock and reuse the result.
-    A cached tarball whose sidecar does not match is rebuilt.
-
-    Returns:
-        ``cache_dir()/base/debian-bookworm-minbase.tar`` (~170-200 MB).
+    """Build (once per machine) the Debian bookworm minbase rootfs tarball (~170-200 MB) and return its path.
 
     Raises:
         ToolMissingError: debootstrap or tar is missing.
@@ -269,16 +239,12 @@ def registry_repo(ref: str) -> tuple[str, str] | None:
 
 
 def available(refs: Iterable[str]) -> list[str]:
-    """Which of ``refs`` exist, checked cheaply: one ``skopeo list-tags`` per registry repository
-    (``host[:port]/repo:tag``, read with the registry's credentials from ``REGISTRY_AUTH_FILE``), one
-    ``podman image exists`` per local name or digest reference. A registry ref needs no local copy: podman
-    pulls it when a sandbox starts.
-
-    Returns:
-        The existing references, sorted.
+    """Which of ``refs`` exist: one ``skopeo list-tags`` per registry repository, one ``podman image exists``
+    per local name (a registry ref needs no local copy).
 
     Raises:
-        RegistryUnavailableError: a registry does not answer. ToolMissingError: skopeo or podman is missing.
+        RegistryUnavailableError: a registry does not answer.
+        ToolMissingError: skopeo or podman is missing.
     """
     by_repo: dict[str, set[str]] = {}
     local: list[str] = []
@@ -317,9 +283,6 @@ def _ref(tag: str) -> ImageRef:
 
 def ensure_base_image(tag: str = BASE_IMAGE_TAG) -> ImageRef:
     """Return the base image, importing the cached rootfs with ``podman import`` if ``tag`` is missing.
-
-    The image runs ``/bin/bash`` by default and has ``python3`` (3.11), ``pytest`` (7.2), ``git``
-    and ``patch``.
 
     Raises:
         ImageBuildError: the rootfs could not be built or imported.
@@ -402,19 +365,7 @@ def build_env_image(
 ) -> ImageRef:
     """Build the environment image of ``project``: ``base_image`` + the pristine checkout at ``/testbed``.
 
-    The Containerfile is ``FROM base_image``, ``COPY . /testbed``, ``WORKDIR /testbed``,
-    ``ENV PYTHONPATH=<project.pythonpath> PYTHONDONTWRITEBYTECODE=1`` and a global git
-    ``safe.directory`` for ``/testbed``; ``/testbed`` is a git repository at the ``pristine``
-    commit made by :func:`forgeflow.registry.projects.prepare_checkout`. The default tag is
-    ``localhost/forgeflow/env-<name>:<version>-<12 hex of the inputs digest>``; the inputs digest
-    covers the base image id, the project's name, version, sha256 and PYTHONPATH and the
-    checkout's HEAD commit, so an unchanged
-    build is a lookup (< 1 s).
-
     Args:
-        project: the pinned project.
-        checkout_dir: the project root returned by ``prepare_checkout`` (must be clean).
-        base_image: a local image reference (usually :func:`ensure_base_image`'s name).
         tag: the tag to give the image (default derived from the inputs digest).
 
     Raises:
@@ -453,37 +404,10 @@ def build_env_image(
     return _build(checkout_dir, containerfile, tag, labels)
 
 
-def ensure_env_image(project: Project, base_image: str | None = None) -> ImageRef:
-    """Fetch, check out and build the environment image of ``project`` (each step cached).
-
-    The checkout lives in ``cache_dir()/checkouts``; the base image defaults to
-    :func:`ensure_base_image`.
-
-    Raises:
-        InputError, TransientInfraError: from :func:`forgeflow.registry.projects.prepare_checkout`.
-        ImageBuildError: a build failed.
-    """
-    base = base_image or ensure_base_image().name
-    root = prepare_checkout(project, cache_dir() / "checkouts")
-    return build_env_image(project, root, base)
-
-
 def build_task_image(env_image: str, instance_id: str, bug_patch: str, tag: str | None = None) -> ImageRef:
     """Build a task image: ``env_image`` with ``bug_patch`` applied to ``/testbed`` and fresh history.
 
-    ``/testbed`` is copied out of ``env_image`` to a host directory (``podman cp``), the patch is
-    applied there with ``git apply`` and the history is re-initialised (``rm -rf .git``, ``git
-    init``, one commit ``task`` with a fixed author and date), so ``git log -p`` in the image does
-    not reveal the bug and the patch file is in no layer. The image is ``FROM env_image``,
-    ``RUN rm -rf /testbed`` (so no pristine git object survives under ``/testbed``), ``COPY`` of
-    the bugged tree. The default tag is ``localhost/forgeflow/task:<instance id>-<12 hex>``
-    where the hex is the digest of the env image id, the instance id and the patch.
-
     Args:
-        env_image: a local environment image reference (from :func:`build_env_image`).
-        instance_id: the task's id (used in the tag, labels and error messages).
-        bug_patch: a unified diff (``git diff`` format, paths ``a/...`` ``b/...``) relative to
-            ``/testbed``.
         tag: the tag to give the image (default derived from the inputs digest).
 
     Raises:

@@ -1,18 +1,7 @@
 """Where each task image lives in the target registry: tags, shards and lanes (pure, no I/O).
 
-The layout ``base-sharded-tags`` spreads task images over ``shards`` repositories named
-``<prefix>-00`` .. ``<prefix>-NN``. A task's *primary shard* follows its base image, so tasks that
-share a base land together and reuse its layers; a per-task *lane* spreads one base's tasks over
-``lanes`` neighbouring shards so no single repository takes them all. Each repository that holds a
-task built on a base also holds that base under a ``basecache-<12 hex>`` tag (pre-warm), so a pull
-of any task image in it finds the base layers already present.
-
-Registries may cap tags per repository (the embedded docker-registry does not; hosted ones such as
-TCR do), so the cap lives here: :meth:`PrewarmPlan.check` rejects a plan before anything is copied.
-
 Tag grammar: the OCI distribution spec, ``[a-zA-Z0-9_][a-zA-Z0-9._-]{0,127}``
-(https://github.com/opencontainers/distribution-spec/blob/main/spec.md#pulling-manifests).
-"""
+(https://github.com/opencontainers/distribution-spec/blob/main/spec.md#pulling-manifests)."""
 
 from __future__ import annotations
 
@@ -47,20 +36,7 @@ def _sha256_hex(text: str) -> str:
 
 
 def sanitize_tag(task_id: str) -> str:
-    """Map a task id to a valid, unique OCI tag.
-
-    An id that already fits the grammar is returned unchanged. Otherwise every character outside
-    ``[A-Za-z0-9._-]`` becomes ``-``, a leading ``.`` or ``-`` becomes ``_``, the result is cut to
-    117 characters and ``-`` plus the first 10 hex characters of sha256(task_id) is appended (at
-    most 128 characters). Two different ids that would sanitize to the same text thus get
-    different suffixes; an unchanged id never carries a suffix. Case is kept (tags are
-    case-sensitive).
-
-    Args:
-        task_id: Any non-empty task identifier (e.g. ``owner__repo.abc123.func_pm__x/y``).
-
-    Returns:
-        A tag matching ``TAG_PATTERN``; the same id always gives the same tag.
+    """Map a task id (e.g. ``owner__repo.abc123.func_pm__x/y``) to a valid, unique OCI tag (same id, same tag).
 
     Raises:
         InputError: ``task_id`` is empty.
@@ -84,13 +60,7 @@ def _digest_hex(base_digest: str) -> str:
 
 
 def basecache_tag(base_digest: str) -> str:
-    """Tag under which a base image is pre-warmed in a task repository.
-
-    Args:
-        base_digest: The base image's manifest digest, ``sha256:<64 hex>``.
-
-    Returns:
-        ``basecache-<first 12 hex characters of the digest>``.
+    """``basecache-<first 12 hex of base_digest>``: the tag a base image is pre-warmed under in a task repository.
 
     Raises:
         InputError: ``base_digest`` is not a sha256 digest.
@@ -99,46 +69,31 @@ def basecache_tag(base_digest: str) -> str:
 
 
 class Placement(BaseModel):
-    """Where one task image goes.
-
-    Attributes:
-        task_id: The task's id as given.
-        base_digest: Digest of the base image the task image is built on.
-        repository: Repository name inside the target registry (``task-07``).
-        tag: The sanitized tag (:func:`sanitize_tag`).
-        shard: Index of ``repository`` (primary shard + lane, modulo shards).
-        lane: The task's lane, 0 .. lanes-1.
-    """
+    """Where one task image goes."""
 
     model_config = ConfigDict(frozen=True)
 
-    task_id: str = Field(min_length=1)
-    base_digest: str
-    repository: str
-    tag: str
-    shard: int = Field(ge=0)
-    lane: int = Field(ge=0)
+    task_id: str = Field(min_length=1, description="The task's id as given.")
+    base_digest: str = Field(description="Digest of the base image the task image is built on.")
+    repository: str = Field(description="Repository name inside the target registry (task-07).")
+    tag: str = Field(description="The sanitized tag (sanitize_tag).")
+    shard: int = Field(ge=0, description="Index of repository (primary shard + lane, modulo shards).")
+    lane: int = Field(ge=0, description="The task's lane, 0 .. lanes-1.")
 
 
 class PrewarmPlan(BaseModel):
-    """A whole layout plan: placements, basecache tags and projected tag counts.
-
-    Attributes:
-        layout: The layout that produced the plan.
-        placements: One per task, in input order.
-        basecache: repository -> {basecache tag -> base digest}, every base used in it.
-        projected_tag_counts: repository -> task tags + basecache tags after the pre-warm.
-        rejected_repositories: Repositories whose projected count exceeds ``layout.tag_cap``,
-            sorted by name.
-    """
+    """A whole layout plan: placements, basecache tags and projected tag counts."""
 
     model_config = ConfigDict(frozen=True)
 
-    layout: ShardLayout
-    placements: list[Placement]
-    basecache: dict[str, dict[str, str]]
-    projected_tag_counts: dict[str, int]
-    rejected_repositories: list[str]
+    layout: ShardLayout = Field(description="The layout that produced the plan.")
+    placements: list[Placement] = Field(description="One per task, in input order.")
+    basecache: dict[str, dict[str, str]] = Field(
+        description="repository -> {basecache tag -> base digest}, every base used in it.")
+    projected_tag_counts: dict[str, int] = Field(
+        description="repository -> task tags + basecache tags after the pre-warm.")
+    rejected_repositories: list[str] = Field(
+        description="Repositories whose projected count exceeds layout.tag_cap, sorted by name.")
 
     @property
     def basecache_tag_count(self) -> int:
@@ -173,27 +128,17 @@ path components for a namespace (the OCI repository grammar, lower case)."""
 
 
 class ShardLayout(BaseModel):
-    """The ``base-sharded-tags`` layout.
-
-    Placement rule: primary shard = int(base digest hex[:8], 16) % shards; lane =
-    int(sha256(task_id)[:8], 16) % lanes; repository index = (primary + lane) % shards.
-
-    Attributes:
-        name: Layout name recorded with each plan.
-        shards: Number of task repositories.
-        lanes: Neighbouring shards one base's tasks spread over (at most ``shards``).
-        prefix: Repository name prefix (``task`` gives ``task-00`` .. ``task-79``); a repository path, so a
-            registry namespace may lead it (``team/agents/task`` gives ``team/agents/task-00`` ..).
-        tag_cap: Most tags a repository may hold (task tags + basecache tags).
-    """
+    """The ``base-sharded-tags`` layout."""
 
     model_config = ConfigDict(frozen=True)
 
-    name: Literal["base-sharded-tags"] = "base-sharded-tags"
-    shards: int = Field(default=80, ge=1, le=MAX_SHARDS)
-    lanes: int = Field(default=5, ge=1)
-    prefix: str = Field(default="task", pattern=PREFIX_PATTERN)
-    tag_cap: int = Field(default=100, ge=1)
+    name: Literal["base-sharded-tags"] = Field("base-sharded-tags", description="Layout name recorded with each plan.")
+    shards: int = Field(default=80, ge=1, le=MAX_SHARDS, description="Number of task repositories.")
+    lanes: int = Field(default=5, ge=1,
+                       description="Neighbouring shards one base's tasks spread over (at most shards).")
+    prefix: str = Field(default="task", pattern=PREFIX_PATTERN,
+                        description="Repository name prefix (task gives task-00 .. task-79)")
+    tag_cap: int = Field(default=100, ge=1, description="Most tags a repository may hold (task tags + basecache tags).")
 
     @model_validator(mode="after")
     def _lanes_within_shards(self) -> ShardLayout:
@@ -206,14 +151,7 @@ class ShardLayout(BaseModel):
         return f"{self.prefix}-{index:02d}"
 
     def place(self, task_id: str, base_digest: str) -> Placement:
-        """Place one task image.
-
-        Args:
-            task_id: The task's id.
-            base_digest: ``sha256:<64 hex>`` of the base image the task image is built on.
-
-        Returns:
-            The :class:`Placement` (deterministic in its inputs and the layout).
+        """Place one task image (deterministic in its inputs and the layout).
 
         Raises:
             InputError: empty ``task_id`` or malformed ``base_digest``.
@@ -231,17 +169,11 @@ class ShardLayout(BaseModel):
         )
 
     def plan(self, tasks: list[tuple[str, str]]) -> PrewarmPlan:
-        """Place every task and count the tags each repository would hold.
-
-        Args:
-            tasks: ``(task_id, base_digest)`` pairs; task ids must be unique.
-
-        Returns:
-            A :class:`PrewarmPlan`; call :meth:`PrewarmPlan.check` to enforce the tag cap.
+        """Place every task and count the tags each repository would hold (:meth:`PrewarmPlan.check` enforces the cap).
 
         Raises:
-            InputError: a task id is repeated, a digest is malformed, two task ids map to the same
-                (repository, tag), or a task tag collides with a basecache tag in the same repository.
+            InputError: a repeated task id, a malformed digest, two task ids on the same (repository, tag), or a
+                task tag colliding with a basecache tag.
         """
         repeated = sorted(tid for tid, n in Counter(tid for tid, _ in tasks).items() if n > 1)
         if repeated:
@@ -300,20 +232,8 @@ PrewarmPlan.model_rebuild()
 def shard_layout(shards: int, lanes: int, prefix: str, tag_cap: int) -> ShardLayout:
     """A :class:`ShardLayout` from flow parameters of the same names, bad values as InputError.
 
-    Args:
-        shards: Number of task repositories (1-10000).
-        lanes: Neighbouring shards one base's tasks spread over (1..shards).
-        prefix: Repository name prefix (``[a-z0-9]+`` parts joined by ``.``, ``_`` or ``-``; ``/``-separated
-            path components for a namespace).
-        tag_cap: Most tags a repository may hold (>= 1).
-
-    Returns:
-        The layout.
-
     Raises:
-        InputError: naming each bad parameter with its value and the rule it breaks
-            (``shards=0: Input should be greater than or equal to 1``; ``lanes (6) must not
-            exceed shards (5)``).
+        InputError: naming each bad parameter, its value and the rule it breaks.
     """
     from pydantic import ValidationError
 

@@ -1,26 +1,4 @@
-"""Migrate images between registries and pre-warm basecache tags, verifying every digest.
-
-A migration copies with ``--all --preserve-digests``, so the target serves byte-identical
-manifests: the target digest must equal the source digest, else :class:`DigestMismatchError`.
-Pre-warming basecache tags is :mod:`forgeflow.registry.prewarm`; coverage and reference rewrites
-are :mod:`forgeflow.registry.coverage`. A migration is idempotent: an image already present with
-the right digest is not copied again.
-
-:func:`migrate_images` migrates a list and records a state per image (completed / skipped /
-failed with the exception's type and message) without stopping at the first failure; transient
-registry errors (429, 5xx, timeouts, refused connections) are retried with exponential backoff,
-auth failures and missing images are not. :func:`attempt_migration` is one attempt with the
-failure returned as data; the ``migrate-images`` flow's Prefect task (``tasks/registry.py``)
-wraps it with Prefect's retries instead.
-
-Migration state lives in the store's ``images`` table, one row per target image (role
-``target``): ``status`` pending / completed / skipped / failed, ``status_reason`` (skip reason,
-or ``<ExceptionType>: <message>``), ``source_ref`` / ``source_digest`` and ``digest`` (the
-verified target digest of a completed image). :func:`record_pending` / :func:`record_state`
-write it, :func:`load_states` / :func:`completed_in_store` read it back, so a re-run copies only
-what is not completed (after checking that the target still serves the recorded digest: the
-registry is the source of truth).
-"""
+"""Migrate images between registries and pre-warm basecache tags, verifying every digest."""
 
 from __future__ import annotations
 
@@ -50,18 +28,7 @@ MigrationStatus = Literal["pending", "completed", "skipped", "failed"]
 
 class TransferLimits(BaseModel):
     """How hard a migration may press the registries, and which images it leaves out for size (a
-    parameter group of the ``migrate-images`` flow).
-
-    Attributes:
-        max_size_bytes: images above this (sum of compressed layers) are skipped (``oversize``).
-        concurrency_limit: images copied at once against the target registry (1-64): the slots of
-            its global concurrency limit.
-        rate_limit_per_s: images started per second against the target registry (None: no rate
-            limit).
-        retry_delays_s: seconds before each retry of a transiently failing image (429, 5xx,
-            timeout); its length is the number of retries, at most 10. None: the tasks' default
-            (``tasks.common.TRANSIENT_RETRY_DELAYS_S``).
-    """
+    parameter group of the ``migrate-images`` flow)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -74,34 +41,27 @@ class TransferLimits(BaseModel):
 
 
 class MigrationRecord(BaseModel):
-    """The outcome of migrating one image.
-
-    Attributes:
-        source_ref: Source transport reference.
-        target_ref: Target transport reference.
-        source_digest: ``sha256:<hex>`` of the source manifest/index.
-        target_digest: Digest the target serves (None when skipped or failed before copying).
-        status: ``pending`` (not attempted yet), ``completed`` (copied or already present),
-            ``skipped`` (e.g. ``oversize``) or ``failed`` (an exception was recorded).
-        reason: Why skipped/failed (for ``failed``: the exception's message), or
-            ``already present``; empty for a fresh copy.
-        size_bytes: Sum of compressed layer sizes of the source.
-        error_type: Class name of the exception of a ``failed`` record
-            (``RegistryUnavailableError``, ``ImageNotFoundError``...), else None.
-        attempts: skopeo attempts made for this image (retries of transient errors included).
-    """
+    """The outcome of migrating one image."""
 
     model_config = ConfigDict(frozen=True)
 
-    source_ref: str
-    target_ref: str
-    source_digest: str | None = None
-    target_digest: str | None = None
-    status: MigrationStatus
-    reason: str = ""
-    size_bytes: int | None = Field(default=None, ge=0)
-    error_type: str | None = None
-    attempts: int = Field(default=0, ge=0)
+    source_ref: str = Field(description="Source transport reference.")
+    target_ref: str = Field(description="Target transport reference.")
+    source_digest: str | None = Field(None, description="sha256:<hex> of the source manifest/index.")
+    target_digest: str | None = Field(None,
+                                      description="Digest the target serves (None when skipped or failed before "
+                                                  "copying).")
+    status: MigrationStatus = Field(
+        description="pending (not attempted yet), completed (copied or already present), skipped (e.g")
+    reason: str = Field("",
+                        description="Why skipped/failed (for failed: the exception's message), or already present; "
+                                    "empty for a fresh copy.")
+    size_bytes: int | None = Field(default=None, ge=0, description="Sum of compressed layer sizes of the source.")
+    error_type: str | None = Field(None,
+                                   description="Class name of the exception of a failed record "
+                                               "(RegistryUnavailableError, ImageNotFoundError...), else None.")
+    attempts: int = Field(default=0, ge=0,
+                          description="skopeo attempts made for this image (retries of transient errors included).")
 
 
 
@@ -111,20 +71,8 @@ def migrate_image(
     target_ref: str,
     max_size_bytes: int | None = None,
 ) -> MigrationRecord:
-    """Copy one image (all platforms) from ``source_ref`` to ``target_ref`` keeping its digest.
-
-    Steps: inspect the source digest and size; skip with reason ``oversize`` if the size
-    exceeds ``max_size_bytes``; if the target already serves the source digest, record
-    ``already present``; else ``copy --all --preserve-digests``; re-inspect the target.
-
-    Args:
-        skopeo: The skopeo wrapper.
-        source_ref: e.g. ``docker://127.0.0.1:5701/env/six:1.16.0``.
-        target_ref: e.g. ``docker://127.0.0.1:5702/env/six:1.16.0``.
-        max_size_bytes: Largest image (sum of compressed layers) to migrate; None = no limit.
-
-    Returns:
-        A :class:`MigrationRecord` with status ``completed`` or ``skipped``.
+    """Copy one image (all platforms) from ``source_ref`` to ``target_ref`` keeping its digest; the record's
+    status is ``completed`` or ``skipped`` (``oversize``: above ``max_size_bytes`` of compressed layers).
 
     Raises:
         InputError: ``max_size_bytes`` is negative.
@@ -200,20 +148,9 @@ def attempt_migration(
 ) -> tuple[MigrationRecord, ForgeflowError | None]:
     """One attempt of :func:`migrate_image` that returns a failure as data instead of raising.
 
-    Shared by :func:`migrate_images` (its own retry loop) and the Prefect task of the
-    ``migrate-images`` flow (Prefect's retries), so both record the same state.
-
-    Args:
-        skopeo: The skopeo wrapper.
-        source_ref / target_ref: Transport references.
-        max_size_bytes: Largest image to migrate; None = no limit.
-        attempts: The attempt number this is (1 = first), copied into the record.
-
     Returns:
-        ``(record, None)`` with status ``completed`` or ``skipped``; or ``(record, error)`` with
-        status ``failed``: the record holds whatever was learnt before the failure (source
-        digest, size), the exception's class name as ``error_type`` and its message as
-        ``reason``; the caller decides whether to retry (:func:`forgeflow.common.errors.is_transient`).
+        ``(record, None)``, or ``(record, error)`` with status ``failed``: what was learnt before the failure,
+        ``error_type`` and ``reason``; the caller decides whether to retry.
 
     Raises:
         InputError: ``max_size_bytes`` is negative (bad input is not an image's failure).
@@ -251,40 +188,13 @@ def migrate_images(
     store: Store | None = None,
     run_id: str | None = None,
 ) -> list[MigrationRecord]:
-    """Migrate every (source, target) pair in order, recording a state per image.
+    """Migrate every (source, target) pair in order, recording a state per image; a failure does not stop the list.
 
-    Each image goes through :func:`attempt_migration` (inspect, oversize skip, already-present
-    check, ``copy --all --preserve-digests``, digest verification). A failure does not stop the
-    list: it becomes a ``failed`` record with the exception's class name and message. A
-    transient failure (:func:`forgeflow.common.errors.is_transient`: 429, 5xx, timeouts, refused
-    connections) is retried up to ``transient_retries`` times, waiting ``backoff_s * 2**k``
-    seconds before retry ``k`` (exponential backoff); auth failures (:class:`RegistryError`),
-    missing images (:class:`ImageNotFoundError`) and digest mismatches are not retried.
-    (skopeo itself retries a 429 honouring ``Retry-After``, but not a 503: measured with
-    skopeo 1.9.3 behind ``tests/faultproxy.py``.)
-
-    With a ``store``, the state lives in its ``images`` table (role ``target``; see
-    :func:`record_state`): images the store records as ``completed`` from the same source are
-    not migrated again once the target is seen to still serve the recorded digest (record
-    reason ``already completed``); every other image is marked ``pending`` first
-    (:func:`record_pending`) and its final state is written as soon as it is known. So a run
-    that dies half-way leaves every image ``completed``, ``skipped``, ``failed`` or still
-    ``pending``, and a re-run copies only what is not completed. Without a store, an image the
-    target already serves is found by inspection (reason ``already present``).
-
-    Args:
-        skopeo: The skopeo wrapper (its own ``retry_times`` also applies inside each copy).
-        pairs: (source transport reference, target transport reference), targets unique.
-        max_size_bytes: Largest image to migrate (sum of compressed layers); None = no limit.
-        transient_retries: Retries of a transiently failing image (0-10).
-        backoff_s: Base of the exponential backoff in seconds (>= 0).
-        on_record: Called with each image's final record as soon as it is known (after the
-            store write); an exception it raises propagates.
-        store: The store holding the migration state (upgraded), or None.
-        run_id: The run id stamped on the rows written.
-
-    Returns:
-        One record per pair, in input order; status ``completed``, ``skipped`` or ``failed``.
+    A transient failure (429, 5xx, timeouts, refused connections) is retried ``transient_retries`` times after
+    ``backoff_s * 2**k`` seconds; auth failures, missing images and digest mismatches are not. skopeo itself
+    retries a 429 honouring ``Retry-After`` but not a 503 (measured with skopeo 1.9.3 behind
+    ``tests/faultproxy.py``). With a ``store``, images recorded ``completed`` whose target still serves the
+    digest are not copied again, every other one is marked ``pending`` first.
 
     Raises:
         InputError: bad arguments or repeated targets (nothing is copied or written then).
@@ -321,25 +231,13 @@ def migrate_images(
 
 
 def check_reachable(address: str, tls_verify: bool = False, timeout_s: float = 5.0, what: str = "registry") -> str:
-    """Preflight: one ``GET /v2/`` (httpx) to see that a registry answers at ``address``.
+    """Preflight: one ``GET /v2/`` to see that a registry answers at ``address`` (200 or 401); returns the URL.
 
-    200 or 401 (the registry asks for credentials) means reachable. With ``tls_verify`` the
-    request goes to ``https://`` with certificate verification; without it (a registry skopeo
-    reaches without TLS verification, often plain HTTP on loopback), plain ``http://`` is tried
-    first and ``https://`` without verification after any other answer or failure.
-
-    Args:
-        address: ``host[:port]`` of the registry.
-        tls_verify: The endpoint's TLS setting.
-        timeout_s: Timeout of each request in seconds.
-        what: How the error names the registry (``source``, ``target``).
-
-    Returns:
-        The URL that answered (``http://127.0.0.1:5702/v2/``).
+    Without ``tls_verify``, plain ``http://`` is tried first, then ``https://`` without verification.
 
     Raises:
-        RegistryUnavailableError: nothing answers at ``address`` (refused, timeout, TLS failure) or
-            it answers ``/v2/`` with another status than 200/401 (the message names the address).
+        RegistryUnavailableError: nothing answers (refused, timeout, TLS failure) or ``/v2/`` answers
+            another status than 200/401 (the address named).
     """
     import httpx
 
@@ -416,32 +314,16 @@ def _state_values(record: MigrationRecord, run_id: str | None) -> dict[str, obje
 
 
 def record_state(store: Store, record: MigrationRecord, run_id: str | None = None) -> None:
-    """Write one image's migration state into its ``images`` row (role ``target``), one upsert.
-
-    Columns: ``status`` (pending / completed / skipped / failed), ``status_reason`` (the skip
-    reason, ``already present``, or ``<ExceptionType>: <message>`` for a failure),
-    ``source_ref`` / ``source_digest`` (the image copied from), ``digest`` (the verified target
-    digest of a ``completed`` record, NULL otherwise), ``size_bytes``, ``run_id``. ``project``
-    and ``created_at`` are kept.
-
-    Args:
-        store: The store (upgraded).
-        record: The image's record.
-        run_id: The Prefect run id that produced it.
-    """
+    """Write one image's migration state into its ``images`` row (role ``target``), one upsert: ``status``,
+    ``status_reason`` (``<ExceptionType>: <message>`` for a failure), ``source_ref`` / ``source_digest`` and
+    ``digest`` (the verified target digest of a ``completed`` record, else NULL); ``project`` is kept."""
     store.upsert(Image, {"ref": store_ref(record.target_ref)}, _state_values(record, run_id))
 
 
 def record_pending(store: Store, records: Sequence[MigrationRecord], run_id: str | None = None) -> int:
-    """Mark each record's target ``pending`` (inserting rows that do not exist), in ONE transaction.
+    """Mark each record's target ``pending`` (inserting missing rows) in ONE transaction; the number of rows.
 
-    Called for the images a run is about to attempt (not for those it found completed). The
-    ``digest`` column of an existing row is not touched (it holds the last verified target
-    digest until the attempt's :func:`record_state` rewrites it), nor is ``project``.
-
-    Returns:
-        The number of rows marked or inserted.
-    """
+    An existing row's ``digest`` (the last verified one) and ``project`` are not touched."""
     rows = []
     for record in records:
         values = _state_values(record.model_copy(update={"status": "pending", "reason": ""}), run_id)
@@ -471,17 +353,8 @@ def _as_record(image: ImageRecord) -> MigrationRecord:
 
 
 def load_states(store: Store, target_refs: Sequence[str] | None = None) -> dict[str, MigrationRecord]:
-    """The migration state the store holds, by target transport reference.
-
-    Args:
-        store: The store (upgraded).
-        target_refs: Only these targets (``docker://...``); None = every ``target`` row with a
-            status.
-
-    Returns:
-        ``{target_ref: MigrationRecord}`` (``attempts`` is not stored: 0); targets without a
-        row are absent.
-    """
+    """The migration state the store holds, by target transport reference (``attempts`` is not stored: 0);
+    ``target_refs`` None reads every ``target`` row with a status."""
     wanted = None if target_refs is None else {store_ref(ref) for ref in target_refs}
     with store.session() as session:
         statement = select(Image).where(Image.role == "target", Image.status.is_not(None))
@@ -492,12 +365,8 @@ def load_states(store: Store, target_refs: Sequence[str] | None = None) -> dict[
 
 
 def completed_in_store(store: Store, pairs: Sequence[tuple[str, str]]) -> dict[str, MigrationRecord]:
-    """Targets of ``pairs`` the store records as ``completed`` from the same source, with a digest.
-
-    Returns:
-        ``{target_ref: record}``; the caller should still check that the target serves
-        ``record.target_digest`` (the registry is the source of truth).
-    """
+    """Targets of ``pairs`` the store records as ``completed`` from the same source, with a digest; the caller
+    still checks that the target serves it (the registry is the source of truth)."""
     sources = dict((dst, src) for src, dst in pairs)
     states = load_states(store, list(sources))
     return {

@@ -1,18 +1,10 @@
-"""Pre-warm basecache tags and check that task images reuse their base's layers.
-
-:func:`prewarm_basecache` copies each base image under its ``basecache-<12 hex>`` tag into every task
-repository a :class:`~forgeflow.registry.layout.PrewarmPlan` puts tasks built on it in
-(``concurrency`` at a time; one ``list-tags`` per repository finds the tags already there);
-:func:`verify_prewarm` checks every tag serves its base's digest; :func:`verify_layer_reuse` checks
-that a task image was built on its base (its layers start with the base's), so a pull finds them
-pre-warmed.
-"""
+"""Pre-warm basecache tags and check that task images reuse their base's layers."""
 
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow.common.errors import (
     DigestMismatchError,
@@ -24,69 +16,37 @@ from forgeflow.registry.skopeo import Skopeo, digest_or_none
 
 
 class LayerReuse(BaseModel):
-    """Evidence that a task image reuses its base image's layers.
-
-    Attributes:
-        task_ref: The task image reference checked.
-        base_ref: The base image reference checked.
-        base_layers: Layer digests of the base image, bottom first.
-        task_layers: Layer digests of the task image, bottom first.
-        reused: True: ``task_layers`` starts with ``base_layers``.
-    """
+    """Evidence that a task image reuses its base image's layers."""
 
     model_config = ConfigDict(frozen=True)
 
-    task_ref: str
-    base_ref: str
-    base_layers: list[str]
-    task_layers: list[str]
-    reused: bool
+    task_ref: str = Field(description="The task image reference checked.")
+    base_ref: str = Field(description="The base image reference checked.")
+    base_layers: list[str] = Field(description="Layer digests of the base image, bottom first.")
+    task_layers: list[str] = Field(description="Layer digests of the task image, bottom first.")
+    reused: bool = Field(description="True: task_layers starts with base_layers.")
 
 
 class BasecacheRecord(BaseModel):
-    """One basecache tag written into one task repository.
-
-    Attributes:
-        repository: Task repository name (``task-07``).
-        tag: ``basecache-<12 hex>``.
-        base_digest: The base image's digest (the tag must serve exactly this).
-        source_ref: Where the base was copied from.
-        target_ref: ``docker://<target>/<repository>:<tag>``.
-        target_digest: Digest the target reported after the copy.
-        copied: False if the tag already served ``base_digest`` and nothing was copied.
-    """
+    """One basecache tag written into one task repository."""
 
     model_config = ConfigDict(frozen=True)
 
-    repository: str
-    tag: str
-    base_digest: str
-    source_ref: str
-    target_ref: str
-    target_digest: str
-    copied: bool
+    repository: str = Field(description="Task repository name (task-07).")
+    tag: str = Field(description="basecache-<12 hex>.")
+    base_digest: str = Field(description="The base image's digest (the tag must serve exactly this).")
+    source_ref: str = Field(description="Where the base was copied from.")
+    target_ref: str = Field(description="docker://<target>/<repository>:<tag>.")
+    target_digest: str = Field(description="Digest the target reported after the copy.")
+    copied: bool = Field(description="False if the tag already served base_digest and nothing was copied.")
 
 
 
 def verify_layer_reuse(skopeo: Skopeo, task_ref: str, base_ref: str) -> LayerReuse:
     """Check that the task image's layers start with the base image's layers.
 
-    That is what makes a pre-warmed ``basecache`` tag useful: a task image built ``FROM`` its
-    base (and pushed so that the base layers keep their digests) shares the base's blobs, so a
-    pull transfers only the task's own layers. For an index, the ``linux/<this machine's
-    architecture>`` manifest is compared (:meth:`Skopeo.layers`).
-
-    Args:
-        skopeo: The skopeo wrapper.
-        task_ref: Transport reference of the task image.
-        base_ref: Transport reference of its base image.
-
-    Returns:
-        A :class:`LayerReuse` with ``reused=True``.
-
     Raises:
-        DigestMismatchError: the task image does not start with the base's layers (names both
-            references and the first differing position).
+        DigestMismatchError: they do not (both references and the first differing position named).
         ImageNotFoundError, RegistryError, RegistryUnavailableError, ToolMissingError: from skopeo.
     """
     base_layers = skopeo.layers(base_ref)
@@ -118,34 +78,15 @@ def prewarm_basecache(
     base_refs: dict[str, str],
     max_workers: int = 5,
 ) -> list[BasecacheRecord]:
-    """Copy every planned basecache tag into its task repository (digests preserved).
-
-    The plan is checked against its tag cap first. Then, ``max_workers`` skopeo commands at a
-    time: each base reference is checked to serve its planned digest and each shard
-    repository's tags are listed (one ``list-tags`` per repository, not one ``inspect`` per tag:
-    the 50k-task plan has ~30 basecache tags per repository); then every basecache tag the
-    repository lacks, or that serves another digest, is copied. A tag that already serves its
-    base digest is not copied again.
-
-    Concurrency pays where the registry is a network away: each copy is a few sequential HTTP
-    requests. Against a loopback registry on the same 2 cores the registry's own CPU bounds it
-    (``python -m benchmarks.registry`` measures both).
+    """Copy every planned basecache tag into its task repository (digests preserved); one record per
+    (repository, tag), sorted.
 
     Args:
-        skopeo: The skopeo wrapper.
-        plan: A :class:`PrewarmPlan` from :meth:`ShardLayout.plan`.
-        target_address: ``host:port`` of the target registry (``127.0.0.1:5702``).
-        base_refs: base digest -> transport reference of that base image in the target registry
-            (e.g. ``docker://127.0.0.1:5702/base/debian:bookworm``); must cover every base in
-            the plan.
-        max_workers: skopeo commands at a time (1-16).
-
-    Returns:
-        One :class:`BasecacheRecord` per (repository, tag), sorted by repository then tag.
+        base_refs: base digest -> that base's transport reference in the target registry; covers the plan.
 
     Raises:
         PlanRejectedError: a repository would exceed the tag cap.
-        InputError: a base digest of the plan has no entry in ``base_refs``, or bad arguments.
+        InputError: a base digest without an entry in ``base_refs``, or bad arguments.
         ImageNotFoundError: a base reference does not exist.
         DigestMismatchError: a base reference does not serve its digest, or a copy changed it.
         RegistryError, RegistryUnavailableError, ToolMissingError: from skopeo.
@@ -203,13 +144,11 @@ def prewarm_basecache(
 
 
 def verify_prewarm(skopeo: Skopeo, records: list[BasecacheRecord], max_workers: int = 5) -> None:
-    """Check that every basecache tag serves exactly its base digest (one ``inspect --raw`` per
-    tag, ``max_workers`` at a time).
+    """Check that every basecache tag serves exactly its base digest (``max_workers`` 1-16 at a time).
 
     Raises:
         DigestMismatchError: naming each tag that serves another digest.
         ImageNotFoundError: a basecache tag is missing.
-        InputError: ``max_workers`` outside 1-16.
         RegistryError, RegistryUnavailableError, ToolMissingError: from skopeo.
     """
     if not 1 <= max_workers <= 16:

@@ -4,14 +4,7 @@ Each project in ``forgeflow/data/projects.json`` is a PyPI sdist pinned by file 
 whose own pytest suite passes offline in the base image (``localhost/forgeflow/base:bookworm``:
 Debian bookworm, python 3.11.2, pytest 7.2.1) with no extra dependency, with the project at
 ``/testbed`` on ``PYTHONPATH``. The pass counts and wall times in the file were measured there
-(``podman run --rm --network none``, 2 busy cores).
-
-Typical use::
-
-    project = get_project("boltons")
-    root = prepare_checkout(project, workdir)   # pristine git checkout
-    # images.build_env_image(project, root, base_image) copies it to /testbed
-"""
+(``podman run --rm --network none``, 2 busy cores)."""
 
 from __future__ import annotations
 
@@ -59,40 +52,33 @@ _GIT_TIMEOUT_S = 120
 
 
 class Project(BaseModel):
-    """One pinned real project.
-
-    Attributes:
-        name: PyPI distribution name (also the key in ``projects.json``).
-        version: pinned release.
-        sdist_filename: the sdist's file name on PyPI (``<name>-<version>.tar.gz``).
-        sha256: hex sha256 of that sdist (64 lowercase hex characters).
-        pristine_commit: the git commit id :func:`prepare_checkout` makes from the sdist (the same
-            on every machine: fixed author, committer and dates).
-        source_path: package source relative to the project root, where bugs are generated; a
-            directory (``boltons``, ``src/cachetools``) or a single module file (``six.py``).
-            It may contain the tests (``toolz/tests`` is inside ``toolz``): exclude
-            ``tests_path`` when choosing files to break.
-        tests_path: the tests directory or file relative to the project root.
-        test_command: shell command, run in ``/testbed``, that runs the whole suite and prints
-            pytest ``-rA`` summary lines (``PASSED <nodeid>`` / ``FAILED <nodeid>``).
-        pythonpath: ``PYTHONPATH`` value inside the image (under ``/testbed``).
-        expected_passed: number of tests the pristine suite passes in the base image (measured).
-        suite_wall_s: measured wall time of one ``podman run`` of the suite, in seconds.
-    """
+    """One pinned real project."""
 
     model_config = ConfigDict(frozen=True)
 
-    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
-    version: str = Field(min_length=1)
-    sdist_filename: str = Field(pattern=r"^[A-Za-z0-9._-]+\.tar\.gz$")
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    pristine_commit: str = Field(pattern=r"^[0-9a-f]{40}$")
-    source_path: str = Field(min_length=1)
-    tests_path: str = Field(min_length=1)
-    test_command: str = Field(min_length=1)
-    pythonpath: str = Field(pattern=r"^/testbed(/.*)?$")
-    expected_passed: int = Field(gt=0)
-    suite_wall_s: float = Field(gt=0, le=600)
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$",
+                      description="PyPI distribution name (also the key in projects.json).")
+    version: str = Field(min_length=1, description="pinned release.")
+    sdist_filename: str = Field(pattern=r"^[A-Za-z0-9._-]+\.tar\.gz$",
+                                description="the sdist's file name on PyPI (<name>-<version>.tar.gz).")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$",
+                        description="hex sha256 of that sdist (64 lowercase hex characters).")
+    pristine_commit: str = Field(pattern=r"^[0-9a-f]{40}$",
+                                 description="the git commit id prepare_checkout makes from the sdist (the same on "
+                                             "every machine: fixed author, committer and dates).")
+    source_path: str = Field(min_length=1,
+                             description="package source relative to the project root, where bugs are generated")
+    tests_path: str = Field(min_length=1, description="the tests directory or file relative to the project root.")
+    test_command: str = Field(min_length=1,
+                              description="shell command, run in /testbed, that runs the whole suite and prints "
+                                          "pytest -rA summary lines (PASSED <nodeid> / FAILED <nodeid>).")
+    pythonpath: str = Field(pattern=r"^/testbed(/.*)?$",
+                            description="PYTHONPATH value inside the image (under /testbed).")
+    expected_passed: int = Field(gt=0,
+                                 description="number of tests the pristine suite passes in the base image "
+                                             "(measured).")
+    suite_wall_s: float = Field(gt=0, le=600,
+                                description="measured wall time of one podman run of the suite, in seconds.")
 
     @property
     def requirement(self) -> str:
@@ -150,18 +136,11 @@ def _verify(project: Project, path: Path) -> Path:
 
 
 def fetch_sdist(project: Project) -> Path:
-    """Return the verified sdist of ``project`` in ``cache_dir()/sdists``, downloading it if absent.
-
-    Downloads with ``python -m pip download --no-deps --no-binary :all:`` into a temporary
-    directory beside the cache, verifies the sha256 and renames the file into place, so a partial
-    download never appears under the final name. A cached file is verified before it is reused.
-
-    Returns:
-        ``cache_dir()/sdists/<sdist_filename>``.
+    """Return the verified sdist of ``project`` (``cache_dir()/sdists/<sdist_filename>``), downloading it if absent.
 
     Raises:
-        InputError: the cached or downloaded file's sha256 differs from the pin (the message names
-            the file, the expected and the found digest), or pip saved a different file name.
+        InputError: the file's sha256 differs from the pin (file and both digests named), or pip saved
+            another file name.
         TransientInfraError: pip could not download the sdist (index unreachable, timeout).
     """
     sdists = cache_dir() / "sdists"
@@ -195,9 +174,6 @@ def _git(root: Path, *args: str) -> str:
 def git_commit_all(root: Path, message: str) -> str:
     """Make ``root`` a fresh git repository with one commit of all its files; return the commit id.
 
-    Uses :data:`GIT_IDENTITY_ENV` (fixed author, committer and dates; no user config), so the same
-    tree always gives the same commit id. Writes :data:`GIT_EXCLUDES` to ``.git/info/exclude``.
-
     Raises:
         InfraError: git failed (not expected on a writable directory).
     """
@@ -210,19 +186,11 @@ def git_commit_all(root: Path, message: str) -> str:
 
 
 def prepare_checkout(project: Project, dest: Path) -> Path:
-    """Unpack the verified sdist under ``dest`` as a git repository with one ``pristine`` commit.
-
-    The sdist's single top-level directory (``<name>-<version>``) becomes the project root
-    ``dest/<name>-<version>``; the commit has a fixed author and date, so its id is the same on
-    every machine. If that root already exists and is a clean checkout at the pristine commit it is
-    returned as is.
-
-    Returns:
-        The project root (the directory to copy to ``/testbed``).
+    """Unpack the verified sdist under ``dest`` as a git repository with one ``pristine`` commit; returns its root.
 
     Raises:
-        InputError: the sdist fails verification, is not a single-directory archive, or the root
-            already exists and is not a clean pristine checkout.
+        InputError: the sdist fails verification, is not a single-directory archive, or the root exists and
+            is not a clean pristine checkout.
         TransientInfraError: the sdist could not be downloaded.
     """
     sdist = fetch_sdist(project)

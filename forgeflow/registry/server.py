@@ -5,11 +5,7 @@ The Debian package's default config enables htpasswd auth on a wrong path and an
 
     <storage_dir.parent>/<name>.config.yml   the config (JSON, which YAML accepts)
     <storage_dir.parent>/<name>.pid          PID of the running server
-    <storage_dir.parent>/<name>.log          its stdout/stderr
-
-The server runs in its own session, so it outlives the Python process that started it;
-:meth:`RegistryServer.ensure_running` finds it again from the pid file.
-"""
+    <storage_dir.parent>/<name>.log          its stdout/stderr"""
 
 from __future__ import annotations
 
@@ -39,10 +35,7 @@ class RegistryServer:
     """One ``docker-registry`` process serving plain HTTP on ``127.0.0.1:<port>``.
 
     Args:
-        name: Short name used for the config, pid and log files (``[A-Za-z0-9_.-]+``).
         port: TCP port on 127.0.0.1 (1024-65535). infra/registries.conf marks 5701-5730 insecure.
-        storage_dir: Filesystem storage root; created if missing; kept across restarts.
-        htpasswd_path: If given, an htpasswd file (bcrypt) enabling basic auth.
 
     Raises:
         InputError: a bad name or port, or a missing htpasswd file.
@@ -121,18 +114,12 @@ class RegistryServer:
         return config
 
     def start(self, timeout_s: float = 30.0) -> RegistryServer:
-        """Start the server and wait until ``GET /v2/`` answers 200 or 401.
-
-        Args:
-            timeout_s: Seconds to wait for readiness.
-
-        Returns:
-            self.
+        """Start the server and wait up to ``timeout_s`` seconds until ``GET /v2/`` answers 200 or 401; returns self.
 
         Raises:
             ToolMissingError: ``docker-registry`` is not installed.
-            ServerStartError: the port is already served by another process, the process exited,
-                or it did not answer within ``timeout_s`` (the message holds the log tail).
+            ServerStartError: the port is served by another process, the process exited, or it did not answer
+                in time (the message holds the log tail).
         """
         binary = shutil.which(REGISTRY_BINARY)
         if binary is None:
@@ -180,12 +167,10 @@ class RegistryServer:
     def ensure_running(self, timeout_s: float = 30.0) -> RegistryServer:
         """Reuse the server from the pid file if it is alive and answers, else start one.
 
-        Idempotent: calling it twice starts at most one process.
-
         Raises:
             ToolMissingError, ServerStartError: as :meth:`start`.
         """
-        if self.pid is not None and self._answers():
+        if self.is_ready():
             return self
         if self.pid is not None:  # alive but not answering (starting or wedged): replace it
             self.stop()
@@ -216,12 +201,7 @@ class RegistryServer:
 
     @property
     def instance_id(self) -> str:
-        """A random id stored inside ``storage_dir``, created on first use.
-
-        It names this registry's *contents*: wiping or moving the storage gives a new id, so
-        callers that cache "image X was pushed here" key on it and never trust a stale cache
-        (the registry, not a cache, is the source of truth for what it holds).
-        """
+        """A random id stored inside ``storage_dir``, created on first use."""
         marker = self.storage_dir / "forgeflow-instance-id"
         if not marker.is_file():
             self.storage_dir.mkdir(parents=True, exist_ok=True)

@@ -1,20 +1,9 @@
 """A small typed wrapper over skopeo, run with :func:`subprocess.run` (an argument list, no shell).
 
-Image references are full skopeo transport references, e.g.
-``docker://127.0.0.1:5711/env/six:1.16.0`` or ``containers-storage:localhost/forgeflow/env-six:latest``.
-
 Digests are the registry's truth: :meth:`Skopeo.inspect_digest` hashes the manifest bytes exactly
 as served (``inspect --raw``), which is what a pull by digest checks. Pushing from
 ``containers-storage`` recompresses layers, so the pushed digest differs from the local image id
-(measured with skopeo 1.9): callers pass ``preserve_digests=False`` there and record the returned digest.
-
-skopeo's stderr is mapped to forgeflow errors (:func:`classify_error`):
-
-* manifest unknown / name unknown / 404 / not an image -> :class:`ImageNotFoundError`
-* 401 / unauthorized / denied                        -> :class:`RegistryError`
-* connection refused / reset / 5xx / 429 / timeouts   -> :class:`RegistryUnavailableError`
-* anything else                                       -> :class:`RegistryError`
-"""
+(measured with skopeo 1.9): callers pass ``preserve_digests=False`` there and record the returned digest."""
 
 from __future__ import annotations
 
@@ -77,16 +66,7 @@ _TRANSPORTS = ("docker://", "containers-storage:", "oci:", "oci-archive:", "dir:
 
 
 def classify_error(ref: str, stderr: str) -> InfraError:
-    """Map skopeo's stderr for an operation on ``ref`` to a forgeflow exception (not raised).
-
-    Args:
-        ref: The image reference the operation was about (named in the message).
-        stderr: skopeo's standard error text.
-
-    Returns:
-        An :class:`ImageNotFoundError`, :class:`RegistryError` or
-        :class:`RegistryUnavailableError` whose message names ``ref`` and skopeo's last line.
-    """
+    """Map skopeo's stderr for an operation on ``ref`` to a forgeflow exception (returned, not raised)."""
     detail = _last_message(stderr)
     if _UNAUTHORIZED.search(stderr):
         return RegistryError(f"registry refused access to {ref}: {detail}")
@@ -139,10 +119,6 @@ class Skopeo:
     """skopeo with forgeflow's environment (insecure loopback registries) and error mapping.
 
     Args:
-        authfile: A containers auth.json for registries that need credentials (see
-            :func:`forgeflow.registry.auth.authfile`); passed as ``--authfile`` /
-            ``--src-authfile`` / ``--dest-authfile``, and its secrets are scrubbed from skopeo's
-            stderr before any error is raised.
         retry_times: skopeo's own ``--retry-times`` for transient registry errors (0-10).
         command_timeout_s: Wall-clock limit of one skopeo command (``--command-timeout``).
 
@@ -170,19 +146,9 @@ class Skopeo:
     def _run(self, ref: str, *args: str) -> bytes:
         """Run ``skopeo <args>`` and return stdout bytes; map failures via :func:`classify_error`.
 
-        The time limit is skopeo's own ``--command-timeout`` (a timed-out command fails with a
-        "context deadline exceeded" message, classified as transient); a skopeo that outlives it
-        by :data:`KILL_GRACE_S` more is killed and reported as :class:`RegistryUnavailableError` too.
-
-        Why :func:`subprocess.run` and not the ``sh`` package (used until 2026-11-30):
-        ``sh`` starts a command with ``os.fork`` and runs Python in the child before ``exec``, and
-        a fork costs more the more memory the calling process holds (measured on 2 cores,
-        ``/bin/true``: 3.9 ms from a bare interpreter, 20-27 ms once the flows are imported as in
-        a flow-run process, ~300 MB resident; ``subprocess.run``, which spawns with ``vfork``,
-        0.6-0.7 ms flat). Forks also hold the GIL, so concurrent copies queue on them: an 80-shard
-        prewarm (loopback registry) in a flow-run-sized process took 5.8 s with 5 workers through
-        ``sh`` and 3.5 s through ``subprocess.run`` (8.9 s / 6.0 s serially), and a 16 MiB image
-        copy cost 1.01-1.10x a plain loop's. ``python -m benchmarks.registry`` measures both.
+        The limit is skopeo's ``--command-timeout``; a skopeo outliving it by :data:`KILL_GRACE_S` is killed.
+        ``subprocess.run`` (vfork), not the ``sh`` package (fork): measured on 2 cores, ``/bin/true`` costs
+        0.6-0.7 ms against 20-27 ms from a flow-run-sized process; ``python -m benchmarks.registry`` measures both.
 
         Raises:
             ToolMissingError: skopeo is not on PATH.
@@ -233,20 +199,7 @@ class Skopeo:
         src_tls_verify: bool = False,
         dest_tls_verify: bool = False,
     ) -> str:
-        """Copy an image (or a whole index with ``all_images``) and return the written digest.
-
-        Args:
-            src: Source transport reference.
-            dst: Destination transport reference.
-            all_images: ``--all``: copy every manifest of an index (without it skopeo picks one
-                platform and the index digest changes).
-            preserve_digests: ``--preserve-digests``: fail rather than change a digest. Pass
-                False when pushing from ``containers-storage`` (the layers are recompressed).
-            src_tls_verify: Verify TLS of the source registry (False for loopback HTTP).
-            dest_tls_verify: Verify TLS of the destination registry.
-
-        Returns:
-            ``sha256:<hex>`` read from ``--digestfile``: the manifest (or index) digest at ``dst``.
+        """Copy an image (or a whole index with ``all_images``); returns the digest written at ``dst``.
 
         Raises:
             ImageNotFoundError: ``src`` does not exist.
@@ -291,10 +244,7 @@ class Skopeo:
         return self._run(ref, *args, ref)
 
     def inspect_digest(self, ref: str, tls_verify: bool = False) -> str:
-        """Digest of the manifest/index as the registry serves it: sha256 of the raw bytes.
-
-        Returns:
-            ``sha256:<64 hex>``.
+        """``sha256:<64 hex>`` of the manifest/index bytes as the registry serves them.
 
         Raises:
             ImageNotFoundError, RegistryError, RegistryUnavailableError, ToolMissingError.
@@ -310,10 +260,7 @@ class Skopeo:
         return self.inspect_manifest(ref, tls_verify)[1]
 
     def inspect_manifest(self, ref: str, tls_verify: bool = False) -> tuple[str, dict[str, Any]]:
-        """Digest and parsed manifest (or index) from ONE ``inspect --raw``.
-
-        Returns:
-            ``("sha256:<64 hex>", manifest)``: the digest as :meth:`inspect_digest` computes it.
+        """``(digest, parsed manifest or index)`` from ONE ``inspect --raw`` (digest as :meth:`inspect_digest`).
 
         Raises:
             RegistryError: the manifest is not JSON.
@@ -342,8 +289,6 @@ class Skopeo:
     def layers(self, ref: str, tls_verify: bool = False, arch: str | None = None) -> list[str]:
         """Layer digests of the single-arch manifest, base layer first.
 
-        For an index, the ``linux/<arch>`` entry is used (default: this machine's architecture).
-
         Raises:
             ImageNotFoundError: no such image, or no manifest for the platform.
             RegistryError: the manifest is a schema-1 manifest or unreadable.
@@ -356,15 +301,6 @@ class Skopeo:
 
     def size_bytes(self, ref: str, tls_verify: bool = False, manifest: dict[str, Any] | None = None) -> int:
         """Sum of the (compressed) layer sizes in bytes, as a copy would transfer them.
-
-        For an index, the sum over all its manifests (what ``copy --all`` transfers: one more
-        ``inspect --raw`` per platform manifest).
-
-        Args:
-            ref: The image reference.
-            tls_verify: Verify the registry's TLS certificate.
-            manifest: ``ref``'s parsed raw manifest when the caller already read it
-                (:meth:`inspect_raw`): saves one ``inspect`` of ``ref`` itself.
 
         Raises:
             ImageNotFoundError, RegistryError, RegistryUnavailableError, ToolMissingError.
@@ -382,9 +318,6 @@ class Skopeo:
 
     def list_tags(self, repo_ref: str, tls_verify: bool = False) -> list[str]:
         """Tags of a repository, sorted.
-
-        Args:
-            repo_ref: ``docker://host/repo`` (no tag).
 
         Raises:
             InputError: not a ``docker://`` reference.
@@ -413,8 +346,6 @@ def digest_or_none(skopeo: Skopeo, ref: str, *, any_error: bool = False) -> str 
     """The digest ``ref`` serves (``skopeo inspect``), or None when it is missing.
 
     Args:
-        skopeo: the client to ask.
-        ref: a ``docker://`` reference.
         any_error: also None when the registry cannot say now (any forgeflow error, e.g. a 5xx
             after retries); by default only a missing image gives None.
 

@@ -1,10 +1,4 @@
-"""Sandbox backends by kind: ``podman`` (the embedded default) and ``kubernetes``, and where they run.
-
-A backend is named by its kind (``"podman"``) or given as a :class:`SandboxTarget` (the kind plus
-where a Kubernetes backend creates its pods: kubeconfig, context, namespace, image pull secret,
-labels). :func:`get_backend` turns either into a sandbox factory. The Kubernetes backend is
-imported on first use (the ``kubernetes`` client is only needed there).
-"""
+"""Sandbox backends by kind: ``podman`` (the embedded default) and ``kubernetes``, and where they run."""
 
 from __future__ import annotations
 
@@ -20,28 +14,23 @@ from forgeflow.sandbox.podman import PodmanSandbox
 
 
 class SandboxTarget(BaseModel):
-    """Which sandbox backend runs a trial, and for ``kubernetes`` the cluster and namespace.
-
-    Attributes:
-        kind: ``podman`` (a local container per trial) or ``kubernetes`` (a pod per trial).
-        namespace: namespace of the trial pods (kubernetes).
-        kubeconfig: path of a kubeconfig file; None: the in-cluster service account, else
-            ``$KUBECONFIG`` / ``~/.kube/config`` (the ``kubernetes`` client's own order).
-        context: kubeconfig context; None: its current context.
-        image_pull_secret: a ``kubernetes.io/dockerconfigjson`` Secret in ``namespace`` for the task
-            images, or None.
-        labels: extra labels on every trial pod or podman container (e.g. the flow run that made it,
-            so a cancelled run's sandboxes can be swept).
-    """
+    """Which sandbox backend runs a trial, and for ``kubernetes`` the cluster and namespace."""
 
     model_config = ConfigDict(frozen=True)
 
-    kind: str = "podman"
-    namespace: str = Field(default="forgeflow", min_length=1, max_length=63)
-    kubeconfig: str | None = None
-    context: str | None = None
-    image_pull_secret: str | None = None
-    labels: dict[str, str] = Field(default_factory=dict)
+    kind: str = Field("podman", description="podman (a local container per trial) or kubernetes (a pod per trial).")
+    namespace: str = Field(default="forgeflow", min_length=1, max_length=63,
+                           description="namespace of the trial pods (kubernetes).")
+    kubeconfig: str | None = Field(None,
+                                   description="path of a kubeconfig file; None: the in-cluster service account, "
+                                               "else $KUBECONFIG / ~/.kube/config (the kubernetes client's own "
+                                               "order).")
+    context: str | None = Field(None, description="kubeconfig context; None: its current context.")
+    image_pull_secret: str | None = Field(
+        None,
+        description="a kubernetes.io/dockerconfigjson Secret in namespace for the task images, or None.")
+    labels: dict[str, str] = Field(default_factory=dict,
+                                   description="extra labels on every trial pod or podman container (e.g")
 
     @field_validator("kind")
     @classmethod
@@ -67,10 +56,7 @@ class SandboxTarget(BaseModel):
 def _kubernetes_sandbox(target: SandboxTarget, image: str, spec: SandboxSpec | None = None,
                         name: str | None = None, **kwargs: object) -> Sandbox:
     """A :class:`forgeflow.sandbox.kubernetes.KubernetesSandbox` in ``target``'s cluster and namespace,
-    with its own API client (the client's exec stream is not safe on a shared one).
-
-    ``kwargs`` go to the sandbox; a ``connection`` (:class:`forgeflow.sandbox.kubernetes.KubernetesConnection`)
-    takes ``target``'s kubeconfig and context where it does not set them itself."""
+    with its own API client (the client's exec stream is not safe on a shared one)."""
     from forgeflow.sandbox.kubernetes import KubernetesConnection, KubernetesSandbox
     from forgeflow.sandbox.kubernetes_manifests import KubernetesSandboxSpec
 
@@ -108,11 +94,6 @@ BUILT_IN_BACKENDS = frozenset(BACKENDS)
 def register_backend(kind: str, factory: Callable[[SandboxTarget], Callable[..., Sandbox]]) -> None:
     """Add a sandbox backend kind from outside forgeflow (a plugin, a benchmark's stand-in): from then on, in
     this process, a ``forgeflow-sandbox`` block or a :class:`SandboxTarget` may name ``kind``.
-
-    Args:
-        kind: the new kind's name (lower-case letters, digits and ``-``).
-        factory: maps a :class:`SandboxTarget` to the sandbox factory ``(image, spec, name)``, as
-            :data:`BACKENDS`' values do.
 
     Raises:
         InputError: ``kind`` is a built-in kind or not such a name.

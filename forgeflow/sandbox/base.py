@@ -19,6 +19,8 @@ from typing import Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from forgeflow.sandbox.limits import SandboxLimits
+
 OOM_EXIT_CODE = 137
 """Exit status of a process killed by SIGKILL (128 + 9). The kernel's OOM killer under a memory
 limit gives it, but so does a process that kills itself or simply ``exit 137``: the status alone is
@@ -41,12 +43,11 @@ the process that reports its end and exit status (:meth:`PodmanSandbox.run_once
 them), or mount over what the verifier reads."""
 
 
-class SandboxSpec(BaseModel):
-    """Resource limits of one sandbox.
+class SandboxSpec(SandboxLimits):
+    """Resource limits of one sandbox: :class:`~forgeflow.sandbox.limits.SandboxLimits` (``memory_mb`` gives
+    ``--memory``, ``cpus`` ``--cpus``) and the container's isolation.
 
     Attributes:
-        memory_mb: memory limit in MiB (``--memory``).
-        cpus: CPU quota in cores (``--cpus``).
         network: False gives ``--network none``.
         pids_limit: most processes and threads alive at once in the container (``--pids-limit``,
             the pids cgroup); bounds a fork bomb. 1024 by default: a pytest run needs a few dozen,
@@ -77,8 +78,6 @@ class SandboxSpec(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    memory_mb: int = Field(default=2048, ge=16)
-    cpus: float = Field(default=1.0, gt=0)
     network: bool = False
     pids_limit: int | None = Field(default=DEFAULT_PIDS_LIMIT, ge=8)
     capabilities: tuple[str, ...] = Field(default=(), max_length=41)

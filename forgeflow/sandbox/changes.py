@@ -1,35 +1,10 @@
 """What a submission changed, as git itself sees it inside the sandbox (never a second parse of its text).
 
-A submission reaches the verifier as a diff (an RL completion's patch, a stored submission) or as the
-agent's working tree copied out of its container (:mod:`forgeflow.sandbox.tree`). Either is put in
-place in a fresh container of the pristine task image, and what it changed is then read from git's
-machine-readable output there:
-
-1. **probe** (before anything of the submission is in place): the task's interpreter prints its
-   ``sys.path``, the top-level module names it can import from outside the repository (the
-   standard library, built-ins, site-packages) and every top-level name pytest's start-up looks
-   for before the verifier's report plugin is imported (found or not: ``copy`` tries ``org`` for
-   Jython): what a new module in the repository could shadow, or run as before the plugin;
-2. **base snapshot**: every file under the repository (tracked, untracked and ignored alike:
-   ``git add -A -f`` into a private index, ``git write-tree``), so files the image holds outside git's
-   history (build outputs, ``*.egg-info``) are part of the baseline;
-3. the submission is put in place: ``git apply`` of the diff (git decides what it accepts; a diff it
-   refuses is the submission's outcome, reward 0), or the agent's tree replaces every path but ``.git``;
-4. **after snapshot**, then ``git diff-tree -r -z --no-renames --raw BASE AFTER``: every path whose
-   content, mode or type changed (additions, deletions, mode changes, symlinks), NUL-separated and
-   sent as hex (a path's bytes stay exact, UTF-8 or not), and
-   ``git diff-tree -p --binary`` of the same trees: the submission as git wrote it (what a re-score
-   re-applies, and what the static screen reads the added lines of).
-
-git runs with a configuration the submission cannot change: no system or global configuration
-(``GIT_CONFIG_NOSYSTEM``, ``GIT_CONFIG_GLOBAL=/dev/null``), no hooks, no fsmonitor, no external diff
-drivers or text conversion, literal pathspecs, and attributes pinned by :data:`NEUTRAL_ATTRIBUTES` in
-``.git/info/attributes`` (a ``.gitattributes`` of the submission's cannot re-encode, filter or hide a
-file from the snapshots: found by a red-team run, a UTF-7 ``working-tree-encoding`` made an edited test
-file hash as the pristine one); the repository's own ``.git`` is the pristine image's
-(``git apply`` refuses paths under ``.git`` and outside the work tree, and an agent's ``.git`` is never
-copied in).
-"""
+In a fresh container: a probe of the interpreter (what a new module could shadow), a snapshot of every file,
+the submission put in place, a second snapshot and ``git diff-tree`` of the two. git runs with a configuration
+the submission cannot change (no system/global config, hooks, fsmonitor, diff drivers; attributes pinned by
+:data:`NEUTRAL_ATTRIBUTES`: a red-team run's UTF-7 ``working-tree-encoding`` once made an edited test hash as
+the pristine one)."""
 
 from __future__ import annotations
 
@@ -114,24 +89,21 @@ print(json.dumps({"executable": sys.executable, "sys_path": entries, "repo_entri
 
 
 class Change(BaseModel):
-    """One path the submission changed, as ``git diff-tree --raw`` reports it.
-
-    Attributes:
-        status: ``A`` added, ``M`` modified (content or mode), ``D`` deleted, ``T`` type changed.
-        path: repository-relative POSIX path, for rules and people: bytes that are not UTF-8 written as
-            ``\\xNN`` (two different paths can look alike here; :attr:`raw_path` tells them apart).
-        raw_path_hex: the path's bytes as git stores them, hex; empty: ``path`` encoded as UTF-8.
-        old_mode: git's octal mode before (``000000`` for an added path).
-        new_mode: after (``000000`` for a deleted path; ``120000`` a symbolic link, ``100755`` executable).
-    """
+    """One path the submission changed, as ``git diff-tree --raw`` reports it."""
 
     model_config = ConfigDict(frozen=True)
 
-    status: ChangeStatus
-    path: str = Field(min_length=1)
-    raw_path_hex: str = Field(default="", pattern=r"^([0-9a-f]{2})*$")
-    old_mode: str = Field(pattern=r"^[0-7]{6}$")
-    new_mode: str = Field(pattern=r"^[0-7]{6}$")
+    status: ChangeStatus = Field(description="A added, M modified (content or mode), D deleted, T type changed.")
+    path: str = Field(min_length=1,
+                      description="repository-relative POSIX path, for rules and people: bytes that are not UTF-8 "
+                                  "written as \\\\xNN (two different paths can look alike here; raw_path tells them "
+                                  "apart).")
+    raw_path_hex: str = Field(default="", pattern=r"^([0-9a-f]{2})*$",
+                              description="the path's bytes as git stores them, hex; empty: path encoded as UTF-8.")
+    old_mode: str = Field(pattern=r"^[0-7]{6}$", description="git's octal mode before (000000 for an added path).")
+    new_mode: str = Field(pattern=r"^[0-7]{6}$",
+                          description="after (000000 for a deleted path; 120000 a symbolic link, 100755 "
+                                      "executable).")
 
     @property
     def raw_path(self) -> bytes:
@@ -152,57 +124,54 @@ def os_path_bytes(path: str) -> bytes:
 
 
 class RunnerProbe(BaseModel):
-    """What the task's interpreter imports from, measured in the pristine sandbox before the submission.
-
-    Attributes:
-        executable: the interpreter (``python3`` on the image's PATH, in the verifier's environment).
-        sys_path: its ``sys.path``, absolute (the repository first when the tests run from it).
-        repo_entries: the entries at or under the repository (where a new file becomes a module).
-        names: top-level module names importable from outside the repository: the standard
-            library, built-ins and every module or package in the other ``sys.path`` entries.
-        startup_names: every top-level name the interpreter looked for while pytest started with the
-            task's configuration, up to where the verifier's report plugin is imported (a meta-path
-            finder that records and finds nothing): a new module of such a name in the repository
-            would run before the plugin (a red-team run: a new ``org`` package, which ``copy`` tries
-            to import, patched pytest before the plugin's integrity snapshot).
-    """
+    """What the task's interpreter imports from, measured in the pristine sandbox before the submission."""
 
     model_config = ConfigDict(frozen=True)
 
-    executable: str = ""
-    sys_path: list[str] = Field(default_factory=list)
-    repo_entries: list[str] = Field(default_factory=list)
-    names: frozenset[str] = Field(default_factory=frozenset)
-    startup_names: frozenset[str] = Field(default_factory=frozenset)
+    executable: str = Field("",
+                            description="the interpreter (python3 on the image's PATH, in the verifier's "
+                                        "environment).")
+    sys_path: list[str] = Field(default_factory=list,
+                                description="its sys.path, absolute (the repository first when the tests run from "
+                                            "it).")
+    repo_entries: list[str] = Field(default_factory=list,
+                                    description="the entries at or under the repository (where a new file becomes a "
+                                                "module).")
+    names: frozenset[str] = Field(default_factory=frozenset,
+                                  description="top-level module names importable from outside the repository: the "
+                                              "standard library, built-ins and every module or package in the other "
+                                              "sys.path entries.")
+    startup_names: frozenset[str] = Field(
+        default_factory=frozenset,
+        description="every top-level name the interpreter looked for while pytest started with the task's "
+                    "configuration, up to where the verifier's report plugin is imported (a meta-path finder that "
+                    "records and finds nothing): a new module of such a name in the repository would run before the "
+                    "plugin (a red-team run: a new org package, which copy tries to import, patched pytest before "
+                    "the plugin's integrity snapshot).")
 
 
 class TreeChanges(BaseModel):
-    """What git saw the submission change in the sandbox.
-
-    Attributes:
-        applied: False when ``git apply`` refused the diff (nothing changed; the submission's outcome).
-        apply_output: git's own words when it refused (the end of them).
-        base_tree: the tree object of the pristine snapshot (40 hex).
-        after_tree: the tree object after the submission was put in place.
-        changes: every changed path, in git's order.
-        patch: ``git diff-tree -p --binary`` of the two snapshots (the submission as git wrote it).
-        probe: the interpreter's measured import paths (:class:`RunnerProbe`).
-        put_failure: with ``applied=False``, the submission's own limit hit while it was put in place
-            (``timeout``, ``oom``, ``pids_limit``: its patch inflated past the memory limit, ...;
-            ``output_limit``: git's listing of its changes passed the output bound); empty when git
-            refused it or it was put in place.
-    """
+    """What git saw the submission change in the sandbox."""
 
     model_config = ConfigDict(frozen=True)
 
-    applied: bool = True
-    apply_output: str = ""
-    base_tree: str = ""
-    after_tree: str = ""
-    changes: list[Change] = Field(default_factory=list)
-    patch: str = ""
-    probe: RunnerProbe = Field(default_factory=RunnerProbe)
-    put_failure: str = ""
+    applied: bool = Field(True,
+                          description="False when git apply refused the diff (nothing changed; the submission's "
+                                      "outcome).")
+    apply_output: str = Field("", description="git's own words when it refused (the end of them).")
+    base_tree: str = Field("", description="the tree object of the pristine snapshot (40 hex).")
+    after_tree: str = Field("", description="the tree object after the submission was put in place.")
+    changes: list[Change] = Field(default_factory=list, description="every changed path, in git's order.")
+    patch: str = Field("",
+                       description="git diff-tree -p --binary of the two snapshots (the submission as git wrote "
+                                   "it).")
+    probe: RunnerProbe = Field(default_factory=RunnerProbe,
+                               description="the interpreter's measured import paths (RunnerProbe).")
+    put_failure: str = Field("",
+                             description="with applied=False, the submission's own limit hit while it was put in "
+                                         "place (timeout, oom, pids_limit: its patch inflated past the memory "
+                                         "limit, ...; output_limit: git's listing of its changes passed the output "
+                                         "bound); empty when git refused it or it was put in place.")
 
     @property
     def paths(self) -> list[str]:
@@ -212,19 +181,8 @@ class TreeChanges(BaseModel):
 
 def changes_script(repo: str, nonce: str, *, patch_path: str | None = None, tree_path: str | None = None,
                    part: Literal["all", "base", "put"] = "all") -> str:
-    """The bash script that probes the interpreter, snapshots ``repo``, puts the submission in place and
-    prints what git saw change, each part after a line ``@@FF-<nonce> <part>@@`` (:func:`parse_changes`).
-
-    Args:
-        repo: the repository (``/testbed``; any git work tree in tests).
-        nonce: hex that frames the parts (fresh per run).
-        patch_path: a diff to ``git apply`` (removed after); None: no diff.
-        tree_path: a tar of the agent's work tree to put in place of every path but ``.git`` (removed
-            after); None: no tree. At most one of ``patch_path`` and ``tree_path``.
-        part: ``all``; or ``base`` (the probe and the pristine snapshot: nothing of the submission's
-            runs) then ``put`` (the submission put in place and listed), two runs in the same sandbox
-            with the same nonce: a limit hit in ``put`` is the submission's doing (its patch inflates
-            past the memory limit, ...), one in ``base`` the sandbox's.
+    """The bash script that probes the interpreter, snapshots ``repo``, puts the submission in place (a diff, or a
+    tar of the agent's tree; at most one) and prints each part after ``@@FF-<nonce> <part>@@``.
 
     Raises:
         InputError: both a patch and a tree, a nonce that is not hex, or an unknown part.
@@ -289,10 +247,6 @@ def _parts(stdout: str, nonce: str) -> dict[str, str]:
 def parse_raw_diff(raw: bytes | str) -> list[Change]:
     """Parse ``git diff-tree -r -z --no-renames --raw`` output into changes.
 
-    Each record is ``:<old mode> <new mode> <old sha> <new sha> <status>`` NUL ``<path>`` NUL. Paths
-    keep their exact bytes (:attr:`Change.raw_path`); text is read as UTF-8 with undecodable bytes
-    escaped (PEP 383).
-
     Raises:
         VerifierOutputError: a record that is not in git's raw format.
     """
@@ -330,20 +284,11 @@ def _probe(text: str) -> RunnerProbe:
 
 
 def parse_changes(stdout: str, exit_code: int, nonce: str) -> TreeChanges:
-    """Read what :func:`changes_script` printed.
-
-    Args:
-        stdout: the script's standard output.
-        exit_code: its exit status.
-        nonce: the nonce the script was made with.
-
-    Returns:
-        :class:`TreeChanges`; ``applied=False`` with git's words when ``git apply`` refused the diff,
-        or the agent's tree could not be put in place or snapshotted (the submission's outcome).
+    """Read what :func:`changes_script` printed; ``applied=False`` with git's words when the submission could not
+    be put in place.
 
     Raises:
-        SandboxError: the pristine snapshot or git itself failed (exit 125/126, or output cut short):
-            the sandbox broke, whatever the submission.
+        SandboxError: the pristine snapshot or git failed (exit 125/126, or output cut short).
     """
     parts = _parts(stdout, nonce)
     probe = _probe(parts.get("probe", ""))

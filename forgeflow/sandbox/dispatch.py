@@ -1,18 +1,6 @@
 """Trials spread over a Ray cluster: one validation (NOP + Oracle runs), or one verifier run (an agent
 trial's or an RL reward's, :func:`verify_on`), as one Ray task on a node that declares the sandbox
-resource.
-
-Each node that can run sandboxes declares a custom resource (``ray start --resources='{"sandbox": N}'``:
-N trials at once); a validation asks for ``per_trial`` of it, so Ray places it only on such nodes.
-The Ray task runs :func:`forgeflow.sandbox.trial.validate_candidate` there and returns the outcome
-and its node id; the caller (a Prefect task in the flow's process) records the trials, so the store is
-written once per trial by the flow, never by the node. A node that dies mid-validation is an
-infrastructure fault: Ray runs the task again on another node (``max_retries``, Ray's own retry of a
-task whose worker or node died; the trial ids are the same, so the rerun's rows replace nothing but
-themselves and a container the dead node left under the trial's name is removed first), and when
-Ray gives up the validation raises :class:`~forgeflow.common.errors.TransientInfraError` (never a
-verdict on the task). Ray is imported lazily.
-"""
+resource."""
 
 from __future__ import annotations
 
@@ -34,21 +22,15 @@ _REMOTE: dict[str, Any] = {}
 
 
 class RayPlacement(BaseModel):
-    """Where validations run on a Ray cluster.
-
-    Attributes:
-        address: the cluster's GCS address (``host:port``, what ``ray start --head --port`` printed).
-        resource: the custom resource a sandbox node declares.
-        per_trial: how much of it one validation takes.
-        max_retries: Ray's re-runs of a validation whose worker or node died.
-    """
+    """Where validations run on a Ray cluster."""
 
     model_config = ConfigDict(frozen=True)
 
-    address: str = Field(min_length=1)
-    resource: str = Field(default="sandbox", min_length=1)
-    per_trial: float = Field(default=1.0, gt=0)
-    max_retries: int = Field(default=3, ge=0)
+    address: str = Field(min_length=1,
+                         description="the cluster's GCS address (host:port, what ray start --head --port printed).")
+    resource: str = Field(default="sandbox", min_length=1, description="the custom resource a sandbox node declares.")
+    per_trial: float = Field(default=1.0, gt=0, description="how much of it one validation takes.")
+    max_retries: int = Field(default=3, ge=0, description="Ray's re-runs of a validation whose worker or node died.")
 
 
 def _remote_call(fn: Callable[..., Any], args: tuple, kwargs: dict[str, Any]) -> tuple[Any, str]:
@@ -110,21 +92,10 @@ def with_node(outcome: trial.ValidationOutcome, node_id: str) -> trial.Validatio
 
 
 def run_on_ray(placement: RayPlacement, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> tuple[T, str]:
-    """Run ``fn(*args, **kwargs)`` as a Ray task on a sandbox node (``placement.resource``, no CPU
-    reserved: the sandbox resource is what bounds the trials per node).
-
-    Args:
-        placement: the cluster and the resource (:class:`RayPlacement`).
-        what: what runs: the Ray task's name (``ray list tasks``, the dashboard) and error messages
-            (``validation of <instance id>``).
-        fn: a module-level function (Ray pickles it by reference); args and kwargs must pickle.
-
-    Returns:
-        ``fn``'s result and the id of the node it ran on.
+    """Run ``fn(*args, **kwargs)`` as a Ray task on a sandbox node; returns its result and the node id.
 
     Raises:
-        TransientInfraError: the cluster cannot be reached, or the task's node died more than
-            ``placement.max_retries`` times (Ray's own error in the message).
+        TransientInfraError: the cluster cannot be reached, or the node died over ``placement.max_retries`` times.
         ForgeflowError: what ``fn`` raised on the node (an InputError stays an InputError).
         InfraError: ``fn`` raised something else there.
     """
@@ -146,19 +117,7 @@ def run_on_ray(placement: RayPlacement, what: str, fn: Callable[..., T], *args: 
 
 def validate_on_ray(placement: RayPlacement, candidate: Any, image_ref: str, test_command: str,
                     **kwargs: Any) -> trial.ValidationOutcome:
-    """Run :func:`forgeflow.sandbox.trial.validate_candidate` as a Ray task on a sandbox node
-    (:func:`run_on_ray`).
-
-    Args:
-        placement: the cluster and the resource (:class:`RayPlacement`).
-        candidate / image_ref / test_command / kwargs: as ``validate_candidate`` (no ``on_trial``:
-            the caller records the returned trials).
-
-    Returns:
-        The outcome, each trial's ``verifier`` carrying the ``node_id`` it ran on.
-
-    Raises:
-        As :func:`run_on_ray`.
+    """:func:`forgeflow.sandbox.trial.validate_candidate` on a sandbox node (each trial's ``verifier`` has ``node_id``).
     """
     outcome, node_id = run_on_ray(placement, f"validation of {candidate.instance_id}", trial.validate_candidate,
                                   candidate, image_ref, test_command, **kwargs)
@@ -166,21 +125,8 @@ def validate_on_ray(placement: RayPlacement, candidate: Any, image_ref: str, tes
 
 
 def verify_on(placement: RayPlacement | None, tests: TaskTests, submission: str, **kwargs: Any) -> SubmissionVerdict:
-    """:func:`forgeflow.sandbox.scoring.verify_submission` here (``placement`` None) or as a Ray
-    task on a sandbox node, whose id the verdict's ``evidence["node_id"]`` then carries.
-
-    Args:
-        placement: the cluster and the resource (:class:`RayPlacement`); None: in this process.
-        tests: the task's image, test command, test ids and log parser
-            (:class:`forgeflow.sandbox.verifier.TaskTests`, pickled to the node).
-        submission: the submission's unified diff.
-        kwargs: as ``verify_submission`` (``timeout_s``, ``spec``, ``name``, ``tamper_policy``,
-            ``backend``).
-
-    Raises:
-        As ``verify_submission``; on Ray also as :func:`run_on_ray` (a lost node is a
-        TransientInfraError: no reward, never 0).
-    """
+    """:func:`forgeflow.sandbox.scoring.verify_submission` here (``placement`` None) or as a Ray task on a sandbox
+    node, whose id the verdict's ``evidence["node_id"]`` carries; a lost node is a TransientInfraError, never 0."""
     if placement is None:
         return verify_submission(tests, submission, **kwargs)
     verdict, node_id = run_on_ray(placement, f"verifier of {tests.image_ref}", verify_submission, tests, submission,

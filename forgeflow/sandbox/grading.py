@@ -1,23 +1,10 @@
 """Grading: status maps of test runs, the validation of a candidate bug, the score of a trial.
 
-A *status map* is ``{test_id: status}`` where ``status`` is one of :data:`STATUSES`:
-``PASSED``, ``FAILED``, ``ERROR``, ``SKIPPED``, ``XFAIL`` (an expected failure that failed) and
-``XPASS`` (an expected failure that passed); ``test_id`` is the runner's id (pytest's node id,
-``tests/test_x.py::test_a[1]``, verbatim: spaces, brackets, ``::`` in parameters).
-
-Status maps come from forgeflow's structured pytest report (:mod:`forgeflow.sandbox.verifier`) or, for
-runners without one, from SWE-bench's log parsers (``swebench.harness.log_parsers``, swebench
-4.1; :func:`parse_test_log`).
-
-The rules are SWE-bench's and SWE-smith's with one strictness added: **only PASSED is a pass**.
-SWE-bench's ``test_passed`` also counts XFAIL; here an XFAIL, XPASS, SKIPPED or missing test is
-never a pass, so a submission cannot make a FAIL_TO_PASS test "pass" by skipping it or marking it
-an expected failure. Validation compares the NOP and Oracle runs as SWE-smith's
-``get_valid_report`` does (``swesmith.harness.grading``): only tests present in both runs are
-compared, so a bug that breaks collection yields no FAIL_TO_PASS. Resolution follows SWE-bench's
-rule (``swebench.harness.grading``: resolved iff every FAIL_TO_PASS and PASS_TO_PASS test passes,
-a missing test counting as failed).
-"""
+A *status map* is ``{test_id: status}`` (:data:`STATUSES`; pytest node ids verbatim), from forgeflow's pytest
+report or SWE-bench's log parsers (``swebench.harness.log_parsers``, swebench 4.1). The rules are SWE-bench's
+(``swebench.harness.grading``) and SWE-smith's (``get_valid_report`` in ``swesmith.harness.grading``: only
+tests present in both runs are compared) with one strictness added: **only PASSED is a pass** (an XFAIL,
+XPASS, SKIPPED or missing test never is)."""
 
 from __future__ import annotations
 
@@ -68,20 +55,14 @@ def failed(status: str | None) -> bool:
 
 
 def parse_test_log(log: str, parser: Callable[..., dict[str, str]] | None = None) -> dict[str, str]:
-    """Parse a test log into a status map with a SWE-bench log parser.
+    """Parse a test log into a ``{test_id: status}`` map (empty: the runner reported no test).
 
     Args:
-        log: the combined stdout/stderr of one test run.
-        parser: a SWE-bench Python log parser (``(log, test_spec) -> status map``, e.g.
-            ``parse_log_django``); None: ``parse_log_pytest`` on ``pytest -rA`` output, which also
-            tells "pytest collected nothing" (its summary says so) from "not pytest output".
-
-    Returns:
-        ``{test_id: status}``; empty when the runner ran but reported no test.
+        parser: a SWE-bench log parser (``(log, test_spec) -> status map``); None: ``parse_log_pytest`` on
+            ``pytest -rA`` output.
 
     Raises:
-        VerifierOutputError: the log is empty, or (pytest) not pytest output at all (no test line,
-            no session header, no summary).
+        VerifierOutputError: the log is empty, or (pytest) not pytest output at all.
     """
     if not isinstance(log, str):
         raise errors.VerifierOutputError(f"test log must be str, got {type(log).__name__}")
@@ -99,34 +80,32 @@ def parse_test_log(log: str, parser: Callable[..., dict[str, str]] | None = None
 
 
 class ValidationReport(BaseModel):
-    """The verdict on one candidate bug from its NOP (bug present) and Oracle (bug reverted) runs.
-
-    Attributes:
-        FAIL_TO_PASS: tests failing or erroring with the bug and passing with it reverted (sorted).
-        PASS_TO_PASS: tests passing in both runs (sorted).
-        accepted: True iff FAIL_TO_PASS is non-empty and no test fails in the Oracle run.
-        reason: why it was accepted or rejected, for a person ("no test failed with the bug",
-            "oracle run failed 3 tests", "no test collected with the bug", "flaky: ...", ...).
-        flaky_tests: tests whose status differed between repeated Oracle runs (sorted; empty when
-            they agreed or were not repeated).
-        oracle_runs: Oracle runs the verdict rests on (0 when no Oracle ran).
-        known_tests: every test id the pristine runs (NOP, Oracle) collected, sorted (the task's
-            known tests: :attr:`forgeflow.sandbox.verifier.TaskTests.known_tests`); empty when not
-            recorded.
-        repeat_s: seconds pytest spent repeating the FAIL_TO_PASS and sampled PASS_TO_PASS tests in
-            the second Oracle run (the flaky-gold check's cost beyond a plain run); None: no repeats.
-    """
+    """The verdict on one candidate bug from its NOP (bug present) and Oracle (bug reverted) runs."""
 
     model_config = ConfigDict(frozen=True)
 
-    FAIL_TO_PASS: list[str] = Field(default_factory=list)
-    PASS_TO_PASS: list[str] = Field(default_factory=list)
-    accepted: bool
-    reason: str = Field(min_length=1)
-    flaky_tests: list[str] = Field(default_factory=list)
-    oracle_runs: int = Field(default=0, ge=0)
-    known_tests: list[str] = Field(default_factory=list)
-    repeat_s: float | None = Field(default=None, ge=0.0)
+    FAIL_TO_PASS: list[str] = Field(default_factory=list,
+                                    description="tests failing or erroring with the bug and passing with it "
+                                                "reverted (sorted).")
+    PASS_TO_PASS: list[str] = Field(default_factory=list, description="tests passing in both runs (sorted).")
+    accepted: bool = Field(description="True iff FAIL_TO_PASS is non-empty and no test fails in the Oracle run.")
+    reason: str = Field(min_length=1,
+                        description="why it was accepted or rejected, for a person (\"no test failed with the "
+                                    "bug\", \"oracle run failed 3 tests\", \"no test collected with the bug\", "
+                                    "\"flaky: ...\", ...).")
+    flaky_tests: list[str] = Field(default_factory=list,
+                                   description="tests whose status differed between repeated Oracle runs (sorted; "
+                                               "empty when they agreed or were not repeated).")
+    oracle_runs: int = Field(default=0, ge=0, description="Oracle runs the verdict rests on (0 when no Oracle ran).")
+    known_tests: list[str] = Field(default_factory=list,
+                                   description="every test id the pristine runs (NOP, Oracle) collected, sorted "
+                                               "(the task's known tests: "
+                                               "forgeflow.sandbox.verifier.TaskTests.known_tests); empty when not "
+                                               "recorded.")
+    repeat_s: float | None = Field(default=None, ge=0.0,
+                                   description="seconds pytest spent repeating the FAIL_TO_PASS and sampled "
+                                               "PASS_TO_PASS tests in the second Oracle run (the flaky-gold check's "
+                                               "cost beyond a plain run); None: no repeats.")
 
 
 def _check_map(name: str, status_map: dict[str, str]) -> None:
@@ -142,25 +121,8 @@ def _check_map(name: str, status_map: dict[str, str]) -> None:
 
 
 def grade_validation(nop: dict[str, str], oracle: dict[str, str] | None) -> ValidationReport:
-    """Compare the NOP and Oracle status maps of a candidate bug (SWE-smith's validation rule).
-
-    Rules, in order (first match rejects):
-
-    1. ``oracle is None`` (the Oracle was skipped because nothing failed with the bug): rejected,
-       "no test collected with the bug" if the NOP map is empty, else "no test failed with the bug".
-    2. Oracle map empty: "no test collected in the oracle run".
-    3. N > 0 tests FAILED/ERROR in the Oracle run: "oracle run failed N tests" (the clean tree
-       must pass, or the task is flaky or environment-broken).
-    4. No test id appears in both runs (the bug broke collection, e.g. an import error):
-       "no test collected with the bug".
-    5. FAIL_TO_PASS empty: "no test failed with the bug".
-
-    Args:
-        nop: status map of the run with the bug present.
-        oracle: status map of the run with the bug reverted, or None if it was not run.
-
-    Returns:
-        The :class:`ValidationReport` (FAIL_TO_PASS/PASS_TO_PASS filled whenever computable).
+    """Compare the NOP and Oracle status maps of a candidate bug (SWE-smith's validation rule; ``oracle`` None:
+    not run).
 
     Raises:
         InputError: a map is not a dict or holds a status outside :data:`STATUSES`.
@@ -193,23 +155,10 @@ def grade_validation(nop: dict[str, str], oracle: dict[str, str] | None) -> Vali
 
 
 def grade_resolved(status: dict[str, str], fail_to_pass: list[str], pass_to_pass: list[str]) -> float:
-    """Score one run: 1.0 iff every FAIL_TO_PASS and PASS_TO_PASS test is PASSED.
-
-    SWE-bench's resolution rule (``swebench.harness.grading.get_resolution_status``: FULL when
-    every FAIL_TO_PASS and PASS_TO_PASS test passes, a missing test failing) with the strict pass
-    of :data:`PASSING`: an XFAIL, XPASS, SKIPPED or missing test is not a pass.
-
-    Args:
-        status: status map of the run to score.
-        fail_to_pass: the task's FAIL_TO_PASS test ids.
-        pass_to_pass: the task's PASS_TO_PASS test ids.
-
-    Returns:
-        1.0 or 0.0.
+    """Score one run: 1.0 iff every FAIL_TO_PASS and PASS_TO_PASS test is PASSED, else 0.0.
 
     Raises:
-        InputError: both lists are empty (nothing to grade: SWE-bench would call that resolved) or
-            ``status`` is malformed.
+        InputError: both lists are empty (SWE-bench would call that resolved) or ``status`` is malformed.
     """
     _check_map("status", status)
     if not fail_to_pass and not pass_to_pass:

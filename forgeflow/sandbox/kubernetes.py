@@ -1,41 +1,14 @@
 """Kubernetes: a pod per trial, its egress-deny NetworkPolicy, and pod statuses read as exceptions.
 
-The scale-out twin of :class:`forgeflow.sandbox.podman.PodmanSandbox`. A trial runs in one pod created from
-the task image in its shard repository; commands run through the API's exec subresource
-(``connect_get_namespaced_pod_exec`` over :func:`kubernetes.stream.stream`); the pod is deleted after
-the trial (also when the trial is cancelled: :meth:`KubernetesSandbox.stop` runs from ``__exit__``,
-``activeDeadlineSeconds`` bounds a pod whose owner was killed, and :func:`delete_trial_pods` sweeps
-the rest by label).
+The scale-out twin of :class:`forgeflow.sandbox.podman.PodmanSandbox`: commands run through the API's exec
+subresource; the pod is deleted after the trial (``activeDeadlineSeconds`` bounds a pod whose owner was
+killed, :func:`delete_trial_pods` sweeps the rest). The pod (:func:`render_trial_pod`) has Guaranteed QoS,
+no API token or service links, no host mounts, non-privileged, RuntimeDefault seccomp, podman's default
+capabilities. Egress is denied by :func:`render_network_policy` (enforced only under a CNI that supports
+NetworkPolicy: Calico, Cilium, ...).
 
-The pod (:func:`render_trial_pod`):
-
-* one container ``sandbox`` whose PID 1 is a shell that reaps the zombies exec'd commands leave behind
-  and keeps ``sleep infinity`` running (the role of ``podman run --init``; ``tini`` was not chosen
-  because it must exist in every task image); no shared process namespace, so nothing in the pod can
-  end it from inside. An agent's pod (``tree_repo``) adds: the repository on a volume shared with a
-  sleeping ``tree`` sidecar of the same image, where :meth:`KubernetesSandbox.export_tree` takes the
-  agent's tree (:mod:`forgeflow.sandbox.kubernetes_manifests`);
-* memory and CPU requests == limits (Guaranteed QoS, the last class the kubelet evicts), plus an
-  ephemeral-storage limit;
-* ``automountServiceAccountToken: false`` and ``enableServiceLinks: false``: the trial sees no API
-  token and no service addresses; no volumes (an agent's pod: one ``emptyDir``), so no host mounts,
-  no host network/PID/IPC;
-* non-privileged, no privilege escalation, RuntimeDefault seccomp, capabilities dropped to podman's
-  default set (root inside the container stays, as the task images and ``/testbed`` expect);
-* labels sanitized to the label-value grammar (<= 63 chars, alphanumeric at both ends) with
-  :func:`forgeflow.sandbox.trial.sanitize_name`, whose digest suffix keeps distinct ids distinct; the raw
-  ids are kept in annotations.
-
-Egress is denied by :func:`render_network_policy` for the pods labelled
-``forgeflow.dev/egress=deny`` (every trial pod unless its spec sets ``network=True``). A
-NetworkPolicy only takes effect under a CNI plugin that enforces it (Calico, Cilium, ...).
-
-No API server can run on the development machine: the manifests are validated with the official
-``kubernetes`` client's models (:func:`validate_manifest`), the status mapping is tested on recorded
-pod statuses, and the whole sandbox (create, status, exec over ``v4.channel.k8s.io``, delete, list
-by label) runs through the official client against a loopback fake of the API that starts each pod's
-container with podman (``tests/fakes/kubernetes_api.py``); it was not run against a real cluster.
-"""
+Not run against a real cluster: tested through the official client against a loopback fake of the API
+that runs each pod's container with podman (``tests/fakes/kubernetes_api.py``)."""
 
 from __future__ import annotations
 
@@ -107,15 +80,14 @@ def _configuration(kubeconfig: str | None, context: str | None) -> Any:
 
 
 def new_core_api(kubeconfig: str | None = None, context: str | None = None) -> Any:
-    """A ``CoreV1Api`` on an API client of its own: from ``kubeconfig`` (and ``context``) when given,
-    else the in-cluster service account, else ``$KUBECONFIG`` / ``~/.kube/config``.
+    """A ``CoreV1Api`` on an API client of its own: from ``kubeconfig`` (and ``context``) when given, else the
+    in-cluster service account, else ``$KUBECONFIG`` / ``~/.kube/config``.
 
-    Each sandbox takes its own client: ``kubernetes.stream.stream`` swaps the transport of the client
-    it is given while an exec runs, so a create or status read from another thread on the same client
-    would go out as a websocket (kubernetes-client/python#928).
+    One client per sandbox: ``kubernetes.stream.stream`` swaps the transport of its client while an exec runs
+    (kubernetes-client/python#928).
 
     Raises:
-        SandboxError: no configuration could be loaded (the message names the kubeconfig and context).
+        SandboxError: no configuration could be loaded (the kubeconfig and context named).
     """
     from kubernetes import client
 
@@ -288,22 +260,14 @@ class KubernetesSandbox:
              env: Mapping[str, str] | None = None) -> ExecResult:
         """Run ``command`` (argv, or one string for ``bash -c``) in the container through the exec API.
 
-        Exercised against the loopback fake of the API (tests/fakes/kubernetes_api.py), not a cluster.
-
-        Args:
-            command: argv, or one shell string.
-            timeout_s: wall-clock limit in seconds; exceeding it closes the stream and raises
-                VerifierTimeoutError (the process dies with the pod in :meth:`stop`).
-            workdir: working directory inside the container.
-            env: variables set for the command (the exec API has none: ``env K=V ... argv``).
+        A timeout closes the stream (the process dies with the pod in :meth:`stop`); ``env`` is passed as
+        ``env K=V ... argv`` (the exec API has none).
 
         Raises:
-            SandboxError: a non-zero exit while the pod was evicted, failed or deleted (the pod status is
-            read after every non-zero exit: the command's status is then not its result).
-        SandboxOOMError: exit 137 *and* the kernel's evidence of an OOM kill: the container
-                terminated ``OOMKilled`` in the pod status, or the container's memory cgroup
-                (``memory.events`` / ``memory.oom_control``) counts a new ``oom_kill``. Exit 137
-                alone is the command's result.
+            SandboxError: a non-zero exit while the pod was evicted, failed or deleted.
+            SandboxOOMError: exit 137 *and* the kernel's evidence (``OOMKilled`` status, or a new ``oom_kill`` in
+                the memory cgroup); exit 137 alone is the command's result.
+            VerifierTimeoutError: the command exceeded ``timeout_s`` seconds.
         """
         argv = self._argv(command, workdir)
         if env:
@@ -330,12 +294,11 @@ class KubernetesSandbox:
 
     def _stream(self, argv: list[str], timeout_s: float, *, stdin: bytes | None = None,
                 container: str = CONTAINER_NAME, max_stdout_bytes: int | None = None) -> _Streamed:
-        """Run ``argv`` in ``container`` through the exec subresource and collect its raw output
-        (the client in binary mode: bytes as the command wrote them).
+        """Run ``argv`` in ``container`` through the exec subresource and collect its raw output bytes.
 
         Raises:
             SandboxError: the exec could not start (the pod status is read first: evicted, gone).
-            VerifierTimeoutError: ``timeout_s`` passed (the stream is closed; the process dies with the pod).
+            VerifierTimeoutError: ``timeout_s`` passed.
         """
         from kubernetes.stream import stream
 
@@ -381,26 +344,13 @@ class KubernetesSandbox:
         return _Streamed(exit_code, b"".join(out), b"".join(err), time.monotonic() - t0, truncated)
 
     def export_tree(self, max_bytes: int = TREE_MAX_BYTES, timeout_s: float = TREE_TIMEOUT_S) -> bytes:
-        """The agent's tree as a tar archive, taken in the pod's ``tree`` sidecar where the agent has no hand.
-
-        The Kubernetes twin of :func:`forgeflow.sandbox.tree.export_tree`: the same ``tar``
-        (:func:`forgeflow.sandbox.tree.tree_tar_argv`) of ``tree_repo`` on the volume the agent's
-        container shares, run with the pristine image's binaries in a container the agent's shares no
-        process namespace with. Exercised against the loopback fake of the API, not a cluster.
-
-        Args:
-            max_bytes: the most bytes of tar taken.
-            timeout_s: seconds the ``tar`` may take.
-
-        Returns:
-            The tar archive (members relative to the repository: ``./calc.py``, ...).
+        """The agent's tree as a tar archive, taken in the pod's ``tree`` sidecar where the agent has no hand
+        (the twin of :func:`forgeflow.sandbox.tree.export_tree`).
 
         Raises:
             InputError: the pod was made without ``tree_repo`` (no sidecar).
-            SandboxError: the pod is gone, evicted or failed, or the sidecar cannot run ``tar``
-                (infrastructure, never the agent's outcome).
-            TreeTooLargeError: the tree is over ``max_bytes``, or its ``tar`` took over ``timeout_s``
-                while the pod stayed healthy (the agent's outcome).
+            SandboxError: the pod is gone, evicted or failed, or the sidecar cannot run ``tar``.
+            TreeTooLargeError: the tree is over ``max_bytes``, or ``tar`` took over ``timeout_s`` (the agent's outcome).
         """
         if self.tree_repo is None:
             raise errors.InputError(f"pod {self.name} has no tree sidecar (made without tree_repo)")
@@ -451,9 +401,8 @@ class KubernetesSandbox:
             raise errors.SandboxError(f"the tree sidecar of pod {self.name} is not running: {tree.get('state')}")
 
     def write_file(self, path: str, content: str | bytes) -> None:
-        """Write a file (text as UTF-8, or bytes as they are) inside the container in one exec: its bytes
-        sent on the stdin channel to ``head -c <size>``, which stops at the size (``v4.channel.k8s.io``
-        has no end-of-stdin).
+        """Write a file inside the container in one exec: its bytes on stdin to ``head -c <size>``
+        (``v4.channel.k8s.io`` has no end-of-stdin).
 
         Raises:
             SandboxError: the write failed (its stderr in the message) or the pod broke.
@@ -487,16 +436,7 @@ class KubernetesSandbox:
 
 
 def delete_trial_pods(api: Any, namespace: str, extra_selector: dict[str, str] | None = None) -> list[str]:
-    """Delete every forgeflow trial pod in ``namespace`` (the sweep after a killed flow run).
-
-    Args:
-        api: a ``kubernetes.client.CoreV1Api``.
-        namespace: the trial namespace.
-        extra_selector: labels narrowing :data:`TRIAL_SELECTOR` (e.g. one instance).
-
-    Returns:
-        The names of the pods deleted (sorted).
-    """
+    """Delete every forgeflow trial pod in ``namespace`` (``extra_selector`` narrows it); the names deleted, sorted."""
     selector = ",".join(f"{k}={v}" for k, v in {**TRIAL_SELECTOR, **(extra_selector or {})}.items())
     pods = api.list_namespaced_pod(namespace=namespace, label_selector=selector)
     names = sorted(p.metadata.name for p in pods.items)

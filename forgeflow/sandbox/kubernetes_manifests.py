@@ -1,42 +1,26 @@
-"""Kubernetes manifests of trials, validated with the official client's models, and pod statuses
-read as exceptions.
+"""Kubernetes manifests of trials, validated with the official client's models, and pod statuses read as
+exceptions (the sandbox that creates the pods is :mod:`forgeflow.sandbox.kubernetes`).
 
-:func:`render_trial_pod` (one pod per trial from the task image, labels, limits, a deadline; for an
-agent's pod, a tree sidecar: see below),
-:func:`render_network_policy` (egress denied to trial pods), :func:`validate_manifest` (every field
-known to the ``kubernetes`` client's models) and :func:`pod_status_to_exception` (OOMKilled,
-Evicted, ImagePullBackOff, ... as forgeflow's exceptions, each naming the status it read). The
-sandbox that creates the pods is :mod:`forgeflow.sandbox.kubernetes`.
-
-**The agent's pod** (``tree_repo`` given) takes the agent's submission where the agent has no hand,
-as podman's ``export_tree`` does from the host (:mod:`forgeflow.sandbox.tree`). The repository lives
-on an ``emptyDir`` volume, filled from the image by an init container (``cp -a``: modes, owners,
-times, links and ``.git`` kept), mounted at ``tree_repo`` in the agent's container (it sees the repo
-as before) and read-only in a second container, ``tree``, from the same pristine image, which only
-sleeps; after the agent, forgeflow runs ``tar`` there (the exec API's ``container``). No trial pod
-shares its process namespace: with ``shareProcessNamespace`` the agent's root could signal the
-sidecar's processes and write the sidecar's root file system through ``/proc/<pid>/root`` (measured
-under podman with a shared PID namespace), and code under test in a verifier's pod could end the
-pod's pause process (its trial an exception instead of its own 0); each trial container reaps its
-own orphans with a shell as PID 1 (:data:`INIT_SCRIPT`). Requests == limits in every container (Guaranteed QoS):
-the init container takes the agent's quantities (a pod's request is the larger of its init
-containers' and the sum of its containers': no extra), the sidecar :data:`TREE_CPU_M` /
-:data:`TREE_MEMORY_MB`. Capabilities beyond ``drop: [ALL]`` (all within the PodSecurity *baseline*
-profile): the init container ``CHOWN DAC_OVERRIDE FOWNER FSETID`` (a faithful copy of files any user
-owns; it runs before the agent, nothing else runs there), the sidecar ``DAC_OVERRIDE`` on a read-only
-mount (it reads files the agent made unreadable to itself).
-"""
+**The agent's pod** (``tree_repo`` given) takes the agent's submission where the agent has no hand: the
+repository lives on an ``emptyDir`` filled from the image by an init container (``cp -a``) and is read-only
+in a sleeping ``tree`` sidecar of the same pristine image, where ``tar`` runs after the agent. No trial pod
+shares its process namespace: with ``shareProcessNamespace`` the agent's root could signal the sidecar and
+write its root file system through ``/proc/<pid>/root`` (measured under podman with a shared PID namespace);
+each container reaps its orphans with a shell as PID 1 (:data:`INIT_SCRIPT`). Requests == limits everywhere
+(Guaranteed QoS). Capabilities beyond ``drop: [ALL]`` stay within the PodSecurity *baseline* profile: the init
+container ``CHOWN DAC_OVERRIDE FOWNER FSETID``, the sidecar ``DAC_OVERRIDE`` on a read-only mount."""
 
 from __future__ import annotations
 
 import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import ConfigDict, Field, field_validator
 
 from forgeflow.common import errors
 from forgeflow.common.names import sanitize_name
 from forgeflow.sandbox.base import SandboxSpec
+from forgeflow.sandbox.limits import SandboxLimits
 
 CONTAINER_NAME = "sandbox"
 """Name of the container of a trial pod that runs the trial's commands (the exec target)."""
@@ -134,9 +118,8 @@ def is_label_value(value: str) -> bool:
 
 
 def label_value(raw: str) -> str:
-    """Sanitize ``raw`` to a label value, deterministically: :func:`forgeflow.sandbox.trial.sanitize_name`
-    (``[a-z0-9-]``, <= 63 chars; an 8-hex sha256 suffix when anything changed, so two distinct ids
-    never share a value). A valid lowercase value is returned unchanged.
+    """Sanitize ``raw`` to a label value (``[a-z0-9-]``, <= 63 chars, an 8-hex sha256 suffix when anything
+    changed); a valid lowercase value is returned unchanged.
 
     Raises:
         InputError: ``raw`` is empty.
@@ -144,16 +127,16 @@ def label_value(raw: str) -> str:
     return sanitize_name(raw, 63)
 
 
-class KubernetesSandboxSpec(BaseModel):
-    """Where and how big a trial pod is.
+class KubernetesSandboxSpec(SandboxLimits):
+    """Where and how big a trial pod is: ``memory_mb`` and ``cpus``
+    (:class:`~forgeflow.sandbox.limits.SandboxLimits`) are the pod's request and limit alike (CPUs
+    rendered in millicores), as ``--memory`` / ``--cpus`` are a podman container's.
 
     The image is not part of the spec: it is per trial (the task image in its shard repository) and
     is passed as ``image_ref``, as for :class:`forgeflow.sandbox.podman.PodmanSandbox`.
 
     Attributes:
         namespace: namespace of the trial pods (a DNS label).
-        memory_mb: memory request and limit in MiB (default 8192 = 8Gi).
-        cpus: CPU request and limit in cores (rendered in millicores).
         ephemeral_storage_mb: ephemeral-storage request and limit in MiB (writable layer, logs).
         network: False labels the pod ``forgeflow.dev/egress=deny`` (the NetworkPolicy's selector).
         image_pull_secret: name of a ``kubernetes.io/dockerconfigjson`` Secret in ``namespace``
@@ -173,8 +156,6 @@ class KubernetesSandboxSpec(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     namespace: str = Field(default="forgeflow", min_length=1, max_length=63)
-    memory_mb: int = Field(default=8192, ge=16)
-    cpus: float = Field(default=1.0, gt=0)
     ephemeral_storage_mb: int = Field(default=10240, ge=64)
     network: bool = False
     image_pull_secret: str | None = Field(default=None, max_length=253)
@@ -212,7 +193,7 @@ class KubernetesSandboxSpec(BaseModel):
     @classmethod
     def from_sandbox_spec(cls, spec: SandboxSpec, **overrides: Any) -> "KubernetesSandboxSpec":
         """The Kubernetes spec with the memory, CPU, network and capabilities of a podman :class:`SandboxSpec`."""
-        return cls(memory_mb=spec.memory_mb, cpus=spec.cpus, network=spec.network,
+        return cls(**spec.limits().model_dump(), network=spec.network,
                    **{"capabilities": spec.capabilities, **overrides})
 
 
@@ -263,24 +244,15 @@ def _tree_parts(image_ref: str, spec: KubernetesSandboxSpec, repo: str, quantiti
 
 def render_trial_pod(instance_id: str, trial_id: str, image_ref: str, spec: KubernetesSandboxSpec,
                      tree_repo: str | None = None) -> dict:
-    """Render the Pod manifest of one trial (see the module docstring for every choice).
+    """Render the Pod manifest of one trial, a JSON-able dict in the API's camelCase form.
 
     Args:
-        instance_id: the task's instance id (any length; sanitized into the name and a label).
-        trial_id: the trial's id (unique per trial; sanitized into the name and a label).
-        image_ref: the task image, e.g. ``registry.example/task-03:lane1-<hash>`` or ``...@sha256:...``.
-        spec: namespace, resources, pull secret, labels.
-        tree_repo: an agent's pod: the repository (``/testbed``) moves onto a volume shared with a
-            sleeping ``tree`` sidecar of the same image, where the agent's tree is taken (module
-            docstring). None (verifier pods): one container, no volume.
-
-    Returns:
-        A JSON-able dict in the API's camelCase form (``kubectl apply -f`` or
-        ``CoreV1Api.create_namespaced_pod(body=...)``); validated by :func:`validate_manifest`.
+        tree_repo: an agent's pod: the repository moves onto a volume shared with a ``tree`` sidecar
+            (module docstring); None (verifier pods): one container, no volume.
 
     Raises:
-        InputError: an empty id or image reference, or one containing whitespace; a ``tree_repo``
-            that is not an absolute directory other than ``/``.
+        InputError: an empty id or image reference, or one containing whitespace; a ``tree_repo`` that is
+            not an absolute directory other than ``/``.
     """
     _check_id("instance_id", instance_id)
     _check_id("trial_id", trial_id)
@@ -350,18 +322,11 @@ def render_trial_pod(instance_id: str, trial_id: str, image_ref: str, spec: Kube
 
 
 def render_network_policy(namespace: str, selector_labels: dict[str, str] | None = None) -> dict:
-    """Render a NetworkPolicy that denies all egress (DNS included) of the selected pods.
-
-    ``policyTypes: [Egress]`` with no ``egress`` rule allows nothing out; ingress is not restricted
-    here (the API server's exec stream reaches the pod through the kubelet, not the pod network).
-
-    Args:
-        namespace: namespace of the trial pods.
-        selector_labels: ``podSelector.matchLabels``; default :data:`EGRESS_DENY_SELECTOR`.
+    """Render a NetworkPolicy that denies all egress (DNS included) of the selected pods; ingress is not
+    restricted (the exec stream reaches the pod through the kubelet).
 
     Raises:
-        InputError: an empty selector (it would cut every pod of the namespace, the worker's too) or
-            an invalid label key/value or namespace.
+        InputError: an empty selector (it would cut every pod of the namespace) or an invalid label or namespace.
     """
     selector = dict(EGRESS_DENY_SELECTOR if selector_labels is None else selector_labels)
     if not selector:
@@ -404,23 +369,13 @@ def _status_of(pod_status: dict) -> dict:
 
 
 def pod_status_to_exception(pod_status: dict) -> errors.InfraError | None:
-    """Read a pod's status (camelCase, as the API or ``kubectl get pod -o json`` gives it) as an exception.
+    """Read a pod's status (camelCase, a whole Pod or its ``status``) as an exception, or None while Pending
+    without such a reason or Running; the message carries the kubelet's reason and message.
 
-    Args:
-        pod_status: a whole Pod dict or only its ``status``.
-
-    Returns:
-        ``VerifierTimeoutError`` (``reason: DeadlineExceeded``, the pod outlived
-        ``activeDeadlineSeconds``); ``SandboxError`` (``reason: Evicted``: node pressure or the
-        ephemeral-storage limit); ``SandboxOOMError`` (a container terminated ``OOMKilled``, now or as
-        its last state); ``RegistryUnavailableError`` (an image pull failing because the registry is
-        unreachable or throttling: transient); ``ImageNotFoundError`` (``ErrImagePull``,
-        ``ImagePullBackOff``, ``InvalidImageName``); ``SandboxError`` (``CreateContainerConfigError``
-        and the other container-creation failures, a pod ``Failed`` (naming a failed init container),
-        a ``Succeeded`` pod: its ``sleep infinity`` ended, or one container of a ``Running`` pod
-        terminated: an agent pod's tree sidecar or the agent's container); None while the pod is
-        Pending without such a reason (scheduling, pulling) or Running. The message carries the
-        kubelet's reason and message.
+    ``DeadlineExceeded``: VerifierTimeoutError; ``Evicted``: SandboxError; ``OOMKilled`` (now or last state):
+    SandboxOOMError; a pull failing for an unreachable or throttling registry: RegistryUnavailableError;
+    ``ErrImagePull`` / ``ImagePullBackOff`` / ``InvalidImageName``: ImageNotFoundError; container-creation
+    failures, a ``Failed`` or ``Succeeded`` pod, or a terminated container of a ``Running`` pod: SandboxError.
 
     Raises:
         InputError: ``pod_status`` is not a dict.
@@ -479,12 +434,7 @@ _PRIMITIVES = {"str": str, "int": int, "float": (int, float), "bool": bool}
 
 
 def _unknown_fields(data: Any, type_name: str, path: str, allowed: frozenset[str]) -> list[str]:
-    """Paths in ``data`` that the model ``type_name`` does not declare, or of the wrong JSON type.
-
-    ``type_name`` is an ``openapi_types`` string of the client's models: ``List[X]``, ``Dict[str, X]``,
-    ``Optional[X]`` (client >= 35, pydantic models) or ``list[X]``/``dict(str, X)`` (older clients),
-    a primitive, ``object``/``datetime`` (not checked) or a model class name.
-    """
+    """Paths in ``data`` that the model ``type_name`` (an ``openapi_types`` string) does not declare, or mistyped."""
     import kubernetes.client.models as models
 
     if data is None or path in allowed:
@@ -525,20 +475,10 @@ def _unknown_fields(data: Any, type_name: str, path: str, allowed: frozenset[str
 
 
 def validate_manifest(manifest: dict, allowed_extra_paths: frozenset[str] = frozenset()) -> Any:
-    """Deserialize ``manifest`` into the ``kubernetes`` client's model of its kind and check it.
-
-    Three checks: the (apiVersion, kind) pair is one forgeflow ships; every key is a field the
-    model declares, with the right JSON type (a typo such as ``automountServiceAcountToken`` would
-    be silently dropped by the API server's lenient clients); the model's required fields are set
-    (its constructors raise on a missing one, e.g. a container without ``name``).
-
-    Args:
-        manifest: a manifest dict in camelCase.
-        allowed_extra_paths: dotted paths tolerated although the model lacks them (Prefect's
-            kubernetes worker insists on ``spec.template.spec.parallelism``/``completions``).
-
-    Returns:
-        The model instance (e.g. ``kubernetes.client.V1Pod``).
+    """Deserialize ``manifest`` into the ``kubernetes`` client's model of its kind and check it: a shipped
+    (apiVersion, kind), every key declared with the right JSON type (a typo would be dropped silently by the API
+    server), required fields set. ``allowed_extra_paths`` are tolerated (Prefect's worker needs
+    ``spec.template.spec.parallelism``/``completions``).
 
     Raises:
         InputError: unknown kind, unknown fields, wrong types or missing required fields, all listed.

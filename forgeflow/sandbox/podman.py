@@ -73,14 +73,8 @@ class PodmanSandbox:
     def start(self) -> None:
         """Create and start the container; pull the image if it is not local.
 
-        ``--pidfile`` hands back the container's init PID, from which its cgroup files are found
-        (:meth:`_find_cgroup_files`) without a ``podman inspect`` on the trial's critical path.
-        A container that already holds the name (names are per trial, so it was left by a crashed
-        run of the same trial, or by a Ray node killed mid-trial on the same host) is removed
-        (:func:`remove_podman_container`) and the start tried once more; one left under the name at
-        a layer below podman (a conmon naming it, its runtime container) is ended first
-        (:func:`sweep_containers`). The container has no capability, ``no-new-privileges`` and the
-        user namespace of ``spec`` (:meth:`_hardening_args`).
+        A container already holding the name (left by a crashed run of the same trial) is removed first
+        (:func:`remove_podman_container`) and the start tried once more.
 
         Raises:
             ToolMissingError: podman is not installed.
@@ -110,16 +104,9 @@ class PodmanSandbox:
         self._find_cgroup_files(init_pid)
 
     def _find_cgroup_files(self, init_pid: str = "") -> None:
-        """Locate the container's ``pids.events`` and its memory OOM counter on the host.
-
-        Found from the container's init process (``/proc/<pid>/cgroup``; ``init_pid`` as ``--pidfile``
-        wrote it, else read with ``podman inspect``): cgroup v1 keeps them in
-        the ``pids`` and ``memory`` hierarchies (``pids.events``, ``memory.oom_control``), v2 in the
-        unified one (``pids.events``, ``memory.events``). The OOM counter is the kernel's own
-        evidence of an OOM kill (its ``oom_kill`` line counts processes the OOM killer killed in
-        the cgroup); a file that cannot be read leaves the limit in force and only its evidence
-        unavailable.
-        """
+        """Locate the container's ``pids.events`` and memory OOM counter on the host from its init process
+        (cgroup v1: ``pids.events``, ``memory.oom_control``; v2: ``pids.events``, ``memory.events``). A file that
+        cannot be read leaves the limit in force and only its evidence unavailable."""
         if not init_pid.isdigit():
             init_pid = subprocess.run(
                 [self._podman(), "inspect", "--format", "{{.State.Pid}}", self.name],
@@ -184,12 +171,8 @@ class PodmanSandbox:
             )
 
     def _check_oom(self, before: int | None, argv: list[str], exit_code: int, after: int | None = None) -> None:
-        """Raise SandboxOOMError iff the kernel says a process was OOM-killed during the command.
-
-        Evidence, in order: the memory cgroup's ``oom_kill`` counter grew while the command ran, or
-        (counter unreadable) podman's ``State.OOMKilled``. An exit status of 137 without either is
-        the command's own exit, a result like any other.
-        """
+        """Raise SandboxOOMError iff the memory cgroup's ``oom_kill`` counter grew during the command (counter
+        unreadable: podman's ``State.OOMKilled``); an exit 137 alone is the command's own result."""
         after = self._oom_kills() if after is None else after
         if before is not None and after is not None:
             if after > before:
@@ -208,24 +191,13 @@ class PodmanSandbox:
              env: Mapping[str, str] | None = None) -> ExecResult:
         """Run ``command`` (argv list, or a string for ``bash -c``) in the container.
 
-        Args:
-            command: argv, or one shell string.
-            timeout_s: wall-clock limit in seconds; exceeding it raises VerifierTimeoutError.
-            workdir: working directory inside the container.
-            env: variables set for the command (``podman exec --env``), on top of the image's.
-
-        Returns:
-            The result; output that is not UTF-8 is decoded with replacement and digested
-            (:meth:`ExecResult.from_bytes`). A non-zero exit, 137 included, is a result.
+        A non-zero exit, 137 included, is a result; output that is not UTF-8 is decoded with replacement.
 
         Raises:
-            SandboxError: the sandbox is not started, or ``podman exec`` could not be started (an
-                argument over the kernel's limit, no podman).
-            SandboxOOMError: the kernel OOM-killed a process of the container while the command
-                ran (its memory cgroup's ``oom_kill`` counter, else podman's ``State.OOMKilled``);
-                the message names the evidence.
+            SandboxError: the sandbox is not started, or ``podman exec`` could not be started.
+            SandboxOOMError: the kernel OOM-killed a process of the container while the command ran.
             SandboxPidsLimitError: a fork was refused at ``spec.pids_limit`` meanwhile.
-            VerifierTimeoutError: the command exceeded ``timeout_s`` (forgeflow's own clock).
+            VerifierTimeoutError: the command exceeded ``timeout_s`` seconds.
         """
         if not self._started:
             raise errors.SandboxError(f"sandbox {self.name} is not started")
@@ -256,8 +228,7 @@ class PodmanSandbox:
         return ExecResult.from_bytes(code, out, err, duration, dropped)
 
     def write_file(self, path: str, content: str | bytes) -> None:
-        """Write a file inside the container (``podman exec -i ... cat``; text as UTF-8, bytes as given,
-        e.g. an agent's tree as a tar archive).
+        """Write a file inside the container (text as UTF-8, bytes as given).
 
         Raises:
             SandboxError: the write failed (podman's message as evidence).
@@ -271,44 +242,18 @@ class PodmanSandbox:
 
     def run_once(self, command: str, timeout_s: float, workdir: str | None = None,
                  env: Mapping[str, str] | None = None) -> ExecResult:
-        """Run one shell ``command`` as the container's own process (``podman run -i --rm``) instead
-        of ``start`` + ``exec``: one podman call per trial, as a plain ``podman run --rm`` of the same
-        command costs, for runs that need no interaction (a NOP or Oracle run).
+        """Run one shell ``command`` as the container's own process (``podman run -i --rm``): one podman call per
+        trial, for runs that need no interaction (a NOP or Oracle run).
 
-        The command's exit status is the container's (the status conmon reports and ``podman run``
-        exits with), never text the command could print. The container's first process (PID 1, no
-        ``--init``) is a wrapper that makes itself unreachable from the command: it re-executes an
-        execute-only copy of the image's bash (mode 0111 in ``/tmp``), which the kernel marks not
-        dumpable because root without ``CAP_DAC_OVERRIDE`` cannot read it (``--cap-drop=all``), so
-        the command, with no ``CAP_SYS_PTRACE``, can open neither ``/proc/1/mem`` nor ``/proc/1/fd``
-        (ptrace access mode checks, see ptrace(2)); PID 1 also ignores every signal sent from inside
-        its namespace but those it handles. The wrapper reads a random nonce on stdin (never in its
-        argv or environment), prints it (the start mark), runs ``bash -c command`` with stdin from
-        ``/dev/null`` (as ``exec`` does), prints the nonce again (the end mark), then waits for
-        stdin to close and exits with the command's status. While it waits the container and its
-        cgroup still exist, so the kernel's counters (OOM kills, refused forks) are read exactly as
-        after an ``exec`` (a fresh container's counters start at 0); only then is stdin closed. A
-        mark the command prints itself (it would have to guess 128 random bits) changes neither the
-        exit status nor the output kept: the output is every byte between the start mark and the
-        last end mark. The exit status is read from conmon's exit file the moment conmon reaps the
-        wrapper (:func:`~forgeflow.sandbox.podman_layers.container_exit_code`), so ``--rm``'s
-        removal runs after :meth:`run_once` returns (:meth:`stop_async` waits for it). The time to
-        the start mark, the container's start, is kept in
-        :attr:`setup_s` (seconds).
-
-        Args:
-            command: one shell string (``bash -c``).
-            timeout_s: wall-clock limit in seconds for the command, from the container's start.
-            workdir: working directory inside the container.
-            env: variables set for the command (``podman run --env``), on top of the image's.
-
-        Returns:
-            The command's result, as :meth:`exec` returns it (``duration_s``: the command alone).
+        The exit status is the container's, never text the command could print. PID 1 is a wrapper the command
+        cannot reach: an execute-only copy of bash (mode 0111, not dumpable without ``CAP_DAC_OVERRIDE``; see
+        ptrace(2)) that brackets the output with a random nonce read on stdin and keeps the cgroup alive until its
+        counters are read. The exit status comes from conmon's exit file; ``--rm``'s removal runs after the return
+        (:meth:`stop_async` waits for it). :attr:`setup_s` holds the container's start time, seconds.
 
         Raises:
-            SandboxError: the sandbox is already started, podman could not start the container, or
-                the container ended without its wrapper reporting the command's end (the message
-                holds podman's exit status and stderr as evidence).
+            SandboxError: already started, podman could not start the container, or the wrapper never reported
+                the command's end (podman's exit status and stderr as evidence).
             ImageNotFoundError, ToolMissingError: as :meth:`start`.
             SandboxOOMError, SandboxPidsLimitError, VerifierTimeoutError: as :meth:`exec`.
         """
@@ -340,11 +285,8 @@ class PodmanSandbox:
         raise AssertionError("unreachable")
 
     def _hardening_args(self) -> list[str]:
-        """``podman run`` options that take privileges away: every capability dropped but
-        ``spec.capabilities``, ``no-new-privileges``, the user namespace of ``spec.user_namespace``,
-        a read-only root (``spec.read_only_root``), and the annotation ``NAME_ANNOTATION`` that names
-        the container for :func:`~forgeflow.sandbox.podman_layers.sweep_containers` where podman's own
-        record is gone; ``labels`` each as a label and an annotation (the runtime keeps the latter)."""
+        """``podman run`` options that take privileges away (capabilities, ``no-new-privileges``, user namespace,
+        read-only root) plus the name annotation and ``labels`` (each as a label and an annotation)."""
         args = ["--cap-drop=all", *(f"--cap-add={cap}" for cap in self.spec.capabilities),
                 "--security-opt=no-new-privileges", "--annotation", f"{NAME_ANNOTATION}={self.name}",
                 *(arg for k, v in sorted(self.labels.items()) for arg in ("--label", f"{k}={v}", "--annotation",
@@ -460,12 +402,8 @@ class PodmanSandbox:
         self.stop_async()()
 
     def stop_async(self) -> Callable[[], None]:
-        """Start removing the container and return at once; the returned callable waits until it is
-        removed (at most 120 s, then the removal is killed and the next run of the same trial
-        removes the container by name). Lets the next trial start while ``podman rm`` (0.16-0.33 s
-        on 2 cores) runs; callers wait before they report the trials done. Idempotent. After
-        :meth:`run_once` the container is already on its way out: the callable waits for that.
-        """
+        """Start removing the container and return a callable that waits until it is removed (at most 120 s);
+        ``podman rm`` takes 0.16-0.33 s on 2 cores. Idempotent."""
         procs, self._once = self._once, []
         if self._started:
             self._started = False
@@ -576,12 +514,8 @@ def _name_in_use(stderr: str) -> bool:
 def remove_podman_container(name: str) -> None:
     """Remove the container a crashed run of the same trial left, and check it is gone.
 
-    After a SIGKILL of the flow's process group the left container's conmon can race the removal
-    and leave an entry in state "Removing" that no longer holds the name (podman 4.3; seen in
-    tests/flows/test_curate_kill.py): entries still listed under the name are removed again by
-    id, up to three rounds. First every layer is swept for the name (:func:`sweep_containers`: the
-    runtime's container and conmon too, which podman may no longer know).
-    """
+    After a SIGKILL, conmon can race the removal and leave an entry "Removing" that no longer holds the name
+    (podman 4.3; seen in tests/flows/test_curate_kill.py): it is removed again by id, up to three rounds."""
     sweep_containers(lambda n: n == name)
     for round_no in range(3):
         subprocess.run(["podman", "rm", "-f", "-t", "0", name], capture_output=True, text=True, env=tool_env(),

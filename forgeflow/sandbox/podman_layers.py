@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow.common.settings import tool_env
 
@@ -69,20 +69,20 @@ by its name even where podman's record of it is gone."""
 
 
 class Leftovers(BaseModel):
-    """What is left of some of forgeflow's containers, layer by layer.
-
-    Attributes:
-        podman: names podman lists (``podman ps -a --external``: its records and its storage's).
-        runtime: ``(runtime root, container id, name)`` of the OCI runtime's containers
-            (``runc --root ROOT list``) whose annotation or conmon names one of them.
-        conmon: ``(pid, name)`` of conmon processes whose command line names one of them (``-n``).
-    """
+    """What is left of some of forgeflow's containers, layer by layer."""
 
     model_config = ConfigDict(frozen=True)
 
-    podman: tuple[str, ...] = ()
-    runtime: tuple[tuple[str, str, str], ...] = ()
-    conmon: tuple[tuple[int, str], ...] = ()
+    podman: tuple[str, ...] = Field((),
+                                    description="names podman lists (podman ps -a --external: its records and its "
+                                                "storage's).")
+    runtime: tuple[tuple[str, str, str], ...] = Field(
+        (),
+        description="(runtime root, container id, name) of the OCI runtime's containers (runc --root ROOT list) "
+                    "whose annotation or conmon names one of them.")
+    conmon: tuple[tuple[int, str], ...] = Field(
+        (),
+        description="(pid, name) of conmon processes whose command line names one of them (-n).")
 
     def empty(self) -> bool:
         """True when nothing is left at any layer."""
@@ -148,15 +148,8 @@ def _runtime_containers(runtime: str, root: str) -> list[dict]:
 
 
 def find_leftovers(match: Callable[[str], bool]) -> Leftovers:
-    """Every container of forgeflow's whose name ``match`` accepts, at each layer: podman's records
-    (and its storage's), the OCI runtime's containers, conmon processes.
-
-    Args:
-        match: a predicate on container names (e.g. ``lambda n: n in names`` or a prefix test).
-
-    Returns:
-        What is left (:class:`Leftovers`; ``empty()`` when nothing).
-    """
+    """Every container of forgeflow's whose name ``match`` accepts, at each layer: podman's records (and its
+    storage's), the OCI runtime's containers, conmon processes."""
     listed = subprocess.run(["podman", "ps", "-a", "--external", "--format", "{{.Names}}"], capture_output=True,
                             text=True, env=tool_env(), timeout=60)
     podman = tuple(sorted({n for n in listed.stdout.split() if match(n)}))
@@ -173,18 +166,10 @@ def find_leftovers(match: Callable[[str], bool]) -> Leftovers:
 
 
 def sweep_containers(match: Callable[[str], bool]) -> Leftovers:
-    """End every container of forgeflow's whose name ``match`` accepts, at every layer, and say what
-    was found: podman's records are removed (``podman rm -f``), the runtime's containers killed and
-    deleted (``runc kill``, ``runc delete --force``: one in state "created" after a SIGKILLed
-    ``podman run`` is invisible to ``podman ps``), conmon processes naming them killed.
+    """End every container of forgeflow's whose name ``match`` accepts at every layer; returns what was found.
 
-    Args:
-        match: a predicate on container names.
-
-    Returns:
-        What was found before the sweep (:class:`Leftovers`); :func:`find_leftovers` after it says
-        what, if anything, survived.
-    """
+    ``runc kill`` / ``runc delete --force`` too: a container left "created" by a SIGKILLed ``podman run`` is
+    invisible to ``podman ps``."""
     found = find_leftovers(match)
     if found.podman:
         subprocess.run(["podman", "rm", "-f", "-t", "0", *found.podman], capture_output=True, text=True,
@@ -214,15 +199,8 @@ def end_orphans(name: str) -> None:
 
 
 def sweep_labelled(key: str, value: str) -> Leftovers:
-    """End every container labelled ``key=value`` (e.g. the flow run that started it) at every layer:
-    the names come from podman's records (``podman ps -a --filter label=...``) and from the OCI
-    runtime's containers whose annotation ``key`` is ``value`` (:class:`~forgeflow.sandbox.podman.PodmanSandbox`
-    gives each label as an annotation too, which the runtime keeps where podman's record is gone);
-    then :func:`sweep_containers` ends those names at every layer.
-
-    Returns:
-        What was found (:class:`Leftovers`); empty when no container carries the label.
-    """
+    """End every container labelled ``key=value`` at every layer (names from podman's records and from the runtime's
+    annotations, which survive podman's record); returns what was found."""
     listed = subprocess.run(["podman", "ps", "-a", "--filter", f"label={key}={value}", "--format", "{{.Names}}"],
                             capture_output=True, text=True, env=tool_env(), timeout=60)
     names = set(listed.stdout.split())

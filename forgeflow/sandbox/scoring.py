@@ -1,27 +1,14 @@
 """A submission scored: put in place in a fresh sandbox of the pristine task image, judged on what git saw
 change, the task's tests run, the submission's own failures scored as its own.
 
-:func:`verify_submission` is the verifier of agent trials, RL rewards and re-scores:
+:func:`verify_submission` (agent trials, RL rewards, re-scores): a fresh container; the submission put in
+place and git's list of what changed (a refused diff is reward 0); the task's own files by ``tamper_policy``
+and the added lines by ``screen_policy``; the tests and the strict resolution rule.
 
-1. a fresh container of the pristine task image (nothing of the agent's container carries over);
-2. the submission put in place there (``git apply`` of a diff, or the agent's tree copied out of its
-   container, :mod:`forgeflow.sandbox.tree`) and git's own list of what changed
-   (:mod:`forgeflow.sandbox.changes`): a diff git refuses is reward 0 (the submission's outcome);
-3. the task's own files among the changed paths (:func:`forgeflow.sandbox.submission.classify_changes`)
-   by ``tamper_policy`` (``reject``: tampering, reward 0, no test run; ``drop``: put back as the image
-   has them), and the static screen of the added lines by ``screen_policy``;
-4. :func:`forgeflow.sandbox.verifier.run_tests`, the files the runner reported it read checked against
-   git's list, and the strict resolution rule (:func:`forgeflow.sandbox.grading.grade_resolved`).
-
-**The submission's own failures are its outcome.** A test run that overruns the limit, is OOM-killed,
-hits the process limit, or breaks the runner before it reports (exit 126/127 at import, a module that
-shadows one the runner needs) is reward 0 with its evidence (``evidence["submission_failure"]``) when
-the task's pristine tests fit the same limits: a recorded pristine run well inside the timeout
-(``TaskTests.pristine_duration_s`` at most :data:`PRISTINE_FRACTION` of it), or else a re-run of the
-pristine tests in a fresh container under the same limits that completes. Only when that re-run fails
-too is it an infrastructure exception (raised, never reward 0). A sandbox that breaks otherwise (the
-container gone, podman failing) is always an exception.
-"""
+**The submission's own failures are its outcome**: a test run that overruns, is OOM-killed, hits the process
+limit or breaks the runner is reward 0 (``evidence["submission_failure"]``) when the pristine tests fit the
+same limits (a recorded pristine run within :data:`PRISTINE_FRACTION` of the timeout, or a pristine re-run
+that completes); otherwise it is an infrastructure exception, never reward 0."""
 
 from __future__ import annotations
 
@@ -196,29 +183,20 @@ def verify_submission(
     """Grade a submission in a fresh sandbox of the pristine task image (see the module docstring).
 
     Args:
-        tests: the task's image, test command, FAIL_TO_PASS / PASS_TO_PASS ids, log parser and
-            recorded pristine duration (:class:`~forgeflow.sandbox.verifier.TaskTests`).
         submission: a unified diff (may be empty); ignored when ``tree`` is given.
         timeout_s: limit of the test run, seconds.
-        spec: sandbox limits.
         name: sandbox name (a leftover of a crashed run of the same trial is removed first).
-        tamper_policy: ``reject`` or ``drop`` (:mod:`forgeflow.sandbox.submission`).
-        screen_policy: ``reject``, ``flag`` or ``off``: the static screen of the added lines.
-        backend: sandbox kind, or a :class:`~forgeflow.sandbox.backends.SandboxTarget`.
-        tree: the agent's work tree as a tar archive (:func:`forgeflow.sandbox.tree.export_tree`), put in
-            place of every path but ``.git``. New protected files in an agent's tree
-            (scratch tests, a conftest of its own) are always removed rather than rejected: they are its
-            working state, never submitted before either.
+        tree: the agent's work tree as a tar archive; new protected files in it (scratch tests, its own
+            conftest) are removed rather than rejected.
 
     Returns:
-        The :class:`SubmissionVerdict`: reward 0 for tampering or a screen finding (no test run), a
-        patch git refuses, failing tests, a report that cannot be trusted, or the submission's own
-        timeout / OOM / process limit / broken runner (``submission_failure``).
+        The :class:`SubmissionVerdict`: reward 0 for tampering or a screen finding, a refused patch, failing
+        tests, an untrustworthy report, or the submission's own failure (``submission_failure``).
 
     Raises:
         InputError: an unknown policy, parser or backend.
-        SandboxError and subclasses, VerifierTimeoutError, VerifierOutputError: the verifier broke, or
-            the pristine tests fail the same limits (the caller records an exception, never reward 0).
+        SandboxError and subclasses, VerifierTimeoutError, VerifierOutputError: the verifier broke, or the
+            pristine tests fail the same limits (an exception, never reward 0).
     """
     if tamper_policy not in TAMPER_POLICIES:
         raise errors.InputError(f"unknown tamper policy {tamper_policy!r}; valid: {', '.join(TAMPER_POLICIES)}")
@@ -320,12 +298,8 @@ def _judge_changes(changes: TreeChanges, test_ids: list[str], tamper_policy: Tam
 
 
 def _runner_read_changed(result: VerifierResult, changes: TreeChanges, restored: list[str]) -> list[str]:
-    """Files under the repository the test runner reported reading before any test ran that the
-    submission changed and that were not put back: its configuration file, its plugins (by name and from
-    package metadata, with the metadata's folder; by the files of their hook functions' code, and those
-    registered at any later time, by code under test too), its conftest modules, and every module already
-    imported when the verifier's plugin was (nothing of the repository should be: such a module ran
-    before the report channel existed)."""
+    """Repository files the test runner reported reading before any test ran (configuration, plugins, conftest
+    modules, modules already imported) that the submission changed and that were not put back."""
     inputs = result.runner_inputs or {}
     files: set[str] = set()
     if isinstance(inputs.get("inipath"), str):

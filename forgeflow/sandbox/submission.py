@@ -1,49 +1,13 @@
 """What of a submission may reach the tests: the task's own files stay the task's, judged on git's list.
 
-A submission changes ``/testbed``; what it changed is what git saw change in the sandbox
-(:mod:`forgeflow.sandbox.changes`), never a parse of the submission's text. Each changed path is
-classified (:func:`classify_changes`): files that configure, extend or replace the test run belong to
-the task, not to the submission, since a change to one of them could make failing tests pass without
-fixing anything. A named policy then acts on the *protected* paths found:
-
-* ``reject`` (default): the submission is **tampering**: reward 0, the protected paths named, the
-  tests not even run;
-* ``drop``: those paths are put back as the pristine image has them (content, mode and type; a path
-  the image lacks is removed) and the rest is graded; the dropped paths are recorded.
-
-Protected, anywhere in the repository (:data:`PROTECTED_NAMES`, :data:`TEST_DIR_NAMES`):
-
-* test files: every file named by FAIL_TO_PASS / PASS_TO_PASS, ``test_*.py``, ``*_test.py``,
-  ``tests.py``, and everything under a directory named ``test``, ``tests`` or ``testing``;
-* pytest configuration and plugins: every ``conftest.py``, ``pytest.ini``, ``.pytest.ini``,
-  ``tox.ini``, ``setup.cfg``, ``pyproject.toml`` (the whole file: it can hold
-  ``[tool.pytest.ini_options]``), ``pytest.toml`` (pytest 9), ``noxfile.py``, ``.coveragerc``,
-  pytest's cache folder ``.pytest_cache/``, and packaging metadata that registers plugins
-  (``entry_points.txt``, anything under ``*.egg-info`` / ``*.dist-info``: importlib.metadata reads them
-  from every ``sys.path`` entry);
-* interpreter start-up hooks: ``sitecustomize.py``, ``usercustomize.py`` and every ``*.pth``;
-* compiled code the importer or pytest could load instead of a source file: anything under
-  ``__pycache__/``, ``*.pyc`` / ``*.pyo`` (a sourceless ``.pyc`` is importable), compiled extension
-  modules (``*.so``, ``*.pyd``: they win over a ``.py`` of the same name);
-* symbolic links (a link makes the runner read whatever it points to), and ``.gitattributes`` (it
-  changes how git reads the tree the verifier judges);
-* a *new* top-level module or package, in a ``sys.path`` entry inside the repository, whose name the
-  task's interpreter can also import from outside it: the standard library, built-ins, pytest and its
-  dependencies, and every installed distribution (measured in the pristine sandbox,
-  :class:`~forgeflow.sandbox.changes.RunnerProbe`): the repository comes first on ``sys.path``, so such a
-  file would replace the runner, a module it imports, or a library the tests check results with
-  (:func:`shadowed_module`). A module of that name the pristine repository already has may be edited.
-
-**Static screen** (:func:`screen_added_lines`): the lines the submission *added* (read from git's own
-patch of the two snapshots; a binary part of a code or text file is itself a finding) are searched for
-the test framework's internals, process-exit hooks,
-introspection of the running interpreter and the runner's descriptors (:data:`SCREEN_PATTERNS`): code
-under test that reaches those can rewrite outcomes inside the test process, which no report channel
-prevents. Policy (:data:`SCREEN_POLICIES`): ``reject`` (default: tampering, reward 0, the lines named),
-``flag`` (recorded, graded as usual: for a repository that *is* a test framework), ``off``. An
-obfuscated reference passes the screen: it raises the cost of the attack, the verifier's tripwire
-tests catch a blanket one (:mod:`forgeflow.sandbox.verifier`).
-"""
+Protected: test files (FAIL_TO_PASS / PASS_TO_PASS files, ``test_*.py``, ``*_test.py``, ``tests.py``, anything
+under ``test``/``tests``/``testing``); pytest configuration and plugins (``conftest.py``, ``pytest.ini``,
+``.pytest.ini``, ``tox.ini``, ``setup.cfg``, ``pyproject.toml``, ``pytest.toml``, ``noxfile.py``, ``.coveragerc``,
+``.pytest_cache/``, ``entry_points.txt``, ``*.egg-info`` / ``*.dist-info``); start-up hooks
+(``sitecustomize.py``, ``usercustomize.py``, ``*.pth``); compiled code (``__pycache__/``, ``*.pyc``, ``*.pyo``,
+``*.so``, ``*.pyd``); symbolic links and ``.gitattributes``; and a *new* top-level module that shadows one the
+task's interpreter imports from outside the repository (measured in the pristine sandbox,
+:class:`~forgeflow.sandbox.changes.RunnerProbe`; :func:`shadowed_module`)."""
 
 from __future__ import annotations
 
@@ -119,19 +83,13 @@ _SCREEN = {kind: re.compile(pattern) for kind, pattern in SCREEN_PATTERNS.items(
 
 
 class ScreenFinding(BaseModel):
-    """One added line the static screen matched.
-
-    Attributes:
-        path: the file (repository-relative).
-        kind: what it reaches (a key of :data:`SCREEN_PATTERNS`).
-        line: the added line (at most 200 characters).
-    """
+    """One added line the static screen matched."""
 
     model_config = ConfigDict(frozen=True)
 
-    path: str
-    kind: str
-    line: str = Field(max_length=200)
+    path: str = Field(description="the file (repository-relative).")
+    kind: str = Field(description="what it reaches (a key of SCREEN_PATTERNS).")
+    line: str = Field(max_length=200, description="the added line (at most 200 characters).")
 
 
 def test_files(test_ids: Iterable[str]) -> set[str]:
@@ -140,16 +98,8 @@ def test_files(test_ids: Iterable[str]) -> set[str]:
 
 
 def protected_reason(path: str, task_test_files: Iterable[str] = ()) -> str | None:
-    """Why ``path`` (relative to the repository root) is the task's, or None if it is not.
-
-    Args:
-        path: a repository-relative POSIX path.
-        task_test_files: the files of the task's FAIL_TO_PASS / PASS_TO_PASS tests.
-
-    Returns:
-        A short reason (``"test file of FAIL_TO_PASS/PASS_TO_PASS"``, ``"test directory tests/"``,
-        ``"pytest configuration"``, ``"interpreter start-up hook"``, ...) or None.
-    """
+    """Why ``path`` (relative to the repository root) is the task's (a short reason such as ``"pytest
+    configuration"``), or None if it is not."""
     pure = PurePosixPath(path)
     name = pure.name
     if path in set(task_test_files):
@@ -183,20 +133,6 @@ def protected_reason(path: str, task_test_files: Iterable[str] = ()) -> str | No
 def shadowed_module(path: str, probe: RunnerProbe | None = None, repo: str = "/testbed") -> str | None:
     """The module outside the repository that a *new* ``path`` would shadow, or None.
 
-    ``path`` becomes a top-level module or package when it lies directly in a ``sys.path`` entry inside
-    the repository (``probe.repo_entries``: the repository root when the tests run from it, ``src/``
-    when the image puts it on ``PYTHONPATH``, ...): ``json.py``, ``src/inspect/__init__.py``, ``six.py``.
-    It shadows when the interpreter can also import that name from outside the repository
-    (``probe.names``: standard library, built-ins, site-packages), pytest's start-up looks for it before
-    the verifier's plugin is imported (``probe.startup_names``, found or not: it would run first) or it
-    is one of the test runner's own modules (:data:`RUNNER_MODULES`). Without a probe: the repository
-    root and ``src/`` against the standard library and the runner's modules.
-
-    Args:
-        path: a repository-relative POSIX path of an added file.
-        probe: the interpreter's measured import paths (:class:`~forgeflow.sandbox.changes.RunnerProbe`).
-        repo: the repository's absolute path in the sandbox.
-
     Returns:
         The shadowed module's name, or None.
     """
@@ -225,11 +161,6 @@ def shadowed_module(path: str, probe: RunnerProbe | None = None, repo: str = "/t
 def classify_changes(changes: TreeChanges, test_ids: Iterable[str], repo: str = "/testbed") -> dict[str, str]:
     """The protected paths among what git saw the submission change, each with why, sorted by path.
 
-    Args:
-        changes: git's list of changed paths and the interpreter's probe (:class:`TreeChanges`).
-        test_ids: the task's FAIL_TO_PASS and PASS_TO_PASS ids (their files are protected).
-        repo: the repository's absolute path in the sandbox.
-
     Returns:
         ``{path: reason}`` for every changed path that is the task's (see the module docstring).
     """
@@ -251,12 +182,6 @@ def classify_changes(changes: TreeChanges, test_ids: Iterable[str], repo: str = 
 
 def screen_added_lines(patch: str, skip: Iterable[str] = ()) -> list[ScreenFinding]:
     """Search the lines a submission added for what :data:`SCREEN_PATTERNS` names.
-
-    Args:
-        patch: git's own patch of the pristine and the submitted snapshots
-            (:attr:`TreeChanges.patch <forgeflow.sandbox.changes.TreeChanges.patch>`), read with
-            ``unidiff``; binary parts carry no lines and are not searched.
-        skip: paths not to search (protected paths the policy already handles).
 
     Returns:
         The findings, in patch order (at most one per added line).

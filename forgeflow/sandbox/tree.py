@@ -1,22 +1,8 @@
 """An agent's work tree, copied out of its container where the agent has no hand, and into a verifier's.
 
-The agent controls everything inside its own container: the git binary, ``.git/config`` (external
-diff drivers, aliases), ``PATH``, background processes. So its submission is not taken by running
-anything there: the container is stopped (no agent process runs on), its root file system is mounted
-on the host by podman (``podman mount``) and the host's own ``tar`` archives ``/testbed`` without its
-``.git`` (symbolic links archived as links, never followed). The verifier puts that tree in place in
-a fresh container of the pristine task image and asks git there what changed
-(:mod:`forgeflow.sandbox.changes`).
-
-Backends: podman (rootful: ``podman mount`` needs root or ``podman unshare``), and Kubernetes, which
-has no host-side view of a pod's file system: there the agent's pod carries a second container from
-the same pristine image that only sleeps, the repository on a volume both mount
-(:func:`forgeflow.sandbox.kubernetes_manifests.render_trial_pod` with ``tree_repo``), and the same
-``tar`` (:func:`tree_tar_argv`) runs in that container
-(:meth:`forgeflow.sandbox.kubernetes.KubernetesSandbox.export_tree`): its binaries are the image's,
-and the agent's container shares no process namespace with it. Both are bounded by
-:data:`TREE_MAX_BYTES`; a container or pod gone before its tree is taken is a SandboxError.
-"""
+The agent controls its container (git, ``.git/config``, ``PATH``, background processes), so nothing runs
+there: the stopped container is mounted on the host (``podman mount``, rootful) and the host's ``tar`` takes
+``/testbed`` without ``.git``; on Kubernetes the same ``tar`` runs in a sidecar of the pristine image."""
 
 from __future__ import annotations
 
@@ -38,18 +24,8 @@ the agent's outcome, as one over :data:`TREE_MAX_BYTES`)."""
 
 
 def tree_tar_argv(root: str) -> list[str]:
-    """The ``tar`` that archives an agent's tree: ``root`` without its ``.git``, every member owned by
-    0:0 (the verifier extracts with ``--no-same-owner``; a host-side view of a container in a user
-    namespace would otherwise record shifted host ids, so both backends give the same archive), links
-    archived as links (never followed), files unreadable or removed while read skipped with a warning
-    (``--ignore-failed-read``: they are not part of the submission) rather than failing the archive.
-
-    Args:
-        root: the repository directory (``/testbed``, or where podman mounted it on the host).
-
-    Returns:
-        The argv; the archive goes to stdout, members relative to ``root`` (``./calc.py``, ...).
-    """
+    """The ``tar`` argv that archives ``root`` to stdout without its ``.git``: members owned by 0:0 (so both
+    backends give the same archive), links never followed, unreadable files skipped (``--ignore-failed-read``)."""
     return ["tar", "-C", root, "--exclude=./.git", "--numeric-owner", "--owner=0", "--group=0", "--ignore-failed-read",
             "-cf", "-", "."]
 
@@ -77,19 +53,10 @@ def _podman(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[s
 
 
 def export_tree(container: str, repo: str = "/testbed", max_bytes: int = TREE_MAX_BYTES) -> bytes:
-    """Stop ``container`` and copy ``repo`` out of it (without ``.git``) as a tar archive, from the host.
-
-    Args:
-        container: the podman container's name (the agent's).
-        repo: the repository inside it.
-        max_bytes: the most bytes of tar taken.
-
-    Returns:
-        The tar archive (members relative to ``repo``: ``./calc.py``, ...).
+    """Stop ``container`` and copy ``repo`` out of it (without ``.git``) as a tar archive of at most ``max_bytes``.
 
     Raises:
-        SandboxError: the container is gone (removed by an operator, conmon or the runtime: an
-            infrastructure fault, never the agent's) or podman could not mount it.
+        SandboxError: the container is gone (an infrastructure fault, never the agent's) or cannot be mounted.
         TreeTooLargeError: the tree is over ``max_bytes``.
     """
     if not container_exists(container):

@@ -1,37 +1,15 @@
 """Trials: one sandboxed run of a task's tests, recorded with its reward or its infrastructure error.
 
-A *NOP* trial runs the tests on the task image as built (bug present, nothing fixed); an *Oracle*
-trial reverts the bug patch (``git apply -R``) first; an *agent* trial (run elsewhere) lets an
-agent edit ``/testbed`` before the verifier runs. Every trial runs in a fresh container.
+A *NOP* trial runs the tests on the task image as built; an *Oracle* trial reverts the bug patch
+(``git apply -R``) first; every trial runs in a fresh container. Reward convention (Harbor's): 1.0 iff every
+FAIL_TO_PASS and PASS_TO_PASS test passes, so a valid task gives **nop 0.0 and oracle 1.0**; without
+FAIL_TO_PASS yet, 1.0 iff at least one test passed and none failed (a NOP 1.0 flags an undetected bug).
 
-Reward convention (Harbor's): ``reward`` is the SWE-bench resolution of the run —
-1.0 iff every FAIL_TO_PASS and PASS_TO_PASS test passes (:func:`forgeflow.sandbox.grading.grade_resolved`).
-A valid task therefore gives **nop 0.0 and oracle 1.0**. When a candidate has no FAIL_TO_PASS yet
-(rejected before or by the Oracle), a run's reward is 1.0 iff it collected at least one passing
-test and no test failed or errored — so a NOP reward of 1.0 flags a bug no test detects.
-
-An infrastructure failure (OOM, timeout, image pull, a verifier report that is missing or
-disagrees with the exit status, or a bug patch that does not revert in the Oracle) is recorded as
-the trial's ``exception_type`` (the class name) and ``exception_message`` naming its evidence, with
-``reward = None`` — never as 0. Tests run through :func:`forgeflow.sandbox.verifier.run_tests` (pinned
-environment, structured report, exit-status cross-check).
-
-Validation you can repeat: the Oracle run is repeated (``oracle_runs``, default 2) for every task
-that would be accepted — a rejected task pays no repeat, the NOP runs once — and the second Oracle
-run also runs every FAIL_TO_PASS test and a sample of PASS_TO_PASS tests several times in its one
-pytest process (:mod:`forgeflow.sandbox.flaky_gold`); a task whose runs disagree is flagged flaky with
-the disagreeing tests (:data:`FLAKY_POLICIES`: not accepted, or its flaky PASS_TO_PASS tests
-dropped). The report carries the repeats' cost (``repeat_s``) and the task's known tests (every id
-its pristine runs collected). Each trial is handed to ``on_trial`` the moment it ends (a NOP run that
-hung or exhausted memory waits for the Oracle run, which decides what it was), so a caller records
-it before the next one starts.
-
-A NOP run that hangs (VerifierTimeoutError), is OOM-killed (SandboxOOMError) or hits the process limit
-(SandboxPidsLimitError) while the Oracle run completes is the task's own outcome: the candidate is
-rejected for it (the reason names it: such a task would cost the limit on every later use) and the
-NOP trial is recorded with reward 0 and the error as evidence. If the Oracle run fails too, both stay
-infrastructure exceptions.
-"""
+An infrastructure failure (OOM, timeout, image pull, an untrustworthy report, a patch that does not revert)
+is the trial's ``exception_type`` with ``reward = None``, never 0. But a NOP run that hangs, is OOM-killed or
+hits the process limit while the Oracle run completes is the task's own outcome: the candidate is rejected
+and the NOP recorded with reward 0. Accepted tasks get repeated Oracle runs (``oracle_runs``) and flaky-test
+checks (:mod:`forgeflow.sandbox.flaky_gold`, :data:`FLAKY_POLICIES`)."""
 
 from __future__ import annotations
 
@@ -71,6 +49,7 @@ from forgeflow.sandbox.grading import (
     grade_validation,
     passed,
 )
+from forgeflow.sandbox.limits import SandboxLimits
 from forgeflow.sandbox.verifier import (
     LOG_PARSERS,
     LOG_TAIL_CHARS,
@@ -105,20 +84,19 @@ __all__ = [
     "validate_candidate",
 ]
 
-class ValidationSettings(BaseModel):
-    """How each NOP/Oracle validation of a stage runs: the verifier's limit, the sandbox memory and
+class ValidationSettings(SandboxLimits):
+    """How each NOP/Oracle validation of a stage runs: the verifier's limit, the sandbox's limits
+    (:class:`~forgeflow.sandbox.limits.SandboxLimits`, already resolved against a sandbox block) and
     the evidence it gathers (what every validation of a batch shares, beside its candidate).
 
     Attributes:
         verifier_timeout_s: absolute limit per test run, seconds (> 0).
-        memory_mb: sandbox memory limit, MiB (a ``forgeflow-sandbox`` block's own limit replaces it).
         checks: Oracle repeats, flaky policy and log parser (:class:`ValidationChecks`).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     verifier_timeout_s: float = Field(default=180.0, gt=0, description="Absolute limit per test run, seconds.")
-    memory_mb: int = Field(default=2048, ge=16, description="Sandbox memory limit, MiB.")
     checks: ValidationChecks = Field(default_factory=ValidationChecks,
                                      description="Oracle repeats, flaky policy and log parser.")
 
@@ -175,22 +153,14 @@ def container_name(instance_id: str, kind: TrialKind, trial_id: str) -> str:
 
 def verify(sandbox: Sandbox, test_command: str, timeout_s: float, *, log_parser: str | None = None,
            setup: str | None = None, one_shot: bool = False, repeat: RepeatPlan | None = None) -> VerifierResult:
-    """Run the tests of pristine test infrastructure (a NOP or Oracle run) and return the result.
-
-    :func:`forgeflow.sandbox.verifier.run_tests`, with a report that cannot be trusted raised: on pristine
-    test infrastructure a missing report or one that disagrees with the exit status means the
-    verifier broke, which is never a verdict on the task.
-
-    ``setup`` runs before the tests in the same exec (:func:`forgeflow.sandbox.verifier.run_tests`);
-    with ``one_shot`` the whole run is the container's own process (``sandbox`` not started);
-    ``repeat`` repeats some tests in the run (flaky-gold detection).
+    """Run the tests of pristine test infrastructure (a NOP or Oracle run): :func:`forgeflow.sandbox.verifier.run_tests`
+    with an untrustworthy report raised (on pristine infrastructure it means the verifier broke).
 
     Raises:
         InputError: ``timeout_s`` <= 0, an empty command, an unknown log parser.
         SetupError: ``setup`` exited non-zero.
         VerifierTimeoutError, SandboxOOMError: the run was stopped (see the backend).
-        VerifierOutputError: the command could not run, or ``problem`` (the message names the
-            evidence and ends with the log's tail).
+        VerifierOutputError: the command could not run, or ``problem`` (evidence and the log's tail named).
     """
     result = run_tests(sandbox, test_command, timeout_s, log_parser=log_parser, setup=setup, one_shot=one_shot,
                        repeat=repeat)
@@ -226,19 +196,9 @@ class _Tests:
 def _run_trial(instance_id: str, kind: TrialKind, tests: _Tests, run_key: str,
                revert: "BugTask | None" = None,
                removals: list[Callable[[], None]] | None = None, repeat: RepeatPlan | None = None) -> _Run:
-    """Start a fresh sandbox, run the verifier (after reverting ``revert``'s bug patch, in the same
-    exec: :func:`_revert_setup`); catch what a trial records.
-
-    A backend that can run one command as its container's own process
-    (:class:`~forgeflow.sandbox.base.OneShotSandbox`: podman) runs the whole trial that way, one
-    container start and no ``exec`` (the revert inline; a patch over :data:`INLINE_PATCH_MAX_BYTES`
-    needs a started sandbox to be written into, so it takes ``start`` + ``exec``); its
-    ``env_setup_s`` is then the container's start.
-
-    With ``removals``, the container is removed in the background (``stop_async``)
-    and the wait is appended there: the caller waits before it returns, so the next trial of the
-    same validation starts without waiting for ``podman rm``; without it the removal is waited for.
-    """
+    """Start a fresh sandbox, run the verifier (after reverting ``revert``'s bug patch in the same exec); catch
+    what a trial records. A :class:`~forgeflow.sandbox.base.OneShotSandbox` runs it as the container's own
+    process; with ``removals`` the container is removed in the background."""
     sandbox_cls = get_backend(tests.backend)
     trial_id = make_trial_id(instance_id, kind, tests.image_ref, run_key)
     name = container_name(instance_id, kind, trial_id)
@@ -327,11 +287,8 @@ def _patch_inline(candidate: "BugTask") -> bool:
 
 
 def _revert_setup(candidate: "BugTask", sandbox: Sandbox) -> str:
-    """The shell fragment that reverts ``candidate``'s bug patch with ``git apply -R`` in
-    :data:`~forgeflow.sandbox.verifier.TESTBED` from :data:`PATCH_PATH_IN_SANDBOX` and removes the
-    file, keeping git's exit status. A patch of at most :data:`INLINE_PATCH_MAX_BYTES` is written by
-    the fragment itself (a quoted heredoc with a random delimiter: the bytes as given); a larger one
-    is written into ``sandbox`` now.
+    """The shell fragment that reverts ``candidate``'s bug patch (``git apply -R``), keeping git's exit status; a
+    patch over :data:`INLINE_PATCH_MAX_BYTES` is written into ``sandbox`` now, a smaller one by a heredoc.
 
     Raises:
         SandboxError: writing a large patch into the sandbox failed.
@@ -379,41 +336,19 @@ def validate_candidate(
 ) -> ValidationOutcome:
     """Validate a candidate bug with a NOP and Oracle trials, each in a fresh sandbox.
 
-    1. NOP: run the tests on ``image_ref`` (the task image: bug applied at ``/testbed``).
-       An infra error ends validation (``oracle=None, report=None``); if no test failed or errored,
-       the Oracle is skipped and the candidate rejected.
-    2. Oracle: write the bug patch into a fresh sandbox, ``git apply -R`` it, run the tests;
-       :func:`~forgeflow.sandbox.grading.grade_validation` gives the report.
-    3. Only when that report accepts: ``oracle_runs - 1`` more Oracle runs, each in a fresh
-       sandbox, the first of them repeating the FAIL_TO_PASS and sampled PASS_TO_PASS tests
-       (``checks.flaky_repeat_runs``), and :func:`judge_repeats` flags disagreement by
-       ``flaky_policy``. An infra error in a repeat leaves no verdict (``report=None``), as in step 1.
-
-    A NOP run that hangs or exhausts memory or processes is followed by the Oracle run: the
-    candidate is rejected for it when the Oracle completes (see the module's docstring).
-
-    Rewards follow the module's convention (a valid task: nop 0.0, every oracle 1.0).
+    1. NOP: an infra error ends validation (no verdict); no failing test: the Oracle is skipped, rejected.
+    2. Oracle: the bug patch reverted, the tests run, :func:`~forgeflow.sandbox.grading.grade_validation`.
+    3. Only when accepted: ``oracle_runs - 1`` more Oracle runs, the first repeating FAIL_TO_PASS and sampled
+       PASS_TO_PASS tests; :func:`judge_repeats` flags disagreement by ``flaky_policy``.
 
     Args:
-        candidate: the candidate bug (its ``patch`` is what the task image has applied).
-        image_ref: the task image (local name or registry reference; digest preferred).
-        test_command: the task's test command (pytest: read from forgeflow's report plugin), run in ``/testbed``.
         timeout_s: per verifier run, in seconds.
-        spec: sandbox limits (default :class:`SandboxSpec`: 2048 MiB, 1 CPU, no network).
-        backend: sandbox kind (``podman``, ``kubernetes``) or a
-            :class:`~forgeflow.sandbox.backends.SandboxTarget`; an unknown kind raises InputError
-            listing valid ones.
-        run_key: distinguishes repeated validations of the same candidate and image in trial ids
-            (the k-th repeated Oracle run, k >= 2, adds ``/oracle-k``).
-        checks: Oracle repeats, flaky policy and log parser (default :class:`ValidationChecks`).
-        on_trial: called with each trial record as soon as the trial ends (e.g. to store it).
-
-    Returns:
-        A :class:`ValidationOutcome`.
+        backend: sandbox kind (``podman``, ``kubernetes``) or a :class:`~forgeflow.sandbox.backends.SandboxTarget`.
+        run_key: distinguishes repeated validations in trial ids (the k-th repeated Oracle adds ``/oracle-k``).
+        on_trial: called with each trial record as soon as the trial ends.
 
     Raises:
-        InputError: unknown backend or log parser, ``timeout_s`` <= 0 or an empty test command
-            (nothing ran).
+        InputError: unknown backend or log parser, ``timeout_s`` <= 0 or an empty test command (nothing ran).
     """
     get_backend(backend)
     if timeout_s <= 0:

@@ -1,65 +1,15 @@
 """The verifier: a task's tests run from pristine test infrastructure, read from a channel the code
 under test cannot rewrite.
 
-Every reward and every NOP/Oracle verdict comes from :func:`run_tests` in a sandbox of the task
-image:
-
-* **pinned environment** — the test command runs with :data:`VERIFIER_ENV` (UTC, a fixed hash
-  seed, a UTF-8 C locale, no user site-packages, no colours, a fixed terminal width), the one place
-  that lists it, so a task gives the same result on every machine;
-* **hardened invocation** — a fresh, empty bytecode cache outside the repository per run
-  (``PYTHONPYCACHEPREFIX``: CPython reads and writes every ``.pyc`` there, and pytest's assertion
-  rewriter keeps its rewritten test modules there too, so a ``.pyc`` a submission plants in a
-  ``__pycache__`` is never read), no ``.pyc`` written (``PYTHONDONTWRITEBYTECODE``); the report
-  plugin records what the runner actually read (``sys.path`` and the modules loaded before any
-  repository code, the ini file, the root, every registered plugin with its file, every conftest
-  file, plugins loaded from package metadata: :attr:`VerifierResult.runner_inputs`), so
-  :mod:`forgeflow.sandbox.scoring` can check each file under the repository is one the submission
-  did not change;
-* **a report channel the code under test cannot rewrite** — forgeflow's pytest plugin
-  (``forgeflow/data/forgeflow_pytest_report.py``, loaded with ``-p`` through ``PYTEST_ADDOPTS``,
-  imported before any repository code runs) takes a private duplicate of the wrapper's output
-  descriptor at its import and writes each event on it *as it happens*: the collected ids, every
-  outcome, collection errors, the session's end with pytest's exit status
-  (:mod:`forgeflow.sandbox.verifier_channel`). A pipe is append-only: nothing written can be
-  changed afterwards, so a forgery can only add records, and :func:`run_tests` treats any
-  contradiction as tampering: a second outcome for a test, a record after the session's end, an
-  outcome of a test never collected, no session end although the command exited 0 or 1;
-* **three cross-checks** — the streamed outcomes must agree with (1) the exit status
-  (:func:`cross_check`: exit 0 means no failure, exit 1 at least one), (2) pytest's own final
-  summary line, count by count (:data:`~forgeflow.sandbox.verifier_channel.SUMMARY_CATEGORIES`), and
-  (3) the task's known tests (:class:`RunExpectations`: every collected id known, the collected
-  set the known one, each FAIL_TO_PASS/PASS_TO_PASS id collected exactly once);
-* **tripwires** — two tests the verifier owns, written outside the repository with the run's
-  nonce in their names and appended after every selection: one must pass, one must fail. A hook
-  that forces every outcome (to "passed") cannot keep both right. They are left out of the task's
-  outcomes; the must-fail one makes exit 1 the normal end of a clean run. A run cut short before
-  them (``-x``) is not tampering, but is never credited (:attr:`VerifierResult.credit_blocker`).
-
-Any disagreement is recorded as the run's ``problem`` (with ``tampering`` naming each
-contradiction): a verifier run of pristine infrastructure (NOP, Oracle) raises it as
-:class:`~forgeflow.common.errors.VerifierOutputError`; a submission's run is not credited (reward 0,
-the evidence kept). Runners without forgeflow's plugin are parsed from their log by a SWE-bench
-parser chosen by name (:data:`LOG_PARSERS`), with the same exit-status check and, for pytest logs,
-the summary check (exactly one summary line, no status line after it, no more of a status than the
-summary counts).
-
-:func:`forgeflow.sandbox.scoring.verify_submission` (agent trials, RL rewards) applies a submission in a
-fresh container of the pristine task image, then runs :func:`run_tests` and the strict resolution rule
-(:func:`forgeflow.sandbox.grading.grade_resolved`).
-
-Threat model, said plainly. The submission is hostile, and its code runs inside the test process.
-What the channel prevents: rewriting or deleting an outcome after it happened (a report file, the
-log, an exit hook: the records are already in the pipe), adding outcomes unnoticed (sequence
-numbers, one outcome per test, nothing after the end, only collected ids) and printing a result
-(the text of the log is not read in the default mode). What it does not prevent: code in the test
-process that intercepts outcomes *before* they are written — it can patch pytest's internals or
-this plugin, or write on the private descriptor itself (the nonce is in the process's memory). The
-tripwires (a blanket override flips one of them), the summary cross-check (pytest's terminal must
-be forged consistently too), the known-test check and the static screen of the submission for
-test-framework internals (:mod:`forgeflow.sandbox.scoring`) raise the cost of such an attack; none
-makes it impossible.
-"""
+:func:`run_tests` runs with a pinned environment (:data:`VERIFIER_ENV`), a fresh bytecode cache outside the
+repository, and forgeflow's pytest plugin (``forgeflow/data/forgeflow_pytest_report.py``) streaming each event
+on a private duplicate of the output pipe as it happens (:mod:`forgeflow.sandbox.verifier_channel`). The
+outcomes must agree with the exit status, pytest's summary line and the task's known tests, and two
+tripwire tests (one must pass, one must fail) catch a hook that forces every outcome; any contradiction is
+``problem``/``tampering``. Threat model: the submission is hostile and runs inside the test process; the
+channel stops rewriting, deleting or silently adding outcomes, but not code that intercepts outcomes before
+they are written (patching pytest or this plugin): the tripwires, cross-checks and the static screen
+(:mod:`forgeflow.sandbox.scoring`) raise that attack's cost, none makes it impossible."""
 
 from __future__ import annotations
 
@@ -142,59 +92,54 @@ def _plugin_source() -> str:
 
 
 class VerifierResult(BaseModel):
-    """One verifier run: the test outcomes and the raw evidence.
-
-    Attributes:
-        tests: status map ``{test_id: status}`` (statuses of :data:`forgeflow.sandbox.grading.STATUSES`;
-            the verifier's tripwires left out).
-        log_tail: the end of stdout+stderr without the channel's records (at most
-            :data:`LOG_TAIL_CHARS` characters; bytes that are not UTF-8 replaced by U+FFFD).
-        exit_code: the test command's exit status (pytest: 0 all passed, 1 some failed, 2
-            interrupted, 3 internal error, 4 usage error, 5 no test collected; with the tripwires a
-            complete run that reports ends 1, the must-fail tripwire's failure).
-        duration_s: wall-clock seconds of the run.
-        report_format: ``pytest-report`` (forgeflow's plugin) or ``log`` (a log parser).
-        log_parser: the parser's name in ``log`` format.
-        report_exit_code: pytest's exit status as its session-end record gave it (None without one).
-        problem: why the outcomes cannot be trusted (every contradiction, ``; ``-joined); None when
-            they were consistent.
-        tampering: each contradiction that is evidence of tampering, named for a person (a second
-            outcome for a test, a record after the end, pytest's summary disagreeing, an unknown
-            test, a tripwire with the wrong outcome, ...); empty when none.
-        tripwires: the tripwires' statuses (``must_pass``, ``must_fail``) where they reported.
-        collected: the collected test ids (tripwires left out; None: collection never finished or
-            a log was parsed).
-        repeat_runs: with a :class:`RepeatPlan`, one status map per repetition (else empty): the
-            first holds every test that ran, the others the repeated tests only.
-        repeat_s: with a :class:`RepeatPlan`, pytest's seconds in the repetitions after the first
-            (setup, call and teardown of each); None otherwise.
-        summary_counts: the counts of pytest's own final summary line (None: none was read).
-        runner_inputs: what the runner read (see :class:`~forgeflow.sandbox.verifier_channel.StreamDigest`).
-        stdout_sha256: sha256 of the raw stdout bytes.
-        stderr_sha256: sha256 of the raw stderr bytes.
-        undecodable: True when the output held bytes that are not UTF-8.
-    """
+    """One verifier run: the test outcomes and the raw evidence."""
 
     model_config = ConfigDict(frozen=True)
 
-    tests: dict[str, str]
-    log_tail: str
-    exit_code: int
-    duration_s: float = Field(ge=0.0)
-    report_format: ReportFormat = "pytest-report"
-    log_parser: str | None = None
-    report_exit_code: int | None = None
-    problem: str | None = None
-    tampering: list[str] = Field(default_factory=list)
-    tripwires: dict[str, str] = Field(default_factory=dict)
-    collected: list[str] | None = None
-    repeat_runs: list[dict[str, str]] = Field(default_factory=list)
-    repeat_s: float | None = Field(default=None, ge=0.0)
-    summary_counts: dict[str, int] | None = None
-    runner_inputs: dict[str, Any] = Field(default_factory=dict)
-    stdout_sha256: str | None = None
-    stderr_sha256: str | None = None
-    undecodable: bool = False
+    tests: dict[str, str] = Field(
+        description="status map {test_id: status} (statuses of forgeflow.sandbox.grading.STATUSES; the verifier's "
+                    "tripwires left out).")
+    log_tail: str = Field(
+        description="the end of stdout+stderr without the channel's records (at most LOG_TAIL_CHARS characters")
+    exit_code: int = Field(
+        description="the test command's exit status (pytest: 0 all passed, 1 some failed, 2 interrupted, 3 internal "
+                    "error, 4 usage error, 5 no test collected; with the tripwires a complete run that reports ends "
+                    "1, the must-fail tripwire's failure).")
+    duration_s: float = Field(ge=0.0, description="wall-clock seconds of the run.")
+    report_format: ReportFormat = Field("pytest-report",
+                                        description="pytest-report (forgeflow's plugin) or log (a log parser).")
+    log_parser: str | None = Field(None, description="the parser's name in log format.")
+    report_exit_code: int | None = Field(
+        None,
+        description="pytest's exit status as its session-end record gave it (None without one).")
+    problem: str | None = Field(None,
+                                description="why the outcomes cannot be trusted (every contradiction, ; -joined); "
+                                            "None when they were consistent.")
+    tampering: list[str] = Field(default_factory=list,
+                                 description="each contradiction that is evidence of tampering, named for a person "
+                                             "(a second outcome for a test, a record after the end, pytest's "
+                                             "summary disagreeing, an unknown test, a tripwire with the wrong "
+                                             "outcome, ...); empty when none.")
+    tripwires: dict[str, str] = Field(default_factory=dict,
+                                      description="the tripwires' statuses (must_pass, must_fail) where they "
+                                                  "reported.")
+    collected: list[str] | None = Field(None,
+                                        description="the collected test ids (tripwires left out; None: collection "
+                                                    "never finished or a log was parsed).")
+    repeat_runs: list[dict[str, str]] = Field(
+        default_factory=list,
+        description="with a RepeatPlan, one status map per repetition (else empty): the first holds every test that "
+                    "ran, the others the repeated tests only.")
+    repeat_s: float | None = Field(default=None, ge=0.0,
+                                   description="with a RepeatPlan, pytest's seconds in the repetitions after the "
+                                               "first (setup, call and teardown of each)")
+    summary_counts: dict[str, int] | None = Field(
+        None,
+        description="the counts of pytest's own final summary line (None: none was read).")
+    runner_inputs: dict[str, Any] = Field(default_factory=dict, description="what the runner read (see StreamDigest).")
+    stdout_sha256: str | None = Field(None, description="sha256 of the raw stdout bytes.")
+    stderr_sha256: str | None = Field(None, description="sha256 of the raw stderr bytes.")
+    undecodable: bool = Field(False, description="True when the output held bytes that are not UTF-8.")
 
     @property
     def credit_blocker(self) -> str | None:
@@ -229,57 +174,39 @@ class VerifierResult(BaseModel):
 
 
 class RunExpectations(BaseModel):
-    """What the verifier knows of a task's tests before the run (the known-tests cross-check).
-
-    Attributes:
-        known_tests: every test id the task's pristine runs (NOP, Oracle) collected; None: not
-            recorded (the check is skipped).
-        graded_tests: the FAIL_TO_PASS and PASS_TO_PASS ids: each must be collected exactly once.
-    """
+    """What the verifier knows of a task's tests before the run (the known-tests cross-check)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    known_tests: list[str] | None = None
-    graded_tests: list[str] = Field(default_factory=list)
+    known_tests: list[str] | None = Field(
+        None,
+        description="every test id the task's pristine runs (NOP, Oracle) collected; None: not recorded (the check "
+                    "is skipped).")
+    graded_tests: list[str] = Field(default_factory=list,
+                                    description="the FAIL_TO_PASS and PASS_TO_PASS ids: each must be collected "
+                                                "exactly once.")
 
 
 class RepeatPlan(BaseModel):
     """A run that repeats some tests (flaky-gold detection): each of ``tests`` runs ``repeat_count``
     times in one pytest process, back to back; the other tests run once, or not at all with
-    ``only_selected`` (the plugin deselects them after collection).
-
-    Attributes:
-        tests: node ids to repeat (one a line in the sandbox; ids hold no newline: pytest escapes them).
-        repeat_count: runs of each of them (>= 2).
-        only_selected: deselect every other test.
-    """
+    ``only_selected`` (the plugin deselects them after collection)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    tests: list[str] = Field(min_length=1)
-    repeat_count: int = Field(ge=2, le=100)
-    only_selected: bool = False
+    tests: list[str] = Field(min_length=1,
+                             description="node ids to repeat (one a line in the sandbox; ids hold no newline: "
+                                         "pytest escapes them).")
+    repeat_count: int = Field(ge=2, le=100, description="runs of each of them (>= 2).")
+    only_selected: bool = Field(False, description="deselect every other test.")
 
 
 def cross_check(tests: Mapping[str, str], exit_code: int, report_exit_code: int | None,
                 report_found: bool, *, extra_failure: bool = False) -> str | None:
     """Does a test report agree with how the test command ended? None if so, else why not.
 
-    Rules (pytest's exit statuses: 0 all passed, 1 tests failed, 2-5 interrupted / internal error /
-    usage error / nothing collected; anything else: the process was killed or exited on its own):
-
-    * a report was expected but is missing while the command exited 0 or 1 (a completed pytest run
-      always writes its session end);
-    * the report's own exit status differs from the command's;
-    * exit 0 with a FAILED/ERROR test (or with ``extra_failure``), or exit 1 with none and no
-      ``extra_failure``.
-
     Args:
-        tests: the status map read from the report (or log).
-        exit_code: the command's exit status.
         report_exit_code: the exit status the report recorded (None: not recorded).
-        report_found: whether a report (the session-end record) was found at all.
-        extra_failure: a failure outside ``tests`` that pytest counted (the must-fail tripwire).
     """
     any_failed = any(failed(s) for s in tests.values())
     if not report_found:
@@ -366,40 +293,22 @@ def run_tests(sandbox: Sandbox, test_command: str, timeout_s: float, *, log_pars
     """Run a task's tests in :data:`TESTBED` of a started sandbox and read their outcomes.
 
     Args:
-        sandbox: a started sandbox of the task image (a submission, if any, already applied).
-        test_command: the task's shell command running its tests (pytest: one pytest session, any
-            ``pytest`` or ``python -m pytest`` invocation; it must keep ``$PYTHONPATH`` and
-            ``$PYTEST_ADDOPTS`` if it sets its own, since the report plugin is found there; pytest's
-            final summary line must reach stdout; a pristine run under pytest-xdist's ``-n`` raises
-            VerifierOutputError, a scored one that became distributed is tampering).
         timeout_s: wall-clock limit in seconds (> 0).
-        log_parser: None (default) reads forgeflow's pytest report channel; a name of
-            :data:`LOG_PARSERS` parses the log instead, for runners without one.
-        setup: a shell fragment run in :data:`TESTBED` before the tests, in the same exec (e.g. the
-            Oracle's revert of the bug patch: one ``exec`` per trial instead of three); a non-zero
-            exit ends the run with :class:`SetupError` before any test runs.
-        one_shot: run the script as the container's own process (``sandbox.run_once``, a
-            :class:`~forgeflow.sandbox.base.OneShotSandbox` not yet started) instead of an ``exec`` in
-            a started sandbox: the same script, limits and evidence, one container start fewer.
-        expect: the task's known and graded tests (the known-tests cross-check); None: only the
-            channel's own checks.
-        repeat: run only some tests, each several times (:class:`RepeatPlan`; pytest report only).
+        log_parser: None reads forgeflow's pytest report channel; a :data:`LOG_PARSERS` name parses the log.
+        setup: a shell fragment run before the tests in the same exec (e.g. the Oracle's revert).
+        expect: the task's known and graded tests to cross-check; None: only the channel's own checks.
 
     Returns:
-        The :class:`VerifierResult`; ``problem`` (and ``tampering``) set when the outcomes
-        contradict themselves, the exit status, pytest's summary or the known tests. A run that
-        crashed before reporting (killed, interrupted) has whatever tests were reported.
+        The :class:`VerifierResult`; ``problem`` (and ``tampering``) set when the outcomes contradict the
+        exit status, pytest's summary or the known tests.
 
     Raises:
-        InputError: ``timeout_s`` <= 0, an empty command, an unknown ``log_parser`` (the valid
-            names are listed), or ``repeat`` with a ``log_parser``.
+        InputError: ``timeout_s`` <= 0, an empty command, an unknown ``log_parser``, or ``repeat`` with one.
         VerifierTimeoutError: the run exceeded ``timeout_s``.
-        SandboxOOMError: the kernel OOM-killed the run (see the sandbox backend).
+        SandboxOOMError: the kernel OOM-killed the run.
         SetupError: ``setup`` exited non-zero (its status and output attached).
-        VerifierOutputError: the command could not run at all (exit 126/127: not found or not
-            executable), or (pytest) pytest never started with the report plugin (its start record
-            is missing: the test command is broken, whatever the submission); in ``log`` format,
-            a command that exited 0 or 1 with a log in which the parser finds no test.
+        VerifierOutputError: the command could not run (exit 126/127), pytest never started with the report
+            plugin, or (``log`` format) an exit 0 or 1 whose log holds no test.
     """
     if timeout_s <= 0:
         raise errors.InputError(f"timeout_s must be > 0, got {timeout_s}")
@@ -543,24 +452,7 @@ def _read_log_run(res: ExecResult, log_parser: str, expect: RunExpectations | No
 
 class TaskTests(BaseModel):
     """A task's tests as the verifier runs and grades them: the pristine task image, the command, the
-    test ids the strict resolution rule reads and how the runner's output is read.
-
-    A module-level model, so it pickles by reference (a verifier run dispatched to a Ray node,
-    :func:`forgeflow.sandbox.dispatch.verify_on`).
-
-    Attributes:
-        image_ref: the task image (bug present at /testbed, a git repository).
-        test_command: the task's test command (see :func:`run_tests`).
-        fail_to_pass: the task's FAIL_TO_PASS test ids.
-        pass_to_pass: the task's PASS_TO_PASS test ids.
-        log_parser: a SWE-bench log parser by name (:data:`LOG_PARSERS`) for a runner without
-            forgeflow's pytest report; None: the pytest report (see :func:`run_tests`).
-        pristine_duration_s: the longest recorded run of the task's pristine tests (its Oracle runs),
-            seconds; None when not recorded. A submission's run that overruns the limit while this
-            fits well inside it is the submission's outcome (:mod:`forgeflow.sandbox.scoring`).
-        known_tests: every test id the task's pristine runs collected; None when not recorded. With
-            it, a run that collects another set is tampering (:class:`RunExpectations`).
-    """
+    test ids the strict resolution rule reads and how the runner's output is read."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

@@ -1,18 +1,5 @@
 """The verifier's channel, read back: the records forgeflow's pytest plugin streamed during a test
-run, checked for tampering, and pytest's own final summary line.
-
-The plugin (``forgeflow/data/forgeflow_pytest_report.py``) writes one framed line per event on a
-private duplicate of the run's output pipe, as the event happens::
-
-    \\n@forgeflow-verifier-<nonce> {"seq": N, "kind": ..., ...}\\n
-
-A pipe is append-only: what was written cannot be rewritten later, so a forgery can only add
-records, and an added record contradicts the real ones. :func:`read_channel` splits the records from
-the run's own output; :func:`digest_records` turns them into status maps and names every
-contradiction (:attr:`StreamDigest.tampering`); :func:`find_summary_lines` and
-:func:`summary_counts` read pytest's terminal summary ("== 1 failed, 5 passed in 0.12s ==") for the
-count cross-check of :mod:`forgeflow.sandbox.verifier`.
-"""
+run, checked for tampering, and pytest's own final summary line."""
 
 from __future__ import annotations
 
@@ -62,30 +49,21 @@ _PLURALS = {"errors": "error", "warnings": "warning"}
 
 
 class ChannelReading(BaseModel):
-    """The records of one run, split from its output.
-
-    Attributes:
-        records: the parsed records, in the order they were written.
-        log: the run's stdout without the record lines.
-        end_offset: index in ``log`` where the session-end record stood (pytest's summary follows
-            it); None without one.
-        corrupt: one entry per framed line that is not a JSON object with an int ``seq``.
-    """
+    """The records of one run, split from its output."""
 
     model_config = ConfigDict(frozen=True)
 
-    records: list[dict[str, Any]]
-    log: str
-    end_offset: int | None = None
-    corrupt: list[str] = Field(default_factory=list)
+    records: list[dict[str, Any]] = Field(description="the parsed records, in the order they were written.")
+    log: str = Field(description="the run's stdout without the record lines.")
+    end_offset: int | None = Field(None,
+                                   description="index in log where the session-end record stood (pytest's summary "
+                                               "follows it); None without one.")
+    corrupt: list[str] = Field(default_factory=list,
+                               description="one entry per framed line that is not a JSON object with an int seq.")
 
 
 def read_channel(stdout: str, nonce: str) -> ChannelReading:
     """Split ``stdout`` into the plugin's records (framed with ``nonce``) and the run's own output.
-
-    Args:
-        stdout: the run's standard output, decoded.
-        nonce: the run's nonce (hex).
 
     Returns:
         The :class:`ChannelReading`; a framed line that does not parse is listed in ``corrupt``.
@@ -115,49 +93,46 @@ def read_channel(stdout: str, nonce: str) -> ChannelReading:
 
 
 class StreamDigest(BaseModel):
-    """What the records say about the run, and every way they contradict themselves.
-
-    Attributes:
-        started: a start record was read (pytest ran with the plugin).
-        ended: a session-end record was read.
-        exitstatus: pytest's exit status from the session-end record (None without one).
-        verbosity: the terminal's verbosity from the session-end record (below -1: no summary line).
-        tests: status map of the task's tests (first repetition; tripwires left out; a collector
-            that failed is an ERROR under its own id).
-        repeat_runs: one status map per repetition when items were repeated (else empty).
-        repeat_s: pytest's seconds in repetitions after the first (every phase's ``duration``).
-        collected: the collected item ids without the tripwires, in order (None: collection never
-            finished).
-        deselected: ids deselected before the run.
-        collect_errors: ids of collectors that failed.
-        tripwires: ``{"must_pass": status, "must_fail": status}`` for the tripwires that reported.
-        counts: reports per summary category (:data:`SUMMARY_CATEGORIES`), tripwires included, as
-            pytest's terminal counts them.
-        distributed: pytest-xdist's mode and workers when the run was distributed (``-n``), else None.
-        runner_inputs: what the runner read: ``sys_path`` and ``modules`` at the plugin's import,
-            ``inipath``, ``rootpath``, ``args``, ``plugins``, ``conftests``, ``entry_points``,
-            ``hook_files`` (the files of every plugin's hook functions), ``registered`` (plugins
-            registered later: ``name``, ``file``, ``hook_files``).
-        tampering: every contradiction found, for a person (empty: none).
-    """
+    """What the records say about the run, and every way they contradict themselves."""
 
     model_config = ConfigDict(frozen=True)
 
-    started: bool = False
-    ended: bool = False
-    exitstatus: int | None = None
-    verbosity: int | None = None
-    tests: dict[str, str] = Field(default_factory=dict)
-    repeat_runs: list[dict[str, str]] = Field(default_factory=list)
-    repeat_s: float = Field(default=0.0, ge=0.0)
-    collected: list[str] | None = None
-    deselected: list[str] = Field(default_factory=list)
-    collect_errors: list[str] = Field(default_factory=list)
-    tripwires: dict[str, str] = Field(default_factory=dict)
-    counts: dict[str, int] = Field(default_factory=dict)
-    distributed: str | None = None
-    runner_inputs: dict[str, Any] = Field(default_factory=dict)
-    tampering: list[str] = Field(default_factory=list)
+    started: bool = Field(False, description="a start record was read (pytest ran with the plugin).")
+    ended: bool = Field(False, description="a session-end record was read.")
+    exitstatus: int | None = Field(None,
+                                   description="pytest's exit status from the session-end record (None without "
+                                               "one).")
+    verbosity: int | None = Field(None,
+                                  description="the terminal's verbosity from the session-end record (below -1: no "
+                                              "summary line).")
+    tests: dict[str, str] = Field(default_factory=dict,
+                                  description="status map of the task's tests (first repetition; tripwires left out")
+    repeat_runs: list[dict[str, str]] = Field(
+        default_factory=list,
+        description="one status map per repetition when items were repeated (else empty).")
+    repeat_s: float = Field(default=0.0, ge=0.0,
+                            description="pytest's seconds in repetitions after the first (every phase's duration).")
+    collected: list[str] | None = Field(None,
+                                        description="the collected item ids without the tripwires, in order (None: "
+                                                    "collection never finished).")
+    deselected: list[str] = Field(default_factory=list, description="ids deselected before the run.")
+    collect_errors: list[str] = Field(default_factory=list, description="ids of collectors that failed.")
+    tripwires: dict[str, str] = Field(default_factory=dict,
+                                      description="{\"must_pass\": status, \"must_fail\": status} for the tripwires "
+                                                  "that reported.")
+    counts: dict[str, int] = Field(default_factory=dict,
+                                   description="reports per summary category (SUMMARY_CATEGORIES), tripwires "
+                                               "included, as pytest's terminal counts them.")
+    distributed: str | None = Field(None,
+                                    description="pytest-xdist's mode and workers when the run was distributed (-n), "
+                                                "else None.")
+    runner_inputs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="what the runner read: sys_path and modules at the plugin's import, inipath, rootpath, args, "
+                    "plugins, conftests, entry_points, hook_files (the files of every plugin's hook functions), "
+                    "registered (plugins registered later: name, file, hook_files).")
+    tampering: list[str] = Field(default_factory=list,
+                                 description="every contradiction found, for a person (empty: none).")
 
 
 def _status(when: str, outcome: str, xfail: bool) -> str | None:
@@ -252,20 +227,8 @@ class _Digest:
 def digest_records(records: list[dict[str, Any]], nonce: str, repeat: int = 1) -> StreamDigest:
     """Turn a run's records into status maps, counts and the runner's inputs; name every contradiction.
 
-    Tampering (each named in :attr:`StreamDigest.tampering`): an ``integrity`` record (the plugin found
-    a function pytest builds or reports outcomes with replaced since its import: code in the test
-    process patched it), a record out of sequence (``seq`` is not its index: a record inserted or lost),
-    a second start or collected record, any record after
-    the session-end record, an outcome record of a test never collected, a second outcome record of
-    the same test, phase and repetition (more than it was collected), a repetition outside ``repeat``.
-
     Args:
-        records: the records, in the order they were read (:func:`read_channel`).
-        nonce: the run's nonce (names the tripwires).
         repeat: how many times each item was to run (1: no repeats).
-
-    Returns:
-        The :class:`StreamDigest`.
     """
     state = _Digest(nonce, max(1, repeat))
     ended = started = False
@@ -323,37 +286,19 @@ def digest_records(records: list[dict[str, Any]], nonce: str, repeat: int = 1) -
 def summary_counts(line: str) -> dict[str, int]:
     """The counts of one pytest final summary line (``"== 1 failed, 5 passed, 2 errors in 0.12s =="``,
     or without the ``=`` under ``-q``): ``{"failed": 1, "passed": 5, "error": 2}`` (plurals made
-    singular: ``errors``, ``warnings``); ``{}`` for "no tests ran".
-
-    Args:
-        line: the line (a match of :func:`find_summary_lines`).
-
-    Returns:
-        Counts by category as pytest names them.
-    """
+    singular: ``errors``, ``warnings``); ``{}`` for "no tests ran"."""
     head = line.strip().strip("=").strip().rsplit(" in ", 1)[0]
     return {_PLURALS.get(word.strip(), word.strip()): int(count) for count, word in _COUNT.findall(head)}
 
 
 def find_summary_lines(text: str) -> list[tuple[int, str]]:
-    """Every line of ``text`` shaped like pytest's final summary line, as ``(offset, line)``.
-
-    pytest 7-9 (``terminal.py``, ``summary_stats``): the counts joined by ``", "``, then
-    ``" in <seconds>s"`` (``" (h:mm:ss)"`` past a minute), framed by ``=`` unless verbosity is below 0.
-    """
+    """Every line of ``text`` shaped like pytest's final summary line, as ``(offset, line)``."""
     return [(m.start(), m.group(0)) for m in _SUMMARY_LINE.finditer(text)]
 
 
 def tripwire_problems(tripwires: Mapping[str, str]) -> list[str]:
-    """Tripwires that reported the wrong status (a missing one is no problem here: see
-    :attr:`forgeflow.sandbox.verifier.VerifierResult.credit_blocker`).
-
-    Args:
-        tripwires: ``{"must_pass": status, "must_fail": status}`` as far as they reported.
-
-    Returns:
-        One sentence per tripwire with the wrong status (must-fail not FAILED, must-pass not PASSED).
-    """
+    """One sentence per tripwire with the wrong status (a missing one is not a problem here: see
+    :attr:`forgeflow.sandbox.verifier.VerifierResult.credit_blocker`)."""
     out = []
     for wire, want in (("must_fail", "FAILED"), ("must_pass", "PASSED")):
         if tripwires.get(wire, want) != want:
@@ -364,18 +309,8 @@ def tripwire_problems(tripwires: Mapping[str, str]) -> list[str]:
 
 def count_problems(summary: Mapping[str, int], seen: Mapping[str, int], categories: Collection[str], *,
                    exact: bool) -> list[str]:
-    """Where pytest's summary counts and the outcomes read disagree.
-
-    Args:
-        summary: pytest's counts (:func:`summary_counts`).
-        seen: the outcomes' counts by the same categories.
-        categories: the categories compared (a missing one counts 0).
-        exact: equal counts required; else the outcomes may hold fewer (a log parser merges ids it
-            cannot tell apart, e.g. SWE-bench's pytest parser splits ids at spaces).
-
-    Returns:
-        ``[]`` when they agree, else one sentence naming each disagreeing category.
-    """
+    """Where pytest's summary counts and the outcomes disagree, one sentence per category (``[]``: they agree);
+    without ``exact`` the outcomes may hold fewer (SWE-bench's pytest parser splits ids at spaces)."""
     bad = [c for c in categories if seen.get(c, 0) > summary.get(c, 0)
            or (exact and seen.get(c, 0) < summary.get(c, 0))]
     if not bad:
@@ -386,20 +321,7 @@ def count_problems(summary: Mapping[str, int], seen: Mapping[str, int], categori
 
 def known_test_problems(digest: StreamDigest, known_tests: Collection[str] | None,
                         graded_tests: Collection[str]) -> list[str]:
-    """The known-tests cross-check of a run.
-
-    Rules: every graded (FAIL_TO_PASS / PASS_TO_PASS) id collected exactly once (at most once when a
-    collector failed: a broken import is a wrong answer, not tampering); with ``known_tests``, every
-    collected id known and every known id collected unless deselected (or a collector failed).
-
-    Args:
-        digest: the run's records (:func:`digest_records`); without a collected record nothing is checked.
-        known_tests: the ids the task's pristine runs collected; None: not recorded.
-        graded_tests: the FAIL_TO_PASS and PASS_TO_PASS ids.
-
-    Returns:
-        One sentence per broken rule (``[]``: none).
-    """
+    """The known-tests cross-check of a run (``known_tests`` None: not recorded); one sentence per broken rule."""
     if digest.collected is None:
         return []
     out = []
@@ -422,16 +344,6 @@ def known_test_problems(digest: StreamDigest, known_tests: Collection[str] | Non
 def log_summary_problems(stdout: str, tests: Mapping[str, str],
                          parser: Callable[..., dict[str, str]]) -> tuple[dict[str, int] | None, list[str]]:
     """The summary cross-check of a pytest log read by a SWE-bench parser.
-
-    Rules: exactly one final summary line (pytest prints one; a second is printed by someone else);
-    no test status the parser reads after it (pytest prints nothing after it); no more tests of a
-    status (passed, failed, error, xfailed, xpassed) than it counts (skips are left out: ``-rA``
-    groups them by reason, without ids).
-
-    Args:
-        stdout: the run's standard output.
-        tests: the status map the parser read from the log.
-        parser: the SWE-bench parser (``(log, test_spec) -> status map``).
 
     Returns:
         ``(the summary's counts or None, problems)``.

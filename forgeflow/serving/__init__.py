@@ -2,8 +2,4 @@
 ``llama_server``, an OpenAI-compatible endpoint forgeflow does not start (``external``: its probe and
 checks), the backend choice (``backend``), the serving gate (``health``), a multimodal model's projector
 and image smoke (``multimodal``) and the blue/green swap with its
-state file (``bluegreen``).
-
-May import: every other package of forgeflow. The packages of ``forgeflow`` import one way, in this order:
-common < ledger < registry < sandbox < curation < evaluation < training < packaging < serving.
-"""
+state file (``bluegreen``)."""

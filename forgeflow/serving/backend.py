@@ -1,19 +1,9 @@
 """The serving backend a swap starts: which server, on which ports, with which context and slots.
 
-:class:`BackendConfig` is the parameter object of :func:`forgeflow.serving.bluegreen.stage` /
-:func:`~forgeflow.serving.bluegreen.swap` and the fields of the ``forgeflow-serving`` block: the
-embedded default is llama-cpp-python's server with a 4,096-token context on ports 8801/8802;
-``kind="llama-server"`` starts llama.cpp's own server with slots (``-np``), a unified or split KV
-pool, a KV cache type and GPU offload, and :meth:`BackendConfig.preflight` refuses a plan whose
-slots cannot hold the context a request needs before anything starts
-(:func:`forgeflow.serving.llama_server.preflight_context`). ``kind="external"`` is an
-OpenAI-compatible endpoint forgeflow does not start (vLLM, a llama-server a team runs itself, a hosted
-API): ``base_url`` is its API root *including* the version path (``http://10.0.0.5:8000/v1``, the
-form of :attr:`forgeflow.serving.server.ModelServer.base_url`, of the serving state's ``base_url`` and
-of the canary's: forgeflow appends ``/models`` and ``/chat/completions``), ``api_key_secret`` the name
-of a Prefect Secret block holding its key, and a swap only checks and re-points to it
-(:mod:`forgeflow.serving.external`).
-"""
+``kind`` is ``llama-cpp-python`` (the default, 4,096-token context on ports 8801/8802), ``llama-server``
+(llama.cpp's server: slots, KV pool and cache type, GPU offload) or ``external``: an OpenAI-compatible
+endpoint forgeflow does not start, whose ``base_url`` includes the version path
+(``http://10.0.0.5:8000/v1``; forgeflow appends ``/models`` and ``/chat/completions``)."""
 
 from __future__ import annotations
 
@@ -47,12 +37,11 @@ BACKEND_KINDS = ("llama-cpp-python", "llama-server", "external")
 
 
 def check_base_url(url: str) -> str:
-    """``url`` without a trailing ``/`` if it is an ``http``/``https`` URL with a host and no query,
-    fragment or credentials (the API root of an OpenAI-compatible endpoint, e.g.
-    ``http://10.0.0.5:8000/v1``).
+    """``url`` without a trailing ``/`` if it is an ``http``/``https`` URL with a host and no query, fragment or
+    credentials.
 
     Raises:
-        ValueError: anything else (the reason named; :func:`backend_config` turns it into an InputError).
+        ValueError: anything else (the reason named).
     """
     try:
         parts = urlsplit(url)
@@ -71,43 +60,6 @@ def check_base_url(url: str) -> str:
 class BackendConfig(BaseModel):
     """How a GGUF is served.
 
-    Attributes:
-        kind: ``llama-cpp-python`` (``python -m llama_cpp.server``, the embedded default),
-            ``llama-server`` (llama.cpp's binary, :class:`forgeflow.serving.llama_server.LlamaServer`) or
-            ``external`` (an OpenAI-compatible endpoint forgeflow does not start; only ``base_url``,
-            ``api_key_secret``, ``model_alias`` and ``required_context_tokens`` apply).
-        base_url: ``external`` only (and required there): the endpoint's API root with its version path,
-            ``http(s)://host[:port]/v1``; ``/models`` and ``/chat/completions`` are appended to it, and
-            llama-server's ``/props`` is asked at it less a trailing ``/v1``.
-        api_key_secret: ``external`` only: the name of a Prefect ``Secret`` block holding the key sent as
-            ``Authorization: Bearer`` (never the key itself); None: no key.
-        ports: the two blue/green TCP ports (distinct, 1024-65535).
-        host: the IPv4 address both servers bind: ``127.0.0.1`` (this machine only, the default),
-            an interface's address, or ``0.0.0.0`` (every interface: pods, Ray nodes or canaries on
-            other machines reach it at this machine's address; the recorded endpoint stays
-            ``127.0.0.1``).
-        model_alias: the model name clients send (one word); ``external``: the name the endpoint's
-            ``/models`` must list.
-        n_ctx: the context (llama-server: the whole KV pool ``-c``), tokens (>= 16).
-        n_parallel: llama-server slots ``-np`` (-1: auto, 4 slots on a unified cache).
-        kv_unified: llama-server ``--kv-unified`` (every slot may use the whole pool).
-        cache_type: llama-server KV cache type (``--cache-type-k`` and ``-v``), one of
-            :data:`forgeflow.serving.llama_server.KV_CACHE_TYPES`; None: the server's default (f16).
-        cache_type_k / cache_type_v: llama-server ``-ctk`` / ``-ctv`` alone (over ``cache_type``).
-        flash_attn: llama-server ``-fa`` (``on``, ``off``, ``auto``); None: the server's default.
-        mmproj: llama-server ``--mmproj``: the vision projector GGUF served with the model; the gate then sends
-            an image and requires the server to use it (:func:`forgeflow.serving.health.gate`).
-        image_min_tokens: llama-server ``--image-min-tokens``; a server started without a projector refuses it
-            (a lifecycle's block carries it before the package stage hands its serve stages the projector).
-        n_gpu_layers: llama-server ``-ngl``; > 0 makes a server that offloads nothing a failed start.
-        required_context_tokens: the context one request needs (prompt + completion), tokens;
-            checked before the start against the slot plan (and the GGUF's training context when
-            known) and after it against ``/props`` (``external``: against the GGUF's training context,
-            and ``/props`` when the endpoint answers it). None: no check.
-        n_threads: CPU threads for generation (None: llama.cpp's default).
-        startup_timeout_s: seconds a start may take before it is a failed start.
-        binary: a llama-server executable to use instead of the cached build.
-
     Raises:
         pydantic.ValidationError: a field out of range, two equal ports, a llama-server option
             (named) set with ``kind="llama-cpp-python"``, which cannot honour it, a started server's
@@ -117,26 +69,48 @@ class BackendConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    kind: Literal["llama-cpp-python", "llama-server", "external"] = "llama-cpp-python"
-    ports: tuple[int, int] = DEFAULT_PORTS
-    host: str = LOOPBACK_HOST
-    model_alias: str = Field(DEFAULT_ALIAS, pattern=r"^\S+$")
-    n_ctx: int = Field(4096, ge=16)
-    n_parallel: int = Field(1, ge=-1)
-    kv_unified: bool = False
-    cache_type: str | None = None
-    cache_type_k: str | None = None
-    cache_type_v: str | None = None
-    flash_attn: str | None = None
-    mmproj: Path | None = None
-    image_min_tokens: int | None = Field(None, ge=1)
-    n_gpu_layers: int = Field(0, ge=0)
-    required_context_tokens: int | None = Field(None, ge=1)
-    n_threads: int | None = Field(None, ge=1)
-    startup_timeout_s: float = Field(120.0, gt=0)
-    binary: Path | None = None
-    base_url: str | None = None
-    api_key_secret: str | None = Field(None, min_length=1)
+    kind: Literal["llama-cpp-python", "llama-server", "external"] = Field(
+        "llama-cpp-python",
+        description="llama-cpp-python (python -m llama_cpp.server, the embedded default), llama-server (llama.cpp's "
+                    "binary, forgeflow.serving.llama_server.LlamaServer) or external (an OpenAI-compatible endpoint "
+                    "forgeflow does not start; only base_url, api_key_secret, model_alias and "
+                    "required_context_tokens apply).")
+    ports: tuple[int, int] = Field(DEFAULT_PORTS, description="the two blue/green TCP ports (distinct, 1024-65535).")
+    host: str = Field(LOOPBACK_HOST,
+                      description="the IPv4 address both servers bind: 127.0.0.1 (this machine only, the default), "
+                                  "an interface's address, or 0.0.0.0 (every interface: pods, Ray nodes or canaries "
+                                  "on other machines reach it at this machine's address; the recorded endpoint "
+                                  "stays 127.0.0.1).")
+    model_alias: str = Field(DEFAULT_ALIAS, pattern=r"^\S+$",
+                             description="the model name clients send (one word); external: the name the endpoint's "
+                                         "/models must list.")
+    n_ctx: int = Field(4096, ge=16, description="the context (llama-server: the whole KV pool -c), tokens (>= 16).")
+    n_parallel: int = Field(1, ge=-1, description="llama-server slots -np (-1: auto, 4 slots on a unified cache).")
+    kv_unified: bool = Field(False, description="llama-server --kv-unified (every slot may use the whole pool).")
+    cache_type: str | None = Field(None,
+                                   description="llama-server KV cache type (--cache-type-k and -v), one of "
+                                               "forgeflow.serving.llama_server.KV_CACHE_TYPES")
+    cache_type_k: str | None = Field(None, description="llama-server -ctk alone (over cache_type).")
+    cache_type_v: str | None = Field(None, description="llama-server -ctv alone (over cache_type).")
+    flash_attn: str | None = Field(None, description="llama-server -fa (on, off, auto); None: the server's default.")
+    mmproj: Path | None = Field(None,
+                                description="llama-server --mmproj: the vision projector GGUF served with the model")
+    image_min_tokens: int | None = Field(None, ge=1, description="llama-server --image-min-tokens")
+    n_gpu_layers: int = Field(0, ge=0,
+                              description="llama-server -ngl; > 0 makes a server that offloads nothing a failed "
+                                          "start.")
+    required_context_tokens: int | None = Field(
+        None, ge=1,
+        description="the context one request needs (prompt + completion), tokens")
+    n_threads: int | None = Field(None, ge=1, description="CPU threads for generation (None: llama.cpp's default).")
+    startup_timeout_s: float = Field(120.0, gt=0, description="seconds a start may take before it is a failed start.")
+    binary: Path | None = Field(None, description="a llama-server executable to use instead of the cached build.")
+    base_url: str | None = Field(None,
+                                 description="external only (and required there): the endpoint's API root with its "
+                                             "version path, http(s)://host[:port]/v1")
+    api_key_secret: str | None = Field(None, min_length=1,
+                                       description="external only: the name of a Prefect Secret block holding the "
+                                                   "key sent as Authorization: Bearer (never the key itself)")
 
     @field_validator("base_url")
     @classmethod
@@ -218,21 +192,16 @@ class BackendConfig(BaseModel):
                            startup_timeout_s=self.startup_timeout_s, n_threads=self.n_threads, host=self.host)
 
     def preflight(self, n_ctx_train: int | None = None) -> ContextPlan | None:
-        """The slot plan, refused before anything starts when a slot cannot hold
-        ``required_context_tokens``.
+        """The slot plan, refused before anything starts when a slot cannot hold ``required_context_tokens``.
 
         Args:
-            n_ctx_train: the GGUF's training context (``<arch>.context_length``), which caps every slot;
-                None when unknown.
+            n_ctx_train: the GGUF's training context, which caps every slot; None when unknown.
 
         Returns:
-            The :class:`~forgeflow.serving.llama_server.ContextPlan` (llama-cpp-python: one slot of
-            ``n_ctx``, capped by ``n_ctx_train``); None for ``external`` (its slots are not forgeflow's
-            to plan: they are read from ``/props`` when the endpoint answers it).
+            The :class:`~forgeflow.serving.llama_server.ContextPlan`; None for ``external`` (read from ``/props``).
 
         Raises:
-            ContextPreflightError: a slot holds fewer than ``required_context_tokens`` (the message
-                gives the numbers and the fixes); ``external``: the model's training context is smaller.
+            ContextPreflightError: a slot holds fewer than ``required_context_tokens`` (numbers and fixes named).
         """
         if self.kind == "external":
             if self.required_context_tokens is not None and n_ctx_train and n_ctx_train < self.required_context_tokens:

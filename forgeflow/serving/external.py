@@ -1,25 +1,8 @@
 """An OpenAI-compatible endpoint forgeflow does not start (``kind="external"``): what a swap to it checks.
 
-A team that serves its model elsewhere (vLLM, a llama-server it runs itself, a hosted API) names the
-endpoint in a ``forgeflow-serving`` block (:class:`forgeflow.serving.backend.BackendConfig`, ``base_url``
-= the API root with its version path, e.g. ``http://10.0.0.5:8000/v1``). Nothing is started or stopped:
-:func:`probe` checks what the endpoint can report before the serving state is re-pointed to it, and
-says which checks could not run (never a pass for a check that did not run):
-
-* ``models``: ``GET <base_url>/models`` answers and lists ``model_alias`` (always run; a refused
-  connection is a :class:`~forgeflow.common.errors.PreflightError`, a 401/403 or a missing alias an
-  :class:`~forgeflow.common.errors.InputError`, both naming the URL);
-* ``identity`` and ``slot_context``: only when the endpoint answers llama-server's ``GET /props``
-  (asked at ``base_url`` less a trailing ``/v1``): the model file it loaded must be the one the swap
-  names (same path or same sha256 when the file is readable here; same file name only otherwise:
-  ``partial``), and a slot must hold ``required_context_tokens``
-  (:func:`forgeflow.serving.llama_server.ServerProps` as :class:`~forgeflow.serving.llama_server.LlamaServer`
-  reads it);
-* ``accelerator``: never run (the GPU offload is in the server's load log, which forgeflow cannot read).
-
-The smoke completion is the health gate's (:func:`forgeflow.serving.health.gate`), run by
-:func:`forgeflow.serving.bluegreen.stage`.
-"""
+:func:`probe` runs ``models`` (always), ``identity`` and ``slot_context`` (only when the endpoint answers
+llama-server's ``GET /props``); ``accelerator`` never runs (the offload is in a load log forgeflow cannot
+read). A check that did not run is reported ``not_run``, never a pass."""
 
 from __future__ import annotations
 
@@ -27,7 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 import httpx
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow.common import errors
 from forgeflow.common.fsutil import sha256_file
@@ -38,39 +21,26 @@ PROBE_TIMEOUT_S = 30.0
 
 
 class EndpointCheck(BaseModel):
-    """One check of a served endpoint and whether it ran.
-
-    Attributes:
-        name: ``models``, ``smoke``, ``identity``, ``slot_context``, ``accelerator`` or ``gguf_metadata``.
-        status: ``passed``; ``partial`` (ran on less evidence than a started server gives, said in
-            ``detail``); ``not_run`` (the endpoint cannot report it; ``detail`` says why). A check that
-            fails raises instead of being recorded.
-        detail: what was seen, in words.
-    """
+    """One check of a served endpoint and whether it ran."""
 
     model_config = ConfigDict(frozen=True)
 
-    name: str
-    status: Literal["passed", "partial", "not_run"]
-    detail: str
+    name: str = Field(description="models, smoke, identity, slot_context, accelerator or gguf_metadata.")
+    status: Literal["passed", "partial", "not_run"] = Field(
+        description="passed; partial (ran on less evidence than a started server gives, said in detail)")
+    detail: str = Field(description="what was seen, in words.")
 
 
 class ExternalProbe(BaseModel):
-    """What :func:`probe` found.
-
-    Attributes:
-        base_url: the endpoint's API root.
-        model_ids: the ids ``/models`` lists.
-        props: llama-server's ``/props`` (None when the endpoint does not answer it).
-        checks: the ``models``, ``identity``, ``slot_context`` and ``accelerator`` checks, in that order.
-    """
+    """What :func:`probe` found."""
 
     model_config = ConfigDict(frozen=True)
 
-    base_url: str
-    model_ids: list[str]
-    props: ServerProps | None
-    checks: tuple[EndpointCheck, ...]
+    base_url: str = Field(description="the endpoint's API root.")
+    model_ids: list[str] = Field(description="the ids /models lists.")
+    props: ServerProps | None = Field(description="llama-server's /props (None when the endpoint does not answer it).")
+    checks: tuple[EndpointCheck, ...] = Field(
+        description="the models, identity, slot_context and accelerator checks, in that order.")
 
 
 def _headers(api_key: str | None) -> dict[str, str]:
@@ -86,9 +56,6 @@ def props_url(base_url: str) -> str:
 def check_models(base_url: str, model_alias: str, api_key: str | None = None,
                  timeout_s: float = PROBE_TIMEOUT_S) -> list[str]:
     """``GET <base_url>/models`` must answer 200 with an OpenAI models list naming ``model_alias``.
-
-    Returns:
-        The ids listed.
 
     Raises:
         PreflightError: the endpoint does not answer (refused, timed out, DNS), answers another status
@@ -129,18 +96,12 @@ def read_props(base_url: str, api_key: str | None = None, timeout_s: float = PRO
 def identity_check(props: ServerProps | None, model_path: Path, model_sha256: str, where: str) -> EndpointCheck:
     """The served model file (``/props`` ``model_path``) against the one the swap names.
 
-    Args:
-        props: the endpoint's ``/props`` (None: the check cannot run).
-        model_path: the file the swap says the endpoint serves.
-        model_sha256: its sha256.
-        where: the ``/props`` URL, for messages.
-
     Returns:
-        ``passed`` (the same path, or a file readable here with the same sha256), ``partial`` (the same
-        file name, the file not readable here) or ``not_run``.
+        ``passed`` (same path, or a readable file with the same sha256), ``partial`` (same file name, file not
+        readable here) or ``not_run`` (``props`` None).
 
     Raises:
-        InputError: ``/props`` names another file (another name, or a readable file with another sha256).
+        InputError: ``/props`` names another file.
     """
     if props is None or not props.model_path:
         return EndpointCheck(name="identity", status="not_run",
@@ -184,10 +145,7 @@ def probe(base_url: str, model_alias: str, model_path: Path, model_sha256: str, 
     """Every check an external endpoint can report, before anything is recorded (see the module docstring).
 
     Args:
-        base_url: the API root (``http(s)://host[:port]/v1``).
-        model_alias: the model name ``/models`` must list.
-        model_path: the file the swap says the endpoint serves; model_sha256: its sha256.
-        required_context_tokens: the context one request needs, tokens (None: the slot check is not run).
+        required_context_tokens: tokens one request needs (None: the slot check is not run).
         api_key: sent as ``Authorization: Bearer``; None: no header.
 
     Raises:

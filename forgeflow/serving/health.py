@@ -1,9 +1,4 @@
-"""The serving gate: a running endpoint checked the way a client would use it.
-
-:func:`gate` asks the models endpoint for the alias and a smoke chat completion (``max_tokens`` 8)
-for at least one token, and, for a multimodal endpoint, that an image really reaches the model
-(:func:`forgeflow.serving.multimodal.image_smoke`); :class:`ServingGateResult` is its evidence.
-"""
+"""The serving gate: a running endpoint checked the way a client would use it."""
 
 from __future__ import annotations
 
@@ -19,27 +14,19 @@ SMOKE_MAX_TOKENS = 8
 
 # --- gate ------------------------------------------------------------------------------------
 class ServingGateResult(BaseModel):
-    """Evidence that an endpoint serves the model.
-
-    Attributes:
-        models_ok: ``GET /models`` answered 200 and listed the alias.
-        model_ids: the ids ``/models`` listed.
-        smoke_tokens: completion tokens of the smoke chat completion (0 if it failed).
-        latency_s: wall time of the smoke completion in seconds.
-        image: the image smoke's evidence (None: the endpoint was not gated with an image).
-        passed: ``models_ok`` and ``smoke_tokens >= 1`` (and, with an image, no image smoke error).
-        error: what failed, empty when passed.
-    """
+    """Evidence that an endpoint serves the model."""
 
     model_config = ConfigDict(frozen=True)
 
-    models_ok: bool
-    model_ids: list[str] = Field(default_factory=list)
-    smoke_tokens: int = Field(ge=0)
-    latency_s: float = Field(ge=0)
-    image: ImageSmoke | None = None
-    passed: bool
-    error: str = ""
+    models_ok: bool = Field(description="GET /models answered 200 and listed the alias.")
+    model_ids: list[str] = Field(default_factory=list, description="the ids /models listed.")
+    smoke_tokens: int = Field(ge=0, description="completion tokens of the smoke chat completion (0 if it failed).")
+    latency_s: float = Field(ge=0, description="wall time of the smoke completion in seconds.")
+    image: ImageSmoke | None = Field(None,
+                                     description="the image smoke's evidence (None: the endpoint was not gated with "
+                                                 "an image).")
+    passed: bool = Field(description="models_ok and smoke_tokens >= 1 (and, with an image, no image smoke error).")
+    error: str = Field("", description="what failed, empty when passed.")
 
 
 def gate(base_url: str, model_alias: str, timeout_s: float = 60.0, api_key: str | None = None,
@@ -48,15 +35,10 @@ def gate(base_url: str, model_alias: str, timeout_s: float = 60.0, api_key: str 
     ``image``, a red square sent as an ``image_url`` must add prompt tokens (and ``/props`` must not report
     the vision modality off): a server that dropped its projector, or refuses images, fails.
 
-    A failed check is a result (``passed`` False with ``error``), not an exception, so a swap can
-    record it as evidence.
-
     Args:
         base_url: e.g. ``http://127.0.0.1:8801/v1``.
-        model_alias: the model name that must be listed and is sent in the smoke request.
         timeout_s: per-request timeout in seconds.
         api_key: sent as ``Authorization: Bearer`` (an external endpoint's key); None: no header.
-        image: the endpoint serves a multimodal model: gate it with an image too.
     """
     base = base_url.rstrip("/")
     model_ids: list[str] = []

@@ -1,29 +1,4 @@
-"""llama.cpp's own ``llama-server`` as a serving backend: cached build, context preflight, ``/props``.
-
-Three things a release needs from the server that a generic OpenAI endpoint cannot tell:
-
-* **Per-slot context.** ``llama-server -c N -np P`` splits one KV pool of ``N`` tokens over ``P``
-  slots unless the cache is unified (``--kv-unified``), so a request needing 6,000 tokens fails on
-  ``-c 16384 -np 4`` (4,096 per slot). :func:`slot_context` computes the per-slot context exactly
-  as the pinned llama.cpp does (``src/llama-context.cpp``: ``n_ctx`` padded to 256; without a
-  unified cache ``n_ctx_seq = pad(n_ctx / n_seq_max, 256)``; ``tools/server/server-context.cpp``
-  ``n_ctx_slot()``: capped by ``--kv-unified-per-slot`` and by the model's training context;
-  ``tools/server/server.cpp``: ``-np`` auto (-1) means 4 slots with a unified cache), so
-  :func:`preflight_context` refuses a plan before anything starts; once up, :class:`LlamaServer`
-  reads the per-slot context back from ``GET /props`` (``default_generation_settings.n_ctx``,
-  ``total_slots``) and refuses a server that disagrees.
-* **Accelerator use.** When layers are requested on a GPU (``-ngl``), the load log's
-  ``offloaded X/Y layers to GPU`` line (``src/llama-model.cpp``) must report ``X > 0``; a server
-  that silently fell back to the CPU is stopped with :class:`AcceleratorFallbackError`.
-* **The binary.** :func:`ensure_llama_server` takes ``llama-server`` from the one llama.cpp build
-  it shares with llama-cpp-python (:mod:`forgeflow.common.llama_cpp_build`: the pinned sdist
-  compiled once with the server on; ``cache_dir()/llama-server-<version>-<tag>/bin/``, the binary
-  beside its shared libraries), running that build when it is missing. The CUDA build (``gpu=True``)
-  stays its own static CMake build of ``vendor/llama.cpp`` into
-  ``cache_dir()/llama-server-<version>-cuda-<tag>/``. Both are built in a temporary folder, then
-  renamed: a crash never leaves a half-built binary under the final name. Users may point to their
-  own binary instead (``FORGEFLOW_LLAMA_SERVER`` or the ``binary`` argument).
-"""
+"""llama.cpp's own ``llama-server`` as a serving backend: cached build, context preflight, ``/props``."""
 
 from __future__ import annotations
 
@@ -73,38 +48,26 @@ def _pad(n: int, multiple: int = KV_PAD) -> int:
 
 
 class ContextPlan(BaseModel):
-    """How a server's KV pool is split over its slots.
-
-    Attributes:
-        n_ctx: the whole KV pool in tokens, after llama.cpp's padding to 256.
-        n_parallel: number of slots (``-np``; auto resolved to 4).
-        kv_unified: one cache shared by all slots (each slot may use all of it).
-        per_slot: the context one request can use, in tokens.
-    """
+    """How a server's KV pool is split over its slots."""
 
     model_config = ConfigDict(frozen=True)
 
-    n_ctx: int = Field(ge=KV_PAD)
-    n_parallel: int = Field(ge=1)
-    kv_unified: bool
-    per_slot: int = Field(ge=1)
+    n_ctx: int = Field(ge=KV_PAD, description="the whole KV pool in tokens, after llama.cpp's padding to 256.")
+    n_parallel: int = Field(ge=1, description="number of slots (-np; auto resolved to 4).")
+    kv_unified: bool = Field(description="one cache shared by all slots (each slot may use all of it).")
+    per_slot: int = Field(ge=1, description="the context one request can use, in tokens.")
 
 
 def slot_context(n_ctx: int, n_parallel: int = 1, kv_unified: bool = False, *,
                  n_ctx_train: int | None = None, kv_unified_per_slot: int = 0) -> ContextPlan:
-    """The per-slot context of ``llama-server -c n_ctx -np n_parallel [--kv-unified]``.
-
-    Args:
-        n_ctx: ``-c``, the KV pool in tokens (> 0).
-        n_parallel: ``-np``, slots; -1 is the server's auto mode (4 slots, unified cache).
-        kv_unified: ``--kv-unified``.
-        n_ctx_train: the model's training context (``<arch>.context_length``); caps a slot.
-        kv_unified_per_slot: ``--kv-unified-per-slot`` (0: no cap).
+    """The per-slot context of ``llama-server -c n_ctx -np n_parallel [--kv-unified]``, as the pinned llama.cpp
+    (vendored by llama-cpp-python 0.3.36) computes it: ``src/llama-context.cpp`` pads ``n_ctx`` to 256 and,
+    without a unified cache, ``n_ctx_seq = pad(n_ctx / n_seq_max, 256)``; ``tools/server/server-context.cpp``
+    ``n_ctx_slot()`` caps it by ``--kv-unified-per-slot`` and the training context; ``tools/server/server.cpp``:
+    ``-np`` -1 means 4 slots with a unified cache.
 
     Raises:
         InputError: a value is out of range (named).
-
-    Source: llama.cpp as vendored by llama-cpp-python 0.3.36 (see the module docstring).
     """
     for name, value in (("n_ctx", n_ctx), ("n_parallel", n_parallel), ("kv_unified_per_slot", kv_unified_per_slot),
                         ("n_ctx_train", n_ctx_train)):
@@ -139,14 +102,10 @@ def slot_context(n_ctx: int, n_parallel: int = 1, kv_unified: bool = False, *,
 
 def preflight_context(required_tokens: int, n_ctx: int, n_parallel: int = 1, kv_unified: bool = False,
                       *, n_ctx_train: int | None = None) -> ContextPlan:
-    """Refuse a server plan whose slots cannot hold ``required_tokens`` (before anything starts).
-
-    Returns:
-        The :class:`ContextPlan` when it fits.
+    """Refuse a server plan whose slots cannot hold ``required_tokens``; the :class:`ContextPlan` when it fits.
 
     Raises:
-        ContextPreflightError: the per-slot context is smaller than ``required_tokens``; the message
-            names both numbers and how the per-slot figure came about.
+        ContextPreflightError: the per-slot context is smaller than ``required_tokens`` (both numbers named).
         InputError: as :func:`slot_context`, or ``required_tokens`` < 1.
     """
     if isinstance(required_tokens, bool) or not isinstance(required_tokens, int) or required_tokens < 1:
@@ -180,18 +139,12 @@ def offloaded_layers(log_text: str) -> tuple[int, int] | None:
 
 
 def check_accelerator(log_text: str, n_gpu_layers: int) -> tuple[int, int] | None:
-    """Raise when GPU layers were requested and none were offloaded.
+    """Raise when ``n_gpu_layers`` > 0 were requested and none were offloaded; ``(offloaded, total)`` or None.
 
-    Args:
-        log_text: the server's load log.
-        n_gpu_layers: ``-ngl`` requested (0: CPU only, nothing to check).
-
-    Returns:
-        ``(offloaded, total)`` as :func:`offloaded_layers` (None when nothing was requested).
+    The load log's ``offloaded X/Y layers to GPU`` line comes from llama.cpp's ``src/llama-model.cpp``.
 
     Raises:
-        AcceleratorFallbackError: ``n_gpu_layers`` > 0 and the log reports 0 layers offloaded or no
-            offload line at all (a CPU-only build prints none).
+        AcceleratorFallbackError: the log reports 0 layers offloaded, or no offload line (a CPU-only build).
     """
     if n_gpu_layers == 0:
         return None
@@ -207,11 +160,8 @@ def check_accelerator(log_text: str, n_gpu_layers: int) -> tuple[int, int] | Non
 
 # --- the binary -------------------------------------------------------------------------------
 def build_dir(gpu: bool = False) -> Path:
-    """Where :func:`ensure_llama_server` keeps its build (``bin/llama-server`` inside): for the CPU the
-    shared llama.cpp build's :func:`forgeflow.common.llama_cpp_build.server_dir`
-    (``llama-server-<version>-<tag>``); for ``gpu`` ``llama-server-<version>-cuda-<tag>``. Each tag
-    names the build's options (:func:`forgeflow.common.settings.llama_cpp_build_tag`), so a build made
-    with other options is rebuilt, not reused."""
+    """Where :func:`ensure_llama_server` keeps its build (``bin/llama-server`` inside): the shared llama.cpp
+    build's folder for the CPU, ``llama-server-<version>-cuda-<tag>`` for ``gpu``; the tag names the options."""
     if not gpu:
         return llama_cpp_build.server_dir()
     tag = settings.llama_cpp_build_tag(tuple(cmake_args(gpu)))
@@ -219,11 +169,7 @@ def build_dir(gpu: bool = False) -> Path:
 
 
 def cmake_args(gpu: bool = False) -> list[str]:
-    """CMake options of the standalone build (what ``gpu=True`` builds): a static, server-only, offline
-    build (no web UI download, no OpenSSL, no tests/examples) with the instruction set of every forgeflow
-    llama.cpp build (:data:`forgeflow.common.settings.LLAMA_CPP_CMAKE_ARGS`); ``GGML_CUDA`` on for
-    ``gpu``. The CPU binary comes from the shared build instead
-    (:data:`forgeflow.common.llama_cpp_build.SERVER_CMAKE_ARGS`)."""
+    """CMake options of the standalone (``gpu=True``) build: static, server-only, offline; ``GGML_CUDA`` on."""
     args = [
         "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF", "-DLLAMA_BUILD_SERVER=ON",
         "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
@@ -238,24 +184,10 @@ def cmake_args(gpu: bool = False) -> list[str]:
 def ensure_llama_server(gpu: bool = False, jobs: int | None = None) -> Path:
     """The ``llama-server`` binary: ``$FORGEFLOW_LLAMA_SERVER``, else the cached build (built once).
 
-    On the CPU the binary comes from the llama.cpp build shared with llama-cpp-python
-    (:func:`forgeflow.common.llama_cpp_build.build`): ``scripts/setup.sh`` makes it; where it did not,
-    the first call compiles it (and keeps the wheel too). It runs from its cache folder in any process
-    (its shared libraries lie beside it, RPATH ``$ORIGIN``).
-
-    Args:
-        gpu: build with CUDA (needs the CUDA toolkit; for GPU machines): a separate static build.
-        jobs: parallel compile jobs (default: CPU count).
-
-    Returns:
-        Path of an executable ``llama-server``.
-
     Raises:
-        ToolMissingError: ``cmake`` or a C++ compiler is missing, or ``$FORGEFLOW_LLAMA_SERVER`` does not
-            name an executable file.
+        ToolMissingError: ``cmake`` or a C++ compiler is missing, or ``$FORGEFLOW_LLAMA_SERVER`` is not executable.
         TransientInfraError: the pinned sdist could not be downloaded.
-        InfraError: the build failed (the message carries the tail of the build log, kept beside the
-            cache folder).
+        InfraError: the build failed (the message carries the tail of the build log).
     """
     override = os.environ.get(BINARY_ENV)
     if override:
@@ -315,23 +247,18 @@ def _ensure_standalone(gpu: bool, jobs: int | None) -> Path:
 
 # --- the server -------------------------------------------------------------------------------
 class ServerProps(BaseModel):
-    """What ``GET /props`` reports (the fields forgeflow checks).
-
-    Attributes:
-        per_slot_ctx: ``default_generation_settings.n_ctx``: the context of one slot, in tokens.
-        total_slots: ``total_slots``.
-        model_path: the GGUF it loaded.
-        has_chat_template: ``chat_template`` is non-empty.
-        vision: ``modalities.vision`` (a projector is loaded); None when the server does not report it.
-    """
+    """What ``GET /props`` reports (the fields forgeflow checks)."""
 
     model_config = ConfigDict(frozen=True)
 
-    per_slot_ctx: int = Field(ge=1)
-    total_slots: int = Field(ge=1)
-    model_path: str
-    has_chat_template: bool
-    vision: bool | None = None
+    per_slot_ctx: int = Field(ge=1,
+                              description="default_generation_settings.n_ctx: the context of one slot, in tokens.")
+    total_slots: int = Field(ge=1, description="total_slots.")
+    model_path: str = Field(description="the GGUF it loaded.")
+    has_chat_template: bool = Field(description="chat_template is non-empty.")
+    vision: bool | None = Field(None,
+                                description="modalities.vision (a projector is loaded); None when the server does "
+                                            "not report it.")
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> "ServerProps":
@@ -350,56 +277,39 @@ class ServerProps(BaseModel):
 
 
 class LlamaServerOptions(BaseModel):
-    """What ``llama-server`` takes beyond the model server's own arguments.
-
-    Attributes:
-        n_parallel: ``-np`` slots (-1: auto).
-        kv_unified: ``--kv-unified``.
-        required_ctx: the context one request needs, tokens; checked before the start
-            (:func:`preflight_context`) and against ``/props`` after it. None: no check.
-        n_gpu_layers: ``-ngl`` (0: CPU; > 0 is checked by :func:`check_accelerator`).
-        cache_type: KV cache type for keys and values (``-ctk``/``-ctv``, one of
-            :data:`KV_CACHE_TYPES`); None: the server's default.
-        cache_type_k / cache_type_v: the key / value cache type alone (``-ctk`` / ``-ctv``), over ``cache_type``.
-        flash_attn: ``-fa`` (:data:`FLASH_ATTN_MODES`); None: the server's default (auto).
-        mmproj: the vision projector GGUF (``--mmproj``), checked against the model before the start
-            (:func:`forgeflow.serving.multimodal.check_projector`); None: text only.
-        image_min_tokens: ``--image-min-tokens``, the least tokens one image takes (needs ``mmproj``).
-        binary: the ``llama-server`` executable (default :func:`ensure_llama_server`).
-    """
+    """What ``llama-server`` takes beyond the model server's own arguments."""
 
     model_config = ConfigDict(frozen=True)
 
-    n_parallel: int = 1
-    kv_unified: bool = False
-    required_ctx: int | None = None
-    n_gpu_layers: int = 0
-    cache_type: str | None = None
-    cache_type_k: str | None = None
-    cache_type_v: str | None = None
-    flash_attn: str | None = None
-    mmproj: Path | None = None
-    image_min_tokens: int | None = Field(None, ge=1)
-    binary: Path | None = None
+    n_parallel: int = Field(1, description="-np slots (-1: auto).")
+    kv_unified: bool = Field(False, description="--kv-unified.")
+    required_ctx: int | None = Field(None,
+                                     description="the context one request needs, tokens; checked before the start "
+                                                 "(preflight_context) and against /props after it")
+    n_gpu_layers: int = Field(0, description="-ngl (0: CPU; > 0 is checked by check_accelerator).")
+    cache_type: str | None = Field(None,
+                                   description="KV cache type for keys and values (-ctk/-ctv, one of "
+                                               "KV_CACHE_TYPES); None: the server's default.")
+    cache_type_k: str | None = Field(None, description="the key cache type alone (-ctk), over cache_type.")
+    cache_type_v: str | None = Field(None, description="the value cache type alone (-ctv), over cache_type.")
+    flash_attn: str | None = Field(None, description="-fa (FLASH_ATTN_MODES); None: the server's default (auto).")
+    mmproj: Path | None = Field(None,
+                                description="the vision projector GGUF (--mmproj), checked against the model before "
+                                            "the start (forgeflow.serving.multimodal.check_projector); None: text "
+                                            "only.")
+    image_min_tokens: int | None = Field(
+        None, ge=1,
+        description="--image-min-tokens, the least tokens one image takes (needs mmproj).")
+    binary: Path | None = Field(None, description="the llama-server executable (default ensure_llama_server).")
 
 
 class LlamaServer(ModelServer):
-    """One ``llama-server`` process serving one GGUF on a port (loopback by default): a
-    :class:`forgeflow.serving.server.ModelServer` (same start/stop by PID, log, context manager) whose
-    readiness is ``GET /health`` and which, once up, checks ``/props`` (the file it serves, the
-    per-slot context) and the accelerator.
-
-    Args:
-        gguf_path: the GGUF to serve.
-        port: TCP port (1024-65535), free.
-        model_alias: ``--alias``, the model name clients send.
-        n_ctx: ``-c``, the KV pool in tokens.
-        options: slots, KV cache, offload, binary (:class:`LlamaServerOptions`; default: one slot, CPU).
-        log_path / startup_timeout_s / n_threads / host: as :class:`~forgeflow.serving.server.ModelServer`.
+    """One ``llama-server`` process serving one GGUF: a :class:`forgeflow.serving.server.ModelServer` whose
+    readiness is ``GET /health`` and which, once up, checks ``/props`` and the accelerator.
 
     Raises:
-        InputError: bad arguments (named), a projector that is not this model's (checked before the start);
-            ContextPreflightError: ``required_ctx`` cannot fit a slot.
+        InputError: bad arguments (named), or a projector that is not this model's.
+        ContextPreflightError: ``required_ctx`` cannot fit a slot.
     """
 
     def __init__(self, gguf_path: Path, port: int, model_alias: str, n_ctx: int = 4096,
@@ -461,13 +371,11 @@ class LlamaServer(ModelServer):
         return f"http://{client_host(self.host)}:{self.port}/health"
 
     def _after_ready(self) -> None:
-        """Read ``/props``; refuse a server serving another file than ``gguf_path``, a per-slot context
-        below ``required_ctx`` and a silent CPU fallback.
+        """Read ``/props``; refuse another served file, a per-slot context below ``required_ctx``, a CPU fallback.
 
         Raises:
-            ServerStartError: ``/props`` did not answer 200, or reports another ``model_path`` (another
-                process answers on the port); InfraError: it lacks a field;
-            ContextPreflightError / AcceleratorFallbackError: see the class docstring.
+            ServerStartError: ``/props`` did not answer 200 or names another ``model_path``.
+            InfraError: ``/props`` lacks a field.
         """
         root = f"http://{client_host(self.host)}:{self.port}"
         resp = httpx.get(f"{root}/props", timeout=10.0)

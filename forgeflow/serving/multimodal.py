@@ -1,12 +1,4 @@
-"""Serving a multimodal model: the projector that must travel with its GGUF, and the gate's image smoke.
-
-:func:`check_projector` refuses, before a server starts, a pairing that cannot work: a projector that is not a
-vision projector, or whose output width is not the language model's embedding width (a text-only GGUF of
-another model), or that is not the projector the store recorded beside the GGUF. :func:`image_smoke` is the
-gate's check that the server really used an image: the same question is asked with and without a red square
-(drawn with PIL, sent as an OpenAI ``image_url`` data URI) and the prompt must grow by the image's tokens;
-llama-server's ``/props`` ``modalities.vision`` must not say otherwise.
-"""
+"""Serving a multimodal model: the projector that must travel with its GGUF, and the gate's image smoke."""
 
 from __future__ import annotations
 
@@ -27,8 +19,6 @@ class ProjectorCheck(BaseModel):
 
     Attributes:
         gguf_path / mmproj_path: the two files; projector_type: ``clip.projector_type``.
-        embedding_length: the language model's width (``ne[0]`` of ``token_embd.weight``).
-        projection_dim: the projector's output width (``clip.vision.projection_dim``), equal to it.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -36,16 +26,16 @@ class ProjectorCheck(BaseModel):
     gguf_path: Path
     mmproj_path: Path
     projector_type: str
-    embedding_length: int = Field(ge=1)
-    projection_dim: int = Field(ge=1)
+    embedding_length: int = Field(ge=1, description="the language model's width (ne[0] of token_embd.weight).")
+    projection_dim: int = Field(ge=1,
+                                description="the projector's output width (clip.vision.projection_dim), equal to "
+                                            "it.")
 
 
 def check_projector(gguf_path: Path, mmproj_path: Path, recorded_mmproj_sha256: str | None = None) -> ProjectorCheck:
     """Check, before any server starts, that ``mmproj_path`` is a vision projector for ``gguf_path``.
 
     Args:
-        gguf_path: the language model GGUF.
-        mmproj_path: the projector GGUF (``general.architecture = clip``).
         recorded_mmproj_sha256: the projector the store records beside the GGUF (its package run's
             ``mmproj_sha256``); None: not checked.
 
@@ -110,18 +100,15 @@ class ImageSmoke(BaseModel):
 
     Attributes:
         text_prompt_tokens / image_prompt_tokens: ``usage.prompt_tokens`` without and with the image.
-        image_tokens: their difference (the image's tokens as the server counted them).
-        vision: ``/props`` ``modalities.vision`` (None: the server does not say).
-        error: what failed, empty when the server used the image.
     """
 
     model_config = ConfigDict(frozen=True)
 
     text_prompt_tokens: int = Field(0, ge=0)
     image_prompt_tokens: int = Field(0, ge=0)
-    image_tokens: int = 0
-    vision: bool | None = None
-    error: str = ""
+    image_tokens: int = Field(0, description="their difference (the image's tokens as the server counted them).")
+    vision: bool | None = Field(None, description="/props modalities.vision (None: the server does not say).")
+    error: str = Field("", description="what failed, empty when the server used the image.")
 
 
 def _prompt_tokens(client: Any, base: str, model_alias: str, content: Any) -> tuple[int, str]:
@@ -135,11 +122,6 @@ def _prompt_tokens(client: Any, base: str, model_alias: str, content: Any) -> tu
 
 def image_smoke(client: Any, base: str, model_alias: str) -> ImageSmoke:
     """Ask the same question with and without a red square; the server used the image when the prompt grew.
-
-    Args:
-        client: an ``httpx.Client`` (its timeout and headers apply).
-        base: the API root (``.../v1``); ``/props`` is asked at it less ``/v1``.
-        model_alias: the model name sent.
 
     Returns:
         The evidence; ``error`` says what failed (``/props`` reports no vision, the image request was refused,

@@ -1,11 +1,7 @@
 """The model server base: one OpenAI-compatible server process per GGUF on one loopback port.
 
-:class:`ModelServer` runs llama-cpp-python's ``python -m llama_cpp.server`` for one GGUF, waits
-until ``/v1/models`` answers (the server has no ``/health``; it answers about 1.8 s after launch on
-a 2-core machine) and stops it by PID; :class:`forgeflow.serving.llama_server.LlamaServer` is the
-same contract for llama.cpp's own ``llama-server``. :func:`stop_pid` stops a recorded server only
-if the PID still is one of ours on that port.
-"""
+llama-cpp-python's server has no ``/health``: readiness is ``/v1/models`` (about 1.8 s after launch on
+2 cores)."""
 
 from __future__ import annotations
 
@@ -80,11 +76,7 @@ def _cmdline(pid: int) -> list[str]:
 
 
 def _is_our_server(pid: int, port: int | None = None) -> bool:
-    """True if ``pid`` is a live ``llama_cpp.server`` or ``llama-server`` (on ``port`` if given).
-
-    Guards against PID reuse: a PID from a state file is only signalled if its command line is
-    still a llama-cpp-python server for the recorded port.
-    """
+    """True if ``pid`` is a live ``llama_cpp.server`` or ``llama-server`` (on ``port`` if given)."""
     argv = _cmdline(pid)
     if SERVER_MODULE not in argv and not (argv and Path(argv[0]).name == LLAMA_SERVER_BINARY):
         return False
@@ -112,16 +104,10 @@ def _pid_alive(pid: int) -> bool:
 
 
 def stop_pid(pid: int, port: int | None = None, timeout_s: float = 15.0) -> bool:
-    """Stop a llama-cpp-python server by PID: SIGTERM, then SIGKILL after ``timeout_s``.
-
-    Args:
-        pid: process id of the server (its own session leader, see :class:`ModelServer`).
-        port: if given, the PID is only signalled when its command line names this port.
-        timeout_s: seconds to wait after SIGTERM before SIGKILL.
+    """Stop a llama-cpp-python server by PID: SIGTERM, then SIGKILL after ``timeout_s`` seconds.
 
     Returns:
-        True if a live server process was stopped, False if there was none (already gone, or the PID
-        now belongs to an unrelated process, which is left alone).
+        True if a live server process was stopped; False if none (gone, or the PID is now another process's).
     """
     child = _CHILDREN.get(pid)
     if child is not None and child.poll() is not None:
@@ -152,25 +138,13 @@ class ModelServer:
     """One ``python -m llama_cpp.server`` process serving one GGUF on a port (loopback by default).
 
     Args:
-        gguf_path: the GGUF file to serve.
         port: TCP port (1024-65535); it must be free.
-        model_alias: the model name clients send (and ``/v1/models`` lists).
-        n_ctx: context length in tokens.
-        log_path: file receiving the server's stdout and stderr (default: ``<gguf>.<port>.log``
-            beside the GGUF).
+        log_path: the server's stdout and stderr (default: ``<gguf>.<port>.log`` beside the GGUF).
         startup_timeout_s: seconds :meth:`start` waits for ``/v1/models``.
-        n_threads: CPU threads for generation (None: llama.cpp's default).
-        host: the IPv4 address it binds (``--host``): ``127.0.0.1`` (the default: this machine
-            only), an interface's address, or ``0.0.0.0`` (every interface, e.g. for pods or Ray
-            nodes on other machines); :attr:`base_url` is where clients on this machine reach it.
+        host: the IPv4 address it binds: ``127.0.0.1`` (default), an interface's address, or ``0.0.0.0``.
 
     Raises:
         InputError: the GGUF does not exist, or the port/alias/n_ctx/host is out of range.
-
-    Usage::
-
-        with ModelServer(Path("m.gguf"), 8801, "forgeflow") as server:
-            gate(server.base_url, "forgeflow")
     """
 
     def __init__(
@@ -228,16 +202,11 @@ class ModelServer:
         return argv
 
     def start(self) -> "ModelServer":
-        """Launch the server and wait until ``/v1/models`` answers 200.
-
-        Returns:
-            self.
+        """Launch the server and wait until ``/v1/models`` answers 200; returns self.
 
         Raises:
-            ServerStartError: the port is taken, the process exited (e.g. a GGUF that does not load),
-                or :attr:`ready_url` did not answer within ``startup_timeout_s``; the message carries the
-                tail of the server log. The process is stopped before raising (also when a check of
-                :meth:`_after_ready` raises).
+            ServerStartError: the port is taken, the process exited, or :attr:`ready_url` did not answer within
+                ``startup_timeout_s`` (the message carries the log's tail); the process is stopped first.
         """
         if self._proc is not None and self._proc.poll() is None:
             return self

@@ -1,12 +1,5 @@
-"""Adapters and their lineage: ``lineage.json`` beside the weights, digests, pinning, publishing.
-
-An adapter folder holds ``adapter_config.json``, ``adapter_model.safetensors`` and ``lineage.json``
-(:class:`Lineage`: the algorithm, the digests of the base model, the parent adapter and the
-dataset, the hyperparameters, the run id and the health report). :func:`adapter_sha256` digests
-the weights and config; :func:`pin_adapter` copies an adapter to its content-addressed folder;
-:func:`publish_adapter` renames a staging folder into place once the gates passed;
-:func:`resolve_lineage_inputs` reads what a burst continues; :class:`BurstOrigin` carries it, by
-folder and digest, into a burst's task.
+"""Adapters and their lineage (``lineage.json`` beside ``adapter_config.json`` and
+``adapter_model.safetensors``): digests, pinning, publishing.
 """
 
 from __future__ import annotations
@@ -36,21 +29,16 @@ from forgeflow.training.staging import STAGING_LOCK_FILE
 
 
 class LoraSettings(BaseModel):
-    """The LoRA adapter of a burst, as flat TRL-style options (SFT and RL bursts share them).
-
-    Attributes:
-        lora_r: rank of the update matrices.
-        lora_alpha: scaling numerator (the update is scaled by ``lora_alpha / lora_r``).
-        lora_dropout: dropout on the LoRA path, in [0, 1).
-        lora_target_modules: the modules that get adapters (Qwen2's attention projections by default).
-    """
+    """The LoRA adapter of a burst, as flat TRL-style options (SFT and RL bursts share them)."""
 
     model_config = ConfigDict(frozen=True)
 
-    lora_r: int = Field(default=8, ge=1, le=256)
-    lora_alpha: int = Field(default=16, ge=1)
-    lora_dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
-    lora_target_modules: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+    lora_r: int = Field(default=8, ge=1, le=256, description="rank of the update matrices")
+    lora_alpha: int = Field(default=16, ge=1,
+        description="scaling numerator: the update is scaled by lora_alpha / lora_r")
+    lora_dropout: float = Field(default=0.0, ge=0.0, lt=1.0, description="dropout on the LoRA path")
+    lora_target_modules: tuple[str, ...] = Field(("q_proj", "k_proj", "v_proj", "o_proj"),
+        description="modules that get adapters (Qwen2's attention projections by default)")
 
 
 def lora_config(config: LoraSettings) -> Any:
@@ -83,12 +71,7 @@ the same config reloaded and saved by another process can list them in another o
 
 
 def canonicalize_adapter_config(adapter_dir: Path) -> None:
-    """Rewrite ``adapter_dir/adapter_config.json`` with the :data:`UNORDERED_CONFIG_FIELDS` sorted.
-
-    Without it the digest of an unchanged adapter depended on the hash seed of the process that
-    saved it: an RL burst whose every group got equal rewards (no gradient) re-saved its parent's
-    weights byte for byte but its ``target_modules`` in another order, and looked like a new
-    adapter. The file keeps peft's layout (keys sorted, indent 2); other fields are left as written.
+    """Rewrite ``adapter_dir/adapter_config.json`` with :data:`UNORDERED_CONFIG_FIELDS` sorted (peft's layout).
 
     Raises:
         InputError: the file is missing or not a JSON object.
@@ -107,71 +90,41 @@ def canonicalize_adapter_config(adapter_dir: Path) -> None:
 
 
 class Lineage(BaseModel):
-    """Where an adapter comes from.
-
-    Attributes:
-        base_model_sha256: :func:`forgeflow.common.fsutil.sha256_tree` of the base model folder.
-        parent_adapter_sha256: :func:`adapter_sha256` of the adapter this one continues, or None.
-        dataset_sha256: :attr:`SFTData.sha256` (or :attr:`forgeflow.training.rl.RLData.sha256`).
-        hyperparameters: :class:`BurstConfig` (or :class:`forgeflow.training.rl.RLBurstConfig`) as a dict.
-        run_id: the run that trained it (a Prefect flow run id, or a generated uuid4).
-        created_at: UTC time the adapter was written.
-        algorithm: ``sft``, ``grpo``, ``rloo`` or ``ppo``.
-        device / dtype: where and in which precision it was trained (``cpu``/``float32``,
-            ``cuda``/``bfloat16``; :func:`forgeflow.training.device.device_plan`); None when not
-            recorded (older adapters, verl checkpoints).
-        attention / packing: for SFT bursts, the model's attention implementation (``sdpa``,
-            ``flash_attention_2``, ``torch_varlen``; :mod:`forgeflow.training.attention`) and how
-            samples were batched (``bfd``: packed, padding-free; ``none``: padded;
-            :func:`forgeflow.training.burst.packing_label`); None when not recorded (RL bursts,
-            older adapters, verl checkpoints).
-        gradient_checkpointing: whether the trainer recomputed activations in the backward pass (SFT:
-            :attr:`forgeflow.training.burst.BurstConfig.gradient_checkpointing`, else decided by memory on
-            CUDA; RL: the device plan's, on with CUDA); None when not recorded (older adapters, verl
-            checkpoints).
-        vision_tower_frozen / vision_tower_sha256: for a burst on an image-text-to-text base, True (the tower was
-            frozen and its tensors checked unchanged after training) and the base's vision tower digest
-            (:func:`forgeflow.training.vl_burst.vision_tower_sha256`, the scheme packaging checks a projector
-            against); None for a text-only base and older adapters.
-    """
+    """Where an adapter comes from; the optional fields are None where not recorded (older adapters, verl)."""
 
     model_config = ConfigDict(frozen=True)
 
-    algorithm: str = "sft"
-    base_model_sha256: str
-    parent_adapter_sha256: str | None
-    dataset_sha256: str
-    hyperparameters: dict[str, Any]
-    run_id: str
-    created_at: datetime
-    device: str | None = None
-    dtype: str | None = None
-    attention: str | None = None
-    packing: str | None = None
-    gradient_checkpointing: bool | None = None
-    vision_tower_frozen: bool | None = None
-    vision_tower_sha256: str | None = Field(None, min_length=64, max_length=64)
+    algorithm: str = Field("sft", description="sft, grpo, rloo or ppo")
+    base_model_sha256: str = Field(description="sha256_tree of the base model folder")
+    parent_adapter_sha256: str | None = Field(description="adapter_sha256 of the adapter this one continues, or None")
+    dataset_sha256: str = Field(description="digest of the SFT or RL dataset")
+    hyperparameters: dict[str, Any] = Field(description="the burst's config as a dict")
+    run_id: str = Field(description="the run that trained it (a Prefect flow run id or a uuid4)")
+    created_at: datetime = Field(description="UTC time the adapter was written")
+    device: str | None = Field(None, description="cpu or cuda")
+    dtype: str | None = Field(None, description="float32 or bfloat16")
+    attention: str | None = Field(None,
+        description="SFT: the attention implementation (sdpa, flash_attention_2, torch_varlen)")
+    packing: str | None = Field(None, description="SFT: bfd (packed, padding-free) or none (padded)")
+    gradient_checkpointing: bool | None = Field(None,
+        description="whether the trainer recomputed activations in the backward pass")
+    vision_tower_frozen: bool | None = Field(None,
+        description="image-text-to-text base: the tower was frozen and checked unchanged")
+    vision_tower_sha256: str | None = Field(None, min_length=64, max_length=64,
+        description="image-text-to-text base: vision_tower_sha256 of the base's tower")
 
 
 class BurstOrigin(BaseModel):
-    """What a burst starts from: the base model folder and the adapter it continues, each beside
-    the digest of its content (a parameter group of the burst tasks: the digests key their cache,
-    so the same folders with other contents never answer from it).
-
-    Attributes:
-        base_model_dir: HF model folder with tokenizer and chat template.
-        base_model_sha256: :func:`forgeflow.common.fsutil.sha256_tree` of ``base_model_dir``.
-        parent_adapter_dir: the adapter folder the burst continues, or None (a new adapter).
-        parent_adapter_sha256: :func:`adapter_sha256` of ``parent_adapter_dir``; None exactly when
-            there is no parent.
-    """
+    """What a burst starts from, each folder with its content digest (the digests key the tasks' cache)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    base_model_dir: Path
-    base_model_sha256: str = Field(min_length=64, max_length=64)
-    parent_adapter_dir: Path | None = None
-    parent_adapter_sha256: str | None = Field(None, min_length=64, max_length=64)
+    base_model_dir: Path = Field(description="HF model folder with tokenizer and chat template")
+    base_model_sha256: str = Field(min_length=64, max_length=64, description="sha256_tree of base_model_dir")
+    parent_adapter_dir: Path | None = Field(None,
+        description="the adapter folder the burst continues, or None (a new adapter)")
+    parent_adapter_sha256: str | None = Field(None, min_length=64, max_length=64,
+        description="adapter_sha256 of parent_adapter_dir; None exactly when there is no parent")
 
     @model_validator(mode="after")
     def _parent_with_its_digest(self) -> "BurstOrigin":
@@ -182,28 +135,18 @@ class BurstOrigin(BaseModel):
 
 
 class AdapterRecord(BaseModel):
-    """A trained LoRA adapter folder and its lineage.
-
-    Attributes:
-        path: the adapter folder (peft ``save_pretrained`` output plus ``lineage.json``).
-        sha256: :func:`adapter_sha256` of the folder (weights and adapter config only; not
-            ``lineage.json`` nor README).
-        lineage: see :class:`Lineage`.
-        final_loss: training loss logged at the last step (nats per assistant token for SFT); None
-            for an adapter trained elsewhere (a verl PPO checkpoint, :mod:`forgeflow.training.ppo`).
-        steps: optimizer steps run.
-        health: the burst's :class:`HealthReport` (None for an adapter written before the gates
-            existed, which is therefore never promotable).
-    """
+    """A trained LoRA adapter folder and its lineage."""
 
     model_config = ConfigDict(frozen=True)
 
-    path: Path
-    sha256: str = Field(min_length=64, max_length=64)
+    path: Path = Field(description="the adapter folder (peft save_pretrained output plus lineage.json)")
+    sha256: str = Field(min_length=64, max_length=64, description="adapter_sha256 of the folder")
     lineage: Lineage
-    final_loss: float | None
-    steps: int = Field(ge=1)
-    health: HealthReport | None = None
+    final_loss: float | None = Field(
+        description="training loss at the last step (nats per assistant token for SFT); None for a verl checkpoint")
+    steps: int = Field(ge=1, description="optimizer steps run")
+    health: HealthReport | None = Field(None,
+        description="the burst's health report (None: written before the gates existed, never promotable)")
 
     @property
     def promotable(self) -> bool:
@@ -213,13 +156,7 @@ class AdapterRecord(BaseModel):
 
 # --- adapters --------------------------------------------------------------------------------
 def adapter_sha256(adapter_dir: Path) -> str:
-    """Digest of the trained adapter in a folder: :data:`ADAPTER_FILES` only.
-
-    The canonical JSON of ``[[name, sha256 of the file], ...]`` for ``adapter_config.json`` and
-    ``adapter_model.safetensors`` (the :func:`forgeflow.common.fsutil.sha256_tree` scheme restricted to
-    those two files). ``lineage.json``, peft's ``README.md`` (which names the base model's path)
-    and any other file are left out, so the digest names the trained weights and their config:
-    re-running identical training gives the same digest, and lineage metadata never changes it.
+    """Digest of :data:`ADAPTER_FILES` only (``sha256_tree`` scheme): lineage and README never change it.
 
     Raises:
         InputError: one of :data:`ADAPTER_FILES` is missing (named with the folder).
@@ -243,9 +180,7 @@ def _legacy_adapter_sha256(adapter_dir: Path) -> str:
 
 
 def adapter_matches(adapter_dir: Path, sha256: str) -> bool:
-    """True iff ``adapter_dir`` holds the adapter with digest ``sha256`` (:func:`adapter_sha256`,
-    or the older all-files digest of ``lineage.json`` schema 1-2); False for a missing or
-    incomplete folder."""
+    """True iff ``adapter_dir`` holds the adapter ``sha256`` (or lineage schema 1-2's all-files digest)."""
     base = Path(adapter_dir)
     if not base.is_dir():
         return False
@@ -286,25 +221,10 @@ def read_adapter_record(adapter_dir: Path) -> AdapterRecord:
 
 
 def pin_adapter(record: AdapterRecord, adapters_dir: Path) -> AdapterRecord:
-    """Copy an adapter into its content-addressed folder ``<adapters_dir>/<sha256>``.
-
-    A burst's working folder (``out_dir`` of :func:`run_sft_burst`) is reused by the next burst;
-    a pinned folder is named by the adapter's digest, so it never holds other content and a store
-    row or a GGUF's lineage can point at it for good. The copy goes to a temporary sibling, is
-    digested, and is renamed into place. Idempotent: an intact pinned folder is returned as is
-    (also when ``record.path`` has since been overwritten, e.g. a cached record of an older
-    burst); a pinned folder whose content no longer matches its name is replaced.
-
-    Args:
-        record: the adapter (its ``path`` is where it was trained).
-        adapters_dir: the folder holding pinned adapters (created if missing).
-
-    Returns:
-        The record with ``path`` set to the pinned folder (absolute).
+    """Copy an adapter into ``<adapters_dir>/<sha256>`` (idempotent; a stale pinned folder is replaced).
 
     Raises:
-        InputError: neither the pinned folder nor ``record.path`` holds the adapter
-            ``record.sha256`` (the message names both).
+        InputError: neither the pinned folder nor ``record.path`` holds the adapter ``record.sha256``.
     """
     adapters_dir = Path(adapters_dir).resolve()
     dest = adapters_dir / record.sha256
@@ -332,14 +252,10 @@ def pin_adapter(record: AdapterRecord, adapters_dir: Path) -> AdapterRecord:
 def resolve_lineage_inputs(
     base_model_dir: Path, parent_adapter_dir: Path | None, lora_r: int
 ) -> tuple[str, str | None]:
-    """Digest the base model and check the parent adapter fits it (shared by SFT and RL bursts).
-
-    Returns:
-        ``(base_model_sha256, parent_adapter_sha256 or None)``.
+    """``(base_model_sha256, parent_adapter_sha256 or None)``, the parent checked against the base.
 
     Raises:
-        InputError: no ``config.json`` in ``base_model_dir``; the parent has no intact
-            ``lineage.json``, was trained on another base model, or has another LoRA rank.
+        InputError: no ``config.json``; a parent without intact lineage, of another base or LoRA rank.
     """
     base_model_dir = Path(base_model_dir)
     if not (base_model_dir / "config.json").is_file():
@@ -364,15 +280,7 @@ def publish_adapter(
     trainer: Any, tmp: Path, out_dir: Path, lineage: Lineage, report: HealthReport,
     extra: Mapping[str, Any] | None = None,
 ) -> AdapterRecord:
-    """Save the trained adapter into ``tmp`` with its ``lineage.json``, then rename it onto ``out_dir``.
-
-    Only called after :func:`enforce_health` passed: an adapter folder exists only with a passing
-    health report. ``tmp`` is a :class:`StagingDir` folder; its owner lock file is removed first. ``extra`` keys (e.g.
-    an RL burst's reward counts) are added to ``lineage.json``.
-
-    Returns:
-        The :class:`AdapterRecord` of ``out_dir``.
-    """
+    """Save the adapter and ``lineage.json`` into staging ``tmp`` (after the gates); rename onto ``out_dir``."""
     losses = report.losses
     shutil.rmtree(tmp / "trainer", ignore_errors=True)
     # the owner lock is not part of the adapter; the burst keeps holding it (open descriptor) until

@@ -1,23 +1,8 @@
 """The attention implementation a padding-free SFT burst loads its model with.
 
-A padding-free batch (TRL's ``DataCollatorForLanguageModeling(padding_free=True)``, which bfd packing
-turns on) is one flattened sequence of documents, with per-document ``position_ids`` and the
-boundaries ``cu_seq_lens_q/k`` (cumulative lengths, int32) and ``max_length_q/k``. Three
-implementations keep each document attending only to itself (causal):
-
-* ``flash_attention_2`` (the ``flash_attn`` package; CUDA, bf16/fp16): transformers' flash path
-  reads ``cu_seq_lens_*`` and calls the varlen kernel (Dao, "FlashAttention-2", 2023).
-* :data:`VARLEN_ATTENTION` (``torch_varlen``; CUDA, bf16/fp16): PyTorch's own FlashAttention varlen
-  kernel ``torch.nn.attention.varlen.varlen_attn`` (torch >= 2.10), registered here as a transformers
-  attention function (``transformers.AttentionInterface.register``) by
-  :func:`register_torch_varlen_attention`. A name outside transformers' mask registry
-  (``AttentionMaskInterface``) is given no mask, so the kernel's ``cu_seq_lens`` alone delimit the
-  documents.
-* ``sdpa`` (CPU, or CUDA without bf16): transformers derives a block-causal mask from packed
-  ``position_ids`` when no attention mask is given (``masking_utils.find_packed_sequence_indices``).
-
-:func:`forgeflow.training.device.device_plan` picks one from the machine's answers
-(:func:`flash_attn_installed`, :func:`torch_varlen_available`).
+Each keeps a packed document attending to itself: ``flash_attention_2`` (Dao, "FlashAttention-2", 2023),
+:data:`VARLEN_ATTENTION` (torch >= 2.10's ``varlen_attn``, registered with transformers; no mask, the
+``cu_seq_lens`` delimit documents) and ``sdpa`` (``masking_utils.find_packed_sequence_indices``).
 """
 
 from __future__ import annotations
@@ -47,25 +32,10 @@ def torch_varlen_available() -> bool:
 
 def varlen_call_options(params: frozenset[str], q_heads: int, kv_heads: int, head_dim: int,
                         scale: float | None) -> tuple[dict[str, Any], int]:
-    """Keyword arguments for ``torch.nn.attention.varlen.varlen_attn`` as this torch spells them.
-
-    torch 2.10 takes ``is_causal`` and has no grouped-query option; later versions take
-    ``window_size=(-1, 0)`` for causal attention, ``scale`` and ``enable_gqa`` (the
-    ``torch.nn.attention.varlen`` documentation of each release).
-
-    Args:
-        params: the parameter names of this torch's ``varlen_attn``.
-        q_heads: query heads; kv_heads: key/value heads (``q_heads`` a multiple of it).
-        head_dim: features per head.
-        scale: the softmax scale the model asks for (None: the kernel's default 1/sqrt(head_dim)).
-
-    Returns:
-        (keyword arguments, how many times to repeat each key/value head before the call: 1 when
-        the kernel handles grouped-query attention itself or there is none).
+    """``varlen_attn`` keyword arguments as this torch spells them, and how often to repeat each kv head.
 
     Raises:
-        RuntimeError: ``q_heads`` is not a multiple of ``kv_heads``, or the model asks for a scale
-            other than 1/sqrt(head_dim) from a ``varlen_attn`` that takes none.
+        RuntimeError: ``q_heads`` not a multiple of ``kv_heads``, or a scale ``varlen_attn`` cannot take.
     """
     if kv_heads <= 0 or q_heads % kv_heads:
         raise RuntimeError(f"{q_heads} query heads are not a multiple of {kv_heads} key/value heads")
@@ -83,28 +53,13 @@ def varlen_call_options(params: frozenset[str], q_heads: int, kv_heads: int, hea
 
 
 def register_torch_varlen_attention(kernel: Callable[..., Any] | None = None) -> str:
-    """Register a varlen FlashAttention kernel as the transformers attention :data:`VARLEN_ATTENTION`.
+    """Register a varlen FlashAttention kernel as :data:`VARLEN_ATTENTION`; returns that name.
 
-    The registered function takes query/key/value of shape ``(1, heads, total_tokens, head_dim)``
-    (one padding-free row) and the ``cu_seq_lens_q/k`` and ``max_length_q/k`` that TRL's padding-free
-    collator passes through the model, calls the kernel on ``(total_tokens, heads, head_dim)`` with
-    int32 boundaries, and returns ``(1, total_tokens, heads, head_dim)`` (the layout of transformers'
-    flash path) and no attention weights. Grouped-query attention is native (``enable_gqa``) where the
-    kernel takes it, else the key/value heads are repeated (:func:`varlen_call_options`). Registering
-    again replaces the earlier function.
-
-    Args:
-        kernel: the kernel, with ``varlen_attn``'s signature (default: this torch's
-            ``torch.nn.attention.varlen.varlen_attn``, CUDA and bf16/fp16 only; tests pass a CPU
-            reference of the same signature).
-
-    Returns:
-        The name to pass as ``attn_implementation``.
+    q/k/v ``(1, heads, total_tokens, head_dim)`` in, ``(1, total_tokens, heads, head_dim)`` out; ``kernel``
+    defaults to this torch's ``varlen_attn`` (CUDA, bf16/fp16).
 
     Raises:
-        RuntimeError: no ``kernel`` and this torch has no ``torch.nn.attention.varlen`` (at
-            registration); at a forward call, a batch that is not padding-free (no
-            ``cu_seq_lens_q``, or more than one row).
+        RuntimeError: no kernel available; at a forward call, a batch that is not padding-free.
     """
     import inspect
 
@@ -139,18 +94,7 @@ def register_torch_varlen_attention(kernel: Callable[..., Any] | None = None) ->
 
 
 def choose_attention(device: str, dtype: str, flash_attn: bool, torch_varlen: bool) -> str:
-    """The attention implementation of a padding-free burst (see the module docstring).
-
-    Args:
-        device: ``cpu`` or ``cuda``.
-        dtype: the training dtype (``float32`` or ``bfloat16``); the FlashAttention kernels take
-            half precision only.
-        flash_attn: ``flash_attn`` is importable (:func:`flash_attn_installed`).
-        torch_varlen: this torch has ``varlen_attn`` (:func:`torch_varlen_available`).
-
-    Returns:
-        ``flash_attention_2``, :data:`VARLEN_ATTENTION` or ``sdpa``.
-    """
+    """``flash_attention_2``, :data:`VARLEN_ATTENTION` or ``sdpa`` (the FlashAttention kernels: CUDA half precision)."""
     if device != "cuda" or dtype == "float32":
         return "sdpa"
     if flash_attn:

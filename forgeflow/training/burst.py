@@ -1,42 +1,8 @@
-"""SFT bursts: short LoRA training runs that continue an adapter lineage.
+"""SFT bursts: short LoRA training runs (TRL ``SFTTrainer``, peft) that continue an adapter lineage.
 
-A burst trains a LoRA adapter on a chat dataset with TRL's ``SFTTrainer`` and peft, with the loss
-on assistant tokens only (TRL 1.x recognises the official Qwen2.5 chat template and swaps in its
-``{% generation %}``-tagged training template). A burst may continue a parent adapter
-(``PeftModel.from_pretrained(..., is_trainable=True)``); its lineage records the digests of the
-base model, the parent adapter and the dataset, the hyperparameters, the run id, and how it
-trained (device, dtype, attention, packing, gradient checkpointing), in ``lineage.json`` inside the adapter folder.
-
-One training path for every device (:func:`sft_trainer`, which :func:`run_sft_burst` and the GPU
-benchmark ``benchmarks/gpu_burst.py`` both call): the device plan
-(:func:`forgeflow.training.device.device_plan`: CUDA in bfloat16, with gradient checkpointing where a
-step's activations would not fit the GPU's free memory (:mod:`forgeflow.training.memory`), else the CPU
-in float32) and, unless ``BurstConfig.packing`` is off,
-
-* **bfd packing, padding-free**: TRL's best-fit-decreasing packing (``packing_strategy="bfd"``) puts
-  whole samples into rows of ``max_length`` tokens, and the padding-free collator flattens a batch
-  into one sequence with per-document ``position_ids`` and ``cu_seq_lens``: no pad token is computed,
-  and the attention of :attr:`DevicePlan.attention` keeps each document to itself
-  (:mod:`forgeflow.training.attention`; TRL docs, "Packing" in the SFTTrainer guide).
-* **the fused, chunked loss**: TRL 1.16's ``loss_type="nll"`` projects only the positions that carry
-  a label through the LM head, in tiles, and never builds the ``(tokens, vocabulary)`` logits
-  (``trl.trainer.utils.add_fused_lm_head``), so a 150k vocabulary does not dominate memory.
-
-Packing keeps the loss masks of both dataset formats: TRL 1.16 folds the assistant mask
-(``messages`` rows) and the completion mask (``prompt``/``completion`` rows) into a ``labels``
-column (-100 off the target) while it tokenizes, before ``pack_dataset`` moves ``input_ids`` and
-``labels`` together into rows; the collator then sets the label of each packed document's first
-token to -100, so no document is trained to follow another's last token. A packed first step has
-the loss of the same samples trained unpacked (``tests/core/training/test_burst_packing.py``).
-
-The TRL-style flat options of :class:`BurstConfig` (``lora_r``, ``lora_alpha``, ...) are turned
-into ``peft.LoraConfig`` and ``trl.SFTConfig`` in one place, :func:`sft_arguments` and
-:func:`_trl_objects`.
-
-The pieces shared with RL bursts live beside it: health gates (:mod:`forgeflow.training.health`),
-the preflight (:mod:`forgeflow.training.preflight`), staging folders
-(:mod:`forgeflow.training.staging`) and adapters with their lineage
-(:mod:`forgeflow.training.adapters`).
+Packed bursts use TRL's bfd packing with padding-free batches (TRL docs, "Packing") and TRL 1.16's fused
+chunked ``loss_type="nll"`` (``trl.trainer.utils.add_fused_lm_head``): a 150k vocabulary never builds
+``(tokens, vocabulary)`` logits. ``tests/core/training/test_burst_packing.py`` checks packed = unpacked loss.
 """
 
 from __future__ import annotations
@@ -48,7 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from forgeflow.common.errors import InputError
 from forgeflow.common.fsutil import sha256_json
@@ -81,48 +47,51 @@ _ROLES = frozenset({"system", "user", "assistant", "tool"})
 
 
 class SFTData(BaseModel):
-    """An SFT dataset and the digest that identifies it.
-
-    Attributes:
-        dataset: a ``datasets.Dataset`` with columns ``messages`` (list of ``{role, content}``),
-            ``instance_id`` and ``source`` (provenance).
-        sha256: sha256 of the canonical JSON of the rows, in order (:func:`forgeflow.common.fsutil.sha256_json`).
-    """
+    """An SFT dataset and the digest that identifies it."""
 
     model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
 
-    dataset: Any
-    sha256: str = Field(min_length=64, max_length=64)
+    dataset: Any = Field(
+        description="datasets.Dataset with messages (or prompt/completion), instance_id and source columns")
+    sha256: str = Field(min_length=64, max_length=64, description="sha256_json of the rows, in order")
 
 
 class BurstConfig(LoraSettings):
-    """Hyperparameters of one SFT burst (flat, TRL-style names; translated in one place).
+    """Hyperparameters of one SFT burst: the ``sft-burst`` and ``windows`` flows' ``params.training``.
 
-    The LoRA fields (``lora_r``, ``lora_alpha``, ``lora_dropout``, ``lora_target_modules``) are
-    :class:`~forgeflow.training.adapters.LoraSettings`. Defaults suit the tiny CPU model: a few
-    steps at a high learning rate. ``gates`` are the :class:`HealthGates` the burst must pass for
-    its adapter to be written. ``device``: ``auto`` (CUDA in bfloat16 when available, else the CPU in
-    float32), ``cpu`` or ``cuda`` (:func:`forgeflow.training.device.device_plan`); the lineage records
-    what was used. ``packing``: True (default) packs samples into rows of ``max_length`` tokens
-    (TRL's bfd packing, padding-free batches; ``per_device_train_batch_size`` counts packed rows);
-    False trains one sample per row, padded to the longest of its batch. ``gradient_checkpointing``:
-    recompute activations in the backward pass (less memory, about a third more compute); None (default)
-    decides by the machine (on CUDA: on only when a step's activations would not fit the GPU's free
-    memory, :func:`resolve_checkpointing`; off on the CPU), True or False overrides it; the lineage
-    records what was used.
+    A continued adapter must have the same ``lora_r``. Tokens per step = ``batch_size`` x ``max_length`` at most (the
+    GPU check measures 16 rows of 2,048 tokens).
     """
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
-    learning_rate: float = Field(default=1e-3, gt=0.0)
-    max_steps: int = Field(default=2, ge=1)
-    per_device_train_batch_size: int = Field(default=1, ge=1)
-    max_length: int = Field(default=512, ge=16)
-    seed: int = 0
-    gates: HealthGates = Field(default_factory=HealthGates)
-    device: DeviceChoice = "auto"
-    packing: bool = True
-    gradient_checkpointing: bool | None = None
+    lora_alpha: int = Field(None, ge=1, validate_default=True, description="scaling numerator: the update is "
+                            "scaled by lora_alpha / lora_r; null: 2 x lora_r")  # None is filled in before validation
+
+    max_steps: int = Field(2, ge=1, le=100_000, description="optimizer steps")
+    learning_rate: float = Field(1e-3, gt=0.0, le=1.0, description="constant learning rate (no warm-up)")
+    max_length: int = Field(2048, ge=16, le=131_072, description="tokens per sample and per packed row; a longer "
+                            "sample is refused, not truncated (the windows flow's windows have about 1,300-1,500)")
+    batch_size: int = Field(1, ge=1, le=4096, description="rows per optimizer step: packed rows of max_length "
+                            "tokens (unpacked: samples); TRL's per_device_train_batch_size")
+    seed: int = Field(0, description="training and data-order seed")
+    gates: HealthGates = Field(default_factory=HealthGates,
+        description="health gates the burst must pass for its adapter to be written")
+    device: DeviceChoice = Field("auto", description="auto: CUDA in bfloat16 when the worker has a GPU, else the CPU "
+                                 "in float32; cpu; or cuda (refused where CUDA is not available)")
+    packing: bool = Field(True, description="true: bfd packing of whole samples into rows of max_length tokens, "
+                          "padding-free batches; false: one sample per row, padded")
+    gradient_checkpointing: bool | None = Field(None, description="recompute activations in the backward pass (less "
+                                                "GPU memory, more compute); null: on CUDA only when a step's "
+                                                "activations would not fit the free GPU memory; off on the CPU")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _alpha_follows_rank(cls, data: Any) -> Any:
+        rank = data.get("lora_r", cls.model_fields["lora_r"].default) if isinstance(data, dict) else None
+        if isinstance(rank, int) and data.get("lora_alpha") is None:
+            return {**data, "lora_alpha": 2 * rank}
+        return data
 
 
 PACKING_STRATEGY = "bfd"
@@ -132,15 +101,7 @@ longer than a row would be truncated; :func:`_check_lengths` refuses one first).
 
 # --- data ------------------------------------------------------------------------------------
 def _clean_message(message: Any, where: str) -> dict[str, Any]:
-    """One chat message checked: ``role`` (system/user/assistant/tool), ``content`` a string or text/image parts
-    (:func:`forgeflow.training.sample_images.clean_content`: image files absolute, checked, by sha256); the tool
-    keys are kept when the message has them: ``tool_calls`` (None, or a list of ``{id, type:
-    "function", function: {name, arguments}}`` with string name and JSON-string arguments) and
-    ``tool_call_id`` (None or a string).
-
-    Raises:
-        InputError: a field is missing or malformed (``where`` and the field named).
-    """
+    """One chat message checked; an ``InputError`` names ``where`` and the malformed field."""
     if not isinstance(message, dict) or message.get("role") not in _ROLES:
         raise InputError(f"{where}.role must be one of {sorted(_ROLES)}")
     clean: dict[str, Any] = {"role": message["role"],
@@ -172,32 +133,10 @@ def _clean_messages(messages: Any, where: str) -> list[dict[str, Any]]:
 
 
 def build_sft_dataset(samples: list[dict]) -> SFTData:
-    """Turn chat samples into a ``datasets.Dataset`` with a content digest.
-
-    Two formats, one per dataset (TRL's conversational formats):
-
-    * ``messages``: a non-empty list of messages with at least one assistant turn; the loss is on
-      the assistant turns.
-    * ``prompt`` + ``completion`` (e.g. training windows from trajectories,
-      :func:`forgeflow.training.windows.window_samples`): the context, and the assistant message(s)
-      to learn; the loss is on the completion only.
-
-    A message is ``{"role", "content"}`` (a string, or text and image parts: image turns for an
-    image-text-to-text base, :mod:`forgeflow.training.vl_burst`), with ``tool_calls`` / ``tool_call_id``
-    kept when present (the chat template renders the calls). Rows with parts are stored with every
-    content a list of uniform parts (one Arrow type, :func:`~forgeflow.training.sample_images.uniform_parts`).
-
-    Args:
-        samples: dicts in one of the formats above, each with ``instance_id`` and ``source``
-            (non-empty strings: the sample's provenance). Other keys are dropped.
-
-    Returns:
-        The dataset (columns ``messages`` or ``prompt``/``completion``, then ``instance_id``,
-        ``source``, in input order) and their :func:`dataset_sha256`.
+    """Turn chat samples (``messages``, or ``prompt`` + ``completion``; one format) into a dataset with a digest.
 
     Raises:
-        InputError: ``samples`` is empty, mixes the two formats, or a sample is malformed (the
-            message names its index and the field).
+        InputError: ``samples`` is empty, mixes the two formats, or a sample is malformed (index and field named).
     """
     from datasets import Dataset
 
@@ -207,18 +146,12 @@ def build_sft_dataset(samples: list[dict]) -> SFTData:
 
 
 def dataset_sha256(rows: list[dict[str, Any]]) -> str:
-    """The digest of checked rows (:func:`sft_rows`): ``sha256_json`` of them with each image part named by its
-    sha256 only (:func:`forgeflow.training.sample_images.digest_view`); text-only rows: ``sha256_json(rows)``."""
+    """``sha256_json`` of checked rows, each image part named by its sha256 only."""
     return sha256_json(sample_images.digest_view(rows))
 
 
 def sft_rows(samples: list[dict]) -> list[dict[str, Any]]:
-    """The checked, cleaned rows of :func:`build_sft_dataset` (whose sha256 is ``sha256_json`` of them:
-    the ``dataset_sha256`` an adapter's lineage records), without building the dataset.
-
-    Raises:
-        InputError: as :func:`build_sft_dataset`.
-    """
+    """The checked, cleaned rows of :func:`build_sft_dataset` (raising as it does), without the dataset."""
     if not samples:
         raise InputError("samples is empty: an SFT dataset needs at least one sample")
     rows = []
@@ -265,17 +198,7 @@ fields come from :func:`forgeflow.training.device.device_plan`."""
 
 
 def loss_scope(columns: Sequence[str]) -> dict[str, bool]:
-    """The ``SFTConfig`` loss-mask options for a dataset with these training columns.
-
-    * ``messages`` (conversational): ``assistant_only_loss`` (TRL's assistant mask).
-    * ``prompt`` + ``completion`` (conversational prompt-completion): ``completion_only_loss`` and
-      ``assistant_only_loss`` (the completion holds assistant messages only, so both masks agree).
-    * ``input_ids`` (already tokenized language-modeling rows, e.g. the GPU benchmark's synthetic
-      tokens): the loss on every token.
-
-    Raises:
-        InputError: the columns are none of these.
-    """
+    """The ``SFTConfig`` loss-mask options for these columns (``InputError`` if they are no SFT format)."""
     names = set(columns)
     if "messages" in names:
         return {"assistant_only_loss": True, "completion_only_loss": False}
@@ -288,26 +211,15 @@ def loss_scope(columns: Sequence[str]) -> dict[str, bool]:
 
 
 def packing_label(config: BurstConfig) -> str:
-    """How a burst of ``config`` batches samples, as its lineage records it: :data:`PACKING_STRATEGY`
-    (packed, padding-free) or ``none`` (one sample per row, padded)."""
+    """:data:`PACKING_STRATEGY` (packed, padding-free) or ``none`` (one padded sample per row)."""
     return PACKING_STRATEGY if config.packing else "none"
 
 
 def sft_arguments(config: BurstConfig, plan: DevicePlan, columns: Sequence[str]) -> dict[str, Any]:
-    """The ``trl.SFTConfig`` keyword arguments (all but ``output_dir``) of a burst.
-
-    ``config``'s hyperparameters, :data:`TRAINER_RUN_ARGS`, the device fields of ``plan``
-    (``use_cpu``, ``bf16``, ``gradient_checkpointing``; ``config.gradient_checkpointing`` wins when set), the
-    loss masks of :func:`loss_scope`, TRL's
-    fused chunked ``loss_type="nll"``, and with ``config.packing`` bfd packing into rows of
-    ``max_length`` tokens with padding-free batches (``packing=False``: neither).
-
-    Raises:
-        InputError: ``columns`` are no SFT format (:func:`loss_scope`).
-    """
+    """The ``trl.SFTConfig`` keyword arguments (all but ``output_dir``; ``InputError`` as :func:`loss_scope`)."""
     return {
         "learning_rate": config.learning_rate, "max_steps": config.max_steps,
-        "per_device_train_batch_size": config.per_device_train_batch_size, "max_length": config.max_length,
+        "per_device_train_batch_size": config.batch_size, "max_length": config.max_length,
         "seed": config.seed, "data_seed": config.seed, "loss_type": "nll",
         "packing": config.packing, "packing_strategy": PACKING_STRATEGY, "padding_free": config.packing,
         **loss_scope(columns),
@@ -318,8 +230,7 @@ def sft_arguments(config: BurstConfig, plan: DevicePlan, columns: Sequence[str])
 
 
 def _checkpointing(config: BurstConfig) -> dict[str, bool]:
-    """``{"activation_checkpointing": ...}`` (transformers 5's name for gradient checkpointing; its
-    ``gradient_checkpointing`` is a deprecated alias) where ``config`` sets it; empty where the device plan decides."""
+    """transformers 5's ``activation_checkpointing`` where ``config`` sets it; empty otherwise."""
     return {} if config.gradient_checkpointing is None else {"activation_checkpointing": config.gradient_checkpointing}
 
 
@@ -333,10 +244,7 @@ def _trl_objects(config: BurstConfig, output_dir: Path, with_lora: bool, plan: D
 
 
 def burst_plan(config: BurstConfig, plan: DevicePlan | None = None) -> DevicePlan:
-    """The device plan of a burst: :func:`device_plan` of ``config.device`` (or ``plan``), with SDPA
-    instead of ``torch_varlen`` for an unpacked burst (that kernel reads the boundaries of a
-    padding-free batch; a padded batch has none), and ``config.gradient_checkpointing`` in its
-    ``trainer_args`` when set."""
+    """:func:`device_plan` of ``config.device``, with SDPA for an unpacked burst (``torch_varlen`` needs no padding)."""
     plan = plan or device_plan(config.device)
     if not config.packing and plan.attention == VARLEN_ATTENTION:
         plan = plan.model_copy(update={"attention": "sdpa"})
@@ -346,29 +254,13 @@ def burst_plan(config: BurstConfig, plan: DevicePlan | None = None) -> DevicePla
 
 
 def tokens_per_step(config: BurstConfig) -> int:
-    """Most tokens one step of ``config`` trains on: ``per_device_train_batch_size`` rows of at most
-    ``max_length`` tokens (a packed row, or an unpacked batch padded to its longest sample)."""
-    return config.per_device_train_batch_size * config.max_length
+    """Most tokens one step trains on: ``batch_size`` x ``max_length``."""
+    return config.batch_size * config.max_length
 
 
 def resolve_checkpointing(model: Any, config: BurstConfig, plan: DevicePlan,
                           free_bytes: int | None = None) -> tuple[DevicePlan, CheckpointingDecision | None]:
-    """The plan with gradient checkpointing decided for this model and step size.
-
-    ``config.gradient_checkpointing`` set, or a CPU plan: ``plan`` as it is and no decision. On CUDA
-    with ``config.gradient_checkpointing`` None: :func:`forgeflow.training.memory.checkpointing_decision`
-    on ``model.config``, :func:`tokens_per_step` and the GPU memory free now (the model loaded), which
-    turns checkpointing off where the activations of a step fit. Each case logs one line on this module's
-    logger (the burst flows forward it to the run's log).
-
-    Args:
-        model: the loaded model (or peft model); its ``config`` gives the shape.
-        config: the burst's hyperparameters.
-        plan: the device plan (:func:`burst_plan`).
-        free_bytes: GPU memory free (default: ``torch.cuda.mem_get_info()[0]``); given by tests.
-
-    Returns:
-        (the plan with ``trainer_args["activation_checkpointing"]`` decided, the decision or None).
+    """The plan with checkpointing decided (:func:`~forgeflow.training.memory.checkpointing_decision`) and the decision.
 
     Raises:
         ValueError: the model's config lacks a field the estimate needs.
@@ -394,28 +286,7 @@ def resolve_checkpointing(model: Any, config: BurstConfig, plan: DevicePlan,
 def sft_trainer(model: Any, tokenizer: Any, dataset: Any, config: BurstConfig, plan: DevicePlan,
                 output_dir: Path, *, with_lora: bool = True, callbacks: Sequence[Any] = (),
                 overrides: dict[str, Any] | None = None) -> Any:
-    """The ``trl.SFTTrainer`` of a burst, ready to ``train()``: the one training path of SFT.
-
-    :func:`run_sft_burst` wraps it (preflight, lineage, health gates, staging); the GPU benchmark
-    (``benchmarks/gpu_burst.py``) times it against a naive loop.
-
-    Args:
-        model: a causal LM loaded with ``plan.model_kwargs()`` (dtype and attention), or a peft model
-            continuing an adapter (then ``with_lora=False``).
-        tokenizer: its tokenizer (chat template for conversational rows; pad and eos ids always).
-        dataset: a ``datasets.Dataset`` with only training columns: ``messages``, ``prompt`` +
-            ``completion``, or ``input_ids`` (:func:`loss_scope`).
-        config: hyperparameters (``packing``, ``max_length``: tokens per packed row or per sample).
-        plan: the device plan (:func:`burst_plan`); on CUDA with ``config.gradient_checkpointing`` None,
-            gradient checkpointing is decided here by memory (:func:`resolve_checkpointing`).
-        output_dir: the trainer's scratch folder (no checkpoints are saved).
-        with_lora: add a new LoRA adapter of ``config`` (peft ``LoraConfig``).
-        callbacks: ``transformers.TrainerCallback`` objects (health gates, timers).
-        overrides: ``trl.SFTConfig`` fields set over :func:`sft_arguments` (a VL burst's loss mask).
-
-    Returns:
-        The trainer (its ``train_dataset`` is the tokenized, packed dataset; ``args.activation_checkpointing``
-        says whether it recomputes activations).
+    """The ``trl.SFTTrainer`` of a burst, ready to ``train()`` (a peft ``model``: ``with_lora=False``).
 
     Raises:
         InputError: the dataset's columns are no SFT format.
@@ -429,8 +300,7 @@ def sft_trainer(model: Any, tokenizer: Any, dataset: Any, config: BurstConfig, p
 
 
 def _reusable(out_dir: Path, expected: dict[str, Any]) -> AdapterRecord | None:
-    """Return the existing adapter in ``out_dir`` if it was trained from the same inputs and
-    passed its health gates (a record is the only evidence of a finished burst)."""
+    """The adapter in ``out_dir`` if trained from the same inputs and passed its health gates."""
     if not (out_dir / LINEAGE_FILE).is_file():
         return None
     try:
@@ -451,15 +321,7 @@ def _reusable(out_dir: Path, expected: dict[str, Any]) -> AdapterRecord | None:
 
 
 def _check_lengths(tokenizer: Any, data: SFTData, max_length: int) -> None:
-    """Preflight: every sample fits ``max_length`` tokens once the chat template is applied.
-
-    TRL truncates from the right, so an over-long conversation loses its last assistant turns
-    (the training target) and, when every sample does, trains on nothing. Fail before training.
-
-    Raises:
-        InputError: how many samples do not fit, the longest's token count (the ``max_length`` that
-            would take them all) and the first five (instance_id, token count), then how many more.
-    """
+    """Refuse (``InputError``, the first five named) samples longer than ``max_length`` tokens."""
     too_long: list[tuple[str, int]] = []
     for row in data.dataset:
         text = tokenizer.apply_chat_template(_conversation(row), tokenize=False)
@@ -484,50 +346,14 @@ def run_sft_burst(
     parent_adapter_dir: Path | None = None,
     run_id: str | None = None,
 ) -> AdapterRecord:
-    """Train a LoRA adapter on ``data`` with TRL ``SFTTrainer`` (assistant-only loss) on the device
-    ``config.device`` resolves to (:func:`forgeflow.training.device.device_plan`: CUDA in bfloat16
-    when available, gradient checkpointing where a step's activations would not fit the GPU
-    (:func:`resolve_checkpointing`), else the CPU in float32), through :func:`sft_trainer`:
-    bfd-packed padding-free rows (``config.packing``) and TRL's fused chunked loss. The lineage
-    records device, dtype, attention implementation, packing and gradient checkpointing.
-
-    A base with a ``vision_config`` (image turns allowed) trains through :mod:`forgeflow.training.vl_burst`:
-    ``AutoModelForImageTextToText``, vision tower frozen (checked unchanged after training), LoRA on the
-    language model only, images through the processor, unpacked rows; the lineage records the tower frozen
-    and its sha256. Image turns on a text-only base are refused (InputError) before any model loads.
-
-    With ``parent_adapter_dir`` the burst continues that adapter
-    (``PeftModel.from_pretrained(base, parent, is_trainable=True)``); its LoRA rank must equal
-    ``config.lora_r`` and its lineage must name the same base model. Staging folders that killed
-    bursts left beside ``out_dir`` are removed first (:func:`remove_dead_staging_dirs`; a live
-    burst's never), then :func:`burst_preflight` runs. The adapter is trained in a
-    :class:`StagingDir` (a temporary sibling folder holding its owner's lock), ``lineage.json``
-    is written there atomically, and the folder is
-    renamed onto ``out_dir`` only after the health gates (``config.gates``) passed. If ``out_dir``
-    already holds an intact adapter trained from the same base, parent, dataset and
-    hyperparameters with a passing health report, it is returned without training (a resumed run
-    does not train twice; a failed earlier burst left no folder to be mistaken for a finished one).
-
-    Args:
-        base_model_dir: HF model folder with tokenizer (e.g. from
-            :func:`forgeflow.packaging.base_model.build_tiny_model`).
-        data: from :func:`build_sft_dataset`.
-        out_dir: the adapter folder to create.
-        config: hyperparameters.
-        parent_adapter_dir: an adapter folder written by an earlier burst, or None.
-        run_id: recorded in the lineage; a uuid4 hex when None.
-
-    Returns:
-        The adapter's record (digest, lineage, final loss, steps).
+    """Train a LoRA adapter on ``data`` through :func:`sft_trainer` (a ``vision_config`` base through
+    :mod:`forgeflow.training.vl_burst`); published only after the gates pass, reused when already there.
 
     Raises:
-        InputError: a folder is missing, or the parent does not fit (rank, base model).
-        PreflightError: the chat template is missing or empty, or the adapter folder's file
-            system lacks the space :func:`estimate_checkpoint_bytes` asks for (nothing trained).
-        BurstDivergedError: a logged loss or gradient norm is NaN or infinite (the message lists
-            every logged step with its loss and gradient norm); training stops at the first one.
-        BurstHealthError: a gradient norm left ``config.gates``' band or the loss trend rose
-            (the message carries the logged values). No adapter is written in either case.
+        InputError: a folder is missing, the parent does not fit (rank, base), or image turns on a text base.
+        PreflightError: the chat template is missing, or the disk lacks the space needed.
+        BurstDivergedError: a logged loss or gradient norm is NaN or infinite.
+        BurstHealthError: a gradient norm left ``config.gates``' band or the loss trend rose.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

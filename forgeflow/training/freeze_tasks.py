@@ -1,13 +1,5 @@
-"""RL tasks from a freeze: the :class:`forgeflow.training.rl.RLTask` rows of one split of a recorded freeze.
-
-The ``rl-burst`` flow takes its tasks from a JSONL file or from a freeze, as the canary does: the
-freeze's split (verified against the store's digest, :func:`forgeflow.evaluation.canary.frozen_split`),
-the task rows (:class:`forgeflow.curation.task_rows.TaskSource`: patches, task images, test commands)
-and each task's accepted validation in the store, assembled by the canary's own
-:func:`forgeflow.evaluation.canary.canary_tasks`. So an RL task carries what validation recorded for
-its verifier: FAIL_TO_PASS / PASS_TO_PASS, the known test ids (a run that reports another is
-tampering) and the pristine (Oracle) duration (the floor of the training timeout, and what attributes a
-timeout to the submission). The model sees the task's problem statement, never its patch.
+"""RL tasks of one split of a recorded freeze, assembled by the canary's
+:func:`~forgeflow.evaluation.canary.canary_tasks` (so they carry what validation recorded for the verifier).
 """
 
 from __future__ import annotations
@@ -26,36 +18,20 @@ from forgeflow.training.rl import RLTask
 
 
 class FreezeSplit(BaseModel):
-    """Where an RL burst's tasks come from when not from a JSONL: one split of a recorded freeze and its task rows.
-
-    Attributes:
-        freeze_name: a freeze recorded in the store.
-        split: the freeze's split (default ``train``).
-        source: the task rows (:class:`forgeflow.curation.task_rows.TaskSource`, as the canary flow takes them).
-    """
+    """One split of a recorded freeze and its task rows: where an RL burst's tasks come from when not a JSONL."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    freeze_name: str = Field(min_length=1)
-    split: str = Field("train", min_length=1)
-    source: TaskSource = TaskSource()
+    freeze_name: str = Field(min_length=1, description="a freeze recorded in the store")
+    split: str = Field("train", min_length=1, description="the freeze's split")
+    source: TaskSource = Field(TaskSource(), description="the task rows, as the canary flow takes them")
 
 
 def rl_tasks_from_canary(tasks: Sequence[CanaryTask], task_timeout_s: float = TASK_TIMEOUT_S) -> list[dict[str, Any]]:
-    """The :class:`~forgeflow.training.rl.RLTask` row (as a dict, what ``rl-burst`` trains on) of each canary task.
-
-    Args:
-        tasks: canary tasks (:func:`forgeflow.evaluation.canary.canary_tasks`), in order.
-        task_timeout_s: each task's original per-task timeout, seconds (default SWE-smith's 3000 s; training
-            runs the tests for it x the burst's multiplier).
-
-    Returns:
-        One row per task, in order: id, image, problem statement, test command, FAIL_TO_PASS / PASS_TO_PASS,
-        ``task_timeout_s``, and ``pristine_duration_s`` / ``known_tests`` where recorded.
+    """The :class:`~forgeflow.training.rl.RLTask` row (a dict) of each canary task, in order.
 
     Raises:
-        InputError: a task read with a SWE-bench log parser (the RL verifier reads forgeflow's pytest report
-            only; every such task named).
+        InputError: a task read with a SWE-bench log parser (the RL verifier reads only forgeflow's report).
     """
     parsed = [t.instance_id for t in tasks if t.log_parser]
     if parsed:
@@ -69,22 +45,10 @@ def rl_tasks_from_canary(tasks: Sequence[CanaryTask], task_timeout_s: float = TA
 
 def rl_tasks_from_freeze(store: Any, freeze_name: str, split: str, source: TaskSource, default_generated: Path,
                          check_images: bool = True) -> list[dict[str, Any]]:
-    """The RL task rows of split ``split`` of freeze ``freeze_name``: :func:`rl_tasks_from_canary` of its canary tasks.
-
-    Args:
-        store: the ledger (:class:`forgeflow.ledger.store.Store`) recording the freeze and the tasks' validation.
-        freeze_name: a freeze recorded in the store.
-        split: one of its splits (``train``, ``validation``, ``test``).
-        source: the task rows (patches, task images, test commands), as the canary flow takes them.
-        default_generated: the generated-candidates file read when ``source`` names none.
-        check_images: check that every task image exists (podman or its registry).
-
-    Returns:
-        One row per task of the split, in the split's order.
+    """The RL task rows of split ``split`` of freeze ``freeze_name``, in the split's order.
 
     Raises:
-        InputError: an unknown freeze or split, a manifest that fails verification, rows that cannot be read,
-            a task read with a log parser (:func:`rl_tasks_from_canary`).
+        InputError: an unknown freeze or split, a bad manifest, unreadable rows, a task with a log parser.
         PreflightError: tasks without a row, not accepted in the store, or whose image is missing (all listed).
     """
     _, ids = frozen_split(store, freeze_name, split)

@@ -1,13 +1,4 @@
-"""Health gates of a burst (SFT and RL): the logged values must stay finite, in band and not rising.
-
-:class:`HealthGates` holds the limits: every logged loss and gradient norm finite, gradient norms
-inside ``[grad_norm_min, grad_norm_max]``, and the least-squares slope of the last
-``loss_trend_window`` logged losses not above ``loss_trend_max_slope``. :func:`health_callback`
-stops training at the first non-finite or out-of-band value; after training :func:`check_health`
-gives the :class:`HealthReport` and :func:`enforce_health` raises :class:`BurstHealthError` (or
-:class:`BurstDivergedError`) with the logged values, so no adapter is written. An adapter folder
-exists only with a passing report in its ``lineage.json``.
-"""
+"""Health gates of a burst (SFT and RL): logged values must stay finite, in band and not rising."""
 
 from __future__ import annotations
 
@@ -21,9 +12,7 @@ from forgeflow.common.errors import InputError
 
 
 class BurstHealthError(InputError):
-    """A burst failed a health gate. ``report`` is the :class:`HealthReport` with every logged
-    loss and gradient norm; the message names the failed gates and their evidence. Caused by the
-    inputs (hyperparameters, data, a broken checkpoint), so never retried; no adapter is written."""
+    """A burst failed a health gate; ``report`` holds every logged loss and gradient norm. Never retried."""
 
     def __init__(self, message: str, report: "HealthReport | None" = None) -> None:
         super().__init__(message)
@@ -37,29 +26,17 @@ class BurstDivergedError(BurstHealthError):
 
 # --- health gates ----------------------------------------------------------------------------
 class HealthGates(BaseModel):
-    """Health gates checked during and after a burst.
-
-    Attributes:
-        grad_norm_min: smallest allowed logged gradient norm (L2 over trainable parameters, before
-            clipping, as ``transformers.Trainer`` logs it). 0 allows steps with no gradient (an RL
-            step whose rewards are all equal has zero advantage, hence zero gradient).
-        grad_norm_max: largest allowed logged gradient norm; above it the step is taken as an
-            explosion.
-        loss_trend_window: number of most recent logged losses the trend gate fits a line to
-            (least squares, ``numpy.polyfit`` degree 1). 0 turns the gate off. The gate is only
-            evaluated once a full window is logged (a shorter history is reported as not
-            evaluated: a few noisy per-step losses are no evidence of a trend).
-        loss_trend_max_slope: tolerance of that slope in loss units (nats per token) per logged
-            step; a larger slope fails the gate. The default 0.05 leaves room for the per-step
-            noise of small batches on a flat loss; tighten it for large batches.
-    """
+    """Health gates checked during and after a burst."""
 
     model_config = ConfigDict(frozen=True)
 
-    grad_norm_min: float = Field(default=0.0, ge=0.0)
-    grad_norm_max: float = Field(default=1e4, gt=0.0)
-    loss_trend_window: int = Field(default=10, ge=0)
-    loss_trend_max_slope: float = 0.05
+    grad_norm_min: float = Field(default=0.0, ge=0.0,
+        description="smallest allowed gradient norm (L2, before clipping); 0 allows zero-advantage RL steps")
+    grad_norm_max: float = Field(default=1e4, gt=0.0,
+        description="largest allowed gradient norm; above it the step is an explosion")
+    loss_trend_window: int = Field(default=10, ge=0,
+        description="recent losses the trend gate fits a line to (evaluated once full); 0: off")
+    loss_trend_max_slope: float = Field(0.05, description="largest allowed loss slope (nats per token per logged step)")
 
     @model_validator(mode="after")
     def _consistent(self) -> "HealthGates":
@@ -77,44 +54,29 @@ class HealthGates(BaseModel):
 
 
 class HealthGateResult(BaseModel):
-    """One gate's verdict.
-
-    Attributes:
-        name: ``finite``, ``grad_norm_band`` or ``loss_trend``.
-        passed: False iff the gate was evaluated and failed.
-        evaluated: False when there was not enough history (the gate then passes).
-        detail: the evidence in words (values, steps, bounds).
-    """
+    """One gate's verdict."""
 
     model_config = ConfigDict(frozen=True)
 
-    name: str
-    passed: bool
-    evaluated: bool = True
-    detail: str = ""
+    name: str = Field(description="finite, grad_norm_band or loss_trend")
+    passed: bool = Field(description="False iff the gate was evaluated and failed")
+    evaluated: bool = Field(True, description="False when there was not enough history (the gate then passes)")
+    detail: str = Field("", description="the evidence in words (values, steps, bounds)")
 
 
 class HealthReport(BaseModel):
-    """The health of one burst: every gate's verdict and the logged values behind them.
-
-    Attributes:
-        passed: True iff every gate passed.
-        gates: one :class:`HealthGateResult` per gate.
-        losses: ``(step, loss)`` as logged by the trainer (nats per token for SFT; the policy
-            surrogate for GRPO/RLOO).
-        grad_norms: ``(step, gradient norm)`` as logged.
-        loss_slope: the fitted slope of the trend gate (loss per step), None when not evaluated.
-        gates_config: the :class:`HealthGates` checked, as a dict.
-    """
+    """The health of one burst: every gate's verdict and the logged values behind them."""
 
     model_config = ConfigDict(frozen=True)
 
-    passed: bool
+    passed: bool = Field(description="True iff every gate passed")
     gates: list[HealthGateResult]
-    losses: list[tuple[int, float]]
-    grad_norms: list[tuple[int, float]]
-    loss_slope: float | None = None
-    gates_config: dict[str, Any]
+    losses: list[tuple[int, float]] = Field(
+        description="(step, loss) as logged (nats per token for SFT; the policy surrogate for GRPO/RLOO)")
+    grad_norms: list[tuple[int, float]] = Field(description="(step, gradient norm) as logged")
+    loss_slope: float | None = Field(None,
+        description="the trend gate's fitted slope (loss per step); None when not evaluated")
+    gates_config: dict[str, Any] = Field(description="the gates checked, as a dict")
 
     def failed(self) -> list[HealthGateResult]:
         """The gates that failed."""
@@ -132,20 +94,8 @@ def _logged(history: Sequence[Mapping[str, Any]], key: str) -> list[tuple[int, f
 
 
 def check_health(history: Sequence[Mapping[str, Any]], gates: HealthGates) -> HealthReport:
-    """Evaluate the health gates on a trainer's log history (``trainer.state.log_history``).
-
-    Args:
-        history: log entries as ``transformers.Trainer`` writes them: dicts with ``step`` and,
-            on training steps, ``loss`` and ``grad_norm`` (the end-of-training summary, which
-            has ``train_loss`` instead, is ignored).
-        gates: the bounds.
-
-    Returns:
-        The report (never raises on a failed gate; see :func:`enforce_health`). Gates:
-        ``finite`` — at least one loss logged and every loss and gradient norm finite;
-        ``grad_norm_band`` — every finite gradient norm within ``[grad_norm_min, grad_norm_max]``;
-        ``loss_trend`` — least-squares slope (``numpy.polyfit(steps, losses, 1)``) of the last
-        ``loss_trend_window`` finite losses <= ``loss_trend_max_slope``.
+    """Evaluate the gates on ``trainer.state.log_history`` (never raises): ``finite``, ``grad_norm_band``, and
+    ``loss_trend`` (``numpy.polyfit`` slope of the last ``loss_trend_window`` losses).
     """
     import numpy as np
 
@@ -199,10 +149,8 @@ def enforce_health(report: HealthReport, hyperparameters: Mapping[str, Any]) -> 
     """Raise if a gate failed.
 
     Raises:
-        BurstDivergedError: the ``finite`` gate failed (message: ``training loss is not finite
-            (step, loss): [...]; (step, grad_norm): [...]`` or ``training logged no loss``).
-        BurstHealthError: another gate failed (message: each failed gate and its evidence).
-        Both carry ``report`` and name the hyperparameters.
+        BurstDivergedError: the ``finite`` gate failed (the message lists (step, loss) and (step, grad_norm)).
+        BurstHealthError: another gate failed (each failed gate and its evidence).
     """
     failed = report.failed()
     if not failed:
@@ -222,13 +170,7 @@ def enforce_health(report: HealthReport, hyperparameters: Mapping[str, Any]) -> 
 
 
 def health_callback(gates: HealthGates) -> Any:
-    """A ``transformers.TrainerCallback`` that stops training at the first bad logged value.
-
-    On each log with a ``loss`` or ``grad_norm`` it sets ``control.should_training_stop`` when
-    the value is not finite or the gradient norm is outside the band, so a diverged burst does
-    not spend its remaining steps; :func:`check_health` then reports the evidence. The trend gate
-    is only judged after training (it needs the whole window).
-    """
+    """A ``TrainerCallback`` that stops training at the first non-finite or out-of-band logged value."""
     from transformers import TrainerCallback
 
     class HealthGateCallback(TrainerCallback):

@@ -1,12 +1,4 @@
-"""Training inputs a user brings as JSONL files: SFT chat samples and RL tasks, checked line by line.
-
-:func:`read_sft_jsonl` reads rows ``{"messages": [{"role", "content"}, ...]}`` (optional
-``instance_id``, ``source``; content may hold image parts kept beside the file) into the samples
-:func:`forgeflow.training.burst.build_sft_dataset`
-takes; :func:`read_rl_jsonl` reads :class:`forgeflow.training.rl.RLTask` rows. A bad line is an
-:class:`~forgeflow.common.errors.InputError` naming the file and the line (1-based), raised before
-any model is loaded.
-"""
+"""Training inputs a user brings as JSONL files, checked line by line before any model is loaded."""
 
 from __future__ import annotations
 
@@ -54,27 +46,10 @@ def _rows(path: Path, what: str) -> list[tuple[int, dict[str, Any]]]:
 
 
 def read_sft_jsonl(path: Path) -> list[dict[str, Any]]:
-    """SFT samples from a JSONL file of chat rows.
-
-    Args:
-        path: one JSON object per line with ``messages`` (a non-empty list of ``{"role",
-            "content"}``, content a string or a list of parts ``{"type": "text", "text"}`` / ``{"type": "image",
-            "image": <path relative to the JSONL, or the sha256 of a file beside it>}``, images in user turns;
-            roles system/user/assistant/tool, at least one assistant turn; ``tool_calls``
-            / ``tool_call_id`` kept) or with ``prompt`` + ``completion`` (the format the ``windows``
-            flow writes: the completion is what is learnt), and optionally ``instance_id`` (default
-            ``<file stem>:<line>``) and ``source`` (default ``jsonl``). One format per file. Blank
-            lines are skipped.
-
-    Returns:
-        Samples ``{"messages" | "prompt", "completion", "instance_id", "source"}`` in file order; each image part
-        ``{"type": "image", "image": <absolute path>, "sha256": <hex>}``
-        (:func:`forgeflow.training.sample_images.resolve_images`).
+    """SFT samples from a JSONL file of ``messages`` or ``prompt`` + ``completion`` rows, image parts resolved.
 
     Raises:
-        InputError: the file is missing or empty, or a line is not a valid sample (the message
-            names the file, the line and the field; an image file missing, not an image, or named by a sha256
-            its bytes do not have).
+        InputError: the file is missing or empty, or a line is not a valid sample (file, line and field named).
     """
     samples = []
     for number, row in _rows(path, "samples_jsonl"):
@@ -112,23 +87,10 @@ def _field_error(error: Any) -> str:
 
 
 def read_rl_jsonl(path: Path) -> list[dict[str, Any]]:
-    """RL tasks from a JSONL file of :class:`~forgeflow.training.rl.RLTask` rows.
-
-    Args:
-        path: one JSON object per line: ``instance_id``, ``image_ref`` (the task image),
-            ``problem_statement``, ``test_command``, ``fail_to_pass`` (test ids, at least one),
-            ``pass_to_pass`` (test ids), optionally ``task_timeout_s`` (the task's original per-task
-            timeout, seconds, default SWE-smith's 3000; its former name ``verifier_timeout_s`` is read
-            too), ``pristine_duration_s`` (its longest recorded pristine run, seconds) and ``known_tests``
-            (every test id its pristine runs collected); no other field.
-
-    Returns:
-        The tasks as dicts (validated), in file order.
+    """RL tasks (validated :class:`~forgeflow.training.rl.RLTask` dicts) from a JSONL file, in file order.
 
     Raises:
-        InputError: the file is missing or empty, a line is not a valid task (file, line and the
-            fields named: an unknown or misspelt field, an empty ``fail_to_pass``), or an
-            ``instance_id`` repeats.
+        InputError: the file is missing or empty, a line is not a valid task, or an ``instance_id`` repeats.
     """
     tasks: list[dict[str, Any]] = []
     seen: dict[str, int] = {}

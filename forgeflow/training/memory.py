@@ -1,31 +1,12 @@
-"""Whether a CUDA burst needs gradient checkpointing: its activations against the GPU's free memory.
-
-Gradient checkpointing keeps only each decoder layer's input for the backward pass and recomputes the
-rest, which costs about one more forward pass (a third more compute) to save most of the activation
-memory. It is worth that only when the activations of a step would not fit: a 0.5B model with
-16 packed rows of 2,048 tokens keeps about 65 GB of activations, which a 141 GB H200 holds and an
-80 GB GPU does not.
-:func:`checkpointing_decision` estimates the activation memory of one step without checkpointing
-(:func:`activation_bytes`) and turns checkpointing off when that fits :data:`ACTIVATION_BUDGET` of
-the memory the GPU has free once the model is loaded. ``BurstConfig.gradient_checkpointing`` True or
-False overrides it; on the CPU a burst never checkpoints (memory is rarely what limits it there).
-
-The estimate counts, per token and decoder layer, the tensors autograd keeps for a Llama/Qwen2-style
-block (RMSNorm, grouped-query attention with rotary embeddings through a kernel that keeps no
-``(seq, seq)`` scores, a gated MLP, LoRA on the seven projections with frozen weights), the method of
-Korthikanti et al., "Reducing Activation Recomputation in Large Transformer Models" (arXiv:2205.05198,
-section 4.1: ``34 * hidden`` bytes per token for a fully trained GPT layer in 16-bit, without the
-attention scores), redone term by term in :func:`per_token_layer_bytes` for frozen weights with LoRA,
-whose projections keep less and whose float32 adapters keep float32 copies of their inputs.
-``benchmarks/gpu_burst.py`` prints this estimate beside the measured peak memory of each burst it runs,
-so the estimate is checked on the GPU it is used on.
+"""Whether a CUDA burst needs gradient checkpointing: a step's estimated activations (Korthikanti et al.,
+arXiv:2205.05198, section 4.1, redone for LoRA) against :data:`ACTIVATION_BUDGET` of the free GPU memory.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 ACTIVATION_BUDGET = 0.7
 """Share of the GPU memory free after the model is loaded that a step's activations may take without
@@ -38,23 +19,15 @@ DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
 class CheckpointingDecision(BaseModel):
-    """Whether one burst checkpoints, and the figures it was decided on.
-
-    Attributes:
-        checkpointing: recompute activations in the backward pass.
-        activation_bytes: estimated activations of one step without checkpointing (bytes).
-        free_bytes: GPU memory free once the model was loaded (bytes).
-        budget_bytes: :data:`ACTIVATION_BUDGET` of ``free_bytes``.
-        tokens_per_step: rows x tokens per row the estimate was made for.
-    """
+    """Whether one burst checkpoints, and the figures (bytes) it was decided on."""
 
     model_config = ConfigDict(frozen=True)
 
     checkpointing: bool
-    activation_bytes: int
-    free_bytes: int
-    budget_bytes: int
-    tokens_per_step: int
+    activation_bytes: int = Field(description="estimated activations of one step without checkpointing")
+    free_bytes: int = Field(description="GPU memory free once the model was loaded")
+    budget_bytes: int = Field(description="ACTIVATION_BUDGET of free_bytes")
+    tokens_per_step: int = Field(description="rows x tokens per row the estimate was made for")
 
     def describe(self) -> str:
         """One line for the burst's log: the decision and its figures in GB (10^9 bytes)."""
@@ -74,27 +47,13 @@ def _field(model_config: Any, *names: str) -> int:
 
 
 def per_token_layer_bytes(model_config: Any, dtype: str, lora_r: int, adapter_dtype: str = "float32") -> int:
-    """Bytes autograd keeps per token in one decoder layer of a Llama/Qwen2-style model with LoRA on its
-    seven projections, without gradient checkpointing.
+    """Bytes autograd keeps per token in one Llama/Qwen2-style decoder layer with LoRA on its seven
+    projections, without gradient checkpointing.
 
-    With ``e`` bytes per element of ``dtype``, ``a`` of ``adapter_dtype`` (peft keeps adapters in float32
-    when the model is in bfloat16: ``get_peft_model(..., autocast_adapter_dtype=True)``), ``h`` the hidden
-    size, ``kv`` the key/value width (``num_key_value_heads * head_dim``) and ``I`` the MLP's intermediate
-    size, the tensors kept are:
-
-    * the two RMSNorms' float32 inputs and reciprocal RMS (transformers computes them in float32):
-      ``2 * (4*h + 4)``;
-    * the frozen projections keep nothing (their input gradient needs only the weight); each LoRA keeps
-      its input for ``lora_A``'s gradient: when ``a != e`` a float32 copy per projection (q, k, v, o,
-      gate, up: ``6 * a*h``; down: ``a*I``), else the shared inputs (attention input and MLP input:
-      ``2 * e*h``, the o projection's input is the attention output; down: ``e*I``); and its rank-``r``
-      intermediate for ``lora_B``'s (``7 * a*r``);
-    * attention: queries, keys and values after the rotary embedding and the output (``e*(2*h + 2*kv)``)
-      and the kernel's float32 log-sum-exp per head (``4 * heads``), no ``(seq, seq)`` scores;
-    * the gated MLP: the SiLU's input, the up projection's output and the SiLU's output (``3 * e*I``).
-
-    Checked against ``torch.autograd.graph.saved_tensors_hooks`` on a small Qwen2 in float32 and bfloat16
-    (``tests/core/training/test_memory.py``).
+    With ``e``/``a`` bytes per element of ``dtype``/``adapter_dtype`` (peft keeps adapters in float32 for a
+    bfloat16 model): RMSNorm float32 inputs and reciprocal RMS ``2 * (4*h + 4)``; LoRA inputs (``6 * a*h + a*I``
+    when ``a != e``, else ``2 * e*h + e*I``) and intermediates ``7 * a*r``; attention ``e*(2*h + 2*kv)`` and
+    log-sum-exp ``4 * heads``; gated MLP ``3 * e*I``; frozen projections nothing (checked in ``test_memory.py``).
 
     Raises:
         ValueError: the config lacks the hidden size, intermediate size or head counts.
@@ -120,10 +79,7 @@ def _head_dim(model_config: Any, hidden: int, heads: int) -> int:
 
 def activation_bytes(model_config: Any, tokens_per_step: int, dtype: str, lora_r: int,
                      adapter_dtype: str = "float32") -> int:
-    """Estimated activations of one training step without gradient checkpointing (bytes):
-    :func:`per_token_layer_bytes` x ``num_hidden_layers`` x ``tokens_per_step``, plus per token the rotary
-    tables (``2 * e*head_dim``), the final norm (``4*h + 4``) and the LM head's input (``e*h``). The logits
-    add nothing: the fused chunked loss never builds them (:mod:`forgeflow.training.burst`).
+    """Estimated activations (bytes) of one step without checkpointing; no logits (the fused loss builds none).
 
     Raises:
         ValueError: the config lacks a field the estimate needs.
@@ -138,15 +94,8 @@ def activation_bytes(model_config: Any, tokens_per_step: int, dtype: str, lora_r
 
 def checkpointing_decision(model_config: Any, tokens_per_step: int, dtype: str, lora_r: int,
                            free_bytes: int) -> CheckpointingDecision:
-    """Checkpoint when a step's estimated activations exceed :data:`ACTIVATION_BUDGET` of ``free_bytes``.
-
-    Args:
-        model_config: the model's config (``hidden_size``, ``intermediate_size``, ``num_hidden_layers``,
-            ``num_attention_heads``, ``num_key_value_heads``; a transformers config or a dict).
-        tokens_per_step: rows per step x tokens per row (a packed row's ``max_length``).
-        dtype: the training dtype (``bfloat16``, ``float16`` or ``float32``).
-        lora_r: the adapter's rank.
-        free_bytes: GPU memory free with the model loaded (``torch.cuda.mem_get_info()[0]``).
+    """Checkpoint when a step's estimated activations exceed :data:`ACTIVATION_BUDGET` of ``free_bytes``
+    (GPU memory free with the model loaded; ``tokens_per_step``: rows x tokens per row).
 
     Raises:
         ValueError: the config lacks a field the estimate needs.

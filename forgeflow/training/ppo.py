@@ -1,21 +1,7 @@
-"""The end of a verl PPO run on a Ray cluster: its newest LoRA checkpoint ingested as an adapter.
+"""The end of a verl PPO run: its newest LoRA checkpoint (``global_step_<N>/actor/``) ingested as an adapter.
 
-verl's FSDP checkpoint manager writes ``<checkpoint_dir>/global_step_<N>/actor/...`` and, for a
-LoRA actor, the adapter as peft saves it (``adapter_config.json`` + ``adapter_model.safetensors``);
-:data:`DEFAULT_ADAPTER_GLOB` finds it there (the ``ppo`` flow takes another pattern for another
-layout). :func:`ingest_adapter` copies the adapter files of the highest step into a staging folder,
-writes forgeflow's ``lineage.json`` (algorithm ``ppo``, base model, dataset digest, the verl
-settings, the Ray job, the step) and renames it into place, so the adapter continues a lineage like
-any burst's (:func:`forgeflow.training.adapters.pin_adapter`, the store's ``model_artifacts``).
-
-A checkpoint folder outlives its job (the ``ppo`` flow's default is a folder per job, but a
-``checkpoint_dir`` a user sets may serve many), so the checkpoints of an earlier job may lie where
-this one saves. Only what *this* job wrote is ingested:
-:func:`checkpoints_before` stamps every file and folder there (size, mtime, inode) just before the
-job is submitted, :func:`kept_if_accepted` keeps that record under the job's submission id once Ray
-has accepted the job (:func:`record_path`), and :func:`newest_adapter` skips a checkpoint whose stamps are those
-of the record (it predates the job). A checkpoint the job rewrote in place, even with the same bytes,
-has new stamps and counts as the job's.
+Only what *this* job wrote is ingested: every path's (size, mtime, inode) is stamped before submission,
+and a checkpoint with unchanged stamps is an earlier job's.
 """
 
 from __future__ import annotations
@@ -62,24 +48,16 @@ CHECKPOINTS_BEFORE_FILE = "checkpoints-before.json"
 
 
 class CheckpointsBefore(BaseModel):
-    """What a checkpoint folder held just before a Ray job was submitted.
-
-    Attributes:
-        schema_version: of this record (1).
-        checkpoint_dir: the folder, absolute, as read here.
-        submission_id: the Ray job.
-        taken_at: when the stamps were taken (UTC).
-        stamps: every file and folder under ``checkpoint_dir`` (path relative to it, ``/``-separated)
-            -> ``(size_bytes, mtime_ns, inode)``; empty when the folder did not exist.
-    """
+    """What a checkpoint folder held just before a Ray job was submitted."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     schema_version: Literal[1] = CHECKPOINTS_BEFORE_SCHEMA_VERSION
-    checkpoint_dir: Path
+    checkpoint_dir: Path = Field(description="the folder, absolute")
     submission_id: str = Field(min_length=1)
-    taken_at: datetime
-    stamps: dict[str, tuple[int, int, int]]
+    taken_at: datetime = Field(description="when the stamps were taken (UTC)")
+    stamps: dict[str, tuple[int, int, int]] = Field(
+        description="relative path -> (size_bytes, mtime_ns, inode) of everything under checkpoint_dir")
 
     def step_folders(self) -> list[str]:
         """The ``global_step_<N>`` folders the record holds, by step."""
@@ -97,9 +75,7 @@ def local_checkpoint_dir(checkpoint_dir: str, working_dir: str | None) -> Path:
 
 
 def _stamps(root: Path) -> dict[str, tuple[int, int, int]]:
-    """Every file and folder under ``root`` (not ``root`` itself; symlinked folders not entered) ->
-    ``(size_bytes, mtime_ns, inode)``, keyed by its ``/``-separated path relative to ``root``; {} when
-    ``root`` is not a folder. An entry removed while walking is left out."""
+    """Every path under ``root`` (relative, ``/``-separated) -> ``(size_bytes, mtime_ns, inode)``."""
     out: dict[str, tuple[int, int, int]] = {}
     if not root.is_dir():
         return out
@@ -115,8 +91,7 @@ def _stamps(root: Path) -> dict[str, tuple[int, int, int]]:
 
 
 def checkpoints_before(checkpoint_dir: Path, submission_id: str) -> CheckpointsBefore:
-    """Stamp what ``checkpoint_dir`` holds now, before job ``submission_id`` is submitted (stat only: no
-    file is read, so a folder of large checkpoints is quick)."""
+    """Stamp what ``checkpoint_dir`` holds now, before job ``submission_id`` is submitted (stat only)."""
     root = Path(checkpoint_dir).resolve()
     return CheckpointsBefore(checkpoint_dir=root, submission_id=submission_id,
                              taken_at=datetime.now(timezone.utc), stamps=_stamps(root))
@@ -134,18 +109,13 @@ def record_path(home: Path, submission_id: str) -> Path:
 
 
 def write_checkpoints_before(path: Path, record: CheckpointsBefore) -> Path:
-    """Write ``record`` to ``path`` atomically (schema version and ``semantic_sha256`` inside), replacing
-    an older record of the same submission id: write it only for a job Ray has *accepted* (Ray refuses a
-    known id, so an older record is of a job the cluster no longer knows); :func:`kept_if_accepted` does."""
+    """Write ``record`` to ``path`` atomically (only for a job Ray accepted: :func:`kept_if_accepted`)."""
     return atomic_write_json(path, with_semantic_digest(record.model_dump(mode="json")))
 
 
 @contextmanager
 def kept_if_accepted(path: Path, record: CheckpointsBefore | None) -> Iterator[None]:
-    """Around a job's submission: ``record`` is written first beside ``path`` (a full disk fails before
-    anything is submitted) and renamed to ``path`` when the block ends normally (the job was accepted);
-    when the block raises (refused, or no answer) it is removed and ``path`` is left as it was.
-    ``record`` None: nothing is written."""
+    """Write ``record`` beside ``path``; rename it onto ``path`` if the block ends normally, else remove it."""
     if record is None:
         yield
         return
@@ -164,8 +134,7 @@ def read_checkpoints_before(path: Path, submission_id: str) -> CheckpointsBefore
     """The record of what the checkpoint folder held before job ``submission_id``.
 
     Raises:
-        InfraError: there is none at ``path`` (the job was not submitted by :func:`write_checkpoints_before`'s
-            caller with this home): without it the job's checkpoints cannot be told from older ones.
+        InfraError: there is none at ``path``: the job's checkpoints cannot be told from older ones.
         InputError: the record is not valid JSON, was altered, is of another schema version or another job.
     """
     path = Path(path)
@@ -185,14 +154,10 @@ def read_checkpoints_before(path: Path, submission_id: str) -> CheckpointsBefore
 
 
 def written_since(folder: Path, before: CheckpointsBefore, relative: str | None = None) -> bool:
-    """Whether ``folder`` (under ``before.checkpoint_dir``) or anything in it was created, rewritten,
-    replaced or removed since ``before`` was taken: its stamps and its contents' differ from the record.
+    """Whether ``folder`` or anything in it was created, rewritten, replaced or removed since ``before``.
 
     Args:
-        folder: a folder under the checkpoint folder.
-        before: the record.
-        relative: ``folder``'s path relative to the checkpoint folder (``/``-separated); None: worked out
-            from the resolved paths.
+        relative: ``folder``'s ``/``-separated path relative to the checkpoint folder; None: worked out.
     """
     rel = relative if relative is not None else Path(folder).resolve().relative_to(before.checkpoint_dir).as_posix()
     then = {k: v for k, v in before.stamps.items() if k == rel or k.startswith(rel + "/")}
@@ -204,17 +169,10 @@ def written_since(folder: Path, before: CheckpointsBefore, relative: str | None 
 
 def newest_adapter(checkpoint_dir: Path, pattern: str = DEFAULT_ADAPTER_GLOB,
                    before: CheckpointsBefore | None = None) -> tuple[Path, int]:
-    """The adapter folder of the highest ``global_step_<N>`` under ``checkpoint_dir`` matching ``pattern``;
-    with ``before``, the highest among those the job wrote (:func:`written_since`): a checkpoint an
-    earlier job left there, unchanged, is never taken for this job's.
-
-    Returns:
-        ``(folder, N)``.
+    """``(folder, N)`` of the highest ``global_step_<N>`` matching ``pattern`` (with ``before``: this job's).
 
     Raises:
-        InfraError: no folder matches, every match predates the job (the message names the folder, the
-            job and the steps found), or the newest lacks a peft adapter file (the job succeeded but left
-            nothing to ingest; the message names the folder and the pattern).
+        InfraError: no folder matches, every match predates the job, or the newest lacks a peft adapter file.
         InputError: ``before`` is the record of another folder.
     """
     checkpoint_dir = Path(checkpoint_dir)
@@ -259,20 +217,7 @@ def dataset_sha256(train_files: tuple[str, ...] | list[str]) -> str:
 
 def ingest_adapter(folder: Path, step: int, out_dir: Path, lineage: Lineage, extra: dict[str, Any] | None = None
                    ) -> AdapterRecord:
-    """Copy the adapter files of ``folder`` (a checkpoint at ``step``) into ``out_dir`` with a
-    ``lineage.json``, through :func:`forgeflow.common.fsutil.atomic_folder` (a crash leaves no half
-    adapter under the name; an existing ``out_dir`` is replaced).
-
-    Args:
-        folder: the checkpoint's adapter folder (:func:`newest_adapter`).
-        step: its training step (recorded as ``steps``).
-        out_dir: where the adapter goes.
-        lineage: its lineage (algorithm ``ppo``).
-        extra: more keys for ``lineage.json`` (the Ray job id, the checkpoint path).
-
-    Returns:
-        The :class:`~forgeflow.training.adapters.AdapterRecord` (no final loss: verl logs its own metrics).
-    """
+    """Copy checkpoint ``folder``'s adapter files into ``out_dir`` with a ``lineage.json``, atomically."""
     out_dir = Path(out_dir)
     with atomic_folder(out_dir) as tmp:
         for name in ADAPTER_FILES:
@@ -286,8 +231,7 @@ def ingest_adapter(folder: Path, step: int, out_dir: Path, lineage: Lineage, ext
 
 def ppo_lineage(base_model_sha256: str, train_files: tuple[str, ...], hyperparameters: dict[str, Any],
                 run_id: str) -> Lineage:
-    """The :class:`~forgeflow.training.adapters.Lineage` of a PPO adapter (no parent adapter: verl
-    starts its LoRA from the base model)."""
+    """The :class:`~forgeflow.training.adapters.Lineage` of a PPO adapter (no parent: verl starts from the base)."""
     return Lineage(algorithm="ppo", base_model_sha256=base_model_sha256, parent_adapter_sha256=None,
                    dataset_sha256=dataset_sha256(train_files), hyperparameters=hyperparameters, run_id=run_id,
                    created_at=datetime.now(timezone.utc))

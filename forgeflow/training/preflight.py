@@ -1,11 +1,4 @@
-"""A burst's preflight: what it needs is checked before a model is loaded.
-
-:func:`preflight`: template files exist and are non-empty, each class of the validation split has
-enough items (or is excluded with a warning), early-stopping patience (counted in *evaluations*, as
-transformers' ``EarlyStoppingCallback`` counts it) fits the run, and the checkpoint folder has the
-free space the adapter needs (:func:`estimate_checkpoint_bytes`). :func:`burst_preflight` is the
-check for one burst.
-"""
+"""A burst's preflight: what it needs is checked before a model is loaded."""
 
 from __future__ import annotations
 
@@ -22,34 +15,24 @@ from forgeflow.common.errors import InputError, PreflightError
 
 # --- preflight -------------------------------------------------------------------------------
 class PreflightReport(BaseModel):
-    """What :func:`preflight` checked and what it decided.
-
-    Attributes:
-        template_files: each checked file -> its size in bytes.
-        validation_classes: class -> item count, for the classes kept.
-        excluded_classes: class -> item count, for classes with fewer than the minimum items.
-        validation_instance_ids: instance ids of the kept validation items, in input order.
-        early_stopping_patience_evals: patience in *evaluations* (``transformers``'
-            ``EarlyStoppingCallback`` counts evaluation calls, not steps), or None.
-        early_stopping_patience_steps: that patience in optimizer steps (patience x
-            ``eval_steps``), or None.
-        checkpoint_dir: the folder whose file system was checked, or None.
-        free_bytes: free bytes on that file system (``shutil.disk_usage``), or None.
-        required_free_bytes: the estimate it had to meet.
-        warnings: human-readable warnings (excluded classes, patience longer than the run).
-    """
+    """What :func:`preflight` checked and what it decided."""
 
     model_config = ConfigDict(frozen=True)
 
-    template_files: dict[str, int] = Field(default_factory=dict)
-    validation_classes: dict[str, int] = Field(default_factory=dict)
-    excluded_classes: dict[str, int] = Field(default_factory=dict)
-    validation_instance_ids: list[str] = Field(default_factory=list)
-    early_stopping_patience_evals: int | None = None
-    early_stopping_patience_steps: int | None = None
-    checkpoint_dir: Path | None = None
-    free_bytes: int | None = None
-    required_free_bytes: int = 0
+    template_files: dict[str, int] = Field(default_factory=dict, description="each checked file -> its size in bytes")
+    validation_classes: dict[str, int] = Field(default_factory=dict,
+        description="class -> item count, for the classes kept")
+    excluded_classes: dict[str, int] = Field(default_factory=dict,
+        description="class -> item count, for classes below the minimum")
+    validation_instance_ids: list[str] = Field(default_factory=list,
+        description="ids of the kept validation items, in input order")
+    early_stopping_patience_evals: int | None = Field(None,
+        description="patience in evaluations (EarlyStoppingCallback counts evaluation calls)")
+    early_stopping_patience_steps: int | None = Field(None,
+        description="that patience in optimizer steps (patience x eval_steps)")
+    checkpoint_dir: Path | None = Field(None, description="the folder whose file system was checked")
+    free_bytes: int | None = Field(None, description="free bytes on that file system")
+    required_free_bytes: int = Field(0, description="the estimate it had to meet")
     warnings: list[str] = Field(default_factory=list)
 
 
@@ -62,8 +45,7 @@ def _existing_ancestor(path: Path) -> Path:
 
 def _validation_classes(validation_items: Sequence[Mapping[str, Any]], class_key: str, min_items_per_class: int,
                         problems: list[str], warnings: list[str]) -> tuple[dict[str, int], dict[str, int], list[str]]:
-    """The validation classes kept and excluded (name -> items) and the kept items' ids; a class
-    below ``min_items_per_class`` is a warning, no class left a problem (both appended).
+    """The validation classes kept and excluded (name -> items) and the kept ids; problems are appended.
 
     Raises:
         InputError: an item without a non-empty ``instance_id`` or ``class_key``.
@@ -107,33 +89,13 @@ def preflight(
     checkpoint_dir: Path | None = None,
     required_free_bytes: int = 0,
 ) -> PreflightReport:
-    """Check what a burst needs before any model is loaded; collect every problem, then fail once.
-
-    Args:
-        template_files: prompt/chat template files the burst reads; each must be a non-empty
-            file (a missing template is never replaced by an empty default).
-        validation_items: the validation split, dicts with ``instance_id`` and ``class_key``.
-        class_key: the field naming an item's class / task type.
-        min_items_per_class: classes with fewer items are excluded (with a warning), not
-            evaluated on a handful of items.
-        early_stopping_patience_evals: early-stopping patience, counted in **evaluations** (as
-            ``transformers.EarlyStoppingCallback`` counts it: the number of evaluation calls
-            without improvement before training stops), not in steps. Needs a validation split.
-        eval_steps: optimizer steps between evaluations (to express the patience in steps).
-        max_steps: the burst's length in steps; a patience longer than the run is a warning.
-        checkpoint_dir: where the adapter / checkpoints are written (need not exist yet; its
-            nearest existing parent's file system is measured).
-        required_free_bytes: free bytes needed there (e.g. :func:`estimate_checkpoint_bytes`).
-
-    Returns:
-        The :class:`PreflightReport` (warnings included).
+    """Check what a burst needs before any model is loaded; collect every problem, then fail once (patience
+    counted in evaluations, as ``transformers.EarlyStoppingCallback`` counts it).
 
     Raises:
-        InputError: an argument is malformed (``min_items_per_class`` < 1, a validation item
-            without ``instance_id`` or ``class_key``).
-        PreflightError: a template is missing or empty, every validation class is excluded,
-            patience is given without validation items or is < 1, or free space is short (the
-            message names the path, the free and the required bytes). All problems are listed.
+        InputError: ``min_items_per_class`` < 1, or a validation item without ``instance_id`` or ``class_key``.
+        PreflightError: a missing or empty template, every class excluded, patience without validation
+            items or < 1, or free space short; all listed.
     """
     if min_items_per_class < 1:
         raise InputError(f"min_items_per_class must be >= 1, got {min_items_per_class}")
@@ -205,10 +167,7 @@ _ADAPTER_OVERHEAD_BYTES = 1 << 20
 
 
 def lora_parameter_count(base_model_dir: Path, lora_r: int, target_modules: Sequence[str]) -> int:
-    """Trainable parameters of a LoRA adapter on a Llama/Qwen2-shaped model.
-
-    Each targeted linear layer of shape ``(in, out)`` gets ``A (r x in)`` and ``B (out x r)``:
-    ``r * (in + out)`` parameters (Hu et al. 2021, LoRA), per decoder layer.
+    """Trainable LoRA parameters on a Llama/Qwen2 model: ``r * (in + out)`` per targeted layer (Hu et al. 2021).
 
     Raises:
         InputError: no ``config.json``, or a target module that is not a Llama/Qwen2 projection.
@@ -237,24 +196,16 @@ def lora_parameter_count(base_model_dir: Path, lora_r: int, target_modules: Sequ
 def estimate_checkpoint_bytes(
     base_model_dir: Path, lora_r: int, target_modules: Sequence[str], copies: int = 2
 ) -> int:
-    """Free bytes a burst needs where it writes its adapter.
-
-    ``copies`` x (fp32 LoRA weights + 1 MiB of metadata): the new adapter is written to a
-    temporary sibling folder while the previous one may still exist, so 2 by default. Bursts save
-    no optimizer state (``save_strategy="no"``).
-    """
+    """Free bytes a burst needs for its adapter: ``copies`` (old and staged) x (fp32 LoRA weights + 1 MiB)."""
     weights = lora_parameter_count(base_model_dir, lora_r, target_modules) * _FP32_BYTES
     return copies * (weights + _ADAPTER_OVERHEAD_BYTES)
 
 
 def chat_template_files(model_dir: Path) -> list[Path]:
-    """The chat template files a burst on ``model_dir`` reads, for :func:`preflight`.
-
-    ``chat_template.jinja`` (transformers 5 saves the template there); when the tokenizer config
-    embeds the template inline instead, that config file.
+    """The chat template files a burst reads: ``chat_template.jinja``, else the tokenizer config embedding it.
 
     Raises:
-        PreflightError: the model folder has neither (a burst would train without a template).
+        PreflightError: the model folder has neither.
     """
     model_dir = Path(model_dir)
     jinja = model_dir / "chat_template.jinja"
@@ -274,17 +225,7 @@ def burst_preflight(
     lora_target_modules: Sequence[str],
     extra_template_files: Sequence[Path] = (),
 ) -> PreflightReport:
-    """The preflight of one burst (SFT or RL) on ``base_model_dir`` writing ``out_dir``, before any
-    model is loaded: :func:`preflight` with the model's chat template plus ``extra_template_files``
-    (e.g. an RL burst's prompt template) and the free space :func:`estimate_checkpoint_bytes` asks
-    for on ``out_dir``'s file system. Run by :func:`run_sft_burst`, :func:`forgeflow.training.rl.run_rl_burst`
-    and, as its own Prefect task, by the lifecycle's burst stage.
-
-    A model folder without any chat template is reported as a missing ``chat_template.jinja``
-    together with the other problems (one error listing them all).
-
-    Returns:
-        The :class:`PreflightReport`.
+    """:func:`preflight` of one burst: its templates and the free space :func:`estimate_checkpoint_bytes` asks.
 
     Raises:
         InputError: no ``config.json`` in ``base_model_dir`` or an unknown LoRA target module.

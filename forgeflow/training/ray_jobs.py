@@ -1,13 +1,5 @@
-"""Ray Jobs: a job submitted to a Ray cluster's job server, followed to its end, stopped on request.
-
-The client is Ray's own :class:`ray.job_submission.JobSubmissionClient` (the job server's REST API:
-``POST /api/jobs/``, ``GET /api/jobs/<id>``, ``GET /api/jobs/<id>/logs``, ``POST /api/jobs/<id>/stop``),
-imported lazily so forgeflow imports without Ray. :func:`follow` polls the status, hands every new
-log line to a callback (the Prefect run's logger in the ``ppo`` flow), and stops the job when the
-caller is interrupted (a cancelled flow run is a SIGTERM, Prefect's ``TerminationSignal``): a job
-forgeflow started never outlives the run that follows it.
-
-Job states (Ray's ``JobStatus``): PENDING, RUNNING, then SUCCEEDED, FAILED or STOPPED.
+"""Ray Jobs through Ray's own ``JobSubmissionClient`` (imported lazily); a job forgeflow started never
+outlives the run that follows it (:func:`follow` stops it on Prefect's ``TerminationSignal``).
 """
 
 from __future__ import annotations
@@ -16,7 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow.common import errors
 
@@ -26,28 +18,19 @@ _LOG_TAIL_CHARS = 3000
 
 
 class RayJobError(errors.InfraError):
-    """A Ray job ended FAILED or STOPPED (not SUCCEEDED); the message has its status, Ray's message and
-    the end of its log."""
+    """A Ray job ended FAILED or STOPPED; the message has its status, Ray's message and its log's end."""
 
 
 class RayJobOutcome(BaseModel):
-    """How a followed job ended.
-
-    Attributes:
-        submission_id: the job's id on the cluster.
-        status: ``SUCCEEDED`` (anything else raises :class:`RayJobError`).
-        message: Ray's status message.
-        log_lines: lines of the job's log handed to the callback.
-        wall_s: seconds from the first poll to the end.
-    """
+    """How a followed job ended."""
 
     model_config = ConfigDict(frozen=True)
 
     submission_id: str
-    status: str
-    message: str
-    log_lines: int
-    wall_s: float
+    status: str = Field(description="SUCCEEDED (anything else raises RayJobError)")
+    message: str = Field(description="Ray's status message")
+    log_lines: int = Field(description="lines of the job's log handed to the callback")
+    wall_s: float = Field(description="seconds from the first poll to the end")
 
 
 def client(dashboard_url: str) -> Any:
@@ -72,12 +55,10 @@ def client(dashboard_url: str) -> Any:
 
 def submit(dashboard_url: str, entrypoint: str, submission_id: str, runtime_env: dict[str, Any] | None = None,
            metadata: dict[str, str] | None = None, entrypoint_num_cpus: float | None = None) -> str:
-    """Submit a job; returns its submission id. Ray refuses a reused ``submission_id``, so a retry
-    after a lost answer cannot start the job twice (the refusal names the existing job).
+    """Submit a job; returns its submission id (Ray refuses a reused id, so a retry cannot start it twice).
 
     Raises:
-        InputError / ToolMissingError / TransientInfraError: see :func:`client`.
-        InfraError: the job server refused the job (its answer in the message).
+        InputError / ToolMissingError / TransientInfraError: see :func:`client`; InfraError: the job was refused.
     """
     jobs = client(dashboard_url)
     try:
@@ -123,22 +104,11 @@ def stop(dashboard_url: str, submission_id: str, wait_s: float = 60.0) -> str:
 
 def follow(dashboard_url: str, submission_id: str, on_log: Callable[[str], None], poll_s: float = 2.0,
            timeout_s: float | None = None) -> RayJobOutcome:
-    """Poll a job until it ends, handing each new log line to ``on_log``; stop it when interrupted.
-
-    Args:
-        dashboard_url: the cluster's dashboard (job server) URL.
-        submission_id: the job.
-        on_log: called with every new line of the job's log, in order.
-        poll_s: seconds between polls (> 0).
-        timeout_s: stop the job and raise after this many seconds (None: no limit).
-
-    Returns:
-        The outcome of a SUCCEEDED job.
+    """Poll a job until it ends, handing each new log line to ``on_log``; returns a SUCCEEDED job's outcome.
 
     Raises:
         RayJobError: the job ended FAILED or STOPPED, or ran past ``timeout_s`` (stopped then).
-        BaseException: whatever interrupted the wait (KeyboardInterrupt, Prefect's TerminationSignal on
-            cancellation, ...), after the job was stopped (:func:`stop`).
+        BaseException: whatever interrupted the wait, after the job was stopped (:func:`stop`).
     """
     if poll_s <= 0:
         raise errors.InputError(f"poll_s must be > 0, got {poll_s}")

@@ -1,18 +1,5 @@
-"""The verifier's reward for RL rollouts: a completion parsed into a patch (:func:`extract_patch`),
-graded by :func:`forgeflow.sandbox.scoring.verify_submission` in a fresh container of the task
-image (:func:`score_completion`), here or as a Ray task on a sandbox node
-(:func:`forgeflow.sandbox.dispatch.verify_on`), and the TRL reward function that scores a batch and
-counts rewards, exceptions and the nodes they ran on per optimizer step (:class:`VerifierReward`).
-
-An infrastructure failure gives reward None, never 0 (the burst's docstring,
-:mod:`forgeflow.training.rl`, says how TRL leaves such a completion out of the advantages). A
-completion's own failure is reward 0 with a note: no text, no diff, a diff git cannot apply, a run the
-submission itself timed out or exhausted (the verdict's ``evidence["submission_failure"]``). One
-completion never loses the batch: whatever goes wrong while scoring it is its own outcome.
-
-The training verifier's timeout (:func:`training_timeout_s`) is the task's original per-task
-timeout times a multiplier (the seeds' rule: SWE-smith's 3000 s x 0.06 = 180 s), never below
-:data:`PRISTINE_SAFETY_FACTOR` times the task's recorded pristine (Oracle) run.
+"""The verifier's reward for RL rollouts: :func:`score_completion` per completion (None on an
+infrastructure failure, never 0) and the TRL reward function :class:`VerifierReward`.
 """
 
 from __future__ import annotations
@@ -30,8 +17,13 @@ from forgeflow.common.names import sanitize_name
 from forgeflow.sandbox.backends import SandboxTarget, backend_kind
 from forgeflow.sandbox.base import SandboxSpec
 from forgeflow.sandbox.dispatch import RayPlacement, verify_on
+from forgeflow.sandbox.limits import SandboxLimits
 from forgeflow.sandbox.submission import TamperPolicy
 from forgeflow.sandbox.verifier import TaskTests
+
+RL_VERIFIER_LIMITS = SandboxLimits(memory_mb=1024)
+"""A training verifier container's limits where neither the ``rl-burst`` stage nor its sandbox block sets
+them: 1024 MiB (one test run of one task, beside many at once), 1 CPU."""
 
 TASK_TIMEOUT_S = 3000.0
 """A task's original per-task timeout when its row gives none, seconds: SWE-smith's tasks carry 3000 s
@@ -53,24 +45,11 @@ _DIFF_START = re.compile(r"^(diff --git |--- a/|--- /dev/null)", re.MULTILINE)
 
 
 class VerifierSpec(BaseModel):
-    """What the verifier needs of a task.
+    """What the verifier needs of a task (SWE-bench grading; ``fail_to_pass`` and ``pass_to_pass`` not both empty).
 
-    Attributes:
-        instance_id: the task's id.
-        image_ref: the task image (bug applied at ``/testbed``, a git repository).
-        test_command: the verifier's command (``pytest -rA`` output), run in ``/testbed``.
-        fail_to_pass / pass_to_pass: the task's test ids (SWE-bench grading); not both empty.
-        task_timeout_s: the task's original per-task timeout, seconds (default
-            :data:`TASK_TIMEOUT_S`, SWE-smith's 3000 s; not curation's cap). Also read under its former
-            name ``verifier_timeout_s``. Training runs the tests for it x
-            :attr:`forgeflow.training.rl.RLBurstConfig.verifier_timeout_multiplier` (:func:`training_timeout_s`).
-        pristine_duration_s: the longest recorded pristine (Oracle) run of the task's tests, seconds
-            (the Oracle trials' ``verifier_s``); None: not recorded. The training timeout is never below
-            :data:`PRISTINE_SAFETY_FACTOR` x this, and the verifier reads it to attribute a timeout to the
-            submission (``TaskTests.pristine_duration_s``).
-        known_tests: every test id the task's pristine NOP/Oracle runs collected (what validation recorded:
-            ``TaskRecord.known_tests``); None or empty: not recorded. With it, a run that reports or collects
-            another test is tampering, reward 0 (``TaskTests.known_tests``).
+    ``task_timeout_s`` is the task's original timeout (default SWE-smith's 3000 s; also read as
+    ``verifier_timeout_s``); ``pristine_duration_s``, the longest recorded Oracle test run, floors the
+    training timeout; with ``known_tests``, a run reporting another test is tampering (reward 0).
     """
 
     model_config = ConfigDict(frozen=True, populate_by_name=True)
@@ -95,17 +74,8 @@ class VerifierSpec(BaseModel):
 
 def training_timeout_s(task_timeout_s: float, multiplier: float, pristine_duration_s: float | None = None,
                        pristine_factor: float = PRISTINE_SAFETY_FACTOR) -> float:
-    """The training verifier's timeout of one task, seconds.
-
-    ``task_timeout_s x multiplier`` (the seeds' rule: 3000 s x 0.06 = 180 s), raised to
-    ``pristine_factor x pristine_duration_s`` where the task's pristine run is recorded and longer, so
-    a correct fix never times out for want of the time the task's own tests need.
-
-    Args:
-        task_timeout_s: the task's original per-task timeout, seconds (> 0).
-        multiplier: training timeout / task timeout (> 0; default of the burst 0.06).
-        pristine_duration_s: the task's longest recorded pristine (Oracle) run, seconds; None: not recorded.
-        pristine_factor: the floor, in pristine runs (>= 1; :data:`PRISTINE_SAFETY_FACTOR`).
+    """The training verifier's timeout of one task, seconds: ``task_timeout_s x multiplier`` (SWE-smith's
+    3000 s x 0.06 = 180 s), raised to ``pristine_factor x pristine_duration_s`` where that is longer.
 
     Raises:
         InputError: a timeout or multiplier <= 0, a negative pristine duration, or a factor < 1.
@@ -123,12 +93,10 @@ def training_timeout_s(task_timeout_s: float, multiplier: float, pristine_durati
 
 
 def completion_text(completion: Any) -> str:
-    """The text of a TRL completion: a string, or a conversational list of messages (the
-    assistant contents joined).
+    """The text of a TRL completion: a string, or a list of messages (the assistant contents joined).
 
     Raises:
-        InputError: the completion is neither (the completion's outcome: :func:`score_completion`
-            scores it 0).
+        InputError: the completion is neither (:func:`score_completion` scores it 0).
     """
     if isinstance(completion, str):
         return completion
@@ -138,12 +106,8 @@ def completion_text(completion: Any) -> str:
 
 
 def extract_patch(text: str) -> str:
-    """The unified diff in a model's answer, or ``""`` when there is none.
-
-    The last fenced block tagged ``diff`` or ``patch`` wins (a model may show the broken code
-    first); without one, the text from the first ``diff --git`` / ``--- a/`` line on. The patch
-    ends with a newline, as ``git apply`` wants. No attempt is made to repair a malformed diff:
-    one that does not apply is the model's outcome (reward 0).
+    """The unified diff in an answer (the last fenced ``diff``/``patch`` block, else from the first ``diff --git``
+    / ``--- a/`` line), newline-terminated, never repaired; ``""`` when there is none.
     """
     blocks = _FENCED_DIFF.findall(text)
     if blocks:
@@ -157,20 +121,8 @@ def extract_patch(text: str) -> str:
 
 
 class RewardOutcome(BaseModel):
-    """The verifier's verdict on one completion.
-
-    Attributes:
-        reward: 1.0 resolved, 0.0 not resolved (or no text, no diff, a diff that does not apply, a
-            run the submission itself failed); None iff ``exception_type`` is set.
-        exception_type: class name of the infrastructure error (``ImageNotFoundError``,
-            ``VerifierTimeoutError``, ...) or of an unexpected error while scoring this completion, else None.
-        exception_message: its message.
-        note: why, for a person (``no diff in the completion``, ``did not apply``, ``tampering: ...``), if any.
-        verifier_timeout_s: the timeout the test run had (:func:`training_timeout_s`), seconds.
-        tampering: True when the completion changed the task's own files (reward 0).
-        submission_failure: the kind of the submission's own failure (``timeout``, ``oom``, ...) when
-            the verifier attributed the run's failure to the submission (reward 0), else None.
-        node_id: the Ray node the verifier ran on; None when it ran in this process.
+    """The verifier's verdict on one completion: ``reward`` 1.0 or 0.0 (the model's outcomes), None iff
+    ``exception_type`` names an infrastructure or unexpected error; ``node_id`` None when scored in-process.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -198,42 +150,17 @@ def _failure_kind(evidence: dict[str, Any]) -> str | None:
 
 def score_completion(
     completion: Any, task: VerifierSpec, *, verifier_timeout_multiplier: float = 0.06,
-    memory_mb: int = 1024, cpus: float = 1.0, name: str | None = None, tamper_policy: TamperPolicy = "reject",
+    memory_mb: int = RL_VERIFIER_LIMITS.memory_mb, cpus: float = RL_VERIFIER_LIMITS.cpus, name: str | None = None,
+    tamper_policy: TamperPolicy = "reject",
     backend: "str | SandboxTarget" = "podman", ray: RayPlacement | None = None,
 ) -> RewardOutcome:
-    """Apply a completion's patch in a fresh container of the task image and grade the tests.
+    """Apply a completion's patch in a fresh container of the task image (``memory_mb`` MiB, ``cpus``) and grade.
 
-    Runs :func:`forgeflow.sandbox.scoring.verify_submission` (the agent trials' verifier: the patch
-    applied with ``git apply`` in a fresh container of the pristine image, the tampering policy, the
-    pinned test run, the strict resolution rule) with the timeout :func:`training_timeout_s` gives
-    (the task's timeout x ``verifier_timeout_multiplier``, never below :data:`PRISTINE_SAFETY_FACTOR`
-    x its pristine run), and the pristine duration passed on for attributing a timeout.
-
-    Whatever this one completion brings is its own outcome, never an error of the batch: a completion
-    that is not text or holds no diff is reward 0 without a container; an
-    :class:`~forgeflow.common.errors.InputError` while screening or applying its diff is reward 0 with
-    the error as the note; an infrastructure error (a lost Ray node included) is ``reward=None`` with
-    its class name, never 0; any other exception is likewise this completion's exception (None).
-
-    Args:
-        completion: a TRL completion (string or list of messages).
-        task: the task (an :class:`RLTask` or its :class:`VerifierSpec`).
-        verifier_timeout_multiplier: training timeout / the task's timeout (> 0).
-        memory_mb: memory limit of the verifier container, MiB.
-        cpus: CPU quota of the verifier container.
-        name: container name (default: derived from the instance id and a random nonce).
-        tamper_policy: ``reject`` or ``drop`` (:mod:`forgeflow.sandbox.submission`).
-        backend: the sandbox backend kind the verifier runs in (``podman``, ``kubernetes``).
-        ray: run the verifier as a Ray task on a sandbox node of this cluster
-            (:func:`forgeflow.sandbox.dispatch.verify_on`); None: here.
-
-    Returns:
-        The outcome (with the Ray ``node_id`` it was scored on and, for a run the submission itself
-        failed, its ``submission_failure`` kind).
+    No text or diff, or an ``InputError`` screening or applying: 0 with a note; an infrastructure or any
+    other error: ``reward=None`` with its class name, never 0.
 
     Raises:
-        InputError: the scorer's own settings are wrong (``verifier_timeout_multiplier`` <= 0, an
-            unknown ``tamper_policy`` or ``backend``): checked before the completion is looked at.
+        InputError: the scorer's own settings are wrong (a multiplier <= 0, an unknown policy or backend).
     """
     timeout_s = training_timeout_s(task.task_timeout_s, verifier_timeout_multiplier, task.pristine_duration_s)
     if tamper_policy not in get_args(TamperPolicy):
@@ -273,21 +200,8 @@ def score_completion(
 
 
 class StepRewardCounts(BaseModel):
-    """Rewards of the completions scored for one optimizer step.
-
-    Attributes:
-        step: the optimizer step the completions trained (1-based).
-        completions: completions scored.
-        resolved: reward 1.0.
-        unresolved: reward 0.0 (tests fail, no diff, a diff that does not apply, or the submission's own
-            failure).
-        submission_failures: completions whose run the submission itself failed (a hang past the
-            timeout, OOM, ...: reward 0, among ``unresolved``).
-        submission_failure_kinds: failure kind (``timeout``, ``oom``, ...) -> count.
-        exceptions: infrastructure errors, or unexpected errors while scoring one completion (no reward).
-        exception_types: exception class name -> count.
-        tampering: completions that changed the task's own files (among ``unresolved``).
-        nodes: Ray node id -> completions scored there (empty when the verifier ran in-process).
+    """Rewards of one optimizer step's completions (``unresolved`` includes tampering and the submission's own
+    failures; ``exceptions`` got no reward).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -341,29 +255,18 @@ def _column(values: list | None, i: int) -> Any:
 
 
 class VerifierReward:
-    """A TRL reward function (``GRPOTrainer``/``RLOOTrainer`` ``reward_funcs``) backed by the verifier.
-
-    Called with the batch's ``completions`` and the dataset columns of :class:`forgeflow.training.rl.RLData` (TRL passes
-    every extra column as a keyword list, plus ``trainer_state``); returns one reward per
-    completion, in order: 1.0, 0.0 or None (see :func:`score_completion`). One completion never
-    loses the batch: an error while scoring it (its task row included) is that completion's outcome.
-    Up to ``concurrency`` verifier containers run at once, here or (``ray``) as Ray tasks on the
-    cluster's sandbox nodes. ``counts`` holds a :class:`StepRewardCounts` per optimizer step and
-    ``outcomes`` every :class:`RewardOutcome` with its step and instance id.
-
-    The task's timeout column is ``task_timeout_s`` (its former name ``verifier_timeout_s`` is read
-    too; neither: :data:`TASK_TIMEOUT_S`), its pristine run ``pristine_duration_s`` and its known tests
-    ``known_tests`` (both optional: None where not recorded).
+    """A TRL reward function (``reward_funcs``) backed by the verifier: 1.0, 0.0 or None per completion, with
+    up to ``concurrency`` containers; ``counts`` per step and every outcome in ``outcomes``.
 
     Raises:
-        InputError: ``verifier_timeout_multiplier`` <= 0 or ``concurrency`` < 1 (at construction); an
-            unknown ``tamper_policy`` or ``backend`` (at the first call, before any completion is scored).
+        InputError: a multiplier <= 0 or ``concurrency`` < 1 (at construction); an unknown policy or
+            backend (at the first call, before any completion is scored).
     """
 
     __name__ = "verifier"
 
-    def __init__(self, *, verifier_timeout_multiplier: float = 0.06, memory_mb: int = 1024,
-                 cpus: float = 1.0, concurrency: int = 1, tamper_policy: TamperPolicy = "reject",
+    def __init__(self, *, verifier_timeout_multiplier: float = 0.06, memory_mb: int = RL_VERIFIER_LIMITS.memory_mb,
+                 cpus: float = RL_VERIFIER_LIMITS.cpus, concurrency: int = 1, tamper_policy: TamperPolicy = "reject",
                  backend: "str | SandboxTarget" = "podman", ray: RayPlacement | None = None) -> None:
         if verifier_timeout_multiplier <= 0:
             raise errors.InputError(f"verifier_timeout_multiplier must be > 0, got {verifier_timeout_multiplier}")

@@ -1,48 +1,6 @@
-"""RL bursts: GRPO (or RLOO) with LoRA, rewarded by the task's verifier in its container.
-
-One RL burst continues an adapter lineage exactly as an SFT burst does
-(:func:`forgeflow.training.burst.resolve_lineage_inputs`, :func:`forgeflow.training.burst.publish_adapter`): the
-adapter folder gets a ``lineage.json`` naming the algorithm, the base model digest, the parent
-adapter digest, the dataset digest, the hyperparameters and the run id — written only after the
-health gates passed.
-
-Trainer: TRL 1.16 ``GRPOTrainer`` (group-relative advantages, Shao et al. 2024, DeepSeekMath) or
-``RLOOTrainer`` (leave-one-out baseline, Ahmadian et al. 2024), chosen by
-:attr:`RLBurstConfig.algorithm`, with a peft LoRA adapter, on CPU here and on a GPU unchanged.
-
-Reward (:class:`forgeflow.training.rewards.VerifierReward`): each completion is parsed into a
-patch (:func:`forgeflow.training.rewards.extract_patch`: the model's unified diff, what
-mini-swe-agent submits as ``git diff``), and :func:`forgeflow.sandbox.scoring.verify_submission`
-— the same verifier agent trials use — screens it (a completion that changes the task's tests,
-conftest, test configuration or start-up hooks is tampering: reward 0, counted per step), applies
-it in a fresh container of the pristine task image, runs the tests with the pinned environment and
-reads the structured report, graded with the strict resolution rule: reward 1.0 (resolved) or 0.0
-(not resolved, patch empty or not applying, a report that disagrees with the exit status: the
-model's outcomes; so is a completion that is not text or holds no diff, and a run the submission
-itself hung or exhausted, which the verifier attributes to it on evidence: reward 0, counted per kind).
-An infrastructure failure (podman failure, missing image, OOM or timeout without the submission's
-evidence, unparseable output, a lost Ray node) gives **None**, never 0: TRL 1.16 turns None into NaN
-(``GRPOTrainer._calculate_rewards``: ``reward if reward is not None else torch.nan``), marks a
-completion whose every reward is NaN as unscorable (``unscorable_mask``), leaves it out of the
-group mean/std or leave-one-out baseline (``nanmean``/``nanstd``) and sets its advantage to 0
-(``torch.nan_to_num(advantages, nan=0.0)``), so it does not move the policy. ``RLOOTrainer``
-does the same. One completion never loses the batch (:class:`forgeflow.training.rewards.VerifierReward`).
-
-The verifier timeout for training (:func:`forgeflow.training.rewards.training_timeout_s`) is the task's
-original per-task timeout (:attr:`RLTask.task_timeout_s`, default SWE-smith's 3000 s) times
-:attr:`RLBurstConfig.verifier_timeout_multiplier` (default 0.06: the seeds' 180 s), never below
-:data:`forgeflow.training.rewards.PRISTINE_SAFETY_FACTOR` (5) times the task's recorded pristine
-(Oracle) run (:attr:`RLTask.pristine_duration_s`), which the verifier also reads to attribute a
-timeout to the submission. Curation's own timeout is a separate cap and plays no part. Rewards,
-the submission's own failures by kind and exceptions by type are counted per optimizer step
-(:class:`forgeflow.training.rewards.StepRewardCounts`, with the Ray nodes they ran on) and stored
-in ``lineage.json`` and the returned :class:`RLBurstRecord`.
-
-Agentic mode (:attr:`RLBurstConfig.episode`): each rollout is a multi-turn episode in a fresh sandbox of
-the task image (:mod:`forgeflow.training.episodes_run`), fed to the same GRPO trainer through its
-``rollout_func`` with the episodes' sampled ids and loss masks (:mod:`forgeflow.training.episodes_grpo`);
-the reward is the verifier's on the episode's final change, and the lineage also keeps the per-step
-``episode_stats``.
+"""RL bursts: GRPO (Shao et al. 2024) or RLOO (Ahmadian et al. 2024) with LoRA through TRL 1.16, rewarded by
+the task's verifier. An infrastructure failure's reward is None: TRL 1.16 makes it NaN
+(``GRPOTrainer._calculate_rewards``), drops it from ``nanmean``/``nanstd`` and zeroes its advantage.
 """
 
 from __future__ import annotations
@@ -59,6 +17,7 @@ from forgeflow.common import errors
 from forgeflow.common.fsutil import sha256_file, sha256_json
 from forgeflow.sandbox.backends import SandboxTarget
 from forgeflow.sandbox.dispatch import RayPlacement
+from forgeflow.sandbox.limits import Cpus, MemoryMb
 from forgeflow.training.adapters import (
     LINEAGE_FILE,
     AdapterRecord,
@@ -81,7 +40,13 @@ from forgeflow.training.health import (
     health_callback,
 )
 from forgeflow.training.preflight import burst_preflight, preflight
-from forgeflow.training.rewards import StepRewardCounts, VerifierReward, VerifierSpec, training_timeout_s
+from forgeflow.training.rewards import (
+    RL_VERIFIER_LIMITS,
+    StepRewardCounts,
+    VerifierReward,
+    VerifierSpec,
+    training_timeout_s,
+)
 from forgeflow.training.staging import StagingDir, remove_dead_staging_dirs
 
 DEFAULT_PROMPT_TEMPLATE = Path(__file__).resolve().parents[1] / "data" / "rl_prompt.md"
@@ -93,26 +58,10 @@ PROMPT_PLACEHOLDER = "{problem_statement}"
 
 # --- tasks and data ----------------------------------------------------------------------------
 class RLTask(VerifierSpec):
-    """One task an RL burst samples fixes for: the verifier's spec plus the problem statement
-    the model sees (never the patch).
+    """One task an RL burst samples fixes for: the verifier's spec plus the problem statement (never the patch).
 
-    Stricter than :class:`~forgeflow.training.rewards.VerifierSpec`, because a reward is credited on it:
-    ``fail_to_pass`` must name at least one test (without one, a completion that changes nothing passes
-    every remaining test and is rewarded 1), and an unknown field is refused (a misspelt
-    ``FAIL_TO_PASS`` would otherwise leave ``fail_to_pass`` empty, unseen).
-
-    Its timeouts (seconds): ``task_timeout_s``, the task's original per-task timeout (default SWE-smith's
-    3000 s; a row may still name it ``verifier_timeout_s``, its former name), and ``pristine_duration_s``,
-    the longest recorded pristine (Oracle) run of its tests (the Oracle trials' ``verifier_s``), if
-    known. Training runs the tests for ``task_timeout_s`` x the burst's multiplier, never below 5 x the
-    pristine run (:func:`forgeflow.training.rewards.training_timeout_s`).
-    ``known_tests``: every test id the task's pristine runs collected, if recorded (a run that reports
-    another is tampering). :func:`forgeflow.training.freeze_tasks.rl_tasks_from_freeze` fills both from
-    the store for the tasks of a freeze.
-
-    Raises:
-        pydantic.ValidationError: a missing or empty ``fail_to_pass``, an unknown field, or any
-            field of the verifier's spec out of bounds.
+    Stricter than ``VerifierSpec``: an empty ``fail_to_pass`` would reward a no-op completion 1, and a
+    misspelt ``FAIL_TO_PASS`` would leave it empty, so both are refused (``pydantic.ValidationError``).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -130,19 +79,9 @@ class RLTask(VerifierSpec):
 
 
 class RLData(BaseModel):
-    """An RL prompt dataset and the digest that identifies it.
+    """An RL prompt dataset and its digest (``sha256_json`` of the rows: it covers the rendered prompts).
 
-    Attributes:
-        dataset: a ``datasets.Dataset`` with ``prompt`` (one user message, conversational) and the
-            task columns TRL hands to the reward function: ``instance_id``, ``image_ref``,
-            ``test_command``, ``fail_to_pass``, ``pass_to_pass``, ``task_timeout_s`` (seconds),
-            ``pristine_duration_s`` (seconds, None where not recorded), and ``known_tests`` (the task's
-            known test ids, None where not recorded) when any task has them (without, the rows and their
-            digest are what they were before the column existed).
-        sha256: sha256 of the canonical JSON of the rows, in order (covers the rendered prompts,
-            hence the template).
-        prompt_template: the template file the prompts were rendered from.
-        prompt_template_sha256: its file digest.
+    ``known_tests`` is a column only when some task has them, so older digests stay the same.
     """
 
     model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
@@ -154,16 +93,11 @@ class RLData(BaseModel):
 
 
 def build_rl_dataset(tasks: Sequence[RLTask | dict], prompt_template: Path = DEFAULT_PROMPT_TEMPLATE) -> RLData:
-    """Render each task's prompt from ``prompt_template`` into a ``datasets.Dataset``.
-
-    Args:
-        tasks: :class:`RLTask` objects or dicts of their fields.
-        prompt_template: a non-empty text file containing ``{problem_statement}`` (replaced
-            verbatim; other braces are left alone).
+    """Render each task's prompt from ``prompt_template`` (``{problem_statement}`` replaced verbatim).
 
     Raises:
-        InputError: ``tasks`` is empty, a task is malformed (the message names its index and
-            field), ``instance_id`` repeats, or the template lacks the placeholder.
+        InputError: ``tasks`` is empty, a task is malformed (index and field named), ``instance_id``
+            repeats, or the template lacks the placeholder.
         PreflightError: the template file is missing or empty.
     """
     from datasets import Dataset
@@ -215,33 +149,12 @@ class RLBurstConfig(LoraSettings):
     """Hyperparameters of one RL burst (flat, TRL-style names; translated in :func:`_trl_objects`).
 
     Attributes:
-        algorithm: ``grpo`` (``trl.GRPOTrainer``) or ``rloo`` (``trl.RLOOTrainer``).
-        lora_*: the LoRA adapter (peft ``LoraConfig``), as in :class:`forgeflow.training.burst.BurstConfig`.
-        learning_rate: optimizer learning rate (constant schedule, no warm-up).
-        max_steps: optimizer steps.
-        prompts_per_step: distinct prompts per step; the per-device batch is
-            ``prompts_per_step * num_generations`` completions.
-        num_generations: completions sampled per prompt (the group), >= 2.
-        max_completion_length: tokens per completion.
-        temperature: sampling temperature of the rollouts.
+        prompts_per_step: distinct prompts per step; the batch is ``prompts_per_step * num_generations``.
         beta: KL coefficient against the base policy (0: no reference model).
-        seed: training and sampling seed.
-        verifier_timeout_multiplier: training verifier timeout = the task's original per-task timeout
-            (:attr:`RLTask.task_timeout_s`) x this, never below 5 x its pristine run
-            (:func:`forgeflow.training.rewards.training_timeout_s`); the seeds' 0.06.
-        verifier_memory_mb / verifier_cpus: limits of each verifier container.
-        verifier_concurrency: verifier containers at once.
-        verifier_backend: the sandbox backend kind of the verifier containers
-            (:data:`forgeflow.sandbox.backends.BACKENDS`), or a
-            :class:`~forgeflow.sandbox.backends.SandboxTarget` (a ``forgeflow-sandbox`` block's).
-        min_scored_fraction: least fraction of completions that must get a reward (not an
-            exception); below it the burst fails (it learned from too little).
-        gates: health gates; by default the loss trend gate is off (see :func:`_rl_gates`).
-        episode: the agentic mode (:class:`forgeflow.training.episodes.EpisodeSettings`: turns, tokens, wall
-            clock, tools, concurrency, the step's wall bound): each rollout a multi-turn episode in a fresh
-            sandbox of the task image, rewarded by the verifier on its final change
-            (:mod:`forgeflow.training.episodes_grpo`; ``grpo`` only: TRL's RLOOTrainer takes no rollout
-            function). None: single-turn rollouts (a completion holding a diff). Not dumped while None.
+        verifier_memory_mb / verifier_cpus: limits of each verifier container (default
+            :data:`~forgeflow.training.rewards.RL_VERIFIER_LIMITS`).
+        min_scored_fraction: least fraction of completions that must get a reward; below it the burst fails.
+        episode: the agentic mode (``grpo`` only); None: single-turn rollouts. Not dumped while None.
     """
 
     model_config = ConfigDict(frozen=True)
@@ -256,8 +169,8 @@ class RLBurstConfig(LoraSettings):
     beta: float = Field(default=0.0, ge=0.0)
     seed: int = 0
     verifier_timeout_multiplier: float = Field(default=0.06, gt=0.0, le=10.0)
-    verifier_memory_mb: int = Field(default=1024, ge=64)
-    verifier_cpus: float = Field(default=1.0, gt=0)
+    verifier_memory_mb: MemoryMb = RL_VERIFIER_LIMITS.memory_mb
+    verifier_cpus: Cpus = RL_VERIFIER_LIMITS.cpus
     verifier_concurrency: int = Field(default=1, ge=1, le=32)
     verifier_backend: str | SandboxTarget = "podman"
     min_scored_fraction: float = Field(default=0.5, ge=0.0, le=1.0)
@@ -274,20 +187,8 @@ class RLBurstConfig(LoraSettings):
 
 
 class RLBurstRecord(BaseModel):
-    """An RL burst's adapter and its reward counts.
-
-    Attributes:
-        adapter: the :class:`~forgeflow.training.burst.AdapterRecord` (lineage algorithm ``grpo``/``rloo``).
-        reward_counts: one :class:`StepRewardCounts` per optimizer step, in step order.
-        episode_stats: per step, the agentic mode's :class:`forgeflow.training.episodes_grpo.EpisodeStepStats`
-            (rewards, exceptions, refused prefixes, supervision stops, end reasons, turns); empty otherwise.
-        weights_changed: False when training left the trainable weights exactly as they started (the
-            parent adapter's, or a new adapter's initialisation): every group of generations got equal
-            rewards, so every GRPO/RLOO advantage was 0 and no gradient flowed (TRL's default ``beta`` 0
-            adds no KL term). Such an adapter learned nothing: for a parent it is the parent, for a new
-            adapter it is peft's initialisation (the same for any dataset of that seed), not a lineage
-            step. Measured by :func:`trainable_digest` before and after training, kept in
-            ``lineage.json``.
+    """An RL burst's adapter, its reward counts per step and its episode stats; ``weights_changed`` False: no
+    gradient flowed, nothing was learned (:func:`trainable_digest`).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -353,9 +254,7 @@ def _reusable_rl(out_dir: Path, expected: dict[str, Any]) -> RLBurstRecord | Non
 
 
 def trainable_digest(model: Any) -> str:
-    """sha256 (64 hex) of a model's trainable parameters (``requires_grad``): each name and its values as
-    float32, in ``named_parameters`` order. Two digests of one model are equal exactly when no trainable
-    weight moved between them (bfloat16 and float16 values are exact in float32)."""
+    """sha256 of the trainable parameters (float32 values, in order): equal exactly when no weight moved."""
     import hashlib
 
     digest = hashlib.sha256()
@@ -395,44 +294,13 @@ def run_rl_burst(
 ) -> RLBurstRecord:
     """Train a LoRA adapter with GRPO or RLOO, rewarded by the verifier in each task's container.
 
-    Continues ``parent_adapter_dir`` (``PeftModel.from_pretrained(..., is_trainable=True)``;
-    same base model and LoRA rank) or starts a new adapter. Order: lineage inputs, reuse of a
-    finished identical burst, removal of dead bursts' staging folders
-    (:func:`forgeflow.training.burst.remove_dead_staging_dirs`), preflight
-    (:func:`forgeflow.training.burst.burst_preflight`: chat template and prompt template non-empty, disk
-    space for the adapter), then training with the health callback, then the health gates and the
-    scored-fraction gate, and only then the adapter folder with ``lineage.json`` (which also
-    holds ``reward_counts``).
-
-    Args:
-        base_model_dir: HF model folder with tokenizer and chat template.
-        data: from :func:`build_rl_dataset`.
-        out_dir: the adapter folder to create.
-        config: hyperparameters.
-        parent_adapter_dir: an adapter folder written by an earlier (SFT or RL) burst, or None.
-        run_id: recorded in the lineage; a uuid4 hex when None.
-        verifier_backend: where this run's verifier containers run, when it differs from
-            ``config.verifier_backend`` only by what the lineage must not record (e.g. the flow
-            run's label on the pods); None: ``config.verifier_backend``.
-        ray: score the rollouts as Ray tasks on this cluster's sandbox nodes
-            (:class:`forgeflow.sandbox.dispatch.RayPlacement`); where they ran is counted per step
-            (``StepRewardCounts.nodes``), not in the lineage's inputs. None: in this process.
-        policy: the agentic mode's policy (a :class:`forgeflow.training.episodes.ScriptedPolicy` checks the
-            mechanics); None: the trainer's own generator. Ignored without ``config.episode``.
-
-    Agentic mode (``config.episode``): ``data`` built with
-    :data:`forgeflow.training.episodes.EPISODE_PROMPT_TEMPLATE`; each rollout an episode
-    (:mod:`forgeflow.training.episodes_grpo`) whose trajectories go to ``<out_dir's parent>/rl-episodes/<run_id>/``;
-    the lineage also keeps ``episode_stats`` per step.
-
-    Returns:
-        The :class:`RLBurstRecord`.
+    As an SFT burst, plus the scored-fraction gate and ``reward_counts`` in ``lineage.json``. ``ray`` scores
+    rollouts on a cluster's sandbox nodes; ``policy`` replaces the agentic mode's generator.
 
     Raises:
         InputError: a folder is missing or the parent does not fit.
         PreflightError: a template is missing or empty, or disk space is short.
-        BurstDivergedError / BurstHealthError: a gate failed (no adapter is written), including
-            fewer than ``min_scored_fraction`` of the completions scored.
+        BurstDivergedError / BurstHealthError: a gate failed, including too few completions scored.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -492,10 +360,7 @@ def run_rl_burst(
 
 def _reward_source(config: RLBurstConfig, data: RLData, backend: "str | SandboxTarget", ray: RayPlacement | None,
                    episodes_dir: Path, policy: Policy | None = None) -> tuple[Any, EpisodeRollout | None]:
-    """The trainer's reward function and, in the agentic mode, its rollout function: single-turn, the
-    verifier's reward on each completion's diff (:class:`VerifierReward`); agentic, each episode's own reward
-    (:func:`forgeflow.training.episodes_grpo.episode_reward`) from :class:`EpisodeRollout` (episodes in
-    ``episodes_dir``, their verifier timeouts by :func:`forgeflow.training.rewards.training_timeout_s`)."""
+    """The trainer's reward function and, in the agentic mode, its rollout function."""
     if config.episode is None:
         return VerifierReward(verifier_timeout_multiplier=config.verifier_timeout_multiplier,
                               memory_mb=config.verifier_memory_mb, cpus=config.verifier_cpus,

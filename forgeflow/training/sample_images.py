@@ -1,17 +1,5 @@
-"""Image turns in SFT samples: chat content as typed parts, images kept beside the JSONL by digest.
-
-A message's ``content`` is a string, or a list of parts in the chat format multimodal processors take
-(transformers' chat templates, TRL's vision datasets): ``{"type": "text", "text": ...}`` and
-``{"type": "image", "image": <ref>}``. In a samples JSONL an image ref is a path relative to the JSONL's
-folder, or the sha256 of the image's bytes naming a file beside it (``<sha256>`` or ``<sha256>.<ext>``; a
-file named by a digest must have that digest). :func:`resolve_images` turns each ref into the file's
-absolute path and its sha256 (``{"type": "image", "image": "/abs/path", "sha256": "<hex>"}``); a missing
-file, or one that is not a PNG, JPEG, GIF or WebP image PIL decodes, is an
-:class:`~forgeflow.common.errors.InputError`. Images go in ``user`` turns only (where TRL's
-``prepare_multimodal_messages`` fills them in).
-
-A dataset's digest names an image by its sha256, never by its path (:func:`digest_view`), so the same
-samples and images in another folder are the same dataset.
+"""Image turns in SFT samples: typed parts (``text``, ``image`` in ``user`` turns only, where TRL's
+``prepare_multimodal_messages`` fills them in), images kept beside the JSONL and digested by sha256.
 """
 
 from __future__ import annotations
@@ -35,8 +23,7 @@ _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 def image_file(ref: str, folder: Path | None) -> Path:
-    """The file an image ref names: an absolute path; a path relative to ``folder``; or a sha256 naming
-    ``<folder>/<sha256>`` or ``<folder>/<sha256>.<ext>``.
+    """The file an image ref names: an absolute path, a path under ``folder``, or ``<folder>/<sha256>[.<ext>]``.
 
     Raises:
         InputError: no such file (the ref and the folder named).
@@ -58,8 +45,7 @@ def check_image(path: Path, ref: str, sha256: str | None = None) -> str:
     """Check an image file and return its sha256 (hex).
 
     Raises:
-        InputError: the bytes are no PNG, JPEG, GIF or WebP image, PIL cannot decode them, the file's name is
-            a sha256 its bytes do not have, or they differ from ``sha256`` when given.
+        InputError: not a PNG, JPEG, GIF or WebP image PIL decodes, or not the sha256 its name or ``sha256`` gives.
     """
     from PIL import Image, UnidentifiedImageError
 
@@ -83,21 +69,10 @@ def check_image(path: Path, ref: str, sha256: str | None = None) -> str:
 
 
 def clean_content(content: Any, role: str, where: str, folder: Path | None = None) -> str | list[dict[str, Any]]:
-    """A message's content checked: a string, or a non-empty list of text and image parts.
-
-    Args:
-        content: the message's ``content``.
-        role: the message's role (image parts only in :data:`IMAGE_ROLES`).
-        where: the message's place, named in errors (``samples[0].messages[1]``).
-        folder: the folder relative image refs are read from (the JSONL's); None: refs must be absolute.
-
-    Returns:
-        The string, or the parts: ``{"type": "text", "text": str}`` and ``{"type": "image", "image": absolute
-        path, "sha256": hex}`` (each image file checked by :func:`check_image`).
+    """A message's content checked: a string, or text and image parts (images with absolute path and ``sha256``).
 
     Raises:
-        InputError: a part is malformed, an image is in another role's turn, or an image file is missing or
-            not an image (the part named).
+        InputError: a malformed part, an image outside a user turn, or a missing or non-image file (part named).
     """
     if isinstance(content, str):
         return content
@@ -126,12 +101,7 @@ def clean_content(content: Any, role: str, where: str, folder: Path | None = Non
 
 
 def resolve_images(row: dict[str, Any], folder: Path) -> dict[str, Any]:
-    """``row`` (a JSONL sample) with every image ref of its ``messages`` / ``prompt`` / ``completion`` resolved
-    against ``folder`` (:func:`clean_content`); other fields as they are (a copy).
-
-    Raises:
-        InputError: as :func:`clean_content` (the field and part named).
-    """
+    """A copy of ``row`` with every image ref resolved (raising as :func:`clean_content` does)."""
     out = dict(row)
     for key in ("messages", "prompt", "completion"):
         messages = row.get(key)
@@ -164,9 +134,7 @@ def image_count(row: dict[str, Any]) -> int:
 
 
 def uniform_parts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rows whose every message content is a list of parts with the keys :data:`PART_KEYS` (None where a part
-    lacks one): one Arrow type for the column (a ``datasets.Dataset`` refuses strings beside lists). A string
-    content becomes one text part."""
+    """Rows with every content a list of parts keyed :data:`PART_KEYS`: one Arrow type per column."""
     def parts(content: Any) -> list[dict[str, Any]]:
         items = [{"type": "text", "text": content}] if isinstance(content, str) else content
         return [{key: part.get(key) for key in PART_KEYS} for part in items]

@@ -1,10 +1,5 @@
-"""Training samples from Oracle solutions, in mini-swe-agent's own conversation format.
-
-An Oracle trajectory for a validated task is the conversation the agent *should* have had: the
-system and instance prompts of the mini-swe-agent config the canary runs (read from the installed
-package, so training and canary prompts cannot drift apart), then the assistant turns that apply
-the fix (the reverse of the bug patch), write ``patch.txt`` and submit, each in a
-``mswea_bash_command`` fence and followed by the config's observation text.
+"""Training samples from Oracle solutions, in mini-swe-agent's format (prompts read from the installed
+config the canary runs, so they cannot drift apart).
 """
 
 from __future__ import annotations
@@ -28,19 +23,12 @@ SUBMIT_COMMAND = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && cat patch.txt"
 
 @lru_cache(maxsize=4)
 def agent_templates(config_name: str = AgentConfig().config_name) -> dict[str, str]:
-    """The system, instance and observation templates of the mini-swe-agent config the canary uses
-    (loaded through :func:`forgeflow.evaluation.mswea.mswea_templates`, so training and canary prompts are
-    the same text)."""
+    """The system, instance and observation templates of the mini-swe-agent config the canary uses."""
     return mswea_templates(config_name)
 
 
 def fix_patch(checkout_dir: Path, bug_patch: str, instance_id: str) -> str:
-    """The patch that reverts ``bug_patch`` on the bugged tree (``git diff -R`` after applying it).
-
-    Args:
-        checkout_dir: a clean git checkout of the project (left untouched: work is on a copy).
-        bug_patch: unified diff of the bug.
-        instance_id: named in errors.
+    """The patch that reverts ``bug_patch`` on the bugged tree (``git diff -R`` after applying it, on a copy).
 
     Raises:
         PatchApplyError: the bug patch does not apply to the checkout.
@@ -60,12 +48,7 @@ def _observation(template: str, returncode: int, output: str) -> str:
 
 
 def oracle_messages(problem_statement: str, fix: str) -> list[dict[str, str]]:
-    """One Oracle conversation in the canary's format: apply the fix, write the patch, submit.
-
-    Returns:
-        chat messages ``[{"role", "content"}, ...]``: system, instance, then three
-        assistant/observation rounds (the last assistant turn is the submit command).
-    """
+    """One Oracle conversation: system, instance, then fix, write patch and submit rounds."""
     templates = agent_templates()
     instance = jinja2.Template(templates["instance"]).render(task=problem_statement)
     fence = "```mswea_bash_command\n{}\n```"
@@ -85,13 +68,10 @@ def oracle_messages(problem_statement: str, fix: str) -> list[dict[str, str]]:
 
 
 def oracle_samples(tasks: list[tuple[Any, Path, list[str]]]) -> list[dict[str, Any]]:
-    """SFT rows for accepted tasks.
+    """SFT rows ``{"messages", "instance_id", "repo", "source": "oracle"}`` for accepted tasks, in input order.
 
     Args:
         tasks: (candidate with ``instance_id``/``repo``/``patch``, clean checkout dir, FAIL_TO_PASS).
-
-    Returns:
-        rows ``{"messages": [...], "instance_id": str, "repo": str, "source": "oracle"}``, in input order.
     """
     rows = []
     for candidate, checkout, fail_to_pass in tasks:

@@ -1,8 +1,5 @@
-"""Staging folders of bursts: written beside the adapter folder, renamed into place when published.
-
-A :class:`StagingDir` (``.<name>.XXXX``) holds an owner lock (``fcntl.flock`` plus host, pid, boot id
-and process start time), so the next burst removes a killed burst's leftover
-(:func:`remove_dead_staging_dirs`) and never a live burst's folder.
+"""Staging folders of bursts, owner-locked (``fcntl.flock`` plus host, pid, boot id and start time), so
+the next burst removes a killed burst's leftover and never a live burst's folder.
 """
 
 from __future__ import annotations
@@ -30,8 +27,7 @@ def _boot_id() -> str | None:
 
 
 def _process_start_ticks(pid: int) -> int | None:
-    """Start time of process ``pid`` in clock ticks since boot (field 22 of ``/proc/<pid>/stat``,
-    proc(5)), None when the process does not exist (or /proc is missing)."""
+    """Start ticks since boot of ``pid`` (field 22 of ``/proc/<pid>/stat``, proc(5)); None if gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
@@ -49,14 +45,7 @@ def _owner_record() -> dict[str, Any]:
 
 
 def _owner_alive(record: Mapping[str, Any]) -> bool:
-    """Second check after the lock: is the recorded owner possibly still running?
-
-    True for an owner on another host (its process cannot be inspected from here) and for a
-    process of this host and boot that runs with the recorded start time (a reused pid has another
-    one). False for a record of an earlier boot, a gone process, or no readable record (then the
-    free lock is the only evidence, and it suffices: a live owner writes its record before the lock
-    file gets its name).
-    """
+    """Might the recorded owner still run? (another host's, or a live pid with the recorded start time)"""
     import socket
 
     host = record.get("host")
@@ -73,17 +62,8 @@ def _owner_alive(record: Mapping[str, Any]) -> bool:
 
 
 class StagingDir:
-    """A temporary sibling ``.<name>.XXXX`` of an adapter folder that a burst writes into before
-    the rename, owned by the running burst.
-
-    On enter: ``tempfile.mkdtemp`` (mode set to 0755), then the owner lock :data:`STAGING_LOCK_FILE`
-    is created under a temporary name, ``fcntl.flock``-ed (exclusive), filled with the owner record
-    (host, pid, boot id, process start time) and renamed into place, so a lock file that exists is
-    always held while its owner lives. The kernel drops a ``flock`` when its holder dies (kill -9
-    included), which is what lets :func:`remove_dead_staging_dirs` tell a dead burst's leftover from
-    a live burst's folder. On exit: the folder (if not published) is removed and the lock released.
-
-    Use: ``with StagingDir(out_dir) as tmp: ...`` (``tmp`` is the folder's path).
+    """A temporary sibling ``.<name>.XXXX`` of an adapter folder, owned by the running burst: its lock file is
+    ``flock``-ed before it gets its name, and the kernel drops the lock when the owner dies (kill -9 too).
     """
 
     def __init__(self, out_dir: Path) -> None:
@@ -120,17 +100,8 @@ class StagingDir:
 
 
 def remove_dead_staging_dirs(out_dir: Path) -> list[Path]:
-    """Remove the staging folders ``.<out_dir name>.*`` beside ``out_dir`` whose owner is provably dead.
-
-    A folder is removed only when its :data:`STAGING_LOCK_FILE` exists, an exclusive non-blocking
-    ``flock`` on it succeeds (no live process holds it: the kernel released the dead owner's lock),
-    and the owner record does not name a process that is running on this host and boot with the
-    recorded start time. The lock is held while the folder is removed. A folder without a lock file
-    (being created, being published, or written by a forgeflow without owner locks) and a folder whose
-    lock is held (a live burst, in this process or another) are never touched.
-
-    Returns:
-        The removed folders, sorted.
+    """Remove the staging folders ``.<out_dir name>.*`` whose owner is provably dead (lock file present, free
+    ``flock``, no live owner); returns them sorted.
     """
     import fcntl
 

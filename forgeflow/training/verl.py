@@ -1,31 +1,6 @@
-"""verl backend: PPO with a value model (critic) for GPU clusters, rendered from forgeflow's settings.
-
-TRL 1.x has no PPO trainer with a critic (its ``PPOTrainer`` was removed; GRPO/RLOO need no value
-model and run here, :mod:`forgeflow.training.rl`). For PPO + GAE on a Ray cluster forgeflow renders a
-config for verl's ``verl.trainer.main_ppo`` (the Hydra config ``verl/trainer/config/ppo_trainer.yaml``;
-key names as in verl's ``_generated_ppo_trainer.yaml``) and a Ray Jobs submission for it. verl is
-not installed here (it is a GPU cluster tool): the rendered keys are validated by pydantic models
-of exactly the keys forgeflow sets (:class:`PPOTrainerKeys`), and the batch arithmetic verl
-asserts at start-up (``RayPPOTrainer._validate_config``) is checked before anything is submitted.
-
-Pieces:
-
-* :class:`VerlPPOSettings` — forgeflow's flat, unit-named settings (one place to translate).
-* :func:`render_ppo_config` — the nested verl config (a dict; :func:`render_yaml` for a file;
-  :func:`hydra_overrides` for the command line), validated by :func:`validate_ppo_config`.
-* :func:`ray_job_spec` — a Ray Jobs ``POST /api/jobs/`` request: entrypoint
-  ``python3 -m verl.trainer.main_ppo <overrides>``, ``runtime_env`` (working_dir, pip, env_vars);
-  the ``ppo`` flow submits and follows it (:mod:`forgeflow.training.ray_jobs`).
-* :func:`write_verl_dataset` — the RL prompts as verl's parquet rows (``data_source``, ``prompt``,
-  ``ability``, ``reward_model``, ``extra_info``), carrying each task's verifier spec.
-* :func:`compute_score` — the ``custom_reward_function`` verl calls: the same verifier as
-  :mod:`forgeflow.training.rl` (patch applied in the task container, tests graded). It never raises
-  for one answer: the submission's own failure (a hang past the timeout, OOM, a diff git refuses) is
-  0.0; an infrastructure failure of one answer is 0.0 flagged ``infra_exception`` (verl has no "no
-  reward" value: its reward tensor takes a float per answer, and its own reward managers score a
-  timed-out or failed reward computation 0.0 with a flag, ``RateLimitedRewardManager``), until
-  infrastructure failures pass :data:`MAX_INFRA_FRACTION_ENV` of the answers this process scored,
-  when it raises: a job on a broken cluster fails loudly rather than training on zeros.
+"""verl backend: PPO with a critic for GPU clusters (TRL 1.x has none), rendered for ``verl.trainer.main_ppo``
+(key names as in verl's ``_generated_ppo_trainer.yaml``) and submitted as a Ray job; the keys and the
+batch arithmetic verl asserts (``RayPPOTrainer._validate_config``) are checked before submission.
 """
 
 from __future__ import annotations
@@ -69,82 +44,53 @@ def _field_error(exc: ValidationError, prefix: str = "") -> errors.InputError:
 
 # --- forgeflow-side settings -------------------------------------------------------------------
 class VerlPPOSettings(BaseModel):
-    """PPO on verl, in forgeflow's words (flat; translated by :func:`render_ppo_config`).
-
-    Attributes:
-        model_path: actor (and reference) model: HF id or a path on the cluster.
-        critic_model_path: value model; defaults to ``model_path`` (verl's usual choice).
-        train_files / val_files: parquet files on the cluster (:func:`write_verl_dataset`).
-        max_prompt_length_tokens / max_response_length_tokens: prompt and response budgets.
-        train_batch_size_prompts: prompts per PPO iteration (``data.train_batch_size``).
-        ppo_mini_batch_size_prompts: prompts per actor/critic update (must divide the batch).
-        micro_batch_size_per_gpu: samples per forward/backward on one GPU.
-        actor_learning_rate / critic_learning_rate: optimizer learning rates.
-        lora_rank: 0 trains all weights; > 0 a LoRA adapter of that rank (``lora_alpha``,
-            ``lora_target_modules``: verl's ``all-linear`` or a list).
-        rollout_engine: ``vllm`` or ``sglang``; ``rollout_n``: responses per prompt (1 for PPO).
-        rollout_tensor_parallel_size: GPUs per rollout engine; ``rollout_gpu_memory_fraction``:
-            the share of GPU memory the engine may take (0, 1].
-        gamma / gae_lambda: GAE discount and lambda (Schulman et al. 2016), in [0, 1].
-        kl_coef: KL penalty coefficient in the reward (fixed controller).
-        total_epochs / total_training_steps: run length (steps override epochs when set).
-        nnodes / n_gpus_per_node: the cluster.
-        project_name / experiment_name: logging names.
-        checkpoint_dir: where verl saves (``trainer.default_local_dir``; relative: under the job's
-            working_dir). The ``ppo`` flow ingests only a checkpoint the job itself wrote there: one that
-            predates the job, unchanged (an earlier run's in the same folder), is never taken for its own
-            (:func:`forgeflow.training.ppo.newest_adapter`). Left unset, the ``ppo`` flow adds the job's submission
-            id to the default (a folder per job); two runs at once in one folder cannot be told apart.
-        save_freq_steps: verl saves a checkpoint every this many steps and, when > 0, always after the
-            last one (default 100); -1 or 0 never saves (the ``ppo`` flow refuses that: it ingests the
-            newest checkpoint).
-        test_freq_steps: validation every this many steps; -1 disables.
-        reward_function_path: this module's path *on the cluster* (relative to the job's
-            working_dir), loaded by verl as ``custom_reward_function.path``.
-        verifier_timeout_multiplier: training verifier timeout = task timeout x this (never below 5 x the
-            task's pristine run: :func:`forgeflow.training.rewards.training_timeout_s`).
-        verifier_max_infra_fraction: the most infrastructure failures, as a fraction of the answers a
-            reward process scored (after :data:`INFRA_MIN_ANSWERS`), that :func:`compute_score` scores 0.0
-            flagged before it raises and ends the job (default 0.25).
-
-    An unknown field is refused (a misspelt key would otherwise fall back to its default unseen).
-    """
+    """PPO on verl, in forgeflow's flat words (translated by :func:`render_ppo_config`; unknown keys refused)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    model_path: str = Field(min_length=1)
-    critic_model_path: str | None = None
-    train_files: tuple[str, ...] = Field(min_length=1)
-    val_files: tuple[str, ...] = Field(min_length=1)
+    model_path: str = Field(min_length=1, description="actor (and reference) model: HF id or a path on the cluster")
+    critic_model_path: str | None = Field(None, description="value model; default model_path")
+    train_files: tuple[str, ...] = Field(min_length=1, description="parquet files on the cluster (write_verl_dataset)")
+    val_files: tuple[str, ...] = Field(min_length=1, description="parquet files on the cluster (write_verl_dataset)")
     max_prompt_length_tokens: int = Field(default=2048, ge=16)
     max_response_length_tokens: int = Field(default=1024, ge=16)
-    train_batch_size_prompts: int = Field(default=64, ge=1)
-    ppo_mini_batch_size_prompts: int = Field(default=16, ge=1)
-    micro_batch_size_per_gpu: int = Field(default=2, ge=1)
+    train_batch_size_prompts: int = Field(default=64, ge=1,
+        description="prompts per PPO iteration (data.train_batch_size)")
+    ppo_mini_batch_size_prompts: int = Field(default=16, ge=1,
+        description="prompts per actor/critic update (must divide the batch)")
+    micro_batch_size_per_gpu: int = Field(default=2, ge=1, description="samples per forward/backward on one GPU")
     actor_learning_rate: float = Field(default=1e-6, gt=0)
     critic_learning_rate: float = Field(default=1e-5, gt=0)
-    lora_rank: int = Field(default=0, ge=0)
+    lora_rank: int = Field(default=0, ge=0, description="0 trains all weights; > 0 a LoRA adapter of that rank")
     lora_alpha: int = Field(default=16, ge=1)
-    lora_target_modules: str | tuple[str, ...] = "all-linear"
+    lora_target_modules: str | tuple[str, ...] = Field("all-linear",
+        description="verl's all-linear or a list of module names")
     rollout_engine: Literal["vllm", "sglang"] = "vllm"
-    rollout_n: int = Field(default=1, ge=1)
-    rollout_tensor_parallel_size: int = Field(default=1, ge=1)
-    rollout_gpu_memory_fraction: float = Field(default=0.5, gt=0, le=1)
-    gamma: float = Field(default=1.0, ge=0, le=1)
-    gae_lambda: float = Field(default=1.0, ge=0, le=1)
-    kl_coef: float = Field(default=0.001, ge=0)
+    rollout_n: int = Field(default=1, ge=1, description="responses per prompt (1 for PPO)")
+    rollout_tensor_parallel_size: int = Field(default=1, ge=1, description="GPUs per rollout engine")
+    rollout_gpu_memory_fraction: float = Field(default=0.5, gt=0, le=1,
+        description="share of GPU memory the rollout engine may take")
+    gamma: float = Field(default=1.0, ge=0, le=1, description="GAE discount (Schulman et al. 2016)")
+    gae_lambda: float = Field(default=1.0, ge=0, le=1, description="GAE lambda (Schulman et al. 2016)")
+    kl_coef: float = Field(default=0.001, ge=0, description="KL penalty coefficient in the reward (fixed controller)")
     total_epochs: int = Field(default=1, ge=1)
-    total_training_steps: int | None = Field(default=None, ge=1)
+    total_training_steps: int | None = Field(default=None, ge=1,
+        description="run length in steps; overrides total_epochs when set")
     nnodes: int = Field(default=1, ge=1)
     n_gpus_per_node: int = Field(default=8, ge=1)
     project_name: str = Field(default="forgeflow", min_length=1)
     experiment_name: str = Field(default="ppo", min_length=1)
-    checkpoint_dir: str = Field(default="checkpoints/forgeflow/ppo", min_length=1)
-    save_freq_steps: int = Field(default=100, ge=-1)
-    test_freq_steps: int = Field(default=-1, ge=-1)
-    reward_function_path: str = Field(default="forgeflow/training/verl.py", min_length=1)
-    verifier_timeout_multiplier: float = Field(default=0.06, gt=0, le=10)
-    verifier_max_infra_fraction: float = Field(default=0.25, ge=0, le=1)
+    checkpoint_dir: str = Field(default="checkpoints/forgeflow/ppo", min_length=1,
+        description="where verl saves (relative: under working_dir); the ppo flow adds the job id when unset")
+    save_freq_steps: int = Field(default=100, ge=-1,
+        description="save every this many steps and after the last; -1 or 0 never (the ppo flow refuses)")
+    test_freq_steps: int = Field(default=-1, ge=-1, description="validate every this many steps; -1 disables")
+    reward_function_path: str = Field(default="forgeflow/training/verl.py", min_length=1,
+        description="this module's path on the cluster, relative to the job's working_dir")
+    verifier_timeout_multiplier: float = Field(default=0.06, gt=0, le=10,
+        description="training verifier timeout = task timeout x this (>= 5 x the pristine run)")
+    verifier_max_infra_fraction: float = Field(default=0.25, ge=0, le=1,
+        description="share of infrastructure failures compute_score tolerates before it raises")
 
     @model_validator(mode="after")
     def _batch_arithmetic(self) -> "VerlPPOSettings":
@@ -288,8 +234,7 @@ class TrainerKeys(_Keys):
 
 
 class PPOTrainerKeys(_Keys):
-    """The sections of verl's ``ppo_trainer.yaml`` forgeflow sets, with verl's key names; any
-    other key is rejected (a typo would otherwise be a silent no-op in a Hydra override)."""
+    """The sections of verl's ``ppo_trainer.yaml`` forgeflow sets; any other key is rejected (no silent typo)."""
 
     data: DataKeys
     actor_rollout_ref: ActorRolloutRefKeys
@@ -304,8 +249,7 @@ def validate_ppo_config(config: dict[str, Any]) -> PPOTrainerKeys:
     """Validate a rendered (or hand-edited) verl PPO config against :class:`PPOTrainerKeys`.
 
     Raises:
-        InputError: naming each bad key by its dotted path (``algorithm.adv_estimator: Input should
-            be 'gae'``, ``trainer.nnodes: Extra inputs are not permitted``, ...).
+        InputError: each bad key by dotted path (``trainer.nnodes: Extra inputs are not permitted``, ...).
     """
     try:
         return PPOTrainerKeys.model_validate(config)
@@ -314,12 +258,7 @@ def validate_ppo_config(config: dict[str, Any]) -> PPOTrainerKeys:
 
 
 def render_ppo_config(s: VerlPPOSettings) -> dict[str, Any]:
-    """The verl PPO config (nested dict, verl key names) for ``s``; validated before it is returned.
-
-    PPO proper: ``algorithm.adv_estimator=gae`` with a critic, the KL penalty in the reward
-    (``use_kl_in_reward``, fixed controller) rather than the GRPO-style KL loss, no reward model
-    (``reward_model.enable=false``) and this module's :func:`compute_score` as the custom reward.
-    """
+    """The validated verl PPO config for ``s``: GAE with a critic, KL penalty in the reward, :func:`compute_score`."""
     micro = s.micro_batch_size_per_gpu
     config = {
         "data": {
@@ -369,14 +308,6 @@ def render_ppo_config(s: VerlPPOSettings) -> dict[str, Any]:
     return config
 
 
-def render_yaml(config: dict[str, Any]) -> str:
-    """The config as YAML (block style, keys in render order), for a file passed with
-    ``--config-path``/``--config-name`` or for review."""
-    import yaml
-
-    return yaml.safe_dump(config, sort_keys=False, default_flow_style=False)
-
-
 def _hydra_value(value: Any) -> str:
     if value is None:
         return "null"
@@ -417,45 +348,25 @@ class RuntimeEnv(BaseModel):
 
 
 class RayJobSpec(BaseModel):
-    """A Ray Jobs ``POST /api/jobs/`` request body (Ray Jobs REST API, ``JobSubmitRequest``).
-
-    Attributes:
-        entrypoint: the shell command the job runs on the head node.
-        submission_id: a unique id (Ray rejects a reused one).
-        runtime_env: working_dir, pip packages, environment variables.
-        metadata: string labels stored with the job.
-        entrypoint_num_cpus / entrypoint_num_gpus: resources reserved for the driver (verl's
-            driver schedules its own GPU workers, so 0 GPUs).
-    """
+    """A Ray Jobs ``POST /api/jobs/`` request body (Ray Jobs REST API, ``JobSubmitRequest``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    entrypoint: str = Field(min_length=1)
-    submission_id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$")
+    entrypoint: str = Field(min_length=1, description="the shell command the job runs on the head node")
+    submission_id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$",
+        description="a unique id (Ray rejects a reused one)")
     runtime_env: RuntimeEnv
     metadata: dict[str, str] = Field(default_factory=dict)
     entrypoint_num_cpus: float = Field(default=1, ge=0)
-    entrypoint_num_gpus: float = Field(default=0, ge=0)
+    entrypoint_num_gpus: float = Field(default=0, ge=0,
+        description="GPUs reserved for the driver (verl schedules its own GPU workers)")
 
 
 def ray_job_spec(
     s: VerlPPOSettings, *, working_dir: str | None, submission_id: str, pip: list[str] | None = None,
     env_vars: dict[str, str] | None = None, metadata: dict[str, str] | None = None,
 ) -> RayJobSpec:
-    """The Ray job that runs verl's PPO with the rendered config.
-
-    Args:
-        s: the settings (rendered and validated here).
-        working_dir: the job's working directory (a local folder Ray uploads, or a remote URI);
-            it must contain forgeflow so ``s.reward_function_path`` resolves. None: the job runs in
-            the head node's own working directory (a cluster image with forgeflow and verl).
-        submission_id: unique job id (letters, digits, ``_.-``).
-        pip: packages the job installs (e.g. a pinned ``verl``); default none (a cluster image
-            with verl).
-        env_vars: extra environment; :data:`TIMEOUT_MULTIPLIER_ENV` and :data:`MAX_INFRA_FRACTION_ENV` are
-            always set from ``s``.
-        metadata: labels (e.g. the Prefect run id, the dataset digest); ``forgeflow`` is ``verl-ppo``
-            unless given, :data:`CHECKPOINT_DIR_LABEL` is always ``s.checkpoint_dir``.
+    """The Ray job that runs verl's PPO (``working_dir`` must contain forgeflow; None: the head node's own).
 
     Raises:
         InputError: a bad field (named).
@@ -476,12 +387,8 @@ def ray_job_spec(
 
 # --- data and reward on the cluster --------------------------------------------------------------
 def write_verl_dataset(data: Any, path: Path) -> Path:
-    """Write an :class:`forgeflow.training.rl.RLData` as verl's RL parquet.
-
-    Each row: ``data_source`` (``forgeflow``), ``prompt`` (the chat messages), ``ability``
-    (``swe``), ``reward_model`` (``{"style": "rule", "ground_truth": instance_id}``) and
-    ``extra_info`` (``{"index", "verifier": the task's verifier spec as JSON}``), which verl hands to
-    :func:`compute_score`.
+    """Write an ``RLData`` as verl's RL parquet, each row's ``extra_info.verifier`` the task's verifier spec as
+    JSON (read by :func:`compute_score`).
     """
     import json
 
@@ -524,24 +431,13 @@ _TALLY = _InfraTally()
 
 def compute_score(data_source: str, solution_str: str, ground_truth: str, extra_info: dict | None = None,
                   **_: Any) -> dict[str, float]:
-    """verl's ``custom_reward_function``: the task's verifier on one answer.
-
-    Same verifier as :func:`forgeflow.training.rewards.score_completion` (which never raises for one
-    answer's content), with the timeout multiplier from :data:`TIMEOUT_MULTIPLIER_ENV` (default 0.06).
-
-    Returns:
-        ``{"score", "resolved", "submission_failure", "infra_exception"}`` (floats; the same keys for
-        every answer, as verl collects them into ``reward_extra_info`` lists): ``score`` 1.0 resolved,
-        0.0 otherwise — including a run the submission itself failed (``submission_failure`` 1.0) and an
-        infrastructure failure of this answer (``infra_exception`` 1.0: verl has no "no reward"; its own
-        ``RateLimitedRewardManager`` scores a failed reward computation 0.0 with a flag).
+    """verl's ``custom_reward_function``: the task's verifier on one answer, as
+    ``{"score", "resolved", "submission_failure", "infra_exception"}`` floats (an infrastructure failure
+    scores 0.0 flagged: verl has no "no reward", as its ``RateLimitedRewardManager`` does).
 
     Raises:
-        InputError: the row is not a forgeflow row (no verifier spec in ``extra_info``), or the
-            scorer's settings are wrong.
-        InfraError: infrastructure failures passed :data:`MAX_INFRA_FRACTION_ENV` (default 0.25) of the
-            answers this process scored, after :data:`INFRA_MIN_ANSWERS`: the job ends rather than
-            train on a broken cluster's zeros.
+        InputError: the row has no verifier spec in ``extra_info``, or the scorer's settings are wrong.
+        InfraError: infrastructure failures passed :data:`MAX_INFRA_FRACTION_ENV` of the answers scored.
     """
     import json
 

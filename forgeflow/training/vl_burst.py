@@ -1,24 +1,8 @@
 """SFT bursts on an image-text-to-text base (a language model with a vision tower, e.g. Qwen3.5 / tiny-vl).
 
-A base checkpoint whose ``config.json`` has a ``vision_config`` (:func:`is_image_text_model`) is trained
-through ``AutoModelForImageTextToText`` in the training dtype (:func:`load_vl_model`), its vision tower
-frozen, with LoRA on the language model's modules only (:func:`vl_lora_config`: a regex over
-``language_model`` module names, so no vision module gets an adapter; the default targets add the MLP and
-Qwen3.5's Gated DeltaNet projections ``in_proj_qkv``, ``in_proj_z``, ``out_proj`` to the attention ones).
-
-Images reach the model through the checkpoint's processor (:func:`vl_processor`): its image processor
-and tokenizer, without the video processor (transformers 5.23 builds that with torchvision, which this
-CPU torch lacks; bursts carry no video). TRL 1.16's ``SFTTrainer`` trains a dataset with an ``images``
-column through its ``DataCollatorForVisionLanguageModeling`` (no packing, no padding-free batches), filling
-each ``{"type": "image"}`` placeholder of a user turn with the row's next image (:func:`vl_dataset`). The
-loss stays on assistant tokens: the processor gets :data:`VL_TRAINING_TEMPLATE`, the base template with
-``{% generation %}`` markers around each assistant turn (its ``<|im_end|>`` included), which renders the
-same text as the checkpoint's own template (checked on a probe conversation before training,
-:func:`training_template`; a template it does not match is refused rather than trained without the mask).
-
-The vision tower's digest (:func:`vision_tower_sha256`, the scheme ``forgeflow.packaging.vl_model`` uses
-to check a projector) goes into the lineage; the tower's tensors in memory are digested before and after
-training (:func:`vision_state_sha256`) and must be equal.
+Vision tower frozen (digested before and after), LoRA on the language model only, no video processor
+(transformers 5.23 builds it with torchvision, absent here), unpacked rows; the loss stays on assistant
+tokens through :data:`VL_TRAINING_TEMPLATE`, used only where it renders as the checkpoint's own.
 """
 
 from __future__ import annotations
@@ -124,8 +108,7 @@ def language_model_pattern(targets: Sequence[str]) -> str:
 
 
 def vl_lora_config(lora_r: int, lora_alpha: int, lora_dropout: float, targets: Sequence[str]) -> Any:
-    """``peft.LoraConfig`` of a VL burst: rank/alpha/dropout as given, :func:`language_model_pattern` of
-    :func:`vl_targets`."""
+    """``peft.LoraConfig`` of a VL burst: :func:`language_model_pattern` of :func:`vl_targets`."""
     from peft import LoraConfig
 
     return LoraConfig(r=lora_r, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
@@ -133,10 +116,10 @@ def vl_lora_config(lora_r: int, lora_alpha: int, lora_dropout: float, targets: S
 
 
 def vl_lora_parameter_count(base_dir: Path, lora_r: int, targets: Sequence[str]) -> int:
-    """Trainable LoRA parameters of a VL burst: ``r * (in + out)`` per adapted linear layer of the language model
-    (Hu et al. 2021), the shapes read from ``text_config`` (Qwen3.5's full-attention heads are gated: ``q_proj``
-    is twice the heads' width; Gated DeltaNet: ``in_proj_qkv`` to 2 key + 1 value widths, ``in_proj_z`` and
-    ``out_proj`` the value width).
+    """Trainable LoRA parameters of a VL burst: ``r * (in + out)`` per adapted linear layer (Hu et al. 2021).
+
+    Shapes from ``text_config``: Qwen3.5's gated full attention has ``q_proj`` twice the heads' width;
+    Gated DeltaNet's ``in_proj_qkv`` maps to 2 key + 1 value widths, ``in_proj_z``/``out_proj`` the value width.
 
     Raises:
         InputError: no readable ``config.json`` or no ``text_config``.
@@ -163,9 +146,7 @@ def vl_lora_parameter_count(base_dir: Path, lora_r: int, targets: Sequence[str])
 
 
 def vision_tower_sha256(hf_dir: Path) -> str:
-    """sha256 over a safetensors checkpoint's vision tower (names sorted; name after ``visual.``, dtype, shape
-    and bytes of each tensor): the scheme of ``forgeflow.packaging.vl_model.vision_tower_sha256``, equal for a
-    base and every merge of a LoRA that left the tower frozen.
+    """sha256 over a checkpoint's vision tower, the scheme of ``forgeflow.packaging.vl_model.vision_tower_sha256``.
 
     Raises:
         InputError: no safetensors file, or no vision tensor in them.
@@ -193,8 +174,7 @@ def vision_tower_sha256(hf_dir: Path) -> str:
 
 
 def vision_state_sha256(model: Any) -> str:
-    """:func:`vision_tower_sha256`'s scheme over the ``visual.`` parameters and buffers of a loaded model (or peft
-    model), in their in-memory dtype.
+    """:func:`vision_tower_sha256`'s scheme over a loaded model's ``visual.`` tensors, in memory dtype.
 
     Raises:
         InputError: the model has no ``visual.`` tensor.
@@ -219,8 +199,7 @@ def _tensors_sha256(keys: Iterable[str], get: Callable[[str], Any]) -> str:
 
 
 def load_vl_model(base_dir: Path, model_kwargs: dict[str, Any]) -> Any:
-    """``AutoModelForImageTextToText`` of ``base_dir`` loaded with ``model_kwargs`` (dtype, attention), its
-    vision tower (every parameter named ``visual.``) frozen.
+    """``AutoModelForImageTextToText`` of ``base_dir``, its vision tower (``visual.`` parameters) frozen.
 
     Raises:
         InputError: the model has no ``visual.`` parameter.
@@ -235,8 +214,7 @@ def load_vl_model(base_dir: Path, model_kwargs: dict[str, Any]) -> Any:
 
 
 def vl_processor(base_dir: Path) -> Any:
-    """The checkpoint's processor for training: its image processor and tokenizer in its processor class (a
-    ``Qwen3VLProcessor`` subclass that accepts no video processor), with :func:`training_template` set.
+    """The checkpoint's image processor and tokenizer (no video processor), with :func:`training_template` set.
 
     Raises:
         InputError: the processor class is not Qwen2-VL / Qwen2.5-VL / Qwen3-VL's, or the template is refused.
@@ -265,13 +243,10 @@ def vl_processor(base_dir: Path) -> Any:
 
 
 def training_template(processor: Any) -> str:
-    """The template a VL burst trains with: the processor's own when it has ``{% generation %}`` markers, else
-    :data:`VL_TRAINING_TEMPLATE` where it renders :data:`_PROBE` (text and image turns) exactly as the
-    processor's own does.
+    """The processor's template if it has ``{% generation %}`` markers, else :data:`VL_TRAINING_TEMPLATE` if equal.
 
     Raises:
-        InputError: the processor has no chat template, or its template renders the probe differently (its
-            assistant turns cannot be masked: give the checkpoint a template with generation markers).
+        InputError: no chat template, or it renders :data:`_PROBE` differently (add generation markers).
     """
     own = processor.chat_template or getattr(processor.tokenizer, "chat_template", None)
     if not own:
@@ -288,9 +263,7 @@ def training_template(processor: Any) -> str:
 
 
 def vl_dataset(rows: list[dict[str, Any]]) -> Any:
-    """A TRL vision dataset of checked SFT rows (``messages``, or ``prompt`` + ``completion``): every content a
-    list of ``{"type": "text", "text"}`` / ``{"type": "image"}`` placeholders, and an ``images`` column holding
-    each row's images (PIL, RGB) in turn order; text-only rows get no image.
+    """A TRL vision dataset of checked SFT rows: image placeholders, and an ``images`` column (PIL, RGB).
 
     Raises:
         InputError: an image file no longer has its recorded sha256, or does not decode.
@@ -324,8 +297,7 @@ def vl_dataset(rows: list[dict[str, Any]]) -> Any:
 
 
 def check_vl_lengths(processor: Any, dataset: Any, max_length: int) -> None:
-    """Preflight of a VL burst: every row fits ``max_length`` tokens with its images' tokens expanded (the
-    collator truncates from the right: an over-long row would lose its assistant turns or cut an image).
+    """Refuse rows longer than ``max_length`` tokens with their image tokens expanded.
 
     Raises:
         InputError: how many rows do not fit, the longest's token count and the first five (index, tokens).
@@ -350,40 +322,25 @@ def check_vl_lengths(processor: Any, dataset: Any, max_length: int) -> None:
 
 
 class VLBurstInputs(BaseModel):
-    """What a VL burst trains (:func:`prepare_vl_burst`).
-
-    Attributes:
-        model: the peft model (a new LoRA of :func:`vl_lora_config`, or the parent adapter continued), the
-            vision tower frozen.
-        processor: :func:`vl_processor`'s processor (training template set).
-        dataset: :func:`vl_dataset`'s rows.
-        vision_tower_sha256: :func:`vision_tower_sha256` of the base checkpoint (recorded in the lineage).
-        state_sha256: :func:`vision_state_sha256` of the loaded tower before training.
-    """
+    """What a VL burst trains (:func:`prepare_vl_burst`)."""
 
     model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
 
-    model: Any
+    model: Any = Field(description="the peft model, vision tower frozen")
     processor: Any
     dataset: Any
-    vision_tower_sha256: str = Field(min_length=64, max_length=64)
-    state_sha256: str = Field(min_length=64, max_length=64)
+    vision_tower_sha256: str = Field(min_length=64, max_length=64,
+        description="vision_tower_sha256 of the base checkpoint (recorded in the lineage)")
+    state_sha256: str = Field(min_length=64, max_length=64,
+        description="vision_state_sha256 of the loaded tower before training")
 
 
 def prepare_vl_burst(base_dir: Path, rows: list[dict[str, Any]], lora: LoraSettings, max_length: int,
                      model_kwargs: dict[str, Any], parent_adapter_dir: Path | None) -> VLBurstInputs:
-    """Processor, dataset (lengths checked), model (vision tower frozen, LoRA on the language model) of a VL burst.
-
-    Args:
-        base_dir: the image-text-to-text checkpoint.
-        rows: the burst's rows (``SFTData.dataset.to_list()``: ``messages`` or ``prompt``/``completion``).
-        lora: rank, alpha, dropout and targets (:func:`vl_targets`) of a new adapter.
-        max_length: most tokens of a row, image tokens included (:func:`check_vl_lengths`).
-        model_kwargs: ``from_pretrained`` dtype and attention (the device plan's).
-        parent_adapter_dir: the adapter to continue (its own targets), or None for a new one.
+    """Processor, dataset, model (tower frozen, LoRA on the language model) of a VL burst.
 
     Raises:
-        InputError: the processor, template, images or lengths are refused (see the functions named).
+        InputError: the processor, template, images or lengths (image tokens included) are refused.
     """
     from peft import PeftModel, get_peft_model
 

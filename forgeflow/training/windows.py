@@ -1,55 +1,14 @@
 """Training windows from agent trajectories: replay windows and anti-loop windows.
 
-A long agent run does not fit one training sample, and its dead loops are what training should
-remove. This module cuts mini-swe-agent trajectories (as forgeflow's canary records them,
-``forgeflow.evaluation.agent``: the text format, one ```` ```mswea_bash_command ```` fence per assistant
-message, or the tool-call format, OpenAI ``tool_calls`` answered by ``tool`` messages) into
-prompt/completion samples in TRL's conversational prompt-completion format (``prompt``: chat
-messages, ``completion``: one assistant message; TRL computes the loss on the completion only),
-as an HF :class:`datasets.Dataset` with a ``provenance`` column.
+Cuts mini-swe-agent trajectories (fenced text or OpenAI ``tool_calls``) into TRL prompt/completion
+samples. A step is an assistant message with exactly one action and its observation; messages with
+zero or several actions are dropped and counted, never guessed. A prompt: ``[system]``, the task
+excerpt plus a one-line recap of older steps, then the last ``replay_steps`` steps verbatim.
 
-**Steps.** A step is an assistant message with exactly one action (one fence, or one tool call)
-and its observation (the ``user``/``tool`` messages up to the next assistant message). An
-assistant message with zero or several actions cannot have its reasoning aligned to one action
-(in the text format mini-swe-agent executed none of them and answered with a format error; in
-the tool-call format it ran several calls after one reasoning text), so the message and its
-answers are dropped from every window and counted (``dropped_no_action`` /
-``dropped_several_actions``), never guessed.
-
-**Messages** in the dataset all have the keys ``role``, ``content`` (text; ``""`` for none),
-``tool_calls`` (None, or ``[{id, type, function: {name, arguments}}]`` with ``arguments`` a JSON
-string) and ``tool_call_id`` (None, or the call a ``tool`` message answers), as chat templates
-with tool support expect.
-
-**Window layout** (every kind): ``[system]`` (the trajectory's system message, verbatim, unless
-``include_system=False``), one ``user`` message = the task excerpt (the instance message, cut at
-``task_excerpt_chars``) + a progress recap of the steps older than the last ``replay_steps``
-(one line per step: its number, the first line of its command, its return code), then the last
-``replay_steps`` steps replayed verbatim (assistant message, observation messages); the
-completion is the continuation target.
-
-**Kinds.**
-
-* ``replay`` — for trajectories of at least ``min_steps`` steps: targets at the 0-based steps
-  ``replay_steps + 1``, then every ``stride_steps`` (so every window recaps at least one step); the target
-  is that step's assistant message verbatim. Targets from the first repetition of a detected loop
-  onward are left out (they would teach the loop).
-* anti-loop windows, from the earliest loop :func:`forgeflow.evaluation.supervision.detect_loop` finds on the
-  steps' calls (period 1: the same call repeated; period 2: two calls alternating;
-  ``loop_threshold`` repetitions):
-
-  - ``stop_and_conclude``: the context runs up to the call that completed the loop; the target,
-    instead of that call, says the last calls repeated without new information and submits
-    (``conclude_command``).
-  - ``early_switch``: the context runs to the end of the loop's first block (before any
-    repetition); the target is the first later step of the trajectory whose call is not in the
-    loop (the run's own way out, verbatim). No such step: no window (``skipped_no_switch``).
-  - ``one_call_quota``: as ``early_switch``, plus the first repeated call, whose observation is
-    replaced by the quota refusal (:data:`QUOTA_OBSERVATION`: each distinct call runs once); the
-    target is the run's way out, or the conclude message when it has none.
-
-The loop definition is the supervisor's (``supervision.detect_loop`` over the same call
-signatures), so the windows teach the behaviour the supervisor enforces at run time.
+Kinds: ``replay`` (targets from step ``replay_steps + 1``, every ``stride_steps``, none inside a loop)
+and, from the earliest loop :func:`forgeflow.evaluation.supervision.detect_loop` finds (the
+supervisor's definition): ``stop_and_conclude``, ``early_switch`` (the run's own first call outside the
+loop) and ``one_call_quota`` (the repetition answered by :data:`QUOTA_OBSERVATION`).
 """
 
 from __future__ import annotations
@@ -98,34 +57,22 @@ FENCE = "```mswea_bash_command\n{}\n```"
 
 
 class WindowConfig(BaseModel):
-    """Parameters of :func:`build_windows` (defaults suit 30-100 step SWE-style runs).
-
-    Attributes:
-        replay_steps: Steps replayed verbatim before the target (K).
-        stride_steps: Distance between consecutive replay targets.
-        min_steps: Aligned steps a trajectory needs to get replay windows ("long"); at least
-            ``replay_steps + 2`` so a window recaps at least one step.
-        task_excerpt_chars: Characters of the instance message kept (the head).
-        recap_command_chars: Characters of a command's first line kept in the recap.
-        loop_threshold: Repetitions that make a loop (``detect_loop``'s threshold).
-        loop_variants: Anti-loop window kinds to build (non-empty, no repeats).
-        conclude_command: Action of the conclude target.
-        include_system: Start each prompt with the trajectory's system message.
-
-    An unknown field is refused (a misspelt key would otherwise fall back to its default unseen).
-    """
+    """Parameters of :func:`build_windows` (defaults suit 30-100 step SWE-style runs; unknown keys refused)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    replay_steps: int = Field(4, ge=1, le=64)
-    stride_steps: int = Field(4, ge=1)
-    min_steps: int = Field(8, ge=3)
-    task_excerpt_chars: int = Field(4000, ge=200)
-    recap_command_chars: int = Field(200, ge=20)
-    loop_threshold: int = Field(DEFAULT_LOOP_THRESHOLD, ge=2)
-    loop_variants: tuple[LoopVariant, ...] = LOOP_VARIANTS
-    conclude_command: str = Field(CONCLUDE_COMMAND, min_length=1)
-    include_system: bool = True
+    replay_steps: int = Field(4, ge=1, le=64, description="steps replayed verbatim before the target (K)")
+    stride_steps: int = Field(4, ge=1, description="distance between consecutive replay targets")
+    min_steps: int = Field(8, ge=3,
+        description="aligned steps a trajectory needs for replay windows (>= replay_steps + 2)")
+    task_excerpt_chars: int = Field(4000, ge=200, description="characters of the instance message kept (the head)")
+    recap_command_chars: int = Field(200, ge=20, description="characters of a command's first line kept in the recap")
+    loop_threshold: int = Field(DEFAULT_LOOP_THRESHOLD, ge=2,
+        description="repetitions that make a loop (detect_loop's threshold)")
+    loop_variants: tuple[LoopVariant, ...] = Field(LOOP_VARIANTS,
+        description="anti-loop window kinds to build (non-empty, no repeats)")
+    conclude_command: str = Field(CONCLUDE_COMMAND, min_length=1, description="action of the conclude target")
+    include_system: bool = Field(True, description="start each prompt with the trajectory's system message")
 
     @field_validator("loop_variants")
     @classmethod
@@ -145,41 +92,24 @@ class WindowConfig(BaseModel):
 
 
 class WindowStats(BaseModel):
-    """Counts of one :func:`build_windows` run (sums over trajectories).
-
-    Attributes:
-        trajectories: Trajectories read.
-        aligned_steps: Assistant messages with exactly one action (usable steps).
-        dropped_no_action: Assistant messages with no action (reasoning dropped).
-        dropped_several_actions: Assistant messages with several actions (reasoning dropped).
-        short_trajectories: Trajectories with fewer than ``min_steps`` steps (no replay windows).
-        loops_detected: Trajectories with a loop.
-        skipped_no_switch: ``early_switch`` windows not built: the run never left its loop.
-        windows_by_kind: Windows built per kind.
-    """
+    """Counts of one :func:`build_windows` run (sums over trajectories)."""
 
     model_config = ConfigDict(frozen=True)
 
-    trajectories: int = Field(ge=0)
-    aligned_steps: int = Field(ge=0)
-    dropped_no_action: int = Field(ge=0)
-    dropped_several_actions: int = Field(ge=0)
-    short_trajectories: int = Field(ge=0)
-    loops_detected: int = Field(ge=0)
-    skipped_no_switch: int = Field(ge=0)
-    windows_by_kind: dict[str, int]
+    trajectories: int = Field(ge=0, description="trajectories read")
+    aligned_steps: int = Field(ge=0, description="assistant messages with exactly one action")
+    dropped_no_action: int = Field(ge=0, description="assistant messages with no action (dropped)")
+    dropped_several_actions: int = Field(ge=0, description="assistant messages with several actions (dropped)")
+    short_trajectories: int = Field(ge=0, description="trajectories under min_steps (no replay windows)")
+    loops_detected: int = Field(ge=0, description="trajectories with a loop")
+    skipped_no_switch: int = Field(ge=0, description="early_switch windows not built: the run never left its loop")
+    windows_by_kind: dict[str, int] = Field(description="windows built per kind")
 
 
 @dataclass(frozen=True)
 class TrainingWindows:
-    """The result of :func:`build_windows`.
-
-    Attributes:
-        dataset: Columns ``prompt`` (list of messages), ``completion`` (one assistant message)
-            and ``provenance`` (``instance_id``, ``trajectory_sha256``,
-            ``window_index`` (0-based within its trajectory), ``kind``, ``target_step`` (0-based
-            index of the aligned step the target reproduces or replaces)).
-        stats: The counts.
+    """The result of :func:`build_windows`: ``dataset`` (columns ``prompt``, ``completion``, ``provenance``:
+    ``instance_id``, ``trajectory_sha256``, ``window_index``, ``kind``, ``target_step``) and ``stats``.
     """
 
     dataset: Any
@@ -190,15 +120,8 @@ class TrainingWindows:
 class Step:
     """One aligned step: an assistant message with exactly one action, and its observation.
 
-    Attributes:
-        index: 0-based position among the trajectory's aligned steps.
-        message_index: Position of the assistant message in ``messages``.
-        assistant: The assistant message (reasoning + action), verbatim but normalized to the
-            dataset's message keys.
-        call: Its action as a :class:`~forgeflow.evaluation.supervision.ToolCall`.
-        observations: The ``user``/``tool`` messages answering it (normalized).
-        returncode: The command's return code as recorded (``extra.returncode``), if any.
-        call_id: The tool call's ``id`` (tool-call format), else None.
+    ``index`` counts aligned steps, ``message_index`` positions in ``messages``; messages are normalized
+    to the dataset's keys; ``returncode`` is ``extra.returncode`` as recorded.
     """
 
     index: int
@@ -261,20 +184,10 @@ def _message(message: Mapping[str, Any], where: str) -> dict[str, Any]:
 
 
 def parse_trajectory(trajectory: Mapping[str, Any] | str | Path) -> ParsedTrajectory:
-    """Split a mini-swe-agent trajectory (text or tool-call format) into aligned steps.
-
-    Args:
-        trajectory: The trajectory dict or its ``*.traj.json`` path; needs ``messages`` and an
-            ``instance_id`` (top level, or ``info.forgeflow.instance_id``).
-
-    Returns:
-        :class:`ParsedTrajectory`; ``sha256`` is the digest of the trajectory's canonical JSON
-        (:func:`forgeflow.common.fsutil.sha256_json`: re-indenting the file does not change it).
+    """Split a mini-swe-agent trajectory (dict or ``*.traj.json``) into aligned steps.
 
     Raises:
-        InputError: unreadable file, no ``messages`` list, no ``instance_id``, no user (task)
-            message before the first assistant message, or non-text content (a file's message begins
-            with its path).
+        InputError: unreadable, no ``messages`` or ``instance_id``, no task message first, or non-text content.
     """
     data = _load(trajectory)
     try:
@@ -416,8 +329,7 @@ CONCLUDE_CALL_ID = "forgeflow-conclude"
 def conclude_message(
     n_calls: int, period: int, command: str, action_format: Literal["text", "toolcall"] = "text"
 ) -> dict[str, Any]:
-    """The conclude target: :data:`CONCLUDE_THOUGHT` and ``command``: in an action fence (text
-    format) or as one ``bash`` tool call with ``{"command": ...}`` (tool-call format)."""
+    """The conclude target: :data:`CONCLUDE_THOUGHT` and ``command`` as a fence or one ``bash`` tool call."""
     what, it = ("the same command", "it") if period == 1 else ("the same two commands in turn", "them")
     thought = CONCLUDE_THOUGHT.format(n_calls=n_calls, what=what, it=it)
     if action_format == "text":
@@ -496,17 +408,7 @@ def window_features() -> Any:
 def build_windows(
     trajectories: Sequence[Mapping[str, Any] | str | Path], config: WindowConfig | None = None
 ) -> TrainingWindows:
-    """Build replay and anti-loop training windows from mini-swe-agent trajectories.
-
-    Args:
-        trajectories: Trajectory dicts or ``*.traj.json`` paths (text format; see
-            :func:`parse_trajectory`).
-        config: :class:`WindowConfig` (defaults when None).
-
-    Returns:
-        :class:`TrainingWindows`: the dataset (rows in trajectory order, then window order:
-        replay windows by target, then the loop variants in ``config.loop_variants`` order) and
-        the counts.
+    """Build replay and anti-loop training windows, in trajectory order, then by target and variant.
 
     Raises:
         InputError: a trajectory is unreadable or malformed (see :func:`parse_trajectory`).
@@ -546,10 +448,7 @@ def build_windows(
 
 
 def window_samples(windows: TrainingWindows) -> list[dict[str, Any]]:
-    """The windows as SFT samples in the prompt-completion format
-    (:func:`forgeflow.training.burst.build_sft_dataset`): ``prompt``, ``completion`` (tool calls
-    kept), ``instance_id``, ``source`` = ``window:<kind>:<trajectory sha256>:<target step>`` (so the
-    dataset's digest names where every sample came from) and the full ``provenance``."""
+    """The windows as prompt-completion SFT samples (``source``: ``window:<kind>:<sha256>:<step>``)."""
     samples = []
     for row in windows.dataset.to_list():
         prov = row["provenance"]
@@ -560,23 +459,11 @@ def window_samples(windows: TrainingWindows) -> list[dict[str, Any]]:
 
 
 def write_window_jsonl(windows: TrainingWindows, path: Path | None = None, *, folder: Path | None = None,
-                       name: str = "windows") -> tuple[Path, str]:
-    """Write :func:`window_samples` as JSONL (one sample per line, the ``sft-burst`` flow's
-    ``samples_jsonl``) atomically, never over other samples: a dataset an adapter was trained on stays.
-
-    Args:
-        windows: from :func:`build_windows`.
-        path: where to write; a file there with other content is refused (the same content is
-            written again, idempotent). None: ``folder / "<name>-<sha256[:12]>.jsonl"``, named by
-            its content, so two sources of the same ``name`` never overwrite each other.
-        folder / name: the folder and name stem of that default (``folder`` required when ``path`` is None).
-
-    Returns:
-        ``(the file written, its sha256)``.
+                       name: str = "windows", field: str = "samples_jsonl") -> tuple[Path, str]:
+    """Write :func:`window_samples` as JSONL (default ``folder / "<name>-<sha256[:12]>.jsonl"``); (file, sha256).
 
     Raises:
-        InputError: there is no window to write (the stats say why: short trajectories, no loop), or
-            ``path`` holds other samples (both digests named).
+        InputError: no window to write (the stats say why), or ``path`` holds other samples (``field`` named).
     """
     samples = window_samples(windows)
     if not samples:
@@ -592,8 +479,8 @@ def write_window_jsonl(windows: TrainingWindows, path: Path | None = None, *, fo
         path = Path(folder) / f"{name}-{digest[:12]}.jsonl"
     path = Path(path)
     if path.is_file() and (held := sha256_file(path)) != digest:
-        raise InputError(f"samples_jsonl {path} already holds other samples (sha256 {held[:12]}; these windows "
+        raise InputError(f"{field} {path} already holds other samples (sha256 {held[:12]}; these windows "
                          f"would be {digest[:12]}): an adapter may have been trained on it; give another path, or "
-                         "leave samples_jsonl unset for a file named by its content")
+                         f"leave {field} unset for a file named by its content")
     atomic_write_text(path, text)
     return path, digest

@@ -55,7 +55,7 @@ def test_unknown_project_is_refused_listing_the_pinned_ones():
     ({"serving": {"ports": (80, 8802)}}, "serving.ports", "ports must be in 1024..65535, got [80, 8802]"),
     ({"prewarm": {"lanes": 9, "shards": 8}}, "prewarm", "lanes (9) cannot exceed shards (8)"),
     ({"validation": {"verifier_timeout_s": float("inf")}}, "validation.verifier_timeout_s", "finite"),
-    ({"validation": {"memory_mb": 32}}, "validation.memory_mb", "greater than or equal to 64"),
+    ({"validation": {"memory_mb": 8}}, "validation.memory_mb", "greater than or equal to 16"),  # SandboxLimits
     ({"promotion": {"max_drop": 1.5}}, "promotion.max_drop", "less than or equal to 1"),
     ({"burst": {"lora_r": 512}}, "burst.lora_r", "less than or equal to 256"),
     ({"registries": {"transfer": {"max_size_bytes": -1}}}, "registries.transfer.max_size_bytes", "greater than"),

@@ -180,8 +180,9 @@ def test_canary_refuses_unknown_freeze_split_and_missing_endpoint(prefect_harnes
 
 def test_canary_runs_its_verifier_on_the_sandbox_block(prefect_harness, recorded_freeze, tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """``sandbox`` names a ``forgeflow-sandbox`` block: its limits are the job's (recorded), and its
-    backend runs the agent's container and the verifier. With ``kind: kubernetes`` and no cluster
+    """``sandbox`` names a ``forgeflow-sandbox`` block: its backend runs the agent's container and the
+    verifier; the job records the limits its trials ran with: the agent config's own memory (set), the
+    block's CPUs (left none; docs/verifier.md, "Sandbox limits"). With ``kind: kubernetes`` and no cluster
     reachable from here (no kubeconfig), every trial's first container (the agent's) fails to start:
     each trial is a SandboxError exception with no reward, never a 0."""
     from blocks.core import SandboxBackend
@@ -193,7 +194,7 @@ def test_canary_runs_its_verifier_on_the_sandbox_block(prefect_harness, recorded
     SandboxBackend(kind="podman", memory_mb=768, cpus=0.5).save("canary-small", overwrite=True)
     SandboxBackend(kind="kubernetes").save("canary-cluster", overwrite=True)
     common = dict(freeze_name="canary-test", source=TaskSource(generated_path=generated), out_dir=tmp_path / "canary",
-                  run=_settings({"step_limit": 5, "agent_timeout_s": 120}))
+                  run=_settings({"step_limit": 5, "agent_timeout_s": 120, "memory_mb": 512}))
     with pytest.raises(InputError, match="params.sandbox: sandbox block 'nope' does not exist"):
         canary(CanaryParams(endpoint=_at("http://127.0.0.1:9/v1"), sandbox="nope", **common))
     with scripted_endpoint(lambda i: text_answer(FIX)) as (url, _):
@@ -201,7 +202,7 @@ def test_canary_runs_its_verifier_on_the_sandbox_block(prefect_harness, recorded
         cluster = canary(CanaryParams(endpoint=_at(url), sandbox="canary-cluster", job_id="cluster", **common))
     assert small.report.reward_1 == 2
     recorded = store.get_job("small").params["agent_config"]
-    assert (recorded["verifier_backend"], recorded["memory_mb"], recorded["cpus"]) == ("podman", 768, 0.5)
+    assert (recorded["verifier_backend"], recorded["memory_mb"], recorded["cpus"]) == ("podman", 512, 0.5)
     assert store.get_job("cluster").params["agent_config"]["verifier_backend"]["kind"] == "kubernetes"
     assert [(t.exception_type, t.reward) for t in cluster.trials] == [("SandboxError", None)] * 2
     assert cluster.report.reward_0 == 0

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from deployments.cli import app
 from forgeflow.ledger.records import BatchRecord, TaskRecord, TrialRecord
 from forgeflow.ledger.store import Store
+from tests.helpers import task_status_counts
 
 runner = CliRunner()
 T0 = datetime(2026, 11, 30, 10, 0, tzinfo=UTC)
@@ -55,13 +56,13 @@ def _json(result) -> dict:
 
 
 def test_recover_dry_run_by_batch_lists_only_the_broken_trial_and_changes_nothing(home: Path) -> None:
-    before = Store().task_status_counts()
+    before = task_status_counts(Store())
     out = _json(runner.invoke(app, ["recover", "--batch", "b1", "--json"]))
     assert out["dry_run"] is True
     assert [t["trial_id"] for t in out["void"]] == ["t-a"]
     assert [t["instance_id"] for t in out["requeue"]] == ["repo.a"]
     assert sorted(k["trial_id"] for k in out["kept"]) == ["t-b", "t-c"]  # real outcomes stay
-    after = Store().task_status_counts()
+    after = task_status_counts(Store())
     assert after == before and len(Store().trials_for()) == 4
 
     text = runner.invoke(app, ["recover", "--trial", "t-a", "--trial", "t-b"])

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from forgeflow.common.settings import REPO_ROOT
-from tests.helpers import free_port
+from tests.helpers import free_port, store_revision
 
 
 def _run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
@@ -120,7 +120,7 @@ def test_a_store_at_an_older_revision_is_refused_not_migrated_by_a_read(tmp_path
     assert done.returncode == 2, done.stdout + done.stderr
     assert "is at schema revision 0002, older than this forgeflow's" in done.stderr
     assert "run any flow or `forgeflow up` to migrate it" in " ".join(done.stderr.split())
-    assert Store(url).current_revision() == "0002"
+    assert store_revision(Store(url)) == "0002"
 
 
 def test_up_refuses_a_notify_url_that_is_not_http_before_starting_anything(tmp_path) -> None:

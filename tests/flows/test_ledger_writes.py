@@ -11,6 +11,7 @@ from alembic import command
 
 from forgeflow.ledger.records import JobRecord, TrialRecord
 from forgeflow.ledger.store import Store, head_revision
+from tests.helpers import store_revision
 
 
 def test_record_rows_runs_alembic_once_per_store_not_per_call(tmp_path: Path, monkeypatch) -> None:
@@ -28,11 +29,11 @@ def test_record_rows_runs_alembic_once_per_store_not_per_call(tmp_path: Path, mo
                                                           reward=0.0)]) == 1
     assert upgrades == ["head"]
     store = Store(url)
-    assert store.current_revision() == head_revision() and store.counts()["trials"] == 5
+    assert store_revision(store) == head_revision() and store.counts()["trials"] == 5
     with store.engine.begin() as connection:  # a store moved off the head under the process is migrated again
         command.downgrade(store.alembic_config(connection), "0009")
     record_rows.fn(url, "trials", [TrialRecord(trial_id="t9", instance_id="i", kind="nop", reward=1.0)])
-    assert upgrades == ["head", "head"] and store.current_revision() == head_revision()
+    assert upgrades == ["head", "head"] and store_revision(store) == head_revision()
     store.dispose()
 
 

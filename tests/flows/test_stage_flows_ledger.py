@@ -333,7 +333,8 @@ def test_package_takes_a_quantization_plan_with_mixed_per_tensor_types(prefect_h
     """The hand-run pipeline's served mix by name, and a team's own spec: every tensor a pattern
     names carries that type in the file, the rest the preset's, and the ledger keeps each key."""
     from flows.stages import PackageParams, package
-    from forgeflow.packaging.gguf import MIXED_ATTN_EMBD_OUTPUT_Q8_0, tensor_types_of
+    from forgeflow.packaging.gguf import MIXED_ATTN_EMBD_OUTPUT_Q8_0
+    from tests.helpers import tensor_types_of
 
     hf_dir = tiny_ggufs()[0].parent / "hf"
     custom = {"preset": "Q8_0", "tensor_types": {r"ffn_(up|gate)\.weight$": "F16"}, "name": "q8-ffn-f16"}

@@ -19,6 +19,7 @@ import pytest
 from forgeflow.common.errors import InputError, PreflightError
 from forgeflow.common.fsutil import sha256_tree
 from forgeflow.ledger.store import Store
+from forgeflow.sandbox.limits import SandboxLimits
 from tests.helpers import tiny_ggufs
 
 pytestmark = [pytest.mark.slow]
@@ -53,12 +54,13 @@ def _jsonl(path: Path, rows: list) -> Path:
 
 def test_two_sft_bursts_continue_one_lineage_in_the_store(prefect_harness, home: Path, tiny_model: Path,
                                                           tmp_path: Path) -> None:
-    from flows.training import SFTBurstParams, SFTHyperParams, sft_burst
+    from flows.training import SFTBurstParams, sft_burst
     from forgeflow.packaging.lineage import lineage_of
     from forgeflow.training.adapters import adapter_sha256
+    from forgeflow.training.burst import BurstConfig
 
     samples = _jsonl(tmp_path / "chats.jsonl", [{"messages": m} for m in CHATS])
-    training = SFTHyperParams(max_steps=2, learning_rate=5e-3, lora_r=4, max_length=256, seed=1)
+    training = BurstConfig(max_steps=2, learning_rate=5e-3, lora_r=4, max_length=256, seed=1)
     params = SFTBurstParams(hf_dir=tiny_model, samples_jsonl=samples, training=training)
     first = sft_burst(params)
     base_sha = sha256_tree(tiny_model)
@@ -105,11 +107,12 @@ def test_an_unpacked_checkpointed_sft_burst_trains_and_its_lineage_says_so(prefe
     """Issue 17: ``params.training.packing=False`` (one sample per row, padded),
     ``gradient_checkpointing=True`` and ``batch_size=2`` reach the burst; it trains, and the store's lineage
     records them."""
-    from flows.training import SFTBurstParams, SFTHyperParams, sft_burst
+    from flows.training import SFTBurstParams, sft_burst
+    from forgeflow.training.burst import BurstConfig
 
     samples = _jsonl(tmp_path / "chats.jsonl", [{"messages": m} for m in CHATS])
-    training = SFTHyperParams(max_steps=1, lora_r=4, max_length=256, batch_size=2, packing=False,
-                              gradient_checkpointing=True)
+    training = BurstConfig(max_steps=1, lora_r=4, max_length=256, batch_size=2, packing=False,
+                           gradient_checkpointing=True)
     state = sft_burst(SFTBurstParams(hf_dir=tiny_model, samples_jsonl=samples, training=training), return_state=True)
     result = state.result()
     # the core's line on checkpointing reaches the run's log (forwarded from forgeflow.training.burst)
@@ -122,7 +125,7 @@ def test_an_unpacked_checkpointed_sft_burst_trains_and_its_lineage_says_so(prefe
     lineage = production.lineage
     assert (lineage["packing"], lineage["attention"], lineage["gradient_checkpointing"]) == ("none", "sdpa", True)
     assert (lineage["hyperparameters"]["packing"], lineage["hyperparameters"]["gradient_checkpointing"]) == (False, True)
-    assert lineage["hyperparameters"]["per_device_train_batch_size"] == 2
+    assert lineage["hyperparameters"]["batch_size"] == 2
 
 
 def test_sft_burst_refuses_bad_input_before_any_model_loads(prefect_harness, home: Path, tiny_model: Path,
@@ -188,8 +191,13 @@ def test_rl_burst_refuses_bad_tasks_parent_and_sandbox_before_any_model_loads(
     with pytest.raises(ValueError, match=r"verifier_timeout_multiplier"):
         RLHyperParams(verifier_timeout_multiplier=0)
     # the training verifier's timeout: the task's own timeout x the multiplier (curation's timeout plays no part)
-    config = RLHyperParams(verifier_timeout_multiplier=0.5).burst_config("kubernetes", 2048, 2.0)
+    block = SandboxLimits(memory_mb=2048, cpus=2.0)
+    config = RLHyperParams(verifier_timeout_multiplier=0.5).burst_config("kubernetes", block)
     assert (config.verifier_timeout_multiplier, config.verifier_backend, config.verifier_memory_mb) == (0.5, "kubernetes", 2048)
+    # the verifier's limits: the stage's own win over the block's, the block's fill in, else RL's 1024 MiB, 1 CPU
+    own, default = RLHyperParams(memory_mb=512).burst_config("podman", block), RLHyperParams().burst_config("podman")
+    assert (own.verifier_memory_mb, own.verifier_cpus, default.verifier_memory_mb, default.verifier_cpus) \
+        == (512, 2.0, 1024, 1.0)
     assert not (home / "models").exists()
 
 

@@ -53,9 +53,10 @@ def test_an_sft_burst_with_image_turns_freezes_the_vision_tower_and_a_text_file_
         prefect_harness, home: Path, tmp_path: Path) -> None:
     from safetensors import safe_open
 
-    from flows.training import SFTBurstParams, SFTHyperParams, sft_burst
+    from flows.training import SFTBurstParams, sft_burst
     from forgeflow.packaging import vl_model
     from forgeflow.training.adapters import read_adapter_record
+    from forgeflow.training.burst import BurstConfig
     from forgeflow.training.vl_burst import vl_lora_parameter_count
 
     base = vl_model.build_tiny_vl_model(cache_dir() / "test-fixtures" / "tiny-vl-seed0", seed=0)  # reused
@@ -67,7 +68,7 @@ def test_an_sft_burst_with_image_turns_freezes_the_vision_tower_and_a_text_file_
             _ask(f"shots/{green}", "And this one?", "Green.")]
     samples = data / "vl.jsonl"
     samples.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    training = SFTHyperParams(max_steps=2, learning_rate=5e-3, lora_r=4, max_length=128, seed=1)
+    training = BurstConfig(max_steps=2, learning_rate=5e-3, lora_r=4, max_length=128, seed=1)
     first = sft_burst(SFTBurstParams(hf_dir=base.path, samples_jsonl=samples, training=training))
 
     record = read_adapter_record(first.adapter_path)
@@ -82,7 +83,7 @@ def test_an_sft_burst_with_image_turns_freezes_the_vision_tower_and_a_text_file_
     assert {"in_proj_qkv", "in_proj_z", "out_proj", "q_proj", "gate_proj"} <= {n.split(".")[-3] for n in tensors}
     moved = [n for n, t in tensors.items() if "lora_B" in n and t.abs().sum() > 0]  # peft starts every B at zero
     assert len(moved) == len([n for n in tensors if "lora_B" in n])
-    assert sum(t.numel() for t in tensors.values()) == vl_lora_parameter_count(base.path, 4, training.burst_config().lora_target_modules)
+    assert sum(t.numel() for t in tensors.values()) == vl_lora_parameter_count(base.path, 4, training.lora_target_modules)
 
     # the same images in another folder are the same dataset (images named by digest, not by path)
     moved_data = tmp_path / "elsewhere"

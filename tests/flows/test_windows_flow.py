@@ -34,8 +34,9 @@ def _record_job(store, job_id: str, folder: Path, trajectories: dict[str, dict])
 
 
 def test_windows_from_a_canary_job_train_an_sft_burst(prefect_harness, flow_home: Path, tmp_path: Path) -> None:
-    from flows.training import SFTHyperParams, WindowsParams, windows
+    from flows.training import WindowsParams, windows
     from forgeflow.ledger.store import Store
+    from forgeflow.training.burst import BurstConfig
     from forgeflow.training.jsonl import read_sft_jsonl
     from forgeflow.training.windows import WindowConfig
 
@@ -61,7 +62,7 @@ def test_windows_from_a_canary_job_train_an_sft_burst(prefect_harness, flow_home
     with pytest.raises(InputError, match=rf"{broken / 't-1.traj.json'}: trajectory has no 'messages' list"):
         windows(WindowsParams(trajectories_dir=broken))
 
-    training = SFTHyperParams(max_steps=2, learning_rate=5e-3, lora_r=4, max_length=2048, seed=0)
+    training = BurstConfig(max_steps=2, learning_rate=5e-3, lora_r=4, max_length=2048, seed=0)
     result = windows(WindowsParams(job_id="canary-job-1", windows=config, hf_dir=tiny_ggufs()[0].parent / "hf",
                                    training=training))
     assert result.trajectories == 3

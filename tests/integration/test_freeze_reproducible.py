@@ -22,10 +22,11 @@ from forgeflow.curation.freeze import (
     select_splits,
     write_freeze,
 )
-from forgeflow.registry.images import build_task_image, ensure_env_image
+from forgeflow.registry.images import build_task_image
 from forgeflow.registry.projects import get_project, prepare_checkout
 from forgeflow.sandbox.base import SandboxSpec
 from forgeflow.sandbox.trial import validate_candidate
+from tests.helpers import ensure_env_image
 
 pytestmark = pytest.mark.integration
 

@@ -19,11 +19,10 @@ from forgeflow.packaging.gguf import (
     MIXED_ATTN_EMBD_OUTPUT_Q8_0,
     load_gguf,
     quantize,
-    quantize_mixed,
-    tensor_types_of,
 )
 from forgeflow.packaging.gguf_edit import set_metadata
 from forgeflow.packaging.gguf_reader import read_metadata, tensor_sha256
+from tests.helpers import tensor_types_of
 
 pytestmark = pytest.mark.slow
 
@@ -74,11 +73,11 @@ def test_uniform_q4_k_m_differs_from_mixed(mixed: Path, f16: Path, tmp_path: Pat
 
 def test_override_errors_are_explicit(f16: Path, tmp_path: Path) -> None:
     with pytest.raises(InputError, match="'Q9_X' is not a ggml type"):
-        quantize_mixed(f16, tmp_path / "x.gguf", "Q4_K_M", {"attn_q": "Q9_X"})
+        quantize(f16, tmp_path / "x.gguf", "Q4_K_M", tensor_types={"attn_q": "Q9_X"})
     with pytest.raises(InputError, match="not a regex"):
-        quantize_mixed(f16, tmp_path / "x.gguf", "Q4_K_M", {"attn_(q": "Q8_0"})
+        quantize(f16, tmp_path / "x.gguf", "Q4_K_M", tensor_types={"attn_(q": "Q8_0"})
     with pytest.raises(GGUFError, match=r"\['no_such_tensor'\] matched no quantizable tensor"):
-        quantize_mixed(f16, tmp_path / "x.gguf", "Q4_K_M", {"no_such_tensor": "Q8_0"})
+        quantize(f16, tmp_path / "x.gguf", "Q4_K_M", tensor_types={"no_such_tensor": "Q8_0"})
     assert not (tmp_path / "x.gguf").exists()
 
 

@@ -144,7 +144,8 @@ def test_bad_generation_arguments_are_named(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def accepted_task(project_and_checkout):
     """The first of the seed's candidates whose task validates (up to 3 tried)."""
-    from forgeflow.registry.images import build_task_image, ensure_env_image
+    from forgeflow.registry.images import build_task_image
+    from tests.helpers import ensure_env_image
 
     project, root = project_and_checkout
     env = ensure_env_image(project)
@@ -213,7 +214,8 @@ def test_a_container_left_under_the_trials_name_is_replaced(accepted_task) -> No
 def test_an_oracle_reverts_a_patch_larger_than_one_command_argument(accepted_task) -> None:
     """Linux caps one argv string at 128 KiB (MAX_ARG_STRLEN): a bug patch of ~250 KiB (the bug plus a
     new data file) is reverted all the same, and the task validates."""
-    from forgeflow.registry.images import build_task_image, ensure_env_image
+    from forgeflow.registry.images import build_task_image
+    from tests.helpers import ensure_env_image
 
     project, cand, _, _ = accepted_task
     lines = [f"row {i:05d} " + "x" * 70 + "\n" for i in range(3200)]

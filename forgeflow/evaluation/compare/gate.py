@@ -1,20 +1,9 @@
 """The promotion gate: may candidate B replace baseline A? promote, hold or reject, and why.
 
-A verdict needs evidence and weighs cost (docs/architecture.md: "a decision needs evidence ...
-otherwise the answer is hold"):
-
-* **evidence** — at least ``min_pairs`` pairs from at least ``min_repos`` repositories, and a
-  paired delta interval (:class:`forgeflow.evaluation.paired_stats.DeltaInterval`: Newcombe's hybrid score
-  interval united with the repository cluster bootstrap, valid at small n and few clusters) whose
-  lower bound clears ``-max_drop`` (non-inferiority with margin ``max_drop``; Wellek 2010, "Testing
-  Statistical Hypotheses of Equivalence and Noninferiority"). Short of it the verdict is hold,
-  "not enough evidence", with the pairs and repositories that would be needed.
-* **cost** — the candidate's mean wall seconds, input tokens and agent steps per paired trial, as
-  ratios B / A, within the largest allowed ratios; beyond one, the verdict is hold, naming it.
-* **usable jobs** — a job whose trials were excluded as exceptions (or never came back) above
-  ``max_exception_rate`` of its requested trials is unusable (:mod:`forgeflow.evaluation.compare.exclusions`):
-  the verdict is hold, naming the job, its rate and the limit, whatever the pairs say.
-"""
+A verdict needs evidence (docs/architecture.md: "a decision needs evidence ... otherwise the answer is
+hold"): enough pairs and repositories, and a paired delta interval whose lower bound clears ``-max_drop``
+(non-inferiority; Wellek 2010, "Testing Statistical Hypotheses of Equivalence and Noninferiority"); costs
+within their ratio limits; no unusable job (:mod:`forgeflow.evaluation.compare.exclusions`)."""
 
 from __future__ import annotations
 
@@ -34,40 +23,31 @@ COST_LIMITS = (("wall_s", "max_wall_s_ratio"), ("input_tokens", "max_input_token
 
 
 class GatePolicy(BaseModel):
-    """The promotion gate's parameters.
-
-    The cost defaults: wall time is the noisiest cost (machine load, sandbox concurrency, cold
-    image caches: two runs of one model on this machine differ by tens of percent — the demo's
-    candidate, the same size as its baseline, took 1.36x the wall time), so it gets the widest
-    allowance, 1.5x. Input tokens and agent steps are what serving pays per task and move little
-    between runs of one model; a candidate may spend up to 25% more of them. The hand-run
-    pipeline's test38 candidate (+47.7% input tokens, 2.33x the runtime) is beyond both; its
-    +19.2% agent steps is within.
-
-    Attributes:
-        max_drop: Largest tolerated drop in pass rate, a fraction in [0, 1] (0.05 = five points).
-        alpha: Significance level in (0, 0.5]; the delta interval is at confidence ``1 - alpha``.
-        min_pairs: Fewest pairs (instances scored in both runs) for any verdict but hold.
-        min_repos: Fewest repositories those pairs must come from.
-        max_wall_s_ratio: Largest mean wall seconds per trial, B / A (None: not checked).
-        max_input_tokens_ratio: Largest mean model input tokens per trial, B / A (None: not checked).
-        max_agent_steps_ratio: Largest mean agent steps per trial, B / A (None: not checked).
-        max_exception_rate: Largest fraction of a job's requested trials excluded as exceptions (or missing)
-            for the job to be compared, in [0, 1]; above it the job is unusable and the verdict is hold
-            (default 0.2: :data:`forgeflow.evaluation.compare.exclusions.DEFAULT_MAX_EXCEPTION_RATE`, where
-            the choice is explained).
-    """
+    """The promotion gate's parameters."""
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    max_drop: float = Field(0.05, ge=0.0, le=1.0)
-    alpha: float = Field(0.05, gt=0.0, le=0.5)
-    min_pairs: int = Field(30, ge=1)
-    min_repos: int = Field(3, ge=1)
-    max_wall_s_ratio: float | None = Field(1.5, gt=0.0)
-    max_input_tokens_ratio: float | None = Field(1.25, gt=0.0)
-    max_agent_steps_ratio: float | None = Field(1.25, gt=0.0)
-    max_exception_rate: float = Field(DEFAULT_MAX_EXCEPTION_RATE, ge=0.0, le=1.0)
+    max_drop: float = Field(0.05, ge=0.0, le=1.0,
+                            description="Largest tolerated drop in pass rate, a fraction in [0, 1] (0.05 = five "
+                                        "points).")
+    alpha: float = Field(0.05, gt=0.0, le=0.5,
+                         description="Significance level in (0, 0.5]; the delta interval is at confidence 1 - "
+                                     "alpha.")
+    min_pairs: int = Field(30, ge=1,
+                           description="Fewest pairs (instances scored in both runs) for any verdict but hold.")
+    min_repos: int = Field(3, ge=1, description="Fewest repositories those pairs must come from.")
+    max_wall_s_ratio: float | None = Field(
+        1.5, gt=0.0,
+        description="Largest mean wall seconds per trial, B / A (None: not checked).")
+    max_input_tokens_ratio: float | None = Field(
+        1.25, gt=0.0,
+        description="Largest mean model input tokens per trial, B / A (None: not checked).")
+    max_agent_steps_ratio: float | None = Field(
+        1.25, gt=0.0,
+        description="Largest mean agent steps per trial, B / A (None: not checked).")
+    max_exception_rate: float = Field(DEFAULT_MAX_EXCEPTION_RATE, ge=0.0, le=1.0,
+                                      description="Largest fraction of a job's requested trials excluded as "
+                                                  "exceptions (or missing) for the job to be compared, in [0, 1]")
 
     @classmethod
     def build(cls, base: GatePolicy | None = None, **settings: Any) -> GatePolicy:
@@ -84,22 +64,16 @@ class GatePolicy(BaseModel):
 
 
 class CostCheck(BaseModel):
-    """One cost ratio against its limit.
-
-    Attributes:
-        name: ``wall_s``, ``input_tokens`` or ``agent_steps``.
-        ratio: Mean B / mean A over the pairs that recorded it (None: unknown).
-        max_ratio: The limit (None: not checked).
-        status: ``ok`` (within), ``over`` (beyond: the gate holds), ``unknown`` (no data in one
-            run, or A's mean is 0: reported, does not block) or ``not_checked``.
-    """
+    """One cost ratio against its limit."""
 
     model_config = ConfigDict(frozen=True)
 
-    name: str
-    ratio: float | None = None
-    max_ratio: float | None = None
-    status: Literal["ok", "over", "unknown", "not_checked"]
+    name: str = Field(description="wall_s, input_tokens or agent_steps.")
+    ratio: float | None = Field(None, description="Mean B / mean A over the pairs that recorded it (None: unknown).")
+    max_ratio: float | None = Field(None, description="The limit (None: not checked).")
+    status: Literal["ok", "over", "unknown", "not_checked"] = Field(
+        description="ok (within), over (beyond: the gate holds), unknown (no data in one run, or A's mean is 0: "
+                    "reported, does not block) or not_checked.")
 
     def describe(self) -> str:
         """``wall_s 2.33x > 1.5x`` and the like."""
@@ -119,42 +93,35 @@ class Decision(BaseModel):
     """The promotion gate's verdict and why.
 
     Attributes:
-        verdict: ``promote``, ``hold`` or ``reject``.
-        reason: The reasons, joined with "; " (the numbers each rule used; "not enough evidence"
-            first when that is why).
-        enough_evidence: False when the pairs, the repositories or the interval fell short.
-        delta: The paired delta the decision read.
-        interval_low: Lower bound of the reported delta interval (None without pairs).
-        interval_high: Upper bound.
-        interval_method: How that interval was made (``DeltaInterval.method``).
-        mcnemar_p: Exact McNemar p.
-        n_pairs: Pairs scored in both runs.
-        n_repos: Repositories they come from (None: unknown, no repository map).
-        pairs_needed: Pairs the gate would need at the observed rates (None: enough, or no number
-            would because the observed delta is itself below ``-max_drop``).
-        repos_needed: Repositories it would need (None: enough).
-        costs: Each cost ratio against its limit.
-        unusable: Why a job was not compared (its exclusion rate above ``max_exception_rate``: job, rate and
-            limit named); empty when both jobs were usable.
         max_drop / alpha / min_pairs / min_repos: The settings used.
     """
 
     model_config = ConfigDict(frozen=True)
 
-    verdict: Literal["promote", "hold", "reject"]
-    reason: str
-    enough_evidence: bool = False
-    delta: float
-    interval_low: float | None = None
-    interval_high: float | None = None
-    interval_method: str | None = None
-    mcnemar_p: float
-    n_pairs: int = Field(0, ge=0)
-    n_repos: int | None = None
-    pairs_needed: int | None = None
-    repos_needed: int | None = None
-    costs: list[CostCheck] = Field(default_factory=list)
-    unusable: list[str] = Field(default_factory=list)
+    verdict: Literal["promote", "hold", "reject"] = Field(description="promote, hold or reject.")
+    reason: str = Field(
+        description="The reasons, joined with \"; \" (the numbers each rule used; \"not enough evidence\" first "
+                    "when that is why).")
+    enough_evidence: bool = Field(False,
+                                  description="False when the pairs, the repositories or the interval fell short.")
+    delta: float = Field(description="The paired delta the decision read.")
+    interval_low: float | None = Field(None,
+                                       description="Lower bound of the reported delta interval (None without "
+                                                   "pairs).")
+    interval_high: float | None = Field(None, description="Upper bound.")
+    interval_method: str | None = Field(None, description="How that interval was made (DeltaInterval.method).")
+    mcnemar_p: float = Field(description="Exact McNemar p.")
+    n_pairs: int = Field(0, ge=0, description="Pairs scored in both runs.")
+    n_repos: int | None = Field(None, description="Repositories they come from (None: unknown, no repository map).")
+    pairs_needed: int | None = Field(None,
+                                     description="Pairs the gate would need at the observed rates (None: enough, or "
+                                                 "no number would because the observed delta is itself below "
+                                                 "-max_drop).")
+    repos_needed: int | None = Field(None, description="Repositories it would need (None: enough).")
+    costs: list[CostCheck] = Field(default_factory=list, description="Each cost ratio against its limit.")
+    unusable: list[str] = Field(default_factory=list,
+                                description="Why a job was not compared (its exclusion rate above "
+                                            "max_exception_rate: job, rate and limit named)")
     max_drop: float
     alpha: float
     min_pairs: int = 30
@@ -187,41 +154,18 @@ def promotion_decision(
 ) -> Decision:
     """Decide whether candidate B may replace baseline A.
 
-    Rule (``[low, high]`` is ``comparison.delta_interval``, the union of Newcombe's interval and the
-    repository bootstrap, at confidence ``1 - alpha``; ``k`` the repositories of the pairs):
+    Rule (``[low, high]`` is ``comparison.delta_interval`` at confidence ``1 - alpha``):
 
-    0. **hold, not compared** when a job is unusable (``unusable`` names why: its trials excluded as
-       exceptions above ``max_exception_rate``, :func:`forgeflow.evaluation.compare.exclusions.job_exclusions`);
-       the reason starts with it and goes on with what rules 1-5 would have said of the pairs;
-    1. **hold, not enough evidence** when fewer than ``min_pairs`` pairs or ``min_repos``
-       repositories were scored (repositories unknown count as too few), whatever the interval
-       says; the reason adds when the pairs so far already point to a drop;
-    2. **reject** when ``high < -max_drop`` (the whole interval lies below the allowed drop), or
-       ``delta < -max_drop`` with exact McNemar ``p < alpha`` (a significant drop beyond it);
-    3. **hold, not enough evidence** when ``low < -max_drop``: the interval cannot exclude the
-       drop; the reason says the pairs Newcombe's bound would need at the observed rates
-       (:func:`forgeflow.evaluation.paired_stats.pairs_needed`), and more repositories when only the
-       bootstrap reaches below;
-    4. **hold** when a cost ratio B / A is beyond its limit (each named; these reasons are added to
-       those of 1 and 3 too). A ratio with no data is reported as unknown and does not block;
-    5. **promote** otherwise: with confidence ``1 - alpha`` B is not worse than A by more than
-       ``max_drop`` (non-inferiority; Wellek 2010), on enough pairs and repositories, at a cost
-       within the limits.
-
-    Args:
-        comparison: The paired comparison (:func:`forgeflow.evaluation.compare.paired_compare`).
-        policy: The gate's settings (default :class:`GatePolicy`).
-        costs: Mean costs and their ratios over the pairs (:func:`forgeflow.evaluation.compare.cost_ratios`);
-            None: every cost ratio is unknown (said in the reason).
-        unusable: Why a job may not be compared (one reason per unusable job); empty: both usable.
-        **settings: :class:`GatePolicy` fields that replace ``policy``'s (``max_drop=0.02``).
-
-    Returns:
-        :class:`Decision`.
+    0. **hold, not compared** when a job is ``unusable`` (the reason goes on with what 1-5 would say);
+    1. **hold, not enough evidence** below ``min_pairs`` pairs or ``min_repos`` repositories;
+    2. **reject** when ``high < -max_drop``, or ``delta < -max_drop`` with exact McNemar ``p < alpha``;
+    3. **hold, not enough evidence** when ``low < -max_drop`` (the reason gives the pairs needed,
+       :func:`forgeflow.evaluation.paired_stats.pairs_needed`);
+    4. **hold** when a cost ratio B / A is beyond its limit (a ratio without data is unknown, never blocks);
+    5. **promote** otherwise: B is not worse than A by more than ``max_drop`` (non-inferiority; Wellek 2010).
 
     Raises:
-        InputError: a setting is unknown or out of range, or the comparison's interval is not at
-            confidence ``1 - alpha`` (recompute it with ``paired_compare(confidence=1 - alpha)``).
+        InputError: a setting is unknown or out of range, or the interval is not at confidence ``1 - alpha``.
     """
     p = GatePolicy.build(policy, **settings)
     decision = _pairs_decision(comparison, p, costs)

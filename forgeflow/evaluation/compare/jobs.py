@@ -39,23 +39,11 @@ def refuse_unless_same_split(
     label_a: str = "A",
     label_b: str = "B",
 ) -> list[str]:
-    """Refuse to compare two runs that did not run the same frozen split.
-
-    Args:
-        instances_a: Instance ids run A was asked to run (its requested split, not only the
-            trials that came back).
-        instances_b: The same for run B.
-        freeze_digest_a: Semantic sha256 of run A's freeze manifest (optional).
-        freeze_digest_b: The same for run B; compared when both are given.
-        label_a: Name of run A in the message.
-        label_b: Name of run B.
-
-    Returns:
-        The shared instance ids, sorted.
+    """Refuse to compare two runs that did not run the same frozen split; returns the shared ids, sorted.
 
     Raises:
-        InputError: the freeze digests differ, only one run names a digest, or the instance
-            sets differ; the message names the digests or the first differing ids and counts.
+        InputError: the freeze digests differ, only one run names one, or the instance sets differ (the
+            digests or the first differing ids and counts named).
     """
     if (freeze_digest_a is None) != (freeze_digest_b is None):
         named = label_a if freeze_digest_a is not None else label_b
@@ -93,59 +81,45 @@ class CanaryComparison(BaseModel):
 
     Attributes:
         report_a / report_b: per-job accounting (baseline, candidate).
-        paired: the paired comparison (wins/ties/losses, McNemar, clustered interval).
-        decision: the promotion gate's verdict.
-        costs: mean input tokens, agent steps and wall seconds over the pairs, ratios B / A.
-        markdown: the report a person reads.
-        excluded: instances left out of the pairs, with reasons.
     """
 
     model_config = ConfigDict(frozen=True)
 
     report_a: JobReport
     report_b: JobReport
-    paired: PairedComparison
-    decision: Decision
-    costs: CostComparison
-    markdown: str
-    excluded: list[ExcludedTask] = Field(default_factory=list)
+    paired: PairedComparison = Field(
+        description="the paired comparison (wins/ties/losses, McNemar, clustered interval).")
+    decision: Decision = Field(description="the promotion gate's verdict.")
+    costs: CostComparison = Field(
+        description="mean input tokens, agent steps and wall seconds over the pairs, ratios B / A.")
+    markdown: str = Field(description="the report a person reads.")
+    excluded: list[ExcludedTask] = Field(
+        default_factory=list,
+        description="instances left out of the pairs, with reasons.")
 
 
 # --- stored jobs: merged views, split check, the full comparison ------------------------------------
 class MergedJob(BaseModel):
-    """A job as stored, merged with the recovery jobs that re-ran its exception trials.
-
-    A recovery job (``jobs.kind`` :data:`RECOVERY_JOB_KIND`) names its original in ``jobs.parent_job_id``
-    (recoveries of a recovery count too); a job of another kind linked the same way (a re-score,
-    :mod:`forgeflow.evaluation.rescore`) is a job of its own, never merged.
-    Each instance keeps the original's trial unless that trial ended in an exception and a
-    recovery job has a trial for the instance: then the latest recovery trial stands, and the
-    instance is listed in ``from_recovery``. The original's rows are never rewritten.
-
-    Attributes:
-        job_id: The original job.
-        recovery_job_ids: Its recovery jobs, oldest first (empty: a plain job).
-        label: ``job X`` or ``original job X + N recovery jobs (ids)`` — a merged view never
-            presents itself as one clean job.
-        freeze_name: The frozen dataset the job ran (jobs table; None when the job has no row).
-        split: The split of that freeze.
-        model_sha256: The model the job evaluated.
-        recorded: False when the job has trials but no row in the jobs table.
-        trials: The trials standing for the job, one per instance.
-        from_recovery: Instance id -> the recovery job whose trial replaced an exception.
-    """
+    """A job as stored, merged with the recovery jobs that re-ran its exception trials."""
 
     model_config = ConfigDict(frozen=True)
 
-    job_id: str
-    recovery_job_ids: list[str] = Field(default_factory=list)
-    label: str
-    freeze_name: str | None = None
-    split: str | None = None
-    model_sha256: str | None = None
-    recorded: bool = True
-    trials: list[Any] = Field(default_factory=list)
-    from_recovery: dict[str, str] = Field(default_factory=dict)
+    job_id: str = Field(description="The original job.")
+    recovery_job_ids: list[str] = Field(default_factory=list,
+                                        description="Its recovery jobs, oldest first (empty: a plain job).")
+    label: str = Field(
+        description="job X or original job X + N recovery jobs (ids) — a merged view never presents itself as one "
+                    "clean job.")
+    freeze_name: str | None = Field(None,
+                                    description="The frozen dataset the job ran (jobs table; None when the job has "
+                                                "no row).")
+    split: str | None = Field(None, description="The split of that freeze.")
+    model_sha256: str | None = Field(None, description="The model the job evaluated.")
+    recorded: bool = Field(True, description="False when the job has trials but no row in the jobs table.")
+    trials: list[Any] = Field(default_factory=list, description="The trials standing for the job, one per instance.")
+    from_recovery: dict[str, str] = Field(
+        default_factory=dict,
+        description="Instance id -> the recovery job whose trial replaced an exception.")
 
     @property
     def is_merged(self) -> bool:
@@ -171,11 +145,6 @@ def _is_exception(trial: Any) -> bool:
 
 def merged_job(store: Any, job_id: str, *, include_recovery: bool = True) -> MergedJob:
     """The merged view of ``job_id`` and its recovery jobs (see :class:`MergedJob`).
-
-    Args:
-        store: a :class:`forgeflow.ledger.store.Store`.
-        job_id: the original job.
-        include_recovery: False: the job's own trials only (recovery jobs still named in the label).
 
     Raises:
         InputError: the job has no trials in the store (the message names the store URL), or it holds
@@ -223,14 +192,7 @@ def merged_job(store: Any, job_id: str, *, include_recovery: bool = True) -> Mer
 
 
 def refuse_unless_same_frozen_split(a: MergedJob, b: MergedJob) -> str:
-    """Refuse two jobs that did not run the same frozen split (the jobs table's freeze and split).
-
-    Both jobs recorded in the jobs table: their ``freeze_name`` and ``split`` must match. Neither
-    recorded (trials imported without a job row): the instance sets must match
-    (:func:`refuse_unless_same_split`). One recorded and not the other: refused.
-
-    Returns:
-        How the split was checked, for the report (e.g. ``freeze demo-v1, split test``).
+    """Refuse two jobs that did not run the same frozen split; returns how it was checked (``freeze X, split Y``).
 
     Raises:
         InputError: naming the differing freeze/split (or instances), or the job lacking a row.
@@ -270,16 +232,7 @@ def stored_costs(trial: Any) -> dict[str, float]:
 
 class ComparisonSettings(BaseModel):
     """How two stored canary jobs are compared and where the report goes (a parameter group of
-    the ``promote`` flow; :func:`compare_stored_jobs` reads the first three).
-
-    Attributes:
-        gate: the promotion gate's settings; None: :class:`GatePolicy`'s defaults (at least 30 pairs
-            from 3 repositories, five points of tolerated drop at alpha 0.05).
-        report_path: where the markdown report goes (its PNG beside it, suffix ``.png``); None:
-            ``$FORGEFLOW_HOME/compare-<baseline>-vs-<candidate>.md``.
-        merge_recovery: merge each job's recovery jobs into it before comparing.
-        seed: the seed of the repository-clustered bootstrap (the same seed, the same interval).
-    """
+    the ``promote`` flow; :func:`compare_stored_jobs` reads the first three)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -290,44 +243,31 @@ class ComparisonSettings(BaseModel):
 
 
 class StoredJobsComparison(BaseModel):
-    """:func:`compare_stored_jobs`'s result.
-
-    Attributes:
-        job_a / job_b: the merged views compared (labels say "original job + N recovery jobs").
-        split_checked: how the same frozen split was established.
-        report_a / report_b: per-run accounting.
-        paired: wins/ties/losses, McNemar, the delta interval (clustered by repository when every
-            paired instance has a ``task_instances`` row, else by instance).
-        excluded: instances left out of the pairs, with reasons.
-        costs: mean input tokens, agent steps and wall seconds over the pairs, ratios B / A.
-        decision: the promotion gate's verdict on the pairs and the cost ratios (hold when a job is unusable).
-        markdown: the report a person reads.
-        exclusions_a / exclusions_b: each job's trials excluded as exceptions, per type with the rate, and
-            whether the job is unusable (:func:`forgeflow.evaluation.compare.exclusions.job_exclusions`).
-    """
+    """:func:`compare_stored_jobs`'s result (``_a`` / ``_b``: the baseline's and the candidate's)."""
 
     model_config = ConfigDict(frozen=True)
 
-    job_a: MergedJob
+    job_a: MergedJob = Field(description="the merged view compared (original job + its recovery jobs).")
     job_b: MergedJob
-    split_checked: str
-    report_a: JobReport
+    split_checked: str = Field(description="how the same frozen split was established.")
+    report_a: JobReport = Field(description="per-run accounting.")
     report_b: JobReport
-    paired: PairedComparison
-    excluded: list[ExcludedTask]
-    costs: CostComparison
-    decision: Decision
-    markdown: str
-    exclusions_a: JobExclusions | None = None
+    paired: PairedComparison = Field(
+        description="wins/ties/losses, McNemar, the delta interval (clustered by repository when every paired "
+                    "instance has a task_instances row, else by instance).")
+    excluded: list[ExcludedTask] = Field(description="instances left out of the pairs, with reasons.")
+    costs: CostComparison = Field(
+        description="mean input tokens, agent steps and wall seconds over the pairs, ratios B / A.")
+    decision: Decision = Field(
+        description="the promotion gate's verdict on the pairs and the cost ratios (hold when a job is unusable).")
+    markdown: str = Field(description="the report a person reads.")
+    exclusions_a: JobExclusions | None = Field(
+        None, description="the job's trials excluded as exceptions, per type with the rate; whether it is unusable.")
     exclusions_b: JobExclusions | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """What ``forgeflow compare --json`` prints: the paired fields at the top level (the
-        ``delta_interval`` with its ``method``, ``source`` and ``n_clusters``), then the runs, the
-        split, the reports, the excluded tasks with reasons, ``exclusions`` (per job: each exception
-        type's count and rate, the total rate, the limit, ``unusable`` and its reason), the cost ratios
-        and ``promotion``, the gate's decision (``verdict``, ``reason``, ``unusable``, ...; the shape of the
-        lifecycle summary's)."""
+        """What ``forgeflow compare --json`` prints: the paired fields at the top level, then the runs, split,
+        reports, excluded tasks, ``exclusions``, cost ratios and ``promotion`` (the gate's decision)."""
         return {
             "job_a": self.job_a.job_id, "job_b": self.job_b.job_id,
             **self.paired.model_dump(mode="json"),
@@ -344,11 +284,7 @@ class StoredJobsComparison(BaseModel):
 
 def excluded_tasks(trials_a: Iterable[Any], trials_b: Iterable[Any]) -> list[ExcludedTask]:
     """The instances :func:`paired_compare` leaves out, each with its reason: ``no trial in A``,
-    ``exception in A: <type>``, ``exception in B: <type>`` or both (sorted by instance id).
-
-    Args:
-        trials_a / trials_b: one trial per instance (``instance_id``, ``exception_type``).
-    """
+    ``exception in A: <type>``, ``exception in B: <type>`` or both (sorted by instance id)."""
     by_a = {t.instance_id: t for t in trials_a}
     by_b = {t.instance_id: t for t in trials_b}
     out = []
@@ -371,35 +307,9 @@ def compare_stored_jobs(
 ) -> StoredJobsComparison:
     """Compare two jobs recorded in a :class:`forgeflow.ledger.store.Store` (void trials excluded).
 
-    1. Each job is read as a :class:`MergedJob` (with its recovery jobs unless ``merge_recovery``
-       is False); the label always says when recovery jobs are merged.
-    2. :func:`refuse_unless_same_frozen_split` checks the jobs table's freeze and split.
-    3. :func:`paired_compare` on the rewards (an exception, flagged or not, is excluded and
-       listed with its reason), clustered by repository (``task_instances.repo``) when every
-       paired instance has a task row, else by instance (said in the report).
-    4. :func:`cost_ratios` on the stored trial columns over the paired instances.
-    5. Each job's exclusions (:func:`~forgeflow.evaluation.compare.exclusions.job_exclusions`): the trials
-       excluded as exceptions per type with the rate; a job above ``gate.max_exception_rate`` is
-       unusable: the report says so first (job, rate, limit) and the gate holds.
-    6. :func:`promotion_decision` on the pairs, the cost ratios and the unusable jobs, with ``gate``'s
-       settings.
-
-    Args:
-        store: the store.
-        job_a: baseline job id.
-        job_b: candidate job id.
-        merge_recovery: merge each job's recovery jobs (default True).
-        n_resamples: bootstrap resamples.
-        seed: bootstrap seed.
-        confidence: level of the delta interval (default ``1 - gate.alpha``; another level is refused
-            by the gate).
-        plot_file: image path embedded in the markdown (see :func:`render_plot`).
-        gate: the promotion gate's settings (default :class:`~forgeflow.evaluation.compare.gate.GatePolicy`).
-
     Raises:
-        InputError: a job has no trials (named with the store URL), holds non-agent trials, both ids
-            are the same job, the jobs are not on the same frozen split (the difference is named), or
-            ``confidence`` differs from ``1 - gate.alpha``.
+        InputError: a job has no trials (named with the store URL), holds non-agent trials, both ids are
+            the same job, the jobs are not on the same frozen split, or ``confidence`` is not ``1 - gate.alpha``.
     """
     if job_a == job_b:
         raise InputError(f"both runs are job {job_a!r}: compare takes two different canary jobs")

@@ -11,21 +11,7 @@ from forgeflow.evaluation.compare.stats import JobReport, PairCounts, PairedComp
 # --- plot ------------------------------------------------------------------------------------------
 def render_plot(report_a: JobReport, report_b: JobReport, paired: PairedComparison, path: Any,
                 label_a: str = "A", label_b: str = "B") -> Any:
-    """Save a PNG: pass rates over scored trials with their Wilson intervals (left) and wins /
-    losses per repository (right; one bar pair for all pairs when no repository is known).
-
-    matplotlib's object API with the Agg canvas (no display, thread-safe: no pyplot state). The
-    file is written atomically.
-
-    Args:
-        report_a / report_b: the runs' job reports (pass rate and Wilson interval).
-        paired: the paired comparison (``per_repo``, or the totals).
-        path: the PNG path.
-        label_a / label_b: run names on the axes.
-
-    Returns:
-        The path written (``pathlib.Path``).
-    """
+    """Save a PNG and return its path: pass rates with Wilson intervals (left), wins / losses per repository (right)."""
     import io
     from pathlib import Path
 

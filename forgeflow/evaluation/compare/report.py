@@ -112,19 +112,7 @@ def render_markdown(
     """A Markdown summary a person reads: per-run counts side by side, then the paired result.
 
     Args:
-        report_a: Job report of the baseline run.
-        report_b: Job report of the candidate run.
-        comparison: Their paired comparison.
-        label_a: Name of run A in the tables.
-        label_b: Name of run B.
-        costs: Cost ratios (optional table).
-        decision: Promotion decision (optional line).
         notes: Lines printed under the title (e.g. what each run merges, the split checked).
-        plot_file: Image path (relative to the markdown file) embedded after the tables.
-
-    Returns:
-        Markdown text (two tables, a verdict line, the delta interval, and when present a
-        per-repository table, a cost table and the promotion decision).
     """
     lines = [f"## {label_b} vs {label_a}", ""]
     lines += [f"- {note}" for note in notes]

@@ -39,8 +39,6 @@ class Interval(BaseModel):
 def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> Interval:
     """Wilson score interval for ``successes`` out of ``n``.
 
-    With ``n == 0`` nothing is known and the interval is [0, 1].
-
     Raises:
         InputError: ``n < 0``, ``successes`` outside ``[0, n]`` or ``confidence`` outside (0, 1).
     """
@@ -88,38 +86,27 @@ def _passed(reward: float) -> bool:
 
 
 class JobReport(BaseModel):
-    """The outcome counts of one evaluation job.
-
-    Attributes:
-        requested: Trials the job asked for (>= the trials that came back).
-        scored: Trials with a reward (no exception).
-        exceptions_by_type: Exception class name -> count.
-        missing: Requested trials that produced no record at all.
-        reward_1: Scored trials that passed (reward >= 1.0).
-        reward_0: Scored trials that did not pass.
-        pass_rate_scored: ``reward_1 / scored`` (0 when nothing was scored).
-        pass_rate_attempts: ``reward_1 / requested`` (exceptions and missing count as not passed).
-        wilson: Wilson interval of ``reward_1`` out of ``scored``.
-        flagged: Exception trials that still carry the verifier's reward (agent timeout, dead
-            loop, hang: :data:`forgeflow.common.errors.SCORED_DESPITE_EXCEPTION`, Harbor's convention).
-            They are counted under their exception type and are *not* in ``scored`` or the pass
-            rates (the run was cut short by the harness).
-        flagged_reward_1: Of those, how many the verifier passed anyway.
-    """
+    """The outcome counts of one evaluation job."""
 
     model_config = ConfigDict(frozen=True)
 
-    requested: int = Field(ge=0)
-    scored: int = Field(ge=0)
-    exceptions_by_type: dict[str, int]
-    missing: int = Field(ge=0)
-    reward_1: int = Field(ge=0)
-    reward_0: int = Field(ge=0)
-    pass_rate_scored: float = Field(ge=0.0, le=1.0)
-    pass_rate_attempts: float = Field(ge=0.0, le=1.0)
-    wilson: Interval
-    flagged: int = Field(default=0, ge=0)
-    flagged_reward_1: int = Field(default=0, ge=0)
+    requested: int = Field(ge=0, description="Trials the job asked for (>= the trials that came back).")
+    scored: int = Field(ge=0, description="Trials with a reward (no exception).")
+    exceptions_by_type: dict[str, int] = Field(description="Exception class name -> count.")
+    missing: int = Field(ge=0, description="Requested trials that produced no record at all.")
+    reward_1: int = Field(ge=0, description="Scored trials that passed (reward >= 1.0).")
+    reward_0: int = Field(ge=0, description="Scored trials that did not pass.")
+    pass_rate_scored: float = Field(ge=0.0, le=1.0, description="reward_1 / scored (0 when nothing was scored).")
+    pass_rate_attempts: float = Field(ge=0.0, le=1.0,
+                                      description="reward_1 / requested (exceptions and missing count as not "
+                                                  "passed).")
+    wilson: Interval = Field(description="Wilson interval of reward_1 out of scored.")
+    flagged: int = Field(default=0, ge=0,
+                         description="Exception trials that still carry the verifier's reward (agent timeout, dead "
+                                     "loop, hang: forgeflow.common.errors.SCORED_DESPITE_EXCEPTION, Harbor's "
+                                     "convention). They are counted under their exception type and are *not* in "
+                                     "scored or the pass rates (the run was cut short by the harness).")
+    flagged_reward_1: int = Field(default=0, ge=0, description="Of those, how many the verifier passed anyway.")
 
     @property
     def exceptions(self) -> int:
@@ -130,17 +117,11 @@ class JobReport(BaseModel):
     def from_trials(
         cls, trials: Iterable[TrialOutcome], requested: int | None = None, confidence: float = 0.95
     ) -> JobReport:
-        """Count a job's trials.
-
-        Args:
-            trials: The job's trials; each has either a reward or an exception type.
-            requested: Trials asked for (default: the number of trials given).
-            confidence: Level of the Wilson interval.
+        """Count a job's trials (``requested`` defaults to the number given).
 
         Raises:
-            InputError: a trial has neither reward nor exception type, or both (allowed only for
-                the exception types in :data:`~forgeflow.common.errors.SCORED_DESPITE_EXCEPTION`), or
-                ``requested`` is smaller than the number of trials.
+            InputError: a trial with neither reward nor exception type, or both (allowed only for
+                :data:`~forgeflow.common.errors.SCORED_DESPITE_EXCEPTION`), or ``requested`` below the trials.
         """
         rows = list(trials)
         total = len(rows) if requested is None else requested
@@ -194,43 +175,32 @@ class PairCounts(BaseModel):
 
 
 class PairedComparison(BaseModel):
-    """Run B against baseline run A on the instances both scored.
-
-    Attributes:
-        n_pairs: Instances scored in both runs.
-        wins: Pairs where B passed and A did not.
-        ties: Pairs with the same outcome (``both_pass + both_fail``).
-        losses: Pairs where A passed and B did not.
-        both_pass: Pairs where both passed.
-        both_fail: Pairs where neither passed.
-        pass_rate_a: A's pass rate over the pairs.
-        pass_rate_b: B's pass rate over the pairs.
-        delta: ``pass_rate_b - pass_rate_a`` (= ``(wins - losses) / n_pairs``).
-        mcnemar_p: Two-sided exact McNemar p-value (1.0 with no discordant pairs).
-        excluded_exception: Instances left out because either run had an exception (sorted).
-        excluded_missing: Instances present in only one run (sorted).
-        per_repo: Repository -> pair counts (only when ``repo_of`` was given).
-        delta_interval: The reported interval on ``delta``: Newcombe's paired interval united with
-            the cluster bootstrap (by repository when ``repo_of`` was given, else by instance);
-            each alone in ``.newcombe`` / ``.bootstrap`` (None when there are no pairs).
-    """
+    """Run B against baseline run A on the instances both scored."""
 
     model_config = ConfigDict(frozen=True)
 
-    n_pairs: int = Field(ge=0)
-    wins: int = Field(ge=0)
-    ties: int = Field(ge=0)
-    losses: int = Field(ge=0)
-    both_pass: int = Field(ge=0)
-    both_fail: int = Field(ge=0)
-    pass_rate_a: float = Field(ge=0.0, le=1.0)
-    pass_rate_b: float = Field(ge=0.0, le=1.0)
-    delta: float = Field(ge=-1.0, le=1.0)
-    mcnemar_p: float = Field(ge=0.0, le=1.0)
-    excluded_exception: list[str]
-    excluded_missing: list[str]
-    per_repo: dict[str, PairCounts] = Field(default_factory=dict)
-    delta_interval: DeltaInterval | None = None
+    n_pairs: int = Field(ge=0, description="Instances scored in both runs.")
+    wins: int = Field(ge=0, description="Pairs where B passed and A did not.")
+    ties: int = Field(ge=0, description="Pairs with the same outcome (both_pass + both_fail).")
+    losses: int = Field(ge=0, description="Pairs where A passed and B did not.")
+    both_pass: int = Field(ge=0, description="Pairs where both passed.")
+    both_fail: int = Field(ge=0, description="Pairs where neither passed.")
+    pass_rate_a: float = Field(ge=0.0, le=1.0, description="A's pass rate over the pairs.")
+    pass_rate_b: float = Field(ge=0.0, le=1.0, description="B's pass rate over the pairs.")
+    delta: float = Field(ge=-1.0, le=1.0, description="pass_rate_b - pass_rate_a (= (wins - losses) / n_pairs).")
+    mcnemar_p: float = Field(ge=0.0, le=1.0,
+                             description="Two-sided exact McNemar p-value (1.0 with no discordant pairs).")
+    excluded_exception: list[str] = Field(
+        description="Instances left out because either run had an exception (sorted).")
+    excluded_missing: list[str] = Field(description="Instances present in only one run (sorted).")
+    per_repo: dict[str, PairCounts] = Field(
+        default_factory=dict,
+        description="Repository -> pair counts (only when repo_of was given).")
+    delta_interval: DeltaInterval | None = Field(
+        None,
+        description="The reported interval on delta: Newcombe's paired interval united with the cluster bootstrap "
+                    "(by repository when repo_of was given, else by instance); each alone in .newcombe / .bootstrap "
+                    "(None when there are no pairs).")
 
 
 def paired_compare(
@@ -242,22 +212,11 @@ def paired_compare(
     seed: int = 0,
     confidence: float = 0.95,
 ) -> PairedComparison:
-    """Compare run B with baseline run A instance by instance.
-
-    Args:
-        a: Instance id -> reward in run A; None means the trial ended in an exception.
-        b: Instance id -> reward in run B; None likewise.
-        repo_of: Instance id -> repository, for the per-repository breakdown and the clustered
-            interval (optional; must cover every paired instance).
-        n_resamples: Bootstrap resamples of the delta interval.
-        seed: Seed of the bootstrap.
-        confidence: Level of the delta interval.
+    """Compare run B with baseline run A instance by instance (a reward None: the trial ended in an exception).
 
     Returns:
-        Counts, pass rates over the pairs, McNemar's exact p-value on the 2x2 table
-        ``[[both_pass, losses], [wins, both_fail]]`` (rows A pass/fail, columns B pass/fail) and
-        the union of :func:`~forgeflow.evaluation.paired_stats.newcombe_paired_interval` and
-        :func:`cluster_bootstrap_delta` (:class:`~forgeflow.evaluation.paired_stats.DeltaInterval`).
+        Counts, pass rates over the pairs, McNemar's exact p on ``[[both_pass, losses], [wins, both_fail]]``
+        (rows A pass/fail, columns B pass/fail) and the union delta interval.
 
     Raises:
         InputError: ``repo_of`` lacks a paired instance, or a bootstrap parameter is invalid.
@@ -338,23 +297,16 @@ COST_METRICS = ("input_tokens", "agent_steps", "wall_s")
 
 
 class CostMetric(BaseModel):
-    """One cost metric of both runs over the same instances.
-
-    Attributes:
-        name: ``input_tokens``, ``agent_steps`` or ``wall_s``.
-        n: Instances where both runs recorded the metric (the means are over these).
-        mean_a: Mean in run A (None when ``n == 0``).
-        mean_b: Mean in run B.
-        ratio: ``mean_b / mean_a`` (None when either is missing or ``mean_a == 0``).
-    """
+    """One cost metric of both runs over the same instances."""
 
     model_config = ConfigDict(frozen=True)
 
-    name: str
-    n: int = Field(ge=0)
-    mean_a: float | None = Field(default=None, ge=0.0)
-    mean_b: float | None = Field(default=None, ge=0.0)
-    ratio: float | None = Field(default=None, ge=0.0)
+    name: str = Field(description="input_tokens, agent_steps or wall_s.")
+    n: int = Field(ge=0, description="Instances where both runs recorded the metric (the means are over these).")
+    mean_a: float | None = Field(default=None, ge=0.0, description="Mean in run A (None when n == 0).")
+    mean_b: float | None = Field(default=None, ge=0.0, description="Mean in run B.")
+    ratio: float | None = Field(default=None, ge=0.0,
+                                description="mean_b / mean_a (None when either is missing or mean_a == 0).")
 
 
 class CostComparison(BaseModel):
@@ -374,18 +326,9 @@ def cost_ratios(
 ) -> CostComparison:
     """Mean input tokens, agent steps and wall seconds of both runs, and their ratios B / A.
 
-    Each metric is averaged over the instances where *both* runs recorded it, so the ratio
-    compares like with like (an instance one run skipped does not make it look cheaper).
-
     Args:
-        costs_a: Instance id -> ``{"input_tokens": .., "agent_steps": .., "wall_s": ..}`` in run
-            A (missing keys allowed).
-        costs_b: The same for run B.
-        instance_ids: Instances to include (default: those in both mappings; pass
-            ``comparison``'s paired instances to restrict the costs to the pairs).
-
-    Returns:
-        :class:`CostComparison`.
+        costs_a: Instance id -> ``{"input_tokens": .., "agent_steps": .., "wall_s": ..}`` (keys may be missing).
+        instance_ids: Instances to include (default: those in both mappings).
 
     Raises:
         InputError: a value is negative or not a finite number (named with its instance).
@@ -420,9 +363,5 @@ def cost_ratios(
 
 def rewards_by_instance(trials: Iterable[Any]) -> dict[str, float | None]:
     """``instance_id -> reward`` for :func:`paired_compare`; a trial that ended in an exception maps
-    to None (excluded from the pairs and counted), never to reward 0.
-
-    Args:
-        trials: records with ``instance_id``, ``reward`` and ``exception_type`` (core or store rows).
-    """
+    to None (excluded from the pairs and counted), never to reward 0."""
     return {t.instance_id: t.reward if t.exception_type is None else None for t in trials}

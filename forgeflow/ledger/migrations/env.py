@@ -1,8 +1,7 @@
-"""Alembic environment for the forgeflow store (run through ``forgeflow.ledger.store.Store.upgrade``).
+"""Alembic environment for the forgeflow store (run through ``Store.upgrade``).
 
-The caller passes an open connection in ``config.attributes["connection"]`` (preferred: the
-migration runs inside the caller's transaction) or a URL in the ``sqlalchemy.url`` option.
-SQLite gets batch mode (``render_as_batch``) so later ALTERs work there too.
+A connection in ``config.attributes["connection"]`` (migrates inside the caller's transaction) or a URL in
+``sqlalchemy.url``; SQLite gets batch mode (``render_as_batch``).
 """
 
 from __future__ import annotations

@@ -15,8 +15,9 @@ from forgeflow.sandbox.trial import ValidationChecks, ValidationSettings
 def test_defaults_are_the_curate_flows_former_defaults() -> None:
     settings = CurateSettings()
     assert (settings.batch_size, settings.concurrency, settings.max_retries, settings.verifier_timeout_s,
-            settings.memory_mb, settings.seed, settings.checks) == (DEFAULT_BATCH_SIZE, 10, 2, 180.0, 2048, 0,
-                                                                    ValidationChecks())
+            settings.validation().memory_mb, settings.seed, settings.checks) == (DEFAULT_BATCH_SIZE, 10, 2, 180.0,
+                                                                                 2048, 0, ValidationChecks())
+    assert settings.memory_mb is None  # none set: a sandbox block's, else 2048 (docs/verifier.md, "Sandbox limits")
 
 
 @pytest.mark.parametrize("bad", [{"batch_size": 0}, {"concurrency": 0}, {"max_retries": -1},

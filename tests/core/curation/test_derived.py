@@ -9,8 +9,8 @@ import pytest
 
 from forgeflow.common.errors import InputError
 from forgeflow.curation.derived import (
+    SourceSet,
     derive,
-    explicit_set,
     frozen_split_sets,
     id_list_set,
     ids_sha256,
@@ -18,7 +18,7 @@ from forgeflow.curation.derived import (
     store_images_available_set,
     store_status_set,
 )
-from forgeflow.curation.derived_store import read_derived, verify_derived, write_derived
+from forgeflow.curation.derived_store import read_derived, save_derived, verify_derived
 from forgeflow.curation.freeze import (
     AcceptedTask,
     SplitQuotas,
@@ -28,9 +28,14 @@ from forgeflow.curation.freeze import (
 from forgeflow.ledger.records import ImageRecord, TaskRecord
 from forgeflow.ledger.store import Store
 
-STATIC = explicit_set("static", ["a", "b", "c", "d", "e"])
-VERIFIED = explicit_set("verified_any", ["b", "c", "e", "z"])
-IMAGES = explicit_set("images_available", ["a", "b", "c"])
+
+def _explicit(name: str, ids: list[str]) -> SourceSet:
+    return SourceSet(name=name, kind="explicit", ids=frozenset(ids))
+
+
+STATIC = _explicit("static", ["a", "b", "c", "d", "e"])
+VERIFIED = _explicit("verified_any", ["b", "c", "e", "z"])
+IMAGES = _explicit("images_available", ["a", "b", "c"])
 
 
 def test_union_intersection_difference_and_parentheses() -> None:
@@ -160,7 +165,7 @@ def test_freeze_pro_over_store_freeze_and_images_with_per_split_counts(
     assert sum(counts.values()) == len(even_solved)
     assert sets["freeze_pro_test"].ids == sorted(even_solved & set(freeze["splits"]["test"]))
 
-    path = write_derived(sets["freeze_pro"], tmp_path / "derived")
+    path = save_derived(sets["freeze_pro"], tmp_path / "derived").path
     assert verify_derived(path, store=store).ids == sets["freeze_pro"].ids
     recorded = read_derived(path)
     assert recorded.inputs["verified_any"].provenance["source_revision"] == "results@3f2a9c1"
@@ -184,7 +189,7 @@ def test_changed_id_list_file_is_detected(store: Store, tmp_path: Path) -> None:
         "x = static & solved",
         [store_status_set("static", store), id_list_set("solved", solved, "v1")],
     )
-    path = write_derived(sets["x"], tmp_path)
+    path = save_derived(sets["x"], tmp_path).path
     assert verify_derived(path, store=store).ids == ["r00-0", "r01-0"]
     solved.write_text(json.dumps(["r00-0"]))
     with pytest.raises(InputError, match=r"'solved' \(id_list\): recorded 2 ids"):
@@ -192,16 +197,16 @@ def test_changed_id_list_file_is_detected(store: Store, tmp_path: Path) -> None:
 
 
 def test_explicit_inputs_must_be_supplied_and_are_checked(tmp_path: Path) -> None:
-    path = write_derived(derive("x = static - verified_any", [STATIC, VERIFIED])["x"], tmp_path)
+    path = save_derived(derive("x = static - verified_any", [STATIC, VERIFIED])["x"], tmp_path).path
     with pytest.raises(InputError, match="explicit set: pass it in inputs="):
         verify_derived(path)
     assert verify_derived(path, inputs=[STATIC, VERIFIED]).ids == ["a", "d"]
     with pytest.raises(InputError, match="'verified_any'"):
-        verify_derived(path, inputs=[STATIC, explicit_set("verified_any", ["a"])])
+        verify_derived(path, inputs=[STATIC, _explicit("verified_any", ["a"])])
 
 
 def test_hand_edited_file_is_detected(tmp_path: Path) -> None:
-    path = write_derived(derive("x = static & verified_any", [STATIC, VERIFIED])["x"], tmp_path)
+    path = save_derived(derive("x = static & verified_any", [STATIC, VERIFIED])["x"], tmp_path).path
     document = json.loads(path.read_text())
     document["ids"].append("injected")
     path.write_text(json.dumps(document))
@@ -216,7 +221,7 @@ def test_altered_freeze_manifest_input_is_rejected(
         "x = static & frozen.train",
         [store_status_set("static", store), *frozen_split_sets(manifest).values()],
     )
-    path = write_derived(sets["x"], tmp_path / "derived")
+    path = save_derived(sets["x"], tmp_path / "derived").path
     assert verify_derived(path, store=store).count == sets["x"].count > 0
     document = json.loads(manifest.read_text())
     document["splits"]["train"] = document["splits"]["train"][1:]
@@ -232,18 +237,17 @@ def test_id_list_needs_a_pinned_revision() -> None:
 
 def test_a_rebuild_with_other_content_is_refused_unless_replaced(tmp_path: Path) -> None:
     from forgeflow.common.errors import DerivedSetConflictError
-    from forgeflow.curation.derived_store import save_derived
 
     first = derive("x = static & verified_any", [STATIC, VERIFIED])["x"]
-    path = write_derived(first, tmp_path)
+    path = save_derived(first, tmp_path).path
     before = path.read_bytes()
 
     same = save_derived(derive("x = static ∩ verified_any", [STATIC, VERIFIED])["x"], tmp_path)
     assert same.written is False and path.read_bytes() == before  # an identical rebuild is a no-op
 
-    grown = derive("x = static & verified_any", [STATIC, explicit_set("verified_any", ["a", "b", "c", "e"])])["x"]
+    grown = derive("x = static & verified_any", [STATIC, _explicit("verified_any", ["a", "b", "c", "e"])])["x"]
     with pytest.raises(DerivedSetConflictError) as info:
-        write_derived(grown, tmp_path)
+        save_derived(grown, tmp_path)
     message = str(info.value)
     assert f"already exists at {path} with 3 ids, ids sha256 {first.ids_sha256}" in message
     assert f"the rebuild has 4 ids, ids sha256 {grown.ids_sha256}" in message

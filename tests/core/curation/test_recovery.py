@@ -23,6 +23,7 @@ from forgeflow.curation.recovery import (
 )
 from forgeflow.ledger.records import BatchRecord, TaskRecord, TrialRecord
 from forgeflow.ledger.store import Store
+from tests.helpers import store_revision, task_status_counts
 
 T0 = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
 
@@ -75,7 +76,7 @@ def test_dry_run_lists_exactly_the_faulted_trials_and_writes_nothing(store: Stor
     text = render_plan(plan)
     assert "void    a-nop" in text and "requeue rd.d" in text and "re.e" not in text
     assert store.counts(include_void=True) == before
-    assert store.task_status_counts() == {"error": 3, "accepted": 1, "rejected": 1}
+    assert task_status_counts(store) == {"error": 3, "accepted": 1, "rejected": 1}
 
 
 def test_apply_backs_up_voids_and_requeues_only_the_faulted_tasks(store: Store, tmp_path: Path) -> None:
@@ -177,7 +178,7 @@ def test_migration_0002_keeps_existing_trials_live(store_url: str) -> None:
     ledger.upgrade()
     from alembic.script import ScriptDirectory
 
-    assert ledger.current_revision() == ScriptDirectory.from_config(ledger.alembic_config()).get_current_head()
+    assert store_revision(ledger) == ScriptDirectory.from_config(ledger.alembic_config()).get_current_head()
     assert [t.trial_id for t in ledger.trials_for()] == ["old"] and ledger.trials_for()[0].voided_at is None
     ledger.dispose()
 
@@ -225,7 +226,7 @@ def test_without_the_option_rejections_are_kept_and_the_dry_run_says_how_to_void
 def test_rejections_by_batch_are_voided_and_requeued_with_backup_audit_and_counts(tunnel_store: Store,
                                                                                    tmp_path: Path) -> None:
     store = tunnel_store
-    before = store.task_status_counts()
+    before = task_status_counts(store)
     assert before == {"error": 4, "accepted": 2, "rejected": 4}
     plan = plan_recovery(store, RecoveryRequest(batch_ids=["b3"], include_rejections=True,
                                                 reason="build tunnel dead 12:00-12:10"))
@@ -251,7 +252,7 @@ def test_rejections_by_batch_are_voided_and_requeued_with_backup_audit_and_count
     assert store.get_task("rc.c").status == "rejected" and store.get_task("ri.i").status == "rejected"
     assert store.get_task("rh.h").status == "accepted" and store.get_task("rb.b").status == "accepted"
     assert [t.trial_id for t in store.trials_for(instance_id="ri.i")] == ["i-nop", "i-oracle"]
-    assert store.task_status_counts() == {"error": 3, "accepted": 2, "rejected": 2, "candidate": 3}
+    assert task_status_counts(store) == {"error": 3, "accepted": 2, "rejected": 2, "candidate": 3}
     assert result.after == plan.expected_after
     audit = render_audit(result)
     assert "include_rejections" in audit and "| f-nop | rf.f | nop | none (reward 0.0) | b3 |" in audit

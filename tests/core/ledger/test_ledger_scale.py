@@ -29,6 +29,7 @@ from benchmarks.scale_ledger import fill, job_id
 from forgeflow.ledger.records import TrialRecord
 from forgeflow.ledger.store import Store, head_revision
 from forgeflow.ledger.tables import Trial
+from tests.helpers import store_revision
 
 TRIALS = 100_000
 
@@ -56,14 +57,14 @@ def test_upgrade_from_eight_threads_and_three_processes_at_once_all_succeed(tmp_
     for thread in threads:
         thread.join()
     assert errors == []
-    assert Store(url).current_revision() == head_revision()
+    assert store_revision(Store(url)) == head_revision()
 
     other = f"sqlite:///{tmp_path / 'processes.db'}"
     code = f"from forgeflow.ledger.store import Store; Store({other!r}).upgrade()"
     children = [subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True) for _ in range(3)]
     failures = [child.communicate()[1] for child in children if child.wait() != 0]
     assert failures == []
-    assert Store(other).current_revision() == head_revision()
+    assert store_revision(Store(other)) == head_revision()
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,7 @@ from forgeflow.ledger.records import (
 )
 from forgeflow.ledger.store import Store
 from forgeflow.ledger.tables import Base, Image, ServingGeneration
+from tests.helpers import store_revision, task_status_counts
 
 DIGEST = "sha256:" + "a" * 64
 HEAD = "0010"
@@ -37,7 +38,7 @@ def test_migration_creates_exactly_what_the_models_declare(store: Store) -> None
         context = MigrationContext.configure(connection, opts={"compare_type": True})
         diff = compare_metadata(context, Base.metadata)
     assert diff == []
-    assert store.current_revision() == HEAD
+    assert store_revision(store) == HEAD
 
 
 def test_upgrade_twice_is_a_no_op(store: Store) -> None:
@@ -83,7 +84,7 @@ def test_resumed_task_validation_updates_status_without_duplicating(store: Store
     assert accepted[0].fail_to_pass == ["t::a"] and accepted[0].run_id == "run-2"
     assert store.processed_instance_ids() == {"o__r.1", "o__r.2"}
     assert store.accepted_per_repo() == {"o/r": 1}
-    assert store.task_status_counts() == {"accepted": 1, "rejected": 1, "candidate": 1}
+    assert task_status_counts(store) == {"accepted": 1, "rejected": 1, "candidate": 1}
     assert store.counts()["task_instances"] == 3
 
 
@@ -208,7 +209,7 @@ def test_url_comes_from_forgeflow_store_url(tmp_path: Path, monkeypatch) -> None
     ledger = Store()
     ledger.upgrade()
     assert ledger.url == f"sqlite:///{db}"
-    assert db.is_file() and ledger.current_revision() == HEAD
+    assert db.is_file() and store_revision(ledger) == HEAD
     ledger.dispose()
 
 
@@ -293,9 +294,9 @@ def test_downgrade_to_0002_and_upgrade_again_keeps_old_rows(store: Store) -> Non
     store.record_trial(TrialRecord(trial_id="t1", instance_id="i1", kind="nop", reward=0.0))
     with store.engine.begin() as connection:
         command.downgrade(store.alembic_config(connection), "0002")
-    assert store.current_revision() == "0002"
+    assert store_revision(store) == "0002"
     store.upgrade()
-    assert store.current_revision() == HEAD
+    assert store_revision(store) == HEAD
     assert [t.trial_id for t in store.trials_for()] == ["t1"]
 
 
@@ -333,7 +334,7 @@ def test_migration_0004_moves_each_parent_link_into_a_production_and_back(store:
             f"created_at, updated_at) VALUES ('{SHA}', 'adapter', '/m/a', NULL, '{'c' * 64}', "
             "'{\"dataset_sha256\": \"d\"}', 'run-0', '2026-11-01 00:00:00', '2026-11-01 00:00:00')"))
     store.upgrade()
-    assert store.current_revision() == HEAD
+    assert store_revision(store) == HEAD
     (row,) = store.producers(SHA)
     assert (row.kind, row.path, row.parent_sha256, row.run_id) == ("adapter", "/m/a", "c" * 64, "run-0")
     assert row.lineage == {"dataset_sha256": "d"}
@@ -424,7 +425,7 @@ def test_a_reading_store_refuses_an_older_revision_without_migrating_it(tmp_path
     writer.upgrade("0003")
     with pytest.raises(StoreInvalidError, match="revision 0003, older than .*run any flow or `forgeflow up`"):
         Store(url, create=False)
-    assert writer.current_revision() == "0003"
+    assert store_revision(writer) == "0003"
     writer.upgrade()
     reader = Store(url, create=False)
     assert reader.counts()["trials"] == 0
@@ -472,7 +473,7 @@ def test_a_writer_refuses_a_file_that_is_not_an_sqlite_database(tmp_path: Path) 
     store = Store(f"sqlite:///{empty}")
     try:
         store.upgrade()
-        assert store.current_revision() is not None
+        assert store_revision(store) is not None
     finally:
         store.dispose()
 
@@ -580,7 +581,7 @@ def test_a_task_keeps_its_known_tests_and_pristine_duration_and_0009_reads_old_t
 
     with store.engine.begin() as connection:
         command.downgrade(store.alembic_config(connection), "0008")
-    assert store.current_revision() == "0008"
+    assert store_revision(store) == "0008"
     with store.engine.begin() as connection:  # a task as a 0008 store wrote it (neither column)
         connection.execute(text(
             "INSERT INTO task_instances (instance_id, repo, status, fail_to_pass, pass_to_pass, created_at, "

@@ -94,7 +94,7 @@ def test_trial_pod_validates_as_v1pod_and_is_locked_down() -> None:
     (container,) = ps.containers
     assert container.image == IMAGE and container.command == ["sh", "-c", kubernetes_manifests.INIT_SCRIPT]
     assert not container.volume_mounts
-    assert container.resources.limits["memory"] == "8192Mi" == container.resources.requests["memory"]
+    assert container.resources.limits["memory"] == "2048Mi" == container.resources.requests["memory"]  # SandboxLimits
     assert container.resources.limits["cpu"] == "1000m"
     sc = container.security_context
     assert sc.privileged is False and sc.allow_privilege_escalation is False

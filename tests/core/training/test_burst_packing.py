@@ -47,7 +47,7 @@ def test_packed_first_step_loss_equals_the_unpacked_one(base: Path, tmp_path: Pa
     data = build_sft_dataset(_samples(fmt))
     packed = run_sft_burst(base, data, tmp_path / "packed", BurstConfig(max_steps=2, max_length=512))
     unpacked = run_sft_burst(base, data, tmp_path / "unpacked",
-                             BurstConfig(max_steps=2, max_length=512, packing=False, per_device_train_batch_size=3))
+                             BurstConfig(max_steps=2, max_length=512, packing=False, batch_size=3))
     (step_p, loss_p), (step_u, loss_u) = packed.health.losses[0], unpacked.health.losses[0]
     print(f"{fmt}: first-step loss packed {loss_p!r}, unpacked {loss_u!r}, |diff| {abs(loss_p - loss_u):.3g}")
     assert step_p == step_u == 1

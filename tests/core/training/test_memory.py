@@ -109,7 +109,7 @@ def test_a_cuda_burst_decides_checkpointing_by_memory_unless_the_config_sets_it(
     cuda = burst_plan(BurstConfig(), device_plan("cuda", cuda_available=True, bf16_supported=True, flash_attn=False,
                                                  torch_varlen=True))
     model = _Model(**QWEN25_05B)
-    config = BurstConfig(per_device_train_batch_size=16, max_length=2048, lora_r=16)
+    config = BurstConfig(batch_size=16, max_length=2048, lora_r=16)
     assert tokens_per_step(config) == 16 * 2048
     plan, decision = resolve_checkpointing(model, config, cuda, free_bytes=139 * 10**9)
     assert decision is not None and decision.checkpointing is False
@@ -117,7 +117,7 @@ def test_a_cuda_burst_decides_checkpointing_by_memory_unless_the_config_sets_it(
     crowded, decision = resolve_checkpointing(model, config, cuda, free_bytes=20 * 10**9)
     assert decision is not None and crowded.trainer_args["activation_checkpointing"] is True
     for switch in (True, False):  # the user's choice is kept whatever the memory says
-        forced = BurstConfig(per_device_train_batch_size=16, max_length=2048, gradient_checkpointing=switch)
+        forced = BurstConfig(batch_size=16, max_length=2048, gradient_checkpointing=switch)
         plan, decision = resolve_checkpointing(model, forced, burst_plan(forced, cuda), free_bytes=10**9)
         assert decision is None and plan.trainer_args["activation_checkpointing"] is switch
     cpu = device_plan("cpu", cuda_available=False)

@@ -1,8 +1,7 @@
-"""Initial schema: images, task_instances, batches, trials, freezes, model_artifacts,
-serving_generations (every primary key is the row's natural key).
+"""Initial schema (every primary key is the row's natural key).
 
 Revision ID: 0001
-Revises:
+Revises: 
 Create Date: 2026-11-30
 """
 

@@ -1,13 +1,4 @@
-"""Image migration state, trial costs, and three new tables: jobs, judgments, supervision events.
-
-- ``images``: ``status`` (pending / completed / skipped / failed; NULL for rows that are not
-  migration targets), ``status_reason`` (skip reason or exception text), ``source_ref`` and
-  ``source_digest`` (the image it was copied from and that image's digest).
-- ``trials``: ``agent_steps``, ``input_tokens``, ``output_tokens`` (NULL where not recorded).
-- ``jobs``: one evaluation job (a canary, a recovery re-run, an imported Harbor job), linked to the
-  job it recovers by ``parent_job_id``.
-- ``judgments``: answer-judge verdicts for question-answering tasks.
-- ``supervision_events``: dead-loop / hang stops of agent runs with their evidence.
+"""Image migration state, trial costs, and the tables jobs, judgments, supervision_events.
 
 Revision ID: 0003
 Revises: 0002

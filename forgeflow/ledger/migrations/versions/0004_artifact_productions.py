@@ -1,19 +1,7 @@
 """Model artifacts can have more than one producer: parent links move to ``model_artifact_productions``.
 
-Before, ``model_artifacts`` (keyed by the artifact's sha256) held one ``parent_sha256`` and one
-``lineage``, so recording the same bytes (e.g. a byte-identical Q8_0 GGUF) from a second adapter
-overwrote the first producer. Now:
-
-- ``model_artifacts`` keeps what the bytes are (``kind``, ``quantization``) and the last ``path``;
-- ``model_artifact_productions`` holds one row per production, keyed by ``production_id`` = hex
-  sha256 of the canonical JSON ``[sha256, parent_sha256, run_id]``, with ``parent_sha256``,
-  ``path``, ``lineage`` and the run's stamps.
-
-Upgrade copies each existing row's parent link into one production (same run id and
-timestamps). Downgrade puts the latest production's parent, path, lineage and run back on the
-artifact row (0003 holds only one producer; the others are lost).
-
-Self-contained (no import from forgeflow): the production id formula is repeated here.
+Keyed by ``production_id`` = sha256 of the JSON ``[sha256, parent_sha256, run_id]`` (formula repeated here:
+self-contained). Downgrade keeps only the latest production of each artifact.
 
 Revision ID: 0004
 Revises: 0003

@@ -1,9 +1,5 @@
 """Trials keep the verifier's evidence: ``trials.verifier`` (nullable JSON).
 
-What a reward or a NOP/Oracle verdict rests on: the run's report format, exit status, output
-digests and any problem with its report, and for a submission its screening (tamper policy,
-protected paths touched, tampering). Existing trials keep NULL (recorded before the evidence was).
-
 Revision ID: 0005
 Revises: 0004
 Create Date: 2026-12-02

@@ -1,7 +1,4 @@
-"""Freezes keep their export bundle's digest: ``freezes.bundle_sha256`` and ``freezes.bundle_path``.
-
-The third digest of a freeze: the sha256 of the deterministic tarball of its HF ``datasets``
-bundle (``forgeflow.curation.bundle``). Existing freezes keep NULL (made before bundles).
+"""Freezes keep their export bundle's digest: ``freezes.bundle_sha256`` and ``bundle_path``.
 
 Revision ID: 0006
 Revises: 0005

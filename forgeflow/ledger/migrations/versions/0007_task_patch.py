@@ -1,9 +1,4 @@
-"""Tasks keep their bug patch: ``task_instances.patch``.
-
-The freeze's export bundle is what a team hands to its trainers; a row without the patch text
-cannot be reproduced or turned into an Oracle sample. The store kept only ``patch_sha256``; it
-now keeps the unified diff beside it (its sha256 is checked on record). Existing tasks keep NULL
-(their patch is in the candidates file they were loaded from).
+"""Tasks keep their bug patch: ``task_instances.patch`` (existing rows NULL).
 
 Revision ID: 0007
 Revises: 0006

@@ -1,11 +1,6 @@
-"""Trials keep the submission they were scored on: ``trials.submission`` and ``trials.submission_sha256``.
+"""Trials keep the submission they were scored on: ``trials.submission``, ``submission_sha256``.
 
-A re-score (``forgeflow rescore JOB``, :mod:`forgeflow.evaluation.rescore`) re-verifies every stored
-submission of a job under the current verifier without re-running the model. The store kept only the
-verdict; the submission (the agent's unified diff) was in the trial's trajectory file, which can be
-moved or lost apart from the store. A trial now keeps the diff beside the verdict (its sha256 is
-checked on record and again before a re-score). Existing trials keep NULL (a re-score reads their
-trajectory files).
+Existing trials keep NULL (a re-score reads their trajectory files).
 
 Revision ID: 0008
 Revises: 0007

@@ -1,12 +1,6 @@
-"""Tasks keep what their pristine runs measured: ``task_instances.known_tests`` and ``pristine_duration_s``.
+"""Tasks keep what their pristine runs measured: ``known_tests`` and ``pristine_duration_s``.
 
-The verifier checks a submission's run against the task's own (:class:`forgeflow.sandbox.verifier.TaskTests`):
-every PASSED/FAILED/ERROR id must be a test the task's pristine NOP/Oracle runs collected (else the
-report was forged: tampering), and a timeout is the submission's outcome when the task's pristine run
-fits well inside the limit. Validation computed both (the report's ``known_tests``, the Oracle trials'
-durations) but the store kept neither, so the canary and RL verifiers never had them. A task now keeps
-the sorted ids (JSON list) and the longest Oracle run (seconds). Existing tasks keep NULL: not recorded
-(the verifier then skips the known-tests check and re-runs the pristine tests to attribute a timeout).
+Existing tasks keep NULL: not recorded (the verifier skips the known-tests check).
 
 Revision ID: 0009
 Revises: 0008

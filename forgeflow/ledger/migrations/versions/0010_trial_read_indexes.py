@@ -1,11 +1,7 @@
-"""The indexes the user-facing reads of a large ledger need (a million trials, issue 34).
+"""The indexes the reads of a large ledger need (a million trials, issue 34).
 
-``forgeflow trials`` (the job list) counts each job's trials per verdict from ``ix_trials_job_verdict``
-(job, void, exception type, reward: the aggregate reads the index alone, never a trial row); ``trials --job A``
-pages a job's trials in (created_at, trial_id) order from ``ix_trials_job_created``; an unknown job id is
-answered from either (one seek per job); ``status`` counts the live trials from ``ix_trials_job_verdict`` too
-(an index far smaller than the table). The single-column ``ix_trials_job_id`` is the prefix of both new
-indexes and goes.
+``ix_trials_job_verdict`` (counts from the index alone) and ``ix_trials_job_created`` (paging); the
+single-column ``ix_trials_job_id`` is the prefix of both and goes.
 
 Revision ID: 0010
 Revises: 0009
