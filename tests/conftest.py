@@ -90,6 +90,7 @@ def unit_tier_refusal(args: object) -> str | None:
     return None
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker hook, which reads xdist_group into the node id
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark each test with its tier, by folder, so no test file repeats it, and with its xdist group
     (:data:`XDIST_GROUPS`, else its file).
