@@ -213,10 +213,8 @@ def burst_inputs(hf_dir: Path, rows_jsonl: Path | None, kind: Literal["sft", "rl
         except InputError as exc:
             raise InputError(f"{where}.freeze_name {freeze.freeze_name!r} (split {freeze.split!r}): {exc}") from None
     else:
-        try:  # jsonl's messages begin with the field it reads: samples_jsonl or tasks_jsonl
-            rows = (jsonl.read_sft_jsonl if kind == "sft" else jsonl.read_rl_jsonl)(Path(rows_jsonl))
-        except InputError as exc:
-            raise InputError(f"{where}.{exc}") from None
+        rows = (jsonl.read_sft_jsonl(Path(rows_jsonl), f"{where}.samples_jsonl") if kind == "sft"
+                else jsonl.read_rl_jsonl(Path(rows_jsonl), f"{where}.tasks_jsonl"))
     parent_dir = _parent_folder(store, parent_adapter, f"{where}.parent_adapter")
     return BurstInputs(hf_dir=folder, rows=rows, parent_dir=parent_dir)
 

@@ -45,31 +45,32 @@ def _rows(path: Path, what: str) -> list[tuple[int, dict[str, Any]]]:
     return rows
 
 
-def read_sft_jsonl(path: Path) -> list[dict[str, Any]]:
-    """SFT samples from a JSONL file of ``messages`` or ``prompt`` + ``completion`` rows, image parts resolved.
+def read_sft_jsonl(path: Path, field: str = "samples_jsonl") -> list[dict[str, Any]]:
+    """SFT samples from a JSONL file of ``messages`` or ``prompt`` + ``completion`` rows, image parts resolved;
+    each error begins with ``field``, the user's name for the file.
 
     Raises:
         InputError: the file is missing or empty, or a line is not a valid sample (file, line and field named).
     """
     samples = []
-    for number, row in _rows(path, "samples_jsonl"):
+    for number, row in _rows(path, field):
         body = ({"messages": row.get("messages")} if "messages" in row or "prompt" not in row
                 else {"prompt": row.get("prompt"), "completion": row.get("completion")})
         try:  # image refs: relative to the JSONL's folder, or the sha256 of a file beside it
             body = sample_images.resolve_images(body, Path(path).resolve().parent)
         except InputError as exc:
-            raise InputError(f"samples_jsonl {path} line {number}: {exc}") from None
+            raise InputError(f"{field} {path} line {number}: {exc}") from None
         sample = {**body, "instance_id": row.get("instance_id", f"{Path(path).stem}:{number}"),
                   "source": row.get("source", "jsonl")}
         if samples and ("messages" in samples[0]) != ("messages" in sample):
             kinds = ["messages" if "messages" in s else "prompt + completion" for s in (sample, samples[0])]
-            raise InputError(f"samples_jsonl {path} line {number}: a {kinds[0]} row in a file of {kinds[1]} rows: "
+            raise InputError(f"{field} {path} line {number}: a {kinds[0]} row in a file of {kinds[1]} rows: "
                              "one format per file")
         try:
             build_sft_dataset([sample])
         except InputError as exc:
             detail = str(exc).replace("samples[0].", "")
-            raise InputError(f"samples_jsonl {path} line {number}: {detail}") from None
+            raise InputError(f"{field} {path} line {number}: {detail}") from None
         samples.append(sample)
     return samples
 
@@ -86,22 +87,23 @@ def _field_error(error: Any) -> str:
     return text
 
 
-def read_rl_jsonl(path: Path) -> list[dict[str, Any]]:
-    """RL tasks (validated :class:`~forgeflow.training.rl.RLTask` dicts) from a JSONL file, in file order.
+def read_rl_jsonl(path: Path, field: str = "tasks_jsonl") -> list[dict[str, Any]]:
+    """RL tasks (validated :class:`~forgeflow.training.rl.RLTask` dicts) from a JSONL file, in file order; each
+    error begins with ``field``, the user's name for the file.
 
     Raises:
         InputError: the file is missing or empty, a line is not a valid task, or an ``instance_id`` repeats.
     """
     tasks: list[dict[str, Any]] = []
     seen: dict[str, int] = {}
-    for number, row in _rows(path, "tasks_jsonl"):
+    for number, row in _rows(path, field):
         try:
             task = RLTask.model_validate(row)
         except ValidationError as exc:
             fields = "; ".join(_field_error(e) for e in exc.errors())
-            raise InputError(f"tasks_jsonl {path} line {number} is not an RL task: {fields}") from None
+            raise InputError(f"{field} {path} line {number} is not an RL task: {fields}") from None
         if task.instance_id in seen:
-            raise InputError(f"tasks_jsonl {path} line {number}: instance_id {task.instance_id!r} repeats line "
+            raise InputError(f"{field} {path} line {number}: instance_id {task.instance_id!r} repeats line "
                              f"{seen[task.instance_id]}")
         seen[task.instance_id] = number
         tasks.append(task.model_dump(mode="json"))

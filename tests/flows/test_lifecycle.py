@@ -27,7 +27,7 @@ def mini_config(tmp_path_factory):
     return LifecycleConfig(
         projects=("inflection", "cachetools"), candidates_per_project=3, seed=0,
         output_dir=tmp_path_factory.mktemp("lifecycle"),
-        registries={"source_port": free_port(), "target_port": free_port()},
+        registries={"source_port": 5721, "target_port": 5722},  # listed insecure in infra/registries.conf
         prewarm={"shards": 4, "lanes": 2},
         validation={"concurrency": 2},
         freeze={"name": "mini-v1",
