@@ -29,16 +29,19 @@ def pid_alive(pid: int) -> bool:
 
 def tiny_ggufs() -> tuple[Path, Path]:
     """(Q8_0, f16) GGUFs of the seed-0 tiny model, built once per machine under the cache."""
+    from forgeflow.common.fsutil import file_lock
     from forgeflow.common.settings import cache_dir
     from forgeflow.packaging.base_model import build_tiny_model
     from forgeflow.packaging.gguf import convert_to_gguf, quantize
 
     root = cache_dir() / "test-fixtures" / "tiny-seed0"
     f16, q8 = root / "tiny-f16.gguf", root / "tiny-q8_0.gguf"
-    if not (f16.is_file() and q8.is_file()):
-        record = build_tiny_model(root / "hf", seed=0)
-        convert_to_gguf(record.path, f16, outtype="f16")
-        quantize(f16, q8, "Q8_0")
+    root.mkdir(parents=True, exist_ok=True)
+    with file_lock(root / ".build.lock"):  # xdist workers on a fresh machine: one builds, the others wait
+        if not (f16.is_file() and q8.is_file()):
+            record = build_tiny_model(root / "hf", seed=0)
+            convert_to_gguf(record.path, f16, outtype="f16")
+            quantize(f16, q8, "Q8_0")
     return q8, f16
 
 
