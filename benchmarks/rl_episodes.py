@@ -138,7 +138,7 @@ def _mswea_episode(image: str, out_dir: Path, index: int) -> tuple[float, float]
             take_submission(env, phase)
             if phase.error is not None:
                 raise phase.error
-            verdict = verify_on(None, task.tests(), phase.submission, timeout_s=VERIFIER_TIMEOUT_S,
+            verdict = verify_on(None, task, phase.submission, timeout_s=VERIFIER_TIMEOUT_S,
                                 spec=SandboxSpec(memory_mb=MEMORY_MB, cpus=config.cpus),
                                 name=f"ff-bench-rlmsweaverify-{index}-{int(time.time())}", backend="podman",
                                 tree=phase.tree)

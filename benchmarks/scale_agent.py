@@ -235,12 +235,13 @@ class LongEndpoint:
 
 
 def calc_agent_task(image: str) -> Any:
-    """The calc task (``tests/adversarial/calc_task.py``) as an :class:`forgeflow.evaluation.agent.AgentTask`."""
-    from forgeflow.evaluation.agent import AgentTask  # noqa: PLC0415
+    """The calc task (``tests/adversarial/calc_task.py``) as an agent trial's
+    :class:`forgeflow.sandbox.verifier.TaskTests`."""
+    from forgeflow.sandbox.verifier import TaskTests  # noqa: PLC0415
     from tests.adversarial.calc_task import F2P, P2P, TEST_COMMAND  # noqa: PLC0415
 
-    return AgentTask(instance_id="calc-long", image_ref=image, problem_statement="test_add fails: fix add in calc.py",
-                     test_command=TEST_COMMAND, fail_to_pass=F2P, pass_to_pass=P2P)
+    return TaskTests(instance_id="calc-long", image_ref=image, problem_statement="test_add fails: fix add in calc.py",
+                     test_command=TEST_COMMAND, FAIL_TO_PASS=F2P, PASS_TO_PASS=P2P)
 
 
 def agent_config(n_steps: int, **overrides: Any) -> Any:

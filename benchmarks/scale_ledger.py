@@ -112,8 +112,8 @@ def fill(store: Any, trials: int, tasks: int = 3000, jobs: int = 49, chunk: int 
     ids = [task_id(n) for n in range(tasks)]
     store.record_batch_results(
         BatchRecord(batch_id="bench-load", kind="load", instance_ids=ids, concurrency=1), [],
-        [TaskRecord(instance_id=i, repo=i.split("__")[0], status="accepted", fail_to_pass=["t::a"],
-                    pass_to_pass=["t::b"]) for i in ids])
+        [TaskRecord(instance_id=i, repo=i.split("__")[0], status="accepted", FAIL_TO_PASS=["t::a"],
+                    PASS_TO_PASS=["t::b"]) for i in ids])
     for n in range(jobs):
         store.record_job(JobRecord(job_id=job_id(n), kind="curate" if n < VALIDATION_JOBS else "canary",
                                    freeze_name=None if n < VALIDATION_JOBS else FREEZE,

@@ -48,8 +48,8 @@ from forgeflow.evaluation.mswea import MODEL_API_KEY_ENV
 from forgeflow.ledger import records
 from forgeflow.sandbox import dispatch
 from tasks import evaluation as evaluation_tasks
-from tasks.common import record_rows, sweep_trial_sandboxes, table_artifact
-from tasks.curation import sandbox_choice, trial_dispatcher
+from tasks.common import record_rows, sweep_trial_sandboxes, table_artifact, trial_dispatcher
+from tasks.curation import sandbox_choice
 
 REPORT_ARTIFACT_KEY = "canary-job-report"
 RECOVERY_REPORT_ARTIFACT_KEY = "canary-recovery-report"
@@ -201,8 +201,9 @@ class CanaryParams(StageParams):
                                    "agent trial as a Ray task on a sandbox node; None or in-process: here")
 
 
-@flow(name="canary", log_prints=True, on_cancellation=[sweep_trial_sandboxes("params.sandbox")],
-      on_crashed=[sweep_trial_sandboxes("params.sandbox")])
+@flow(name="canary", log_prints=True,
+      on_cancellation=[sweep_trial_sandboxes("params.sandbox", "params.dispatcher")],
+      on_crashed=[sweep_trial_sandboxes("params.sandbox", "params.dispatcher")])
 def canary(params: CanaryParams = CanaryParams()) -> CanaryResult:
     """Agent trials on ``params.split`` of freeze ``params.freeze_name`` against a served model: one canary job.
 

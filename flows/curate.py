@@ -56,7 +56,7 @@ from forgeflow.ledger.store import masked_url
 from forgeflow.sandbox import dispatch
 from forgeflow.sandbox.dispatch import RayPlacement
 from tasks import curation as curate_tasks
-from tasks.common import markdown_artifact, sweep_trial_sandboxes, table_artifact
+from tasks.common import markdown_artifact, sweep_trial_sandboxes, table_artifact, trial_dispatcher
 
 FREEZE_READY_EVENT = "forgeflow.dataset.freeze-ready"
 DEFAULT_QUOTAS = SplitQuotas(train=350, validation=75, test=75, max_per_repo=20, min_repos=70)
@@ -136,13 +136,14 @@ def _blocks(freeze_name: str | None, sandbox: str | None,
     except InputError as exc:
         raise _param_error(exc, "sandbox") from None
     try:
-        return placement, curate_tasks.trial_dispatcher(dispatcher) if dispatcher is not None else None
+        return placement, trial_dispatcher(dispatcher) if dispatcher is not None else None
     except InputError as exc:
         raise _param_error(exc, "dispatcher") from None
 
 
-@flow(name="curate", log_prints=True, on_cancellation=[sweep_trial_sandboxes("params.sandbox")],
-      on_crashed=[sweep_trial_sandboxes("params.sandbox")])
+@flow(name="curate", log_prints=True,
+      on_cancellation=[sweep_trial_sandboxes("params.sandbox", "params.dispatcher")],
+      on_crashed=[sweep_trial_sandboxes("params.sandbox", "params.dispatcher")])
 def curate(params: CurateParams = CurateParams()) -> CurateResult:
     """Validate candidate batches until the accepted tasks meet ``params.quotas`` (or none is left).
 
@@ -174,7 +175,7 @@ def curate(params: CurateParams = CurateParams()) -> CurateResult:
     seed = settings.seed
     digest = sha256_json({"ids": sorted(by_id), "quotas": quotas.model_dump(), "seed": seed})
     name = freeze_name or f"curate-{digest[:12]}"
-    available = set(curate_tasks.available_images([row.image for row in rows if row.image]))
+    available = set(curate_tasks.available_images([row.image_ref for row in rows if row.image_ref]))
     refs = to_candidate_refs(rows, available)
     registered = curate_tasks.register_candidates(store_url, rows, run_id)
     logger.info("curate: %d candidates (%d new; candidate set %s), %d with an available image", len(rows),
@@ -220,7 +221,7 @@ def curate(params: CurateParams = CurateParams()) -> CurateResult:
             validated.extend(ids)
             table_artifact(f"curate-{batch_id[-16:].lower()}", [
                 {"instance_id": t.instance_id, "status": t.status, "reason": t.reason,
-                 "FAIL_TO_PASS": len(t.fail_to_pass)} for t in out.tasks], f"curate batch {batch_id}")
+                 "FAIL_TO_PASS": len(t.FAIL_TO_PASS)} for t in out.tasks], f"curate batch {batch_id}")
             logger.info("batch %s: %d candidates, %d accepted; %d of the run's %d accepted so far (the quotas need "
                         ">= %d)", batch_id, len(ids), sum(t.status == "accepted" for t in out.tasks),
                         len(run.accepted), len(by_id), run.needed)

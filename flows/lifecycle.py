@@ -12,7 +12,7 @@ subflow: one code path.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,8 +61,8 @@ from forgeflow.curation.task_rows import TaskSource
 from forgeflow.evaluation.canary_params import CanaryEndpoint, CanaryRunSettings
 from forgeflow.ledger import records
 from forgeflow.packaging.mmproj import MMPROJ_KEY
-from forgeflow.registry import images, projects
 from forgeflow.registry import migration as migrate
+from forgeflow.registry import projects
 from forgeflow.serving import bluegreen
 from forgeflow.serving.backend import BackendConfig
 from forgeflow.training.burst import BurstConfig
@@ -150,24 +150,6 @@ class _Env:
     source_digest: str
     target_ref: str = ""
     target_digest: str = ""
-
-
-@dataclass
-class _TaskImage:
-    """One candidate's task image in its shard of the target registry, and its tests once accepted."""
-
-    candidate: Candidate
-    repo: str
-    test_command: str
-    image_ref: str
-    digest: str
-    local_image: images.ImageRef
-    fail_to_pass: list[str] = field(default_factory=list)
-    pass_to_pass: list[str] = field(default_factory=list)
-
-    @property
-    def instance_id(self) -> str:
-        return self.candidate.instance_id
 
 
 def _run_stages(run: _Run) -> dict[str, Any]:
@@ -303,7 +285,8 @@ def _generate(run: _Run, envs: dict[str, _Env]) -> list[tuple[Candidate, str]]:
     return candidates
 
 
-def _prewarm(run: _Run, envs: dict[str, _Env], candidates: list[tuple[Candidate, str]]) -> dict[str, _TaskImage]:
+def _prewarm(run: _Run, envs: dict[str, _Env],
+             candidates: list[tuple[Candidate, str]]) -> dict[str, generated.GeneratedTask]:
     """4. prewarm: the ``prewarm-plan`` flow, then basecache tags and task images into their planned shards.
 
     Raises:
@@ -322,7 +305,7 @@ def _prewarm(run: _Run, envs: dict[str, _Env], candidates: list[tuple[Candidate,
         basecache = log.call(registry_tasks.prewarm, plan, dst, base_refs, run.registry_ids["target"],
                              config.prewarm.concurrency)
         placements = {p.task_id: p for p in plan.placements}
-        task_images: dict[str, _TaskImage] = {}
+        task_images: dict[str, generated.GeneratedTask] = {}  # local image, and where it was pushed
         reused_layers = 0  # task images must start with their environment image's layers
         for c, repo in candidates:
             env = envs[repo]
@@ -332,23 +315,21 @@ def _prewarm(run: _Run, envs: dict[str, _Env], candidates: list[tuple[Candidate,
             digest = log.call(registry_tasks.push_local_image, image.name, image.image_id, ref,
                               run.registry_ids["target"])
             reused_layers += registry_tasks.layer_reuse(ref, env.target_ref)
-            task_images[c.instance_id] = _TaskImage(candidate=c, repo=repo, test_command=env.project.test_command,
-                                                    image_ref=ref, digest=digest, local_image=image)
-        record_rows(run.store_url, "images", [
-            records.ImageRecord(ref=t.image_ref, digest=t.digest, role="task", project=t.repo, run_id=run.run_id)
+            task_images[c.instance_id] = generated.GeneratedTask(
+                **c.model_dump(), image_ref=image.name, image_id=image.image_id, registry_ref=ref,
+                registry_digest=digest, test_command=env.project.test_command)
+        record_rows(run.store_url, "images", [records.ImageRecord(
+            ref=t.registry_ref, digest=t.registry_digest, role="task", project=t.repo, run_id=run.run_id)
             for t in task_images.values()])
-        st["paths"] = {"candidates": str(curation.write_generated(run.out_dir / generated.GENERATED_FILE, [
-            generated.GeneratedTask(**t.candidate.model_dump(), image=t.local_image.name,
-                                    image_id=t.local_image.image_id, registry_ref=t.image_ref,
-                                    registry_digest=t.digest, test_command=t.test_command)
-            for t in task_images.values()])),  # what `curate` and the canary read; earlier runs' rows are kept
+        st["paths"] = {"candidates": str(curation.write_generated(run.out_dir / generated.GENERATED_FILE, list(
+            task_images.values()))),  # what `curate` and the canary read; earlier runs' rows are kept
             "plan_tasks": str(tasks_path), "plan_plot": str(plot_path)}
         st["counts"] = {"repositories": len(plan.projected_tag_counts), "basecache_tags": len(basecache),
                         "task_images": len(task_images), "base_layers_reused": reused_layers}
     return task_images
 
 
-def _validate(run: _Run, task_images: dict[str, _TaskImage]) -> list[_TaskImage]:
+def _validate(run: _Run, task_images: dict[str, generated.GeneratedTask]) -> list[generated.GeneratedTask]:
     """5. validate: the ``curate`` flow on this run's pushed candidates, longest validations first.
 
     Raises:
@@ -367,8 +348,8 @@ def _validate(run: _Run, task_images: dict[str, _TaskImage]) -> list[_TaskImage]
         accepted = []
         for iid, t in task_images.items():
             if verdicts[iid].status == "accepted":
-                t.fail_to_pass, t.pass_to_pass = verdicts[iid].fail_to_pass, verdicts[iid].pass_to_pass
-                accepted.append(t)
+                accepted.append(t.model_copy(update={"FAIL_TO_PASS": verdicts[iid].FAIL_TO_PASS,
+                                                     "PASS_TO_PASS": verdicts[iid].PASS_TO_PASS}))
         statuses = [v.status for v in verdicts.values()]
         st["counts"] = {"candidates": len(ids), "validated": len(result.validated),
                         "trials": result.trials_recorded, "accepted": len(accepted),
@@ -379,7 +360,7 @@ def _validate(run: _Run, task_images: dict[str, _TaskImage]) -> list[_TaskImage]
     return accepted
 
 
-def _freeze(run: _Run, accepted: list[_TaskImage]) -> FreezeManifest:
+def _freeze(run: _Run, accepted: list[generated.GeneratedTask]) -> FreezeManifest:
     """6. freeze: the ``freeze`` flow on this run's accepted tasks."""
     config = run.config
     with run.log.stage("freeze") as st:
@@ -418,12 +399,11 @@ def _base_model(run: _Run) -> tuple[Any, dict[str, Any]]:
     return base_model, base_gguf
 
 
-def _burst(run: _Run, base_model: Any, train: list[_TaskImage], envs: dict[str, _Env]) -> BurstResult:
+def _burst(run: _Run, base_model: Any, train: list[generated.GeneratedTask], envs: dict[str, _Env]) -> BurstResult:
     """10. burst: SFT samples from the train split's Oracle solutions, then the ``sft-burst`` flow on them."""
     config, out_dir = run.config, run.out_dir
     with run.log.stage("burst") as st:
-        sft_samples = training_tasks.oracle_samples([(t.candidate, envs[t.repo].checkout, t.fail_to_pass)
-                                                     for t in train])
+        sft_samples = training_tasks.oracle_samples([(t, envs[t.repo].checkout, t.FAIL_TO_PASS) for t in train])
         samples_jsonl = training_tasks.write_sft_jsonl(sft_samples, out_dir / "samples" / "oracle-sft.jsonl")
         burst = config.burst
         adapter = sft_burst_flow(SFTBurstParams(

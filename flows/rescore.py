@@ -15,6 +15,7 @@ from forgeflow.curation.generated import GENERATED_FILE
 from forgeflow.evaluation.compare import JobReport, job_exclusions
 from forgeflow.evaluation.rescore import RescoreRequest
 from forgeflow.evaluation.rescore_report import RescoreResult, change_rows, render_rescore_report
+from forgeflow.sandbox.limits import VerifierTimeoutS
 from tasks import evaluation as evaluation_tasks
 from tasks import rescore as rescore_tasks
 from tasks.common import record_rows, table_artifact, upgrade_store
@@ -29,8 +30,8 @@ class RescoreParams(StageParams):
     job_id: str = Field(min_length=1, description="the canary job to re-score (forgeflow trials lists the jobs)")
     rescore_job_id: str | None = Field(None, min_length=1, max_length=512, description="the new job's id; None: "
                                        "<job_id>-rescore-<digest of the standing trials and the verifier source>")
-    verifier_timeout_s: float | None = Field(None, gt=0, description="limit of one test run, seconds; None: the "
-                                             "job's recorded one")
+    verifier_timeout_s: VerifierTimeoutS | None = Field(None, description="limit of one test run, seconds; None: "
+                                                        "the job's recorded one")
     concurrency: int = Field(1, ge=1, le=10, description="verifier sandboxes at once (1 to 10)")
     generated_path: Path | None = Field(None, description="the task-rows file; None: the job's recorded source, "
                                                           "else $FORGEFLOW_HOME/demo/candidates.jsonl")

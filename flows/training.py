@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
-from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
@@ -21,7 +20,6 @@ from flows.training_params import (
     PPOJob,
     PPOParams,
     RLBurstParams,
-    RLHyperParams,
     SFTBurstParams,
     WindowsParams,
 )
@@ -30,22 +28,20 @@ from forgeflow.common.errors import InputError
 from forgeflow.common.settings import home_dir
 from forgeflow.ledger import records
 from forgeflow.sandbox import dispatch
-from forgeflow.sandbox.kubernetes_manifests import FLOW_RUN_LABEL
 from forgeflow.training import verl
 from forgeflow.training.adapters import AdapterRecord, BurstOrigin, Lineage, pin_adapter
 from forgeflow.training.episodes import EPISODE_PROMPT_TEMPLATE
 from forgeflow.training.episodes_grpo import EpisodeStepStats
 from forgeflow.training.episodes_plot import episode_plot_markdown
-from forgeflow.training.episodes_ray import sweep_ray_nodes
 from forgeflow.training.health import BurstHealthError
 from forgeflow.training.ppo import local_checkpoint_dir
 from forgeflow.training.rewards import StepRewardCounts
 from forgeflow.training.rl import DEFAULT_PROMPT_TEMPLATE
 from tasks import training as training_tasks
-from tasks.common import hook_logger, markdown_artifact, sweep_trial_sandboxes, table_artifact
-from tasks.curation import sandbox_choice, trial_dispatcher
+from tasks.common import hook_logger, markdown_artifact, sweep_trial_sandboxes, table_artifact, trial_dispatcher
+from tasks.curation import sandbox_choice
 
-__all__ = ["BurstResult", "PPOJob", "PPOParams", "PPOResult", "RLBurstParams", "RLHyperParams", "SFTBurstParams",
+__all__ = ["BurstResult", "PPOJob", "PPOParams", "PPOResult", "RLBurstParams", "SFTBurstParams",
            "WindowsParams", "WindowsResult", "ppo", "rl_burst", "sft_burst", "windows"]
 
 def _param_error(exc: InputError, field: str) -> InputError:
@@ -181,31 +177,9 @@ def sft_burst(params: SFTBurstParams) -> BurstResult:
     return _record(adapter, hf_dir, base_sha, run_id, "sft-burst", "sft-burst")
 
 
-def sweep_ray_sandboxes(flow: Any, flow_run: Any, state: Any) -> None:
-    """rl-burst's hook (``on_cancellation`` / ``on_crashed``): with a ``ray`` ``params.dispatcher``, the run's
-    labelled containers (episodes', verifiers') are ended on every sandbox node of that cluster, each by a Ray
-    task on its node (:func:`forgeflow.training.episodes_ray.sweep_ray_nodes`); a failure is logged, never raised."""
-    params: Any = getattr(flow_run, "parameters", None) or {}
-    params = params.get("params") if isinstance(params, dict) else params
-    name = params.get("dispatcher") if isinstance(params, dict) else getattr(params, "dispatcher", None)
-    if not name:
-        return
-    logger = hook_logger(flow, flow_run)
-    try:
-        placement = trial_dispatcher(name)
-        if placement is not None:
-            swept = sweep_ray_nodes(placement, FLOW_RUN_LABEL, str(flow_run.id))
-            logger.info("ended the containers of run %s on %d Ray node(s): %s; sweeps failed: %s", flow_run.id,
-                        len(swept.ended), swept.ended, swept.failed or "none")
-    except Exception as exc:  # noqa: BLE001 - a hook must not mask the run's own end
-        logger.warning("could not sweep the Ray nodes of run %s: %s", flow_run.id, exc)
-    finally:
-        dispatch.disconnect()
-
-
 @flow(name="rl-burst", log_prints=False,
-      on_cancellation=[sweep_trial_sandboxes("params.sandbox"), sweep_ray_sandboxes],
-      on_crashed=[sweep_trial_sandboxes("params.sandbox"), sweep_ray_sandboxes])
+      on_cancellation=[sweep_trial_sandboxes("params.sandbox", "params.dispatcher")],
+      on_crashed=[sweep_trial_sandboxes("params.sandbox", "params.dispatcher")])
 def rl_burst(params: RLBurstParams) -> BurstResult:
     """One RL burst (TRL GRPO or RLOO + LoRA) on the user's tasks, rewarded by the verifier in a sandbox.
 
@@ -213,9 +187,10 @@ def rl_burst(params: RLBurstParams) -> BurstResult:
     for no diff, a patch that does not apply, or a run the submission hung); an infrastructure failure gives no
     reward (None), never 0. The verifier's timeout is each task's ``task_timeout_s`` x
     ``verifier_timeout_multiplier``, never below 5 x its ``pristine_duration_s``. A cancelled or crashed run's
-    Kubernetes pods are swept.
+    Kubernetes pods are swept. On an image-text-to-text base (``tiny-vl``) the vision tower is frozen, the
+    prompts stay text, and the lineage records the tower as an SFT burst does.
 
-    * ``episode``: the agentic mode (:class:`forgeflow.training.episodes.EpisodeSettings`; ``grpo``
+    * ``training.episode``: the agentic mode (:class:`forgeflow.training.episodes.EpisodeSettings`; ``grpo``
       only): each rollout a multi-turn episode of the policy (bash in a fresh container of the task
       image on ``sandbox``'s backend, labelled with the run so a cancelled run's are swept; submit)
       bounded by ``max_turns``, ``max_tokens``, ``wall_s``, the loop and hang detectors, ``concurrency``
@@ -250,10 +225,10 @@ def rl_burst(params: RLBurstParams) -> BurstResult:
             choice = sandbox_choice(params.sandbox)
         except InputError as exc:
             raise _param_error(exc, "sandbox") from None
-        config = params.training.burst_config(choice.backend(), choice.limits, params.episode)
+        backend, config = choice.backend(), params.training.resolved(choice.limits)
     else:
-        config = params.training.burst_config("podman", None, params.episode)
-    template = EPISODE_PROMPT_TEMPLATE if params.episode is not None else DEFAULT_PROMPT_TEMPLATE
+        backend, config = "podman", params.training.resolved()
+    template = EPISODE_PROMPT_TEMPLATE if config.episode is not None else DEFAULT_PROMPT_TEMPLATE
     models = Path(params.out_dir) if params.out_dir is not None else home_dir() / "models"
     work = models / "rl-adapter"
     base_sha = training_tasks.tree_digest(hf_dir, "base-model")
@@ -265,7 +240,8 @@ def rl_burst(params: RLBurstParams) -> BurstResult:
     try:
         origin = BurstOrigin(base_model_dir=hf_dir, base_model_sha256=base_sha, parent_adapter_dir=parent_dir,
                              parent_adapter_sha256=parent_sha)
-        record = training_tasks.rl_burst(origin, rl_tasks, work, config, run_id, template, ray=placement)
+        record = training_tasks.rl_burst(origin, rl_tasks, work, config, run_id, template, ray=placement,
+                                         backend=backend)
     finally:  # a driver outlived by its Ray cluster is ended by Ray: leave it now
         if placement is not None:
             dispatch.disconnect()
@@ -419,14 +395,17 @@ def windows(params: WindowsParams) -> WindowsResult:
     """Agent trajectories -> replay and anti-loop training windows -> a chat dataset -> optionally an SFT burst.
 
     Each sample keeps its provenance (instance id, trajectory sha256, window kind, target step), so the dataset
-    digest in the adapter's lineage names them. The default output file is named by its content.
+    digest in the adapter's lineage names them. The default output file is named by its content. A window keeps
+    the images of the turns it includes (image parts by sha256, the files written beside the JSONL), so an SFT
+    burst on an image-text-to-text base trains on them.
 
     Args:
         params: the canary job's trajectories to cut into SFT windows, the window sizes, the SFT burst settings.
 
     Raises:
-        InputError: an unknown job, missing or malformed trajectories (named), no window at all, a
-            ``params.samples_jsonl`` holding other samples; and whatever ``sft-burst`` raises when training.
+        InputError: an unknown job, missing or malformed trajectories (named), an image a trajectory names that
+            is missing or changed (trajectory and sha256 named), no window at all, a ``params.samples_jsonl``
+            holding other samples; and whatever ``sft-burst`` raises when training.
     """
     name = params.job_id or Path(params.trajectories_dir or "trajectories").name
     written = training_tasks.window_dataset(store_settings.store_url(), params.job_id, params.trajectories_dir,

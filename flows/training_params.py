@@ -7,67 +7,17 @@ working defaults are these fields' defaults; the inputs a run must name are requ
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from flows.stagekit import StageParams
 from forgeflow.curation.task_rows import TaskSource
-from forgeflow.sandbox.backends import SandboxTarget
-from forgeflow.sandbox.limits import LimitOverrides, SandboxLimits
 from forgeflow.training.burst import BurstConfig
-from forgeflow.training.episodes import EpisodeSettings
 from forgeflow.training.freeze_tasks import FreezeSplit
 from forgeflow.training.ppo import DEFAULT_ADAPTER_GLOB
-from forgeflow.training.rewards import RL_VERIFIER_LIMITS
 from forgeflow.training.rl import RLBurstConfig
 from forgeflow.training.verl import VerlPPOSettings
 from forgeflow.training.windows import WindowConfig
-
-Device = Literal["auto", "cpu", "cuda"]
-"""Where a burst trains: ``auto`` (CUDA in bfloat16 when the worker has a GPU, else the CPU in float32),
-``cpu`` or ``cuda`` (:func:`forgeflow.training.device.device_plan`)."""
-
-
-class RLHyperParams(LimitOverrides):
-    """Hyper-parameters of an RL burst (the common subset of :class:`RLBurstConfig`) and its verifier limits.
-
-    Limits: these params', else the sandbox block's, else :data:`~forgeflow.training.rewards.RL_VERIFIER_LIMITS`.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    algorithm: Literal["grpo", "rloo"] = Field("grpo", description="grpo or rloo (TRL trainers)")
-    max_steps: int = Field(2, ge=1, le=100_000, description="optimizer steps")
-    learning_rate: float = Field(1e-4, gt=0.0, le=1.0, description="constant learning rate")
-    lora_r: int = Field(8, ge=1, le=256, description="LoRA rank (lora_alpha = 2 x rank); a continued adapter "
-                                                     "must have the same rank")
-    num_generations: int = Field(2, ge=2, le=64, description="completions sampled per prompt (the group)")
-    max_completion_length: int = Field(128, ge=1, le=32_768, description="tokens per completion")
-    seed: int = Field(0, description="training and sampling seed")
-    verifier_timeout_multiplier: float = Field(0.06, gt=0.0, le=10.0, description="the training verifier's "
-                                               "timeout = each task's task_timeout_s (seconds, default 3000) x "
-                                               "this, never below 5 x its pristine_duration_s")
-    verifier_concurrency: int = Field(1, ge=1, le=32, description="verifier sandboxes at once")
-    device: Device = Field("auto", description="auto: CUDA in bfloat16 when the worker has a GPU, else the CPU in "
-                                               "float32; cpu; or cuda")
-
-    def burst_config(self, backend: str | SandboxTarget, block: SandboxLimits | None = None,
-                     episode: EpisodeSettings | None = None) -> RLBurstConfig:
-        """The :class:`RLBurstConfig` with the verifier sandbox ``backend``, its limits and the ``episode`` block.
-
-        Raises:
-            pydantic.ValidationError: ``episode`` with an algorithm other than ``grpo``.
-        """
-        limits = self.over(block if block is not None else RL_VERIFIER_LIMITS)
-        return RLBurstConfig(episode=episode, algorithm=self.algorithm, max_steps=self.max_steps,
-                             learning_rate=self.learning_rate,
-                             lora_r=self.lora_r, lora_alpha=2 * self.lora_r, num_generations=self.num_generations,
-                             max_completion_length=self.max_completion_length, seed=self.seed,
-                             verifier_timeout_multiplier=self.verifier_timeout_multiplier,
-                             verifier_concurrency=self.verifier_concurrency, verifier_backend=backend,
-                             verifier_memory_mb=limits.memory_mb, verifier_cpus=limits.cpus, device=self.device)
-
 
 _HF_DIR = "the base model folder (HF checkpoint with config.json, tokenizer and chat template)"
 _PARENT = ("an adapter to continue: its folder, or its sha256 as recorded in the store (same base model and LoRA "
@@ -92,18 +42,11 @@ class SFTBurstParams(StageParams):
 
 
 class RLBurstParams(StageParams):
-    """The ``rl-burst`` flow's parameters: the tasks come from exactly one of ``tasks_jsonl`` and ``freeze_name``.
-
-    Attributes:
-        episode: the agentic mode (:class:`~forgeflow.training.episodes.EpisodeSettings`: ``max_turns``,
-            ``max_tokens`` per episode, ``wall_s`` per episode, ``tools``, ``concurrency``, ``step_wall_s``, ...):
-            each rollout a multi-turn episode in a fresh sandbox of the task image on ``sandbox``'s backend,
-            rewarded by the verifier on its final change; ``grpo`` only. None: single-turn rollouts.
-    """
+    """The ``rl-burst`` flow's parameters: the tasks come from exactly one of ``tasks_jsonl`` and ``freeze_name``."""
 
     hf_dir: Path = Field(description=_HF_DIR)
     tasks_jsonl: Path | None = Field(None, description="the tasks: one RLTask row per line (instance_id, image_ref, "
-                                     "problem_statement, test_command, fail_to_pass, pass_to_pass; optional "
+                                     "problem_statement, test_command, FAIL_TO_PASS, PASS_TO_PASS; optional "
                                      "task_timeout_s (seconds, default 3000), pristine_duration_s (seconds) and "
                                      "known_tests); null: the tasks of freeze_name")
     freeze_name: str | None = Field(None, min_length=1, description="instead of tasks_jsonl: a freeze recorded in "
@@ -113,29 +56,20 @@ class RLBurstParams(StageParams):
     source: TaskSource = Field(TaskSource(), description="the freeze's task rows (with freeze_name): candidates_path, "
                                "dataset or generated_path (default $FORGEFLOW_HOME/demo/candidates.jsonl), "
                                "test_commands and test_specs per repository")
-    training: RLHyperParams = Field(RLHyperParams(), description="algorithm, max_steps, learning_rate, lora_r, "
-                                    "num_generations, max_completion_length (tokens), seed, verifier timeout "
-                                    "multiplier and concurrency, device")
+    training: RLBurstConfig = Field(default_factory=RLBurstConfig, description="the burst's hyper-parameters, "
+                                    "verifier limits and agentic mode (episode; each field described in the form)")
     parent_adapter: str | None = Field(None, min_length=1, description=_PARENT)
     sandbox: str | None = Field(None, min_length=1, description="a forgeflow-sandbox block: the verifier runs on "
                                 "its backend with its memory (MiB) and CPU limits; null: podman, 1024 MiB, 1 CPU")
     out_dir: Path | None = Field(None, description=_OUT_DIR.format(kind="rl"))
     dispatcher: str | None = Field(None, min_length=1, description="a forgeflow-dispatcher block: ray scores each "
                                    "rollout as a Ray task on a sandbox node; null or in-process: here")
-    episode: EpisodeSettings | None = Field(None, description="the agentic mode: each rollout a multi-turn episode "
-                                            "(bash in the task's container, submit) in a fresh sandbox, rewarded by "
-                                            "the verifier: max_turns, max_tokens (per episode), wall_s (per "
-                                            "episode), tools, concurrency, step_wall_s, command_timeout_s; grpo "
-                                            "only; null: single-turn rollouts")
 
     @model_validator(mode="after")
     def _one_task_source(self) -> RLBurstParams:
         if (self.tasks_jsonl is None) == (self.freeze_name is None):
             raise ValueError("give tasks_jsonl (a JSONL of RLTask rows) or freeze_name (a freeze recorded in the "
                              "store, with split and source), not both and not neither")
-        if self.episode is not None and self.training.algorithm != "grpo":
-            raise ValueError("episode (the agentic mode) needs training.algorithm grpo: TRL's RLOOTrainer takes no "
-                             "rollout function")
         return self
 
     def freeze(self) -> FreezeSplit | None:
@@ -191,8 +125,9 @@ class WindowsParams(StageParams):
                                   "stride_steps, min_steps (steps), task_excerpt_chars, recap_command_chars "
                                   "(characters), loop_threshold, loop_variants, conclude_command, include_system")
     samples_jsonl: Path | None = Field(None, description="where the JSONL goes (a file there with other samples "
-                                                         "is refused); null: $FORGEFLOW_HOME/windows/<job id or "
-                                                         "folder>-<sha12>.jsonl, named by its content")
+                                                         "is refused; the images its windows keep go beside it as "
+                                                         "<sha256>.<ext>); null: $FORGEFLOW_HOME/windows/<job id "
+                                                         "or folder>-<sha12>.jsonl, named by its content")
     hf_dir: Path | None = Field(None, description="the base model an SFT burst on the windows trains (the "
                                                   "sft-burst flow as a subflow); null: only the dataset")
     training: BurstConfig = Field(default_factory=BurstConfig, description="the burst's hyper-parameters, as "

@@ -19,7 +19,7 @@ from forgeflow.packaging.checkpoint import BaseModelSource
 from forgeflow.packaging.gguf_metadata import MetadataEdit
 from forgeflow.registry.layout import ShardLayout
 from forgeflow.registry.migration import TransferLimits
-from forgeflow.sandbox.limits import SandboxLimits
+from forgeflow.sandbox.limits import DEFAULT_VERIFIER_TIMEOUT_S, SandboxLimits, VerifierTimeoutS
 from forgeflow.sandbox.trial import ValidationChecks
 
 DEMO_PROJECTS = ("boltons", "cachetools", "inflection", "six", "tabulate", "toolz")
@@ -117,8 +117,7 @@ class ValidateStageSettings(SandboxLimits):
     model_config = _GROUP
 
     concurrency: int = Field(2, ge=1, le=16, description="NOP/Oracle validations run at once")
-    verifier_timeout_s: float = Field(180.0, gt=0, description="absolute timeout of one test run, seconds "
-                                      "(validation and canary trials)")
+    verifier_timeout_s: VerifierTimeoutS = DEFAULT_VERIFIER_TIMEOUT_S
     checks: ValidationChecks = Field(ValidationChecks(), description="evidence a validation gathers: "
                                      "Oracle runs per task that would be accepted, flaky policy, log parser")
 

@@ -15,7 +15,8 @@ export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS=240
 # three keep two cores busy; 0 runs in this process); a file's tests share a worker, and so do the files
 # tests/conftest.py groups (XDIST_GROUPS)
 workers=(-n "${FORGEFLOW_TEST_WORKERS:-3}" --dist loadgroup)
-"${PYTHON:-python3}" -m pytest -ra "${workers[@]}" "$@"
+# --durations: the slowest tests, what tests/conftest.py's HEAVY_FIRST (the groups started first) is measured from
+"${PYTHON:-python3}" -m pytest -ra --durations=30 "${workers[@]}" "$@"
 # Second pass (the whole-suite run only): the Prefect server of the flow tests' harness and their store on
 # PostgreSQL (a throwaway cluster on a free loopback port, tests/flows/conftest.py); the store tests above already
 # ran on SQLite and PostgreSQL (tests/pgfixtures.py). About 1 minute here.

@@ -38,6 +38,7 @@ from forgeflow.ledger.records import (
 )
 from forgeflow.ledger.store import Store
 from forgeflow.sandbox.backends import SandboxTarget
+from forgeflow.sandbox.dispatch import RayPlacement
 from forgeflow.sandbox.kubernetes_manifests import FLOW_RUN_LABEL
 
 _BlockT = TypeVar("_BlockT")
@@ -162,12 +163,31 @@ def hook_logger(flow: Flow[..., object], flow_run: object) -> RunLogger:
     return logging.getLogger(__name__)
 
 
-def sweep_trial_sandboxes(parameter: str) -> Callable[[Flow[..., object], FlowRun, State], None]:
-    """A flow hook (``on_cancellation`` / ``on_crashed``) ending the run's trial sandboxes: the ``kubernetes``
-    pods labelled with the run, on the ``forgeflow-sandbox`` block the flow parameter ``parameter`` names (a
-    dotted path: ``params.sandbox``); else this host's podman containers at every layer
-    (:func:`forgeflow.sandbox.podman_layers.sweep_labelled`). Ray nodes end their own. The hook's parameter
-    names are Prefect's (its runner calls hooks by keyword)."""
+def trial_dispatcher(block_name: str) -> RayPlacement | None:
+    """The ``forgeflow-dispatcher`` block's placement: None for ``in-process``, a RayPlacement for ``ray``. Raises
+    InputError: no such block."""
+    from blocks.core import TrialDispatcher
+
+    return load_block(TrialDispatcher, block_name, "dispatcher").placement()
+
+
+def _parameter(run: FlowRun, path: str) -> object:
+    """The run's parameter at the dotted ``path`` (``params.sandbox``), from its JSON or its parameter model."""
+    value: object = getattr(run, "parameters", None) or {}
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, dict) else getattr(value, part, None)
+    return value
+
+
+def sweep_trial_sandboxes(parameter: str, dispatcher: str | None = None
+                          ) -> Callable[[Flow[..., object], FlowRun, State], None]:
+    """A flow hook (``on_cancellation`` / ``on_crashed``) ending the run's labelled trial sandboxes wherever they
+    run: the ``kubernetes`` pods of the ``forgeflow-sandbox`` block the flow parameter ``parameter`` names (a
+    dotted path: ``params.sandbox``), else this host's podman containers at every layer
+    (:func:`forgeflow.sandbox.podman_layers.sweep_labelled`); and, when the parameter ``dispatcher`` names a
+    ``ray`` block, the containers on every sandbox node of that cluster
+    (:func:`forgeflow.sandbox.dispatch.sweep_ray_nodes`). A failure is logged, never raised. The hook's
+    parameter names are Prefect's (its runner calls hooks by keyword)."""
 
     def hook(flow: Flow[..., object], flow_run: FlowRun, state: State) -> None:
         from blocks.core import SandboxBackend
@@ -175,10 +195,7 @@ def sweep_trial_sandboxes(parameter: str) -> Callable[[Flow[..., object], FlowRu
         from forgeflow.sandbox.podman_layers import sweep_labelled
 
         run, logger = flow_run, hook_logger(flow, flow_run)
-
-        name: object = getattr(run, "parameters", None) or {}
-        for part in parameter.split("."):  # a run's parameters as JSON, or the parameter model itself
-            name = name.get(part) if isinstance(name, dict) else getattr(name, part, None)
+        name = _parameter(run, parameter)
         try:
             target = load_block(SandboxBackend, name, "sandbox").target() if name else SandboxTarget()
             if target.kind == "kubernetes":
@@ -190,8 +207,28 @@ def sweep_trial_sandboxes(parameter: str) -> Callable[[Flow[..., object], FlowRu
             logger.info("ended %d trial sandbox(es) of run %s: %s", len(deleted), run.id, ", ".join(deleted))
         except Exception as exc:  # noqa: BLE001 - a hook must not mask the run's own end
             logger.warning("could not sweep the trial sandboxes of run %s: %s", run.id, exc)
+        ray_block = _parameter(run, dispatcher) if dispatcher else None
+        if ray_block:
+            _sweep_ray(str(ray_block), run, logger)
 
     return hook
+
+
+def _sweep_ray(block_name: str, run: FlowRun, logger: RunLogger) -> None:
+    """End the run's labelled containers on every sandbox node of the ``ray`` dispatcher ``block_name`` (an
+    ``in-process`` block: nothing); logged, never raised."""
+    from forgeflow.sandbox import dispatch
+
+    try:
+        placement = trial_dispatcher(block_name)
+        if placement is not None:
+            swept = dispatch.sweep_ray_nodes(placement, FLOW_RUN_LABEL, str(run.id))
+            logger.info("ended the containers of run %s on %d Ray node(s): %s; sweeps failed: %s", run.id,
+                        len(swept.ended), swept.ended, swept.failed or "none")
+    except Exception as exc:  # noqa: BLE001 - a hook must not mask the run's own end
+        logger.warning("could not sweep the Ray nodes of run %s: %s", run.id, exc)
+    finally:
+        dispatch.disconnect()
 
 
 LedgerKind = Literal["images", "image_roles", "tasks", "trials", "jobs", "model_artifacts", "serving_generations",

@@ -120,7 +120,7 @@ class BatchPlan(BaseModel):
     def spec(self) -> SandboxSpec:
         """Each trial container's :class:`SandboxSpec`: ``validation``'s limits, which
         :meth:`~forgeflow.curation.curate_settings.CurateSettings.validation` resolved against the block."""
-        return SandboxSpec(**self.validation.limits().model_dump())
+        return SandboxSpec.of(self.validation)
 
 
 class BatchVerdicts(BaseModel):
@@ -166,12 +166,13 @@ def _validator(plan: BatchPlan, batch_id: str, stored: list[str]) -> batch_run.V
             settings = settings.model_copy(update={"checks": settings.checks.model_copy(
                 update={"log_parser": parser})})
         if plan.ray is not None:
-            outcome = dispatch.validate_on_ray(plan.ray, row, row.image, command, timeout_s=settings.verifier_timeout_s,
-                                               spec=spec, run_key=run_key, checks=settings.checks, backend=backend)
+            outcome = dispatch.validate_on_ray(plan.ray, row, row.image_ref, command,
+                                               timeout_s=settings.verifier_timeout_s, spec=spec, run_key=run_key,
+                                               checks=settings.checks, backend=backend)
             for record in outcome.trials:
                 on_trial(record)
             return outcome
-        return trial.validate_candidate(row, row.image, command, timeout_s=settings.verifier_timeout_s, spec=spec,
+        return trial.validate_candidate(row, row.image_ref, command, timeout_s=settings.verifier_timeout_s, spec=spec,
                                         run_key=run_key, checks=settings.checks, on_trial=on_trial, backend=backend)
 
     return validate
@@ -202,15 +203,6 @@ def validate_batch(batch_id: str, plan: BatchPlan, progress: BatchProgress | Non
     return BatchVerdicts(tasks=[verdicts[i] for i in plan.ids], trials=len(stored))
 
 
-@task(cache_policy=NO_CACHE)
-def trial_dispatcher(block_name: str) -> RayPlacement | None:
-    """The ``forgeflow-dispatcher`` block's placement: None for ``in-process``, a RayPlacement for ``ray``. Raises
-    InputError: no such block."""
-    from blocks.core import TrialDispatcher
-
-    return load_block(TrialDispatcher, block_name, "dispatcher").placement()
-
-
 @task(cache_policy=RESUMABLE)
 def freeze_dataset(name: str, accepted: list[freeze.AcceptedTask], quotas: freeze.SplitQuotas, seed: int,
                    out_dir: Path, extra_inputs: JSONObject,
@@ -236,8 +228,8 @@ def accepted_for_freeze(instance_ids: list[str] | None) -> list[bundle.BundleTas
     rows = (store.accepted_tasks() if instance_ids is None
             else list(store.tasks_by_id(instance_ids, status="accepted").values()))
     digests = store.image_digests([t.image_ref for t in rows if t.image_ref])
-    return [bundle.BundleTask(instance_id=t.instance_id, repo=t.repo, fail_to_pass=t.fail_to_pass,
-                              pass_to_pass=t.pass_to_pass, image_ref=t.image_ref,
+    return [bundle.BundleTask(instance_id=t.instance_id, repo=t.repo, FAIL_TO_PASS=t.FAIL_TO_PASS,
+                              PASS_TO_PASS=t.PASS_TO_PASS, image_ref=t.image_ref,
                               image_digest=digests.get(t.image_ref) if t.image_ref else None,
                               patch_sha256=t.patch_sha256, patch=t.patch) for t in rows]
 
@@ -305,7 +297,7 @@ def register_candidates(store_url: str, rows: list[CandidateTask | GeneratedTask
     store = shared_store(store_url)
     ids = sorted(r.instance_id for r in rows)
     known = run_reads.known_instance_ids(store.engine, ids)
-    new_rows = [TaskRecord(instance_id=r.instance_id, repo=r.repo, patch=r.patch, image_ref=r.image,
+    new_rows = [TaskRecord(instance_id=r.instance_id, repo=r.repo, patch=r.patch, image_ref=r.image_ref,
                            status="candidate", run_id=run_id) for r in rows if r.instance_id not in known]
     candidate_set = run_reads.candidate_set_record(ids, run_id or None)
     if new_rows:

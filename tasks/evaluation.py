@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict
 from forgeflow.common import settings
 from forgeflow.common.errors import InputError, PreflightError
 from forgeflow.common.fsutil import JSONObject, sha256_file
+from forgeflow.common.task import Task
 from forgeflow.curation.task_rows import DatasetSource, TaskRows, TaskSource, TestSpec, load_task_rows
 from forgeflow.evaluation import agent, compare, harbor, harbor_import, harbor_tasks, judge
 from forgeflow.evaluation.canary import (
@@ -126,7 +127,7 @@ def record_supervision(record: trial.TrialResult, job_id: str | None,
 def harbor_export_inputs(freeze_name: str, split: str, candidates_path: Path | None, generated_path: Path | None,
                          default_generated: Path, dataset: DatasetSource | None = None,
                          test_commands: dict[str, str] | None = None,
-                         test_specs: dict[str, TestSpec] | None = None) -> tuple[Path, list[harbor.HarborTask]]:
+                         test_specs: dict[str, TestSpec] | None = None) -> tuple[Path, list[Task]]:
     """The verified manifest of freeze ``freeze_name`` and the Harbor task of every instance of ``split`` (tests from
     the store, patch/image/command from the task rows). Raises InputError: the freeze is not recorded or fails
     verification, the split is unknown or empty, the task rows cannot be read
@@ -139,7 +140,7 @@ def harbor_export_inputs(freeze_name: str, split: str, candidates_path: Path | N
 
 
 @task(cache_policy=NO_CACHE)
-def write_harbor_export(manifest_path: Path, split: str, export_tasks: list[harbor.HarborTask], out_dir: Path,
+def write_harbor_export(manifest_path: Path, split: str, export_tasks: list[Task], out_dir: Path,
                         limits: harbor.HarborTaskLimits) -> harbor.HarborExport:
     """Write the Harbor export (atomic; the same export again is a no-op, another into ``out_dir`` an InputError)."""
     return harbor.export_split(manifest_path, split, export_tasks, out_dir, limits)

@@ -19,6 +19,7 @@ from forgeflow.curation.bugs import Candidate
 from forgeflow.curation.generated import GENERATED_FILE
 from forgeflow.ledger.records import ModelArtifactRecord
 from forgeflow.ledger.store import Store
+from forgeflow.sandbox.backends import SandboxTarget
 from forgeflow.sandbox.dispatch import RayPlacement
 from forgeflow.training import adapters, burst, freeze_tasks, jsonl, preflight, ray_jobs, rl, samples, verl
 from forgeflow.training.freeze_tasks import FreezeSplit
@@ -52,16 +53,16 @@ def sft_burst(base_model_dir: Path, base_sha256: str, samples: list[dict], out_d
 @io_task(cache_policy=(INPUTS - "run_id" - "ray") + TASK_SOURCE, log_prints=False)
 def rl_burst(origin: adapters.BurstOrigin, tasks: list[dict], out_dir: Path, config: rl.RLBurstConfig,
              run_id: str | None, prompt_template: Path = rl.DEFAULT_PROMPT_TEMPLATE,
-             ray: RayPlacement | None = None) -> rl.RLBurstRecord:
+             ray: RayPlacement | None = None, backend: str | SandboxTarget = "podman") -> rl.RLBurstRecord:
     """One RL burst (TRL GRPO/RLOO + peft, verifier reward) continuing an adapter. Cached on ``origin``'s digests, the
-    tasks (:class:`forgeflow.training.rl.RLTask` rows), ``out_dir``, the config and the template; not on ``run_id`` nor
-    ``ray`` (where the rewards are scored). Retried on transient errors. Raises PreflightError: before any model is
-    loaded, listing every problem of :func:`forgeflow.training.preflight.burst_preflight` (chat template,
-    ``prompt_template``, disk space)."""
+    tasks (:class:`forgeflow.training.rl.RLTask` rows), ``out_dir``, the config, the template and the verifier's
+    sandbox ``backend``; not on ``run_id`` nor ``ray`` (where the rewards are scored). Retried on transient errors.
+    Raises PreflightError: before any model is loaded, listing every problem of
+    :func:`forgeflow.training.preflight.burst_preflight` (chat template, ``prompt_template``, disk space)."""
     base_model_dir = origin.base_model_dir
     preflight.burst_preflight(base_model_dir, out_dir, config.lora_r, config.lora_target_modules, [prompt_template])
     data = rl.build_rl_dataset(tasks, prompt_template)
-    backend = config.verifier_backend  # its pods carry this run's id (the sweep), not in the lineage
+    # the backend's pods carry this run's id (the sweep); neither is in the lineage
     record = rl.run_rl_burst(base_model_dir, data, out_dir, config, parent_adapter_dir=origin.parent_adapter_dir,
                              run_id=run_id, verifier_backend=run_labelled(backend), ray=ray)
     if not record.weights_changed:

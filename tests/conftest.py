@@ -51,6 +51,15 @@ XDIST_GROUPS = {
 }
 """Test files that share a pytest-xdist worker (``--dist loadgroup``); every other file is a group of its own,
 so its module-scoped fixtures are built once (scripts/test.sh runs the suite on several workers)."""
+SPLIT_FILES = frozenset({"flows/test_stage_flows_ledger.py"})
+"""Files whose tests share no module fixture, no fixed port and take minutes each: each test is a group of its own."""
+HEAVY_FIRST = ("flows/test_lifecycle.py", "ray-and-episodes", "flows/test_service.py", "flows/test_canary_flow.py",
+               "integration/test_model_chain.py", "adversarial/test_red_team_3.py", "adversarial/test_red_team_2.py",
+               "flows/test_training_flows.py", "core/training/test_burst_packing.py", "integration/test_vl_serving.py",
+               "flows/test_serve_external.py")
+"""The groups that take longest (slowest-first, measured on a whole-suite run with ``--durations``), collected
+first: ``--dist loadgroup`` hands groups to idle workers in collection order, so the long ones start at once and
+the short ones fill in around them (longest-processing-time-first scheduling)."""
 POSTGRESQL_FIXTURES = frozenset({"pg_cluster", "postgres_url"})
 """A test that asks for one of these, or for ``store_url``'s ``postgresql`` parameter (tests/pgfixtures.py),
 runs on a real PostgreSQL server: ``integration`` (its SQLite twin stays ``unit``)."""
@@ -98,8 +107,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     tests/flows/ is ``flow``, tests/integration/ and tests/adversarial/ ``integration``, and so is a test
     on a real PostgreSQL server (:data:`POSTGRESQL_FIXTURES`); one of :data:`SLOW_TESTS` is ``slow``; a test with
     none of ``flow``, ``integration``, ``slow`` or ``gpu`` (by folder or its own marks) is ``unit``:
-    it needs no podman and no Prefect server (``python3 -m pytest -m unit``).
+    it needs no podman and no Prefect server (``python3 -m pytest -m unit``). The :data:`HEAVY_FIRST` groups
+    are moved to the front, each keeping its tests' order.
     """
+    rank: dict[str, int] = {}
     for item in items:
         try:
             parts = Path(str(item.path)).resolve().relative_to(TESTS).parts
@@ -107,7 +118,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         path = "/".join(parts)
         group = next((name for name, files in XDIST_GROUPS.items() if path in files), path)
-        item.add_marker(pytest.mark.xdist_group(group))
+        item.add_marker(pytest.mark.xdist_group(f"{path}::{item.name}" if path in SPLIT_FILES else group))
+        rank[item.nodeid] = HEAVY_FIRST.index(group) if group in HEAVY_FIRST else len(HEAVY_FIRST)
         tier = FOLDER_TIERS.get(parts[0]) if len(parts) > 1 else None
         if tier is not None:
             item.add_marker(tier)
@@ -120,6 +132,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker("integration")
         if not NOT_UNIT & {mark.name for mark in item.iter_markers()}:
             item.add_marker("unit")
+    items.sort(key=lambda item: rank.get(item.nodeid, len(HEAVY_FIRST)))  # stable: a file's order is kept
 
 
 @pytest.fixture(autouse=True)

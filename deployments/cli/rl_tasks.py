@@ -21,11 +21,14 @@ def rl_tasks(
                                                    "(default: the demo's generated-candidates file)"),
     generated_path: Optional[Path] = typer.Option(None, help="the task rows: a generated-candidates file"),
     check_images: bool = typer.Option(True, help="check that every task image exists (podman or its registry)"),
+    verl: bool = typer.Option(False, "--verl", help="write verl's RL parquet (the ppo flow's settings.train_files / "
+                              "val_files; each row's verifier spec for its reward function) instead of the JSONL"),
 ) -> None:
     """Write the RLTask rows of split SPLIT of freeze FREEZE to OUT, one per line: image, problem statement (never
     the patch), test command, FAIL_TO_PASS / PASS_TO_PASS, and the known tests and pristine duration (seconds)
-    its validation recorded, where recorded. The same rows `rl-burst` builds from params.freeze_name. An unknown
-    freeze or split, unreadable rows or a task that cannot run exit 2 naming the problem."""
+    its validation recorded, where recorded. The same rows `rl-burst` builds from params.freeze_name; with --verl,
+    as verl's parquet for the `ppo` flow. An unknown freeze or split, unreadable rows or a task that cannot run exit
+    2 naming the problem."""
     prepare_env(create=False)
     from forgeflow.common.errors import InputError, PreflightError  # noqa: PLC0415
     from forgeflow.common.fsutil import atomic_write_text  # noqa: PLC0415
@@ -43,7 +46,13 @@ def rl_tasks(
         fail(exc)
     finally:
         store.dispose()
-    atomic_write_text(out, "".join(json.dumps(row, sort_keys=True) + "\n" for row in rows))
+    if verl:
+        from forgeflow.training.rl import build_rl_dataset  # noqa: PLC0415
+        from forgeflow.training.verl import write_verl_dataset  # noqa: PLC0415
+
+        write_verl_dataset(build_rl_dataset(rows), out)
+    else:
+        atomic_write_text(out, "".join(json.dumps(row, sort_keys=True) + "\n" for row in rows))
     recorded = sum(bool(row.get("known_tests")) for row in rows)
     console.print(f"{out}: {len(rows)} RL task(s) of {freeze}/{split}, {recorded} with known tests recorded",
                   highlight=False, soft_wrap=True)

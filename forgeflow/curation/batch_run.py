@@ -60,7 +60,7 @@ def task_verdict(row: Any, run_id: str, outcome: ValidationOutcome | None, error
     """The task row a validation decides: ``accepted`` / ``rejected`` with the report's test lists, or
     ``error`` (``error`` given, or an outcome without a report) with the reason.
     """
-    common = {"instance_id": row.instance_id, "repo": row.repo, "patch": row.patch, "image_ref": row.image,
+    common = {"instance_id": row.instance_id, "repo": row.repo, "patch": row.patch, "image_ref": row.image_ref,
               "run_id": run_id}
     report = outcome.report if outcome is not None else None
     if report is None:
@@ -69,7 +69,7 @@ def task_verdict(row: Any, run_id: str, outcome: ValidationOutcome | None, error
             error = f"{failed.exception_type}: {failed.exception_message}"
         return TaskRecord(**common, status="error", reason=(error or "no outcome")[:2000])
     return TaskRecord(**common, status="accepted" if report.accepted else "rejected", reason=report.reason,
-                      fail_to_pass=report.FAIL_TO_PASS, pass_to_pass=report.PASS_TO_PASS,
+                      FAIL_TO_PASS=report.FAIL_TO_PASS, PASS_TO_PASS=report.PASS_TO_PASS,
                       known_tests=report.known_tests, pristine_duration_s=pristine_duration_s(outcome))
 
 

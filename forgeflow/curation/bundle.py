@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from forgeflow.common.errors import FreezeConflictError, InputError
 from forgeflow.common.fsutil import (
@@ -45,14 +45,17 @@ _TAR_FILE_MODE, _TAR_DIR_MODE = 0o644, 0o755
 
 
 class BundleTask(BaseModel):
-    """What the freeze knows of one task, to become one bundle row."""
+    """What the freeze knows of one task, to become one bundle row: the store's record, not yet a
+    :class:`~forgeflow.common.task.Task` (no test command; the image may be unknown), in its spelling."""
 
     model_config = ConfigDict(frozen=True)
 
     instance_id: str = Field(min_length=1)
     repo: str = Field(min_length=1)
-    fail_to_pass: list[str] = Field(default_factory=list, description="FAIL_TO_PASS test ids from validation")
-    pass_to_pass: list[str] = Field(default_factory=list, description="PASS_TO_PASS test ids from validation")
+    FAIL_TO_PASS: list[str] = Field(default_factory=list, validation_alias=AliasChoices("FAIL_TO_PASS", "fail_to_pass"),
+                                    description="FAIL_TO_PASS test ids from validation")
+    PASS_TO_PASS: list[str] = Field(default_factory=list, validation_alias=AliasChoices("PASS_TO_PASS", "pass_to_pass"),
+                                    description="PASS_TO_PASS test ids from validation")
     image_ref: str | None = Field(None, description="the task image reference, if known")
     image_digest: str | None = Field(None, description="the task image's manifest digest (sha256:...), if known")
     patch_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$",
@@ -118,7 +121,7 @@ def bundle_rows(manifest: FreezeManifest, tasks: Iterable[BundleTask]) -> dict[s
         for iid in ids:
             task = by_id[iid]
             rows[split].append({"instance_id": iid, "repo": task.repo, "split": split,
-                                "FAIL_TO_PASS": list(task.fail_to_pass), "PASS_TO_PASS": list(task.pass_to_pass),
+                                "FAIL_TO_PASS": list(task.FAIL_TO_PASS), "PASS_TO_PASS": list(task.PASS_TO_PASS),
                                 "image_ref": task.image_ref, "image_digest": task.image_digest,
                                 "patch_sha256": task.patch_sha256, "patch": task.patch,
                                 "problem_statement": task.problem_statement})

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import (
+    AliasChoices,
     BaseModel,
     ConfigDict,
     Field,
@@ -52,7 +53,7 @@ class CandidateTask(BaseModel):
         description="unique id of [A-Za-z0-9._-], starting with a letter or digit")
     repo: str = Field(min_length=1, max_length=256, description="the source repository (owner/name or a project name)")
     patch: str = Field(min_length=1, description="the unified diff that introduces the bug")
-    image: str | None = Field(default=None, min_length=1,
+    image_ref: str | None = Field(default=None, min_length=1, validation_alias=AliasChoices("image_ref", "image"),
         description="the environment/task image reference, if the generator knows it")
     FAIL_TO_PASS: list[str] = Field(min_length=1, description="tests that must fail with the bug and pass without it")
     PASS_TO_PASS: list[str] = Field(default_factory=list, description="tests that must pass both ways")
@@ -248,9 +249,9 @@ def to_candidate_refs(
 
     Args:
         available_images: image references present in the registry (a ``set`` for O(1) lookups).
-        image_of: a candidate's image reference when the row carries none; default ``candidate.image``.
+        image_of: a candidate's image reference when the row carries none; default ``candidate.image_ref``.
     """
-    resolve = image_of or (lambda candidate: candidate.image)
+    resolve = image_of or (lambda candidate: candidate.image_ref)
     refs: list[CandidateRef] = []
     for candidate in candidates:
         image = resolve(candidate)

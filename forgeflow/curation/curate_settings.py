@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import ConfigDict, Field
 
 from forgeflow.curation.selection import DEFAULT_BATCH_SIZE
-from forgeflow.sandbox.limits import LimitOverrides, SandboxLimits
+from forgeflow.sandbox.limits import DEFAULT_VERIFIER_TIMEOUT_S, LimitOverrides, SandboxLimits, VerifierTimeoutS
 from forgeflow.sandbox.trial import ValidationChecks, ValidationSettings
 
 DEFAULT_CONCURRENCY = 10
@@ -36,7 +36,7 @@ class CurateSettings(LimitOverrides):
                              description="NOP/Oracle validations in flight at once.")
     max_retries: int = Field(default=2, ge=0, description="Extra attempts for a validation that ended in an "
                                                           "infrastructure error.")
-    verifier_timeout_s: float = Field(default=180.0, gt=0, description="Absolute limit per test run, seconds.")
+    verifier_timeout_s: VerifierTimeoutS = DEFAULT_VERIFIER_TIMEOUT_S
     seed: int = Field(default=0, description="Orders candidates and splits (same seed, same batches).")
     checks: ValidationChecks = Field(default_factory=ValidationChecks,
                                      description="Oracle repeats, flaky policy and log parser.")

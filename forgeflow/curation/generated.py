@@ -10,10 +10,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from pydantic import Field, ValidationError
+from pydantic import AliasChoices, Field, ValidationError
 
 from forgeflow.common.errors import InputError
 from forgeflow.common.fsutil import atomic_write_text, read_jsonl_objects
+from forgeflow.common.task import Task
 from forgeflow.curation import bugs
 from forgeflow.registry import images, projects
 
@@ -24,10 +25,11 @@ MAX_REPORTED_ERRORS = 20
 """How many row errors one :class:`InputError` lists."""
 
 
-class GeneratedTask(bugs.Candidate):
-    """A generated candidate and the task image that has its bug applied at ``/testbed``."""
+class GeneratedTask(bugs.Candidate, Task):
+    """A generated candidate as a :class:`~forgeflow.common.task.Task` (no tests until validation) whose local
+    task image has its bug applied at ``/testbed``; written without the fields still at their defaults."""
 
-    image: str = Field(min_length=1,
+    image_ref: str = Field(min_length=1, validation_alias=AliasChoices("image_ref", "image"),
         description="the local task image (localhost/forgeflow/task:...), present after the registries stop")
     image_id: str | None = Field(default=None, min_length=1,
         description="its local image id (sha256 hex), when known; keys validation caches")
@@ -41,7 +43,7 @@ class GeneratedTask(bugs.Candidate):
 
 def write_generated(path: str | Path, rows: Iterable[GeneratedTask]) -> Path:
     """Write ``rows`` as JSON lines, atomically (temp + fsync + rename); returns the path."""
-    text = "".join(row.model_dump_json() + "\n" for row in rows)
+    text = "".join(row.model_dump_json(exclude_defaults=True) + "\n" for row in rows)
     return atomic_write_text(path, text)
 
 
@@ -114,6 +116,6 @@ def build_generated(project_names: Sequence[str], work_dir: str | Path, per_proj
         env = images.build_env_image(project, checkout, base.name)
         for candidate in bugs.generate_candidates(name, checkout, project.source_path, per_project, seed):
             task = images.build_task_image(env.name, candidate.instance_id, candidate.patch)
-            rows.append(GeneratedTask(**candidate.model_dump(), image=task.name, image_id=task.image_id,
+            rows.append(GeneratedTask(**candidate.model_dump(), image_ref=task.name, image_id=task.image_id,
                                       test_command=project.test_command))
     return rows

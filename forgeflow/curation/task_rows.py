@@ -66,7 +66,8 @@ class TaskSource(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     candidates_path: Path | None = Field(None,
-        description="the user's candidates JSONL (instance_id, repo, patch, image, problem_statement, ...)")
+        description="the user's candidates JSONL (instance_id, repo, patch, image_ref or image, problem_statement, "
+                    "...)")
     dataset: DatasetSource | None = Field(None,
         description="the same rows as a HF datasets split, instead of candidates_path")
     generated_path: Path | None = Field(None,
@@ -111,8 +112,8 @@ def _dataset_rows(source: DatasetSource) -> list[dict[str, Any]]:
     rows = []
     for row in loaded:
         row = dict(row)
-        if not row.get("image") and row.get("image_name"):
-            row["image"] = row["image_name"]
+        if not row.get("image_ref") and not row.get("image") and row.get("image_name"):
+            row["image_ref"] = row["image_name"]
         rows.append(row)
     return rows
 
@@ -198,8 +199,9 @@ def load_task_rows(candidates_path: Path | None, generated_path: Path | None, de
         rows = list(load_candidates(raw_rows if raw_rows is not None else candidates_path, name=label))
         raw_rows = raw_rows if raw_rows is not None else _raw_rows(Path(candidates_path))
         image_names = {r["instance_id"]: r["image_name"] for r in raw_rows
-                       if isinstance(r.get("image_name"), str) and r["image_name"] and not r.get("image")}
-        rows = [r.model_copy(update={"image": image_names[r.instance_id]}) if r.instance_id in image_names else r
+                       if isinstance(r.get("image_name"), str) and r["image_name"] and not r.get("image_ref")
+                       and not r.get("image")}
+        rows = [r.model_copy(update={"image_ref": image_names[r.instance_id]}) if r.instance_id in image_names else r
                 for r in rows]  # SWE-bench's image_name, when the row has no image
         commands, parsers = _candidate_specs(label, raw_rows, rows, specs)
         return TaskRows(rows=rows, test_commands=commands, log_parsers=parsers,
@@ -215,7 +217,7 @@ def load_task_rows(candidates_path: Path | None, generated_path: Path | None, de
         if unpushed:
             raise InputError(f"{stage}: images='registry', but {len(unpushed)} row(s) of {path} have no registry_ref "
                              f"(never pushed by the lifecycle): {', '.join(unpushed[:10])}")
-        generated = [r.model_copy(update={"image": r.registry_ref}) for r in generated]
+        generated = [r.model_copy(update={"image_ref": r.registry_ref}) for r in generated]
         image_ids = {r.instance_id: r.registry_digest for r in generated}
     return TaskRows(rows=list(generated),
                     test_commands={r.instance_id: specs[r.repo].test_command if r.repo in specs else r.test_command

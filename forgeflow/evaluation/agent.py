@@ -23,8 +23,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from forgeflow.common import errors
 from forgeflow.common.fsutil import atomic_write_text, sha256_json
 from forgeflow.common.names import sanitize_name
@@ -46,6 +44,7 @@ from forgeflow.evaluation.supervision import (
 )
 from forgeflow.sandbox.base import SandboxSpec
 from forgeflow.sandbox.dispatch import RayPlacement, run_on_ray, verify_on
+from forgeflow.sandbox.limits import DEFAULT_VERIFIER_TIMEOUT_S
 from forgeflow.sandbox.scoring import SubmissionVerdict
 from forgeflow.sandbox.tree import TreeTooLargeError, export_tree
 from forgeflow.sandbox.trial import TrialResult, VerifierEvidence, container_name, make_trial_id
@@ -319,65 +318,13 @@ def default_run_key(problem_statement: str, model_alias: str, base_url: str, con
     })
 
 
-class AgentTask(BaseModel):
-    """The task side of one agent trial: what the agent is given and what the verifier grades.
-
-    :class:`forgeflow.evaluation.canary.CanaryTask` is one (plus the task's repository and image digest).
-
-    Attributes:
-        instance_id: the task's id.
-        image_ref: the task image (bug applied at /testbed, a git repo with one commit).
-        problem_statement: the issue text given to the agent.
-        test_command: the verifier's test command (``pytest -rA`` output), run in /testbed.
-        fail_to_pass: the task's FAIL_TO_PASS test ids.
-        pass_to_pass: the task's PASS_TO_PASS test ids (:func:`run_agent_trial` refuses a task with
-            neither: nothing to grade).
-        log_parser: the verifier reads the test output with this SWE-bench log parser
-            (:data:`forgeflow.sandbox.verifier.LOG_PARSERS`, e.g. ``parse_log_django``) instead of
-            forgeflow's pytest report; None: the pytest report.
-        known_tests: every test id the task's pristine NOP/Oracle runs collected (the store's
-            :attr:`forgeflow.ledger.records.TaskRecord.known_tests`); None or empty: not recorded. With
-            it, a run that reports or collects another test is tampering (reward 0).
-        pristine_duration_s: the longest recorded Oracle run of the task's tests, seconds; None: not
-            recorded. A timeout while it fits well inside the limit is the submission's outcome.
-
-    Neither of the last two is dumped while not recorded, so the model's dump (a Prefect cache key of
-    the trial, :func:`tasks.evaluation.agent_trial`) of a task without them is what it was before
-    they existed: its cached trials stay valid.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    instance_id: str = Field(min_length=1, description="The task's id.")
-    image_ref: str = Field(min_length=1, description="The task image (bug applied at /testbed, a git repo with one "
-                           "commit).")
-    problem_statement: str = Field(min_length=1, description="The issue text given to the agent.")
-    test_command: str = Field(min_length=1, description="The verifier's test command, run in /testbed.")
-    fail_to_pass: list[str] = Field(default_factory=list, description="The task's FAIL_TO_PASS test ids.")
-    pass_to_pass: list[str] = Field(default_factory=list, description="The task's PASS_TO_PASS test ids.")
-    log_parser: str | None = Field(default=None, description="The SWE-bench log parser the verifier reads the "
-                                   "test output with; None: forgeflow's pytest report.")
-    known_tests: list[str] | None = Field(default=None, exclude_if=lambda v: not v, description="Every test id "
-                                          "the task's pristine runs collected; None or empty: not recorded.")
-    pristine_duration_s: float | None = Field(default=None, ge=0, exclude_if=lambda v: v is None, description="The "
-                                              "longest recorded Oracle run of the tests, seconds; None: not recorded.")
-
-    def tests(self) -> TaskTests:
-        """What the verifier runs and grades for this task (:class:`forgeflow.sandbox.verifier.TaskTests`), with
-        its known tests and pristine duration where recorded (an empty ``known_tests`` is not recorded)."""
-        return TaskTests(image_ref=self.image_ref, test_command=self.test_command, fail_to_pass=list(self.fail_to_pass),
-                         pass_to_pass=list(self.pass_to_pass), log_parser=self.log_parser,
-                         known_tests=list(self.known_tests) if self.known_tests else None,
-                         pristine_duration_s=self.pristine_duration_s)
-
-
 def run_agent_trial(
-    task: AgentTask,
+    task: TaskTests,
     base_url: str,
     model_alias: str,
     config: AgentConfig,
     out_dir: Path,
-    verifier_timeout_s: float = 180,
+    verifier_timeout_s: float = DEFAULT_VERIFIER_TIMEOUT_S,
     run_key: str | None = None,
 ) -> TrialResult:
     """Run one agent trial: mini-swe-agent in the task image, then the verifier in a fresh one.
@@ -395,7 +342,8 @@ def run_agent_trial(
         ``AgentLoopError`` / ``AgentHangError`` with ``supervision``) together with the verifier's reward.
 
     Raises:
-        InputError: ``base_url`` or ``model_alias`` is malformed, or ``task`` has no test to grade.
+        InputError: ``base_url`` or ``model_alias`` is malformed, or ``task`` has no test to grade or no problem
+            statement.
         ModelRequestError: the endpoint rejected the request with a 4xx (other than a context overflow).
     """
     instance_id, image_ref, problem_statement = task.instance_id, task.image_ref, task.problem_statement
@@ -404,8 +352,10 @@ def run_agent_trial(
             raise errors.InputError(f"{arg_name} must be a non-empty string, got {value!r}")
     if not base_url.startswith(("http://", "https://")):
         raise errors.InputError(f"base_url must be an http(s) URL, got {base_url!r}")
-    if not task.fail_to_pass and not task.pass_to_pass:
-        raise errors.InputError("fail_to_pass and pass_to_pass are both empty: nothing to grade")
+    if not task.graded_tests():
+        raise errors.InputError("FAIL_TO_PASS and PASS_TO_PASS are both empty: nothing to grade")
+    if not task.problem_statement:
+        raise errors.InputError(f"task {task.instance_id!r} has no problem statement: nothing to give the agent")
     if verifier_timeout_s <= 0:
         raise errors.InputError(f"verifier_timeout_s must be > 0, got {verifier_timeout_s}")
 
@@ -427,8 +377,8 @@ def run_agent_trial(
     if error is None or isinstance(error, errors.AgentTimeoutError):
         try:
             verdict = verify_on(
-                config.verifier_ray, task.tests(), phase.submission,
-                timeout_s=verifier_timeout_s, spec=SandboxSpec(**config.over().model_dump()),
+                config.verifier_ray, task, phase.submission,
+                timeout_s=verifier_timeout_s, spec=SandboxSpec.of(config.over()),
                 name=container_name(instance_id, "agent", trial_id), tamper_policy=config.tamper_policy,
                 screen_policy=config.screen_policy, backend=config.verifier_backend, tree=phase.tree,
             )
@@ -446,8 +396,8 @@ def run_agent_trial(
                    reward=reward, error=error, verdict=verdict, notes=notes)
 
 
-def run_agent_trial_on(placement: RayPlacement | None, task: AgentTask, base_url: str, model_alias: str,
-                       config: AgentConfig, out_dir: Path, verifier_timeout_s: float = 180,
+def run_agent_trial_on(placement: RayPlacement | None, task: TaskTests, base_url: str, model_alias: str,
+                       config: AgentConfig, out_dir: Path, verifier_timeout_s: float = DEFAULT_VERIFIER_TIMEOUT_S,
                        run_key: str | None = None) -> TrialResult:
     """:func:`run_agent_trial` here (``placement`` None) or, whole, as one Ray task on a sandbox node.
 

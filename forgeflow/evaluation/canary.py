@@ -9,16 +9,18 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from forgeflow.common.errors import InputError, PreflightError
+from forgeflow.common.task import DIGEST_PATTERN
 from forgeflow.curation.freeze import FreezeManifest, stable_key, verify_freeze
 from forgeflow.evaluation import chat_images, compare
-from forgeflow.evaluation.agent import AgentTask, problem_statement_for
+from forgeflow.evaluation.agent import problem_statement_for
 from forgeflow.ledger import records
 from forgeflow.ledger import store as ledger
 from forgeflow.registry import images
 from forgeflow.registry.skopeo import Skopeo
+from forgeflow.sandbox.verifier import TaskTests
 
 CANARY_PROFILES: dict[str, int] = {"default": 4, "verified": 10}
 """Profile name -> the most agent trials a canary may run at once."""
@@ -62,14 +64,15 @@ def check_concurrency(concurrency: int, profile: str = "default") -> int:
     return concurrency
 
 
-class CanaryTask(AgentTask):
-    """Everything one agent trial of a canary needs about its task: the trial's
-    :class:`~forgeflow.evaluation.agent.AgentTask` plus the task's repository and image digest."""
+class CanaryTask(TaskTests):
+    """Everything one agent trial of a canary needs about its task: a validated
+    :class:`~forgeflow.sandbox.verifier.TaskTests` with its problem statement, repository, image digest and images."""
 
+    problem_statement: str = Field(min_length=1, description="The issue text given to the agent.")
     repo: str = Field(min_length=1, description="Its repository (project name).")
-    image_digest: str = Field(pattern=r"^sha256:[0-9a-f]{64}$",
-                              description="The image's digest (sha256:<hex>); part of the trial's cache key.")
-    fail_to_pass: list[str] = Field(min_length=1,
+    image_digest: str = Field(pattern=DIGEST_PATTERN, description="The image's digest (sha256:<hex>); part of "
+                              "the trial's cache key.")
+    FAIL_TO_PASS: list[str] = Field(min_length=1, validation_alias=AliasChoices("FAIL_TO_PASS", "fail_to_pass"),
                                     description="Tests the fix must make pass (>= 1: a canary task is a validated "
                                                 "task).")
     images: list[str] = Field(default_factory=list, exclude_if=lambda v: not v,
@@ -85,8 +88,8 @@ class CanaryTask(AgentTask):
         return [chat_images.image_ref(source, store_dir) for source in self.images]
 
     @classmethod
-    def from_row(cls, row: Any, image_ref: str, image_digest: str, test_command: str, fail_to_pass: list[str],
-                 pass_to_pass: list[str], log_parser: str | None = None, known_tests: list[str] | None = None,
+    def from_row(cls, row: Any, image_ref: str, image_digest: str, test_command: str, FAIL_TO_PASS: list[str],
+                 PASS_TO_PASS: list[str], log_parser: str | None = None, known_tests: list[str] | None = None,
                  pristine_duration_s: float | None = None) -> CanaryTask:
         """The task of a task row (``instance_id``, ``repo``, ``patch``, optionally ``problem_statement`` and
         ``images``), with its known tests and pristine duration (seconds) where validation recorded them.
@@ -94,10 +97,10 @@ class CanaryTask(AgentTask):
         Raises:
             pydantic.ValidationError: a field out of its bounds (e.g. no FAIL_TO_PASS test, a bad digest).
         """
-        statement = getattr(row, "problem_statement", None) or problem_statement_for(row.patch, fail_to_pass)
+        statement = getattr(row, "problem_statement", None) or problem_statement_for(row.patch, FAIL_TO_PASS)
         return cls(instance_id=row.instance_id, repo=row.repo, image_ref=image_ref, image_digest=image_digest,
-                   problem_statement=statement, test_command=test_command, fail_to_pass=fail_to_pass,
-                   pass_to_pass=pass_to_pass, log_parser=log_parser, known_tests=known_tests or None,
+                   problem_statement=statement, test_command=test_command, FAIL_TO_PASS=FAIL_TO_PASS,
+                   PASS_TO_PASS=PASS_TO_PASS, log_parser=log_parser, known_tests=known_tests or None,
                    pristine_duration_s=pristine_duration_s, images=list(getattr(row, "images", None) or []))
 
 
@@ -175,7 +178,7 @@ def canary_tasks(store: ledger.Store, instance_ids: Sequence[str], rows: Iterabl
         if digest is None:
             problems.append(f"{instance_id}: no image digest (registry_digest or image_id) in its row")
             continue
-        out.append(CanaryTask.from_row(row, image, digest, command, task.fail_to_pass, task.pass_to_pass,
+        out.append(CanaryTask.from_row(row, image, digest, command, task.FAIL_TO_PASS, task.PASS_TO_PASS,
                                        (log_parsers or {}).get(instance_id), task.known_tests,
                                        task.pristine_duration_s))
     refuse_problems(problems, f"{stage}: {len(problems)} of {len(instance_ids)} task(s) cannot run")
@@ -200,10 +203,10 @@ def accepted_row(store: ledger.Store, instance_id: str, by_id: Mapping[str, Any]
     row, task = by_id.get(instance_id), store.get_task(instance_id)
     if row is None:
         return f"{instance_id}: no row in the task rows ({source})"
-    if task is None or task.status != "accepted" or not task.fail_to_pass:
+    if task is None or task.status != "accepted" or not task.FAIL_TO_PASS:
         status = "not in the store" if task is None else f"status {task.status!r}"
         return f"{instance_id}: not an accepted task with FAIL_TO_PASS ({status})"
-    image = row.image or task.image_ref
+    image = row.image_ref or task.image_ref
     command = test_commands.get(instance_id) or getattr(row, "test_command", None)
     if not image or not command:
         return f"{instance_id}: no {'task image' if not image else 'test command'} in its row"

@@ -8,6 +8,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow.evaluation.agent_config import AgentConfig
+from forgeflow.sandbox.limits import DEFAULT_VERIFIER_TIMEOUT_S, VerifierTimeoutS
 
 
 class CanaryEndpoint(BaseModel):
@@ -49,8 +50,7 @@ class CanaryRunSettings(BaseModel):
                          "to 4 at once) or 'verified' (up to 10).")
     agent_config: AgentConfig = Field(default_factory=AgentConfig, description="mini-swe-agent's limits and "
                                       "sampling (steps, tokens, timeout, temperature...).")
-    verifier_timeout_s: float = Field(default=180.0, gt=0, description="Absolute limit of one test run, "
-                                      "seconds.")
+    verifier_timeout_s: VerifierTimeoutS = DEFAULT_VERIFIER_TIMEOUT_S
     sample: int | None = Field(default=None, ge=1, description="Run only this many tasks of the split, "
                                "drawn with sample_seed; None: the whole split.")
     sample_seed: int = Field(default=0, ge=0, description="The sample's seed (same split, sample and seed: "

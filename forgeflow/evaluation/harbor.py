@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 import forgeflow
 from forgeflow.common import errors
@@ -41,9 +41,10 @@ from forgeflow.common.fsutil import (
     with_semantic_digest,
 )
 from forgeflow.common.settings import INFRA_DIR
+from forgeflow.common.task import Task
 from forgeflow.curation.candidates import INSTANCE_ID_PATTERN
 from forgeflow.curation.freeze import verify_freeze
-from forgeflow.sandbox.limits import SandboxLimits
+from forgeflow.sandbox.limits import SandboxLimits, VerifierTimeoutS
 
 __all__ = [
     "HARBOR_VERSION",
@@ -51,7 +52,7 @@ __all__ = [
     "HARBOR_ENV_DIR",
     "HARBOR_ENV_IMPORT_PATH",
     "HARBOR_EXCEPTION_TYPES",
-    "HarborTask",
+    "export_problem",
     "HarborTaskLimits",
     "HarborExport",
     "export_split",
@@ -145,47 +146,17 @@ def map_harbor_exception(harbor_type: str) -> str:
 
 
 # --- export ------------------------------------------------------------------------------------
-class HarborTask(BaseModel):
-    """What the export needs of one task.
-
-    Attributes:
-        instance_id: the task (``[A-Za-z0-9._-]``, as :class:`forgeflow.curation.candidates.CandidateTask`);
-            also the Harbor task folder name and thus Harbor's ``task_name``.
-        image_ref: the task image (bug applied at ``/testbed``, a git repo whose HEAD holds the
-            pristine test files); the Dockerfile is ``FROM`` it, so it must be pullable where
-            Harbor runs (a registry reference for remote providers).
-        bug_patch: the unified diff the image has applied; the Oracle reverts it.
-        fail_to_pass: FAIL_TO_PASS test ids (at least one).
-        pass_to_pass: PASS_TO_PASS test ids.
-        test_command: shell command printing ``pytest -rA`` output, run in ``/testbed``.
-        problem_statement: the instruction; None -> :func:`forgeflow.evaluation.agent.problem_statement_for`.
-        repo: the source repository (metadata only).
-    """
-
-    model_config = ConfigDict(frozen=True)
-
-    instance_id: str = Field(min_length=1, max_length=128)
-    image_ref: str = Field(min_length=1)
-    bug_patch: str = Field(min_length=1)
-    fail_to_pass: list[str] = Field(min_length=1)
-    pass_to_pass: list[str] = Field(default_factory=list)
-    test_command: str = Field(min_length=1)
-    problem_statement: str | None = None
-    repo: str | None = None
-
-    @field_validator("instance_id")
-    @classmethod
-    def _safe_id(cls, value: str) -> str:
-        if not INSTANCE_ID_PATTERN.fullmatch(value):
-            raise ValueError("must use only letters, digits, '.', '_' and '-' and start with a letter or digit")
-        return value
-
-    @field_validator("test_command", "image_ref")
-    @classmethod
-    def _not_blank(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError("must not be blank")
-        return value
+def export_problem(task: Task) -> str | None:
+    """Why ``task`` cannot be exported (``"<id>: ..."``), or None: its id must be a Harbor task folder name
+    (``[A-Za-z0-9._-]``, <= 128 characters; Harbor's ``task_name``), it needs its ``patch`` (the Oracle reverts
+    it), a FAIL_TO_PASS test, and a non-blank image (the Dockerfile is ``FROM`` it) and test command."""
+    if len(task.instance_id) > 128 or not INSTANCE_ID_PATTERN.fullmatch(task.instance_id):
+        return (f"{task.instance_id!r}: the instance id must use only letters, digits, '.', '_' and '-', start with a "
+                "letter or digit and be at most 128 characters")
+    missing = [name for name, value in (("patch", task.patch), ("FAIL_TO_PASS", task.FAIL_TO_PASS),
+                                        ("image_ref", task.image_ref.strip()),
+                                        ("test_command", task.test_command.strip())) if not value]
+    return f"{task.instance_id}: no {', no '.join(missing)}" if missing else None
 
 
 class HarborTaskLimits(SandboxLimits):
@@ -201,7 +172,7 @@ class HarborTaskLimits(SandboxLimits):
     model_config = ConfigDict(frozen=True)
 
     agent_timeout_s: float = Field(default=600.0, gt=0)
-    verifier_timeout_s: float = Field(default=600.0, gt=0)
+    verifier_timeout_s: VerifierTimeoutS = 600.0  # Harbor runs its own verifier: its task.toml default
     build_timeout_s: float = Field(default=600.0, gt=0)
 
 
@@ -255,7 +226,7 @@ def render_task_toml(document: Mapping[str, Any]) -> str:
     return text
 
 
-def _task_toml(task: HarborTask, limits: HarborTaskLimits, freeze: str, freeze_sha: str, split: str) -> str:
+def _task_toml(task: Task, limits: HarborTaskLimits, freeze: str, freeze_sha: str, split: str) -> str:
     metadata: dict[str, Any] = {
         "instance_id": task.instance_id, "source": _SOURCE_TAG, "freeze": freeze,
         "freeze_semantic_sha256": freeze_sha, "split": split, "image": task.image_ref,
@@ -282,12 +253,12 @@ def _test_files(test_ids: Iterable[str]) -> list[str]:
     return sorted({t.split("::", 1)[0] for t in test_ids if "::" in t and t.split("::", 1)[0].endswith(".py")})
 
 
-def render_test_sh(task: HarborTask) -> str:
+def render_test_sh(task: Task) -> str:
     """The task's ``tests/test.sh``: reset the named test files to HEAD, run the test command in
     ``/testbed`` with its output in ``/logs/verifier/test_output.log``, then grade it with
     ``/tests/grade.py`` (which writes ``/logs/verifier/reward.txt``, or nothing for a log that is
     not pytest output). Exits with the grader's status."""
-    files = " ".join(shlex.quote(path) for path in _test_files([*task.fail_to_pass, *task.pass_to_pass]))
+    files = " ".join(shlex.quote(path) for path in _test_files(task.graded_tests()))
     reset = (
         f'tracked=$(git ls-files -- {files})\n'
         'if [ -n "$tracked" ]; then git checkout HEAD -- $tracked; fi\n'
@@ -386,7 +357,7 @@ def render_grader() -> str:
     )
 
 
-def _solve_sh(task: HarborTask) -> str:
+def _solve_sh(task: Task) -> str:
     return (
         "#!/bin/bash\n"
         f"# Oracle of {task.instance_id} (written by forgeflow.evaluation.harbor):\n"
@@ -397,20 +368,21 @@ def _solve_sh(task: HarborTask) -> str:
     )
 
 
-def _instruction(task: HarborTask) -> str:
+def _instruction(task: Task) -> str:
     if task.problem_statement is not None and task.problem_statement.strip():
         text = task.problem_statement
     else:
         from forgeflow.evaluation.agent import problem_statement_for
 
-        text = problem_statement_for(task.bug_patch, task.fail_to_pass)
+        text = problem_statement_for(task.patch or "", task.FAIL_TO_PASS)
     return text if text.endswith("\n") else text + "\n"
 
 
-def _write_task(root: Path, task: HarborTask, limits: HarborTaskLimits, freeze: str, freeze_sha: str,
+def _write_task(root: Path, task: Task, limits: HarborTaskLimits, freeze: str, freeze_sha: str,
                 split: str, grader: str) -> None:
     folder = root / task.instance_id
-    patch = task.bug_patch if task.bug_patch.endswith("\n") else task.bug_patch + "\n"
+    patch = task.patch or ""
+    patch = patch if patch.endswith("\n") else patch + "\n"
     files: dict[str, tuple[str, int]] = {
         "task.toml": (_task_toml(task, limits, freeze, freeze_sha, split), 0o644),
         "instruction.md": (_instruction(task), 0o644),
@@ -418,8 +390,8 @@ def _write_task(root: Path, task: HarborTask, limits: HarborTaskLimits, freeze: 
         "tests/test.sh": (render_test_sh(task), 0o755),
         "tests/grade.py": (grader, 0o755),
         "tests/config.json": (
-            json.dumps({"instance_id": task.instance_id, "FAIL_TO_PASS": list(task.fail_to_pass),
-                        "PASS_TO_PASS": list(task.pass_to_pass)}, indent=2) + "\n", 0o644),
+            json.dumps({"instance_id": task.instance_id, "FAIL_TO_PASS": list(task.FAIL_TO_PASS),
+                        "PASS_TO_PASS": list(task.PASS_TO_PASS)}, indent=2) + "\n", 0o644),
         "solution/solve.sh": (_solve_sh(task), 0o755),
         "solution/bug.patch": (patch, 0o644),
     }
@@ -431,7 +403,7 @@ def _write_task(root: Path, task: HarborTask, limits: HarborTaskLimits, freeze: 
 def export_split(
     manifest_path: Path,
     split: str,
-    tasks: Iterable[HarborTask],
+    tasks: Iterable[Task],
     out_dir: Path,
     limits: HarborTaskLimits | None = None,
 ) -> HarborExport:
@@ -442,7 +414,8 @@ def export_split(
 
     Raises:
         InputError: the manifest is missing/altered, the split is unknown or empty, a task of the split is
-            missing from ``tasks`` (listed) or given twice, or ``out_dir`` exists and is not this export.
+            missing from ``tasks`` (listed), given twice or not exportable (:func:`export_problem`), or ``out_dir``
+            exists and is not this export.
     """
     manifest = verify_freeze(Path(manifest_path))
     if split not in manifest.splits:
@@ -450,10 +423,12 @@ def export_split(
     wanted = list(manifest.splits[split])
     if not wanted:
         raise errors.InputError(f"split {split!r} of freeze {manifest.name!r} is empty: nothing to export")
-    by_id: dict[str, HarborTask] = {}
+    by_id: dict[str, Task] = {}
     for task in tasks:
         if task.instance_id in by_id:
             raise errors.InputError(f"tasks: instance id {task.instance_id!r} is given twice")
+        if (problem := export_problem(task)) is not None:
+            raise errors.InputError(f"tasks: {problem}")
         by_id[task.instance_id] = task
     missing = [iid for iid in wanted if iid not in by_id]
     if missing:

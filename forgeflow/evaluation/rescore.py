@@ -30,7 +30,7 @@ from forgeflow.evaluation.agent_config import AgentConfig
 from forgeflow.evaluation.canary import JOB_KIND, RECOVERY_JOB_KIND, canary_tasks
 from forgeflow.ledger import records
 from forgeflow.sandbox.base import SandboxSpec
-from forgeflow.sandbox.limits import SandboxLimits
+from forgeflow.sandbox.limits import DEFAULT_VERIFIER_TIMEOUT_S, SandboxLimits, VerifierTimeoutS
 from forgeflow.sandbox.scoring import verify_submission
 from forgeflow.sandbox.verifier import TaskTests
 
@@ -92,7 +92,6 @@ class RescoreSettings(SandboxLimits):
     (``memory_mb`` and ``cpus``, :class:`~forgeflow.sandbox.limits.SandboxLimits`: its ``agent_config``'s).
 
     Attributes:
-        timeout_s: limit of one test run, seconds (> 0).
         tamper_policy: ``reject`` or ``drop`` (:mod:`forgeflow.sandbox.submission`).
         screen_policy: what the verifier does with added lines that reach into the test run (the job's
             ``agent_config.screen_policy``); None: the verifier's default.
@@ -101,7 +100,7 @@ class RescoreSettings(SandboxLimits):
 
     model_config = ConfigDict(frozen=True)
 
-    timeout_s: float = Field(gt=0)
+    verifier_timeout_s: VerifierTimeoutS
     tamper_policy: str
     screen_policy: str | None = None
     backend: Any = "podman"
@@ -146,7 +145,7 @@ class RescorePlan(BaseModel):
             job_id=self.rescore_job_id, kind=RESCORE_JOB_KIND, parent_job_id=o.job_id, freeze_name=o.freeze_name,
             split=o.split, model_sha256=o.model_sha256, run_id=(run_id or "")[:64] or None,
             params={"rescores": o.job_id, "view": self.merged_label, "verifier_sha256": self.verifier_sha256,
-                    "verifier_timeout_s": self.settings.timeout_s,
+                    "verifier_timeout_s": self.settings.verifier_timeout_s,
                     "agent_config": o.params.get("agent_config"), **self.rows_params,
                     "counts": self.counts()})
 
@@ -253,7 +252,7 @@ class RescoreRequest(BaseModel):
 
     job_id: str = Field(min_length=1)
     rescore_job_id: str | None = Field(default=None, min_length=1, max_length=512)
-    verifier_timeout_s: float | None = Field(default=None, gt=0)
+    verifier_timeout_s: VerifierTimeoutS | None = None
     generated_path: Path | None = None
     default_generated: Path
 
@@ -286,7 +285,7 @@ def _tests(store: Any, items: list[RescoreItem], rows: dict[str, Any], default_g
                             test_specs={r: TestSpec(**v) for r, v in (rows.get("test_specs") or {}).items()})
     tasks = {t.instance_id: t for t in canary_tasks(store, wanted, loaded.rows, test_commands=loaded.test_commands,
                                                    log_parsers=loaded.log_parsers)}
-    return [i.model_copy(update={"tests": tasks[i.original.instance_id].tests()}) if i.action == "reverify" else i
+    return [i.model_copy(update={"tests": tasks[i.original.instance_id]}) if i.action == "reverify" else i
             for i in items]
 
 
@@ -310,8 +309,8 @@ def plan_rescore(store: Any, request: RescoreRequest) -> RescorePlan:
         raise errors.InputError(f"rescore: job id {new_id!r} is taken (the original, or a job that is not a re-score "
                                 f"of {job.job_id!r}); give another rescore job id")
     config = _agent_config(job)
-    settings = RescoreSettings(timeout_s=request.verifier_timeout_s or float(job.params.get("verifier_timeout_s")
-                                                                              or 180.0),
+    recorded = float(job.params.get("verifier_timeout_s") or DEFAULT_VERIFIER_TIMEOUT_S)
+    settings = RescoreSettings(verifier_timeout_s=request.verifier_timeout_s or recorded,
                                **config.over().model_dump(), tamper_policy=config.tamper_policy,
                                screen_policy=getattr(config, "screen_policy", None), backend=config.verifier_backend)
     rows = _rows_params(job, request.generated_path)
@@ -368,7 +367,7 @@ def rescored_trial_id(rescore_job_id: str, original_trial_id: str) -> str:
 def _test_why(verdict: Any, tests: TaskTests) -> str:
     """Why a verdict without notes is what it is: every test passed, or which did not (the first three)."""
     statuses = verdict.result.tests if verdict.result is not None else {}
-    groups = (("FAIL_TO_PASS", tests.fail_to_pass), ("PASS_TO_PASS", tests.pass_to_pass))
+    groups = (("FAIL_TO_PASS", tests.FAIL_TO_PASS), ("PASS_TO_PASS", tests.PASS_TO_PASS))
     failing = [f"{kind} {t}" for kind, ids in groups for t in ids if statuses.get(t) != "PASSED"]
     if not failing:
         return "every FAIL_TO_PASS and PASS_TO_PASS test passed"
@@ -398,8 +397,8 @@ def rescore_trial(item: RescoreItem, settings: RescoreSettings, rescore_job_id: 
         evidence["submission_source"] = item.source
         screen = {} if settings.screen_policy is None else {"screen_policy": settings.screen_policy}
         try:
-            verdict = verify_submission(item.tests, item.submission or "", timeout_s=settings.timeout_s,
-                                        spec=SandboxSpec(**settings.limits().model_dump()),
+            verdict = verify_submission(item.tests, item.submission or "", timeout_s=settings.verifier_timeout_s,
+                                        spec=SandboxSpec.of(settings),
                                         name=sanitize_name(f"ff-rescore-{old.instance_id}-{trial_id[:10]}"),
                                         tamper_policy=settings.tamper_policy, backend=settings.backend, **screen)
         except errors.InfraError as exc:  # the verifier broke: no reward, never 0

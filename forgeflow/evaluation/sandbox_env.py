@@ -106,7 +106,7 @@ class SandboxEnvironment:
             ImageNotFoundError / RegistryUnavailableError: the image cannot be pulled.
             SandboxError: the container could not start (nothing is left running).
         """
-        spec = SandboxSpec(**config.limits().model_dump(), network=False)
+        spec = SandboxSpec.of(config, network=False)
         # on Kubernetes the repository is shared with a tree sidecar, where the agent's tree is taken
         extra = {"tree_repo": config.cwd} if backend_kind(backend) == "kubernetes" else {}
         sandbox = get_backend(backend)(config.image, spec, config.name, **extra)

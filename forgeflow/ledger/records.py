@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from forgeflow.common.errors import (
     SCORED_DESPITE_EXCEPTION,
@@ -30,6 +30,9 @@ _Sha256 = Field(pattern=r"^[0-9a-f]{64}$")
 
 class _Record(BaseModel):
     model_config = ConfigDict(frozen=True, from_attributes=True, extra="forbid")
+
+    COLUMNS: ClassVar[dict[str, str]] = {}
+    """Fields whose table column is spelt otherwise (field -> column; the SQL schema keeps its names)."""
 
     run_id: str | None = Field(default=None, max_length=64)
 
@@ -77,8 +80,9 @@ class TaskRecord(_Record):
     image_ref: str | None = None
     status: TaskStatus
     reason: str | None = None
-    fail_to_pass: list[str] = Field(default_factory=list)
-    pass_to_pass: list[str] = Field(default_factory=list)
+    FAIL_TO_PASS: list[str] = Field(default_factory=list, validation_alias=AliasChoices("FAIL_TO_PASS", "fail_to_pass"))
+    PASS_TO_PASS: list[str] = Field(default_factory=list, validation_alias=AliasChoices("PASS_TO_PASS", "pass_to_pass"))
+    COLUMNS: ClassVar[dict[str, str]] = {"FAIL_TO_PASS": "fail_to_pass", "PASS_TO_PASS": "pass_to_pass"}
     known_tests: list[str] = Field(default_factory=list, description="test ids the pristine runs collected; "
                                    "[]: not recorded (a submission reporting another test is tampering)")
     pristine_duration_s: float | None = Field(default=None, ge=0, description="the longest Oracle run, seconds")

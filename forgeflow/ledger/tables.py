@@ -149,7 +149,7 @@ class Trial(_Stamped, Base):
     __tablename__ = "trials"
     __table_args__ = (
         CheckConstraint(_check_in("kind", TrialKind.__args__), name="kind"),
-        # migration 0010: what the user-facing reads need (forgeflow/ledger/queries.py, tests/core/ledger/
+        # migration 0010: what the user-facing reads need (forgeflow/ledger/*_ledger.py, tests/core/ledger/
         # test_ledger_scale.py checks each query's plan): the job list's counts per verdict (and the count of
         # live trials) read this index alone; a job's trials page in (created_at, trial_id) order
         Index("ix_trials_job_verdict", "job_id", "voided_at", "exception_type", "reward"),

@@ -85,6 +85,12 @@ class SandboxSpec(SandboxLimits):
     read_only_root: bool = False
     writable_paths: tuple[str, ...] = ("/testbed",)
 
+    @classmethod
+    def of(cls, limits: SandboxLimits, *, network: bool = False) -> SandboxSpec:
+        """The spec of ``limits``' memory and CPUs (any model extending :class:`SandboxLimits`: its other fields
+        are not taken) with ``network``; the isolation fields at their defaults."""
+        return cls(memory_mb=limits.memory_mb, cpus=limits.cpus, network=network)
+
     @field_validator("capabilities")
     @classmethod
     def _capability_names(cls, value: tuple[str, ...]) -> tuple[str, ...]:

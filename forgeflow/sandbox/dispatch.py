@@ -5,6 +5,7 @@ resource."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -132,3 +133,52 @@ def verify_on(placement: RayPlacement | None, tests: TaskTests, submission: str,
     verdict, node_id = run_on_ray(placement, f"verifier of {tests.image_ref}", verify_submission, tests, submission,
                                   **kwargs)
     return verdict.model_copy(update={"evidence": {**verdict.evidence, "node_id": node_id}})
+
+
+def sweep_node(key: str | None, value: str) -> list[str]:
+    """A Ray task's body on one node: end the containers labelled ``key=value`` there (``key`` None: the one
+    named ``value``), at every layer; their names."""
+    from forgeflow.common.settings import apply_container_env
+    from forgeflow.sandbox.podman_layers import sweep_containers, sweep_labelled
+
+    apply_container_env()
+    found = sweep_labelled(key, value) if key is not None else sweep_containers(value.__eq__)
+    return sorted({*found.podman, *(n for *_, n in found.runtime), *(n for _, n in found.conmon)})
+
+
+class NodeSweep(BaseModel):
+    """What :func:`sweep_ray_nodes` did: ``ended`` node id -> names of the containers ended there; ``failed``
+    node id -> why its sweep failed (the node died, the task timed out)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    ended: dict[str, list[str]]
+    failed: dict[str, str]
+
+
+def sweep_ray_nodes(placement: RayPlacement, key: str, value: str, timeout_s: float = 120.0) -> NodeSweep:
+    """End the containers labelled ``key=value`` (a cancelled run's) on every alive node of the cluster that
+    declares ``placement.resource``: a Ray task pinned to each node (no resource taken, so busy nodes sweep too).
+
+    Args:
+        placement: the cluster and the sandbox resource.
+        key / value: the label (``forgeflow.dev/flow-run`` = the run's id).
+        timeout_s: seconds to wait for all nodes' sweeps together.
+
+    Raises:
+        TransientInfraError: the cluster cannot be reached.
+    """
+    ray = connect(placement.address)
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive") and placement.resource in (n.get("Resources") or {})]
+    task = ray.remote(sweep_node)
+    refs = {node: task.options(name=f"sweep {key}={value}", num_cpus=0, max_retries=0, scheduling_strategy=
+                               NodeAffinitySchedulingStrategy(node, soft=False)).remote(key, value) for node in nodes}
+    ended, failed, deadline = {}, {}, time.monotonic() + timeout_s
+    for node, ref in refs.items():
+        try:
+            ended[node] = ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+        except ray.exceptions.RayError as exc:  # the node died meanwhile, or its sweep timed out or failed
+            failed[node] = f"{type(exc).__name__}: {exc}"
+    return NodeSweep(ended=ended, failed=failed)

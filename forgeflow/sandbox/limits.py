@@ -12,7 +12,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["DEFAULT_MEMORY_MB", "DEFAULT_CPUS", "MemoryMb", "Cpus", "SandboxLimits", "LimitOverrides"]
+__all__ = ["DEFAULT_MEMORY_MB", "DEFAULT_CPUS", "DEFAULT_VERIFIER_TIMEOUT_S", "MemoryMb", "Cpus", "VerifierTimeoutS",
+           "SandboxLimits", "LimitOverrides"]
 
 DEFAULT_MEMORY_MB = 2048
 """Memory of a sandbox container when neither its stage nor its sandbox block sets one, MiB."""
@@ -26,6 +27,13 @@ MemoryMb = Annotated[int, Field(ge=16, description="Memory limit of each sandbox
 
 Cpus = Annotated[float, Field(gt=0, description="CPU quota of each sandbox container, cores (--cpus).")]
 """A container's CPU quota, cores (> 0)."""
+
+DEFAULT_VERIFIER_TIMEOUT_S = 180.0
+"""Absolute limit of one test run when the stage sets none, seconds (validation, canary, re-score)."""
+
+VerifierTimeoutS = Annotated[float, Field(gt=0, description="Absolute limit of one test run (the verifier's), "
+                                                            "seconds.")]
+"""One verifier test run's wall-clock limit, seconds (> 0); every stage that runs a verifier declares it so."""
 
 
 class SandboxLimits(BaseModel):

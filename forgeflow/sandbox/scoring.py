@@ -204,7 +204,7 @@ def verify_submission(
         raise errors.InputError(f"unknown screen policy {screen_policy!r}; valid: {', '.join(SCREEN_POLICIES)}")
     if not isinstance(submission, str):
         raise errors.InputError(f"submission must be a string (a unified diff), got {type(submission).__name__}")
-    test_ids = [*tests.fail_to_pass, *tests.pass_to_pass]
+    test_ids = tests.graded_tests()
     sandbox = get_backend(backend)(tests.image_ref, spec, name)
     sandbox.start()
     try:
@@ -258,7 +258,7 @@ def verify_submission(
         record["tampering"] = True
     if result.credit_blocker is not None:
         return SubmissionVerdict(reward=0.0, notes=[*notes, f"not credited: {result.credit_blocker}"], **common)
-    return SubmissionVerdict(reward=grade_resolved(result.tests, list(tests.fail_to_pass), list(tests.pass_to_pass)),
+    return SubmissionVerdict(reward=grade_resolved(result.tests, list(tests.FAIL_TO_PASS), list(tests.PASS_TO_PASS)),
                              notes=notes, **common)
 
 

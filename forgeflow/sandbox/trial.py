@@ -49,7 +49,7 @@ from forgeflow.sandbox.grading import (
     grade_validation,
     passed,
 )
-from forgeflow.sandbox.limits import SandboxLimits
+from forgeflow.sandbox.limits import DEFAULT_VERIFIER_TIMEOUT_S, SandboxLimits, VerifierTimeoutS
 from forgeflow.sandbox.verifier import (
     LOG_PARSERS,
     LOG_TAIL_CHARS,
@@ -96,7 +96,7 @@ class ValidationSettings(SandboxLimits):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    verifier_timeout_s: float = Field(default=180.0, gt=0, description="Absolute limit per test run, seconds.")
+    verifier_timeout_s: VerifierTimeoutS = DEFAULT_VERIFIER_TIMEOUT_S
     checks: ValidationChecks = Field(default_factory=ValidationChecks,
                                      description="Oracle repeats, flaky policy and log parser.")
 

@@ -19,9 +19,10 @@ from functools import cache
 from importlib import resources
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from forgeflow.common import errors
+from forgeflow.common.task import Task
 from forgeflow.sandbox.base import OUTPUT_MAX_BYTES, ExecResult, OneShotSandbox, Sandbox
 from forgeflow.sandbox.grading import LOG_PARSERS, failed, parse_test_log
 from forgeflow.sandbox.verifier_channel import (
@@ -450,23 +451,23 @@ def _read_log_run(res: ExecResult, log_parser: str, expect: RunExpectations | No
                           runner_inputs=digest.runner_inputs if digest is not None else {}, **common)
 
 
-class TaskTests(BaseModel):
-    """A task's tests as the verifier runs and grades them: the pristine task image, the command, the
-    test ids the strict resolution rule reads and how the runner's output is read."""
+class TaskTests(Task):
+    """A :class:`~forgeflow.common.task.Task` with its pristine-run evidence (an empty ``known_tests`` is read as
+    not recorded); neither is dumped while not recorded, so dumps (cache keys) of tasks without them stay as
+    they were."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    known_tests: list[str] | None = Field(default=None, exclude_if=lambda v: v is None, description="Every test id "
+                                          "the task's pristine NOP/Oracle runs collected "
+                                          "(ValidationReport.known_tests); None: not recorded.")
+    pristine_duration_s: float | None = Field(default=None, ge=0, exclude_if=lambda v: v is None, description="The "
+                                              "longest recorded pristine (Oracle) run of the tests, seconds; None: "
+                                              "not recorded.")
 
-    image_ref: str = Field(description="The task image (bug present at /testbed, a git repository).")
-    test_command: str = Field(description="The task's test command, run in /testbed.")
-    fail_to_pass: list[str] = Field(default_factory=list, description="The task's FAIL_TO_PASS test ids.")
-    pass_to_pass: list[str] = Field(default_factory=list, description="The task's PASS_TO_PASS test ids.")
-    log_parser: str | None = Field(default=None, description="A SWE-bench log parser by name; None: forgeflow's "
-                                                             "pytest report.")
-    pristine_duration_s: float | None = Field(default=None, ge=0, description="The longest recorded pristine "
-                                              "(Oracle) run of the tests, seconds; None: not recorded.")
-    known_tests: list[str] | None = Field(default=None, description="Every test id the task's pristine NOP/Oracle "
-                                          "runs collected (ValidationReport.known_tests); None: not recorded.")
+    @field_validator("known_tests")
+    @classmethod
+    def _empty_is_unrecorded(cls, value: list[str] | None) -> list[str] | None:
+        return value or None
 
     def expectations(self) -> RunExpectations:
         """The known-tests cross-check of a run of these tests (:class:`RunExpectations`)."""
-        return RunExpectations(known_tests=self.known_tests, graded_tests=[*self.fail_to_pass, *self.pass_to_pass])
+        return RunExpectations(known_tests=self.known_tests, graded_tests=self.graded_tests())

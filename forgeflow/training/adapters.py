@@ -29,16 +29,25 @@ from forgeflow.training.staging import STAGING_LOCK_FILE
 
 
 class LoraSettings(BaseModel):
-    """The LoRA adapter of a burst, as flat TRL-style options (SFT and RL bursts share them)."""
+    """The LoRA adapter of a burst, as flat TRL-style options (SFT and RL bursts share them, names and defaults)."""
 
     model_config = ConfigDict(frozen=True)
 
-    lora_r: int = Field(default=8, ge=1, le=256, description="rank of the update matrices")
-    lora_alpha: int = Field(default=16, ge=1,
-        description="scaling numerator: the update is scaled by lora_alpha / lora_r")
+    lora_r: int = Field(default=8, ge=1, le=256, description="rank of the update matrices; a continued adapter "
+                        "must have the same rank")
+    lora_alpha: int = Field(None, ge=1, validate_default=True, description="scaling numerator: the update is "
+                            "scaled by lora_alpha / lora_r; null: 2 x lora_r")  # None is filled in before validation
     lora_dropout: float = Field(default=0.0, ge=0.0, lt=1.0, description="dropout on the LoRA path")
     lora_target_modules: tuple[str, ...] = Field(("q_proj", "k_proj", "v_proj", "o_proj"),
         description="modules that get adapters (Qwen2's attention projections by default)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _alpha_follows_rank(cls, data: Any) -> Any:
+        rank = data.get("lora_r", cls.model_fields["lora_r"].default) if isinstance(data, dict) else None
+        if isinstance(rank, int) and data.get("lora_alpha") is None:
+            return {**data, "lora_alpha": 2 * rank}
+        return data
 
 
 def lora_config(config: LoraSettings) -> Any:

@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow.common.errors import InputError
 from forgeflow.common.fsutil import sha256_json
@@ -65,9 +65,6 @@ class BurstConfig(LoraSettings):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    lora_alpha: int = Field(None, ge=1, validate_default=True, description="scaling numerator: the update is "
-                            "scaled by lora_alpha / lora_r; null: 2 x lora_r")  # None is filled in before validation
-
     max_steps: int = Field(2, ge=1, le=100_000, description="optimizer steps")
     learning_rate: float = Field(1e-3, gt=0.0, le=1.0, description="constant learning rate (no warm-up)")
     max_length: int = Field(2048, ge=16, le=131_072, description="tokens per sample and per packed row; a longer "
@@ -84,14 +81,6 @@ class BurstConfig(LoraSettings):
     gradient_checkpointing: bool | None = Field(None, description="recompute activations in the backward pass (less "
                                                 "GPU memory, more compute); null: on CUDA only when a step's "
                                                 "activations would not fit the free GPU memory; off on the CPU")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _alpha_follows_rank(cls, data: Any) -> Any:
-        rank = data.get("lora_r", cls.model_fields["lora_r"].default) if isinstance(data, dict) else None
-        if isinstance(rank, int) and data.get("lora_alpha") is None:
-            return {**data, "lora_alpha": 2 * rank}
-        return data
 
 
 PACKING_STRATEGY = "bfd"

@@ -4,10 +4,10 @@ environment, as the canary agent's (:mod:`forgeflow.training.episodes_run` start
 
 from __future__ import annotations
 
-from forgeflow.evaluation.agent import AgentTask
 from forgeflow.evaluation.mswea import prepare_mswea_env
 from forgeflow.evaluation.sandbox_env import SandboxEnvironment, environment_config
 from forgeflow.sandbox.backends import SandboxTarget
+from forgeflow.sandbox.verifier import TaskTests
 from forgeflow.training.episodes import EpisodeSettings
 
 MSWEA_CONFIG = "swebench_backticks.yaml"
@@ -15,7 +15,7 @@ MSWEA_CONFIG = "swebench_backticks.yaml"
 as the canary agent's do."""
 
 
-def start_episode_env(task: AgentTask, settings: EpisodeSettings, backend: str | SandboxTarget,
+def start_episode_env(task: TaskTests, settings: EpisodeSettings, backend: str | SandboxTarget,
                       name: str) -> SandboxEnvironment:
     """Start the episode's container ``name`` of ``task.image_ref`` on ``backend`` with mini-swe-agent's command
     environment (as the canary agent's; ``settings``' memory MiB, CPUs, command timeout seconds).

@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow.common import errors
-from forgeflow.evaluation.agent import AgentTask
+from forgeflow.sandbox.verifier import TaskTests
 from forgeflow.training.episodes import Episode, EpisodeSettings, EpisodeTokens, Policy, TrainerPolicy
 from forgeflow.training.episodes_run import run_episodes
 from forgeflow.training.rewards import StepRewardCounts
@@ -40,7 +40,7 @@ from forgeflow.training.rewards import StepRewardCounts
 class EpisodeJob(NamedTuple):
     """One episode to run: the task, its first messages, the verifier's timeout (seconds)."""
 
-    task: AgentTask
+    task: TaskTests
     messages: list[dict[str, Any]]
     verifier_timeout_s: float
 
@@ -149,9 +149,9 @@ class EpisodeRollout:
         row = self._rows.get(_prompt_key(prompt))
         if row is None:
             raise errors.InputError("a prompt the trainer handed over is not in the RL dataset")
-        task = AgentTask(instance_id=row["instance_id"], image_ref=row["image_ref"],
+        task = TaskTests(instance_id=row["instance_id"], image_ref=row["image_ref"],
                          problem_statement=_prompt_key(prompt), test_command=row["test_command"],
-                         fail_to_pass=list(row["fail_to_pass"]), pass_to_pass=list(row["pass_to_pass"]),
+                         FAIL_TO_PASS=list(row["fail_to_pass"]), PASS_TO_PASS=list(row["pass_to_pass"]),
                          known_tests=row.get("known_tests"), pristine_duration_s=row.get("pristine_duration_s"))
         return EpisodeJob(task, [dict(m) for m in prompt], float(row["verifier_timeout_s"]))
 

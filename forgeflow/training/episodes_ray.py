@@ -10,20 +10,18 @@ sandbox node (:func:`forgeflow.sandbox.dispatch.verify_on`), so only the tree's 
 
 A node or actor lost mid-episode is a :class:`~forgeflow.common.errors.SandboxError` (no reward, never 0), and
 so is an episode no node takes by its deadline. The container carries the run's label on its node;
-:func:`sweep_ray_nodes` ends a cancelled run's containers on every sandbox node of the cluster.
+:func:`forgeflow.sandbox.dispatch.sweep_ray_nodes` ends a cancelled run's containers on every sandbox node.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
 from forgeflow.common import errors
-from forgeflow.evaluation.agent import AgentPhase, AgentTask, take_submission
+from forgeflow.evaluation.agent import AgentPhase, take_submission
 from forgeflow.sandbox.backends import SandboxTarget
-from forgeflow.sandbox.dispatch import RayPlacement
+from forgeflow.sandbox.dispatch import RayPlacement, sweep_node
+from forgeflow.sandbox.verifier import TaskTests
 from forgeflow.training.episodes import EpisodeSettings
 from forgeflow.training.episodes_env import start_episode_env
 
@@ -42,7 +40,7 @@ class NodeEpisodeEnv:
         SandboxError / InfraError: the container did not start (or has no git work tree).
     """
 
-    def __init__(self, task: AgentTask, settings: EpisodeSettings, backend: str | SandboxTarget, name: str) -> None:
+    def __init__(self, task: TaskTests, settings: EpisodeSettings, backend: str | SandboxTarget, name: str) -> None:
         from forgeflow.common.settings import apply_container_env
 
         apply_container_env()
@@ -96,7 +94,7 @@ class RayEpisodeEnv:
             or the node was lost.
     """
 
-    def __init__(self, placement: RayPlacement, task: AgentTask, settings: EpisodeSettings,
+    def __init__(self, placement: RayPlacement, task: TaskTests, settings: EpisodeSettings,
                  backend: str | SandboxTarget, name: str, start_timeout_s: float | None = None) -> None:
         from forgeflow.sandbox import dispatch
 
@@ -182,61 +180,10 @@ class RayEpisodeEnv:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         ray = self._ray
-        task = ray.remote(_sweep_node).options(name=f"remove {self.name}", num_cpus=0, max_retries=0,
+        task = ray.remote(sweep_node).options(name=f"remove {self.name}", num_cpus=0, max_retries=0,
                                                scheduling_strategy=NodeAffinitySchedulingStrategy(self.node_id, False))
         try:
             ray.get(task.remote(None, self.name), timeout=timeout_s)
         except ray.exceptions.RayError:
             return False
         return True
-
-
-def _sweep_node(key: str | None, value: str) -> list[str]:
-    """A Ray task's body on one node: end the containers labelled ``key=value`` there (``key`` None: the one
-    named ``value``), at every layer; their names."""
-    from forgeflow.common.settings import apply_container_env
-    from forgeflow.sandbox.podman_layers import sweep_containers, sweep_labelled
-
-    apply_container_env()
-    found = sweep_labelled(key, value) if key is not None else sweep_containers(value.__eq__)
-    return sorted({*found.podman, *(n for *_, n in found.runtime), *(n for _, n in found.conmon)})
-
-
-class NodeSweep(BaseModel):
-    """What :func:`sweep_ray_nodes` did: ``ended`` node id -> names of the containers ended there; ``failed``
-    node id -> why its sweep failed (the node died, the task timed out)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    ended: dict[str, list[str]]
-    failed: dict[str, str]
-
-
-def sweep_ray_nodes(placement: RayPlacement, key: str, value: str, timeout_s: float = 120.0) -> NodeSweep:
-    """End the containers labelled ``key=value`` (a cancelled run's) on every alive node of the cluster that
-    declares ``placement.resource``: a Ray task pinned to each node (no resource taken, so busy nodes sweep too).
-
-    Args:
-        placement: the cluster and the sandbox resource.
-        key / value: the label (``forgeflow.dev/flow-run`` = the run's id).
-        timeout_s: seconds to wait for all nodes' sweeps together.
-
-    Raises:
-        TransientInfraError: the cluster cannot be reached.
-    """
-    from forgeflow.sandbox import dispatch
-
-    ray = dispatch.connect(placement.address)
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive") and placement.resource in (n.get("Resources") or {})]
-    task = ray.remote(_sweep_node)
-    refs = {node: task.options(name=f"sweep {key}={value}", num_cpus=0, max_retries=0, scheduling_strategy=
-                               NodeAffinitySchedulingStrategy(node, soft=False)).remote(key, value) for node in nodes}
-    ended, failed, deadline = {}, {}, time.monotonic() + timeout_s
-    for node, ref in refs.items():
-        try:
-            ended[node] = ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
-        except ray.exceptions.RayError as exc:  # the node died meanwhile, or its sweep timed out or failed
-            failed[node] = f"{type(exc).__name__}: {exc}"
-    return NodeSweep(ended=ended, failed=failed)

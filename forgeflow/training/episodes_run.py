@@ -51,7 +51,7 @@ from forgeflow.common import errors
 from forgeflow.common.errors import PrefixMismatchError, StepWallError
 from forgeflow.common.fsutil import atomic_write_text
 from forgeflow.common.names import sanitize_name
-from forgeflow.evaluation.agent import AgentPhase, AgentTask, take_submission
+from forgeflow.evaluation.agent import AgentPhase, take_submission
 from forgeflow.evaluation.mswea import stream_path, write_trajectory
 from forgeflow.evaluation.sandbox_env import SandboxEnvironment
 from forgeflow.evaluation.supervision import BASH_TOOL, MSWEA_ACTION_REGEX, HangWatchdog, LoopDetector, ToolCall
@@ -59,6 +59,7 @@ from forgeflow.ledger.trial_result import Supervision, VerifierEvidence
 from forgeflow.sandbox.base import SandboxSpec
 from forgeflow.sandbox.dispatch import verify_on
 from forgeflow.sandbox.scoring import SubmissionVerdict
+from forgeflow.sandbox.verifier import TaskTests
 from forgeflow.training.episodes import (
     EndReason,
     Episode,
@@ -117,7 +118,7 @@ class _Trajectory:
 class _EpisodeRun:
     """One episode's state (internal to :func:`run_episode`)."""
 
-    def __init__(self, task: AgentTask, messages: list[dict[str, Any]], tokens: EpisodeTokens,
+    def __init__(self, task: TaskTests, messages: list[dict[str, Any]], tokens: EpisodeTokens,
                  settings: EpisodeSettings, episode_id: str, out_dir: Path) -> None:
         self.task, self.tokens, self.settings, self.episode_id = task, tokens, settings, episode_id
         self.messages = [dict(m) for m in messages]
@@ -222,7 +223,7 @@ def episode_container_name(instance_id: str, episode_id: str) -> str:
     return sanitize_name(f"ff-episode-{instance_id}-{episode_id[:10]}")
 
 
-def _episode_env(task: AgentTask, settings: EpisodeSettings, grading: dict[str, Any], name: str,
+def _episode_env(task: TaskTests, settings: EpisodeSettings, grading: dict[str, Any], name: str,
                  deadline: float) -> Any:
     """The episode's container: here, or on a Ray sandbox node when ``grading["ray"]`` names a cluster
     (:class:`forgeflow.training.episodes_ray.RayEpisodeEnv`: commands there, the policy here), placed by
@@ -233,7 +234,7 @@ def _episode_env(task: AgentTask, settings: EpisodeSettings, grading: dict[str, 
                          start_timeout_s=max(0.0, deadline - time.monotonic()))
 
 
-def _grade(run: _EpisodeRun, env: Any, task: AgentTask, settings: EpisodeSettings,
+def _grade(run: _EpisodeRun, env: Any, task: TaskTests, settings: EpisodeSettings,
            grading: dict[str, Any]) -> SubmissionVerdict:
     """The reward of a finished episode, taken as the agent trial takes it: the tree out of the stopped
     container (``agent.take_submission``), the verifier on it in a fresh pristine container."""
@@ -248,7 +249,7 @@ def _grade(run: _EpisodeRun, env: Any, task: AgentTask, settings: EpisodeSetting
     _stop_env(env, run)  # the tree is out: free the container (and a Ray node's slot) before the verifier
     timeout_s = grading["verifier_timeout_s"]
     timeout_s = timeout_s[task.instance_id] if isinstance(timeout_s, dict) else timeout_s
-    verdict = verify_on(grading.get("ray"), task.tests(), phase.submission, timeout_s=float(timeout_s),
+    verdict = verify_on(grading.get("ray"), task, phase.submission, timeout_s=float(timeout_s),
                         spec=SandboxSpec(memory_mb=settings.memory_mb, cpus=settings.cpus),
                         name=sanitize_name(f"ff-episodeverify-{task.instance_id}-{run.episode_id[:10]}"),
                         backend=grading["backend"], tree=phase.tree)
@@ -256,12 +257,12 @@ def _grade(run: _EpisodeRun, env: Any, task: AgentTask, settings: EpisodeSetting
     return verdict
 
 
-def run_episode(task: AgentTask, messages: list[dict[str, Any]], policy: Policy, tokens: EpisodeTokens,
+def run_episode(task: TaskTests, messages: list[dict[str, Any]], policy: Policy, tokens: EpisodeTokens,
                 settings: EpisodeSettings, out_dir: Path, grading: dict[str, Any]) -> Episode:
     """Run one episode of ``policy`` on ``task`` in a fresh sandbox, graded by the verifier.
 
     Args:
-        task: the task (:class:`forgeflow.evaluation.agent.AgentTask`: image, tests, problem statement).
+        task: the task (:class:`forgeflow.evaluation.agent.TaskTests`: image, tests, problem statement).
         messages: the first messages (:func:`episode_messages`; in a burst, the dataset's prompt).
         policy: samples each turn (:class:`~forgeflow.training.episodes.Policy`).
         tokens: the tokenizer's :class:`~forgeflow.training.episodes.EpisodeTokens`.
@@ -355,7 +356,7 @@ def _finish(run: _EpisodeRun, reward: float | None, verdict: SubmissionVerdict |
     return episode
 
 
-def run_episodes(jobs: Sequence[tuple[AgentTask, list[dict[str, Any]]]], policy: Policy, tokens: EpisodeTokens,
+def run_episodes(jobs: Sequence[tuple[TaskTests, list[dict[str, Any]]]], policy: Policy, tokens: EpisodeTokens,
                  settings: EpisodeSettings, out_dir: Path, grading: dict[str, Any]) -> list[Episode]:
     """Run a step's episodes, ``settings.concurrency`` at a time, under ``settings.step_wall_s``.
 
@@ -375,7 +376,7 @@ def run_episodes(jobs: Sequence[tuple[AgentTask, list[dict[str, Any]]]], policy:
     if settings.create_concurrency is not None:
         base["create_gate"] = threading.BoundedSemaphore(settings.create_concurrency)
 
-    def one(job: tuple[AgentTask, list[dict[str, Any]]]) -> Episode:
+    def one(job: tuple[TaskTests, list[dict[str, Any]]]) -> Episode:
         return run_episode(job[0], job[1], policy, tokens, settings, out_dir,
                            {**base, "episode_id": uuid.uuid4().hex, "deadline_monotonic": deadline})
 

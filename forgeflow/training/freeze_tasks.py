@@ -38,7 +38,7 @@ def rl_tasks_from_canary(tasks: Sequence[CanaryTask], task_timeout_s: float = TA
         raise InputError(f"{len(parsed)} task(s) are read with a SWE-bench log parser, which the RL verifier does "
                          f"not take (it reads forgeflow's pytest report): {', '.join(parsed[:10])}")
     return [RLTask(instance_id=t.instance_id, image_ref=t.image_ref, problem_statement=t.problem_statement,
-                   test_command=t.test_command, fail_to_pass=tuple(t.fail_to_pass), pass_to_pass=tuple(t.pass_to_pass),
+                   test_command=t.test_command, FAIL_TO_PASS=t.FAIL_TO_PASS, PASS_TO_PASS=t.PASS_TO_PASS,
                    task_timeout_s=task_timeout_s, pristine_duration_s=t.pristine_duration_s,
                    known_tests=t.known_tests).model_dump(mode="json") for t in tasks]
 

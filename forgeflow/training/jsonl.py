@@ -77,7 +77,7 @@ def read_sft_jsonl(path: Path, field: str = "samples_jsonl") -> list[dict[str, A
 
 def _field_error(error: Any) -> str:
     """One pydantic error of an RL task row as ``field: message``; an unknown field spelt like a known
-    one in another case (``FAIL_TO_PASS``, SWE-bench's spelling) says which field it means."""
+    one in another case (``Fail_To_Pass``) says which field it means."""
     where = ".".join(str(p) for p in error["loc"]) or "row"
     text = f"{where}: {error['msg']}"
     if error["type"] == "extra_forbidden":

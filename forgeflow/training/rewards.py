@@ -44,31 +44,22 @@ _FENCED_DIFF = re.compile(r"```(?:diff|patch)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL
 _DIFF_START = re.compile(r"^(diff --git |--- a/|--- /dev/null)", re.MULTILINE)
 
 
-class VerifierSpec(BaseModel):
-    """What the verifier needs of a task (SWE-bench grading; ``fail_to_pass`` and ``pass_to_pass`` not both empty).
+class VerifierSpec(TaskTests):
+    """What the RL verifier needs of a task: its :class:`~forgeflow.sandbox.verifier.TaskTests` (FAIL_TO_PASS and
+    PASS_TO_PASS not both empty, else ``pydantic.ValidationError``) and its original timeout (default SWE-smith's
+    3000 s; also read as ``verifier_timeout_s``); the pristine duration floors the training timeout."""
 
-    ``task_timeout_s`` is the task's original timeout (default SWE-smith's 3000 s; also read as
-    ``verifier_timeout_s``); ``pristine_duration_s``, the longest recorded Oracle test run, floors the
-    training timeout; with ``known_tests``, a run reporting another test is tampering (reward 0).
-    """
-
-    model_config = ConfigDict(frozen=True, populate_by_name=True)
-
-    instance_id: str = Field(min_length=1)
-    image_ref: str = Field(min_length=1)
-    test_command: str = Field(min_length=1)
-    fail_to_pass: tuple[str, ...] = ()
-    pass_to_pass: tuple[str, ...] = ()
     task_timeout_s: float = Field(default=TASK_TIMEOUT_S, gt=0, le=7 * 24 * 3600,
-                                  validation_alias=AliasChoices("task_timeout_s", "verifier_timeout_s"))
-    pristine_duration_s: float | None = Field(default=None, ge=0, le=7 * 24 * 3600)
-    # not dumped while not recorded: the task rows an RL burst is cached on stay what they were before it existed
-    known_tests: list[str] | None = Field(default=None, exclude_if=lambda v: not v)
+                                  validation_alias=AliasChoices("task_timeout_s", "verifier_timeout_s"),
+                                  description="The task's original per-task timeout, seconds.")
+    pristine_duration_s: float | None = Field(default=None, ge=0, le=7 * 24 * 3600, exclude_if=lambda v: v is None,
+                                              description="The longest recorded pristine (Oracle) run of the "
+                                                          "tests, seconds; None: not recorded.")
 
     @model_validator(mode="after")
     def _something_to_grade(self) -> "VerifierSpec":
-        if not self.fail_to_pass and not self.pass_to_pass:
-            raise ValueError("fail_to_pass and pass_to_pass are both empty: nothing to grade")
+        if not self.graded_tests():
+            raise ValueError("FAIL_TO_PASS and PASS_TO_PASS are both empty: nothing to grade")
         return self
 
 
@@ -178,13 +169,9 @@ def score_completion(
     if not patch:
         return zero("not credited: no diff in the completion")
     name = name or sanitize_name(f"ff-rl-{task.instance_id}-{uuid.uuid4().hex[:12]}")
-    tests = TaskTests(image_ref=task.image_ref, test_command=task.test_command,
-                      fail_to_pass=list(task.fail_to_pass), pass_to_pass=list(task.pass_to_pass),
-                      pristine_duration_s=task.pristine_duration_s,
-                      known_tests=list(task.known_tests) if task.known_tests else None)
     try:
         verdict = verify_on(
-            ray, tests, patch, timeout_s=timeout_s, spec=SandboxSpec(memory_mb=memory_mb, cpus=cpus), name=name,
+            ray, task, patch, timeout_s=timeout_s, spec=SandboxSpec(memory_mb=memory_mb, cpus=cpus), name=name,
             tamper_policy=tamper_policy, backend=backend,
         )
     except errors.InputError as exc:  # the completion's diff: refused by the screen or by git
@@ -296,8 +283,8 @@ class VerifierReward:
             timeout = _column(timeouts, i)
             try:
                 task = VerifierSpec(instance_id=instance_id[i], image_ref=image_ref[i],
-                                    test_command=test_command[i], fail_to_pass=tuple(fail_to_pass[i]),
-                                    pass_to_pass=tuple(pass_to_pass[i]),
+                                    test_command=test_command[i], FAIL_TO_PASS=fail_to_pass[i],
+                                    PASS_TO_PASS=pass_to_pass[i],
                                     task_timeout_s=TASK_TIMEOUT_S if timeout is None else timeout,
                                     pristine_duration_s=_column(pristine_duration_s, i),
                                     known_tests=_column(known_tests, i))

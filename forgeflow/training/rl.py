@@ -11,13 +11,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from forgeflow.common import errors
 from forgeflow.common.fsutil import sha256_file, sha256_json
 from forgeflow.sandbox.backends import SandboxTarget
 from forgeflow.sandbox.dispatch import RayPlacement
-from forgeflow.sandbox.limits import Cpus, MemoryMb
+from forgeflow.sandbox.limits import Cpus, LimitOverrides, MemoryMb, SandboxLimits
+from forgeflow.training import vl_burst
 from forgeflow.training.adapters import (
     LINEAGE_FILE,
     AdapterRecord,
@@ -60,22 +61,28 @@ PROMPT_PLACEHOLDER = "{problem_statement}"
 class RLTask(VerifierSpec):
     """One task an RL burst samples fixes for: the verifier's spec plus the problem statement (never the patch).
 
-    Stricter than ``VerifierSpec``: an empty ``fail_to_pass`` would reward a no-op completion 1, and a
-    misspelt ``FAIL_TO_PASS`` would leave it empty, so both are refused (``pydantic.ValidationError``).
+    Stricter than ``VerifierSpec``: an empty FAIL_TO_PASS would reward a no-op completion 1, so it is refused
+    (``pydantic.ValidationError``).
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    problem_statement: str = Field(min_length=1, description="The issue text the policy is prompted with.")
+    FAIL_TO_PASS: list[str] = Field(validation_alias=AliasChoices("FAIL_TO_PASS", "fail_to_pass"),
+                                    description="Test ids the fix must make pass (at least one).")
 
-    problem_statement: str = Field(min_length=1)
-    fail_to_pass: tuple[str, ...]
-
-    @field_validator("fail_to_pass")
+    @field_validator("FAIL_TO_PASS")
     @classmethod
-    def _a_failing_test(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+    def _a_failing_test(cls, value: list[str]) -> list[str]:
         if not value:
             raise ValueError("no test: an RL task needs at least one FAIL_TO_PASS test (without one, a completion "
                              "that changes nothing is rewarded)")
         return value
+
+    @field_validator("patch")
+    @classmethod
+    def _never_the_patch(cls, value: str | None) -> None:
+        if value is not None:
+            raise ValueError("an RL task never carries the bug patch (the answer's inverse)")
+        return None
 
 
 class RLData(BaseModel):
@@ -126,8 +133,8 @@ def build_rl_dataset(tasks: Sequence[RLTask | dict], prompt_template: Path = DEF
             "instance_id": task.instance_id,
             "image_ref": task.image_ref,
             "test_command": task.test_command,
-            "fail_to_pass": list(task.fail_to_pass),
-            "pass_to_pass": list(task.pass_to_pass),
+            "fail_to_pass": list(task.FAIL_TO_PASS),
+            "pass_to_pass": list(task.PASS_TO_PASS),
             "task_timeout_s": float(task.task_timeout_s),
             "pristine_duration_s": None if task.pristine_duration_s is None else float(task.pristine_duration_s),
         })
@@ -146,37 +153,43 @@ def _rl_gates() -> HealthGates:
 
 
 class RLBurstConfig(LoraSettings):
-    """Hyperparameters of one RL burst (flat, TRL-style names; translated in :func:`_trl_objects`).
+    """Hyperparameters of one RL burst: the ``rl-burst`` flow's ``params.training`` (flat, TRL-style names shared
+    with :class:`~forgeflow.training.burst.BurstConfig`; translated in :func:`_trl_objects`).
 
-    Attributes:
-        prompts_per_step: distinct prompts per step; the batch is ``prompts_per_step * num_generations``.
-        beta: KL coefficient against the base policy (0: no reference model).
-        verifier_memory_mb / verifier_cpus: limits of each verifier container (default
-            :data:`~forgeflow.training.rewards.RL_VERIFIER_LIMITS`).
-        min_scored_fraction: least fraction of completions that must get a reward; below it the burst fails.
-        episode: the agentic mode (``grpo`` only); None: single-turn rollouts. Not dumped while None.
+    Rows per step (TRL's ``per_device_train_batch_size``) = ``prompts_per_step`` x ``num_generations``.
     """
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
-    algorithm: Literal["grpo", "rloo"] = "grpo"
-    learning_rate: float = Field(default=1e-4, gt=0.0)
-    max_steps: int = Field(default=2, ge=1)
-    prompts_per_step: int = Field(default=1, ge=1)
-    num_generations: int = Field(default=2, ge=2)
-    max_completion_length: int = Field(default=128, ge=1)
-    temperature: float = Field(default=1.0, gt=0.0, le=2.0)
-    beta: float = Field(default=0.0, ge=0.0)
-    seed: int = 0
-    verifier_timeout_multiplier: float = Field(default=0.06, gt=0.0, le=10.0)
-    verifier_memory_mb: MemoryMb = RL_VERIFIER_LIMITS.memory_mb
-    verifier_cpus: Cpus = RL_VERIFIER_LIMITS.cpus
-    verifier_concurrency: int = Field(default=1, ge=1, le=32)
-    verifier_backend: str | SandboxTarget = "podman"
-    min_scored_fraction: float = Field(default=0.5, ge=0.0, le=1.0)
-    gates: HealthGates = Field(default_factory=_rl_gates)
-    device: DeviceChoice = "auto"
-    episode: EpisodeSettings | None = Field(default=None, exclude_if=lambda v: v is None)
+    algorithm: Literal["grpo", "rloo"] = Field("grpo", description="grpo or rloo (TRL trainers)")
+    max_steps: int = Field(2, ge=1, le=100_000, description="optimizer steps")
+    learning_rate: float = Field(1e-4, gt=0.0, le=1.0, description="constant learning rate (no warm-up)")
+    prompts_per_step: int = Field(1, ge=1, le=4096, description="distinct prompts per optimizer step, each "
+                                  "sampled num_generations times")
+    num_generations: int = Field(2, ge=2, le=64, description="completions sampled per prompt (the group)")
+    max_completion_length: int = Field(128, ge=1, le=32_768, description="tokens per completion")
+    temperature: float = Field(1.0, gt=0.0, le=2.0, description="sampling temperature of the rollouts")
+    beta: float = Field(0.0, ge=0.0, description="KL coefficient against the base policy (0: no reference model)")
+    seed: int = Field(0, description="training, data-order and sampling seed")
+    verifier_timeout_multiplier: float = Field(0.06, gt=0.0, le=10.0, description="the training verifier's "
+                                               "timeout = each task's task_timeout_s (seconds, default 3000) x "
+                                               "this, never below 5 x its pristine_duration_s")
+    verifier_memory_mb: MemoryMb | None = Field(None, description="memory limit of each verifier container, MiB; "
+                                                "null: the sandbox block's, else 1024")
+    verifier_cpus: Cpus | None = Field(None, description="CPU quota of each verifier container, cores; null: the "
+                                       "sandbox block's, else 1")
+    verifier_concurrency: int = Field(1, ge=1, le=32, description="verifier sandboxes at once")
+    min_scored_fraction: float = Field(0.5, ge=0.0, le=1.0, description="least fraction of completions that must "
+                                       "get a reward (not an exception); below it the burst fails")
+    gates: HealthGates = Field(default_factory=_rl_gates, description="health gates the burst must pass for its "
+                               "adapter to be written (the loss trend off: a policy surrogate's level says "
+                               "nothing)")
+    device: DeviceChoice = Field("auto", description="auto: CUDA in bfloat16 when the worker has a GPU, else the CPU "
+                                 "in float32; cpu; or cuda (refused where CUDA is not available)")
+    episode: EpisodeSettings | None = Field(None, exclude_if=lambda v: v is None, description="the agentic mode: "
+                                            "each rollout a multi-turn episode (bash in the task's container, "
+                                            "submit) in a fresh sandbox, rewarded by the verifier; grpo only; "
+                                            "null: single-turn rollouts")
 
     @model_validator(mode="after")
     def _agentic_needs_grpo(self) -> "RLBurstConfig":
@@ -184,6 +197,17 @@ class RLBurstConfig(LoraSettings):
             raise ValueError("episode (the agentic mode) needs algorithm 'grpo': TRL's RLOOTrainer takes no "
                              "rollout function")
         return self
+
+    def verifier_limits(self, block: SandboxLimits | None = None) -> SandboxLimits:
+        """The verifier's limits: this config's where set, else ``block``'s (the sandbox block), else
+        :data:`~forgeflow.training.rewards.RL_VERIFIER_LIMITS`."""
+        own = LimitOverrides(memory_mb=self.verifier_memory_mb, cpus=self.verifier_cpus)
+        return own.over(block if block is not None else RL_VERIFIER_LIMITS)
+
+    def resolved(self, block: SandboxLimits | None = None) -> "RLBurstConfig":
+        """This config with the verifier's limits filled in (:meth:`verifier_limits`): what a burst records."""
+        limits = self.verifier_limits(block)
+        return self.model_copy(update={"verifier_memory_mb": limits.memory_mb, "verifier_cpus": limits.cpus})
 
 
 class RLBurstRecord(BaseModel):
@@ -204,8 +228,9 @@ class RLBurstRecord(BaseModel):
 
 
 def _trl_objects(config: RLBurstConfig, output_dir: Path, with_lora: bool,
-                 plan: DevicePlan | None = None) -> tuple[Any, Any]:
-    """Translate :class:`RLBurstConfig` into ``(trl.GRPOConfig | trl.RLOOConfig, peft.LoraConfig | None)``."""
+                 plan: DevicePlan | None = None, vision: bool = False) -> tuple[Any, Any]:
+    """Translate :class:`RLBurstConfig` into ``(trl.GRPOConfig | trl.RLOOConfig, peft.LoraConfig | None)``; on a
+    ``vision`` base the LoRA adapts the language model only (:func:`~forgeflow.training.vl_burst.vl_lora_config`)."""
     if config.algorithm == "grpo":
         from trl import GRPOConfig as TrainerConfig
     else:
@@ -224,7 +249,35 @@ def _trl_objects(config: RLBurstConfig, output_dir: Path, with_lora: bool,
         **TRAINER_RUN_ARGS,
         **(plan or device_plan(config.device)).trainer_args,
     )
-    return args, (lora_config(config) if with_lora else None)
+    if not with_lora:
+        return args, None
+    if vision:
+        return args, vl_burst.vl_lora_config(config.lora_r, config.lora_alpha, config.lora_dropout,
+                                             config.lora_target_modules)
+    return args, lora_config(config)
+
+
+def _policy(base_model_dir: Path, parent_adapter_dir: Path | None, plan: DevicePlan, tokenizer: Any,
+            data: RLData) -> tuple[Any, vl_burst.VLBurstInputs | None]:
+    """``(policy, tower)``: the model an RL burst trains (the parent adapter loaded trainable) and None; on an
+    image-text-to-text base (tiny-vl) the model with its vision tower frozen
+    (:func:`~forgeflow.training.vl_burst.load_vl_model`; the prompts stay text) and the tower's digests that
+    :func:`~forgeflow.training.vl_burst.check_tower_unchanged` compares after training."""
+    from transformers import AutoModelForCausalLM
+
+    tower = None
+    if vl_burst.is_image_text_model(base_model_dir):
+        model = vl_burst.load_vl_model(base_model_dir, {"dtype": plan.torch_dtype()})
+        tower = vl_burst.VLBurstInputs(model=model, processor=tokenizer, dataset=data.dataset,
+                                       vision_tower_sha256=vl_burst.vision_tower_sha256(base_model_dir),
+                                       state_sha256=vl_burst.vision_state_sha256(model))
+    else:
+        model = AutoModelForCausalLM.from_pretrained(str(base_model_dir), dtype=plan.torch_dtype())
+    if parent_adapter_dir is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(parent_adapter_dir), is_trainable=True)
+    return model, tower
 
 
 def _reusable_rl(out_dir: Path, expected: dict[str, Any]) -> RLBurstRecord | None:
@@ -288,23 +341,24 @@ def run_rl_burst(
     config: RLBurstConfig,
     parent_adapter_dir: Path | None = None,
     run_id: str | None = None,
-    verifier_backend: "str | SandboxTarget | None" = None,
+    verifier_backend: "str | SandboxTarget" = "podman",
     ray: RayPlacement | None = None,
     policy: Policy | None = None,
 ) -> RLBurstRecord:
     """Train a LoRA adapter with GRPO or RLOO, rewarded by the verifier in each task's container.
 
     As an SFT burst, plus the scored-fraction gate and ``reward_counts`` in ``lineage.json``. ``ray`` scores
-    rollouts on a cluster's sandbox nodes; ``policy`` replaces the agentic mode's generator.
+    rollouts on a cluster's sandbox nodes; ``policy`` replaces the agentic mode's generator. The verifier's
+    limits left None in ``config`` are ``RL_VERIFIER_LIMITS``' (:meth:`RLBurstConfig.resolved`).
 
     Raises:
         InputError: a folder is missing or the parent does not fit.
         PreflightError: a template is missing or empty, or disk space is short.
         BurstDivergedError / BurstHealthError: a gate failed, including too few completions scored.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    base_model_dir, out_dir = Path(base_model_dir), Path(out_dir).resolve()
+    base_model_dir, out_dir, config = Path(base_model_dir), Path(out_dir).resolve(), config.resolved()
     base_sha, parent_sha = resolve_lineage_inputs(base_model_dir, parent_adapter_dir, config.lora_r)
     hyperparameters = config.model_dump(mode="json")
     expected = {"algorithm": config.algorithm, "base_model_sha256": base_sha, "parent_adapter_sha256": parent_sha,
@@ -319,20 +373,17 @@ def run_rl_burst(
 
     plan = device_plan(config.device)
     tokenizer = AutoTokenizer.from_pretrained(str(base_model_dir))
-    model = AutoModelForCausalLM.from_pretrained(str(base_model_dir), dtype=plan.torch_dtype())
-    if parent_adapter_dir is not None:
-        from peft import PeftModel
-
-        model = PeftModel.from_pretrained(model, str(parent_adapter_dir), is_trainable=True)
+    model, tower = _policy(base_model_dir, parent_adapter_dir, plan, tokenizer, data)
     if config.algorithm == "grpo":
         from trl import GRPOTrainer as Trainer
     else:
         from trl import RLOOTrainer as Trainer
     run_id = run_id or uuid.uuid4().hex
-    backend = verifier_backend if verifier_backend is not None else config.verifier_backend
-    reward, rollout = _reward_source(config, data, backend, ray, out_dir.parent / "rl-episodes" / run_id, policy)
+    episodes_dir = out_dir.parent / "rl-episodes" / run_id
+    reward, rollout = _reward_source(config, data, verifier_backend, ray, episodes_dir, policy)
     with StagingDir(out_dir) as tmp:
-        args, lora = _trl_objects(config, tmp / "trainer", with_lora=parent_adapter_dir is None, plan=plan)
+        args, lora = _trl_objects(config, tmp / "trainer", with_lora=parent_adapter_dir is None, plan=plan,
+                                  vision=tower is not None)
         agentic = {"rollout_func": rollout} if rollout is not None else {}
         trainer = Trainer(model=model, reward_funcs=reward, args=args, train_dataset=data.dataset,
                           processing_class=tokenizer, peft_config=lora, callbacks=[health_callback(config.gates)],
@@ -342,6 +393,8 @@ def run_rl_burst(
         changed = trainable_digest(trainer.model) != before
         report = check_health(trainer.state.log_history, config.gates)
         enforce_health(report, hyperparameters)
+        if tower is not None:
+            vl_burst.check_tower_unchanged(trainer.model, tower, report)
         stats = list(rollout.stats) if rollout is not None else []
         counts = [s.reward_counts() for s in stats] if rollout is not None else [
             reward.counts[s] for s in sorted(reward.counts)]
@@ -350,7 +403,9 @@ def run_rl_burst(
                           dataset_sha256=data.sha256, hyperparameters=hyperparameters,
                           run_id=run_id, created_at=datetime.now(timezone.utc),
                           device=plan.device, dtype=plan.dtype,
-                          gradient_checkpointing=bool(trainer.args.activation_checkpointing))
+                          gradient_checkpointing=bool(trainer.args.activation_checkpointing),
+                          vision_tower_frozen=True if tower is not None else None,
+                          vision_tower_sha256=tower.vision_tower_sha256 if tower is not None else None)
         extra = {"reward_counts": [c.model_dump(mode="json") for c in counts], "weights_changed": changed}
         if stats:
             extra["episode_stats"] = [s.model_dump(mode="json") for s in stats]
@@ -362,8 +417,9 @@ def _reward_source(config: RLBurstConfig, data: RLData, backend: "str | SandboxT
                    episodes_dir: Path, policy: Policy | None = None) -> tuple[Any, EpisodeRollout | None]:
     """The trainer's reward function and, in the agentic mode, its rollout function."""
     if config.episode is None:
+        limits = config.verifier_limits()
         return VerifierReward(verifier_timeout_multiplier=config.verifier_timeout_multiplier,
-                              memory_mb=config.verifier_memory_mb, cpus=config.verifier_cpus,
+                              memory_mb=limits.memory_mb, cpus=limits.cpus,
                               concurrency=config.verifier_concurrency, backend=backend, ray=ray), None
     rows = [{**row, "verifier_timeout_s": training_timeout_s(row["task_timeout_s"], config.verifier_timeout_multiplier,
                                                              row["pristine_duration_s"])} for row in data.dataset]

@@ -50,8 +50,10 @@ class VerlPPOSettings(BaseModel):
 
     model_path: str = Field(min_length=1, description="actor (and reference) model: HF id or a path on the cluster")
     critic_model_path: str | None = Field(None, description="value model; default model_path")
-    train_files: tuple[str, ...] = Field(min_length=1, description="parquet files on the cluster (write_verl_dataset)")
-    val_files: tuple[str, ...] = Field(min_length=1, description="parquet files on the cluster (write_verl_dataset)")
+    train_files: tuple[str, ...] = Field(min_length=1,
+        description="parquet files on the cluster (forgeflow rl-tasks --verl)")
+    val_files: tuple[str, ...] = Field(min_length=1,
+        description="parquet files on the cluster (forgeflow rl-tasks --verl)")
     max_prompt_length_tokens: int = Field(default=2048, ge=16)
     max_response_length_tokens: int = Field(default=1024, ge=16)
     train_batch_size_prompts: int = Field(default=64, ge=1,
@@ -128,133 +130,53 @@ def settings(**values: Any) -> VerlPPOSettings:
         raise _field_error(exc) from exc
 
 
-# --- pydantic models of the verl keys forgeflow sets -------------------------------------------
-class _Keys(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+# --- the verl keys forgeflow sets ----------------------------------------------------------------
+VERL_KEYS = frozenset({
+    "data.train_files", "data.val_files", "data.prompt_key", "data.max_prompt_length", "data.max_response_length",
+    "data.train_batch_size", "data.filter_overlong_prompts", "data.truncation",
+    "actor_rollout_ref.model.path", "actor_rollout_ref.model.lora_rank", "actor_rollout_ref.model.lora_alpha",
+    "actor_rollout_ref.model.target_modules", "actor_rollout_ref.model.use_remove_padding",
+    "actor_rollout_ref.model.enable_gradient_checkpointing",
+    "actor_rollout_ref.actor.strategy", "actor_rollout_ref.actor.optim.lr",
+    "actor_rollout_ref.actor.ppo_mini_batch_size", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+    "actor_rollout_ref.actor.use_kl_loss",
+    "actor_rollout_ref.rollout.name", "actor_rollout_ref.rollout.n",
+    "actor_rollout_ref.rollout.tensor_model_parallel_size", "actor_rollout_ref.rollout.gpu_memory_utilization",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",
+    "critic.strategy", "critic.optim.lr", "critic.model.path", "critic.model.enable_gradient_checkpointing",
+    "critic.ppo_micro_batch_size_per_gpu",
+    "reward_model.enable", "custom_reward_function.path", "custom_reward_function.name",
+    "algorithm.adv_estimator", "algorithm.gamma", "algorithm.lam", "algorithm.use_kl_in_reward",
+    "algorithm.kl_ctrl.type", "algorithm.kl_ctrl.kl_coef",
+    "trainer.project_name", "trainer.experiment_name", "trainer.logger", "trainer.nnodes", "trainer.n_gpus_per_node",
+    "trainer.total_epochs", "trainer.total_training_steps", "trainer.save_freq", "trainer.test_freq",
+    "trainer.default_local_dir", "trainer.critic_warmup", "trainer.val_before_train",
+})
+"""The dotted keys of verl's ``ppo_trainer.yaml`` (``verl/trainer/config/_generated_ppo_trainer.yaml``) that
+:func:`render_ppo_config` sets; their values are bounded once, in :class:`VerlPPOSettings`."""
 
 
-class DataKeys(_Keys):
-    train_files: list[str] = Field(min_length=1)
-    val_files: list[str] = Field(min_length=1)
-    prompt_key: Literal["prompt"]
-    max_prompt_length: int = Field(ge=1)
-    max_response_length: int = Field(ge=1)
-    train_batch_size: int = Field(ge=1)
-    filter_overlong_prompts: bool
-    truncation: Literal["error", "left", "right", "middle"]
+def _leaves(config: dict[str, Any], prefix: str = "") -> list[str]:
+    """The dotted paths of ``config``'s non-mapping values, in order."""
+    out: list[str] = []
+    for key, value in config.items():
+        out.extend(_leaves(value, f"{prefix}{key}.") if isinstance(value, dict) else [f"{prefix}{key}"])
+    return out
 
 
-class ModelKeys(_Keys):
-    path: str = Field(min_length=1)
-    lora_rank: int = Field(ge=0)
-    lora_alpha: int = Field(ge=1)
-    target_modules: str | list[str]
-    use_remove_padding: bool
-    enable_gradient_checkpointing: bool
-
-
-class OptimKeys(_Keys):
-    lr: float = Field(gt=0)
-
-
-class ActorKeys(_Keys):
-    strategy: Literal["fsdp", "fsdp2", "megatron"]
-    optim: OptimKeys
-    ppo_mini_batch_size: int = Field(ge=1)
-    ppo_micro_batch_size_per_gpu: int = Field(ge=1)
-    use_kl_loss: bool
-
-
-class RolloutKeys(_Keys):
-    name: Literal["vllm", "sglang"]
-    n: int = Field(ge=1)
-    tensor_model_parallel_size: int = Field(ge=1)
-    gpu_memory_utilization: float = Field(gt=0, le=1)
-    log_prob_micro_batch_size_per_gpu: int = Field(ge=1)
-
-
-class RefKeys(_Keys):
-    log_prob_micro_batch_size_per_gpu: int = Field(ge=1)
-
-
-class ActorRolloutRefKeys(_Keys):
-    model: ModelKeys
-    actor: ActorKeys
-    rollout: RolloutKeys
-    ref: RefKeys
-
-
-class CriticModelKeys(_Keys):
-    path: str = Field(min_length=1)
-    enable_gradient_checkpointing: bool
-
-
-class CriticKeys(_Keys):
-    strategy: Literal["fsdp", "fsdp2", "megatron"]
-    optim: OptimKeys
-    model: CriticModelKeys
-    ppo_micro_batch_size_per_gpu: int = Field(ge=1)
-
-
-class RewardModelKeys(_Keys):
-    enable: Literal[False]
-
-
-class CustomRewardFunctionKeys(_Keys):
-    path: str = Field(min_length=1)
-    name: str = Field(min_length=1)
-
-
-class KLCtrlKeys(_Keys):
-    type: Literal["fixed", "adaptive"]
-    kl_coef: float = Field(ge=0)
-
-
-class AlgorithmKeys(_Keys):
-    adv_estimator: Literal["gae"]
-    gamma: float = Field(ge=0, le=1)
-    lam: float = Field(ge=0, le=1)
-    use_kl_in_reward: bool
-    kl_ctrl: KLCtrlKeys
-
-
-class TrainerKeys(_Keys):
-    project_name: str = Field(min_length=1)
-    experiment_name: str = Field(min_length=1)
-    logger: list[str]
-    nnodes: int = Field(ge=1)
-    n_gpus_per_node: int = Field(ge=1)
-    total_epochs: int = Field(ge=1)
-    total_training_steps: int | None = Field(default=None, ge=1)
-    save_freq: int = Field(ge=-1)
-    test_freq: int = Field(ge=-1)
-    default_local_dir: str = Field(min_length=1)
-    critic_warmup: int = Field(ge=0)
-    val_before_train: bool
-
-
-class PPOTrainerKeys(_Keys):
-    """The sections of verl's ``ppo_trainer.yaml`` forgeflow sets; any other key is rejected (no silent typo)."""
-
-    data: DataKeys
-    actor_rollout_ref: ActorRolloutRefKeys
-    critic: CriticKeys
-    reward_model: RewardModelKeys
-    custom_reward_function: CustomRewardFunctionKeys
-    algorithm: AlgorithmKeys
-    trainer: TrainerKeys
-
-
-def validate_ppo_config(config: dict[str, Any]) -> PPOTrainerKeys:
-    """Validate a rendered (or hand-edited) verl PPO config against :class:`PPOTrainerKeys`.
+def validate_ppo_config(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` when its keys are exactly :data:`VERL_KEYS` (a typo would fail only on the cluster, in Hydra).
 
     Raises:
-        InputError: each bad key by dotted path (``trainer.nnodes: Extra inputs are not permitted``, ...).
+        InputError: each unknown key (``trainer.n_gpu_per_node: not a verl key forgeflow sets``) and missing key.
     """
-    try:
-        return PPOTrainerKeys.model_validate(config)
-    except ValidationError as exc:
-        raise _field_error(exc) from exc
+    keys = _leaves(config)
+    problems = [f"{k}: not a verl key forgeflow sets" for k in keys if k not in VERL_KEYS]
+    problems += [f"{k}: missing" for k in sorted(VERL_KEYS - set(keys))]
+    if problems:
+        raise errors.InputError("; ".join(problems))
+    return config
 
 
 def render_ppo_config(s: VerlPPOSettings) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from forgeflow.common.errors import InputError
 from forgeflow.common.fsutil import atomic_write_text, read_json_object, sha256_bytes, sha256_file, sha256_json
+from forgeflow.evaluation.chat_images import ImageRef
 from forgeflow.evaluation.supervision import (
     DEFAULT_LOOP_THRESHOLD,
     LoopDetection,
@@ -31,6 +32,7 @@ from forgeflow.evaluation.supervision import (
     tool_calls_from_trajectory,
 )
 from forgeflow.training.samples import SUBMIT_COMMAND
+from forgeflow.training.window_images import copy_images, image_parts, turn_images
 
 LoopVariant = Literal["stop_and_conclude", "early_switch", "one_call_quota"]
 WindowKind = Literal["replay", "stop_and_conclude", "early_switch", "one_call_quota"]
@@ -109,11 +111,13 @@ class WindowStats(BaseModel):
 @dataclass(frozen=True)
 class TrainingWindows:
     """The result of :func:`build_windows`: ``dataset`` (columns ``prompt``, ``completion``, ``provenance``:
-    ``instance_id``, ``trajectory_sha256``, ``window_index``, ``kind``, ``target_step``) and ``stats``.
+    ``instance_id``, ``trajectory_sha256``, ``window_index``, ``kind``, ``target_step``), ``stats`` and the
+    ``images`` the prompts name (by sha256; a message with images has them as sha256s under ``images``).
     """
 
     dataset: Any
     stats: WindowStats
+    images: Mapping[str, ImageRef] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -145,6 +149,8 @@ class ParsedTrajectory:
     steps: tuple[Step, ...]
     dropped_no_action: int
     dropped_several_actions: int
+    task_images: tuple[str, ...] = ()
+    images: Mapping[str, ImageRef] = field(default_factory=dict)
 
 
 def _load(trajectory: Mapping[str, Any] | str | Path) -> Mapping[str, Any]:
@@ -162,8 +168,10 @@ def _text(message: Mapping[str, Any], where: str) -> str:
     return content
 
 
-def _message(message: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """A message with exactly the dataset's keys (see the module docstring)."""
+def _message(message: Mapping[str, Any], where: str, images: dict[str, ImageRef] | None = None,
+             folder: Path | None = None) -> dict[str, Any]:
+    """A message with exactly the dataset's keys (see the module docstring), plus ``images`` (sha256s, each
+    added to ``images``) when it carries some (:func:`~forgeflow.training.window_images.turn_images`)."""
     tool_calls = None
     if message.get("tool_calls"):
         tool_calls = []
@@ -177,29 +185,39 @@ def _message(message: Mapping[str, Any], where: str) -> dict[str, Any]:
                 "function": {"name": str(function.get("name") or ""), "arguments": arguments},
             })
     call_id = message.get("tool_call_id")
-    return {
+    out = {
         "role": str(message.get("role")), "content": _text(message, where), "tool_calls": tool_calls,
         "tool_call_id": str(call_id) if call_id is not None else None,
     }
+    refs = turn_images(message, where, folder)
+    if refs:
+        out["images"] = [ref.sha256 for ref in refs]
+        if images is not None:
+            images.update((ref.sha256, ref) for ref in refs)
+    return out
 
 
 def parse_trajectory(trajectory: Mapping[str, Any] | str | Path) -> ParsedTrajectory:
     """Split a mini-swe-agent trajectory (dict or ``*.traj.json``) into aligned steps.
 
+    Image files a turn names (relative: to the trajectory's folder) must still hold their sha256.
+
     Raises:
-        InputError: unreadable, no ``messages`` or ``instance_id``, no task message first, or non-text content.
+        InputError: unreadable, no ``messages`` or ``instance_id``, no task message first, non-text content, or
+            a turn's image missing or changed (its sha256 named).
     """
     data = _load(trajectory)
+    folder = Path(trajectory).resolve().parent if isinstance(trajectory, (str, Path)) else None
     try:
-        return _parse_loaded(data)
+        return _parse_loaded(data, folder)
     except InputError as exc:
         if isinstance(trajectory, (str, Path)):
             raise InputError(f"{trajectory}: {exc}") from None
         raise
 
 
-def _parse_loaded(data: Mapping[str, Any]) -> ParsedTrajectory:
-    """:func:`parse_trajectory` of a loaded trajectory."""
+def _parse_loaded(data: Mapping[str, Any], folder: Path | None = None) -> ParsedTrajectory:
+    """:func:`parse_trajectory` of a loaded trajectory (``folder``: where its image paths are relative to)."""
     messages = data.get("messages")
     if not isinstance(messages, list):
         raise InputError("trajectory has no 'messages' list")
@@ -217,12 +235,15 @@ def _parse_loaded(data: Mapping[str, Any]) -> ParsedTrajectory:
     first_assistant = next(
         (i for i, m in enumerate(messages) if isinstance(m, Mapping) and m.get("role") == "assistant"), len(messages)
     )
-    task = next(
-        (_text(m, where) for m in messages[:first_assistant] if isinstance(m, Mapping) and m.get("role") == "user"),
+    task_index = next(
+        (i for i, m in enumerate(messages[:first_assistant]) if isinstance(m, Mapping) and m.get("role") == "user"),
         None,
     )
-    if task is None:
+    if task_index is None:
         raise InputError(f"{where} has no user (task) message before its first assistant message")
+    images: dict[str, ImageRef] = {}
+    task_message = _message(messages[task_index], f"{where} message {task_index}", images, folder)
+    task = task_message["content"]
     steps: list[Step] = []
     no_action = several = 0
     for index in range(first_assistant, len(messages)):
@@ -241,12 +262,12 @@ def _parse_loaded(data: Mapping[str, Any]) -> ParsedTrajectory:
                 break
             if follow.get("role") not in ("user", "tool"):
                 continue  # e.g. mini-swe-agent's final "exit" message
-            observations.append(_message(follow, f"{where} message {index}"))
+            observations.append(_message(follow, f"{where} message {index}", images, folder))
             extra = follow.get("extra") if isinstance(follow.get("extra"), Mapping) else {}
             code = extra.get("returncode")
             if returncode is None and isinstance(code, int) and not isinstance(code, bool):
                 returncode = code
-        assistant = _message(message, f"{where} message {index}")
+        assistant = _message(message, f"{where} message {index}", images, folder)
         steps.append(Step(
             index=len(steps), message_index=index, assistant=assistant, call=calls[0],
             observations=tuple(observations), returncode=returncode,
@@ -256,6 +277,7 @@ def _parse_loaded(data: Mapping[str, Any]) -> ParsedTrajectory:
         instance_id=instance_id, sha256=sha256_json(data), action_format="toolcall" if toolcall else "text",
         system=system, task=task, steps=tuple(steps),
         dropped_no_action=no_action, dropped_several_actions=several,
+        task_images=tuple(task_message.get("images", ())), images=images,
     )
 
 
@@ -309,7 +331,8 @@ def _prompt(
     prompt: list[dict[str, Any]] = []
     if config.include_system and parsed.system is not None:
         prompt.append(_plain("system", parsed.system))
-    prompt.append(_plain("user", first))
+    prompt.append({**_plain("user", first), "images": list(parsed.task_images)} if parsed.task_images
+                  else _plain("user", first))
     for position, step in enumerate(replayed):
         prompt.append(dict(step.assistant))
         if last_observation is not None and position == len(replayed) - 1:
@@ -378,8 +401,9 @@ def _windows_of(parsed: ParsedTrajectory, config: WindowConfig, counts: dict[str
     return windows
 
 
-def window_features() -> Any:
-    """The :class:`datasets.Features` of the windows dataset."""
+def window_features(with_images: bool = False) -> Any:
+    """The :class:`datasets.Features` of the windows dataset (``with_images``: each message has ``images``, a
+    list of sha256s or null)."""
     from datasets import Features, List, Value
 
     message = {
@@ -392,6 +416,8 @@ def window_features() -> Any:
         }),
         "tool_call_id": Value("string"),
     }
+    if with_images:
+        message["images"] = List(Value("string"))
     return Features({
         "prompt": List(message),
         "completion": List(message),
@@ -418,10 +444,12 @@ def build_windows(
     config = config or WindowConfig()
     counts = {"short_trajectories": 0, "loops_detected": 0, "skipped_no_switch": 0}
     rows: list[dict[str, Any]] = []
+    images: dict[str, ImageRef] = {}
     by_kind = {kind: 0 for kind in ("replay", *LOOP_VARIANTS)}
     aligned = no_action = several = 0
     for trajectory in trajectories:
         parsed = parse_trajectory(trajectory)
+        images.update(parsed.images)
         aligned += len(parsed.steps)
         no_action += parsed.dropped_no_action
         several += parsed.dropped_several_actions
@@ -435,7 +463,12 @@ def build_windows(
                     "window_index": window_index, "kind": kind, "target_step": target_step,
                 },
             })
-    features = window_features()
+    named = {d for row in rows for m in (*row["prompt"], *row["completion"]) for d in m.get("images", ())}
+    images = {digest: ref for digest, ref in images.items() if digest in named}  # a dropped step's are not kept
+    features = window_features(with_images=bool(images))
+    if images:  # one Arrow type per column: every message has images, null where it has none
+        rows = [{**row, **{key: [{"images": None, **m} for m in row[key]] for key in ("prompt", "completion")}}
+                for row in rows]
     if rows:
         dataset = Dataset.from_list(rows, features=features)
     else:
@@ -444,15 +477,25 @@ def build_windows(
         trajectories=len(trajectories), aligned_steps=aligned, dropped_no_action=no_action,
         dropped_several_actions=several, windows_by_kind=by_kind, **counts,
     )
-    return TrainingWindows(dataset=dataset, stats=stats)
+    return TrainingWindows(dataset=dataset, stats=stats, images=images)
+
+
+def _sft_message(message: dict[str, Any]) -> dict[str, Any]:
+    """A window message as an SFT turn: one with images has text and image parts (sha256s) as its content."""
+    if "images" not in message:
+        return message
+    turn = {key: value for key, value in message.items() if key != "images"}
+    return {**turn, "content": image_parts(turn["content"], message["images"])} if message["images"] else turn
 
 
 def window_samples(windows: TrainingWindows) -> list[dict[str, Any]]:
-    """The windows as prompt-completion SFT samples (``source``: ``window:<kind>:<sha256>:<step>``)."""
+    """The windows as prompt-completion SFT samples (``source``: ``window:<kind>:<sha256>:<step>``); an image
+    part names its file's sha256 (the file beside the JSONL, :func:`write_window_jsonl`)."""
     samples = []
     for row in windows.dataset.to_list():
         prov = row["provenance"]
-        samples.append({"prompt": row["prompt"], "completion": row["completion"], "instance_id": prov["instance_id"],
+        prompt, completion = ([_sft_message(m) for m in row[key]] for key in ("prompt", "completion"))
+        samples.append({"prompt": prompt, "completion": completion, "instance_id": prov["instance_id"],
                         "source": f"window:{prov['kind']}:{prov['trajectory_sha256']}:{prov['target_step']}",
                         "provenance": prov})
     return samples
@@ -460,10 +503,12 @@ def window_samples(windows: TrainingWindows) -> list[dict[str, Any]]:
 
 def write_window_jsonl(windows: TrainingWindows, path: Path | None = None, *, folder: Path | None = None,
                        name: str = "windows", field: str = "samples_jsonl") -> tuple[Path, str]:
-    """Write :func:`window_samples` as JSONL (default ``folder / "<name>-<sha256[:12]>.jsonl"``); (file, sha256).
+    """Write :func:`window_samples` as JSONL (default ``folder / "<name>-<sha256[:12]>.jsonl"``), the images they
+    name first, beside it as ``<sha256>.<ext>``; (file, sha256 of the file).
 
     Raises:
-        InputError: no window to write (the stats say why), or ``path`` holds other samples (``field`` named).
+        InputError: no window to write (the stats say why), ``path`` holds other samples (``field`` named), or an
+            image changed since the trajectories were read.
     """
     samples = window_samples(windows)
     if not samples:
@@ -482,5 +527,6 @@ def write_window_jsonl(windows: TrainingWindows, path: Path | None = None, *, fo
         raise InputError(f"{field} {path} already holds other samples (sha256 {held[:12]}; these windows "
                          f"would be {digest[:12]}): an adapter may have been trained on it; give another path, or "
                          f"leave {field} unset for a file named by its content")
+    copy_images(windows.images, path.parent)
     atomic_write_text(path, text)
     return path, digest

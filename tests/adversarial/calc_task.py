@@ -105,7 +105,8 @@ def calc_with(prefix: str) -> str:
 
 def verify(image: str, submission: str, name: str, **kwargs: object):
     """:func:`verify_submission` of ``submission`` on the calc task in ``image`` (container ``ff-test-adv-<name>``)."""
-    tests = TaskTests(image_ref=image, test_command=TEST_COMMAND, fail_to_pass=F2P, pass_to_pass=P2P)
+    tests = TaskTests(instance_id="calc-task", image_ref=image, test_command=TEST_COMMAND, FAIL_TO_PASS=F2P,
+                      PASS_TO_PASS=P2P)
     return verify_submission(tests, submission, timeout_s=120, spec=SPEC, name=f"ff-test-adv-{name}", **kwargs)
 
 

@@ -193,8 +193,8 @@ def test_log_parser_mode_keeps_the_exit_status_cross_check(task_image: str) -> N
     # SWE-bench's pytest parser splits "test_ids[a b]" at the space
 
     def verdict(submission: str, name: str):
-        tests = TaskTests(image_ref=task_image, test_command=TEST_COMMAND, fail_to_pass=F2P, pass_to_pass=p2p,
-                          log_parser="parse_log_pytest")
+        tests = TaskTests(instance_id="calc-task", image_ref=task_image, test_command=TEST_COMMAND,
+                          FAIL_TO_PASS=F2P, PASS_TO_PASS=p2p, log_parser="parse_log_pytest")
         return verify_submission(tests, submission, timeout_s=120, spec=SPEC, name=f"ff-test-adv-log-{name}",
                                  screen_policy="off")
 

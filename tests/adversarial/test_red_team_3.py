@@ -177,8 +177,9 @@ def test_a_log_parser_task_does_not_credit_an_outcome_rewritten_in_the_test_proc
     log parser for ids only), or refuse a ``log_parser`` task on the scoring paths (RL rewards, agent
     trials) unless a policy accepts a reward the code under test can forge, and say so in docs/verifier.md.
     (The graded ids leave out ``test_ids[a b]``: parse_log_pytest splits an id at its space.)"""
-    tests = TaskTests(image_ref=task_image, test_command=TEST_COMMAND, fail_to_pass=F2P, log_parser="parse_log_pytest",
-                      pass_to_pass=["tests/test_calc.py::test_mul", "tests/test_env.py::test_pinned_environment"])
+    tests = TaskTests(instance_id="calc-task", image_ref=task_image, test_command=TEST_COMMAND, FAIL_TO_PASS=F2P,
+                      log_parser="parse_log_pytest",
+                      PASS_TO_PASS=["tests/test_calc.py::test_mul", "tests/test_env.py::test_pinned_environment"])
     runs = {label: verify_submission(tests, submission, timeout_s=120, spec=SPEC, name=f"ff-test-adv-rt3-{label}")
             for label, submission in {"log-fix": FIX, "log-register": calc_with(REGISTER + "_arm()\n")}.items()}
     assert runs["log-fix"].reward == 1.0, runs["log-fix"].notes  # the task is gradable from its log

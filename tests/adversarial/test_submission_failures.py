@@ -36,7 +36,8 @@ VARIANTS = {
 
 
 def _tests(image: str, **kwargs: object) -> TaskTests:
-    return TaskTests(image_ref=image, test_command=TEST_COMMAND, fail_to_pass=F2P, pass_to_pass=P2P, **kwargs)
+    return TaskTests(instance_id="calc-task", image_ref=image, test_command=TEST_COMMAND, FAIL_TO_PASS=F2P,
+                     PASS_TO_PASS=P2P, **kwargs)
 
 
 def test_each_resource_exhaustion_is_the_submissions_reward_0_with_evidence(task_image: str) -> None:
@@ -61,8 +62,8 @@ def test_without_a_record_a_pristine_re_run_decides_and_a_pristine_failure_stays
     assert verdict.submission_failure == "timeout" and verdict.evidence["submission_failure"]["pristine"][
         "source"].startswith("re-run")
     # a test command whose pristine run cannot finish in the limit either: the verifier broke, not the model
-    slow = TaskTests(image_ref=task_image, test_command=f"sleep 30; {TEST_COMMAND}", fail_to_pass=F2P,
-                     pass_to_pass=P2P)
+    slow = TaskTests(instance_id="calc-task", image_ref=task_image, test_command=f"sleep 30; {TEST_COMMAND}",
+                     FAIL_TO_PASS=F2P, PASS_TO_PASS=P2P)
     with pytest.raises(errors.VerifierTimeoutError, match="pristine tests under the same limits failed too"):
         verify_submission(slow, hang, timeout_s=5, spec=SPEC, name="ff-test-adv-own-slow", screen_policy="off")
 

@@ -83,7 +83,7 @@ def test_curate_runs_until_freeze_ready_then_skips_processed_and_recovers(
     accepted = {t.instance_id for t in store.accepted_tasks()}
     assert all(per_task[(iid, "oracle")] == 2 for iid in accepted)  # every accepted task ran its Oracle twice
     for task in store.accepted_tasks():  # what the canary and RL verifiers check a submission's run against
-        graded = {*task.fail_to_pass, *task.pass_to_pass}
+        graded = {*task.FAIL_TO_PASS, *task.PASS_TO_PASS}
         assert graded and graded <= set(task.known_tests) and task.known_tests == sorted(task.known_tests)
         oracle_s = [t.timings["verifier_s"] for t in trials if t.instance_id == task.instance_id and t.kind == "oracle"]
         assert len(oracle_s) == 2 and task.pristine_duration_s == max(oracle_s) > 0

@@ -70,7 +70,7 @@ def test_curate_killed_mid_batch_resumes_without_loss_or_duplicates(prefect_harn
     store_url = f"sqlite:///{tmp_path / 'store.db'}"
     env = {**os.environ, "PREFECT_API_URL": str(PREFECT_API_URL.value()), "PREFECT_HOME": str(tmp_path / "prefect"),
            "FORGEFLOW_HOME": str(tmp_path / "home"), "FORGEFLOW_STORE_URL": store_url, "PYTHONUNBUFFERED": "1"}
-    ours = {container_name(r.instance_id, kind, make_trial_id(r.instance_id, kind, r.image, "curate-a0"))
+    ours = {container_name(r.instance_id, kind, make_trial_id(r.instance_id, kind, r.image_ref, "curate-a0"))
             for r in rows for kind in ("nop", "oracle")}
     _remove_containers(ours)
     store = Store(store_url)

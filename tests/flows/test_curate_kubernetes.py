@@ -55,8 +55,8 @@ def _accounting(trials: list, tasks: list) -> dict:
         "status": sorted((t.instance_id, t.status) for t in tasks),
         "trials": Counter((t.instance_id, t.kind) for t in trials),
         "exceptions": sorted((t.instance_id, t.kind, t.exception_type) for t in trials if t.exception_type),
-        "fail_to_pass": sorted((t.instance_id, tuple(t.fail_to_pass or ())) for t in tasks),
-        "pass_to_pass": sorted((t.instance_id, len(t.pass_to_pass or ())) for t in tasks),
+        "fail_to_pass": sorted((t.instance_id, tuple(t.FAIL_TO_PASS or ())) for t in tasks),
+        "pass_to_pass": sorted((t.instance_id, len(t.PASS_TO_PASS or ())) for t in tasks),
     }
 
 

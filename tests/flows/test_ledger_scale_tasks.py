@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from forgeflow.common.errors import InputError
-from forgeflow.ledger import queries
+from forgeflow.ledger import tasks_ledger
 from forgeflow.ledger.records import BatchRecord, ImageRecord, TaskRecord
 from forgeflow.ledger.store import Store
 
@@ -105,8 +105,8 @@ def test_curate_reads_only_the_task_rows_and_images_it_asks_for(tmp_path: Path, 
         def model_post_init(self, context: object) -> None:
             built["images"] += 1
 
-    monkeypatch.setattr(queries, "TaskRecord", CountedTaskRecord)
-    monkeypatch.setattr(queries, "ImageRecord", CountedImageRecord)
+    monkeypatch.setattr(tasks_ledger, "TaskRecord", CountedTaskRecord)
+    monkeypatch.setattr(tasks_ledger, "ImageRecord", CountedImageRecord)
     wanted = ["repo1__t0001", "repo0__t0000", "repo2__t0002"]
     verdicts = task_verdicts.fn(url, wanted)
     assert list(verdicts) == wanted and [v.status for v in verdicts.values()] == ["rejected", "accepted", "accepted"]

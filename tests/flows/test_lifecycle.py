@@ -1,50 +1,103 @@
-"""The lifecycle flow end to end on a 2-project mini demo, under the session's Prefect harness.
+"""The lifecycle flow end to end on a 2-project mini run on the team's own registries and checkpoint, under the
+session's Prefect harness: one run (and its cached re-run) checked for stages, counts, artifacts, the store and the
+UI's runs, and for the team's setting: ``registries.source_block`` / ``target_block`` name saved
+``forgeflow-registry`` blocks (no embedded registry starts) and ``base_model.local_dir`` is a checkpoint folder of
+the team's (a copy of the tiny Qwen2 checkpoint, outside the run's folder), which every model artifact descends from.
 
-Real components throughout: two docker-registry instances, skopeo, podman containers, swesmith,
-TRL, llama.cpp's converter and quantizer, llama-cpp-python's server, mini-swe-agent. Ports are
-distinct from the demo's so a running demo does not interfere.
+Real components throughout: two docker-registry instances with htpasswd (basic) auth on loopback ports 5717/5718
+(listed insecure in infra/registries.conf, as podman's pulls need), the target with a namespace; skopeo, podman
+containers, swesmith, TRL, llama.cpp's converter and quantizer, llama-cpp-python's server, mini-swe-agent. The
+password is only in the blocks. One lifecycle run serves every check here: a run is the suite's most expensive
+fixture.
 """
 
 from __future__ import annotations
 
+import crypt  # deprecated in 3.11, still present; bcrypt for htpasswd
 import json
+import os
+import shutil
 import socket
+import subprocess
+import uuid
+from pathlib import Path
 
 import pytest
+from pydantic import SecretStr
 
-from forgeflow.common.fsutil import sha256_file
+from blocks.core import RegistryEndpoint
+from forgeflow.common.errors import InputError
+from forgeflow.common.fsutil import sha256_file, sha256_tree
+from forgeflow.common.settings import tool_env
 from forgeflow.config import LifecycleConfig
 from forgeflow.curation.bundle import verify_bundle
 from forgeflow.curation.freeze import verify_freeze
 from forgeflow.ledger.store import Store
-from tests.helpers import free_port
+from forgeflow.registry.auth import authfile
+from forgeflow.registry.server import RegistryServer
+from forgeflow.registry.skopeo import Skopeo
+from tests.helpers import free_port, tiny_ggufs
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
+SOURCE_PORT, TARGET_PORT = 5717, 5718
+USER, PASSWORD = "team-ci", "team-Pa55-" + uuid.uuid4().hex[:10]
+NAMESPACE = "team/agents"
 
-@pytest.fixture(scope="module")
-def mini_config(tmp_path_factory):
-    return LifecycleConfig(
-        projects=("inflection", "cachetools"), candidates_per_project=3, seed=0,
-        output_dir=tmp_path_factory.mktemp("lifecycle"),
-        registries={"source_port": 5721, "target_port": 5722},  # listed insecure in infra/registries.conf
-        prewarm={"shards": 4, "lanes": 2},
-        validation={"concurrency": 2},
-        freeze={"name": "mini-v1",
-                "quotas": {"train": 1, "validation": 0, "test": 1, "max_per_repo": 2, "min_repos": 2}},
-        canary={"step_limit": 2, "max_tokens": 48},
-        burst={"max_steps": 2},
-        package={"quantizations": ("Q8_0",)},
-        serving={"ports": (free_port(), free_port())},
-    )
+
+def _anonymous_inspect(ref: str, scratch: Path) -> subprocess.CompletedProcess:
+    empty = scratch / "no-credentials.json"
+    empty.write_text("{}")
+    env = {k: v for k, v in tool_env().items() if k != "REGISTRY_AUTH_FILE"}
+    return subprocess.run(["skopeo", "inspect", "--raw", "--tls-verify=false", "--authfile", str(empty),
+                           f"docker://{ref}"], env=env, capture_output=True, text=True, timeout=60)
 
 
 @pytest.fixture(scope="module")
-def first_run(prefect_harness, mini_config):
+def mini_config(prefect_harness, tmp_path_factory):
+    """The team's two authenticated registries (running for the module), their blocks, the checkpoint folder, this
+    module's own store, and the mini run's config on them."""
+    root = tmp_path_factory.mktemp("lifecycle")
+    htpasswd = root / "htpasswd"
+    htpasswd.write_text(f"{USER}:{crypt.crypt(PASSWORD, crypt.mksalt(crypt.METHOD_BLOWFISH, rounds=16))}\n")
+    servers = [RegistryServer("team-source", SOURCE_PORT, root / "source", htpasswd_path=htpasswd),
+               RegistryServer("team-target", TARGET_PORT, root / "target", htpasswd_path=htpasswd)]
+    mp = pytest.MonkeyPatch()
+    mp.setenv("FORGEFLOW_STORE_URL", f"sqlite:///{root / 'store.db'}")  # this run's own ledger
+    checkpoint = root / "team-checkpoint"  # the team's base model: a checkpoint folder, used in place
+    shutil.copytree(tiny_ggufs()[0].parent / "hf", checkpoint)
+    try:
+        for server in servers:
+            server.start()
+        RegistryEndpoint(address=f"127.0.0.1:{SOURCE_PORT}", username=USER,
+                         password=SecretStr(PASSWORD)).save("team-source", overwrite=True)
+        RegistryEndpoint(address=f"127.0.0.1:{TARGET_PORT}", namespace=NAMESPACE, username=USER,
+                         password=SecretStr(PASSWORD)).save("team-target", overwrite=True)
+        yield LifecycleConfig(
+            projects=("inflection", "cachetools"), candidates_per_project=3, seed=0, output_dir=root / "run",
+            registries={"source_block": "team-source", "target_block": "team-target"},
+            prewarm={"shards": 4, "lanes": 2}, validation={"concurrency": 2},
+            freeze={"name": "mini-v1",
+                    "quotas": {"train": 1, "validation": 0, "test": 1, "max_per_repo": 2, "min_repos": 2}},
+            canary={"step_limit": 2, "max_tokens": 48}, burst={"max_steps": 2}, package={"quantizations": ("Q8_0",)},
+            serving={"ports": (free_port(), free_port())}, base_model={"local_dir": checkpoint})
+    finally:
+        for server in servers:
+            server.stop()
+        mp.undo()
+
+
+@pytest.fixture(scope="module")
+def first_run(mini_config):
     from flows.lifecycle import lifecycle
 
     lifecycle(config=mini_config)
     return json.loads((mini_config.output_dir / "summary.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def team_run(mini_config, first_run):
+    return mini_config, first_run
 
 
 def test_every_stage_completes_with_real_counts(first_run, mini_config):
@@ -132,7 +185,7 @@ def test_the_run_shows_each_stage_as_a_subflow_run_with_its_own_task_runs(first_
         assert child_flows("migrate") == ["migrate-images"]
         assert child_flows("prewarm") == ["prewarm-plan"]  # the plan (tag cap checked) the stage copies by
         assert child_flows("freeze") == ["freeze"]
-        assert child_flows("base_model") == ["package"]  # the tiny model: built by a task, packaged by the flow
+        assert child_flows("base_model") == ["base-model", "package"]  # the team's folder checked, then packaged
         assert child_flows("serve_baseline") == ["serve"]
         assert child_flows("canary_baseline") == ["canary"]  # the canary flow on the frozen test split
         assert child_flows("burst") == ["sft-burst"]  # the flow records the adapter (parent: the base model)
@@ -168,7 +221,7 @@ def test_store_holds_one_row_per_natural_key(first_run):
     assert counts["freezes"] == 1
     accepted = store.accepted_tasks()
     assert len(accepted) == first_run["tasks"]["accepted"]
-    assert all(t.fail_to_pass for t in accepted)
+    assert all(t.FAIL_TO_PASS for t in accepted)
     # serving.keep_running is off: the flow stopped its server, and the ledger does not claim one is live. The gate
     # held, so the staged candidate was discarded without becoming a generation: only the baseline's is recorded
     generations = store.serving_generations()
@@ -188,17 +241,93 @@ def test_store_holds_one_row_per_natural_key(first_run):
     assert chain[-1][0] == first_run["artifacts"]["candidate-Q8_0"]["sha256"]
 
 
+def test_every_stage_runs_on_the_teams_registries_and_no_embedded_one_starts(team_run) -> None:
+    config, summary = team_run
+    stages = summary["stages"]
+    assert all(s["status"] in ("completed", "cached") for s in stages.values()), stages
+    assert stages["migrate"]["counts"]["completed"] == 2 and stages["validate"]["counts"]["accepted"] >= 2
+    assert not (config.output_dir / "registry").exists()  # no embedded registry's storage
+    store = Store()
+    refs = {image.role: [] for image in store.images()}
+    for image in store.images():
+        refs[image.role].append(image.ref)
+    assert refs["source"] and all(r.startswith(f"127.0.0.1:{SOURCE_PORT}/env/") for r in refs["source"])
+    assert refs["target"] and all(r.startswith(f"127.0.0.1:{TARGET_PORT}/{NAMESPACE}/env/") for r in refs["target"])
+    # the shard repositories live under the target's namespace, and validation pulled from there
+    assert refs["task"] and all(r.startswith(f"127.0.0.1:{TARGET_PORT}/{NAMESPACE}/task-") for r in refs["task"])
+    accepted = store.accepted_tasks()
+    assert accepted and all(t.image_ref.startswith(f"127.0.0.1:{TARGET_PORT}/{NAMESPACE}/task-") for t in accepted)
+
+
+def test_every_model_descends_from_the_teams_checkpoint_folder(team_run) -> None:
+    """The base-model stage used the folder in place (nothing copied into the run), and the served baseline
+    GGUF, the adapter and the candidate GGUF all trace back to it in the ledger."""
+    from forgeflow.packaging.lineage import lineage_of
+
+    config, summary = team_run
+    folder = config.base_model.local_dir
+    assert summary["stages"]["base_model"]["counts"]["source"] == "local"
+    assert summary["stages"]["base_model"]["digests"]["hf"] == sha256_tree(folder)
+    assert not (config.output_dir / "models" / "base").exists()  # the tiny model was not built
+    store = Store()
+    base = [a for a in store.model_artifacts() if a.kind == "base"]
+    assert [(a.path, a.sha256) for a in base] == [(str(folder), sha256_tree(folder))]
+    for name in ("base-Q8_0", "candidate-Q8_0"):
+        chain = lineage_of(store, summary["artifacts"][name]["sha256"]).chain
+        assert chain[0].kind == "base" and chain[0].sha256 == sha256_tree(folder), name
+    candidate = lineage_of(store, summary["artifacts"]["candidate-Q8_0"]["sha256"]).chain
+    assert "adapter" in [step.kind for step in candidate]
+
+
+def test_the_images_need_the_blocks_credentials_and_the_password_is_nowhere_else(team_run, tmp_path: Path) -> None:
+    config, summary = team_run
+    task_ref = next(image.ref for image in Store().images() if image.role == "task")
+    refused = _anonymous_inspect(task_ref, tmp_path)
+    assert refused.returncode != 0 and ("unauthorized" in refused.stderr.lower() or "401" in refused.stderr)
+    with authfile({f"127.0.0.1:{TARGET_PORT}": (USER, PASSWORD)}) as path:
+        assert Skopeo(authfile=path).inspect_digest(f"docker://{task_ref}").startswith("sha256:")
+    assert "REGISTRY_AUTH_FILE" not in os.environ  # the run's auth file is gone with the run
+    for path in config.output_dir.rglob("*"):
+        if path.is_file() and path.stat().st_size < 50_000_000:
+            assert PASSWORD.encode() not in path.read_bytes(), path
+    store_db = Path(os.environ["FORGEFLOW_STORE_URL"].removeprefix("sqlite:///"))
+    assert store_db.is_file() and PASSWORD.encode() not in store_db.read_bytes()
+    # the migrate stage hands the blocks to its migrate-images subflow: its recorded parameters hide the password
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowFilter, FlowFilterName
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_filter=FlowFilter(name=FlowFilterName(any_=["migrate-images"])))
+    recorded = [run for run in runs if f"127.0.0.1:{TARGET_PORT}" in json.dumps(run.parameters, default=str)]
+    assert recorded and all(PASSWORD not in json.dumps(run.parameters, default=str) for run in recorded)
+
+
+def test_a_missing_registry_block_is_refused_before_any_stage(prefect_harness, tmp_path: Path) -> None:
+    from flows.lifecycle import lifecycle
+
+    out = tmp_path / "run"
+    with pytest.raises(InputError, match="target registry block 'no-such-registry' is not saved"):
+        lifecycle(LifecycleConfig(output_dir=out, candidates_per_project=3,
+                                  registries={"target_block": "no-such-registry"}))
+    assert not (out / "summary.json").exists()
+
+
 def test_second_run_is_answered_from_cache(first_run, mini_config):
     from flows.lifecycle import lifecycle
 
     lifecycle(config=mini_config)
     second = json.loads((mini_config.output_dir / "summary.json").read_text())
     live = {"serve_baseline", "serve_stage", "serve_swap"}  # servers are processes, started anew each run
+    # a block's registry id names the run (flows/registry.py run_registries): each run pushes to the team's
+    # registries again (skopeo skips the blobs already there), so the freeze, whose inputs carry the task images'
+    # references, is written again as the same manifest (a no-op, digests below); the team's checkpoint folder is
+    # hashed again
+    repushed = {"environments", "prewarm", "freeze", "base_model"}
     for name, stage in second["stages"].items():
         if name == "validate":  # answered from the store: every candidate has its verdict, none validated again
             assert (stage["counts"]["validated"], stage["counts"]["trials"]) == (0, 0), (name, stage)
             assert stage["counts"]["accepted"] == first_run["stages"]["validate"]["counts"]["accepted"]
-        elif name not in live:
+        elif name not in live | repushed:
             assert stage["status"] == "cached", (name, stage)
     assert second["freeze"]["semantic_sha256"] == first_run["freeze"]["semantic_sha256"]
     assert second["freeze"]["bundle_sha256"] == first_run["freeze"]["bundle_sha256"]

@@ -87,7 +87,7 @@ def test_unittest_tasks_are_curated_frozen_and_canaried_with_their_log_parser(
     store = Store()
     accepted = store.accepted_tasks()
     assert len(accepted) == 4
-    assert all(t.fail_to_pass == [F2P] and t.pass_to_pass == [P2P] for t in accepted)  # unittest's ids, parsed
+    assert all(t.FAIL_TO_PASS == [F2P] and t.PASS_TO_PASS == [P2P] for t in accepted)  # unittest's ids, parsed
 
     manifest = freeze(FreezeParams(name="team-unittest-v1", quotas=quotas, instance_ids=[r["instance_id"] for r in rows]))
     common = dict(freeze_name="team-unittest-v1", source={"candidates_path": path, "test_specs": specs},

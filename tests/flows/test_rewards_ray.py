@@ -125,12 +125,13 @@ def test_rl_burst_flow_scores_its_rollouts_on_ray(prefect_harness, cluster, task
     import ray
     from ray.util.state import list_tasks
 
-    from flows.training import RLBurstParams, RLHyperParams, rl_burst
+    from flows.training import RLBurstParams, rl_burst
     from forgeflow.common.settings import cache_dir
     from forgeflow.ledger.store import Store
     from forgeflow.packaging.base_model import build_tiny_model
     from forgeflow.training.adapters import LINEAGE_FILE
     from forgeflow.training.health import BurstHealthError
+    from forgeflow.training.rl import RLBurstConfig
 
     head, workers = cluster
     monkeypatch.setattr("forgeflow.training.rewards.extract_patch", lambda text: FIX_PATCH)
@@ -141,7 +142,7 @@ def test_rl_burst_flow_scores_its_rollouts_on_ray(prefect_harness, cluster, task
             "test_command": TEST_COMMAND, "fail_to_pass": F2P, "pass_to_pass": P2P, "verifier_timeout_s": 120.0}
     tasks_jsonl = tmp_path / "tasks.jsonl"
     tasks_jsonl.write_text(json.dumps(task) + "\n")
-    training = RLHyperParams(max_steps=1, num_generations=2, max_completion_length=4, verifier_timeout_multiplier=0.5,
+    training = RLBurstConfig(max_steps=1, num_generations=2, max_completion_length=4, verifier_timeout_multiplier=0.5,
                              verifier_concurrency=2)
     def verifier_tasks() -> list:
         return list_tasks(address=head.dashboard_url, filters=[("name", "=", f"verifier of {task_image}")],

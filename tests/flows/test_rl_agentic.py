@@ -60,18 +60,19 @@ def test_an_agentic_rl_burst_runs_episodes_in_podman_and_tables_them(
     from prefect.flow_engine import run_flow
 
     from deployments.register import build_deployments
-    from flows.training import RLBurstParams, RLHyperParams, rl_burst
+    from flows.training import RLBurstParams, rl_burst
     from forgeflow.training.episodes import EpisodeSettings
+    from forgeflow.training.rl import RLBurstConfig
 
     home = tmp_path / "home"
     monkeypatch.setenv("FORGEFLOW_HOME", str(home))
     monkeypatch.setenv("FORGEFLOW_STORE_URL", flow_store_url)
     Store().upgrade()
     params = RLBurstParams(hf_dir=tiny_ggufs()[0].parent / "hf", tasks_jsonl=calc_tasks,
-                           training=RLHyperParams(max_steps=1, num_generations=2, max_completion_length=16,
-                                                  verifier_timeout_multiplier=0.5),
-                           episode=EpisodeSettings(max_turns=2, concurrency=2, memory_mb=256, wall_s=120,
-                                                   create_concurrency=1))
+                           training=RLBurstConfig(max_steps=1, num_generations=2, max_completion_length=16,
+                                                  verifier_timeout_multiplier=0.5,
+                                                  episode=EpisodeSettings(max_turns=2, concurrency=2, memory_mb=256,
+                                                                          wall_s=120, create_concurrency=1)))
     # as a user triggers it: the registered rl-burst deployment (deployments/register.py, as prefect.yaml), its
     # parameters as JSON through the API, checked against the run form's schema, then run as a worker runs it
     (deployment,) = [d for d in build_deployments() if d.name == "rl-burst"]
@@ -109,11 +110,13 @@ def test_an_agentic_rl_burst_runs_episodes_in_podman_and_tables_them(
 RUN = """
 import sys
 from pathlib import Path
-from flows.training import RLBurstParams, RLHyperParams, rl_burst
+from flows.training import RLBurstParams, rl_burst
 from forgeflow.training.episodes import EpisodeSettings
+from forgeflow.training.rl import RLBurstConfig
 rl_burst(RLBurstParams(hf_dir=Path(sys.argv[1]), tasks_jsonl=Path(sys.argv[2]),
-         training=RLHyperParams(max_steps=1, num_generations=2, max_completion_length=16, verifier_timeout_multiplier=0.5),
-         episode=EpisodeSettings(max_turns=200, max_tokens=60000, concurrency=2, memory_mb=256, wall_s=300)))
+         training=RLBurstConfig(max_steps=1, num_generations=2, max_completion_length=16, verifier_timeout_multiplier=0.5,
+                                episode=EpisodeSettings(max_turns=200, max_tokens=60000, concurrency=2, memory_mb=256,
+                                                        wall_s=300))))
 """
 
 

@@ -282,7 +282,7 @@ def test_a_team_curates_freezes_and_canaries_its_unittest_rows_through_the_deplo
     try:
         accepted = {t.instance_id: t for t in store.accepted_tasks() if t.repo.startswith("team/")}
         assert sorted(accepted) == sorted(r["instance_id"] for r in rows)
-        assert all(t.fail_to_pass == [F2P] and t.pass_to_pass == [P2P] for t in accepted.values())  # unittest's ids
+        assert all(t.FAIL_TO_PASS == [F2P] and t.PASS_TO_PASS == [P2P] for t in accepted.values())  # unittest's ids
 
         deadline, freeze_runs = time.monotonic() + 120, []
         while not freeze_runs and time.monotonic() < deadline:

@@ -109,6 +109,7 @@ def test_a_parameter_model_refuses_unknown_fields_and_is_frozen() -> None:
     (rl_burst, {**RL, "training": {"algorithm": "ppo"}}, "params.training.algorithm", "'grpo' or 'rloo'"),
     (rl_burst, {**RL, "training": {"num_generations": 1}}, "params.training.num_generations",
      "greater than or equal to 2"),
+    (rl_burst, {**RL, "training": {"temperature": 3}}, "params.training.temperature", "less than or equal to 2"),
     (rl_burst, {"hf_dir": "/m/hf"}, "params", "give tasks_jsonl (a JSONL of RLTask rows) or freeze_name"),
     (rl_burst, {**RL, "freeze_name": "demo-v1"}, "params", "not both"),
     (ppo, {**PPO, "dashboard_url": "http://x"}, "params.dashboard_url", "Extra inputs"),
@@ -132,7 +133,7 @@ def test_a_parameter_model_refuses_unknown_fields_and_is_frozen() -> None:
         "migrate-nested-item-bound", "audit-bound", "audit-unknown", "rewrite-missing", "rewrite-type",
         "prewarm-bound", "prewarm-type", "prewarm-pattern", "sft-burst-unknown", "sft-burst-nested-type",
         "sft-burst-nested-bound", "sft-burst-batch-bound", "sft-burst-nested-unknown", "sft-burst-missing", "rl-burst-unknown",
-        "rl-burst-nested-type", "rl-burst-nested-bound", "rl-burst-missing", "rl-burst-both", "ppo-unknown",
+        "rl-burst-nested-type", "rl-burst-nested-bound", "rl-burst-core-knob-bound", "rl-burst-missing", "rl-burst-both", "ppo-unknown",
         "ppo-nested-type", "ppo-nested-bound", "ppo-nested-unknown", "ppo-missing", "windows-unknown",
         "windows-nested-bound", "windows-nested-type", "windows-no-source", "publish-name-path",
         "package-name-dots"])

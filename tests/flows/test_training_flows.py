@@ -163,7 +163,8 @@ def test_sft_burst_refuses_bad_input_before_any_model_loads(prefect_harness, hom
 
 def test_rl_burst_refuses_bad_tasks_parent_and_sandbox_before_any_model_loads(
         prefect_harness, home: Path, tiny_model: Path, tmp_path: Path) -> None:
-    from flows.training import RLBurstParams, RLHyperParams, rl_burst
+    from flows.training import RLBurstParams, rl_burst
+    from forgeflow.training.rl import RLBurstConfig
 
     def burst(tasks_jsonl: Path, **fields):
         return rl_burst(RLBurstParams(hf_dir=tiny_model, tasks_jsonl=tasks_jsonl, **fields))
@@ -189,13 +190,13 @@ def test_rl_burst_refuses_bad_tasks_parent_and_sandbox_before_any_model_loads(
                                          r"'no-such-freeze' is not recorded in the store"):
         rl_burst(RLBurstParams(hf_dir=tiny_model, freeze_name="no-such-freeze"))
     with pytest.raises(ValueError, match=r"verifier_timeout_multiplier"):
-        RLHyperParams(verifier_timeout_multiplier=0)
+        RLBurstConfig(verifier_timeout_multiplier=0)
     # the training verifier's timeout: the task's own timeout x the multiplier (curation's timeout plays no part)
     block = SandboxLimits(memory_mb=2048, cpus=2.0)
-    config = RLHyperParams(verifier_timeout_multiplier=0.5).burst_config("kubernetes", block)
-    assert (config.verifier_timeout_multiplier, config.verifier_backend, config.verifier_memory_mb) == (0.5, "kubernetes", 2048)
+    config = RLBurstConfig(verifier_timeout_multiplier=0.5).resolved(block)
+    assert (config.verifier_timeout_multiplier, config.verifier_memory_mb) == (0.5, 2048)
     # the verifier's limits: the stage's own win over the block's, the block's fill in, else RL's 1024 MiB, 1 CPU
-    own, default = RLHyperParams(memory_mb=512).burst_config("podman", block), RLHyperParams().burst_config("podman")
+    own, default = RLBurstConfig(verifier_memory_mb=512).resolved(block), RLBurstConfig().resolved()
     assert (own.verifier_memory_mb, own.verifier_cpus, default.verifier_memory_mb, default.verifier_cpus) \
         == (512, 2.0, 1024, 1.0)
     assert not (home / "models").exists()

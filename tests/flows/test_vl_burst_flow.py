@@ -100,3 +100,67 @@ def test_an_sft_burst_with_image_turns_freezes_the_vision_tower_and_a_text_file_
                                       parent_adapter=first.adapter_sha256[:12]))
     assert second.parent_sha256 == first.adapter_sha256 != second.adapter_sha256
     assert read_adapter_record(second.adapter_path).lineage.vision_tower_sha256 == base.vision_sha256
+
+
+def test_the_windows_flow_keeps_a_trajectorys_images_and_sft_burst_trains_tiny_vl_on_its_output(
+        prefect_harness, home: Path, tmp_path: Path) -> None:
+    """Issue 36: a canary trajectory whose task turn carried an image -> the windows flow's JSONL (the image part
+    in every window's task turn, the file beside it by digest) -> an SFT burst on tiny-vl, as a subflow."""
+    from flows.training import WindowsParams, windows
+    from forgeflow.evaluation.chat_images import image_ref
+    from forgeflow.packaging import vl_model
+    from forgeflow.training.adapters import read_adapter_record
+    from forgeflow.training.burst import BurstConfig
+    from forgeflow.training.windows import WindowConfig
+    from tests.core.training.test_windows import text_trajectory
+
+    base = vl_model.build_tiny_vl_model(cache_dir() / "test-fixtures" / "tiny-vl-seed0", seed=0)  # reused
+    folder = tmp_path / "canary"
+    red = _image(folder / "images", (255, 0, 0))
+    trajectory = text_trajectory([f"cat file{i}.py" for i in range(5)])
+    trajectory["messages"][1]["images"] = [image_ref(folder / "images" / f"{red}.png", folder / "images")
+                                           .model_dump(mode="json")]
+    (folder / "t-1.traj.json").write_text(json.dumps(trajectory))
+    config = WindowConfig(replay_steps=1, stride_steps=2, min_steps=3, task_excerpt_chars=200, include_system=False,
+                          loop_variants=("stop_and_conclude",))
+    training = BurstConfig(max_steps=1, lora_r=4, max_length=1024, seed=0)
+    result = windows(WindowsParams(trajectories_dir=folder, windows=config, hf_dir=base.path, training=training))
+    rows = [json.loads(line) for line in result.samples_jsonl.read_text().splitlines()]
+    assert rows and all({"type": "image", "image": red} in r["prompt"][0]["content"] for r in rows)
+    assert (result.samples_jsonl.parent / f"{red}.png").is_file()
+    assert result.burst is not None and result.burst.steps == 1
+    lineage = read_adapter_record(result.burst.adapter_path).lineage
+    assert lineage.vision_tower_frozen is True and lineage.vision_tower_sha256 == base.vision_sha256
+    assert lineage.dataset_sha256 == result.dataset_sha256
+
+
+def test_rl_burst_continues_a_tiny_vl_sft_adapter_with_the_tower_frozen_and_recorded(
+        prefect_harness, home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 36: the rl-burst flow on tiny-vl (text prompts, GRPO on CPU) continues an SFT VL adapter; the store's
+    lineage records the frozen tower. Rewards alternate 1, 0 in place of the verifier's (no sandbox here)."""
+    import itertools
+
+    from flows.training import RLBurstParams, SFTBurstParams, rl_burst, sft_burst
+    from forgeflow.packaging import vl_model
+    from forgeflow.training import rewards
+    from forgeflow.training.burst import BurstConfig
+    from forgeflow.training.rl import RLBurstConfig
+
+    counter = itertools.count()
+    monkeypatch.setattr(rewards, "score_completion", lambda completion, task, **kwargs: rewards.RewardOutcome(
+        reward=float(next(counter) % 2), verifier_timeout_s=10.0))
+    base = vl_model.build_tiny_vl_model(cache_dir() / "test-fixtures" / "tiny-vl-seed0", seed=0)  # reused
+    data = tmp_path / "data"
+    samples = data / "vl.jsonl"
+    samples.write_text(json.dumps(_ask(_image(data, (255, 0, 0)), "What colour?", "Red.")) + "\n")
+    sft = sft_burst(SFTBurstParams(hf_dir=base.path, samples_jsonl=samples,
+                                   training=BurstConfig(max_steps=1, lora_r=4, max_length=128)))
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"instance_id": "calc-1", "image_ref": "localhost/calc:1", "problem_statement":
+                                 "add fails", "test_command": "pytest -rA", "fail_to_pass": ["t.py::test_add"]}) + "\n")
+    rl = rl_burst(RLBurstParams(hf_dir=base.path, tasks_jsonl=tasks, parent_adapter=sft.adapter_sha256,
+                                training=RLBurstConfig(max_steps=1, max_completion_length=8, lora_r=4)))
+    assert rl.parent_sha256 == sft.adapter_sha256 != rl.adapter_sha256 and rl.steps == 1
+    (production,) = [p for p in Store().producers(rl.adapter_sha256) if p.kind == "adapter"]
+    assert production.lineage["algorithm"] == "grpo" and production.lineage["vision_tower_frozen"] is True
+    assert production.lineage["vision_tower_sha256"] == base.vision_sha256

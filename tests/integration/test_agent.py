@@ -18,7 +18,6 @@ from forgeflow.common.errors import InputError, ModelRequestError
 from forgeflow.common.settings import tool_env
 from forgeflow.evaluation.agent import (
     AgentConfig,
-    AgentTask,
     problem_statement_for,
     run_agent_trial,
 )
@@ -96,10 +95,10 @@ def endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield server.base_url
 
 
-def calc_task(image_ref: str, test_command: str = TEST_COMMAND, instance_id: str = "calc-add-1") -> AgentTask:
+def calc_task(image_ref: str, test_command: str = TEST_COMMAND, instance_id: str = "calc-add-1") -> TaskTests:
     """The calc task (its bug's problem statement, FAIL_TO_PASS and PASS_TO_PASS) as an agent trial's task."""
-    return AgentTask(instance_id=instance_id, image_ref=image_ref, test_command=test_command,
-                     problem_statement=problem_statement_for(BUG_PATCH, F2P), fail_to_pass=F2P, pass_to_pass=P2P)
+    return TaskTests(instance_id=instance_id, image_ref=image_ref, test_command=test_command,
+                     problem_statement=problem_statement_for(BUG_PATCH, F2P), FAIL_TO_PASS=F2P, PASS_TO_PASS=P2P)
 
 
 def _trajectory(out_dir: Path, trial_id: str) -> dict:
@@ -124,7 +123,8 @@ def test_problem_statement_rejects_bad_input() -> None:
 @pytest.mark.integration
 def test_verifier_grades_fix_as_1_bug_as_0_and_bad_patch_as_0_with_note(task_image: str) -> None:
     def verdict(patch: str, name: str):
-        tests = TaskTests(image_ref=task_image, test_command=TEST_COMMAND, fail_to_pass=F2P, pass_to_pass=P2P)
+        tests = TaskTests(instance_id="calc-task", image_ref=task_image, test_command=TEST_COMMAND,
+                          FAIL_TO_PASS=F2P, PASS_TO_PASS=P2P)
         return verify_submission(tests, patch, timeout_s=120, spec=SandboxSpec(memory_mb=512), name=name)
 
     fixed = verdict(FIX_PATCH, "ff-test-agent-fix")
@@ -247,11 +247,14 @@ def test_agent_trial_against_5xx_endpoint_records_model_endpoint_error(
 
 def test_run_agent_trial_rejects_empty_inputs(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="base_url"):
-        run_agent_trial(AgentTask(instance_id="i", image_ref="img", problem_statement="ps", test_command=TEST_COMMAND,
-                                  fail_to_pass=F2P, pass_to_pass=P2P), "localhost:1", "tiny", AgentConfig(), tmp_path)
+        run_agent_trial(TaskTests(instance_id="i", image_ref="img", problem_statement="ps", test_command=TEST_COMMAND,
+                                  FAIL_TO_PASS=F2P, PASS_TO_PASS=P2P), "localhost:1", "tiny", AgentConfig(), tmp_path)
     with pytest.raises(InputError, match="nothing to grade"):
-        run_agent_trial(AgentTask(instance_id="i", image_ref="img", problem_statement="ps", test_command=TEST_COMMAND,
-                                  fail_to_pass=[], pass_to_pass=[]), "http://x/v1", "tiny", AgentConfig(), tmp_path)
+        run_agent_trial(TaskTests(instance_id="i", image_ref="img", problem_statement="ps", test_command=TEST_COMMAND),
+                        "http://x/v1", "tiny", AgentConfig(), tmp_path)
+    with pytest.raises(InputError, match="no problem statement"):
+        run_agent_trial(TaskTests(instance_id="i", image_ref="img", test_command=TEST_COMMAND, FAIL_TO_PASS=F2P),
+                        "http://x/v1", "tiny", AgentConfig(), tmp_path)
 
 
 @pytest.mark.integration

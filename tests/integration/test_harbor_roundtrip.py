@@ -23,6 +23,7 @@ import pytest
 from test_agent import BUG_PATCH, F2P, P2P, TEST_COMMAND, task_image  # noqa: F401 (the fixture)
 
 from forgeflow.common.settings import REPO_ROOT, tool_env
+from forgeflow.common.task import Task
 from forgeflow.curation.candidates import CandidateTask
 from forgeflow.curation.freeze import (
     AcceptedTask,
@@ -33,7 +34,6 @@ from forgeflow.curation.freeze import (
 from forgeflow.evaluation.harbor import (
     HARBOR_ENV_DIR,
     HARBOR_ENV_IMPORT_PATH,
-    HarborTask,
     HarborTaskLimits,
     export_split,
 )
@@ -76,8 +76,8 @@ def test_export_harbor_run_import_gives_forgeflow_accounting(task_image: str, ha
     freeze = write_freeze("harbor-roundtrip", selection, quotas, 0, tmp_path / "freezes")
     commands = {VALID: TEST_COMMAND, NO_PYTEST: NET_PROBE}
 
-    tasks = [HarborTask(instance_id=iid, image_ref=task_image, bug_patch=BUG_PATCH, fail_to_pass=F2P,
-                        pass_to_pass=P2P, test_command=command, repo="calc") for iid, command in commands.items()]
+    tasks = [Task(instance_id=iid, image_ref=task_image, patch=BUG_PATCH, FAIL_TO_PASS=F2P,
+                  PASS_TO_PASS=P2P, test_command=command, repo="calc") for iid, command in commands.items()]
     export = export_split(freeze.path, "test", tasks, tmp_path / "dataset",
                           HarborTaskLimits(agent_timeout_s=120, verifier_timeout_s=120, memory_mb=512))
     job_config = tmp_path / "job.json"

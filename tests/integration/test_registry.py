@@ -372,7 +372,7 @@ def test_the_canary_takes_a_task_image_that_lives_only_in_a_registry(
     rows = []
     for iid, image in (("team__a-1", ref), ("team__a-2", ref.replace(":1.0", ":no-such-tag"))):
         store.record_task(TaskRecord(instance_id=iid, repo="team/a", status="accepted", fail_to_pass=["t::f"]))
-        rows.append(SimpleNamespace(instance_id=iid, repo="team/a", patch="p", image=image, test_command="pytest -rA",
+        rows.append(SimpleNamespace(instance_id=iid, repo="team/a", patch="p", image_ref=image, test_command="pytest -rA",
                                     problem_statement="add() is wrong"))
     (task,) = canary_tasks(store, ["team__a-1"], rows)
     assert (task.image_ref, task.image_digest) == (ref, digest)

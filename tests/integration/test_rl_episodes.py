@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from forgeflow.common.settings import cache_dir, tool_env
-from forgeflow.evaluation.agent import AgentTask
 from forgeflow.packaging.base_model import build_tiny_model
+from forgeflow.sandbox.verifier import TaskTests
 from forgeflow.training.episodes import (
     EPISODE_PROMPT_TEMPLATE,
     SUBMIT_COMMAND,
@@ -78,9 +78,9 @@ def tokens(tiny: Path) -> EpisodeTokens:
     return EpisodeTokens(AutoTokenizer.from_pretrained(str(tiny)))
 
 
-def _job(image: str, instance_id: str) -> tuple[AgentTask, list[dict[str, Any]]]:
-    task = AgentTask(instance_id=instance_id, image_ref=image, problem_statement=f"test_add fails ({instance_id})",
-                     test_command=TEST_COMMAND, fail_to_pass=F2P, pass_to_pass=P2P)
+def _job(image: str, instance_id: str) -> tuple[TaskTests, list[dict[str, Any]]]:
+    task = TaskTests(instance_id=instance_id, image_ref=image, problem_statement=f"test_add fails ({instance_id})",
+                     test_command=TEST_COMMAND, FAIL_TO_PASS=F2P, PASS_TO_PASS=P2P)
     return task, episode_messages(task.problem_statement, EPISODE_PROMPT_TEMPLATE.read_text(encoding="utf-8"))
 
 

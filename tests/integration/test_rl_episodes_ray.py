@@ -147,12 +147,15 @@ def test_a_ray_worker_killed_mid_episode_is_an_exception_and_the_burst_goes_on_o
     assert "no Ray node" in waited.exception_message and took < 30
 
 
-def test_a_cancelled_runs_episode_container_on_another_ray_node_is_swept_there(
+def test_a_cancelled_runs_container_on_another_ray_node_is_swept_there_by_each_ray_flow(
         head: RayCluster, task_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
-    """A node with a podman storage of its own (another machine's containers, to this host's podman): an
-    episode's container labelled with a run, its driver gone (the actor killed, as a cancelled run's), is left
-    there; rl-burst's cancellation hooks, as Prefect's runner calls them, end it on that node."""
-    import flows.training
+    """A node with a podman storage of its own (another machine's containers, to this host's podman): a sandbox
+    container labelled with a run, its driver gone (the actor killed, as a cancelled run's), is left there; the
+    cancellation hooks of each flow that dispatches to Ray (rl-burst, curate, canary), as Prefect's runner calls
+    them, end it on that node."""
+    import tasks.common
+    from flows.canary import canary
+    from flows.curate import curate
     from flows.training import rl_burst
     from forgeflow.sandbox import dispatch
     from forgeflow.sandbox.backends import SandboxTarget
@@ -160,25 +163,28 @@ def test_a_cancelled_runs_episode_container_on_another_ray_node_is_swept_there(
     from forgeflow.sandbox.kubernetes_manifests import FLOW_RUN_LABEL
     from forgeflow.training.episodes_ray import RayEpisodeEnv
 
-    run = SimpleNamespace(id=uuid.uuid4(), parameters={"params": {"dispatcher": "ray-nodes", "sandbox": None}})
     placement = RayPlacement(address=head.address)
-    monkeypatch.setattr(flows.training, "trial_dispatcher", lambda name: placement if name == "ray-nodes" else None)
+    monkeypatch.setattr(tasks.common, "trial_dispatcher", lambda name: placement if name == "ray-nodes" else None)
+    task, _ = _job(task_image, "calc-raycancel")
     with node_storage(tmp_path) as storage, ray_worker(head, {"sandbox": 1}, env=storage) as worker:
-        def on_node() -> list[str]:
-            return subprocess.run(["podman", "ps", "-a", "--filter", f"label={FLOW_RUN_LABEL}={run.id}", "--format",
-                                   "{{.Names}}"], env={**tool_env(), **storage}, capture_output=True, text=True,
-                                  check=True).stdout.split()
+        for stage_flow in (rl_burst, curate, canary):
+            run = SimpleNamespace(id=uuid.uuid4(), parameters={"params": {"dispatcher": "ray-nodes", "sandbox": None}})
+            name = f"ff-episode-calc-raycancel-{run.id.hex[:10]}"
 
-        task, _ = _job(task_image, "calc-raycancel")
-        try:
-            env = RayEpisodeEnv(placement, task, SETTINGS, SandboxTarget(labels={FLOW_RUN_LABEL: str(run.id)}),
-                                f"ff-episode-calc-raycancel-{run.id.hex[:10]}")
-            env._kill()  # the driver gone: its actor dies, the container stays on the node
-            assert env.node_id == worker.node_id and on_node() == [env.name]
-            for hook in rl_burst.on_cancellation_hooks:
-                hook(flow=rl_burst, flow_run=run, state=None)
-            assert on_node() == []
-        finally:
-            dispatch.disconnect()
-            subprocess.run(["podman", "rm", "-f", "-t", "0", f"ff-episode-calc-raycancel-{run.id.hex[:10]}"],
-                           env={**tool_env(), **storage}, capture_output=True)
+            def on_node(run_id: uuid.UUID = run.id) -> list[str]:
+                return subprocess.run(["podman", "ps", "-a", "--filter", f"label={FLOW_RUN_LABEL}={run_id}",
+                                       "--format", "{{.Names}}"], env={**tool_env(), **storage}, capture_output=True,
+                                      text=True, check=True).stdout.split()
+
+            try:
+                env = RayEpisodeEnv(placement, task, SETTINGS, SandboxTarget(labels={FLOW_RUN_LABEL: str(run.id)}),
+                                    name)
+                env._kill()  # the driver gone: its actor dies, the container stays on the node
+                assert env.node_id == worker.node_id and on_node() == [name]
+                for hook in stage_flow.on_cancellation_hooks:
+                    hook(flow=stage_flow, flow_run=run, state=None)
+                assert on_node() == [], f"{stage_flow.name}'s hooks left its container on the Ray node"
+            finally:
+                dispatch.disconnect()
+                subprocess.run(["podman", "rm", "-f", "-t", "0", name], env={**tool_env(), **storage},
+                               capture_output=True)

@@ -38,7 +38,7 @@ def _accepted(instance_id: str, run_key: str) -> ValidationOutcome:
 
 
 def _job(ids: list[str], concurrency: int = 2, max_retries: int = 0, **kwargs: object) -> BatchJob:
-    rows = {i: SimpleNamespace(instance_id=i, repo=i.split(".")[0], patch="diff", image="img:1") for i in ids}
+    rows = {i: SimpleNamespace(instance_id=i, repo=i.split(".")[0], patch="diff", image_ref="img:1") for i in ids}
     return BatchJob(batch_id="curate-b1", run_id="run-1", ids=ids, rows=rows, concurrency=concurrency,
                     max_retries=max_retries, **kwargs)
 
@@ -67,7 +67,7 @@ def test_at_most_concurrency_in_flight_and_each_verdict_handed_over_once_as_it_e
     assert finished == list(range(1, 13))
     assert dict(keys)[ids[1]] == "curate-a2" and dict(keys)[ids[2]] == "curate-a0"  # attempts continue
     first = verdicts[0]
-    assert (first.status, first.fail_to_pass, first.known_tests, first.run_id) == ("accepted", ["t::f"],
+    assert (first.status, first.FAIL_TO_PASS, first.known_tests, first.run_id) == ("accepted", ["t::f"],
                                                                                    ["t::f", "t::p"], "run-1")
     assert first.pristine_duration_s == 3.0  # the longest Oracle run, repeats included
 

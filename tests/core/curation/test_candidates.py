@@ -55,7 +55,7 @@ def test_valid_jsonl_loads_frozen_records_with_extra_keys_ignored(tmp_path: Path
     )
     loaded = load_candidates(path)
     assert [c.instance_id for c in loaded] == ["a-1", "a-2"]
-    assert loaded[0].image == "127.0.0.1:5702/task-00:a-1"
+    assert loaded[0].image_ref == "127.0.0.1:5702/task-00:a-1"
     assert loaded[1].problem_statement == "It breaks."
     with pytest.raises(Exception):
         loaded[0].repo = "other"  # type: ignore[misc]

@@ -95,6 +95,19 @@ def test_freeze_ready_equals_select_splits_and_writes_nothing(tmp_path: Path, mo
     assert list(tmp_path.iterdir()) == []
 
 
+def test_the_manifest_bytes_are_those_of_the_code_before_one_task_model(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 35 (one Task model) must not move a freeze digest: the digests of a manifest written by the code
+    before it, for the same selection, inputs and version."""
+    import forgeflow
+
+    monkeypatch.setattr(forgeflow, "__version__", "0.0.0-pinned")
+    manifest = write_freeze("v1", select_splits(TWELVE_REPOS, QUOTAS, seed=7), QUOTAS, 7, tmp_path,
+                            {"image_digests": {"org/r00.0": "sha256:" + "a" * 64}})
+    assert manifest.semantic_sha256 == "d9e63688f04013e25ad168327db84500863cd4c58a1efe0c4abd03f1b0d1e5f8"
+    assert manifest.file_sha256 == "8ba8de11c8d0bebf5b5fb0851ed21d06be62f77566568956a5224e8cb76c8bcc"
+
+
 def test_duplicate_instance_ids_are_rejected() -> None:
     with pytest.raises(InputError, match="appears twice"):
         select_splits(tasks({"a/x": 1}) * 2, QUOTAS)

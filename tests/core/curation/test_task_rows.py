@@ -37,7 +37,7 @@ def test_jsonl_rows_take_their_specs_from_the_row_then_the_repository(tmp_path: 
     loaded = load_task_rows(path, None, NOT_THERE, test_specs=specs)
     assert [r.instance_id for r in loaded.rows] == ["django__django-1", "sympy__sympy-2"]
     django, sympy = loaded.rows
-    assert django.image == "registry.example:5000/sweb.eval.django__django-1:v1"  # from image_name
+    assert django.image_ref == "registry.example:5000/sweb.eval.django__django-1:v1"  # from image_name
     assert django.FAIL_TO_PASS == ["test_last (tests.test_m.T.test_last)"]  # JSON string decoded
     assert django.problem_statement == "django__django-1: the parser drops the last token"
     assert loaded.test_commands == {"django__django-1": "./tests/runtests.py --verbosity 2",
@@ -57,7 +57,7 @@ def test_a_saved_dataset_dict_is_read_by_split_and_a_missing_split_is_named(tmp_
     loaded = load_task_rows(None, None, NOT_THERE, dataset=DatasetSource(path=str(tmp_path / "ds"), split="train"),
                             test_specs=specs)
     assert [r.instance_id for r in loaded.rows] == ["acme__widgets-0", "acme__widgets-1", "acme__widgets-2"]
-    assert all(r.image and r.image.endswith(":v1") for r in loaded.rows)
+    assert all(r.image_ref and r.image_ref.endswith(":v1") for r in loaded.rows)
     assert set(loaded.log_parsers.values()) == {"parse_log_django"}
     assert loaded.source == f"dataset {tmp_path / 'ds'}[train]"
     with pytest.raises(InputError, match=r"no split 'validation'; its splits: \['test', 'train'\]"):
@@ -122,10 +122,10 @@ def test_generated_rows_run_the_local_image_or_the_lifecycles_pushed_copy(tmp_pa
 
     path = write_generated(tmp_path / "candidates.jsonl", [row("toolz.func_pm_remove_assign__0000aaa1", True)])
     local = TaskSource(generated_path=path).load(NOT_THERE, "curate")
-    assert [r.image for r in local.rows] == ["localhost/forgeflow/task:toolz.func_pm_remove_assign__0000aaa1"]
+    assert [r.image_ref for r in local.rows] == ["localhost/forgeflow/task:toolz.func_pm_remove_assign__0000aaa1"]
     assert local.image_ids == {"toolz.func_pm_remove_assign__0000aaa1": "a" * 64}
     pushed = TaskSource(generated_path=path, images="registry").load(NOT_THERE, "curate")
-    assert [r.image for r in pushed.rows] == ["127.0.0.1:5722/task-03:toolz.func_pm_remove_assign__0000aaa1"]
+    assert [r.image_ref for r in pushed.rows] == ["127.0.0.1:5722/task-03:toolz.func_pm_remove_assign__0000aaa1"]
     assert pushed.image_ids == {"toolz.func_pm_remove_assign__0000aaa1": "sha256:" + "b" * 64}
     assert pushed.test_commands == {"toolz.func_pm_remove_assign__0000aaa1": "pytest -rA"}
 

@@ -39,7 +39,7 @@ def test_default_profile_allows_4_and_verified_allows_10():
 
 
 def _row(instance_id: str, **extra):
-    return SimpleNamespace(instance_id=instance_id, repo="calc", patch=PATCH, image=f"localhost/t/{instance_id}",
+    return SimpleNamespace(instance_id=instance_id, repo="calc", patch=PATCH, image_ref=f"localhost/t/{instance_id}",
                            image_id="a" * 64, registry_digest=None, test_command="pytest -rA", **extra)
 
 
@@ -52,7 +52,7 @@ def test_tasks_that_cannot_run_are_all_listed_before_any_trial(store_url: str):
     rows = [_row("calc.ok__00000001"), _row("calc.rej__00000002")]
     (task,) = canary_tasks(store, ["calc.ok__00000001"], rows, check_images=False)
     assert task.image_ref == "localhost/t/calc.ok__00000001" and task.image_digest == "sha256:" + "a" * 64
-    assert task.fail_to_pass == ["tests/test_calc.py::test_add"] and task.pass_to_pass == ["t::p"]
+    assert task.FAIL_TO_PASS == ["tests/test_calc.py::test_add"] and task.PASS_TO_PASS == ["t::p"]
     assert "test_add" in task.problem_statement and "a - b" not in task.problem_statement  # the patch never leaks
     with pytest.raises(PreflightError) as info:
         canary_tasks(store, ["calc.ok__00000001", "calc.rej__00000002", "calc.gone__00000003"], rows,
@@ -104,8 +104,6 @@ def test_canary_tasks_carry_the_known_tests_and_pristine_duration_the_store_reco
     recorded, old = canary_tasks(store, ["calc.k__1", "calc.old__2"], [_row("calc.k__1"), _row("calc.old__2")],
                                  check_images=False)
     assert recorded.known_tests == known and recorded.pristine_duration_s == 1.25
-    tests = recorded.tests()  # what the canary's (and a re-score's) verifier checks the run against
-    assert tests.known_tests == known and tests.pristine_duration_s == 1.25
-    assert tests.expectations().known_tests == known
+    # the task is what the canary's (and a re-score's) verifier checks the run against
+    assert recorded.expectations().known_tests == known
     assert old.known_tests is None and old.pristine_duration_s is None
-    assert old.tests().known_tests is None and old.tests().pristine_duration_s is None

@@ -23,7 +23,7 @@ from forgeflow.ledger.records import JobRecord, TrialRecord
 from forgeflow.ledger.store import Store
 
 DIFF = "diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n@@ -1 +1 @@\n-a - b\n+a + b\n"
-SETTINGS = RescoreSettings(timeout_s=60, memory_mb=256, cpus=1, tamper_policy="reject")
+SETTINGS = RescoreSettings(verifier_timeout_s=60, memory_mb=256, cpus=1, tamper_policy="reject")
 
 
 def _trajectory(folder: Path, trial_id: str, submission: str | None, error: str | None = None) -> None:

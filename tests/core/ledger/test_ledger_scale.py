@@ -106,7 +106,7 @@ def test_every_user_facing_read_uses_an_index_and_loads_only_what_it_shows(fille
     """Before issue 34 the job list and an unknown job id loaded every trial as a model (104 s and 56 s, 5.3 GB
     at a million trials), ``trials --job`` every trial of the job and every supervision event."""
     from deployments.cli import app
-    from forgeflow.ledger import queries
+    from forgeflow.ledger import trials_ledger
 
     monkeypatch.setenv("FORGEFLOW_STORE_URL", filled["url"])
     statements: list[tuple[str, object]] = []
@@ -122,7 +122,7 @@ def test_every_user_facing_read_uses_an_index_and_loads_only_what_it_shows(fille
         def model_post_init(self, context: object) -> None:
             loaded["trials"] += 1
 
-    monkeypatch.setattr(queries, "TrialRecord", CountedTrialRecord)
+    monkeypatch.setattr(trials_ledger, "TrialRecord", CountedTrialRecord)
     event.listen(Engine, "before_cursor_execute", on_execute)
     event.listen(Trial, "load", on_load)  # and every ORM trial, were a read to load them so
     outputs: dict[str, str] = {}
@@ -161,7 +161,7 @@ def test_scoped_reads_at_100k_use_an_index_and_build_one_record_per_row_shown(fi
     in SQL: 3,000 records at a million trials, not the job's 20,000), its trial kinds, task rows and image
     digests of the ids asked for (before: ``task_verdicts`` and ``accepted_for_freeze`` read every task row and
     every image of the store). Each statement is planned: no SCAN of ``trials``, ``task_instances`` or ``images``."""
-    from forgeflow.ledger import queries
+    from forgeflow.ledger import trials_ledger
 
     store = Store(filled["url"])
     statements: list[tuple[str, object]] = []
@@ -174,7 +174,7 @@ def test_scoped_reads_at_100k_use_an_index_and_build_one_record_per_row_shown(fi
     def on_execute(conn, cursor, statement, parameters, context, executemany) -> None:
         statements.append((statement, parameters))
 
-    monkeypatch.setattr(queries, "TrialRecord", CountedTrialRecord)
+    monkeypatch.setattr(trials_ledger, "TrialRecord", CountedTrialRecord)
     event.listen(store.engine, "before_cursor_execute", on_execute)
     try:
         latest = store.latest_job_trials(job_id(5))

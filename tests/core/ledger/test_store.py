@@ -81,7 +81,7 @@ def test_resumed_task_validation_updates_status_without_duplicating(store: Store
     store.record_task(TaskRecord(instance_id="o__s.1", repo="o/s", status="candidate"))
     accepted = store.accepted_tasks()
     assert [t.instance_id for t in accepted] == ["o__r.1"]
-    assert accepted[0].fail_to_pass == ["t::a"] and accepted[0].run_id == "run-2"
+    assert accepted[0].FAIL_TO_PASS == ["t::a"] and accepted[0].run_id == "run-2"
     assert store.processed_instance_ids() == {"o__r.1", "o__r.2"}
     assert store.accepted_per_repo() == {"o/r": 1}
     assert task_status_counts(store) == {"accepted": 1, "rejected": 1, "candidate": 1}
@@ -590,7 +590,7 @@ def test_a_task_keeps_its_known_tests_and_pristine_duration_and_0009_reads_old_t
     store.upgrade()
     new, old = store.tasks()  # by instance id
     assert old.instance_id == "old__1" and old.known_tests == [] and old.pristine_duration_s is None
-    assert old.fail_to_pass == ["t::a"] and old.status == "accepted"
+    assert old.FAIL_TO_PASS == ["t::a"] and old.status == "accepted"
     assert new.known_tests == [] and new.pristine_duration_s is None  # the columns went with the downgrade
     store.record_task(new.model_copy(update={"known_tests": known, "pristine_duration_s": 3.5}))
     assert store.get_task("n__1").known_tests == known and store.get_task("n__1").pristine_duration_s == 3.5

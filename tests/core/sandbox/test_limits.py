@@ -33,7 +33,8 @@ def test_every_sandbox_sizing_model_has_one_default_and_one_bound() -> None:
         assert (overrides().memory_mb, overrides().cpus) == (None, None)
         with pytest.raises(pydantic.ValidationError, match="greater than or equal to 16"):
             overrides(memory_mb=15)
-    assert RLBurstConfig().verifier_memory_mb == 1024  # the RL verifier's own default, unchanged
+    assert RLBurstConfig().verifier_memory_mb is None  # the rl-burst verifier's: none set, the block's fill in
+    assert RLBurstConfig().resolved().verifier_memory_mb == 1024  # else the RL verifier's own default, unchanged
     with pytest.raises(pydantic.ValidationError, match="greater than or equal to 16"):
         RLBurstConfig(verifier_memory_mb=15)
 
@@ -43,7 +44,7 @@ def test_a_stage_limit_wins_over_the_block_and_the_block_fills_in_the_rest() -> 
     # curate: settings.memory_mb set, cpus left to the block -> podman gets 512 MiB and 0.5 CPUs
     validation = CurateSettings(memory_mb=512).validation(block)
     assert (validation.memory_mb, validation.cpus) == (512, 0.5)
-    args = PodmanSandbox("img", SandboxSpec(**validation.limits().model_dump()), name="ff-x")._limit_args()
+    args = PodmanSandbox("img", SandboxSpec.of(validation), name="ff-x")._limit_args()
     assert args[args.index("--memory") + 1] == "512m" and args[args.index("--cpus") + 1] == "0.5"
     assert CurateSettings().validation(block).limits() == block  # nothing set: the block's
     assert CurateSettings().validation().limits() == SandboxLimits()  # no block: the defaults
@@ -55,3 +56,18 @@ def test_a_stage_limit_wins_over_the_block_and_the_block_fills_in_the_rest() -> 
     stage = LifecycleConfig().validation
     assert (stage.memory_mb, stage.cpus) == (2048, 1.0)
     assert CurateSettings(**stage.limits().model_dump()).validation(block).limits() == stage.limits()
+
+
+def test_every_verifier_timeout_has_one_bound_and_the_forgeflow_default() -> None:
+    from flows.rescore import RescoreParams
+    from forgeflow.evaluation.canary_params import CanaryRunSettings
+    from forgeflow.evaluation.rescore import RescoreSettings
+
+    for model in (ValidationSettings, CurateSettings, CanaryRunSettings, ValidateStageSettings):
+        field = model.model_fields["verifier_timeout_s"]
+        assert field.default == 180.0, model
+    for model in (ValidationSettings, CurateSettings, CanaryRunSettings, ValidateStageSettings, RescoreSettings,
+                  RescoreParams, HarborTaskLimits):  # RescoreSettings: what ran; RescoreParams: None, the job's; Harbor: 600
+        with pytest.raises(pydantic.ValidationError) as info:
+            model(verifier_timeout_s=0)
+        assert ("verifier_timeout_s",) in [e["loc"] for e in info.value.errors() if e["type"] == "greater_than"]

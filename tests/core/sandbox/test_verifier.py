@@ -344,11 +344,11 @@ def test_task_tests_pickle_for_a_ray_node_and_refuse_unknown_fields() -> None:
 
     from forgeflow.sandbox.verifier import TaskTests
 
-    tests = TaskTests(image_ref="img", test_command="pytest", fail_to_pass=["t::f2p"], pass_to_pass=["t::p2p"],
-                      log_parser=None)
+    tests = TaskTests(instance_id="i", image_ref="img", test_command="pytest", FAIL_TO_PASS=["t::f2p"],
+                      PASS_TO_PASS=["t::p2p"], log_parser=None)
     assert pickle.loads(pickle.dumps(tests)) == tests
     with pytest.raises(ValidationError):
-        TaskTests(image_ref="img", test_command="pytest", timeout_s=5)
+        TaskTests(instance_id="i", image_ref="img", test_command="pytest", timeout_s=5)
 
 
 def test_verify_submission_grades_the_task_tests_it_is_given(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -363,7 +363,8 @@ def test_verify_submission_grades_the_task_tests_it_is_given(monkeypatch: pytest
 
     script = Script([{"t::f2p": "PASSED", "t::p2p": "PASSED"}, {"t::f2p": "FAILED", "t::p2p": "PASSED"}])
     monkeypatch.setitem(backends.BACKENDS, "scripted", lambda target: script.factory)
-    tests = TaskTests(image_ref="img", test_command="pytest", fail_to_pass=["t::f2p"], pass_to_pass=["t::p2p"])
+    tests = TaskTests(instance_id="i", image_ref="img", test_command="pytest", FAIL_TO_PASS=["t::f2p"],
+                      PASS_TO_PASS=["t::p2p"])
     fix = "diff --git a/x.py b/x.py\n--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a\n+b\n"
     kwargs = {"timeout_s": 30, "spec": SandboxSpec(), "name": "ff-agent-x", "backend": "scripted"}
     fixed = verify_submission(tests, fix, **kwargs)

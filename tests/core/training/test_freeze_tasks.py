@@ -3,6 +3,7 @@ validation recorded for the verifier (test lists, known tests, pristine duration
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -51,7 +52,7 @@ def test_the_rl_tasks_of_a_freeze_carry_the_stores_validation_and_never_the_patc
     assert [r["instance_id"] for r in rows] == IDS
     first, second, old = (RLTask.model_validate(r) for r in rows)  # what rl-burst trains on, as a JSONL row would be
     assert first.image_ref == "localhost/forgeflow/task:t0" and first.test_command == "python3 -m pytest -rA"
-    assert first.fail_to_pass == tuple(KNOWN[:1]) and first.pass_to_pass == tuple(KNOWN[1:])
+    assert first.FAIL_TO_PASS == KNOWN[:1] and first.PASS_TO_PASS == KNOWN[1:] and first.patch is None
     assert (first.known_tests, first.pristine_duration_s, second.pristine_duration_s) == (KNOWN, 1.5, 2.5)
     assert old.known_tests is None and old.pristine_duration_s is None  # validated before they were recorded
     assert first.task_timeout_s == 3000.0 and "x = 2" not in first.problem_statement  # the patch never leaks
@@ -92,3 +93,14 @@ def test_forgeflow_rl_tasks_writes_the_rows_rl_burst_reads(frozen, tmp_path: Pat
     assert [r["instance_id"] for r in rows] == IDS and rows[0]["known_tests"] == KNOWN
     refused = CliRunner().invoke(app, [*args[:1], "nope", *args[2:]])
     assert refused.exit_code == 2 and "freeze 'nope' is not recorded" in refused.output
+    # --verl: the same rows as verl's parquet (the ppo flow's train_files), each with its verifier spec
+    from datasets import Dataset
+
+    parquet = tmp_path / "train.parquet"
+    done = CliRunner().invoke(app, ["rl-tasks", "rl-unit", "--out", str(parquet), "--generated-path", str(generated),
+                                    "--no-check-images", "--verl"])
+    assert done.exit_code == 0, done.output
+    table = Dataset.from_parquet(str(parquet))
+    assert [r["ground_truth"] for r in table["reward_model"]] == IDS
+    assert [json.loads(e["verifier"])["known_tests"] if "known_tests" in json.loads(e["verifier"]) else None
+            for e in table["extra_info"]] == [KNOWN, KNOWN, None]

@@ -53,17 +53,22 @@ def test_rl_rows_validate_as_tasks(tmp_path: Path) -> None:
 
 def test_an_rl_task_that_would_reward_doing_nothing_is_refused(tmp_path: Path) -> None:
     """A task with no FAIL_TO_PASS test rewards a completion that changes nothing (every remaining test
-    passes): refused, whether the list is empty, missing, or misspelt in SWE-bench's capitals (an unknown
-    field is refused, naming the field it means)."""
+    passes): refused, whether the list is empty, missing, or misspelt (an unknown field is refused, naming the
+    field it means); SWE-bench's capitals and the lower-case spelling both load."""
     only_p2p = {**TASK, "fail_to_pass": [], "pass_to_pass": ["t::b"]}
-    capitals = {k: v for k, v in TASK.items() if k != "fail_to_pass"} | {"FAIL_TO_PASS": ["t::a"],
-                                                                          "pass_to_pass": ["t::b"]}
+    misspelt = {k: v for k, v in TASK.items() if k != "fail_to_pass"} | {"Fail_To_Pass": ["t::a"],
+                                                                         "pass_to_pass": ["t::b"]}
+    capitals = {k: v for k, v in TASK.items() if k not in ("fail_to_pass", "pass_to_pass")} | {
+        "FAIL_TO_PASS": ["t::a"], "PASS_TO_PASS": ["t::b"]}
+    assert read_rl_jsonl(_write(tmp_path / "capitals.jsonl", [json.dumps(capitals)]))[0]["FAIL_TO_PASS"] == ["t::a"]
     for name, row, message in [
             ("empty", only_p2p, r"line 2 is not an RL task: fail_to_pass: Value error, no test: an RL task needs "
                                 r"at least one FAIL_TO_PASS test"),
-            ("capitals", capitals, r"line 2 is not an RL task: fail_to_pass: Field required; "
-                                   r"FAIL_TO_PASS: Extra inputs are not permitted \(the field is fail_to_pass\)"),
-            ("unknown", {**TASK, "timeout": 5}, r"line 2 is not an RL task: timeout: Extra inputs are not permitted$")]:
+            ("misspelt", misspelt, r"line 2 is not an RL task: FAIL_TO_PASS: Field required; "
+                                   r"Fail_To_Pass: Extra inputs are not permitted \(the field is FAIL_TO_PASS\)"),
+            ("unknown", {**TASK, "timeout": 5}, r"line 2 is not an RL task: timeout: Extra inputs are not permitted$"),
+            ("patch", {**TASK, "patch": "diff"}, r"line 2 is not an RL task: patch: Value error, an RL task never "
+                                                 r"carries the bug patch")]:
         path = _write(tmp_path / f"{name}.jsonl", [json.dumps({**TASK, "instance_id": "ok"}), json.dumps(row)])
         with pytest.raises(InputError, match=rf"{name}.jsonl {message}"):
             read_rl_jsonl(path)

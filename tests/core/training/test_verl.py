@@ -76,12 +76,14 @@ def test_bad_settings_are_rejected_naming_the_field(change: dict, field: str) ->
 
 def test_validation_of_a_hand_edited_config_names_the_dotted_key() -> None:
     config = render_ppo_config(settings(**BASE))
-    config["algorithm"]["adv_estimator"] = "grpo"
-    config["trainer"]["n_gpu_per_node"] = 8  # a typo Hydra would reject only on the cluster
+    assert validate_ppo_config(config) is config
+    config["trainer"]["n_gpu_per_node"] = config["trainer"].pop("n_gpus_per_node")  # a typo Hydra would reject
+    del config["algorithm"]["kl_ctrl"]["kl_coef"]  # only on the cluster
     with pytest.raises(InputError) as info:
         validate_ppo_config(config)
-    assert "algorithm.adv_estimator: Input should be 'gae'" in str(info.value)
-    assert "trainer.n_gpu_per_node: Extra inputs are not permitted" in str(info.value)
+    assert "trainer.n_gpu_per_node: not a verl key forgeflow sets" in str(info.value)
+    assert "trainer.n_gpus_per_node: missing" in str(info.value)
+    assert "algorithm.kl_ctrl.kl_coef: missing" in str(info.value)
     with pytest.raises(InputError, match="submission_id"):
         ray_job_spec(settings(**BASE), working_dir="/repo", submission_id="bad id/1")
 
