@@ -242,7 +242,7 @@ def test_a_task_rows_image_reaches_the_model_with_every_request_and_keys_the_tri
     Image.new("RGB", (8, 8), (255, 0, 0)).save(red)
     Image.new("RGB", (8, 8), (0, 0, 255)).save(blue)
     base = calc_task(task_image_ref).model_dump()
-    task = CanaryTask(**base, repo="calc", image_digest="sha256:" + "0" * 64, images=[str(red)])
+    task = CanaryTask(**{**base, "repo": "calc", "image_digest": "sha256:" + "0" * 64, "images": [str(red)]})
     cfg = AgentConfig(step_limit=30, agent_timeout_s=120, memory_mb=512)
     with scripted_endpoint(lambda i: text_answer("cat calc.py")) as (url, bodies):
         record = run_agent_trial(task, url, "scripted", cfg, tmp_path / "red")
@@ -254,6 +254,6 @@ def test_a_task_rows_image_reaches_the_model_with_every_request_and_keys_the_tri
         (image,) = [p for p in parts if p["type"] == "image_url"]
         assert base64.b64decode(image["image_url"]["url"].split(",", 1)[1]) == red.read_bytes()
         assert not any(isinstance(m["content"], list) for m in body["messages"] if m is not first_user)
-    other = CanaryTask(**base, repo="calc", image_digest="sha256:" + "0" * 64, images=[str(blue)])
+    other = CanaryTask(**{**base, "repo": "calc", "image_digest": "sha256:" + "0" * 64, "images": [str(blue)]})
     with scripted_endpoint(lambda i: text_answer("cat calc.py")) as (url, _):
         assert run_agent_trial(other, url, "scripted", cfg, tmp_path / "blue").trial_id != record.trial_id
