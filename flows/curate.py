@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -291,23 +290,15 @@ def _announce_ready(params: CurateParams, store_url: str, name: str, registered:
     return str(event.id) if event else None
 
 
-class RecoverParams(StageParams):
-    """The ``recover`` flow's parameters (the recover deployment's defaults are the model's: a dry run)."""
+class RecoverParams(RecoveryRequest, StageParams):
+    """The ``recover`` flow's parameters: the recovery request itself (its fields and checks, so a bad selection is
+    refused naming the field before the run starts) and how to run it (the recover deployment's defaults are the
+    model's: a dry run)."""
 
-    reason: str = Field(min_length=1, description="why the trials are voided (recorded in the audit)")
-    batch_ids: list[str] | None = Field(None, description="void the trials of these batches an infrastructure "
-                                        "fault broke")
-    trial_ids: list[str] | None = Field(None, description="void these trials")
-    exception_type: str | None = Field(None, description="void the trials that ended in this exception type "
-                                       "(e.g. SandboxError) between since and until; both required")
-    since: datetime | None = Field(None, description="start of the exception_type window (timezone-aware)")
-    until: datetime | None = Field(None, description="end of the exception_type window (timezone-aware)")
     dry_run: bool = Field(True, description="only list what would be voided and requeued; False: back up, void, "
                                             "requeue and audit")
     backup_dir: Path | None = Field(None, description="folder for the backup of the affected rows (JSON + "
                                                       ".sha256); None: $FORGEFLOW_HOME/recovery")
-    include_rejections: bool = Field(False, description="also void and requeue the rejections the fault caused "
-                                                        "(only with batch_ids / trial_ids)")
 
 
 @flow(name="recover", log_prints=True)
@@ -326,18 +317,9 @@ def recover(params: RecoverParams) -> RecoverResult:
         InputError: a bad selection, unknown ids.
         CountMismatchError: the store changed under the recovery (rolled back).
     """
-    from pydantic import ValidationError
-
     logger = get_run_logger()
     dry_run, backup_dir = params.dry_run, params.backup_dir
-    try:
-        request = RecoveryRequest(batch_ids=params.batch_ids or [], trial_ids=params.trial_ids or [],
-                                  exception_type=params.exception_type, since=params.since, until=params.until,
-                                  reason=params.reason, include_rejections=params.include_rejections)
-    except ValidationError as exc:
-        problems = "; ".join(f"{'params.' + '.'.join(map(str, e['loc'])) + ': ' if e['loc'] else ''}"
-                             f"{e['msg'].removeprefix('Value error, ')}" for e in exc.errors())
-        raise InputError(f"recover: {problems}") from None
+    request = RecoveryRequest(**params.model_dump(include=set(RecoveryRequest.model_fields)))  # what it digests
     store_url = store_settings.store_url()
     plan = curate_tasks.plan_trial_recovery(store_url, request)
     text = render_plan(plan)

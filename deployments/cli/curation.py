@@ -128,10 +128,7 @@ def recover(
     from flows.curate import recover as recover_flow  # noqa: PLC0415
 
     try:
-        out = recover_flow(RecoverParams(
-            reason=request.reason, batch_ids=request.batch_ids, trial_ids=request.trial_ids,
-            exception_type=request.exception_type, since=request.since, until=request.until, dry_run=False,
-            backup_dir=backup_dir, include_rejections=request.include_rejections))
+        out = recover_flow(RecoverParams(**request.model_dump(), dry_run=False, backup_dir=backup_dir))
     except ForgeflowError as exc:
         fail(exc)
     if as_json:
