@@ -15,7 +15,6 @@ from forgeflow.curation.generated import GENERATED_FILE
 from forgeflow.evaluation.compare import JobReport, job_exclusions
 from forgeflow.evaluation.rescore import RescoreRequest
 from forgeflow.evaluation.rescore_report import RescoreResult, change_rows, render_rescore_report
-from forgeflow.sandbox.limits import VerifierTimeoutS
 from tasks import evaluation as evaluation_tasks
 from tasks import rescore as rescore_tasks
 from tasks.common import record_rows, table_artifact, upgrade_store
@@ -24,17 +23,10 @@ REPORT_ARTIFACT_KEY = "rescore-report"
 VERDICTS_ARTIFACT_KEY = "rescore-verdicts"
 
 
-class RescoreParams(StageParams):
-    """The ``rescore`` flow's parameters."""
+class RescoreParams(RescoreRequest, StageParams):
+    """The ``rescore`` flow's parameters: the re-score request itself, and how to run it."""
 
-    job_id: str = Field(min_length=1, description="the canary job to re-score (forgeflow trials lists the jobs)")
-    rescore_job_id: str | None = Field(None, min_length=1, max_length=512, description="the new job's id; None: "
-                                       "<job_id>-rescore-<digest of the standing trials and the verifier source>")
-    verifier_timeout_s: VerifierTimeoutS | None = Field(None, description="limit of one test run, seconds; None: "
-                                                        "the job's recorded one")
     concurrency: int = Field(1, ge=1, le=10, description="verifier sandboxes at once (1 to 10)")
-    generated_path: Path | None = Field(None, description="the task-rows file; None: the job's recorded source, "
-                                                          "else $FORGEFLOW_HOME/demo/candidates.jsonl")
     out_dir: Path | None = Field(None, description="folder for <rescore job id>/report.md and summary.json; None: "
                                                    "$FORGEFLOW_HOME/canary")
 
@@ -59,9 +51,7 @@ def rescore(params: RescoreParams) -> RescoreResult:
     apply_container_env()
     store_url = settings.store_url()
     upgrade_store(store_url)
-    plan = rescore_tasks.plan_rescore(RescoreRequest(
-        job_id=params.job_id, rescore_job_id=params.rescore_job_id, verifier_timeout_s=params.verifier_timeout_s,
-        generated_path=params.generated_path, default_generated=home_dir() / "demo" / GENERATED_FILE))
+    plan = rescore_tasks.plan_rescore(params, home_dir() / "demo" / GENERATED_FILE)
     run_id = str(flow_run.get_id() or "")
     new_id = plan.rescore_job_id
     job_dir = Path(params.out_dir or home_dir() / "canary") / new_id

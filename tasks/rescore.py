@@ -3,6 +3,8 @@ files, and one standing trial re-verified in a fresh sandbox (:mod:`forgeflow.ev
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
@@ -12,11 +14,11 @@ from tasks.common import shared_store
 
 
 @task(cache_policy=NO_CACHE, task_run_name="plan-rescore-{request.job_id}")
-def plan_rescore(request: rescore.RescoreRequest) -> rescore.RescorePlan:
+def plan_rescore(request: rescore.RescoreRequest, default_generated: Path) -> rescore.RescorePlan:
     """:func:`forgeflow.evaluation.rescore.plan_rescore` on the store (``settings.store_url()``); reads only, not cached
     (the job may have gained recovery jobs). Raises InputError, PreflightError: an unknown job (its jobs listed); a task
     that cannot be re-verified."""
-    return rescore.plan_rescore(shared_store(settings.store_url()), request)
+    return rescore.plan_rescore(shared_store(settings.store_url()), request, default_generated)
 
 
 @task(cache_policy=NO_CACHE, task_run_name="rescore-{item.original.instance_id}")

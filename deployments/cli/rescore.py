@@ -75,9 +75,10 @@ def rescore(
         try:
             check_rescorable(store, job)
             if dry_run:
-                plan = plan_rescore(store, RescoreRequest(
-                    job_id=job, rescore_job_id=rescore_job_id, verifier_timeout_s=verifier_timeout_s,
-                    generated_path=generated_path, default_generated=home_dir() / "demo" / GENERATED_FILE))
+                plan = plan_rescore(store, RescoreRequest(job_id=job, rescore_job_id=rescore_job_id,
+                                                          verifier_timeout_s=verifier_timeout_s,
+                                                          generated_path=generated_path),
+                                    home_dir() / "demo" / GENERATED_FILE)
         except ForgeflowError as exc:
             fail(exc)
         finally:

@@ -238,23 +238,17 @@ def plan_item(store: Any, trial: records.TrialRecord, dirs: dict[str, Path]) -> 
 
 
 class RescoreRequest(BaseModel):
-    """What :func:`plan_rescore` is asked (the ``rescore`` flow's parameters, minus where the report goes).
-
-    Attributes:
-        job_id: the canary job (or an earlier re-score) to re-score.
-        rescore_job_id: the new job's id; None: :func:`rescore_job_id`.
-        verifier_timeout_s: limit of one test run, seconds; None: the job's recorded one (180 s when none).
-        generated_path: the task-rows file; None: the job's recorded source, else the demo's candidates file.
-        default_generated: the demo's candidates file (``$FORGEFLOW_HOME/demo/candidates.jsonl``).
-    """
+    """What :func:`plan_rescore` is asked (the ``rescore`` flow's parameters are this request)."""
 
     model_config = ConfigDict(frozen=True)
 
-    job_id: str = Field(min_length=1)
-    rescore_job_id: str | None = Field(default=None, min_length=1, max_length=512)
-    verifier_timeout_s: VerifierTimeoutS | None = None
-    generated_path: Path | None = None
-    default_generated: Path
+    job_id: str = Field(min_length=1, description="the canary job to re-score (forgeflow trials lists the jobs)")
+    rescore_job_id: str | None = Field(default=None, min_length=1, max_length=512, description="the new job's id; "
+                                       "None: <job_id>-rescore-<digest of the standing trials and the verifier source>")
+    verifier_timeout_s: VerifierTimeoutS | None = Field(default=None, description="limit of one test run, seconds; "
+                                                        "None: the job's recorded one (180 s when none)")
+    generated_path: Path | None = Field(default=None, description="the task-rows file; None: the job's recorded "
+                                        "source, else $FORGEFLOW_HOME/demo/candidates.jsonl")
 
 
 def _rows_params(job: records.JobRecord, generated_path: Path | None) -> dict[str, Any]:
@@ -289,8 +283,9 @@ def _tests(store: Any, items: list[RescoreItem], rows: dict[str, Any], default_g
             for i in items]
 
 
-def plan_rescore(store: Any, request: RescoreRequest) -> RescorePlan:
-    """Everything a re-score of ``request.job_id`` does, read before any sandbox starts (reads only).
+def plan_rescore(store: Any, request: RescoreRequest, default_generated: Path) -> RescorePlan:
+    """Everything a re-score of ``request.job_id`` does, read before any sandbox starts (reads only);
+    ``default_generated``: the task-rows file when neither the request nor the job names one (the demo's).
 
     Raises:
         InputError: the job is unknown, a recovery job, of another kind or without agent trials; the re-score
@@ -315,7 +310,7 @@ def plan_rescore(store: Any, request: RescoreRequest) -> RescorePlan:
                                screen_policy=getattr(config, "screen_policy", None), backend=config.verifier_backend)
     rows = _rows_params(job, request.generated_path)
     return RescorePlan(original=job, merged_label=view.label, rescore_job_id=new_id, verifier_sha256=digest,
-                       settings=settings, items=_tests(store, items, rows, request.default_generated),
+                       settings=settings, items=_tests(store, items, rows, default_generated),
                        rows_params=rows)
 
 
