@@ -95,10 +95,6 @@ def first_run(mini_config):
     return json.loads((mini_config.output_dir / "summary.json").read_text())
 
 
-@pytest.fixture(scope="module")
-def team_run(mini_config, first_run):
-    return mini_config, first_run
-
 
 def test_every_stage_completes_with_real_counts(first_run, mini_config):
     stages = first_run["stages"]
@@ -241,8 +237,8 @@ def test_store_holds_one_row_per_natural_key(first_run):
     assert chain[-1][0] == first_run["artifacts"]["candidate-Q8_0"]["sha256"]
 
 
-def test_every_stage_runs_on_the_teams_registries_and_no_embedded_one_starts(team_run) -> None:
-    config, summary = team_run
+def test_every_stage_runs_on_the_teams_registries_and_no_embedded_one_starts(mini_config, first_run) -> None:
+    config, summary = mini_config, first_run
     stages = summary["stages"]
     assert all(s["status"] in ("completed", "cached") for s in stages.values()), stages
     assert stages["migrate"]["counts"]["completed"] == 2 and stages["validate"]["counts"]["accepted"] >= 2
@@ -259,12 +255,12 @@ def test_every_stage_runs_on_the_teams_registries_and_no_embedded_one_starts(tea
     assert accepted and all(t.image_ref.startswith(f"127.0.0.1:{TARGET_PORT}/{NAMESPACE}/task-") for t in accepted)
 
 
-def test_every_model_descends_from_the_teams_checkpoint_folder(team_run) -> None:
+def test_every_model_descends_from_the_teams_checkpoint_folder(mini_config, first_run) -> None:
     """The base-model stage used the folder in place (nothing copied into the run), and the served baseline
     GGUF, the adapter and the candidate GGUF all trace back to it in the ledger."""
     from forgeflow.packaging.lineage import lineage_of
 
-    config, summary = team_run
+    config, summary = mini_config, first_run
     folder = config.base_model.local_dir
     assert summary["stages"]["base_model"]["counts"]["source"] == "local"
     assert summary["stages"]["base_model"]["digests"]["hf"] == sha256_tree(folder)
@@ -279,8 +275,9 @@ def test_every_model_descends_from_the_teams_checkpoint_folder(team_run) -> None
     assert "adapter" in [step.kind for step in candidate]
 
 
-def test_the_images_need_the_blocks_credentials_and_the_password_is_nowhere_else(team_run, tmp_path: Path) -> None:
-    config, summary = team_run
+def test_the_images_need_the_blocks_credentials_and_the_password_is_nowhere_else(mini_config, first_run,
+                                                                                 tmp_path: Path) -> None:
+    config = mini_config  # first_run: after the run
     task_ref = next(image.ref for image in Store().images() if image.role == "task")
     refused = _anonymous_inspect(task_ref, tmp_path)
     assert refused.returncode != 0 and ("unauthorized" in refused.stderr.lower() or "401" in refused.stderr)
