@@ -58,14 +58,13 @@ from forgeflow.curation.freeze import (
     check_freeze_inputs,
 )
 from forgeflow.curation.task_rows import TaskSource
-from forgeflow.evaluation.canary_params import CanaryEndpoint, CanaryRunSettings
+from forgeflow.evaluation.canary_params import CanaryEndpoint
 from forgeflow.ledger import records
 from forgeflow.packaging.mmproj import MMPROJ_KEY
 from forgeflow.registry import migration as migrate
 from forgeflow.registry import projects
 from forgeflow.serving import bluegreen
 from forgeflow.serving.backend import BackendConfig
-from forgeflow.training.burst import BurstConfig
 from tasks import curation
 from tasks import packaging as packaging_tasks
 from tasks import registry as registry_tasks
@@ -405,11 +404,8 @@ def _burst(run: _Run, base_model: Any, train: list[generated.GeneratedTask], env
     with run.log.stage("burst") as st:
         sft_samples = training_tasks.oracle_samples([(t, envs[t.repo].checkout, t.FAIL_TO_PASS) for t in train])
         samples_jsonl = training_tasks.write_sft_jsonl(sft_samples, out_dir / "samples" / "oracle-sft.jsonl")
-        burst = config.burst
-        adapter = sft_burst_flow(SFTBurstParams(
-            hf_dir=base_model.path, samples_jsonl=samples_jsonl, out_dir=out_dir / "models",
-            training=BurstConfig(max_steps=burst.max_steps, learning_rate=burst.learning_rate, lora_r=burst.lora_r,
-                                 max_length=burst.max_length, seed=config.seed)))
+        adapter = sft_burst_flow(SFTBurstParams(hf_dir=base_model.path, samples_jsonl=samples_jsonl,
+                                                out_dir=out_dir / "models", training=config.burst))
         st["counts"] = {"samples": len(sft_samples), "steps": adapter.steps}
         st["digests"] = {"adapter": adapter.adapter_sha256, "dataset": adapter.dataset_sha256}
         st["paths"] = {"adapter": str(adapter.adapter_path), "samples": str(samples_jsonl)}
@@ -486,8 +482,7 @@ def _canary(run: _Run, stage: str, base_url: str, model_sha256: str) -> str:
             freeze_name=config.freeze.name, split="test",
             endpoint=CanaryEndpoint(state_path=run.state_path, base_url=base_url, model_sha256=model_sha256,
                                     model_alias=MODEL_ALIAS),
-            run=CanaryRunSettings(concurrency=config.canary.concurrency, agent_config=config.canary.agent_config(
-                config.seed), verifier_timeout_s=config.validation.verifier_timeout_s),
+            run=config.canary,
             source=TaskSource(generated_path=run.out_dir / generated.GENERATED_FILE, images="registry"),
             job_id=f"{stage}-{model_sha256[:12]}", out_dir=run.out_dir / "canary"))
         report = result.report

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from forgeflow.curation.freeze import SplitQuotas, feasibility_text, quota_feasibility
 from forgeflow.evaluation.agent_config import AgentConfig
+from forgeflow.evaluation.canary_params import CanaryRunSettings
 from forgeflow.evaluation.compare.gate import GatePolicy
 from forgeflow.packaging.checkpoint import BaseModelSource
 from forgeflow.packaging.gguf_metadata import MetadataEdit
@@ -21,6 +22,7 @@ from forgeflow.registry.layout import ShardLayout
 from forgeflow.registry.migration import TransferLimits
 from forgeflow.sandbox.limits import DEFAULT_VERIFIER_TIMEOUT_S, SandboxLimits, VerifierTimeoutS
 from forgeflow.sandbox.trial import ValidationChecks
+from forgeflow.training.burst import BurstConfig
 
 DEMO_PROJECTS = ("boltons", "cachetools", "inflection", "six", "tabulate", "toolz")
 
@@ -150,31 +152,28 @@ class FreezeSettings(BaseModel):
         return value
 
 
-class CanarySettings(BaseModel):
-    """The agent runs of the two canaries (baseline and candidate on the frozen test split)."""
+DEMO_BURST: dict[str, Any] = {"max_steps": 4, "max_length": 4096}
+"""The lifecycle's SFT burst values where its ``burst`` leaves them out: 4 optimizer steps and 4,096 tokens per sample
+(an Oracle sample of the demo's tasks is longer than :class:`~forgeflow.training.burst.BurstConfig`'s 2,048, and a
+longer sample is refused); every other value is BurstConfig's own."""
 
-    model_config = _GROUP
-
-    step_limit: int = Field(3, ge=1, le=1000, description="mini-swe-agent steps per canary trial")
-    max_tokens: int = Field(96, ge=1, le=32768, description="completion tokens per model call")
-    agent_timeout_s: float = Field(300.0, gt=0, description="wall-clock budget of one agent run, seconds")
-    concurrency: int = Field(1, ge=1, le=4, description="agent trials at once (at most 4)")
-
-    def agent_config(self, seed: int) -> AgentConfig:
-        """The AgentConfig of each canary trial (sampling ``seed``: the run's; the rest defaults)."""
-        return AgentConfig(step_limit=self.step_limit, max_tokens=self.max_tokens,
-                           agent_timeout_s=self.agent_timeout_s, seed=seed)
+DEMO_AGENT: dict[str, Any] = {"step_limit": 3, "max_tokens": 96, "agent_timeout_s": 300.0}
+"""The lifecycle's canary agent values where its ``canary.agent_config`` leaves them out: a few short steps on this
+machine's CPU; every other value is :class:`~forgeflow.evaluation.agent_config.AgentConfig`'s own."""
 
 
-class BurstSettings(BaseModel):
-    """The SFT burst on the train split's Oracle solutions (the ``sft-burst`` flow's ``params.training``)."""
+def _given(value: Any) -> Any:
+    """The fields a caller set: a model's set fields as a dict, a dict as is (anything else is left for pydantic
+    to refuse by name)."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(exclude_unset=True)
+    return {} if value is None else value
 
-    model_config = _GROUP
 
-    max_steps: int = Field(4, ge=1, description="optimizer steps of the SFT burst")
-    learning_rate: float = Field(1e-3, gt=0, description="LoRA learning rate")
-    lora_r: int = Field(8, ge=1, le=256, description="LoRA rank")
-    max_length: int = Field(4096, ge=64, description="tokens per SFT sample (mini-swe-agent prompts are long)")
+def _over(defaults: dict[str, Any], value: Any, **fixed: Any) -> Any:
+    """``defaults``, then what ``value`` sets, then ``fixed``; a ``value`` that is no dict or model: as is."""
+    given = _given(value)
+    return {**defaults, **given, **fixed} if isinstance(given, dict) else given
 
 
 class PackageSettings(BaseModel):
@@ -241,7 +240,8 @@ class LifecycleConfig(BaseModel):
 
     projects: tuple[str, ...] = Field(DEMO_PROJECTS, description="pinned projects (forgeflow/data/projects.json)")
     candidates_per_project: int = Field(5, ge=1, le=200, description="SWE-smith candidates kept per project")
-    seed: int = Field(0, description="seed for candidate choice, splits, sampling and training")
+    seed: int = Field(0, ge=0, description="seed for candidate choice, splits, sampling and training (it is "
+                      "burst.seed and canary.agent_config.seed)")
     output_dir: Path = Field(Path(".forgeflow/demo"), description="where results and summary.json go")
     base_model: BaseModelSource = Field(BaseModelSource(), description="the base checkpoint: empty = the demo's "
                                         "tiny model; local_dir = a checkpoint folder; repo_id + revision = an HF Hub "
@@ -253,8 +253,11 @@ class LifecycleConfig(BaseModel):
     validation: ValidateStageSettings = Field(ValidateStageSettings(), description="NOP/Oracle trials: at once, "
                                               "verifier timeout, container memory, evidence checks")
     freeze: FreezeSettings = Field(FreezeSettings(), description="name and split quotas of the frozen dataset")
-    canary: CanarySettings = Field(CanarySettings(), description="agent limits and concurrency of the canaries")
-    burst: BurstSettings = Field(BurstSettings(), description="SFT burst hyperparameters")
+    canary: CanaryRunSettings = Field(CanaryRunSettings(agent_config=AgentConfig(**DEMO_AGENT)),
+                                      description="the canary flow's params.run: agent trials at once, the agent's "
+                                      "limits (agent_config), verifier timeout, sample; agent_config.seed is seed")
+    burst: BurstConfig = Field(BurstConfig(**DEMO_BURST), description="the sft-burst flow's params.training (steps, "
+                               "learning rate, LoRA, tokens per sample, batch, health gates, device); its seed is seed")
     package: PackageSettings = Field(PackageSettings(), description="GGUF quantizations and metadata edits")
     promotion: GatePolicy = Field(GatePolicy(), description="promotion gate: largest tolerated drop, significance "
                                   "level, fewest pairs and repositories, largest cost ratios candidate / baseline")
@@ -285,6 +288,20 @@ class LifecycleConfig(BaseModel):
                   "train_min": quotas.train, "validation_min": quotas.validation, "test_min": quotas.test,
                   "max_tasks_per_repo": quotas.max_per_repo, "min_repos": quotas.min_repos}
         return inputs
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stage_values(cls, data: Any) -> Any:
+        """``burst`` and ``canary.agent_config``: :data:`DEMO_BURST` / :data:`DEMO_AGENT` where the input leaves a
+        value out, and the run's ``seed`` always (Prefect's run form sends every nested default, so the run's seed
+        cannot be told apart from a nested one left at 0: the run's wins)."""
+        if not isinstance(data, dict):
+            return data
+        seed = data.get("seed", 0)
+        canary = _given(data.get("canary"))
+        if isinstance(canary, dict):
+            canary = {**canary, "agent_config": _over(DEMO_AGENT, canary.get("agent_config"), seed=seed)}
+        return {**data, "burst": _over(DEMO_BURST, data.get("burst"), seed=seed), "canary": canary}
 
     @field_validator("projects")
     @classmethod

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from forgeflow.evaluation.agent_config import AgentConfig
 from forgeflow.sandbox.limits import DEFAULT_VERIFIER_TIMEOUT_S, VerifierTimeoutS
@@ -44,10 +44,10 @@ class CanaryRunSettings(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    concurrency: int = Field(default=1, ge=1, description="Agent trials at once; refused above the "
-                             "profile's limit.")
     profile: str = Field(default="default", min_length=1, description="Concurrency profile: 'default' (up "
                          "to 4 at once) or 'verified' (up to 10).")
+    concurrency: int = Field(default=1, ge=1, description="Agent trials at once; refused above the "
+                             "profile's limit.")
     agent_config: AgentConfig = Field(default_factory=AgentConfig, description="mini-swe-agent's limits and "
                                       "sampling (steps, tokens, timeout, temperature...).")
     verifier_timeout_s: VerifierTimeoutS = DEFAULT_VERIFIER_TIMEOUT_S
@@ -55,3 +55,10 @@ class CanaryRunSettings(BaseModel):
                                "drawn with sample_seed; None: the whole split.")
     sample_seed: int = Field(default=0, ge=0, description="The sample's seed (same split, sample and seed: "
                              "the same tasks).")
+
+    @field_validator("concurrency")
+    @classmethod
+    def _fits_the_profile(cls, value: int, info: ValidationInfo) -> int:
+        from forgeflow.evaluation.canary import check_concurrency  # noqa: PLC0415 (canary's core imports the store)
+
+        return check_concurrency(value, info.data.get("profile", "default"))  # InputError is a ValueError

@@ -8,7 +8,9 @@ import pydantic
 import pytest
 
 from forgeflow.config import DEMO_PROJECTS, LifecycleConfig
+from forgeflow.evaluation.canary_params import CanaryRunSettings
 from forgeflow.registry.projects import load_projects
+from forgeflow.training.burst import BurstConfig
 
 
 def _refusal(**kwargs) -> tuple[str, str]:
@@ -58,6 +60,9 @@ def test_unknown_project_is_refused_listing_the_pinned_ones():
     ({"validation": {"memory_mb": 8}}, "validation.memory_mb", "greater than or equal to 16"),  # SandboxLimits
     ({"promotion": {"max_drop": 1.5}}, "promotion.max_drop", "less than or equal to 1"),
     ({"burst": {"lora_r": 512}}, "burst.lora_r", "less than or equal to 256"),
+    ({"burst": {"max_length": 8}}, "burst.max_length", "greater than or equal to 16"),
+    ({"canary": {"agent_config": {"step_limit": 0}}}, "canary.agent_config.step_limit", "greater than or equal to 1"),
+    ({"canary": "fast"}, "canary", "valid dictionary or instance of CanaryRunSettings"),
     ({"registries": {"transfer": {"max_size_bytes": -1}}}, "registries.transfer.max_size_bytes", "greater than"),
     ({"freeze": {"quotas": {"train": 0, "validation": 1, "test": 2, "max_per_repo": 4}}}, "freeze.quotas",
      "quotas.train must be at least 1 (the burst trains on it), got 0"),
@@ -88,6 +93,7 @@ def test_a_registry_block_frees_the_embedded_registrys_port() -> None:
     ({"registries": {"max_image_size_bytes": 1}}, "registries.max_image_size_bytes"),
     ({"prewarm": {"prewarm_concurrency": 1}}, "prewarm.prewarm_concurrency"),
     ({"canary": {"agent_step_limit": 1}}, "canary.agent_step_limit"),
+    ({"canary": {"step_limit": 1}}, "canary.step_limit"),  # the agent's knobs live in canary.agent_config
     ({"burst": {"burst_max_steps": 1}}, "burst.burst_max_steps"),
     ({"package": {"quantization": "Q8_0"}}, "package.quantization"),
     ({"promotion": {"min_pair": 3}}, "promotion.min_pair"),
@@ -129,15 +135,32 @@ def test_what_the_stages_pass_to_their_tasks_is_unchanged_for_the_demo_defaults(
                                               max_wall_s_ratio=1.5, max_input_tokens_ratio=1.25,
                                               max_agent_steps_ratio=1.25)),
         "layout": (config.prewarm.layout(), ShardLayout(shards=8, lanes=2, tag_cap=100)),
-        "agent": (config.canary.agent_config(config.seed),
-                  AgentConfig(step_limit=3, max_tokens=96, agent_timeout_s=300.0, seed=0)),
+        "canary run": (config.canary, CanaryRunSettings(concurrency=1, agent_config=AgentConfig(
+            step_limit=3, max_tokens=96, agent_timeout_s=300.0, seed=0), verifier_timeout_s=180.0)),
+        "burst": (config.burst, BurstConfig(max_steps=4, learning_rate=1e-3, lora_r=8, max_length=4096, seed=0)),
         "transfer": (config.registries.transfer, TransferLimits(max_size_bytes=2_000_000_000)),
         "checks": (config.validation.checks, ValidationChecks()),
     }
     for name, (now, flat) in made.items():
         assert type(now) is type(flat), name
         assert now.model_dump(mode="json") == flat.model_dump(mode="json"), name
-    assert config.canary.agent_config(7).seed == 7
+
+
+def test_the_stage_groups_are_the_stage_flows_models_with_the_demos_values_and_the_runs_seed() -> None:
+    """``burst`` is the sft-burst flow's ``params.training`` and ``canary`` the canary flow's ``params.run``, so a
+    knob has one name from the lifecycle's form to the trainer; what the input leaves out is the demo's value, and
+    the run's seed is theirs (the form sends every nested default, so a nested 0 cannot mean "mine")."""
+    config = LifecycleConfig(seed=7, burst={"lora_r": 16, "seed": 0, "batch_size": 2},
+                             canary={"concurrency": 2, "sample": 3, "agent_config": {"step_limit": 2, "seed": 0}})
+    assert type(config.burst) is BurstConfig and type(config.canary) is CanaryRunSettings
+    assert (config.burst.lora_r, config.burst.lora_alpha, config.burst.batch_size) == (16, 32, 2)
+    assert (config.burst.max_steps, config.burst.max_length, config.burst.seed) == (4, 4096, 7)  # demo's, run's
+    agent = config.canary.agent_config
+    assert (agent.step_limit, agent.max_tokens, agent.agent_timeout_s, agent.seed) == (2, 96, 300.0, 7)
+    assert (config.canary.concurrency, config.canary.sample) == (2, 3)
+    # a model instance passes too, its set fields over the demo's values
+    assert LifecycleConfig(burst=BurstConfig(max_steps=1)).burst.max_length == 4096
+    assert LifecycleConfig(seed=3).model_dump() == LifecycleConfig(**LifecycleConfig(seed=3).model_dump()).model_dump()
 
 
 def test_freeze_inputs_keep_the_flat_keys_and_values_recorded_before_the_groups() -> None:

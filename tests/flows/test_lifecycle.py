@@ -79,7 +79,7 @@ def mini_config(prefect_harness, tmp_path_factory):
             prewarm={"shards": 4, "lanes": 2}, validation={"concurrency": 2},
             freeze={"name": "mini-v1",
                     "quotas": {"train": 1, "validation": 0, "test": 1, "max_per_repo": 2, "min_repos": 2}},
-            canary={"step_limit": 2, "max_tokens": 48}, burst={"max_steps": 2}, package={"quantizations": ("Q8_0",)},
+            canary={"agent_config": {"step_limit": 2, "max_tokens": 48}}, burst={"max_steps": 2}, package={"quantizations": ("Q8_0",)},
             serving={"ports": (free_port(), free_port())}, base_model={"local_dir": checkpoint})
     finally:
         for server in servers:
