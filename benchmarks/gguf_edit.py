@@ -1,4 +1,4 @@
-"""Benchmark: a header-growing GGUF metadata edit (streaming path) vs ``cp`` of the same file.
+"""Benchmark: a header-growing GGUF metadata edit (a streamed new file) vs ``cp`` of the same file.
 
 ``python -m benchmarks.gguf_edit [--size-gb 2] [--dir /tmp] [--repeats 3]`` writes a synthetic
 GGUF of about ``--size-gb`` GB (gguf-py ``GGUFWriter``; F32 tensors of 256 MiB with random values,
@@ -7,12 +7,13 @@ untimed ``cp``, then ``--repeats`` rounds of, each after an untimed ``sync`` and
 previous output deleted:
 
 * ``cp`` of the file followed by ``sync FILE`` (fsync of the copy): the baseline.
-  :func:`forgeflow.packaging.gguf_edit.set_metadata` fsyncs the new file before its atomic rename, so the
-  fair comparison is a copy that is just as durable; a bare ``cp`` returns while the data is
-  still dirty in the page cache;
+  :func:`forgeflow.packaging.gguf_metadata.apply_metadata_edits` fsyncs the new file before its
+  atomic rename, so the fair comparison is a copy that is just as durable; a bare ``cp`` returns
+  while the data is still dirty in the page cache;
 * bare ``cp`` (coreutils; ext4 copies in the kernel with ``copy_file_range``), for reference;
-* :func:`~forgeflow.packaging.gguf_edit.set_metadata` growing ``general.name`` by 4 KiB (so the data section
-  moves: the streaming path) in a child process, three times: default verification
+* :func:`~forgeflow.packaging.gguf_metadata.apply_metadata_edits` with one ``set`` growing
+  ``general.name`` by 4 KiB (so the data section moves) in a child process,
+  three times: default verification
   (``"sampled"``), ``verify="full"`` (sha256 of every tensor, source and result) and
   ``verify="none"``, in an order rotated each round (round 1 sampled/full/none, round 2
   full/none/sampled, ...), so no mode always runs first after the ``cp`` runs or after the same
@@ -25,7 +26,7 @@ Times are medians over the rounds (seconds). Prints human lines, then as the las
 object: ``file_gb``; ``peak_rss_mb``; ``time_vs_cp`` (default edit / (``cp`` + ``sync FILE``));
 ``time_vs_bare_cp`` (default edit / bare ``cp``); ``time_vs_cp_full_verify`` and
 ``time_vs_cp_unverified`` (those edits / (``cp`` + ``sync FILE``)); the medians ``edit_s``,
-``edit_full_verify_s``, ``edit_unverified_s``, ``edit_op_s`` (``EditResult.duration_s`` of the
+``edit_full_verify_s``, ``edit_unverified_s``, ``edit_op_s`` (``MetadataEditResult.duration_s`` of the
 default edit: no interpreter start), ``cp_s``, ``cp_sync_s``; ``repeats``; ``time_vs_cp_baseline``
 (a reminder of the denominator) and the targets (<= 256 MB, <= 1.2x). The files are deleted at
 the end.
@@ -52,11 +53,11 @@ from benchmarks.options import int_option, number_option
 _TENSOR_BYTES = 256 << 20
 _CHILD = """
 import json, sys
-from forgeflow.packaging.gguf_edit import set_metadata
-r = set_metadata(sys.argv[1], "general.name", "n" * 4096, out_path=sys.argv[2],
-                 verify=sys.argv[3])
+from forgeflow.packaging.gguf_metadata import MetadataEdit, apply_metadata_edits
+r = apply_metadata_edits(sys.argv[1], [MetadataEdit(op="set", key="general.name", value="n" * 4096)],
+                         out_path=sys.argv[2], verify=sys.argv[3])
 hwm = [l for l in open("/proc/self/status") if l.startswith("VmHWM:")][0].split()[1]
-print(json.dumps({"in_place": r.in_place, "duration_s": r.duration_s,
+print(json.dumps({"duration_s": r.duration_s,
                   "verification": r.verification,
                   "tensors_verified": r.tensors_verified, "vm_hwm_kb": int(hwm)}))
 """
@@ -178,7 +179,7 @@ def main(argv: list[str] | None = None) -> dict:
             first = round_no % len(modes)
             for mode in modes[first:] + modes[:first]:
                 wall, report = _run_edit(src, work / f"edited-{mode}.gguf", mode)
-                assert report["verification"] == mode and not report["in_place"], report
+                assert report["verification"] == mode, report
                 runs[mode].append(wall)
                 reports.append(report)
         med = {k: statistics.median(v) for k, v in runs.items()}
@@ -190,7 +191,7 @@ def main(argv: list[str] | None = None) -> dict:
         rusage_mb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
         n_tensors = reports[0]["tensors_verified"]
         print(f"medians of {args.repeats} rounds, seconds of wall time:")
-        print(f"  cp + sync of the copy (the baseline: set_metadata fsyncs before its rename): "
+        print(f"  cp + sync of the copy (the baseline: the edit fsyncs before its rename): "
               f"{med['cp_sync']:.2f} s; bare cp (returns with the copy still dirty in the page "
               f"cache): {med['cp']:.2f} s")
         print(f"  edit, default verification (sampled: header + first/middle/last 4 KiB of "

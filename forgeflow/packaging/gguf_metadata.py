@@ -1,21 +1,20 @@
 """Typed GGUF metadata edits (``set`` / ``add`` / ``delete``), validated before any compute and
-applied to a GGUF in one bounded-memory streaming pass, then verified.
+applied to a GGUF in one bounded-memory pass, then verified: the only GGUF metadata editing API.
 
-The header is rewritten as :mod:`forgeflow.packaging.gguf_edit` streams one edit, for any number of
-edits: untouched entries and tensor infos are copied verbatim (tensor offsets are relative to the data
-section, ggml ``docs/gguf.md``) and the data section is copied in chunks. Peak memory: ``chunk_bytes``
-plus 1 MiB plus the new entries, whatever the file size. A failed check leaves the source untouched.
+The new header is written by :mod:`forgeflow.packaging.gguf_edit` (untouched entries and tensor
+infos copied verbatim, the data section in chunks; peak memory: ``chunk_bytes`` plus 1 MiB plus the
+new entries, whatever the file size) to a temporary sibling of the target, checked by
+:mod:`forgeflow.packaging.gguf_verify`, then renamed over the target: a failed check or a full disk
+leaves the source untouched.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import struct
 import tempfile
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -24,26 +23,27 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from forgeflow.common.errors import GGUFError, InputError
 from forgeflow.common.fsutil import fsync_dir, raise_if_disk_full
 from forgeflow.packaging.gguf_edit import (
-    _check_value,
-    _copy_data,
-    _pack_value,
+    HEAD_BYTES,
+    check_value,
+    new_header_end,
+    pack_entry,
+    stream_edited,
 )
 from forgeflow.packaging.gguf_reader import (
     ARRAY_TYPE,
     DEFAULT_CHUNK_BYTES,
     HeaderIndex,
-    pump,
     read_header_index,
     read_metadata,
-    tensor_sha256,
-    write_all,
+    type_name,
 )
 from forgeflow.packaging.gguf_verify import (
+    Expected,
+    MetadataSnapshot,
     VerifyMode,
     check_verify_mode,
-    roundtrip_f32,
-    sample_digests,
-    sha256_range,
+    snapshot_metadata,
+    verify_metadata_edits,
 )
 
 if TYPE_CHECKING:
@@ -67,7 +67,6 @@ ARCH_KEY_SUFFIXES: tuple[str, ...] = (
 """``<arch>.<suffix>`` keys no edit may delete (the model's hyper-parameters llama.cpp reads)."""
 
 _FIXED_KEYS = ("general.alignment", "general.architecture")
-_HEAD_BYTES = 24  # magic, version, tensor count, key/value count
 
 
 class MetadataEdit(BaseModel):
@@ -111,10 +110,10 @@ class MetadataEditResult(BaseModel):
 
     path: Path
     edits: tuple[AppliedEdit, ...] = Field(description="the edits applied, in the order given")
-    data_offset_before: int = Field(ge=_HEAD_BYTES)
-    data_offset_after: int = Field(ge=_HEAD_BYTES)
-    size_bytes: int = Field(ge=_HEAD_BYTES)
-    verification: VerifyMode = Field(description="sampled, full or none (see gguf_edit)")
+    data_offset_before: int = Field(ge=HEAD_BYTES)
+    data_offset_after: int = Field(ge=HEAD_BYTES)
+    size_bytes: int = Field(ge=HEAD_BYTES)
+    verification: VerifyMode = Field(description="sampled, full or none (see gguf_verify)")
     tensors_verified: int = Field(ge=0, description="tensors whose data was compared")
     duration_s: float = Field(ge=0, description="wall seconds, verification included")
 
@@ -163,10 +162,10 @@ def _resolved_types(edit: MetadataEdit, where: str) -> tuple[int | None, int | N
         raise InputError(f"{where}: sub_type is only for type ARRAY, found type {type_name(vtype)}")
     try:
         if sub is None:
-            _check_value(Path(where), edit.key, vtype, edit.value)
+            check_value(Path(where), edit.key, vtype, edit.value)
         else:
             for item in edit.value:
-                _check_value(Path(where), edit.key, sub, item, what="array element")
+                check_value(Path(where), edit.key, sub, item, what="array element")
     except GGUFError as exc:
         raise InputError(str(exc)) from None
     return vtype, sub
@@ -178,13 +177,6 @@ def _check_plain(value: Any, where: str) -> None:
         if not isinstance(item, (bool, int, float, str)):
             raise InputError(f"{where}: value {value!r:.80} expected an int, float, bool, str or a "
                              "list of them")
-
-
-def type_name(vtype: int) -> str:
-    """The :class:`gguf.GGUFValueType` name of a value type number."""
-    from gguf import GGUFValueType
-
-    return GGUFValueType(vtype).name
 
 
 def _protected(key: str) -> bool:
@@ -250,28 +242,28 @@ def validate_metadata_edits(edits: Sequence[MetadataEdit | dict[str, Any]] | Non
 
 
 # --- applying --------------------------------------------------------------------------------
-def _pack(key: str, vtype: int, sub: int | None, value: Any) -> bytes:
-    raw = key.encode("utf-8")
-    head = struct.pack("<Q", len(raw)) + raw + struct.pack("<I", vtype)
-    if vtype != ARRAY_TYPE:
-        return head + _pack_value(vtype, value)
-    return head + struct.pack("<IQ", sub, len(value)) + b"".join(_pack_value(sub, v) for v in value)
+def _stored_type_check(path: Path, where: str, edit: MetadataEdit, vtype: int, sub: int | None) -> None:
+    """Check a ``set`` value against the key's stored type (``sub``: its element type, for an ARRAY)."""
+    try:
+        if sub is None:
+            check_value(path, edit.key, vtype, edit.value)
+        elif not isinstance(edit.value, (list, tuple)):
+            raise GGUFError(f"{path}: key {edit.key!r} expected an ARRAY of {type_name(sub)}, "
+                            f"found {edit.value!r:.80}")
+        else:
+            for item in edit.value:
+                check_value(path, edit.key, sub, item, what="array element")
+    except GGUFError as exc:
+        raise GGUFError(f"{where}: {exc}") from None
 
 
-class _Plan(BaseModel):
-    """The new header's entries: key -> packed bytes (None: copied verbatim), in order."""
-
-    entries: dict[str, bytes | None]
-    types: dict[str, tuple[str, str | None]]
-    values: dict[str, Any]
-
-
-def _plan(path: Path, index: HeaderIndex, edits: Sequence[MetadataEdit]) -> _Plan:
+def _plan(path: Path, index: HeaderIndex, edits: Sequence[MetadataEdit]) -> tuple[dict[str, bytes | None], Expected]:
+    """The new header's entries (key -> packed bytes, None: copied verbatim; in the result's order,
+    added keys last) and what each set/add key must hold. Raises GGUFError naming the edit."""
     from gguf import GGUFValueType
 
     entries: dict[str, bytes | None] = {key: None for key in index.fields}
-    types: dict[str, tuple[str, str | None]] = {}
-    values: dict[str, Any] = {}
+    expected: Expected = {}
     for i, edit in enumerate(edits):
         where = f"metadata_edits[{i}] (key {edit.key!r})"
         span = index.fields.get(edit.key)
@@ -287,145 +279,34 @@ def _plan(path: Path, index: HeaderIndex, edits: Sequence[MetadataEdit]) -> _Pla
         if vtype is None:  # a set keeps the stored type
             vtype = int(GGUFValueType[span.value_type])
             sub = int(GGUFValueType[span.sub_type]) if span.sub_type else None
-            try:
-                if sub is None:
-                    _check_value(path, edit.key, vtype, edit.value)
-                elif not isinstance(edit.value, (list, tuple)):
-                    raise GGUFError(f"{path}: key {edit.key!r} expected an ARRAY of {span.sub_type}, "
-                                    f"found {edit.value!r:.80}")
-                else:
-                    for item in edit.value:
-                        _check_value(path, edit.key, sub, item, what="array element")
-            except GGUFError as exc:
-                raise GGUFError(f"{where}: {exc}") from None
-        entries[edit.key] = _pack(edit.key, vtype, sub, edit.value)
-        types[edit.key] = (type_name(vtype), type_name(sub) if sub is not None else None)
-        values[edit.key] = list(edit.value) if isinstance(edit.value, tuple) else edit.value
-    return _Plan(entries=entries, types=types, values=values)
-
-
-def _kv_end(index: HeaderIndex) -> int:
-    return max((s.offset + s.size_bytes for s in index.fields.values()), default=_HEAD_BYTES)
-
-
-class MetadataSnapshot(BaseModel):
-    """What :func:`verify_metadata_edits` compares a result against, taken from the source."""
-
-    model_config = ConfigDict(frozen=True)
-
-    index: HeaderIndex
-    entry_sha256: dict[str, str] = Field(description="key -> sha256 of its whole entry bytes, for the untouched keys")
-    tensor_infos_sha256: str = Field(description="sha256 of the tensor infos (end of the entries to header end)")
-    samples: dict[str, tuple[str, ...]] = Field(description="tensor name -> sha256 of its first/middle/last 4 KiB")
-    tensor_sha256: dict[str, str] | None = Field(None,
-        description="tensor name -> sha256 of its whole data, or None when not taken")
-
-
-def _entry_digests(fd: int, index: HeaderIndex, keys: Sequence[str], chunk_bytes: int) -> dict[str, str]:
-    return {k: sha256_range(fd, index.fields[k].offset, index.fields[k].size_bytes, chunk_bytes, index.path)
-            for k in keys}
-
-
-def _snapshot(path: Path, index: HeaderIndex, untouched: Sequence[str], chunk_bytes: int) -> MetadataSnapshot:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        end = _kv_end(index)
-        return MetadataSnapshot(
-            index=index, entry_sha256=_entry_digests(fd, index, untouched, chunk_bytes),
-            tensor_infos_sha256=sha256_range(fd, end, index.header_end - end, chunk_bytes, path),
-            samples=sample_digests(fd, index, 4096))
-    finally:
-        os.close(fd)
-
-
-def verify_metadata_edits(result_path: Path, before: MetadataSnapshot, keys: Sequence[str],
-                          types: dict[str, tuple[str, str | None]], values: dict[str, Any], *,
-                          full: bool = False, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> HeaderIndex:
-    """Check that ``result_path`` is ``before``'s source with only the edited keys changed.
-
-    Args:
-        types: edited key -> (value type name, element type name or None) it must have.
-        values: edited key -> the value it must hold (FLOAT32 compared after rounding).
-        full: also compare every tensor's sha256 with the source's (the source must be unchanged).
-
-    Returns:
-        The result's header index.
-
-    Raises:
-        GGUFError: the result differs in anything but the edited keys (key set or order, an untouched
-            entry, tensor infos, data length, a data sample or, with ``full``, a tensor's sha256), or an
-            edited key has another type or value.
-    """
-    src = before.index
-    after = read_header_index(result_path)
-
-    def changed(what: str) -> GGUFError:
-        return GGUFError(f"{result_path}: {what} changed by the metadata edits")
-
-    layout = [(t.name, t.ggml_type, t.shape, t.relative_offset, t.size_bytes) for t in src.tensors]
-    if layout != [(t.name, t.ggml_type, t.shape, t.relative_offset, t.size_bytes) for t in after.tensors]:
-        raise changed("tensor infos")
-    if list(after.fields) != list(keys):
-        raise GGUFError(f"{result_path}: keys expected {list(keys)[:8]}..., found {list(after.fields)[:8]}...")
-    if after.version != src.version or after.alignment != src.alignment:
-        raise changed("version/alignment")
-    if after.file_size_bytes - after.data_offset != src.file_size_bytes - src.data_offset:
-        raise changed("data section length")
-    for key, (vtype, sub) in types.items():
-        span = after.fields[key]
-        if (span.value_type, span.sub_type) != (vtype, sub):
-            raise GGUFError(f"{result_path}: key {key!r} expected type {vtype}/{sub}, found "
-                            f"{span.value_type}/{span.sub_type}")
-        expected = values[key]
-        if "FLOAT32" in (vtype, sub):
-            expected = roundtrip_f32(expected)
-        found = read_metadata(result_path, key, after)
-        if found != expected:
-            raise GGUFError(f"{result_path}: key {key!r} expected {expected!r:.200} after the edit, "
-                            f"found {found!r:.200}")
-    pool = ThreadPoolExecutor(max_workers=1) if full else None
-    src_full = pool.submit(tensor_sha256, src.path, src, chunk_bytes) if pool else None
-    try:
-        fd = os.open(result_path, os.O_RDONLY)
-        try:
-            if _entry_digests(fd, after, list(before.entry_sha256), chunk_bytes) != before.entry_sha256:
-                raise changed("an entry the edits do not name")
-            end = _kv_end(after)
-            if sha256_range(fd, end, after.header_end - end, chunk_bytes, result_path) != before.tensor_infos_sha256:
-                raise changed("tensor info bytes")
-            got = sample_digests(fd, after, 4096)
-        finally:
-            os.close(fd)
-        bad = [name for name, digests in before.samples.items() if got.get(name) != digests]
-        if bad:
-            raise changed(f"tensor data samples of {bad[:5]}")
-        if src_full is not None:
-            got_full = tensor_sha256(result_path, after, chunk_bytes)
-            diff = [n for n, d in src_full.result().items() if got_full.get(n) != d]
-            if diff:
-                raise changed(f"tensor data (sha256 of {diff[:5]})")
-    finally:
-        if pool is not None:
-            pool.shutdown()
-    return after
+            _stored_type_check(path, where, edit, vtype, sub)
+        # a set keeps the key's position; an add is appended after the last entry, in order
+        entries[edit.key] = pack_entry(edit.key, vtype, sub, edit.value)
+        value = list(edit.value) if isinstance(edit.value, tuple) else edit.value
+        expected[edit.key] = (type_name(vtype), type_name(sub) if sub is not None else None, value)
+    return entries, expected
 
 
 def apply_metadata_edits(path: Path, edits: Sequence[MetadataEdit | dict[str, Any]],
                          out_path: Path | None = None, *, verify: VerifyMode | bool = "sampled",
                          chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> MetadataEditResult:
-    """Apply ``edits`` to a GGUF in one streaming pass and verify the result.
+    """Apply ``edits`` to a GGUF (one ``MetadataEdit(op="set", ...)`` sets one key) and verify the result:
+    a new file, written next to the target, fsynced, verified and renamed over it.
 
     Args:
-        edits: every edit given is applied (``artifacts`` is ignored here).
+        edits: every edit given is applied, in order (``artifacts`` is ignored here).
         out_path: write the result here (None: replace ``path`` atomically).
-        verify: ``"sampled"``, ``"full"`` or ``"none"``, as in :func:`forgeflow.packaging.gguf_edit.set_metadata`.
+        verify: ``"sampled"``, ``"full"`` or ``"none"`` (see :mod:`forgeflow.packaging.gguf_verify`).
         chunk_bytes: header copy and hash buffer in bytes (>= 4096).
 
     Raises:
         InputError: an edit is invalid, ``edits`` is empty, ``chunk_bytes`` < 4096 or ``verify`` is unknown.
         GGUFError: the file is not a readable GGUF, a set/delete names an absent key, an add a
-            present one, a set value does not fit the stored type, or verification failed.
-        DiskFullError: the destination ran out of space (no partial file is left).
+            present one, a set value does not fit the stored type (key, expected type and what was
+            found named), or verification failed (the source and any file under ``out_path`` are
+            untouched).
+        DiskFullError: the destination ran out of space (no partial file is left; an existing file
+            under ``out_path`` is untouched).
     """
     started = time.perf_counter()
     path = Path(path)
@@ -436,55 +317,17 @@ def apply_metadata_edits(path: Path, edits: Sequence[MetadataEdit | dict[str, An
     if not edits:
         raise InputError("metadata_edits expected at least one edit, found none")
     index = read_header_index(path)
-    plan = _plan(path, index, edits)
+    entries, expected = _plan(path, index, edits)
     old = {e.key: read_metadata(path, e.key, index) for e in edits if e.op != "add"}
-    untouched = [k for k, v in plan.entries.items() if v is None]
-    snapshot = None if mode == "none" else _snapshot(path, index, untouched, chunk_bytes)
-    new_entries = [e for e in edits if e.op == "add"]
-    for e in new_entries:
-        plan.entries[e.key] = plan.entries.pop(e.key)  # appended after the last entry, in order
-
-    kv_end = _kv_end(index)
-    new_header_end = (_HEAD_BYTES + sum(index.fields[k].size_bytes if v is None else len(v)
-                                        for k, v in plan.entries.items()) + index.header_end - kv_end)
-    new_data_offset = -(-new_header_end // index.alignment) * index.alignment
+    new_data_offset = -(-new_header_end(index, entries) // index.alignment) * index.alignment
     dst = (Path(out_path) if out_path is not None else path).resolve()
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp")
-    os.close(fd)
-    tmp = Path(tmp_name)
-    buf = bytearray(chunk_bytes)
-    try:
-        with open(path, "rb", buffering=0) as fin, open(tmp, "wb", buffering=0) as fout:
-            pump(fin, fout, 16, buf, path=path)
-            write_all(fout, struct.pack("<Q", len(plan.entries)))
-            for key, packed in plan.entries.items():
-                if packed is None:
-                    fin.seek(index.fields[key].offset)
-                    pump(fin, fout, index.fields[key].size_bytes, buf, path=path)
-                else:
-                    write_all(fout, packed)
-            fin.seek(kv_end)
-            pump(fin, fout, index.header_end - kv_end, buf, path=path)
-            write_all(fout, b"\0" * (new_data_offset - new_header_end))
-            _copy_data(fin.fileno(), fout.fileno(), index.data_offset, new_data_offset,
-                       index.file_size_bytes - index.data_offset, path)
-            os.fsync(fout.fileno())
-        shutil.copymode(path, tmp)
-        if snapshot is not None:
-            verify_metadata_edits(tmp, snapshot, list(plan.entries), plan.types, plan.values,
-                                  full=mode == "full", chunk_bytes=chunk_bytes)
-        os.replace(tmp, dst)
-        fsync_dir(dst.parent)
-    except OSError as exc:
-        raise_if_disk_full(exc, dst, "writing the edited GGUF")
-        raise
-    finally:
-        tmp.unlink(missing_ok=True)
+    snapshot = None if mode == "none" else snapshot_metadata(
+        path, index, list(entries), expected, chunk_bytes=chunk_bytes)
+    _stream(path, dst, index, entries, new_data_offset, snapshot, mode, chunk_bytes)
     after = read_header_index(dst)
     applied = []
     for e in edits:
-        vtype, sub = plan.types.get(e.key) or (index.fields[e.key].value_type, index.fields[e.key].sub_type)
+        vtype, sub, _ = expected.get(e.key) or (index.fields[e.key].value_type, index.fields[e.key].sub_type, None)
         applied.append(AppliedEdit(op=e.op, key=e.key, value_type=vtype, sub_type=sub,
                                    old_value=old.get(e.key),
                                    new_value=None if e.op == "delete" else read_metadata(dst, e.key, after)))
@@ -494,6 +337,28 @@ def apply_metadata_edits(path: Path, edits: Sequence[MetadataEdit | dict[str, An
         tensors_verified=0 if snapshot is None else len(index.tensors),
         duration_s=time.perf_counter() - started,
     )
+
+
+def _stream(path: Path, dst: Path, index: HeaderIndex, entries: dict[str, bytes | None], new_data_offset: int,
+            snapshot: MetadataSnapshot | None, mode: VerifyMode, chunk_bytes: int) -> None:
+    """Write the edited file to a temporary sibling of ``dst``, fsync it, verify it against
+    ``snapshot`` (when given), rename it onto ``dst``; no temporary file is left on failure."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        stream_edited(path, tmp, index, entries, new_data_offset, chunk_bytes)
+        shutil.copymode(path, tmp)
+        if snapshot is not None:
+            verify_metadata_edits(tmp, snapshot, full=mode == "full", chunk_bytes=chunk_bytes)
+        os.replace(tmp, dst)
+        fsync_dir(dst.parent)
+    except OSError as exc:
+        raise_if_disk_full(exc, dst, "writing the edited GGUF")
+        raise
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def edit_lineage(result: MetadataEditResult, source_sha256: str) -> dict[str, Any]:

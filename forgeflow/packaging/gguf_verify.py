@@ -1,5 +1,13 @@
-"""Verification of a GGUF metadata edit: a snapshot of the source before the edit and the checks of the
-result against it (the modes are described in :mod:`forgeflow.packaging.gguf_edit`).
+"""Verification of GGUF metadata edits: a :class:`MetadataSnapshot` of the source taken before the
+edits and :func:`verify_metadata_edits`, the checks of the result against it.
+
+Modes (``verify`` of :func:`forgeflow.packaging.gguf_metadata.apply_metadata_edits`): ``"sampled"``
+(default; ``True``): key set and order, the edited keys' types and values, every untouched entry's
+bytes, the tensor infos' bytes and the first/middle/last :data:`SAMPLE_BYTES` (4 KiB) of every tensor
+vs the source, milliseconds whatever the size, blind to a corrupted byte inside a tensor. ``"full"``:
+also every tensor's sha256 (``benchmarks/gguf_edit.py``, 2 GB: full 3.84-4.68 s, sampled
+1.18-1.34 s, ``cp`` + ``sync`` 1.55-2.03 s): the result is a new file, so the source, still
+unchanged, is hashed alongside the result. ``"none"`` (``False``): only the values are read back.
 """
 
 from __future__ import annotations
@@ -7,18 +15,19 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow.common.errors import GGUFError, InputError
+from forgeflow.packaging.gguf_edit import kv_end
 from forgeflow.packaging.gguf_reader import (
     DEFAULT_CHUNK_BYTES,
     HeaderIndex,
     TensorSpan,
-    field_span,
     read_header_index,
     read_metadata,
     tensor_sha256,
@@ -28,65 +37,24 @@ SAMPLE_BYTES = 4096
 """Bytes per data sample of the sampled verification (first, middle and last of each tensor)."""
 _VERIFY_MODES = ("sampled", "full", "none")
 VerifyMode = Literal["sampled", "full", "none"]
+Expected = dict[str, tuple[str, str | None, Any]]
+"""Edited key -> (value type name, element type name or None, the value it must hold)."""
 
 
-class EditSnapshot(BaseModel):
-    """What :func:`verify_edit` compares an edited file against, taken from the source before the edit."""
+class MetadataSnapshot(BaseModel):
+    """What :func:`verify_metadata_edits` compares a result against, taken from the source before the edits."""
 
     model_config = ConfigDict(frozen=True)
 
-    index: HeaderIndex
-    key: str = Field(description="the key about to be edited")
+    index: HeaderIndex = Field(description="the source's header index")
+    keys: tuple[str, ...] = Field(description="the result's keys, in order")
+    expected: Expected = Field(
+        description="edited key -> (value type name, element type name or None, value it must hold)")
+    entry_sha256: dict[str, str] = Field(description="untouched key -> sha256 of its whole entry bytes")
+    tensor_infos_sha256: str = Field(description="sha256 of the tensor infos (end of the entries to header end)")
     sample_bytes: int = Field(ge=1, description="bytes per data sample")
-    header_prefix_sha256: str = Field(description="sha256 of the source bytes [0, entry offset)")
-    header_suffix_sha256: str = Field(description="sha256 from the end of the entry to index.header_end")
     samples: dict[str, tuple[str, ...]] = Field(
         description="tensor name -> sha256 of its first, middle and last sample_bytes, in tensor order")
-    tensor_sha256: dict[str, str] | None = Field(None,
-        description="tensor name -> sha256 of its whole data, or None when not taken")
-
-
-def _sample_ranges(t: TensorSpan, sample_bytes: int) -> list[tuple[int, int]]:
-    """(absolute offset, length) of the first, middle and last ``sample_bytes`` of a tensor."""
-    n = t.size_bytes
-    if n <= sample_bytes:
-        return [(t.offset, n)]
-    mid = (n - sample_bytes) // 2
-    return [(t.offset + start, sample_bytes) for start in (0, mid, n - sample_bytes)]
-
-
-def sha256_range(fd: int, offset: int, n: int, chunk_bytes: int, path: Path) -> str:
-    """sha256 (hex) of ``n`` bytes of the open file ``fd`` from ``offset``, read ``chunk_bytes`` at a time.
-
-    Raises:
-        GGUFError: the file ends first (``path`` named).
-    """
-    h = hashlib.sha256()
-    while n > 0:
-        data = os.pread(fd, min(n, chunk_bytes), offset)
-        if not data:
-            raise GGUFError(f"{path}: unexpected end of file at byte {offset} ({n} bytes missing)")
-        h.update(data)
-        offset += len(data)
-        n -= len(data)
-    return h.hexdigest()
-
-
-def _header_digests(fd: int, index: HeaderIndex, key: str, chunk_bytes: int) -> tuple[str, str]:
-    span = field_span(index, key)
-    end = span.offset + span.size_bytes
-    return (sha256_range(fd, 0, span.offset, chunk_bytes, index.path),
-            sha256_range(fd, end, index.header_end - end, chunk_bytes, index.path))
-
-
-def sample_digests(fd: int, index: HeaderIndex, sample_bytes: int) -> dict[str, tuple[str, ...]]:
-    """Tensor name -> sha256 (hex) of its first, middle and last ``sample_bytes`` (one sample for a
-    tensor of at most ``sample_bytes``), in tensor order."""
-    return {
-        t.name: tuple(sha256_range(fd, off, n, sample_bytes, index.path)
-                      for off, n in _sample_ranges(t, sample_bytes))
-        for t in index.tensors
-    }
 
 
 def check_verify_mode(verify: Any) -> VerifyMode:
@@ -106,128 +74,45 @@ def check_verify_mode(verify: Any) -> VerifyMode:
     return verify
 
 
-def snapshot_for_edit(path: Path, key: str, *, full: bool = False,
-                      sample_bytes: int = SAMPLE_BYTES, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                      index: HeaderIndex | None = None) -> EditSnapshot:
-    """Record what :func:`verify_edit` needs from the source of an edit of ``key``.
-
-    Reads the header and ``3 * sample_bytes`` per tensor (milliseconds); ``full`` also hashes every
-    tensor's data (about 1.7 GB/s).
+def sha256_range(fd: int, offset: int, n: int, chunk_bytes: int, path: Path) -> str:
+    """sha256 (hex) of ``n`` bytes of the open file ``fd`` from ``offset``, read ``chunk_bytes`` at a time.
 
     Raises:
-        GGUFError: the file is not a readable GGUF or ``key`` is absent.
-        InputError: ``sample_bytes`` < 1 or ``chunk_bytes`` < 4096.
+        GGUFError: the file ends first (``path`` named).
     """
-    if sample_bytes < 1:
-        raise InputError(f"sample_bytes {sample_bytes} is below 1")
-    if chunk_bytes < 4096:
-        raise InputError(f"chunk_bytes {chunk_bytes} is below 4096")
-    path = Path(path)
-    index = index or read_header_index(path)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        prefix, suffix = _header_digests(fd, index, key, chunk_bytes)
-        samples = sample_digests(fd, index, sample_bytes)
-    finally:
-        os.close(fd)
-    return EditSnapshot(
-        index=index, key=key, sample_bytes=sample_bytes, header_prefix_sha256=prefix,
-        header_suffix_sha256=suffix, samples=samples,
-        tensor_sha256=tensor_sha256(path, index, chunk_bytes) if full else None,
-    )
+    h = hashlib.sha256()
+    while n > 0:
+        data = os.pread(fd, min(n, chunk_bytes), offset)
+        if not data:
+            raise GGUFError(f"{path}: unexpected end of file at byte {offset} ({n} bytes missing)")
+        h.update(data)
+        offset += len(data)
+        n -= len(data)
+    return h.hexdigest()
 
 
-def verify_edit(result_path: Path, before: EditSnapshot, value: Any, *, full: bool = False,
-                chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> tuple[HeaderIndex, Any]:
-    """Check that ``result_path`` is ``before``'s source with only ``before.key`` set to ``value``.
-
-    With ``full`` every tensor's sha256 is compared too, against ``before.tensor_sha256`` or else the
-    source hashed in a second thread (the source must be unchanged). FLOAT32 values compare after rounding.
-
-    Returns:
-        The result's header index and the key's value read back from it.
-
-    Raises:
-        GGUFError: the result is not a readable GGUF, differs from the source in anything but the key,
-            or the key does not hold ``value`` (result, key and difference named).
-        InputError: ``chunk_bytes`` < 4096.
-    """
-    if chunk_bytes < 4096:
-        raise InputError(f"chunk_bytes {chunk_bytes} is below 4096")
-    result_path = Path(result_path)
-    src, key = before.index, before.key
-    after = read_header_index(result_path)
-
-    layout = [(t.name, t.ggml_type, t.shape, t.relative_offset, t.size_bytes) for t in src.tensors]
-    found = [(t.name, t.ggml_type, t.shape, t.relative_offset, t.size_bytes) for t in after.tensors]
-    if layout != found:
-        diff = [f[0] for f, e in zip(found, layout) if f != e] or ["(tensor count)"]
-        raise _changed(result_path, key, f"tensor infos ({diff[:5]})")
-    if list(after.fields) != list(src.fields):
-        raise _changed(result_path, key, "key order/set")
-    if after.version != src.version or after.alignment != src.alignment:
-        raise _changed(result_path, key, "version/alignment")
-    data_before = src.file_size_bytes - src.data_offset
-    data_after = after.file_size_bytes - after.data_offset
-    if data_after != data_before:
-        raise _changed(result_path, key, f"data section length ({data_before} -> {data_after} bytes)")
-    span = after.fields[key]
-    if (span.value_type, span.sub_type) != (src.fields[key].value_type, src.fields[key].sub_type):
-        raise _changed(result_path, key, f"value type of the key ({span.value_type}/{span.sub_type})")
-    new_value = read_metadata(result_path, key, after)
-    expected = list(value) if isinstance(value, tuple) else value
-    if span.value_type == "FLOAT32" or span.sub_type == "FLOAT32":
-        expected = roundtrip_f32(expected)
-    if new_value != expected:
-        raise GGUFError(
-            f"{result_path}: key {key!r} expected {expected!r:.200} after the edit, "
-            f"found {new_value!r:.200}"
-        )
-    if full and before.tensor_sha256 is None:  # hash the (unchanged) source alongside
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            src_full = pool.submit(tensor_sha256, src.path, src, chunk_bytes)
-            _compare_bytes(result_path, before, after, full, src_full, chunk_bytes)
-    else:
-        _compare_bytes(result_path, before, after, full, before.tensor_sha256, chunk_bytes)
-    return after, new_value
+def _sample_ranges(t: TensorSpan, sample_bytes: int) -> list[tuple[int, int]]:
+    """(absolute offset, length) of the first, middle and last ``sample_bytes`` of a tensor."""
+    n = t.size_bytes
+    if n <= sample_bytes:
+        return [(t.offset, n)]
+    mid = (n - sample_bytes) // 2
+    return [(t.offset + start, sample_bytes) for start in (0, mid, n - sample_bytes)]
 
 
-def _compare_bytes(result_path: Path, before: EditSnapshot, after: HeaderIndex, full: bool,
-                   src_hashes: Any, chunk_bytes: int) -> None:
-    """Header bytes, data samples and (``full``) whole-tensor sha256 of the result vs the source."""
-    key = before.key
-
-    fd = os.open(result_path, os.O_RDONLY)
-    try:
-        prefix, suffix = _header_digests(fd, after, key, chunk_bytes)
-        if (after.fields[key].offset != before.index.fields[key].offset
-                or prefix != before.header_prefix_sha256):
-            raise _changed(result_path, key, "header bytes before the entry")
-        if suffix != before.header_suffix_sha256:
-            raise _changed(result_path, key, "header bytes after the entry (other keys or tensor infos)")
-        got = sample_digests(fd, after, before.sample_bytes)
-    finally:
-        os.close(fd)
-    where = ("first", "middle", "last")
-    for name, digests in before.samples.items():
-        bad = [where[i] if len(digests) > 1 else "whole"
-               for i, (a, b) in enumerate(zip(digests, got[name])) if a != b]
-        if bad:
-            raise _changed(result_path, key,
-                           f"tensor {name!r} data ({'/'.join(bad)} {before.sample_bytes} bytes "
-                           "differ from the source: data at a wrong offset or overwritten)")
-    if full:
-        got_full = tensor_sha256(result_path, after, chunk_bytes)
-        if not isinstance(src_hashes, dict):  # a Future hashing the source alongside
-            src_hashes = src_hashes.result()
-        changed = [name for name, digest in src_hashes.items() if got_full.get(name) != digest]
-        if changed:
-            raise _changed(result_path, key, f"tensor data (sha256 of {changed[:5]})")
+def sample_digests(fd: int, index: HeaderIndex, sample_bytes: int) -> dict[str, tuple[str, ...]]:
+    """Tensor name -> sha256 (hex) of its first, middle and last ``sample_bytes`` (one sample for a
+    tensor of at most ``sample_bytes``), in tensor order."""
+    return {
+        t.name: tuple(sha256_range(fd, off, n, sample_bytes, index.path)
+                      for off, n in _sample_ranges(t, sample_bytes))
+        for t in index.tensors
+    }
 
 
-def _changed(result_path: Path, key: str, what: str) -> GGUFError:
-    """The error for an edit result that differs from its source in ``what`` besides ``key``."""
-    return GGUFError(f"{result_path}: {what} changed by the edit of {key!r}")
+def _entry_digests(fd: int, index: HeaderIndex, keys: Sequence[str], chunk_bytes: int) -> dict[str, str]:
+    return {k: sha256_range(fd, index.fields[k].offset, index.fields[k].size_bytes, chunk_bytes, index.path)
+            for k in keys}
 
 
 def roundtrip_f32(value: Any) -> Any:
@@ -235,3 +120,124 @@ def roundtrip_f32(value: Any) -> Any:
     if isinstance(value, list):
         return [roundtrip_f32(v) for v in value]
     return struct.unpack("<f", struct.pack("<f", value))[0]
+
+
+def snapshot_metadata(path: Path, index: HeaderIndex, keys: Sequence[str], expected: Expected, *,
+                      chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> MetadataSnapshot:
+    """Record what :func:`verify_metadata_edits` needs from the source ``path`` (``index``: its header).
+
+    Args:
+        keys: the result's keys, in order (untouched ones are those of ``index`` not in ``expected``).
+        expected: see :data:`Expected`; values as lists for arrays.
+
+    Raises:
+        GGUFError: the file ends before its header says.
+        InputError: ``chunk_bytes`` < 4096.
+    """
+    if chunk_bytes < 4096:
+        raise InputError(f"chunk_bytes {chunk_bytes} is below 4096")
+    untouched = [k for k in keys if k not in expected]
+    end = kv_end(index)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return MetadataSnapshot(
+            index=index, keys=tuple(keys), expected=expected,
+            entry_sha256=_entry_digests(fd, index, untouched, chunk_bytes),
+            tensor_infos_sha256=sha256_range(fd, end, index.header_end - end, chunk_bytes, Path(path)),
+            sample_bytes=SAMPLE_BYTES, samples=sample_digests(fd, index, SAMPLE_BYTES))
+    finally:
+        os.close(fd)
+
+
+def verify_metadata_edits(result_path: Path, before: MetadataSnapshot, *, full: bool = False,
+                          chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> HeaderIndex:
+    """Check that ``result_path`` is ``before``'s source with only ``before.expected``'s keys changed.
+
+    With ``full`` every tensor's sha256 is compared too, against the source's, hashed in a second
+    thread (the source must be unchanged: the result is a new file). FLOAT32 values compare after
+    rounding.
+
+    Returns:
+        The result's header index.
+
+    Raises:
+        GGUFError: the result is not a readable GGUF, differs from the source in anything but the
+            edited keys (key set or order, an untouched entry, tensor infos, data length, a data
+            sample or, with ``full``, a tensor's sha256; result and difference named), or an edited
+            key has another type or value.
+    """
+    src = before.index
+    after = read_header_index(result_path)
+    _check_layout(result_path, before, after)
+    for key, (vtype, sub, value) in before.expected.items():
+        span = after.fields[key]
+        if (span.value_type, span.sub_type) != (vtype, sub):
+            raise GGUFError(f"{result_path}: key {key!r} expected type {vtype}/{sub}, found "
+                            f"{span.value_type}/{span.sub_type}")
+        if "FLOAT32" in (vtype, sub):
+            value = roundtrip_f32(value)
+        found = read_metadata(result_path, key, after)
+        if found != value:
+            raise GGUFError(f"{result_path}: key {key!r} expected {value!r:.200} after the edit, "
+                            f"found {found!r:.200}")
+    if not full:
+        _check_bytes(result_path, before, after, None, chunk_bytes)
+        return after
+    with ThreadPoolExecutor(max_workers=1) as pool:  # hash the (unchanged) source alongside
+        src_full = pool.submit(tensor_sha256, src.path, src, chunk_bytes)
+        _check_bytes(result_path, before, after, src_full, chunk_bytes)
+    return after
+
+
+def _changed(result_path: Path, what: str) -> GGUFError:
+    """The error for an edit result that differs from its source in ``what``."""
+    return GGUFError(f"{result_path}: {what} changed by the metadata edits")
+
+
+def _check_layout(result_path: Path, before: MetadataSnapshot, after: HeaderIndex) -> None:
+    """Tensor infos, key set and order, version, alignment and data length of the result vs the source."""
+    src = before.index
+    layout = [(t.name, t.ggml_type, t.shape, t.relative_offset, t.size_bytes) for t in src.tensors]
+    found = [(t.name, t.ggml_type, t.shape, t.relative_offset, t.size_bytes) for t in after.tensors]
+    if layout != found:
+        diff = [f[0] for f, e in zip(found, layout) if f != e] or ["(tensor count)"]
+        raise _changed(result_path, f"tensor infos ({diff[:5]})")
+    if list(after.fields) != list(before.keys):
+        raise GGUFError(f"{result_path}: keys expected {list(before.keys)[:8]}..., "
+                        f"found {list(after.fields)[:8]}...")
+    if after.version != src.version or after.alignment != src.alignment:
+        raise _changed(result_path, "version/alignment")
+    data_before = src.file_size_bytes - src.data_offset
+    data_after = after.file_size_bytes - after.data_offset
+    if data_after != data_before:
+        raise _changed(result_path, f"data section length ({data_before} -> {data_after} bytes)")
+
+
+def _check_bytes(result_path: Path, before: MetadataSnapshot, after: HeaderIndex,
+                 src_hashes: Future[dict[str, str]] | None, chunk_bytes: int) -> None:
+    """Untouched entries, tensor info bytes, data samples and (``src_hashes`` given: a Future computing
+    the source's tensor sha256) whole-tensor sha256 of the result vs the source."""
+    fd = os.open(result_path, os.O_RDONLY)
+    try:
+        got = _entry_digests(fd, after, list(before.entry_sha256), chunk_bytes)
+        moved = [k for k, digest in before.entry_sha256.items() if got[k] != digest]
+        if moved:
+            raise _changed(result_path, f"entries of {moved[:5]} (keys the edits do not name)")
+        end = kv_end(after)
+        if sha256_range(fd, end, after.header_end - end, chunk_bytes, result_path) != before.tensor_infos_sha256:
+            raise _changed(result_path, "tensor info bytes")
+        samples = sample_digests(fd, after, before.sample_bytes)
+    finally:
+        os.close(fd)
+    where = ("first", "middle", "last")
+    for name, digests in before.samples.items():
+        bad = [where[i] if len(digests) > 1 else "whole"
+               for i, (a, b) in enumerate(zip(digests, samples[name])) if a != b]
+        if bad:
+            raise _changed(result_path, f"tensor {name!r} data ({'/'.join(bad)} {before.sample_bytes} bytes "
+                                        "differ from the source: data at a wrong offset or overwritten)")
+    if src_hashes is not None:
+        got_full = tensor_sha256(result_path, after, chunk_bytes)
+        diff = [name for name, digest in src_hashes.result().items() if got_full.get(name) != digest]
+        if diff:
+            raise _changed(result_path, f"tensor data (sha256 of {diff[:5]})")

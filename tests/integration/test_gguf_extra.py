@@ -20,7 +20,7 @@ from forgeflow.packaging.gguf import (
     load_gguf,
     quantize,
 )
-from forgeflow.packaging.gguf_edit import set_metadata
+from forgeflow.packaging.gguf_metadata import MetadataEdit, apply_metadata_edits
 from forgeflow.packaging.gguf_reader import read_metadata, tensor_sha256
 from tests.helpers import tensor_types_of
 
@@ -85,10 +85,11 @@ def test_metadata_edits_on_the_real_model_keep_it_loadable(mixed: Path, tmp_path
     path = tmp_path / "m.gguf"
     shutil.copy(mixed, path)
     before = tensor_sha256(path)
-    same = set_metadata(path, "qwen2.context_length", 4096)
-    assert same.in_place and same.old_value == 32768
-    grown = set_metadata(path, "general.name", "forgeflow tiny qwen2 " * 200)
-    assert not grown.in_place and grown.tensors_verified == 26
+    same = apply_metadata_edits(path, [MetadataEdit(op="set", key="qwen2.context_length", value=4096)])
+    assert same.edits[0].old_value == 32768 and same.data_offset_after == same.data_offset_before
+    grown = apply_metadata_edits(
+        path, [MetadataEdit(op="set", key="general.name", value="forgeflow tiny qwen2 " * 200)])
+    assert grown.data_offset_after > grown.data_offset_before and grown.tensors_verified == 26
     assert read_metadata(path, "qwen2.context_length") == 4096
     assert tensor_sha256(path) == before
     template = read_metadata(path, "tokenizer.chat_template")

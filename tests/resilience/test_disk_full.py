@@ -92,12 +92,15 @@ def test_quantize_into_a_full_disk(tiny: dict[str, Path], models_dir: Path, smal
 
 
 def test_metadata_edit_into_a_full_disk(tiny: dict[str, Path], models_dir: Path, small_fs: Path) -> None:
-    from forgeflow.packaging.gguf_edit import set_metadata
+    from forgeflow.packaging.gguf_metadata import MetadataEdit, apply_metadata_edits
 
     final = models_dir / "tiny-renamed.gguf"
+    source = sha256_file(tiny["q8"])
     with pytest.raises(DiskFullError) as info:
-        set_metadata(tiny["q8"], "general.name", "renamed-tiny", out_path=final)
+        apply_metadata_edits(tiny["q8"], [MetadataEdit(op="set", key="general.name", value="renamed-tiny")],
+                             out_path=final)
     _assert_clean_failure(info.value, final, small_fs)
+    assert sha256_file(tiny["q8"]) == source  # the source is intact
 
 
 def test_convert_into_a_full_disk(tiny: dict[str, Path], models_dir: Path, small_fs: Path) -> None:

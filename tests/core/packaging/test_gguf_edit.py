@@ -1,4 +1,7 @@
-"""forgeflow.packaging.gguf_edit on small synthetic GGUFs written with gguf-py's GGUFWriter."""
+"""The write path (forgeflow.packaging.gguf_edit: a streamed new file renamed over the target) and the
+checks (forgeflow.packaging.gguf_verify) of one-key edits through
+forgeflow.packaging.gguf_metadata.apply_metadata_edits, on small synthetic GGUFs written with
+gguf-py's GGUFWriter."""
 
 from __future__ import annotations
 
@@ -9,17 +12,23 @@ import numpy as np
 import pytest
 
 from forgeflow.common.errors import GGUFError, InputError
-from forgeflow.packaging.gguf_edit import set_metadata
+from forgeflow.packaging.gguf_metadata import MetadataEdit, MetadataEditResult, apply_metadata_edits
 from forgeflow.packaging.gguf_reader import (
     read_header_index,
     read_metadata,
     tensor_sha256,
 )
 from forgeflow.packaging.gguf_verify import (
-    EditSnapshot,
-    snapshot_for_edit,
-    verify_edit,
+    MetadataSnapshot,
+    snapshot_metadata,
+    verify_metadata_edits,
 )
+
+
+def set_one(path: Path, key: str, value: object, out_path: Path | None = None,
+            **kwargs: object) -> MetadataEditResult:
+    """A one-key set through the multi-edit API."""
+    return apply_metadata_edits(path, [MetadataEdit(op="set", key=key, value=value)], out_path, **kwargs)
 
 
 def _write(path: Path) -> Path:
@@ -64,15 +73,17 @@ def test_index_matches_gguf_reader(small: Path) -> None:
             assert read_metadata(small, key, index) == field.contents()
 
 
-def test_same_size_edit_is_in_place_and_keeps_tensors(small: Path) -> None:
+def test_same_size_edit_replaces_the_file_atomically_and_keeps_tensors(small: Path) -> None:
+    """Even when the header keeps its size the file is replaced atomically (a new inode renamed over it)."""
     before = tensor_sha256(small)
     inode = small.stat().st_ino
-    result = set_metadata(small, "llama.context_length", 8192)
-    assert result.in_place and result.old_value == 4096 and result.new_value == 8192
-    assert result.tensors_verified == 3 and small.stat().st_ino == inode
+    result = set_one(small, "llama.context_length", 8192)
+    (edit,) = result.edits
+    assert edit.old_value == 4096 and edit.new_value == 8192
+    assert result.tensors_verified == 3 and small.stat().st_ino != inode
     assert result.data_offset_before == result.data_offset_after
     assert read_metadata(small, "llama.context_length") == 8192
-    assert tensor_sha256(small) == before
+    assert tensor_sha256(small) == before and not list(small.parent.glob(".*.tmp"))
 
 
 def test_growing_edit_streams_a_new_file_with_aligned_data(small: Path) -> None:
@@ -80,8 +91,8 @@ def test_growing_edit_streams_a_new_file_with_aligned_data(small: Path) -> None:
 
     before = {t.name: hashlib.sha256(t.data.tobytes()).hexdigest() for t in GGUFReader(str(small)).tensors}
     inode = small.stat().st_ino
-    result = set_metadata(small, "general.name", "a much longer model name " * 20)
-    assert not result.in_place and small.stat().st_ino != inode  # renamed over
+    result = set_one(small, "general.name", "a much longer model name " * 20)
+    assert small.stat().st_ino != inode  # renamed over
     assert result.data_offset_after > result.data_offset_before
     reader = GGUFReader(str(small))  # gguf-py reads the result: alignment and offsets valid
     assert reader.get_field("general.name").contents() == "a much longer model name " * 20
@@ -90,33 +101,25 @@ def test_growing_edit_streams_a_new_file_with_aligned_data(small: Path) -> None:
     assert not list(small.parent.glob(".*.tmp"))
 
 
-def test_small_growth_absorbed_by_padding_stays_in_place(small: Path) -> None:
-    index = read_header_index(small)
-    slack = index.data_offset - index.header_end
-    if slack == 0:
-        pytest.skip("header ends exactly on the alignment")
-    result = set_metadata(small, "general.name", "tiny" + "x" * slack)
-    assert result.in_place and result.data_offset_after == index.data_offset
-    assert read_metadata(small, "general.name") == "tiny" + "x" * slack
-
-
 def test_out_path_leaves_source_untouched(small: Path, tmp_path: Path) -> None:
     original = small.read_bytes()
-    result = set_metadata(small, "llama.rope.freq_base", 5e5, out_path=tmp_path / "o" / "x.gguf")
-    assert not result.in_place and result.new_value == 5e5
+    result = set_one(small, "llama.rope.freq_base", 5e5, tmp_path / "o" / "x.gguf")
+    assert result.edits[0].new_value == 5e5
     assert small.read_bytes() == original
     assert read_metadata(tmp_path / "o" / "x.gguf", "llama.rope.freq_base") == 5e5
 
 
 def test_array_edit(small: Path) -> None:
-    result = set_metadata(small, "demo.ids", [7, 8, 9, 10])
-    assert result.new_value == [7, 8, 9, 10] and result.value_type == "ARRAY"
+    result = set_one(small, "demo.ids", [7, 8, 9, 10])
+    (edit,) = result.edits
+    assert edit.new_value == [7, 8, 9, 10] and edit.old_value == [1, 2, 3]
+    assert (edit.value_type, edit.sub_type) == ("ARRAY", "INT32")
 
 
 @pytest.mark.parametrize(
     ("key", "value", "pattern"),
     [
-        ("no.such.key", 1, r"'no.such.key' expected present, found no such key"),
+        ("no.such.key", 1, r"metadata_edits\[0\] \(key 'no.such.key'\): set of a key the file does not have"),
         ("llama.context_length", "4096", r"'llama.context_length' expected a UINT32 value, found str"),
         ("llama.context_length", -1, r"expected a UINT32 value, found int -1"),
         ("llama.context_length", True, r"expected a UINT32 value, found bool"),
@@ -130,13 +133,15 @@ def test_bad_key_or_type_names_key_expected_and_found(
 ) -> None:
     original = small.read_bytes()
     with pytest.raises(GGUFError, match=pattern):
-        set_metadata(small, key, value)
-    assert small.read_bytes() == original
+        set_one(small, key, value)
+    assert small.read_bytes() == original and not list(small.parent.glob(".*.tmp"))
 
 
 def test_alignment_and_non_gguf_are_refused(small: Path, tmp_path: Path) -> None:
-    with pytest.raises(InputError, match="general.alignment"):
-        set_metadata(small, "general.alignment", 64)
+    original = small.read_bytes()
+    with pytest.raises(InputError, match="'general.alignment' cannot be edited"):
+        set_one(small, "general.alignment", 64)
+    assert small.read_bytes() == original
     bogus = tmp_path / "x.gguf"
     bogus.write_bytes(b"NOPE" + bytes(100))
     with pytest.raises(GGUFError, match="not a GGUF file"):
@@ -154,74 +159,106 @@ def _patch(path: Path, offset: int, data: bytes) -> None:
 
 
 @pytest.fixture
-def unverified_edit(small: Path, tmp_path: Path) -> tuple[Path, EditSnapshot, str]:
+def unverified_edit(small: Path, tmp_path: Path) -> tuple[Path, MetadataSnapshot]:
     """A streamed edit written without verification, and the source's snapshot."""
     value = "renamed " * 40
     out = tmp_path / "out.gguf"
-    result = set_metadata(small, "general.name", value, out_path=out, verify="none")
+    result = set_one(small, "general.name", value, out, verify="none")
     assert result.verification == "none" and result.tensors_verified == 0
-    snapshot = snapshot_for_edit(small, "general.name")
-    verify_edit(out, snapshot, value)  # the intact result passes
-    return out, snapshot, value
+    index = read_header_index(small)
+    snapshot = snapshot_metadata(small, index, list(index.fields), {"general.name": ("STRING", None, value)})
+    verify_metadata_edits(out, snapshot)  # the intact result passes
+    return out, snapshot
 
 
 def test_sampled_check_catches_bytes_overwritten_at_a_tensor_start(unverified_edit) -> None:
-    out, snapshot, value = unverified_edit
+    out, snapshot = unverified_edit
     a = next(t for t in read_header_index(out).tensors if t.name == "a.weight")
     _patch(out, a.offset, b"\xff" * 16)
     with pytest.raises(GGUFError, match=r"tensor 'a.weight' data \(first 4096 bytes differ"):
-        verify_edit(out, snapshot, value)
+        verify_metadata_edits(out, snapshot)
 
 
 def test_sampled_check_catches_a_data_section_at_a_wrong_offset(unverified_edit) -> None:
-    out, snapshot, value = unverified_edit
+    out, snapshot = unverified_edit
     index = read_header_index(out)
     raw = out.read_bytes()  # data shifted by one alignment unit, same file size
     out.write_bytes(raw[:index.data_offset] + bytes(32) + raw[index.data_offset:-32])
     with pytest.raises(GGUFError, match=r"tensor 'a.weight' data \(first/middle/last"):
-        verify_edit(out, snapshot, value)
+        verify_metadata_edits(out, snapshot)
 
 
 def test_sampled_check_catches_another_key_changed(unverified_edit) -> None:
-    out, snapshot, value = unverified_edit
+    out, snapshot = unverified_edit
     span = read_header_index(out).fields["llama.context_length"]
     _patch(out, span.offset + span.size_bytes - 4, (8192).to_bytes(4, "little"))
-    with pytest.raises(GGUFError, match=r"header bytes after the entry \(other keys"):
-        verify_edit(out, snapshot, value)
+    with pytest.raises(GGUFError, match=r"entries of \['llama.context_length'\] \(keys the edits do not name\)"):
+        verify_metadata_edits(out, snapshot)
 
 
 def test_sampled_check_catches_a_data_section_of_another_length(unverified_edit) -> None:
-    out, snapshot, value = unverified_edit
+    out, snapshot = unverified_edit
     raw = out.read_bytes()
     out.write_bytes(raw + bytes(64))  # trailing bytes: the data section grew
     with pytest.raises(GGUFError, match=r"data section length"):
-        verify_edit(out, snapshot, value)
+        verify_metadata_edits(out, snapshot)
 
 
 def test_full_check_catches_an_interior_byte_the_samples_skip(unverified_edit) -> None:
-    out, snapshot, value = unverified_edit
+    out, snapshot = unverified_edit
     a = next(t for t in read_header_index(out).tensors if t.name == "a.weight")
     assert a.size_bytes == 64 * 96 * 4  # samples: [0, 4096), [10240, 14336), [20480, 24576)
     _patch(out, a.offset + 6000, b"\x00\x00\x00\x00")
-    verify_edit(out, snapshot, value)  # sampled: not seen
+    verify_metadata_edits(out, snapshot)  # sampled: not seen
     with pytest.raises(GGUFError, match=r"sha256 of \['a.weight'\]"):
-        verify_edit(out, snapshot, value, full=True)
+        verify_metadata_edits(out, snapshot, full=True)
 
 
-@pytest.mark.parametrize("in_place", [True, False])
-def test_full_verification_is_opt_in(small: Path, in_place: bool) -> None:
-    value = 8192 if in_place else "a much longer model name " * 20
-    key = "llama.context_length" if in_place else "general.name"
-    result = set_metadata(small, key, value, verify="full")
-    assert result.in_place is in_place and result.verification == "full"
-    assert result.tensors_verified == 3 and result.new_value == value
-    assert set_metadata(small, key, value).verification == "sampled"
-    assert set_metadata(small, key, value, verify=True).verification == "sampled"
+@pytest.mark.parametrize(("where", "verify", "error"), [
+    (0, "sampled", r"tensor 'a.weight' data \(first 4096 bytes differ"),
+    (6000, "sampled", None),  # between the samples: not seen
+    (6000, "full", r"sha256 of \['a.weight'\]"),  # the unchanged source hashed alongside
+    (6000, "none", None),
+])
+def test_verification_catches_a_tensor_changed_in_the_streamed_copy(
+    small: Path, monkeypatch: pytest.MonkeyPatch, where: int, verify: str, error: str | None
+) -> None:
+    """A tensor byte changed while the new file is written is caught before the rename (at a
+    sample by default, anywhere with ``full``); a caught one leaves the source untouched."""
+    from forgeflow.packaging import gguf_metadata
+
+    stream = gguf_metadata.stream_edited
+    original = small.read_bytes()
+
+    def stream_and_corrupt(src: Path, dst: Path, *args: object) -> None:
+        stream(src, dst, *args)
+        a = next(t for t in read_header_index(dst).tensors if t.name == "a.weight")
+        _patch(dst, a.offset + where, b"\xff" * 4)
+
+    monkeypatch.setattr(gguf_metadata, "stream_edited", stream_and_corrupt)
+    if error is None:
+        assert set_one(small, "llama.context_length", 8192, verify=verify).verification == verify
+    else:
+        with pytest.raises(GGUFError, match=error):
+            set_one(small, "llama.context_length", 8192, verify=verify)
+        assert small.read_bytes() == original and not list(small.parent.glob(".*.tmp"))
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("llama.context_length", 8192),  # the data section stays put
+    ("general.name", "a much longer model name " * 20),  # the data section moves
+])
+def test_full_verification_is_opt_in(small: Path, key: str, value: object) -> None:
+    result = set_one(small, key, value, verify="full")
+    assert result.verification == "full"
+    assert result.tensors_verified == 3 and result.edits[0].new_value == value
+    assert set_one(small, key, value).verification == "sampled"
+    assert set_one(small, key, value, verify=True).verification == "sampled"
 
 
 def test_unknown_verify_mode_is_refused(small: Path) -> None:
     with pytest.raises(InputError, match=r"verify expected one of \['sampled', 'full', 'none'\]"):
-        set_metadata(small, "general.name", "x", verify="sha256")
+        set_one(small, "general.name", "x", verify="sha256")
 
 
 @pytest.mark.parametrize("name", ["big", "a much longer model name " * 20])
@@ -243,7 +280,7 @@ def test_data_larger_than_the_copy_buffer_survives_both_copy_paths(
     writer.write_tensors_to_file()
     writer.close()
     out = tmp_path / "out.gguf"
-    result = set_metadata(src, "general.name", name, out_path=out, verify="full")
+    result = set_one(src, "general.name", name, out, verify="full")
     moved = result.data_offset_after != result.data_offset_before
     assert moved is (name != "big") and result.tensors_verified == 2
     assert tensor_sha256(out) == tensor_sha256(src)
@@ -280,7 +317,7 @@ def test_writeback_is_started_behind_both_copy_paths_over_the_whole_output(
     monkeypatch.setattr(gguf_edit, "_WRITEBACK_BYTES", 1 << 20)
     monkeypatch.setattr(gguf_edit, "start_writeback", record)
     out = tmp_path / "out.gguf"
-    result = set_metadata(src, "general.name", name, out_path=out, verify="full")
+    result = set_one(src, "general.name", name, out, verify="full")
     assert (result.data_offset_after != result.data_offset_before) is (name != "big")
     assert len(ranges) == 3  # 3.2 MB of output in 1 MiB steps; the fsync writes the rest
     assert ranges[0][0] == 0 and all(n >= 1 << 20 for _, n in ranges)
