@@ -19,6 +19,7 @@ from typing import Any
 
 from forgeflow import __version__
 from forgeflow.common.errors import InputError
+from forgeflow.sandbox import kubernetes_manifests
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 K8S_DIR = REPO_ROOT / "infra" / "k8s"
@@ -47,6 +48,9 @@ POD_SECURITY_CONTEXT = {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1
 CONTAINER_SECURITY_CONTEXT = {"privileged": False, "allowPrivilegeEscalation": False,
                               "capabilities": {"drop": ["ALL"]}}
 GPU_RESOURCE = "nvidia.com/gpu"
+PREFECT_JOB_EXTRAS = frozenset({"spec.template.spec.parallelism", "spec.template.spec.completions"})
+"""Keys prefect-kubernetes's worker adds to a Job's pod template that the kubernetes client's ``V1PodSpec`` does not
+declare (tolerated by :func:`kubernetes_manifests.validate_manifest`)."""
 
 
 def _description(pool: str) -> str:
@@ -171,7 +175,8 @@ def validate_template(template: dict[str, Any], values: dict[str, Any] | None = 
     ``from_template_and_values`` and ``prepare_for_flow_run`` (as the worker builds a Job).
 
     Raises:
-        InputError: any check failed (the check's message).
+        InputError: any check failed (the check's message), or the rendered Job has a key the kubernetes client's
+            model does not declare (named by its path).
     """
     from prefect.client.schemas.objects import FlowRun
     from prefect.server.schemas.actions import validate_base_job_template
@@ -198,6 +203,9 @@ def validate_template(template: dict[str, Any], values: dict[str, Any] | None = 
         config.prepare_for_flow_run(FlowRun(flow_id=uuid.uuid4(), name=flow_run_name))
     except (ValidationError, ValueError) as exc:
         raise InputError(f"prefect-kubernetes job configuration: {exc}") from None
+    # the Job as the worker would submit it, against the kubernetes client's models: a misspelt key would be
+    # dropped silently by the API server (the pod would then run without it)
+    kubernetes_manifests.validate_manifest(config.job_manifest, PREFECT_JOB_EXTRAS)
     return config
 
 

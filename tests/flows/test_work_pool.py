@@ -23,7 +23,6 @@ from forgeflow.sandbox import kubernetes_manifests
 
 runner = CliRunner()
 # Prefect's default Job template sets these on the pod spec, where V1PodSpec has no such fields
-PREFECT_JOB_EXTRAS = frozenset({"spec.template.spec.parallelism", "spec.template.spec.completions"})
 IMAGE = "registry.example.com/forgeflow/worker:0.1.0"
 
 
@@ -64,7 +63,7 @@ def test_base_job_templates_render_to_valid_prefect_jobs(pool: str) -> None:
     config = work_pool.validate_template(template, {"env": {"FORGEFLOW_HOME": "/data"}, "image": IMAGE},
                                          flow_run_name="lifecycle-brave-otter")
     manifest = config.job_manifest
-    job = kubernetes_manifests.validate_manifest(manifest, PREFECT_JOB_EXTRAS)
+    job = kubernetes_manifests.validate_manifest(manifest, work_pool.PREFECT_JOB_EXTRAS)
     assert type(job).__name__ == "V1Job"
     pod_spec = job.spec.template.spec
     assert job.metadata.namespace == "forgeflow" and config.namespace == "forgeflow"
@@ -124,6 +123,10 @@ def test_prefect_kubernetes_refuses_a_template_it_cannot_run() -> None:
     restarting["job_configuration"]["job_manifest"]["spec"]["template"]["spec"]["restartPolicy"] = "OnFailure"
     with pytest.raises(InputError, match="restartPolicy"):
         work_pool.validate_template(restarting)
+    misspelt = copy.deepcopy(template)  # the API server would drop the key and run the pod as root
+    misspelt["job_configuration"]["job_manifest"]["spec"]["template"]["spec"]["securityContxt"] = {"runAsUser": 0}
+    with pytest.raises(InputError, match=r"spec\.template\.spec\.securityContxt"):
+        work_pool.validate_template(misspelt)
     undeclared = copy.deepcopy(template)
     undeclared["job_configuration"]["job_manifest"]["spec"]["activeDeadlineSeconds"] = "{{ deadline_s }}"
     with pytest.raises(InputError, match="deadline_s"):  # the Prefect server's check
