@@ -151,7 +151,7 @@ class EpisodeRollout:
             raise errors.InputError("a prompt the trainer handed over is not in the RL dataset")
         task = TaskTests(instance_id=row["instance_id"], image_ref=row["image_ref"],
                          problem_statement=_prompt_key(prompt), test_command=row["test_command"],
-                         FAIL_TO_PASS=list(row["fail_to_pass"]), PASS_TO_PASS=list(row["pass_to_pass"]),
+                         FAIL_TO_PASS=list(row["FAIL_TO_PASS"]), PASS_TO_PASS=list(row["PASS_TO_PASS"]),
                          known_tests=row.get("known_tests"), pristine_duration_s=row.get("pristine_duration_s"))
         return EpisodeJob(task, [dict(m) for m in prompt], float(row["verifier_timeout_s"]))
 

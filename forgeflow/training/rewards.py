@@ -243,7 +243,9 @@ def _column(values: list | None, i: int) -> Any:
 
 class VerifierReward:
     """A TRL reward function (``reward_funcs``) backed by the verifier: 1.0, 0.0 or None per completion, with
-    up to ``concurrency`` containers; ``counts`` per step and every outcome in ``outcomes``.
+    up to ``concurrency`` containers; ``counts`` per step and every outcome in ``outcomes``. TRL hands it the
+    dataset's columns (:func:`~forgeflow.training.rl.build_rl_dataset`) as keyword arguments, ``FAIL_TO_PASS`` and
+    ``PASS_TO_PASS`` among them.
 
     Raises:
         InputError: a multiplier <= 0 or ``concurrency`` < 1 (at construction); an unknown policy or
@@ -268,7 +270,7 @@ class VerifierReward:
         self._lock = threading.Lock()
 
     def __call__(self, prompts: list, completions: list, *, instance_id: list[str], image_ref: list[str],
-                 test_command: list[str], fail_to_pass: list[list[str]], pass_to_pass: list[list[str]],
+                 test_command: list[str], FAIL_TO_PASS: list[list[str]], PASS_TO_PASS: list[list[str]],
                  trainer_state: Any = None, **columns: Any) -> list[float | None]:
         step = int(getattr(trainer_state, "global_step", 0)) + 1
         timeouts = columns.get("task_timeout_s", columns.get("verifier_timeout_s"))
@@ -283,8 +285,8 @@ class VerifierReward:
             timeout = _column(timeouts, i)
             try:
                 task = VerifierSpec(instance_id=instance_id[i], image_ref=image_ref[i],
-                                    test_command=test_command[i], FAIL_TO_PASS=fail_to_pass[i],
-                                    PASS_TO_PASS=pass_to_pass[i],
+                                    test_command=test_command[i], FAIL_TO_PASS=FAIL_TO_PASS[i],
+                                    PASS_TO_PASS=PASS_TO_PASS[i],
                                     task_timeout_s=TASK_TIMEOUT_S if timeout is None else timeout,
                                     pristine_duration_s=_column(pristine_duration_s, i),
                                     known_tests=_column(known_tests, i))

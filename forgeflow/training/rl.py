@@ -88,6 +88,8 @@ class RLTask(VerifierSpec):
 class RLData(BaseModel):
     """An RL prompt dataset and its digest (``sha256_json`` of the rows: it covers the rendered prompts).
 
+    The test columns are ``FAIL_TO_PASS`` / ``PASS_TO_PASS``, as :class:`~forgeflow.common.task.Task` spells them
+    (lowercase until issue 35: a dataset's digest, and so an RL adapter's lineage, changed once with the rename).
     ``known_tests`` is a column only when some task has them, so older digests stay the same.
     """
 
@@ -133,8 +135,8 @@ def build_rl_dataset(tasks: Sequence[RLTask | dict], prompt_template: Path = DEF
             "instance_id": task.instance_id,
             "image_ref": task.image_ref,
             "test_command": task.test_command,
-            "fail_to_pass": list(task.FAIL_TO_PASS),
-            "pass_to_pass": list(task.PASS_TO_PASS),
+            "FAIL_TO_PASS": list(task.FAIL_TO_PASS),
+            "PASS_TO_PASS": list(task.PASS_TO_PASS),
             "task_timeout_s": float(task.task_timeout_s),
             "pristine_duration_s": None if task.pristine_duration_s is None else float(task.pristine_duration_s),
         })

@@ -310,7 +310,8 @@ def ray_job_spec(
 # --- data and reward on the cluster --------------------------------------------------------------
 def write_verl_dataset(data: Any, path: Path) -> Path:
     """Write an ``RLData`` as verl's RL parquet, each row's ``extra_info.verifier`` the task's verifier spec as
-    JSON (read by :func:`compute_score`).
+    JSON (read by :func:`compute_score`; its tests as ``FAIL_TO_PASS`` / ``PASS_TO_PASS``, and a parquet written
+    before issue 35 with ``fail_to_pass`` / ``pass_to_pass`` still scores).
     """
     import json
 
@@ -318,8 +319,8 @@ def write_verl_dataset(data: Any, path: Path) -> Path:
 
     rows = []
     for i, row in enumerate(data.dataset):
-        spec = {k: row[k] for k in ("instance_id", "image_ref", "test_command", "fail_to_pass",
-                                    "pass_to_pass", "task_timeout_s", "pristine_duration_s")}
+        spec = {k: row[k] for k in ("instance_id", "image_ref", "test_command", "FAIL_TO_PASS",
+                                    "PASS_TO_PASS", "task_timeout_s", "pristine_duration_s")}
         if row.get("known_tests"):  # the column exists only when some task recorded its known tests
             spec["known_tests"] = list(row["known_tests"])
         rows.append({

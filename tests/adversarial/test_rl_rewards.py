@@ -35,8 +35,8 @@ def test_a_batch_with_malformed_completions_keeps_the_others_rewards(task_image:
     n = len(completions)
     reward = VerifierReward(verifier_timeout_multiplier=0.5, memory_mb=256, concurrency=2)
     got = reward(prompts=["p"] * n, completions=list(completions.values()), instance_id=[f"calc-{i}" for i in range(n)],
-                 image_ref=[task_image] * n, test_command=[TEST_COMMAND] * n, fail_to_pass=[F2P] * n,
-                 pass_to_pass=[P2P] * n, task_timeout_s=[240.0] * n, pristine_duration_s=[1.0] * n)
+                 image_ref=[task_image] * n, test_command=[TEST_COMMAND] * n, FAIL_TO_PASS=[F2P] * n,
+                 PASS_TO_PASS=[P2P] * n, task_timeout_s=[240.0] * n, pristine_duration_s=[1.0] * n)
     by_kind = dict(zip(completions, got))
     notes = {kind: o.note for kind, (_, _, o) in zip(completions, reward.outcomes)}
     assert by_kind == {"fix": 1.0, "prose inside the fence before the diff": 0.0,

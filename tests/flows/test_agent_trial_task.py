@@ -44,7 +44,7 @@ def test_exceptions_are_never_cached_scored_trials_are_and_stops_are_recorded(
     def canary(url: str, config: AgentConfig = config):
         task = CanaryTask(instance_id="calc-add-1", repo="calc", image_ref=task_image, image_digest="sha256:" + "1" * 64,
                           problem_statement=problem_statement_for(BUG_PATCH, F2P), test_command=TEST_COMMAND,
-                          fail_to_pass=F2P, pass_to_pass=P2P)
+                          FAIL_TO_PASS=F2P, PASS_TO_PASS=P2P)
         future = agent_trial.submit(task, url, "scripted", "c" * 64, config, tmp_path / "traj", 120.0,
                                     job_id="canary-task-test")  # submitted, as the lifecycle's canary does
         future.wait()

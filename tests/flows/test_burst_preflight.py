@@ -88,7 +88,7 @@ def test_rl_burst_task_lists_every_preflight_problem_before_compute(tiny_model: 
     prompt.write_text("")
     out_dir = tmp_path / "models" / "rl"
     task = {"instance_id": "calc-1", "image_ref": "img", "problem_statement": "add fails", "test_command": "pytest",
-            "fail_to_pass": ["t::a"], "verifier_timeout_s": 60.0}
+            "FAIL_TO_PASS": ["t::a"], "verifier_timeout_s": 60.0}
     with pytest.raises(PreflightError) as info:
         training_tasks.rl_burst.fn(BurstOrigin(base_model_dir=base, base_model_sha256="0" * 64), [task], out_dir,
                                    RLBurstConfig(), "run", prompt)
@@ -112,7 +112,7 @@ def test_the_rl_burst_cache_key_is_what_it_trains_on_not_where_its_rewards_run(t
     context = SimpleNamespace(task=training_tasks.rl_burst)
     origin = BurstOrigin(base_model_dir=tmp_path / "base", base_model_sha256="0" * 64)
     task = {"instance_id": "calc-1", "image_ref": "img", "problem_statement": "add fails", "test_command": "pytest",
-            "fail_to_pass": ["t::a"], "verifier_timeout_s": 60.0}
+            "FAIL_TO_PASS": ["t::a"], "verifier_timeout_s": 60.0}
     inputs = {"origin": origin, "tasks": [task], "out_dir": tmp_path / "rl", "config": RLBurstConfig(),
               "run_id": "run-1", "prompt_template": DEFAULT_PROMPT_TEMPLATE, "ray": None}
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
+from pydantic import ValidationError  # noqa: E402
 from test_agent import BUG_PATCH, F2P, P2P, TEST_COMMAND, task_image  # noqa: E402,F401 - fixture
 from test_agent_supervision import scripted_endpoint, text_answer  # noqa: E402
 
@@ -56,7 +57,7 @@ def recorded_freeze(task_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyP
     store.upgrade()
     for instance_id, repo in TASKS.items():
         store.record_task(TaskRecord(instance_id=instance_id, repo=repo, image_ref=task_image, status="accepted",
-                                     fail_to_pass=F2P, pass_to_pass=P2P))
+                                     FAIL_TO_PASS=F2P, PASS_TO_PASS=P2P))
     quotas = freeze.SplitQuotas(train=1, validation=0, test=1, max_per_repo=2, min_repos=2)
     selection = freeze.select_splits([freeze.AcceptedTask(instance_id=i, repo=r) for i, r in TASKS.items()], quotas, 0)
     manifest = freeze.write_freeze("canary-test", selection, quotas, 0, tmp_path / "freezes")
@@ -101,14 +102,16 @@ def test_canary_records_a_job_with_its_trials_and_publishes_the_job_report(prefe
         artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[REPORT_ARTIFACT_KEY])))
     assert any(job_id in (a.data or "") and "| 2 | 2 | 0 | 2 | 0 |" in a.data for a in artifacts)
 
-    # the guard: 5 at once is above the default profile's 4, and refused before any work
+    # the guard: 5 at once is above the default profile's 4, refused where the run's params are parsed (the
+    # field named), so before any work; an unknown profile is refused by the flow, naming params.run.concurrency
     with scripted_endpoint(lambda i: text_answer(FIX)) as (url, bodies):
-        with pytest.raises(InputError, match=r"params.run.concurrency: canary concurrency 5 is above the limit 4 of "
-                                             r"profile 'default'; "
-                                             r"profile 'verified' allows up to 10"):
-            canary(CanaryParams(endpoint=_at(url), run=_settings(concurrency=5), job_id="refused", **common))
-        with pytest.raises(InputError, match=r"concurrency 11 is above the limit 10 of profile 'verified'"):
-            canary(CanaryParams(endpoint=_at(url), run=_settings(concurrency=11, profile="verified"), job_id="refused", **common))
+        with pytest.raises(ValidationError, match=r"concurrency\n  Value error, canary concurrency 5 is above the "
+                                                  r"limit 4 of profile 'default'; profile 'verified' allows up to 10"):
+            _settings(concurrency=5)
+        with pytest.raises(ValidationError, match=r"concurrency 11 is above the limit 10 of profile 'verified'"):
+            _settings(concurrency=11, profile="verified")
+        with pytest.raises(InputError, match=r"params.run.concurrency: canary profile 'fast' is unknown"):
+            canary(CanaryParams(endpoint=_at(url), run=_settings(profile="fast"), job_id="refused", **common))
         assert bodies == [] and store.get_job("refused") is None
         # the verified profile allows 5 (a new job: its own trajectories folder, so the trials run again)
         again = canary(CanaryParams(endpoint=_at(url), run=_settings(concurrency=5, profile="verified"), job_id="verified-5",

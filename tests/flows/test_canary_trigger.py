@@ -46,7 +46,7 @@ def running(tmp_path_factory):
     for repo in range(4):
         for i in range(2):
             store.record_task(TaskRecord(instance_id=f"proj{repo}.func_pm__0000000{i}", repo=f"proj{repo}",
-                                         status="accepted", fail_to_pass=["tests/test_x.py::test_a"]))
+                                         status="accepted", FAIL_TO_PASS=["tests/test_x.py::test_a"]))
     store.dispose()
     try:
         state = service.up(home, port=port, pool="local")

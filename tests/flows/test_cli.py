@@ -130,7 +130,7 @@ def bundled(home):
     manifest = freeze.write_freeze("v2", freeze.select_splits(accepted, quotas, 0), quotas, 0,
                                    home / "demo" / "freezes")
     written = bundle.write_bundle(manifest, [bundle.BundleTask(instance_id=t.instance_id, repo=t.repo,
-                                                               fail_to_pass=["t.py::f"]) for t in accepted])
+                                                               FAIL_TO_PASS=["t.py::f"]) for t in accepted])
     Store().record_freeze(FreezeRecord(name="v2", semantic_sha256=manifest.semantic_sha256,
                                        file_sha256=manifest.file_sha256, manifest_path=str(manifest.path),
                                        bundle_sha256=written.sha256, bundle_path=str(written.tarball)))

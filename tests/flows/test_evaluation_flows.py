@@ -44,7 +44,7 @@ def frozen(home: Path, tmp_path: Path, prefect_harness) -> tuple[object, Path]:
     store = Store()
     for instance_id, repo in TASKS.items():
         store.record_task(TaskRecord(instance_id=instance_id, repo=repo, image_ref=IMAGE, status="accepted",
-                                     fail_to_pass=F2P, pass_to_pass=P2P))
+                                     FAIL_TO_PASS=F2P, PASS_TO_PASS=P2P))
     manifest = freeze(FreezeParams(name="harbor-flow", quotas=QUOTAS))
     candidates = tmp_path / "candidates.jsonl"
     candidates.write_text("".join(json.dumps({

@@ -39,8 +39,8 @@ def home(tmp_path: Path, flow_store_url: str, monkeypatch: pytest.MonkeyPatch) -
             ref = f"127.0.0.1:5000/task-00:{repo}-{i}"
             store.record_image(ImageRecord(ref=ref, role="task", digest=DIGEST))
             store.record_task(TaskRecord(instance_id=f"team__{repo}-{i}", repo=f"team/{repo}", status="accepted",
-                                         image_ref=ref, patch=_patch(repo, i), fail_to_pass=[f"t.py::{repo}{i}"],
-                                         pass_to_pass=["t.py::ok"]))
+                                         image_ref=ref, patch=_patch(repo, i), FAIL_TO_PASS=[f"t.py::{repo}{i}"],
+                                         PASS_TO_PASS=["t.py::ok"]))
     store.record_task(TaskRecord(instance_id="team__alpha-9", repo="team/alpha", status="rejected"))
     store.dispose()
     return home

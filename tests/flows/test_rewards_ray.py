@@ -58,7 +58,7 @@ def test_rl_rewards_are_scored_on_the_sandbox_nodes(prefect_harness, cluster, ta
     try:
         got = reward(prompts=["p"] * 3, completions=answers, instance_id=["calc-1", "calc-2", "calc-3"],
                      image_ref=[task_image, task_image, "localhost/forgeflow/no-such-image:0"],
-                     test_command=[TEST_COMMAND] * 3, fail_to_pass=[F2P] * 3, pass_to_pass=[P2P] * 3,
+                     test_command=[TEST_COMMAND] * 3, FAIL_TO_PASS=[F2P] * 3, PASS_TO_PASS=[P2P] * 3,
                      verifier_timeout_s=[120.0] * 3)
     finally:
         dispatch.disconnect()
@@ -139,7 +139,7 @@ def test_rl_burst_flow_scores_its_rollouts_on_ray(prefect_harness, cluster, task
     monkeypatch.setenv("FORGEFLOW_STORE_URL", f"sqlite:///{tmp_path / 'store.db'}")
     base = build_tiny_model(cache_dir() / "test-fixtures" / "tiny-seed0" / "hf", seed=0)
     task = {"instance_id": "calc-ray-1", "image_ref": task_image, "problem_statement": "test_add fails",
-            "test_command": TEST_COMMAND, "fail_to_pass": F2P, "pass_to_pass": P2P, "verifier_timeout_s": 120.0}
+            "test_command": TEST_COMMAND, "FAIL_TO_PASS": F2P, "PASS_TO_PASS": P2P, "verifier_timeout_s": 120.0}
     tasks_jsonl = tmp_path / "tasks.jsonl"
     tasks_jsonl.write_text(json.dumps(task) + "\n")
     training = RLBurstConfig(max_steps=1, num_generations=2, max_completion_length=4, verifier_timeout_multiplier=0.5,

@@ -46,7 +46,7 @@ def calc_tasks(tmp_path_factory: pytest.TempPathFactory) -> Path:
         "calc.py": BUGGY_CALC, "tests/test_calc.py": TESTS, "tests/test_env.py": ENV_TEST, "conftest.py": CONFTEST})
     tasks = tmp / "tasks.jsonl"
     tasks.write_text(json.dumps({"instance_id": "calc-add", "image_ref": image, "problem_statement": "test_add fails",
-                                 "test_command": TEST_COMMAND, "fail_to_pass": F2P, "pass_to_pass": P2P,
+                                 "test_command": TEST_COMMAND, "FAIL_TO_PASS": F2P, "PASS_TO_PASS": P2P,
                                  "task_timeout_s": 240.0}) + "\n")
     return tasks
 

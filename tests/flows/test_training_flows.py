@@ -170,7 +170,7 @@ def test_rl_burst_refuses_bad_tasks_parent_and_sandbox_before_any_model_loads(
         return rl_burst(RLBurstParams(hf_dir=tiny_model, tasks_jsonl=tasks_jsonl, **fields))
 
     task = {"instance_id": "calc-1", "image_ref": "localhost/calc:1", "problem_statement": "add fails",
-            "test_command": "pytest -rA", "fail_to_pass": ["tests/test_calc.py::test_add"], "task_timeout_s": 60.0}
+            "test_command": "pytest -rA", "FAIL_TO_PASS": ["tests/test_calc.py::test_add"], "task_timeout_s": 60.0}
     good = _jsonl(tmp_path / "tasks.jsonl", [task])
     no_timeout = _jsonl(tmp_path / "t1.jsonl", [task, {**task, "instance_id": "calc-2", "task_timeout_s": 0}])
     with pytest.raises(InputError, match=rf"^params.tasks_jsonl {no_timeout} line 2 is not an RL task: "

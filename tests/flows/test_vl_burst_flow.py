@@ -157,7 +157,7 @@ def test_rl_burst_continues_a_tiny_vl_sft_adapter_with_the_tower_frozen_and_reco
                                    training=BurstConfig(max_steps=1, lora_r=4, max_length=128)))
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text(json.dumps({"instance_id": "calc-1", "image_ref": "localhost/calc:1", "problem_statement":
-                                 "add fails", "test_command": "pytest -rA", "fail_to_pass": ["t.py::test_add"]}) + "\n")
+                                 "add fails", "test_command": "pytest -rA", "FAIL_TO_PASS": ["t.py::test_add"]}) + "\n")
     rl = rl_burst(RLBurstParams(hf_dir=base.path, tasks_jsonl=tasks, parent_adapter=sft.adapter_sha256,
                                 training=RLBurstConfig(max_steps=1, max_completion_length=8, lora_r=4)))
     assert rl.parent_sha256 == sft.adapter_sha256 != rl.adapter_sha256 and rl.steps == 1

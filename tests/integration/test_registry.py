@@ -371,7 +371,7 @@ def test_the_canary_takes_a_task_image_that_lives_only_in_a_registry(
     store.upgrade()
     rows = []
     for iid, image in (("team__a-1", ref), ("team__a-2", ref.replace(":1.0", ":no-such-tag"))):
-        store.record_task(TaskRecord(instance_id=iid, repo="team/a", status="accepted", fail_to_pass=["t::f"]))
+        store.record_task(TaskRecord(instance_id=iid, repo="team/a", status="accepted", FAIL_TO_PASS=["t::f"]))
         rows.append(SimpleNamespace(instance_id=iid, repo="team/a", patch="p", image_ref=image, test_command="pytest -rA",
                                     problem_statement="add() is wrong"))
     (task,) = canary_tasks(store, ["team__a-1"], rows)

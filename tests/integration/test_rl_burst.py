@@ -52,7 +52,7 @@ diff --git a/calc.py b/calc.py
 
 def _task(image: str, instance_id: str = "calc-add-1", timeout_s: float = 120.0) -> RLTask:
     return RLTask(instance_id=instance_id, image_ref=image, problem_statement="test_add fails",
-                  test_command=TEST_COMMAND, fail_to_pass=tuple(F2P), pass_to_pass=tuple(P2P),
+                  test_command=TEST_COMMAND, FAIL_TO_PASS=tuple(F2P), PASS_TO_PASS=tuple(P2P),
                   verifier_timeout_s=timeout_s)
 
 
@@ -95,7 +95,7 @@ def test_reward_is_1_for_the_oracle_fix_0_for_wrong_patches_none_for_infra(task_
     images = [task_image, "localhost/forgeflow/no-such-image:0"]
     got = reward(prompts=["p", "p"], completions=[_answer(FIX_PATCH), _answer(FIX_PATCH)],
                  instance_id=["calc-add-1", "calc-add-2"], image_ref=images, test_command=[TEST_COMMAND] * 2,
-                 fail_to_pass=[F2P] * 2, pass_to_pass=[P2P] * 2, verifier_timeout_s=[120.0] * 2)
+                 FAIL_TO_PASS=[F2P] * 2, PASS_TO_PASS=[P2P] * 2, verifier_timeout_s=[120.0] * 2)
     assert got == [1.0, None]
     missing = reward.outcomes[1][2]
     assert missing.exception_type in {"ImageNotFoundError", "SandboxError"} and "no-such-image" in missing.exception_message

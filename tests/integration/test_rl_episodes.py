@@ -216,7 +216,7 @@ def test_a_grpo_step_trains_on_episodes_and_the_lineage_keeps_their_counts(
     from forgeflow.training.rl import RLBurstConfig, RLTask, build_rl_dataset, run_rl_burst
 
     task = RLTask(instance_id="calc-add", image_ref=task_image, problem_statement="test_add fails",
-                  test_command=TEST_COMMAND, fail_to_pass=tuple(F2P), pass_to_pass=tuple(P2P), task_timeout_s=240)
+                  test_command=TEST_COMMAND, FAIL_TO_PASS=tuple(F2P), PASS_TO_PASS=tuple(P2P), task_timeout_s=240)
     data = build_rl_dataset([task], EPISODE_PROMPT_TEMPLATE)
     config = RLBurstConfig(max_steps=1, num_generations=2, max_completion_length=32, verifier_timeout_multiplier=0.5,
                            episode=SETTINGS)

@@ -28,8 +28,8 @@ ACCEPTED = [AcceptedTask(instance_id=f"r{r}.t{i}", repo=f"org/r{r}") for r in ra
 
 
 def bundle_tasks(ids_note: str = "") -> list[BundleTask]:
-    return [BundleTask(instance_id=t.instance_id, repo=t.repo, fail_to_pass=[f"tests/test_{t.instance_id}.py::f{ids_note}"],
-                       pass_to_pass=["tests/test_ok.py::a", "tests/test_ok.py::b"],
+    return [BundleTask(instance_id=t.instance_id, repo=t.repo, FAIL_TO_PASS=[f"tests/test_{t.instance_id}.py::f{ids_note}"],
+                       PASS_TO_PASS=["tests/test_ok.py::a", "tests/test_ok.py::b"],
                        image_ref=f"127.0.0.1:5000/task-00:{t.instance_id}", image_digest="sha256:" + "d" * 64,
                        patch_sha256="e" * 64, patch=f"--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a\n+{t.instance_id}\n")
             for t in reversed(ACCEPTED)]  # input order must not matter

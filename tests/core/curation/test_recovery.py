@@ -37,7 +37,7 @@ def _trial(tid: str, iid: str, kind: str, batch: str, minutes: int, reward: floa
 
 def _task(iid: str, status: str, reason: str = "") -> TaskRecord:
     return TaskRecord(instance_id=iid, repo=iid.split(".")[0], status=status, reason=reason,
-                      fail_to_pass=["t::a"] if status == "accepted" else [])
+                      FAIL_TO_PASS=["t::a"] if status == "accepted" else [])
 
 
 @pytest.fixture

@@ -47,7 +47,7 @@ def test_tasks_that_cannot_run_are_all_listed_before_any_trial(store_url: str):
     store = Store(store_url)
     store.upgrade()
     store.record_task(TaskRecord(instance_id="calc.ok__00000001", repo="calc", status="accepted",
-                                 fail_to_pass=["tests/test_calc.py::test_add"], pass_to_pass=["t::p"]))
+                                 FAIL_TO_PASS=["tests/test_calc.py::test_add"], PASS_TO_PASS=["t::p"]))
     store.record_task(TaskRecord(instance_id="calc.rej__00000002", repo="calc", status="rejected"))
     rows = [_row("calc.ok__00000001"), _row("calc.rej__00000002")]
     (task,) = canary_tasks(store, ["calc.ok__00000001"], rows, check_images=False)
@@ -97,10 +97,10 @@ def test_canary_tasks_carry_the_known_tests_and_pristine_duration_the_store_reco
     store.upgrade()
     known = ["t::other", "tests/test_calc.py::test_add", "t::p"]
     store.record_task(TaskRecord(instance_id="calc.k__1", repo="calc", status="accepted",
-                                 fail_to_pass=["tests/test_calc.py::test_add"], pass_to_pass=["t::p"],
+                                 FAIL_TO_PASS=["tests/test_calc.py::test_add"], PASS_TO_PASS=["t::p"],
                                  known_tests=known, pristine_duration_s=1.25))
     store.record_task(TaskRecord(instance_id="calc.old__2", repo="calc", status="accepted",  # validated before 0009
-                                 fail_to_pass=["tests/test_calc.py::test_add"]))
+                                 FAIL_TO_PASS=["tests/test_calc.py::test_add"]))
     recorded, old = canary_tasks(store, ["calc.k__1", "calc.old__2"], [_row("calc.k__1"), _row("calc.old__2")],
                                  check_images=False)
     assert recorded.known_tests == known and recorded.pristine_duration_s == 1.25

@@ -71,7 +71,7 @@ def test_resumed_task_validation_updates_status_without_duplicating(store: Store
             instance_id="o__r.1",
             repo="o/r",
             status="accepted",
-            fail_to_pass=["t::a"],
+            FAIL_TO_PASS=["t::a"],
             run_id="run-2",
         )
     )
@@ -572,7 +572,7 @@ def test_a_task_keeps_its_known_tests_and_pristine_duration_and_0009_reads_old_t
     from sqlalchemy import text
 
     known = ["tests/test_a.py::test_one", "tests/test_a.py::test_two[1-x]"]
-    store.record_task(TaskRecord(instance_id="n__1", repo="n", status="accepted", fail_to_pass=known[:1],
+    store.record_task(TaskRecord(instance_id="n__1", repo="n", status="accepted", FAIL_TO_PASS=known[:1],
                                  known_tests=known, pristine_duration_s=2.75))
     (row,) = store.tasks()
     assert row.known_tests == known and row.pristine_duration_s == 2.75

@@ -30,8 +30,8 @@ def frozen(tmp_path: Path) -> tuple[Store, Path]:
     store.upgrade()
     for n, iid in enumerate(IDS):
         recorded = {"known_tests": KNOWN, "pristine_duration_s": 1.5 + n} if n < 2 else {}
-        store.record_task(TaskRecord(instance_id=iid, repo="proj", status="accepted", fail_to_pass=KNOWN[:1],
-                                     pass_to_pass=KNOWN[1:], **recorded))
+        store.record_task(TaskRecord(instance_id=iid, repo="proj", status="accepted", FAIL_TO_PASS=KNOWN[:1],
+                                     PASS_TO_PASS=KNOWN[1:], **recorded))
     quotas = SplitQuotas(train=3, validation=0, test=0, max_per_repo=5)
     selection = select_splits([AcceptedTask(instance_id=i, repo="proj") for i in IDS], quotas)
     manifest = write_freeze("rl-unit", selection, quotas, 0, tmp_path / "freezes")
@@ -69,7 +69,7 @@ def test_a_freeze_that_cannot_give_rl_tasks_is_refused_with_the_reason(frozen, t
     store.record_task(TaskRecord(instance_id=IDS[2], repo="proj", status="rejected"))
     with pytest.raises(PreflightError, match=rf"^rl-burst: 1 of 3 task\(s\) cannot run:\n  {IDS[2]}: not an accepted"):
         rl_tasks_from_freeze(store, "rl-unit", "train", source, tmp_path / "none.jsonl", check_images=False)
-    store.record_task(TaskRecord(instance_id=IDS[2], repo="proj", status="accepted", fail_to_pass=KNOWN[:1]))
+    store.record_task(TaskRecord(instance_id=IDS[2], repo="proj", status="accepted", FAIL_TO_PASS=KNOWN[:1]))
     parsed = TaskSource(generated_path=generated, test_specs={"proj": TestSpec(test_command="python3 -m unittest -v", log_parser="parse_log_django")})
     with pytest.raises(InputError, match="3 task\\(s\\) are read with a SWE-bench log parser"):
         rl_tasks_from_freeze(store, "rl-unit", "train", parsed, tmp_path / "none.jsonl", check_images=False)

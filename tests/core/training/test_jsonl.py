@@ -13,7 +13,7 @@ from forgeflow.training.jsonl import read_rl_jsonl, read_sft_jsonl
 
 CHAT = [{"role": "user", "content": "fix add"}, {"role": "assistant", "content": "--- a/x\n+++ b/x"}]
 TASK = {"instance_id": "calc-1", "image_ref": "localhost/calc:1", "problem_statement": "add fails",
-        "test_command": "pytest -rA", "fail_to_pass": ["t::a"], "verifier_timeout_s": 60.0}
+        "test_command": "pytest -rA", "FAIL_TO_PASS": ["t::a"], "verifier_timeout_s": 60.0}
 
 
 def _write(path: Path, lines: list[str]) -> Path:
@@ -44,8 +44,8 @@ def test_a_bad_sft_line_is_named(tmp_path: Path, line: str, message: str) -> Non
 def test_rl_rows_validate_as_tasks(tmp_path: Path) -> None:
     path = _write(tmp_path / "tasks.jsonl", [json.dumps(TASK), json.dumps({**TASK, "instance_id": "calc-2"})])
     assert [t["instance_id"] for t in read_rl_jsonl(path)] == ["calc-1", "calc-2"]
-    bad = _write(tmp_path / "bad.jsonl", [json.dumps({**TASK, "fail_to_pass": [], "pass_to_pass": []})])
-    with pytest.raises(InputError, match="bad.jsonl line 1 is not an RL task: fail_to_pass: Value error, no test"):
+    bad = _write(tmp_path / "bad.jsonl", [json.dumps({**TASK, "FAIL_TO_PASS": [], "PASS_TO_PASS": []})])
+    with pytest.raises(InputError, match="bad.jsonl line 1 is not an RL task: FAIL_TO_PASS: Value error, no test"):
         read_rl_jsonl(bad)
     with pytest.raises(InputError, match="is not a file"):
         read_rl_jsonl(tmp_path / "missing.jsonl")
@@ -54,15 +54,12 @@ def test_rl_rows_validate_as_tasks(tmp_path: Path) -> None:
 def test_an_rl_task_that_would_reward_doing_nothing_is_refused(tmp_path: Path) -> None:
     """A task with no FAIL_TO_PASS test rewards a completion that changes nothing (every remaining test
     passes): refused, whether the list is empty, missing, or misspelt (an unknown field is refused, naming the
-    field it means); SWE-bench's capitals and the lower-case spelling both load."""
-    only_p2p = {**TASK, "fail_to_pass": [], "pass_to_pass": ["t::b"]}
-    misspelt = {k: v for k, v in TASK.items() if k != "fail_to_pass"} | {"Fail_To_Pass": ["t::a"],
-                                                                         "pass_to_pass": ["t::b"]}
-    capitals = {k: v for k, v in TASK.items() if k not in ("fail_to_pass", "pass_to_pass")} | {
-        "FAIL_TO_PASS": ["t::a"], "PASS_TO_PASS": ["t::b"]}
-    assert read_rl_jsonl(_write(tmp_path / "capitals.jsonl", [json.dumps(capitals)]))[0]["FAIL_TO_PASS"] == ["t::a"]
+    field it means)."""
+    only_p2p = {**TASK, "FAIL_TO_PASS": [], "PASS_TO_PASS": ["t::b"]}
+    misspelt = {k: v for k, v in TASK.items() if k != "FAIL_TO_PASS"} | {"Fail_To_Pass": ["t::a"],
+                                                                         "PASS_TO_PASS": ["t::b"]}
     for name, row, message in [
-            ("empty", only_p2p, r"line 2 is not an RL task: fail_to_pass: Value error, no test: an RL task needs "
+            ("empty", only_p2p, r"line 2 is not an RL task: FAIL_TO_PASS: Value error, no test: an RL task needs "
                                 r"at least one FAIL_TO_PASS test"),
             ("misspelt", misspelt, r"line 2 is not an RL task: FAIL_TO_PASS: Field required; "
                                    r"Fail_To_Pass: Extra inputs are not permitted \(the field is FAIL_TO_PASS\)"),
@@ -72,6 +69,24 @@ def test_an_rl_task_that_would_reward_doing_nothing_is_refused(tmp_path: Path) -
         path = _write(tmp_path / f"{name}.jsonl", [json.dumps({**TASK, "instance_id": "ok"}), json.dumps(row)])
         with pytest.raises(InputError, match=rf"{name}.jsonl {message}"):
             read_rl_jsonl(path)
+
+
+def test_an_rl_task_file_written_before_issue_35_with_lowercase_test_keys_still_loads(tmp_path: Path) -> None:
+    """RL task files once spelt the tests ``fail_to_pass`` / ``pass_to_pass``: they load, read as SWE-bench's
+    ``FAIL_TO_PASS`` / ``PASS_TO_PASS`` (the one name a row is written and a dataset built with)."""
+    from forgeflow.training.rl import build_rl_dataset
+
+    old = {k: v for k, v in TASK.items() if k != "FAIL_TO_PASS"} | {"fail_to_pass": ["t::a"], "pass_to_pass": ["t::b"]}
+    rows = read_rl_jsonl(_write(tmp_path / "old.jsonl", [json.dumps(old)]))
+    assert (rows[0]["FAIL_TO_PASS"], rows[0]["PASS_TO_PASS"]) == (["t::a"], ["t::b"])
+    assert not {"fail_to_pass", "pass_to_pass"} & set(rows[0])
+    data = build_rl_dataset(rows)
+    assert (data.dataset["FAIL_TO_PASS"], data.dataset["PASS_TO_PASS"]) == ([["t::a"]], [["t::b"]])
+    assert data.sha256 == build_rl_dataset(read_rl_jsonl(_write(tmp_path / "new.jsonl", [json.dumps(
+        {**TASK, "PASS_TO_PASS": ["t::b"]})]))).sha256  # either spelling: one dataset, one digest
+    empty = _write(tmp_path / "empty.jsonl", [json.dumps({**old, "fail_to_pass": []})])
+    with pytest.raises(InputError, match="empty.jsonl line 1 is not an RL task: fail_to_pass: Value error, no test"):
+        read_rl_jsonl(empty)
 
 
 def test_a_file_that_is_not_utf8_is_named_with_its_line(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from forgeflow.training.rewards import (
 from forgeflow.training.rl import RLTask
 
 TASK = {"instance_id": "calc-1", "image_ref": "localhost/x:1", "problem_statement": "add is wrong",
-        "test_command": "pytest -rA", "fail_to_pass": ["t.py::test_add"]}
+        "test_command": "pytest -rA", "FAIL_TO_PASS": ["t.py::test_add"]}
 
 
 def test_training_timeout_is_the_task_timeout_times_the_multiplier_never_below_the_pristine_run() -> None:
@@ -82,6 +82,11 @@ def test_the_tasks_known_tests_reach_the_verifier_from_a_spec_a_dataset_row_and_
     data = build_rl_dataset(rows)  # TRL hands the dataset's columns to the reward function
     assert data.dataset["known_tests"] == [known, None]
     assert "known_tests" not in build_rl_dataset(rows[1:]).dataset.column_names  # older datasets keep their digest
+    assert {"FAIL_TO_PASS", "PASS_TO_PASS"} <= set(data.dataset.column_names)  # one name (issue 35)
+    assert not {"fail_to_pass", "pass_to_pass"} & set(data.dataset.column_names)
+    old = {k: v for k, v in TASK.items() if k != "FAIL_TO_PASS"} | {"fail_to_pass": TASK["FAIL_TO_PASS"],
+                                                                     "pass_to_pass": ["t.py::test_mul"]}
+    assert build_rl_dataset([old]).dataset["PASS_TO_PASS"] == [["t.py::test_mul"]]  # an old row still loads
     seen.clear()
     columns = {c: data.dataset[c] for c in data.dataset.column_names if c != "prompt"}
     assert VerifierReward()(prompts=["p"] * 2, completions=[diff] * 2, **columns) == [1.0, 1.0]
@@ -122,8 +127,8 @@ def test_one_completion_never_loses_the_batch(monkeypatch: pytest.MonkeyPatch) -
     n = len(completions)
     reward = VerifierReward(concurrency=3)
     got = reward(prompts=["p"] * n, completions=completions, instance_id=[f"calc-{i}" for i in range(n)],
-                 image_ref=["localhost/x:1"] * n, test_command=["pytest -rA"] * n, fail_to_pass=[["t::a"]] * n,
-                 pass_to_pass=[[]] * n, task_timeout_s=[180.0] * n, pristine_duration_s=[None] * n)
+                 image_ref=["localhost/x:1"] * n, test_command=["pytest -rA"] * n, FAIL_TO_PASS=[["t::a"]] * n,
+                 PASS_TO_PASS=[[]] * n, task_timeout_s=[180.0] * n, pristine_duration_s=[None] * n)
     assert got == [1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, None, None]
     notes = [o.note for _, _, o in reward.outcomes]
     assert "did not apply" in notes[1] and "did not apply" in notes[2]
@@ -133,11 +138,11 @@ def test_one_completion_never_loses_the_batch(monkeypatch: pytest.MonkeyPatch) -
         submission_failure_kinds={"timeout": 1}, exception_types={"KeyError": 1, "VerifierTimeoutError": 1})
     # a bad task row is its completion's exception too
     got = reward(prompts=["p"] * 2, completions=[GOOD, GOOD], instance_id=["a", "b"], image_ref=["i", "i"],
-                 test_command=["t", "t"], fail_to_pass=[["t::a"], []], pass_to_pass=[[], []],
+                 test_command=["t", "t"], FAIL_TO_PASS=[["t::a"], []], PASS_TO_PASS=[[], []],
                  task_timeout_s=[180.0, 180.0])
     assert got == [1.0, None] and reward.outcomes[-1][2].exception_type == "ValidationError"
     # the scorer's own settings are its error, never every completion's 0
     with pytest.raises(errors.InputError, match="tamper policy"):
         VerifierReward(tamper_policy="lenient")(prompts=["p"], completions=[GOOD], instance_id=["a"],
-                                                image_ref=["i"], test_command=["t"], fail_to_pass=[["t::a"]],
-                                                pass_to_pass=[[]], task_timeout_s=[180.0])
+                                                image_ref=["i"], test_command=["t"], FAIL_TO_PASS=[["t::a"]],
+                                                PASS_TO_PASS=[[]], task_timeout_s=[180.0])

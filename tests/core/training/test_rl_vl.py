@@ -20,7 +20,7 @@ from forgeflow.training.rl import RLBurstConfig, build_rl_dataset, run_rl_burst
 pytestmark = [pytest.mark.slow]
 
 TASK = {"instance_id": "calc-1", "image_ref": "localhost/calc:1", "problem_statement": "add fails",
-        "test_command": "pytest -rA", "fail_to_pass": ["tests/test_calc.py::test_add"], "task_timeout_s": 60.0}
+        "test_command": "pytest -rA", "FAIL_TO_PASS": ["tests/test_calc.py::test_add"], "task_timeout_s": 60.0}
 CONFIG = RLBurstConfig(max_steps=1, num_generations=2, max_completion_length=8, lora_r=4, device="cpu")
 
 

@@ -94,12 +94,14 @@ def test_verl_dataset_rows_carry_the_verifier_spec(tmp_path: Path) -> None:
     from forgeflow.training.rl import RLTask, build_rl_dataset
 
     task = RLTask(instance_id="calc-1", image_ref="localhost/x:1", problem_statement="add is wrong",
-                  test_command="pytest -rA", fail_to_pass=("t::a",), task_timeout_s=100, pristine_duration_s=2.5)
+                  test_command="pytest -rA", FAIL_TO_PASS=("t::a",), task_timeout_s=100, pristine_duration_s=2.5)
     path = write_verl_dataset(build_rl_dataset([task]), tmp_path / "train.parquet")
     row = Dataset.from_parquet(str(path))[0]
     assert row["data_source"] == "forgeflow" and row["reward_model"]["ground_truth"] == "calc-1"
     assert "add is wrong" in row["prompt"][0]["content"]
     spec = json.loads(row["extra_info"]["verifier"])
+    assert (spec["FAIL_TO_PASS"], spec["PASS_TO_PASS"]) == (["t::a"], [])  # one name (issue 35)
+    assert not {"fail_to_pass", "pass_to_pass"} & set(spec)
     assert (spec["task_timeout_s"], spec["pristine_duration_s"]) == (100, 2.5)  # compute_score's timeout rule reads both
     assert "known_tests" not in spec  # not recorded: not written
     known = task.model_copy(update={"known_tests": ["t::a", "t::b"]})
@@ -108,6 +110,24 @@ def test_verl_dataset_rows_carry_the_verifier_spec(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="no forgeflow verifier spec"):
         compute_score("openai/gsm8k", "#### 4", "4", {"index": 0})
 
+
+def test_a_verl_row_written_before_issue_35_with_lowercase_test_keys_still_scores(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from forgeflow.sandbox.scoring import SubmissionVerdict
+    from forgeflow.training import rewards
+
+    seen = []
+
+    def verify_on(ray, tests, patch, **kwargs):  # noqa: ANN001, ANN202
+        seen.append(tests)
+        return SubmissionVerdict(reward=1.0)
+
+    monkeypatch.setattr(rewards, "verify_on", verify_on)
+    old = {"instance_id": "calc-1", "image_ref": "localhost/x:1", "test_command": "pytest -rA",
+           "fail_to_pass": ["t::a"], "pass_to_pass": ["t::b"], "task_timeout_s": 100.0, "pristine_duration_s": None}
+    answer = "```diff\n--- a/calc.py\n+++ b/calc.py\n@@ -1 +1 @@\n-a\n+b\n```"
+    score = compute_score("forgeflow", answer, "calc-1", {"index": 0, "verifier": json.dumps(old)})
+    assert score["score"] == 1.0 and (seen[0].FAIL_TO_PASS, seen[0].PASS_TO_PASS) == (["t::a"], ["t::b"])
 
 
 def test_compute_score_scores_a_timeout_and_never_ends_the_job_for_one_answer(monkeypatch: pytest.MonkeyPatch,
@@ -123,7 +143,7 @@ def test_compute_score_scores_a_timeout_and_never_ends_the_job_for_one_answer(mo
     from forgeflow.training.rl import RLTask, build_rl_dataset
 
     task = RLTask(instance_id="calc-1", image_ref="localhost/x:1", problem_statement="add is wrong",
-                  test_command="pytest -rA", fail_to_pass=("t::a",), pristine_duration_s=1.5)
+                  test_command="pytest -rA", FAIL_TO_PASS=("t::a",), pristine_duration_s=1.5)
     row = Dataset.from_parquet(str(write_verl_dataset(build_rl_dataset([task]), tmp_path / "t.parquet")))[0]
     answer = "```diff\n--- a/calc.py\n+++ b/calc.py\n@@ -1 +1 @@\n-a\n+b\n```"
     seen: list[float] = []
