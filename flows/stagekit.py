@@ -53,13 +53,6 @@ def run_task(task: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     return task(*args, **kwargs) if log is None else log.call(task, *args, **kwargs)
 
 
-def note_task_state(state: State) -> None:
-    """Note a submitted task run's final ``state`` in the enclosing lifecycle stage (as :func:`run_task`)."""
-    log = _ACTIVE_STAGE.get()
-    if log is not None:
-        log._note(state)
-
-
 def run_stage_flow(name: str, body: Callable[..., T], *args: Any) -> T:
     """Run ``body(*args)`` as a subflow run named ``name`` of the calling flow run; return its result.
 

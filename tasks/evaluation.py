@@ -113,16 +113,6 @@ def record_agent_trial(store_url: str | None, record: trial.TrialResult, job_id:
     return event
 
 
-def record_supervision(record: trial.TrialResult, job_id: str | None,
-                       run_id: str | None = None) -> records.SupervisionEventRecord | None:
-    """Record the supervisor's stop of ``record`` as a ``supervision_events`` row; the row, or None (no stop)."""
-    event = agent.supervision_event(record, job_id, run_id)
-    if event is not None:
-        shared_store(settings.store_url()).record_supervision_event(event)
-        run_logger().warning("supervisor stopped %s: %s (%s)", record.instance_id, event.kind, record.exception_message)
-    return event
-
-
 @task(cache_policy=NO_CACHE)
 def harbor_export_inputs(freeze_name: str, split: str, candidates_path: Path | None, generated_path: Path | None,
                          default_generated: Path, dataset: DatasetSource | None = None,

@@ -167,10 +167,3 @@ def check_mmproj(mmproj_path: Path, hf_dir: Path) -> MmprojCheck:
                        embedding_length=found["clip.vision.embedding_length"],
                        projection_dim=found["clip.vision.projection_dim"], vision_sha256=vision_tower_sha256(hf_dir),
                        tensors_compared=compared)
-
-
-def projector_lineage(artifacts: dict[str, GGUFArtifact], check: MmprojCheck) -> dict[str, Any]:
-    """What the store records for the projector: its role, type, the vision tower's digest and the text GGUFs
-    (sha256 by artifact key) it serves with. Each of those GGUFs records ``mmproj_sha256`` beside it."""
-    return {"role": MMPROJ_KEY, "projector_type": check.projector_type, "vision_sha256": check.vision_sha256,
-            "serves_with": {k: a.sha256 for k, a in artifacts.items() if k != MMPROJ_KEY}}

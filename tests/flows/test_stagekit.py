@@ -89,28 +89,6 @@ def test_a_stage_runs_as_a_named_subflow_run_and_its_failure_fails_the_stage(pre
         assert sorted(t.name.split("-")[0] for t in tasks) == ["double"] * 3
 
 
-def test_a_stage_flow_notes_the_task_runs_it_submits_in_the_enclosing_stage(tmp_path: Path) -> None:
-    """``curate`` submits its validations itself: inside a lifecycle stage each final state counts there
-    (cached ones as cached), alone it counts nowhere."""
-    from prefect.states import Completed
-
-    from flows.stagekit import StageLog, note_task_state
-
-    def Cached():  # noqa: N802 - the state's name, as a cache hit's final state carries it
-        return Completed(name="Cached")
-
-    note_task_state(Completed())  # no stage open: nothing to count in, nothing raised
-    log = StageLog(tmp_path / "summary.json", None)
-    with log.stage("validate"):
-        note_task_state(Cached())
-        note_task_state(Cached())
-    assert (log.stages["validate"]["tasks_run"], log.stages["validate"]["status"]) == (2, "cached")
-    with log.stage("validate-again"):
-        note_task_state(Cached())
-        note_task_state(Completed())
-    assert (log.stages["validate-again"]["tasks_cached"], log.stages["validate-again"]["status"]) == (1, "completed")
-
-
 def test_a_nested_stage_logs_task_runs_count_in_the_enclosing_stage(prefect_harness, tmp_path: Path) -> None:
     """A stage flow with its own StageLog (the canary's) run inside a lifecycle stage: its task runs count in
     its own stage and in the enclosing one, so the enclosing stage is cached when the nested tasks were; a

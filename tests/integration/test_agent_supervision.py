@@ -129,12 +129,12 @@ def _messages(path: str) -> list[dict[str, Any]]:
 def test_period_1_loop_is_stopped_at_the_third_repeat_and_recorded(task_image: str, tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     from forgeflow.ledger.store import Store
-    from tasks.evaluation import record_supervision
+    from tasks.evaluation import record_agent_trial
 
     monkeypatch.setenv("FORGEFLOW_STORE_URL", f"sqlite:///{tmp_path / 'store.db'}")
     with scripted_endpoint(lambda i: text_answer("cat calc.py")) as (url, bodies):
         record = _trial(url, tmp_path)
-    record_supervision(record, "canary-loop")  # what tasks.evaluation.agent_trial does after the trial
+    record_agent_trial(None, record, "canary-loop", None, None)  # what tasks.evaluation.agent_trial does after it
     assert record.exception_type == "AgentLoopError", record.exception_message
     assert len(bodies) == 3, "blocked at the 3rd identical call, not later"
     assert record.reward == 0.0 and record.verifier_s is not None, "the verifier still runs (flagged)"
