@@ -44,7 +44,7 @@ from flows.stages import compare as compare_flow
 from flows.stages import freeze as freeze_flow
 from flows.stages import package as package_flow
 from flows.stages import serve as serve_flow
-from flows.training import BurstResult, SFTBurstParams
+from flows.training import SFTBurstParams
 from flows.training import sft_burst as sft_burst_flow
 from forgeflow.common.errors import MigrationIncompleteError, PreflightError
 from forgeflow.common.settings import apply_container_env
@@ -65,6 +65,7 @@ from forgeflow.registry import migration as migrate
 from forgeflow.registry import projects
 from forgeflow.serving import bluegreen
 from forgeflow.serving.backend import BackendConfig
+from forgeflow.training.adapters import AdapterRecord
 from tasks import curation
 from tasks import packaging as packaging_tasks
 from tasks import registry as registry_tasks
@@ -190,7 +191,7 @@ def _run_stages(run: _Run) -> dict[str, Any]:
         "artifacts": {name: {"path": str(a.path), "sha256": a.sha256} for name, a in
                       {**{f"base-{q}": a for q, a in base_gguf.items()},
                        **{f"candidate-{q}": a for q, a in ggufs.items()}}.items()}
-        | {"adapter": {"path": str(adapter.adapter_path), "sha256": adapter.adapter_sha256},
+        | {"adapter": {"path": str(adapter.path), "sha256": adapter.sha256},
            "freeze_manifest": {"path": str(manifest.path), "sha256": manifest.file_sha256},
            "freeze_bundle": {"path": str(manifest.bundle_path), "sha256": manifest.bundle_sha256},
            "compare_report": {"path": str(files.report_path), "sha256": files.report_sha256},
@@ -398,7 +399,7 @@ def _base_model(run: _Run) -> tuple[Any, dict[str, Any]]:
     return base_model, base_gguf
 
 
-def _burst(run: _Run, base_model: Any, train: list[generated.GeneratedTask], envs: dict[str, _Env]) -> BurstResult:
+def _burst(run: _Run, base_model: Any, train: list[generated.GeneratedTask], envs: dict[str, _Env]) -> AdapterRecord:
     """10. burst: SFT samples from the train split's Oracle solutions, then the ``sft-burst`` flow on them."""
     config, out_dir = run.config, run.out_dir
     with run.log.stage("burst") as st:
@@ -407,18 +408,18 @@ def _burst(run: _Run, base_model: Any, train: list[generated.GeneratedTask], env
         adapter = sft_burst_flow(SFTBurstParams(hf_dir=base_model.path, samples_jsonl=samples_jsonl,
                                                 out_dir=out_dir / "models", training=config.burst))
         st["counts"] = {"samples": len(sft_samples), "steps": adapter.steps}
-        st["digests"] = {"adapter": adapter.adapter_sha256, "dataset": adapter.dataset_sha256}
-        st["paths"] = {"adapter": str(adapter.adapter_path), "samples": str(samples_jsonl)}
+        st["digests"] = {"adapter": adapter.sha256, "dataset": adapter.lineage.dataset_sha256}
+        st["paths"] = {"adapter": str(adapter.path), "samples": str(samples_jsonl)}
     return adapter
 
 
-def _package(run: _Run, base_model: Any, adapter: BurstResult) -> dict[str, Any]:
+def _package(run: _Run, base_model: Any, adapter: AdapterRecord) -> dict[str, Any]:
     """11. package: the ``package`` flow; the GGUFs by quantization type."""
     config = run.config
     with run.log.stage("package") as st:
-        package_dir = run.out_dir / "models" / "candidate-gguf" / adapter.adapter_sha256[:16]  # one folder per adapter
+        package_dir = run.out_dir / "models" / "candidate-gguf" / adapter.sha256[:16]  # one folder per adapter
         ggufs = package_flow(PackageParams(hf_dir=base_model.path, out_dir=package_dir,
-                                           quantizations=config.package.quantizations, adapter_dir=adapter.adapter_path,
+                                           quantizations=config.package.quantizations, adapter_dir=adapter.path,
                                            metadata_edits=config.package.metadata_edits)).artifacts
         st["digests"] = {q: a.sha256 for q, a in ggufs.items()}
         st["paths"] = {q: str(a.path) for q, a in ggufs.items()}

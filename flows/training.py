@@ -41,33 +41,12 @@ from tasks import training as training_tasks
 from tasks.common import hook_logger, markdown_artifact, sweep_trial_sandboxes, table_artifact, trial_dispatcher
 from tasks.curation import sandbox_choice
 
-__all__ = ["BurstResult", "PPOJob", "PPOParams", "PPOResult", "RLBurstParams", "SFTBurstParams",
+__all__ = ["PPOJob", "PPOParams", "PPOResult", "RLBurstParams", "SFTBurstParams",
            "WindowsParams", "WindowsResult", "ppo", "rl_burst", "sft_burst", "windows"]
 
 def _param_error(exc: InputError, field: str) -> InputError:
     """``exc`` with its message naming ``params.<field>``, as the user wrote it."""
     return type(exc)(f"params.{field}: {exc}")
-
-
-class BurstResult(BaseModel):
-    """What a burst flow made.
-
-    Attributes:
-        adapter_sha256: the pinned adapter's digest (weights + adapter config).
-        parent_sha256: what it continues: the parent adapter's digest, or the base model's.
-        losses: ``(step, loss)`` as logged.
-    """
-
-    model_config = ConfigDict(frozen=True)
-
-    adapter_sha256: str
-    adapter_path: Path
-    parent_sha256: str
-    base_model_sha256: str
-    dataset_sha256: str
-    steps: int
-    final_loss: float
-    losses: list[tuple[int, float]]
 
 
 def _kinds(counts: dict[str, int]) -> str:
@@ -114,9 +93,9 @@ def _training_setup(lineage: Lineage) -> str:
 
 
 def _record(adapter: AdapterRecord, base_path: Path, base_sha: str,
-            run_id: str | None, artifact_key: str, title: str) -> BurstResult:
+            run_id: str | None, artifact_key: str, title: str) -> AdapterRecord:
     """Record the base (if the store does not know it yet) and the pinned adapter; publish artifacts."""
-    parent = adapter.lineage.parent_adapter_sha256 or base_sha
+    parent = adapter.parent_sha256
     training_tasks.record_adapter(store_settings.store_url(), _base_row(base_sha, base_path, "local", run_id),
                                   records.ModelArtifactRecord(
                                       sha256=adapter.sha256, kind="adapter", path=str(adapter.path),
@@ -136,13 +115,11 @@ def _record(adapter: AdapterRecord, base_path: Path, base_sha: str,
         "", f"`forgeflow lineage {adapter.sha256[:12]}` shows the chain."]), f"{title}: the adapter and its lineage")
     get_run_logger().info("%s: adapter %s (parent %s), %d steps, final loss %.4f", title, adapter.sha256[:12],
                           parent[:12], adapter.steps, adapter.final_loss)
-    return BurstResult(adapter_sha256=adapter.sha256, adapter_path=adapter.path, parent_sha256=parent,
-                       base_model_sha256=base_sha, dataset_sha256=adapter.lineage.dataset_sha256,
-                       steps=adapter.steps, final_loss=adapter.final_loss, losses=losses)
+    return adapter
 
 
 @flow(name="sft-burst", log_prints=False)
-def sft_burst(params: SFTBurstParams) -> BurstResult:
+def sft_burst(params: SFTBurstParams) -> AdapterRecord:
     """One LoRA SFT burst on the user's chat samples, continuing ``params.parent_adapter`` if given.
 
     On an image-text-to-text base (``tiny-vl``, Qwen3.5 / Qwen3-VL) a user turn may hold image parts; the vision
@@ -180,7 +157,7 @@ def sft_burst(params: SFTBurstParams) -> BurstResult:
 @flow(name="rl-burst", log_prints=False,
       on_cancellation=[sweep_trial_sandboxes("params.sandbox", "params.dispatcher")],
       on_crashed=[sweep_trial_sandboxes("params.sandbox", "params.dispatcher")])
-def rl_burst(params: RLBurstParams) -> BurstResult:
+def rl_burst(params: RLBurstParams) -> AdapterRecord:
     """One RL burst (TRL GRPO or RLOO + LoRA) on the user's tasks, rewarded by the verifier in a sandbox.
 
     The reward is the verifier's verdict on the completion's patch in a fresh sandbox (1 resolved, 0 not, also
@@ -387,7 +364,7 @@ class WindowsResult(BaseModel):
     trajectories: int
     windows_by_kind: dict[str, int]
     stats: dict
-    burst: BurstResult | None = None
+    burst: AdapterRecord | None = None
 
 
 @flow(name="windows", log_prints=False)

@@ -158,6 +158,11 @@ class AdapterRecord(BaseModel):
         description="the burst's health report (None: written before the gates existed, never promotable)")
 
     @property
+    def parent_sha256(self) -> str:
+        """What the adapter continues: its parent adapter's digest, else its base model's (a lineage row's parent)."""
+        return self.lineage.parent_adapter_sha256 or self.lineage.base_model_sha256
+
+    @property
     def promotable(self) -> bool:
         """True iff the burst passed every health gate (the only adapters a release may use)."""
         return self.health is not None and self.health.passed

@@ -64,40 +64,40 @@ def test_two_sft_bursts_continue_one_lineage_in_the_store(prefect_harness, home:
     params = SFTBurstParams(hf_dir=tiny_model, samples_jsonl=samples, training=training)
     first = sft_burst(params)
     base_sha = sha256_tree(tiny_model)
-    assert first.parent_sha256 == base_sha == first.base_model_sha256
-    assert first.adapter_path == home / "models" / "adapters" / first.adapter_sha256
-    assert adapter_sha256(first.adapter_path) == first.adapter_sha256
-    assert [s for s, _ in first.losses] == [1, 2] and all(loss > 0 for _, loss in first.losses)
+    assert first.parent_sha256 == base_sha == first.lineage.base_model_sha256
+    assert first.path == home / "models" / "adapters" / first.sha256
+    assert adapter_sha256(first.path) == first.sha256
+    assert [s for s, _ in first.health.losses] == [1, 2] and all(loss > 0 for _, loss in first.health.losses)
 
     # the 12-character prefix the flow's log and `forgeflow lineage` show names the parent as well as the whole digest
-    second = sft_burst(params.model_copy(update={"parent_adapter": first.adapter_sha256[:12]}))
-    assert second.parent_sha256 == first.adapter_sha256 != second.adapter_sha256
-    w1 = (first.adapter_path / "adapter_model.safetensors").read_bytes()
-    w2 = (second.adapter_path / "adapter_model.safetensors").read_bytes()
+    second = sft_burst(params.model_copy(update={"parent_adapter": first.sha256[:12]}))
+    assert second.parent_sha256 == first.sha256 != second.sha256
+    w1 = (first.path / "adapter_model.safetensors").read_bytes()
+    w2 = (second.path / "adapter_model.safetensors").read_bytes()
     assert w1 != w2  # the continued adapter trained further
 
-    report = lineage_of(Store(), second.adapter_sha256[:12])
+    report = lineage_of(Store(), second.sha256[:12])
     chain = [(step.sha256, step.kind) for step in report.chain]
-    assert chain == [(base_sha, "base"), (first.adapter_sha256, "adapter"), (second.adapter_sha256, "adapter")]
-    [production] = Store().producers(second.adapter_sha256)
-    assert production.parent_sha256 == first.adapter_sha256
-    assert production.lineage["dataset_sha256"] == second.dataset_sha256 == first.dataset_sha256
+    assert chain == [(base_sha, "base"), (first.sha256, "adapter"), (second.sha256, "adapter")]
+    [production] = Store().producers(second.sha256)
+    assert production.parent_sha256 == first.sha256
+    assert production.lineage["dataset_sha256"] == second.lineage.dataset_sha256 == first.lineage.dataset_sha256
     assert production.lineage["hyperparameters"]["max_steps"] == 2
     assert production.lineage["hyperparameters"]["lora_r"] == 4
     assert production.run_id and production.lineage["run_id"] == production.run_id
-    assert production.run_id != Store().producers(first.adapter_sha256)[0].run_id
+    assert production.run_id != Store().producers(first.sha256)[0].run_id
 
     # a third burst continuing the folder (not the sha256) with another rank is refused before training
     with pytest.raises(InputError, match=r"^params.training.lora_r 8 differs from the parent adapter's r 4"):
-        sft_burst(SFTBurstParams(hf_dir=tiny_model, samples_jsonl=samples, parent_adapter=str(second.adapter_path)))
+        sft_burst(SFTBurstParams(hf_dir=tiny_model, samples_jsonl=samples, parent_adapter=str(second.path)))
     # a parent trained on another base model is refused naming the field as written, not the core's name
     other_base = tmp_path / "other-base"
     shutil.copytree(tiny_model, other_base)
     (other_base / "README.md").write_text("another base model\n")
-    with pytest.raises(InputError, match=rf"^params.parent_adapter: the adapter at {second.adapter_path} was trained "
+    with pytest.raises(InputError, match=rf"^params.parent_adapter: the adapter at {second.path} was trained "
                                          rf"on base model {base_sha}, not {sha256_tree(other_base)}"):
         sft_burst(SFTBurstParams(hf_dir=other_base, samples_jsonl=samples, training=training,
-                                 parent_adapter=second.adapter_sha256[:12]))
+                                 parent_adapter=second.sha256[:12]))
     with pytest.raises(InputError, match=r"^params.parent_adapter: adapter '0123456789ab' is not in the store"):
         sft_burst(params.model_copy(update={"parent_adapter": "0123456789ab"}))
 
@@ -121,7 +121,7 @@ def test_an_unpacked_checkpointed_sft_burst_trains_and_its_lineage_says_so(prefe
     said = "burst: gradient checkpointing on, as the burst's config sets it"
     assert said in _run_records(state.state_details.flow_run_id)
     assert result.steps == 1 and result.final_loss > 0
-    (production,) = [p for p in Store().producers(result.adapter_sha256) if p.kind == "adapter"]
+    (production,) = [p for p in Store().producers(result.sha256) if p.kind == "adapter"]
     lineage = production.lineage
     assert (lineage["packing"], lineage["attention"], lineage["gradient_checkpointing"]) == ("none", "sdpa", True)
     assert (lineage["hyperparameters"]["packing"], lineage["hyperparameters"]["gradient_checkpointing"]) == (False, True)

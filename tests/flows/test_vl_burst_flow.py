@@ -71,13 +71,13 @@ def test_an_sft_burst_with_image_turns_freezes_the_vision_tower_and_a_text_file_
     training = BurstConfig(max_steps=2, learning_rate=5e-3, lora_r=4, max_length=128, seed=1)
     first = sft_burst(SFTBurstParams(hf_dir=base.path, samples_jsonl=samples, training=training))
 
-    record = read_adapter_record(first.adapter_path)
+    record = read_adapter_record(first.path)
     assert record.lineage.vision_tower_frozen is True
     assert record.lineage.vision_tower_sha256 == base.vision_sha256 == vl_model.vision_tower_sha256(base.path)
     assert record.lineage.packing == "none" and record.steps == 2
-    [production] = Store().producers(first.adapter_sha256)
+    [production] = Store().producers(first.sha256)
     assert production.lineage["vision_tower_sha256"] == base.vision_sha256
-    with safe_open(str(first.adapter_path / "adapter_model.safetensors"), framework="pt") as handle:
+    with safe_open(str(first.path / "adapter_model.safetensors"), framework="pt") as handle:
         tensors = {name: handle.get_tensor(name) for name in handle.keys()}
     assert tensors and not [n for n in tensors if "visual" in n]
     assert {"in_proj_qkv", "in_proj_z", "out_proj", "q_proj", "gate_proj"} <= {n.split(".")[-3] for n in tensors}
@@ -91,15 +91,15 @@ def test_an_sft_burst_with_image_turns_freezes_the_vision_tower_and_a_text_file_
     from forgeflow.training.burst import build_sft_dataset
     from forgeflow.training.jsonl import read_sft_jsonl
 
-    assert build_sft_dataset(read_sft_jsonl(moved_data / "vl.jsonl")).sha256 == first.dataset_sha256
+    assert build_sft_dataset(read_sft_jsonl(moved_data / "vl.jsonl")).sha256 == first.lineage.dataset_sha256
 
     text_only = tmp_path / "text.jsonl"
     text_only.write_text(json.dumps({"messages": [{"role": "user", "content": "Name a primary colour."},
                                                   {"role": "assistant", "content": "Red."}]}) + "\n")
     second = sft_burst(SFTBurstParams(hf_dir=base.path, samples_jsonl=text_only, training=training,
-                                      parent_adapter=first.adapter_sha256[:12]))
-    assert second.parent_sha256 == first.adapter_sha256 != second.adapter_sha256
-    assert read_adapter_record(second.adapter_path).lineage.vision_tower_sha256 == base.vision_sha256
+                                      parent_adapter=first.sha256[:12]))
+    assert second.parent_sha256 == first.sha256 != second.sha256
+    assert read_adapter_record(second.path).lineage.vision_tower_sha256 == base.vision_sha256
 
 
 def test_the_windows_flow_keeps_a_trajectorys_images_and_sft_burst_trains_tiny_vl_on_its_output(
@@ -129,7 +129,7 @@ def test_the_windows_flow_keeps_a_trajectorys_images_and_sft_burst_trains_tiny_v
     assert rows and all({"type": "image", "image": red} in r["prompt"][0]["content"] for r in rows)
     assert (result.samples_jsonl.parent / f"{red}.png").is_file()
     assert result.burst is not None and result.burst.steps == 1
-    lineage = read_adapter_record(result.burst.adapter_path).lineage
+    lineage = read_adapter_record(result.burst.path).lineage
     assert lineage.vision_tower_frozen is True and lineage.vision_tower_sha256 == base.vision_sha256
     assert lineage.dataset_sha256 == result.dataset_sha256
 
@@ -158,9 +158,9 @@ def test_rl_burst_continues_a_tiny_vl_sft_adapter_with_the_tower_frozen_and_reco
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text(json.dumps({"instance_id": "calc-1", "image_ref": "localhost/calc:1", "problem_statement":
                                  "add fails", "test_command": "pytest -rA", "FAIL_TO_PASS": ["t.py::test_add"]}) + "\n")
-    rl = rl_burst(RLBurstParams(hf_dir=base.path, tasks_jsonl=tasks, parent_adapter=sft.adapter_sha256,
+    rl = rl_burst(RLBurstParams(hf_dir=base.path, tasks_jsonl=tasks, parent_adapter=sft.sha256,
                                 training=RLBurstConfig(max_steps=1, max_completion_length=8, lora_r=4)))
-    assert rl.parent_sha256 == sft.adapter_sha256 != rl.adapter_sha256 and rl.steps == 1
-    (production,) = [p for p in Store().producers(rl.adapter_sha256) if p.kind == "adapter"]
+    assert rl.parent_sha256 == sft.sha256 != rl.sha256 and rl.steps == 1
+    (production,) = [p for p in Store().producers(rl.sha256) if p.kind == "adapter"]
     assert production.lineage["algorithm"] == "grpo" and production.lineage["vision_tower_frozen"] is True
     assert production.lineage["vision_tower_sha256"] == base.vision_sha256

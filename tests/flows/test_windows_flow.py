@@ -83,9 +83,9 @@ def test_windows_from_a_canary_job_train_an_sft_burst(prefect_harness, flow_home
 
     burst = result.burst
     assert burst is not None and burst.steps == 2
-    assert burst.dataset_sha256 == build_sft_dataset(read_sft_jsonl(result.samples_jsonl)).sha256
-    (production,) = [p for p in Store().producers(burst.adapter_sha256) if p.kind == "adapter"]
-    assert production.lineage["dataset_sha256"] == burst.dataset_sha256 == result.dataset_sha256
+    assert burst.lineage.dataset_sha256 == build_sft_dataset(read_sft_jsonl(result.samples_jsonl)).sha256
+    (production,) = [p for p in Store().producers(burst.sha256) if p.kind == "adapter"]
+    assert production.lineage["dataset_sha256"] == burst.lineage.dataset_sha256 == result.dataset_sha256
     # the file is named by its content in $FORGEFLOW_HOME/windows
     assert result.samples_jsonl == flow_home / "windows" / f"canary-job-1-{result.samples_sha256[:12]}.jsonl"
     assert (production.lineage["device"], production.lineage["dtype"]) == ("cpu", "float32")  # no GPU here
