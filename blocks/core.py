@@ -19,9 +19,7 @@ from forgeflow.sandbox import backends
 from forgeflow.sandbox.base import Sandbox, SandboxSpec
 from forgeflow.sandbox.dispatch import RayPlacement
 from forgeflow.sandbox.limits import DEFAULT_CPUS, DEFAULT_MEMORY_MB, Cpus, MemoryMb, SandboxLimits
-from forgeflow.serving.backend import BackendConfig, backend_config
-from forgeflow.serving.llama_server import KV_CACHE_TYPES
-from forgeflow.serving.server import DEFAULT_ALIAS
+from forgeflow.serving.backend import BackendConfig
 
 
 class RegistryEndpoint(Block):
@@ -181,47 +179,22 @@ def secret_token(name: str, what: str) -> SecretStr:
     return SecretStr(value)
 
 
-class ServingBackend(Block):
-    """The model server a swap starts: llama-cpp-python (default) or ``llama-server``, or an external endpoint.
+class ServingBackend(Block, BackendConfig):
+    """The model server a swap starts: :class:`forgeflow.serving.backend.BackendConfig` itself as a block (its
+    fields, bounds, defaults and rules, one declaration): llama-cpp-python (default), ``llama-server``, or an
+    external endpoint forgeflow does not start (its key read from the Secret block ``api_key_secret`` only when a
+    swap calls it; the lifecycle refuses kind external).
 
-    ``kind="external"``: an OpenAI-compatible endpoint forgeflow does not start; its key is read from the Secret
-    block ``api_key_secret`` only when a swap calls it. The fields are
-    :class:`forgeflow.serving.backend.BackendConfig`'s; the lifecycle refuses kind external.
+    Raises:
+        pydantic.ValidationError: a bad value, named, where the block is made; a block saved from the UI's form is
+            checked where it is loaded (:func:`tasks.common.load_block`: InputError naming the block and field).
     """
 
     _block_type_name = "forgeflow-serving"
-    kind: str = Field("llama-cpp-python", description="llama-cpp-python, llama-server or external (an "
-                      "OpenAI-compatible endpoint forgeflow does not start)")
-    ports: tuple[int, int] = Field((8801, 8802), description="blue/green ports")
-    host: str = Field("127.0.0.1", description="IPv4 address the servers bind: 127.0.0.1 (this machine), an "
-                      "interface's address, or 0.0.0.0 (every interface)")
-    model_alias: str = Field(DEFAULT_ALIAS, description="the model name clients send")
-    n_ctx: int = Field(4096, description="context in tokens (llama-server: the whole KV pool, -c)")
-    n_parallel: int = Field(1, description="llama-server slots (-np; -1: auto, 4 on a unified cache)")
-    kv_unified: bool = Field(False, description="llama-server --kv-unified: every slot may use the whole pool")
-    cache_type: str | None = Field(None, description=f"llama-server KV cache type: {', '.join(KV_CACHE_TYPES)}")
-    cache_type_k: str | None = Field(None, description="llama-server -ctk alone (over cache_type)")
-    cache_type_v: str | None = Field(None, description="llama-server -ctv alone (over cache_type)")
-    flash_attn: str | None = Field(None, description="llama-server -fa: on, off or auto (default: the server's)")
-    mmproj: str | None = Field(None, description="llama-server --mmproj: the vision projector GGUF served with the "
-                               "model; the gate then sends an image and requires the server to use it")
-    image_min_tokens: int | None = Field(None, description="llama-server --image-min-tokens (needs mmproj)")
-    n_gpu_layers: int = Field(0, description="llama-server -ngl (0: CPU; > 0 refuses a silent CPU fallback)")
-    required_context_tokens: int | None = Field(
-        None, description="tokens one request needs; a plan whose slots cannot hold it is refused before a start")
-    n_threads: int | None = Field(None, description="CPU threads for generation (default: llama.cpp's)")
-    startup_timeout_s: float = Field(120.0, description="seconds a start may take")
-    binary: str | None = Field(None, description="a llama-server executable on the worker (default: the build "
-                               "cached once per machine, with CUDA when n_gpu_layers > 0)")
-    base_url: str | None = Field(None, description="external: the endpoint's API root with its version path, "
-                                 "e.g. http://10.0.0.5:8000/v1 (/models and /chat/completions are appended)")
-    api_key_secret: str | None = Field(None, description="external: name of the Prefect Secret block holding the "
-                                       "endpoint's API key (never the key); none: no key")
 
     def config(self) -> BackendConfig:
-        """The block as a BackendConfig (InputError naming the field when it is not a valid backend)."""
-        fields = {name: getattr(self, name) for name in BackendConfig.model_fields}
-        return backend_config(fields, f"forgeflow-serving block {self._block_document_name or ''!r}")
+        """The block's values as a plain BackendConfig (what the serving tasks take and cache on)."""
+        return BackendConfig.model_validate(self.model_dump(include=set(BackendConfig.model_fields)))
 
 
 class StoreURL(Block):

@@ -21,6 +21,7 @@ from prefect import Flow, Task, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE, CachePolicy
 from prefect.client.schemas.objects import FlowRun, State, TaskRun
+from pydantic import ValidationError
 
 from forgeflow.common.errors import InputError, is_transient
 from forgeflow.common.fsutil import JSONObject
@@ -136,9 +137,16 @@ def flow_run_id() -> str | None:
 
 def load_block(block_cls: type[_BlockT], name: str, what: str) -> _BlockT:
     """The saved Prefect block ``name`` of ``block_cls``. Raises InputError: no such block (``"<what> block '<name>'
-    does not exist: ..."``)."""
+    does not exist: ..."``), or its saved values break the block's model (a block saved from the UI's form, which
+    checks types but not the model's rules: ``"<what> block '<name>' is not valid: <field>: <reason>"``)."""
     try:
         return block_cls.load(name)  # type: ignore[attr-defined]
+    except RuntimeError as exc:  # Prefect: "Unable to load ... due to failed validation", from the ValidationError
+        if not isinstance(exc.__cause__, ValidationError):
+            raise
+        problems = "; ".join(": ".join([*filter(None, ['.'.join(map(str, e['loc']))]),
+                                        e['msg'].removeprefix('Value error, ')]) for e in exc.__cause__.errors())
+        raise InputError(f"{what} block {name!r} is not valid: {problems}") from exc
     except ValueError as exc:  # Prefect: "Unable to find block document named ..."
         raise InputError(f"{what} block {name!r} does not exist: {exc}") from exc
 

@@ -57,3 +57,20 @@ def test_an_external_serving_block_is_refused_before_any_stage(prefect_harness, 
     with pytest.raises(InputError, match=r"serving block 'team-endpoint' is kind 'external' \(http://127.0.0.1:9/v1\)"):
         lifecycle(LifecycleConfig(output_dir=out, serving={"block": "team-endpoint"}))
     assert not out.exists()
+
+
+def test_a_serving_block_saved_with_values_its_model_refuses_is_named_before_any_stage(prefect_harness,
+                                                                                        tmp_path: Path) -> None:
+    """The UI's block form checks types, not BackendConfig's rules: such a block is refused where it is loaded,
+    naming the block and the field, not as a missing block."""
+    from blocks.core import ServingBackend
+    from flows.lifecycle import lifecycle
+    from forgeflow.common.errors import InputError
+    from forgeflow.config import LifecycleConfig
+
+    ServingBackend.model_construct(n_parallel=4).save("form-made", overwrite=True)  # as the form saves it
+    out = tmp_path / "run"
+    with pytest.raises(InputError, match=r"serving block 'form-made' is not valid: n_parallel need kind "
+                                         r"'llama-server'"):
+        lifecycle(LifecycleConfig(output_dir=out, serving={"block": "form-made"}))
+    assert not out.exists()

@@ -95,19 +95,19 @@ def test_the_block_fields_become_the_backend(monkeypatch: pytest.MonkeyPatch) ->
     assert (config.kind, config.ports, config.n_parallel, config.n_gpu_layers, config.required_context_tokens) == (
         "llama-server", (9301, 9302), 2, 33, 1000)
     assert "-np 2" in config.describe() and "-ngl 33" in config.describe()
-    with pytest.raises(InputError, match="n_parallel need kind 'llama-server'"):
-        ServingBackend(n_parallel=2).config()
+    with pytest.raises(ValidationError, match="n_parallel need kind 'llama-server'"):
+        ServingBackend(n_parallel=2)  # refused where the block is made, before it is saved
 
 
-def test_the_block_offers_every_backend_field_with_the_same_default() -> None:
-    """The ``forgeflow-serving`` block is BackendConfig as a flat UI form: the same field names and
-    defaults (a field added to one and not the other fails here), the rules checked by BackendConfig."""
-    block_fields = {name: f for name, f in ServingBackend.model_fields.items() if name in BackendConfig.model_fields}
-    assert set(block_fields) == set(BackendConfig.model_fields)
-    defaults = BackendConfig()
-    for name, field in block_fields.items():
-        default = field.default
-        assert (default if name != "binary" or default is None else Path(default)) == getattr(defaults, name), name
+def test_the_block_is_the_backend_config_with_its_bounds_in_the_ui_form() -> None:
+    """The ``forgeflow-serving`` block is BackendConfig itself (one declaration of each field): the form the UI
+    draws from its schema carries BackendConfig's kinds and bounds."""
+    assert issubclass(ServingBackend, BackendConfig) and set(ServingBackend.model_fields) == set(
+        BackendConfig.model_fields)
+    schema = ServingBackend.model_json_schema()
+    assert schema["properties"]["kind"]["enum"] == ["llama-cpp-python", "llama-server", "external"]
+    assert schema["properties"]["n_ctx"]["minimum"] == 16 and schema["properties"]["n_gpu_layers"]["minimum"] == 0
+    assert type(ServingBackend(kind="llama-server", n_parallel=2).config()) is BackendConfig  # what tasks cache on
 
 
 @pytest.mark.parametrize(("fields", "message"), [
@@ -121,9 +121,8 @@ def test_the_block_offers_every_backend_field_with_the_same_default() -> None:
     ({"base_url": "http://user:pw@10.0.0.5/v1"}, "no query, fragment or credentials"),
 ])
 def test_the_block_refuses_a_started_servers_fields_for_an_external_endpoint(fields: dict, message: str) -> None:
-    block = ServingBackend(**{"kind": "external", "base_url": "http://10.0.0.5:8000/v1", **fields})
-    with pytest.raises(InputError, match=f"forgeflow-serving block .* is not a valid serving backend: .*{message}"):
-        block.config()
+    with pytest.raises(ValidationError, match=message):
+        ServingBackend(**{"kind": "external", "base_url": "http://10.0.0.5:8000/v1", **fields})
 
 
 def test_an_external_endpoint_keeps_its_url_alias_and_key_name_and_other_kinds_refuse_them() -> None:
@@ -137,5 +136,5 @@ def test_an_external_endpoint_keeps_its_url_alias_and_key_name_and_other_kinds_r
     with pytest.raises(InputError, match="is not started by forgeflow"):
         config.server(tiny_ggufs()[0], 8801, Path("unused.log"))
     for kind in ("llama-cpp-python", "llama-server"):
-        with pytest.raises(InputError, match="base_url, api_key_secret need kind 'external'"):
-            ServingBackend(kind=kind, base_url="http://10.0.0.5:8000/v1", api_key_secret="k").config()
+        with pytest.raises(ValidationError, match="base_url, api_key_secret need kind 'external'"):
+            ServingBackend(kind=kind, base_url="http://10.0.0.5:8000/v1", api_key_secret="k")
