@@ -171,9 +171,7 @@ class BackendConfig(BaseModel):
     def server_options(self) -> LlamaServerOptions:
         """The :class:`forgeflow.serving.llama_server.LlamaServerOptions` of this configuration
         (llama-server's slots, KV cache, offload and binary; the defaults for llama-cpp-python)."""
-        return LlamaServerOptions(n_parallel=self.n_parallel, kv_unified=self.kv_unified, cache_type=self.cache_type,
-                                  n_gpu_layers=self.n_gpu_layers, required_ctx=self.required_context_tokens,
-                                  binary=self.binary, **{name: getattr(self, name) for name in _MULTIMODAL})
+        return LlamaServerOptions.model_validate(self.model_dump(include=set(LlamaServerOptions.model_fields)))
 
     def server(self, gguf_path: Path, port: int, log_path: Path) -> ModelServer:
         """The (not yet started) server of this configuration for ``gguf_path`` on ``port``.

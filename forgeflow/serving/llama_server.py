@@ -277,15 +277,15 @@ class ServerProps(BaseModel):
 
 
 class LlamaServerOptions(BaseModel):
-    """What ``llama-server`` takes beyond the model server's own arguments."""
+    """What ``llama-server`` takes beyond the model server's own arguments: the same names as
+    :class:`~forgeflow.serving.backend.BackendConfig`'s fields (whose ``server_options`` selects them)."""
 
     model_config = ConfigDict(frozen=True)
 
     n_parallel: int = Field(1, description="-np slots (-1: auto).")
     kv_unified: bool = Field(False, description="--kv-unified.")
-    required_ctx: int | None = Field(None,
-                                     description="the context one request needs, tokens; checked before the start "
-                                                 "(preflight_context) and against /props after it")
+    required_context_tokens: int | None = Field(None, description="the context one request needs, tokens; "
+                                                "checked before the start (preflight_context) and against /props")
     n_gpu_layers: int = Field(0, description="-ngl (0: CPU; > 0 is checked by check_accelerator).")
     cache_type: str | None = Field(None,
                                    description="KV cache type for keys and values (-ctk/-ctv, one of "
@@ -309,7 +309,7 @@ class LlamaServer(ModelServer):
 
     Raises:
         InputError: bad arguments (named), or a projector that is not this model's.
-        ContextPreflightError: ``required_ctx`` cannot fit a slot.
+        ContextPreflightError: ``required_context_tokens`` cannot fit a slot.
     """
 
     def __init__(self, gguf_path: Path, port: int, model_alias: str, n_ctx: int = 4096,
@@ -335,9 +335,10 @@ class LlamaServer(ModelServer):
         self.mmproj, self.image_min_tokens, self.flash_attn = opts.mmproj, opts.image_min_tokens, opts.flash_attn
         self.cache_type_k = opts.cache_type_k or opts.cache_type
         self.cache_type_v = opts.cache_type_v or opts.cache_type
-        self.plan = (preflight_context(opts.required_ctx, n_ctx, opts.n_parallel, opts.kv_unified)
-                     if opts.required_ctx else slot_context(n_ctx, opts.n_parallel, opts.kv_unified))
-        self.n_parallel, self.kv_unified, self.required_ctx = opts.n_parallel, opts.kv_unified, opts.required_ctx
+        self.plan = (preflight_context(opts.required_context_tokens, n_ctx, opts.n_parallel, opts.kv_unified)
+                     if opts.required_context_tokens else slot_context(n_ctx, opts.n_parallel, opts.kv_unified))
+        self.n_parallel, self.kv_unified = opts.n_parallel, opts.kv_unified
+        self.required_context_tokens = opts.required_context_tokens
         self.n_gpu_layers, self.cache_type = opts.n_gpu_layers, opts.cache_type
         self.binary = Path(opts.binary) if opts.binary else None
         self.props: ServerProps | None = None
@@ -371,7 +372,8 @@ class LlamaServer(ModelServer):
         return f"http://{client_host(self.host)}:{self.port}/health"
 
     def _after_ready(self) -> None:
-        """Read ``/props``; refuse another served file, a per-slot context below ``required_ctx``, a CPU fallback.
+        """Read ``/props``; refuse another served file, a per-slot context below ``required_context_tokens``, a CPU
+        fallback.
 
         Raises:
             ServerStartError: ``/props`` did not answer 200 or names another ``model_path``.
@@ -386,8 +388,8 @@ class LlamaServer(ModelServer):
             raise errors.ServerStartError(
                 f"{root}/props reports model_path {self.props.model_path!r}, not {self.gguf_path}: another "
                 "server answers on this port")
-        if self.required_ctx is not None and self.props.per_slot_ctx < self.required_ctx:
+        if self.required_context_tokens is not None and self.props.per_slot_ctx < self.required_context_tokens:
             raise ContextPreflightError(
                 f"{root}/props reports {self.props.per_slot_ctx} tokens per slot "
-                f"({self.props.total_slots} slots) but a request needs {self.required_ctx}")
+                f"({self.props.total_slots} slots) but a request needs {self.required_context_tokens}")
         self.offload = check_accelerator(self.log_path.read_text(errors="replace"), self.n_gpu_layers)

@@ -47,7 +47,7 @@ def q8() -> Path:
 
 
 def test_props_report_the_per_slot_context_forgeflow_computed(binary: Path, q8: Path, tmp_path: Path) -> None:
-    with LlamaServer(q8, _free_port(), "forgeflow", 2048, LlamaServerOptions(n_parallel=2, required_ctx=1000, binary=binary),
+    with LlamaServer(q8, _free_port(), "forgeflow", 2048, LlamaServerOptions(n_parallel=2, required_context_tokens=1000, binary=binary),
                      log_path=tmp_path / "s.log", n_threads=2) as server:
         assert server.props is not None
         expected = slot_context(2048, 2, False)
@@ -60,7 +60,7 @@ def test_props_report_the_per_slot_context_forgeflow_computed(binary: Path, q8: 
 
 def test_a_plan_whose_slots_are_too_small_is_refused_before_anything_starts(binary: Path, q8: Path, tmp_path: Path) -> None:
     with pytest.raises(ContextPreflightError, match="needs 1500 tokens .* each slot holds 1024"):
-        LlamaServer(q8, _free_port(), "forgeflow", 2048, LlamaServerOptions(n_parallel=2, required_ctx=1500, binary=binary),
+        LlamaServer(q8, _free_port(), "forgeflow", 2048, LlamaServerOptions(n_parallel=2, required_context_tokens=1500, binary=binary),
                     log_path=tmp_path / "s.log")
     assert not (tmp_path / "s.log").exists()
 
