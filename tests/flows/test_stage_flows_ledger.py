@@ -8,7 +8,8 @@ records its artifacts with its run as their producer (and applies typed metadata
 edited files).
 
 Real llama-cpp-python servers on the tiny GGUFs (tests/helpers.py), free loopback ports, the
-session Prefect harness, a store per test (``flow_store_url``).
+session Prefect harness, a store per test (``flow_store_url``); the tests that only read what one ``package`` run on
+a quantization plan wrote and recorded share that run, in its own home and store (``plan_run``, once per module).
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from __future__ import annotations
 import json
 import shutil
 import socket
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import pytest
 from typer.testing import CliRunner
@@ -27,6 +30,7 @@ from forgeflow.ledger.records import ModelArtifactRecord
 from forgeflow.ledger.store import Store
 from forgeflow.serving import bluegreen
 from forgeflow.serving.backend import BackendConfig
+from tests.flows.conftest import PREFECT_DB
 from tests.helpers import free_port, pid_alive, tiny_ggufs
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -41,6 +45,58 @@ def home(tmp_path: Path, flow_store_url: str, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("FORGEFLOW_STORE_URL", flow_store_url)
     Store().upgrade()
     return home
+
+
+MIXED_PLAN = "Q4_K_M+attn-embd-output-Q8_0"
+"""The hand-run pipeline's served mix, by its plan name."""
+TEAM_SPEC = {"preset": "Q8_0", "tensor_types": {r"ffn_(up|gate)\.weight$": "F16"}, "name": "q8-ffn-f16"}
+"""A team's own quantization spec."""
+
+
+class PlanRun(NamedTuple):
+    """What :func:`plan_run`'s ``package`` run produced: its checkpoint, flow run id, artifacts and store."""
+
+    hf_dir: Path
+    run_id: str
+    artifacts: dict[str, Any]
+    store_url: str
+
+
+@pytest.fixture(scope="module")
+def plan_run(prefect_harness, request: pytest.FixtureRequest,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[PlanRun]:
+    """One ``package`` run of the tiny checkpoint on :data:`MIXED_PLAN` and :data:`TEAM_SPEC`, in a FORGEFLOW_HOME
+    and store of its own (SQLite, or a fresh database on the Prefect cluster as ``flow_store_url``'s): the
+    tests that only read what it wrote and recorded share it (convert, two quantizations, three checks and
+    loads: a minute or more on two busy cores)."""
+    from flows.stages import PackageParams, package
+
+    root = tmp_path_factory.mktemp("plan-run")
+    (root / "home").mkdir()
+    hf_dir = tiny_ggufs()[0].parent / "hf"
+    cluster = database = None
+    if PREFECT_DB == "sqlite":
+        store_url = f"sqlite:///{root / 'store.db'}"
+    else:
+        from tests.pgfixtures import fresh_database
+
+        cluster = request.getfixturevalue("prefect_pg_cluster")
+        database = fresh_database(cluster, prefix="store")
+        store_url = cluster.url(database, driver="postgresql+psycopg")
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("FORGEFLOW_HOME", str(root / "home"))
+            mp.setenv("FORGEFLOW_STORE_URL", store_url)
+            Store().upgrade()
+            state = package(PackageParams(hf_dir=hf_dir, out_dir=root / "out", quantizations=(MIXED_PLAN, TEAM_SPEC)),
+                            return_state=True)
+            artifacts = state.result().artifacts
+        yield PlanRun(hf_dir, str(state.state_details.flow_run_id), artifacts, store_url)
+    finally:
+        if database is not None:
+            from tests.pgfixtures import drop_database
+
+            drop_database(cluster, database)
 
 
 def test_serve_records_its_generations_and_status_shows_the_live_one(prefect_harness, home: Path) -> None:
@@ -312,39 +368,39 @@ def test_publish_of_the_recorded_pair_works_and_a_wrong_hf_dir_is_refused(prefec
     assert lineage["hf_sha256"] == base_sha and lineage["adapter_sha256"] is None
 
 
-def test_package_records_its_artifacts_with_its_run_as_producer(prefect_harness, home: Path, tmp_path: Path) -> None:
-    from flows.stages import PackageParams, package
+def test_package_records_its_artifacts_with_its_run_as_producer(plan_run: PlanRun) -> None:
     from forgeflow.packaging.lineage import lineage_of
 
-    hf_dir = tiny_ggufs()[0].parent / "hf"
-    state = package(PackageParams(hf_dir=hf_dir, out_dir=tmp_path / "out", quantizations=("Q8_0",)), return_state=True)
-    artifacts = state.result().artifacts
-    run_id = str(state.state_details.flow_run_id)
-    report = lineage_of(Store(), artifacts["Q8_0"].sha256)
-    assert [(s.kind, s.quantization, s.sha256) for s in report.chain] == [
-        ("base", None, sha256_tree(hf_dir)), ("gguf", "f16", artifacts["f16"].sha256),
-        ("gguf", "Q8_0", artifacts["Q8_0"].sha256)]
-    assert all(step.run_ids == [run_id] for step in report.chain[1:])
-    assert all(step.path_status == "ok" for step in report.chain)
+    artifacts = plan_run.artifacts
+    store = Store(plan_run.store_url)
+    try:
+        for key in (MIXED_PLAN, TEAM_SPEC["name"]):
+            report = lineage_of(store, artifacts[key].sha256)
+            assert [(s.kind, s.quantization, s.sha256) for s in report.chain] == [
+                ("base", None, sha256_tree(plan_run.hf_dir)), ("gguf", "f16", artifacts["f16"].sha256),
+                ("gguf", key, artifacts[key].sha256)]
+            assert all(step.run_ids == [plan_run.run_id] for step in report.chain[1:])
+            assert all(step.path_status == "ok" for step in report.chain)
+    finally:
+        store.dispose()
 
 
-def test_package_takes_a_quantization_plan_with_mixed_per_tensor_types(prefect_harness, home: Path,
-                                                                       tmp_path: Path) -> None:
-    """The hand-run pipeline's served mix by name, and a team's own spec: every tensor a pattern
-    names carries that type in the file, the rest the preset's, and the ledger keeps each key."""
+def test_package_takes_a_quantization_plan_with_mixed_per_tensor_types(prefect_harness, plan_run: PlanRun,
+                                                                       home: Path, tmp_path: Path) -> None:
+    """The hand-run pipeline's served mix by name, and a team's own spec (``plan_run``'s package run): every
+    tensor a pattern names carries that type in the file, the rest the preset's, and the ledger keeps each key."""
     from flows.stages import PackageParams, package
     from forgeflow.packaging.gguf import MIXED_ATTN_EMBD_OUTPUT_Q8_0
     from tests.helpers import tensor_types_of
 
-    hf_dir = tiny_ggufs()[0].parent / "hf"
-    custom = {"preset": "Q8_0", "tensor_types": {r"ffn_(up|gate)\.weight$": "F16"}, "name": "q8-ffn-f16"}
+    hf_dir = plan_run.hf_dir
     with pytest.raises(InputError, match=r"params\.quantizations: quantization 'Q3_K' is not a named plan; valid: \["):
         package(PackageParams(hf_dir=hf_dir, out_dir=tmp_path / "refused", quantizations=("Q3_K",)))
     with pytest.raises(InputError, match=r"params\.quantizations repeat the artifact key\(s\) \['Q8_0'\]"):
         package(PackageParams(hf_dir=hf_dir, out_dir=tmp_path / "refused", quantizations=("Q8_0", {"preset": "Q8_0"})))
     assert not (tmp_path / "refused").exists()  # refused before any compute
 
-    artifacts = package(PackageParams(hf_dir=hf_dir, out_dir=tmp_path / "out", quantizations=("Q4_K_M+attn-embd-output-Q8_0", custom))).artifacts
+    artifacts = plan_run.artifacts
     assert set(artifacts) == {"f16", "Q4_K_M+attn-embd-output-Q8_0", "q8-ffn-f16"}
     mixed = artifacts["Q4_K_M+attn-embd-output-Q8_0"]
     assert mixed.type == "Q4_K_M+mixed" and mixed.tensor_types == MIXED_ATTN_EMBD_OUTPUT_Q8_0
@@ -353,7 +409,11 @@ def test_package_takes_a_quantization_plan_with_mixed_per_tensor_types(prefect_h
     assert types["blk.0.ffn_up.weight"] != "F16"  # the preset's (or llama.cpp's fallback for its row size)
     own = tensor_types_of(artifacts["q8-ffn-f16"].path)
     assert own["blk.0.ffn_up.weight"] == "F16" and own["blk.0.attn_q.weight"] == "Q8_0"
-    recorded = {a.quantization for a in Store().model_artifacts() if a.kind == "gguf"}
+    store = Store(plan_run.store_url)
+    try:
+        recorded = {a.quantization for a in store.model_artifacts() if a.kind == "gguf"}
+    finally:
+        store.dispose()
     assert {"Q4_K_M+attn-embd-output-Q8_0", "q8-ffn-f16"} <= recorded
 
 
@@ -363,11 +423,9 @@ def test_package_applies_metadata_edits_and_records_the_edited_files(prefect_har
     key, a stale key removed, on every GGUF (one edit on the Q8_0 only); the GGUF check and the load
     pass on the edited files, their tensors are the unedited tiny model's, and the store records
     the edited files' sha256 with the edits in their lineage; publish accepts the edited Q8_0."""
-    import gguf
-
     from blocks.core import ModelStore
     from flows.stages import PackageParams, PublishParams, package, publish
-    from forgeflow.packaging.gguf_reader import tensor_sha256
+    from forgeflow.packaging.gguf_reader import read_header_index, read_metadata, tensor_sha256
 
     q8_unedited, f16_unedited = tiny_ggufs()
     hf_dir = q8_unedited.parent / "hf"
@@ -390,15 +448,17 @@ def test_package_applies_metadata_edits_and_records_the_edited_files(prefect_har
     recorded = {a.quantization: a for a in Store().model_artifacts() if a.kind == "gguf"}
     for key, unedited in (("Q8_0", q8_unedited), ("f16", f16_unedited)):
         art = artifacts[key]
-        reader = gguf.GGUFReader(str(art.path))
-        assert reader.get_field("tokenizer.chat_template").contents() == template
-        assert reader.get_field("general.name").contents() == "forgeflow-agent-v3"
-        release = reader.get_field("forgeflow.release")
-        assert release.types == [gguf.GGUFValueType.UINT32] and release.contents() == 7
-        assert reader.get_field("general.size_label") is None
-        assert (reader.get_field("forgeflow.quantized_only") is not None) == (key == "Q8_0")
-        assert reader.get_field("general.architecture").contents() == "qwen2"
-        assert tensor_sha256(art.path) == tensor_sha256(unedited)  # the same tensors, byte for byte
+        # read back from the header alone (tests/core/packaging/test_gguf_edit.py holds this reader to gguf-py's
+        # GGUFReader, which takes 10-30 s per file here: it materializes the 151,936-token vocabulary)
+        index = read_header_index(art.path)
+        assert read_metadata(art.path, "tokenizer.chat_template", index) == template
+        assert read_metadata(art.path, "general.name", index) == "forgeflow-agent-v3"
+        release = index.fields["forgeflow.release"]
+        assert release.value_type == "UINT32" and read_metadata(art.path, "forgeflow.release", index) == 7
+        assert "general.size_label" not in index.fields
+        assert ("forgeflow.quantized_only" in index.fields) == (key == "Q8_0")
+        assert read_metadata(art.path, "general.architecture", index) == "qwen2"
+        assert tensor_sha256(art.path, index) == tensor_sha256(unedited)  # the same tensors, byte for byte
         assert art.sha256 == sha256_file(art.path) != sha256_file(unedited)
         row = recorded[key]
         assert (row.sha256, row.path) == (art.sha256, str(art.path))
