@@ -248,6 +248,25 @@ def read_metadata(path: Path, key: str, index: HeaderIndex | None = None) -> Any
         return cur.value(cur.u32())
 
 
+def array_length(path: Path, key: str, index: HeaderIndex | None = None) -> int:
+    """The element count of the array ``key`` (e.g. ``tokenizer.ggml.tokens``: the vocabulary), read from its
+    header alone (the elements are not read).
+
+    Raises:
+        GGUFError: the key is absent, not an array, or the file is bad.
+    """
+    index = index or read_header_index(path)
+    span = field_span(index, key)
+    with open(path, "rb") as f:
+        f.seek(span.offset)
+        cur = HeaderCursor(f, Path(path))
+        cur.string()
+        if cur.u32() != ARRAY_TYPE:
+            raise GGUFError(f"{path}: {key} is a {span.value_type}, not an array")
+        cur.u32()
+        return cur.u64()
+
+
 def tensor_sha256(path: Path, index: HeaderIndex | None = None,
                   chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> dict[str, str]:
     """tensor name -> sha256 (hex) of its data region, read in ``chunk_bytes`` pieces."""
