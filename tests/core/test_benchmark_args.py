@@ -40,6 +40,8 @@ CASES = [
     ("benchmarks.registry", ["--sized-mb", "0"], "--sized-mb", "0"),
     ("benchmarks.registry", ["--images", "0"], "--images", "0"),
     ("benchmarks.registry", ["--rounds", "-2"], "--rounds", "-2"),
+    ("benchmarks.gguf_check", ["--repeats", "0"], "--repeats", "0"),
+    ("benchmarks.gguf_check", ["--gguf", "/nonexistent.gguf", "--hf-dir", "/tmp"], "--gguf", "/nonexistent.gguf"),
     ("benchmarks.gguf_edit", ["--size-gb", "nan"], "--size-gb", "nan"),
     ("benchmarks.gguf_edit", ["--size-gb", "inf"], "--size-gb", "inf"),
     ("benchmarks.gguf_edit", ["--size-gb", "0"], "--size-gb", "0"),
