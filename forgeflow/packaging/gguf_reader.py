@@ -240,12 +240,17 @@ def read_metadata(path: Path, key: str, index: HeaderIndex | None = None) -> Any
         GGUFError: the key is absent (the message lists a few present keys) or the file is bad.
     """
     index = index or read_header_index(path)
-    span = field_span(index, key)
     with open(path, "rb") as f:
-        f.seek(span.offset)
-        cur = HeaderCursor(f, Path(path))
-        cur.string()
-        return cur.value(cur.u32())
+        cur, vtype = _entry(f, path, field_span(index, key))
+        return cur.value(vtype)
+
+
+def _entry(f: BinaryIO, path: Path, span: FieldSpan) -> tuple[HeaderCursor, int]:
+    """A cursor on the value of the entry at ``span`` (its key read) and the value's type number."""
+    f.seek(span.offset)
+    cur = HeaderCursor(f, Path(path))
+    cur.string()
+    return cur, cur.u32()
 
 
 def array_length(path: Path, key: str, index: HeaderIndex | None = None) -> int:
@@ -258,10 +263,8 @@ def array_length(path: Path, key: str, index: HeaderIndex | None = None) -> int:
     index = index or read_header_index(path)
     span = field_span(index, key)
     with open(path, "rb") as f:
-        f.seek(span.offset)
-        cur = HeaderCursor(f, Path(path))
-        cur.string()
-        if cur.u32() != ARRAY_TYPE:
+        cur, vtype = _entry(f, path, span)
+        if vtype != ARRAY_TYPE:
             raise GGUFError(f"{path}: {key} is a {span.value_type}, not an array")
         cur.u32()
         return cur.u64()

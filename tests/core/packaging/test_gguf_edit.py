@@ -14,6 +14,7 @@ import pytest
 from forgeflow.common.errors import GGUFError, InputError
 from forgeflow.packaging.gguf_metadata import MetadataEdit, MetadataEditResult, apply_metadata_edits
 from forgeflow.packaging.gguf_reader import (
+    array_length,
     read_header_index,
     read_metadata,
     tensor_sha256,
@@ -58,7 +59,7 @@ def small(tmp_path: Path) -> Path:
 
 
 def test_index_matches_gguf_reader(small: Path) -> None:
-    from gguf import GGUFReader
+    from gguf import GGUFReader, GGUFValueType
 
     reader = GGUFReader(str(small))
     index = read_header_index(small)
@@ -71,6 +72,8 @@ def test_index_matches_gguf_reader(small: Path) -> None:
             assert index.fields[key].offset == field.offset
             assert index.fields[key].size_bytes == sum(p.nbytes for p in field.parts)
             assert read_metadata(small, key, index) == field.contents()
+            if field.types and field.types[0] == GGUFValueType.ARRAY:  # the check's vocabulary count
+                assert array_length(small, key, index) == len(field.data)
 
 
 def test_same_size_edit_replaces_the_file_atomically_and_keeps_tensors(small: Path) -> None:
