@@ -55,9 +55,11 @@ SPLIT_FILES = frozenset({"flows/test_stage_flows_ledger.py"})
 """Files whose tests share no fixed port and take minutes each: each test is a group of its own, except that the tests
 asking for one of the file's module-scoped fixtures share a group (named after it), so it is built once."""
 HEAVY_FIRST = ("flows/test_lifecycle.py", "ray-and-episodes", "flows/test_service.py", "flows/test_canary_flow.py",
+               "flows/test_promote_flow.py", "integration/test_freeze_reproducible.py",
+               "resilience/test_concurrency_slot_kill.py", "resilience/test_concurrency_slot_restart.py",
                "integration/test_model_chain.py", "adversarial/test_red_team_3.py", "adversarial/test_red_team_2.py",
-               "flows/test_training_flows.py", "core/training/test_burst_packing.py", "integration/test_vl_serving.py",
-               "flows/test_serve_external.py")
+               "flows/test_training_flows.py", "flows/test_windows_flow.py", "core/training/test_burst_packing.py",
+               "integration/test_vl_serving.py")
 """The groups that take longest (slowest-first, measured on a whole-suite run with ``--durations``), collected
 first: ``--dist loadgroup`` hands groups to idle workers in collection order, so the long ones start at once and
 the short ones fill in around them (longest-processing-time-first scheduling)."""

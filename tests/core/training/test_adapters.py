@@ -21,10 +21,11 @@ _ROUND_TRIP = """
 import sys
 from peft import LoraConfig
 from forgeflow.training.adapters import canonicalize_adapter_config
-first, second, canonical = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
-LoraConfig.from_pretrained(first).save_pretrained(second)
-if canonical:
-    canonicalize_adapter_config(second)
+first, raw, canonical = sys.argv[1:4]
+config = LoraConfig.from_pretrained(first)
+config.save_pretrained(raw)
+config.save_pretrained(canonical)
+canonicalize_adapter_config(canonical)
 """
 
 
@@ -35,11 +36,14 @@ def _save_config(folder: Path) -> None:
     (folder / "adapter_model.safetensors").write_bytes(b"weights")
 
 
-def _resave(src: Path, dst: Path, seed: int, canonical: bool) -> None:
+def _resave(src: Path, raw: Path, canonical: Path, seed: int) -> None:
+    """Reload ``src``'s config in a process of hash seed ``seed`` and save it twice: as peft writes it (``raw``)
+    and canonicalized (``canonical``); one process, so both start from the same set order."""
     env = {**os.environ, "PYTHONHASHSEED": str(seed)}
-    subprocess.run([sys.executable, "-c", _ROUND_TRIP, str(src), str(dst), "1" if canonical else "0"],
+    subprocess.run([sys.executable, "-c", _ROUND_TRIP, str(src), str(raw), str(canonical)],
                    env=env, check=True, timeout=120)
-    (dst / "adapter_model.safetensors").write_bytes(b"weights")
+    for dst in (raw, canonical):
+        (dst / "adapter_model.safetensors").write_bytes(b"weights")
 
 
 def test_an_adapter_resaved_under_another_hash_seed_keeps_its_digest(tmp_path: Path) -> None:
@@ -49,8 +53,7 @@ def test_an_adapter_resaved_under_another_hash_seed_keeps_its_digest(tmp_path: P
     orders = set()
     for seed in (9, 10, 11):
         raw, canon = tmp_path / f"raw{seed}", tmp_path / f"canon{seed}"
-        _resave(parent, raw, seed, canonical=False)
-        _resave(parent, canon, seed, canonical=True)
+        _resave(parent, raw, canon, seed)
         orders.add(tuple(json.loads((raw / "adapter_config.json").read_text())["target_modules"]))
         assert adapter_sha256(canon) == adapter_sha256(parent)
         assert json.loads((canon / "adapter_config.json").read_text())["target_modules"] == [
