@@ -38,7 +38,6 @@ TRIAL = "0123456789abcdef0123456789abcdef"
 LONG_A = "boltons__boltons.3bfcfdd0.func_pm_remove_cond__x7h2k9q4w1e5r8t3y6" + "a"
 LONG_B = "boltons__boltons.3bfcfdd0.func_pm_remove_cond__x7h2k9q4w1e5r8t3y6" + "b"
 NO_WAIT = k8s.KubernetesConnection(poll_interval_s=0)
-PREFECT_JOB_EXTRAS = frozenset({"spec.template.spec.parallelism", "spec.template.spec.completions"})
 LABEL_VALUE = re.compile(r"^[a-z0-9A-Z]([-a-z0-9A-Z_.]*[a-z0-9A-Z])?$")
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
