@@ -161,14 +161,22 @@ def _resolved_types(edit: MetadataEdit, where: str) -> tuple[int | None, int | N
     elif edit.sub_type:
         raise InputError(f"{where}: sub_type is only for type ARRAY, found type {type_name(vtype)}")
     try:
-        if sub is None:
-            check_value(Path(where), edit.key, vtype, edit.value)
-        else:
-            for item in edit.value:
-                check_value(Path(where), edit.key, sub, item, what="array element")
+        _check_entry_value(Path(where), edit.key, vtype, sub, edit.value)
     except GGUFError as exc:
         raise InputError(str(exc)) from None
     return vtype, sub
+
+
+def _check_entry_value(path: Path, key: str, vtype: int, sub: int | None, value: Any) -> None:
+    """Check that ``value`` fits type ``vtype`` (``sub``: the element type of an ARRAY); GGUFError naming
+    ``path``, ``key``, the expected type and what was found."""
+    if sub is None:
+        check_value(path, key, vtype, value)
+    elif not isinstance(value, (list, tuple)):
+        raise GGUFError(f"{path}: key {key!r} expected an ARRAY of {type_name(sub)}, found {value!r:.80}")
+    else:
+        for item in value:
+            check_value(path, key, sub, item, what="array element")
 
 
 def _check_plain(value: Any, where: str) -> None:
@@ -242,21 +250,6 @@ def validate_metadata_edits(edits: Sequence[MetadataEdit | dict[str, Any]] | Non
 
 
 # --- applying --------------------------------------------------------------------------------
-def _stored_type_check(path: Path, where: str, edit: MetadataEdit, vtype: int, sub: int | None) -> None:
-    """Check a ``set`` value against the key's stored type (``sub``: its element type, for an ARRAY)."""
-    try:
-        if sub is None:
-            check_value(path, edit.key, vtype, edit.value)
-        elif not isinstance(edit.value, (list, tuple)):
-            raise GGUFError(f"{path}: key {edit.key!r} expected an ARRAY of {type_name(sub)}, "
-                            f"found {edit.value!r:.80}")
-        else:
-            for item in edit.value:
-                check_value(path, edit.key, sub, item, what="array element")
-    except GGUFError as exc:
-        raise GGUFError(f"{where}: {exc}") from None
-
-
 def _plan(path: Path, index: HeaderIndex, edits: Sequence[MetadataEdit]) -> tuple[dict[str, bytes | None], Expected]:
     """The new header's entries (key -> packed bytes, None: copied verbatim; in the result's order,
     added keys last) and what each set/add key must hold. Raises GGUFError naming the edit."""
@@ -279,7 +272,10 @@ def _plan(path: Path, index: HeaderIndex, edits: Sequence[MetadataEdit]) -> tupl
         if vtype is None:  # a set keeps the stored type
             vtype = int(GGUFValueType[span.value_type])
             sub = int(GGUFValueType[span.sub_type]) if span.sub_type else None
-            _stored_type_check(path, where, edit, vtype, sub)
+            try:
+                _check_entry_value(path, edit.key, vtype, sub, edit.value)
+            except GGUFError as exc:
+                raise GGUFError(f"{where}: {exc}") from None
         # a set keeps the key's position; an add is appended after the last entry, in order
         entries[edit.key] = pack_entry(edit.key, vtype, sub, edit.value)
         value = list(edit.value) if isinstance(edit.value, tuple) else edit.value
@@ -323,8 +319,7 @@ def apply_metadata_edits(path: Path, edits: Sequence[MetadataEdit | dict[str, An
     dst = (Path(out_path) if out_path is not None else path).resolve()
     snapshot = None if mode == "none" else snapshot_metadata(
         path, index, list(entries), expected, chunk_bytes=chunk_bytes)
-    _stream(path, dst, index, entries, new_data_offset, snapshot, mode, chunk_bytes)
-    after = read_header_index(dst)
+    after = _stream(path, dst, index, entries, new_data_offset, snapshot, mode, chunk_bytes)
     applied = []
     for e in edits:
         vtype, sub, _ = expected.get(e.key) or (index.fields[e.key].value_type, index.fields[e.key].sub_type, None)
@@ -340,9 +335,10 @@ def apply_metadata_edits(path: Path, edits: Sequence[MetadataEdit | dict[str, An
 
 
 def _stream(path: Path, dst: Path, index: HeaderIndex, entries: dict[str, bytes | None], new_data_offset: int,
-            snapshot: MetadataSnapshot | None, mode: VerifyMode, chunk_bytes: int) -> None:
+            snapshot: MetadataSnapshot | None, mode: VerifyMode, chunk_bytes: int) -> HeaderIndex:
     """Write the edited file to a temporary sibling of ``dst``, fsync it, verify it against
-    ``snapshot`` (when given), rename it onto ``dst``; no temporary file is left on failure."""
+    ``snapshot`` (when given), rename it onto ``dst``; no temporary file is left on failure.
+    Returns ``dst``'s header index (the one verification read)."""
     dst.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(dir=dst.parent, prefix=f".{dst.name}.", suffix=".tmp")
     os.close(fd)
@@ -350,10 +346,11 @@ def _stream(path: Path, dst: Path, index: HeaderIndex, entries: dict[str, bytes 
     try:
         stream_edited(path, tmp, index, entries, new_data_offset, chunk_bytes)
         shutil.copymode(path, tmp)
-        if snapshot is not None:
-            verify_metadata_edits(tmp, snapshot, full=mode == "full", chunk_bytes=chunk_bytes)
+        after = read_header_index(tmp) if snapshot is None else verify_metadata_edits(
+            tmp, snapshot, full=mode == "full", chunk_bytes=chunk_bytes)
         os.replace(tmp, dst)
         fsync_dir(dst.parent)
+        return after.model_copy(update={"path": dst})
     except OSError as exc:
         raise_if_disk_full(exc, dst, "writing the edited GGUF")
         raise
