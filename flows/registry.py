@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from blocks.core import RegistryEndpoint
 from flows.stagekit import StageParams, run_task
-from forgeflow.common.errors import InputError, MigrationIncompleteError
+from forgeflow.common.errors import InputError, MigrationIncompleteError, validation_problems
 from forgeflow.common.settings import apply_container_env, home_dir
 from forgeflow.common.settings import store_url as default_store_url
 from forgeflow.config import RegistrySettings
@@ -125,11 +125,6 @@ class PrewarmPlanParams(StageParams):
                                                     "$FORGEFLOW_STORE_URL or $FORGEFLOW_HOME/store.db")
 
 
-def _validation_text(err: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg'].removeprefix('Value error, ')}"
-                     for e in err.errors())
-
-
 def registry_endpoint(value: str | RegistryEndpoint, what: str) -> RegistryEndpoint:
     """The endpoint of a flow parameter, checked (InputError naming ``<what>.address``/``.namespace``)."""
     if isinstance(value, RegistryEndpoint):
@@ -138,12 +133,12 @@ def registry_endpoint(value: str | RegistryEndpoint, what: str) -> RegistryEndpo
         try:
             endpoint = RegistryEndpoint(**value)
         except ValidationError as err:
-            raise InputError(f"{what} registry: {_validation_text(err)}") from None
+            raise InputError(f"{what} registry: {validation_problems(err)}") from None
     else:
         try:
             endpoint = RegistryEndpoint.load(value)
         except ValidationError as err:
-            raise InputError(f"{what} registry block {value!r} holds bad fields: {_validation_text(err)}") from None
+            raise InputError(f"{what} registry block {value!r} holds bad fields: {validation_problems(err)}") from None
         except ValueError as err:
             raise InputError(f"{what} registry block {value!r} is not saved: {err}") from err
     imageref.check_address(endpoint.address, f"{what}.address")

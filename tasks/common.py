@@ -23,7 +23,7 @@ from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE, CachePolicy
 from prefect.client.schemas.objects import FlowRun, State, TaskRun
 from pydantic import ValidationError
 
-from forgeflow.common.errors import InputError, is_transient
+from forgeflow.common.errors import InputError, is_transient, validation_problems
 from forgeflow.common.fsutil import JSONObject
 from forgeflow.ledger import tables
 from forgeflow.ledger.group_commit import GroupCommit
@@ -144,9 +144,7 @@ def load_block(block_cls: type[_BlockT], name: str, what: str) -> _BlockT:
     except RuntimeError as exc:  # Prefect: "Unable to load ... due to failed validation", from the ValidationError
         if not isinstance(exc.__cause__, ValidationError):
             raise
-        problems = "; ".join(": ".join([*filter(None, ['.'.join(map(str, e['loc']))]),
-                                        e['msg'].removeprefix('Value error, ')]) for e in exc.__cause__.errors())
-        raise InputError(f"{what} block {name!r} is not valid: {problems}") from exc
+        raise InputError(f"{what} block {name!r} is not valid: {validation_problems(exc.__cause__)}") from exc
     except ValueError as exc:  # Prefect: "Unable to find block document named ..."
         raise InputError(f"{what} block {name!r} does not exist: {exc}") from exc
 

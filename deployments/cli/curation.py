@@ -89,7 +89,7 @@ def recover(
     prepare_env(create=apply)
     from pydantic import ValidationError  # noqa: PLC0415
 
-    from forgeflow.common.errors import ForgeflowError  # noqa: PLC0415
+    from forgeflow.common.errors import ForgeflowError, validation_problems  # noqa: PLC0415
     from forgeflow.curation.recovery import RecoveryRequest, plan_recovery, render_plan  # noqa: PLC0415
 
     if apply and not (reason or "").strip():
@@ -100,8 +100,7 @@ def recover(
                                   since=start, until=end, reason=reason or "dry run",
                                   include_rejections=include_rejections)
     except ValidationError as exc:
-        fail("; ".join(_recover_flags(f"{'.'.join(map(str, e['loc'])) + ': ' if e['loc'] else ''}"
-                                       f"{e['msg'].removeprefix('Value error, ')}") for e in exc.errors()))
+        fail(_recover_flags(validation_problems(exc)))
     if request.exception_type is not None:
         _check_exception_type(request.exception_type)
     if not apply:

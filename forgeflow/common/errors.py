@@ -7,12 +7,24 @@ input is wrong, never retried. Task and model *outcomes* (tests failed, reward 0
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
 
 class ForgeflowError(Exception):
     """Root of every error forgeflow raises on purpose."""
 
 
 # --- bad input -------------------------------------------------------------------------------
+def validation_problems(exc: ValidationError) -> str:
+    """pydantic's errors as one line, each ``"<dotted field>: <reason>"`` (the reason alone for a check of the
+    whole model), ``"; "``-joined, without pydantic's ``Value error, `` prefix: the text an InputError carries."""
+    return "; ".join(": ".join([*filter(None, [".".join(map(str, e["loc"]))]), e["msg"].removeprefix("Value error, ")])
+                     for e in exc.errors())
+
+
 class InputError(ForgeflowError, ValueError):
     """The input named in the message is invalid; nothing already recorded was changed."""
 

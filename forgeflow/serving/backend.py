@@ -250,6 +250,4 @@ def backend_config(value: BackendConfig | dict[str, Any] | None, name: str = "ba
     try:
         return BackendConfig.model_validate(value)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'value'}: {e['msg'].removeprefix('Value error, ')}"
-                             for e in exc.errors())
-        raise errors.InputError(f"{name} is not a valid serving backend: {problems}") from exc
+        raise errors.InputError(f"{name} is not a valid serving backend: {errors.validation_problems(exc)}") from exc
