@@ -51,9 +51,6 @@ XDIST_GROUPS = {
 }
 """Test files that share a pytest-xdist worker (``--dist loadgroup``); every other file is a group of its own,
 so its module-scoped fixtures are built once (scripts/test.sh runs the suite on several workers)."""
-SPLIT_FILES = frozenset({"flows/test_stage_flows_ledger.py"})
-"""Files whose tests share no fixed port and take minutes each: each test is a group of its own, except that the tests
-asking for one of the file's module-scoped fixtures share a group (named after it), so it is built once."""
 HEAVY_FIRST = ("flows/test_lifecycle.py", "ray-and-episodes", "flows/test_service.py", "flows/test_canary_flow.py",
                "flows/test_promote_flow.py", "integration/test_freeze_reproducible.py",
                "resilience/test_concurrency_slot_kill.py", "resilience/test_concurrency_slot_restart.py",
@@ -102,16 +99,6 @@ def unit_tier_refusal(args: object) -> str | None:
     return None
 
 
-def _split_group(path: str, item: pytest.Item) -> str:
-    """The xdist group of a test of a :data:`SPLIT_FILES` file: ``path::<its name>``, or ``path::<fixture>`` for a
-    test that asks for a module-scoped fixture of its file (the first by name), so the tests sharing it run on one
-    worker."""
-    info, module = getattr(item, "_fixtureinfo", None), getattr(getattr(item, "module", None), "__name__", None)
-    shared = sorted(name for name, defs in (info.name2fixturedefs.items() if info is not None else ())
-                    if defs and defs[-1].scope == "module" and getattr(defs[-1].func, "__module__", None) == module)
-    return f"{path}::{shared[0] if shared else item.name}"
-
-
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's worker hook, which reads xdist_group into the node id
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark each test with its tier, by folder, so no test file repeats it, and with its xdist group
@@ -131,7 +118,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         path = "/".join(parts)
         group = next((name for name, files in XDIST_GROUPS.items() if path in files), path)
-        item.add_marker(pytest.mark.xdist_group(_split_group(path, item) if path in SPLIT_FILES else group))
+        item.add_marker(pytest.mark.xdist_group(group))
         rank[item.nodeid] = HEAVY_FIRST.index(group) if group in HEAVY_FIRST else len(HEAVY_FIRST)
         tier = FOLDER_TIERS.get(parts[0]) if len(parts) > 1 else None
         if tier is not None:
