@@ -54,8 +54,8 @@ from typing import Any
 
 from benchmarks.curation_flow import FlowBenchOptions, bench_flow_vs_loop
 from benchmarks.options import int_option, number_option
-from forgeflow.curation.freeze import AcceptedTask, SplitQuotas, freeze_ready
-from forgeflow.curation.selection import CandidateRef, select_batch
+from forgeflow.curation.freeze import SplitQuotas, TaskRef, freeze_ready
+from forgeflow.curation.selection import select_batch
 from forgeflow.ledger.records import TrialRecord
 from forgeflow.ledger.store import Store
 
@@ -85,7 +85,7 @@ def _median_s(run: Callable[[int], Any], repeats: int) -> float:
 
 def synthetic_catalogue(
     seed: int, candidates: int = CANDIDATES, repos: int = REPOS
-) -> tuple[list[CandidateRef], set[str], dict[str, int]]:
+) -> tuple[list[TaskRef], set[str], dict[str, int]]:
     """A seeded catalogue: candidates with skewed repository sizes, 10 % processed.
 
     Returns:
@@ -95,13 +95,13 @@ def synthetic_catalogue(
     rng = random.Random(seed)
     repo_names = [f"org{r % 17:02d}/project-{r:03d}" for r in range(repos)]
     weights = [1.0 / (1 + r % 30) for r in range(repos)]  # a long tail of small repositories
-    refs: list[CandidateRef] = []
+    refs: list[TaskRef] = []
     processed: set[str] = set()
     chosen = rng.choices(repo_names, weights=weights, k=candidates)
     for n, repo in enumerate(chosen):
         instance_id = f"{repo.replace('/', '__')}.{n:06x}.func_pm_{rng.randrange(1 << 24):06x}"
         refs.append(
-            CandidateRef(instance_id=instance_id, repo=repo, image_available=rng.random() < 0.92)
+            TaskRef(instance_id=instance_id, repo=repo, image_available=rng.random() < 0.92)
         )
         if rng.random() < 0.10:
             processed.add(instance_id)
@@ -109,12 +109,12 @@ def synthetic_catalogue(
     return refs, processed, accepted
 
 
-def synthetic_accepted(seed: int, tasks: int = ACCEPTED, repos: int = REPOS) -> list[AcceptedTask]:
+def synthetic_accepted(seed: int, tasks: int = ACCEPTED, repos: int = REPOS) -> list[TaskRef]:
     """``tasks`` accepted tasks spread (unevenly, seeded) over ``repos`` repositories."""
     rng = random.Random(seed + 1)
     repo_names = [f"org/accepted-{r:03d}" for r in range(repos)]
     return [
-        AcceptedTask(instance_id=f"acc-{n:05d}", repo=repo)
+        TaskRef(instance_id=f"acc-{n:05d}", repo=repo)
         for n, repo in enumerate(rng.choices(repo_names, k=tasks))
     ]
 

@@ -6,7 +6,7 @@ llama-cpp-python called directly, on the same file and the same greedy continuat
 * **GGUF**: ``--gguf``, else ``$FORGEFLOW_GPU_GGUF``, else ``build/gpu-check/tiny-q8_0.gguf`` (what
   ``benchmarks/gpu_check.sh --prepare --with-gguf`` copies there, to carry to the GPU machine), else the tiny Q8_0
   test fixture under ``cache_dir()/test-fixtures`` (``tests/integration/test_serving.py``).
-* **served**: :class:`forgeflow.serving.llama_server.LlamaServer` with ``n_gpu_layers=99`` (every layer; the
+* **served**: :class:`forgeflow.serving.backend.LlamaServer` with ``n_gpu_layers=99`` (every layer; the
   server is refused if its load log does not report them offloaded); the binary is
   ``$FORGEFLOW_LLAMA_SERVER`` or the cached CUDA build of :func:`forgeflow.serving.llama_server
   .ensure_llama_server` (``gpu=True``). Without either, ``--build`` builds it from the pinned sdist
@@ -111,12 +111,12 @@ def served_decode(gguf: Path, binary: Path, n_gpu_layers: int, tokens: int, log_
     """
     import httpx
 
-    from forgeflow.serving.llama_server import LlamaServer, LlamaServerOptions
+    from forgeflow.serving.backend import BackendConfig, LlamaServer
 
     body = {"prompt": PROMPT, "n_predict": tokens, "temperature": 0.0, "ignore_eos": True, "cache_prompt": False}
-    options = LlamaServerOptions(n_gpu_layers=n_gpu_layers, binary=binary)
-    with LlamaServer(gguf, _free_port(), "bench", tokens + 512, options,
-                     log_path=log_dir / "llama-server.log") as server:
+    config = BackendConfig(kind="llama-server", model_alias="bench", n_ctx=tokens + 512, n_gpu_layers=n_gpu_layers,
+                           binary=binary)
+    with LlamaServer(gguf, _free_port(), config, log_path=log_dir / "llama-server.log") as server:
         root = server.base_url.removesuffix("/v1")
         with httpx.Client(timeout=120) as client:
             client.post(f"{root}/completion", json={**body, "n_predict": 8}).raise_for_status()  # warm-up

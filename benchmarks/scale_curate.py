@@ -72,7 +72,7 @@ def run_loop(candidates: Path, store_url: str, batch_size: int, concurrency: int
     from forgeflow.curation import run_reads  # noqa: PLC0415
     from forgeflow.curation.batch_run import BatchJob, run_batch  # noqa: PLC0415
     from forgeflow.curation.candidates import load_candidates, to_candidate_refs  # noqa: PLC0415
-    from forgeflow.curation.freeze import AcceptedTask, SplitQuotas, freeze_ready  # noqa: PLC0415
+    from forgeflow.curation.freeze import SplitQuotas, TaskRef, freeze_ready  # noqa: PLC0415
     from forgeflow.curation.selection import BatchSelector  # noqa: PLC0415
     from forgeflow.ledger.records import BatchRecord, TaskRecord, TrialRecord  # noqa: PLC0415
     from forgeflow.ledger.store import Store  # noqa: PLC0415
@@ -120,7 +120,7 @@ def run_loop(candidates: Path, store_url: str, batch_size: int, concurrency: int
             processed.add(verdict.instance_id)
             if verdict.status == "accepted":
                 per_repo[verdict.repo] = per_repo.get(verdict.repo, 0) + 1
-                accepted[verdict.instance_id] = AcceptedTask(instance_id=verdict.instance_id, repo=verdict.repo)
+                accepted[verdict.instance_id] = TaskRef(instance_id=verdict.instance_id, repo=verdict.repo)
         store.record_batch(BatchRecord(batch_id=batch_id, kind="curate", instance_ids=ids, concurrency=concurrency))
         batches += 1
     store.dispose()

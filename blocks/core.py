@@ -5,21 +5,35 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from prefect.blocks.core import Block
-from pydantic import Field, SecretStr, field_validator
+from prefect.blocks.core import schema_extra as block_schema_extra
+from pydantic import ConfigDict, Field, SecretStr, field_validator
 
 from forgeflow.common.errors import InputError
 from forgeflow.ledger.store import Store
+from forgeflow.packaging.publish import HubTarget
 from forgeflow.registry import auth as registry_auth
 from forgeflow.registry import imageref
 from forgeflow.registry.skopeo import Skopeo
 from forgeflow.sandbox import backends
 from forgeflow.sandbox.base import Sandbox, SandboxSpec
 from forgeflow.sandbox.dispatch import RayPlacement
-from forgeflow.sandbox.limits import DEFAULT_CPUS, DEFAULT_MEMORY_MB, Cpus, MemoryMb, SandboxLimits
+from forgeflow.sandbox.limits import SandboxLimits
 from forgeflow.serving.backend import BackendConfig
+
+
+def _form_order(*first: str) -> Callable[[dict[str, Any], type[Block]], None]:
+    """Prefect's block ``json_schema_extra``, then ``first`` moved to the top of the schema's properties (the UI's
+    form order): a field a block declares over its config's keeps the config's place in ``model_fields``."""
+
+    def extra(schema: dict[str, Any], model: type[Block]) -> None:
+        block_schema_extra(schema, model)
+        properties = schema["properties"]
+        schema["properties"] = {**{name: properties[name] for name in first}, **properties}
+
+    return extra
 
 
 class RegistryEndpoint(Block):
@@ -66,85 +80,88 @@ class RegistryEndpoint(Block):
             yield Skopeo(authfile=path, retry_times=retry_times, command_timeout_s=command_timeout_s)
 
 
-class SandboxBackend(Block):
-    """Where trials run: a backend kind plus resource limits, and for ``kubernetes`` the cluster
-    (a kubeconfig and context, or the worker's in-cluster service account) and the namespace of
-    the trial pods."""
+class SandboxBackend(Block, SandboxLimits, backends.SandboxTarget):
+    """Where trials run: :class:`forgeflow.sandbox.backends.SandboxTarget` (a backend kind, and for ``kubernetes``
+    the cluster: a kubeconfig and context, or the worker's in-cluster service account, and the namespace of the
+    trial pods) and :class:`forgeflow.sandbox.limits.SandboxLimits` (memory and CPUs per container; a stage's own
+    limits win: :class:`~forgeflow.sandbox.limits.LimitOverrides`) as one block: their fields, bounds, defaults
+    and rules, one declaration each.
+
+    Raises:
+        pydantic.ValidationError: a bad value, named (an unknown ``kind`` lists the valid ones), where the block
+            is made; a block saved from the UI's form is checked where it is loaded
+            (:func:`tasks.common.load_block`: InputError naming the block and field).
+    """
 
     _block_type_name = "forgeflow-sandbox"
-    kind: str = Field("podman", description=f"one of: {', '.join(sorted(backends.BACKENDS))}")
-    memory_mb: MemoryMb = DEFAULT_MEMORY_MB  # a stage's own limit wins (forgeflow.sandbox.limits.LimitOverrides)
-    cpus: Cpus = DEFAULT_CPUS
-    namespace: str = Field("forgeflow", description="kubernetes: namespace of the trial pods")
-    kubeconfig: str | None = Field(None, description="kubernetes: path of a kubeconfig file (none: in-cluster, "
-                                   "else $KUBECONFIG or ~/.kube/config)")
-    context: str | None = Field(None, description="kubernetes: kubeconfig context (none: its current one)")
-    image_pull_secret: str | None = Field(None, description="kubernetes: dockerconfigjson Secret for the task images")
-
-    def limits(self) -> SandboxLimits:
-        """The block's memory and CPUs: what a stage that sets none of its own gets."""
-        return SandboxLimits(memory_mb=self.memory_mb, cpus=self.cpus)
+    model_config = ConfigDict(json_schema_extra=_form_order("kind", "memory_mb", "cpus"))
 
     def spec(self) -> SandboxSpec:
         """The resource limits as a SandboxSpec (network always off)."""
         return SandboxSpec(**self.limits().model_dump(), network=False)
 
     def target(self) -> backends.SandboxTarget:
-        """The SandboxTarget (kind, where its pods run); InputError names an invalid kind or field."""
-        backends.SandboxTarget.of(self.kind)  # an unknown kind: InputError listing the valid ones
-        try:
-            return backends.SandboxTarget(kind=self.kind, namespace=self.namespace, kubeconfig=self.kubeconfig,
-                                          context=self.context, image_pull_secret=self.image_pull_secret)
-        except ValueError as exc:
-            raise InputError(f"sandbox block: {exc}") from exc
+        """The block's SandboxTarget fields as a plain SandboxTarget (kind, where its pods run, labels)."""
+        return backends.SandboxTarget.model_validate(self.model_dump(include=set(backends.SandboxTarget.model_fields)))
 
     def backend(self) -> Callable[..., Sandbox]:
-        """The sandbox factory for ``kind`` (InputError listing the valid kinds otherwise)."""
+        """The sandbox factory for ``kind``."""
         return backends.get_backend(self.target())
 
 
-class TrialDispatcher(Block):
-    """Where trials run: ``in-process`` (default) or ``ray`` (each a Ray task on a node with ``resource``)."""
+class TrialDispatcher(Block, RayPlacement):
+    """Where trials run: ``in-process`` (default) or ``ray``, each a Ray task on a node with ``resource``:
+    :class:`forgeflow.sandbox.dispatch.RayPlacement` as a block (its fields, bounds and defaults, one
+    declaration) plus ``kind``, its ``address`` optional (``in-process`` needs none).
+
+    Raises:
+        pydantic.ValidationError: a bad value, named, where the block is made; a block saved from the UI's form
+            is checked where it is loaded (:func:`tasks.common.load_block`: InputError naming the block and field).
+    """
 
     _block_type_name = "forgeflow-dispatcher"
+    model_config = ConfigDict(json_schema_extra=_form_order("kind"))
     kind: Literal["in-process", "ray"] = Field("in-process", description="in-process or ray")
-    address: str | None = Field(None, description="Ray GCS address host:port (kind ray)")
-    resource: str = Field("sandbox", description="custom resource a sandbox node declares (ray start --resources)")
-    per_trial: float = Field(1.0, gt=0, description="how much of the resource one trial takes")
-    max_retries: int = Field(3, ge=0, description="Ray re-runs of a trial whose node died")
+    address: str | None = Field(  # type: ignore[assignment]  # RayPlacement's, optional here (kind in-process)
+        None, description=f"{RayPlacement.model_fields['address'].description} Kind ray only.")
 
     def placement(self) -> RayPlacement | None:
-        """None for ``in-process``; the RayPlacement for ``ray`` (InputError without ``address``)."""
+        """None for ``in-process``; the block's RayPlacement fields as a plain RayPlacement for ``ray``
+        (InputError without ``address``)."""
         if self.kind == "in-process":
             return None
         if not self.address:
             raise InputError("a forgeflow-dispatcher block of kind 'ray' needs an address (host:port of the GCS)")
-        return RayPlacement(address=self.address, resource=self.resource, per_trial=self.per_trial,
-                            max_retries=self.max_retries)
+        return RayPlacement.model_validate(self.model_dump(include=set(RayPlacement.model_fields)))
 
 
 MODEL_STORE_KINDS = ("local", "hf_hub")
 """Valid :attr:`ModelStore.kind` values."""
 
 
-class ModelStore(Block):
-    """Where released GGUF files and their lineage JSON are published: a local directory or an HF Hub repository.
+class ModelStore(Block, HubTarget):
+    """Where released GGUF files and their lineage JSON are published: a local directory (``path``) or an HF Hub
+    repository: :class:`forgeflow.packaging.publish.HubTarget` as a block (its fields, bounds and defaults, one
+    declaration) plus ``kind``, ``path`` and ``token_secret``, its ``repo_id`` optional (``local`` needs none).
 
     The Hub token is not a field: ``token_secret`` names a Prefect ``Secret`` block read only when a publish
     needs it, so the token is in neither this block's document, nor a flow's parameters, nor a log.
+
+    Raises:
+        pydantic.ValidationError: a bad value, named (``transfer`` other than auto/lfs), where the block is made;
+            a block saved from the UI's form is checked where it is loaded (:func:`tasks.common.load_block`).
     """
 
     _block_type_name = "forgeflow-model-store"
+    model_config = ConfigDict(json_schema_extra=_form_order("kind", "path", "repo_id", "endpoint", "revision",
+                                                            "token_secret"))
     kind: str = Field("local", description=f"one of: {', '.join(MODEL_STORE_KINDS)}")
     path: Path = Field(Path(".forgeflow/models"), description="root folder of the local store (kind local)")
-    repo_id: str | None = Field(None, description="HF Hub model repository 'namespace/name' (kind hf_hub)")
-    endpoint: str = Field("https://huggingface.co", description="HF Hub base URL (kind hf_hub)")
-    revision: str = Field("main", description="branch the Hub commit goes to (kind hf_hub)")
+    repo_id: str | None = Field(  # type: ignore[assignment]  # HubTarget's, optional here (kind local)
+        None, description=f"{HubTarget.model_fields['repo_id'].description} (kind hf_hub)")
     token_secret: str | None = Field(
         None, description="name of the Prefect Secret block holding the Hub write token (kind hf_hub; never the token)"
     )
-    private: bool = Field(True, description="visibility of the Hub repository if publishing creates it")
-    transfer: str = Field("auto", description="auto (huggingface_hub's choice: Xet if installed) or lfs (Git LFS)")
 
     def validate_kind(self) -> "ModelStore":
         """Check the fields the kind needs before any compute; returns this block (InputError otherwise)."""
@@ -154,8 +171,6 @@ class ModelStore(Block):
             parts = (self.repo_id or "").split("/")
             if len(parts) != 2 or not all(parts):
                 raise InputError(f"model store kind hf_hub needs repo_id 'namespace/name', got {self.repo_id!r}")
-            if self.transfer not in ("auto", "lfs"):
-                raise InputError(f"model store transfer {self.transfer!r} is not one of ['auto', 'lfs']")
         return self
 
     def hub_token(self) -> SecretStr | None:

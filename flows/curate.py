@@ -31,12 +31,12 @@ from forgeflow.common.errors import InputError, PreflightError
 from forgeflow.common.fsutil import sha256_bytes, sha256_json
 from forgeflow.common.settings import apply_container_env, home_dir
 from forgeflow.curation.candidates import to_candidate_refs
-from forgeflow.curation.curate_result import CurateResult, RecoverResult
+from forgeflow.curation.curate_result import CurateResult
 from forgeflow.curation.curate_settings import CurateSettings
 from forgeflow.curation.freeze import (
     SPLITS,
-    AcceptedTask,
     SplitQuotas,
+    TaskRef,
     feasibility_text,
     freeze_ready,
     quota_feasibility,
@@ -46,6 +46,7 @@ from forgeflow.curation.freeze import (
 from forgeflow.curation.generated import GENERATED_FILE
 from forgeflow.curation.recovery import (
     RecoveryRequest,
+    RecoveryResult,
     render_plan,
 )
 from forgeflow.curation.selection import BatchSelector
@@ -267,7 +268,7 @@ class _RunState:
         for verdict in verdicts:
             self.processed.add(verdict.instance_id)
             if verdict.status == "accepted" and verdict.instance_id not in self.accepted:
-                self.accepted[verdict.instance_id] = AcceptedTask(instance_id=verdict.instance_id, repo=verdict.repo)
+                self.accepted[verdict.instance_id] = TaskRef(instance_id=verdict.instance_id, repo=verdict.repo)
                 self.per_repo[verdict.repo] = self.per_repo.get(verdict.repo, 0) + 1
 
 
@@ -302,7 +303,7 @@ class RecoverParams(RecoveryRequest, StageParams):
 
 
 @flow(name="recover", log_prints=True)
-def recover(params: RecoverParams) -> RecoverResult:
+def recover(params: RecoverParams) -> RecoveryResult:
     """Void exactly the trials an infrastructure fault broke and requeue their tasks.
 
     Select by ``batch_ids`` and/or ``trial_ids``, or by ``exception_type`` with BOTH ``since`` and ``until``.
@@ -326,13 +327,10 @@ def recover(params: RecoverParams) -> RecoverResult:
     logger.info("%s", text)
     if dry_run:
         markdown_artifact("recover-dry-run", f"```\n{text}\n```\n", "recover: what would be voided/requeued")
-        return RecoverResult(dry_run=True, void=[t.trial_id for t in plan.void],
-                             requeue=[t.instance_id for t in plan.requeue], kept=[k.trial_id for k in plan.kept])
+        return RecoveryResult.listing(plan)
     result, audit = curate_tasks.apply_trial_recovery(store_url, plan, backup_dir or home_dir() / "recovery",
                                                       str(flow_run.get_id() or ""))
     markdown_artifact("recover-audit", audit, f"recovery {result.recovery_id}")
     logger.info("recovered: %d trial(s) voided, %d task(s) requeued; backup %s (sha256 %s)",
                 result.voided, result.requeued, result.backup_path, result.backup_sha256)
-    return RecoverResult(dry_run=False, recovery_id=result.recovery_id, voided=result.voided,
-                         requeued=result.requeued, backup_path=result.backup_path,
-                         backup_sha256=result.backup_sha256, after=result.after)
+    return result

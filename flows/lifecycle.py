@@ -33,7 +33,6 @@ from flows.stagekit import StageLog, run_stage_flow
 from flows.stages import (
     BaseModelParams,
     CompareParams,
-    CompareResult,
     FreezeParams,
     PackageParams,
     ServeParams,
@@ -59,6 +58,7 @@ from forgeflow.curation.freeze import (
 )
 from forgeflow.curation.task_rows import TaskSource
 from forgeflow.evaluation.canary_params import CanaryEndpoint
+from forgeflow.evaluation.compare import StoredJobsComparison
 from forgeflow.ledger import records
 from forgeflow.packaging.mmproj import MMPROJ_KEY
 from forgeflow.registry import migration as migrate
@@ -212,9 +212,9 @@ def _serve_baseline(run: _Run, served_base: Any, hf_dir: Path,
         outcome = serve_flow(ServeParams(gguf_path=served_base.path, state_path=run.state_path,
                                          ports=config.serving.ports, hf_dir=hf_dir, serving_block=config.serving.block,
                                          mmproj_path=mmproj_path))
-        assert outcome.state is not None  # the serve flow promotes or raises
-        st["counts"] = {"generation": outcome.state.generation, "port": outcome.state.active_port}
-    return outcome.state
+        assert outcome.current is not None  # the serve flow promotes or raises
+        st["counts"] = {"generation": outcome.current.generation, "port": outcome.current.active_port}
+    return outcome.current
 
 
 def _environments(run: _Run) -> dict[str, _Env]:
@@ -426,7 +426,8 @@ def _package(run: _Run, base_model: Any, adapter: AdapterRecord) -> dict[str, An
     return ggufs
 
 
-def _stage_and_promote(run: _Run, served_new: Any, baseline_job: str, mmproj_path: Path | None = None) -> CompareResult:
+def _stage_and_promote(run: _Run, served_new: Any, baseline_job: str,
+                       mmproj_path: Path | None = None) -> StoredJobsComparison:
     """12.-15. stage the candidate on the idle port, canary it, compare + gate, then promote or discard.
 
     One Prefect transaction: any failure after staging rolls back (the staged server stops; the recorded
@@ -437,10 +438,10 @@ def _stage_and_promote(run: _Run, served_new: Any, baseline_job: str, mmproj_pat
         with log.stage("serve_stage") as st:
             staged = log.call(serving_tasks.stage_server, run.state_path, served_new.path, served_new.sha256,
                               with_projector(run.serving, mmproj_path))
-            st["counts"] = {"port": staged.port, "smoke_tokens": staged.gate.smoke_tokens}
+            st["counts"] = {"port": staged.new_port, "smoke_tokens": staged.gate.smoke_tokens}
             if staged.gate.image is not None:  # the gate's image smoke: the prompt tokens the image added
                 st["counts"]["image_tokens"] = staged.gate.image.image_tokens
-        candidate_job = _canary(run, "canary_candidate", staged.base_url, served_new.sha256)
+        candidate_job = _canary(run, "canary_candidate", staged.current.base_url, served_new.sha256)
         comparison = _compare(run, baseline_job, candidate_job)
         decision = comparison.decision
         with log.stage("serve_swap") as st:
@@ -457,7 +458,7 @@ def _stage_and_promote(run: _Run, served_new: Any, baseline_job: str, mmproj_pat
     return comparison
 
 
-def _compare(run: _Run, baseline_job: str, candidate_job: str) -> CompareResult:
+def _compare(run: _Run, baseline_job: str, candidate_job: str) -> StoredJobsComparison:
     """14. the ``compare`` flow on the two canary jobs, no recovery jobs merged (the gate decides on this run)."""
     config = run.config
     with run.log.stage("compare") as st:

@@ -7,13 +7,12 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 from pydantic import BaseModel, ConfigDict, Field
 
-from flows.stagekit import StageParams
 from flows.stages import ServeParams, serve
 from forgeflow.common.settings import home_dir
 from forgeflow.evaluation.compare import ComparisonSettings
+from forgeflow.serving.bluegreen import SwapResult
 from tasks import evaluation as evaluation_tasks
 from tasks import serving as serving_tasks
-from tasks.serving import SwapOutcome
 
 
 class PromotionOutcome(BaseModel):
@@ -25,26 +24,19 @@ class PromotionOutcome(BaseModel):
     reason: str = Field(description="the gate's reason, in words")
     promoted: bool = Field(description="the candidate became the recorded serving endpoint")
     report_path: Path = Field(description="the comparison report (markdown; PNG beside it)")
-    serving: SwapOutcome | None = Field(None, description="the serve flow's result when the swap ran")
+    serving: SwapResult | None = Field(None, description="the serve flow's result when the swap ran")
 
 
-class PromoteParams(StageParams):
-    """The ``promote`` flow's parameters."""
+class PromoteParams(ServeParams):
+    """The ``promote`` flow's parameters: the two canary jobs and the gate, then the ``serve`` flow's own
+    (``gguf_path`` the candidate GGUF, ``state_path``, ``ports``, ``hf_dir``, ``serving_block``, ``mmproj_path``),
+    handed to it on ``promote``."""
 
     baseline_job: str = Field(description="the canary job id of the model serving now")
     candidate_job: str = Field(description="the canary job id of gguf_path (its recorded model sha256 must be "
                                            "the file's)")
-    gguf_path: Path = Field(description="the candidate GGUF")
     comparison: ComparisonSettings = Field(ComparisonSettings(), description="promotion gate settings, report path, "
                                                                              "recovery merge, bootstrap seed")
-    state_path: Path | None = Field(None, description="the serving state file; None: "
-                                                      "$FORGEFLOW_HOME/serving/state.json")
-    ports: tuple[int, int] | None = Field(None, description="the two blue/green TCP ports on 127.0.0.1; None: "
-                                                            "the serving backend's")
-    hf_dir: Path | None = Field(None, description="the HF checkpoint folder the GGUF was converted from; None: "
-                                                  "the store's record")
-    serving_block: str | None = Field(None, description="a forgeflow-serving block name; None: llama-cpp-python, "
-                                                        "4,096-token context")
 
 
 @flow(name="promote", log_prints=True)
@@ -77,7 +69,7 @@ def promote(params: PromoteParams) -> PromotionOutcome:
     if decision.verdict != "promote":
         logger.info("the recorded endpoint stays where it is (%s)", state_path)
         return PromotionOutcome(verdict=decision.verdict, reason=decision.reason, promoted=False, report_path=md_path)
-    outcome = serve(ServeParams(gguf_path=params.gguf_path, state_path=state_path, ports=params.ports,
-                                hf_dir=params.hf_dir, serving_block=params.serving_block))
-    return PromotionOutcome(verdict=decision.verdict, reason=decision.reason, promoted=outcome.promoted,
+    outcome = serve(ServeParams.model_validate({**params.model_dump(include=set(ServeParams.model_fields)),
+                                                "state_path": state_path}))
+    return PromotionOutcome(verdict=decision.verdict, reason=decision.reason, promoted=not outcome.rolled_back,
                             report_path=md_path, serving=outcome)

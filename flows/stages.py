@@ -17,9 +17,8 @@ from forgeflow.common import settings
 from forgeflow.common.errors import InputError
 from forgeflow.common.settings import home_dir
 from forgeflow.config import LifecycleConfig
-from forgeflow.curation.freeze import AcceptedTask, FreezeManifest, SplitQuotas, validate_freeze_name
+from forgeflow.curation.freeze import FreezeManifest, SplitQuotas, TaskRef, validate_freeze_name
 from forgeflow.evaluation import compare as comparison
-from forgeflow.evaluation.compare.gate import Decision, GatePolicy
 from forgeflow.ledger import records
 from forgeflow.packaging.checkpoint import BaseModelSource, CheckpointRecord
 from forgeflow.packaging.gguf import GGUFArtifact, QuantSpec, quant_plan
@@ -28,6 +27,7 @@ from forgeflow.packaging.mmproj import MMPROJ_KEY
 from forgeflow.packaging.publish import PublishRecord, check_model_name
 from forgeflow.packaging.release import ReleaseSources
 from forgeflow.serving.backend import BackendConfig, backend_config
+from forgeflow.serving.bluegreen import SwapResult
 from forgeflow.serving.external import EndpointCheck
 from tasks import curation
 from tasks import evaluation as evaluation_tasks
@@ -94,7 +94,7 @@ def freeze(params: FreezeParams = FreezeParams()) -> FreezeManifest:
     if instance_ids is not None and not instance_ids:
         raise InputError(f"freeze {name!r}: params.instance_ids is empty (None freezes every accepted task)")
     bundle_tasks = curation.accepted_for_freeze(list(instance_ids) if instance_ids is not None else None)
-    accepted = [AcceptedTask(instance_id=t.instance_id, repo=t.repo) for t in bundle_tasks]
+    accepted = [TaskRef(instance_id=t.instance_id, repo=t.repo) for t in bundle_tasks]
     given = f" among the {len(set(instance_ids))} instance id(s) given" if instance_ids is not None else ""
     get_run_logger().info("freeze %r: %d accepted task(s)%s; quotas %s, seed %d", name, len(accepted), given,
                           quotas.model_dump(), seed)
@@ -109,43 +109,26 @@ def freeze(params: FreezeParams = FreezeParams()) -> FreezeManifest:
     return manifest
 
 
-class CompareParams(StageParams):
-    """The ``compare`` flow's parameters."""
+class CompareParams(comparison.ComparisonSettings, StageParams):
+    """The ``compare`` flow's parameters: the two jobs, and how they are compared (the report path, recovery merge,
+    seed and gate of :class:`~forgeflow.evaluation.compare.ComparisonSettings`)."""
 
     job_a: str = Field(description="the first (baseline) canary job id, as recorded in the store")
     job_b: str = Field(description="the second (candidate) canary job id, on the same frozen split")
-    report_path: Path | None = Field(None, description="markdown report path (PNG beside it); None: "
-                                                       "$FORGEFLOW_HOME/compare-<job_a>-vs-<job_b>.md")
-    merge_recovery: bool = Field(True, description="merge each job's recovery jobs into it before comparing")
-    seed: int = Field(0, description="seed of the repository-clustered bootstrap (same seed, same interval)")
-    gate: GatePolicy | None = Field(None, description="promotion gate settings; None: the defaults (30 pairs "
-                                                      "from 3 repositories, 5 points of tolerated drop, alpha 0.05)")
-
-
-class CompareResult(BaseModel):
-    """What the ``compare`` flow found and wrote."""
-
-    model_config = ConfigDict(frozen=True)
-
-    job_a: comparison.MergedJob = Field(description="the baseline job (merged with its recovery jobs when asked)")
-    job_b: comparison.MergedJob = Field(description="the candidate job (merged with its recovery jobs when asked)")
-    paired: comparison.PairedComparison = Field(description="wins/ties/losses, exact McNemar, the delta interval")
-    decision: Decision = Field(description="the promotion gate's verdict under the run's gate settings")
-    report_a: comparison.JobReport = Field(description="job A's accounting (scored, passed, exceptions, pass rate)")
-    report_b: comparison.JobReport = Field(description="job B's accounting (scored, passed, exceptions, pass rate)")
-    costs: comparison.CostComparison = Field(description="mean input tokens, agent steps, wall seconds; ratios B/A")
-    excluded: list[comparison.ExcludedTask] = Field(description="instances left out of the pairs, with reasons")
-    files: evaluation_tasks.ComparisonFiles = Field(description="the markdown report and its PNG, with sha256")
 
 
 @flow(name="compare", log_prints=True)
-def compare(params: CompareParams) -> CompareResult:
+def compare(params: CompareParams) -> comparison.StoredJobsComparison:
     """Paired comparison of two canary jobs recorded in the store, on the same frozen split.
 
     The delta interval is Newcombe's paired interval united with the repository-clustered bootstrap.
 
     Args:
         params: the two jobs to compare (baseline, candidate), the report path, the seed and the gate policy.
+
+    Returns:
+        The comparison (merged jobs, reports, pairs, costs, excluded tasks, the gate's decision, the markdown) with
+        ``files``: the report and its PNG, with sha256.
 
     Raises:
         InputError: a job has no trials in the store, or the jobs ran different frozen splits.
@@ -154,14 +137,12 @@ def compare(params: CompareParams) -> CompareResult:
     md_path = Path(params.report_path or home_dir() / f"compare-{job_a}-vs-{job_b}.md")
     result = run_task(evaluation_tasks.compare_stored_jobs, job_a, job_b, params.merge_recovery, params.seed,
                       params.gate, md_path.with_suffix(".png").name)
-    files = evaluation_tasks.write_stored_comparison(result, md_path)
+    result = evaluation_tasks.write_stored_comparison(result, md_path)
     paired = result.paired
     get_run_logger().info("wins %d ties %d losses %d, McNemar p %.3g; excluded %d; promotion gate: %s (%s); report %s",
                           paired.wins, paired.ties, paired.losses, paired.mcnemar_p, len(result.excluded),
                           result.decision.verdict, result.decision.reason, md_path)
-    return CompareResult(job_a=result.job_a, job_b=result.job_b, paired=paired, decision=result.decision,
-                         report_a=result.report_a, report_b=result.report_b, costs=result.costs,
-                         excluded=result.excluded, files=files)
+    return result
 
 
 class PackageResult(BaseModel):
@@ -321,7 +302,7 @@ def with_projector(backend: BackendConfig, mmproj_path: Path | None) -> BackendC
 
 
 @flow(name="serve", log_prints=True)
-def serve(params: ServeParams) -> serving_tasks.SwapOutcome:
+def serve(params: ServeParams) -> SwapResult:
     """Blue/green swap of the serving endpoint to ``params.gguf_path`` (check, gate, switch, stop the old one).
 
     Before any server starts the GGUF is checked against its HF config and the block's slot plan against

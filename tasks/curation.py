@@ -50,24 +50,22 @@ class SandboxChoice(BaseModel):
 
     Attributes:
         block: the block's name.
-        kind: the sandbox backend (:data:`forgeflow.sandbox.backends.BACKENDS`: ``podman``,
-            ``kubernetes``).
         limits: the block's memory and CPUs per trial container (a stage's own limits win:
             :meth:`forgeflow.sandbox.limits.LimitOverrides.over`).
-        target: the kind and where its pods run (kubeconfig, context, namespace).
+        target: the sandbox backend kind (:data:`forgeflow.sandbox.backends.BACKENDS`: ``podman``,
+            ``kubernetes``) and where its pods run (kubeconfig, context, namespace).
     """
 
     model_config = ConfigDict(frozen=True)
 
     block: str
-    kind: str
     limits: SandboxLimits
     target: SandboxTarget = SandboxTarget()
 
     def backend(self) -> "str | SandboxTarget":
         """What a verifier records and runs on: the kind alone for ``podman`` (nothing else to say),
         the whole :class:`SandboxTarget` for a cluster."""
-        return self.kind if self.kind == "podman" else self.target
+        return self.target.kind if self.target.kind == "podman" else self.target
 
 
 @task(cache_policy=NO_CACHE)
@@ -77,7 +75,7 @@ def sandbox_choice(block_name: str) -> SandboxChoice:
     from blocks.core import SandboxBackend
 
     block = load_block(SandboxBackend, block_name, "sandbox")
-    return SandboxChoice(block=block_name, kind=block.kind, limits=block.limits(), target=block.target())
+    return SandboxChoice(block=block_name, limits=block.limits(), target=block.target())
 
 
 CURATE_JOB_ID = "curate"
@@ -204,7 +202,7 @@ def validate_batch(batch_id: str, plan: BatchPlan, progress: BatchProgress | Non
 
 
 @task(cache_policy=RESUMABLE)
-def freeze_dataset(name: str, accepted: list[freeze.AcceptedTask], quotas: freeze.SplitQuotas, seed: int,
+def freeze_dataset(name: str, accepted: list[freeze.TaskRef], quotas: freeze.SplitQuotas, seed: int,
                    out_dir: Path, extra_inputs: JSONObject,
                    bundle_tasks: list[bundle.BundleTask] | None = None) -> freeze.FreezeManifest:
     """Select the splits, write the freeze manifest (identical again: a no-op) and its export bundle (HF ``datasets``
@@ -339,7 +337,7 @@ def apply_trial_recovery(store_url: str, plan: recovery.RecoveryPlan, backup_dir
     from forgeflow.common.fsutil import atomic_write_text
 
     result = recovery.apply_recovery(shared_store(store_url), plan, backup_dir, run_id=run_id)
-    audit = recovery.render_audit(result)
+    audit = recovery.render_audit(plan, result)
     if result.backup_path is not None:
         atomic_write_text(result.backup_path.with_suffix(".md"), audit)
     return result, audit

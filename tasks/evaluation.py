@@ -211,9 +211,10 @@ def _stored_jobs_key(_context: TaskRunContext, parameters: Mapping[str, object])
 def compare_stored_jobs(job_a: str, job_b: str, merge_recovery: bool = True, seed: int = 0,
                         gate_policy: gate.GatePolicy | None = None,
                         plot_file: str | None = None) -> compare.StoredJobsComparison:
-    """Compare two stored canary jobs (the markdown embeds ``plot_file``), cached on what it reads from the store
-    (:func:`_stored_jobs_key`). Raises InputError: as :func:`~forgeflow.evaluation.compare.compare_stored_jobs` (missing
-    jobs, other splits)."""
+    """Compare two stored canary jobs (the markdown embeds ``plot_file``; ``files`` None), cached on what it reads from
+    the store (:func:`_stored_jobs_key`) and on this source (a result cached before the interval models became
+    ``ConfidenceInterval`` is not read). Raises InputError: as :func:`~forgeflow.evaluation.compare.compare_stored_jobs`
+    (missing jobs, other splits)."""
     return compare.compare_stored_jobs(shared_store(settings.store_url()), job_a, job_b,
                                        merge_recovery=merge_recovery, seed=seed, plot_file=plot_file, gate=gate_policy)
 
@@ -251,24 +252,13 @@ def _write_report(result: compare.StoredJobsComparison, markdown: str, md_path: 
     return png_path
 
 
-class ComparisonFiles(BaseModel):
-    """The markdown report and PNG plot the ``compare`` flow wrote, with their sha256s (64 hex)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    report_path: Path
-    report_sha256: str
-    plot_path: Path
-    plot_sha256: str
-
-
 @task(cache_policy=NO_CACHE)
-def write_stored_comparison(result: compare.StoredJobsComparison, md_path: Path) -> ComparisonFiles:
+def write_stored_comparison(result: compare.StoredJobsComparison, md_path: Path) -> compare.StoredJobsComparison:
     """Write :func:`compare_stored_jobs`'s report at ``md_path``, the PNG beside it, and the ``compare-standalone``
-    artifact, anew on every run; both files with their digests."""
+    artifact, anew on every run; ``result`` with ``files`` set (both files with their digests)."""
     plot = _write_stored_report(result, md_path)
-    return ComparisonFiles(report_path=md_path, report_sha256=sha256_file(md_path), plot_path=plot,
-                           plot_sha256=sha256_file(plot))
+    return result.model_copy(update={"files": compare.ComparisonFiles(
+        report_path=md_path, report_sha256=sha256_file(md_path), plot_path=plot, plot_sha256=sha256_file(plot))})
 
 
 @task(cache_policy=NO_CACHE)

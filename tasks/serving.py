@@ -9,7 +9,6 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.transactions import Transaction, get_transaction, transaction
-from pydantic import BaseModel, ConfigDict
 
 from forgeflow.common import errors, settings
 from forgeflow.common.fsutil import sha256_file
@@ -19,7 +18,6 @@ from forgeflow.packaging import gguf
 from forgeflow.packaging.gguf_metadata import recorded_edited_values
 from forgeflow.serving import bluegreen
 from forgeflow.serving.backend import BackendConfig, backend_config
-from forgeflow.serving.external import EndpointCheck
 from forgeflow.serving.llama_server import ContextPlan
 from forgeflow.serving.multimodal import check_projector
 from tasks.common import flow_run_id, load_block, run_logger, shared_store
@@ -136,13 +134,14 @@ def store_min_generation() -> int:
 
 
 STAGED_SERVER_KEY = "forgeflow.staged_server"
-"""Transaction value holding the staged server, read by :func:`_stop_staged_server` on rollback."""
+"""Transaction value holding the staged swap, read by :func:`_stop_staged_server` on rollback."""
 
 
 @task(cache_policy=NO_CACHE)
 def stage_server(state_path: Path, gguf_path: Path, gguf_sha256: str,
-                 backend: BackendConfig | None = None) -> bluegreen.StagedServer:
-    """Start the GGUF on the idle port of ``backend`` and gate it (health + smoke); the recorded endpoint moves only in
+                 backend: BackendConfig | None = None) -> bluegreen.SwapResult:
+    """Start the GGUF on the idle port of ``backend`` and gate it (health + smoke): the staged swap
+    (:func:`forgeflow.serving.bluegreen.stage`; ``current`` the new server); the recorded endpoint moves only in
     :func:`promote_server`. Inside a transaction (:func:`swap_transaction`) a later failure stops it (``on_rollback``).
     An external endpoint is probed and gated, nothing started. Raises InputError: the projector pairing is refused
     (:func:`check_projector_pairing`); SwapRolledBackError: the server did not start or failed its gate (recorded as
@@ -158,7 +157,7 @@ def stage_server(state_path: Path, gguf_path: Path, gguf_sha256: str,
     if staged.gate is not None and staged.gate.image is not None:  # the evidence that the visual path is used
         smoke = staged.gate.image
         run_logger().info("image smoke passed on port %d: the image added %d prompt tokens (%d without, %d with), "
-                          "props vision %s", staged.port, smoke.image_tokens, smoke.text_prompt_tokens,
+                          "props vision %s", staged.new_port, smoke.image_tokens, smoke.text_prompt_tokens,
                           smoke.image_prompt_tokens, smoke.vision)
     txn = get_transaction()
     if txn is not None:
@@ -200,63 +199,50 @@ def _stop_staged_server(txn: Transaction) -> None:
     """Rollback of a swap transaction: stop the staged server (idempotent) and record the swap ``rolled_back``."""
     staged = txn.get(STAGED_SERVER_KEY, None)
     if staged is not None:
-        server = bluegreen.StagedServer.model_validate(staged)
-        bluegreen.discard(server)
-        record_rollback(bluegreen.SwapResult(previous=None, current=None, rolled_back=True, gate=server.gate,
-                                           error="a step after staging failed; the staged server was stopped",
-                                           new_port=server.port, new_gguf_sha256=server.gguf_sha256),
-                        flow_run_id())
+        swap = bluegreen.SwapResult.model_validate(staged)
+        bluegreen.discard(swap)
+        record_rollback(swap.model_copy(update={
+            "previous": None, "current": None, "rolled_back": True,
+            "error": "a step after staging failed; the staged server was stopped"}), flow_run_id())
 
 
 @task(cache_policy=NO_CACHE)
-def promote_server(state_path: Path, staged: bluegreen.StagedServer) -> bluegreen.SwapResult:
-    """Record the staged server as the next generation (above every recorded one) and stop the old one."""
+def promote_server(state_path: Path, staged: bluegreen.SwapResult) -> bluegreen.SwapResult:
+    """Record the staged server (``staged.current``, :func:`stage_server`'s result) as the next generation (above
+    every recorded one) and stop the old one."""
     return bluegreen.promote(state_path, staged, store_min_generation())
 
 
 @task(cache_policy=NO_CACHE)
-def discard_server(staged: bluegreen.StagedServer) -> None:
+def discard_server(staged: bluegreen.SwapResult) -> None:
     """Stop a staged server the gates refused; the recorded endpoint never moved."""
     bluegreen.discard(staged)
 
 
-class SwapOutcome(BaseModel):
-    """What :func:`swap_transaction` did: ``verdict`` is the gate's (``promote``, ``hold``, ...), ``state`` the
-    serving state afterwards, ``previous`` the one a promotion replaced, ``checks`` an external endpoint's."""
-
-    model_config = ConfigDict(frozen=True)
-
-    promoted: bool
-    verdict: str
-    state: bluegreen.ServingState | None
-    previous: bluegreen.ServingState | None = None
-    checks: tuple[EndpointCheck, ...] = ()
-
-
 def swap_transaction(state_path: Path, gguf_path: Path, gguf_sha256: str, backend: BackendConfig | None,
-                     gate: Callable[[bluegreen.StagedServer], str]) -> SwapOutcome:
-    """A blue/green swap as one Prefect transaction (call it from a flow): stage, run ``gate`` on the staged server,
-    promote on ``"promote"``, else discard. An exception after staging rolls back (the staged server stops, the old one
+                     gate: Callable[[bluegreen.SwapResult], str]) -> bluegreen.SwapResult:
+    """A blue/green swap as one Prefect transaction (call it from a flow): stage, run ``gate`` on the staged swap,
+    promote on ``"promote"``, else discard (the result ``rolled_back``, ``current`` the recorded state; ``verdict``
+    the gate's either way). An exception after staging rolls back (the staged server stops, the old one
     keeps serving) and propagates. Raises SwapRolledBackError: the new server did not start or failed its health/smoke
     gate; Whatever ``gate`` raises (after the rollback)."""
     with transaction():
         staged = stage_server(state_path, gguf_path, gguf_sha256, backend)
         verdict = gate(staged)
         if verdict == "promote":
-            swap = promote_server(state_path, staged)
-            return SwapOutcome(promoted=True, verdict=verdict, state=swap.current, previous=swap.previous,
-                               checks=staged.checks)
+            return promote_server(state_path, staged).model_copy(update={"verdict": verdict})
         discard_server(staged)
-        return SwapOutcome(promoted=False, verdict=verdict, state=bluegreen.read_state(state_path),
-                           checks=staged.checks)
+        recorded = bluegreen.read_state(state_path)
+        return staged.model_copy(update={"previous": recorded, "current": recorded, "rolled_back": True,
+                                         "verdict": verdict, "error": f"the promotion gate said {verdict!r}"})
 
 
 @task(cache_policy=NO_CACHE)
-def record_promotion(outcome: SwapOutcome, run_id: str | None) -> None:
-    """Record a promoted swap (:func:`record_swap`); nothing for an outcome that did not promote."""
-    if not outcome.promoted or outcome.state is None:
+def record_promotion(outcome: bluegreen.SwapResult, run_id: str | None) -> None:
+    """Record a promoted swap (:func:`record_swap`); nothing for one rolled back."""
+    if outcome.rolled_back or outcome.current is None:
         return
-    record_swap(shared_store(settings.store_url()), outcome.previous, outcome.state, run_id)
+    record_swap(shared_store(settings.store_url()), outcome.previous, outcome.current, run_id)
 
 
 @task(cache_policy=NO_CACHE)

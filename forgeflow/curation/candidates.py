@@ -24,7 +24,7 @@ from pydantic import (
 )
 
 from forgeflow.common.errors import InputError
-from forgeflow.curation.selection import CandidateRef
+from forgeflow.curation.freeze import TaskRef
 
 INSTANCE_ID_MAX_CHARS = 128
 """Longest accepted instance id (ids become container tags, file names and store keys)."""
@@ -244,7 +244,7 @@ def to_candidate_refs(
     candidates: Iterable[CandidateTask],
     available_images: Collection[str],
     image_of: Callable[[CandidateTask], str | None] | None = None,
-) -> list[CandidateRef]:
+) -> list[TaskRef]:
     """The selection view of candidates, for :func:`forgeflow.curation.selection.select_batch`, in input order.
 
     Args:
@@ -252,11 +252,11 @@ def to_candidate_refs(
         image_of: a candidate's image reference when the row carries none; default ``candidate.image_ref``.
     """
     resolve = image_of or (lambda candidate: candidate.image_ref)
-    refs: list[CandidateRef] = []
+    refs: list[TaskRef] = []
     for candidate in candidates:
         image = resolve(candidate)
         refs.append(
-            CandidateRef(
+            TaskRef(
                 instance_id=candidate.instance_id,
                 repo=candidate.repo,
                 image_available=image is not None and image in available_images,

@@ -47,13 +47,16 @@ def stable_key(seed: int, item: str) -> str:
     return hashlib.sha256(f"{seed}:{item}".encode()).hexdigest()
 
 
-class AcceptedTask(BaseModel):
-    """An accepted task: its instance id and the repository (``owner/name``) it comes from."""
+class TaskRef(BaseModel):
+    """A task by id and repository: a candidate to select a batch from (:mod:`forgeflow.curation.selection`) or an
+    accepted task to freeze (:func:`select_splits`)."""
 
     model_config = ConfigDict(frozen=True)
 
-    instance_id: str = Field(min_length=1)
-    repo: str = Field(min_length=1)
+    instance_id: str = Field(min_length=1, description="the task's instance id")
+    repo: str = Field(min_length=1, description="the repository (owner/name) it comes from")
+    image_available: bool = Field(True, description="its image is in the registry (a candidate without one is "
+                                                    "never selected; an accepted task's was)")
 
 
 class SplitQuotas(BaseModel):
@@ -111,7 +114,7 @@ class SplitSelection(BaseModel):
 
 
 def select_splits(
-    accepted: list[AcceptedTask], quotas: SplitQuotas, seed: int = 0
+    accepted: list[TaskRef], quotas: SplitQuotas, seed: int = 0
 ) -> SplitSelection:
     """Assign accepted tasks to repository-disjoint splits.
 
@@ -249,7 +252,7 @@ def feasibility_text(unmet: Sequence[UnmetQuota]) -> str:
 
 
 def freeze_ready(
-    accepted: list[AcceptedTask], quotas: SplitQuotas, seed: int = 0
+    accepted: list[TaskRef], quotas: SplitQuotas, seed: int = 0
 ) -> SplitSelection:
     """Preflight for a freeze: exactly :func:`select_splits`, writing nothing."""
     return select_splits(accepted, quotas, seed)

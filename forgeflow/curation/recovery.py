@@ -137,18 +137,52 @@ class RecoveryPlan(BaseModel):
 
 
 class RecoveryResult(BaseModel):
-    """What :func:`apply_recovery` did."""
+    """One recovery, listed or done: the ``recover`` flow's result and :func:`apply_recovery`'s.
 
-    model_config = ConfigDict(frozen=True)
+    A dry run (:meth:`listing`) carries ``void``, ``requeue`` and ``kept``; an applied recovery carries
+    the other fields (``backup_*`` None when the plan was empty); the other group stays None.
 
-    recovery_id: str = Field(description="recover-<UTC time>-<plan_sha256[:8]>")
-    plan: RecoveryPlan
-    voided: int = Field(ge=0, description="trials newly marked void")
-    requeued: int = Field(ge=0, description="tasks put back to candidate")
-    backup_path: Path | None = Field(description="the backup JSON (None when the plan was empty)")
-    backup_sha256: str | None = Field(description="its sha256 (also in <backup>.sha256, sha256sum format)")
-    after: Summary = Field(description="the summary after applying (equal to plan.expected_after)")
-    voided_at: datetime = Field(description="the void timestamp written")
+    Raises:
+        ValueError (pydantic ValidationError): the fields of a dry run and of an applied recovery mixed.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    dry_run: bool = Field(description="True: nothing changed; the lists say what would.")
+    void: list[str] | None = Field(default=None, description="Dry run: trial ids that would be voided.")
+    requeue: list[str] | None = Field(default=None, description="Dry run: instance ids that would be requeued.")
+    kept: list[str] | None = Field(default=None, description="Dry run: selected trial ids left as they are.")
+    recovery_id: str | None = Field(default=None, description="Applied: recover-<UTC time>-<plan_sha256[:8]>.")
+    voided: int | None = Field(default=None, ge=0, description="Applied: trials newly marked void (count).")
+    requeued: int | None = Field(default=None, ge=0, description="Applied: tasks put back to candidate (count).")
+    backup_path: Path | None = Field(default=None, description="Applied: the backup JSON (None: nothing to back up).")
+    backup_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$",
+                                      description="Applied: the backup's sha256 (also in <backup>.sha256, sha256sum "
+                                                  "format).")
+    after: Summary | None = Field(default=None, description="Applied: the store's counts after the recovery (equal "
+                                                            "to the plan's expected_after).")
+    voided_at: datetime | None = Field(default=None, description="Applied: the void timestamp written (UTC).")
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> RecoveryResult:
+        """A dry run carries only the lists; an applied recovery only what it did."""
+        listed = (self.void, self.requeue, self.kept)
+        applied = (self.recovery_id, self.voided, self.requeued, self.after, self.voided_at)
+        if self.dry_run and (any(v is None for v in listed) or any(v is not None for v in applied)):
+            raise ValueError("a dry run lists void, requeue and kept, and has no recovery_id, counts, after or "
+                             "voided_at")
+        if not self.dry_run and (any(v is not None for v in listed) or any(v is None for v in applied)):
+            raise ValueError("an applied recovery has recovery_id, voided, requeued, after and voided_at, and no "
+                             "dry-run lists")
+        if self.dry_run and (self.backup_path is not None or self.backup_sha256 is not None):
+            raise ValueError("a dry run writes no backup")
+        return self
+
+    @classmethod
+    def listing(cls, plan: RecoveryPlan) -> RecoveryResult:
+        """The dry run of ``plan``: the trial ids to void, instance ids to requeue and trial ids kept."""
+        return cls(dry_run=True, void=[t.trial_id for t in plan.void], requeue=[t.instance_id for t in plan.requeue],
+                   kept=[k.trial_id for k in plan.kept])
 
 
 def summary(session: Session) -> Summary:
@@ -298,8 +332,8 @@ def apply_recovery(store: Store, plan: RecoveryPlan, backup_dir: Path, run_id: s
     when = (now or datetime.now(UTC)).astimezone(UTC)
     recovery_id = f"recover-{when.strftime('%Y%m%dT%H%M%SZ')}-{plan.plan_sha256[:8]}"
     if plan.empty:
-        return RecoveryResult(recovery_id=recovery_id, plan=plan, voided=0, requeued=0, backup_path=None,
-                              backup_sha256=None, after=plan.before, voided_at=when)
+        return RecoveryResult(dry_run=False, recovery_id=recovery_id, voided=0, requeued=0, after=plan.before,
+                              voided_at=when)
     backup_dir = Path(backup_dir)
     backup_dir.mkdir(parents=True, exist_ok=True)
     backup = backup_dir / f"{recovery_id}.json"
@@ -336,13 +370,19 @@ def apply_recovery(store: Store, plan: RecoveryPlan, backup_dir: Path, run_id: s
                                requeue=[t.instance_id for t in plan.requeue], voided_at=when,
                                run_id=run_id, check=check,
                                requeue_only_from={t.instance_id: t.status for t in plan.requeue})
-    return RecoveryResult(recovery_id=recovery_id, plan=plan, voided=voided, requeued=len(plan.requeue),
+    return RecoveryResult(dry_run=False, recovery_id=recovery_id, voided=voided, requeued=len(plan.requeue),
                           backup_path=backup, backup_sha256=digest, after=plan.expected_after, voided_at=when)
 
 
-def render_audit(result: RecoveryResult) -> str:
-    """The markdown audit of a recovery: request, backup, counts before/after, every row touched."""
-    plan = result.plan
+def render_audit(plan: RecoveryPlan, result: RecoveryResult) -> str:
+    """The markdown audit of ``plan`` as applied (``result``, not a dry run): request, backup, counts
+    before/after, every row touched.
+
+    Raises:
+        InputError: ``result`` is a dry run.
+    """
+    if result.dry_run:
+        raise InputError("render_audit: a dry run has no audit (apply the plan first)")
     req = plan.request
     selector = (f"exception_type `{req.exception_type}` in [{req.since.isoformat()}, {req.until.isoformat()})"
                 if req.exception_type else f"batch ids {req.batch_ids or '-'}; trial ids {req.trial_ids or '-'}")

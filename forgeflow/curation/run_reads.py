@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from forgeflow.common.errors import InputError
 from forgeflow.common.fsutil import sha256_json
-from forgeflow.curation.freeze import AcceptedTask
+from forgeflow.curation.freeze import TaskRef
 from forgeflow.ledger.records import BatchRecord
 from forgeflow.ledger.tables import Batch, TaskInstance, Trial
 
@@ -38,7 +38,7 @@ class CurationState(BaseModel):
 
     model_config = ConfigDict(frozen=True)
 
-    accepted: list[AcceptedTask] = Field(description="the accepted tasks among the run's candidates, by instance id")
+    accepted: list[TaskRef] = Field(description="the accepted tasks among the run's candidates, by instance id")
     processed: set[str] = Field(description="the run's candidates with a final status (accepted, rejected or error)")
     accepted_per_repo: dict[str, int] = Field(
         description="repository -> accepted tasks among the run's candidates (none: absent)")
@@ -46,7 +46,7 @@ class CurationState(BaseModel):
 
 def curation_state(engine: Engine, instance_ids: Sequence[str]) -> CurationState:
     """The state of the run whose candidates are ``instance_ids`` (ids without a store row count as not processed)."""
-    accepted: list[AcceptedTask] = []
+    accepted: list[TaskRef] = []
     processed: set[str] = set()
     per_repo: dict[str, int] = {}
     with Session(engine) as session:
@@ -56,7 +56,7 @@ def curation_state(engine: Engine, instance_ids: Sequence[str]) -> CurationState
             for instance_id, repo, status in session.execute(statement):
                 processed.add(instance_id)
                 if status == "accepted":
-                    accepted.append(AcceptedTask(instance_id=instance_id, repo=repo))
+                    accepted.append(TaskRef(instance_id=instance_id, repo=repo))
                     per_repo[repo] = per_repo.get(repo, 0) + 1
     accepted.sort(key=lambda task: task.instance_id)
     return CurationState(accepted=accepted, processed=processed, accepted_per_repo=per_repo)

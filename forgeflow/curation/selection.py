@@ -8,26 +8,14 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from forgeflow.common.errors import InputError
-from forgeflow.curation.freeze import stable_key
+from forgeflow.curation.freeze import TaskRef, stable_key
 
 DEFAULT_BATCH_SIZE = 40
 
 
-class CandidateRef(BaseModel):
-    """A candidate task: its id, its repository and whether its image is in the registry."""
-
-    model_config = ConfigDict(frozen=True)
-
-    instance_id: str = Field(min_length=1)
-    repo: str = Field(min_length=1)
-    image_available: bool
-
-
 def select_batch(
-    candidates: list[CandidateRef],
+    candidates: list[TaskRef],
     processed: set[str],
     accepted_per_repo: dict[str, int],
     batch_size: int = DEFAULT_BATCH_SIZE,
@@ -59,7 +47,7 @@ class BatchSelector:
         InputError: duplicate instance ids (from the constructor).
     """
 
-    def __init__(self, candidates: Sequence[CandidateRef], seed: int = 0) -> None:
+    def __init__(self, candidates: Sequence[TaskRef], seed: int = 0) -> None:
         """Group ``candidates`` (the run's, instance ids unique) by repository; ``seed`` as :func:`select_batch`'s."""
         self.seed = seed
         self._repo_of: dict[str, str] = {}

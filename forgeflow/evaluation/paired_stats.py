@@ -14,7 +14,9 @@
 
 The union ``[min(lows), max(highs)]`` is never narrower than either, so a zero-width interval from
 resampling is never what is reported. :func:`pairs_needed` says how many pairs at the observed
-rates Newcombe's lower bound would need to clear a non-inferiority margin."""
+rates Newcombe's lower bound would need to clear a non-inferiority margin. Every interval, and the Wilson
+interval of one pass rate (:func:`forgeflow.evaluation.compare.stats.wilson_interval`), is one
+:class:`ConfidenceInterval`, its ``method`` saying which."""
 
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from statistics import NormalDist
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from forgeflow.common.errors import InputError
 
@@ -33,8 +35,95 @@ NEWCOMBE_SOURCE = (
     "based on paired data, Statistics in Medicine 17:2635-2650 (method 10)"
 )
 BOOTSTRAP_SOURCE = "Field and Welsh 2007, Bootstrapping clustered data, JRSS B 69(3):369-390"
+WILSON_METHOD = "wilson_score"
+"""``ConfidenceInterval.method`` of the Wilson score interval of one proportion (both ends in [0, 1])."""
+NEWCOMBE_METHOD = "newcombe_hybrid_score"
+"""``ConfidenceInterval.method`` of Newcombe's interval on a paired delta (:func:`newcombe_paired_interval`)."""
+BOOTSTRAP_METHOD = "cluster_bootstrap"
+"""``ConfidenceInterval.method`` of the cluster bootstrap on a paired delta (:func:`cluster_bootstrap_delta`)."""
 UNION_METHOD = "union(newcombe_hybrid_score, cluster_bootstrap)"
-"""``DeltaInterval.method``: the reported interval is the union of the two below."""
+"""``ConfidenceInterval.method`` of the reported delta interval: the union of the two above (:func:`union_interval`)."""
+
+IntervalMethod = Literal["wilson_score", "newcombe_hybrid_score", "cluster_bootstrap",
+                         "union(newcombe_hybrid_score, cluster_bootstrap)"]
+"""The methods a :class:`ConfidenceInterval` names."""
+
+_FIELDS: dict[str, tuple[str, ...]] = {
+    WILSON_METHOD: ("low", "high", "confidence"),
+    NEWCOMBE_METHOD: ("delta", "low", "high", "confidence", "phi", "n_pairs", "source"),
+    BOOTSTRAP_METHOD: ("delta", "low", "high", "confidence", "clustered_by", "n_clusters", "n_pairs", "n_resamples",
+                       "seed"),
+    UNION_METHOD: ("delta", "low", "high", "confidence", "method", "source", "low_from", "high_from", "clustered_by",
+                   "n_clusters", "n_pairs", "n_resamples", "seed", "newcombe", "bootstrap"),
+}
+"""Method -> the fields it sets, in the order it is written (the JSON of each method is unchanged since they were
+four models: only the union's names its method)."""
+
+
+class ConfidenceInterval(BaseModel):
+    """A confidence interval: the Wilson interval of a pass rate (ends in [0, 1]), or an interval on the paired delta
+    ``pass_rate_b - pass_rate_a`` (ends in [-1, 1]): Newcombe's, the cluster bootstrap's, or the reported union of
+    both, which repeats the bootstrap's bookkeeping (``clustered_by``, ``n_clusters``, ``n_resamples``, ``seed``) at
+    the top level and holds each alone in ``newcombe`` / ``bootstrap``.
+
+    ``method`` says which; the fields it sets are set (the others None) and written, in :data:`_FIELDS`' order. Read
+    without ``method`` (written by a Newcombe, bootstrap or Wilson interval), it is told by the fields: ``phi``:
+    Newcombe, ``n_resamples``: bootstrap, else Wilson.
+
+    Raises:
+        ValueError (pydantic's ValidationError): a field of its method missing, or a Wilson end outside [0, 1].
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    delta: float | None = Field(None, ge=-1.0, le=1.0,
+                                description="The observed delta (wins - losses) / n_pairs (None: Wilson).")
+    low: float = Field(ge=-1.0, le=1.0, description="Lower bound (the union: min of both; Wilson: in [0, 1]).")
+    high: float = Field(ge=-1.0, le=1.0, description="Upper bound (the union: max of both).")
+    confidence: float = Field(0.95, gt=0.0, lt=1.0, description="Level of the interval (the union: of both).")
+    method: IntervalMethod = Field(description="How it was made: WILSON_METHOD, NEWCOMBE_METHOD, BOOTSTRAP_METHOD "
+                                               "or UNION_METHOD.")
+    source: str | None = Field(None, description="The paper(s) (Newcombe's and the union's).")
+    low_from: Literal["newcombe", "bootstrap"] | None = Field(
+        None, description="The union's: which interval gave low (newcombe on a tie).")
+    high_from: Literal["newcombe", "bootstrap"] | None = Field(
+        None, description="The union's: which interval gave high.")
+    phi: float | None = Field(None, ge=-1.0, le=1.0,
+                              description="Newcombe's: the corrected correlation of the two marginal proportions used "
+                                          "(0 when a marginal total is 0).")
+    clustered_by: Literal["repository", "instance"] | None = Field(
+        None, description="The bootstrap's: repository (whole repositories resampled) or instance (no repository "
+                          "map given: every instance is its own cluster, the plain paired bootstrap).")
+    n_clusters: int | None = Field(None, ge=1, description="The bootstrap's clusters resampled.")
+    n_pairs: int | float | None = Field(
+        None, gt=0, description="Pairs (Newcombe's may be fractional when computed at expected counts, see "
+                                "pairs_needed).")
+    n_resamples: int | None = Field(None, ge=1, description="The bootstrap's resamples drawn.")
+    seed: int | None = Field(None, description="The bootstrap's seed of numpy.random.default_rng.")
+    newcombe: ConfidenceInterval | None = Field(None, description="The union's: Newcombe's interval alone.")
+    bootstrap: ConfidenceInterval | None = Field(None, description="The union's: the cluster bootstrap alone.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _told_by_fields(cls, data: object) -> object:
+        if isinstance(data, dict) and "method" not in data:
+            method = NEWCOMBE_METHOD if "phi" in data else BOOTSTRAP_METHOD if "n_resamples" in data else WILSON_METHOD
+            return {**data, "method": method}
+        return data
+
+    @model_validator(mode="after")
+    def _fields_of_method(self) -> ConfidenceInterval:
+        missing = [name for name in _FIELDS[self.method] if getattr(self, name) is None]
+        if missing:
+            raise ValueError(f"a {self.method} interval needs {', '.join(missing)}")
+        if self.method == WILSON_METHOD and not 0.0 <= self.low <= self.high <= 1.0:
+            raise ValueError(f"a Wilson interval has 0 <= low <= high <= 1, got [{self.low}, {self.high}]")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _written(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
+        data = handler(self)
+        return {name: data[name] for name in _FIELDS[self.method]}
 
 
 def _check_confidence(confidence: float) -> None:
@@ -48,24 +137,6 @@ def normal_quantile(confidence: float) -> float:
 
 
 # --- cluster bootstrap ---------------------------------------------------------------------------
-class ClusteredInterval(BaseModel):
-    """A bootstrap interval on the paired delta ``pass_rate_b - pass_rate_a``."""
-
-    model_config = ConfigDict(frozen=True)
-
-    delta: float = Field(ge=-1.0, le=1.0, description="The observed delta over all pairs.")
-    low: float = Field(ge=-1.0, le=1.0, description="Lower percentile bound (in [-1, 1]).")
-    high: float = Field(ge=-1.0, le=1.0, description="Upper percentile bound.")
-    confidence: float = Field(gt=0.0, lt=1.0, description="Level of the interval.")
-    clustered_by: Literal["repository", "instance"] = Field(
-        description="repository (whole repositories resampled) or instance (no repository map given: every instance "
-                    "is its own cluster, the plain paired bootstrap).")
-    n_clusters: int = Field(ge=1, description="Clusters resampled.")
-    n_pairs: int = Field(ge=1, description="Pairs in the clusters.")
-    n_resamples: int = Field(ge=1, description="Bootstrap resamples drawn.")
-    seed: int = Field(description="Seed of numpy.random.default_rng.")
-
-
 def cluster_bootstrap_delta(
     pairs: Mapping[str, tuple[bool, bool]],
     cluster_of: Mapping[str, str] | None = None,
@@ -73,7 +144,7 @@ def cluster_bootstrap_delta(
     n_resamples: int = 2000,
     seed: int = 0,
     confidence: float = 0.95,
-) -> ClusteredInterval:
+) -> ConfidenceInterval:
     """Percentile cluster-bootstrap interval on the paired delta (Field and Welsh 2007).
 
     Args:
@@ -108,7 +179,8 @@ def cluster_bootstrap_delta(
     deltas = d[draws].sum(axis=1) / n[draws].sum(axis=1)
     tail = (1.0 - confidence) / 2.0
     low, high = np.quantile(deltas, [tail, 1.0 - tail])
-    return ClusteredInterval(
+    return ConfidenceInterval(
+        method=BOOTSTRAP_METHOD,
         delta=float(d.sum() / n.sum()),
         low=float(np.clip(low, -1.0, 1.0)),
         high=float(np.clip(high, -1.0, 1.0)),
@@ -122,24 +194,6 @@ def cluster_bootstrap_delta(
 
 
 # --- Newcombe's hybrid score interval for paired proportions ----------------------------------------
-class NewcombeInterval(BaseModel):
-    """Newcombe's (1998, method 10) interval on ``pass_rate_b - pass_rate_a`` of paired outcomes."""
-
-    model_config = ConfigDict(frozen=True)
-
-    delta: float = Field(ge=-1.0, le=1.0, description="(wins - losses) / n_pairs.")
-    low: float = Field(ge=-1.0, le=1.0, description="Lower limit, in [-1, 1].")
-    high: float = Field(ge=-1.0, le=1.0, description="Upper limit, in [-1, 1].")
-    confidence: float = Field(gt=0.0, lt=1.0, description="Level of the interval.")
-    phi: float = Field(ge=-1.0, le=1.0,
-                       description="The corrected correlation of the two marginal proportions used (0 when a "
-                                   "marginal total is 0).")
-    n_pairs: float = Field(gt=0.0,
-                           description="Pairs (may be fractional when computed at expected counts, see "
-                                       "pairs_needed).")
-    source: str = Field(NEWCOMBE_SOURCE, description="The paper.")
-
-
 def wilson_limits(successes: float, n: float, z: float) -> tuple[float, float]:
     """Wilson (1927) score limits of ``successes / n`` (``n`` > 0; real-valued counts allowed) at normal
     quantile ``z``; 0 and 1 exactly at 0 and ``n`` successes. The same limits as statsmodels'
@@ -153,7 +207,7 @@ def wilson_limits(successes: float, n: float, z: float) -> tuple[float, float]:
 
 def newcombe_paired_interval(
     both_pass: float, wins: float, losses: float, both_fail: float, confidence: float = 0.95
-) -> NewcombeInterval:
+) -> ConfidenceInterval:
     """Newcombe's hybrid score interval for the difference of paired proportions (method 10).
 
     In Newcombe's notation the 2x2 table has rows = run B (pass, fail) and columns = run A, with
@@ -206,7 +260,9 @@ def newcombe_paired_interval(
     phi = min(1.0, max(-1.0, phi))
     down = math.sqrt(max(0.0, (p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2))
     up = math.sqrt(max(0.0, (u1 - p1) ** 2 - 2 * phi * (u1 - p1) * (p2 - l2) + (p2 - l2) ** 2))
-    return NewcombeInterval(
+    return ConfidenceInterval(
+        method=NEWCOMBE_METHOD,
+        source=NEWCOMBE_SOURCE,
         delta=min(1.0, max(-1.0, delta)),
         low=max(-1.0, delta - down),
         high=min(1.0, delta + up),
@@ -217,47 +273,26 @@ def newcombe_paired_interval(
 
 
 # --- the reported interval: the union -------------------------------------------------------------
-class DeltaInterval(BaseModel):
-    """The reported interval on the paired delta: the union of Newcombe's and the cluster bootstrap's.
-
-    ``low = min(newcombe.low, bootstrap.low)``, ``high = max(newcombe.high, bootstrap.high)``: never
-    narrower than either, and never of zero width (Newcombe's interval has positive width for any
-    n >= 1). The bootstrap's bookkeeping (``clustered_by``, ``n_clusters``, ``n_resamples``,
-    ``seed``) is repeated at the top level."""
-
-    model_config = ConfigDict(frozen=True)
-
-    delta: float = Field(ge=-1.0, le=1.0, description="The observed delta (wins - losses) / n_pairs.")
-    low: float = Field(ge=-1.0, le=1.0, description="Lower bound of the union, in [-1, 1].")
-    high: float = Field(ge=-1.0, le=1.0, description="Upper bound of the union.")
-    confidence: float = Field(gt=0.0, lt=1.0, description="Level of both intervals.")
-    method: str = Field(UNION_METHOD, description="UNION_METHOD.")
-    source: str = Field(f"{NEWCOMBE_SOURCE}; {BOOTSTRAP_SOURCE}", description="The papers of both intervals.")
-    low_from: Literal["newcombe", "bootstrap"] = Field(description="Which interval gave low (newcombe on a tie).")
-    high_from: Literal["newcombe", "bootstrap"] = Field(description="Which interval gave high.")
-    clustered_by: Literal["repository", "instance"] = Field(
-        description="repository or instance (the bootstrap's clusters).")
-    n_clusters: int = Field(ge=1,
-                            description="Clusters the bootstrap resampled (repositories when clustered_by says so).")
-    n_pairs: int = Field(ge=1, description="Pairs.")
-    n_resamples: int = Field(ge=1, description="Bootstrap resamples.")
-    seed: int = Field(description="Bootstrap seed.")
-    newcombe: NewcombeInterval = Field(description="Newcombe's interval alone.")
-    bootstrap: ClusteredInterval = Field(description="The cluster bootstrap alone.")
-
-
-def union_interval(newcombe: NewcombeInterval, bootstrap: ClusteredInterval) -> DeltaInterval:
-    """The union of the two intervals on the same pairs (see :class:`DeltaInterval`).
+def union_interval(newcombe: ConfidenceInterval, bootstrap: ConfidenceInterval) -> ConfidenceInterval:
+    """The union of Newcombe's interval and the cluster bootstrap's on the same pairs: ``low = min(newcombe.low,
+    bootstrap.low)``, ``high = max(newcombe.high, bootstrap.high)``, never narrower than either, and never of zero
+    width (Newcombe's interval has positive width for any n >= 1); the method :data:`UNION_METHOD`.
 
     Raises:
-        InputError: the two were computed on different pairs or at different levels.
+        InputError: the two were computed on different pairs or at different levels, or are not a Newcombe and a
+            bootstrap interval.
     """
+    if (newcombe.method, bootstrap.method) != (NEWCOMBE_METHOD, BOOTSTRAP_METHOD):
+        raise InputError(f"union_interval takes a {NEWCOMBE_METHOD} and a {BOOTSTRAP_METHOD} interval, got "
+                         f"{newcombe.method} and {bootstrap.method}")
     if abs(newcombe.confidence - bootstrap.confidence) > 1e-12 or abs(newcombe.n_pairs - bootstrap.n_pairs) > 1e-9:
         raise InputError(
             f"union_interval needs both intervals on the same pairs and level: Newcombe n={newcombe.n_pairs:g} at "
             f"{newcombe.confidence:g}, bootstrap n={bootstrap.n_pairs} at {bootstrap.confidence:g}"
         )
-    return DeltaInterval(
+    return ConfidenceInterval(
+        method=UNION_METHOD,
+        source=f"{NEWCOMBE_SOURCE}; {BOOTSTRAP_SOURCE}",
         delta=bootstrap.delta,
         low=min(newcombe.low, bootstrap.low),
         high=max(newcombe.high, bootstrap.high),

@@ -34,10 +34,11 @@ from forgeflow.ledger.tables import (
 
 
 class VerdictCounts(BaseModel):
-    """A set of trials counted by verdict (void trials never counted)."""
+    """A set of trials counted by verdict (void trials never counted): one job's, or those recorded without a job."""
 
     model_config = ConfigDict(frozen=True)
 
+    job_id: str | None = Field(None, description="the job counted; None: trials recorded without a job")
     trials: int = Field(ge=0, description="every live trial")
     reward_1: int = Field(ge=0, description="scored 1 (no exception)")
     reward_0: int = Field(ge=0, description="scored below 1 (no exception)")
@@ -245,7 +246,7 @@ class TrialsLedger(LedgerBase):
         statement = select(*_verdict_columns()).where(Trial.job_id == job_id, Trial.voided_at.is_(None))
         with self.engine.connect() as connection:
             row = connection.execute(statement).one()
-        return VerdictCounts(trials=row.trials, reward_1=row.reward_1, reward_0=row.reward_0,
+        return VerdictCounts(job_id=job_id, trials=row.trials, reward_1=row.reward_1, reward_0=row.reward_0,
                              exceptions=row.exceptions)
 
     def job_repository_counts(self, job_id: str) -> dict[str, int]:

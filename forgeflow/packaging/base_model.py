@@ -149,21 +149,54 @@ class TinyModelConfig(BaseModel):
     tie_word_embeddings: bool = True
 
 
+class TinyVLConfig(BaseModel):
+    """Shape of the tiny Qwen3.5 multimodal model (row sizes quantize cleanly to Q4_K_M)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    hidden_size: int = Field(default=256, ge=64,
+        description="text model width (also the vision merger's out_hidden_size)")
+    intermediate_size: int = Field(default=768, ge=64)
+    num_attention_heads: int = Field(default=4, ge=1)
+    num_key_value_heads: int = Field(default=2, ge=1)
+    head_dim: int = Field(default=256, ge=32,
+        description="full-attention head width (a quarter rotated, MRoPE sections 11/11/10)")
+    linear_num_heads: int = Field(default=4, ge=1)
+    linear_head_dim: int = Field(default=64, ge=16)
+    vocab_size: int = Field(default=151936, ge=1)
+    max_position_embeddings: int = Field(default=32768, ge=128)
+    vision_hidden_size: int = Field(default=128, ge=32)
+    vision_intermediate_size: int = Field(default=512, ge=32)
+    vision_depth: int = Field(default=1, ge=1, le=4)
+    vision_heads: int = Field(default=2, ge=1)
+    vision_position_embeddings: int = Field(default=1024, ge=16,
+        description="learned position grid size ((image_size / patch)^2; 1024 = 512 px)")
+
+
 class ModelRecord(BaseModel):
-    """A built model folder (HF format, safetensors + tokenizer)."""
+    """A built model folder (HF format, safetensors + tokenizer): the tiny text model, or the tiny multimodal
+    model (:func:`forgeflow.packaging.vl_model.build_tiny_vl_model`, ``vision_sha256`` set). Persisted as the
+    sidecar ``<folder>.forgeflow-model.json`` (``vision_sha256`` left out for a text model)."""
 
     model_config = ConfigDict(frozen=True)
 
     path: Path
     sha256: str = Field(min_length=64, max_length=64, description="sha256_tree of the folder")
-    num_parameters: int = Field(ge=1, description="unique parameters (tied embeddings counted once)")
+    vision_sha256: str | None = Field(None, min_length=64, max_length=64,
+                                      description="sha256 over the vision tower's tensors (None: a text-only model)")
+    num_parameters: int = Field(ge=1, description="the model's parameters (tied embeddings counted once; text + "
+                                                  "vision for a multimodal model)")
     seed: int = Field(description="the torch seed the weights were drawn with")
-    config: TinyModelConfig
+    config: TinyModelConfig | TinyVLConfig
 
     @property
     def provenance(self) -> dict[str, str | int]:
         """What the store records as the base artifact's lineage: ``source="tiny"``, the seed and
-        ``model_type`` (the same keys as :attr:`forgeflow.packaging.checkpoint.CheckpointRecord.provenance`)."""
+        ``model_type`` (the same keys as :attr:`forgeflow.packaging.checkpoint.CheckpointRecord.provenance`);
+        a multimodal model: ``source="tiny-vl"``, ``model_type="qwen3_5"`` and its ``vision_sha256``."""
+        if self.vision_sha256 is not None:
+            return {"source": "tiny-vl", "seed": self.seed, "model_type": "qwen3_5",
+                    "vision_sha256": self.vision_sha256}
         return {"source": "tiny", "seed": self.seed, "model_type": "qwen2"}
 
 
@@ -291,14 +324,21 @@ def _sidecar(out_dir: Path) -> Path:
 
 
 def read_model_record(out_dir: Path) -> ModelRecord | None:
-    """Return the record stored beside ``out_dir`` if the folder still has the recorded digest."""
+    """The record stored beside ``out_dir`` (text or multimodal) if the folder still has the recorded digest; None
+    when there is no folder, no readable sidecar, or the digest moved."""
     sidecar = _sidecar(Path(out_dir))
     if not sidecar.is_file() or not Path(out_dir).is_dir():
         return None
-    record = ModelRecord.model_validate(json.loads(sidecar.read_text(encoding="utf-8")))
-    if sha256_tree(out_dir) != record.sha256:
+    try:
+        record = ModelRecord.model_validate(json.loads(sidecar.read_text(encoding="utf-8")))
+    except ValueError:
         return None
-    return record
+    return record if sha256_tree(out_dir) == record.sha256 else None
+
+
+def write_model_record(record: ModelRecord) -> Path:
+    """Write ``record`` as the sidecar beside ``record.path`` (``vision_sha256`` left out when None); its path."""
+    return atomic_write_json(_sidecar(Path(record.path)), record.model_dump(mode="json", exclude_none=True))
 
 
 def build_tiny_model(
@@ -367,5 +407,5 @@ def build_tiny_model(
     record = ModelRecord(
         path=out_dir, sha256=digest, num_parameters=num_parameters, seed=seed, config=cfg
     )
-    atomic_write_json(_sidecar(out_dir), record.model_dump(mode="json"))
+    write_model_record(record)
     return record

@@ -89,7 +89,8 @@ class PublishRecord(BaseModel):
 
 
 class HubTarget(BaseModel):
-    """Where on an HF Hub :func:`publish_hub` commits a release (holds no credential)."""
+    """Where on an HF Hub :func:`publish_hub` commits a release (holds no credential); the ``forgeflow-model-store``
+    block (:class:`blocks.core.ModelStore`) extends it."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 

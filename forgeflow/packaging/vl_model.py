@@ -16,8 +16,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from forgeflow.common.errors import InputError
 from forgeflow.common.fsutil import atomic_folder, atomic_write_json, sha256_tree
 from forgeflow.packaging import base_model as text_model
@@ -62,52 +60,6 @@ VL_CHAT_TEMPLATE = """{%- for message in messages %}
 typed content; an image part becomes ``<|vision_start|><|image_pad|><|vision_end|>`` (the processor
 expands ``<|image_pad|>`` to the image's merged-patch count); text parts are copied. llama-server hands
 the template text parts only (it replaces each image by its media marker), so both paths render."""
-
-_SIDECAR_SUFFIX = ".forgeflow-model.json"
-
-
-class TinyVLConfig(BaseModel):
-    """Shape of the tiny Qwen3.5 multimodal model (row sizes quantize cleanly to Q4_K_M)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    hidden_size: int = Field(default=256, ge=64,
-        description="text model width (also the vision merger's out_hidden_size)")
-    intermediate_size: int = Field(default=768, ge=64)
-    num_attention_heads: int = Field(default=4, ge=1)
-    num_key_value_heads: int = Field(default=2, ge=1)
-    head_dim: int = Field(default=256, ge=32,
-        description="full-attention head width (a quarter rotated, MRoPE sections 11/11/10)")
-    linear_num_heads: int = Field(default=4, ge=1)
-    linear_head_dim: int = Field(default=64, ge=16)
-    vocab_size: int = Field(default=151936, ge=1)
-    max_position_embeddings: int = Field(default=32768, ge=128)
-    vision_hidden_size: int = Field(default=128, ge=32)
-    vision_intermediate_size: int = Field(default=512, ge=32)
-    vision_depth: int = Field(default=1, ge=1, le=4)
-    vision_heads: int = Field(default=2, ge=1)
-    vision_position_embeddings: int = Field(default=1024, ge=16,
-        description="learned position grid size ((image_size / patch)^2; 1024 = 512 px)")
-
-
-class VLModelRecord(BaseModel):
-    """A built multimodal model folder."""
-
-    model_config = ConfigDict(frozen=True)
-
-    path: Path
-    sha256: str = Field(min_length=64, max_length=64, description="sha256_tree of the folder")
-    vision_sha256: str = Field(min_length=64, max_length=64, description="sha256 over the vision tower's tensors")
-    num_parameters: int = Field(ge=1, description="all parameters (text + vision)")
-    seed: int
-    config: TinyVLConfig
-
-    @property
-    def provenance(self) -> dict[str, str | int]:
-        """The base artifact's lineage: ``source="tiny-vl"``, the seed, ``model_type`` and the vision tower digest."""
-        return {"source": "tiny-vl", "seed": self.seed, "model_type": "qwen3_5",
-                "vision_sha256": self.vision_sha256}
-
 
 def is_multimodal(hf_dir: Path) -> bool:
     """True when ``hf_dir/config.json`` has a ``vision_config`` (an image-text-to-text checkpoint).
@@ -157,7 +109,8 @@ def _vl_tokenizer(tok_dir: Path) -> object:
         return AutoTokenizer.from_pretrained(tmp)
 
 
-def build_tiny_vl_model(out_dir: Path, seed: int = 0, config: TinyVLConfig | None = None) -> VLModelRecord:
+def build_tiny_vl_model(out_dir: Path, seed: int = 0, config: text_model.TinyVLConfig | None = None
+                        ) -> text_model.ModelRecord:
     """Build (or reuse) a randomly initialised tiny ``Qwen3_5ForConditionalGeneration`` with its processor.
 
     As :func:`forgeflow.packaging.base_model.build_tiny_model`, plus a ``Qwen3VLProcessor`` (16 px patches,
@@ -176,10 +129,10 @@ def build_tiny_vl_model(out_dir: Path, seed: int = 0, config: TinyVLConfig | Non
     )
 
     out_dir = Path(out_dir).resolve()
-    cfg = config or TinyVLConfig()
+    cfg = config or text_model.TinyVLConfig()
     if cfg.num_attention_heads % cfg.num_key_value_heads or cfg.vision_hidden_size % cfg.vision_heads:
         raise InputError(f"config heads do not divide: {cfg}")
-    existing = read_vl_model_record(out_dir)
+    existing = text_model.read_model_record(out_dir)
     if existing is not None and existing.seed == seed and existing.config == cfg:
         return existing
     tokenizer = _vl_tokenizer(text_model.ensure_tokenizer())
@@ -223,19 +176,7 @@ def build_tiny_vl_model(out_dir: Path, seed: int = 0, config: TinyVLConfig | Non
         atomic_write_json(tmp / "processor_config.json", {"processor_class": "Qwen3VLProcessor"})
         vision_sha = vision_tower_sha256(tmp)
         digest = sha256_tree(tmp)
-    record = VLModelRecord(path=out_dir, sha256=digest, vision_sha256=vision_sha, num_parameters=num_parameters,
-                           seed=seed, config=cfg)
-    atomic_write_json(out_dir.with_name(out_dir.name + _SIDECAR_SUFFIX), record.model_dump(mode="json"))
+    record = text_model.ModelRecord(path=out_dir, sha256=digest, vision_sha256=vision_sha,
+                                    num_parameters=num_parameters, seed=seed, config=cfg)
+    text_model.write_model_record(record)
     return record
-
-
-def read_vl_model_record(out_dir: Path) -> VLModelRecord | None:
-    """The record beside ``out_dir`` when the folder still has the recorded digest (else None)."""
-    sidecar = Path(out_dir).with_name(Path(out_dir).name + _SIDECAR_SUFFIX)
-    if not sidecar.is_file() or not Path(out_dir).is_dir():
-        return None
-    try:
-        record = VLModelRecord.model_validate(json.loads(sidecar.read_text(encoding="utf-8")))
-    except ValueError:
-        return None
-    return record if sha256_tree(out_dir) == record.sha256 else None

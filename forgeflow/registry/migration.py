@@ -52,7 +52,8 @@ class MigrationRecord(BaseModel):
                                       description="Digest the target serves (None when skipped or failed before "
                                                   "copying).")
     status: MigrationStatus = Field(
-        description="pending (not attempted yet), completed (copied or already present), skipped (e.g")
+        description="pending (not attempted yet), completed (copied or already present), skipped (e.g. "
+                    "oversize) or failed (an exception was recorded).")
     reason: str = Field("",
                         description="Why skipped/failed (for failed: the exception's message), or already present; "
                                     "empty for a fresh copy.")

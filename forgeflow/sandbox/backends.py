@@ -14,7 +14,8 @@ from forgeflow.sandbox.podman import PodmanSandbox
 
 
 class SandboxTarget(BaseModel):
-    """Which sandbox backend runs a trial, and for ``kubernetes`` the cluster and namespace."""
+    """Which sandbox backend runs a trial, and for ``kubernetes`` the cluster and namespace; the
+    ``forgeflow-sandbox`` block (:class:`blocks.core.SandboxBackend`) extends it."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -30,7 +31,9 @@ class SandboxTarget(BaseModel):
         None,
         description="a kubernetes.io/dockerconfigjson Secret in namespace for the task images, or None.")
     labels: dict[str, str] = Field(default_factory=dict,
-                                   description="extra labels on every trial pod or podman container (e.g")
+                                   description="extra labels on every trial pod or podman container (e.g. "
+                                               "the flow run that made it, so a cancelled run's sandboxes can be "
+                                               "swept).")
 
     @field_validator("kind")
     @classmethod

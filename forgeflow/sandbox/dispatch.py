@@ -23,7 +23,8 @@ _REMOTE: dict[str, Any] = {}
 
 
 class RayPlacement(BaseModel):
-    """Where validations run on a Ray cluster."""
+    """Where validations run on a Ray cluster; the ``forgeflow-dispatcher`` block
+    (:class:`blocks.core.TrialDispatcher`) extends it."""
 
     model_config = ConfigDict(frozen=True)
 

@@ -2,8 +2,9 @@
 
 Every model that sizes a sandbox reuses it: :class:`~forgeflow.sandbox.base.SandboxSpec` (what a backend
 turns into ``--memory`` / ``--cpus``), the validation and agent configs, the ``forgeflow-sandbox`` block
-(through :data:`MemoryMb` / :data:`Cpus`). A stage's parameters hold :class:`LimitOverrides`: what the
-stage sets itself, the rest left to the block (:meth:`LimitOverrides.over`; docs/verifier.md, "Sandbox limits").
+(:class:`blocks.core.SandboxBackend` extends :class:`SandboxLimits`). A stage's parameters hold
+:class:`LimitOverrides`: what the stage sets itself, the rest left to the block (:meth:`LimitOverrides.over`;
+docs/verifier.md, "Sandbox limits").
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
+import httpx
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from forgeflow.common import errors
@@ -19,12 +20,13 @@ from forgeflow.serving.llama_server import (
     KV_CACHE_TYPES,
     ContextPlan,
     ContextPreflightError,
-    LlamaServer,
-    LlamaServerOptions,
+    ServerProps,
+    check_accelerator,
+    ensure_llama_server,
     preflight_context,
     slot_context,
 )
-from forgeflow.serving.server import DEFAULT_ALIAS, LOOPBACK_HOST, ModelServer, check_bind_host
+from forgeflow.serving.server import DEFAULT_ALIAS, LOOPBACK_HOST, ModelServer, check_bind_host, client_host
 
 DEFAULT_PORTS: tuple[int, int] = (8801, 8802)
 _MULTIMODAL = ("cache_type_k", "cache_type_v", "flash_attn", "mmproj", "image_min_tokens")
@@ -72,7 +74,7 @@ class BackendConfig(BaseModel):
     kind: Literal["llama-cpp-python", "llama-server", "external"] = Field(
         "llama-cpp-python",
         description="llama-cpp-python (python -m llama_cpp.server, the embedded default), llama-server (llama.cpp's "
-                    "binary, forgeflow.serving.llama_server.LlamaServer) or external (an OpenAI-compatible endpoint "
+                    "binary, LlamaServer) or external (an OpenAI-compatible endpoint "
                     "forgeflow does not start; only base_url, api_key_secret, model_alias and "
                     "required_context_tokens apply).")
     ports: tuple[int, int] = Field(DEFAULT_PORTS, description="the two blue/green TCP ports (distinct, 1024-65535).")
@@ -168,11 +170,6 @@ class BackendConfig(BaseModel):
         parts = urlsplit(self.base_url or "")
         return parts.port or (443 if parts.scheme == "https" else 80)
 
-    def server_options(self) -> LlamaServerOptions:
-        """The :class:`forgeflow.serving.llama_server.LlamaServerOptions` of this configuration
-        (llama-server's slots, KV cache, offload and binary; the defaults for llama-cpp-python)."""
-        return LlamaServerOptions.model_validate(self.model_dump(include=set(LlamaServerOptions.model_fields)))
-
     def server(self, gguf_path: Path, port: int, log_path: Path) -> ModelServer:
         """The (not yet started) server of this configuration for ``gguf_path`` on ``port``.
 
@@ -184,8 +181,7 @@ class BackendConfig(BaseModel):
         if self.kind == "external":
             raise errors.InputError(f"kind 'external' ({self.base_url}) is not started by forgeflow; it has no server")
         if self.kind == "llama-server":
-            return LlamaServer(gguf_path, port, self.model_alias, self.n_ctx, self.server_options(), log_path=log_path,
-                               startup_timeout_s=self.startup_timeout_s, n_threads=self.n_threads, host=self.host)
+            return LlamaServer(gguf_path, port, self, log_path=log_path)
         return ModelServer(gguf_path, port, self.model_alias, n_ctx=self.n_ctx, log_path=log_path,
                            startup_timeout_s=self.startup_timeout_s, n_threads=self.n_threads, host=self.host)
 
@@ -234,6 +230,91 @@ class BackendConfig(BaseModel):
         cache += "".join(f", {flag} {value}" for flag, value in flags if value is not None)
         return (f"llama-server on {where}, -c {self.n_ctx} -np {self.n_parallel}"
                 f"{' --kv-unified' if self.kv_unified else ''}{cache}, -ngl {self.n_gpu_layers}")
+
+
+class LlamaServer(ModelServer):
+    """One ``llama-server`` process serving one GGUF: a :class:`forgeflow.serving.server.ModelServer` whose
+    readiness is ``GET /health`` and which, once up, checks ``/props`` and the accelerator.
+
+    Raises:
+        InputError: bad arguments (named), or a projector that is not this model's.
+        ContextPreflightError: ``required_context_tokens`` cannot fit a slot.
+    """
+
+    def __init__(self, gguf_path: Path, port: int, config: BackendConfig, *, log_path: Path | None = None) -> None:
+        """Args: ``config`` gives the alias, context, host, threads, start timeout and llama-server's options
+        (slots, KV cache, offload, projector, binary); its ``kind`` and ``ports`` are not read (``port`` is the one
+        served on)."""
+        super().__init__(gguf_path, port, config.model_alias, n_ctx=config.n_ctx, log_path=log_path,
+                         startup_timeout_s=config.startup_timeout_s, n_threads=config.n_threads, host=config.host)
+        if config.image_min_tokens is not None and config.mmproj is None:
+            raise errors.InputError("image_min_tokens needs mmproj (a text-only server takes no images)")
+        if config.mmproj is not None:  # refused before the start: a projector that is not this model's
+            from forgeflow.serving.multimodal import check_projector
+
+            check_projector(Path(gguf_path), Path(config.mmproj))
+        self.mmproj, self.image_min_tokens, self.flash_attn = config.mmproj, config.image_min_tokens, config.flash_attn
+        self.cache_type_k = config.cache_type_k or config.cache_type
+        self.cache_type_v = config.cache_type_v or config.cache_type
+        slots = (config.n_ctx, config.n_parallel, config.kv_unified)
+        self.plan = (preflight_context(config.required_context_tokens, *slots) if config.required_context_tokens
+                     else slot_context(*slots))
+        self.n_parallel, self.kv_unified = config.n_parallel, config.kv_unified
+        self.required_context_tokens = config.required_context_tokens
+        self.n_gpu_layers, self.cache_type = config.n_gpu_layers, config.cache_type
+        self.binary = Path(config.binary) if config.binary else None
+        self.props: ServerProps | None = None
+        self.offload: tuple[int, int] | None = None
+
+    def argv(self) -> list[str]:
+        """The server's command line."""
+        argv = [str(self.binary or ensure_llama_server(gpu=self.n_gpu_layers > 0)),
+                "--model", str(self.gguf_path), "--host", self.host, "--port", str(self.port),
+                "--alias", self.model_alias, "--ctx-size", str(self.n_ctx),
+                "--parallel", str(self.n_parallel), "--n-gpu-layers", str(self.n_gpu_layers)]
+        if self.kv_unified:
+            argv.append("--kv-unified")
+        if self.cache_type_k is not None:
+            argv += ["--cache-type-k", self.cache_type_k]
+        if self.cache_type_v is not None:
+            argv += ["--cache-type-v", self.cache_type_v]
+        if self.flash_attn is not None:
+            argv += ["--flash-attn", self.flash_attn]
+        if self.mmproj is not None:
+            argv += ["--mmproj", str(self.mmproj)]
+        if self.image_min_tokens is not None:
+            argv += ["--image-min-tokens", str(self.image_min_tokens)]
+        if self.n_threads is not None:
+            argv += ["--threads", str(self.n_threads)]
+        return argv
+
+    @property
+    def ready_url(self) -> str:
+        """``GET /health`` (200 once the model is loaded)."""
+        return f"http://{client_host(self.host)}:{self.port}/health"
+
+    def _after_ready(self) -> None:
+        """Read ``/props``; refuse another served file, a per-slot context below ``required_context_tokens``, a CPU
+        fallback.
+
+        Raises:
+            ServerStartError: ``/props`` did not answer 200 or names another ``model_path``.
+            InfraError: ``/props`` lacks a field.
+        """
+        root = f"http://{client_host(self.host)}:{self.port}"
+        resp = httpx.get(f"{root}/props", timeout=10.0)
+        if resp.status_code != 200:
+            raise errors.ServerStartError(f"{root}/props answered {resp.status_code}: {resp.text[:300]}")
+        self.props = ServerProps.from_json(resp.json())
+        if self.props.model_path and Path(self.props.model_path).resolve() != self.gguf_path:
+            raise errors.ServerStartError(
+                f"{root}/props reports model_path {self.props.model_path!r}, not {self.gguf_path}: another "
+                "server answers on this port")
+        if self.required_context_tokens is not None and self.props.per_slot_ctx < self.required_context_tokens:
+            raise ContextPreflightError(
+                f"{root}/props reports {self.props.per_slot_ctx} tokens per slot "
+                f"({self.props.total_slots} slots) but a request needs {self.required_context_tokens}")
+        self.offload = check_accelerator(self.log_path.read_text(errors="replace"), self.n_gpu_layers)
 
 
 def backend_config(value: BackendConfig | dict[str, Any] | None, name: str = "backend") -> BackendConfig:

@@ -55,22 +55,34 @@ class ServingState(BaseModel):
 
 
 class SwapResult(BaseModel):
-    """Outcome of :func:`swap`."""
+    """Outcome of a swap: :func:`swap` / :func:`promote`, a swap behind a promotion gate (``verdict`` set; the
+    ``serve`` flow's result), or :func:`stage` alone: a staged swap, whose ``current`` is the new server started on
+    the idle port and gated but not yet recorded (its ``generation`` provisional: :func:`promote` numbers and
+    records it, :func:`discard` stops it)."""
 
     model_config = ConfigDict(frozen=True)
 
     previous: ServingState | None = Field(description="the state before the swap (None on the first deployment).")
-    current: ServingState | None = Field(description="the state after it (equal to previous when rolled back).")
-    rolled_back: bool = Field(description="True when the new server failed its start or gate.")
+    current: ServingState | None = Field(description="the state after it (equal to previous when rolled back; "
+                                                     "staged: the new server, not yet recorded).")
+    rolled_back: bool = Field(description="True when the new server did not become the recorded endpoint: it "
+                                          "failed its start or gate, or the promotion gate's verdict was not "
+                                          "promote (it was stopped; the old server serves on).")
     gate: ServingGateResult | None = Field(
         description="the gate evidence of the new server (None if it never started).")
     error: str = Field("", description="why it was rolled back, empty otherwise.")
+    verdict: str = Field("", description="the promotion gate's verdict on the staged server (promote, hold, "
+                                         "reject, ...); empty for a swap without one.")
     new_port: int | None = Field(default=None, ge=1, le=65535,
                                  description="the port the new server was started on (None when unknown).")
     new_gguf_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$",
                                         description="sha256 of the GGUF the swap tried to serve (None when "
                                                     "unknown): with new_port what a rolled-back swap is recorded "
                                                     "with in the store.")
+    checks: tuple[EndpointCheck, ...] = Field(
+        (),
+        description="external only: every check of the staged endpoint and whether it ran "
+                    "(forgeflow.serving.external.EndpointCheck); empty for a started server.")
 
 
 def read_state(state_path: Path) -> ServingState | None:
@@ -95,26 +107,6 @@ def _write_state(state_path: Path, state: ServingState) -> None:
 def _state_lock(state_path: Path) -> Any:
     """An exclusive advisory lock (``<state>.lock``) so two swaps never interleave."""
     return file_lock(Path(state_path).with_name(Path(state_path).name + ".lock"))
-
-
-class StagedServer(BaseModel):
-    """A new server started on the idle port and gated, not yet the recorded endpoint."""
-
-    model_config = ConfigDict(frozen=True)
-
-    port: int
-    pid: int | None = Field(description="the server's PID; None for an external endpoint.")
-    base_url: str
-    gguf_path: Path = Field(description="the GGUF it serves.")
-    gguf_sha256: str
-    model_alias: str = Field(description="the model name clients send.")
-    gate: ServingGateResult = Field(description="the health + smoke evidence.")
-    external: bool = Field(False, description="an endpoint forgeflow did not start (never stopped by discard).")
-    api_key_secret: str | None = Field(None, description="external only: the Secret block holding its key (a name).")
-    checks: tuple[EndpointCheck, ...] = Field(
-        (),
-        description="external only: every check and whether it ran (forgeflow.serving.external.EndpointCheck); "
-                    "empty for a started server.")
 
 
 def reap_orphans(log_path: Path, port: int, keep_pid: int | None = None) -> list[int]:
@@ -150,13 +142,17 @@ def _pick_port(state_path: Path, previous: ServingState | None, ports: tuple[int
 
 
 def stage(state_path: Path, new_gguf: Path, gguf_sha256: str, backend: BackendConfig | None = None,
-          api_key: str | None = None) -> StagedServer:
+          api_key: str | None = None) -> SwapResult:
     """First half of a blue/green swap: serve ``new_gguf`` on the idle port and gate it.
 
     Args:
         backend: which server and ports (default llama-cpp-python on 8801/8802); ``kind="external"``: nothing
             starts, the endpoint is probed and gated (:func:`_stage_external`).
         api_key: external only: the key sent to the endpoint; None: no key.
+
+    Returns:
+        The staged swap: ``current`` the new server (not recorded; generation provisional), ``gate`` its evidence,
+        ``previous`` the state recorded when it was staged.
 
     Raises:
         InputError: the GGUF is missing or its sha256 differs, or nothing serves and both ports are held.
@@ -194,20 +190,29 @@ def stage(state_path: Path, new_gguf: Path, gguf_sha256: str, backend: BackendCo
             f"swap to {new_gguf.name} on port {new_port} rolled back ({serving_now}): {failure}",
             result=result,
         )
-    return StagedServer(port=new_port, pid=server.pid, base_url=server.base_url, gguf_path=new_gguf,
-                        gguf_sha256=gguf_sha256, model_alias=backend.model_alias, gate=gate_result)
+    staged = _staged_state(previous, new_port, new_gguf, gguf_sha256, backend, pid=server.pid,
+                           base_url=server.base_url)
+    return SwapResult(previous=previous, current=staged, rolled_back=False, gate=gate_result, new_port=new_port,
+                      new_gguf_sha256=gguf_sha256)
+
+
+def _staged_state(previous: ServingState | None, port: int, model_path: Path, model_sha256: str,
+                  backend: BackendConfig, **fields: Any) -> ServingState:
+    """The state a staged server would be recorded with (generation: one above ``previous``, provisional)."""
+    return ServingState(generation=(previous.generation if previous else 0) + 1, active_port=port,
+                        gguf_path=model_path, gguf_sha256=model_sha256, model_alias=backend.model_alias, **fields)
 
 
 def _stage_external(state_path: Path, model_path: Path, model_sha256: str, backend: BackendConfig,
-                    api_key: str | None) -> StagedServer:
+                    api_key: str | None) -> SwapResult:
     """:func:`stage` for an external endpoint: probe it, then the smoke completion; nothing starts or is recorded."""
     url = str(backend.base_url)
     found = external.probe(url, backend.model_alias, model_path, model_sha256,
                            required_context_tokens=backend.required_context_tokens, api_key=api_key)
     gate_result = gate(url, backend.model_alias, api_key=api_key)
+    with _state_lock(state_path):
+        previous = read_state(state_path)
     if not gate_result.passed:
-        with _state_lock(state_path):
-            previous = read_state(state_path)
         result = SwapResult(previous=previous, current=previous, rolled_back=True, gate=gate_result,
                             error=f"gate failed: {gate_result.error}", new_port=backend.external_port,
                             new_gguf_sha256=model_sha256)
@@ -215,47 +220,46 @@ def _stage_external(state_path: Path, model_path: Path, model_sha256: str, backe
                                          f"did not move): gate failed: {gate_result.error}", result=result)
     smoke = EndpointCheck(name="smoke", status="passed", detail=f"{gate_result.smoke_tokens} token(s) in "
                           f"{gate_result.latency_s:.2f} s from {url}/chat/completions")
-    return StagedServer(port=backend.external_port, pid=None, base_url=url, gguf_path=model_path,
-                        gguf_sha256=model_sha256, model_alias=backend.model_alias, gate=gate_result, external=True,
-                        api_key_secret=backend.api_key_secret, checks=(*found.checks, smoke))
+    staged = _staged_state(previous, backend.external_port, model_path, model_sha256, backend, base_url=url,
+                           external=True, api_key_secret=backend.api_key_secret)
+    return SwapResult(previous=previous, current=staged, rolled_back=False, gate=gate_result,
+                      new_port=backend.external_port, new_gguf_sha256=model_sha256, checks=(*found.checks, smoke))
 
 
-def promote(state_path: Path, staged: StagedServer, min_generation: int = 1) -> SwapResult:
-    """Second half of a swap: record ``staged`` as the next generation, then stop the old server.
+def promote(state_path: Path, staged: SwapResult, min_generation: int = 1) -> SwapResult:
+    """Second half of a swap: record ``staged.current`` (a :func:`stage` result) as the next generation, then stop
+    the old server.
 
     Raises:
-        InputError: ``min_generation`` < 1 (nothing is recorded).
+        InputError: ``min_generation`` < 1 or ``staged`` holds no staged server (nothing is recorded).
         ServerStartError: the staged server is no longer running (nothing is recorded then).
     """
     if min_generation < 1:
         raise errors.InputError(f"min_generation must be >= 1, got {min_generation}")
+    server = staged.current
+    if staged.rolled_back or server is None:
+        raise errors.InputError("promote needs a staged swap (stage's result), got a rolled-back or empty one")
     with _state_lock(state_path):
-        if staged.pid is not None and not _is_our_server(staged.pid, staged.port):
-            raise errors.ServerStartError(f"staged server pid {staged.pid} on port {staged.port} is gone")
+        if server.pid is not None and not _is_our_server(server.pid, server.active_port):
+            raise errors.ServerStartError(f"staged server pid {server.pid} on port {server.active_port} is gone")
         previous = read_state(state_path)
-        current = ServingState(
-            generation=max((previous.generation if previous else 0) + 1, min_generation),
-            active_port=staged.port,
-            gguf_path=staged.gguf_path,
-            gguf_sha256=staged.gguf_sha256,
-            pid=staged.pid,
-            model_alias=staged.model_alias,
-            base_url=staged.base_url,
-            started_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            external=staged.external,
-            api_key_secret=staged.api_key_secret,
-        )
+        current = server.model_copy(update={
+            "generation": max((previous.generation if previous else 0) + 1, min_generation),
+            "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        })
         _write_state(state_path, current)
         if previous is not None and previous.pid is not None:
             stop_pid(previous.pid, previous.active_port)
         return SwapResult(previous=previous, current=current, rolled_back=False, gate=staged.gate,
-                          new_port=staged.port, new_gguf_sha256=staged.gguf_sha256)
+                          new_port=server.active_port, new_gguf_sha256=server.gguf_sha256, checks=staged.checks)
 
 
-def discard(staged: StagedServer) -> None:
-    """Roll a staged server back: stop it (an external one is left alone); the recorded endpoint never changed."""
-    if staged.pid is not None:
-        stop_pid(staged.pid, staged.port)
+def discard(staged: SwapResult) -> None:
+    """Roll a staged swap (:func:`stage`'s result) back: stop its server (an external one is left alone); the
+    recorded endpoint never changed."""
+    server = staged.current
+    if not staged.rolled_back and server is not None and server.pid is not None:
+        stop_pid(server.pid, server.active_port)
 
 
 def swap(state_path: Path, new_gguf: Path, gguf_sha256: str, backend: BackendConfig | None = None,

@@ -1,4 +1,5 @@
-"""llama.cpp's own ``llama-server`` as a serving backend: cached build, context preflight, ``/props``."""
+"""llama.cpp's own ``llama-server`` as a serving backend: cached build, context preflight, ``/props``
+(the server process itself is :class:`forgeflow.serving.backend.LlamaServer`, configured by its ``BackendConfig``)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow.common import errors, llama_cpp_build, settings
 from forgeflow.packaging.sdist import download_sdist
-from forgeflow.serving.server import LOOPBACK_HOST, ModelServer, client_host
 
 KV_PAD = 256
 """llama.cpp pads the context (and each sequence's share of it) to a multiple of 256 tokens."""
@@ -276,120 +275,3 @@ class ServerProps(BaseModel):
             raise errors.InfraError(f"/props answer lacks {exc}: {str(body)[:300]}") from exc
 
 
-class LlamaServerOptions(BaseModel):
-    """What ``llama-server`` takes beyond the model server's own arguments: the same names as
-    :class:`~forgeflow.serving.backend.BackendConfig`'s fields (whose ``server_options`` selects them)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    n_parallel: int = Field(1, description="-np slots (-1: auto).")
-    kv_unified: bool = Field(False, description="--kv-unified.")
-    required_context_tokens: int | None = Field(None, description="the context one request needs, tokens; "
-                                                "checked before the start (preflight_context) and against /props")
-    n_gpu_layers: int = Field(0, description="-ngl (0: CPU; > 0 is checked by check_accelerator).")
-    cache_type: str | None = Field(None,
-                                   description="KV cache type for keys and values (-ctk/-ctv, one of "
-                                               "KV_CACHE_TYPES); None: the server's default.")
-    cache_type_k: str | None = Field(None, description="the key cache type alone (-ctk), over cache_type.")
-    cache_type_v: str | None = Field(None, description="the value cache type alone (-ctv), over cache_type.")
-    flash_attn: str | None = Field(None, description="-fa (FLASH_ATTN_MODES); None: the server's default (auto).")
-    mmproj: Path | None = Field(None,
-                                description="the vision projector GGUF (--mmproj), checked against the model before "
-                                            "the start (forgeflow.serving.multimodal.check_projector); None: text "
-                                            "only.")
-    image_min_tokens: int | None = Field(
-        None, ge=1,
-        description="--image-min-tokens, the least tokens one image takes (needs mmproj).")
-    binary: Path | None = Field(None, description="the llama-server executable (default ensure_llama_server).")
-
-
-class LlamaServer(ModelServer):
-    """One ``llama-server`` process serving one GGUF: a :class:`forgeflow.serving.server.ModelServer` whose
-    readiness is ``GET /health`` and which, once up, checks ``/props`` and the accelerator.
-
-    Raises:
-        InputError: bad arguments (named), or a projector that is not this model's.
-        ContextPreflightError: ``required_context_tokens`` cannot fit a slot.
-    """
-
-    def __init__(self, gguf_path: Path, port: int, model_alias: str, n_ctx: int = 4096,
-                 options: LlamaServerOptions | None = None, *, log_path: Path | None = None,
-                 startup_timeout_s: float = 120.0, n_threads: int | None = None, host: str = LOOPBACK_HOST) -> None:
-        super().__init__(gguf_path, port, model_alias, n_ctx=n_ctx, log_path=log_path,
-                         startup_timeout_s=startup_timeout_s, n_threads=n_threads, host=host)
-        opts = options or LlamaServerOptions()
-        if opts.n_gpu_layers < 0:
-            raise errors.InputError(f"n_gpu_layers must be >= 0, got {opts.n_gpu_layers}")
-        for name in ("cache_type", "cache_type_k", "cache_type_v"):
-            if getattr(opts, name) is not None and getattr(opts, name) not in KV_CACHE_TYPES:
-                raise errors.InputError(f"{name} must be one of {', '.join(KV_CACHE_TYPES)}, "
-                                        f"got {getattr(opts, name)!r}")
-        if opts.flash_attn is not None and opts.flash_attn not in FLASH_ATTN_MODES:
-            raise errors.InputError(f"flash_attn must be one of {', '.join(FLASH_ATTN_MODES)}, got {opts.flash_attn!r}")
-        if opts.image_min_tokens is not None and opts.mmproj is None:
-            raise errors.InputError("image_min_tokens needs mmproj (a text-only server takes no images)")
-        if opts.mmproj is not None:  # refused before the start: a projector that is not this model's
-            from forgeflow.serving.multimodal import check_projector
-
-            check_projector(Path(gguf_path), Path(opts.mmproj))
-        self.mmproj, self.image_min_tokens, self.flash_attn = opts.mmproj, opts.image_min_tokens, opts.flash_attn
-        self.cache_type_k = opts.cache_type_k or opts.cache_type
-        self.cache_type_v = opts.cache_type_v or opts.cache_type
-        self.plan = (preflight_context(opts.required_context_tokens, n_ctx, opts.n_parallel, opts.kv_unified)
-                     if opts.required_context_tokens else slot_context(n_ctx, opts.n_parallel, opts.kv_unified))
-        self.n_parallel, self.kv_unified = opts.n_parallel, opts.kv_unified
-        self.required_context_tokens = opts.required_context_tokens
-        self.n_gpu_layers, self.cache_type = opts.n_gpu_layers, opts.cache_type
-        self.binary = Path(opts.binary) if opts.binary else None
-        self.props: ServerProps | None = None
-        self.offload: tuple[int, int] | None = None
-
-    def argv(self) -> list[str]:
-        """The server's command line."""
-        argv = [str(self.binary or ensure_llama_server(gpu=self.n_gpu_layers > 0)),
-                "--model", str(self.gguf_path), "--host", self.host, "--port", str(self.port),
-                "--alias", self.model_alias, "--ctx-size", str(self.n_ctx),
-                "--parallel", str(self.n_parallel), "--n-gpu-layers", str(self.n_gpu_layers)]
-        if self.kv_unified:
-            argv.append("--kv-unified")
-        if self.cache_type_k is not None:
-            argv += ["--cache-type-k", self.cache_type_k]
-        if self.cache_type_v is not None:
-            argv += ["--cache-type-v", self.cache_type_v]
-        if self.flash_attn is not None:
-            argv += ["--flash-attn", self.flash_attn]
-        if self.mmproj is not None:
-            argv += ["--mmproj", str(self.mmproj)]
-        if self.image_min_tokens is not None:
-            argv += ["--image-min-tokens", str(self.image_min_tokens)]
-        if self.n_threads is not None:
-            argv += ["--threads", str(self.n_threads)]
-        return argv
-
-    @property
-    def ready_url(self) -> str:
-        """``GET /health`` (200 once the model is loaded)."""
-        return f"http://{client_host(self.host)}:{self.port}/health"
-
-    def _after_ready(self) -> None:
-        """Read ``/props``; refuse another served file, a per-slot context below ``required_context_tokens``, a CPU
-        fallback.
-
-        Raises:
-            ServerStartError: ``/props`` did not answer 200 or names another ``model_path``.
-            InfraError: ``/props`` lacks a field.
-        """
-        root = f"http://{client_host(self.host)}:{self.port}"
-        resp = httpx.get(f"{root}/props", timeout=10.0)
-        if resp.status_code != 200:
-            raise errors.ServerStartError(f"{root}/props answered {resp.status_code}: {resp.text[:300]}")
-        self.props = ServerProps.from_json(resp.json())
-        if self.props.model_path and Path(self.props.model_path).resolve() != self.gguf_path:
-            raise errors.ServerStartError(
-                f"{root}/props reports model_path {self.props.model_path!r}, not {self.gguf_path}: another "
-                "server answers on this port")
-        if self.required_context_tokens is not None and self.props.per_slot_ctx < self.required_context_tokens:
-            raise ContextPreflightError(
-                f"{root}/props reports {self.props.per_slot_ctx} tokens per slot "
-                f"({self.props.total_slots} slots) but a request needs {self.required_context_tokens}")
-        self.offload = check_accelerator(self.log_path.read_text(errors="replace"), self.n_gpu_layers)

@@ -253,7 +253,7 @@ class ModelServer:
         return f"{self.base_url}/models"
 
     def _after_ready(self) -> None:
-        """Checks run once the server answers (none here; :class:`forgeflow.serving.llama_server.LlamaServer`
+        """Checks run once the server answers (none here; :class:`forgeflow.serving.backend.LlamaServer`
         reads ``/props``); raising stops the server."""
 
     def stop(self, timeout_s: float = 15.0) -> None:

@@ -59,7 +59,7 @@ def recorded_freeze(task_image: str, tmp_path: Path, monkeypatch: pytest.MonkeyP
         store.record_task(TaskRecord(instance_id=instance_id, repo=repo, image_ref=task_image, status="accepted",
                                      FAIL_TO_PASS=F2P, PASS_TO_PASS=P2P))
     quotas = freeze.SplitQuotas(train=1, validation=0, test=1, max_per_repo=2, min_repos=2)
-    selection = freeze.select_splits([freeze.AcceptedTask(instance_id=i, repo=r) for i, r in TASKS.items()], quotas, 0)
+    selection = freeze.select_splits([freeze.TaskRef(instance_id=i, repo=r) for i, r in TASKS.items()], quotas, 0)
     manifest = freeze.write_freeze("canary-test", selection, quotas, 0, tmp_path / "freezes")
     store.record_freeze(FreezeRecord(name=manifest.name, semantic_sha256=manifest.semantic_sha256,
                                      file_sha256=manifest.file_sha256, manifest_path=str(manifest.path),

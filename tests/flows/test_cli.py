@@ -66,7 +66,7 @@ def frozen(home):
     from forgeflow.curation import freeze
     from forgeflow.ledger.records import FreezeRecord
 
-    accepted = [freeze.AcceptedTask(instance_id=f"r{r}.t{i}", repo=f"r{r}") for r in range(3) for i in range(2)]
+    accepted = [freeze.TaskRef(instance_id=f"r{r}.t{i}", repo=f"r{r}") for r in range(3) for i in range(2)]
     quotas = freeze.SplitQuotas(train=1, validation=1, test=1, max_per_repo=2, min_repos=3)
     manifest = freeze.write_freeze("v1", freeze.select_splits(accepted, quotas, 0), quotas, 0,
                                    home / "demo" / "freezes")
@@ -125,7 +125,7 @@ def bundled(home):
     from forgeflow.curation import bundle, freeze
     from forgeflow.ledger.records import FreezeRecord
 
-    accepted = [freeze.AcceptedTask(instance_id=f"r{r}.t{i}", repo=f"r{r}") for r in range(3) for i in range(2)]
+    accepted = [freeze.TaskRef(instance_id=f"r{r}.t{i}", repo=f"r{r}") for r in range(3) for i in range(2)]
     quotas = freeze.SplitQuotas(train=1, validation=1, test=1, max_per_repo=2, min_repos=3)
     manifest = freeze.write_freeze("v2", freeze.select_splits(accepted, quotas, 0), quotas, 0,
                                    home / "demo" / "freezes")

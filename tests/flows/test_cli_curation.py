@@ -158,7 +158,7 @@ def test_derived_build_over_a_freeze_counts_per_split_and_unknown_names_fail(hom
     from forgeflow.curation import freeze
     from forgeflow.ledger.records import FreezeRecord
 
-    accepted = [freeze.AcceptedTask(instance_id=f"r{r}.t{i}", repo=f"r{r}") for r in range(3) for i in range(2)]
+    accepted = [freeze.TaskRef(instance_id=f"r{r}.t{i}", repo=f"r{r}") for r in range(3) for i in range(2)]
     quotas = freeze.SplitQuotas(train=1, validation=1, test=1, max_per_repo=2, min_repos=3)
     manifest = freeze.write_freeze("v1", freeze.select_splits(accepted, quotas, 0), quotas, 0,
                                    home / "demo" / "freezes")

@@ -53,7 +53,7 @@ def test_serve_starts_the_blocks_llama_server_and_refuses_what_it_cannot_serve(p
 
     try:
         first = serve(ServeParams(gguf_path=q8, hf_dir=hf_dir, serving_block="two-slots"))
-        assert first.promoted
+        assert not first.rolled_back
         state = bluegreen.read_state(state_path)
         assert state.active_port in ports and pid_alive(state.pid)
         props = httpx.get(f"http://127.0.0.1:{state.active_port}/props", timeout=10).json()

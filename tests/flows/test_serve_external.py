@@ -21,9 +21,9 @@ from forgeflow.common.fsutil import sha256_file
 from forgeflow.evaluation.canary_params import CanaryEndpoint
 from forgeflow.ledger.store import Store
 from forgeflow.serving import bluegreen
-from forgeflow.serving.llama_server import ContextPreflightError, LlamaServer, LlamaServerOptions, ensure_llama_server
+from forgeflow.serving.backend import BackendConfig, LlamaServer
+from forgeflow.serving.llama_server import ContextPreflightError, ensure_llama_server
 from forgeflow.serving.server import ModelServer, stop_pid
-from tasks.serving import SwapOutcome
 from tests.helpers import free_port, pid_alive, tiny_ggufs
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -51,7 +51,7 @@ def _generations() -> list[tuple[int, int, str, str]]:
         store.dispose()
 
 
-def _checks(outcome: SwapOutcome) -> dict[str, str]:
+def _checks(outcome: bluegreen.SwapResult) -> dict[str, str]:
     return {check.name: check.status for check in outcome.checks}
 
 
@@ -85,7 +85,7 @@ def test_serve_records_an_external_endpoint_the_canary_resolves(prefect_harness,
         assert not state_path.exists() and _generations() == []
 
         first = serve(ServeParams(gguf_path=q8, hf_dir=hf_dir, serving_block="ext"))
-        assert first.promoted
+        assert not first.rolled_back
         assert _checks(first) == {"gguf_metadata": "passed", "models": "passed", "identity": "not_run",
                                   "slot_context": "not_run", "accelerator": "not_run", "smoke": "passed"}
         state = bluegreen.read_state(state_path)
@@ -105,7 +105,7 @@ def test_serve_records_an_external_endpoint_the_canary_resolves(prefect_harness,
 
         # external -> external: the state is re-pointed (the file the user names), nothing is stopped
         second = serve(ServeParams(gguf_path=f16, hf_dir=hf_dir, serving_block="ext"))
-        assert second.promoted and second.previous.generation == 1 and pid_alive(server.pid)
+        assert not second.rolled_back and second.previous.generation == 1 and pid_alive(server.pid)
         assert bluegreen.read_state(state_path).gguf_sha256 == sha256_file(f16)
         assert _generations() == [(1, server.port, sha256_file(q8), "retired"),
                                   (2, server.port, sha256_file(f16), "active")]
@@ -129,9 +129,9 @@ def test_an_external_llama_server_is_checked_through_props(prefect_harness, flow
     q8, f16 = tiny_ggufs()
     hf_dir = q8.parent / "hf"
     state_path = flow_home / "serving" / "state.json"
-    server = LlamaServer(q8, free_port(), "coder", n_ctx=2048,
-                         options=LlamaServerOptions(n_parallel=2, binary=ensure_llama_server()),
-                         log_path=tmp_path / "llama-server.log", n_threads=2)
+    server = LlamaServer(q8, free_port(), BackendConfig(kind="llama-server", model_alias="coder", n_ctx=2048,
+                                                        n_parallel=2, binary=ensure_llama_server(), n_threads=2),
+                         log_path=tmp_path / "llama-server.log")
     url = server.base_url
     ServingBackend(kind="external", base_url=url, model_alias="coder", required_context_tokens=1000).save(
         "ext-ls", overwrite=True)

@@ -42,20 +42,20 @@ def test_a_failure_after_staging_rolls_back_and_a_promotion_commits(prefect_harn
     first = bluegreen.swap(state_path, q8, sha256_file(q8), BackendConfig(ports=ports, n_ctx=512))
     staged_pids: list[int] = []
 
-    def failing_gate(staged: bluegreen.StagedServer) -> str:
-        staged_pids.append(staged.pid)
-        assert _alive(staged.pid)
+    def failing_gate(staged: bluegreen.SwapResult) -> str:
+        staged_pids.append(staged.current.pid)
+        assert _alive(staged.current.pid)
         raise RuntimeError("canary on the staged server crashed")
 
-    def passing_gate(staged: bluegreen.StagedServer) -> str:
-        staged_pids.append(staged.pid)
+    def passing_gate(staged: bluegreen.SwapResult) -> str:
+        staged_pids.append(staged.current.pid)
         return "promote"
 
     @flow
     def swap_flow(gate_name: str) -> dict:
         gate = failing_gate if gate_name == "fail" else passing_gate
         result = swap_transaction(state_path, f16, sha256_file(f16), BackendConfig(ports=ports), gate)
-        return {"promoted": result.promoted, "generation": result.state.generation}
+        return {"promoted": not result.rolled_back, "generation": result.current.generation}
 
     try:
         failed = swap_flow("fail", return_state=True)

@@ -120,13 +120,13 @@ def test_serve_records_its_generations_and_status_shows_the_live_one(prefect_har
     try:
         first = serve(ServeParams(gguf_path=q8, ports=ports, hf_dir=hf_dir), return_state=True)
         # nothing was serving and a foreign process held the first port: the other one is used
-        assert first.result().state.active_port == ports[1]
+        assert first.result().current.active_port == ports[1]
     finally:
         busy.close()
     try:
         second = serve(ServeParams(gguf_path=f16, ports=ports, hf_dir=hf_dir), return_state=True)
         out = second.result()
-        assert out.promoted and out.state.generation == 2 and out.state.active_port == ports[0]
+        assert not out.rolled_back and out.current.generation == 2 and out.current.active_port == ports[0]
         rows = Store().serving_generations()
         assert [(g.generation, g.status, g.gguf_sha256) for g in rows] == [
             (1, "retired", sha256_file(q8)), (2, "active", sha256_file(f16))]
@@ -144,14 +144,14 @@ def test_serve_records_its_generations_and_status_shows_the_live_one(prefect_har
         # `down` only names a model server (`up` did not start it); `down --serving` stops it
         said = CliRunner().invoke(app, ["down"]).output
         assert f"generation 2 on port {ports[0]}" in said and "`forgeflow down --serving` stops it" in said
-        assert pid_alive(out.state.pid)
+        assert pid_alive(out.current.pid)
         said = CliRunner().invoke(app, ["down", "--serving"]).output
-        assert f"model server: generation 2 on port {ports[0]} (pid {out.state.pid}) stopped" in said, said
-        assert not pid_alive(out.state.pid)
+        assert f"model server: generation 2 on port {ports[0]} (pid {out.current.pid}) stopped" in said, said
+        assert not pid_alive(out.current.pid)
         assert [g.status for g in Store().serving_generations()] == ["retired", "retired"]
     finally:
         bluegreen.stop_active(state_path)
-    assert not pid_alive(out.state.pid)
+    assert not pid_alive(out.current.pid)
     shown = json.loads(CliRunner().invoke(app, ["status", "--json"]).output)["serving"]
     assert shown["generation"] == 2 and shown["live"] is False  # stopped: the state file says so
 
@@ -203,11 +203,11 @@ def test_generation_numbers_never_repeat_across_state_files(prefect_harness, hom
     busy = socket.socket()
     try:
         demo = serve(ServeParams(gguf_path=q8, state_path=demo_state, ports=demo_ports))
-        assert demo.state.generation == 1 and demo.state.active_port == demo_ports[0]
+        assert demo.current.generation == 1 and demo.current.active_port == demo_ports[0]
         # the serve flow's own state file is empty, but the store already records generation 1
         standalone = serve(ServeParams(gguf_path=f16, ports=serve_ports))
-        assert standalone.state.generation == 2 and standalone.previous is None
-        assert standalone.state.active_port == serve_ports[0]
+        assert standalone.current.generation == 2 and standalone.previous is None
+        assert standalone.current.active_port == serve_ports[0]
         rows = store.serving_generations()
 
         # a GGUF that fails its check starts nothing and records nothing
@@ -236,7 +236,7 @@ def test_generation_numbers_never_repeat_across_state_files(prefect_harness, hom
 
         # the demo's next swap is numbered above every recorded number
         again = serve(ServeParams(gguf_path=f16, state_path=demo_state, ports=demo_ports))
-        assert again.state.generation == 5 and again.previous.generation == 1
+        assert again.current.generation == 5 and again.previous.generation == 1
         assert [(g.generation, g.gguf_sha256, g.status) for g in store.serving_generations()] == [
             (1, q8_sha, "retired"), (2, f16_sha, "active"), (3, q8_sha, "rolled_back"),
             (4, sha256_file(broken), "rolled_back"), (5, f16_sha, "active")]

@@ -17,8 +17,8 @@ import pytest
 from forgeflow.common.settings import apply_container_env
 from forgeflow.curation.bugs import generate_candidates
 from forgeflow.curation.freeze import (
-    AcceptedTask,
     SplitQuotas,
+    TaskRef,
     select_splits,
     write_freeze,
 )
@@ -47,7 +47,7 @@ def _freeze_in(home: Path) -> tuple[str, dict, list[str]]:
             assert outcome.report is not None, outcome.failed_trial
             reasons.append(f"{candidate.instance_id}: {outcome.report.reason}")
             if outcome.report.accepted:
-                accepted.append(AcceptedTask(instance_id=candidate.instance_id, repo=name))
+                accepted.append(TaskRef(instance_id=candidate.instance_id, repo=name))
                 image_ids[candidate.instance_id] = image.image_id
     manifest = write_freeze("repro-v1", select_splits(accepted, QUOTAS, 0), QUOTAS, 0, home / "freezes",
                             {"image_ids": image_ids})

@@ -26,8 +26,8 @@ from forgeflow.common.settings import REPO_ROOT, tool_env
 from forgeflow.common.task import Task
 from forgeflow.curation.candidates import CandidateTask
 from forgeflow.curation.freeze import (
-    AcceptedTask,
     SplitQuotas,
+    TaskRef,
     select_splits,
     write_freeze,
 )
@@ -72,7 +72,7 @@ def _harbor_env(harbor: Path) -> dict[str, str]:
 
 def test_export_harbor_run_import_gives_forgeflow_accounting(task_image: str, harbor_bin: Path, tmp_path: Path) -> None:  # noqa: F811
     quotas = SplitQuotas(train=0, validation=0, test=2, max_per_repo=2)
-    selection = select_splits([AcceptedTask(instance_id=i, repo="calc") for i in (VALID, NO_PYTEST)], quotas)
+    selection = select_splits([TaskRef(instance_id=i, repo="calc") for i in (VALID, NO_PYTEST)], quotas)
     freeze = write_freeze("harbor-roundtrip", selection, quotas, 0, tmp_path / "freezes")
     commands = {VALID: TEST_COMMAND, NO_PYTEST: NET_PROBE}
 

@@ -15,13 +15,11 @@ import pytest
 
 from forgeflow.common.errors import SwapRolledBackError
 from forgeflow.common.fsutil import sha256_file
-from forgeflow.serving.backend import BackendConfig
+from forgeflow.serving.backend import BackendConfig, LlamaServer
 from forgeflow.serving.bluegreen import read_state, stop_active, swap
 from forgeflow.serving.health import gate
 from forgeflow.serving.llama_server import (
     ContextPreflightError,
-    LlamaServer,
-    LlamaServerOptions,
     ensure_llama_server,
     slot_context,
 )
@@ -47,8 +45,9 @@ def q8() -> Path:
 
 
 def test_props_report_the_per_slot_context_forgeflow_computed(binary: Path, q8: Path, tmp_path: Path) -> None:
-    with LlamaServer(q8, _free_port(), "forgeflow", 2048, LlamaServerOptions(n_parallel=2, required_context_tokens=1000, binary=binary),
-                     log_path=tmp_path / "s.log", n_threads=2) as server:
+    config = BackendConfig(kind="llama-server", model_alias="forgeflow", n_ctx=2048, n_parallel=2,
+                           required_context_tokens=1000, binary=binary, n_threads=2)
+    with LlamaServer(q8, _free_port(), config, log_path=tmp_path / "s.log") as server:
         assert server.props is not None
         expected = slot_context(2048, 2, False)
         assert (server.props.per_slot_ctx, server.props.total_slots) == (expected.per_slot, 2) == (1024, 2)
@@ -60,7 +59,8 @@ def test_props_report_the_per_slot_context_forgeflow_computed(binary: Path, q8: 
 
 def test_a_plan_whose_slots_are_too_small_is_refused_before_anything_starts(binary: Path, q8: Path, tmp_path: Path) -> None:
     with pytest.raises(ContextPreflightError, match="needs 1500 tokens .* each slot holds 1024"):
-        LlamaServer(q8, _free_port(), "forgeflow", 2048, LlamaServerOptions(n_parallel=2, required_context_tokens=1500, binary=binary),
+        LlamaServer(q8, _free_port(), BackendConfig(kind="llama-server", model_alias="forgeflow", n_ctx=2048,
+                                                    n_parallel=2, required_context_tokens=1500, binary=binary),
                     log_path=tmp_path / "s.log")
     assert not (tmp_path / "s.log").exists()
 

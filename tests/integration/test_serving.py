@@ -185,18 +185,18 @@ def test_staged_server_answers_before_promotion_and_discard_keeps_the_old_one(
     try:
         gen1 = swap(state_path, q8, sha256_file(q8), BackendConfig(ports=ports, model_alias="tiny", n_ctx=N_CTX)).current
         staged = stage(state_path, f16, sha256_file(f16), BackendConfig(ports=ports, model_alias="tiny", n_ctx=N_CTX))
-        assert staged.port == ports[1] and gate(staged.base_url, "tiny").passed  # canary can run here
+        assert staged.new_port == ports[1] and gate(staged.current.base_url, "tiny").passed  # canary can run here
         assert read_state(state_path) == gen1, "staging must not move the recorded endpoint"
         discard(staged)  # e.g. the promotion gate said hold
-        assert not _pid_alive(staged.pid) and _pid_alive(gen1.pid) and read_state(state_path) == gen1
+        assert not _pid_alive(staged.current.pid) and _pid_alive(gen1.pid) and read_state(state_path) == gen1
 
         staged = stage(state_path, f16, sha256_file(f16), BackendConfig(ports=ports, model_alias="tiny", n_ctx=N_CTX))
         promoted = promote(state_path, staged)
-        assert promoted.current.generation == 2 and promoted.current.pid == staged.pid
+        assert promoted.current.generation == 2 and promoted.current.pid == staged.current.pid
         assert not _pid_alive(gen1.pid), "promotion stops the old server"
     finally:
         stop_active(state_path)
         for pid, port in ((locals().get("gen1") and gen1.pid, ports[0]),
-                          (locals().get("staged") and staged.pid, ports[1])):
+                          (locals().get("staged") and staged.current.pid, ports[1])):
             if pid:
                 stop_pid(pid, port)

@@ -20,10 +20,10 @@ from forgeflow.packaging import mmproj as projector
 from forgeflow.packaging import vl_model
 from forgeflow.packaging.checkpoint import BaseModelSource
 from forgeflow.packaging.gguf import check_gguf, load_gguf, merge_adapter, quantize
-from forgeflow.serving.backend import BackendConfig
+from forgeflow.serving.backend import BackendConfig, LlamaServer
 from forgeflow.serving.bluegreen import read_state, stop_active, swap
 from forgeflow.serving.health import gate
-from forgeflow.serving.llama_server import LlamaServer, LlamaServerOptions, ensure_llama_server
+from forgeflow.serving.llama_server import ensure_llama_server
 from tests.helpers import free_port, pid_alive
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -73,9 +73,10 @@ def test_tiny_vl_packages_into_a_text_gguf_and_a_projector_of_the_same_vision_to
 def test_llama_server_with_the_projector_uses_the_image_and_without_it_fails_the_gate(
         packaged: dict[str, Path], tmp_path: Path) -> None:
     q4, mm = packaged["q4"], packaged["mmproj"]
-    options = LlamaServerOptions(mmproj=mm, image_min_tokens=16, cache_type_k="q8_0", cache_type_v="q8_0",
-                                 flash_attn="on", binary=ensure_llama_server())
-    with LlamaServer(q4, free_port(), "forgeflow", 2048, options, log_path=tmp_path / "vl.log", n_threads=2) as server:
+    config = BackendConfig(kind="llama-server", model_alias="forgeflow", n_ctx=2048, mmproj=mm, image_min_tokens=16,
+                           cache_type_k="q8_0", cache_type_v="q8_0", flash_attn="on", binary=ensure_llama_server(),
+                           n_threads=2)
+    with LlamaServer(q4, free_port(), config, log_path=tmp_path / "vl.log") as server:
         argv = server.argv()
         for flag, value in (("--mmproj", str(mm)), ("--image-min-tokens", "16"), ("--cache-type-k", "q8_0"),
                             ("--cache-type-v", "q8_0"), ("--flash-attn", "on")):
@@ -86,14 +87,14 @@ def test_llama_server_with_the_projector_uses_the_image_and_without_it_fails_the
         assert result.image is not None and result.image.image_tokens >= 16  # --image-min-tokens 16
         pid = server.pid
     assert not pid_alive(pid)
-    with LlamaServer(q4, free_port(), "forgeflow", 2048, LlamaServerOptions(binary=ensure_llama_server()),
-                     log_path=tmp_path / "text.log", n_threads=2) as server:
+    text_only = config.model_copy(update={"mmproj": None, "image_min_tokens": None})
+    with LlamaServer(q4, free_port(), text_only, log_path=tmp_path / "text.log") as server:
         assert gate(server.base_url, "forgeflow").passed  # text still answers
         result = gate(server.base_url, "forgeflow", image=True)
         assert not result.passed and "modalities.vision false" in result.error and "image smoke answered" in result.error
     # a projector that is not a vision projector (the text GGUF itself) is refused before any start
     with pytest.raises(InputError, match="not a vision projector"):
-        LlamaServer(q4, free_port(), "forgeflow", 2048, LlamaServerOptions(mmproj=q4))
+        LlamaServer(q4, free_port(), BackendConfig(kind="llama-server", model_alias="forgeflow", n_ctx=2048, mmproj=q4))
 
 
 def test_swap_gates_with_an_image_and_rolls_back_a_server_that_dropped_its_projector(

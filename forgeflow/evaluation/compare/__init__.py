@@ -20,7 +20,7 @@ from forgeflow.evaluation.compare.exclusions import (
     job_exclusions,
 )
 from forgeflow.evaluation.compare.jobs import (
-    CanaryComparison,
+    ComparisonFiles,
     ComparisonSettings,
     ExcludedTask,
     MergedJob,
@@ -43,7 +43,6 @@ from forgeflow.evaluation.compare.stats import (
     PASS_REWARD,
     CostComparison,
     CostMetric,
-    Interval,
     JobReport,
     PairCounts,
     PairedComparison,
@@ -53,17 +52,18 @@ from forgeflow.evaluation.compare.stats import (
     rewards_by_instance,
     wilson_interval,
 )
+from forgeflow.evaluation.paired_stats import ConfidenceInterval
 
 __all__ = [
     "COST_METRICS",
     "DEFAULT_MAX_EXCEPTION_RATE",
-    "CanaryComparison",
+    "ComparisonFiles",
+    "ConfidenceInterval",
     "ComparisonSettings",
     "CostComparison",
     "CostMetric",
     "ExcludedTask",
     "ExclusionCount",
-    "Interval",
     "JobExclusions",
     "JobReport",
     "MergedJob",

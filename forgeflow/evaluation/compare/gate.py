@@ -109,7 +109,7 @@ class Decision(BaseModel):
                                        description="Lower bound of the reported delta interval (None without "
                                                    "pairs).")
     interval_high: float | None = Field(None, description="Upper bound.")
-    interval_method: str | None = Field(None, description="How that interval was made (DeltaInterval.method).")
+    interval_method: str | None = Field(None, description="How that interval was made (ConfidenceInterval.method).")
     mcnemar_p: float = Field(description="Exact McNemar p.")
     n_pairs: int = Field(0, ge=0, description="Pairs scored in both runs.")
     n_repos: int | None = Field(None, description="Repositories they come from (None: unknown, no repository map).")

@@ -76,28 +76,6 @@ class ExcludedTask(BaseModel):
     exception_b: str | None = None
 
 
-class CanaryComparison(BaseModel):
-    """Everything the compare stage reports about two canary jobs on one frozen split.
-
-    Attributes:
-        report_a / report_b: per-job accounting (baseline, candidate).
-    """
-
-    model_config = ConfigDict(frozen=True)
-
-    report_a: JobReport
-    report_b: JobReport
-    paired: PairedComparison = Field(
-        description="the paired comparison (wins/ties/losses, McNemar, clustered interval).")
-    decision: Decision = Field(description="the promotion gate's verdict.")
-    costs: CostComparison = Field(
-        description="mean input tokens, agent steps and wall seconds over the pairs, ratios B / A.")
-    markdown: str = Field(description="the report a person reads.")
-    excluded: list[ExcludedTask] = Field(
-        default_factory=list,
-        description="instances left out of the pairs, with reasons.")
-
-
 # --- stored jobs: merged views, split check, the full comparison ------------------------------------
 class MergedJob(BaseModel):
     """A job as stored, merged with the recovery jobs that re-ran its exception trials."""
@@ -231,19 +209,34 @@ def stored_costs(trial: Any) -> dict[str, float]:
 
 
 class ComparisonSettings(BaseModel):
-    """How two stored canary jobs are compared and where the report goes (a parameter group of
-    the ``promote`` flow; :func:`compare_stored_jobs` reads the first three)."""
+    """How two stored canary jobs are compared and where the report goes: a parameter group of the
+    ``promote`` flow, and the base of the ``compare`` flow's parameters (:func:`compare_stored_jobs`
+    reads ``gate``, ``merge_recovery`` and ``seed``)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    gate: GatePolicy | None = Field(None, description="promotion gate settings (None: the defaults)")
-    report_path: Path | None = Field(None, description="markdown report path (None: under $FORGEFLOW_HOME)")
-    merge_recovery: bool = Field(True, description="merge each job's recovery jobs into it")
-    seed: int = Field(0, description="bootstrap seed")
+    gate: GatePolicy | None = Field(None, description="promotion gate settings; None: the defaults (30 pairs "
+                                                      "from 3 repositories, 5 points of tolerated drop, alpha 0.05)")
+    report_path: Path | None = Field(None, description="markdown report path (PNG beside it); None: "
+                                                       "$FORGEFLOW_HOME/compare-<job_a>-vs-<job_b>.md")
+    merge_recovery: bool = Field(True, description="merge each job's recovery jobs into it before comparing")
+    seed: int = Field(0, description="seed of the repository-clustered bootstrap (same seed, same interval)")
+
+
+class ComparisonFiles(BaseModel):
+    """The markdown report and PNG plot written for a comparison, with their sha256s (64 hex)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    report_path: Path
+    report_sha256: str
+    plot_path: Path
+    plot_sha256: str
 
 
 class StoredJobsComparison(BaseModel):
-    """:func:`compare_stored_jobs`'s result (``_a`` / ``_b``: the baseline's and the candidate's)."""
+    """:func:`compare_stored_jobs`'s result (``_a`` / ``_b``: the baseline's and the candidate's), and the
+    ``compare`` flow's, with the files it wrote."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -264,6 +257,9 @@ class StoredJobsComparison(BaseModel):
     exclusions_a: JobExclusions | None = Field(
         None, description="the job's trials excluded as exceptions, per type with the rate; whether it is unusable.")
     exclusions_b: JobExclusions | None = None
+    files: ComparisonFiles | None = Field(
+        None, description="the markdown report and its PNG, with sha256 (set by the compare flow once written; "
+                          "None: nothing written).")
 
     def to_json(self) -> dict[str, Any]:
         """What ``forgeflow compare --json`` prints: the paired fields at the top level, then the runs, split,

@@ -14,7 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow.common.errors import SCORED_DESPITE_EXCEPTION, InputError
 from forgeflow.evaluation.paired_stats import (
-    DeltaInterval,
+    WILSON_METHOD,
+    ConfidenceInterval,
     cluster_bootstrap_delta,
     newcombe_paired_interval,
     normal_quantile,
@@ -26,18 +27,9 @@ PASS_REWARD = 1.0
 """A scored trial passes when ``reward >= PASS_REWARD``."""
 
 
-class Interval(BaseModel):
-    """A confidence interval for a proportion, both ends in [0, 1]."""
-
-    model_config = ConfigDict(frozen=True)
-
-    low: float = Field(ge=0.0, le=1.0)
-    high: float = Field(ge=0.0, le=1.0)
-    confidence: float = Field(default=0.95, gt=0.0, lt=1.0)
-
-
-def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> Interval:
-    """Wilson score interval for ``successes`` out of ``n``.
+def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> ConfidenceInterval:
+    """Wilson score interval for ``successes`` out of ``n`` (method :data:`~forgeflow.evaluation.paired_stats.
+    WILSON_METHOD`, both ends in [0, 1]; ``[0, 1]`` when ``n == 0``).
 
     Raises:
         InputError: ``n < 0``, ``successes`` outside ``[0, n]`` or ``confidence`` outside (0, 1).
@@ -49,9 +41,9 @@ def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> Interva
             f"wilson_interval needs 0 <= successes <= n, got successes={successes}, n={n}"
         )
     if n == 0:
-        return Interval(low=0.0, high=1.0, confidence=confidence)
+        return ConfidenceInterval(method=WILSON_METHOD, low=0.0, high=1.0, confidence=confidence)
     low, high = wilson_limits(successes, n, normal_quantile(confidence))
-    return Interval(low=low, high=high, confidence=confidence)
+    return ConfidenceInterval(method=WILSON_METHOD, low=low, high=high, confidence=confidence)
 
 
 def mcnemar_exact_p(wins: int, losses: int) -> float:
@@ -100,7 +92,7 @@ class JobReport(BaseModel):
     pass_rate_attempts: float = Field(ge=0.0, le=1.0,
                                       description="reward_1 / requested (exceptions and missing count as not "
                                                   "passed).")
-    wilson: Interval = Field(description="Wilson interval of reward_1 out of scored.")
+    wilson: ConfidenceInterval = Field(description="Wilson interval of reward_1 out of scored.")
     flagged: int = Field(default=0, ge=0,
                          description="Exception trials that still carry the verifier's reward (agent timeout, dead "
                                      "loop, hang: forgeflow.common.errors.SCORED_DESPITE_EXCEPTION, Harbor's "
@@ -196,7 +188,7 @@ class PairedComparison(BaseModel):
     per_repo: dict[str, PairCounts] = Field(
         default_factory=dict,
         description="Repository -> pair counts (only when repo_of was given).")
-    delta_interval: DeltaInterval | None = Field(
+    delta_interval: ConfidenceInterval | None = Field(
         None,
         description="The reported interval on delta: Newcombe's paired interval united with the cluster bootstrap "
                     "(by repository when repo_of was given, else by instance); each alone in .newcombe / .bootstrap "

@@ -21,10 +21,10 @@ from forgeflow.curation.bundle import (
     verify_bundle,
     write_bundle,
 )
-from forgeflow.curation.freeze import AcceptedTask, FreezeManifest, SplitQuotas, select_splits, write_freeze
+from forgeflow.curation.freeze import FreezeManifest, SplitQuotas, TaskRef, select_splits, write_freeze
 
 QUOTAS = SplitQuotas(train=2, validation=1, test=1, max_per_repo=2, min_repos=3)
-ACCEPTED = [AcceptedTask(instance_id=f"r{r}.t{i}", repo=f"org/r{r}") for r in range(4) for i in range(2)]
+ACCEPTED = [TaskRef(instance_id=f"r{r}.t{i}", repo=f"org/r{r}") for r in range(4) for i in range(2)]
 
 
 def bundle_tasks(ids_note: str = "") -> list[BundleTask]:

@@ -20,8 +20,8 @@ from forgeflow.curation.derived import (
 )
 from forgeflow.curation.derived_store import read_derived, save_derived, verify_derived
 from forgeflow.curation.freeze import (
-    AcceptedTask,
     SplitQuotas,
+    TaskRef,
     select_splits,
     write_freeze,
 )
@@ -131,7 +131,7 @@ def store(store_url: str) -> Store:
 @pytest.fixture()
 def manifest(store: Store, tmp_path: Path) -> Path:
     accepted = [
-        AcceptedTask(instance_id=t.instance_id, repo=t.repo) for t in store.accepted_tasks()
+        TaskRef(instance_id=t.instance_id, repo=t.repo) for t in store.accepted_tasks()
     ]
     quotas = SplitQuotas(train=8, validation=4, test=4, max_per_repo=2, min_repos=8)
     selection = select_splits(accepted, quotas, seed=1)

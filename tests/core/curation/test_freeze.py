@@ -10,8 +10,8 @@ import pytest
 from forgeflow.common.errors import FreezeConflictError, InputError, PreflightError
 from forgeflow.common.fsutil import sha256_file
 from forgeflow.curation.freeze import (
-    AcceptedTask,
     SplitQuotas,
+    TaskRef,
     feasibility_text,
     freeze_ready,
     quota_feasibility,
@@ -21,9 +21,9 @@ from forgeflow.curation.freeze import (
 )
 
 
-def tasks(repos: dict[str, int]) -> list[AcceptedTask]:
+def tasks(repos: dict[str, int]) -> list[TaskRef]:
     return [
-        AcceptedTask(instance_id=f"{repo}.{i}", repo=repo)
+        TaskRef(instance_id=f"{repo}.{i}", repo=repo)
         for repo, count in repos.items()
         for i in range(count)
     ]
@@ -247,7 +247,7 @@ def test_quota_feasibility_agrees_with_the_selection_when_everything_is_accepted
 
     for counts in itertools.product(range(0, 4), repeat=4):
         repo_counts = {f"r{i}": n for i, n in enumerate(counts)}
-        accepted = [AcceptedTask(instance_id=f"r{i}.{k}", repo=f"r{i}") for i, n in enumerate(counts) for k in range(n)]
+        accepted = [TaskRef(instance_id=f"r{i}.{k}", repo=f"r{i}") for i, n in enumerate(counts) for k in range(n)]
         for quotas in (SplitQuotas(train=2, validation=1, test=2, max_per_repo=2, min_repos=2),
                        SplitQuotas(train=1, validation=0, test=1, max_per_repo=3, min_repos=1)):
             if select_splits(accepted, quotas, 0).ready:

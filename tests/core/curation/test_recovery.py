@@ -104,7 +104,7 @@ def test_apply_backs_up_voids_and_requeues_only_the_faulted_tasks(store: Store, 
     assert result.after == plan.expected_after
     assert result.after.tasks_by_status == {"candidate": 2, "accepted": 1, "rejected": 1, "error": 1}
 
-    audit = render_audit(result)
+    audit = render_audit(plan, result)
     assert result.backup_sha256 in audit and "| live trials | 7 | 5 |" in audit
     assert "| a-nop | ra.a | nop | RegistryUnavailableError | b1 |" in audit
 
@@ -129,8 +129,9 @@ def test_an_exception_type_needs_a_window_and_only_that_window_is_touched(store:
     assert plan_recovery(store, early).empty
     late = RecoveryRequest(exception_type="SandboxOOMError", since=T0 + timedelta(minutes=30),
                            until=T0 + timedelta(hours=2), reason="oom storm")
-    result = apply_recovery(store, plan_recovery(store, late), tmp_path)
-    assert [t.trial_id for t in result.plan.void] == ["e-nop"]
+    late_plan = plan_recovery(store, late)
+    result = apply_recovery(store, late_plan, tmp_path)
+    assert [t.trial_id for t in late_plan.void] == ["e-nop"] and result.voided == 1
     assert store.get_task("re.e").status == "candidate" and store.get_task("ra.a").status == "error"
 
 
@@ -254,7 +255,7 @@ def test_rejections_by_batch_are_voided_and_requeued_with_backup_audit_and_count
     assert [t.trial_id for t in store.trials_for(instance_id="ri.i")] == ["i-nop", "i-oracle"]
     assert task_status_counts(store) == {"error": 3, "accepted": 2, "rejected": 2, "candidate": 3}
     assert result.after == plan.expected_after
-    audit = render_audit(result)
+    audit = render_audit(plan, result)
     assert "include_rejections" in audit and "| f-nop | rf.f | nop | none (reward 0.0) | b3 |" in audit
     assert "| tasks rejected | 4 | 2 |" in audit
 

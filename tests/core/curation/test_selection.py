@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 
 from forgeflow.common.errors import InputError
-from forgeflow.curation.selection import CandidateRef, select_batch
+from forgeflow.curation.freeze import TaskRef
+from forgeflow.curation.selection import select_batch
 
 
-def cands(repos: dict[str, int], missing_image: set[str] = frozenset()) -> list[CandidateRef]:
+def cands(repos: dict[str, int], missing_image: set[str] = frozenset()) -> list[TaskRef]:
     return [
-        CandidateRef(
+        TaskRef(
             instance_id=f"{repo}.{i}", repo=repo, image_available=f"{repo}.{i}" not in missing_image
         )
         for repo, count in repos.items()
@@ -86,7 +87,7 @@ def test_the_incremental_selector_picks_exactly_what_select_batch_picks_batch_af
 
     rng = random.Random(3)
     for _ in range(30):
-        cands = [CandidateRef(instance_id=f"c{i}", repo=f"r{rng.randrange(15)}", image_available=rng.random() > 0.1)
+        cands = [TaskRef(instance_id=f"c{i}", repo=f"r{rng.randrange(15)}", image_available=rng.random() > 0.1)
                  for i in range(rng.randrange(1, 300))]
         seed = rng.randrange(5)
         selector = BatchSelector(cands, seed)

@@ -22,8 +22,8 @@ import pytest
 from forgeflow.common import errors
 from forgeflow.common.task import Task
 from forgeflow.curation.freeze import (
-    AcceptedTask,
     SplitQuotas,
+    TaskRef,
     select_splits,
     write_freeze,
 )
@@ -60,7 +60,7 @@ def _task(iid: str, **overrides) -> Task:
 @pytest.fixture()
 def freeze(tmp_path: Path) -> Path:
     quotas = SplitQuotas(train=1, validation=0, test=2, max_per_repo=5)
-    accepted = [AcceptedTask(instance_id=i, repo=r) for i, r in
+    accepted = [TaskRef(instance_id=i, repo=r) for i, r in
                 (("calc.add-1", "calc"), ("calc.add-2", "calc"), ("other.bug-1", "other"))]
     selection = select_splits(accepted, quotas)
     assert selection.ready

@@ -12,8 +12,8 @@ from pydantic import ValidationError
 
 from blocks.core import ServingBackend
 from forgeflow.common.errors import InputError
-from forgeflow.serving.backend import BackendConfig, backend_config
-from forgeflow.serving.llama_server import ContextPreflightError, LlamaServer
+from forgeflow.serving.backend import BackendConfig, LlamaServer, backend_config
+from forgeflow.serving.llama_server import ContextPreflightError
 from forgeflow.serving.server import ModelServer
 from tests.helpers import tiny_ggufs
 

@@ -13,9 +13,8 @@ def test_multimodal_options_reach_llama_server_only_and_are_validated(tmp_path) 
     mm = tmp_path / "mmproj.gguf"
     config = backend_config({"kind": "llama-server", "mmproj": str(mm), "image_min_tokens": 1024,
                              "cache_type_k": "q8_0", "cache_type_v": "q8_0", "flash_attn": "on"})
-    options = config.server_options()
-    assert (options.mmproj, options.image_min_tokens, options.cache_type_k, options.cache_type_v,
-            options.flash_attn) == (mm, 1024, "q8_0", "q8_0", "on")
+    assert (config.mmproj, config.image_min_tokens, config.cache_type_k, config.cache_type_v,
+            config.flash_attn) == (mm, 1024, "q8_0", "q8_0", "on")
     assert f"--mmproj {mm}" in config.describe() and "-fa on" in config.describe()
     refused = {
         "flash_attn must be one of on, off, auto": {"kind": "llama-server", "flash_attn": "yes"},
@@ -30,11 +29,11 @@ def test_multimodal_options_reach_llama_server_only_and_are_validated(tmp_path) 
     # a lifecycle's block carries the image budget before the package stage hands the serve stage its projector;
     # a server started without one refuses it before anything runs
     budget_only = backend_config({"kind": "llama-server", "image_min_tokens": 1024})
-    from forgeflow.serving.llama_server import LlamaServer
+    from forgeflow.serving.backend import LlamaServer
 
     (tmp_path / "model.gguf").write_bytes(b"GGUF")  # checked for existence (and the port for range) first
     with pytest.raises(InputError, match="image_min_tokens needs mmproj"):
-        LlamaServer(tmp_path / "model.gguf", 8999, "m", options=budget_only.server_options())
+        LlamaServer(tmp_path / "model.gguf", 8999, budget_only)
     from blocks.core import ServingBackend
 
     assert set(BackendConfig.model_fields) <= set(ServingBackend.model_fields)  # the block carries every option

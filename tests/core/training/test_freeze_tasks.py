@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from forgeflow.common.errors import InputError, PreflightError
-from forgeflow.curation.freeze import AcceptedTask, SplitQuotas, select_splits, write_freeze
+from forgeflow.curation.freeze import SplitQuotas, TaskRef, select_splits, write_freeze
 from forgeflow.curation.generated import GeneratedTask, write_generated
 from forgeflow.curation.task_rows import TaskSource, TestSpec
 from forgeflow.ledger.records import FreezeRecord, TaskRecord
@@ -33,7 +33,7 @@ def frozen(tmp_path: Path) -> tuple[Store, Path]:
         store.record_task(TaskRecord(instance_id=iid, repo="proj", status="accepted", FAIL_TO_PASS=KNOWN[:1],
                                      PASS_TO_PASS=KNOWN[1:], **recorded))
     quotas = SplitQuotas(train=3, validation=0, test=0, max_per_repo=5)
-    selection = select_splits([AcceptedTask(instance_id=i, repo="proj") for i in IDS], quotas)
+    selection = select_splits([TaskRef(instance_id=i, repo="proj") for i in IDS], quotas)
     manifest = write_freeze("rl-unit", selection, quotas, 0, tmp_path / "freezes")
     store.record_freeze(FreezeRecord(name="rl-unit", semantic_sha256=manifest.semantic_sha256,
                                      file_sha256=manifest.file_sha256, manifest_path=str(manifest.path)))
