@@ -190,7 +190,7 @@ def measure(rows: list[Any], concurrency: int, tag: str, tmp: Path) -> dict[str,
     loop1_s, calls1 = _loop_validations(rows, concurrency, f"bench-{tag}-loop1-{nonce}")
     print(f"[{tag}] loop 1: {len(rows)} validations at concurrency {concurrency} in {loop1_s:.1f} s")
     start = time.perf_counter()
-    state = curate(CurateParams(tasks=TaskSource(generated_path=generated), quotas=quotas, settings=settings),
+    state = curate(CurateParams(source=TaskSource(generated_path=generated), quotas=quotas, settings=settings),
                    return_state=True)
     flow_s = time.perf_counter() - start
     out = state.result()

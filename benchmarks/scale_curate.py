@@ -114,7 +114,7 @@ def run_loop(candidates: Path, store_url: str, batch_size: int, concurrency: int
                                             on_trial=on_trial)
 
         job = BatchJob(batch_id=batch_id, run_id="loop", ids=ids, rows={i: by_id[i] for i in ids},
-                       concurrency=concurrency, max_retries=0)
+                       concurrency=concurrency, max_retries=0, store_url=store_url)
         selector.mark_processed(ids)
         for verdict in run_batch(job, validate, lambda verdict, _outcome: store.record_task(verdict)):
             processed.add(verdict.instance_id)
@@ -137,7 +137,7 @@ def run_flow(candidates: Path, batch_size: int, concurrency: int, count: int) ->
     quotas = SplitQuotas(train=count, validation=0, test=0, max_per_repo=REPO_SIZE, min_repos=count // REPO_SIZE)
     settings = CurateSettings(batch_size=batch_size, concurrency=concurrency, max_retries=0, seed=0)
     start = time.perf_counter()
-    out = curate(CurateParams(tasks=TaskSource(candidates_path=candidates), quotas=quotas, settings=settings,
+    out = curate(CurateParams(source=TaskSource(candidates_path=candidates), quotas=quotas, settings=settings,
                               sandbox=BLOCK))
     wall_s = time.perf_counter() - start
     if out.status != "freeze-ready" or len(out.validated) != count:

@@ -99,7 +99,7 @@ def run_curate(count: int, tmp: Path) -> dict[str, Any]:
     os.environ["FORGEFLOW_STORE_URL"] = f"sqlite:///{tmp / 'store.db'}"
     quotas = SplitQuotas(train=count, validation=0, test=0, max_per_repo=REPO_SIZE, min_repos=count // REPO_SIZE)
     start = time.perf_counter()
-    state = curate(CurateParams(tasks=TaskSource(candidates_path=candidates), quotas=quotas, sandbox=BLOCK),
+    state = curate(CurateParams(source=TaskSource(candidates_path=candidates), quotas=quotas, sandbox=BLOCK),
                    return_state=True)
     wall_s = time.perf_counter() - start
     out = state.result()

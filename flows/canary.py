@@ -49,7 +49,7 @@ from forgeflow.ledger import records
 from forgeflow.sandbox import dispatch
 from tasks import evaluation as evaluation_tasks
 from tasks.common import record_rows, sweep_trial_sandboxes, table_artifact, trial_dispatcher
-from tasks.curation import sandbox_choice
+from tasks.curation import sandbox_block
 
 REPORT_ARTIFACT_KEY = "canary-job-report"
 RECOVERY_REPORT_ARTIFACT_KEY = "canary-recovery-report"
@@ -224,9 +224,9 @@ def canary(params: CanaryParams = CanaryParams()) -> CanaryResult:
     agent_config = run.agent_config.resolved()  # its own limits, else the defaults (no sandbox block)
     if sandbox is not None:  # a missing block or unknown kind: refused before anything runs
         with _naming("sandbox"):
-            choice = sandbox_choice(sandbox)
-        agent_config = run.agent_config.resolved(choice.limits).model_copy(  # its own limits, else the block's
-            update={"verifier_backend": choice.backend(), "sandbox_backend": choice.backend()})
+            limits, target = sandbox_block(sandbox)
+        agent_config = run.agent_config.resolved(limits).model_copy(  # its own limits, else the block's
+            update={"verifier_backend": target.as_backend(), "sandbox_backend": target.as_backend()})
     if dispatcher is not None:  # a missing block: refused before anything runs
         with _naming("dispatcher"):
             ray = trial_dispatcher(dispatcher)

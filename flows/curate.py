@@ -30,6 +30,7 @@ from forgeflow.common import settings as store_settings
 from forgeflow.common.errors import InputError, PreflightError
 from forgeflow.common.fsutil import sha256_bytes, sha256_json
 from forgeflow.common.settings import apply_container_env, home_dir
+from forgeflow.curation.batch_run import BatchJob
 from forgeflow.curation.candidates import to_candidate_refs
 from forgeflow.curation.curate_result import CurateResult
 from forgeflow.curation.curate_settings import CurateSettings
@@ -54,7 +55,9 @@ from forgeflow.curation.task_rows import TaskSource
 from forgeflow.ledger.records import TaskRecord
 from forgeflow.ledger.store import masked_url
 from forgeflow.sandbox import dispatch
+from forgeflow.sandbox.backends import SandboxTarget
 from forgeflow.sandbox.dispatch import RayPlacement
+from forgeflow.sandbox.limits import SandboxLimits
 from tasks import curation as curate_tasks
 from tasks.common import markdown_artifact, sweep_trial_sandboxes, table_artifact, trial_dispatcher
 
@@ -66,9 +69,9 @@ JOB_ID = "curate"
 class CurateParams(StageParams):
     """The ``curate`` flow's parameters (the curate deployment's defaults are the model's)."""
 
-    tasks: TaskSource = Field(TaskSource(), description="the candidates: candidates_path, dataset or "
-                              "generated_path (default $FORGEFLOW_HOME/demo/candidates.jsonl), test_commands and "
-                              "test_specs per repository")
+    source: TaskSource = Field(TaskSource(), description="the candidates: candidates_path, dataset or "
+                               "generated_path (default $FORGEFLOW_HOME/demo/candidates.jsonl), test_commands and "
+                               "test_specs per repository")
     quotas: SplitQuotas = Field(DEFAULT_QUOTAS, description="what the freeze needs: minimum tasks per split, at "
                                 "most max_per_repo tasks per repository, at least min_repos repositories")
     settings: CurateSettings = Field(CurateSettings(), description="how the run validates: batch_size (candidates), "
@@ -82,7 +85,7 @@ class CurateParams(StageParams):
     dispatcher: str | None = Field(None, min_length=1, description="a forgeflow-dispatcher block: ray runs each "
                                    "validation as a Ray task on a sandbox node; None or in-process: here")
     instance_ids: tuple[str, ...] | None = Field(None, min_length=1, description="validate only these candidates "
-                                                 "of tasks (each must be there); None: every candidate")
+                                                 "of source (each must be there); None: every candidate")
     emit_freeze_ready: bool = Field(True, description="emit the forgeflow.dataset.freeze-ready event when ready "
                                     "(the freeze-on-ready automation freezes on it); false: the caller freezes "
                                     "itself (the lifecycle)")
@@ -120,8 +123,9 @@ def _only(rows: list[Any], instance_ids: tuple[str, ...] | None, source: str) ->
 
 
 def _blocks(freeze_name: str | None, sandbox: str | None,
-            dispatcher: str | None) -> tuple[curate_tasks.SandboxChoice | None, RayPlacement | None]:
-    """The checks before anything runs: the freeze name, and the sandbox and dispatcher blocks loaded (or None).
+            dispatcher: str | None) -> tuple[SandboxLimits | None, SandboxTarget, RayPlacement | None]:
+    """The checks before anything runs: the freeze name, and the sandbox and dispatcher blocks loaded: the sandbox
+    block's limits (None: no block) and target (none: podman), the dispatcher's placement (or None).
 
     Raises:
         InputError: an invalid freeze name, a missing or non-sandbox ``sandbox`` block, a missing ``dispatcher``.
@@ -132,11 +136,11 @@ def _blocks(freeze_name: str | None, sandbox: str | None,
     except InputError as exc:
         raise _param_error(exc, "freeze_name") from None
     try:
-        placement = curate_tasks.sandbox_choice(sandbox) if sandbox is not None else None
+        limits, target = curate_tasks.sandbox_block(sandbox) if sandbox is not None else (None, SandboxTarget())
     except InputError as exc:
         raise _param_error(exc, "sandbox") from None
     try:
-        return placement, trial_dispatcher(dispatcher) if dispatcher is not None else None
+        return limits, target, trial_dispatcher(dispatcher) if dispatcher is not None else None
     except InputError as exc:
         raise _param_error(exc, "dispatcher") from None
 
@@ -158,13 +162,13 @@ def curate(params: CurateParams = CurateParams()) -> CurateResult:
             an invalid freeze name, a missing sandbox block or one that is not a sandbox backend.
         PreflightError: the candidates cannot meet the quotas even if every one were accepted (nothing validated).
     """
-    tasks, quotas, settings, freeze_name = params.tasks, params.quotas, params.settings, params.freeze_name
-    placement, ray_placement = _blocks(freeze_name, params.sandbox, params.dispatcher)
+    source, quotas, settings, freeze_name = params.source, params.quotas, params.settings, params.freeze_name
+    limits, target, ray_placement = _blocks(freeze_name, params.sandbox, params.dispatcher)
     logger = get_run_logger()
     apply_container_env()
     run_id = str(flow_run.get_id() or "")
     store_url = store_settings.store_url()
-    loaded = curate_tasks.load_rows(tasks, home_dir() / "demo" / GENERATED_FILE, "curate")
+    loaded = curate_tasks.load_rows(source, home_dir() / "demo" / GENERATED_FILE, "curate")
     rows = _only(loaded.rows, params.instance_ids, loaded.source)
     by_id = {row.instance_id: row for row in rows}
     per_repo = Counter(row.repo for row in rows)
@@ -205,15 +209,14 @@ def curate(params: CurateParams = CurateParams()) -> CurateResult:
                                     counts=selection.counts, unmet=[text], event_id=None, freeze_name=name,
                                     validated=validated)
             batch_id = f"curate-{sha256_json({'seed': seed, 'ids': sorted(ids)})[:16]}"
-            plan = curate_tasks.BatchPlan(
-                store_url=store_url, run_id=run_id, ids=ids, rows={i: by_id[i] for i in ids},
-                image_ids={i: loaded.image_ids[i] for i in ids},
+            plan = BatchJob(
+                batch_id=batch_id, store_url=store_url, run_id=run_id, ids=ids, rows={i: by_id[i] for i in ids},
                 test_commands={i: loaded.test_commands[i] for i in ids},
                 log_parsers={i: loaded.log_parsers[i] for i in ids if loaded.log_parsers.get(i)},
-                concurrency=settings.concurrency, max_retries=settings.max_retries, validation=settings.validation(
-                    placement.limits if placement is not None else None), sandbox=placement, ray=ray_placement)
+                concurrency=settings.concurrency, max_retries=settings.max_retries,
+                validation=settings.validation(limits), sandbox=target, ray=ray_placement)
             # quote: Prefect would otherwise walk the plan's rows (every candidate's patch) looking for futures
-            out = curate_tasks.validate_batch(batch_id, quote(plan), curate_tasks.BatchProgress(
+            out = curate_tasks.validate_batch(quote(plan), curate_tasks.BatchProgress(
                 artifact_id=progress, done=len(run.processed), total=len(by_id)))
             run.add(ids, out.tasks)
             recorded += out.trials

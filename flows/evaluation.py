@@ -16,7 +16,7 @@ from forgeflow.common.errors import InputError
 from forgeflow.common.settings import home_dir
 from forgeflow.curation.freeze import validate_freeze_name
 from forgeflow.curation.generated import GENERATED_FILE
-from forgeflow.curation.task_rows import DatasetSource, TestSpec
+from forgeflow.curation.task_rows import TaskSource
 from forgeflow.evaluation.harbor import HARBOR_ENV_IMPORT_PATH, HarborExport, HarborTaskLimits
 from forgeflow.evaluation.harbor_import import HarborImportSummary
 from forgeflow.evaluation.judge import JudgeSummary
@@ -41,15 +41,10 @@ class HarborExportParams(StageParams):
                                                    "$FORGEFLOW_HOME/harbor/<freeze>-<split>")
     limits: HarborTaskLimits = Field(HarborTaskLimits(), description="timeouts (seconds), memory (MB) and CPUs "
                                                                      "written to every task.toml")
-    candidates_path: Path | None = Field(None, description="a candidates JSONL with patch, image, problem "
-                                                           "statement and test command per task")
-    generated_path: Path | None = Field(None, description="a generated-candidates file; None: "
-                                                          "$FORGEFLOW_HOME/demo/candidates.jsonl")
-    dataset: DatasetSource | None = Field(None, description="the task rows as a HF datasets split instead of a file")
-    test_commands: dict[str, str] | None = Field(None, description="repo -> test command for repositories that "
-                                                                   "are not pinned projects")
-    test_specs: dict[str, TestSpec] | None = Field(None, description="repo -> test command and log parser "
-                                                                     "(only pytest's can be exported)")
+    source: TaskSource = Field(TaskSource(), description="the task rows (patch, image, problem statement, test "
+                               "command): candidates_path, dataset or generated_path (default "
+                               "$FORGEFLOW_HOME/demo/candidates.jsonl), test_commands and test_specs (pytest's log "
+                               "parser only) per repository; images: the image each Dockerfile is FROM")
 
 
 @flow(name="harbor-export", log_prints=True)
@@ -71,8 +66,7 @@ def harbor_export(params: HarborExportParams = HarborExportParams()) -> HarborEx
         raise InputError(f"params.freeze_name: {exc}") from None
     target = Path(params.out_dir) if params.out_dir is not None else home_dir() / "harbor" / f"{freeze_name}-{split}"
     manifest_path, export_tasks = evaluation_tasks.harbor_export_inputs(
-        freeze_name, split, params.candidates_path, params.generated_path, home_dir() / "demo" / GENERATED_FILE,
-        params.dataset, params.test_commands, params.test_specs)
+        freeze_name, split, params.source, home_dir() / "demo" / GENERATED_FILE)
     export = evaluation_tasks.write_harbor_export(manifest_path, split, export_tasks, target, params.limits)
     image_of = {t.instance_id: t.image_ref for t in export_tasks}
     rows = "\n".join(f"| `{iid}` | `{image_of[iid]}` |" for iid in export.instance_ids)

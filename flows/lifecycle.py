@@ -51,7 +51,6 @@ from forgeflow.common.settings import store_url as default_store_url
 from forgeflow.config import LifecycleConfig
 from forgeflow.curation import generated
 from forgeflow.curation.bugs import Candidate
-from forgeflow.curation.curate_settings import CurateSettings
 from forgeflow.curation.freeze import (
     FreezeManifest,
     check_freeze_inputs,
@@ -330,20 +329,19 @@ def _prewarm(run: _Run, envs: dict[str, _Env],
 
 
 def _validate(run: _Run, task_images: dict[str, generated.GeneratedTask]) -> list[generated.GeneratedTask]:
-    """5. validate: the ``curate`` flow on this run's pushed candidates, longest validations first.
+    """5. validate: the ``curate`` flow on this run's pushed candidates, longest validations first, with the run's
+    ``validation`` as its ``params.settings`` (batch after batch until the freeze's quotas are met).
 
     Raises:
         PreflightError: the accepted tasks cannot fill the freeze's quotas (each unmet quota named).
     """
-    config, stage = run.config, run.config.validation
+    config = run.config
     with run.log.stage("validate") as st:
         ids = tuple(task_images)
         result = curate_flow(CurateParams(
-            tasks=TaskSource(generated_path=run.out_dir / generated.GENERATED_FILE, images="registry"),
+            source=TaskSource(generated_path=run.out_dir / generated.GENERATED_FILE, images="registry"),
             instance_ids=ids, quotas=config.freeze.quotas, freeze_name=config.freeze.name, emit_freeze_ready=False,
-            settings=CurateSettings(batch_size=len(ids), concurrency=stage.concurrency,
-                                    verifier_timeout_s=stage.verifier_timeout_s, **stage.limits().model_dump(),
-                                    seed=config.seed, checks=stage.checks)))
+            settings=config.validation))
         verdicts = curation.task_verdicts(run.store_url, list(ids))
         accepted = []
         for iid, t in task_images.items():

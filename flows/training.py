@@ -39,7 +39,7 @@ from forgeflow.training.rewards import StepRewardCounts
 from forgeflow.training.rl import DEFAULT_PROMPT_TEMPLATE
 from tasks import training as training_tasks
 from tasks.common import hook_logger, markdown_artifact, sweep_trial_sandboxes, table_artifact, trial_dispatcher
-from tasks.curation import sandbox_choice
+from tasks.curation import sandbox_block
 
 __all__ = ["PPOJob", "PPOParams", "PPOResult", "RLBurstParams", "SFTBurstParams",
            "WindowsParams", "WindowsResult", "ppo", "rl_burst", "sft_burst", "windows"]
@@ -199,10 +199,10 @@ def rl_burst(params: RLBurstParams) -> AdapterRecord:
         raise _param_error(exc, "dispatcher") from None
     if params.sandbox is not None:
         try:
-            choice = sandbox_choice(params.sandbox)
+            limits, target = sandbox_block(params.sandbox)
         except InputError as exc:
             raise _param_error(exc, "sandbox") from None
-        backend, config = choice.backend(), params.training.resolved(choice.limits)
+        backend, config = target.as_backend(), params.training.resolved(limits)
     else:
         backend, config = "podman", params.training.resolved()
     template = EPISODE_PROMPT_TEMPLATE if config.episode is not None else DEFAULT_PROMPT_TEMPLATE

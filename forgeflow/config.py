@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from forgeflow.curation.curate_settings import CurateSettings
 from forgeflow.curation.freeze import SplitQuotas, feasibility_text, quota_feasibility
 from forgeflow.evaluation.agent_config import AgentConfig
 from forgeflow.evaluation.canary_params import CanaryRunSettings
@@ -20,8 +21,6 @@ from forgeflow.packaging.checkpoint import BaseModelSource
 from forgeflow.packaging.gguf_metadata import MetadataEdit
 from forgeflow.registry.layout import ShardLayout
 from forgeflow.registry.migration import TransferLimits
-from forgeflow.sandbox.limits import DEFAULT_VERIFIER_TIMEOUT_S, SandboxLimits, VerifierTimeoutS
-from forgeflow.sandbox.trial import ValidationChecks
 from forgeflow.training.burst import BurstConfig
 
 DEMO_PROJECTS = ("boltons", "cachetools", "inflection", "six", "tabulate", "toolz")
@@ -110,20 +109,6 @@ class PrewarmSettings(BaseModel):
         return ShardLayout(shards=self.shards, lanes=self.lanes, tag_cap=self.tag_cap, prefix=prefix)
 
 
-class ValidateStageSettings(SandboxLimits):
-    """How the validate stage runs each candidate's NOP and Oracle trials, and each trial container's
-    ``memory_mb`` and ``cpus`` (:class:`~forgeflow.sandbox.limits.SandboxLimits`; the lifecycle names no
-    sandbox block: these are the limits).
-    """
-
-    model_config = _GROUP
-
-    concurrency: int = Field(2, ge=1, le=16, description="NOP/Oracle validations run at once")
-    verifier_timeout_s: VerifierTimeoutS = DEFAULT_VERIFIER_TIMEOUT_S
-    checks: ValidationChecks = Field(ValidationChecks(), description="evidence a validation gathers: "
-                                     "Oracle runs per task that would be accepted, flaky policy, log parser")
-
-
 class FreezeSettings(BaseModel):
     """The frozen dataset: its (immutable) name and the quotas its splits must meet.
 
@@ -156,6 +141,11 @@ DEMO_BURST: dict[str, Any] = {"max_steps": 4, "max_length": 4096}
 """The lifecycle's SFT burst values where its ``burst`` leaves them out: 4 optimizer steps and 4,096 tokens per sample
 (an Oracle sample of the demo's tasks is longer than :class:`~forgeflow.training.burst.BurstConfig`'s 2,048, and a
 longer sample is refused); every other value is BurstConfig's own."""
+
+DEMO_VALIDATION: dict[str, Any] = {"concurrency": 2}
+"""The lifecycle's validation values where its ``validation`` leaves them out: 2 NOP/Oracle validations at once on
+this machine's two cores; every other value is :class:`~forgeflow.curation.curate_settings.CurateSettings`' own
+(no sandbox block: ``memory_mb`` / ``cpus`` left None are the defaults, 2,048 MiB and 1 CPU)."""
 
 DEMO_AGENT: dict[str, Any] = {"step_limit": 3, "max_tokens": 96, "agent_timeout_s": 300.0}
 """The lifecycle's canary agent values where its ``canary.agent_config`` leaves them out: a few short steps on this
@@ -241,7 +231,7 @@ class LifecycleConfig(BaseModel):
     projects: tuple[str, ...] = Field(DEMO_PROJECTS, description="pinned projects (forgeflow/data/projects.json)")
     candidates_per_project: int = Field(5, ge=1, le=200, description="SWE-smith candidates kept per project")
     seed: int = Field(0, ge=0, description="seed for candidate choice, splits, sampling and training (it is "
-                      "burst.seed and canary.agent_config.seed)")
+                      "validation.seed, burst.seed and canary.agent_config.seed)")
     output_dir: Path = Field(Path(".forgeflow/demo"), description="where results and summary.json go")
     base_model: BaseModelSource = Field(BaseModelSource(), description="the base checkpoint: empty = the demo's "
                                         "tiny model; local_dir = a checkpoint folder; repo_id + revision = an HF Hub "
@@ -250,8 +240,9 @@ class LifecycleConfig(BaseModel):
                                          "stage's transfer limits (image size, concurrency, rate, retries)")
     prewarm: PrewarmSettings = Field(PrewarmSettings(), description="shard layout (shards, lanes, tag cap) and "
                                      "basecache tags copied at once")
-    validation: ValidateStageSettings = Field(ValidateStageSettings(), description="NOP/Oracle trials: at once, "
-                                              "verifier timeout, container memory, evidence checks")
+    validation: CurateSettings = Field(CurateSettings(**DEMO_VALIDATION), description="the curate flow's "
+                                       "params.settings: candidates per batch, NOP/Oracle trials at once, retries, "
+                                       "verifier timeout, container memory and CPUs, evidence checks; its seed is seed")
     freeze: FreezeSettings = Field(FreezeSettings(), description="name and split quotas of the frozen dataset")
     canary: CanaryRunSettings = Field(CanaryRunSettings(agent_config=AgentConfig(**DEMO_AGENT)),
                                       description="the canary flow's params.run: agent trials at once, the agent's "
@@ -292,16 +283,18 @@ class LifecycleConfig(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _stage_values(cls, data: Any) -> Any:
-        """``burst`` and ``canary.agent_config``: :data:`DEMO_BURST` / :data:`DEMO_AGENT` where the input leaves a
-        value out, and the run's ``seed`` always (Prefect's run form sends every nested default, so the run's seed
-        cannot be told apart from a nested one left at 0: the run's wins)."""
+        """``validation``, ``burst`` and ``canary.agent_config``: :data:`DEMO_VALIDATION` / :data:`DEMO_BURST` /
+        :data:`DEMO_AGENT` where the input leaves a value out, and the run's ``seed`` always (Prefect's run form
+        sends every nested default, so the run's seed cannot be told apart from a nested one left at 0: the run's
+        wins)."""
         if not isinstance(data, dict):
             return data
         seed = data.get("seed", 0)
         canary = _given(data.get("canary"))
         if isinstance(canary, dict):
             canary = {**canary, "agent_config": _over(DEMO_AGENT, canary.get("agent_config"), seed=seed)}
-        return {**data, "burst": _over(DEMO_BURST, data.get("burst"), seed=seed), "canary": canary}
+        return {**data, "validation": _over(DEMO_VALIDATION, data.get("validation"), seed=seed),
+                "burst": _over(DEMO_BURST, data.get("burst"), seed=seed), "canary": canary}
 
     @field_validator("projects")
     @classmethod

@@ -10,7 +10,7 @@ from uuid import UUID
 from prefect import task
 from prefect.artifacts import update_progress_artifact
 from prefect.cache_policies import NO_CACHE
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict
 
 from forgeflow.common import settings
 from forgeflow.common.errors import InputError, PreflightError
@@ -24,8 +24,6 @@ from forgeflow.ledger.records import BatchRecord, TaskRecord, TrialRecord
 from forgeflow.registry import images
 from forgeflow.sandbox import dispatch, trial
 from forgeflow.sandbox.backends import SandboxTarget
-from forgeflow.sandbox.base import SandboxSpec
-from forgeflow.sandbox.dispatch import RayPlacement
 from forgeflow.sandbox.kubernetes_manifests import FLOW_RUN_LABEL
 from forgeflow.sandbox.limits import SandboxLimits
 from tasks.common import (
@@ -44,81 +42,20 @@ def generate_candidates(repo: str, checkout_dir: Path, source_dir: str, max_cand
     return bugs.generate_candidates(repo, checkout_dir, source_dir, max_candidates, seed)
 
 
-class SandboxChoice(BaseModel):
-    """Where a flow's trials run: the fields of a ``forgeflow-sandbox`` block
-    (:class:`blocks.core.SandboxBackend`).
-
-    Attributes:
-        block: the block's name.
-        limits: the block's memory and CPUs per trial container (a stage's own limits win:
-            :meth:`forgeflow.sandbox.limits.LimitOverrides.over`).
-        target: the sandbox backend kind (:data:`forgeflow.sandbox.backends.BACKENDS`: ``podman``,
-            ``kubernetes``) and where its pods run (kubeconfig, context, namespace).
-    """
-
-    model_config = ConfigDict(frozen=True)
-
-    block: str
-    limits: SandboxLimits
-    target: SandboxTarget = SandboxTarget()
-
-    def backend(self) -> "str | SandboxTarget":
-        """What a verifier records and runs on: the kind alone for ``podman`` (nothing else to say),
-        the whole :class:`SandboxTarget` for a cluster."""
-        return self.target.kind if self.target.kind == "podman" else self.target
-
-
 @task(cache_policy=NO_CACHE)
-def sandbox_choice(block_name: str) -> SandboxChoice:
-    """Load the ``forgeflow-sandbox`` block ``block_name`` (preflight: its backend kind must exist). Raises InputError:
-    no such block, or its kind is not a sandbox backend (the valid kinds listed)."""
+def sandbox_block(block_name: str) -> tuple[SandboxLimits, SandboxTarget]:
+    """Load the ``forgeflow-sandbox`` block ``block_name`` (preflight: its backend kind must exist): its memory and
+    CPUs per trial container (a stage's own limits win: :meth:`forgeflow.sandbox.limits.LimitOverrides.over`) and
+    its target (backend kind and where its pods run), each a plain model. Raises InputError: no such block, or its
+    kind is not a sandbox backend (the valid kinds listed)."""
     from blocks.core import SandboxBackend
 
     block = load_block(SandboxBackend, block_name, "sandbox")
-    return SandboxChoice(block=block_name, limits=block.limits(), target=block.target())
+    return block.limits(), block.target()
 
 
 CURATE_JOB_ID = "curate"
 """The job id of every trial a ``curate`` run stores, and the kind of its batch rows."""
-
-
-class BatchPlan(BaseModel):
-    """One batch of a ``curate`` run, as :func:`validate_batch` validates it.
-
-    Attributes:
-        store_url: the store's SQLAlchemy URL.
-        run_id: the ``curate`` flow run (its trials' and verdicts' ``run_id`` and its sandboxes' label).
-        ids: the batch's instance ids, in selection order.
-        rows: instance id -> its candidate row (not sent to the API with the task's parameters).
-        image_ids: instance id -> what keys its image (a local image id or registry digest), or None.
-        test_commands: instance id -> its test command.
-        log_parsers: instance id -> its repository's log parser (absent: the run's).
-        concurrency: validations in flight at once.
-        max_retries: extra attempts for a validation that ended in an infrastructure error.
-        validation: each validation's limits and checks.
-        sandbox: the ``forgeflow-sandbox`` block's choice, or None (podman).
-        ray: the Ray placement, or None (in this process).
-    """
-
-    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
-
-    store_url: str
-    run_id: str
-    ids: list[str]
-    rows: dict[str, CandidateTask | GeneratedTask] = Field(exclude=True)
-    image_ids: dict[str, str | None] = Field(exclude=True)
-    test_commands: dict[str, str] = Field(exclude=True)
-    log_parsers: dict[str, str] = Field(exclude=True)
-    concurrency: int
-    max_retries: int
-    validation: trial.ValidationSettings
-    sandbox: SandboxChoice | None = None
-    ray: RayPlacement | None = None
-
-    def spec(self) -> SandboxSpec:
-        """Each trial container's :class:`SandboxSpec`: ``validation``'s limits, which
-        :meth:`~forgeflow.curation.curate_settings.CurateSettings.validation` resolved against the block."""
-        return SandboxSpec.of(self.validation)
 
 
 class BatchVerdicts(BaseModel):
@@ -143,19 +80,19 @@ PROGRESS_UPDATE_S = 2.0
 """Least seconds between two updates of a run's progress artifact from inside a batch (one API call each)."""
 
 
-def _validator(plan: BatchPlan, batch_id: str, stored: list[str]) -> batch_run.Validate:
+def _validator(plan: batch_run.BatchJob, stored: list[str]) -> batch_run.Validate:
     """``validate(instance_id, run_key)``: NOP then Oracle runs in no-network containers of the task image, on
     the block's backend (labelled with the run) or as a Ray task; each trial upserted the moment it ends, its
     id appended to ``stored``."""
     store = shared_store(plan.store_url)
-    sandbox = plan.sandbox
     spec = plan.spec()
-    backend = run_labelled(sandbox.target if sandbox is not None else "podman")
+    backend = run_labelled(plan.sandbox)
     if plan.run_id:
         backend = backend.model_copy(update={"labels": {**backend.labels, FLOW_RUN_LABEL: plan.run_id[:64]}})
 
     def on_trial(record: trial.TrialResult) -> None:
-        store.record_trial(TrialRecord.from_trial(record, CURATE_JOB_ID, None, plan.run_id, batch_id=batch_id))
+        store.record_trial(TrialRecord.from_trial(record, CURATE_JOB_ID, None, plan.run_id,
+                                                batch_id=plan.batch_id))
         stored.append(record.trial_id)
 
     def validate(instance_id: str, run_key: str) -> trial.ValidationOutcome:
@@ -176,17 +113,15 @@ def _validator(plan: BatchPlan, batch_id: str, stored: list[str]) -> batch_run.V
     return validate
 
 
-@task(cache_policy=NO_CACHE, persist_result=False, task_run_name="validate-batch-{batch_id}")
-def validate_batch(batch_id: str, plan: BatchPlan, progress: BatchProgress | None = None) -> BatchVerdicts:
+@task(cache_policy=NO_CACHE, persist_result=False, task_run_name="validate-batch-{plan.batch_id}")
+def validate_batch(plan: batch_run.BatchJob, progress: BatchProgress | None = None) -> BatchVerdicts:
     """Validate one batch of a ``curate`` run in this task's threads (``plan.concurrency`` at a time, longest
     recorded validation first): each trial and verdict stored as it ends, then the batch row. Nothing cached or
     persisted: a resumed run validates only what has no verdict, under the same trial ids."""
     store = shared_store(plan.store_url)
     stored: list[str] = []  # the trial ids stored (list.append is atomic: the pool's threads append)
-    ids = longest_first(plan.ids, store.validation_seconds(plan.ids))
-    job = batch_run.BatchJob(batch_id=batch_id, run_id=plan.run_id, ids=ids, rows=plan.rows,
-                             concurrency=plan.concurrency, max_retries=plan.max_retries,
-                             first_attempt=run_reads.voided_nop_attempts(store.engine, plan.ids))
+    job = plan.model_copy(update={"ids": longest_first(plan.ids, store.validation_seconds(plan.ids)),
+                                  "first_attempt": run_reads.voided_nop_attempts(store.engine, plan.ids)})
     shown_at = [time.monotonic()]
 
     def on_finished(finished: int) -> None:
@@ -195,8 +130,8 @@ def validate_batch(batch_id: str, plan: BatchPlan, progress: BatchProgress | Non
             shown_at[0] = time.monotonic()
 
     verdicts = {verdict.instance_id: verdict for verdict in batch_run.run_batch(
-        job, _validator(plan, batch_id, stored), lambda verdict, _outcome: store.record_task(verdict), on_finished)}
-    store.record_batch(BatchRecord(batch_id=batch_id, kind=CURATE_JOB_ID, instance_ids=plan.ids,
+        job, _validator(plan, stored), lambda verdict, _outcome: store.record_task(verdict), on_finished)}
+    store.record_batch(BatchRecord(batch_id=plan.batch_id, kind=CURATE_JOB_ID, instance_ids=plan.ids,
                                    concurrency=plan.concurrency, run_id=plan.run_id))
     return BatchVerdicts(tasks=[verdicts[i] for i in plan.ids], trials=len(stored))
 

@@ -114,18 +114,16 @@ def record_agent_trial(store_url: str | None, record: trial.TrialResult, job_id:
 
 
 @task(cache_policy=NO_CACHE)
-def harbor_export_inputs(freeze_name: str, split: str, candidates_path: Path | None, generated_path: Path | None,
-                         default_generated: Path, dataset: DatasetSource | None = None,
-                         test_commands: dict[str, str] | None = None,
-                         test_specs: dict[str, TestSpec] | None = None) -> tuple[Path, list[Task]]:
+def harbor_export_inputs(freeze_name: str, split: str, source: TaskSource,
+                         default_generated: Path) -> tuple[Path, list[Task]]:
     """The verified manifest of freeze ``freeze_name`` and the Harbor task of every instance of ``split`` (tests from
-    the store, patch/image/command from the task rows). Raises InputError: the freeze is not recorded or fails
-    verification, the split is unknown or empty, the task rows cannot be read
-    (:func:`forgeflow.curation.task_rows.load_task_rows`); PreflightError: tasks that cannot be exported (listed)."""
+    the store, patch/image/command from the task rows ``source``, generated rows' default file ``default_generated``;
+    ``source.images="registry"``: each generated row's pushed registry copy is the image). Raises InputError: the
+    freeze is not recorded or fails verification, the split is unknown or empty, the task rows cannot be read
+    (:meth:`forgeflow.curation.task_rows.TaskSource.load`); PreflightError: tasks that cannot be exported (listed)."""
     store = shared_store(settings.store_url())
     manifest, ids = frozen_split(store, freeze_name, split)
-    loaded = load_task_rows(candidates_path, generated_path, default_generated, test_commands,
-                            stage="harbor-export", dataset=dataset, test_specs=test_specs)
+    loaded = source.load(default_generated, "harbor-export")
     return manifest.path, harbor_tasks.harbor_tasks(store, ids, loaded)
 
 

@@ -16,7 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow.common.errors import is_transient
 from forgeflow.ledger.records import TaskRecord
-from forgeflow.sandbox.trial import ValidationOutcome
+from forgeflow.sandbox.backends import SandboxTarget
+from forgeflow.sandbox.base import SandboxSpec
+from forgeflow.sandbox.dispatch import RayPlacement
+from forgeflow.sandbox.trial import ValidationOutcome, ValidationSettings
 
 TRANSIENT_RETRY_DELAYS_S = (2.0, 8.0)
 """Seconds slept before each new try of a validation that raised a transient
@@ -33,18 +36,35 @@ they end); raises only for what is not an outcome (bad input, a transient infras
 
 
 class BatchJob(BaseModel):
-    """What :func:`run_batch` validates."""
+    """One batch of a ``curate`` run: what :func:`run_batch` validates, and what each validation needs (the
+    Prefect task ``tasks.curation.validate_batch`` validates it)."""
 
-    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+    model_config = ConfigDict(frozen=True)
 
-    batch_id: str
-    run_id: str
-    ids: list[str] = Field(description="instance ids in start order (longest known validation first)")
-    rows: dict[str, Any] = Field(repr=False, description="instance id -> its candidate row")
+    batch_id: str = Field(description="the batch's id (its trials' batch_id and its batch row)")
+    run_id: str = Field(description="the curate flow run (its trials' and verdicts' run_id and its sandboxes' label)")
+    ids: list[str] = Field(description="instance ids: started, and their verdicts returned, in this order")
+    rows: dict[str, Any] = Field(repr=False, exclude=True, description="instance id -> its candidate row "
+                                 "(CandidateTask or GeneratedTask; not sent to the API with a task's parameters)")
     concurrency: int = Field(ge=1, description="validations in flight at once")
     max_retries: int = Field(ge=0, description="extra attempts for a validation that ended in an infrastructure error")
     first_attempt: dict[str, int] = Field(default_factory=dict,
         description="instance id -> its first attempt number (absent: 0)")
+    store_url: str = Field(description="the store's SQLAlchemy URL")
+    test_commands: dict[str, str] = Field(default_factory=dict, exclude=True,
+                                          description="instance id -> its test command")
+    log_parsers: dict[str, str] = Field(default_factory=dict, exclude=True,
+                                        description="instance id -> its repository's log parser (absent: the run's)")
+    validation: ValidationSettings = Field(default_factory=ValidationSettings,
+                                           description="each validation's limits and checks")
+    sandbox: SandboxTarget = Field(default_factory=SandboxTarget, description="the forgeflow-sandbox block's "
+                                   "backend kind and cluster (default: podman)")
+    ray: RayPlacement | None = Field(None, description="the Ray placement, or None (in this process)")
+
+    def spec(self) -> SandboxSpec:
+        """Each trial container's :class:`SandboxSpec`: ``validation``'s limits, which
+        :meth:`~forgeflow.curation.curate_settings.CurateSettings.validation` resolved against the block."""
+        return SandboxSpec.of(self.validation)
 
 
 def pristine_duration_s(outcome: ValidationOutcome) -> float | None:

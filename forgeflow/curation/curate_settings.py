@@ -29,7 +29,7 @@ class CurateSettings(LimitOverrides):
             for runners without forgeflow's pytest report (:class:`forgeflow.sandbox.trial.ValidationChecks`).
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     batch_size: int = Field(default=DEFAULT_BATCH_SIZE, ge=1, description="Candidates per batch.")
     concurrency: int = Field(default=DEFAULT_CONCURRENCY, ge=1,

@@ -55,6 +55,11 @@ class SandboxTarget(BaseModel):
             raise errors.InputError(f"unknown sandbox backend {backend!r}; valid kinds: {', '.join(sorted(BACKENDS))}")
         return cls(kind=backend)
 
+    def as_backend(self) -> "str | SandboxTarget":
+        """What a verifier records and runs on: the kind alone for ``podman`` (nothing else to say), this
+        whole target for a cluster."""
+        return self.kind if self.kind == "podman" else self
+
 
 def _kubernetes_sandbox(target: SandboxTarget, image: str, spec: SandboxSpec | None = None,
                         name: str | None = None, **kwargs: object) -> Sandbox:

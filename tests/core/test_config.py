@@ -8,6 +8,7 @@ import pydantic
 import pytest
 
 from forgeflow.config import DEMO_PROJECTS, LifecycleConfig
+from forgeflow.curation.curate_settings import CurateSettings
 from forgeflow.evaluation.canary_params import CanaryRunSettings
 from forgeflow.registry.projects import load_projects
 from forgeflow.training.burst import BurstConfig
@@ -57,7 +58,7 @@ def test_unknown_project_is_refused_listing_the_pinned_ones():
     ({"serving": {"ports": (80, 8802)}}, "serving.ports", "ports must be in 1024..65535, got [80, 8802]"),
     ({"prewarm": {"lanes": 9, "shards": 8}}, "prewarm", "lanes (9) cannot exceed shards (8)"),
     ({"validation": {"verifier_timeout_s": float("inf")}}, "validation.verifier_timeout_s", "finite"),
-    ({"validation": {"memory_mb": 8}}, "validation.memory_mb", "greater than or equal to 16"),  # SandboxLimits
+    ({"validation": {"memory_mb": 8}}, "validation.memory_mb", "greater than or equal to 16"),  # MemoryMb, one bound
     ({"promotion": {"max_drop": 1.5}}, "promotion.max_drop", "less than or equal to 1"),
     ({"burst": {"lora_r": 512}}, "burst.lora_r", "less than or equal to 256"),
     ({"burst": {"max_length": 8}}, "burst.max_length", "greater than or equal to 16"),
@@ -113,7 +114,8 @@ def test_the_groups_hold_the_demo_defaults() -> None:
     assert (config.prewarm.shards, config.prewarm.lanes, config.prewarm.tag_cap, config.prewarm.concurrency) \
         == (8, 2, 100, 5)
     assert (config.validation.concurrency, config.validation.verifier_timeout_s, config.validation.memory_mb) \
-        == (2, 180.0, 2048)
+        == (2, 180.0, None)  # None: no sandbox block in the lifecycle, so the default 2048 MiB
+    assert config.validation.validation().memory_mb == 2048
     assert config.serving.ports == (8801, 8802) and config.serving.block is None
     assert config.package.quantizations == ("Q8_0", "Q4_K_M") and config.serving.quantization == "Q8_0"
 
@@ -126,7 +128,7 @@ def test_what_the_stages_pass_to_their_tasks_is_unchanged_for_the_demo_defaults(
     from forgeflow.evaluation.compare.gate import GatePolicy
     from forgeflow.registry.layout import ShardLayout
     from forgeflow.registry.migration import TransferLimits
-    from forgeflow.sandbox.trial import ValidationChecks
+    from forgeflow.sandbox.trial import ValidationChecks, ValidationSettings
 
     config = LifecycleConfig()
     made = {
@@ -140,6 +142,8 @@ def test_what_the_stages_pass_to_their_tasks_is_unchanged_for_the_demo_defaults(
         "burst": (config.burst, BurstConfig(max_steps=4, learning_rate=1e-3, lora_r=8, max_length=4096, seed=0)),
         "transfer": (config.registries.transfer, TransferLimits(max_size_bytes=2_000_000_000)),
         "checks": (config.validation.checks, ValidationChecks()),
+        "validation": (config.validation.validation(), ValidationSettings(memory_mb=2048, cpus=1.0,
+                                                                           verifier_timeout_s=180.0)),
     }
     for name, (now, flat) in made.items():
         assert type(now) is type(flat), name
@@ -147,12 +151,17 @@ def test_what_the_stages_pass_to_their_tasks_is_unchanged_for_the_demo_defaults(
 
 
 def test_the_stage_groups_are_the_stage_flows_models_with_the_demos_values_and_the_runs_seed() -> None:
-    """``burst`` is the sft-burst flow's ``params.training`` and ``canary`` the canary flow's ``params.run``, so a
+    """``validation`` is the curate flow's ``params.settings``, ``burst`` the sft-burst flow's ``params.training`` and
+    ``canary`` the canary flow's ``params.run``, so a
     knob has one name from the lifecycle's form to the trainer; what the input leaves out is the demo's value, and
     the run's seed is theirs (the form sends every nested default, so a nested 0 cannot mean "mine")."""
     config = LifecycleConfig(seed=7, burst={"lora_r": 16, "seed": 0, "batch_size": 2},
                              canary={"concurrency": 2, "sample": 3, "agent_config": {"step_limit": 2, "seed": 0}})
     assert type(config.burst) is BurstConfig and type(config.canary) is CanaryRunSettings
+    assert type(config.validation) is CurateSettings
+    assert (config.validation.concurrency, config.validation.seed, config.validation.batch_size) == (2, 7, 40)
+    mine = LifecycleConfig(seed=7, validation={"concurrency": 3, "memory_mb": 512, "seed": 0}).validation
+    assert (mine.concurrency, mine.memory_mb, mine.seed) == (3, 512, 7)
     assert (config.burst.lora_r, config.burst.lora_alpha, config.burst.batch_size) == (16, 32, 2)
     assert (config.burst.max_steps, config.burst.max_length, config.burst.seed) == (4, 4096, 7)  # demo's, run's
     agent = config.canary.agent_config

@@ -70,7 +70,7 @@ def test_curate_runs_until_freeze_ready_then_skips_processed_and_recovers(
 
     source = TaskSource(candidates_path=candidates_jsonl)
     settings = CurateSettings(batch_size=2, concurrency=2, verifier_timeout_s=120, seed=0)
-    first = curate(CurateParams(tasks=source, quotas=quotas, settings=settings))
+    first = curate(CurateParams(source=source, quotas=quotas, settings=settings))
     assert first.status == "freeze-ready" and first.batches and first.event_id
     assert first.counts["train"] >= 1 and first.counts["test"] >= 1
 
@@ -113,7 +113,7 @@ def test_curate_runs_until_freeze_ready_then_skips_processed_and_recovers(
 
     assert set(first.validated) == {t.instance_id for t in trials}  # what this run validated, nothing else
     # a caller that freezes itself (the lifecycle) asks for no event: ready, nothing validated, no event
-    second = curate(CurateParams(tasks=source, quotas=quotas, settings=settings, emit_freeze_ready=False))
+    second = curate(CurateParams(source=source, quotas=quotas, settings=settings, emit_freeze_ready=False))
     assert second.status == "freeze-ready" and second.batches == [] and second.validated == []
     assert second.event_id is None
     assert len(store.trials_for(include_void=True)) == len(trials)  # processed candidates are skipped
@@ -150,20 +150,20 @@ def test_candidates_that_cannot_fill_the_splits_are_refused_before_any_validatio
     quotas = SplitQuotas(train=1, validation=1, test=1, max_per_repo=3, min_repos=1)
     with pytest.raises(PreflightError, match=r"6 candidates from 2 repositories cannot meet the quotas .*"
                                              r"repository-disjoint splits .*need 3, at most 2 possible"):
-        curate(CurateParams(tasks=TaskSource(candidates_path=path), quotas=quotas, settings=CurateSettings(batch_size=2, concurrency=1)))
+        curate(CurateParams(source=TaskSource(candidates_path=path), quotas=quotas, settings=CurateSettings(batch_size=2, concurrency=1)))
     assert len(store.tasks()) == before  # nothing recorded, no trial run
     # only the given candidates count: one repository's three cannot fill two repository-disjoint splits
     alpha = tuple(row["instance_id"] for row in rows if row["repo"] == "team/alpha")
     with pytest.raises(PreflightError, match=r"3 candidates from 1 repositories cannot meet the quotas"):
-        curate(CurateParams(tasks=TaskSource(candidates_path=path), instance_ids=alpha,
+        curate(CurateParams(source=TaskSource(candidates_path=path), instance_ids=alpha,
                             quotas=quotas.model_copy(update={"validation": 0})))
     with pytest.raises(InputError, match=r"params.instance_ids: 1 id\(s\) not among the candidates of .*"
                                          r"two-repos.jsonl: team__alpha.bug9"):
-        curate(CurateParams(tasks=TaskSource(candidates_path=path), instance_ids=(*alpha, "team__alpha.bug9"),
+        curate(CurateParams(source=TaskSource(candidates_path=path), instance_ids=(*alpha, "team__alpha.bug9"),
                             quotas=quotas.model_copy(update={"validation": 0})))
     assert len(store.tasks()) == before
     with pytest.raises(InputError, match="params.freeze_name: freeze name 'Bad Name!' is invalid"):
-        curate(CurateParams(tasks=TaskSource(candidates_path=path), quotas=quotas.model_copy(update={"validation": 0}),
+        curate(CurateParams(source=TaskSource(candidates_path=path), quotas=quotas.model_copy(update={"validation": 0}),
                freeze_name="Bad Name!"))
 
 
@@ -188,11 +188,11 @@ def test_a_sandbox_block_chooses_where_the_trials_run(prefect_harness, candidate
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     quotas = SplitQuotas(train=1, validation=0, test=1, min_repos=1, max_per_repo=3)
     with pytest.raises(InputError, match="params.sandbox: sandbox block 'no-such-sandbox' does not exist"):
-        curate(CurateParams(tasks=source, quotas=quotas, sandbox="no-such-sandbox"))
+        curate(CurateParams(source=source, quotas=quotas, sandbox="no-such-sandbox"))
     # an unknown kind is refused where a block is made; one saved from the UI's form is refused where it is loaded
     SandboxBackend.model_construct(kind="firecracker").save("test-bad-kind-sandbox", overwrite=True)
     with pytest.raises(InputError, match="unknown sandbox backend 'firecracker'; valid kinds: kubernetes, podman"):
-        curate(CurateParams(tasks=source, quotas=quotas, sandbox="test-bad-kind-sandbox"))
+        curate(CurateParams(source=source, quotas=quotas, sandbox="test-bad-kind-sandbox"))
     store = Store()
     store.upgrade()
     assert store.trials_for(include_void=True) == []  # refused before any trial
@@ -201,7 +201,7 @@ def test_a_sandbox_block_chooses_where_the_trials_run(prefect_harness, candidate
     # this test in the same Prefect home cannot answer from its cache
     block = f"test-k8s-sandbox-{uuid.uuid4().hex[:8]}"
     SandboxBackend(kind="kubernetes", memory_mb=512, cpus=0.5).save(block, overwrite=True)
-    out = curate(CurateParams(tasks=source, quotas=quotas, settings=CurateSettings(batch_size=4, concurrency=2, max_retries=0),
+    out = curate(CurateParams(source=source, quotas=quotas, settings=CurateSettings(batch_size=4, concurrency=2, max_retries=0),
                  sandbox=block))
     assert out.status == "exhausted"
     tasks = store.tasks()
@@ -223,8 +223,8 @@ def test_the_curate_flow_takes_typed_parameter_groups() -> None:
 
     parameters = inspect.signature(curate.fn).parameters
     assert list(parameters) == ["params"] and parameters["params"].default == CurateParams()
-    assert list(CurateParams.model_fields) == ["tasks", "quotas", "settings", "freeze_name", "sandbox", "dispatcher",
+    assert list(CurateParams.model_fields) == ["source", "quotas", "settings", "freeze_name", "sandbox", "dispatcher",
                                                "instance_ids", "emit_freeze_ready"]
     defaults = CurateParams()
-    assert defaults.tasks == TaskSource() and defaults.settings == CurateSettings()
+    assert defaults.source == TaskSource() and defaults.settings == CurateSettings()
     assert isinstance(defaults.quotas, SplitQuotas)

@@ -31,7 +31,7 @@ from flows.curate import CurateParams, curate
 from forgeflow.curation.curate_settings import CurateSettings
 from forgeflow.curation.freeze import SplitQuotas
 from forgeflow.curation.task_rows import TaskSource
-out = curate(CurateParams(tasks=TaskSource(generated_path=Path(sys.argv[1])),
+out = curate(CurateParams(source=TaskSource(generated_path=Path(sys.argv[1])),
              settings=CurateSettings(batch_size=3, concurrency=2, max_retries=0, verifier_timeout_s=120, seed=0),
              quotas=SplitQuotas(train=3, validation=0, test=0, min_repos=1, max_per_repo=4)))
 print("RESULT " + out.model_dump_json())

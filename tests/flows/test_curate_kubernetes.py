@@ -42,7 +42,7 @@ def _curate(candidates: Path, store_url: str, block: str, monkeypatch) -> tuple[
 
     monkeypatch.setenv("FORGEFLOW_STORE_URL", store_url)
     quotas = SplitQuotas(train=2, validation=0, test=2, min_repos=2, max_per_repo=2)
-    out = curate(CurateParams(tasks=TaskSource(candidates_path=candidates), quotas=quotas, sandbox=block,
+    out = curate(CurateParams(source=TaskSource(candidates_path=candidates), quotas=quotas, sandbox=block,
                  settings=CurateSettings(batch_size=4, concurrency=2, max_retries=0, verifier_timeout_s=170.0)))
     store = Store()
     trials, tasks = store.trials_for(include_void=True), store.tasks()
@@ -90,7 +90,7 @@ from flows.curate import CurateParams, curate
 from forgeflow.curation.curate_settings import CurateSettings
 from forgeflow.curation.freeze import SplitQuotas
 from forgeflow.curation.task_rows import TaskSource
-curate(CurateParams(tasks=TaskSource(candidates_path=Path(sys.argv[1])), sandbox=sys.argv[2] or None,
+curate(CurateParams(source=TaskSource(candidates_path=Path(sys.argv[1])), sandbox=sys.argv[2] or None,
        settings=CurateSettings(batch_size=4, concurrency=2, max_retries=0, verifier_timeout_s=171.5),
        quotas=SplitQuotas(train=2, validation=0, test=2, min_repos=2, max_per_repo=2)))
 """

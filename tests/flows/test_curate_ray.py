@@ -51,7 +51,7 @@ def _curate(candidates: Path, store_url: str, block: str, monkeypatch) -> tuple[
     quotas = SplitQuotas(train=2, validation=0, test=2, min_repos=2, max_per_repo=2)
     # a timeout of this run's own keeps Prefect's cache (keyed by the validation's inputs) from answering
     timeout_s = 170.0 + int(uuid.uuid4().hex[:4], 16) / 65536
-    out = curate(CurateParams(tasks=TaskSource(candidates_path=candidates), quotas=quotas, dispatcher=block,
+    out = curate(CurateParams(source=TaskSource(candidates_path=candidates), quotas=quotas, dispatcher=block,
                  settings=CurateSettings(batch_size=4, concurrency=2, max_retries=0, verifier_timeout_s=timeout_s)))
     store = Store()
     trials = store.trials_for(include_void=True)
@@ -68,7 +68,7 @@ def test_curate_spreads_validations_over_ray_nodes_and_survives_losing_one(
 
     monkeypatch.setenv("FORGEFLOW_HOME", str(tmp_path / "home"))
     with pytest.raises(InputError, match="dispatcher block 'no-such-dispatcher' does not exist"):
-        curate(CurateParams(tasks=TaskSource(candidates_path=candidates_jsonl), dispatcher="no-such-dispatcher"))
+        curate(CurateParams(source=TaskSource(candidates_path=candidates_jsonl), dispatcher="no-such-dispatcher"))
     with ray_head(num_cpus=1) as head, ray_worker(head, {"sandbox": 1}) as one, \
             ray_worker(head, {"sandbox": 1}) as two:
         block = f"test-ray-{uuid.uuid4().hex[:8]}"

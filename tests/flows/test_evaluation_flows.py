@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 
 from forgeflow.common.errors import InputError, PreflightError
 from forgeflow.curation.freeze import SplitQuotas
+from forgeflow.curation.task_rows import TaskSource
 from forgeflow.ledger.records import TaskRecord
 from forgeflow.ledger.store import Store
 from tests.core.evaluation.test_harbor import BUG, F2P, IMAGE, P2P, _job, _trial_result
@@ -78,7 +79,8 @@ def test_export_a_frozen_split_import_two_harbor_jobs_and_compare_them(frozen, h
     test_ids = sorted(manifest.splits["test"])
     assert len(test_ids) == 2
 
-    export = harbor_export(HarborExportParams(freeze_name="harbor-flow", split="test", candidates_path=candidates))
+    source = TaskSource(candidates_path=candidates)
+    export = harbor_export(HarborExportParams(freeze_name="harbor-flow", split="test", source=source))
     assert export.path == home / "harbor" / "harbor-flow-test"
     assert export.instance_ids == test_ids and export.freeze_semantic_sha256 == manifest.semantic_sha256
     assert sorted(p.name for p in export.path.iterdir() if p.is_dir()) == test_ids
@@ -90,7 +92,7 @@ def test_export_a_frozen_split_import_two_harbor_jobs_and_compare_them(frozen, h
         tests = json.loads((export.path / iid / "tests" / "config.json").read_text())
         assert (tests["FAIL_TO_PASS"], tests["PASS_TO_PASS"]) == (F2P, P2P)  # the store's validated tests
         assert (export.path / iid / "instruction.md").read_text() == f"add() is broken in {iid}\n"
-    assert harbor_export(HarborExportParams(freeze_name="harbor-flow", split="test", candidates_path=candidates)) == export  # the same export: no-op
+    assert harbor_export(HarborExportParams(freeze_name="harbor-flow", split="test", source=source)) == export  # the same export: no-op
     assert any(f"2 task(s) in `{export.path}`" in (a.data or "") for a in _artifact(EXPORT_ARTIFACT_KEY))
 
     # what Harbor would write after `harbor run -p <export>`: two agents, each its own job
@@ -135,16 +137,21 @@ def test_harbor_flows_name_bad_input_before_any_work(frozen, home: Path, tmp_pat
     from flows.evaluation import HarborExportParams, HarborImportParams, harbor_export, harbor_import
 
     manifest, candidates = frozen
+    source = TaskSource(candidates_path=candidates)
     with pytest.raises(InputError, match=r"freeze 'nope' is not recorded in the store"):
-        harbor_export(HarborExportParams(freeze_name="nope", split="test", candidates_path=candidates))
+        harbor_export(HarborExportParams(freeze_name="nope", split="test", source=source))
     with pytest.raises(InputError, match=r"freeze 'harbor-flow' has no split 'dev'; its splits"):
-        harbor_export(HarborExportParams(freeze_name="harbor-flow", split="dev", candidates_path=candidates))
+        harbor_export(HarborExportParams(freeze_name="harbor-flow", split="dev", source=source))
     with pytest.raises(InputError, match=r"split 'validation' of freeze 'harbor-flow' is empty"):
-        harbor_export(HarborExportParams(freeze_name="harbor-flow", split="validation", candidates_path=candidates))
+        harbor_export(HarborExportParams(freeze_name="harbor-flow", split="validation", source=source))
     with pytest.raises(InputError, match=r"params\.freeze_name: freeze name 'Bad Name' is invalid"):
-        harbor_export(HarborExportParams(freeze_name="Bad Name", split="test", candidates_path=candidates))
+        harbor_export(HarborExportParams(freeze_name="Bad Name", split="test", source=source))
+    with pytest.raises(InputError, match=r"harbor-export: images='registry' applies to generated rows only"):
+        harbor_export(HarborExportParams(freeze_name="harbor-flow", split="test",
+                                         source=source.model_copy(update={"images": "registry"})))
     with pytest.raises(InputError, match=r"missing\.jsonl"):
-        harbor_export(HarborExportParams(freeze_name="harbor-flow", split="test", candidates_path=tmp_path / "missing.jsonl"))
+        harbor_export(HarborExportParams(freeze_name="harbor-flow", split="test",
+                                         source=TaskSource(candidates_path=tmp_path / "missing.jsonl")))
     # a test task without its row, and one read with another log parser: both listed, nothing written
     test_ids = sorted(manifest.splits["test"])
     rows = [json.loads(line) for line in candidates.read_text().splitlines()]
@@ -152,7 +159,8 @@ def test_harbor_flows_name_bad_input_before_any_work(frozen, home: Path, tmp_pat
     partial.write_text("".join(json.dumps({**r, "log_parser": "parse_log_django"} if r["instance_id"] == test_ids[1]
                                           else r) + "\n" for r in rows if r["instance_id"] != test_ids[0]))
     with pytest.raises(PreflightError, match=r"2 of 2 task\(s\) cannot be exported") as raised:
-        harbor_export(HarborExportParams(freeze_name="harbor-flow", split="test", candidates_path=partial, out_dir=tmp_path / "partial-export"))
+        harbor_export(HarborExportParams(freeze_name="harbor-flow", split="test", source=TaskSource(candidates_path=partial),
+                                         out_dir=tmp_path / "partial-export"))
     assert f"{test_ids[0]}: no row" in str(raised.value) and "parse_log_django" in str(raised.value)
     assert not (tmp_path / "partial-export").exists()
 

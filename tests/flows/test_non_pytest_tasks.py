@@ -80,7 +80,7 @@ def test_unittest_tasks_are_curated_frozen_and_canaried_with_their_log_parser(
     specs = {"team/alpha": UNITTEST, "team/beta": UNITTEST}
     quotas = SplitQuotas(train=1, validation=0, test=1, max_per_repo=2, min_repos=2)
 
-    out = curate(CurateParams(tasks=TaskSource(candidates_path=path, test_specs=specs), quotas=quotas,
+    out = curate(CurateParams(source=TaskSource(candidates_path=path, test_specs=specs), quotas=quotas,
                  settings=CurateSettings(batch_size=4, concurrency=2, verifier_timeout_s=120),
                  freeze_name="team-unittest-v1"))
     assert out.status == "freeze-ready", out

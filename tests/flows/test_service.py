@@ -276,7 +276,7 @@ def test_a_team_curates_freezes_and_canaries_its_unittest_rows_through_the_deplo
     quotas = {"train": 1, "validation": 0, "test": 1, "max_per_repo": 2, "min_repos": 2}
 
     _run_completed(state, "curate/curate", {"params": {
-        "tasks": source, "quotas": quotas, "freeze_name": "team-unittest-v1",
+        "source": source, "quotas": quotas, "freeze_name": "team-unittest-v1",
         "settings": {"batch_size": 4, "concurrency": 2, "verifier_timeout_s": 120}}})
     store = Store(f"sqlite:///{home / 'store.db'}")
     try:

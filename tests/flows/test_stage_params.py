@@ -83,6 +83,8 @@ def test_a_parameter_model_refuses_unknown_fields_and_is_frozen() -> None:
     (curate, {"quotas": {"train": 1, "validation": 0, "test": 1, "max_per_repo": 2, "min_repo": 1}},
      "params.quotas.min_repo", "Extra inputs"),
     (curate, {"task": {"candidates_path": "/tmp/c.jsonl"}}, "params.task", "Extra inputs"),
+    (curate, {"tasks": {"candidates_path": "/tmp/c.jsonl"}}, "params.tasks", "Extra inputs"),  # now params.source
+    (harbor_export, {"candidates_path": "/tmp/c.jsonl"}, "params.candidates_path", "Extra inputs"),  # params.source
     (recover, {"batch_ids": ["b1"]}, "params.reason", "Field required"),
     (recover, {"reason": "r", "dry_run": "perhaps"}, "params.dry_run", "valid boolean"),
     (recover, {"reason": "r"}, "params", "give batch_ids and/or trial_ids, or exception_type with since/until"),
@@ -132,7 +134,7 @@ def test_a_parameter_model_refuses_unknown_fields_and_is_frozen() -> None:
 ], ids=["judge-type", "judge-unknown", "serve-type", "serve-missing", "package-unknown",
         "freeze-nested-type", "canary-nested-bound", "canary-nested-unknown", "canary-unknown",
         "canary-recover-missing", "canary-recover-type", "curate-nested-bound", "curate-nested-unknown",
-        "curate-unknown", "recover-missing", "recover-type", "recover-no-selection", "recover-naive-window", "migrate-nested-bound", "migrate-unknown",
+        "curate-unknown", "curate-old-tasks", "harbor-export-flat-source", "recover-missing", "recover-type", "recover-no-selection", "recover-naive-window", "migrate-nested-bound", "migrate-unknown",
         "migrate-nested-item-bound", "audit-bound", "audit-unknown", "rewrite-missing", "rewrite-type",
         "prewarm-bound", "prewarm-type", "prewarm-pattern", "sft-burst-unknown", "sft-burst-nested-type",
         "sft-burst-nested-bound", "sft-burst-batch-bound", "sft-burst-nested-unknown", "sft-burst-missing", "rl-burst-unknown",

@@ -39,8 +39,8 @@ def _accepted(instance_id: str, run_key: str) -> ValidationOutcome:
 
 def _job(ids: list[str], concurrency: int = 2, max_retries: int = 0, **kwargs: object) -> BatchJob:
     rows = {i: SimpleNamespace(instance_id=i, repo=i.split(".")[0], patch="diff", image_ref="img:1") for i in ids}
-    return BatchJob(batch_id="curate-b1", run_id="run-1", ids=ids, rows=rows, concurrency=concurrency,
-                    max_retries=max_retries, **kwargs)
+    return BatchJob(batch_id="curate-b1", run_id="run-1", store_url="sqlite://", ids=ids, rows=rows,
+                    concurrency=concurrency, max_retries=max_retries, **kwargs)
 
 
 def test_at_most_concurrency_in_flight_and_each_verdict_handed_over_once_as_it_ends() -> None:

@@ -28,6 +28,7 @@ def test_the_sandbox_block_is_the_target_and_the_limits() -> None:
     assert type(target) is SandboxTarget and type(limits) is SandboxLimits  # what tasks cache on
     assert target == SandboxTarget(kind="kubernetes", namespace="trials", kubeconfig="/k", context="c")
     assert limits == SandboxLimits(memory_mb=768, cpus=0.5)
+    assert target.as_backend() is target and SandboxTarget(labels={"a": "b"}).as_backend() == "podman"  # as recorded
     assert (block.spec().memory_mb, block.spec().network) == (768, False)
     with pytest.raises(ValidationError, match="unknown sandbox backend 'firecracker'; valid kinds: kubernetes, podman"):
         SandboxBackend(kind="firecracker")

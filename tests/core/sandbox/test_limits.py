@@ -4,7 +4,7 @@ and a stage's own limit wins over its sandbox block's (the block fills in what t
 import pydantic
 import pytest
 
-from forgeflow.config import LifecycleConfig, ValidateStageSettings
+from forgeflow.config import LifecycleConfig
 from forgeflow.curation.curate_settings import CurateSettings
 from forgeflow.evaluation.agent_config import AgentConfig
 from forgeflow.evaluation.harbor import HarborTaskLimits
@@ -16,7 +16,7 @@ from forgeflow.sandbox.podman import PodmanSandbox
 from forgeflow.sandbox.trial import ValidationSettings
 from forgeflow.training.rl import RLBurstConfig
 
-SIZED = {SandboxSpec: {}, ValidationSettings: {}, ValidateStageSettings: {}, HarborTaskLimits: {},
+SIZED = {SandboxSpec: {}, ValidationSettings: {}, HarborTaskLimits: {},
          KubernetesSandboxSpec: {}, SandboxEnvironmentConfig: {"image": "img", "name": "ff-x"}}
 
 
@@ -52,10 +52,9 @@ def test_a_stage_limit_wins_over_the_block_and_the_block_fills_in_the_rest() -> 
     resolved = AgentConfig(cpus=2.0).resolved(block)
     assert (resolved.memory_mb, resolved.cpus) == (768, 2.0)
     assert AgentConfig().resolved().over() == SandboxLimits()
-    # the lifecycle names no block: its validation group's limits are the curate stage's own
-    stage = LifecycleConfig().validation
-    assert (stage.memory_mb, stage.cpus) == (2048, 1.0)
-    assert CurateSettings(**stage.limits().model_dump()).validation(block).limits() == stage.limits()
+    # the lifecycle's validation group is the curate flow's settings; it names no block: the defaults
+    stage = LifecycleConfig(validation={"cpus": 2.0}).validation
+    assert type(stage) is CurateSettings and stage.validation().limits() == SandboxLimits(memory_mb=2048, cpus=2.0)
 
 
 def test_every_verifier_timeout_has_one_bound_and_the_forgeflow_default() -> None:
@@ -63,10 +62,10 @@ def test_every_verifier_timeout_has_one_bound_and_the_forgeflow_default() -> Non
     from forgeflow.evaluation.canary_params import CanaryRunSettings
     from forgeflow.evaluation.rescore import RescoreSettings
 
-    for model in (ValidationSettings, CurateSettings, CanaryRunSettings, ValidateStageSettings):
+    for model in (ValidationSettings, CurateSettings, CanaryRunSettings):
         field = model.model_fields["verifier_timeout_s"]
         assert field.default == 180.0, model
-    for model in (ValidationSettings, CurateSettings, CanaryRunSettings, ValidateStageSettings, RescoreSettings,
+    for model in (ValidationSettings, CurateSettings, CanaryRunSettings, RescoreSettings,
                   RescoreParams, HarborTaskLimits):  # RescoreSettings: what ran; RescoreParams: None, the job's; Harbor: 600
         with pytest.raises(pydantic.ValidationError) as info:
             model(verifier_timeout_s=0)
