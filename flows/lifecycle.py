@@ -209,7 +209,7 @@ def _serve_baseline(run: _Run, served_base: Any, hf_dir: Path,
     config = run.config
     with run.log.stage("serve_baseline") as st:
         outcome = serve_flow(ServeParams(gguf_path=served_base.path, state_path=run.state_path,
-                                         ports=config.serving.ports, hf_dir=hf_dir, serving_block=config.serving.block,
+                                         ports=config.serving.ports, hf_dir=hf_dir, block=config.serving.block,
                                          mmproj_path=mmproj_path))
         assert outcome.current is not None  # the serve flow promotes or raises
         st["counts"] = {"generation": outcome.current.generation, "port": outcome.current.active_port}
@@ -247,7 +247,7 @@ def _migrate(run: _Run, envs: dict[str, _Env]) -> dict[str, _Env]:
         try:
             summary = migrate_images_flow(MigrateParams(
                 source=run.registries["source"], target=run.registries["target"], images=tuple(names),
-                limits=config.registries.transfer, store_url=store_url))
+                transfer=config.registries.transfer, store_url=store_url))
         except MigrationIncompleteError as err:  # the subflow run is Failed; go on with what was migrated
             summary = err.summary
         for name, rec in zip(names.values(), summary.records):

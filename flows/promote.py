@@ -29,7 +29,7 @@ class PromotionOutcome(BaseModel):
 
 class PromoteParams(ServeParams):
     """The ``promote`` flow's parameters: the two canary jobs and the gate, then the ``serve`` flow's own
-    (``gguf_path`` the candidate GGUF, ``state_path``, ``ports``, ``hf_dir``, ``serving_block``, ``mmproj_path``),
+    (``gguf_path`` the candidate GGUF, ``state_path``, ``ports``, ``hf_dir``, ``block``, ``mmproj_path``),
     handed to it on ``promote``."""
 
     baseline_job: str = Field(description="the canary job id of the model serving now")
@@ -56,7 +56,7 @@ def promote(params: PromoteParams) -> PromotionOutcome:
     """
     gguf_sha256 = serving_tasks.model_file_sha256(params.gguf_path)  # refuses a missing file
     state_path = Path(params.state_path or home_dir() / "serving" / "state.json")
-    serving_tasks.serving_backend(params.serving_block, params.ports, ports_field="params.ports")  # refused up front
+    serving_tasks.serving_backend(params.block, params.ports, ports_field="params.ports")  # refused up front
     baseline_job, candidate_job, comparison = params.baseline_job, params.candidate_job, params.comparison
     evaluation_tasks.check_promotion_jobs(baseline_job, candidate_job, gguf_sha256, state_path)
     md_path = Path(comparison.report_path or home_dir() / f"compare-{baseline_job}-vs-{candidate_job}.md")

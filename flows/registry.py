@@ -73,7 +73,7 @@ class MigrateParams(ImageSelection):
     target: str | RegistryEndpoint = Field(RegistryEndpoint(address=_DEMO_REGISTRIES.target_address),
                                            description=f"the registry copied into: {_ENDPOINT_FORMS}; default "
                                                        f"the demo's target {_DEMO_REGISTRIES.target_address}")
-    limits: migrate.TransferLimits = Field(
+    transfer: migrate.TransferLimits = Field(
         migrate.TransferLimits(), description="max_size_bytes (larger images are skipped, bytes), concurrency_limit "
                                               "(images at once against the target, 1-64), rate_limit_per_s (images "
                                               "started per second; None: no limit), retry_delays_s (seconds before "
@@ -151,15 +151,15 @@ def _check_limits(limits: migrate.TransferLimits) -> None:
     concurrency_limit, rate_limit_per_s = limits.concurrency_limit, limits.rate_limit_per_s
     max_size_bytes, retry_delays_s = limits.max_size_bytes, limits.retry_delays_s
     if max_size_bytes < 0:
-        raise InputError(f"params.limits.max_size_bytes must be >= 0, got {max_size_bytes}")
+        raise InputError(f"params.transfer.max_size_bytes must be >= 0, got {max_size_bytes}")
     if retry_delays_s is not None and (len(retry_delays_s) > 10 or any(d < 0 for d in retry_delays_s)):
-        raise InputError(f"params.limits.retry_delays_s must be at most 10 non-negative delays, got {retry_delays_s}")
+        raise InputError(f"params.transfer.retry_delays_s must be at most 10 non-negative delays, got {retry_delays_s}")
     if isinstance(concurrency_limit, bool) or not isinstance(concurrency_limit, int) \
             or not 1 <= concurrency_limit <= 64:
-        raise InputError(f"params.limits.concurrency_limit must be a whole number of images in 1-64, "
+        raise InputError(f"params.transfer.concurrency_limit must be a whole number of images in 1-64, "
                          f"got {concurrency_limit!r}")
     if rate_limit_per_s is not None and not rate_limit_per_s > 0:
-        raise InputError(f"params.limits.rate_limit_per_s must be a positive number of images per second (or None: "
+        raise InputError(f"params.transfer.rate_limit_per_s must be a positive number of images per second (or None: "
                          f"no rate limit), got {rate_limit_per_s!r}")
 
 
@@ -231,7 +231,7 @@ def migrate_images(params: MigrateParams = MigrateParams()) -> MigrationSummary:
     src, dst = registry_endpoint(params.source, "params.source"), registry_endpoint(params.target, "params.target")
     names = registry_ops.image_names(_names(params.images), params.dataset_path, params.image_column,
                                      [(dst.address, dst.namespace), (src.address, src.namespace)], "params.")
-    limits = params.limits
+    limits = params.transfer
     _check_limits(limits)
     max_size_bytes, retry_delays_s = limits.max_size_bytes, limits.retry_delays_s
     concurrency_limit, rate_limit_per_s = limits.concurrency_limit, limits.rate_limit_per_s

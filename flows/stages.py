@@ -163,14 +163,14 @@ class PackageParams(StageParams):
         ("Q8_0", "Q4_K_M"), description="quantization plan: QUANT_PLANS names (Q8_0, Q4_K_M, "
                                         "Q4_K_M+attn-embd-output-Q8_0) and/or {preset, tensor_types, name} specs")
     adapter_dir: Path | None = Field(None, description="LoRA adapter folder merged into hf_dir first; None: no merge")
-    publish: str | None = Field(None, description="ModelStore block name to publish to; None: nothing published")
+    store: str | None = Field(None, description="ModelStore block name to publish to; None: nothing published")
     publish_quantization: str | None = Field(None, description="artifact key to publish; None: the first of "
                                                                "quantizations")
     model_name: ModelName = Field("forgeflow", description="the model's name in a local store (one path component)")
     metadata_edits: tuple[MetadataEdit | dict[str, Any], ...] = Field(
         (), description="GGUF metadata edits {op: set|add|delete, key, value, type, sub_type, artifacts}, applied "
                         "after every artifact passed its check and loaded")
-    publish_checkpoint: bool = Field(False, description="publish the checkpoint the GGUF was converted from too "
+    include_checkpoint: bool = Field(False, description="publish the checkpoint the GGUF was converted from too "
                                                         "(under checkpoint/)")
 
 
@@ -199,8 +199,8 @@ def package(params: PackageParams) -> PackageResult:
         edits = validate_metadata_edits(params.metadata_edits, ("f16", *keys))
     except InputError as exc:
         raise _param_error(exc, "metadata_edits") from None
-    target = _publish_preflight(params.publish, params.publish_quantization or (keys[0] if keys else "f16"),
-                                ("f16", *keys)) if params.publish else None
+    target = _publish_preflight(params.store, params.publish_quantization or (keys[0] if keys else "f16"),
+                                ("f16", *keys)) if params.store else None
     inputs = model_tasks.package_inputs(hf_dir, adapter_dir)
     artifacts = run_task(model_tasks.package, hf_dir, inputs.hf_sha256, out_dir, tuple(quantizations), adapter_dir,
                          inputs.adapter_tree_sha256, edits)
@@ -209,13 +209,13 @@ def package(params: PackageParams) -> PackageResult:
     table_artifact("package", [{"type": q, "path": str(a.path), "size_bytes": a.size_bytes, "sha256": a.sha256}
                                for q, a in artifacts.items()], f"GGUF artifacts of {hf_dir}"
                    + (f" merged with the adapter {adapter_dir}" if adapter_dir else ""))
-    if params.publish and target:
+    if params.store and target:
         art = artifacts[target]
         source = Path(out_dir) / "merged" if adapter_dir else Path(hf_dir)  # what the GGUF was converted from
         sources = ReleaseSources(hf_sha256=model_tasks.checkpoint_sha256(source), adapter_dir=adapter_dir,
-                                 checkpoint_dir=source if params.publish_checkpoint else None,  # the projector too:
+                                 checkpoint_dir=source if params.include_checkpoint else None,  # the projector too:
                                  mmproj_path=artifacts[MMPROJ_KEY].path if MMPROJ_KEY in artifacts else None)
-        record = publish_tasks.publish_gguf(params.publish, art.path, art.sha256, art.type, params.model_name,
+        record = publish_tasks.publish_gguf(params.store, art.path, art.sha256, art.type, params.model_name,
                                             sources, art.tensor_types, str(flow_run.get_id() or ""))
         return PackageResult(artifacts=artifacts, published=record)
     return PackageResult(artifacts=artifacts)
@@ -228,7 +228,7 @@ def _publish_preflight(store_block: str, quantization: str, produced: tuple[str,
     try:
         publish_tasks.model_store_preflight(store_block)
     except InputError as exc:
-        raise _param_error(exc, "publish") from None
+        raise _param_error(exc, "store") from None
     return quantization
 
 
@@ -289,8 +289,8 @@ class ServeParams(StageParams):
                                                             "(1024..65535, distinct); None: the backend's")
     hf_dir: Path | None = Field(None, description="the HF checkpoint folder (config.json) the GGUF was converted "
                                                   "from; None: the one the store records")
-    serving_block: str | None = Field(None, description="a forgeflow-serving block name; None: llama-cpp-python, "
-                                                        "4,096-token context")
+    block: str | None = Field(None, description="a forgeflow-serving block name; None: llama-cpp-python, "
+                                                "4,096-token context")
     mmproj_path: Path | None = Field(None, description="the vision projector GGUF served with it (replaces the "
                                                        "block's mmproj; llama-server blocks only)")
 
@@ -321,7 +321,7 @@ def serve(params: ServeParams) -> SwapResult:
     """
     gguf_path = params.gguf_path
     gguf_sha256 = serving_tasks.model_file_sha256(gguf_path)  # refuses a missing file
-    backend = with_projector(serving_tasks.serving_backend(params.serving_block, params.ports,
+    backend = with_projector(serving_tasks.serving_backend(params.block, params.ports,
                                                            ports_field="params.ports"), params.mmproj_path)
     check = serving_tasks.check_serving_gguf(gguf_path, gguf_sha256, params.hf_dir,
                                              external=backend.kind == "external")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from flows.stagekit import run_task
 from flows.training_params import (
@@ -35,6 +35,7 @@ from forgeflow.training.episodes_grpo import EpisodeStepStats
 from forgeflow.training.episodes_plot import episode_plot_markdown
 from forgeflow.training.health import BurstHealthError
 from forgeflow.training.ppo import local_checkpoint_dir
+from forgeflow.training.ray_jobs import RayJobOutcome
 from forgeflow.training.rewards import StepRewardCounts
 from forgeflow.training.rl import DEFAULT_PROMPT_TEMPLATE
 from tasks import training as training_tasks
@@ -241,24 +242,15 @@ def rl_burst(params: RLBurstParams) -> AdapterRecord:
 
 
 class PPOResult(BaseModel):
-    """What a ``ppo`` run trained and kept.
-
-    Attributes:
-        submission_id: the Ray job; ``status`` how it ended (``SUCCEEDED``), ``wall_s`` seconds followed.
-        dataset_sha256: digest of ``settings.train_files``; ``global_step`` the checkpoint's step.
-    """
+    """What a ``ppo`` run trained and kept: the Ray job as it ended, the adapter ingested from verl's checkpoint
+    (its lineage: base model, ``settings.train_files``' digest, hyperparameters) and that checkpoint's step."""
 
     model_config = ConfigDict(frozen=True)
 
-    submission_id: str
-    status: str
-    wall_s: float
-    log_lines: int
-    adapter_sha256: str
-    adapter_path: Path
-    base_model_sha256: str
-    dataset_sha256: str
-    global_step: int
+    job: RayJobOutcome = Field(description="the Ray job: its submission id, how it ended (SUCCEEDED), seconds "
+                                           "followed, log lines")
+    adapter: AdapterRecord = Field(description="the adapter, pinned under <out_dir>/adapters/<sha256>")
+    global_step: int = Field(ge=0, description="the step of the checkpoint the adapter came from")
 
 
 def _ppo_submission_id(run_id: str | None) -> str:
@@ -342,9 +334,7 @@ def ppo(params: PPOParams) -> PPOResult:
         "", f"`forgeflow lineage {adapter.sha256[:12]}` shows the chain."]), "ppo: the Ray job and the adapter")
     get_run_logger().info("ppo: Ray job %s %s; adapter %s (step %d) from %s", job_id, outcome.status,
                           adapter.sha256[:12], step, folder)
-    return PPOResult(submission_id=job_id, status=outcome.status, wall_s=outcome.wall_s, log_lines=outcome.log_lines,
-                     adapter_sha256=adapter.sha256, adapter_path=adapter.path, base_model_sha256=base_sha,
-                     dataset_sha256=lineage.dataset_sha256, global_step=step)
+    return PPOResult(job=outcome, adapter=adapter, global_step=step)
 
 
 class WindowsResult(BaseModel):

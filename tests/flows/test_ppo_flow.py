@@ -96,20 +96,20 @@ def test_ppo_follows_the_ray_job_and_ingests_its_newest_checkpoint(prefect_harne
                                      poll_s=0.5),
                           submission_id=f"ff-ppo-{uuid.uuid4().hex[:8]}"), return_state=True)
     result = state.result()
-    assert (result.status, result.global_step) == ("SUCCEEDED", 2)
-    assert ray_jobs.status(cluster.dashboard_url, result.submission_id)[0] == "SUCCEEDED"
+    assert (result.job.status, result.global_step) == ("SUCCEEDED", 2)
+    assert ray_jobs.status(cluster.dashboard_url, result.job.submission_id)[0] == "SUCCEEDED"
     # the adapter is step 2's (lora_B = 0.01 + 0.02 in the stand-in), pinned under its digest, and loads
-    weights = load_file(str(result.adapter_path / "adapter_model.safetensors"))
+    weights = load_file(str(result.adapter.path / "adapter_model.safetensors"))
     assert all(torch.allclose(t, torch.full_like(t, 0.03)) for k, t in weights.items() if "lora_B" in k)
-    assert result.adapter_path.name == result.adapter_sha256
+    assert result.adapter.path.name == result.adapter.sha256
     base = AutoModelForCausalLM.from_pretrained(tiny_ggufs()[0].parent / "hf")
-    PeftModel.from_pretrained(base, str(result.adapter_path))
+    PeftModel.from_pretrained(base, str(result.adapter.path))
     # the store: the adapter's parent is the base model, its lineage names verl's run
     store = Store()
-    (production,) = [p for p in store.producers(result.adapter_sha256) if p.kind == "adapter"]
+    (production,) = [p for p in store.producers(result.adapter.sha256) if p.kind == "adapter"]
     store.dispose()
-    assert production.parent_sha256 == result.base_model_sha256
-    assert production.lineage["algorithm"] == "ppo" and production.lineage["ray_job"] == result.submission_id
+    assert production.parent_sha256 == result.adapter.lineage.base_model_sha256
+    assert production.lineage["algorithm"] == "ppo" and production.lineage["ray_job"] == result.job.submission_id
     assert production.lineage["global_step"] == 2
     # the job's log lines are the Prefect run's. Prefect ships a run's logs to its API in batches after the
     # records were made (CI saw the last lines missing right after the run ended on a loaded machine): wait
@@ -163,22 +163,22 @@ def test_ppo_never_credits_a_run_with_an_earlier_jobs_checkpoint(prefect_harness
 
     first = run(_entrypoint(checkpoints, 2))
     assert first.global_step == 2 and (checkpoints / "global_step_2").is_dir()
-    assert productions() == [(first.adapter_sha256, first.submission_id)]
+    assert productions() == [(first.adapter.sha256, first.job.submission_id)]
 
     with pytest.raises(InfraError) as info:
         run("echo I trained nothing")
     message = str(info.value)
     assert f"under {checkpoints} was written by Ray job ff-ppo-" in message and "the job wrote no adapter" in message
     assert "The 2 checkpoints there (steps 1, 2) predate the job" in message
-    assert productions() == [(first.adapter_sha256, first.submission_id)]  # no adapter recorded for it
+    assert productions() == [(first.adapter.sha256, first.job.submission_id)]  # no adapter recorded for it
 
     # a job that saves only step 1 there is credited with its own step 1, not the older step 2
     third = run(_entrypoint(checkpoints, 1))
-    assert third.global_step == 1 and third.adapter_sha256 != first.adapter_sha256
-    weights = load_file(str(third.adapter_path / "adapter_model.safetensors"))
+    assert third.global_step == 1 and third.adapter.sha256 != first.adapter.sha256
+    weights = load_file(str(third.adapter.path / "adapter_model.safetensors"))
     assert all(torch.allclose(t, torch.full_like(t, 0.01)) for k, t in weights.items() if "lora_B" in k)
-    assert productions() == sorted([(first.adapter_sha256, first.submission_id),
-                                    (third.adapter_sha256, third.submission_id)])
+    assert productions() == sorted([(first.adapter.sha256, first.job.submission_id),
+                                    (third.adapter.sha256, third.job.submission_id)])
 
 
 def test_the_default_checkpoint_dir_is_a_folder_per_job(prefect_harness, flow_home: Path, cluster,
@@ -202,7 +202,7 @@ def test_the_default_checkpoint_dir_is_a_folder_per_job(prefect_harness, flow_ho
     assert result.global_step == 1 and (own / "global_step_1").is_dir()
     metadata = ray_jobs.client(cluster.dashboard_url).get_job_info(job_id).metadata
     assert metadata[CHECKPOINT_DIR_LABEL] == f"checkpoints/forgeflow/ppo/{job_id}"
-    (production,) = [p for p in Store().producers(result.adapter_sha256) if p.kind == "adapter"]
+    (production,) = [p for p in Store().producers(result.adapter.sha256) if p.kind == "adapter"]
     assert production.lineage["hyperparameters"]["checkpoint_dir"] == f"checkpoints/forgeflow/ppo/{job_id}"
 
 

@@ -109,7 +109,7 @@ def test_migrate_images_skips_oversize_fails_missing_and_reruns_without_copying(
     store_url = f"sqlite:///{tmp_path / 'store.db'}"
     params = MigrateParams(source=endpoints["source"], target=endpoints["target"],
                            images=["env/small:1", "env/big:1", "env/ghost:1"],
-                           limits=TransferLimits(max_size_bytes=MAX_SIZE_BYTES), store_url=store_url)
+                           transfer=TransferLimits(max_size_bytes=MAX_SIZE_BYTES), store_url=store_url)
     state = migrate_images(params, return_state=True)
     # a failed image fails the flow run (red in the UI), after every state and the table were written
     assert state.is_failed()
@@ -148,7 +148,7 @@ def test_migrate_images_skips_oversize_fails_missing_and_reruns_without_copying(
     assert "available 1 / missing 2 / errored 0 of 3" in coverage
 
     with pytest.raises(MigrationIncompleteError, match=r"1 of 3 images failed") as caught:
-        migrate_images(params.model_copy(update={"limits": TransferLimits(max_size_bytes=MAX_SIZE_BYTES,
+        migrate_images(params.model_copy(update={"transfer": TransferLimits(max_size_bytes=MAX_SIZE_BYTES,
                                                                           rate_limit_per_s=10.0)}))
     second = caught.value.summary
     with get_client(sync_client=True) as client:
@@ -196,7 +196,8 @@ def test_503_and_429_are_retried_with_backoff_until_the_migration_completes(
     proxy.arm(2, status=503)
     summary = migrate_images(MigrateParams(source=endpoints["proxy"], target=endpoints["target"],
                                            images=["faults/retry-a:1"],
-                                           limits=TransferLimits(retry_delays_s=[1.0, 2.0, 4.0]), store_url=store_url))
+                                           transfer=TransferLimits(retry_delays_s=[1.0, 2.0, 4.0]),
+                                           store_url=store_url))
     record = summary.records[0]
     assert (record.status, record.attempts, proxy.injected) == ("completed", 3, 2)
     assert record.target_digest == record.source_digest
@@ -209,7 +210,7 @@ def test_503_and_429_are_retried_with_backoff_until_the_migration_completes(
     # 429 with Retry-After: skopeo honours the header itself; the image completes in one attempt
     proxy.arm(2, status=429, retry_after_s=1)
     summary = migrate_images(MigrateParams(source=endpoints["proxy"], target=endpoints["target"],
-                                           images=["faults/retry-b:1"], limits=TransferLimits(retry_delays_s=[1.0]),
+                                           images=["faults/retry-b:1"], transfer=TransferLimits(retry_delays_s=[1.0]),
                                            store_url=store_url))
     record = summary.records[0]
     assert (record.status, proxy.injected) == ("completed", 2)
@@ -223,7 +224,7 @@ def test_auth_failure_is_not_retried_and_is_reported_by_name(prefect_harness, en
     wrong = endpoints["target"].model_copy(update={"password": SecretStr(PASSWORD + "-wrong")})
     with pytest.raises(MigrationIncompleteError, match=r"1 of 1 images failed \(RegistryError 1\)") as caught:
         migrate_images(MigrateParams(source=endpoints["source"], target=wrong, images=["env/small:1"],
-                                     limits=TransferLimits(retry_delays_s=[1.0, 1.0]),
+                                     transfer=TransferLimits(retry_delays_s=[1.0, 1.0]),
                                      store_url=f"sqlite:///{tmp_path / 'store.db'}"))
     summary = caught.value.summary
     assert PASSWORD not in str(caught.value)
@@ -250,15 +251,15 @@ def test_per_registry_concurrency_and_rate_limits_hold(prefect_harness, endpoint
 
     store_url = f"sqlite:///{tmp_path / 'store.db'}"
     one_at_a_time = migrate_images(MigrateParams(source=endpoints["proxy"], target=endpoints["target"],
-                                                 images=CONCURRENCY_IMAGES, limits=TransferLimits(concurrency_limit=1),
-                                                 store_url=store_url))
+                                                 images=CONCURRENCY_IMAGES,
+                                                 transfer=TransferLimits(concurrency_limit=1), store_url=store_url))
     assert [r.status for r in one_at_a_time.records] == ["completed"] * 3
     windows = _windows(proxy, CONCURRENCY_IMAGES)
     for (_, end), (start, _) in zip(windows, windows[1:]):
         assert start >= end, f"images overlapped under a limit of 1: {windows}"
 
     rated = migrate_images(MigrateParams(source=endpoints["proxy"], target=endpoints["target"], images=RATE_IMAGES,
-                                         limits=TransferLimits(concurrency_limit=4, rate_limit_per_s=1.0),
+                                         transfer=TransferLimits(concurrency_limit=4, rate_limit_per_s=1.0),
                                          store_url=store_url))
     assert [r.status for r in rated.records] == ["completed"] * 3
     starts = [start for start, _ in _windows(proxy, RATE_IMAGES)]
@@ -408,12 +409,12 @@ def test_malformed_inputs_are_refused_before_anything_is_recorded(prefect_harnes
         (dict(target=target, images=None),
          r"give exactly one of params\.images \(repo:tag names\) or params\.dataset_path"),
         # limits built without validation are still checked by the flow, by name
-        (dict(target=target, limits=_unchecked_limits(concurrency_limit=0)),
-         r"params\.limits\.concurrency_limit must be a whole number of images in 1-64, got 0"),
-        (dict(target=target, limits=_unchecked_limits(rate_limit_per_s=-1)),
-         r"params\.limits\.rate_limit_per_s must be a positive number .* got -1"),
-        (dict(target=target, limits=_unchecked_limits(max_size_bytes=-1)),
-         r"params\.limits\.max_size_bytes must be >= 0, got -1"),
+        (dict(target=target, transfer=_unchecked_limits(concurrency_limit=0)),
+         r"params\.transfer\.concurrency_limit must be a whole number of images in 1-64, got 0"),
+        (dict(target=target, transfer=_unchecked_limits(rate_limit_per_s=-1)),
+         r"params\.transfer\.rate_limit_per_s must be a positive number .* got -1"),
+        (dict(target=target, transfer=_unchecked_limits(max_size_bytes=-1)),
+         r"params\.transfer\.max_size_bytes must be >= 0, got -1"),
     ]
     for kwargs, message in cases:
         with pytest.raises(InputError, match=message):
@@ -422,9 +423,9 @@ def test_malformed_inputs_are_refused_before_anything_is_recorded(prefect_harnes
     with pytest.raises(ParameterTypeError,
                        match=r"params\.target\.RegistryEndpoint\.address: .*'http://127\.0\.0\.1:5751' has a scheme"):
         migrate_images(params={**common, "target": {"address": "http://127.0.0.1:5751"}})
-    # limits given as a dict (the UI, the API, a deployment) are validated by Prefect into the model
-    with pytest.raises(ParameterTypeError, match=r"params\.limits\.concurrency_limit: .*less than or equal to 64"):
-        migrate_images(params={**common, "target": target, "limits": {"concurrency_limit": 65}})
+    # transfer limits given as a dict (the UI, the API, a deployment) are validated by Prefect into the model
+    with pytest.raises(ParameterTypeError, match=r"params\.transfer\.concurrency_limit: .*less than or equal to 64"):
+        migrate_images(params={**common, "target": target, "transfer": {"concurrency_limit": 65}})
     assert not db.exists()  # nothing was recorded
 
 

@@ -44,15 +44,15 @@ def test_serve_starts_the_blocks_llama_server_and_refuses_what_it_cannot_serve(p
 
     # 2 048 tokens over 2 slots is 1 024 a slot: a request of 1 500 cannot fit; nothing starts
     with pytest.raises(ContextPreflightError, match="needs 1500 tokens .* each slot holds 1024"):
-        serve(ServeParams(gguf_path=q8, hf_dir=hf_dir, serving_block="too-small"))
+        serve(ServeParams(gguf_path=q8, hf_dir=hf_dir, block="too-small"))
     assert not state_path.exists() and not list(state_path.parent.glob("server-*.log"))
     with pytest.raises(InputError, match="serving block 'nope' does not exist"):
-        serve(ServeParams(gguf_path=q8, hf_dir=hf_dir, serving_block="nope"))
+        serve(ServeParams(gguf_path=q8, hf_dir=hf_dir, block="nope"))
     with pytest.raises(InputError, match="serving block 'nope' does not exist"):
-        promote(PromoteParams(baseline_job="no-such-job", candidate_job="nor-this", gguf_path=q8, serving_block="nope"))
+        promote(PromoteParams(baseline_job="no-such-job", candidate_job="nor-this", gguf_path=q8, block="nope"))
 
     try:
-        first = serve(ServeParams(gguf_path=q8, hf_dir=hf_dir, serving_block="two-slots"))
+        first = serve(ServeParams(gguf_path=q8, hf_dir=hf_dir, block="two-slots"))
         assert not first.rolled_back
         state = bluegreen.read_state(state_path)
         assert state.active_port in ports and pid_alive(state.pid)
@@ -65,7 +65,7 @@ def test_serve_starts_the_blocks_llama_server_and_refuses_what_it_cannot_serve(p
 
         # -ngl 99 on a CPU-only build: the server would run on the CPU without saying so
         with pytest.raises(SwapRolledBackError, match="AcceleratorFallbackError"):
-            serve(ServeParams(gguf_path=q8, hf_dir=hf_dir, serving_block="gpu"))
+            serve(ServeParams(gguf_path=q8, hf_dir=hf_dir, block="gpu"))
         assert bluegreen.read_state(state_path) == state and pid_alive(state.pid)  # generation 1 serves on
         store = Store()
         rows = [(g.generation, g.status) for g in store.serving_generations()]

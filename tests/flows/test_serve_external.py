@@ -81,10 +81,10 @@ def test_serve_records_an_external_endpoint_the_canary_resolves(prefect_harness,
         server.start()
         # the key is missing: 401, named with the URL; nothing recorded
         with pytest.raises(InputError, match=f"{url}/models answered 401: it wants an API key"):
-            serve(ServeParams(gguf_path=q8, hf_dir=hf_dir, serving_block="ext-no-key"))
+            serve(ServeParams(gguf_path=q8, hf_dir=hf_dir, block="ext-no-key"))
         assert not state_path.exists() and _generations() == []
 
-        first = serve(ServeParams(gguf_path=q8, hf_dir=hf_dir, serving_block="ext"))
+        first = serve(ServeParams(gguf_path=q8, hf_dir=hf_dir, block="ext"))
         assert not first.rolled_back
         assert _checks(first) == {"gguf_metadata": "passed", "models": "passed", "identity": "not_run",
                                   "slot_context": "not_run", "accelerator": "not_run", "smoke": "passed"}
@@ -97,14 +97,14 @@ def test_serve_records_an_external_endpoint_the_canary_resolves(prefect_harness,
 
         # a wrong alias, a dead port: refused naming the URL; the recorded state and the store unchanged
         with pytest.raises(InputError, match=f"model_alias 'nope' is not served by {url}/models: it lists"):
-            serve(ServeParams(gguf_path=q8, hf_dir=hf_dir, serving_block="ext-alias"))
+            serve(ServeParams(gguf_path=q8, hf_dir=hf_dir, block="ext-alias"))
         with pytest.raises(PreflightError, match=f"external endpoint {dead}/models does not answer"):
-            serve(ServeParams(gguf_path=q8, hf_dir=hf_dir, serving_block="ext-dead"))
+            serve(ServeParams(gguf_path=q8, hf_dir=hf_dir, block="ext-dead"))
         assert bluegreen.read_state(state_path) == state
         assert _generations() == [(1, server.port, sha256_file(q8), "active")]
 
         # external -> external: the state is re-pointed (the file the user names), nothing is stopped
-        second = serve(ServeParams(gguf_path=f16, hf_dir=hf_dir, serving_block="ext"))
+        second = serve(ServeParams(gguf_path=f16, hf_dir=hf_dir, block="ext"))
         assert not second.rolled_back and second.previous.generation == 1 and pid_alive(server.pid)
         assert bluegreen.read_state(state_path).gguf_sha256 == sha256_file(f16)
         assert _generations() == [(1, server.port, sha256_file(q8), "retired"),
@@ -141,14 +141,14 @@ def test_an_external_llama_server_is_checked_through_props(prefect_harness, flow
         server.start()
         # /props reports 1 024 tokens a slot (2 048 over 2 slots): a request of 1 500 does not fit
         with pytest.raises(ContextPreflightError, match="reports 1024 tokens a slot, 2 slot.* needs 1500 tokens"):
-            serve(ServeParams(gguf_path=q8, hf_dir=hf_dir, serving_block="ext-ls-big"))
+            serve(ServeParams(gguf_path=q8, hf_dir=hf_dir, block="ext-ls-big"))
         # /props names the file it loaded: the f16 GGUF is not what it serves
         with pytest.raises(InputError, match=f"reports model_path .*{q8.name}.*, not {f16.name}: the endpoint "
                            "serves another model"):
-            serve(ServeParams(gguf_path=f16, hf_dir=hf_dir, serving_block="ext-ls"))
+            serve(ServeParams(gguf_path=f16, hf_dir=hf_dir, block="ext-ls"))
         assert not state_path.exists()
 
-        outcome = serve(ServeParams(gguf_path=q8, hf_dir=hf_dir, serving_block="ext-ls"))
+        outcome = serve(ServeParams(gguf_path=q8, hf_dir=hf_dir, block="ext-ls"))
         assert _checks(outcome) == {"gguf_metadata": "passed", "models": "passed", "identity": "passed",
                                     "slot_context": "passed", "accelerator": "not_run", "smoke": "passed"}
         assert bluegreen.read_state(state_path).base_url == url

@@ -244,7 +244,7 @@ def test_a_team_runs_the_model_deployments_on_its_checkpoint_folder_and_llama_se
         adapter = next(a for a in store.model_artifacts() if a.kind == "adapter")
         assert [p.parent_sha256 for p in store.producers(adapter.sha256)] == [sha256_tree(folder)]
         _run_completed(state, "serve/serve", {"params": {
-            "gguf_path": q8.path, "serving_block": "team-two-slots",
+            "gguf_path": q8.path, "block": "team-two-slots",
             "state_path": str(tmp_path / "serving" / "state.json")}})
         serving = bluegreen.read_state(tmp_path / "serving" / "state.json")
         try:

@@ -90,11 +90,11 @@ def test_a_parameter_model_refuses_unknown_fields_and_is_frozen() -> None:
     (recover, {"reason": "r"}, "params", "give batch_ids and/or trial_ids, or exception_type with since/until"),
     (recover, {"reason": "r", "exception_type": "SandboxError", "since": "2026-12-01T00:00:00"}, "params.since",
      "must be timezone-aware"),
-    (migrate_images, {"images": ["env/a:1"], "limits": {"concurrency_limit": 65}}, "params.limits.concurrency_limit",
-     "less than or equal to 64"),
+    (migrate_images, {"images": ["env/a:1"], "transfer": {"concurrency_limit": 65}},
+     "params.transfer.concurrency_limit", "less than or equal to 64"),
     (migrate_images, {"image": ["env/a:1"]}, "params.image", "Extra inputs"),
-    (migrate_images, {"images": ["env/a:1"], "limits": {"retry_delays_s": [-1.0]}}, "params.limits.retry_delays_s.0",
-     "greater than or equal to 0"),
+    (migrate_images, {"images": ["env/a:1"], "transfer": {"retry_delays_s": [-1.0]}},
+     "params.transfer.retry_delays_s.0", "greater than or equal to 0"),
     (registry_audit, {"images": ["env/a:1"], "image_column": ""}, "params.image_column", "at least 1 character"),
     (registry_audit, {"images": ["env/a:1"], "store": "sqlite:///x.db"}, "params.store", "Extra inputs"),
     (rewrite_image_refs, {"old_prefix": "127.0.0.1:5701"}, "params.new_prefix", "Field required"),
@@ -131,6 +131,14 @@ def test_a_parameter_model_refuses_unknown_fields_and_is_frozen() -> None:
      "must be one path component"),
     (package, {"hf_dir": "/m/hf", "out_dir": "/m/out", "model_name": ".."}, "params.model_name",
      "must be one path component"),
+    # one name per knob (issue 35): the old spellings are refused by name
+    (package, {"hf_dir": "/m/hf", "out_dir": "/m/out", "publish": "team-store"}, "params.publish", "Extra inputs"),
+    (package, {"hf_dir": "/m/hf", "out_dir": "/m/out", "publish_checkpoint": True}, "params.publish_checkpoint",
+     "Extra inputs"),
+    (serve, {"gguf_path": "/m/model.gguf", "serving_block": "gpu"}, "params.serving_block", "Extra inputs"),
+    (promote, {"baseline_job": "a", "candidate_job": "b", "gguf_path": "/m/model.gguf", "serving_block": "gpu"},
+     "params.serving_block", "Extra inputs"),
+    (migrate_images, {"images": ["env/a:1"], "limits": {"concurrency_limit": 8}}, "params.limits", "Extra inputs"),
 ], ids=["judge-type", "judge-unknown", "serve-type", "serve-missing", "package-unknown",
         "freeze-nested-type", "canary-nested-bound", "canary-nested-unknown", "canary-unknown",
         "canary-recover-missing", "canary-recover-type", "curate-nested-bound", "curate-nested-unknown",
@@ -141,7 +149,8 @@ def test_a_parameter_model_refuses_unknown_fields_and_is_frozen() -> None:
         "rl-burst-nested-type", "rl-burst-nested-bound", "rl-burst-core-knob-bound", "rl-burst-missing", "rl-burst-both", "ppo-unknown",
         "ppo-nested-type", "ppo-nested-bound", "ppo-nested-unknown", "ppo-missing", "windows-unknown",
         "windows-nested-bound", "windows-nested-type", "windows-no-source", "publish-name-path",
-        "package-name-dots"])
+        "package-name-dots", "package-old-publish", "package-old-publish-checkpoint", "serve-old-serving-block",
+        "promote-old-serving-block", "migrate-old-limits"])
 def test_a_bad_params_is_refused_through_the_flow_with_the_field_named(prefect_harness, flow_home, stage_flow,
                                                                        params, field, reason) -> None:
     from prefect.exceptions import ParameterTypeError

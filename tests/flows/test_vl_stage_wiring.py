@@ -93,7 +93,7 @@ def test_serve_stages_serve_a_package_with_its_own_projector(tmp_path: Path, mon
     monkeypatch.setattr(lifecycle, "serve_flow", lambda params: served_with.append(params) or _raise())
     with pytest.raises(_Captured):
         lifecycle._serve_baseline(run, package["Q8_0"], tmp_path, _projector(package))
-    assert served_with[0].mmproj_path == tmp_path / "mmproj-f16.gguf" and served_with[0].serving_block == "vl"
+    assert served_with[0].mmproj_path == tmp_path / "mmproj-f16.gguf" and served_with[0].block == "vl"
     # the serve and publish flows take the projector as a parameter a user can give
     assert ServeParams(gguf_path=tmp_path / "q8.gguf", mmproj_path=tmp_path / "p.gguf").mmproj_path.name == "p.gguf"
     assert PublishParams(gguf_path=tmp_path / "q8.gguf", hf_dir=tmp_path,
