@@ -106,7 +106,13 @@ class _RemovesItsContainer:
             names = subprocess.run(["podman", "ps", "-a", "--format", "{{.Names}}", "--filter",
                                     "name=ff-episode-calc-kill"], env=tool_env(), capture_output=True, text=True,
                                    check=True).stdout.split()
-            subprocess.run(["podman", "rm", "-f", "-t", "0", *names], env=tool_env(), capture_output=True, check=True)
+            for _ in range(20):  # podman rm can fail on a busy shm mount while the last exec ends: again
+                if subprocess.run(["podman", "rm", "-f", "-t", "0", *names], env=tool_env(),
+                                  capture_output=True).returncode == 0:
+                    break
+                time.sleep(0.5)
+            else:
+                raise AssertionError(f"podman rm -f {names} kept failing")
         return self.inner.sample(context_ids, messages)
 
 
@@ -172,10 +178,12 @@ def test_a_lost_sandbox_is_an_exception_a_retokenized_history_is_refused_and_a_h
                       "calc-chat": ScriptedPolicy(tokens, [_act("ls"), _act("ls -a")], split_tokens=True,
                                                   retokenize_history=True),
                       "calc-hang": ScriptedPolicy(tokens, [_act("sleep 300")])})
-    hang_settings = SETTINGS.model_copy(update={"concurrency": 3, "hang_idle_s": 4.0})
-    lost, refused, hung = run_episodes([_job(task_image, "calc-kill"), _job(task_image, "calc-chat"),
-                                        _job(task_image, "calc-hang")], policy, tokens, hang_settings, tmp_path,
-                                       GRADING)
+    # the hang's short watchdog in a run of its own: a sample counts as idle time, and the kill policy's
+    # `podman rm` inside its sample took over 4 s on a loaded machine (a "hang" where a lost sandbox was meant)
+    hang_settings = SETTINGS.model_copy(update={"concurrency": 1, "hang_idle_s": 4.0})
+    lost, refused = run_episodes([_job(task_image, "calc-kill"), _job(task_image, "calc-chat")], policy, tokens,
+                                 SETTINGS, tmp_path, GRADING)
+    (hung,) = run_episodes([_job(task_image, "calc-hang")], policy, tokens, hang_settings, tmp_path, GRADING)
     # the canary's watchdog, reused: a command that hangs is killed after hang_idle_s (not its 30 s timeout)
     assert (hung.end_reason, hung.reward, hung.exception_type, hung.verifier) == ("hang", 0.0, None, None)
     assert hung.supervision.kind == "hang" and hung.supervision.evidence["idle_s"] >= 4.0
