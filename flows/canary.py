@@ -41,8 +41,6 @@ from forgeflow.evaluation.canary_result import (
     CanaryRecoveryResult,
     CanaryResult,
     CanaryTrialOutcome,
-    MergedView,
-    RecoveredTrial,
 )
 from forgeflow.evaluation.mswea import MODEL_API_KEY_ENV
 from forgeflow.ledger import records
@@ -318,11 +316,10 @@ def canary_recover(params: CanaryRecoverParams) -> CanaryRecoveryResult:
     plan = evaluation_tasks.plan_recovery(job_id, exception_types, recovery_job_id)
     original = plan.original
     if plan.empty:
-        label, recovery_ids, report = evaluation_tasks.merged_view(job_id)
-        logger.info("canary-recover %s: nothing to recover (%s: %d scored, no exception%s)", job_id, label,
-                    report.scored, f" of type {exception_types}" if exception_types else "")
+        logger.info("canary-recover %s: nothing to recover (%s: %d scored, no exception%s)", job_id, plan.merged.view,
+                    plan.merged.report.scored, f" of type {exception_types}" if exception_types else "")
         return CanaryRecoveryResult(job_id=None, parent_job_id=job_id, recovered=[], report=None, report_path=None,
-                                    merged=MergedView(view=label, recovery_job_ids=recovery_ids, report=report))
+                                    merged=plan.merged)
     recorded = original.params
     profile = str(recorded.get("profile", "default"))
     with _naming("concurrency"):
@@ -356,26 +353,26 @@ def canary_recover(params: CanaryRecoverParams) -> CanaryRecoveryResult:
                                    "recovers": {t.instance_id: t.trial_id for t in plan.exception_trials}})
     log = StageLog(job_dir / "summary.json", run_id)
     logger.info("canary-recover %s: re-running %d exception trial(s) of %s (%s) as %s against %s", job_id,
-                len(tasks), job_id, plan.merged_label, new_id, url)
+                len(tasks), job_id, plan.merged.view, new_id, url)
     with _model_key(key):
         trials, report = run_canary_job(log, "canary_recover", CanaryJobRun(
             job, tasks, url, alias, config, job_dir / "trajectories", verifier_timeout_s, concurrency, run_key=new_id))
-    label, recovery_ids, merged_report = evaluation_tasks.merged_view(job_id)
+    merged = evaluation_tasks.merged_view(job_id)
+    merged_report = merged.report
     extra = {"recovers": f"{len(tasks)} exception trial(s) of job `{job_id}`", "endpoint": url, "model alias": alias,
-             "merged view": f"{label}: scored {merged_report.scored}/{merged_report.requested}, "
+             "merged view": f"{merged.view}: scored {merged_report.scored}/{merged_report.requested}, "
                             f"exceptions {merged_report.exceptions_by_type or 'none'}"}
     markdown = render_job_report(job, report, trials, extra)
     report_path = evaluation_tasks.write_job_report(markdown, job_dir / "report.md", RECOVERY_REPORT_ARTIFACT_KEY,
                                                     f"canary recovery {new_id} of {job_id}")
     log.write({"job_id": new_id, "parent_job_id": job_id, "report": report.model_dump(mode="json")})
-    logger.info("canary-recover %s: %s; scored %d/%d in the merged view, exceptions %s", new_id, label,
+    logger.info("canary-recover %s: %s; scored %d/%d in the merged view, exceptions %s", new_id, merged.view,
                 merged_report.scored, merged_report.requested, merged_report.exceptions_by_type or "none")
     by_instance = {t.instance_id: t for t in trials}
-    recovered = [RecoveredTrial(instance_id=old.instance_id, original_trial_id=old.trial_id,
+    recovered = [CanaryTrialOutcome(instance_id=old.instance_id, original_trial_id=old.trial_id,
                                 trial_id=by_instance[old.instance_id].trial_id,
                                 reward=by_instance[old.instance_id].reward,
                                 exception_type=by_instance[old.instance_id].exception_type)
                  for old in plan.exception_trials if old.instance_id in by_instance]
     return CanaryRecoveryResult(job_id=new_id, parent_job_id=job_id, recovered=recovered, report=report,
-                                report_path=report_path,
-                                merged=MergedView(view=label, recovery_job_ids=recovery_ids, report=merged_report))
+                                report_path=report_path, merged=merged)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
@@ -36,13 +35,13 @@ from forgeflow.curation.curate_result import CurateResult
 from forgeflow.curation.curate_settings import CurateSettings
 from forgeflow.curation.freeze import (
     SPLITS,
+    FreezeName,
     SplitQuotas,
     TaskRef,
     feasibility_text,
     freeze_ready,
     quota_feasibility,
     unmet_text,
-    validate_freeze_name,
 )
 from forgeflow.curation.generated import GENERATED_FILE
 from forgeflow.curation.recovery import (
@@ -77,7 +76,7 @@ class CurateParams(StageParams):
     settings: CurateSettings = Field(CurateSettings(), description="how the run validates: batch_size (candidates), "
                                      "concurrency (validations at once), max_retries, verifier_timeout_s (seconds), "
                                      "memory_mb (MiB) and cpus (none: the sandbox block's), seed, checks")
-    freeze_name: str | None = Field(None, description="the name the freeze-on-ready automation freezes under; "
+    freeze_name: FreezeName | None = Field(None, description="the name the freeze-on-ready automation freezes under; "
                                     "None: curate- + 12 hex digits of the sha256 of (candidate ids, quotas, seed)")
     sandbox: str | None = Field(None, min_length=1, description="a forgeflow-sandbox block: every NOP/Oracle trial "
                                 "runs on its backend, with its memory and CPUs where settings leaves them none; "
@@ -122,19 +121,14 @@ def _only(rows: list[Any], instance_ids: tuple[str, ...] | None, source: str) ->
     return [row for row in rows if row.instance_id in wanted]
 
 
-def _blocks(freeze_name: str | None, sandbox: str | None,
+def _blocks(sandbox: str | None,
             dispatcher: str | None) -> tuple[SandboxLimits | None, SandboxTarget, RayPlacement | None]:
-    """The checks before anything runs: the freeze name, and the sandbox and dispatcher blocks loaded: the sandbox
-    block's limits (None: no block) and target (none: podman), the dispatcher's placement (or None).
+    """The blocks loaded before anything runs: the sandbox block's limits (None: no block) and target (none:
+    podman), the dispatcher's placement (or None).
 
     Raises:
-        InputError: an invalid freeze name, a missing or non-sandbox ``sandbox`` block, a missing ``dispatcher``.
+        InputError: a missing or non-sandbox ``sandbox`` block, a missing ``dispatcher`` (the field named).
     """
-    try:
-        if freeze_name is not None:
-            validate_freeze_name(freeze_name)
-    except InputError as exc:
-        raise _param_error(exc, "freeze_name") from None
     try:
         limits, target = curate_tasks.sandbox_block(sandbox) if sandbox is not None else (None, SandboxTarget())
     except InputError as exc:
@@ -163,7 +157,7 @@ def curate(params: CurateParams = CurateParams()) -> CurateResult:
         PreflightError: the candidates cannot meet the quotas even if every one were accepted (nothing validated).
     """
     source, quotas, settings, freeze_name = params.source, params.quotas, params.settings, params.freeze_name
-    limits, target, ray_placement = _blocks(freeze_name, params.sandbox, params.dispatcher)
+    limits, target, ray_placement = _blocks(params.sandbox, params.dispatcher)
     logger = get_run_logger()
     apply_container_env()
     run_id = str(flow_run.get_id() or "")
@@ -294,19 +288,8 @@ def _announce_ready(params: CurateParams, store_url: str, name: str, registered:
     return str(event.id) if event else None
 
 
-class RecoverParams(RecoveryRequest, StageParams):
-    """The ``recover`` flow's parameters: the recovery request itself (its fields and checks, so a bad selection is
-    refused naming the field before the run starts) and how to run it (the recover deployment's defaults are the
-    model's: a dry run)."""
-
-    dry_run: bool = Field(True, description="only list what would be voided and requeued; False: back up, void, "
-                                            "requeue and audit")
-    backup_dir: Path | None = Field(None, description="folder for the backup of the affected rows (JSON + "
-                                                      ".sha256); None: $FORGEFLOW_HOME/recovery")
-
-
 @flow(name="recover", log_prints=True)
-def recover(params: RecoverParams) -> RecoveryResult:
+def recover(params: RecoveryRequest) -> RecoveryResult:
     """Void exactly the trials an infrastructure fault broke and requeue their tasks.
 
     Select by ``batch_ids`` and/or ``trial_ids``, or by ``exception_type`` with BOTH ``since`` and ``until``.
@@ -323,9 +306,8 @@ def recover(params: RecoverParams) -> RecoveryResult:
     """
     logger = get_run_logger()
     dry_run, backup_dir = params.dry_run, params.backup_dir
-    request = RecoveryRequest(**params.model_dump(include=set(RecoveryRequest.model_fields)))  # what it digests
     store_url = store_settings.store_url()
-    plan = curate_tasks.plan_trial_recovery(store_url, request)
+    plan = curate_tasks.plan_trial_recovery(store_url, params)
     text = render_plan(plan)
     logger.info("%s", text)
     if dry_run:

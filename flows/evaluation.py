@@ -14,7 +14,7 @@ from pydantic import Field
 from flows.stagekit import StageParams
 from forgeflow.common.errors import InputError
 from forgeflow.common.settings import home_dir
-from forgeflow.curation.freeze import validate_freeze_name
+from forgeflow.curation.freeze import FreezeName
 from forgeflow.curation.generated import GENERATED_FILE
 from forgeflow.curation.task_rows import TaskSource
 from forgeflow.evaluation.harbor import HARBOR_ENV_IMPORT_PATH, HarborExport, HarborTaskLimits
@@ -35,7 +35,7 @@ def _run_id() -> str | None:
 class HarborExportParams(StageParams):
     """The ``harbor-export`` flow's parameters."""
 
-    freeze_name: str = Field("demo-v1", description="a freeze recorded in the store")
+    freeze_name: FreezeName = Field("demo-v1", description="a freeze recorded in the store")
     split: str = Field("test", description="the split of that freeze: train, validation or test")
     out_dir: Path | None = Field(None, description="the dataset folder to create; None: "
                                                    "$FORGEFLOW_HOME/harbor/<freeze>-<split>")
@@ -60,10 +60,6 @@ def harbor_export(params: HarborExportParams = HarborExportParams()) -> HarborEx
         PreflightError: tasks that cannot be exported (each listed), before anything is written.
     """
     freeze_name, split = params.freeze_name, params.split
-    try:
-        validate_freeze_name(freeze_name)
-    except InputError as exc:
-        raise InputError(f"params.freeze_name: {exc}") from None
     target = Path(params.out_dir) if params.out_dir is not None else home_dir() / "harbor" / f"{freeze_name}-{split}"
     manifest_path, export_tasks = evaluation_tasks.harbor_export_inputs(
         freeze_name, split, params.source, home_dir() / "demo" / GENERATED_FILE)
@@ -86,8 +82,8 @@ class HarborImportParams(StageParams):
 
     job_dir: Path = Field(description="the Harbor job folder <jobs dir>/<job name>")
     job_id: str | None = Field(None, description="the job id the trials get; None: harbor-<Harbor's job UUID>")
-    freeze_name: str | None = Field(None, description="the freeze whose split the job ran (checked; pairs the job "
-                                                      "in compare); None: only the trials are recorded")
+    freeze_name: FreezeName | None = Field(None, description="the freeze whose split the job ran (checked; pairs "
+                                                             "the job in compare); None: only the trials are recorded")
     split: str = Field("test", description="the split of freeze_name: train, validation or test")
 
 
@@ -103,11 +99,6 @@ def harbor_import(params: HarborImportParams) -> HarborImportSummary:
             split.
     """
     job_dir, job_id, freeze_name = Path(params.job_dir), params.job_id, params.freeze_name
-    if freeze_name is not None:
-        try:
-            validate_freeze_name(freeze_name)
-        except InputError as exc:
-            raise InputError(f"params.freeze_name: {exc}") from None
     if job_id is not None and not job_id.strip():
         raise InputError("harbor-import: params.job_id is empty (None: harbor-<Harbor's job UUID>)")
     summary = evaluation_tasks.import_harbor(job_dir, job_id, freeze_name, params.split, _run_id())

@@ -416,9 +416,8 @@ def _package(run: _Run, base_model: Any, adapter: AdapterRecord) -> dict[str, An
     config = run.config
     with run.log.stage("package") as st:
         package_dir = run.out_dir / "models" / "candidate-gguf" / adapter.sha256[:16]  # one folder per adapter
-        ggufs = package_flow(PackageParams(hf_dir=base_model.path, out_dir=package_dir,
-                                           quantizations=config.package.quantizations, adapter_dir=adapter.path,
-                                           metadata_edits=config.package.metadata_edits)).artifacts
+        ggufs = package_flow(PackageParams(**dict(config.package), hf_dir=base_model.path, out_dir=package_dir,
+                                           adapter_dir=adapter.path)).artifacts
         st["digests"] = {q: a.sha256 for q, a in ggufs.items()}
         st["paths"] = {q: str(a.path) for q, a in ggufs.items()}
     return ggufs

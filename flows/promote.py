@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from prefect import flow, get_run_logger
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from flows.stages import ServeParams, serve
 from forgeflow.common.settings import home_dir
@@ -13,18 +13,6 @@ from forgeflow.evaluation.compare import ComparisonSettings
 from forgeflow.serving.bluegreen import SwapResult
 from tasks import evaluation as evaluation_tasks
 from tasks import serving as serving_tasks
-
-
-class PromotionOutcome(BaseModel):
-    """What :func:`promote` decided and did."""
-
-    model_config = ConfigDict(frozen=True)
-
-    verdict: str = Field(description="the gate's verdict: promote, hold or reject")
-    reason: str = Field(description="the gate's reason, in words")
-    promoted: bool = Field(description="the candidate became the recorded serving endpoint")
-    report_path: Path = Field(description="the comparison report (markdown; PNG beside it)")
-    serving: SwapResult | None = Field(None, description="the serve flow's result when the swap ran")
 
 
 class PromoteParams(ServeParams):
@@ -40,7 +28,7 @@ class PromoteParams(ServeParams):
 
 
 @flow(name="promote", log_prints=True)
-def promote(params: PromoteParams) -> PromotionOutcome:
+def promote(params: PromoteParams) -> SwapResult:
     """Compare the candidate's canary job with the baseline's; on ``promote`` swap serving to ``params.gguf_path``.
 
     The swap is the ``serve`` flow as a subflow; on ``hold`` or ``reject`` nothing starts. The serving
@@ -49,6 +37,10 @@ def promote(params: PromoteParams) -> PromotionOutcome:
 
     Args:
         params: the two canary jobs to compare, the gate policy and the serving block that swaps the candidate in.
+
+    Returns:
+        The ``serve`` flow's swap with the gate's ``decision`` and ``report_path``; on ``hold``/``reject`` a
+        ``rolled_back`` one, nothing started (``current`` the recorded endpoint). Promoted: not ``rolled_back``.
 
     Raises:
         InputError: a missing GGUF or job, a job that canaried another model than expected, other frozen splits.
@@ -68,8 +60,7 @@ def promote(params: PromoteParams) -> PromotionOutcome:
                 result.paired.wins, result.paired.ties, result.paired.losses, md_path)
     if decision.verdict != "promote":
         logger.info("the recorded endpoint stays where it is (%s)", state_path)
-        return PromotionOutcome(verdict=decision.verdict, reason=decision.reason, promoted=False, report_path=md_path)
+        return serving_tasks.hold_promotion(state_path, decision, md_path)
     outcome = serve(ServeParams.model_validate({**params.model_dump(include=set(ServeParams.model_fields)),
                                                 "state_path": state_path}))
-    return PromotionOutcome(verdict=decision.verdict, reason=decision.reason, promoted=not outcome.rolled_back,
-                            report_path=md_path, serving=outcome)
+    return outcome.model_copy(update={"decision": decision, "report_path": md_path})

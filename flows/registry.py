@@ -11,11 +11,12 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Annotated
 
 from prefect import flow, get_run_logger, unmapped
 from prefect.artifacts import create_image_artifact
 from prefect.runtime import flow_run
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from blocks.core import RegistryEndpoint
 from flows.stagekit import StageParams, run_task
@@ -93,16 +94,25 @@ class RegistryAuditParams(ImageSelection):
                                                     "registry only")
 
 
+RegistryPrefix = Annotated[str, AfterValidator(coverage.registry_prefix)]
+"""``host[:port][/path]`` without a trailing ``/`` (:func:`forgeflow.registry.coverage.registry_prefix`)."""
+
+
 class RewriteImageRefsParams(StageParams):
     """The ``rewrite-image-refs`` flow's parameters."""
 
-    old_prefix: str = Field(description="host[:port][/path] the recorded image references start with now, matched "
-                                        "at a name boundary (e.g. 127.0.0.1:5702/task-01)")
-    new_prefix: str = Field(description="host[:port][/path] that replaces old_prefix")
+    old_prefix: RegistryPrefix = Field(description="host[:port][/path] the recorded image references start with "
+                                                   "now, matched at a name boundary (e.g. 127.0.0.1:5702/task-01)")
+    new_prefix: RegistryPrefix = Field(description="host[:port][/path] that replaces old_prefix")
     dry_run: bool = Field(True, description="only publish the diff (the rewrite-image-refs table); False: rewrite "
                                             "in one transaction")
     store_url: str | None = Field(None, description="the store's SQLAlchemy URL; None: $FORGEFLOW_STORE_URL or "
                                                     "$FORGEFLOW_HOME/store.db")
+
+    @model_validator(mode="after")
+    def _apart(self) -> "RewriteImageRefsParams":
+        coverage.check_apart(self.old_prefix, self.new_prefix)  # InputError (a ValueError) names both fields
+        return self
 
 
 class PrewarmPlanParams(StageParams):
@@ -165,14 +175,6 @@ def _check_limits(limits: migrate.TransferLimits) -> None:
 
 def _names(images: tuple[str, ...] | None) -> list[str] | None:
     return None if images is None else list(images)
-
-
-def _prefix_error(exc: InputError) -> InputError:
-    """``exc`` of the rewrite's prefix checks naming ``params.<field>``; another message unchanged."""
-    message = str(exc)
-    if message.startswith(("old_prefix ", "new_prefix ")):
-        message = "params." + message.replace(" and new_prefix '", " and params.new_prefix '", 1)
-    return type(exc)(message)
 
 
 def _failure_message(names: list[str], records: list[migrate.MigrationRecord]) -> str:
@@ -329,13 +331,11 @@ def rewrite_image_refs(params: RewriteImageRefsParams) -> coverage.RewritePlan:
         params: the image prefix to replace, its replacement, and whether to only report (dry run).
 
     Raises:
-        InputError: a prefix is not ``host[:port][/path]``, or the prefixes are equal or nest.
+        InputError: recorded references already lie under ``new_prefix`` (a prefix that is not
+            ``host[:port][/path]``, or prefixes that are equal or nest, are refused when ``params`` is validated).
     """
     old_prefix, new_prefix, dry_run = params.old_prefix, params.new_prefix, params.dry_run
-    try:
-        plan = registry_ops.rewrite_refs(old_prefix, new_prefix, dry_run, params.store_url)
-    except InputError as exc:
-        raise _prefix_error(exc) from None
+    plan = registry_ops.rewrite_refs(old_prefix, new_prefix, dry_run, params.store_url)
     if not plan.rows:
         seen = (f"recorded references look like {plan.unmatched_example!r}" if plan.unmatched_example
                 else "no image references are recorded in the store")

@@ -6,23 +6,22 @@ Each takes one ``params`` model and returns one typed result; the lifecycle runs
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from flows.stagekit import StageParams, run_task
 from forgeflow.common import settings
 from forgeflow.common.errors import InputError
 from forgeflow.common.settings import home_dir
-from forgeflow.config import LifecycleConfig
-from forgeflow.curation.freeze import FreezeManifest, SplitQuotas, TaskRef, validate_freeze_name
+from forgeflow.config import LifecycleConfig, PackageSettings
+from forgeflow.curation.freeze import FreezeManifest, FreezeName, SplitQuotas, TaskRef
 from forgeflow.evaluation import compare as comparison
 from forgeflow.ledger import records
 from forgeflow.packaging.checkpoint import BaseModelSource, CheckpointRecord
-from forgeflow.packaging.gguf import GGUFArtifact, QuantSpec, quant_plan
-from forgeflow.packaging.gguf_metadata import MetadataEdit, validate_metadata_edits
+from forgeflow.packaging.gguf import GGUFArtifact, quant_plan
 from forgeflow.packaging.mmproj import MMPROJ_KEY
 from forgeflow.packaging.publish import PublishRecord, check_model_name
 from forgeflow.packaging.release import ReleaseSources
@@ -40,12 +39,6 @@ DEMO_FREEZE_QUOTAS: SplitQuotas = LifecycleConfig().freeze.quotas
 """The demo's freeze quotas (the lifecycle's defaults), the freeze deployment's default."""
 
 
-def _param_error(exc: InputError, field: str) -> InputError:
-    """``exc`` with its message naming ``params.<field>``."""
-    message = str(exc)
-    return type(exc)(f"params.{message}" if message.startswith(field) else f"params.{field}: {message}")
-
-
 ModelName = Annotated[str, AfterValidator(check_model_name)]
 """A model's name in a local store: refused when the parameters are validated (``params.model_name``), before
 anything is packaged, if it is not one path component (:func:`forgeflow.packaging.publish.check_model_name`)."""
@@ -53,8 +46,9 @@ anything is packaged, if it is not one path component (:func:`forgeflow.packagin
 class FreezeParams(StageParams):
     """The ``freeze`` flow's parameters (the freeze deployment's defaults are the demo's)."""
 
-    name: str = Field("demo-v1", description="the freeze name: lower-case letters, digits, '.', '_', '-', at most "
-                                             "128 characters; an existing name with other content is refused")
+    name: FreezeName = Field("demo-v1", description="the freeze name: lower-case letters, digits, '.', '_', '-', "
+                                                    "at most 128 characters; an existing name with other content is "
+                                                    "refused")
     quotas: SplitQuotas = Field(DEMO_FREEZE_QUOTAS, description="split minimums (tasks), the per-repository cap "
                                                                 "(tasks) and the minimum number of repositories")
     seed: int = Field(0, description="orders the selection: the same accepted tasks and seed give the same freeze")
@@ -83,10 +77,6 @@ def freeze(params: FreezeParams = FreezeParams()) -> FreezeManifest:
         FreezeConflictError: ``params.name`` exists with different content.
     """
     name, quotas, seed, instance_ids = params.name, params.quotas, params.seed, params.instance_ids
-    try:
-        validate_freeze_name(name)
-    except InputError as exc:
-        raise _param_error(exc, "name") from None
     if params.candidate_set is not None:
         if instance_ids is not None:
             raise InputError(f"freeze {name!r}: give params.instance_ids or params.candidate_set, not both")
@@ -154,24 +144,29 @@ class PackageResult(BaseModel):
     published: PublishRecord | None = Field(None, description="the release record when the flow published one")
 
 
-class PackageParams(StageParams):
-    """The ``package`` flow's parameters."""
+class PackageParams(PackageSettings, StageParams):
+    """The ``package`` flow's parameters: what it makes (the quantizations and metadata edits of
+    :class:`~forgeflow.config.PackageSettings`, the lifecycle's ``package`` group), from which checkpoint, and
+    where it publishes."""
 
     hf_dir: Path = Field(description="the HF checkpoint folder to package (config.json, weights, tokenizer)")
     out_dir: Path = Field(description="output folder for model-<key>.gguf files (and merged/ with an adapter)")
-    quantizations: tuple[str | QuantSpec, ...] = Field(
-        ("Q8_0", "Q4_K_M"), description="quantization plan: QUANT_PLANS names (Q8_0, Q4_K_M, "
-                                        "Q4_K_M+attn-embd-output-Q8_0) and/or {preset, tensor_types, name} specs")
     adapter_dir: Path | None = Field(None, description="LoRA adapter folder merged into hf_dir first; None: no merge")
     store: str | None = Field(None, description="ModelStore block name to publish to; None: nothing published")
     publish_quantization: str | None = Field(None, description="artifact key to publish; None: the first of "
                                                                "quantizations")
     model_name: ModelName = Field("forgeflow", description="the model's name in a local store (one path component)")
-    metadata_edits: tuple[MetadataEdit | dict[str, Any], ...] = Field(
-        (), description="GGUF metadata edits {op: set|add|delete, key, value, type, sub_type, artifacts}, applied "
-                        "after every artifact passed its check and loaded")
     include_checkpoint: bool = Field(False, description="publish the checkpoint the GGUF was converted from too "
                                                         "(under checkpoint/)")
+
+    @field_validator("publish_quantization")
+    @classmethod
+    def _made(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and "quantizations" in info.data:
+            made = ["f16", *(spec.key for spec in quant_plan(info.data["quantizations"]))]
+            if value not in made:
+                raise ValueError(f"{value!r} is not one of the artifacts {made}")
+        return value
 
 
 @flow(name="package", log_prints=True)
@@ -186,21 +181,15 @@ def package(params: PackageParams) -> PackageResult:
         params: the checkpoint or adapter to merge, convert and quantize; the quantizations, metadata edits.
 
     Raises:
-        InputError: before any compute: a bad store block, quantization plan, artifact key or metadata edit.
+        InputError: before any compute: a bad store block (the quantization plan, the artifact key to publish and
+            the metadata edits are refused when ``params`` is validated).
         GGUFError: a GGUF fails its check, or an edit does not fit the file; nothing is published.
     """
     hf_dir, out_dir, adapter_dir = params.hf_dir, params.out_dir, params.adapter_dir
-    quantizations = params.quantizations
-    try:
-        keys = [spec.key for spec in quant_plan(quantizations)]  # refused before any compute
-    except InputError as exc:
-        raise _param_error(exc, "quantizations") from None
-    try:
-        edits = validate_metadata_edits(params.metadata_edits, ("f16", *keys))
-    except InputError as exc:
-        raise _param_error(exc, "metadata_edits") from None
-    target = _publish_preflight(params.store, params.publish_quantization or (keys[0] if keys else "f16"),
-                                ("f16", *keys)) if params.store else None
+    quantizations, edits, keys = params.quantizations, params.metadata_edits, params.artifact_keys
+    target = (params.publish_quantization or (keys[0] if keys else "f16")) if params.store else None
+    if params.store:
+        _store_preflight(params.store)  # before any compute
     inputs = model_tasks.package_inputs(hf_dir, adapter_dir)
     artifacts = run_task(model_tasks.package, hf_dir, inputs.hf_sha256, out_dir, tuple(quantizations), adapter_dir,
                          inputs.adapter_tree_sha256, edits)
@@ -221,15 +210,12 @@ def package(params: PackageParams) -> PackageResult:
     return PackageResult(artifacts=artifacts)
 
 
-def _publish_preflight(store_block: str, quantization: str, produced: tuple[str, ...]) -> str:
-    """Fail before compute when the store block or the quantization to publish cannot work."""
-    if quantization not in produced:
-        raise InputError(f"params.publish_quantization {quantization!r} is not one of the artifacts {list(produced)}")
+def _store_preflight(store_block: str) -> None:
+    """Fail before compute when the ``store`` block cannot be published to (InputError naming ``params.store``)."""
     try:
         publish_tasks.model_store_preflight(store_block)
     except InputError as exc:
-        raise _param_error(exc, "store") from None
-    return quantization
+        raise InputError(f"params.store: {exc}") from None
 
 
 class PublishParams(StageParams):
@@ -262,10 +248,7 @@ def publish(params: PublishParams) -> PublishRecord:
         InputError: a bad store block, a missing path, or sources other than the store records.
         GGUFError: the check failed.
     """
-    try:
-        publish_tasks.model_store_preflight(params.store)
-    except InputError as exc:
-        raise _param_error(exc, "store") from None
+    _store_preflight(params.store)
     inputs = publish_tasks.release_inputs(params.gguf_path, params.hf_dir, params.adapter_dir)
     check = publish_tasks.check_release(params.gguf_path, inputs.gguf_sha256, params.hf_dir, inputs.hf_sha256,
                                         inputs.edited or None)

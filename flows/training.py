@@ -29,7 +29,7 @@ from forgeflow.common.settings import home_dir
 from forgeflow.ledger import records
 from forgeflow.sandbox import dispatch
 from forgeflow.training import verl
-from forgeflow.training.adapters import AdapterRecord, BurstOrigin, Lineage, pin_adapter
+from forgeflow.training.adapters import AdapterRecord, Lineage, pin_adapter
 from forgeflow.training.episodes import EPISODE_PROMPT_TEMPLATE
 from forgeflow.training.episodes_grpo import EpisodeStepStats
 from forgeflow.training.episodes_plot import episode_plot_markdown
@@ -38,6 +38,7 @@ from forgeflow.training.ppo import local_checkpoint_dir
 from forgeflow.training.ray_jobs import RayJobOutcome
 from forgeflow.training.rewards import StepRewardCounts
 from forgeflow.training.rl import DEFAULT_PROMPT_TEMPLATE
+from forgeflow.training.windows import WindowsResult
 from tasks import training as training_tasks
 from tasks.common import hook_logger, markdown_artifact, sweep_trial_sandboxes, table_artifact, trial_dispatcher
 from tasks.curation import sandbox_block
@@ -192,8 +193,9 @@ def rl_burst(params: RLBurstParams) -> AdapterRecord:
             group's rewards were equal so the adapter did not change.
     """
     inputs = training_tasks.burst_inputs(params.hf_dir, params.tasks_jsonl, "rl", params.parent_adapter,
-                                         store_settings.store_url(), params.freeze())
-    hf_dir, parent_dir, rl_tasks = inputs.hf_dir, inputs.parent_dir, inputs.rows
+                                         store_settings.store_url(), params.freeze_name, params.split,
+                                         params.source)
+    hf_dir, parent_dir = inputs.hf_dir, inputs.parent_dir
     try:
         placement = trial_dispatcher(params.dispatcher) if params.dispatcher is not None else None
     except InputError as exc:
@@ -216,9 +218,7 @@ def rl_burst(params: RLBurstParams) -> AdapterRecord:
     run_id = _run_id()
     # rl_burst runs the preflight (chat + prompt templates, disk) first, before any model loads
     try:
-        origin = BurstOrigin(base_model_dir=hf_dir, base_model_sha256=base_sha, parent_adapter_dir=parent_dir,
-                             parent_adapter_sha256=parent_sha)
-        record = training_tasks.rl_burst(origin, rl_tasks, work, config, run_id, template, ray=placement,
+        record = training_tasks.rl_burst(inputs, base_sha, parent_sha, work, config, run_id, template, ray=placement,
                                          backend=backend)
     finally:  # a driver outlived by its Ray cluster is ended by Ray: leave it now
         if placement is not None:
@@ -307,11 +307,8 @@ def ppo(params: PPOParams) -> PPOResult:
     job_id = params.submission_id or _ppo_submission_id(run_id)
     if "checkpoint_dir" not in settings.model_fields_set:  # the default folder: one per job, never shared
         settings = settings.model_copy(update={"checkpoint_dir": f"{settings.checkpoint_dir}/{job_id}"})
-    spec = verl.ray_job_spec(settings, working_dir=job.working_dir, submission_id=job_id, pip=list(job.pip),
-                             metadata={"prefect_flow_run_id": run_id or ""})
-    spec = spec.model_copy(update={"entrypoint": job.entrypoint or spec.entrypoint,
-                                   "entrypoint_num_cpus": job.entrypoint_num_cpus})
-    training_tasks.submit_ray_job(spec, job.dashboard_url)
+    spec = verl.ray_job_spec(settings, job, submission_id=job_id, metadata={"prefect_flow_run_id": run_id or ""})
+    training_tasks.submit_ray_job(spec)
     outcome = training_tasks.follow_ray_job(job.dashboard_url, job_id, job.poll_s, job.timeout_s)
     checkpoints = local_checkpoint_dir(settings.checkpoint_dir, job.working_dir)
     models = Path(params.out_dir) if params.out_dir is not None else home_dir() / "models"
@@ -337,26 +334,6 @@ def ppo(params: PPOParams) -> PPOResult:
     return PPOResult(job=outcome, adapter=adapter, global_step=step)
 
 
-class WindowsResult(BaseModel):
-    """What a ``windows`` run built (and trained, when asked).
-
-    Attributes:
-        samples_jsonl: the training windows as JSONL (``sft-burst``'s ``samples_jsonl``).
-        windows_by_kind: windows per kind (``replay``, ``stop_and_conclude``, ``early_switch``, ``one_call_quota``).
-        burst: the SFT burst on the windows (None unless ``params.hf_dir`` was given).
-    """
-
-    model_config = ConfigDict(frozen=True)
-
-    samples_jsonl: Path
-    samples_sha256: str
-    dataset_sha256: str
-    trajectories: int
-    windows_by_kind: dict[str, int]
-    stats: dict
-    burst: AdapterRecord | None = None
-
-
 @flow(name="windows", log_prints=False)
 def windows(params: WindowsParams) -> WindowsResult:
     """Agent trajectories -> replay and anti-loop training windows -> a chat dataset -> optionally an SFT burst.
@@ -377,16 +354,13 @@ def windows(params: WindowsParams) -> WindowsResult:
     name = params.job_id or Path(params.trajectories_dir or "trajectories").name
     written = training_tasks.window_dataset(store_settings.store_url(), params.job_id, params.trajectories_dir,
                                             params.windows, params.samples_jsonl, name)
-    path, window_stats, n_files = written.path, written.stats, written.trajectories
-    stats = window_stats.model_dump(mode="json")
-    table_artifact("windows", [{"kind": k, "windows": v} for k, v in window_stats.windows_by_kind.items()],
+    path, n_files = written.samples_jsonl, written.trajectories
+    table_artifact("windows", [{"kind": k, "windows": v} for k, v in written.windows_by_kind.items()],
                    f"training windows from {n_files} trajectories ({name})")
     get_run_logger().info("windows: %d trajectories -> %s in %s (file sha256 %s, dataset sha256 %s)", n_files,
-                          window_stats.windows_by_kind, path, written.file_sha256[:12], written.dataset_sha256[:12])
-    burst = None
-    if params.hf_dir is not None:
-        burst = sft_burst(SFTBurstParams(hf_dir=params.hf_dir, samples_jsonl=path, training=params.training,
-                                         parent_adapter=params.parent_adapter, out_dir=params.out_dir))
-    return WindowsResult(samples_jsonl=path, samples_sha256=written.file_sha256,
-                         dataset_sha256=written.dataset_sha256, trajectories=n_files,
-                         windows_by_kind=dict(window_stats.windows_by_kind), stats=stats, burst=burst)
+                          written.windows_by_kind, path, written.samples_sha256[:12], written.dataset_sha256[:12])
+    if params.hf_dir is None:
+        return written
+    burst = sft_burst(SFTBurstParams(hf_dir=params.hf_dir, samples_jsonl=path, training=params.training,
+                                     parent_adapter=params.parent_adapter, out_dir=params.out_dir))
+    return written.model_copy(update={"burst": burst})

@@ -8,15 +8,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from flows.stagekit import StageParams
 from forgeflow.curation.task_rows import TaskSource
 from forgeflow.training.burst import BurstConfig
-from forgeflow.training.freeze_tasks import FreezeSplit
-from forgeflow.training.ppo import DEFAULT_ADAPTER_GLOB
 from forgeflow.training.rl import RLBurstConfig
-from forgeflow.training.verl import VerlPPOSettings
+from forgeflow.training.verl import PPOJob, VerlPPOSettings
 from forgeflow.training.windows import WindowConfig
 
 _HF_DIR = "the base model folder (HF checkpoint with config.json, tokenizer and chat template)"
@@ -71,35 +69,6 @@ class RLBurstParams(StageParams):
             raise ValueError("give tasks_jsonl (a JSONL of RLTask rows) or freeze_name (a freeze recorded in the "
                              "store, with split and source), not both and not neither")
         return self
-
-    def freeze(self) -> FreezeSplit | None:
-        """The freeze split the tasks come from, or None when they come from ``tasks_jsonl``."""
-        if self.freeze_name is None:
-            return None
-        return FreezeSplit(freeze_name=self.freeze_name, split=self.split, source=self.source)
-
-
-class PPOJob(BaseModel):
-    """How the ``ppo`` flow runs verl on a Ray cluster."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    dashboard_url: str = Field(min_length=1, description="the cluster's dashboard (Ray job server), e.g. "
-                                                         "http://head:8265")
-    working_dir: str | None = Field(None, description="the job's working directory, uploaded by Ray (must hold "
-                                                      "forgeflow for the reward function); null: the cluster "
-                                                      "image has it")
-    pip: tuple[str, ...] = Field((), description="packages the job installs (e.g. a pinned verl)")
-    entrypoint: str | None = Field(None, description="a command replacing verl's python3 -m "
-                                                     "verl.trainer.main_ppo <overrides>; null: verl's own")
-    entrypoint_num_cpus: float = Field(1.0, ge=0, description="CPUs reserved for the job's driver")
-    poll_s: float = Field(5.0, gt=0, description="seconds between status polls (new log lines logged at each)")
-    timeout_s: float | None = Field(None, gt=0, description="stop the job after this many seconds; null: no limit")
-    adapter_glob: str = Field(DEFAULT_ADAPTER_GLOB, min_length=1, description="where a step's LoRA adapter lies "
-                              "under settings.checkpoint_dir; the highest step the job wrote is ingested")
-    base_model_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$", description="the base model's "
-                                          "sha256_tree, when settings.model_path is not a folder readable here; "
-                                          "null: computed from the folder")
 
 
 class PPOParams(StageParams):

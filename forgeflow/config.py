@@ -10,15 +10,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from forgeflow.curation.curate_settings import CurateSettings
-from forgeflow.curation.freeze import SplitQuotas, feasibility_text, quota_feasibility
+from forgeflow.curation.freeze import FreezeName, SplitQuotas, feasibility_text, quota_feasibility
 from forgeflow.evaluation.agent_config import AgentConfig
 from forgeflow.evaluation.canary_params import CanaryRunSettings
 from forgeflow.evaluation.compare.gate import GatePolicy
 from forgeflow.packaging.checkpoint import BaseModelSource
-from forgeflow.packaging.gguf_metadata import MetadataEdit
+from forgeflow.packaging.gguf import QuantSpec, quant_plan
+from forgeflow.packaging.gguf_metadata import MetadataEdit, validate_metadata_edits
 from forgeflow.registry.layout import ShardLayout
 from forgeflow.registry.migration import TransferLimits
 from forgeflow.training.burst import BurstConfig
@@ -117,16 +118,9 @@ class FreezeSettings(BaseModel):
 
     model_config = _GROUP
 
-    name: str = Field("demo-v1", description="name of the frozen dataset (immutable)")
+    name: FreezeName = Field("demo-v1", description="name of the frozen dataset (immutable)")
     quotas: SplitQuotas = Field(DEMO_QUOTAS, description="minimum train/validation/test tasks (validation 0: no "
                                 "validation split), per-repository cap, repositories overall")
-
-    @field_validator("name")
-    @classmethod
-    def _freeze_name(cls, value: str) -> str:
-        from forgeflow.curation.freeze import validate_freeze_name
-
-        return validate_freeze_name(value)
 
     @field_validator("quotas")
     @classmethod
@@ -167,35 +161,41 @@ def _over(defaults: dict[str, Any], value: Any, **fixed: Any) -> Any:
 
 
 class PackageSettings(BaseModel):
-    """What the package stage makes of the candidate: GGUF quantizations and metadata fixes."""
+    """What the package stage makes of a checkpoint: GGUF quantizations and metadata edits (the lifecycle's
+    ``package`` group; the ``package`` flow's parameters hold it too).
+
+    Both are checked when the model is validated, before any compute, the field named: an unknown plan or preset,
+    two artifacts with one key (:func:`~forgeflow.packaging.gguf.quant_plan`), an edit that does not fit
+    (:func:`~forgeflow.packaging.gguf_metadata.validate_metadata_edits`, ``artifacts`` among ``f16`` and the
+    quantizations' keys).
+    """
 
     model_config = _GROUP
 
-    quantizations: tuple[str, ...] = Field(("Q8_0", "Q4_K_M"),
-                                           description="GGUF quantizations (names of gguf.QUANT_PLANS)")
-    metadata_edits: tuple[MetadataEdit, ...] = Field((), description="GGUF metadata set/add/delete edits applied "
-                                                     "to the candidate's GGUFs after their check (package flow's)")
+    quantizations: tuple[str | QuantSpec, ...] = Field(
+        ("Q8_0", "Q4_K_M"), description="quantization plan: QUANT_PLANS names (Q8_0, Q4_K_M, "
+                                        "Q4_K_M+attn-embd-output-Q8_0) and/or {preset, tensor_types, name} specs")
+    metadata_edits: tuple[MetadataEdit, ...] = Field(
+        (), description="GGUF metadata edits {op: set|add|delete, key, value, type, sub_type, artifacts}, applied "
+                        "after every artifact passed its check and loaded")
 
     @field_validator("quantizations")
     @classmethod
-    def _known_quantizations(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        from forgeflow.packaging.gguf import QUANT_PLANS
-
-        if not value:
-            raise ValueError("at least one quantization type is needed")
-        unknown = [q for q in value if q not in QUANT_PLANS]
-        if unknown:
-            raise ValueError(f"unknown quantization type(s) {unknown}; known: {sorted(QUANT_PLANS)}")
-        if len(set(value)) != len(value):
-            raise ValueError(f"quantizations repeat a type: {list(value)}")
+    def _known_quantizations(cls, value: tuple[str | QuantSpec, ...]) -> tuple[str | QuantSpec, ...]:
+        quant_plan(value)  # InputError (a ValueError): the unknown plan or preset, or the repeated key
         return value
 
-    @model_validator(mode="after")
-    def _edits_fit(self) -> "PackageSettings":
-        from forgeflow.packaging.gguf_metadata import validate_metadata_edits
+    @field_validator("metadata_edits", mode="before")
+    @classmethod
+    def _edits_fit(cls, value: Any, info: ValidationInfo) -> Any:
+        if "quantizations" not in info.data:  # refused already: the edits are checked without the artifact keys
+            return validate_metadata_edits(value)
+        return validate_metadata_edits(value, ("f16", *(s.key for s in quant_plan(info.data["quantizations"]))))
 
-        validate_metadata_edits(self.metadata_edits, ("f16", *self.quantizations))  # InputError names the edit
-        return self
+    @property
+    def artifact_keys(self) -> tuple[str, ...]:
+        """The keys of the quantized artifacts (``model-<key>.gguf``), in plan order; ``f16`` is not among them."""
+        return tuple(spec.key for spec in quant_plan(self.quantizations))
 
 
 class ServingSettings(BaseModel):
@@ -313,9 +313,9 @@ class LifecycleConfig(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> "LifecycleConfig":
-        if self.serving.quantization not in self.package.quantizations:
+        if self.serving.quantization not in self.package.artifact_keys:
             raise ValueError(f"serving.quantization {self.serving.quantization!r} is not among "
-                             f"package.quantizations {list(self.package.quantizations)}")
+                             f"package.quantizations {list(self.package.artifact_keys)}")
         registries = self.registries
         embedded = [port for port, block in ((registries.source_port, registries.source_block),
                                              (registries.target_port, registries.target_block)) if block is None]

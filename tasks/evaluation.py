@@ -30,6 +30,7 @@ from forgeflow.evaluation.canary import (
     sample_split,
 )
 from forgeflow.evaluation.canary_params import CanaryEndpoint
+from forgeflow.evaluation.canary_result import MergedView
 from forgeflow.evaluation.compare import gate
 from forgeflow.ledger import records
 from forgeflow.sandbox import trial
@@ -146,12 +147,13 @@ def import_harbor(job_dir: Path, job_id: str | None, freeze_name: str | None, sp
         raise InputError(f"harbor-import: params.job_dir {job_dir} does not exist (give <jobs dir>/<job name>)")
     store = shared_store(settings.store_url())
     ids = frozen_split(store, freeze_name, split)[1] if freeze_name is not None else None
-    found = harbor_import.import_harbor_job(job_dir, store, job_id=job_id, instance_ids=ids, run_id=run_id)
+    found = harbor_import.import_harbor_job(job_dir, store, job_id=job_id, instance_ids=ids, run_id=run_id,
+                                            freeze_name=freeze_name, split=split if freeze_name is not None else None)
     if freeze_name is not None:
         store.record_job(records.JobRecord(job_id=found.job_id, kind=harbor_import.HARBOR_JOB_KIND,
                                            freeze_name=freeze_name, split=split, run_id=run_id,
                                            params={"job_dir": str(Path(job_dir).resolve())}))
-    return harbor_import.HarborImportSummary.of(found, freeze_name, split if freeze_name is not None else None)
+    return found
 
 
 @task(cache_policy=NO_CACHE)
@@ -379,11 +381,9 @@ def plan_recovery(job_id: str, exception_types: Sequence[str] | None,
 
 
 @task(cache_policy=NO_CACHE, task_run_name="merged-view-{job_id}")
-def merged_view(job_id: str) -> tuple[str, list[str], compare.JobReport]:
-    """Canary job ``job_id`` merged with its recovery jobs now: ``(label, recovery job ids, JobReport)``."""
-    store = shared_store(settings.store_url())
-    merged = compare.merged_job(store, job_id)
-    return merged.label, list(merged.recovery_job_ids), compare.JobReport.from_trials(merged.trials)
+def merged_view(job_id: str) -> MergedView:
+    """Canary job ``job_id`` merged with its recovery jobs now: its label, recovery job ids and report."""
+    return MergedView.of(compare.merged_job(shared_store(settings.store_url()), job_id))
 
 
 @task(cache_policy=NO_CACHE)

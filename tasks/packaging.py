@@ -118,7 +118,7 @@ def _edit_artifact(artifact: gguf.GGUFArtifact, edits: list[metadata.MetadataEdi
     """Apply ``edits`` to a checked artifact in place, check and load it; the edited artifact."""
     logger = get_run_logger()
     result = metadata.apply_metadata_edits(artifact.path, edits)
-    gguf.check_gguf(artifact.path, hf_dir, edited={e.key: e.new_value for e in result.edits if e.op != "delete"})
+    gguf.check_gguf(artifact.path, hf_dir, edited={e.key: e.value for e in result.edits if e.op != "delete"})
     gguf.load_gguf(artifact.path)
     edited = artifact.model_copy(update={"sha256": sha256_file(artifact.path), "size_bytes": result.size_bytes,
                                          "edit_lineage": metadata.edit_lineage(result, artifact.sha256)})

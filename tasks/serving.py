@@ -12,6 +12,7 @@ from prefect.transactions import Transaction, get_transaction, transaction
 
 from forgeflow.common import errors, settings
 from forgeflow.common.fsutil import sha256_file
+from forgeflow.evaluation.compare.gate import Decision
 from forgeflow.ledger import records, tables
 from forgeflow.ledger import store as ledger
 from forgeflow.packaging import gguf
@@ -190,8 +191,8 @@ def check_projector_pairing(gguf_path: Path, gguf_sha256: str, backend: BackendC
             "here without one: set the serving block's mmproj (kind llama-server) to that projector")
     if backend.mmproj is not None:
         check = check_projector(Path(gguf_path), Path(backend.mmproj), recorded)
-        run_logger().info("projector %s (%s) fits %s (width %d)%s", check.mmproj_path.name, check.projector_type,
-                          check.gguf_path.name, check.embedding_length, ", as recorded" if recorded else "")
+        run_logger().info("projector %s (%s) fits %s (width %d)%s", check.path.name, check.projector_type,
+                          Path(gguf_path).name, check.projection_dim, ", as recorded" if recorded else "")
 
 
 @stage_server.on_rollback
@@ -222,19 +223,26 @@ def discard_server(staged: bluegreen.SwapResult) -> None:
 def swap_transaction(state_path: Path, gguf_path: Path, gguf_sha256: str, backend: BackendConfig | None,
                      gate: Callable[[bluegreen.SwapResult], str]) -> bluegreen.SwapResult:
     """A blue/green swap as one Prefect transaction (call it from a flow): stage, run ``gate`` on the staged swap,
-    promote on ``"promote"``, else discard (the result ``rolled_back``, ``current`` the recorded state; ``verdict``
-    the gate's either way). An exception after staging rolls back (the staged server stops, the old one
+    promote on ``"promote"``, else discard (the result ``rolled_back``, ``current`` the recorded state, ``error``
+    naming the gate's verdict). An exception after staging rolls back (the staged server stops, the old one
     keeps serving) and propagates. Raises SwapRolledBackError: the new server did not start or failed its health/smoke
     gate; Whatever ``gate`` raises (after the rollback)."""
     with transaction():
         staged = stage_server(state_path, gguf_path, gguf_sha256, backend)
         verdict = gate(staged)
         if verdict == "promote":
-            return promote_server(state_path, staged).model_copy(update={"verdict": verdict})
+            return promote_server(state_path, staged)
         discard_server(staged)
         recorded = bluegreen.read_state(state_path)
         return staged.model_copy(update={"previous": recorded, "current": recorded, "rolled_back": True,
-                                         "verdict": verdict, "error": f"the promotion gate said {verdict!r}"})
+                                         "error": f"the promotion gate said {verdict!r}"})
+
+
+@task(cache_policy=NO_CACHE)
+def hold_promotion(state_path: Path, decision: Decision, report_path: Path) -> bluegreen.SwapResult:
+    """The ``promote`` flow's result when the gate did not say promote: :func:`forgeflow.serving.bluegreen.held`
+    (nothing started; the recorded endpoint in ``state_path`` stays)."""
+    return bluegreen.held(state_path, decision, report_path)
 
 
 @task(cache_policy=NO_CACHE)

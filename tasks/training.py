@@ -10,20 +10,20 @@ from typing import Literal
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import INPUTS, NO_CACHE, TASK_SOURCE
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow.common.errors import InputError
 from forgeflow.common.fsutil import JSONObject, atomic_write_text, sha256_tree
 from forgeflow.common.settings import home_dir
 from forgeflow.curation.bugs import Candidate
 from forgeflow.curation.generated import GENERATED_FILE
+from forgeflow.curation.task_rows import TaskSource
 from forgeflow.ledger.records import ModelArtifactRecord
 from forgeflow.ledger.store import Store
 from forgeflow.sandbox.backends import SandboxTarget
 from forgeflow.sandbox.dispatch import RayPlacement
 from forgeflow.training import adapters, burst, freeze_tasks, jsonl, preflight, ray_jobs, rl, samples, verl
-from forgeflow.training.freeze_tasks import FreezeSplit
-from forgeflow.training.windows import WindowConfig, WindowStats
+from forgeflow.training.windows import WindowConfig, WindowsResult
 from tasks.common import forwarded_logs, io_task, run_labelled, shared_store
 
 
@@ -49,21 +49,36 @@ def sft_burst(base_model_dir: Path, base_sha256: str, samples: list[dict], out_d
                                    run_id=run_id)
 
 
+class BurstInputs(BaseModel):
+    """A burst flow's inputs (:func:`burst_inputs`), what :func:`rl_burst` trains on: ``rows`` in file (or split)
+    order; ``parent_dir`` None: the burst starts from the base model."""
+
+    model_config = ConfigDict(frozen=True)
+
+    hf_dir: Path = Field(description="the base model folder (HF checkpoint with tokenizer and chat template)")
+    rows: list[JSONObject] = Field(description="the SFT samples or RL task rows")
+    parent_dir: Path | None = Field(description="the adapter folder the burst continues; None: a new adapter")
+
+
 # log_prints off: HF datasets fingerprints functions with dill (see sft_burst).
 @io_task(cache_policy=(INPUTS - "run_id" - "ray") + TASK_SOURCE, log_prints=False)
-def rl_burst(origin: adapters.BurstOrigin, tasks: list[dict], out_dir: Path, config: rl.RLBurstConfig,
-             run_id: str | None, prompt_template: Path = rl.DEFAULT_PROMPT_TEMPLATE,
+def rl_burst(inputs: BurstInputs, base_sha256: str, parent_sha256: str | None, out_dir: Path,
+             config: rl.RLBurstConfig, run_id: str | None, prompt_template: Path = rl.DEFAULT_PROMPT_TEMPLATE,
              ray: RayPlacement | None = None, backend: str | SandboxTarget = "podman") -> rl.RLBurstRecord:
-    """One RL burst (TRL GRPO/RLOO + peft, verifier reward) continuing an adapter. Cached on ``origin``'s digests, the
-    tasks (:class:`forgeflow.training.rl.RLTask` rows), ``out_dir``, the config, the template and the verifier's
-    sandbox ``backend``; not on ``run_id`` nor ``ray`` (where the rewards are scored). Retried on transient errors.
-    Raises PreflightError: before any model is loaded, listing every problem of
+    """One RL burst (TRL GRPO/RLOO + peft, verifier reward) on ``inputs.rows`` (:class:`forgeflow.training.rl.RLTask`
+    rows) continuing ``inputs.parent_dir``. Cached on the folders, the base model's and parent adapter's digests
+    (``parent_sha256`` None exactly when there is no parent), the tasks, ``out_dir``, the config, the template and
+    the verifier's sandbox ``backend``; not on ``run_id`` nor ``ray`` (where the rewards are scored). Retried on
+    transient errors. Raises PreflightError: before any model is loaded, listing every problem of
     :func:`forgeflow.training.preflight.burst_preflight` (chat template, ``prompt_template``, disk space)."""
-    base_model_dir = origin.base_model_dir
+    if (inputs.parent_dir is None) != (parent_sha256 is None):
+        raise InputError(f"parent_dir and parent_sha256 go together (both or neither): got {inputs.parent_dir} and "
+                         f"{parent_sha256}")
+    base_model_dir = inputs.hf_dir
     preflight.burst_preflight(base_model_dir, out_dir, config.lora_r, config.lora_target_modules, [prompt_template])
-    data = rl.build_rl_dataset(tasks, prompt_template)
+    data = rl.build_rl_dataset(inputs.rows, prompt_template)
     # the backend's pods carry this run's id (the sweep); neither is in the lineage
-    record = rl.run_rl_burst(base_model_dir, data, out_dir, config, parent_adapter_dir=origin.parent_adapter_dir,
+    record = rl.run_rl_burst(base_model_dir, data, out_dir, config, parent_adapter_dir=inputs.parent_dir,
                              run_id=run_id, verifier_backend=run_labelled(backend), ray=ray)
     if not record.weights_changed:
         totals = record.totals()
@@ -77,26 +92,26 @@ def rl_burst(origin: adapters.BurstOrigin, tasks: list[dict], out_dir: Path, con
 
 
 @io_task()
-def submit_ray_job(spec: verl.RayJobSpec, dashboard_url: str) -> str:
-    """Submit a Ray job; returns its submission id (Ray refuses a reused one: a retry never starts it twice). The
-    checkpoint folder its metadata names (:data:`forgeflow.training.verl.CHECKPOINT_DIR_LABEL`) is stamped before and,
-    once accepted, recorded at ``$FORGEFLOW_HOME/ppo/<submission id>/checkpoints-before.json``, so
-    :func:`ingest_ppo_checkpoint` takes only a checkpoint the job wrote. Raises InputError / ToolMissingError /
-    TransientInfraError / InfraError: :func:`forgeflow.training.ray_jobs.submit`'s."""
+def submit_ray_job(spec: verl.RayJobSpec) -> str:
+    """Submit a Ray job to ``spec.job.dashboard_url``; returns its submission id (Ray refuses a reused one: a retry
+    never starts it twice). The checkpoint folder its metadata names
+    (:data:`forgeflow.training.verl.CHECKPOINT_DIR_LABEL`) is stamped before and, once accepted, recorded at
+    ``$FORGEFLOW_HOME/ppo/<submission id>/checkpoints-before.json``, so :func:`ingest_ppo_checkpoint` takes only a
+    checkpoint the job wrote. Raises InputError / ToolMissingError / TransientInfraError / InfraError:
+    :func:`forgeflow.training.ray_jobs.submit`'s."""
     from forgeflow.common.settings import home_dir
     from forgeflow.training import ppo as ppo_ingest
 
     logger = get_run_logger()
+    dashboard_url = spec.job.dashboard_url
     labelled = spec.metadata.get(verl.CHECKPOINT_DIR_LABEL)
     before = None
     if labelled is not None:
-        folder = ppo_ingest.local_checkpoint_dir(labelled, spec.runtime_env.working_dir)
+        folder = ppo_ingest.local_checkpoint_dir(labelled, spec.job.working_dir)
         before = ppo_ingest.checkpoints_before(folder, spec.submission_id)
-    env = spec.runtime_env.model_dump(exclude_none=True)
-    runtime_env = {k: v for k, v in env.items() if v not in ([], {})}
     with ppo_ingest.kept_if_accepted(ppo_ingest.record_path(home_dir(), spec.submission_id), before):
-        submission_id = ray_jobs.submit(dashboard_url, spec.entrypoint, spec.submission_id, runtime_env,
-                                        spec.metadata, spec.entrypoint_num_cpus)
+        submission_id = ray_jobs.submit(dashboard_url, spec.entrypoint, spec.submission_id, spec.runtime_env(),
+                                        spec.metadata, spec.job.entrypoint_num_cpus)
     logger.info("Ray job %s submitted to %s: %s", submission_id, dashboard_url, spec.entrypoint[:200])
     if before is not None:
         older = before.step_folders()
@@ -186,33 +201,24 @@ def _parent_folder(store: Store, parent_adapter: str | None, field: str) -> Path
     return folder.resolve()
 
 
-class BurstInputs(BaseModel):
-    """A burst flow's inputs (:func:`burst_inputs`): ``rows`` in file (or split) order; ``parent_dir`` None: the
-    burst starts from the base model."""
-
-    model_config = ConfigDict(frozen=True)
-
-    hf_dir: Path
-    rows: list[JSONObject]
-    parent_dir: Path | None
-
-
 @task(cache_policy=NO_CACHE)
 def burst_inputs(hf_dir: Path, rows_jsonl: Path | None, kind: Literal["sft", "rl"], parent_adapter: str | None,
-                 store_url: str, freeze: FreezeSplit | None = None, where: str = "params") -> BurstInputs:
+                 store_url: str, freeze_name: str | None = None, split: str = "train",
+                 source: TaskSource | None = None, where: str = "params") -> BurstInputs:
     """Check and read a burst flow's inputs: ``hf_dir`` holds a ``config.json``; the rows (the JSONL's, or for ``rl``
-    with ``freeze`` the split's RL tasks) are valid; ``parent_adapter`` (a folder or a recorded sha256) resolves to a
-    folder that holds it. Raises InputError naming the field of ``where`` (``params.hf_dir``, ``params.samples_jsonl``
-    or ``params.tasks_jsonl`` with the line, ``params.freeze_name``, ``params.parent_adapter``); PreflightError: tasks
-    of the freeze that cannot run (each named)."""
+    with ``freeze_name`` the RL tasks of the freeze's ``split``, their rows from ``source``) are valid;
+    ``parent_adapter`` (a folder or a recorded sha256) resolves to a folder that holds it. Raises InputError naming
+    the field of ``where`` (``params.hf_dir``, ``params.samples_jsonl`` or ``params.tasks_jsonl`` with the line,
+    ``params.freeze_name``, ``params.parent_adapter``); PreflightError: tasks of the freeze that cannot run (each
+    named)."""
     folder = _check_hf_dir(hf_dir, f"{where}.hf_dir")
     store = shared_store(store_url)
-    if freeze is not None and kind == "rl":
+    if freeze_name is not None and kind == "rl":
         try:
-            rows = freeze_tasks.rl_tasks_from_freeze(store, freeze.freeze_name, freeze.split, freeze.source,
+            rows = freeze_tasks.rl_tasks_from_freeze(store, freeze_name, split, source or TaskSource(),
                                                      home_dir() / "demo" / GENERATED_FILE)
         except InputError as exc:
-            raise InputError(f"{where}.freeze_name {freeze.freeze_name!r} (split {freeze.split!r}): {exc}") from None
+            raise InputError(f"{where}.freeze_name {freeze_name!r} (split {split!r}): {exc}") from None
     else:
         rows = (jsonl.read_sft_jsonl(Path(rows_jsonl), f"{where}.samples_jsonl") if kind == "sft"
                 else jsonl.read_rl_jsonl(Path(rows_jsonl), f"{where}.tasks_jsonl"))
@@ -303,26 +309,14 @@ def _trajectory_files(store: Store, job_id: str | None, trajectories_dir: Path |
     return files
 
 
-class WindowDataset(BaseModel):
-    """What :func:`window_dataset` wrote: ``dataset_sha256`` is what an ``sft-burst`` on the file records as its
-    adapter's ``dataset_sha256``."""
-
-    model_config = ConfigDict(frozen=True)
-
-    path: Path
-    file_sha256: str
-    dataset_sha256: str
-    trajectories: int
-    stats: WindowStats
-
-
 @task(cache_policy=NO_CACHE)
 def window_dataset(store_url: str, job_id: str | None, trajectories_dir: Path | None, config: WindowConfig,
-                   path: Path | None, name: str, where: str = "params") -> WindowDataset:
+                   path: Path | None, name: str, where: str = "params") -> WindowsResult:
     """Cut the trajectories of canary job ``job_id`` (or of ``trajectories_dir``) into training windows and write them
-    as JSONL at ``path``, else at ``$FORGEFLOW_HOME/windows/<name>-<sha256[:12]>.jsonl`` (never overwritten). Raises
-    InputError: see :func:`_trajectory_files`; a malformed trajectory (named); no window at all; ``path`` holding other
-    samples (:func:`forgeflow.training.windows.write_window_jsonl`); the fields named as ``<where>.<field>``."""
+    as JSONL at ``path``, else at ``$FORGEFLOW_HOME/windows/<name>-<sha256[:12]>.jsonl`` (never overwritten); the
+    ``windows`` flow's result without its burst. Raises InputError: see :func:`_trajectory_files`; a malformed
+    trajectory (named); no window at all; ``path`` holding other samples
+    (:func:`forgeflow.training.windows.write_window_jsonl`); the fields named as ``<where>.<field>``."""
     from forgeflow.training.windows import build_windows, write_window_jsonl
 
     files = _trajectory_files(shared_store(store_url), job_id, trajectories_dir, where)
@@ -330,6 +324,5 @@ def window_dataset(store_url: str, job_id: str | None, trajectories_dir: Path | 
     written, digest = write_window_jsonl(built, path, folder=home_dir() / "windows", name=name,
                                          field=f"{where}.samples_jsonl")
     rows = burst.sft_rows(jsonl.read_sft_jsonl(written))
-    return WindowDataset(path=written, file_sha256=digest, dataset_sha256=burst.dataset_sha256(rows),
-                         trajectories=len(files),
-                         stats=built.stats)
+    return WindowsResult(samples_jsonl=written, samples_sha256=digest, dataset_sha256=burst.dataset_sha256(rows),
+                         trajectories=len(files), windows_by_kind=dict(built.stats.windows_by_kind), stats=built.stats)

@@ -123,11 +123,10 @@ def recover(
         console.print(render_plan(plan), highlight=False, soft_wrap=True)
         console.print("dry run: nothing changed; add --apply --reason TEXT to do it")
         return
-    from flows.curate import RecoverParams  # noqa: PLC0415
     from flows.curate import recover as recover_flow  # noqa: PLC0415
 
     try:
-        out = recover_flow(RecoverParams(**request.model_dump(), dry_run=False, backup_dir=backup_dir))
+        out = recover_flow(request.model_copy(update={"dry_run": False, "backup_dir": backup_dir}))
     except ForgeflowError as exc:
         fail(exc)
     if as_json:

@@ -113,8 +113,7 @@ def trials(job: Optional[str] = typer.Option(None, help="job id (omit to list th
             view = merged_job(store, job)
             total, rows = len(view.trials), view.trials[offset:offset + limit]
         else:  # any job, validation (nop/oracle) jobs too: the merged view takes agent jobs only
-            page = store.job_trial_page(job, limit=limit, offset=offset)
-            total, rows = page.total, page.trials
+            total, rows = store.job_verdict_counts(job).trials, store.job_trial_page(job, limit=limit, offset=offset)
     except InputError as exc:
         fail(exc)
     events = {e.trial_id: e for e in store.supervision_events(trial_ids=[t.trial_id for t in rows])}

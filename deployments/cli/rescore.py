@@ -63,22 +63,29 @@ def rescore(
     verdicts that changed and the new job's id, which `forgeflow compare` and the `promote` flow take like any
     job. An unknown JOB exits 2 naming the canary jobs the store has."""
     prepare_env(create=not dry_run)
+    from pydantic import ValidationError  # noqa: PLC0415
+
+    from flows.rescore import RescoreParams  # noqa: PLC0415
     from forgeflow.common.errors import ForgeflowError  # noqa: PLC0415
     from forgeflow.common.settings import home_dir  # noqa: PLC0415
     from forgeflow.curation.generated import GENERATED_FILE  # noqa: PLC0415
-    from forgeflow.evaluation.rescore import RescoreRequest, check_rescorable, plan_rescore  # noqa: PLC0415
+    from forgeflow.evaluation.rescore import check_rescorable, plan_rescore  # noqa: PLC0415
 
     if not job.strip():
         fail("JOB is empty: give a canary job id (`forgeflow trials` lists the jobs)")
+    try:  # the flow's own parameter model checks the options, with or without --dry-run
+        params = RescoreParams(job_id=job, rescore_job_id=rescore_job_id, concurrency=concurrency,
+                               verifier_timeout_s=verifier_timeout_s, generated_path=generated_path, out_dir=out_dir)
+    except ValidationError as exc:
+        fail("; ".join(f"--{str(e['loc'][0]).replace('_', '-')}: {e['msg']}" for e in exc.errors()))
     store = _store(dry_run)
     if store is not None:
         try:
             check_rescorable(store, job)
             if dry_run:
-                plan = plan_rescore(store, RescoreRequest(job_id=job, rescore_job_id=rescore_job_id,
-                                                          verifier_timeout_s=verifier_timeout_s,
-                                                          generated_path=generated_path),
-                                    home_dir() / "demo" / GENERATED_FILE)
+                plan = plan_rescore(store, job, home_dir() / "demo" / GENERATED_FILE,
+                                    rescore_job_id=params.rescore_job_id, verifier_timeout_s=params.verifier_timeout_s,
+                                    generated_path=params.generated_path)
         except ForgeflowError as exc:
             fail(exc)
         finally:
@@ -94,13 +101,10 @@ def rescore(
         console.print("\n".join(_plan_lines(plan)), highlight=False, soft_wrap=True)
         console.print("dry run: nothing ran or changed")
         return
-    from flows.rescore import RescoreParams  # noqa: PLC0415
     from flows.rescore import rescore as rescore_flow  # noqa: PLC0415
 
     try:
-        out = rescore_flow(RescoreParams(job_id=job, rescore_job_id=rescore_job_id, concurrency=concurrency,
-                                         verifier_timeout_s=verifier_timeout_s, generated_path=generated_path,
-                                         out_dir=out_dir))
+        out = rescore_flow(params)
     except ForgeflowError as exc:
         fail(exc)
     if as_json:

@@ -16,9 +16,9 @@ import uuid
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 import forgeflow
 from forgeflow.common.errors import FreezeConflictError, InputError, PreflightError
@@ -288,6 +288,11 @@ def validate_freeze_name(name: str) -> str:
             f"starting with a letter or digit, at most {FREEZE_NAME_MAX_CHARS} characters"
         )
     return name
+
+
+FreezeName = Annotated[str, AfterValidator(validate_freeze_name)]
+"""A freeze's name as a parameter field: refused when the parameters are validated, naming the field, if
+:func:`validate_freeze_name` refuses it."""
 
 
 def manifest_path(name: str, out_dir: Path) -> Path:

@@ -41,7 +41,7 @@ VALIDATION_KINDS = ("nop", "oracle")
 
 class RecoveryRequest(BaseModel):
     """What to recover: batch or trial ids, or an exception type inside a ``[since, until)`` window (never
-    across all history).
+    across all history); and how (``dry_run``, ``backup_dir``): the ``recover`` flow's parameters.
 
     Raises:
         ValueError (pydantic ValidationError): no selector; ids mixed with an exception type; an
@@ -49,7 +49,7 @@ class RecoveryRequest(BaseModel):
             ``include_rejections`` with an exception type.
     """
 
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     batch_ids: list[str] = Field(default_factory=list,
         description="every trial recorded with one of these batch ids is selected")
@@ -64,6 +64,10 @@ class RecoveryRequest(BaseModel):
         description="why (stored on every voided trial and requeued task)")
     include_rejections: bool = Field(False,
         description="also requeue rejected tasks whose every live validation trial is selected (ids only)")
+    dry_run: bool = Field(True, description="only list what would be voided and requeued; False: back up, void, "
+                                            "requeue and audit")
+    backup_dir: Path | None = Field(None, description="folder for the backup of the affected rows (JSON + "
+                                                      ".sha256); None: $FORGEFLOW_HOME/recovery")
 
     @field_validator("since", "until")
     @classmethod
@@ -94,6 +98,11 @@ class RecoveryRequest(BaseModel):
         if self.since >= self.until:
             raise ValueError(f"empty window: since {self.since} is not before until {self.until}")
         return self
+
+    def selection(self) -> dict[str, Any]:
+        """The request as JSON without how it runs (``dry_run``, ``backup_dir``): what the plan's digest covers
+        and the backup records, so a dry run and its apply plan alike."""
+        return self.model_dump(mode="json", exclude={"dry_run", "backup_dir"})
 
 
 class KeptTrial(BaseModel):
@@ -295,7 +304,7 @@ def plan_recovery(store: Store, request: RecoveryRequest) -> RecoveryPlan:
         statuses["candidate"] += 1
     expected = Summary(trials=before.trials - len(void), void_trials=before.void_trials + len(void),
                        tasks_by_status={status: n for status, n in statuses.items() if n})
-    digest = sha256_json({"request": request.model_dump(mode="json"),
+    digest = sha256_json({"request": request.selection(),
                           "void": sorted(void_ids), "requeue": [t.instance_id for t in requeue]})
     return RecoveryPlan(request=request, void=void, requeue=requeue, kept=kept, before=before,
                         expected_after=expected, plan_sha256=digest)
@@ -342,7 +351,7 @@ def apply_recovery(store: Store, plan: RecoveryPlan, backup_dir: Path, run_id: s
         "recovery_id": recovery_id,
         "store_url": store.engine.url.render_as_string(hide_password=True),
         "plan_sha256": plan.plan_sha256,
-        "request": plan.request.model_dump(mode="json"),
+        "request": plan.request.selection(),
         "summary_before": plan.before.model_dump(mode="json"),
         "summary_expected_after": plan.expected_after.model_dump(mode="json"),
         "trials": [t.model_dump(mode="json") for t in plan.void],

@@ -16,6 +16,7 @@ from forgeflow.common.task import DIGEST_PATTERN
 from forgeflow.curation.freeze import FreezeManifest, stable_key, verify_freeze
 from forgeflow.evaluation import chat_images, compare
 from forgeflow.evaluation.agent import problem_statement_for
+from forgeflow.evaluation.canary_result import MergedView
 from forgeflow.ledger import records
 from forgeflow.ledger import store as ledger
 from forgeflow.registry import images
@@ -257,10 +258,8 @@ class CanaryRecoveryPlan(BaseModel):
     exception_trials: list[records.TrialRecord] = Field(
         description="The trials standing in the merged view that ended in an exception (one per instance, by "
                     "instance id) and match the requested exception types: exactly what is re-run.")
-    earlier_recovery_job_ids: list[str] = Field(
-        default_factory=list,
-        description="Recovery jobs the original already has, oldest first.")
-    merged_label: str = Field(description="The merged view's label now (job X or original job X + N recovery jobs).")
+    merged: MergedView = Field(description="The merged view now: its label (job X or original job X + N recovery "
+                               "jobs), the recovery jobs the original already has (oldest first), its report.")
 
     @property
     def instance_ids(self) -> list[str]:
@@ -315,4 +314,4 @@ def plan_canary_recovery(store: ledger.Store, job_id: str, exception_types: Sequ
         raise InputError(f"canary recovery: job id {new_id!r} is taken by a {existing.kind!r} job "
                          f"(parent {existing.parent_job_id!r}); give another recovery job id")
     return CanaryRecoveryPlan(original=original, recovery_job_id=new_id, exception_trials=failed,
-                              earlier_recovery_job_ids=view.recovery_job_ids, merged_label=view.label)
+                              merged=MergedView.of(view))

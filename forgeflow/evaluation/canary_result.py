@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from forgeflow.evaluation.compare import JobExclusions, JobReport, job_exclusions
+from forgeflow.evaluation.compare import JobExclusions, JobReport, MergedJob, job_exclusions
 
 
 def _with_exclusions(data: Any, job_field: str | None = None, label_field: str | None = None) -> Any:
@@ -23,12 +23,22 @@ def _with_exclusions(data: Any, job_field: str | None = None, label_field: str |
                                                  label=data.get(label_field) if label_field else None)}
 
 
+def _unset(value: str | None) -> bool:
+    return value is None
+
+
 class CanaryTrialOutcome(BaseModel):
-    """One agent trial of a canary job, as the flow reports it."""
+    """One agent trial as the canary flows report it: a canary job's (:attr:`CanaryResult.trials`), or a
+    recovery job's trial with the original job's exception trial it re-ran
+    (:attr:`CanaryRecoveryResult.recovered`: both trial ids set). An id not set is not dumped."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     instance_id: str = Field(min_length=1, description="The task.")
+    original_trial_id: str | None = Field(default=None, min_length=1, exclude_if=_unset,
+                                          description="Recovered: the original job's exception trial.")
+    trial_id: str | None = Field(default=None, min_length=1, exclude_if=_unset,
+                                 description="Recovered: the recovery job's trial of the task.")
     reward: float | None = Field(default=None, description="The verifier's reward; None after an exception.")
     exception_type: str | None = Field(default=None, description="The exception's class name; None when scored.")
 
@@ -51,18 +61,6 @@ class CanaryResult(BaseModel):
         return _with_exclusions(data, "job_id")
 
 
-class RecoveredTrial(BaseModel):
-    """An exception trial of the original job and the recovery job's trial of the same task."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    instance_id: str = Field(min_length=1, description="The task.")
-    original_trial_id: str = Field(min_length=1, description="The original job's exception trial.")
-    trial_id: str = Field(min_length=1, description="The recovery job's trial of the task.")
-    reward: float | None = Field(default=None, description="The new trial's reward; None after an exception.")
-    exception_type: str | None = Field(default=None, description="The new trial's exception class name.")
-
-
 class MergedView(BaseModel):
     """A canary job merged with its recovery jobs (:func:`forgeflow.evaluation.compare.merged_job`)."""
 
@@ -79,6 +77,13 @@ class MergedView(BaseModel):
     def _count_exclusions(cls, data: Any) -> Any:
         return _with_exclusions(data, label_field="view")
 
+    @classmethod
+    def of(cls, merged: MergedJob) -> MergedView:
+        """The view of ``merged`` (:func:`forgeflow.evaluation.compare.merged_job`'s): its label, recovery jobs
+        and the report of its standing trials."""
+        return cls(view=merged.label, recovery_job_ids=list(merged.recovery_job_ids),
+                   report=JobReport.from_trials(merged.trials))
+
 
 class CanaryRecoveryResult(BaseModel):
     """One ``canary-recover`` run: the recovery job it ran, or None when nothing was left to recover."""
@@ -87,16 +92,20 @@ class CanaryRecoveryResult(BaseModel):
 
     job_id: str | None = Field(default=None, description="The recovery job; None: nothing to recover.")
     parent_job_id: str = Field(min_length=1, description="The original canary job.")
-    recovered: list[RecoveredTrial] = Field(default_factory=list,
-                                            description="Each re-run exception trial and its new outcome.")
+    recovered: list[CanaryTrialOutcome] = Field(default_factory=list, description="Each re-run exception "
+                                                "trial and its new outcome (both trial ids set).")
     report: JobReport | None = Field(default=None, description="The recovery job's report; None: nothing re-run.")
     report_path: Path | None = Field(default=None, description="The recovery job's markdown report.")
     merged: MergedView = Field(description="The original job merged with its recovery jobs.")
 
     @model_validator(mode="after")
     def _ran_or_not(self) -> CanaryRecoveryResult:
-        """A recovery job has its report and report file; no job has neither and recovered nothing."""
+        """A recovery job has its report and report file; no job has neither and recovered nothing; each
+        recovered trial names its trial and the original's."""
         ran = (self.report is not None, self.report_path is not None)
+        unnamed = [t.instance_id for t in self.recovered if t.trial_id is None or t.original_trial_id is None]
+        if unnamed:
+            raise ValueError(f"recovered trials of {unnamed} need their trial_id and original_trial_id")
         if self.job_id is not None and not all(ran):
             raise ValueError(f"recovery job {self.job_id!r} needs its report and report_path")
         if self.job_id is None and (any(ran) or self.recovered):

@@ -7,12 +7,12 @@ An exception never becomes a reward of 0."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AliasPath, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from forgeflow.common import errors
 from forgeflow.common.fsutil import read_json_object, sha256_json
@@ -33,45 +33,25 @@ class _Timing(BaseModel):
         return max(0.0, (self.finished_at - self.started_at).total_seconds())
 
 
-class _ExceptionInfo(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    exception_type: str = Field(min_length=1)
-    exception_message: str = ""
-
-
-class _AgentInfo(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    name: str = Field(min_length=1)
-
-
-class _AgentResult(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    n_input_tokens: int | None = Field(default=None, ge=0)
-    n_output_tokens: int | None = Field(default=None, ge=0)
-
-
-class _VerifierResult(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    rewards: dict[str, float] | None = None
-
-
-class _TrialConfig(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    job_id: str | None = None
-
-
 class _TrialResult(BaseModel):
-    """The fields of Harbor 0.25's ``harbor.models.trial.result.TrialResult`` read here."""
+    """What forgeflow reads of Harbor 0.25's ``harbor.models.trial.result.TrialResult``, each field at its place
+    in Harbor's nesting (``agent_info.name``, ``verifier_result.rewards``, ...); a missing or bad field's error
+    names that path."""
 
     model_config = ConfigDict(extra="ignore")
     id: str = Field(min_length=1)
     task_name: str = Field(min_length=1)
     trial_name: str = Field(min_length=1)
-    config: _TrialConfig = Field(default_factory=_TrialConfig)
-    agent_info: _AgentInfo
-    agent_result: _AgentResult | None = None
-    verifier_result: _VerifierResult | None = None
-    exception_info: _ExceptionInfo | None = None
+    job_id: str | None = Field(None, validation_alias=AliasPath("config", "job_id"),
+                               description="the Harbor job the trial belongs to, if recorded")
+    agent_name: str = Field(min_length=1, validation_alias=AliasPath("agent_info", "name"))
+    n_input_tokens: int | None = Field(None, ge=0, validation_alias=AliasPath("agent_result", "n_input_tokens"))
+    n_output_tokens: int | None = Field(None, ge=0, validation_alias=AliasPath("agent_result", "n_output_tokens"))
+    rewards: dict[str, float] | None = Field(None, validation_alias=AliasPath("verifier_result", "rewards"))
+    exception_type: str | None = Field(None, min_length=1, validation_alias=AliasPath("exception_info",
+                                                                                      "exception_type"),
+                                       description="Harbor's exception class name; None: no exception")
+    exception_message: str = Field("", validation_alias=AliasPath("exception_info", "exception_message"))
     started_at: datetime | None = None
     finished_at: datetime | None = None
     environment_setup: _Timing | None = None
@@ -80,30 +60,13 @@ class _TrialResult(BaseModel):
     verifier: _Timing | None = None
     step_results: list[Any] | None = None
 
-
-class HarborJobImport(BaseModel):
-    """What :func:`read_harbor_job` found."""
-
-    model_config = ConfigDict(frozen=True)
-
-    job_id: str = Field(description="the job id the trials carry (Harbor's job UUID unless one was given).")
-    job_dir: Path = Field(description="the job folder.")
-    trials: list[TrialRecord] = Field(description="one store record per finished trial, ordered by trial name.")
-    unfinished: list[str] = Field(default_factory=list,
-                                  description="trial folders without a finished result (job still running or "
-                                              "killed).")
-
-    def summary(self) -> dict[str, Any]:
-        """``{kind: {"trials", "rewards": {reward: count}, "exceptions": {type: count}}}``."""
-        out: dict[str, Any] = {}
-        for trial in self.trials:
-            row = out.setdefault(trial.kind, {"trials": 0, "rewards": {}, "exceptions": {}})
-            row["trials"] += 1
-            if trial.reward is not None:
-                row["rewards"][trial.reward] = row["rewards"].get(trial.reward, 0) + 1
-            if trial.exception_type is not None:
-                row["exceptions"][trial.exception_type] = row["exceptions"].get(trial.exception_type, 0) + 1
-        return out
+    @model_validator(mode="before")
+    @classmethod
+    def _exception_has_type(cls, data: Any) -> Any:
+        info = data.get("exception_info") if isinstance(data, dict) else None
+        if isinstance(info, dict) and info.get("exception_type") is None:
+            raise ValueError("exception_info has no exception_type")
+        return data
 
 
 def _kind(agent_name: str) -> Literal["nop", "oracle", "agent"]:
@@ -114,8 +77,8 @@ def _trial_record(result: _TrialResult, path: Path, job_id: str, run_id: str | N
     if result.step_results:
         raise errors.InputError(
             f"trial result {path}: multi-step trials are not supported (forgeflow tasks have one step)")
-    kind = _kind(result.agent_info.name)
-    rewards = result.verifier_result.rewards if result.verifier_result else None
+    kind = _kind(result.agent_name)
+    rewards = result.rewards
     reward: float | None = None
     if rewards:
         if "reward" not in rewards:
@@ -127,13 +90,13 @@ def _trial_record(result: _TrialResult, path: Path, job_id: str, run_id: str | N
         if not 0.0 <= reward <= 1.0:
             raise errors.InputError(f"trial result {path}: reward {reward} is outside 0..1")
     exception_type = exception_message = None
-    info = result.exception_info
-    if info is not None:
-        if info.exception_type in HARBOR_AGENT_OUTCOMES and reward is not None:
+    harbor_type = result.exception_type
+    if harbor_type is not None:
+        if harbor_type in HARBOR_AGENT_OUTCOMES and reward is not None:
             pass  # the model's outcome: the reward stands
         else:
-            exception_type = map_harbor_exception(info.exception_type)
-            exception_message = f"Harbor {info.exception_type}: {info.exception_message}".strip()
+            exception_type = map_harbor_exception(harbor_type)
+            exception_message = f"Harbor {harbor_type}: {result.exception_message}".strip()
             keep = kind == "agent" and exception_type in errors.SCORED_DESPITE_EXCEPTION
             reward = reward if keep else None
     elif reward is None:
@@ -150,15 +113,53 @@ def _trial_record(result: _TrialResult, path: Path, job_id: str, run_id: str | N
     started = result.started_at
     if started is not None and started.tzinfo is None:
         started = started.replace(tzinfo=timezone.utc)  # Harbor writes UTC
-    tokens = result.agent_result if kind == "agent" and result.agent_result else None
     return TrialRecord(
         trial_id=sha256_json({"source": "harbor", "trial": result.id})[:32],
         instance_id=result.task_name, kind=kind, job_id=job_id, run_id=run_id,
         reward=reward, exception_type=exception_type, exception_message=exception_message,
         timings=timings, created_at=started,
-        input_tokens=tokens.n_input_tokens if tokens else None,
-        output_tokens=tokens.n_output_tokens if tokens else None,
+        input_tokens=result.n_input_tokens if kind == "agent" else None,
+        output_tokens=result.n_output_tokens if kind == "agent" else None,
     )
+
+
+HARBOR_JOB_KIND = "harbor"
+"""``jobs.kind`` of a job imported from Harbor."""
+
+
+class HarborImportSummary(BaseModel):
+    """What a Harbor job folder held (:func:`read_harbor_job`), as the ``harbor-import`` flow records it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    job_id: str = Field(description="the job the trials were recorded under (forgeflow trials --job <job_id>).")
+    job_dir: Path = Field(description="the Harbor job folder read.")
+    freeze_name: str | None = Field(None,
+                                    description="the freeze whose split the trials ran (recorded in the jobs row), "
+                                                "or None (no jobs row: a paired compare then checks that the "
+                                                "instance sets match).")
+    split: str | None = Field(None, description="that split, or None.")
+    trials: int = Field(ge=0, description="finished trials recorded.")
+    scored: int = Field(ge=0, description="trials with a reward (an exception with a kept reward counts).")
+    reward_1: int = Field(ge=0, description="trials with reward 1.")
+    exceptions: dict[str, int] = Field(default_factory=dict, description="forgeflow exception class name -> trials.")
+    kinds: dict[str, int] = Field(default_factory=dict, description="trial kind (agent, nop, oracle) -> trials.")
+    unfinished: list[str] = Field(default_factory=list,
+                                  description="trial folders without a finished result (not recorded).")
+
+    @classmethod
+    def of(cls, job_id: str, job_dir: Path, trials: Sequence[TrialRecord], unfinished: Sequence[str],
+           freeze_name: str | None = None, split: str | None = None) -> HarborImportSummary:
+        """The summary of a job's finished ``trials`` (store records) and ``unfinished`` trial folders."""
+        exceptions: dict[str, int] = {}
+        kinds: dict[str, int] = {}
+        for trial in trials:
+            kinds[trial.kind] = kinds.get(trial.kind, 0) + 1
+            if trial.exception_type is not None:
+                exceptions[trial.exception_type] = exceptions.get(trial.exception_type, 0) + 1
+        return cls(job_id=job_id, job_dir=job_dir, freeze_name=freeze_name, split=split, trials=len(trials),
+                   scored=sum(t.reward is not None for t in trials), reward_1=sum(t.reward == 1.0 for t in trials),
+                   exceptions=exceptions, kinds=kinds, unfinished=list(unfinished))
 
 
 def read_harbor_job(
@@ -167,9 +168,13 @@ def read_harbor_job(
     job_id: str | None = None,
     instance_ids: Iterable[str] | None = None,
     run_id: str | None = None,
-) -> HarborJobImport:
-    """Read a Harbor job folder into forgeflow trial records and the names of unfinished trial folders (nothing
-    is written; ``job_id`` defaults to Harbor's job UUID; with ``instance_ids`` every task must be one of them).
+    freeze_name: str | None = None,
+    split: str | None = None,
+) -> tuple[list[TrialRecord], HarborImportSummary]:
+    """Read a Harbor job folder into forgeflow trial records (one per finished trial, ordered by trial name) and
+    their summary, which names the unfinished trial folders (nothing is written; ``job_id`` defaults to
+    ``harbor-<Harbor's job UUID>``; with ``instance_ids`` every task must be one of them; ``freeze_name`` and
+    ``split`` only label the summary).
 
     Raises:
         InputError: not a Harbor job folder (no ``result.json`` with an ``id``), or a trial's ``result.json``
@@ -191,6 +196,7 @@ def read_harbor_job(
         raise errors.InputError(
             f"Harbor job result {job_result_path} lacks 'id' or 'n_total_trials': not a Harbor job result.json"
         )
+    job_id = job_id or f"harbor-{harbor_job_id}"
     allowed = set(instance_ids) if instance_ids is not None else None
     records = []
     unfinished = []
@@ -208,21 +214,20 @@ def read_harbor_job(
             raise errors.InputError(
                 f"Harbor trial result {path}: field {field}: {first['msg']} ({exc.error_count()} problems)"
             ) from exc
-        if result.config.job_id is not None and result.config.job_id != harbor_job_id:
+        if result.job_id is not None and result.job_id != harbor_job_id:
             raise errors.InputError(
-                f"Harbor trial result {path} belongs to job {result.config.job_id}, not to {harbor_job_id}"
+                f"Harbor trial result {path} belongs to job {result.job_id}, not to {harbor_job_id}"
             )
         if allowed is not None and result.task_name not in allowed:
             raise errors.InputError(
                 f"Harbor trial result {path}: task {result.task_name!r} is not one of the {len(allowed)} given "
                 "instance ids"
             )
-        if result.finished_at is None and result.exception_info is None:
+        if result.finished_at is None and result.exception_type is None:
             unfinished.append(trial_dir.name)
             continue
-        records.append(_trial_record(result, path, job_id or f"harbor-{harbor_job_id}", run_id))
-    return HarborJobImport(job_id=job_id or f"harbor-{harbor_job_id}", job_dir=job_dir, trials=records,
-                           unfinished=unfinished)
+        records.append(_trial_record(result, path, job_id, run_id))
+    return records, HarborImportSummary.of(job_id, job_dir, records, unfinished, freeze_name, split)
 
 
 def import_harbor_job(
@@ -232,53 +237,19 @@ def import_harbor_job(
     job_id: str | None = None,
     instance_ids: Iterable[str] | None = None,
     run_id: str | None = None,
-) -> HarborJobImport:
+    freeze_name: str | None = None,
+    split: str | None = None,
+) -> HarborImportSummary:
     """Read a Harbor job folder (:func:`read_harbor_job`) and upsert its trials into ``store`` in one
     transaction; re-importing the same job changes nothing (trial ids derive from Harbor's trial UUIDs).
+
+    Returns:
+        The summary of what was recorded (``freeze_name`` and ``split`` label it; no jobs row is written here).
 
     Raises:
         InputError: as :func:`read_harbor_job` (nothing is written).
     """
-    found = read_harbor_job(job_dir, job_id=job_id, instance_ids=instance_ids, run_id=run_id)
-    store.record_trials(found.trials)
-    return found
-
-
-HARBOR_JOB_KIND = "harbor"
-"""``jobs.kind`` of a job imported from Harbor."""
-
-
-class HarborImportSummary(BaseModel):
-    """What the ``harbor-import`` flow recorded."""
-
-    model_config = ConfigDict(frozen=True)
-
-    job_id: str = Field(description="the job the trials were recorded under (forgeflow trials --job <job_id>).")
-    job_dir: Path = Field(description="the Harbor job folder read.")
-    freeze_name: str | None = Field(None,
-                                    description="the freeze whose split the trials ran (recorded in the jobs row), "
-                                                "or None (no jobs row: a paired compare then checks that the "
-                                                "instance sets match).")
-    split: str | None = Field(None, description="that split, or None.")
-    trials: int = Field(ge=0, description="finished trials recorded.")
-    scored: int = Field(ge=0, description="trials with a reward (an exception with a kept reward counts).")
-    reward_1: int = Field(ge=0, description="trials with reward 1.")
-    exceptions: dict[str, int] = Field(default_factory=dict, description="forgeflow exception class name -> trials.")
-    kinds: dict[str, int] = Field(default_factory=dict, description="trial kind (agent, nop, oracle) -> trials.")
-    unfinished: list[str] = Field(default_factory=list,
-                                  description="trial folders without a finished result (not recorded).")
-
-    @classmethod
-    def of(cls, found: HarborJobImport, freeze_name: str | None = None,
-           split: str | None = None) -> HarborImportSummary:
-        """The summary of an import (``found``, from :func:`import_harbor_job`)."""
-        exceptions: dict[str, int] = {}
-        kinds: dict[str, int] = {}
-        for trial in found.trials:
-            kinds[trial.kind] = kinds.get(trial.kind, 0) + 1
-            if trial.exception_type is not None:
-                exceptions[trial.exception_type] = exceptions.get(trial.exception_type, 0) + 1
-        return cls(job_id=found.job_id, job_dir=found.job_dir, freeze_name=freeze_name, split=split,
-                   trials=len(found.trials), scored=sum(t.reward is not None for t in found.trials),
-                   reward_1=sum(t.reward == 1.0 for t in found.trials), exceptions=exceptions, kinds=kinds,
-                   unfinished=list(found.unfinished))
+    trials, summary = read_harbor_job(job_dir, job_id=job_id, instance_ids=instance_ids, run_id=run_id,
+                                      freeze_name=freeze_name, split=split)
+    store.record_trials(trials)
+    return summary

@@ -11,28 +11,15 @@ import re
 import string
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow.common.errors import InputError
 from forgeflow.common.fsutil import sha256_json
-
+from forgeflow.ledger.records import JudgmentRecord
 
 # --- answer judge -----------------------------------------------------------------------------
-class Judgment(BaseModel):
-    """The verdict of :func:`judge_answer`."""
-
-    model_config = ConfigDict(frozen=True)
-
-    correct: bool = Field(description="The answer matches the reference under rule.")
-    normalized_answer: str = Field(
-        description="The answer after normalization (numbers in %.15g form, lists joined with ,).")
-    normalized_reference: str = Field(description="The reference after the same normalization.")
-    rule: Literal["number", "list", "string"] = Field(
-        description="number, list or string: chosen by the reference's form.")
-
-
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 
 
@@ -78,38 +65,43 @@ def _match_element(answer: str, reference: str, rel_tol: float, abs_tol: float) 
     return norm_answer == norm_reference, norm_answer, norm_reference
 
 
-def judge_answer(answer: str, reference: str, *, rel_tol: float = 1e-6, abs_tol: float = 1e-9) -> Judgment:
-    """Judge a free-form answer against a reference, GAIA style.
+def judge_answer(question_id: str, answer: str, reference: str, *, job_id: str | None = None,
+                 run_id: str | None = None, rel_tol: float = 1e-6, abs_tol: float = 1e-9) -> JudgmentRecord:
+    """Judge a free-form answer to question ``question_id`` against a reference, GAIA style: the ``judgments``
+    row (``judgment_id`` from ``job_id`` and ``question_id``, :func:`judgment_id`) whose ``rule`` (number, list
+    or string) is chosen by the reference's form, ``correct`` says whether the answer matches under it, and
+    ``normalized_answer`` / ``normalized_reference`` are both after normalization (numbers in %.15g form,
+    lists joined with ,).
 
     Raises:
         InputError: ``reference`` is empty or a tolerance is negative.
+        ValueError (pydantic's ValidationError): an empty ``question_id``.
     """
     if not reference.strip():
         raise InputError("reference must be a non-empty answer")
     if rel_tol < 0 or abs_tol < 0:
         raise InputError(f"tolerances must be >= 0, got rel_tol={rel_tol}, abs_tol={abs_tol}")
+
+    def verdict(correct: bool, rule: str, normalized_answer: str, normalized_reference: str) -> JudgmentRecord:
+        return JudgmentRecord(judgment_id=judgment_id(job_id, question_id), job_id=job_id, question_id=question_id,
+                              answer=answer, reference=reference, correct=correct, rule=rule,
+                              normalized_answer=normalized_answer, normalized_reference=normalized_reference,
+                              run_id=run_id)
+
     if _is_number(reference):
         ok, norm_a, norm_r = _match_element(answer, reference, rel_tol, abs_tol)
-        return Judgment(correct=ok, normalized_answer=norm_a, normalized_reference=norm_r, rule="number")
+        return verdict(ok, "number", norm_a, norm_r)
     if "," in reference or ";" in reference:
         ref_items = [item.strip() for item in re.split(r"[,;]", reference)]
         ans_items = [item.strip() for item in re.split(r"[,;]", answer)]
         if len(ans_items) != len(ref_items):
-            return Judgment(
-                correct=False,
-                normalized_answer=",".join(normalize_text(a) for a in ans_items),
-                normalized_reference=",".join(normalize_text(r) for r in ref_items),
-                rule="list",
-            )
+            return verdict(False, "list", ",".join(normalize_text(a) for a in ans_items),
+                           ",".join(normalize_text(r) for r in ref_items))
         results = [_match_element(a, r, rel_tol, abs_tol) for a, r in zip(ans_items, ref_items, strict=True)]
-        return Judgment(
-            correct=all(ok for ok, _, _ in results),
-            normalized_answer=",".join(a for _, a, _ in results),
-            normalized_reference=",".join(r for _, _, r in results),
-            rule="list",
-        )
+        return verdict(all(ok for ok, _, _ in results), "list", ",".join(a for _, a, _ in results),
+                       ",".join(r for _, _, r in results))
     norm_a, norm_r = normalize_text(answer), normalize_text(reference)
-    return Judgment(correct=norm_a == norm_r, normalized_answer=norm_a, normalized_reference=norm_r, rule="string")
+    return verdict(norm_a == norm_r, "string", norm_a, norm_r)
 
 
 def judgment_id(job_id: str | None, question_id: str) -> str:
@@ -126,15 +118,14 @@ def judge_answers(
     run_id: str | None = None,
     rel_tol: float = 1e-6,
     abs_tol: float = 1e-9,
-) -> list[Any]:
-    """Judge ``(question_id, answer, reference)`` triples and record them in ONE transaction, in the order given.
+) -> list[JudgmentRecord]:
+    """Judge ``(question_id, answer, reference)`` triples (:func:`judge_answer`) and record them in ONE transaction,
+    in the order given; the rows recorded.
 
     Raises:
         InputError: no items, an empty or repeated question id, an empty reference or a bad tolerance
             (nothing is recorded).
     """
-    from forgeflow.ledger.records import JudgmentRecord
-
     if not items:
         raise InputError("judge_answers needs at least one (question_id, answer, reference) item")
     seen: set[str] = set()
@@ -149,23 +140,10 @@ def judge_answers(
             raise InputError(f"question_id {question_id!r} appears more than once")
         seen.add(question_id)
         try:
-            verdict = judge_answer(answer, reference, rel_tol=rel_tol, abs_tol=abs_tol)
+            records.append(judge_answer(question_id, answer, reference, job_id=job_id, run_id=run_id,
+                                        rel_tol=rel_tol, abs_tol=abs_tol))
         except InputError as exc:
             raise InputError(f"question {question_id!r}: {exc}") from exc
-        records.append(
-            JudgmentRecord(
-                judgment_id=judgment_id(job_id, question_id),
-                job_id=job_id,
-                question_id=question_id,
-                answer=answer,
-                reference=reference,
-                correct=verdict.correct,
-                rule=verdict.rule,
-                normalized_answer=verdict.normalized_answer,
-                normalized_reference=verdict.normalized_reference,
-                run_id=run_id,
-            )
-        )
     store.record_judgments(records)
     return records
 
@@ -251,8 +229,8 @@ class JudgeSummary(BaseModel):
     rules: dict[str, int] = Field(default_factory=dict, description="rule (number, list, string) -> rows judged by it.")
 
     @classmethod
-    def of(cls, job_id: str, path: Path, records: Sequence[Any]) -> JudgeSummary:
-        """The summary of the recorded ``JudgmentRecord`` s."""
+    def of(cls, job_id: str, path: Path, records: Sequence[JudgmentRecord]) -> JudgeSummary:
+        """The summary of the recorded judgments."""
         rules: dict[str, int] = {}
         for record in records:
             rules[record.rule] = rules.get(record.rule, 0) + 1

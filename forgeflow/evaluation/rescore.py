@@ -30,7 +30,7 @@ from forgeflow.evaluation.agent_config import AgentConfig
 from forgeflow.evaluation.canary import JOB_KIND, RECOVERY_JOB_KIND, canary_tasks
 from forgeflow.ledger import records
 from forgeflow.sandbox.base import SandboxSpec
-from forgeflow.sandbox.limits import DEFAULT_VERIFIER_TIMEOUT_S, SandboxLimits, VerifierTimeoutS
+from forgeflow.sandbox.limits import DEFAULT_VERIFIER_TIMEOUT_S, VerifierTimeoutS
 from forgeflow.sandbox.scoring import verify_submission
 from forgeflow.sandbox.verifier import TaskTests
 
@@ -87,25 +87,6 @@ class RescoreItem(BaseModel):
     tests: TaskTests | None = None
 
 
-class RescoreSettings(SandboxLimits):
-    """How the re-score's verifier runs: the original job's recorded limits unless overridden
-    (``memory_mb`` and ``cpus``, :class:`~forgeflow.sandbox.limits.SandboxLimits`: its ``agent_config``'s).
-
-    Attributes:
-        tamper_policy: ``reject`` or ``drop`` (:mod:`forgeflow.sandbox.submission`).
-        screen_policy: what the verifier does with added lines that reach into the test run (the job's
-            ``agent_config.screen_policy``); None: the verifier's default.
-        backend: the sandbox backend the verifier runs on (``podman``, ``kubernetes`` or a target).
-    """
-
-    model_config = ConfigDict(frozen=True)
-
-    verifier_timeout_s: VerifierTimeoutS
-    tamper_policy: str
-    screen_policy: str | None = None
-    backend: Any = "podman"
-
-
 class RescorePlan(BaseModel):
     """What a re-score of ``original`` does (read-only: :func:`plan_rescore`).
 
@@ -114,7 +95,9 @@ class RescorePlan(BaseModel):
         merged_label: the view re-scored (``job X`` or ``original job X + N recovery jobs``).
         rescore_job_id: the new job's id.
         verifier_sha256: the verifier's source digest (:func:`verifier_sha256`).
-        settings: how the verifier runs.
+        verifier_timeout_s: the limit of one test run, seconds: the request's, else the original job's recorded one.
+        agent_config: the original job's recorded agent config with its limits resolved (:meth:`AgentConfig.resolved`):
+            the verifier's ``memory_mb``, ``cpus``, ``tamper_policy``, ``screen_policy`` and ``verifier_backend``.
         items: one per standing trial, in instance-id order.
         rows_params: the original's task-row source (``candidates_path`` / ``generated_path`` / ``dataset``,
             ``test_commands``, ``test_specs``), recorded on the new job so it can be re-scored in turn.
@@ -126,7 +109,8 @@ class RescorePlan(BaseModel):
     merged_label: str
     rescore_job_id: str = Field(min_length=1, max_length=512)
     verifier_sha256: str
-    settings: RescoreSettings
+    verifier_timeout_s: VerifierTimeoutS
+    agent_config: AgentConfig
     items: list[RescoreItem]
     rows_params: dict[str, Any] = Field(default_factory=dict)
 
@@ -139,18 +123,18 @@ class RescorePlan(BaseModel):
 
     def job_record(self, run_id: str | None = None) -> records.JobRecord:
         """The new job's row: kind :data:`RESCORE_JOB_KIND`, parent the original, the original's freeze, split and
-        model; ``params`` the verifier digest, the settings, the view re-scored and the task-row source."""
+        model; ``params`` the verifier digest, the verifier timeout, the view re-scored and the task-row source."""
         o = self.original
         return records.JobRecord(
             job_id=self.rescore_job_id, kind=RESCORE_JOB_KIND, parent_job_id=o.job_id, freeze_name=o.freeze_name,
             split=o.split, model_sha256=o.model_sha256, run_id=(run_id or "")[:64] or None,
             params={"rescores": o.job_id, "view": self.merged_label, "verifier_sha256": self.verifier_sha256,
-                    "verifier_timeout_s": self.settings.verifier_timeout_s,
+                    "verifier_timeout_s": self.verifier_timeout_s,
                     "agent_config": o.params.get("agent_config"), **self.rows_params,
                     "counts": self.counts()})
 
 
-def rescore_job_id(job_id: str, trial_ids: list[str], verifier_digest: str) -> str:
+def default_rescore_job_id(job_id: str, trial_ids: list[str], verifier_digest: str) -> str:
     """``<job_id>-rescore-<12 hex>``: the digest of the standing trial ids and the verifier's source digest."""
     return f"{job_id}-rescore-{sha256_json([sorted(trial_ids), verifier_digest])[:12]}"
 
@@ -237,20 +221,6 @@ def plan_item(store: Any, trial: records.TrialRecord, dirs: dict[str, Path]) -> 
     return RescoreItem(original=trial, action="reverify", submission=submission, source="trajectory")
 
 
-class RescoreRequest(BaseModel):
-    """What :func:`plan_rescore` is asked (the ``rescore`` flow's parameters are this request)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    job_id: str = Field(min_length=1, description="the canary job to re-score (forgeflow trials lists the jobs)")
-    rescore_job_id: str | None = Field(default=None, min_length=1, max_length=512, description="the new job's id; "
-                                       "None: <job_id>-rescore-<digest of the standing trials and the verifier source>")
-    verifier_timeout_s: VerifierTimeoutS | None = Field(default=None, description="limit of one test run, seconds; "
-                                                        "None: the job's recorded one (180 s when none)")
-    generated_path: Path | None = Field(default=None, description="the task-rows file; None: the job's recorded "
-                                        "source, else $FORGEFLOW_HOME/demo/candidates.jsonl")
-
-
 def _rows_params(job: records.JobRecord, generated_path: Path | None) -> dict[str, Any]:
     """The task-row source a re-score reads (and records on its job): the original's unless a file is given."""
     p = job.params
@@ -283,35 +253,37 @@ def _tests(store: Any, items: list[RescoreItem], rows: dict[str, Any], default_g
             for i in items]
 
 
-def plan_rescore(store: Any, request: RescoreRequest, default_generated: Path) -> RescorePlan:
-    """Everything a re-score of ``request.job_id`` does, read before any sandbox starts (reads only);
-    ``default_generated``: the task-rows file when neither the request nor the job names one (the demo's).
+def plan_rescore(store: Any, job_id: str, default_generated: Path, *, rescore_job_id: str | None = None,
+                 verifier_timeout_s: float | None = None, generated_path: Path | None = None) -> RescorePlan:
+    """Everything a re-score of canary job ``job_id`` does, read before any sandbox starts (reads only).
+
+    Args:
+        default_generated: the task-rows file when neither ``generated_path`` nor the job names one (the demo's).
+        rescore_job_id: the new job's id; None: ``<job_id>-rescore-<digest>`` (:func:`default_rescore_job_id`).
+        verifier_timeout_s: limit of one test run, seconds; None: the job's recorded one (180 s when none).
+        generated_path: the task-rows file; None: the job's recorded source.
 
     Raises:
         InputError: the job is unknown, a recovery job, of another kind or without agent trials; the re-score
             id is the job's own or another job's; the task rows cannot be read.
         PreflightError: a task to re-verify cannot run (listed: no row, not accepted, image gone).
     """
-    job = check_rescorable(store, request.job_id)
+    job = check_rescorable(store, job_id)
     view = compare.merged_job(store, job.job_id)
     dirs: dict[str, Path] = {}
     items = [plan_item(store, t, dirs) for t in view.trials]
     digest = verifier_sha256()
-    new_id = request.rescore_job_id or rescore_job_id(job.job_id, [t.trial_id for t in view.trials], digest)
+    new_id = rescore_job_id or default_rescore_job_id(job.job_id, [t.trial_id for t in view.trials], digest)
     existing = store.get_job(new_id)
     if new_id == job.job_id or (existing is not None and (existing.kind, existing.parent_job_id)
                                 != (RESCORE_JOB_KIND, job.job_id)):
         raise errors.InputError(f"rescore: job id {new_id!r} is taken (the original, or a job that is not a re-score "
                                 f"of {job.job_id!r}); give another rescore job id")
-    config = _agent_config(job)
     recorded = float(job.params.get("verifier_timeout_s") or DEFAULT_VERIFIER_TIMEOUT_S)
-    settings = RescoreSettings(verifier_timeout_s=request.verifier_timeout_s or recorded,
-                               **config.over().model_dump(), tamper_policy=config.tamper_policy,
-                               screen_policy=getattr(config, "screen_policy", None), backend=config.verifier_backend)
-    rows = _rows_params(job, request.generated_path)
+    rows = _rows_params(job, generated_path)
     return RescorePlan(original=job, merged_label=view.label, rescore_job_id=new_id, verifier_sha256=digest,
-                       settings=settings, items=_tests(store, items, rows, default_generated),
-                       rows_params=rows)
+                       verifier_timeout_s=verifier_timeout_s or recorded, agent_config=_agent_config(job).resolved(),
+                       items=_tests(store, items, rows, default_generated), rows_params=rows)
 
 
 class VerdictChange(BaseModel):
@@ -343,14 +315,16 @@ class VerdictChange(BaseModel):
     changed: bool
     why: str
 
-
-class RescoredTrial(BaseModel):
-    """What re-scoring one standing trial gave: the new job's trial row and its verdict-table row."""
-
-    model_config = ConfigDict(frozen=True)
-
-    row: records.TrialRecord
-    change: VerdictChange
+    @classmethod
+    def of(cls, item: RescoreItem, row: records.TrialRecord) -> VerdictChange:
+        """The verdict-table row of ``item`` re-scored as ``row`` (:func:`rescore_trial`'s trial: its
+        ``verifier["why"]`` is the reason)."""
+        old = item.original
+        return cls(instance_id=old.instance_id, original_trial_id=old.trial_id, trial_id=row.trial_id,
+                   action=item.action, source=item.source, old_reward=old.reward, old_exception=old.exception_type,
+                   new_reward=row.reward, new_exception=row.exception_type,
+                   changed=(old.reward, old.exception_type) != (row.reward, row.exception_type),
+                   why=row.verifier["why"])
 
 
 def rescored_trial_id(rescore_job_id: str, original_trial_id: str) -> str:
@@ -370,10 +344,12 @@ def _test_why(verdict: Any, tests: TaskTests) -> str:
     return "not passing: " + ", ".join(failing[:3]) + more
 
 
-def rescore_trial(item: RescoreItem, settings: RescoreSettings, rescore_job_id: str,
-                  run_id: str | None = None) -> RescoredTrial:
-    """Re-score one standing trial: re-verify its submission in a fresh sandbox, carry its exception over, or
-    record the missing submission. The agent's costs stay the original's; an agent timeout's exception stands
+def rescore_trial(item: RescoreItem, agent_config: AgentConfig, verifier_timeout_s: float, rescore_job_id: str,
+                  run_id: str | None = None) -> records.TrialRecord:
+    """Re-score one standing trial as the new job's trial row: re-verify its submission in a fresh sandbox (the
+    limits and policies of ``agent_config``, the original job's resolved one; ``verifier_timeout_s`` seconds per
+    test run), carry its exception over, or record the missing submission; ``verifier["why"]`` says why
+    (:meth:`VerdictChange.of`). The agent's costs stay the original's; an agent timeout's exception stands
     beside the new reward; a broken verifier is the new trial's exception, never a reward of 0.
 
     Raises:
@@ -390,12 +366,12 @@ def rescore_trial(item: RescoreItem, settings: RescoreSettings, rescore_job_id: 
     if item.action == "reverify" and item.tests is not None:
         submission = item.submission
         evidence["submission_source"] = item.source
-        screen = {} if settings.screen_policy is None else {"screen_policy": settings.screen_policy}
         try:
-            verdict = verify_submission(item.tests, item.submission or "", timeout_s=settings.verifier_timeout_s,
-                                        spec=SandboxSpec.of(settings),
+            verdict = verify_submission(item.tests, item.submission or "", timeout_s=verifier_timeout_s,
+                                        spec=SandboxSpec.of(agent_config.over()),
                                         name=sanitize_name(f"ff-rescore-{old.instance_id}-{trial_id[:10]}"),
-                                        tamper_policy=settings.tamper_policy, backend=settings.backend, **screen)
+                                        tamper_policy=agent_config.tamper_policy,
+                                        backend=agent_config.verifier_backend, screen_policy=agent_config.screen_policy)
         except errors.InfraError as exc:  # the verifier broke: no reward, never 0
             exc_type, exc_message = agent_exc or type(exc).__name__, f"verifier failed: {type(exc).__name__}: {exc}"
             why = exc_message
@@ -414,13 +390,8 @@ def rescore_trial(item: RescoreItem, settings: RescoreSettings, rescore_job_id: 
         exc_type = SubmissionMissingError.__name__
         exc_message = why = f"submission missing: {item.reason or 'no submission to re-verify'}"
     evidence["why"] = why
-    row = records.TrialRecord(trial_id=trial_id, instance_id=old.instance_id, kind="agent", job_id=rescore_job_id,
-                              reward=reward, exception_type=exc_type, exception_message=exc_message, timings=timings,
-                              model_sha256=old.model_sha256, run_id=(run_id or "")[:64] or None,
-                              agent_steps=old.agent_steps, input_tokens=old.input_tokens,
-                              output_tokens=old.output_tokens, verifier=evidence, submission=submission)
-    change = VerdictChange(instance_id=old.instance_id, original_trial_id=old.trial_id, trial_id=trial_id,
-                           action=item.action, source=item.source, old_reward=old.reward,
-                           old_exception=old.exception_type, new_reward=reward, new_exception=exc_type,
-                           changed=(old.reward, old.exception_type) != (reward, exc_type), why=why)
-    return RescoredTrial(row=row, change=change)
+    return records.TrialRecord(trial_id=trial_id, instance_id=old.instance_id, kind="agent", job_id=rescore_job_id,
+                               reward=reward, exception_type=exc_type, exception_message=exc_message,
+                               timings=timings, model_sha256=old.model_sha256, run_id=(run_id or "")[:64] or None,
+                               agent_steps=old.agent_steps, input_tokens=old.input_tokens,
+                               output_tokens=old.output_tokens, verifier=evidence, submission=submission)

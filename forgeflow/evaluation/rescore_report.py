@@ -73,13 +73,13 @@ def render_rescore_report(plan: RescorePlan, report: JobReport, original_report:
     changed verdicts first, every task's old and new verdict with the reason, and each job's exclusions."""
     counts = plan.counts()
     changed = [c for c in changes if c.changed]
-    s = plan.settings
+    c = plan.agent_config
     lines = [f"# Re-score `{plan.rescore_job_id}` of `{plan.original.job_id}`", "",
              f"- view re-scored: {plan.merged_label} (its rows are unchanged)",
              f"- freeze `{plan.original.freeze_name}`, split `{plan.original.split}`, model "
              f"`{plan.original.model_sha256}`",
-             f"- verifier source sha256 `{plan.verifier_sha256}`; timeout {s.verifier_timeout_s:g} s, "
-             f"{s.memory_mb} MiB, {s.cpus:g} CPUs, tamper policy {s.tamper_policy}",
+             f"- verifier source sha256 `{plan.verifier_sha256}`; timeout {plan.verifier_timeout_s:g} s, "
+             f"{c.memory_mb} MiB, {c.cpus:g} CPUs, tamper policy {c.tamper_policy}",
              f"- {counts['trials']} tasks: {counts['reverify']} re-verified, {counts['carried']} carried over (no "
              f"submission was made), {counts['missing']} with the submission missing; {len(changed)} verdicts changed",
              "", "| job | requested | scored | exceptions | reward 1 | reward 0 | pass rate (scored) | Wilson 95% |",

@@ -233,7 +233,7 @@ class JobRecord(_Record):
 
 
 class JudgmentRecord(_Record):
-    """A row of ``judgments``: the fields of :class:`forgeflow.evaluation.supervision.Judgment` plus ids."""
+    """A row of ``judgments``: one answer's verdict with its ids (:func:`forgeflow.evaluation.judge.judge_answer`)."""
 
     judgment_id: str = Field(min_length=1, max_length=_ID)
     job_id: str | None = Field(default=None, max_length=_ID)

@@ -244,7 +244,7 @@ class Job(_Stamped, Base):
 
 
 class JudgmentRow(_Stamped, Base):
-    """An answer-judge verdict (:func:`forgeflow.evaluation.supervision.judge_answer`) for one question."""
+    """An answer-judge verdict (:func:`forgeflow.evaluation.judge.judge_answer`) for one question."""
 
     __tablename__ = "judgments"
 

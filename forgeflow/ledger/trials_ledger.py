@@ -45,21 +45,6 @@ class VerdictCounts(BaseModel):
     exceptions: int = Field(ge=0, description="ended in an exception (flagged ones that kept a reward included)")
 
 
-class TrialPage(BaseModel):
-    """One page of a job's trials (:meth:`TrialsLedger.job_trial_page`)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    trials: list[TrialRecord] = Field(description="at most limit trials, oldest first (created_at, then trial_id)")
-    total: int = Field(ge=0, description="the job's live trials in all")
-    offset: int = Field(ge=0, description="how many were skipped before this page")
-
-    @property
-    def remaining(self) -> int:
-        """Trials after this page."""
-        return max(0, self.total - self.offset - len(self.trials))
-
-
 class TrialsLedger(LedgerBase):
     """Record and read trials (by job, task or batch), batches, judgments and supervision events."""
 
@@ -258,8 +243,10 @@ class TrialsLedger(LedgerBase):
         with self.engine.connect() as connection:
             return dict(sorted((repo or "-", count) for repo, count in connection.execute(statement)))
 
-    def job_trial_page(self, job_id: str, *, limit: int, offset: int = 0) -> TrialPage:
-        """One page of job ``job_id``'s live trials, oldest first, reading ``limit`` rows whatever the job's size.
+    def job_trial_page(self, job_id: str, *, limit: int, offset: int = 0) -> list[TrialRecord]:
+        """One page of job ``job_id``'s live trials: at most ``limit`` of them after the first ``offset``, oldest first
+        (``created_at``, then ``trial_id``), reading ``limit`` rows whatever the job's size (the job's live trials in
+        all: :meth:`job_verdict_counts`' ``trials``).
 
         Raises:
             ValueError: ``limit`` < 1 or ``offset`` < 0.
@@ -268,9 +255,7 @@ class TrialsLedger(LedgerBase):
             raise ValueError(f"job_trial_page: limit {limit} must be >= 1 and offset {offset} >= 0")
         live = (Trial.job_id == job_id, Trial.voided_at.is_(None))
         page = select(Trial).where(*live).order_by(Trial.created_at, Trial.trial_id).limit(limit).offset(offset)
-        with self.engine.connect() as connection:
-            total = connection.scalar(select(func.count()).select_from(Trial).where(*live)) or 0
-        return TrialPage(trials=self._all(TrialRecord, page), total=total, offset=offset)
+        return self._all(TrialRecord, page)
 
     def validation_seconds(self, instance_ids: Sequence[str]) -> dict[str, float]:
         """Seconds each task's last validation took: per kind the newest live trial's ``env_setup_s + verifier_s``,

@@ -90,26 +90,16 @@ class MetadataEdit(BaseModel):
         return self.artifacts is None or artifact_key in self.artifacts
 
 
-class AppliedEdit(BaseModel):
-    """One edit as it landed in a file (values read back from the result)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    op: EditOp
-    key: str
-    value_type: str = Field(description="its gguf value type name in the result (delete: the type it had)")
-    sub_type: str | None = Field(None, description="element type name of an array, else None")
-    old_value: Any = Field(None, description="the value before (None for add)")
-    new_value: Any = Field(None, description="the value after (None for delete)")
-
-
 class MetadataEditResult(BaseModel):
     """Outcome of :func:`apply_metadata_edits` (offsets and sizes in bytes)."""
 
     model_config = ConfigDict(frozen=True)
 
     path: Path
-    edits: tuple[AppliedEdit, ...] = Field(description="the edits applied, in the order given")
+    edits: tuple[MetadataEdit, ...] = Field(
+        description="the edits applied, in the order given, as they landed: type and sub_type the result's (a "
+                    "delete: the type the key had), value read back from the result (None for a delete)")
+    old_values: dict[str, Any] = Field(description="edited key -> its value before (set and delete; an add has none)")
     data_offset_before: int = Field(ge=HEAD_BYTES)
     data_offset_after: int = Field(ge=HEAD_BYTES)
     size_bytes: int = Field(ge=HEAD_BYTES)
@@ -323,11 +313,10 @@ def apply_metadata_edits(path: Path, edits: Sequence[MetadataEdit | dict[str, An
     applied = []
     for e in edits:
         vtype, sub, _ = expected.get(e.key) or (index.fields[e.key].value_type, index.fields[e.key].sub_type, None)
-        applied.append(AppliedEdit(op=e.op, key=e.key, value_type=vtype, sub_type=sub,
-                                   old_value=old.get(e.key),
-                                   new_value=None if e.op == "delete" else read_metadata(dst, e.key, after)))
+        applied.append(e.model_copy(update={
+            "type": vtype, "sub_type": sub, "value": None if e.op == "delete" else read_metadata(dst, e.key, after)}))
     return MetadataEditResult(
-        path=dst, edits=tuple(applied), data_offset_before=index.data_offset,
+        path=dst, edits=tuple(applied), old_values=old, data_offset_before=index.data_offset,
         data_offset_after=after.data_offset, size_bytes=after.file_size_bytes, verification=mode,
         tensors_verified=0 if snapshot is None else len(index.tensors),
         duration_s=time.perf_counter() - started,
@@ -363,8 +352,8 @@ def edit_lineage(result: MetadataEditResult, source_sha256: str) -> dict[str, An
     ``{"op", "key", "value_type", "value"}`` (read back; None for a delete).
     """
     return {"edited_from_sha256": source_sha256,
-            "metadata_edits": [{"op": e.op, "key": e.key, "value_type": e.value_type,
-                                "value": e.new_value} for e in result.edits]}
+            "metadata_edits": [{"op": e.op, "key": e.key, "value_type": e.type,
+                                "value": e.value} for e in result.edits]}
 
 
 def recorded_edited_values(store: Store, gguf_sha256: str) -> dict[str, Any]:

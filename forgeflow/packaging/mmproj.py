@@ -27,20 +27,63 @@ _FIXED_MAP = {"mm.0": "merger.linear_fc1", "mm.2": "merger.linear_fc2", "v.post_
               "v.patch_embd": "patch_embed.proj", "v.position_embd": "pos_embed"}
 """llama.cpp projector tensor -> HF ``visual.`` tensor for ``qwen3vl_merger`` (the converter's
 ``conversion/qwen3vl.py`` and gguf-py's ``TensorNameMap``)."""
+_PROJECTOR_KEYS = ("general.architecture", "clip.has_vision_encoder", "clip.projector_type", "clip.vision.block_count",
+                   "clip.vision.embedding_length", "clip.vision.projection_dim")
 
 
 class MmprojCheck(BaseModel):
-    """What :func:`check_mmproj` found."""
+    """A projector GGUF as checked: against the vision tower of its checkpoint (:func:`check_mmproj`, at packaging),
+    or against the text GGUF it is served with (:func:`forgeflow.serving.multimodal.check_projector`)."""
 
     model_config = ConfigDict(frozen=True)
 
-    path: Path
+    path: Path = Field(description="the projector GGUF")
     projector_type: str = Field(description="clip.projector_type (e.g. qwen3vl_merger)")
     block_count: int = Field(ge=1, description="clip.vision.block_count (layers)")
     embedding_length: int = Field(ge=1, description="clip.vision.embedding_length (tower width)")
-    projection_dim: int = Field(ge=1, description="clip.vision.projection_dim (output width)")
-    vision_sha256: str = Field(description="vision_tower_sha256 of the checkpoint")
-    tensors_compared: int = Field(ge=0, description="projector tensors compared value by value (0: type not mapped)")
+    projection_dim: int = Field(ge=1, description="clip.vision.projection_dim (output width: the text model's width)")
+    vision_sha256: str | None = Field(None, description="vision_tower_sha256 of the checkpoint it was checked "
+                                                        "against (None: checked against a text GGUF only)")
+    tensors_compared: int = Field(0, ge=0, description="projector tensors compared value by value with the "
+                                                       "checkpoint's (0: type not mapped, or no checkpoint)")
+
+
+def read_projector(mmproj_path: Path) -> tuple[Any, dict[str, Any]]:
+    """Open a projector GGUF: gguf-py's reader and its ``general.architecture``, ``clip.has_vision_encoder``,
+    ``clip.projector_type`` and ``clip.vision.{block_count,embedding_length,projection_dim}`` (None: absent).
+
+    Raises:
+        GGUFError: not a readable GGUF file.
+    """
+    from gguf import GGUFReader
+
+    try:
+        reader = GGUFReader(str(mmproj_path))
+    except Exception as exc:  # gguf-py raises ValueError/OSError/struct errors on bad files
+        raise GGUFError(f"{mmproj_path} is not a readable GGUF file: {exc!r}") from exc
+
+    def value(key: str) -> Any:
+        field = reader.get_field(key)
+        return None if field is None else field.contents()
+
+    return reader, {key: value(key) for key in _PROJECTOR_KEYS}
+
+
+def projector_record(mmproj_path: Path, found: dict[str, Any], vision_sha256: str | None = None,
+                     tensors_compared: int = 0) -> MmprojCheck:
+    """The :class:`MmprojCheck` of a projector whose keys :func:`read_projector` read as ``found``.
+
+    Raises:
+        GGUFError: a ``clip.vision`` width or depth is missing (the key named).
+    """
+    for key in ("clip.vision.block_count", "clip.vision.embedding_length", "clip.vision.projection_dim"):
+        if not found.get(key):
+            raise GGUFError(f"{mmproj_path}: key {key!r} expected a positive number, found {found.get(key)!r}")
+    return MmprojCheck(path=Path(mmproj_path), projector_type=str(found.get("clip.projector_type") or ""),
+                       block_count=found["clip.vision.block_count"],
+                       embedding_length=found["clip.vision.embedding_length"],
+                       projection_dim=found["clip.vision.projection_dim"], vision_sha256=vision_sha256,
+                       tensors_compared=tensors_compared)
 
 
 def _config(hf_dir: Path) -> dict[str, Any]:
@@ -133,26 +176,11 @@ def check_mmproj(mmproj_path: Path, hf_dir: Path) -> MmprojCheck:
         GGUFError: unreadable file, or a key/tensor differs (named, with both values).
         InputError: ``hf_dir`` is not an image-text-to-text checkpoint.
     """
-    from gguf import GGUFReader
-
     mmproj_path, hf_dir = Path(mmproj_path), Path(hf_dir)
     if not is_multimodal(hf_dir):
         raise InputError(f"{hf_dir} has no vision_config: a projector cannot be checked against it")
     vision = _config(hf_dir)["vision_config"]
-    try:
-        reader = GGUFReader(str(mmproj_path))
-    except Exception as exc:  # gguf-py raises ValueError/OSError/struct errors on bad files
-        raise GGUFError(f"{mmproj_path} is not a readable GGUF file: {exc!r}") from exc
-
-    def value(key: str) -> Any:
-        field = reader.get_field(key)
-        return None if field is None else field.contents()
-
-    found = {"general.architecture": value("general.architecture"),
-             "clip.has_vision_encoder": value("clip.has_vision_encoder"),
-             "clip.vision.block_count": value("clip.vision.block_count"),
-             "clip.vision.embedding_length": value("clip.vision.embedding_length"),
-             "clip.vision.projection_dim": value("clip.vision.projection_dim")}
+    reader, found = read_projector(mmproj_path)
     expected = {"general.architecture": "clip", "clip.has_vision_encoder": True,
                 "clip.vision.block_count": vision.get("depth"),
                 "clip.vision.embedding_length": vision.get("hidden_size"),
@@ -161,9 +189,5 @@ def check_mmproj(mmproj_path: Path, hf_dir: Path) -> MmprojCheck:
         if found[key] != want:
             raise GGUFError(f"{mmproj_path}: key {key!r} expected {want!r} (from {hf_dir}/config.json), "
                             f"found {found[key]!r}")
-    projector_type = str(value("clip.projector_type") or "")
-    compared = _compare_tensors(reader, hf_dir, mmproj_path) if projector_type == "qwen3vl_merger" else 0
-    return MmprojCheck(path=mmproj_path, projector_type=projector_type, block_count=found["clip.vision.block_count"],
-                       embedding_length=found["clip.vision.embedding_length"],
-                       projection_dim=found["clip.vision.projection_dim"], vision_sha256=vision_tower_sha256(hf_dir),
-                       tensors_compared=compared)
+    compared = _compare_tensors(reader, hf_dir, mmproj_path) if found["clip.projector_type"] == "qwen3vl_merger" else 0
+    return projector_record(mmproj_path, found, vision_tower_sha256(hf_dir), compared)

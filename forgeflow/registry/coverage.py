@@ -197,6 +197,28 @@ def _under(ref: str, prefix: str) -> bool:
     return "/" in prefix and ref.startswith((prefix + ":", prefix + "@"))
 
 
+def registry_prefix(value: str) -> str:
+    """``value`` without a trailing ``/``, if it is ``host[:port][/path]``.
+
+    Raises:
+        InputError: it is not (a URL scheme, spaces, an empty path component).
+    """
+    prefix = value.rstrip("/")
+    if not _PREFIX.fullmatch(prefix):
+        raise InputError(f"{value!r} is not host[:port][/path]")
+    return prefix
+
+
+def check_apart(old_prefix: str, new_prefix: str) -> None:
+    """Refuse a rewrite whose prefixes are equal or nest (it would not be reversible).
+
+    Raises:
+        InputError: naming both prefixes.
+    """
+    if old_prefix == new_prefix or _under(old_prefix, new_prefix) or _under(new_prefix, old_prefix):
+        raise InputError(f"old_prefix {old_prefix!r} and new_prefix {new_prefix!r} must not contain each other")
+
+
 def rewrite_refs(
     store: Store,
     old_prefix: str,
@@ -212,14 +234,8 @@ def rewrite_refs(
         InputError: a prefix not ``host[:port][/path]``, equal or nested prefixes, an unknown role, or
             references already under ``new_prefix`` (up to 10 named); nothing is written then.
     """
-    old_prefix, new_prefix = old_prefix.rstrip("/"), new_prefix.rstrip("/")
-    for name, value in (("old_prefix", old_prefix), ("new_prefix", new_prefix)):
-        if not _PREFIX.fullmatch(value):
-            raise InputError(f"{name} {value!r} is not host[:port][/path]")
-    if old_prefix == new_prefix or _under(old_prefix, new_prefix) or _under(new_prefix, old_prefix):
-        raise InputError(
-            f"old_prefix {old_prefix!r} and new_prefix {new_prefix!r} must not contain each other"
-        )
+    old_prefix, new_prefix = registry_prefix(old_prefix), registry_prefix(new_prefix)
+    check_apart(old_prefix, new_prefix)
     roles = tuple(image_roles)
     unknown = sorted(set(roles) - set(ImageRole.__args__))
     if unknown:

@@ -65,16 +65,14 @@ def _kubernetes_sandbox(target: SandboxTarget, image: str, spec: SandboxSpec | N
                         name: str | None = None, **kwargs: object) -> Sandbox:
     """A :class:`forgeflow.sandbox.kubernetes.KubernetesSandbox` in ``target``'s cluster and namespace,
     with its own API client (the client's exec stream is not safe on a shared one)."""
-    from forgeflow.sandbox.kubernetes import KubernetesConnection, KubernetesSandbox
+    from forgeflow.sandbox.kubernetes import KubernetesSandbox
     from forgeflow.sandbox.kubernetes_manifests import KubernetesSandboxSpec
 
     k8s_spec = KubernetesSandboxSpec.from_sandbox_spec(
         spec or SandboxSpec(), namespace=target.namespace, image_pull_secret=target.image_pull_secret,
         labels=dict(target.labels))
-    given: KubernetesConnection = kwargs.pop("connection", None) or KubernetesConnection()  # type: ignore[assignment]
-    kwargs["connection"] = given.model_copy(update={key: getattr(target, key) for key in ("kubeconfig", "context")
-                                                    if key not in given.model_fields_set})
-    return KubernetesSandbox(image, k8s_spec, name, **kwargs)  # type: ignore[arg-type]
+    return KubernetesSandbox(image, k8s_spec, name, kubeconfig=target.kubeconfig, context=target.context,
+                             **kwargs)  # type: ignore[arg-type]
 
 
 def get_backend(backend: "str | SandboxTarget") -> Callable[..., Sandbox]:

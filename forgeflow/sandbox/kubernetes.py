@@ -21,8 +21,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from forgeflow.common import errors
 from forgeflow.sandbox.base import OOM_EXIT_CODE, ExecResult, SandboxSpec
 from forgeflow.sandbox.kubernetes_manifests import (
@@ -94,27 +92,6 @@ def new_core_api(kubeconfig: str | None = None, context: str | None = None) -> A
     return client.CoreV1Api(client.ApiClient(configuration=_configuration(kubeconfig, context)))
 
 
-class KubernetesConnection(BaseModel):
-    """How a :class:`KubernetesSandbox` reaches the API server and how long it waits for its pod.
-
-    Attributes:
-        kubeconfig: the kubeconfig file; None: in-cluster, else ``$KUBECONFIG`` / ``~/.kube/config``.
-        context: the kubeconfig context; None: its current context.
-        start_timeout_s: seconds to wait for the container to become ready.
-        poll_interval_s: seconds between pod status reads while starting.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    kubeconfig: str | None = Field(default=None, description="The kubeconfig file; None: in-cluster, else "
-                                                              "$KUBECONFIG / ~/.kube/config.")
-    context: str | None = Field(default=None, description="The kubeconfig context; None: its current context.")
-    start_timeout_s: float = Field(default=600.0, ge=0, description="Seconds to wait for the container to "
-                                                                     "become ready.")
-    poll_interval_s: float = Field(default=1.0, ge=0, description="Seconds between pod status reads while "
-                                                                   "starting.")
-
-
 class KubernetesSandbox:
     """A trial pod kept alive (``sleep infinity``) while commands run in it through the exec API.
 
@@ -128,11 +105,11 @@ class KubernetesSandbox:
         name: the pod name (a DNS label, <= 63 chars, e.g. :func:`forgeflow.sandbox.trial.container_name`);
             default: :func:`pod_name` of the ids.
         api: a ``kubernetes.client.CoreV1Api``; default: one of its own from :func:`new_core_api`
-            (``connection``'s kubeconfig and context) at :meth:`start`.
+            (``kubeconfig`` and ``context``) at :meth:`start`.
         instance_id, trial_id: the ids labelled on the pod (default: ``name``, else a fresh uuid).
-        connection: the kubeconfig and context (None: in-cluster, else the default kubeconfig and its
-            current context), the start timeout and the status poll interval
-            (:class:`KubernetesConnection`; None: its defaults).
+        kubeconfig, context: the cluster, as a :class:`~forgeflow.sandbox.backends.SandboxTarget` names it (the
+            kubernetes backend passes its target's): the kubeconfig file (None: in-cluster, else
+            ``$KUBECONFIG`` / ``~/.kube/config``) and its context (None: its current context).
         tree_repo: an agent's pod: the repository (``/testbed``) on a volume shared with a sleeping
             ``tree`` sidecar, for :meth:`export_tree`; None (verifier pods): one container.
 
@@ -143,6 +120,12 @@ class KubernetesSandbox:
         VerifierTimeoutError: a command exceeded ``timeout_s``.
     """
 
+    start_timeout_s: float = 600.0
+    """Seconds :meth:`start` waits for the container to become ready."""
+
+    poll_interval_s: float = 1.0
+    """Seconds between pod status reads while :meth:`start` waits."""
+
     def __init__(
         self,
         image: str,
@@ -152,7 +135,8 @@ class KubernetesSandbox:
         api: Any = None,
         instance_id: str | None = None,
         trial_id: str | None = None,
-        connection: KubernetesConnection | None = None,
+        kubeconfig: str | None = None,
+        context: str | None = None,
         tree_repo: str | None = None,
     ) -> None:
         if isinstance(spec, SandboxSpec):
@@ -170,9 +154,7 @@ class KubernetesSandbox:
         self.name: str = self.manifest["metadata"]["name"]
         self.namespace = self.spec.namespace
         self._api = api
-        self.connection = connection or KubernetesConnection()
-        self.start_timeout_s = self.connection.start_timeout_s
-        self.poll_interval_s = self.connection.poll_interval_s
+        self.kubeconfig, self.context = kubeconfig, context
         self._created = False
         self._oom_kills_seen = 0
         self._api_lock = threading.RLock()
@@ -191,7 +173,7 @@ class KubernetesSandbox:
     @property
     def api(self) -> Any:
         if self._api is None:
-            self._api = new_core_api(self.connection.kubeconfig, self.connection.context)
+            self._api = new_core_api(self.kubeconfig, self.context)
         return self._api
 
     def _read_status(self) -> dict:

@@ -236,7 +236,7 @@ def verify_submission(
             notes.append("empty submission (no change to /testbed)")
         try:
             result = run_tests(sandbox, tests.test_command, timeout_s, log_parser=tests.log_parser,
-                               expect=tests.expectations())
+                               expect=tests)
         except tuple(SUBMISSION_FAILURES) as exc:
             failure = _attribute(exc, tests, timeout_s=timeout_s, spec=spec, name=name, backend=backend)
             evidence["submission_failure"] = failure

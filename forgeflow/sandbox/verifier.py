@@ -31,7 +31,6 @@ from forgeflow.sandbox.verifier_channel import (
     TRIPWIRE_MUST_FAIL,
     TRIPWIRE_MUST_PASS,
     count_problems,
-    digest_records,
     find_summary_lines,
     known_test_problems,
     log_summary_problems,
@@ -46,7 +45,6 @@ __all__ = [
     "LOG_PARSERS",
     "LOG_TAIL_CHARS",
     "VerifierResult",
-    "RunExpectations",
     "RepeatPlan",
     "TaskTests",
     "run_tests",
@@ -174,20 +172,6 @@ class VerifierResult(BaseModel):
         return out
 
 
-class RunExpectations(BaseModel):
-    """What the verifier knows of a task's tests before the run (the known-tests cross-check)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    known_tests: list[str] | None = Field(
-        None,
-        description="every test id the task's pristine runs (NOP, Oracle) collected; None: not recorded (the check "
-                    "is skipped).")
-    graded_tests: list[str] = Field(default_factory=list,
-                                    description="the FAIL_TO_PASS and PASS_TO_PASS ids: each must be collected "
-                                                "exactly once.")
-
-
 class RepeatPlan(BaseModel):
     """A run that repeats some tests (flaky-gold detection): each of ``tests`` runs ``repeat_count``
     times in one pytest process, back to back; the other tests run once, or not at all with
@@ -289,7 +273,7 @@ def _with_setup(script: str, setup: str, nonce: str) -> tuple[str, str]:
 
 
 def run_tests(sandbox: Sandbox, test_command: str, timeout_s: float, *, log_parser: str | None = None,
-              setup: str | None = None, one_shot: bool = False, expect: RunExpectations | None = None,
+              setup: str | None = None, one_shot: bool = False, expect: TaskTests | None = None,
               repeat: RepeatPlan | None = None) -> VerifierResult:
     """Run a task's tests in :data:`TESTBED` of a started sandbox and read their outcomes.
 
@@ -297,7 +281,8 @@ def run_tests(sandbox: Sandbox, test_command: str, timeout_s: float, *, log_pars
         timeout_s: wall-clock limit in seconds (> 0).
         log_parser: None reads forgeflow's pytest report channel; a :data:`LOG_PARSERS` name parses the log.
         setup: a shell fragment run before the tests in the same exec (e.g. the Oracle's revert).
-        expect: the task's known and graded tests to cross-check; None: only the channel's own checks.
+        expect: the task whose known and graded tests (``known_tests``, :meth:`TaskTests.graded_tests`) the run is
+            cross-checked against; None: only the channel's own checks.
 
     Returns:
         The :class:`VerifierResult`; ``problem`` (and ``tampering``) set when the outcomes contradict the
@@ -357,13 +342,13 @@ def _common(res: ExecResult, log: str) -> dict[str, Any]:
             "stdout_sha256": res.stdout_sha256, "stderr_sha256": res.stderr_sha256, "undecodable": res.undecodable}
 
 
-def _read_pytest_run(res: ExecResult, nonce: str, expect: RunExpectations | None,
+def _read_pytest_run(res: ExecResult, nonce: str, expect: TaskTests | None,
                      repeat: RepeatPlan | None) -> VerifierResult:
     """The outcome of a run with forgeflow's plugin: its records, checked three ways."""
-    reading = read_channel(res.stdout, nonce)
-    log = _joined_log(reading.log, res.stderr)
+    digest = read_channel(res.stdout, nonce, repeat.repeat_count if repeat else 1)
+    log = _joined_log(digest.log, res.stderr)
     common = _common(res, log)
-    if not reading.records and not reading.corrupt:
+    if not digest.record_count and not digest.corrupt:
         # pytest never started with the report plugin: the test command is not a pytest run that
         # keeps PYTEST_ADDOPTS / PYTHONPATH, or the interpreter failed. No submission reaches that
         # far (its code runs only after the plugin is imported): the verifier broke
@@ -371,8 +356,7 @@ def _read_pytest_run(res: ExecResult, nonce: str, expect: RunExpectations | None
             f"the test command exited {res.exit_code} without starting pytest with forgeflow's report plugin "
             f"(a pytest command that keeps $PYTHONPATH and $PYTEST_ADDOPTS is needed, or give a log_parser); "
             f"evidence: the output ends {log.strip()[-300:]!r}")
-    digest = digest_records(reading.records, nonce, repeat.repeat_count if repeat else 1)
-    tampering = [f"a corrupt record on the channel: {c!r}" for c in reading.corrupt] + list(digest.tampering)
+    tampering = [f"a corrupt record on the channel: {c!r}" for c in digest.corrupt] + list(digest.tampering)
     if digest.distributed and expect is None:  # the task's own command (a pristine run): not gradable
         raise errors.VerifierOutputError(
             f"the test command runs pytest-xdist ({digest.distributed}): forgeflow's report channel reads one "
@@ -387,14 +371,14 @@ def _read_pytest_run(res: ExecResult, nonce: str, expect: RunExpectations | None
     tampering += tripwire_problems(digest.tripwires)
     counts = None
     if digest.ended and (digest.verbosity or 0) >= -1 and digest.exitstatus in (0, 1, 2, 5):
-        lines = find_summary_lines(reading.log[reading.end_offset or 0:])
+        lines = find_summary_lines(digest.log[digest.end_offset or 0:])
         if not lines:
             tampering.append("pytest's final summary line is missing after its session end")
         else:
             counts = summary_counts(lines[0][1])
             tampering += count_problems(counts, digest.counts, SUMMARY_CATEGORIES, exact=True)
     if expect is not None:
-        tampering += known_test_problems(digest, expect.known_tests, expect.graded_tests)
+        tampering += known_test_problems(digest, expect.known_tests, expect.graded_tests())
     return VerifierResult(tests=digest.tests, report_exit_code=digest.exitstatus, tampering=tampering,
                           problem="; ".join(tampering) or None, tripwires=digest.tripwires,
                           collected=digest.collected, repeat_runs=digest.repeat_runs, summary_counts=counts,
@@ -402,13 +386,13 @@ def _read_pytest_run(res: ExecResult, nonce: str, expect: RunExpectations | None
                           runner_inputs=digest.runner_inputs, **common)
 
 
-def _read_log_run(res: ExecResult, log_parser: str, expect: RunExpectations | None,
+def _read_log_run(res: ExecResult, log_parser: str, expect: TaskTests | None,
                   nonce: str | None = None) -> VerifierResult:
     """The outcome of a log-parser run, with the exit-status check and, for pytest logs, the summary check and
     the report plugin's (run beside the log: ``nonce``) tripwires, integrity and registration checks; the
     outcomes are the log's. A pytest command that drops the plugin leaves the log alone to read."""
     reading = read_channel(res.stdout, nonce) if nonce else None
-    digest = digest_records(reading.records, nonce) if reading is not None and reading.records else None
+    digest = reading if reading is not None and reading.record_count else None
     digest = None if digest is not None and digest.distributed else digest  # xdist: the log alone (no collection)
     stdout = reading.log if reading is not None else res.stdout
     log = _joined_log(stdout, res.stderr)
@@ -429,7 +413,7 @@ def _read_log_run(res: ExecResult, log_parser: str, expect: RunExpectations | No
     problems = [p for p in [cross_check(tests, res.exit_code, None, True,
                                         extra_failure=wires.get("must_fail") == "FAILED")] if p]
     if digest is not None:
-        problems += [f"a corrupt record on the channel: {c!r}" for c in reading.corrupt] + list(digest.tampering)
+        problems += [f"a corrupt record on the channel: {c!r}" for c in digest.corrupt] + list(digest.tampering)
         problems += tripwire_problems(wires) + ([] if set(wires) == {"must_pass", "must_fail"} else [
             f"the verifier's tripwires did not both run (reported: {sorted(wires) or 'none'})"])
         forged = sorted(t for t, status in tests.items()
@@ -467,7 +451,3 @@ class TaskTests(Task):
     @classmethod
     def _empty_is_unrecorded(cls, value: list[str] | None) -> list[str] | None:
         return value or None
-
-    def expectations(self) -> RunExpectations:
-        """The known-tests cross-check of a run of these tests (:class:`RunExpectations`)."""
-        return RunExpectations(known_tests=self.known_tests, graded_tests=self.graded_tests())

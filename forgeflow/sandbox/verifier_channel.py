@@ -16,7 +16,6 @@ __all__ = [
     "TRIPWIRE_MUST_PASS",
     "TRIPWIRE_MUST_FAIL",
     "SUMMARY_CATEGORIES",
-    "ChannelReading",
     "StreamDigest",
     "read_channel",
     "digest_records",
@@ -48,25 +47,13 @@ _SUMMARY_LINE = re.compile(
 _PLURALS = {"errors": "error", "warnings": "warning"}
 
 
-class ChannelReading(BaseModel):
-    """The records of one run, split from its output."""
-
-    model_config = ConfigDict(frozen=True)
-
-    records: list[dict[str, Any]] = Field(description="the parsed records, in the order they were written.")
-    log: str = Field(description="the run's stdout without the record lines.")
-    end_offset: int | None = Field(None,
-                                   description="index in log where the session-end record stood (pytest's summary "
-                                               "follows it); None without one.")
-    corrupt: list[str] = Field(default_factory=list,
-                               description="one entry per framed line that is not a JSON object with an int seq.")
-
-
-def read_channel(stdout: str, nonce: str) -> ChannelReading:
-    """Split ``stdout`` into the plugin's records (framed with ``nonce``) and the run's own output.
+def read_channel(stdout: str, nonce: str, repeat: int = 1) -> StreamDigest:
+    """Split ``stdout`` into the plugin's records (framed with ``nonce``) and the run's own output, and digest
+    the records (:func:`digest_records`; ``repeat``: how many times each item was to run).
 
     Returns:
-        The :class:`ChannelReading`; a framed line that does not parse is listed in ``corrupt``.
+        The :class:`StreamDigest` with the output without the records (``log``); a framed line that does not
+        parse is listed in ``corrupt``.
     """
     frame = re.compile(r"\n" + re.escape(RECORD_PREFIX + nonce) + r" ([^\n]*)(?:\n|$)")
     records: list[dict[str, Any]] = []
@@ -89,13 +76,23 @@ def read_channel(stdout: str, nonce: str) -> ChannelReading:
         if record.get("kind") == "end" and end_offset is None:
             end_offset = size
     parts.append(stdout[last:])
-    return ChannelReading(records=records, log="".join(parts), end_offset=end_offset, corrupt=corrupt)
+    return digest_records(records, nonce, repeat).model_copy(update={
+        "record_count": len(records), "log": "".join(parts), "end_offset": end_offset, "corrupt": corrupt})
 
 
 class StreamDigest(BaseModel):
-    """What the records say about the run, and every way they contradict themselves."""
+    """What the channel says about the run (:func:`read_channel`; :func:`digest_records` of the records alone
+    leaves the output's fields at their defaults), and every way its records contradict themselves."""
 
     model_config = ConfigDict(frozen=True)
+
+    record_count: int = Field(0, ge=0, description="the records read (well-formed ones, in the order written).")
+    log: str = Field("", description="the run's stdout without the record lines.")
+    end_offset: int | None = Field(None,
+                                   description="index in log where the session-end record stood (pytest's summary "
+                                               "follows it); None without one.")
+    corrupt: list[str] = Field(default_factory=list,
+                               description="one entry per framed line that is not a JSON object with an int seq.")
 
     started: bool = Field(False, description="a start record was read (pytest ran with the plugin).")
     ended: bool = Field(False, description="a session-end record was read.")

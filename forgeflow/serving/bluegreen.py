@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow.common import errors
 from forgeflow.common.fsutil import atomic_write_json, file_lock, sha256_file
+from forgeflow.evaluation.compare.gate import Decision
 from forgeflow.serving import external
 from forgeflow.serving.backend import BackendConfig
 from forgeflow.serving.external import EndpointCheck
@@ -55,10 +56,11 @@ class ServingState(BaseModel):
 
 
 class SwapResult(BaseModel):
-    """Outcome of a swap: :func:`swap` / :func:`promote`, a swap behind a promotion gate (``verdict`` set; the
-    ``serve`` flow's result), or :func:`stage` alone: a staged swap, whose ``current`` is the new server started on
-    the idle port and gated but not yet recorded (its ``generation`` provisional: :func:`promote` numbers and
-    records it, :func:`discard` stops it)."""
+    """Outcome of a swap: :func:`swap` / :func:`promote` (the ``serve`` flow's result), a swap behind the promotion
+    gate (``decision`` and ``report_path`` set; the ``promote`` flow's result, ``rolled_back`` with nothing started
+    when the verdict was not promote), or :func:`stage` alone: a staged swap, whose ``current`` is the new server
+    started on the idle port and gated but not yet recorded (its ``generation`` provisional: :func:`promote` numbers
+    and records it, :func:`discard` stops it)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -71,8 +73,10 @@ class SwapResult(BaseModel):
     gate: ServingGateResult | None = Field(
         description="the gate evidence of the new server (None if it never started).")
     error: str = Field("", description="why it was rolled back, empty otherwise.")
-    verdict: str = Field("", description="the promotion gate's verdict on the staged server (promote, hold, "
-                                         "reject, ...); empty for a swap without one.")
+    decision: Decision | None = Field(None, description="the promotion gate's verdict and reason (None for a swap "
+                                                        "without one).")
+    report_path: Path | None = Field(None, description="the promotion gate's comparison report (markdown; PNG beside "
+                                                       "it); None for a swap without one.")
     new_port: int | None = Field(default=None, ge=1, le=65535,
                                  description="the port the new server was started on (None when unknown).")
     new_gguf_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$",
@@ -207,7 +211,7 @@ def _stage_external(state_path: Path, model_path: Path, model_sha256: str, backe
                     api_key: str | None) -> SwapResult:
     """:func:`stage` for an external endpoint: probe it, then the smoke completion; nothing starts or is recorded."""
     url = str(backend.base_url)
-    found = external.probe(url, backend.model_alias, model_path, model_sha256,
+    checks = external.probe(url, backend.model_alias, model_path, model_sha256,
                            required_context_tokens=backend.required_context_tokens, api_key=api_key)
     gate_result = gate(url, backend.model_alias, api_key=api_key)
     with _state_lock(state_path):
@@ -223,7 +227,7 @@ def _stage_external(state_path: Path, model_path: Path, model_sha256: str, backe
     staged = _staged_state(previous, backend.external_port, model_path, model_sha256, backend, base_url=url,
                            external=True, api_key_secret=backend.api_key_secret)
     return SwapResult(previous=previous, current=staged, rolled_back=False, gate=gate_result,
-                      new_port=backend.external_port, new_gguf_sha256=model_sha256, checks=(*found.checks, smoke))
+                      new_port=backend.external_port, new_gguf_sha256=model_sha256, checks=(*checks, smoke))
 
 
 def promote(state_path: Path, staged: SwapResult, min_generation: int = 1) -> SwapResult:
@@ -252,6 +256,21 @@ def promote(state_path: Path, staged: SwapResult, min_generation: int = 1) -> Sw
             stop_pid(previous.pid, previous.active_port)
         return SwapResult(previous=previous, current=current, rolled_back=False, gate=staged.gate,
                           new_port=server.active_port, new_gguf_sha256=server.gguf_sha256, checks=staged.checks)
+
+
+def held(state_path: Path, decision: Decision, report_path: Path) -> SwapResult:
+    """A promotion the gate did not pass (``decision.verdict`` hold or reject): nothing started, the recorded
+    endpoint stays (``previous`` and ``current`` both the state ``state_path`` records), ``rolled_back`` with the
+    gate's verdict and reason as the error.
+
+    Raises:
+        InputError: the state file exists but is not a valid state.
+    """
+    with _state_lock(state_path):
+        recorded = read_state(state_path)
+    return SwapResult(previous=recorded, current=recorded, rolled_back=True, gate=None,
+                      error=f"the promotion gate said {decision.verdict!r}: {decision.reason}", decision=decision,
+                      report_path=report_path)
 
 
 def discard(staged: SwapResult) -> None:

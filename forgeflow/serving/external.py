@@ -31,18 +31,6 @@ class EndpointCheck(BaseModel):
     detail: str = Field(description="what was seen, in words.")
 
 
-class ExternalProbe(BaseModel):
-    """What :func:`probe` found."""
-
-    model_config = ConfigDict(frozen=True)
-
-    base_url: str = Field(description="the endpoint's API root.")
-    model_ids: list[str] = Field(description="the ids /models lists.")
-    props: ServerProps | None = Field(description="llama-server's /props (None when the endpoint does not answer it).")
-    checks: tuple[EndpointCheck, ...] = Field(
-        description="the models, identity, slot_context and accelerator checks, in that order.")
-
-
 def _headers(api_key: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
@@ -141,26 +129,29 @@ def slot_check(props: ServerProps | None, required_tokens: int | None, where: st
 
 
 def probe(base_url: str, model_alias: str, model_path: Path, model_sha256: str, *,
-          required_context_tokens: int | None = None, api_key: str | None = None) -> ExternalProbe:
+          required_context_tokens: int | None = None, api_key: str | None = None) -> tuple[EndpointCheck, ...]:
     """Every check an external endpoint can report, before anything is recorded (see the module docstring).
 
     Args:
         required_context_tokens: tokens one request needs (None: the slot check is not run).
         api_key: sent as ``Authorization: Bearer``; None: no header.
 
+    Returns:
+        The ``models``, ``identity``, ``slot_context`` and ``accelerator`` checks, in that order (a swap's
+        ``checks``).
+
     Raises:
         PreflightError: the endpoint does not answer ``/models`` (the URL named).
         InputError: 401/403, a wrong alias, or ``/props`` naming another model file.
         ContextPreflightError: ``/props`` reports slots smaller than ``required_context_tokens``.
     """
-    ids = check_models(base_url, model_alias, api_key)
+    check_models(base_url, model_alias, api_key)
     props = read_props(base_url, api_key)
     where = props_url(base_url)
-    checks = (
+    return (
         EndpointCheck(name="models", status="passed", detail=f"{base_url}/models lists {model_alias!r}"),
         identity_check(props, Path(model_path), model_sha256, where),
         slot_check(props, required_context_tokens, where),
         EndpointCheck(name="accelerator", status="not_run",
                       detail="an external server's load log (GPU offload) is not readable by forgeflow"),
     )
-    return ExternalProbe(base_url=base_url, model_ids=ids, props=props, checks=checks)

@@ -10,42 +10,27 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from forgeflow.common import errors
+from forgeflow.packaging.mmproj import MmprojCheck, projector_record, read_projector
 
 SMOKE_QUESTION = "What shape and colour is in this image?"
 
 
-class ProjectorCheck(BaseModel):
-    """A GGUF and the projector it is served with, found to fit.
-
-    Attributes:
-        gguf_path / mmproj_path: the two files; projector_type: ``clip.projector_type``.
-    """
-
-    model_config = ConfigDict(frozen=True)
-
-    gguf_path: Path
-    mmproj_path: Path
-    projector_type: str
-    embedding_length: int = Field(ge=1, description="the language model's width (ne[0] of token_embd.weight).")
-    projection_dim: int = Field(ge=1,
-                                description="the projector's output width (clip.vision.projection_dim), equal to "
-                                            "it.")
-
-
-def check_projector(gguf_path: Path, mmproj_path: Path, recorded_mmproj_sha256: str | None = None) -> ProjectorCheck:
+def check_projector(gguf_path: Path, mmproj_path: Path, recorded_mmproj_sha256: str | None = None) -> MmprojCheck:
     """Check, before any server starts, that ``mmproj_path`` is a vision projector for ``gguf_path``.
 
     Args:
         recorded_mmproj_sha256: the projector the store records beside the GGUF (its package run's
             ``mmproj_sha256``); None: not checked.
 
+    Returns:
+        The projector's :class:`~forgeflow.packaging.mmproj.MmprojCheck` (``projection_dim``: the GGUF's width;
+        no ``vision_sha256``: no checkpoint is read here).
+
     Raises:
         InputError: a file is missing, the projector has no vision encoder, its ``projection_dim`` is not the
             GGUF's embedding width, or its sha256 is not the recorded one (each named with both values).
-        GGUFError: a file is not a readable GGUF.
+        GGUFError: a file is not a readable GGUF, or the projector lacks a ``clip.vision`` width or depth.
     """
-    from gguf import GGUFReader
-
     from forgeflow.common.fsutil import sha256_file
     from forgeflow.packaging.gguf_reader import read_header_index
 
@@ -53,23 +38,15 @@ def check_projector(gguf_path: Path, mmproj_path: Path, recorded_mmproj_sha256: 
     for path in (gguf_path, mmproj_path):
         if not path.is_file():
             raise errors.InputError(f"{path} is not a file")
-    try:
-        reader = GGUFReader(str(mmproj_path))
-    except Exception as exc:  # gguf-py raises ValueError/OSError/struct errors on bad files
-        raise errors.GGUFError(f"mmproj {mmproj_path} is not a readable GGUF file: {exc!r}") from exc
-
-    def value(key: str) -> Any:
-        field = reader.get_field(key)
-        return None if field is None else field.contents()
-
-    if value("general.architecture") != "clip" or not value("clip.has_vision_encoder"):
+    _, found = read_projector(mmproj_path)
+    if found["general.architecture"] != "clip" or not found["clip.has_vision_encoder"]:
         raise errors.InputError(f"mmproj {mmproj_path} is not a vision projector (general.architecture "
-                                f"{value('general.architecture')!r}, clip.has_vision_encoder "
-                                f"{value('clip.has_vision_encoder')!r})")
+                                f"{found['general.architecture']!r}, clip.has_vision_encoder "
+                                f"{found['clip.has_vision_encoder']!r})")
     embd = next((t for t in read_header_index(gguf_path).tensors if t.name == "token_embd.weight"), None)
     if embd is None:
         raise errors.InputError(f"{gguf_path} has no token_embd.weight: not a language model GGUF")
-    width, projection = int(embd.shape[0]), int(value("clip.vision.projection_dim") or 0)
+    width, projection = int(embd.shape[0]), int(found["clip.vision.projection_dim"] or 0)
     if width != projection:
         raise errors.InputError(f"mmproj {mmproj_path.name} projects to {projection} but {gguf_path.name} embeds "
                                 f"{width} wide: the projector is not this model's")
@@ -78,9 +55,7 @@ def check_projector(gguf_path: Path, mmproj_path: Path, recorded_mmproj_sha256: 
         if actual != recorded_mmproj_sha256:
             raise errors.InputError(f"mmproj {mmproj_path} (sha256 {actual}) is not the projector recorded beside "
                                     f"{gguf_path.name} (sha256 {recorded_mmproj_sha256})")
-    return ProjectorCheck(gguf_path=gguf_path, mmproj_path=mmproj_path,
-                          projector_type=str(value("clip.projector_type")), embedding_length=width,
-                          projection_dim=projection)
+    return projector_record(mmproj_path, found)
 
 
 def red_square_data_uri(size_px: int = 64) -> str:

@@ -123,26 +123,6 @@ class Lineage(BaseModel):
         description="image-text-to-text base: vision_tower_sha256 of the base's tower")
 
 
-class BurstOrigin(BaseModel):
-    """What a burst starts from, each folder with its content digest (the digests key the tasks' cache)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    base_model_dir: Path = Field(description="HF model folder with tokenizer and chat template")
-    base_model_sha256: str = Field(min_length=64, max_length=64, description="sha256_tree of base_model_dir")
-    parent_adapter_dir: Path | None = Field(None,
-        description="the adapter folder the burst continues, or None (a new adapter)")
-    parent_adapter_sha256: str | None = Field(None, min_length=64, max_length=64,
-        description="adapter_sha256 of parent_adapter_dir; None exactly when there is no parent")
-
-    @model_validator(mode="after")
-    def _parent_with_its_digest(self) -> "BurstOrigin":
-        if (self.parent_adapter_dir is None) != (self.parent_adapter_sha256 is None):
-            raise ValueError("parent_adapter_dir and parent_adapter_sha256 go together (both or neither): "
-                             f"got {self.parent_adapter_dir} and {self.parent_adapter_sha256}")
-        return self
-
-
 class AdapterRecord(BaseModel):
     """A trained LoRA adapter folder and its lineage."""
 

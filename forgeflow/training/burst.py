@@ -46,14 +46,20 @@ log = logging.getLogger(__name__)
 _ROLES = frozenset({"system", "user", "assistant", "tool"})
 
 
-class SFTData(BaseModel):
-    """An SFT dataset and the digest that identifies it."""
+class BurstData(BaseModel):
+    """A burst's dataset and the digest that identifies it (its adapter's ``lineage.dataset_sha256``): SFT rows
+    (:func:`build_sft_dataset`) or RL prompts (:func:`forgeflow.training.rl.build_rl_dataset`, which also names the
+    prompt template the prompts were rendered from)."""
 
     model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
 
-    dataset: Any = Field(
-        description="datasets.Dataset with messages (or prompt/completion), instance_id and source columns")
+    dataset: Any = Field(description="datasets.Dataset: SFT messages (or prompt/completion), instance_id and source "
+                         "columns; RL prompt, instance_id and the verifier's columns")
     sha256: str = Field(min_length=64, max_length=64, description="sha256_json of the rows, in order")
+    prompt_template: Path | None = Field(None, description="RL: the template the prompts were rendered from; "
+                                         "None for SFT")
+    prompt_template_sha256: str | None = Field(None, min_length=64, max_length=64,
+                                               description="RL: sha256_file of prompt_template when rendered")
 
 
 class BurstConfig(LoraSettings):
@@ -121,7 +127,7 @@ def _clean_messages(messages: Any, where: str) -> list[dict[str, Any]]:
     return [_clean_message(m, f"{where}[{j}]") for j, m in enumerate(messages)]
 
 
-def build_sft_dataset(samples: list[dict]) -> SFTData:
+def build_sft_dataset(samples: list[dict]) -> BurstData:
     """Turn chat samples (``messages``, or ``prompt`` + ``completion``; one format) into a dataset with a digest.
 
     Raises:
@@ -131,7 +137,7 @@ def build_sft_dataset(samples: list[dict]) -> SFTData:
 
     rows = sft_rows(samples)
     table = sample_images.uniform_parts(rows) if sample_images.has_parts(rows) else rows
-    return SFTData(dataset=Dataset.from_list(table), sha256=dataset_sha256(rows))
+    return BurstData(dataset=Dataset.from_list(table), sha256=dataset_sha256(rows))
 
 
 def dataset_sha256(rows: list[dict[str, Any]]) -> str:
@@ -309,7 +315,7 @@ def _reusable(out_dir: Path, expected: dict[str, Any]) -> AdapterRecord | None:
     return record if found == expected else None
 
 
-def _check_lengths(tokenizer: Any, data: SFTData, max_length: int) -> None:
+def _check_lengths(tokenizer: Any, data: BurstData, max_length: int) -> None:
     """Refuse (``InputError``, the first five named) samples longer than ``max_length`` tokens."""
     too_long: list[tuple[str, int]] = []
     for row in data.dataset:
@@ -329,7 +335,7 @@ def _check_lengths(tokenizer: Any, data: SFTData, max_length: int) -> None:
 
 def run_sft_burst(
     base_model_dir: Path,
-    data: SFTData,
+    data: BurstData,
     out_dir: Path,
     config: BurstConfig,
     parent_adapter_dir: Path | None = None,

@@ -8,23 +8,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from forgeflow.common.errors import InputError
 from forgeflow.curation.task_rows import TaskSource
 from forgeflow.evaluation.canary import CanaryTask, canary_tasks, frozen_split
 from forgeflow.training.rewards import TASK_TIMEOUT_S
 from forgeflow.training.rl import RLTask
-
-
-class FreezeSplit(BaseModel):
-    """One split of a recorded freeze and its task rows: where an RL burst's tasks come from when not a JSONL."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    freeze_name: str = Field(min_length=1, description="a freeze recorded in the store")
-    split: str = Field("train", min_length=1, description="the freeze's split")
-    source: TaskSource = Field(TaskSource(), description="the task rows, as the canary flow takes them")
 
 
 def rl_tasks_from_canary(tasks: Sequence[CanaryTask], task_timeout_s: float = TASK_TIMEOUT_S) -> list[dict[str, Any]]:

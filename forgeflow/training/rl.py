@@ -29,7 +29,7 @@ from forgeflow.training.adapters import (
     read_adapter_record,
     resolve_lineage_inputs,
 )
-from forgeflow.training.burst import TRAINER_RUN_ARGS
+from forgeflow.training.burst import TRAINER_RUN_ARGS, BurstData
 from forgeflow.training.device import DeviceChoice, DevicePlan, device_plan
 from forgeflow.training.episodes import EpisodeSettings, Policy
 from forgeflow.training.episodes_grpo import EpisodeRollout, EpisodeStepStats, episode_reward
@@ -85,24 +85,14 @@ class RLTask(VerifierSpec):
         return None
 
 
-class RLData(BaseModel):
-    """An RL prompt dataset and its digest (``sha256_json`` of the rows: it covers the rendered prompts).
+def build_rl_dataset(tasks: Sequence[RLTask | dict],
+                     prompt_template: Path = DEFAULT_PROMPT_TEMPLATE) -> BurstData:
+    """Render each task's prompt from ``prompt_template`` (``{problem_statement}`` replaced verbatim): the RL
+    dataset with its digest (``sha256_json`` of the rows: it covers the rendered prompts) and the template's.
 
     The test columns are ``FAIL_TO_PASS`` / ``PASS_TO_PASS``, as :class:`~forgeflow.common.task.Task` spells them
     (lowercase until issue 35: a dataset's digest, and so an RL adapter's lineage, changed once with the rename).
     ``known_tests`` is a column only when some task has them, so older digests stay the same.
-    """
-
-    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
-
-    dataset: Any
-    sha256: str = Field(min_length=64, max_length=64)
-    prompt_template: Path
-    prompt_template_sha256: str = Field(min_length=64, max_length=64)
-
-
-def build_rl_dataset(tasks: Sequence[RLTask | dict], prompt_template: Path = DEFAULT_PROMPT_TEMPLATE) -> RLData:
-    """Render each task's prompt from ``prompt_template`` (``{problem_statement}`` replaced verbatim).
 
     Raises:
         InputError: ``tasks`` is empty, a task is malformed (index and field named), ``instance_id``
@@ -143,8 +133,8 @@ def build_rl_dataset(tasks: Sequence[RLTask | dict], prompt_template: Path = DEF
     if any(task.known_tests for task in valid):  # the column only where recorded: older datasets keep their digest
         for task, row in zip(valid, rows):
             row["known_tests"] = list(task.known_tests) if task.known_tests else None
-    return RLData(dataset=Dataset.from_list(rows), sha256=sha256_json(rows), prompt_template=Path(prompt_template),
-                  prompt_template_sha256=sha256_file(prompt_template))
+    return BurstData(dataset=Dataset.from_list(rows), sha256=sha256_json(rows), prompt_template=Path(prompt_template),
+                     prompt_template_sha256=sha256_file(prompt_template))
 
 
 # --- the burst ---------------------------------------------------------------------------------
@@ -260,7 +250,7 @@ def _trl_objects(config: RLBurstConfig, output_dir: Path, with_lora: bool,
 
 
 def _policy(base_model_dir: Path, parent_adapter_dir: Path | None, plan: DevicePlan, tokenizer: Any,
-            data: RLData) -> tuple[Any, vl_burst.VLBurstInputs | None]:
+            data: BurstData) -> tuple[Any, vl_burst.VLBurstInputs | None]:
     """``(policy, tower)``: the model an RL burst trains (the parent adapter loaded trainable) and None; on an
     image-text-to-text base (tiny-vl) the model with its vision tower frozen
     (:func:`~forgeflow.training.vl_burst.load_vl_model`; the prompts stay text) and the tower's digests that
@@ -338,7 +328,7 @@ def _check_scored(counts: list[StepRewardCounts], config: RLBurstConfig, report:
 
 def run_rl_burst(
     base_model_dir: Path,
-    data: RLData,
+    data: BurstData,
     out_dir: Path,
     config: RLBurstConfig,
     parent_adapter_dir: Path | None = None,
@@ -369,6 +359,8 @@ def run_rl_burst(
     if existing is not None:
         return existing
     remove_dead_staging_dirs(out_dir)  # a killed burst's leftovers: free their disk before measuring it
+    if data.prompt_template is None:
+        raise errors.InputError("an RL burst's data names its prompt template: build it with build_rl_dataset")
     burst_preflight(base_model_dir, out_dir, config.lora_r, config.lora_target_modules, [data.prompt_template])
     if sha256_file(data.prompt_template) != data.prompt_template_sha256:
         raise errors.InputError(f"prompt template {data.prompt_template} changed since the dataset was built")
@@ -415,8 +407,9 @@ def run_rl_burst(
     return RLBurstRecord(adapter=adapter, reward_counts=counts, weights_changed=changed, episode_stats=stats)
 
 
-def _reward_source(config: RLBurstConfig, data: RLData, backend: "str | SandboxTarget", ray: RayPlacement | None,
-                   episodes_dir: Path, policy: Policy | None = None) -> tuple[Any, EpisodeRollout | None]:
+def _reward_source(config: RLBurstConfig, data: BurstData, backend: "str | SandboxTarget",
+                   ray: RayPlacement | None, episodes_dir: Path,
+                   policy: Policy | None = None) -> tuple[Any, EpisodeRollout | None]:
     """The trainer's reward function and, in the agentic mode, its rollout function."""
     if config.episode is None:
         limits = config.verifier_limits()

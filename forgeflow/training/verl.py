@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from forgeflow.common import errors
 from forgeflow.common.fsutil import atomic_output_file
+from forgeflow.training.ppo import DEFAULT_ADAPTER_GLOB
 
 ENTRYPOINT_MODULE = "verl.trainer.main_ppo"
 REWARD_FUNCTION_NAME = "compute_score"
@@ -259,48 +260,67 @@ def hydra_overrides(config: dict[str, Any], prefix: str = "") -> list[str]:
 
 
 # --- Ray job -----------------------------------------------------------------------------------
-class RuntimeEnv(BaseModel):
-    """The Ray ``runtime_env`` of the job (the fields forgeflow sets)."""
+class PPOJob(BaseModel):
+    """How the ``ppo`` flow runs verl on a Ray cluster: its ``params.job``."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
-    working_dir: str | None = Field(default=None, min_length=1)
-    pip: list[str] = Field(default_factory=list)
-    env_vars: dict[str, str] = Field(default_factory=dict)
+    dashboard_url: str = Field(min_length=1, description="the cluster's dashboard (Ray job server), e.g. "
+                                                         "http://head:8265")
+    working_dir: str | None = Field(None, description="the job's working directory, uploaded by Ray (must hold "
+                                                      "forgeflow for the reward function); null: the cluster "
+                                                      "image has it")
+    pip: tuple[str, ...] = Field((), description="packages the job installs (e.g. a pinned verl)")
+    entrypoint: str | None = Field(None, description="a command replacing verl's python3 -m "
+                                                     "verl.trainer.main_ppo <overrides>; null: verl's own")
+    entrypoint_num_cpus: float = Field(1.0, ge=0, description="CPUs reserved for the job's driver")
+    poll_s: float = Field(5.0, gt=0, description="seconds between status polls (new log lines logged at each)")
+    timeout_s: float | None = Field(None, gt=0, description="stop the job after this many seconds; null: no limit")
+    adapter_glob: str = Field(DEFAULT_ADAPTER_GLOB, min_length=1, description="where a step's LoRA adapter lies "
+                              "under settings.checkpoint_dir; the highest step the job wrote is ingested")
+    base_model_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$", description="the base model's "
+                                          "sha256_tree, when settings.model_path is not a folder readable here; "
+                                          "null: computed from the folder")
 
 
 class RayJobSpec(BaseModel):
-    """A Ray Jobs ``POST /api/jobs/`` request body (Ray Jobs REST API, ``JobSubmitRequest``)."""
+    """The Ray job of a ``ppo`` run: ``job`` as the user gave it, and what forgeflow adds for the Ray Jobs
+    ``POST /api/jobs/`` request (``JobSubmitRequest``: :meth:`runtime_env` and the fields below)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    entrypoint: str = Field(min_length=1, description="the shell command the job runs on the head node")
+    job: PPOJob = Field(description="the cluster, working_dir, pip, entrypoint override and driver CPUs")
+    entrypoint: str = Field(min_length=1, description="the shell command the job runs on the head node: "
+                            "job.entrypoint, else verl's main_ppo with every override")
     submission_id: str = Field(min_length=1, pattern=r"^[A-Za-z0-9_.-]+$",
         description="a unique id (Ray rejects a reused one)")
-    runtime_env: RuntimeEnv
+    env_vars: dict[str, str] = Field(default_factory=dict, description="the runtime_env's environment variables")
     metadata: dict[str, str] = Field(default_factory=dict)
-    entrypoint_num_cpus: float = Field(default=1, ge=0)
     entrypoint_num_gpus: float = Field(default=0, ge=0,
         description="GPUs reserved for the driver (verl schedules its own GPU workers)")
 
+    def runtime_env(self) -> dict[str, Any]:
+        """The request's ``runtime_env``: ``working_dir``, ``pip`` and ``env_vars``, each where set."""
+        env = {"working_dir": self.job.working_dir, "pip": list(self.job.pip), "env_vars": dict(self.env_vars)}
+        return {k: v for k, v in env.items() if v not in (None, [], {})}
+
 
 def ray_job_spec(
-    s: VerlPPOSettings, *, working_dir: str | None, submission_id: str, pip: list[str] | None = None,
-    env_vars: dict[str, str] | None = None, metadata: dict[str, str] | None = None,
+    s: VerlPPOSettings, job: PPOJob, *, submission_id: str, env_vars: dict[str, str] | None = None,
+    metadata: dict[str, str] | None = None,
 ) -> RayJobSpec:
-    """The Ray job that runs verl's PPO (``working_dir`` must contain forgeflow; None: the head node's own).
+    """The Ray job that runs verl's PPO (``job.working_dir`` must contain forgeflow; None: the head node's own).
 
     Raises:
         InputError: a bad field (named).
     """
     overrides = hydra_overrides(render_ppo_config(s))
-    entrypoint = " ".join(["python3", "-m", ENTRYPOINT_MODULE, *(shlex.quote(o) for o in overrides)])
+    entrypoint = job.entrypoint or " ".join(["python3", "-m", ENTRYPOINT_MODULE, *(shlex.quote(o) for o in overrides)])
     env = {**(env_vars or {}), TIMEOUT_MULTIPLIER_ENV: repr(s.verifier_timeout_multiplier),
            MAX_INFRA_FRACTION_ENV: repr(s.verifier_max_infra_fraction)}
     try:
         return RayJobSpec(
-            entrypoint=entrypoint, submission_id=submission_id,
-            runtime_env=RuntimeEnv(working_dir=working_dir, pip=list(pip or []), env_vars=env),
+            job=job, entrypoint=entrypoint, submission_id=submission_id, env_vars=env,
             metadata={"forgeflow": "verl-ppo", **(metadata or {}), CHECKPOINT_DIR_LABEL: s.checkpoint_dir},
         )
     except ValidationError as exc:
@@ -309,9 +329,10 @@ def ray_job_spec(
 
 # --- data and reward on the cluster --------------------------------------------------------------
 def write_verl_dataset(data: Any, path: Path) -> Path:
-    """Write an ``RLData`` as verl's RL parquet, each row's ``extra_info.verifier`` the task's verifier spec as
-    JSON (read by :func:`compute_score`; its tests as ``FAIL_TO_PASS`` / ``PASS_TO_PASS``, and a parquet written
-    before issue 35 with ``fail_to_pass`` / ``pass_to_pass`` still scores).
+    """Write an RL dataset (:func:`forgeflow.training.rl.build_rl_dataset`'s ``BurstData``) as verl's RL parquet, each
+    row's ``extra_info.verifier`` the task's verifier spec as JSON (read by :func:`compute_score`; its tests as
+    ``FAIL_TO_PASS`` / ``PASS_TO_PASS``, and a parquet written before issue 35 with ``fail_to_pass`` /
+    ``pass_to_pass`` still scores).
     """
     import json
 

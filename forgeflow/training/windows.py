@@ -31,6 +31,7 @@ from forgeflow.evaluation.supervision import (
     detect_loop,
     tool_calls_from_trajectory,
 )
+from forgeflow.training.adapters import AdapterRecord
 from forgeflow.training.samples import SUBMIT_COMMAND
 from forgeflow.training.window_images import copy_images, image_parts, turn_images
 
@@ -106,6 +107,21 @@ class WindowStats(BaseModel):
     loops_detected: int = Field(ge=0, description="trajectories with a loop")
     skipped_no_switch: int = Field(ge=0, description="early_switch windows not built: the run never left its loop")
     windows_by_kind: dict[str, int] = Field(description="windows built per kind")
+
+
+class WindowsResult(BaseModel):
+    """Training windows written as JSONL (and trained on, when asked): what the ``windows`` flow returns."""
+
+    model_config = ConfigDict(frozen=True)
+
+    samples_jsonl: Path = Field(description="the windows as JSONL (sft-burst's samples_jsonl)")
+    samples_sha256: str = Field(description="sha256 of that file")
+    dataset_sha256: str = Field(description="the dataset digest an sft-burst on the file records in its lineage")
+    trajectories: int = Field(ge=0, description="trajectories read")
+    windows_by_kind: dict[str, int] = Field(description="windows per kind (replay, stop_and_conclude, early_switch, "
+                                            "one_call_quota)")
+    stats: WindowStats
+    burst: AdapterRecord | None = Field(None, description="the SFT burst on the windows (None: only the dataset)")
 
 
 @dataclass(frozen=True)

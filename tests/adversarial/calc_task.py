@@ -103,11 +103,16 @@ def calc_with(prefix: str) -> str:
     return make_patch("calc.py", BUGGY_CALC, prefix + BUGGY_CALC)
 
 
+def calc_task(image: str, command: str = TEST_COMMAND) -> TaskTests:
+    """The calc task in ``image``, its tests run by ``command`` (no known tests recorded)."""
+    return TaskTests(instance_id="calc-task", image_ref=image, test_command=command, FAIL_TO_PASS=F2P,
+                     PASS_TO_PASS=P2P)
+
+
 def verify(image: str, submission: str, name: str, **kwargs: object):
     """:func:`verify_submission` of ``submission`` on the calc task in ``image`` (container ``ff-test-adv-<name>``)."""
-    tests = TaskTests(instance_id="calc-task", image_ref=image, test_command=TEST_COMMAND, FAIL_TO_PASS=F2P,
-                      PASS_TO_PASS=P2P)
-    return verify_submission(tests, submission, timeout_s=120, spec=SPEC, name=f"ff-test-adv-{name}", **kwargs)
+    return verify_submission(calc_task(image), submission, timeout_s=120, spec=SPEC, name=f"ff-test-adv-{name}",
+                             **kwargs)
 
 
 def failures(image: str, variants: dict[str, str], prefix: str = "variant", **kwargs: object) -> dict[str, str]:

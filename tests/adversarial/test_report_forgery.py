@@ -15,8 +15,8 @@ import pytest
 
 from forgeflow.sandbox.grading import grade_resolved
 from forgeflow.sandbox.podman import PodmanSandbox
-from forgeflow.sandbox.verifier import RunExpectations, VerifierResult, run_tests
-from tests.adversarial.calc_task import BUGGY_CALC, F2P, GOOD_CALC, P2P, SPEC, TEST_COMMAND
+from forgeflow.sandbox.verifier import VerifierResult, run_tests
+from tests.adversarial.calc_task import BUGGY_CALC, F2P, GOOD_CALC, P2P, SPEC, TEST_COMMAND, calc_task
 
 pytestmark = pytest.mark.integration
 
@@ -110,7 +110,7 @@ def _run(image: str, name: str, files: dict[str, str], setup: str | None = None)
         if setup:
             res = sandbox.exec(setup, timeout_s=60, workdir="/testbed")
             assert res.exit_code == 0, res.stderr
-        return run_tests(sandbox, TEST_COMMAND, 120, expect=RunExpectations(graded_tests=GRADED))
+        return run_tests(sandbox, TEST_COMMAND, 120, expect=calc_task(image))
     finally:
         sandbox.stop()
 

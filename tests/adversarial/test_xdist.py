@@ -20,8 +20,8 @@ from forgeflow.common import errors
 from forgeflow.common.settings import tool_env
 from forgeflow.registry.images import image_exists
 from forgeflow.sandbox.podman import PodmanSandbox
-from forgeflow.sandbox.verifier import RunExpectations, run_tests
-from tests.adversarial.calc_task import F2P, P2P, SPEC, TEST_COMMAND
+from forgeflow.sandbox.verifier import run_tests
+from tests.adversarial.calc_task import F2P, SPEC, TEST_COMMAND, calc_task
 
 pytestmark = pytest.mark.integration
 
@@ -51,5 +51,5 @@ def test_a_distributed_run_is_refused_in_validation_and_tampering_when_scored(xd
         command = TEST_COMMAND.replace("pytest ", "pytest -n 2 ", 1)
         with pytest.raises(errors.VerifierOutputError, match=r"pytest-xdist \(load with 2 workers\).*drop -n"):
             run_tests(sandbox, command, 60)
-        scored = run_tests(sandbox, command, 60, expect=RunExpectations(known_tests=None, graded_tests=[*F2P, *P2P]))
+        scored = run_tests(sandbox, command, 60, expect=calc_task(xdist_image, command))
         assert any("distributed by pytest-xdist" in t for t in scored.tampering), scored.tampering

@@ -43,8 +43,8 @@ def test_unknown_project_is_refused_listing_the_pinned_ones():
 @pytest.mark.parametrize(("kwargs", "place", "message"), [
     ({"freeze": {"name": "../../etc"}}, "freeze.name", "freeze name"),
     ({"freeze": {"name": "Demo V1"}}, "freeze.name", "freeze name"),
-    ({"package": {"quantizations": ()}}, "package.quantizations", "at least one quantization"),
-    ({"package": {"quantizations": ("BOGUS",)}}, "package.quantizations", "unknown quantization"),
+    ({"package": {"quantizations": ()}}, "", "serving.quantization 'Q8_0' is not among package.quantizations []"),
+    ({"package": {"quantizations": ("BOGUS",)}}, "package.quantizations", "quantization 'BOGUS' is not a named plan"),
     ({"package": {"quantizations": ("Q8_0",)}, "serving": {"quantization": "Q4_K_M"}}, "",
      "serving.quantization 'Q4_K_M' is not among package.quantizations ['Q8_0']"),
     ({"serving": {"ports": (8801, 8801)}}, "", "the embedded registries' ports (registries.source_port, "
@@ -220,12 +220,12 @@ def test_metadata_edits_are_checked_when_the_config_is_parsed() -> None:
     config = LifecycleConfig(package={"metadata_edits": [{"op": "set", "key": "general.name", "value": "agent-v3"}]})
     assert config.package.metadata_edits[0].key == "general.name"
     where, msg = _refusal(package={"metadata_edits": [{"op": "delete", "key": "general.architecture"}]})
-    assert where == "package" and re.search(r"metadata_edits\[0\].*cannot delete 'general.architecture'", msg), msg
+    assert where == "package.metadata_edits" and re.search(r"metadata_edits\[0\].*cannot delete 'general.architecture'", msg), msg
     where, msg = _refusal(package={"metadata_edits": [{"op": "set", "key": "general.name", "value": "x",
                                                        "artifacts": ["Q2_K"]}]})
-    assert where == "package" and "metadata_edits[0]" in msg, msg
+    assert where == "package.metadata_edits" and "metadata_edits[0]" in msg, msg
     # an edit may name an artifact made with the quantizations it is packaged with, and only those
     edit = {"op": "set", "key": "general.name", "value": "x", "artifacts": ["Q4_K_M"]}
     assert LifecycleConfig(package={"metadata_edits": [edit]}).package.metadata_edits[0].artifacts == ("Q4_K_M",)
     where, msg = _refusal(package={"quantizations": ("Q8_0",), "metadata_edits": [edit]})
-    assert where == "package" and "metadata_edits[0]" in msg, msg
+    assert where == "package.metadata_edits" and "metadata_edits[0]" in msg, msg

@@ -21,7 +21,6 @@ from forgeflow.common.errors import PreflightError
 from forgeflow.common.settings import cache_dir
 from forgeflow.packaging.base_model import build_tiny_model
 from forgeflow.training import preflight
-from forgeflow.training.adapters import BurstOrigin
 from forgeflow.training.burst import BurstConfig
 from forgeflow.training.preflight import chat_template_files, estimate_checkpoint_bytes
 from forgeflow.training.rl import DEFAULT_PROMPT_TEMPLATE, RLBurstConfig
@@ -90,8 +89,8 @@ def test_rl_burst_task_lists_every_preflight_problem_before_compute(tiny_model: 
     task = {"instance_id": "calc-1", "image_ref": "img", "problem_statement": "add fails", "test_command": "pytest",
             "FAIL_TO_PASS": ["t::a"], "verifier_timeout_s": 60.0}
     with pytest.raises(PreflightError) as info:
-        training_tasks.rl_burst.fn(BurstOrigin(base_model_dir=base, base_model_sha256="0" * 64), [task], out_dir,
-                                   RLBurstConfig(), "run", prompt)
+        training_tasks.rl_burst.fn(training_tasks.BurstInputs(hf_dir=base, rows=[task], parent_dir=None), "0" * 64,
+                                   None, out_dir, RLBurstConfig(), "run", prompt)
     message = str(info.value)
     assert f"template file {base}/chat_template.jinja does not exist" in message
     assert f"template file {prompt} is empty" in message
@@ -101,29 +100,31 @@ def test_rl_burst_task_lists_every_preflight_problem_before_compute(tiny_model: 
 
 
 def test_the_rl_burst_cache_key_is_what_it_trains_on_not_where_its_rewards_run(tmp_path: Path) -> None:
-    """The ``rl_burst`` task's cache key: the origin's folders and digests, the tasks, the config
-    (and the task's source) change it; the run id and the Ray placement do not (a burst moved onto
-    Ray, or re-run by a later flow run, is answered from the cache)."""
+    """The ``rl_burst`` task's cache key: the folders, the digests, the tasks, the config (and the task's
+    source) change it; the run id and the Ray placement do not (a burst moved onto Ray, or re-run by a later
+    flow run, is answered from the cache)."""
     from types import SimpleNamespace
 
+    from forgeflow.common.errors import InputError
     from forgeflow.sandbox.dispatch import RayPlacement
 
     policy = training_tasks.rl_burst.cache_policy
     context = SimpleNamespace(task=training_tasks.rl_burst)
-    origin = BurstOrigin(base_model_dir=tmp_path / "base", base_model_sha256="0" * 64)
     task = {"instance_id": "calc-1", "image_ref": "img", "problem_statement": "add fails", "test_command": "pytest",
             "FAIL_TO_PASS": ["t::a"], "verifier_timeout_s": 60.0}
-    inputs = {"origin": origin, "tasks": [task], "out_dir": tmp_path / "rl", "config": RLBurstConfig(),
-              "run_id": "run-1", "prompt_template": DEFAULT_PROMPT_TEMPLATE, "ray": None}
+    burst = training_tasks.BurstInputs(hf_dir=tmp_path / "base", rows=[task], parent_dir=None)
+    inputs = {"inputs": burst, "base_sha256": "0" * 64, "parent_sha256": None, "out_dir": tmp_path / "rl",
+              "config": RLBurstConfig(), "run_id": "run-1", "prompt_template": DEFAULT_PROMPT_TEMPLATE, "ray": None}
 
     def key(**changes: object) -> str:
         return policy.compute_key(task_ctx=context, inputs={**inputs, **changes}, flow_parameters={})
 
     assert key() == key(run_id="run-2") == key(ray=RayPlacement(address="127.0.0.1:9"))
-    parent = origin.model_copy(update={"parent_adapter_dir": tmp_path / "parent", "parent_adapter_sha256": "a" * 64})
-    other = {key(origin=origin.model_copy(update={"base_model_sha256": "1" * 64})), key(origin=parent),
-             key(origin=parent.model_copy(update={"parent_adapter_sha256": "b" * 64})),
-             key(tasks=[{**task, "instance_id": "calc-2"}]), key(config=RLBurstConfig(max_steps=3))}
+    parent = burst.model_copy(update={"parent_dir": tmp_path / "parent"})
+    other = {key(base_sha256="1" * 64), key(inputs=parent, parent_sha256="a" * 64),
+             key(inputs=parent, parent_sha256="b" * 64),
+             key(inputs=burst.model_copy(update={"rows": [{**task, "instance_id": "calc-2"}]})),
+             key(config=RLBurstConfig(max_steps=3))}
     assert key() not in other and len(other) == 5
-    with pytest.raises(ValueError, match="parent_adapter_dir and parent_adapter_sha256 go together"):
-        BurstOrigin(base_model_dir=tmp_path / "base", base_model_sha256="0" * 64, parent_adapter_dir=tmp_path)
+    with pytest.raises(InputError, match="parent_dir and parent_sha256 go together"):
+        training_tasks.rl_burst.fn(parent, "0" * 64, None, tmp_path / "rl", RLBurstConfig(), "run")

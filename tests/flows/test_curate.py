@@ -57,9 +57,10 @@ def test_curate_runs_until_freeze_ready_then_skips_processed_and_recovers(
         prefect_harness, candidates_jsonl: Path, tmp_path: Path, monkeypatch, flow_store_url: str) -> None:
     from prefect.events.worker import EventsWorker
 
-    from flows.curate import FREEZE_READY_EVENT, CurateParams, RecoverParams, curate, recover
+    from flows.curate import FREEZE_READY_EVENT, CurateParams, curate, recover
     from forgeflow.curation.curate_settings import CurateSettings
     from forgeflow.curation.freeze import SplitQuotas
+    from forgeflow.curation.recovery import RecoveryRequest
     from forgeflow.curation.task_rows import TaskSource
     from forgeflow.ledger.store import Store
 
@@ -119,9 +120,9 @@ def test_curate_runs_until_freeze_ready_then_skips_processed_and_recovers(
     assert len(store.trials_for(include_void=True)) == len(trials)  # processed candidates are skipped
 
     # recovery of a batch that had no infrastructure fault voids nothing: real outcomes stay
-    dry = recover(RecoverParams(reason="test: nothing broke", batch_ids=first.batches[:1]))
+    dry = recover(RecoveryRequest(reason="test: nothing broke", batch_ids=first.batches[:1]))
     assert dry.dry_run and dry.void == [] and dry.requeue == [] and dry.kept
-    done = recover(RecoverParams(reason="test: nothing broke", batch_ids=first.batches[:1], dry_run=False))
+    done = recover(RecoveryRequest(reason="test: nothing broke", batch_ids=first.batches[:1], dry_run=False))
     assert done.voided == 0 and len(store.accepted_tasks()) >= 2
 
 
@@ -162,9 +163,6 @@ def test_candidates_that_cannot_fill_the_splits_are_refused_before_any_validatio
         curate(CurateParams(source=TaskSource(candidates_path=path), instance_ids=(*alpha, "team__alpha.bug9"),
                             quotas=quotas.model_copy(update={"validation": 0})))
     assert len(store.tasks()) == before
-    with pytest.raises(InputError, match="params.freeze_name: freeze name 'Bad Name!' is invalid"):
-        curate(CurateParams(source=TaskSource(candidates_path=path), quotas=quotas.model_copy(update={"validation": 0}),
-               freeze_name="Bad Name!"))
 
 
 def test_a_sandbox_block_chooses_where_the_trials_run(prefect_harness, candidates_jsonl: Path, tmp_path: Path,

@@ -101,9 +101,9 @@ def test_the_gate_promotes_a_better_candidate_holds_on_a_tie_and_rejects_a_worse
         common = dict(gguf_path=candidate_gguf, comparison={"gate": GATE}, state_path=state_path,
                       ports=ports, hf_dir=hf_dir)
         held = promote(PromoteParams(baseline_job="base-fixes", candidate_job="cand-fixes", **common))  # 6 ties: no evidence either way
-        assert (held.verdict, held.promoted) == ("hold", False)
+        assert (held.decision.verdict, held.rolled_back, held.current) == ("hold", True, serving_before)
         rejected = promote(PromoteParams(baseline_job="base-fixes", candidate_job="cand-fails", **common))  # 6 losses
-        assert (rejected.verdict, rejected.promoted) == ("reject", False)
+        assert (rejected.decision.verdict, rejected.rolled_back) == ("reject", True)
         assert read_state(state_path) == serving_before  # nothing moved, nothing was started
         assert "reject" in rejected.report_path.read_text()
 
@@ -111,7 +111,7 @@ def test_the_gate_promotes_a_better_candidate_holds_on_a_tie_and_rejects_a_worse
             promote(PromoteParams(baseline_job="base-fails", candidate_job="cand-fixes", **{**common, "gguf_path": baseline_gguf}))
 
         promoted = promote(PromoteParams(baseline_job="base-fails", candidate_job="cand-fixes", **common))  # 6 wins
-        assert (promoted.verdict, promoted.promoted) == ("promote", True)
+        assert (promoted.decision.verdict, promoted.rolled_back) == ("promote", False)
         serving_after = read_state(state_path)
         assert serving_after.gguf_sha256 == candidate_sha and serving_after.generation == serving_before.generation + 1
         assert serving_after.active_port != serving_before.active_port

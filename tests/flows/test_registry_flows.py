@@ -463,6 +463,8 @@ def test_unreachable_registry_fails_fast_before_anything_is_recorded(prefect_har
 
 
 def test_rewrite_moves_a_repository_and_says_when_nothing_matches(prefect_harness, tmp_path: Path) -> None:
+    from pydantic import ValidationError
+
     from flows.registry import RewriteImageRefsParams, rewrite_image_refs
 
     def rewrite(old_prefix: str, new_prefix: str):
@@ -477,12 +479,9 @@ def test_rewrite_moves_a_repository_and_says_when_nothing_matches(prefect_harnes
     assert nothing.rows == [] and nothing.unmatched_example == "127.0.0.1:5750/task-02:t1"
     rewrite("127.0.0.1:5750/task-02", "127.0.0.1:5750/task-01")
     assert store.get_task("t1").image_ref == "127.0.0.1:5750/task-01:t1"
-    # a prefix check names the field as the user wrote it
-    with pytest.raises(InputError, match=r"params\.old_prefix 'http://x' is not host\[:port\]\[/path\]"):
+    # a prefix check names the field as the user wrote it (through Prefect: tests/flows/test_stage_params.py)
+    with pytest.raises(ValidationError, match=r"old_prefix\n  Value error, 'http://x' is not host\[:port\]\[/path\]"):
         rewrite("http://x", "127.0.0.1:5750/task-09")
-    with pytest.raises(InputError, match=r"params\.old_prefix '127\.0\.0\.1:5750' and params\.new_prefix "
-                                         r"'127\.0\.0\.1:5750/task-01' must not contain each other"):
-        rewrite("127.0.0.1:5750", "127.0.0.1:5750/task-01")
     store.dispose()
 
 

@@ -44,6 +44,9 @@ def test_rescore_of_a_typo_or_a_recovery_job_exits_2_naming_the_jobs(home: Path)
     assert "job 'canary-2' is not recorded in the store" in typo.output and "canary and rescore jobs: canary-1" in typo.output
     recovery = runner.invoke(app, ["rescore", "canary-1-r1", "--dry-run"])
     assert recovery.exit_code == 2 and "give the original job ('canary-1')" in recovery.output
+    for dry in ([], ["--dry-run"]):  # the flow's parameter model checks the options, a dry run's too
+        empty = runner.invoke(app, ["rescore", "canary-1", "--rescore-job-id", "", *dry])
+        assert empty.exit_code == 2 and "--rescore-job-id: String should have at least 1 character" in empty.output
 
 
 def test_rescore_dry_run_lists_what_is_carried_over_and_missing_and_changes_nothing(home: Path) -> None:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
+from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from forgeflow.common.errors import InputError
@@ -389,16 +390,13 @@ def test_package_takes_a_quantization_plan_with_mixed_per_tensor_types(prefect_h
                                                                        home: Path, tmp_path: Path) -> None:
     """The hand-run pipeline's served mix by name, and a team's own spec (``plan_run``'s package run): every
     tensor a pattern names carries that type in the file, the rest the preset's, and the ledger keeps each key."""
-    from flows.stages import PackageParams, package
+    from flows.stages import PackageParams
     from forgeflow.packaging.gguf import MIXED_ATTN_EMBD_OUTPUT_Q8_0
     from tests.helpers import tensor_types_of
 
     hf_dir = plan_run.hf_dir
-    with pytest.raises(InputError, match=r"params\.quantizations: quantization 'Q3_K' is not a named plan; valid: \["):
-        package(PackageParams(hf_dir=hf_dir, out_dir=tmp_path / "refused", quantizations=("Q3_K",)))
-    with pytest.raises(InputError, match=r"params\.quantizations repeat the artifact key\(s\) \['Q8_0'\]"):
-        package(PackageParams(hf_dir=hf_dir, out_dir=tmp_path / "refused", quantizations=("Q8_0", {"preset": "Q8_0"})))
-    assert not (tmp_path / "refused").exists()  # refused before any compute
+    with pytest.raises(ValidationError, match=r"quantizations\n  Value error, quantization 'Q3_K' is not a named plan"):
+        PackageParams(hf_dir=hf_dir, out_dir=tmp_path / "refused", quantizations=("Q3_K",))
 
     artifacts = plan_run.artifacts
     assert set(artifacts) == {"f16", "Q4_K_M+attn-embd-output-Q8_0", "q8-ffn-f16"}
@@ -429,12 +427,10 @@ def test_package_applies_metadata_edits_and_records_the_edited_files(prefect_har
 
     q8_unedited, f16_unedited = tiny_ggufs()
     hf_dir = q8_unedited.parent / "hf"
-    with pytest.raises(InputError, match=r"params\.metadata_edits\[1\] \(key 'general.architecture'\): cannot delete"):
-        package(PackageParams(hf_dir=hf_dir, out_dir=tmp_path / "refused", quantizations=("Q8_0",), metadata_edits=[
-            {"op": "set", "key": "general.name", "value": "x"}, {"op": "delete", "key": "general.architecture"}]))
-    with pytest.raises(InputError, match=r"params\.metadata_edits\[0\] \(key 'general.name'\): op 'patch' is not one of"):
-        package(PackageParams(hf_dir=hf_dir, out_dir=tmp_path / "refused", quantizations=("Q8_0",), metadata_edits=[{"op": "patch", "key": "general.name"}]))
-    assert not (tmp_path / "refused").exists()  # refused before any compute
+    with pytest.raises(ValidationError, match=r"metadata_edits\n  Value error, metadata_edits\[0\] \(key 'general.name'\): "
+                                              r"op 'patch' is not one of"):
+        PackageParams(hf_dir=hf_dir, out_dir=tmp_path / "refused", quantizations=("Q8_0",),
+                      metadata_edits=[{"op": "patch", "key": "general.name"}])
 
     template = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     edits = [

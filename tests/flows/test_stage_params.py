@@ -9,7 +9,7 @@ import typing
 from pathlib import Path
 
 import pytest
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from flows.canary import canary, canary_recover
 from flows.curate import curate, recover
@@ -45,7 +45,8 @@ def test_a_stage_flow_takes_one_documented_frozen_strict_parameter_model(stage_f
     signature = inspect.signature(stage_flow.fn)
     assert list(signature.parameters) == ["params"]
     model = typing.get_type_hints(stage_flow.fn)["params"]
-    assert issubclass(model, StageParams)
+    # a StageParams, or the core's own request model where the flow takes it as is (recover: RecoveryRequest)
+    assert issubclass(model, BaseModel) and (issubclass(model, StageParams) or model.__module__.startswith("forgeflow."))
     assert model.model_config["frozen"] is True and model.model_config["extra"] == "forbid"
     undocumented = [name for name, field in model.model_fields.items() if not (field.description or "").strip()]
     assert undocumented == [], f"{model.__name__}: fields without a description: {undocumented}"
@@ -139,6 +140,23 @@ def test_a_parameter_model_refuses_unknown_fields_and_is_frozen() -> None:
     (promote, {"baseline_job": "a", "candidate_job": "b", "gguf_path": "/m/model.gguf", "serving_block": "gpu"},
      "params.serving_block", "Extra inputs"),
     (migrate_images, {"images": ["env/a:1"], "limits": {"concurrency_limit": 8}}, "params.limits", "Extra inputs"),
+    # checks of a value alone or of two fields are the parameter model's own (issue 35: no error re-mapped by text)
+    (freeze, {"name": "Demo V1"}, "params.name", "freeze name 'Demo V1' is invalid"),
+    (curate, {"freeze_name": "Bad Name!"}, "params.freeze_name", "freeze name 'Bad Name!' is invalid"),
+    (harbor_export, {"freeze_name": "Bad Name"}, "params.freeze_name", "freeze name 'Bad Name' is invalid"),
+    (package, {"hf_dir": "/m/hf", "out_dir": "/m/out", "quantizations": ["Q3_K"]}, "params.quantizations",
+     "quantization 'Q3_K' is not a named plan; valid: ["),
+    (package, {"hf_dir": "/m/hf", "out_dir": "/m/out", "quantizations": ["Q8_0", {"preset": "Q8_0"}]},
+     "params.quantizations", "quantizations repeat the artifact key(s) ['Q8_0']"),
+    (package, {"hf_dir": "/m/hf", "out_dir": "/m/out", "quantizations": ["Q8_0"], "publish_quantization": "Q4_K_M"},
+     "params.publish_quantization", "'Q4_K_M' is not one of the artifacts ['f16', 'Q8_0']"),
+    (package, {"hf_dir": "/m/hf", "out_dir": "/m/out", "metadata_edits": [
+        {"op": "set", "key": "general.name", "value": "x"}, {"op": "delete", "key": "general.architecture"}]},
+     "params.metadata_edits", "metadata_edits[1] (key 'general.architecture'): cannot delete"),
+    (rewrite_image_refs, {"old_prefix": "http://x", "new_prefix": "127.0.0.1:5750/task-09"}, "params.old_prefix",
+     "'http://x' is not host[:port][/path]"),
+    (rewrite_image_refs, {"old_prefix": "127.0.0.1:5750", "new_prefix": "127.0.0.1:5750/task-01"}, "params",
+     "old_prefix '127.0.0.1:5750' and new_prefix '127.0.0.1:5750/task-01' must not contain each other"),
 ], ids=["judge-type", "judge-unknown", "serve-type", "serve-missing", "package-unknown",
         "freeze-nested-type", "canary-nested-bound", "canary-nested-unknown", "canary-unknown",
         "canary-recover-missing", "canary-recover-type", "curate-nested-bound", "curate-nested-unknown",
@@ -150,7 +168,9 @@ def test_a_parameter_model_refuses_unknown_fields_and_is_frozen() -> None:
         "ppo-nested-type", "ppo-nested-bound", "ppo-nested-unknown", "ppo-missing", "windows-unknown",
         "windows-nested-bound", "windows-nested-type", "windows-no-source", "publish-name-path",
         "package-name-dots", "package-old-publish", "package-old-publish-checkpoint", "serve-old-serving-block",
-        "promote-old-serving-block", "migrate-old-limits"])
+        "promote-old-serving-block", "migrate-old-limits", "freeze-name", "curate-freeze-name",
+        "harbor-export-freeze-name", "package-unknown-plan", "package-repeated-key", "package-publish-not-made",
+        "package-edit", "rewrite-prefix", "rewrite-nested-prefixes"])
 def test_a_bad_params_is_refused_through_the_flow_with_the_field_named(prefect_harness, flow_home, stage_flow,
                                                                        params, field, reason) -> None:
     from prefect.exceptions import ParameterTypeError

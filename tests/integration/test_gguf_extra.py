@@ -86,7 +86,7 @@ def test_metadata_edits_on_the_real_model_keep_it_loadable(mixed: Path, tmp_path
     shutil.copy(mixed, path)
     before = tensor_sha256(path)
     same = apply_metadata_edits(path, [MetadataEdit(op="set", key="qwen2.context_length", value=4096)])
-    assert same.edits[0].old_value == 32768 and same.data_offset_after == same.data_offset_before
+    assert same.old_values[same.edits[0].key] == 32768 and same.data_offset_after == same.data_offset_before
     grown = apply_metadata_edits(
         path, [MetadataEdit(op="set", key="general.name", value="forgeflow tiny qwen2 " * 200)])
     assert grown.data_offset_after > grown.data_offset_before and grown.tensors_verified == 26

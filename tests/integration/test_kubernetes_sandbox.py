@@ -19,12 +19,16 @@ from forgeflow.registry.images import BASE_IMAGE_TAG, ensure_base_image
 from forgeflow.registry.server import RegistryServer
 from forgeflow.sandbox.backends import SandboxTarget, get_backend
 from forgeflow.sandbox.base import SandboxSpec
-from forgeflow.sandbox.kubernetes import KubernetesConnection, delete_trial_pods, new_core_api
+from forgeflow.sandbox.kubernetes import KubernetesSandbox, delete_trial_pods, new_core_api
 from forgeflow.sandbox.verifier import run_tests
 from tests.kubefake import kubernetes_api
 
 pytestmark = pytest.mark.integration
-POLL_FAST = KubernetesConnection(poll_interval_s=0.2)
+
+
+@pytest.fixture(autouse=True)
+def _poll_fast(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(KubernetesSandbox, "poll_interval_s", 0.2)
 
 
 @pytest.fixture(scope="module")
@@ -37,7 +41,7 @@ def fake(tmp_path_factory):
 
 def _sandbox(fake, name: str, memory_mb: int = 256, **labels: str):
     target = SandboxTarget(kind="kubernetes", kubeconfig=str(fake.kubeconfig), labels=labels)
-    return get_backend(target)(BASE_IMAGE_TAG, SandboxSpec(memory_mb=memory_mb), name, connection=POLL_FAST)
+    return get_backend(target)(BASE_IMAGE_TAG, SandboxSpec(memory_mb=memory_mb), name)
 
 
 def test_a_trial_pod_runs_commands_through_exec_and_is_deleted(fake) -> None:
@@ -86,7 +90,7 @@ def test_image_pull_failures_are_the_right_exceptions_and_the_pod_is_deleted(fak
     target = SandboxTarget(kind="kubernetes", kubeconfig=str(fake.kubeconfig))
 
     def start(image: str) -> None:
-        get_backend(target)(image, SandboxSpec(memory_mb=64), "ff-pull", connection=POLL_FAST).start()
+        get_backend(target)(image, SandboxSpec(memory_mb=64), "ff-pull").start()
 
     # no registry answers: transient (the kubelet's "dial tcp ... connection refused")
     with pytest.raises(errors.RegistryUnavailableError, match="ErrImagePull.*connection refused"):

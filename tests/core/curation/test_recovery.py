@@ -81,10 +81,16 @@ def test_dry_run_lists_exactly_the_faulted_trials_and_writes_nothing(store: Stor
 
 def test_apply_backs_up_voids_and_requeues_only_the_faulted_tasks(store: Store, tmp_path: Path) -> None:
     plan = plan_recovery(store, RecoveryRequest(batch_ids=["b1"], reason="registry was down"))
+    # how the recover flow runs (dry_run, backup_dir) is no part of the plan: its dry run and its apply digest alike
+    applied = plan_recovery(store, RecoveryRequest(batch_ids=["b1"], reason="registry was down", dry_run=False,
+                                                   backup_dir=tmp_path / "elsewhere"))
+    assert applied.plan_sha256 == plan.plan_sha256
     result = apply_recovery(store, plan, tmp_path / "backups", run_id="r1")
 
     assert result.voided == 2 and result.requeued == 2
     backup = json.loads(result.backup_path.read_text())
+    assert backup["request"] == {"batch_ids": ["b1"], "trial_ids": [], "exception_type": None, "since": None,
+                                 "until": None, "reason": "registry was down", "include_rejections": False}
     assert sha256_file(result.backup_path) == result.backup_sha256
     assert (tmp_path / "backups" / f"{result.backup_path.name}.sha256").read_text().split()[0] == result.backup_sha256
     assert [t["trial_id"] for t in backup["trials"]] == ["a-nop", "d-oracle"]

@@ -15,7 +15,6 @@ from forgeflow.evaluation.canary_result import (
     CanaryResult,
     CanaryTrialOutcome,
     MergedView,
-    RecoveredTrial,
 )
 from forgeflow.evaluation.compare import JobReport
 
@@ -48,10 +47,12 @@ def test_recovery_result_with_and_without_a_recovery_job():
                         report=_report((1.0, None), (0.0, None)))
     ran = CanaryRecoveryResult(job_id="j-r", parent_job_id="j", report=_report((0.0, None)),
                                report_path=Path("/c/j-r/report.md"), merged=merged,
-                               recovered=[RecoveredTrial(instance_id="i1", original_trial_id="t-1", trial_id="t-2",
-                                                         reward=0.0)])
-    assert json.loads(ran.model_dump_json())["recovered"] == [
-        {"instance_id": "i1", "original_trial_id": "t-1", "trial_id": "t-2", "reward": 0.0, "exception_type": None}]
+                               recovered=[CanaryTrialOutcome(instance_id="i1", original_trial_id="t-1",
+                                                             trial_id="t-2", reward=0.0)])
+    assert ran.model_dump_json().split('"recovered":')[1].startswith(  # the keys in the order the flow wrote them
+        '[{"instance_id":"i1","original_trial_id":"t-1","trial_id":"t-2","reward":0.0,"exception_type":null}]')
+    with pytest.raises(ValidationError, match="trial_id and original_trial_id"):  # a recovered trial names both
+        CanaryRecoveryResult.model_validate({**ran.model_dump(), "recovered": [{"instance_id": "i1", "reward": 0.0}]})
     nothing = CanaryRecoveryResult(parent_job_id="j", merged=merged)
     assert (nothing.job_id, nothing.recovered, nothing.report, nothing.report_path) == (None, [], None, None)
 

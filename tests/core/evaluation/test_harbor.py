@@ -274,8 +274,9 @@ def test_import_maps_rewards_and_exceptions_into_forgeflow_accounting(tmp_path: 
     # re-importing the same job upserts: no new rows
     import_harbor_job(job, store)
     assert store.counts()["trials"] == 9
-    summary = found.summary()
-    assert summary["nop"]["rewards"] == {0.0: 1} and summary["nop"]["exceptions"] == {"VerifierTimeoutError": 1}
+    assert (found.trials, found.scored, found.reward_1, found.kinds) == (9, 4, 2, {"nop": 2, "oracle": 3, "agent": 4})
+    assert found.exceptions == {"VerifierTimeoutError": 1, "VerifierOutputError": 1, "AgentTimeoutError": 2,
+                                "InfraError": 1, "SandboxOOMError": 1}
 
 
 def test_harbor_exception_taxonomy_covers_transient_and_permanent_kinds() -> None:

@@ -12,9 +12,10 @@ from sqlalchemy import text
 
 from forgeflow.common.errors import InputError
 from forgeflow.evaluation import compare
+from forgeflow.evaluation.agent_config import AgentConfig
 from forgeflow.evaluation.rescore import (
     RescoreItem,
-    RescoreSettings,
+    VerdictChange,
     check_rescorable,
     plan_item,
     rescore_trial,
@@ -23,7 +24,7 @@ from forgeflow.ledger.records import JobRecord, TrialRecord
 from forgeflow.ledger.store import Store
 
 DIFF = "diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n@@ -1 +1 @@\n-a - b\n+a + b\n"
-SETTINGS = RescoreSettings(verifier_timeout_s=60, memory_mb=256, cpus=1, tamper_policy="reject")
+CONFIG = AgentConfig(memory_mb=256, cpus=1, tamper_policy="reject")
 
 
 def _trajectory(folder: Path, trial_id: str, submission: str | None, error: str | None = None) -> None:
@@ -84,14 +85,16 @@ def test_each_submission_comes_from_the_store_else_its_trajectory_and_a_lost_one
 def test_carried_and_missing_trials_are_exceptions_of_the_new_job_never_reward_0(store: Store) -> None:
     dirs: dict = {}
     items = {t.instance_id: plan_item(store, t, dirs) for t in store.trials_for(job_id="c")}
-    out = {i: rescore_trial(items[i], SETTINGS, "c-rescore-x") for i in ("calc.t3", "calc.t4", "calc.t6")}
-    assert {i: (o.row.reward, o.row.exception_type) for i, o in out.items()} == {
+    out = {i: rescore_trial(items[i], CONFIG, 60, "c-rescore-x") for i in ("calc.t3", "calc.t4", "calc.t6")}
+    assert {i: (row.reward, row.exception_type) for i, row in out.items()} == {
         "calc.t3": (None, "ModelEndpointError"), "calc.t4": (None, "SubmissionMissingError"),
         "calc.t6": (None, "SubmissionMissingError")}
-    assert [i for i, o in out.items() if o.change.changed] == ["calc.t4", "calc.t6"]
-    assert out["calc.t4"].change.why.startswith("submission missing: no submission in the store, no trajectory at")
-    assert out["calc.t3"].row.verifier["rescore_of"] == "c-t3" and out["calc.t3"].row.agent_steps == 3
-    assert "verifier_s" not in out["calc.t3"].row.timings and out["calc.t3"].row.timings["agent_s"] == 5.0
+    changes = {i: VerdictChange.of(items[i], row) for i, row in out.items()}
+    assert [i for i, c in changes.items() if c.changed] == ["calc.t4", "calc.t6"]
+    assert changes["calc.t4"].why.startswith("submission missing: no submission in the store, no trajectory at")
+    assert (changes["calc.t3"].original_trial_id, changes["calc.t3"].trial_id) == ("c-t3", out["calc.t3"].trial_id)
+    assert out["calc.t3"].verifier["rescore_of"] == "c-t3" and out["calc.t3"].agent_steps == 3
+    assert "verifier_s" not in out["calc.t3"].timings and out["calc.t3"].timings["agent_s"] == 5.0
 
 
 def test_a_rescore_job_is_compared_by_its_id_and_never_merged_as_a_recovery(store: Store) -> None:

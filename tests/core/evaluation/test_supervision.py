@@ -162,15 +162,15 @@ def test_hang_after_eleven_idle_minutes() -> None:
     ],
 )
 def test_answer_judge(answer: str, reference: str, correct: bool, rule: str) -> None:
-    judgment = judge_answer(answer, reference)
+    judgment = judge_answer("q1", answer, reference)
     assert (judgment.correct, judgment.rule) == (correct, rule)
 
 
 def test_judgment_shows_the_normalized_forms() -> None:
-    judgment = judge_answer("The  Quick, brown fox!", "quick brown fox")
+    judgment = judge_answer("q1", "The  Quick, brown fox!", "quick brown fox")
     assert judgment.normalized_answer == "quick brown fox" == judgment.normalized_reference
-    numbers = judge_answer("1,234.50", "1234.5")
+    numbers = judge_answer("q2", "1,234.50", "1234.5")
     assert (numbers.normalized_answer, numbers.normalized_reference) == ("1234.5", "1234.5")
-    assert judge_answer("3.0, The Dog", "3, dog").normalized_answer == "3,dog"
+    assert judge_answer("q3", "3.0, The Dog", "3, dog").normalized_answer == "3,dog"
     with pytest.raises(InputError, match="reference"):
-        judge_answer("x", "  ")
+        judge_answer("q4", "x", "  ")

@@ -269,12 +269,10 @@ def test_recovery_job_links_to_its_original_and_trial_costs_are_kept(store: Stor
 
 def test_judgments_and_supervision_events_are_stored_with_their_evidence(store: Store) -> None:
     from forgeflow.evaluation.judge import judge_answer
-    from forgeflow.ledger.records import JudgmentRecord, SupervisionEventRecord
+    from forgeflow.ledger.records import SupervisionEventRecord
 
-    verdict = judge_answer("The Eiffel Tower", "eiffel tower")
-    store.record_judgments([JudgmentRecord(judgment_id="j1", job_id="qa-1", question_id="q1",
-                                           answer="The Eiffel Tower", reference="eiffel tower",
-                                           **verdict.model_dump())])
+    verdict = judge_answer("q1", "The Eiffel Tower", "eiffel tower", job_id="qa-1")
+    store.record_judgments([verdict])
     (row,) = store.judgments("qa-1")
     assert row.correct and row.normalized_answer == verdict.normalized_answer
     store.record_supervision_event(SupervisionEventRecord(

@@ -82,7 +82,7 @@ def test_same_size_edit_replaces_the_file_atomically_and_keeps_tensors(small: Pa
     inode = small.stat().st_ino
     result = set_one(small, "llama.context_length", 8192)
     (edit,) = result.edits
-    assert edit.old_value == 4096 and edit.new_value == 8192
+    assert result.old_values[edit.key] == 4096 and edit.value == 8192
     assert result.tensors_verified == 3 and small.stat().st_ino != inode
     assert result.data_offset_before == result.data_offset_after
     assert read_metadata(small, "llama.context_length") == 8192
@@ -107,7 +107,7 @@ def test_growing_edit_streams_a_new_file_with_aligned_data(small: Path) -> None:
 def test_out_path_leaves_source_untouched(small: Path, tmp_path: Path) -> None:
     original = small.read_bytes()
     result = set_one(small, "llama.rope.freq_base", 5e5, tmp_path / "o" / "x.gguf")
-    assert result.edits[0].new_value == 5e5
+    assert result.edits[0].value == 5e5
     assert small.read_bytes() == original
     assert read_metadata(tmp_path / "o" / "x.gguf", "llama.rope.freq_base") == 5e5
 
@@ -115,8 +115,8 @@ def test_out_path_leaves_source_untouched(small: Path, tmp_path: Path) -> None:
 def test_array_edit(small: Path) -> None:
     result = set_one(small, "demo.ids", [7, 8, 9, 10])
     (edit,) = result.edits
-    assert edit.new_value == [7, 8, 9, 10] and edit.old_value == [1, 2, 3]
-    assert (edit.value_type, edit.sub_type) == ("ARRAY", "INT32")
+    assert edit.value == [7, 8, 9, 10] and result.old_values[edit.key] == [1, 2, 3]
+    assert (edit.type, edit.sub_type) == ("ARRAY", "INT32")
 
 
 @pytest.mark.parametrize(
@@ -254,7 +254,7 @@ def test_verification_catches_a_tensor_changed_in_the_streamed_copy(
 def test_full_verification_is_opt_in(small: Path, key: str, value: object) -> None:
     result = set_one(small, key, value, verify="full")
     assert result.verification == "full"
-    assert result.tensors_verified == 3 and result.edits[0].new_value == value
+    assert result.tensors_verified == 3 and result.edits[0].value == value
     assert set_one(small, key, value).verification == "sampled"
     assert set_one(small, key, value, verify=True).verification == "sampled"
 

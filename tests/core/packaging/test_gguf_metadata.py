@@ -104,7 +104,7 @@ def test_set_add_delete_in_one_pass_keeps_every_tensor(tmp_path: Path, verify: s
     assert list(after)[-2:] == ["forgeflow.release", "demo.tags"]  # appended in order
     assert tensor_sha256(src) == before_tensors
     assert result.size_bytes == src.stat().st_size and result.tensors_verified == 2
-    assert [(e.op, e.key, e.old_value, e.new_value) for e in result.edits][-1] == (
+    assert [(e.op, e.key, result.old_values.get(e.key), e.value) for e in result.edits][-1] == (
         "delete", "general.url", "https://stale.example", None)
     assert not list(tmp_path.glob(".*.tmp"))
 

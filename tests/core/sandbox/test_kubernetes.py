@@ -37,9 +37,14 @@ TRIAL = "0123456789abcdef0123456789abcdef"
 # two 66-character SWE-smith-style task ids that share their first 65 characters
 LONG_A = "boltons__boltons.3bfcfdd0.func_pm_remove_cond__x7h2k9q4w1e5r8t3y6" + "a"
 LONG_B = "boltons__boltons.3bfcfdd0.func_pm_remove_cond__x7h2k9q4w1e5r8t3y6" + "b"
-NO_WAIT = k8s.KubernetesConnection(poll_interval_s=0)
 LABEL_VALUE = re.compile(r"^[a-z0-9A-Z]([-a-z0-9A-Z_.]*[a-z0-9A-Z])?$")
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+@pytest.fixture(autouse=True)
+def _no_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pod status is read again at once (the recorded statuses change on every read)."""
+    monkeypatch.setattr(k8s.KubernetesSandbox, "poll_interval_s", 0)
 
 
 def load_yaml_docs(path: Path) -> list[dict]:
@@ -389,7 +394,7 @@ class RecordingCoreV1Api:
 def test_sandbox_creates_the_rendered_pod_and_deletes_it_on_stop() -> None:
     api = RecordingCoreV1Api(["pod_pending_unschedulable.json", "pod_running.json"])
     box = k8s.KubernetesSandbox(IMAGE, SandboxSpec(memory_mb=4096), "ff-nop-task-1", api=api,
-                                instance_id=LONG_A, trial_id=TRIAL, connection=NO_WAIT)
+                                instance_id=LONG_A, trial_id=TRIAL)
     with box:
         kind, create = api.calls[0]
         assert kind == "create" and create["namespace"] == "forgeflow"
@@ -406,7 +411,7 @@ def test_sandbox_creates_the_rendered_pod_and_deletes_it_on_stop() -> None:
 def test_sandbox_deletes_the_pod_when_the_trial_is_cancelled() -> None:
     api = RecordingCoreV1Api(["pod_running.json"])
     with pytest.raises(KeyboardInterrupt):
-        with k8s.KubernetesSandbox(IMAGE, api=api, trial_id=TRIAL, instance_id="a", connection=NO_WAIT) as box:
+        with k8s.KubernetesSandbox(IMAGE, api=api, trial_id=TRIAL, instance_id="a") as box:
             raise KeyboardInterrupt  # what a cancelled flow run raises into the trial
     assert api.calls[-1][0] == "delete" and api.calls[-1][1]["name"] == box.name
     assert not api.pods
@@ -419,7 +424,7 @@ def test_sandbox_deletes_the_pod_when_the_trial_is_cancelled() -> None:
 )
 def test_sandbox_start_raises_from_pod_status_and_deletes_the_pod(fixture: str, expected: type) -> None:
     api = RecordingCoreV1Api([fixture])
-    box = k8s.KubernetesSandbox(IMAGE, api=api, instance_id="a", trial_id=TRIAL, connection=NO_WAIT)
+    box = k8s.KubernetesSandbox(IMAGE, api=api, instance_id="a", trial_id=TRIAL)
     with pytest.raises(expected):
         box.start()
     assert api.calls[-1][0] == "delete" and not api.pods
@@ -427,8 +432,8 @@ def test_sandbox_start_raises_from_pod_status_and_deletes_the_pod(fixture: str, 
 
 def test_sandbox_start_times_out_on_an_unschedulable_pod() -> None:
     api = RecordingCoreV1Api(["pod_pending_unschedulable.json"])
-    box = k8s.KubernetesSandbox(IMAGE, api=api, instance_id="a", trial_id=TRIAL,
-                                connection=k8s.KubernetesConnection(start_timeout_s=0, poll_interval_s=0))
+    box = k8s.KubernetesSandbox(IMAGE, api=api, instance_id="a", trial_id=TRIAL)
+    box.start_timeout_s = 0
     with pytest.raises(errors.SandboxError, match="Insufficient memory"):
         box.start()
     assert not api.pods
@@ -439,7 +444,7 @@ def test_sandbox_start_times_out_on_an_unschedulable_pod() -> None:
 def test_delete_trial_pods_sweeps_by_label() -> None:
     api = RecordingCoreV1Api(["pod_running.json", "pod_running.json"])
     for trial in ("t1", "t2"):
-        k8s.KubernetesSandbox(IMAGE, api=api, instance_id="a", trial_id=trial, connection=NO_WAIT).start()
+        k8s.KubernetesSandbox(IMAGE, api=api, instance_id="a", trial_id=trial).start()
     names = k8s.delete_trial_pods(api, "forgeflow")
     assert len(names) == 2 and not api.pods
     assert ("list", {"namespace": "forgeflow",
@@ -454,15 +459,13 @@ def test_kubernetes_backend_is_registered() -> None:
     assert isinstance(box, k8s.KubernetesSandbox)
 
 
-def test_kubernetes_backend_connects_where_its_target_says_unless_the_connection_says_otherwise() -> None:
-    """The target's kubeconfig and context fill a connection that does not set them; what the
-    caller's connection sets (even None) wins, as do its timeouts."""
+def test_kubernetes_backend_connects_where_its_target_says() -> None:
+    """The target's kubeconfig and context are the sandbox's; its waits are the class's defaults."""
     from forgeflow.sandbox.backends import SandboxTarget, get_backend
 
     target = SandboxTarget(kind="kubernetes", kubeconfig="/etc/kube/config", context="lab")
-    box = get_backend(target)(IMAGE, SandboxSpec(), "ff-x", connection=NO_WAIT)
-    assert box.connection == k8s.KubernetesConnection(kubeconfig="/etc/kube/config", context="lab", poll_interval_s=0)
-    assert box.poll_interval_s == 0 and box.start_timeout_s == 600.0
-    box = get_backend(target)(IMAGE, SandboxSpec(), "ff-x", connection=k8s.KubernetesConnection(context=None))
-    assert (box.connection.kubeconfig, box.connection.context) == ("/etc/kube/config", None)
-    assert get_backend(target)(IMAGE, SandboxSpec(), "ff-x").connection.context == "lab"
+    box = get_backend(target)(IMAGE, SandboxSpec(), "ff-x")
+    assert (box.kubeconfig, box.context) == ("/etc/kube/config", "lab")
+    assert box.start_timeout_s == 600.0 and box.poll_interval_s == 0  # the class's wait; this module's poll
+    in_cluster = get_backend(SandboxTarget(kind="kubernetes"))(IMAGE, SandboxSpec(), "ff-x")
+    assert (in_cluster.kubeconfig, in_cluster.context) == (None, None)

@@ -60,13 +60,13 @@ def test_a_stage_limit_wins_over_the_block_and_the_block_fills_in_the_rest() -> 
 def test_every_verifier_timeout_has_one_bound_and_the_forgeflow_default() -> None:
     from flows.rescore import RescoreParams
     from forgeflow.evaluation.canary_params import CanaryRunSettings
-    from forgeflow.evaluation.rescore import RescoreSettings
+    from forgeflow.evaluation.rescore import RescorePlan
 
     for model in (ValidationSettings, CurateSettings, CanaryRunSettings):
         field = model.model_fields["verifier_timeout_s"]
         assert field.default == 180.0, model
-    for model in (ValidationSettings, CurateSettings, CanaryRunSettings, RescoreSettings,
-                  RescoreParams, HarborTaskLimits):  # RescoreSettings: what ran; RescoreParams: None, the job's; Harbor: 600
+    for model in (ValidationSettings, CurateSettings, CanaryRunSettings, RescorePlan,
+                  RescoreParams, HarborTaskLimits):  # RescorePlan: what ran; RescoreParams: None, the job's; Harbor: 600
         with pytest.raises(pydantic.ValidationError) as info:
             model(verifier_timeout_s=0)
         assert ("verifier_timeout_s",) in [e["loc"] for e in info.value.errors() if e["type"] == "greater_than"]

@@ -19,7 +19,7 @@ from forgeflow.sandbox.trial import disagreeing_tests, judge_repeats
 from forgeflow.sandbox.verifier import (
     VERIFIER_ENV,
     RepeatPlan,
-    RunExpectations,
+    TaskTests,
     _read_pytest_run,
     _wrapped_command,
     cross_check,
@@ -217,7 +217,8 @@ def test_every_contradiction_in_the_stream_is_named_tampering() -> None:
     # the reader: the records come out of the log whatever surrounds them; a corrupt one is named
     out = f"tests/t.py .\n@forgeflow-verifier-{nonce} {json.dumps(_records(nonce)[0])}\nF\n@forgeflow-verifier-{nonce} {{oops\n"
     reading = read_channel(out, nonce)
-    assert reading.log == "tests/t.py .F" and reading.records == [_records(nonce)[0]] and reading.corrupt == ["{oops"]
+    assert reading.log == "tests/t.py .F" and reading.corrupt == ["{oops"]
+    assert reading.record_count == 1 and reading.started and not reading.ended  # the start record, digested
 
 
 def _stdout(nonce: str, records: list[dict], summary: str) -> str:
@@ -246,7 +247,8 @@ def test_the_stream_must_agree_with_pytests_summary_the_exit_status_and_the_know
     assert no_end.problem == "the test command exited 1 but wrote no test report" and no_end.tampering
     flipped = [{**r, "outcome": "passed"} if "must_fail" in str(r.get("nodeid")) else r for r in _records(nonce)]
     assert any("must-fail tripwire reported PASSED" in t for t in read(flipped, "== 1 failed, 3 passed in 0.1s ==").tampering)
-    expect = RunExpectations(known_tests=["t::a", "t::b"], graded_tests=["t::a"])
+    expect = TaskTests(instance_id="t", image_ref="img", test_command="pytest", known_tests=["t::a", "t::b"],
+                       FAIL_TO_PASS=["t::a"])
     assert read(_records(nonce), expect=expect).problem is None
     assert "1 known test(s) not collected, e.g. 't::c'" in read(
         _records(nonce), expect=expect.model_copy(update={"known_tests": ["t::a", "t::b", "t::c"]})).problem

@@ -16,6 +16,7 @@ from forgeflow.training.verl import (
     CHECKPOINT_DIR_LABEL,
     ENTRYPOINT_MODULE,
     TIMEOUT_MULTIPLIER_ENV,
+    PPOJob,
     compute_score,
     hydra_overrides,
     ray_job_spec,
@@ -46,18 +47,20 @@ def test_rendered_config_is_ppo_with_a_critic_and_the_forgeflow_reward() -> None
 
 def test_ray_job_runs_verl_main_ppo_with_every_override() -> None:
     s = settings(**BASE, verifier_timeout_multiplier=0.1)
-    spec = ray_job_spec(s, working_dir="/repo/forgeflow", submission_id="ff-ppo-1",
-                        pip=["verl==0.5.0"], metadata={"run_id": "r1"})
+    job = PPOJob(dashboard_url="http://head:8265", working_dir="/repo/forgeflow", pip=("verl==0.5.0",))
+    spec = ray_job_spec(s, job, submission_id="ff-ppo-1", metadata={"run_id": "r1"})
     argv = shlex.split(spec.entrypoint)
     assert argv[:3] == ["python3", "-m", ENTRYPOINT_MODULE]
     assert argv[3:] == hydra_overrides(render_ppo_config(s))  # quoting round-trips through a shell
-    assert spec.runtime_env.env_vars[TIMEOUT_MULTIPLIER_ENV] == "0.1"
-    assert spec.runtime_env.pip == ["verl==0.5.0"] and spec.metadata["run_id"] == "r1"
+    assert spec.runtime_env()["env_vars"][TIMEOUT_MULTIPLIER_ENV] == "0.1"
+    assert spec.runtime_env()["pip"] == ["verl==0.5.0"] and spec.metadata["run_id"] == "r1"
+    assert spec.runtime_env()["working_dir"] == "/repo/forgeflow"
+    # the user's entrypoint replaces verl's; no working_dir or pip: none in the runtime_env
+    custom = ray_job_spec(s, PPOJob(dashboard_url="http://head:8265", entrypoint="python3 standin.py"),
+                          submission_id="ff-ppo-2")
+    assert custom.entrypoint == "python3 standin.py" and set(custom.runtime_env()) == {"env_vars"}
     # where the job saves, so the ppo flow can record what the folder held before it (only its own are ingested)
     assert spec.metadata[CHECKPOINT_DIR_LABEL] == s.checkpoint_dir == "checkpoints/forgeflow/ppo"
-    body = spec.model_dump(mode="json")
-    assert set(body) <= {"entrypoint", "submission_id", "runtime_env", "metadata", "entrypoint_num_cpus",
-                         "entrypoint_num_gpus"}  # Ray JobSubmitRequest fields
 
 
 @pytest.mark.parametrize(("change", "field"), [
@@ -85,7 +88,8 @@ def test_validation_of_a_hand_edited_config_names_the_dotted_key() -> None:
     assert "trainer.n_gpus_per_node: missing" in str(info.value)
     assert "algorithm.kl_ctrl.kl_coef: missing" in str(info.value)
     with pytest.raises(InputError, match="submission_id"):
-        ray_job_spec(settings(**BASE), working_dir="/repo", submission_id="bad id/1")
+        ray_job_spec(settings(**BASE), PPOJob(dashboard_url="http://head:8265", working_dir="/repo"),
+                     submission_id="bad id/1")
 
 
 def test_verl_dataset_rows_carry_the_verifier_spec(tmp_path: Path) -> None:
@@ -174,5 +178,6 @@ def test_compute_score_scores_a_timeout_and_never_ends_the_job_for_one_answer(mo
     monkeypatch.setenv(verl.MAX_INFRA_FRACTION_ENV, "0.1")
     with pytest.raises(InfraError, match="verifier infrastructure failed on"):
         compute_score(row["data_source"], answer, row["reward_model"]["ground_truth"], row["extra_info"])
-    spec = ray_job_spec(settings(**BASE, verifier_max_infra_fraction=0.1), working_dir=None, submission_id="ff-1")
-    assert spec.runtime_env.env_vars[verl.MAX_INFRA_FRACTION_ENV] == "0.1"
+    spec = ray_job_spec(settings(**BASE, verifier_max_infra_fraction=0.1), PPOJob(dashboard_url="http://head:8265"),
+                        submission_id="ff-1")
+    assert spec.env_vars[verl.MAX_INFRA_FRACTION_ENV] == "0.1"
