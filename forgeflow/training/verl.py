@@ -267,9 +267,9 @@ class PPOJob(BaseModel):
 
     dashboard_url: str = Field(min_length=1, description="the cluster's dashboard (Ray job server), e.g. "
                                                          "http://head:8265")
-    working_dir: str | None = Field(None, description="the job's working directory, uploaded by Ray (must hold "
-                                                      "forgeflow for the reward function); null: the cluster "
-                                                      "image has it")
+    working_dir: str | None = Field(None, min_length=1,
+                                    description="the job's working directory, uploaded by Ray (must hold forgeflow for "
+                                                "the reward function); null: the cluster image has it")
     pip: tuple[str, ...] = Field((), description="packages the job installs (e.g. a pinned verl)")
     entrypoint: str | None = Field(None, description="a command replacing verl's python3 -m "
                                                      "verl.trainer.main_ppo <overrides>; null: verl's own")
