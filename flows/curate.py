@@ -24,7 +24,7 @@ from prefect.runtime import flow_run
 from prefect.utilities.annotations import quote
 from pydantic import Field
 
-from flows.stagekit import StageParams
+from flows.stagekit import StageParams, param_error
 from forgeflow.common import settings as store_settings
 from forgeflow.common.errors import InputError, PreflightError
 from forgeflow.common.fsutil import sha256_bytes, sha256_json
@@ -104,11 +104,6 @@ def freeze_ready_payload(store_url: str, freeze_name: str, quotas: SplitQuotas, 
             "counts": counts, "accepted": accepted, "batches": batches}
 
 
-def _param_error(exc: InputError, field: str) -> InputError:
-    """``exc`` with its message naming ``params.<field>``, as the user wrote it."""
-    return type(exc)(f"params.{field}: {exc}")
-
-
 def _only(rows: list[Any], instance_ids: tuple[str, ...] | None, source: str) -> list[Any]:
     """The rows whose instance id is in ``instance_ids`` (all for None), in order; InputError names unknown ids."""
     if instance_ids is None:
@@ -132,11 +127,11 @@ def _blocks(sandbox: str | None,
     try:
         limits, target = curate_tasks.sandbox_block(sandbox) if sandbox is not None else (None, SandboxTarget())
     except InputError as exc:
-        raise _param_error(exc, "sandbox") from None
+        raise param_error(exc, "sandbox") from None
     try:
         return limits, target, trial_dispatcher(dispatcher) if dispatcher is not None else None
     except InputError as exc:
-        raise _param_error(exc, "dispatcher") from None
+        raise param_error(exc, "dispatcher") from None
 
 
 @flow(name="curate", log_prints=True,

@@ -22,6 +22,7 @@ from prefect.states import State
 from pydantic import BaseModel, ConfigDict
 
 import forgeflow
+from forgeflow.common.errors import InputError
 from forgeflow.common.fsutil import atomic_write_text
 
 T = TypeVar("T")
@@ -45,6 +46,12 @@ class StageParams(BaseModel):
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+def param_error(exc: InputError, field: str) -> InputError:
+    """``exc`` (a check that needs I/O, e.g. a block loaded) with its message prefixed ``params.<field>: ``, the
+    field as the user wrote it; a check of a value alone belongs in the parameter model instead."""
+    return type(exc)(f"params.{field}: {exc}")
 
 
 def run_task(task: Callable[..., T], *args: Any, **kwargs: Any) -> T:

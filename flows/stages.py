@@ -12,7 +12,7 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from flows.stagekit import StageParams, run_task
+from flows.stagekit import StageParams, param_error, run_task
 from forgeflow.common import settings
 from forgeflow.common.errors import InputError
 from forgeflow.common.settings import home_dir
@@ -215,7 +215,7 @@ def _store_preflight(store_block: str) -> None:
     try:
         publish_tasks.model_store_preflight(store_block)
     except InputError as exc:
-        raise InputError(f"params.store: {exc}") from None
+        raise param_error(exc, "store") from None
 
 
 class PublishParams(StageParams):

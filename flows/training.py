@@ -15,7 +15,7 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 from pydantic import BaseModel, ConfigDict, Field
 
-from flows.stagekit import run_task
+from flows.stagekit import param_error, run_task
 from flows.training_params import (
     PPOJob,
     PPOParams,
@@ -45,11 +45,6 @@ from tasks.curation import sandbox_block
 
 __all__ = ["PPOJob", "PPOParams", "PPOResult", "RLBurstParams", "SFTBurstParams",
            "WindowsParams", "WindowsResult", "ppo", "rl_burst", "sft_burst", "windows"]
-
-def _param_error(exc: InputError, field: str) -> InputError:
-    """``exc`` with its message naming ``params.<field>``, as the user wrote it."""
-    return type(exc)(f"params.{field}: {exc}")
-
 
 def _kinds(counts: dict[str, int]) -> str:
     return ", ".join(f"{k} {v}" for k, v in counts.items()) or "-"
@@ -199,12 +194,12 @@ def rl_burst(params: RLBurstParams) -> AdapterRecord:
     try:
         placement = trial_dispatcher(params.dispatcher) if params.dispatcher is not None else None
     except InputError as exc:
-        raise _param_error(exc, "dispatcher") from None
+        raise param_error(exc, "dispatcher") from None
     if params.sandbox is not None:
         try:
             limits, target = sandbox_block(params.sandbox)
         except InputError as exc:
-            raise _param_error(exc, "sandbox") from None
+            raise param_error(exc, "sandbox") from None
         backend, config = target.as_backend(), params.training.resolved(limits)
     else:
         backend, config = "podman", params.training.resolved()
