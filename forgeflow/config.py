@@ -271,9 +271,9 @@ class LifecycleConfig(BaseModel):
         quotas = self.freeze.quotas
         identity = self.model_dump(mode="json", include={"projects", "candidates_per_project", "seed"})
         checks = self.validation.checks
-        # settings added since (the flaky-gold repeats) are recorded only when they differ from their
-        # defaults, so a freeze recorded before them still matches a run with the same values
-        later = {k for k in ("flaky_repeat_runs", "flaky_sample_pass_to_pass_tests")
+        # settings added since (the flaky-gold repeats, the NOP repeats) are recorded only when they differ
+        # from their defaults, so a freeze recorded before them still matches a run with the same values
+        later = {k for k in ("flaky_repeat_runs", "flaky_sample_pass_to_pass_tests", "nop_runs")
                  if getattr(checks, k) == type(checks).model_fields[k].default}
         inputs = {**identity, "validation": checks.model_dump(mode="json", exclude=later),
                   "train_min": quotas.train, "validation_min": quotas.validation, "test_min": quotas.test,

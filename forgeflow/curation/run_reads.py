@@ -73,7 +73,8 @@ def known_instance_ids(engine: Engine, instance_ids: Sequence[str]) -> set[str]:
 
 def voided_nop_attempts(engine: Engine, instance_ids: Sequence[str]) -> dict[str, int]:
     """Instance id -> how many of its NOP trials were voided (``recover``), for every id given (0 when none):
-    one grouped count per chunk on the ``trials.instance_id`` index."""
+    one grouped count per chunk on the ``trials.instance_id`` index. At least the voided attempts (a validation
+    that reached its NOP repeats has more than one NOP trial), so a run key numbered from it is never reused."""
     counts = dict.fromkeys(instance_ids, 0)
     with Session(engine) as session:
         for chunk in _chunks(instance_ids):

@@ -90,6 +90,7 @@ def with_node(outcome: trial.ValidationOutcome, node_id: str) -> trial.Validatio
         return result.model_copy(update={"verifier": evidence})
 
     return outcome.model_copy(update={"nop": tag(outcome.nop), "oracle": tag(outcome.oracle),
+                                      "nop_repeats": [tag(r) for r in outcome.nop_repeats],
                                       "oracle_repeats": [tag(r) for r in outcome.oracle_repeats]})
 
 

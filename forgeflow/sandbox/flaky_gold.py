@@ -1,5 +1,12 @@
 """Flaky gold: how much evidence a validation gathers before it accepts a task, and the verdict on
-Oracle runs that disagree."""
+Oracle runs that disagree or NOP runs whose FAIL_TO_PASS tests do not fail every time.
+
+A FAIL_TO_PASS test is one that fails with the bug and passes with it reverted. Both halves are
+evidence a single run can fake by chance: a test that fails intermittently for reasons of its own (a
+socket test on a loaded machine) fails in one NOP run, passes in the Oracle runs, and becomes
+FAIL_TO_PASS of a task whose bug it does not detect. An agent that submits nothing is then paid
+whenever the flake does not recur. So the Oracle runs are repeated (each FAIL_TO_PASS test must pass
+every time) and so is the NOP run (each FAIL_TO_PASS test must fail every time)."""
 
 from __future__ import annotations
 
@@ -15,12 +22,15 @@ __all__ = [
     "FlakyPolicy",
     "FLAKY_POLICIES",
     "DEFAULT_ORACLE_RUNS",
+    "DEFAULT_NOP_RUNS",
     "DEFAULT_FLAKY_REPEAT_RUNS",
     "DEFAULT_FLAKY_SAMPLE_PASS_TO_PASS",
     "ValidationChecks",
     "disagreeing_tests",
     "judge_repeats",
+    "judge_nop_runs",
     "repeat_plan",
+    "nop_repeat_plan",
     "with_repetitions",
 ]
 
@@ -33,6 +43,9 @@ FLAKY_POLICIES: tuple[str, ...] = FlakyPolicy.__args__
 
 DEFAULT_ORACLE_RUNS = 2
 """Oracle runs of a task that would be accepted (the first and one repeat)."""
+
+DEFAULT_NOP_RUNS = 2
+"""NOP runs of a task the first Oracle run would accept (the first and one confirmation run)."""
 
 DEFAULT_FLAKY_REPEAT_RUNS = 6
 """Runs of each FAIL_TO_PASS (and sampled PASS_TO_PASS) test in the second Oracle run. A test that
@@ -52,6 +65,10 @@ class ValidationChecks(BaseModel):
     oracle_runs: int = Field(default=DEFAULT_ORACLE_RUNS, ge=1, le=20,
                              description="Oracle runs of a task the first Oracle run would accept (>= 1; 2 by "
                                          "default: a task whose runs disagree is flaky)")
+    nop_runs: int = Field(default=DEFAULT_NOP_RUNS, ge=1, le=20,
+                          description="NOP runs of a task the first Oracle run would accept (>= 1; 2 by default: a "
+                                      "FAIL_TO_PASS test that does not fail in every one is flaky and the task "
+                                      "rejected).")
     flaky_policy: FlakyPolicy = Field("reject",
                                       description="reject (a flaky task is not accepted) or drop_flaky_pass_to_pass "
                                                   "(its disagreeing PASS_TO_PASS tests are dropped")
@@ -60,7 +77,8 @@ class ValidationChecks(BaseModel):
                                                "SWE-bench log parser (by function name, e.g")
     flaky_repeat_runs: int = Field(default=DEFAULT_FLAKY_REPEAT_RUNS, ge=0, le=50,
                                    description="Runs of each FAIL_TO_PASS and sampled PASS_TO_PASS test in the "
-                                               "second Oracle run (0 or 1: none).")
+                                               "second Oracle run, and of each FAIL_TO_PASS test in the second NOP "
+                                               "run (0 or 1: none).")
     flaky_sample_pass_to_pass_tests: int = Field(default=DEFAULT_FLAKY_SAMPLE_PASS_TO_PASS, ge=0, le=10_000,
                                                  description="PASS_TO_PASS tests repeated with them.")
 
@@ -114,6 +132,34 @@ def repeat_plan(instance_id: str, report: ValidationReport, checks: ValidationCh
     if len(p2p) > checks.flaky_sample_pass_to_pass_tests:
         p2p = sorted(random.Random(instance_id).sample(p2p, checks.flaky_sample_pass_to_pass_tests))
     return RepeatPlan(tests=[*report.FAIL_TO_PASS, *p2p], repeat_count=checks.flaky_repeat_runs)
+
+
+def nop_repeat_plan(report: ValidationReport, checks: ValidationChecks) -> RepeatPlan | None:
+    """The tests the second NOP run repeats: only the FAIL_TO_PASS tests, each ``checks.flaky_repeat_runs`` times
+    (the other tests deselected); None when repeats are off, a log parser reads the runs, or no FAIL_TO_PASS."""
+    if checks.flaky_repeat_runs < 2 or checks.log_parser is not None or not report.FAIL_TO_PASS:
+        return None
+    return RepeatPlan(tests=list(report.FAIL_TO_PASS), repeat_count=checks.flaky_repeat_runs, only_selected=True)
+
+
+def judge_nop_runs(first: ValidationReport, runs: list[dict[str, str]], *, nop_runs: int) -> ValidationReport:
+    """The verdict on a task the first Oracle run accepted, given the status maps of its NOP runs (the first NOP
+    run's and each later repetition's): ``first`` when every FAIL_TO_PASS test failed (FAILED or ERROR) in every
+    one; else rejected as flaky, whatever the flaky policy (a FAIL_TO_PASS test that passes with the bug present
+    does not tell a fix from no fix), the tests named in ``flaky_tests``.
+
+    Args:
+        nop_runs: the NOP containers the runs came from (a repeat run gives several maps).
+    """
+    flaky = sorted(t for t in first.FAIL_TO_PASS if not all(failed(run.get(t)) for run in runs))
+    if not flaky:
+        return first
+    across = f"{nop_runs} NOP runs" + (f" ({len(runs)} runs of the tests)" if len(runs) != nop_runs else "")
+    shown = ", ".join(repr(t) for t in flaky[:5]) + (f" and {len(flaky) - 5} more" if len(flaky) > 5 else "")
+    return first.model_copy(update={
+        "accepted": False, "flaky_tests": flaky,
+        "reason": f"flaky: {len(flaky)} FAIL_TO_PASS test(s) did not fail in every one of {across} with the bug "
+                  f"present: {shown}"})
 
 
 def with_repetitions(result: VerifierResult) -> list[dict[str, str]]:

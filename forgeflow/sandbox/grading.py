@@ -94,7 +94,8 @@ class ValidationReport(BaseModel):
                                     "bug\", \"oracle run failed 3 tests\", \"no test collected with the bug\", "
                                     "\"flaky: ...\", ...).")
     flaky_tests: list[str] = Field(default_factory=list,
-                                   description="tests whose status differed between repeated Oracle runs (sorted; "
+                                   description="tests whose status differed between repeated Oracle runs, or "
+                                               "FAIL_TO_PASS tests that did not fail in every NOP run (sorted; "
                                                "empty when they agreed or were not repeated).")
     oracle_runs: int = Field(default=0, ge=0, description="Oracle runs the verdict rests on (0 when no Oracle ran).")
     known_tests: list[str] = Field(default_factory=list,

@@ -8,8 +8,9 @@ FAIL_TO_PASS yet, 1.0 iff at least one test passed and none failed (a NOP 1.0 fl
 An infrastructure failure (OOM, timeout, image pull, an untrustworthy report, a patch that does not revert)
 is the trial's ``exception_type`` with ``reward = None``, never 0. But a NOP run that hangs, is OOM-killed or
 hits the process limit while the Oracle run completes is the task's own outcome: the candidate is rejected
-and the NOP recorded with reward 0. Accepted tasks get repeated Oracle runs (``oracle_runs``) and flaky-test
-checks (:mod:`forgeflow.sandbox.flaky_gold`, :data:`FLAKY_POLICIES`)."""
+and the NOP recorded with reward 0. A task the first Oracle run accepts gets repeated NOP runs (``nop_runs``: each
+FAIL_TO_PASS test must fail every time) and repeated Oracle runs (``oracle_runs``: each must pass every time), the
+flaky-test checks of :mod:`forgeflow.sandbox.flaky_gold` (:data:`FLAKY_POLICIES`)."""
 
 from __future__ import annotations
 
@@ -33,12 +34,15 @@ from forgeflow.sandbox.base import OneShotSandbox, Sandbox, SandboxSpec
 from forgeflow.sandbox.flaky_gold import (
     DEFAULT_FLAKY_REPEAT_RUNS,
     DEFAULT_FLAKY_SAMPLE_PASS_TO_PASS,
+    DEFAULT_NOP_RUNS,
     DEFAULT_ORACLE_RUNS,
     FLAKY_POLICIES,
     FlakyPolicy,
     ValidationChecks,
     disagreeing_tests,
+    judge_nop_runs,
     judge_repeats,
+    nop_repeat_plan,
     repeat_plan,
     with_repetitions,
 )
@@ -71,6 +75,7 @@ __all__ = [
     "ValidationChecks",
     "ValidationSettings",
     "DEFAULT_ORACLE_RUNS",
+    "DEFAULT_NOP_RUNS",
     "DEFAULT_FLAKY_REPEAT_RUNS",
     "DEFAULT_FLAKY_SAMPLE_PASS_TO_PASS",
     "disagreeing_tests",
@@ -116,7 +121,9 @@ class ValidationOutcome(BaseModel):
         nop: the NOP trial (always run).
         oracle: the first Oracle trial; None when the NOP had an infra error or no test failed with the bug
             (a NOP that hung or exhausted memory or processes is followed by an Oracle trial).
-        oracle_repeats: the repeated Oracle trials (run only for a task the first Oracle would accept).
+        nop_repeats: the repeated NOP trials (run only for a task the first Oracle would accept).
+        oracle_repeats: the repeated Oracle trials (run only for a task the first Oracle and the NOP repeats
+            would accept).
         report: the verdict; None when a trial had an infra error (no verdict: retry, do not reject).
     """
 
@@ -124,13 +131,15 @@ class ValidationOutcome(BaseModel):
 
     nop: TrialResult
     oracle: TrialResult | None = None
+    nop_repeats: list[TrialResult] = Field(default_factory=list)
     oracle_repeats: list[TrialResult] = Field(default_factory=list)
     report: ValidationReport | None = None
 
     @property
     def trials(self) -> list[TrialResult]:
         """Every trial of the validation, in the order they ran."""
-        return [self.nop, *([self.oracle] if self.oracle is not None else []), *self.oracle_repeats]
+        return [self.nop, *([self.oracle] if self.oracle is not None else []), *self.nop_repeats,
+                *self.oracle_repeats]
 
     @property
     def failed_trial(self) -> TrialResult | None:
@@ -338,13 +347,16 @@ def validate_candidate(
 
     1. NOP: an infra error ends validation (no verdict); no failing test: the Oracle is skipped, rejected.
     2. Oracle: the bug patch reverted, the tests run, :func:`~forgeflow.sandbox.grading.grade_validation`.
-    3. Only when accepted: ``oracle_runs - 1`` more Oracle runs, the first repeating FAIL_TO_PASS and sampled
+    3. Only when accepted: ``nop_runs - 1`` more NOP runs, the first repeating only the FAIL_TO_PASS tests;
+       :func:`judge_nop_runs` rejects the task unless each failed every time.
+    4. Only when still accepted: ``oracle_runs - 1`` more Oracle runs, the first repeating FAIL_TO_PASS and sampled
        PASS_TO_PASS tests; :func:`judge_repeats` flags disagreement by ``flaky_policy``.
 
     Args:
         timeout_s: per verifier run, in seconds.
         backend: sandbox kind (``podman``, ``kubernetes``) or a :class:`~forgeflow.sandbox.backends.SandboxTarget`.
-        run_key: distinguishes repeated validations in trial ids (the k-th repeated Oracle adds ``/oracle-k``).
+        run_key: distinguishes repeated validations in trial ids (the k-th repeated NOP or Oracle run adds
+            ``/nop-k`` or ``/oracle-k``).
         on_trial: called with each trial record as soon as the trial ends.
 
     Raises:
@@ -404,6 +416,27 @@ def _nop_broke(candidate: BugTask, tests: _Tests, run_key: str, nop_run: _Run, e
                              report=report)
 
 
+def _confirm_nop(iid: str, tests: _Tests, run_key: str, checks: ValidationChecks, report: ValidationReport,
+                 nop_tests: dict[str, str], ended: _Ended,
+                 removals: list[Callable[[], None]]) -> tuple[list[TrialResult], ValidationReport | None, set[str]]:
+    """The NOP runs after the first (``checks.nop_runs - 1``; the second repeats only the FAIL_TO_PASS tests) of a
+    task the first Oracle run accepted: their trial records (each scored 1.0 iff every FAIL_TO_PASS test passed in
+    its first repetition: the bug went undetected), the verdict of :func:`judge_nop_runs` (None: a run ended in an
+    exception, no verdict) and the tests they collected."""
+    plan = nop_repeat_plan(report, checks)
+    records: list[TrialResult] = []
+    runs, known = [nop_tests], set()
+    for k in range(2, checks.nop_runs + 1):
+        run = _run_trial(iid, "nop", tests, f"{run_key}/nop-{k}", None, removals, plan if k == 2 else None)
+        if run.result is None:
+            records.append(ended("nop", run, None))
+            return records, None, known
+        known |= _collected(run.result)
+        runs += with_repetitions(run.result)
+        records.append(ended("nop", run, grade_resolved(run.result.tests, report.FAIL_TO_PASS, [])))
+    return records, judge_nop_runs(report, runs, nop_runs=checks.nop_runs), known
+
+
 def _validate(candidate: BugTask, tests: _Tests, run_key: str, checks: ValidationChecks,
               on_trial: Callable[[TrialResult], None] | None, removals: list[Callable[[], None]]) -> ValidationOutcome:
     """The NOP / Oracle / repeats sequence of :func:`validate_candidate` (containers removed in the
@@ -433,8 +466,15 @@ def _validate(candidate: BugTask, tests: _Tests, run_key: str, checks: Validatio
     report = grade_validation(nop_tests, oracle_run.result.tests)
     oracle = ended("oracle", oracle_run, _reward(oracle_run.result.tests, report))
     known = _collected(nop_run.result) | _collected(oracle_run.result)
+    nop_repeats: list[TrialResult] = []
+    if report.accepted and checks.nop_runs > 1:
+        nop_repeats, confirmed, collected = _confirm_nop(iid, tests, run_key, checks, report, nop_tests, ended,
+                                                         removals)
+        if confirmed is None:
+            return ValidationOutcome(nop=nop, oracle=oracle, nop_repeats=nop_repeats)
+        report, known = confirmed, known | collected
     if not report.accepted or checks.oracle_runs == 1:
-        return ValidationOutcome(nop=nop, oracle=oracle, report=report.model_copy(
+        return ValidationOutcome(nop=nop, oracle=oracle, nop_repeats=nop_repeats, report=report.model_copy(
             update={"oracle_runs": 1, "known_tests": sorted(known)}))
     plan = repeat_plan(iid, report, checks)
     repeats: list[TrialResult] = []
@@ -444,11 +484,11 @@ def _validate(candidate: BugTask, tests: _Tests, run_key: str, checks: Validatio
         run = _run_trial(iid, "oracle", tests, f"{run_key}/oracle-{k}", candidate, removals, plan if k == 2 else None)
         if run.result is None:
             repeats.append(ended("oracle", run, None))
-            return ValidationOutcome(nop=nop, oracle=oracle, oracle_repeats=repeats)
+            return ValidationOutcome(nop=nop, oracle=oracle, nop_repeats=nop_repeats, oracle_repeats=repeats)
         known |= _collected(run.result)
         runs += with_repetitions(run.result)
         repeat_s = run.result.repeat_s if k == 2 else repeat_s
         repeats.append(ended("oracle", run, _reward(run.result.tests, report)))
     judged = judge_repeats(report, runs, checks.flaky_policy, oracle_runs=checks.oracle_runs)
-    return ValidationOutcome(nop=nop, oracle=oracle, oracle_repeats=repeats,
+    return ValidationOutcome(nop=nop, oracle=oracle, nop_repeats=nop_repeats, oracle_repeats=repeats,
                              report=judged.model_copy(update={"known_tests": sorted(known), "repeat_s": repeat_s}))

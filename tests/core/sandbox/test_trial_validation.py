@@ -22,6 +22,8 @@ from forgeflow.sandbox.trial import ValidationChecks, validate_candidate
 
 GOOD = {"t::f2p": "PASSED", "t::p2p": "PASSED"}
 BUGGY = {"t::f2p": "FAILED", "t::p2p": "PASSED"}
+CONFIRMED = ({"t::f2p": "FAILED"}, [{"t::f2p": "FAILED"}] * 5)
+"""The second NOP run of a valid task: only FAIL_TO_PASS runs, six times, failing each time."""
 
 
 class Bug:
@@ -134,20 +136,23 @@ def _validate(runs_script: Script, checks: ValidationChecks | None = None):
     return outcome, seen
 
 
-def test_a_valid_task_runs_the_oracle_twice_and_records_each_trial_as_it_ends(script) -> None:
-    s = script([BUGGY, GOOD, GOOD])
+def test_a_valid_task_runs_the_nop_and_the_oracle_twice_and_records_each_trial_as_it_ends(script) -> None:
+    s = script([BUGGY, GOOD, CONFIRMED, GOOD])
     outcome, seen = _validate(s)
     assert outcome.report.accepted and outcome.report.oracle_runs == 2 and outcome.report.flaky_tests == []
-    assert s.events == ["start nop", "recorded nop", "start oracle", "recorded oracle", "start oracle",
-                        "recorded oracle"]
-    assert [t.reward for t in seen] == [0.0, 1.0, 1.0]
-    assert len({t.trial_id for t in seen}) == 3 and seen == outcome.trials
+    assert s.events == ["start nop", "recorded nop", "start oracle", "recorded oracle", "start nop", "recorded nop",
+                        "start oracle", "recorded oracle"]
+    assert [t.reward for t in seen] == [0.0, 1.0, 0.0, 1.0]
+    assert len({t.trial_id for t in seen}) == 4 and seen == outcome.trials
+    assert [t.kind for t in outcome.nop_repeats] == ["nop"] and len(outcome.oracle_repeats) == 1
     assert seen[0].verifier.run.report_format == "pytest-report"
     assert seen[0].verifier.run.tripwires == {"must_pass": "PASSED", "must_fail": "FAILED"}
     # the task's known tests: every id its pristine runs collected (the tripwires left out)
     assert outcome.report.known_tests == ["t::f2p", "t::p2p"]
-    # only the second Oracle run repeats (FAIL_TO_PASS + the PASS_TO_PASS sample), 6 runs by default
-    assert s.repeats == [1, 1, 6] and outcome.report.repeat_s == 0.0
+    # the second NOP run repeats FAIL_TO_PASS alone, the second Oracle run FAIL_TO_PASS + the PASS_TO_PASS
+    # sample, 6 runs by default; the report's repeat_s is the Oracle's
+    assert s.repeats == [1, 1, 6, 6] and outcome.report.repeat_s == 0.0
+    assert seen[2].verifier.repeat.model_dump() == {"repeat_s": 1.25, "runs": 6, "tests": 1}
 
 
 def test_a_fail_to_pass_test_that_fails_in_one_repetition_is_flaky_and_its_cost_reported(script) -> None:
@@ -155,7 +160,7 @@ def test_a_fail_to_pass_test_that_fails_in_one_repetition_is_flaky_and_its_cost_
     (under every policy), and the report says what the repetitions cost (pytest's own durations)."""
     again = [GOOD, GOOD, GOOD | {"t::f2p": "FAILED"}, GOOD, GOOD]
     for policy in ("reject", "drop_flaky_pass_to_pass"):
-        s = script([BUGGY, GOOD, (GOOD, again)])
+        s = script([BUGGY, GOOD, CONFIRMED, (GOOD, again)])
         outcome, seen = _validate(s, ValidationChecks(flaky_policy=policy))
         report = outcome.report
         assert not report.accepted and report.flaky_tests == ["t::f2p"] and report.oracle_runs == 2
@@ -163,9 +168,9 @@ def test_a_fail_to_pass_test_that_fails_in_one_repetition_is_flaky_and_its_cost_
                                 "'t::f2p'"
         assert report.repeat_s == pytest.approx(5 * 2 * 0.25)  # 5 further repetitions of 2 tests
         assert seen[-1].verifier.repeat.model_dump() == {"repeat_s": report.repeat_s, "runs": 6, "tests": 2}
-    off = script([BUGGY, GOOD, GOOD])
+    off = script([BUGGY, GOOD, BUGGY, GOOD])  # the repeats off: the second NOP and Oracle runs are plain runs
     outcome, _ = _validate(off, ValidationChecks(flaky_repeat_runs=0))
-    assert outcome.report.accepted and off.repeats == [1, 1, 1] and outcome.report.repeat_s is None
+    assert outcome.report.accepted and off.repeats == [1, 1, 1, 1] and outcome.report.repeat_s is None
 
 
 def test_a_nop_run_that_hangs_or_exhausts_memory_rejects_the_task_when_the_oracle_completes(script) -> None:
@@ -195,26 +200,60 @@ def test_a_rejected_task_pays_no_repeat(script) -> None:
     s = script([BUGGY, BUGGY])
     outcome, seen = _validate(s)
     assert not outcome.report.accepted and outcome.report.reason == "oracle run failed 1 tests"
-    assert [t.kind for t in seen] == ["nop", "oracle"] and outcome.oracle_repeats == []
+    assert [t.kind for t in seen] == ["nop", "oracle"] and outcome.oracle_repeats == outcome.nop_repeats == []
 
 
 def test_oracle_runs_that_disagree_flag_the_task_flaky(script) -> None:
-    s = script([BUGGY, GOOD, GOOD, GOOD | {"t::p2p": "FAILED"}])
+    s = script([BUGGY, GOOD, CONFIRMED, GOOD, GOOD | {"t::p2p": "FAILED"}])
     outcome, _ = _validate(s, ValidationChecks(oracle_runs=3))
     assert not outcome.report.accepted and outcome.report.flaky_tests == ["t::p2p"]
     assert outcome.report.reason.startswith("flaky: 1 test(s) disagree across 3 Oracle runs")
     assert [t.reward for t in outcome.oracle_repeats] == [1.0, 0.0]
-    s = script([BUGGY, GOOD, GOOD | {"t::p2p": "FAILED"}])
+    s = script([BUGGY, GOOD, CONFIRMED, GOOD | {"t::p2p": "FAILED"}])
     dropped, _ = _validate(s, ValidationChecks(flaky_policy="drop_flaky_pass_to_pass"))
     assert dropped.report.accepted and dropped.report.PASS_TO_PASS == [] and dropped.report.FAIL_TO_PASS == ["t::f2p"]
 
 
 def test_an_infrastructure_error_in_a_repeat_leaves_no_verdict(script) -> None:
-    s = script([BUGGY, GOOD, errors.VerifierTimeoutError("exceeded 1 s (evidence: forgeflow's wall clock)")])
-    outcome, seen = _validate(s)
-    assert outcome.report is None
-    assert outcome.failed_trial.exception_type == "VerifierTimeoutError" and outcome.failed_trial is seen[-1]
-    assert "evidence" in outcome.failed_trial.exception_message
+    for runs in ([BUGGY, GOOD, CONFIRMED, errors.VerifierTimeoutError("exceeded 1 s (evidence: forgeflow's clock)")],
+                 [BUGGY, GOOD, errors.VerifierTimeoutError("exceeded 1 s (evidence: forgeflow's clock)")]):
+        s = script(runs)
+        outcome, seen = _validate(s)
+        assert outcome.report is None and len(seen) == len(runs)
+        assert outcome.failed_trial.exception_type == "VerifierTimeoutError" and outcome.failed_trial is seen[-1]
+        assert "evidence" in outcome.failed_trial.exception_message and outcome.failed_trial.reward is None
+
+
+def test_a_fail_to_pass_test_that_passes_with_the_bug_in_a_nop_repeat_rejects_the_task(script) -> None:
+    """The hole a flaky test opened: a test that failed in the one NOP run for reasons of its own (a socket
+    test on a loaded machine) and passed with the bug reverted became the task's FAIL_TO_PASS, so an empty
+    submission was paid whenever it did not flake again. The NOP run is repeated: a FAIL_TO_PASS test that
+    does not fail (FAILED or ERROR) in every repetition rejects the task under every policy, and no Oracle
+    repeat is paid for it."""
+    flaked = {"t::f2p": "FAILED", "t::p2p": "PASSED"}  # the first NOP run: the flake failed
+    for repetitions, reward in ((({"t::f2p": "PASSED"}, [{"t::f2p": "PASSED"}] * 5), 1.0),
+                                (({"t::f2p": "FAILED"}, [{"t::f2p": "FAILED"}] * 3 + [{"t::f2p": "PASSED"}] * 2), 0.0),
+                                (({"t::f2p": "ERROR"}, [{"t::f2p": "ERROR"}] * 4 + [{"t::f2p": "PASSED"}]), 0.0)):
+        for policy in ("reject", "drop_flaky_pass_to_pass"):
+            s = script([flaked, GOOD, repetitions])
+            outcome, seen = _validate(s, ValidationChecks(flaky_policy=policy))
+            report = outcome.report
+            assert not report.accepted and report.flaky_tests == ["t::f2p"] and report.FAIL_TO_PASS == ["t::f2p"]
+            assert report.reason == ("flaky: 1 FAIL_TO_PASS test(s) did not fail in every one of 2 NOP runs (7 runs of "
+                                     "the tests) with the bug present: 't::f2p'")
+            assert [t.kind for t in seen] == ["nop", "oracle", "nop"] and outcome.oracle_repeats == []
+            assert seen[-1].reward == reward and s.repeats == [1, 1, 6]  # 1.0: the bug went undetected in its run
+            assert report.known_tests == ["t::f2p", "t::p2p"]
+    # three NOP runs, the third plain: its pass rejects the task too
+    s = script([BUGGY, GOOD, CONFIRMED, GOOD])
+    outcome, seen = _validate(s, ValidationChecks(nop_runs=3, oracle_runs=1))
+    assert not outcome.report.accepted and [t.kind for t in seen] == ["nop", "oracle", "nop", "nop"]
+    assert outcome.report.reason.startswith("flaky: 1 FAIL_TO_PASS test(s) did not fail in every one of 3 NOP runs "
+                                            "(8 runs of the tests)")
+    # one NOP run (the setting that validation had before): accepted on the one NOP failure
+    s = script([flaked, GOOD, GOOD])
+    outcome, seen = _validate(s, ValidationChecks(nop_runs=1))
+    assert outcome.report.accepted and [t.kind for t in seen] == ["nop", "oracle", "oracle"]
 
 
 def test_a_report_that_disagrees_with_the_exit_status_is_no_verdict(script, monkeypatch) -> None:
@@ -237,6 +276,8 @@ def test_bad_checks_are_refused_before_anything_runs(script) -> None:
         _validate(s, ValidationChecks(log_parser="parse_log_nope"))
     with pytest.raises(ValueError, match="oracle_runs"):
         ValidationChecks(oracle_runs=0)
+    with pytest.raises(ValueError, match="nop_runs"):
+        ValidationChecks(nop_runs=0)
     assert s.events == []
 
 
