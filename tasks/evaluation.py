@@ -337,12 +337,11 @@ def check_reachable(base_url: str, api_key: str | None = None) -> None:
 
 
 class CanaryInputs(BaseModel):
-    """What a canary job runs on (:func:`canary_inputs`): ids (sampled: fewer than the split) in the split's order,
-    one task each; ``base_url`` without a trailing slash; ``model_sha256`` 64 hex."""
+    """What a canary job runs on (:func:`canary_inputs`): one task per id in the split's order (sampled: fewer than
+    the split); ``base_url`` without a trailing slash; ``model_sha256`` 64 hex."""
 
     model_config = ConfigDict(frozen=True)
 
-    instance_ids: list[str]
     sampled: bool
     tasks: list[CanaryTask]
     rows_source: str
@@ -367,7 +366,7 @@ def canary_inputs(freeze_name: str, split: str, sample: int | None, sample_seed:
     tasks = canary_tasks(store, kept, loaded.rows, test_commands=loaded.test_commands,
                          log_parsers=loaded.log_parsers)
     check_reachable(url, api_key)
-    return CanaryInputs(instance_ids=kept, sampled=len(kept) < len(ids), tasks=tasks, rows_source=loaded.source,
+    return CanaryInputs(sampled=len(kept) < len(ids), tasks=tasks, rows_source=loaded.source,
                         base_url=url, model_sha256=sha, model_alias=alias)
 
 
@@ -408,7 +407,7 @@ def recovery_inputs(plan: CanaryRecoveryPlan, endpoint: CanaryEndpoint, candidat
     tasks = canary_tasks(store, plan.instance_ids, loaded.rows, test_commands=loaded.test_commands,
                          log_parsers=loaded.log_parsers)
     check_reachable(url, api_key)
-    return CanaryInputs(instance_ids=plan.instance_ids, sampled=False, tasks=tasks, rows_source=loaded.source,
+    return CanaryInputs(sampled=False, tasks=tasks, rows_source=loaded.source,
                         base_url=url, model_sha256=sha, model_alias=alias), loaded
 
 

@@ -157,14 +157,14 @@ def checkpoint_sha256(hf_dir: Path) -> str:
 
 class ReleaseInputs(BaseModel):
     """What the ``publish`` flow checks a release against (:func:`release_inputs`): ``edited`` maps the keys the store
-    records metadata edits set to their values; ``cross_checked`` is False when the store does not know the GGUF."""
+    records metadata edits set to their values (a GGUF the store does not know is not cross-checked: a warning says
+    so)."""
 
     model_config = ConfigDict(frozen=True)
 
     gguf_sha256: str
     hf_sha256: str
     edited: JSONObject = {}
-    cross_checked: bool
 
 
 @io_task()
@@ -188,7 +188,7 @@ def release_inputs(gguf_path: Path, hf_dir: Path, adapter_dir: Path | None) -> R
         get_run_logger().warning("the store (%s) does not know GGUF %s: its lineage (hf_dir %s, adapter_dir %s) "
                                  "could not be cross-checked", store.display_url, gguf_sha, hf_dir, adapter_dir)
     edited = metadata.recorded_edited_values(store, gguf_sha)  # keys the package run's metadata edits set
-    return ReleaseInputs(gguf_sha256=gguf_sha, hf_sha256=hf_sha, edited=edited, cross_checked=known)
+    return ReleaseInputs(gguf_sha256=gguf_sha, hf_sha256=hf_sha, edited=edited)
 
 
 @io_task()
