@@ -273,7 +273,8 @@ class LifecycleConfig(BaseModel):
         checks = self.validation.checks
         # settings added since (the flaky-gold repeats, the NOP repeats) are recorded only when they differ
         # from their defaults, so a freeze recorded before them still matches a run with the same values
-        later = {k for k in ("flaky_repeat_runs", "flaky_sample_pass_to_pass_tests", "nop_runs")
+        later = {k for k in ("flaky_repeat_runs", "flaky_sample_pass_to_pass_tests", "nop_runs",
+                             "flaky_sample_fail_to_pass_tests")
                  if getattr(checks, k) == type(checks).model_fields[k].default}
         inputs = {**identity, "validation": checks.model_dump(mode="json", exclude=later),
                   "train_min": quotas.train, "validation_min": quotas.validation, "test_min": quotas.test,

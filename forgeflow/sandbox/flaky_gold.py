@@ -25,6 +25,7 @@ __all__ = [
     "DEFAULT_NOP_RUNS",
     "DEFAULT_FLAKY_REPEAT_RUNS",
     "DEFAULT_FLAKY_SAMPLE_PASS_TO_PASS",
+    "DEFAULT_FLAKY_SAMPLE_FAIL_TO_PASS",
     "ValidationChecks",
     "disagreeing_tests",
     "judge_repeats",
@@ -56,6 +57,12 @@ first Oracle run has passed it: 1 - (1/2)^6), against (1/2)^2 = 25 % accepted wi
 DEFAULT_FLAKY_SAMPLE_PASS_TO_PASS = 10
 """PASS_TO_PASS tests repeated beside the FAIL_TO_PASS ones (a seeded sample when there are more)."""
 
+DEFAULT_FLAKY_SAMPLE_FAIL_TO_PASS = 10
+"""FAIL_TO_PASS tests the second NOP run repeats (a seeded sample when there are more). An unfixed tree is paid
+only when every FAIL_TO_PASS test passes, so a task whose FAIL_TO_PASS tests all fail for reasons of their own is
+caught whenever it has at most this many. A bug can make its failing tests slow: a demo task (tabulate, 82
+FAIL_TO_PASS tests) took 49 s for one NOP run and over the 180 s limit with all of them repeated 6 times."""
+
 
 class ValidationChecks(BaseModel):
     """How much evidence a validation gathers before it accepts a task."""
@@ -81,6 +88,9 @@ class ValidationChecks(BaseModel):
                                                "run (0 or 1: none).")
     flaky_sample_pass_to_pass_tests: int = Field(default=DEFAULT_FLAKY_SAMPLE_PASS_TO_PASS, ge=0, le=10_000,
                                                  description="PASS_TO_PASS tests repeated with them.")
+    flaky_sample_fail_to_pass_tests: int = Field(default=DEFAULT_FLAKY_SAMPLE_FAIL_TO_PASS, ge=1, le=10_000,
+                                                 description="FAIL_TO_PASS tests the second NOP run repeats (a "
+                                                             "seeded sample when there are more).")
 
 
 def disagreeing_tests(runs: list[dict[str, str]], relevant: set[str]) -> list[str]:
@@ -134,24 +144,32 @@ def repeat_plan(instance_id: str, report: ValidationReport, checks: ValidationCh
     return RepeatPlan(tests=[*report.FAIL_TO_PASS, *p2p], repeat_count=checks.flaky_repeat_runs)
 
 
-def nop_repeat_plan(report: ValidationReport, checks: ValidationChecks) -> RepeatPlan | None:
-    """The tests the second NOP run repeats: only the FAIL_TO_PASS tests, each ``checks.flaky_repeat_runs`` times
-    (the other tests deselected); None when repeats are off, a log parser reads the runs, or no FAIL_TO_PASS."""
+def nop_repeat_plan(instance_id: str, report: ValidationReport, checks: ValidationChecks) -> RepeatPlan | None:
+    """The tests the second NOP run repeats: only FAIL_TO_PASS tests (a sample of
+    ``checks.flaky_sample_fail_to_pass_tests``, seeded by ``instance_id``, when there are more), each
+    ``checks.flaky_repeat_runs`` times, the other tests deselected; None when repeats are off, a log parser reads the
+    runs, or no FAIL_TO_PASS."""
     if checks.flaky_repeat_runs < 2 or checks.log_parser is not None or not report.FAIL_TO_PASS:
         return None
-    return RepeatPlan(tests=list(report.FAIL_TO_PASS), repeat_count=checks.flaky_repeat_runs, only_selected=True)
+    f2p = sorted(report.FAIL_TO_PASS)
+    if len(f2p) > checks.flaky_sample_fail_to_pass_tests:
+        f2p = sorted(random.Random(instance_id).sample(f2p, checks.flaky_sample_fail_to_pass_tests))
+    return RepeatPlan(tests=f2p, repeat_count=checks.flaky_repeat_runs, only_selected=True)
 
 
-def judge_nop_runs(first: ValidationReport, runs: list[dict[str, str]], *, nop_runs: int) -> ValidationReport:
+def judge_nop_runs(first: ValidationReport, runs: list[dict[str, str]], *, nop_runs: int,
+                   tests: list[str] | None = None) -> ValidationReport:
     """The verdict on a task the first Oracle run accepted, given the status maps of its NOP runs (the first NOP
-    run's and each later repetition's): ``first`` when every FAIL_TO_PASS test failed (FAILED or ERROR) in every
-    one; else rejected as flaky, whatever the flaky policy (a FAIL_TO_PASS test that passes with the bug present
-    does not tell a fix from no fix), the tests named in ``flaky_tests``.
+    run's and each later repetition's): ``first`` when each of ``tests`` (None: every FAIL_TO_PASS test) failed
+    (FAILED or ERROR) in every one; else rejected as flaky, whatever the flaky policy (a FAIL_TO_PASS test that
+    passes with the bug present does not tell a fix from no fix), the tests named in ``flaky_tests``.
 
     Args:
         nop_runs: the NOP containers the runs came from (a repeat run gives several maps).
+        tests: the FAIL_TO_PASS tests every run ran (the repeat plan's sample).
     """
-    flaky = sorted(t for t in first.FAIL_TO_PASS if not all(failed(run.get(t)) for run in runs))
+    checked = first.FAIL_TO_PASS if tests is None else tests
+    flaky = sorted(t for t in checked if not all(failed(run.get(t)) for run in runs))
     if not flaky:
         return first
     across = f"{nop_runs} NOP runs" + (f" ({len(runs)} runs of the tests)" if len(runs) != nop_runs else "")

@@ -33,6 +33,7 @@ from forgeflow.sandbox.backends import SandboxTarget, get_backend
 from forgeflow.sandbox.base import OneShotSandbox, Sandbox, SandboxSpec
 from forgeflow.sandbox.flaky_gold import (
     DEFAULT_FLAKY_REPEAT_RUNS,
+    DEFAULT_FLAKY_SAMPLE_FAIL_TO_PASS,
     DEFAULT_FLAKY_SAMPLE_PASS_TO_PASS,
     DEFAULT_NOP_RUNS,
     DEFAULT_ORACLE_RUNS,
@@ -78,6 +79,7 @@ __all__ = [
     "DEFAULT_NOP_RUNS",
     "DEFAULT_FLAKY_REPEAT_RUNS",
     "DEFAULT_FLAKY_SAMPLE_PASS_TO_PASS",
+    "DEFAULT_FLAKY_SAMPLE_FAIL_TO_PASS",
     "disagreeing_tests",
     "judge_repeats",
     "TESTBED",
@@ -347,8 +349,8 @@ def validate_candidate(
 
     1. NOP: an infra error ends validation (no verdict); no failing test: the Oracle is skipped, rejected.
     2. Oracle: the bug patch reverted, the tests run, :func:`~forgeflow.sandbox.grading.grade_validation`.
-    3. Only when accepted: ``nop_runs - 1`` more NOP runs, the first repeating only the FAIL_TO_PASS tests;
-       :func:`judge_nop_runs` rejects the task unless each failed every time.
+    3. Only when accepted: ``nop_runs - 1`` more NOP runs, the first repeating only FAIL_TO_PASS tests (up to
+       ``flaky_sample_fail_to_pass_tests``); :func:`judge_nop_runs` rejects the task unless each failed every time.
     4. Only when still accepted: ``oracle_runs - 1`` more Oracle runs, the first repeating FAIL_TO_PASS and sampled
        PASS_TO_PASS tests; :func:`judge_repeats` flags disagreement by ``flaky_policy``.
 
@@ -419,11 +421,11 @@ def _nop_broke(candidate: BugTask, tests: _Tests, run_key: str, nop_run: _Run, e
 def _confirm_nop(iid: str, tests: _Tests, run_key: str, checks: ValidationChecks, report: ValidationReport,
                  nop_tests: dict[str, str], ended: _Ended,
                  removals: list[Callable[[], None]]) -> tuple[list[TrialResult], ValidationReport | None, set[str]]:
-    """The NOP runs after the first (``checks.nop_runs - 1``; the second repeats only the FAIL_TO_PASS tests) of a
+    """The NOP runs after the first (``checks.nop_runs - 1``; the second repeats only FAIL_TO_PASS tests, sampled) of a
     task the first Oracle run accepted: their trial records (each scored 1.0 iff every FAIL_TO_PASS test passed in
     its first repetition: the bug went undetected), the verdict of :func:`judge_nop_runs` (None: a run ended in an
     exception, no verdict) and the tests they collected."""
-    plan = nop_repeat_plan(report, checks)
+    plan = nop_repeat_plan(iid, report, checks)
     records: list[TrialResult] = []
     runs, known = [nop_tests], set()
     for k in range(2, checks.nop_runs + 1):
@@ -434,7 +436,8 @@ def _confirm_nop(iid: str, tests: _Tests, run_key: str, checks: ValidationChecks
         known |= _collected(run.result)
         runs += with_repetitions(run.result)
         records.append(ended("nop", run, grade_resolved(run.result.tests, report.FAIL_TO_PASS, [])))
-    return records, judge_nop_runs(report, runs, nop_runs=checks.nop_runs), known
+    judged = judge_nop_runs(report, runs, nop_runs=checks.nop_runs, tests=plan.tests if plan is not None else None)
+    return records, judged, known
 
 
 def _validate(candidate: BugTask, tests: _Tests, run_key: str, checks: ValidationChecks,

@@ -270,6 +270,37 @@ def test_a_report_that_disagrees_with_the_exit_status_is_no_verdict(script, monk
     assert "says pytest exited 1 but the test command exited 0" in seen[0].exception_message
 
 
+def test_the_second_nop_run_repeats_a_seeded_sample_of_many_fail_to_pass_tests(script, monkeypatch) -> None:
+    """A bug can make its failing tests slow (a demo task: 82 FAIL_TO_PASS tests, 49 s for one NOP run, over the
+    180 s limit repeated six times): the second NOP run repeats at most ``flaky_sample_fail_to_pass_tests`` of
+    them, the same sample for the same task, and holds only those against it."""
+    many = {f"t::f2p{i:02d}": "FAILED" for i in range(12)}
+    still_failing = ({**many}, [{**many}] * 5)
+    s = script([{**many, "t::p2p": "PASSED"}, {**dict.fromkeys(many, "PASSED"), "t::p2p": "PASSED"}, still_failing])
+    selected: list[list[str]] = []
+    real_exec = ScriptedSandbox.exec
+
+    def recording_exec(self, command, timeout_s, workdir=None, env=None):
+        if isinstance(command, str) and (mark := re.search(r"/select <<'(\S+)'\n", command)) is not None:
+            selected.append(command[mark.end():].split(f"{mark.group(1)}\n", 1)[0].splitlines())
+        return real_exec(self, command, timeout_s, workdir, env)
+
+    monkeypatch.setattr(ScriptedSandbox, "exec", recording_exec)
+    outcome, seen = _validate(s, ValidationChecks(oracle_runs=1))
+    assert outcome.report.accepted and len(outcome.report.FAIL_TO_PASS) == 12
+    assert [t.kind for t in seen] == ["nop", "oracle", "nop"] and s.repeats == [1, 1, 6]
+    assert len(selected) == 1 and len(selected[0]) == 10 and set(selected[0]) < set(many)
+    # the same task, the same sample; a sampled test passing once rejects it, an unsampled one is not asked
+    sample = selected[0]
+    unsampled = sorted(set(many) - set(sample))
+    for passing, accepted in ((sample[3], False), (unsampled[0], True)):
+        flaky_once = ({**many}, [{**many}] * 4 + [{**many, passing: "PASSED"}])
+        s = script([{**many, "t::p2p": "PASSED"}, {**dict.fromkeys(many, "PASSED"), "t::p2p": "PASSED"}, flaky_once])
+        outcome, _ = _validate(s, ValidationChecks(oracle_runs=1))
+        assert selected[-1] == sample and outcome.report.accepted is accepted
+        assert outcome.report.flaky_tests == ([] if accepted else [passing])
+
+
 def test_bad_checks_are_refused_before_anything_runs(script) -> None:
     s = script([])
     with pytest.raises(errors.InputError, match="unknown log_parser 'parse_log_nope'; valid: parse_log_astroid"):
