@@ -80,10 +80,7 @@ the same config reloaded and saved by another process can list them in another o
 
 
 def canonicalize_adapter_config(adapter_dir: Path) -> None:
-    """Rewrite ``adapter_dir/adapter_config.json`` with :data:`UNORDERED_CONFIG_FIELDS` sorted (peft's layout) and a
-    local base model's absolute path (``base_model_name_or_path``) cut to its folder name: the same training from a
-    base in another folder is the same adapter (the lineage names the base by its digest, and every load of an
-    adapter here passes the base model itself). A Hub id is kept.
+    """Rewrite ``adapter_dir/adapter_config.json`` with :data:`UNORDERED_CONFIG_FIELDS` sorted (peft's layout).
 
     Raises:
         InputError: the file is missing or not a JSON object.
@@ -95,9 +92,6 @@ def canonicalize_adapter_config(adapter_dir: Path) -> None:
         value = config.get(key)
         if isinstance(value, list) and all(isinstance(v, str) for v in value) and value != sorted(value):
             config[key], changed = sorted(value), True
-    base = config.get("base_model_name_or_path")
-    if isinstance(base, str) and Path(base).is_absolute():
-        config["base_model_name_or_path"], changed = Path(base).name, True
     if changed:
         # peft's own serialisation (``PeftConfigMixin.save_pretrained``), so a file peft happened to write
         # sorted and a rewritten one are the same bytes

@@ -35,7 +35,6 @@ from forgeflow.training.adapters import (
     AdapterRecord,
     Lineage,
     adapter_sha256,
-    canonicalize_adapter_config,
 )
 
 DEFAULT_ADAPTER_GLOB = "global_step_*/actor/lora_adapter"
@@ -223,7 +222,6 @@ def ingest_adapter(folder: Path, step: int, out_dir: Path, lineage: Lineage, ext
     with atomic_folder(out_dir) as tmp:
         for name in ADAPTER_FILES:
             shutil.copy2(Path(folder) / name, tmp / name)
-        canonicalize_adapter_config(tmp)
         digest = adapter_sha256(tmp)
         atomic_write_json(tmp / LINEAGE_FILE, {
             **dict(extra or {}), "schema_version": LINEAGE_SCHEMA_VERSION, "sha256": digest, "final_loss": None,
