@@ -33,9 +33,7 @@ from forgeflow.sandbox.backends import SandboxTarget, get_backend
 from forgeflow.sandbox.base import OneShotSandbox, Sandbox, SandboxSpec
 from forgeflow.sandbox.flaky_gold import (
     DEFAULT_FLAKY_REPEAT_RUNS,
-    DEFAULT_FLAKY_SAMPLE_FAIL_TO_PASS,
     DEFAULT_FLAKY_SAMPLE_PASS_TO_PASS,
-    DEFAULT_NOP_RUNS,
     DEFAULT_ORACLE_RUNS,
     FLAKY_POLICIES,
     FlakyPolicy,
@@ -76,10 +74,8 @@ __all__ = [
     "ValidationChecks",
     "ValidationSettings",
     "DEFAULT_ORACLE_RUNS",
-    "DEFAULT_NOP_RUNS",
     "DEFAULT_FLAKY_REPEAT_RUNS",
     "DEFAULT_FLAKY_SAMPLE_PASS_TO_PASS",
-    "DEFAULT_FLAKY_SAMPLE_FAIL_TO_PASS",
     "disagreeing_tests",
     "judge_repeats",
     "TESTBED",
@@ -422,10 +418,11 @@ def _confirm_nop(iid: str, tests: _Tests, run_key: str, checks: ValidationChecks
                  nop_tests: dict[str, str], ended: _Ended,
                  removals: list[Callable[[], None]]) -> tuple[list[TrialResult], ValidationReport | None, set[str]]:
     """The NOP runs after the first (``checks.nop_runs - 1``; the second repeats only FAIL_TO_PASS tests, sampled) of a
-    task the first Oracle run accepted: their trial records (each scored 1.0 iff every FAIL_TO_PASS test passed in
-    its first repetition: the bug went undetected), the verdict of :func:`judge_nop_runs` (None: a run ended in an
+    task the first Oracle run accepted: their trial records (each scored 1.0 iff every FAIL_TO_PASS test it ran passed
+    in its first repetition: the bug went undetected), the verdict of :func:`judge_nop_runs` (None: a run ended in an
     exception, no verdict) and the tests they collected."""
     plan = nop_repeat_plan(iid, report, checks)
+    checked = plan.tests if plan is not None else report.FAIL_TO_PASS  # what every run ran
     records: list[TrialResult] = []
     runs, known = [nop_tests], set()
     for k in range(2, checks.nop_runs + 1):
@@ -435,9 +432,8 @@ def _confirm_nop(iid: str, tests: _Tests, run_key: str, checks: ValidationChecks
             return records, None, known
         known |= _collected(run.result)
         runs += with_repetitions(run.result)
-        records.append(ended("nop", run, grade_resolved(run.result.tests, report.FAIL_TO_PASS, [])))
-    judged = judge_nop_runs(report, runs, nop_runs=checks.nop_runs, tests=plan.tests if plan is not None else None)
-    return records, judged, known
+        records.append(ended("nop", run, grade_resolved(run.result.tests, checked, [])))
+    return records, judge_nop_runs(report, runs, nop_runs=checks.nop_runs, tests=checked), known
 
 
 def _validate(candidate: BugTask, tests: _Tests, run_key: str, checks: ValidationChecks,

@@ -289,6 +289,7 @@ def test_the_second_nop_run_repeats_a_seeded_sample_of_many_fail_to_pass_tests(s
     outcome, seen = _validate(s, ValidationChecks(oracle_runs=1))
     assert outcome.report.accepted and len(outcome.report.FAIL_TO_PASS) == 12
     assert [t.kind for t in seen] == ["nop", "oracle", "nop"] and s.repeats == [1, 1, 6]
+    assert seen[-1].reward == 0.0
     assert len(selected) == 1 and len(selected[0]) == 10 and set(selected[0]) < set(many)
     # the same task, the same sample; a sampled test passing once rejects it, an unsampled one is not asked
     sample = selected[0]
@@ -299,6 +300,12 @@ def test_the_second_nop_run_repeats_a_seeded_sample_of_many_fail_to_pass_tests(s
         outcome, _ = _validate(s, ValidationChecks(oracle_runs=1))
         assert selected[-1] == sample and outcome.report.accepted is accepted
         assert outcome.report.flaky_tests == ([] if accepted else [passing])
+    # the second NOP run is scored on the tests it ran: 1.0 when every sampled test passed (the bug went
+    # undetected in that run), though the ones it did not run are missing from its map
+    undetected = ({t: "PASSED" for t in sample}, [{t: "PASSED" for t in sample}] * 5)
+    s = script([{**many, "t::p2p": "PASSED"}, {**dict.fromkeys(many, "PASSED"), "t::p2p": "PASSED"}, undetected])
+    outcome, seen = _validate(s, ValidationChecks(oracle_runs=1))
+    assert not outcome.report.accepted and outcome.report.flaky_tests == sorted(sample) and seen[-1].reward == 1.0
 
 
 def test_bad_checks_are_refused_before_anything_runs(script) -> None:
